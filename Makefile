@@ -1,0 +1,30 @@
+# vitrel: two commands for a fresh clone — `make train` and `make test`.
+PY ?= python3
+PIP := $(PY) -m pip
+# torch/torchvision are pinned here (not in pyproject) to the releases this machine has on disk.
+TORCH_PIN := torch==2.14.1 torchvision==0.29.1
+PYTEST_WORKERS ?= 2
+
+.PHONY: install test train lint bench fmnist-full
+
+install:
+	$(PIP) install -q $(TORCH_PIN)
+	$(PIP) install -q -e ".[dev]" $(TORCH_PIN)
+
+test: install
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=15
+
+train: install
+	$(PY) train.py
+
+lint:
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+bench: install
+	$(PY) bench/attention.py
+
+# Full Fashion-MNIST (60k/10k) from Debian, for the study in bench/study.py
+fmnist-full:
+	apt-get install -y dataset-fashion-mnist

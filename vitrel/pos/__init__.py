@@ -1,0 +1,29 @@
+"""Position schemes. Every module in this package is imported, so a new scheme is one new file."""
+
+import importlib
+import pkgutil
+
+from vitrel.pos.base import (
+    Grid,
+    PositionScheme,
+    as_grid,
+    bias_cache,
+    build_pos,
+    get_pos_class,
+    list_pos,
+    register_pos,
+)
+
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")
+
+__all__ = [
+    "Grid",
+    "PositionScheme",
+    "as_grid",
+    "bias_cache",
+    "build_pos",
+    "get_pos_class",
+    "list_pos",
+    "register_pos",
+]

@@ -1,0 +1,335 @@
+"""The position-scheme protocol, its registry and the per-forward bias cache.
+
+A position scheme is an ``nn.Module`` that the attention module calls through a few hooks, each
+a no-op by default, so the attention module never knows a scheme by name:
+
+* ``bias(grid, num_prefix_tokens) -> [heads, N, N] | None``: an additive logit term that depends
+  only on the two tokens' positions (Swin tables, factored tables, CPB, buckets, ALiBi).
+* ``rotate(q, k, grid, num_prefix_tokens) -> (q, k)``: a rotation of queries and keys (RoPE).
+* ``content_logits(q, grid, num_prefix_tokens) -> [B, heads, N, N] | None`` and
+  ``content_values(attn, grid, num_prefix_tokens) -> [B, heads, N, head_dim] | None``: the
+  content-aware terms of Shaw et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``.
+* ``attend(q, k, v, mask, scale, grid, num_prefix_tokens) -> out``: the fused forward. The
+  default puts ``bias`` into the float mask of ``F.scaled_dot_product_attention``; schemes with
+  content terms override it with their own fast path.
+* ``add_to_tokens(x, grid, num_prefix_tokens) -> x``: absolute schemes add their embedding to the
+  tokens once, at the input of the network (``kind == "absolute"``).
+
+Token layout everywhere: ``num_prefix_tokens`` class/register tokens first, then the ``H x W``
+patch tokens in raster order. Prefix tokens carry no position: every relative term between a
+prefix token and any other token is zero and RoPE leaves them unrotated.
+
+Adding a scheme is one file in ``vitrel/pos/`` with a class decorated by ``@register_pos(name)``,
+one YAML file in ``conf/pos/`` and one test file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = [
+    "Grid",
+    "PositionScheme",
+    "register_pos",
+    "build_pos",
+    "list_pos",
+    "get_pos_class",
+    "as_grid",
+    "bias_cache",
+    "check_tokens",
+]
+
+
+class Grid(NamedTuple):
+    """Height and width of a patch grid, in patches."""
+
+    h: int
+    w: int
+
+    @property
+    def n(self) -> int:
+        return self.h * self.w
+
+
+def as_grid(grid: Any) -> Grid:
+    """``int`` (square), ``(h, w)`` or ``Grid`` -> ``Grid``, with a clear error otherwise."""
+    if isinstance(grid, Grid):
+        return grid
+    if isinstance(grid, int):
+        g = Grid(grid, grid)
+    else:
+        try:
+            h, w = grid
+        except (TypeError, ValueError):
+            raise ValueError(f"grid must be an int or a pair (H, W), got {grid!r}") from None
+        g = Grid(int(h), int(w))
+    if g.h < 1 or g.w < 1:
+        raise ValueError(f"grid must have positive sides, got {tuple(g)}")
+    return g
+
+
+def check_tokens(n_tokens: int, grid: Grid, num_prefix_tokens: int) -> None:
+    """Raise if ``n_tokens`` is not ``num_prefix_tokens + H * W``."""
+    if n_tokens != num_prefix_tokens + grid.n:
+        raise ValueError(
+            f"grid {grid.h}x{grid.w} with {num_prefix_tokens} prefix token(s) needs "
+            f"{num_prefix_tokens + grid.n} tokens, but the input has {n_tokens}"
+        )
+
+
+_REGISTRY: dict[str, type[PositionScheme]] = {}
+
+
+def register_pos(name: str) -> Callable[[type[PositionScheme]], type[PositionScheme]]:
+    """Class decorator: make a scheme buildable as ``build_pos(name, ...)`` and ``pos=name``."""
+
+    def deco(cls: type[PositionScheme]) -> type[PositionScheme]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"position scheme {name!r} is registered twice")
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def list_pos(kind: str | None = None) -> list[str]:
+    """Names of all registered schemes (optionally only ``"relative"`` or ``"absolute"`` ones)."""
+    return sorted(n for n, c in _REGISTRY.items() if kind is None or c.kind == kind)
+
+
+def get_pos_class(name: str) -> type[PositionScheme]:
+    if name not in _REGISTRY:
+        raise KeyError(f"unknown position scheme {name!r}; known schemes: {', '.join(list_pos())}")
+    return _REGISTRY[name]
+
+
+def build_pos(
+    pos: str | dict | PositionScheme | None,
+    *,
+    num_heads: int,
+    head_dim: int,
+    grid: Any,
+    num_prefix_tokens: int = 0,
+    embed_dim: int | None = None,
+    **overrides: Any,
+) -> PositionScheme:
+    """Build a scheme from a name, a config dict (``{"name": ..., **kwargs}``) or pass a module through.
+
+    ``grid`` is the grid the scheme is built for (it sizes learned tables); every scheme still
+    runs on any grid at call time.
+    """
+    if isinstance(pos, PositionScheme):
+        return pos
+    if pos is None:
+        pos = "none"
+    if isinstance(pos, str):
+        name, kwargs = pos, {}
+    elif isinstance(pos, dict) or hasattr(pos, "items"):
+        kwargs = dict(pos.items())
+        kwargs.pop("_target_", None)
+        name = kwargs.pop("name", None)
+        if name is None:
+            raise ValueError(f"a position config needs a 'name' key, got {dict(pos)}")
+    else:
+        raise TypeError(f"pos must be a scheme name, a config dict or a PositionScheme, got {type(pos)}")
+    cls = get_pos_class(name)
+    kwargs.update(overrides)
+    return cls(
+        num_heads=num_heads,
+        head_dim=head_dim,
+        grid=as_grid(grid),
+        num_prefix_tokens=num_prefix_tokens,
+        embed_dim=embed_dim if embed_dim is not None else num_heads * head_dim,
+        **kwargs,
+    )
+
+
+class PositionScheme(nn.Module):
+    """Base class and protocol of every position scheme (see the module docstring).
+
+    Subclasses take ``num_heads, head_dim, grid, num_prefix_tokens, embed_dim`` plus their own
+    keyword options, and override the hooks they need.
+    """
+
+    name: ClassVar[str] = "base"
+    kind: ClassVar[str] = "relative"  # "relative" or "absolute"
+    # Parameter-name fragments that must get no weight decay.
+    no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        grid: Grid,
+        num_prefix_tokens: int = 0,
+        embed_dim: int | None = None,
+    ) -> None:
+        super().__init__()
+        if num_heads < 1 or head_dim < 1:
+            raise ValueError(f"num_heads and head_dim must be positive, got {num_heads}, {head_dim}")
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.grid = as_grid(grid)
+        self.num_prefix_tokens = num_prefix_tokens
+        self.embed_dim = embed_dim if embed_dim is not None else num_heads * head_dim
+        self._cache: dict | None = None
+
+    # ----------------------------------------------------------------- hooks (no-op defaults)
+    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
+        """Additive logit term ``[heads, N, N]`` (N = prefix + H*W), or None."""
+        return None
+
+    def rotate(self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+        return q, k
+
+    def content_logits(self, q: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
+        """Unscaled content-position logits ``[B, heads, N, N]`` (added to ``q k^T``), or None."""
+        return None
+
+    def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
+        """Extra output ``[B, heads, N, head_dim]`` from attention probabilities, or None."""
+        return None
+
+    def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        return x
+
+    @property
+    def has_content_terms(self) -> bool:
+        return type(self).content_logits is not PositionScheme.content_logits
+
+    # ------------------------------------------------------------------------ caching
+    def cached_bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
+        """``bias`` memoised inside a ``bias_cache`` context (one bias per forward, shared by blocks)."""
+        if self._cache is None:
+            return self.bias(grid, num_prefix_tokens)
+        key = ("bias", tuple(grid), num_prefix_tokens)
+        if key not in self._cache:
+            self._cache[key] = self.bias(grid, num_prefix_tokens)
+        return self._cache[key]
+
+    # ------------------------------------------------------------------------ attention
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        scale: float,
+        grid: Grid,
+        num_prefix_tokens: int = 0,
+    ) -> Tensor:
+        """Fused attention ``softmax(q k^T * scale + bias + mask) v`` for ``[B, heads, N, d]`` inputs.
+
+        ``mask`` is an additive float mask broadcastable to ``[B, heads, N, N]`` (window shift
+        mask, causal mask) or None. ``q`` and ``k`` are already rotated.
+        """
+        b = self.cached_bias(grid, num_prefix_tokens)
+        m = merge_masks(b, mask, q.dtype)
+        if self.has_content_terms:
+            return attend_explicit(self, q, k, v, m, scale, grid, num_prefix_tokens)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale)
+
+    def extra_repr(self) -> str:
+        return f"name={self.name}, heads={self.num_heads}, grid={tuple(self.grid)}"
+
+
+def merge_masks(bias: Tensor | None, mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
+    """Sum of an optional ``[heads, N, N]`` bias and an optional broadcastable float mask."""
+    if bias is not None:
+        bias = bias.to(dtype)
+    if mask is not None:
+        mask = mask.to(dtype)
+    if bias is None:
+        return mask
+    if mask is None:
+        return bias
+    return bias + mask
+
+
+def attend_explicit(
+    scheme: PositionScheme,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    grid: Grid,
+    num_prefix_tokens: int = 0,
+) -> Tensor:
+    """Eager attention with content terms: the generic (materialised) path."""
+    logits = q @ k.transpose(-2, -1)
+    c = scheme.content_logits(q, grid, num_prefix_tokens)
+    if c is not None:
+        logits = logits + c
+    logits = logits * scale
+    if mask is not None:
+        logits = logits + mask
+    attn = logits.softmax(dim=-1)
+    out = attn @ v
+    cv = scheme.content_values(attn, grid, num_prefix_tokens)
+    if cv is not None:
+        out = out + cv
+    return out
+
+
+@contextlib.contextmanager
+def bias_cache(module: nn.Module) -> Iterator[None]:
+    """Within this context every scheme under ``module`` computes its bias once per (grid, prefix).
+
+    Models wrap a forward in it, so a scheme shared by all blocks builds its bias once per forward.
+    """
+    schemes = [m for m in module.modules() if isinstance(m, PositionScheme)]
+    if isinstance(module, PositionScheme) and module not in schemes:
+        schemes.append(module)
+    prev = [s._cache for s in schemes]
+    for s in schemes:
+        if s._cache is None:
+            s._cache = {}
+    try:
+        yield
+    finally:
+        for s, p in zip(schemes, prev):
+            s._cache = p
+
+
+# ---------------------------------------------------------------------------- shared helpers
+def patch_coords(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Row and column index of each patch token in raster order, each ``[H*W]`` (long)."""
+    r = torch.arange(grid.h, device=device).repeat_interleave(grid.w)
+    c = torch.arange(grid.w, device=device).repeat(grid.h)
+    return r, c
+
+
+def rel_offsets(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Row and column offsets ``(dh, dw)`` with ``dh[i, j] = row_i - row_j``, each ``[HW, HW]``."""
+    r, c = patch_coords(grid, device)
+    return r[:, None] - r[None, :], c[:, None] - c[None, :]
+
+
+def pad_prefix(bias: Tensor, num_prefix_tokens: int) -> Tensor:
+    """Zero-pad a ``[..., HW, HW]`` term with ``num_prefix_tokens`` leading rows and columns."""
+    if num_prefix_tokens == 0:
+        return bias
+    p = num_prefix_tokens
+    return F.pad(bias, (p, 0, p, 0))
+
+
+def geometric_slopes(num_heads: int, max_exponent: float = 8.0) -> Tensor:
+    """ALiBi slopes ``m_h = 2^(-max_exponent * (h + 1) / num_heads)`` for h = 0..heads-1."""
+    return torch.tensor([2.0 ** (-max_exponent * (h + 1) / num_heads) for h in range(num_heads)])
+
+
+def log_spaced(n: int, lo: float, hi: float) -> Tensor:
+    return torch.tensor([lo * (hi / lo) ** (t / max(n - 1, 1)) for t in range(n)], dtype=torch.float32)
+
+
+@register_pos("none")
+class NoPos(PositionScheme):
+    """No position information: plain attention. ``A_ij = q_i . k_j / sqrt(d)``."""

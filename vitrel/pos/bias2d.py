@@ -1,0 +1,80 @@
+"""Learned 2-D relative bias tables: full (Swin) and factored.
+
+``rel2d_full`` (Liu et al., Swin, 2021), one table ``B in R^{(2H-1) x (2W-1)}`` per head::
+
+    A_ij = q_i . k_j / sqrt(d) + B_h[dh_ij + H - 1, dw_ij + W - 1],   dh_ij = row_i - row_j
+
+``rel2d_factored`` (b_h[dh] + b_w[dw], as in the decomposed biases of MViTv2/SAM)::
+
+    A_ij = q_i . k_j / sqrt(d) + b^(h)_h[dh_ij] + b^(w)_h[dw_ij]
+
+Offsets beyond the table (a grid larger than the one the scheme was built for) are clamped to
+the table's edge; loading a checkpoint at a new size grows the table (see ``tables.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
+from vitrel.pos.tables import ResizeOnLoad, offset_index
+
+__all__ = ["RelPosBias2dFull", "RelPosBias2dFactored", "full_bias", "factored_bias"]
+
+
+def full_bias(table: Tensor, grid: Grid) -> Tensor:
+    """``[2Ht-1, 2Wt-1, heads]`` table -> ``[heads, HW, HW]`` bias for ``grid`` (offsets clamped)."""
+    th, tw, heads = table.shape
+    ih = offset_index(grid.h, (th - 1) // 2, table.device)  # [H, H]
+    iw = offset_index(grid.w, (tw - 1) // 2, table.device)  # [W, W]
+    flat = (ih[:, None, :, None] * tw + iw[None, :, None, :]).reshape(-1)  # [(H W) (H W)]
+    t = table.permute(2, 0, 1).reshape(heads, th * tw)
+    return t.index_select(1, flat).view(heads, grid.n, grid.n)
+
+
+def factored_bias(table_h: Tensor, table_w: Tensor, grid: Grid) -> Tensor:
+    """``[2Ht-1, heads]`` and ``[2Wt-1, heads]`` tables -> ``b_h[dh] + b_w[dw]``, ``[heads, HW, HW]``."""
+    heads = table_h.shape[1]
+    ih = offset_index(grid.h, (table_h.shape[0] - 1) // 2, table_h.device)
+    iw = offset_index(grid.w, (table_w.shape[0] - 1) // 2, table_w.device)
+    bh = table_h.t()[:, ih]  # [heads, H, H]
+    bw = table_w.t()[:, iw]  # [heads, W, W]
+    b = bh[:, :, None, :, None] + bw[:, None, :, None, :]  # [heads, H, W, H, W]
+    return b.reshape(heads, grid.n, grid.n)
+
+
+@register_pos("rel2d_full")
+class RelPosBias2dFull(ResizeOnLoad, PositionScheme):
+    """Swin's learned ``(2H-1) x (2W-1)`` bias table per head."""
+
+    _rel_tables = {"table": "2d"}
+    no_weight_decay_keys = ("table",)
+
+    def __init__(self, *, init_std: float = 0.02, **kw) -> None:
+        super().__init__(**kw)
+        g = self.grid
+        self.table = nn.Parameter(torch.zeros(2 * g.h - 1, 2 * g.w - 1, self.num_heads))
+        nn.init.trunc_normal_(self.table, std=init_std)
+
+    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        return pad_prefix(full_bias(self.table, grid), num_prefix_tokens)
+
+
+@register_pos("rel2d_factored")
+class RelPosBias2dFactored(ResizeOnLoad, PositionScheme):
+    """Factored 2-D bias ``b_h[dh] + b_w[dw]`` per head: ``(2H-1) + (2W-1)`` parameters a head."""
+
+    _rel_tables = {"table_h": "1d", "table_w": "1d"}
+    no_weight_decay_keys = ("table_h", "table_w")
+
+    def __init__(self, *, init_std: float = 0.02, **kw) -> None:
+        super().__init__(**kw)
+        g = self.grid
+        self.table_h = nn.Parameter(torch.zeros(2 * g.h - 1, self.num_heads))
+        self.table_w = nn.Parameter(torch.zeros(2 * g.w - 1, self.num_heads))
+        nn.init.trunc_normal_(self.table_h, std=init_std)
+        nn.init.trunc_normal_(self.table_w, std=init_std)
+
+    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        return pad_prefix(factored_bias(self.table_h, self.table_w, grid), num_prefix_tokens)

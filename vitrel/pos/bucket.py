@@ -1,0 +1,98 @@
+"""T5-style bucketed relative bias (Raffel et al., 2020), on raster order (1-D) and per axis (2-D).
+
+A signed offset ``r = j - i`` goes to a bucket: half the buckets for each sign (bidirectional),
+and within a sign, exact buckets for ``|r| < n/2`` and log-spaced buckets up to ``max_distance``
+(beyond it, the last bucket)::
+
+    rel1d_bucket:  A_ij = q_i . k_j / sqrt(d) + b_h[bucket(p_j - p_i)],   p = row * W + col
+    rel2d_bucket:  A_ij = q_i . k_j / sqrt(d) + b^(h)_h[bucket(dh)] + b^(w)_h[bucket(dw)]
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
+
+__all__ = ["t5_bucket", "RelPosBucket1d", "RelPosBucket2d"]
+
+
+def t5_bucket(rel: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True) -> Tensor:
+    """T5's bucket of each signed offset ``rel = j - i`` (long tensor of the same shape)."""
+    ret = torch.zeros_like(rel)
+    n = num_buckets
+    if bidirectional:
+        n //= 2
+        ret = ret + (rel > 0).long() * n
+        r = rel.abs()
+    else:
+        r = (-rel).clamp(min=0)
+    max_exact = n // 2
+    is_small = r < max_exact
+    r_log = (
+        max_exact
+        + (torch.log(r.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact) * (n - max_exact)).long()
+    )
+    r_log = r_log.clamp(max=n - 1)
+    return ret + torch.where(is_small, r, r_log)
+
+
+class _BucketBase(PositionScheme):
+    no_weight_decay_keys = ("table",)
+
+    def __init__(self, *, num_buckets: int, max_distance: int, init_std: float = 0.02, **kw) -> None:
+        super().__init__(**kw)
+        if num_buckets < 4 or num_buckets % 2:
+            raise ValueError(f"num_buckets must be even and >= 4, got {num_buckets}")
+        if max_distance <= num_buckets // 4:
+            raise ValueError(f"max_distance must exceed num_buckets/4 = {num_buckets // 4}, got {max_distance}")
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self._init_std = init_std
+
+    def _bucket(self, rel: Tensor) -> Tensor:
+        return t5_bucket(rel, self.num_buckets, self.max_distance, bidirectional=True)
+
+
+@register_pos("rel1d_bucket")
+class RelPosBucket1d(_BucketBase):
+    """T5 buckets of the raster-order offset ``p_j - p_i``; one learned scalar per bucket and head."""
+
+    def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, **kw) -> None:
+        super().__init__(num_buckets=num_buckets, max_distance=max_distance, **kw)
+        self.table = nn.Parameter(torch.zeros(num_buckets, self.num_heads))
+        nn.init.trunc_normal_(self.table, std=self._init_std)
+
+    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        p = torch.arange(grid.n, device=self.table.device)
+        idx = self._bucket(p[None, :] - p[:, None])
+        b = self.table.t().index_select(1, idx.reshape(-1)).view(self.num_heads, grid.n, grid.n)
+        return pad_prefix(b, num_prefix_tokens)
+
+
+@register_pos("rel2d_bucket")
+class RelPosBucket2d(_BucketBase):
+    """T5 buckets per axis: ``b_h[bucket(dh)] + b_w[bucket(dw)]``, one table per axis and head."""
+
+    def __init__(self, *, num_buckets: int = 16, max_distance: int = 32, **kw) -> None:
+        super().__init__(num_buckets=num_buckets, max_distance=max_distance, **kw)
+        self.table_h = nn.Parameter(torch.zeros(num_buckets, self.num_heads))
+        self.table_w = nn.Parameter(torch.zeros(num_buckets, self.num_heads))
+        nn.init.trunc_normal_(self.table_h, std=self._init_std)
+        nn.init.trunc_normal_(self.table_w, std=self._init_std)
+
+    no_weight_decay_keys = ("table_h", "table_w")
+
+    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        dev = self.table_h.device
+        rh = torch.arange(grid.h, device=dev)
+        rw = torch.arange(grid.w, device=dev)
+        ih = self._bucket(rh[None, :] - rh[:, None])  # [H, H], key row - query row
+        iw = self._bucket(rw[None, :] - rw[:, None])
+        bh = self.table_h.t()[:, ih]
+        bw = self.table_w.t()[:, iw]
+        b = (bh[:, :, None, :, None] + bw[:, None, :, None, :]).reshape(self.num_heads, grid.n, grid.n)
+        return pad_prefix(b, num_prefix_tokens)

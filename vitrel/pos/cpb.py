@@ -1,0 +1,54 @@
+"""Continuous relative position bias of Swin Transformer V2 (Liu et al., 2022).
+
+Each offset ``(dh, dw)`` is normalised by the grid the scheme was built for (the "pretrained
+window"), log-spaced, and mapped to one bias per head by a small MLP::
+
+    x = 8 * (dh / (H0 - 1), dw / (W0 - 1)),   x' = sign(x) * log2(1 + |x|) / log2(8)
+    A_ij = q_i . k_j / sqrt(d) + 16 * sigmoid(MLP(x'_ij))_h
+
+Being a function of the offset, it extends to any grid with no resizing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
+from vitrel.pos.bias2d import full_bias
+
+__all__ = ["ContinuousPosBias2d", "cpb_coords"]
+
+
+def cpb_coords(grid: Grid, ref: Grid, device: torch.device | None = None) -> Tensor:
+    """Log-spaced normalised offsets ``[2H-1, 2W-1, 2]`` of ``grid``, normalised by ``ref``."""
+    dh = torch.arange(-(grid.h - 1), grid.h, dtype=torch.float32, device=device)
+    dw = torch.arange(-(grid.w - 1), grid.w, dtype=torch.float32, device=device)
+    c = torch.stack(torch.meshgrid(dh, dw, indexing="ij"), dim=-1)
+    c[..., 0] /= max(ref.h - 1, 1)
+    c[..., 1] /= max(ref.w - 1, 1)
+    c = c * 8.0
+    return torch.sign(c) * torch.log2(c.abs() + 1.0) / math.log2(8.0)
+
+
+@register_pos("rel2d_cpb")
+class ContinuousPosBias2d(PositionScheme):
+    """Swin V2 continuous position bias: an MLP over log-spaced offsets, ``16 * sigmoid`` output."""
+
+    def __init__(self, *, hidden_dim: int = 512, **kw) -> None:
+        super().__init__(**kw)
+        self.mlp = nn.Sequential(
+            nn.Linear(2, hidden_dim, bias=True),
+            nn.ReLU(inplace=True),
+            nn.Linear(hidden_dim, self.num_heads, bias=False),
+        )
+
+    def table(self, grid: Grid) -> Tensor:
+        """The ``[2H-1, 2W-1, heads]`` bias table of ``grid``."""
+        c = cpb_coords(grid, self.grid, self.mlp[0].weight.device).to(self.mlp[0].weight.dtype)
+        return 16.0 * torch.sigmoid(self.mlp(c))
+
+    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        return pad_prefix(full_bias(self.table(grid), grid), num_prefix_tokens)

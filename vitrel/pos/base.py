@@ -323,7 +323,7 @@ def pad_prefix(bias: Tensor, num_prefix_tokens: int) -> Tensor:
 
 def geometric_slopes(num_heads: int, max_exponent: float = 8.0) -> Tensor:
     """ALiBi slopes ``m_h = 2^(-max_exponent * (h + 1) / num_heads)`` for h = 0..heads-1."""
-    return torch.tensor([2.0 ** (-max_exponent * (h + 1) / num_heads) for h in range(num_heads)])
+    return torch.tensor([2.0 ** (-max_exponent * (h + 1) / num_heads) for h in range(num_heads)], dtype=torch.float64)
 
 
 def log_spaced(n: int, lo: float, hi: float) -> Tensor:

@@ -22,10 +22,10 @@ from vitrel.pos.bias2d import full_bias
 __all__ = ["ContinuousPosBias2d", "cpb_coords"]
 
 
-def cpb_coords(grid: Grid, ref: Grid, device: torch.device | None = None) -> Tensor:
+def cpb_coords(grid: Grid, ref: Grid, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
     """Log-spaced normalised offsets ``[2H-1, 2W-1, 2]`` of ``grid``, normalised by ``ref``."""
-    dh = torch.arange(-(grid.h - 1), grid.h, dtype=torch.float32, device=device)
-    dw = torch.arange(-(grid.w - 1), grid.w, dtype=torch.float32, device=device)
+    dh = torch.arange(-(grid.h - 1), grid.h, dtype=dtype, device=device)
+    dw = torch.arange(-(grid.w - 1), grid.w, dtype=dtype, device=device)
     c = torch.stack(torch.meshgrid(dh, dw, indexing="ij"), dim=-1)
     c[..., 0] /= max(ref.h - 1, 1)
     c[..., 1] /= max(ref.w - 1, 1)
@@ -47,7 +47,8 @@ class ContinuousPosBias2d(PositionScheme):
 
     def table(self, grid: Grid) -> Tensor:
         """The ``[2H-1, 2W-1, heads]`` bias table of ``grid``."""
-        c = cpb_coords(grid, self.grid, self.mlp[0].weight.device).to(self.mlp[0].weight.dtype)
+        w = self.mlp[0].weight
+        c = cpb_coords(grid, self.grid, w.device, w.dtype)
         return 16.0 * torch.sigmoid(self.mlp(c))
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:

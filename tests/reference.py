@@ -1,0 +1,56 @@
+"""Naive float64 references written straight from the equations (loops where it is clearer)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def coords(h: int, w: int) -> list[tuple[int, int]]:
+    return [(r, c) for r in range(h) for c in range(w)]
+
+
+def dense_bias(fn, heads: int, h: int, w: int, prefix: int) -> Tensor:
+    """``[heads, N, N]`` with ``fn(head, (ri, ci), (rj, cj))`` between patches and 0 for prefix tokens."""
+    pts = coords(h, w)
+    n = prefix + len(pts)
+    out = torch.zeros(heads, n, n, dtype=torch.float64)
+    for hd in range(heads):
+        for a, pi in enumerate(pts):
+            for b, pj in enumerate(pts):
+                out[hd, prefix + a, prefix + b] = fn(hd, pi, pj)
+    return out
+
+
+def reference_attention(attn, x: Tensor, bias: Tensor | None, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Dense multi-head attention with the module's own weights: returns (logits, output).
+
+    ``A = q k^T / sqrt(d) + bias + mask``, ``out = proj(softmax(A) v)``.
+    """
+    b, n, c = x.shape
+    hds, d = attn.num_heads, attn.head_dim
+    qkv = x @ attn.qkv.weight.t() + (attn.qkv.bias if attn.qkv.bias is not None else 0)
+    qkv = qkv.reshape(b, n, 3, hds, d).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    logits = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(d)
+    if bias is not None:
+        logits = logits + bias
+    if mask is not None:
+        logits = logits + mask
+    a = torch.softmax(logits, dim=-1)
+    out = torch.einsum("bhij,bhjd->bhid", a, v).transpose(1, 2).reshape(b, n, c)
+    return logits, out @ attn.proj.weight.t() + attn.proj.bias
+
+
+def t5_bucket_scalar(rel: int, num_buckets: int, max_distance: int) -> int:
+    """T5's bidirectional bucket of one offset ``rel = j - i``, from the paper's rule."""
+    n = num_buckets // 2
+    ret = n if rel > 0 else 0
+    r = abs(rel)
+    max_exact = n // 2
+    if r < max_exact:
+        return ret + r
+    val = max_exact + int(math.log(r / max_exact) / math.log(max_distance / max_exact) * (n - max_exact))
+    return ret + min(val, n - 1)

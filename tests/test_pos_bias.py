@@ -35,7 +35,8 @@ def ref_factored(pos, grid):
 
 
 def ref_cpb(pos, grid):
-    ref = pos.grid
+    ref = pos.ref_grid.tolist()
+    ref = type("G", (), {"h": ref[0], "w": ref[1]})
     w1, b1, w2 = (p.detach().double() for p in (pos.mlp[0].weight, pos.mlp[0].bias, pos.mlp[2].weight))
 
     def f(h, pi, pj):

@@ -114,8 +114,8 @@ class Attention(nn.Module):
         """``x [B, N, C]`` on ``grid`` -> ``[B, N, C]``. ``mask``: ``[nW, n, n]`` window mask or a
         float mask broadcastable to ``[B, heads, N, N]``."""
         grid = as_grid(grid)
-        b, n, c = x.shape
         q, k, v = self._qkv(x, grid)
+        b, n, c = x.shape
         m = self._mask(mask, b, n, q.dtype, q.device)
         if self.attn_drop and self.training:
             out = self._dropout_attend(q, k, v, m, grid)

@@ -43,6 +43,7 @@ __all__ = [
     "as_grid",
     "bias_cache",
     "check_tokens",
+    "UnknownSchemeError",
 ]
 
 
@@ -83,6 +84,10 @@ def check_tokens(n_tokens: int, grid: Grid, num_prefix_tokens: int) -> None:
         )
 
 
+class UnknownSchemeError(ValueError):
+    """A position scheme name that is not registered."""
+
+
 _REGISTRY: dict[str, type[PositionScheme]] = {}
 
 
@@ -106,7 +111,7 @@ def list_pos(kind: str | None = None) -> list[str]:
 
 def get_pos_class(name: str) -> type[PositionScheme]:
     if name not in _REGISTRY:
-        raise KeyError(f"unknown position scheme {name!r}; known schemes: {', '.join(list_pos())}")
+        raise UnknownSchemeError(f"unknown position scheme {name!r}; known schemes: {', '.join(list_pos())}")
     return _REGISTRY[name]
 
 

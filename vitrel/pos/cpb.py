@@ -1,7 +1,7 @@
 """Continuous relative position bias of Swin Transformer V2 (Liu et al., 2022).
 
 Each offset ``(dh, dw)`` is normalised by the grid the scheme was built for (the "pretrained
-window"), log-spaced, and mapped to one bias per head by a small MLP::
+window", kept in the state dict as ``ref_grid``), log-spaced, and mapped to one bias per head by a small MLP::
 
     x = 8 * (dh / (H0 - 1), dw / (W0 - 1)),   x' = sign(x) * log2(1 + |x|) / log2(8)
     A_ij = q_i . k_j / sqrt(d) + 16 * sigmoid(MLP(x'_ij))_h
@@ -44,11 +44,15 @@ class ContinuousPosBias2d(PositionScheme):
             nn.ReLU(inplace=True),
             nn.Linear(hidden_dim, self.num_heads, bias=False),
         )
+        # The normalising grid travels with the weights: a checkpoint loaded at another size keeps
+        # the function it learned (Swin V2's "pretrained window size").
+        self.register_buffer("ref_grid", torch.tensor([self.grid.h, self.grid.w]), persistent=True)
 
     def table(self, grid: Grid) -> Tensor:
         """The ``[2H-1, 2W-1, heads]`` bias table of ``grid``."""
         w = self.mlp[0].weight
-        c = cpb_coords(grid, self.grid, w.device, w.dtype)
+        ref = Grid(int(self.ref_grid[0]), int(self.ref_grid[1]))
+        c = cpb_coords(grid, ref, w.device, w.dtype)
         return 16.0 * torch.sigmoid(self.mlp(c))
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:

@@ -1,0 +1,182 @@
+"""Properties every registered scheme must have (schemes added later are picked up automatically)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from vitrel import Attention
+from vitrel.pos import PositionScheme, build_pos, list_pos
+from vitrel.pos.base import UnknownSchemeError
+
+ALL = list_pos()
+RELATIVE = list_pos("relative")
+ABSOLUTE = list_pos("absolute")
+DIM, HEADS = 32, 2  # head_dim 16: divisible by 4 for 2-D RoPE
+
+
+def _attn(name: str, grid, prefix: int, seed: int = 0) -> Attention:
+    torch.manual_seed(seed)
+    a = Attention(DIM, HEADS, pos=name, grid=grid, num_prefix_tokens=prefix).double()
+    with torch.no_grad():
+        for _, p in a.pos.named_parameters():  # non-trivial position parameters
+            p.add_(torch.randn_like(p) * 0.3)
+    return a
+
+
+def _logits(a: Attention, x: torch.Tensor, grid) -> torch.Tensor:
+    if a.pos.kind == "absolute":
+        x = a.pos.add_to_tokens(x, grid, a.num_prefix_tokens)
+    return a.logits(x, grid)
+
+
+def _shift_violation(name: str, prefix: int, with_prefix_pairs: bool = True) -> float:
+    """Max |logit(i, j) - logit'(i + s, j + s)| when the grid content is translated by s."""
+    h, w, (sh, sw) = 5, 6, (1, 2)
+    a = _attn(name, (h, w), prefix)
+    torch.manual_seed(1)
+    pre = torch.randn(1, prefix, DIM, dtype=torch.float64)
+    patches = torch.randn(1, h, w, DIM, dtype=torch.float64)
+    shifted = torch.roll(patches, shifts=(sh, sw), dims=(1, 2))
+    la = _logits(a, torch.cat([pre, patches.reshape(1, h * w, DIM)], 1), (h, w))
+    lb = _logits(a, torch.cat([pre, shifted.reshape(1, h * w, DIM)], 1), (h, w))
+    # tokens whose content did not wrap around, and where they moved to
+    src = [prefix + r * w + c for r in range(h - sh) for c in range(w - sw)]
+    dst = [prefix + (r + sh) * w + (c + sw) for r in range(h - sh) for c in range(w - sw)]
+    if with_prefix_pairs:
+        src = list(range(prefix)) + src
+        dst = list(range(prefix)) + dst
+    ia, ib = torch.tensor(src), torch.tensor(dst)
+    return (la[:, :, ia][:, :, :, ia] - lb[:, :, ib][:, :, :, ib]).abs().max().item()
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("name", RELATIVE)
+def test_relative_schemes_are_translation_equivariant(name, prefix):
+    # Between patches every relative scheme depends on content and offset only.
+    assert _shift_violation(name, prefix, with_prefix_pairs=False) < 1e-9
+    # Prefix<->patch pairs too, except for rotations: an unrotated class token against a rotated
+    # key sees the key's absolute angle (RoPE-ViT and timm behave the same way).
+    if type(Attention(DIM, HEADS, pos=name, grid=(2, 2)).pos).rotate is PositionScheme.rotate:
+        assert _shift_violation(name, prefix) < 1e-9
+
+
+@pytest.mark.parametrize("name", ABSOLUTE)
+def test_absolute_schemes_fail_the_translation_test(name):
+    """The same test must be able to fail: absolute position breaks it."""
+    assert _shift_violation(name, 1) > 1e-4
+
+
+def test_there_are_absolute_and_relative_schemes():
+    assert "none" in RELATIVE and len(RELATIVE) >= 7
+
+
+@pytest.mark.parametrize("name", ALL)
+@pytest.mark.parametrize("grid", [(3, 5), (4, 4)])
+def test_any_grid_at_call_time_forward_backward(name, grid):
+    """Built for one grid, called on the same and on larger/other grids, prefix 0 and 2."""
+    for prefix in (0, 2):
+        a = Attention(DIM, HEADS, pos=name, grid=grid, num_prefix_tokens=prefix)
+        for g in (grid, (grid[1], grid[0] + 2)):
+            x = torch.randn(2, prefix + g[0] * g[1], DIM, requires_grad=True)
+            y = a(x, g)
+            assert y.shape == x.shape and torch.isfinite(y).all()
+            y.square().mean().backward()
+            assert torch.isfinite(x.grad).all()
+            for n, p in a.pos.named_parameters():
+                if a.pos.kind == "relative":
+                    assert p.grad is not None and torch.isfinite(p.grad).all(), n
+            a.zero_grad()
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_fast_path_matches_eager_logits_path(name):
+    """forward (SDPA / fused kernels) == softmax(logits) path, float64, with prefix token."""
+    grid = (3, 4)
+    a = _attn(name, grid, 1)
+    x = torch.randn(2, 13, DIM, dtype=torch.float64)
+    if a.pos.kind == "absolute":
+        x = a.pos.add_to_tokens(x, grid, 1)
+    out = a(x, grid)
+    # eager: dropout path with p=0 uses logits + softmax + content values explicitly
+    a.attn_drop = 1e-12
+    a.train()
+    eager = a(x, grid)
+    torch.testing.assert_close(out, eager, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_window_mask_is_applied_per_window(name):
+    """x as [B * nW, n, C] with a [nW, n, n] mask equals each window run alone with its mask."""
+    grid, nw, b = (2, 3), 3, 2
+    a = _attn(name, grid, 0)
+    torch.manual_seed(3)
+    x = torch.randn(b * nw, 6, DIM, dtype=torch.float64)
+    mask = torch.zeros(nw, 6, 6, dtype=torch.float64)
+    mask[1, :3, 3:] = -100.0  # Swin-style shift mask values
+    mask[1, 3:, :3] = -100.0
+    mask[2, ::2, 1::2] = -100.0
+    out = a(x, grid, mask=mask)
+    for s in range(b * nw):
+        alone = a(x[s : s + 1], grid, mask=mask[s % nw][None, None])
+        torch.testing.assert_close(out[s : s + 1], alone)
+    with pytest.raises(ValueError, match="multiple of the 3 windows"):
+        a(x[:4], grid, mask=mask)
+
+
+@pytest.mark.parametrize("name", [n for n in RELATIVE if n != "none"])
+def test_learned_tables_grow_and_keep_offsets(name):
+    """A state dict from a small grid loads into a larger grid; offsets it had keep their values."""
+    small, big = (3, 4), (5, 7)
+    a = _attn(name, small, 1)
+    b = Attention(DIM, HEADS, pos=name, grid=big, num_prefix_tokens=1).double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the resize warning
+        b.load_state_dict(a.state_dict())
+    x = torch.randn(2, 1 + 12, DIM, dtype=torch.float64)
+    torch.testing.assert_close(_logits(b, x, small), _logits(a, x, small))
+
+
+def test_unknown_scheme_lists_the_names():
+    with pytest.raises(UnknownSchemeError, match="known schemes: .*rel2d_full"):
+        Attention(DIM, HEADS, pos="rel2d_ful", grid=(4, 4))
+    assert issubclass(UnknownSchemeError, ValueError)
+
+
+def test_grid_token_mismatch_is_a_clear_error():
+    a = Attention(DIM, HEADS, pos="rel2d_full", grid=(4, 4), num_prefix_tokens=1)
+    with pytest.raises(ValueError, match=r"grid 4x5 with 1 prefix token\(s\) needs 21 tokens, but the input has 17"):
+        a(torch.randn(1, 17, DIM), (4, 5))
+    with pytest.raises(ValueError, match="grid must be"):
+        a(torch.randn(1, 17, DIM), "4x4")
+    with pytest.raises(ValueError, match="expected x of shape"):
+        a(torch.randn(17, DIM), (4, 4))
+
+
+def test_config_dict_and_shared_module():
+    p = build_pos({"name": "rel2d_factored", "init_std": 0.1}, num_heads=HEADS, head_dim=16, grid=(4, 4))
+    a1 = Attention(DIM, HEADS, pos=p, grid=(4, 4))
+    a2 = Attention(DIM, HEADS, pos=p, grid=(4, 4))
+    assert a1.pos is a2.pos
+    with pytest.raises(ValueError, match="needs a 'name' key"):
+        build_pos({"init_std": 0.1}, num_heads=HEADS, head_dim=16, grid=(4, 4))
+    with pytest.raises(ValueError, match="built for 2 heads"):
+        Attention(48, 3, pos=p, grid=(4, 4))
+
+
+def test_bias_cache_computes_bias_once_per_forward():
+    from vitrel.pos import bias_cache
+
+    a = Attention(DIM, HEADS, pos="rel2d_full", grid=(4, 4))
+    calls = []
+    orig = a.pos.bias
+    a.pos.bias = lambda g, p=0: calls.append(1) or orig(g, p)
+    x = torch.randn(1, 16, DIM)
+    with bias_cache(a):
+        a(x, (4, 4))
+        a(x, (4, 4))
+    assert len(calls) == 1
+    a(x, (4, 4))
+    assert len(calls) == 2

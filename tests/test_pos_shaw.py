@@ -1,0 +1,264 @@
+"""Shaw-style relative keys and values (shaw2d_factored, shaw2d_full, shaw1d) inside ``Attention``.
+
+Every check is against a dense float64 reference written from the equation with Python loops::
+
+    A_ij = (q_i . k_j + q_i . r^K_ij) / sqrt(d) + mask_ij,  out_i = sum_j softmax_j(A)_ij (v_j + r^V_ij)
+
+with ``r^K = r^V = 0`` whenever a prefix token is involved; forward (the fused fast path), logits,
+the attention-dropout path and gradients w.r.t. the input and every table.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from vitrel import Attention
+from vitrel.pos import build_pos
+from vitrel.pos.shaw import Shaw2dFactored, Shaw2dFull
+from vitrel.pos.shaw1d import Shaw1d, shaw_attention
+
+SCHEMES = ["shaw2d_factored", "shaw2d_full", "shaw1d"]
+DIM, HEADS = 24, 3
+
+
+def _clip(d: int, half: int) -> int:
+    return max(-half, min(half, d))
+
+
+def pair_embeddings(pos, h: int, w: int, which: str):
+    """``f((ri, ci), (rj, cj)) -> r_ij [d]`` for the scheme's key (``which="k"``) or value tables."""
+    if isinstance(pos, Shaw2dFactored):
+        th, tw = getattr(pos, f"rel_{which}h"), getattr(pos, f"rel_{which}w")
+        kh, kw = (th.shape[0] - 1) // 2, (tw.shape[0] - 1) // 2
+        return lambda pi, pj: th[_clip(pi[0] - pj[0], kh) + kh] + tw[_clip(pi[1] - pj[1], kw) + kw]
+    if isinstance(pos, Shaw2dFull):
+        t = getattr(pos, f"rel_{which}")
+        kh, kw = (t.shape[0] - 1) // 2, (t.shape[1] - 1) // 2
+        return lambda pi, pj: t[_clip(pi[0] - pj[0], kh) + kh, _clip(pi[1] - pj[1], kw) + kw]
+    if isinstance(pos, Shaw1d):
+        t = getattr(pos, f"rel_{which}")
+        k = (t.shape[0] - 1) // 2
+        return lambda pi, pj: t[_clip((pj[0] * w + pj[1]) - (pi[0] * w + pi[1]), k) + k]
+    raise TypeError(type(pos))
+
+
+def dense_rel(pos, h: int, w: int, prefix: int, which: str) -> torch.Tensor:
+    """``[N, N, d]`` of ``r_ij`` with loops (zeros for prefix pairs); differentiable w.r.t. the tables."""
+    f = pair_embeddings(pos, h, w, which)
+    pts = [(r, c) for r in range(h) for c in range(w)]
+    zero = torch.zeros(pos.head_dim, dtype=torch.float64)
+    n = prefix + len(pts)
+    rows = []
+    for i in range(n):
+        row = []
+        for j in range(n):
+            row.append(zero if i < prefix or j < prefix else f(pts[i - prefix], pts[j - prefix]))
+        rows.append(torch.stack(row))
+    return torch.stack(rows)
+
+
+def reference(attn: Attention, x: torch.Tensor, grid, mask=None, causal=False, drop_seed=None):
+    """Dense Shaw attention with the module's weights -> (logits, output)."""
+    h, w = grid
+    p = attn.num_prefix_tokens
+    b, n, c = x.shape
+    hd, d = attn.num_heads, attn.head_dim
+    qkv = (x @ attn.qkv.weight.t() + attn.qkv.bias).reshape(b, n, 3, hd, d).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0], qkv[1], qkv[2]
+    rk, rv = dense_rel(attn.pos, h, w, p, "k"), dense_rel(attn.pos, h, w, p, "v")
+    logits = (torch.einsum("bhid,bhjd->bhij", q, k) + torch.einsum("bhid,ijd->bhij", q, rk)) / math.sqrt(d)
+    if mask is not None:  # [nW, n, n] window mask: batch element t uses window t % nW
+        logits = logits + mask[torch.arange(b) % mask.shape[0]][:, None]
+    if causal:
+        logits = logits + torch.full((n, n), float("-inf"), dtype=x.dtype).triu(1)
+    a = logits.softmax(-1)
+    if drop_seed is not None:
+        torch.manual_seed(drop_seed)
+        a = F.dropout(a, attn.attn_drop)
+    out = torch.einsum("bhij,bhjd->bhid", a, v) + torch.einsum("bhij,ijd->bhid", a, rv)
+    out = out.transpose(1, 2).reshape(b, n, c)
+    return logits, out @ attn.proj.weight.t() + attn.proj.bias
+
+
+def make(name: str, build_grid, prefix: int, seed: int = 0, **kw) -> Attention:
+    torch.manual_seed(seed)
+    m = Attention(DIM, HEADS, pos=name, grid=build_grid, num_prefix_tokens=prefix, **kw).double()
+    with torch.no_grad():
+        for t in m.pos.parameters():  # larger than the 0.02 init so the terms matter in the check
+            t.normal_(0.0, 0.5)
+    return m
+
+
+def window_mask(nw: int, n: int) -> torch.Tensor:
+    """Swin-style ``[nW, n, n]`` mask: 0 or -100, the diagonal always visible."""
+    g = torch.Generator().manual_seed(1)
+    m = torch.where(torch.rand(nw, n, n, generator=g) < 0.4, -100.0, 0.0).double()
+    return m * (1 - torch.eye(n, dtype=torch.float64))
+
+
+def _params(m: Attention):
+    return [x for _, x in sorted(m.pos.named_parameters())]
+
+
+def _check(m: Attention, grid, batch=2, mask=None, causal=False, atol=1e-10):
+    h, w = grid
+    x = torch.randn(batch, m.num_prefix_tokens + h * w, DIM, dtype=torch.float64, requires_grad=True)
+    ref_logits, ref_out = reference(m, x, grid, mask=mask, causal=causal)
+    wout = torch.randn_like(ref_out)
+    ref_grads = torch.autograd.grad((ref_out * wout).sum(), [x, *_params(m)])
+
+    out = m(x, grid, mask=mask)
+    torch.testing.assert_close(out, ref_out, atol=atol, rtol=1e-9)
+    grads = torch.autograd.grad((out * wout).sum(), [x, *_params(m)])
+    names = ["x"] + sorted(n for n, _ in m.pos.named_parameters())
+    for name, g, rg in zip(names, grads, ref_grads):
+        torch.testing.assert_close(g, rg, atol=atol, rtol=1e-9, msg=lambda s, name=name: f"grad {name}: {s}")
+
+    logits = m.logits(x, grid, mask=mask)
+    finite = torch.isfinite(ref_logits)
+    assert torch.equal(finite, torch.isfinite(logits))
+    torch.testing.assert_close(logits[finite], ref_logits[finite], atol=atol, rtol=1e-9)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("grid", [(3, 4), (4, 4)])
+def test_forward_logits_grads(name, prefix, grid):
+    _check(make(name, grid, prefix), grid)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_window_mask(name, prefix):
+    grid, nw = (3, 4), 2
+    mask = window_mask(nw, prefix + 12)
+    _check(make(name, grid, prefix), grid, batch=2 * nw, mask=mask)
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_clipping_max_distance_and_larger_grid(name):
+    # explicit clipping (tables of 2*1+1 rows) and a call grid larger than the built one
+    _check(make(name, (3, 4), 1, max_distance=1), (3, 4))
+    _check(make(name, (2, 3), 1), (4, 5))
+
+
+def test_factored_per_axis_max_distance():
+    m = make("shaw2d_factored", (4, 5), 0, max_distance=(1, 2))
+    assert m.pos.rel_kh.shape[0] == 3 and m.pos.rel_kw.shape[0] == 5
+    _check(m, (4, 5))
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_dropout_path(name):
+    """Training with attention dropout uses content_values on the dropped-out weights."""
+    m = make(name, (3, 3), 1, attn_drop=0.3)
+    m.train()
+    x = torch.randn(2, 10, DIM, dtype=torch.float64)
+    _, ref = reference(m, x, (3, 3), drop_seed=7)
+    torch.manual_seed(7)
+    out = m(x, (3, 3))
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-9)
+
+
+def test_shaw1d_causal_attention_module():
+    m = make("shaw1d", (1, 7), 0, causal=True)
+    _check(m, (1, 7), causal=True)
+    # a true 1-D sequence: the module equals the functional causal shaw_attention
+    x = torch.randn(2, 7, DIM, dtype=torch.float64)
+    q, k, v = m._qkv(x, m.pos.grid)
+    ref = shaw_attention(q, k, v, m.pos.rel_k, m.pos.rel_v, causal=True)
+    got = m.pos.attend(q, k, v, m._mask(None, 2, 7, x.dtype, x.device), m.scale, m.pos.grid, 0)
+    torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_factored_equals_full_outer_sum(prefix):
+    grid = (3, 5)
+    fac = make("shaw2d_factored", grid, prefix, seed=3)
+    full = make("shaw2d_full", grid, prefix, seed=3)
+    full.load_state_dict({k: v for k, v in fac.state_dict().items() if not k.startswith("pos.")}, strict=False)
+    with torch.no_grad():
+        full.pos.rel_k.copy_(fac.pos.rel_kh[:, None] + fac.pos.rel_kw[None, :])
+        full.pos.rel_v.copy_(fac.pos.rel_vh[:, None] + fac.pos.rel_vw[None, :])
+    x = torch.randn(2, prefix + 15, DIM, dtype=torch.float64)
+    torch.testing.assert_close(fac(x, grid), full(x, grid), atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(fac.logits(x, grid), full.logits(x, grid), atol=1e-12, rtol=1e-10)
+
+
+def test_tables_and_config():
+    pos = build_pos({"name": "shaw2d_factored", "max_distance": None}, num_heads=2, head_dim=8, grid=(3, 5))
+    assert pos.rel_kh.shape == (5, 8) and pos.rel_kw.shape == (9, 8) and pos.max_distance == (2, 4)
+    assert 0.01 < torch.cat([pos.rel_kh, pos.rel_kw, pos.rel_vh, pos.rel_vw]).std() < 0.03  # trunc_normal std 0.02
+    pos = build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 5), max_distance=2)
+    assert pos.rel_k.shape == (5, 5, 8)
+    pos = build_pos("shaw1d", num_heads=2, head_dim=8, grid=(3, 5))
+    assert pos.rel_k.shape == (29, 8) and pos.max_distance == 14
+    for name in SCHEMES:
+        pos = build_pos(name, num_heads=2, head_dim=8, grid=(3, 3))
+        names = [n for n, _ in pos.named_parameters()]
+        assert names and all(any(key in n for key in pos.no_weight_decay_keys) for n in names)
+    with pytest.raises(ValueError, match="max_distance"):
+        build_pos("shaw2d_factored", num_heads=2, head_dim=8, grid=(3, 3), max_distance=-1)
+    m = Attention(16, 2, pos="shaw2d_factored", grid=(3, 3))
+    with pytest.raises(ValueError, match="tokens"):
+        m(torch.randn(1, 10, 16), (3, 3))
+
+
+@pytest.mark.parametrize("name", SCHEMES)
+def test_resize_on_load(name):
+    small = make(name, (2, 3), 1)
+    big = make(name, (3, 4), 1, seed=1)
+    with pytest.warns(UserWarning, match="resized"):
+        big.load_state_dict(small.state_dict())
+    for (n, s), b in zip(small.pos.named_parameters(), big.pos.parameters()):
+        assert b.shape[-1] == s.shape[-1] and b.shape != s.shape, n
+        if b.dim() == 2:  # offsets the small table had keep their values
+            c = (b.shape[0] - s.shape[0]) // 2
+            torch.testing.assert_close(b[c : c + s.shape[0]], s)
+        else:
+            ch, cw = (b.shape[0] - s.shape[0]) // 2, (b.shape[1] - s.shape[1]) // 2
+            torch.testing.assert_close(b[ch : ch + s.shape[0], cw : cw + s.shape[1]], s)
+    _check(big, (3, 4))
+
+
+class _MaxNumel(TorchDispatchMode):
+    """Records the largest tensor produced by any aten op, and the op names."""
+
+    def __init__(self):
+        super().__init__()
+        self.max_numel, self.ops = 0, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self.ops.add(str(func))
+        for o in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(o, torch.Tensor):
+                self.max_numel = max(self.max_numel, o.numel())
+        return out
+
+
+def test_factored_fast_path_large_grid_memory():
+    """32x32 grid (N = 1024): the fused path never builds N x N x d (nor N x N with the flash kernel)."""
+    torch.manual_seed(0)
+    grid, heads, dim = (32, 32), 2, 32
+    n, d = 1 + 32 * 32, dim // heads
+    m = Attention(dim, heads, pos="shaw2d_factored", grid=grid, num_prefix_tokens=1)
+    x = torch.randn(1, n, dim, requires_grad=True)
+    rec = _MaxNumel()
+    with rec:
+        out = m(x, grid)
+        out.square().sum().backward()
+    assert rec.max_numel < n * n * d
+    if any("flash_attention" in op for op in rec.ops):
+        assert rec.max_numel < heads * n * n
+    with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
+        q, k, v = m._qkv(x, m.pos.grid)
+        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, m.pos.grid, 1)) * m.scale).softmax(-1)
+        eager = a @ v + m.pos.content_values(a, m.pos.grid, 1)
+        fused = m.pos.attend(q, k, v, None, m.scale, m.pos.grid, 1)
+    torch.testing.assert_close(fused, eager, atol=1e-5, rtol=1e-4)

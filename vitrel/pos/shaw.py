@@ -1,0 +1,302 @@
+"""Shaw et al. (2018) content-aware relative keys and values on a 2-D grid: factored and full.
+
+Per head (``d = head_dim``), with ``r^K_ij, r^V_ij in R^d`` shared by all heads (as in Shaw et al.
+and MViTv2) and ``dh = row_i - row_j``, ``dw = col_i - col_j``::
+
+    A_ij  = (q_i . k_j + q_i . r^K_ij) / sqrt(d) + mask_ij
+    out_i = sum_j softmax_j(A)_ij (v_j + r^V_ij)
+
+``shaw2d_factored`` (decomposed, as in MViTv2 / SAM)::
+
+    r^K_ij = r^Kh[clip(dh)] + r^Kw[clip(dw)],    r^V_ij = r^Vh[clip(dh)] + r^Vw[clip(dw)]
+
+``shaw2d_full``::
+
+    r^K_ij = r^K[clip(dh), clip(dw)],            r^V_ij = r^V[clip(dh), clip(dw)]
+
+``clip`` clamps an offset to ``[-K, K]`` (``max_distance``; default the built grid's extent, i.e.
+tables of ``2H-1`` / ``2W-1`` rows). Offsets beyond a table get its edge embedding (Shaw's
+clipping), so the schemes run on any grid. Pairs that involve a prefix token get ``r^K = r^V = 0``.
+
+Fast paths, never an ``N x N x d`` tensor:
+
+* factored: ONE ``scaled_dot_product_attention`` call on augmented tensors (``N x N`` is never
+  built either). With ``Rh[i, y] = q_i . r^Kh[clip(row_i - y)]`` and ``Rw[i, z]`` likewise::
+
+      q' = [q, Rh, Rw],  k' = [k, onehot(row_j), onehot(col_j)],  v' = [v, onehot(row_j), onehot(col_j)]
+
+  so ``q'_i . k'_j = q_i . k_j + q_i . r^K_ij``; the extra output channels are the attention mass
+  per key row ``Ph[i, y]`` and per key column ``Pw[i, z]``, and
+  ``out_i += sum_y Ph[i, y] r^Vh[clip(row_i - y)] + sum_z Pw[i, z] r^Vw[clip(col_i - z)]``.
+* full: ``QE = q r^K_flat^T`` (``[N, R]``, ``R`` table cells used) gathered to ``[N, N]``; values:
+  ``P = scatter_add(attn)`` over the ``R`` offsets, then ``P r^V_flat``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitrel.pos.base import Grid, PositionScheme, check_tokens, pad_prefix, register_pos
+from vitrel.pos.tables import ResizeOnLoad, offset_index
+
+__all__ = [
+    "gather_1d_table",
+    "factored_rel_logits",
+    "factored_content_logits",
+    "factored_content_values",
+    "shaw2d_factored_attention",
+    "full_rel_index",
+    "full_content_logits",
+    "full_content_values",
+    "Shaw2dFactored",
+    "Shaw2dFull",
+]
+
+
+def _half(table: Tensor) -> int:
+    return (table.shape[0] - 1) // 2
+
+
+def _pad_rows(x: Tensor, p: int) -> Tensor:
+    """Zero-pad ``[..., n, C]`` with ``p`` leading rows (prefix queries)."""
+    return F.pad(x, (0, 0, p, 0)) if p else x
+
+
+def _split_patches(x: Tensor, num_prefix_tokens: int, grid: Grid) -> Tensor:
+    check_tokens(x.shape[-2], grid, num_prefix_tokens)
+    return x[..., num_prefix_tokens:, :]
+
+
+def gather_1d_table(table: Tensor, n: int) -> Tensor:
+    """``table [2K+1, d]`` -> ``T [n, n, d]`` with ``T[a, b] = table[clip(a - b, -K, K)]``."""
+    return table[offset_index(n, _half(table), table.device)]
+
+
+# --------------------------------------------------------------------------------- factored
+def factored_rel_logits(q_patch: Tensor, tkh: Tensor, tkw: Tensor, grid: Grid) -> tuple[Tensor, Tensor]:
+    """``Rh [..., HW, H]``, ``Rw [..., HW, W]``: ``Rh[i, y] = q_i . tkh[row_i, y]``, ``Rw[i, z] = q_i . tkw[col_i, z]``.
+
+    ``q_patch [B, h, HW, d]``; ``tkh [H, H, d]``, ``tkw [W, W, d]`` are the gathered tables.
+    """
+    b, nh, _, d = q_patch.shape
+    qg = q_patch.reshape(b, nh, grid.h, grid.w, d)
+    rh = torch.einsum("bnxwd,xyd->bnxwy", qg, tkh).reshape(b, nh, grid.n, grid.h)
+    rw = torch.einsum("bnxwd,wzd->bnxwz", qg, tkw).reshape(b, nh, grid.n, grid.w)
+    return rh, rw
+
+
+def factored_values(ph: Tensor, pw: Tensor, tvh: Tensor, tvw: Tensor, grid: Grid) -> Tensor:
+    """``sum_y ph[i, y] tvh[row_i, y] + sum_z pw[i, z] tvw[col_i, z]`` -> ``[B, h, HW, d]``."""
+    b, nh = ph.shape[:2]
+    ph = ph.reshape(b, nh, grid.h, grid.w, grid.h)
+    pw = pw.reshape(b, nh, grid.h, grid.w, grid.w)
+    out = torch.einsum("bnxwy,xyd->bnxwd", ph, tvh) + torch.einsum("bnxwz,wzd->bnxwd", pw, tvw)
+    return out.reshape(b, nh, grid.n, -1)
+
+
+def factored_content_logits(
+    q: Tensor, rel_kh: Tensor, rel_kw: Tensor, grid: Grid, num_prefix_tokens: int = 0
+) -> Tensor:
+    """Unscaled ``q_i . (r^Kh[clip(dh)] + r^Kw[clip(dw)])`` -> ``[B, h, N, N]`` (eager path)."""
+    qp = _split_patches(q, num_prefix_tokens, grid)
+    rh, rw = factored_rel_logits(qp, gather_1d_table(rel_kh, grid.h), gather_1d_table(rel_kw, grid.w), grid)
+    s = rh[..., :, None] + rw[..., None, :]  # [B, h, HW, H, W]
+    return pad_prefix(s.flatten(-2), num_prefix_tokens)
+
+
+def factored_content_values(
+    attn: Tensor, rel_vh: Tensor, rel_vw: Tensor, grid: Grid, num_prefix_tokens: int = 0
+) -> Tensor:
+    """``sum_j attn_ij (r^Vh[clip(dh)] + r^Vw[clip(dw)])`` -> ``[B, h, N, d]`` from row/column sums."""
+    p = num_prefix_tokens
+    check_tokens(attn.shape[-1], grid, p)
+    a = attn[..., p:, p:].unflatten(-1, (grid.h, grid.w))  # [B, h, HW, H, W]
+    out = factored_values(a.sum(-1), a.sum(-2), gather_1d_table(rel_vh, grid.h), gather_1d_table(rel_vw, grid.w), grid)
+    return _pad_rows(out, p)
+
+
+def _onehot_keys(grid: Grid, num_prefix_tokens: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[N, H + W]``: ``[onehot(row_j), onehot(col_j)]`` for patch keys, zeros for prefix keys."""
+    rows = torch.arange(grid.h, device=device).repeat_interleave(grid.w)
+    cols = torch.arange(grid.w, device=device).repeat(grid.h)
+    oh = torch.cat([F.one_hot(rows, grid.h), F.one_hot(cols, grid.w)], dim=-1).to(dtype)
+    return _pad_rows(oh, num_prefix_tokens)
+
+
+def shaw2d_factored_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel_kh: Tensor,
+    rel_kw: Tensor,
+    rel_vh: Tensor,
+    rel_vw: Tensor,
+    grid: Grid,
+    num_prefix_tokens: int = 0,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+) -> Tensor:
+    """Factored Shaw attention in one SDPA call on augmented ``q', k', v'`` (see the module docstring).
+
+    ``q, k, v [B, h, N, d]``, ``N = num_prefix_tokens + H W``; ``mask`` an additive float mask
+    broadcastable to ``[B, h, N, N]`` or None; ``scale`` default ``d ** -0.5``. Memory
+    ``O(N (d + H + W))`` per head (with SDPA's flash kernel): no ``N x N`` and no ``N x N x d``.
+    """
+    b, nh, n, d = q.shape
+    p = num_prefix_tokens
+    check_tokens(n, grid, p)
+    if scale is None:
+        scale = d**-0.5
+    tkh, tkw = gather_1d_table(rel_kh, grid.h), gather_1d_table(rel_kw, grid.w)
+    rh, rw = factored_rel_logits(q[:, :, p:], tkh, tkw, grid)
+    q2 = torch.cat([q, _pad_rows(torch.cat([rh, rw], dim=-1), p)], dim=-1)
+    oh = _onehot_keys(grid, p, q.dtype, q.device).expand(b, nh, n, grid.h + grid.w)
+    k2 = torch.cat([k, oh], dim=-1)
+    v2 = torch.cat([v, oh], dim=-1)
+    if mask is not None:
+        mask = mask.to(q.dtype)
+    o = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, scale=scale)
+    out, ph, pw = o.split([v.shape[-1], grid.h, grid.w], dim=-1)
+    rel = factored_values(
+        ph[:, :, p:], pw[:, :, p:], gather_1d_table(rel_vh, grid.h), gather_1d_table(rel_vw, grid.w), grid
+    )
+    return out + _pad_rows(rel, p)
+
+
+# ------------------------------------------------------------------------------------- full
+def full_rel_index(grid: Grid, half_h: int, half_w: int, device: torch.device) -> tuple[Tensor, int, int]:
+    """Index ``[HW, HW]`` into the used cells of a ``[2Kh+1, 2Kw+1]`` table, flattened.
+
+    Only the offsets that occur on ``grid`` are used: rows ``Kh - eh .. Kh + eh`` with
+    ``eh = min(Kh, H - 1)`` (same for columns). Returns ``(index, eh, ew)``; the used sub-table is
+    ``table[Kh - eh : Kh + eh + 1, Kw - ew : Kw + ew + 1]`` flattened row-major.
+    """
+    eh, ew = min(half_h, grid.h - 1), min(half_w, grid.w - 1)
+    ih = offset_index(grid.h, eh, device)  # [H, H] in [0, 2 eh]
+    iw = offset_index(grid.w, ew, device)  # [W, W] in [0, 2 ew]
+    idx = ih[:, None, :, None] * (2 * ew + 1) + iw[None, :, None, :]  # [H, W, H, W]
+    return idx.reshape(grid.n, grid.n), eh, ew
+
+
+def _used_cells(table: Tensor, eh: int, ew: int) -> Tensor:
+    kh, kw = (table.shape[0] - 1) // 2, (table.shape[1] - 1) // 2
+    return table[kh - eh : kh + eh + 1, kw - ew : kw + ew + 1].reshape(-1, table.shape[-1])  # [R, d]
+
+
+def full_content_logits(q: Tensor, rel_k: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+    """Unscaled ``q_i . r^K[clip(dh), clip(dw)]`` -> ``[B, h, N, N]`` via ``[B, h, HW, R]`` and a gather."""
+    qp = _split_patches(q, num_prefix_tokens, grid)
+    idx, eh, ew = full_rel_index(grid, (rel_k.shape[0] - 1) // 2, (rel_k.shape[1] - 1) // 2, q.device)
+    qe = qp @ _used_cells(rel_k, eh, ew).t()  # [B, h, HW, R]
+    s = qe.gather(-1, idx.expand(*qe.shape[:-1], grid.n))
+    return pad_prefix(s, num_prefix_tokens)
+
+
+def full_content_values(attn: Tensor, rel_v: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+    """``sum_j attn_ij r^V[clip(dh), clip(dw)]`` -> ``[B, h, N, d]`` via ``scatter_add`` to ``[B, h, HW, R]``."""
+    p = num_prefix_tokens
+    check_tokens(attn.shape[-1], grid, p)
+    a = attn[..., p:, p:]
+    idx, eh, ew = full_rel_index(grid, (rel_v.shape[0] - 1) // 2, (rel_v.shape[1] - 1) // 2, attn.device)
+    tv = _used_cells(rel_v, eh, ew)  # [R, d]
+    pr = a.new_zeros(*a.shape[:-1], tv.shape[0]).scatter_add(-1, idx.expand_as(a), a)
+    return _pad_rows(pr @ tv, p)
+
+
+# ----------------------------------------------------------------------------------- modules
+def _halves(max_distance: int | tuple[int, int] | None, grid: Grid) -> tuple[int, int]:
+    if max_distance is None:
+        return grid.h - 1, grid.w - 1
+    if isinstance(max_distance, int):
+        kh = kw = max_distance
+    else:
+        kh, kw = (int(m) for m in max_distance)
+    if kh < 0 or kw < 0:
+        raise ValueError(f"max_distance must be >= 0, got {max_distance}")
+    return kh, kw
+
+
+@register_pos("shaw2d_factored")
+class Shaw2dFactored(ResizeOnLoad, PositionScheme):
+    """Factored Shaw keys and values: ``r_ij = r_h[clip(dh)] + r_w[clip(dw)]``, tables shared by heads.
+
+    ``max_distance``: ``K`` (int, or ``(Kh, Kw)``) or None for the built grid's extent. ``forward``
+    of :class:`~vitrel.layers.Attention` uses the single-SDPA fast path (:meth:`attend`).
+    """
+
+    _rel_tables = {"rel_kh": "1d", "rel_kw": "1d", "rel_vh": "1d", "rel_vw": "1d"}
+    no_weight_decay_keys = ("rel_kh", "rel_kw", "rel_vh", "rel_vw")
+
+    def __init__(self, *, max_distance: int | tuple[int, int] | None = None, init_std: float = 0.02, **kw) -> None:
+        super().__init__(**kw)
+        kh, kw_ = _halves(max_distance, self.grid)
+        d = self.head_dim
+        self.rel_kh = nn.Parameter(torch.zeros(2 * kh + 1, d))
+        self.rel_kw = nn.Parameter(torch.zeros(2 * kw_ + 1, d))
+        self.rel_vh = nn.Parameter(torch.zeros(2 * kh + 1, d))
+        self.rel_vw = nn.Parameter(torch.zeros(2 * kw_ + 1, d))
+        for t in (self.rel_kh, self.rel_kw, self.rel_vh, self.rel_vw):
+            nn.init.trunc_normal_(t, std=init_std)
+
+    def content_logits(self, q: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        return factored_content_logits(q, self.rel_kh, self.rel_kw, grid, num_prefix_tokens)
+
+    def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        return factored_content_values(attn, self.rel_vh, self.rel_vw, grid, num_prefix_tokens)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        scale: float,
+        grid: Grid,
+        num_prefix_tokens: int = 0,
+    ) -> Tensor:
+        return shaw2d_factored_attention(
+            q, k, v, self.rel_kh, self.rel_kw, self.rel_vh, self.rel_vw, grid, num_prefix_tokens, mask, scale
+        )
+
+    @property
+    def max_distance(self) -> tuple[int, int]:
+        """``(Kh, Kw)`` of the current tables (they may have been resized on load)."""
+        return _half(self.rel_kh), _half(self.rel_kw)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, max_distance={self.max_distance}"
+
+
+@register_pos("shaw2d_full")
+class Shaw2dFull(ResizeOnLoad, PositionScheme):
+    """Full 2-D Shaw keys and values: ``r_ij = r[clip(dh), clip(dw)]`` from ``[2Kh+1, 2Kw+1, d]`` tables.
+
+    Eager path (the default ``attend``) with memory ``O(N R)`` per head, ``R`` the table cells used.
+    """
+
+    _rel_tables = {"rel_k": "2d", "rel_v": "2d"}
+    no_weight_decay_keys = ("rel_k", "rel_v")
+
+    def __init__(self, *, max_distance: int | tuple[int, int] | None = None, init_std: float = 0.02, **kw) -> None:
+        super().__init__(**kw)
+        kh, kw_ = _halves(max_distance, self.grid)
+        self.rel_k = nn.Parameter(torch.zeros(2 * kh + 1, 2 * kw_ + 1, self.head_dim))
+        self.rel_v = nn.Parameter(torch.zeros(2 * kh + 1, 2 * kw_ + 1, self.head_dim))
+        nn.init.trunc_normal_(self.rel_k, std=init_std)
+        nn.init.trunc_normal_(self.rel_v, std=init_std)
+
+    def content_logits(self, q: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        return full_content_logits(q, self.rel_k, grid, num_prefix_tokens)
+
+    def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        return full_content_values(attn, self.rel_v, grid, num_prefix_tokens)
+
+    @property
+    def max_distance(self) -> tuple[int, int]:
+        """``(Kh, Kw)`` of the current tables (they may have been resized on load)."""
+        return (self.rel_k.shape[0] - 1) // 2, (self.rel_k.shape[1] - 1) // 2
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, max_distance={self.max_distance}"

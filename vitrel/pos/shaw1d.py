@@ -1,0 +1,250 @@
+"""Shaw et al. (2018) content-aware relative keys and values on a 1-D sequence, via the skew trick.
+
+For queries at positions ``i + o`` (``o = q_offset``) and keys at positions ``j``, per head::
+
+    r_ij   = clip(j - (i + o), -K, K)
+    A_ij   = (q_i . k_j + q_i . r^K[r_ij]) * scale + mask_ij
+    out_i  = sum_j softmax_j(A)_ij (v_j + r^V[r_ij])
+
+with tables ``r^K, r^V`` of ``[2K+1, d]`` shared by all heads (offsets beyond ``K`` get the edge
+embedding: Shaw's clipping). ``o`` is 0 for full and cross attention and ``n_k - n_q`` for causal
+attention (the queries are the last ``n_q`` positions).
+
+The memory-efficient path of Huang et al. (2018, Music Transformer), generalised to self, cross,
+full and causal attention: the ``L`` offsets that occur are ``r_min .. r_max`` (``L = n_q + n_k -
+1`` for full attention, ``L = n_k`` for causal); the clipped tables are expanded to those ``L``
+offsets (``[L, d]``, cheap), ``x = q E^T`` is ``[n_q, L]`` and :func:`skew` moves ``x[i, m]`` to
+column ``j = m + i - shift`` with one pad + reshape + slice (no gather, no ``[n_q, n_k, d]``). The
+value term uses the adjoint :func:`unskew`, which sums the attention weights of each offset.
+
+``shaw1d`` applies it to the patch tokens in raster order ``p = row * W + col`` (a true 1-D
+sequence is the grid ``(1, L)``); prefix tokens get no relative terms. Note the sign convention:
+here the offset is ``p_j - p_i`` (key minus query), as in Shaw et al.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitrel.pos.base import Grid, PositionScheme, check_tokens, pad_prefix, register_pos
+from vitrel.pos.tables import ResizeOnLoad
+
+__all__ = [
+    "skew",
+    "unskew",
+    "offset_range",
+    "expand_table",
+    "shaw_logits",
+    "shaw_values",
+    "shaw_attention",
+    "Shaw1d",
+]
+
+
+def skew(x: Tensor, n_k: int, shift: int) -> Tensor:
+    """``x [..., n_q, L]`` (``q . E_m`` for ``L`` relative offsets) -> ``S [..., n_q, n_k]``.
+
+    ``S[..., i, j] = x[..., i, j - i + shift]`` wherever ``0 <= j - i + shift < L``; the other entries
+    are arbitrary (finite) values and may only be used where they are masked (causal attention).
+
+    Pad + reshape + slice: row ``i`` of ``x`` padded to width ``M`` starts at ``i * M`` in the flat
+    buffer; reading it back with rows of ``M - 1`` shifts row ``i`` left by ``i``.
+    """
+    if n_k < 1:
+        raise ValueError(f"n_k must be positive, got {n_k}")
+    *batch, n_q, length = x.shape
+    a = max(0, -shift)  # left padding, so that the read start c = shift + a is >= 0
+    c = shift + a
+    m = max(n_k + 1, length + a)
+    z = F.pad(x, (a, m - length - a)).reshape(*batch, n_q * m)
+    end = c + n_q * (m - 1)
+    if end > n_q * m:
+        z = F.pad(z, (0, end - n_q * m))
+    return z[..., c:end].reshape(*batch, n_q, m - 1)[..., :n_k]
+
+
+def unskew(a: Tensor, length: int, shift: int) -> Tensor:
+    """Adjoint of :func:`skew`: ``a [..., n_q, n_k]`` -> ``P [..., n_q, L]`` with
+    ``P[..., i, m] = sum_j a[..., i, j] [j - i + shift == m]`` (i.e. ``a[..., i, m + i - shift]`` or 0).
+
+    Pad + reshape + slice: row ``i`` padded to width ``M`` and read back with rows of ``M + 1``
+    shifts row ``i`` right by ``i``; the padding is wide enough that only zeros fill the gaps.
+    """
+    if length < 1:
+        raise ValueError(f"length must be positive, got {length}")
+    *batch, n_q, n_k = a.shape
+    b = max(shift, 0)  # left padding, so that the read start c = b - shift is >= 0
+    c = b - shift
+    m = max(b + n_k, length + n_q - 1 - shift + b)
+    z = F.pad(a, (b, m - n_k - b)).reshape(*batch, n_q * m)
+    end = c + n_q * (m + 1)
+    if end > n_q * m:
+        z = F.pad(z, (0, end - n_q * m))
+    return z[..., c:end].reshape(*batch, n_q, m + 1)[..., :length]
+
+
+def offset_range(n_q: int, n_k: int, q_offset: int, causal: bool) -> tuple[int, int]:
+    """``(r_min, L)``: the offsets ``r = j - (i + q_offset)`` that occur are ``r_min .. r_min + L - 1``.
+
+    With these, ``skew(q E^T, n_k, shift=n_q - 1)`` puts offset ``r`` of query ``i`` at key ``j``.
+    """
+    r_min = -(n_q - 1) - q_offset
+    r_max = n_k - 1 - q_offset
+    if causal:
+        r_max = min(r_max, 0)
+    return r_min, r_max - r_min + 1
+
+
+def expand_table(table: Tensor, r_min: int, length: int, max_distance: int | None = None) -> Tensor:
+    """Rows of ``table [2K+1, d]`` for offsets ``r_min .. r_min + L - 1``, clipped to ``[-K', K']``.
+
+    ``K' = max_distance`` (at most ``K``), or ``K`` when None. Returns ``[L, d]``.
+    """
+    if table.dim() != 2 or table.shape[0] % 2 == 0:
+        raise ValueError(f"a relative table must be [2K+1, d], got {tuple(table.shape)}")
+    half = (table.shape[0] - 1) // 2
+    if max_distance is None:
+        max_distance = half
+    if not 0 <= max_distance <= half:
+        raise ValueError(
+            f"max_distance must be in [0, {half}] for a table of {table.shape[0]} rows, got {max_distance}"
+        )
+    r = torch.arange(r_min, r_min + length, device=table.device).clamp(-max_distance, max_distance) + half
+    return table.index_select(0, r)
+
+
+def _check_offset(n_q: int, n_k: int, q_offset: int | None, causal: bool) -> int:
+    if q_offset is None:
+        q_offset = n_k - n_q if causal else 0
+    if causal and q_offset < 0:
+        raise ValueError(f"causal attention needs q_offset >= 0 (queries after the first key), got {q_offset}")
+    return q_offset
+
+
+def shaw_logits(
+    q: Tensor,
+    rel_k: Tensor,
+    n_k: int,
+    *,
+    q_offset: int | None = None,
+    causal: bool = False,
+    max_distance: int | None = None,
+) -> Tensor:
+    """Unscaled ``S_ij = q_i . r^K[clip(j - i - q_offset)]``: ``q [..., n_q, d]`` -> ``[..., n_q, n_k]``.
+
+    With ``causal`` only offsets ``<= 0`` are computed (``L = n_k``) and entries with ``j > i +
+    q_offset`` are arbitrary: mask them.
+    """
+    n_q = q.shape[-2]
+    q_offset = _check_offset(n_q, n_k, q_offset, causal)
+    r_min, length = offset_range(n_q, n_k, q_offset, causal)
+    e = expand_table(rel_k, r_min, length, max_distance)  # [L, d]
+    return skew(q @ e.t(), n_k, n_q - 1)
+
+
+def shaw_values(
+    attn: Tensor,
+    rel_v: Tensor,
+    *,
+    q_offset: int | None = None,
+    causal: bool = False,
+    max_distance: int | None = None,
+) -> Tensor:
+    """``sum_j attn_ij r^V[clip(j - i - q_offset)]``: ``attn [..., n_q, n_k]`` -> ``[..., n_q, d]``.
+
+    With ``causal`` the weights of keys ``j > i + q_offset`` are ignored (they are 0 after masking).
+    """
+    n_q, n_k = attn.shape[-2:]
+    q_offset = _check_offset(n_q, n_k, q_offset, causal)
+    r_min, length = offset_range(n_q, n_k, q_offset, causal)
+    e = expand_table(rel_v, r_min, length, max_distance)  # [L, d]
+    return unskew(attn, length, n_q - 1) @ e
+
+
+def shaw_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel_k: Tensor,
+    rel_v: Tensor,
+    *,
+    causal: bool = False,
+    max_distance: int | None = None,
+    q_offset: int | None = None,
+    scale: float | None = None,
+    attn_mask: Tensor | None = None,
+) -> Tensor:
+    """Shaw attention for ``q [..., n_q, d]``, ``k, v [..., n_k, d]``, tables ``[2K+1, d]``.
+
+    ``A_ij = (q_i . k_j + q_i . r^K[r_ij]) * scale + attn_mask_ij`` (``-inf`` for ``j > i + o`` when
+    ``causal``), ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[r_ij])``, ``r_ij = clip(j - i - o, -K, K)``,
+    ``o = q_offset`` (default ``n_k - n_q`` if causal else 0), ``scale`` default ``d ** -0.5``.
+    ``attn_mask``: optional additive float mask broadcastable to ``[..., n_q, n_k]``.
+    """
+    n_q, d = q.shape[-2:]
+    n_k = k.shape[-2]
+    if k.shape[-1] != d or v.shape[-2] != n_k:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
+    if rel_k.shape[-1] != d or rel_v.shape[-1] != v.shape[-1]:
+        raise ValueError(f"tables {tuple(rel_k.shape)}, {tuple(rel_v.shape)} do not match head dims {d}, {v.shape[-1]}")
+    q_offset = _check_offset(n_q, n_k, q_offset, causal)
+    if scale is None:
+        scale = d**-0.5
+    logits = q @ k.transpose(-2, -1) + shaw_logits(
+        q, rel_k, n_k, q_offset=q_offset, causal=causal, max_distance=max_distance
+    )
+    logits = logits * scale
+    if attn_mask is not None:
+        logits = logits + attn_mask.to(logits.dtype)
+    if causal:
+        future = torch.arange(n_k, device=q.device)[None, :] > torch.arange(n_q, device=q.device)[:, None] + q_offset
+        logits = logits.masked_fill(future, float("-inf"))
+    attn = logits.softmax(dim=-1)
+    return attn @ v + shaw_values(attn, rel_v, q_offset=q_offset, causal=causal, max_distance=max_distance)
+
+
+@register_pos("shaw1d")
+class Shaw1d(ResizeOnLoad, PositionScheme):
+    """Shaw's relative keys and values on the raster order of the patches, tables shared by heads.
+
+    ``A_ij = (q_i . k_j + q_i . r^K[clip(p_j - p_i)]) / sqrt(d)``, ``out_i = sum_j a_ij (v_j +
+    r^V[clip(p_j - p_i)])``, ``p = row * W + col``, clipped at ``max_distance`` (default: the built
+    grid's ``H * W - 1``; offsets beyond the table get its edge embedding).
+    """
+
+    _rel_tables = {"rel_k": "1d", "rel_v": "1d"}
+    no_weight_decay_keys = ("rel_k", "rel_v")
+
+    def __init__(self, *, max_distance: int | None = None, init_std: float = 0.02, **kw) -> None:
+        super().__init__(**kw)
+        if max_distance is None:
+            max_distance = self.grid.n - 1
+        if max_distance < 0:
+            raise ValueError(f"max_distance must be >= 0, got {max_distance}")
+        size = 2 * int(max_distance) + 1
+        self.rel_k = nn.Parameter(torch.zeros(size, self.head_dim))
+        self.rel_v = nn.Parameter(torch.zeros(size, self.head_dim))
+        nn.init.trunc_normal_(self.rel_k, std=init_std)
+        nn.init.trunc_normal_(self.rel_v, std=init_std)
+
+    @property
+    def max_distance(self) -> int:
+        """``K`` of the current tables (they may have been resized on load)."""
+        return (self.rel_k.shape[0] - 1) // 2
+
+    def content_logits(self, q: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        p = num_prefix_tokens
+        check_tokens(q.shape[-2], grid, p)
+        s = shaw_logits(q[..., p:, :], self.rel_k, grid.n, q_offset=0)
+        return pad_prefix(s, p)
+
+    def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        p = num_prefix_tokens
+        check_tokens(attn.shape[-1], grid, p)
+        out = shaw_values(attn[..., p:, p:], self.rel_v, q_offset=0)
+        return F.pad(out, (0, 0, p, 0))
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, max_distance={self.max_distance}"

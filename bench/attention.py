@@ -1,0 +1,170 @@
+"""Forward+backward time and peak memory of every position scheme, relative to plain SDPA.
+
+    python bench/attention.py                     # CPU here: N = 64, 196, 1024 tokens
+    python bench/attention.py --device cuda --dtype bf16 --out bench/results/attention_h100.md
+
+One vitrel ``Attention`` layer (ViT-S: dim 384, 6 heads of 64) per scheme, on a square grid of N
+patches, batch chosen so batch * N is constant. Schemes are timed in alternation, round after
+round, and each is reported as the median of its rounds divided by the median of ``none`` (plain
+``F.scaled_dot_product_attention``, no mask) measured in the same run. Memory: on CUDA the peak
+allocated during forward+backward; on CPU the peak of the allocations the profiler records, and
+the bytes saved for backward (activation memory) — both relative to ``none``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vitrel import Attention  # noqa: E402
+from vitrel.pos import list_pos  # noqa: E402
+
+
+def saved_bytes(fn) -> int:
+    """Bytes of the tensors autograd saves for backward during ``fn()`` (distinct storages)."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        try:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        except Exception:  # noqa: BLE001 - some saved objects have no storage
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+def cpu_peak_bytes(fn) -> int:
+    """Peak of live allocations during ``fn()`` from the profiler's memory events (CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # op events carry their own (self) allocations, "[memory]" events the frees outside any op
+    deltas = [
+        (e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)
+        for e in prof.events()
+    ]
+    deltas.sort(key=lambda t: t[0])
+    live = peak = 0
+    for _, d in deltas:
+        live += d
+        peak = max(peak, live)
+    return peak
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tokens", type=int, nargs="+", default=[64, 196, 1024])
+    ap.add_argument("--schemes", nargs="+", default=None, help="default: every relative scheme")
+    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--heads", type=int, default=6)
+    ap.add_argument("--tokens-per-batch", type=int, default=4096, help="batch = this // N (at least 1)")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--out", default=None, help="also write the Markdown table here")
+    args = ap.parse_args()
+
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    schemes = args.schemes or list_pos("relative")
+    if "none" in schemes:
+        schemes.remove("none")
+    schemes = ["none", *schemes]
+    cuda = dev.type == "cuda"
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    rows = []
+    for n in args.tokens:
+        side = int(round(n**0.5))
+        if side * side != n:
+            raise SystemExit(f"--tokens must be square numbers, got {n}")
+        grid = (side, side)
+        b = max(1, args.tokens_per_batch // n)
+        layers = {s: Attention(args.dim, args.heads, pos=s, grid=grid).to(dev, dtype) for s in schemes}
+        x = torch.randn(b, n, args.dim, device=dev, dtype=dtype, requires_grad=True)
+
+        def step(s):
+            y = layers[s](x, grid)
+            y.float().square().mean().backward()
+
+        times: dict[str, list[float]] = {s: [] for s in schemes}
+        for _ in range(args.warmup):
+            for s in schemes:
+                step(s)
+        for _ in range(args.rounds):
+            for s in schemes:  # alternate schemes inside each round
+                sync()
+                t0 = time.perf_counter()
+                step(s)
+                sync()
+                times[s].append(time.perf_counter() - t0)
+        mem: dict[str, float] = {}
+        act: dict[str, float] = {}
+        for s in schemes:
+            if cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                step(s)
+                sync()
+                mem[s] = torch.cuda.max_memory_allocated() - base
+            else:
+                mem[s] = cpu_peak_bytes(lambda s=s: step(s))
+            act[s] = saved_bytes(lambda s=s: layers[s](x, grid))
+        t_ref = statistics.median(times["none"])
+        for s in schemes:
+            t = statistics.median(times[s])
+            rows.append(
+                dict(
+                    N=n,
+                    batch=b,
+                    scheme=s,
+                    ms=1e3 * t,
+                    time_x=t / t_ref,
+                    peak_x=mem[s] / max(mem["none"], 1),
+                    act_x=act[s] / max(act["none"], 1),
+                    peak_mb=mem[s] / 2**20,
+                )
+            )
+        print(f"done N={n}", file=sys.stderr)
+
+    dev_name = torch.cuda.get_device_name(dev) if cuda else f"CPU ({torch.get_num_threads()} threads)"
+    head = (
+        f"Attention layer dim {args.dim}, {args.heads} heads, {args.dtype}, {dev_name}, torch {torch.__version__}; "
+        f"median of {args.rounds} alternating rounds; ratios vs plain SDPA (`none`) in the same run.\n\n"
+        "| N | batch | scheme | fwd+bwd ms | time / SDPA | peak mem / SDPA | saved-for-backward / SDPA |\n"
+        "|---:|---:|---|---:|---:|---:|---:|"
+    )
+    lines = [head]
+    for r in rows:
+        ms = f"{r['ms']:.2f}" if cuda else "-"
+        lines.append(
+            f"| {r['N']} | {r['batch']} | {r['scheme']} | {ms} | {r['time_x']:.2f}x | {r['peak_x']:.2f}x | "
+            f"{r['act_x']:.2f}x |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

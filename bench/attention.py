@@ -100,7 +100,7 @@ def main() -> None:
         layers = {s: Attention(args.dim, args.heads, pos=s, grid=grid).to(dev, dtype) for s in schemes}
         x = torch.randn(b, n, args.dim, device=dev, dtype=dtype, requires_grad=True)
 
-        def step(s):
+        def step(s, layers=layers, x=x, grid=grid):
             y = layers[s](x, grid)
             y.float().square().mean().backward()
 
@@ -127,7 +127,7 @@ def main() -> None:
                 mem[s] = torch.cuda.max_memory_allocated() - base
             else:
                 mem[s] = cpu_peak_bytes(lambda s=s: step(s))
-            act[s] = saved_bytes(lambda s=s: layers[s](x, grid))
+            act[s] = saved_bytes(lambda s=s, layers=layers, x=x, grid=grid: layers[s](x, grid))
         t_ref = statistics.median(times["none"])
         for s in schemes:
             t = statistics.median(times[s])

@@ -1,0 +1,325 @@
+"""Shared DataModule machinery: errors, in-memory image datasets, splits, transforms, loaders.
+
+Every DataModule here follows one contract (the trainer and the evaluation scripts code against it):
+
+* constructor kwargs ``root, batch_size=128, num_workers=2, img_size=None (native), augment,
+  pin_memory=False, seed=0, val_fraction=0.0, download=True`` (plus a few optional extras);
+* public attributes ``num_classes, in_chans, img_size, mean, std, class_names``;
+* ``prepare_data()`` (downloads where allowed), ``setup(stage)``, ``train/val/test_dataloader()``;
+* val == test split unless ``val_fraction > 0`` (then a seeded split of train is held out as val);
+* ``make_dataset(split, img_size=None, transform=None)`` for scoring at another image size.
+
+Subclasses implement ``_load_raw(split)`` (``split in {"train", "test"}``) returning a dataset of raw
+``(PIL image, int label)`` pairs, and ``_locate()`` (raises ``DatasetNotFoundError``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+from PIL import Image
+from torch.utils.data import DataLoader, Dataset, Subset
+
+from vitrel.data.transforms import MappedDataset, TranslatedDataset, build_transform, plain_transform
+
+__all__ = ["DatasetNotFoundError", "DatasetIntegrityError", "ArrayImageDataset", "VisionDataModule", "seeded_split"]
+
+SPLITS = ("train", "val", "test")
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A data set is not where it was looked for. ``searched`` lists every path tried."""
+
+    def __init__(self, name: str, searched: Sequence[str | Path], how_to_get: Sequence[str], detail: str = "") -> None:
+        self.dataset_name = name
+        self.searched = [str(p) for p in searched]
+        self.how_to_get = list(how_to_get)
+        lines = [f"{name} not found." + (f" {detail}" if detail else ""), "Looked in:"]
+        lines += [f"  - {p}" for p in self.searched] or ["  (nowhere: no root given)"]
+        lines += ["How to get it:"] + [f"  - {h}" for h in self.how_to_get]
+        super().__init__("\n".join(lines))
+
+
+class DatasetIntegrityError(RuntimeError):
+    """The files exist but differ from the official release (checksum mismatch)."""
+
+
+class ArrayImageDataset(Dataset):
+    """In-memory uint8 images ``[N, H, W]`` or ``[N, H, W, C]`` -> ``(PIL image, int label)``.
+
+    ``mode="RGB"`` converts grayscale images to 3 channels (the value repeated).
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, mode: str | None = None) -> None:
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise ValueError(f"images must be uint8 [N, H, W(, C)], got {images.dtype} {images.shape}")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.mode = mode
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        img = Image.fromarray(self.images[index])
+        if self.mode is not None and img.mode != self.mode:
+            img = img.convert(self.mode)
+        return img, int(self.labels[index])
+
+
+def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded random split of ``range(n)`` into ``(train_idx, val_idx)``, ``len(val) = round(fraction n)``."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {fraction}")
+    n_val = int(round(fraction * n))
+    if not 0 < n_val < n:
+        raise ValueError(f"val_fraction={fraction} of {n} samples leaves an empty train or val split")
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+class VisionDataModule(L.LightningDataModule):
+    """Base class. See the module docstring for the contract.
+
+    Args:
+        root: data directory (meaning per data set; None where a data set has other places to look).
+        batch_size: training batch size (also eval, unless ``eval_batch_size``).
+        num_workers: DataLoader workers (persistent when > 0).
+        img_size: side of the square image fed to the model; None = native (or ``canvas_size``).
+        augment: timm training augmentation (``create_transform(is_training=True)``) for the train split;
+            False = plain resize + normalise everywhere.
+        pin_memory: DataLoader ``pin_memory``.
+        seed: seed for subsetting/splitting and the per-sample canvas offsets of eval splits.
+        val_fraction: > 0 holds out this (seeded) fraction of train as the val split.
+        download: let ``prepare_data`` download the data where that is possible.
+        eval_batch_size: batch size of val/test loaders (default ``batch_size``).
+        drop_last: drop the last incomplete training batch.
+        interpolation: resize interpolation (default per data set).
+        crop_pct: eval resize-then-centre-crop ratio (default per data set: 1.0 small sets, 0.875 ImageNet).
+        augment_kwargs: overrides of the data set's default timm augmentation kwargs (``scale``,
+            ``hflip``, ``color_jitter``, ``auto_augment``, ``re_prob``, ...).
+        canvas_size: paste every image into a black ``canvas_size`` canvas (translation study); train
+            gets fresh offsets each time, val/test a fixed seeded offset per sample.
+        canvas_mode: ``"random"`` or ``"center"`` offsets.
+        name: a label for logs/run names (the config's name; default: the data set's name).
+    """
+
+    #: set by subclasses
+    dataset_name: str = ""
+    native_size: int = 0
+    fixed_size: bool = True  # all raw images share the native size (needed for ``canvas_size``)
+    default_interpolation: str = "bilinear"
+    default_crop_pct: float = 1.0
+    default_augment_kwargs: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        root: str | Path | None = None,
+        batch_size: int = 128,
+        num_workers: int = 2,
+        img_size: int | None = None,
+        augment: bool = False,
+        pin_memory: bool = False,
+        seed: int = 0,
+        val_fraction: float = 0.0,
+        download: bool = True,
+        eval_batch_size: int | None = None,
+        drop_last: bool = False,
+        interpolation: str | None = None,
+        crop_pct: float | None = None,
+        augment_kwargs: dict[str, Any] | None = None,
+        canvas_size: int | None = None,
+        canvas_mode: str = "random",
+        name: str | None = None,
+    ) -> None:
+        super().__init__()
+        if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
+            raise ValueError(f"batch sizes must be >= 1, got {batch_size}, {eval_batch_size}")
+        if num_workers < 0:
+            raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        if canvas_mode not in ("random", "center"):
+            raise ValueError(f"canvas_mode must be 'random' or 'center', got {canvas_mode!r}")
+        if canvas_size is not None:
+            if not self.fixed_size:
+                raise ValueError(
+                    f"canvas_size needs fixed-size images; {self.dataset_name} images vary in size. "
+                    "Wrap make_dataset(...) output in vitrel.data.TranslatedDataset yourself instead."
+                )
+            if canvas_size < self.native_size:
+                raise ValueError(f"canvas_size={canvas_size} is smaller than the {self.native_size}px images")
+        self.name = name or self.dataset_name
+        self.root = None if root is None else Path(root).expanduser()
+        self.batch_size = int(batch_size)
+        self.eval_batch_size = int(eval_batch_size or batch_size)
+        self.num_workers = int(num_workers)
+        self.augment = bool(augment)
+        self.pin_memory = bool(pin_memory)
+        self.seed = int(seed)
+        self.val_fraction = float(val_fraction)
+        self.download = bool(download)
+        self.drop_last = bool(drop_last)
+        self.interpolation = interpolation or self.default_interpolation
+        self.crop_pct = float(crop_pct if crop_pct is not None else self.default_crop_pct)
+        self.augment_kwargs = {**self.default_augment_kwargs, **dict(augment_kwargs or {})}
+        self.canvas_size = None if canvas_size is None else int(canvas_size)
+        self.canvas_mode = canvas_mode
+        self.img_size = int(img_size if img_size is not None else (self.canvas_size or self.native_size))
+        if self.img_size < 1:
+            raise ValueError(f"img_size must be >= 1, got {self.img_size}")
+        self._raw: dict[str, Dataset] = {}
+        self._split_idx: tuple[np.ndarray, np.ndarray] | None = None
+        self._datasets: dict[str, Dataset] = {}
+        # set by subclasses: num_classes, in_chans, mean, std, class_names
+
+    # ---- subclass hooks -------------------------------------------------------------------------
+
+    def _load_raw(self, split: str) -> Dataset:  # split in ("train", "test")
+        raise NotImplementedError
+
+    def _locate(self) -> Any:
+        """Find the data on disk or raise ``DatasetNotFoundError`` (listing every path tried)."""
+        raise NotImplementedError
+
+    # ---- data --------------------------------------------------------------------------------
+
+    @property
+    def input_size(self) -> tuple[int, int, int]:
+        """``(in_chans, img_size, img_size)``."""
+        return (self.in_chans, self.img_size, self.img_size)
+
+    def raw_dataset(self, split: str) -> Dataset:
+        """Untransformed ``(PIL image, label)`` pairs of ``split`` (``val`` honours ``val_fraction``)."""
+        ds, idx = self._source(split)
+        return ds if idx is None else Subset(ds, idx.tolist())
+
+    def _raw_split(self, split: str) -> Dataset:
+        if split not in self._raw:
+            self._raw[split] = self._load_raw(split)
+        return self._raw[split]
+
+    def _source(self, split: str) -> tuple[Dataset, np.ndarray | None]:
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if self.val_fraction <= 0.0:
+            return self._raw_split("test" if split == "val" else split), None
+        if split == "test":
+            return self._raw_split("test"), None
+        train = self._raw_split("train")
+        if self._split_idx is None:
+            self._split_idx = seeded_split(len(train), self.val_fraction, self.seed)  # type: ignore[arg-type]
+        return train, self._split_idx[0 if split == "train" else 1]
+
+    def train_transform(self, img_size: int | None = None) -> Callable:
+        """Training pipeline (timm augmentation when ``augment``), including the canvas if configured."""
+        return build_transform(
+            train=True,
+            augment=self.augment,
+            img_size=img_size or self.img_size,
+            mean=self.mean,
+            std=self.std,
+            interpolation=self.interpolation,
+            crop_pct=self.crop_pct,
+            augment_kwargs=self.augment_kwargs,
+            canvas_size=self.canvas_size,
+            canvas_mode=self.canvas_mode,
+        )
+
+    def eval_transform(self, img_size: int | None = None) -> Callable:
+        """Plain resize/centre-crop + normalise at ``img_size`` (no canvas: see ``make_dataset``)."""
+        return plain_transform(img_size or self.img_size, self.mean, self.std, self.interpolation, self.crop_pct)
+
+    def make_dataset(
+        self,
+        split: str,
+        img_size: int | None = None,
+        transform: Callable | None = None,
+        canvas_size: int | None = None,
+        canvas_seed: int | None = None,
+    ) -> Dataset:
+        """A torch Dataset of ``(tensor, label)`` for ``split`` with the *evaluation* pipeline.
+
+        ``img_size``: model input size (default: ``canvas_size`` if given, else this module's ``img_size``).
+        ``transform``: replaces the default pipeline; it receives the raw PIL image (after the canvas).
+        ``canvas_size`` (default: this module's): paste each raw image into a black canvas at a fixed
+        offset per sample, seeded by ``canvas_seed`` (default ``seed``); see ``TranslatedDataset``.
+        """
+        canvas = canvas_size if canvas_size is not None else self.canvas_size
+        if canvas is not None and not self.fixed_size:
+            raise ValueError(f"canvas_size needs fixed-size images; {self.dataset_name} images vary in size")
+        size = img_size or (canvas_size if canvas_size is not None else self.img_size)
+        tf = transform if transform is not None else self.eval_transform(size)
+        ds, idx = self._source(split)
+        if idx is not None:
+            ds = Subset(ds, idx.tolist())
+        if canvas is None:
+            return MappedDataset(ds, tf)
+        seed = self.seed if canvas_seed is None else canvas_seed
+        return TranslatedDataset(ds, canvas, seed=seed, transform=tf, mode=self.canvas_mode)
+
+    # ---- Lightning hooks ----------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        """Download if the data is missing and ``download=True`` (subclasses that can download)."""
+
+    def setup(self, stage: str | None = None) -> None:
+        wanted = {
+            "fit": ("train", "val"),
+            "validate": ("val",),
+            "test": ("test",),
+            "predict": ("test",),
+            None: SPLITS,
+        }
+        if stage not in wanted:
+            raise ValueError(f"unknown stage {stage!r}")
+        for split in wanted[stage]:
+            if split in self._datasets:
+                continue
+            if split == "train":
+                ds, idx = self._source("train")
+                if idx is not None:
+                    ds = Subset(ds, idx.tolist())
+                self._datasets["train"] = MappedDataset(ds, self.train_transform())
+            else:
+                self._datasets[split] = self.make_dataset(split)
+
+    def dataset(self, split: str) -> Dataset:
+        """The dataset behind ``<split>_dataloader()`` (sets up on first use)."""
+        if split not in self._datasets:
+            self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
+        return self._datasets[split]
+
+    def _loader(self, split: str) -> DataLoader:
+        train = split == "train"
+        return DataLoader(
+            self.dataset(split),
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            shuffle=train,
+            drop_last=self.drop_last and train,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory,
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(root={self.root}, num_classes={self.num_classes}, in_chans={self.in_chans}, "
+            f"img_size={self.img_size}, augment={self.augment}, batch_size={self.batch_size}, "
+            f"val_fraction={self.val_fraction}, canvas_size={self.canvas_size})"
+        )

@@ -1,0 +1,313 @@
+"""Image transforms and dataset wrappers: timm/plain pipelines, the translation canvas, resizing.
+
+Pipelines (``build_transform``):
+
+* training with ``augment=True``: ``timm.data.create_transform(is_training=True, ...)``
+  (RandomResizedCrop, flip, optional colour jitter / RandAugment / random erasing, normalise);
+* everything else: ``[Resize(floor(S / crop_pct)), CenterCrop(S)]`` (skipped when the image already is
+  ``S x S`` and ``crop_pct == 1``), ``ToTensor`` (uint8 -> [0, 1]), ``Normalize(mean, std)``.
+
+Translation canvas (position-scheme study, translation generalisation). An ``h x w`` image is pasted
+at offset ``(top, left)`` into an ``H_c x W_c`` canvas of zeros (black, pixel value 0)::
+
+    canvas[top + i, left + j] = img[i, j]   for 0 <= i < h, 0 <= j < w;   canvas = 0 elsewhere,
+    top ~ U{0, ..., H_c - h},  left ~ U{0, ..., W_c - w}
+
+The canvas is applied to the raw image, *before* normalisation, so the background normalises to
+``(0 - mean) / std`` like a black pixel of the data set.
+
+Resizing (resolution generalisation): ``ResizedDataset`` resizes already normalised tensors. Bilinear
+and bicubic interpolation (with or without antialiasing) are linear maps whose weights sum to one, so
+they commute with the per-channel affine normalisation ``(x - m) / s``: resizing before or after
+normalising gives the same tensor (up to float rounding).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision import transforms as T
+from torchvision.transforms import InterpolationMode
+from torchvision.transforms import functional as TF
+
+__all__ = [
+    "translate_canvas",
+    "canvas_offset",
+    "TranslateCanvas",
+    "TranslatedDataset",
+    "ResizedDataset",
+    "MappedDataset",
+    "build_transform",
+    "plain_transform",
+    "augment_transform",
+]
+
+ImageLike = Image.Image | Tensor | np.ndarray
+
+
+def _pair(size: int | Sequence[int]) -> tuple[int, int]:
+    if isinstance(size, int):
+        return size, size
+    size = tuple(int(s) for s in size)
+    if len(size) != 2:
+        raise ValueError(f"expected an int or an (h, w) pair, got {size!r}")
+    return size  # type: ignore[return-value]
+
+
+def image_hw(img: ImageLike) -> tuple[int, int]:
+    """``(h, w)`` of a PIL image, a ``[..., C, H, W]`` tensor, or an ``[H, W(, C)]`` numpy array."""
+    if isinstance(img, Image.Image):
+        return img.height, img.width
+    if isinstance(img, Tensor):
+        return int(img.shape[-2]), int(img.shape[-1])
+    if isinstance(img, np.ndarray):
+        return int(img.shape[0]), int(img.shape[1])
+    raise TypeError(f"unsupported image type {type(img).__name__}")
+
+
+def translate_canvas(img: ImageLike, canvas_size: int | Sequence[int], top: int, left: int) -> ImageLike:
+    """Paste ``img`` at ``(top, left)`` into a zero (black) canvas of ``canvas_size``.
+
+    ``canvas[top + i, left + j] = img[i, j]``, zero elsewhere. Works on PIL images (any mode), tensors
+    ``[..., C, H, W]`` and numpy arrays ``[H, W(, C)]``; returns the same kind. Apply it before
+    normalisation (black must be pixel value 0).
+    """
+    ch, cw = _pair(canvas_size)
+    h, w = image_hw(img)
+    if not (0 <= top <= ch - h and 0 <= left <= cw - w):
+        raise ValueError(f"a {h}x{w} image at (top={top}, left={left}) does not fit a {ch}x{cw} canvas")
+    if isinstance(img, Image.Image):
+        out = Image.new(img.mode, (cw, ch), 0)
+        out.paste(img, (left, top))
+        return out
+    if isinstance(img, Tensor):
+        out = img.new_zeros((*img.shape[:-2], ch, cw))
+        out[..., top : top + h, left : left + w] = img
+        return out
+    out = np.zeros((ch, cw, *img.shape[2:]), dtype=img.dtype)
+    out[top : top + h, left : left + w] = img
+    return out
+
+
+def canvas_offset(
+    img_hw: tuple[int, int], canvas_size: int | Sequence[int], mode: str = "random", generator: Any = None
+) -> tuple[int, int]:
+    """Offset ``(top, left)`` of an ``img_hw`` image in the canvas.
+
+    ``mode="center"``: ``((H_c - h) // 2, (W_c - w) // 2)``. ``mode="random"``: uniform over all valid
+    offsets, drawn from ``generator`` (a ``numpy.random.Generator``, a ``torch.Generator``, or None
+    for torch's global RNG, which Lightning/DataLoader seed per worker).
+    """
+    ch, cw = _pair(canvas_size)
+    h, w = img_hw
+    if h > ch or w > cw:
+        raise ValueError(f"a {h}x{w} image does not fit a {ch}x{cw} canvas")
+    if mode == "center":
+        return (ch - h) // 2, (cw - w) // 2
+    if mode != "random":
+        raise ValueError(f"canvas mode must be 'random' or 'center', got {mode!r}")
+    if isinstance(generator, np.random.Generator):
+        return int(generator.integers(0, ch - h + 1)), int(generator.integers(0, cw - w + 1))
+    top = int(torch.randint(0, ch - h + 1, (1,), generator=generator))
+    left = int(torch.randint(0, cw - w + 1, (1,), generator=generator))
+    return top, left
+
+
+class TranslateCanvas:
+    """Transform: paste the image into a black ``canvas_size`` canvas (see ``translate_canvas``).
+
+    ``offset``: ``"random"`` (fresh uniform offset per call from torch's global RNG, so DataLoader
+    workers seeded by Lightning give reproducible, per-worker-distinct offsets), ``"center"``, or a
+    fixed ``(top, left)``. For a fixed random offset per sample (evaluation) use ``TranslatedDataset``.
+    """
+
+    def __init__(self, canvas_size: int | Sequence[int], offset: str | tuple[int, int] = "random") -> None:
+        self.canvas_size = _pair(canvas_size)
+        if isinstance(offset, str) and offset not in ("random", "center"):
+            raise ValueError(f"offset must be 'random', 'center' or (top, left), got {offset!r}")
+        self.offset = offset if isinstance(offset, str) else (int(offset[0]), int(offset[1]))
+
+    def __call__(self, img: ImageLike) -> ImageLike:
+        if isinstance(self.offset, str):
+            top, left = canvas_offset(image_hw(img), self.canvas_size, self.offset)
+        else:
+            top, left = self.offset
+        return translate_canvas(img, self.canvas_size, top, left)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(canvas_size={self.canvas_size}, offset={self.offset!r})"
+
+
+class MappedDataset(Dataset):
+    """``(x, y) -> (transform(x), y)`` over a dataset of raw ``(image, label)`` pairs."""
+
+    def __init__(self, dataset: Dataset, transform: Callable | None = None) -> None:
+        self.dataset = dataset
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        x, y = self.dataset[index]
+        return (self.transform(x) if self.transform is not None else x), y
+
+
+class TranslatedDataset(Dataset):
+    """Dataset wrapper: sample ``i`` is pasted into a black canvas at a fixed, seeded offset.
+
+    The offset of sample ``i`` is drawn from ``numpy.random.default_rng([seed, i])``: it depends only
+    on ``(seed, i)`` and the sizes, not on the access order or the worker, so an evaluation is exactly
+    reproducible; ``offset(i)`` returns it. ``transform`` (e.g. ToTensor + Normalize) is applied to the
+    canvas. ``return_offset=True`` yields ``(x, y, (top, left))``.
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        canvas_size: int | Sequence[int],
+        seed: int = 0,
+        transform: Callable | None = None,
+        mode: str = "random",
+        return_offset: bool = False,
+    ) -> None:
+        if mode not in ("random", "center"):
+            raise ValueError(f"mode must be 'random' or 'center', got {mode!r}")
+        self.dataset = dataset
+        self.canvas_size = _pair(canvas_size)
+        self.seed = int(seed)
+        self.transform = transform
+        self.mode = mode
+        self.return_offset = return_offset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def offset(self, index: int, img_hw: tuple[int, int] | None = None) -> tuple[int, int]:
+        """``(top, left)`` of sample ``index`` (``img_hw`` defaults to that sample's size)."""
+        if img_hw is None:
+            img_hw = image_hw(self.dataset[index][0])
+        rng = np.random.default_rng([self.seed, int(index)])
+        return canvas_offset(img_hw, self.canvas_size, self.mode, rng)
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        x, y = self.dataset[index]
+        top, left = self.offset(index, image_hw(x))
+        x = translate_canvas(x, self.canvas_size, top, left)
+        if self.transform is not None:
+            x = self.transform(x)
+        return (x, y, (top, left)) if self.return_offset else (x, y)
+
+
+class ResizedDataset(Dataset):
+    """Dataset wrapper resizing image tensors ``[C, H, W]`` to ``size`` (up- or down-sampling).
+
+    Safe on normalised tensors: the interpolation is linear with weights summing to one, so it
+    commutes with per-channel normalisation (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        size: int | Sequence[int],
+        interpolation: str = "bilinear",
+        antialias: bool = True,
+    ) -> None:
+        self.dataset = dataset
+        self.size = list(_pair(size))
+        self.interpolation = InterpolationMode(interpolation)
+        self.antialias = antialias
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        x, *rest = self.dataset[index]
+        if not isinstance(x, Tensor):
+            raise TypeError(f"ResizedDataset expects image tensors, got {type(x).__name__}")
+        x = TF.resize(x, self.size, interpolation=self.interpolation, antialias=self.antialias)
+        return (x, *rest)
+
+
+def plain_transform(
+    img_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    interpolation: str = "bilinear",
+    crop_pct: float = 1.0,
+) -> Callable:
+    """Resize (shorter side to ``floor(img_size / crop_pct)``), centre-crop ``img_size``, to tensor, normalise.
+
+    The resize/crop steps check the input size at call time and do nothing when the image already is
+    ``img_size x img_size`` and ``crop_pct == 1`` (native-size evaluation stays pixel-exact).
+    """
+    if not 0.0 < crop_pct <= 1.0:
+        raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
+    scale = int(math.floor(img_size / crop_pct))
+    return T.Compose(
+        [
+            _ResizeCrop(img_size, scale, InterpolationMode(interpolation)),
+            T.ToTensor(),
+            T.Normalize(mean=list(mean), std=list(std)),
+        ]
+    )
+
+
+class _ResizeCrop:
+    def __init__(self, size: int, scale: int, interpolation: InterpolationMode) -> None:
+        self.size, self.scale, self.interpolation = size, scale, interpolation
+
+    def __call__(self, img: ImageLike) -> ImageLike:
+        if image_hw(img) == (self.size, self.size) and self.scale == self.size:
+            return img
+        img = TF.resize(img, self.scale, interpolation=self.interpolation, antialias=True)
+        return TF.center_crop(img, [self.size, self.size])
+
+    def __repr__(self) -> str:
+        return f"ResizeCrop(size={self.size}, resize_to={self.scale}, interpolation={self.interpolation.value})"
+
+
+def augment_transform(
+    img_size: int, mean: Sequence[float], std: Sequence[float], interpolation: str = "bilinear", **timm_kwargs: Any
+) -> Callable:
+    """timm's training pipeline: ``timm.data.create_transform(img_size, is_training=True, ...)``."""
+    from timm.data import create_transform
+
+    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in timm_kwargs.items()}
+    return create_transform(
+        img_size, is_training=True, mean=tuple(mean), std=tuple(std), interpolation=interpolation, **kw
+    )
+
+
+def build_transform(
+    *,
+    train: bool,
+    augment: bool,
+    img_size: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    interpolation: str = "bilinear",
+    crop_pct: float = 1.0,
+    augment_kwargs: dict[str, Any] | None = None,
+    canvas_size: int | None = None,
+    canvas_mode: str = "random",
+) -> Callable:
+    """Full per-sample pipeline: optional canvas (raw image) -> timm augmentation or plain resize -> normalise.
+
+    The canvas step here draws a fresh offset per call (training); evaluation splits use
+    ``TranslatedDataset`` instead, for fixed per-sample offsets.
+    """
+    if train and augment:
+        tf = augment_transform(img_size, mean, std, interpolation, **(augment_kwargs or {}))
+    else:
+        tf = plain_transform(img_size, mean, std, interpolation, crop_pct)
+    if canvas_size is not None:
+        tf = T.Compose([TranslateCanvas(canvas_size, canvas_mode), tf])
+    return tf

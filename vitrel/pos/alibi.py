@@ -20,13 +20,22 @@ class _AlibiBase(PositionScheme):
     def __init__(self, *, max_exponent: float = 8.0, **kw) -> None:
         super().__init__(**kw)
         self.register_buffer("slopes", geometric_slopes(self.num_heads, max_exponent), persistent=False)
+        self._table_cache: dict[tuple, Tensor] = {}
 
     def distance(self, grid: Grid) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        d = self.distance(grid)
-        return pad_prefix(-self.slopes[:, None, None] * d[None], num_prefix_tokens)
+        # parameter-free: computed once per (grid, prefix, device) and reused
+        key = (tuple(grid), num_prefix_tokens, self.slopes.device, self.slopes.dtype)
+        b = self._table_cache.get(key)
+        if b is None:
+            d = self.distance(grid)
+            b = pad_prefix(-self.slopes[:, None, None] * d[None], num_prefix_tokens)
+            if len(self._table_cache) > 16:
+                self._table_cache.clear()
+            self._table_cache[key] = b
+        return b
 
 
 @register_pos("alibi1d")

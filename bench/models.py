@@ -1,0 +1,163 @@
+"""Training-step throughput of vitrel backbones against timm's equivalents (same configuration).
+
+One training step = forward + cross-entropy + backward + AdamW step, on random images. The two models
+of a pair are timed alternately in the same run (one step of ours, one of timm's, ...), after warm-up
+steps; the table shows the median over the timed steps, images/s, and ours/timm.
+
+    python bench/models.py --batch-size 8 --steps 5 --device cpu
+    python bench/models.py --batch-size 64 --steps 20 --device cuda --amp
+
+Pairs (configurations aligned so the parameter counts agree within 1%):
+
+* ``vitrel_vit_small_patch16_224`` + ``rel2d_full`` (per block, no class token, avg pool + fc_norm,
+  no qkv bias, layer scale 1e-6) vs timm ``vit_relpos_small_patch16_224`` (``rel_pos_type="bias"``)
+* ``vitrel_swin_tiny_patch4_window7_224`` + ``rel2d_full`` vs timm ``swin_tiny_patch4_window7_224``
+* ``vitrel_vit_small_patch16_224`` + ``rope2d_mixed`` (per block, class token, layer scale 1e-5) vs
+  timm ``vit_small_patch16_rope_mixed_224``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import timm
+import torch
+import torch.nn.functional as F
+
+import vitrel
+
+PAIRS = {
+    "vit_rel2d_full": (
+        dict(
+            name="vitrel_vit_small_patch16_224",
+            pos="rel2d_full",
+            pos_share=False,
+            class_token=False,
+            global_pool="avg",
+            qkv_bias=False,
+            init_values=1e-6,
+        ),
+        dict(name="vit_relpos_small_patch16_224", rel_pos_type="bias"),
+    ),
+    "swin_rel2d_full": (
+        dict(name="vitrel_swin_tiny_patch4_window7_224", pos="rel2d_full", drop_path_rate=0.1),
+        dict(name="swin_tiny_patch4_window7_224", drop_path_rate=0.1),
+    ),
+    "vit_rope2d_mixed": (
+        dict(
+            name="vitrel_vit_small_patch16_224",
+            pos="rope2d_mixed",
+            pos_share=False,
+            class_token=True,
+            global_pool="token",
+            qkv_bias=True,
+            init_values=1e-5,
+        ),
+        dict(name="vit_small_patch16_rope_mixed_224"),
+    ),
+}
+
+
+def n_params(m: torch.nn.Module) -> int:
+    return sum(p.numel() for p in m.parameters())
+
+
+def build(spec: dict, img_size: int, device: torch.device, ours: bool) -> torch.nn.Module:
+    spec = dict(spec)
+    name = spec.pop("name")
+    fn = vitrel.create_model if ours else timm.create_model
+    return fn(name, img_size=img_size, num_classes=1000, **spec).to(device).train()
+
+
+def make_step(model, opt, x, y, amp: bool):
+    def step() -> None:
+        ctx = torch.autocast(x.device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
+        with ctx:
+            loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def timed(fn, device: torch.device) -> float:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t = time.perf_counter()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - t
+
+
+def run_pair(key: str, args, device: torch.device) -> dict:
+    ours_spec, timm_spec = PAIRS[key]
+    torch.manual_seed(0)
+    models = {
+        "ours": build(ours_spec, args.img_size, device, True),
+        "timm": build(timm_spec, args.img_size, device, False),
+    }
+    x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
+    y = torch.randint(0, 1000, (args.batch_size,), device=device)
+    steps = {}
+    for k, m in models.items():
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05)
+        steps[k] = make_step(m, opt, x, y, args.amp)
+    times: dict[str, list[float]] = {"ours": [], "timm": []}
+    for i in range(args.warmup + args.steps):
+        order = ("ours", "timm") if i % 2 == 0 else ("timm", "ours")
+        for k in order:
+            t = timed(steps[k], device)
+            if i >= args.warmup:
+                times[k].append(t)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ips = {k: args.batch_size / v for k, v in med.items()}
+    params = {k: n_params(m) for k, m in models.items()}
+    return dict(
+        pair=key,
+        ours=ours_spec["name"] + f" + {ours_spec['pos']}",
+        timm=timm_spec["name"],
+        params_ours=params["ours"],
+        params_timm=params["timm"],
+        params_diff=abs(params["ours"] - params["timm"]) / params["timm"],
+        ips_ours=ips["ours"],
+        ips_timm=ips["timm"],
+        ratio=ips["ours"] / ips["timm"],
+    )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5, help="timed steps per model")
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--img-size", type=int, default=224)
+    ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    args = ap.parse_args()
+    device = torch.device(args.device)
+    print(
+        f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
+        f"{torch.get_num_threads()} threads) batch={args.batch_size} img={args.img_size} "
+        f"steps={args.steps} warmup={args.warmup} amp={args.amp} torch={torch.__version__} timm={timm.__version__}"
+    )
+    rows = [run_pair(k, args, device) for k in args.pairs]
+    hdr = f"| {'ours':46} | {'timm':34} | {'params ours':>12} | {'params timm':>12} | {'img/s ours':>10} | "
+    hdr += f"{'img/s timm':>10} | {'ours/timm':>9} |"
+    print(hdr)
+    print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
+    for r in rows:
+        flag = "" if r["params_diff"] <= 0.01 else " (!)"
+        print(
+            f"| {r['ours']:46} | {r['timm']:34} | {r['params_ours']:>12,} | {r['params_timm']:>12,}{flag} | "
+            f"{r['ips_ours']:>10.2f} | {r['ips_timm']:>10.2f} | {r['ratio']:>8.2f}x |"
+        )
+
+
+if __name__ == "__main__":
+    main()

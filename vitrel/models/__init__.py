@@ -1,0 +1,18 @@
+"""Backbones (global ViT, Swin-style windowed ViT), the model factory and checkpoint loading."""
+
+from vitrel.models.checkpoint import CheckpointError, export_model, extract_model_state, load_model, save_pretrained
+from vitrel.models.factory import create_model, list_models
+from vitrel.models.swin import SwinTransformer
+from vitrel.models.vit import VisionTransformer
+
+__all__ = [
+    "CheckpointError",
+    "SwinTransformer",
+    "VisionTransformer",
+    "create_model",
+    "export_model",
+    "extract_model_state",
+    "list_models",
+    "load_model",
+    "save_pretrained",
+]

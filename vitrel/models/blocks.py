@@ -1,0 +1,264 @@
+"""Building blocks shared by the backbones: patch embedding, the pre-norm transformer block, and the
+helpers that turn a model's ``pos=`` / ``abs_pos=`` arguments into position-scheme modules.
+
+Pre-norm block (Dosovitskiy et al., 2021), with optional layer scale ``gamma`` (Touvron et al., 2021)
+and stochastic depth ``DropPath`` (Huang et al., 2016)::
+
+    x <- x + DropPath(gamma_1 * Attention(LN(x), grid, mask))
+    x <- x + DropPath(gamma_2 * MLP(LN(x)))
+
+Position schemes come in two kinds (``PositionScheme.kind``): ``"absolute"`` ones are applied once
+to the tokens after the patch embedding (``scheme.add_to_tokens``), ``"relative"`` ones live inside
+the attention layers, either one per block or one module shared by all blocks (``pos_share``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from timm.layers import DropPath, LayerScale, Mlp
+from torch import Tensor, nn
+
+from vitrel.layers.attention import Attention
+from vitrel.pos.base import Grid, PositionScheme, as_grid, build_pos, get_pos_class
+
+__all__ = [
+    "PatchEmbed",
+    "Block",
+    "plain_pos_spec",
+    "split_pos",
+    "build_abs_pos",
+    "share_scheme",
+    "scheme_no_weight_decay",
+    "init_weights_",
+]
+
+PosSpec = str | Mapping[str, Any] | None
+
+
+# ---------------------------------------------------------------------------- position specs
+def plain_pos_spec(pos: Any) -> str | dict | None:
+    """A scheme name or config (Hydra ``DictConfig`` included) as a plain JSON-able value.
+
+    Models store their constructor arguments to be rebuilt from a checkpoint, so a scheme is given
+    by name (``"rel2d_full"``) or config (``{"name": "rope2d_mixed", "theta": 100}``), never as a
+    module.
+    """
+    if pos is None or isinstance(pos, str):
+        return pos
+    if isinstance(pos, PositionScheme):
+        raise TypeError(
+            "models take a position scheme by name or config dict (so they can be rebuilt from a checkpoint), "
+            f"not a module; got {type(pos).__name__}"
+        )
+    if hasattr(pos, "items"):
+        out = {str(k): _plain(v) for k, v in pos.items()}
+        out.pop("_target_", None)
+        if "name" not in out:
+            raise ValueError(f"a position config needs a 'name' key, got {out}")
+        return out
+    raise TypeError(f"pos must be a scheme name or a config dict, got {type(pos).__name__}")
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "items"):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) or (hasattr(v, "__iter__") and type(v).__name__ == "ListConfig"):
+        return [_plain(x) for x in v]
+    return v
+
+
+def pos_name(pos: PosSpec) -> str:
+    if pos is None:
+        return "none"
+    return pos if isinstance(pos, str) else str(pos["name"])
+
+
+def pos_kind(pos: PosSpec) -> str:
+    """``"relative"`` or ``"absolute"`` (raises a clear error for an unknown scheme name)."""
+    return get_pos_class(pos_name(pos)).kind
+
+
+def split_pos(pos: PosSpec, abs_pos: PosSpec) -> tuple[PosSpec, PosSpec]:
+    """Resolve ``(pos, abs_pos)`` into ``(relative scheme, absolute scheme or None)``.
+
+    ``pos`` may name any scheme: an absolute one (``pos="ape"``) means that absolute embedding and no
+    relative scheme. ``abs_pos`` adds an absolute scheme to a relative one (``pos="rel2d_full",
+    abs_pos="ape"``).
+    """
+    if abs_pos is not None and pos_kind(abs_pos) != "absolute":
+        raise ValueError(f"abs_pos must be an absolute scheme, {pos_name(abs_pos)!r} is relative")
+    if pos is not None and pos_kind(pos) == "absolute":
+        if abs_pos is not None:
+            raise ValueError(
+                f"pos={pos_name(pos)!r} is already an absolute scheme; abs_pos={pos_name(abs_pos)!r} would add a second"
+            )
+        return "none", pos
+    return (pos if pos is not None else "none"), abs_pos
+
+
+def build_abs_pos(
+    abs_pos: PosSpec, *, embed_dim: int, num_heads: int, grid: Grid, num_prefix_tokens: int
+) -> PositionScheme | None:
+    if abs_pos is None:
+        return None
+    return build_pos(
+        abs_pos,
+        num_heads=num_heads,
+        head_dim=embed_dim // num_heads,
+        grid=grid,
+        num_prefix_tokens=num_prefix_tokens,
+        embed_dim=embed_dim,
+    )
+
+
+def share_scheme(attn: Attention, scheme: PositionScheme) -> None:
+    """Make ``attn`` use ``scheme`` without registering it as ``attn``'s submodule.
+
+    The model owns a shared scheme once (e.g. ``model.rel_pos``); every attention layer refers to
+    it. Registering it under every layer would store its tables once per block in the state dict
+    (and safetensors refuses tensors that share memory).
+    """
+    if attn.pos.num_heads != scheme.num_heads or attn.pos.head_dim != scheme.head_dim:
+        raise ValueError("shared scheme does not match the attention layer's heads")
+    del attn._modules["pos"]
+    object.__setattr__(attn, "pos", scheme)
+
+
+def scheme_no_weight_decay(model: nn.Module) -> set[str]:
+    """Full names of the parameters of every scheme in ``model`` matched by its ``no_weight_decay_keys``."""
+    out: set[str] = set()
+    for mname, m in model.named_modules():
+        if not isinstance(m, PositionScheme) or not m.no_weight_decay_keys:
+            continue
+        for pname, _ in m.named_parameters():
+            if any(key in pname for key in m.no_weight_decay_keys):
+                out.add(f"{mname}.{pname}" if mname else pname)
+    return out
+
+
+def init_weights_(model: nn.Module) -> None:
+    """timm's ViT init: trunc-normal(0.02) Linear weights, zero biases; LayerNorm to (1, 0).
+
+    Modules inside a position scheme keep the scheme's own initialisation.
+    """
+    skip: set[int] = set()
+    for m in model.modules():
+        if isinstance(m, PositionScheme):
+            skip.update(id(s) for s in m.modules())
+    for m in model.modules():
+        if id(m) in skip:
+            continue
+        if isinstance(m, nn.Linear):
+            nn.init.trunc_normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LayerNorm) and m.elementwise_affine:
+            nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+
+
+# ---------------------------------------------------------------------------- modules
+class PatchEmbed(nn.Module):
+    """Non-overlapping ``p x p`` patches -> ``C`` channels by a strided convolution.
+
+    The grid is read from the input at call time (``H // p, W // p``): ``img_size`` only documents the
+    size the model was built for. Returns ``[B, H', W', C]`` (``flatten=False``) or ``[B, H' W', C]``
+    and the grid.
+    """
+
+    def __init__(
+        self,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        norm_layer: type[nn.Module] | None = None,
+        flatten: bool = True,
+    ) -> None:
+        super().__init__()
+        if patch_size < 1:
+            raise ValueError(f"patch_size must be positive, got {patch_size}")
+        self.patch_size = patch_size
+        self.flatten = flatten
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
+
+    def grid_for(self, img_size: tuple[int, int]) -> Grid:
+        h, w = img_size
+        p = self.patch_size
+        if h % p or w % p or h < p or w < p:
+            raise ValueError(f"image size {h}x{w} is not a positive multiple of the patch size {p}")
+        return Grid(h // p, w // p)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Grid]:
+        if x.dim() != 4 or x.shape[1] != self.proj.in_channels:
+            raise ValueError(f"expected images [B, {self.proj.in_channels}, H, W], got {tuple(x.shape)}")
+        grid = self.grid_for((x.shape[-2], x.shape[-1]))
+        x = self.proj(x).permute(0, 2, 3, 1)  # [B, H', W', C]
+        if self.flatten:
+            x = x.reshape(x.shape[0], grid.n, x.shape[-1])
+        return self.norm(x), grid
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: ``x + DP(ls1(Attn(LN x))) ; x + DP(ls2(MLP(LN x)))``."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        pos: PosSpec | PositionScheme = "none",
+        grid: Any = (14, 14),
+        num_prefix_tokens: int = 0,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        init_values: float | None = None,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        shared = pos if isinstance(pos, PositionScheme) else None
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(
+            dim,
+            num_heads,
+            pos="none" if shared is not None else pos,
+            grid=as_grid(grid),
+            num_prefix_tokens=num_prefix_tokens,
+            qkv_bias=qkv_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+        )
+        if shared is not None:
+            share_scheme(self.attn, shared)
+        self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def forward(self, x: Tensor, grid: Grid, mask: Tensor | None = None) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, mask)))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+def drop_path_rates(rate: float, depth: int) -> list[float]:
+    """Stochastic-depth rates rising linearly from 0 to ``rate`` over ``depth`` blocks."""
+    if depth <= 1:
+        return [0.0] * depth
+    return [rate * i / (depth - 1) for i in range(depth)]
+
+
+def to_2tuple(v: int | Iterable[int]) -> tuple[int, int]:
+    if isinstance(v, int):
+        return (v, v)
+    t = tuple(int(x) for x in v)
+    if len(t) != 2:
+        raise ValueError(f"expected an int or a pair, got {v!r}")
+    return t  # type: ignore[return-value]

@@ -1,0 +1,374 @@
+"""Loading and exporting vitrel weights, safely.
+
+Two on-disk formats:
+
+* training checkpoints (``.ckpt``, Lightning's ``torch.save`` dict; see :func:`extract_model_state`),
+* exported weights: ``model.safetensors`` + ``config.json`` in a directory (the layout timm's
+  ``local-dir:`` route and the Hugging Face Hub expect), or a lone ``.safetensors`` whose metadata
+  holds the configuration under ``"vitrel_cfg"``.
+
+Every model carries ``model.vitrel_cfg`` (architecture + constructor arguments); it is stored with
+the weights, so :func:`load_model` rebuilds the right architecture and position scheme by itself.
+
+Safety: pickles are only ever read with ``torch.load(..., weights_only=True)``, which refuses any
+global that is not a tensor/container type (a pickle that would call ``os.system`` is refused before
+anything runs). Every failure - a pickled object, a truncated or corrupt file, weights of another
+architecture - raises :class:`CheckpointError` with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    "CheckpointError",
+    "extract_model_state",
+    "clean_state_dict",
+    "read_checkpoint",
+    "stored_config",
+    "load_weights",
+    "load_model",
+    "save_pretrained",
+    "export_model",
+    "WEIGHTS_NAME",
+    "CONFIG_NAME",
+]
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+_EMA_PREFIXES = ("ema_model.", "model_ema.", "ema.")
+_STRIP = ("_orig_mod.", "module.")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded: unsafe, truncated/corrupt, or not matching the model."""
+
+
+# ---------------------------------------------------------------------------- state dicts
+def _strip_leading(key: str) -> str:
+    changed = True
+    while changed:
+        changed = False
+        for p in _STRIP:
+            if key.startswith(p):
+                key, changed = key[len(p) :], True
+    return key
+
+
+def clean_state_dict(state_dict: Mapping[str, Any], prefix: str | None = None) -> dict[str, Tensor]:
+    """The backbone's weights from a (possibly wrapped) state dict.
+
+    Keeps the keys under ``prefix`` (default: ``"model."`` when any key has it, else all keys), strips
+    it and any leading ``_orig_mod.`` (``torch.compile``) / ``module.`` (DDP, ``AveragedModel``), and
+    drops ``n_averaged`` counters.
+    """
+    keys = list(state_dict)
+    if prefix is None:
+        prefix = "model." if any(k.startswith("model.") for k in keys) else ""
+    out: dict[str, Tensor] = {}
+    for k in keys:
+        if not k.startswith(prefix):
+            continue
+        name = _strip_leading(k[len(prefix) :])
+        if name == "n_averaged":
+            continue
+        v = state_dict[k]
+        if not isinstance(v, Tensor):
+            raise CheckpointError(f"state dict entry {k!r} is a {type(v).__name__}, not a tensor")
+        out[name] = v
+    if not out:
+        raise CheckpointError(f"no weights under the prefix {prefix!r} in the state dict (keys: {_preview(keys)})")
+    return out
+
+
+def extract_model_state(ckpt: Mapping[str, Any], use_ema: bool = False) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``(vitrel_cfg, state_dict)`` of the backbone in a training checkpoint (already ``torch.load``-ed).
+
+    Expected keys (what ``vitrel.train`` writes):
+
+    * ``ckpt["vitrel_cfg"]``: ``model.vitrel_cfg`` - a plain dict with ``"architecture"`` and the
+      constructor arguments; the LightningModule stores it at the top level in ``on_save_checkpoint``.
+      Fallback: ``ckpt["hyper_parameters"]["vitrel_cfg"]``.
+    * ``ckpt["state_dict"]``: the LightningModule's state dict; the backbone's weights under
+      ``"model."`` (``"model._orig_mod."`` when compiled with ``torch.compile``), EMA weights (if
+      any) under ``"ema_model."`` / ``"model_ema."`` / ``"ema."`` (optionally followed by
+      ``"module."``). Other entries (loss modules, metrics) are ignored.
+
+    A plain ``{"vitrel_cfg": ..., "state_dict": <backbone state dict>}`` works too. Everything in the
+    file must be tensors and plain containers (str, int, float, bool, None, list, tuple, dict): the
+    file is read with ``weights_only=True``, so e.g. Hydra ``DictConfig`` objects in
+    ``hyper_parameters`` make it unreadable - store ``OmegaConf.to_container(cfg)`` instead.
+
+    Args:
+        ckpt: the loaded checkpoint dict.
+        use_ema: take the EMA weights instead of the live ones (error if there are none).
+    """
+    if not isinstance(ckpt, Mapping):
+        raise CheckpointError(f"a training checkpoint is a dict, got {type(ckpt).__name__}")
+    cfg = ckpt.get("vitrel_cfg")
+    if cfg is None:
+        hp = ckpt.get("hyper_parameters")
+        if isinstance(hp, Mapping):
+            cfg = hp.get("vitrel_cfg")
+    if not isinstance(cfg, Mapping) or "architecture" not in cfg:
+        raise CheckpointError(
+            "the checkpoint has no model configuration: expected a dict 'vitrel_cfg' with an 'architecture' at the "
+            "top level (or in 'hyper_parameters'); is it a vitrel checkpoint? "
+            f"top-level keys: {_preview(list(ckpt))}"
+        )
+    sd = ckpt.get("state_dict")
+    if not isinstance(sd, Mapping):
+        raise CheckpointError(f"the checkpoint has no 'state_dict' dict (top-level keys: {_preview(list(ckpt))})")
+    if use_ema:
+        prefix = next((p for p in _EMA_PREFIXES if any(k.startswith(p) for k in sd)), None)
+        if prefix is None:
+            raise CheckpointError(f"use_ema=True but the checkpoint holds no EMA weights (prefixes {_EMA_PREFIXES})")
+        state = clean_state_dict(sd, prefix)
+    else:
+        state = clean_state_dict(sd)
+    return dict(cfg), state
+
+
+def _preview(keys: list, n: int = 8) -> str:
+    s = ", ".join(map(str, keys[:n]))
+    return s + (f", ... ({len(keys)} in all)" if len(keys) > n else "")
+
+
+# ---------------------------------------------------------------------------- reading files
+def _torch_load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise CheckpointError(
+            f"refused to load {path}: it holds pickled objects other than tensors and plain containers, "
+            f"which could run code (torch.load weights_only=True said: {str(e).splitlines()[0]} ...)"
+        ) from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+        raise CheckpointError(f"cannot read {path}: truncated or not a torch checkpoint ({e})") from None
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            out = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read the configuration {path}: {e}") from None
+    if not isinstance(out, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return out
+
+
+def _cfg_from_config_json(cfg: Mapping[str, Any], where: Path) -> dict[str, Any]:
+    """``vitrel_cfg`` from an exported ``config.json`` (ours, or timm's architecture + model_args)."""
+    if isinstance(cfg.get("vitrel_cfg"), Mapping):
+        return dict(cfg["vitrel_cfg"])
+    if "architecture" in cfg:
+        return {"architecture": cfg["architecture"], **dict(cfg.get("model_args") or {})}
+    raise CheckpointError(f"{where} has neither 'vitrel_cfg' nor 'architecture'")
+
+
+def _safetensors_metadata(path: Path) -> dict[str, str]:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return dict(f.metadata() or {})
+    except Exception as e:  # safetensors raises its own SafetensorError (and OSError)
+        raise CheckpointError(f"cannot read {path}: truncated or not a safetensors file ({e})") from None
+
+
+def _resolve(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        w = p / WEIGHTS_NAME
+        if w.is_file():
+            return w
+        cands = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.ckpt"))
+        if len(cands) != 1:
+            raise CheckpointError(f"{p} has no {WEIGHTS_NAME} (and no single .safetensors / .ckpt file)")
+        return cands[0]
+    if not p.is_file():
+        raise CheckpointError(f"no such checkpoint: {p}")
+    return p
+
+
+def stored_config(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The ``vitrel_cfg`` stored with weights at ``path`` (None if there is none), without the weights
+    when it can (``config.json`` or safetensors metadata)."""
+    p = _resolve(path)
+    if p.suffix == ".safetensors":
+        meta = _safetensors_metadata(p)
+        if "vitrel_cfg" in meta:
+            return _parse_meta(meta["vitrel_cfg"], p)
+        cj = p.parent / CONFIG_NAME
+        return _cfg_from_config_json(_read_json(cj), cj) if cj.is_file() else None
+    ckpt = _torch_load(p)
+    try:
+        return extract_model_state(ckpt)[0]
+    except CheckpointError:
+        return None
+
+
+def _parse_meta(text: str, where: Path) -> dict[str, Any]:
+    try:
+        cfg = json.loads(text)
+    except ValueError as e:
+        raise CheckpointError(f"the vitrel_cfg metadata of {where} is not valid JSON: {e}") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"the vitrel_cfg metadata of {where} is not a JSON object")
+    return cfg
+
+
+def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``(vitrel_cfg, state_dict)`` from a ``.ckpt``, a ``.safetensors`` file or an export directory."""
+    p = _resolve(path)
+    if p.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        meta = _safetensors_metadata(p)
+        if "vitrel_cfg" in meta:
+            cfg = _parse_meta(meta["vitrel_cfg"], p)
+        else:
+            cj = p.parent / CONFIG_NAME
+            if not cj.is_file():
+                raise CheckpointError(
+                    f"{p} carries no configuration: no 'vitrel_cfg' in its metadata and no {CONFIG_NAME} beside it"
+                )
+            cfg = _cfg_from_config_json(_read_json(cj), cj)
+        try:
+            sd = load_file(str(p), device="cpu")
+        except Exception as e:
+            raise CheckpointError(f"cannot read {p}: truncated or not a safetensors file ({e})") from None
+        if use_ema:
+            raise CheckpointError(f"{p} holds exported weights only; use_ema applies to training checkpoints")
+        return cfg, clean_state_dict(sd, prefix="")
+    return extract_model_state(_torch_load(p), use_ema=use_ema)
+
+
+# ---------------------------------------------------------------------------- loading into a model
+def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes_stored: int | None = None) -> None:
+    """Load ``state_dict`` into ``model`` strictly, with two adaptations and clear errors otherwise.
+
+    * learned relative tables and absolute embeddings of another grid are resized by the schemes as
+      they load (with a warning);
+    * a head for another number of classes (``num_classes_stored`` != ``model.num_classes``) is
+      dropped: the model keeps its freshly initialised head (with a warning).
+
+    Missing or unexpected keys, or shapes that do not match and cannot be resized, raise
+    :class:`CheckpointError`.
+    """
+    sd = dict(state_dict)
+    expected = model.state_dict()
+    reset_head: list[str] = []
+    if num_classes_stored is not None and num_classes_stored != getattr(model, "num_classes", None):
+        reset_head = [k for k in list(sd) if k.startswith("head.")]
+        for k in reset_head:
+            del sd[k]
+        warnings.warn(
+            f"checkpoint head has {num_classes_stored} classes, the model {model.num_classes}: the head is reset",
+            stacklevel=3,
+        )
+    missing = [k for k in expected if k not in sd and not (reset_head and k.startswith("head."))]
+    unexpected = [k for k in sd if k not in expected]
+    if missing or unexpected:
+        raise CheckpointError(
+            "the weights do not fit this architecture (another model?): "
+            + (f"missing keys: {_preview(missing)}. " if missing else "")
+            + (f"unexpected keys: {_preview(unexpected)}." if unexpected else "")
+        )
+    try:
+        model.load_state_dict(sd, strict=not reset_head)
+    except (RuntimeError, ValueError) as e:
+        raise CheckpointError(f"the weights do not fit this architecture: {e}") from None
+
+
+def load_model(
+    path: str | os.PathLike,
+    architecture: str | None = None,
+    use_ema: bool = False,
+    **overrides: Any,
+) -> nn.Module:
+    """Rebuild the model stored at ``path`` and load its weights.
+
+    ``path``: a training checkpoint (``.ckpt``), a ``.safetensors`` file (configuration in its metadata
+    or in a ``config.json`` beside it) or an export directory. The architecture and every constructor
+    argument (position scheme included) come from the stored ``vitrel_cfg``; ``overrides`` replace
+    some, e.g. ``img_size=48`` (learned tables / absolute embeddings are resized, with a warning) or
+    ``num_classes=5`` (the head is reset). ``architecture``, when given, must match the stored one.
+    Raises :class:`CheckpointError` for anything that cannot be loaded safely and exactly.
+    """
+    from vitrel.models.factory import MODEL_ARGS, build_from_cfg
+
+    cfg, sd = read_checkpoint(path, use_ema=use_ema)
+    arch = cfg.get("architecture")
+    if arch not in MODEL_ARGS:
+        raise CheckpointError(f"{path} was written for the architecture {arch!r}, which vitrel does not know")
+    if architecture is not None and architecture != arch:
+        raise CheckpointError(f"{path} holds a {arch} model, not {architecture}")
+    try:
+        model = build_from_cfg(cfg, **overrides)
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"cannot rebuild {arch} from the configuration stored in {path}: {e}") from None
+    load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
+    return model
+
+
+# ---------------------------------------------------------------------------- export
+def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
+    """Write ``model.safetensors`` (configuration also in its metadata) and ``config.json``.
+
+    ``config.json`` follows timm's layout (``architecture``, ``num_classes``, ``model_args``,
+    ``pretrained_cfg``) plus ``vitrel_cfg``, so ``timm.create_model("local-dir:<out_dir>")`` and
+    ``vitrel.load_model(out_dir)`` both rebuild the model.
+    """
+    from safetensors.torch import save_file
+    from timm.models import filter_pretrained_cfg
+
+    cfg = getattr(model, "vitrel_cfg", None)
+    if not isinstance(cfg, dict) or "architecture" not in cfg:
+        raise ValueError("save_pretrained needs a model built by vitrel.create_model (with vitrel_cfg['architecture'])")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg_json = json.dumps(cfg)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt", "vitrel_cfg": cfg_json})
+    pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
+    pcfg = filter_pretrained_cfg({k: v for k, v in pcfg.items() if k != "state_dict"}, remove_source=True)
+    img = cfg.get("img_size", [224, 224])
+    img = [img, img] if isinstance(img, int) else list(img)
+    pcfg.update(
+        input_size=[cfg.get("in_chans", 3), *img],
+        num_classes=model.num_classes,
+        fixed_input_size=False,
+        custom_load=False,
+        pool_size=None,
+    )
+    pcfg.pop("architecture", None)
+    config = {
+        "architecture": cfg["architecture"],
+        "num_classes": model.num_classes,
+        "num_features": getattr(model, "num_features", None),
+        "global_pool": getattr(model, "global_pool", None),
+        "model_args": {k: v for k, v in cfg.items() if k != "architecture"},
+        "pretrained_cfg": pcfg,
+        "vitrel_cfg": json.loads(cfg_json),
+    }
+    with open(out / CONFIG_NAME, "w", encoding="utf-8") as f:
+        json.dump(config, f, indent=2)
+    return out
+
+
+def export_model(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, use_ema: bool = False) -> Path:
+    """Training checkpoint -> ``out_dir/model.safetensors`` + ``out_dir/config.json`` (validated by
+    rebuilding the model and loading the weights strictly first)."""
+    model = load_model(ckpt_path, use_ema=use_ema)
+    return save_pretrained(model, out_dir)

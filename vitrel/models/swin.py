@@ -1,0 +1,498 @@
+"""Swin-style windowed Vision Transformer (Liu et al., 2021) with any position scheme.
+
+Four stages; each but the first starts with a 2x2 patch merging (``[B, H, W, C] -> [B, H/2, W/2, 2C]``),
+then blocks that attend inside non-overlapping ``M x M`` windows, every second block on windows
+shifted by ``M // 2`` (a cyclic roll of the map)::
+
+    x <- x + DropPath(W-MSA(LN x))   or   SW-MSA (shifted windows, masked)
+    x <- x + DropPath(MLP(LN x))
+
+The position scheme sees the *window's* grid: one bias per window grid, shared by all windows (and by
+all blocks of a stage with ``pos_share=True``).
+
+Shifted windows and the mask. The windows of a shifted block are those of the image partitioned
+with an offset ``s``: along each axis, row ``r`` lies in window ``floor((r - s) / M)``. They are
+computed as plain windows of the map rolled by ``-s``, which puts the first ``s`` rows (columns)
+after the last ones; the last window then straddles the wrap-around seam. Along each axis a
+position of the rolled map gets a label: 1 if it wrapped around, 2 if it is padding, 0 otherwise;
+two tokens of a window may attend to each other only when their labels agree on both axes
+(``-inf`` otherwise, so attention across the seam is exactly 0).
+
+Window size per stage is set from the grid the stage actually sees at forward time: a stage whose
+grid is no larger than the window uses a window the size of the grid and no shift (timm's rule).
+A grid that is not a multiple of the window is padded at the bottom/right *before* the roll, so the
+windows stay exactly ``floor((r - s) / M)``, and padded positions are masked out of attention.
+(timm rolls before padding and lets tokens attend to the zero padding.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import DropPath, Mlp
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from vitrel.layers.attention import Attention
+from vitrel.models.blocks import (
+    PatchEmbed,
+    PosSpec,
+    build_abs_pos,
+    drop_path_rates,
+    init_weights_,
+    plain_pos_spec,
+    scheme_no_weight_decay,
+    share_scheme,
+    split_pos,
+    to_2tuple,
+)
+from vitrel.pos.base import Grid, PositionScheme, as_grid, bias_cache, build_pos
+
+__all__ = [
+    "SwinTransformer",
+    "SwinBlock",
+    "SwinStage",
+    "PatchMerging",
+    "window_partition",
+    "window_reverse",
+    "window_and_shift",
+    "shifted_window_mask",
+]
+
+
+# ---------------------------------------------------------------------------- functional core
+def window_and_shift(grid: Grid, window: tuple[int, int], shifted: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Window and shift for a stage grid: the window shrinks to the grid, no shift when it covers it."""
+    win = (min(window[0], grid.h), min(window[1], grid.w))
+    if not shifted:
+        return win, (0, 0)
+    shift = (0 if grid.h <= win[0] else win[0] // 2, 0 if grid.w <= win[1] else win[1] // 2)
+    return win, shift
+
+
+def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
+    """``[B, H, W, C]`` (H, W multiples of the window) -> ``[B * nW, wh * ww, C]``, windows in raster order."""
+    b, h, w, c = x.shape
+    wh, ww = window
+    x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, wh * ww, c)
+
+
+def window_reverse(windows: Tensor, window: tuple[int, int], h: int, w: int) -> Tensor:
+    """Inverse of :func:`window_partition`: ``[B * nW, wh * ww, C]`` -> ``[B, H, W, C]``."""
+    wh, ww = window
+    c = windows.shape[-1]
+    x = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, h, w, c)
+
+
+def _axis_labels(n: int, n_pad: int, shift: int) -> Tensor:
+    """Label of each position ``r'`` of a padded (to ``n_pad``) then rolled (by ``-shift``) axis:
+    2 for padding (image position ``(r' + shift) mod n_pad >= n``), 1 for the positions that wrapped
+    around (``r' >= n_pad - shift``), 0 otherwise."""
+    r = torch.arange(n_pad)
+    lab = (r >= n_pad - shift).long()
+    return torch.where((r + shift) % n_pad >= n, 2, lab)
+
+
+_MASKS: dict[tuple, Tensor | None] = {}
+
+
+def shifted_window_mask(
+    grid: Grid, window: tuple[int, int], shift: tuple[int, int], device: torch.device | None = None
+) -> Tensor | None:
+    """Additive mask ``[nW, n, n]`` (0 / ``-inf``) of the windows of a map padded to multiples of
+    ``window`` and then rolled by ``-shift``; None when nothing needs masking (no shift, no padding).
+
+    Windows are in :func:`window_partition` order. Cached per (grid, window, shift, device).
+    """
+    key = (tuple(grid), tuple(window), tuple(shift), str(device))
+    if key in _MASKS:
+        return _MASKS[key]
+    wh, ww = window
+    hp, wp = -(-grid.h // wh) * wh, -(-grid.w // ww) * ww
+    if not any(shift) and (hp, wp) == tuple(grid):
+        mask = None
+    else:
+        lh = _axis_labels(grid.h, hp, shift[0])
+        lw = _axis_labels(grid.w, wp, shift[1])
+        lab = (lh[:, None] * 3 + lw[None, :]).view(1, hp, wp, 1).float()
+        lab = window_partition(lab, window)[..., 0]  # [nW, n]
+        diff = lab[:, :, None] != lab[:, None, :]
+        mask = torch.zeros(diff.shape).masked_fill(diff, float("-inf")).to(device)
+    if len(_MASKS) > 64:
+        _MASKS.pop(next(iter(_MASKS)))
+    _MASKS[key] = mask
+    return mask
+
+
+# ---------------------------------------------------------------------------- modules
+class SwinBlock(nn.Module):
+    """(Shifted-)window attention block on ``[B, H, W, C]`` maps."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window_size: tuple[int, int],
+        shifted: bool,
+        pos: PosSpec | PositionScheme = "rel2d_full",
+        build_grid: tuple[int, int] = (7, 7),
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: float = 0.0,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.window_size = window_size
+        self.shifted = shifted
+        shared = pos if isinstance(pos, PositionScheme) else None
+        win, _ = window_and_shift(as_grid(build_grid), window_size, shifted)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = Attention(
+            dim,
+            num_heads,
+            pos="none" if shared is not None else pos,
+            grid=win,
+            num_prefix_tokens=0,
+            qkv_bias=qkv_bias,
+            attn_drop=attn_drop,
+            proj_drop=proj_drop,
+        )
+        if shared is not None:
+            share_scheme(self.attn, shared)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+
+    def _windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], Tensor | None]:
+        """Normalised map -> (windows ``[B nW, n, C]``, map grid, window, shift, mask)."""
+        _, h, w, _ = x.shape
+        grid = Grid(h, w)
+        win, shift = window_and_shift(grid, self.window_size, self.shifted)
+        ph, pw = (-h) % win[0], (-w) % win[1]
+        if ph or pw:
+            x = F.pad(x, (0, 0, 0, pw, 0, ph))
+        if any(shift):
+            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+        mask = shifted_window_mask(grid, win, shift, x.device)
+        return window_partition(x, win), grid, win, shift, mask
+
+    def _attn(self, x: Tensor) -> Tensor:
+        b, h, w, c = x.shape
+        windows, grid, win, shift, mask = self._windows(x)
+        out = self.attn(windows, win, mask)
+        out = window_reverse(out, win, h + (-h) % win[0], w + (-w) % win[1])
+        if any(shift):
+            out = torch.roll(out, shifts=shift, dims=(1, 2))
+        if out.shape[1] != h or out.shape[2] != w:
+            out = out[:, :h, :w]
+        return out
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.drop_path1(self._attn(self.norm1(x)))
+        x = x + self.drop_path2(self.mlp(self.norm2(x)))
+        return x
+
+    @torch.no_grad()
+    def dense_attention(self, x: Tensor) -> Tensor:
+        """Attention probabilities of this block as a dense ``[B, heads, H W, H W]`` map over the
+        (un-rolled, un-padded) image positions; pairs in different windows get 0."""
+        b, h, w, _ = x.shape
+        windows, grid, win, shift, mask = self._windows(self.norm1(x))
+        probs = self.attn.attention_map(windows, win, mask)  # [B nW, heads, n, n]
+        hp, wp = h + (-h) % win[0], w + (-w) % win[1]
+        # image position of every (window, slot) of the padded, rolled map (-1 for padding)
+        src_r = (torch.arange(hp) + shift[0]) % hp
+        src_c = (torch.arange(wp) + shift[1]) % wp
+        src_r = torch.where(src_r < h, src_r, -1)
+        src_c = torch.where(src_c < w, src_c, -1)
+        pos = torch.where((src_r[:, None] >= 0) & (src_c[None, :] >= 0), src_r[:, None] * w + src_c[None, :], -1).view(
+            1, hp, wp, 1
+        )
+        pos = window_partition(pos, win)[..., 0]  # [nW, n]
+        nw, n = pos.shape
+        heads = probs.shape[1]
+        probs = probs.view(b, nw, heads, n, n)
+        dense = torch.zeros(b, heads, h * w, h * w, dtype=probs.dtype, device=probs.device)
+        for k in range(nw):
+            valid = pos[k] >= 0
+            idx = pos[k][valid].to(probs.device)
+            p = probs[:, k][:, :, valid][:, :, :, valid]
+            dense[:, :, idx[:, None], idx[None, :]] = p
+        return dense
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbouring patches -> one: ``[B, H, W, C] -> LN -> Linear(4C, out)`` (odd sides padded)."""
+
+    def __init__(self, dim: int, out_dim: int | None = None, norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dim = dim
+        self.out_dim = out_dim or 2 * dim
+        self.norm = nn.LayerNorm(4 * dim, eps=norm_eps)
+        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        b, h, w, c = x.shape
+        x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+        h, w = x.shape[1], x.shape[2]
+        x = x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
+        return self.reduction(self.norm(x))
+
+
+class SwinStage(nn.Module):
+    """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows."""
+
+    def __init__(
+        self,
+        dim: int,
+        out_dim: int,
+        depth: int,
+        num_heads: int,
+        window_size: tuple[int, int],
+        build_grid: Grid,
+        downsample: bool,
+        pos: PosSpec = "rel2d_full",
+        pos_share: bool = False,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: Sequence[float] = (),
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.downsample = PatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
+        if not downsample and dim != out_dim:
+            raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
+        self.build_grid = build_grid
+        win, _ = window_and_shift(build_grid, window_size, False)
+        self.rel_pos = (
+            build_pos(pos, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win, embed_dim=out_dim)
+            if pos_share
+            else None
+        )
+        self.blocks = nn.ModuleList(
+            [
+                SwinBlock(
+                    out_dim,
+                    num_heads,
+                    window_size,
+                    shifted=i % 2 == 1,
+                    pos=self.rel_pos if pos_share else pos,
+                    build_grid=build_grid,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    proj_drop=proj_drop,
+                    attn_drop=attn_drop,
+                    drop_path=drop_path[i] if len(drop_path) else 0.0,
+                    norm_eps=norm_eps,
+                )
+                for i in range(depth)
+            ]
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.downsample(x)
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        for blk in self.blocks:
+            x = checkpoint(blk, x, use_reentrant=False) if ckpt else blk(x)
+        return x
+
+
+class SwinTransformer(nn.Module):
+    """Swin Transformer with a pluggable position scheme (see the module docstring).
+
+    Args:
+        img_size: image size the model is built for (sizes window tables / absolute embeddings).
+        patch_size, in_chans, num_classes, embed_dim, depths, num_heads, window_size, mlp_ratio,
+            qkv_bias, drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: as timm's Swin.
+        global_pool: ``"avg"`` or ``""`` (features ``[B, H, W, C]`` straight to the head).
+        pos: position scheme (name or config) of the window attention; an absolute scheme means that
+            embedding (at the input, on the patch grid) and no relative scheme.
+        abs_pos: an absolute scheme added to the relative one (Swin's ``ape``).
+        pos_share: one relative scheme per stage shared by its blocks (True), or one per block.
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 4,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        embed_dim: int = 96,
+        depths: Sequence[int] = (2, 2, 6, 2),
+        num_heads: Sequence[int] = (3, 6, 12, 24),
+        window_size: int | tuple[int, int] = 7,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        pos: PosSpec = "rel2d_full",
+        abs_pos: PosSpec = None,
+        pos_share: bool = False,
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        if global_pool not in ("", "avg"):
+            raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+        depths, num_heads = [int(d) for d in depths], [int(h) for h in num_heads]
+        if len(depths) != len(num_heads) or not depths:
+            raise ValueError(f"depths {depths} and num_heads {num_heads} must be non-empty and of equal length")
+        pos, abs_pos = plain_pos_spec(pos), plain_pos_spec(abs_pos)
+        img_size, window = to_2tuple(img_size), to_2tuple(window_size)
+        self.vitrel_cfg: dict[str, Any] = dict(
+            img_size=list(img_size),
+            patch_size=patch_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            global_pool=global_pool,
+            embed_dim=embed_dim,
+            depths=depths,
+            num_heads=num_heads,
+            window_size=list(window),
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            pos=pos,
+            abs_pos=abs_pos,
+            pos_share=pos_share,
+            drop_rate=drop_rate,
+            pos_drop_rate=pos_drop_rate,
+            proj_drop_rate=proj_drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+            norm_eps=norm_eps,
+        )
+        rel, absolute = split_pos(pos, abs_pos)
+        n_stages = len(depths)
+        dims = [int(embed_dim * 2**i) for i in range(n_stages)]
+        for d, hd in zip(dims, num_heads):
+            if d % hd:
+                raise ValueError(f"stage width {d} is not divisible by its {hd} heads")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.embed_dim = embed_dim
+        self.num_features = self.head_hidden_size = dims[-1]
+        self.num_prefix_tokens = 0
+        self.window_size = window
+
+        self.patch_embed = PatchEmbed(
+            patch_size, in_chans, dims[0], norm_layer=lambda d: nn.LayerNorm(d, eps=norm_eps), flatten=False
+        )
+        self.grid = self.patch_embed.grid_for(img_size)
+        self.abs_pos = build_abs_pos(
+            absolute, embed_dim=dims[0], num_heads=num_heads[0], grid=self.grid, num_prefix_tokens=0
+        )
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        dpr = drop_path_rates(drop_path_rate, sum(depths))
+        stages = []
+        g = self.grid
+        for i in range(n_stages):
+            if i > 0:
+                g = Grid((g.h + 1) // 2, (g.w + 1) // 2)
+            stages.append(
+                SwinStage(
+                    dims[i - 1] if i > 0 else dims[0],
+                    dims[i],
+                    depths[i],
+                    num_heads[i],
+                    window,
+                    build_grid=g,
+                    downsample=i > 0,
+                    pos=rel,
+                    pos_share=pos_share,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    proj_drop=proj_drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
+                    norm_eps=norm_eps,
+                )
+            )
+        self.layers = nn.ModuleList(stages)
+        self.norm = nn.LayerNorm(dims[-1], eps=norm_eps)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        init_weights_(self)
+
+    # ---------------------------------------------------------------------------- timm surface
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Position tables / frequencies (each scheme's ``no_weight_decay_keys``) and absolute embeddings."""
+        return scheme_no_weight_decay(self)
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.layers:
+            stage.grad_checkpointing = enable
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        return any(s.grad_checkpointing for s in self.layers)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(
+            stem=r"^patch_embed|^abs_pos",
+            blocks=r"^layers\.(\d+)"
+            if coarse
+            else [(r"^layers\.(\d+)\.downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        if global_pool is not None:
+            if global_pool not in ("", "avg"):
+                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+            self.global_pool = global_pool
+            self.vitrel_cfg["global_pool"] = global_pool
+        self.num_classes = num_classes
+        self.vitrel_cfg["num_classes"] = num_classes
+        dev = self.norm.weight.device
+        self.head = nn.Linear(self.num_features, num_classes, device=dev) if num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    # ---------------------------------------------------------------------------- forward
+    def embed(self, x: Tensor) -> Tensor:
+        """Images -> patch map ``[B, H', W', C]`` (with the absolute embedding, if any)."""
+        x, grid = self.patch_embed(x)
+        if self.abs_pos is not None:
+            b, h, w, c = x.shape
+            x = self.abs_pos.add_to_tokens(x.reshape(b, h * w, c), grid, 0).view(b, h, w, c)
+        return self.pos_drop(x)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images -> normalised feature map ``[B, H'', W'', C]`` (NHWC, as timm's Swin)."""
+        x = self.embed(x)
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled()
+        with contextlib.nullcontext() if ckpt else bias_cache(self):
+            for stage in self.layers:
+                x = stage(x)
+        return self.norm(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        if self.global_pool == "avg":
+            x = x.mean(dim=(1, 2))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))

@@ -1,0 +1,266 @@
+"""Global-attention Vision Transformer (Dosovitskiy et al., 2021) with any position scheme.
+
+For an image cut into an ``H x W`` grid of patches, with ``P`` prefix tokens (class token and
+``reg_tokens`` registers, Darcet et al. 2024) ahead of the patch tokens::
+
+    x_0    = [cls, reg_1..reg_R, E(patch_1), ..., E(patch_HW)]  (+ absolute embedding of the patches)
+    x_l    = Block_l(x_{l-1}, grid)                             pre-norm, attention with the scheme
+    y      = head(pool(LN(x_L)))                                pool: class token or mean of patches
+
+The grid is taken from the input image at forward time, so a model runs at any image size that is
+a multiple of the patch size; ``img_size`` only sizes learned tables and absolute embeddings.
+
+With ``pos_share=True`` one relative scheme (``model.rel_pos``) serves every block, and its bias is
+computed once per forward (``bias_cache``); with ``pos_share=False`` every block has its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from vitrel.models.blocks import (
+    Block,
+    PatchEmbed,
+    PosSpec,
+    build_abs_pos,
+    drop_path_rates,
+    init_weights_,
+    plain_pos_spec,
+    scheme_no_weight_decay,
+    split_pos,
+    to_2tuple,
+)
+from vitrel.pos.base import Grid, bias_cache, build_pos
+
+__all__ = ["VisionTransformer"]
+
+
+class VisionTransformer(nn.Module):
+    """ViT with a pluggable position scheme.
+
+    Args:
+        img_size: image size the model is built for (sizes learned tables / absolute embeddings).
+        patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias: as timm.
+        global_pool: ``"token"`` (class token), ``"avg"`` (mean of the patch tokens) or ``""`` (none).
+        class_token: prepend a class token.
+        reg_tokens: number of register tokens after the class token.
+        init_values: layer-scale init (None: no layer scale).
+        fc_norm: norm after pooling instead of before (None: True for ``"avg"`` pooling, as timm).
+        pos: position scheme (name or config). An absolute scheme (``"ape"``, ``"sincos2d"``) means
+            that embedding and no relative scheme.
+        abs_pos: an absolute scheme added to the relative one.
+        pos_share: one relative scheme shared by all blocks (True) or one per block (False).
+        drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: dropouts / stochastic depth.
+        norm_eps: LayerNorm epsilon.
+    """
+
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        patch_size: int = 16,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "token",
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        class_token: bool = True,
+        reg_tokens: int = 0,
+        init_values: float | None = None,
+        fc_norm: bool | None = None,
+        pos: PosSpec = "rel2d_full",
+        abs_pos: PosSpec = None,
+        pos_share: bool = False,
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        if global_pool not in ("", "avg", "token"):
+            raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        if embed_dim % num_heads:
+            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
+        if reg_tokens < 0:
+            raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
+        pos, abs_pos = plain_pos_spec(pos), plain_pos_spec(abs_pos)
+        img_size = to_2tuple(img_size)
+        self.vitrel_cfg: dict[str, Any] = dict(
+            img_size=list(img_size),
+            patch_size=patch_size,
+            in_chans=in_chans,
+            num_classes=num_classes,
+            global_pool=global_pool,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+            mlp_ratio=mlp_ratio,
+            qkv_bias=qkv_bias,
+            class_token=class_token,
+            reg_tokens=reg_tokens,
+            init_values=init_values,
+            fc_norm=fc_norm,
+            pos=pos,
+            abs_pos=abs_pos,
+            pos_share=pos_share,
+            drop_rate=drop_rate,
+            pos_drop_rate=pos_drop_rate,
+            proj_drop_rate=proj_drop_rate,
+            attn_drop_rate=attn_drop_rate,
+            drop_path_rate=drop_path_rate,
+            norm_eps=norm_eps,
+        )
+        rel, absolute = split_pos(pos, abs_pos)
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
+        self.num_reg_tokens = reg_tokens
+        self.has_class_token = class_token
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.grid = self.patch_embed.grid_for(img_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        self.abs_pos = build_abs_pos(
+            absolute, embed_dim=embed_dim, num_heads=num_heads, grid=self.grid, num_prefix_tokens=self.num_prefix_tokens
+        )
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.rel_pos = (
+            build_pos(
+                rel,
+                num_heads=num_heads,
+                head_dim=embed_dim // num_heads,
+                grid=self.grid,
+                num_prefix_tokens=self.num_prefix_tokens,
+                embed_dim=embed_dim,
+            )
+            if pos_share
+            else None
+        )
+        dpr = drop_path_rates(drop_path_rate, depth)
+        self.blocks = nn.ModuleList(
+            [
+                Block(
+                    embed_dim,
+                    num_heads,
+                    pos=self.rel_pos if pos_share else rel,
+                    grid=self.grid,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    init_values=init_values,
+                    proj_drop=proj_drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[i],
+                    norm_eps=norm_eps,
+                )
+                for i in range(depth)
+            ]
+        )
+        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if not use_fc_norm else nn.Identity()
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        init_weights_(self)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
+
+    # ---------------------------------------------------------------------------- timm surface
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Position tables / frequencies (each scheme's ``no_weight_decay_keys``), absolute embeddings,
+        class and register tokens."""
+        out = scheme_no_weight_decay(self)
+        out.update(n for n in ("cls_token", "reg_token") if getattr(self, n) is not None)
+        return out
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(stem=r"^cls_token|^reg_token|^abs_pos|^rel_pos|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        if global_pool is not None:
+            if global_pool not in ("", "avg", "token"):
+                raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+            if global_pool == "token" and self.cls_token is None:
+                raise ValueError("global_pool='token' needs a class token")
+            self.global_pool = global_pool
+            self.vitrel_cfg["global_pool"] = global_pool
+        self.num_classes = num_classes
+        self.vitrel_cfg["num_classes"] = num_classes
+        dev = self.patch_embed.proj.weight.device
+        self.head = nn.Linear(self.embed_dim, num_classes, device=dev) if num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    # ---------------------------------------------------------------------------- forward
+    def _prefix(self, x: Tensor) -> Tensor:
+        toks = []
+        if self.cls_token is not None:
+            toks.append(self.cls_token.expand(x.shape[0], -1, -1))
+        if self.reg_token is not None:
+            toks.append(self.reg_token.expand(x.shape[0], -1, -1))
+        return torch.cat([*toks, x], dim=1) if toks else x
+
+    def embed(self, x: Tensor) -> tuple[Tensor, Grid]:
+        """Images ``[B, C, H, W]`` -> input tokens ``[B, P + H'W', C]`` (with absolute position) and grid."""
+        x, grid = self.patch_embed(x)
+        x = self._prefix(x)
+        if self.abs_pos is not None:
+            x = self.abs_pos.add_to_tokens(x, grid, self.num_prefix_tokens)
+        return self.pos_drop(x), grid
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Images -> normalised tokens ``[B, P + H'W', C]``."""
+        x, grid = self.embed(x)
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        # A checkpointed block recomputes its forward during backward, outside this forward: every
+        # block then builds its own bias so the recomputation sees the same graph.
+        ctx = contextlib.nullcontext() if ckpt else bias_cache(self)
+        with ctx:
+            for blk in self.blocks:
+                x = checkpoint(blk, x, grid, use_reentrant=False) if ckpt else blk(x, grid)
+        return self.norm(x)
+
+    def pool(self, x: Tensor) -> Tensor:
+        if self.global_pool == "token":
+            return x[:, 0]
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
+        return x
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = self.fc_norm(self.pool(x))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.forward_head(self.forward_features(x))

@@ -1,0 +1,20 @@
+"""Score a checkpoint on a data set at any image size (resolution transfer).
+
+python eval.py ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt
+python eval.py ckpt_path=<...>.ckpt data.img_size=48        # 12x12 grid instead of 7x7
+python eval.py ckpt_path=<export dir or .safetensors> data=cifar10 data.root=/data/cifar
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="eval")
+def main(cfg: DictConfig):
+    from vitrel.train.evaluate import evaluate
+
+    return evaluate(cfg)
+
+
+if __name__ == "__main__":
+    main()

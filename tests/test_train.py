@@ -1,0 +1,219 @@
+"""Training framework, in-process: every pos config x both architectures, signals, NaN guard, EMA,
+compile, evaluation at a larger image size, the optimizer groups and schedule, the pictures."""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from train_helpers import CONF, FAST, TINY_SWIN, TINY_VIT, PoisonWeights, SendSignal, compose
+
+import vitrel
+from vitrel.train.callbacks import EpochSampler, NonFiniteLossError
+from vitrel.train.optim import WarmupCosine, param_groups
+from vitrel.train.run import train
+
+POS_CONFIGS = sorted(p.stem for p in (CONF / "pos").glob("*.yaml"))
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1"]
+SHORT += ["trainer.limit_test_batches=1", "logger=none"]
+
+
+def test_every_registered_scheme_has_a_config():
+    assert set(POS_CONFIGS) == set(vitrel.list_pos()), "conf/pos/ and the registry disagree"
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin"])
+@pytest.mark.parametrize("pos", POS_CONFIGS)
+def test_fast_dev_run(tmp_path, arch, pos):
+    model = TINY_VIT if arch == "vit" else TINY_SWIN
+    cfg = compose(tmp_path, [*model, *FAST, f"pos={pos}", "debug=fdr"])
+    metrics = train(cfg)
+    assert {"test/acc1", "test/acc5", "test/loss", "val/acc1"} <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values())
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert saved["status"] == "finished" and saved["pos"] == pos and saved["global_step"] == 1
+
+
+def test_checkpoint_contents_compile_and_reload(tmp_path):
+    """compile keeps clean ``model.*`` keys; the checkpoint has ``vitrel_cfg``, loads with weights_only and
+    through ``vitrel.load_model``; EMA weights live under ``ema_model.*``."""
+    cfg = compose(
+        tmp_path,
+        [*TINY_VIT, *FAST, *SHORT, "pos=rope2d_mixed", "compile={backend: eager}", "module.ema_decay=0.5"],
+    )
+    train(cfg)
+    ckpt_file = tmp_path / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(ckpt_file, map_location="cpu", weights_only=True)
+    keys = list(ckpt["state_dict"])
+    assert not any("_orig_mod" in k for k in keys)
+    assert any(k.startswith("model.") for k in keys) and any(k.startswith("ema_model.") for k in keys)
+    assert ckpt["vitrel_cfg"]["architecture"] == "vitrel_vit_tiny_patch4_32"
+    assert ckpt["vitrel_cfg"]["pos"]["name"] == "rope2d_mixed"
+    live = vitrel.load_model(ckpt_file)
+    ema = vitrel.load_model(ckpt_file, use_ema=True)
+    sd = ckpt["state_dict"]
+    for k, v in live.state_dict().items():
+        torch.testing.assert_close(v, sd[f"model.{k}"], rtol=0, atol=0)
+        torch.testing.assert_close(ema.state_dict()[k], sd[f"ema_model.{k}"], rtol=0, atol=0)
+    assert not torch.equal(sd["model.head.weight"], sd["ema_model.head.weight"])
+
+
+def test_mixup_cutmix_trains(tmp_path):
+    over = [*TINY_VIT, *FAST, *SHORT, "module.mixup_alpha=0.8", "module.cutmix_alpha=1.0", "data.drop_last=true"]
+    metrics = train(compose(tmp_path, over))
+    assert math.isfinite(metrics["train/loss_epoch"])
+
+
+def test_sigterm_saves_checkpoint_then_exits(tmp_path):
+    cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "trainer.limit_train_batches=10"])
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as exc:
+        train(cfg, callbacks=[SendSignal(at_step=3, signum=signal.SIGTERM)])
+    assert exc.value.code == 128 + signal.SIGTERM
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 4  # saved at the end of the batch during which the signal came
+    assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
+
+
+def test_nan_loss_stops_with_clear_message_and_keeps_good_checkpoint(tmp_path):
+    cfg = compose(
+        tmp_path,
+        [
+            *TINY_VIT,
+            *FAST,
+            *SHORT,
+            "trainer.limit_train_batches=10",
+            "callbacks.last_checkpoint.every_n_train_steps=2",
+        ],
+    )
+    with pytest.raises(NonFiniteLossError, match=r"non-finite training loss .* global step 5.*last good checkpoint"):
+        train(cfg, callbacks=[PoisonWeights(at_step=5)])
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 4
+    assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
+
+
+def test_ckpt_path_last_without_checkpoint_is_a_clear_error(tmp_path):
+    cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "ckpt_path=last"])
+    with pytest.raises(FileNotFoundError, match="ckpt_path=last: there is no .*last.ckpt"):
+        train(cfg)
+
+
+def test_eval_at_larger_image_size(tmp_path):
+    from vitrel.train.evaluate import evaluate
+
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "pos=rel2d_full", "trainer.limit_train_batches=8"]))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    out = tmp_path / "eval"
+    over = [f"ckpt_path={ckpt}", "data.img_size=44", "data.num_workers=0", "trainer.accelerator=cpu"]
+    over += ["trainer.limit_test_batches=4", "progress_bar=none"]
+    metrics = evaluate(compose(out, over, config_name="eval"))
+    res = json.loads((out / "eval_metrics.json").read_text())
+    assert res["img_size"] == 44 and res["grid"] == [11, 11]
+    assert 0.0 <= metrics["test/acc1"] <= 1.0 and math.isfinite(metrics["test/loss"])
+    # the resized model keeps the offsets it was trained with
+    trained = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]["model.blocks.0.attn.pos.table"]
+    big = vitrel.load_model(ckpt, img_size=44).blocks[0].attn.pos.table
+    assert big.shape[:2] == (21, 21) and trained.shape[:2] == (13, 13)
+    torch.testing.assert_close(big[4:17, 4:17], trained)
+
+
+def test_param_groups_skip_decay_for_tables_norms_biases():
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", depth=1, embed_dim=32, num_heads=2)
+    groups = param_groups(m, 0.05, m.no_weight_decay())
+    names = {id(p): n for n, p in m.named_parameters()}
+    decay = {names[id(p)] for p in groups[0]["params"]}
+    no_decay = {names[id(p)] for p in groups[1]["params"]}
+    assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
+    assert "blocks.0.attn.pos.table" in no_decay and "cls_token" in no_decay
+    assert "blocks.0.norm1.weight" in no_decay and "blocks.0.attn.qkv.bias" in no_decay
+    assert "blocks.0.attn.qkv.weight" in decay and "head.weight" in decay
+    assert decay | no_decay == set(names.values()) and not decay & no_decay
+
+
+def test_warmup_cosine_schedule():
+    s = WarmupCosine(total_steps=110, warmup_steps=10, lr=1e-3, min_lr=1e-5, warmup_lr=1e-6)
+    assert s.lr_at(0) == pytest.approx(1e-6)
+    assert s.lr_at(5) == pytest.approx(1e-6 + (1e-3 - 1e-6) * 0.5)
+    assert s.lr_at(10) == pytest.approx(1e-3)
+    assert s.lr_at(60) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)
+    assert s.lr_at(110) == pytest.approx(1e-5)
+    assert s(60) == pytest.approx(s.lr_at(60) / 1e-3)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        WarmupCosine(total_steps=5, warmup_steps=6, lr=1e-3)
+
+
+def test_epoch_sampler_ranks_partition_the_single_process_order():
+    data = list(range(40))
+    one = list(EpochSampler(data, shuffle=True, seed=3))
+    two = [list(EpochSampler(data, shuffle=True, seed=3, num_replicas=2, rank=r)) for r in (0, 1)]
+    assert sorted(one) == data
+    assert [x for pair in zip(*two) for x in pair] == one  # rank r takes order[r::2]
+    s = EpochSampler(data, shuffle=True, seed=3)
+    s.set_epoch(1)
+    assert list(s) != one
+    s.skip = 16
+    s.set_epoch(0)
+    assert list(s) == one[16:] and list(s) == one  # skip applies to the next iteration only
+
+
+# ------------------------------------------------------------------------------------------ pictures
+def test_position_kernel_rel2d_full_reads_the_table_around_the_centre():
+    from vitrel.viz import position_kernel
+
+    s = vitrel.build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(5, 7))
+    k = position_kernel(s, (5, 7))
+    cy, cx = 2, 3
+    for h in range(2):
+        for r in range(5):
+            for c in range(7):
+                assert k[h, r, c] == pytest.approx(float(s.table.detach()[cy - r + 4, cx - c + 6, h]), abs=1e-6)
+
+
+def test_position_kernel_rope1d_is_the_sum_of_cosines():
+    from vitrel.viz import position_kernel
+
+    d, base = 8, 100.0
+    s = vitrel.build_pos("rope1d", num_heads=1, head_dim=d, grid=(3, 4), base=base)
+    k = position_kernel(s, (3, 4))
+    c = 1 * 4 + 2
+    for p in range(12):
+        want = sum(math.cos((p - c) * base ** (-2 * t / d)) - 1 for t in range(d // 2)) / math.sqrt(d)
+        assert k[0, p // 4, p % 4] == pytest.approx(want, abs=1e-5)
+
+
+@pytest.mark.parametrize("pos", ["rel2d_factored", "rope2d_mixed", "sincos2d", "shaw2d_factored", "alibi2d"])
+def test_plot_pos_scheme_returns_a_figure(pos):
+    from matplotlib.figure import Figure
+
+    from vitrel.viz import figure_to_array, plot_pos_scheme
+
+    s = vitrel.build_pos(pos, num_heads=2, head_dim=8, grid=(4, 6))
+    fig = plot_pos_scheme(s)
+    assert isinstance(fig, Figure)
+    img = figure_to_array(fig)
+    assert img.ndim == 3 and img.shape[2] == 3 and img.std() > 0
+    rows = 2 if pos == "rope2d_mixed" else 1
+    assert len(fig.axes) >= rows * (1 if s.kind == "absolute" else 2)
+
+
+def test_pos_images_written_without_image_logger(tmp_path):
+    over = [*TINY_VIT, *FAST, *SHORT, "pos=rel2d_factored", "callbacks.pos_images.every_n_epochs=1"]
+    over = [o for o in over if o != "callbacks.pos_images=null"]
+    train(compose(tmp_path, over))
+    pngs = sorted(p.name for p in (tmp_path / "pos_images").glob("*.png"))
+    assert pngs == ["blocks_0_attn_pos_step0000004.png", "blocks_1_attn_pos_step0000004.png"]
+
+
+def test_default_config_is_the_documented_recipe(tmp_path):
+    cfg = compose(tmp_path, [])
+    assert cfg.model.name == "vitrel_vit_tiny_patch4_32" and cfg.pos.name == "rel2d_factored"
+    assert cfg.data.name == "fashion_mnist" and cfg.data.subset == "embedded"
+    assert "wandb" in cfg.logger and cfg.logger.wandb.mode == "auto"
+    assert cfg.callbacks.last_checkpoint is not None and cfg.callbacks.model_checkpoint.monitor == "val/acc1"
+    assert Path(CONF / "hydra" / "launcher" / "slurm.yaml").exists()

@@ -1,0 +1,185 @@
+"""Helpers of the training tests: config composition, test-only callbacks, a W&B offline-file reader.
+
+The callbacks are importable by ``python train.py`` subprocesses (tests/ on PYTHONPATH) and are
+added from the command line as ``+callbacks.<name>={_target_: train_helpers.<Class>, ...}``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+# a small, fast model and data setting shared by the tests
+TINY_VIT = ["model=vit_tiny_fmnist", "model.embed_dim=32", "model.depth=2", "model.num_heads=2"]
+TINY_SWIN = [
+    "model=vitrel_swin_tiny_patch2_window4_32",
+    "+model.embed_dim=16",
+    "+model.depths=[1,1]",
+    "+model.num_heads=[2,2]",
+]
+FAST = [
+    "data.num_workers=0",
+    "data.batch_size=16",
+    "trainer.accelerator=cpu",
+    "progress_bar=none",
+    "callbacks.pos_images=null",
+]
+
+
+def compose(tmp_path: Path, overrides: list[str], config_name: str = "train"):
+    """Compose ``conf/<config_name>.yaml`` as ``python train.py <overrides>`` would, outside Hydra's main.
+
+    The job folder is ``tmp_path``; Hydra's runtime config is registered so ``${hydra:...}`` resolves.
+    """
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = hcompose(config_name, overrides=[*overrides, f"paths.output_dir={tmp_path}"], return_hydra_config=True)
+    HydraConfig.instance().set_config(cfg)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg
+
+
+def script_env() -> dict[str, str]:
+    """Environment of ``python train.py`` subprocesses: tests/ importable, same thread count, W&B offline."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "tests"), str(ROOT), env.get("PYTHONPATH", "")])
+    env["OMP_NUM_THREADS"] = str(torch.get_num_threads())
+    env.setdefault("WANDB_MODE", "offline")
+    return env
+
+
+def run_script(script: str, args: list[str], cwd: Path, timeout: float = 300):
+    """``python <script> <args>`` (see ``script_env``); returns the CompletedProcess."""
+    import subprocess
+
+    return subprocess.run(
+        [sys.executable, str(ROOT / script), *args],
+        cwd=cwd,
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def model_state(module: L.LightningModule) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
+
+
+# ------------------------------------------------------------------------------------------ callbacks
+class SaveWeights(Callback):
+    """At the end of training, every rank saves its network's state dict to ``<dir>/rank<r>.pt``."""
+
+    def __init__(self, dir: str) -> None:
+        self.dir = dir
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        Path(self.dir).mkdir(parents=True, exist_ok=True)
+        torch.save(model_state(pl_module), Path(self.dir) / f"rank{trainer.global_rank}.pt")
+
+
+class Hang(Callback):
+    """Before training step ``at_step`` (global step), write ``marker`` and sleep (to be SIGKILLed)."""
+
+    def __init__(self, at_step: int, marker: str) -> None:
+        self.at_step = at_step
+        self.marker = marker
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step >= self.at_step:
+            Path(self.marker).write_text(str(trainer.global_step))
+            time.sleep(600)
+
+
+class SendSignal(Callback):
+    """Send ``signum`` to this process at the start of training step ``at_step``."""
+
+    def __init__(self, at_step: int, signum: int = signal.SIGTERM) -> None:
+        self.at_step = at_step
+        self.signum = signum
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+            os.kill(os.getpid(), self.signum)
+
+
+class PoisonWeights(Callback):
+    """Fill one weight with NaN at the start of training step ``at_step``."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+            with torch.no_grad():
+                next(pl_module.model.parameters()).fill_(float("nan"))
+
+
+# ------------------------------------------------------------------------------------------ W&B files
+def wandb_records(path: Path) -> list:
+    """Records of a W&B offline run file (``run-<id>.wandb``: LevelDB-log framing of protobuf records)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data = path.read_bytes()
+    if data[:4] != b":W&B":
+        raise ValueError(f"{path} is not a W&B run file")
+    out, pos, block, buf = [], 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if kind == 0 and length == 0:
+            break
+        chunk = data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind == 1:
+            payload = chunk
+        elif kind == 2:
+            buf = chunk
+            continue
+        elif kind == 3:
+            buf += chunk
+            continue
+        else:
+            payload = buf + chunk
+        rec = pb.Record()
+        rec.ParseFromString(payload)
+        out.append(rec)
+    return out
+
+
+def wandb_contents(path: Path) -> tuple[dict, dict, Any]:
+    """``(config, last value of each history key, run record)`` of a W&B offline run file."""
+    import json
+
+    config, history, run = {}, {}, None
+    for rec in wandb_records(path):
+        kind = rec.WhichOneof("record_type")
+        if kind == "config":
+            for u in rec.config.update:
+                config[u.key or "/".join(u.nested_key)] = json.loads(u.value_json)
+        elif kind == "history":
+            for item in rec.history.item:
+                history[item.key or "/".join(item.nested_key)] = json.loads(item.value_json)
+        elif kind == "run":
+            run = rec.run
+    return config, history, run

@@ -1,0 +1,102 @@
+"""Score a checkpoint on a data set at any image size: ``python eval.py ckpt_path=... data.img_size=48``.
+
+The network is rebuilt from the configuration stored with the weights (``vitrel.load_model``), at
+the data's image size: learned relative tables and absolute embeddings are resized on load, the
+parameter-free and continuous schemes extend by themselves. Results go to stdout and to
+``<run dir>/eval_metrics.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import RichProgressBar
+from omegaconf import DictConfig
+
+from vitrel.train.module import ClassifierModule
+from vitrel.train.run import _plain, _scalars, build_datamodule, progress_bar_kind, route_lightning_logs, run_dir_of
+
+__all__ = ["evaluate", "checkpoint_has_ema"]
+
+
+def checkpoint_has_ema(path: str | Path) -> bool:
+    """Whether a training checkpoint (``.ckpt``) holds EMA weights (``ema_model.*``)."""
+    p = Path(path)
+    if p.is_dir() or p.suffix != ".ckpt":
+        return False
+    ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
+    sd = ckpt.get("state_dict", {}) if isinstance(ckpt, dict) else {}
+    return any(k.startswith("ema_model.") for k in sd)
+
+
+def evaluate(cfg: DictConfig) -> dict[str, float]:
+    """Load ``cfg.ckpt_path``, score it on ``cfg.split`` of ``cfg.data``; return the metrics."""
+    import vitrel
+
+    t0 = time.time()
+    route_lightning_logs()
+    L.seed_everything(int(cfg.seed), workers=True)
+    ckpt = Path(str(cfg.ckpt_path)).expanduser()
+    if not ckpt.exists():
+        raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such file or folder")
+    split = str(cfg.get("split", "test"))
+    if split not in ("test", "val"):
+        raise ValueError(f"split must be test or val, got {split!r}")
+    ema = cfg.get("ema", "auto")
+    use_ema = checkpoint_has_ema(ckpt) if ema == "auto" else bool(ema)
+
+    dm = build_datamodule(cfg.data)
+    overrides = dict(_plain(cfg.get("model_overrides")) or {})
+    model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
+    stored = getattr(model, "vitrel_cfg", {})
+    if stored.get("num_classes") != dm.num_classes:
+        raise ValueError(
+            f"{ckpt} classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}; "
+            "evaluate on the data set it was trained for"
+        )
+    if stored.get("in_chans") != dm.in_chans:
+        raise ValueError(f"{ckpt} takes {stored.get('in_chans')}-channel images, the data has {dm.in_chans}")
+
+    module = ClassifierModule(model, dm.num_classes)
+    tcfg = dict(_plain(cfg.trainer))
+    for k in ("max_epochs", "max_steps", "gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches"):
+        tcfg.pop(k, None)
+    bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
+    trainer = L.Trainer(
+        logger=False,
+        callbacks=[RichProgressBar()] if bar == "rich" else [],
+        enable_progress_bar=bar in ("rich", "tqdm"),
+        enable_checkpointing=False,
+        **tcfg,
+    )
+    dm.setup("test" if split == "test" else "validate")
+    loader = dm.test_dataloader() if split == "test" else dm.val_dataloader()
+    res = trainer.test(module, dataloaders=loader, verbose=False)
+    metrics = {k.replace("test/", f"{split}/"): v for k, v in _scalars(res[0]).items()}
+    grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
+    result = {
+        "ckpt_path": str(ckpt),
+        "data": cfg.data.get("name", cfg.data.get("_target_")),
+        "split": split,
+        "img_size": dm.img_size,
+        "grid": grid,
+        "ema": use_ema,
+        "metrics": metrics,
+        "num_images": len(loader.dataset),
+        "wall_s": round(time.time() - t0, 2),
+    }
+    if trainer.is_global_zero:
+        out = run_dir_of(cfg)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval_metrics.json").write_text(json.dumps(result, indent=2))
+        shown = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
+        print(
+            f"{ckpt.name} on {result['data']} {split} ({result['num_images']} images) at img_size {dm.img_size} "
+            f"(grid {grid[0]}x{grid[1]}{', EMA weights' if use_ema else ''}): {shown}",
+            flush=True,
+        )
+    return metrics

@@ -1,0 +1,91 @@
+"""Hydra callbacks: the summary table printed at the end of a sweep (``python train.py -m ...``).
+
+Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.run.train``);
+:class:`SweepSummary` reads them all when the sweep ends (in the launching process, whatever the
+launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+__all__ = ["SweepSummary", "collect_sweep", "format_table"]
+
+log = logging.getLogger(__name__)
+
+
+def _job_key(p: Path) -> tuple[int, str]:
+    return (int(p.name), p.name) if p.name.isdigit() else (10**9, p.name)
+
+
+def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per job folder of ``sweep_dir`` (those with a ``.hydra`` folder or a ``metrics.json``)."""
+    rows = []
+    for d in sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=_job_key):
+        mfile = d / "metrics.json"
+        if not mfile.exists() and not (d / ".hydra").exists():
+            continue
+        row: dict[str, Any] = {"job": d.name}
+        if mfile.exists():
+            data = json.loads(mfile.read_text())
+            row["overrides"] = " ".join(data.get("overrides", []))
+            row["status"] = data.get("status", "?")
+            for m in metrics:
+                row[m] = data.get("metrics", {}).get(m)
+            row["epochs"] = data.get("epochs")
+            row["wall_s"] = data.get("wall_s")
+        else:
+            ov = d / ".hydra" / "overrides.yaml"
+            row["overrides"] = " ".join(x.strip("- \n") for x in ov.read_text().splitlines()) if ov.exists() else ""
+            row["status"] = "failed (no metrics.json)"
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
+    """Plain fixed-width table (readable in any log)."""
+    cols = ["job", "overrides", *metrics, "epochs", "wall_s", "status"]
+
+    def cell(v: Any) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}"
+        return str(v)
+
+    table = [[cell(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in table]
+    return "\n".join(lines)
+
+
+class SweepSummary(Callback):
+    """Print (and save) a table of every job's final metrics when a multirun ends."""
+
+    def __init__(self, metrics: Sequence[str] = ("test/acc1", "test/acc5", "test/loss", "val/acc1")) -> None:
+        self.metrics = list(metrics)
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        if not sweep_dir.exists():
+            return
+        rows = collect_sweep(sweep_dir, self.metrics)
+        if not rows:
+            return
+        table = format_table(rows, self.metrics)
+        print(f"\nSweep summary ({len(rows)} jobs, {sweep_dir}):\n{table}\n", flush=True)
+        (sweep_dir / "summary.md").write_text(table + "\n")
+        with open(sweep_dir / "summary.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["job", "overrides", *self.metrics, "epochs", "wall_s", "status"])
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: r.get(k) for k in w.fieldnames})

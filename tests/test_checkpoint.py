@@ -1,0 +1,329 @@
+"""Checkpoints: save / load through every route with identical outputs, resizing at another image
+size, head reset, and refusal (CheckpointError, no code run) of anything unsafe or mismatched."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import timm
+import torch
+
+import vitrel
+import vitrel.pos.tables
+from vitrel import CheckpointError
+from vitrel.models.checkpoint import extract_model_state, read_checkpoint
+
+VIT = "vitrel_vit_tiny_patch4_32"
+SWIN = "vitrel_swin_tiny_patch2_window4_32"
+SMALL = {
+    VIT: dict(depth=2, embed_dim=32, num_heads=2),
+    SWIN: dict(embed_dim=16, depths=(2, 2, 1, 1), num_heads=(1, 2, 2, 4)),
+}
+
+
+def _model(name: str = VIT, **kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    m = vitrel.create_model(name, **{**SMALL[name], **kw})
+    with torch.no_grad():  # position parameters away from their init, so a lost table would show
+        for n, p in m.named_parameters():
+            if "pos" in n:
+                p.add_(torch.randn_like(p) * 0.5)
+    return m.eval()
+
+
+def _lightning_ckpt(model: torch.nn.Module, path: Path, prefix: str = "model.", ema: torch.nn.Module | None = None):
+    """The layout of a vitrel training checkpoint (see ``extract_model_state``)."""
+    sd = {prefix + k: v for k, v in model.state_dict().items()}
+    sd["criterion.weight"] = torch.ones(3)
+    if ema is not None:
+        sd.update({"ema_model." + k: v for k, v in ema.state_dict().items()})
+    torch.save(
+        {
+            "epoch": 1,
+            "global_step": 10,
+            "pytorch-lightning_version": "2.6.6",
+            "state_dict": sd,
+            "optimizer_states": [{"state": {}, "param_groups": [{"lr": 1e-3}]}],
+            "hyper_parameters": {"lr": 1e-3, "label_smoothing": 0.1},
+            "vitrel_cfg": model.vitrel_cfg,
+        },
+        path,
+    )
+    return path
+
+
+def _same(a: torch.nn.Module, b: torch.nn.Module, size: int = 32) -> None:
+    x = torch.randn(2, a.patch_embed.proj.in_channels, size, size)
+    a.eval(), b.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(b(x), a(x), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        (VIT, dict(pos="rel2d_full", reg_tokens=2, abs_pos="ape", num_classes=7)),
+        (VIT, dict(pos={"name": "rel2d_bucket", "num_buckets": 8, "max_distance": 16}, pos_share=True)),
+        (SWIN, dict(pos="rel2d_factored", abs_pos="sincos2d", num_classes=4)),
+    ],
+)
+def test_save_load_every_route_identical(tmp_path, name, kw):
+    m = _model(name, **kw)
+    ckpt = _lightning_ckpt(m, tmp_path / "last.ckpt")
+    _same(m, vitrel.load_model(ckpt))
+    _same(m, vitrel.create_model(name, checkpoint_path=ckpt))  # config from the checkpoint
+    # torch.compile'd module in the training module: keys model._orig_mod.*
+    _same(m, vitrel.load_model(_lightning_ckpt(m, tmp_path / "compiled.ckpt", prefix="model._orig_mod.")))
+
+    out = vitrel.export_model(ckpt, tmp_path / "export")
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+    config = json.loads((out / "config.json").read_text())
+    assert config["architecture"] == name and config["num_classes"] == m.num_classes
+    _same(m, vitrel.load_model(out))
+    _same(m, vitrel.load_model(out / "model.safetensors"))
+    # a lone .safetensors: the configuration is in its metadata
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / "w.safetensors").write_bytes((out / "model.safetensors").read_bytes())
+    _same(m, vitrel.load_model(lone / "w.safetensors"))
+
+    # timm's local-weights routes, without re-typing the configuration
+    t = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors")))
+    _same(m, t)
+    _same(m, timm.create_model(f"local-dir:{out}", pretrained=True))
+
+
+def test_export_cli(tmp_path, capsys):
+    m = _model(SWIN, pos="rel2d_full")
+    ckpt = _lightning_ckpt(m, tmp_path / "a.ckpt")
+    r = subprocess.run(
+        [sys.executable, "-m", "vitrel.export", str(ckpt), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert r.returncode == 0, r.stderr
+    _same(m, vitrel.load_model(tmp_path / "out"))
+    bad = tmp_path / "bad.ckpt"
+    bad.write_bytes(ckpt.read_bytes()[:1000])
+    from vitrel.export import main
+
+    assert main([str(bad), str(tmp_path / "o2")]) == 2
+    assert "error:" in capsys.readouterr().err and not (tmp_path / "o2").exists()
+
+
+def test_real_lightning_checkpoint(tmp_path):
+    """A checkpoint written by Lightning's Trainer, with the config stored by ``on_save_checkpoint``."""
+    import lightning as L
+
+    class Module(L.LightningModule):
+        def __init__(self, model):
+            super().__init__()
+            self.save_hyperparameters(ignore=["model"])
+            self.model = model
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.cross_entropy(self.model(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+        def on_save_checkpoint(self, checkpoint):
+            checkpoint["vitrel_cfg"] = self.model.vitrel_cfg
+
+    m = _model(VIT, pos="rope2d_mixed").train()
+    data = torch.utils.data.TensorDataset(torch.randn(4, 3, 32, 32), torch.randint(0, 10, (4,)))
+    trainer = L.Trainer(
+        max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(Module(m), torch.utils.data.DataLoader(data, batch_size=4))
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    _same(m, vitrel.load_model(tmp_path / "last.ckpt"))
+
+
+def test_ema_weights(tmp_path):
+    m = _model(VIT, pos="rel2d_full")
+    ema = _model(VIT, pos="rel2d_full")
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.mul_(0.5)
+    ckpt = _lightning_ckpt(m, tmp_path / "e.ckpt", ema=ema)
+    _same(m, vitrel.load_model(ckpt))
+    _same(ema, vitrel.load_model(ckpt, use_ema=True))
+    with pytest.raises(CheckpointError, match="no EMA"):
+        vitrel.load_model(_lightning_ckpt(m, tmp_path / "n.ckpt"), use_ema=True)
+
+
+def test_extract_model_state_contract():
+    m = _model(VIT, pos="rel2d_full")
+    sd = {"model." + k: v for k, v in m.state_dict().items()}
+    cfg, state = extract_model_state({"state_dict": sd, "hyper_parameters": {"vitrel_cfg": m.vitrel_cfg}})
+    assert cfg == m.vitrel_cfg and state.keys() == m.state_dict().keys()
+    cfg2, state2 = extract_model_state({"state_dict": m.state_dict(), "vitrel_cfg": m.vitrel_cfg})  # plain
+    assert state2.keys() == m.state_dict().keys()
+    with pytest.raises(CheckpointError, match="no model configuration"):
+        extract_model_state({"state_dict": sd})
+    with pytest.raises(CheckpointError, match="state_dict"):
+        extract_model_state({"vitrel_cfg": m.vitrel_cfg})
+
+
+# ---------------------------------------------------------------------------- other sizes, other heads
+def _train_step(m: torch.nn.Module, size: int = 32) -> None:
+    m.train()
+    opt = torch.optim.SGD(m.parameters(), lr=0.1)
+    loss = torch.nn.functional.cross_entropy(m(torch.randn(4, 3, size, size)), torch.randint(0, m.num_classes, (4,)))
+    loss.backward()
+    opt.step()
+    m.eval()
+
+
+@pytest.mark.parametrize("name", [VIT, SWIN])
+def test_train_at_32_load_at_48(tmp_path, monkeypatch, name):
+    monkeypatch.setattr(vitrel.pos.tables, "_WARNED", set())
+    m = _model(name, pos="rel2d_full", abs_pos="ape")
+    _train_step(m)
+    ckpt = _lightning_ckpt(m, tmp_path / "t.ckpt")
+    with pytest.warns(UserWarning, match="resized relative-position table"):
+        big = vitrel.load_model(ckpt, img_size=48)
+    assert big.vitrel_cfg["img_size"] == [48, 48]
+    old, new = m.state_dict(), big.state_dict()
+    grown = [k for k in old if k.endswith("pos.table") and old[k].shape != new[k].shape]
+    assert grown, "some table must have grown"
+    for k in grown:
+        a, b = old[k], new[k]
+        assert b.shape[0] > a.shape[0] and b.shape[1] > a.shape[1]
+        dh, dw = (b.shape[0] - a.shape[0]) // 2, (b.shape[1] - a.shape[1]) // 2
+        # every offset seen at 32 keeps its value exactly
+        torch.testing.assert_close(b[dh : dh + a.shape[0], dw : dw + a.shape[1]], a, rtol=0, atol=0)
+    assert new["abs_pos.pos_embed"].shape[1] == (48 // m.patch_embed.patch_size) ** 2
+    for k in old:  # everything else loads unchanged
+        if k not in grown and "pos_embed" not in k:
+            torch.testing.assert_close(new[k], old[k], rtol=0, atol=0)
+    y = big(torch.randn(2, 3, 48, 48))
+    assert y.shape == (2, 10) and torch.isfinite(y).all()
+    # the model at 32 also runs at 48 without reloading: the bias of offsets it knows is the same
+    if name == VIT:
+        t_old = m.blocks[0].attn.pos.bias(vitrel.Grid(8, 8))
+        t_new = big.blocks[0].attn.pos.bias(vitrel.Grid(8, 8))
+        torch.testing.assert_close(t_new, t_old, rtol=0, atol=0)
+
+
+def test_other_num_classes_resets_head(tmp_path):
+    m = _model(VIT, pos="rel2d_full", num_classes=10)
+    ckpt = _lightning_ckpt(m, tmp_path / "h.ckpt")
+    with pytest.warns(UserWarning, match="head is reset"):
+        r = vitrel.load_model(ckpt, num_classes=5)
+    assert r.num_classes == 5 and r.head.weight.shape == (5, 32)
+    a, b = m.state_dict(), r.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a if not k.startswith("head."))
+    with torch.no_grad():
+        x = torch.randn(2, 3, 32, 32)
+        torch.testing.assert_close(r.forward_head(r.forward_features(x), pre_logits=True),
+                                   m.forward_head(m.forward_features(x), pre_logits=True))  # fmt: skip
+    # timm's route resets the head the same way
+    out = vitrel.export_model(ckpt, tmp_path / "x")
+    t = timm.create_model(
+        VIT, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors")), num_classes=3
+    )
+    assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
+
+
+# ---------------------------------------------------------------------------- refusals
+class _Evil:
+    def __init__(self, sentinel: str):
+        self.sentinel = sentinel
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.sentinel}",))
+
+
+def test_malicious_pickle_is_refused(tmp_path):
+    sentinel = tmp_path / "pwned"
+    m = _model(VIT, pos="rel2d_full")
+    payload = {"state_dict": {"model." + k: v for k, v in m.state_dict().items()}, "vitrel_cfg": m.vitrel_cfg}
+    payload["callbacks"] = _Evil(str(sentinel))
+    # the check is real: an unrestricted unpickler would run the payload
+    with open(tmp_path / "probe.pkl", "wb") as f:
+        pickle.dump(_Evil(str(tmp_path / "probe")), f)
+    with open(tmp_path / "probe.pkl", "rb") as f:
+        pickle.load(f)  # noqa: S301 - deliberately unsafe, on our own probe
+    assert (tmp_path / "probe").exists()
+
+    torch.save(payload, tmp_path / "evil.ckpt")  # zip format
+    with open(tmp_path / "evil_legacy.ckpt", "wb") as f:  # bare pickle
+        pickle.dump(payload, f)
+    for path in (tmp_path / "evil.ckpt", tmp_path / "evil_legacy.ckpt"):
+        with pytest.raises(CheckpointError, match="refused"):
+            vitrel.load_model(path)
+        with pytest.raises(CheckpointError):
+            vitrel.export_model(path, tmp_path / "out")
+        with pytest.raises(CheckpointError):
+            vitrel.create_model(VIT, checkpoint_path=path)
+    assert not sentinel.exists()
+
+
+def test_pickled_objects_are_refused(tmp_path):
+    m = _model(VIT, pos="rel2d_full")
+    torch.save({"state_dict": m.state_dict(), "vitrel_cfg": m.vitrel_cfg, "model": m}, tmp_path / "obj.ckpt")
+    with pytest.raises(CheckpointError, match="refused"):
+        vitrel.load_model(tmp_path / "obj.ckpt")
+
+
+def test_truncated_files(tmp_path):
+    m = _model(VIT, pos="rel2d_full")
+    ckpt = _lightning_ckpt(m, tmp_path / "t.ckpt")
+    data = ckpt.read_bytes()
+    for n in (0, 100, len(data) // 2, len(data) - 10):
+        (tmp_path / "cut.ckpt").write_bytes(data[:n])
+        with pytest.raises(CheckpointError, match="cannot read"):
+            vitrel.load_model(tmp_path / "cut.ckpt")
+    out = vitrel.export_model(ckpt, tmp_path / "e")
+    st = (out / "model.safetensors").read_bytes()
+    for n in (5, 200, len(st) // 2, len(st) - 1):
+        (out / "model.safetensors").write_bytes(st[:n])
+        with pytest.raises(CheckpointError, match="cannot read"):
+            vitrel.load_model(out)
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        vitrel.load_model(tmp_path / "missing.ckpt")
+
+
+def test_weights_of_another_architecture(tmp_path):
+    vit, swin = _model(VIT, pos="rel2d_full"), _model(SWIN, pos="rel2d_full")
+    # vit configuration, swin weights
+    sd = {"model." + k: v for k, v in swin.state_dict().items()}
+    torch.save({"state_dict": sd, "vitrel_cfg": vit.vitrel_cfg}, tmp_path / "mix.ckpt")
+    with pytest.raises(CheckpointError, match="do not fit.*missing keys"):
+        vitrel.load_model(tmp_path / "mix.ckpt")
+    # same keys, other widths
+    wide = _model(VIT, pos="rel2d_full", embed_dim=48, num_heads=2)
+    sd = {"model." + k: v for k, v in wide.state_dict().items()}
+    torch.save({"state_dict": sd, "vitrel_cfg": vit.vitrel_cfg}, tmp_path / "wide.ckpt")
+    with pytest.raises(CheckpointError, match="size mismatch"):
+        vitrel.load_model(tmp_path / "wide.ckpt")
+    # another scheme than the stored one
+    sd = {"model." + k: v for k, v in _model(VIT, pos="rel2d_factored").state_dict().items()}
+    torch.save({"state_dict": sd, "vitrel_cfg": vit.vitrel_cfg}, tmp_path / "pos.ckpt")
+    with pytest.raises(CheckpointError, match="do not fit"):
+        vitrel.load_model(tmp_path / "pos.ckpt")
+    # a checkpoint with no configuration (e.g. a plain timm state dict)
+    torch.save(vit.state_dict(), tmp_path / "plain.pth")
+    with pytest.raises(CheckpointError, match="no model configuration"):
+        vitrel.load_model(tmp_path / "plain.pth")
+    # an architecture we do not know, or not the one asked for
+    torch.save({"state_dict": sd, "vitrel_cfg": {**vit.vitrel_cfg, "architecture": "resnet50"}}, tmp_path / "r.ckpt")
+    with pytest.raises(CheckpointError, match="does not know"):
+        vitrel.load_model(tmp_path / "r.ckpt")
+    ok = _lightning_ckpt(vit, tmp_path / "ok.ckpt")
+    with pytest.raises(CheckpointError, match="not vitrel_swin"):
+        vitrel.create_model(SWIN, checkpoint_path=ok)
+    cfg, _ = read_checkpoint(ok)
+    assert cfg == vit.vitrel_cfg

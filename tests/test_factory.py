@@ -1,0 +1,122 @@
+"""The model factory: names, arguments, configs, and timm's registry."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+from omegaconf import OmegaConf
+
+import vitrel
+from vitrel.models.factory import MODEL_ARGS, build_from_cfg
+
+NAMES = [
+    "vitrel_vit_tiny_patch16_224",
+    "vitrel_vit_small_patch16_224",
+    "vitrel_vit_base_patch16_224",
+    "vitrel_vit_tiny_patch4_32",
+    "vitrel_vit_small_patch4_32",
+    "vitrel_swin_tiny_patch4_window7_224",
+    "vitrel_swin_small_patch4_window7_224",
+    "vitrel_swin_base_patch4_window7_224",
+    "vitrel_swin_tiny_patch2_window4_32",
+]
+SMALL = dict(depth=2, embed_dim=32, num_heads=2)
+
+
+def test_list_models():
+    assert vitrel.list_models() == sorted(NAMES)
+    assert vitrel.list_models("*swin*") == sorted(n for n in NAMES if "swin" in n)
+    assert vitrel.list_models("*_32") == [
+        "vitrel_swin_tiny_patch2_window4_32",
+        "vitrel_vit_small_patch4_32",
+        "vitrel_vit_tiny_patch4_32",
+    ]
+    assert vitrel.list_models("resnet*") == []
+    assert sorted(timm.list_models("vitrel_*")) == sorted(NAMES)  # registered with timm on import
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_architecture_sizes(name):
+    with torch.device("meta"):
+        m = vitrel.create_model(name)
+    cls, args = MODEL_ARGS[name]
+    assert isinstance(m, cls)
+    if "_vit_" in name:
+        size = name.split("_")[2]
+        dims = {"tiny": (192, 3), "small": (384, 6), "base": (768, 12)}[size]
+        assert (m.embed_dim, m.blocks[0].attn.num_heads, len(m.blocks)) == (*dims, 12)
+    else:
+        depths = [len(s.blocks) for s in m.layers]
+        heads = [s.blocks[0].attn.num_heads for s in m.layers]
+        expected = {
+            "vitrel_swin_tiny_patch4_window7_224": (96, [2, 2, 6, 2], [3, 6, 12, 24]),
+            "vitrel_swin_small_patch4_window7_224": (96, [2, 2, 18, 2], [3, 6, 12, 24]),
+            "vitrel_swin_base_patch4_window7_224": (128, [2, 2, 18, 2], [4, 8, 16, 32]),
+            "vitrel_swin_tiny_patch2_window4_32": (96, [2, 2, 6, 2], [3, 6, 12, 24]),
+        }[name]
+        assert (m.embed_dim, depths, heads) == expected
+    size = 32 if name.endswith("_32") else 224
+    assert m.pretrained_cfg["input_size"] == (3, size, size)
+    assert m.num_classes == (10 if size == 32 else 1000)
+    assert m.vitrel_cfg["architecture"] == name
+
+
+def test_create_model_arguments():
+    m = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", pos="rel2d_factored", num_classes=7, img_size=48, in_chans=1, **SMALL
+    )
+    assert m.num_classes == 7 and m.grid == (12, 12) and m.patch_embed.proj.in_channels == 1
+    assert m.blocks[0].attn.pos.table_h.shape == (23, 2)  # built for the 12x12 grid
+    assert m(torch.randn(2, 1, 48, 48)).shape == (2, 7)
+    cfg = m.vitrel_cfg
+    assert cfg["pos"] == "rel2d_factored" and cfg["img_size"] == [48, 48] and cfg["in_chans"] == 1
+    assert cfg["depth"] == 2 and cfg["num_classes"] == 7
+    # the same name through create_model keeps the architecture defaults
+    assert (
+        vitrel.create_model("vitrel_swin_tiny_patch4_window7_224", pos="rel2d_factored", depths=(2, 2, 2, 2))
+        is not None
+    )
+    with pytest.raises(ValueError, match="unknown vitrel model"):
+        vitrel.create_model("vitrel_vit_huge")
+    with pytest.raises(ValueError, match="unknown position scheme"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="nope", **SMALL)
+    with pytest.raises(TypeError):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", no_such_argument=1, **SMALL)
+
+
+def test_pos_from_hydra_config():
+    """``pos`` as a config dict - also a Hydra DictConfig - with the scheme's options."""
+    pos = OmegaConf.create({"name": "rel2d_bucket", "num_buckets": 8, "max_distance": 16})
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, **SMALL)
+    assert m.blocks[0].attn.pos.num_buckets == 8
+    assert m.vitrel_cfg["pos"] == {"name": "rel2d_bucket", "num_buckets": 8, "max_distance": 16}
+    assert type(m.vitrel_cfg["pos"]) is dict  # plain: JSON and weights_only-safe
+    m2 = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos={"name": "rope2d_mixed"}, **SMALL)
+    assert type(m2.blocks[0].attn.pos).name == "rope2d_mixed"
+
+
+def test_rebuild_from_vitrel_cfg():
+    torch.manual_seed(0)
+    m = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos="rel2d_cpb", abs_pos="ape", embed_dim=24)
+    cfg = m.vitrel_cfg
+    assert cfg["architecture"] == "vitrel_swin_tiny_patch2_window4_32"
+    r = build_from_cfg(cfg)
+    assert r.vitrel_cfg == cfg
+    assert {k: v.shape for k, v in r.state_dict().items()} == {k: v.shape for k, v in m.state_dict().items()}
+    r.load_state_dict(m.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    m.eval(), r.eval()
+    torch.testing.assert_close(r(x), m(x), rtol=0, atol=0)
+
+
+def test_timm_create_model():
+    m = timm.create_model("vitrel_vit_small_patch16_224", pos="rope2d_mixed", num_classes=10)
+    assert isinstance(m, vitrel.models.VisionTransformer)
+    assert m.num_classes == 10 and type(m.blocks[0].attn.pos).name == "rope2d_mixed"
+    assert m.pretrained_cfg["architecture"] == "vitrel_vit_small_patch16_224"
+    assert m.vitrel_cfg["architecture"] == "vitrel_vit_small_patch16_224"
+    s = timm.create_model("vitrel_swin_tiny_patch2_window4_32", pos="rel2d_factored", embed_dim=24)
+    assert s(torch.randn(1, 3, 32, 32)).shape == (1, 10)
+    with pytest.raises(RuntimeError, match="No pretrained weights"):
+        timm.create_model("vitrel_vit_tiny_patch4_32", pretrained=True)

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from train_helpers import CONF, FAST, TINY_SWIN, TINY_VIT, PoisonWeights, SendSignal, compose
 
 import vitrel
 from vitrel.train.callbacks import EpochSampler, NonFiniteLossError
 from vitrel.train.optim import WarmupCosine, param_groups
-from vitrel.train.run import train
+from vitrel.train.run import _check_launch, train
 
 POS_CONFIGS = sorted(p.stem for p in (CONF / "pos").glob("*.yaml"))
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1"]
@@ -217,3 +218,35 @@ def test_default_config_is_the_documented_recipe(tmp_path):
     assert "wandb" in cfg.logger and cfg.logger.wandb.mode == "auto"
     assert cfg.callbacks.last_checkpoint is not None and cfg.callbacks.model_checkpoint.monitor == "val/acc1"
     assert Path(CONF / "hydra" / "launcher" / "slurm.yaml").exists()
+
+
+def test_plain_ddp_under_multirun_is_refused_with_the_fix(tmp_path):
+    over = [*TINY_VIT, *FAST, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=none"]
+    cfg = compose(tmp_path, over, multirun=True)
+    with pytest.raises(ValueError, match="cannot run under -m .* use trainer=ddp_spawn, or hydra/launcher=slurm"):
+        train(cfg)
+    _check_launch({"strategy": "ddp_spawn", "devices": 2, "num_nodes": 1})  # spawn is fine under -m
+
+
+def test_slurm_launcher_config_and_sweep_folder_survives_requeue(tmp_path):
+    """The submitit launcher pickles the sweep config; a requeued job re-resolves ``hydra.sweep.dir``
+    from it. Hydra caches ``${now:}`` in the config, so the folder (and its last.ckpt) is the same."""
+    import pickle
+    import time
+
+    from hydra import compose as hcompose
+    from hydra import initialize_config_dir
+
+    over = ["hydra/launcher=slurm", "trainer=ddp", "trainer.devices=4", "trainer.num_nodes=2"]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = hcompose("train", overrides=over, return_hydra_config=True)
+        launcher = cfg.hydra.launcher
+        assert launcher._target_.endswith("SlurmLauncher") and launcher.max_num_timeout > 0
+        assert (launcher.tasks_per_node, launcher.gpus_per_node, launcher.nodes) == (4, 4, 2)
+        assert "SIGUSR2" in cfg.callbacks.signal_checkpoint.signals and cfg.resume == "auto"
+        first = str(cfg.hydra.sweep.dir)
+        blob = pickle.dumps(cfg)
+        time.sleep(1.1)
+        requeued = hcompose("train", overrides=over, return_hydra_config=True)
+        OmegaConf.copy_cache(from_config=pickle.loads(blob), to_config=requeued)  # as load_sweep_config does
+        assert str(requeued.hydra.sweep.dir) == first

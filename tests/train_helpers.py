@@ -38,18 +38,22 @@ FAST = [
 ]
 
 
-def compose(tmp_path: Path, overrides: list[str], config_name: str = "train"):
+def compose(tmp_path: Path, overrides: list[str], config_name: str = "train", multirun: bool = False):
     """Compose ``conf/<config_name>.yaml`` as ``python train.py <overrides>`` would, outside Hydra's main.
 
-    The job folder is ``tmp_path``; Hydra's runtime config is registered so ``${hydra:...}`` resolves.
+    The job folder is ``tmp_path``; Hydra's runtime config is registered so ``${hydra:...}`` resolves
+    (``multirun``: as a job of ``-m``).
     """
     from hydra import compose as hcompose
     from hydra import initialize_config_dir
     from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
     from omegaconf import open_dict
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = hcompose(config_name, overrides=[*overrides, f"paths.output_dir={tmp_path}"], return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.mode = RunMode.MULTIRUN if multirun else RunMode.RUN
     HydraConfig.instance().set_config(cfg)
     with open_dict(cfg):
         del cfg["hydra"]
@@ -85,14 +89,21 @@ def model_state(module: L.LightningModule) -> dict[str, torch.Tensor]:
 
 # ------------------------------------------------------------------------------------------ callbacks
 class SaveWeights(Callback):
-    """At the end of training, every rank saves its network's state dict to ``<dir>/rank<r>.pt``."""
+    """Every rank saves its network's state dict at the start and at the end of training, to
+    ``<dir>/start_rank<r>.pt`` and ``<dir>/rank<r>.pt``."""
 
     def __init__(self, dir: str) -> None:
         self.dir = dir
 
-    def on_train_end(self, trainer, pl_module) -> None:
+    def _save(self, trainer, pl_module, name: str) -> None:
         Path(self.dir).mkdir(parents=True, exist_ok=True)
-        torch.save(model_state(pl_module), Path(self.dir) / f"rank{trainer.global_rank}.pt")
+        torch.save(model_state(pl_module), Path(self.dir) / f"{name}{trainer.global_rank}.pt")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._save(trainer, pl_module, "start_rank")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._save(trainer, pl_module, "rank")
 
 
 class Hang(Callback):

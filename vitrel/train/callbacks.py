@@ -19,6 +19,7 @@ import random
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -318,6 +319,8 @@ class ExactResume(Callback):
 
         dm.train_dataloader = train_dataloader
         dm._vitrel_exact_resume = original
+        # Lightning warns that a mid-epoch resume is unreliable unless the loader is stateful: here it is exact
+        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dm = trainer.datamodule

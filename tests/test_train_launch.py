@@ -1,0 +1,155 @@
+"""Training framework through ``python train.py`` subprocesses: a 2-job sweep with its W&B runs and
+summary table, 2-process DDP against 1 process, SIGKILL mid-epoch then resume, bad configs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from train_helpers import ROOT, TINY_VIT, SaveWeights, compose, run_script, script_env, wandb_contents
+
+from vitrel.train.run import train
+
+SMALL = [*TINY_VIT, "data.num_workers=0", "trainer.accelerator=cpu", "callbacks.pos_images=null"]
+
+
+def test_sweep_two_jobs_own_folders_own_wandb_runs_and_summary(tmp_path):
+    sweep = tmp_path / "sweep"
+    args = ["-m", "pos=rel2d_full,alibi2d", *SMALL, "data.batch_size=16", "trainer.max_epochs=1"]
+    args += ["trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
+    args += ["log_every_n_steps=1", "logger=wandb", f"hydra.sweep.dir={sweep}"]
+    r = run_script("train.py", args, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    groups = set()
+    for job, pos in (("0", "rel2d_full"), ("1", "alibi2d")):
+        m = json.loads((sweep / job / "metrics.json").read_text())
+        assert m["status"] == "finished" and m["pos"] == pos and m["overrides"][0] == f"pos={pos}"
+        runs = list((sweep / job / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert len(runs) == 1, f"job {job} should have exactly one W&B run"
+        config, history, run = wandb_contents(runs[0])
+        assert config["pos"]["name"] == pos and config["trainer"]["limit_train_batches"] == 3
+        assert history["test/acc1"] == pytest.approx(m["metrics"]["test/acc1"])
+        assert any(k.startswith("lr-AdamW") for k in history) and "train/loss_step" in history, sorted(history)
+        groups.add(run.run_group)
+    assert groups == {f"train-{sweep.name}"}, "one W&B group per sweep"
+    # the summary table, printed at the end and saved beside the jobs
+    out = r.stdout
+    assert "Sweep summary (2 jobs" in out
+    table = out[out.index("Sweep summary") :].splitlines()
+    assert any(line.startswith("0 ") and "pos=rel2d_full" in line and "finished" in line for line in table)
+    assert any(line.startswith("1 ") and "pos=alibi2d" in line and "finished" in line for line in table)
+    assert (sweep / "summary.csv").read_text().count("\n") == 3
+    # not a terminal: plain progress lines, no progress bar
+    assert "epoch 1/1" in out
+
+
+def test_ddp_two_processes_equal_one_process(tmp_path):
+    """2 CPU processes (gloo), per-rank batch 8, end with identical weights on both ranks and the
+    weights of 1 process with batch 16 on the same data order."""
+    common = [*SMALL, "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1"]
+    common += ["test=false", "logger=none", "progress_bar=none", "callbacks.last_checkpoint=null"]
+    common += ["callbacks.model_checkpoint=null", "pos=rel2d_factored"]
+    ddp = tmp_path / "ddp"
+    args = [*common, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+    args += ["data.batch_size=8", f"hydra.run.dir={tmp_path / 'ddp_run'}"]
+    args += [f"+callbacks.dump={{_target_: train_helpers.SaveWeights, dir: '{ddp}'}}"]
+    r = run_script("train.py", args, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    single = tmp_path / "single"
+    train(compose(tmp_path / "single_run", [*common, "data.batch_size=16"]), callbacks=[SaveWeights(str(single))])
+
+    w0, w1 = (torch.load(ddp / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+    w = torch.load(single / "rank0.pt", weights_only=True)
+    init = torch.load(single / "start_rank0.pt", weights_only=True)
+    assert set(w0) == set(w1) == set(w)
+    for k in w:
+        assert torch.equal(w0[k], w1[k]), f"ranks differ on {k}"
+        torch.testing.assert_close(w0[k], w[k], rtol=1e-4, atol=1e-5, msg=f"DDP and 1 process differ on {k}")
+    # (the last block's relative tables get no gradient: with class-token pooling only the class token's
+    # output of the last block is used, and prefix tokens carry no relative term)
+    changed = {k for k, v in w.items() if not torch.equal(init[k], v)}
+    assert {"head.weight", "blocks.0.attn.pos.table_h", "blocks.0.attn.qkv.weight"} <= changed, "nothing trained"
+
+
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
+    # dropout (torch RNG) and mixup (numpy RNG) make the RNG state part of what must be restored
+    common = [*SMALL, "data.batch_size=32", "data.drop_last=true", "trainer.max_epochs=2"]
+    common += ["trainer.limit_train_batches=6", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
+    common += ["callbacks.last_checkpoint.every_n_train_steps=4", "logger=none", "progress_bar=none"]
+    common += ["+model.proj_drop_rate=0.1", "module.mixup_alpha=0.5"]
+
+    killed = tmp_path / "killed"
+    marker = tmp_path / "hanging"
+    hang = f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: 8, marker: '{marker}'}}"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *common, hang, f"hydra.run.dir={killed}"],
+        cwd=tmp_path,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        t0 = time.time()
+        while not marker.exists():
+            assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read()[-4000:]}"
+            assert time.time() - t0 < 240, "timed out waiting for the run to reach step 8"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    last = torch.load(killed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == 8 and last["epoch"] == 1  # mid-epoch: 2 of epoch 1's 6 batches done
+
+    resumed = train(compose(killed, [*common, "ckpt_path=last"]), callbacks=[SaveWeights(str(tmp_path / "w_res"))])
+    straight = train(compose(tmp_path / "straight", common), callbacks=[SaveWeights(str(tmp_path / "w_str"))])
+    for k in ("test/acc1", "test/loss", "val/loss", "val/acc1"):
+        assert resumed[k] == pytest.approx(straight[k], rel=1e-5, abs=1e-6), k
+    w_res = torch.load(tmp_path / "w_res" / "rank0.pt", weights_only=True)
+    w_str = torch.load(tmp_path / "w_str" / "rank0.pt", weights_only=True)
+    for k in w_str:
+        torch.testing.assert_close(w_res[k], w_str[k], rtol=1e-5, atol=1e-6, msg=f"resumed run differs on {k}")
+    assert json.loads((killed / "metrics.json").read_text())["global_step"] == 12
+
+
+def test_bad_configs_fail_with_clear_messages(tmp_path):
+    base = [*SMALL, "logger=none", "trainer.max_epochs=1", "trainer.limit_train_batches=1"]
+    cases = {
+        "unknown option": (["pos=no_such_scheme"], ["Could not find 'pos/no_such_scheme'", "rel2d_factored"]),
+        "patch": (["data.img_size=30"], ["image size 30x30 is not a positive multiple of the patch size 4"]),
+        "data root": (
+            ["data=cifar10", f"data.root={tmp_path / 'nowhere'}", "data.download=false"],
+            ["not found", str(tmp_path / "nowhere")],
+        ),
+    }
+    procs = {
+        name: subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "train.py"),
+                *base,
+                *extra,
+                f"hydra.run.dir={tmp_path / name.replace(' ', '_')}",
+            ],
+            cwd=tmp_path,
+            env=script_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for name, (extra, _) in cases.items()
+    }
+    for name, p in procs.items():
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode != 0, f"{name}: should fail\n{out[-2000:]}"
+        for expected in cases[name][1]:
+            assert expected in out, f"{name}: {expected!r} missing from the output:\n{out[-3000:]}"

@@ -4,7 +4,7 @@ One training step = forward + cross-entropy + backward + AdamW step, on random i
 of a pair are timed alternately in the same run (one step of ours, one of timm's, ...), after warm-up
 steps; the table shows the median over the timed steps, images/s, and ours/timm.
 
-    python bench/models.py --batch-size 8 --steps 5 --device cpu
+    python bench/models.py --batch-size 8 --steps 5 --device cpu --threads 1
     python bench/models.py --batch-size 64 --steps 20 --device cuda --amp
 
 Pairs (configurations aligned so the parameter counts agree within 1%):
@@ -139,7 +139,10 @@ def main() -> None:
     ap.add_argument("--img-size", type=int, default=224)
     ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is steadiest on a shared CPU)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     print(
         f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "

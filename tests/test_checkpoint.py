@@ -98,6 +98,7 @@ def test_save_load_every_route_identical(tmp_path, name, kw):
     t = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors")))
     _same(m, t)
     _same(m, timm.create_model(f"local-dir:{out}", pretrained=True))
+    _same(m, timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(ckpt))))  # a .ckpt too
 
 
 def test_export_cli(tmp_path, capsys):

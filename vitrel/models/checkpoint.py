@@ -304,7 +304,8 @@ def load_model(
     argument (position scheme included) come from the stored ``vitrel_cfg``; ``overrides`` replace
     some, e.g. ``img_size=48`` (learned tables / absolute embeddings are resized, with a warning) or
     ``num_classes=5`` (the head is reset). ``architecture``, when given, must match the stored one.
-    Raises :class:`CheckpointError` for anything that cannot be loaded safely and exactly.
+    Raises :class:`CheckpointError` for anything that cannot be loaded safely and exactly. The model
+    comes back in training mode, as from ``create_model``; call ``.eval()`` for inference.
     """
     from vitrel.models.factory import MODEL_ARGS, build_from_cfg
 

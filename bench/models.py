@@ -150,14 +150,14 @@ def main() -> None:
         f"steps={args.steps} warmup={args.warmup} amp={args.amp} torch={torch.__version__} timm={timm.__version__}"
     )
     rows = [run_pair(k, args, device) for k in args.pairs]
-    hdr = f"| {'ours':46} | {'timm':34} | {'params ours':>12} | {'params timm':>12} | {'img/s ours':>10} | "
+    hdr = f"| {'ours':50} | {'timm':34} | {'params ours':>12} | {'params timm':>12} | {'img/s ours':>10} | "
     hdr += f"{'img/s timm':>10} | {'ours/timm':>9} |"
     print(hdr)
     print("|" + "|".join("-" * (len(c)) for c in hdr.split("|")[1:-1]) + "|")
     for r in rows:
         flag = "" if r["params_diff"] <= 0.01 else " (!)"
         print(
-            f"| {r['ours']:46} | {r['timm']:34} | {r['params_ours']:>12,} | {r['params_timm']:>12,}{flag} | "
+            f"| {r['ours']:50} | {r['timm']:34} | {r['params_ours']:>12,} | {r['params_timm']:>12,}{flag} | "
             f"{r['ips_ours']:>10.2f} | {r['ips_timm']:>10.2f} | {r['ratio']:>8.2f}x |"
         )
 

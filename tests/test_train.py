@@ -8,6 +8,7 @@ import math
 import signal
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -250,3 +251,20 @@ def test_slurm_launcher_config_and_sweep_folder_survives_requeue(tmp_path):
         requeued = hcompose("train", overrides=over, return_hydra_config=True)
         OmegaConf.copy_cache(from_config=pickle.loads(blob), to_config=requeued)  # as load_sweep_config does
         assert str(requeued.hydra.sweep.dir) == first
+
+
+def test_last_checkpoint_mid_epoch_and_at_the_end(tmp_path):
+    over = [*TINY_VIT, *FAST, *SHORT, "trainer.max_epochs=2", "callbacks.last_checkpoint.every_n_train_steps=3"]
+    seen = []
+
+    class Watch(L.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            f = tmp_path / "checkpoints" / "last.ckpt"
+            if f.exists():
+                seen.append(torch.load(f, map_location="cpu", weights_only=True)["global_step"])
+
+    train(compose(tmp_path, over), callbacks=[Watch()])
+    assert 3 in seen and 6 in seen  # mid-epoch saves (4 batches an epoch)
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8  # the end
+    names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert len(names) == 2 and names[0].startswith("best-epoch") and names[1] == "last.ckpt"  # no last-v1

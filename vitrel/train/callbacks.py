@@ -60,11 +60,14 @@ def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
 
 
 class LastCheckpoint(ModelCheckpoint):
-    """``last.ckpt`` only (no monitored metric): at the end of every epoch, and optionally every
-    ``every_n_train_steps`` optimizer steps and/or every ``every_n_minutes`` of training, mid-epoch.
+    """``last.ckpt`` only (no monitored metric, always overwritten): at the end of every epoch, and
+    optionally every ``every_n_train_steps`` optimizer steps or every ``every_n_minutes`` of
+    training, mid-epoch.
 
     Kept apart from the best-checkpoint callback because Lightning defers the step checkpoints of a
-    callback that monitors a validation metric until that metric exists (after the first epoch).
+    callback that monitors a validation metric until that metric exists (after the first epoch), and
+    because Lightning's step and epoch triggers are mutually exclusive: the end-of-epoch save is
+    added here (``on_train_epoch_end``, after validation) so the last state is always on disk.
     """
 
     def __init__(
@@ -83,7 +86,13 @@ class LastCheckpoint(ModelCheckpoint):
             save_last=True,
             every_n_train_steps=every_n_train_steps if interval is None else None,
             train_time_interval=interval,
+            enable_version_counter=False,
         )
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if not self._should_skip_saving_checkpoint(trainer):  # also skips a step already saved
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
 
 def _any_rank(trainer: L.Trainer, flag: bool) -> bool:

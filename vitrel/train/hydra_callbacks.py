@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["SweepSummary", "collect_sweep", "format_table"]
+__all__ = ["SweepSummary", "collect_sweep", "format_table", "split_common"]
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
         row: dict[str, Any] = {"job": d.name}
         if mfile.exists():
             data = json.loads(mfile.read_text())
-            row["overrides"] = " ".join(data.get("overrides", []))
+            row["overrides"] = list(data.get("overrides", []))
             row["status"] = data.get("status", "?")
             for m in metrics:
                 row[m] = data.get("metrics", {}).get(m)
@@ -44,24 +44,33 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             row["wall_s"] = data.get("wall_s")
         else:
             ov = d / ".hydra" / "overrides.yaml"
-            row["overrides"] = " ".join(x.strip("- \n") for x in ov.read_text().splitlines()) if ov.exists() else ""
+            row["overrides"] = [str(o) for o in OmegaConf.load(ov)] if ov.exists() else []
             row["status"] = "failed (no metrics.json)"
         rows.append(row)
     return rows
+
+
+def split_common(rows: list[dict[str, Any]]) -> list[str]:
+    """Overrides shared by every job; each row's ``overrides`` becomes the string of the others."""
+    lists = [r["overrides"] for r in rows]
+    common = [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
+    for r in rows:
+        r["overrides"] = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
+    return common
 
 
 def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     """Plain fixed-width table (readable in any log)."""
     cols = ["job", "overrides", *metrics, "epochs", "wall_s", "status"]
 
-    def cell(v: Any) -> str:
+    def cell(c: str, v: Any) -> str:
         if v is None:
             return "-"
         if isinstance(v, float):
-            return f"{v:.4f}" if abs(v) < 100 else f"{v:.0f}"
+            return f"{v:.0f}" if c == "wall_s" else f"{v:.4f}"
         return str(v)
 
-    table = [[cell(r.get(c)) for c in cols] for r in rows]
+    table = [[cell(c, r.get(c)) for c in cols] for r in rows]
     widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in table]
@@ -81,9 +90,11 @@ class SweepSummary(Callback):
         rows = collect_sweep(sweep_dir, self.metrics)
         if not rows:
             return
+        common = split_common(rows)
         table = format_table(rows, self.metrics)
-        print(f"\nSweep summary ({len(rows)} jobs, {sweep_dir}):\n{table}\n", flush=True)
-        (sweep_dir / "summary.md").write_text(table + "\n")
+        head = f"Sweep summary ({len(rows)} jobs, {sweep_dir})" + (f"; all jobs: {' '.join(common)}" if common else "")
+        print(f"\n{head}:\n{table}\n", flush=True)
+        (sweep_dir / "summary.md").write_text(f"{head}\n\n{table}\n")
         with open(sweep_dir / "summary.csv", "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=["job", "overrides", *self.metrics, "epochs", "wall_s", "status"])
             w.writeheader()

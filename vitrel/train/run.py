@@ -53,8 +53,6 @@ __all__ = [
     "run_dir_of",
 ]
 
-log = logging.getLogger(__name__)
-
 CALLBACKS: dict[str, type[Callback]] = {
     "model_checkpoint": ModelCheckpoint,
     "last_checkpoint": LastCheckpoint,
@@ -331,6 +329,25 @@ def _scalars(metrics: dict) -> dict[str, float]:
     return out
 
 
+def _adopt_csv_columns(loggers: Sequence[Logger]) -> None:
+    """Let each CSV logger's writer know the columns already in its ``metrics.csv``.
+
+    Under ``ddp_spawn`` the fit runs in spawned processes, which write ``metrics.csv``; the writer of
+    the main process (created before) would then rewrite the file for the test metrics with only the
+    columns it knows, which fails. Adopting the file's header first keeps every row.
+    """
+    import csv
+
+    for lg in loggers:
+        if isinstance(lg, CSVLogger):
+            w = lg.experiment
+            path = Path(w.metrics_file_path)
+            if path.exists():
+                with open(path, newline="") as f:
+                    header = next(csv.reader(f), [])
+                w.metrics_keys = sorted(set(w.metrics_keys) | set(header))
+
+
 def _finish_wandb(loggers: Sequence[Logger], exit_code: int) -> None:
     if any(isinstance(lg, WandbLogger) for lg in loggers) and rank_zero_only.rank == 0:
         import wandb
@@ -370,6 +387,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
         trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
         metrics = _scalars(trainer.callback_metrics)
         if cfg.get("test", True):
+            _adopt_csv_columns(loggers)
             for res in trainer.test(module, datamodule=dm, verbose=False):
                 metrics.update(_scalars(res))
         status = "finished"

@@ -71,8 +71,8 @@ def test_ddp_two_processes_equal_one_process(tmp_path):
     for k in w:
         assert torch.equal(w0[k], w1[k]), f"ranks differ on {k}"
         torch.testing.assert_close(w0[k], w[k], rtol=1e-4, atol=1e-5, msg=f"DDP and 1 process differ on {k}")
-    # (the last block's relative tables get no gradient: with class-token pooling only the class token's
-    # output of the last block is used, and prefix tokens carry no relative term)
+    # training moved the weights (a check on a few; with class-token pooling, for instance, the last
+    # block's relative tables get no gradient: prefix tokens carry no relative term)
     changed = {k for k, v in w.items() if not torch.equal(init[k], v)}
     assert {"head.weight", "blocks.0.attn.pos.table_h", "blocks.0.attn.qkv.weight"} <= changed, "nothing trained"
 

@@ -1,70 +1,210 @@
-"""Pictures of position schemes: what a query at the centre of the grid sees, per head.
+"""Pictures of position schemes, attention maps and the position-scheme study.
 
-For a scheme on an ``H x W`` grid, :func:`position_kernel` returns the position-dependent part of
-the attention logit between the centre patch ``c`` and every patch ``j``, for a fixed probe content
-``u`` (the same vector at every position, pairs ``(1, 0)`` so RoPE pairs are all "unit-length
-real")::
+Every plotting function returns a ``matplotlib.figure.Figure`` built without pyplot (no GUI
+backend), so the same code draws in notebooks, in headless scripts and in the training callbacks
+that log images to W&B / TensorBoard (:func:`figure_to_array`).
 
-    K_h[j] = A_h(u, u)[c, j] - A_h^none(u, u)[c, j]
-           = ( R_c u . R_j u + u . r^K_cj - u . u ) / sqrt(d) + bias_h[c, j]
+**The position term of the logits.** For a scheme on an ``H x W`` grid, :func:`position_matrix`
+returns the position-dependent part of the attention logit between every query patch ``i`` and
+every key patch ``j``, for a fixed probe content ``u`` (the same vector at every position, pairs
+``(1, 0)``, so every RoPE pair is a unit-length "real" number)::
 
-so a bias scheme shows its bias (``b_h[dh, dw]`` around the centre), RoPE its sum-of-cosines
-pattern ``sum_t (cos(theta_t(j) - theta_t(c)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K``.
-Absolute schemes act on the tokens, not on the logits; for them :func:`position_kernel` returns
-the cosine similarity of the centre patch's embedding with every patch's (the usual ViT picture).
+    P_h[i, j] = A_h(u, u)[i, j] - A_h^none(u, u)[i, j]
+              = ( R_i u . R_j u + u . r^K_ij - u . u ) / sqrt(d) + bias_h[i, j]
 
-:func:`plot_pos_scheme` draws those maps (one panel per head) and, for schemes with learned 2-D
-RoPE frequencies (``freqs`` of ``[2, heads, d/2]``), the frequency vectors of each head. Figures are
-built with ``matplotlib.figure.Figure`` (no pyplot, no GUI backend), so this works headless, in
-callbacks and in notebooks alike.
+so a bias scheme shows exactly its bias ``b_h[i, j]``, RoPE its sum-of-cosines pattern
+``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K_ij``.
+Absolute schemes act on the tokens, not on the logits; for them the matrix is the cosine
+similarity of the patches' embeddings ``e_i . e_j / (|e_i| |e_j|)`` (the usual ViT picture, one
+"head"). :func:`position_kernel` is one row of it (what one query patch sees) as an ``H x W`` map,
+and :func:`offset_profile` folds a matrix into a function of the offset ``(dh, dw)`` with
+``dh = row_i - row_j``, ``dw = col_i - col_j`` (for a relative scheme every pair with the same
+offset has the same value, so the fold loses nothing).
+
+**RoPE's similarity.** :func:`rope_similarity` is the cosine similarity of the rotated probes,
+``R_i u . R_j u / |u|^2 = (2/d) sum_t cos(theta_t(i) - theta_t(j))``, as a function of ``(dh, dw)``.
+
+**Shaw's tables.** :func:`content_tables` returns the learned key/value tables of a scheme with
+content terms (``r^K``, ``r^V``); :func:`plot_content_tables` draws 1-D tables ``[2K+1, d]`` as
+offset x channel images and 2-D tables ``[2Kh+1, 2Kw+1, d]`` as the norm ``|r[dh, dw]|``.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, as_grid
+from vitrel.pos.base import Grid, PositionScheme, as_grid, bias_cache
 
-__all__ = ["position_kernel", "rope_freqs", "plot_pos_scheme", "figure_to_array"]
+__all__ = [
+    "FAMILY_ORDER",
+    "scheme_family",
+    "group_by_family",
+    "position_matrix",
+    "position_kernel",
+    "offset_profile",
+    "rope_similarity",
+    "rope_freqs",
+    "content_tables",
+    "attention_maps",
+    "plot_pos_scheme",
+    "plot_schemes",
+    "plot_rope_similarity",
+    "plot_content_tables",
+    "plot_attention_maps",
+    "plot_study",
+    "plot_study_scatter",
+    "figure_to_array",
+]
+
+#: Display order of :func:`scheme_family` names.
+FAMILY_ORDER = ("none", "absolute", "learned bias", "fixed bias", "rotary", "content")
 
 
-def _centre(grid: Grid) -> int:
-    return (grid.h // 2) * grid.w + grid.w // 2
+# ------------------------------------------------------------------------------------------ families
+def _overrides(scheme: PositionScheme, hook: str) -> bool:
+    return getattr(type(scheme), hook) is not getattr(PositionScheme, hook)
+
+
+def scheme_family(scheme: PositionScheme) -> str:
+    """Family of a scheme, read from the hooks it implements (so a new scheme needs no entry here).
+
+    ``"none"`` (no position at all), ``"absolute"`` (``kind == "absolute"``), ``"rotary"`` (overrides
+    ``rotate``), ``"content"`` (Shaw-style content terms), ``"fixed bias"`` (a bias without
+    parameters, e.g. ALiBi) or ``"learned bias"``.
+    """
+    if scheme.kind == "absolute":
+        return "absolute"
+    if _overrides(scheme, "rotate"):
+        return "rotary"
+    if scheme.has_content_terms:
+        return "content"
+    if _overrides(scheme, "bias"):
+        return "learned bias" if any(p.requires_grad for p in scheme.parameters()) else "fixed bias"
+    return "none"
+
+
+def group_by_family(schemes: Mapping[str, PositionScheme]) -> dict[str, dict[str, PositionScheme]]:
+    """``{family: {name: scheme}}`` in :data:`FAMILY_ORDER`, names in their given order."""
+    out: dict[str, dict[str, PositionScheme]] = {f: {} for f in FAMILY_ORDER}
+    for name, s in schemes.items():
+        out.setdefault(scheme_family(s), {})[name] = s
+    return {f: v for f, v in out.items() if v}
+
+
+# ------------------------------------------------------------------------------------------ numbers
+def _device(module: nn.Module) -> torch.device:
+    ref = next(iter(module.parameters()), None)
+    if ref is None:
+        ref = next(iter(module.buffers()), None)
+    return ref.device if ref is not None else torch.device("cpu")
+
+
+def _probe(heads: int, n: int, d: int, device: torch.device) -> Tensor:
+    """``[1, heads, n, d]`` with every rotation pair ``(1, 0)``."""
+    u = torch.zeros(1, heads, n, d, device=device)
+    u[..., 0::2] = 1.0
+    return u
+
+
+def _query_index(grid: Grid, query: int | tuple[int, int] | None) -> int:
+    """Raster index of ``query`` (``(row, col)``, a raster index, or None for the centre patch)."""
+    if query is None:
+        return (grid.h // 2) * grid.w + grid.w // 2
+    if isinstance(query, int):
+        if not 0 <= query < grid.n:
+            raise ValueError(f"query index {query} is outside the {grid.h}x{grid.w} grid")
+        return query
+    r, c = (int(v) for v in query)
+    if not (0 <= r < grid.h and 0 <= c < grid.w):
+        raise ValueError(f"query {(r, c)} is outside the {grid.h}x{grid.w} grid")
+    return r * grid.w + c
+
+
+def _query_rc(grid: Grid, query: int | tuple[int, int] | None) -> tuple[int, int]:
+    i = _query_index(grid, query)
+    return i // grid.w, i % grid.w
 
 
 @torch.no_grad()
-def position_kernel(scheme: PositionScheme, grid: Any) -> Tensor:
-    """``[heads, H, W]`` map of the centre query's position term (see the module docstring).
+def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
+    """``[heads, N, N]`` position term of the logits between all patch pairs (module docstring).
 
-    Absolute schemes: ``[1, H, W]`` cosine similarity of the centre patch's embedding with every patch.
+    Absolute schemes: ``[1, N, N]`` cosine similarity of the patch embeddings. ``grid`` defaults to
+    the grid the scheme was built for. Float32, on the CPU.
     """
-    grid = as_grid(grid)
-    n, c = grid.n, _centre(grid)
-    ref = next(iter(scheme.parameters()), None)
-    device = ref.device if ref is not None else torch.device("cpu")
-    dtype = torch.float32
+    grid = as_grid(grid if grid is not None else scheme.grid)
+    n, device = grid.n, _device(scheme)
     if scheme.kind == "absolute":
-        e = scheme.add_to_tokens(torch.zeros(1, n, scheme.embed_dim, device=device, dtype=dtype), grid, 0)[0]
-        e = torch.nn.functional.normalize(e.float(), dim=-1)
-        return (e @ e[c]).reshape(1, grid.h, grid.w).cpu()
+        e = scheme.add_to_tokens(torch.zeros(1, n, scheme.embed_dim, device=device), grid, 0)[0]
+        e = F.normalize(e.float(), dim=-1)
+        return (e @ e.t())[None].cpu()
     heads, d = scheme.num_heads, scheme.head_dim
-    u = torch.zeros(1, heads, n, d, device=device, dtype=dtype)
-    u[..., 0::2] = 1.0
-    base = (u[..., c : c + 1, :] * u).sum(-1)  # [1, heads, n]: u . u, the no-position logit * sqrt(d)
+    u = _probe(heads, n, d, device)
     q, k = scheme.rotate(u, u.clone(), grid, 0)
-    logit = (q[..., c : c + 1, :] * k).sum(-1)  # [1, heads, n]
+    logit = q.float() @ k.float().transpose(-2, -1)  # [1, heads, n, n]
     extra = scheme.content_logits(q, grid, 0)
     if extra is not None:
-        logit = logit + extra[..., c, :]
-    out = (logit - base) * d**-0.5
+        logit = logit + extra.float()
+    out = (logit - d / 2) * d**-0.5  # u . u = d / 2: the logit without position
     bias = scheme.bias(grid, 0)
     if bias is not None:
-        out = out + bias[:, c, :].to(out.dtype)
-    return out[0].reshape(heads, grid.h, grid.w).float().cpu()
+        out = out + bias.float()
+    return out[0].cpu()
+
+
+def position_kernel(scheme: PositionScheme, grid: Any = None, query: int | tuple[int, int] | None = None) -> Tensor:
+    """``[heads, H, W]``: the row of :func:`position_matrix` of one query patch (default: the centre).
+
+    ``query`` is ``(row, col)`` or a raster index. Absolute schemes: ``[1, H, W]`` cosine similarity of
+    that patch's embedding with every patch's.
+    """
+    grid = as_grid(grid if grid is not None else scheme.grid)
+    m = position_matrix(scheme, grid)
+    return m[:, _query_index(grid, query)].reshape(m.shape[0], grid.h, grid.w)
+
+
+def offset_profile(matrix: Tensor, grid: Any) -> Tensor:
+    """Fold ``[..., N, N]`` pair values into ``[..., 2H-1, 2W-1]`` by offset (mean over the pairs).
+
+    Entry ``[dh + H - 1, dw + W - 1]`` is the mean of ``matrix[..., i, j]`` over the pairs with
+    ``row_i - row_j = dh`` and ``col_i - col_j = dw``.
+    """
+    grid = as_grid(grid)
+    if matrix.shape[-2:] != (grid.n, grid.n):
+        raise ValueError(f"expected [..., {grid.n}, {grid.n}] for grid {tuple(grid)}, got {tuple(matrix.shape)}")
+    r = torch.arange(grid.h).repeat_interleave(grid.w)
+    c = torch.arange(grid.w).repeat(grid.h)
+    idx = ((r[:, None] - r[None, :] + grid.h - 1) * (2 * grid.w - 1) + (c[:, None] - c[None, :] + grid.w - 1)).flatten()
+    size = (2 * grid.h - 1) * (2 * grid.w - 1)
+    flat = matrix.reshape(-1, grid.n * grid.n).double()
+    sums = torch.zeros(flat.shape[0], size, dtype=torch.float64).index_add_(1, idx, flat)
+    counts = torch.zeros(size, dtype=torch.float64).index_add_(0, idx, torch.ones(idx.shape, dtype=torch.float64))
+    out = (sums / counts).to(matrix.dtype)
+    return out.reshape(*matrix.shape[:-2], 2 * grid.h - 1, 2 * grid.w - 1)
+
+
+@torch.no_grad()
+def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
+    """``[heads, 2H-1, 2W-1]``: ``(2/d) sum_t cos(theta_t(i) - theta_t(j))`` as a function of ``(dh, dw)``.
+
+    The cosine similarity of the rotated probes of two patches at offset ``(dh, dw)`` on ``grid``
+    (default: the scheme's grid; a larger grid shows the offsets a model never saw in training).
+    """
+    if not _overrides(scheme, "rotate"):
+        raise ValueError(f"{scheme.name} does not rotate queries and keys; rope_similarity needs a rotary scheme")
+    grid = as_grid(grid if grid is not None else scheme.grid)
+    d = scheme.head_dim
+    u = _probe(scheme.num_heads, grid.n, d, _device(scheme))
+    q, k = scheme.rotate(u, u.clone(), grid, 0)
+    sim = (q.float() @ k.float().transpose(-2, -1))[0] / (d / 2)
+    return offset_profile(sim.cpu(), grid)
 
 
 def rope_freqs(scheme: PositionScheme) -> Tensor | None:
@@ -75,35 +215,114 @@ def rope_freqs(scheme: PositionScheme) -> Tensor | None:
     return None
 
 
-def plot_pos_scheme(scheme: PositionScheme, grid: Any = None, title: str | None = None, max_heads: int = 16):
-    """A ``matplotlib.figure.Figure`` of the scheme as seen from the centre query, one panel per head.
+def content_tables(scheme: PositionScheme) -> dict[str, Tensor]:
+    """The learned tables of a scheme with content terms (Shaw's ``r^K``, ``r^V``), by parameter name."""
+    if not scheme.has_content_terms:
+        raise ValueError(f"{scheme.name} has no content terms (no key/value tables)")
+    return {n: p.detach().float().cpu() for n, p in scheme.named_parameters()}
 
-    Row 1: :func:`position_kernel` as an ``H x W`` heat map per head (the centre marked ``x``).
-    Row 2 (schemes with learned 2-D RoPE frequencies): each head's frequency vectors ``(f^x_t, f^y_t)``.
-    ``grid`` defaults to the grid the scheme was built for (its window, for windowed models).
+
+@torch.no_grad()
+def attention_maps(model: nn.Module, images: Tensor, block: int = -1, stage: int = 0) -> Tensor:
+    """``[B, heads, H, W]`` attention of one block of a vitrel model over the patch grid.
+
+    * ``VisionTransformer``: block ``block``; the class token's attention to the patches (with a
+      class token), else the attention each patch receives averaged over the patch queries.
+    * ``SwinTransformer``: block ``block`` of stage ``stage``; the attention each position receives,
+      averaged over all queries (windows put together with ``SwinBlock.dense_attention``).
     """
+    from vitrel.models.swin import SwinTransformer
+    from vitrel.models.vit import VisionTransformer
+
+    was_training = model.training
+    model.eval()
+    try:
+        if isinstance(model, VisionTransformer):
+            x, grid = model.embed(images)
+            blocks = list(model.blocks)
+            idx = _pick(block, len(blocks), "block")
+            with bias_cache(model):
+                for blk in blocks[:idx]:
+                    x = blk(x, grid)
+                blk = blocks[idx]
+                a = blk.attn.attention_map(blk.norm1(x), grid)  # [B, heads, N, N]
+            p = model.num_prefix_tokens
+            m = a[:, :, 0, p:] if model.has_class_token else a[:, :, p:, p:].mean(2)
+            return m.reshape(a.shape[0], a.shape[1], grid.h, grid.w).float().cpu()
+        if isinstance(model, SwinTransformer):
+            s = _pick(stage, len(model.layers), "stage")
+            x = model.embed(images)
+            with bias_cache(model):
+                for st in model.layers[:s]:
+                    x = st(x)
+                st = model.layers[s]
+                x = st.downsample(x)
+                idx = _pick(block, len(st.blocks), "block")
+                for blk in st.blocks[:idx]:
+                    x = blk(x)
+                dense = st.blocks[idx].dense_attention(x)  # [B, heads, HW, HW]
+            b, heads = dense.shape[:2]
+            return dense.mean(2).reshape(b, heads, x.shape[1], x.shape[2]).float().cpu()
+    finally:
+        model.train(was_training)
+    raise TypeError(f"attention_maps takes a vitrel VisionTransformer or SwinTransformer, got {type(model).__name__}")
+
+
+def _pick(i: int, n: int, what: str) -> int:
+    if not -n <= i < n:
+        raise ValueError(f"{what} {i} out of range for {n} {what}s")
+    return i % n
+
+
+# ------------------------------------------------------------------------------------------ figures
+def _figure(width: float, height: float):
     from matplotlib.figure import Figure
 
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _off(ax) -> None:
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def _sym_lim(a: np.ndarray) -> float:
+    lim = float(np.abs(a).max()) if a.size else 0.0
+    return lim if lim > 0 else 1.0
+
+
+def plot_pos_scheme(
+    scheme: PositionScheme,
+    grid: Any = None,
+    title: str | None = None,
+    max_heads: int = 16,
+    query: int | tuple[int, int] | None = None,
+):
+    """A Figure of the scheme as seen from one query patch (default: the centre), one panel per head.
+
+    Row 1: :func:`position_kernel` as an ``H x W`` heat map per head (the query marked ``x``).
+    Row 2 (schemes with learned 2-D RoPE frequencies): each head's frequency vectors ``(f^x_t, f^y_t)``.
+    ``grid`` defaults to the grid the scheme was built for (its window, for windowed models).
+    Used by the training callback that logs position pictures.
+    """
     grid = as_grid(grid if grid is not None else scheme.grid)
-    kernel = position_kernel(scheme, grid)[:max_heads].numpy()
+    kernel = position_kernel(scheme, grid, query)[:max_heads].numpy()
     freqs = rope_freqs(scheme)
     panels = kernel.shape[0]
     rows = 2 if freqs is not None else 1
-    fig = Figure(figsize=(1.9 * panels + 0.8, 2.0 * rows + 0.4), layout="constrained")
+    fig = _figure(1.9 * panels + 0.8, 2.0 * rows + 0.4)
     axes = np.atleast_2d(fig.subplots(rows, panels, squeeze=False))
-    lim = float(np.abs(kernel).max()) or 1.0
     absolute = scheme.kind == "absolute"
-    cmap, vmin = ("viridis", -1.0) if absolute else ("RdBu_r", -lim)
-    vmax = 1.0 if absolute else lim
-    cy, cx = grid.h // 2, grid.w // 2
+    lim = _sym_lim(kernel)
+    cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
+    qy, qx = _query_rc(grid, query)
     im = None
     for h in range(panels):
         ax = axes[0, h]
         im = ax.imshow(kernel[h], cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-        ax.plot([cx], [cy], marker="x", color="k", markersize=5)
-        ax.set_xticks([])
-        ax.set_yticks([])
-        ax.set_title("cos sim to centre" if absolute else f"head {h}", fontsize=8)
+        ax.plot([qx], [qy], marker="x", color="k", markersize=5)
+        _off(ax)
+        ax.set_title("cos sim to query" if absolute else f"head {h}", fontsize=8)
     if im is not None:
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
     if freqs is not None:
@@ -119,8 +338,283 @@ def plot_pos_scheme(scheme: PositionScheme, grid: Any = None, title: str | None 
             ax.set_aspect("equal")
             ax.tick_params(labelsize=6)
             ax.set_title(f"freqs (f_x, f_y), head {h}", fontsize=7)
-    what = "embedding similarity" if absolute else "position term of the centre query's logits"
+    where = "the centre query" if query is None else f"query {(qy, qx)}"
+    what = "embedding similarity" if absolute else f"position term of {where}'s logits"
     fig.suptitle(title or f"{scheme.name} on {grid.h}x{grid.w}: {what}", fontsize=9)
+    return fig
+
+
+def plot_schemes(
+    schemes: Mapping[str, PositionScheme],
+    grid: Any = None,
+    query: int | tuple[int, int] | None = None,
+    max_heads: int = 4,
+    title: str | None = None,
+):
+    """One row per scheme: the ``N x N`` :func:`position_matrix` of head 0, then the ``H x W`` map
+    seen from ``query`` (default: the centre patch) for each head (up to ``max_heads``).
+
+    Colour scale: symmetric per row (red positive, blue negative); absolute schemes show the cosine
+    similarity of their embeddings on ``[-1, 1]`` (one panel). ``grid`` defaults to each scheme's own.
+    Returns a Figure with ``len(schemes) * (1 + max_heads)`` axes.
+    """
+    if not schemes:
+        raise ValueError("plot_schemes needs at least one scheme")
+    cols = 1 + max_heads
+    fig = _figure(1.55 * cols + 0.6, 1.6 * len(schemes) + 0.5)
+    axes = np.atleast_2d(fig.subplots(len(schemes), cols, squeeze=False))
+    for r, (name, s) in enumerate(schemes.items()):
+        g = as_grid(grid if grid is not None else s.grid)
+        m = position_matrix(s, g)
+        absolute = s.kind == "absolute"
+        lim = _sym_lim(m.numpy())
+        cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
+        ax = axes[r, 0]
+        im = ax.imshow(m[0].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+        _off(ax)
+        ax.set_title(f"{name}: {g.n}x{g.n}" + ("" if absolute else ", head 0"), fontsize=7)
+        qi = _query_index(g, query)
+        qy, qx = qi // g.w, qi % g.w
+        for h in range(max_heads):
+            ax = axes[r, 1 + h]
+            if h >= m.shape[0]:
+                ax.set_axis_off()
+                continue
+            ax.imshow(m[h, qi].reshape(g.h, g.w).numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+            ax.plot([qx], [qy], marker="x", color="k", markersize=4)
+            _off(ax)
+            ax.set_title("cos sim from query" if absolute else f"head {h} from query", fontsize=7)
+        fig.colorbar(im, ax=list(axes[r]), shrink=0.8, pad=0.01)
+    fig.suptitle(title or "position term of the logits", fontsize=9)
+    return fig
+
+
+def plot_rope_similarity(
+    schemes: Mapping[str, PositionScheme], grid: Any = None, max_heads: int = 4, title: str | None = None
+):
+    """One row per rotary scheme, one panel per head: :func:`rope_similarity` over ``(dh, dw)``.
+
+    Returns a Figure with ``len(schemes) * max_heads`` axes.
+    """
+    if not schemes:
+        raise ValueError("plot_rope_similarity needs at least one scheme")
+    fig = _figure(1.9 * max_heads + 0.6, 1.8 * len(schemes) + 0.5)
+    axes = np.atleast_2d(fig.subplots(len(schemes), max_heads, squeeze=False))
+    im = None
+    for r, (name, s) in enumerate(schemes.items()):
+        g = as_grid(grid if grid is not None else s.grid)
+        sim = rope_similarity(s, g).numpy()
+        ext = (-(g.w - 1) - 0.5, g.w - 1 + 0.5, g.h - 1 + 0.5, -(g.h - 1) - 0.5)
+        for h in range(max_heads):
+            ax = axes[r, h]
+            if h >= sim.shape[0]:
+                ax.set_axis_off()
+                continue
+            im = ax.imshow(sim[h], cmap="RdBu_r", vmin=-1, vmax=1, extent=ext, interpolation="nearest")
+            ax.tick_params(labelsize=6)
+            ax.set_title(f"{name}, head {h}", fontsize=7)
+            if h == 0:
+                ax.set_ylabel("dh", fontsize=7)
+            ax.set_xlabel("dw", fontsize=7)
+    if im is not None:
+        fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
+    fig.suptitle(title or "RoPE: cosine similarity of rotated q and k vs offset (dh, dw)", fontsize=9)
+    return fig
+
+
+def plot_content_tables(scheme: PositionScheme, title: str | None = None):
+    """One panel per learned table of a content scheme (:func:`content_tables`).
+
+    1-D tables ``[2K+1, d]``: an image of channel x offset (offset ``-K .. K`` on the x axis).
+    2-D tables ``[2Kh+1, 2Kw+1, d]``: the norm ``|r[dh, dw]|`` over the channels.
+    """
+    tables = content_tables(scheme)
+    fig = _figure(2.4 * len(tables) + 0.6, 2.4)
+    axes = np.atleast_1d(fig.subplots(1, len(tables), squeeze=False)[0])
+    for ax, (name, t) in zip(axes, tables.items()):
+        if t.dim() == 2:
+            k = (t.shape[0] - 1) // 2
+            a = t.t().numpy()
+            lim = _sym_lim(a)
+            im = ax.imshow(
+                a, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", extent=(-k - 0.5, k + 0.5, a.shape[0] - 0.5, -0.5)
+            )
+            ax.set_xlabel("offset", fontsize=7)
+            ax.set_ylabel("channel", fontsize=7)
+        elif t.dim() == 3:
+            kh, kw = (t.shape[0] - 1) // 2, (t.shape[1] - 1) // 2
+            im = ax.imshow(
+                t.norm(dim=-1).numpy(), cmap="magma", extent=(-kw - 0.5, kw + 0.5, kh + 0.5, -kh - 0.5), aspect="equal"
+            )
+            ax.set_xlabel("dw", fontsize=7)
+            ax.set_ylabel("dh", fontsize=7)
+        else:
+            raise ValueError(f"{name}: cannot draw a table of shape {tuple(t.shape)}")
+        ax.tick_params(labelsize=6)
+        ax.set_title(f"{name} {list(t.shape)}" + (" (norm)" if t.dim() == 3 else ""), fontsize=7)
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.suptitle(title or f"{scheme.name}: learned key/value tables", fontsize=9)
+    return fig
+
+
+def _as_image(x: Tensor) -> np.ndarray:
+    """``[C, H, W]`` -> ``[H, W]`` or ``[H, W, 3]`` in ``[0, 1]`` (min-max per image)."""
+    a = x.detach().float().cpu()
+    a = (a - a.min()) / (a.max() - a.min()).clamp_min(1e-8)
+    return a[0].numpy() if a.shape[0] == 1 else a[:3].permute(1, 2, 0).numpy()
+
+
+def plot_attention_maps(
+    images: Tensor,
+    maps: Tensor,
+    labels: Sequence[str] | None = None,
+    max_heads: int = 4,
+    title: str | None = None,
+):
+    """One row per image: the image, the head-mean map over it, then each head's map.
+
+    ``images [B, C, H, W]``; ``maps [B, heads, h, w]`` (e.g. :func:`attention_maps`); ``labels`` one
+    caption per image. Returns a Figure with ``B * (2 + min(heads, max_heads))`` axes.
+    """
+    if images.dim() != 4 or maps.dim() != 4 or images.shape[0] != maps.shape[0]:
+        raise ValueError(f"expected images [B, C, H, W] and maps [B, heads, h, w], got {images.shape}, {maps.shape}")
+    b, heads = maps.shape[0], min(maps.shape[1], max_heads)
+    cols = 2 + heads
+    fig = _figure(1.5 * cols + 0.4, 1.55 * b + 0.4)
+    axes = np.atleast_2d(fig.subplots(b, cols, squeeze=False))
+    ih, iw = images.shape[-2:]
+    ext = (-0.5, iw - 0.5, ih - 0.5, -0.5)
+    for i in range(b):
+        img = _as_image(images[i])
+        m = maps[i].float().cpu().numpy()
+        axes[i, 0].imshow(img, cmap="gray" if img.ndim == 2 else None)
+        axes[i, 0].set_title(labels[i] if labels is not None else f"image {i}", fontsize=7)
+        axes[i, 1].imshow(img, cmap="gray" if img.ndim == 2 else None)
+        axes[i, 1].imshow(m.mean(0), cmap="inferno", alpha=0.6, extent=ext, interpolation="nearest")
+        axes[i, 1].set_title("mean over heads", fontsize=7)
+        for h in range(heads):
+            axes[i, 2 + h].imshow(m[h], cmap="inferno", interpolation="nearest")
+            axes[i, 2 + h].set_title(f"head {h}", fontsize=7)
+        for ax in axes[i]:
+            _off(ax)
+    fig.suptitle(title or "attention over the patch grid", fontsize=9)
+    return fig
+
+
+def _metric_label(key: str) -> str:
+    return key.removesuffix("_mean").removesuffix("_acc").replace("_", " ")
+
+
+def plot_study(
+    rows: Sequence[Mapping[str, Any]],
+    metrics: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    title: str | None = None,
+    chance: float | None = None,
+):
+    """The study's picture: per architecture, accuracies per scheme (mean, error bar = std over seeds)
+    and training throughput.
+
+    ``rows``: summary rows (one per architecture x scheme) with ``arch``, ``scheme`` and, for each
+    metric ``m``, ``m_mean`` / ``m_std`` (accuracies in [0, 1]), plus ``bench_img_s`` (throughput timed
+    with the models taking turns) or, without it, ``train_img_s_mean`` (the runs' own throughput).
+    ``metrics`` default: every ``*_acc_mean`` key, in-distribution first; ``chance``: accuracy of a
+    guess (drawn as a dotted line). Returns a Figure with ``2 * len(archs)`` axes (accuracy,
+    throughput per architecture).
+    """
+    if not rows:
+        raise ValueError("plot_study needs at least one summary row")
+    archs = list(archs) if archs is not None else list(dict.fromkeys(r["arch"] for r in rows))
+    if metrics is None:
+        keys = [k for k in rows[0] if k.endswith("_acc_mean")]
+        metrics = sorted(keys, key=lambda k: (k != "test_acc_mean", keys.index(k)))
+    n_schemes = max(sum(1 for r in rows if r["arch"] == a) for a in archs)
+    fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
+    axes = np.atleast_2d(fig.subplots(len(archs), 2, squeeze=False, width_ratios=[3, 1]))
+    markers = "osD^v<>p*h"
+    for a_i, arch in enumerate(archs):
+        sub = [r for r in rows if r["arch"] == arch]
+        names = [r["scheme"] for r in sub]
+        y = np.arange(len(sub))
+        ax = axes[a_i, 0]
+        width = 0.7 / max(len(metrics), 1)
+        for m_i, m in enumerate(metrics):
+            mean = np.array([100 * float(r.get(m, math.nan)) for r in sub])
+            std_key = m.removesuffix("_mean") + "_std"
+            std = np.array([100 * float(r.get(std_key, 0.0) or 0.0) for r in sub])
+            off = (m_i - (len(metrics) - 1) / 2) * width
+            ax.errorbar(
+                mean, y + off, xerr=std, fmt=markers[m_i % len(markers)], ms=4, capsize=2, label=_metric_label(m)
+            )
+        if chance is not None:
+            ax.axvline(100 * chance, ls=":", color="0.5", lw=1, label="chance")
+        ax.set_yticks(y, names, fontsize=7)
+        ax.invert_yaxis()
+        ax.grid(axis="x", color="0.9")
+        ax.set_xlabel("accuracy (%)", fontsize=8)
+        ax.set_title(f"{arch}: accuracy (mean, bar = std over seeds)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if a_i == 0:
+            fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncol=len(metrics) + 1, loc="outside lower center")
+        ax2 = axes[a_i, 1]
+        thr = np.array([float(r.get("bench_img_s") or r.get("train_img_s_mean") or math.nan) for r in sub])
+        ax2.barh(y, thr, color="0.6")
+        ax2.set_yticks(y, [])
+        ax2.invert_yaxis()
+        ax2.set_xlabel("train images / s", fontsize=8)
+        ax2.set_title(f"{arch}: throughput", fontsize=8)
+        ax2.tick_params(labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_study_scatter(
+    rows: Sequence[Mapping[str, Any]],
+    x: str = "test_acc_mean",
+    ys: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    title: str | None = None,
+):
+    """Per architecture and per ``y`` metric, a scatter of ``y`` against ``x`` (one point per scheme,
+    coloured by family, labelled by name): e.g. out-of-distribution against in-distribution accuracy.
+
+    ``ys`` default: every ``*_acc_mean`` key but ``x``. Accuracies are shown in %. Returns a Figure with
+    ``len(archs) * len(ys)`` axes.
+    """
+    if not rows:
+        raise ValueError("plot_study_scatter needs at least one summary row")
+    archs = list(archs) if archs is not None else list(dict.fromkeys(r["arch"] for r in rows))
+    ys = list(ys) if ys is not None else [k for k in rows[0] if k.endswith("_acc_mean") and k != x]
+    if not ys:
+        raise ValueError(f"no metric to plot against {x}")
+    fams = list(dict.fromkeys(r.get("family", "?") for r in rows))
+    fams.sort(key=lambda f: FAMILY_ORDER.index(f) if f in FAMILY_ORDER else len(FAMILY_ORDER))
+    colours = {f: f"C{i}" for i, f in enumerate(fams)}
+    fig = _figure(4.2 * len(ys) + 0.4, 3.6 * len(archs) + 0.4)
+    axes = np.atleast_2d(fig.subplots(len(archs), len(ys), squeeze=False))
+    for a_i, arch in enumerate(archs):
+        sub = [r for r in rows if r["arch"] == arch]
+        for y_i, y in enumerate(ys):
+            ax = axes[a_i, y_i]
+            for fam in fams:
+                pts = [r for r in sub if r.get("family", "?") == fam and r.get(x) is not None and r.get(y) is not None]
+                if not pts:
+                    continue
+                ax.scatter([100 * r[x] for r in pts], [100 * r[y] for r in pts], c=colours[fam], s=18, label=fam)
+                for r in pts:
+                    ax.annotate(
+                        r["scheme"], (100 * r[x], 100 * r[y]), fontsize=6, xytext=(2, 2), textcoords="offset points"
+                    )
+            ax.set_xlabel(f"{_metric_label(x)} accuracy (%)", fontsize=8)
+            ax.set_ylabel(f"{_metric_label(y)} accuracy (%)", fontsize=8)
+            ax.set_title(f"{arch}: {_metric_label(y)} vs {_metric_label(x)}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(color="0.92")
+            if a_i == 0 and y_i == 0:
+                ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=9)
     return fig
 
 

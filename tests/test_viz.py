@@ -1,0 +1,306 @@
+"""vitrel.viz: the numbers behind the pictures against naive float64 references, and the figures' layout."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import vitrel
+from vitrel import viz
+from vitrel.pos import Grid, list_pos
+
+
+def build(name: str, grid=(4, 5), heads: int = 3, head_dim: int = 8, **kw):
+    torch.manual_seed(0)
+    return vitrel.build_pos(name, num_heads=heads, head_dim=head_dim, grid=grid, **kw)
+
+
+def panels(fig) -> list:
+    """The figure's axes without the colour bars."""
+    return [a for a in fig.axes if a.get_label() != "<colorbar>"]
+
+
+# ------------------------------------------------------------------------------------------ numbers
+@pytest.mark.parametrize("name", ["rel2d_full", "rel2d_factored", "rel2d_cpb", "rel2d_bucket", "alibi2d", "alibi1d"])
+@pytest.mark.parametrize("query", [None, (0, 0), (3, 1), 7])
+def test_heat_map_of_a_bias_is_the_bias_row(name, query):
+    s = build(name)
+    g = Grid(4, 5)
+    if name == "rel2d_full":  # make the table clearly non-trivial
+        with torch.no_grad():
+            s.table.normal_()
+    bias = s.bias(g, 0).detach()
+    k = viz.position_kernel(s, g, query)
+    i = 2 * 5 + 2 if query is None else (query if isinstance(query, int) else query[0] * 5 + query[1])
+    assert k.shape == (3, 4, 5)
+    torch.testing.assert_close(k, bias[:, i].reshape(3, 4, 5).float(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(viz.position_matrix(s, g), bias.float(), rtol=0, atol=1e-6)
+
+
+def test_position_kernel_rejects_a_query_outside_the_grid():
+    s = build("rel2d_full")
+    with pytest.raises(ValueError, match="outside"):
+        viz.position_kernel(s, (4, 5), (4, 0))
+    with pytest.raises(ValueError, match="outside"):
+        viz.position_kernel(s, (4, 5), 20)
+
+
+def test_position_matrix_rope2d_axial_is_the_sum_of_cosines():
+    d, base, g = 8, 100.0, Grid(3, 4)
+    s = build("rope2d_axial", grid=g, heads=2, head_dim=d, base=base)
+    m = viz.position_matrix(s, g)
+    omega = [base ** (-4 * t / d) for t in range(d // 4)]
+
+    def angles(r, c):  # pairs t < d/4: column, pairs d/4 + t: row
+        return [c * w for w in omega] + [r * w for w in omega]
+
+    for i in range(g.n):
+        for j in range(g.n):
+            ai, aj = angles(i // 4, i % 4), angles(j // 4, j % 4)
+            want = sum(math.cos(x - y) - 1 for x, y in zip(ai, aj)) / math.sqrt(d)
+            assert m[0, i, j] == pytest.approx(want, abs=1e-5)
+            assert m[1, i, j] == pytest.approx(want, abs=1e-5)
+
+
+def test_position_matrix_shaw2d_full_is_the_key_term():
+    g = Grid(3, 3)
+    s = build("shaw2d_full", grid=g, heads=2, head_dim=4, max_distance=1)
+    with torch.no_grad():
+        s.rel_k.normal_()
+    m = viz.position_matrix(s, g)
+    table = s.rel_k.detach().double()
+    u = torch.tensor([1.0, 0.0, 1.0, 0.0], dtype=torch.float64)
+    for i in range(g.n):
+        for j in range(g.n):
+            dh = max(-1, min(1, i // 3 - j // 3))
+            dw = max(-1, min(1, i % 3 - j % 3))
+            want = float(u @ table[dh + 1, dw + 1]) / 2.0  # / sqrt(d)
+            assert m[0, i, j] == pytest.approx(want, abs=1e-5)
+
+
+def test_position_matrix_sincos2d_is_the_cosine_similarity_of_the_embeddings():
+    g = Grid(3, 4)
+    s = build("sincos2d", grid=g, heads=2, head_dim=8)
+    m = viz.position_matrix(s, g)
+    assert m.shape == (1, 12, 12)
+    q, temp = 4, 10000.0
+    omega = [temp ** (-t / q) for t in range(q)]
+
+    def e(r, c):
+        return torch.tensor(
+            [math.sin(r * w) for w in omega]
+            + [math.cos(r * w) for w in omega]
+            + [math.sin(c * w) for w in omega]
+            + [math.cos(c * w) for w in omega],
+            dtype=torch.float64,
+        )
+
+    for i in range(12):
+        for j in range(12):
+            a, b = e(i // 4, i % 4), e(j // 4, j % 4)
+            assert m[0, i, j] == pytest.approx(float(a @ b / (a.norm() * b.norm())), abs=1e-5)
+
+
+def test_none_has_no_position_term():
+    s = build("none")
+    assert viz.position_matrix(s, (4, 5)).abs().max() == 0
+
+
+def test_offset_profile_folds_pairs_by_offset():
+    g = Grid(3, 4)
+    s = build("rel2d_full", grid=g)
+    with torch.no_grad():
+        s.table.normal_()
+    torch.testing.assert_close(viz.offset_profile(viz.position_matrix(s, g), g), s.table.detach().permute(2, 0, 1))
+    # any matrix: the mean over the pairs of each offset
+    x = torch.randn(2, 12, 12, dtype=torch.float64)
+    p = viz.offset_profile(x, g)
+    for dh in range(-2, 3):
+        for dw in range(-3, 4):
+            vals = [x[:, i, j] for i in range(12) for j in range(12) if (i // 4 - j // 4, i % 4 - j % 4) == (dh, dw)]
+            torch.testing.assert_close(p[:, dh + 2, dw + 3], torch.stack(vals).mean(0))
+    with pytest.raises(ValueError):
+        viz.offset_profile(x, Grid(2, 2))
+
+
+def test_rope_similarity_of_rope2d_mixed_uses_its_learned_frequencies():
+    d, g = 8, Grid(3, 3)
+    s = build("rope2d_mixed", grid=g, heads=2, head_dim=d)
+    sim = viz.rope_similarity(s, (4, 5))
+    assert sim.shape == (2, 7, 9)
+    f = s.freqs.detach().double()
+    for h in range(2):
+        for dh in range(-3, 4):
+            for dw in range(-4, 5):
+                want = sum(math.cos(float(f[0, h, t]) * dw + float(f[1, h, t]) * dh) for t in range(d // 2)) / (d / 2)
+                assert sim[h, dh + 3, dw + 4] == pytest.approx(want, abs=1e-5)
+    assert torch.allclose(sim[:, 3, 4], torch.ones(2))
+    with pytest.raises(ValueError, match="rotary"):
+        viz.rope_similarity(build("rel2d_full"))
+
+
+def test_scheme_family_reads_the_hooks():
+    want = {
+        "none": "none",
+        "ape": "absolute",
+        "sincos2d": "absolute",
+        "rel2d_full": "learned bias",
+        "rel2d_cpb": "learned bias",
+        "alibi2d": "fixed bias",
+        "rope1d": "rotary",
+        "rope2d_mixed": "rotary",
+        "shaw1d": "content",
+        "shaw2d_factored": "content",
+    }
+    for name, fam in want.items():
+        assert viz.scheme_family(build(name, head_dim=8)) == fam, name
+    groups = viz.group_by_family({n: build(n, head_dim=8) for n in list_pos()})
+    assert list(groups) == [f for f in viz.FAMILY_ORDER if f in groups]
+    assert sorted(n for g in groups.values() for n in g) == list_pos()
+
+
+def test_content_tables():
+    assert set(viz.content_tables(build("shaw2d_factored"))) == {"rel_kh", "rel_kw", "rel_vh", "rel_vw"}
+    with pytest.raises(ValueError, match="content"):
+        viz.content_tables(build("rel2d_full"))
+
+
+def _tiny_vit(pos="rel2d_full", **kw):
+    torch.manual_seed(0)
+    return vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32",
+        pos=pos,
+        img_size=16,
+        in_chans=1,
+        num_classes=3,
+        embed_dim=16,
+        depth=2,
+        num_heads=2,
+        **kw,
+    )
+
+
+def test_attention_maps_vit_is_the_class_token_row_of_the_block():
+    model = _tiny_vit()
+    x = torch.randn(3, 1, 16, 16)
+    seen = {}
+
+    def grab(module, args):
+        seen["x"] = args[0]
+
+    h = model.blocks[1].attn.register_forward_pre_hook(grab)
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    h.remove()
+    maps = viz.attention_maps(model, x, block=1)
+    assert maps.shape == (3, 2, 4, 4)
+    with torch.no_grad():
+        want = model.blocks[1].attn.attention_map(seen["x"], (4, 4))[:, :, 0, 1:].reshape(3, 2, 4, 4)
+    torch.testing.assert_close(maps, want)
+    # without a class token: the attention each patch receives, averaged over the queries
+    maps = viz.attention_maps(_tiny_vit(class_token=False, global_pool="avg"), x, block=0)
+    torch.testing.assert_close(maps.sum((-2, -1)), torch.ones(3, 2))
+    with pytest.raises(ValueError, match="block"):
+        viz.attention_maps(model, x, block=5)
+    with pytest.raises(TypeError):
+        viz.attention_maps(torch.nn.Linear(2, 2), x)
+
+
+def test_attention_maps_swin_mean_attention_received():
+    torch.manual_seed(0)
+    model = vitrel.create_model(
+        "vitrel_swin_tiny_patch2_window4_32",
+        pos="rel2d_full",
+        img_size=16,
+        in_chans=1,
+        num_classes=3,
+        embed_dim=8,
+        depths=[2, 1],
+        num_heads=[2, 2],
+        window_size=4,
+    )
+    x = torch.randn(2, 1, 16, 16)
+    maps = viz.attention_maps(model, x, stage=0, block=1)  # the shifted block of stage 0, 8x8 grid
+    assert maps.shape == (2, 2, 8, 8)
+    torch.testing.assert_close(maps.sum((-2, -1)), torch.ones(2, 2))
+    assert viz.attention_maps(model, x, stage=1, block=0).shape == (2, 2, 4, 4)
+
+
+# ------------------------------------------------------------------------------------------ figures
+def test_plot_schemes_axes_and_heat_maps_are_the_bias_rows():
+    g = Grid(4, 5)
+    schemes = {"rel2d_full": build("rel2d_full"), "alibi2d": build("alibi2d"), "ape": build("ape", head_dim=8)}
+    fig = viz.plot_schemes(schemes, grid=g, query=(1, 3), max_heads=3)
+    axes = panels(fig)
+    assert len(axes) == 3 * 4
+    bias = schemes["rel2d_full"].bias(g, 0).detach()
+    torch.testing.assert_close(torch.as_tensor(axes[0].images[0].get_array()), bias[0].float())
+    for h in range(3):
+        img = torch.as_tensor(axes[1 + h].images[0].get_array())
+        torch.testing.assert_close(img, bias[h, 1 * 5 + 3].reshape(4, 5).float())
+    assert len(axes[4 + 3].images) == 1  # alibi head 2
+    assert len(axes[8 + 2].images) == 0  # ape has one panel: the others are off
+    assert viz.figure_to_array(fig).std() > 0
+
+
+def test_plot_pos_scheme_query():
+    s = build("rel2d_factored")
+    fig = viz.plot_pos_scheme(s, query=(0, 4))
+    axes = panels(fig)
+    assert len(axes) == 3
+    img = torch.as_tensor(axes[2].images[0].get_array())
+    torch.testing.assert_close(img, s.bias(Grid(4, 5), 0).detach()[2, 4].reshape(4, 5).float())
+
+
+def test_plot_rope_similarity_and_content_tables():
+    fig = viz.plot_rope_similarity({"a": build("rope2d_axial", head_dim=8), "m": build("rope2d_mixed", head_dim=8)})
+    assert len(panels(fig)) == 2 * 4  # 3 heads drawn, the 4th panel of each row switched off
+    assert len(panels(viz.plot_content_tables(build("shaw2d_factored")))) == 4
+    assert len(panels(viz.plot_content_tables(build("shaw2d_full")))) == 2
+    assert len(panels(viz.plot_content_tables(build("shaw1d")))) == 2
+
+
+def test_plot_attention_maps_axes():
+    x = torch.randn(3, 1, 16, 16)
+    maps = torch.rand(3, 5, 4, 4)
+    assert len(panels(viz.plot_attention_maps(x, maps, labels=["a", "b", "c"], max_heads=2))) == 3 * 4
+    with pytest.raises(ValueError):
+        viz.plot_attention_maps(x, maps[:2])
+
+
+def _summary():
+    rows = []
+    for arch in ("vit", "swin"):
+        for i, (scheme, fam) in enumerate([("none", "none"), ("ape", "absolute"), ("rel2d_full", "learned bias")]):
+            rows.append(
+                dict(
+                    arch=arch,
+                    scheme=scheme,
+                    family=fam,
+                    test_acc_mean=0.8 + 0.01 * i,
+                    test_acc_std=0.01,
+                    translate44_acc_mean=0.3 + 0.1 * i,
+                    translate44_acc_std=None,
+                    resize56_acc_mean=0.5,
+                    resize56_acc_std=0.02,
+                    train_img_s_mean=500.0 - 10 * i,
+                )
+            )
+    return rows
+
+
+def test_plot_study_axes():
+    fig = viz.plot_study(_summary())
+    axes = panels(fig)
+    assert len(axes) == 2 * 2
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["test", "translate44", "resize56"]
+    fig = viz.plot_study(_summary(), chance=0.1)
+    assert [t.get_text() for t in fig.legends[0].get_texts()][0] == "chance"
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["none", "ape", "rel2d_full"]
+    assert len(panels(viz.plot_study(_summary(), archs=["swin"]))) == 2
+    assert len(panels(viz.plot_study_scatter(_summary()))) == 2 * 2
+    with pytest.raises(ValueError):
+        viz.plot_study([])

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import nbclient  # dev extras (pyproject): nbclient, nbformat, ipykernel (which provides the python3 kernel)
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

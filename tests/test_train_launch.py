@@ -16,6 +16,8 @@ from train_helpers import ROOT, TINY_VIT, SaveWeights, compose, run_script, scri
 
 from vitrel.train.run import train
 
+pytestmark = pytest.mark.slow
+
 SMALL = [*TINY_VIT, "data.num_workers=0", "trainer.accelerator=cpu", "callbacks.pos_images=null"]
 
 

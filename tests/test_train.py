@@ -165,45 +165,6 @@ def test_epoch_sampler_ranks_partition_the_single_process_order():
 
 
 # ------------------------------------------------------------------------------------------ pictures
-def test_position_kernel_rel2d_full_reads_the_table_around_the_centre():
-    from vitrel.viz import position_kernel
-
-    s = vitrel.build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(5, 7))
-    k = position_kernel(s, (5, 7))
-    cy, cx = 2, 3
-    for h in range(2):
-        for r in range(5):
-            for c in range(7):
-                assert k[h, r, c] == pytest.approx(float(s.table.detach()[cy - r + 4, cx - c + 6, h]), abs=1e-6)
-
-
-def test_position_kernel_rope1d_is_the_sum_of_cosines():
-    from vitrel.viz import position_kernel
-
-    d, base = 8, 100.0
-    s = vitrel.build_pos("rope1d", num_heads=1, head_dim=d, grid=(3, 4), base=base)
-    k = position_kernel(s, (3, 4))
-    c = 1 * 4 + 2
-    for p in range(12):
-        want = sum(math.cos((p - c) * base ** (-2 * t / d)) - 1 for t in range(d // 2)) / math.sqrt(d)
-        assert k[0, p // 4, p % 4] == pytest.approx(want, abs=1e-5)
-
-
-@pytest.mark.parametrize("pos", ["rel2d_factored", "rope2d_mixed", "sincos2d", "shaw2d_factored", "alibi2d"])
-def test_plot_pos_scheme_returns_a_figure(pos):
-    from matplotlib.figure import Figure
-
-    from vitrel.viz import figure_to_array, plot_pos_scheme
-
-    s = vitrel.build_pos(pos, num_heads=2, head_dim=8, grid=(4, 6))
-    fig = plot_pos_scheme(s)
-    assert isinstance(fig, Figure)
-    img = figure_to_array(fig)
-    assert img.ndim == 3 and img.shape[2] == 3 and img.std() > 0
-    rows = 2 if pos == "rope2d_mixed" else 1
-    assert len(fig.axes) >= rows * (1 if s.kind == "absolute" else 2)
-
-
 def test_pos_images_written_without_image_logger(tmp_path):
     over = [*TINY_VIT, *FAST, *SHORT, "pos=rel2d_factored", "callbacks.pos_images.every_n_epochs=1"]
     over = [o for o in over if o != "callbacks.pos_images=null"]

@@ -47,6 +47,26 @@ def test_position_kernel_rejects_a_query_outside_the_grid():
         viz.position_kernel(s, (4, 5), 20)
 
 
+def test_position_kernel_rel2d_full_reads_the_table_around_the_centre():
+    s = vitrel.build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(5, 7))
+    k = viz.position_kernel(s, (5, 7))
+    cy, cx = 2, 3
+    for h in range(2):
+        for r in range(5):
+            for c in range(7):
+                assert k[h, r, c] == pytest.approx(float(s.table.detach()[cy - r + 4, cx - c + 6, h]), abs=1e-6)
+
+
+def test_position_kernel_rope1d_is_the_sum_of_cosines():
+    d, base = 8, 100.0
+    s = vitrel.build_pos("rope1d", num_heads=1, head_dim=d, grid=(3, 4), base=base)
+    k = viz.position_kernel(s, (3, 4))
+    c = 1 * 4 + 2
+    for p in range(12):
+        want = sum(math.cos((p - c) * base ** (-2 * t / d)) - 1 for t in range(d // 2)) / math.sqrt(d)
+        assert k[0, p // 4, p % 4] == pytest.approx(want, abs=1e-5)
+
+
 def test_position_matrix_rope2d_axial_is_the_sum_of_cosines():
     d, base, g = 8, 100.0, Grid(3, 4)
     s = build("rope2d_axial", grid=g, heads=2, head_dim=d, base=base)
@@ -253,6 +273,19 @@ def test_plot_pos_scheme_query():
     assert len(axes) == 3
     img = torch.as_tensor(axes[2].images[0].get_array())
     torch.testing.assert_close(img, s.bias(Grid(4, 5), 0).detach()[2, 4].reshape(4, 5).float())
+
+
+@pytest.mark.parametrize("pos", ["rel2d_factored", "rope2d_mixed", "sincos2d", "shaw2d_factored", "alibi2d"])
+def test_plot_pos_scheme_returns_a_figure(pos):
+    from matplotlib.figure import Figure
+
+    s = vitrel.build_pos(pos, num_heads=2, head_dim=8, grid=(4, 6))
+    fig = viz.plot_pos_scheme(s)
+    assert isinstance(fig, Figure)
+    img = viz.figure_to_array(fig)
+    assert img.ndim == 3 and img.shape[2] == 3 and img.std() > 0
+    rows = 2 if pos == "rope2d_mixed" else 1
+    assert len(fig.axes) >= rows * (1 if s.kind == "absolute" else 2)
 
 
 def test_plot_rope_similarity_and_content_tables():

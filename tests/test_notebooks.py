@@ -8,6 +8,7 @@ import nbclient  # dev extras (pyproject): nbclient, nbformat, ipykernel (which 
 import nbformat
 import pytest
 
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
 EXPECTED = ["01_position_schemes.ipynb", "02_load_and_evaluate.ipynb", "03_study_results.ipynb"]

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -16,52 +16,13 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from vitrel import Attention  # noqa: E402
-from vitrel.pos import list_pos  # noqa: E402
-
-
-def saved_bytes(fn) -> int:
-    """Bytes of the tensors autograd saves for backward during ``fn()`` (distinct storages)."""
-    seen: dict[int, int] = {}
-
-    def pack(t):
-        try:
-            st = t.untyped_storage()
-            seen[st.data_ptr()] = st.nbytes()
-        except Exception:  # noqa: BLE001 - some saved objects have no storage
-            pass
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    del out
-    return sum(seen.values())
-
-
-def cpu_peak_bytes(fn) -> int:
-    """Peak of live allocations during ``fn()`` from the profiler's memory events (CPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    # op events carry their own (self) allocations, "[memory]" events the frees outside any op
-    deltas = [
-        (e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)
-        for e in prof.events()
-    ]
-    deltas.sort(key=lambda t: t[0])
-    live = peak = 0
-    for _, d in deltas:
-        live += d
-        peak = max(peak, live)
-    return peak
+from vitrel import Attention
+from vitrel.bench import alternate, peak_bytes, saved_bytes
+from vitrel.pos import list_pos
 
 
 def main() -> None:
@@ -86,10 +47,6 @@ def main() -> None:
     schemes = ["none", *schemes]
     cuda = dev.type == "cuda"
 
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
     rows = []
     for n in args.tokens:
         side = int(round(n**0.5))
@@ -104,30 +61,9 @@ def main() -> None:
             y = layers[s](x, grid)
             y.float().square().mean().backward()
 
-        times: dict[str, list[float]] = {s: [] for s in schemes}
-        for _ in range(args.warmup):
-            for s in schemes:
-                step(s)
-        for _ in range(args.rounds):
-            for s in schemes:  # alternate schemes inside each round
-                sync()
-                t0 = time.perf_counter()
-                step(s)
-                sync()
-                times[s].append(time.perf_counter() - t0)
-        mem: dict[str, float] = {}
-        act: dict[str, float] = {}
-        for s in schemes:
-            if cuda:
-                torch.cuda.empty_cache()
-                torch.cuda.reset_peak_memory_stats()
-                base = torch.cuda.memory_allocated()
-                step(s)
-                sync()
-                mem[s] = torch.cuda.max_memory_allocated() - base
-            else:
-                mem[s] = cpu_peak_bytes(lambda s=s: step(s))
-            act[s] = saved_bytes(lambda s=s, layers=layers, x=x, grid=grid: layers[s](x, grid))
+        times = alternate({s: (lambda s=s: step(s)) for s in schemes}, args.rounds, warmup=args.warmup, device=dev)
+        mem = {s: peak_bytes(lambda s=s: step(s), dev) for s in schemes}
+        act = {s: saved_bytes(lambda s=s, layers=layers, x=x, grid=grid: layers[s](x, grid)) for s in schemes}
         t_ref = statistics.median(times["none"])
         for s in schemes:
             t = statistics.median(times[s])

@@ -19,15 +19,12 @@ Pairs (configurations aligned so the parameter counts agree within 1%):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import statistics
-import time
 
 import timm
 import torch
-import torch.nn.functional as F
 
 import vitrel
+from vitrel.bench import alternate, medians, train_step
 
 PAIRS = {
     "vit_rel2d_full": (
@@ -72,28 +69,6 @@ def build(spec: dict, img_size: int, device: torch.device, ours: bool) -> torch.
     return fn(name, img_size=img_size, num_classes=1000, **spec).to(device).train()
 
 
-def make_step(model, opt, x, y, amp: bool):
-    def step() -> None:
-        ctx = torch.autocast(x.device.type, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
-        with ctx:
-            loss = F.cross_entropy(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-
-    return step
-
-
-def timed(fn, device: torch.device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t = time.perf_counter()
-    fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter() - t
-
-
 def run_pair(key: str, args, device: torch.device) -> dict:
     ours_spec, timm_spec = PAIRS[key]
     torch.manual_seed(0)
@@ -106,15 +81,8 @@ def run_pair(key: str, args, device: torch.device) -> dict:
     steps = {}
     for k, m in models.items():
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05)
-        steps[k] = make_step(m, opt, x, y, args.amp)
-    times: dict[str, list[float]] = {"ours": [], "timm": []}
-    for i in range(args.warmup + args.steps):
-        order = ("ours", "timm") if i % 2 == 0 else ("timm", "ours")
-        for k in order:
-            t = timed(steps[k], device)
-            if i >= args.warmup:
-                times[k].append(t)
-    med = {k: statistics.median(v) for k, v in times.items()}
+        steps[k] = train_step(m, opt, x, y, bf16=args.amp)
+    med = medians(alternate(steps, args.steps, warmup=args.warmup, device=device, zigzag=True))
     ips = {k: args.batch_size / v for k, v in med.items()}
     params = {k: n_params(m) for k, m in models.items()}
     return dict(

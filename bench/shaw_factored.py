@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from vitrel.bench import alternate
 from vitrel.pos.base import Grid, attend_explicit
 from vitrel.pos.shaw import Shaw2dFactored, shaw2d_factored_attention
 
@@ -51,13 +51,8 @@ def main() -> None:
         q, k, v = (torch.randn(b, h, g.n, d, requires_grad=True) for _ in range(3))
         pos = Shaw2dFactored(num_heads=h, head_dim=d, grid=g)
         fns = variants(q, k, v, pos, g, args.eager)
-        times: dict[str, list[float]] = {name: [] for name in fns}
-        for rep in range(args.reps + 1):
-            for name, fn in fns.items():
-                t0 = time.perf_counter()
-                fn().sum().backward()
-                if rep:
-                    times[name].append(time.perf_counter() - t0)
+        steps = {name: (lambda fn=fn: fn().sum().backward()) for name, fn in fns.items()}
+        times = alternate(steps, args.reps, warmup=1)
         base = statistics.median(times["plain SDPA"])
         for name, ts in times.items():
             med = statistics.median(ts)

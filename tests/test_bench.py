@@ -1,0 +1,30 @@
+"""vitrel.bench: the alternating timer's call order and counts, the memory probes."""
+
+from __future__ import annotations
+
+import torch
+
+from vitrel import bench
+
+
+def test_alternate_takes_turns_and_counts_calls():
+    calls: list[str] = []
+    fns = {k: (lambda k=k: calls.append(k)) for k in "ab"}
+    times = bench.alternate(fns, 3, warmup=1, repeat=2, zigzag=True)
+    assert calls == list("ab" + "aabb" + "bbaa" + "aabb")
+    assert {k: len(v) for k, v in times.items()} == {"a": 3, "b": 3}
+    assert all(t >= 0 for v in times.values() for t in v)
+    assert set(bench.medians(times)) == {"a", "b"}
+
+
+def test_memory_probes_and_train_step():
+    model = torch.nn.Linear(64, 10)
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    step = bench.train_step(model, torch.optim.SGD(model.parameters(), lr=0.1), x, y)
+    before = model.weight.detach().clone()
+    step()
+    assert not torch.equal(before, model.weight)
+    assert bench.saved_bytes(lambda: model(x.requires_grad_())) >= x.numel() * 4
+    assert bench.peak_bytes(lambda: torch.ones(1024, 1024).sum(), "cpu") >= 1024 * 1024 * 4
+    info = bench.machine_info("cpu")
+    assert info["device"] == "cpu" and "CPU" in info["description"]

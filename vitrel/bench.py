@@ -1,0 +1,181 @@
+"""Timing and memory helpers shared by the benchmarks (``bench/attention.py``, ``bench/models.py``,
+``bench/shaw_factored.py``) and the position-scheme study (``bench/study.py``).
+
+On a shared machine the load drifts while a benchmark runs, so the variants being compared take turns:
+:func:`alternate` runs every callable once (or ``repeat`` times) per round, round after round, and
+returns each one's per-call times; compare medians (:func:`medians`) of the same run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import statistics
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "alternate",
+    "cpu_peak_bytes",
+    "machine_info",
+    "medians",
+    "peak_bytes",
+    "saved_bytes",
+    "sync",
+    "timed",
+    "train_step",
+]
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    """Wait for the device's queued work (CUDA); nothing on the CPU."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device | str | None = None) -> float:
+    """Wall seconds of ``fn()``, synchronising the device before and after."""
+    import time
+
+    sync(device)
+    t = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t
+
+
+def alternate(
+    fns: Mapping[str, Callable[[], Any]],
+    rounds: int,
+    *,
+    warmup: int = 1,
+    repeat: int = 1,
+    device: torch.device | str | None = None,
+    zigzag: bool = False,
+    on_round: Callable[[int], None] | None = None,
+) -> dict[str, list[float]]:
+    """Seconds per call of every callable, timed in alternation: ``warmup`` untimed calls each (taking
+    turns), then ``rounds`` rounds in which each callable runs ``repeat`` times in a row. ``zigzag``
+    reverses the order every second round (for two variants: neither always runs first).
+    Returns ``{name: [seconds per call, one per round]}``."""
+    names = list(fns)
+    for _ in range(warmup):
+        for k in names:
+            fns[k]()
+    times: dict[str, list[float]] = {k: [] for k in names}
+
+    def many(fn: Callable[[], Any]) -> None:
+        for _ in range(repeat):
+            fn()
+
+    for r in range(rounds):
+        for k in reversed(names) if zigzag and r % 2 else names:
+            times[k].append(timed(lambda k=k: many(fns[k]), device) / repeat)
+        if on_round is not None:
+            on_round(r)
+    return times
+
+
+def medians(times: Mapping[str, list[float]]) -> dict[str, float]:
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def train_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, bf16: bool = False
+) -> Callable[[], None]:
+    """One training step as a callable: forward (bfloat16 autocast if ``bf16``), cross-entropy, backward,
+    optimizer step."""
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        ctx = torch.autocast(x.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        with ctx:
+            loss = F.cross_entropy(model(x).float(), y)
+        loss.backward()
+        opt.step()
+
+    return step
+
+
+def saved_bytes(fn: Callable[[], Any]) -> int:
+    """Bytes of the tensors autograd saves for backward during ``fn()`` (distinct storages)."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        try:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        except Exception:  # noqa: BLE001 - some saved objects have no storage
+            pass
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+def cpu_peak_bytes(fn: Callable[[], Any]) -> int:
+    """Peak of live allocations during ``fn()`` from the profiler's memory events (CPU).
+
+    The profiler prints start/stop lines unless ``KINETO_LOG_LEVEL=5`` was set before torch loaded."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    # op events carry their own (self) allocations, "[memory]" events the frees outside any op
+    deltas = [
+        (e.time_range.start, e.cpu_memory_usage if e.name == "[memory]" else e.self_cpu_memory_usage)
+        for e in prof.events()
+    ]
+    deltas.sort(key=lambda t: t[0])
+    live = peak = 0
+    for _, d in deltas:
+        live += d
+        peak = max(peak, live)
+    return peak
+
+
+def peak_bytes(fn: Callable[[], Any], device: torch.device | str) -> int:
+    """Peak memory ``fn()`` adds: CUDA ``max_memory_allocated`` above what was allocated before; CPU
+    :func:`cpu_peak_bytes`."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return cpu_peak_bytes(fn)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    fn()
+    sync(device)
+    return torch.cuda.max_memory_allocated(device) - base
+
+
+def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The machine in words (``description``) and parts: CPU model, cores, torch threads, GPU, versions."""
+    device = torch.device(device)
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    threads = torch.get_num_threads()
+    desc = f"CPU: {cpu}, {os.cpu_count()} cores ({threads} torch threads)"
+    desc = f"GPU: {gpu}; {desc}" if gpu else f"{desc}, no GPU"
+    return dict(
+        description=desc,
+        cpu=cpu,
+        cpu_count=os.cpu_count(),
+        torch_threads=threads,
+        device=device.type,
+        gpu=gpu,
+        torch=torch.__version__,
+        python=platform.python_version(),
+        platform=platform.platform(),
+    )

@@ -13,6 +13,10 @@ at offset ``(top, left)`` into an ``H_c x W_c`` canvas of zeros (black, pixel va
     canvas[top + i, left + j] = img[i, j]   for 0 <= i < h, 0 <= j < w;   canvas = 0 elsewhere,
     top ~ U{0, ..., H_c - h},  left ~ U{0, ..., W_c - w}
 
+With a ``step`` (``TranslatedDataset(grid_step=p)``) the offsets are whole multiples of ``p``: for the
+patch size ``p`` the moved image's patches are exactly the untranslated ones, only their grid
+positions change.
+
 The canvas is applied to the raw image, *before* normalisation, so the background normalises to
 ``(0 - mean) / std`` like a black pixel of the data set.
 
@@ -97,27 +101,35 @@ def translate_canvas(img: ImageLike, canvas_size: int | Sequence[int], top: int,
 
 
 def canvas_offset(
-    img_hw: tuple[int, int], canvas_size: int | Sequence[int], mode: str = "random", generator: Any = None
+    img_hw: tuple[int, int],
+    canvas_size: int | Sequence[int],
+    mode: str = "random",
+    generator: Any = None,
+    step: int = 1,
 ) -> tuple[int, int]:
-    """Offset ``(top, left)`` of an ``img_hw`` image in the canvas.
+    """Offset ``(top, left)`` of an ``img_hw`` image in the canvas, in whole multiples of ``step`` pixels.
 
-    ``mode="center"``: ``((H_c - h) // 2, (W_c - w) // 2)``. ``mode="random"``: uniform over all valid
-    offsets, drawn from ``generator`` (a ``numpy.random.Generator``, a ``torch.Generator``, or None
-    for torch's global RNG, which Lightning/DataLoader seed per worker).
+    ``mode="center"``: ``((H_c - h) // 2, (W_c - w) // 2)`` rounded down to a multiple of ``step``.
+    ``mode="random"``: uniform over all valid (multiple of ``step``) offsets, drawn from ``generator``
+    (a ``numpy.random.Generator``, a ``torch.Generator``, or None for torch's global RNG, which
+    Lightning/DataLoader seed per worker).
     """
     ch, cw = _pair(canvas_size)
     h, w = img_hw
     if h > ch or w > cw:
         raise ValueError(f"a {h}x{w} image does not fit a {ch}x{cw} canvas")
+    if step < 1:
+        raise ValueError(f"step must be a positive number of pixels, got {step}")
     if mode == "center":
-        return (ch - h) // 2, (cw - w) // 2
+        return step * ((ch - h) // 2 // step), step * ((cw - w) // 2 // step)
     if mode != "random":
         raise ValueError(f"canvas mode must be 'random' or 'center', got {mode!r}")
+    nh, nw = (ch - h) // step + 1, (cw - w) // step + 1
     if isinstance(generator, np.random.Generator):
-        return int(generator.integers(0, ch - h + 1)), int(generator.integers(0, cw - w + 1))
-    top = int(torch.randint(0, ch - h + 1, (1,), generator=generator))
-    left = int(torch.randint(0, cw - w + 1, (1,), generator=generator))
-    return top, left
+        return step * int(generator.integers(0, nh)), step * int(generator.integers(0, nw))
+    top = int(torch.randint(0, nh, (1,), generator=generator))
+    left = int(torch.randint(0, nw, (1,), generator=generator))
+    return step * top, step * left
 
 
 class TranslateCanvas:
@@ -165,8 +177,9 @@ class TranslatedDataset(Dataset):
 
     The offset of sample ``i`` is drawn from ``numpy.random.default_rng([seed, i])``: it depends only
     on ``(seed, i)`` and the sizes, not on the access order or the worker, so an evaluation is exactly
-    reproducible; ``offset(i)`` returns it. ``transform`` (e.g. ToTensor + Normalize) is applied to the
-    canvas. ``return_offset=True`` yields ``(x, y, (top, left))``.
+    reproducible; ``offset(i)`` returns it. ``grid_step=p`` snaps the offsets to whole multiples of ``p``
+    pixels (``p`` = the patch size: whole-patch moves). ``transform`` (e.g. ToTensor + Normalize) is
+    applied to the canvas. ``return_offset=True`` yields ``(x, y, (top, left))``.
     """
 
     def __init__(
@@ -177,7 +190,10 @@ class TranslatedDataset(Dataset):
         transform: Callable | None = None,
         mode: str = "random",
         return_offset: bool = False,
+        grid_step: int = 1,
     ) -> None:
+        if grid_step < 1:
+            raise ValueError(f"grid_step must be a positive number of pixels, got {grid_step}")
         if mode not in ("random", "center"):
             raise ValueError(f"mode must be 'random' or 'center', got {mode!r}")
         self.dataset = dataset
@@ -186,6 +202,7 @@ class TranslatedDataset(Dataset):
         self.transform = transform
         self.mode = mode
         self.return_offset = return_offset
+        self.grid_step = int(grid_step)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -195,7 +212,7 @@ class TranslatedDataset(Dataset):
         if img_hw is None:
             img_hw = image_hw(self.dataset[index][0])
         rng = np.random.default_rng([self.seed, int(index)])
-        return canvas_offset(img_hw, self.canvas_size, self.mode, rng)
+        return canvas_offset(img_hw, self.canvas_size, self.mode, rng, self.grid_step)
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         x, y = self.dataset[index]

@@ -121,9 +121,7 @@ def saved_bytes(fn: Callable[[], Any]) -> int:
 
 
 def cpu_peak_bytes(fn: Callable[[], Any]) -> int:
-    """Peak of live allocations during ``fn()`` from the profiler's memory events (CPU).
-
-    The profiler prints start/stop lines unless ``KINETO_LOG_LEVEL=5`` was set before torch loaded."""
+    """Peak of live allocations during ``fn()`` from the profiler's memory events (CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:

@@ -8,7 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 import vitrel
-from vitrel.models.factory import MODEL_ARGS, build_from_cfg
+from vitrel.models.registry import MODEL_ARGS, build_from_cfg
 
 NAMES = [
     "vitrel_vit_tiny_patch16_224",

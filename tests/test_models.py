@@ -195,7 +195,7 @@ def test_pos_share(share):
     tables = [n for n in m.state_dict() if n.endswith("table")]
     if share:
         assert tables == ["rel_pos.table"]
-        assert all(b.attn.pos is m.rel_pos for b in m.blocks)
+        assert all(b.attn.pos is None for b in m.blocks)  # the model owns the scheme, blocks get its state
         counters = [_Counter(m.rel_pos)]
     else:
         assert tables == [f"blocks.{i}.attn.pos.table" for i in range(3)]
@@ -205,19 +205,24 @@ def test_pos_share(share):
     assert sum(c.n for c in counters) == (1 if share else 3)  # one bias per forward when shared
     if share:  # the shared table gets the gradient of every block
         assert m.rel_pos.table.grad is not None and m.rel_pos.table.grad.abs().sum() > 0
-        # a deep copy (EMA) keeps the sharing, with its own copy of the scheme
+        # a deep copy (EMA) has its own copy of the scheme, still shared by its blocks
         c = copy.deepcopy(m)
-        assert all(b.attn.pos is c.rel_pos for b in c.blocks) and c.rel_pos is not m.rel_pos
+        assert c.rel_pos is not m.rel_pos and all(b.attn.pos is None for b in c.blocks)
+        x = torch.randn(2, 3, 32, 32)
+        torch.testing.assert_close(c(x), m(x))
         assert sum(p.numel() for p in c.parameters()) == sum(p.numel() for p in m.parameters())
 
 
 def test_swin_pos_share_per_stage():
     m = _tiny_swin(pos="rel2d_factored", pos_share=True)
+    counters = []
     for stage in m.layers:
-        assert all(b.attn.pos is stage.rel_pos for b in stage.blocks)
+        assert stage.rel_pos is not None and all(b.attn.pos is None for b in stage.blocks)
+        counters.append(_Counter(stage.rel_pos))
     keys = [k for k in m.state_dict() if "table" in k]
     assert keys == [f"layers.{i}.rel_pos.{t}" for i in range(4) for t in ("table_h", "table_w")]
     m(torch.randn(1, 3, 32, 32)).sum().backward()
+    assert [c.n for c in counters] == [1, 1, 1, 1]  # one bias per stage and forward
 
 
 @pytest.mark.parametrize("arch", ["vit", "swin"])

@@ -7,9 +7,10 @@ import warnings
 import pytest
 import torch
 
+import vitrel
 from vitrel import Attention
-from vitrel.pos import PositionScheme, build_pos, list_pos
-from vitrel.pos.base import UnknownSchemeError
+from vitrel.pos import build_pos, get_pos_class, list_pos
+from vitrel.pos.base import FAMILIES, Grid, UnknownSchemeError, attend_eager, merge_masks
 
 ALL = list_pos()
 RELATIVE = list_pos("relative")
@@ -18,18 +19,30 @@ DIM, HEADS = 32, 2  # head_dim 16: divisible by 4 for 2-D RoPE
 
 
 def _attn(name: str, grid, prefix: int, seed: int = 0) -> Attention:
+    """An attention layer with scheme ``name``; an absolute scheme is kept as ``a.abs_pos`` (it acts on
+    the tokens, the layer itself has ``none``)."""
     torch.manual_seed(seed)
-    a = Attention(DIM, HEADS, pos=name, grid=grid, num_prefix_tokens=prefix).double()
+    absolute = get_pos_class(name).kind == "absolute"
+    a = Attention(DIM, HEADS, pos="none" if absolute else name, grid=grid, num_prefix_tokens=prefix)
+    a.abs_pos = (
+        build_pos(name, num_heads=HEADS, head_dim=DIM // HEADS, grid=grid, num_prefix_tokens=prefix)
+        if absolute
+        else None
+    )
+    a = a.double()
     with torch.no_grad():
-        for _, p in a.pos.named_parameters():  # non-trivial position parameters
-            p.add_(torch.randn_like(p) * 0.3)
+        for _, p in a.named_parameters():  # non-trivial position parameters
+            if _.startswith(("pos.", "abs_pos.")):
+                p.add_(torch.randn_like(p) * 0.3)
     return a
 
 
+def _tokens(a: Attention, x: torch.Tensor, grid) -> torch.Tensor:
+    return x if a.abs_pos is None else a.abs_pos.add_to_tokens(x, Grid(*grid), a.num_prefix_tokens)
+
+
 def _logits(a: Attention, x: torch.Tensor, grid) -> torch.Tensor:
-    if a.pos.kind == "absolute":
-        x = a.pos.add_to_tokens(x, grid, a.num_prefix_tokens)
-    return a.logits(x, grid)
+    return a.logits(_tokens(a, x, grid), grid)
 
 
 def _shift_violation(name: str, prefix: int, with_prefix_pairs: bool = True) -> float:
@@ -59,7 +72,7 @@ def test_relative_schemes_are_translation_equivariant(name, prefix):
     assert _shift_violation(name, prefix, with_prefix_pairs=False) < 1e-9
     # Prefix<->patch pairs too, except for rotations: an unrotated class token against a rotated
     # key sees the key's absolute angle (RoPE-ViT and timm behave the same way).
-    if type(Attention(DIM, HEADS, pos=name, grid=(2, 2)).pos).rotate is PositionScheme.rotate:
+    if not get_pos_class(name).has_rotation:
         assert _shift_violation(name, prefix) < 1e-9
 
 
@@ -78,10 +91,10 @@ def test_there_are_absolute_and_relative_schemes():
 def test_any_grid_at_call_time_forward_backward(name, grid):
     """Built for one grid, called on the same and on larger/other grids, prefix 0 and 2."""
     for prefix in (0, 2):
-        a = Attention(DIM, HEADS, pos=name, grid=grid, num_prefix_tokens=prefix)
+        a = _attn(name, grid, prefix).float()
         for g in (grid, (grid[1], grid[0] + 2)):
             x = torch.randn(2, prefix + g[0] * g[1], DIM, requires_grad=True)
-            y = a(x, g)
+            y = a(_tokens(a, x, g), g)
             assert y.shape == x.shape and torch.isfinite(y).all()
             y.square().mean().backward()
             assert torch.isfinite(x.grad).all()
@@ -96,15 +109,22 @@ def test_fast_path_matches_eager_logits_path(name):
     """forward (SDPA / fused kernels) == softmax(logits) path, float64, with prefix token."""
     grid = (3, 4)
     a = _attn(name, grid, 1)
-    x = torch.randn(2, 13, DIM, dtype=torch.float64)
-    if a.pos.kind == "absolute":
-        x = a.pos.add_to_tokens(x, grid, 1)
+    x = _tokens(a, torch.randn(2, 13, DIM, dtype=torch.float64), grid)
     out = a(x, grid)
-    # eager: dropout path with p=0 uses logits + softmax + content values explicitly
-    a.attn_drop = 1e-12
-    a.train()
-    eager = a(x, grid)
+    # the one eager path: softmax(eager_logits) v + content_values
+    st = a.pos.prepare(Grid(*grid), 1, x.device, x.dtype)
+    q, k, v = a._qkv(x, Grid(*grid), st)
+    o = attend_eager(a.pos, q, k, v, merge_masks(st.bias, None, q.dtype), a.scale, Grid(*grid), 1)
+    eager = a.proj(o.transpose(1, 2).reshape(x.shape))
     torch.testing.assert_close(out, eager, rtol=1e-7, atol=1e-9)
+    # attention dropout goes through the same call: active in training, off in eval, finite
+    a.attn_drop = 0.5
+    a.train()
+    torch.manual_seed(0)
+    dropped = a(x, grid)
+    assert torch.isfinite(dropped).all() and not torch.allclose(dropped, out)
+    a.eval()
+    torch.testing.assert_close(a(x, grid), out)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -131,7 +151,7 @@ def test_learned_tables_grow_and_keep_offsets(name):
     """A state dict from a small grid loads into a larger grid; offsets it had keep their values."""
     small, big = (3, 4), (5, 7)
     a = _attn(name, small, 1)
-    b = Attention(DIM, HEADS, pos=name, grid=big, num_prefix_tokens=1).double()
+    b = _attn(name, big, 1, seed=5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the resize warning
         b.load_state_dict(a.state_dict())
@@ -166,17 +186,58 @@ def test_config_dict_and_shared_module():
         Attention(48, 3, pos=p, grid=(4, 4))
 
 
-def test_bias_cache_computes_bias_once_per_forward():
-    from vitrel.pos import bias_cache
+def test_absolute_scheme_inside_attention_is_a_clear_error():
+    for name in ABSOLUTE:
+        with pytest.raises(ValueError, match=f"'{name}' is an absolute position scheme.*abs_pos='{name}'"):
+            Attention(DIM, HEADS, pos=name, grid=(4, 4))
+        with pytest.raises(ValueError, match="absolute position scheme"):
+            Attention(DIM, HEADS, pos={"name": name}, grid=(4, 4))
 
-    a = Attention(DIM, HEADS, pos="rel2d_full", grid=(4, 4))
+
+@pytest.mark.parametrize("name", ALL)
+def test_declared_capabilities_match_behaviour(name):
+    """kind / family / has_bias / has_rotation / has_content_terms are declared; check them against what
+    the hooks actually do, so a declaration cannot drift from the code."""
+    cls = get_pos_class(name)
+    s = build_pos(name, num_heads=HEADS, head_dim=DIM // HEADS, grid=(3, 4), num_prefix_tokens=1).double()
+    with torch.no_grad():
+        for p in s.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    g = Grid(3, 4)
+    q = torch.randn(1, HEADS, 13, DIM // HEADS, dtype=torch.float64)
+    b = s.bias(g, 1)
+    assert (b is not None) == cls.has_bias, name
+    rq, rk = s.rotate(q, q.clone(), g, 1)
+    assert (not torch.equal(rq, q)) == cls.has_rotation, name
+    assert (s.content_logits(q, g, 1) is not None) == cls.has_content_terms, name
+    x = torch.randn(1, 13, DIM, dtype=torch.float64)
+    assert (not torch.equal(s.add_to_tokens(x, g, 1), x)) == (cls.kind == "absolute"), name
+    assert cls.family in FAMILIES
+    assert (cls.family == "absolute") == (cls.kind == "absolute")
+    assert (cls.family == "rotary") == cls.has_rotation
+    assert (cls.family == "content") == cls.has_content_terms
+    if cls.family in ("learned bias", "fixed bias"):
+        assert cls.has_bias and (cls.family == "learned bias") == any(True for _ in s.parameters())
+
+
+@pytest.mark.parametrize("name", ["rel2d_full", "alibi2d", "rope2d_mixed", "shaw2d_factored"])
+def test_shared_state_is_prepared_once_per_forward_and_passed_to_blocks(name):
+    """pos_share=True: the model prepares its scheme's state once per forward (with gradient
+    checkpointing too) and every block uses it; the forward stores nothing on the modules."""
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=name, pos_share=True, embed_dim=32, depth=3, num_heads=2)
+    assert all(blk.attn.pos is None for blk in m.blocks) and m.rel_pos is not None
     calls = []
-    orig = a.pos.bias
-    a.pos.bias = lambda g, p=0: calls.append(1) or orig(g, p)
-    x = torch.randn(1, 16, DIM)
-    with bias_cache(a):
-        a(x, (4, 4))
-        a(x, (4, 4))
-    assert len(calls) == 1
-    a(x, (4, 4))
+    orig = m.rel_pos.prepare
+    m.rel_pos.prepare = lambda *a, **k: calls.append(1) or orig(*a, **k)
+    x = torch.randn(2, 3, 32, 32)
+    for ckpt in (False, True):
+        m.set_grad_checkpointing(ckpt)
+        before = {n: dict(vars(mod)) for n, mod in m.named_modules()}
+        m(x).sum().backward()
+        for n, mod in m.named_modules():  # no attribute added, replaced or removed by the forward
+            d = vars(mod)
+            assert set(d) == set(before[n]) and all(d[k] is before[n][k] for k in d), n
     assert len(calls) == 2
+    assert all(p.grad is not None for p in m.rel_pos.parameters())
+    with pytest.raises(ValueError, match="shared position scheme"):
+        m.blocks[0].attn(torch.randn(1, 65, 32), (8, 8))

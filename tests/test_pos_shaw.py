@@ -141,14 +141,14 @@ def test_window_mask(name, prefix):
 
 
 @pytest.mark.parametrize("name", SCHEMES)
-def test_clipping_max_distance_and_larger_grid(name):
+def test_clipping_clip_distance_and_larger_grid(name):
     # explicit clipping (tables of 2*1+1 rows) and a call grid larger than the built one
-    _check(make(name, (3, 4), 1, max_distance=1), (3, 4))
+    _check(make(name, (3, 4), 1, clip_distance=1), (3, 4))
     _check(make(name, (2, 3), 1), (4, 5))
 
 
-def test_factored_per_axis_max_distance():
-    m = make("shaw2d_factored", (4, 5), 0, max_distance=(1, 2))
+def test_factored_per_axis_clip_distance():
+    m = make("shaw2d_factored", (4, 5), 0, clip_distance=(1, 2))
     assert m.pos.rel_kh.shape[0] == 3 and m.pos.rel_kw.shape[0] == 5
     _check(m, (4, 5))
 
@@ -191,19 +191,19 @@ def test_factored_equals_full_outer_sum(prefix):
 
 
 def test_tables_and_config():
-    pos = build_pos({"name": "shaw2d_factored", "max_distance": None}, num_heads=2, head_dim=8, grid=(3, 5))
-    assert pos.rel_kh.shape == (5, 8) and pos.rel_kw.shape == (9, 8) and pos.max_distance == (2, 4)
+    pos = build_pos({"name": "shaw2d_factored", "clip_distance": None}, num_heads=2, head_dim=8, grid=(3, 5))
+    assert pos.rel_kh.shape == (5, 8) and pos.rel_kw.shape == (9, 8) and pos.clip_distance == (2, 4)
     assert 0.01 < torch.cat([pos.rel_kh, pos.rel_kw, pos.rel_vh, pos.rel_vw]).std() < 0.03  # trunc_normal std 0.02
-    pos = build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 5), max_distance=2)
+    pos = build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 5), clip_distance=2)
     assert pos.rel_k.shape == (5, 5, 8)
     pos = build_pos("shaw1d", num_heads=2, head_dim=8, grid=(3, 5))
-    assert pos.rel_k.shape == (29, 8) and pos.max_distance == 14
+    assert pos.rel_k.shape == (29, 8) and pos.clip_distance == 14
     for name in SCHEMES:
         pos = build_pos(name, num_heads=2, head_dim=8, grid=(3, 3))
         names = [n for n, _ in pos.named_parameters()]
         assert names and all(any(key in n for key in pos.no_weight_decay_keys) for n in names)
-    with pytest.raises(ValueError, match="max_distance"):
-        build_pos("shaw2d_factored", num_heads=2, head_dim=8, grid=(3, 3), max_distance=-1)
+    with pytest.raises(ValueError, match="clip_distance"):
+        build_pos("shaw2d_factored", num_heads=2, head_dim=8, grid=(3, 3), clip_distance=-1)
     m = Attention(16, 2, pos="shaw2d_factored", grid=(3, 3))
     with pytest.raises(ValueError, match="tokens"):
         m(torch.randn(1, 10, 16), (3, 3))

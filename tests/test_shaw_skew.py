@@ -3,7 +3,7 @@
 ``skew``/``unskew`` against their index definitions; ``shaw_attention`` against a loop reference of
 ``A_ij = (q_i . k_j + q_i . r^K[clip(j - i - o)]) * scale (+ causal mask)``,
 ``out_i = sum_j a_ij (v_j + r^V[clip(j - i - o)])`` for full, causal and cross attention, forward and
-gradients, with offsets beyond ``max_distance`` / the table checked to get the edge embedding.
+gradients, with offsets beyond ``clip_distance`` / the table checked to get the edge embedding.
 """
 
 from __future__ import annotations
@@ -63,12 +63,12 @@ def test_skew_causal_memory_efficient_huang():
             assert s[i, j] == x[i, j - i + n - 1]
 
 
-def naive_shaw(q, k, v, rel_k, rel_v, causal, max_distance, q_offset, scale=None):
+def naive_shaw(q, k, v, rel_k, rel_v, causal, clip_distance, q_offset, scale=None):
     """Loops straight from the equation."""
     n_q, d = q.shape[-2:]
     n_k = k.shape[-2]
     half = (rel_k.shape[0] - 1) // 2
-    kc = half if max_distance is None else max_distance
+    kc = half if clip_distance is None else clip_distance
     if q_offset is None:
         q_offset = n_k - n_q if causal else 0
     scale = 1 / math.sqrt(d) if scale is None else scale
@@ -94,11 +94,11 @@ def naive_shaw(q, k, v, rel_k, rel_v, causal, max_distance, q_offset, scale=None
 
 
 CASES = [
-    # (n_q, n_k, causal, table half K, max_distance, q_offset)
+    # (n_q, n_k, causal, table half K, clip_distance, q_offset)
     (5, 5, False, 4, None, None),  # full self attention, every offset in the table
     (5, 5, True, 4, None, None),  # causal self attention
     (6, 6, False, 2, None, None),  # offsets beyond the table clamp to its edge
-    (6, 6, True, 3, 1, None),  # causal, clipped at max_distance < K
+    (6, 6, True, 3, 1, None),  # causal, clipped at clip_distance < K
     (3, 7, False, 3, 2, None),  # cross, n_q < n_k
     (7, 3, False, 3, None, None),  # cross, n_q > n_k
     (3, 7, True, 5, None, None),  # causal cross: queries are the last 3 positions
@@ -107,8 +107,8 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("n_q,n_k,causal,half,max_distance,q_offset", CASES)
-def test_shaw_attention_matches_naive(n_q, n_k, causal, half, max_distance, q_offset):
+@pytest.mark.parametrize("n_q,n_k,causal,half,clip_distance,q_offset", CASES)
+def test_shaw_attention_matches_naive(n_q, n_k, causal, half, clip_distance, q_offset):
     d = 4
     q = torch.randn(2, 2, n_q, d, dtype=DT, requires_grad=True)
     k = torch.randn(2, 2, n_k, d, dtype=DT, requires_grad=True)
@@ -116,7 +116,7 @@ def test_shaw_attention_matches_naive(n_q, n_k, causal, half, max_distance, q_of
     rel_k = torch.randn(2 * half + 1, d, dtype=DT, requires_grad=True)
     rel_v = torch.randn(2 * half + 1, d, dtype=DT, requires_grad=True)
     inputs = [q, k, v, rel_k, rel_v]
-    kw = dict(causal=causal, max_distance=max_distance, q_offset=q_offset)
+    kw = dict(causal=causal, clip_distance=clip_distance, q_offset=q_offset)
     ref_logits, ref = naive_shaw(*inputs, **kw)
     out = shaw_attention(*inputs, **kw)
     torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
@@ -127,7 +127,7 @@ def test_shaw_attention_matches_naive(n_q, n_k, causal, half, max_distance, q_of
         torch.testing.assert_close(g, rg, rtol=1e-10, atol=1e-12, msg=lambda s, name=name: f"grad {name}: {s}")
     # the content logit term alone, where it is defined (not the masked causal entries)
     qo = q_offset if q_offset is not None else (n_k - n_q if causal else 0)
-    s = shaw_logits(q, rel_k, n_k, q_offset=qo, causal=causal, max_distance=max_distance)
+    s = shaw_logits(q, rel_k, n_k, q_offset=qo, causal=causal, clip_distance=clip_distance)
     plain = q @ k.transpose(-2, -1) / math.sqrt(d)
     visible = torch.isfinite(ref_logits)
     torch.testing.assert_close((plain + s / math.sqrt(d))[visible], ref_logits[visible])
@@ -141,16 +141,16 @@ def test_gradcheck_tiny():
     rv = torch.randn(5, 2, dtype=DT, requires_grad=True)
     for causal in (False, True):
         assert torch.autograd.gradcheck(
-            lambda *t, c=causal: shaw_attention(*t, causal=c, max_distance=1), (q, k, v, rk, rv)
+            lambda *t, c=causal: shaw_attention(*t, causal=c, clip_distance=1), (q, k, v, rk, rv)
         )
 
 
 def test_clipping_gives_edge_embedding():
-    """Offsets with |r| > max_distance use exactly the edge rows r^K[+-max_distance]."""
+    """Offsets with |r| > clip_distance use exactly the edge rows r^K[+-clip_distance]."""
     n, d, half, md = 7, 3, 4, 2
     table = torch.arange((2 * half + 1) * d, dtype=DT).reshape(2 * half + 1, d)  # distinct rows
     q = torch.eye(d, dtype=DT).repeat(n, 1)[:n]  # q_i picks one coordinate
-    s = shaw_logits(q, table, n, max_distance=md)
+    s = shaw_logits(q, table, n, clip_distance=md)
     for i in range(n):
         for j in range(n):
             r = j - i
@@ -165,13 +165,13 @@ def test_clipping_gives_edge_embedding():
     # values: uniform weights over keys beyond the clip distance pick the edge value row only
     a = torch.zeros(1, n, dtype=DT)
     a[0, 5:] = 0.5  # offsets 5 and 6 from query 0, both beyond md
-    torch.testing.assert_close(shaw_values(a, table, max_distance=md)[0], table[half + md])
+    torch.testing.assert_close(shaw_values(a, table, clip_distance=md)[0], table[half + md])
 
 
 def test_errors():
     q = torch.randn(1, 4, 2)
-    with pytest.raises(ValueError, match="max_distance"):
-        shaw_logits(q, torch.randn(5, 2), 4, max_distance=3)
+    with pytest.raises(ValueError, match="clip_distance"):
+        shaw_logits(q, torch.randn(5, 2), 4, clip_distance=3)
     with pytest.raises(ValueError, match="2K\\+1"):
         shaw_logits(q, torch.randn(4, 2), 4)
     with pytest.raises(ValueError, match="q_offset"):

@@ -10,6 +10,7 @@ import torch
 import vitrel
 from vitrel import viz
 from vitrel.pos import Grid, list_pos
+from vitrel.pos.base import FAMILIES
 
 
 def build(name: str, grid=(4, 5), heads: int = 3, head_dim: int = 8, **kw):
@@ -86,7 +87,7 @@ def test_position_matrix_rope2d_axial_is_the_sum_of_cosines():
 
 def test_position_matrix_shaw2d_full_is_the_key_term():
     g = Grid(3, 3)
-    s = build("shaw2d_full", grid=g, heads=2, head_dim=4, max_distance=1)
+    s = build("shaw2d_full", grid=g, heads=2, head_dim=4, clip_distance=1)
     with torch.no_grad():
         s.rel_k.normal_()
     m = viz.position_matrix(s, g)
@@ -161,7 +162,7 @@ def test_rope_similarity_of_rope2d_mixed_uses_its_learned_frequencies():
         viz.rope_similarity(build("rel2d_full"))
 
 
-def test_scheme_family_reads_the_hooks():
+def test_group_by_declared_family():
     want = {
         "none": "none",
         "ape": "absolute",
@@ -175,9 +176,9 @@ def test_scheme_family_reads_the_hooks():
         "shaw2d_factored": "content",
     }
     for name, fam in want.items():
-        assert viz.scheme_family(build(name, head_dim=8)) == fam, name
+        assert build(name, head_dim=8).family == fam, name
     groups = viz.group_by_family({n: build(n, head_dim=8) for n in list_pos()})
-    assert list(groups) == [f for f in viz.FAMILY_ORDER if f in groups]
+    assert list(groups) == [f for f in FAMILIES if f in groups]
     assert sorted(n for g in groups.values() for n in g) == list_pos()
 
 

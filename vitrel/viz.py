@@ -40,11 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, as_grid, bias_cache
+from vitrel.pos.base import FAMILIES, Grid, PositionScheme, as_grid
 
 __all__ = [
-    "FAMILY_ORDER",
-    "scheme_family",
     "group_by_family",
     "position_matrix",
     "position_kernel",
@@ -63,38 +61,13 @@ __all__ = [
     "figure_to_array",
 ]
 
-#: Display order of :func:`scheme_family` names.
-FAMILY_ORDER = ("none", "absolute", "learned bias", "fixed bias", "rotary", "content")
-
-
 # ------------------------------------------------------------------------------------------ families
-def _overrides(scheme: PositionScheme, hook: str) -> bool:
-    return getattr(type(scheme), hook) is not getattr(PositionScheme, hook)
-
-
-def scheme_family(scheme: PositionScheme) -> str:
-    """Family of a scheme, read from the hooks it implements (so a new scheme needs no entry here).
-
-    ``"none"`` (no position at all), ``"absolute"`` (``kind == "absolute"``), ``"rotary"`` (overrides
-    ``rotate``), ``"content"`` (Shaw-style content terms), ``"fixed bias"`` (a bias without
-    parameters, e.g. ALiBi) or ``"learned bias"``.
-    """
-    if scheme.kind == "absolute":
-        return "absolute"
-    if _overrides(scheme, "rotate"):
-        return "rotary"
-    if scheme.has_content_terms:
-        return "content"
-    if _overrides(scheme, "bias"):
-        return "learned bias" if any(p.requires_grad for p in scheme.parameters()) else "fixed bias"
-    return "none"
-
-
 def group_by_family(schemes: Mapping[str, PositionScheme]) -> dict[str, dict[str, PositionScheme]]:
-    """``{family: {name: scheme}}`` in :data:`FAMILY_ORDER`, names in their given order."""
-    out: dict[str, dict[str, PositionScheme]] = {f: {} for f in FAMILY_ORDER}
+    """``{family: {name: scheme}}`` by each scheme's declared ``family``, in the order of
+    :data:`vitrel.pos.base.FAMILIES`, names in their given order."""
+    out: dict[str, dict[str, PositionScheme]] = {f: {} for f in FAMILIES}
     for name, s in schemes.items():
-        out.setdefault(scheme_family(s), {})[name] = s
+        out.setdefault(s.family, {})[name] = s
     return {f: v for f, v in out.items() if v}
 
 
@@ -197,7 +170,7 @@ def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
     The cosine similarity of the rotated probes of two patches at offset ``(dh, dw)`` on ``grid``
     (default: the scheme's grid; a larger grid shows the offsets a model never saw in training).
     """
-    if not _overrides(scheme, "rotate"):
+    if not scheme.has_rotation:
         raise ValueError(f"{scheme.name} does not rotate queries and keys; rope_similarity needs a rotary scheme")
     grid = as_grid(grid if grid is not None else scheme.grid)
     d = scheme.head_dim
@@ -241,26 +214,26 @@ def attention_maps(model: nn.Module, images: Tensor, block: int = -1, stage: int
             x, grid = model.embed(images)
             blocks = list(model.blocks)
             idx = _pick(block, len(blocks), "block")
-            with bias_cache(model):
-                for blk in blocks[:idx]:
-                    x = blk(x, grid)
-                blk = blocks[idx]
-                a = blk.attn.attention_map(blk.norm1(x), grid)  # [B, heads, N, N]
+            st = model.position_state(grid, x)
+            for blk in blocks[:idx]:
+                x = blk(x, grid, pos_state=st)
+            blk = blocks[idx]
+            a = blk.attn.attention_map(blk.norm1(x), grid, pos_state=st)  # [B, heads, N, N]
             p = model.num_prefix_tokens
             m = a[:, :, 0, p:] if model.has_class_token else a[:, :, p:, p:].mean(2)
             return m.reshape(a.shape[0], a.shape[1], grid.h, grid.w).float().cpu()
         if isinstance(model, SwinTransformer):
             s = _pick(stage, len(model.layers), "stage")
             x = model.embed(images)
-            with bias_cache(model):
-                for st in model.layers[:s]:
-                    x = st(x)
-                st = model.layers[s]
-                x = st.downsample(x)
-                idx = _pick(block, len(st.blocks), "block")
-                for blk in st.blocks[:idx]:
-                    x = blk(x)
-                dense = st.blocks[idx].dense_attention(x)  # [B, heads, HW, HW]
+            for stg in model.layers[:s]:
+                x = stg(x)
+            stg = model.layers[s]
+            x = stg.downsample(x)
+            pos_state = stg.position_state(x)
+            idx = _pick(block, len(stg.blocks), "block")
+            for blk in stg.blocks[:idx]:
+                x = blk(x, pos_state)
+            dense = stg.blocks[idx].dense_attention(x, pos_state)  # [B, heads, HW, HW]
             b, heads = dense.shape[:2]
             return dense.mean(2).reshape(b, heads, x.shape[1], x.shape[2]).float().cpu()
     finally:
@@ -589,7 +562,7 @@ def plot_study_scatter(
     if not ys:
         raise ValueError(f"no metric to plot against {x}")
     fams = list(dict.fromkeys(r.get("family", "?") for r in rows))
-    fams.sort(key=lambda f: FAMILY_ORDER.index(f) if f in FAMILY_ORDER else len(FAMILY_ORDER))
+    fams.sort(key=lambda f: FAMILIES.index(f) if f in FAMILIES else len(FAMILIES))
     colours = {f: f"C{i}" for i, f in enumerate(fams)}
     fig = _figure(4.2 * len(ys) + 0.4, 3.6 * len(archs) + 0.4)
     axes = np.atleast_2d(fig.subplots(len(archs), len(ys), squeeze=False))

@@ -1,3 +1,3 @@
-from vitrel.layers.attention import Attention, attention_logits
+from vitrel.layers.attention import SHARED, Attention
 
-__all__ = ["Attention", "attention_logits"]
+__all__ = ["Attention", "SHARED"]

@@ -8,7 +8,13 @@ For ``x`` of ``[B, N, C]`` on a grid ``H x W`` with ``P`` prefix tokens (``N = P
     out     = softmax(A) v + pos.content_values(softmax(A))
 
 ``forward`` runs the scheme's fused path (``PositionScheme.attend``: SDPA with the bias as a
-float mask, or the scheme's own kernel); ``logits`` returns ``A`` eagerly for inspection.
+float mask, or the scheme's own kernel; attention dropout goes into the same call); ``logits``
+returns ``A`` eagerly for inspection (:func:`~vitrel.pos.base.eager_logits`, the expression the
+eager path of schemes with content terms also uses).
+
+Position state: a layer built with a scheme prepares it at every call. A layer built with
+``pos="shared"`` owns no scheme: the model computes its shared scheme's state once per forward
+(``scheme.prepare(grid, ...)``) and passes it to every layer as ``pos_state``.
 
 Windows: pass ``x`` as ``[B * num_windows, n, C]`` with ``grid`` the window's grid and ``mask``
 ``[num_windows, n, n]`` (the shifted-window mask); the bias is built once for the window grid and
@@ -22,23 +28,47 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, as_grid, build_pos, check_tokens, merge_masks
+from vitrel.pos.base import (
+    Grid,
+    PositionScheme,
+    PosState,
+    as_grid,
+    build_pos,
+    check_tokens,
+    eager_logits,
+    get_pos_class,
+    merge_masks,
+)
 
-__all__ = ["Attention", "attention_logits"]
+__all__ = ["Attention", "SHARED"]
+
+#: ``Attention(..., pos=SHARED)``: the layer owns no scheme and takes the model's state in ``forward``.
+SHARED = "shared"
+
+
+def _pos_name(pos: Any) -> str | None:
+    if isinstance(pos, str):
+        return pos
+    if hasattr(pos, "items") and not isinstance(pos, nn.Module):
+        return str(dict(pos.items()).get("name"))
+    return None
 
 
 class Attention(nn.Module):
-    """``Attention(dim, num_heads, pos=<name | config | PositionScheme>)``.
+    """``Attention(dim, num_heads, pos=<name | config | PositionScheme | "shared">)``.
 
     Args:
         dim: embedding dimension ``C``.
         num_heads: number of heads; ``dim`` must be divisible by it.
-        pos: the position scheme (a registered name, a config dict with ``name``, or a module,
-            which may be shared between layers). Absolute schemes act at the input of the
-            network, so inside attention they behave as ``none``.
+        pos: the relative position scheme (a registered name, a config dict with ``name``, or a
+            module), or ``"shared"`` for a layer that takes the state of a scheme its model owns
+            (``forward(..., pos_state=...)``). Absolute schemes (``ape``, ``sincos2d``) act at the
+            input of the network, not inside attention: they are refused here (give them to a
+            model as ``abs_pos=``).
         grid: the grid (or window) the scheme is built for; sizes learned tables.
         num_prefix_tokens: class/register tokens ahead of the patch tokens.
         qkv_bias, attn_drop, proj_drop: as in timm.
+        causal: add a causal mask (1-D sequences).
         pos_kwargs: extra options for the scheme when ``pos`` is a name.
     """
 
@@ -68,6 +98,18 @@ class Attention(nn.Module):
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
+        self.pos: PositionScheme | None = None
+        if pos == SHARED:
+            if pos_kwargs:
+                raise ValueError(f"pos='shared' takes no scheme options, got {sorted(pos_kwargs)}")
+            return
+        name = pos.name if isinstance(pos, PositionScheme) else _pos_name(pos)
+        if name is not None and get_pos_class(name).kind == "absolute":
+            raise ValueError(
+                f"{name!r} is an absolute position scheme: it adds an embedding to the tokens at the input of the "
+                "network, so it cannot act inside attention. Give it to a model (vitrel.create_model(..., "
+                f"abs_pos={name!r}) or pos={name!r}), or add it yourself with scheme.add_to_tokens(x, grid)."
+            )
         self.pos = build_pos(
             pos,
             num_heads=num_heads,
@@ -77,21 +119,43 @@ class Attention(nn.Module):
             embed_dim=dim,
             **pos_kwargs,
         )
-        if self.pos.num_heads != num_heads or self.pos.head_dim != self.head_dim:
-            raise ValueError(
-                f"position scheme built for {self.pos.num_heads} heads of {self.pos.head_dim} dims, "
-                f"attention has {num_heads} heads of {self.head_dim}"
-            )
+        self._check_scheme(self.pos)
 
     # ------------------------------------------------------------------------------ internals
-    def _qkv(self, x: Tensor, grid: Grid) -> tuple[Tensor, Tensor, Tensor]:
+    def _check_scheme(self, scheme: PositionScheme) -> None:
+        if scheme.num_heads != self.num_heads or scheme.head_dim != self.head_dim:
+            raise ValueError(
+                f"position scheme built for {scheme.num_heads} heads of {scheme.head_dim} dims, "
+                f"attention has {self.num_heads} heads of {self.head_dim}"
+            )
+
+    def _state(self, x: Tensor, grid: Grid, pos_state: PosState | None) -> PosState:
+        if pos_state is None:
+            if self.pos is None:
+                raise ValueError(
+                    "this attention layer uses its model's shared position scheme (pos='shared'): pass "
+                    "pos_state=scheme.prepare(grid, num_prefix_tokens, x.device, x.dtype)"
+                )
+            return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype)
+        if tuple(pos_state.grid) != tuple(grid) or pos_state.num_prefix_tokens != self.num_prefix_tokens:
+            raise ValueError(
+                f"pos_state was prepared for grid {tuple(pos_state.grid)} with {pos_state.num_prefix_tokens} "
+                f"prefix token(s), this call has grid {tuple(grid)} with {self.num_prefix_tokens}"
+            )
+        self._check_scheme(pos_state.scheme)
+        return pos_state
+
+    def _qkv(self, x: Tensor, grid: Grid, st: PosState | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Projected ``q, k, v [B, heads, N, d]``, ``q`` and ``k`` rotated by the scheme."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape [B, N, {self.dim}], got {tuple(x.shape)}")
         check_tokens(x.shape[1], grid, self.num_prefix_tokens)
+        if st is None:
+            st = self._state(x, grid, None)
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        q, k = self.pos.rotate(q, k, grid, self.num_prefix_tokens)
+        q, k = st.scheme.rotate(q, k, grid, self.num_prefix_tokens, state=st)
         return q, k, v
 
     def _mask(self, mask: Tensor | None, b: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
@@ -110,55 +174,41 @@ class Attention(nn.Module):
         return mask
 
     # ------------------------------------------------------------------------------- public
-    def forward(self, x: Tensor, grid: Any, mask: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None) -> Tensor:
         """``x [B, N, C]`` on ``grid`` -> ``[B, N, C]``. ``mask``: ``[nW, n, n]`` window mask or a
-        float mask broadcastable to ``[B, heads, N, N]``."""
+        float mask broadcastable to ``[B, heads, N, N]``; ``pos_state``: a shared scheme's state."""
         grid = as_grid(grid)
-        q, k, v = self._qkv(x, grid)
+        st = self._state(x, grid, pos_state)
+        q, k, v = self._qkv(x, grid, st)
         b, n, c = x.shape
         m = self._mask(mask, b, n, q.dtype, q.device)
-        if self.attn_drop and self.training:
-            out = self._dropout_attend(q, k, v, m, grid)
-        else:
-            out = self.pos.attend(q, k, v, m, self.scale, grid, self.num_prefix_tokens)
+        p = self.attn_drop if self.training else 0.0
+        out = st.scheme.attend(q, k, v, m, self.scale, grid, self.num_prefix_tokens, state=st, dropout_p=p)
         out = out.transpose(1, 2).reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
-    def _dropout_attend(self, q: Tensor, k: Tensor, v: Tensor, m: Tensor | None, grid: Grid) -> Tensor:
-        attn = self._logits_qk(q, k, m, grid).softmax(-1)
-        attn_d = nn.functional.dropout(attn, self.attn_drop)
-        out = attn_d @ v
-        cv = self.pos.content_values(attn_d, grid, self.num_prefix_tokens)
-        return out if cv is None else out + cv
-
-    def _logits_qk(self, q: Tensor, k: Tensor, m: Tensor | None, grid: Grid) -> Tensor:
-        a = q @ k.transpose(-2, -1)
-        c = self.pos.content_logits(q, grid, self.num_prefix_tokens)
-        if c is not None:
-            a = a + c
-        a = a * self.scale
-        bias_mask = merge_masks(self.pos.cached_bias(grid, self.num_prefix_tokens), m, a.dtype)
-        return a if bias_mask is None else a + bias_mask
-
-    def logits(self, x: Tensor, grid: Any, mask: Tensor | None = None) -> Tensor:
+    def logits(
+        self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None
+    ) -> Tensor:
         """Pre-softmax logits ``[B, heads, N, N]``, computed eagerly (for inspection)."""
         grid = as_grid(grid)
-        q, k, _ = self._qkv(x, grid)
-        m = self._mask(mask, x.shape[0], x.shape[1], q.dtype, q.device)
-        return self._logits_qk(q, k, m, grid)
+        st = self._state(x, grid, pos_state)
+        q, k, _ = self._qkv(x, grid, st)
+        m = merge_masks(st.bias, self._mask(mask, x.shape[0], x.shape[1], q.dtype, q.device), q.dtype)
+        return eager_logits(st.scheme, q, k, m, self.scale, grid, self.num_prefix_tokens)
 
-    def attention_map(self, x: Tensor, grid: Any, mask: Tensor | None = None) -> Tensor:
+    def attention_map(
+        self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None
+    ) -> Tensor:
         """Attention probabilities ``[B, heads, N, N]``."""
-        return self.logits(x, grid, mask).softmax(-1)
+        return self.logits(x, grid, mask, pos_state).softmax(-1)
 
     def bias(self, grid: Any) -> Tensor | None:
         """The scheme's additive term ``[heads, N, N]`` for ``grid`` (None for non-bias schemes)."""
+        if self.pos is None:
+            raise ValueError("this attention layer uses its model's shared scheme: ask the model's scheme for its bias")
         return self.pos.bias(as_grid(grid), self.num_prefix_tokens)
 
     def extra_repr(self) -> str:
-        return f"dim={self.dim}, heads={self.num_heads}, prefix={self.num_prefix_tokens}"
-
-
-def attention_logits(attn: Attention, x: Tensor, grid: Any) -> Tensor:
-    """Functional alias of :meth:`Attention.logits`."""
-    return attn.logits(x, grid)
+        shared = ", pos=shared" if self.pos is None else ""
+        return f"dim={self.dim}, heads={self.num_heads}, prefix={self.num_prefix_tokens}{shared}"

@@ -1,7 +1,12 @@
-"""Backbones (global ViT, Swin-style windowed ViT), the model factory and checkpoint loading."""
+"""Backbones (global ViT, Swin-style windowed ViT), the model factory and checkpoint loading.
+
+Layers: ``registry`` (architecture table, building; no I/O) <- ``checkpoint`` (reading / writing
+weights) <- ``factory`` (``create_model``, timm entry points).
+"""
 
 from vitrel.models.checkpoint import CheckpointError, export_model, extract_model_state, load_model, save_pretrained
-from vitrel.models.factory import create_model, list_models
+from vitrel.models.factory import create_model
+from vitrel.models.registry import build_from_cfg, list_models
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.vit import VisionTransformer
 
@@ -9,6 +14,7 @@ __all__ = [
     "CheckpointError",
     "SwinTransformer",
     "VisionTransformer",
+    "build_from_cfg",
     "create_model",
     "export_model",
     "extract_model_state",

@@ -9,19 +9,21 @@ and stochastic depth ``DropPath`` (Huang et al., 2016)::
 
 Position schemes come in two kinds (``PositionScheme.kind``): ``"absolute"`` ones are applied once
 to the tokens after the patch embedding (``scheme.add_to_tokens``), ``"relative"`` ones live inside
-the attention layers, either one per block or one module shared by all blocks (``pos_share``).
+the attention layers, either one per block or one module owned by the model and shared by all
+blocks (``pos_share``): the model then prepares its state once per forward and passes it to every
+block (``blk(x, grid, pos_state=state)``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from timm.layers import DropPath, LayerScale, Mlp
 from torch import Tensor, nn
 
 from vitrel.layers.attention import Attention
-from vitrel.pos.base import Grid, PositionScheme, as_grid, build_pos, get_pos_class
+from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, build_pos, get_pos_class
 
 __all__ = [
     "PatchEmbed",
@@ -29,7 +31,6 @@ __all__ = [
     "plain_pos_spec",
     "split_pos",
     "build_abs_pos",
-    "share_scheme",
     "scheme_no_weight_decay",
     "init_weights_",
 ]
@@ -113,19 +114,6 @@ def build_abs_pos(
     )
 
 
-def share_scheme(attn: Attention, scheme: PositionScheme) -> None:
-    """Make ``attn`` use ``scheme`` without registering it as ``attn``'s submodule.
-
-    The model owns a shared scheme once (e.g. ``model.rel_pos``); every attention layer refers to
-    it. Registering it under every layer would store its tables once per block in the state dict
-    (and safetensors refuses tensors that share memory).
-    """
-    if attn.pos.num_heads != scheme.num_heads or attn.pos.head_dim != scheme.head_dim:
-        raise ValueError("shared scheme does not match the attention layer's heads")
-    del attn._modules["pos"]
-    object.__setattr__(attn, "pos", scheme)
-
-
 def scheme_no_weight_decay(model: nn.Module) -> set[str]:
     """Full names of the parameters of every scheme in ``model`` matched by its ``no_weight_decay_keys``."""
     out: set[str] = set()
@@ -203,13 +191,17 @@ class PatchEmbed(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: ``x + DP(ls1(Attn(LN x))) ; x + DP(ls2(MLP(LN x)))``."""
+    """Pre-norm transformer block: ``x + DP(ls1(Attn(LN x))) ; x + DP(ls2(MLP(LN x)))``.
+
+    ``pos``: the block's own scheme (name or config), or ``"shared"`` (:data:`~vitrel.layers.SHARED`)
+    when the model owns the scheme and passes its state to ``forward``.
+    """
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
-        pos: PosSpec | PositionScheme = "none",
+        pos: PosSpec = "none",
         grid: Any = (14, 14),
         num_prefix_tokens: int = 0,
         mlp_ratio: float = 4.0,
@@ -221,20 +213,17 @@ class Block(nn.Module):
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()
-        shared = pos if isinstance(pos, PositionScheme) else None
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(
             dim,
             num_heads,
-            pos="none" if shared is not None else pos,
+            pos=pos,
             grid=as_grid(grid),
             num_prefix_tokens=num_prefix_tokens,
             qkv_bias=qkv_bias,
             attn_drop=attn_drop,
             proj_drop=proj_drop,
         )
-        if shared is not None:
-            share_scheme(self.attn, shared)
         self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
@@ -242,23 +231,9 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
-    def forward(self, x: Tensor, grid: Grid, mask: Tensor | None = None) -> Tensor:
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, mask)))
+    def forward(
+        self, x: Tensor, grid: Grid, mask: Tensor | None = None, pos_state: PosState | None = None
+    ) -> Tensor:
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, mask, pos_state)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
-
-
-def drop_path_rates(rate: float, depth: int) -> list[float]:
-    """Stochastic-depth rates rising linearly from 0 to ``rate`` over ``depth`` blocks."""
-    if depth <= 1:
-        return [0.0] * depth
-    return [rate * i / (depth - 1) for i in range(depth)]
-
-
-def to_2tuple(v: int | Iterable[int]) -> tuple[int, int]:
-    if isinstance(v, int):
-        return (v, v)
-    t = tuple(int(x) for x in v)
-    if len(t) != 2:
-        raise ValueError(f"expected an int or a pair, got {v!r}")
-    return t  # type: ignore[return-value]

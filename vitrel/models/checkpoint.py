@@ -27,7 +27,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import load_file, save_file
+from timm.models import filter_pretrained_cfg
 from torch import Tensor, nn
+
+from vitrel.models.registry import MODEL_ARGS, build_from_cfg
 
 __all__ = [
     "CheckpointError",
@@ -177,12 +182,10 @@ def _cfg_from_config_json(cfg: Mapping[str, Any], where: Path) -> dict[str, Any]
 
 
 def _safetensors_metadata(path: Path) -> dict[str, str]:
-    from safetensors import safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             return dict(f.metadata() or {})
-    except Exception as e:  # safetensors raises its own SafetensorError (and OSError)
+    except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {path}: truncated or not a safetensors file ({e})") from None
 
 
@@ -232,8 +235,6 @@ def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> tuple[dic
     """``(vitrel_cfg, state_dict)`` from a ``.ckpt``, a ``.safetensors`` file or an export directory."""
     p = _resolve(path)
     if p.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
         meta = _safetensors_metadata(p)
         if "vitrel_cfg" in meta:
             cfg = _parse_meta(meta["vitrel_cfg"], p)
@@ -246,7 +247,7 @@ def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> tuple[dic
             cfg = _cfg_from_config_json(_read_json(cj), cj)
         try:
             sd = load_file(str(p), device="cpu")
-        except Exception as e:
+        except (SafetensorError, OSError, ValueError) as e:
             raise CheckpointError(f"cannot read {p}: truncated or not a safetensors file ({e})") from None
         if use_ema:
             raise CheckpointError(f"{p} holds exported weights only; use_ema applies to training checkpoints")
@@ -307,8 +308,6 @@ def load_model(
     Raises :class:`CheckpointError` for anything that cannot be loaded safely and exactly. The model
     comes back in training mode, as from ``create_model``; call ``.eval()`` for inference.
     """
-    from vitrel.models.factory import MODEL_ARGS, build_from_cfg
-
     cfg, sd = read_checkpoint(path, use_ema=use_ema)
     arch = cfg.get("architecture")
     if arch not in MODEL_ARGS:
@@ -331,9 +330,6 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     ``pretrained_cfg``) plus ``vitrel_cfg``, so ``timm.create_model("local-dir:<out_dir>")`` and
     ``vitrel.load_model(out_dir)`` both rebuild the model.
     """
-    from safetensors.torch import save_file
-    from timm.models import filter_pretrained_cfg
-
     cfg = getattr(model, "vitrel_cfg", None)
     if not isinstance(cfg, dict) or "architecture" not in cfg:
         raise ValueError("save_pretrained needs a model built by vitrel.create_model (with vitrel_cfg['architecture'])")

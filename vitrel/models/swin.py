@@ -8,7 +8,8 @@ shifted by ``M // 2`` (a cyclic roll of the map)::
     x <- x + DropPath(MLP(LN x))
 
 The position scheme sees the *window's* grid: one bias per window grid, shared by all windows (and by
-all blocks of a stage with ``pos_share=True``).
+all blocks of a stage with ``pos_share=True``: the stage owns the scheme, prepares its state once per
+forward and passes it to its blocks).
 
 Shifted windows and the mask. The windows of a shifted block are those of the image partitioned
 with an offset ``s``: along each axis, row ``r`` lies in window ``floor((r - s) / M)``. They are
@@ -27,30 +28,27 @@ windows stay exactly ``floor((r - s) / M)``, and padded positions are masked out
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath, Mlp, calculate_drop_path_rates, to_2tuple
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from vitrel.layers.attention import Attention
+from vitrel.layers.attention import SHARED, Attention
 from vitrel.models.blocks import (
     PatchEmbed,
     PosSpec,
     build_abs_pos,
-    drop_path_rates,
     init_weights_,
     plain_pos_spec,
     scheme_no_weight_decay,
-    share_scheme,
     split_pos,
-    to_2tuple,
 )
-from vitrel.pos.base import Grid, PositionScheme, as_grid, bias_cache, build_pos
+from vitrel.pos.base import Grid, PosState, as_grid, build_pos
+from vitrel.pos.cache import TensorCache
 
 __all__ = [
     "SwinTransformer",
@@ -99,7 +97,7 @@ def _axis_labels(n: int, n_pad: int, shift: int) -> Tensor:
     return torch.where((r + shift) % n_pad >= n, 2, lab)
 
 
-_MASKS: dict[tuple, Tensor | None] = {}
+_MASKS = TensorCache(maxsize=64)
 
 
 def shifted_window_mask(
@@ -108,11 +106,15 @@ def shifted_window_mask(
     """Additive mask ``[nW, n, n]`` (0 / ``-inf``) of the windows of a map padded to multiples of
     ``window`` and then rolled by ``-shift``; None when nothing needs masking (no shift, no padding).
 
-    Windows are in :func:`window_partition` order. Cached per (grid, window, shift, device).
+    Windows are in :func:`window_partition` order. Reused per (grid, window, shift, device) in eager mode.
     """
     key = (tuple(grid), tuple(window), tuple(shift), str(device))
-    if key in _MASKS:
-        return _MASKS[key]
+    return _MASKS.get(key, lambda: _shifted_window_mask(grid, window, shift, device))
+
+
+def _shifted_window_mask(
+    grid: Grid, window: tuple[int, int], shift: tuple[int, int], device: torch.device | None
+) -> Tensor | None:
     wh, ww = window
     hp, wp = -(-grid.h // wh) * wh, -(-grid.w // ww) * ww
     if not any(shift) and (hp, wp) == tuple(grid):
@@ -124,9 +126,6 @@ def shifted_window_mask(
         lab = window_partition(lab, window)[..., 0]  # [nW, n]
         diff = lab[:, :, None] != lab[:, None, :]
         mask = torch.zeros(diff.shape).masked_fill(diff, float("-inf")).to(device)
-    if len(_MASKS) > 64:
-        _MASKS.pop(next(iter(_MASKS)))
-    _MASKS[key] = mask
     return mask
 
 
@@ -140,7 +139,7 @@ class SwinBlock(nn.Module):
         num_heads: int,
         window_size: tuple[int, int],
         shifted: bool,
-        pos: PosSpec | PositionScheme = "rel2d_full",
+        pos: PosSpec = "rel2d_full",
         build_grid: tuple[int, int] = (7, 7),
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
@@ -152,21 +151,18 @@ class SwinBlock(nn.Module):
         super().__init__()
         self.window_size = window_size
         self.shifted = shifted
-        shared = pos if isinstance(pos, PositionScheme) else None
         win, _ = window_and_shift(as_grid(build_grid), window_size, shifted)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(
             dim,
             num_heads,
-            pos="none" if shared is not None else pos,
+            pos=pos,
             grid=win,
             num_prefix_tokens=0,
             qkv_bias=qkv_bias,
             attn_drop=attn_drop,
             proj_drop=proj_drop,
         )
-        if shared is not None:
-            share_scheme(self.attn, shared)
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
@@ -185,10 +181,10 @@ class SwinBlock(nn.Module):
         mask = shifted_window_mask(grid, win, shift, x.device)
         return window_partition(x, win), grid, win, shift, mask
 
-    def _attn(self, x: Tensor) -> Tensor:
+    def _attn(self, x: Tensor, pos_state: PosState | None) -> Tensor:
         b, h, w, c = x.shape
         windows, grid, win, shift, mask = self._windows(x)
-        out = self.attn(windows, win, mask)
+        out = self.attn(windows, win, mask, pos_state)
         out = window_reverse(out, win, h + (-h) % win[0], w + (-w) % win[1])
         if any(shift):
             out = torch.roll(out, shifts=shift, dims=(1, 2))
@@ -196,18 +192,19 @@ class SwinBlock(nn.Module):
             out = out[:, :h, :w]
         return out
 
-    def forward(self, x: Tensor) -> Tensor:
-        x = x + self.drop_path1(self._attn(self.norm1(x)))
+    def forward(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
+        """``[B, H, W, C]`` -> ``[B, H, W, C]``; ``pos_state``: the stage's shared scheme state (window grid)."""
+        x = x + self.drop_path1(self._attn(self.norm1(x), pos_state))
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x
 
     @torch.no_grad()
-    def dense_attention(self, x: Tensor) -> Tensor:
+    def dense_attention(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
         """Attention probabilities of this block as a dense ``[B, heads, H W, H W]`` map over the
         (un-rolled, un-padded) image positions; pairs in different windows get 0."""
         b, h, w, _ = x.shape
         windows, grid, win, shift, mask = self._windows(self.norm1(x))
-        probs = self.attn.attention_map(windows, win, mask)  # [B nW, heads, n, n]
+        probs = self.attn.attention_map(windows, win, mask, pos_state)  # [B nW, heads, n, n]
         hp, wp = h + (-h) % win[0], w + (-w) % win[1]
         # image position of every (window, slot) of the padded, rolled map (-1 for padding)
         src_r = (torch.arange(hp) + shift[0]) % hp
@@ -275,6 +272,7 @@ class SwinStage(nn.Module):
         if not downsample and dim != out_dim:
             raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
         self.build_grid = build_grid
+        self.window_size = window_size
         win, _ = window_and_shift(build_grid, window_size, False)
         self.rel_pos = (
             build_pos(pos, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win, embed_dim=out_dim)
@@ -288,7 +286,7 @@ class SwinStage(nn.Module):
                     num_heads,
                     window_size,
                     shifted=i % 2 == 1,
-                    pos=self.rel_pos if pos_share else pos,
+                    pos=SHARED if pos_share else pos,
                     build_grid=build_grid,
                     mlp_ratio=mlp_ratio,
                     qkv_bias=qkv_bias,
@@ -301,11 +299,19 @@ class SwinStage(nn.Module):
             ]
         )
 
+    def position_state(self, x: Tensor) -> PosState | None:
+        """The shared scheme's state for the windows of the map ``x [B, H, W, C]`` (None without ``pos_share``)."""
+        if self.rel_pos is None:
+            return None
+        win, _ = window_and_shift(Grid(x.shape[1], x.shape[2]), self.window_size, False)
+        return self.rel_pos.prepare(win, 0, x.device, x.dtype)
+
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
+        st = self.position_state(x)  # once per forward, handed to every block of the stage
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
         for blk in self.blocks:
-            x = checkpoint(blk, x, use_reentrant=False) if ckpt else blk(x)
+            x = checkpoint(blk, x, st, use_reentrant=False) if ckpt else blk(x, st)
         return x
 
 
@@ -397,7 +403,7 @@ class SwinTransformer(nn.Module):
             absolute, embed_dim=dims[0], num_heads=num_heads[0], grid=self.grid, num_prefix_tokens=0
         )
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = drop_path_rates(drop_path_rate, sum(depths))
+        dpr = calculate_drop_path_rates(drop_path_rate, sum(depths))
         stages = []
         g = self.grid
         for i in range(n_stages):
@@ -482,10 +488,8 @@ class SwinTransformer(nn.Module):
     def forward_features(self, x: Tensor) -> Tensor:
         """Images -> normalised feature map ``[B, H'', W'', C]`` (NHWC, as timm's Swin)."""
         x = self.embed(x)
-        ckpt = self.grad_checkpointing and torch.is_grad_enabled()
-        with contextlib.nullcontext() if ckpt else bias_cache(self):
-            for stage in self.layers:
-                x = stage(x)
+        for stage in self.layers:
+            x = stage(x)
         return self.norm(x)
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:

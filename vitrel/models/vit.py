@@ -10,32 +10,32 @@ For an image cut into an ``H x W`` grid of patches, with ``P`` prefix tokens (cl
 The grid is taken from the input image at forward time, so a model runs at any image size that is
 a multiple of the patch size; ``img_size`` only sizes learned tables and absolute embeddings.
 
-With ``pos_share=True`` one relative scheme (``model.rel_pos``) serves every block, and its bias is
-computed once per forward (``bias_cache``); with ``pos_share=False`` every block has its own.
+With ``pos_share=True`` one relative scheme (``model.rel_pos``) serves every block: its state (bias,
+RoPE cos/sin) is prepared once per forward and passed to every block; with ``pos_share=False``
+every block has its own scheme.
 """
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 import torch
+from timm.layers import calculate_drop_path_rates, to_2tuple
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vitrel.layers.attention import SHARED
 from vitrel.models.blocks import (
     Block,
     PatchEmbed,
     PosSpec,
     build_abs_pos,
-    drop_path_rates,
     init_weights_,
     plain_pos_spec,
     scheme_no_weight_decay,
     split_pos,
-    to_2tuple,
 )
-from vitrel.pos.base import Grid, bias_cache, build_pos
+from vitrel.pos.base import Grid, PosState, build_pos
 
 __all__ = ["VisionTransformer"]
 
@@ -150,13 +150,13 @@ class VisionTransformer(nn.Module):
             if pos_share
             else None
         )
-        dpr = drop_path_rates(drop_path_rate, depth)
+        dpr = calculate_drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList(
             [
                 Block(
                     embed_dim,
                     num_heads,
-                    pos=self.rel_pos if pos_share else rel,
+                    pos=SHARED if pos_share else rel,
                     grid=self.grid,
                     num_prefix_tokens=self.num_prefix_tokens,
                     mlp_ratio=mlp_ratio,
@@ -238,16 +238,19 @@ class VisionTransformer(nn.Module):
             x = self.abs_pos.add_to_tokens(x, grid, self.num_prefix_tokens)
         return self.pos_drop(x), grid
 
+    def position_state(self, grid: Grid, like: Tensor) -> PosState | None:
+        """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
+        if self.rel_pos is None:
+            return None
+        return self.rel_pos.prepare(grid, self.num_prefix_tokens, like.device, like.dtype)
+
     def forward_features(self, x: Tensor) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``."""
         x, grid = self.embed(x)
+        st = self.position_state(grid, x)  # once per forward, handed to every block
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
-        # A checkpointed block recomputes its forward during backward, outside this forward: every
-        # block then builds its own bias so the recomputation sees the same graph.
-        ctx = contextlib.nullcontext() if ckpt else bias_cache(self)
-        with ctx:
-            for blk in self.blocks:
-                x = checkpoint(blk, x, grid, use_reentrant=False) if ckpt else blk(x, grid)
+        for blk in self.blocks:
+            x = checkpoint(blk, x, grid, None, st, use_reentrant=False) if ckpt else blk(x, grid, pos_state=st)
         return self.norm(x)
 
     def pool(self, x: Tensor) -> Tensor:

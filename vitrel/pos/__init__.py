@@ -6,8 +6,8 @@ import pkgutil
 from vitrel.pos.base import (
     Grid,
     PositionScheme,
+    PosState,
     as_grid,
-    bias_cache,
     build_pos,
     get_pos_class,
     list_pos,
@@ -21,7 +21,7 @@ __all__ = [
     "Grid",
     "PositionScheme",
     "as_grid",
-    "bias_cache",
+    "PosState",
     "build_pos",
     "get_pos_class",
     "list_pos",

@@ -25,9 +25,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, PositionScheme, as_grid, check_tokens, register_pos
+from vitrel.pos.cache import TensorCache
 from vitrel.pos.tables import warn_once
 
-__all__ = ["AbsPosEmbed", "SinCos2d", "add_patch_embed", "resample_pos_embed", "sincos2d_embed", "infer_grid"]
+__all__ = ["Ape", "Sincos2d", "add_patch_embed", "resample_pos_embed", "sincos2d_embed", "infer_grid"]
 
 
 # ---------------------------------------------------------------------------- functional core
@@ -99,7 +100,7 @@ def sincos2d_embed(
 
 # ---------------------------------------------------------------------------- modules
 @register_pos("ape")
-class AbsPosEmbed(PositionScheme):
+class Ape(PositionScheme):
     """Learned absolute embedding ``pos_embed [1, H*W, C]`` for the grid it is built for.
 
     On another grid at call time the table is bicubic-resampled; a checkpoint of another grid is
@@ -108,6 +109,7 @@ class AbsPosEmbed(PositionScheme):
     """
 
     kind = "absolute"
+    family = "absolute"
     no_weight_decay_keys = ("pos_embed",)
 
     def __init__(self, *, init_std: float = 0.02, **kw) -> None:
@@ -150,11 +152,11 @@ class AbsPosEmbed(PositionScheme):
 
 
 @register_pos("sincos2d")
-class SinCos2d(PositionScheme):
+class Sincos2d(PositionScheme):
     """Fixed 2-D sin-cos embedding (rows in the first half of the channels, columns in the second)."""
 
     kind = "absolute"
-    _max_cache = 16
+    family = "absolute"
 
     def __init__(self, *, temperature: float = 10000.0, **kw) -> None:
         super().__init__(**kw)
@@ -163,22 +165,15 @@ class SinCos2d(PositionScheme):
         if not temperature > 0:
             raise ValueError(f"sincos2d needs temperature > 0, got {temperature}")
         self.temperature = float(temperature)
-        self._pe_cache: dict[tuple, Tensor] = {}
+        self._pe_cache = TensorCache()
 
     def embed(self, grid: Grid, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
-        """``[1, H*W, C]`` for ``grid``, cached per (grid, device, dtype); computed in float64 then cast."""
+        """``[1, H*W, C]`` for ``grid``, reused per (grid, device, dtype); computed in float64 then cast."""
         grid = as_grid(grid)
-        if torch.compiler.is_compiling():  # traced once per graph: no Python-side cache
-            return sincos2d_embed(grid, self.embed_dim, self.temperature).to(device=device, dtype=dtype)
-        # tensors made under inference_mode cannot be saved for backward later: key on the mode
-        key = (tuple(grid), device, dtype, torch.is_inference_mode_enabled())
-        hit = self._pe_cache.get(key)
-        if hit is None:
-            hit = sincos2d_embed(grid, self.embed_dim, self.temperature).to(device=device, dtype=dtype)
-            if len(self._pe_cache) >= self._max_cache:
-                self._pe_cache.pop(next(iter(self._pe_cache)))
-            self._pe_cache[key] = hit
-        return hit
+        return self._pe_cache.get(
+            (tuple(grid), device, dtype),
+            lambda: sincos2d_embed(grid, self.embed_dim, self.temperature).to(device=device, dtype=dtype),
+        )
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return add_patch_embed(x, self.embed(grid, x.device, x.dtype), grid, num_prefix_tokens)

@@ -2,8 +2,10 @@
 
 No parameters; extends to any distance by definition. Slopes ``m_h = 2^(-8 (h+1) / heads)``::
 
-    alibi1d:  A_ij = q_i . k_j / sqrt(d) - m_h * |p_i - p_j|,              p = row * W + col
+    alibi1d:  A_ij = q_i . k_j / sqrt(d) - m_h * |d_ij|,                   d_ij = p_i - p_j, p = row * W + col
     alibi2d:  A_ij = q_i . k_j / sqrt(d) - m_h * sqrt(dh_ij^2 + dw_ij^2)   (Euclidean grid distance)
+
+The bias depends on the grid alone, so eager forwards reuse it (:class:`~vitrel.pos.cache.TensorCache`).
 """
 
 from __future__ import annotations
@@ -12,30 +14,29 @@ import torch
 from torch import Tensor
 
 from vitrel.pos.base import Grid, PositionScheme, geometric_slopes, pad_prefix, register_pos, rel_offsets
+from vitrel.pos.cache import TensorCache
 
 __all__ = ["Alibi1d", "Alibi2d"]
 
 
 class _AlibiBase(PositionScheme):
+    family = "fixed bias"
+    has_bias = True
+
     def __init__(self, *, max_exponent: float = 8.0, **kw) -> None:
         super().__init__(**kw)
         self.register_buffer("slopes", geometric_slopes(self.num_heads, max_exponent), persistent=False)
-        self._table_cache: dict[tuple, Tensor] = {}
+        self._bias_cache = TensorCache()
 
     def distance(self, grid: Grid) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        # parameter-free: computed once per (grid, prefix, device) and reused
         key = (tuple(grid), num_prefix_tokens, self.slopes.device, self.slopes.dtype)
-        b = self._table_cache.get(key)
-        if b is None:
-            d = self.distance(grid)
-            b = pad_prefix(-self.slopes[:, None, None] * d[None], num_prefix_tokens)
-            if len(self._table_cache) > 16:
-                self._table_cache.clear()
-            self._table_cache[key] = b
-        return b
+        return self._bias_cache.get(key, lambda: self._bias(grid, num_prefix_tokens), self.slopes)
+
+    def _bias(self, grid: Grid, num_prefix_tokens: int) -> Tensor:
+        return pad_prefix(-self.slopes[:, None, None] * self.distance(grid)[None], num_prefix_tokens)
 
 
 @register_pos("alibi1d")

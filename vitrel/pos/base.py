@@ -1,19 +1,33 @@
-"""The position-scheme protocol, its registry and the per-forward bias cache.
+"""The position-scheme protocol, its registry and the per-forward position state.
 
 A position scheme is an ``nn.Module`` that the attention module calls through a few hooks, each
 a no-op by default, so the attention module never knows a scheme by name:
 
 * ``bias(grid, num_prefix_tokens) -> [heads, N, N] | None``: an additive logit term that depends
   only on the two tokens' positions (Swin tables, factored tables, CPB, buckets, ALiBi).
-* ``rotate(q, k, grid, num_prefix_tokens) -> (q, k)``: a rotation of queries and keys (RoPE).
+* ``rotate(q, k, grid, num_prefix_tokens, state=None) -> (q, k)``: a rotation of queries and keys (RoPE).
 * ``content_logits(q, grid, num_prefix_tokens) -> [B, heads, N, N] | None`` and
   ``content_values(attn, grid, num_prefix_tokens) -> [B, heads, N, head_dim] | None``: the
   content-aware terms of Shaw et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``.
-* ``attend(q, k, v, mask, scale, grid, num_prefix_tokens) -> out``: the fused forward. The
-  default puts ``bias`` into the float mask of ``F.scaled_dot_product_attention``; schemes with
-  content terms override it with their own fast path.
+* ``attend(q, k, v, mask, scale, grid, num_prefix_tokens, state=None, dropout_p=0.0) -> out``: the
+  fused forward. The default puts ``bias`` into the float mask of
+  ``F.scaled_dot_product_attention`` (or runs the one eager path, :func:`attend_eager`, for
+  schemes with content terms); a scheme may override it with its own fast path.
 * ``add_to_tokens(x, grid, num_prefix_tokens) -> x``: absolute schemes add their embedding to the
   tokens once, at the input of the network (``kind == "absolute"``).
+
+**Position state.** ``prepare(grid, num_prefix_tokens, device, dtype) -> PosState`` computes what
+depends on the grid alone (the bias, RoPE's cos/sin) once. A model whose blocks share one scheme
+calls it once per forward and passes the state to every block (``blk(x, grid, pos_state=state)``),
+as timm passes ``shared_rel_pos`` and DINOv3 its RoPE ``(sin, cos)``; an attention layer with a
+scheme of its own prepares it itself. Nothing is stored on the modules during a forward.
+
+**Capabilities** are declared, not inferred: ``kind`` (``"relative"`` / ``"absolute"``),
+``family`` (see :data:`FAMILIES`), ``has_bias``, ``has_rotation`` and ``has_content_terms``.
+
+**Offsets.** One sign convention everywhere: the offset of query ``i`` to key ``j`` is
+``d_ij = p_i - p_j`` (``dh_ij = row_i - row_j``, ``dw_ij = col_i - col_j``; ``p = row * W + col``
+for the 1-D schemes), as in Swin's relative index.
 
 Token layout everywhere: ``num_prefix_tokens`` class/register tokens first, then the ``H x W``
 patch tokens in raster order. Prefix tokens carry no position: every relative term between a
@@ -25,8 +39,7 @@ one YAML file in ``conf/pos/`` and one test file.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -41,8 +54,12 @@ __all__ = [
     "list_pos",
     "get_pos_class",
     "as_grid",
-    "bias_cache",
     "check_tokens",
+    "PosState",
+    "FAMILIES",
+    "merge_masks",
+    "eager_logits",
+    "attend_eager",
     "UnknownSchemeError",
 ]
 
@@ -156,16 +173,29 @@ def build_pos(
     )
 
 
+#: The families of :attr:`PositionScheme.family`, in display order.
+FAMILIES = ("none", "absolute", "learned bias", "fixed bias", "rotary", "content")
+
+
 class PositionScheme(nn.Module):
     """Base class and protocol of every position scheme (see the module docstring).
 
     Subclasses take ``num_heads, head_dim, grid, num_prefix_tokens, embed_dim`` plus their own
-    keyword options, and override the hooks they need.
+    keyword options, override the hooks they need and declare their capabilities.
     """
 
     name: ClassVar[str] = "base"
-    kind: ClassVar[str] = "relative"  # "relative" or "absolute"
-    # Parameter-name fragments that must get no weight decay.
+    #: ``"relative"`` (acts inside attention) or ``"absolute"`` (adds an embedding to the tokens)
+    kind: ClassVar[str] = "relative"
+    #: one of :data:`FAMILIES`
+    family: ClassVar[str] = "none"
+    #: ``bias`` returns a tensor
+    has_bias: ClassVar[bool] = False
+    #: ``rotate`` rotates queries and keys
+    has_rotation: ClassVar[bool] = False
+    #: ``content_logits`` / ``content_values`` return tensors (Shaw)
+    has_content_terms: ClassVar[bool] = False
+    #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
@@ -184,14 +214,15 @@ class PositionScheme(nn.Module):
         self.grid = as_grid(grid)
         self.num_prefix_tokens = num_prefix_tokens
         self.embed_dim = embed_dim if embed_dim is not None else num_heads * head_dim
-        self._cache: dict | None = None
 
     # ----------------------------------------------------------------- hooks (no-op defaults)
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
         """Additive logit term ``[heads, N, N]`` (N = prefix + H*W), or None."""
         return None
 
-    def rotate(self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+    def rotate(
+        self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None
+    ) -> tuple[Tensor, Tensor]:
         return q, k
 
     def content_logits(self, q: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
@@ -205,19 +236,20 @@ class PositionScheme(nn.Module):
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return x
 
-    @property
-    def has_content_terms(self) -> bool:
-        return type(self).content_logits is not PositionScheme.content_logits
+    # ------------------------------------------------------------------------ position state
+    def prepare(
+        self,
+        grid: Any,
+        num_prefix_tokens: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> PosState:
+        """What depends on the grid alone, computed once: here the bias (RoPE adds its cos/sin).
 
-    # ------------------------------------------------------------------------ caching
-    def cached_bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
-        """``bias`` memoised inside a ``bias_cache`` context (one bias per forward, shared by blocks)."""
-        if self._cache is None:
-            return self.bias(grid, num_prefix_tokens)
-        key = ("bias", tuple(grid), num_prefix_tokens)
-        if key not in self._cache:
-            self._cache[key] = self.bias(grid, num_prefix_tokens)
-        return self._cache[key]
+        ``device`` / ``dtype`` are those of the tokens the state will be used with.
+        """
+        grid = as_grid(grid)
+        return PosState(self, grid, num_prefix_tokens, bias=self.bias(grid, num_prefix_tokens))
 
     # ------------------------------------------------------------------------ attention
     def attend(
@@ -229,20 +261,37 @@ class PositionScheme(nn.Module):
         scale: float,
         grid: Grid,
         num_prefix_tokens: int = 0,
+        state: PosState | None = None,
+        dropout_p: float = 0.0,
     ) -> Tensor:
-        """Fused attention ``softmax(q k^T * scale + bias + mask) v`` for ``[B, heads, N, d]`` inputs.
+        """Fused attention ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, heads, N, d]`` inputs.
 
         ``mask`` is an additive float mask broadcastable to ``[B, heads, N, N]`` (window shift
-        mask, causal mask) or None. ``q`` and ``k`` are already rotated.
+        mask, causal mask) or None. ``q`` and ``k`` are already rotated. ``state`` (from
+        :meth:`prepare`) carries the bias; without it the bias is computed here.
         """
-        b = self.cached_bias(grid, num_prefix_tokens)
+        b = state.bias if state is not None else self.bias(grid, num_prefix_tokens)
         m = merge_masks(b, mask, q.dtype)
         if self.has_content_terms:
-            return attend_explicit(self, q, k, v, m, scale, grid, num_prefix_tokens)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, scale=scale)
+            return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)
 
     def extra_repr(self) -> str:
         return f"name={self.name}, heads={self.num_heads}, grid={tuple(self.grid)}"
+
+
+class PosState(NamedTuple):
+    """A scheme's grid-dependent tensors for one forward (see :meth:`PositionScheme.prepare`).
+
+    ``scheme`` is the scheme that made it (its hooks apply the state); ``bias`` the additive term
+    ``[heads, N, N]`` or None; ``rope`` RoPE's ``(cos, sin)`` or None.
+    """
+
+    scheme: PositionScheme
+    grid: Grid
+    num_prefix_tokens: int
+    bias: Tensor | None = None
+    rope: tuple[Tensor, Tensor] | None = None
 
 
 def merge_masks(bias: Tensor | None, mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -264,7 +313,28 @@ def merge_masks(bias: Tensor | None, mask: Tensor | None, dtype: torch.dtype) ->
     return bias + mask
 
 
-def attend_explicit(
+def eager_logits(
+    scheme: PositionScheme,
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    grid: Grid,
+    num_prefix_tokens: int = 0,
+) -> Tensor:
+    """Pre-softmax logits ``(q k^T + content_logits(q)) * scale + mask``, ``[B, heads, N, N]``.
+
+    ``mask`` already holds the bias (see :func:`merge_masks`).
+    """
+    logits = q @ k.transpose(-2, -1)
+    c = scheme.content_logits(q, grid, num_prefix_tokens)
+    if c is not None:
+        logits = logits + c
+    logits = logits * scale
+    return logits if mask is None else logits + mask
+
+
+def attend_eager(
     scheme: PositionScheme,
     q: Tensor,
     k: Tensor,
@@ -273,41 +343,15 @@ def attend_explicit(
     scale: float,
     grid: Grid,
     num_prefix_tokens: int = 0,
+    dropout_p: float = 0.0,
 ) -> Tensor:
-    """Eager attention with content terms: the generic (materialised) path."""
-    logits = q @ k.transpose(-2, -1)
-    c = scheme.content_logits(q, grid, num_prefix_tokens)
-    if c is not None:
-        logits = logits + c
-    logits = logits * scale
-    if mask is not None:
-        logits = logits + mask
-    attn = logits.softmax(dim=-1)
+    """The one eager attention path: ``a = dropout(softmax(eager_logits))``, ``a v + content_values(a)``."""
+    attn = eager_logits(scheme, q, k, mask, scale, grid, num_prefix_tokens).softmax(dim=-1)
+    if dropout_p > 0.0:
+        attn = F.dropout(attn, dropout_p)
     out = attn @ v
     cv = scheme.content_values(attn, grid, num_prefix_tokens)
-    if cv is not None:
-        out = out + cv
-    return out
-
-
-@contextlib.contextmanager
-def bias_cache(module: nn.Module) -> Iterator[None]:
-    """Within this context every scheme under ``module`` computes its bias once per (grid, prefix).
-
-    Models wrap a forward in it, so a scheme shared by all blocks builds its bias once per forward.
-    """
-    schemes = [m for m in module.modules() if isinstance(m, PositionScheme)]
-    if isinstance(module, PositionScheme) and module not in schemes:
-        schemes.append(module)
-    prev = [s._cache for s in schemes]
-    for s in schemes:
-        if s._cache is None:
-            s._cache = {}
-    try:
-        yield
-    finally:
-        for s, p in zip(schemes, prev):
-            s._cache = p
+    return out if cv is None else out + cv
 
 
 # ---------------------------------------------------------------------------- shared helpers
@@ -337,10 +381,6 @@ def geometric_slopes(num_heads: int, max_exponent: float = 8.0) -> Tensor:
     return torch.tensor([2.0 ** (-max_exponent * (h + 1) / num_heads) for h in range(num_heads)], dtype=torch.float64)
 
 
-def log_spaced(n: int, lo: float, hi: float) -> Tensor:
-    return torch.tensor([lo * (hi / lo) ** (t / max(n - 1, 1)) for t in range(n)], dtype=torch.float32)
-
-
 @register_pos("none")
-class NoPos(PositionScheme):
+class NonePos(PositionScheme):
     """No position information: plain attention. ``A_ij = q_i . k_j / sqrt(d)``."""

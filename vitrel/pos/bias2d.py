@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
 from vitrel.pos.tables import ResizeOnLoad, offset_index
 
-__all__ = ["RelPosBias2dFull", "RelPosBias2dFactored", "full_bias", "factored_bias"]
+__all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "factored_bias"]
 
 
 def full_bias(table: Tensor, grid: Grid) -> Tensor:
@@ -45,9 +45,11 @@ def factored_bias(table_h: Tensor, table_w: Tensor, grid: Grid) -> Tensor:
 
 
 @register_pos("rel2d_full")
-class RelPosBias2dFull(ResizeOnLoad, PositionScheme):
+class Rel2dFull(ResizeOnLoad, PositionScheme):
     """Swin's learned ``(2H-1) x (2W-1)`` bias table per head."""
 
+    family = "learned bias"
+    has_bias = True
     _rel_tables = {"table": "2d"}
     no_weight_decay_keys = ("table",)
 
@@ -62,9 +64,11 @@ class RelPosBias2dFull(ResizeOnLoad, PositionScheme):
 
 
 @register_pos("rel2d_factored")
-class RelPosBias2dFactored(ResizeOnLoad, PositionScheme):
+class Rel2dFactored(ResizeOnLoad, PositionScheme):
     """Factored 2-D bias ``b_h[dh] + b_w[dw]`` per head: ``(2H-1) + (2W-1)`` parameters a head."""
 
+    family = "learned bias"
+    has_bias = True
     _rel_tables = {"table_h": "1d", "table_w": "1d"}
     no_weight_decay_keys = ("table_h", "table_w")
 

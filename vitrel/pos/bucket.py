@@ -1,11 +1,13 @@
 """T5-style bucketed relative bias (Raffel et al., 2020), on raster order (1-D) and per axis (2-D).
 
-A signed offset ``r = j - i`` goes to a bucket: half the buckets for each sign (bidirectional),
-and within a sign, exact buckets for ``|r| < n/2`` and log-spaced buckets up to ``max_distance``
-(beyond it, the last bucket)::
+With the offset ``d_ij = p_i - p_j`` (query minus key, the convention of every vitrel scheme), T5's
+bucket function takes the key-minus-query offset ``r = -d_ij`` (T5's ``memory_position -
+context_position``): half the buckets for each sign (bidirectional), and within a sign, exact
+buckets for ``|r| < n/2`` and log-spaced buckets up to ``max_distance`` (T5's name: the distance
+where the log-spaced buckets end; beyond it, the last bucket)::
 
-    rel1d_bucket:  A_ij = q_i . k_j / sqrt(d) + b_h[bucket(p_j - p_i)],   p = row * W + col
-    rel2d_bucket:  A_ij = q_i . k_j / sqrt(d) + b^(h)_h[bucket(dh)] + b^(w)_h[bucket(dw)]
+    rel1d_bucket:  A_ij = q_i . k_j / sqrt(d) + b_h[bucket(-d_ij)],                    p = row * W + col
+    rel2d_bucket:  A_ij = q_i . k_j / sqrt(d) + b^(h)_h[bucket(-dh_ij)] + b^(w)_h[bucket(-dw_ij)]
 """
 
 from __future__ import annotations
@@ -17,11 +19,11 @@ from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
 
-__all__ = ["t5_bucket", "RelPosBucket1d", "RelPosBucket2d"]
+__all__ = ["t5_bucket", "Rel1dBucket", "Rel2dBucket"]
 
 
 def t5_bucket(rel: Tensor, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True) -> Tensor:
-    """T5's bucket of each signed offset ``rel = j - i`` (long tensor of the same shape)."""
+    """T5's bucket of each signed key-minus-query offset ``rel = p_j - p_i = -d_ij`` (long tensor, same shape)."""
     ret = torch.zeros_like(rel)
     n = num_buckets
     if bidirectional:
@@ -41,6 +43,8 @@ def t5_bucket(rel: Tensor, num_buckets: int = 32, max_distance: int = 128, bidir
 
 
 class _BucketBase(PositionScheme):
+    family = "learned bias"
+    has_bias = True
     no_weight_decay_keys = ("table",)
 
     def __init__(self, *, num_buckets: int, max_distance: int, init_std: float = 0.02, **kw) -> None:
@@ -58,8 +62,8 @@ class _BucketBase(PositionScheme):
 
 
 @register_pos("rel1d_bucket")
-class RelPosBucket1d(_BucketBase):
-    """T5 buckets of the raster-order offset ``p_j - p_i``; one learned scalar per bucket and head."""
+class Rel1dBucket(_BucketBase):
+    """T5 buckets of the raster-order offset ``d_ij = p_i - p_j``; one learned scalar per bucket and head."""
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, **kw) -> None:
         super().__init__(num_buckets=num_buckets, max_distance=max_distance, **kw)
@@ -68,14 +72,14 @@ class RelPosBucket1d(_BucketBase):
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         p = torch.arange(grid.n, device=self.table.device)
-        idx = self._bucket(p[None, :] - p[:, None])
+        idx = self._bucket(-(p[:, None] - p[None, :]))  # bucket(-d_ij)
         b = self.table.t().index_select(1, idx.reshape(-1)).view(self.num_heads, grid.n, grid.n)
         return pad_prefix(b, num_prefix_tokens)
 
 
 @register_pos("rel2d_bucket")
-class RelPosBucket2d(_BucketBase):
-    """T5 buckets per axis: ``b_h[bucket(dh)] + b_w[bucket(dw)]``, one table per axis and head."""
+class Rel2dBucket(_BucketBase):
+    """T5 buckets per axis: ``b_h[bucket(-dh)] + b_w[bucket(-dw)]``, one table per axis and head."""
 
     def __init__(self, *, num_buckets: int = 16, max_distance: int = 32, **kw) -> None:
         super().__init__(num_buckets=num_buckets, max_distance=max_distance, **kw)
@@ -90,8 +94,8 @@ class RelPosBucket2d(_BucketBase):
         dev = self.table_h.device
         rh = torch.arange(grid.h, device=dev)
         rw = torch.arange(grid.w, device=dev)
-        ih = self._bucket(rh[None, :] - rh[:, None])  # [H, H], key row - query row
-        iw = self._bucket(rw[None, :] - rw[:, None])
+        ih = self._bucket(-(rh[:, None] - rh[None, :]))  # [H, H], bucket(-dh_ij)
+        iw = self._bucket(-(rw[:, None] - rw[None, :]))
         bh = self.table_h.t()[:, ih]
         bw = self.table_w.t()[:, iw]
         b = (bh[:, :, None, :, None] + bw[:, None, :, None, :]).reshape(self.num_heads, grid.n, grid.n)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
 from vitrel.pos.bias2d import full_bias
 
-__all__ = ["ContinuousPosBias2d", "cpb_coords"]
+__all__ = ["Rel2dCpb", "cpb_coords"]
 
 
 def cpb_coords(grid: Grid, ref: Grid, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -34,9 +34,11 @@ def cpb_coords(grid: Grid, ref: Grid, device: torch.device | None = None, dtype:
 
 
 @register_pos("rel2d_cpb")
-class ContinuousPosBias2d(PositionScheme):
+class Rel2dCpb(PositionScheme):
     """Swin V2 continuous position bias: an MLP over log-spaced offsets, ``16 * sigmoid`` output."""
 
+    family = "learned bias"
+    has_bias = True
     def __init__(self, *, hidden_dim: int = 512, **kw) -> None:
         super().__init__(**kw)
         self.mlp = nn.Sequential(
@@ -47,12 +49,18 @@ class ContinuousPosBias2d(PositionScheme):
         # The normalising grid travels with the weights: a checkpoint loaded at another size keeps
         # the function it learned (Swin V2's "pretrained window size").
         self.register_buffer("ref_grid", torch.tensor([self.grid.h, self.grid.w]), persistent=True)
+        self._ref = self.grid  # the same as Python ints, so forward never reads a tensor back to the host
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
+        ref = state_dict.get(prefix + "ref_grid")
+        if isinstance(ref, torch.Tensor) and ref.shape == (2,):
+            self._ref = Grid(int(ref[0]), int(ref[1]))
+        return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def table(self, grid: Grid) -> Tensor:
         """The ``[2H-1, 2W-1, heads]`` bias table of ``grid``."""
         w = self.mlp[0].weight
-        ref = Grid(int(self.ref_grid[0]), int(self.ref_grid[1]))
-        c = cpb_coords(grid, ref, w.device, w.dtype)
+        c = cpb_coords(grid, self._ref, w.device, w.dtype)
         return 16.0 * torch.sigmoid(self.mlp(c))
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:

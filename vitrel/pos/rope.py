@@ -27,8 +27,10 @@ Angles, with ``r``/``c`` the row/column of the patch and ``p = r * W + c`` its r
 Prefix (class/register) tokens get ``theta = 0``: they are left exactly unrotated (as in RoPE-ViT),
 so a prefix<->patch logit sees the patch's absolute rotation; patch<->patch logits are purely
 relative. Coordinates
-are plain integers, so every scheme runs on any grid. The fixed schemes cache ``cos/sin`` per
-``(grid, prefix, device, dtype)``; the mixed scheme recomputes them on every call (they are learned).
+are plain integers, so every scheme runs on any grid. ``prepare`` computes ``cos/sin`` once per
+forward (a model whose blocks share the scheme hands them to every block); the fixed schemes also
+reuse them across eager forwards (:class:`~vitrel.pos.cache.TensorCache`), the mixed scheme
+recomputes them from its learned frequencies.
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, as_grid, check_tokens, patch_coords, register_pos
+from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, check_tokens, patch_coords, register_pos
+from vitrel.pos.cache import TensorCache
 
 __all__ = [
     "Rope1d",
@@ -160,11 +163,41 @@ def _table_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # ---------------------------------------------------------------------------- modules
-class _FixedRope(PositionScheme):
-    """RoPE with fixed frequencies: ``cos/sin`` cached per (grid, prefix, device, dtype)."""
+class _Rope(PositionScheme):
+    """RoPE: ``prepare`` puts ``(cos, sin)`` into the state, ``rotate`` applies them to q and k."""
+
+    family = "rotary"
+    has_rotation = True
+
+    def cos_sin(self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype):
+        raise NotImplementedError  # pragma: no cover - overridden
+
+    def prepare(
+        self,
+        grid,
+        num_prefix_tokens: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> PosState:
+        grid = as_grid(grid)
+        cs = self.cos_sin(grid, num_prefix_tokens, device, dtype or torch.float32)
+        return PosState(self, grid, num_prefix_tokens, rope=cs)
+
+    def rotate(
+        self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None
+    ) -> tuple[Tensor, Tensor]:
+        grid = _check_qk(self, q, k, grid, num_prefix_tokens)
+        if state is not None and state.rope is not None:
+            cos, sin = state.rope
+        else:
+            cos, sin = self.cos_sin(grid, num_prefix_tokens, q.device, q.dtype)
+        return _rotate_qk(q, k, cos.to(q.device), sin.to(q.device))
+
+
+class _FixedRope(_Rope):
+    """RoPE with fixed frequencies: ``cos/sin`` reused across eager forwards per (grid, prefix, device, dtype)."""
 
     _divisor: int = 2
-    _max_cache = 16
 
     def __init__(self, *, base: float = 100.0, **kw) -> None:
         super().__init__(**kw)
@@ -173,39 +206,24 @@ class _FixedRope(PositionScheme):
         if not base > 0:
             raise ValueError(f"{self.name} needs base > 0, got {base}")
         self.base = float(base)
-        self._rope_cache: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._cs_cache = TensorCache()
 
     def angles(self, grid: Grid) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
 
     def cos_sin(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
         """``cos/sin`` of ``[P + H*W, d/2]`` (prefix rows ``cos = 1, sin = 0``), computed in float64 then cast."""
         dtype = _table_dtype(dtype)
-        if torch.compiler.is_compiling():  # traced once per graph: no Python-side cache
-            return self._cos_sin(grid, num_prefix_tokens, device, dtype)
-        # tensors made under inference_mode cannot be saved for backward later: key on the mode
-        key = (tuple(grid), num_prefix_tokens, device, dtype, torch.is_inference_mode_enabled())
-        hit = self._rope_cache.get(key)
-        if hit is not None:
-            return hit
-        cs = self._cos_sin(grid, num_prefix_tokens, device, dtype)
-        if len(self._rope_cache) >= self._max_cache:
-            self._rope_cache.pop(next(iter(self._rope_cache)))
-        self._rope_cache[key] = cs
-        return cs
+        key = (tuple(grid), num_prefix_tokens, device, dtype)
+        return self._cs_cache.get(key, lambda: self._cos_sin(grid, num_prefix_tokens, device, dtype))
 
     def _cos_sin(
         self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
         theta = F.pad(self.angles(grid), (0, 0, num_prefix_tokens, 0))
         return theta.cos().to(device=device, dtype=dtype), theta.sin().to(device=device, dtype=dtype)
-
-    def rotate(self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
-        grid = _check_qk(self, q, k, grid, num_prefix_tokens)
-        cos, sin = self.cos_sin(grid, num_prefix_tokens, q.device, q.dtype)
-        return _rotate_qk(q, k, cos, sin)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, base={self.base}"
@@ -232,7 +250,7 @@ class Rope2dAxial(_FixedRope):
 
 
 @register_pos("rope2d_mixed")
-class Rope2dMixed(PositionScheme):
+class Rope2dMixed(_Rope):
     """RoPE-Mixed: learned per-head frequencies ``theta_{h,t} = f^x_{h,t} col + f^y_{h,t} row``.
 
     ``freqs`` (``[2, heads, d/2]``) is a parameter without weight decay; ``cos/sin`` are recomputed
@@ -255,17 +273,25 @@ class Rope2dMixed(PositionScheme):
         with torch.no_grad():
             self.freqs.copy_(init_mixed_freqs(self.num_heads, self.head_dim, self.base, self.rotate_init))
 
-    def cos_sin(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
-        """``cos/sin`` of ``[heads, P + H*W, d/2]`` (prefix rows ``cos = 1, sin = 0``)."""
+    def cos_sin(
+        self,
+        grid: Grid,
+        num_prefix_tokens: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        """``cos/sin`` of ``[heads, P + H*W, d/2]`` (prefix rows ``cos = 1, sin = 0``), on the
+        frequencies' device, in at least float32 (``device`` / ``dtype`` are not used: the
+        frequencies decide)."""
         theta = F.pad(rope2d_mixed_angles(self.freqs, grid), (0, 0, num_prefix_tokens, 0))
         return theta.cos(), theta.sin()
 
-    def rotate(self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
-        grid = _check_qk(self, q, k, grid, num_prefix_tokens)
-        if q.shape[1] != self.num_heads:
+    def rotate(
+        self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None
+    ) -> tuple[Tensor, Tensor]:
+        if q.dim() == 4 and q.shape[1] != self.num_heads:
             raise ValueError(f"{self.name} has {self.num_heads} heads, q has {q.shape[1]}")
-        cos, sin = self.cos_sin(grid, num_prefix_tokens)
-        return _rotate_qk(q, k, cos, sin)
+        return super().rotate(q, k, grid, num_prefix_tokens, state)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, base={self.base}"

@@ -14,7 +14,7 @@ and MViTv2) and ``dh = row_i - row_j``, ``dw = col_i - col_j``::
 
     r^K_ij = r^K[clip(dh), clip(dw)],            r^V_ij = r^V[clip(dh), clip(dw)]
 
-``clip`` clamps an offset to ``[-K, K]`` (``max_distance``; default the built grid's extent, i.e.
+``clip`` clamps an offset to ``[-K, K]`` (``clip_distance``; default the built grid's extent, i.e.
 tables of ``2H-1`` / ``2W-1`` rows). Offsets beyond a table get its edge embedding (Shaw's
 clipping), so the schemes run on any grid. Pairs that involve a prefix token get ``r^K = r^V = 0``.
 
@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, check_tokens, pad_prefix, register_pos
-from vitrel.pos.tables import ResizeOnLoad, offset_index
+from vitrel.pos.base import Grid, PositionScheme, PosState, check_tokens, pad_prefix, register_pos
+from vitrel.pos.tables import ResizeOnLoad, offset_index, take_renamed
 
 __all__ = [
     "gather_1d_table",
@@ -137,11 +137,13 @@ def shaw2d_factored_attention(
     num_prefix_tokens: int = 0,
     mask: Tensor | None = None,
     scale: float | None = None,
+    dropout_p: float = 0.0,
 ) -> Tensor:
     """Factored Shaw attention in one SDPA call on augmented ``q', k', v'`` (see the module docstring).
 
     ``q, k, v [B, h, N, d]``, ``N = num_prefix_tokens + H W``; ``mask`` an additive float mask
-    broadcastable to ``[B, h, N, N]`` or None; ``scale`` default ``d ** -0.5``. Memory
+    broadcastable to ``[B, h, N, N]`` or None; ``scale`` default ``d ** -0.5``; ``dropout_p``
+    attention dropout (the value terms then see the dropped probabilities, as the eager path). Memory
     ``O(N (d + H + W))`` per head (with SDPA's flash kernel): no ``N x N`` and no ``N x N x d``.
     """
     b, nh, n, d = q.shape
@@ -157,7 +159,7 @@ def shaw2d_factored_attention(
     v2 = torch.cat([v, oh], dim=-1)
     if mask is not None:
         mask = mask.to(q.dtype)
-    o = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, dropout_p=dropout_p, scale=scale)
     out, ph, pw = o.split([v.shape[-1], grid.h, grid.w], dim=-1)
     rel = factored_values(
         ph[:, :, p:], pw[:, :, p:], gather_1d_table(rel_vh, grid.h), gather_1d_table(rel_vw, grid.w), grid
@@ -206,15 +208,15 @@ def full_content_values(attn: Tensor, rel_v: Tensor, grid: Grid, num_prefix_toke
 
 
 # ----------------------------------------------------------------------------------- modules
-def _halves(max_distance: int | tuple[int, int] | None, grid: Grid) -> tuple[int, int]:
-    if max_distance is None:
+def _halves(clip_distance: int | tuple[int, int] | None, grid: Grid) -> tuple[int, int]:
+    if clip_distance is None:
         return grid.h - 1, grid.w - 1
-    if isinstance(max_distance, int):
-        kh = kw = max_distance
+    if isinstance(clip_distance, int):
+        kh = kw = clip_distance
     else:
-        kh, kw = (int(m) for m in max_distance)
+        kh, kw = (int(m) for m in clip_distance)
     if kh < 0 or kw < 0:
-        raise ValueError(f"max_distance must be >= 0, got {max_distance}")
+        raise ValueError(f"clip_distance must be >= 0, got {clip_distance}")
     return kh, kw
 
 
@@ -222,16 +224,19 @@ def _halves(max_distance: int | tuple[int, int] | None, grid: Grid) -> tuple[int
 class Shaw2dFactored(ResizeOnLoad, PositionScheme):
     """Factored Shaw keys and values: ``r_ij = r_h[clip(dh)] + r_w[clip(dw)]``, tables shared by heads.
 
-    ``max_distance``: ``K`` (int, or ``(Kh, Kw)``) or None for the built grid's extent. ``forward``
+    ``clip_distance``: ``K`` (int, or ``(Kh, Kw)``) or None for the built grid's extent. ``forward``
     of :class:`~vitrel.layers.Attention` uses the single-SDPA fast path (:meth:`attend`).
     """
 
+    family = "content"
+    has_content_terms = True
     _rel_tables = {"rel_kh": "1d", "rel_kw": "1d", "rel_vh": "1d", "rel_vw": "1d"}
     no_weight_decay_keys = ("rel_kh", "rel_kw", "rel_vh", "rel_vw")
 
-    def __init__(self, *, max_distance: int | tuple[int, int] | None = None, init_std: float = 0.02, **kw) -> None:
+    def __init__(self, *, clip_distance: int | tuple[int, int] | None = None, init_std: float = 0.02, **kw) -> None:
+        clip_distance = take_renamed(kw, "max_distance", "clip_distance", clip_distance, self.name)
         super().__init__(**kw)
-        kh, kw_ = _halves(max_distance, self.grid)
+        kh, kw_ = _halves(clip_distance, self.grid)
         d = self.head_dim
         self.rel_kh = nn.Parameter(torch.zeros(2 * kh + 1, d))
         self.rel_kw = nn.Parameter(torch.zeros(2 * kw_ + 1, d))
@@ -255,18 +260,20 @@ class Shaw2dFactored(ResizeOnLoad, PositionScheme):
         scale: float,
         grid: Grid,
         num_prefix_tokens: int = 0,
+        state: PosState | None = None,
+        dropout_p: float = 0.0,
     ) -> Tensor:
         return shaw2d_factored_attention(
-            q, k, v, self.rel_kh, self.rel_kw, self.rel_vh, self.rel_vw, grid, num_prefix_tokens, mask, scale
+            q, k, v, self.rel_kh, self.rel_kw, self.rel_vh, self.rel_vw, grid, num_prefix_tokens, mask, scale, dropout_p
         )
 
     @property
-    def max_distance(self) -> tuple[int, int]:
+    def clip_distance(self) -> tuple[int, int]:
         """``(Kh, Kw)`` of the current tables (they may have been resized on load)."""
         return _half(self.rel_kh), _half(self.rel_kw)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, max_distance={self.max_distance}"
+        return f"{super().extra_repr()}, clip_distance={self.clip_distance}"
 
 
 @register_pos("shaw2d_full")
@@ -276,12 +283,15 @@ class Shaw2dFull(ResizeOnLoad, PositionScheme):
     Eager path (the default ``attend``) with memory ``O(N R)`` per head, ``R`` the table cells used.
     """
 
+    family = "content"
+    has_content_terms = True
     _rel_tables = {"rel_k": "2d", "rel_v": "2d"}
     no_weight_decay_keys = ("rel_k", "rel_v")
 
-    def __init__(self, *, max_distance: int | tuple[int, int] | None = None, init_std: float = 0.02, **kw) -> None:
+    def __init__(self, *, clip_distance: int | tuple[int, int] | None = None, init_std: float = 0.02, **kw) -> None:
+        clip_distance = take_renamed(kw, "max_distance", "clip_distance", clip_distance, self.name)
         super().__init__(**kw)
-        kh, kw_ = _halves(max_distance, self.grid)
+        kh, kw_ = _halves(clip_distance, self.grid)
         self.rel_k = nn.Parameter(torch.zeros(2 * kh + 1, 2 * kw_ + 1, self.head_dim))
         self.rel_v = nn.Parameter(torch.zeros(2 * kh + 1, 2 * kw_ + 1, self.head_dim))
         nn.init.trunc_normal_(self.rel_k, std=init_std)
@@ -294,9 +304,9 @@ class Shaw2dFull(ResizeOnLoad, PositionScheme):
         return full_content_values(attn, self.rel_v, grid, num_prefix_tokens)
 
     @property
-    def max_distance(self) -> tuple[int, int]:
+    def clip_distance(self) -> tuple[int, int]:
         """``(Kh, Kw)`` of the current tables (they may have been resized on load)."""
         return (self.rel_k.shape[0] - 1) // 2, (self.rel_k.shape[1] - 1) // 2
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, max_distance={self.max_distance}"
+        return f"{super().extra_repr()}, clip_distance={self.clip_distance}"

@@ -1,6 +1,9 @@
 """Shaw et al. (2018) content-aware relative keys and values on a 1-D sequence, via the skew trick.
 
-For queries at positions ``i + o`` (``o = q_offset``) and keys at positions ``j``, per head::
+For queries at positions ``i + o`` (``o = q_offset``) and keys at positions ``j``, per head, the
+tables are indexed by the key-minus-query offset ``r_ij = -d_ij`` (``d_ij = (i + o) - j`` in the
+query-minus-key convention of every vitrel scheme; Shaw et al. and the Music Transformer write
+``j - i``)::
 
     r_ij   = clip(j - (i + o), -K, K)
     A_ij   = (q_i . k_j + q_i . r^K[r_ij]) * scale + mask_ij
@@ -18,8 +21,7 @@ column ``j = m + i - shift`` with one pad + reshape + slice (no gather, no ``[n_
 value term uses the adjoint :func:`unskew`, which sums the attention weights of each offset.
 
 ``shaw1d`` applies it to the patch tokens in raster order ``p = row * W + col`` (a true 1-D
-sequence is the grid ``(1, L)``); prefix tokens get no relative terms. Note the sign convention:
-here the offset is ``p_j - p_i`` (key minus query), as in Shaw et al.
+sequence is the grid ``(1, L)``); prefix tokens get no relative terms.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, PositionScheme, check_tokens, pad_prefix, register_pos
-from vitrel.pos.tables import ResizeOnLoad
+from vitrel.pos.tables import ResizeOnLoad, take_renamed
 
 __all__ = [
     "skew",
@@ -97,21 +99,21 @@ def offset_range(n_q: int, n_k: int, q_offset: int, causal: bool) -> tuple[int, 
     return r_min, r_max - r_min + 1
 
 
-def expand_table(table: Tensor, r_min: int, length: int, max_distance: int | None = None) -> Tensor:
+def expand_table(table: Tensor, r_min: int, length: int, clip_distance: int | None = None) -> Tensor:
     """Rows of ``table [2K+1, d]`` for offsets ``r_min .. r_min + L - 1``, clipped to ``[-K', K']``.
 
-    ``K' = max_distance`` (at most ``K``), or ``K`` when None. Returns ``[L, d]``.
+    ``K' = clip_distance`` (at most ``K``), or ``K`` when None. Returns ``[L, d]``.
     """
     if table.dim() != 2 or table.shape[0] % 2 == 0:
         raise ValueError(f"a relative table must be [2K+1, d], got {tuple(table.shape)}")
     half = (table.shape[0] - 1) // 2
-    if max_distance is None:
-        max_distance = half
-    if not 0 <= max_distance <= half:
+    if clip_distance is None:
+        clip_distance = half
+    if not 0 <= clip_distance <= half:
         raise ValueError(
-            f"max_distance must be in [0, {half}] for a table of {table.shape[0]} rows, got {max_distance}"
+            f"clip_distance must be in [0, {half}] for a table of {table.shape[0]} rows, got {clip_distance}"
         )
-    r = torch.arange(r_min, r_min + length, device=table.device).clamp(-max_distance, max_distance) + half
+    r = torch.arange(r_min, r_min + length, device=table.device).clamp(-clip_distance, clip_distance) + half
     return table.index_select(0, r)
 
 
@@ -130,7 +132,7 @@ def shaw_logits(
     *,
     q_offset: int | None = None,
     causal: bool = False,
-    max_distance: int | None = None,
+    clip_distance: int | None = None,
 ) -> Tensor:
     """Unscaled ``S_ij = q_i . r^K[clip(j - i - q_offset)]``: ``q [..., n_q, d]`` -> ``[..., n_q, n_k]``.
 
@@ -140,7 +142,7 @@ def shaw_logits(
     n_q = q.shape[-2]
     q_offset = _check_offset(n_q, n_k, q_offset, causal)
     r_min, length = offset_range(n_q, n_k, q_offset, causal)
-    e = expand_table(rel_k, r_min, length, max_distance)  # [L, d]
+    e = expand_table(rel_k, r_min, length, clip_distance)  # [L, d]
     return skew(q @ e.t(), n_k, n_q - 1)
 
 
@@ -150,7 +152,7 @@ def shaw_values(
     *,
     q_offset: int | None = None,
     causal: bool = False,
-    max_distance: int | None = None,
+    clip_distance: int | None = None,
 ) -> Tensor:
     """``sum_j attn_ij r^V[clip(j - i - q_offset)]``: ``attn [..., n_q, n_k]`` -> ``[..., n_q, d]``.
 
@@ -159,7 +161,7 @@ def shaw_values(
     n_q, n_k = attn.shape[-2:]
     q_offset = _check_offset(n_q, n_k, q_offset, causal)
     r_min, length = offset_range(n_q, n_k, q_offset, causal)
-    e = expand_table(rel_v, r_min, length, max_distance)  # [L, d]
+    e = expand_table(rel_v, r_min, length, clip_distance)  # [L, d]
     return unskew(attn, length, n_q - 1) @ e
 
 
@@ -171,7 +173,7 @@ def shaw_attention(
     rel_v: Tensor,
     *,
     causal: bool = False,
-    max_distance: int | None = None,
+    clip_distance: int | None = None,
     q_offset: int | None = None,
     scale: float | None = None,
     attn_mask: Tensor | None = None,
@@ -193,7 +195,7 @@ def shaw_attention(
     if scale is None:
         scale = d**-0.5
     logits = q @ k.transpose(-2, -1) + shaw_logits(
-        q, rel_k, n_k, q_offset=q_offset, causal=causal, max_distance=max_distance
+        q, rel_k, n_k, q_offset=q_offset, causal=causal, clip_distance=clip_distance
     )
     logits = logits * scale
     if attn_mask is not None:
@@ -202,35 +204,38 @@ def shaw_attention(
         future = torch.arange(n_k, device=q.device)[None, :] > torch.arange(n_q, device=q.device)[:, None] + q_offset
         logits = logits.masked_fill(future, float("-inf"))
     attn = logits.softmax(dim=-1)
-    return attn @ v + shaw_values(attn, rel_v, q_offset=q_offset, causal=causal, max_distance=max_distance)
+    return attn @ v + shaw_values(attn, rel_v, q_offset=q_offset, causal=causal, clip_distance=clip_distance)
 
 
 @register_pos("shaw1d")
 class Shaw1d(ResizeOnLoad, PositionScheme):
     """Shaw's relative keys and values on the raster order of the patches, tables shared by heads.
 
-    ``A_ij = (q_i . k_j + q_i . r^K[clip(p_j - p_i)]) / sqrt(d)``, ``out_i = sum_j a_ij (v_j +
-    r^V[clip(p_j - p_i)])``, ``p = row * W + col``, clipped at ``max_distance`` (default: the built
+    ``A_ij = (q_i . k_j + q_i . r^K[clip(-d_ij)]) / sqrt(d)``, ``out_i = sum_j a_ij (v_j +
+    r^V[clip(-d_ij)])``, ``d_ij = p_i - p_j``, ``p = row * W + col``, clipped at ``clip_distance`` (default: the built
     grid's ``H * W - 1``; offsets beyond the table get its edge embedding).
     """
 
+    family = "content"
+    has_content_terms = True
     _rel_tables = {"rel_k": "1d", "rel_v": "1d"}
     no_weight_decay_keys = ("rel_k", "rel_v")
 
-    def __init__(self, *, max_distance: int | None = None, init_std: float = 0.02, **kw) -> None:
+    def __init__(self, *, clip_distance: int | None = None, init_std: float = 0.02, **kw) -> None:
+        clip_distance = take_renamed(kw, "max_distance", "clip_distance", clip_distance, self.name)
         super().__init__(**kw)
-        if max_distance is None:
-            max_distance = self.grid.n - 1
-        if max_distance < 0:
-            raise ValueError(f"max_distance must be >= 0, got {max_distance}")
-        size = 2 * int(max_distance) + 1
+        if clip_distance is None:
+            clip_distance = self.grid.n - 1
+        if clip_distance < 0:
+            raise ValueError(f"clip_distance must be >= 0, got {clip_distance}")
+        size = 2 * int(clip_distance) + 1
         self.rel_k = nn.Parameter(torch.zeros(size, self.head_dim))
         self.rel_v = nn.Parameter(torch.zeros(size, self.head_dim))
         nn.init.trunc_normal_(self.rel_k, std=init_std)
         nn.init.trunc_normal_(self.rel_v, std=init_std)
 
     @property
-    def max_distance(self) -> int:
+    def clip_distance(self) -> int:
         """``K`` of the current tables (they may have been resized on load)."""
         return (self.rel_k.shape[0] - 1) // 2
 
@@ -247,4 +252,4 @@ class Shaw1d(ResizeOnLoad, PositionScheme):
         return F.pad(out, (0, 0, p, 0))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, max_distance={self.max_distance}"
+        return f"{super().extra_repr()}, clip_distance={self.clip_distance}"

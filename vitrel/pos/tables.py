@@ -11,13 +11,14 @@ interpolation (timm's ``resize_rel_pos_bias_table`` stretches the whole table in
 from __future__ import annotations
 
 import warnings
-from functools import lru_cache
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["offset_index", "resize_rel_table", "resize_1d_table", "warn_once", "ResizeOnLoad"]
+from vitrel.pos.cache import TensorCache
+
+__all__ = ["offset_index", "resize_rel_table", "resize_1d_table", "warn_once", "take_renamed", "ResizeOnLoad"]
 
 _WARNED: set[str] = set()
 
@@ -28,15 +29,28 @@ def warn_once(msg: str) -> None:
         warnings.warn(msg, stacklevel=3)
 
 
-@lru_cache(maxsize=64)
-def _offset_index_cpu(n_q: int, n_k: int, half: int) -> Tensor:
-    d = torch.arange(n_q)[:, None] - torch.arange(n_k)[None, :]
+def take_renamed(kwargs: dict, old: str, new: str, value, scheme: str):
+    """``value``, or ``kwargs[old]`` (removed from ``kwargs``) for configs written before ``old`` became ``new``."""
+    if old not in kwargs:
+        return value
+    legacy = kwargs.pop(old)
+    if value is not None and legacy is not None and value != legacy:
+        raise ValueError(f"{scheme}: give {new} only ({old} is its old name), got {new}={value} and {old}={legacy}")
+    warn_once(f"{scheme}: the option {old!r} is now called {new!r} (read {old}={legacy!r} from an older config)")
+    return value if value is not None else legacy
+
+
+_INDEX = TensorCache(maxsize=64)
+
+
+def _offset_index(n: int, half: int, device: torch.device) -> Tensor:
+    d = torch.arange(n, device=device)[:, None] - torch.arange(n, device=device)[None, :]
     return d.clamp(-half, half) + half
 
 
 def offset_index(n: int, half: int, device: torch.device) -> Tensor:
-    """``[n, n]`` long index ``clamp(i - j, -half, half) + half`` into a ``2*half+1`` table."""
-    return _offset_index_cpu(n, n, half).to(device)
+    """``[n, n]`` long index ``clamp(i - j, -half, half) + half`` into a ``2*half+1`` table (reused in eager mode)."""
+    return _INDEX.get((n, half, str(device)), lambda: _offset_index(n, half, device))
 
 
 def resize_1d_table(table: Tensor, new_len: int, mode: str = "keep") -> Tensor:

@@ -1,0 +1,146 @@
+"""The architecture table and building from it: no file or network I/O here.
+
+``MODEL_ARGS`` maps each vitrel architecture name to its class and constructor arguments;
+:func:`build` makes one through timm's ``build_model_with_cfg`` (so it carries timm's
+``pretrained_cfg``) and stamps ``model.vitrel_cfg`` with the architecture name, which is all a
+checkpoint needs to rebuild it (:func:`build_from_cfg`). Reading and writing weights is
+``vitrel.models.checkpoint``; ``vitrel.create_model`` and the timm entry points are
+``vitrel.models.factory``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from typing import Any
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs
+from torch import nn
+
+from vitrel.models.swin import SwinTransformer
+from vitrel.models.vit import VisionTransformer
+
+__all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg"]
+
+CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR_STD = (0.2470, 0.2435, 0.2616)
+
+# Architecture -> (class, arguments). Sizes as timm's (ViT: tiny 192/3, small 384/6, base 768/12).
+MODEL_ARGS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
+    "vitrel_vit_tiny_patch16_224": (VisionTransformer, dict(patch_size=16, embed_dim=192, depth=12, num_heads=3)),
+    "vitrel_vit_small_patch16_224": (VisionTransformer, dict(patch_size=16, embed_dim=384, depth=12, num_heads=6)),
+    "vitrel_vit_base_patch16_224": (VisionTransformer, dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)),
+    "vitrel_vit_tiny_patch4_32": (
+        VisionTransformer,
+        dict(img_size=32, patch_size=4, embed_dim=192, depth=12, num_heads=3, num_classes=10),
+    ),
+    "vitrel_vit_small_patch4_32": (
+        VisionTransformer,
+        dict(img_size=32, patch_size=4, embed_dim=384, depth=12, num_heads=6, num_classes=10),
+    ),
+    "vitrel_swin_tiny_patch4_window7_224": (
+        SwinTransformer,
+        dict(patch_size=4, window_size=7, embed_dim=96, depths=(2, 2, 6, 2), num_heads=(3, 6, 12, 24)),
+    ),
+    "vitrel_swin_small_patch4_window7_224": (
+        SwinTransformer,
+        dict(patch_size=4, window_size=7, embed_dim=96, depths=(2, 2, 18, 2), num_heads=(3, 6, 12, 24)),
+    ),
+    "vitrel_swin_base_patch4_window7_224": (
+        SwinTransformer,
+        dict(patch_size=4, window_size=7, embed_dim=128, depths=(2, 2, 18, 2), num_heads=(4, 8, 16, 32)),
+    ),
+    # 32x32 inputs: patch 2 -> grids 16, 8, 4, 2 over the stages; window 4 (stage 3 shrinks it to 2)
+    "vitrel_swin_tiny_patch2_window4_32": (
+        SwinTransformer,
+        dict(
+            img_size=32,
+            patch_size=2,
+            window_size=4,
+            embed_dim=96,
+            depths=(2, 2, 6, 2),
+            num_heads=(3, 6, 12, 24),
+            num_classes=10,
+        ),
+    ),
+}
+
+
+def _cfg(name: str, **kwargs: Any) -> dict[str, Any]:
+    _, args = MODEL_ARGS[name]
+    size = args.get("img_size", 224)
+    small = size == 32
+    return {
+        "url": "",
+        "num_classes": args.get("num_classes", 1000),
+        "input_size": (3, size, size),
+        "pool_size": None,
+        "crop_pct": 1.0 if small else 0.9,
+        "interpolation": "bicubic",
+        "fixed_input_size": False,
+        "mean": CIFAR_MEAN if small else IMAGENET_DEFAULT_MEAN,
+        "std": CIFAR_STD if small else IMAGENET_DEFAULT_STD,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "license": "apache-2.0",
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({name: _cfg(name) for name in MODEL_ARGS})
+
+
+def list_models(pattern: str = "*") -> list[str]:
+    """Names of the vitrel architectures matching a shell-style ``pattern``."""
+    return sorted(n for n in MODEL_ARGS if fnmatch.fnmatch(n, pattern))
+
+
+def check_architecture(name: str) -> str:
+    """``name`` if it is a vitrel architecture, else a ``ValueError`` listing the known ones."""
+    if name not in MODEL_ARGS:
+        raise ValueError(f"unknown vitrel model {name!r}; known: {', '.join(list_models())}")
+    return name
+
+
+def build(
+    name: str,
+    pretrained: bool = False,
+    pretrained_filter_fn: Callable[[dict, nn.Module], dict] | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """Build architecture ``name`` with ``kwargs`` over its defaults, through timm's ``build_model_with_cfg``.
+
+    ``pretrained=True`` lets timm load the weights named by ``pretrained_cfg_overlay=dict(file=...)``
+    (``vitrel.models.factory`` passes the filter that accepts our checkpoints' key layouts).
+    """
+    cls, defaults = MODEL_ARGS[check_architecture(name)]
+    overlay = kwargs.pop("pretrained_cfg_overlay", None)
+    pretrained_cfg = kwargs.pop("pretrained_cfg", None)
+    pretrained_model_args = kwargs.pop("pretrained_model_args", None)
+    cache_dir = kwargs.pop("cache_dir", None)
+    model = build_model_with_cfg(
+        cls,
+        name,
+        pretrained,
+        pretrained_cfg=pretrained_cfg,
+        pretrained_cfg_overlay=overlay or None,
+        pretrained_filter_fn=pretrained_filter_fn,
+        pretrained_model_args=pretrained_model_args,
+        cache_dir=cache_dir,
+        **{**defaults, **kwargs},
+    )
+    model.vitrel_cfg = {"architecture": name, **model.vitrel_cfg}
+    return model
+
+
+def build_from_cfg(cfg: dict[str, Any], **overrides: Any) -> nn.Module:
+    """Rebuild a model from its ``vitrel_cfg`` (architecture + constructor arguments), with overrides."""
+    cfg = dict(cfg)
+    name = cfg.pop("architecture", None)
+    if name is None:
+        raise ValueError("vitrel_cfg has no 'architecture'")
+    if name not in MODEL_ARGS:
+        raise ValueError(f"unknown vitrel model {name!r} in vitrel_cfg; known: {', '.join(list_models())}")
+    cfg.update(overrides)
+    return build(name, **cfg)

@@ -61,6 +61,7 @@ __all__ = [
     "figure_to_array",
 ]
 
+
 # ------------------------------------------------------------------------------------------ families
 def group_by_family(schemes: Mapping[str, PositionScheme]) -> dict[str, dict[str, PositionScheme]]:
     """``{family: {name: scheme}}`` by each scheme's declared ``family``, in the order of

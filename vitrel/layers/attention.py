@@ -187,9 +187,7 @@ class Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
-    def logits(
-        self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None
-    ) -> Tensor:
+    def logits(self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None) -> Tensor:
         """Pre-softmax logits ``[B, heads, N, N]``, computed eagerly (for inspection)."""
         grid = as_grid(grid)
         st = self._state(x, grid, pos_state)

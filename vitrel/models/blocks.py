@@ -231,9 +231,7 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
-    def forward(
-        self, x: Tensor, grid: Grid, mask: Tensor | None = None, pos_state: PosState | None = None
-    ) -> Tensor:
+    def forward(self, x: Tensor, grid: Grid, mask: Tensor | None = None, pos_state: PosState | None = None) -> Tensor:
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, mask, pos_state)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x

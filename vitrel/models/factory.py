@@ -105,4 +105,3 @@ def create_model(
             raise ValueError("give either pretrained=True (timm's route) or checkpoint_path, not both")
         return load_model(checkpoint_path, architecture=name, **given)
     return _build(name, pretrained=pretrained, **given)
-

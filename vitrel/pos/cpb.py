@@ -39,6 +39,7 @@ class Rel2dCpb(PositionScheme):
 
     family = "learned bias"
     has_bias = True
+
     def __init__(self, *, hidden_dim: int = 512, **kw) -> None:
         super().__init__(**kw)
         self.mlp = nn.Sequential(

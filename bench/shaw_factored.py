@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from vitrel.bench import alternate
-from vitrel.pos.base import Grid, attend_explicit
+from vitrel.pos.base import Grid, attend_eager
 from vitrel.pos.shaw import Shaw2dFactored, shaw2d_factored_attention
 
 
@@ -28,7 +28,7 @@ def variants(q, k, v, pos: Shaw2dFactored, g: Grid, eager: bool) -> dict[str, Ca
         "shaw2d_factored fast": lambda: shaw2d_factored_attention(q, k, v, *tables, g, 0, None, scale),
     }
     if eager:
-        out["shaw2d_factored eager"] = lambda: attend_explicit(pos, q, k, v, None, scale, g, 0)
+        out["shaw2d_factored eager"] = lambda: attend_eager(pos, q, k, v, None, scale, g, 0)
     return out
 
 

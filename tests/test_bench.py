@@ -26,5 +26,36 @@ def test_memory_probes_and_train_step():
     assert not torch.equal(before, model.weight)
     assert bench.saved_bytes(lambda: model(x.requires_grad_())) >= x.numel() * 4
     assert bench.peak_bytes(lambda: torch.ones(1024, 1024).sum(), "cpu") >= 1024 * 1024 * 4
+    assert bench.train_step_bytes(model, x, y) >= 3 * 640 * 4
     info = bench.machine_info("cpu")
     assert info["device"] == "cpu" and "CPU" in info["description"]
+
+
+def test_step_timer_in_a_fit():
+    import lightning as L
+
+    class Tiny(L.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 2)
+
+        def training_step(self, batch, batch_idx):
+            return torch.nn.functional.cross_entropy(self.lin(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(40, 4), torch.randint(0, 2, (40,)))
+    timer = bench.StepTimer(skip=2)
+    assert timer.img_s is None
+    trainer = L.Trainer(
+        max_epochs=1,
+        callbacks=[timer],
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
+    assert timer.seen == 5 and timer.images == 3 * 8 and timer.img_s > 0

@@ -3,7 +3,8 @@
 
 On a shared machine the load drifts while a benchmark runs, so the variants being compared take turns:
 :func:`alternate` runs every callable once (or ``repeat`` times) per round, round after round, and
-returns each one's per-call times; compare medians (:func:`medians`) of the same run.
+returns each one's per-call times; compare medians (:func:`medians`) of the same run. Inside a Lightning
+fit, :class:`StepTimer` times the training steps.
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ import contextlib
 import os
 import platform
 import statistics
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import torch
 import torch.nn.functional as F
 
 __all__ = [
+    "StepTimer",
     "alternate",
     "cpu_peak_bytes",
     "machine_info",
@@ -29,6 +33,7 @@ __all__ = [
     "sync",
     "timed",
     "train_step",
+    "train_step_bytes",
 ]
 
 
@@ -40,8 +45,6 @@ def sync(device: torch.device | str | None = None) -> None:
 
 def timed(fn: Callable[[], Any], device: torch.device | str | None = None) -> float:
     """Wall seconds of ``fn()``, synchronising the device before and after."""
-    import time
-
     sync(device)
     t = time.perf_counter()
     fn()
@@ -102,6 +105,30 @@ def train_step(
     return step
 
 
+class StepTimer(L.Callback):
+    """Lightning callback: wall time of the training steps (forward, backward, optimizer step; not the data
+    loading) after ``skip`` warm-up steps. ``img_s``: images per second, None when no step was timed."""
+
+    def __init__(self, skip: int = 0, device: torch.device | str | None = None) -> None:
+        self.skip, self.device = skip, device
+        self.seconds, self.images, self.seen, self._t = 0.0, 0, 0, 0.0
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        sync(self.device)
+        self._t = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        sync(self.device)
+        self.seen += 1
+        if self.seen > self.skip:
+            self.seconds += time.perf_counter() - self._t
+            self.images += len(batch[0])
+
+    @property
+    def img_s(self) -> float | None:
+        return self.images / self.seconds if self.seconds > 0 else None
+
+
 def saved_bytes(fn: Callable[[], Any]) -> int:
     """Bytes of the tensors autograd saves for backward during ``fn()`` (distinct storages)."""
     seen: dict[int, int] = {}
@@ -151,6 +178,16 @@ def peak_bytes(fn: Callable[[], Any], device: torch.device | str) -> int:
     fn()
     sync(device)
     return torch.cuda.max_memory_allocated(device) - base
+
+
+def train_step_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> int:
+    """Memory of a training step on the CPU: weights + AdamW state (two tensors per weight) + the profiler's
+    peak of live allocations during forward and backward (activations, gradients, temporaries)."""
+    model.train().zero_grad(set_to_none=True)
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    peak = cpu_peak_bytes(lambda: F.cross_entropy(model(x), y).backward())
+    model.zero_grad(set_to_none=True)
+    return 3 * weights + peak
 
 
 def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:

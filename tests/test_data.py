@@ -24,7 +24,6 @@ from vitrel.data import (
     ResizedDataset,
     TranslateCanvas,
     TranslatedDataset,
-    build_datamodule,
     read_idx,
     translate_canvas,
 )
@@ -293,7 +292,7 @@ def test_cifar_pickle_writer_matches_official_format(tmp_path):
 @pytest.mark.parametrize("num_classes", [10, 100])
 def test_cifar(tmp_path, num_classes):
     data = make_cifar_files(tmp_path, num_classes)
-    dm = build_datamodule(f"cifar{num_classes}", root=str(tmp_path), verify=False, batch_size=6, num_workers=0)
+    dm = CIFARDataModule(root=str(tmp_path), num_classes=num_classes, verify=False, batch_size=6, num_workers=0)
     assert isinstance(dm, CIFARDataModule) and dm.num_classes == num_classes and dm.in_chans == 3
     stats = {
         10: ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -436,17 +435,6 @@ def test_hydra_configs(tmp_path, monkeypatch):
         x, y = first_batch(dm.val_dataloader())
         assert x.shape == (2, c, s, s) and y.max() < n, name
     assert OmegaConf.load(CONF / "fashion_mnist.yaml").subset == "embedded"
-
-
-def test_build_datamodule_registry():
-    assert isinstance(build_datamodule("fashion_mnist"), FashionMNISTDataModule)
-    assert build_datamodule("fashion-mnist-full").subset == "full"
-    assert build_datamodule("cifar100", root="x").num_classes == 100
-    assert isinstance(build_datamodule("imagenet", root="x"), ImageNetDataModule)
-    with pytest.raises(ValueError, match="unknown data set"):
-        build_datamodule("mnist")
-    with pytest.raises(ValueError, match="classes"):
-        build_datamodule("cifar10", num_classes=100)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Training framework, in-process: every pos config x both architectures, signals, NaN guard, EMA,
-compile, evaluation at a larger image size, the optimizer groups and schedule, the pictures."""
+"""Training framework, in-process: every pos config x both architectures, the config convention,
+signals, NaN guard, EMA, compile, evaluation at a larger image size, the pictures."""
 
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from train_helpers import CONF, FAST, TINY_SWIN, TINY_VIT, PoisonWeights, SendSi
 
 import vitrel
 from vitrel.train.callbacks import EpochSampler, NonFiniteLossError
-from vitrel.train.optim import WarmupCosine, param_groups
-from vitrel.train.run import _check_launch, train
+from vitrel.train.run import check_launch, train
 
 POS_CONFIGS = sorted(p.stem for p in (CONF / "pos").glob("*.yaml"))
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1"]
 SHORT += ["trainer.limit_test_batches=1", "logger=none"]
+EMA = ["module/ema=default", "module.ema.decay=0.5", "module.ema.use_warmup=false"]
 
 
 def test_every_registered_scheme_has_a_config():
@@ -42,17 +42,17 @@ def test_fast_dev_run(tmp_path, arch, pos):
 
 def test_checkpoint_contents_compile_and_reload(tmp_path):
     """compile keeps clean ``model.*`` keys; the checkpoint has ``vitrel_cfg``, loads with weights_only and
-    through ``vitrel.load_model``; EMA weights live under ``ema_model.*``."""
+    through ``vitrel.load_model``; EMA weights (timm ModelEmaV3) live under ``ema_model.module.*``."""
     cfg = compose(
         tmp_path,
-        [*TINY_VIT, *FAST, *SHORT, "pos=rope2d_mixed", "compile={backend: eager}", "module.ema_decay=0.5"],
+        [*TINY_VIT, *FAST, *SHORT, "pos=rope2d_mixed", "module.compile={backend: eager}", *EMA],
     )
     train(cfg)
     ckpt_file = tmp_path / "checkpoints" / "last.ckpt"
     ckpt = torch.load(ckpt_file, map_location="cpu", weights_only=True)
     keys = list(ckpt["state_dict"])
     assert not any("_orig_mod" in k for k in keys)
-    assert any(k.startswith("model.") for k in keys) and any(k.startswith("ema_model.") for k in keys)
+    assert any(k.startswith("model.") for k in keys) and any(k.startswith("ema_model.module.") for k in keys)
     assert ckpt["vitrel_cfg"]["architecture"] == "vitrel_vit_tiny_patch4_32"
     assert ckpt["vitrel_cfg"]["pos"]["name"] == "rope2d_mixed"
     live = vitrel.load_model(ckpt_file)
@@ -60,14 +60,50 @@ def test_checkpoint_contents_compile_and_reload(tmp_path):
     sd = ckpt["state_dict"]
     for k, v in live.state_dict().items():
         torch.testing.assert_close(v, sd[f"model.{k}"], rtol=0, atol=0)
-        torch.testing.assert_close(ema.state_dict()[k], sd[f"ema_model.{k}"], rtol=0, atol=0)
-    assert not torch.equal(sd["model.head.weight"], sd["ema_model.head.weight"])
+        torch.testing.assert_close(ema.state_dict()[k], sd[f"ema_model.module.{k}"], rtol=0, atol=0)
+    assert not torch.equal(sd["model.head.weight"], sd["ema_model.module.head.weight"])
 
 
 def test_mixup_cutmix_trains(tmp_path):
-    over = [*TINY_VIT, *FAST, *SHORT, "module.mixup_alpha=0.8", "module.cutmix_alpha=1.0", "data.drop_last=true"]
+    over = [*TINY_VIT, *FAST, *SHORT, "module/mixup=default", "module.mixup.mixup_alpha=0.5", "data.drop_last=true"]
     metrics = train(compose(tmp_path, over))
     assert math.isfinite(metrics["train/loss_epoch"])
+
+
+def test_every_object_node_has_a_target(tmp_path):
+    """One convention: data, model, module (and its optimizer, scheduler, mixup, EMA), trainer, every
+    callback and logger are built from a ``_target_``; checkpoint folders come by interpolation."""
+    cfg = compose(tmp_path, ["module/mixup=default", "module/ema=default", "logger=[wandb,csv,tensorboard]"])
+    for node in (cfg.data, cfg.model, cfg.module, cfg.module.optimizer, cfg.module.scheduler, cfg.module.mixup):
+        assert "_target_" in node
+    assert "_target_" in cfg.module.ema and "_target_" in cfg.trainer
+    assert cfg.module.optimizer._partial_ and cfg.module.scheduler._partial_
+    assert all("_target_" in c for c in cfg.callbacks.values()) and set(cfg.logger) == {"wandb", "csv", "tensorboard"}
+    assert all("_target_" in c for c in cfg.logger.values())
+    assert cfg.callbacks.last_checkpoint.dirpath == f"{tmp_path}/checkpoints"
+    assert cfg.model.pos == cfg.pos and "_target_" not in cfg.pos  # a plain spec handed to the model
+
+
+def test_built_objects_follow_the_config(tmp_path):
+    from hydra.utils import instantiate
+    from timm.data import Mixup
+    from timm.utils import ModelEmaV3
+
+    from vitrel.train.run import build_model
+
+    over = ["module/mixup=default", "module/ema=default", "module.optimizer.lr=0.01", "+model.num_classes=7"]
+    cfg = compose(tmp_path, [*TINY_VIT, *over, "module.optimizer.weight_decay=0.2"])
+    dm = instantiate(cfg.data)
+    model = build_model(cfg.model, dm)
+    assert model.num_classes == 7 and model.vitrel_cfg["in_chans"] == 1  # set in the node / from the data
+    assert tuple(model.vitrel_cfg["img_size"]) == (28, 28)
+    module = instantiate(cfg.module, model=model, num_classes=7)
+    assert isinstance(module.mixup_fn, Mixup) and module.mixup_fn.num_classes == 7
+    assert module.mixup_fn.label_smoothing == cfg.module.label_smoothing
+    assert isinstance(module.ema_model, ModelEmaV3) and module.ema_model.decay == cfg.module.ema.decay
+    assert not any(p.requires_grad for p in module.ema_model.parameters())
+    opt = module.make_optimizer(params=[torch.nn.Parameter(torch.zeros(2, 2))])
+    assert type(opt) is torch.optim.AdamW and opt.defaults["lr"] == 0.01 and opt.defaults["weight_decay"] == 0.2
 
 
 def test_sigterm_saves_checkpoint_then_exits(tmp_path):
@@ -125,31 +161,6 @@ def test_eval_at_larger_image_size(tmp_path):
     torch.testing.assert_close(big[4:17, 4:17], trained)
 
 
-def test_param_groups_skip_decay_for_tables_norms_biases():
-    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", depth=1, embed_dim=32, num_heads=2)
-    groups = param_groups(m, 0.05, m.no_weight_decay())
-    names = {id(p): n for n, p in m.named_parameters()}
-    decay = {names[id(p)] for p in groups[0]["params"]}
-    no_decay = {names[id(p)] for p in groups[1]["params"]}
-    assert groups[0]["weight_decay"] == 0.05 and groups[1]["weight_decay"] == 0.0
-    assert "blocks.0.attn.pos.table" in no_decay and "cls_token" in no_decay
-    assert "blocks.0.norm1.weight" in no_decay and "blocks.0.attn.qkv.bias" in no_decay
-    assert "blocks.0.attn.qkv.weight" in decay and "head.weight" in decay
-    assert decay | no_decay == set(names.values()) and not decay & no_decay
-
-
-def test_warmup_cosine_schedule():
-    s = WarmupCosine(total_steps=110, warmup_steps=10, lr=1e-3, min_lr=1e-5, warmup_lr=1e-6)
-    assert s.lr_at(0) == pytest.approx(1e-6)
-    assert s.lr_at(5) == pytest.approx(1e-6 + (1e-3 - 1e-6) * 0.5)
-    assert s.lr_at(10) == pytest.approx(1e-3)
-    assert s.lr_at(60) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)
-    assert s.lr_at(110) == pytest.approx(1e-5)
-    assert s(60) == pytest.approx(s.lr_at(60) / 1e-3)
-    with pytest.raises(ValueError, match="warmup_steps"):
-        WarmupCosine(total_steps=5, warmup_steps=6, lr=1e-3)
-
-
 def test_epoch_sampler_ranks_partition_the_single_process_order():
     data = list(range(40))
     one = list(EpochSampler(data, shuffle=True, seed=3))
@@ -176,6 +187,8 @@ def test_pos_images_written_without_image_logger(tmp_path):
 def test_default_config_is_the_documented_recipe(tmp_path):
     cfg = compose(tmp_path, [])
     assert cfg.model.name == "vitrel_vit_tiny_patch4_32" and cfg.pos.name == "rel2d_factored"
+    assert cfg.module.optimizer.lr == 2e-3 and cfg.module.scheduler.warmup_epochs == 0.25
+    assert cfg.module.label_smoothing == 0.1 and cfg.module.mixup is None and cfg.module.ema is None
     assert cfg.data.name == "fashion_mnist" and cfg.data.subset == "embedded"
     assert "wandb" in cfg.logger and cfg.logger.wandb.mode == "auto"
     assert cfg.callbacks.last_checkpoint is not None and cfg.callbacks.model_checkpoint.monitor == "val/acc1"
@@ -187,7 +200,7 @@ def test_plain_ddp_under_multirun_is_refused_with_the_fix(tmp_path):
     cfg = compose(tmp_path, over, multirun=True)
     with pytest.raises(ValueError, match="cannot run under -m .* use trainer=ddp_spawn, or hydra/launcher=slurm"):
         train(cfg)
-    _check_launch({"strategy": "ddp_spawn", "devices": 2, "num_nodes": 1})  # spawn is fine under -m
+    check_launch({"strategy": "ddp_spawn", "devices": 2, "num_nodes": 1})  # spawn is fine under -m
 
 
 def test_slurm_launcher_config_and_sweep_folder_survives_requeue(tmp_path):

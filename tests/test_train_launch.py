@@ -25,7 +25,7 @@ def test_sweep_two_jobs_own_folders_own_wandb_runs_and_summary(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "pos=rel2d_full,alibi2d", *SMALL, "data.batch_size=16", "trainer.max_epochs=1"]
     args += ["trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
-    args += ["log_every_n_steps=1", "logger=wandb", f"hydra.sweep.dir={sweep}"]
+    args += ["trainer.log_every_n_steps=1", "logger=wandb", f"hydra.sweep.dir={sweep}"]
     r = run_script("train.py", args, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     groups = set()
@@ -84,7 +84,8 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
     common = [*SMALL, "data.batch_size=32", "data.drop_last=true", "trainer.max_epochs=2"]
     common += ["trainer.limit_train_batches=6", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
     common += ["callbacks.last_checkpoint.every_n_train_steps=4", "logger=none", "progress_bar=none"]
-    common += ["+model.proj_drop_rate=0.1", "module.mixup_alpha=0.5"]
+    common += ["+model.proj_drop_rate=0.1", "module/mixup=default", "module.mixup.mixup_alpha=0.5"]
+    common += ["module.mixup.cutmix_alpha=0.0"]
 
     killed = tmp_path / "killed"
     marker = tmp_path / "hanging"

@@ -369,10 +369,11 @@ class ExactResume(Callback):
 
 # ------------------------------------------------------------------------------------------ progress lines
 class LineProgress(Callback):
-    """One plain line every ``every_n_steps`` training steps and one per epoch (rank 0), for logs."""
+    """One plain line every ``every_n_steps`` training steps (default: the trainer's
+    ``log_every_n_steps``) and one per epoch (rank 0), for logs."""
 
-    def __init__(self, every_n_steps: int = 50) -> None:
-        self.every_n_steps = int(every_n_steps)
+    def __init__(self, every_n_steps: int | None = None) -> None:
+        self.every_n_steps = every_n_steps
         self._t0 = 0.0
 
     @staticmethod
@@ -388,7 +389,8 @@ class LineProgress(Callback):
 
     @rank_zero_only
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.every_n_steps > 0 and (batch_idx + 1) % self.every_n_steps == 0:
+        every = self.every_n_steps if self.every_n_steps is not None else trainer.log_every_n_steps
+        if every > 0 and (batch_idx + 1) % every == 0:
             m = trainer.callback_metrics
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
             print(

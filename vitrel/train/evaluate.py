@@ -14,11 +14,11 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import RichProgressBar
+from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from vitrel.train.module import ClassifierModule
-from vitrel.train.run import _plain, _scalars, build_datamodule, progress_bar_kind, route_lightning_logs, run_dir_of
+from vitrel.train.utils import plain, progress_bar_kind, progress_callbacks, route_lightning_logs, run_dir_of, scalars
 
 __all__ = ["evaluate", "checkpoint_has_ema"]
 
@@ -49,8 +49,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ema = cfg.get("ema", "auto")
     use_ema = checkpoint_has_ema(ckpt) if ema == "auto" else bool(ema)
 
-    dm = build_datamodule(cfg.data)
-    overrides = dict(_plain(cfg.get("model_overrides")) or {})
+    dm = instantiate(cfg.data)
+    overrides = dict(plain(cfg.get("model_overrides")) or {})
     model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     if stored.get("num_classes") != dm.num_classes:
@@ -61,22 +61,19 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if stored.get("in_chans") != dm.in_chans:
         raise ValueError(f"{ckpt} takes {stored.get('in_chans')}-channel images, the data has {dm.in_chans}")
 
-    module = ClassifierModule(model, dm.num_classes)
-    tcfg = dict(_plain(cfg.trainer))
-    for k in ("max_epochs", "max_steps", "gradient_clip_val", "gradient_clip_algorithm", "accumulate_grad_batches"):
-        tcfg.pop(k, None)
+    module = ClassifierModule(model, num_classes=dm.num_classes)
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
-    trainer = L.Trainer(
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
         logger=False,
-        callbacks=[RichProgressBar()] if bar == "rich" else [],
+        callbacks=progress_callbacks(bar),
         enable_progress_bar=bar in ("rich", "tqdm"),
         enable_checkpointing=False,
-        **tcfg,
     )
     dm.setup("test" if split == "test" else "validate")
     loader = dm.test_dataloader() if split == "test" else dm.val_dataloader()
     res = trainer.test(module, dataloaders=loader, verbose=False)
-    metrics = {k.replace("test/", f"{split}/"): v for k, v in _scalars(res[0]).items()}
+    metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
     grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
     result = {
         "ckpt_path": str(ckpt),

@@ -1,12 +1,14 @@
 """The image-classification LightningModule.
 
-Loss: cross-entropy with label smoothing, or, with mixup/cutmix (timm ``Mixup``), soft-target
-cross-entropy on the mixed, smoothed targets. Optimizer: AdamW without weight decay on position
-tables, RoPE frequencies, embeddings, tokens, norms and biases (``optim.param_groups``), with a
-per-step warmup + cosine schedule. Optional EMA of the weights (``ema_model``), used for
-validation and test when ``ema_eval``. Metrics: top-1 / top-5 accuracy (torchmetrics).
+Loss: cross-entropy with label smoothing, or, with ``mixup`` (timm ``Mixup``), soft-target
+cross-entropy on the mixed, smoothed targets. Optimizer and schedule: given as factories
+(``_partial_`` config nodes, as in lightning-hydra-template), completed here with the parameter
+groups (no weight decay on position tables, RoPE frequencies, embeddings, tokens, norms and biases:
+:func:`vitrel.train.optim.param_groups`) and the run's length. Optional EMA of the weights (timm
+``ModelEmaV3`` as ``ema_model``), used for validation and test when ``ema_eval``. Metrics: top-1 /
+top-5 accuracy (torchmetrics).
 
-Checkpoints hold the network under ``model.*`` (``ema_model.*`` for the EMA copy) and the
+Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy) and the
 config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
 on them. ``compile=True`` compiles the network in place (``nn.Module.compile``), which keeps the
 state-dict keys as they are.
@@ -15,17 +17,24 @@ state-dict keys as they are.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
+from torch.optim import Optimizer
 from torchmetrics.classification import MulticlassAccuracy
 
-from vitrel.train.optim import WarmupCosine, param_groups
+from vitrel.train.optim import param_groups
 
 __all__ = ["ClassifierModule"]
+
+_EMA = "ema_model."
 
 
 class ClassifierModule(L.LightningModule):
@@ -33,77 +42,60 @@ class ClassifierModule(L.LightningModule):
 
     Args:
         model: the network; kept as ``self.model``.
-        num_classes: number of classes (metrics, mixup targets).
-        lr, weight_decay, betas, eps: AdamW.
-        warmup_epochs / warmup_steps: linear warmup length (steps win when given).
-        min_lr, warmup_lr: cosine floor and warmup start (absolute learning rates).
+        optimizer: ``optimizer(params=...)`` -> a torch optimizer, e.g.
+            ``functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)`` (the default). It gets
+            :func:`~vitrel.train.optim.param_groups`; the decay group takes its ``weight_decay``.
+        scheduler: None (constant rate) or ``scheduler(optimizer, **run_length)`` -> a torch LR
+            scheduler stepped every optimizer step, e.g. ``functools.partial(vitrel.train.optim.warmup_cosine,
+            warmup_epochs=1, min_lr=1e-5)``; ``total_steps`` and ``steps_per_epoch`` are passed when it
+            takes them.
+        num_classes: number of classes (metrics, mixup targets); default ``model.num_classes``.
         label_smoothing: for the cross-entropy (also applied to mixup targets).
-        mixup_alpha, cutmix_alpha, mixup_prob, mixup_switch_prob, mixup_mode: timm ``Mixup``;
-            off when both alphas are 0. Needs an even per-device batch (``data.drop_last=true``).
-        ema_decay: EMA decay of the weights (None: no EMA); ``ema_warmup`` ramps it as
-            ``min(decay, (1 + s) / (10 + s))``; ``ema_eval`` validates/tests with the EMA weights.
+        mixup: None, or ``mixup(num_classes=..., label_smoothing=...)`` -> timm ``Mixup``, e.g.
+            ``functools.partial(timm.data.Mixup, mixup_alpha=0.8, cutmix_alpha=1.0)``. Needs an even
+            per-device batch (``data.drop_last=true``).
+        ema: None, or ``ema(model)`` -> timm ``ModelEmaV3``, e.g.
+            ``functools.partial(timm.utils.ModelEmaV3, decay=0.9998, use_warmup=True)``; updated after
+            every optimizer step with the step count.
+        ema_eval: validate / test with the EMA weights (when ``ema`` is given).
         compile: False, True or a dict of ``torch.compile`` kwargs (``{"backend": "eager"}``).
     """
 
     def __init__(
         self,
         model: nn.Module,
-        num_classes: int,
+        optimizer: Callable[..., Optimizer] | None = None,
+        scheduler: Callable[..., Any] | None = None,
         *,
-        lr: float = 1e-3,
-        weight_decay: float = 0.05,
-        betas: tuple[float, float] = (0.9, 0.999),
-        eps: float = 1e-8,
-        warmup_epochs: float = 0.0,
-        warmup_steps: int | None = None,
-        min_lr: float = 0.0,
-        warmup_lr: float = 0.0,
+        num_classes: int | None = None,
         label_smoothing: float = 0.0,
-        mixup_alpha: float = 0.0,
-        cutmix_alpha: float = 0.0,
-        mixup_prob: float = 1.0,
-        mixup_switch_prob: float = 0.5,
-        mixup_mode: str = "batch",
-        ema_decay: float | None = None,
-        ema_warmup: bool = True,
+        mixup: Callable[..., Any] | None = None,
+        ema: Callable[[nn.Module], nn.Module] | None = None,
         ema_eval: bool = True,
         compile: bool | dict = False,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["model"], logger=False)
+        num_classes = int(num_classes if num_classes is not None else getattr(model, "num_classes", 0))
         if num_classes < 1:
-            raise ValueError(f"num_classes must be >= 1, got {num_classes}")
+            raise ValueError(f"num_classes must be >= 1 (or the model's num_classes), got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-        if ema_decay is not None and not 0.0 < ema_decay < 1.0:
-            raise ValueError(f"ema_decay must be in (0, 1) or None, got {ema_decay}")
+        self.save_hyperparameters({"num_classes": num_classes, "label_smoothing": float(label_smoothing)}, logger=False)
         self.model = model
-        self.num_classes = int(num_classes)
+        self.num_classes = num_classes
         self.label_smoothing = float(label_smoothing)
-
-        self.mixup_fn = None
-        if mixup_alpha > 0 or cutmix_alpha > 0:
-            from timm.data import Mixup
-
-            self.mixup_fn = Mixup(
-                mixup_alpha=mixup_alpha,
-                cutmix_alpha=cutmix_alpha,
-                prob=mixup_prob,
-                switch_prob=mixup_switch_prob,
-                mode=mixup_mode,
-                label_smoothing=label_smoothing,
-                num_classes=num_classes,
-            )
+        self.make_optimizer = optimizer or functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
+        self.make_scheduler = scheduler
+        self.mixup_fn = mixup(num_classes=num_classes, label_smoothing=label_smoothing) if mixup else None
 
         self.ema_model: nn.Module | None = None
-        if ema_decay is not None:
-            self.ema_model = copy.deepcopy(model).eval().requires_grad_(False)
-        self.ema_decay = ema_decay
-        self.ema_warmup = ema_warmup
-        self.ema_eval = ema_eval
+        if ema is not None:
+            self.ema_model = ema(model)  # ModelEmaV3 keeps a deep copy as .module (keys ema_model.module.*)
+            self.ema_model.requires_grad_(False)  # updated by averaging, never by the optimizer (nor DDP)
+        self.ema_eval = bool(ema_eval)
 
         if compile:
-            self.model.compile(**(dict(compile) if isinstance(compile, dict) else {}))
+            self.model.compile(**({} if compile is True else dict(compile)))
 
         k = min(5, num_classes)
         self.top_k = k
@@ -163,45 +155,25 @@ class ClassifierModule(L.LightningModule):
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
         if self.ema_model is not None:
-            self._update_ema()
-
-    @torch.no_grad()
-    def _update_ema(self) -> None:
-        """``ema <- d * ema + (1 - d) * model`` for float parameters and buffers (others copied)."""
-        d = float(self.ema_decay)
-        if self.ema_warmup:
-            s = self.global_step
-            d = min(d, (1.0 + s) / (10.0 + s))
-        ema_p, model_p = [], []
-        for e, m in zip(self.ema_model.parameters(), self.model.parameters()):
-            ema_p.append(e)
-            model_p.append(m.detach())
-        torch._foreach_lerp_(ema_p, model_p, 1.0 - d)
-        for e, m in zip(self.ema_model.buffers(), self.model.buffers()):
-            if e.is_floating_point():
-                e.lerp_(m, 1.0 - d)
-            else:
-                e.copy_(m)
+            self.ema_model.update(self.model, step=self.global_step)
 
     # ------------------------------------------------------------------------------ optimizer
-    def configure_optimizers(self) -> dict:
-        hp = self.hparams
-        nwd = self.model.no_weight_decay() if hasattr(self.model, "no_weight_decay") else ()
-        groups = param_groups(self.model, hp.weight_decay, nwd)
-        opt = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
+    def configure_optimizers(self) -> Optimizer | dict:
+        opt = self.make_optimizer(params=param_groups(self.model))
+        if self.make_scheduler is None:
+            return opt
         total = self.trainer.estimated_stepping_batches
-        if not isinstance(total, int) and not float(total).is_integer():
-            raise ValueError("the cosine schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
-        total = int(total)
-        if hp.warmup_steps is not None:
-            warmup = int(hp.warmup_steps)
-        else:
-            per_epoch = max(1, -(-self.trainer.num_training_batches // self.trainer.accumulate_grad_batches))
-            warmup = int(round(hp.warmup_epochs * per_epoch))
-        warmup = min(warmup, total)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            opt, WarmupCosine(total, warmup, hp.lr, min_lr=hp.min_lr, warmup_lr=hp.warmup_lr)
-        )
+        if not float(total).is_integer():
+            raise ValueError("the schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
+        per_epoch = max(1, -(-self.trainer.num_training_batches // self.trainer.accumulate_grad_batches))
+        run_length = {"total_steps": int(total), "steps_per_epoch": int(per_epoch)}
+        make = self.make_scheduler
+        target = make.func if isinstance(make, functools.partial) else make
+        try:
+            accepted = inspect.signature(target).parameters
+        except (TypeError, ValueError):
+            accepted = {}
+        sched = make(opt, **{k: v for k, v in run_length.items() if k in accepted})
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
 
     # ------------------------------------------------------------------------------ checkpoints
@@ -209,3 +181,25 @@ class ClassifierModule(L.LightningModule):
         cfg = getattr(self.model, "vitrel_cfg", None)
         if cfg is not None:
             checkpoint["vitrel_cfg"] = copy.deepcopy(cfg)
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Resume from checkpoints of vitrel 0.1 (EMA weights under ``ema_model.*``, now
+        ``ema_model.module.*``); a checkpoint without EMA weights starts the EMA from its weights."""
+        sd = checkpoint.get("state_dict")
+        if not isinstance(sd, dict):
+            return
+        ema_keys = [k for k in sd if k.startswith(_EMA)]
+        if ema_keys and self.ema_model is None:
+            raise ValueError(
+                "the checkpoint holds EMA weights (ema_model.*) but this run keeps none: resume with the EMA on "
+                "(module/ema=default), or load the weights only (vitrel.load_model) to start a new run"
+            )
+        if self.ema_model is None:
+            return
+        if not ema_keys:
+            rank_zero_warn("the checkpoint has no EMA weights: the EMA starts from its weights")
+            for k in [k for k in sd if k.startswith("model.")]:
+                sd[f"{_EMA}module.{k[len('model.') :]}"] = sd[k].clone()
+        elif not any(k.startswith(f"{_EMA}module.") for k in ema_keys):  # vitrel 0.1 layout
+            for k in ema_keys:
+                sd[f"{_EMA}module.{k[len(_EMA) :]}"] = sd.pop(k)

@@ -1,44 +1,47 @@
-"""AdamW parameter groups and the warmup + cosine learning-rate schedule (per optimizer step).
+"""Parameter groups and the warmup + cosine learning-rate schedule (per optimizer step).
 
 Weight decay applies to weight matrices only: a parameter gets none if it has ``ndim <= 1``
 (norm scales, biases, 1-D scales) or its name is in ``model.no_weight_decay()`` (relative
-position tables, RoPE frequencies, absolute embeddings, class/register tokens).
+position tables, RoPE frequencies, absolute embeddings, class/register tokens): timm's
+``param_groups_weight_decay``.
 
 Schedule, with ``W`` warmup steps out of ``T`` and ``s`` the optimizer step::
 
     lr(s) = warmup_lr + (lr - warmup_lr) * s / W                              s < W
     lr(s) = min_lr + (lr - min_lr) * (1 + cos(pi * (s - W) / (T - W))) / 2     W <= s <= T
+
+In the configs the optimizer and the scheduler are ``_partial_`` nodes (``conf/module/classifier.yaml``)
+that :class:`~vitrel.train.module.ClassifierModule` completes: ``optimizer(params=param_groups(model))``
+and ``scheduler(optimizer, total_steps=..., steps_per_epoch=...)``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
 
+from timm.optim import param_groups_weight_decay
 from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["param_groups", "WarmupCosine"]
+__all__ = ["param_groups", "WarmupCosine", "warmup_cosine"]
 
 
-def param_groups(model: nn.Module, weight_decay: float, no_weight_decay: Iterable[str] = ()) -> list[dict]:
-    """Two AdamW groups: ``{"params": decay, "weight_decay": wd}`` and ``{"params": no_decay, "weight_decay": 0}``.
+def param_groups(model: nn.Module) -> list[dict]:
+    """Two groups: ``{"params": decay}`` (the optimizer's ``weight_decay``) and
+    ``{"params": no_decay, "weight_decay": 0.0}``, empty ones left out.
 
-    ``no_weight_decay``: exact parameter names (as in ``model.named_parameters()``) or module
-    prefixes (``"pos"`` covers ``"pos.table"``).
+    timm's ``param_groups_weight_decay`` with ``model.no_weight_decay()`` (exact parameter names).
+    The decay group carries no ``weight_decay`` of its own, so the optimizer's applies
+    (``module.optimizer.weight_decay``). The order (decay first) is that of vitrel 0.1, so the optimizer
+    state of its checkpoints still lines up on resume.
     """
-    skip = set(no_weight_decay)
-    decay, no_decay = [], []
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        parts = name.split(".")
-        prefixes = {".".join(parts[:i]) for i in range(1, len(parts) + 1)}
-        if p.ndim <= 1 or prefixes & skip:
-            no_decay.append(p)
-        else:
-            decay.append(p)
-    groups = [{"params": decay, "weight_decay": float(weight_decay)}, {"params": no_decay, "weight_decay": 0.0}]
-    return [g for g in groups if g["params"]]
+    nwd = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
+    # weight_decay=1.0 only marks the decay group (timm merges everything into one group at 0)
+    groups = param_groups_weight_decay(model, weight_decay=1.0, no_weight_decay_list=nwd)
+    decay = [{"params": g["params"]} for g in groups if g["weight_decay"]]
+    no_decay = [{"params": g["params"], "weight_decay": 0.0} for g in groups if not g["weight_decay"]]
+    return decay + no_decay
 
 
 class WarmupCosine:
@@ -70,3 +73,21 @@ class WarmupCosine:
 
     def __call__(self, step: int) -> float:
         return self.lr_at(step) / self.lr
+
+
+def warmup_cosine(
+    optimizer: Optimizer,
+    total_steps: int,
+    steps_per_epoch: int = 1,
+    warmup_epochs: float = 0.0,
+    warmup_steps: int | None = None,
+    min_lr: float = 0.0,
+    warmup_lr: float = 0.0,
+) -> LambdaLR:
+    """Linear warmup then cosine to ``min_lr`` over ``total_steps`` optimizer steps (``LambdaLR`` of
+    :class:`WarmupCosine`; the peak is the optimizer's ``lr``). The warmup lasts ``warmup_steps``
+    steps, or ``round(warmup_epochs * steps_per_epoch)`` when ``warmup_steps`` is None."""
+    warmup = int(warmup_steps) if warmup_steps is not None else int(round(warmup_epochs * steps_per_epoch))
+    warmup = min(warmup, int(total_steps))
+    lr = float(optimizer.defaults["lr"])
+    return LambdaLR(optimizer, WarmupCosine(int(total_steps), warmup, lr, min_lr=min_lr, warmup_lr=warmup_lr))

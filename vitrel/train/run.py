@@ -1,272 +1,64 @@
 """Build a training run from a Hydra config, fit, test, and write the run's metrics.
 
-``train(cfg)`` is what ``python train.py`` calls. It builds, in order: the datamodule
-(``cfg.data``), the network (``vitrel.create_model(cfg.model.name, pos=cfg.pos, ...)`` sized by the
-datamodule), the :class:`ClassifierModule` (``cfg.optim``, ``cfg.module``), the loggers
-(``cfg.logger``), the callbacks (``cfg.callbacks``) and the trainer (``cfg.trainer``); then fits
-(resuming per ``ckpt_path`` / ``resume``), tests, and writes ``<run dir>/metrics.json``, which the
-sweep summary reads.
+``train(cfg)`` is what ``python train.py`` calls. Every object comes from its config node's
+``_target_``: the datamodule (``cfg.data``), the network (``cfg.model``: ``vitrel.create_model`` with
+``pos: ${pos}``, sized by the datamodule), the :class:`~vitrel.train.module.ClassifierModule`
+(``cfg.module``, with its ``_partial_`` optimizer and scheduler), the loggers (``cfg.logger``), the
+callbacks (``cfg.callbacks``) and the trainer (``cfg.trainer``). Then it fits (resuming per
+``ckpt_path`` / ``resume``), tests, and writes ``<run dir>/metrics.json``, which the sweep summary reads.
 """
 
 from __future__ import annotations
 
+import csv
 import json
-import logging
-import netrc
-import os
-import secrets
-import sys
+import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlparse
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, RichProgressBar
-from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from vitrel.train.callbacks import (
-    ExactResume,
-    LastCheckpoint,
-    LineProgress,
-    NaNGuard,
-    PosImageLogger,
-    SignalCheckpoint,
-    last_checkpoint_path,
+from vitrel.train.callbacks import last_checkpoint_path
+from vitrel.train.utils import (
+    hydra_config,
+    instantiate_callbacks,
+    instantiate_loggers,
+    is_multirun,
+    progress_bar_kind,
+    progress_callbacks,
+    route_lightning_logs,
+    run_dir_of,
+    scalars,
 )
-from vitrel.train.module import ClassifierModule
 
-__all__ = [
-    "train",
-    "build_datamodule",
-    "build_model",
-    "build_module",
-    "build_loggers",
-    "build_callbacks",
-    "build_trainer",
-    "resolve_ckpt_path",
-    "wandb_mode",
-    "run_dir_of",
-]
-
-CALLBACKS: dict[str, type[Callback]] = {
-    "model_checkpoint": ModelCheckpoint,
-    "last_checkpoint": LastCheckpoint,
-    "lr_monitor": LearningRateMonitor,
-    "signal_checkpoint": SignalCheckpoint,
-    "nan_guard": NaNGuard,
-    "exact_resume": ExactResume,
-    "pos_images": PosImageLogger,
-}
-LOGGERS = ("wandb", "csv", "tensorboard")
+__all__ = ["train", "build_model", "check_launch", "resolve_ckpt_path"]
 
 
-def _plain(node: Any) -> Any:
-    """An OmegaConf node (or anything) as plain, resolved Python containers."""
-    if OmegaConf.is_config(node):
-        return OmegaConf.to_container(node, resolve=True)
-    return node
+def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Module:
+    """``instantiate(cfg.model)``; ``num_classes``, ``in_chans`` and ``img_size`` come from the
+    datamodule unless the node sets them."""
+    sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
+    return instantiate(model_cfg, **{k: v for k, v in sized.items() if model_cfg.get(k) is None})
 
 
-def _hydra_cfg() -> Any | None:
-    from hydra.core.hydra_config import HydraConfig
-
-    return HydraConfig.get() if HydraConfig.initialized() else None
-
-
-def _is_multirun() -> bool:
-    from hydra.types import RunMode
-
-    hc = _hydra_cfg()
-    return hc is not None and hc.mode == RunMode.MULTIRUN
-
-
-def route_lightning_logs() -> None:
-    """Under Hydra (the root logger has handlers) let Lightning's messages go through them only.
-
-    ``import lightning`` adds its own console handler while still propagating to the root logger,
-    which prints every message twice; drop that handler when the root logger already prints.
-    """
-    if logging.getLogger().hasHandlers():
-        lg = logging.getLogger("lightning")
-        for h in list(lg.handlers):
-            if type(h) is logging.StreamHandler:
-                lg.removeHandler(h)
-
-
-def run_dir_of(cfg: DictConfig) -> Path:
-    """The run's output folder: ``cfg.paths.output_dir`` (Hydra's job folder by default)."""
-    return Path(str(cfg.paths.output_dir)).resolve()
-
-
-# ------------------------------------------------------------------------------------------ builders
-def build_datamodule(data_cfg: DictConfig | dict) -> L.LightningDataModule:
-    """``cfg.data`` -> DataModule: ``{"name": ..., **kwargs}`` (``vitrel.data.build_datamodule``) or ``_target_``."""
-    d = dict(_plain(data_cfg))
-    name = d.pop("name", None)  # the data set's name (for logs); the _target_ class does not take it
-    if "_target_" in d:
-        from hydra.utils import instantiate
-
-        return instantiate(d)
-    if name is None:
-        raise ValueError(f"the data config needs a 'name' (or a '_target_'), got keys {sorted(d)}")
-    from vitrel.data import build_datamodule as build
-
-    return build(name, **d)
-
-
-def build_model(cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Module:
-    """``vitrel.create_model(cfg.model.name, pos=cfg.pos, **cfg.model)`` sized by the datamodule."""
-    import vitrel
-
-    m = dict(_plain(cfg.model))
-    name = m.pop("name", None)
-    if name is None:
-        raise ValueError(f"the model config needs a 'name', got keys {sorted(m)}")
-    pos = _plain(cfg.get("pos"))
-    for key, value in (("num_classes", dm.num_classes), ("in_chans", dm.in_chans), ("img_size", dm.img_size)):
-        m.setdefault(key, value)
-    return vitrel.create_model(name, pos=pos, **m)
-
-
-def build_module(cfg: DictConfig, model: torch.nn.Module, num_classes: int) -> ClassifierModule:
-    optim = dict(_plain(cfg.optim))
-    name = optim.pop("name", "adamw")
-    if name != "adamw":
-        raise ValueError(f"optim.name must be 'adamw' (the only optimizer wired in), got {name!r}")
-    module_kw = dict(_plain(cfg.get("module") or {}))
-    return ClassifierModule(model, num_classes, **optim, **module_kw, compile=_plain(cfg.get("compile", False)))
-
-
-def _wandb_key_available() -> bool:
-    if os.environ.get("WANDB_API_KEY"):
-        return True
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        return host is not None and netrc.netrc().authenticators(host) is not None
-    except (OSError, netrc.NetrcParseError):
-        return False
-
-
-def wandb_mode(requested: str = "auto") -> str:
-    """``auto``: ``$WANDB_MODE`` if set, else ``online`` with an API key (env or netrc), else ``offline``."""
-    if requested not in ("auto", "online", "offline", "disabled"):
-        raise ValueError(f"logger.wandb.mode must be auto, online, offline or disabled, got {requested!r}")
-    if requested != "auto":
-        return requested
-    env = os.environ.get("WANDB_MODE")
-    if env:
-        return "offline" if env == "dryrun" else env
-    return "online" if _wandb_key_available() else "offline"
-
-
-def _wandb_logger(opts: dict, cfg: DictConfig, run_dir: Path) -> WandbLogger:
-    opts = dict(opts)
-    mode = wandb_mode(opts.pop("mode", "auto"))
-    hc = _hydra_cfg()
-    name, group = opts.pop("name", None), opts.pop("group", None)
-    if _is_multirun():
-        sweep = Path(str(hc.sweep.dir)).name
-        group = group or f"{cfg.get('task_name', 'train')}-{sweep}"
-        name = name or f"{sweep}/{hc.job.num}:{hc.job.override_dirname or 'defaults'}"
-    name = name or run_dir.name
-    # one W&B run per run folder: a resumed (or requeued) job continues the same W&B run
-    id_file = run_dir / "wandb_run_id"
-    run_id = opts.pop("id", None) or (id_file.read_text().strip() if id_file.exists() else None)
-    if run_id is None:
-        run_id = secrets.token_hex(4)
-        if rank_zero_only.rank == 0:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            id_file.write_text(run_id)
-    log_model = opts.pop("log_model", True)
-    log_model = log_model if mode == "online" else False  # artifacts need a server
-    return WandbLogger(
-        save_dir=str(run_dir),
-        name=name,
-        group=group,
-        id=run_id,
-        resume="allow",
-        mode=mode,
-        log_model=log_model,
-        **opts,
-    )
-
-
-def build_loggers(cfg: DictConfig, run_dir: Path) -> list[Logger]:
-    """``cfg.logger``: a dict of named loggers (``wandb``, ``csv``, ``tensorboard``), each with its options."""
-    out: list[Logger] = []
-    for key, opts in dict(_plain(cfg.get("logger")) or {}).items():
-        if opts is None or opts is False:
-            continue
-        opts = dict(opts) if isinstance(opts, dict) else {}
-        if key == "wandb":
-            out.append(_wandb_logger(opts, cfg, run_dir))
-        elif key == "csv":
-            out.append(CSVLogger(save_dir=str(run_dir), name=opts.pop("name", "csv"), version="", **opts))
-        elif key == "tensorboard":
-            out.append(
-                TensorBoardLogger(save_dir=str(run_dir), name=opts.pop("name", "tensorboard"), version="", **opts)
-            )
-        else:
-            raise ValueError(f"unknown logger {key!r}; known: {', '.join(LOGGERS)}")
-    return out
-
-
-def build_callbacks(cfg: DictConfig, run_dir: Path, with_loggers: bool) -> list[Callback]:
-    """``cfg.callbacks``: named entries, each a known name (see ``CALLBACKS``) with its options or a ``_target_``;
-    ``null`` switches one off. Adds the progress display (rich on a terminal, plain lines otherwise)."""
-    out: list[Callback] = []
-    for key, opts in dict(_plain(cfg.get("callbacks")) or {}).items():
-        if opts is None or opts is False:
-            continue
-        opts = dict(opts) if isinstance(opts, dict) else {}
-        if "_target_" in opts:
-            from hydra.utils import instantiate
-
-            out.append(instantiate(opts))
-            continue
-        if key not in CALLBACKS:
-            raise ValueError(f"unknown callback {key!r}; known: {', '.join(CALLBACKS)} (or give a _target_)")
-        if key in ("model_checkpoint", "last_checkpoint"):
-            opts.setdefault("dirpath", str(run_dir / "checkpoints"))
-        elif key == "exact_resume":
-            opts.setdefault("seed", int(cfg.seed))
-        elif key == "pos_images":
-            opts.setdefault("save_dir", str(run_dir))
-        elif key == "lr_monitor" and not with_loggers:
-            continue  # LearningRateMonitor needs a logger
-        out.append(CALLBACKS[key](**opts))
-    bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
-    if bar == "rich":
-        out.append(RichProgressBar())
-    elif bar == "lines":
-        out.append(LineProgress(every_n_steps=int(cfg.get("log_every_n_steps", 50))))
-    return out
-
-
-def progress_bar_kind(requested: str = "auto") -> str:
-    """``auto``: ``rich`` on a terminal, ``lines`` (plain lines) when stdout is not a TTY."""
-    if requested not in ("auto", "rich", "tqdm", "lines", "none"):
-        raise ValueError(f"progress_bar must be auto, rich, tqdm, lines or none, got {requested!r}")
-    if requested == "auto":
-        return "rich" if sys.stdout.isatty() else "lines"
-    return requested
-
-
-def _check_launch(trainer_cfg: dict) -> None:
+def check_launch(trainer_cfg: DictConfig | dict) -> None:
     """Lightning's plain ``ddp`` re-runs ``sys.argv`` for the extra processes: under ``-m`` with
     Hydra's in-process launcher every child would run the whole sweep. Refuse it with the fix."""
-    if not _is_multirun():
+    if not is_multirun():
         return
     strategy = str(trainer_cfg.get("strategy", "auto"))
     devices = trainer_cfg.get("devices", 1)
     nodes = int(trainer_cfg.get("num_nodes", 1) or 1)
     multi = nodes > 1 or devices not in (1, "1", [0], "auto")
-    launcher = str(_hydra_cfg().launcher.get("_target_", ""))
+    launcher = str(hydra_config().launcher.get("_target_", ""))
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     managed = SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
@@ -277,20 +69,6 @@ def _check_launch(trainer_cfg: dict) -> None:
             "run the whole sweep. Under -m use trainer=ddp_spawn, or hydra/launcher=slurm (one SLURM job per sweep "
             "point, one task per device); or run the sweep points one by one without -m."
         )
-
-
-def build_trainer(cfg: DictConfig, loggers: list[Logger], callbacks: list[Callback], run_dir: Path) -> L.Trainer:
-    tcfg = dict(_plain(cfg.trainer))
-    _check_launch(tcfg)
-    bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
-    tcfg.setdefault("default_root_dir", str(run_dir))
-    tcfg.setdefault("log_every_n_steps", int(cfg.get("log_every_n_steps", 50)))
-    return L.Trainer(
-        logger=loggers if loggers else False,
-        callbacks=callbacks,
-        enable_progress_bar=bar in ("rich", "tqdm"),
-        **tcfg,
-    )
 
 
 def resolve_ckpt_path(cfg: DictConfig, trainer: L.Trainer, run_dir: Path) -> str | None:
@@ -319,16 +97,6 @@ def resolve_ckpt_path(cfg: DictConfig, trainer: L.Trainer, run_dir: Path) -> str
     return None
 
 
-def _scalars(metrics: dict) -> dict[str, float]:
-    out = {}
-    for k, v in metrics.items():
-        if isinstance(v, torch.Tensor) and v.numel() == 1:
-            out[k] = float(v)
-        elif isinstance(v, (int, float)):
-            out[k] = float(v)
-    return out
-
-
 def _adopt_csv_columns(loggers: Sequence[Logger]) -> None:
     """Let each CSV logger's writer know the columns already in its ``metrics.csv``.
 
@@ -336,8 +104,6 @@ def _adopt_csv_columns(loggers: Sequence[Logger]) -> None:
     the main process (created before) would then rewrite the file for the test metrics with only the
     columns it knows, which fails. Adopting the file's header first keeps every row.
     """
-    import csv
-
     for lg in loggers:
         if isinstance(lg, CSVLogger):
             w = lg.experiment
@@ -358,20 +124,32 @@ def _finish_wandb(loggers: Sequence[Logger], exit_code: int) -> None:
 
 # ------------------------------------------------------------------------------------------ entry point
 def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, float]:
-    """Fit and test as ``cfg`` says; return the final metrics (also in ``<run dir>/metrics.json``)."""
+    """Fit and test as ``cfg`` says; return the final metrics (also in ``<run dir>/metrics.json``).
+
+    ``callbacks`` are added to those of ``cfg.callbacks``.
+    """
     t0 = time.time()
     route_lightning_logs()
     run_dir = run_dir_of(cfg)
+    check_launch(cfg.trainer)
     L.seed_everything(int(cfg.seed), workers=True)
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(str(cfg.get("matmul_precision", "high")))
 
-    dm = build_datamodule(cfg.data)
-    model = build_model(cfg, dm)
-    module = build_module(cfg, model, dm.num_classes)
-    loggers = build_loggers(cfg, run_dir)
-    cbs = build_callbacks(cfg, run_dir, with_loggers=bool(loggers)) + list(callbacks)
-    trainer = build_trainer(cfg, loggers, cbs, run_dir)
+    dm = instantiate(cfg.data)
+    model = build_model(cfg.model, dm)
+    module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
+    loggers = instantiate_loggers(cfg.get("logger"))
+    cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
+    if not loggers:  # LearningRateMonitor needs a logger
+        cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
+    bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
+        logger=loggers or False,
+        callbacks=cbs + progress_callbacks(bar),
+        enable_progress_bar=bar in ("rich", "tqdm"),
+    )
     ckpt = resolve_ckpt_path(cfg, trainer, run_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
@@ -384,12 +162,15 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
 
     status = "failed"
     try:
-        trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
-        metrics = _scalars(trainer.callback_metrics)
+        try:
+            trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
+        except SIGTERMException as e:  # Lightning's SIGTERM exit carries no code: report the signal
+            raise SystemExit(e.code if e.code is not None else 128 + signal.SIGTERM) from None
+        metrics = scalars(trainer.callback_metrics)
         if cfg.get("test", True):
             _adopt_csv_columns(loggers)
             for res in trainer.test(module, datamodule=dm, verbose=False):
-                metrics.update(_scalars(res))
+                metrics.update(scalars(res))
         status = "finished"
     finally:
         _finish_wandb(loggers, 0 if status == "finished" else 1)
@@ -426,5 +207,5 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
 
 
 def _overrides() -> list[str]:
-    hc = _hydra_cfg()
+    hc = hydra_config()
     return list(hc.overrides.task) if hc is not None else []

@@ -1,0 +1,134 @@
+"""Helpers shared by ``train`` and ``evaluate``: building objects from their config nodes, the run
+folder, the progress display, Hydra's runtime state.
+
+Every config node that builds an object has a ``_target_`` (``hydra.utils.instantiate``);
+``instantiate_callbacks`` / ``instantiate_loggers`` build the named entries of ``cfg.callbacks`` /
+``cfg.logger`` (``null`` switches an entry off), as in lightning-hydra-template.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback, RichProgressBar
+from lightning.pytorch.loggers import Logger
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = [
+    "instantiate_callbacks",
+    "instantiate_loggers",
+    "plain",
+    "scalars",
+    "run_dir_of",
+    "route_lightning_logs",
+    "progress_bar_kind",
+    "progress_callbacks",
+    "hydra_config",
+    "is_multirun",
+]
+
+
+def _instantiate_named(group: str, node: DictConfig | None) -> list[Any]:
+    from hydra.utils import instantiate
+
+    if not node:
+        return []
+    if not isinstance(node, DictConfig):
+        raise TypeError(f"`{group}` must be a mapping of named entries, got {type(node).__name__}")
+    out = []
+    for name, entry in node.items():
+        if entry is None:
+            continue  # switched off: <group>.<name>=null
+        if not isinstance(entry, DictConfig) or "_target_" not in entry:
+            raise ValueError(
+                f"{group}.{name} has no _target_: each entry of `{group}` builds an object, "
+                f"e.g. +{group}.{name}={{_target_: <class>, ...}}; set {group}.{name}=null to switch one off"
+            )
+        out.append(instantiate(entry))
+    return out
+
+
+def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
+    """The callbacks of ``cfg.callbacks`` (each entry a ``_target_`` node; ``null`` entries skipped)."""
+    return _instantiate_named("callbacks", callbacks_cfg)
+
+
+def instantiate_loggers(logger_cfg: DictConfig | None) -> list[Logger]:
+    """The loggers of ``cfg.logger`` (each entry a ``_target_`` node; ``null`` entries skipped)."""
+    return _instantiate_named("logger", logger_cfg)
+
+
+def plain(node: Any) -> Any:
+    """An OmegaConf node (or anything) as plain, resolved Python containers."""
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)
+    return node
+
+
+def scalars(metrics: dict) -> dict[str, float]:
+    """The one-number entries of a metrics dict as floats."""
+    out = {}
+    for k, v in metrics.items():
+        if isinstance(v, torch.Tensor) and v.numel() == 1:
+            out[k] = float(v)
+        elif isinstance(v, (int, float)):
+            out[k] = float(v)
+    return out
+
+
+def run_dir_of(cfg: DictConfig) -> Path:
+    """The run's output folder: ``cfg.paths.output_dir`` (Hydra's job folder by default)."""
+    return Path(str(cfg.paths.output_dir)).resolve()
+
+
+def route_lightning_logs() -> None:
+    """Under Hydra (the root logger has handlers) let Lightning's messages go through them only.
+
+    ``import lightning`` adds its own console handler while still propagating to the root logger,
+    which prints every message twice; drop that handler when the root logger already prints.
+    """
+    if logging.getLogger().hasHandlers():
+        lg = logging.getLogger("lightning")
+        for h in list(lg.handlers):
+            if type(h) is logging.StreamHandler:
+                lg.removeHandler(h)
+
+
+def progress_bar_kind(requested: str = "auto") -> str:
+    """``auto``: ``rich`` on a terminal, ``lines`` (plain lines) when stdout is not a TTY."""
+    if requested not in ("auto", "rich", "tqdm", "lines", "none"):
+        raise ValueError(f"progress_bar must be auto, rich, tqdm, lines or none, got {requested!r}")
+    if requested == "auto":
+        return "rich" if sys.stdout.isatty() else "lines"
+    return requested
+
+
+def progress_callbacks(kind: str) -> list[Callback]:
+    """The progress display for ``progress_bar_kind(...)``: a rich bar, plain lines, or nothing
+    (``tqdm`` is Lightning's default bar, which needs no callback)."""
+    from vitrel.train.callbacks import LineProgress
+
+    if kind == "rich":
+        return [RichProgressBar()]
+    if kind == "lines":
+        return [LineProgress()]
+    return []
+
+
+def hydra_config() -> Any | None:
+    """Hydra's runtime config (``HydraConfig.get()``) when running under Hydra, else None."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def is_multirun() -> bool:
+    """Whether this job is one of a ``-m`` sweep."""
+    from hydra.types import RunMode
+
+    hc = hydra_config()
+    return hc is not None and hc.mode == RunMode.MULTIRUN

@@ -1,4 +1,5 @@
-"""bench/study.py on the smoke budget: output files and columns, resume, recipe guard, the full-set data path."""
+"""bench/study.py on the smoke budget (conf/experiment/study_smoke.yaml): output files and columns, resume, recipe
+guard, the evaluation sets on the full-set data path."""
 
 from __future__ import annotations
 
@@ -49,7 +50,8 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
     assert not (tmp_path / f"{name}_work").exists()  # per-run checkpoints are removed once recorded
 
     data = json.loads((tmp_path / f"{name}.json").read_text())
-    assert data["recipe"] == json.loads(json.dumps(study.BUDGETS["smoke"]))
+    assert data["recipe"] == json.loads(json.dumps(study.recipe("smoke")))
+    assert data["recipe"]["runs"]["swin"]["model"]["depths"] == [1, 1]  # the architecture's overrides
     assert data["machine"]["device"] == "cpu" and "CPU" in data["machine"]["description"]
     assert data["wall_s"] > 0 and data["command"].startswith("python bench/study.py --budget smoke")
     for r in data["runs"]:
@@ -85,6 +87,7 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
 
     md = (tmp_path / f"{name}.md").read_text()
     assert "| scheme | family | params | test | center44 | shift44 | translate44 | resize40 | img/s | peak MB |" in md
+    assert "`conf/experiment/study_smoke.yaml`: fashion_mnist, 1 epochs of 3 batches of 64" in md
     assert "## vit" in md and "## swin" in md and data["machine"]["description"] in md
 
     from safetensors import safe_open
@@ -110,9 +113,9 @@ def test_another_recipe_is_refused(study, tmp_path):
     run(study, tmp_path, "--max-runs", "1", "--archs", "vit")
     path = tmp_path / "study_smoke.json"
     data = json.loads(path.read_text())
-    data["recipe"]["epochs"] = 7
+    data["recipe"]["runs"]["vit"]["trainer"]["max_epochs"] = 7
     path.write_text(json.dumps(data))
-    with pytest.raises(SystemExit, match="another recipe.*epochs.*--restart"):
+    with pytest.raises(SystemExit, match="another recipe.*runs.*--restart"):
         run(study, tmp_path, "--archs", "vit")
     state = run(study, tmp_path, "--max-runs", "1", "--archs", "vit", "--restart")
     assert len(state["runs"]) == 1
@@ -125,17 +128,21 @@ def test_bad_selection_is_refused(study, tmp_path):
         study.main(["--budget", "smoke", "--archs", "convnet", "--out", str(tmp_path)])
 
 
-def test_full_set_data_from_idx_files(study, tmp_path):
+def test_eval_sets_from_idx_files(study, tmp_path):
     """The full-set path (``subset="full"``) on generated IDX files, with the evaluation sets' geometry."""
-    from vitrel.data import write_idx
+    from hydra.utils import instantiate
+
+    from vitrel.data import TranslatedDataset, write_idx
 
     rng = np.random.default_rng(0)
     for split, n in (("train", 40), ("t10k", 30)):
         write_idx(tmp_path / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
         write_idx(tmp_path / f"{split}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8))
-    recipe = dict(study.BUDGETS["smoke"], subset="full", train_images=32, test_images=None, ood_images=10)
-    data = study.load_data(recipe, str(tmp_path))
-    assert data["train"][0].shape == (32, 1, 28, 28)
+    over = ["data=fashion_mnist_full", f"data.root={tmp_path}", "study.test_images=null", "study.ood_images=10"]
+    cfg = study.compose("smoke", over)
+    dm = instantiate(cfg.data)
+    data = {k: study.materialise(v) for k, v in study.eval_sets(cfg.study, dm).items()}
+    assert list(data) == ["test", "center44", "shift44", "translate44", "resize40"]
     assert data["test"][0].shape == (30, 1, 28, 28)
     x, y = data["translate44"]
     assert x.shape == (10, 1, 44, 44) and y.shape == (10,)
@@ -144,7 +151,7 @@ def test_full_set_data_from_idx_files(study, tmp_path):
     # every out-of-distribution set scores the same 10 test images
     for k in ("center44", "shift44", "resize40"):
         assert data[k][1].tolist() == y.tolist()
-    # the canvas holds the image once, the rest is black; centre: rows/cols 8..35; shift: whole patches
+    # the canvas holds the image once, the rest is black; centre: rows/cols 8..35
     black = (0.0 - 0.2860) / 0.3530
     assert ((x - black).abs() > 1e-6).sum(dim=(1, 2, 3)).max() <= 28 * 28
     c = data["center44"][0]
@@ -152,7 +159,26 @@ def test_full_set_data_from_idx_files(study, tmp_path):
     torch.testing.assert_close(c[:, :, 8:36, 8:36], data["test"][0][idx])
     assert data["test"][1][idx].tolist() == y.tolist()
     assert ((c[:, :, :8] - black).abs() < 1e-6).all() and ((c[:, :, 36:] - black).abs() < 1e-6).all()
-    ds = study.ShiftedDataset(list(zip(range(50), range(50))), 44, 4, transform=None)
+    # shift: whole patches (grid_step 4), and the same offsets as the study's former ShiftedDataset
+    ds = TranslatedDataset(list(zip(range(50), range(50))), 44, seed=0, grid_step=4)
     offs = [ds.offset(i, (28, 28)) for i in range(50)]
     assert all(t % 4 == 0 and l % 4 == 0 and 0 <= t <= 16 and 0 <= l <= 16 for t, l in offs)
     assert len(set(offs)) > 10
+    gens = [np.random.default_rng([0, i]) for i in range(50)]  # one generator per sample: top, then left
+    assert offs == [(4 * int(g.integers(0, 5)), 4 * int(g.integers(0, 5))) for g in gens]
+    for j, i in enumerate(idx):  # the shifted images are the test images at those offsets
+        t, l = ds.offset(i, (28, 28))
+        torch.testing.assert_close(data["shift44"][0][j, :, t : t + 28, l : l + 28], data["test"][0][i])
+
+
+def test_recipes_compose_as_train_py_does(study):
+    """Every budget composes; the runs are train.py's configs (experiment=study_<budget>) with the study's overrides."""
+    assert study.BUDGETS == ["full", "short", "smoke"]
+    for budget in study.BUDGETS:
+        rec = study.recipe(budget)
+        assert set(rec["runs"]) == {"vit", "swin"} and rec["study"]["evals"]["test"] == {}
+        for cfg in rec["runs"].values():
+            assert cfg["model"]["_target_"] == "vitrel.create_model" and cfg["test"] is False
+            assert cfg["callbacks"]["model_checkpoint"] is None and cfg["logger"] == {}
+    assert study.recipe("full")["runs"]["vit"]["trainer"]["max_epochs"] == 30
+    assert study.recipe("short")["runs"]["swin"]["model"]["patch_size"] == 4

@@ -1,9 +1,7 @@
 import os
-import sys
 
 import torch
 
-sys.path.insert(0, os.path.dirname(__file__))  # tests/reference.py
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")

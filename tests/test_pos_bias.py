@@ -7,8 +7,8 @@ import math
 
 import pytest
 import torch
-from reference import dense_bias, reference_attention, t5_bucket_scalar
 
+from tests.reference import dense_bias, reference_attention, t5_bucket_scalar
 from vitrel import Attention
 from vitrel.pos import Grid
 

@@ -12,9 +12,9 @@ import lightning as L
 import pytest
 import torch
 from omegaconf import OmegaConf
-from train_helpers import CONF, FAST, TINY_SWIN, TINY_VIT, PoisonWeights, SendSignal, compose
 
 import vitrel
+from tests.train_helpers import CONF, FAST, TINY_SWIN, TINY_VIT, PoisonWeights, SendSignal, compose
 from vitrel.train.callbacks import EpochSampler, NonFiniteLossError
 from vitrel.train.run import check_launch, train
 

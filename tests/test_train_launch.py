@@ -12,8 +12,8 @@ import time
 
 import pytest
 import torch
-from train_helpers import ROOT, TINY_VIT, SaveWeights, compose, run_script, script_env, wandb_contents
 
+from tests.train_helpers import ROOT, TINY_VIT, SaveWeights, compose, run_script, script_env, wandb_contents
 from vitrel.train.run import train
 
 pytestmark = pytest.mark.slow

@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 
 import vitrel
 from tests.train_helpers import CONF, FAST, TINY_SWIN, TINY_VIT, PoisonWeights, SendSignal, compose
-from vitrel.train.callbacks import EpochSampler, NonFiniteLossError
+from vitrel.data.base import EpochSampler
+from vitrel.train.callbacks import NonFiniteLossError
 from vitrel.train.run import check_launch, train
 
 POS_CONFIGS = sorted(p.stem for p in (CONF / "pos").glob("*.yaml"))
@@ -117,6 +118,26 @@ def test_sigterm_saves_checkpoint_then_exits(tmp_path):
     assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
 
 
+def test_sigusr2_saves_checkpoint_then_hands_over_to_the_previous_handler(tmp_path):
+    """submitit signals a time-out with SIGUSR2 and requeues in its handler: it runs after the save."""
+    cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "trainer.limit_train_batches=10"])
+    calls = []
+
+    def submitit_like(signum, frame):
+        calls.append((signum, (tmp_path / "checkpoints" / "last.ckpt").exists()))
+
+    before = signal.signal(signal.SIGUSR2, submitit_like)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            train(cfg, callbacks=[SendSignal(at_step=2, signum=signal.SIGUSR2)])
+        assert signal.getsignal(signal.SIGUSR2) == submitit_like
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+    assert calls == [(signal.SIGUSR2, True)] and exc.value.code == 128 + signal.SIGUSR2
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 3
+
+
 def test_nan_loss_stops_with_clear_message_and_keeps_good_checkpoint(tmp_path):
     cfg = compose(
         tmp_path,
@@ -173,6 +194,51 @@ def test_epoch_sampler_ranks_partition_the_single_process_order():
     s.skip = 16
     s.set_epoch(0)
     assert list(s) == one[16:] and list(s) == one  # skip applies to the next iteration only
+
+
+def test_resumable_loader_continues_the_epoch_where_it_stopped():
+    from vitrel.data.base import ResumableDataLoader
+
+    data = list(range(40))
+
+    def loader():
+        return ResumableDataLoader(data, batch_size=4, sampler=EpochSampler(data, shuffle=True, seed=5))
+
+    full = loader()
+    full.sampler.set_epoch(1)
+    whole = [b.tolist() for b in full]
+    first = loader()
+    first.sampler.set_epoch(1)
+    it = iter(first)
+    done = [next(it).tolist() for _ in range(3)]
+    state = first.state_dict()
+    assert state == {"epoch": 1, "batches": 3} and done == whole[:3]
+    resumed = loader()
+    resumed.load_state_dict(state)
+    resumed.sampler.set_epoch(1)  # as Lightning does at the start of the (resumed) epoch
+    assert [b.tolist() for b in resumed] == whole[3:] and resumed.state_dict()["batches"] == 10
+    assert [b.tolist() for b in resumed] == whole  # the next iteration of the epoch is whole again
+    later = loader()
+    later.load_state_dict({"epoch": 0, "batches": 10})  # saved at the end of epoch 0
+    later.sampler.set_epoch(1)
+    assert [b.tolist() for b in later] == whole
+
+
+def test_exact_resume_makes_the_datamodule_loader_resumable(tmp_path):
+    from vitrel.data.base import ResumableDataLoader
+
+    seen = {}
+
+    class Look(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            seen["loader"] = trainer.train_dataloader
+
+    over = [*TINY_VIT, *FAST, *SHORT, "trainer.limit_train_batches=2", "callbacks.model_checkpoint=null"]
+    train(compose(tmp_path, over), callbacks=[Look()])
+    dl = seen["loader"]
+    assert isinstance(dl, ResumableDataLoader) and dl.sampler.seed == 0 and dl.state_dict()["batches"] == 2
+    train(compose(tmp_path / "off", [*over, "callbacks.exact_resume=null"]), callbacks=[Look()])
+    assert type(seen["loader"]) is torch.utils.data.DataLoader
 
 
 # ------------------------------------------------------------------------------------------ pictures

@@ -7,7 +7,9 @@ Every DataModule here follows one contract (the trainer and the evaluation scrip
 * public attributes ``num_classes, in_chans, img_size, mean, std, class_names``;
 * ``prepare_data()`` (downloads where allowed), ``setup(stage)``, ``train/val/test_dataloader()``;
 * val == test split unless ``val_fraction > 0`` (then a seeded split of train is held out as val);
-* ``make_dataset(split, img_size=None, transform=None)`` for scoring at another image size.
+* ``make_dataset(split, img_size=None, transform=None)`` for scoring at another image size;
+* ``train_order_seed``: None (a shuffled ``DataLoader``), or a seed: the training loader is then a
+  :class:`ResumableDataLoader` over an :class:`EpochSampler` (exact mid-epoch resume).
 
 Subclasses implement ``_load_raw(split)`` (``split in {"train", "test"}``) returning a dataset of raw
 ``(PIL image, int label)`` pairs, and ``_locate()`` (raises ``DatasetNotFoundError``).
@@ -15,18 +17,27 @@ Subclasses implement ``_load_raw(split)`` (``split in {"train", "test"}``) retur
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 import numpy as np
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, Subset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from vitrel.data.transforms import MappedDataset, TranslatedDataset, build_transform, plain_transform
 
-__all__ = ["DatasetNotFoundError", "DatasetIntegrityError", "ArrayImageDataset", "VisionDataModule", "seeded_split"]
+__all__ = [
+    "DatasetNotFoundError",
+    "DatasetIntegrityError",
+    "ArrayImageDataset",
+    "VisionDataModule",
+    "seeded_split",
+    "EpochSampler",
+    "ResumableDataLoader",
+]
 
 SPLITS = ("train", "val", "test")
 
@@ -84,6 +95,57 @@ def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nda
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 
 
+class EpochSampler(DistributedSampler):
+    """Order of epoch ``e``: a permutation seeded by ``seed + e`` (or ``0..N-1``), rank ``r`` taking
+    ``order[r::num_replicas]`` (padded to equal length, as ``DistributedSampler``); the next
+    iteration starts ``skip`` samples in (a resumed epoch)."""
+
+    def __init__(self, dataset, *, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        self.skip = 0
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(super().__iter__(), skip, None)
+
+
+class ResumableDataLoader(DataLoader):
+    """A ``DataLoader`` over an :class:`EpochSampler` that can resume mid-epoch.
+
+    ``state_dict()`` is ``{"epoch", "batches"}`` (the sampler's epoch, batches yielded in it so far);
+    after ``load_state_dict(state)`` the iteration of that epoch starts after those batches (an
+    iteration of another epoch starts at its beginning). Lightning keeps the state of such stateful
+    loaders in its checkpoints and restores it on resume. Under DDP Lightning leaves the sampler (a
+    ``DistributedSampler``) as it is.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches_yielded = 0
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches done)
+
+    def __iter__(self):
+        sampler = self.sampler if isinstance(self.sampler, EpochSampler) else None
+        start = 0
+        if sampler is not None and self._resume_at is not None and self._resume_at[0] == sampler.epoch:
+            start = self._resume_at[1]
+            sampler.skip = start * int(self.batch_size or 1)
+        self._resume_at = None
+        self.batches_yielded = start
+        for batch in super().__iter__():
+            self.batches_yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        if not isinstance(self.sampler, EpochSampler):
+            return {}
+        return {"epoch": int(self.sampler.epoch), "batches": int(self.batches_yielded)}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if state_dict and isinstance(self.sampler, EpochSampler):
+            self._resume_at = (int(state_dict["epoch"]), int(state_dict["batches"]))
+
+
 class VisionDataModule(L.LightningDataModule):
     """Base class. See the module docstring for the contract.
 
@@ -117,6 +179,11 @@ class VisionDataModule(L.LightningDataModule):
     default_interpolation: str = "bilinear"
     default_crop_pct: float = 1.0
     default_augment_kwargs: dict[str, Any] = {}
+    #: None: the training loader shuffles with a ``RandomSampler``. A seed: it is a
+    #: :class:`ResumableDataLoader` over an :class:`EpochSampler` (order of epoch ``e`` seeded by
+    #: ``train_order_seed + e``, split over the attached trainer's ranks), which resumes mid-epoch
+    #: exactly. Set by ``vitrel.train.callbacks.ExactResume``.
+    train_order_seed: int | None = None
 
     def __init__(
         self,
@@ -298,15 +365,25 @@ class VisionDataModule(L.LightningDataModule):
 
     def _loader(self, split: str) -> DataLoader:
         train = split == "train"
-        return DataLoader(
-            self.dataset(split),
+        kwargs: dict[str, Any] = dict(
             batch_size=self.batch_size if train else self.eval_batch_size,
-            shuffle=train,
             drop_last=self.drop_last and train,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory,
             persistent_workers=self.num_workers > 0,
         )
+        ds = self.dataset(split)
+        if train and self.train_order_seed is not None:
+            trainer = self.trainer
+            sampler = EpochSampler(
+                ds,
+                shuffle=True,
+                seed=int(self.train_order_seed),
+                num_replicas=trainer.world_size if trainer is not None else 1,
+                rank=trainer.global_rank if trainer is not None else 0,
+            )
+            return ResumableDataLoader(ds, sampler=sampler, **kwargs)
+        return DataLoader(ds, shuffle=train, **kwargs)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

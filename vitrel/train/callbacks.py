@@ -1,26 +1,26 @@
 """Lightning callbacks of the training framework.
 
+* :class:`LastCheckpoint`: ``last.ckpt`` at the end of every epoch and, optionally, every N steps or
+  minutes.
 * :class:`SignalCheckpoint`: SIGTERM / SIGUSR1 / SIGUSR2 -> save ``last.ckpt`` at the next batch
   boundary, then exit (or hand over to the handler that was there before, e.g. submitit's requeue).
 * :class:`NaNGuard`: a non-finite loss stops the run before it reaches the weights, with a clear
   message naming the last good checkpoint.
-* :class:`ExactResume`: seeded per-epoch data order, split across ranks like ``DistributedSampler``,
-  that resumes mid-epoch where it stopped; restores the RNG states. A run killed mid-epoch and
-  resumed from its last checkpoint ends as the uninterrupted run would.
+* :class:`ExactResume`: the datamodule's seeded, resumable training order
+  (``VisionDataModule.train_order_seed``) and the RNG states in checkpoints. A run killed mid-epoch
+  and resumed from its last checkpoint ends as the uninterrupted run would.
 * :class:`LineProgress`: plain progress lines (for logs, when stdout is not a terminal).
 * :class:`PosImageLogger`: pictures of every layer's position scheme (``vitrel.viz``) every few epochs.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
 import signal
 import threading
 import time
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +31,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
-from torch.utils.data import BatchSampler, DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
+from vitrel.data.base import ResumableDataLoader
 from vitrel.pos.base import PositionScheme
 
 __all__ = [
@@ -40,8 +40,6 @@ __all__ = [
     "NaNGuard",
     "NonFiniteLossError",
     "ExactResume",
-    "EpochSampler",
-    "ResumableDataLoader",
     "LineProgress",
     "PosImageLogger",
     "last_checkpoint_path",
@@ -52,22 +50,27 @@ log = logging.getLogger(__name__)
 
 
 def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
-    """``<dirpath>/last.ckpt`` of the trainer's ModelCheckpoint that keeps a last checkpoint; None without one."""
+    """The ``last.ckpt`` the trainer writes: its :class:`LastCheckpoint`'s, else that of a ModelCheckpoint
+    with ``save_last``; None without either."""
+    for cb in trainer.callbacks:
+        if isinstance(cb, LastCheckpoint):
+            return cb.path(trainer)
     for cb in trainer.callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath is not None:
             return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
     return None
 
 
-class LastCheckpoint(ModelCheckpoint):
-    """``last.ckpt`` only (no monitored metric, always overwritten): at the end of every epoch, and
-    optionally every ``every_n_train_steps`` optimizer steps or every ``every_n_minutes`` of
-    training, mid-epoch.
+class LastCheckpoint(Callback):
+    """``<dirpath>/last.ckpt`` (always overwritten): at the end of every training epoch (after
+    validation), and optionally every ``every_n_train_steps`` optimizer steps or every
+    ``every_n_minutes`` of training, mid-epoch. ``dirpath`` defaults to ``<default_root_dir>/checkpoints``.
 
-    Kept apart from the best-checkpoint callback because Lightning defers the step checkpoints of a
-    callback that monitors a validation metric until that metric exists (after the first epoch), and
-    because Lightning's step and epoch triggers are mutually exclusive: the end-of-epoch save is
-    added here (``on_train_epoch_end``, after validation) so the last state is always on disk.
+    Written with ``trainer.save_checkpoint`` at the points where Lightning's ``ModelCheckpoint``
+    writes (the end of a training batch, the end of the epoch), so a run resumes from it exactly.
+    A callback of its own because ``ModelCheckpoint``'s step, time and epoch triggers are mutually
+    exclusive, and because one that monitors a validation metric defers its step checkpoints until
+    that metric exists.
     """
 
     def __init__(
@@ -75,24 +78,44 @@ class LastCheckpoint(ModelCheckpoint):
         dirpath: str | None = None,
         every_n_train_steps: int | None = None,
         every_n_minutes: float | None = None,
+        filename: str = "last.ckpt",
     ) -> None:
-        import datetime
+        if every_n_train_steps is not None and every_n_train_steps < 1:
+            raise ValueError(f"every_n_train_steps must be >= 1 or None, got {every_n_train_steps}")
+        self.dirpath = dirpath
+        self.every_n_train_steps = every_n_train_steps
+        self.every_n_minutes = every_n_minutes
+        self.filename = filename
+        self._last_step = -1
+        self._last_time = time.monotonic()
 
-        interval = datetime.timedelta(minutes=every_n_minutes) if every_n_minutes else None
-        super().__init__(
-            dirpath=dirpath,
-            monitor=None,
-            save_top_k=0,
-            save_last=True,
-            every_n_train_steps=every_n_train_steps if interval is None else None,
-            train_time_interval=interval,
-            enable_version_counter=False,
-        )
+    def path(self, trainer: L.Trainer) -> Path:
+        return Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints") / self.filename
+
+    def save(self, trainer: L.Trainer) -> None:
+        """Write ``last.ckpt`` now (all ranks call this; rank 0 writes), unless this step is saved already."""
+        if trainer.fast_dev_run or trainer.sanity_checking or self._last_step == trainer.global_step:
+            return
+        trainer.save_checkpoint(str(self.path(trainer)))
+        self._last_step = trainer.global_step
+        self._last_time = time.monotonic()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._last_time = time.monotonic()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.every_n_minutes:
+            due = time.monotonic() - self._last_time >= 60.0 * self.every_n_minutes
+            due = bool(trainer.strategy.broadcast(due))  # rank 0's clock decides for all
+        elif self.every_n_train_steps:
+            due = trainer.global_step > 0 and trainer.global_step % self.every_n_train_steps == 0
+        else:
+            due = False
+        if due:
+            self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_train_epoch_end(trainer, pl_module)
-        if not self._should_skip_saving_checkpoint(trainer):  # also skips a step already saved
-            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+        self.save(trainer)
 
 
 def _any_rank(trainer: L.Trainer, flag: bool) -> bool:
@@ -106,14 +129,17 @@ def _any_rank(trainer: L.Trainer, flag: bool) -> bool:
 class SignalCheckpoint(Callback):
     """On SIGTERM / SIGUSR1 / SIGUSR2: save ``last.ckpt`` at the end of the current batch, then exit.
 
-    The handler only records the signal; the save happens at the next ``on_train_batch_end`` (a
-    consistent state, the same point where step checkpoints are written), agreed on by all ranks
-    (a signal that reached one rank stops them all). Then, if a handler that is not Lightning's was
-    installed before (submitit's requeue handler on SIGUSR2), it is called; otherwise the run exits
-    with ``128 + signum`` through Lightning's ``SIGTERMException``.
+    SIGTERM is Lightning's to catch: its handler sets ``trainer.received_sigterm`` (and calls a
+    handler that was there before); this callback adds the checkpoint. SIGUSR1 / SIGUSR2 (submitit
+    signals preemption and time-outs with SIGUSR2) get a handler that records the signal, unless
+    Lightning handles that signal itself (its SLURM auto-requeue on SIGUSR1: it saves an ``hpc_ckpt``
+    and requeues the job).
 
-    Under SLURM with Lightning's auto-requeue, the requeue signal (SIGUSR1) is left to Lightning
-    (it saves an ``hpc_ckpt`` and requeues the job).
+    The save happens at ``on_train_batch_end`` (a consistent state, the same point where step
+    checkpoints are written), agreed on by all ranks (a signal that reached one rank stops them all).
+    Then, for SIGUSR1/2, a handler installed before that is not Lightning's (submitit's requeue
+    handler) is called; otherwise the run exits with ``128 + signum`` through Lightning's
+    ``SIGTERMException``.
     """
 
     def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGUSR2")) -> None:
@@ -133,15 +159,18 @@ class SignalCheckpoint(Callback):
             self.received = signum
             log.warning(f"received {signal.Signals(signum).name}: saving a checkpoint at the end of this batch")
 
-    def _install(self, trainer: L.Trainer) -> None:
+    @staticmethod
+    def _is_lightnings(handler: Any) -> bool:
+        return callable(handler) and type(handler).__module__.startswith("lightning")
+
+    def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        env = trainer._accelerator_connector.cluster_environment
-        lightning_requeue = getattr(env, "auto_requeue", False) and getattr(env, "requeue_signal", None)
         for sig in self.signals:
-            if lightning_requeue and sig == lightning_requeue:
-                continue
-            self._previous[sig] = signal.getsignal(sig)
+            current = signal.getsignal(sig)
+            if sig == signal.SIGTERM or self._is_lightnings(current):
+                continue  # Lightning's: SIGTERM always, SIGUSR1 under SLURM auto-requeue
+            self._previous[sig] = current
             signal.signal(sig, self._handler)
 
     def _restore(self) -> None:
@@ -152,14 +181,22 @@ class SignalCheckpoint(Callback):
                 signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
         self._previous = {}
 
+    def _pending(self, trainer: L.Trainer) -> int | None:
+        if self.received is not None:
+            return self.received
+        if signal.SIGTERM in self.signals and trainer.received_sigterm:
+            return int(signal.SIGTERM)
+        return None
+
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.received = None
-        self._install(trainer)
+        self._install()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if not _any_rank(trainer, self.received is not None):
+        pending = self._pending(trainer)
+        if not _any_rank(trainer, pending is not None):
             return
-        signum = int(self.received or signal.SIGTERM)
+        signum = int(pending or signal.SIGTERM)
         path = last_checkpoint_path(trainer) or Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         trainer.save_checkpoint(str(path))
         self.saved_path = path
@@ -169,7 +206,7 @@ class SignalCheckpoint(Callback):
         )
         prev = self._previous.get(signum)
         self._restore()
-        if callable(prev) and not type(prev).__module__.startswith("lightning"):
+        if callable(prev) and not self._is_lightnings(prev):
             prev(signum, None)  # e.g. submitit: requeue the job and exit
         raise SIGTERMException(128 + signum)
 
@@ -210,53 +247,6 @@ class NaNGuard(Callback):
 
 
 # ------------------------------------------------------------------------------------------ exact resume
-class EpochSampler(DistributedSampler):
-    """Order of epoch ``e``: a permutation seeded by ``seed + e`` (or ``0..N-1``), rank ``r`` taking
-    ``order[r::num_replicas]`` (padded to equal length, as ``DistributedSampler``); the next
-    iteration starts ``skip`` samples in (a resumed epoch)."""
-
-    def __init__(self, dataset, *, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
-        self.skip = 0
-
-    def __iter__(self) -> Iterator[int]:
-        skip, self.skip = self.skip, 0
-        return itertools.islice(super().__iter__(), skip, None)
-
-
-class ResumableDataLoader(DataLoader):
-    """A DataLoader over an :class:`EpochSampler` that counts the batches it yielded this epoch."""
-
-    batches_yielded: int = 0
-
-    def __iter__(self):
-        start = self.sampler.skip // self.batch_size if isinstance(self.sampler, EpochSampler) else 0
-        self.batches_yielded = start
-        for batch in super().__iter__():
-            self.batches_yielded += 1
-            yield batch
-
-    @classmethod
-    def from_loader(cls, dl: DataLoader, sampler: EpochSampler) -> ResumableDataLoader:
-        kwargs = dict(
-            batch_size=dl.batch_size,
-            sampler=sampler,
-            num_workers=dl.num_workers,
-            collate_fn=dl.collate_fn,
-            pin_memory=dl.pin_memory,
-            drop_last=dl.drop_last,
-            timeout=dl.timeout,
-            worker_init_fn=dl.worker_init_fn,
-            multiprocessing_context=dl.multiprocessing_context,
-            generator=dl.generator,
-            persistent_workers=dl.persistent_workers,
-            pin_memory_device=dl.pin_memory_device,
-        )
-        if dl.num_workers > 0:
-            kwargs["prefetch_factor"] = dl.prefetch_factor
-        return cls(dl.dataset, **kwargs)
-
-
 def _rng_state() -> dict:
     np_state = np.random.get_state()
     state = {
@@ -282,83 +272,58 @@ def _set_rng_state(state: dict) -> None:
 class ExactResume(Callback):
     """Deterministic, resumable training data order and RNG state.
 
-    The datamodule's training loader (a plain shuffled or sequential one) is rebuilt over an
-    :class:`EpochSampler` (order seeded by ``seed + epoch``, split across ranks; Lightning leaves
-    it as is under DDP). Checkpoints record how many batches of the current epoch were consumed
-    and the RNG states (torch, CUDA, numpy, python); on resume the epoch restarts exactly where it
-    stopped and the RNG states are put back just before the first resumed batch, so a killed and
-    resumed run ends with the same weights as an uninterrupted one. Random augmentation inside
-    DataLoader workers is not replayed exactly after a mid-epoch resume (worker RNG streams are
-    per worker, not per sample); everything else is.
+    Sets the datamodule's ``train_order_seed`` (``VisionDataModule``), so that it builds its training
+    loader as a :class:`~vitrel.data.base.ResumableDataLoader`: order of epoch ``e`` seeded by
+    ``seed + e``, split across ranks (Lightning leaves it as is under DDP), with a ``state_dict`` of its
+    position in the epoch. Checkpoints get that position and the RNG states (torch, CUDA, numpy,
+    python); on resume the loader continues where it stopped and the RNG states are put back just
+    before the first resumed batch, so a killed and resumed run ends with the same weights as an
+    uninterrupted one. Random augmentation inside DataLoader workers is not replayed exactly after a
+    mid-epoch resume (worker RNG streams are per worker, not per sample); everything else is.
+
+    The loader position is restored here, at ``on_train_start``, rather than by Lightning's own
+    support for stateful loaders: Lightning skips that when the loader was built before the
+    checkpoint was read, which ``trainer.estimated_stepping_batches`` in ``configure_optimizers``
+    (the schedule's length) does.
     """
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
         self._loader: ResumableDataLoader | None = None
-        self._pending: dict | None = None
+        self._pending: dict | None = None  # the loader position to resume at
         self._pending_rng: dict | None = None
+        self._dm: Any = None
+        self._dm_seed: int | None = None
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         dm = trainer.datamodule
-        if stage != "fit" or dm is None or trainer.overfit_batches > 0 or getattr(dm, "_vitrel_exact_resume", None):
+        if stage != "fit" or trainer.overfit_batches > 0:  # overfitting: Lightning fixes the order itself
             return
-        original = dm.train_dataloader
-
-        def train_dataloader() -> DataLoader:
-            dl = original()
-            if not isinstance(dl, DataLoader) or type(dl.batch_sampler) is not BatchSampler:
-                log.warning(
-                    "ExactResume: the training loader is not a plain DataLoader; mid-epoch resume is approximate"
-                )
-                return dl
-            if not isinstance(dl.sampler, (RandomSampler, SequentialSampler)):
-                log.warning(
-                    f"ExactResume: keeping the custom sampler {type(dl.sampler).__name__}; resume is approximate"
-                )
-                return dl
-            sampler = EpochSampler(
-                dl.dataset,
-                shuffle=isinstance(dl.sampler, RandomSampler),
-                seed=self.seed,
-                num_replicas=trainer.world_size,
-                rank=trainer.global_rank,
-            )
-            self._loader = ResumableDataLoader.from_loader(dl, sampler)
-            return self._loader
-
-        dm.train_dataloader = train_dataloader
-        dm._vitrel_exact_resume = original
-        # Lightning warns that a mid-epoch resume is unreliable unless the loader is stateful: here it is exact
-        warnings.filterwarnings("ignore", message="You're resuming from a checkpoint that ended before the epoch")
+        if dm is None or not hasattr(dm, "train_order_seed"):
+            log.warning("ExactResume: the datamodule has no train_order_seed; mid-epoch resume is approximate")
+            return
+        self._dm, self._dm_seed = dm, dm.train_order_seed
+        dm.train_order_seed = self.seed
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        dm = trainer.datamodule
-        original = getattr(dm, "_vitrel_exact_resume", None) if dm is not None else None
-        if original is not None:
-            dm.train_dataloader = original
-            dm._vitrel_exact_resume = None
+        if self._dm is not None:
+            self._dm.train_order_seed = self._dm_seed
+            self._dm = None
 
     def state_dict(self) -> dict[str, Any]:
-        if self._loader is None:
-            return {}
-        return {
-            "epoch": int(self._loader.sampler.epoch),
-            "batches": int(self._loader.batches_yielded),
-            "rng": _rng_state(),
-        }
+        loader = self._loader.state_dict() if self._loader is not None else {}
+        return {"loader": loader, "rng": _rng_state()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        if state_dict:
-            self._pending = dict(state_dict)
+        self._pending_rng = state_dict.get("rng")
+        # vitrel 0.1.0 kept the loader position at the top level
+        self._pending = state_dict.get("loader", {k: state_dict[k] for k in ("epoch", "batches") if k in state_dict})
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if self._pending is None or self._loader is None:
-            return
-        done = self._pending["batches"]
-        if 0 < done < trainer.num_training_batches:  # resumed mid-epoch: skip what was consumed
-            self._loader.sampler.set_epoch(self._pending["epoch"])
-            self._loader.sampler.skip = done * self._loader.batch_size
-        self._pending_rng = self._pending.get("rng")
+        loader = trainer.train_dataloader
+        self._loader = loader if isinstance(loader, ResumableDataLoader) else None
+        if self._pending and self._loader is not None:
+            self._loader.load_state_dict(self._pending)
         self._pending = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:

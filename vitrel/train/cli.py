@@ -1,4 +1,4 @@
-"""Console entry points (``vitrel-train``): ``train.py`` / ``eval.py`` with the repository's ``conf/``."""
+"""Console entry points (``vitrel-train``, ``vitrel-eval``): ``train.py`` / ``eval.py`` with the repository conf/."""
 
 from __future__ import annotations
 

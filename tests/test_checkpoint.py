@@ -171,7 +171,7 @@ def test_extract_model_state_contract():
     assert cfg == m.vitrel_cfg and state.keys() == m.state_dict().keys()
     cfg2, state2 = extract_model_state({"state_dict": m.state_dict(), "vitrel_cfg": m.vitrel_cfg})  # plain
     assert state2.keys() == m.state_dict().keys()
-    with pytest.raises(CheckpointError, match="no model configuration"):
+    with pytest.raises(CheckpointError, match="carries no configuration.*checkpoint_path"):
         extract_model_state({"state_dict": sd})
     with pytest.raises(CheckpointError, match="state_dict"):
         extract_model_state({"vitrel_cfg": m.vitrel_cfg})
@@ -317,7 +317,7 @@ def test_weights_of_another_architecture(tmp_path):
         vitrel.load_model(tmp_path / "pos.ckpt")
     # a checkpoint with no configuration (e.g. a plain timm state dict)
     torch.save(vit.state_dict(), tmp_path / "plain.pth")
-    with pytest.raises(CheckpointError, match="no model configuration"):
+    with pytest.raises(CheckpointError, match="carries no configuration.*checkpoint_path"):
         vitrel.load_model(tmp_path / "plain.pth")
     # an architecture we do not know, or not the one asked for
     torch.save({"state_dict": sd, "vitrel_cfg": {**vit.vitrel_cfg, "architecture": "resnet50"}}, tmp_path / "r.ckpt")

@@ -26,6 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import timm
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
@@ -39,6 +40,9 @@ __all__ = [
     "extract_model_state",
     "clean_state_dict",
     "read_checkpoint",
+    "read_weights",
+    "check_checkpoint",
+    "checkpoint_has_ema",
     "stored_config",
     "load_weights",
     "load_model",
@@ -196,8 +200,9 @@ def _resolve(path: str | os.PathLike) -> Path:
         if w.is_file():
             return w
         cands = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.ckpt"))
+        cands = cands or sorted(p.glob("*.bin")) or sorted(p.glob("*.pth")) or sorted(p.glob("*.pt"))
         if len(cands) != 1:
-            raise CheckpointError(f"{p} has no {WEIGHTS_NAME} (and no single .safetensors / .ckpt file)")
+            raise CheckpointError(f"{p} has no {WEIGHTS_NAME} (and no single .safetensors / .ckpt / .bin / .pth file)")
         return cands[0]
     if not p.is_file():
         raise CheckpointError(f"no such checkpoint: {p}")
@@ -231,28 +236,93 @@ def _parse_meta(text: str, where: Path) -> dict[str, Any]:
     return cfg
 
 
-def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """``(vitrel_cfg, state_dict)`` from a ``.ckpt``, a ``.safetensors`` file or an export directory."""
+def _load_safetensors(p: Path) -> dict[str, Tensor]:
+    try:
+        return load_file(str(p), device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {p}: truncated or not a safetensors file ({e})") from None
+
+
+def _plain_state(obj: Any, p: Path, use_ema: bool) -> dict[str, Tensor]:
+    """The weights of a torch file without a vitrel configuration: a plain state dict, or a dict with
+    ``state_dict`` (Lightning, timm's train script; ``state_dict_ema`` with ``use_ema``) or ``model`` (DeiT)."""
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{p} holds a {type(obj).__name__}, not a state dict")
+    if use_ema:
+        if isinstance(obj.get("state_dict_ema"), Mapping):
+            return clean_state_dict(obj["state_dict_ema"])
+        return extract_model_state(obj, use_ema=True)[1] if isinstance(obj.get("state_dict"), Mapping) else {}
+    for key in ("state_dict", "model"):
+        if isinstance(obj.get(key), Mapping):
+            return clean_state_dict(obj[key])
+    return clean_state_dict(obj)
+
+
+def read_weights(
+    path: str | os.PathLike, use_ema: bool = False
+) -> tuple[dict[str, Any] | None, dict[str, Tensor]]:
+    """``(vitrel_cfg or None, state_dict)`` from a ``.ckpt``, a ``.safetensors`` file (configuration in its
+    metadata or a ``config.json`` beside it), a torch file (``.pth``, ``.bin``, ``.pt``) or an export
+    directory. The configuration is None for a plain state dict (timm's ``checkpoint_path`` files)."""
     p = _resolve(path)
     if p.suffix == ".safetensors":
         meta = _safetensors_metadata(p)
+        cfg = None
         if "vitrel_cfg" in meta:
             cfg = _parse_meta(meta["vitrel_cfg"], p)
-        else:
-            cj = p.parent / CONFIG_NAME
-            if not cj.is_file():
-                raise CheckpointError(
-                    f"{p} carries no configuration: no 'vitrel_cfg' in its metadata and no {CONFIG_NAME} beside it"
-                )
-            cfg = _cfg_from_config_json(_read_json(cj), cj)
-        try:
-            sd = load_file(str(p), device="cpu")
-        except (SafetensorError, OSError, ValueError) as e:
-            raise CheckpointError(f"cannot read {p}: truncated or not a safetensors file ({e})") from None
+        elif (p.parent / CONFIG_NAME).is_file():
+            cfg = _cfg_from_config_json(_read_json(p.parent / CONFIG_NAME), p.parent / CONFIG_NAME)
         if use_ema:
             raise CheckpointError(f"{p} holds exported weights only; use_ema applies to training checkpoints")
-        return cfg, clean_state_dict(sd, prefix="")
-    return extract_model_state(_torch_load(p), use_ema=use_ema)
+        return cfg, clean_state_dict(_load_safetensors(p), prefix="")
+    obj = _torch_load(p)
+    try:
+        return extract_model_state(obj, use_ema=use_ema)
+    except CheckpointError:
+        if isinstance(obj, Mapping) and ("vitrel_cfg" in obj or "hyper_parameters" in obj):
+            raise
+    sd = _plain_state(obj, p, use_ema)
+    if not sd:
+        raise CheckpointError(f"{p} holds no EMA weights" if use_ema else f"{p} holds no weights")
+    return None, sd
+
+
+def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> tuple[dict[str, Any], dict[str, Tensor]]:
+    """``(vitrel_cfg, state_dict)`` of a file that carries its configuration (see :func:`read_weights`)."""
+    cfg, sd = read_weights(path, use_ema=use_ema)
+    if cfg is None:
+        raise CheckpointError(
+            f"{path} carries no configuration (a plain state dict: no 'vitrel_cfg' and no {CONFIG_NAME} beside it); "
+            "build the model from arguments and load it: vitrel.create_model(<architecture>, pos=..., "
+            "num_classes=..., checkpoint_path=...)"
+        )
+    return cfg, sd
+
+
+def check_checkpoint(path: str | os.PathLike) -> Path:
+    """Raise :class:`CheckpointError` unless ``path`` is a readable, safe training checkpoint (``.ckpt``);
+    called before Lightning reads a file given as ``ckpt_path=`` (Lightning's own errors on a truncated
+    or foreign file are raw ``RuntimeError`` exceptions)."""
+    p = _resolve(path)
+    obj = _torch_load(p)
+    if not isinstance(obj, Mapping) or "state_dict" not in obj:
+        raise CheckpointError(f"{p} is not a Lightning training checkpoint (no 'state_dict'; keys: {_keys(obj)})")
+    extract_model_state(obj)
+    return p
+
+
+def checkpoint_has_ema(path: str | os.PathLike) -> bool:
+    """Whether a training checkpoint holds EMA weights (read safely; False for exported weights)."""
+    p = _resolve(path)
+    if p.suffix == ".safetensors":
+        return False
+    obj = _torch_load(p)
+    sd = obj.get("state_dict", {}) if isinstance(obj, Mapping) else {}
+    return isinstance(sd, Mapping) and any(k.startswith(_EMA_PREFIXES) for k in sd)
+
+
+def _keys(obj: Any) -> str:
+    return _preview(list(obj)) if isinstance(obj, Mapping) else type(obj).__name__
 
 
 # ---------------------------------------------------------------------------- loading into a model
@@ -301,17 +371,37 @@ def load_model(
     """Rebuild the model stored at ``path`` and load its weights.
 
     ``path``: a training checkpoint (``.ckpt``), a ``.safetensors`` file (configuration in its metadata
-    or in a ``config.json`` beside it) or an export directory. The architecture and every constructor
-    argument (position scheme included) come from the stored ``vitrel_cfg``; ``overrides`` replace
-    some, e.g. ``img_size=48`` (learned tables / absolute embeddings are resized, with a warning) or
-    ``num_classes=5`` (the head is reset). ``architecture``, when given, must match the stored one.
-    Raises :class:`CheckpointError` for anything that cannot be loaded safely and exactly. The model
-    comes back in training mode, as from ``create_model``; call ``.eval()`` for inference.
+    or in a ``config.json`` beside it), a torch file or an export directory. The architecture and every
+    constructor argument (position scheme included) come from the stored ``vitrel_cfg``; ``overrides``
+    replace some, e.g. ``img_size=48`` (learned tables / absolute embeddings are resized, with a
+    warning) or ``num_classes=5`` (the head is reset). ``architecture``, when given, must match the
+    stored one. A plain state dict (no stored configuration, timm's ``checkpoint_path`` convention) is
+    loaded into ``architecture`` built from ``overrides``. Raises :class:`CheckpointError` for anything
+    that cannot be loaded safely and exactly. The model comes back in training mode, as from
+    ``create_model``; call ``.eval()`` for inference.
     """
-    cfg, sd = read_checkpoint(path, use_ema=use_ema)
+    cfg, sd = read_weights(path, use_ema=use_ema)
+    if cfg is None:  # a plain state dict: the model is what the arguments say (timm's checkpoint_path)
+        if architecture is None:
+            read_checkpoint(path)  # raises: no configuration and no architecture to build
+        try:
+            model = build_from_cfg({"architecture": architecture}, **overrides)
+        except (TypeError, ValueError, KeyError) as e:
+            raise CheckpointError(f"cannot build {architecture} from the arguments given: {e}") from None
+        head = sd.get("head.weight")
+        n = getattr(model, "num_classes", None)
+        if isinstance(head, Tensor) and head.dim() == 2 and n is not None and head.shape[0] != n:
+            raise CheckpointError(
+                f"{path}: the head has {head.shape[0]} classes, the model {n}; give num_classes={head.shape[0]}"
+            )
+        load_weights(model, sd)
+        return model
     arch = cfg.get("architecture")
     if arch not in MODEL_ARGS:
-        raise CheckpointError(f"{path} was written for the architecture {arch!r}, which vitrel does not know")
+        raise CheckpointError(
+            f"{path} was written for the architecture {arch!r}, which vitrel does not know"
+            + ("; timm weights load with vitrel.from_timm(...)" if arch in timm.list_models() else "")
+        )
     if architecture is not None and architecture != arch:
         raise CheckpointError(f"{path} holds a {arch} model, not {architecture}")
     try:

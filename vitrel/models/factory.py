@@ -87,10 +87,14 @@ def create_model(
         name: one of :func:`list_models`.
         pretrained: load weights through timm's pretrained machinery (needs
             ``pretrained_cfg_overlay=dict(file=...)``; there are no hosted weights).
-        checkpoint_path: a training checkpoint (``.ckpt``) or exported weights (``.safetensors`` or an
-            export directory) to load after construction. The configuration stored with it gives the
-            defaults (position scheme, sizes...); the arguments given here override them. Tables and
-            absolute embeddings are resized to ``img_size``; a different ``num_classes`` resets the head.
+        checkpoint_path: weights to load after construction: a training checkpoint (``.ckpt``),
+            exported weights (``.safetensors`` or an export directory) or, as in
+            ``timm.create_model(..., checkpoint_path=...)``, a plain state dict (``.safetensors``,
+            ``.pth``, ``.bin``). When the file stores its configuration, that gives the defaults
+            (position scheme, sizes...) and the arguments given here override them; a different
+            ``num_classes`` resets the head. A plain state dict is loaded strictly into the model the
+            arguments describe (:class:`CheckpointError` naming the missing / unexpected keys when it
+            does not fit). Tables and absolute embeddings are resized to ``img_size``.
         pos: position scheme name or config dict (``{"name": ..., **options}``).
         num_classes, img_size, in_chans: as timm; None keeps the architecture's default.
         **kwargs: any other constructor argument (``depth``, ``pos_share``, ``abs_pos``...).

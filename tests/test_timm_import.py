@@ -1,0 +1,169 @@
+"""timm weights into vitrel models (``vitrel.from_timm``) and timm's ``checkpoint_path`` convention.
+
+Offline: the timm models are built here with random weights (perturbed, so a wrong mapping shows) and
+saved in timm's on-disk formats."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from timm.models import adapt_input_conv, save_for_hf
+
+import vitrel
+from vitrel import CheckpointError
+from vitrel.models.timm_import import UnsupportedTimmModel, load_timm_file, transfer_timm_weights
+
+SMALL_VIT = dict(img_size=64, depth=2, embed_dim=64, num_heads=2, num_classes=5)
+SOURCES = {
+    "vit_small_patch16_224": (SMALL_VIT, "none", "ape"),
+    "deit_tiny_patch16_224": (dict(img_size=64, depth=2, num_classes=5), "none", "ape"),
+    "vit_relpos_small_patch16_224": ({**SMALL_VIT, "rel_pos_type": "bias"}, "rel2d_full", None),
+    "swin_tiny_patch4_window7_224": (
+        dict(img_size=64, embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=4, num_classes=7),
+        "rel2d_full",
+        None,
+    ),
+    "vit_small_patch16_rope_mixed_224": (SMALL_VIT, "rope2d_mixed", None),
+    "vit_small_patch16_rope_224": (SMALL_VIT, "rope2d_axial", None),
+}
+
+
+def _timm(name: str, seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    t = timm.create_model(name, **SOURCES[name][0]).double().eval()
+    with torch.no_grad():
+        for _, p in t.named_parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return t
+
+
+def _x(seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, 3, 64, 64, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_same_function(name):
+    t = _timm(name)
+    m = vitrel.from_timm(t)
+    _, pos, abs_pos = SOURCES[name]
+    assert m.vitrel_cfg["pos"] == pos or m.vitrel_cfg["pos"]["name"] == pos
+    assert m.vitrel_cfg["abs_pos"] == abs_pos
+    assert not m.training and next(m.parameters()).dtype == torch.float64
+    with torch.no_grad():
+        torch.testing.assert_close(m(_x()), t(_x()), rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pth", "bin", "hf_folder"])
+@pytest.mark.parametrize(
+    "name", ["vit_small_patch16_224", "swin_tiny_patch4_window7_224", "vit_small_patch16_rope_mixed_224"]
+)
+def test_from_local_files_in_timm_formats(tmp_path, name, fmt):
+    t = _timm(name).float()
+    if fmt == "safetensors":
+        path = tmp_path / "w.safetensors"
+        save_file({k: v.contiguous() for k, v in t.state_dict().items()}, str(path))
+    elif fmt in ("pth", "bin"):
+        path = tmp_path / f"w.{fmt}"
+        torch.save(t.state_dict(), path)
+    else:
+        path = tmp_path / "export"
+        save_for_hf(t, str(path), safe_serialization=True)
+    kw = {} if fmt == "hf_folder" else SOURCES[name][0]  # the folder's config.json holds the model args
+    m = vitrel.from_timm(name, checkpoint_path=path, timm_kwargs=kw).eval()
+    x = _x().float()
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), t(x), rtol=1e-4, atol=1e-5)
+
+
+def test_vit_to_any_scheme_carries_every_non_position_tensor(caplog):
+    t = _timm("vit_small_patch16_224")
+    with caplog.at_level(logging.INFO, logger="vitrel.models.timm_import"):
+        m = vitrel.from_timm(t, pos="rel2d_factored")
+    assert "dropped" in caplog.text and "pos_embed" in caplog.text
+    ours, theirs = m.state_dict(), t.state_dict()
+    carried = [k for k in ours if not k.startswith("blocks.") or ".attn.pos." not in k]
+    for k in carried:
+        torch.testing.assert_close(ours[k], theirs[k], rtol=0, atol=0, msg=k)
+    assert all(f"blocks.{i}.attn.pos.table_h" in ours for i in range(2))
+    rep = transfer_timm_weights(t, vitrel.from_timm(t, pos="rope2d_mixed"))
+    assert "pos_embed" in rep.dropped and any(k.endswith("attn.pos.freqs") for k in rep.initialised)
+    assert set(rep.carried) | set(rep.converted) | set(rep.initialised) == set(
+        vitrel.from_timm(t, pos="rope2d_mixed").state_dict()
+    )
+
+
+def test_keep_the_absolute_embedding_with_a_relative_scheme():
+    t = _timm("vit_small_patch16_224")
+    m = vitrel.from_timm(t, pos="rel2d_full", abs_pos="ape")
+    with torch.no_grad():
+        for p in (blk.attn.pos.table for blk in m.blocks):
+            p.zero_()  # a zero relative bias: the same function as the source
+        torch.testing.assert_close(m(_x()), t(_x()))
+
+
+def test_new_head_size_and_channels():
+    t = _timm("swin_tiny_patch4_window7_224")
+    m = vitrel.from_timm(t, num_classes=3, img_size=96, in_chans=1)
+    assert m.num_classes == 3 and m(torch.randn(1, 1, 96, 96, dtype=torch.float64)).shape == (1, 3)
+    w = adapt_input_conv(1, t.state_dict()["patch_embed.proj.weight"])
+    torch.testing.assert_close(m.state_dict()["patch_embed.proj.weight"], w)
+    torch.testing.assert_close(m.layers[2].blocks[0].mlp.fc1.weight, t.layers[2].blocks[0].mlp.fc1.weight)
+
+
+def test_unsupported_sources_are_clear_errors(tmp_path):
+    with pytest.raises(UnsupportedTimmModel, match="takes timm VisionTransformer"):
+        vitrel.from_timm(timm.create_model("resnet18"))
+    with pytest.raises(UnsupportedTimmModel, match="q/k norms"):
+        vitrel.from_timm(timm.create_model("vit_small_patch16_224", img_size=32, depth=1, qk_norm=True))
+    with pytest.raises(UnsupportedTimmModel, match="give pos="):
+        vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", img_size=32, depth=1))  # MLP bias
+    m = vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", img_size=32, depth=1), pos="rel2d_cpb")
+    assert m.vitrel_cfg["pos"] == "rel2d_cpb"
+    torch.save(_timm("vit_small_patch16_224").state_dict(), tmp_path / "vit.pth")
+    with pytest.raises(CheckpointError, match="does not fit timm's swin"):
+        load_timm_file(
+            "swin_tiny_patch4_window7_224", tmp_path / "vit.pth", **SOURCES["swin_tiny_patch4_window7_224"][0]
+        )
+
+
+# ---------------------------------------------------------------------------- checkpoint_path convention
+CASES = [
+    (
+        "vitrel_vit_tiny_patch4_32",
+        dict(embed_dim=48, depth=2, num_heads=2),
+        ["rel2d_factored", "rope2d_mixed", "shaw2d_factored"],
+    ),
+    (
+        "vitrel_swin_tiny_patch2_window4_32",
+        dict(embed_dim=16, depths=(2, 1, 1, 1), num_heads=(1, 2, 2, 2)),
+        ["rel2d_full", "alibi2d", "rel2d_cpb"],
+    ),
+]
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "pth"])
+@pytest.mark.parametrize("arch,kw,schemes", CASES)
+def test_create_model_checkpoint_path_with_a_plain_state_dict(tmp_path, arch, kw, schemes, fmt):
+    for pos in schemes:
+        torch.manual_seed(0)
+        src = vitrel.create_model(arch, pos=pos, num_classes=4, **kw).eval()
+        path = tmp_path / f"{pos}.{fmt}"
+        sd = {k: v.contiguous() for k, v in src.state_dict().items()}
+        save_file(sd, str(path)) if fmt == "safetensors" else torch.save(sd, path)
+        m = vitrel.create_model(arch, pos=pos, num_classes=4, checkpoint_path=path, **kw).eval()
+        x = torch.randn(2, 3, 32, 32)
+        torch.testing.assert_close(m(x), src(x))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # learned tables are resized (warned)
+            big = vitrel.create_model(arch, pos=pos, num_classes=4, img_size=48, checkpoint_path=path, **kw)
+        assert big(torch.randn(1, 3, 48, 48)).shape == (1, 4)
+        with pytest.raises(CheckpointError, match="give num_classes=4"):
+            vitrel.create_model(arch, pos=pos, num_classes=10, checkpoint_path=path, **kw)
+        other = "rel2d_bucket" if pos != "rel2d_bucket" else "rel2d_full"
+        with pytest.raises(CheckpointError, match="do not fit"):
+            vitrel.create_model(arch, pos=other, num_classes=4, checkpoint_path=path, **kw)

@@ -1,0 +1,401 @@
+"""Start from timm's (pretrained) weights with any position scheme: :func:`from_timm`.
+
+The timm model's architecture is read off the instance (width, depth, heads, patch size, pooling,
+tokens, layer scale ...), the matching vitrel model is built with the position scheme asked for,
+and every tensor that fits is carried over. Supported sources:
+
+* timm ``VisionTransformer`` (``vit_*``, ``deit_*``; learned absolute embedding): the embedding is
+  dropped, or kept with ``abs_pos="ape"`` (its class-token slot folded into the class token, so the
+  function is unchanged; resampled when the grid differs). ``pos=None`` means ``abs_pos="ape"`` and
+  no relative scheme: the same function as the source.
+* timm ``VisionTransformerRelPos`` with ``rel_pos_type="bias"`` -> ``rel2d_full`` (same function).
+* timm ``SwinTransformer`` (``swin_*``) -> vitrel Swin with ``rel2d_full`` (same function at sizes
+  that are a multiple of the window; vitrel masks the padding timm attends to otherwise).
+* timm ``Eva`` RoPE ViTs (``vit_*_patch16_rope_224`` = axial, ``..._rope_mixed_224``) ->
+  ``rope2d_axial`` / ``rope2d_mixed`` (same function).
+
+With any other target scheme the position parts are freshly initialised and everything else is
+carried. A transfer report (carried, converted, newly initialised, dropped) is logged and returned by
+:func:`transfer_timm_weights`; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import timm
+import torch
+from timm.layers import LayerScale
+from timm.models import adapt_input_conv
+from timm.models.eva import Eva
+from timm.models.swin_transformer import SwinTransformer as TimmSwin
+from timm.models.vision_transformer import VisionTransformer as TimmViT
+from timm.models.vision_transformer_relpos import VisionTransformerRelPos as TimmRelPos
+from torch import Tensor, nn
+
+from vitrel.models.checkpoint import CheckpointError, load_weights, read_weights
+from vitrel.models.registry import build
+
+__all__ = [
+    "from_timm",
+    "load_timm_file",
+    "transfer_timm_weights",
+    "timm_to_vitrel_args",
+    "TransferReport",
+    "UnsupportedTimmModel",
+]
+
+log = logging.getLogger(__name__)
+
+
+class UnsupportedTimmModel(ValueError):
+    """A timm model that vitrel has no equivalent architecture for (the message says what differs)."""
+
+
+@dataclass
+class TransferReport:
+    """What happened to every tensor: ``carried`` (same key and shape), ``converted`` (renamed or
+    reshaped: ``ours <- theirs``), ``initialised`` (ours, freshly initialised: position parts of another
+    scheme, a new head), ``dropped`` (theirs, not used, with the reason)."""
+
+    carried: list[str] = field(default_factory=list)
+    converted: dict[str, str] = field(default_factory=dict)
+    initialised: list[str] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)
+
+    def summary(self) -> str:
+        lines = [
+            f"carried {len(self.carried)} tensors, converted {len(self.converted)}, "
+            f"newly initialised {len(self.initialised)}, dropped {len(self.dropped)}"
+        ]
+        lines += [f"  converted  {k} <- {v}" for k, v in self.converted.items()]
+        lines += [f"  new        {k}" for k in self.initialised]
+        lines += [f"  dropped    {k}: {why}" for k, why in self.dropped.items()]
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------- architecture
+def _family(t: nn.Module) -> str:
+    if isinstance(t, TimmRelPos):
+        return "relpos"
+    if isinstance(t, TimmViT):
+        return "vit"
+    if isinstance(t, Eva):
+        return "eva"
+    if isinstance(t, TimmSwin):
+        return "swin"
+    raise UnsupportedTimmModel(
+        f"from_timm takes timm VisionTransformer (vit_*, deit_*), VisionTransformerRelPos (vit_relpos_*), "
+        f"Eva RoPE ViTs (vit_*_rope_*) and SwinTransformer (swin_*) models, got {type(t).__name__}"
+    )
+
+
+def _refuse(cond: bool, what: str, t: nn.Module) -> None:
+    if cond:
+        name = (getattr(t, "pretrained_cfg", None) or {}).get("architecture", type(t).__name__)
+        raise UnsupportedTimmModel(f"{name}: {what}; vitrel's backbones have no equivalent")
+
+
+def _vit_common(t: nn.Module) -> dict[str, Any]:
+    blk = t.blocks[0]
+    attn = blk.attn
+    embed_dim = t.embed_dim
+    _refuse(not isinstance(t.patch_embed.proj, nn.Conv2d), "the patch embedding is not one convolution", t)
+    _refuse(not isinstance(t.patch_embed.norm, nn.Identity), "the patch embedding has a norm", t)
+    _refuse(not isinstance(getattr(t, "norm_pre", nn.Identity()), nn.Identity), "a pre-norm (CLIP style)", t)
+    _refuse(not isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity), "q/k norms", t)
+    _refuse(not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity), "a norm inside attention", t)
+    _refuse(getattr(attn, "qkv", None) is None, "separate q/k/v projections", t)
+    _refuse(not hasattr(blk.mlp, "fc1") or hasattr(blk.mlp, "fc1_g"), "a gated (SwiGLU) MLP", t)
+    _refuse(not isinstance(getattr(blk.mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP", t)
+    _refuse(getattr(t, "attn_pool", None) is not None, "attention pooling", t)
+    _refuse(not isinstance(blk.norm1, nn.LayerNorm), "norms other than LayerNorm", t)
+    _refuse(not isinstance(blk.mlp.act, nn.GELU), f"an MLP activation {type(blk.mlp.act).__name__} (vitrel: GELU)", t)
+    gp = t.global_pool
+    _refuse(gp not in ("token", "avg", ""), f"global_pool={gp!r}", t)
+    has_ls = isinstance(getattr(blk, "ls1", None), LayerScale) or getattr(blk, "gamma_1", None) is not None
+    fc_norm = getattr(t, "fc_norm", nn.Identity())
+    return dict(
+        img_size=list(t.patch_embed.img_size),
+        patch_size=int(t.patch_embed.patch_size[0]),
+        in_chans=int(t.patch_embed.proj.in_channels),
+        num_classes=int(t.num_classes),
+        global_pool=gp,
+        embed_dim=int(embed_dim),
+        depth=len(t.blocks),
+        num_heads=int(attn.num_heads),
+        mlp_ratio=blk.mlp.fc1.out_features / embed_dim,
+        qkv_bias=attn.qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
+        class_token=getattr(t, "cls_token", None) is not None,
+        reg_tokens=int(getattr(t, "num_reg_tokens", 0) or 0),
+        init_values=1e-5 if has_ls else None,
+        fc_norm=not isinstance(fc_norm, nn.Identity),
+        norm_eps=float(blk.norm1.eps),
+    )
+
+
+def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, Any] | str]:
+    """``(vitrel architecture, constructor arguments, the scheme that computes the source's function)``."""
+    fam = _family(t)
+    if fam == "swin":
+        blk = t.layers[0].blocks[0]
+        ws = blk.window_size
+        _refuse(not hasattr(blk.attn, "relative_position_bias_table"), "a position bias other than Swin V1's", t)
+        args = dict(
+            img_size=list(t.patch_embed.img_size),
+            patch_size=int(t.patch_embed.patch_size[0]),
+            in_chans=int(t.patch_embed.proj.in_channels),
+            num_classes=int(t.num_classes),
+            global_pool=t.head.global_pool.pool_type if hasattr(t.head, "global_pool") else "avg",
+            embed_dim=int(t.embed_dim),
+            depths=[len(s.blocks) for s in t.layers],
+            num_heads=[int(s.blocks[0].attn.num_heads) for s in t.layers],
+            window_size=[int(ws[0]), int(ws[1])],
+            mlp_ratio=blk.mlp.fc1.out_features / blk.mlp.fc1.in_features,
+            qkv_bias=blk.attn.qkv.bias is not None,
+            norm_eps=float(blk.norm1.eps),
+        )
+        return "vitrel_swin_tiny_patch4_window7_224", args, "rel2d_full"
+    args = _vit_common(t)
+    if fam == "relpos":
+        rp = t.blocks[0].attn.rel_pos
+        _refuse(rp is None and getattr(t, "shared_rel_pos", None) is None, "no relative position module", t)
+        rp = rp if rp is not None else t.shared_rel_pos
+        native = hasattr(rp, "relative_position_bias_table") and rp.relative_position_bias_table.dim() == 2
+        args["pos_share"] = getattr(t, "shared_rel_pos", None) is not None
+        return _vit_arch(args), args, "rel2d_full" if native else "__none__"
+    if fam == "eva":
+        _refuse(getattr(t, "pos_embed", None) is not None, "an absolute embedding together with RoPE", t)
+        rope = getattr(t, "rope", None)
+        _refuse(rope is None, "no RoPE", t)
+        mixed = bool(getattr(t, "rope_mixed", False))
+        native: dict[str, Any] | str
+        if mixed:
+            native = {"name": "rope2d_mixed", "base": float(rope.temperature)}
+        else:
+            ok = (
+                type(rope).__name__ == "RotaryEmbeddingCat"
+                and not rope.in_pixels
+                and not rope.linear_bands
+                and rope.ref_feat_shape is None
+                and not rope.grid_offset
+                and rope.grid_indexing == "xy"
+                and not rope.rotate_half
+            )
+            native = {"name": "rope2d_axial", "base": float(rope.temperature)} if ok else "__none__"
+        return _vit_arch(args), args, native
+    return _vit_arch(args), args, "__ape__"
+
+
+def _vit_arch(args: dict[str, Any]) -> str:
+    size = {192: "tiny", 384: "small", 768: "base"}.get(args["embed_dim"], "base")
+    return f"vitrel_vit_{size}_patch16_224"
+
+
+# ---------------------------------------------------------------------------- weights
+def _flat_to_2d(v: Tensor, like: Tensor) -> Tensor:
+    return v.reshape(like.shape)
+
+
+def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
+    """Load every tensor of the timm model ``t`` that fits into the vitrel model ``ours`` (strictly checked:
+    a tensor of ours that is neither loaded nor a position part or new head raises)."""
+    fam = _family(t)
+    src = {k: v for k, v in t.state_dict().items()}
+    own = ours.state_dict()
+    rep = TransferReport()
+    out: dict[str, Tensor] = {}
+
+    def put(ours_key: str, theirs_key: str, value: Tensor) -> None:
+        out[ours_key] = value
+        if ours_key == theirs_key and value is src.get(theirs_key):
+            rep.carried.append(ours_key)
+        else:
+            rep.converted[ours_key] = theirs_key
+        src.pop(theirs_key, None)
+
+    has_ape = getattr(ours, "abs_pos", None) is not None and ours.abs_pos.name == "ape"
+    for k in list(src):
+        v = src[k]
+        if k.endswith(("relative_position_index", "attn_mask", "rel_pos.relative_position_index")):
+            rep.dropped[k] = "index / mask buffer (vitrel computes it for any grid)"
+            src.pop(k)
+            continue
+        if fam == "vit" and k == "pos_embed":
+            npt = 0 if t.no_embed_class else t.num_prefix_tokens
+            if has_ape:
+                put("abs_pos.pos_embed", k, v[:, npt:])
+                if npt:
+                    # timm adds pos_embed's prefix slots to the prefix tokens: fold them in (same function)
+                    if t.cls_token is not None:
+                        out["cls_token"] = src.pop("cls_token", out.get("cls_token")) + v[:, :1]
+                        rep.converted["cls_token"] = "cls_token + pos_embed[:, :1]"
+                    if getattr(t, "reg_token", None) is not None:
+                        nc = 1 if t.cls_token is not None else 0
+                        out["reg_token"] = src.pop("reg_token", out.get("reg_token")) + v[:, nc:npt]
+                        rep.converted["reg_token"] = "reg_token + pos_embed[:, prefix slots]"
+            else:
+                rep.dropped[k] = "absolute embedding (the target uses a relative scheme; abs_pos='ape' keeps it)"
+                src.pop(k)
+            continue
+        key = k
+        if fam == "swin":
+            key = key.replace("head.fc.", "head.")
+            if key.endswith("attn.relative_position_bias_table"):
+                target = key.replace("attn.relative_position_bias_table", "attn.pos.table")
+                if target in own and own[target].numel() == v.numel():
+                    put(target, k, _flat_to_2d(v, own[target]))
+                else:
+                    rep.dropped[k] = "Swin bias table (the target scheme is not rel2d_full)"
+                    src.pop(k)
+                continue
+        if fam == "relpos":
+            if ".attn.rel_pos." in key or key.startswith("shared_rel_pos."):
+                target = key.replace(".attn.rel_pos.relative_position_bias_table", ".attn.pos.table").replace(
+                    "shared_rel_pos.relative_position_bias_table", "rel_pos.table"
+                )
+                if target in own and own[target].numel() == v.numel() and target != key:
+                    put(target, k, _flat_to_2d(v, own[target]))
+                else:
+                    rep.dropped[k] = "timm relative-position parameters (the target scheme differs)"
+                    src.pop(k)
+                continue
+        if fam == "eva":
+            key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
+            if key == "rope.freqs":
+                if all(f"blocks.{i}.attn.pos.freqs" in own for i in range(len(t.blocks))) and v.shape[1] == len(
+                    t.blocks
+                ):
+                    for i in range(len(t.blocks)):
+                        out[f"blocks.{i}.attn.pos.freqs"] = v[:, i]
+                        rep.converted[f"blocks.{i}.attn.pos.freqs"] = f"rope.freqs[:, {i}]"
+                    src.pop(k)
+                else:
+                    rep.dropped[k] = "RoPE-Mixed frequencies (the target scheme is not per-block rope2d_mixed)"
+                    src.pop(k)
+                continue
+        if key in own and own[key].shape == v.shape:
+            put(key, k, v)
+        elif key in own:
+            raise UnsupportedTimmModel(f"{k}: shape {tuple(v.shape)} does not fit {key} {tuple(own[key].shape)}")
+    for k in list(src):
+        rep.dropped[k] = "no counterpart in the vitrel model"
+    pos_parts = (".abs_pos.", ".rel_pos.", ".attn.pos.")
+    missing = [k for k in own if k not in out]
+    bad = [k for k in missing if not (any(p in "." + k for p in pos_parts) or k.startswith("head."))]
+    if bad:
+        raise UnsupportedTimmModel(f"the timm model gives no value for {bad[:8]} ({len(bad)} in all)")
+    rep.initialised = missing
+    orphans = [k for k, why in rep.dropped.items() if why == "no counterpart in the vitrel model"]
+    if orphans:
+        raise UnsupportedTimmModel(f"timm tensors with no place in the vitrel model: {orphans[:8]} ({len(orphans)})")
+    with torch.no_grad():
+        res = ours.load_state_dict(out, strict=False)
+    assert not res.unexpected_keys, res.unexpected_keys
+    return rep
+
+
+# ---------------------------------------------------------------------------- entry point
+def load_timm_file(name: str, path: str | os.PathLike, **timm_kwargs: Any) -> nn.Module:
+    """timm model ``name`` (random init) with the weights of a local file in timm's on-disk formats:
+    ``.safetensors``, ``.pth`` / ``.bin`` (a state dict, or timm's train checkpoint with ``state_dict``),
+    or a timm / Hugging Face export folder (``config.json`` + ``model.safetensors`` or
+    ``pytorch_model.bin``; its ``model_args`` are the default ``timm_kwargs``). Read safely
+    (``weights_only``), passed through the model module's ``checkpoint_filter_fn`` (as timm does for
+    pretrained weights) and loaded strictly: :class:`~vitrel.CheckpointError` when it does not fit."""
+    p = Path(path)
+    cfg_file = p / "config.json" if p.is_dir() else None
+    if cfg_file is not None and cfg_file.is_file():
+        cfg = json.loads(cfg_file.read_text())
+        arch = cfg.get("architecture")
+        if arch is not None and arch.split(".")[0] != name.split(".")[0]:
+            raise CheckpointError(f"{p} holds a timm {arch} model, not {name}")
+        timm_kwargs = {**dict(cfg.get("model_args") or {}), **timm_kwargs}
+    _, sd = read_weights(p)
+    t = timm.create_model(name, pretrained=False, **timm_kwargs)
+    filt = getattr(sys.modules[type(t).__module__], "checkpoint_filter_fn", None)
+    if filt is not None:
+        sd = filt(sd, t)
+    try:
+        t.load_state_dict(sd, strict=True)
+    except RuntimeError as e:
+        raise CheckpointError(f"{p} does not fit timm's {name} {timm_kwargs or ''}: {e}") from None
+    return t
+
+
+def from_timm(
+    model_or_name: nn.Module | str,
+    pos: str | dict | None = None,
+    *,
+    pretrained: bool = True,
+    checkpoint_path: str | os.PathLike | None = None,
+    timm_kwargs: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> nn.Module:
+    """A vitrel model with the weights of a timm model and the position scheme ``pos``.
+
+    Args:
+        model_or_name: a timm model instance, or a timm model name (``"swin_tiny_patch4_window7_224"``,
+            a ``.tag`` allowed). With a name, the weights come from ``checkpoint_path`` when given
+            (:func:`load_timm_file`), else through timm's hub / cache (``pretrained``; a network or a
+            filled cache is needed).
+        pos: the position scheme (name or config). None: the scheme that computes the source's
+            function (``rel2d_full`` for relpos ViTs and Swin, ``rope2d_*`` for RoPE ViTs, the learned
+            absolute embedding kept as ``abs_pos="ape"`` for plain ViTs).
+        pretrained: with a name and no file, load timm's pretrained weights (False: timm's random init).
+        checkpoint_path: a local file or folder in timm's on-disk formats (offline machines).
+        timm_kwargs: arguments for ``timm.create_model`` (the source's architecture, e.g. ``img_size``).
+        **kwargs: vitrel constructor arguments (``num_classes`` resets the head, ``img_size`` resizes
+            tables and the absolute embedding, ``in_chans`` adapts the patch embedding as timm does,
+            ``abs_pos="ape"`` keeps a ViT's embedding, ``drop_path_rate`` ...).
+
+    Logs the transfer report (logger ``vitrel.models.timm_import``); :func:`transfer_timm_weights`
+    returns it.
+    """
+    timm_kwargs = dict(timm_kwargs or {})
+    if isinstance(model_or_name, nn.Module):
+        t = model_or_name
+    elif checkpoint_path is not None:
+        t = load_timm_file(model_or_name, checkpoint_path, **timm_kwargs)
+    else:
+        t = timm.create_model(model_or_name, pretrained=pretrained, **timm_kwargs)
+    arch, args, native = timm_to_vitrel_args(t)
+    if pos is None:
+        if native == "__none__":
+            raise UnsupportedTimmModel(
+                "vitrel has no scheme equal to this timm model's position encoding; give pos=... (its position "
+                "parameters are then dropped and the scheme's are initialised)"
+            )
+        if native == "__ape__":
+            pos = "none"
+            kwargs.setdefault("abs_pos", "ape")
+        else:
+            pos = native
+    later = {k: kwargs.pop(k) for k in ("img_size", "num_classes", "in_chans") if kwargs.get(k) is not None}
+    args.update(kwargs)
+    ours = build(arch, pos=pos, **args)
+    ref = next(t.parameters())
+    ours = ours.to(device=ref.device, dtype=ref.dtype).train(t.training)
+    rep = transfer_timm_weights(t, ours)
+    if any(later.get(k) != args.get(k) for k in later):
+        ours = _rebuild(ours, arch, pos, args, later)
+    name = (getattr(t, "pretrained_cfg", None) or {}).get("architecture", type(t).__name__)
+    log.info(f"from_timm({name}) -> {arch} pos={pos}: {rep.summary()}")
+    return ours
+
+
+def _rebuild(ours: nn.Module, arch: str, pos: Any, args: dict, changes: dict[str, Any]) -> nn.Module:
+    """The same weights in a model of another input size / number of classes / input channels (tables
+    and absolute embeddings resized, head reset, patch embedding adapted with timm's ``adapt_input_conv``)."""
+    new = build(arch, pos=pos, **{**args, **changes}).to(next(ours.parameters()).dtype).train(ours.training)
+    sd = ours.state_dict()
+    if changes.get("in_chans", args["in_chans"]) != args["in_chans"]:
+        sd["patch_embed.proj.weight"] = adapt_input_conv(changes["in_chans"], sd["patch_embed.proj.weight"])
+    load_weights(new, sd, num_classes_stored=ours.num_classes)
+    return new

@@ -258,9 +258,7 @@ def _plain_state(obj: Any, p: Path, use_ema: bool) -> dict[str, Tensor]:
     return clean_state_dict(obj)
 
 
-def read_weights(
-    path: str | os.PathLike, use_ema: bool = False
-) -> tuple[dict[str, Any] | None, dict[str, Tensor]]:
+def read_weights(path: str | os.PathLike, use_ema: bool = False) -> tuple[dict[str, Any] | None, dict[str, Tensor]]:
     """``(vitrel_cfg or None, state_dict)`` from a ``.ckpt``, a ``.safetensors`` file (configuration in its
     metadata or a ``config.json`` beside it), a torch file (``.pth``, ``.bin``, ``.pt``) or an export
     directory. The configuration is None for a plain state dict (timm's ``checkpoint_path`` files)."""

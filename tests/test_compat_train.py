@@ -19,7 +19,8 @@ from timm.utils import ModelEmaV3
 
 import vitrel
 from tests.train_helpers import compose, script_env
-from vitrel.train.evaluate import checkpoint_has_ema, evaluate
+from vitrel.models.checkpoint import checkpoint_has_ema
+from vitrel.train.evaluate import evaluate
 from vitrel.train.module import ClassifierModule
 from vitrel.train.optim import warmup_cosine
 

@@ -162,6 +162,15 @@ def test_ckpt_path_last_without_checkpoint_is_a_clear_error(tmp_path):
         train(cfg)
 
 
+def test_truncated_last_checkpoint_is_a_clear_error(tmp_path):
+    from vitrel.models.checkpoint import CheckpointError
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    with pytest.raises(CheckpointError, match="last.ckpt"):
+        train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT]))  # resume=auto picks it up
+
+
 def test_eval_at_larger_image_size(tmp_path):
     from vitrel.train.evaluate import evaluate
 

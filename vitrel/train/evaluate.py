@@ -13,24 +13,14 @@ import time
 from pathlib import Path
 
 import lightning as L
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from vitrel.models.checkpoint import checkpoint_has_ema
 from vitrel.train.module import ClassifierModule
 from vitrel.train.utils import plain, progress_bar_kind, progress_callbacks, route_lightning_logs, run_dir_of, scalars
 
-__all__ = ["evaluate", "checkpoint_has_ema"]
-
-
-def checkpoint_has_ema(path: str | Path) -> bool:
-    """Whether a training checkpoint (``.ckpt``) holds EMA weights (``ema_model.*``)."""
-    p = Path(path)
-    if p.is_dir() or p.suffix != ".ckpt":
-        return False
-    ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-    sd = ckpt.get("state_dict", {}) if isinstance(ckpt, dict) else {}
-    return any(k.startswith("ema_model.") for k in sd)
+__all__ = ["evaluate"]
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from vitrel.models.checkpoint import check_checkpoint
 from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.utils import (
     hydra_config,
@@ -73,7 +74,16 @@ def check_launch(trainer_cfg: DictConfig | dict) -> None:
 
 def resolve_ckpt_path(cfg: DictConfig, trainer: L.Trainer, run_dir: Path) -> str | None:
     """``ckpt_path``: a file, or ``last`` (= ``<run dir>/checkpoints/last.ckpt``, must exist); with
-    ``resume=auto`` and no ``ckpt_path``, that ``last.ckpt`` is resumed when it exists."""
+    ``resume=auto`` and no ``ckpt_path``, that ``last.ckpt`` is resumed when it exists. The file is
+    checked first (``vitrel.models.checkpoint.check_checkpoint``: a truncated or foreign file is a
+    clear ``CheckpointError``)."""
+    path = _ckpt_path(cfg, trainer, run_dir)
+    if path is not None:
+        check_checkpoint(path)
+    return path
+
+
+def _ckpt_path(cfg: DictConfig, trainer: L.Trainer, run_dir: Path) -> str | None:
     last = last_checkpoint_path(trainer) or run_dir / "checkpoints" / "last.ckpt"
     ck = cfg.get("ckpt_path")
     if ck == "last":

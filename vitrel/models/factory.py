@@ -18,6 +18,7 @@ so they need not be typed again; explicit keyword arguments still win.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -26,6 +27,7 @@ from torch import nn
 
 from vitrel.models.checkpoint import CheckpointError, clean_state_dict, load_model, stored_config
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models
+from vitrel.models.timm_import import from_timm
 
 # timm's register_model reads the pretrained configs from the entry point's module as `default_cfgs`
 __all__ = ["create_model", "list_models", "default_cfgs"]
@@ -79,6 +81,8 @@ def create_model(
     num_classes: int | None = None,
     img_size: int | tuple[int, int] | None = None,
     in_chans: int | None = None,
+    init_from: str | None = None,
+    init_file: str | None = None,
     **kwargs: Any,
 ) -> nn.Module:
     """Build a vitrel model by name (timm-style).
@@ -97,8 +101,17 @@ def create_model(
             does not fit). Tables and absolute embeddings are resized to ``img_size``.
         pos: position scheme name or config dict (``{"name": ..., **options}``).
         num_classes, img_size, in_chans: as timm; None keeps the architecture's default.
+        init_from: ``"timm:<name>[.<tag>]"``: start from that timm model's weights (:func:`vitrel.from_timm`;
+            downloaded through timm unless ``init_file`` is given). The architecture is then the timm
+            model's: ``name`` and architecture arguments here are not used (a warning lists them);
+            ``pos``, ``num_classes``, ``img_size``, ``in_chans``, ``abs_pos``, ``pos_share`` and the
+            dropout / drop-path rates apply.
+        init_file: a local file or folder in timm's on-disk formats holding ``init_from``'s weights
+            (``.safetensors``, ``.pth``, ``.bin``, a timm / Hugging Face export folder).
         **kwargs: any other constructor argument (``depth``, ``pos_share``, ``abs_pos``...).
     """
+    if init_from is not None or init_file is not None:
+        return _from_timm_route(name, init_from, init_file, pos, num_classes, img_size, in_chans, kwargs)
     check_architecture(name)
     given = dict(kwargs)
     for k, v in (("pos", pos), ("num_classes", num_classes), ("img_size", img_size), ("in_chans", in_chans)):
@@ -109,3 +122,46 @@ def create_model(
             raise ValueError("give either pretrained=True (timm's route) or checkpoint_path, not both")
         return load_model(checkpoint_path, architecture=name, **given)
     return _build(name, pretrained=pretrained, **given)
+
+
+_TRANSFERABLE = (
+    "abs_pos",
+    "pos_share",
+    "drop_rate",
+    "pos_drop_rate",
+    "proj_drop_rate",
+    "attn_drop_rate",
+    "drop_path_rate",
+)
+
+
+def _from_timm_route(
+    name: str,
+    init_from: str | None,
+    init_file: str | None,
+    pos: Any,
+    num_classes: int | None,
+    img_size: Any,
+    in_chans: int | None,
+    kwargs: dict[str, Any],
+) -> nn.Module:
+    if init_from is None:
+        raise ValueError(
+            "init_file needs init_from=timm:<name>: the timm architecture the file was saved from "
+            "(e.g. init_from=timm:swin_tiny_patch4_window7_224)"
+        )
+    if not str(init_from).startswith("timm:") or len(str(init_from)) <= 5:
+        raise ValueError(f"init_from must be 'timm:<model name>[.<tag>]', got {init_from!r}")
+    timm_name = str(init_from)[5:]
+    ignored = sorted(k for k, v in kwargs.items() if k not in _TRANSFERABLE and v is not None)
+    if ignored:
+        warnings.warn(
+            f"init_from={init_from}: the architecture is {timm_name}'s, so {name} and "
+            f"{', '.join(f'{k}={kwargs[k]!r}' for k in ignored)} are not used",
+            stacklevel=3,
+        )
+    extra = {k: kwargs[k] for k in _TRANSFERABLE if kwargs.get(k) is not None}
+    for k, v in (("num_classes", num_classes), ("img_size", img_size), ("in_chans", in_chans)):
+        if v is not None:
+            extra[k] = v
+    return from_timm(timm_name, pos=pos, checkpoint_path=init_file, **extra)

@@ -59,6 +59,8 @@ class ClassifierModule(L.LightningModule):
             every optimizer step with the step count.
         ema_eval: validate / test with the EMA weights (when ``ema`` is given).
         compile: False, True or a dict of ``torch.compile`` kwargs (``{"backend": "eager"}``).
+        layer_decay: None, or timm's layer-wise learning-rate decay for fine-tuning (e.g. 0.65): the
+            layers of ``model.group_matcher()`` get ``lr * layer_decay ** depth_from_top``.
     """
 
     def __init__(
@@ -73,6 +75,7 @@ class ClassifierModule(L.LightningModule):
         ema: Callable[[nn.Module], nn.Module] | None = None,
         ema_eval: bool = True,
         compile: bool | dict = False,
+        layer_decay: float | None = None,
     ) -> None:
         super().__init__()
         num_classes = int(num_classes if num_classes is not None else getattr(model, "num_classes", 0))
@@ -86,6 +89,9 @@ class ClassifierModule(L.LightningModule):
         self.label_smoothing = float(label_smoothing)
         self.make_optimizer = optimizer or functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
         self.make_scheduler = scheduler
+        if layer_decay is not None and not 0.0 < layer_decay <= 1.0:
+            raise ValueError(f"layer_decay must be in (0, 1], got {layer_decay}")
+        self.layer_decay = layer_decay
         self.mixup_fn = mixup(num_classes=num_classes, label_smoothing=label_smoothing) if mixup else None
 
         self.ema_model: nn.Module | None = None
@@ -159,7 +165,8 @@ class ClassifierModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------ optimizer
     def configure_optimizers(self) -> Optimizer | dict:
-        opt = self.make_optimizer(params=param_groups(self.model))
+        base_lr = getattr(self.make_optimizer, "keywords", {}).get("lr")
+        opt = self.make_optimizer(params=param_groups(self.model, self.layer_decay, base_lr))
         if self.make_scheduler is None:
             return opt
         total = self.trainer.estimated_stepping_batches

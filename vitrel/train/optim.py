@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from timm.optim import param_groups_weight_decay
+from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
@@ -27,7 +27,7 @@ from torch.optim.lr_scheduler import LambdaLR
 __all__ = ["param_groups", "WarmupCosine", "warmup_cosine"]
 
 
-def param_groups(model: nn.Module) -> list[dict]:
+def param_groups(model: nn.Module, layer_decay: float | None = None, lr: float | None = None) -> list[dict]:
     """Two groups: ``{"params": decay}`` (the optimizer's ``weight_decay``) and
     ``{"params": no_decay, "weight_decay": 0.0}``, empty ones left out.
 
@@ -35,8 +35,24 @@ def param_groups(model: nn.Module) -> list[dict]:
     The decay group carries no ``weight_decay`` of its own, so the optimizer's applies
     (``module.optimizer.weight_decay``). The order (decay first) is that of vitrel 0.1, so the optimizer
     state of its checkpoints still lines up on resume.
+
+    ``layer_decay`` (fine-tuning): timm's ``param_groups_layer_decay`` over ``model.group_matcher()``,
+    one group per layer with learning rate ``lr * layer_decay ** (num_layers - layer)`` (the ``lr_scale``
+    timm computes, applied here to the group's ``lr`` so any scheduler keeps it).
     """
     nwd = model.no_weight_decay() if hasattr(model, "no_weight_decay") else ()
+    if layer_decay is not None:
+        if lr is None:
+            raise ValueError("layer_decay needs the base learning rate (module.optimizer.lr)")
+        groups = param_groups_layer_decay(model, weight_decay=1.0, no_weight_decay_list=nwd, layer_decay=layer_decay)
+        out = []
+        for g in groups:
+            g = dict(g)
+            g["lr"] = lr * g.pop("lr_scale", 1.0)
+            if g["weight_decay"]:
+                del g["weight_decay"]  # the optimizer's
+            out.append(g)
+        return out
     # weight_decay=1.0 only marks the decay group (timm merges everything into one group at 0)
     groups = param_groups_weight_decay(model, weight_decay=1.0, no_weight_decay_list=nwd)
     decay = [{"params": g["params"]} for g in groups if g["weight_decay"]]

@@ -167,3 +167,102 @@ def test_create_model_checkpoint_path_with_a_plain_state_dict(tmp_path, arch, kw
         other = "rel2d_bucket" if pos != "rel2d_bucket" else "rel2d_full"
         with pytest.raises(CheckpointError, match="do not fit"):
             vitrel.create_model(arch, pos=other, num_classes=4, checkpoint_path=path, **kw)
+
+
+# ---------------------------------------------------------------------------- the Hydra route
+def test_finetune_fast_dev_run_from_a_local_timm_export(tmp_path):
+    """``train.py model.init_from=timm:<name> model.init_file=<folder> pos=...``: one batch of each stage."""
+    from tests.train_helpers import FAST, compose
+    from vitrel.train.run import train
+
+    src = timm.create_model(
+        "swin_tiny_patch4_window7_224", img_size=32, embed_dim=16, depths=(1, 1), num_heads=(1, 2), window_size=4
+    )
+    save_for_hf(src, str(tmp_path / "timm_export"), safe_serialization=True)
+    over = [  # the default model config (a slim vitrel ViT): init_from replaces its architecture, with a warning
+        "model.init_from=timm:swin_tiny_patch4_window7_224",
+        f"model.init_file={tmp_path / 'timm_export'}",
+        "pos=rel2d_factored",
+        "debug=fdr",
+        *FAST,
+    ]
+    with pytest.warns(UserWarning, match="the architecture is swin_tiny_patch4_window7_224's"):
+        metrics = train(compose(tmp_path / "run", over))
+    assert "test/acc1" in metrics
+
+
+def test_init_from_errors():
+    with pytest.raises(ValueError, match="init_file needs init_from=timm:"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", init_file="x.safetensors")
+    with pytest.raises(ValueError, match="init_from must be 'timm:<model name>"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", init_from="swin_tiny_patch4_window7_224")
+
+
+# ---------------------------------------------------------------------------- bad files, every route
+EVAL_FAST = ["data.num_workers=0", "trainer.accelerator=cpu", "progress_bar=none"]
+
+
+class _Payload:
+    """Unpickling this runs ``open(<marker>, "w")``: a stand-in for code a pickle could run."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+def _bad_files(tmp_path) -> dict[str, object]:
+    vit = vitrel.create_model("vitrel_vit_tiny_patch4_32", embed_dim=32, depth=1, num_heads=2, num_classes=10)
+    good = tmp_path / "good.ckpt"
+    torch.save(
+        {"state_dict": {"model." + k: v for k, v in vit.state_dict().items()}, "vitrel_cfg": vit.vitrel_cfg}, good
+    )
+    raw = good.read_bytes()
+    swin = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", embed_dim=16, depths=(1, 1), num_heads=(1, 2))
+    files = {
+        "random_bytes": (tmp_path / "random.ckpt", bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8).tolist())),
+        "truncated_ckpt": (tmp_path / "truncated.ckpt", raw[: len(raw) // 2]),
+    }
+    for path, data in files.values():
+        path.write_bytes(data)
+    st = tmp_path / "full.safetensors"
+    save_file({k: v.contiguous() for k, v in vit.state_dict().items()}, str(st), metadata={"vitrel_cfg": "{}"})
+    (tmp_path / "truncated.safetensors").write_bytes(st.read_bytes()[: st.stat().st_size // 2])
+    torch.save(swin.state_dict(), tmp_path / "other_arch.pth")
+    torch.save({"state_dict": {"x": _Payload(str(tmp_path / "PWNED"))}}, tmp_path / "payload.ckpt")
+    return {
+        "random_bytes": tmp_path / "random.ckpt",
+        "truncated_ckpt": tmp_path / "truncated.ckpt",
+        "truncated_safetensors": tmp_path / "truncated.safetensors",
+        "other_arch_state_dict": tmp_path / "other_arch.pth",
+        "pickle_that_runs_code": tmp_path / "payload.ckpt",
+    }
+
+
+@pytest.mark.parametrize("route", ["load_model", "create_model", "eval.py", "train.py"])
+def test_bad_files_give_one_clear_error_on_every_route(tmp_path, route):
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.train.evaluate import evaluate
+    from vitrel.train.run import train
+
+    files = _bad_files(tmp_path)
+    for kind, path in files.items():
+        if route == "load_model":
+            call = lambda p=path: vitrel.load_model(p)  # noqa: E731
+        elif route == "create_model":
+            call = lambda p=path: vitrel.create_model(  # noqa: E731
+                "vitrel_vit_tiny_patch4_32", embed_dim=32, depth=1, num_heads=2, num_classes=10, checkpoint_path=p
+            )
+        elif route == "eval.py":
+            call = lambda p=path: evaluate(compose(tmp_path / "eval", [f"ckpt_path={p}", *EVAL_FAST], "eval"))  # noqa: E731
+        else:
+            over = [f"ckpt_path={path}", *TINY_VIT, *FAST, "logger=none", "trainer.max_epochs=1"]
+            call = lambda o=over, k=kind: train(compose(tmp_path / f"train_{k}", o))  # noqa: E731
+        with pytest.raises(CheckpointError) as err:
+            call()
+        msg = str(err.value)
+        assert str(path.name) in msg or "weights do not fit" in msg, (kind, msg)
+        if kind == "pickle_that_runs_code":
+            assert "refused" in msg and "could run code" in msg
+        assert not (tmp_path / "PWNED").exists(), "the pickle's code ran"

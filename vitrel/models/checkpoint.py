@@ -161,7 +161,7 @@ def _torch_load(path: Path) -> Any:
             f"refused to load {path}: it holds pickled objects other than tensors and plain containers, "
             f"which could run code (torch.load weights_only=True said: {str(e).splitlines()[0]} ...)"
         ) from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, TypeError) as e:
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, TypeError, SafetensorError) as e:
         raise CheckpointError(f"cannot read {path}: truncated or not a torch checkpoint ({e})") from None
 
 
@@ -302,6 +302,12 @@ def check_checkpoint(path: str | os.PathLike) -> Path:
     called before Lightning reads a file given as ``ckpt_path=`` (Lightning's own errors on a truncated
     or foreign file are raw ``RuntimeError`` exceptions)."""
     p = _resolve(path)
+    if p.suffix == ".safetensors":
+        _safetensors_metadata(p)  # a clear error when truncated
+        raise CheckpointError(
+            f"{p} holds exported weights, not a Lightning training checkpoint (.ckpt) to resume; "
+            "load them with vitrel.load_model / vitrel.create_model(..., checkpoint_path=...)"
+        )
     obj = _torch_load(p)
     if not isinstance(obj, Mapping) or "state_dict" not in obj:
         raise CheckpointError(f"{p} is not a Lightning training checkpoint (no 'state_dict'; keys: {_keys(obj)})")

@@ -88,15 +88,8 @@ def _module(ema: bool) -> ClassifierModule:
 
 
 def _trainer(tmp_path: Path) -> L.Trainer:
-    return L.Trainer(
-        max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        accelerator="cpu",
-        default_root_dir=tmp_path,
-    )
+    quiet = dict.fromkeys(("logger", "enable_checkpointing", "enable_progress_bar", "enable_model_summary"), False)
+    return L.Trainer(max_epochs=2, accelerator="cpu", default_root_dir=tmp_path, **quiet)
 
 
 def _loader():

@@ -199,10 +199,6 @@ def _vit_arch(args: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------------------- weights
-def _flat_to_2d(v: Tensor, like: Tensor) -> Tensor:
-    return v.reshape(like.shape)
-
-
 def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
     """Load every tensor of the timm model ``t`` that fits into the vitrel model ``ours`` (strictly checked:
     a tensor of ours that is neither loaded nor a position part or new head raises)."""
@@ -245,27 +241,21 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                 src.pop(k)
             continue
         key = k
+        target = None
         if fam == "swin":
             key = key.replace("head.fc.", "head.")
             if key.endswith("attn.relative_position_bias_table"):
                 target = key.replace("attn.relative_position_bias_table", "attn.pos.table")
-                if target in own and own[target].numel() == v.numel():
-                    put(target, k, _flat_to_2d(v, own[target]))
-                else:
-                    rep.dropped[k] = "Swin bias table (the target scheme is not rel2d_full)"
-                    src.pop(k)
-                continue
-        if fam == "relpos":
-            if ".attn.rel_pos." in key or key.startswith("shared_rel_pos."):
-                target = key.replace(".attn.rel_pos.relative_position_bias_table", ".attn.pos.table").replace(
-                    "shared_rel_pos.relative_position_bias_table", "rel_pos.table"
-                )
-                if target in own and own[target].numel() == v.numel() and target != key:
-                    put(target, k, _flat_to_2d(v, own[target]))
-                else:
-                    rep.dropped[k] = "timm relative-position parameters (the target scheme differs)"
-                    src.pop(k)
-                continue
+        if fam == "relpos" and (".attn.rel_pos." in key or key.startswith("shared_rel_pos.")):
+            target = key.replace(".attn.rel_pos.relative_position_bias_table", ".attn.pos.table")
+            target = target.replace("shared_rel_pos.relative_position_bias_table", "rel_pos.table")
+        if target is not None:  # a flat [(2H-1)(2W-1), heads] bias table -> rel2d_full's [2H-1, 2W-1, heads]
+            if target in own and target != key and own[target].numel() == v.numel():
+                put(target, k, v.reshape(own[target].shape))
+            else:
+                rep.dropped[k] = "relative-position parameters of timm's (the target scheme is not rel2d_full)"
+                src.pop(k)
+            continue
         if fam == "eva":
             key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
             if key == "rope.freqs":

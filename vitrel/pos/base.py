@@ -5,7 +5,8 @@ a no-op by default, so the attention module never knows a scheme by name:
 
 * ``bias(grid, num_prefix_tokens) -> [heads, N, N] | None``: an additive logit term that depends
   only on the two tokens' positions (Swin tables, factored tables, CPB, buckets, ALiBi).
-* ``rotate(q, k, grid, num_prefix_tokens, state=None) -> (q, k)``: a rotation of queries and keys (RoPE).
+* ``rotation(grid, num_prefix_tokens, device, dtype) -> (cos, sin) | None`` and
+  ``rotate(q, k, grid, num_prefix_tokens, state=None) -> (q, k)``: a rotation of queries and keys (RoPE).
 * ``content_logits(q, grid, num_prefix_tokens) -> [B, heads, N, N] | None`` and
   ``content_values(attn, grid, num_prefix_tokens) -> [B, heads, N, head_dim] | None``: the
   content-aware terms of Shaw et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``.
@@ -220,6 +221,12 @@ class PositionScheme(nn.Module):
         """Additive logit term ``[heads, N, N]`` (N = prefix + H*W), or None."""
         return None
 
+    def rotation(
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None
+    ) -> tuple[Tensor, Tensor] | None:
+        """RoPE's ``(cos, sin)`` for ``grid`` (what ``rotate`` applies), or None."""
+        return None
+
     def rotate(
         self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None
     ) -> tuple[Tensor, Tensor]:
@@ -244,12 +251,13 @@ class PositionScheme(nn.Module):
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> PosState:
-        """What depends on the grid alone, computed once: here the bias (RoPE adds its cos/sin).
+        """What depends on the grid alone, computed once: the bias and RoPE's cos/sin (``rotation``).
 
         ``device`` / ``dtype`` are those of the tokens the state will be used with.
         """
         grid = as_grid(grid)
-        return PosState(self, grid, num_prefix_tokens, bias=self.bias(grid, num_prefix_tokens))
+        p = num_prefix_tokens
+        return PosState(self, grid, p, bias=self.bias(grid, p), rope=self.rotation(grid, p, device, dtype))
 
     # ------------------------------------------------------------------------ attention
     def attend(

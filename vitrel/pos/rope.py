@@ -164,7 +164,7 @@ def _table_dtype(dtype: torch.dtype) -> torch.dtype:
 
 # ---------------------------------------------------------------------------- modules
 class _Rope(PositionScheme):
-    """RoPE: ``prepare`` puts ``(cos, sin)`` into the state, ``rotate`` applies them to q and k."""
+    """RoPE: ``rotation`` gives ``(cos, sin)`` (``prepare`` puts them into the state), ``rotate`` applies them."""
 
     family = "rotary"
     has_rotation = True
@@ -172,16 +172,10 @@ class _Rope(PositionScheme):
     def cos_sin(self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype):
         raise NotImplementedError  # pragma: no cover - overridden
 
-    def prepare(
-        self,
-        grid,
-        num_prefix_tokens: int = 0,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> PosState:
-        grid = as_grid(grid)
-        cs = self.cos_sin(grid, num_prefix_tokens, device, dtype or torch.float32)
-        return PosState(self, grid, num_prefix_tokens, rope=cs)
+    def rotation(
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None
+    ) -> tuple[Tensor, Tensor]:
+        return self.cos_sin(grid, num_prefix_tokens, device, dtype or torch.float32)
 
     def rotate(
         self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None

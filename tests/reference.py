@@ -54,3 +54,27 @@ def t5_bucket_scalar(rel: int, num_buckets: int, max_distance: int) -> int:
         return ret + r
     val = max_exact + int(math.log(r / max_exact) / math.log(max_distance / max_exact) * (n - max_exact))
     return ret + min(val, n - 1)
+
+
+def t5_bucket_causal_scalar(rel: int, num_buckets: int, max_distance: int) -> int:
+    """T5's one-directional (decoder) bucket of ``rel = j - i``: ``n = -min(rel, 0)``, all buckets for
+    the past (T5's ``_relative_position_bucket(bidirectional=False)``)."""
+    n = max(-rel, 0)
+    max_exact = num_buckets // 2
+    if n < max_exact:
+        return n
+    val = max_exact + int(math.log(n / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact))
+    return min(val, num_buckets - 1)
+
+
+def alibi_slopes_reference(n: int) -> list[float]:
+    """ALiBi's ``get_slopes`` (Press et al.'s code; BLOOM's ``build_alibi_tensor``), written out."""
+
+    def power_of_2(k: int) -> list[float]:
+        start = 2 ** (-(2 ** -(math.log2(k) - 3)))
+        return [start * start**i for i in range(k)]
+
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_2(closest) + alibi_slopes_reference(2 * closest)[0::2][: n - closest]

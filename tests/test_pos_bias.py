@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from tests.reference import dense_bias, reference_attention, t5_bucket_scalar
+from tests.reference import alibi_slopes_reference, dense_bias, reference_attention, t5_bucket_scalar
 from vitrel import Attention
-from vitrel.pos import Grid
+from vitrel.pos import Grid, build_pos
 
 torch.manual_seed(0)
 
@@ -65,17 +65,19 @@ def ref_bucket1d(pos, grid):
     return lambda h, pi, pj: t[t5_bucket_scalar((pj[0] * w + pj[1]) - (pi[0] * w + pi[1]), nb, md), h]
 
 
-def _slope(h, heads):
-    return 2.0 ** (-8.0 * (h + 1) / heads)
+def _slope(h, pos):
+    if pos.slope_rule == "geometric":
+        return 2.0 ** (-8.0 * (h + 1) / pos.num_heads)
+    return alibi_slopes_reference(pos.num_heads)[h]
 
 
 def ref_alibi1d(pos, grid):
     w = grid[1]
-    return lambda h, pi, pj: -_slope(h, pos.num_heads) * abs((pi[0] * w + pi[1]) - (pj[0] * w + pj[1]))
+    return lambda h, pi, pj: -_slope(h, pos) * abs((pi[0] * w + pi[1]) - (pj[0] * w + pj[1]))
 
 
 def ref_alibi2d(pos, grid):
-    return lambda h, pi, pj: -_slope(h, pos.num_heads) * math.hypot(pi[0] - pj[0], pi[1] - pj[1])
+    return lambda h, pi, pj: -_slope(h, pos) * math.hypot(pi[0] - pj[0], pi[1] - pj[1])
 
 
 REFS = {
@@ -187,6 +189,42 @@ def test_alibi_has_no_parameters_and_slopes_are_geometric():
     torch.testing.assert_close(s[1:] / s[:-1], torch.full((7,), 0.5, dtype=s.dtype))
 
 
+@pytest.mark.parametrize("heads", [6, 8, 12, 16, 3, 5])
+def test_alibi_slopes_follow_the_reference_code(heads):
+    """``slopes="reference"`` (default) = ALiBi's get_slopes / BLOOM; ``"geometric"`` = 2^(-8(h+1)/n)."""
+    ref = torch.tensor(alibi_slopes_reference(heads), dtype=torch.float64)
+    s = build_pos("alibi2d", num_heads=heads, head_dim=8, grid=(3, 3))
+    torch.testing.assert_close(s.slopes, ref, rtol=1e-15, atol=0)
+    g = build_pos({"name": "alibi1d", "slopes": "geometric"}, num_heads=heads, head_dim=8, grid=(3, 3))
+    geo = torch.tensor([2.0 ** (-8.0 * (h + 1) / heads) for h in range(heads)], dtype=torch.float64)
+    torch.testing.assert_close(g.slopes, geo, rtol=1e-15, atol=0)
+    if heads & (heads - 1) == 0:
+        torch.testing.assert_close(s.slopes, g.slopes)  # both rules agree for powers of two
+    else:
+        assert (s.slopes - g.slopes).abs().max() > 0.05
+    if heads == 12:  # the held-out check: up to 0.69 apart for ViT-B's 12 heads
+        assert abs((s.slopes - g.slopes).abs().max().item() - 0.69) < 0.01
+    with pytest.raises(ValueError, match="'reference' or 'geometric'"):
+        build_pos({"name": "alibi2d", "slopes": "linear"}, num_heads=heads, head_dim=8, grid=(3, 3))
+
+
+def test_checkpoints_written_before_keep_their_alibi_slopes(tmp_path):
+    """A vitrel 0.1 config (no ``vitrel_format``) meant the geometric rule: it still builds with it."""
+    import vitrel
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="alibi2d", embed_dim=48, depth=1, num_heads=6)
+    assert m.blocks[0].attn.pos.slope_rule == "reference" and m.vitrel_cfg["vitrel_format"] == 2
+    old = {k: v for k, v in m.vitrel_cfg.items() if k != "vitrel_format"}
+    old["pos"] = {"name": "alibi2d", "max_exponent": 8.0}  # as conf/pos/alibi2d.yaml stored it in 0.1
+    torch.save(
+        {"state_dict": {"model." + k: v for k, v in m.state_dict().items()}, "vitrel_cfg": old}, tmp_path / "a.ckpt"
+    )
+    back = vitrel.load_model(tmp_path / "a.ckpt")
+    assert back.blocks[0].attn.pos.slope_rule == "geometric"
+    again = vitrel.load_model(tmp_path / "a.ckpt", pos="alibi2d")  # an explicit override is taken as given
+    assert again.blocks[0].attn.pos.slope_rule == "reference"
+
+
 def test_bucket_is_exact_for_small_offsets_and_log_for_large():
     from vitrel.pos.bucket import t5_bucket
 
@@ -211,3 +249,35 @@ def test_cpb_extends_to_any_grid_without_parameters_change():
     a = _make("rel2d_cpb", (4, 4), 1)
     ref = dense_bias(REFS["rel2d_cpb"][0](a.pos, (7, 5)), 3, 7, 5, 1)
     torch.testing.assert_close(a.bias((7, 5)), ref)
+
+
+@pytest.mark.parametrize("n", [7, 200])
+def test_rel1d_bucket_under_causal_attention_uses_t5_one_directional_buckets(n):
+    """Beyond max_distance too (n = 200 > 128): the bias equals T5's decoder mapping, and the output
+    equals the dense reference with the causal mask."""
+    from tests.reference import t5_bucket_causal_scalar
+
+    torch.manual_seed(0)
+    a = Attention(16, 2, pos="rel1d_bucket", grid=(1, n), causal=True).double()
+    assert a.pos.causal
+    with torch.no_grad():
+        a.pos.table.normal_(0, 0.5)
+    t = a.pos.table
+    want = torch.tensor(
+        [
+            [[t[t5_bucket_causal_scalar(j - i, 32, 128), h].item() for j in range(n)] for i in range(n)]
+            for h in range(2)
+        ],
+        dtype=torch.float64,
+    )
+    past = torch.ones(n, n, dtype=torch.bool).tril()
+    torch.testing.assert_close(a.bias((1, n))[:, past], want[:, past])
+    x = torch.randn(2, n, 16, dtype=torch.float64)
+    mask = torch.zeros(n, n, dtype=torch.float64).masked_fill(~past, float("-inf"))
+    _, ref = reference_attention(a, x, want, mask)
+    torch.testing.assert_close(a(x, (1, n)), ref)
+    if n == 200:  # every bucket serves the past (bidirectional buckets would leave half unused)
+        assert len({t5_bucket_causal_scalar(-d, 32, 128) for d in range(n)}) == 32
+    # the bidirectional scheme in a causal layer would differ: a clear error instead of a silent mix
+    with pytest.raises(ValueError, match="built with causal=False"):
+        Attention(16, 2, pos=build_pos("rel1d_bucket", num_heads=2, head_dim=8, grid=(1, n)), grid=(1, n), causal=True)

@@ -110,6 +110,8 @@ class Attention(nn.Module):
                 "network, so it cannot act inside attention. Give it to a model (vitrel.create_model(..., "
                 f"abs_pos={name!r}) or pos={name!r}), or add it yourself with scheme.add_to_tokens(x, grid)."
             )
+        if causal and name is not None and get_pos_class(name).causal_aware and not isinstance(pos, PositionScheme):
+            pos_kwargs.setdefault("causal", True)  # e.g. T5's one-directional buckets under a causal mask
         self.pos = build_pos(
             pos,
             num_heads=num_heads,
@@ -120,6 +122,10 @@ class Attention(nn.Module):
             **pos_kwargs,
         )
         self._check_scheme(self.pos)
+        if getattr(self.pos, "causal", causal) != causal:
+            raise ValueError(
+                f"the {self.pos.name} scheme was built with causal={self.pos.causal}, the attention has {causal}"
+            )
 
     # ------------------------------------------------------------------------------ internals
     def _check_scheme(self, scheme: PositionScheme) -> None:

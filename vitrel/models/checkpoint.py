@@ -33,7 +33,7 @@ from safetensors.torch import load_file, save_file
 from timm.models import filter_pretrained_cfg
 from torch import Tensor, nn
 
-from vitrel.models.registry import MODEL_ARGS, build_from_cfg
+from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
 
 __all__ = [
     "CheckpointError",
@@ -389,7 +389,7 @@ def load_model(
         if architecture is None:
             read_checkpoint(path)  # raises: no configuration and no architecture to build
         try:
-            model = build_from_cfg({"architecture": architecture}, **overrides)
+            model = build(architecture, **overrides)
         except (TypeError, ValueError, KeyError) as e:
             raise CheckpointError(f"cannot build {architecture} from the arguments given: {e}") from None
         head = sd.get("head.weight")

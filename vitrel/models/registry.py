@@ -20,6 +20,10 @@ from torch import nn
 
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.vit import VisionTransformer
+from vitrel.pos.base import get_pos_class
+
+#: ``vitrel_cfg["vitrel_format"]`` of the configurations written now (0.1's had none).
+FORMAT = 2
 
 __all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg"]
 
@@ -115,6 +119,7 @@ def build(
     (``vitrel.models.factory`` passes the filter that accepts our checkpoints' key layouts).
     """
     cls, defaults = MODEL_ARGS[check_architecture(name)]
+    kwargs.pop("vitrel_format", None)  # a stored config's format tag (timm's local-dir route passes model_args)
     overlay = kwargs.pop("pretrained_cfg_overlay", None)
     pretrained_cfg = kwargs.pop("pretrained_cfg", None)
     pretrained_model_args = kwargs.pop("pretrained_model_args", None)
@@ -130,17 +135,35 @@ def build(
         cache_dir=cache_dir,
         **{**defaults, **kwargs},
     )
-    model.vitrel_cfg = {"architecture": name, **model.vitrel_cfg}
+    model.vitrel_cfg = {"architecture": name, "vitrel_format": FORMAT, **model.vitrel_cfg}
     return model
 
 
+def _legacy_pos(spec: Any) -> Any:
+    """A vitrel 0.1 scheme spec with the options that keep its meaning (``PositionScheme.legacy_options``)."""
+    if spec is None:
+        return None
+    options = {"name": spec} if isinstance(spec, str) else dict(spec)
+    upgraded = get_pos_class(str(options["name"])).legacy_options(dict(options))
+    return spec if upgraded == options else upgraded
+
+
 def build_from_cfg(cfg: dict[str, Any], **overrides: Any) -> nn.Module:
-    """Rebuild a model from its ``vitrel_cfg`` (architecture + constructor arguments), with overrides."""
+    """Rebuild a model from its ``vitrel_cfg`` (architecture + constructor arguments), with overrides.
+
+    A configuration without ``vitrel_format`` was written by vitrel 0.1: its scheme specs get the
+    options that keep their 0.1 meaning where a default changed since (``legacy_options``; e.g. ALiBi's
+    slope rule) before the overrides apply.
+    """
     cfg = dict(cfg)
     name = cfg.pop("architecture", None)
     if name is None:
         raise ValueError("vitrel_cfg has no 'architecture'")
     if name not in MODEL_ARGS:
         raise ValueError(f"unknown vitrel model {name!r} in vitrel_cfg; known: {', '.join(list_models())}")
+    if cfg.pop("vitrel_format", None) is None:
+        for key in ("pos", "abs_pos"):
+            if key in cfg:
+                cfg[key] = _legacy_pos(cfg[key])
     cfg.update(overrides)
     return build(name, **cfg)

@@ -1,6 +1,14 @@
-"""ALiBi (Press et al., 2022): a fixed linear distance penalty with geometric per-head slopes.
+"""ALiBi (Press et al., 2022): a fixed linear distance penalty with per-head slopes.
 
-No parameters; extends to any distance by definition. Slopes ``m_h = 2^(-8 (h+1) / heads)``::
+No parameters; extends to any distance by definition. Slopes (``slopes=``):
+
+* ``"reference"`` (default): the ALiBi reference code's ``get_slopes`` and BLOOM's
+  ``build_alibi_tensor``: for a power of two ``n`` heads ``m_h = 2^(-8 (h+1) / n)``; otherwise the
+  slopes of the nearest lower power of two ``c`` followed by every other slope of ``2c`` heads;
+* ``"geometric"``: ``m_h = 2^(-8 (h+1) / heads)`` for every head count (vitrel 0.1's rule; configs
+  written by 0.1 keep it, see ``legacy_options``). Both rules agree for a power of two.
+
+``max_exponent`` replaces the 8. The bias::
 
     alibi1d:  A_ij = q_i . k_j / sqrt(d) - m_h * |d_ij|,                   d_ij = p_i - p_j, p = row * W + col
     alibi2d:  A_ij = q_i . k_j / sqrt(d) - m_h * sqrt(dh_ij^2 + dw_ij^2)   (Euclidean grid distance)
@@ -10,23 +18,54 @@ The bias depends on the grid alone, so eager forwards reuse it (:class:`~vitrel.
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from vitrel.pos.base import Grid, PositionScheme, geometric_slopes, pad_prefix, register_pos, rel_offsets
 from vitrel.pos.cache import TensorCache
 
-__all__ = ["Alibi1d", "Alibi2d"]
+__all__ = ["Alibi1d", "Alibi2d", "reference_slopes"]
+
+
+def reference_slopes(num_heads: int, max_exponent: float = 8.0) -> Tensor:
+    """The ALiBi reference slopes (``get_slopes`` of the authors' code, BLOOM's ``build_alibi_tensor``), float64."""
+
+    def power_of_2(n: int) -> list[float]:
+        start = 2.0 ** (-max_exponent / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    def slopes(n: int) -> list[float]:
+        if math.log2(n).is_integer():
+            return power_of_2(n)
+        closest = 2 ** math.floor(math.log2(n))
+        return power_of_2(closest) + slopes(2 * closest)[0::2][: n - closest]
+
+    return torch.tensor(slopes(num_heads), dtype=torch.float64)
 
 
 class _AlibiBase(PositionScheme):
     family = "fixed bias"
     has_bias = True
 
-    def __init__(self, *, max_exponent: float = 8.0, **kw) -> None:
+    def __init__(self, *, max_exponent: float = 8.0, slopes: str = "reference", **kw) -> None:
         super().__init__(**kw)
-        self.register_buffer("slopes", geometric_slopes(self.num_heads, max_exponent), persistent=False)
+        rules = {"reference": reference_slopes, "geometric": geometric_slopes}
+        if slopes not in rules:
+            raise ValueError(f"{self.name}: slopes must be 'reference' or 'geometric', got {slopes!r}")
+        self.slope_rule = slopes
+        self.register_buffer("slopes", rules[slopes](self.num_heads, max_exponent), persistent=False)
         self._bias_cache = TensorCache()
+
+    @classmethod
+    def legacy_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """vitrel 0.1 used the geometric rule for every head count."""
+        return {"slopes": "geometric", **options}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, slopes={self.slope_rule}"
 
     def distance(self, grid: Grid) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError

@@ -196,6 +196,8 @@ class PositionScheme(nn.Module):
     has_rotation: ClassVar[bool] = False
     #: ``content_logits`` / ``content_values`` return tensors (Shaw)
     has_content_terms: ClassVar[bool] = False
+    #: takes ``causal=`` (a causal ``Attention`` passes ``causal=True``)
+    causal_aware: ClassVar[bool] = False
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -283,6 +285,12 @@ class PositionScheme(nn.Module):
         if self.has_content_terms:
             return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)
+
+    @classmethod
+    def legacy_options(cls, options: dict[str, Any]) -> dict[str, Any]:
+        """The options that reproduce what a scheme config written by vitrel 0.1 meant (a default that
+        changed since); ``vitrel.models.registry.build_from_cfg`` applies it to configs without a format."""
+        return options
 
     def extra_repr(self) -> str:
         return f"name={self.name}, heads={self.num_heads}, grid={tuple(self.grid)}"

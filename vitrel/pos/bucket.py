@@ -8,6 +8,10 @@ where the log-spaced buckets end; beyond it, the last bucket)::
 
     rel1d_bucket:  A_ij = q_i . k_j / sqrt(d) + b_h[bucket(-d_ij)],                    p = row * W + col
     rel2d_bucket:  A_ij = q_i . k_j / sqrt(d) + b^(h)_h[bucket(-dh_ij)] + b^(w)_h[bucket(-dw_ij)]
+
+Under causal attention (``Attention(..., causal=True)``, or ``causal=True`` on the scheme)
+``rel1d_bucket`` uses T5's one-directional decoder buckets: every bucket for the past offsets
+``d_ij >= 0`` (``bidirectional=False``), as T5's decoder does.
 """
 
 from __future__ import annotations
@@ -63,16 +67,23 @@ class _BucketBase(PositionScheme):
 
 @register_pos("rel1d_bucket")
 class Rel1dBucket(_BucketBase):
-    """T5 buckets of the raster-order offset ``d_ij = p_i - p_j``; one learned scalar per bucket and head."""
+    """T5 buckets of the raster-order offset ``d_ij = p_i - p_j``; one learned scalar per bucket and head.
 
-    def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, **kw) -> None:
+    ``causal=True``: T5's one-directional (decoder) buckets (set by a causal ``Attention``).
+    """
+
+    causal_aware = True
+
+    def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, causal: bool = False, **kw) -> None:
         super().__init__(num_buckets=num_buckets, max_distance=max_distance, **kw)
+        self.causal = bool(causal)
         self.table = nn.Parameter(torch.zeros(num_buckets, self.num_heads))
         nn.init.trunc_normal_(self.table, std=self._init_std)
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         p = torch.arange(grid.n, device=self.table.device)
-        idx = self._bucket(-(p[:, None] - p[None, :]))  # bucket(-d_ij)
+        rel = -(p[:, None] - p[None, :])  # bucket(-d_ij)
+        idx = t5_bucket(rel, self.num_buckets, self.max_distance, bidirectional=not self.causal)
         b = self.table.t().index_select(1, idx.reshape(-1)).view(self.num_heads, grid.n, grid.n)
         return pad_prefix(b, num_prefix_tokens)
 

@@ -238,7 +238,7 @@ def test_mixed_parameter_and_init():
     assert isinstance(s, Rope2dMixed)
     assert s.freqs.shape == (2, heads, d // 2) and s.freqs.requires_grad
     assert [n for n, _ in s.named_parameters()] == ["freqs"]
-    assert s.no_weight_decay_keys == ("freqs",)
+    assert s.no_weight_decay_keys == ("freqs", "string")  # string: STRING basis, when enabled
     fx, fy = s.freqs.detach().double()
     mag = torch.tensor([10.0 ** (-4.0 * t / d) for t in range(d // 4)], dtype=torch.float64)
     q = d // 4

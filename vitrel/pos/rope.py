@@ -24,10 +24,28 @@ Angles, with ``r``/``c`` the row/column of the patch and ``p = r * W + c`` its r
   initialised as in the paper: magnitudes ``base^(-4t/d)`` (``t < d/4``, twice) along a random
   direction ``phi_h`` per head, the second quarter turned by ``pi/2`` (``d % 4 == 0``)
 
+Options of the 2-D schemes (``rope2d_axial``, ``rope2d_mixed``):
+
+* ``coords="index"`` (default): ``r, c`` the integer row and column (RoPE-ViT); a larger grid
+  *extrapolates* to angles never seen in training. ``coords="normalized"`` (DINOv3): 0.5-centred
+  coordinates normalised per axis to ``(-1, 1)``, ``r' = 2 (r + 0.5) / H - 1``, and angles
+  ``2 pi r' omega_t`` (DINOv3's periods ``base^(4t/d)``): a larger grid *interpolates* between angles
+  seen in training. Training-time coordinate augmentation as DINOv3 (``shift``: one uniform offset
+  in ``[-shift, shift]`` per axis; ``jitter``: one log-uniform factor in ``[1/jitter, jitter]`` per
+  axis; ``rescale``: one log-uniform factor shared by both axes; drawn once per forward, in
+  training only; ``None`` = off).
+* ``basis="identity"`` (default), ``"cayley"`` or ``"circulant"``: STRING (Schenck et al. 2025), a
+  learned orthogonal change of basis ``P_h`` per head applied to queries and keys before the
+  rotation, ``q~_i = R(theta_i) P_h q_i``: ``q~_i . k~_j = q_i . P_h^T R(theta_j - theta_i) P_h k_j``
+  stays exactly relative. ``cayley``: ``P = (I - A)(I + A)^-1`` with ``A = S - S^T`` from a free
+  ``[heads, d, d]`` parameter ``S``; ``circulant``: the same Cayley map of the skew-symmetric
+  circulant ``A = C - C^T``, ``C_ab = s[(b - a) mod d]`` (``[heads, d]`` parameters). Both start at
+  ``P = I`` (``S = 0``), so an untrained STRING model is plain RoPE. ``P`` is computed once per
+  forward (``prepare``).
+
 Prefix (class/register) tokens get ``theta = 0``: they are left exactly unrotated (as in RoPE-ViT),
 so a prefix<->patch logit sees the patch's absolute rotation; patch<->patch logits are purely
-relative. Coordinates
-are plain integers, so every scheme runs on any grid. ``prepare`` computes ``cos/sin`` once per
+relative. Every scheme runs on any grid. ``prepare`` computes ``cos/sin`` once per
 forward (a model whose blocks share the scheme hands them to every block); the fixed schemes also
 reuse them across eager forwards (:class:`~vitrel.pos.cache.TensorCache`), the mixed scheme
 recomputes them from its learned frequencies.
@@ -54,6 +72,9 @@ __all__ = [
     "rope1d_angles",
     "rope2d_axial_angles",
     "rope2d_mixed_angles",
+    "rope_coords",
+    "augment_coords",
+    "string_basis",
     "init_mixed_freqs",
 ]
 
@@ -103,20 +124,66 @@ def rope1d_angles(grid: Grid, head_dim: int, base: float, dtype: torch.dtype = t
     return p[:, None] * _geometric(base, head_dim, 2, None, dtype)[None, :]
 
 
-def rope2d_axial_angles(grid: Grid, head_dim: int, base: float, dtype: torch.dtype = torch.float64) -> Tensor:
-    """``[c * omega, r * omega]`` with ``omega_t = base^(-4t/d)``, ``t < d/4``: ``[H*W, d/2]``."""
-    r, c = patch_coords(grid)
+COORDS = ("index", "normalized")
+
+
+def rope_coords(
+    grid: Grid, coords: str = "index", device: torch.device | None = None, dtype: torch.dtype = torch.float64
+) -> tuple[Tensor, Tensor]:
+    """Row and column coordinates ``(r, c)`` of the patches, each ``[H*W]``, in the angle's units.
+
+    ``"index"``: the integers; ``"normalized"``: DINOv3's ``2 pi (2 (i + 0.5) / S - 1)`` per axis (the
+    ``2 pi`` of its angles ``2 pi coord / period`` folded in).
+    """
+    if coords not in COORDS:
+        raise ValueError(f"coords must be one of {COORDS}, got {coords!r}")
+    r, c = patch_coords(grid, device)
+    r, c = r.to(dtype), c.to(dtype)
+    if coords == "normalized":
+        r = 2 * math.pi * (2 * (r + 0.5) / grid.h - 1)
+        c = 2 * math.pi * (2 * (c + 0.5) / grid.w - 1)
+    return r, c
+
+
+def augment_coords(
+    r: Tensor, c: Tensor, shift: float | None = None, jitter: float | None = None, rescale: float | None = None
+) -> tuple[Tensor, Tensor]:
+    """DINOv3's training-time coordinate augmentation (same draws, same order: shift, jitter, rescale;
+    row axis first), on coordinates in DINOv3's units (``rope_coords`` without the ``2 pi``)."""
+    rc = torch.stack((r, c), dim=-1)
+    if shift:
+        rc = rc + torch.empty(2, dtype=rc.dtype, device=rc.device).uniform_(-shift, shift)
+    if jitter:
+        rc = rc * torch.empty(2, dtype=rc.dtype, device=rc.device).uniform_(-math.log(jitter), math.log(jitter)).exp()
+    if rescale:
+        m = math.log(rescale)
+        rc = rc * torch.empty(1, dtype=rc.dtype, device=rc.device).uniform_(-m, m).exp()
+    return rc[..., 0], rc[..., 1]
+
+
+def rope2d_axial_angles(
+    grid: Grid,
+    head_dim: int,
+    base: float,
+    dtype: torch.dtype = torch.float64,
+    coords: str = "index",
+    rc: tuple[Tensor, Tensor] | None = None,
+) -> Tensor:
+    """``[c * omega, r * omega]`` with ``omega_t = base^(-4t/d)``, ``t < d/4``: ``[H*W, d/2]``
+    (``r, c`` from :func:`rope_coords`, or given as ``rc``)."""
+    r, c = rc if rc is not None else rope_coords(grid, coords, None, dtype)
     omega = _geometric(base, head_dim, 4, None, dtype)
     return torch.cat((c.to(dtype)[:, None] * omega, r.to(dtype)[:, None] * omega), dim=-1)
 
 
-def rope2d_mixed_angles(freqs: Tensor, grid: Grid) -> Tensor:
-    """``theta[h, p, t] = freqs[0, h, t] * col_p + freqs[1, h, t] * row_p``: ``[heads, H*W, d/2]``.
+def rope2d_mixed_angles(freqs: Tensor, grid: Grid, rc: tuple[Tensor, Tensor] | None = None) -> Tensor:
+    """``theta[h, p, t] = freqs[0, h, t] * col_p + freqs[1, h, t] * row_p``: ``[heads, H*W, d/2]``
+    (integer coordinates, or ``rc`` from :func:`rope_coords`).
 
     Computed in at least float32 (the frequencies' dtype if wider), differentiable in ``freqs``.
     """
     dtype = torch.promote_types(freqs.dtype, torch.float32)
-    r, c = patch_coords(grid, freqs.device)
+    r, c = rc if rc is not None else patch_coords(grid, freqs.device)
     f = freqs.to(dtype)
     # elementwise outer products (autocast would downcast a matmul)
     return c.to(dtype)[None, :, None] * f[0][:, None, :] + r.to(dtype)[None, :, None] * f[1][:, None, :]
@@ -139,6 +206,23 @@ def init_mixed_freqs(
     fx = torch.cat((mag * torch.cos(phi), mag * torch.cos(phi + math.pi / 2)), dim=-1)
     fy = torch.cat((mag * torch.sin(phi), mag * torch.sin(phi + math.pi / 2)), dim=-1)
     return torch.stack((fx, fy), dim=0).float()
+
+
+def string_basis(param: Tensor, kind: str) -> Tensor:
+    """STRING's orthogonal ``P [heads, d, d]``: the Cayley map ``(I + A)^-1 (I - A)`` of the skew-symmetric
+    ``A`` built from ``param`` (``cayley``: ``[heads, d, d]``, ``A = S - S^T``; ``circulant``:
+    ``[heads, d]``, ``A = C - C^T`` with ``C_ab = s[(b - a) mod d]``). Computed in at least float32."""
+    work = torch.promote_types(param.dtype, torch.float32)
+    s = param.to(work)
+    if kind == "circulant":
+        d = s.shape[-1]
+        idx = (torch.arange(d, device=s.device)[None, :] - torch.arange(d, device=s.device)[:, None]) % d
+        s = s[..., idx]  # [heads, d, d] circulant
+    elif kind != "cayley":
+        raise ValueError(f"basis must be 'identity', 'cayley' or 'circulant', got {kind!r}")
+    a = s - s.transpose(-1, -2)
+    eye = torch.eye(a.shape[-1], dtype=work, device=a.device).expand_as(a)
+    return torch.linalg.solve(eye + a, eye - a)
 
 
 def _rotate_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
@@ -172,19 +256,29 @@ class _Rope(PositionScheme):
     def cos_sin(self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype):
         raise NotImplementedError  # pragma: no cover - overridden
 
+    def basis(self) -> Tensor | None:
+        """STRING's change of basis ``[heads, d, d]``, or None (plain RoPE)."""
+        return None
+
     def rotation(
         self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None
-    ) -> tuple[Tensor, Tensor]:
-        return self.cos_sin(grid, num_prefix_tokens, device, dtype or torch.float32)
+    ) -> tuple[Tensor, ...]:
+        """``(cos, sin)``, or ``(cos, sin, P)`` with STRING's basis."""
+        cs = self.cos_sin(grid, num_prefix_tokens, device, dtype or torch.float32)
+        p = self.basis()
+        return cs if p is None else (*cs, p)
 
     def rotate(
         self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None
     ) -> tuple[Tensor, Tensor]:
         grid = _check_qk(self, q, k, grid, num_prefix_tokens)
-        if state is not None and state.rope is not None:
-            cos, sin = state.rope
-        else:
-            cos, sin = self.cos_sin(grid, num_prefix_tokens, q.device, q.dtype)
+        rot = state.rope if state is not None and state.rope is not None else None
+        if rot is None:
+            rot = self.rotation(grid, num_prefix_tokens, q.device, q.dtype)
+        cos, sin = rot[0], rot[1]
+        if len(rot) == 3:  # STRING: q, k -> P q, P k (per head) before the rotation
+            p = rot[2].to(q.dtype).transpose(-1, -2)[None]
+            q, k = q @ p, k @ p
         return _rotate_qk(q, k, cos.to(q.device), sin.to(q.device))
 
 
@@ -223,6 +317,62 @@ class _FixedRope(_Rope):
         return f"{super().extra_repr()}, base={self.base}"
 
 
+class _Rope2dOptions(_Rope):
+    """The options of the 2-D schemes: ``coords`` (with DINOv3's augmentation) and STRING's ``basis``."""
+
+    def __init__(
+        self,
+        *,
+        coords: str = "index",
+        shift: float | None = None,
+        jitter: float | None = None,
+        rescale: float | None = None,
+        basis: str = "identity",
+        **kw,
+    ) -> None:
+        super().__init__(**kw)
+        if coords not in COORDS:
+            raise ValueError(f"{self.name}: coords must be one of {COORDS}, got {coords!r}")
+        for name, v, lo in (("shift", shift, 0.0), ("jitter", jitter, 1.0), ("rescale", rescale, 1.0)):
+            if v is not None and not (math.isfinite(v) and v >= lo):
+                raise ValueError(f"{self.name}: {name} must be a finite number >= {lo} or None, got {v!r}")
+        if (shift or jitter or rescale) and coords != "normalized":
+            raise ValueError(
+                f"{self.name}: shift / jitter / rescale augment normalized coordinates (coords='normalized')"
+            )
+        self.coords, self.shift, self.jitter, self.rescale = coords, shift, jitter, rescale
+        self.basis_kind = basis
+        if basis == "identity":
+            self.string = None
+        elif basis == "cayley":
+            self.string = nn.Parameter(torch.zeros(self.num_heads, self.head_dim, self.head_dim))
+        elif basis == "circulant":
+            self.string = nn.Parameter(torch.zeros(self.num_heads, self.head_dim))
+        else:
+            raise ValueError(f"{self.name}: basis must be 'identity', 'cayley' or 'circulant', got {basis!r}")
+
+    @property
+    def augmenting(self) -> bool:
+        return self.training and bool(self.shift or self.jitter or self.rescale)
+
+    def patch_rc(self, grid: Grid, device: torch.device | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Coordinates of the patches for the angles, augmented in training (see the module docstring)."""
+        r, c = rope_coords(grid, self.coords, device, dtype)
+        if self.augmenting:
+            two_pi = 2 * math.pi  # augment in DINOv3's units
+            r, c = augment_coords(r / two_pi, c / two_pi, self.shift, self.jitter, self.rescale)
+            r, c = r * two_pi, c * two_pi
+        return r, c
+
+    def basis(self) -> Tensor | None:
+        return None if self.string is None else string_basis(self.string, self.basis_kind)
+
+    def extra_repr(self) -> str:
+        out = f"{super().extra_repr()}, coords={self.coords}, basis={self.basis_kind}"
+        aug = {k: v for k, v in (("shift", self.shift), ("jitter", self.jitter), ("rescale", self.rescale)) if v}
+        return out + "".join(f", {k}={v}" for k, v in aug.items())
+
+
 @register_pos("rope1d")
 class Rope1d(_FixedRope):
     """RoPE on the raster index ``p = row * W + col``: ``theta_t = p * base^(-2t/d)``."""
@@ -234,24 +384,34 @@ class Rope1d(_FixedRope):
 
 
 @register_pos("rope2d_axial")
-class Rope2dAxial(_FixedRope):
-    """RoPE-ViT axial: pairs ``t < d/4`` rotate by ``col * omega_t``, pairs ``d/4 + t`` by ``row * omega_t``."""
+class Rope2dAxial(_Rope2dOptions, _FixedRope):
+    """RoPE-ViT axial: pairs ``t < d/4`` rotate by ``col * omega_t``, pairs ``d/4 + t`` by ``row * omega_t``
+    (options: ``coords``, ``shift``/``jitter``/``rescale``, ``basis``; see the module docstring)."""
 
     _divisor = 4
+    no_weight_decay_keys = ("string",)
 
     def angles(self, grid: Grid) -> Tensor:
-        return rope2d_axial_angles(grid, self.head_dim, self.base)
+        return rope2d_axial_angles(grid, self.head_dim, self.base, rc=self.patch_rc(grid, None, torch.float64))
+
+    def cos_sin(
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        if self.augmenting:  # fresh coordinates every forward: nothing to reuse
+            return self._cos_sin(grid, num_prefix_tokens, device, _table_dtype(dtype))
+        return super().cos_sin(grid, num_prefix_tokens, device, dtype)
 
 
 @register_pos("rope2d_mixed")
-class Rope2dMixed(_Rope):
+class Rope2dMixed(_Rope2dOptions):
     """RoPE-Mixed: learned per-head frequencies ``theta_{h,t} = f^x_{h,t} col + f^y_{h,t} row``.
 
     ``freqs`` (``[2, heads, d/2]``) is a parameter without weight decay; ``cos/sin`` are recomputed
-    on every call because the frequencies change during training.
+    on every call because the frequencies change during training (options: ``coords``,
+    ``shift``/``jitter``/``rescale``, ``basis``; see the module docstring).
     """
 
-    no_weight_decay_keys = ("freqs",)
+    no_weight_decay_keys = ("freqs", "string")
 
     def __init__(self, *, base: float = 10.0, rotate: bool = True, **kw) -> None:
         super().__init__(**kw)
@@ -277,7 +437,9 @@ class Rope2dMixed(_Rope):
         """``cos/sin`` of ``[heads, P + H*W, d/2]`` (prefix rows ``cos = 1, sin = 0``), on the
         frequencies' device, in at least float32 (``device`` / ``dtype`` are not used: the
         frequencies decide)."""
-        theta = F.pad(rope2d_mixed_angles(self.freqs, grid), (0, 0, num_prefix_tokens, 0))
+        work = torch.promote_types(self.freqs.dtype, torch.float32)
+        rc = self.patch_rc(grid, self.freqs.device, work)
+        theta = F.pad(rope2d_mixed_angles(self.freqs, grid, rc), (0, 0, num_prefix_tokens, 0))
         return theta.cos(), theta.sin()
 
     def rotate(

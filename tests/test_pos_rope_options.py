@@ -1,0 +1,183 @@
+"""Options of the 2-D RoPE schemes: DINOv3 coordinates (normalised, training-time augmentation) and
+STRING's learned orthogonal basis, against float64 loops written from the equations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from vitrel import Attention
+from vitrel.pos import Grid, build_pos
+from vitrel.pos.rope import string_basis
+
+HEADS, D = 2, 8
+
+
+def _scheme(name: str, **opts):
+    torch.manual_seed(0)
+    s = build_pos({"name": name, **opts}, num_heads=HEADS, head_dim=D, grid=(3, 4), num_prefix_tokens=1).double()
+    with torch.no_grad():
+        for p in s.parameters():
+            p.normal_(0, 0.4)
+    return s
+
+
+def _coord(i: int, n: int, mode: str) -> float:
+    return float(i) if mode == "index" else 2 * math.pi * (2 * (i + 0.5) / n - 1)
+
+
+def _naive_angles(s, grid: Grid, mode: str) -> torch.Tensor:
+    """``[heads, P + HW, d/2]`` angles: 0 for the prefix token, then the scheme's equation per patch."""
+    out = torch.zeros(HEADS, 1 + grid.n, D // 2, dtype=torch.float64)
+    for h in range(HEADS):
+        for r in range(grid.h):
+            for c in range(grid.w):
+                y, x = _coord(r, grid.h, mode), _coord(c, grid.w, mode)
+                for t in range(D // 2):
+                    if s.name == "rope2d_axial":
+                        q = D // 4
+                        omega = s.base ** (-4 * (t % q) / D)
+                        out[h, 1 + r * grid.w + c, t] = (x if t < q else y) * omega
+                    else:
+                        out[h, 1 + r * grid.w + c, t] = s.freqs[0, h, t] * x + s.freqs[1, h, t] * y
+    return out
+
+
+def _naive_rotate(x: torch.Tensor, theta: torch.Tensor, basis: torch.Tensor | None) -> torch.Tensor:
+    """``R(theta) P x`` pair by pair (interleaved pairs), ``x [B, heads, N, d]``."""
+    if basis is not None:
+        x = torch.einsum("hab,znhb->znha", basis, x.transpose(1, 2)).transpose(1, 2)
+    out = torch.empty_like(x)
+    for t in range(D // 2):
+        cs, sn = theta[..., t].cos(), theta[..., t].sin()
+        a, b = x[..., 2 * t], x[..., 2 * t + 1]
+        out[..., 2 * t] = a * cs - b * sn
+        out[..., 2 * t + 1] = a * sn + b * cs
+    return out
+
+
+def _naive_basis(s) -> torch.Tensor | None:
+    """Cayley map ``(I + A)^-1 (I - A)`` of ``A = S - S^T``; for circulant, ``S_ab = s[(b - a) mod d]``."""
+    if s.string is None:
+        return None
+    p = s.string.detach().double()
+    if s.basis_kind == "circulant":
+        rows = [[[p[h, (b - a) % D].item() for b in range(D)] for a in range(D)] for h in range(HEADS)]
+        p = torch.tensor(rows, dtype=torch.float64)
+    A = p - p.transpose(-1, -2)
+    eye = torch.eye(D, dtype=torch.float64)
+    return torch.stack([torch.linalg.inv(eye + A[h]) @ (eye - A[h]) for h in range(HEADS)])
+
+
+CASES = [
+    ("rope2d_axial", dict(coords="normalized")),
+    ("rope2d_mixed", dict(coords="normalized")),
+    ("rope2d_axial", dict(basis="cayley")),
+    ("rope2d_mixed", dict(basis="circulant")),
+    ("rope2d_axial", dict(coords="normalized", basis="circulant")),
+    ("rope2d_mixed", dict(coords="normalized", basis="cayley")),
+]
+
+
+@pytest.mark.parametrize("name,opts", CASES)
+@pytest.mark.parametrize("grid", [(3, 4), (5, 2)])
+def test_rotation_matches_the_equations(name, opts, grid):
+    s = _scheme(name, **opts).eval()
+    g = Grid(*grid)
+    q = torch.randn(2, HEADS, 1 + g.n, D, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, HEADS, 1 + g.n, D, dtype=torch.float64)
+    theta = _naive_angles(s, g, opts.get("coords", "index"))
+    basis = _naive_basis(s)
+    rq, rk = s.rotate(q, k, g, 1)
+    torch.testing.assert_close(rq, _naive_rotate(q, theta, basis))
+    torch.testing.assert_close(rk, _naive_rotate(k, theta, basis))
+    st = s.prepare(g, 1, q.device, q.dtype)  # the once-per-forward state gives the same rotation
+    torch.testing.assert_close(s.rotate(q, k, g, 1, state=st)[0], rq)
+    if s.string is not None:  # gradients reach STRING's parameter
+        rq.square().sum().backward()
+        assert s.string.grad is not None and s.string.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("kind", ["cayley", "circulant"])
+def test_string_basis_is_orthogonal_and_starts_at_identity(kind):
+    shape = (HEADS, D, D) if kind == "cayley" else (HEADS, D)
+    p = string_basis(torch.randn(shape, dtype=torch.float64), kind)
+    torch.testing.assert_close(p @ p.transpose(-1, -2), torch.eye(D, dtype=torch.float64).expand(HEADS, D, D))
+    torch.testing.assert_close(string_basis(torch.zeros(shape), kind), torch.eye(D).expand(HEADS, D, D))
+    plain = build_pos("rope2d_axial", num_heads=HEADS, head_dim=D, grid=(3, 3))
+    fresh = build_pos({"name": "rope2d_axial", "basis": kind}, num_heads=HEADS, head_dim=D, grid=(3, 3))
+    q = torch.randn(1, HEADS, 9, D)
+    torch.testing.assert_close(fresh.rotate(q, q, Grid(3, 3))[0], plain.rotate(q, q, Grid(3, 3))[0])
+
+
+@pytest.mark.parametrize(
+    "name,opts", CASES + [("rope2d_axial", dict(coords="normalized", shift=0.2, jitter=1.3, rescale=1.5))]
+)
+def test_patch_logits_stay_relative(name, opts):
+    """Between patches the logits depend on content and offset only (also with STRING, and under the
+    training-time coordinate augmentation: one draw for the whole forward)."""
+    h, w, (sh, sw) = 4, 5, (1, 2)
+    s = _scheme(name, **opts).train()
+    a = Attention(HEADS * D, HEADS, pos=s, grid=(h, w), num_prefix_tokens=1).double()
+    st = s.prepare(Grid(h, w), 1, None, torch.float64)
+    torch.manual_seed(1)
+    pre = torch.randn(1, 1, HEADS * D, dtype=torch.float64)
+    patches = torch.randn(1, h, w, HEADS * D, dtype=torch.float64)
+    moved = torch.roll(patches, shifts=(sh, sw), dims=(1, 2))
+    la = a.logits(torch.cat([pre, patches.reshape(1, h * w, -1)], 1), (h, w), pos_state=st)
+    lb = a.logits(torch.cat([pre, moved.reshape(1, h * w, -1)], 1), (h, w), pos_state=st)
+    src = torch.tensor([1 + r * w + c for r in range(h - sh) for c in range(w - sw)])
+    dst = torch.tensor([1 + (r + sh) * w + (c + sw) for r in range(h - sh) for c in range(w - sw)])
+    torch.testing.assert_close(la[:, :, src][:, :, :, src], lb[:, :, dst][:, :, :, dst])
+    assert (la[:, :, src][:, :, :, src] - la[:, :, dst][:, :, :, dst]).abs().max() > 1e-3  # not trivially constant
+
+
+def test_normalized_coordinates_interpolate_at_larger_sizes():
+    """Index coordinates extrapolate (angles grow with the grid); normalised ones stay in DINOv3's range."""
+    idx = _scheme("rope2d_axial")
+    nrm = _scheme("rope2d_axial", coords="normalized")
+    for g in (Grid(4, 4), Grid(8, 8), Grid(16, 16)):
+        assert nrm.angles(g).abs().max() < 2 * math.pi  # |2 pi coord omega| < 2 pi: coords in (-1, 1), omega <= 1
+    assert idx.angles(Grid(16, 16)).abs().max() > 2 * idx.angles(Grid(4, 4)).abs().max()
+
+
+def test_coordinate_augmentation_is_training_only_seeded_and_dinov3s():
+    s = _scheme("rope2d_mixed", coords="normalized", shift=0.5, jitter=2.0, rescale=2.0)
+    g = Grid(3, 4)
+    s.eval()
+    ev = s.cos_sin(g)
+    torch.testing.assert_close(s.cos_sin(g)[0], ev[0])
+    s.train()
+    torch.manual_seed(3)
+    a = s.cos_sin(g)[0]
+    b = s.cos_sin(g)[0]
+    torch.manual_seed(3)
+    torch.testing.assert_close(s.cos_sin(g)[0], a)  # reproducible from the seed
+    assert not torch.allclose(a, b) and not torch.allclose(a, ev[0])
+    # the draws are DINOv3's: shift, then jitter per axis, then one rescale (row axis first)
+    from vitrel.pos.rope import augment_coords, rope_coords
+
+    r, c = rope_coords(g, "normalized")
+    torch.manual_seed(5)
+    got = augment_coords(r / (2 * math.pi), c / (2 * math.pi), 0.5, 2.0, 2.0)
+    torch.manual_seed(5)
+    shift = torch.empty(2, dtype=torch.float64).uniform_(-0.5, 0.5)
+    jit = torch.empty(2, dtype=torch.float64).uniform_(-math.log(2.0), math.log(2.0)).exp()
+    res = torch.empty(1, dtype=torch.float64).uniform_(-math.log(2.0), math.log(2.0)).exp()
+    want_r = (r / (2 * math.pi) + shift[0]) * jit[0] * res
+    want_c = (c / (2 * math.pi) + shift[1]) * jit[1] * res
+    torch.testing.assert_close(got[0], want_r)
+    torch.testing.assert_close(got[1], want_c)
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError, match="coords must be one of"):
+        build_pos({"name": "rope2d_axial", "coords": "pixels"}, num_heads=2, head_dim=8, grid=(3, 3))
+    with pytest.raises(ValueError, match="coords='normalized'"):
+        build_pos({"name": "rope2d_axial", "shift": 0.1}, num_heads=2, head_dim=8, grid=(3, 3))
+    with pytest.raises(ValueError, match="jitter must be"):
+        build_pos({"name": "rope2d_mixed", "coords": "normalized", "jitter": 0.5}, num_heads=2, head_dim=8, grid=(3, 3))
+    with pytest.raises(ValueError, match="basis must be"):
+        build_pos({"name": "rope2d_mixed", "basis": "householder"}, num_heads=2, head_dim=8, grid=(3, 3))

@@ -397,7 +397,7 @@ def test_val_fraction_split_is_seeded_and_disjoint():
 
 
 def test_augment_uses_timm_and_eval_stays_plain():
-    dm = FashionMNISTDataModule(augment=True, batch_size=16, num_workers=0)
+    dm = FashionMNISTDataModule(augment=True, batch_size=16, num_workers=0, loader="workers")
     assert "RandomResizedCropAndInterpolation" in repr(dm.train_transform())
     torch.manual_seed(0)
     x, y = first_batch(dm.train_dataloader())

@@ -233,8 +233,10 @@ def test_resumable_loader_continues_the_epoch_where_it_stopped():
     assert [b.tolist() for b in later] == whole
 
 
-def test_exact_resume_makes_the_datamodule_loader_resumable(tmp_path):
+@pytest.mark.parametrize("loader", ["memory", "workers"])
+def test_exact_resume_makes_the_datamodule_loader_resumable(tmp_path, loader):
     from vitrel.data.base import ResumableDataLoader
+    from vitrel.data.memory import MemoryLoader
 
     seen = {}
 
@@ -243,11 +245,16 @@ def test_exact_resume_makes_the_datamodule_loader_resumable(tmp_path):
             seen["loader"] = trainer.train_dataloader
 
     over = [*TINY_VIT, *FAST, *SHORT, "trainer.limit_train_batches=2", "callbacks.model_checkpoint=null"]
+    over += [f"data.loader={loader}", "seed=4"]
     train(compose(tmp_path, over), callbacks=[Look()])
     dl = seen["loader"]
-    assert isinstance(dl, ResumableDataLoader) and dl.sampler.seed == 0 and dl.state_dict()["batches"] == 2
+    kind = MemoryLoader if loader == "memory" else ResumableDataLoader
+    assert isinstance(dl, kind) and dl.sampler.seed == 4 and dl.state_dict()["batches"] == 2
     train(compose(tmp_path / "off", [*over, "callbacks.exact_resume=null"]), callbacks=[Look()])
-    assert type(seen["loader"]) is torch.utils.data.DataLoader
+    if loader == "workers":
+        assert type(seen["loader"]) is torch.utils.data.DataLoader
+    else:  # the memory loader is always seeded: by data.seed without ExactResume
+        assert isinstance(seen["loader"], MemoryLoader) and seen["loader"].sampler.seed == 0
 
 
 # ------------------------------------------------------------------------------------------ pictures

@@ -8,11 +8,18 @@ Every DataModule here follows one contract (the trainer and the evaluation scrip
 * ``prepare_data()`` (downloads where allowed), ``setup(stage)``, ``train/val/test_dataloader()``;
 * val == test split unless ``val_fraction > 0`` (then a seeded split of train is held out as val);
 * ``make_dataset(split, img_size=None, transform=None)`` for scoring at another image size;
-* ``train_order_seed``: None (a shuffled ``DataLoader``), or a seed: the training loader is then a
-  :class:`ResumableDataLoader` over an :class:`EpochSampler` (exact mid-epoch resume).
+* ``loader``: ``"memory"`` (the data set held as uint8 tensors on the training device, batches by index,
+  batched augmentation there: :mod:`vitrel.data.memory`) or ``"workers"`` (per-sample PIL pipeline in
+  ``DataLoader`` worker processes: timm's transforms);
+* ``train_order_seed``: None, or a seed: the training order of epoch ``e`` is then seeded by
+  ``train_order_seed + e`` and the loader resumes mid-epoch exactly (the workers path: a
+  :class:`ResumableDataLoader` over an :class:`EpochSampler` instead of a shuffled ``DataLoader``; the
+  memory path is always seeded, by ``seed`` when this is None).
 
-Subclasses implement ``_load_raw(split)`` (``split in {"train", "test"}``) returning a dataset of raw
-``(PIL image, int label)`` pairs, and ``_locate()`` (raises ``DatasetNotFoundError``).
+Subclasses implement ``_locate()`` (raises ``DatasetNotFoundError``) and either ``_load_arrays(split)``
+(``split in {"train", "test"}``) returning ``(uint8 images [N, H, W(, C)], int labels [N])`` (data sets
+that fit in memory: both loaders work; set ``memory_capable = True``) or ``_load_raw(split)`` returning a
+dataset of raw ``(PIL image, int label)`` pairs (the workers loader only).
 """
 
 from __future__ import annotations
@@ -24,10 +31,19 @@ from typing import Any
 
 import lightning as L
 import numpy as np
+import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
-from vitrel.data.transforms import MappedDataset, TranslatedDataset, build_transform, plain_transform
+from vitrel.data.augment import BatchAugment
+from vitrel.data.memory import MemoryLoader, ResumableLoader, TensorImageDataset, check_budget, to_uint8_nchw
+from vitrel.data.transforms import (
+    MappedDataset,
+    TranslatedDataset,
+    build_transform,
+    fixed_canvas_offsets,
+    plain_transform,
+)
 
 __all__ = [
     "DatasetNotFoundError",
@@ -40,6 +56,7 @@ __all__ = [
 ]
 
 SPLITS = ("train", "val", "test")
+LOADERS = ("memory", "workers")
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -104,12 +121,16 @@ class EpochSampler(DistributedSampler):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.skip = 0
 
+    def indices(self) -> list[int]:
+        """This rank's whole order for the current epoch (``skip`` not applied)."""
+        return list(super().__iter__())
+
     def __iter__(self) -> Iterator[int]:
         skip, self.skip = self.skip, 0
-        return itertools.islice(super().__iter__(), skip, None)
+        return itertools.islice(self.indices(), skip, None)
 
 
-class ResumableDataLoader(DataLoader):
+class ResumableDataLoader(ResumableLoader, DataLoader):
     """A ``DataLoader`` over an :class:`EpochSampler` that can resume mid-epoch.
 
     ``state_dict()`` is ``{"epoch", "batches"}`` (the sampler's epoch, batches yielded in it so far);
@@ -152,12 +173,14 @@ class VisionDataModule(L.LightningDataModule):
     Args:
         root: data directory (meaning per data set; None where a data set has other places to look).
         batch_size: training batch size (also eval, unless ``eval_batch_size``).
-        num_workers: DataLoader workers (persistent when > 0).
+        num_workers: DataLoader workers (persistent when > 0; the workers loader only).
         img_size: side of the square image fed to the model; None = native (or ``canvas_size``).
-        augment: timm training augmentation (``create_transform(is_training=True)``) for the train split;
+        augment: training augmentation for the train split: timm's (``create_transform(is_training=True)``,
+            ``augment_kwargs``) on the workers loader, ``batch_augment`` on the memory loader;
             False = plain resize + normalise everywhere.
-        pin_memory: DataLoader ``pin_memory``.
-        seed: seed for subsetting/splitting and the per-sample canvas offsets of eval splits.
+        pin_memory: DataLoader ``pin_memory`` (workers loader; only when training on a CUDA device).
+        seed: seed for subsetting/splitting, the per-sample canvas offsets of eval splits, and the memory
+            loader's order and augmentation when no ``train_order_seed`` is set.
         val_fraction: > 0 holds out this (seeded) fraction of train as the val split.
         download: let ``prepare_data`` download the data where that is possible.
         eval_batch_size: batch size of val/test loaders (default ``batch_size``).
@@ -165,11 +188,16 @@ class VisionDataModule(L.LightningDataModule):
         interpolation: resize interpolation (default per data set).
         crop_pct: eval resize-then-centre-crop ratio (default per data set: 1.0 small sets, 0.875 ImageNet).
         augment_kwargs: overrides of the data set's default timm augmentation kwargs (``scale``,
-            ``hflip``, ``color_jitter``, ``auto_augment``, ``re_prob``, ...).
+            ``hflip``, ``color_jitter``, ``auto_augment``, ``re_prob``, ...): the workers loader's.
         canvas_size: paste every image into a black ``canvas_size`` canvas (translation study); train
             gets fresh offsets each time, val/test a fixed seeded offset per sample.
         canvas_mode: ``"random"`` or ``"center"`` offsets.
         name: a label for logs/run names (the config's name; default: the data set's name).
+        loader: ``"memory"`` or ``"workers"`` (see the module docstring); None = the data set's default.
+        batch_augment: the memory loader's :class:`~vitrel.data.BatchAugment` (used when ``augment``);
+            None = the data set's default (``default_batch_augment``).
+        memory_budget_gb: the most the memory loader may hold on the device, in GiB; None = half of the
+            memory free when the data is set up. Over it: :class:`~vitrel.data.memory.MemoryBudgetError`.
     """
 
     #: set by subclasses
@@ -179,10 +207,13 @@ class VisionDataModule(L.LightningDataModule):
     default_interpolation: str = "bilinear"
     default_crop_pct: float = 1.0
     default_augment_kwargs: dict[str, Any] = {}
-    #: None: the training loader shuffles with a ``RandomSampler``. A seed: it is a
-    #: :class:`ResumableDataLoader` over an :class:`EpochSampler` (order of epoch ``e`` seeded by
-    #: ``train_order_seed + e``, split over the attached trainer's ranks), which resumes mid-epoch
-    #: exactly. Set by ``vitrel.train.callbacks.ExactResume``.
+    #: the data set comes as uint8 arrays (``_load_arrays``): the memory loader can hold it
+    memory_capable: bool = False
+    default_loader: str = "workers"
+    default_batch_augment: dict[str, Any] = {}
+    #: None: the workers loader shuffles with a ``RandomSampler`` (the memory loader seeds its order with
+    #: ``seed``). A seed: the order of epoch ``e`` is seeded by ``train_order_seed + e``, split over the
+    #: attached trainer's ranks, and resumes mid-epoch exactly. Set by ``vitrel.train.callbacks.ExactResume``.
     train_order_seed: int | None = None
 
     def __init__(
@@ -204,6 +235,9 @@ class VisionDataModule(L.LightningDataModule):
         canvas_size: int | None = None,
         canvas_mode: str = "random",
         name: str | None = None,
+        loader: str | None = None,
+        batch_augment: BatchAugment | None = None,
+        memory_budget_gb: float | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
@@ -222,6 +256,25 @@ class VisionDataModule(L.LightningDataModule):
                 )
             if canvas_size < self.native_size:
                 raise ValueError(f"canvas_size={canvas_size} is smaller than the {self.native_size}px images")
+        loader = loader or self.default_loader
+        if loader not in LOADERS:
+            raise ValueError(f"loader must be one of {LOADERS}, got {loader!r}")
+        if loader == "memory" and not self.memory_capable:
+            raise ValueError(
+                f"data.loader=memory holds a data set as uint8 tensors of one image size; {self.dataset_name} is "
+                "streamed from image files of varying sizes: use data.loader=workers"
+            )
+        if loader == "memory" and augment and augment_kwargs:
+            raise ValueError(
+                f"data.augment_kwargs ({dict(augment_kwargs)}) are options of timm's per-sample transforms, used by "
+                "data.loader=workers. The memory loader augments whole batches as data.batch_augment says "
+                "(translate, hflip, scale, ratio, re_prob, re_mode, re_count); for timm's pipeline (auto_augment, "
+                "color_jitter, ...) use data.loader=workers."
+            )
+        if batch_augment is not None and not isinstance(batch_augment, BatchAugment):
+            raise TypeError(f"batch_augment must be a vitrel.data.BatchAugment, got {type(batch_augment).__name__}")
+        if memory_budget_gb is not None and memory_budget_gb <= 0:
+            raise ValueError(f"memory_budget_gb must be > 0 (or None: half the free memory), got {memory_budget_gb}")
         self.name = name or self.dataset_name
         self.root = None if root is None else Path(root).expanduser()
         self.batch_size = int(batch_size)
@@ -238,9 +291,13 @@ class VisionDataModule(L.LightningDataModule):
         self.augment_kwargs = {**self.default_augment_kwargs, **dict(augment_kwargs or {})}
         self.canvas_size = None if canvas_size is None else int(canvas_size)
         self.canvas_mode = canvas_mode
+        self.loader = loader
+        self.batch_augment = batch_augment if batch_augment is not None else BatchAugment(**self.default_batch_augment)
+        self.memory_budget_gb = memory_budget_gb
         self.img_size = int(img_size if img_size is not None else (self.canvas_size or self.native_size))
         if self.img_size < 1:
             raise ValueError(f"img_size must be >= 1, got {self.img_size}")
+        self._arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self._raw: dict[str, Dataset] = {}
         self._split_idx: tuple[np.ndarray, np.ndarray] | None = None
         self._datasets: dict[str, Dataset] = {}
@@ -248,8 +305,14 @@ class VisionDataModule(L.LightningDataModule):
 
     # ---- subclass hooks -------------------------------------------------------------------------
 
-    def _load_raw(self, split: str) -> Dataset:  # split in ("train", "test")
+    def _load_arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:  # split in ("train", "test")
+        """``(uint8 images [N, H, W(, C)], int labels [N])`` of ``split`` (data sets held in memory)."""
         raise NotImplementedError
+
+    def _load_raw(self, split: str) -> Dataset:  # split in ("train", "test")
+        """Raw ``(PIL image, int label)`` pairs; by default ``ArrayImageDataset`` over ``_load_arrays``."""
+        images, labels = self._raw_arrays(split)
+        return ArrayImageDataset(images, labels, mode="RGB" if self.in_chans == 3 and images.ndim == 3 else None)
 
     def _locate(self) -> Any:
         """Find the data on disk or raise ``DatasetNotFoundError`` (listing every path tried)."""
@@ -262,27 +325,44 @@ class VisionDataModule(L.LightningDataModule):
         """``(in_chans, img_size, img_size)``."""
         return (self.in_chans, self.img_size, self.img_size)
 
+    @property
+    def device(self) -> torch.device:
+        """The attached trainer's device (where the memory loader holds the data), else the CPU."""
+        trainer = self.trainer
+        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+
     def raw_dataset(self, split: str) -> Dataset:
         """Untransformed ``(PIL image, label)`` pairs of ``split`` (``val`` honours ``val_fraction``)."""
         ds, idx = self._source(split)
         return ds if idx is None else Subset(ds, idx.tolist())
+
+    def _raw_arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
+        if split not in self._arrays:
+            images, labels = self._load_arrays(split)
+            self._arrays[split] = (np.asarray(images), np.asarray(labels, dtype=np.int64))
+        return self._arrays[split]
 
     def _raw_split(self, split: str) -> Dataset:
         if split not in self._raw:
             self._raw[split] = self._load_raw(split)
         return self._raw[split]
 
-    def _source(self, split: str) -> tuple[Dataset, np.ndarray | None]:
+    def _split_of(self, split: str) -> tuple[str, np.ndarray | None]:
+        """``(stored split, indices into it or None)`` of ``split`` (``val``: test, or the held-out part)."""
         if split not in SPLITS:
             raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
         if self.val_fraction <= 0.0:
-            return self._raw_split("test" if split == "val" else split), None
+            return ("test" if split == "val" else split), None
         if split == "test":
-            return self._raw_split("test"), None
-        train = self._raw_split("train")
+            return "test", None
         if self._split_idx is None:
-            self._split_idx = seeded_split(len(train), self.val_fraction, self.seed)  # type: ignore[arg-type]
-        return train, self._split_idx[0 if split == "train" else 1]
+            n = len(self._raw_arrays("train")[1]) if self.memory_capable else len(self._raw_split("train"))
+            self._split_idx = seeded_split(n, self.val_fraction, self.seed)
+        return "train", self._split_idx[0 if split == "train" else 1]
+
+    def _source(self, split: str) -> tuple[Dataset, np.ndarray | None]:
+        stored, idx = self._split_of(split)
+        return self._raw_split(stored), idx
 
     def train_transform(self, img_size: int | None = None) -> Callable:
         """Training pipeline (timm augmentation when ``augment``), including the canvas if configured."""
@@ -311,7 +391,7 @@ class VisionDataModule(L.LightningDataModule):
         canvas_size: int | None = None,
         canvas_seed: int | None = None,
     ) -> Dataset:
-        """A torch Dataset of ``(tensor, label)`` for ``split`` with the *evaluation* pipeline.
+        """A torch Dataset of ``(tensor, label)`` for ``split`` with the *evaluation* pipeline, per sample.
 
         ``img_size``: model input size (default: ``canvas_size`` if given, else this module's ``img_size``).
         ``transform``: replaces the default pipeline; it receives the raw PIL image (after the canvas).
@@ -331,6 +411,31 @@ class VisionDataModule(L.LightningDataModule):
         seed = self.seed if canvas_seed is None else canvas_seed
         return TranslatedDataset(ds, canvas, seed=seed, transform=tf, mode=self.canvas_mode)
 
+    def make_tensor_dataset(self, split: str) -> TensorImageDataset:
+        """``split`` as uint8 tensors on the CPU with its evaluation pipeline (the memory loader's data set);
+        eval splits with a canvas get the offsets ``make_dataset`` gives them."""
+        stored, idx = self._split_of(split)
+        images, labels = self._raw_arrays(stored)
+        if idx is not None:
+            images, labels = images[idx], labels[idx]
+        x = to_uint8_nchw(images, self.in_chans)
+        offsets = None
+        if self.canvas_size is not None and split != "train":
+            offsets = torch.from_numpy(
+                fixed_canvas_offsets(len(x), tuple(x.shape[-2:]), self.canvas_size, self.seed, self.canvas_mode)
+            )
+        return TensorImageDataset(
+            x,
+            torch.from_numpy(labels),
+            mean=tuple(self.mean),
+            std=tuple(self.std),
+            img_size=self.img_size,
+            canvas_size=self.canvas_size,
+            offsets=offsets,
+            crop_pct=self.crop_pct,
+            interpolation=self.interpolation,
+        )
+
     # ---- Lightning hooks ----------------------------------------------------------------------
 
     def prepare_data(self) -> None:
@@ -346,9 +451,11 @@ class VisionDataModule(L.LightningDataModule):
         }
         if stage not in wanted:
             raise ValueError(f"unknown stage {stage!r}")
-        for split in wanted[stage]:
-            if split in self._datasets:
-                continue
+        missing = [split for split in wanted[stage] if split not in self._datasets]
+        if self.loader == "memory":
+            self._setup_memory(missing)
+            return
+        for split in missing:
             if split == "train":
                 ds, idx = self._source("train")
                 if idx is not None:
@@ -357,46 +464,88 @@ class VisionDataModule(L.LightningDataModule):
             else:
                 self._datasets[split] = self.make_dataset(split)
 
+    def _setup_memory(self, splits: list[str]) -> None:
+        """Build the splits' tensors once (val shares the test split's when it is the test split), then
+        hold them all on the device."""
+        for split in splits:
+            twin = {"val": "test", "test": "val"}.get(split)
+            if self.val_fraction <= 0.0 and twin in self._datasets:
+                self._datasets[split] = self._datasets[twin]
+            else:
+                self._datasets[split] = self.make_tensor_dataset(split)
+        self._hold_on(self.device, check=bool(splits))
+
+    def _hold_on(self, device: torch.device, check: bool = False) -> None:
+        """Move every held split to ``device``, checking first (or when ``check``) that they fit its budget."""
+        groups: dict[int, list[str]] = {}
+        for split, d in self._datasets.items():
+            if isinstance(d, TensorImageDataset):
+                groups.setdefault(id(d), []).append(split)
+        if not check and all(self._datasets[names[0]].device == device for names in groups.values()):
+            return
+        sizes = {"/".join(names): self._datasets[names[0]].nbytes for names in groups.values()}
+        check_budget(self.name, sizes, device, self.memory_budget_gb)
+        for names in groups.values():
+            moved = self._datasets[names[0]].to(device)  # type: ignore[union-attr]
+            for split in names:
+                self._datasets[split] = moved
+
     def dataset(self, split: str) -> Dataset:
-        """The dataset behind ``<split>_dataloader()`` (sets up on first use)."""
+        """The dataset behind ``<split>_dataloader()`` (sets up on first use): per-sample ``(tensor, label)``
+        (workers), or the split's :class:`TensorImageDataset` on the device (memory; unaugmented)."""
         if split not in self._datasets:
             self.setup({"train": "fit", "val": "validate", "test": "test"}[split])
+        if self.loader == "memory":
+            self._hold_on(self.device)  # set up before a trainer (and its device) was attached
         return self._datasets[split]
 
-    def _loader(self, split: str) -> DataLoader:
+    def _ranks(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+    def _loader(self, split: str) -> DataLoader | MemoryLoader:
         train = split == "train"
+        ds = self.dataset(split)
+        world, rank = self._ranks()
+        if isinstance(ds, TensorImageDataset):
+            if not train:
+                return MemoryLoader(ds, self.eval_batch_size, num_replicas=world, rank=rank)
+            seed = int(self.train_order_seed if self.train_order_seed is not None else self.seed)
+            return MemoryLoader(
+                ds,
+                self.batch_size,
+                sampler=EpochSampler(ds, shuffle=True, seed=seed, num_replicas=world, rank=rank),
+                drop_last=self.drop_last,
+                augment=self.batch_augment if self.augment else None,
+                augment_seed=seed,
+                canvas_mode=self.canvas_mode,
+                num_replicas=world,
+                rank=rank,
+            )
         kwargs: dict[str, Any] = dict(
             batch_size=self.batch_size if train else self.eval_batch_size,
             drop_last=self.drop_last and train,
             num_workers=self.num_workers,
-            pin_memory=self.pin_memory,
+            pin_memory=self.pin_memory and self.device.type == "cuda",
             persistent_workers=self.num_workers > 0,
         )
-        ds = self.dataset(split)
         if train and self.train_order_seed is not None:
-            trainer = self.trainer
-            sampler = EpochSampler(
-                ds,
-                shuffle=True,
-                seed=int(self.train_order_seed),
-                num_replicas=trainer.world_size if trainer is not None else 1,
-                rank=trainer.global_rank if trainer is not None else 0,
-            )
+            sampler = EpochSampler(ds, shuffle=True, seed=int(self.train_order_seed), num_replicas=world, rank=rank)
             return ResumableDataLoader(ds, sampler=sampler, **kwargs)
         return DataLoader(ds, shuffle=train, **kwargs)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self) -> DataLoader | MemoryLoader:
         return self._loader("train")
 
-    def val_dataloader(self) -> DataLoader:
+    def val_dataloader(self) -> DataLoader | MemoryLoader:
         return self._loader("val")
 
-    def test_dataloader(self) -> DataLoader:
+    def test_dataloader(self) -> DataLoader | MemoryLoader:
         return self._loader("test")
 
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(root={self.root}, num_classes={self.num_classes}, in_chans={self.in_chans}, "
             f"img_size={self.img_size}, augment={self.augment}, batch_size={self.batch_size}, "
-            f"val_fraction={self.val_fraction}, canvas_size={self.canvas_size})"
+            f"val_fraction={self.val_fraction}, canvas_size={self.canvas_size}, loader={self.loader})"
         )

@@ -11,8 +11,10 @@ are the sorted ``train`` folder names (1000 for ImageNet-1k) and val uses the sa
 folder may lack classes, but may not add any). ImageNet cannot be downloaded automatically.
 
 ``val`` is also the test split (unless ``val_fraction > 0``). Normalisation: timm's ImageNet defaults.
-Evaluation: resize shorter side to ``floor(img_size / crop_pct)`` (crop_pct 0.875), centre crop.
-Training with ``augment=True``: timm's RandomResizedCrop(0.08-1) + flip + colour jitter 0.4.
+It streams from the image files through ``DataLoader`` workers (``loader="workers"``, persistent, pinned
+memory on CUDA) with timm's pipelines (``timm.data.create_transform``): training with ``augment=True``
+RandomResizedCrop(0.08-1) + flip + colour jitter 0.4; evaluation resize of the shorter side to
+``floor(img_size / crop_pct)`` (crop_pct 0.875, bicubic) and the centre crop.
 """
 
 from __future__ import annotations
@@ -136,6 +138,19 @@ class ImageNetDataModule(VisionDataModule):
         if self._given_num_classes is not None and self._given_num_classes != len(wnids):
             raise ValueError(f"num_classes={self._given_num_classes} but {train} has {len(wnids)} class folders")
         return wnids
+
+    def eval_transform(self, img_size: int | None = None):
+        """timm's evaluation pipeline: ``create_transform(is_training=False)`` (resize, centre crop, normalise)."""
+        from timm.data import create_transform
+
+        return create_transform(
+            img_size or self.img_size,
+            is_training=False,
+            interpolation=self.interpolation,
+            crop_pct=self.crop_pct,
+            mean=tuple(self.mean),
+            std=tuple(self.std),
+        )
 
     def _load_raw(self, split: str) -> Dataset:
         wnids = self.wnids

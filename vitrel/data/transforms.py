@@ -44,6 +44,7 @@ from torchvision.transforms import functional as TF
 __all__ = [
     "translate_canvas",
     "canvas_offset",
+    "fixed_canvas_offsets",
     "TranslateCanvas",
     "TranslatedDataset",
     "ResizedDataset",
@@ -130,6 +131,17 @@ def canvas_offset(
     top = int(torch.randint(0, nh, (1,), generator=generator))
     left = int(torch.randint(0, nw, (1,), generator=generator))
     return step * top, step * left
+
+
+def fixed_canvas_offsets(
+    n: int, img_hw: tuple[int, int], canvas_size: int | Sequence[int], seed: int, mode: str = "random", step: int = 1
+) -> np.ndarray:
+    """``[n, 2]`` int64 ``(top, left)`` of samples ``0..n-1``: sample ``i``'s from
+    ``numpy.random.default_rng([seed, i])``, as :class:`TranslatedDataset` gives them."""
+    return np.array(
+        [canvas_offset(img_hw, canvas_size, mode, np.random.default_rng([seed, i]), step) for i in range(n)],
+        dtype=np.int64,
+    ).reshape(n, 2)
 
 
 class TranslateCanvas:

@@ -32,7 +32,7 @@ from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
-from vitrel.data.base import ResumableDataLoader
+from vitrel.data.memory import ResumableLoader
 from vitrel.pos.base import PositionScheme
 
 __all__ = [
@@ -272,14 +272,16 @@ def _set_rng_state(state: dict) -> None:
 class ExactResume(Callback):
     """Deterministic, resumable training data order and RNG state.
 
-    Sets the datamodule's ``train_order_seed`` (``VisionDataModule``), so that it builds its training
-    loader as a :class:`~vitrel.data.base.ResumableDataLoader`: order of epoch ``e`` seeded by
+    Sets the datamodule's ``train_order_seed`` (``VisionDataModule``), so that its training loader is a
+    :class:`~vitrel.data.memory.ResumableLoader` (the memory loader, or a
+    :class:`~vitrel.data.base.ResumableDataLoader` on the workers path): order of epoch ``e`` seeded by
     ``seed + e``, split across ranks (Lightning leaves it as is under DDP), with a ``state_dict`` of its
     position in the epoch. Checkpoints get that position and the RNG states (torch, CUDA, numpy,
     python); on resume the loader continues where it stopped and the RNG states are put back just
     before the first resumed batch, so a killed and resumed run ends with the same weights as an
-    uninterrupted one. Random augmentation inside DataLoader workers is not replayed exactly after a
-    mid-epoch resume (worker RNG streams are per worker, not per sample); everything else is.
+    uninterrupted one. The memory loader's batch augmentation is drawn from ``(seed, epoch)`` and comes
+    back too; random augmentation inside DataLoader workers is not replayed exactly after a mid-epoch
+    resume (worker RNG streams are per worker, not per sample).
 
     The loader position is restored here, at ``on_train_start``, rather than by Lightning's own
     support for stateful loaders: Lightning skips that when the loader was built before the
@@ -289,7 +291,7 @@ class ExactResume(Callback):
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
-        self._loader: ResumableDataLoader | None = None
+        self._loader: ResumableLoader | None = None
         self._pending: dict | None = None  # the loader position to resume at
         self._pending_rng: dict | None = None
         self._dm: Any = None
@@ -321,7 +323,7 @@ class ExactResume(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loader = trainer.train_dataloader
-        self._loader = loader if isinstance(loader, ResumableDataLoader) else None
+        self._loader = loader if isinstance(loader, ResumableLoader) else None
         if self._pending and self._loader is not None:
             self._loader.load_state_dict(self._pending)
         self._pending = None

@@ -124,6 +124,18 @@ def _adopt_csv_columns(loggers: Sequence[Logger]) -> None:
                 w.metrics_keys = sorted(set(w.metrics_keys) | set(header))
 
 
+def _wandb_where(loggers: Sequence[Logger]) -> str | None:
+    """Where the W&B run is: its offline folder (and how to upload it), or its URL; None without W&B."""
+    for lg in loggers:
+        if isinstance(lg, WandbLogger) and rank_zero_only.rank == 0:
+            run = lg.experiment
+            folder = Path(run.dir).parent  # <save_dir>/wandb/<offline-run-...>/files
+            if getattr(run.settings, "_offline", False) or run.settings.mode == "offline":
+                return f"{folder} (offline; upload with: wandb sync {folder})"
+            return str(run.url or folder)
+    return None
+
+
 def _finish_wandb(loggers: Sequence[Logger], exit_code: int) -> None:
     if any(isinstance(lg, WandbLogger) for lg in loggers) and rank_zero_only.rank == 0:
         import wandb
@@ -170,18 +182,21 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
         f"data {type(dm).__name__} img_size={dm.img_size} classes={dm.num_classes}"
     )
 
-    status = "failed"
+    status, wandb_where = "failed", None
     try:
+        t_fit = time.time()
         try:
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
         except SIGTERMException as e:  # Lightning's SIGTERM exit carries no code: report the signal
             raise SystemExit(e.code if e.code is not None else 128 + signal.SIGTERM) from None
+        fit_s = time.time() - t_fit
         metrics = scalars(trainer.callback_metrics)
         if cfg.get("test", True):
             _adopt_csv_columns(loggers)
             for res in trainer.test(module, datamodule=dm, verbose=False):
                 metrics.update(scalars(res))
         status = "finished"
+        wandb_where = _wandb_where(loggers)
     finally:
         _finish_wandb(loggers, 0 if status == "finished" else 1)
 
@@ -195,6 +210,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
         "epochs": trainer.current_epoch,
         "global_step": trainer.global_step,
         "wall_s": round(time.time() - t0, 2),
+        "fit_s": round(fit_s, 2),
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,
@@ -206,14 +222,35 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
-        shown = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()) if k.startswith(("test/", "val/")))
-        print(f"done in {result['wall_s']:.0f} s: {shown}\nrun folder {run_dir}", flush=True)
+        print(_report(result, wandb_where), flush=True)
     target = cfg.get("optimized_metric")
     if target:
         if target not in metrics:
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
     return metrics
+
+
+def _report(result: dict, wandb_where: str | None) -> str:
+    """The run's closing lines: accuracy, wall time, and where the run folder, checkpoints and W&B run are."""
+    m = result["metrics"]
+    stage = "test" if "test/acc1" in m else "val"
+    lines = []
+    if f"{stage}/acc1" in m:
+        extra = [f"top-5 {100 * m[k]:.1f} %" for k in (f"{stage}/acc5",) if k in m]
+        extra += [f"loss {m[k]:.3f}" for k in (f"{stage}/loss",) if k in m]
+        lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)})")
+    lines.append(
+        f"training {result['fit_s']:.0f} s ({result['epochs']} epochs, {result['global_step']} steps); "
+        f"whole run {result['wall_s']:.0f} s"
+    )
+    lines.append(f"run folder  {result['run_dir']}")
+    if result["last_ckpt"] or result["best_ckpt"]:
+        best = f"  (best val/acc1: {result['best_ckpt']})" if result["best_ckpt"] else ""
+        lines.append(f"checkpoint  {result['last_ckpt'] or result['best_ckpt']}{best}")
+    if wandb_where:
+        lines.append(f"W&B run     {wandb_where}")
+    return "\n".join(lines)
 
 
 def _overrides() -> list[str]:

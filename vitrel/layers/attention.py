@@ -69,6 +69,7 @@ class Attention(nn.Module):
         num_prefix_tokens: class/register tokens ahead of the patch tokens.
         qkv_bias, attn_drop, proj_drop: as in timm.
         causal: add a causal mask (1-D sequences).
+        layer: ``(index, number of layers)`` of the block, handed to the scheme (per-layer schedules).
         pos_kwargs: extra options for the scheme when ``pos`` is a name.
     """
 
@@ -83,6 +84,7 @@ class Attention(nn.Module):
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         causal: bool = False,
+        layer: tuple[int, int] | None = None,
         **pos_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -112,6 +114,8 @@ class Attention(nn.Module):
             )
         if causal and name is not None and get_pos_class(name).causal_aware and not isinstance(pos, PositionScheme):
             pos_kwargs.setdefault("causal", True)  # e.g. T5's one-directional buckets under a causal mask
+        if layer is not None and not isinstance(pos, PositionScheme):
+            pos_kwargs["layer"] = layer  # (block index, depth): per-layer schedules (LookHere's slopes)
         self.pos = build_pos(
             pos,
             num_heads=num_heads,

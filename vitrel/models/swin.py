@@ -147,6 +147,7 @@ class SwinBlock(nn.Module):
         attn_drop: float = 0.0,
         drop_path: float = 0.0,
         norm_eps: float = 1e-5,
+        layer: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.window_size = window_size
@@ -162,6 +163,7 @@ class SwinBlock(nn.Module):
             qkv_bias=qkv_bias,
             attn_drop=attn_drop,
             proj_drop=proj_drop,
+            layer=layer,
         )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
@@ -265,6 +267,7 @@ class SwinStage(nn.Module):
         attn_drop: float = 0.0,
         drop_path: Sequence[float] = (),
         norm_eps: float = 1e-5,
+        layers: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         self.grad_checkpointing = False
@@ -293,6 +296,7 @@ class SwinStage(nn.Module):
                     proj_drop=proj_drop,
                     attn_drop=attn_drop,
                     drop_path=drop_path[i] if len(drop_path) else 0.0,
+                    layer=None if pos_share or layers is None else (layers[0] + i, layers[1]),
                     norm_eps=norm_eps,
                 )
                 for i in range(depth)
@@ -425,6 +429,7 @@ class SwinTransformer(nn.Module):
                     proj_drop=proj_drop_rate,
                     attn_drop=attn_drop_rate,
                     drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
+                    layers=(sum(depths[:i]), sum(depths)),
                     norm_eps=norm_eps,
                 )
             )

@@ -165,6 +165,7 @@ class VisionTransformer(nn.Module):
                     proj_drop=proj_drop_rate,
                     attn_drop=attn_drop_rate,
                     drop_path=dpr[i],
+                    layer=None if pos_share else (i, depth),
                     norm_eps=norm_eps,
                 )
                 for i in range(depth)

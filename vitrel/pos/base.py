@@ -208,6 +208,7 @@ class PositionScheme(nn.Module):
         grid: Grid,
         num_prefix_tokens: int = 0,
         embed_dim: int | None = None,
+        layer: tuple[int, int] | None = None,
     ) -> None:
         super().__init__()
         if num_heads < 1 or head_dim < 1:
@@ -217,6 +218,8 @@ class PositionScheme(nn.Module):
         self.grid = as_grid(grid)
         self.num_prefix_tokens = num_prefix_tokens
         self.embed_dim = embed_dim if embed_dim is not None else num_heads * head_dim
+        # (index, number of layers) of the block this scheme serves; None for a scheme shared by all blocks
+        self.layer = None if layer is None else (int(layer[0]), int(layer[1]))
 
     # ----------------------------------------------------------------- hooks (no-op defaults)
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:

@@ -51,10 +51,20 @@ def test_sweep_two_jobs_own_folders_own_wandb_runs_and_summary(tmp_path):
     assert "epoch 1/1" in out
 
 
-def test_ddp_two_processes_equal_one_process(tmp_path):
+# the memory loader with its batch augmentation on (drawn per position of the epoch's order), the workers
+# loader without (its random augmentation runs in worker processes, per worker)
+LOADERS = {
+    "memory": ["data.loader=memory", "data.augment=true", "data.batch_augment.re_prob=0.5"],
+    "workers": ["data.loader=workers"],
+}
+
+
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_ddp_two_processes_equal_one_process(tmp_path, loader):
     """2 CPU processes (gloo), per-rank batch 8, end with identical weights on both ranks and the
-    weights of 1 process with batch 16 on the same data order."""
-    common = [*SMALL, "trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1"]
+    weights of 1 process with batch 16 on the same data order (and, memory loader, augmentation)."""
+    common = [*SMALL, *LOADERS[loader], "trainer.max_epochs=1", "trainer.limit_train_batches=4"]
+    common += ["trainer.limit_val_batches=1"]
     common += ["test=false", "logger=none", "progress_bar=none", "callbacks.last_checkpoint=null"]
     common += ["callbacks.model_checkpoint=null", "pos=rel2d_factored"]
     ddp = tmp_path / "ddp"
@@ -79,9 +89,11 @@ def test_ddp_two_processes_equal_one_process(tmp_path):
     assert {"head.weight", "blocks.0.attn.pos.table_h", "blocks.0.attn.qkv.weight"} <= changed, "nothing trained"
 
 
-def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(tmp_path):
-    # dropout (torch RNG) and mixup (numpy RNG) make the RNG state part of what must be restored
-    common = [*SMALL, "data.batch_size=32", "data.drop_last=true", "trainer.max_epochs=2"]
+@pytest.mark.parametrize("loader", list(LOADERS))
+def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(tmp_path, loader):
+    # dropout (torch RNG) and mixup (numpy RNG) make the RNG state part of what must be restored; the
+    # memory loader's augmentation must come back from (seed, epoch)
+    common = [*SMALL, *LOADERS[loader], "data.batch_size=32", "data.drop_last=true", "trainer.max_epochs=2"]
     common += ["trainer.limit_train_batches=6", "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
     common += ["callbacks.last_checkpoint.every_n_train_steps=4", "logger=none", "progress_bar=none"]
     common += ["+model.proj_drop_rate=0.1", "module/mixup=default", "module.mixup.mixup_alpha=0.5"]

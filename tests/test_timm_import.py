@@ -30,6 +30,8 @@ SOURCES = {
     ),
     "vit_small_patch16_rope_mixed_224": (SMALL_VIT, "rope2d_mixed", None),
     "vit_small_patch16_rope_224": (SMALL_VIT, "rope2d_axial", None),
+    "vit_small_patch16_dinov3": ({**SMALL_VIT, "global_pool": "token"}, "rope2d_axial", None),
+    "vit_small_patch16_dinov3_qkvb": (SMALL_VIT, "rope2d_axial", None),  # avg pooling, EVA's q / v biases
 }
 
 
@@ -52,10 +54,34 @@ def test_same_function(name):
     m = vitrel.from_timm(t)
     _, pos, abs_pos = SOURCES[name]
     assert m.vitrel_cfg["pos"] == pos or m.vitrel_cfg["pos"]["name"] == pos
+    if "dinov3" in name:
+        assert m.vitrel_cfg["pos"]["coords"] == "normalized" and m.vitrel_cfg["reg_tokens"] == 4
     assert m.vitrel_cfg["abs_pos"] == abs_pos
     assert not m.training and next(m.parameters()).dtype == torch.float64
     with torch.no_grad():
         torch.testing.assert_close(m(_x()), t(_x()), rtol=1e-8, atol=1e-8)
+
+
+def test_dinov3_same_function_at_another_size_and_the_channel_order_matters():
+    """DINOv3's normalised coordinates interpolate: equal at 96 px too (timm's dynamic size). Its RoPE
+    lays channels out rotate-half, rows first: without the q/k channel permutation the function differs."""
+    from vitrel.models import timm_import
+
+    t = _timm("vit_small_patch16_dinov3")
+    m = vitrel.from_timm(t)
+    x = torch.randn(2, 3, 96, 96, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), t(x), rtol=1e-8, atol=1e-8)
+    assert timm_import.rope_channel_order(t) is not None
+    assert timm_import.rope_channel_order(_timm("vit_small_patch16_rope_224")) is None  # timm's axial: same layout
+    orig = timm_import.rope_channel_order
+    try:
+        timm_import.rope_channel_order = lambda _t: None
+        wrong = vitrel.from_timm(t)
+    finally:
+        timm_import.rope_channel_order = orig
+    with torch.no_grad():
+        assert (wrong(x) - t(x)).abs().max() > 1e-3
 
 
 @pytest.mark.parametrize("fmt", ["safetensors", "pth", "bin", "hf_folder"])

@@ -13,6 +13,9 @@ and every tensor that fits is carried over. Supported sources:
   that are a multiple of the window; vitrel masks the padding timm attends to otherwise).
 * timm ``Eva`` RoPE ViTs (``vit_*_patch16_rope_224`` = axial, ``..._rope_mixed_224``) ->
   ``rope2d_axial`` / ``rope2d_mixed`` (same function).
+* timm DINOv3 (``vit_*_patch16_dinov3*``: normalised coordinates, register tokens, layer scale) ->
+  ``rope2d_axial`` with ``coords="normalized"`` (same function); timm's rotate-half / rows-first
+  RoPE layout becomes vitrel's by permuting q and k channels alike (:func:`rope_channel_order`).
 
 With any other target scheme the position parts are freshly initialised and everything else is
 carried. A transfer report (carried, converted, newly initialised, dropped) is logged and returned by
@@ -133,7 +136,7 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         mlp_ratio=blk.mlp.fc1.out_features / embed_dim,
         qkv_bias=attn.qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
         class_token=getattr(t, "cls_token", None) is not None,
-        reg_tokens=int(getattr(t, "num_reg_tokens", 0) or 0),
+        reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,
         init_values=1e-5 if has_ls else None,
         fc_norm=not isinstance(fc_norm, nn.Identity),
         norm_eps=float(blk.norm1.eps),
@@ -177,7 +180,21 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         mixed = bool(getattr(t, "rope_mixed", False))
         native: dict[str, Any] | str
         if mixed:
+            _refuse(rope.grid_indexing != "xy", "RoPE-Mixed with 'ij' coordinates", t)
             native = {"name": "rope2d_mixed", "base": float(rope.temperature)}
+        elif type(rope).__name__ == "RotaryEmbeddingDinoV3":
+            ok = (
+                rope.temperature is not None
+                and rope.min_period is None
+                and rope.normalize_coords == "separate"
+                and not rope.grid_offset
+            )
+            aug = {"shift": rope.shift_coords, "jitter": rope.jitter_coords, "rescale": rope.rescale_coords}
+            native = (
+                {"name": "rope2d_axial", "base": float(rope.temperature), "coords": "normalized", **aug}
+                if ok
+                else "__none__"
+            )
         else:
             ok = (
                 type(rope).__name__ == "RotaryEmbeddingCat"
@@ -185,12 +202,45 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
                 and not rope.linear_bands
                 and rope.ref_feat_shape is None
                 and not rope.grid_offset
-                and rope.grid_indexing == "xy"
-                and not rope.rotate_half
             )
             native = {"name": "rope2d_axial", "base": float(rope.temperature)} if ok else "__none__"
         return _vit_arch(args), args, native
     return _vit_arch(args), args, "__ape__"
+
+
+def rope_channel_order(t: nn.Module) -> Tensor | None:
+    """For a timm RoPE ViT, the channel of timm's head dimension behind each of vitrel's (None: the same).
+
+    vitrel rotates interleaved pairs ``(2u, 2u+1)``, the column angles first (``u < d/4``), then the
+    rows; timm lays its angles out by ``grid_indexing`` ('ij': rows first, 'xy': columns first) and
+    rotates pairs ``(t, t + d/2)`` when ``rotate_half``, else ``(2t, 2t+1)``. Permuting the channels
+    of q and k alike (per head) leaves every ``q . k`` unchanged, so the permuted weights compute the
+    same function under vitrel's layout.
+    """
+    rope = getattr(t, "rope", None)
+    if rope is None or getattr(t, "rope_mixed", False):
+        return None
+    d = t.blocks[0].attn.head_dim
+    q = d // 4
+    rows_first = rope.grid_indexing == "ij"
+    order = []
+    for u in range(d // 2):
+        col, f = u < q, u % q
+        pair = (q if (col and rows_first) or (not col and not rows_first) else 0) + f
+        order += [pair, pair + d // 2] if rope.rotate_half else [2 * pair, 2 * pair + 1]
+    order_t = torch.tensor(order)
+    return None if torch.equal(order_t, torch.arange(d)) else order_t
+
+
+def _permute_qk(w: Tensor, order: Tensor, heads: int) -> Tensor:
+    """``qkv`` weight or bias ``[3 C, ...]``: q and k channels reordered per head, v unchanged."""
+    d = order.numel()
+    idx = torch.arange(w.shape[0])
+    for part in (0, 1):
+        for h in range(heads):
+            base = part * heads * d + h * d
+            idx[base : base + d] = base + order
+    return w[idx]
 
 
 def _vit_arch(args: dict[str, Any]) -> str:
@@ -217,7 +267,10 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         src.pop(theirs_key, None)
 
     has_ape = getattr(ours, "abs_pos", None) is not None and ours.abs_pos.name == "ape"
+    order = rope_channel_order(t) if fam == "eva" else None
     for k in list(src):
+        if k not in src:  # taken with another tensor (EVA's v_bias with its q_bias)
+            continue
         v = src[k]
         if k.endswith(("relative_position_index", "attn_mask", "rel_pos.relative_position_index")):
             rep.dropped[k] = "index / mask buffer (vitrel computes it for any grid)"
@@ -258,6 +311,19 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             continue
         if fam == "eva":
             key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
+            if key.endswith(".attn.q_bias"):  # EVA's separate q / v biases (k's is a zero buffer): one qkv bias
+                blk = key[: -len(".attn.q_bias")]
+                k_bias = t.get_submodule(blk + ".attn").k_bias
+                v = torch.cat((v, k_bias.to(v), src.pop(blk + ".attn.v_bias")))
+                if order is not None:
+                    v = _permute_qk(v, order, t.blocks[0].attn.num_heads)
+                out[blk + ".attn.qkv.bias"] = v
+                rep.converted[blk + ".attn.qkv.bias"] = f"cat({k}, k_bias, {blk}.attn.v_bias)"
+                src.pop(k)
+                continue
+            if order is not None and key.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
+                put(key, k, _permute_qk(v, order, t.blocks[0].attn.num_heads))  # timm's RoPE layout -> ours
+                continue
             if key == "rope.freqs":
                 if all(f"blocks.{i}.attn.pos.freqs" in own for i in range(len(t.blocks))) and v.shape[1] == len(
                     t.blocks

@@ -282,13 +282,13 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                 put("abs_pos.pos_embed", k, v[:, npt:])
                 if npt:
                     # timm adds pos_embed's prefix slots to the prefix tokens: fold them in (same function)
-                    if t.cls_token is not None:
-                        out["cls_token"] = src.pop("cls_token", out.get("cls_token")) + v[:, :1]
-                        rep.converted["cls_token"] = "cls_token + pos_embed[:, :1]"
-                    if getattr(t, "reg_token", None) is not None:
-                        nc = 1 if t.cls_token is not None else 0
-                        out["reg_token"] = src.pop("reg_token", out.get("reg_token")) + v[:, nc:npt]
-                        rep.converted["reg_token"] = "reg_token + pos_embed[:, prefix slots]"
+                    nc = 1 if t.cls_token is not None else 0
+                    for name, slots in (("cls_token", slice(0, nc)), ("reg_token", slice(nc, npt))):
+                        if getattr(t, name, None) is not None:
+                            out[name] = src.pop(name, out.get(name)) + v[:, slots]
+                            rep.converted[name] = f"{name} + pos_embed[:, {slots.start}:{slots.stop}]"
+                            if name in rep.carried:
+                                rep.carried.remove(name)
             else:
                 rep.dropped[k] = "absolute embedding (the target uses a relative scheme; abs_pos='ape' keeps it)"
                 src.pop(k)

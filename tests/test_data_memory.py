@@ -338,3 +338,15 @@ def test_array_data_module(tmp_path):
     assert x.shape == (8, 3, 12, 12) and y.max() < 4
     with pytest.raises(ValueError, match="either path"):
         ArrayDataModule(train=train)
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF.parent / "experiment").glob("*.yaml")))
+def test_every_experiment_builds_its_data_module(tmp_path, experiment):
+    """Recipes that ask for timm's per-sample augmentation (augment_kwargs) run on the workers loader."""
+    from tests.train_helpers import compose
+
+    cfg = compose(tmp_path, [f"experiment={experiment}", f"data.root={tmp_path}"])
+    dm = instantiate(cfg.data)
+    assert dm.loader in ("memory", "workers")
+    if cfg.data.get("augment_kwargs"):
+        assert dm.loader == "workers"

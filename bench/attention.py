@@ -2,6 +2,7 @@
 
     python bench/attention.py                     # CPU here: N = 64, 196, 1024 tokens
     python bench/attention.py --device cuda --dtype bf16 --out bench/results/attention_h100.md
+    python bench/attention.py --schemes lookhere lookhere:fov=45 rope2d_mixed:basis=cayley   # scheme options
 
 One vitrel ``Attention`` layer (ViT-S: dim 384, 6 heads of 64) per scheme, on a square grid of N
 patches, batch chosen so batch * N is constant. Schemes are timed in alternation, round after
@@ -25,10 +26,22 @@ from vitrel.bench import alternate, peak_bytes, saved_bytes
 from vitrel.pos import list_pos
 
 
+def scheme_spec(text: str) -> str | dict:
+    """``name`` or ``name:key=value,key=value`` (values parsed as YAML: numbers, null, lists)."""
+    if ":" not in text:
+        return text
+    import yaml
+
+    name, opts = text.split(":", 1)
+    return {"name": name, **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.split(","))}}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, nargs="+", default=[64, 196, 1024])
-    ap.add_argument("--schemes", nargs="+", default=None, help="default: every relative scheme")
+    ap.add_argument(
+        "--schemes", nargs="+", default=None, help="default: every relative scheme; name[:key=value,...] for options"
+    )
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--heads", type=int, default=6)
     ap.add_argument("--tokens-per-batch", type=int, default=4096, help="batch = this // N (at least 1)")
@@ -54,7 +67,7 @@ def main() -> None:
             raise SystemExit(f"--tokens must be square numbers, got {n}")
         grid = (side, side)
         b = max(1, args.tokens_per_batch // n)
-        layers = {s: Attention(args.dim, args.heads, pos=s, grid=grid).to(dev, dtype) for s in schemes}
+        layers = {s: Attention(args.dim, args.heads, pos=scheme_spec(s), grid=grid).to(dev, dtype) for s in schemes}
         x = torch.randn(b, n, args.dim, device=dev, dtype=dtype, requires_grad=True)
 
         def step(s, layers=layers, x=x, grid=grid):

@@ -20,26 +20,29 @@ from vitrel.pos import Grid, build_pos
 INF = float("-inf")
 
 
+# each set's four views, as (half, wedge) conditions that must all hold
+SETS = {
+    "halves": [("up",), ("down",), ("left",), ("right",)],
+    "quadrants": [("up", "left"), ("up", "right"), ("down", "left"), ("down", "right")],
+    "triangles": [("w_up",), ("w_down",), ("w_left",), ("w_right",)],
+    "eighths": [("w_up", "left"), ("w_down", "left"), ("w_left", "up"), ("w_right", "up")],
+}
+
+
 def _in_view(view: str, dh: int, dw: int) -> bool:
-    """The definitions, one by one (query minus key offsets)."""
-    half = {"up": dh >= 0, "down": dh <= 0, "left": dw >= 0, "right": dw <= 0}
-    wedge = {"up": dh >= abs(dw), "down": -dh >= abs(dw), "left": dw >= abs(dh), "right": -dw >= abs(dh)}
-    return {
-        "halves": lambda h: [half["up"], half["down"], half["left"], half["right"]][h],
-        "quadrants": lambda h: [
-            half["up"] and half["left"],
-            half["up"] and half["right"],
-            half["down"] and half["left"],
-            half["down"] and half["right"],
-        ][h],
-        "triangles": lambda h: [wedge["up"], wedge["down"], wedge["left"], wedge["right"]][h],
-        "eighths": lambda h: [
-            wedge["up"] and half["left"],
-            wedge["down"] and half["left"],
-            wedge["left"] and half["up"],
-            wedge["right"] and half["up"],
-        ][h],
-    }[view]
+    """The definitions, one by one (query minus key offsets): ``view`` is ``(set, head % 4)``."""
+    cond = {
+        "up": dh >= 0,
+        "down": dh <= 0,
+        "left": dw >= 0,
+        "right": dw <= 0,
+        "w_up": dh >= abs(dw),
+        "w_down": -dh >= abs(dw),
+        "w_left": dw >= abs(dh),
+        "w_right": -dw >= abs(dh),
+    }
+    name, direction = view
+    return all(cond[c] for c in SETS[name][direction])
 
 
 def naive_bias(directions, heads, grid, prefix, g=1.0, ls=(1.5, 0.5), layer=None):
@@ -52,7 +55,7 @@ def naive_bias(directions, heads, grid, prefix, g=1.0, ls=(1.5, 0.5), layer=None
         for i in range(h_ * w_):
             for j in range(h_ * w_):
                 dh, dw = i // w_ - j // w_, i % w_ - j % w_
-                ok = _in_view(directions, dh, dw)(h % 4)
+                ok = _in_view((directions, h % 4), dh, dw)
                 out[h, prefix + i, prefix + j] = -g * s_l * m_h * math.hypot(dh, dw) if ok else INF
     return out
 

@@ -99,26 +99,14 @@ def test_fov_picks_the_sets_and_prefix_tokens_are_unrestricted():
 
 def test_per_layer_slopes_in_a_model():
     """The blocks of a model get the linear schedule; a scheme shared by all blocks takes the first slope."""
-    m = vitrel.create_model(
-        "vitrel_vit_tiny_patch4_32",
-        pos={"name": "lookhere", "layer_slopes": [2.0, 0.5]},
-        embed_dim=32,
-        depth=4,
-        num_heads=4,
-    )
+    kw = dict(pos={"name": "lookhere", "layer_slopes": [2.0, 0.5]}, embed_dim=32, depth=4, num_heads=4)
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", **kw)
     assert [b.attn.pos.slope for b in m.blocks] == [2.0, 1.5, 1.0, 0.5]
     for i, blk in enumerate(m.blocks):
         want = naive_bias("halves", 4, (8, 8), 1, ls=(2.0, 0.5), layer=(i, 4))
         got = blk.attn.pos.bias(Grid(8, 8), 1)
         torch.testing.assert_close(got[~torch.isinf(want)], want[~torch.isinf(want)])
-    shared = vitrel.create_model(
-        "vitrel_vit_tiny_patch4_32",
-        pos={"name": "lookhere", "layer_slopes": [2.0, 0.5]},
-        embed_dim=32,
-        depth=4,
-        num_heads=4,
-        pos_share=True,
-    )
+    shared = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos_share=True, **kw)
     assert shared.rel_pos.slope == 2.0
     x = torch.randn(2, 3, 32, 32)
     assert torch.isfinite(m(x)).all() and torch.isfinite(shared(x)).all()

@@ -16,6 +16,7 @@ block (``blk(x, grid, pos_state=state)``).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "plain_pos_spec",
     "split_pos",
     "build_abs_pos",
+    "constructor_config",
     "scheme_no_weight_decay",
     "init_weights_",
 ]
@@ -112,6 +114,14 @@ def build_abs_pos(
         num_prefix_tokens=num_prefix_tokens,
         embed_dim=embed_dim,
     )
+
+
+def constructor_config(cls: type, args: Mapping[str, Any], **normalised: Any) -> dict[str, Any]:
+    """What rebuilds a model: its constructor arguments taken from ``args`` (the constructor's
+    ``locals()``), ``normalised`` replacing some by their JSON-able forms. Placement arguments
+    (``device``, ``dtype``) are not part of the configuration."""
+    names = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "device", "dtype")]
+    return {n: normalised[n] if n in normalised else args[n] for n in names}
 
 
 def scheme_no_weight_decay(model: nn.Module) -> set[str]:

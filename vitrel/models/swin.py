@@ -42,6 +42,7 @@ from vitrel.models.blocks import (
     PatchEmbed,
     PosSpec,
     build_abs_pos,
+    constructor_config,
     init_weights_,
     plain_pos_spec,
     scheme_no_weight_decay,
@@ -364,27 +365,8 @@ class SwinTransformer(nn.Module):
             raise ValueError(f"depths {depths} and num_heads {num_heads} must be non-empty and of equal length")
         pos, abs_pos = plain_pos_spec(pos), plain_pos_spec(abs_pos)
         img_size, window = to_2tuple(img_size), to_2tuple(window_size)
-        self.vitrel_cfg: dict[str, Any] = dict(
-            img_size=list(img_size),
-            patch_size=patch_size,
-            in_chans=in_chans,
-            num_classes=num_classes,
-            global_pool=global_pool,
-            embed_dim=embed_dim,
-            depths=depths,
-            num_heads=num_heads,
-            window_size=list(window),
-            mlp_ratio=mlp_ratio,
-            qkv_bias=qkv_bias,
-            pos=pos,
-            abs_pos=abs_pos,
-            pos_share=pos_share,
-            drop_rate=drop_rate,
-            pos_drop_rate=pos_drop_rate,
-            proj_drop_rate=proj_drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate,
-            norm_eps=norm_eps,
+        self.vitrel_cfg = constructor_config(
+            SwinTransformer, locals(), img_size=list(img_size), window_size=list(window)
         )
         rel, absolute = split_pos(pos, abs_pos)
         n_stages = len(depths)

@@ -30,6 +30,7 @@ from vitrel.models.blocks import (
     PatchEmbed,
     PosSpec,
     build_abs_pos,
+    constructor_config,
     init_weights_,
     plain_pos_spec,
     scheme_no_weight_decay,
@@ -96,31 +97,7 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
         pos, abs_pos = plain_pos_spec(pos), plain_pos_spec(abs_pos)
         img_size = to_2tuple(img_size)
-        self.vitrel_cfg: dict[str, Any] = dict(
-            img_size=list(img_size),
-            patch_size=patch_size,
-            in_chans=in_chans,
-            num_classes=num_classes,
-            global_pool=global_pool,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-            mlp_ratio=mlp_ratio,
-            qkv_bias=qkv_bias,
-            class_token=class_token,
-            reg_tokens=reg_tokens,
-            init_values=init_values,
-            fc_norm=fc_norm,
-            pos=pos,
-            abs_pos=abs_pos,
-            pos_share=pos_share,
-            drop_rate=drop_rate,
-            pos_drop_rate=pos_drop_rate,
-            proj_drop_rate=proj_drop_rate,
-            attn_drop_rate=attn_drop_rate,
-            drop_path_rate=drop_path_rate,
-            norm_eps=norm_eps,
-        )
+        self.vitrel_cfg = constructor_config(VisionTransformer, locals(), img_size=list(img_size))
         rel, absolute = split_pos(pos, abs_pos)
         self.num_classes = num_classes
         self.global_pool = global_pool

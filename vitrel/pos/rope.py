@@ -54,6 +54,7 @@ recomputes them from its learned frequencies.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -427,16 +428,10 @@ class Rope2dMixed(_Rope2dOptions):
         with torch.no_grad():
             self.freqs.copy_(init_mixed_freqs(self.num_heads, self.head_dim, self.base, self.rotate_init))
 
-    def cos_sin(
-        self,
-        grid: Grid,
-        num_prefix_tokens: int = 0,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-    ) -> tuple[Tensor, Tensor]:
+    def cos_sin(self, grid: Grid, num_prefix_tokens: int = 0, *_: Any) -> tuple[Tensor, Tensor]:
         """``cos/sin`` of ``[heads, P + H*W, d/2]`` (prefix rows ``cos = 1, sin = 0``), on the
-        frequencies' device, in at least float32 (``device`` / ``dtype`` are not used: the
-        frequencies decide)."""
+        frequencies' device, in at least float32 (the device / dtype arguments of the protocol are
+        not used: the frequencies decide)."""
         work = torch.promote_types(self.freqs.dtype, torch.float32)
         rc = self.patch_rc(grid, self.freqs.device, work)
         theta = F.pad(rope2d_mixed_angles(self.freqs, grid, rc), (0, 0, num_prefix_tokens, 0))

@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, as_grid, check_tokens, register_pos
-from vitrel.pos.cache import TensorCache
+from vitrel.pos.base import Grid, PositionScheme, as_grid, check_tokens, patch_coords, register_pos
+from vitrel.pos.cache import GridBuffers, TensorCache, concrete_grid
 from vitrel.pos.tables import warn_once
 
 __all__ = ["Ape", "Sincos2d", "add_patch_embed", "resample_pos_embed", "sincos2d_embed", "infer_grid"]
@@ -55,8 +55,8 @@ def resample_pos_embed(pe: Tensor, old_grid: Grid, new_grid: Grid) -> Tensor:
     old_grid, new_grid = as_grid(old_grid), as_grid(new_grid)
     if pe.dim() != 3 or pe.shape[1] != old_grid.n:
         raise ValueError(f"pos_embed {tuple(pe.shape)} does not match grid {tuple(old_grid)} ([1, {old_grid.n}, C])")
-    if old_grid == new_grid:
-        return pe
+    if isinstance(new_grid.h, int) and isinstance(new_grid.w, int) and old_grid == new_grid:
+        return pe  # (with symbolic sizes the resampling always runs: at the same size it is the identity)
     c = pe.shape[-1]
     work = torch.float64 if pe.dtype == torch.float64 else torch.float32
     img = pe.to(work).reshape(pe.shape[0], old_grid.h, old_grid.w, c).permute(0, 3, 1, 2)
@@ -93,8 +93,9 @@ def sincos2d_embed(
         raise ValueError(f"sincos2d needs embed_dim divisible by 4, got embed_dim={embed_dim}")
     q = embed_dim // 4
     omega = temperature ** (-torch.arange(q, dtype=dtype) / q)
-    r = torch.arange(grid.h, dtype=dtype).repeat_interleave(grid.w)[:, None] * omega
-    c = torch.arange(grid.w, dtype=dtype).repeat(grid.h)[:, None] * omega
+    rows, cols = patch_coords(grid)
+    r = rows.to(dtype)[:, None] * omega
+    c = cols.to(dtype)[:, None] * omega
     return torch.cat((r.sin(), r.cos(), c.sin(), c.cos()), dim=-1)[None]
 
 
@@ -152,7 +153,7 @@ class Ape(PositionScheme):
 
 
 @register_pos("sincos2d")
-class Sincos2d(PositionScheme):
+class Sincos2d(GridBuffers, PositionScheme):
     """Fixed 2-D sin-cos embedding (rows in the first half of the channels, columns in the second)."""
 
     kind = "absolute"
@@ -165,7 +166,14 @@ class Sincos2d(PositionScheme):
         if not temperature > 0:
             raise ValueError(f"sincos2d needs temperature > 0, got {temperature}")
         self.temperature = float(temperature)
-        self._pe_cache = TensorCache()
+        self._pe_cache = TensorCache()  # for explicit embed() calls; the forward pass uses built_embed or computes
+        self.init_non_persistent_buffers()
+
+    def _init_buffers(self) -> None:
+        """``built_embed``: the embedding of the built grid (float32 unless the module was converted)."""
+        like = self._like("built_embed") or {"dtype": torch.float32}
+        pe = sincos2d_embed(self.grid, self.embed_dim, self.temperature).to(**like)
+        self.register_buffer("built_embed", pe, persistent=False)
 
     def embed(self, grid: Grid, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
         """``[1, H*W, C]`` for ``grid``, reused per (grid, device, dtype); computed in float64 then cast."""
@@ -176,7 +184,12 @@ class Sincos2d(PositionScheme):
         )
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return add_patch_embed(x, self.embed(grid, x.device, x.dtype), grid, num_prefix_tokens)
+        pe = self.built_embed
+        if not (
+            concrete_grid(grid) and tuple(grid) == tuple(self.grid) and pe.dtype == x.dtype and pe.device == x.device
+        ):
+            pe = sincos2d_embed(grid, self.embed_dim, self.temperature).to(device=x.device, dtype=x.dtype)
+        return add_patch_embed(x, pe, grid, num_prefix_tokens)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, embed_dim={self.embed_dim}, temperature={self.temperature}"

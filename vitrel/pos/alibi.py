@@ -13,7 +13,8 @@ No parameters; extends to any distance by definition. Slopes (``slopes=``):
     alibi1d:  A_ij = q_i . k_j / sqrt(d) - m_h * |d_ij|,                   d_ij = p_i - p_j, p = row * W + col
     alibi2d:  A_ij = q_i . k_j / sqrt(d) - m_h * sqrt(dh_ij^2 + dw_ij^2)   (Euclidean grid distance)
 
-The bias depends on the grid alone, so eager forwards reuse it (:class:`~vitrel.pos.cache.TensorCache`).
+The bias depends on the grid alone: the built grid's is a non-persistent buffer
+(:class:`~vitrel.pos.cache.GridBuffers`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 from torch import Tensor
 
 from vitrel.pos.base import Grid, PositionScheme, geometric_slopes, pad_prefix, register_pos, rel_offsets
-from vitrel.pos.cache import TensorCache
+from vitrel.pos.cache import GridBuffers
 
 __all__ = ["Alibi1d", "Alibi2d", "reference_slopes"]
 
@@ -46,7 +47,7 @@ def reference_slopes(num_heads: int, max_exponent: float = 8.0) -> Tensor:
     return torch.tensor(slopes(num_heads), dtype=torch.float64)
 
 
-class _AlibiBase(PositionScheme):
+class _AlibiBase(GridBuffers, PositionScheme):
     family = "fixed bias"
     has_bias = True
 
@@ -55,9 +56,15 @@ class _AlibiBase(PositionScheme):
         rules = {"reference": reference_slopes, "geometric": geometric_slopes}
         if slopes not in rules:
             raise ValueError(f"{self.name}: slopes must be 'reference' or 'geometric', got {slopes!r}")
-        self.slope_rule = slopes
-        self.register_buffer("slopes", rules[slopes](self.num_heads, max_exponent), persistent=False)
-        self._bias_cache = TensorCache()
+        self.slope_rule, self.max_exponent = slopes, float(max_exponent)
+        self.init_non_persistent_buffers()
+
+    def _init_buffers(self) -> None:
+        """``slopes`` and ``built_bias`` (the bias of the built grid), as non-persistent buffers."""
+        rule = {"reference": reference_slopes, "geometric": geometric_slopes}[self.slope_rule]
+        slopes = rule(self.num_heads, self.max_exponent).to(**self._like("slopes"))
+        self.register_buffer("slopes", slopes, persistent=False)
+        self.register_buffer("built_bias", self._bias(self.grid, self.num_prefix_tokens), persistent=False)
 
     @classmethod
     def legacy_options(cls, options: dict[str, Any]) -> dict[str, Any]:
@@ -71,8 +78,9 @@ class _AlibiBase(PositionScheme):
         raise NotImplementedError
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        key = (tuple(grid), num_prefix_tokens, self.slopes.device, self.slopes.dtype)
-        return self._bias_cache.get(key, lambda: self._bias(grid, num_prefix_tokens), self.slopes)
+        if self.at_built_grid(grid, num_prefix_tokens):
+            return self.built_bias
+        return self._bias(grid, num_prefix_tokens)
 
     def _bias(self, grid: Grid, num_prefix_tokens: int) -> Tensor:
         return pad_prefix(-self.slopes[:, None, None] * self.distance(grid)[None], num_prefix_tokens)
@@ -81,6 +89,8 @@ class _AlibiBase(PositionScheme):
 @register_pos("alibi1d")
 class Alibi1d(_AlibiBase):
     """ALiBi on the raster-order index of the patches."""
+
+    depends_on_extent = True
 
     def distance(self, grid: Grid) -> Tensor:
         p = torch.arange(grid.n, device=self.slopes.device, dtype=self.slopes.dtype)

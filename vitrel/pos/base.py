@@ -198,6 +198,9 @@ class PositionScheme(nn.Module):
     has_content_terms: ClassVar[bool] = False
     #: takes ``causal=`` (a causal ``Attention`` passes ``causal=True``)
     causal_aware: ClassVar[bool] = False
+    #: the terms between two patches depend on the grid's extent, not only on their offsets (or, for
+    #: RoPE, their row and column): raster-order 1-D schemes (``p = row * W + col``), normalised coordinates
+    depends_on_extent: ClassVar[bool] = False
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -285,6 +288,8 @@ class PositionScheme(nn.Module):
         """
         b = state.bias if state is not None else self.bias(grid, num_prefix_tokens)
         m = merge_masks(b, mask, q.dtype)
+        if m is not None and not isinstance(q.shape[0], int):  # symbolic batch (torch.export): SDPA's
+            m = m.expand(q.shape[0], *m.shape[1:])  # broadcast of a batch-1 mask would assume B != 1
         if self.has_content_terms:
             return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)
@@ -376,9 +381,9 @@ def attend_eager(
 # ---------------------------------------------------------------------------- shared helpers
 def patch_coords(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     """Row and column index of each patch token in raster order, each ``[H*W]`` (long)."""
-    r = torch.arange(grid.h, device=device).repeat_interleave(grid.w)
-    c = torch.arange(grid.w, device=device).repeat(grid.h)
-    return r, c
+    p = torch.arange(grid.h * grid.w, device=device)  # (division, not repeat: exports at any symbolic size)
+    r = p // grid.w
+    return r, p - r * grid.w
 
 
 def rel_offsets(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:

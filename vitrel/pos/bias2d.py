@@ -20,17 +20,21 @@ from torch import Tensor, nn
 from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
 from vitrel.pos.tables import ResizeOnLoad, offset_index
 
-__all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "factored_bias"]
+__all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
 
 
 def full_bias(table: Tensor, grid: Grid) -> Tensor:
     """``[2Ht-1, 2Wt-1, heads]`` table -> ``[heads, HW, HW]`` bias for ``grid`` (offsets clamped)."""
     th, tw, heads = table.shape
-    ih = offset_index(grid.h, (th - 1) // 2, table.device)  # [H, H]
-    iw = offset_index(grid.w, (tw - 1) // 2, table.device)  # [W, W]
+    return full_bias_flat(table.permute(2, 0, 1).reshape(heads, th * tw), th, tw, grid)
+
+
+def full_bias_flat(t: Tensor, th: int, tw: int, grid: Grid) -> Tensor:
+    """:func:`full_bias` of a table given flat, ``[heads, th * tw]`` (row-major ``[th, tw]``)."""
+    ih = offset_index(grid.h, (th - 1) // 2, t.device)  # [H, H]
+    iw = offset_index(grid.w, (tw - 1) // 2, t.device)  # [W, W]
     flat = (ih[:, None, :, None] * tw + iw[None, :, None, :]).reshape(-1)  # [(H W) (H W)]
-    t = table.permute(2, 0, 1).reshape(heads, th * tw)
-    return t.index_select(1, flat).view(heads, grid.n, grid.n)
+    return t.index_select(1, flat).view(t.shape[0], grid.n, grid.n)
 
 
 def factored_bias(table_h: Tensor, table_w: Tensor, grid: Grid) -> Tensor:

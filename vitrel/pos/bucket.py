@@ -73,6 +73,7 @@ class Rel1dBucket(_BucketBase):
     """
 
     causal_aware = True
+    depends_on_extent = True
 
     def __init__(self, *, num_buckets: int = 32, max_distance: int = 128, causal: bool = False, **kw) -> None:
         super().__init__(num_buckets=num_buckets, max_distance=max_distance, **kw)

@@ -17,19 +17,24 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
-from vitrel.pos.bias2d import full_bias
+from vitrel.pos.bias2d import full_bias_flat
 
 __all__ = ["Rel2dCpb", "cpb_coords"]
 
 
 def cpb_coords(grid: Grid, ref: Grid, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
     """Log-spaced normalised offsets ``[2H-1, 2W-1, 2]`` of ``grid``, normalised by ``ref``."""
-    dh = torch.arange(-(grid.h - 1), grid.h, dtype=dtype, device=device)
-    dw = torch.arange(-(grid.w - 1), grid.w, dtype=dtype, device=device)
-    c = torch.stack(torch.meshgrid(dh, dw, indexing="ij"), dim=-1)
-    c[..., 0] /= max(ref.h - 1, 1)
-    c[..., 1] /= max(ref.w - 1, 1)
-    c = c * 8.0
+    return _flat_coords(grid, ref, device, dtype).view(2 * grid.h - 1, 2 * grid.w - 1, 2)
+
+
+def _flat_coords(grid: Grid, ref: Grid, device: torch.device | None, dtype: torch.dtype) -> Tensor:
+    """:func:`cpb_coords` flat, ``[(2H-1) (2W-1), 2]`` row-major (built flat: no reshapes, any symbolic size)."""
+    tw = 2 * grid.w - 1
+    a = torch.arange((2 * grid.h - 1) * tw, device=device)
+    ih = a // tw
+    dh = (ih - (grid.h - 1)).to(dtype) / max(ref.h - 1, 1)
+    dw = (a - ih * tw - (grid.w - 1)).to(dtype) / max(ref.w - 1, 1)
+    c = torch.stack((dh, dw), dim=-1) * 8.0
     return torch.sign(c) * torch.log2(c.abs() + 1.0) / math.log2(8.0)
 
 
@@ -65,4 +70,6 @@ class Rel2dCpb(PositionScheme):
         return 16.0 * torch.sigmoid(self.mlp(c))
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return pad_prefix(full_bias(self.table(grid), grid), num_prefix_tokens)
+        w = self.mlp[0].weight
+        t = 16.0 * torch.sigmoid(self.mlp(_flat_coords(grid, self._ref, w.device, w.dtype)))  # [(2H-1)(2W-1), heads]
+        return pad_prefix(full_bias_flat(t.t(), 2 * grid.h - 1, 2 * grid.w - 1, grid), num_prefix_tokens)

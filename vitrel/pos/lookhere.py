@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos, rel_offsets
-from vitrel.pos.cache import TensorCache
+from vitrel.pos.cache import GridBuffers
 
 __all__ = ["LookHere", "DIRECTION_SETS", "FOV_SETS", "lookhere_views"]
 
@@ -79,7 +79,7 @@ def lookhere_views(grid: Grid, directions: str, num_heads: int, device: torch.de
 
 
 @register_pos("lookhere")
-class LookHere(PositionScheme):
+class LookHere(GridBuffers, PositionScheme):
     """LookHere's directional views and distance penalties (see the module docstring).
 
     Args:
@@ -118,9 +118,13 @@ class LookHere(PositionScheme):
         self.fov, self.directions = fov, directions
         self.global_slope, self.layer_slopes = float(global_slope), tuple(ls)
         self.slope = self.global_slope * self.layer_slope()
+        self.init_non_persistent_buffers()
+
+    def _init_buffers(self) -> None:
+        """``head_slopes`` and ``built_bias`` (the bias of the built grid), as non-persistent buffers."""
         head = torch.tensor([2.0 ** -(h // 4 + 1) for h in range(self.num_heads)], dtype=torch.float64)
-        self.register_buffer("head_slopes", head, persistent=False)
-        self._bias_cache = TensorCache()
+        self.register_buffer("head_slopes", head.to(**self._like("head_slopes")), persistent=False)
+        self.register_buffer("built_bias", self._bias(self.grid, self.num_prefix_tokens), persistent=False)
 
     def layer_slope(self) -> float:
         """``s_l``: linear from ``layer_slopes[0]`` to ``[1]`` over the blocks (``torch.linspace``'s points)."""
@@ -135,8 +139,9 @@ class LookHere(PositionScheme):
         return lookhere_views(grid, self.directions, self.num_heads, self.head_slopes.device)
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        key = (tuple(grid), num_prefix_tokens, self.head_slopes.device, self.head_slopes.dtype)
-        return self._bias_cache.get(key, lambda: self._bias(grid, num_prefix_tokens), self.head_slopes)
+        if self.at_built_grid(grid, num_prefix_tokens):
+            return self.built_bias
+        return self._bias(grid, num_prefix_tokens)
 
     def _bias(self, grid: Grid, num_prefix_tokens: int) -> Tensor:
         dh, dw = rel_offsets(grid, self.head_slopes.device)

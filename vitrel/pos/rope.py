@@ -46,9 +46,9 @@ Options of the 2-D schemes (``rope2d_axial``, ``rope2d_mixed``):
 Prefix (class/register) tokens get ``theta = 0``: they are left exactly unrotated (as in RoPE-ViT),
 so a prefix<->patch logit sees the patch's absolute rotation; patch<->patch logits are purely
 relative. Every scheme runs on any grid. ``prepare`` computes ``cos/sin`` once per
-forward (a model whose blocks share the scheme hands them to every block); the fixed schemes also
-reuse them across eager forwards (:class:`~vitrel.pos.cache.TensorCache`), the mixed scheme
-recomputes them from its learned frequencies.
+forward (a model whose blocks share the scheme hands them to every block); the fixed schemes keep
+those of the grid they are built for as non-persistent buffers (:class:`~vitrel.pos.cache.GridBuffers`),
+the mixed scheme recomputes them from its learned frequencies.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, check_tokens, patch_coords, register_pos
-from vitrel.pos.cache import TensorCache
+from vitrel.pos.cache import GridBuffers, TensorCache
 
 __all__ = [
     "Rope1d",
@@ -261,11 +261,17 @@ class _Rope(PositionScheme):
         """STRING's change of basis ``[heads, d, d]``, or None (plain RoPE)."""
         return None
 
+    def rotation_table(
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        """``(cos, sin)`` for the forward pass (``cos_sin`` here)."""
+        return self.cos_sin(grid, num_prefix_tokens, device, dtype)
+
     def rotation(
         self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None
     ) -> tuple[Tensor, ...]:
         """``(cos, sin)``, or ``(cos, sin, P)`` with STRING's basis."""
-        cs = self.cos_sin(grid, num_prefix_tokens, device, dtype or torch.float32)
+        cs = self.rotation_table(grid, num_prefix_tokens, device, dtype or torch.float32)
         p = self.basis()
         return cs if p is None else (*cs, p)
 
@@ -283,8 +289,10 @@ class _Rope(PositionScheme):
         return _rotate_qk(q, k, cos.to(q.device), sin.to(q.device))
 
 
-class _FixedRope(_Rope):
-    """RoPE with fixed frequencies: ``cos/sin`` reused across eager forwards per (grid, prefix, device, dtype)."""
+class _FixedRope(GridBuffers, _Rope):
+    """RoPE with fixed frequencies: the built grid's ``cos/sin`` are non-persistent buffers (``built_cos``,
+    ``built_sin``, float32 unless the module was converted); another grid computes them. ``cos_sin``, the
+    explicit helper, memoises per (grid, prefix, device, dtype)."""
 
     _divisor: int = 2
 
@@ -296,6 +304,34 @@ class _FixedRope(_Rope):
             raise ValueError(f"{self.name} needs base > 0, got {base}")
         self.base = float(base)
         self._cs_cache = TensorCache()
+        if not isinstance(self, _Rope2dOptions):  # those make their buffers once their options are set
+            self.init_non_persistent_buffers()
+
+    def _init_buffers(self) -> None:
+        like = self._like("built_cos") or {"device": None, "dtype": torch.float32}
+        was = self.training
+        self.training = False  # the plain table (training-time coordinate augmentation is per forward)
+        try:
+            cos, sin = self._cos_sin(self.grid, self.num_prefix_tokens, like["device"], like["dtype"])
+        finally:
+            self.training = was
+        self.register_buffer("built_cos", cos, persistent=False)
+        self.register_buffer("built_sin", sin, persistent=False)
+
+    def rotation_table(
+        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
+        dtype = _table_dtype(dtype)
+        if getattr(self, "augmenting", False):  # fresh coordinates every forward
+            return self._cos_sin(grid, num_prefix_tokens, device, dtype)
+        cos = self.built_cos
+        if (
+            self.at_built_grid(grid, num_prefix_tokens)
+            and cos.dtype == dtype
+            and (device is None or cos.device == device)
+        ):
+            return cos, self.built_sin
+        return self._cos_sin(grid, num_prefix_tokens, device, dtype)
 
     def angles(self, grid: Grid) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -351,6 +387,12 @@ class _Rope2dOptions(_Rope):
             self.string = nn.Parameter(torch.zeros(self.num_heads, self.head_dim))
         else:
             raise ValueError(f"{self.name}: basis must be 'identity', 'cayley' or 'circulant', got {basis!r}")
+        if isinstance(self, GridBuffers):
+            self.init_non_persistent_buffers()
+
+    @property
+    def depends_on_extent(self) -> bool:  # type: ignore[override]
+        return self.coords == "normalized"
 
     @property
     def augmenting(self) -> bool:
@@ -379,6 +421,7 @@ class Rope1d(_FixedRope):
     """RoPE on the raster index ``p = row * W + col``: ``theta_t = p * base^(-2t/d)``."""
 
     _divisor = 2
+    depends_on_extent = True
 
     def angles(self, grid: Grid) -> Tensor:
         return rope1d_angles(grid, self.head_dim, self.base)

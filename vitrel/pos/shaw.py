@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, PosState, check_tokens, pad_prefix, register_pos
+from vitrel.pos.base import Grid, PositionScheme, PosState, check_tokens, pad_prefix, patch_coords, register_pos
 from vitrel.pos.tables import ResizeOnLoad, offset_index, take_renamed
 
 __all__ = [
@@ -119,9 +119,9 @@ def factored_content_values(
 
 def _onehot_keys(grid: Grid, num_prefix_tokens: int, dtype: torch.dtype, device: torch.device) -> Tensor:
     """``[N, H + W]``: ``[onehot(row_j), onehot(col_j)]`` for patch keys, zeros for prefix keys."""
-    rows = torch.arange(grid.h, device=device).repeat_interleave(grid.w)
-    cols = torch.arange(grid.w, device=device).repeat(grid.h)
-    oh = torch.cat([F.one_hot(rows, grid.h), F.one_hot(cols, grid.w)], dim=-1).to(dtype)
+    rows, cols = patch_coords(grid, device)
+    ih, iw = torch.arange(grid.h, device=device), torch.arange(grid.w, device=device)
+    oh = torch.cat([rows[:, None] == ih, cols[:, None] == iw], dim=-1).to(dtype)  # one-hot, any (symbolic) size
     return _pad_rows(oh, num_prefix_tokens)
 
 

@@ -219,6 +219,7 @@ class Shaw1d(ResizeOnLoad, PositionScheme):
     family = "content"
     has_content_terms = True
     _rel_tables = {"rel_k": "1d", "rel_v": "1d"}
+    depends_on_extent = True
     no_weight_decay_keys = ("rel_k", "rel_v")
 
     def __init__(self, *, clip_distance: int | None = None, init_std: float = 0.02, **kw) -> None:

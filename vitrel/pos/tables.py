@@ -16,8 +16,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitrel.pos.cache import TensorCache
-
 __all__ = ["offset_index", "resize_rel_table", "resize_1d_table", "warn_once", "take_renamed", "ResizeOnLoad"]
 
 _WARNED: set[str] = set()
@@ -40,17 +38,10 @@ def take_renamed(kwargs: dict, old: str, new: str, value, scheme: str):
     return value if value is not None else legacy
 
 
-_INDEX = TensorCache(maxsize=64)
-
-
-def _offset_index(n: int, half: int, device: torch.device) -> Tensor:
+def offset_index(n: int, half: int, device: torch.device) -> Tensor:
+    """``[n, n]`` long index ``clamp(i - j, -half, half) + half`` into a ``2*half+1`` table."""
     d = torch.arange(n, device=device)[:, None] - torch.arange(n, device=device)[None, :]
     return d.clamp(-half, half) + half
-
-
-def offset_index(n: int, half: int, device: torch.device) -> Tensor:
-    """``[n, n]`` long index ``clamp(i - j, -half, half) + half`` into a ``2*half+1`` table (reused in eager mode)."""
-    return _INDEX.get((n, half, str(device)), lambda: _offset_index(n, half, device))
 
 
 def resize_1d_table(table: Tensor, new_len: int, mode: str = "keep") -> Tensor:

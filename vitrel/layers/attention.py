@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from vitrel.pos.base import (
@@ -54,6 +55,7 @@ def _pos_name(pos: Any) -> str | None:
     return None
 
 
+@register_notrace_module  # torch.fx records the layer as one call (its shape checks need concrete sizes)
 class Attention(nn.Module):
     """``Attention(dim, num_heads, pos=<name | config | PositionScheme | "shared">)``.
 
@@ -194,7 +196,10 @@ class Attention(nn.Module):
         m = self._mask(mask, b, n, q.dtype, q.device)
         p = self.attn_drop if self.training else 0.0
         out = st.scheme.attend(q, k, v, m, self.scale, grid, self.num_prefix_tokens, state=st, dropout_p=p)
-        out = out.transpose(1, 2).reshape(b, n, c)
+        out = out.transpose(1, 2)  # [B, N, heads, d]
+        if torch.compiler.is_exporting():  # a real copy: ONNX's decomposed attention has other output strides
+            out = out.clone(memory_format=torch.contiguous_format)
+        out = out.reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
     def logits(self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None) -> Tensor:

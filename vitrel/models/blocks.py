@@ -16,11 +16,14 @@ block (``blk(x, grid, pos_state=state)``).
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import nullcontext
 from typing import Any
 
-from timm.layers import DropPath, LayerScale, Mlp
+import torch
+from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function
 from torch import Tensor, nn
 
 from vitrel.layers.attention import Attention
@@ -35,6 +38,10 @@ __all__ = [
     "constructor_config",
     "scheme_no_weight_decay",
     "init_weights_",
+    "patch_grid",
+    "add_abs_pos",
+    "prepare_state",
+    "with_placement",
 ]
 
 PosSpec = str | Mapping[str, Any] | None
@@ -158,6 +165,26 @@ def init_weights_(model: nn.Module) -> None:
                 nn.init.zeros_(m.bias)
 
 
+def with_placement(init: Callable[..., None]) -> Callable[..., None]:
+    """Give a model's ``__init__`` timm's keyword-only ``device=`` / ``dtype=`` arguments.
+
+    The model is built under ``torch.device(device)`` (so ``device="meta"`` allocates nothing) and
+    converted to ``dtype`` at the end; neither is passed to ``init`` (so neither lands in ``vitrel_cfg``).
+    """
+
+    @functools.wraps(init)
+    def wrapper(self: nn.Module, *args: Any, device: Any = None, dtype: torch.dtype | None = None, **kwargs: Any):
+        with torch.device(device) if device is not None else nullcontext():
+            init(self, *args, **kwargs)
+        if dtype is not None:
+            self.to(dtype=dtype)
+
+    sig = inspect.signature(init)
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("device", "dtype")]
+    wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])  # type: ignore[attr-defined]
+    return wrapper
+
+
 # ---------------------------------------------------------------------------- modules
 class PatchEmbed(nn.Module):
     """Non-overlapping ``p x p`` patches -> ``C`` channels by a strided convolution.
@@ -184,20 +211,46 @@ class PatchEmbed(nn.Module):
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
 
     def grid_for(self, img_size: tuple[int, int]) -> Grid:
-        h, w = img_size
-        p = self.patch_size
-        if h % p or w % p or h < p or w < p:
-            raise ValueError(f"image size {h}x{w} is not a positive multiple of the patch size {p}")
-        return Grid(h // p, w // p)
+        return _grid_for(img_size, self.patch_size)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Grid]:
-        if x.dim() != 4 or x.shape[1] != self.proj.in_channels:
-            raise ValueError(f"expected images [B, {self.proj.in_channels}, H, W], got {tuple(x.shape)}")
-        grid = self.grid_for((x.shape[-2], x.shape[-1]))
-        x = self.proj(x).permute(0, 2, 3, 1)  # [B, H', W', C]
-        if self.flatten:
-            x = x.reshape(x.shape[0], grid.n, x.shape[-1])
+        grid = patch_grid(x, self.patch_size, self.proj.in_channels)
+        x = self.proj(x)  # [B, C, H', W']
+        x = x.flatten(2).transpose(1, 2) if self.flatten else x.permute(0, 2, 3, 1)  # [B, H' W', C] or [B, H', W', C]
         return self.norm(x), grid
+
+
+def _grid_for(img_size: tuple[int, int], p: int) -> Grid:
+    h, w = img_size
+    if h % p or w % p or h < p or w < p:
+        raise ValueError(f"image size {h}x{w} is not a positive multiple of the patch size {p}")
+    return Grid(h // p, w // p)
+
+
+# The shape logic of a forward pass lives in a few functions that torch.fx records as single calls
+# (timm's ``register_notrace_function``): the grid of an image, an absolute embedding, a scheme's
+# state. torch.export / torch.compile trace through them with symbolic sizes.
+@register_notrace_function
+def patch_grid(x: Tensor, patch_size: int, in_chans: int) -> Grid:
+    """The patch grid of images ``x [B, in_chans, H, W]`` (a clear error for another layout or size)."""
+    if x.dim() != 4 or x.shape[1] != in_chans:
+        raise ValueError(f"expected images [B, {in_chans}, H, W], got {tuple(x.shape)}")
+    return _grid_for((x.shape[-2], x.shape[-1]), patch_size)
+
+
+@register_notrace_function
+def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid, num_prefix_tokens: int) -> Tensor:
+    """``scheme.add_to_tokens`` on tokens ``[B, P + H W, C]`` or on a map ``[B, H, W, C]`` (no prefix)."""
+    if x.dim() == 4:
+        b, h, w, c = x.shape
+        return scheme.add_to_tokens(x.reshape(b, h * w, c), grid, 0).view(b, h, w, c)
+    return scheme.add_to_tokens(x, grid, num_prefix_tokens)
+
+
+@register_notrace_function
+def prepare_state(scheme: PositionScheme, grid: Grid, num_prefix_tokens: int, like: Tensor) -> PosState:
+    """``scheme.prepare`` for tokens like ``like`` (their device and dtype)."""
+    return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype)
 
 
 class Block(nn.Module):

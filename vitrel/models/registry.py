@@ -72,14 +72,24 @@ MODEL_ARGS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
 
 
 def _cfg(name: str, **kwargs: Any) -> dict[str, Any]:
-    _, args = MODEL_ARGS[name]
+    """timm's ``pretrained_cfg`` of an architecture. ``pool_size``: the final feature map a Swin pools
+    (``img / patch / 2^(stages-1)`` per side, as timm's Swin); None for the ViT (tokens, as timm's ViT).
+    ``first_conv`` / ``classifier``: the modules whose ``.weight`` timm adapts for ``in_chans`` /
+    ``num_classes``."""
+    cls, args = MODEL_ARGS[name]
     size = args.get("img_size", 224)
     small = size == 32
+    pool = None
+    if cls is SwinTransformer:
+        side = -(-size // args.get("patch_size", 4))
+        for _ in range(len(args.get("depths", (2, 2, 6, 2))) - 1):
+            side = -(-side // 2)  # patch merging pads odd sides
+        pool = (side, side)
     return {
         "url": "",
         "num_classes": args.get("num_classes", 1000),
         "input_size": (3, size, size),
-        "pool_size": None,
+        "pool_size": pool,
         "crop_pct": 1.0 if small else 0.9,
         "interpolation": "bicubic",
         "fixed_input_size": False,

@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, calculate_drop_path_rates, to_2tuple
+from timm.layers import DropPath, Mlp, calculate_drop_path_rates, register_notrace_function, to_2tuple
+from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -41,15 +42,16 @@ from vitrel.layers.attention import SHARED, Attention
 from vitrel.models.blocks import (
     PatchEmbed,
     PosSpec,
+    add_abs_pos,
     build_abs_pos,
     constructor_config,
     init_weights_,
     plain_pos_spec,
     scheme_no_weight_decay,
     split_pos,
+    with_placement,
 )
-from vitrel.pos.base import Grid, PosState, as_grid, build_pos
-from vitrel.pos.cache import TensorCache
+from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, build_pos
 
 __all__ = [
     "SwinTransformer",
@@ -89,16 +91,26 @@ def window_reverse(windows: Tensor, window: tuple[int, int], h: int, w: int) -> 
     return x.reshape(-1, h, w, c)
 
 
-def _axis_labels(n: int, n_pad: int, shift: int) -> Tensor:
+def _axis_labels(n: int, n_pad: int, shift: int | Tensor, device: torch.device | None = None) -> Tensor:
     """Label of each position ``r'`` of a padded (to ``n_pad``) then rolled (by ``-shift``) axis:
     2 for padding (image position ``(r' + shift) mod n_pad >= n``), 1 for the positions that wrapped
-    around (``r' >= n_pad - shift``), 0 otherwise."""
-    r = torch.arange(n_pad)
+    around (``r' >= n_pad - shift``), 0 otherwise. ``shift`` may be a 0-d tensor (sizes unknown at trace time)."""
+    r = torch.arange(n_pad, device=device)
     lab = (r >= n_pad - shift).long()
-    return torch.where((r + shift) % n_pad >= n, 2, lab)
+    return torch.where(_mod(r + shift, n_pad) >= n, 2, lab)
 
 
-_MASKS = TensorCache(maxsize=64)
+def _mod(x: Tensor, n: int) -> Tensor:
+    """``x mod n`` (Python's sign rule) as ``x - floor(x / n) n``: exports (ONNX too) with a symbolic ``n``."""
+    return x - (x // n) * n
+
+
+def _labels_mask(lh: Tensor, lw: Tensor, window: tuple[int, int]) -> Tensor:
+    """Additive mask ``[nW, n, n]``: ``-inf`` between two positions of a window whose labels differ."""
+    lab = (lh[:, None] * 3 + lw[None, :])[None, :, :, None]
+    lab = window_partition(lab, window)[..., 0]  # [nW, n]
+    diff = lab[:, :, None] != lab[:, None, :]
+    return torch.zeros(diff.shape, device=diff.device).masked_fill(diff, float("-inf"))
 
 
 def shifted_window_mask(
@@ -107,32 +119,95 @@ def shifted_window_mask(
     """Additive mask ``[nW, n, n]`` (0 / ``-inf``) of the windows of a map padded to multiples of
     ``window`` and then rolled by ``-shift``; None when nothing needs masking (no shift, no padding).
 
-    Windows are in :func:`window_partition` order. Reused per (grid, window, shift, device) in eager mode.
+    Windows are in :func:`window_partition` order. A block keeps the mask of the grid it is built for
+    as a buffer (``SwinBlock.attn_mask``); other grids compute it in the forward pass.
     """
-    key = (tuple(grid), tuple(window), tuple(shift), str(device))
-    return _MASKS.get(key, lambda: _shifted_window_mask(grid, window, shift, device))
-
-
-def _shifted_window_mask(
-    grid: Grid, window: tuple[int, int], shift: tuple[int, int], device: torch.device | None
-) -> Tensor | None:
     wh, ww = window
     hp, wp = -(-grid.h // wh) * wh, -(-grid.w // ww) * ww
     if not any(shift) and (hp, wp) == tuple(grid):
-        mask = None
+        return None
+    return _labels_mask(_axis_labels(grid.h, hp, shift[0], device), _axis_labels(grid.w, wp, shift[1], device), window)
+
+
+def _symbolic(x: Tensor) -> bool:
+    """The map's height or width is symbolic (``torch.export`` / ``torch.compile`` with dynamic sizes)."""
+    return not isinstance(x.shape[1], int) or not isinstance(x.shape[2], int)
+
+
+# The window logic of a forward pass: recorded by torch.fx as single calls (it branches on sizes);
+# torch.export / torch.compile trace through it. With symbolic sizes the windows take the form
+# that is the same program at every size (see ``_any_size_windows``).
+@register_notrace_function
+def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState | None) -> Tensor:
+    """``block``'s (shifted-)window attention on the normalised map ``x [B, H, W, C]`` -> ``[B, H, W, C]``."""
+    if _symbolic(x):
+        return _any_size_window_attention(block, x, pos_state)
+    b, h, w, c = x.shape
+    windows, grid, win, shift, mask = block._windows(x)
+    out = block.attn(windows, win, mask, pos_state)
+    out = window_reverse(out, win, h + (-h) % win[0], w + (-w) % win[1])
+    if any(shift):
+        out = torch.roll(out, shifts=shift, dims=(1, 2))
+    if out.shape[1] != h or out.shape[2] != w:
+        out = out[:, :h, :w]
+    return out
+
+
+def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState | None) -> Tensor:
+    """Window attention as one program for every map size (used when the sizes are symbolic).
+
+    The eager rule (the window shrinks to a grid smaller than it, no shift then; :func:`window_and_shift`)
+    is written without branching on sizes: the window is always ``M x M``, the map is padded to multiples
+    of ``M`` and the padding is masked, and the shift (``M // 2`` where the grid exceeds the window, else 0)
+    is a tensor that indexes the rows and columns instead of a ``roll``. Every token then attends to
+    exactly the tokens it attends to eagerly, with the same offsets, so every scheme whose terms depend
+    on the offsets (or, for RoPE, on the row and column) alone gives the eager result. A scheme whose
+    terms depend on the window's extent (``PositionScheme.depends_on_extent``: raster-order 1-D
+    schemes, RoPE on normalised coordinates) would not, and is refused.
+    """
+    st_scheme = pos_state.scheme if pos_state is not None else block.attn.pos
+    if st_scheme is not None and st_scheme.depends_on_extent:
+        raise NotImplementedError(
+            f"{st_scheme.name} depends on the window's extent, which Swin shrinks to a smaller grid (timm's "
+            "rule); an exported Swin with this scheme cannot serve every resolution: export with static "
+            "height and width (dynamic batch works). See docs/export.md."
+        )
+    b, h, w, c = x.shape
+    (wh, ww), dev = block.window_size, x.device
+    nh, nw = (h + wh - 1) // wh, (w + ww - 1) // ww  # windows per axis, the map padded to nh wh x nw ww
+    hp, wp = nh * wh, nw * ww
+    if block.shifted:  # M // 2 where the grid exceeds the window, else 0
+        sh = torch.where(torch.scalar_tensor(h, dtype=torch.long, device=dev) > wh, wh // 2, 0)
+        sw = torch.where(torch.scalar_tensor(w, dtype=torch.long, device=dev) > ww, ww // 2, 0)
     else:
-        lh = _axis_labels(grid.h, hp, shift[0])
-        lw = _axis_labels(grid.w, wp, shift[1])
-        lab = (lh[:, None] * 3 + lw[None, :]).view(1, hp, wp, 1).float()
-        lab = window_partition(lab, window)[..., 0]  # [nW, n]
-        diff = lab[:, :, None] != lab[:, None, :]
-        mask = torch.zeros(diff.shape).masked_fill(diff, float("-inf")).to(device)
-    return mask
+        sh = sw = torch.zeros((), dtype=torch.long, device=dev)
+    # every (window, slot) in window order [nh, nw, wh, ww]: rolled-map row / column ...
+    rr = torch.arange(nh, device=dev)[:, None, None, None] * wh + torch.arange(wh, device=dev)[None, None, :, None]
+    rc = torch.arange(nw, device=dev)[None, :, None, None] * ww + torch.arange(ww, device=dev)[None, None, None, :]
+    # ... and the row / column of the padded map it shows (the roll by -shift, as an index)
+    ir, ic = _mod(rr + sh, hp), _mod(rc + sw, wp)
+    x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h)).flatten(1, 2)
+    windows = x.index_select(1, (ir * wp + ic).reshape(-1)).view(b * nh * nw, wh * ww, c)
+    # labels as shifted_window_mask: 2 padding, 1 wrapped around, 0 otherwise; -inf between labels that differ
+    lab_r = torch.where(ir >= h, 2, (rr >= hp - sh).long())
+    lab_c = torch.where(ic >= w, 2, (rc >= wp - sw).long())
+    lab = (lab_r * 3 + lab_c).reshape(nh * nw, wh * ww)
+    mask = torch.zeros((), device=dev).masked_fill(lab[:, :, None] != lab[:, None, :], float("-inf"))
+    out = block.attn(windows, Grid(wh, ww), mask, pos_state)  # [B nW, n, C]
+    # image position (r, c) sits at rolled (r - shift) mod hp: gather the H x W positions back
+    r2 = _mod(torch.arange(h, device=dev) - sh, hp)
+    c2 = _mod(torch.arange(w, device=dev) - sw, wp)
+    slot = ((r2 // wh)[:, None] * nw + (c2 // ww)[None, :]) * (wh * ww) + (r2 % wh)[:, None] * ww + (c2 % ww)[None, :]
+    return out.reshape(b, nh * nw * wh * ww, c).index_select(1, slot.reshape(-1)).view(b, h, w, c)
 
 
 # ---------------------------------------------------------------------------- modules
 class SwinBlock(nn.Module):
-    """(Shifted-)window attention block on ``[B, H, W, C]`` maps."""
+    """(Shifted-)window attention block on ``[B, H, W, C]`` maps.
+
+    ``attn_mask`` (a non-persistent buffer, None when not needed) is the shifted-window mask of the
+    grid the block is built for; another grid computes its mask in the forward pass.
+    """
 
     def __init__(
         self,
@@ -153,7 +228,8 @@ class SwinBlock(nn.Module):
         super().__init__()
         self.window_size = window_size
         self.shifted = shifted
-        win, _ = window_and_shift(as_grid(build_grid), window_size, shifted)
+        self.build_grid = as_grid(build_grid)
+        win, _ = window_and_shift(self.build_grid, window_size, shifted)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(
             dim,
@@ -170,6 +246,21 @@ class SwinBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.register_buffer("attn_mask", self._build_mask(), persistent=False)
+
+    def _build_mask(self, device: torch.device | None = None) -> Tensor | None:
+        win, shift = window_and_shift(self.build_grid, self.window_size, self.shifted)
+        return shifted_window_mask(self.build_grid, win, shift, device)
+
+    def init_non_persistent_buffers(self) -> None:
+        """Recompute ``attn_mask`` (timm's hook; also run after ``to()`` / ``to_empty()``)."""
+        if self.attn_mask is not None:
+            self.attn_mask = self._build_mask(self.attn_mask.device).to(self.attn_mask.dtype)
+
+    def _apply(self, fn, recurse=True):  # type: ignore[override]
+        super()._apply(fn, recurse)
+        self.init_non_persistent_buffers()  # exact values on a new device / dtype, and after to_empty()
+        return self
 
     def _windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], Tensor | None]:
         """Normalised map -> (windows ``[B nW, n, C]``, map grid, window, shift, mask)."""
@@ -181,23 +272,15 @@ class SwinBlock(nn.Module):
             x = F.pad(x, (0, 0, 0, pw, 0, ph))
         if any(shift):
             x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
-        mask = shifted_window_mask(grid, win, shift, x.device)
+        if grid == self.build_grid:
+            mask = self.attn_mask
+        else:
+            mask = shifted_window_mask(grid, win, shift, x.device)
         return window_partition(x, win), grid, win, shift, mask
-
-    def _attn(self, x: Tensor, pos_state: PosState | None) -> Tensor:
-        b, h, w, c = x.shape
-        windows, grid, win, shift, mask = self._windows(x)
-        out = self.attn(windows, win, mask, pos_state)
-        out = window_reverse(out, win, h + (-h) % win[0], w + (-w) % win[1])
-        if any(shift):
-            out = torch.roll(out, shifts=shift, dims=(1, 2))
-        if out.shape[1] != h or out.shape[2] != w:
-            out = out[:, :h, :w]
-        return out
 
     def forward(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
         """``[B, H, W, C]`` -> ``[B, H, W, C]``; ``pos_state``: the stage's shared scheme state (window grid)."""
-        x = x + self.drop_path1(self._attn(self.norm1(x), pos_state))
+        x = x + self.drop_path1(window_attention(self, self.norm1(x), pos_state))
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x
 
@@ -241,11 +324,28 @@ class PatchMerging(nn.Module):
         self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        b, h, w, c = x.shape
-        x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
-        h, w = x.shape[1], x.shape[2]
-        x = x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
-        return self.reduction(self.norm(x))
+        return self.reduction(self.norm(merge_2x2(x)))
+
+
+@register_notrace_function
+def merge_2x2(x: Tensor) -> Tensor:
+    """``[B, H, W, C]`` -> ``[B, ceil(H/2), ceil(W/2), 4C]`` (odd sides zero-padded), timm's channel order."""
+    b, h, w, c = x.shape
+    x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+    h, w = x.shape[1], x.shape[2]
+    return x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
+
+
+@register_notrace_function
+def stage_state(scheme: PositionScheme, x: Tensor, window: tuple[int, int]) -> PosState:
+    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``: the window grid (the
+    window, shrunk to a smaller map; the full window when the sizes are symbolic, see
+    :func:`_any_size_window_attention`)."""
+    if _symbolic(x):
+        win = Grid(*window)
+    else:
+        win, _ = window_and_shift(Grid(x.shape[1], x.shape[2]), window, False)
+    return scheme.prepare(win, 0, x.device, x.dtype)
 
 
 class SwinStage(nn.Module):
@@ -308,8 +408,7 @@ class SwinStage(nn.Module):
         """The shared scheme's state for the windows of the map ``x [B, H, W, C]`` (None without ``pos_share``)."""
         if self.rel_pos is None:
             return None
-        win, _ = window_and_shift(Grid(x.shape[1], x.shape[2]), self.window_size, False)
-        return self.rel_pos.prepare(win, 0, x.device, x.dtype)
+        return stage_state(self.rel_pos, x, self.window_size)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
@@ -332,8 +431,11 @@ class SwinTransformer(nn.Module):
             embedding (at the input, on the patch grid) and no relative scheme.
         abs_pos: an absolute scheme added to the relative one (Swin's ``ape``).
         pos_share: one relative scheme per stage shared by its blocks (True), or one per block.
+        device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
+            allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
 
+    @with_placement
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -416,6 +518,11 @@ class SwinTransformer(nn.Module):
                 )
             )
         self.layers = nn.ModuleList(stages)
+        # timm's feature metadata: one feature map per stage (NHWC from forward_features, as timm's Swin)
+        self.output_fmt = "NHWC"
+        self.feature_info = [
+            dict(num_chs=dims[i], reduction=patch_size * 2**i, module=f"layers.{i}") for i in range(n_stages)
+        ]
         self.norm = nn.LayerNorm(dims[-1], eps=norm_eps)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
@@ -457,7 +564,7 @@ class SwinTransformer(nn.Module):
             self.vitrel_cfg["global_pool"] = global_pool
         self.num_classes = num_classes
         self.vitrel_cfg["num_classes"] = num_classes
-        dev = self.norm.weight.device
+        dev = self.patch_embed.proj.weight.device
         self.head = nn.Linear(self.num_features, num_classes, device=dev) if num_classes > 0 else nn.Identity()
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
@@ -468,8 +575,7 @@ class SwinTransformer(nn.Module):
         """Images -> patch map ``[B, H', W', C]`` (with the absolute embedding, if any)."""
         x, grid = self.patch_embed(x)
         if self.abs_pos is not None:
-            b, h, w, c = x.shape
-            x = self.abs_pos.add_to_tokens(x.reshape(b, h * w, c), grid, 0).view(b, h, w, c)
+            x = add_abs_pos(self.abs_pos, x, grid, 0)
         return self.pos_drop(x)
 
     def forward_features(self, x: Tensor) -> Tensor:
@@ -487,3 +593,56 @@ class SwinTransformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+    # ---------------------------------------------------------------------------- intermediates (timm)
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """timm's ``forward_intermediates``: the output maps of the stages in ``indices`` (the last ``n``
+        for an int, all for None) as ``NCHW`` (or ``NHWC``), and the final normalised map ``[B, H, W, C]``.
+
+        ``norm`` applies the final norm to the last stage's map (the only one it is sized for);
+        ``stop_early`` skips the stages after the last one asked for.
+        """
+        if output_fmt not in ("NCHW", "NHWC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        take, max_index = feature_take_indices(len(self.layers), indices)
+        x = self.embed(x)
+        last = len(self.layers) - 1
+        stages = self.layers[: max_index + 1] if stop_early else self.layers
+        feats = []
+        for i, stage in enumerate(stages):
+            x = stage(x)
+            if i in take:
+                y = self.norm(x) if norm and i == last else x
+                feats.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
+        if intermediates_only:
+            return feats
+        if len(stages) == len(self.layers):
+            x = self.norm(x)  # the final norm is sized for (and applied to) the last stage only
+        return x, feats
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's ``prune_intermediate_layers``: drop the stages after the last of ``indices`` (the final norm
+        and the head go with them, or when asked); returns the absolute indices kept."""
+        take, max_index = feature_take_indices(len(self.layers), indices)
+        prune_end = max_index < len(self.layers) - 1
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        self.layers = self.layers[: max_index + 1]
+        self.feature_info = self.feature_info[: max_index + 1]
+        for key in ("depths", "num_heads"):
+            self.vitrel_cfg[key] = list(self.vitrel_cfg[key])[: max_index + 1]
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+        if prune_head or prune_end:
+            self.reset_classifier(0, "")
+        return take

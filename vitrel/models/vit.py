@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 from timm.layers import calculate_drop_path_rates, to_2tuple
+from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -29,12 +30,15 @@ from vitrel.models.blocks import (
     Block,
     PatchEmbed,
     PosSpec,
+    add_abs_pos,
     build_abs_pos,
     constructor_config,
     init_weights_,
     plain_pos_spec,
+    prepare_state,
     scheme_no_weight_decay,
     split_pos,
+    with_placement,
 )
 from vitrel.pos.base import Grid, PosState, build_pos
 
@@ -58,8 +62,11 @@ class VisionTransformer(nn.Module):
         pos_share: one relative scheme shared by all blocks (True) or one per block (False).
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: dropouts / stochastic depth.
         norm_eps: LayerNorm epsilon.
+        device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
+            allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
 
+    @with_placement
     def __init__(
         self,
         img_size: int | tuple[int, int] = 224,
@@ -148,6 +155,8 @@ class VisionTransformer(nn.Module):
                 for i in range(depth)
             ]
         )
+        # timm's feature metadata: one feature per block, at the patch stride
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
         use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if not use_fc_norm else nn.Identity()
         self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
@@ -213,14 +222,14 @@ class VisionTransformer(nn.Module):
         x, grid = self.patch_embed(x)
         x = self._prefix(x)
         if self.abs_pos is not None:
-            x = self.abs_pos.add_to_tokens(x, grid, self.num_prefix_tokens)
+            x = add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
         return self.pos_drop(x), grid
 
     def position_state(self, grid: Grid, like: Tensor) -> PosState | None:
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
         if self.rel_pos is None:
             return None
-        return self.rel_pos.prepare(grid, self.num_prefix_tokens, like.device, like.dtype)
+        return prepare_state(self.rel_pos, grid, self.num_prefix_tokens, like)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``."""
@@ -245,3 +254,61 @@ class VisionTransformer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
+
+    # ---------------------------------------------------------------------------- intermediates (timm)
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCHW",
+        intermediates_only: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """timm's ``forward_intermediates``: the outputs of the blocks in ``indices`` (the last ``n`` for an
+        int, all for None, negative indices from the end) and the final normalised tokens.
+
+        ``output_fmt``: ``"NCHW"`` (patch tokens as ``[B, C, H', W']``) or ``"NLC"`` (``[B, H'W', C]``);
+        prefix tokens are dropped (``return_prefix_tokens=True``: pairs ``(patches, prefix [B, P, C])``).
+        ``norm`` applies the final norm to each intermediate; ``stop_early`` skips the blocks after the
+        last one asked for; ``intermediates_only`` returns the list alone.
+        """
+        if output_fmt not in ("NCHW", "NLC"):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take, max_index = feature_take_indices(len(self.blocks), indices)
+        x, grid = self.embed(x)
+        st = self.position_state(grid, x)
+        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled()
+        feats = []
+        for i, blk in enumerate(blocks):
+            x = checkpoint(blk, x, grid, None, st, use_reentrant=False) if ckpt else blk(x, grid, pos_state=st)
+            if i in take:
+                feats.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix = [y[:, :p] for y in feats]
+        feats = [y[:, p:] for y in feats]
+        if output_fmt == "NCHW":
+            feats = [y.reshape(y.shape[0], grid.h, grid.w, -1).permute(0, 3, 1, 2).contiguous() for y in feats]
+        if return_prefix_tokens and p:
+            feats = list(zip(feats, prefix))
+        if intermediates_only:
+            return feats
+        return self.norm(x), feats
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's ``prune_intermediate_layers``: drop the blocks after the last of ``indices`` (and the final
+        norm / the head if asked); returns the absolute indices kept."""
+        take, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[: max_index + 1]
+        self.feature_info = self.feature_info[: max_index + 1]
+        self.vitrel_cfg["depth"] = len(self.blocks)
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "")
+        return take

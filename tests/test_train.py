@@ -324,3 +324,18 @@ def test_last_checkpoint_mid_epoch_and_at_the_end(tmp_path):
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 8  # the end
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert len(names) == 2 and names[0].startswith("best-epoch") and names[1] == "last.ckpt"  # no last-v1
+
+
+def test_closing_lines_say_accuracy_time_and_where_things_are(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    over = [*TINY_VIT, *FAST, *SHORT, "logger=wandb"]
+    train(compose(tmp_path, over))
+    lines = capsys.readouterr().out.strip().splitlines()[-5:]
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert lines[0].startswith("test accuracy ") and f"{100 * saved['metrics']['test/acc1']:.2f} %" in lines[0]
+    assert lines[1].startswith("training ") and "(1 epoch, 4 steps); whole run" in lines[1]
+    assert saved["fit_s"] <= saved["wall_s"]
+    assert lines[2] == f"run folder  {tmp_path}"
+    assert lines[3].startswith(f"checkpoint  {tmp_path / 'checkpoints' / 'last.ckpt'}  (best val/acc1: ")
+    run = next((tmp_path / "wandb").glob("offline-run-*"))
+    assert lines[4] == f"W&B run     {run} (offline; upload with: wandb sync {run})"

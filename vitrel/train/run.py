@@ -241,7 +241,8 @@ def _report(result: dict, wandb_where: str | None) -> str:
         extra += [f"loss {m[k]:.3f}" for k in (f"{stage}/loss",) if k in m]
         lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)})")
     lines.append(
-        f"training {result['fit_s']:.0f} s ({result['epochs']} epochs, {result['global_step']} steps); "
+        f"training {result['fit_s']:.0f} s ({_plural(result['epochs'], 'epoch')}, "
+        f"{_plural(result['global_step'], 'step')}); "
         f"whole run {result['wall_s']:.0f} s"
     )
     lines.append(f"run folder  {result['run_dir']}")
@@ -251,6 +252,10 @@ def _report(result: dict, wandb_where: str | None) -> str:
     if wandb_where:
         lines.append(f"W&B run     {wandb_where}")
     return "\n".join(lines)
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
 
 
 def _overrides() -> list[str]:

@@ -1,0 +1,237 @@
+"""torch.export and ONNX for every model x position scheme, and the rule that a forward pass changes nothing.
+
+Each exported program is checked against eager at the size it was traced at and at another size
+(another batch, and for dynamic height/width another, non-square image whose grid is smaller than a
+Swin window at the last stage). The whole matrix is ``slow``; a representative subset runs by default.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import vitrel
+from vitrel.export import best_dynamic, export_onnx, export_program
+
+SCHEMES = vitrel.list_pos()
+ARCHS = ("vit", "swin")
+MODES = ("static", "batch", "hw")
+#: the 1-D raster schemes: in a Swin, their window's extent changes with the stage grid (docs/export.md)
+EXTENT = {"alibi1d", "rel1d_bucket", "rope1d", "shaw1d"}
+
+
+def small_model(arch: str, pos: str, **kw) -> torch.nn.Module:
+    """A few-block model of each kind (ViT: 2 blocks, 4 heads of 16; Swin: 2 stages of a plain and a shifted block)."""
+    torch.manual_seed(0)
+    if arch == "vit":
+        m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, embed_dim=64, depth=2, num_heads=4, **kw)
+    else:
+        m = vitrel.create_model(
+            "vitrel_swin_tiny_patch2_window4_32", pos=pos, embed_dim=32, depths=(2, 2), num_heads=(2, 2), **kw
+        )
+    return m.eval()
+
+
+def other_size(arch: str, mode: str) -> tuple[int, ...]:
+    if mode == "hw":  # another batch, non-square; the Swin's last stage grid (3 x 5) is smaller than its window
+        return (3, 3, 24, 36) if arch == "vit" else (3, 3, 12, 20)
+    return (3, 3, 32, 32) if mode == "batch" else (2, 3, 32, 32)
+
+
+def supported(arch: str, pos: str, mode: str) -> bool:
+    return not (arch == "swin" and mode == "hw" and pos in EXTENT)
+
+
+def check_export(arch: str, pos: str, mode: str) -> None:
+    m = small_model(arch, pos)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = m(x)
+    ep = export_program(m, x, dynamic=mode)
+    x2 = torch.randn(*other_size(arch, mode))
+    with torch.no_grad():
+        for xi in (x, x2):
+            torch.testing.assert_close(ep.module()(xi), m(xi), rtol=1e-5, atol=1e-5)
+        after = m(x)
+    assert type(after) is torch.Tensor  # not a FakeTensor left behind by the trace
+    torch.testing.assert_close(after, before, rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- the export matrix
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("pos", SCHEMES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_export_matrix(arch, pos, mode):
+    if not supported(arch, pos, mode):
+        m = small_model(arch, pos)
+        assert best_dynamic(m) == "batch"
+        with pytest.raises(ValueError, match="window's extent"):
+            export_program(m, torch.randn(2, 3, 32, 32), dynamic="hw")
+        return
+    check_export(arch, pos, mode)
+
+
+@pytest.mark.parametrize(
+    "arch,pos,mode",
+    [
+        ("vit", "rel2d_full", "hw"),
+        ("vit", "rope2d_mixed", "hw"),
+        ("vit", "ape", "hw"),
+        ("vit", "alibi2d", "batch"),
+        ("swin", "rel2d_full", "hw"),
+        ("swin", "rel2d_cpb", "static"),
+    ],
+)
+def test_export_subset(arch, pos, mode):
+    check_export(arch, pos, mode)
+
+
+def test_swin_extent_schemes_refuse_dynamic_resolution():
+    m = small_model("swin", "alibi1d")
+    assert best_dynamic(m) == "batch" and best_dynamic(small_model("vit", "alibi1d")) == "hw"
+    with pytest.raises(ValueError, match="window's extent"):
+        export_program(m, torch.randn(2, 3, 32, 32), dynamic="hw")
+
+
+def test_shared_scheme_exports_at_any_size():
+    """pos_share: the state is prepared once per forward (per stage in Swin) inside the program."""
+    for arch in ARCHS:
+        m = small_model(arch, "rel2d_factored", pos_share=True)
+        x = torch.randn(2, 3, 32, 32)
+        ep = export_program(m, x, dynamic="hw")
+        x2 = torch.randn(*other_size(arch, "hw"))
+        with torch.no_grad():
+            torch.testing.assert_close(ep.module()(x2), m(x2), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------------------- a forward changes nothing
+#: what torch itself keeps on a module (the containers are compared above; torch.compile marks the module)
+_TORCH_OWN = {"_parameters", "_buffers", "_modules", "_is_torch_compile"}
+
+
+def _snapshot(model: torch.nn.Module) -> dict:
+    """state_dict, every buffer (persistent or not) and every plain attribute of every module."""
+    snap = {"state": {k: v.detach().clone() for k, v in model.state_dict().items()}}
+    snap["buffers"] = {k: (None if v is None else v.detach().clone()) for k, v in model.named_buffers()}
+    attrs = {}
+    for name, mod in model.named_modules():
+        for k, v in vars(mod).items():
+            if k in _TORCH_OWN or k.startswith("_forward") or k.endswith("_hooks"):
+                continue
+            attrs[f"{name}.{k}"] = _plain(v)
+    snap["attrs"] = attrs
+    return snap
+
+
+def _plain(v):
+    if isinstance(v, torch.Tensor):
+        return ("tensor", v.detach().clone())
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return (type(v).__name__, [_plain(x) for x in v])
+    if isinstance(v, (set, frozenset)):
+        return ("set", sorted(map(repr, v)))
+    if isinstance(v, (int, float, str, bool, type(None), torch.dtype, torch.device)):
+        return v
+    if hasattr(v, "__dict__") and not callable(v):
+        return (type(v).__name__, {k: _plain(x) for k, x in vars(v).items()})
+    return (type(v).__name__, id(v))
+
+
+def _same(a, b, where="") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and type(b) is torch.Tensor, where
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), (where, set(a) ^ set(b))
+        for k in a:
+            _same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+@pytest.mark.parametrize(
+    "arch,pos",
+    [("vit", "alibi2d"), ("vit", "rope2d_axial"), ("vit", "sincos2d"), ("swin", "rel2d_full"), ("swin", "lookhere")],
+)
+def test_forward_export_compile_change_nothing(arch, pos):
+    torch._dynamo.reset()
+    m = small_model(arch, pos)
+    x, x_other = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 24, 40)
+    snap = _snapshot(m)
+    with torch.no_grad():
+        ref, ref_other = m(x), m(x_other)  # at the built grid (buffers) and at another one (computed)
+    _same(snap, _snapshot(m), "forward")
+    export_program(m, x, dynamic=best_dynamic(m))
+    _same(snap, _snapshot(m), "export")
+    with torch.no_grad():
+        out = m(x)
+    assert type(out) is torch.Tensor
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    compiled = torch.compile(m, backend="eager")
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.testing.assert_close(compiled(x), ref, rtol=1e-5, atol=1e-5)
+    _same(snap, _snapshot(m), "compile")
+    with torch.no_grad():
+        torch.testing.assert_close(m(x_other), ref_other, rtol=0, atol=0)
+
+
+def test_to_and_to_empty_remake_buffers():
+    """The built grid's tensors are non-persistent buffers, remade exactly on a new dtype / after to_empty."""
+    m = small_model("vit", "alibi2d")
+    sd = m.state_dict()
+    assert not any("built_" in k for k in sd)  # not saved
+    d = small_model("vit", "alibi2d").double()
+    blk = d.blocks[0].attn.pos
+    torch.testing.assert_close(blk.built_bias, blk._bias(blk.grid, blk.num_prefix_tokens), rtol=0, atol=0)
+    assert blk.built_bias.dtype == torch.float64
+    e = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", pos="alibi2d", embed_dim=64, depth=2, num_heads=4, device="meta"
+    ).to_empty(device="cpu")
+    e.load_state_dict(sd)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(e.eval()(x), m(x), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- ONNX
+onnxruntime = pytest.importorskip("onnxruntime", reason="pip install vitrel[export]")
+
+
+def check_onnx(arch: str, pos: str, tmp_path) -> None:
+    import numpy as np
+
+    m = small_model(arch, pos)
+    dynamic = best_dynamic(m)
+    path = export_onnx(m, tmp_path / f"{arch}_{pos}.onnx", torch.randn(2, 3, 32, 32), dynamic=dynamic)
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    shapes = [(2, 3, 32, 32), other_size(arch, dynamic)]
+    for shape in shapes:
+        x = torch.randn(*shape)
+        (out,) = sess.run(None, {"images": x.numpy()})
+        with torch.no_grad():
+            np.testing.assert_allclose(out, m(x).numpy(), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "arch,pos",
+    [("vit", "rel2d_factored"), ("swin", "rel2d_full"), ("vit", "rope2d_mixed"), ("vit", "shaw2d_factored")],
+)
+def test_onnx_runtime_equal(arch, pos, tmp_path):
+    check_onnx(arch, pos, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pos", SCHEMES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_onnx_matrix(arch, pos, tmp_path):
+    check_onnx(arch, pos, tmp_path)

@@ -1,0 +1,19 @@
+"""Top-k predictions for a folder of images, as a CSV (timm ``inference.py`` conventions).
+
+python predict.py ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt input=path/to/images
+python predict.py ckpt_path=<export folder | model.pt2> input=<ImageFolder tree> topk=3 device=cuda
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+
+@hydra.main(version_base="1.3", config_path="conf", config_name="predict")
+def main(cfg: DictConfig) -> dict:
+    from vitrel.inference import run_predict
+
+    return run_predict(cfg)
+
+
+if __name__ == "__main__":
+    main()

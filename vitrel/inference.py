@@ -1,0 +1,254 @@
+"""Inference on a folder of images, with timm's ``inference.py`` conventions (``predict.py`` runs it).
+
+A model comes from a training checkpoint (``.ckpt``), an export folder (``model.safetensors`` +
+``config.json``, or a folder holding only ``model.pt2``) or a ``torch.export`` program (``.pt2``); its
+preprocessing from what is stored with it: a training checkpoint's data configuration when it has
+one (``hyper_parameters["data_config"]`` or the data module's hyper-parameters), else the model's
+``pretrained_cfg`` (mean, std, input size, interpolation, crop fraction; the input size and channels
+are the model's). Images are read from a flat folder or an ``ImageFolder`` tree (sub-folders of
+images), resized (shorter side to ``size / crop_pct``), centre-cropped, normalised, converted to the
+model's channels (grey or RGB). A file that cannot be read is skipped with a warning and counted.
+
+Output rows, as timm's ``inference.py --results-separate-col``: ``filename`` (relative to the input
+folder), then for each of the top ``k`` classes ``index_i``, ``label_i`` (the class name when the
+checkpoint stores class names, or the ``ImageFolder`` tree has one folder per class; else the index)
+and ``prob_i`` (softmax probability).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "IMG_EXTENSIONS",
+    "NoImagesError",
+    "Predictor",
+    "load_predictor",
+    "find_images",
+    "eval_transform",
+    "predict_folder",
+    "write_csv",
+]
+
+IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+class NoImagesError(FileNotFoundError):
+    """The input folder holds no image files."""
+
+
+# ---------------------------------------------------------------------------- models and their preprocessing
+@dataclass
+class Predictor:
+    """A callable model (``nn.Module`` or an exported program's module) with its preprocessing."""
+
+    model: Callable[[Tensor], Tensor]
+    data_config: dict[str, Any]
+    source: str
+    class_names: list[str] | None = None
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+
+def load_predictor(path: str | Path, device: str | torch.device = "cpu", use_ema: str | bool = "auto") -> Predictor:
+    """The model and preprocessing of a ``.ckpt``, an export folder or a ``.pt2`` program (see the module docstring)."""
+    from vitrel.export import DATA_CONFIG_NAME, PT2_NAME, model_data_config, stored_data_config
+    from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_has_ema, load_model
+
+    p = Path(path)
+    device = torch.device(device)
+    if not p.exists():
+        raise FileNotFoundError(f"no checkpoint at {p}")
+    if p.is_dir() and not (p / WEIGHTS_NAME).is_file() and (p / PT2_NAME).is_file():
+        p = p / PT2_NAME
+    if p.suffix == ".pt2":
+        extra = {DATA_CONFIG_NAME: ""}
+        ep = torch.export.load(str(p), extra_files=extra)
+        if not extra[DATA_CONFIG_NAME]:
+            raise ValueError(f"{p} has no {DATA_CONFIG_NAME}: write programs with `python -m vitrel.export ... --pt2`")
+        data_config = json.loads(extra[DATA_CONFIG_NAME])
+        module = ep.module().to(device) if device.type != "cpu" else ep.module()
+        return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
+    ema = checkpoint_has_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
+    model = load_model(p, use_ema=ema).eval().to(device)
+    data_config = model_data_config(model, stored_data_config(p))
+    return Predictor(model, data_config, str(p), data_config.get("class_names"), device)
+
+
+# ---------------------------------------------------------------------------- images
+def find_images(root: str | Path) -> tuple[list[Path], list[str] | None]:
+    """Image files under ``root`` (sorted), and the class folder names when ``root`` is an ``ImageFolder``
+    tree (images only in its sub-folders), else None. Raises :class:`NoImagesError` for none."""
+    root = Path(root)
+    if not root.is_dir():
+        raise NotADirectoryError(f"input must be a folder of images or an ImageFolder tree, got {root}")
+    files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS)
+    if not files:
+        raise NoImagesError(
+            f"no images in {root} (looked for {', '.join(IMG_EXTENSIONS)} in the folder and its sub-folders)"
+        )
+    tree = all(len(f.relative_to(root).parts) == 2 for f in files)
+    return files, (sorted(d.name for d in root.iterdir() if d.is_dir()) if tree else None)
+
+
+def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
+    """PIL image -> normalised ``[C, H, W]`` tensor: timm's eval transform (resize shorter side to
+    ``size / crop_pct``, centre crop, normalise) after converting to the model's channels."""
+    from timm.data import create_transform
+
+    c, h, w = data_config["input_size"]
+    tf = create_transform(
+        (c, h, w),
+        is_training=False,
+        interpolation=data_config.get("interpolation", "bicubic"),
+        mean=tuple(data_config["mean"]),
+        std=tuple(data_config["std"]),
+        crop_pct=data_config.get("crop_pct", 1.0),
+    )
+    mode = "L" if c == 1 else "RGB"
+
+    def apply(img: Any) -> Tensor:
+        return tf(img.convert(mode))
+
+    return apply
+
+
+class _ImageFiles(torch.utils.data.Dataset):
+    """Images that fail to open give ``None`` (skipped and counted by the loop)."""
+
+    def __init__(self, files: Sequence[Path], transform: Callable[[Any], Tensor]) -> None:
+        self.files, self.transform = list(files), transform
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[int, Tensor | None, str | None]:
+        from PIL import Image
+
+        try:
+            with Image.open(self.files[i]) as img:
+                img.load()
+                return i, self.transform(img), None
+        except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, with its reason
+            return i, None, f"{type(e).__name__}: {e}"
+
+
+def _collate(
+    batch: list[tuple[int, Tensor | None, str | None]],
+) -> tuple[list[int], Tensor | None, list[tuple[int, str]]]:
+    ok = [(i, x) for i, x, _ in batch if x is not None]
+    bad = [(i, err) for i, x, err in batch if x is None]
+    return [i for i, _ in ok], (torch.stack([x for _, x in ok]) if ok else None), bad
+
+
+@dataclass
+class PredictResult:
+    """CSV rows, the files skipped (name, reason), the number of image files found, the wall time."""
+
+    rows: list[dict[str, Any]]
+    skipped: list[tuple[str, str]]
+    found: int
+    seconds: float
+
+
+def predict_folder(
+    predictor: Predictor,
+    input_dir: str | Path,
+    topk: int = 5,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    progress: bool = True,
+    class_names: list[str] | None = None,
+) -> PredictResult:
+    """Top-``k`` classes and probabilities of every image under ``input_dir`` (see the module docstring)."""
+    import time
+
+    from tqdm.auto import tqdm
+
+    root = Path(input_dir)
+    files, folders = find_images(root)
+    tf = eval_transform(predictor.data_config)
+    loader = torch.utils.data.DataLoader(
+        _ImageFiles(files, tf), batch_size=batch_size, num_workers=num_workers, collate_fn=_collate
+    )
+    names = class_names or predictor.class_names
+    rows: list[dict[str, Any]] = []
+    skipped: list[tuple[str, str]] = []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        bar = tqdm(loader, desc="predict", unit="batch", disable=not progress)
+        for idx, x, bad in bar:
+            for i, err in bad:
+                rel = str(files[i].relative_to(root))
+                warnings.warn(f"skipped {rel}: cannot read it as an image ({err})", stacklevel=2)
+                skipped.append((rel, err))
+            if x is None:
+                continue
+            probs = predictor.model(x.to(predictor.device)).float().softmax(-1)
+            n = probs.shape[-1]
+            if names is None and folders is not None and len(folders) == n:
+                names = folders  # an ImageFolder tree with one folder per class: the data set's names
+            k = min(topk, n)
+            p, c = probs.topk(k, dim=-1)
+            for j, i in enumerate(idx):
+                row: dict[str, Any] = {"filename": str(files[i].relative_to(root))}
+                for r in range(k):
+                    ci = int(c[j, r])
+                    sfx = f"_{r}" if k > 1 else ""
+                    row[f"index{sfx}"] = ci
+                    row[f"label{sfx}"] = names[ci] if names is not None and ci < len(names) else str(ci)
+                    row[f"prob{sfx}"] = round(float(p[j, r]), 6)
+                rows.append(row)
+    return PredictResult(rows, skipped, len(files), time.perf_counter() - t0)
+
+
+def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = list(rows[0]) if rows else ["filename"]
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def run_predict(cfg: Any) -> dict[str, Any]:
+    """``predict.py``'s body: load, predict, write the CSV, print a summary; returns the summary."""
+    device = str(cfg.get("device", "auto"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    predictor = load_predictor(str(cfg.ckpt_path), device, cfg.get("ema", "auto"))
+    res = predict_folder(
+        predictor,
+        str(cfg.input),
+        topk=int(cfg.get("topk", 5)),
+        batch_size=int(cfg.get("batch_size", 64)),
+        num_workers=int(cfg.get("num_workers", 0)),
+        progress=bool(cfg.get("progress_bar", True)),
+    )
+    out = write_csv(res.rows, str(cfg.results_file))
+    summary = {
+        "images": len(res.rows),
+        "skipped": len(res.skipped),
+        "found": res.found,
+        "seconds": round(res.seconds, 3),
+        "images_per_s": round(len(res.rows) / res.seconds, 2) if res.seconds > 0 else None,
+        "results_file": str(out),
+        "model": predictor.source,
+        "device": str(predictor.device),
+    }
+    skipped = f", skipped {len(res.skipped)} unreadable file(s)" if res.skipped else ""
+    print(
+        f"predicted {len(res.rows)} of {res.found} image(s){skipped} in {res.seconds:.1f} s on {predictor.device}; "
+        f"wrote {out}"
+    )
+    return summary

@@ -302,17 +302,18 @@ class MemoryLoader(ResumableLoader):
             start = self._resume_at[1]
         self._resume_at = None
         self.batches_yielded = start
-        order, params = self.order(), self.epoch_params()
-        offsets = params.pop("offsets", None)
         device, bs = self.dataset.device, self.batch_size
+        order = self.order().to(device)  # the epoch's indices and parameters go to the device once
+        params = {name: v.to(device) for name, v in self.epoch_params().items()}
+        offsets = params.pop("offsets", None)
         re_mode = self.augment.re_mode if self.augment is not None else "const"
         noise = None
         for k in range(start, len(self)):
             sl = slice(k * bs, (k + 1) * bs)
             if re_mode == "pixel" and "erase" in params:
                 noise = torch.Generator(device).manual_seed(_seed(self.augment_seed, self.epoch, 2, self.rank, k))
-            p = {name: v[sl].to(device, non_blocking=True) for name, v in params.items()}
-            off = None if offsets is None else offsets[sl].to(device)
+            p = {name: v[sl] for name, v in params.items()}
+            off = None if offsets is None else offsets[sl]
             x, y = self.dataset.batch(order[sl], p or None, off, re_mode, noise)
             self.batches_yielded = k + 1
             yield x, y

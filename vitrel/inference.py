@@ -75,7 +75,11 @@ def load_predictor(path: str | Path, device: str | torch.device = "cpu", use_ema
         if not extra[DATA_CONFIG_NAME]:
             raise ValueError(f"{p} has no {DATA_CONFIG_NAME}: write programs with `python -m vitrel.export ... --pt2`")
         data_config = json.loads(extra[DATA_CONFIG_NAME])
-        module = ep.module().to(device) if device.type != "cpu" else ep.module()
+        if device.type != "cpu":
+            from torch.export.passes import move_to_device_pass
+
+            ep = move_to_device_pass(ep, device)
+        module = ep.module()
         return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
     ema = checkpoint_has_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
     model = load_model(p, use_ema=ema).eval().to(device)

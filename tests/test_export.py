@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import warnings
 
+import lightning  # noqa: F401  (wraps torch.compile, as in any training process: the same in every test order)
 import pytest
 import torch
 
@@ -108,8 +109,9 @@ def test_shared_scheme_exports_at_any_size():
 
 
 # ---------------------------------------------------------------------------- a forward changes nothing
-#: what torch itself keeps on a module (the containers are compared above; torch.compile marks the module)
-_TORCH_OWN = {"_parameters", "_buffers", "_modules", "_is_torch_compile"}
+#: what torch itself keeps on a module (the containers are compared above; torch.compile marks the module,
+#: and once lightning is imported its wrapper of torch.compile records the arguments: _compile_kwargs)
+_TORCH_OWN = {"_parameters", "_buffers", "_modules", "_is_torch_compile", "_compile_kwargs", "_compiled_call_impl"}
 
 
 def _snapshot(model: torch.nn.Module) -> dict:

@@ -519,3 +519,51 @@ def test_resized_dataset_commutes_with_normalisation():
     torch.testing.assert_close(x, resized_then_norm, atol=1e-5, rtol=1e-5)
     with pytest.raises(TypeError, match="tensors"):
         ResizedDataset(dm.raw_dataset("test"), 56)[0]
+
+
+def test_offset_regions_split_the_canvas():
+    """seen / unseen: disjoint, together every offset; step / off_step: whole-patch and sub-patch moves."""
+    from vitrel.data.transforms import canvas_offset, offset_region
+
+    every = {tuple(o) for o in offset_region((28, 28), 40, "random")}
+    seen = {tuple(o) for o in offset_region((28, 28), 40, "seen")}
+    unseen = {tuple(o) for o in offset_region((28, 28), 40, "unseen")}
+    assert len(every) == 13 * 13 and seen | unseen == every and not seen & unseen
+    assert seen == {(t, l) for t in range(7) for l in range(7)}  # top-left block up to the centre (6, 6)
+    assert all(t > 6 or l > 6 for t, l in unseen)
+    patch = {tuple(o) for o in offset_region((28, 28), 40, "unseen", step=4)}
+    sub = {tuple(o) for o in offset_region((28, 28), 40, "unseen", off_step=4)}
+    assert patch == {(t, l) for t in (0, 4, 8, 12) for l in (0, 4, 8, 12)} - {(0, 0), (0, 4), (4, 0), (4, 4)}
+    assert patch | sub == unseen and not patch & sub
+    assert {tuple(o) for o in offset_region((28, 28), 40, "center")} == {(6, 6)}
+    with pytest.raises(ValueError, match="canvas mode"):
+        offset_region((28, 28), 40, "left")
+    with pytest.raises(ValueError, match="no 'seen' offset"):
+        offset_region((28, 28), 32, "seen", step=4, off_step=2)
+    # draws are uniform over the region: every offset turns up, nothing else
+    g = np.random.default_rng(0)
+    drawn = {canvas_offset((28, 28), 40, "unseen", g, off_step=4) for _ in range(3000)}
+    assert drawn == sub
+    ds = TranslatedDataset(list(zip(range(400), range(400))), 40, seed=0, mode="seen")
+    assert {ds.offset(i, (28, 28)) for i in range(400)} == seen
+
+
+def test_memory_loader_trains_on_the_seen_region_and_evaluates_where_told():
+    """data.canvas_mode=seen / unseen: every training offset (found from a bright pixel) in its region."""
+    from vitrel.data.base import EpochSampler
+    from vitrel.data.memory import MemoryLoader, TensorImageDataset
+    from vitrel.data.transforms import offset_region
+
+    images = torch.zeros(64, 1, 28, 28, dtype=torch.uint8)
+    images[:, :, 0, 0] = 255  # the image's top-left pixel marks its offset
+    labels = torch.zeros(64, dtype=torch.long)
+    ds = TensorImageDataset(images, labels, mean=(0.0,), std=(1.0,), img_size=40, canvas_size=40)
+    for mode in ("seen", "unseen"):
+        region = {tuple(o) for o in offset_region((28, 28), 40, mode)}
+        sampler = EpochSampler(ds, shuffle=True, seed=0)
+        found = set()
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for x, _ in MemoryLoader(ds, 16, sampler=sampler, canvas_mode=mode):
+                found |= {tuple((img[0] == img[0].max()).nonzero()[0].tolist()) for img in x}
+        assert found <= region and len(found) > 0.6 * len(region), (mode, len(found), len(region))

@@ -340,6 +340,13 @@ def test_array_data_module(tmp_path):
         ArrayDataModule(train=train)
 
 
+def test_data_module_prints_with_either_loader():
+    """f"{dm}" (Lightning's __str__ sizes its loaders and fails on a memory loader) shows the settings."""
+    for loader in ("memory", "workers"):
+        dm = FashionMNISTDataModule(subset="embedded", loader=loader, num_workers=0)
+        assert f"{dm}" == repr(dm) and f"loader={loader}" in str(dm)
+
+
 @pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF.parent / "experiment").glob("*.yaml")))
 def test_every_experiment_builds_its_data_module(tmp_path, experiment):
     """Recipes that ask for timm's per-sample augmentation (augment_kwargs) run on the workers loader."""

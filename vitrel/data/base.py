@@ -38,6 +38,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 from vitrel.data.augment import BatchAugment
 from vitrel.data.memory import MemoryLoader, ResumableLoader, TensorImageDataset, check_budget, to_uint8_nchw
 from vitrel.data.transforms import (
+    CANVAS_MODES,
     MappedDataset,
     TranslatedDataset,
     build_transform,
@@ -191,7 +192,8 @@ class VisionDataModule(L.LightningDataModule):
             ``hflip``, ``color_jitter``, ``auto_augment``, ``re_prob``, ...): the workers loader's.
         canvas_size: paste every image into a black ``canvas_size`` canvas (translation study); train
             gets fresh offsets each time, val/test a fixed seeded offset per sample.
-        canvas_mode: ``"random"`` or ``"center"`` offsets.
+        canvas_mode: where the offsets come from: ``"random"`` (anywhere), ``"center"``, ``"seen"`` (the
+            top-left block of offsets) or ``"unseen"`` (its complement): the study's fixed-canvas split.
         name: a label for logs/run names (the config's name; default: the data set's name).
         loader: ``"memory"`` or ``"workers"`` (see the module docstring); None = the data set's default.
         batch_augment: the memory loader's :class:`~vitrel.data.BatchAugment` (used when ``augment``);
@@ -246,8 +248,8 @@ class VisionDataModule(L.LightningDataModule):
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
-        if canvas_mode not in ("random", "center"):
-            raise ValueError(f"canvas_mode must be 'random' or 'center', got {canvas_mode!r}")
+        if canvas_mode not in CANVAS_MODES:
+            raise ValueError(f"canvas_mode must be one of {CANVAS_MODES}, got {canvas_mode!r}")
         if canvas_size is not None:
             if not self.fixed_size:
                 raise ValueError(
@@ -549,3 +551,6 @@ class VisionDataModule(L.LightningDataModule):
             f"img_size={self.img_size}, augment={self.augment}, batch_size={self.batch_size}, "
             f"val_fraction={self.val_fraction}, canvas_size={self.canvas_size}, loader={self.loader})"
         )
+
+    #: Lightning's ``__str__`` lists its loaders' sizes and fails on a memory loader (not a DataLoader)
+    __str__ = __repr__

@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode
 
 from vitrel.data.augment import BatchAugment, batch_pipeline
+from vitrel.data.transforms import offset_region
 
 __all__ = [
     "TensorImageDataset",
@@ -224,7 +225,7 @@ class MemoryLoader(ResumableLoader):
     sampler's (seeded ``seed + e``; rank ``r`` of ``W`` takes ``order[r::W]``, padded to equal length as
     ``DistributedSampler`` does); Lightning calls ``sampler.set_epoch`` each epoch. ``augment`` draws
     every position's parameters for the epoch from ``(augment_seed, e)``; the canvas offsets (when the
-    data set has a canvas) are drawn there too, uniform (or centred: ``canvas_mode``). Evaluation
+    data set has a canvas) are drawn there too, uniform over ``canvas_mode``'s region (or centred). Evaluation
     (``sampler=None``): ``0..N-1``, rank ``r`` taking ``r::W`` (no padding), the split's fixed offsets.
     """
 
@@ -290,9 +291,12 @@ class MemoryLoader(ResumableLoader):
             c = ds.canvas_size
             if self.canvas_mode == "center":
                 offsets = torch.tensor([(c - h) // 2, (c - w) // 2]).expand(total, 2)
-            else:
+            elif self.canvas_mode == "random":
                 offsets = torch.stack([torch.randint(0, c - h + 1, (total,), generator=g),
                                        torch.randint(0, c - w + 1, (total,), generator=g)], -1)  # fmt: skip
+            else:  # uniform over a region's offsets
+                region = torch.from_numpy(offset_region((h, w), c, self.canvas_mode))
+                offsets = region[torch.randint(0, len(region), (total,), generator=g)]
             out["offsets"] = offsets[self.rank :: world]
         return out
 

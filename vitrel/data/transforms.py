@@ -17,6 +17,16 @@ With a ``step`` (``TranslatedDataset(grid_step=p)``) the offsets are whole multi
 patch size ``p`` the moved image's patches are exactly the untranslated ones, only their grid
 positions change.
 
+Offset regions (``mode``; the study's fixed-canvas split). With ``k_t = (H_c - h) // 2`` and
+``k_l = (W_c - w) // 2`` (the centre offset):
+
+* ``"random"``: every offset; ``"center"``: ``(k_t, k_l)`` only;
+* ``"seen"``: the top-left block ``top <= k_t and left <= k_l`` (where training draws from);
+* ``"unseen"``: its complement ``top > k_t or left > k_l`` (disjoint from ``"seen"``: held-out positions).
+
+``off_step=p`` keeps only offsets that are *not* whole multiples of ``p`` on both axes (sub-patch moves);
+with ``step=p`` instead, only whole-patch moves. A random offset is uniform over the region's offsets.
+
 The canvas is applied to the raw image, *before* normalisation, so the background normalises to
 ``(0 - mean) / std`` like a black pixel of the data set.
 
@@ -44,6 +54,8 @@ from torchvision.transforms import functional as TF
 __all__ = [
     "translate_canvas",
     "canvas_offset",
+    "offset_region",
+    "CANVAS_MODES",
     "fixed_canvas_offsets",
     "TranslateCanvas",
     "TranslatedDataset",
@@ -101,19 +113,56 @@ def translate_canvas(img: ImageLike, canvas_size: int | Sequence[int], top: int,
     return out
 
 
+CANVAS_MODES = ("random", "center", "seen", "unseen")
+
+
+def offset_region(
+    img_hw: tuple[int, int], canvas_size: int | Sequence[int], mode: str = "random", step: int = 1, off_step: int = 1
+) -> np.ndarray:
+    """Every allowed ``(top, left)`` of an ``img_hw`` image in the canvas for ``mode`` (module docstring),
+    ``[M, 2]`` int64 in row-major order: multiples of ``step``, and (``off_step > 1``) not multiples of
+    ``off_step`` on both axes."""
+    ch, cw = _pair(canvas_size)
+    h, w = img_hw
+    if h > ch or w > cw:
+        raise ValueError(f"a {h}x{w} image does not fit a {ch}x{cw} canvas")
+    if step < 1 or off_step < 1:
+        raise ValueError(f"step and off_step must be positive numbers of pixels, got {step}, {off_step}")
+    if mode not in CANVAS_MODES:
+        raise ValueError(f"canvas mode must be one of {CANVAS_MODES}, got {mode!r}")
+    top, left = np.meshgrid(np.arange(0, ch - h + 1, step), np.arange(0, cw - w + 1, step), indexing="ij")
+    top, left = top.ravel(), left.ravel()
+    kt, kl = (ch - h) // 2, (cw - w) // 2
+    keep = {
+        "random": np.ones_like(top, dtype=bool),
+        "center": (top == step * (kt // step)) & (left == step * (kl // step)),
+        "seen": (top <= kt) & (left <= kl),
+        "unseen": (top > kt) | (left > kl),
+    }[mode]
+    if off_step > 1:
+        keep &= (top % off_step != 0) | (left % off_step != 0)
+    if not keep.any():
+        raise ValueError(
+            f"no {mode!r} offset of a {h}x{w} image in a {ch}x{cw} canvas (step {step}, off_step {off_step})"
+        )
+    return np.stack([top[keep], left[keep]], -1).astype(np.int64)
+
+
 def canvas_offset(
     img_hw: tuple[int, int],
     canvas_size: int | Sequence[int],
     mode: str = "random",
     generator: Any = None,
     step: int = 1,
+    off_step: int = 1,
 ) -> tuple[int, int]:
     """Offset ``(top, left)`` of an ``img_hw`` image in the canvas, in whole multiples of ``step`` pixels.
 
     ``mode="center"``: ``((H_c - h) // 2, (W_c - w) // 2)`` rounded down to a multiple of ``step``.
     ``mode="random"``: uniform over all valid (multiple of ``step``) offsets, drawn from ``generator``
     (a ``numpy.random.Generator``, a ``torch.Generator``, or None for torch's global RNG, which
-    Lightning/DataLoader seed per worker).
+    Lightning/DataLoader seed per worker). ``"seen"`` / ``"unseen"`` (and ``off_step``): uniform over
+    :func:`offset_region`.
     """
     ch, cw = _pair(canvas_size)
     h, w = img_hw
@@ -123,8 +172,13 @@ def canvas_offset(
         raise ValueError(f"step must be a positive number of pixels, got {step}")
     if mode == "center":
         return step * ((ch - h) // 2 // step), step * ((cw - w) // 2 // step)
-    if mode != "random":
-        raise ValueError(f"canvas mode must be 'random' or 'center', got {mode!r}")
+    if mode != "random" or off_step > 1:
+        region = offset_region(img_hw, canvas_size, mode, step, off_step)
+        if isinstance(generator, np.random.Generator):
+            k = int(generator.integers(0, len(region)))
+        else:
+            k = int(torch.randint(0, len(region), (1,), generator=generator))
+        return int(region[k, 0]), int(region[k, 1])
     nh, nw = (ch - h) // step + 1, (cw - w) // step + 1
     if isinstance(generator, np.random.Generator):
         return step * int(generator.integers(0, nh)), step * int(generator.integers(0, nw))
@@ -147,15 +201,16 @@ def fixed_canvas_offsets(
 class TranslateCanvas:
     """Transform: paste the image into a black ``canvas_size`` canvas (see ``translate_canvas``).
 
-    ``offset``: ``"random"`` (fresh uniform offset per call from torch's global RNG, so DataLoader
-    workers seeded by Lightning give reproducible, per-worker-distinct offsets), ``"center"``, or a
-    fixed ``(top, left)``. For a fixed random offset per sample (evaluation) use ``TranslatedDataset``.
+    ``offset``: a region (``"random"``, ``"seen"``, ``"unseen"``: a fresh uniform offset of the region per
+    call from torch's global RNG, so DataLoader workers seeded by Lightning give reproducible,
+    per-worker-distinct offsets), ``"center"``, or a fixed ``(top, left)``. For a fixed random offset per
+    sample (evaluation) use ``TranslatedDataset``.
     """
 
     def __init__(self, canvas_size: int | Sequence[int], offset: str | tuple[int, int] = "random") -> None:
         self.canvas_size = _pair(canvas_size)
-        if isinstance(offset, str) and offset not in ("random", "center"):
-            raise ValueError(f"offset must be 'random', 'center' or (top, left), got {offset!r}")
+        if isinstance(offset, str) and offset not in CANVAS_MODES:
+            raise ValueError(f"offset must be one of {CANVAS_MODES} or (top, left), got {offset!r}")
         self.offset = offset if isinstance(offset, str) else (int(offset[0]), int(offset[1]))
 
     def __call__(self, img: ImageLike) -> ImageLike:
@@ -190,8 +245,9 @@ class TranslatedDataset(Dataset):
     The offset of sample ``i`` is drawn from ``numpy.random.default_rng([seed, i])``: it depends only
     on ``(seed, i)`` and the sizes, not on the access order or the worker, so an evaluation is exactly
     reproducible; ``offset(i)`` returns it. ``grid_step=p`` snaps the offsets to whole multiples of ``p``
-    pixels (``p`` = the patch size: whole-patch moves). ``transform`` (e.g. ToTensor + Normalize) is
-    applied to the canvas. ``return_offset=True`` yields ``(x, y, (top, left))``.
+    pixels (``p`` = the patch size: whole-patch moves), ``off_step=p`` keeps the other offsets (sub-patch
+    moves); ``mode`` is a region of :func:`offset_region` (or ``"center"``). ``transform`` (e.g. ToTensor +
+    Normalize) is applied to the canvas. ``return_offset=True`` yields ``(x, y, (top, left))``.
     """
 
     def __init__(
@@ -203,11 +259,12 @@ class TranslatedDataset(Dataset):
         mode: str = "random",
         return_offset: bool = False,
         grid_step: int = 1,
+        off_step: int = 1,
     ) -> None:
-        if grid_step < 1:
-            raise ValueError(f"grid_step must be a positive number of pixels, got {grid_step}")
-        if mode not in ("random", "center"):
-            raise ValueError(f"mode must be 'random' or 'center', got {mode!r}")
+        if grid_step < 1 or off_step < 1:
+            raise ValueError(f"grid_step and off_step must be positive numbers of pixels, got {grid_step}, {off_step}")
+        if mode not in CANVAS_MODES:
+            raise ValueError(f"mode must be one of {CANVAS_MODES}, got {mode!r}")
         self.dataset = dataset
         self.canvas_size = _pair(canvas_size)
         self.seed = int(seed)
@@ -215,6 +272,7 @@ class TranslatedDataset(Dataset):
         self.mode = mode
         self.return_offset = return_offset
         self.grid_step = int(grid_step)
+        self.off_step = int(off_step)
 
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
@@ -224,7 +282,7 @@ class TranslatedDataset(Dataset):
         if img_hw is None:
             img_hw = image_hw(self.dataset[index][0])
         rng = np.random.default_rng([self.seed, int(index)])
-        return canvas_offset(img_hw, self.canvas_size, self.mode, rng, self.grid_step)
+        return canvas_offset(img_hw, self.canvas_size, self.mode, rng, self.grid_step, self.off_step)
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         x, y = self.dataset[index]

@@ -270,11 +270,17 @@ def test_default_config_is_the_documented_recipe(tmp_path):
     cfg = compose(tmp_path, [])
     assert cfg.model.name == "vitrel_vit_tiny_patch4_32" and cfg.pos.name == "rel2d_factored"
     assert cfg.module.optimizer.lr == 2e-3 and cfg.module.scheduler.warmup_epochs == 0.25
+    assert cfg.data.batch_size == 64 and cfg.trainer.max_epochs == 10 and cfg.data.loader == "memory"
+    assert not cfg.data.augment
     assert cfg.module.label_smoothing == 0.1 and cfg.module.mixup is None and cfg.module.ema is None
     assert cfg.data.name == "fashion_mnist" and cfg.data.subset == "embedded"
     assert "wandb" in cfg.logger and cfg.logger.wandb.mode == "auto"
     assert cfg.callbacks.last_checkpoint is not None and cfg.callbacks.model_checkpoint.monitor == "val/acc1"
     assert Path(CONF / "hydra" / "launcher" / "slurm.yaml").exists()
+    quick = compose(tmp_path, ["experiment=fmnist_quick"])  # the same recipe, spelled out
+    for key in ("data", "model", "module", "pos"):
+        assert quick[key] == cfg[key], key
+    assert quick.trainer.max_epochs == cfg.trainer.max_epochs and quick.trainer.accelerator == "cpu"
 
 
 def test_plain_ddp_under_multirun_is_refused_with_the_fix(tmp_path):

@@ -28,7 +28,9 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -46,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from vitrel.bench import StepTimer, alternate, machine_info, train_step, train_step_bytes  # noqa: E402
 from vitrel.pos import PositionScheme, get_pos_class, list_pos  # noqa: E402
+from vitrel.stats import chain_verdict, mean_ci, paired_diff, verdict  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGETS = sorted(p.stem.removeprefix("study_") for p in (ROOT / "conf" / "experiment").glob("study_*.yaml"))
@@ -84,16 +87,21 @@ def _subset(ds, n: int | None, seed: int):
 
 
 def eval_sets(study: dict, dm) -> dict[str, torch.utils.data.Dataset]:
-    """``study.evals`` of the data module's test split: the in-distribution set (``test_images``, seeded
-    subset 1) and the moved or resized ones (the same ``ood_images`` test images each, seeded subset 2)."""
+    """``study.evals`` of the data module's test split: the in-distribution set (``test``: ``test_images``,
+    seeded subset 1) and the others (the same ``ood_images`` test images each, seeded subset 2), each image
+    in a black canvas at a seeded offset of the eval's region (``mode``, ``grid_step``, ``off_step``) and/or
+    resized."""
     from vitrel.data import ResizedDataset, TranslatedDataset
 
     out = {}
     for name, e in study["evals"].items():
-        ds, ood = dm.make_dataset("test"), "canvas" in e or "resize" in e
+        ds, ood = dm.make_dataset("test"), name != "test"
         if "canvas" in e:
-            c, mode, step = e["canvas"], e.get("mode", "random"), e.get("grid_step", 1)
-            ds = TranslatedDataset(dm.raw_dataset("test"), c, 0, dm.eval_transform(c), mode, grid_step=step)
+            c, mode = e["canvas"], e.get("mode", "random")
+            ds = TranslatedDataset(
+                dm.raw_dataset("test"), c, 0, dm.eval_transform(c), mode, grid_step=e.get("grid_step", 1),
+                off_step=e.get("off_step", 1),
+            )  # fmt: skip
         ds = _subset(ds, study["ood_images" if ood else "test_images"], seed=2 if ood else 1)
         out[name] = ResizedDataset(ds, e["resize"]) if "resize" in e else ds
     return out
@@ -120,7 +128,11 @@ class Probe(StepTimer):
         self.model, self.steps, self.epochs = pl_module.model, trainer.global_step, trainer.current_epoch
 
 
-def run_one(cfg: DictConfig, study: dict, data: dict, device: torch.device) -> tuple[dict, torch.nn.Module]:
+def run_one(
+    cfg: DictConfig, study: dict, data: dict, device: torch.device, ft_cfg: DictConfig | None = None
+) -> tuple[dict, torch.nn.Module]:
+    """Train ``cfg``, score the model on every evaluation set; with ``ft_cfg``, fine-tune it at the larger
+    size (``ft_cfg.model`` loads the trained weights) and score that on ``study.finetune.eval``."""
     from vitrel.train.run import train
 
     probe = Probe(study["timing_skip_steps"], device)
@@ -137,7 +149,28 @@ def run_one(cfg: DictConfig, study: dict, data: dict, device: torch.device) -> t
     record = dict(params=sum(p.numel() for p in model.parameters()), **accs, train_img_s=probe.img_s)  # None: no step
     record.update(peak_mem_mb=peak / 2**20, fit_s=fit_s, eval_s=eval_s, steps=probe.steps, epochs=probe.epochs)
     record.update(final_train_loss=None if loss is None else float(loss), device=device.type)
+    if ft_cfg is not None:
+        ft_probe, t2 = Probe(study["timing_skip_steps"], device), time.perf_counter()
+        train(ft_cfg, callbacks=[ft_probe])
+        ev = study["finetune"]["eval"]
+        record[f"ft_{ev}_acc"] = accuracy(ft_probe.model.to(device), *data[ev], device, study["eval_batch_size"], bf16)
+        record.update(ft_fit_s=time.perf_counter() - t2, ft_steps=ft_probe.steps)
     return {**record, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, model
+
+
+def finetune_cfg(cfg: DictConfig, study: dict, overrides: list[str], budget: str) -> DictConfig | None:
+    """The fine-tune run of ``cfg``'s run: the same overrides plus ``study.finetune``'s, the input at
+    ``finetune.img_size``, the model loaded from the run's last checkpoint (``vitrel.load_model``: learned
+    tables and absolute embeddings resized to the new grid)."""
+    ft = study.get("finetune")
+    if not ft:
+        return None
+    run_dir = Path(cfg.paths.output_dir)
+    over = [*overrides, *ft["overrides"], f"data.img_size={ft['img_size']}"]
+    ft_cfg = compose(budget, over, run_dir.with_name(run_dir.name + "_ft"))
+    last = str(run_dir / "checkpoints" / "last.ckpt")
+    ft_cfg.model = OmegaConf.create({"_target_": "vitrel.load_model", "path": last, "architecture": cfg.model.name})
+    return ft_cfg
 
 
 def measure_cost(cfgs: dict[str, DictConfig], device, rounds: int, steps: int) -> dict[str, dict]:
@@ -177,59 +210,142 @@ def save_pos(path: Path, key: str, model: torch.nn.Module) -> None:
     os.replace(path.with_name(f".{path.name}.tmp"), path)
 
 
+def acc_metrics(study: dict) -> list[str]:
+    """The accuracy columns of a study: every evaluation set, then the fine-tuned one."""
+    ft = study.get("finetune")
+    return [f"{k}_acc" for k in study["evals"]] + ([f"ft_{ft['eval']}_acc"] if ft else [])
+
+
+def _by_seed(runs: list[dict], arch: str, scheme: str, m: str) -> dict[int, float]:
+    return {
+        r["seed"]: float(r[m])
+        for r in runs
+        if (r["arch"], r["scheme"]) == (arch, scheme) and r.get(m) is not None and not math.isnan(float(r[m]))
+    }
+
+
 def summarise(state: dict) -> list[dict]:
-    """One row per (architecture, scheme): mean and sample std over seeds, and the alternating throughput."""
-    runs, cost = state["runs"], state.get("cost") or {}
-    metrics = [f"{k}_acc" for k in state["recipe"]["study"]["evals"]] + ["train_img_s", "peak_mem_mb", "fit_s"]
-    archs, order = list(state["recipe"]["study"]["archs"]), {s: i for i, s in enumerate(SCHEME_ORDER)}
+    """One row per (architecture, scheme): mean, sample std and 95 % interval over seeds of every metric,
+    the paired differences of the accuracies against ``none`` and ``ape`` (same seeds), the throughput."""
+    runs, cost, study = state["runs"], state.get("cost") or {}, state["recipe"]["study"]
+    accs = acc_metrics(study)
+    metrics = accs + ["train_img_s", "peak_mem_mb", "fit_s"]
+    archs, order = list(study["archs"]), {s: i for i, s in enumerate(SCHEME_ORDER)}
     key = lambda k: (archs.index(k[0]) if k[0] in archs else 99, order.get(k[1], 99), k)  # noqa: E731
     keys = sorted({(r["arch"], r["scheme"]) for r in runs}, key=key)
     rows = []
     for arch, scheme in keys:
-        rs = sorted((r for r in runs if (r["arch"], r["scheme"]) == (arch, scheme)), key=lambda r: r["seed"])
+        rs = [r for r in runs if (r["arch"], r["scheme"]) == (arch, scheme)]
         row: dict[str, Any] = dict(arch=arch, scheme=scheme, family=rs[0]["family"], seeds=len(rs))
         row["params"] = rs[0]["params"]
         for m in metrics:
-            vals = [float(r[m]) for r in rs if r.get(m) is not None and not math.isnan(float(r[m]))]
-            row[f"{m}_mean"] = statistics.fmean(vals) if vals else None
-            row[f"{m}_std"] = statistics.stdev(vals) if len(vals) > 1 else None
+            ci = mean_ci(list(_by_seed(runs, arch, scheme, m).values()))
+            row.update({f"{m}_mean": ci["mean"], f"{m}_std": ci["sd"], f"{m}_lo": ci["lo"], f"{m}_hi": ci["hi"]})
+        for base in ("none", "ape"):
+            for m in accs:
+                d = paired_diff(_by_seed(runs, arch, scheme, m), _by_seed(runs, arch, base, m))
+                ok = base != scheme and d["n"] > 0
+                row.update({f"{m}_vs_{base}_{k}": d[k] if ok else None for k in ("mean", "lo", "hi")})
         rows.append({**row, "bench_img_s": cost.get(f"{arch}/{scheme}", {}).get("img_s")})
     return rows
 
 
+def claims(state: dict) -> list[dict]:
+    """The verdict on each of ``study.claims`` per architecture, from paired differences (``vitrel.stats``).
+
+    ``better: [A, B, C]``: the links ``A - B`` and ``B - C``; ``best: A``: ``A - X`` for every other scheme
+    ``X`` of the study. A claim needs all its schemes; links with fewer than 2 shared seeds are not resolved.
+    """
+    runs, study = state["runs"], state["recipe"]["study"]
+    out = []
+    for cid, c in (study.get("claims") or {}).items():
+        m = f"{c['eval']}_acc"
+        for arch in dict.fromkeys(r["arch"] for r in runs):
+            have = {r["scheme"] for r in runs if r["arch"] == arch}
+            if "better" in c:
+                pairs = list(zip(c["better"][:-1], c["better"][1:]))
+            else:  # best: against every other scheme (not its own variants)
+                pairs = [(c["best"], x) for x in sorted(have, key=_scheme_key) if not x.startswith(c["best"])]
+            if not pairs or any(a not in have or b not in have for a, b in pairs):
+                continue
+            links = []
+            for a, b in pairs:
+                d = paired_diff(_by_seed(runs, arch, a, m), _by_seed(runs, arch, b, m))
+                links.append(dict(a=a, b=b, mean=d["mean"], lo=d["lo"], hi=d["hi"], n=d["n"], verdict=verdict(d)))
+            out.append(dict(claim=cid, title=c["title"], arch=arch, eval=c["eval"], links=links,
+                            verdict=chain_verdict([x["verdict"] for x in links])))  # fmt: skip
+    return out
+
+
+def _scheme_key(s: str) -> tuple:
+    base = next((b for b in sorted(SCHEME_ORDER, key=len, reverse=True) if s.startswith(b)), s)
+    return (SCHEME_ORDER.index(base) if base in SCHEME_ORDER else 99, s)
+
+
 def _pct(row: dict, m: str) -> str:
-    mean, std = row.get(f"{m}_mean"), row.get(f"{m}_std")
-    return "-" if mean is None else f"{100 * mean:.1f}" + ("" if std is None else f" ± {100 * std:.1f}")
+    mean, lo, hi = row.get(f"{m}_mean"), row.get(f"{m}_lo"), row.get(f"{m}_hi")
+    if mean is None:
+        return "-"
+    return f"{100 * mean:.1f}" + ("" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]")
+
+
+def _pp(mean, lo, hi) -> str:
+    """A difference in percentage points with its interval."""
+    if mean is None:
+        return "-"
+    return f"{100 * mean:+.1f}" + ("" if lo is None else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]")
 
 
 def markdown(state: dict) -> str:
     rec, rows, study, machine = state["recipe"], state["summary"], state["recipe"]["study"], state["machine"]
-    evals, cfg = list(study["evals"]), next(iter(rec["runs"].values()))
+    evals, cfg = [m.removesuffix("_acc") for m in acc_metrics(study)], next(iter(rec["runs"].values()))
     t = cfg["trainer"]
     opt = {**cfg["module"]["optimizer"], **(cfg["module"]["scheduler"] or {})}
     n = {k: "all" if study[k] is None else f"{study[k]:,}" for k in ("test_images", "ood_images")}
     cost = f"the models taking turns ({state.get('cost_rounds')} rounds of {state.get('cost_steps')} steps, median)"
     mem = "weights + AdamW state + profiler peak of one training step's forward and backward (CPU)"
     mem = "CUDA max_memory_allocated over the fit" if machine["device"] == "cuda" else mem
+    seeds = sorted({r["seed"] for r in state["runs"]})
+    d = cfg["data"]
+    ft = study.get("finetune")
     lines = [
         f"# Position-scheme study on Fashion-MNIST (budget `{state['budget']}`)\n",
         f"- Command: `{state['command']}`",
-        f"- Machine: {machine['description']}; torch {machine['torch']}",
-        f"- Wall time: {state['wall_s'] / 60:.1f} min in all ({len(state['runs'])} runs, seeds "
-        f"{sorted({r['seed'] for r in state['runs']})})",
+        f"- Machine: {machine['description']}; torch {machine['torch']}"
+        + (f"; load average {state['load']}" if state.get("load") else ""),
+        f"- Wall time: {state['wall_s'] / 60:.1f} min in all ({len(state['runs'])} runs, seeds {seeds})",
         f"- Recipe (resolved in the JSON): `conf/experiment/study_{state['budget']}.yaml`"
         + "".join(f" `{o}`" for o in rec["overrides"])
-        + f": {cfg['data']['name']}, {t['max_epochs']} epochs of {t['limit_train_batches'] or 'all'} batches of "
-        f"{cfg['data']['batch_size']}, {t['precision']}, grad clip {t['gradient_clip_val']}, label smoothing "
+        + f": {d['name']}, each image in a {d['canvas_size']}x{d['canvas_size']} canvas at an offset of the "
+        f"`{d['canvas_mode']}` region, {t['max_epochs']} epochs of {t['limit_train_batches'] or 'all'} batches of "
+        f"{d['batch_size']}, {t['precision']}, grad clip {t['gradient_clip_val']}, label smoothing "
         f"{cfg['module']['label_smoothing']}, no augmentation; "
         + ", ".join(f"{k} {v}" for k, v in opt.items() if k[0] != "_" and v is not None),
-        f"- Accuracy in %, mean ± sample std over seeds, on {n['test_images']} test images at 28x28 (`test`) and "
-        f"{n['ood_images']} moved or resized (`study.evals`: `center`/`translate`/`shift` = in a black canvas, centred"
-        " / at seeded random offsets / in whole patches; `resize` = upsampled), the model run on the larger grid.",
+        f"- Accuracy in %: mean [95 % interval] over seeds (Student's t), on {n['test_images']} test images at "
+        f"the training offsets (`test`) and {n['ood_images']} others (`study.evals`: `unseen` = at held-out "
+        "offsets, `_patch` / `_subpatch` = whole-patch / sub-patch moves only; `resN` = the test canvas resized "
+        "to NxN, zero-shot"
+        + (
+            f"; `ft_{ft['eval']}` = after a fine-tune at {ft['img_size']}x{ft['img_size']}: "
+            + " ".join(f"`{o}`" for o in ft["overrides"])
+            if ft
+            else ""
+        )
+        + ").",
+        "- Paired differences (percentage points, same seeds) against `none` and `ape` are in the CSV/JSON "
+        "(`<eval>_acc_vs_<base>_{mean,lo,hi}`); the claims below are read from them.",
         "- Cost: `img/s` = training images per second (forward, backward, AdamW step), "
         + (cost if state.get("cost") else "over each run's training steps after warm-up")
         + f"; `peak MB` = {mem}.\n",
     ]
+    verdicts = claims(state)
+    if verdicts:
+        lines += ["## Published claims\n", "| claim | arch | verdict | deciding differences, pp [95 % interval] |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for v in verdicts:
+            links = "; ".join(f"{x['a']} - {x['b']} {_pp(x['mean'], x['lo'], x['hi'])}" for x in v["links"])
+            lines.append(f"| {v['title']} (`{v['eval']}`) | {v['arch']} | **{v['verdict']}** | {links} |")
+        lines.append("")
     for arch in dict.fromkeys(r["arch"] for r in rows):
         sub = [r for r in rows if r["arch"] == arch]
         model = ", ".join(f"{k}={v}" for k, v in rec["runs"][arch]["model"].items() if k[0] != "_")
@@ -240,26 +356,31 @@ def markdown(state: dict) -> str:
             thr, mem = r.get("bench_img_s") or r.get("train_img_s_mean"), r.get("peak_mem_mb_mean")
             cells = [r["scheme"], r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, f"{e}_acc") for e in evals)]
             lines.append("| " + " | ".join([*cells, f"{thr:.0f}" if thr else "-", f"{mem:.0f}" if mem else "-"]) + " |")
-        lines += ["", f"Family means ({arch}, mean over the schemes of a family of their seed means):", ""]
-        lines += ["| family | schemes | " + " | ".join(evals) + " |", "|---|---|" + "---:|" * len(evals)]
-        for fam in dict.fromkeys(r["family"] for r in sub):
-            fr = [r for r in sub if r["family"] == fam]
-            vals = [[r[f"{e}_acc_mean"] for r in fr if r.get(f"{e}_acc_mean") is not None] for e in evals]
-            cells = [f"{100 * statistics.fmean(v):.1f}" if v else "-" for v in vals]
-            lines.append(f"| {fam} | {', '.join(r['scheme'] for r in fr)} | " + " | ".join(cells) + " |")
+        for base in ("none", "ape"):
+            if not any(r["scheme"] == base for r in sub):
+                continue
+            lines += ["", f"Paired differences against `{base}` ({arch}, pp [95 % interval]):", ""]
+            lines += ["| scheme | " + " | ".join(evals) + " |", "|---|" + "---:|" * len(evals)]
+            for r in sub:
+                if r["scheme"] != base:
+                    cells = [_pp(*(r.get(f"{e}_acc_vs_{base}_{k}") for k in ("mean", "lo", "hi"))) for e in evals]
+                    lines.append(f"| {r['scheme']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.with_name(f".{path.name}.tmp").write_text(text)
+    os.replace(path.with_name(f".{path.name}.tmp"), path)
 
 
 def write_results(state: dict, out: Path, name: str) -> None:
     """JSON (everything), CSV (summary), Markdown and PNG, each written atomically."""
     from vitrel.viz import plot_study
 
-    def atomic(path: Path, text: str) -> None:
-        path.with_name(f".{path.name}.tmp").write_text(text)
-        os.replace(path.with_name(f".{path.name}.tmp"), path)
+    atomic = atomic_write
 
-    state["summary"] = summarise(state)
+    state["summary"], state["claims"] = summarise(state), claims(state)
     atomic(out / f"{name}.json", json.dumps(state, indent=1))
     atomic(out / f"{name}.md", markdown(state))
     if state["summary"]:
@@ -274,7 +395,7 @@ def write_results(state: dict, out: Path, name: str) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--budget", choices=BUDGETS, default="short", help="conf/experiment/study_<budget>.yaml")
+    ap.add_argument("--budget", choices=BUDGETS, default="cpu", help="conf/experiment/study_<budget>.yaml")
     ap.add_argument("--schemes", default=None, help="comma-separated (default: every registered scheme)")
     ap.add_argument("--archs", default=None, help="comma-separated (default: all of the recipe's study.archs)")
     ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the recipe's study.seeds)")
@@ -288,13 +409,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--progress", choices=["auto", "rich", "lines", "none"], default="auto")
     ap.add_argument("--cost-rounds", type=int, default=5, help="rounds of the alternating throughput timing")
     ap.add_argument("--cost-steps", type=int, default=10, help="training steps per model and round")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (pack a GPU)")
+    ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/N: a --jobs worker's share
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (part of the recipe)")
     return ap.parse_args(argv)
 
 
 def select(args: argparse.Namespace, study: dict) -> tuple[list[str], list[str], list[int]]:
-    known = list_pos()
-    schemes = [s for s in SCHEME_ORDER if s in known] + [s for s in known if s not in SCHEME_ORDER]
+    """The schemes (registered names and ``study.variants`` labels), architectures and seeds to run."""
+    known = list_pos() + [v for v in study.get("variants") or {} if v not in list_pos()]
+    schemes = study.get("default_schemes") or sorted(known, key=_scheme_key)
     schemes = [s.strip() for s in args.schemes.split(",") if s.strip()] if args.schemes else schemes
     archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else list(study["archs"])
     if bad := [s for s in schemes if s not in known]:
@@ -320,10 +444,62 @@ def load_state(path: Path, state: dict, restart: bool) -> dict:
     return state
 
 
+def merge_shards(out: Path, name: str, state: dict) -> None:
+    """Take the runs (and position tensors) of ``--jobs`` workers' shard files into ``state``; remove them."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
+    for path in sorted(out.glob(f"{name}.shard*.json")):
+        for r in json.loads(path.read_text()).get("runs", []):
+            if (r["arch"], r["scheme"], r["seed"]) not in done:
+                state["runs"].append(r)
+                done.add((r["arch"], r["scheme"], r["seed"]))
+        path.unlink()
+    main_pos = out / f"{name}_pos.safetensors"
+    for path in sorted(out.glob(f"{name}_pos.shard*.safetensors")):
+        tensors, meta = {}, {}
+        for p in (main_pos, path):
+            if p.exists():
+                with safe_open(str(p), "pt") as f:
+                    tensors.update({k: f.get_tensor(k) for k in f.keys()})
+                    meta.update(f.metadata() or {})
+        save_file(tensors, str(main_pos.with_name(f".{main_pos.name}.tmp")), metadata=meta)
+        os.replace(main_pos.with_name(f".{main_pos.name}.tmp"), main_pos)
+        path.unlink()
+
+
+def run_jobs(args: argparse.Namespace, argv: list[str], jobs: int) -> None:
+    """``jobs`` worker processes of this command, worker ``i`` running runs ``i::jobs`` of the to-do list
+    (``--shard i/jobs``) with ``cores / jobs`` threads; their output is prefixed ``[i]``. Waits for all."""
+    threads = max(1, (args.threads or os.cpu_count() or 1) // jobs)
+    base = [a for a in argv if a != "--restart"]
+    procs = []
+    for i in range(jobs):
+        cmd = [sys.executable, "-u", str(Path(__file__).resolve()), *base, "--jobs", "1", "--shard", f"{i}/{jobs}"]
+        cmd += ["--threads", str(threads)]
+        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1))
+
+    def relay(i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            print(f"[{i}] {line}", end="")
+
+    threads_ = [threading.Thread(target=relay, args=(i, p), daemon=True) for i, p in enumerate(procs)]
+    for t in threads_:
+        t.start()
+    codes = [p.wait() for p in procs]
+    for t in threads_:
+        t.join()
+    if any(codes):
+        raise SystemExit(f"study workers exited with {codes}; rerun the same command to resume")
+
+
 def main(argv: list[str] | None = None) -> dict:
     args, t_start = parse_args(argv), time.perf_counter()
+    argv = sys.argv[1:] if argv is None else list(argv)
     getattr(sys.stdout, "reconfigure", lambda **_: None)(line_buffering=True)  # progress lines in logs at once
     name, out = args.name or f"study_{args.budget}", Path(args.out)
+    shard = tuple(int(v) for v in args.shard.split("/")) if args.shard else None
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     if args.threads or device.type == "cpu":
@@ -333,14 +509,18 @@ def main(argv: list[str] | None = None) -> dict:
     warnings.filterwarnings("ignore", message=".*(does not have many workers|resampl|LeafSpec|val_dataloader).*")
     rec = recipe(args.budget, args.overrides)
     study, (schemes, archs, seeds) = rec["study"], select(args, rec["study"])
-    command = "python bench/study.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python bench/study.py " + " ".join(a for a in argv if a != "--restart")
     state = dict(budget=args.budget, recipe=rec, command=command, wall_s=0.0, runs=[])
-    state = load_state(out / f"{name}.json", state, args.restart)
+    state = load_state(out / f"{name}.json", state, args.restart and shard is None)
+    if shard is None:
+        merge_shards(out, name, state)  # what workers of an interrupted --jobs run finished
     wall_before, state["machine"] = state["wall_s"], machine_info(device)
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     todo = [(a, s, seed) for seed in seeds for a in archs for s in schemes if (a, s, seed) not in done]
     todo = todo[: args.max_runs] if args.max_runs is not None else todo
     skipped = len(seeds) * len(archs) * len(schemes) - len(todo)
+    if shard is not None:
+        todo, state_name, state["runs"] = todo[shard[0] :: shard[1]], f"{name}.shard{shard[0]}", []
     print(
         f"{name}: {len(todo)} runs to do ({skipped} of the selection already done or deferred) on",
         state["machine"]["description"],
@@ -349,11 +529,19 @@ def main(argv: list[str] | None = None) -> dict:
     common = [*args.overrides, f"trainer.accelerator={device.type}", f"progress_bar={args.progress}"]
     common += [f"data.root={args.data_root}"] * bool(args.data_root)
     common += ["trainer.precision=32-true"] * (device.type == "cpu")  # the recipes' bf16 is for GPUs
+    variants = study.get("variants") or {}
+
+    def run_overrides(arch: str, scheme: str, seed: int) -> list[str]:
+        pos = variants[scheme] if scheme in variants else [f"pos={scheme}"]
+        return [*common, *study["archs"][arch], *pos, f"seed={seed}"]
 
     def run_cfg(arch: str, scheme: str, seed: int) -> DictConfig:
-        over = [*common, *study["archs"][arch], f"pos={scheme}", f"seed={seed}"]
-        return compose(args.budget, over, work / f"{arch}_{scheme}_seed{seed}")
+        return compose(args.budget, run_overrides(arch, scheme, seed), work / f"{arch}_{scheme}_seed{seed}")
 
+    if args.jobs > 1 and shard is None and len(todo) > 1:
+        run_jobs(args, argv, min(args.jobs, len(todo)))
+        merge_shards(out, name, state)
+        todo = []
     data: dict = {}
     try:
         for i, (arch, scheme, seed) in enumerate(todo):
@@ -363,20 +551,30 @@ def main(argv: list[str] | None = None) -> dict:
                 print("evaluation sets:", ", ".join(f"{k} {tuple(v[0].shape)}" for k, v in data.items()))
             print(f"[{i + 1}/{len(todo)}] {arch} {scheme} seed {seed}")
             resumed = (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").exists()
-            record, model = run_one(cfg, study, data, device)
-            family = get_pos_class(scheme).family
+            ft_cfg = finetune_cfg(cfg, study, run_overrides(arch, scheme, seed), args.budget)
+            record, model = run_one(cfg, study, data, device, ft_cfg)
+            family = get_pos_class(cfg.pos.name).family
             state["runs"].append(dict(arch=arch, scheme=scheme, seed=seed, family=family, **record, resumed=resumed))
             state["wall_s"] = wall_before + time.perf_counter() - t_start
-            if seed == seeds[0]:
-                save_pos(out / f"{name}_pos.safetensors", f"{arch}/{scheme}", model)
-            write_results(state, out, name)
-            shutil.rmtree(cfg.paths.output_dir, ignore_errors=True)
+            if shard is not None:
+                if seed == seeds[0]:
+                    save_pos(out / f"{name}_pos.shard{shard[0]}.safetensors", f"{arch}/{scheme}", model)
+                atomic_write(out / f"{state_name}.json", json.dumps(state, indent=1))
+            else:
+                if seed == seeds[0]:
+                    save_pos(out / f"{name}_pos.safetensors", f"{arch}/{scheme}", model)
+                write_results(state, out, name)
+            for d in (cfg.paths.output_dir, ft_cfg.paths.output_dir if ft_cfg is not None else None):
+                if d:
+                    shutil.rmtree(d, ignore_errors=True)
             accs = "  ".join(f"{k[:-4]} {100 * v:.1f}%" for k, v in record.items() if k.endswith("_acc"))
             print(f"    {accs}  |  {record['train_img_s'] or math.nan:.0f} img/s, {record['peak_mem_mb']:.0f} MB")
     finally:
         for d in (work, work.parent):
             with contextlib.suppress(OSError):
                 d.rmdir()
+    if shard is not None:
+        return state
     # the selection complete: every model's throughput, timed in alternation (once)
     finished = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     wanted = [(a, s) for a in archs for s in schemes]
@@ -386,10 +584,13 @@ def main(argv: list[str] | None = None) -> dict:
         cfgs = {f"{a}/{s}": run_cfg(a, s, 0) for a, s in wanted}
         cost = measure_cost(cfgs, device, args.cost_rounds, args.cost_steps)
         state.update(cost={**state.get("cost", {}), **cost}, cost_rounds=args.cost_rounds, cost_steps=args.cost_steps)
-        state["wall_s"] = wall_before + time.perf_counter() - t_start
+    state["wall_s"] = wall_before + time.perf_counter() - t_start
+    state["load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     if state["runs"] and (complete or not todo):
         write_results(state, out, name)
     print(f"done in {time.perf_counter() - t_start:.0f} s (in all {state['wall_s'] / 60:.1f} min): {out}/{name}.*")
+    for v in claims(state) if complete else ():
+        print(f"  {v['arch']}: {v['title']}: {v['verdict']}")
     return state
 
 

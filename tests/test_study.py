@@ -24,6 +24,9 @@ def study():
     return mod
 
 
+EVALS = ["test", "unseen", "unseen_patch", "unseen_subpatch", "res60", "res80", "ft_res60"]
+
+
 def run(study, out: Path, *extra: str) -> dict:
     argv = ["--budget", "smoke", "--schemes", "none,rel2d_full", "--out", str(out), "--progress", "lines"]
     return study.main([*argv, "--threads", "1", *extra])
@@ -55,9 +58,10 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
     assert data["machine"]["device"] == "cpu" and "CPU" in data["machine"]["description"]
     assert data["wall_s"] > 0 and data["command"].startswith("python bench/study.py --budget smoke")
     for r in data["runs"]:
-        for key in ("test_acc", "center44_acc", "shift44_acc", "translate44_acc", "resize40_acc"):
-            assert 0.0 <= r[key] <= 1.0
+        for key in EVALS:
+            assert 0.0 <= r[f"{key}_acc"] <= 1.0
         assert r["params"] > 0 and r["train_img_s"] > 0 and r["peak_mem_mb"] > 0 and r["steps"] == 3
+        assert r["ft_steps"] == 2 and r["ft_fit_s"] > 0  # the fine-tune at 60x60 (study_smoke.yaml)
 
     with open(tmp_path / f"{name}.csv") as f:
         rows = list(csv.DictReader(f))
@@ -73,10 +77,11 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
         "params",
         "test_acc_mean",
         "test_acc_std",
-        "center44_acc_mean",
-        "shift44_acc_mean",
-        "translate44_acc_mean",
-        "resize40_acc_mean",
+        "test_acc_lo",
+        "test_acc_hi",
+        *(f"{e}_acc_mean" for e in EVALS),
+        "unseen_acc_vs_none_mean",
+        "res80_acc_vs_ape_lo",
         "train_img_s_mean",
         "peak_mem_mb_mean",
     ):
@@ -86,8 +91,9 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
     assert float(rows[1]["test_acc_mean"]) == pytest.approx(by_key[("vit", "rel2d_full")]["test_acc"])
 
     md = (tmp_path / f"{name}.md").read_text()
-    assert "| scheme | family | params | test | center44 | shift44 | translate44 | resize40 | img/s | peak MB |" in md
-    assert "`conf/experiment/study_smoke.yaml`: fashion_mnist, 1 epochs of 3 batches of 64" in md
+    assert "| scheme | family | params | " + " | ".join(EVALS) + " | img/s | peak MB |" in md
+    assert "`conf/experiment/study_smoke.yaml`: fashion_mnist, each image in a 40x40 canvas at an offset of the" in md
+    assert "Paired differences against `none` (vit, pp [95 % interval])" in md
     assert "## vit" in md and "## swin" in md and data["machine"]["description"] in md
 
     from safetensors import safe_open
@@ -128,57 +134,132 @@ def test_bad_selection_is_refused(study, tmp_path):
         study.main(["--budget", "smoke", "--archs", "convnet", "--out", str(tmp_path)])
 
 
-def test_eval_sets_from_idx_files(study, tmp_path):
-    """The full-set path (``subset="full"``) on generated IDX files, with the evaluation sets' geometry."""
+def _marked_idx_files(root: Path, n_train: int, n_test: int) -> None:
+    """Fashion-MNIST IDX files whose images are black but for a white top-left pixel (it marks the offset)."""
+    from vitrel.data import write_idx
+
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        x = np.zeros((n, 28, 28), dtype=np.uint8)
+        x[:, 0, 0] = 255
+        write_idx(root / f"{split}-images-idx3-ubyte", x)
+        write_idx(root / f"{split}-labels-idx1-ubyte", (np.arange(n) % 10).astype(np.uint8))
+
+
+def _offsets(x: torch.Tensor) -> set[tuple[int, int]]:
+    """(top, left) of the white pixel of each canvas in ``x`` ``[B, 1, H, W]``."""
+    flat = x.flatten(1).argmax(1)
+    return {(int(i) // x.shape[-1], int(i) % x.shape[-1]) for i in flat}
+
+
+def test_fixed_canvas_split_puts_train_and_test_offsets_in_disjoint_regions(study, tmp_path):
+    """The full-set path (``subset="full"``) on generated IDX files: every training offset in the seen block,
+    every held-out offset outside it; whole-patch and sub-patch sets as named; the resized sets' sizes."""
     from hydra.utils import instantiate
 
-    from vitrel.data import TranslatedDataset, write_idx
+    from vitrel.data.transforms import offset_region
 
-    rng = np.random.default_rng(0)
-    for split, n in (("train", 40), ("t10k", 30)):
-        write_idx(tmp_path / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
-        write_idx(tmp_path / f"{split}-labels-idx1-ubyte", rng.integers(0, 10, n, dtype=np.uint8))
-    over = ["data=fashion_mnist_full", f"data.root={tmp_path}", "study.test_images=null", "study.ood_images=10"]
+    _marked_idx_files(tmp_path, 256, 300)
+    over = ["data=fashion_mnist_full", f"data.root={tmp_path}", "study.test_images=null", "study.ood_images=200"]
     cfg = study.compose("smoke", over)
     dm = instantiate(cfg.data)
+    seen = {tuple(o) for o in offset_region((28, 28), 40, "seen")}
+    assert seen == {(t, l) for t in range(7) for l in range(7)}
+    dm.setup("fit")
+    train = set()
+    for epoch in range(3):
+        loader = dm.train_dataloader()
+        loader.sampler.set_epoch(epoch)
+        train |= set().union(*(_offsets(x) for x, _ in loader))
+    assert train <= seen and len(train) > 35  # drawn from the whole seen block, nothing outside it
     data = {k: study.materialise(v) for k, v in study.eval_sets(cfg.study, dm).items()}
-    assert list(data) == ["test", "center44", "shift44", "translate44", "resize40"]
-    assert data["test"][0].shape == (30, 1, 28, 28)
-    x, y = data["translate44"]
-    assert x.shape == (10, 1, 44, 44) and y.shape == (10,)
-    assert data["resize40"][0].shape == (10, 1, 40, 40)
-    assert data["center44"][0].shape == data["shift44"][0].shape == (10, 1, 44, 44)
-    # every out-of-distribution set scores the same 10 test images
-    for k in ("center44", "shift44", "resize40"):
-        assert data[k][1].tolist() == y.tolist()
-    # the canvas holds the image once, the rest is black; centre: rows/cols 8..35
-    black = (0.0 - 0.2860) / 0.3530
-    assert ((x - black).abs() > 1e-6).sum(dim=(1, 2, 3)).max() <= 28 * 28
-    c = data["center44"][0]
-    idx = sorted(torch.randperm(30, generator=torch.Generator().manual_seed(2))[:10].tolist())  # study._subset
-    torch.testing.assert_close(c[:, :, 8:36, 8:36], data["test"][0][idx])
-    assert data["test"][1][idx].tolist() == y.tolist()
-    assert ((c[:, :, :8] - black).abs() < 1e-6).all() and ((c[:, :, 36:] - black).abs() < 1e-6).all()
-    # shift: whole patches (grid_step 4), and the same offsets as the study's former ShiftedDataset
-    ds = TranslatedDataset(list(zip(range(50), range(50))), 44, seed=0, grid_step=4)
-    offs = [ds.offset(i, (28, 28)) for i in range(50)]
-    assert all(t % 4 == 0 and l % 4 == 0 and 0 <= t <= 16 and 0 <= l <= 16 for t, l in offs)
-    assert len(set(offs)) > 10
-    gens = [np.random.default_rng([0, i]) for i in range(50)]  # one generator per sample: top, then left
-    assert offs == [(4 * int(g.integers(0, 5)), 4 * int(g.integers(0, 5))) for g in gens]
-    for j, i in enumerate(idx):  # the shifted images are the test images at those offsets
-        t, l = ds.offset(i, (28, 28))
-        torch.testing.assert_close(data["shift44"][0][j, :, t : t + 28, l : l + 28], data["test"][0][i])
+    assert list(data) == ["test", "unseen", "unseen_patch", "unseen_subpatch", "res60", "res80"]
+    assert data["test"][0].shape == (300, 1, 40, 40) and data["unseen"][0].shape == (200, 1, 40, 40)
+    assert data["res60"][0].shape == (200, 1, 60, 60) and data["res80"][0].shape == (200, 1, 80, 80)
+    assert _offsets(data["test"][0]) <= seen
+    unseen = _offsets(data["unseen"][0])
+    assert unseen and not unseen & (seen | train) and all(t > 6 or l > 6 for t, l in unseen)
+    assert len(unseen) > 50  # spread over the region (120 offsets)
+    patch, sub = _offsets(data["unseen_patch"][0]), _offsets(data["unseen_subpatch"][0])
+    assert patch and all(t % 4 == 0 and l % 4 == 0 and (t > 6 or l > 6) for t, l in patch)
+    assert sub and all((t % 4 or l % 4) and (t > 6 or l > 6) for t, l in sub)
+    # every held-out set scores the same 200 test images, in the same order
+    for k in ("unseen_patch", "unseen_subpatch", "res60", "res80"):
+        assert data[k][1].tolist() == data["unseen"][1].tolist()
 
 
 def test_recipes_compose_as_train_py_does(study):
     """Every budget composes; the runs are train.py's configs (experiment=study_<budget>) with the study's overrides."""
-    assert study.BUDGETS == ["full", "short", "smoke"]
+    assert study.BUDGETS == ["cpu", "gpu", "smoke"]
     for budget in study.BUDGETS:
         rec = study.recipe(budget)
-        assert set(rec["runs"]) == {"vit", "swin"} and rec["study"]["evals"]["test"] == {}
+        assert set(rec["runs"]) == {"vit", "swin"} and rec["study"]["evals"]["test"] == {"canvas": 40, "mode": "seen"}
         for cfg in rec["runs"].values():
             assert cfg["model"]["_target_"] == "vitrel.create_model" and cfg["test"] is False
             assert cfg["callbacks"]["model_checkpoint"] is None and cfg["logger"] == {}
-    assert study.recipe("full")["runs"]["vit"]["trainer"]["max_epochs"] == 30
-    assert study.recipe("short")["runs"]["swin"]["model"]["patch_size"] == 4
+            assert (cfg["data"]["canvas_size"], cfg["data"]["canvas_mode"]) == (40, "seen")
+    cpu = study.recipe("cpu")
+    assert cpu["runs"]["swin"]["model"]["patch_size"] == 4 and cpu["runs"]["vit"]["data"]["subset"] == "full"
+    assert cpu["study"]["seeds"] == 3 and len(cpu["study"]["default_schemes"]) == 8
+    assert study.recipe("gpu")["study"]["default_schemes"] is None  # every scheme and variant
+
+
+def test_variants_are_schemes_with_options(study, tmp_path):
+    """A variant label runs its scheme with the options it names (DINOv3 coordinates, average pooling)."""
+    rec = study.recipe("smoke")
+    args = study.parse_args(["--budget", "smoke", "--schemes", "rope2d_mixed_dinov3,none"])
+    schemes, archs, seeds = study.select(args, rec["study"])
+    assert schemes == ["rope2d_mixed_dinov3", "none"] and seeds == [0]
+    over = [*rec["study"]["archs"]["vit"], *rec["study"]["variants"]["rope2d_mixed_dinov3"]]
+    cfg = study.compose("smoke", over)
+    assert cfg.pos.name == "rope2d_mixed" and cfg.pos.coords == "normalized" and cfg.pos.rescale == 2.0
+    cfg = study.compose("smoke", [*rec["study"]["archs"]["vit"], *rec["study"]["variants"]["rope2d_mixed_avgpool"]])
+    assert cfg.model.global_pool == "avg"
+
+
+def _state(accs: dict[tuple[str, str], list[float]], claims: dict) -> dict:
+    runs = [
+        dict(arch=a, scheme=s, seed=k, family="f", params=1, test_acc=v, res80_acc=v)
+        for (a, s), vs in accs.items()
+        for k, v in enumerate(vs)
+    ]
+    study_cfg = dict(archs={"vit": []}, evals={"test": {}, "res80": {}}, claims=claims)
+    return dict(runs=runs, recipe=dict(study=study_cfg))
+
+
+def test_claims_are_decided_by_paired_intervals(study):
+    claims = {
+        "chain": dict(title="rel > abs > none", better=["rel2d_full", "ape", "none"], eval="test"),
+        "best": dict(title="rope best", best="rope2d_mixed", eval="res80"),
+    }
+    accs = {
+        ("vit", "none"): [0.70, 0.72, 0.71],
+        ("vit", "ape"): [0.80, 0.83, 0.81],  # ape - none = 0.10, 0.11, 0.10: clearly above 0
+        ("vit", "rel2d_full"): [0.81, 0.84, 0.82],  # rel - ape = 0.01 each seed: sd 0, interval [0.01, 0.01]
+        ("vit", "rope2d_mixed"): [0.78, 0.86, 0.80],  # vs ape: -0.02, +0.03, -0.01: not resolved
+        ("vit", "rope2d_mixed_dinov3"): [0.1, 0.1, 0.1],  # its own variant: not a competitor
+    }
+    out = {c["claim"]: c for c in study.claims(_state(accs, claims))}
+    assert out["chain"]["verdict"] == "reproduced" and [x["verdict"] for x in out["chain"]["links"]] == [
+        "reproduced",
+        "reproduced",
+    ]
+    assert out["chain"]["links"][0]["mean"] == pytest.approx(0.01)
+    best = out["best"]
+    assert {x["b"] for x in best["links"]} == {"none", "ape", "rel2d_full"} and best["verdict"] == "not resolved"
+    accs[("vit", "rel2d_full")] = [0.79, 0.82, 0.80]  # rel - ape = -0.01 each seed: contradicted
+    out = {c["claim"]: c for c in study.claims(_state(accs, claims))}
+    assert out["chain"]["verdict"] == "contradicted"
+    del accs[("vit", "ape")]  # a claim needs all its schemes
+    assert "chain" not in {c["claim"] for c in study.claims(_state(accs, claims))}
+
+
+def test_jobs_pack_runs_into_worker_processes(study, tmp_path):
+    """--jobs 2: two worker processes share the to-do list; their runs and position tensors are merged."""
+    state = run(study, tmp_path, "--archs", "vit", "--jobs", "2", "--cost-rounds", "0")
+    assert sorted(r["scheme"] for r in state["runs"]) == ["none", "rel2d_full"]
+    assert not list(tmp_path.glob("*.shard*"))
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "study_smoke_pos.safetensors"), "pt") as f:
+        assert set(f.metadata()) == {"vit/none", "vit/rel2d_full"}
+    assert json.loads((tmp_path / "study_smoke.json").read_text())["runs"] == state["runs"]

@@ -178,7 +178,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
         lg.log_hyperparams(resolved)
     n_params = sum(p.numel() for p in model.parameters())
     rank_zero_info(
-        f"run folder {run_dir}\nmodel {cfg.model.name} pos={cfg.pos.get('name')} ({n_params / 1e6:.2f}M params), "
+        f"run folder {run_dir}\nmodel {_model_name(cfg)} pos={cfg.pos.get('name')} ({n_params / 1e6:.2f}M params), "
         f"data {type(dm).__name__} img_size={dm.img_size} classes={dm.num_classes}"
     )
 
@@ -214,7 +214,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,
-        "model": str(cfg.model.name),
+        "model": _model_name(cfg),
         "pos": cfg.pos.get("name"),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "overrides": _overrides(),
@@ -229,6 +229,11 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
     return metrics
+
+
+def _model_name(cfg: DictConfig) -> str:
+    """The architecture: ``model.name`` (create_model) or ``model.architecture`` (load_model)."""
+    return str(cfg.model.get("name") or cfg.model.get("architecture"))
 
 
 def _report(result: dict, wandb_where: str | None) -> str:

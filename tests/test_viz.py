@@ -338,3 +338,36 @@ def test_plot_study_axes():
     assert len(panels(viz.plot_study_scatter(_summary()))) == 2 * 2
     with pytest.raises(ValueError):
         viz.plot_study([])
+
+
+def _bar_extent(ax, label: str) -> list[tuple[float, float]]:
+    """(left, right) of each horizontal error bar of the series ``label``."""
+    for cont in ax.containers:
+        if cont.get_label() == label:
+            return [tuple(seg[:, 0]) for seg in cont.lines[2][0].get_segments()]
+    raise KeyError(label)
+
+
+def test_plot_study_bars_are_the_intervals():
+    rows = _summary()
+    for r in rows:
+        r.update(test_acc_lo=r["test_acc_mean"] - 0.05, test_acc_hi=r["test_acc_mean"] + 0.02)
+    ax = panels(viz.plot_study(rows, metrics=["test_acc_mean"]))[0]
+    assert "95 % interval" in ax.get_title()
+    lo, hi = _bar_extent(ax, "test")[0]
+    assert (lo, hi) == (pytest.approx(75.0), pytest.approx(82.0))  # none: 80 [75, 82]
+    ax = panels(viz.plot_study(_summary(), metrics=["test_acc_mean"]))[0]  # no intervals: the std
+    assert _bar_extent(ax, "test")[0] == (pytest.approx(79.0), pytest.approx(81.0))
+
+
+def test_plot_study_diffs_draws_paired_intervals():
+    rows = _summary()
+    for r in rows:
+        d = None if r["scheme"] == "none" else 0.03
+        r.update(test_acc_vs_none_mean=d, test_acc_vs_none_lo=d and 0.01, test_acc_vs_none_hi=d and 0.05)
+    fig = viz.plot_study_diffs(rows, base="none")
+    axes = panels(fig)
+    assert len(axes) == 2 and [t.get_text() for t in axes[0].get_yticklabels()] == ["ape", "rel2d_full"]
+    assert _bar_extent(axes[0], "test")[0] == (pytest.approx(1.0), pytest.approx(5.0))
+    with pytest.raises(ValueError, match="no paired differences"):
+        viz.plot_study_diffs(_summary(), base="none")

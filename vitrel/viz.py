@@ -57,6 +57,7 @@ __all__ = [
     "plot_content_tables",
     "plot_attention_maps",
     "plot_study",
+    "plot_study_diffs",
     "plot_study_scatter",
     "figure_to_array",
 ]
@@ -486,12 +487,13 @@ def plot_study(
     title: str | None = None,
     chance: float | None = None,
 ):
-    """The study's picture: per architecture, accuracies per scheme (mean, error bar = std over seeds)
-    and training throughput.
+    """The study's picture: per architecture, accuracies per scheme (mean, error bar = the 95 % interval
+    over seeds where the rows have one, else the std) and training throughput.
 
     ``rows``: summary rows (one per architecture x scheme) with ``arch``, ``scheme`` and, for each
-    metric ``m``, ``m_mean`` / ``m_std`` (accuracies in [0, 1]), plus ``bench_img_s`` (throughput timed
-    with the models taking turns) or, without it, ``train_img_s_mean`` (the runs' own throughput).
+    metric ``m``, ``m_mean`` and ``m_lo`` / ``m_hi`` or ``m_std`` (accuracies in [0, 1]), plus
+    ``bench_img_s`` (throughput timed with the models taking turns) or, without it, ``train_img_s_mean``
+    (the runs' own throughput).
     ``metrics`` default: every ``*_acc_mean`` key, in-distribution first; ``chance``: accuracy of a
     guess (drawn as a dotted line). Returns a Figure with ``2 * len(archs)`` axes (accuracy,
     throughput per architecture).
@@ -512,13 +514,21 @@ def plot_study(
         y = np.arange(len(sub))
         ax = axes[a_i, 0]
         width = 0.7 / max(len(metrics), 1)
+        with_ci = any(r.get(m.removesuffix("_mean") + "_lo") is not None for r in sub for m in metrics)
         for m_i, m in enumerate(metrics):
-            mean = np.array([100 * float(r.get(m, math.nan)) for r in sub])
-            std_key = m.removesuffix("_mean") + "_std"
-            std = np.array([100 * float(r.get(std_key, 0.0) or 0.0) for r in sub])
+            mean = np.array([100 * float(r.get(m) if r.get(m) is not None else math.nan) for r in sub])
+            base = m.removesuffix("_mean")
+            if with_ci:  # asymmetric bars [lo, hi]; none where a cell has a single seed
+                lo = np.array([100 * float(r[f"{base}_lo"]) if r.get(f"{base}_lo") is not None else v
+                               for r, v in zip(sub, mean)])  # fmt: skip
+                hi = np.array([100 * float(r[f"{base}_hi"]) if r.get(f"{base}_hi") is not None else v
+                               for r, v in zip(sub, mean)])  # fmt: skip
+                err = np.stack([mean - lo, hi - mean])
+            else:
+                err = np.array([100 * float(r.get(f"{base}_std", 0.0) or 0.0) for r in sub])
             off = (m_i - (len(metrics) - 1) / 2) * width
             ax.errorbar(
-                mean, y + off, xerr=std, fmt=markers[m_i % len(markers)], ms=4, capsize=2, label=_metric_label(m)
+                mean, y + off, xerr=err, fmt=markers[m_i % len(markers)], ms=4, capsize=2, label=_metric_label(m)
             )
         if chance is not None:
             ax.axvline(100 * chance, ls=":", color="0.5", lw=1, label="chance")
@@ -526,7 +536,8 @@ def plot_study(
         ax.invert_yaxis()
         ax.grid(axis="x", color="0.9")
         ax.set_xlabel("accuracy (%)", fontsize=8)
-        ax.set_title(f"{arch}: accuracy (mean, bar = std over seeds)", fontsize=8)
+        bar = "95 % interval" if with_ci else "std"
+        ax.set_title(f"{arch}: accuracy (mean, bar = {bar} over seeds)", fontsize=8)
         ax.tick_params(labelsize=7)
         if a_i == 0:
             fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncol=len(metrics) + 1, loc="outside lower center")
@@ -538,6 +549,54 @@ def plot_study(
         ax2.set_xlabel("train images / s", fontsize=8)
         ax2.set_title(f"{arch}: throughput", fontsize=8)
         ax2.tick_params(labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_study_diffs(
+    rows: Sequence[Mapping[str, Any]],
+    base: str = "none",
+    metrics: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    title: str | None = None,
+):
+    """Paired differences against the ``base`` scheme, per architecture: for every other scheme and metric
+    ``m`` the mean of ``m_vs_<base>_mean`` with its 95 % interval ``[m_vs_<base>_lo, m_vs_<base>_hi]`` in
+    percentage points (the study's summary rows). An interval clear of the zero line is a resolved
+    difference. ``metrics`` default: every ``*_acc`` with such columns. Returns a Figure, one axis per
+    architecture."""
+    if not rows:
+        raise ValueError("plot_study_diffs needs at least one summary row")
+    archs = list(archs) if archs is not None else list(dict.fromkeys(r["arch"] for r in rows))
+    suffix = f"_vs_{base}_mean"
+    if metrics is None:
+        metrics = [k.removesuffix(suffix) for k in rows[0] if k.endswith(suffix)]
+    if not metrics:
+        raise ValueError(f"the rows have no paired differences against {base!r} (columns *{suffix})")
+    n_schemes = max(sum(1 for r in rows if r["arch"] == a and r["scheme"] != base) for a in archs)
+    fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
+    axes = np.atleast_1d(fig.subplots(len(archs), 1, squeeze=False)[:, 0])
+    markers = "osD^v<>p*h"
+    for ax, arch in zip(axes, archs):
+        sub = [r for r in rows if r["arch"] == arch and r["scheme"] != base]
+        y, width = np.arange(len(sub)), 0.7 / len(metrics)
+        for m_i, m in enumerate(metrics):
+            val = {k: [r.get(f"{m}_vs_{base}_{k}") for r in sub] for k in ("mean", "lo", "hi")}
+            mean = np.array([100 * v if v is not None else math.nan for v in val["mean"]])
+            lo = np.array([100 * v if v is not None else mu for v, mu in zip(val["lo"], mean)])
+            hi = np.array([100 * v if v is not None else mu for v, mu in zip(val["hi"], mean)])
+            off = (m_i - (len(metrics) - 1) / 2) * width
+            ax.errorbar(mean, y + off, xerr=np.stack([mean - lo, hi - mean]), fmt=markers[m_i % len(markers)],
+                        ms=4, capsize=2, label=_metric_label(m.removesuffix("_acc") + "_acc_mean"))  # fmt: skip
+        ax.axvline(0.0, color="0.3", lw=1)
+        ax.set_yticks(y, [r["scheme"] for r in sub], fontsize=7)
+        ax.invert_yaxis()
+        ax.grid(axis="x", color="0.9")
+        ax.set_xlabel(f"accuracy minus {base}'s, same seeds (percentage points)", fontsize=8)
+        ax.set_title(f"{arch}: paired difference against {base} (mean, bar = 95 % interval)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=len(metrics), loc="outside lower center")
     if title:
         fig.suptitle(title, fontsize=9)
     return fig

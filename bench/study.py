@@ -310,7 +310,7 @@ def markdown(state: dict) -> str:
     ft = study.get("finetune")
     lines = [
         f"# Position-scheme study on Fashion-MNIST (budget `{state['budget']}`)\n",
-        f"- Command: `{state['command']}`",
+        "- Commands: " + ", ".join(f"`{c}`" for c in state.get("commands") or [state["command"]]),
         f"- Machine: {machine['description']}; torch {machine['torch']}"
         + (f"; load average {state['load']}" if state.get("load") else ""),
         f"- Wall time: {state['wall_s'] / 60:.1f} min in all ({len(state['runs'])} runs, seeds {seeds})",
@@ -428,16 +428,35 @@ def select(args: argparse.Namespace, study: dict) -> tuple[list[str], list[str],
     return schemes, archs, list(range(args.seeds if args.seeds is not None else study["seeds"]))
 
 
+#: parts of the study block that only select or read runs: changing them keeps the finished runs
+READING = ("claims", "default_schemes", "variants")
+
+
+def _run_part(recipe: dict) -> dict:
+    """What the finished runs depend on: the recipe less ``READING`` (variants are checked per run)."""
+    return {**recipe, "study": {k: v for k, v in (recipe.get("study") or {}).items() if k not in READING}}
+
+
 def load_state(path: Path, state: dict, restart: bool) -> dict:
     """The earlier runs of this study (its recipe must be the same), or none with ``restart``."""
     if path.exists() and not restart:
         old = json.loads(path.read_text())
-        if diff := [k for k in state["recipe"] if (old.get("recipe") or {}).get(k) != state["recipe"][k]]:
+        new_part, old_part = _run_part(state["recipe"]), _run_part(old.get("recipe") or {})
+        diff = [k for k in new_part if old_part.get(k) != new_part[k]]
+        diff += [f"study.{k}" for k in new_part["study"] if old_part["study"].get(k) != new_part["study"][k]]
+        variants = state["recipe"]["study"].get("variants") or {}
+        diff += [
+            f"variant {r['scheme']}"
+            for r in old.get("runs", [])
+            if r.get("pos_overrides") is not None and variants.get(r["scheme"]) != r["pos_overrides"]
+        ]
+        if diff:
             raise SystemExit(
-                f"{path} holds a study made with another recipe (differs in: {', '.join(diff)}); "
+                f"{path} holds a study made with another recipe (differs in: {', '.join(dict.fromkeys(diff))}); "
                 "rerun with --restart to discard it, or give another --name"
             )
-        state.update({k: old[k] for k in ("runs", "wall_s", "cost", "cost_rounds", "cost_steps") if k in old})
+        keep = ("runs", "wall_s", "cost", "cost_rounds", "cost_steps", "commands")
+        state.update({k: old[k] for k in keep if k in old})
     elif restart:
         for p in path.parent.glob(f"{path.stem}*"):
             shutil.rmtree(p) if p.is_dir() else p.unlink()
@@ -514,6 +533,7 @@ def main(argv: list[str] | None = None) -> dict:
     state = load_state(out / f"{name}.json", state, args.restart and shard is None)
     if shard is None:
         merge_shards(out, name, state)  # what workers of an interrupted --jobs run finished
+        state["commands"] = list(dict.fromkeys([*state.get("commands", []), command]))
     wall_before, state["machine"] = state["wall_s"], machine_info(device)
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     todo = [(a, s, seed) for seed in seeds for a in archs for s in schemes if (a, s, seed) not in done]
@@ -554,7 +574,8 @@ def main(argv: list[str] | None = None) -> dict:
             ft_cfg = finetune_cfg(cfg, study, run_overrides(arch, scheme, seed), args.budget)
             record, model = run_one(cfg, study, data, device, ft_cfg)
             family = get_pos_class(cfg.pos.name).family
-            state["runs"].append(dict(arch=arch, scheme=scheme, seed=seed, family=family, **record, resumed=resumed))
+            run = dict(arch=arch, scheme=scheme, seed=seed, family=family, pos_overrides=variants.get(scheme))
+            state["runs"].append({**run, **record, "resumed": resumed})
             state["wall_s"] = wall_before + time.perf_counter() - t_start
             if shard is not None:
                 if seed == seeds[0]:

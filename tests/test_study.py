@@ -123,6 +123,16 @@ def test_another_recipe_is_refused(study, tmp_path):
     path.write_text(json.dumps(data))
     with pytest.raises(SystemExit, match="another recipe.*runs.*--restart"):
         run(study, tmp_path, "--archs", "vit")
+    # what only reads or selects runs (claims, variants no run used) may change: the runs are kept
+    data["recipe"]["runs"]["vit"]["trainer"]["max_epochs"] = 1
+    data["recipe"]["study"]["claims"] = {}
+    data["runs"][0].update(scheme="rope2d_mixed_dinov3", pos_overrides=["pos=rope2d_mixed"])
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="another recipe.*variant rope2d_mixed_dinov3"):
+        run(study, tmp_path, "--archs", "vit")  # a finished run of a variant whose overrides changed
+    data["runs"][0].update(scheme="none", pos_overrides=None)
+    path.write_text(json.dumps(data))
+    assert len(run(study, tmp_path, "--archs", "vit", "--max-runs", "0")["runs"]) == 1
     state = run(study, tmp_path, "--max-runs", "1", "--archs", "vit", "--restart")
     assert len(state["runs"]) == 1
 

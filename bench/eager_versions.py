@@ -1,0 +1,171 @@
+"""Eager speed of two vitrel versions in one run: did a change make the plain PyTorch path slower?
+
+Each version runs in its own worker process (``PYTHONPATH`` = that checkout), which builds the same
+models with the same seed and times, on command, ``--steps`` training steps (forward, cross-entropy,
+backward, AdamW step) or inference forwards (``torch.inference_mode``) of one model. The driver asks
+the two workers in turn (zigzag: before, after, after, before, ...), ``--rounds`` times per model, so
+both versions see the same machine load; the table has the medians and after / before.
+
+    git worktree add /tmp/v0 839c787      # vitrel 0.1.0
+    python bench/eager_versions.py --before /tmp/v0 --after . --out bench/results/eager_versions_cpu.md
+
+Models: the default recipe's ViT (``vit_tiny_fmnist``: width 64, depth 4, 28x28, patch 4) and the
+study's Swin (width 32, depths 2-2, 4x4 windows), with each ``--schemes`` entry; batch ``--batch-size``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+MODELS = {
+    "vit": dict(name="vitrel_vit_tiny_patch4_32", img_size=28, in_chans=1, num_classes=10, embed_dim=64, depth=4,
+                num_heads=4, mlp_ratio=2.0, global_pool="avg"),
+    "swin": dict(name="vitrel_swin_tiny_patch2_window4_32", img_size=28, in_chans=1, num_classes=10, patch_size=4,
+                 window_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4], mlp_ratio=2.0),
+}  # fmt: skip
+
+SCHEMES = ["none", "ape", "rel2d_full", "rel2d_factored", "rel2d_cpb", "alibi2d", "rope2d_mixed", "shaw2d_factored"]
+
+# the worker: builds every case once, then answers "<case> <mode>" lines with the seconds it took
+WORKER = r"""
+import json, sys, time
+import torch
+import vitrel
+
+cfg = json.loads(sys.argv[1])
+torch.set_num_threads(cfg["threads"])
+cases = {}
+for key, (arch, scheme) in cfg["cases"].items():
+    torch.manual_seed(0)
+    kw = dict(cfg["models"][arch])
+    model = vitrel.create_model(kw.pop("name"), pos=scheme, **kw)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(cfg["batch"], kw["in_chans"], kw["img_size"], kw["img_size"], generator=g)
+    y = torch.randint(0, kw["num_classes"], (cfg["batch"],), generator=g)
+    cases[key] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4), x, y)
+
+def train(model, opt, x, y):
+    model.train()
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+
+def infer(model, opt, x, y):
+    with torch.inference_mode():
+        model.eval()(x)
+
+print("ready", flush=True)
+for line in sys.stdin:
+    key, mode = line.split()
+    fn = train if mode == "train" else infer
+    t0 = time.perf_counter()
+    for _ in range(cfg["steps"]):
+        fn(*cases[key])
+    print(time.perf_counter() - t0, flush=True)
+"""
+
+
+class Worker:
+    def __init__(self, tree: Path, cfg: dict) -> None:
+        env = {**os.environ, "PYTHONPATH": str(tree.resolve())}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", WORKER, json.dumps(cfg)], cwd=tree, env=env, text=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )  # fmt: skip
+        if self.proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
+            raise RuntimeError(f"the worker for {tree} did not start")
+
+    def time(self, key: str, mode: str) -> float:
+        self.proc.stdin.write(f"{key} {mode}\n")  # type: ignore[union-attr]
+        self.proc.stdin.flush()  # type: ignore[union-attr]
+        return float(self.proc.stdout.readline())  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        self.proc.stdin.close()  # type: ignore[union-attr]
+        self.proc.wait()
+
+
+def git_rev(tree: Path) -> str:
+    out = subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "?"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", required=True, help="checkout of the earlier version")
+    ap.add_argument("--after", default=".", help="checkout of the later version (default: this one)")
+    ap.add_argument(
+        "--schemes", default="none,ape,rel2d_full,rel2d_factored,rel2d_cpb,alibi2d,rope2d_mixed,shaw2d_factored"
+    )
+    ap.add_argument("--archs", default="vit,swin")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--steps", type=int, default=5, help="steps per timing")
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    ap.add_argument("--out", default=None, help="write the Markdown table here")
+    args = ap.parse_args(argv)
+    cases = {f"{a}/{s}": (a, s) for a in args.archs.split(",") for s in args.schemes.split(",")}
+    cfg = dict(cases=cases, models=MODELS, batch=args.batch_size, steps=args.steps, threads=args.threads)
+    trees = {"before": Path(args.before), "after": Path(args.after)}
+    load0 = os.getloadavg()
+    workers = {k: Worker(t, cfg) for k, t in trees.items()}
+    times: dict[tuple[str, str, str], list[float]] = {}
+    order = ["before", "after"]
+    for key in cases:  # warm-up: one untimed step of each kind
+        for mode in ("train", "infer"):
+            for w in workers.values():
+                w.time(key, mode)
+    for r in range(args.rounds):
+        for key in cases:
+            for mode in ("train", "infer"):
+                for v in order if r % 2 == 0 else order[::-1]:
+                    times.setdefault((key, mode, v), []).append(workers[v].time(key, mode) / args.steps)
+        print(f"round {r + 1}/{args.rounds} timed", flush=True)
+    for w in workers.values():
+        w.close()
+    load1 = os.getloadavg()
+    revs = {k: git_rev(t) for k, t in trees.items()}
+    lines = [
+        "# Eager speed: two vitrel versions, same run\n",
+        f"- Command: `python bench/eager_versions.py {' '.join(sys.argv[1:] if argv is None else argv)}`",
+        f"- Versions: before = {revs['before']} ({args.before}), after = {revs['after']} ({args.after}); "
+        f"torch {torch.__version__}, {os.cpu_count()} cores, {args.threads} torch thread(s) per worker",
+        f"- Load average (1, 5, 15 min) at start {' '.join(f'{x:.2f}' for x in load0)}, at end "
+        f"{' '.join(f'{x:.2f}' for x in load1)}",
+        f"- Batch {args.batch_size}; each timing {args.steps} steps; {args.rounds} rounds, versions alternating "
+        "(zigzag), after one untimed warm-up timing each; medians of ms per step. `train` = forward + cross-entropy + backward + AdamW step, "
+        "`infer` = forward under `torch.inference_mode`.\n",
+        "| model | scheme | train before ms | train after ms | after / before | infer before ms | infer after ms "
+        "| after / before |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    ratios = {"train": [], "infer": []}
+    for key, (arch, scheme) in cases.items():
+        cells = []
+        for mode in ("train", "infer"):
+            b, a = (1e3 * statistics.median(times[(key, mode, v)]) for v in ("before", "after"))
+            ratios[mode].append(a / b)
+            cells += [f"{b:.1f}", f"{a:.1f}", f"{a / b:.2f}x"]
+        lines.append(f"| {arch} | {scheme} | " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(
+        "Median over the models of after / before: train "
+        f"{statistics.median(ratios['train']):.2f}x, infer {statistics.median(ratios['infer']):.2f}x."
+    )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,18 +1,27 @@
-"""The position-scheme study: every scheme, the same recipe and budget, several seeds, ViT and Swin.
+"""The position-scheme study: the schemes on one recipe, several seeds, ViT and Swin, with intervals and verdicts.
 
-    python bench/study.py --budget short     # CPU, about 30 min on 2 cores -> bench/results/study_short.*
-    python bench/study.py --budget full      # one GPU: all 60k images, 30 epochs, 3 seeds -> study_full.*
+    python bench/study.py --budget cpu              # 2 CPU cores, about 90 min -> bench/results/study_cpu.*
+    python bench/study.py --budget gpu --jobs 8     # one GPU lease: every scheme and variant -> study_gpu.*
     python bench/study.py --budget smoke --schemes none,rel2d_full --out /tmp/study   # seconds (tests)
 
-A thin layer over the training framework: budget ``B``'s recipe is ``conf/experiment/study_B.yaml``; a run is
-``python train.py experiment=study_B pos=<scheme> seed=<k> <study.archs.<arch>> <overrides>`` (composed with
-Hydra's compose API, trained by ``vitrel.train.run.train``), and the trained model is scored on
-``study.evals``: the test split, and test images moved in a larger black canvas or upsampled, run on the
-larger grid. Cost per run: parameters, training images/s, peak memory; once the selection is complete,
-every model's throughput again, the models taking turns (``vitrel.bench.alternate``). Written after every
-run: ``<out>/<name>.json`` (recipe, machine, runs, summary), ``.csv``, ``.md``, ``.png`` and
-``<name>_pos.safetensors`` (the first seed's position parameters, for the notebooks). Rerunning skips
-finished runs; an interrupted run resumes from its last checkpoint in ``<out>/<name>_work/``.
+A thin layer over the training framework: budget ``B``'s recipe is ``conf/experiment/study_B.yaml`` (shared
+parts in ``study_base.yaml``); a run is ``python train.py experiment=study_B pos=<scheme> seed=<k>
+<study.archs.<arch>>`` (a ``study.variants`` label stands for a scheme with options), composed with Hydra's
+compose API and trained by ``vitrel.train.run.train``. Fixed-canvas translation: every image is a 40x40
+canvas, the 28x28 image at an offset from the ``seen`` block in training; the trained model is scored on
+``study.evals`` (the seen offsets, the held-out ``unseen`` ones, whole-patch / sub-patch moves, the canvas
+resized 1.5x / 2x), then fine-tuned at the larger size (``study.finetune``, from its last checkpoint through
+``vitrel.load_model``) and scored again. Cost per run: parameters, training images/s, peak memory; once the
+selection is complete, every model's throughput again, the models taking turns (``vitrel.bench.alternate``).
+
+Reading (``vitrel.stats``): mean and 95 % interval over seeds per cell, paired differences against ``none``
+and ``ape``, and a verdict on each of ``study.claims`` (reproduced / contradicted / not resolved).
+
+Written after every run: ``<out>/<name>.json`` (recipe, machine, runs, summary, claims), ``.csv``, ``.md``,
+``.png`` and ``<name>_pos.safetensors`` (the first seed's position parameters, for the notebooks). Rerunning
+skips finished runs (claims and unused variants may change meanwhile); an interrupted run resumes from its last
+checkpoint in ``<out>/<name>_work/``. ``--jobs N`` runs N worker processes (``--shard i/N``) that share the
+to-do list and are merged into the same files.
 """
 
 from __future__ import annotations

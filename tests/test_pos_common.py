@@ -198,8 +198,8 @@ def test_absolute_scheme_inside_attention_is_a_clear_error():
 
 @pytest.mark.parametrize("name", ALL)
 def test_declared_capabilities_match_behaviour(name):
-    """kind / family / has_bias / has_rotation / has_content_terms are declared; check them against what
-    the hooks actually do, so a declaration cannot drift from the code."""
+    """kind / family / has_bias / has_rotation / has_content_terms / has_bias_factors are declared; check
+    them against what the hooks actually do, so a declaration cannot drift from the code."""
     cls = get_pos_class(name)
     s = build_pos(name, num_heads=HEADS, head_dim=DIM // HEADS, grid=(3, 4), num_prefix_tokens=1).double()
     with torch.no_grad():
@@ -212,6 +212,10 @@ def test_declared_capabilities_match_behaviour(name):
     rq, rk = s.rotate(q, q.clone(), g, 1)
     assert (not torch.equal(rq, q)) == cls.has_rotation, name
     assert (s.content_logits(q, g, 1) is not None) == cls.has_content_terms, name
+    factors = s.bias_factors(g, 1)
+    assert (factors is not None) == cls.has_bias_factors, name
+    if factors is not None:  # a bias that factors: u w^T is the bias
+        torch.testing.assert_close(factors[0] @ factors[1].transpose(-2, -1), b, rtol=1e-12, atol=1e-12)
     x = torch.randn(1, 13, DIM, dtype=torch.float64)
     assert (not torch.equal(s.add_to_tokens(x, g, 1), x)) == (cls.kind == "absolute"), name
     assert cls.family in FAMILIES

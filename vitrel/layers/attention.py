@@ -30,6 +30,7 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from vitrel.pos.base import (
+    ATTN_IMPLS,
     Grid,
     PositionScheme,
     PosState,
@@ -72,6 +73,9 @@ class Attention(nn.Module):
         qkv_bias, attn_drop, proj_drop: as in timm.
         causal: add a causal mask (1-D sequences).
         layer: ``(index, number of layers)`` of the block, handed to the scheme (per-layer schedules).
+        attn_impl: ``auto`` | ``sdpa`` (the bias as SDPA's float mask) | ``fold`` (a factored bias folded
+            into the queries and keys, no mask; ``rel2d_factored``, ``rel2d_bucket``) | ``eager``
+            (softmax written out). ``auto`` is ``sdpa`` (until a GPU measurement says otherwise).
         pos_kwargs: extra options for the scheme when ``pos`` is a name.
     """
 
@@ -87,6 +91,7 @@ class Attention(nn.Module):
         proj_drop: float = 0.0,
         causal: bool = False,
         layer: tuple[int, int] | None = None,
+        attn_impl: str = "auto",
         **pos_kwargs: Any,
     ) -> None:
         super().__init__()
@@ -98,6 +103,9 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.causal = causal
+        if attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
+        self.attn_impl = attn_impl
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
@@ -148,7 +156,7 @@ class Attention(nn.Module):
                     "this attention layer uses its model's shared position scheme (pos='shared'): pass "
                     "pos_state=scheme.prepare(grid, num_prefix_tokens, x.device, x.dtype)"
                 )
-            return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype)
+            return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, self.attn_impl)
         if tuple(pos_state.grid) != tuple(grid) or pos_state.num_prefix_tokens != self.num_prefix_tokens:
             raise ValueError(
                 f"pos_state was prepared for grid {tuple(pos_state.grid)} with {pos_state.num_prefix_tokens} "
@@ -207,7 +215,7 @@ class Attention(nn.Module):
         grid = as_grid(grid)
         st = self._state(x, grid, pos_state)
         q, k, _ = self._qkv(x, grid, st)
-        m = merge_masks(st.bias, self._mask(mask, x.shape[0], x.shape[1], q.dtype, q.device), q.dtype)
+        m = merge_masks(st.full_bias(), self._mask(mask, x.shape[0], x.shape[1], q.dtype, q.device), q.dtype)
         return eager_logits(st.scheme, q, k, m, self.scale, grid, self.num_prefix_tokens)
 
     def attention_map(

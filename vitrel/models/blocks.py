@@ -248,9 +248,11 @@ def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid, num_prefix_tokens
 
 
 @register_notrace_function
-def prepare_state(scheme: PositionScheme, grid: Grid, num_prefix_tokens: int, like: Tensor) -> PosState:
-    """``scheme.prepare`` for tokens like ``like`` (their device and dtype)."""
-    return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype)
+def prepare_state(
+    scheme: PositionScheme, grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto"
+) -> PosState:
+    """``scheme.prepare`` for tokens like ``like`` (their device and dtype) and attention ``impl``."""
+    return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype, impl)
 
 
 class Block(nn.Module):
@@ -275,6 +277,7 @@ class Block(nn.Module):
         drop_path: float = 0.0,
         norm_eps: float = 1e-6,
         layer: tuple[int, int] | None = None,
+        attn_impl: str = "auto",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -288,6 +291,7 @@ class Block(nn.Module):
             attn_drop=attn_drop,
             proj_drop=proj_drop,
             layer=layer,
+            attn_impl=attn_impl,
         )
         self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()

@@ -134,6 +134,11 @@ def build(
     pretrained_cfg = kwargs.pop("pretrained_cfg", None)
     pretrained_model_args = kwargs.pop("pretrained_model_args", None)
     cache_dir = kwargs.pop("cache_dir", None)
+    features_only = bool(kwargs.get("features_only"))
+    if features_only:  # timm's FeatureGetterNet over forward_intermediates (ViT: the last 3 blocks, as timm's)
+        depths = kwargs.get("depths", defaults.get("depths"))
+        out = tuple(range(len(depths))) if depths is not None else 3
+        kwargs["feature_cfg"] = {"feature_cls": "getter", "out_indices": out, **(kwargs.get("feature_cfg") or {})}
     model = build_model_with_cfg(
         cls,
         name,
@@ -145,7 +150,8 @@ def build(
         cache_dir=cache_dir,
         **{**defaults, **kwargs},
     )
-    model.vitrel_cfg = {"architecture": name, "vitrel_format": FORMAT, **model.vitrel_cfg}
+    net = model.model if features_only else model  # the network inside timm's feature wrapper
+    net.vitrel_cfg = {"architecture": name, "vitrel_format": FORMAT, **net.vitrel_cfg}
     return model
 
 

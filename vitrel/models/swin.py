@@ -224,6 +224,7 @@ class SwinBlock(nn.Module):
         drop_path: float = 0.0,
         norm_eps: float = 1e-5,
         layer: tuple[int, int] | None = None,
+        attn_impl: str = "auto",
     ) -> None:
         super().__init__()
         self.window_size = window_size
@@ -241,6 +242,7 @@ class SwinBlock(nn.Module):
             attn_drop=attn_drop,
             proj_drop=proj_drop,
             layer=layer,
+            attn_impl=attn_impl,
         )
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
@@ -337,7 +339,7 @@ def merge_2x2(x: Tensor) -> Tensor:
 
 
 @register_notrace_function
-def stage_state(scheme: PositionScheme, x: Tensor, window: tuple[int, int]) -> PosState:
+def stage_state(scheme: PositionScheme, x: Tensor, window: tuple[int, int], impl: str = "auto") -> PosState:
     """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``: the window grid (the
     window, shrunk to a smaller map; the full window when the sizes are symbolic, see
     :func:`_any_size_window_attention`)."""
@@ -345,7 +347,7 @@ def stage_state(scheme: PositionScheme, x: Tensor, window: tuple[int, int]) -> P
         win = Grid(*window)
     else:
         win, _ = window_and_shift(Grid(x.shape[1], x.shape[2]), window, False)
-    return scheme.prepare(win, 0, x.device, x.dtype)
+    return scheme.prepare(win, 0, x.device, x.dtype, impl)
 
 
 class SwinStage(nn.Module):
@@ -369,9 +371,11 @@ class SwinStage(nn.Module):
         drop_path: Sequence[float] = (),
         norm_eps: float = 1e-5,
         layers: tuple[int, int] | None = None,
+        attn_impl: str = "auto",
     ) -> None:
         super().__init__()
         self.grad_checkpointing = False
+        self.attn_impl = attn_impl
         self.downsample = PatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
         if not downsample and dim != out_dim:
             raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
@@ -399,6 +403,7 @@ class SwinStage(nn.Module):
                     drop_path=drop_path[i] if len(drop_path) else 0.0,
                     layer=None if pos_share or layers is None else (layers[0] + i, layers[1]),
                     norm_eps=norm_eps,
+                    attn_impl=attn_impl,
                 )
                 for i in range(depth)
             ]
@@ -408,7 +413,7 @@ class SwinStage(nn.Module):
         """The shared scheme's state for the windows of the map ``x [B, H, W, C]`` (None without ``pos_share``)."""
         if self.rel_pos is None:
             return None
-        return stage_state(self.rel_pos, x, self.window_size)
+        return stage_state(self.rel_pos, x, self.window_size, self.attn_impl)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
@@ -431,6 +436,8 @@ class SwinTransformer(nn.Module):
             embedding (at the input, on the patch grid) and no relative scheme.
         abs_pos: an absolute scheme added to the relative one (Swin's ``ape``).
         pos_share: one relative scheme per stage shared by its blocks (True), or one per block.
+        attn_impl: attention implementation: ``auto`` | ``sdpa`` | ``fold`` (factored biases folded into the
+            queries and keys, no bias mask) | ``eager`` (see :class:`vitrel.layers.Attention`).
         device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
             allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
@@ -452,6 +459,7 @@ class SwinTransformer(nn.Module):
         pos: PosSpec = "rel2d_full",
         abs_pos: PosSpec = None,
         pos_share: bool = False,
+        attn_impl: str = "auto",
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
@@ -515,6 +523,7 @@ class SwinTransformer(nn.Module):
                     drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
                     layers=(sum(depths[:i]), sum(depths)),
                     norm_eps=norm_eps,
+                    attn_impl=attn_impl,
                 )
             )
         self.layers = nn.ModuleList(stages)

@@ -60,6 +60,8 @@ class VisionTransformer(nn.Module):
             that embedding and no relative scheme.
         abs_pos: an absolute scheme added to the relative one.
         pos_share: one relative scheme shared by all blocks (True) or one per block (False).
+        attn_impl: attention implementation: ``auto`` | ``sdpa`` | ``fold`` (factored biases folded into the
+            queries and keys, no bias mask) | ``eager`` (see :class:`vitrel.layers.Attention`).
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: dropouts / stochastic depth.
         norm_eps: LayerNorm epsilon.
         device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
@@ -86,6 +88,7 @@ class VisionTransformer(nn.Module):
         pos: PosSpec = "rel2d_full",
         abs_pos: PosSpec = None,
         pos_share: bool = False,
+        attn_impl: str = "auto",
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
         proj_drop_rate: float = 0.0,
@@ -113,6 +116,7 @@ class VisionTransformer(nn.Module):
         self.num_reg_tokens = reg_tokens
         self.has_class_token = class_token
         self.grad_checkpointing = False
+        self.attn_impl = attn_impl
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.grid = self.patch_embed.grid_for(img_size)
@@ -151,6 +155,7 @@ class VisionTransformer(nn.Module):
                     drop_path=dpr[i],
                     layer=None if pos_share else (i, depth),
                     norm_eps=norm_eps,
+                    attn_impl=attn_impl,
                 )
                 for i in range(depth)
             ]
@@ -229,7 +234,7 @@ class VisionTransformer(nn.Module):
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
         if self.rel_pos is None:
             return None
-        return prepare_state(self.rel_pos, grid, self.num_prefix_tokens, like)
+        return prepare_state(self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``."""

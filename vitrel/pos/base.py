@@ -47,7 +47,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+ATTN_IMPLS = ("auto", "sdpa", "fold", "eager")
+
 __all__ = [
+    "ATTN_IMPLS",
+    "attend_folded",
+    "axis_factors",
     "Grid",
     "PositionScheme",
     "register_pos",
@@ -201,6 +206,8 @@ class PositionScheme(nn.Module):
     #: the terms between two patches depend on the grid's extent, not only on their offsets (or, for
     #: RoPE, their row and column): raster-order 1-D schemes (``p = row * W + col``), normalised coordinates
     depends_on_extent: ClassVar[bool] = False
+    #: ``bias_factors`` returns ``(u, w)`` with ``bias = u @ w^T`` (``attn_impl="fold"``)
+    has_bias_factors: ClassVar[bool] = False
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -227,6 +234,13 @@ class PositionScheme(nn.Module):
     # ----------------------------------------------------------------- hooks (no-op defaults)
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
         """Additive logit term ``[heads, N, N]`` (N = prefix + H*W), or None."""
+        return None
+
+    def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor] | None:
+        """``(u, w)``, each ``[heads, N, r]``, with ``bias = u @ w^T`` exactly (a bias of rank ``r``), or None.
+
+        ``attn_impl="fold"`` appends ``u / scale`` to the queries and ``w`` to the keys, so attention needs
+        no bias mask: ``[q, u/s] . [k, w] * s = q . k * s + u . w``."""
         return None
 
     def rotation(
@@ -258,14 +272,27 @@ class PositionScheme(nn.Module):
         num_prefix_tokens: int = 0,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
+        impl: str = "auto",
     ) -> PosState:
-        """What depends on the grid alone, computed once: the bias and RoPE's cos/sin (``rotation``).
+        """What depends on the grid alone, computed once: the bias (or, with ``impl="fold"``, its factors)
+        and RoPE's cos/sin (``rotation``).
 
-        ``device`` / ``dtype`` are those of the tokens the state will be used with.
+        ``device`` / ``dtype`` are those of the tokens the state will be used with; ``impl`` is the
+        attention implementation (:data:`ATTN_IMPLS`) :meth:`attend` will run.
         """
+        if impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
         grid = as_grid(grid)
         p = num_prefix_tokens
-        return PosState(self, grid, p, bias=self.bias(grid, p), rope=self.rotation(grid, p, device, dtype))
+        rope = self.rotation(grid, p, device, dtype)
+        if impl == "fold":
+            if not self.has_bias_factors:
+                raise ValueError(
+                    f"attn_impl='fold' folds a bias that factors into the queries and keys; {self.name} has no such "
+                    "bias (the factored tables rel2d_factored and rel2d_bucket do): use attn_impl='sdpa' or 'auto'"
+                )
+            return PosState(self, grid, p, rope=rope, factors=self.bias_factors(grid, p), impl=impl)
+        return PosState(self, grid, p, bias=self.bias(grid, p), rope=rope, impl=impl)
 
     # ------------------------------------------------------------------------ attention
     def attend(
@@ -286,11 +313,13 @@ class PositionScheme(nn.Module):
         mask, causal mask) or None. ``q`` and ``k`` are already rotated. ``state`` (from
         :meth:`prepare`) carries the bias; without it the bias is computed here.
         """
+        if state is not None and state.factors is not None:
+            return attend_folded(q, k, v, mask, scale, state.factors, dropout_p)
         b = state.bias if state is not None else self.bias(grid, num_prefix_tokens)
         m = merge_masks(b, mask, q.dtype)
         if m is not None and not isinstance(q.shape[0], int):  # symbolic batch (torch.export): SDPA's
             m = m.expand(q.shape[0], *m.shape[1:])  # broadcast of a batch-1 mask would assume B != 1
-        if self.has_content_terms:
+        if self.has_content_terms or (state is not None and state.impl == "eager"):
             return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)
 
@@ -308,7 +337,8 @@ class PosState(NamedTuple):
     """A scheme's grid-dependent tensors for one forward (see :meth:`PositionScheme.prepare`).
 
     ``scheme`` is the scheme that made it (its hooks apply the state); ``bias`` the additive term
-    ``[heads, N, N]`` or None; ``rope`` RoPE's ``(cos, sin)`` or None.
+    ``[heads, N, N]`` or None; ``rope`` RoPE's ``(cos, sin)`` or None; ``impl`` the attention
+    implementation it was prepared for.
     """
 
     scheme: PositionScheme
@@ -316,6 +346,16 @@ class PosState(NamedTuple):
     num_prefix_tokens: int
     bias: Tensor | None = None
     rope: tuple[Tensor, Tensor] | None = None
+    #: ``(u, w)`` of a folded bias (``impl="fold"``; then ``bias`` is None)
+    factors: tuple[Tensor, Tensor] | None = None
+    impl: str = "auto"
+
+    def full_bias(self) -> Tensor | None:
+        """The additive term ``[heads, N, N]``, multiplied out of the factors when folded."""
+        if self.factors is not None:
+            u, w = self.factors
+            return u @ w.transpose(-2, -1)
+        return self.bias
 
 
 def merge_masks(bias: Tensor | None, mask: Tensor | None, dtype: torch.dtype) -> Tensor | None:
@@ -335,6 +375,40 @@ def merge_masks(bias: Tensor | None, mask: Tensor | None, dtype: torch.dtype) ->
     if mask is None:
         return bias
     return bias + mask
+
+
+def attend_folded(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    factors: tuple[Tensor, Tensor],
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """SDPA over ``[q, u / scale]`` and ``[k, w]``: ``q k^T * scale + u w^T`` without a bias mask (the
+    fold of a factored bias, ``attn_impl="fold"``); ``mask`` (windows, causal) still goes in as a mask."""
+    u, w = factors
+    lead = (q.shape[0], -1, -1, -1)
+    q = torch.cat([q, (u.to(q.dtype) / scale).expand(*lead)], dim=-1)
+    k = torch.cat([k, w.to(k.dtype).expand(*lead)], dim=-1)
+    m = merge_masks(None, mask, q.dtype)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)
+
+
+def axis_factors(bh: Tensor, bw: Tensor, grid: Grid, num_prefix_tokens: int, head_dim: int) -> tuple[Tensor, Tensor]:
+    """Factors of ``bh[:, row_i, row_j] + bw[:, col_i, col_j]`` (``bh [heads, H, H]``, ``bw [heads, W, W]``):
+    ``u_i = [bh[row_i, :], bw[col_i, :]]``, ``w_j = [onehot(row_j), onehot(col_j)]``, rank ``H + W`` padded
+    with zeros so that ``head_dim + r`` is a multiple of 8 (what fused kernels want); prefix tokens get zeros."""
+    heads = bh.shape[0]
+    rows, cols = patch_coords(grid, bh.device)
+    u = torch.cat([bh[:, rows, :], bw[:, cols, :]], dim=-1)  # [heads, HW, H + W]
+    ar_h, ar_w = torch.arange(grid.h, device=bh.device), torch.arange(grid.w, device=bh.device)
+    w = torch.cat([rows[:, None] == ar_h, cols[:, None] == ar_w], dim=-1).to(bh.dtype)  # one-hot, [HW, H + W]
+    pad = -(head_dim + grid.h + grid.w) % 8
+    u = F.pad(u, (0, pad, num_prefix_tokens, 0))
+    w = F.pad(w, (0, pad, num_prefix_tokens, 0)).expand(heads, -1, -1)
+    return u, w
 
 
 def eager_logits(

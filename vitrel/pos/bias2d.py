@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
+from vitrel.pos.base import Grid, PositionScheme, axis_factors, pad_prefix, register_pos
 from vitrel.pos.tables import ResizeOnLoad, offset_index
 
 __all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
@@ -73,6 +73,7 @@ class Rel2dFactored(ResizeOnLoad, PositionScheme):
 
     family = "learned bias"
     has_bias = True
+    has_bias_factors = True
     _rel_tables = {"table_h": "1d", "table_w": "1d"}
     no_weight_decay_keys = ("table_h", "table_w")
 
@@ -86,3 +87,9 @@ class Rel2dFactored(ResizeOnLoad, PositionScheme):
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return pad_prefix(factored_bias(self.table_h, self.table_w, grid), num_prefix_tokens)
+
+    def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+        """``b_h[row_i - row_j] + b_w[col_i - col_j]`` as ``u_i . w_j`` (rank ``H + W``, see ``axis_factors``)."""
+        ih = offset_index(grid.h, (self.table_h.shape[0] - 1) // 2, self.table_h.device)
+        iw = offset_index(grid.w, (self.table_w.shape[0] - 1) // 2, self.table_w.device)
+        return axis_factors(self.table_h.t()[:, ih], self.table_w.t()[:, iw], grid, num_prefix_tokens, self.head_dim)

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
+from vitrel.pos.base import Grid, PositionScheme, axis_factors, pad_prefix, register_pos
 
 __all__ = ["t5_bucket", "Rel1dBucket", "Rel2dBucket"]
 
@@ -101,14 +101,22 @@ class Rel2dBucket(_BucketBase):
         nn.init.trunc_normal_(self.table_w, std=self._init_std)
 
     no_weight_decay_keys = ("table_h", "table_w")
+    has_bias_factors = True
 
-    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+    def _axis_biases(self, grid: Grid) -> tuple[Tensor, Tensor]:
+        """``[heads, H, H]`` and ``[heads, W, W]``: ``b_h[bucket(-dh_ij)]``, ``b_w[bucket(-dw_ij)]``."""
         dev = self.table_h.device
         rh = torch.arange(grid.h, device=dev)
         rw = torch.arange(grid.w, device=dev)
         ih = self._bucket(-(rh[:, None] - rh[None, :]))  # [H, H], bucket(-dh_ij)
         iw = self._bucket(-(rw[:, None] - rw[None, :]))
-        bh = self.table_h.t()[:, ih]
-        bw = self.table_w.t()[:, iw]
+        return self.table_h.t()[:, ih], self.table_w.t()[:, iw]
+
+    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        bh, bw = self._axis_biases(grid)
         b = (bh[:, :, None, :, None] + bw[:, None, :, None, :]).reshape(self.num_heads, grid.n, grid.n)
         return pad_prefix(b, num_prefix_tokens)
+
+    def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+        """The per-axis buckets as ``u_i . w_j`` (rank ``H + W``, see ``axis_factors``)."""
+        return axis_factors(*self._axis_biases(grid), grid, num_prefix_tokens, self.head_dim)

@@ -1,0 +1,130 @@
+"""attn_impl: sdpa (bias as a float mask), fold (a factored bias folded into q and k), eager.
+
+The fold is checked against naive float64 references written from the equations (forward and gradients,
+prefix tokens, another grid, a window mask), and the three implementations against each other in models.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitrel
+from tests.reference import dense_bias, reference_attention, t5_bucket_scalar
+from vitrel.layers import Attention
+from vitrel.pos.base import ATTN_IMPLS
+
+GRIDS = [(4, 5), (6, 3)]  # the built grid, then another one (tables clamp at their edge)
+
+
+def factored_reference(attn: Attention, h: int, w: int, prefix: int):
+    """``b^(h)[clamp(ri - rj)] + b^(w)[clamp(ci - cj)]`` per head, from the tables, with loops."""
+    th, tw = attn.pos.table_h, attn.pos.table_w
+    hh, hw = (th.shape[0] - 1) // 2, (tw.shape[0] - 1) // 2
+
+    def fn(hd, pi, pj):
+        dh = max(-hh, min(hh, pi[0] - pj[0]))
+        dw = max(-hw, min(hw, pi[1] - pj[1]))
+        return th[dh + hh, hd] + tw[dw + hw, hd]
+
+    return dense_bias(fn, attn.num_heads, h, w, prefix)
+
+
+def bucket_reference(attn: Attention, h: int, w: int, prefix: int):
+    """T5's bidirectional bucket of ``-dh`` (``-dw``) per axis into that axis' table."""
+    p = attn.pos
+    nb, md = p.num_buckets, p.max_distance
+
+    def fn(hd, pi, pj):
+        bh = t5_bucket_scalar(pj[0] - pi[0], nb, md)
+        bw = t5_bucket_scalar(pj[1] - pi[1], nb, md)
+        return p.table_h[bh, hd] + p.table_w[bw, hd]
+
+    return dense_bias(fn, attn.num_heads, h, w, prefix)
+
+
+@pytest.mark.parametrize(
+    "pos,reference,opts",
+    [("rel2d_factored", factored_reference, {}), ("rel2d_bucket", bucket_reference, {"max_distance": 8})],
+)
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_fold_equals_the_equation(pos, reference, opts, prefix):
+    torch.manual_seed(0)
+    attn = Attention(24, 3, pos=pos, grid=GRIDS[0], num_prefix_tokens=prefix, attn_impl="fold", **opts).double()
+    for table in (attn.pos.table_h, attn.pos.table_w):
+        torch.nn.init.normal_(table, std=0.5)  # large enough to matter
+    for h, w in GRIDS:
+        n = prefix + h * w
+        x = torch.randn(2, n, 24, dtype=torch.float64, requires_grad=True)
+        mask = torch.zeros(2, 1, n, n, dtype=torch.float64)
+        mask[1, :, : n // 2, n // 2 :] = float("-inf")  # a window-style mask still applies
+        out = attn(x, (h, w), mask)
+        _, ref = reference_attention(attn, x, reference(attn, h, w, prefix), mask)
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-10)
+        g = torch.randn_like(out)
+        params = [x, attn.pos.table_h, attn.pos.table_w, attn.qkv.weight]
+        grads = torch.autograd.grad(out, params, g)
+        ref_grads = torch.autograd.grad(ref, params, g)
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+        # the logits for inspection multiply the factors out
+        logits = attn.logits(x, (h, w), mask)
+        ref_logits, _ = reference_attention(attn, x, reference(attn, h, w, prefix), mask)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-10, atol=1e-10)
+
+
+def test_factors_multiply_to_the_bias_and_pad_for_fused_kernels():
+    s = vitrel.build_pos("rel2d_factored", num_heads=2, head_dim=16, grid=(5, 7), num_prefix_tokens=1).double()
+    u, w = s.bias_factors(s.grid, 1)
+    assert u.shape == w.shape == (2, 36, 16)  # rank 5 + 7 = 12, padded so 16 + 16 is a multiple of 8
+    torch.testing.assert_close(u @ w.transpose(-2, -1), s.bias(s.grid, 1), rtol=0, atol=0)
+    assert (w[:, 1:, :12].sum(-1) == 2).all() and (w[:, 0] == 0).all()  # one-hot row and column; prefix zero
+
+
+ARCHS = {
+    "vit": ("vitrel_vit_tiny_patch4_32", dict(embed_dim=32, depth=2, num_heads=2)),
+    "swin": (
+        "vitrel_swin_tiny_patch2_window4_32",
+        dict(patch_size=4, window_size=4, embed_dim=16, depths=[2, 2], num_heads=[2, 2], drop_path_rate=0.0),
+    ),
+}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("pos_share", [False, True])
+def test_models_give_the_same_function_with_every_impl(arch, pos_share):
+    name, kw = ARCHS[arch]
+    torch.manual_seed(0)
+    ref = vitrel.create_model(name, pos="rel2d_factored", pos_share=pos_share, **kw).double().eval()
+    x = torch.randn(2, 3, 40, 40, dtype=torch.float64)  # not the built size: the tables clamp
+    out_ref = ref(x)
+    grad_ref = torch.autograd.grad(out_ref.square().sum(), [p for n, p in ref.named_parameters() if "table" in n])
+    for impl in ATTN_IMPLS:
+        m = vitrel.create_model(name, pos="rel2d_factored", pos_share=pos_share, attn_impl=impl, **kw).double()
+        m.load_state_dict(ref.state_dict())
+        m.eval()
+        assert m.vitrel_cfg["attn_impl"] == impl
+        out = m(x)
+        torch.testing.assert_close(out, out_ref, rtol=1e-10, atol=1e-12)
+        grads = torch.autograd.grad(out.square().sum(), [p for n, p in m.named_parameters() if "table" in n])
+        for a, b in zip(grads, grad_ref):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_fold_exports():
+    torch.manual_seed(0)
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", attn_impl="fold", embed_dim=32, depth=1,
+                            num_heads=2).eval()  # fmt: skip
+    x = torch.randn(2, 3, 32, 32)
+    ep = torch.export.export(m, (x,))
+    torch.testing.assert_close(ep.module()(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_impl_choices_are_clear_errors():
+    with pytest.raises(ValueError, match="attn_impl must be one of"):
+        Attention(16, 2, pos="rel2d_factored", grid=(3, 3), attn_impl="flash")
+    attn = Attention(16, 2, pos="rope2d_mixed", grid=(3, 3), attn_impl="fold")
+    with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):
+        attn(torch.randn(1, 9, 16), (3, 3))
+    with pytest.raises(ValueError, match="attn_impl must be one of"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="Fold")

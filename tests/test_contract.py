@@ -127,14 +127,27 @@ def test_features_only_vit():
     assert [tuple(o.shape) for o in outs] == [(2, 64, 8, 10)] * 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="vitrel.models.registry.build must pass a getter feature_cfg and not stamp vitrel_cfg on timm's "
-    "feature wrapper (docs/export.md, 'features_only'); remove this marker with that change",
-)
 def test_timm_create_model_features_only():
-    m = timm.create_model("vitrel_swin_tiny_patch2_window4_32", features_only=True)
-    assert m.feature_info.channels() == [96, 192, 384, 768]
+    """``timm.create_model("vitrel_...", features_only=True)``: timm's FeatureGetterNet over
+    forward_intermediates, every Swin stage (NCHW) or the ViT's last 3 blocks by default, ``out_indices``
+    respected; the configuration stays on the network inside the wrapper."""
+    m = timm.create_model("vitrel_swin_tiny_patch2_window4_32", features_only=True, embed_dim=48)
+    assert m.feature_info.channels() == [48, 96, 192, 384] and m.feature_info.reduction() == [2, 4, 8, 16]
+    with torch.no_grad():
+        outs = m(torch.randn(1, 3, 64, 48))
+    assert [tuple(o.shape) for o in outs] == [(1, 48, 32, 24), (1, 96, 16, 12), (1, 192, 8, 6), (1, 384, 4, 3)]
+    assert m.model.vitrel_cfg["architecture"] == "vitrel_swin_tiny_patch2_window4_32"
+    assert "vitrel_cfg" not in vars(m)
+    v = timm.create_model("vitrel_vit_tiny_patch4_32", features_only=True, pos="rope2d_mixed", embed_dim=48)
+    assert v.feature_info.out_indices == (9, 10, 11) and v.feature_info.channels() == [48] * 3  # as timm's ViT
+    plain = v.model.eval()
+    with torch.no_grad():
+        x = torch.randn(2, 3, 32, 32)
+        want = plain.forward_intermediates(x, indices=3, intermediates_only=True)
+        for a, b in zip(v(x), want):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    two = timm.create_model("vitrel_vit_tiny_patch4_32", features_only=True, out_indices=(0, 1), embed_dim=48)
+    assert len(two(torch.randn(1, 3, 32, 32))) == 2
 
 
 # ---------------------------------------------------------------------------- device / dtype, pretrained_cfg

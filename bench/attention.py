@@ -3,6 +3,7 @@
     python bench/attention.py                     # CPU here: N = 64, 196, 1024 tokens
     python bench/attention.py --device cuda --dtype bf16 --out bench/results/attention_h100.md
     python bench/attention.py --schemes lookhere lookhere:fov=45 rope2d_mixed:basis=cayley   # scheme options
+    python bench/attention.py --schemes rel2d_factored rel2d_factored@fold   # an attn_impl (sdpa, fold, eager)
 
 One vitrel ``Attention`` layer (ViT-S: dim 384, 6 heads of 64) per scheme, on a square grid of N
 patches, batch chosen so batch * N is constant. Schemes are timed in alternation, round after
@@ -67,7 +68,16 @@ def main() -> None:
             raise SystemExit(f"--tokens must be square numbers, got {n}")
         grid = (side, side)
         b = max(1, args.tokens_per_batch // n)
-        layers = {s: Attention(args.dim, args.heads, pos=scheme_spec(s), grid=grid).to(dev, dtype) for s in schemes}
+        layers = {
+            s: Attention(
+                args.dim,
+                args.heads,
+                pos=scheme_spec(s.partition("@")[0]),
+                grid=grid,
+                attn_impl=s.partition("@")[2] or "auto",
+            ).to(dev, dtype)
+            for s in schemes
+        }
         x = torch.randn(b, n, args.dim, device=dev, dtype=dtype, requires_grad=True)
 
         def step(s, layers=layers, x=x, grid=grid):

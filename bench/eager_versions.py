@@ -142,8 +142,8 @@ def main(argv: list[str] | None = None) -> None:
         f"- Load average (1, 5, 15 min) at start {' '.join(f'{x:.2f}' for x in load0)}, at end "
         f"{' '.join(f'{x:.2f}' for x in load1)}",
         f"- Batch {args.batch_size}; each timing {args.steps} steps; {args.rounds} rounds, versions alternating "
-        "(zigzag), after one untimed warm-up timing each; medians of ms per step. `train` = forward + cross-entropy + backward + AdamW step, "
-        "`infer` = forward under `torch.inference_mode`.\n",
+        "(zigzag), after one untimed warm-up timing each; medians of ms per step. `train` = forward + "
+        "cross-entropy + backward + AdamW step, `infer` = forward under `torch.inference_mode`.\n",
         "| model | scheme | train before ms | train after ms | after / before | infer before ms | infer after ms "
         "| after / before |",
         "|---|---|---:|---:|---:|---:|---:|---:|",

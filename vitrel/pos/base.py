@@ -393,7 +393,10 @@ def attend_folded(
     q = torch.cat([q, (u.to(q.dtype) / scale).expand(*lead)], dim=-1)
     k = torch.cat([k, w.to(k.dtype).expand(*lead)], dim=-1)
     m = merge_masks(None, mask, q.dtype)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)
+    ev = v.shape[-1]
+    # v padded with zeros to the q/k width: SDPA's fused kernels want one head dim (else the math path)
+    v = F.pad(v, (0, q.shape[-1] - ev))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)[..., :ev]
 
 
 def axis_factors(bh: Tensor, bw: Tensor, grid: Grid, num_prefix_tokens: int, head_dim: int) -> tuple[Tensor, Tensor]:

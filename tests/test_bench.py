@@ -59,3 +59,21 @@ def test_step_timer_in_a_fit():
     )
     trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
     assert timer.seen == 5 and timer.images == 3 * 8 and timer.img_s > 0
+
+
+def test_gpu_bench_code_path_on_cpu(tmp_path):
+    """bench/gpu.py's in-process sections run on a CPU (small sizes) and write their tables: the code the
+    GPU run will execute, checked here (the numbers come from the GPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_gpu", path)
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    out = tmp_path / "gpu.md"
+    gpu.main(["--device", "cpu", "--quick", "--sections", "hazards", "mfu", "--out", str(out)])
+    text = out.read_text()
+    assert "## 1. Hazards" in text and "| 8x8 windows, N=64 | MATH | yes | 0 |" in text
+    assert "attn_impl=fold vs sdpa" in text and "## 4. MFU" in text and "| fold |" in text
+    assert gpu.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12 and gpu.peak_flops("a CPU") is None

@@ -1,0 +1,229 @@
+"""The GPU measurements of one device in one command -> ``bench/results/gpu_<device>.md``.
+
+    python bench/gpu.py                                  # on the GPU machine (bf16)
+    python bench/gpu.py --device cpu --quick --out /tmp/gpu_cpu.md   # the same code path, small, on a CPU
+
+Sections (each a subprocess or in-process measurement, the tables concatenated with the exact commands):
+
+1. **Hazards**: the known failure cases, checked before anything is timed. cuDNN's SDPA backward with a
+   float mask at sequence lengths = 64 mod 128 (a 24x24 grid; 8x8 Swin windows) must give finite
+   gradients equal to the math backend's, for every SDPA backend the device offers; ``attn_impl=fold``
+   gradients equal ``sdpa``'s.
+2. **Attention**: ``bench/attention.py`` in bf16 at N = 196, 1024, 4096 for every relative scheme, plus
+   ``@fold`` for the factored ones: time and memory against plain SDPA.
+3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models.
+4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa and fold), bf16 autocast, AdamW: the model's
+   FLOPs of one training step (``torch.utils.flop_counter`` on the sdpa run; the fold computes the same
+   function) times steps per second over the device's dense bf16 peak (``PEAK_BF16``; unknown devices
+   report FLOP/s only).
+5. **compile**: ``torch.compile`` of the default model, training step equal to eager, and its speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import vitrel  # noqa: E402
+from vitrel.bench import alternate  # noqa: E402
+from vitrel.pos import list_pos  # noqa: E402
+
+#: dense bf16 tensor-core peak, FLOP/s (vendor datasheets, SXM parts)
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "L40S": 362.05e12}
+
+
+def device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    return f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
+
+
+def peak_flops(name: str) -> float | None:
+    return next((v for k, v in PEAK_BF16.items() if k in name), None)
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+# ------------------------------------------------------------------------------------------------ 1. hazards
+def hazards(dev: torch.device, quick: bool) -> list[str]:
+    """Finite, backend-consistent SDPA gradients with a float mask at N = 576 (= 64 mod 128) and at
+    8x8 windows (64 tokens); fold gradients equal to sdpa's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    lines = ["| case | backend | finite grads | max abs diff vs math |", "|---|---|---|---:|"]
+    cases = [("24x24 grid, N=576", 576, 4), ("8x8 windows, N=64", 64, 64)]
+    if quick:
+        cases = [("8x8 windows, N=64", 64, 4)]
+    backends = [SDPBackend.MATH, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION]
+    if dev.type == "cuda":
+        backends.append(SDPBackend.CUDNN_ATTENTION)
+    for label, n, b in cases:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        q, k, v = (torch.randn(b, 6, n, 64, generator=g).to(dev, dtype) for _ in range(3))
+        mask = (0.5 * torch.randn(1, 6, n, n, generator=g)).to(dev, dtype)
+        grads = {}
+        for be in backends:
+            qq, kk, vv = (t.clone().requires_grad_() for t in (q, k, v))
+            try:
+                with sdpa_kernel([be]):
+                    F.scaled_dot_product_attention(qq, kk, vv, attn_mask=mask).float().square().sum().backward()
+            except RuntimeError as e:  # the backend does not take this case: say so
+                lines.append(f"| {label} | {be.name} | not available ({str(e).splitlines()[0][:60]}) | - |")
+                continue
+            grads[be] = torch.cat([t.grad.float().flatten() for t in (qq, kk, vv)])
+            ok = bool(torch.isfinite(grads[be]).all())
+            diff = (grads[be] - grads[SDPBackend.MATH]).abs().max().item() if SDPBackend.MATH in grads else 0.0
+            lines.append(f"| {label} | {be.name} | {'yes' if ok else '**NO**'} | {diff:.3g} |")
+    # fold vs sdpa in a model, gradients into the tables
+    torch.manual_seed(0)
+    kw = dict(embed_dim=64, depth=2, num_heads=4, img_size=32)
+    ref = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", **kw).to(dev)
+    fold = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", attn_impl="fold", **kw).to(dev)
+    fold.load_state_dict(ref.state_dict())
+    x = torch.randn(8, 3, 32, 32, device=dev)
+    out = {}
+    for name, m in (("sdpa", ref), ("fold", fold)):
+        with torch.autocast(dev.type, dtype=dtype, enabled=dev.type == "cuda"):
+            y = m(x)
+        tables = [p for n, p in m.named_parameters() if "table" in n]
+        out[name] = torch.cat([t.flatten() for t in torch.autograd.grad(y.float().square().sum(), tables)])
+    d = (out["fold"] - out["sdpa"]).abs().max().item() / max(out["sdpa"].abs().max().item(), 1e-12)
+    lines.append(f"\nattn_impl=fold vs sdpa, table gradients of a 2-block ViT ({dtype}): max relative diff {d:.3g}")
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ 4. MFU
+def mfu(dev: torch.device, quick: bool, steps: int) -> list[str]:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    bf16 = dev.type == "cuda"
+    size, batch, name = (32, 2, "vitrel_vit_tiny_patch4_32") if quick else (224, 128, "vitrel_vit_small_patch16_224")
+    lines = [
+        "| model | attn_impl | batch | step ms | TFLOP/step | TFLOP/s | MFU |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    peak = peak_flops(device_name(dev))
+    model_flops = None  # the model's FLOPs, counted on the sdpa run (the fold computes the same function)
+    for impl in ("sdpa", "fold"):
+        torch.manual_seed(0)
+        m = vitrel.create_model(name, pos="rel2d_factored", attn_impl=impl, img_size=size).to(dev)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev.type == "cuda")
+        x = torch.randn(batch, 3, size, size, device=dev)
+        y = torch.randint(0, m.num_classes, (batch,), device=dev)
+
+        def step(m=m, opt=opt, x=x, y=y):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
+                loss = F.cross_entropy(m(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+
+        if model_flops is None:
+            with FlopCounterMode(display=False) as fc:
+                step()
+            model_flops = fc.get_total_flops()
+        flops = model_flops
+        times = alternate({"s": step}, rounds=5, warmup=3, repeat=steps, device=dev)["s"]
+        t = statistics.median(times)
+        rate = flops / t
+        util = f"{100 * rate / peak:.1f}%" if peak else "- (peak unknown)"
+        lines.append(
+            f"| {name} @ {size} | {impl} | {batch} | {1e3 * t:.1f} | {flops / 1e12:.3f} | {rate / 1e12:.1f} | {util} |"
+        )
+    return lines
+
+
+# ------------------------------------------------------------------------------------------------ 5. compile
+def compile_check(dev: torch.device, quick: bool) -> list[str]:
+    torch.manual_seed(0)
+    kw = dict(embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, img_size=28, in_chans=1, num_classes=10)
+    lines = ["| scheme | max diff (logits) | eager ms | compiled ms | compiled / eager |", "|---|---:|---:|---:|---:|"]
+    schemes = ["rel2d_factored"] if quick else ["none", "rel2d_factored", "rel2d_full", "rope2d_mixed", "alibi2d"]
+    for pos in schemes:
+        m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, **kw).to(dev)
+        c = torch.compile(m)
+        x = torch.randn(256, 1, 28, 28, device=dev)
+        with torch.no_grad():
+            diff = (c(x) - m(x)).abs().max().item()
+
+        def train(net, x=x):
+            return lambda: net(x).square().mean().backward()
+
+        times = alternate({"eager": train(m), "compiled": train(c)}, rounds=5, warmup=3, repeat=5, device=dev)
+        te, tc = (statistics.median(times[k]) for k in ("eager", "compiled"))
+        lines.append(f"| {pos} | {diff:.2g} | {1e3 * te:.2f} | {1e3 * tc:.2f} | {tc / te:.2f}x |")
+    return lines
+
+
+def run_script(argv: list[str]) -> tuple[str, str]:
+    cmd = [sys.executable, *argv]
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{shlex.join(argv)} failed:\n{out.stderr[-3000:]}")
+    return "python " + shlex.join(argv), out.stdout.strip() + f"\n\n({time.perf_counter() - t0:.0f} s)"
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--quick", action="store_true", help="small sizes (a check of the code path, not numbers)")
+    ap.add_argument("--sections", nargs="+", default=["hazards", "attention", "models", "mfu", "compile"])
+    ap.add_argument("--steps", type=int, default=10, help="timed steps per round (MFU)")
+    ap.add_argument("--out", default=None, help="default bench/results/gpu_<device>.md")
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    name = device_name(dev)
+    out = Path(args.out or ROOT / "bench" / "results" / f"gpu_{name.split()[-1].lower()}.md")
+    cmd = "python bench/gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    doc = [f"# GPU measurements: {name}\n", f"- Command: `{cmd}`", f"- torch {torch.__version__}, {time.ctime()}\n"]
+    tokens = ["64", "196"] if args.quick else ["196", "1024", "4096"]
+    dtype = ["--dtype", "bf16"] if dev.type == "cuda" else []
+    schemes = [s for s in list_pos("relative") if s != "none"]
+    folds = [f"{s}@fold" for s in schemes if vitrel.pos.get_pos_class(s).has_bias_factors]
+    for section in args.sections:
+        print(f"== {section}", flush=True)
+        if section == "hazards":
+            doc += ["## 1. Hazards\n", *hazards(dev, args.quick), ""]
+        elif section == "attention":
+            sel = ["rel2d_factored", "rel2d_factored@fold"] if args.quick else [*schemes, *folds]
+            c, text = run_script(["bench/attention.py", "--device", args.device, *dtype, "--tokens", *tokens,
+                                  "--rounds", "3" if args.quick else "7", "--schemes", *sel])  # fmt: skip
+            doc += ["## 2. Attention layer\n", f"`{c}`\n", text, ""]
+        elif section == "models":
+            extra = ["--img-size", "64", "--batch-size", "2", "--steps", "1", "--pairs", "vit_rel2d_full"]
+            extra = extra if args.quick else ["--batch-size", "128", "--steps", "20"]
+            c, text = run_script(
+                ["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")), *extra]
+            )
+            doc += ["## 3. Training steps against timm\n", f"`{c}`\n", text, ""]
+        elif section == "mfu":
+            doc += ["## 4. MFU\n", *mfu(dev, args.quick, 2 if args.quick else args.steps), ""]
+        elif section == "compile":
+            doc += ["## 5. torch.compile\n", *compile_check(dev, args.quick), ""]
+        else:
+            raise SystemExit(f"unknown section {section!r}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text("\n".join(doc) + "\n")  # after every section: nothing lost if a later one fails
+    print(f"written {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -220,9 +220,29 @@ def save_pos(path: Path, key: str, model: torch.nn.Module) -> None:
 
 
 def acc_metrics(study: dict) -> list[str]:
-    """The accuracy columns of a study: every evaluation set, then the fine-tuned one."""
+    """The accuracy columns of a study: every evaluation set, the fine-tuned one, then the differences
+    ``study.derived`` (``name: [a, b]``: ``a``'s accuracy minus ``b``'s, within each run)."""
     ft = study.get("finetune")
-    return [f"{k}_acc" for k in study["evals"]] + ([f"ft_{ft['eval']}_acc"] if ft else [])
+    accs = [f"{k}_acc" for k in study["evals"]] + ([f"ft_{ft['eval']}_acc"] if ft else [])
+    return accs + list(study.get("derived") or {})
+
+
+def with_derived(runs: list[dict], study: dict) -> list[dict]:
+    """The runs with ``study.derived``'s within-run differences added (a position cost per model: the
+    same trained model on held-out offsets against the training offsets)."""
+    out = []
+    for r in runs:
+        r = dict(r)
+        for name, (a, b) in (study.get("derived") or {}).items():
+            va, vb = r.get(f"{a}_acc"), r.get(f"{b}_acc")
+            r[name] = None if va is None or vb is None else float(va) - float(vb)
+        out.append(r)
+    return out
+
+
+def metric_key(study: dict, name: str) -> str:
+    """The run key of an evaluation (``<name>_acc``) or of a derived difference (``<name>``)."""
+    return name if name in (study.get("derived") or {}) else f"{name}_acc"
 
 
 def _by_seed(runs: list[dict], arch: str, scheme: str, m: str) -> dict[int, float]:
@@ -236,11 +256,12 @@ def _by_seed(runs: list[dict], arch: str, scheme: str, m: str) -> dict[int, floa
 def summarise(state: dict) -> list[dict]:
     """One row per (architecture, scheme): mean, sample std and 95 % interval over seeds of every metric,
     the paired differences of the accuracies against ``none`` and ``ape`` (same seeds), the throughput."""
-    runs, cost, study = state["runs"], state.get("cost") or {}, state["recipe"]["study"]
+    cost, study = state.get("cost") or {}, state["recipe"]["study"]
+    runs = with_derived(state["runs"], study)
     accs = acc_metrics(study)
     metrics = accs + ["train_img_s", "peak_mem_mb", "fit_s"]
-    archs, order = list(study["archs"]), {s: i for i, s in enumerate(SCHEME_ORDER)}
-    key = lambda k: (archs.index(k[0]) if k[0] in archs else 99, order.get(k[1], 99), k)  # noqa: E731
+    archs = list(study["archs"])
+    key = lambda k: (archs.index(k[0]) if k[0] in archs else 99, _scheme_key(k[1]))  # noqa: E731
     keys = sorted({(r["arch"], r["scheme"]) for r in runs}, key=key)
     rows = []
     for arch, scheme in keys:
@@ -265,10 +286,11 @@ def claims(state: dict) -> list[dict]:
     ``better: [A, B, C]``: the links ``A - B`` and ``B - C``; ``best: A``: ``A - X`` for every other scheme
     ``X`` of the study. A claim needs all its schemes; links with fewer than 2 shared seeds are not resolved.
     """
-    runs, study = state["runs"], state["recipe"]["study"]
+    study = state["recipe"]["study"]
+    runs = with_derived(state["runs"], study)
     out = []
     for cid, c in (study.get("claims") or {}).items():
-        m = f"{c['eval']}_acc"
+        m = metric_key(study, c["eval"])
         for arch in dict.fromkeys(r["arch"] for r in runs):
             have = {r["scheme"] for r in runs if r["arch"] == arch}
             if "better" in c:
@@ -308,6 +330,7 @@ def _pp(mean, lo, hi) -> str:
 def markdown(state: dict) -> str:
     rec, rows, study, machine = state["recipe"], state["summary"], state["recipe"]["study"], state["machine"]
     evals, cfg = [m.removesuffix("_acc") for m in acc_metrics(study)], next(iter(rec["runs"].values()))
+    key = {e: metric_key(study, e) for e in evals}
     t = cfg["trainer"]
     opt = {**cfg["module"]["optimizer"], **(cfg["module"]["scheduler"] or {})}
     n = {k: "all" if study[k] is None else f"{study[k]:,}" for k in ("test_images", "ood_images")}
@@ -363,7 +386,7 @@ def markdown(state: dict) -> str:
         lines.append("|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|")
         for r in sub:
             thr, mem = r.get("bench_img_s") or r.get("train_img_s_mean"), r.get("peak_mem_mb_mean")
-            cells = [r["scheme"], r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, f"{e}_acc") for e in evals)]
+            cells = [r["scheme"], r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, key[e]) for e in evals)]
             lines.append("| " + " | ".join([*cells, f"{thr:.0f}" if thr else "-", f"{mem:.0f}" if mem else "-"]) + " |")
         for base in ("none", "ape"):
             if not any(r["scheme"] == base for r in sub):
@@ -372,7 +395,7 @@ def markdown(state: dict) -> str:
             lines += ["| scheme | " + " | ".join(evals) + " |", "|---|" + "---:|" * len(evals)]
             for r in sub:
                 if r["scheme"] != base:
-                    cells = [_pp(*(r.get(f"{e}_acc_vs_{base}_{k}") for k in ("mean", "lo", "hi"))) for e in evals]
+                    cells = [_pp(*(r.get(f"{key[e]}_vs_{base}_{k}") for k in ("mean", "lo", "hi"))) for e in evals]
                     lines.append(f"| {r['scheme']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
@@ -438,7 +461,7 @@ def select(args: argparse.Namespace, study: dict) -> tuple[list[str], list[str],
 
 
 #: parts of the study block that only select or read runs: changing them keeps the finished runs
-READING = ("claims", "default_schemes", "variants")
+READING = ("claims", "default_schemes", "variants", "derived")
 
 
 def _run_part(recipe: dict) -> dict:

@@ -232,7 +232,9 @@ def _state(accs: dict[tuple[str, str], list[float]], claims: dict) -> dict:
         for (a, s), vs in accs.items()
         for k, v in enumerate(vs)
     ]
-    study_cfg = dict(archs={"vit": []}, evals={"test": {}, "res80": {}}, claims=claims)
+    study_cfg = dict(
+        archs={"vit": []}, evals={"test": {}, "res80": {}}, claims=claims, derived={"drop": ["res80", "test"]}
+    )
     return dict(runs=runs, recipe=dict(study=study_cfg))
 
 
@@ -259,6 +261,10 @@ def test_claims_are_decided_by_paired_intervals(study):
     accs[("vit", "rel2d_full")] = [0.79, 0.82, 0.80]  # rel - ape = -0.01 each seed: contradicted
     out = {c["claim"]: c for c in study.claims(_state(accs, claims))}
     assert out["chain"]["verdict"] == "contradicted"
+    # a claim on a within-run difference: drop = res80 - test (here 0 for every run): the same, not resolved
+    claims["drop"] = dict(title="drop", better=["rel2d_full", "none"], eval="drop")
+    out = {c["claim"]: c for c in study.claims(_state(accs, claims))}
+    assert out["drop"]["links"][0]["mean"] == 0.0 and out["drop"]["verdict"] == "not resolved"
     del accs[("vit", "ape")]  # a claim needs all its schemes
     assert "chain" not in {c["claim"] for c in study.claims(_state(accs, claims))}
 

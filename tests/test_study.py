@@ -91,7 +91,8 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
     assert float(rows[1]["test_acc_mean"]) == pytest.approx(by_key[("vit", "rel2d_full")]["test_acc"])
 
     md = (tmp_path / f"{name}.md").read_text()
-    assert "| scheme | family | params | " + " | ".join(EVALS) + " | img/s | peak MB |" in md
+    columns = [*EVALS, "unseen_drop", "res80_drop"]  # then study.derived: within-run differences
+    assert "| scheme | family | params | " + " | ".join(columns) + " | img/s | peak MB |" in md
     assert "`conf/experiment/study_smoke.yaml`: fashion_mnist, each image in a 40x40 canvas at an offset of the" in md
     assert "Paired differences against `none` (vit, pp [95 % interval])" in md
     assert "## vit" in md and "## swin" in md and data["machine"]["description"] in md

@@ -153,16 +153,46 @@ def test_factored_per_axis_clip_distance():
     _check(m, (4, 5))
 
 
-@pytest.mark.parametrize("name", SCHEMES)
-def test_dropout_path(name):
+DROPOUT_CASES = [(name, 1, {}) for name in SCHEMES if name != "shaw2d_full"] + [
+    ("shaw2d_full", 1, {"attn_impl": "eager"}),  # the eager path draws one mask for the whole layer
+    ("shaw2d_full", 0, {"block_queries": 10**6}),  # one block: the same draws as the reference
+]
+
+
+@pytest.mark.parametrize(("name", "prefix", "kw"), DROPOUT_CASES)
+def test_dropout_path(name, prefix, kw):
     """Training with attention dropout uses content_values on the dropped-out weights."""
-    m = make(name, (3, 3), 1, attn_drop=0.3)
+    m = make(name, (3, 3), prefix, attn_drop=0.3, **kw)
     m.train()
-    x = torch.randn(2, 10, DIM, dtype=torch.float64)
+    x = torch.randn(2, prefix + 9, DIM, dtype=torch.float64)
     _, ref = reference(m, x, (3, 3), drop_seed=7)
     torch.manual_seed(7)
     out = m(x, (3, 3))
     torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-9)
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_full_blocks_dropout_gradients(prefix):
+    """shaw2d_full in blocks with attention dropout: the backward recomputes each block (checkpoint) with
+    the forward's dropout draws, so autograd's gradient is that of the function the forward computed."""
+    m = make("shaw2d_full", (3, 2), prefix, attn_drop=0.3, block_queries=2)  # 3 blocks of one row
+    m.train()
+    x = torch.randn(1, prefix + 6, DIM, dtype=torch.float64, requires_grad=True)
+
+    def f(x):
+        torch.manual_seed(11)
+        return m(x, (3, 2))
+
+    assert torch.autograd.gradcheck(f, (x,), eps=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("block_queries", [1, 8, 10, 10**6])
+def test_full_blocks_equal_reference(prefix, block_queries):
+    """Blocks of 1 row (5 blocks), 2 rows (a short last block), 3 rows and one block, with a window mask."""
+    grid, nw = (5, 4), 2
+    m = make("shaw2d_full", grid, prefix, block_queries=block_queries, clip_distance=(3, 2))
+    _check(m, grid, batch=2 * nw, mask=window_mask(nw, prefix + 20))
 
 
 def test_shaw1d_causal_attention_module():
@@ -240,6 +270,26 @@ class _MaxNumel(TorchDispatchMode):
             if isinstance(o, torch.Tensor):
                 self.max_numel = max(self.max_numel, o.numel())
         return out
+
+
+def test_full_blocks_large_grid_memory():
+    """32x32 grid (N = 1024): shaw2d_full in blocks builds no tensor of N x N (forward and backward)."""
+    torch.manual_seed(0)
+    grid, heads, dim = (32, 32), 2, 32
+    n = 1 + 32 * 32
+    m = Attention(dim, heads, pos="shaw2d_full", grid=grid, num_prefix_tokens=1)
+    x = torch.randn(1, n, dim, requires_grad=True)
+    rec = _MaxNumel()
+    with rec:
+        out = m(x, grid)
+        out.square().sum().backward()
+    assert rec.max_numel < n * n / 4
+    with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
+        q, k, v = m._qkv(x, m.pos.grid)
+        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, m.pos.grid, 1)) * m.scale).softmax(-1)
+        eager = a @ v + m.pos.content_values(a, m.pos.grid, 1)
+        blocks = m.pos.attend(q, k, v, None, m.scale, m.pos.grid, 1)
+    torch.testing.assert_close(blocks, eager, atol=1e-5, rtol=1e-4)
 
 
 def test_factored_fast_path_large_grid_memory():

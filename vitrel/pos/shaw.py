@@ -28,8 +28,11 @@ Fast paths, never an ``N x N x d`` tensor:
   so ``q'_i . k'_j = q_i . k_j + q_i . r^K_ij``; the extra output channels are the attention mass
   per key row ``Ph[i, y]`` and per key column ``Pw[i, z]``, and
   ``out_i += sum_y Ph[i, y] r^Vh[clip(row_i - y)] + sum_z Pw[i, z] r^Vw[clip(col_i - z)]``.
-* full: ``QE = q r^K_flat^T`` (``[N, R]``, ``R`` table cells used) gathered to ``[N, N]``; values:
-  ``P = scatter_add(attn)`` over the ``R`` offsets, then ``P r^V_flat``.
+* full (:func:`shaw2d_full_attention`): blocks of whole grid rows of queries, one at a time. For a
+  block, ``QE = q_blk r^K_blk^T`` (``[c, R_blk]``, ``R_blk`` the table cells those rows reach) gathered
+  to ``[c, N]``; values: ``P = scatter_add(attn_blk)`` over the same cells, then ``P r^V_blk``. In
+  training each block is checkpointed (recomputed in backward), so no ``N x N`` tensor is kept: memory
+  ``O(c (N + R_blk))`` of temporaries per head on top of ``O(N d)``.
 """
 
 from __future__ import annotations
@@ -37,8 +40,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
-from vitrel.pos.base import Grid, PositionScheme, PosState, check_tokens, pad_prefix, patch_coords, register_pos
+from vitrel.pos.base import (
+    Grid,
+    PositionScheme,
+    PosState,
+    attend_eager,
+    check_tokens,
+    merge_masks,
+    pad_prefix,
+    patch_coords,
+    register_pos,
+)
+from vitrel.pos.cache import concrete_grid
 from vitrel.pos.tables import ResizeOnLoad, offset_index, take_renamed
 
 __all__ = [
@@ -50,6 +65,7 @@ __all__ = [
     "full_rel_index",
     "full_content_logits",
     "full_content_values",
+    "shaw2d_full_attention",
     "Shaw2dFactored",
     "Shaw2dFull",
 ]
@@ -207,6 +223,110 @@ def full_content_values(attn: Tensor, rel_v: Tensor, grid: Grid, num_prefix_toke
     return _pad_rows(pr @ tv, p)
 
 
+def _full_block(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    tk: Tensor,
+    tv: Tensor,
+    idx: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    p: int,
+) -> Tensor:
+    """Shaw attention of a block of patch queries ``q [B, h, c, d]`` against every key; ``tk, tv [R_blk, d]``
+    the table cells the block reaches, ``idx [c, HW]`` the cell of each (query, patch key) pair."""
+    s = q @ k.transpose(-2, -1)  # [B, h, c, N]
+    qe = q @ tk.t()  # [B, h, c, R_blk]
+    s = s + F.pad(qe.gather(-1, idx.expand(*qe.shape[:-1], idx.shape[-1])), (p, 0))
+    s = s * scale
+    if mask is not None:
+        s = s + mask
+    a = s.softmax(dim=-1)
+    if dropout_p > 0.0:
+        a = F.dropout(a, dropout_p)
+    ap = a[..., p:]
+    pr = ap.new_zeros(*ap.shape[:-1], tk.shape[0]).scatter_add(-1, idx.expand_as(ap), ap)
+    return a @ v + pr @ tv
+
+
+def _block_rows(grid: Grid, head_dim: int, block_queries: int | None) -> int:
+    """Grid rows per query block: ``block_queries // W`` (at least one row); default about ``0.4 head_dim``
+    queries, which keeps a block's temporaries near the ``O(N d)`` of q, k and v."""
+    c = block_queries if block_queries is not None else max(1, int(0.4 * head_dim))
+    return max(1, c // grid.w)
+
+
+def shaw2d_full_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel_k: Tensor,
+    rel_v: Tensor,
+    grid: Grid,
+    num_prefix_tokens: int = 0,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    block_queries: int | None = None,
+) -> Tensor:
+    """Full 2-D Shaw attention, ``q, k, v [B, h, N, d]``, tables ``[2Kh+1, 2Kw+1, d]``, by blocks of queries.
+
+    ``A_ij = (q_i . k_j + q_i . r^K_ij) * scale + mask_ij``, ``out_i = sum_j softmax_j(A)_ij (v_j + r^V_ij)``
+    (``r = 0`` for prefix pairs); ``mask`` an additive float mask broadcastable to ``[B, h, N, N]``.
+    Prefix queries go through SDPA; patch queries in blocks of whole grid rows (``block_queries``, see
+    :func:`_block_rows`), each checkpointed while gradients are recorded, so no ``[N, N]`` or ``[N, R]``
+    tensor of the whole layer is ever kept. With a symbolic grid (``torch.export`` with dynamic sizes) or an
+    ``fx`` trace there is one block (the same function, traced as one graph).
+    """
+    b, nh, n, d = q.shape
+    p = num_prefix_tokens
+    check_tokens(n, grid, p)
+    if scale is None:
+        scale = d**-0.5
+    if mask is not None:
+        mask = mask.to(q.dtype)
+    kh, kw = (rel_k.shape[0] - 1) // 2, (rel_k.shape[1] - 1) // 2
+    eh, ew = min(kh, grid.h - 1), min(kw, grid.w - 1)
+    tk, tv = _used_cells(rel_k, eh, ew), _used_cells(rel_v, eh, ew)
+    iw = offset_index(grid.w, ew, q.device)  # [W, W]
+    key_rows = torch.arange(grid.h, device=q.device)
+    one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
+    rows = None if one_block else _block_rows(grid, d, block_queries)
+    record = torch.is_grad_enabled() and not one_block
+    width = 2 * ew + 1  # cells per table row
+
+    def rows_of(m: Tensor | None, t0: int, t1: int) -> Tensor | None:  # the mask of queries t0 .. t1 - 1
+        return m if m is None or m.shape[-2] == 1 else m[..., t0:t1, :]
+
+    outs = []
+    if p:  # prefix queries: no relative terms
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[:, :, :p], k, v, attn_mask=rows_of(mask, 0, p), dropout_p=dropout_p, scale=scale
+            )
+        )
+    # blocks of grid rows [y0, y1); one block: no Python arithmetic on the (maybe symbolic) sizes
+    blocks = [(0, grid.h)] if one_block else [(y0, min(grid.h, y0 + rows)) for y0 in range(0, grid.h, rows)]
+    for y0, y1 in blocks:
+        # the table rows the block reaches: clip(y - row_j) + eh for y in [y0, y1), row_j in [0, H)
+        lo = 0 if one_block else min(max(y0 - grid.h + 1, -eh), eh) + eh
+        hi = 2 * eh if one_block else min(max(y1 - 1, -eh), eh) + eh
+        cells = slice(lo * width, (hi + 1) * width)
+        t0, t1 = p + y0 * grid.w, p + y1 * grid.w
+        # cell of (query, key) within the block's cells: rows clip(y - row_j) + eh - lo, columns as iw
+        ih = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-eh, eh) + (eh - lo)  # [g, H]
+        ib = (ih[:, None, :, None] * width + iw[None, :, None, :]).reshape(t1 - t0, grid.n)
+        qb = q[:, :, t0:t1]
+        args = (qb, k, v, tk[cells], tv[cells], ib, rows_of(mask, t0, t1), scale, dropout_p, p)
+        if record:
+            outs.append(checkpoint(_full_block, *args, use_reentrant=False))
+        else:
+            outs.append(_full_block(*args))
+    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
+
+
 # ----------------------------------------------------------------------------------- modules
 def _halves(clip_distance: int | tuple[int, int] | None, grid: Grid) -> tuple[int, int]:
     if clip_distance is None:
@@ -280,7 +400,9 @@ class Shaw2dFactored(ResizeOnLoad, PositionScheme):
 class Shaw2dFull(ResizeOnLoad, PositionScheme):
     """Full 2-D Shaw keys and values: ``r_ij = r[clip(dh), clip(dw)]`` from ``[2Kh+1, 2Kw+1, d]`` tables.
 
-    Eager path (the default ``attend``) with memory ``O(N R)`` per head, ``R`` the table cells used.
+    ``attend`` runs :func:`shaw2d_full_attention` (blocks of ``block_queries`` queries, whole grid rows;
+    None: about ``0.4 head_dim``), which keeps no ``N x N`` tensor; ``attn_impl="eager"`` the one-block
+    eager path (``O(N R)`` memory per head, ``R`` the table cells used).
     """
 
     family = "content"
@@ -288,10 +410,20 @@ class Shaw2dFull(ResizeOnLoad, PositionScheme):
     _rel_tables = {"rel_k": "2d", "rel_v": "2d"}
     no_weight_decay_keys = ("rel_k", "rel_v")
 
-    def __init__(self, *, clip_distance: int | tuple[int, int] | None = None, init_std: float = 0.02, **kw) -> None:
+    def __init__(
+        self,
+        *,
+        clip_distance: int | tuple[int, int] | None = None,
+        init_std: float = 0.02,
+        block_queries: int | None = None,
+        **kw,
+    ) -> None:
         clip_distance = take_renamed(kw, "max_distance", "clip_distance", clip_distance, self.name)
         super().__init__(**kw)
         kh, kw_ = _halves(clip_distance, self.grid)
+        if block_queries is not None and block_queries < 1:
+            raise ValueError(f"{self.name}: block_queries must be a positive number or None, got {block_queries}")
+        self.block_queries = block_queries
         self.rel_k = nn.Parameter(torch.zeros(2 * kh + 1, 2 * kw_ + 1, self.head_dim))
         self.rel_v = nn.Parameter(torch.zeros(2 * kh + 1, 2 * kw_ + 1, self.head_dim))
         nn.init.trunc_normal_(self.rel_k, std=init_std)
@@ -302,6 +434,25 @@ class Shaw2dFull(ResizeOnLoad, PositionScheme):
 
     def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return full_content_values(attn, self.rel_v, grid, num_prefix_tokens)
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        scale: float,
+        grid: Grid,
+        num_prefix_tokens: int = 0,
+        state: PosState | None = None,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        if state is not None and state.impl == "eager":
+            m = merge_masks(None, mask, q.dtype)
+            return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
+        return shaw2d_full_attention(
+            q, k, v, self.rel_k, self.rel_v, grid, num_prefix_tokens, mask, scale, dropout_p, self.block_queries
+        )
 
     @property
     def clip_distance(self) -> tuple[int, int]:

@@ -7,8 +7,10 @@ import math
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from vitrel import Attention
+from vitrel.models import VisionTransformer
 from vitrel.pos import Grid, build_pos
 from vitrel.pos.rope import string_basis
 
@@ -181,3 +183,88 @@ def test_bad_options_are_clear_errors():
         build_pos({"name": "rope2d_mixed", "coords": "normalized", "jitter": 0.5}, num_heads=2, head_dim=8, grid=(3, 3))
     with pytest.raises(ValueError, match="basis must be"):
         build_pos({"name": "rope2d_mixed", "basis": "householder"}, num_heads=2, head_dim=8, grid=(3, 3))
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten ops a forward runs, by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func.overloadpacket)
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+MIXED_OPTS = [
+    {},
+    {"basis": "cayley"},
+    {"basis": "circulant"},
+    {"coords": "normalized"},
+]
+
+
+@pytest.mark.parametrize("opts", MIXED_OPTS)
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_mixed_blocks_prepared_together(opts, prefix):
+    """A ViT whose blocks each own a rope2d_mixed scheme computes every block's cos/sin in one product (one
+    ``cos`` per forward, as RoPE-ViT): the states equal each scheme's own ``prepare``, and the model's output and
+    every gradient equal those of blocks that prepare their own state."""
+    torch.manual_seed(0)
+    pos = {"name": "rope2d_mixed", **opts}
+    m = VisionTransformer(
+        img_size=16,
+        patch_size=4,
+        embed_dim=32,
+        depth=3,
+        num_heads=2,
+        num_classes=5,
+        pos=pos,
+        class_token=bool(prefix),
+        global_pool="token" if prefix else "avg",
+    ).double()
+    with torch.no_grad():  # STRING's basis away from the identity, so that it matters
+        for blk in m.blocks:
+            if blk.attn.pos.string is not None:
+                blk.attn.pos.string.normal_(0.0, 0.3)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    grid = (4, 4)
+    like = torch.empty(0, dtype=torch.float64)
+    states = m.position_states(grid, like)
+    for blk, st in zip(m.blocks, states):
+        own = blk.attn.pos.prepare(grid, m.num_prefix_tokens, like.device, like.dtype)
+        assert st.scheme is blk.attn.pos and len(st.rope) == len(own.rope)
+        for a, b in zip(st.rope, own.rope):
+            assert torch.equal(a, b)
+
+    count = _CountOps()
+    with count:
+        out = m(x)
+    assert count.calls.get("aten.cos") == 1 and count.calls.get("aten.sin") == 1
+    params = list(m.parameters())
+    grads = torch.autograd.grad(out.square().sum(), params)
+
+    def own_states(x):  # every block prepares its own state inside its attention
+        t, g = m.embed(x)
+        for blk in m.blocks:
+            t = blk(t, g)
+        return m.forward_head(m.norm(t))
+
+    ref = own_states(x)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    for (name, _), g, r in zip(m.named_parameters(), grads, torch.autograd.grad(ref.square().sum(), params)):
+        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12, msg=lambda s, name=name: f"grad {name}: {s}")
+
+
+def test_mixed_blocks_with_augmentation_draw_per_block():
+    """DINOv3's coordinate augmentation keeps its per-block draws (states prepared one by one)."""
+    torch.manual_seed(0)
+    pos = {"name": "rope2d_mixed", "coords": "normalized", "shift": 0.2}
+    m = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5, pos=pos)
+    m.train()
+    count = _CountOps()
+    with count:
+        m(torch.randn(2, 3, 16, 16))
+    assert count.calls.get("aten.cos") == 2

@@ -41,6 +41,7 @@ __all__ = [
     "patch_grid",
     "add_abs_pos",
     "prepare_state",
+    "prepare_states",
     "with_placement",
 ]
 
@@ -253,6 +254,23 @@ def prepare_state(
 ) -> PosState:
     """``scheme.prepare`` for tokens like ``like`` (their device and dtype) and attention ``impl``."""
     return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype, impl)
+
+
+@register_notrace_function
+def prepare_states(
+    schemes: list[PositionScheme], grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto"
+) -> list[PosState]:
+    """The states of the blocks' own schemes for one forward, runs of schemes of one class prepared together
+    (``prepare_many``: RoPE-Mixed computes every block's cos/sin in one product)."""
+    states: list[PosState] = []
+    i = 0
+    while i < len(schemes):
+        j = i + 1
+        while j < len(schemes) and type(schemes[j]) is type(schemes[i]):
+            j += 1
+        states += type(schemes[i]).prepare_many(schemes[i:j], grid, num_prefix_tokens, like.device, like.dtype, impl)
+        i = j
+    return states
 
 
 class Block(nn.Module):

@@ -36,6 +36,7 @@ from vitrel.models.blocks import (
     init_weights_,
     plain_pos_spec,
     prepare_state,
+    prepare_states,
     scheme_no_weight_decay,
     split_pos,
     with_placement,
@@ -236,12 +237,22 @@ class VisionTransformer(nn.Module):
             return None
         return prepare_state(self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl)
 
+    def position_states(self, grid: Grid, like: Tensor, depth: int | None = None) -> list[PosState]:
+        """The state of each of the first ``depth`` blocks (all for None) for one forward: the shared
+        scheme's state for every block, or the blocks' own schemes prepared together (``prepare_states``)."""
+        blocks = self.blocks[:depth] if depth is not None else self.blocks
+        st = self.position_state(grid, like)
+        if st is not None:
+            return [st] * len(blocks)
+        return prepare_states([blk.attn.pos for blk in blocks], grid, self.num_prefix_tokens, like, self.attn_impl)
+
     def forward_features(self, x: Tensor) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``."""
         x, grid = self.embed(x)
-        st = self.position_state(grid, x)  # once per forward, handed to every block
+        states = self.position_states(grid, x)  # once per forward, handed to the blocks
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
-        for blk in self.blocks:
+        for i, blk in enumerate(self.blocks):  # states[i]: a torch.fx trace records one call for all states
+            st = states[i]
             x = checkpoint(blk, x, grid, None, st, use_reentrant=False) if ckpt else blk(x, grid, pos_state=st)
         return self.norm(x)
 
@@ -283,11 +294,12 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
         take, max_index = feature_take_indices(len(self.blocks), indices)
         x, grid = self.embed(x)
-        st = self.position_state(grid, x)
         blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
+        states = self.position_states(grid, x, len(blocks))
         ckpt = self.grad_checkpointing and torch.is_grad_enabled()
         feats = []
         for i, blk in enumerate(blocks):
+            st = states[i]
             x = checkpoint(blk, x, grid, None, st, use_reentrant=False) if ckpt else blk(x, grid, pos_state=st)
             if i in take:
                 feats.append(self.norm(x) if norm else x)

@@ -40,7 +40,7 @@ one YAML file in ``conf/pos/`` and one test file.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
@@ -293,6 +293,21 @@ class PositionScheme(nn.Module):
                 )
             return PosState(self, grid, p, rope=rope, factors=self.bias_factors(grid, p), impl=impl)
         return PosState(self, grid, p, bias=self.bias(grid, p), rope=rope, impl=impl)
+
+    @classmethod
+    def prepare_many(
+        cls,
+        schemes: Sequence[PositionScheme],
+        grid: Any,
+        num_prefix_tokens: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        impl: str = "auto",
+    ) -> list[PosState]:
+        """The states of several schemes of this class (a model's blocks, each with its own parameters) for
+        one forward: ``[s.prepare(...) for s in schemes]``. A class whose states are cheaper computed
+        together overrides it (RoPE-Mixed: every block's angles in one product, as RoPE-ViT)."""
+        return [s.prepare(grid, num_prefix_tokens, device, dtype, impl) for s in schemes]
 
     # ------------------------------------------------------------------------ attention
     def attend(

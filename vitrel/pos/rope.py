@@ -54,13 +54,23 @@ the mixed scheme recomputes them from its learned frequencies.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, check_tokens, patch_coords, register_pos
+from vitrel.pos.base import (
+    ATTN_IMPLS,
+    Grid,
+    PositionScheme,
+    PosState,
+    as_grid,
+    check_tokens,
+    patch_coords,
+    register_pos,
+)
 from vitrel.pos.cache import GridBuffers, TensorCache
 
 __all__ = [
@@ -479,6 +489,46 @@ class Rope2dMixed(_Rope2dOptions):
         rc = self.patch_rc(grid, self.freqs.device, work)
         theta = F.pad(rope2d_mixed_angles(self.freqs, grid, rc), (0, 0, num_prefix_tokens, 0))
         return theta.cos(), theta.sin()
+
+    @classmethod
+    def prepare_many(
+        cls,
+        schemes: Sequence[PositionScheme],
+        grid: Any,
+        num_prefix_tokens: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        impl: str = "auto",
+    ) -> list[PosState]:
+        """Every block's ``cos/sin`` (and STRING basis) in one product, as RoPE-ViT computes ``freqs_cis`` for
+        all blocks at once: the same values as each scheme's ``prepare``. Schemes that differ in options or
+        sizes, or draw DINOv3's coordinate augmentation (one draw per block), are prepared one by one."""
+        first = schemes[0] if schemes else None
+        together = (
+            len(schemes) > 1
+            and impl in ATTN_IMPLS
+            and impl != "fold"  # prepare says why fold does not apply
+            and all(
+                type(s) is cls
+                and not s.augmenting
+                and (s.coords, s.basis_kind, s.freqs.shape, s.freqs.dtype, s.freqs.device)
+                == (first.coords, first.basis_kind, first.freqs.shape, first.freqs.dtype, first.freqs.device)
+                for s in schemes
+            )
+        )
+        if not together:
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)
+        grid, p, layers = as_grid(grid), num_prefix_tokens, len(schemes)
+        f = torch.stack([s.freqs for s in schemes], dim=1).flatten(1, 2)  # [2, L * heads, d/2]
+        work = torch.promote_types(f.dtype, torch.float32)
+        theta = F.pad(rope2d_mixed_angles(f, grid, first.patch_rc(grid, f.device, work)), (0, 0, p, 0))
+        cos, sin = (t.unflatten(0, (layers, -1)).unbind(0) for t in (theta.cos(), theta.sin()))
+        if first.string is None:
+            ropes = list(zip(cos, sin))
+        else:
+            basis = string_basis(torch.cat([s.string for s in schemes]), first.basis_kind).unflatten(0, (layers, -1))
+            ropes = list(zip(cos, sin, basis.unbind(0)))
+        return [PosState(s, grid, p, rope=r, impl=impl) for s, r in zip(schemes, ropes)]
 
     def rotate(
         self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None

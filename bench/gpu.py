@@ -8,11 +8,12 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
 1. **Hazards**: the known failure cases, checked before anything is timed. cuDNN's SDPA backward with a
    float mask at sequence lengths = 64 mod 128 (a 24x24 grid; 8x8 Swin windows) must give finite
    gradients equal to the math backend's, for every SDPA backend the device offers; ``attn_impl=fold``
-   gradients equal ``sdpa``'s.
+   and (CUDA) ``flex`` gradients equal ``sdpa``'s, and whether flex's table gradients (atomics) repeat bitwise.
 2. **Attention**: ``bench/attention.py`` in bf16 at N = 196, 1024, 4096 for every relative scheme, plus
-   ``@fold`` for the factored ones: time and memory against plain SDPA.
+   ``@fold`` for the factored ones and (CUDA) ``@flex`` for every bias scheme: time and memory against plain
+   SDPA.
 3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models.
-4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa and fold), bf16 autocast, AdamW: the model's
+4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa, fold and, on CUDA, flex), bf16 autocast, AdamW: the model's
    FLOPs of one training step (``torch.utils.flop_counter`` on the sdpa run; the fold computes the same
    function) times steps per second over the device's dense bf16 peak (``PEAK_BF16``; unknown devices
    report FLOP/s only).
@@ -95,17 +96,30 @@ def hazards(dev: torch.device, quick: bool) -> list[str]:
     torch.manual_seed(0)
     kw = dict(embed_dim=64, depth=2, num_heads=4, img_size=32)
     ref = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", **kw).to(dev)
-    fold = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", attn_impl="fold", **kw).to(dev)
-    fold.load_state_dict(ref.state_dict())
+    models = {"sdpa": ref}
+    for impl in ("fold", "flex") if dev.type == "cuda" else ("fold",):  # flex has no backward on CPU
+        models[impl] = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", attn_impl=impl, **kw)
+        models[impl].to(dev).load_state_dict(ref.state_dict())
     x = torch.randn(8, 3, 32, 32, device=dev)
     out = {}
-    for name, m in (("sdpa", ref), ("fold", fold)):
+
+    def table_grads(m):
         with torch.autocast(dev.type, dtype=dtype, enabled=dev.type == "cuda"):
             y = m(x)
         tables = [p for n, p in m.named_parameters() if "table" in n]
-        out[name] = torch.cat([t.flatten() for t in torch.autograd.grad(y.float().square().sum(), tables)])
-    d = (out["fold"] - out["sdpa"]).abs().max().item() / max(out["sdpa"].abs().max().item(), 1e-12)
-    lines.append(f"\nattn_impl=fold vs sdpa, table gradients of a 2-block ViT ({dtype}): max relative diff {d:.3g}")
+        return torch.cat([t.flatten() for t in torch.autograd.grad(y.float().square().sum(), tables)])
+
+    for name, m in models.items():
+        out[name] = table_grads(m)
+    for name in out:
+        if name != "sdpa":
+            d = (out[name] - out["sdpa"]).abs().max().item() / max(out["sdpa"].abs().max().item(), 1e-12)
+            lines.append(
+                f"\nattn_impl={name} vs sdpa, table gradients of a 2-block ViT ({dtype}): max relative diff {d:.3g}"
+            )
+    if "flex" in models:
+        same = torch.equal(table_grads(models["flex"]), out["flex"])
+        lines.append(f"\nflex table gradients bitwise equal on a second run: {'yes' if same else 'no (atomics)'}")
     return lines
 
 
@@ -121,7 +135,7 @@ def mfu(dev: torch.device, quick: bool, steps: int) -> list[str]:
     ]
     peak = peak_flops(device_name(dev))
     model_flops = None  # the model's FLOPs, counted on the sdpa run (the fold computes the same function)
-    for impl in ("sdpa", "fold"):
+    for impl in ("sdpa", "fold", "flex") if dev.type == "cuda" else ("sdpa", "fold"):
         torch.manual_seed(0)
         m = vitrel.create_model(name, pos="rel2d_factored", attn_impl=impl, img_size=size).to(dev)
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4, fused=dev.type == "cuda")
@@ -198,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     dtype = ["--dtype", "bf16"] if dev.type == "cuda" else []
     schemes = [s for s in list_pos("relative") if s != "none"]
     folds = [f"{s}@fold" for s in schemes if vitrel.pos.get_pos_class(s).has_bias_factors]
+    if dev.type == "cuda":  # flex trains on CUDA only
+        folds += [f"{s}@flex" for s in schemes if vitrel.pos.get_pos_class(s).has_offset_table]
     for section in args.sections:
         print(f"== {section}", flush=True)
         if section == "hazards":

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrel.pos.base import Grid, PositionScheme, geometric_slopes, pad_prefix, register_pos, rel_offsets
+from vitrel.pos.base import Grid, PositionScheme, geometric_slopes, offset_grid, pad_prefix, register_pos, rel_offsets
 from vitrel.pos.cache import GridBuffers
 
 __all__ = ["Alibi1d", "Alibi2d", "reference_slopes"]
@@ -74,8 +74,18 @@ class _AlibiBase(GridBuffers, PositionScheme):
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, slopes={self.slope_rule}"
 
-    def distance(self, grid: Grid) -> Tensor:  # pragma: no cover - overridden
+    has_offset_table = True
+
+    def offset_distance(self, dh: Tensor, dw: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - overridden
+        """The distance of patch offsets ``(dh, dw)`` on ``grid``, in the slopes' dtype."""
         raise NotImplementedError
+
+    def distance(self, grid: Grid) -> Tensor:
+        """``[HW, HW]``: the distance between every two patches."""
+        return self.offset_distance(*rel_offsets(grid, self.slopes.device), grid)
+
+    def offset_table(self, grid: Grid) -> Tensor:
+        return -self.slopes[:, None, None] * self.offset_distance(*offset_grid(grid, self.slopes.device), grid)[None]
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         if self.at_built_grid(grid, num_prefix_tokens):
@@ -92,15 +102,13 @@ class Alibi1d(_AlibiBase):
 
     depends_on_extent = True
 
-    def distance(self, grid: Grid) -> Tensor:
-        p = torch.arange(grid.n, device=self.slopes.device, dtype=self.slopes.dtype)
-        return (p[:, None] - p[None, :]).abs()
+    def offset_distance(self, dh: Tensor, dw: Tensor, grid: Grid) -> Tensor:
+        return (dh * grid.w + dw).abs().to(self.slopes.dtype)  # |p_i - p_j|, raster order
 
 
 @register_pos("alibi2d")
 class Alibi2d(_AlibiBase):
     """2-D ALiBi: the penalty grows with the Euclidean distance between patches."""
 
-    def distance(self, grid: Grid) -> Tensor:
-        dh, dw = rel_offsets(grid, self.slopes.device)
+    def offset_distance(self, dh: Tensor, dw: Tensor, grid: Grid) -> Tensor:
         return torch.sqrt((dh * dh + dw * dw).to(self.slopes.dtype))

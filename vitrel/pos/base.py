@@ -40,18 +40,24 @@ one YAML file in ``conf/pos/`` and one test file.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import flex_attention
 
-ATTN_IMPLS = ("auto", "sdpa", "fold", "eager")
+ATTN_IMPLS = ("auto", "sdpa", "flex", "fold", "eager")
 
 __all__ = [
     "ATTN_IMPLS",
+    "attend_flex",
     "attend_folded",
+    "expand_offset_table",
+    "offset_grid",
+    "offset_range",
     "axis_factors",
     "Grid",
     "PositionScheme",
@@ -208,6 +214,8 @@ class PositionScheme(nn.Module):
     depends_on_extent: ClassVar[bool] = False
     #: ``bias_factors`` returns ``(u, w)`` with ``bias = u @ w^T`` (``attn_impl="fold"``)
     has_bias_factors: ClassVar[bool] = False
+    #: ``offset_table`` returns ``T [heads, 2H-1, 2W-1]``, the bias by offset (``attn_impl="flex"``)
+    has_offset_table: ClassVar[bool] = False
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -234,6 +242,12 @@ class PositionScheme(nn.Module):
     # ----------------------------------------------------------------- hooks (no-op defaults)
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
         """Additive logit term ``[heads, N, N]`` (N = prefix + H*W), or None."""
+        return None
+
+    def offset_table(self, grid: Grid) -> Tensor | None:
+        """``T [heads, 2H-1, 2W-1]`` with ``bias[h, i, j] = T[h, dh_ij + H - 1, dw_ij + W - 1]`` for patch pairs
+        (``d = p_i - p_j``; pairs with a prefix token get 0), or None: the bias read by offset, so a kernel
+        (FlexAttention's ``score_mod``) needs no ``N x N`` tensor. Declared by ``has_offset_table``."""
         return None
 
     def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor] | None:
@@ -285,6 +299,15 @@ class PositionScheme(nn.Module):
         grid = as_grid(grid)
         p = num_prefix_tokens
         rope = self.rotation(grid, p, device, dtype)
+        if impl == "flex":
+            if self.has_content_terms or (self.has_bias and not self.has_offset_table):
+                raise ValueError(
+                    f"attn_impl='flex' reads the bias by offset in FlexAttention's score_mod; {self.name} has no "
+                    "such table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
+                )
+            return PosState(
+                self, grid, p, rope=rope, table=self.offset_table(grid) if self.has_bias else None, impl=impl
+            )
         if impl == "fold":
             if not self.has_bias_factors:
                 raise ValueError(
@@ -328,6 +351,8 @@ class PositionScheme(nn.Module):
         mask, causal mask) or None. ``q`` and ``k`` are already rotated. ``state`` (from
         :meth:`prepare`) carries the bias; without it the bias is computed here.
         """
+        if state is not None and state.impl == "flex":
+            return attend_flex(q, k, v, mask, scale, state.table, grid, num_prefix_tokens, dropout_p)
         if state is not None and state.factors is not None:
             return attend_folded(q, k, v, mask, scale, state.factors, dropout_p)
         b = state.bias if state is not None else self.bias(grid, num_prefix_tokens)
@@ -364,12 +389,17 @@ class PosState(NamedTuple):
     #: ``(u, w)`` of a folded bias (``impl="fold"``; then ``bias`` is None)
     factors: tuple[Tensor, Tensor] | None = None
     impl: str = "auto"
+    #: the bias by offset ``[heads, 2H-1, 2W-1]`` (``impl="flex"``; then ``bias`` is None)
+    table: Tensor | None = None
 
     def full_bias(self) -> Tensor | None:
-        """The additive term ``[heads, N, N]``, multiplied out of the factors when folded."""
+        """The additive term ``[heads, N, N]``, multiplied out of the factors when folded, expanded from
+        the offset table for flex."""
         if self.factors is not None:
             u, w = self.factors
             return u @ w.transpose(-2, -1)
+        if self.table is not None:
+            return expand_offset_table(self.table, self.grid, self.num_prefix_tokens)
         return self.bias
 
 
@@ -412,6 +442,83 @@ def attend_folded(
     # v padded with zeros to the q/k width: SDPA's fused kernels want one head dim (else the math path)
     v = F.pad(v, (0, q.shape[-1] - ev))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)[..., :ev]
+
+
+def offset_range(n: int, device: torch.device | None = None) -> Tensor:
+    """The offsets ``-(n-1) .. n-1`` along an axis of ``n`` patches (``[2n-1]``, long): index ``d + n - 1``
+    of an offset table holds offset ``d``."""
+    return torch.arange(-(n - 1), n, device=device)
+
+
+def offset_grid(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """``(dh, dw)`` over an offset table, each ``[2H-1, 2W-1]`` (long): ``dh[a, b] = a - (H - 1)``,
+    ``dw[a, b] = b - (W - 1)``."""
+    dh = offset_range(grid.h, device)[:, None].expand(-1, 2 * grid.w - 1)
+    dw = offset_range(grid.w, device)[None, :].expand(2 * grid.h - 1, -1)
+    return dh, dw
+
+
+def expand_offset_table(table: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+    """``T [heads, 2H-1, 2W-1]`` -> the bias ``[heads, N, N]``, ``T[h, dh_ij + H - 1, dw_ij + W - 1]`` for
+    patch pairs, 0 for pairs with a prefix token."""
+    dh, dw = rel_offsets(grid, table.device)
+    return pad_prefix(table[:, dh + grid.h - 1, dw + grid.w - 1], num_prefix_tokens)
+
+
+@functools.cache
+def _compiled_flex() -> Callable[..., Tensor]:
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def _flex_attention(*args: Any, **kwargs: Any) -> Tensor:
+    """FlexAttention, compiled (once per shape, lazily) unless the caller is being compiled already."""
+    if torch.compiler.is_compiling():
+        return flex_attention(*args, **kwargs)
+    return _compiled_flex()(*args, **kwargs)
+
+
+def attend_flex(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    table: Tensor | None,
+    grid: Grid,
+    num_prefix_tokens: int = 0,
+    dropout_p: float = 0.0,
+) -> Tensor:
+    """FlexAttention with ``score_mod = score + T[h, dh + H - 1, dw + W - 1] + mask`` (``attn_impl="flex"``):
+    the bias is read from the offset table ``T`` (gradients reach it; on CUDA through atomics, so not
+    bitwise deterministic), prefix pairs get none; ``mask`` (windows, causal) an additive float mask
+    broadcastable to ``[B, heads, N, N]``, read in the same ``score_mod``. No attention dropout; no
+    backward on CPU (torch has none there): use ``sdpa`` for those."""
+    if dropout_p > 0.0:
+        raise ValueError("attn_impl='flex' has no attention dropout (FlexAttention has none): use attn_impl='sdpa'")
+    needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (table is not None and table.requires_grad)
+    if q.device.type == "cpu" and torch.is_grad_enabled() and needs_grad:
+        raise ValueError(
+            "attn_impl='flex' cannot train on CPU (torch has no FlexAttention backward there): use attn_impl='sdpa' "
+            "on CPU, or flex for inference (torch.no_grad / inference_mode)"
+        )
+    p, n = num_prefix_tokens, q.shape[-2]
+    rows, cols = patch_coords(grid, q.device)
+    rows, cols = F.pad(rows, (p, 0)), F.pad(cols, (p, 0))  # prefix tokens: (0, 0), their bias is zeroed
+    patch = torch.arange(n, device=q.device) >= p
+    if mask is not None:
+        mask = mask.to(q.dtype)
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+    mb, mh = (mask.shape[0] > 1, mask.shape[1] > 1) if mask is not None else (False, False)
+
+    def score_mod(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        if table is not None:
+            t = table[h, rows[qi] - rows[ki] + grid.h - 1, cols[qi] - cols[ki] + grid.w - 1]
+            score = score + torch.where(patch[qi] & patch[ki], t, torch.zeros_like(t))
+        if mask is not None:
+            score = score + mask[b if mb else 0, h if mh else 0, qi, ki]
+        return score
+
+    return _flex_attention(q, k, v, score_mod=score_mod, scale=scale)
 
 
 def axis_factors(bh: Tensor, bw: Tensor, grid: Grid, num_prefix_tokens: int, head_dim: int) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, axis_factors, pad_prefix, register_pos
+from vitrel.pos.base import Grid, PositionScheme, axis_factors, offset_range, pad_prefix, register_pos
 from vitrel.pos.tables import ResizeOnLoad, offset_index
 
 __all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
@@ -63,8 +63,16 @@ class Rel2dFull(ResizeOnLoad, PositionScheme):
         self.table = nn.Parameter(torch.zeros(2 * g.h - 1, 2 * g.w - 1, self.num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)
 
+    has_offset_table = True
+
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return pad_prefix(full_bias(self.table, grid), num_prefix_tokens)
+
+    def offset_table(self, grid: Grid) -> Tensor:
+        kh, kw = (self.table.shape[0] - 1) // 2, (self.table.shape[1] - 1) // 2
+        ih = offset_range(grid.h, self.table.device).clamp(-kh, kh) + kh
+        iw = offset_range(grid.w, self.table.device).clamp(-kw, kw) + kw
+        return self.table.permute(2, 0, 1)[:, ih][:, :, iw]
 
 
 @register_pos("rel2d_factored")
@@ -85,8 +93,16 @@ class Rel2dFactored(ResizeOnLoad, PositionScheme):
         nn.init.trunc_normal_(self.table_h, std=init_std)
         nn.init.trunc_normal_(self.table_w, std=init_std)
 
+    has_offset_table = True
+
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return pad_prefix(factored_bias(self.table_h, self.table_w, grid), num_prefix_tokens)
+
+    def offset_table(self, grid: Grid) -> Tensor:
+        kh, kw = (self.table_h.shape[0] - 1) // 2, (self.table_w.shape[0] - 1) // 2
+        bh = self.table_h.t()[:, offset_range(grid.h, self.table_h.device).clamp(-kh, kh) + kh]  # [heads, 2H-1]
+        bw = self.table_w.t()[:, offset_range(grid.w, self.table_w.device).clamp(-kw, kw) + kw]
+        return bh[:, :, None] + bw[:, None, :]
 
     def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
         """``b_h[row_i - row_j] + b_w[col_i - col_j]`` as ``u_i . w_j`` (rank ``H + W``, see ``axis_factors``)."""

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, axis_factors, pad_prefix, register_pos
+from vitrel.pos.base import Grid, PositionScheme, axis_factors, offset_range, pad_prefix, register_pos
 
 __all__ = ["t5_bucket", "Rel1dBucket", "Rel2dBucket"]
 
@@ -81,6 +81,14 @@ class Rel1dBucket(_BucketBase):
         self.table = nn.Parameter(torch.zeros(num_buckets, self.num_heads))
         nn.init.trunc_normal_(self.table, std=self._init_std)
 
+    has_offset_table = True
+
+    def offset_table(self, grid: Grid) -> Tensor:
+        dev = self.table.device
+        d = offset_range(grid.h, dev)[:, None] * grid.w + offset_range(grid.w, dev)[None, :]  # p_i - p_j
+        idx = t5_bucket(-d, self.num_buckets, self.max_distance, bidirectional=not self.causal)
+        return self.table.t()[:, idx]  # [heads, 2H-1, 2W-1]
+
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         p = torch.arange(grid.n, device=self.table.device)
         rel = -(p[:, None] - p[None, :])  # bucket(-d_ij)
@@ -111,6 +119,14 @@ class Rel2dBucket(_BucketBase):
         ih = self._bucket(-(rh[:, None] - rh[None, :]))  # [H, H], bucket(-dh_ij)
         iw = self._bucket(-(rw[:, None] - rw[None, :]))
         return self.table_h.t()[:, ih], self.table_w.t()[:, iw]
+
+    has_offset_table = True
+
+    def offset_table(self, grid: Grid) -> Tensor:
+        dev = self.table_h.device
+        bh = self.table_h.t()[:, self._bucket(-offset_range(grid.h, dev))]  # [heads, 2H-1]: b_h[bucket(-dh)]
+        bw = self.table_w.t()[:, self._bucket(-offset_range(grid.w, dev))]
+        return bh[:, :, None] + bw[:, None, :]
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         bh, bw = self._axis_biases(grid)

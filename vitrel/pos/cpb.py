@@ -69,6 +69,13 @@ class Rel2dCpb(PositionScheme):
         c = cpb_coords(grid, self._ref, w.device, w.dtype)
         return 16.0 * torch.sigmoid(self.mlp(c))
 
+    has_offset_table = True
+
+    def offset_table(self, grid: Grid) -> Tensor:
+        w = self.mlp[0].weight
+        t = 16.0 * torch.sigmoid(self.mlp(_flat_coords(grid, self._ref, w.device, w.dtype)))  # [(2H-1)(2W-1), heads]
+        return t.t().reshape(self.num_heads, 2 * grid.h - 1, 2 * grid.w - 1)
+
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         w = self.mlp[0].weight
         t = 16.0 * torch.sigmoid(self.mlp(_flat_coords(grid, self._ref, w.device, w.dtype)))  # [(2H-1)(2W-1), heads]

@@ -37,10 +37,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos, rel_offsets
+from vitrel.pos.base import Grid, PositionScheme, offset_grid, pad_prefix, register_pos, rel_offsets
 from vitrel.pos.cache import GridBuffers
 
-__all__ = ["LookHere", "DIRECTION_SETS", "FOV_SETS", "lookhere_views"]
+__all__ = ["LookHere", "DIRECTION_SETS", "FOV_SETS", "lookhere_views", "offset_views"]
 
 #: per set, the four directions as lists of elementary views (a view is the intersection of its parts)
 DIRECTION_SETS: dict[str, list[list[str]]] = {
@@ -67,7 +67,11 @@ def _elementary(dh: Tensor, dw: Tensor) -> dict[str, Tensor]:
 
 def lookhere_views(grid: Grid, directions: str, num_heads: int, device: torch.device | None = None) -> Tensor:
     """Boolean ``[heads, HW, HW]``: key ``j`` is in head ``h``'s view of query ``i``."""
-    dh, dw = rel_offsets(grid, device)
+    return offset_views(*rel_offsets(grid, device), directions, num_heads)
+
+
+def offset_views(dh: Tensor, dw: Tensor, directions: str, num_heads: int) -> Tensor:
+    """Boolean ``[heads, *dh.shape]``: offset ``(dh, dw)`` (query minus key) is in head ``h``'s view."""
     parts = _elementary(dh, dw)
     views = []
     for h in range(num_heads):
@@ -142,6 +146,14 @@ class LookHere(GridBuffers, PositionScheme):
         if self.at_built_grid(grid, num_prefix_tokens):
             return self.built_bias
         return self._bias(grid, num_prefix_tokens)
+
+    has_offset_table = True
+
+    def offset_table(self, grid: Grid) -> Tensor:
+        dh, dw = offset_grid(grid, self.head_slopes.device)
+        dist = torch.sqrt((dh * dh + dw * dw).to(self.head_slopes.dtype))
+        t = -(self.slope * self.head_slopes[:, None, None]) * dist[None]
+        return t.masked_fill(~offset_views(dh, dw, self.directions, self.num_heads), float("-inf"))
 
     def _bias(self, grid: Grid, num_prefix_tokens: int) -> Tensor:
         dh, dw = rel_offsets(grid, self.head_slopes.device)

@@ -1,0 +1,137 @@
+"""attn_impl="flex": FlexAttention with the bias read from the scheme's offset table in ``score_mod``.
+
+The offset table of every bias scheme is checked against its dense bias (itself checked against float64
+loop references in the scheme tests) on several grids; the flex forward against SDPA with the bias as a
+float mask (CPU: forward only, torch has no FlexAttention backward there; the gradients are checked by
+``bench/gpu.py`` on a GPU).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import flex_attention
+
+import vitrel
+import vitrel.pos.base as base
+from vitrel.layers import Attention
+from vitrel.pos import build_pos, list_pos
+from vitrel.pos.base import expand_offset_table, get_pos_class
+
+TABLE_SCHEMES = [n for n in list_pos("relative") if get_pos_class(n).has_offset_table]
+CASES = [(n, {}) for n in TABLE_SCHEMES] + [
+    ("rel1d_bucket", {"causal": True}),
+    ("alibi2d", {"slopes": "geometric"}),
+    ("lookhere", {"fov": 45}),
+    ("lookhere", {"fov": 90}),
+]
+
+
+def test_every_bias_scheme_has_an_offset_table():
+    """Every relative scheme with a bias (and no content terms) reads it by offset, so flex takes it."""
+    bias_schemes = {
+        n for n in list_pos("relative") if get_pos_class(n).has_bias and not get_pos_class(n).has_content_terms
+    }
+    assert bias_schemes == set(TABLE_SCHEMES)
+    assert {"rel2d_full", "rel2d_factored", "rel2d_cpb", "rel2d_bucket", "alibi2d", "alibi1d", "rel1d_bucket"} <= set(
+        TABLE_SCHEMES
+    )
+
+
+def _scheme(name: str, kw: dict, heads: int = 4):
+    torch.manual_seed(0)
+    s = build_pos({"name": name, **kw}, num_heads=heads, head_dim=8, grid=(3, 4)).double()
+    with torch.no_grad():
+        for t in s.parameters():  # away from the init, so that every entry matters
+            t.normal_(0.0, 0.5)
+    return s
+
+
+@pytest.mark.parametrize(("name", "kw"), CASES)
+@pytest.mark.parametrize("grid", [(3, 4), (5, 2), (4, 7)])  # the built grid, then others (clamped / grown)
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_offset_table_is_the_bias(name, kw, grid, prefix):
+    s = _scheme(name, kw)
+    g = vitrel.pos.base.as_grid(grid)
+    t = s.offset_table(g)
+    assert t.shape == (4, 2 * g.h - 1, 2 * g.w - 1)
+    torch.testing.assert_close(expand_offset_table(t, g, prefix), s.bias(g, prefix), atol=0, rtol=0)
+
+
+pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+
+
+@pytest.fixture
+def eager_flex(monkeypatch):
+    """FlexAttention uncompiled (torch's reference implementation): the same score_mod, no compile per shape."""
+    monkeypatch.setattr(base, "_flex_attention", flex_attention)
+
+
+def _pair(name: str, kw: dict, prefix: int, causal: bool = False):
+    kw = dict(kw)
+    causal = kw.pop("causal", causal)  # a causal scheme goes with a causal Attention
+    layers = []
+    for impl in ("sdpa", "flex"):
+        torch.manual_seed(1)
+        layers.append(
+            Attention(
+                32, 4, pos={"name": name, **kw}, grid=(3, 4), num_prefix_tokens=prefix, causal=causal, attn_impl=impl
+            )
+            .double()
+            .eval()
+        )
+    with torch.no_grad():
+        for t in layers[0].pos.parameters():
+            t.normal_(0.0, 0.5)
+        layers[1].load_state_dict(layers[0].state_dict())
+    return layers
+
+
+@pytest.mark.parametrize(("name", "kw"), CASES + [("rope2d_mixed", {}), ("none", {})])
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_flex_forward_equals_sdpa(eager_flex, name, kw, prefix):
+    sdpa, flex = _pair(name, kw, prefix)
+    for grid in [(3, 4), (4, 5)]:
+        x = torch.randn(2, prefix + grid[0] * grid[1], 32, dtype=torch.float64)
+        with torch.no_grad():
+            torch.testing.assert_close(flex(x, grid), sdpa(x, grid), atol=1e-12, rtol=1e-10)
+
+
+@pytest.mark.parametrize("name", ["rel2d_full", "lookhere"])
+def test_flex_window_mask_and_causal(eager_flex, name):
+    """A Swin-style [nW, n, n] window mask (read per batch element in score_mod), and causal 1-D attention."""
+    sdpa, flex = _pair(name, {}, 0)
+    g = torch.Generator().manual_seed(2)
+    mask = torch.where(torch.rand(2, 12, 12, generator=g) < 0.4, -100.0, 0.0).double() * (1 - torch.eye(12))
+    x = torch.randn(4, 12, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(flex(x, (3, 4), mask=mask), sdpa(x, (3, 4), mask=mask), atol=1e-12, rtol=1e-10)
+    sdpa, flex = _pair("rel1d_bucket", {}, 0, causal=True)
+    with torch.no_grad():
+        torch.testing.assert_close(flex(x, (3, 4)), sdpa(x, (3, 4)), atol=1e-12, rtol=1e-10)
+
+
+def test_flex_compiled_model_equals_sdpa():
+    """The real path (FlexAttention compiled on first use) in a model: ViT and Swin, eval, float32."""
+    x = torch.randn(2, 3, 32, 32)
+    for arch in ("vitrel_vit_tiny_patch4_32", "vitrel_swin_tiny_patch2_window4_32"):
+        torch.manual_seed(0)
+        ref = vitrel.create_model(arch, pos="rel2d_full", num_classes=10).eval()
+        torch.manual_seed(0)
+        m = vitrel.create_model(arch, pos="rel2d_full", num_classes=10, attn_impl="flex").eval()
+        m.load_state_dict(ref.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), ref(x), atol=2e-5, rtol=1e-4)
+            with torch.compiler.set_stance("fail_on_recompile"):  # compiled once: every block, every call
+                torch.testing.assert_close(m(2 * x), ref(2 * x), atol=2e-5, rtol=1e-4)
+
+
+def test_flex_errors_are_clear():
+    with pytest.raises(ValueError, match="flex"):
+        Attention(32, 4, pos="shaw2d_factored", grid=(3, 4), attn_impl="flex")(torch.randn(1, 12, 32), (3, 4))
+    m = Attention(32, 4, pos="rel2d_full", grid=(3, 4), attn_impl="flex", attn_drop=0.1).train()
+    with torch.no_grad(), pytest.raises(ValueError, match="dropout"):
+        m(torch.randn(1, 12, 32), (3, 4))
+    m = Attention(32, 4, pos="rel2d_full", grid=(3, 4), attn_impl="flex").train()
+    with pytest.raises(ValueError, match="CPU"):
+        m(torch.randn(1, 12, 32), (3, 4))

@@ -272,43 +272,42 @@ class _MaxNumel(TorchDispatchMode):
         return out
 
 
-def test_full_blocks_large_grid_memory():
-    """32x32 grid (N = 1024): shaw2d_full in blocks builds no tensor of N x N (forward and backward)."""
-    torch.manual_seed(0)
-    grid, heads, dim = (32, 32), 2, 32
-    n = 1 + 32 * 32
-    m = Attention(dim, heads, pos="shaw2d_full", grid=grid, num_prefix_tokens=1)
-    x = torch.randn(1, n, dim, requires_grad=True)
-    rec = _MaxNumel()
-    with rec:
-        out = m(x, grid)
-        out.square().sum().backward()
-    assert rec.max_numel < n * n / 4
-    with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
-        q, k, v = m._qkv(x, m.pos.grid)
-        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, m.pos.grid, 1)) * m.scale).softmax(-1)
-        eager = a @ v + m.pos.content_values(a, m.pos.grid, 1)
-        blocks = m.pos.attend(q, k, v, None, m.scale, m.pos.grid, 1)
-    torch.testing.assert_close(blocks, eager, atol=1e-5, rtol=1e-4)
-
-
-def test_factored_fast_path_large_grid_memory():
-    """32x32 grid (N = 1024): the fused path never builds N x N x d (nor N x N with the flash kernel)."""
+@pytest.mark.parametrize("name", ["shaw2d_factored", "shaw2d_full"])
+def test_fast_path_large_grid_memory(name):
+    """32x32 grid (N = 1024), forward and backward: the fast paths never build N x N x d; shaw2d_full's query
+    blocks no N x N either, nor the factored path's single SDPA call with the flash kernel."""
     torch.manual_seed(0)
     grid, heads, dim = (32, 32), 2, 32
     n, d = 1 + 32 * 32, dim // heads
-    m = Attention(dim, heads, pos="shaw2d_factored", grid=grid, num_prefix_tokens=1)
+    m = Attention(dim, heads, pos=name, grid=grid, num_prefix_tokens=1)
     x = torch.randn(1, n, dim, requires_grad=True)
     rec = _MaxNumel()
     with rec:
         out = m(x, grid)
         out.square().sum().backward()
     assert rec.max_numel < n * n * d
-    if any("flash_attention" in op for op in rec.ops):
+    if name == "shaw2d_full":
+        assert rec.max_numel < n * n / 4
+    elif any("flash_attention" in op for op in rec.ops):
         assert rec.max_numel < heads * n * n
     with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
         q, k, v = m._qkv(x, m.pos.grid)
         a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, m.pos.grid, 1)) * m.scale).softmax(-1)
         eager = a @ v + m.pos.content_values(a, m.pos.grid, 1)
-        fused = m.pos.attend(q, k, v, None, m.scale, m.pos.grid, 1)
-    torch.testing.assert_close(fused, eager, atol=1e-5, rtol=1e-4)
+        fast = m.pos.attend(q, k, v, None, m.scale, m.pos.grid, 1)
+    torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["shaw2d_factored", "shaw2d_full"])
+def test_eager_impl_runs_the_eager_path(name, monkeypatch):
+    """attn_impl="eager" is the softmax written out (content_logits / content_values), equal to the reference."""
+    import vitrel.pos.shaw as shaw
+
+    calls = []
+    real = shaw.attend_eager
+    monkeypatch.setattr(shaw, "attend_eager", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    _check(make(name, (3, 4), 1, attn_impl="eager"), (3, 4))
+    assert calls
+    calls.clear()
+    _check(make(name, (3, 4), 1), (3, 4))
+    assert not calls

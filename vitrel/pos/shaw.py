@@ -340,16 +340,44 @@ def _halves(clip_distance: int | tuple[int, int] | None, grid: Grid) -> tuple[in
     return kh, kw
 
 
+class _Shaw2d(ResizeOnLoad, PositionScheme):
+    """What the 2-D Shaw schemes share: ``attend`` runs the scheme's fast path (:meth:`fast_attend`), or the
+    eager path (softmax written out, ``content_logits`` / ``content_values``) with ``attn_impl="eager"``."""
+
+    family = "content"
+    has_content_terms = True
+
+    def fast_attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
+    ) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        scale: float,
+        grid: Grid,
+        num_prefix_tokens: int = 0,
+        state: PosState | None = None,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        if state is not None and state.impl == "eager":
+            m = merge_masks(None, mask, q.dtype)
+            return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
+        return self.fast_attend(q, k, v, mask, scale, grid, num_prefix_tokens, dropout_p)
+
+
 @register_pos("shaw2d_factored")
-class Shaw2dFactored(ResizeOnLoad, PositionScheme):
+class Shaw2dFactored(_Shaw2d):
     """Factored Shaw keys and values: ``r_ij = r_h[clip(dh)] + r_w[clip(dw)]``, tables shared by heads.
 
     ``clip_distance``: ``K`` (int, or ``(Kh, Kw)``) or None for the built grid's extent. ``forward``
     of :class:`~vitrel.layers.Attention` uses the single-SDPA fast path (:meth:`attend`).
     """
 
-    family = "content"
-    has_content_terms = True
     _rel_tables = {"rel_kh": "1d", "rel_kw": "1d", "rel_vh": "1d", "rel_vw": "1d"}
     no_weight_decay_keys = ("rel_kh", "rel_kw", "rel_vh", "rel_vw")
 
@@ -371,20 +399,11 @@ class Shaw2dFactored(ResizeOnLoad, PositionScheme):
     def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return factored_content_values(attn, self.rel_vh, self.rel_vw, grid, num_prefix_tokens)
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        scale: float,
-        grid: Grid,
-        num_prefix_tokens: int = 0,
-        state: PosState | None = None,
-        dropout_p: float = 0.0,
+    def fast_attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
     ) -> Tensor:
         return shaw2d_factored_attention(
-            q, k, v, self.rel_kh, self.rel_kw, self.rel_vh, self.rel_vw, grid, num_prefix_tokens, mask, scale, dropout_p
+            q, k, v, self.rel_kh, self.rel_kw, self.rel_vh, self.rel_vw, grid, p, mask, scale, dropout_p
         )
 
     @property
@@ -397,7 +416,7 @@ class Shaw2dFactored(ResizeOnLoad, PositionScheme):
 
 
 @register_pos("shaw2d_full")
-class Shaw2dFull(ResizeOnLoad, PositionScheme):
+class Shaw2dFull(_Shaw2d):
     """Full 2-D Shaw keys and values: ``r_ij = r[clip(dh), clip(dw)]`` from ``[2Kh+1, 2Kw+1, d]`` tables.
 
     ``attend`` runs :func:`shaw2d_full_attention` (blocks of ``block_queries`` queries, whole grid rows;
@@ -405,8 +424,6 @@ class Shaw2dFull(ResizeOnLoad, PositionScheme):
     eager path (``O(N R)`` memory per head, ``R`` the table cells used).
     """
 
-    family = "content"
-    has_content_terms = True
     _rel_tables = {"rel_k": "2d", "rel_v": "2d"}
     no_weight_decay_keys = ("rel_k", "rel_v")
 
@@ -435,23 +452,11 @@ class Shaw2dFull(ResizeOnLoad, PositionScheme):
     def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return full_content_values(attn, self.rel_v, grid, num_prefix_tokens)
 
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        scale: float,
-        grid: Grid,
-        num_prefix_tokens: int = 0,
-        state: PosState | None = None,
-        dropout_p: float = 0.0,
+    def fast_attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
     ) -> Tensor:
-        if state is not None and state.impl == "eager":
-            m = merge_masks(None, mask, q.dtype)
-            return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
         return shaw2d_full_attention(
-            q, k, v, self.rel_k, self.rel_v, grid, num_prefix_tokens, mask, scale, dropout_p, self.block_queries
+            q, k, v, self.rel_k, self.rel_v, grid, p, mask, scale, dropout_p, self.block_queries
         )
 
     @property

@@ -135,3 +135,24 @@ def test_flex_errors_are_clear():
     m = Attention(32, 4, pos="rel2d_full", grid=(3, 4), attn_impl="flex").train()
     with pytest.raises(ValueError, match="CPU"):
         m(torch.randn(1, 12, 32), (3, 4))
+
+
+@pytest.mark.parametrize("fov", [180, 90, 45])
+def test_lookhere_block_mask_is_its_views(fov):
+    """LookHere's flex state carries a BlockMask of exactly the pairs its bias lets through (prefix pairs
+    always), and on a 16x16 grid whole blocks of 128 x 128 pairs are skipped."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    s = _scheme("lookhere", {"fov": fov}, heads=8)
+    for grid, prefix in [((3, 4), 1), ((16, 16), 0)]:
+        g = vitrel.pos.base.as_grid(grid)
+        st = s.prepare(g, prefix, impl="flex")
+        n = prefix + g.n
+        dense = create_mask(st.block_mask.mask_mod, None, 8, n, n, device="cpu")[0]
+        assert torch.equal(dense, s.bias(g, prefix) > float("-inf"))
+    assert st.block_mask.sparsity() > 0
+
+
+def test_flex_state_of_schemes_without_masked_offsets_has_no_block_mask():
+    st = _scheme("rel2d_full", {}).prepare((3, 4), 1, impl="flex")
+    assert st.block_mask is None and st.table is not None and st.bias is None

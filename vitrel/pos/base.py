@@ -47,7 +47,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import flex_attention
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
 ATTN_IMPLS = ("auto", "sdpa", "flex", "fold", "eager")
 
@@ -56,6 +56,7 @@ __all__ = [
     "attend_flex",
     "attend_folded",
     "expand_offset_table",
+    "offset_block_mask",
     "offset_grid",
     "offset_range",
     "axis_factors",
@@ -216,6 +217,9 @@ class PositionScheme(nn.Module):
     has_bias_factors: ClassVar[bool] = False
     #: ``offset_table`` returns ``T [heads, 2H-1, 2W-1]``, the bias by offset (``attn_impl="flex"``)
     has_offset_table: ClassVar[bool] = False
+    #: the offset table has ``-inf`` entries (keys outside a head's view, LookHere): flex gets a block mask
+    #: from them, so the kernel skips the blocks no query of a block can see
+    has_masked_offsets: ClassVar[bool] = False
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
 
@@ -305,9 +309,9 @@ class PositionScheme(nn.Module):
                     f"attn_impl='flex' reads the bias by offset in FlexAttention's score_mod; {self.name} has no "
                     "such table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
                 )
-            return PosState(
-                self, grid, p, rope=rope, table=self.offset_table(grid) if self.has_bias else None, impl=impl
-            )
+            table = self.offset_table(grid) if self.has_bias else None
+            blocks = offset_block_mask(table, grid, p) if self.has_masked_offsets else None
+            return PosState(self, grid, p, rope=rope, table=table, block_mask=blocks, impl=impl)
         if impl == "fold":
             if not self.has_bias_factors:
                 raise ValueError(
@@ -352,7 +356,7 @@ class PositionScheme(nn.Module):
         :meth:`prepare`) carries the bias; without it the bias is computed here.
         """
         if state is not None and state.impl == "flex":
-            return attend_flex(q, k, v, mask, scale, state.table, grid, num_prefix_tokens, dropout_p)
+            return attend_flex(q, k, v, mask, scale, state.table, grid, num_prefix_tokens, dropout_p, state.block_mask)
         if state is not None and state.factors is not None:
             return attend_folded(q, k, v, mask, scale, state.factors, dropout_p)
         b = state.bias if state is not None else self.bias(grid, num_prefix_tokens)
@@ -391,6 +395,8 @@ class PosState(NamedTuple):
     impl: str = "auto"
     #: the bias by offset ``[heads, 2H-1, 2W-1]`` (``impl="flex"``; then ``bias`` is None)
     table: Tensor | None = None
+    #: FlexAttention's ``BlockMask`` of the table's ``-inf`` entries (``has_masked_offsets``), or None
+    block_mask: Any = None
 
     def full_bias(self) -> Tensor | None:
         """The additive term ``[heads, N, N]``, multiplied out of the factors when folded, expanded from
@@ -487,12 +493,14 @@ def attend_flex(
     grid: Grid,
     num_prefix_tokens: int = 0,
     dropout_p: float = 0.0,
+    block_mask: Any = None,
 ) -> Tensor:
     """FlexAttention with ``score_mod = score + T[h, dh + H - 1, dw + W - 1] + mask`` (``attn_impl="flex"``):
     the bias is read from the offset table ``T`` (gradients reach it; on CUDA through atomics, so not
     bitwise deterministic), prefix pairs get none; ``mask`` (windows, causal) an additive float mask
     broadcastable to ``[B, heads, N, N]``, read in the same ``score_mod``. No attention dropout; no
-    backward on CPU (torch has none there): use ``sdpa`` for those."""
+    backward on CPU (torch has none there): use ``sdpa`` for those. ``block_mask`` (:func:`offset_block_mask`)
+    lets the kernel skip blocks the table masks out entirely."""
     if dropout_p > 0.0:
         raise ValueError("attn_impl='flex' has no attention dropout (FlexAttention has none): use attn_impl='sdpa'")
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (table is not None and table.requires_grad)
@@ -501,10 +509,7 @@ def attend_flex(
             "attn_impl='flex' cannot train on CPU (torch has no FlexAttention backward there): use attn_impl='sdpa' "
             "on CPU, or flex for inference (torch.no_grad / inference_mode)"
         )
-    p, n = num_prefix_tokens, q.shape[-2]
-    rows, cols = patch_coords(grid, q.device)
-    rows, cols = F.pad(rows, (p, 0)), F.pad(cols, (p, 0))  # prefix tokens: (0, 0), their bias is zeroed
-    patch = torch.arange(n, device=q.device) >= p
+    rows, cols, patch = _token_coords(grid, num_prefix_tokens, q.device)
     if mask is not None:
         mask = mask.to(q.dtype)
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -518,7 +523,27 @@ def attend_flex(
             score = score + mask[b if mb else 0, h if mh else 0, qi, ki]
         return score
 
-    return _flex_attention(q, k, v, score_mod=score_mod, scale=scale)
+    return _flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
+
+
+def _token_coords(grid: Grid, num_prefix_tokens: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
+    """Row, column (prefix tokens: 0, 0) and is-a-patch of every token, each ``[P + H W]``."""
+    rows, cols = patch_coords(grid, device)
+    p = num_prefix_tokens
+    return F.pad(rows, (p, 0)), F.pad(cols, (p, 0)), torch.arange(p + grid.n, device=device) >= p
+
+
+def offset_block_mask(table: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Any:
+    """FlexAttention ``BlockMask`` of the pairs an offset table lets through: ``T[h, dh, dw] > -inf``, and every
+    pair with a prefix token (``[heads, N, N]``, no batch dimension)."""
+    rows, cols, patch = _token_coords(grid, num_prefix_tokens, table.device)
+
+    def mask_mod(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        t = table[h, rows[qi] - rows[ki] + grid.h - 1, cols[qi] - cols[ki] + grid.w - 1]
+        return ~(patch[qi] & patch[ki]) | (t > float("-inf"))
+
+    n = num_prefix_tokens + grid.n
+    return create_block_mask(mask_mod, None, table.shape[0], n, n, device=table.device)
 
 
 def axis_factors(bh: Tensor, bw: Tensor, grid: Grid, num_prefix_tokens: int, head_dim: int) -> tuple[Tensor, Tensor]:

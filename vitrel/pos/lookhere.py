@@ -148,6 +148,7 @@ class LookHere(GridBuffers, PositionScheme):
         return self._bias(grid, num_prefix_tokens)
 
     has_offset_table = True
+    has_masked_offsets = True
 
     def offset_table(self, grid: Grid) -> Tensor:
         dh, dw = offset_grid(grid, self.head_slopes.device)

@@ -3,7 +3,8 @@
     python bench/attention.py                     # CPU here: N = 64, 196, 1024 tokens
     python bench/attention.py --device cuda --dtype bf16 --out bench/results/attention_h100.md
     python bench/attention.py --schemes lookhere lookhere:fov=45 rope2d_mixed:basis=cayley   # scheme options
-    python bench/attention.py --schemes rel2d_factored rel2d_factored@fold   # an attn_impl (sdpa, fold, eager)
+    python bench/attention.py --schemes rel2d_factored rel2d_factored@fold   # an attn_impl (sdpa, flex, fold, eager)
+    python bench/attention.py --inference --schemes lookhere lookhere@flex   # forward only (flex on CPU)
 
 One vitrel ``Attention`` layer (ViT-S: dim 384, 6 heads of 64) per scheme, on a square grid of N
 patches, batch chosen so batch * N is constant. Schemes are timed in alternation, round after
@@ -51,6 +52,11 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     ap.add_argument("--out", default=None, help="also write the Markdown table here")
+    ap.add_argument(
+        "--inference",
+        action="store_true",
+        help="forward only, under torch.inference_mode (flex on CPU has no backward)",
+    )
     args = ap.parse_args()
 
     dev = torch.device(args.device)
@@ -78,15 +84,22 @@ def main() -> None:
             ).to(dev, dtype)
             for s in schemes
         }
-        x = torch.randn(b, n, args.dim, device=dev, dtype=dtype, requires_grad=True)
+        x = torch.randn(b, n, args.dim, device=dev, dtype=dtype, requires_grad=not args.inference)
 
         def step(s, layers=layers, x=x, grid=grid):
+            if args.inference:
+                with torch.inference_mode():
+                    layers[s].eval()(x, grid)
+                return
             y = layers[s](x, grid)
             y.float().square().mean().backward()
 
         times = alternate({s: (lambda s=s: step(s)) for s in schemes}, args.rounds, warmup=args.warmup, device=dev)
         mem = {s: peak_bytes(lambda s=s: step(s), dev) for s in schemes}
-        act = {s: saved_bytes(lambda s=s, layers=layers, x=x, grid=grid: layers[s](x, grid)) for s in schemes}
+        act = {
+            s: 0 if args.inference else saved_bytes(lambda s=s, layers=layers, x=x, grid=grid: layers[s](x, grid))
+            for s in schemes
+        }
         t_ref = statistics.median(times["none"])
         for s in schemes:
             t = statistics.median(times[s])
@@ -107,8 +120,10 @@ def main() -> None:
     dev_name = torch.cuda.get_device_name(dev) if cuda else f"CPU ({torch.get_num_threads()} threads)"
     head = (
         f"Attention layer dim {args.dim}, {args.heads} heads, {args.dtype}, {dev_name}, torch {torch.__version__}; "
-        f"median of {args.rounds} alternating rounds; ratios vs plain SDPA (`none`) in the same run.\n\n"
-        "| N | batch | scheme | fwd+bwd ms | time / SDPA | peak mem / SDPA | saved-for-backward / SDPA |\n"
+        f"median of {args.rounds} alternating rounds; ratios vs plain SDPA (`none`) in the same run"
+        f"{'; forward only, inference_mode (saved-for-backward: none)' if args.inference else ''}.\n\n"
+        f"| N | batch | scheme | {'fwd' if args.inference else 'fwd+bwd'} ms | time / SDPA | peak mem / SDPA | "
+        "saved-for-backward / SDPA |\n"
         "|---:|---:|---|---:|---:|---:|---:|"
     )
     lines = [head]

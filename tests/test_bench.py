@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from vitrel import bench
@@ -77,3 +78,20 @@ def test_gpu_bench_code_path_on_cpu(tmp_path):
     assert "## 1. Hazards" in text and "| 8x8 windows, N=64 | MATH | yes | 0 |" in text
     assert "attn_impl=fold vs sdpa" in text and "## 4. MFU" in text and "| fold |" in text
     assert gpu.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12 and gpu.peak_flops("a CPU") is None
+
+
+@pytest.mark.slow
+def test_attention_bench_inference_runs_flex_on_cpu(tmp_path):
+    """bench/attention.py --inference times forward passes only, so flex (no CPU backward) runs here."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "att.md"
+    cmd = [sys.executable, "bench/attention.py", "--inference", "--schemes", "rel2d_full", "rel2d_full@flex",
+           "--tokens", "16", "--tokens-per-batch", "32", "--dim", "32", "--heads", "2", "--rounds", "1",
+           "--warmup", "1", "--out", str(out)]  # fmt: skip
+    subprocess.run(cmd, cwd=root, check=True, capture_output=True, timeout=600)
+    text = out.read_text()
+    assert "forward only" in text and "| 16 | 2 | rel2d_full@flex |" in text

@@ -161,3 +161,20 @@ def test_lookhere_block_mask_is_its_views(fov):
 def test_flex_state_of_schemes_without_masked_offsets_has_no_block_mask():
     st = _scheme("rel2d_full", {}).prepare((3, 4), 1, impl="flex")
     assert st.block_mask is None and st.table is not None and st.bias is None
+
+
+def test_lookhere_blocks_share_one_block_mask(eager_flex):
+    """A ViT whose blocks each own a LookHere scheme (per-layer slopes) builds one BlockMask per forward for
+    all of them (the views do not depend on the slope), and equals the sdpa model."""
+    torch.manual_seed(0)
+    kw = dict(pos="lookhere", num_classes=5, embed_dim=32, depth=3, num_heads=4)
+    ref = vitrel.create_model("vitrel_vit_tiny_patch4_32", **kw).eval()
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", attn_impl="flex", **kw).eval()
+    m.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    states = m.position_states((8, 8), x)
+    assert len({id(st.block_mask) for st in states}) == 1 and states[0].block_mask is not None
+    sums = {st.table.nan_to_num(neginf=0.0).sum().item() for st in states}
+    assert len(sums) == 3  # each block keeps its own slopes
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), ref(x), atol=2e-5, rtol=1e-4)

@@ -32,12 +32,23 @@ too. The masked directions are ``-inf`` in the bias; a kernel with block masks c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from vitrel.pos.base import Grid, PositionScheme, offset_grid, pad_prefix, register_pos, rel_offsets
+from vitrel.pos.base import (
+    Grid,
+    PositionScheme,
+    PosState,
+    as_grid,
+    offset_block_mask,
+    offset_grid,
+    pad_prefix,
+    register_pos,
+    rel_offsets,
+)
 from vitrel.pos.cache import GridBuffers
 
 __all__ = ["LookHere", "DIRECTION_SETS", "FOV_SETS", "lookhere_views", "offset_views"]
@@ -155,6 +166,29 @@ class LookHere(GridBuffers, PositionScheme):
         dist = torch.sqrt((dh * dh + dw * dw).to(self.head_slopes.dtype))
         t = -(self.slope * self.head_slopes[:, None, None]) * dist[None]
         return t.masked_fill(~offset_views(dh, dw, self.directions, self.num_heads), float("-inf"))
+
+    @classmethod
+    def prepare_many(
+        cls,
+        schemes: Sequence[PositionScheme],
+        grid: Any,
+        num_prefix_tokens: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        impl: str = "auto",
+    ) -> list[PosState]:
+        """With ``impl="flex"``, one BlockMask for every block that looks in the same directions (the views do
+        not depend on the layer's slope); otherwise each scheme's ``prepare``."""
+        if impl != "flex" or len(schemes) < 2 or any(type(s) is not cls for s in schemes):
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)
+        grid, masks, states = as_grid(grid), {}, []
+        for s in schemes:
+            table = s.offset_table(grid)
+            key = (s.directions, s.num_heads)
+            if key not in masks:
+                masks[key] = offset_block_mask(table, grid, num_prefix_tokens)
+            states.append(PosState(s, grid, num_prefix_tokens, table=table, block_mask=masks[key], impl=impl))
+        return states
 
     def _bias(self, grid: Grid, num_prefix_tokens: int) -> Tensor:
         dh, dw = rel_offsets(grid, self.head_slopes.device)

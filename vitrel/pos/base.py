@@ -58,7 +58,7 @@ __all__ = [
     "expand_offset_table",
     "offset_block_mask",
     "offset_grid",
-    "offset_range",
+    "axis_offsets",
     "axis_factors",
     "Grid",
     "PositionScheme",
@@ -450,7 +450,7 @@ def attend_folded(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)[..., :ev]
 
 
-def offset_range(n: int, device: torch.device | None = None) -> Tensor:
+def axis_offsets(n: int, device: torch.device | None = None) -> Tensor:
     """The offsets ``-(n-1) .. n-1`` along an axis of ``n`` patches (``[2n-1]``, long): index ``d + n - 1``
     of an offset table holds offset ``d``."""
     return torch.arange(-(n - 1), n, device=device)
@@ -459,8 +459,8 @@ def offset_range(n: int, device: torch.device | None = None) -> Tensor:
 def offset_grid(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
     """``(dh, dw)`` over an offset table, each ``[2H-1, 2W-1]`` (long): ``dh[a, b] = a - (H - 1)``,
     ``dw[a, b] = b - (W - 1)``."""
-    dh = offset_range(grid.h, device)[:, None].expand(-1, 2 * grid.w - 1)
-    dw = offset_range(grid.w, device)[None, :].expand(2 * grid.h - 1, -1)
+    dh = axis_offsets(grid.h, device)[:, None].expand(-1, 2 * grid.w - 1)
+    dw = axis_offsets(grid.w, device)[None, :].expand(2 * grid.h - 1, -1)
     return dh, dw
 
 
@@ -509,7 +509,7 @@ def attend_flex(
             "attn_impl='flex' cannot train on CPU (torch has no FlexAttention backward there): use attn_impl='sdpa' "
             "on CPU, or flex for inference (torch.no_grad / inference_mode)"
         )
-    rows, cols, patch = _token_coords(grid, num_prefix_tokens, q.device)
+    at, patch = _offset_reader(table, grid, num_prefix_tokens, q.device)
     if mask is not None:
         mask = mask.to(q.dtype)
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -517,7 +517,7 @@ def attend_flex(
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         if table is not None:
-            t = table[h, rows[qi] - rows[ki] + grid.h - 1, cols[qi] - cols[ki] + grid.w - 1]
+            t = at(h, qi, ki)
             score = score + torch.where(patch[qi] & patch[ki], t, torch.zeros_like(t))
         if mask is not None:
             score = score + mask[b if mb else 0, h if mh else 0, qi, ki]
@@ -526,21 +526,28 @@ def attend_flex(
     return _flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale)
 
 
-def _token_coords(grid: Grid, num_prefix_tokens: int, device: torch.device) -> tuple[Tensor, Tensor, Tensor]:
-    """Row, column (prefix tokens: 0, 0) and is-a-patch of every token, each ``[P + H W]``."""
+def _offset_reader(
+    table: Tensor | None, grid: Grid, num_prefix_tokens: int, device: torch.device
+) -> tuple[Callable[[Tensor, Tensor, Tensor], Tensor], Tensor]:
+    """``(at, patch)`` for FlexAttention's mods: ``at(h, qi, ki) = T[h, dh + H - 1, dw + W - 1]`` of tokens ``qi``,
+    ``ki`` (prefix tokens read offset ``(0, 0)``'s row and column: mask them with ``patch``, ``[P + H W]`` bool)."""
     rows, cols = patch_coords(grid, device)
     p = num_prefix_tokens
-    return F.pad(rows, (p, 0)), F.pad(cols, (p, 0)), torch.arange(p + grid.n, device=device) >= p
+    rows, cols = F.pad(rows, (p, 0)), F.pad(cols, (p, 0))
+
+    def at(h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        return table[h, rows[qi] - rows[ki] + grid.h - 1, cols[qi] - cols[ki] + grid.w - 1]
+
+    return at, torch.arange(p + grid.n, device=device) >= p
 
 
 def offset_block_mask(table: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Any:
     """FlexAttention ``BlockMask`` of the pairs an offset table lets through: ``T[h, dh, dw] > -inf``, and every
     pair with a prefix token (``[heads, N, N]``, no batch dimension)."""
-    rows, cols, patch = _token_coords(grid, num_prefix_tokens, table.device)
+    at, patch = _offset_reader(table, grid, num_prefix_tokens, table.device)
 
     def mask_mod(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-        t = table[h, rows[qi] - rows[ki] + grid.h - 1, cols[qi] - cols[ki] + grid.w - 1]
-        return ~(patch[qi] & patch[ki]) | (t > float("-inf"))
+        return ~(patch[qi] & patch[ki]) | (at(h, qi, ki) > float("-inf"))
 
     n = num_prefix_tokens + grid.n
     return create_block_mask(mask_mod, None, table.shape[0], n, n, device=table.device)

@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, axis_factors, offset_range, pad_prefix, register_pos
-from vitrel.pos.tables import ResizeOnLoad, offset_index
+from vitrel.pos.base import Grid, PositionScheme, axis_factors, pad_prefix, register_pos
+from vitrel.pos.tables import ResizeOnLoad, offset_index, offset_rows
 
 __all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
 
@@ -70,8 +70,7 @@ class Rel2dFull(ResizeOnLoad, PositionScheme):
 
     def offset_table(self, grid: Grid) -> Tensor:
         kh, kw = (self.table.shape[0] - 1) // 2, (self.table.shape[1] - 1) // 2
-        ih = offset_range(grid.h, self.table.device).clamp(-kh, kh) + kh
-        iw = offset_range(grid.w, self.table.device).clamp(-kw, kw) + kw
+        ih, iw = offset_rows(grid.h, kh, self.table.device), offset_rows(grid.w, kw, self.table.device)
         return self.table.permute(2, 0, 1)[:, ih][:, :, iw]
 
 
@@ -100,8 +99,8 @@ class Rel2dFactored(ResizeOnLoad, PositionScheme):
 
     def offset_table(self, grid: Grid) -> Tensor:
         kh, kw = (self.table_h.shape[0] - 1) // 2, (self.table_w.shape[0] - 1) // 2
-        bh = self.table_h.t()[:, offset_range(grid.h, self.table_h.device).clamp(-kh, kh) + kh]  # [heads, 2H-1]
-        bw = self.table_w.t()[:, offset_range(grid.w, self.table_w.device).clamp(-kw, kw) + kw]
+        bh = self.table_h.t()[:, offset_rows(grid.h, kh, self.table_h.device)]  # [heads, 2H-1]
+        bw = self.table_w.t()[:, offset_rows(grid.w, kw, self.table_w.device)]
         return bh[:, :, None] + bw[:, None, :]
 
     def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:

@@ -21,7 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, axis_factors, offset_range, pad_prefix, register_pos
+from vitrel.pos.base import Grid, PositionScheme, axis_factors, axis_offsets, pad_prefix, register_pos
 
 __all__ = ["t5_bucket", "Rel1dBucket", "Rel2dBucket"]
 
@@ -85,7 +85,7 @@ class Rel1dBucket(_BucketBase):
 
     def offset_table(self, grid: Grid) -> Tensor:
         dev = self.table.device
-        d = offset_range(grid.h, dev)[:, None] * grid.w + offset_range(grid.w, dev)[None, :]  # p_i - p_j
+        d = axis_offsets(grid.h, dev)[:, None] * grid.w + axis_offsets(grid.w, dev)[None, :]  # p_i - p_j
         idx = t5_bucket(-d, self.num_buckets, self.max_distance, bidirectional=not self.causal)
         return self.table.t()[:, idx]  # [heads, 2H-1, 2W-1]
 
@@ -124,8 +124,8 @@ class Rel2dBucket(_BucketBase):
 
     def offset_table(self, grid: Grid) -> Tensor:
         dev = self.table_h.device
-        bh = self.table_h.t()[:, self._bucket(-offset_range(grid.h, dev))]  # [heads, 2H-1]: b_h[bucket(-dh)]
-        bw = self.table_w.t()[:, self._bucket(-offset_range(grid.w, dev))]
+        bh = self.table_h.t()[:, self._bucket(-axis_offsets(grid.h, dev))]  # [heads, 2H-1]: b_h[bucket(-dh)]
+        bw = self.table_w.t()[:, self._bucket(-axis_offsets(grid.w, dev))]
         return bh[:, :, None] + bw[:, None, :]
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:

@@ -16,7 +16,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["offset_index", "resize_rel_table", "resize_1d_table", "warn_once", "take_renamed", "ResizeOnLoad"]
+__all__ = [
+    "offset_index",
+    "offset_rows",
+    "resize_rel_table",
+    "resize_1d_table",
+    "warn_once",
+    "take_renamed",
+    "ResizeOnLoad",
+]
 
 _WARNED: set[str] = set()
 
@@ -42,6 +50,12 @@ def offset_index(n: int, half: int, device: torch.device) -> Tensor:
     """``[n, n]`` long index ``clamp(i - j, -half, half) + half`` into a ``2*half+1`` table."""
     d = torch.arange(n, device=device)[:, None] - torch.arange(n, device=device)[None, :]
     return d.clamp(-half, half) + half
+
+
+def offset_rows(n: int, half: int, device: torch.device | None = None) -> Tensor:
+    """``[2n-1]`` long index ``clamp(d, -half, half) + half`` into a ``2*half+1`` table for the offsets
+    ``d = -(n-1) .. n-1`` of an axis of ``n`` patches (an offset table's rows, see ``offset_table``)."""
+    return torch.arange(-(n - 1), n, device=device).clamp(-half, half) + half
 
 
 def resize_1d_table(table: Tensor, new_len: int, mode: str = "keep") -> Tensor:

@@ -5,6 +5,7 @@
     python bench/attention.py --schemes lookhere lookhere:fov=45 rope2d_mixed:basis=cayley   # scheme options
     python bench/attention.py --schemes rel2d_factored rel2d_factored@fold   # an attn_impl (sdpa, flex, fold, eager)
     python bench/attention.py --inference --schemes lookhere lookhere@flex   # forward only (flex on CPU)
+    python bench/attention.py --causal --inference --schemes alibi1d alibi1d@flex   # causal 1-D attention
 
 One vitrel ``Attention`` layer (ViT-S: dim 384, 6 heads of 64) per scheme, on a square grid of N
 patches, batch chosen so batch * N is constant. Schemes are timed in alternation, round after
@@ -57,6 +58,11 @@ def main() -> None:
         action="store_true",
         help="forward only, under torch.inference_mode (flex on CPU has no backward)",
     )
+    ap.add_argument(
+        "--causal",
+        action="store_true",
+        help="causal attention (every layer, `none` too: SDPA with the causal float mask; flex: a BlockMask)",
+    )
     args = ap.parse_args()
 
     dev = torch.device(args.device)
@@ -80,6 +86,7 @@ def main() -> None:
                 args.heads,
                 pos=scheme_spec(s.partition("@")[0]),
                 grid=grid,
+                causal=args.causal,
                 attn_impl=s.partition("@")[2] or "auto",
             ).to(dev, dtype)
             for s in schemes
@@ -121,7 +128,8 @@ def main() -> None:
     head = (
         f"Attention layer dim {args.dim}, {args.heads} heads, {args.dtype}, {dev_name}, torch {torch.__version__}; "
         f"median of {args.rounds} alternating rounds; ratios vs plain SDPA (`none`) in the same run"
-        f"{'; forward only, inference_mode (saved-for-backward: none)' if args.inference else ''}.\n\n"
+        f"{'; forward only, inference_mode (saved-for-backward: none)' if args.inference else ''}"
+        f"{'; causal (plain SDPA with the causal float mask as reference)' if args.causal else ''}.\n\n"
         f"| N | batch | scheme | {'fwd' if args.inference else 'fwd+bwd'} ms | time / SDPA | peak mem / SDPA | "
         "saved-for-backward / SDPA |\n"
         "|---:|---:|---|---:|---:|---:|---:|"

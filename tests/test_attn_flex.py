@@ -111,6 +111,30 @@ def test_flex_window_mask_and_causal(eager_flex, name):
         torch.testing.assert_close(flex(x, (3, 4)), sdpa(x, (3, 4)), atol=1e-12, rtol=1e-10)
 
 
+@pytest.mark.parametrize("name", ["rel1d_bucket", "alibi1d", "lookhere"])
+def test_flex_causal_block_mask(eager_flex, monkeypatch, name):
+    """Causal attention with flex goes through a BlockMask of ``j <= i`` (intersected with LookHere's views):
+    the blocks above the diagonal are skipped (sparsity > 0 at 300 tokens), no float mask is read, and the
+    output equals SDPA's with the causal float mask."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    seen = []
+    real = base.with_causal_blocks
+    monkeypatch.setattr(vitrel.layers.attention, "with_causal_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
+    sdpa, flex = _pair(name, {}, 0, causal=True)
+    grid = (12, 25)
+    x = torch.randn(2, 300, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(flex(x, grid), sdpa(x, grid), atol=1e-12, rtol=1e-10)
+    (bm,) = seen
+    dense = create_mask(bm.mask_mod, None, 4, 300, 300, device="cpu")[0]
+    want = torch.ones(300, 300, dtype=torch.bool).tril()
+    if name == "lookhere":
+        want = want & (sdpa.pos.bias(vitrel.pos.base.as_grid(grid)) > float("-inf"))
+    assert torch.equal(dense, want.expand_as(dense))
+    assert bm.sparsity() > 0
+
+
 @pytest.mark.parametrize("compiled", [True, False])
 def test_flex_model_equals_sdpa(compiled, monkeypatch):
     """In models, eval, float32: the real path (FlexAttention compiled on first use) for the ViT, and Swin's

@@ -82,7 +82,8 @@ def test_gpu_bench_code_path_on_cpu(tmp_path):
 
 @pytest.mark.slow
 def test_attention_bench_inference_runs_flex_on_cpu(tmp_path):
-    """bench/attention.py --inference times forward passes only, so flex (no CPU backward) runs here."""
+    """bench/attention.py --inference times forward passes only, so flex (no CPU backward) runs here; --causal
+    (flex with the causal BlockMask, compiled)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -91,7 +92,7 @@ def test_attention_bench_inference_runs_flex_on_cpu(tmp_path):
     out = tmp_path / "att.md"
     cmd = [sys.executable, "bench/attention.py", "--inference", "--schemes", "rel2d_full", "rel2d_full@flex",
            "--tokens", "16", "--tokens-per-batch", "32", "--dim", "32", "--heads", "2", "--rounds", "1",
-           "--warmup", "1", "--out", str(out)]  # fmt: skip
+           "--warmup", "1", "--causal", "--out", str(out)]  # fmt: skip
     subprocess.run(cmd, cwd=root, check=True, capture_output=True, timeout=600)
     text = out.read_text()
-    assert "forward only" in text and "| 16 | 2 | rel2d_full@flex |" in text
+    assert "forward only" in text and "causal" in text and "| 16 | 2 | rel2d_full@flex |" in text

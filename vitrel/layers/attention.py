@@ -40,6 +40,7 @@ from vitrel.pos.base import (
     eager_logits,
     get_pos_class,
     merge_masks,
+    with_causal_blocks,
 )
 
 __all__ = ["Attention", "SHARED"]
@@ -178,8 +179,10 @@ class Attention(nn.Module):
         q, k = st.scheme.rotate(q, k, grid, self.num_prefix_tokens, state=st)
         return q, k, v
 
-    def _mask(self, mask: Tensor | None, b: int, n: int, dtype: torch.dtype, device: torch.device) -> Tensor | None:
-        """Window mask ``[nW, n, n]`` -> ``[B, 1, n, n]``; plus the causal mask if enabled."""
+    def _mask(
+        self, mask: Tensor | None, b: int, n: int, dtype: torch.dtype, device: torch.device, causal: bool = True
+    ) -> Tensor | None:
+        """Window mask ``[nW, n, n]`` -> ``[B, 1, n, n]``; plus the causal mask if enabled (and ``causal``)."""
         if mask is not None:
             if mask.dim() == 3:
                 nw = mask.shape[0]
@@ -188,7 +191,7 @@ class Attention(nn.Module):
                 mask = mask.to(dtype).repeat(b // nw, 1, 1)[:, None]  # [B, 1, n, n]
             elif mask.dtype == torch.bool:
                 mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
-        if self.causal:
+        if self.causal and causal:
             c = torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
             mask = c if mask is None else mask + c
         return mask
@@ -201,7 +204,10 @@ class Attention(nn.Module):
         st = self._state(x, grid, pos_state)
         q, k, v = self._qkv(x, grid, st)
         b, n, c = x.shape
-        m = self._mask(mask, b, n, q.dtype, q.device)
+        flex_causal = self.causal and st.impl == "flex"  # a BlockMask that skips the blocks above the diagonal
+        m = self._mask(mask, b, n, q.dtype, q.device, causal=not flex_causal)
+        if flex_causal:
+            st = st._replace(block_mask=with_causal_blocks(st.block_mask, self.num_heads, n, q.device))
         p = self.attn_drop if self.training else 0.0
         out = st.scheme.attend(q, k, v, m, self.scale, grid, self.num_prefix_tokens, state=st, dropout_p=p)
         out = out.transpose(1, 2)  # [B, N, heads, d]

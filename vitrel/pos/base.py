@@ -47,7 +47,7 @@ from typing import Any, ClassVar, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
 
 ATTN_IMPLS = ("auto", "sdpa", "flex", "fold", "eager")
 
@@ -57,6 +57,7 @@ __all__ = [
     "attend_folded",
     "expand_offset_table",
     "offset_block_mask",
+    "with_causal_blocks",
     "offset_grid",
     "axis_offsets",
     "axis_factors",
@@ -551,6 +552,19 @@ def offset_block_mask(table: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> 
 
     n = num_prefix_tokens + grid.n
     return create_block_mask(mask_mod, None, table.shape[0], n, n, device=table.device)
+
+
+def _causal(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+    return qi >= ki
+
+
+def with_causal_blocks(block_mask: Any, heads: int, n: int, device: torch.device) -> Any:
+    """The FlexAttention ``BlockMask`` of causal attention over ``n`` tokens (key ``j <= i``), intersected with
+    ``block_mask`` (a scheme's, e.g. LookHere's views) if there is one: the kernel skips the blocks above the
+    diagonal and masks the diagonal blocks exactly (no float mask is read)."""
+    if block_mask is None:
+        return create_block_mask(_causal, None, None, n, n, device=device)
+    return create_block_mask(and_masks(block_mask.mask_mod, _causal), None, heads, n, n, device=device)
 
 
 def axis_factors(bh: Tensor, bw: Tensor, grid: Grid, num_prefix_tokens: int, head_dim: int) -> tuple[Tensor, Tensor]:

@@ -153,10 +153,13 @@ def test_factored_per_axis_clip_distance():
     _check(m, (4, 5))
 
 
-DROPOUT_CASES = [(name, 1, {}) for name in SCHEMES if name != "shaw2d_full"] + [
-    ("shaw2d_full", 1, {"attn_impl": "eager"}),  # the eager path draws one mask for the whole layer
-    ("shaw2d_full", 0, {"block_queries": 10**6}),  # one block: the same draws as the reference
-]
+BLOCKED = ["shaw2d_full", "shaw1d"]  # queries in blocks, each with its own dropout draws
+DROPOUT_CASES = [(name, 1, {}) for name in SCHEMES if name not in BLOCKED]
+for _name in BLOCKED:
+    DROPOUT_CASES += [
+        (_name, 1, {"attn_impl": "eager"}),  # the eager path draws one mask for the whole layer
+        (_name, 0, {"block_queries": 10**6}),  # one block: the same draws as the reference
+    ]
 
 
 @pytest.mark.parametrize(("name", "prefix", "kw"), DROPOUT_CASES)
@@ -171,11 +174,12 @@ def test_dropout_path(name, prefix, kw):
     torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-9)
 
 
+@pytest.mark.parametrize("name", BLOCKED)
 @pytest.mark.parametrize("prefix", [0, 1])
-def test_full_blocks_dropout_gradients(prefix):
-    """shaw2d_full in blocks with attention dropout: the backward recomputes each block (checkpoint) with
-    the forward's dropout draws, so autograd's gradient is that of the function the forward computed."""
-    m = make("shaw2d_full", (3, 2), prefix, attn_drop=0.3, block_queries=2)  # 3 blocks of one row
+def test_blocks_dropout_gradients(name, prefix):
+    """Query blocks with attention dropout: the backward recomputes each block (checkpoint) with the
+    forward's dropout draws, so autograd's gradient is that of the function the forward computed."""
+    m = make(name, (3, 2), prefix, attn_drop=0.3, block_queries=2)  # 3 blocks (of one row: shaw2d_full)
     m.train()
     x = torch.randn(1, prefix + 6, DIM, dtype=torch.float64, requires_grad=True)
 
@@ -192,6 +196,16 @@ def test_full_blocks_equal_reference(prefix, block_queries):
     """Blocks of 1 row (5 blocks), 2 rows (a short last block), 3 rows and one block, with a window mask."""
     grid, nw = (5, 4), 2
     m = make("shaw2d_full", grid, prefix, block_queries=block_queries, clip_distance=(3, 2))
+    _check(m, grid, batch=2 * nw, mask=window_mask(nw, prefix + 20))
+
+
+@pytest.mark.parametrize("prefix", [0, 1])
+@pytest.mark.parametrize("block_queries", [1, 7, 10**6])
+def test_shaw1d_blocks_equal_reference(prefix, block_queries):
+    """shaw1d's blocks of 1 query (20 blocks), 7 (a short last block) and one block, with a window mask and
+    clipping: each block's skew runs with its own query offset."""
+    grid, nw = (5, 4), 2
+    m = make("shaw1d", grid, prefix, block_queries=block_queries, clip_distance=6)
     _check(m, grid, batch=2 * nw, mask=window_mask(nw, prefix + 20))
 
 
@@ -272,10 +286,10 @@ class _MaxNumel(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("name", ["shaw2d_factored", "shaw2d_full"])
+@pytest.mark.parametrize("name", SCHEMES)
 def test_fast_path_large_grid_memory(name):
-    """32x32 grid (N = 1024), forward and backward: the fast paths never build N x N x d; shaw2d_full's query
-    blocks no N x N either, nor the factored path's single SDPA call with the flash kernel."""
+    """32x32 grid (N = 1024), forward and backward: the fast paths never build N x N x d; the query blocks
+    of shaw2d_full and shaw1d no N x N either, nor the factored path's single SDPA call with the flash kernel."""
     torch.manual_seed(0)
     grid, heads, dim = (32, 32), 2, 32
     n, d = 1 + 32 * 32, dim // heads
@@ -286,7 +300,7 @@ def test_fast_path_large_grid_memory(name):
         out = m(x, grid)
         out.square().sum().backward()
     assert rec.max_numel < n * n * d
-    if name == "shaw2d_full":
+    if name in BLOCKED:
         assert rec.max_numel < n * n / 4
     elif any("flash_attention" in op for op in rec.ops):
         assert rec.max_numel < heads * n * n
@@ -298,14 +312,14 @@ def test_fast_path_large_grid_memory(name):
     torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["shaw2d_factored", "shaw2d_full"])
+@pytest.mark.parametrize("name", SCHEMES)
 def test_eager_impl_runs_the_eager_path(name, monkeypatch):
     """attn_impl="eager" is the softmax written out (content_logits / content_values), equal to the reference."""
-    import vitrel.pos.shaw as shaw
+    import vitrel.pos.shaw1d as shaw1d
 
     calls = []
-    real = shaw.attend_eager
-    monkeypatch.setattr(shaw, "attend_eager", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = shaw1d.attend_eager
+    monkeypatch.setattr(shaw1d, "attend_eager", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     _check(make(name, (3, 4), 1, attn_impl="eager"), (3, 4))
     assert calls
     calls.clear()

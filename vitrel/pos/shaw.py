@@ -40,21 +40,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from vitrel.pos.base import (
-    Grid,
-    PositionScheme,
-    PosState,
-    attend_eager,
-    check_tokens,
-    merge_masks,
-    pad_prefix,
-    patch_coords,
-    register_pos,
-)
+from vitrel.pos.base import Grid, check_tokens, pad_prefix, patch_coords, register_pos
 from vitrel.pos.cache import concrete_grid
-from vitrel.pos.tables import ResizeOnLoad, offset_index, take_renamed
+from vitrel.pos.shaw1d import ShawScheme, query_blocks, rows_of
+from vitrel.pos.tables import offset_index, take_renamed
 
 __all__ = [
     "gather_1d_table",
@@ -294,11 +284,7 @@ def shaw2d_full_attention(
     key_rows = torch.arange(grid.h, device=q.device)
     one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
     rows = None if one_block else _block_rows(grid, d, block_queries)
-    record = torch.is_grad_enabled() and not one_block
     width = 2 * ew + 1  # cells per table row
-
-    def rows_of(m: Tensor | None, t0: int, t1: int) -> Tensor | None:  # the mask of queries t0 .. t1 - 1
-        return m if m is None or m.shape[-2] == 1 else m[..., t0:t1, :]
 
     outs = []
     if p:  # prefix queries: no relative terms
@@ -309,6 +295,7 @@ def shaw2d_full_attention(
         )
     # blocks of grid rows [y0, y1); one block: no Python arithmetic on the (maybe symbolic) sizes
     blocks = [(0, grid.h)] if one_block else [(y0, min(grid.h, y0 + rows)) for y0 in range(0, grid.h, rows)]
+    args = []
     for y0, y1 in blocks:
         # the table rows the block reaches: clip(y - row_j) + eh for y in [y0, y1), row_j in [0, H)
         lo = 0 if one_block else min(max(y0 - grid.h + 1, -eh), eh) + eh
@@ -319,11 +306,8 @@ def shaw2d_full_attention(
         ih = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-eh, eh) + (eh - lo)  # [g, H]
         ib = (ih[:, None, :, None] * width + iw[None, :, None, :]).reshape(t1 - t0, grid.n)
         qb = q[:, :, t0:t1]
-        args = (qb, k, v, tk[cells], tv[cells], ib, rows_of(mask, t0, t1), scale, dropout_p, p)
-        if record:
-            outs.append(checkpoint(_full_block, *args, use_reentrant=False))
-        else:
-            outs.append(_full_block(*args))
+        args.append((qb, k, v, tk[cells], tv[cells], ib, rows_of(mask, t0, t1), scale, dropout_p, p))
+    outs += query_blocks(_full_block, args, torch.is_grad_enabled() and not one_block)
     return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
 
 
@@ -340,38 +324,8 @@ def _halves(clip_distance: int | tuple[int, int] | None, grid: Grid) -> tuple[in
     return kh, kw
 
 
-class _Shaw2d(ResizeOnLoad, PositionScheme):
-    """What the 2-D Shaw schemes share: ``attend`` runs the scheme's fast path (:meth:`fast_attend`), or the
-    eager path (softmax written out, ``content_logits`` / ``content_values``) with ``attn_impl="eager"``."""
-
-    family = "content"
-    has_content_terms = True
-
-    def fast_attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
-    ) -> Tensor:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        scale: float,
-        grid: Grid,
-        num_prefix_tokens: int = 0,
-        state: PosState | None = None,
-        dropout_p: float = 0.0,
-    ) -> Tensor:
-        if state is not None and state.impl == "eager":
-            m = merge_masks(None, mask, q.dtype)
-            return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
-        return self.fast_attend(q, k, v, mask, scale, grid, num_prefix_tokens, dropout_p)
-
-
 @register_pos("shaw2d_factored")
-class Shaw2dFactored(_Shaw2d):
+class Shaw2dFactored(ShawScheme):
     """Factored Shaw keys and values: ``r_ij = r_h[clip(dh)] + r_w[clip(dw)]``, tables shared by heads.
 
     ``clip_distance``: ``K`` (int, or ``(Kh, Kw)``) or None for the built grid's extent. ``forward``
@@ -416,7 +370,7 @@ class Shaw2dFactored(_Shaw2d):
 
 
 @register_pos("shaw2d_full")
-class Shaw2dFull(_Shaw2d):
+class Shaw2dFull(ShawScheme):
     """Full 2-D Shaw keys and values: ``r_ij = r[clip(dh), clip(dw)]`` from ``[2Kh+1, 2Kw+1, d]`` tables.
 
     ``attend`` runs :func:`shaw2d_full_attention` (blocks of ``block_queries`` queries, whole grid rows;

@@ -21,16 +21,32 @@ column ``j = m + i - shift`` with one pad + reshape + slice (no gather, no ``[n_
 value term uses the adjoint :func:`unskew`, which sums the attention weights of each offset.
 
 ``shaw1d`` applies it to the patch tokens in raster order ``p = row * W + col`` (a true 1-D
-sequence is the grid ``(1, L)``); prefix tokens get no relative terms.
+sequence is the grid ``(1, L)``); prefix tokens get no relative terms. Its ``attend``
+(:func:`shaw1d_attention`) takes the patch queries in blocks of ``c`` (``block_queries``), each a
+:func:`shaw_attention` with ``q_offset`` the block's start, checkpointed in training: temporaries of
+``O(c N)`` per head instead of the ``N x (2N - 1)`` offsets and ``N x N`` weights of the whole layer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
-from vitrel.pos.base import Grid, PositionScheme, check_tokens, pad_prefix, register_pos
+from vitrel.pos.base import (
+    Grid,
+    PositionScheme,
+    PosState,
+    attend_eager,
+    check_tokens,
+    merge_masks,
+    pad_prefix,
+    register_pos,
+)
+from vitrel.pos.cache import concrete_grid
 from vitrel.pos.tables import ResizeOnLoad, take_renamed
 
 __all__ = [
@@ -41,6 +57,9 @@ __all__ = [
     "shaw_logits",
     "shaw_values",
     "shaw_attention",
+    "shaw1d_attention",
+    "query_blocks",
+    "ShawScheme",
     "Shaw1d",
 ]
 
@@ -207,28 +226,149 @@ def shaw_attention(
     return attn @ v + shaw_values(attn, rel_v, q_offset=q_offset, causal=causal, clip_distance=clip_distance)
 
 
+# ------------------------------------------------------------------------ blocks of queries
+def query_blocks(block: Callable[..., Tensor], args: Sequence[tuple], record: bool) -> list[Tensor]:
+    """``[block(*a) for a in args]``, each call checkpointed when ``record`` (gradients are being recorded):
+    the backward recomputes a block's temporaries (with the forward's dropout draws) instead of keeping them."""
+    if record:
+        return [checkpoint(block, *a, use_reentrant=False) for a in args]
+    return [block(*a) for a in args]
+
+
+def rows_of(mask: Tensor | None, t0: int, t1: int) -> Tensor | None:
+    """The rows ``t0 .. t1 - 1`` (queries) of an additive mask broadcastable to ``[B, h, N, N]``."""
+    return mask if mask is None or mask.shape[-2] == 1 else mask[..., t0:t1, :]
+
+
+def _shaw1d_block(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel_k: Tensor,
+    rel_v: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    p: int,
+    t0: int,
+) -> Tensor:
+    """Patch queries ``t0 .. t0 + c - 1`` (``q [B, h, c, d]``) against every key (``p`` prefix keys first)."""
+    n_patch = k.shape[-2] - p
+    s = q @ k.transpose(-2, -1) + F.pad(shaw_logits(q, rel_k, n_patch, q_offset=t0), (p, 0))
+    s = s * scale
+    if mask is not None:
+        s = s + mask
+    a = s.softmax(dim=-1)
+    if dropout_p > 0.0:
+        a = F.dropout(a, dropout_p)
+    return a @ v + shaw_values(a[..., p:], rel_v, q_offset=t0)
+
+
+def shaw1d_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel_k: Tensor,
+    rel_v: Tensor,
+    grid: Grid,
+    num_prefix_tokens: int = 0,
+    mask: Tensor | None = None,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    block_queries: int | None = None,
+) -> Tensor:
+    """``shaw1d`` attention (raster order of the patches), ``q, k, v [B, h, N, d]``, tables ``[2K+1, d]``.
+
+    ``A_ij = (q_i . k_j + q_i . r^K[clip(p_j - p_i)]) * scale + mask_ij``,
+    ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[clip(p_j - p_i)])`` (no relative terms for prefix pairs).
+    Prefix queries go through SDPA; patch queries in blocks of ``block_queries`` (default about
+    ``0.4 head_dim``), each checkpointed while gradients are recorded. With a symbolic grid (export with
+    dynamic sizes) or an ``fx`` trace there is one block.
+    """
+    b, nh, n, d = q.shape
+    p = num_prefix_tokens
+    check_tokens(n, grid, p)
+    if scale is None:
+        scale = d**-0.5
+    if mask is not None:
+        mask = mask.to(q.dtype)
+    one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
+    outs = []
+    if p:  # prefix queries: no relative terms
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[:, :, :p], k, v, attn_mask=rows_of(mask, 0, p), dropout_p=dropout_p, scale=scale
+            )
+        )
+    c = max(1, block_queries if block_queries is not None else int(0.4 * d))
+    starts = [0] if one_block else range(0, grid.n, c)
+    args = []
+    for t0 in starts:
+        t1 = q.shape[-2] - p if one_block else min(grid.n, t0 + c)
+        args.append(
+            (q[:, :, p + t0 : p + t1], k, v, rel_k, rel_v, rows_of(mask, p + t0, p + t1), scale, dropout_p, p, t0)
+        )
+    outs += query_blocks(_shaw1d_block, args, torch.is_grad_enabled() and not one_block)
+    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
+
+
+class ShawScheme(ResizeOnLoad, PositionScheme):
+    """What the Shaw schemes share: ``attend`` runs the scheme's fast path (:meth:`fast_attend`), or the
+    eager path (softmax written out, ``content_logits`` / ``content_values``) with ``attn_impl="eager"``."""
+
+    family = "content"
+    has_content_terms = True
+
+    def fast_attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
+    ) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        scale: float,
+        grid: Grid,
+        num_prefix_tokens: int = 0,
+        state: PosState | None = None,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        if state is not None and state.impl == "eager":
+            m = merge_masks(None, mask, q.dtype)
+            return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
+        return self.fast_attend(q, k, v, mask, scale, grid, num_prefix_tokens, dropout_p)
+
+
 @register_pos("shaw1d")
-class Shaw1d(ResizeOnLoad, PositionScheme):
+class Shaw1d(ShawScheme):
     """Shaw's relative keys and values on the raster order of the patches, tables shared by heads.
 
     ``A_ij = (q_i . k_j + q_i . r^K[clip(-d_ij)]) / sqrt(d)``, ``out_i = sum_j a_ij (v_j +
     r^V[clip(-d_ij)])``, ``d_ij = p_i - p_j``, ``p = row * W + col``, clipped at ``clip_distance`` (default: the built
-    grid's ``H * W - 1``; offsets beyond the table get its edge embedding).
+    grid's ``H * W - 1``; offsets beyond the table get its edge embedding). ``attend`` runs
+    :func:`shaw1d_attention` (blocks of ``block_queries`` queries; None: about ``0.4 head_dim``);
+    ``attn_impl="eager"`` the whole layer at once (the skew trick on ``[N, 2N - 1]``).
     """
 
-    family = "content"
-    has_content_terms = True
     _rel_tables = {"rel_k": "1d", "rel_v": "1d"}
     depends_on_extent = True
     no_weight_decay_keys = ("rel_k", "rel_v")
 
-    def __init__(self, *, clip_distance: int | None = None, init_std: float = 0.02, **kw) -> None:
+    def __init__(
+        self, *, clip_distance: int | None = None, init_std: float = 0.02, block_queries: int | None = None, **kw
+    ) -> None:
         clip_distance = take_renamed(kw, "max_distance", "clip_distance", clip_distance, self.name)
         super().__init__(**kw)
         if clip_distance is None:
             clip_distance = self.grid.n - 1
         if clip_distance < 0:
             raise ValueError(f"clip_distance must be >= 0, got {clip_distance}")
+        if block_queries is not None and block_queries < 1:
+            raise ValueError(f"{self.name}: block_queries must be a positive number or None, got {block_queries}")
+        self.block_queries = block_queries
         size = 2 * int(clip_distance) + 1
         self.rel_k = nn.Parameter(torch.zeros(size, self.head_dim))
         self.rel_v = nn.Parameter(torch.zeros(size, self.head_dim))
@@ -251,6 +391,11 @@ class Shaw1d(ResizeOnLoad, PositionScheme):
         check_tokens(attn.shape[-1], grid, p)
         out = shaw_values(attn[..., p:, p:], self.rel_v, q_offset=0)
         return F.pad(out, (0, 0, p, 0))
+
+    def fast_attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
+    ) -> Tensor:
+        return shaw1d_attention(q, k, v, self.rel_k, self.rel_v, grid, p, mask, scale, dropout_p, self.block_queries)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, clip_distance={self.clip_distance}"

@@ -258,6 +258,35 @@ def test_mixed_blocks_prepared_together(opts, prefix):
         torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12, msg=lambda s, name=name: f"grad {name}: {s}")
 
 
+def test_swin_mixed_blocks_prepared_per_stage(monkeypatch):
+    """A Swin whose blocks each own a rope2d_mixed scheme computes each stage's cos/sin in one product (one
+    ``cos`` per stage and forward); output and every gradient equal those of blocks preparing their own."""
+    from vitrel.models.swin import SwinStage, SwinTransformer
+
+    torch.manual_seed(0)
+    m = SwinTransformer(
+        img_size=16, patch_size=2, embed_dim=16, depths=(2, 2), num_heads=(2, 2), window_size=4, num_classes=5,
+        drop_path_rate=0.0,
+        pos={"name": "rope2d_mixed", "basis": "cayley"},
+    ).double()  # fmt: skip
+    with torch.no_grad():  # STRING's basis away from the identity, so that it matters
+        for stage in m.layers:
+            for blk in stage.blocks:
+                blk.attn.pos.string.normal_(0.0, 0.3)
+    x = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    count = _CountOps()
+    with count:
+        out = m(x)
+    assert count.calls.get("aten.cos") == len(m.layers)
+    params = list(m.parameters())
+    grads = torch.autograd.grad(out.square().sum(), params)
+    monkeypatch.setattr(SwinStage, "position_states", lambda self, x: [None] * len(self.blocks))
+    ref = m(x)  # every block prepares its own state inside its attention
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    for (name, _), g, r in zip(m.named_parameters(), grads, torch.autograd.grad(ref.square().sum(), params)):
+        torch.testing.assert_close(g, r, atol=1e-12, rtol=1e-12, msg=lambda s, name=name: f"grad {name}: {s}")
+
+
 def test_mixed_blocks_with_augmentation_draw_per_block():
     """DINOv3's coordinate augmentation keeps its per-block draws (states prepared one by one)."""
     torch.manual_seed(0)

@@ -47,6 +47,7 @@ from vitrel.models.blocks import (
     constructor_config,
     init_weights_,
     plain_pos_spec,
+    prepare_states,
     scheme_no_weight_decay,
     split_pos,
     with_placement,
@@ -338,16 +339,27 @@ def merge_2x2(x: Tensor) -> Tensor:
     return x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
 
 
+def _stage_window(x: Tensor, window: tuple[int, int]) -> Grid:
+    """The window grid of the map ``x [B, H, W, C]``: the window, shrunk to a smaller map; the full window
+    when the sizes are symbolic (see :func:`_any_size_window_attention`)."""
+    if _symbolic(x):
+        return Grid(*window)
+    return Grid(*window_and_shift(Grid(x.shape[1], x.shape[2]), window, False)[0])
+
+
 @register_notrace_function
 def stage_state(scheme: PositionScheme, x: Tensor, window: tuple[int, int], impl: str = "auto") -> PosState:
-    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``: the window grid (the
-    window, shrunk to a smaller map; the full window when the sizes are symbolic, see
-    :func:`_any_size_window_attention`)."""
-    if _symbolic(x):
-        win = Grid(*window)
-    else:
-        win, _ = window_and_shift(Grid(x.shape[1], x.shape[2]), window, False)
-    return scheme.prepare(win, 0, x.device, x.dtype, impl)
+    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``."""
+    return scheme.prepare(_stage_window(x, window), 0, x.device, x.dtype, impl)
+
+
+@register_notrace_function
+def stage_states(
+    schemes: list[PositionScheme], x: Tensor, window: tuple[int, int], impl: str = "auto"
+) -> list[PosState]:
+    """The states of a stage's blocks' own schemes for the windows of the map ``x``, prepared together
+    (``prepare_states``: RoPE-Mixed computes every block's cos/sin in one product)."""
+    return prepare_states(schemes, _stage_window(x, window), 0, x, impl)
 
 
 class SwinStage(nn.Module):
@@ -415,11 +427,20 @@ class SwinStage(nn.Module):
             return None
         return stage_state(self.rel_pos, x, self.window_size, self.attn_impl)
 
+    def position_states(self, x: Tensor) -> list[PosState]:
+        """Each block's state for the windows of the map ``x [B, H, W, C]``, once per forward: the shared
+        scheme's for every block, or the blocks' own schemes prepared together."""
+        st = self.position_state(x)
+        if st is not None:
+            return [st] * len(self.blocks)
+        return stage_states([blk.attn.pos for blk in self.blocks], x, self.window_size, self.attn_impl)
+
     def forward(self, x: Tensor) -> Tensor:
         x = self.downsample(x)
-        st = self.position_state(x)  # once per forward, handed to every block of the stage
+        states = self.position_states(x)  # once per forward, handed to the blocks
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
-        for blk in self.blocks:
+        for i, blk in enumerate(self.blocks):
+            st = states[i]
             x = checkpoint(blk, x, st, use_reentrant=False) if ckpt else blk(x, st)
         return x
 

@@ -271,15 +271,17 @@ def test_resize_on_load(name):
 
 
 class _MaxNumel(TorchDispatchMode):
-    """Records the largest tensor produced by any aten op, and the op names."""
+    """Records the largest tensor produced by any aten op, the op names, and the head dims SDPA kernels see."""
 
     def __init__(self):
         super().__init__()
-        self.max_numel, self.ops = 0, set()
+        self.max_numel, self.ops, self.sdpa_dims = 0, set(), []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops.add(str(func))
+        if "scaled_dot_product" in str(func):
+            self.sdpa_dims.append(args[0].shape[-1])
         for o in out if isinstance(out, (tuple, list)) else [out]:
             if isinstance(o, torch.Tensor):
                 self.max_numel = max(self.max_numel, o.numel())
@@ -310,6 +312,19 @@ def test_fast_path_large_grid_memory(name):
         eager = a @ v + m.pos.content_values(a, m.pos.grid, 1)
         fast = m.pos.attend(q, k, v, None, m.scale, m.pos.grid, 1)
     torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("grid", "head_dim"), [((3, 4), 8), ((14, 14), 64), ((5, 5), 6)])
+def test_factored_sdpa_head_dim_is_a_multiple_of_8(grid, head_dim):
+    """shaw2d_factored's augmented q', k', v' are padded with zeros to a multiple of 8 channels (flash / cuDNN
+    kernels want it): every SDPA kernel it calls sees such a head dim; the result is checked by the tests above."""
+    m = Attention(head_dim * 2, 2, pos="shaw2d_factored", grid=grid)
+    x = torch.randn(1, grid[0] * grid[1], head_dim * 2)
+    rec = _MaxNumel()
+    with rec:
+        m(x, grid)
+    assert any("scaled_dot_product" in op for op in rec.ops)
+    assert rec.sdpa_dims and all(dim % 8 == 0 for dim in rec.sdpa_dims)
 
 
 @pytest.mark.parametrize("name", SCHEMES)

@@ -25,6 +25,7 @@ Fast paths, never an ``N x N x d`` tensor:
 
       q' = [q, Rh, Rw],  k' = [k, onehot(row_j), onehot(col_j)],  v' = [v, onehot(row_j), onehot(col_j)]
 
+  (each zero-padded to a multiple of 8 channels, as flash / cuDNN kernels want),
   so ``q'_i . k'_j = q_i . k_j + q_i . r^K_ij``; the extra output channels are the attention mass
   per key row ``Ph[i, y]`` and per key column ``Pw[i, z]``, and
   ``out_i += sum_y Ph[i, y] r^Vh[clip(row_i - y)] + sum_z Pw[i, z] r^Vw[clip(col_i - z)]``.
@@ -159,14 +160,16 @@ def shaw2d_factored_attention(
         scale = d**-0.5
     tkh, tkw = gather_1d_table(rel_kh, grid.h), gather_1d_table(rel_kw, grid.w)
     rh, rw = factored_rel_logits(q[:, :, p:], tkh, tkw, grid)
-    q2 = torch.cat([q, _pad_rows(torch.cat([rh, rw], dim=-1), p)], dim=-1)
-    oh = _onehot_keys(grid, p, q.dtype, q.device).expand(b, nh, n, grid.h + grid.w)
+    # zeros up to a multiple of 8 channels (what flash / cuDNN kernels want; they change no product)
+    pad = -(d + grid.h + grid.w) % 8 if isinstance(grid.h + grid.w, int) else 0
+    q2 = F.pad(torch.cat([q, _pad_rows(torch.cat([rh, rw], dim=-1), p)], dim=-1), (0, pad))
+    oh = F.pad(_onehot_keys(grid, p, q.dtype, q.device), (0, pad)).expand(b, nh, n, grid.h + grid.w + pad)
     k2 = torch.cat([k, oh], dim=-1)
     v2 = torch.cat([v, oh], dim=-1)
     if mask is not None:
         mask = mask.to(q.dtype)
     o = F.scaled_dot_product_attention(q2, k2, v2, attn_mask=mask, dropout_p=dropout_p, scale=scale)
-    out, ph, pw = o.split([v.shape[-1], grid.h, grid.w], dim=-1)
+    out, ph, pw, _ = o.split([v.shape[-1], grid.h, grid.w, pad], dim=-1)
     rel = factored_values(
         ph[:, :, p:], pw[:, :, p:], gather_1d_table(rel_vh, grid.h), gather_1d_table(rel_vw, grid.w), grid
     )

@@ -11,7 +11,7 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    and (CUDA) ``flex`` gradients equal ``sdpa``'s, and whether flex's table gradients (atomics) repeat bitwise.
 2. **Attention**: ``bench/attention.py`` in bf16 at N = 196, 1024, 4096 for every relative scheme, plus
    ``@fold`` for the factored ones and (CUDA) ``@flex`` for every bias scheme: time and memory against plain
-   SDPA.
+   SDPA; (CUDA) causal 1-D attention, flex's causal ``BlockMask`` against SDPA's causal float mask.
 3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models.
 4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa, fold and, on CUDA, flex), bf16 autocast, AdamW: the model's
    FLOPs of one training step (``torch.utils.flop_counter`` on the sdpa run; the fold computes the same
@@ -223,6 +223,12 @@ def main(argv: list[str] | None = None) -> None:
             c, text = run_script(["bench/attention.py", "--device", args.device, *dtype, "--tokens", *tokens,
                                   "--rounds", "3" if args.quick else "7", "--schemes", *sel])  # fmt: skip
             doc += ["## 2. Attention layer\n", f"`{c}`\n", text, ""]
+            if dev.type == "cuda":  # causal 1-D: flex's causal BlockMask against SDPA's causal float mask
+                causal = ["alibi1d", "alibi1d@flex", "rel1d_bucket", "rel1d_bucket@flex", "shaw1d"]
+                rounds = "3" if args.quick else "7"
+                c, text = run_script(["bench/attention.py", "--device", args.device, *dtype, "--tokens", *tokens,
+                                      "--rounds", rounds, "--causal", "--schemes", *causal])  # fmt: skip
+                doc += ["### Causal 1-D attention\n", f"`{c}`\n", text, ""]
         elif section == "models":
             extra = ["--img-size", "64", "--batch-size", "2", "--steps", "1", "--pairs", "vit_rel2d_full"]
             extra = extra if args.quick else ["--batch-size", "128", "--steps", "20"]

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, check_tokens, pad_prefix, patch_coords, register_pos
 from vitrel.pos.cache import concrete_grid
-from vitrel.pos.shaw1d import ShawScheme, query_blocks, rows_of
+from vitrel.pos.shaw1d import ShawScheme, attend_query_blocks
 from vitrel.pos.tables import offset_index, take_renamed
 
 __all__ = [
@@ -273,13 +273,8 @@ def shaw2d_full_attention(
     tensor of the whole layer is ever kept. With a symbolic grid (``torch.export`` with dynamic sizes) or an
     ``fx`` trace there is one block (the same function, traced as one graph).
     """
-    b, nh, n, d = q.shape
-    p = num_prefix_tokens
-    check_tokens(n, grid, p)
-    if scale is None:
-        scale = d**-0.5
-    if mask is not None:
-        mask = mask.to(q.dtype)
+    d, p = q.shape[-1], num_prefix_tokens
+    check_tokens(q.shape[-2], grid, p)
     kh, kw = (rel_k.shape[0] - 1) // 2, (rel_k.shape[1] - 1) // 2
     eh, ew = min(kh, grid.h - 1), min(kw, grid.w - 1)
     tk, tv = _used_cells(rel_k, eh, ew), _used_cells(rel_v, eh, ew)
@@ -288,30 +283,20 @@ def shaw2d_full_attention(
     one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
     rows = None if one_block else _block_rows(grid, d, block_queries)
     width = 2 * ew + 1  # cells per table row
-
-    outs = []
-    if p:  # prefix queries: no relative terms
-        outs.append(
-            F.scaled_dot_product_attention(
-                q[:, :, :p], k, v, attn_mask=rows_of(mask, 0, p), dropout_p=dropout_p, scale=scale
-            )
-        )
     # blocks of grid rows [y0, y1); one block: no Python arithmetic on the (maybe symbolic) sizes
     blocks = [(0, grid.h)] if one_block else [(y0, min(grid.h, y0 + rows)) for y0 in range(0, grid.h, rows)]
-    args = []
+    spans = []
     for y0, y1 in blocks:
         # the table rows the block reaches: clip(y - row_j) + eh for y in [y0, y1), row_j in [0, H)
         lo = 0 if one_block else min(max(y0 - grid.h + 1, -eh), eh) + eh
         hi = 2 * eh if one_block else min(max(y1 - 1, -eh), eh) + eh
         cells = slice(lo * width, (hi + 1) * width)
-        t0, t1 = p + y0 * grid.w, p + y1 * grid.w
         # cell of (query, key) within the block's cells: rows clip(y - row_j) + eh - lo, columns as iw
         ih = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-eh, eh) + (eh - lo)  # [g, H]
-        ib = (ih[:, None, :, None] * width + iw[None, :, None, :]).reshape(t1 - t0, grid.n)
-        qb = q[:, :, t0:t1]
-        args.append((qb, k, v, tk[cells], tv[cells], ib, rows_of(mask, t0, t1), scale, dropout_p, p))
-    outs += query_blocks(_full_block, args, torch.is_grad_enabled() and not one_block)
-    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
+        ib = (ih[:, None, :, None] * width + iw[None, :, None, :]).reshape(-1, grid.n)
+        spans.append((p + y0 * grid.w, p + y1 * grid.w, (tk[cells], tv[cells], ib)))
+    record = torch.is_grad_enabled() and not one_block
+    return attend_query_blocks(_full_block, q, k, v, spans, mask, scale, dropout_p, p, record)
 
 
 # ----------------------------------------------------------------------------------- modules

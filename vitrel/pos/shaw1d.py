@@ -58,7 +58,7 @@ __all__ = [
     "shaw_values",
     "shaw_attention",
     "shaw1d_attention",
-    "query_blocks",
+    "attend_query_blocks",
     "ShawScheme",
     "Shaw1d",
 ]
@@ -227,15 +227,45 @@ def shaw_attention(
 
 
 # ------------------------------------------------------------------------ blocks of queries
-def query_blocks(block: Callable[..., Tensor], args: Sequence[tuple], record: bool) -> list[Tensor]:
-    """``[block(*a) for a in args]``, each call checkpointed when ``record`` (gradients are being recorded):
-    the backward recomputes a block's temporaries (with the forward's dropout draws) instead of keeping them."""
-    if record:
-        return [checkpoint(block, *a, use_reentrant=False) for a in args]
-    return [block(*a) for a in args]
+def attend_query_blocks(
+    block: Callable[..., Tensor],
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    spans: Sequence[tuple[int, int, tuple]],
+    mask: Tensor | None,
+    scale: float | None,
+    dropout_p: float,
+    num_prefix_tokens: int,
+    record: bool,
+) -> Tensor:
+    """Attention of the prefix queries through SDPA (no relative terms), then of the patch queries in blocks:
+    ``block(q[..., t0:t1, :], k, v, *extra, mask_rows, scale, dropout_p, num_prefix_tokens)`` for each
+    ``(t0, t1, extra)`` of ``spans`` (token indices), each call checkpointed when ``record`` (the backward
+    recomputes a block's temporaries, with the forward's dropout draws, instead of keeping them).
+
+    ``q, k, v [B, h, N, d]``; ``mask`` an additive float mask broadcastable to ``[B, h, N, N]`` or None;
+    ``scale`` default ``d ** -0.5``. Returns ``[B, h, N, d]``.
+    """
+    p = num_prefix_tokens
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if mask is not None:
+        mask = mask.to(q.dtype)
+    outs = []
+    if p:
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[:, :, :p], k, v, attn_mask=_rows_of(mask, 0, p), dropout_p=dropout_p, scale=scale
+            )
+        )
+    for t0, t1, extra in spans:
+        args = (q[:, :, t0:t1], k, v, *extra, _rows_of(mask, t0, t1), scale, dropout_p, p)
+        outs.append(checkpoint(block, *args, use_reentrant=False) if record else block(*args))
+    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
 
 
-def rows_of(mask: Tensor | None, t0: int, t1: int) -> Tensor | None:
+def _rows_of(mask: Tensor | None, t0: int, t1: int) -> Tensor | None:
     """The rows ``t0 .. t1 - 1`` (queries) of an additive mask broadcastable to ``[B, h, N, N]``."""
     return mask if mask is None or mask.shape[-2] == 1 else mask[..., t0:t1, :]
 
@@ -246,11 +276,11 @@ def _shaw1d_block(
     v: Tensor,
     rel_k: Tensor,
     rel_v: Tensor,
+    t0: int,
     mask: Tensor | None,
     scale: float,
     dropout_p: float,
     p: int,
-    t0: int,
 ) -> Tensor:
     """Patch queries ``t0 .. t0 + c - 1`` (``q [B, h, c, d]``) against every key (``p`` prefix keys first)."""
     n_patch = k.shape[-2] - p
@@ -277,39 +307,23 @@ def shaw1d_attention(
     dropout_p: float = 0.0,
     block_queries: int | None = None,
 ) -> Tensor:
-    """``shaw1d`` attention (raster order of the patches), ``q, k, v [B, h, N, d]``, tables ``[2K+1, d]``.
-
+    """``shaw1d`` attention (raster order of the patches), ``q, k, v [B, h, N, d]``, tables ``[2K+1, d]``:
     ``A_ij = (q_i . k_j + q_i . r^K[clip(p_j - p_i)]) * scale + mask_ij``,
-    ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[clip(p_j - p_i)])`` (no relative terms for prefix pairs).
-    Prefix queries go through SDPA; patch queries in blocks of ``block_queries`` (default about
-    ``0.4 head_dim``), each checkpointed while gradients are recorded. With a symbolic grid (export with
-    dynamic sizes) or an ``fx`` trace there is one block.
+    ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[clip(p_j - p_i)])`` (no relative terms for prefix pairs), the
+    patch queries in blocks of ``block_queries`` (default about ``0.4 head_dim``; see
+    :func:`attend_query_blocks`). With a symbolic grid (export with dynamic sizes) or an ``fx`` trace there
+    is one block.
     """
-    b, nh, n, d = q.shape
     p = num_prefix_tokens
-    check_tokens(n, grid, p)
-    if scale is None:
-        scale = d**-0.5
-    if mask is not None:
-        mask = mask.to(q.dtype)
+    check_tokens(q.shape[-2], grid, p)
     one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
-    outs = []
-    if p:  # prefix queries: no relative terms
-        outs.append(
-            F.scaled_dot_product_attention(
-                q[:, :, :p], k, v, attn_mask=rows_of(mask, 0, p), dropout_p=dropout_p, scale=scale
-            )
-        )
-    c = max(1, block_queries if block_queries is not None else int(0.4 * d))
-    starts = [0] if one_block else range(0, grid.n, c)
-    args = []
-    for t0 in starts:
-        t1 = q.shape[-2] - p if one_block else min(grid.n, t0 + c)
-        args.append(
-            (q[:, :, p + t0 : p + t1], k, v, rel_k, rel_v, rows_of(mask, p + t0, p + t1), scale, dropout_p, p, t0)
-        )
-    outs += query_blocks(_shaw1d_block, args, torch.is_grad_enabled() and not one_block)
-    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
+    c = max(1, block_queries if block_queries is not None else int(0.4 * q.shape[-1]))
+    if one_block:
+        spans = [(p, q.shape[-2], (rel_k, rel_v, 0))]
+    else:
+        spans = [(p + t0, p + min(grid.n, t0 + c), (rel_k, rel_v, t0)) for t0 in range(0, grid.n, c)]
+    record = torch.is_grad_enabled() and not one_block
+    return attend_query_blocks(_shaw1d_block, q, k, v, spans, mask, scale, dropout_p, p, record)
 
 
 class ShawScheme(ResizeOnLoad, PositionScheme):

@@ -190,13 +190,39 @@ def test_blocks_dropout_gradients(name, prefix):
     assert torch.autograd.gradcheck(f, (x,), eps=1e-6, atol=1e-6, fast_mode=True)
 
 
+@pytest.mark.parametrize("skew", [False, True])
 @pytest.mark.parametrize("prefix", [0, 1])
 @pytest.mark.parametrize("block_queries", [1, 8, 10, 10**6])
-def test_full_blocks_equal_reference(prefix, block_queries):
-    """Blocks of 1 row (5 blocks), 2 rows (a short last block), 3 rows and one block, with a window mask."""
+def test_full_blocks_equal_reference(monkeypatch, skew, prefix, block_queries):
+    """Blocks of 1 row (5 blocks), 2 rows (a short last block), 3 rows and one block, with a window mask and
+    clipping on both axes; both forms of a block: cells (gather / scatter_add, eager) and the skew trick
+    along the columns (what runs under torch.compile)."""
+    import vitrel.pos.shaw as shaw
+
+    monkeypatch.setattr(shaw, "_use_skew", lambda: skew)
     grid, nw = (5, 4), 2
     m = make("shaw2d_full", grid, prefix, block_queries=block_queries, clip_distance=(3, 2))
     _check(m, grid, batch=2 * nw, mask=window_mask(nw, prefix + 20))
+    _check(make("shaw2d_full", (2, 3), prefix, block_queries=block_queries), (4, 5))  # grid larger than built
+
+
+def test_full_blocks_under_compile_use_the_skew_form():
+    """Under torch.compile, shaw2d_full's blocks take the skew form: the graph dynamo hands the backend has no
+    gather or scatter_add of scores (inductor compiles scatter_add into slow loops); eagerly, the cells form."""
+    m = make("shaw2d_full", (4, 4), 1)
+    x = torch.randn(2, 17, DIM, dtype=torch.float64)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch.compiler.reset()
+    with torch.no_grad():
+        out = torch.compile(m, backend=backend)(x, (4, 4))
+        torch.testing.assert_close(out, m(x, (4, 4)), atol=1e-12, rtol=1e-10)
+    code = "".join(gm.code for gm in graphs)
+    assert graphs and "scatter_add" not in code and "gather" not in code
 
 
 @pytest.mark.parametrize("prefix", [0, 1])

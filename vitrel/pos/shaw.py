@@ -29,11 +29,16 @@ Fast paths, never an ``N x N x d`` tensor:
   so ``q'_i . k'_j = q_i . k_j + q_i . r^K_ij``; the extra output channels are the attention mass
   per key row ``Ph[i, y]`` and per key column ``Pw[i, z]``, and
   ``out_i += sum_y Ph[i, y] r^Vh[clip(row_i - y)] + sum_z Pw[i, z] r^Vw[clip(col_i - z)]``.
-* full (:func:`shaw2d_full_attention`): blocks of whole grid rows of queries, one at a time. For a
+* full (:func:`shaw2d_full_attention`): blocks of whole grid rows of queries, one at a time. Eagerly, for a
   block, ``QE = q_blk r^K_blk^T`` (``[c, R_blk]``, ``R_blk`` the table cells those rows reach) gathered
-  to ``[c, N]``; values: ``P = scatter_add(attn_blk)`` over the same cells, then ``P r^V_blk``. In
-  training each block is checkpointed (recomputed in backward), so no ``N x N`` tensor is kept: memory
-  ``O(c (N + R_blk))`` of temporaries per head on top of ``O(N d)``.
+  to ``[c, N]``; values: ``P = scatter_add(attn_blk)`` over the same cells, then ``P r^V_blk``. Under
+  ``torch.compile``, the skew trick along the columns instead: for query row ``y`` and key row ``r`` the
+  table row ``clip(y - r)`` is fixed, so ``z[y, r, x, m] = q_(y,x) . r^K[clip(y - r), clip(-m)]`` over
+  the ``2W - 1`` column offsets ``m`` (one product with the block's expanded tables ``[g, H, 2W-1, d]``)
+  and :func:`~vitrel.pos.shaw1d.skew` moves offset ``m = c - x`` to key column ``c``; values:
+  :func:`~vitrel.pos.shaw1d.unskew` sums the weights of each offset. In training each block is
+  checkpointed (recomputed in backward), so no ``N x N`` tensor is kept: memory ``O(c N)`` of temporaries
+  per head on top of ``O(N d)``.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, check_tokens, pad_prefix, patch_coords, register_pos
 from vitrel.pos.cache import concrete_grid
-from vitrel.pos.shaw1d import ShawScheme, attend_query_blocks
+from vitrel.pos.shaw1d import ShawScheme, attend_query_blocks, skew, unskew
 from vitrel.pos.tables import offset_index, take_renamed
 
 __all__ = [
@@ -216,32 +221,51 @@ def full_content_values(attn: Tensor, rel_v: Tensor, grid: Grid, num_prefix_toke
     return _pad_rows(pr @ tv, p)
 
 
-def _full_block(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    tk: Tensor,
-    tv: Tensor,
-    idx: Tensor,
-    mask: Tensor | None,
-    scale: float,
-    dropout_p: float,
-    p: int,
-) -> Tensor:
-    """Shaw attention of a block of patch queries ``q [B, h, c, d]`` against every key; ``tk, tv [R_blk, d]``
-    the table cells the block reaches, ``idx [c, HW]`` the cell of each (query, patch key) pair."""
-    s = q @ k.transpose(-2, -1)  # [B, h, c, N]
+def _row_tables(table: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    """``table [2Kh+1, 2Kw+1, d]`` -> ``[g, H, 2W-1, d]``: for query row ``y`` (of ``g``) and key row ``r``,
+    the table row ``rows[y, r]`` at the column of each key-minus-query column offset (``cols [2W-1]``)."""
+    return table[rows].index_select(2, cols)
+
+
+def _skew_logits(q: Tensor, rel_k: Tensor, rel_v: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    """``q [B, h, g W, d]`` (``g`` whole grid rows) -> ``q_i . r^K_ij`` ``[B, h, g W, H W]`` by the skew trick
+    along the columns: ``z[y, r, x, m] = q_(y,x) . T[y, r, m]`` for the ``2W-1`` column offsets ``m``, then
+    ``skew`` puts offset ``c - x`` of query column ``x`` at key column ``c`` (no gather of scores)."""
+    t = _row_tables(rel_k, rows, cols)  # [g, H, 2W-1, d]
+    g, nr, length, _ = t.shape
+    w = (length + 1) // 2
+    z = torch.einsum("bhgxd,grmd->bhgrxm", q.unflatten(-2, (g, w)), t)  # [B, h, g, H, W, 2W-1]
+    s = skew(z, w, w - 1)  # [B, h, g, H, W (query column), W (key column)]
+    return s.transpose(3, 4).reshape(*q.shape[:2], g * w, nr * w)
+
+
+def _skew_values(a: Tensor, rel_k: Tensor, rel_v: Tensor, rows: Tensor, cols: Tensor) -> Tensor:
+    """``a [B, h, g W, H W]`` -> ``sum_j a_ij r^V_ij`` ``[B, h, g W, d]``: ``unskew`` (the adjoint of the logits'
+    skew) sums the weights of each column offset, then one product with the block's value tables."""
+    t = _row_tables(rel_v, rows, cols)  # [g, H, 2W-1, d]
+    g, nr, length, _ = t.shape
+    w = (length + 1) // 2
+    u = unskew(a.reshape(*a.shape[:2], g, w, nr, w).transpose(3, 4), length, w - 1)  # [B, h, g, H, W, 2W-1]
+    return torch.einsum("bhgrxm,grmd->bhgxd", u, t).reshape(*a.shape[:2], g * w, -1)
+
+
+def _cell_logits(q: Tensor, tk: Tensor, tv: Tensor, idx: Tensor) -> Tensor:
+    """``q [B, h, c, d]`` -> ``q_i . r^K_ij`` ``[B, h, c, HW]``: ``q tk^T`` over the table cells the block
+    reaches (``tk [R_blk, d]``), gathered by the cell of each (query, key) pair (``idx [c, HW]``)."""
     qe = q @ tk.t()  # [B, h, c, R_blk]
-    s = s + F.pad(qe.gather(-1, idx.expand(*qe.shape[:-1], idx.shape[-1])), (p, 0))
-    s = s * scale
-    if mask is not None:
-        s = s + mask
-    a = s.softmax(dim=-1)
-    if dropout_p > 0.0:
-        a = F.dropout(a, dropout_p)
-    ap = a[..., p:]
-    pr = ap.new_zeros(*ap.shape[:-1], tk.shape[0]).scatter_add(-1, idx.expand_as(ap), ap)
-    return a @ v + pr @ tv
+    return qe.gather(-1, idx.expand(*qe.shape[:-1], idx.shape[-1]))
+
+
+def _cell_values(a: Tensor, tk: Tensor, tv: Tensor, idx: Tensor) -> Tensor:
+    """``a [B, h, c, HW]`` -> ``sum_j a_ij r^V_ij``: the weights summed per cell (``scatter_add``), times ``tv``."""
+    pr = a.new_zeros(*a.shape[:-1], tv.shape[0]).scatter_add(-1, idx.expand_as(a), a)
+    return pr @ tv
+
+
+def _use_skew() -> bool:
+    """The skew form of shaw2d_full's blocks under ``torch.compile``, the cells form eagerly (see
+    :func:`shaw2d_full_attention`)."""
+    return torch.compiler.is_compiling()
 
 
 def _block_rows(grid: Grid, head_dim: int, block_queries: int | None) -> int:
@@ -263,30 +287,49 @@ def shaw2d_full_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     block_queries: int | None = None,
+    use_skew: bool | None = None,
 ) -> Tensor:
     """Full 2-D Shaw attention, ``q, k, v [B, h, N, d]``, tables ``[2Kh+1, 2Kw+1, d]``, by blocks of queries.
 
     ``A_ij = (q_i . k_j + q_i . r^K_ij) * scale + mask_ij``, ``out_i = sum_j softmax_j(A)_ij (v_j + r^V_ij)``
     (``r = 0`` for prefix pairs); ``mask`` an additive float mask broadcastable to ``[B, h, N, N]``.
-    Prefix queries go through SDPA; patch queries in blocks of whole grid rows (``block_queries``, see
-    :func:`_block_rows`), each checkpointed while gradients are recorded, so no ``[N, N]`` or ``[N, R]``
-    tensor of the whole layer is ever kept. With a symbolic grid (``torch.export`` with dynamic sizes) or an
-    ``fx`` trace there is one block (the same function, traced as one graph).
+    Patch queries in blocks of whole grid rows (``block_queries``, see :func:`_block_rows`), each checkpointed
+    while gradients are recorded (:func:`~vitrel.pos.shaw1d.attend_query_blocks`), so no ``[N, N]`` tensor of
+    the whole layer is kept. A block's terms are computed in one of two exact ways (``use_skew``; None: skew under
+    ``torch.compile``, cells eagerly, the faster of the two in each on CPU; see
+    ``bench/results/attention_shaw_full_cpu.md``):
+
+    * cells: ``q tk^T`` over the table cells the block reaches, gathered per pair; values by ``scatter_add``
+      (:func:`_cell_logits`, :func:`_cell_values`);
+    * skew: the skew trick along the columns (:func:`_skew_logits`, :func:`_skew_values`), no gather or
+      scatter of scores (inductor compiles ``scatter_add`` into slow loops).
+
+    With a symbolic grid (``torch.export`` with dynamic sizes) or an ``fx`` trace there is one block of cells.
     """
     d, p = q.shape[-1], num_prefix_tokens
     check_tokens(q.shape[-2], grid, p)
     kh, kw = (rel_k.shape[0] - 1) // 2, (rel_k.shape[1] - 1) // 2
-    eh, ew = min(kh, grid.h - 1), min(kw, grid.w - 1)
-    tk, tv = _used_cells(rel_k, eh, ew), _used_cells(rel_v, eh, ew)
-    iw = offset_index(grid.w, ew, q.device)  # [W, W]
     key_rows = torch.arange(grid.h, device=q.device)
     one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
-    rows = None if one_block else _block_rows(grid, d, block_queries)
-    width = 2 * ew + 1  # cells per table row
-    # blocks of grid rows [y0, y1); one block: no Python arithmetic on the (maybe symbolic) sizes
-    blocks = [(0, grid.h)] if one_block else [(y0, min(grid.h, y0 + rows)) for y0 in range(0, grid.h, rows)]
+    use_skew = _use_skew() if use_skew is None else use_skew
+    record = torch.is_grad_enabled() and not one_block
     spans = []
-    for y0, y1 in blocks:
+    if use_skew and not one_block:
+        # table column of each key-minus-query column offset c - x = m - (W - 1): clip(x - c) + Kw
+        cols = (grid.w - 1 - torch.arange(2 * grid.w - 1, device=q.device)).clamp(-kw, kw) + kw
+        g = _block_rows(grid, d, block_queries)
+        for y0 in range(0, grid.h, g):
+            y1 = min(grid.h, y0 + g)
+            rows = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-kh, kh) + kh  # [g, H]
+            spans.append((p + y0 * grid.w, p + y1 * grid.w, (rel_k, rel_v, rows, cols)))
+        return attend_query_blocks(q, k, v, spans, _skew_logits, _skew_values, mask, scale, dropout_p, p, record)
+    eh, ew = min(kh, grid.h - 1), min(kw, grid.w - 1)  # the offsets that occur on the grid
+    tk, tv = _used_cells(rel_k, eh, ew), _used_cells(rel_v, eh, ew)
+    iw = offset_index(grid.w, ew, q.device)  # [W, W]
+    width = 2 * ew + 1  # cells per table row
+    rows = None if one_block else _block_rows(grid, d, block_queries)
+    # blocks of grid rows [y0, y1); one block: no Python arithmetic on the (maybe symbolic) sizes
+    for y0, y1 in [(0, grid.h)] if one_block else [(y0, min(grid.h, y0 + rows)) for y0 in range(0, grid.h, rows)]:
         # the table rows the block reaches: clip(y - row_j) + eh for y in [y0, y1), row_j in [0, H)
         lo = 0 if one_block else min(max(y0 - grid.h + 1, -eh), eh) + eh
         hi = 2 * eh if one_block else min(max(y1 - 1, -eh), eh) + eh
@@ -295,8 +338,7 @@ def shaw2d_full_attention(
         ih = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-eh, eh) + (eh - lo)  # [g, H]
         ib = (ih[:, None, :, None] * width + iw[None, :, None, :]).reshape(-1, grid.n)
         spans.append((p + y0 * grid.w, p + y1 * grid.w, (tk[cells], tv[cells], ib)))
-    record = torch.is_grad_enabled() and not one_block
-    return attend_query_blocks(_full_block, q, k, v, spans, mask, scale, dropout_p, p, record)
+    return attend_query_blocks(q, k, v, spans, _cell_logits, _cell_values, mask, scale, dropout_p, p, record)
 
 
 # ----------------------------------------------------------------------------------- modules

@@ -227,22 +227,52 @@ def shaw_attention(
 
 
 # ------------------------------------------------------------------------ blocks of queries
+def _content_block(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel_logits: Callable[..., Tensor],
+    rel_values: Callable[..., Tensor],
+    extra: tuple,
+    mask: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    p: int,
+) -> Tensor:
+    """Patch queries ``q [B, h, c, d]`` against every key (``p`` prefix keys first): ``A = (q k^T + [0,
+    rel_logits(q, *extra)]) * scale + mask``, ``softmax(A) v + rel_values(softmax(A)[..., p:], *extra)``."""
+    s = q @ k.transpose(-2, -1) + F.pad(rel_logits(q, *extra), (p, 0))
+    s = s * scale
+    if mask is not None:
+        s = s + mask
+    a = s.softmax(dim=-1)
+    if dropout_p > 0.0:
+        a = F.dropout(a, dropout_p)
+    return a @ v + rel_values(a[..., p:], *extra)
+
+
 def attend_query_blocks(
-    block: Callable[..., Tensor],
     q: Tensor,
     k: Tensor,
     v: Tensor,
     spans: Sequence[tuple[int, int, tuple]],
+    rel_logits: Callable[..., Tensor],
+    rel_values: Callable[..., Tensor],
     mask: Tensor | None,
     scale: float | None,
     dropout_p: float,
     num_prefix_tokens: int,
     record: bool,
 ) -> Tensor:
-    """Attention of the prefix queries through SDPA (no relative terms), then of the patch queries in blocks:
-    ``block(q[..., t0:t1, :], k, v, *extra, mask_rows, scale, dropout_p, num_prefix_tokens)`` for each
-    ``(t0, t1, extra)`` of ``spans`` (token indices), each call checkpointed when ``record`` (the backward
-    recomputes a block's temporaries, with the forward's dropout draws, instead of keeping them).
+    """Content-term attention by blocks of queries: the prefix queries through SDPA (no relative terms), then
+    for each ``(t0, t1, extra)`` of ``spans`` (token indices of patch queries)::
+
+        A   = (q_blk k^T + [0, rel_logits(q_blk, *extra)]) * scale + mask_rows      [B, h, t1 - t0, N]
+        out = softmax(A) v + rel_values(softmax(A)[..., P:], *extra)
+
+    (``rel_logits``: ``[B, h, c, HW]``, the unscaled ``q_i . r^K_ij`` of the block's queries and the patch
+    keys; ``rel_values``: ``[B, h, c, d]``, ``sum_j a_ij r^V_ij``). Each block is checkpointed when ``record``
+    (the backward recomputes its temporaries, with the forward's dropout draws, instead of keeping them).
 
     ``q, k, v [B, h, N, d]``; ``mask`` an additive float mask broadcastable to ``[B, h, N, N]`` or None;
     ``scale`` default ``d ** -0.5``. Returns ``[B, h, N, d]``.
@@ -260,8 +290,8 @@ def attend_query_blocks(
             )
         )
     for t0, t1, extra in spans:
-        args = (q[:, :, t0:t1], k, v, *extra, _rows_of(mask, t0, t1), scale, dropout_p, p)
-        outs.append(checkpoint(block, *args, use_reentrant=False) if record else block(*args))
+        args = (q[:, :, t0:t1], k, v, rel_logits, rel_values, extra, _rows_of(mask, t0, t1), scale, dropout_p, p)
+        outs.append(checkpoint(_content_block, *args, use_reentrant=False) if record else _content_block(*args))
     return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
 
 
@@ -270,28 +300,12 @@ def _rows_of(mask: Tensor | None, t0: int, t1: int) -> Tensor | None:
     return mask if mask is None or mask.shape[-2] == 1 else mask[..., t0:t1, :]
 
 
-def _shaw1d_block(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rel_k: Tensor,
-    rel_v: Tensor,
-    t0: int,
-    mask: Tensor | None,
-    scale: float,
-    dropout_p: float,
-    p: int,
-) -> Tensor:
-    """Patch queries ``t0 .. t0 + c - 1`` (``q [B, h, c, d]``) against every key (``p`` prefix keys first)."""
-    n_patch = k.shape[-2] - p
-    s = q @ k.transpose(-2, -1) + F.pad(shaw_logits(q, rel_k, n_patch, q_offset=t0), (p, 0))
-    s = s * scale
-    if mask is not None:
-        s = s + mask
-    a = s.softmax(dim=-1)
-    if dropout_p > 0.0:
-        a = F.dropout(a, dropout_p)
-    return a @ v + shaw_values(a[..., p:], rel_v, q_offset=t0)
+def _block_logits(q: Tensor, rel_k: Tensor, rel_v: Tensor, t0: int, n: int) -> Tensor:
+    return shaw_logits(q, rel_k, n, q_offset=t0)
+
+
+def _block_values(a: Tensor, rel_k: Tensor, rel_v: Tensor, t0: int, n: int) -> Tensor:
+    return shaw_values(a, rel_v, q_offset=t0)
 
 
 def shaw1d_attention(
@@ -310,20 +324,21 @@ def shaw1d_attention(
     """``shaw1d`` attention (raster order of the patches), ``q, k, v [B, h, N, d]``, tables ``[2K+1, d]``:
     ``A_ij = (q_i . k_j + q_i . r^K[clip(p_j - p_i)]) * scale + mask_ij``,
     ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[clip(p_j - p_i)])`` (no relative terms for prefix pairs), the
-    patch queries in blocks of ``block_queries`` (default about ``0.4 head_dim``; see
-    :func:`attend_query_blocks`). With a symbolic grid (export with dynamic sizes) or an ``fx`` trace there
-    is one block.
+    patch queries in blocks of ``block_queries`` (default about ``0.4 head_dim``), each a skew with the block's
+    query offset (see :func:`attend_query_blocks`). With a symbolic grid (export with dynamic sizes) or an
+    ``fx`` trace there is one block.
     """
     p = num_prefix_tokens
     check_tokens(q.shape[-2], grid, p)
     one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
     c = max(1, block_queries if block_queries is not None else int(0.4 * q.shape[-1]))
+    n = grid.n
     if one_block:
-        spans = [(p, q.shape[-2], (rel_k, rel_v, 0))]
+        spans = [(p, q.shape[-2], (rel_k, rel_v, 0, n))]
     else:
-        spans = [(p + t0, p + min(grid.n, t0 + c), (rel_k, rel_v, t0)) for t0 in range(0, grid.n, c)]
+        spans = [(p + t0, p + min(n, t0 + c), (rel_k, rel_v, t0, n)) for t0 in range(0, n, c)]
     record = torch.is_grad_enabled() and not one_block
-    return attend_query_blocks(_shaw1d_block, q, k, v, spans, mask, scale, dropout_p, p, record)
+    return attend_query_blocks(q, k, v, spans, _block_logits, _block_values, mask, scale, dropout_p, p, record)
 
 
 class ShawScheme(ResizeOnLoad, PositionScheme):

@@ -249,15 +249,24 @@ def _skew_values(a: Tensor, rel_k: Tensor, rel_v: Tensor, rows: Tensor, cols: Te
     return torch.einsum("bhgrxm,grmd->bhgxd", u, t).reshape(*a.shape[:2], g * w, -1)
 
 
-def _cell_logits(q: Tensor, tk: Tensor, tv: Tensor, idx: Tensor) -> Tensor:
+def _cell_index(ih: Tensor, iw: Tensor, width: int) -> Tensor:
+    """``[g W, H W]``: the cell (within the block's cells, ``width`` per table row) of each (query, key) pair
+    from its row cells ``ih [g, H]`` and column cells ``iw [W, W]`` (built per block, inside the checkpoint:
+    no index of every block is kept at once)."""
+    return (ih[:, None, :, None] * width + iw[None, :, None, :]).reshape(ih.shape[0] * iw.shape[0], -1)
+
+
+def _cell_logits(q: Tensor, tk: Tensor, tv: Tensor, ih: Tensor, iw: Tensor, width: int) -> Tensor:
     """``q [B, h, c, d]`` -> ``q_i . r^K_ij`` ``[B, h, c, HW]``: ``q tk^T`` over the table cells the block
-    reaches (``tk [R_blk, d]``), gathered by the cell of each (query, key) pair (``idx [c, HW]``)."""
+    reaches (``tk [R_blk, d]``), gathered by the cell of each (query, key) pair (:func:`_cell_index`)."""
     qe = q @ tk.t()  # [B, h, c, R_blk]
+    idx = _cell_index(ih, iw, width)
     return qe.gather(-1, idx.expand(*qe.shape[:-1], idx.shape[-1]))
 
 
-def _cell_values(a: Tensor, tk: Tensor, tv: Tensor, idx: Tensor) -> Tensor:
+def _cell_values(a: Tensor, tk: Tensor, tv: Tensor, ih: Tensor, iw: Tensor, width: int) -> Tensor:
     """``a [B, h, c, HW]`` -> ``sum_j a_ij r^V_ij``: the weights summed per cell (``scatter_add``), times ``tv``."""
+    idx = _cell_index(ih, iw, width)
     pr = a.new_zeros(*a.shape[:-1], tv.shape[0]).scatter_add(-1, idx.expand_as(a), a)
     return pr @ tv
 
@@ -336,8 +345,7 @@ def shaw2d_full_attention(
         cells = slice(lo * width, (hi + 1) * width)
         # cell of (query, key) within the block's cells: rows clip(y - row_j) + eh - lo, columns as iw
         ih = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-eh, eh) + (eh - lo)  # [g, H]
-        ib = (ih[:, None, :, None] * width + iw[None, :, None, :]).reshape(-1, grid.n)
-        spans.append((p + y0 * grid.w, p + y1 * grid.w, (tk[cells], tv[cells], ib)))
+        spans.append((p + y0 * grid.w, p + y1 * grid.w, (tk[cells], tv[cells], ih, iw, width)))
     return attend_query_blocks(q, k, v, spans, _cell_logits, _cell_values, mask, scale, dropout_p, p, record)
 
 

@@ -256,16 +256,19 @@ def _cell_index(ih: Tensor, iw: Tensor, width: int) -> Tensor:
     return (ih[:, None, :, None] * width + iw[None, :, None, :]).reshape(ih.shape[0] * iw.shape[0], -1)
 
 
-def _cell_logits(q: Tensor, tk: Tensor, tv: Tensor, ih: Tensor, iw: Tensor, width: int) -> Tensor:
-    """``q [B, h, c, d]`` -> ``q_i . r^K_ij`` ``[B, h, c, HW]``: ``q tk^T`` over the table cells the block
-    reaches (``tk [R_blk, d]``), gathered by the cell of each (query, key) pair (:func:`_cell_index`)."""
-    qe = q @ tk.t()  # [B, h, c, R_blk]
+def _cell_logits(q: Tensor, tk: Tensor, tv: Tensor, cells: slice, ih: Tensor, iw: Tensor, width: int) -> Tensor:
+    """``q [B, h, c, d]`` -> ``q_i . r^K_ij`` ``[B, h, c, HW]``: ``q tk[cells]^T`` over the table cells the block
+    reaches, gathered by the cell of each (query, key) pair (:func:`_cell_index`). The cells are sliced here,
+    inside the block's checkpoint, so that backward accumulates each block's table gradient as it goes."""
+    qe = q @ tk[cells].t()  # [B, h, c, R_blk]
     idx = _cell_index(ih, iw, width)
     return qe.gather(-1, idx.expand(*qe.shape[:-1], idx.shape[-1]))
 
 
-def _cell_values(a: Tensor, tk: Tensor, tv: Tensor, ih: Tensor, iw: Tensor, width: int) -> Tensor:
-    """``a [B, h, c, HW]`` -> ``sum_j a_ij r^V_ij``: the weights summed per cell (``scatter_add``), times ``tv``."""
+def _cell_values(a: Tensor, tk: Tensor, tv: Tensor, cells: slice, ih: Tensor, iw: Tensor, width: int) -> Tensor:
+    """``a [B, h, c, HW]`` -> ``sum_j a_ij r^V_ij``: the weights summed per cell (``scatter_add``), times
+    ``tv[cells]``."""
+    tv = tv[cells]
     idx = _cell_index(ih, iw, width)
     pr = a.new_zeros(*a.shape[:-1], tv.shape[0]).scatter_add(-1, idx.expand_as(a), a)
     return pr @ tv
@@ -345,7 +348,7 @@ def shaw2d_full_attention(
         cells = slice(lo * width, (hi + 1) * width)
         # cell of (query, key) within the block's cells: rows clip(y - row_j) + eh - lo, columns as iw
         ih = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-eh, eh) + (eh - lo)  # [g, H]
-        spans.append((p + y0 * grid.w, p + y1 * grid.w, (tk[cells], tv[cells], ih, iw, width)))
+        spans.append((p + y0 * grid.w, p + y1 * grid.w, (tk, tv, cells, ih, iw, width)))
     return attend_query_blocks(q, k, v, spans, _cell_logits, _cell_values, mask, scale, dropout_p, p, record)
 
 

@@ -309,7 +309,7 @@ def shaw2d_full_attention(
     while gradients are recorded (:func:`~vitrel.pos.shaw1d.attend_query_blocks`), so no ``[N, N]`` tensor of
     the whole layer is kept. A block's terms are computed in one of two exact ways (``use_skew``; None: skew under
     ``torch.compile``, cells eagerly, the faster of the two in each on CPU; see
-    ``bench/results/attention_shaw_full_cpu.md``):
+    ``bench/results/attention_shaw_blocks_cpu.md``):
 
     * cells: ``q tk^T`` over the table cells the block reaches, gathered per pair; values by ``scatter_add``
       (:func:`_cell_logits`, :func:`_cell_values`);
@@ -321,35 +321,32 @@ def shaw2d_full_attention(
     d, p = q.shape[-1], num_prefix_tokens
     check_tokens(q.shape[-2], grid, p)
     kh, kw = (rel_k.shape[0] - 1) // 2, (rel_k.shape[1] - 1) // 2
-    key_rows = torch.arange(grid.h, device=q.device)
-    one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
-    use_skew = _use_skew() if use_skew is None else use_skew
-    record = torch.is_grad_enabled() and not one_block
-    spans = []
-    if use_skew and not one_block:
-        # table column of each key-minus-query column offset c - x = m - (W - 1): clip(x - c) + Kw
-        cols = (grid.w - 1 - torch.arange(2 * grid.w - 1, device=q.device)).clamp(-kw, kw) + kw
-        g = _block_rows(grid, d, block_queries)
-        for y0 in range(0, grid.h, g):
-            y1 = min(grid.h, y0 + g)
-            rows = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-kh, kh) + kh  # [g, H]
-            spans.append((p + y0 * grid.w, p + y1 * grid.w, (rel_k, rel_v, rows, cols)))
-        return attend_query_blocks(q, k, v, spans, _skew_logits, _skew_values, mask, scale, dropout_p, p, record)
     eh, ew = min(kh, grid.h - 1), min(kw, grid.w - 1)  # the offsets that occur on the grid
-    tk, tv = _used_cells(rel_k, eh, ew), _used_cells(rel_v, eh, ew)
-    iw = offset_index(grid.w, ew, q.device)  # [W, W]
-    width = 2 * ew + 1  # cells per table row
-    rows = None if one_block else _block_rows(grid, d, block_queries)
+    one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
+    skewed = not one_block and (_use_skew() if use_skew is None else use_skew)
+    if skewed:  # table column of each key-minus-query column offset c - x = m - (W - 1): clip(x - c) + Kw
+        cols = (grid.w - 1 - torch.arange(2 * grid.w - 1, device=q.device)).clamp(-kw, kw) + kw
+    else:
+        tk, tv = _used_cells(rel_k, eh, ew), _used_cells(rel_v, eh, ew)
+        iw = offset_index(grid.w, ew, q.device)  # [W, W]
+        width = 2 * ew + 1  # cells per table row
+    g = None if one_block else _block_rows(grid, d, block_queries)
+    spans = []
     # blocks of grid rows [y0, y1); one block: no Python arithmetic on the (maybe symbolic) sizes
-    for y0, y1 in [(0, grid.h)] if one_block else [(y0, min(grid.h, y0 + rows)) for y0 in range(0, grid.h, rows)]:
-        # the table rows the block reaches: clip(y - row_j) + eh for y in [y0, y1), row_j in [0, H)
-        lo = 0 if one_block else min(max(y0 - grid.h + 1, -eh), eh) + eh
-        hi = 2 * eh if one_block else min(max(y1 - 1, -eh), eh) + eh
-        cells = slice(lo * width, (hi + 1) * width)
-        # cell of (query, key) within the block's cells: rows clip(y - row_j) + eh - lo, columns as iw
-        ih = (torch.arange(y0, y1, device=q.device)[:, None] - key_rows).clamp(-eh, eh) + (eh - lo)  # [g, H]
-        spans.append((p + y0 * grid.w, p + y1 * grid.w, (tk, tv, cells, ih, iw, width)))
-    return attend_query_blocks(q, k, v, spans, _cell_logits, _cell_values, mask, scale, dropout_p, p, record)
+    for y0, y1 in [(0, grid.h)] if one_block else [(y0, min(grid.h, y0 + g)) for y0 in range(0, grid.h, g)]:
+        dy = torch.arange(y0, y1, device=q.device)[:, None] - torch.arange(grid.h, device=q.device)  # [g, H]
+        if skewed:
+            extra = (rel_k, rel_v, dy.clamp(-kh, kh) + kh, cols)
+        else:
+            # the table rows the block reaches: clip(y - row_j) + eh for y in [y0, y1), row_j in [0, H)
+            lo = 0 if one_block else min(max(y0 - grid.h + 1, -eh), eh) + eh
+            hi = 2 * eh if one_block else min(max(y1 - 1, -eh), eh) + eh
+            # cell of (query, key) within the block's cells: rows clip(y - row_j) + eh - lo, columns as iw
+            extra = (tk, tv, slice(lo * width, (hi + 1) * width), dy.clamp(-eh, eh) + (eh - lo), iw, width)
+        spans.append((p + y0 * grid.w, p + y1 * grid.w, extra))
+    rel = (_skew_logits, _skew_values) if skewed else (_cell_logits, _cell_values)
+    record = torch.is_grad_enabled() and not one_block
+    return attend_query_blocks(q, k, v, spans, *rel, mask, scale, dropout_p, p, record)
 
 
 # ----------------------------------------------------------------------------------- modules

@@ -60,11 +60,27 @@ def check_export(arch: str, pos: str, mode: str) -> None:
     torch.testing.assert_close(after, before, rtol=0, atol=0)
 
 
+def matrix(quick: set[tuple], *axes) -> list:
+    """Every combination of ``axes``, those not in ``quick`` marked ``slow`` (``-m "not slow"`` keeps the quick
+    subset; the default suite runs each case once)."""
+    import itertools
+
+    return [pytest.param(*c, marks=() if c in quick else pytest.mark.slow) for c in itertools.product(*axes)]
+
+
+QUICK_EXPORT = {
+    ("vit", "rel2d_full", "hw"),
+    ("vit", "rope2d_mixed", "hw"),
+    ("vit", "ape", "hw"),
+    ("vit", "alibi2d", "batch"),
+    ("swin", "rel2d_full", "hw"),
+    ("swin", "rel2d_cpb", "static"),
+}
+QUICK_ONNX = {("vit", "rel2d_factored"), ("swin", "rel2d_full"), ("vit", "rope2d_mixed"), ("vit", "shaw2d_factored")}
+
+
 # ---------------------------------------------------------------------------- the export matrix
-@pytest.mark.slow
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("pos", SCHEMES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("arch", "pos", "mode"), matrix(QUICK_EXPORT, ARCHS, SCHEMES, MODES))
 def test_export_matrix(arch, pos, mode):
     if not supported(arch, pos, mode):
         m = small_model(arch, pos)
@@ -72,21 +88,6 @@ def test_export_matrix(arch, pos, mode):
         with pytest.raises(ValueError, match="window's extent"):
             export_program(m, torch.randn(2, 3, 32, 32), dynamic="hw")
         return
-    check_export(arch, pos, mode)
-
-
-@pytest.mark.parametrize(
-    "arch,pos,mode",
-    [
-        ("vit", "rel2d_full", "hw"),
-        ("vit", "rope2d_mixed", "hw"),
-        ("vit", "ape", "hw"),
-        ("vit", "alibi2d", "batch"),
-        ("swin", "rel2d_full", "hw"),
-        ("swin", "rel2d_cpb", "static"),
-    ],
-)
-def test_export_subset(arch, pos, mode):
     check_export(arch, pos, mode)
 
 
@@ -224,16 +225,6 @@ def check_onnx(arch: str, pos: str, tmp_path) -> None:
             np.testing.assert_allclose(out, m(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(
-    "arch,pos",
-    [("vit", "rel2d_factored"), ("swin", "rel2d_full"), ("vit", "rope2d_mixed"), ("vit", "shaw2d_factored")],
-)
-def test_onnx_runtime_equal(arch, pos, tmp_path):
-    check_onnx(arch, pos, tmp_path)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("pos", SCHEMES)
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize(("arch", "pos"), matrix(QUICK_ONNX, ARCHS, SCHEMES))
 def test_onnx_matrix(arch, pos, tmp_path):
     check_onnx(arch, pos, tmp_path)

@@ -43,9 +43,9 @@ from vitrel.pos.base import (
     PositionScheme,
     PosState,
     as_grid,
+    expand_offset_table,
     offset_block_mask,
     offset_grid,
-    pad_prefix,
     register_pos,
     rel_offsets,
 )
@@ -191,11 +191,7 @@ class LookHere(GridBuffers, PositionScheme):
         return states
 
     def _bias(self, grid: Grid, num_prefix_tokens: int) -> Tensor:
-        dh, dw = rel_offsets(grid, self.head_slopes.device)
-        dist = torch.sqrt((dh * dh + dw * dw).to(self.head_slopes.dtype))
-        b = -(self.slope * self.head_slopes[:, None, None]) * dist[None]
-        b = b.masked_fill(~self.view_mask(grid), float("-inf"))
-        return pad_prefix(b, num_prefix_tokens)
+        return expand_offset_table(self.offset_table(grid), grid, num_prefix_tokens)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, directions={self.directions}, slope={self.slope:g}"

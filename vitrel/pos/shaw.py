@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from vitrel.pos.base import Grid, check_tokens, pad_prefix, patch_coords, register_pos
 from vitrel.pos.cache import concrete_grid
 from vitrel.pos.shaw1d import ShawScheme, attend_query_blocks, skew, unskew
-from vitrel.pos.tables import offset_index, take_renamed
+from vitrel.pos.tables import offset_index, offset_rows, take_renamed
 
 __all__ = [
     "gather_1d_table",
@@ -325,7 +325,7 @@ def shaw2d_full_attention(
     one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
     skewed = not one_block and (_use_skew() if use_skew is None else use_skew)
     if skewed:  # table column of each key-minus-query column offset c - x = m - (W - 1): clip(x - c) + Kw
-        cols = (grid.w - 1 - torch.arange(2 * grid.w - 1, device=q.device)).clamp(-kw, kw) + kw
+        cols = offset_rows(grid.w, kw, q.device).flip(0)
     else:
         tk, tv = _used_cells(rel_k, eh, ew), _used_cells(rel_v, eh, ew)
         iw = offset_index(grid.w, ew, q.device)  # [W, W]

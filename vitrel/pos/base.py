@@ -41,6 +41,7 @@ one YAML file in ``conf/pos/`` and one test file.
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -176,6 +177,11 @@ def build_pos(
     else:
         raise TypeError(f"pos must be a scheme name, a config dict or a PositionScheme, got {type(pos)}")
     cls = get_pos_class(name)
+    unknown = sorted(set(kwargs) - scheme_options(cls))
+    if unknown:
+        raise ValueError(
+            f"position scheme {name!r} has no option(s) {unknown}; its options: {sorted(scheme_options(cls))}"
+        )
     kwargs.update(overrides)
     return cls(
         num_heads=num_heads,
@@ -185,6 +191,20 @@ def build_pos(
         embed_dim=embed_dim if embed_dim is not None else num_heads * head_dim,
         **kwargs,
     )
+
+
+def scheme_options(cls: type[PositionScheme]) -> set[str]:
+    """The keyword options a scheme class takes (its constructors' along the MRO, minus the sizes every
+    scheme gets from the model)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is nn.Module or klass is object:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
+                names.add(p.name)
+    return names - {"num_heads", "head_dim", "grid", "num_prefix_tokens", "embed_dim"}
 
 
 #: The families of :attr:`PositionScheme.family`, in display order.

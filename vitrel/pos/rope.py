@@ -72,6 +72,7 @@ from vitrel.pos.base import (
     register_pos,
 )
 from vitrel.pos.cache import GridBuffers, TensorCache
+from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
 
 __all__ = [
     "Rope1d",
@@ -263,6 +264,32 @@ class _Rope(PositionScheme):
 
     family = "rotary"
     has_rotation = True
+    #: axes of the position: 1 (raster index) or 2 (row, column), for ``scaling``
+    _axes: int = 2
+
+    def __init__(self, *, scaling: dict | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.scaling: RopeScaling | None = parse_scaling(scaling, self._axes, self.name)
+
+    def scaling_factors(self, grid: Grid) -> tuple[float, ...]:
+        """The ``scaling`` factor of each axis (rows, columns; or the raster index) for a call on ``grid``."""
+        if self.scaling is None:
+            return (1.0,) * self._axes
+        if self._axes == 1:
+            return self.scaling.factors((self.grid.n,), (grid.n,))
+        return self.scaling.factors(tuple(self.grid), tuple(grid))
+
+    def attention_factor(self, grid: Grid) -> float:
+        """YaRN's factor on ``cos`` and ``sin`` (1 without ``scaling: {rope_type: yarn}``)."""
+        return 1.0 if self.scaling is None else self.scaling.mscale(self.scaling_factors(grid))
+
+    def axis_omega(self, axis: int, dim: int, grid: Grid, dtype: torch.dtype) -> Tensor:
+        """``base^(-2t/dim)`` of axis ``axis`` (0: rows or the raster index, 1: columns), scaled by ``scaling``."""
+        if self.scaling is None:
+            return _geometric(self.base, dim, 2, None, dtype)
+        built, call = (self.grid.n, grid.n) if self._axes == 1 else (self.grid[axis], grid[axis])
+        factor = self.scaling_factors(grid)[axis]
+        return scale_geometric(self.scaling, dim, self.base, factor, built, call, dtype)
 
     def cos_sin(self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype):
         raise NotImplementedError  # pragma: no cover - overridden
@@ -358,10 +385,16 @@ class _FixedRope(GridBuffers, _Rope):
         self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
         theta = F.pad(self.angles(grid), (0, 0, num_prefix_tokens, 0))
-        return theta.cos().to(device=device, dtype=dtype), theta.sin().to(device=device, dtype=dtype)
+        m = self.attention_factor(grid)
+        cos, sin = (theta.cos(), theta.sin()) if m == 1.0 else (theta.cos() * m, theta.sin() * m)
+        return cos.to(device=device, dtype=dtype), sin.to(device=device, dtype=dtype)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, base={self.base}"
+        return f"{super().extra_repr()}, base={self.base}{_scaling_repr(self.scaling)}"
+
+
+def _scaling_repr(sc: RopeScaling | None) -> str:
+    return "" if sc is None else f", scaling={sc.rope_type}(factor={sc.factor})"
 
 
 class _Rope2dOptions(_Rope):
@@ -383,6 +416,11 @@ class _Rope2dOptions(_Rope):
         for name, v, lo in (("shift", shift, 0.0), ("jitter", jitter, 1.0), ("rescale", rescale, 1.0)):
             if v is not None and not (math.isfinite(v) and v >= lo):
                 raise ValueError(f"{self.name}: {name} must be a finite number >= {lo} or None, got {v!r}")
+        if self.scaling is not None and coords == "normalized":
+            raise ValueError(
+                f"{self.name}: scaling extends integer coordinates (coords='index'); coords='normalized' already "
+                "interpolates at a larger grid"
+            )
         if (shift or jitter or rescale) and coords != "normalized":
             raise ValueError(
                 f"{self.name}: shift / jitter / rescale augment normalized coordinates (coords='normalized')"
@@ -431,10 +469,14 @@ class Rope1d(_FixedRope):
     """RoPE on the raster index ``p = row * W + col``: ``theta_t = p * base^(-2t/d)``."""
 
     _divisor = 2
+    _axes = 1
     depends_on_extent = True
 
     def angles(self, grid: Grid) -> Tensor:
-        return rope1d_angles(grid, self.head_dim, self.base)
+        if self.scaling is None:
+            return rope1d_angles(grid, self.head_dim, self.base)
+        p = torch.arange(grid.n, dtype=torch.float64)
+        return p[:, None] * self.axis_omega(0, self.head_dim, grid, torch.float64)[None, :]
 
 
 @register_pos("rope2d_axial")
@@ -446,7 +488,13 @@ class Rope2dAxial(_Rope2dOptions, _FixedRope):
     no_weight_decay_keys = ("string",)
 
     def angles(self, grid: Grid) -> Tensor:
-        return rope2d_axial_angles(grid, self.head_dim, self.base, rc=self.patch_rc(grid, None, torch.float64))
+        rc = self.patch_rc(grid, None, torch.float64)
+        if self.scaling is None:
+            return rope2d_axial_angles(grid, self.head_dim, self.base, rc=rc)
+        r, c = rc
+        half = self.head_dim // 2  # each axis's rotary width: omega_t = base^(-2t / half)
+        omega_r, omega_c = (self.axis_omega(a, half, grid, torch.float64) for a in (0, 1))
+        return torch.cat((c[:, None] * omega_c, r[:, None] * omega_r), dim=-1)
 
     def cos_sin(
         self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
@@ -487,8 +535,23 @@ class Rope2dMixed(_Rope2dOptions):
         not used: the frequencies decide)."""
         work = torch.promote_types(self.freqs.dtype, torch.float32)
         rc = self.patch_rc(grid, self.freqs.device, work)
-        theta = F.pad(rope2d_mixed_angles(self.freqs, grid, rc), (0, 0, num_prefix_tokens, 0))
-        return theta.cos(), theta.sin()
+        theta = rope2d_mixed_angles(self.scaled_freqs(self.freqs, grid), grid, rc)
+        return self._cos_sin_of(F.pad(theta, (0, 0, num_prefix_tokens, 0)), grid)
+
+    def scaled_freqs(self, freqs: Tensor, grid: Grid) -> Tensor:
+        """``freqs [2, ..., d/2]`` (columns, rows) as ``scaling`` sets them for a call on ``grid``
+        (see :mod:`vitrel.pos.rope_scaling`); the frequencies themselves without ``scaling``."""
+        if self.scaling is None:
+            return freqs
+        fr, fc = self.scaling_factors(grid)
+        half = self.head_dim // 2
+        col = scale_learned(self.scaling, freqs[0], half, self.base, fc, self.grid.w, grid.w)
+        row = scale_learned(self.scaling, freqs[1], half, self.base, fr, self.grid.h, grid.h)
+        return torch.stack((col, row), dim=0)
+
+    def _cos_sin_of(self, theta: Tensor, grid: Grid) -> tuple[Tensor, Tensor]:
+        m = self.attention_factor(grid)
+        return (theta.cos(), theta.sin()) if m == 1.0 else (theta.cos() * m, theta.sin() * m)
 
     @classmethod
     def prepare_many(
@@ -511,8 +574,17 @@ class Rope2dMixed(_Rope2dOptions):
             and all(
                 type(s) is cls
                 and not s.augmenting
-                and (s.coords, s.basis_kind, s.freqs.shape, s.freqs.dtype, s.freqs.device)
-                == (first.coords, first.basis_kind, first.freqs.shape, first.freqs.dtype, first.freqs.device)
+                and (s.coords, s.basis_kind, s.scaling, s.base, s.grid, s.freqs.shape, s.freqs.dtype, s.freqs.device)
+                == (
+                    first.coords,
+                    first.basis_kind,
+                    first.scaling,
+                    first.base,
+                    first.grid,
+                    first.freqs.shape,
+                    first.freqs.dtype,
+                    first.freqs.device,
+                )
                 for s in schemes
             )
         )
@@ -521,8 +593,9 @@ class Rope2dMixed(_Rope2dOptions):
         grid, p, layers = as_grid(grid), num_prefix_tokens, len(schemes)
         f = torch.stack([s.freqs for s in schemes], dim=1).flatten(1, 2)  # [2, L * heads, d/2]
         work = torch.promote_types(f.dtype, torch.float32)
-        theta = F.pad(rope2d_mixed_angles(f, grid, first.patch_rc(grid, f.device, work)), (0, 0, p, 0))
-        cos, sin = (t.unflatten(0, (layers, -1)).unbind(0) for t in (theta.cos(), theta.sin()))
+        rc = first.patch_rc(grid, f.device, work)
+        theta = F.pad(rope2d_mixed_angles(first.scaled_freqs(f, grid), grid, rc), (0, 0, p, 0))
+        cos, sin = (t.unflatten(0, (layers, -1)).unbind(0) for t in first._cos_sin_of(theta, grid))
         if first.string is None:
             ropes = list(zip(cos, sin))
         else:
@@ -538,4 +611,4 @@ class Rope2dMixed(_Rope2dOptions):
         return super().rotate(q, k, grid, num_prefix_tokens, state)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, base={self.base}"
+        return f"{super().extra_repr()}, base={self.base}{_scaling_repr(self.scaling)}"

@@ -204,7 +204,7 @@ def scheme_options(cls: type[PositionScheme]) -> set[str]:
         for p in inspect.signature(init).parameters.values():
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
                 names.add(p.name)
-    return names - {"num_heads", "head_dim", "grid", "num_prefix_tokens", "embed_dim"}
+    return (names | set(cls.renamed_options)) - {"num_heads", "head_dim", "grid", "num_prefix_tokens", "embed_dim"}
 
 
 #: The families of :attr:`PositionScheme.family`, in display order.
@@ -243,6 +243,8 @@ class PositionScheme(nn.Module):
     has_masked_offsets: ClassVar[bool] = False
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
+    #: Old option names still read from older configs (``old -> new``; ``tables.take_renamed``).
+    renamed_options: ClassVar[dict[str, str]] = {}
 
     def __init__(
         self,

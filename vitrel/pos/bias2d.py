@@ -8,8 +8,10 @@
 
     A_ij = q_i . k_j / sqrt(d) + b^(h)_h[dh_ij] + b^(w)_h[dw_ij]
 
-Offsets beyond the table (a grid larger than the one the scheme was built for) are clamped to
-the table's edge; loading a checkpoint at a new size grows the table (see ``tables.py``).
+Option ``extend`` (``grow`` | ``clip`` | ``interpolate``, see ``tables.py``): how a table meets a
+grid it was not built for. ``grow`` (default) and ``clip`` clamp the offsets of a larger call grid to
+the table's edge; ``interpolate`` resizes the table bicubically to the call grid's extent (Swin V1);
+loading a checkpoint at a new size applies the same rule (``grow`` keeps the offsets it had).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, PositionScheme, axis_factors, pad_prefix, register_pos
-from vitrel.pos.tables import ResizeOnLoad, offset_index, offset_rows
+from vitrel.pos.tables import ResizeOnLoad, cover_grid, offset_index, offset_rows
 
 __all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
 
@@ -65,13 +67,18 @@ class Rel2dFull(ResizeOnLoad, PositionScheme):
 
     has_offset_table = True
 
+    def table_for(self, grid: Grid) -> Tensor:
+        """The table a call on ``grid`` reads (resized by ``extend: interpolate`` when the grid outgrows it)."""
+        return cover_grid(self.table, grid, self.extend)
+
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return pad_prefix(full_bias(self.table, grid), num_prefix_tokens)
+        return pad_prefix(full_bias(self.table_for(grid), grid), num_prefix_tokens)
 
     def offset_table(self, grid: Grid) -> Tensor:
-        kh, kw = (self.table.shape[0] - 1) // 2, (self.table.shape[1] - 1) // 2
-        ih, iw = offset_rows(grid.h, kh, self.table.device), offset_rows(grid.w, kw, self.table.device)
-        return self.table.permute(2, 0, 1)[:, ih][:, :, iw]
+        table = self.table_for(grid)
+        kh, kw = (table.shape[0] - 1) // 2, (table.shape[1] - 1) // 2
+        ih, iw = offset_rows(grid.h, kh, table.device), offset_rows(grid.w, kw, table.device)
+        return table.permute(2, 0, 1)[:, ih][:, :, iw]
 
 
 @register_pos("rel2d_factored")
@@ -94,17 +101,26 @@ class Rel2dFactored(ResizeOnLoad, PositionScheme):
 
     has_offset_table = True
 
+    def tables_for(self, grid: Grid) -> tuple[Tensor, Tensor]:
+        """``(table_h, table_w)`` a call on ``grid`` reads (resized by ``extend: interpolate`` when the grid
+        outgrows them)."""
+        th = cover_grid(self.table_h[:, None, :], (grid.h, 1), self.extend)[:, 0, :]
+        tw = cover_grid(self.table_w[:, None, :], (grid.w, 1), self.extend)[:, 0, :]
+        return th, tw
+
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return pad_prefix(factored_bias(self.table_h, self.table_w, grid), num_prefix_tokens)
+        return pad_prefix(factored_bias(*self.tables_for(grid), grid), num_prefix_tokens)
 
     def offset_table(self, grid: Grid) -> Tensor:
-        kh, kw = (self.table_h.shape[0] - 1) // 2, (self.table_w.shape[0] - 1) // 2
-        bh = self.table_h.t()[:, offset_rows(grid.h, kh, self.table_h.device)]  # [heads, 2H-1]
-        bw = self.table_w.t()[:, offset_rows(grid.w, kw, self.table_w.device)]
+        table_h, table_w = self.tables_for(grid)
+        kh, kw = (table_h.shape[0] - 1) // 2, (table_w.shape[0] - 1) // 2
+        bh = table_h.t()[:, offset_rows(grid.h, kh, table_h.device)]  # [heads, 2H-1]
+        bw = table_w.t()[:, offset_rows(grid.w, kw, table_w.device)]
         return bh[:, :, None] + bw[:, None, :]
 
     def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
         """``b_h[row_i - row_j] + b_w[col_i - col_j]`` as ``u_i . w_j`` (rank ``H + W``, see ``axis_factors``)."""
-        ih = offset_index(grid.h, (self.table_h.shape[0] - 1) // 2, self.table_h.device)
-        iw = offset_index(grid.w, (self.table_w.shape[0] - 1) // 2, self.table_w.device)
-        return axis_factors(self.table_h.t()[:, ih], self.table_w.t()[:, iw], grid, num_prefix_tokens, self.head_dim)
+        table_h, table_w = self.tables_for(grid)
+        ih = offset_index(grid.h, (table_h.shape[0] - 1) // 2, table_h.device)
+        iw = offset_index(grid.w, (table_w.shape[0] - 1) // 2, table_w.device)
+        return axis_factors(table_h.t()[:, ih], table_w.t()[:, iw], grid, num_prefix_tokens, self.head_dim)

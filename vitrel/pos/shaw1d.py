@@ -346,6 +346,7 @@ class ShawScheme(ResizeOnLoad, PositionScheme):
     eager path (softmax written out, ``content_logits`` / ``content_values``) with ``attn_impl="eager"``."""
 
     family = "content"
+    renamed_options = {"max_distance": "clip_distance"}
     has_content_terms = True
 
     def fast_attend(

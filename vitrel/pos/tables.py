@@ -1,11 +1,24 @@
 """Index helpers and table resizing shared by the learned relative schemes.
 
 A table indexed by a signed offset ``d`` in ``[-(L-1), L-1]`` stores it at row ``d + L - 1``.
-At call time a grid larger than the table clamps offsets to the table's range (the same rule as
-Shaw's clipping). To *grow* a table, e.g. when a checkpoint is loaded at a larger image size,
-:func:`resize_rel_table` keeps every offset the table already had and fills new ones by
-interpolation (timm's ``resize_rel_pos_bias_table`` stretches the whole table instead; that is
-``mode="stretch"`` here).
+
+**Extension rules** (the option ``extend`` of ``rel2d_full``, ``rel2d_factored`` and the Shaw
+schemes): what a table becomes at a grid it was not built for, both when a checkpoint is loaded at
+another image size and, for the bias tables, when a call's grid is larger than the table:
+
+* ``grow`` (default; vitrel's rule so far): loading at another size keeps every offset the table
+  already had and fills new ones from a bicubic continuation (:func:`resize_rel_table`,
+  ``mode="keep"``); a call on a larger grid clamps offsets to the table's edge (no parameters exist
+  yet for the new offsets).
+* ``clip``: an offset beyond the table takes the edge value (T5 / Shaw clipping), at load and at
+  call time alike: a model loaded at a larger size computes exactly what the original computes
+  on that grid.
+* ``interpolate``: bicubic resize of the whole table to the new extent (Swin V1's fine-tuning rule,
+  timm's ``resize_rel_pos_bias_table_simple``: ``align_corners=False``), at load and, for the bias
+  tables, at call time (differentiable, every forward on a larger grid).
+
+The Shaw schemes clip at ``clip_distance`` by their definition, so at call time they always clip;
+``extend`` sets how their tables are resized when loaded at another size.
 """
 
 from __future__ import annotations
@@ -17,6 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
+    "EXTEND_RULES",
+    "extend_table",
+    "cover_grid",
     "offset_index",
     "offset_rows",
     "resize_rel_table",
@@ -58,6 +74,42 @@ def offset_rows(n: int, half: int, device: torch.device | None = None) -> Tensor
     return torch.arange(-(n - 1), n, device=device).clamp(-half, half) + half
 
 
+EXTEND_RULES = ("grow", "clip", "interpolate")
+
+
+def extend_table(table: Tensor, new_size: tuple[int, int], rule: str = "grow") -> Tensor:
+    """A 2-D offset table ``[2H-1, 2W-1, C]`` at ``[2H'-1, 2W'-1, C]`` by an extension rule (module docstring)."""
+    if rule not in EXTEND_RULES:
+        raise ValueError(f"extend must be one of {EXTEND_RULES}, got {rule!r}")
+    old_h, old_w, c = table.shape
+    new_h, new_w = new_size
+    if (old_h, old_w) == (new_h, new_w):
+        return table
+    if rule == "grow":
+        return resize_rel_table(table, new_size, mode="keep")
+    if rule == "clip":
+        ih = offset_rows((new_h + 1) // 2, (old_h - 1) // 2, table.device)
+        iw = offset_rows((new_w + 1) // 2, (old_w - 1) // 2, table.device)
+        return table[ih][:, iw]
+    from timm.layers import resize_rel_pos_bias_table_simple
+
+    chw = table.permute(2, 0, 1)
+    window = ((new_h + 1) // 2, (new_w + 1) // 2)
+    out = resize_rel_pos_bias_table_simple(chw.float(), window, (c, new_h, new_w))
+    return out.permute(1, 2, 0).to(table.dtype)
+
+
+def cover_grid(table: Tensor, grid: tuple[int, int], rule: str) -> Tensor:
+    """``table [2Ht-1, 2Wt-1, C]`` for a call on ``grid`` (``(H, W)``): under ``interpolate`` resized so that
+    every offset of the grid has an entry (each axis to ``max`` of the table's and the grid's extent);
+    under ``grow`` / ``clip`` as it is (the callers clamp offsets to its edge)."""
+    th, tw = table.shape[0], table.shape[1]
+    need_h, need_w = max(th, 2 * grid[0] - 1), max(tw, 2 * grid[1] - 1)
+    if rule != "interpolate" or (need_h, need_w) == (th, tw):
+        return table
+    return extend_table(table, (need_h, need_w), "interpolate")
+
+
 def resize_1d_table(table: Tensor, new_len: int, mode: str = "keep") -> Tensor:
     """Resize ``[2L-1, C]`` (offset-major) to ``[new_len, C]`` (``new_len`` odd)."""
     return resize_rel_table(table[:, None, :], (new_len, 1), mode=mode)[:, 0, :]
@@ -93,13 +145,20 @@ def resize_rel_table(table: Tensor, new_size: tuple[int, int], mode: str = "keep
 
 
 class ResizeOnLoad:
-    """Mixin: tables named in ``_rel_tables`` are resized when a state dict of another size loads.
+    """Mixin: tables named in ``_rel_tables`` are resized when a state dict of another size loads, by the
+    scheme's extension rule (option ``extend``: ``grow`` | ``clip`` | ``interpolate``, module docstring).
 
     ``_rel_tables`` maps a parameter name to ``"2d"`` (``[2H-1, 2W-1, C]``) or ``"1d"``
-    (``[2L-1, C]``). Offsets the stored table had keep their values (``resize_rel_table``).
+    (``[2L-1, C]``).
     """
 
     _rel_tables: dict[str, str] = {}
+
+    def __init__(self, *, extend: str = "grow", **kw) -> None:
+        super().__init__(**kw)  # type: ignore[call-arg]
+        if extend not in EXTEND_RULES:
+            raise ValueError(f"{getattr(self, 'name', 'scheme')}: extend must be one of {EXTEND_RULES}, got {extend!r}")
+        self.extend = extend
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
         for name, kind in self._rel_tables.items():
@@ -111,11 +170,13 @@ class ResizeOnLoad:
             if src.shape == dst.shape or src.dim() != dst.dim() or src.shape[-1] != dst.shape[-1]:
                 continue  # same size, or not a resizable mismatch: let torch report it
             if kind == "1d":
-                state_dict[key] = resize_1d_table(src, dst.shape[0])
+                state_dict[key] = extend_table(src[:, None, :], (dst.shape[0], 1), self.extend)[:, 0, :]
             else:
-                state_dict[key] = resize_rel_table(src, (dst.shape[0], dst.shape[1]))
-            warn_once(
-                f"resized relative-position table {key} from {tuple(src.shape)} to {tuple(dst.shape)} "
-                "(offsets the table already had keep their values)"
-            )
+                state_dict[key] = extend_table(src, (dst.shape[0], dst.shape[1]), self.extend)
+            how = {
+                "grow": "offsets the table already had keep their values",
+                "clip": "new offsets take the edge values",
+                "interpolate": "bicubic resize of the whole table",
+            }[self.extend]
+            warn_once(f"resized relative-position table {key} from {tuple(src.shape)} to {tuple(dst.shape)} ({how})")
         return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[misc]

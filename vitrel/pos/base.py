@@ -234,6 +234,9 @@ class PositionScheme(nn.Module):
     #: the terms between two patches depend on the grid's extent, not only on their offsets (or, for
     #: RoPE, their row and column): raster-order 1-D schemes (``p = row * W + col``), normalised coordinates
     depends_on_extent: ClassVar[bool] = False
+    #: a ``relative`` scheme whose patch<->patch terms depend on the offset only approximately (LieRE's
+    #: non-commuting generators); the translation test measures, and documents, the violation instead
+    exactly_relative: ClassVar[bool] = True
     #: ``bias_factors`` returns ``(u, w)`` with ``bias = u @ w^T`` (``attn_impl="fold"``)
     has_bias_factors: ClassVar[bool] = False
     #: ``offset_table`` returns ``T [heads, 2H-1, 2W-1]``, the bias by offset (``attn_impl="flex"``)

@@ -154,6 +154,14 @@ def test_rotation_is_computed_once_per_forward_and_orthogonal():
     assert r.shape == (HEADS, 13, HD // 4, 4, 4)
     eye = torch.eye(4, dtype=r.dtype).expand_as(r)
     torch.testing.assert_close(r @ r.transpose(-1, -2), eye)
+    # 2 x 2 blocks: the plane rotations as cos / sin, equal to the matrix exponential's entries
+    b2 = attn("liere", block_size=2).pos
+    cos, sin = b2.prepare((3, 4), 1, None, torch.float64).rope
+    from vitrel.pos.lie import block_rotations
+
+    full = block_rotations(b2.generators().double(), b2.positions(b2.grid, 1, None, torch.float64))
+    torch.testing.assert_close(cos, full[..., 0, 0])
+    torch.testing.assert_close(sin, full[..., 1, 0])
 
 
 @pytest.mark.parametrize(

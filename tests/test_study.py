@@ -103,7 +103,7 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
         keys = list(f.keys())
         meta = f.metadata()
     assert any(k.startswith("vit/rel2d_full/blocks.0.attn.pos.table") for k in keys)
-    assert json.loads(meta["swin/rel2d_full"])["pos"] == {"name": "rel2d_full", "init_std": 0.02}
+    assert json.loads(meta["swin/rel2d_full"])["pos"] == {"name": "rel2d_full", "init_std": 0.02, "extend": "grow"}
 
     assert sorted(data["cost"]) == ["swin/none", "swin/rel2d_full", "vit/none", "vit/rel2d_full"]
     assert all(len(c["rounds"]) == 5 and c["img_s"] > 0 for c in data["cost"].values())
@@ -200,10 +200,11 @@ def test_fixed_canvas_split_puts_train_and_test_offsets_in_disjoint_regions(stud
 
 def test_recipes_compose_as_train_py_does(study):
     """Every budget composes; the runs are train.py's configs (experiment=study_<budget>) with the study's overrides."""
-    assert study.BUDGETS == ["cpu", "gpu", "smoke"]
+    assert study.BUDGETS == ["cpu", "extrapolation", "gpu", "smoke"]
     for budget in study.BUDGETS:
         rec = study.recipe(budget)
-        assert set(rec["runs"]) == {"vit", "swin"} and rec["study"]["evals"]["test"] == {"canvas": 40, "mode": "seen"}
+        archs = {"vit"} if budget == "extrapolation" else {"vit", "swin"}  # Swin's windows: a fixed window
+        assert set(rec["runs"]) == archs and rec["study"]["evals"]["test"] == {"canvas": 40, "mode": "seen"}
         for cfg in rec["runs"].values():
             assert cfg["model"]["_target_"] == "vitrel.create_model" and cfg["test"] is False
             assert cfg["callbacks"]["model_checkpoint"] is None and cfg["logger"] == {}

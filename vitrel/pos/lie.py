@@ -31,8 +31,9 @@ default) puts patch ``(r, c)`` at ``((r + 0.5) / H, (c + 0.5) / W)`` (a larger g
 Differences from the authors' code, none in the forward values: their LieRE stores ``F`` multiplied
 by ``scale_factor`` and divides it back (a learning-rate scaling of the generators; its default
 ``1e100`` overflows float32, so their runs must have set it: it is not reproduced); they build the
-full ``d x d`` matrix per token and multiply, here the ``b x b`` blocks are applied directly. The
-rotations are computed once per forward and grid (``prepare``), as ``[heads, N, d / b, b, b]``.
+full ``d x d`` matrix per token and multiply, here the ``b x b`` blocks are applied directly (and, for
+``b = 2``, as the plane rotations they are: RoPE's ``cos`` / ``sin``). The rotations are computed once per
+forward and grid (``prepare``), as ``[heads, N, d / b, b, b]``.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, check_tokens, patch_coords, register_pos
+from vitrel.pos.rope import apply_rope
 
 __all__ = ["Liere", "Comrope", "lie_positions", "block_rotations", "apply_block_rotation"]
 
@@ -124,11 +126,18 @@ class _LieRotation(PositionScheme):
 
     def rotation(
         self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None
-    ) -> tuple[Tensor]:
-        """``(R,)``, ``R [heads, P + H*W, d / b, b, b]``, in at least float32 (the generators' dtype if wider)."""
+    ) -> tuple[Tensor, ...]:
+        """``(R,)``, ``R [heads, P + H*W, d / b, b, b]``, in at least float32 (the generators' dtype if wider).
+
+        With ``b = 2`` every block is a plane rotation, ``exp([[0, -t], [t, 0]]) = [[cos t, -sin t], [sin t,
+        cos t]]`` with ``t = sum_a x_a A_a[1, 0]``: then ``(cos, sin)`` of ``[heads, P + H*W, d / 2]``, applied
+        as RoPE is (the same values, no matrix exponential)."""
         a = self.generators()
         work = torch.promote_types(a.dtype, torch.float32)
         pos = self.positions(as_grid(grid), num_prefix_tokens, a.device, work)
+        if self.block_size == 2:
+            theta = torch.einsum("na,ham->hnm", pos, a[..., 1, 0].to(work))
+            return theta.cos(), theta.sin()
         return (block_rotations(a.to(work), pos),)
 
     def rotate(
@@ -144,6 +153,9 @@ class _LieRotation(PositionScheme):
         rot = state.rope if state is not None and state.rope is not None else None
         if rot is None:
             rot = self.rotation(grid, num_prefix_tokens, q.device, q.dtype)
+        if len(rot) == 2:  # b = 2: plane rotations as RoPE's cos / sin
+            cos, sin = rot[0].to(q.device), rot[1].to(q.device)
+            return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         r = rot[0].to(q.device)
         return apply_block_rotation(q, r), apply_block_rotation(k, r)
 

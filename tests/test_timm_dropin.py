@@ -223,11 +223,11 @@ def test_dynamic_and_strict_img_size(spec):
     other = torch.randn(1, 3, size[0] + 16, size[1] - 8)
     for kw in ({"dynamic_img_size": True}, {"strict_img_size": False}, {}):
         m = make(spec, **kw).eval()
-        assert m.dynamic_img_size and not m.strict_img_size
+        assert m.dynamic_img_size and not m.strict_img_size and not get_model_input_config(m)["fixed_input_size"]
         assert m(other).shape == (1, m.num_classes)
     for kw in ({"strict_img_size": True}, {"dynamic_img_size": False}):  # timm: the input must be img_size
         m = make(spec, **kw).eval()
-        assert m.strict_img_size and not m.dynamic_img_size
+        assert m.strict_img_size and not m.dynamic_img_size and get_model_input_config(m)["fixed_input_size"]
         assert m(torch.randn(1, 3, *size)).shape == (1, m.num_classes)
         with pytest.raises(ValueError, match="strict_img_size"):
             m(other)

@@ -330,6 +330,11 @@ class MapPatchEmbed(PatchEmbed):
         super().__init__(*args, flatten=False, **kwargs)
         self.img_size = img_size
 
+    @property
+    def strict_img_size(self) -> bool:
+        """timm's ``PatchEmbed.strict_img_size`` (timm's builder reads it for ``fixed_input_size``)."""
+        return self.img_size is not None
+
     def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
         # written here, not via super(): torch.fx wraps the notrace functions a module's own forward calls
         if self.img_size is not None:

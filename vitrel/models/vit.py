@@ -131,6 +131,7 @@ class VisionTransformer(nn.Module):
         self.attn_impl = attn_impl
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.patch_embed.strict_img_size = self.strict_img_size  # timm's: its builder reads it (fixed_input_size)
         self.grid = self.patch_embed.grid_for(img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None

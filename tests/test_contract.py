@@ -129,13 +129,23 @@ def test_features_only_vit():
 
 def test_timm_create_model_features_only():
     """``timm.create_model("vitrel_...", features_only=True)``: timm's FeatureGetterNet over
-    forward_intermediates, every Swin stage (NCHW) or the ViT's last 3 blocks by default, ``out_indices``
-    respected; the configuration stays on the network inside the wrapper."""
-    m = timm.create_model("vitrel_swin_tiny_patch2_window4_32", features_only=True, embed_dim=48)
+    forward_intermediates, every Swin stage (NHWC, the Swin's own ``output_fmt`` as timm's Swin;
+    ``output_fmt="NCHW"`` permutes) or the ViT's last 3 blocks by default, ``out_indices`` respected; the
+    configuration stays on the network inside the wrapper."""
+    m = timm.create_model("vitrel_swin_tiny_patch2_window4_32", features_only=True, embed_dim=48).eval()
     assert m.feature_info.channels() == [48, 96, 192, 384] and m.feature_info.reduction() == [2, 4, 8, 16]
+    assert m.output_fmt == "NHWC"
+    x = torch.randn(1, 3, 64, 48)
     with torch.no_grad():
-        outs = m(torch.randn(1, 3, 64, 48))
-    assert [tuple(o.shape) for o in outs] == [(1, 48, 32, 24), (1, 96, 16, 12), (1, 192, 8, 6), (1, 384, 4, 3)]
+        outs = m(x)
+    assert [tuple(o.shape) for o in outs] == [(1, 32, 24, 48), (1, 16, 12, 96), (1, 8, 6, 192), (1, 4, 3, 384)]
+    torch.manual_seed(0)
+    nchw = timm.create_model("vitrel_swin_tiny_patch2_window4_32", features_only=True, embed_dim=48, output_fmt="NCHW")
+    nchw.load_state_dict(m.state_dict())
+    nchw.eval()
+    with torch.no_grad():
+        for a, b in zip(nchw(x), outs):
+            torch.testing.assert_close(a, b.permute(0, 3, 1, 2), rtol=0, atol=0)
     assert m.model.vitrel_cfg["architecture"] == "vitrel_swin_tiny_patch2_window4_32"
     assert "vitrel_cfg" not in vars(m)
     v = timm.create_model("vitrel_vit_tiny_patch4_32", features_only=True, pos="rope2d_mixed", embed_dim=48)

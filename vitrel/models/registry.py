@@ -15,9 +15,18 @@ from collections.abc import Callable
 from typing import Any
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs
+from timm.models import (
+    FeatureDictNet,
+    FeatureGraphNet,
+    FeatureHookNet,
+    FeatureListNet,
+    build_model_with_cfg,
+    generate_default_cfgs,
+)
+from timm.models._features import FeatureGetterNet
 from torch import nn
 
+from vitrel.models.blocks import plain_pos_spec, split_pos
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.vit import VisionTransformer
 from vitrel.pos.base import get_pos_class
@@ -135,10 +144,8 @@ def build(
     pretrained_model_args = kwargs.pop("pretrained_model_args", None)
     cache_dir = kwargs.pop("cache_dir", None)
     features_only = bool(kwargs.get("features_only"))
-    if features_only:  # timm's FeatureGetterNet over forward_intermediates (ViT: the last 3 blocks, as timm's)
-        depths = kwargs.get("depths", defaults.get("depths"))
-        out = tuple(range(len(depths))) if depths is not None else 3
-        kwargs["feature_cfg"] = {"feature_cls": "getter", "out_indices": out, **(kwargs.get("feature_cfg") or {})}
+    if features_only:
+        kwargs["feature_cfg"] = _feature_cfg(cls, kwargs, defaults)
     model = build_model_with_cfg(
         cls,
         name,
@@ -150,9 +157,73 @@ def build(
         cache_dir=cache_dir,
         **{**defaults, **kwargs},
     )
-    net = model.model if features_only else model  # the network inside timm's feature wrapper
-    net.vitrel_cfg = {"architecture": name, "vitrel_format": FORMAT, **net.vitrel_cfg}
+    # the network, inside timm's feature wrapper when there is one (getter: .model; hook: its body); fx and
+    # the list / dict wrappers rebuild the network from its parts, which then carry no configuration
+    net = next((m for m in model.modules() if isinstance(m, cls)), None)
+    if net is not None:
+        net.vitrel_cfg = {"architecture": name, "vitrel_format": FORMAT, **net.vitrel_cfg}
     return model
+
+
+_FEATURE_CLS = {FeatureGetterNet: "getter", FeatureHookNet: "hook", FeatureListNet: "list", FeatureDictNet: "dict"}
+
+
+def _feature_kind(feature_cls: Any) -> str:
+    """timm's ``feature_cls`` (a name as timm's builder reads it, or a class) as one of getter | hook |
+    list | dict | fx (a ``ValueError`` for anything else)."""
+    if isinstance(feature_cls, str):
+        kind = "hook" if "hook" in feature_cls.lower() else feature_cls.lower()
+        if kind in ("getter", "hook", "list", "dict", "fx"):
+            return kind
+    elif isinstance(feature_cls, type):
+        if issubclass(feature_cls, FeatureGraphNet):
+            return "fx"
+        for base, kind in _FEATURE_CLS.items():  # FeatureListNet before FeatureDictNet (its base)
+            if issubclass(feature_cls, base):
+                return kind
+    raise ValueError(f"unknown feature_cls {feature_cls!r}: getter, hook, fx, list or dict")
+
+
+def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """timm's ``feature_cfg`` for ``features_only`` (``out_indices``, ``feature_cls`` and ``output_fmt``
+    keyword arguments moved into it).
+
+    Default: timm's ``FeatureGetterNet`` over ``forward_intermediates`` (every Swin stage; the ViT's last 3
+    blocks, as timm's ViT). Layout, as timm's Swin: the model's own ``output_fmt`` (Swin ``NHWC``; the ViT
+    ``NCHW``) unless ``output_fmt=`` says otherwise (the getter permutes). ``hook`` / ``fx`` / ``list`` /
+    ``dict`` return the stage outputs as they are (Swin: ``NHWC``, so another ``output_fmt`` is refused);
+    ``list`` / ``dict`` run the Swin's children in turn (timm's ``flatten_sequential``), which the ViT
+    (blocks take the grid) and a Swin with an absolute embedding (added by the model) do not allow.
+    """
+    depths = kwargs.get("depths", defaults.get("depths"))
+    cfg = {"out_indices": tuple(range(len(depths))) if depths is not None else 3, **(kwargs.get("feature_cfg") or {})}
+    for key in ("out_indices", "feature_cls", "output_fmt"):
+        if key in kwargs:
+            cfg[key] = kwargs.pop(key)
+    kind = _feature_kind(cfg.setdefault("feature_cls", "getter"))
+    native = "NHWC" if cls is SwinTransformer else "NCHW"
+    if kind == "getter":
+        cfg.setdefault("output_fmt", native)
+    elif cls is SwinTransformer:
+        if cfg.setdefault("output_fmt", native) != native:
+            raise ValueError(
+                f"feature_cls={kind!r} returns the Swin's stage maps as they are ({native}); "
+                f"output_fmt={cfg['output_fmt']!r} needs feature_cls='getter'"
+            )
+    if kind in ("list", "dict"):
+        if cls is not SwinTransformer:
+            raise ValueError(
+                f"feature_cls={kind!r} runs the model's children one after the other, which the ViT's do not "
+                "allow (its blocks take the patch grid): use 'getter' (the default), 'hook' or 'fx'"
+            )
+        pos = plain_pos_spec(kwargs.get("pos", defaults.get("pos", "rel2d_full")))
+        if split_pos(pos, plain_pos_spec(kwargs.get("abs_pos", defaults.get("abs_pos"))))[1] is not None:
+            raise ValueError(
+                f"feature_cls={kind!r} runs the Swin's children one after the other, which skips its absolute "
+                "position embedding (the model adds it): use 'getter' (the default), 'hook' or 'fx'"
+            )
+        cfg.setdefault("flatten_sequential", True)  # as timm's Swin: its stages are a Sequential
+    return cfg
 
 
 def _legacy_pos(spec: Any) -> Any:

@@ -46,12 +46,14 @@ from vitrel.models.blocks import (
     build_abs_pos,
     constructor_config,
     init_weights_,
+    patch_grid,
     plain_pos_spec,
     prepare_states,
     scheme_no_weight_decay,
     split_pos,
     with_placement,
 )
+from vitrel.models.input_size import check_img_size, rebuild_position_schemes, resolve_strict_img_size
 from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, build_pos
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "SwinBlock",
     "SwinStage",
     "PatchMerging",
+    "MapPatchEmbed",
     "window_partition",
     "window_reverse",
     "window_and_shift",
@@ -316,6 +319,36 @@ class SwinBlock(nn.Module):
         return dense
 
 
+class MapPatchEmbed(PatchEmbed):
+    """The Swin's patch embedding: images -> the map ``[B, H', W', C]`` alone (its grid is its shape), so
+    the Swin's children run one after the other (timm's ``FeatureListNet`` / ``FeatureDictNet``).
+
+    ``img_size``: the only input size accepted (a strict model, see :mod:`vitrel.models.input_size`), or None.
+    """
+
+    def __init__(self, *args: Any, img_size: tuple[int, int] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, flatten=False, **kwargs)
+        self.img_size = img_size
+
+    @property
+    def strict_img_size(self) -> bool:
+        """timm's ``PatchEmbed.strict_img_size`` (timm's builder reads it for ``fixed_input_size``)."""
+        return self.img_size is not None
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        # written here, not via super(): torch.fx wraps the notrace functions a module's own forward calls
+        if self.img_size is not None:
+            check_img_size(x, self.img_size)
+        patch_grid(x, self.patch_size, self.proj.in_channels)  # the layout / size checks
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))
+
+
+@register_notrace_function
+def map_grid(x: Tensor) -> Grid:
+    """The grid of a map ``[B, H, W, C]``."""
+    return Grid(x.shape[1], x.shape[2])
+
+
 class PatchMerging(nn.Module):
     """2x2 neighbouring patches -> one: ``[B, H, W, C] -> LN -> Linear(4C, out)`` (odd sides padded)."""
 
@@ -459,6 +492,9 @@ class SwinTransformer(nn.Module):
         pos_share: one relative scheme per stage shared by its blocks (True), or one per block.
         attn_impl: attention implementation: ``auto`` | ``sdpa`` | ``fold`` (factored biases folded into the
             queries and keys, no bias mask) | ``eager`` (see :class:`vitrel.layers.Attention`).
+        dynamic_img_size, strict_img_size: timm's input-size arguments (None: not given). The model reads the
+            grid from the input, so by default any size runs; ``strict_img_size=True`` refuses inputs other
+            than ``img_size`` (see :mod:`vitrel.models.input_size`).
         device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
             allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
@@ -487,6 +523,8 @@ class SwinTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.1,
         norm_eps: float = 1e-5,
+        dynamic_img_size: bool | None = None,
+        strict_img_size: bool | None = None,
     ) -> None:
         super().__init__()
         if global_pool not in ("", "avg"):
@@ -506,14 +544,22 @@ class SwinTransformer(nn.Module):
             if d % hd:
                 raise ValueError(f"stage width {d} is not divisible by its {hd} heads")
         self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.img_size = img_size
+        self.strict_img_size = resolve_strict_img_size(dynamic_img_size, strict_img_size)
+        self.dynamic_img_size = not self.strict_img_size
         self.global_pool = global_pool
         self.embed_dim = embed_dim
         self.num_features = self.head_hidden_size = dims[-1]
         self.num_prefix_tokens = 0
         self.window_size = window
 
-        self.patch_embed = PatchEmbed(
-            patch_size, in_chans, dims[0], norm_layer=lambda d: nn.LayerNorm(d, eps=norm_eps), flatten=False
+        self.patch_embed = MapPatchEmbed(
+            patch_size,
+            in_chans,
+            dims[0],
+            norm_layer=lambda d: nn.LayerNorm(d, eps=norm_eps),
+            img_size=img_size if self.strict_img_size else None,
         )
         self.grid = self.patch_embed.grid_for(img_size)
         self.abs_pos = build_abs_pos(
@@ -547,7 +593,7 @@ class SwinTransformer(nn.Module):
                     attn_impl=attn_impl,
                 )
             )
-        self.layers = nn.ModuleList(stages)
+        self.layers = nn.Sequential(*stages)  # as timm's Swin (its FeatureDictNet flattens a Sequential)
         # timm's feature metadata: one feature map per stage (NHWC from forward_features, as timm's Swin)
         self.output_fmt = "NHWC"
         self.feature_info = [
@@ -600,12 +646,56 @@ class SwinTransformer(nn.Module):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
 
+    def set_input_size(
+        self,
+        img_size: int | tuple[int, int] | None = None,
+        patch_size: Any = None,
+        window_size: int | tuple[int, int] | None = None,
+        window_ratio: int | None = None,
+        always_partition: bool | None = None,
+    ) -> None:
+        """timm's ``set_input_size``: the model is now built for ``img_size`` and ``window_size``.
+
+        Without ``window_size`` / ``window_ratio`` the window scales with the patch grid (timm's rule,
+        ``max(1, window * new_grid // old_grid)`` per side), so calling at the current size changes
+        nothing; ``window_ratio``: the window is the patch grid divided by it. Window tables and absolute
+        embeddings are resized as loading at that size does; ``vitrel_cfg`` follows. vitrel's Swin has one
+        window for all stages (a per-stage list is a ``ValueError``), cannot change the patch size and
+        always shrinks the window to a smaller stage grid (``always_partition=True`` is a ``ValueError``).
+        """
+        if patch_size is not None and to_2tuple(patch_size) != to_2tuple(self.patch_embed.patch_size):
+            raise ValueError(f"set_input_size cannot change the patch size ({self.patch_embed.patch_size})")
+        if always_partition:
+            raise ValueError("vitrel's Swin always shrinks the window to a smaller grid (always_partition=False)")
+        if window_size is not None and not (
+            isinstance(window_size, int) or (len(window_size) == 2 and all(isinstance(w, int) for w in window_size))
+        ):
+            raise ValueError(f"window_size must be an int or (h, w) (one window for all stages), got {window_size}")
+        if window_ratio is not None and not isinstance(window_ratio, int):
+            raise ValueError(f"window_ratio must be an int (one window for all stages), got {window_ratio}")
+        size = to_2tuple(img_size) if img_size is not None else self.img_size
+        grid = self.patch_embed.grid_for(size)
+        if window_size is not None:
+            window = to_2tuple(window_size)
+        elif window_ratio is not None:
+            window = (max(1, grid.h // window_ratio), max(1, grid.w // window_ratio))
+        else:
+            window = tuple(max(1, w * g // r) for w, g, r in zip(self.window_size, grid, self.grid))
+        fresh = rebuild_position_schemes(self, img_size=size, window_size=window)
+        self.img_size, self.grid, self.window_size = fresh.img_size, fresh.grid, fresh.window_size
+        self.patch_embed.img_size = fresh.patch_embed.img_size
+        for stage, new_stage in zip(self.layers, fresh.layers):
+            stage.build_grid, stage.window_size = new_stage.build_grid, new_stage.window_size
+            for blk, new_blk in zip(stage.blocks, new_stage.blocks):
+                blk.build_grid, blk.window_size = new_blk.build_grid, new_blk.window_size
+                blk.attn_mask = new_blk.attn_mask
+
     # ---------------------------------------------------------------------------- forward
     def embed(self, x: Tensor) -> Tensor:
         """Images -> patch map ``[B, H', W', C]`` (with the absolute embedding, if any)."""
-        x, grid = self.patch_embed(x)
+        x = self.patch_embed(x)
         if self.abs_pos is not None:
-            x = add_abs_pos(self.abs_pos, x, grid, 0)
+            x = add_abs_pos(self.abs_pos, x, map_grid(x), 0)
         return self.pos_drop(x)
 
     def forward_features(self, x: Tensor) -> Tensor:

@@ -41,6 +41,7 @@ from vitrel.models.blocks import (
     split_pos,
     with_placement,
 )
+from vitrel.models.input_size import check_img_size, rebuild_position_schemes, resolve_strict_img_size
 from vitrel.pos.base import Grid, PosState, build_pos
 
 __all__ = ["VisionTransformer"]
@@ -65,6 +66,10 @@ class VisionTransformer(nn.Module):
             queries and keys, no bias mask) | ``eager`` (see :class:`vitrel.layers.Attention`).
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: dropouts / stochastic depth.
         norm_eps: LayerNorm epsilon.
+        dynamic_img_size, strict_img_size: timm's input-size arguments (None: not given). The model reads the
+            grid from the input, so by default any size runs; ``strict_img_size=True`` (or
+            ``dynamic_img_size=False`` alone, timm's ViT default) refuses inputs other than ``img_size``
+            (see :mod:`vitrel.models.input_size`).
         device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
             allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
@@ -96,6 +101,8 @@ class VisionTransformer(nn.Module):
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
         norm_eps: float = 1e-6,
+        dynamic_img_size: bool | None = None,
+        strict_img_size: bool | None = None,
     ) -> None:
         super().__init__()
         if global_pool not in ("", "avg", "token"):
@@ -111,6 +118,10 @@ class VisionTransformer(nn.Module):
         self.vitrel_cfg = constructor_config(VisionTransformer, locals(), img_size=list(img_size))
         rel, absolute = split_pos(pos, abs_pos)
         self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.img_size = img_size
+        self.strict_img_size = resolve_strict_img_size(dynamic_img_size, strict_img_size)
+        self.dynamic_img_size = not self.strict_img_size
         self.global_pool = global_pool
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
@@ -120,6 +131,7 @@ class VisionTransformer(nn.Module):
         self.attn_impl = attn_impl
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.patch_embed.strict_img_size = self.strict_img_size  # timm's: its builder reads it (fixed_input_size)
         self.grid = self.patch_embed.grid_for(img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
@@ -214,6 +226,17 @@ class VisionTransformer(nn.Module):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
 
+    def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:
+        """timm's ``set_input_size``: the model is now built for ``img_size`` (learned tables and absolute
+        embeddings resized as loading at that size does; ``vitrel_cfg`` follows). Changing the patch size
+        is not supported (a ``ValueError``)."""
+        if patch_size is not None and to_2tuple(patch_size) != to_2tuple(self.patch_embed.patch_size):
+            raise ValueError(f"set_input_size cannot change the patch size ({self.patch_embed.patch_size})")
+        if img_size is None:
+            return
+        fresh = rebuild_position_schemes(self, img_size=to_2tuple(img_size))
+        self.img_size, self.grid = fresh.img_size, fresh.grid
+
     # ---------------------------------------------------------------------------- forward
     def _prefix(self, x: Tensor) -> Tensor:
         toks = []
@@ -225,6 +248,8 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: Tensor) -> tuple[Tensor, Grid]:
         """Images ``[B, C, H, W]`` -> input tokens ``[B, P + H'W', C]`` (with absolute position) and grid."""
+        if self.strict_img_size:
+            check_img_size(x, self.img_size)
         x, grid = self.patch_embed(x)
         x = self._prefix(x)
         if self.abs_pos is not None:

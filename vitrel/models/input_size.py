@@ -1,0 +1,83 @@
+"""timm's input-size arguments on vitrel's models: ``dynamic_img_size`` / ``strict_img_size`` and
+``set_input_size``.
+
+vitrel's models read the patch grid from the input, so they run at any multiple of the patch size:
+``img_size`` only sizes learned tables and absolute embeddings. timm's arguments keep their meaning:
+
+* ``dynamic_img_size=True`` or ``strict_img_size=False``: any input size (vitrel's default);
+* ``strict_img_size=True``, or ``dynamic_img_size=False`` alone (timm's ViT default): the input must be
+  ``img_size`` (a ``ValueError`` otherwise, as timm's ``PatchEmbed`` asserts).
+
+``set_input_size`` changes the size a model is built for in place: every position scheme is rebuilt for
+the new grid (window) and takes the old scheme's weights through its own load hook (the same resize
+as loading a checkpoint with ``img_size=`` another size, ``vitrel.load_model``); ``vitrel_cfg`` follows,
+so a saved model reloads at the new size.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from timm.layers import register_notrace_function
+from timm.models._input import update_model_input_size
+from torch import Tensor, nn
+
+from vitrel.pos.base import PositionScheme
+
+__all__ = ["resolve_strict_img_size", "check_img_size", "rebuild_position_schemes"]
+
+
+def resolve_strict_img_size(dynamic_img_size: bool | None, strict_img_size: bool | None) -> bool:
+    """Whether inputs must be ``img_size``, from timm's two arguments (None: not given).
+
+    ``dynamic_img_size=True`` wins (timm's Swin: "same as strict_img_size=False"); else an explicit
+    ``strict_img_size``; else ``dynamic_img_size=False`` means strict (timm's ViT); neither given: any size.
+    """
+    if dynamic_img_size:
+        return False
+    if strict_img_size is not None:
+        return bool(strict_img_size)
+    return dynamic_img_size is not None
+
+
+@register_notrace_function
+def check_img_size(x: Tensor, img_size: tuple[int, int]) -> None:
+    """Raise unless images ``x [B, C, H, W]`` are ``img_size`` (models built with a strict input size)."""
+    if tuple(x.shape[-2:]) != tuple(img_size):
+        raise ValueError(
+            f"input size {tuple(x.shape[-2:])} does not match the model's img_size {tuple(img_size)} "
+            "(strict_img_size=True); build with dynamic_img_size=True for any size, or call set_input_size"
+        )
+
+
+def rebuild_position_schemes(model: nn.Module, **changes: Any) -> nn.Module:
+    """Swap every position scheme of ``model`` for one built with the constructor arguments ``changes``
+    (``img_size``, ``window_size``) and loaded with the old scheme's weights (the scheme's load hook
+    resizes learned tables / absolute embeddings, as ``load_weights`` does for a checkpoint).
+
+    Returns the model built with the new arguments (its other size-dependent attributes are the caller's
+    to adopt); ``model.vitrel_cfg`` and timm's recorded input size (``get_model_input_config``) follow.
+    """
+    params = inspect.signature(type(model).__init__).parameters
+    cfg = {k: v for k, v in model.vitrel_cfg.items() if k in params}
+    cfg.update(changes)
+    ref = next(model.parameters(), None)
+    placement = {} if ref is None else {"device": ref.device, "dtype": ref.dtype}
+    fresh = type(model)(**cfg, **placement)
+    done: list[str] = []
+    for name, old in list(model.named_modules()):
+        if not isinstance(old, PositionScheme) or any(name.startswith(d + ".") for d in done):
+            continue
+        new = fresh.get_submodule(name)
+        new.load_state_dict(old.state_dict())  # strict; the scheme's _load_from_state_dict resizes
+        for pname, p in new.named_parameters():
+            p.requires_grad_(old.get_parameter(pname).requires_grad)
+        new.train(old.training)
+        model.set_submodule(name, new)
+        done.append(name)
+    for key in changes:
+        model.vitrel_cfg[key] = fresh.vitrel_cfg[key]
+    img = fresh.vitrel_cfg["img_size"]
+    update_model_input_size(model, img, **{k: v for k, v in changes.items() if k != "img_size"})
+    return fresh

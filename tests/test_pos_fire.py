@@ -1,7 +1,7 @@
 """fire1d / fire2d: the bias and its gradients against float64 loops written from the equations
 (vitrel/pos/fire.py's docstring), causal and bidirectional, prefix tokens, any grid at call time;
 translation invariance where it holds (fire2d; fire1d below its threshold) and where it does not (fire1d
-beyond it), the authors' defaults, weight decay."""
+beyond it), the listing's defaults, weight decay."""
 
 from __future__ import annotations
 
@@ -179,8 +179,8 @@ def test_fire1d_raster_order_depends_on_the_width():
 
 
 @pytest.mark.parametrize("name", ["fire1d", "fire2d"])
-def test_the_authors_defaults_and_names(name):
-    """MLP (1 or 2) -> 32 -> heads with ReLU, c = 0.1, L = |1 * 512|, eps 1e-6; the authors' state-dict names."""
+def test_the_listings_defaults_and_names(name):
+    """MLP (1 or 2) -> 32 -> heads with ReLU, c = 0.1, L = |1 * 512|, eps 1e-6; the listing's state-dict names."""
     s = build_pos(name, num_heads=HEADS, head_dim=8, grid=(3, 4))
     axes = 1 if name == "fire1d" else 2
     assert [type(m) for m in s.mlp] == [torch.nn.Linear, torch.nn.ReLU, torch.nn.Linear]

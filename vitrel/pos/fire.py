@@ -2,9 +2,10 @@
 Positions Improves Long Context Transformers", ICLR 2024, arXiv:2310.04418), on raster order (``fire1d``)
 and per axis (``fire2d``).
 
-**fire1d** is FIRE as the paper defines it (Eq. 3.4 / Section 3.2) and as its authors' PyTorch listing
-computes it (reproduced, e.g., in ``mcleish7/arithmetic``, ``cramming/architectures/embeddings.py``,
-class ``FIRE``; the paper lists no separate repository), on the raster index ``p = row * W + col``::
+**fire1d** is FIRE as the paper defines it, with the parametrisation and defaults of the PyTorch module ``FIRE``
+in ``mcleish7/arithmetic`` (``cramming/architectures/embeddings.py``), which cites the paper and is, as far as
+could be checked, the paper's own listing (not verified against the paper's text; no repository of the authors
+was found, Papers with Code lists none), on the raster index ``p = row * W + col``::
 
     psi(x) = log(|c x| + 1)                          (learnable c, init 0.1)
     L      = |L_mult * L0|                           (the threshold: L0 = 512 fixed, L_mult learnable, init 1)
@@ -12,7 +13,7 @@ class ``FIRE``; the paper lists no separate repository), on the raster index ``p
     f_theta   = Linear(1, 32) -> ReLU -> Linear(32, heads)
     A_ij = q_i . k_j / sqrt(d) + b_h(i, j)
 
-The paper writes the causal form ``f(psi(i - j) / psi(max(L, i)))`` for ``i >= j``; the authors' listing
+The paper writes the causal form ``f(psi(i - j) / psi(max(L, i)))`` for ``i >= j``; the listing
 computes ``psi`` of ``|c (i - j)|`` over every pair, so without a causal mask (a ViT) it is the bidirectional
 form above, normalised by the **query's** position. ``causal=True`` (set by a causal ``Attention``) keeps the
 same values for ``j <= i`` and sets ``b(i, j) = 0`` for ``j > i`` (pairs the causal mask removes anyway).
@@ -73,7 +74,7 @@ class _FireBase(PositionScheme):
         self.mlp = nn.Sequential(nn.Linear(axes, mlp_width), nn.ReLU(), nn.Linear(mlp_width, self.num_heads))
         self.c = nn.Parameter(torch.full(shape, float(init_c)))
         self.L_multiplier = nn.Parameter(torch.ones(shape))
-        # the authors keep L0 as a frozen parameter; a persistent buffer here (same state-dict key), so that
+        # the listing keeps L0 as a frozen parameter; a persistent buffer here (same state-dict key), so that
         # every parameter of the scheme is trained
         self.register_buffer("init_L", torch.full(shape, float(init_L)), persistent=True)
         self.eps = float(eps)

@@ -20,7 +20,7 @@ SCHEMES = vitrel.list_pos()
 ARCHS = ("vit", "swin")
 MODES = ("static", "batch", "hw")
 #: the 1-D raster schemes: in a Swin, their window's extent changes with the stage grid (docs/export.md)
-EXTENT = {"alibi1d", "rel1d_bucket", "rope1d", "shaw1d"}
+EXTENT = {"alibi1d", "fire1d", "rel1d_bucket", "rope1d", "shaw1d"}
 
 
 def small_model(arch: str, pos: str, **kw) -> torch.nn.Module:

@@ -7,10 +7,12 @@ per run of equal names (``groupby``), their direction masks (coordinate comparis
 (``np.tri`` bounded by the query's diagonal labels), a head masking the union of its parts' masks (a
 ``diag_a_b`` part masking what both triangles mask), then ``global_slope * linspace(layer) * slope * dist``
 and a zero row and column for the class token. The presets are the released LH-180
-``halves-diagonals-none``, LH-90 ``corners-triangles-none`` (also DTU-PAS PaPE's
-``pape/nn/positions/lookhere.py``), LH-45 ``eighths1-eighths2-none``, with ``global_slope`` 2 and
-``layer_slopes`` (1.5, 0.5). The authors cast to bfloat16 and fill masked pairs with its largest finite
-value; the comparison is before that cast, masked pairs as ``-inf``.
+``halves-diagonals-none``, LH-90 ``corners-triangles-none``, LH-45 ``eighths1-eighths2-none``, with
+``global_slope`` 2 and ``layer_slopes`` (1.5, 0.5): the co-author's ADE20K configurations
+(DanielKyr/mmsegmentation ``configs/lookhere/LH2-ADE.py``, ``LH4-ADE.py``, ``LH8-ADE.py``, commit 407200d0,
+whose ``alibi.py`` builds the same bias) and, for LH-90, DTU-PAS PaPE's ``pape/nn/positions/lookhere.py``.
+The authors cast to bfloat16 and fill masked pairs with its largest finite value; the comparison is
+before that cast, masked pairs as ``-inf``.
 """
 
 from __future__ import annotations

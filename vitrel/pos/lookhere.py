@@ -32,8 +32,9 @@ of head names): a directional run of ``n`` heads gets ``2^-(floor(k / 4) + 1)`` 
 ``none`` run ``1/4, 1/16, 1/64, 1/256`` with each value on ``ceil``/``floor`` of ``n / 4`` consecutive
 heads (``get_none_slopes``: ``n <= 4`` takes the first ``n``, ``n = 4m`` repeats each ``m`` times).
 
-``fov`` picks the authors' released configurations (LH-180 / LH-90 / LH-45 of the LookHere
-checkpoints and ADE20K configs; LH-90 also in DTU-PAS's PaPE ``pape/nn/positions/lookhere.py``):
+``fov`` picks the authors' released configurations (LH-180 / LH-90 / LH-45: the co-author's ADE20K
+configs, DanielKyr/mmsegmentation ``configs/lookhere/LH2-ADE.py`` / ``LH4-ADE.py`` / ``LH8-ADE.py``, all with
+``global_slope=2, layer_slopes=[1.5, 0.5]``; LH-90 also in DTU-PAS's PaPE ``pape/nn/positions/lookhere.py``):
 
 * ``fov=180``: ``halves``, ``diagonals``, ``none``;
 * ``fov=90``: ``quadrants``, ``triangles``, ``none``;

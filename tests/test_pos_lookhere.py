@@ -1,9 +1,8 @@
-"""LookHere against a float64 loop written from the definitions of its views and penalty.
+"""LookHere against a float64 loop written from the definitions of its views and penalty (the single-set
+form: every head looks in one direction set).
 
-The same bias as the authors' construction (GreenCUBIC/lookhere ``create_lh_bias_tensor``) was
-checked during development for every direction set, 4/8/12/16 heads, four grids and five layers
-(max difference 0); that code is not part of this repository, so the test below is the independent
-reference."""
+The authors' construction (GreenCUBIC/lookhere ``create_lh_bias_tensor``) and their released head groups
+(``fov`` 180 / 90 / 45) are re-derived in ``tests/test_pos_lookhere_presets.py``."""
 
 from __future__ import annotations
 
@@ -85,10 +84,15 @@ def test_bias_and_attention_match_the_definition(directions, grid, prefix, heads
     assert torch.isfinite(out).all()
 
 
-def test_fov_picks_the_sets_and_prefix_tokens_are_unrestricted():
-    for fov, name in ((180, "halves"), (90, "quadrants"), (45, "eighths")):
-        s = build_pos({"name": "lookhere", "fov": fov}, num_heads=4, head_dim=8, grid=(3, 3), num_prefix_tokens=1)
-        assert s.directions == name
+def test_fov_picks_the_head_groups_and_prefix_tokens_are_unrestricted():
+    presets = {180: "halves-diagonals-none", 90: "quadrants-triangles-none", 45: "eighths-eighths2-none"}
+    for fov, groups in presets.items():
+        s = build_pos({"name": "lookhere", "fov": fov}, num_heads=12, head_dim=8, grid=(3, 3), num_prefix_tokens=1)
+        assert s.directions == tuple(groups.split("-")) and s.global_slope == 2.0
+        single = build_pos(
+            {"name": "lookhere", "directions": groups.split("-")[0]}, num_heads=4, head_dim=8, grid=(3, 3)
+        )
+        assert single.directions == (groups.split("-")[0],)
         b = s.bias(Grid(3, 3), 1)
         assert torch.equal(b[:, 0], torch.zeros_like(b[:, 0])) and torch.equal(b[:, :, 0], torch.zeros_like(b[:, 0]))
     with pytest.raises(ValueError, match="fov must be one of"):
@@ -99,7 +103,8 @@ def test_fov_picks_the_sets_and_prefix_tokens_are_unrestricted():
 
 def test_per_layer_slopes_in_a_model():
     """The blocks of a model get the linear schedule; a scheme shared by all blocks takes the first slope."""
-    kw = dict(pos={"name": "lookhere", "layer_slopes": [2.0, 0.5]}, embed_dim=32, depth=4, num_heads=4)
+    pos = {"name": "lookhere", "directions": "halves", "global_slope": 1.0, "layer_slopes": [2.0, 0.5]}
+    kw = dict(pos=pos, embed_dim=32, depth=4, num_heads=4)
     m = vitrel.create_model("vitrel_vit_tiny_patch4_32", **kw)
     assert [b.attn.pos.slope for b in m.blocks] == [2.0, 1.5, 1.0, 0.5]
     for i, blk in enumerate(m.blocks):
@@ -118,5 +123,5 @@ def test_per_layer_slopes_in_a_model():
         num_heads=(4, 4),
     )
     slopes = [b.attn.pos.slope for st in swin.layers for b in st.blocks]
-    assert slopes == pytest.approx([1.5, 1.5 - 1 / 3, 0.5 + 1 / 3, 0.5])
+    assert slopes == pytest.approx([2 * v for v in (1.5, 1.5 - 1 / 3, 0.5 + 1 / 3, 0.5)])  # global_slope 2
     assert torch.isfinite(swin(torch.randn(2, 3, 40, 40))).all()  # padded windows: every query sees itself

@@ -31,8 +31,9 @@ from vitrel.models.swin import SwinTransformer
 from vitrel.models.vit import VisionTransformer
 from vitrel.pos.base import get_pos_class
 
-#: ``vitrel_cfg["vitrel_format"]`` of the configurations written now (0.1's had none).
-FORMAT = 2
+#: ``vitrel_cfg["vitrel_format"]`` of the configurations written now (0.1's had none: format 1). 2: ALiBi's
+#: reference slopes; 3: LookHere's ``fov`` names the authors' head groups, ``global_slope`` 2.
+FORMAT = 3
 
 __all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg"]
 
@@ -138,7 +139,9 @@ def build(
     (``vitrel.models.factory`` passes the filter that accepts our checkpoints' key layouts).
     """
     cls, defaults = MODEL_ARGS[check_architecture(name)]
-    kwargs.pop("vitrel_format", None)  # a stored config's format tag (timm's local-dir route passes model_args)
+    written = kwargs.pop("vitrel_format", None)  # a stored config's format tag (timm's local-dir route passes
+    if written is not None:  # model_args): its scheme specs keep their meaning, as in build_from_cfg
+        kwargs = _upgrade(kwargs, int(written))
     overlay = kwargs.pop("pretrained_cfg_overlay", None)
     pretrained_cfg = kwargs.pop("pretrained_cfg", None)
     pretrained_model_args = kwargs.pop("pretrained_model_args", None)
@@ -226,21 +229,32 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
     return cfg
 
 
-def _legacy_pos(spec: Any) -> Any:
-    """A vitrel 0.1 scheme spec with the options that keep its meaning (``PositionScheme.legacy_options``)."""
+def _legacy_pos(spec: Any, written_format: int) -> Any:
+    """A scheme spec written under ``written_format`` with the options that keep its meaning
+    (``PositionScheme.legacy_options``)."""
     if spec is None:
         return None
     options = {"name": spec} if isinstance(spec, str) else dict(spec)
-    upgraded = get_pos_class(str(options["name"])).legacy_options(dict(options))
+    upgraded = get_pos_class(str(options["name"])).legacy_options(dict(options), written_format)
     return spec if upgraded == options else upgraded
+
+
+def _upgrade(cfg: dict[str, Any], written_format: int) -> dict[str, Any]:
+    """``cfg`` (constructor arguments) written under ``written_format``, its scheme specs upgraded to now."""
+    cfg = dict(cfg)
+    if written_format < FORMAT:
+        for key in ("pos", "abs_pos"):
+            if key in cfg:
+                cfg[key] = _legacy_pos(cfg[key], written_format)
+    return cfg
 
 
 def build_from_cfg(cfg: dict[str, Any], **overrides: Any) -> nn.Module:
     """Rebuild a model from its ``vitrel_cfg`` (architecture + constructor arguments), with overrides.
 
-    A configuration without ``vitrel_format`` was written by vitrel 0.1: its scheme specs get the
-    options that keep their 0.1 meaning where a default changed since (``legacy_options``; e.g. ALiBi's
-    slope rule) before the overrides apply.
+    A configuration with an older ``vitrel_format`` (none: vitrel 0.1, format 1) gets, in its scheme specs,
+    the options that keep their meaning where a default changed since (``legacy_options``; e.g. ALiBi's
+    slope rule, LookHere's ``fov``) before the overrides apply.
     """
     cfg = dict(cfg)
     name = cfg.pop("architecture", None)
@@ -248,9 +262,6 @@ def build_from_cfg(cfg: dict[str, Any], **overrides: Any) -> nn.Module:
         raise ValueError("vitrel_cfg has no 'architecture'")
     if name not in MODEL_ARGS:
         raise ValueError(f"unknown vitrel model {name!r} in vitrel_cfg; known: {', '.join(list_models())}")
-    if cfg.pop("vitrel_format", None) is None:
-        for key in ("pos", "abs_pos"):
-            if key in cfg:
-                cfg[key] = _legacy_pos(cfg[key])
+    cfg = _upgrade(cfg, int(cfg.pop("vitrel_format", None) or 1))
     cfg.update(overrides)
     return build(name, **cfg)

@@ -67,9 +67,9 @@ class _AlibiBase(GridBuffers, PositionScheme):
         self.register_buffer("built_bias", self._bias(self.grid, self.num_prefix_tokens), persistent=False)
 
     @classmethod
-    def legacy_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """vitrel 0.1 used the geometric rule for every head count."""
-        return {"slopes": "geometric", **options}
+    def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
+        """vitrel 0.1 (format 1) used the geometric rule for every head count."""
+        return options if written_format >= 2 else {"slopes": "geometric", **options}
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, slopes={self.slope_rule}"

@@ -394,9 +394,10 @@ class PositionScheme(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)
 
     @classmethod
-    def legacy_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        """The options that reproduce what a scheme config written by vitrel 0.1 meant (a default that
-        changed since); ``vitrel.models.registry.build_from_cfg`` applies it to configs without a format."""
+    def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
+        """The options that reproduce what a scheme config written under ``vitrel_format``
+        ``written_format`` meant (1: vitrel 0.1, which wrote none) where a default or an option's meaning
+        changed since; ``vitrel.models.registry`` applies it to stored configs older than its ``FORMAT``."""
         return options
 
     def extra_repr(self) -> str:

@@ -22,8 +22,8 @@ from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, script_env
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.train.callbacks import LineProgress
 from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
-from vitrel.train.rundir import LOCK_NAME, RunFolderBusy, RunLock
 from vitrel.train.run import train
+from vitrel.train.rundir import LOCK_NAME, RunFolderBusy, RunLock
 
 # 2 epochs of 5 steps, a row per step, last.ckpt every 4 steps
 COMMON = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "trainer.limit_train_batches=5", "trainer.limit_val_batches=1"]
@@ -40,6 +40,10 @@ def _start(run_dir: Path, extra: list[str]) -> subprocess.Popen:
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _hang(at_step: int, marker: Path) -> str:
+    return f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: {at_step}, marker: '{marker}'}}"
 
 
 def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
@@ -69,7 +73,7 @@ def test_interrupted_runs_continue_their_logs_and_epoch_metrics(tmp_path, capsys
     term_dir, kill_dir = tmp_path / "term", tmp_path / "kill"
     marker = tmp_path / "hanging"
     term = _start(term_dir, [*logs, "+callbacks.sig={_target_: train_helpers.SendSignal, at_step: 7}"])
-    kill = _start(kill_dir, [*logs, f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: 8, marker: '{marker}'}}"])
+    kill = _start(kill_dir, [*logs, _hang(8, marker)])
     try:
         _wait_for(marker, kill)
         kill.send_signal(signal.SIGKILL)
@@ -198,7 +202,7 @@ def test_training_writes_last_ckpt_atomically_and_keeps_it_on_enospc(tmp_path, m
 @pytest.mark.slow
 def test_second_run_in_a_busy_folder_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
     run_dir, marker = tmp_path / "run", tmp_path / "hanging"
-    first = _start(run_dir, ["logger=csv", f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: 4, marker: '{marker}'}}"])
+    first = _start(run_dir, ["logger=csv", _hang(4, marker)])
     try:
         _wait_for(marker, first)  # step 4 saved, its rows flushed
         files = {p: _digest(p) for p in (run_dir / "csv" / "metrics.csv", run_dir / "checkpoints" / "last.ckpt")}

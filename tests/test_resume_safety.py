@@ -126,12 +126,6 @@ def test_interrupted_runs_continue_their_logs_and_epoch_metrics(tmp_path, capsys
             assert scalars(d, tag) == ref, f"{d.name}: TensorBoard {tag}"
 
 
-def test_line_progress_times_a_resumed_epoch_from_train_start():
-    lp = LineProgress()
-    lp.on_train_start(None, None)  # a mid-epoch resume: no on_train_epoch_start
-    assert 0 <= time.monotonic() - lp._t0 < 5
-
-
 # ------------------------------------------------------------------------------------------ item 2
 def test_atomic_write_keeps_the_previous_file_when_the_disk_is_full(tmp_path):
     target = tmp_path / "last.ckpt"

@@ -343,9 +343,11 @@ class ExactResume(Callback):
     position in the epoch. Checkpoints get that position and the RNG states (torch, CUDA, numpy,
     python); on resume the loader continues where it stopped and the RNG states are put back just
     before the first resumed batch, so a killed and resumed run ends with the same weights as an
-    uninterrupted one. The memory loader's batch augmentation is drawn from ``(seed, epoch)`` and comes
-    back too; random augmentation inside DataLoader workers is not replayed exactly after a mid-epoch
-    resume (worker RNG streams are per worker, not per sample).
+    uninterrupted one (and, with :class:`~vitrel.train.module.ClassifierModule`, whose training metrics
+    keep their running totals in the checkpoint, with the same epoch metrics). The memory loader's batch
+    augmentation is drawn from ``(seed, epoch)`` and comes back too; random augmentation inside
+    DataLoader workers is not replayed exactly after a mid-epoch resume (worker RNG streams are per
+    worker, not per sample).
 
     The loader position is restored here, at ``on_train_start``, rather than by Lightning's own
     support for stateful loaders: Lightning skips that when the loader was built before the

@@ -99,6 +99,11 @@ def resolve_ckpt_path(
     check_checkpoint(path)
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     check_same_model(ckpt, model, path)
+    if "global_step" not in ckpt:
+        raise CheckpointError(
+            f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
+            "from its weights use model.init_file, or vitrel.load_model"
+        )
     return path, int(ckpt["global_step"])
 
 

@@ -43,7 +43,10 @@ __all__ = [
     "LineProgress",
     "PosImageLogger",
     "last_checkpoint_path",
+    "last_checkpoint_file",
     "LastCheckpoint",
+    "save_checkpoint",
+    "flush_loggers",
 ]
 
 log = logging.getLogger(__name__)
@@ -52,10 +55,16 @@ log = logging.getLogger(__name__)
 def last_checkpoint_path(trainer: L.Trainer) -> Path | None:
     """The ``last.ckpt`` the trainer writes: its :class:`LastCheckpoint`'s, else that of a ModelCheckpoint
     with ``save_last``; None without either."""
-    for cb in trainer.callbacks:
+    return last_checkpoint_file(trainer.callbacks, trainer.default_root_dir)
+
+
+def last_checkpoint_file(callbacks: Sequence[Callback], root_dir: str | Path) -> Path | None:
+    """The ``last.ckpt`` that ``callbacks`` write in a trainer whose ``default_root_dir`` is ``root_dir``
+    (see :func:`last_checkpoint_path`); usable before the trainer exists."""
+    for cb in callbacks:
         if isinstance(cb, LastCheckpoint):
-            return cb.path(trainer)
-    for cb in trainer.callbacks:
+            return cb.path_in(root_dir)
+    for cb in callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.save_last and cb.dirpath is not None:
             return Path(cb.dirpath) / f"{cb.CHECKPOINT_NAME_LAST}{cb.FILE_EXTENSION}"
     return None
@@ -67,7 +76,11 @@ class LastCheckpoint(Callback):
     ``every_n_minutes`` of training, mid-epoch. ``dirpath`` defaults to ``<default_root_dir>/checkpoints``.
 
     Written with ``trainer.save_checkpoint`` at the points where Lightning's ``ModelCheckpoint``
-    writes (the end of a training batch, the end of the epoch), so a run resumes from it exactly.
+    writes (the end of a training batch, the end of the epoch), so a run resumes from it exactly; the
+    file itself goes through the trainer's checkpoint IO (``train()`` installs
+    :class:`~vitrel.train.ckpt_io.AtomicCheckpointIO`: the previous file survives a failed write).
+    The loggers are flushed before each save and again at the next batch, after the saved step's own
+    row is logged: every row up to the checkpoint is on disk when a run resumes from it.
     A callback of its own because ``ModelCheckpoint``'s step, time and epoch triggers are mutually
     exclusive, and because one that monitors a validation metric defers its step checkpoints until
     that metric exists.
@@ -88,20 +101,31 @@ class LastCheckpoint(Callback):
         self.filename = filename
         self._last_step = -1
         self._last_time = time.monotonic()
+        self._flush_pending = False
 
     def path(self, trainer: L.Trainer) -> Path:
-        return Path(self.dirpath or Path(trainer.default_root_dir) / "checkpoints") / self.filename
+        return self.path_in(trainer.default_root_dir)
+
+    def path_in(self, root_dir: str | Path) -> Path:
+        """The file, for a trainer whose ``default_root_dir`` is ``root_dir``."""
+        return Path(self.dirpath or Path(root_dir) / "checkpoints") / self.filename
 
     def save(self, trainer: L.Trainer) -> None:
         """Write ``last.ckpt`` now (all ranks call this; rank 0 writes), unless this step is saved already."""
         if trainer.fast_dev_run or trainer.sanity_checking or self._last_step == trainer.global_step:
             return
-        trainer.save_checkpoint(str(self.path(trainer)))
+        save_checkpoint(trainer, self.path(trainer))
         self._last_step = trainer.global_step
         self._last_time = time.monotonic()
+        self._flush_pending = True
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_time = time.monotonic()
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._flush_pending:  # the row of the step saved last is logged by now
+            flush_loggers(trainer)
+            self._flush_pending = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self.every_n_minutes:
@@ -116,6 +140,20 @@ class LastCheckpoint(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save(trainer)
+
+
+def flush_loggers(trainer: L.Trainer) -> None:
+    """Write what the loggers hold in memory (CSV rows, TensorBoard events) to disk (``Logger.save``)."""
+    for lg in trainer.loggers:
+        lg.save()
+
+
+def save_checkpoint(trainer: L.Trainer, path: Path) -> None:
+    """``trainer.save_checkpoint`` of the whole training state (``weights_only=False``, said explicitly:
+    Lightning logs a line on every save otherwise), the loggers flushed first so that the rows logged
+    before it are on disk whenever it is."""
+    flush_loggers(trainer)
+    trainer.save_checkpoint(str(path), weights_only=False)
 
 
 def _any_rank(trainer: L.Trainer, flag: bool) -> bool:
@@ -137,9 +175,11 @@ class SignalCheckpoint(Callback):
 
     The save happens at ``on_train_batch_end`` (a consistent state, the same point where step
     checkpoints are written), agreed on by all ranks (a signal that reached one rank stops them all).
-    Then, for SIGUSR1/2, a handler installed before that is not Lightning's (submitit's requeue
-    handler) is called; otherwise the run exits with ``128 + signum`` through Lightning's
-    ``SIGTERMException``.
+    The exit follows at the next hook after Lightning has logged that batch's metrics (the next batch's
+    start, the start of validation, the next epoch's start or the end of training), so the metrics of
+    the saved step reach the loggers, which the resumed run does not log again. Then, for SIGUSR1/2, a
+    handler installed before that is not Lightning's (submitit's requeue handler) is called; otherwise
+    the run exits with ``128 + signum`` through Lightning's ``SIGTERMException``.
     """
 
     def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGUSR2")) -> None:
@@ -152,6 +192,7 @@ class SignalCheckpoint(Callback):
         self.received: int | None = None
         self.saved_path: Path | None = None
         self._previous: dict[int, Any] = {}
+        self._exit_signal: int | None = None  # saved; exit at the next hook
 
     # ---- handler management
     def _handler(self, signum: int, frame: Any) -> None:
@@ -190,28 +231,51 @@ class SignalCheckpoint(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.received = None
+        self._exit_signal = None
         self._install()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._exit_signal is not None:
+            return
         pending = self._pending(trainer)
         if not _any_rank(trainer, pending is not None):
             return
         signum = int(pending or signal.SIGTERM)
         path = last_checkpoint_path(trainer) or Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
-        trainer.save_checkpoint(str(path))
+        save_checkpoint(trainer, path)
         self.saved_path = path
+        self._exit_signal = signum
         rank_zero_info(
             f"{signal.Signals(signum).name}: saved {path} at epoch {trainer.current_epoch}, "
             f"step {trainer.global_step}; resume with ckpt_path=last (same run folder)"
         )
+
+    def _exit(self) -> None:
+        signum = self._exit_signal
+        if signum is None:
+            return
+        self._exit_signal = None
         prev = self._previous.get(signum)
         self._restore()
         if callable(prev) and not self._is_lightnings(prev):
             prev(signum, None)  # e.g. submitit: requeue the job and exit
         raise SIGTERMException(128 + signum)
 
+    # the first hook after the saved batch's metrics were logged
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._exit()
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._exit()
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._exit()
+
     def on_train_end(self, trainer, pl_module) -> None:
-        self._restore()
+        try:
+            self._exit()
+        finally:
+            self._restore()
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._restore()
@@ -279,9 +343,11 @@ class ExactResume(Callback):
     position in the epoch. Checkpoints get that position and the RNG states (torch, CUDA, numpy,
     python); on resume the loader continues where it stopped and the RNG states are put back just
     before the first resumed batch, so a killed and resumed run ends with the same weights as an
-    uninterrupted one. The memory loader's batch augmentation is drawn from ``(seed, epoch)`` and comes
-    back too; random augmentation inside DataLoader workers is not replayed exactly after a mid-epoch
-    resume (worker RNG streams are per worker, not per sample).
+    uninterrupted one (and, with :class:`~vitrel.train.module.ClassifierModule`, whose training metrics
+    keep their running totals in the checkpoint, with the same epoch metrics). The memory loader's batch
+    augmentation is drawn from ``(seed, epoch)`` and comes back too; random augmentation inside
+    DataLoader workers is not replayed exactly after a mid-epoch resume (worker RNG streams are per
+    worker, not per sample).
 
     The loader position is restored here, at ``on_train_start``, rather than by Lightning's own
     support for stateful loaders: Lightning skips that when the loader was built before the
@@ -341,7 +407,7 @@ class LineProgress(Callback):
 
     def __init__(self, every_n_steps: int | None = None) -> None:
         self.every_n_steps = every_n_steps
-        self._t0 = 0.0
+        self._t0 = time.monotonic()
 
     @staticmethod
     def _fmt(metrics: dict, keys: Sequence[str]) -> str:
@@ -351,8 +417,11 @@ class LineProgress(Callback):
                 out.append(f"{k} {float(metrics[k]):.4g}")
         return "  ".join(out)
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._t0 = time.monotonic()  # a run resumed mid-epoch starts without on_train_epoch_start
+
     def on_train_epoch_start(self, trainer, pl_module) -> None:
-        self._t0 = time.time()
+        self._t0 = time.monotonic()
 
     @rank_zero_only
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -372,7 +441,7 @@ class LineProgress(Callback):
         keys = ["train/loss_epoch", "train/acc1", "val/loss", "val/acc1", "val/acc5"]
         total = trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else "?"
         print(
-            f"epoch {trainer.current_epoch + 1}/{total}  {self._fmt(m, keys)}  ({time.time() - self._t0:.1f} s)",
+            f"epoch {trainer.current_epoch + 1}/{total}  {self._fmt(m, keys)}  ({time.monotonic() - self._t0:.1f} s)",
             flush=True,
         )
 

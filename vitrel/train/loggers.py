@@ -1,25 +1,94 @@
-"""The W&B logger of the training runs (``conf/logger/wandb.yaml`` targets :func:`wandb_logger`).
+"""The loggers of the training runs: Lightning's, built so that a resumed run continues its logs.
 
-Lightning's ``WandbLogger`` plus what a sweep on a cluster needs: the mode is picked from the
-environment (``auto``), a run folder keeps one W&B run across resumes and requeues (its id is kept in
-``<run folder>/wandb_run_id``), and the jobs of a ``-m`` sweep share a group named after the sweep.
+``train()`` resolves the checkpoint it resumes before it builds the loggers, and hands its global step
+to each logger node that has a ``resume_step`` entry (``conf/logger/*.yaml``):
+
+* :func:`csv_logger` (``logger=csv``): one ``<run folder>/csv/metrics.csv`` for the whole run. A resumed
+  run keeps the file's rows of the steps before the checkpoint and appends its own; the rows the
+  interrupted run logged after its checkpoint (from ``resume_step`` on) are dropped, since the resumed
+  run logs those steps again. No row from before the checkpoint is lost, no step appears twice.
+* :func:`tensorboard_logger` (``logger=tensorboard``): the event files of ``<run folder>/tensorboard``;
+  a resumed run adds its own file with ``purge_step=resume_step`` (``SummaryWriter``), so TensorBoard
+  hides the interrupted run's events from that step on instead of showing them twice.
+* :func:`wandb_logger` (``logger=wandb``): Lightning's ``WandbLogger`` plus what a sweep on a cluster
+  needs: the mode is picked from the environment (``auto``), a run folder keeps one W&B run across
+  resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with
+  ``resume="allow"``), and the jobs of a ``-m`` sweep share a group named after the sweep.
 """
 
 from __future__ import annotations
 
+import csv
 import netrc
 import os
 import secrets
+import warnings
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from vitrel.train.utils import hydra_config, is_multirun
 
-__all__ = ["wandb_logger", "wandb_mode"]
+__all__ = ["csv_logger", "tensorboard_logger", "wandb_logger", "wandb_mode"]
+
+
+# ------------------------------------------------------------------------------------------ CSV
+def csv_logger(save_dir: str, name: str = "csv", resume_step: int | None = None, **kwargs: Any) -> CSVLogger:
+    """Lightning's ``CSVLogger`` writing ``<save_dir>/<name>/metrics.csv`` (no version folder).
+
+    ``resume_step``: the global step of the checkpoint this run resumes (None: a new run, which starts
+    the file over as Lightning does). The rows of the steps before it are kept (see the module
+    docstring); other keyword arguments go to ``CSVLogger`` (``flush_logs_every_n_steps``).
+    """
+    logger = CSVLogger(save_dir, name=name, version="", **kwargs)
+    if resume_step is not None and rank_zero_only.rank == 0:
+        kept = _continue_csv(logger, int(resume_step))
+        if kept is not None:
+            rank_zero_info(f"{logger.log_dir}/metrics.csv: {kept} rows before step {resume_step} kept, continued")
+    return logger
+
+
+def _continue_csv(logger: CSVLogger, resume_step: int) -> int | None:
+    """Let ``logger`` continue its ``metrics.csv`` with the rows of steps ``< resume_step``; their count
+    (None without a file).
+
+    Lightning's writer removes an existing ``metrics.csv`` when it is created: the file is moved aside
+    (``metrics.csv.resuming``, atomically) first, the writer created, then the kept rows written through
+    it and the file aside removed. A run interrupted in between finds the file aside next time.
+    """
+    path = Path(logger.log_dir) / "metrics.csv"
+    aside = path.with_name(path.name + ".resuming")
+    if not aside.exists():
+        if not path.exists():
+            return None
+        os.replace(path, aside)
+    with open(aside, newline="") as f:
+        rows = [row for row in csv.DictReader(f) if row.get("step") and int(row["step"]) < resume_step]
+    with warnings.catch_warnings():  # this is the resume's own doing: the rows are kept
+        warnings.filterwarnings("ignore", message=".*Previous log files in this directory will be deleted")
+        writer = logger.experiment
+    writer.metrics = rows
+    writer.save()
+    aside.unlink()
+    return len(rows)
+
+
+# ------------------------------------------------------------------------------------------ TensorBoard
+def tensorboard_logger(
+    save_dir: str, name: str = "tensorboard", resume_step: int | None = None, **kwargs: Any
+) -> TensorBoardLogger:
+    """Lightning's ``TensorBoardLogger`` writing into ``<save_dir>/<name>`` (no version folder); a resumed
+    run (``resume_step``) passes ``purge_step=resume_step`` to its ``SummaryWriter``. Other keyword
+    arguments go to ``TensorBoardLogger``."""
+    if resume_step is not None:
+        kwargs["purge_step"] = int(resume_step)
+    return TensorBoardLogger(save_dir, name=name, version="", **kwargs)
+
+
+# ------------------------------------------------------------------------------------------ W&B
 
 
 def _wandb_key_available() -> bool:

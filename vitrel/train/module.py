@@ -6,7 +6,9 @@ cross-entropy on the mixed, smoothed targets. Optimizer and schedule: given as f
 groups (no weight decay on position tables, RoPE frequencies, embeddings, tokens, norms and biases:
 :func:`vitrel.train.optim.param_groups`) and the run's length. Optional EMA of the weights (timm
 ``ModelEmaV3`` as ``ema_model``), used for validation and test when ``ema_eval``. Metrics: top-1 /
-top-5 accuracy (torchmetrics).
+top-5 accuracy (torchmetrics); the training loss's epoch mean is a torchmetrics ``MeanMetric`` too.
+The training metrics' running totals are part of the state dict (``persistent``), so a run resumed
+from a mid-epoch checkpoint ends the epoch with the metrics of the uninterrupted run.
 
 Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy) and the
 config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
@@ -28,6 +30,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitrel.train.optim import param_groups
@@ -105,11 +108,19 @@ class ClassifierModule(L.LightningModule):
 
         k = min(5, num_classes)
         self.top_k = k
+        self.train_loss = MeanMetric(nan_strategy="disable")  # NaNGuard stops on a non-finite loss
         self.train_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        for m in self.train_metrics.values():
+            m.persistent(True)  # running totals in checkpoints: a mid-epoch resume continues the epoch's
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.val_acc5 = MulticlassAccuracy(num_classes, top_k=k, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.test_acc5 = MulticlassAccuracy(num_classes, top_k=k, average="micro")
+
+    @property
+    def train_metrics(self) -> dict[str, Metric]:
+        """The metrics accumulated over a training epoch (kept in checkpoints)."""
+        return {"train_loss": self.train_loss, "train_acc1": self.train_acc1}
 
     # ------------------------------------------------------------------------------ forward
     @property
@@ -137,8 +148,16 @@ class ClassifierModule(L.LightningModule):
             loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
             self.train_acc1(logits, y)
             self.log("train/acc1", self.train_acc1, on_step=False, on_epoch=True)
-        self.log("train/loss", loss, on_step=True, on_epoch=True, prog_bar=True, sync_dist=True)
+        self.train_loss(loss.detach(), weight=x.shape[0])  # the epoch value: the mean over samples
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
         return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        # an epoch's first batch starts from zero; Lightning resets after each epoch, but a run resumed
+        # from an end-of-epoch checkpoint loads that epoch's totals (a mid-epoch resume keeps them)
+        if batch_idx == 0:
+            for m in self.train_metrics.values():
+                m.reset()
 
     def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
         x, y = batch
@@ -191,10 +210,16 @@ class ClassifierModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Resume from checkpoints of vitrel 0.1 (EMA weights under ``ema_model.*``, now
-        ``ema_model.module.*``); a checkpoint without EMA weights starts the EMA from its weights."""
+        ``ema_model.module.*``); a checkpoint without EMA weights starts the EMA from its weights; one
+        without the training metrics' totals (vitrel <= 0.2) starts them from zero."""
         sd = checkpoint.get("state_dict")
         if not isinstance(sd, dict):
             return
+        for name, metric in self.train_metrics.items():
+            metric.reset()
+            zero = metric.state_dict(prefix=f"{name}.")
+            if not any(k in sd for k in zero):
+                sd.update({k: v.clone() for k, v in zero.items()})
         ema_keys = [k for k in sd if k.startswith(_EMA)]
         if ema_keys and self.ema_model is None:
             raise ValueError(

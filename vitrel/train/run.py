@@ -4,8 +4,14 @@
 ``_target_``: the datamodule (``cfg.data``), the network (``cfg.model``: ``vitrel.create_model`` with
 ``pos: ${pos}``, sized by the datamodule), the :class:`~vitrel.train.module.ClassifierModule`
 (``cfg.module``, with its ``_partial_`` optimizer and scheduler), the loggers (``cfg.logger``), the
-callbacks (``cfg.callbacks``) and the trainer (``cfg.trainer``). Then it fits (resuming per
+callbacks (``cfg.callbacks``) and the trainer (``cfg.trainer``, with
+:class:`~vitrel.train.ckpt_io.AtomicCheckpointIO` as its checkpoint IO). Then it fits (resuming per
 ``ckpt_path`` / ``resume``), tests, and writes ``<run dir>/metrics.json``, which the sweep summary reads.
+
+Order matters for a resume: the run folder is locked first (:class:`~vitrel.train.rundir.RunLock`: a
+second run in a folder whose run is still going stops before it touches anything), then the checkpoint
+to resume is resolved and checked against the configured model, and only then are the loggers built,
+from the checkpoint's step on (:mod:`vitrel.train.loggers`), so that a resumed run continues its logs.
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import csv
 import json
 import signal
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -26,8 +33,10 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from vitrel.models.checkpoint import check_checkpoint
-from vitrel.train.callbacks import last_checkpoint_path
+from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
+from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
+from vitrel.train.ckpt_io import AtomicCheckpointIO
+from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
     hydra_config,
     instantiate_callbacks,
@@ -40,7 +49,7 @@ from vitrel.train.utils import (
     scalars,
 )
 
-__all__ = ["train", "build_model", "check_launch", "resolve_ckpt_path"]
+__all__ = ["train", "build_model", "check_launch", "resolve_ckpt_path", "check_same_model"]
 
 
 def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Module:
@@ -72,19 +81,79 @@ def check_launch(trainer_cfg: DictConfig | dict) -> None:
         )
 
 
-def resolve_ckpt_path(cfg: DictConfig, trainer: L.Trainer, run_dir: Path) -> str | None:
-    """``ckpt_path``: a file, or ``last`` (= ``<run dir>/checkpoints/last.ckpt``, must exist); with
-    ``resume=auto`` and no ``ckpt_path``, that ``last.ckpt`` is resumed when it exists. The file is
-    checked first (``vitrel.models.checkpoint.check_checkpoint``: a truncated or foreign file is a
-    clear ``CheckpointError``)."""
-    path = _ckpt_path(cfg, trainer, run_dir)
-    if path is not None:
-        check_checkpoint(path)
-    return path
+def resolve_ckpt_path(
+    cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, model: torch.nn.Module
+) -> tuple[str | None, int | None]:
+    """``(checkpoint to resume, its global step)``, or ``(None, None)`` for a new run.
+
+    ``ckpt_path``: a file, or ``last`` (= the ``last.ckpt`` that ``callbacks`` write, by default
+    ``<run dir>/checkpoints/last.ckpt``; must exist); with ``resume=auto`` and no ``ckpt_path``, that
+    ``last.ckpt`` is resumed when it exists. The file is checked first
+    (``vitrel.models.checkpoint.check_checkpoint``: a truncated or foreign file is a clear
+    ``CheckpointError``), then its model configuration against ``model``'s (:func:`check_same_model`).
+    """
+    root = cfg.trainer.get("default_root_dir") or run_dir
+    path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir)
+    if path is None:
+        return None, None
+    check_checkpoint(path)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    check_same_model(ckpt, model, path)
+    if "global_step" not in ckpt:
+        raise CheckpointError(
+            f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
+            "from its weights use model.init_file, or vitrel.load_model"
+        )
+    return path, int(ckpt["global_step"])
 
 
-def _ckpt_path(cfg: DictConfig, trainer: L.Trainer, run_dir: Path) -> str | None:
-    last = last_checkpoint_path(trainer) or run_dir / "checkpoints" / "last.ckpt"
+# settings that change training, not the parameters: a resume may change them
+_TRAINING_ONLY = ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "attn_impl")
+
+
+def check_same_model(ckpt: Mapping[str, Any], model: torch.nn.Module, where: str | Path) -> None:
+    """The checkpoint ``ckpt`` (loaded from ``where``) holds ``model``'s architecture: its stored
+    ``vitrel_cfg`` equals ``model.vitrel_cfg`` except for training-only settings (dropout rates, the
+    attention implementation). Otherwise a :class:`~vitrel.models.checkpoint.CheckpointError` naming the
+    differing keys with both values. Models without a ``vitrel_cfg`` are not checked (Lightning's strict
+    loading is)."""
+    mine = getattr(model, "vitrel_cfg", None)
+    if mine is None:
+        return
+    theirs = extract_model_state(ckpt)[0]
+    a, b = _flat(theirs), _flat(mine)
+    diff = sorted(k for k in a.keys() | b.keys() if k.split(".")[0] not in _TRAINING_ONLY and a.get(k) != b.get(k))
+    if diff:
+        absent = "(absent)"
+        lines = "\n".join(f"  {k}: checkpoint {a.get(k, absent)!r}, configured {b.get(k, absent)!r}" for k in diff)
+        raise CheckpointError(
+            f"{where} holds another model than the one configured ({', '.join(diff)} differ):\n{lines}\n"
+            "Resume with the configuration it was trained with (its run folder's .hydra/config.yaml), or start a "
+            "new run from its weights (model.init_file / vitrel.load_model) instead of resuming it."
+        )
+
+
+def _flat(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as ``{"a.b": value}``, values as plain lists (a stored config may hold tuples)."""
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = _plain(v)
+    return out
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path) -> str | None:
+    last = last or run_dir / "checkpoints" / "last.ckpt"
     ck = cfg.get("ckpt_path")
     if ck == "last":
         if not last.exists():
@@ -148,12 +217,20 @@ def _finish_wandb(loggers: Sequence[Logger], exit_code: int) -> None:
 def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, float]:
     """Fit and test as ``cfg`` says; return the final metrics (also in ``<run dir>/metrics.json``).
 
-    ``callbacks`` are added to those of ``cfg.callbacks``.
+    ``callbacks`` are added to those of ``cfg.callbacks``. The run folder is locked while it runs
+    (:class:`~vitrel.train.rundir.RunLock`, by the process of global rank 0).
     """
     t0 = time.time()
     route_lightning_logs()
     run_dir = run_dir_of(cfg)
     check_launch(cfg.trainer)
+    if not is_launching_process():
+        return _train(cfg, callbacks, run_dir, t0)
+    with RunLock(run_dir):
+        return _train(cfg, callbacks, run_dir, t0)
+
+
+def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: float) -> dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(str(cfg.get("matmul_precision", "high")))
@@ -161,8 +238,9 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     dm = instantiate(cfg.data)
     model = build_model(cfg.model, dm)
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
-    loggers = instantiate_loggers(cfg.get("logger"))
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
+    ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model)  # before the loggers open their files
+    loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
@@ -171,8 +249,8 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
         logger=loggers or False,
         callbacks=cbs + progress_callbacks(bar),
         enable_progress_bar=bar in ("rich", "tqdm"),
+        plugins=[*_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
-    ckpt = resolve_ckpt_path(cfg, trainer, run_dir)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     for lg in loggers:
         lg.log_hyperparams(resolved)
@@ -186,7 +264,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     try:
         t_fit = time.time()
         try:
-            trainer.fit(module, datamodule=dm, ckpt_path=ckpt)
+            trainer.fit(module, datamodule=dm, ckpt_path=ckpt, weights_only=True)  # tensors and containers only
         except SIGTERMException as e:  # Lightning's SIGTERM exit carries no code: report the signal
             raise SystemExit(e.code if e.code is not None else 128 + signal.SIGTERM) from None
         fit_s = time.time() - t_fit
@@ -229,6 +307,15 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
     return metrics
+
+
+def _plugins(trainer_cfg: DictConfig) -> list[Any]:
+    """The plugins ``cfg.trainer.plugins`` asks for (``train()`` adds its checkpoint IO to them)."""
+    node = trainer_cfg.get("plugins")
+    if node is None:
+        return []
+    built = instantiate(node)
+    return list(built) if isinstance(built, (list, tuple)) or OmegaConf.is_list(built) else [built]
 
 
 def _model_name(cfg: DictConfig) -> str:

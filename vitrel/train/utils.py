@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-def _instantiate_named(group: str, node: DictConfig | None) -> list[Any]:
+def _instantiate_named(group: str, node: DictConfig | None, **declared: Any) -> list[Any]:
     from hydra.utils import instantiate
 
     if not node:
@@ -48,7 +48,7 @@ def _instantiate_named(group: str, node: DictConfig | None) -> list[Any]:
                 f"{group}.{name} has no _target_: each entry of `{group}` builds an object, "
                 f"e.g. +{group}.{name}={{_target_: <class>, ...}}; set {group}.{name}=null to switch one off"
             )
-        out.append(instantiate(entry))
+        out.append(instantiate(entry, **{k: v for k, v in declared.items() if k in entry}))
     return out
 
 
@@ -57,9 +57,13 @@ def instantiate_callbacks(callbacks_cfg: DictConfig | None) -> list[Callback]:
     return _instantiate_named("callbacks", callbacks_cfg)
 
 
-def instantiate_loggers(logger_cfg: DictConfig | None) -> list[Logger]:
-    """The loggers of ``cfg.logger`` (each entry a ``_target_`` node; ``null`` entries skipped)."""
-    return _instantiate_named("logger", logger_cfg)
+def instantiate_loggers(logger_cfg: DictConfig | None, resume_step: int | None = None) -> list[Logger]:
+    """The loggers of ``cfg.logger`` (each entry a ``_target_`` node; ``null`` entries skipped).
+
+    ``resume_step``: the global step of the checkpoint the run resumes (None: a new run); given to the
+    entries that have a ``resume_step`` key, which continue their files from there
+    (:mod:`vitrel.train.loggers`)."""
+    return _instantiate_named("logger", logger_cfg, resume_step=resume_step)
 
 
 def plain(node: Any) -> Any:

@@ -1,0 +1,259 @@
+"""Nothing lost across interruptions (issue 20): a resumed run continues its CSV / TensorBoard logs and
+its epoch metrics exactly, ``last.ckpt`` is never torn, one run owns a run folder at a time, and a
+checkpoint of another model is refused with a ``CheckpointError``."""
+
+from __future__ import annotations
+
+import csv
+import errno
+import hashlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, script_env
+from vitrel.models.checkpoint import CheckpointError
+from vitrel.train.callbacks import LineProgress
+from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
+from vitrel.train.run import train
+from vitrel.train.rundir import LOCK_NAME, RunFolderBusy, RunLock
+
+# 2 epochs of 5 steps, a row per step, last.ckpt every 4 steps
+COMMON = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "trainer.limit_train_batches=5", "trainer.limit_val_batches=1"]
+COMMON += ["trainer.log_every_n_steps=1", "test=false", "callbacks.model_checkpoint=null"]
+COMMON += ["callbacks.last_checkpoint.every_n_train_steps=4"]
+
+
+def _start(run_dir: Path, extra: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *COMMON, *extra, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _hang(at_step: int, marker: Path) -> str:
+    return f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: {at_step}, marker: '{marker}'}}"
+
+
+def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+    t0 = time.time()
+    while not marker.exists():
+        assert proc.poll() is None, f"the run ended too early:\n{proc.stdout.read()[-4000:]}"
+        assert time.time() - t0 < timeout, f"timed out waiting for {marker}"
+        time.sleep(0.2)
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# ------------------------------------------------------------------------------------------ items 1, 4, 12, 13
+@pytest.mark.slow
+def test_interrupted_runs_continue_their_logs_and_epoch_metrics(tmp_path, capsys, caplog):
+    """SIGTERM (step 7) and SIGKILL (step 8, after the step-8 last.ckpt) mid-epoch 1, then resume: the CSV
+    file, every row of it (train/loss_epoch and train/acc1 included), and TensorBoard's scalars equal the
+    uninterrupted run's; the resumed epoch's progress line has a sane time; no `weights_only` line."""
+    logs = ["logger=[csv,tensorboard]"]
+    term_dir, kill_dir = tmp_path / "term", tmp_path / "kill"
+    marker = tmp_path / "hanging"
+    term = _start(term_dir, [*logs, "+callbacks.sig={_target_: train_helpers.SendSignal, at_step: 7}"])
+    kill = _start(kill_dir, [*logs, _hang(8, marker)])
+    try:
+        _wait_for(marker, kill)
+        kill.send_signal(signal.SIGKILL)
+        out_term, _ = term.communicate(timeout=240)
+        kill.wait(timeout=30)
+    finally:
+        for p in (term, kill):
+            if p.poll() is None:
+                p.kill()
+    assert term.returncode == 128 + signal.SIGTERM, out_term[-4000:]
+    assert kill.returncode == -signal.SIGKILL
+    assert "weights_only" not in out_term, "Lightning's `weights_only` line in the console"
+    for d in (term_dir, kill_dir):
+        last = torch.load(d / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+        assert last["global_step"] == 8 and last["epoch"] == 1  # mid-epoch 1: 3 of its 5 batches done
+
+    straight = tmp_path / "straight"
+    train(compose(straight, [*COMMON, *logs]))
+    capsys.readouterr()
+    caplog.clear()
+    for d in (term_dir, kill_dir):
+        train(compose(d, [*COMMON, *logs, "ckpt_path=last", "progress_bar=lines"]))
+    out = capsys.readouterr().out
+    assert "weights_only" not in caplog.text + out
+
+    # the resumed epoch's line: a time in seconds, not time since 1970 (LineProgress._t0 set at train start)
+    epoch_lines = [ln for ln in out.splitlines() if ln.startswith("epoch 2/2")]
+    assert len(epoch_lines) == 2
+    for ln in epoch_lines:
+        assert float(ln.rsplit("(", 1)[1].split(" s)")[0]) < 600, ln
+
+    want = _rows(straight / "csv" / "metrics.csv")
+    assert {"train/loss_epoch", "train/acc1", "val/acc1"} <= set(want[0]), sorted(want[0])
+    for d in (term_dir, kill_dir):
+        got = _rows(d / "csv" / "metrics.csv")
+        assert [r["step"] for r in got] == [r["step"] for r in want], f"{d.name}: rows lost or repeated"
+        assert got == want, f"{d.name}: the resumed run's metrics.csv differs from the uninterrupted run's"
+        assert not (d / "csv" / "metrics.csv.resuming").exists()
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    def scalars(d: Path, tag: str) -> list[tuple[int, float]]:
+        ea = EventAccumulator(str(d / "tensorboard"))
+        ea.Reload()
+        return [(e.step, e.value) for e in ea.Scalars(tag)]
+
+    for tag in ("train/loss_step", "train/loss_epoch", "train/acc1"):
+        ref = scalars(straight, tag)
+        for d in (term_dir, kill_dir):
+            assert scalars(d, tag) == ref, f"{d.name}: TensorBoard {tag}"
+
+
+# ------------------------------------------------------------------------------------------ item 2
+def test_atomic_write_keeps_the_previous_file_when_the_disk_is_full(tmp_path):
+    target = tmp_path / "last.ckpt"
+    target.write_bytes(b"previous checkpoint")
+
+    def half_then_full(f):
+        f.write(b"x" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        atomic_write(target, half_then_full)
+    assert target.read_bytes() == b"previous checkpoint"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "temporary file left behind"
+
+
+@pytest.mark.slow
+def test_sigkill_mid_write_keeps_the_previous_file(tmp_path):
+    """A process killed while writing the new checkpoint leaves the old one whole (and its temporary
+    file beside it, never under the checkpoint's name); TMPDIR on another filesystem changes nothing."""
+    target, marker = tmp_path / "last.ckpt", tmp_path / "writing"
+    target.write_bytes(b"previous checkpoint")
+    script = (
+        "import sys, time\nfrom pathlib import Path\nfrom vitrel.train.ckpt_io import atomic_write\n"
+        "def slow(f):\n    f.write(b'y' * 1_000_000); f.flush(); Path(sys.argv[2]).write_text('1'); time.sleep(600)\n"
+        "atomic_write(sys.argv[1], slow)\n"
+    )
+    env = {**script_env(), "TMPDIR": "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-c", script, str(target), str(marker)], env=env)
+    try:
+        _wait_for(marker, proc)
+        proc.kill()
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert target.read_bytes() == b"previous checkpoint"
+    (tmp,) = [p for p in tmp_path.iterdir() if p.name.startswith(".last.ckpt.")]
+    assert tmp.stat().st_size == 1_000_000  # the torn bytes went to the temporary file beside it
+
+
+def test_training_writes_last_ckpt_atomically_and_keeps_it_on_enospc(tmp_path, monkeypatch):
+    """The trainer of train() saves through AtomicCheckpointIO; a save that cannot reach the disk (ENOSPC
+    at fsync, as NFS reports a full disk) fails the run and leaves the previous last.ckpt as it was."""
+    short = [*TINY_VIT, *FAST, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+    short += ["test=false", "logger=none", "callbacks.model_checkpoint=null"]
+    ios = []
+
+    class Spy(LineProgress):
+        def on_train_start(self, trainer, pl_module):
+            ios.append(trainer.strategy.checkpoint_io)
+
+    train(compose(tmp_path, short), callbacks=[Spy()])
+    assert type(ios[0]) is AtomicCheckpointIO
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    before = _digest(last)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match="No space left"):
+        train(compose(tmp_path, [*short, "trainer.max_epochs=2"]))
+    assert _digest(last) == before
+    assert not [p.name for p in last.parent.iterdir() if p.name.endswith(".tmp")], "temporary file left behind"
+
+
+# ------------------------------------------------------------------------------------------ item 3
+@pytest.mark.slow
+def test_second_run_in_a_busy_folder_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
+    run_dir, marker = tmp_path / "run", tmp_path / "hanging"
+    first = _start(run_dir, ["logger=csv", _hang(4, marker)])
+    try:
+        _wait_for(marker, first)  # step 4 saved, its rows flushed
+        files = {p: _digest(p) for p in (run_dir / "csv" / "metrics.csv", run_dir / "checkpoints" / "last.ckpt")}
+        with pytest.raises(RunFolderBusy) as exc:
+            train(compose(run_dir, [*COMMON, "logger=csv"]))
+        msg = str(exc.value)
+        assert f"pid {first.pid}" in msg and socket.gethostname() in msg and "started" in msg, msg
+        assert first.poll() is None
+        assert {p: _digest(p) for p in files} == files, "the second run touched the first run's files"
+        assert RunLock(run_dir).read().pid == first.pid
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    # the first run is gone (SIGKILL: its lock stays): the next run takes the lock over and resumes
+    assert (run_dir / LOCK_NAME).exists()
+    metrics = train(compose(run_dir, [*COMMON, "logger=csv"]))
+    assert metrics["val/acc1"] >= 0
+    assert not (run_dir / LOCK_NAME).exists()
+    steps = [int(r["step"]) for r in _rows(run_dir / "csv" / "metrics.csv") if r["train/loss_step"]]
+    assert steps == list(range(10)), steps
+
+
+def test_lock_is_left_to_rank_zero(tmp_path, monkeypatch):
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    from vitrel.train.rundir import is_launching_process
+
+    assert is_launching_process()
+    monkeypatch.setattr(rank_zero_only, "rank", 1)  # a DDP child (LOCAL_RANK=1 when Lightning imported)
+    assert not is_launching_process()
+    monkeypatch.setattr(rank_zero_only, "rank", 0)
+    monkeypatch.setenv("NODE_RANK", "1")
+    assert not is_launching_process()
+
+
+def test_lock_of_a_live_process_on_another_host_is_not_taken(tmp_path):
+    lock = RunLock(tmp_path)
+    lock.path.write_text('{"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00", "slurm_job_id": null}')
+    with pytest.raises(RunFolderBusy, match="pid 1 on host elsewhere, started 2026-01-01T00:00:00"):
+        lock.acquire()
+
+
+# ------------------------------------------------------------------------------------------ items 3 and 10
+def test_resuming_a_checkpoint_of_another_model_is_a_checkpoint_error(tmp_path):
+    short = [*TINY_VIT, *FAST, "trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+    short += ["test=false", "logger=none", "callbacks.model_checkpoint=null"]
+    first = tmp_path / "first"
+    train(compose(first, short))
+    ckpt = first / "checkpoints" / "last.ckpt"
+    # resume=auto in the same folder with another position scheme
+    with pytest.raises(CheckpointError) as exc:
+        train(compose(first, [*short, "trainer.max_epochs=2", "pos=rope2d_axial"]))
+    msg = str(exc.value)
+    assert "pos.name: checkpoint 'rel2d_factored', configured 'rope2d_axial'" in msg, msg
+    assert "state_dict" not in msg
+    # ckpt_path=<another model's checkpoint> (README: a CheckpointError on this route)
+    with pytest.raises(CheckpointError, match="embed_dim: checkpoint 32, configured 48"):
+        train(compose(tmp_path / "other", [*short, "model.embed_dim=48", f"ckpt_path={ckpt}"]))
+    # training-only settings may change on resume
+    train(compose(first, [*short, "trainer.max_epochs=2", "+model.proj_drop_rate=0.1"]))

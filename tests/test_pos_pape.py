@@ -95,10 +95,13 @@ def grads(loss: torch.Tensor, a: Attention, x: torch.Tensor) -> list[torch.Tenso
     return torch.autograd.grad(loss, [x, *a.parameters()])
 
 
-@pytest.mark.parametrize("name", ["pape", "pape_ri"])
+SCHEMES = [("pape", {"channels": "compact"}), ("pape", {"channels": "parabolas"}), ("pape_ri", {})]
+
+
+@pytest.mark.parametrize(("name", "opts"), SCHEMES)
 @pytest.mark.parametrize(("grid", "prefix"), CASES)
-def test_logits_forward_and_gradients_equal_the_equation(name, grid, prefix):
-    opts = {"parabolas": 3} if name == "pape" else {}
+def test_logits_forward_and_gradients_equal_the_equation(name, opts, grid, prefix):
+    opts = {"parabolas": 3, **opts} if name == "pape" else opts
     a = layer(name, grid, prefix, **opts)
     x = tokens(grid, prefix)
     ref = reference_logits(a, x, grid, prefix)
@@ -110,10 +113,11 @@ def test_logits_forward_and_gradients_equal_the_equation(name, grid, prefix):
         torch.testing.assert_close(got, exp, rtol=1e-9, atol=1e-10)
 
 
-def test_default_parabolas_equal_the_equation():
+@pytest.mark.parametrize("channels", ["compact", "parabolas"])
+def test_default_parabolas_equal_the_equation(channels):
     """The released 50 parabolas per head, with a class token (one case, the loops are the same)."""
     grid, prefix = (2, 3), 1
-    a = layer("pape", grid, prefix)
+    a = layer("pape", grid, prefix, channels=channels)
     assert a.pos.parabolas == 50
     x = tokens(grid, prefix)
     torch.testing.assert_close(a.logits(x, grid), reference_logits(a, x, grid, prefix), rtol=1e-10, atol=1e-9)
@@ -187,17 +191,22 @@ def authors_attention(a: Attention, x: torch.Tensor, grid) -> tuple[torch.Tensor
     return a.proj(out.permute(0, 2, 1, 3).reshape(b, n, DIM)), q, k
 
 
-@pytest.mark.parametrize("name", ["pape", "pape_ri"])
+@pytest.mark.parametrize(("name", "opts"), SCHEMES)
 @pytest.mark.parametrize("grid", [(3, 4), (4, 4)])
-def test_equals_the_authors_code(name, grid):
-    """Same weights (their parameter names and shapes), a class token: the augmented q', k' are theirs channel
-    for channel, and the layer's output and gradients are theirs."""
-    a = layer(name, grid, 1, seed=2)
+def test_equals_the_authors_code(name, opts, grid):
+    """Same weights (their parameter names and shapes), a class token: the layer's output and gradients are
+    theirs; with their channel layout (pape channels="parabolas", pape_ri) the augmented q', k' are theirs
+    channel for channel."""
+    a = layer(name, grid, 1, seed=2, **opts)
     x = tokens(grid, 1, seed=3)
     want, q_ref, k_ref = authors_attention(a, x, grid)
     q, k, _ = a._qkv(x, Grid(*grid))
-    torch.testing.assert_close(q, q_ref, rtol=0, atol=1e-12)
-    torch.testing.assert_close(k, k_ref, rtol=0, atol=1e-12)
+    if opts.get("channels") != "compact":
+        torch.testing.assert_close(q, q_ref, rtol=0, atol=1e-12)
+        torch.testing.assert_close(k, k_ref, rtol=0, atol=1e-12)
+    else:  # the same products q' k'^T from 6 channels instead of 3 P + 2
+        assert q.shape[-1] == D + 8 and q_ref.shape[-1] == D + 3 * 50 + 2
+        torch.testing.assert_close(q @ k.transpose(-2, -1), q_ref @ k_ref.transpose(-2, -1), rtol=1e-11, atol=1e-9)
     out = a(x, grid)
     torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
     for got, exp in zip(grads(out.square().sum(), a, x), grads(want.square().sum(), a, x), strict=True):
@@ -227,9 +236,10 @@ def test_parameters_and_defaults_are_the_authors():
         assert built.extra_repr() == default.extra_repr()
     assert "parabolas=50" in build_pos("pape", num_heads=2, head_dim=8, grid=4).extra_repr()
     # q' width: head_dim + 3 P + 2 (+ 2 * 2 + 1 for RI), padded to a multiple of 8, as theirs
-    a = Attention(768, 12, pos="pape", grid=(14, 14), num_prefix_tokens=1)
-    q, _, _ = a._qkv(torch.randn(1, 197, 768), Grid(14, 14))
-    assert q.shape[-1] == 216
+    a = Attention(768, 12, pos={"name": "pape", "channels": "parabolas"}, grid=(14, 14), num_prefix_tokens=1)
+    assert a._qkv(torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 216
+    a = Attention(768, 12, pos="pape", grid=(14, 14), num_prefix_tokens=1)  # compact: 64 + 6, padded
+    assert a._qkv(torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 72
     a = Attention(768, 12, pos="pape_ri", grid=(14, 14), num_prefix_tokens=1)
     assert a._qkv(torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 72
 

@@ -65,17 +65,17 @@ def pape_positions(grid: Grid, num_prefix_tokens: int, device: Any = None, dtype
     return F.pad(pos, (0, 0, num_prefix_tokens, 0)) if num_prefix_tokens else pos
 
 
-def _compact(a: Tensor, slope: Tensor, w: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+def _compact(a: Tensor, beta: Tensor, w: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
     """PaPE's term in 6 channels (``channels="compact"``), exactly the sum of its ``P`` parabolas.
 
     With 2-D positions ``u_ip - u_jp = w_p . D`` (``D = pos_i - pos_j``), so the sum over the parabolas is one
     quadratic in ``D``: ``-D^T M_i D + beta_i . D`` with ``M_i = sum_p a_ip w_p w_p^T`` and ``beta_i = sum_p b_ip w_p``.
     Expanded: ``q' = [-pos_i^T M_i pos_i + beta_i . pos_i, 2 M_i pos_i - beta_i, M_xx, 2 M_xy, M_yy]``,
-    ``k' = [1, pos_j, -x_j^2, -x_j y_j, -y_j^2]``. ``a, slope [B, heads, N, P]``, ``w [heads, P, 2]``, ``pos [N, 2]``.
+    ``k' = [1, pos_j, -x_j^2, -x_j y_j, -y_j^2]``. ``a [B, heads, N, P]``, ``beta [B, heads, N, 2]``,
+    ``w [heads, P, 2]``, ``pos [N, 2]``.
     """
     wx, wy = w.unbind(-1)
     m = torch.einsum("bhnp,hpc->bhnc", a, torch.stack([wx * wx, 2 * wx * wy, wy * wy], -1))  # Mxx, 2Mxy, Myy
-    beta = torch.einsum("bhnp,hpc->bhnc", slope, w)  # [B, heads, N, 2]
     x, y = pos.unbind(-1)
     quad = torch.stack([x * x, x * y, y * y], -1)  # [N, 3]
     mxx, mxy2, myy = m.unbind(-1)
@@ -183,13 +183,17 @@ class Pape(_Parabolic):
         self.ab = nn.Linear(self.embed_dim, 2 * self.num_heads * parabolas, bias=False)
 
     def extras(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        b, n, _ = x.shape
+        b, n, c = x.shape
         h, p = self.num_heads, self.parabolas
+        if self.channels == "compact":
+            # beta_i = sum_p b_ip w_p = (sum_p w_p B_p) x_i: the slopes folded into a [heads * 2, C] weight
+            w, wab = self.position.weight.view(h, p, 2), self.ab.weight.view(2, h, p, c)
+            a = F.softplus(F.linear(x, wab[0].reshape(h * p, c)).view(b, n, h, p).transpose(1, 2))
+            beta = F.linear(x, torch.einsum("hpk,hpc->hkc", w, wab[1]).reshape(h * 2, c))
+            return _compact(a, beta.view(b, n, h, 2).transpose(1, 2), w, pos)
         u = self.position(pos).view(n, h, p).transpose(0, 1)  # [heads, N, P]
         ab = self.ab(x).view(b, n, 2, h, p).permute(2, 0, 3, 1, 4)  # [2, B, heads, N, P]
         a, slope = F.softplus(ab[0]), ab[1]
-        if self.channels == "compact":
-            return _compact(a, slope, self.position.weight.view(h, p, 2), pos)
         u2 = u.square()
         qx = torch.cat(
             [-(a * u2).sum(-1, keepdim=True), a, 2 * a * u, (slope * u).sum(-1, keepdim=True), slope], dim=-1

@@ -4,6 +4,7 @@ For ``x`` of ``[B, N, C]`` on a grid ``H x W`` with ``P`` prefix tokens (``N = P
 
     q, k, v = split(x W_qkv)                    per head, [B, heads, N, d]
     q, k    = pos.rotate(q, k)                  (RoPE; identity otherwise)
+    q, k    = pos.augment(x, q, k)              (PaPE: channels appended; identity otherwise)
     A       = (q k^T + pos.content_logits(q)) / sqrt(d) + pos.bias() + mask
     out     = softmax(A) v + pos.content_values(softmax(A))
 
@@ -167,7 +168,7 @@ class Attention(nn.Module):
         return pos_state
 
     def _qkv(self, x: Tensor, grid: Grid, st: PosState | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Projected ``q, k, v [B, heads, N, d]``, ``q`` and ``k`` rotated by the scheme."""
+        """Projected ``q, k, v [B, heads, N, d]``, ``q`` and ``k`` rotated (and augmented) by the scheme."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape [B, N, {self.dim}], got {tuple(x.shape)}")
         check_tokens(x.shape[1], grid, self.num_prefix_tokens)
@@ -177,6 +178,8 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
         q, k = st.scheme.rotate(q, k, grid, self.num_prefix_tokens, state=st)
+        if st.scheme.has_token_terms:  # channels from the tokens appended to q and k (PaPE)
+            q, k = st.scheme.augment(x, q, k, grid, self.num_prefix_tokens)
         return q, k, v
 
     def _mask(

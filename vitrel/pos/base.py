@@ -16,6 +16,10 @@ a no-op by default, so the attention module never knows a scheme by name:
   schemes with content terms); a scheme may override it with its own fast path.
 * ``add_to_tokens(x, grid, num_prefix_tokens) -> x``: absolute schemes add their embedding to the
   tokens once, at the input of the network (``kind == "absolute"``).
+* ``augment(x, q, k, grid, num_prefix_tokens) -> (q', k')``: for a term computed from the layer's input
+  tokens ``x`` (PaPE's parabolas), channels appended to the (rotated) queries and keys, so that
+  ``q'_i . k'_j = q_i . k_j + term_ij`` (``has_token_terms``; the attention layer calls it after
+  ``rotate``, so ``attend`` and the eager logits see ``q'`` and ``k'``).
 
 **Position state.** ``prepare(grid, num_prefix_tokens, device, dtype) -> PosState`` computes what
 depends on the grid alone (the bias, RoPE's cos/sin) once. A model whose blocks share one scheme
@@ -24,7 +28,8 @@ as timm passes ``shared_rel_pos`` and DINOv3 its RoPE ``(sin, cos)``; an attenti
 scheme of its own prepares it itself. Nothing is stored on the modules during a forward.
 
 **Capabilities** are declared, not inferred: ``kind`` (``"relative"`` / ``"absolute"``),
-``family`` (see :data:`FAMILIES`), ``has_bias``, ``has_rotation`` and ``has_content_terms``.
+``family`` (see :data:`FAMILIES`), ``has_bias``, ``has_rotation``, ``has_content_terms`` and
+``has_token_terms``.
 
 **Offsets.** One sign convention everywhere: the offset of query ``i`` to key ``j`` is
 ``d_ij = p_i - p_j`` (``dh_ij = row_i - row_j``, ``dw_ij = col_i - col_j``; ``p = row * W + col``
@@ -208,7 +213,7 @@ def scheme_options(cls: type[PositionScheme]) -> set[str]:
 
 
 #: The families of :attr:`PositionScheme.family`, in display order.
-FAMILIES = ("none", "absolute", "learned bias", "fixed bias", "rotary", "content")
+FAMILIES = ("none", "absolute", "learned bias", "fixed bias", "rotary", "content", "content bias")
 
 
 class PositionScheme(nn.Module):
@@ -229,6 +234,11 @@ class PositionScheme(nn.Module):
     has_rotation: ClassVar[bool] = False
     #: ``content_logits`` / ``content_values`` return tensors (Shaw)
     has_content_terms: ClassVar[bool] = False
+    #: ``augment`` appends channels computed from the layer's input tokens to q and k (PaPE)
+    has_token_terms: ClassVar[bool] = False
+    #: prefix tokens have a position of their own (PaPE's class token at the origin): pairs with a prefix
+    #: token get a position term, so they are not translation invariant
+    prefix_positioned: ClassVar[bool] = False
     #: takes ``causal=`` (a causal ``Attention`` passes ``causal=True``)
     causal_aware: ClassVar[bool] = False
     #: the terms between two patches depend on the grid's extent, not only on their offsets (or, for
@@ -308,6 +318,11 @@ class PositionScheme(nn.Module):
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return x
+
+    def augment(self, x: Tensor, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
+        """``x [B, N, C]`` (the attention layer's input), ``q, k [B, heads, N, d]`` -> ``(q', k')`` with channels
+        appended (``has_token_terms``), or ``(q, k)``."""
+        return q, k
 
     # ------------------------------------------------------------------------ position state
     def prepare(

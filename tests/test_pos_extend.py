@@ -116,15 +116,20 @@ def test_interpolate_at_call_time_is_differentiable():
 
 
 # ---------------------------------------------------------------- load at another size = call time
+def loaded(name, small_grid, big_grid, rule):
+    """A scheme built for ``small_grid`` and one built for ``big_grid`` that loaded its state dict."""
+    small, big = scheme(name, small_grid, extend=rule), scheme(name, big_grid, extend=rule)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the resize warning
+        big.load_state_dict(small.state_dict())
+    return small, big
+
+
 @pytest.mark.parametrize("name", ["rel2d_full", "rel2d_factored"])
 @pytest.mark.parametrize("rule", ["clip", "interpolate"])
 def test_loading_at_a_larger_size_equals_the_call_time_rule(name, rule):
     """A model loaded at a larger size computes on that grid what the original computes there."""
-    small = scheme(name, (3, 4), extend=rule)
-    big = scheme(name, (5, 6), extend=rule)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        big.load_state_dict(small.state_dict())
+    small, big = loaded(name, (3, 4), (5, 6), rule)
     grid = as_grid((5, 6))
     torch.testing.assert_close(big.bias(grid), small.bias(grid), rtol=1e-6, atol=1e-6)
 
@@ -132,11 +137,7 @@ def test_loading_at_a_larger_size_equals_the_call_time_rule(name, rule):
 @pytest.mark.parametrize("name", ["shaw2d_factored", "shaw2d_full", "shaw1d"])
 @pytest.mark.parametrize("rule", ["grow", "clip", "interpolate"])
 def test_shaw_tables_load_by_the_rule(name, rule):
-    small = scheme(name, (3, 3), extend=rule)
-    big = scheme(name, (5, 5), extend=rule)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        big.load_state_dict(small.state_dict())
+    small, big = loaded(name, (3, 3), (5, 5), rule)
     for key, kind in small._rel_tables.items():
         src, dst = getattr(small, key).detach(), getattr(big, key).detach()
         src3 = src[:, None, :] if kind == "1d" else src

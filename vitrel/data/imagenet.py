@@ -285,6 +285,15 @@ class ImageNetDataModule(VisionDataModule):
             if split not in self._datasets:
                 self._datasets[split] = self.make_shard_dataset(split)
 
+    def _ranks(self) -> tuple[int, int]:
+        """The trainer's ``(world size, rank)``; shards without a trainer: ``torch.distributed``'s when it is
+        initialised (what timm's readers split the shards by), else ``(1, 0)``."""
+        import torch.distributed as dist
+
+        if self.iterable and self.trainer is None and dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+        return super()._ranks()
+
     def _loader(self, split: str) -> DataLoader:
         if not self.iterable:
             return super()._loader(split)
@@ -308,9 +317,9 @@ class ImageNetDataModule(VisionDataModule):
                 "and its rank would run fewer batches (a DDP hang). Use num_workers <= shards / ranks, or write "
                 "more shards (a multiple of ranks x workers is even)"
             )
-            if train or world > 1:
+            if train:
                 raise ValueError(msg)
-            log.warning(msg)
+            log.warning(msg + "; here (evaluation) the idle workers only leave their rank fewer batches")
         if train and self.train_order_seed is not None:
             log.warning(
                 "%s is an iterable (streamed) data set: train_order_seed (ExactResume) does not apply and a run "

@@ -124,7 +124,8 @@ def test_config_builds_the_wds_module(data):
 
 def test_epoch_covers_whole_batches_per_worker_on_uneven_shards(data):
     """5 shards (13, 13, 13, 13, 8) over 2 workers: each yields ceil(60 / 2) = 30 samples (6 batches), the
-    worker with the shorter shards repeating its own, the two workers' samples disjoint."""
+    worker with the shorter shards repeating its own, the two workers' samples disjoint; with batches of 7
+    the share is rounded up to whole batches."""
     dm = module(data / "wds13", "wds/imagenet")
     loader = dm.train_dataloader()
     assert isinstance(loader, ShardLoader) and len(loader) == epoch_samples_per_rank(N, 1, 2, B) // B == 12
@@ -135,6 +136,9 @@ def test_epoch_covers_whole_batches_per_worker_on_uneven_shards(data):
         streams[k % 2] += ids
     assert [len(s) for s in streams] == [30, 30]
     assert not set(streams[0]) & set(streams[1])
+    # 30 a worker is not a whole number of batches of 7: rounded up to 35, and the loader's length says so
+    loader = module(data / "wds13", "wds/imagenet", batch_size=7).train_dataloader()
+    assert len(loader) == sum(1 for _ in loader) == epoch_samples_per_rank(N, 1, 2, 7) // 7 == 10
 
 
 def test_fewer_wds_shards_than_workers_is_refused(data):

@@ -163,6 +163,39 @@ def test_resume_is_stated_not_exact(data, caplog):
     assert "resumed mid-epoch is not exact" in caplog.text
 
 
+@pytest.mark.slow
+def test_mid_epoch_resume_restarts_the_epoch_stream_as_documented(data, tmp_path):
+    """What docs/training.md says a mid-epoch resume does on shards: Lightning warns, the interrupted epoch's
+    stream starts again from its beginning and the epoch ends after the batches it still owed (8 of 12
+    after a checkpoint at step 4), so its first 20 samples are seen twice and 20 others not at all."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(**kw):
+        L.seed_everything(0)
+        probe = Probe(str(tmp_path))
+        trainer = L.Trainer(
+            accelerator="cpu",
+            max_epochs=1,
+            limit_val_batches=0,
+            num_sanity_val_steps=0,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            **kw.pop("trainer", {}),
+        )
+        trainer.fit(probe, datamodule=module(data / "wds15", "wds/imagenet"), **kw)
+        return [rec[2] for rec in probe.seen]
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    full = fit(trainer=dict(callbacks=[ckpt]))
+    assert len(full) == 12 and sorted(i for b in full for i in b) == list(range(N))
+    with pytest.warns(UserWarning, match="not resumable"):
+        resumed = fit(ckpt_path=str(tmp_path / "step=4.ckpt"))
+    assert len(resumed) == 8
+    assert resumed[:4] == full[:4]  # the stream starts again: the epoch's first 20 samples, again
+    assert len({i for b in full[:4] + resumed for i in b}) == 40  # 20 of the 60 not seen in this epoch
+
+
 # ---------------------------------------------------------------------------------------------------
 # 2 DDP ranks x 2 workers (forked, killed after a timeout: a hang fails)
 

@@ -181,7 +181,8 @@ def test_mid_epoch_resume_restarts_the_epoch_stream_as_documented(data, tmp_path
             logger=False,
             enable_progress_bar=False,
             enable_model_summary=False,
-            **kw.pop("trainer", {}),
+            default_root_dir=tmp_path,
+            **kw.pop("trainer", {"enable_checkpointing": False}),
         )
         trainer.fit(probe, datamodule=module(data / "wds15", "wds/imagenet"), **kw)
         return [rec[2] for rec in probe.seen]
@@ -198,6 +199,13 @@ def test_mid_epoch_resume_restarts_the_epoch_stream_as_documented(data, tmp_path
 
 # ---------------------------------------------------------------------------------------------------
 # 2 DDP ranks x 2 workers (forked, killed after a timeout: a hang fails)
+
+
+def free_port() -> int:
+    """A free TCP port for a process group."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def run_forked(target, *args, timeout: float = 240) -> None:
@@ -224,7 +232,7 @@ def test_ddp_training_epochs_cover_every_sample_once(data, tmp_path):
     """Lightning, 2 ranks (gloo) x 2 workers, 4 shards of 15, batch 5, 2 epochs: each rank trains 6 steps
     an epoch, the 60 samples each seen exactly once an epoch, and the ranks' shares change with the epoch
     (timm's shard shuffle is seeded by seed + the trainer's epoch)."""
-    run_forked(_fit, str(data / "wds15"), "wds/imagenet", str(tmp_path), 2)
+    run_forked(_fit, str(data / "wds15"), "wds/imagenet", str(tmp_path), 2, free_port())
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
         per_rank = [[rec for rec in s if rec[0] == epoch] for s in seen]
@@ -241,10 +249,7 @@ def test_ddp_uneven_shards_equal_batches_disjoint_workers(data, tmp_path):
     """torch.distributed (gloo), 2 ranks x 2 workers iterating the training loader of 5 uneven shards (wds)
     and 5 parquet files (hfids): every rank the same number of batches, every worker 15 samples, and no
     sample in two workers' streams (a worker repeats its own shards to fill its share)."""
-    with socket.socket() as sock:  # a free port for the process group
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    run_forked(_iterate, str(data), str(tmp_path), port)
+    run_forked(_iterate, str(data), str(tmp_path), free_port())
     for name in ("wds", "hfids"):
         streams = json.loads((tmp_path / f"{name}.json").read_text())  # [rank][worker] -> ids
         assert [len(s) for rank in streams for s in rank] == [15] * 4, name
@@ -278,16 +283,25 @@ class Probe(L.LightningModule):
         Path(self.out, f"rank{self.global_rank}.json").write_text(json.dumps(self.seen))
 
 
-def _fit(root: str, source: str, out: str, epochs: int) -> None:
+def _fit(root: str, source: str, out: str, epochs: int, port: int) -> None:
+    torch.multiprocessing.start_processes(
+        _fit_rank, args=(root, source, out, epochs, port), nprocs=2, start_method="fork"
+    )
+
+
+def _fit_rank(rank: int, root: str, source: str, out: str, epochs: int, port: int) -> None:
+    """One DDP rank as a launcher (torchrun, SLURM) starts it: Lightning reads the rank from the environment
+    (forked here, where Lightning's own fork launcher refuses a process that has touched CUDA)."""
     from datetime import timedelta
 
     from lightning.pytorch.strategies import DDPStrategy
 
-    strategy = DDPStrategy(start_method="fork", process_group_backend="gloo", timeout=timedelta(seconds=60))
+    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0", LOCAL_RANK=str(rank))
+    os.environ.update(env, RANK=str(rank))
     trainer = L.Trainer(
         accelerator="cpu",
         devices=2,
-        strategy=strategy,
+        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
         max_epochs=epochs,
         limit_val_batches=0,
         num_sanity_val_steps=0,
@@ -295,6 +309,7 @@ def _fit(root: str, source: str, out: str, epochs: int) -> None:
         enable_checkpointing=False,
         enable_progress_bar=False,
         enable_model_summary=False,
+        default_root_dir=out,
     )
     trainer.fit(Probe(out), datamodule=module(root, source))
 

@@ -215,13 +215,15 @@ class ImageNetDataModule(VisionDataModule):
             if self.root is None:
                 raise DatasetNotFoundError(self.dataset_name, [], self._how_to_get(), detail="No root given.")
             info = self.root.absolute() / "_info.json"
-            if not info.is_file():
-                raise DatasetNotFoundError(self.dataset_name, [info], self._how_to_get(), detail=f"No {info}.")
-            meta = json.loads(info.read_text())
+            meta = json.loads(info.read_text()) if info.is_file() else {}
             names = meta.get("classes")
             for split in (self.train_split, self.val_split):
-                is_pattern = ".tar" in split or ".." in split
-                if not is_pattern and split not in meta.get("splits", {}):
+                is_pattern = ".tar" in split or ".." in split  # timm: brace pattern of tars, '|<num_samples>'
+                if is_pattern:
+                    continue
+                if not meta:
+                    raise DatasetNotFoundError(self.dataset_name, [info], self._how_to_get(), detail=f"No {info}.")
+                if split not in meta.get("splits", {}):
                     raise ValueError(f"split {split!r} is not in {info} (it has {sorted(meta.get('splits', {}))})")
         elif self.prefix in ("hfds", "hfids"):
             import datasets
@@ -250,21 +252,21 @@ class ImageNetDataModule(VisionDataModule):
         loaders do)."""
         from timm.data import create_dataset
 
+        if not self.iterable:
+            raise ValueError(f"{self.source} is map-style: use make_dataset / raw_dataset")
         self.wnids  # noqa: B018 (checks the data set and num_classes)
         train = split == "train" if training is None else training
         if transform is None:
             transform = self.train_transform() if split == "train" else self.eval_transform()
-        if not self.iterable:
-            raise ValueError(f"{self.source} is map-style: use make_dataset / raw_dataset")
         kwargs = dict(self.dataset_kwargs)
         kwargs.update(
             is_training=train,
             batch_size=self.batch_size if train else self.eval_batch_size,
             seed=self.seed,
             num_samples=self.num_samples if split == "train" else None,
+            transform=transform,
         )
         ds = create_dataset(self.source, root=self._root_str(), split=self._split_name(split), **kwargs)
-        ds.transform = transform
         ds.set_loader_cfg(num_workers=self.num_workers)
         return ds
 

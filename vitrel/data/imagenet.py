@@ -315,13 +315,14 @@ class ImageNetDataModule(VisionDataModule):
         if self.prefix == "wds" and shards is not None and len(shards) < workers:
             msg = (
                 f"{self.source} split {self._split_name(split)!r} has {len(shards)} shards for {world} ranks x "
-                f"{max(1, self.num_workers)} loader workers = {workers}: a worker without a shard yields nothing "
-                "and its rank would run fewer batches (a DDP hang). Use num_workers <= shards / ranks, or write "
-                "more shards (a multiple of ranks x workers is even)"
+                f"{max(1, self.num_workers)} loader workers = {workers}: a worker without a shard yields nothing"
             )
             if train:
-                raise ValueError(msg)
-            log.warning(msg + "; here (evaluation) the idle workers only leave their rank fewer batches")
+                raise ValueError(
+                    msg + " and its rank would run fewer batches than the others (a DDP hang). Use num_workers <= "
+                    "shards / ranks, or write more shards (a multiple of ranks x workers, of equal size, is exact)"
+                )
+            log.warning(msg + " (here in evaluation: those workers stay idle)")
         if train and self.train_order_seed is not None:
             log.warning(
                 "%s is an iterable (streamed) data set: train_order_seed (ExactResume) does not apply and a run "

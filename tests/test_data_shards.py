@@ -24,6 +24,7 @@ import torch
 from PIL import Image
 
 from vitrel.data import ImageNetDataModule
+from vitrel.data.base import ResumableDataLoader
 from vitrel.data.shards import ShardLoader, epoch_samples_per_rank, main, write_hf, write_wds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -96,6 +97,11 @@ def test_write_hf_reads_offline_map_style_and_streamed(data, tmp_path):
     assert sorted(pairs) == [(i, i // PER_CLASS) for i in range(N)]
     it = create_dataset(f"hfids/{data / 'hf13'}", root=str(tmp_path), split="validation")
     assert it.reader.num_samples == len(CLASSES) * VAL_PER_CLASS  # README.md's num_examples, no download
+    # the map-style source takes the folder path's samplers: a seeded, resumable order (ExactResume)
+    dm = module(tmp_path, f"hfds/{data / 'hf13'}", num_workers=0)
+    dm.train_order_seed = 1
+    loader = dm.train_dataloader()
+    assert isinstance(loader, ResumableDataLoader) and len(loader.dataset) == N and dm.class_names == list(CLASSES)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -15,18 +15,45 @@ It streams from the image files through ``DataLoader`` workers (``loader="worker
 memory on CUDA) with timm's pipelines (``timm.data.create_transform``): training with ``augment=True``
 RandomResizedCrop(0.08-1) + flip + colour jitter 0.4; evaluation resize of the shorter side to
 ``floor(img_size / crop_pct)`` (crop_pct 0.875, bicubic) and the centre crop.
+
+Shards (``source=...``, a name for ``timm.data.create_dataset``; the same transforms):
+
+* ``wds/<any>``: webdataset tar shards in ``root`` with timm's ``_info.json`` (splits ``train_split`` and
+  ``val_split``; written by ``python -m vitrel.data.shards write-wds``);
+* ``hfids/<name>``: a Hugging Face data set streamed (``<name>``: a local folder, e.g. one written by
+  ``python -m vitrel.data.shards write-hf``, or a hub id; ``root`` is its cache folder);
+* ``hfds/<name>``: the same read map-style (random access: the ordinary samplers, exact resume);
+* ``tfds/<name>``: TensorFlow Datasets (``num_classes`` must be given).
+
+The iterable ones (``wds``, ``hfids``, ``tfds``) split every epoch by rank and loader worker in timm's
+readers (whole shards per worker for ``wds``): each worker yields ``ceil(N / (ranks * workers))`` samples
+rounded up to a whole number of batches, repeating its own shards if they hold fewer and stopping early if
+they hold more, so every rank has the same number of batches
+(:func:`vitrel.data.shards.epoch_samples_per_rank`). ``wds`` needs at least ``ranks * workers`` shards
+(else a worker would get none and its rank fewer batches: refused). Mid-epoch resume is not exact for them
+(a warning says so; see docs/training.md).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
+from vitrel.data.shards import ShardLoader
+
+log = logging.getLogger(__name__)
+
+#: prefixes of ``timm.data.create_dataset`` names this module reads; the iterable (streamed) ones
+SHARD_PREFIXES = ("wds", "hfids", "hfds", "tfds")
+ITERABLE_PREFIXES = ("wds", "hfids", "tfds")
 
 __all__ = ["ImageNetDataModule", "FixedClassImageFolder"]
 
@@ -40,6 +67,12 @@ class FixedClassImageFolder(ImageFolder):
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         return self._fixed_classes, {c: i for i, c in enumerate(self._fixed_classes)}
+
+
+def _reader_ranks(ds: Dataset) -> tuple[int, int]:
+    """``(world size, rank)`` a timm iterable data set's reader splits its shards by."""
+    reader = ds.reader  # type: ignore[attr-defined]
+    return getattr(reader, "dist_num_replicas", 1), getattr(reader, "dist_rank", 0)
 
 
 def _subdirs(path: Path) -> list[str]:
@@ -67,10 +100,27 @@ class ImageNetDataModule(VisionDataModule):
         num_classes: int | None = None,
         train_dir: str = "train",
         val_dir: str = "val",
+        source: str | None = None,
+        train_split: str = "train",
+        val_split: str = "validation",
+        num_samples: int | None = None,
+        dataset_kwargs: dict[str, Any] | None = None,
         **kwargs,
     ) -> None:
         super().__init__(root=root, **kwargs)
         self.train_dir, self.val_dir = train_dir, val_dir
+        self.source = source or None
+        self.train_split, self.val_split = train_split, val_split
+        self.num_samples = None if num_samples is None else int(num_samples)
+        self.dataset_kwargs = dict(dataset_kwargs or {})
+        if self.source is not None:
+            prefix = self.source.partition("/")[0].lower()
+            if "/" not in self.source or prefix not in SHARD_PREFIXES:
+                raise ValueError(f"source must be one of {[p + '/<name>' for p in SHARD_PREFIXES]}, got {source!r}")
+            if self.val_fraction > 0:
+                raise ValueError("val_fraction > 0 needs the ImageFolder path (source=null): use val_split")
+            if self.loader != "workers":
+                raise ValueError("source=... (shards) streams through DataLoader workers: use loader=workers")
         self._given_num_classes = num_classes
         self._wnids: list[str] | None = None
         self.in_chans = 3
@@ -102,7 +152,23 @@ class ImageNetDataModule(VisionDataModule):
             return [info.label_name_to_description(w) for w in self.wnids]
         return list(self.wnids)
 
+    @property
+    def prefix(self) -> str | None:
+        """``wds``, ``hfids``, ``hfds``, ``tfds`` (``source=...``), or None (the ImageFolder path)."""
+        return None if self.source is None else self.source.partition("/")[0].lower()
+
+    @property
+    def iterable(self) -> bool:
+        """Whether the data set is one of timm's ``IterableImageDataset`` s (``wds``, ``hfids``, ``tfds``)."""
+        return self.prefix in ITERABLE_PREFIXES
+
     def _how_to_get(self) -> list[str]:
+        if self.source is not None:
+            return [
+                "write shards from an ImageFolder tree: python -m vitrel.data.shards write-wds ROOT OUT "
+                "(or write-hf ROOT OUT), then data.root=OUT data.source=wds/imagenet",
+                "or point data.root at existing webdataset shards with timm's _info.json",
+            ]
         return [
             "ImageNet cannot be downloaded automatically: get ILSVRC2012 from https://image-net.org",
             f"lay it out as <root>/{self.train_dir}/<wnid>/*.JPEG and <root>/{self.val_dir}/<wnid>/*.JPEG "
@@ -112,6 +178,8 @@ class ImageNetDataModule(VisionDataModule):
 
     def _locate(self) -> list[str]:
         """Check the layout; return the sorted class folder names of train."""
+        if self.source is not None:
+            return self._locate_shards()
         if self.root is None:
             raise DatasetNotFoundError(self.dataset_name, [], self._how_to_get(), detail="No root given.")
         root = self.root.absolute()
@@ -139,6 +207,138 @@ class ImageNetDataModule(VisionDataModule):
             raise ValueError(f"num_classes={self._given_num_classes} but {train} has {len(wnids)} class folders")
         return wnids
 
+    def _locate_shards(self) -> list[str]:
+        """Class names of a shard data set: ``_info.json``'s ``classes`` (wds, as written by
+        ``vitrel.data.shards``), the ``ClassLabel`` names (Hugging Face), else ``0..num_classes-1``."""
+        names: list[str] | None = None
+        if self.prefix == "wds":
+            if self.root is None:
+                raise DatasetNotFoundError(self.dataset_name, [], self._how_to_get(), detail="No root given.")
+            info = self.root.absolute() / "_info.json"
+            meta = json.loads(info.read_text()) if info.is_file() else {}
+            names = meta.get("classes")
+            for split in (self.train_split, self.val_split):
+                is_pattern = ".tar" in split or ".." in split  # timm: brace pattern of tars, '|<num_samples>'
+                if is_pattern:
+                    continue
+                if not meta:
+                    raise DatasetNotFoundError(self.dataset_name, [info], self._how_to_get(), detail=f"No {info}.")
+                if split not in meta.get("splits", {}):
+                    raise ValueError(f"split {split!r} is not in {info} (it has {sorted(meta.get('splits', {}))})")
+        elif self.prefix in ("hfds", "hfids"):
+            import datasets
+
+            builder = datasets.load_dataset_builder(self.source.split("/", 1)[1], cache_dir=self._root_str())
+            label = (builder.info.features or {}).get(self.dataset_kwargs.get("target_key", "label"))
+            names = list(label.names) if isinstance(label, datasets.ClassLabel) else None
+        if names is None:
+            if self._given_num_classes is None:
+                raise ValueError(f"{self.source} states no class names: give num_classes")
+            names = [str(i) for i in range(self._given_num_classes)]
+        if self._given_num_classes is not None and self._given_num_classes != len(names):
+            raise ValueError(f"num_classes={self._given_num_classes} but {self.source} has {len(names)} classes")
+        return list(names)
+
+    def _root_str(self) -> str | None:
+        return None if self.root is None else str(self.root.absolute())
+
+    def _split_name(self, split: str) -> str:
+        return self.train_split if split == "train" else self.val_split
+
+    def make_shard_dataset(self, split: str, transform=None, training: bool | None = None) -> Dataset:
+        """``timm.data.create_dataset(self.source, ...)`` for ``split`` (``train`` or ``val``/``test``) with
+        ``transform`` (default: this module's train / eval pipeline). The iterable ones take the rank and
+        world size from ``torch.distributed`` when it is initialised, so build them in each process (the
+        loaders do)."""
+        from timm.data import create_dataset
+
+        if not self.iterable:
+            raise ValueError(f"{self.source} is map-style: use make_dataset / raw_dataset")
+        self.wnids  # noqa: B018 (checks the data set and num_classes)
+        train = split == "train" if training is None else training
+        if transform is None:
+            transform = self.train_transform() if split == "train" else self.eval_transform()
+        kwargs = dict(self.dataset_kwargs)
+        kwargs.update(
+            is_training=train,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            seed=self.seed,
+            num_samples=self.num_samples if split == "train" else None,
+            transform=transform,
+        )
+        ds = create_dataset(self.source, root=self._root_str(), split=self._split_name(split), **kwargs)
+        ds.set_loader_cfg(num_workers=self.num_workers)
+        return ds
+
+    def make_dataset(self, split: str, img_size: int | None = None, transform=None, **kwargs) -> Dataset:
+        if not self.iterable:
+            return super().make_dataset(split, img_size=img_size, transform=transform, **kwargs)
+        if kwargs.get("canvas_size") is not None:
+            raise ValueError("canvas_size needs fixed-size images")
+        tf = transform if transform is not None else self.eval_transform(img_size)
+        return self.make_shard_dataset(split, transform=tf, training=False)
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self.iterable:
+            super().setup(stage)
+            return
+        splits = {"fit": ("train", "val"), "validate": ("val",), "test": ("test",), "predict": ("test",)}
+        for split in splits.get(stage, ("train", "val", "test")):  # type: ignore[arg-type]
+            if split not in self._datasets:
+                self._datasets[split] = self.make_shard_dataset(split)
+
+    def _ranks(self) -> tuple[int, int]:
+        """The trainer's ``(world size, rank)``; shards without a trainer: ``torch.distributed``'s when it is
+        initialised (what timm's readers split the shards by), else ``(1, 0)``."""
+        import torch.distributed as dist
+
+        if self.iterable and self.trainer is None and dist.is_available() and dist.is_initialized():
+            return dist.get_world_size(), dist.get_rank()
+        return super()._ranks()
+
+    def _loader(self, split: str) -> DataLoader:
+        if not self.iterable:
+            return super()._loader(split)
+        train = split == "train"
+        world, rank = self._ranks()
+        ds = self._datasets.get(split)
+        if ds is None or _reader_ranks(ds) != (world, rank):  # e.g. set up before the process group was up
+            ds = self._datasets[split] = self.make_shard_dataset(split)
+        if _reader_ranks(ds) != (world, rank):
+            raise RuntimeError(
+                f"{self.source}: the trainer has rank {rank} of {world} but torch.distributed says "
+                f"{_reader_ranks(ds)[1]} of {_reader_ranks(ds)[0]}; timm's readers split the shards by the latter"
+            )
+        reader = ds.reader
+        shards = getattr(getattr(reader, "split_info", None), "filenames", None)
+        workers = world * max(1, self.num_workers)
+        if self.prefix == "wds" and shards is not None and len(shards) < workers:
+            msg = (
+                f"{self.source} split {self._split_name(split)!r} has {len(shards)} shards for {world} ranks x "
+                f"{max(1, self.num_workers)} loader workers = {workers}: a worker without a shard yields nothing"
+            )
+            if train:
+                raise ValueError(
+                    msg + " and its rank would run fewer batches than the others (a DDP hang). Use num_workers <= "
+                    "shards / ranks, or write more shards (a multiple of ranks x workers, of equal size, is exact)"
+                )
+            log.warning(msg + " (here in evaluation: those workers stay idle)")
+        if train and self.train_order_seed is not None:
+            log.warning(
+                "%s is an iterable (streamed) data set: train_order_seed (ExactResume) does not apply and a run "
+                "resumed mid-epoch is not exact: the interrupted epoch restarts from its beginning and stops at the "
+                "number of batches it still owed (see docs/training.md, ImageNet from shards)",
+                self.source,
+            )
+        return ShardLoader(
+            ds,
+            batch_size=self.batch_size if train else self.eval_batch_size,
+            num_workers=self.num_workers,
+            pin_memory=self.pin_memory and self.device.type == "cuda",
+            persistent_workers=self.num_workers > 0,
+            epoch_of=(lambda: self.trainer.current_epoch if self.trainer is not None else None) if train else None,
+        )
+
     def eval_transform(self, img_size: int | None = None):
         """timm's evaluation pipeline: ``create_transform(is_training=False)`` (resize, centre crop, normalise)."""
         from timm.data import create_transform
@@ -153,6 +353,12 @@ class ImageNetDataModule(VisionDataModule):
         )
 
     def _load_raw(self, split: str) -> Dataset:
+        if self.prefix == "hfds":  # map-style: raw (PIL image, label) pairs, the ordinary samplers
+            from timm.data import create_dataset
+
+            self.wnids  # noqa: B018
+            name, split_name = self.source, self._split_name(split)
+            return create_dataset(name, root=self._root_str(), split=split_name, **self.dataset_kwargs)
         wnids = self.wnids
         folder = self.root.absolute() / (self.train_dir if split == "train" else self.val_dir)  # type: ignore[union-attr]
         return FixedClassImageFolder(folder, wnids, allow_empty=split != "train")
@@ -162,5 +368,5 @@ class ImageNetDataModule(VisionDataModule):
             n = self.num_classes
         except DatasetNotFoundError:
             n = "?"
-        name = type(self).__name__
-        return f"{name}(root={self.root}, num_classes={n}, img_size={self.img_size}, augment={self.augment})"
+        name, src = type(self).__name__, "" if self.source is None else f"source={self.source}, "
+        return f"{name}({src}root={self.root}, num_classes={n}, img_size={self.img_size}, augment={self.augment})"

@@ -19,8 +19,11 @@ from vitrel.export import best_dynamic, export_onnx, export_program
 SCHEMES = vitrel.list_pos()
 ARCHS = ("vit", "swin")
 MODES = ("static", "batch", "hw")
-#: the 1-D raster schemes: in a Swin, their window's extent changes with the stage grid (docs/export.md)
-EXTENT = {"alibi1d", "fire1d", "rel1d_bucket", "rope1d", "shaw1d"}
+#: the schemes whose terms depend on the grid's extent (1-D raster order, normalised coordinates): in a Swin,
+#: their window's extent changes with the stage grid (docs/export.md)
+EXTENT = {
+    n for n in SCHEMES if vitrel.pos.build_pos(n, num_heads=2, head_dim=16, grid=(4, 4)).depends_on_extent
+}
 
 
 def small_model(arch: str, pos: str, **kw) -> torch.nn.Module:

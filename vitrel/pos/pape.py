@@ -187,12 +187,12 @@ class Pape(_Parabolic):
         h, p = self.num_heads, self.parabolas
         if self.channels == "compact":
             # beta_i = sum_p b_ip w_p = (sum_p w_p B_p) x_i: the slopes folded into a [heads * 2, C] weight
-            w, wab = self.position.weight.view(h, p, 2), self.ab.weight.view(2, h, p, c)
-            a = F.softplus(F.linear(x, wab[0].reshape(h * p, c)).view(b, n, h, p).transpose(1, 2))
+            w, wab = self.position.weight.reshape(h, p, 2), self.ab.weight.reshape(2, h, p, c)
+            a = F.softplus(F.linear(x, wab[0].reshape(h * p, c)).reshape(b, n, h, p).transpose(1, 2))
             beta = F.linear(x, torch.einsum("hpk,hpc->hkc", w, wab[1]).reshape(h * 2, c))
-            return _compact(a, beta.view(b, n, h, 2).transpose(1, 2), w, pos)
-        u = self.position(pos).view(n, h, p).transpose(0, 1)  # [heads, N, P]
-        ab = self.ab(x).view(b, n, 2, h, p).permute(2, 0, 3, 1, 4)  # [2, B, heads, N, P]
+            return _compact(a, beta.reshape(b, n, h, 2).transpose(1, 2), w, pos)
+        u = self.position(pos).reshape(n, h, p).transpose(0, 1)  # [heads, N, P]
+        ab = self.ab(x).reshape(b, n, 2, h, p).permute(2, 0, 3, 1, 4)  # [2, B, heads, N, P]
         a, slope = F.softplus(ab[0]), ab[1]
         u2 = u.square()
         qx = torch.cat(

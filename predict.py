@@ -7,6 +7,8 @@ python predict.py ckpt_path=<export folder | model.pt2> input=<ImageFolder tree>
 import hydra
 from omegaconf import DictConfig
 
+import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, before Hydra composes)
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> dict:

@@ -26,6 +26,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import check_checkpoint
 from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.utils import (
@@ -150,6 +151,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
 
     ``callbacks`` are added to those of ``cfg.callbacks``.
     """
+    check_moved_keys(cfg)  # +optim.lr=... (vitrel 0.1) would be composed and ignored
     t0 = time.time()
     route_lightning_logs()
     run_dir = run_dir_of(cfg)

@@ -168,3 +168,23 @@ def test_a_damaged_pt2_is_one_clear_error(tmp_path, pt2_bytes, capfd, kind, says
         load_predictor(path)
     assert str(path) in str(err.value)
     assert "Traceback" not in capfd.readouterr().err  # torch.export.load logs one when it fails itself
+
+
+def test_predict_py_on_a_truncated_pt2_prints_one_line(tmp_path, pt2_bytes):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    (tmp_path / "model.pt2").write_bytes(pt2_bytes[:1000])
+    (tmp_path / "images").mkdir()
+    cmd = [sys.executable, str(root / "predict.py"), f"ckpt_path={tmp_path / 'model.pt2'}",
+           f"input={tmp_path / 'images'}", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert res.returncode == 1
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip() and "Warning" not in ln]
+    assert lines == [
+        f"predict.py: cannot read {tmp_path / 'model.pt2'}: truncated or not a torch.export program "
+        "(BadZipFile: File is not a zip file)"
+    ], res.stderr

@@ -59,7 +59,11 @@ def test_every_float_precision_loads(tmp_path, dtype):
         (VIT, dict(embed_dim=0), "embed_dim must be >= 1"),
         (VIT, dict(depth=0), "depth must be >= 1"),
         (VIT, dict(mlp_ratio=0.0), "mlp_ratio must be a number > 0"),
-        (VIT, dict(img_size=10), "img_size 10x10 is not a multiple of patch_size 4"),
+        (
+            VIT,
+            dict(img_size=10),
+            r"image size 10x10 is not a positive multiple of the patch size 4 \(img_size, patch_size\)",
+        ),
         (VIT, dict(num_heads=2.0), "num_heads must be an integer"),
         (SWIN, dict(window_size=0), "window_size must be >= 1"),
         (SWIN, dict(depths=[1, 1], num_heads=[2, 0]), r"num_heads\[1\] must be >= 1"),

@@ -59,7 +59,10 @@ def _divisible(width_name: str, width: int, heads_name: str, heads: int) -> None
 def _image_fits(img_size: Any, patch_size: int) -> None:
     h, w = _pair("img_size", img_size)
     if h % patch_size or w % patch_size:
-        raise ValueError(f"img_size {h}x{w} is not a multiple of patch_size {patch_size}")
+        # the wording of the grid's own check (vitrel.models.blocks), plus the arguments' names
+        raise ValueError(
+            f"image size {h}x{w} is not a positive multiple of the patch size {patch_size} (img_size, patch_size)"
+        )
 
 
 def check_attention_args(args: Mapping[str, Any]) -> None:

@@ -8,6 +8,8 @@ python eval.py ckpt_path=<export dir or .safetensors> data=cifar10 data.root=/da
 import hydra
 from omegaconf import DictConfig
 
+import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, before Hydra composes)
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig):

@@ -7,12 +7,18 @@ python predict.py ckpt_path=<export folder | model.pt2> input=<ImageFolder tree>
 import hydra
 from omegaconf import DictConfig
 
+import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, before Hydra composes)
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> dict:
     from vitrel.inference import run_predict
+    from vitrel.models.checkpoint import CheckpointError
 
-    return run_predict(cfg)
+    try:
+        return run_predict(cfg)
+    except CheckpointError as e:  # a damaged or foreign model file: its one-line reason, no traceback
+        raise SystemExit(f"predict.py: {e}") from None
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ Examples (docs/training.md has the full guide)::
 import hydra
 from omegaconf import DictConfig
 
+import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, before Hydra composes)
+
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="train")
 def main(cfg: DictConfig):

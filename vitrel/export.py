@@ -24,6 +24,8 @@ import argparse
 import json
 import sys
 import warnings
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,7 @@ __all__ = [
     "model_data_config",
     "stored_data_config",
     "save_program",
+    "load_program",
     "main",
 ]
 
@@ -180,6 +183,37 @@ def save_program(ep: torch.export.ExportedProgram, path: str | Path, data_config
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.export.save(ep, str(path), extra_files={DATA_CONFIG_NAME: json.dumps(data_config)})
     return path
+
+
+def load_program(path: str | Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
+    """``(program, data_config)`` of a ``.pt2`` written by :func:`save_program`.
+
+    The archive is checked first (a zip whose members pass their CRC checks, with torch.export's
+    ``archive_format`` record), so a truncated, damaged or foreign file is one :class:`CheckpointError`
+    naming the file and what is wrong, not ``zipfile.BadZipFile`` after a logged torch traceback."""
+    p = Path(path)
+    try:
+        with zipfile.ZipFile(p) as z:
+            damaged = z.testzip()
+            names = z.namelist()
+    except (zipfile.BadZipFile, OSError, EOFError, zlib.error) as e:
+        raise CheckpointError(
+            f"cannot read {p}: truncated or not a torch.export program ({type(e).__name__}: {e})"
+        ) from None
+    if damaged is not None:
+        raise CheckpointError(f"cannot read {p}: damaged (its member {damaged} fails the zip CRC check)")
+    if not any(n.rsplit("/", 1)[-1] == "archive_format" for n in names):
+        raise CheckpointError(
+            f"{p} is a zip archive but not a torch.export program (no archive_format record; a torch.save file?)"
+        )
+    extra = {DATA_CONFIG_NAME: ""}
+    try:
+        ep = torch.export.load(str(p), extra_files=extra)
+    except (RuntimeError, ValueError, KeyError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"cannot load {p} as a torch.export program: {type(e).__name__}: {e}") from None
+    if not extra[DATA_CONFIG_NAME]:
+        raise CheckpointError(f"{p} has no {DATA_CONFIG_NAME}: write programs with `python -m vitrel.export ... --pt2`")
+    return ep, json.loads(extra[DATA_CONFIG_NAME])
 
 
 def _record_data_config(config_json: Path, data_config: dict[str, Any]) -> None:

@@ -18,7 +18,6 @@ and ``prob_i`` (softmax probability).
 from __future__ import annotations
 
 import csv
-import json
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -60,7 +59,7 @@ class Predictor:
 
 def load_predictor(path: str | Path, device: str | torch.device = "cpu", use_ema: str | bool = "auto") -> Predictor:
     """The model and preprocessing of a ``.ckpt``, an export folder or a ``.pt2`` program (see the module docstring)."""
-    from vitrel.export import DATA_CONFIG_NAME, PT2_NAME, model_data_config, stored_data_config
+    from vitrel.export import PT2_NAME, load_program, model_data_config, stored_data_config
     from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_has_ema, load_model
 
     p = Path(path)
@@ -70,11 +69,7 @@ def load_predictor(path: str | Path, device: str | torch.device = "cpu", use_ema
     if p.is_dir() and not (p / WEIGHTS_NAME).is_file() and (p / PT2_NAME).is_file():
         p = p / PT2_NAME
     if p.suffix == ".pt2":
-        extra = {DATA_CONFIG_NAME: ""}
-        ep = torch.export.load(str(p), extra_files=extra)
-        if not extra[DATA_CONFIG_NAME]:
-            raise ValueError(f"{p} has no {DATA_CONFIG_NAME}: write programs with `python -m vitrel.export ... --pt2`")
-        data_config = json.loads(extra[DATA_CONFIG_NAME])
+        ep, data_config = load_program(p)
         if device.type != "cpu":
             from torch.export.passes import move_to_device_pass
 

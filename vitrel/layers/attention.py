@@ -30,6 +30,7 @@ import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
+from vitrel.layers.validate import check_attention_args
 from vitrel.pos.base import (
     ATTN_IMPLS,
     Grid,
@@ -97,6 +98,7 @@ class Attention(nn.Module):
         **pos_kwargs: Any,
     ) -> None:
         super().__init__()
+        check_attention_args(locals())  # sizes checked first, errors name the argument
         if dim % num_heads:
             raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
         self.dim = dim

@@ -21,7 +21,10 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import pickletools
+import re
 import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -157,12 +160,60 @@ def _torch_load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
-        raise CheckpointError(
-            f"refused to load {path}: it holds pickled objects other than tensors and plain containers, "
-            f"which could run code (torch.load weights_only=True said: {str(e).splitlines()[0]} ...)"
-        ) from None
+        raise CheckpointError(_unpickling_error(path, str(e))) from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, TypeError, SafetensorError) as e:
-        raise CheckpointError(f"cannot read {path}: truncated or not a torch checkpoint ({e})") from None
+        raise CheckpointError(f"cannot read {path}: truncated or not a torch checkpoint ({_first_line(e)})") from None
+
+
+# torch's weights-only unpickler names the global it refused ("Unsupported global: GLOBAL numpy...",
+# "Trying to load unsupported GLOBAL posix.system ..."); any other failure of it ("Unsupported operand 66")
+# is either a pickle in a form it does not read (a bare pickle.dump) or bytes that are no pickle at all
+_REFUSED_GLOBAL = re.compile(r"unsupported (?:global:\s*)?GLOBAL\s+(\S+)", re.IGNORECASE)
+_UNPICKLER_SAID = re.compile(r"WeightsUnpickler error:\s*(\S[^\n]*)")
+
+
+def _unpickling_error(path: Path, msg: str) -> str:
+    """Our message for torch's ``UnpicklingError``: an unsafe pickle (objects other than tensors and
+    plain containers: refused, unpickling them could run code) told apart from a damaged or foreign file."""
+    refused = _REFUSED_GLOBAL.search(msg)
+    names = [refused.group(1)] if refused else _pickle_globals(path)
+    if names is not None:
+        what = f"globals: {', '.join(sorted(set(names))[:4])}" if names else "a pickle torch's safe reader refuses"
+        return (
+            f"refused to load {path}: it holds pickled objects other than tensors and plain containers ({what}), "
+            "which could run code when unpickled. vitrel reads only tensors, numbers, strings and containers: "
+            "save the state dict (torch.save(model.state_dict(), ...)) or a .safetensors file instead"
+        )
+    said = _UNPICKLER_SAID.search(msg)
+    detail = said.group(1).strip() if said else (msg.strip().splitlines() or ["no detail"])[-1]
+    return f"cannot read {path}: damaged, truncated or not a torch checkpoint (the unpickler stopped: {detail})"
+
+
+def _pickle_globals(path: Path) -> list[str] | None:
+    """The globals a bare pickle file names, read with ``pickletools`` (which executes nothing); None
+    when the file is a zip archive or its bytes are not a well-formed pickle (damaged, another format)."""
+    if zipfile.is_zipfile(path):
+        return None
+    names: list[str] = []
+    strings: list[str] = []
+    try:
+        with open(path, "rb") as f:
+            for op, arg, _ in pickletools.genops(f):
+                if op.name == "GLOBAL":
+                    names.append(str(arg).replace(" ", "."))
+                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+                    names.append(f"{strings[-2]}.{strings[-1]}")
+                elif isinstance(arg, str):
+                    strings.append(arg)
+    except Exception:  # any parse failure (unknown opcode, cut short, bad argument) means: not a pickle
+        return None
+    return names
+
+
+def _first_line(e: BaseException) -> str:
+    """``Type: first sentence`` of an exception (torch's zip reader appends a paragraph of advice)."""
+    lines = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {lines[0].split('. ')[0]}" if lines else type(e).__name__
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -338,8 +389,8 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
     * a head for another number of classes (``num_classes_stored`` != ``model.num_classes``) is
       dropped: the model keeps its freshly initialised head (with a warning).
 
-    Missing or unexpected keys, or shapes that do not match and cannot be resized, raise
-    :class:`CheckpointError`.
+    Missing or unexpected keys, shapes that do not match and cannot be resized, or integer weights where
+    the model has floating ones raise :class:`CheckpointError`.
     """
     sd = dict(state_dict)
     expected = model.state_dict()
@@ -360,10 +411,27 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
             + (f"missing keys: {_preview(missing)}. " if missing else "")
             + (f"unexpected keys: {_preview(unexpected)}." if unexpected else "")
         )
+    _check_dtypes(sd, expected)
     try:
         model.load_state_dict(sd, strict=not reset_head)
     except (RuntimeError, ValueError) as e:
         raise CheckpointError(f"the weights do not fit this architecture: {e}") from None
+
+
+def _check_dtypes(sd: Mapping[str, Tensor], expected: Mapping[str, Tensor]) -> None:
+    """Refuse integer / bool weights where the model has floating ones: ``load_state_dict`` would cast
+    them silently (a checkpoint rewritten as int32 scores at chance). Any floating precision loads
+    (float16, bfloat16, float32, float64), as timm's loaders allow."""
+    bad = [
+        f"{k} ({sd[k].dtype}, the model's is {expected[k].dtype})"
+        for k in expected
+        if k in sd and expected[k].is_floating_point() and not sd[k].is_floating_point()
+    ]
+    if bad:
+        raise CheckpointError(
+            f"the weights are not floating point: {_preview(bad, 4)}; "
+            "a damaged or wrongly converted file? (float16, bfloat16, float32 and float64 weights load)"
+        )
 
 
 def load_model(

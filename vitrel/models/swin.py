@@ -39,6 +39,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vitrel.layers.attention import SHARED, Attention
+from vitrel.layers.validate import check_swin_args
 from vitrel.models.blocks import (
     PatchEmbed,
     PosSpec,
@@ -527,6 +528,7 @@ class SwinTransformer(nn.Module):
         strict_img_size: bool | None = None,
     ) -> None:
         super().__init__()
+        check_swin_args(locals())  # sizes checked first, errors name the argument
         if global_pool not in ("", "avg"):
             raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
         depths, num_heads = [int(d) for d in depths], [int(h) for h in num_heads]

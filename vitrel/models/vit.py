@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vitrel.layers.attention import SHARED
+from vitrel.layers.validate import check_vit_args
 from vitrel.models.blocks import (
     Block,
     PatchEmbed,
@@ -105,6 +106,7 @@ class VisionTransformer(nn.Module):
         strict_img_size: bool | None = None,
     ) -> None:
         super().__init__()
+        check_vit_args(locals())  # sizes checked first, errors name the argument
         if global_pool not in ("", "avg", "token"):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         if global_pool == "token" and not class_token:

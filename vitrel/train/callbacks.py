@@ -306,7 +306,7 @@ class NaNGuard(Callback):
         raise NonFiniteLossError(
             f"non-finite training loss ({loss.detach().float().item()}) at epoch {trainer.current_epoch}, "
             f"global step {trainer.global_step}: training stopped before this step updated the weights; {kept}. "
-            "Try a lower optim.lr, gradient clipping (trainer.gradient_clip_val) or bf16-mixed instead of 16-mixed."
+            "Try a lower module.optimizer.lr, clipping (trainer.gradient_clip_val) or bf16-mixed instead of 16-mixed."
         )
 
 

@@ -16,6 +16,7 @@ import lightning as L
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
+from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import checkpoint_has_ema
 from vitrel.train.module import ClassifierModule
 from vitrel.train.utils import plain, progress_bar_kind, progress_callbacks, route_lightning_logs, run_dir_of, scalars
@@ -27,6 +28,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Load ``cfg.ckpt_path``, score it on ``cfg.split`` of ``cfg.data``; return the metrics."""
     import vitrel
 
+    check_moved_keys(cfg)
     t0 = time.time()
     route_lightning_logs()
     L.seed_everything(int(cfg.seed), workers=True)

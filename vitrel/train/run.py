@@ -33,6 +33,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
+from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
@@ -220,6 +221,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     ``callbacks`` are added to those of ``cfg.callbacks``. The run folder is locked while it runs
     (:class:`~vitrel.train.rundir.RunLock`, by the process of global rank 0).
     """
+    check_moved_keys(cfg)  # +optim.lr=... (vitrel 0.1) would be composed and ignored
     t0 = time.time()
     route_lightning_logs()
     run_dir = run_dir_of(cfg)

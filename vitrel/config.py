@@ -1,0 +1,299 @@
+"""Types of the Hydra configs: structured-config schemas, and the keys that moved since vitrel 0.1.
+
+The YAML files in ``conf/`` name these dataclasses as the first entry of their defaults list (Hydra's
+"Structured Configs as schemas"), so a value of the wrong type is refused while the config is composed,
+with the key named, before any data or model is built::
+
+    $ python train.py module.optimizer.lr=abc
+    Error merging override module.optimizer.lr=abc
+    Value 'abc' of type 'str' could not be converted to Float
+        full_key: module.optimizer.lr
+
+The schemas are registered in Hydra's ``ConfigStore`` when this module is imported (``import vitrel``
+does it). Groups that are open-ended by design stay ``Any``: ``model`` (checked by the constructors),
+``pos``, ``callbacks``, ``logger``, ``paths``. A key a schema does not list is still added with
+``+key=value``. ``Any`` also marks values of several types (``trainer.devices``: 1, "auto" or a list;
+``trainer.limit_train_batches``: a count or a fraction), which OmegaConf cannot express as a union.
+
+:func:`check_moved_keys` refuses the keys of vitrel 0.1 that ``docs/training.md`` lists as moved
+(``+optim.lr=1e9`` would otherwise be composed and ignored); ``train()`` and ``evaluate()`` call it first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+__all__ = [
+    "DataConfig",
+    "ModuleConfig",
+    "TrainerConfig",
+    "TrainConfig",
+    "EvalConfig",
+    "PredictConfig",
+    "MOVED_KEYS",
+    "check_moved_keys",
+    "register_configs",
+]
+
+
+# ---------------------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    """What every ``vitrel.data.VisionDataModule`` takes (``conf/data/*.yaml``)."""
+
+    _target_: str = MISSING
+    _convert_: str = "all"
+    name: str | None = None
+    root: str | None = None
+    batch_size: int = 128
+    eval_batch_size: int | None = None
+    num_workers: int = 2
+    img_size: int | None = None
+    augment: bool = False
+    augment_kwargs: dict[str, Any] = field(default_factory=dict)
+    interpolation: str | None = None
+    crop_pct: float | None = None
+    pin_memory: bool = False
+    drop_last: bool = False
+    seed: int = 0
+    val_fraction: float = 0.0
+    download: bool = True
+    canvas_size: int | None = None
+    canvas_mode: str = "random"
+    loader: str | None = None
+    batch_augment: Any = None  # a vitrel.data.BatchAugment node (memory loader)
+    memory_budget_gb: float | None = None
+
+
+@dataclass
+class FashionMNISTDataConfig(DataConfig):
+    subset: str = "embedded"
+    in_chans: int = 1
+
+
+@dataclass
+class CIFARDataConfig(DataConfig):
+    num_classes: int = 10
+    verify: bool = True
+
+
+@dataclass
+class ImageNetDataConfig(DataConfig):
+    num_classes: int | None = None
+    train_dir: str = "train"
+    val_dir: str = "val"
+
+
+# -------------------------------------------------------------------------------------------- module
+@dataclass
+class AdamWConfig:
+    """``module.optimizer``: ``torch.optim.AdamW``, completed by the module with the parameter groups."""
+
+    _target_: str = "torch.optim.AdamW"
+    _partial_: bool = True
+    lr: float = 1.0e-3
+    weight_decay: float = 0.05
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1.0e-8
+
+
+@dataclass
+class WarmupCosineConfig:
+    """``module.scheduler``: ``vitrel.train.optim.warmup_cosine`` (null: a constant rate)."""
+
+    _target_: str = "vitrel.train.optim.warmup_cosine"
+    _partial_: bool = True
+    warmup_epochs: float = 1.0
+    warmup_steps: int | None = None
+    min_lr: float = 1.0e-5
+    warmup_lr: float = 1.0e-6
+
+
+@dataclass
+class ModuleConfig:
+    """``vitrel.train.module.ClassifierModule`` (``conf/module/classifier.yaml``)."""
+
+    _target_: str = "vitrel.train.module.ClassifierModule"
+    _convert_: str = "all"
+    optimizer: AdamWConfig = field(default_factory=AdamWConfig)
+    scheduler: WarmupCosineConfig | None = field(default_factory=WarmupCosineConfig)
+    label_smoothing: float = 0.0
+    mixup: Any = None  # module/mixup=default: a timm.data.Mixup node
+    ema: Any = None  # module/ema=default: a timm.utils.ModelEmaV3 node
+    ema_eval: bool = True
+    layer_decay: float | None = None
+    compile: Any = False  # false | true | {torch.compile kwargs}
+
+
+# ------------------------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConfig:
+    """``lightning.pytorch.Trainer``'s arguments (Lightning's defaults), but ``logger``, ``callbacks`` and
+    ``enable_progress_bar``, which ``train()`` sets from ``logger``, ``callbacks`` and ``progress_bar``."""
+
+    _target_: str = "lightning.pytorch.Trainer"
+    accelerator: str = "auto"
+    strategy: Any = "auto"  # a name or a strategy node
+    devices: Any = "auto"  # int | "auto" | list of device indices
+    num_nodes: int = 1
+    precision: str | None = None  # "32-true", "bf16-mixed", ... (32 is read as "32")
+    fast_dev_run: Any = False  # bool | int
+    max_epochs: int | None = None
+    min_epochs: int | None = None
+    max_steps: int = -1
+    min_steps: int | None = None
+    max_time: Any = None
+    limit_train_batches: Any = None  # int (batches) | float (fraction)
+    limit_val_batches: Any = None
+    limit_test_batches: Any = None
+    limit_predict_batches: Any = None
+    overfit_batches: Any = 0.0
+    val_check_interval: Any = None
+    check_val_every_n_epoch: int | None = 1
+    num_sanity_val_steps: int | None = None
+    log_every_n_steps: int | None = None
+    enable_checkpointing: bool | None = None
+    enable_model_summary: bool | None = None
+    accumulate_grad_batches: int = 1
+    gradient_clip_val: float | None = None
+    gradient_clip_algorithm: str | None = None
+    deterministic: Any = None  # bool | "warn"
+    benchmark: bool | None = None
+    inference_mode: bool = True
+    use_distributed_sampler: bool = True
+    profiler: Any = None
+    detect_anomaly: bool = False
+    barebones: bool = False
+    plugins: Any = None
+    sync_batchnorm: bool = False
+    reload_dataloaders_every_n_epochs: int = 0
+    default_root_dir: str | None = None
+    enable_autolog_hparams: bool = True
+    model_registry: str | None = None
+
+
+# ------------------------------------------------------------------------------- top-level configs
+@dataclass
+class TrainConfig:
+    """``conf/train.yaml``: ``python train.py``."""
+
+    task_name: str = "train"
+    seed: int = 0
+    ckpt_path: str | None = None
+    resume: Any = "auto"  # "auto" | false
+    test: bool = True
+    progress_bar: str = "auto"
+    matmul_precision: str = "high"
+    optimized_metric: str | None = None
+    model: Any = MISSING
+    pos: Any = MISSING
+    data: Any = MISSING
+    module: Any = MISSING
+    trainer: Any = MISSING
+    logger: Any = None
+    callbacks: Any = None
+    paths: Any = MISSING
+    study: Any = None  # the position-scheme study's settings (conf/experiment/study_base.yaml)
+
+
+@dataclass
+class EvalConfig:
+    """``conf/eval.yaml``: ``python eval.py``."""
+
+    task_name: str = "eval"
+    seed: int = 0
+    ckpt_path: str = MISSING
+    split: str = "test"
+    ema: Any = "auto"  # "auto" | true | false
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    progress_bar: str = "auto"
+    matmul_precision: str = "high"
+    data: Any = MISSING
+    trainer: Any = MISSING
+    paths: Any = MISSING
+
+
+@dataclass
+class PredictConfig:
+    """``conf/predict.yaml``: ``python predict.py``."""
+
+    task_name: str = "predict"
+    ckpt_path: str = MISSING
+    input: str = MISSING
+    results_file: str = MISSING
+    topk: int = 5
+    batch_size: int = 64
+    num_workers: int = 0
+    device: str = "auto"
+    ema: Any = "auto"  # "auto" | true | false
+    progress_bar: bool = True
+    paths: Any = MISSING
+
+
+def register_configs() -> None:
+    """Store the schemas in Hydra's ``ConfigStore`` under the names ``conf/`` uses (idempotent)."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
+    cs.store(name="eval_schema", node=EvalConfig)
+    cs.store(name="predict_schema", node=PredictConfig)
+    cs.store(group="data", name="fashion_mnist_schema", node=FashionMNISTDataConfig)
+    cs.store(group="data", name="cifar_schema", node=CIFARDataConfig)
+    cs.store(group="data", name="imagenet_schema", node=ImageNetDataConfig)
+    cs.store(group="module", name="classifier_schema", node=ModuleConfig)
+    cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
+
+
+register_configs()
+
+
+# ----------------------------------------------------------------------- keys moved since vitrel 0.1
+#: old key -> where it is now (docs/training.md, "Keys that moved since vitrel 0.1.0")
+MOVED_KEYS: dict[str, str] = {
+    "optim.lr": "module.optimizer.lr",
+    "optim.weight_decay": "module.optimizer.weight_decay",
+    "optim.betas": "module.optimizer.betas",
+    "optim.eps": "module.optimizer.eps",
+    "optim.warmup_epochs": "module.scheduler.warmup_epochs",
+    "optim.warmup_steps": "module.scheduler.warmup_steps",
+    "optim.min_lr": "module.scheduler.min_lr",
+    "optim.warmup_lr": "module.scheduler.warmup_lr",
+    "module.mixup_alpha": "module/mixup=default with module.mixup.mixup_alpha",
+    "module.cutmix_alpha": "module/mixup=default with module.mixup.cutmix_alpha",
+    "module.mixup_prob": "module/mixup=default with module.mixup.prob",
+    "module.mixup_switch_prob": "module/mixup=default with module.mixup.switch_prob",
+    "module.mixup_mode": "module/mixup=default with module.mixup.mode",
+    "module.ema_decay": "module/ema=default with module.ema.decay",
+    "module.ema_warmup": "module/ema=default with module.ema.use_warmup",
+    "compile": "module.compile",
+    "log_every_n_steps": "trainer.log_every_n_steps",
+}
+_ABSENT = object()
+
+
+def check_moved_keys(cfg: DictConfig) -> None:
+    """Raise ``ValueError`` naming the new key when ``cfg`` sets one of vitrel 0.1's keys (``+optim.lr=...``)."""
+    found = [
+        f"{old} moved to {new}"
+        for old, new in MOVED_KEYS.items()
+        if OmegaConf.select(cfg, old, default=_ABSENT, throw_on_missing=False) is not _ABSENT
+    ]
+    optim = cfg.get("optim") if isinstance(cfg, DictConfig) else None
+    if isinstance(optim, DictConfig):
+        found += [
+            f"optim.{k} moved to module.optimizer / module.scheduler" for k in optim if f"optim.{k}" not in MOVED_KEYS
+        ]
+    elif "optim" in cfg:
+        found.append("optim moved to module.optimizer / module.scheduler")
+    logger = cfg.get("logger")
+    if isinstance(logger, DictConfig):
+        empty = [n for n, e in logger.items() if isinstance(e, DictConfig) and len(e) == 0]
+        kept = [n for n in logger if n not in empty]
+        found += [f"logger.{n}={{}} (adding a logger) moved to logger='[{','.join([*kept, n])}]'" for n in empty]
+    if found:
+        raise ValueError(
+            "keys of vitrel 0.1 that moved (docs/training.md lists them): " + "; ".join(found) + ". Use the new keys."
+        )

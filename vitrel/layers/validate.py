@@ -1,0 +1,97 @@
+"""Checks of the size arguments of the vitrel constructors, with errors that name the argument.
+
+Without them a bad size fails deep inside (``num_heads=0``: ``ZeroDivisionError('integer modulo by
+zero')``; ``patch_size=0``: the same in the grid; ``mlp_ratio=-1``: a negative ``nn.Linear`` width).
+``VisionTransformer``, ``SwinTransformer`` and ``Attention`` each call one function with their ``locals()``,
+first thing in ``__init__``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["check_attention_args", "check_swin_args", "check_vit_args"]
+
+
+def _positive_int(name: str, value: Any) -> int:
+    """``value`` as an int >= 1 (an int-like, not a bool or a float); else an error naming ``name``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer >= 1, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer >= 1, got {value!r} ({type(value).__name__})") from None
+    if v < 1:
+        raise ValueError(f"{name} must be >= 1, got {v}")
+    return v
+
+
+def _positive_ints(name: str, value: Any) -> list[int]:
+    """A non-empty sequence of ints >= 1 (``depths``, ``num_heads`` of Swin's stages)."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise ValueError(f"{name} must be a non-empty list of integers >= 1, got {value!r}")
+    return [_positive_int(f"{name}[{i}]", v) for i, v in enumerate(value)]
+
+
+def _pair(name: str, value: Any) -> tuple[int, int]:
+    """An int or an (h, w) pair, each >= 1."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes)):
+        if len(value) != 2:
+            raise ValueError(f"{name} must be an integer or an (h, w) pair, got {value!r}")
+        return _positive_int(f"{name}[0]", value[0]), _positive_int(f"{name}[1]", value[1])
+    v = _positive_int(name, value)
+    return v, v
+
+
+def _mlp_ratio(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"mlp_ratio must be a number > 0, got {value!r}")
+
+
+def _divisible(width_name: str, width: int, heads_name: str, heads: int) -> None:
+    if width % heads:
+        raise ValueError(f"{width_name} {width} is not divisible by {heads_name} {heads}")
+
+
+def _image_fits(img_size: Any, patch_size: int) -> None:
+    h, w = _pair("img_size", img_size)
+    if h % patch_size or w % patch_size:
+        # the wording of the grid's own check (vitrel.models.blocks), plus the arguments' names
+        raise ValueError(
+            f"image size {h}x{w} is not a positive multiple of the patch size {patch_size} (img_size, patch_size)"
+        )
+
+
+def check_attention_args(args: Mapping[str, Any]) -> None:
+    """``Attention(dim, num_heads, ...)`` (its ``locals()``): both >= 1, ``dim`` divisible by ``num_heads``."""
+    dim, heads = _positive_int("dim", args["dim"]), _positive_int("num_heads", args["num_heads"])
+    _divisible("dim", dim, "num_heads", heads)
+
+
+def check_vit_args(args: Mapping[str, Any]) -> None:
+    """``VisionTransformer``'s sizes (its ``locals()``): positive, ``embed_dim`` divisible by ``num_heads``,
+    the image a whole number of patches."""
+    patch = _positive_int("patch_size", args["patch_size"])
+    dim, heads = _positive_int("embed_dim", args["embed_dim"]), _positive_int("num_heads", args["num_heads"])
+    _divisible("embed_dim", dim, "num_heads", heads)
+    _positive_int("depth", args["depth"])
+    _mlp_ratio(args["mlp_ratio"])
+    _image_fits(args["img_size"], patch)
+
+
+def check_swin_args(args: Mapping[str, Any]) -> None:
+    """``SwinTransformer``'s sizes (its ``locals()``): positive, one head count per stage, each stage's
+    width (``embed_dim`` doubled per stage) divisible by its heads, the image a whole number of patches."""
+    patch = _positive_int("patch_size", args["patch_size"])
+    dim = _positive_int("embed_dim", args["embed_dim"])
+    depths, heads = _positive_ints("depths", args["depths"]), _positive_ints("num_heads", args["num_heads"])
+    if len(depths) != len(heads):
+        raise ValueError(f"depths {depths} and num_heads {heads} must have one entry per stage")
+    for i, h in enumerate(heads):
+        _divisible(f"embed_dim * 2**{i} (stage {i}'s width)", dim * 2**i, f"num_heads[{i}]", h)
+    _pair("window_size", args["window_size"])
+    _mlp_ratio(args["mlp_ratio"])
+    _image_fits(args["img_size"], patch)

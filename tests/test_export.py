@@ -21,9 +21,7 @@ ARCHS = ("vit", "swin")
 MODES = ("static", "batch", "hw")
 #: the schemes whose terms depend on the grid's extent (1-D raster order, normalised coordinates): in a Swin,
 #: their window's extent changes with the stage grid (docs/export.md)
-EXTENT = {
-    n for n in SCHEMES if vitrel.pos.build_pos(n, num_heads=2, head_dim=16, grid=(4, 4)).depends_on_extent
-}
+EXTENT = {n for n in SCHEMES if vitrel.pos.build_pos(n, num_heads=2, head_dim=16, grid=(4, 4)).depends_on_extent}
 
 
 def small_model(arch: str, pos: str, **kw) -> torch.nn.Module:

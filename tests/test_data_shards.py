@@ -120,6 +120,7 @@ def test_config_builds_the_wds_module(data):
     from omegaconf import OmegaConf
 
     cfg = OmegaConf.load(REPO / "conf" / "data" / "imagenet_wds.yaml")
+    cfg.pop("defaults")  # the schema entry of Hydra's defaults list (vitrel/config.py), not an argument
     cfg.root, cfg.num_workers, cfg.batch_size, cfg.pin_memory = str(data / "wds15"), 0, 2, False
     dm = instantiate(cfg)
     assert dm.source == "wds/imagenet" and dm.class_names == list(CLASSES)

@@ -86,6 +86,11 @@ class ImageNetDataConfig(DataConfig):
     num_classes: int | None = None
     train_dir: str = "train"
     val_dir: str = "val"
+    source: str | None = None  # timm.data.create_dataset name: wds/..., hfds/..., hfids/..., tfds/...
+    train_split: str = "train"
+    val_split: str = "validation"
+    num_samples: int | None = None
+    dataset_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 # -------------------------------------------------------------------------------------------- module

@@ -316,6 +316,7 @@ def test_configs_choose_the_loader(tmp_path, monkeypatch):
         assert cfg.loader == "memory" and cfg.batch_augment._target_ == "vitrel.data.BatchAugment", name
     assert OmegaConf.load(CONF / "imagenet.yaml").loader == "workers"
     cfg = OmegaConf.load(CONF / "fashion_mnist_full.yaml")
+    cfg.pop("defaults")  # the schema entry of Hydra's defaults list (vitrel/config.py), not an argument
     cfg.augment, cfg.batch_augment.re_prob = True, 0.25
     dm = instantiate(cfg)
     assert dm.loader == "memory" and dm.batch_augment == BatchAugment(translate=2, hflip=0.5, re_prob=0.25)

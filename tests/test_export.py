@@ -7,6 +7,7 @@ Swin window at the last stage). The whole matrix is ``slow``; a representative s
 
 from __future__ import annotations
 
+import itertools
 import warnings
 
 import lightning  # noqa: F401  (wraps torch.compile, as in any training process: the same in every test order)
@@ -80,8 +81,29 @@ QUICK_EXPORT = {
 QUICK_ONNX = {("vit", "rel2d_factored"), ("swin", "rel2d_full"), ("vit", "rope2d_mixed"), ("vit", "shaw2d_factored")}
 
 
+def _own_path(name: str) -> bool:
+    """The scheme runs attention, or builds its queries and keys, its own way (not the protocol's defaults)."""
+    cls = vitrel.pos.get_pos_class(name)
+    base = vitrel.pos.PositionScheme
+    return any(getattr(cls, hook, None) is not getattr(base, hook, None) for hook in ("attend", "augment"))
+
+
+#: Swin programs (ONNX; torch.export's static and batch modes): a scheme of each family (and LookHere's -inf
+#: views), and every scheme with its own attention or token path. The rest of a Swin's graph (windows, shifts,
+#: masks, merging) does not depend on the scheme; every scheme is exported through the ViT in every mode, and
+#: through the Swin at dynamic resolution.
+SWIN_ONNX = {"none", "ape", "rel2d_full", "alibi2d", "lookhere", "rope2d_mixed"} | {n for n in SCHEMES if _own_path(n)}
+#: the torch.export matrix keeps every pair for the dynamic-resolution mode and the ViT; a Swin's static and
+#: batch programs (no scheme-dependent shapes) for SWIN_ONNX's schemes
+EXPORT_CASES = {
+    (a, p, m) for a, p, m in itertools.product(ARCHS, SCHEMES, MODES) if a == "vit" or m == "hw" or p in SWIN_ONNX
+} | QUICK_EXPORT
+
+
 # ---------------------------------------------------------------------------- the export matrix
-@pytest.mark.parametrize(("arch", "pos", "mode"), matrix(QUICK_EXPORT, ARCHS, SCHEMES, MODES))
+@pytest.mark.parametrize(
+    ("arch", "pos", "mode"), [c for c in matrix(QUICK_EXPORT, ARCHS, SCHEMES, MODES) if tuple(c.values) in EXPORT_CASES]
+)
 def test_export_matrix(arch, pos, mode):
     if not supported(arch, pos, mode):
         m = small_model(arch, pos)
@@ -226,6 +248,17 @@ def check_onnx(arch: str, pos: str, tmp_path) -> None:
             np.testing.assert_allclose(out, m(x).numpy(), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize(("arch", "pos"), matrix(QUICK_ONNX, ARCHS, SCHEMES))
+ONNX_CASES = {(a, p) for a, p in itertools.product(ARCHS, SCHEMES) if a == "vit" or p in SWIN_ONNX}
+
+
+@pytest.mark.parametrize(
+    ("arch", "pos"), [c for c in matrix(QUICK_ONNX, ARCHS, SCHEMES) if tuple(c.values) in ONNX_CASES]
+)
 def test_onnx_matrix(arch, pos, tmp_path):
     check_onnx(arch, pos, tmp_path)
+
+
+def test_swin_onnx_covers_every_family_and_the_quick_cases():
+    families = {vitrel.pos.get_pos_class(n).family for n in SCHEMES}
+    assert families == {vitrel.pos.get_pos_class(n).family for n in SWIN_ONNX}
+    assert {p for a, p in QUICK_ONNX if a == "swin"} <= SWIN_ONNX

@@ -99,8 +99,6 @@ class Attention(nn.Module):
     ) -> None:
         super().__init__()
         check_attention_args(locals())  # sizes checked first, errors name the argument
-        if dim % num_heads:
-            raise ValueError(f"dim {dim} is not divisible by num_heads {num_heads}")
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads

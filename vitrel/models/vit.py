@@ -111,8 +111,6 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
-        if embed_dim % num_heads:
-            raise ValueError(f"embed_dim {embed_dim} is not divisible by num_heads {num_heads}")
         if reg_tokens < 0:
             raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
         pos, abs_pos = plain_pos_spec(pos), plain_pos_spec(abs_pos)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from vitrel.bench import alternate
-from vitrel.pos.base import Grid, attend_eager
+from vitrel.pos.geometry import Grid
+from vitrel.pos.kernels import attend_eager
 from vitrel.pos.shaw import Shaw2dFactored, shaw2d_factored_attention
 
 
@@ -28,7 +29,8 @@ def variants(q, k, v, pos: Shaw2dFactored, g: Grid, eager: bool) -> dict[str, Ca
         "shaw2d_factored fast": lambda: shaw2d_factored_attention(q, k, v, *tables, g, 0, None, scale),
     }
     if eager:
-        out["shaw2d_factored eager"] = lambda: attend_eager(pos, q, k, v, None, scale, g, 0)
+        st = pos.prepare(g, 0, q.device, q.dtype, "eager")
+        out["shaw2d_factored eager"] = lambda: attend_eager(q, k, v, None, scale, st)
     return out
 
 

@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor
 
+from vitrel.pos.shaw1d import shaw_logits, shaw_values
+
 
 def coords(h: int, w: int) -> list[tuple[int, int]]:
     return [(r, c) for r in range(h) for c in range(w)]
@@ -78,3 +80,49 @@ def alibi_slopes_reference(n: int) -> list[float]:
         return power_of_2(n)
     closest = 2 ** math.floor(math.log2(n))
     return power_of_2(closest) + alibi_slopes_reference(2 * closest)[0::2][: n - closest]
+
+
+def shaw_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel_k: Tensor,
+    rel_v: Tensor,
+    *,
+    causal: bool = False,
+    clip_distance: int | None = None,
+    q_offset: int | None = None,
+    scale: float | None = None,
+    attn_mask: Tensor | None = None,
+) -> Tensor:
+    """Shaw attention through the skew trick (``shaw_logits`` / ``shaw_values``) for ``q [..., n_q, d]``,
+    ``k, v [..., n_k, d]``, tables ``[2K+1, d]``.
+
+    ``A_ij = (q_i . k_j + q_i . r^K[r_ij]) * scale + attn_mask_ij`` (``-inf`` for ``j > i + o`` when
+    ``causal``), ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[r_ij])``, ``r_ij = clip(j - i - o, -K, K)``,
+    ``o = q_offset`` (default ``n_k - n_q`` if causal else 0), ``scale`` default ``d ** -0.5``.
+    ``attn_mask``: optional additive float mask broadcastable to ``[..., n_q, n_k]``.
+    """
+    n_q, d = q.shape[-2:]
+    n_k = k.shape[-2]
+    if k.shape[-1] != d or v.shape[-2] != n_k:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
+    if rel_k.shape[-1] != d or rel_v.shape[-1] != v.shape[-1]:
+        raise ValueError(f"tables {tuple(rel_k.shape)}, {tuple(rel_v.shape)} do not match head dims {d}, {v.shape[-1]}")
+    if q_offset is None:
+        q_offset = n_k - n_q if causal else 0
+    if causal and q_offset < 0:
+        raise ValueError(f"causal attention needs q_offset >= 0 (queries after the first key), got {q_offset}")
+    if scale is None:
+        scale = d**-0.5
+    logits = q @ k.transpose(-2, -1) + shaw_logits(
+        q, rel_k, n_k, q_offset=q_offset, causal=causal, clip_distance=clip_distance
+    )
+    logits = logits * scale
+    if attn_mask is not None:
+        logits = logits + attn_mask.to(logits.dtype)
+    if causal:
+        future = torch.arange(n_k, device=q.device)[None, :] > torch.arange(n_q, device=q.device)[:, None] + q_offset
+        logits = logits.masked_fill(future, float("-inf"))
+    attn = logits.softmax(dim=-1)
+    return attn @ v + shaw_values(attn, rel_v, q_offset=q_offset, causal=causal, clip_distance=clip_distance)

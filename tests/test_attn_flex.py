@@ -13,10 +13,11 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 import vitrel
-import vitrel.pos.base as base
+import vitrel.pos.kernels as kernels
 from vitrel.layers import Attention
 from vitrel.pos import build_pos, list_pos
-from vitrel.pos.base import expand_offset_table, get_pos_class
+from vitrel.pos.geometry import expand_offset_table
+from vitrel.pos.registry import get_pos_class
 
 TABLE_SCHEMES = [n for n in list_pos("relative") if get_pos_class(n).has_offset_table]
 CASES = [(n, {}) for n in TABLE_SCHEMES] + [
@@ -62,7 +63,7 @@ def _scheme(name: str, kw: dict, heads: int = 4):
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_offset_table_is_the_bias(name, kw, grid, prefix):
     s = _scheme(name, kw)
-    g = vitrel.pos.base.as_grid(grid)
+    g = vitrel.pos.as_grid(grid)
     t = s.offset_table(g)
     assert t.shape == (4, 2 * g.h - 1, 2 * g.w - 1)
     torch.testing.assert_close(expand_offset_table(t, g, prefix), s.bias(g, prefix), atol=0, rtol=0)
@@ -74,7 +75,7 @@ pytestmark = pytest.mark.filterwarnings("ignore:flex_attention called without to
 @pytest.fixture
 def eager_flex(monkeypatch):
     """FlexAttention uncompiled (torch's reference implementation): the same score_mod, no compile per shape."""
-    monkeypatch.setattr(base, "_flex_attention", flex_attention)
+    monkeypatch.setattr(kernels, "_flex_attention", flex_attention)
 
 
 def _pair(name: str, kw: dict, prefix: int, causal: bool = False):
@@ -129,7 +130,7 @@ def test_flex_causal_block_mask(eager_flex, monkeypatch, name):
     from torch.nn.attention.flex_attention import create_mask
 
     seen = []
-    real = base.with_causal_blocks
+    real = kernels.with_causal_blocks
     monkeypatch.setattr(vitrel.layers.attention, "with_causal_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
     sdpa, flex = _pair(name, {}, 0, causal=True)
     grid = (12, 25)
@@ -140,7 +141,7 @@ def test_flex_causal_block_mask(eager_flex, monkeypatch, name):
     dense = create_mask(bm.mask_mod, None, 4, 300, 300, device="cpu")[0]
     want = torch.ones(300, 300, dtype=torch.bool).tril()
     if name == "lookhere":
-        want = want & (sdpa.pos.bias(vitrel.pos.base.as_grid(grid)) > float("-inf"))
+        want = want & (sdpa.pos.bias(vitrel.pos.as_grid(grid)) > float("-inf"))
     assert torch.equal(dense, want.expand_as(dense))
     assert bm.sparsity() > 0
 
@@ -150,7 +151,7 @@ def test_flex_model_equals_sdpa(compiled, monkeypatch):
     """In models, eval, float32: the real path (FlexAttention compiled on first use) for the ViT, and Swin's
     shifted windows (masks read in score_mod) with torch's unfused flex."""
     if not compiled:
-        monkeypatch.setattr(base, "_flex_attention", flex_attention)
+        monkeypatch.setattr(kernels, "_flex_attention", flex_attention)
     x = torch.randn(2, 3, 32, 32)
     for arch in ["vitrel_vit_tiny_patch4_32"] if compiled else ["vitrel_swin_tiny_patch2_window4_32"]:
         torch.manual_seed(0)
@@ -184,7 +185,7 @@ def test_lookhere_block_mask_is_its_views(fov):
 
     s = _scheme("lookhere", {"fov": fov}, heads=8)
     for grid, prefix in [((3, 4), 1), ((16, 16), 0)]:
-        g = vitrel.pos.base.as_grid(grid)
+        g = vitrel.pos.as_grid(grid)
         st = s.prepare(g, prefix, impl="flex")
         n = prefix + g.n
         dense = create_mask(st.block_mask.mask_mod, None, 8, n, n, device="cpu")[0]

@@ -12,7 +12,7 @@ import torch
 import vitrel
 from tests.reference import dense_bias, reference_attention, t5_bucket_scalar
 from vitrel.layers import Attention
-from vitrel.pos.base import ATTN_IMPLS
+from vitrel.pos.kernels import ATTN_IMPLS
 
 GRIDS = [(4, 5), (6, 3)]  # the built grid, then another one (tables clamp at their edge)
 

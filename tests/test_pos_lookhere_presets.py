@@ -28,8 +28,8 @@ import torch
 
 import vitrel
 from vitrel.pos import Grid, build_pos
-from vitrel.pos.base import get_pos_class
 from vitrel.pos.lookhere import LookHere, group_sizes
+from vitrel.pos.registry import get_pos_class
 
 FIX = Path(__file__).parent / "fixtures"
 INF = float("-inf")

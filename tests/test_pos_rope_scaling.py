@@ -11,7 +11,7 @@ import torch
 
 import vitrel
 from vitrel import Attention
-from vitrel.pos.base import build_pos
+from vitrel.pos.registry import build_pos
 
 D, HEADS = 32, 2
 
@@ -55,7 +55,7 @@ def ref_mscale(s):
 
 def rope1d_inv_freq(sc, call_grid):
     """The inverse frequencies rope1d uses on ``call_grid``: the angles of raster index 1."""
-    return sc.angles(vitrel.pos.base.as_grid(call_grid))[1]
+    return sc.angles(vitrel.pos.as_grid(call_grid))[1]
 
 
 # ---------------------------------------------------------------- 1-D: the published definitions
@@ -72,7 +72,7 @@ def test_rope1d_inverse_frequencies_equal_definition(kind, factor, truncate):
     got = rope1d_inv_freq(sc, call)
     want = ref_inv_freq(kind, D, base, factor, 16, 48, truncate=truncate)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=0)
-    cos, _ = sc.cos_sin(vitrel.pos.base.as_grid(call), 1, None, torch.float64)
+    cos, _ = sc.cos_sin(vitrel.pos.as_grid(call), 1, None, torch.float64)
     assert cos[0, 0].item() == pytest.approx(ref_mscale(factor) if kind == "yarn" else 1.0, abs=1e-12)
 
 
@@ -96,7 +96,7 @@ def test_rope1d_equals_transformers(kind):
     sc = scheme("rope1d", grid=(4, 4), base=base, scaling={"rope_type": kind, "factor": factor})
     got = rope1d_inv_freq(sc, (8, 6))
     torch.testing.assert_close(got.float(), inv_freq.float(), rtol=2e-6, atol=0)
-    assert sc.attention_factor(vitrel.pos.base.as_grid((8, 6))) == pytest.approx(attn, abs=1e-12)
+    assert sc.attention_factor(vitrel.pos.as_grid((8, 6))) == pytest.approx(attn, abs=1e-12)
 
 
 def test_yarn_attention_factor_scales_every_logit():
@@ -121,7 +121,7 @@ def test_yarn_attention_factor_scales_every_logit():
 def test_rope2d_axial_per_axis(kind):
     base, (fr, fc) = 100.0, (2.0, 3.0)
     sc = scheme("rope2d_axial", grid=(4, 6), base=base, scaling={"rope_type": kind, "factor": [fr, fc]})
-    call = vitrel.pos.base.as_grid((8, 20))
+    call = vitrel.pos.as_grid((8, 20))
     theta = sc.angles(call)  # [H*W, d/2]: [col * omega_c, row * omega_r]
     half = D // 2
     r, c = call.h, call.w
@@ -139,10 +139,10 @@ def test_factor_auto_follows_the_call_grid():
     auto = scheme("rope2d_axial", grid=(4, 6), base=base, scaling={"rope_type": "yarn", "factor": "auto"})
     fixed = scheme("rope2d_axial", grid=(4, 6), base=base, scaling={"rope_type": "yarn", "factor": [2.0, 1.5]})
     plain = scheme("rope2d_axial", grid=(4, 6), base=base)
-    g = vitrel.pos.base.as_grid((8, 9))
+    g = vitrel.pos.as_grid((8, 9))
     torch.testing.assert_close(auto.angles(g), fixed.angles(g))
     assert auto.attention_factor(g) == pytest.approx(ref_mscale(3.0))
-    built = vitrel.pos.base.as_grid((4, 6))  # at (or below) the built grid: no scaling at all
+    built = vitrel.pos.as_grid((4, 6))  # at (or below) the built grid: no scaling at all
     torch.testing.assert_close(auto.angles(built), plain.angles(built))
     assert auto.attention_factor(built) == 1.0
     torch.testing.assert_close(auto.built_cos, plain.built_cos)
@@ -156,7 +156,7 @@ def test_rope2d_mixed_at_init_equals_axial(kind):
     opts = {"rope_type": kind, "factor": [2.0, 3.0], **({"truncate": False} if kind == "yarn" else {})}
     mixed = scheme("rope2d_mixed", grid=(4, 6), base=100.0, rotate=False, scaling=opts)
     axial = scheme("rope2d_axial", grid=(4, 6), base=100.0, scaling=opts)
-    g = vitrel.pos.base.as_grid((8, 20))
+    g = vitrel.pos.as_grid((8, 20))
     f = mixed.scaled_freqs(mixed.freqs.double(), g)  # [2 (cols, rows), heads, d/2]
     q = D // 4
     theta = axial.angles(g)

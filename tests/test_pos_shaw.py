@@ -17,10 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.reference import shaw_attention
 from vitrel import Attention
 from vitrel.pos import build_pos
 from vitrel.pos.shaw import Shaw2dFactored, Shaw2dFull
-from vitrel.pos.shaw1d import Shaw1d, shaw_attention
+from vitrel.pos.shaw1d import Shaw1d
 
 SCHEMES = ["shaw2d_factored", "shaw2d_full", "shaw1d"]
 DIM, HEADS = 24, 3
@@ -240,9 +241,10 @@ def test_shaw1d_causal_attention_module():
     _check(m, (1, 7), causal=True)
     # a true 1-D sequence: the module equals the functional causal shaw_attention
     x = torch.randn(2, 7, DIM, dtype=torch.float64)
-    q, k, v = m._qkv(x, m.pos.grid)
+    st = m.pos.prepare(m.pos.grid, 0, x.device, x.dtype)
+    q, k, v = m._qkv(x, st)
     ref = shaw_attention(q, k, v, m.pos.rel_k, m.pos.rel_v, causal=True)
-    got = m.pos.attend(q, k, v, m._mask(None, 2, 7, x.dtype, x.device), m.scale, m.pos.grid, 0)
+    got = m.pos.attend(q, k, v, m._mask(None, 2, 7, x.dtype, x.device), m.scale, st)
     torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-10)
 
 
@@ -333,10 +335,11 @@ def test_fast_path_large_grid_memory(name):
     elif any("flash_attention" in op for op in rec.ops):
         assert rec.max_numel < heads * n * n
     with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
-        q, k, v = m._qkv(x, m.pos.grid)
-        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, m.pos.grid, 1)) * m.scale).softmax(-1)
-        eager = a @ v + m.pos.content_values(a, m.pos.grid, 1)
-        fast = m.pos.attend(q, k, v, None, m.scale, m.pos.grid, 1)
+        st = m.pos.prepare(m.pos.grid, 1, x.device, x.dtype)
+        q, k, v = m._qkv(x, st)
+        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, st)) * m.scale).softmax(-1)
+        eager = a @ v + m.pos.content_values(a, st)
+        fast = m.pos.attend(q, k, v, None, m.scale, st)
     torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-4)
 
 
@@ -356,11 +359,11 @@ def test_factored_sdpa_head_dim_is_a_multiple_of_8(grid, head_dim):
 @pytest.mark.parametrize("name", SCHEMES)
 def test_eager_impl_runs_the_eager_path(name, monkeypatch):
     """attn_impl="eager" is the softmax written out (content_logits / content_values), equal to the reference."""
-    import vitrel.pos.shaw1d as shaw1d
+    import vitrel.pos.shaw_base as shaw_base
 
     calls = []
-    real = shaw1d.attend_eager
-    monkeypatch.setattr(shaw1d, "attend_eager", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = shaw_base.attend_eager
+    monkeypatch.setattr(shaw_base, "attend_eager", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     _check(make(name, (3, 4), 1, attn_impl="eager"), (3, 4))
     assert calls
     calls.clear()

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vitrel import Attention
-from vitrel.pos.base import as_grid, build_pos
+from vitrel.pos.geometry import as_grid
+from vitrel.pos.registry import build_pos
 
 HEADS, D = 2, 16
 

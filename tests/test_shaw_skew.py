@@ -14,7 +14,9 @@ import math
 import pytest
 import torch
 
-from vitrel.pos.shaw1d import expand_table, offset_range, shaw_attention, shaw_logits, shaw_values, skew, unskew
+from tests.reference import shaw_attention
+from vitrel.pos.shaw1d import expand_table, offset_range, shaw_logits, shaw_values
+from vitrel.pos.shaw_base import skew, unskew
 
 torch.manual_seed(0)
 DT = torch.float64

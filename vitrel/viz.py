@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import FAMILIES, Grid, PositionScheme, as_grid
+from vitrel.pos.base import FAMILIES, PositionScheme
+from vitrel.pos.geometry import Grid, as_grid
 
 __all__ = [
     "group_by_family",
@@ -122,9 +123,10 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
         return (e @ e.t())[None].cpu()
     heads, d = scheme.num_heads, scheme.head_dim
     u = _probe(heads, n, d, device)
-    q, k = scheme.rotate(u, u.clone(), grid, 0)
+    st = scheme.prepare(grid, 0, device, u.dtype)
+    q, k = scheme.rotate(u, u.clone(), st)
     logit = q.float() @ k.float().transpose(-2, -1)  # [1, heads, n, n]
-    extra = scheme.content_logits(q, grid, 0)
+    extra = scheme.content_logits(q, st)
     if extra is not None:
         logit = logit + extra.float()
     out = (logit - d / 2) * d**-0.5  # u . u = d / 2: the logit without position
@@ -177,7 +179,7 @@ def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
     grid = as_grid(grid if grid is not None else scheme.grid)
     d = scheme.head_dim
     u = _probe(scheme.num_heads, grid.n, d, _device(scheme))
-    q, k = scheme.rotate(u, u.clone(), grid, 0)
+    q, k = scheme.rotate(u, u.clone(), scheme.prepare(grid, 0, u.device, u.dtype))
     sim = (q.float() @ k.float().transpose(-2, -1))[0] / (d / 2)
     return offset_profile(sim.cpu(), grid)
 
@@ -216,11 +218,11 @@ def attention_maps(model: nn.Module, images: Tensor, block: int = -1, stage: int
             x, grid = model.embed(images)
             blocks = list(model.blocks)
             idx = _pick(block, len(blocks), "block")
-            st = model.position_state(grid, x)
-            for blk in blocks[:idx]:
-                x = blk(x, grid, pos_state=st)
+            states = model.position_states(grid, x, idx + 1)
+            for blk, st in zip(blocks[:idx], states):
+                x = blk(x, pos_state=st)
             blk = blocks[idx]
-            a = blk.attn.attention_map(blk.norm1(x), grid, pos_state=st)  # [B, heads, N, N]
+            a = blk.attn.attention_map(blk.norm1(x), pos_state=states[idx])  # [B, heads, N, N]
             p = model.num_prefix_tokens
             m = a[:, :, 0, p:] if model.has_class_token else a[:, :, p:, p:].mean(2)
             return m.reshape(a.shape[0], a.shape[1], grid.h, grid.w).float().cpu()

@@ -10,12 +10,13 @@ For ``x`` of ``[B, N, C]`` on a grid ``H x W`` with ``P`` prefix tokens (``N = P
 
 ``forward`` runs the scheme's fused path (``PositionScheme.attend``: SDPA with the bias as a
 float mask, or the scheme's own kernel; attention dropout goes into the same call); ``logits``
-returns ``A`` eagerly for inspection (:func:`~vitrel.pos.base.eager_logits`, the expression the
+returns ``A`` eagerly for inspection (:func:`~vitrel.pos.kernels.eager_logits`, the expression the
 eager path of schemes with content terms also uses).
 
-Position state: a layer built with a scheme prepares it at every call. A layer built with
-``pos="shared"`` owns no scheme: the model computes its shared scheme's state once per forward
-(``scheme.prepare(grid, ...)``) and passes it to every layer as ``pos_state``.
+Position state: a layer called with a grid prepares its scheme for it (``attn(x, grid)``). A model
+prepares every block's state once per forward and passes it instead (``attn(x, pos_state=state)``): the
+state carries the grid and prefix count it was prepared for. A layer built with ``pos="shared"`` owns no
+scheme and always takes its model's state.
 
 Windows: pass ``x`` as ``[B * num_windows, n, C]`` with ``grid`` the window's grid and ``mask``
 ``[num_windows, n, n]`` (the shifted-window mask); the bias is built once for the window grid and
@@ -31,32 +32,15 @@ from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
 from vitrel.layers.validate import check_attention_args
-from vitrel.pos.base import (
-    ATTN_IMPLS,
-    Grid,
-    PositionScheme,
-    PosState,
-    as_grid,
-    build_pos,
-    check_tokens,
-    eager_logits,
-    get_pos_class,
-    merge_masks,
-    with_causal_blocks,
-)
+from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.geometry import as_grid, check_tokens
+from vitrel.pos.kernels import ATTN_IMPLS, eager_logits, merge_masks, with_causal_blocks
+from vitrel.pos.registry import build_pos
 
 __all__ = ["Attention", "SHARED"]
 
 #: ``Attention(..., pos=SHARED)``: the layer owns no scheme and takes the model's state in ``forward``.
 SHARED = "shared"
-
-
-def _pos_name(pos: Any) -> str | None:
-    if isinstance(pos, str):
-        return pos
-    if hasattr(pos, "items") and not isinstance(pos, nn.Module):
-        return str(dict(pos.items()).get("name"))
-    return None
 
 
 @register_notrace_module  # torch.fx records the layer as one call (its shape checks need concrete sizes)
@@ -75,11 +59,13 @@ class Attention(nn.Module):
         num_prefix_tokens: class/register tokens ahead of the patch tokens.
         qkv_bias, attn_drop, proj_drop: as in timm.
         causal: add a causal mask (1-D sequences).
-        layer: ``(index, number of layers)`` of the block, handed to the scheme (per-layer schedules).
+        layer: ``(index, number of layers)`` of the block, handed to a scheme built here from a name or
+            config (per-layer schedules); a model builds its blocks' schemes itself and passes them as modules.
         attn_impl: ``auto`` | ``sdpa`` (the bias as SDPA's float mask) | ``fold`` (a factored bias folded
-            into the queries and keys, no mask; ``rel2d_factored``, ``rel2d_bucket``) | ``eager``
-            (softmax written out). ``auto`` is ``sdpa`` (until a GPU measurement says otherwise).
-        pos_kwargs: extra options for the scheme when ``pos`` is a name.
+            into the queries and keys, no mask; ``rel2d_factored``, ``rel2d_bucket``) | ``flex``
+            (FlexAttention reading the bias by offset; inference on CPU) | ``eager`` (softmax written out).
+            ``auto`` is ``sdpa`` (until a GPU measurement says otherwise).
+        pos_options: the scheme's options as keywords, when ``pos`` is a name or config.
     """
 
     def __init__(
@@ -95,7 +81,7 @@ class Attention(nn.Module):
         causal: bool = False,
         layer: tuple[int, int] | None = None,
         attn_impl: str = "auto",
-        **pos_kwargs: Any,
+        **pos_options: Any,
     ) -> None:
         super().__init__()
         check_attention_args(locals())  # sizes checked first, errors name the argument
@@ -114,34 +100,30 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
         self.pos: PositionScheme | None = None
         if pos == SHARED:
-            if pos_kwargs:
-                raise ValueError(f"pos='shared' takes no scheme options, got {sorted(pos_kwargs)}")
+            if pos_options:
+                raise ValueError(f"pos='shared' takes no scheme options, got {sorted(pos_options)}")
             return
-        name = pos.name if isinstance(pos, PositionScheme) else _pos_name(pos)
-        if name is not None and get_pos_class(name).kind == "absolute":
-            raise ValueError(
-                f"{name!r} is an absolute position scheme: it adds an embedding to the tokens at the input of the "
-                "network, so it cannot act inside attention. Give it to a model (vitrel.create_model(..., "
-                f"abs_pos={name!r}) or pos={name!r}), or add it yourself with scheme.add_to_tokens(x, grid)."
-            )
-        if causal and name is not None and get_pos_class(name).causal_aware and not isinstance(pos, PositionScheme):
-            pos_kwargs.setdefault("causal", True)  # e.g. T5's one-directional buckets under a causal mask
-        if layer is not None and not isinstance(pos, PositionScheme):
-            pos_kwargs["layer"] = layer  # (block index, depth): per-layer schedules (LookHere's slopes)
-        self.pos = build_pos(
+        pos = build_pos(  # a name or config: parsed once and built with this layer's arguments
             pos,
             num_heads=num_heads,
             head_dim=self.head_dim,
             grid=grid,
             num_prefix_tokens=num_prefix_tokens,
             embed_dim=dim,
-            **pos_kwargs,
+            layer=layer,
+            causal=causal,  # e.g. T5's one-directional buckets under a causal mask
+            **pos_options,
         )
-        self._check_scheme(self.pos)
-        if getattr(self.pos, "causal", causal) != causal:
+        if pos.kind == "absolute":
             raise ValueError(
-                f"the {self.pos.name} scheme was built with causal={self.pos.causal}, the attention has {causal}"
+                f"{pos.name!r} is an absolute position scheme: it adds an embedding to the tokens at the input of the "
+                "network, so it cannot act inside attention. Give it to a model (vitrel.create_model(..., "
+                f"abs_pos={pos.name!r}) or pos={pos.name!r}), or add it yourself with scheme.add_to_tokens(x, grid)."
             )
+        self._check_scheme(pos)
+        if getattr(pos, "causal", causal) != causal:
+            raise ValueError(f"the {pos.name} scheme was built with causal={pos.causal}, the attention has {causal}")
+        self.pos = pos
 
     # ------------------------------------------------------------------------------ internals
     def _check_scheme(self, scheme: PositionScheme) -> None:
@@ -151,35 +133,36 @@ class Attention(nn.Module):
                 f"attention has {self.num_heads} heads of {self.head_dim}"
             )
 
-    def _state(self, x: Tensor, grid: Grid, pos_state: PosState | None) -> PosState:
-        if pos_state is None:
-            if self.pos is None:
+    def _state(self, x: Tensor, grid: Any, pos_state: PosState | None) -> PosState:
+        """``pos_state`` as given (it carries the grid and prefix count it was prepared for), or this layer's
+        scheme prepared for ``grid``."""
+        if pos_state is not None:
+            if grid is not None:
                 raise ValueError(
-                    "this attention layer uses its model's shared position scheme (pos='shared'): pass "
-                    "pos_state=scheme.prepare(grid, num_prefix_tokens, x.device, x.dtype)"
+                    "pass the grid or a pos_state, not both: the state carries the grid it was prepared for"
                 )
-            return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, self.attn_impl)
-        if tuple(pos_state.grid) != tuple(grid) or pos_state.num_prefix_tokens != self.num_prefix_tokens:
+            self._check_scheme(pos_state.scheme)
+            return pos_state
+        if self.pos is None:
             raise ValueError(
-                f"pos_state was prepared for grid {tuple(pos_state.grid)} with {pos_state.num_prefix_tokens} "
-                f"prefix token(s), this call has grid {tuple(grid)} with {self.num_prefix_tokens}"
+                "this attention layer uses its model's shared position scheme (pos='shared'): pass "
+                "pos_state=scheme.prepare(grid, num_prefix_tokens, x.device, x.dtype)"
             )
-        self._check_scheme(pos_state.scheme)
-        return pos_state
+        if grid is None:
+            raise ValueError("pass the tokens' grid (H, W), or a pos_state prepared for it")
+        return self.pos.prepare(as_grid(grid), self.num_prefix_tokens, x.device, x.dtype, self.attn_impl)
 
-    def _qkv(self, x: Tensor, grid: Grid, st: PosState | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    def _qkv(self, x: Tensor, st: PosState) -> tuple[Tensor, Tensor, Tensor]:
         """Projected ``q, k, v [B, heads, N, d]``, ``q`` and ``k`` rotated (and augmented) by the scheme."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape [B, N, {self.dim}], got {tuple(x.shape)}")
-        check_tokens(x.shape[1], grid, self.num_prefix_tokens)
-        if st is None:
-            st = self._state(x, grid, None)
+        check_tokens(x.shape[1], st.grid, st.num_prefix_tokens)
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        q, k = st.scheme.rotate(q, k, grid, self.num_prefix_tokens, state=st)
+        q, k = st.scheme.rotate(q, k, st)
         if st.scheme.has_token_terms:  # channels from the tokens appended to q and k (PaPE)
-            q, k = st.scheme.augment(x, q, k, grid, self.num_prefix_tokens)
+            q, k = st.scheme.augment(x, q, k, st)
         return q, k, v
 
     def _mask(
@@ -200,35 +183,38 @@ class Attention(nn.Module):
         return mask
 
     # ------------------------------------------------------------------------------- public
-    def forward(self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None) -> Tensor:
-        """``x [B, N, C]`` on ``grid`` -> ``[B, N, C]``. ``mask``: ``[nW, n, n]`` window mask or a
-        float mask broadcastable to ``[B, heads, N, N]``; ``pos_state``: a shared scheme's state."""
-        grid = as_grid(grid)
+    def forward(
+        self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: PosState | None = None
+    ) -> Tensor:
+        """``x [B, N, C]`` -> ``[B, N, C]``, the tokens on ``grid`` or on the grid ``pos_state`` (a model's state of
+        this layer's or its shared scheme) was prepared for. ``mask``: ``[nW, n, n]`` window mask or a float mask
+        broadcastable to ``[B, heads, N, N]``."""
         st = self._state(x, grid, pos_state)
-        q, k, v = self._qkv(x, grid, st)
+        q, k, v = self._qkv(x, st)
         b, n, c = x.shape
         flex_causal = self.causal and st.impl == "flex"  # a BlockMask that skips the blocks above the diagonal
         m = self._mask(mask, b, n, q.dtype, q.device, causal=not flex_causal)
         if flex_causal:
             st = st._replace(block_mask=with_causal_blocks(st.block_mask, self.num_heads, n, q.device))
         p = self.attn_drop if self.training else 0.0
-        out = st.scheme.attend(q, k, v, m, self.scale, grid, self.num_prefix_tokens, state=st, dropout_p=p)
+        out = st.scheme.attend(q, k, v, m, self.scale, st, dropout_p=p)
         out = out.transpose(1, 2)  # [B, N, heads, d]
         if torch.compiler.is_exporting():  # a real copy: ONNX's decomposed attention has other output strides
             out = out.clone(memory_format=torch.contiguous_format)
         out = out.reshape(b, n, c)
         return self.proj_drop(self.proj(out))
 
-    def logits(self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None) -> Tensor:
+    def logits(
+        self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: PosState | None = None
+    ) -> Tensor:
         """Pre-softmax logits ``[B, heads, N, N]``, computed eagerly (for inspection)."""
-        grid = as_grid(grid)
         st = self._state(x, grid, pos_state)
-        q, k, _ = self._qkv(x, grid, st)
+        q, k, _ = self._qkv(x, st)
         m = merge_masks(st.full_bias(), self._mask(mask, x.shape[0], x.shape[1], q.dtype, q.device), q.dtype)
-        return eager_logits(st.scheme, q, k, m, self.scale, grid, self.num_prefix_tokens)
+        return eager_logits(q, k, m, self.scale, st)
 
     def attention_map(
-        self, x: Tensor, grid: Any, mask: Tensor | None = None, pos_state: PosState | None = None
+        self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: PosState | None = None
     ) -> Tensor:
         """Attention probabilities ``[B, heads, N, N]``."""
         return self.logits(x, grid, mask, pos_state).softmax(-1)

@@ -1,5 +1,5 @@
 """Building blocks shared by the backbones: patch embedding, the pre-norm transformer block, and the
-helpers that turn a model's ``pos=`` / ``abs_pos=`` arguments into position-scheme modules.
+helpers around a model's position schemes (their states, absolute embeddings, weight decay).
 
 Pre-norm block (Dosovitskiy et al., 2021), with optional layer scale ``gamma`` (Touvron et al., 2021)
 and stochastic depth ``DropPath`` (Huang et al., 2016)::
@@ -10,8 +10,9 @@ and stochastic depth ``DropPath`` (Huang et al., 2016)::
 Position schemes come in two kinds (``PositionScheme.kind``): ``"absolute"`` ones are applied once
 to the tokens after the patch embedding (``scheme.add_to_tokens``), ``"relative"`` ones live inside
 the attention layers, either one per block or one module owned by the model and shared by all
-blocks (``pos_share``): the model then prepares its state once per forward and passes it to every
-block (``blk(x, grid, pos_state=state)``).
+blocks (``pos_share``). The model parses its ``pos=`` / ``abs_pos=`` once
+(:func:`~vitrel.pos.registry.parse_pos`), builds the schemes and prepares every block's state once per
+forward, passing it to the block (``blk(x, pos_state=state)``): the state carries its grid.
 """
 
 from __future__ import annotations
@@ -27,14 +28,13 @@ from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function
 from torch import Tensor, nn
 
 from vitrel.layers.attention import Attention
-from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, build_pos, get_pos_class
+from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.geometry import Grid, as_grid
+from vitrel.pos.registry import PosSpec
 
 __all__ = [
     "PatchEmbed",
     "Block",
-    "plain_pos_spec",
-    "split_pos",
-    "build_abs_pos",
     "constructor_config",
     "scheme_no_weight_decay",
     "init_weights_",
@@ -45,91 +45,14 @@ __all__ = [
     "with_placement",
 ]
 
-PosSpec = str | Mapping[str, Any] | None
-
-
-# ---------------------------------------------------------------------------- position specs
-def plain_pos_spec(pos: Any) -> str | dict | None:
-    """A scheme name or config (Hydra ``DictConfig`` included) as a plain JSON-able value.
-
-    Models store their constructor arguments to be rebuilt from a checkpoint, so a scheme is given
-    by name (``"rel2d_full"``) or config (``{"name": "rope2d_mixed", "theta": 100}``), never as a
-    module.
-    """
-    if pos is None or isinstance(pos, str):
-        return pos
-    if isinstance(pos, PositionScheme):
-        raise TypeError(
-            "models take a position scheme by name or config dict (so they can be rebuilt from a checkpoint), "
-            f"not a module; got {type(pos).__name__}"
-        )
-    if hasattr(pos, "items"):
-        out = {str(k): _plain(v) for k, v in pos.items()}
-        out.pop("_target_", None)
-        if "name" not in out:
-            raise ValueError(f"a position config needs a 'name' key, got {out}")
-        return out
-    raise TypeError(f"pos must be a scheme name or a config dict, got {type(pos).__name__}")
-
-
-def _plain(v: Any) -> Any:
-    if hasattr(v, "items"):
-        return {str(k): _plain(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)) or (hasattr(v, "__iter__") and type(v).__name__ == "ListConfig"):
-        return [_plain(x) for x in v]
-    return v
-
-
-def pos_name(pos: PosSpec) -> str:
-    if pos is None:
-        return "none"
-    return pos if isinstance(pos, str) else str(pos["name"])
-
-
-def pos_kind(pos: PosSpec) -> str:
-    """``"relative"`` or ``"absolute"`` (raises a clear error for an unknown scheme name)."""
-    return get_pos_class(pos_name(pos)).kind
-
-
-def split_pos(pos: PosSpec, abs_pos: PosSpec) -> tuple[PosSpec, PosSpec]:
-    """Resolve ``(pos, abs_pos)`` into ``(relative scheme, absolute scheme or None)``.
-
-    ``pos`` may name any scheme: an absolute one (``pos="ape"``) means that absolute embedding and no
-    relative scheme. ``abs_pos`` adds an absolute scheme to a relative one (``pos="rel2d_full",
-    abs_pos="ape"``).
-    """
-    if abs_pos is not None and pos_kind(abs_pos) != "absolute":
-        raise ValueError(f"abs_pos must be an absolute scheme, {pos_name(abs_pos)!r} is relative")
-    if pos is not None and pos_kind(pos) == "absolute":
-        if abs_pos is not None:
-            raise ValueError(
-                f"pos={pos_name(pos)!r} is already an absolute scheme; abs_pos={pos_name(abs_pos)!r} would add a second"
-            )
-        return "none", pos
-    return (pos if pos is not None else "none"), abs_pos
-
-
-def build_abs_pos(
-    abs_pos: PosSpec, *, embed_dim: int, num_heads: int, grid: Grid, num_prefix_tokens: int
-) -> PositionScheme | None:
-    if abs_pos is None:
-        return None
-    return build_pos(
-        abs_pos,
-        num_heads=num_heads,
-        head_dim=embed_dim // num_heads,
-        grid=grid,
-        num_prefix_tokens=num_prefix_tokens,
-        embed_dim=embed_dim,
-    )
-
 
 def constructor_config(cls: type, args: Mapping[str, Any], **normalised: Any) -> dict[str, Any]:
     """What rebuilds a model: its constructor arguments taken from ``args`` (the constructor's
     ``locals()``), ``normalised`` replacing some by their JSON-able forms. Placement arguments
-    (``device``, ``dtype``) are not part of the configuration."""
+    (``device``, ``dtype``) are not part of the configuration; a position spec is stored in its plain form."""
     names = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "device", "dtype")]
-    return {n: normalised[n] if n in normalised else args[n] for n in names}
+    out = {n: normalised[n] if n in normalised else args[n] for n in names}
+    return {n: v.plain if isinstance(v, PosSpec) else v for n, v in out.items()}
 
 
 def scheme_no_weight_decay(model: nn.Module) -> set[str]:
@@ -276,15 +199,15 @@ def prepare_states(
 class Block(nn.Module):
     """Pre-norm transformer block: ``x + DP(ls1(Attn(LN x))) ; x + DP(ls2(MLP(LN x)))``.
 
-    ``pos``: the block's own scheme (name or config), or ``"shared"`` (:data:`~vitrel.layers.SHARED`)
-    when the model owns the scheme and passes its state to ``forward``.
+    ``pos``: the block's own scheme (a module its model built, or a name or config), or ``"shared"``
+    (:data:`~vitrel.layers.SHARED`) when the model owns the scheme and passes its state to ``forward``.
     """
 
     def __init__(
         self,
         dim: int,
         num_heads: int,
-        pos: PosSpec = "none",
+        pos: Any = "none",
         grid: Any = (14, 14),
         num_prefix_tokens: int = 0,
         mlp_ratio: float = 4.0,
@@ -318,7 +241,10 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
-    def forward(self, x: Tensor, grid: Grid, mask: Tensor | None = None, pos_state: PosState | None = None) -> Tensor:
+    def forward(
+        self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: PosState | None = None
+    ) -> Tensor:
+        """``x [B, N, C]`` on ``grid``, or on the grid ``pos_state`` was prepared for (what a model passes)."""
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, mask, pos_state)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x

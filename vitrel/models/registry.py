@@ -26,10 +26,9 @@ from timm.models import (
 from timm.models._features import FeatureGetterNet
 from torch import nn
 
-from vitrel.models.blocks import plain_pos_spec, split_pos
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.vit import VisionTransformer
-from vitrel.pos.base import get_pos_class
+from vitrel.pos.registry import get_pos_class, parse_pos, split_pos
 
 #: ``vitrel_cfg["vitrel_format"]`` of the configurations written now (0.1's had none: format 1). 2: ALiBi's
 #: reference slopes; 3: LookHere's ``fov`` names the authors' head groups, ``global_slope`` 2.
@@ -219,8 +218,8 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
                 f"feature_cls={kind!r} runs the model's children one after the other, which the ViT's do not "
                 "allow (its blocks take the patch grid): use 'getter' (the default), 'hook' or 'fx'"
             )
-        pos = plain_pos_spec(kwargs.get("pos", defaults.get("pos", "rel2d_full")))
-        if split_pos(pos, plain_pos_spec(kwargs.get("abs_pos", defaults.get("abs_pos"))))[1] is not None:
+        pos = parse_pos(kwargs.get("pos", defaults.get("pos", "rel2d_full")))
+        if split_pos(pos, parse_pos(kwargs.get("abs_pos", defaults.get("abs_pos"))))[1] is not None:
             raise ValueError(
                 f"feature_cls={kind!r} runs the Swin's children one after the other, which skips its absolute "
                 "position embedding (the model adds it): use 'getter' (the default), 'hook' or 'fx'"

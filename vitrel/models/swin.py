@@ -28,6 +28,7 @@ windows stay exactly ``floor((r - s) / M)``, and padded positions are masked out
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -42,20 +43,18 @@ from vitrel.layers.attention import SHARED, Attention
 from vitrel.layers.validate import check_swin_args
 from vitrel.models.blocks import (
     PatchEmbed,
-    PosSpec,
     add_abs_pos,
-    build_abs_pos,
     constructor_config,
     init_weights_,
     patch_grid,
-    plain_pos_spec,
     prepare_states,
     scheme_no_weight_decay,
-    split_pos,
     with_placement,
 )
 from vitrel.models.input_size import check_img_size, rebuild_position_schemes, resolve_strict_img_size
-from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, build_pos
+from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.geometry import Grid, as_grid
+from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
 __all__ = [
     "SwinTransformer",
@@ -143,13 +142,14 @@ def _symbolic(x: Tensor) -> bool:
 # torch.export / torch.compile trace through it. With symbolic sizes the windows take the form
 # that is the same program at every size (see ``_any_size_windows``).
 @register_notrace_function
-def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState | None) -> Tensor:
-    """``block``'s (shifted-)window attention on the normalised map ``x [B, H, W, C]`` -> ``[B, H, W, C]``."""
+def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor:
+    """``block``'s (shifted-)window attention on the normalised map ``x [B, H, W, C]`` -> ``[B, H, W, C]``,
+    ``pos_state`` its scheme's state for the map's windows (:func:`stage_state`)."""
     if _symbolic(x):
         return _any_size_window_attention(block, x, pos_state)
     b, h, w, c = x.shape
     windows, grid, win, shift, mask = block._windows(x)
-    out = block.attn(windows, win, mask, pos_state)
+    out = block.attn(windows, mask=mask, pos_state=pos_state)
     out = window_reverse(out, win, h + (-h) % win[0], w + (-w) % win[1])
     if any(shift):
         out = torch.roll(out, shifts=shift, dims=(1, 2))
@@ -158,7 +158,7 @@ def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState | None) ->
     return out
 
 
-def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState | None) -> Tensor:
+def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor:
     """Window attention as one program for every map size (used when the sizes are symbolic).
 
     The eager rule (the window shrinks to a grid smaller than it, no shift then; :func:`window_and_shift`)
@@ -170,8 +170,8 @@ def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState 
     terms depend on the window's extent (``PositionScheme.depends_on_extent``: raster-order 1-D
     schemes, RoPE on normalised coordinates) would not, and is refused.
     """
-    st_scheme = pos_state.scheme if pos_state is not None else block.attn.pos
-    if st_scheme is not None and st_scheme.depends_on_extent:
+    st_scheme = pos_state.scheme
+    if st_scheme.depends_on_extent:
         raise NotImplementedError(
             f"{st_scheme.name} depends on the window's extent, which Swin shrinks to a smaller grid (timm's "
             "rule); an exported Swin with this scheme cannot serve every resolution: export with static "
@@ -198,7 +198,7 @@ def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState 
     lab_c = torch.where(ic >= w, 2, (rc >= wp - sw).long())
     lab = (lab_r * 3 + lab_c).reshape(nh * nw, wh * ww)
     mask = torch.zeros((), device=dev).masked_fill(lab[:, :, None] != lab[:, None, :], float("-inf"))
-    out = block.attn(windows, Grid(wh, ww), mask, pos_state)  # [B nW, n, C]
+    out = block.attn(windows, mask=mask, pos_state=pos_state)  # [B nW, n, C]
     # image position (r, c) sits at rolled (r - shift) mod hp: gather the H x W positions back
     r2 = _mod(torch.arange(h, device=dev) - sh, hp)
     c2 = _mod(torch.arange(w, device=dev) - sw, wp)
@@ -220,7 +220,7 @@ class SwinBlock(nn.Module):
         num_heads: int,
         window_size: tuple[int, int],
         shifted: bool,
-        pos: PosSpec = "rel2d_full",
+        pos: PosArg = "rel2d_full",
         build_grid: tuple[int, int] = (7, 7),
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
@@ -285,9 +285,18 @@ class SwinBlock(nn.Module):
             mask = shifted_window_mask(grid, win, shift, x.device)
         return window_partition(x, win), grid, win, shift, mask
 
+    def _state(self, x: Tensor, pos_state: PosState | None) -> PosState:
+        """``pos_state`` (what the stage passes), or this block's own scheme prepared for the windows of ``x``."""
+        if pos_state is not None:
+            return pos_state
+        if self.attn.pos is None:
+            raise ValueError("this block uses its stage's shared scheme: pass pos_state=stage.position_state(x)")
+        return stage_state(self.attn.pos, x, self.window_size, self.attn.attn_impl)
+
     def forward(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
-        """``[B, H, W, C]`` -> ``[B, H, W, C]``; ``pos_state``: the stage's shared scheme state (window grid)."""
-        x = x + self.drop_path1(window_attention(self, self.norm1(x), pos_state))
+        """``[B, H, W, C]`` -> ``[B, H, W, C]``; ``pos_state``: the state of the block's scheme for the windows of
+        ``x``, prepared by its stage once per forward (else prepared here)."""
+        x = x + self.drop_path1(window_attention(self, self.norm1(x), self._state(x, pos_state)))
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x
 
@@ -297,7 +306,7 @@ class SwinBlock(nn.Module):
         (un-rolled, un-padded) image positions; pairs in different windows get 0."""
         b, h, w, _ = x.shape
         windows, grid, win, shift, mask = self._windows(self.norm1(x))
-        probs = self.attn.attention_map(windows, win, mask, pos_state)  # [B nW, heads, n, n]
+        probs = self.attn.attention_map(windows, mask=mask, pos_state=self._state(x, pos_state))  # [B nW, heads, n, n]
         hp, wp = h + (-h) % win[0], w + (-w) % win[1]
         # image position of every (window, slot) of the padded, rolled map (-1 for padding)
         src_r = (torch.arange(hp) + shift[0]) % hp
@@ -408,7 +417,7 @@ class SwinStage(nn.Module):
         window_size: tuple[int, int],
         build_grid: Grid,
         downsample: bool,
-        pos: PosSpec = "rel2d_full",
+        pos: PosArg = "rel2d_full",
         pos_share: bool = False,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
@@ -428,11 +437,9 @@ class SwinStage(nn.Module):
         self.build_grid = build_grid
         self.window_size = window_size
         win, _ = window_and_shift(build_grid, window_size, False)
-        self.rel_pos = (
-            build_pos(pos, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win, embed_dim=out_dim)
-            if pos_share
-            else None
-        )
+        pos = parse_pos(pos)
+        make_pos = functools.partial(pos.build, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win)
+        self.rel_pos = make_pos() if pos_share else None
         self.blocks = nn.ModuleList(
             [
                 SwinBlock(
@@ -440,14 +447,13 @@ class SwinStage(nn.Module):
                     num_heads,
                     window_size,
                     shifted=i % 2 == 1,
-                    pos=SHARED if pos_share else pos,
+                    pos=SHARED if pos_share else make_pos(layer=None if layers is None else (layers[0] + i, layers[1])),
                     build_grid=build_grid,
                     mlp_ratio=mlp_ratio,
                     qkv_bias=qkv_bias,
                     proj_drop=proj_drop,
                     attn_drop=attn_drop,
                     drop_path=drop_path[i] if len(drop_path) else 0.0,
-                    layer=None if pos_share or layers is None else (layers[0] + i, layers[1]),
                     norm_eps=norm_eps,
                     attn_impl=attn_impl,
                 )
@@ -514,8 +520,8 @@ class SwinTransformer(nn.Module):
         window_size: int | tuple[int, int] = 7,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
-        pos: PosSpec = "rel2d_full",
-        abs_pos: PosSpec = None,
+        pos: PosArg = "rel2d_full",
+        abs_pos: PosArg = None,
         pos_share: bool = False,
         attn_impl: str = "auto",
         drop_rate: float = 0.0,
@@ -534,7 +540,7 @@ class SwinTransformer(nn.Module):
         depths, num_heads = [int(d) for d in depths], [int(h) for h in num_heads]
         if len(depths) != len(num_heads) or not depths:
             raise ValueError(f"depths {depths} and num_heads {num_heads} must be non-empty and of equal length")
-        pos, abs_pos = plain_pos_spec(pos), plain_pos_spec(abs_pos)
+        pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)  # the one parse of the position specs
         img_size, window = to_2tuple(img_size), to_2tuple(window_size)
         self.vitrel_cfg = constructor_config(
             SwinTransformer, locals(), img_size=list(img_size), window_size=list(window)
@@ -564,8 +570,10 @@ class SwinTransformer(nn.Module):
             img_size=img_size if self.strict_img_size else None,
         )
         self.grid = self.patch_embed.grid_for(img_size)
-        self.abs_pos = build_abs_pos(
-            absolute, embed_dim=dims[0], num_heads=num_heads[0], grid=self.grid, num_prefix_tokens=0
+        self.abs_pos = (
+            absolute.build(num_heads=num_heads[0], head_dim=dims[0] // num_heads[0], grid=self.grid)
+            if absolute is not None
+            else None
         )
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = calculate_drop_path_rates(drop_path_rate, sum(depths))

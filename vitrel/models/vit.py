@@ -17,6 +17,7 @@ every block has its own scheme.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -30,20 +31,18 @@ from vitrel.layers.validate import check_vit_args
 from vitrel.models.blocks import (
     Block,
     PatchEmbed,
-    PosSpec,
     add_abs_pos,
-    build_abs_pos,
     constructor_config,
     init_weights_,
-    plain_pos_spec,
     prepare_state,
     prepare_states,
     scheme_no_weight_decay,
-    split_pos,
     with_placement,
 )
 from vitrel.models.input_size import check_img_size, rebuild_position_schemes, resolve_strict_img_size
-from vitrel.pos.base import Grid, PosState, build_pos
+from vitrel.pos.base import PosState
+from vitrel.pos.geometry import Grid
+from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
 
 __all__ = ["VisionTransformer"]
 
@@ -92,8 +91,8 @@ class VisionTransformer(nn.Module):
         reg_tokens: int = 0,
         init_values: float | None = None,
         fc_norm: bool | None = None,
-        pos: PosSpec = "rel2d_full",
-        abs_pos: PosSpec = None,
+        pos: PosArg = "rel2d_full",
+        abs_pos: PosArg = None,
         pos_share: bool = False,
         attn_impl: str = "auto",
         drop_rate: float = 0.0,
@@ -113,7 +112,7 @@ class VisionTransformer(nn.Module):
             raise ValueError("global_pool='token' needs class_token=True")
         if reg_tokens < 0:
             raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
-        pos, abs_pos = plain_pos_spec(pos), plain_pos_spec(abs_pos)
+        pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)  # the one parse of the position specs
         img_size = to_2tuple(img_size)
         self.vitrel_cfg = constructor_config(VisionTransformer, locals(), img_size=list(img_size))
         rel, absolute = split_pos(pos, abs_pos)
@@ -135,29 +134,25 @@ class VisionTransformer(nn.Module):
         self.grid = self.patch_embed.grid_for(img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
-        self.abs_pos = build_abs_pos(
-            absolute, embed_dim=embed_dim, num_heads=num_heads, grid=self.grid, num_prefix_tokens=self.num_prefix_tokens
+        # the schemes for this model's sizes; a block's own scheme also gets its (index, depth)
+        make_pos = functools.partial(
+            PosSpec.build,
+            num_heads=num_heads,
+            head_dim=embed_dim // num_heads,
+            grid=self.grid,
+            num_prefix_tokens=self.num_prefix_tokens,
+            embed_dim=embed_dim,
         )
+        self.abs_pos = make_pos(absolute) if absolute is not None else None
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        self.rel_pos = (
-            build_pos(
-                rel,
-                num_heads=num_heads,
-                head_dim=embed_dim // num_heads,
-                grid=self.grid,
-                num_prefix_tokens=self.num_prefix_tokens,
-                embed_dim=embed_dim,
-            )
-            if pos_share
-            else None
-        )
+        self.rel_pos = make_pos(rel) if pos_share else None
         dpr = calculate_drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList(
             [
                 Block(
                     embed_dim,
                     num_heads,
-                    pos=SHARED if pos_share else rel,
+                    pos=SHARED if pos_share else make_pos(rel, layer=(i, depth)),
                     grid=self.grid,
                     num_prefix_tokens=self.num_prefix_tokens,
                     mlp_ratio=mlp_ratio,
@@ -166,7 +161,6 @@ class VisionTransformer(nn.Module):
                     proj_drop=proj_drop_rate,
                     attn_drop=attn_drop_rate,
                     drop_path=dpr[i],
-                    layer=None if pos_share else (i, depth),
                     norm_eps=norm_eps,
                     attn_impl=attn_impl,
                 )
@@ -278,7 +272,7 @@ class VisionTransformer(nn.Module):
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
         for i, blk in enumerate(self.blocks):  # states[i]: a torch.fx trace records one call for all states
             st = states[i]
-            x = checkpoint(blk, x, grid, None, st, use_reentrant=False) if ckpt else blk(x, grid, pos_state=st)
+            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
         return self.norm(x)
 
     def pool(self, x: Tensor) -> Tensor:
@@ -325,7 +319,7 @@ class VisionTransformer(nn.Module):
         feats = []
         for i, blk in enumerate(blocks):
             st = states[i]
-            x = checkpoint(blk, x, grid, None, st, use_reentrant=False) if ckpt else blk(x, grid, pos_state=st)
+            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
             if i in take:
                 feats.append(self.norm(x) if norm else x)
         p = self.num_prefix_tokens

@@ -3,16 +3,9 @@
 import importlib
 import pkgutil
 
-from vitrel.pos.base import (
-    Grid,
-    PositionScheme,
-    PosState,
-    as_grid,
-    build_pos,
-    get_pos_class,
-    list_pos,
-    register_pos,
-)
+from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.geometry import Grid, as_grid
+from vitrel.pos.registry import PosSpec, build_pos, get_pos_class, list_pos, parse_pos, register_pos
 
 for _m in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_m.name}")
@@ -22,8 +15,10 @@ __all__ = [
     "PositionScheme",
     "as_grid",
     "PosState",
+    "PosSpec",
     "build_pos",
     "get_pos_class",
     "list_pos",
+    "parse_pos",
     "register_pos",
 ]

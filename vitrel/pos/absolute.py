@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, as_grid, check_tokens, patch_coords, register_pos
+from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import GridBuffers, TensorCache, concrete_grid
+from vitrel.pos.geometry import Grid, as_grid, check_tokens, patch_coords
+from vitrel.pos.registry import register_pos
 from vitrel.pos.tables import warn_once
 
 __all__ = ["Ape", "Sincos2d", "add_patch_embed", "resample_pos_embed", "sincos2d_embed", "infer_grid"]

@@ -25,10 +25,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrel.pos.base import Grid, PositionScheme, geometric_slopes, offset_grid, pad_prefix, register_pos, rel_offsets
+from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import GridBuffers
+from vitrel.pos.geometry import Grid, offset_grid, pad_prefix, rel_offsets
+from vitrel.pos.registry import register_pos
 
 __all__ = ["Alibi1d", "Alibi2d", "reference_slopes"]
+
+
+def geometric_slopes(num_heads: int, max_exponent: float = 8.0) -> Tensor:
+    """ALiBi slopes ``m_h = 2^(-max_exponent * (h + 1) / num_heads)`` for h = 0..heads-1."""
+    return torch.tensor([2.0 ** (-max_exponent * (h + 1) / num_heads) for h in range(num_heads)], dtype=torch.float64)
 
 
 def reference_slopes(num_heads: int, max_exponent: float = 8.0) -> Tensor:

@@ -19,7 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, axis_factors, pad_prefix, register_pos
+from vitrel.pos.base import PositionScheme
+from vitrel.pos.geometry import Grid, axis_factors, pad_prefix
+from vitrel.pos.registry import register_pos
 from vitrel.pos.tables import ResizeOnLoad, cover_grid, offset_index, offset_rows
 
 __all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]

@@ -21,7 +21,9 @@ import math
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, axis_factors, axis_offsets, pad_prefix, register_pos
+from vitrel.pos.base import PositionScheme
+from vitrel.pos.geometry import Grid, axis_factors, axis_offsets, pad_prefix
+from vitrel.pos.registry import register_pos
 
 __all__ = ["t5_bucket", "Rel1dBucket", "Rel2dBucket"]
 

@@ -16,8 +16,10 @@ import math
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
+from vitrel.pos.base import PositionScheme
 from vitrel.pos.bias2d import full_bias_flat
+from vitrel.pos.geometry import Grid, pad_prefix
+from vitrel.pos.registry import register_pos
 
 __all__ = ["Rel2dCpb", "cpb_coords"]
 

@@ -45,8 +45,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, pad_prefix, register_pos
+from vitrel.pos.base import PositionScheme
 from vitrel.pos.bias2d import full_bias_flat
+from vitrel.pos.geometry import Grid, pad_prefix
+from vitrel.pos.registry import register_pos
 
 __all__ = ["Fire1d", "Fire2d"]
 

@@ -43,8 +43,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, check_tokens, patch_coords, register_pos
-from vitrel.pos.rope import apply_rope
+from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.geometry import Grid, as_grid, patch_coords
+from vitrel.pos.registry import register_pos
+from vitrel.pos.rope import apply_rope, check_qk
 
 __all__ = ["Liere", "Comrope", "lie_positions", "block_rotations", "apply_block_rotation"]
 
@@ -140,19 +142,9 @@ class _LieRotation(PositionScheme):
             return theta.cos(), theta.sin()
         return (block_rotations(a.to(work), pos),)
 
-    def rotate(
-        self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None
-    ) -> tuple[Tensor, Tensor]:
-        grid = as_grid(grid)
-        if q.dim() != 4 or q.shape[1] != self.num_heads or q.shape[-1] != self.head_dim:
-            raise ValueError(
-                f"{self.name} expects q and k of shape [B, {self.num_heads}, N, {self.head_dim}], got {tuple(q.shape)}"
-            )
-        check_tokens(q.shape[-2], grid, num_prefix_tokens)
-        check_tokens(k.shape[-2], grid, num_prefix_tokens)
-        rot = state.rope if state is not None and state.rope is not None else None
-        if rot is None:
-            rot = self.rotation(grid, num_prefix_tokens, q.device, q.dtype)
+    def rotate(self, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
+        check_qk(self, q, k, state, per_head=True)
+        rot = state.rope
         if len(rot) == 2:  # b = 2: plane rotations as RoPE's cos / sin
             cos, sin = rot[0].to(q.device), rot[1].to(q.device)
             return apply_rope(q, cos, sin), apply_rope(k, cos, sin)

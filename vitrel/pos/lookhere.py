@@ -71,18 +71,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrel.pos.base import (
-    Grid,
-    PositionScheme,
-    PosState,
-    as_grid,
-    expand_offset_table,
-    offset_block_mask,
-    offset_grid,
-    register_pos,
-    rel_offsets,
-)
+from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
+from vitrel.pos.geometry import Grid, as_grid, expand_offset_table, offset_grid, rel_offsets
+from vitrel.pos.kernels import offset_block_mask
+from vitrel.pos.registry import register_pos
 
 __all__ = [
     "LookHere",

@@ -49,7 +49,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, PositionScheme, PosState, attend_eager, merge_masks, patch_coords, register_pos
+from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.geometry import Grid, patch_coords
+from vitrel.pos.registry import register_pos
 
 __all__ = ["pape_positions", "Pape", "PapeRi"]
 
@@ -110,9 +112,9 @@ class _Parabolic(PositionScheme):
         """``(qx [B, heads, N, e], kx [heads, N, e])``: the channels appended to the queries and the keys."""
         raise NotImplementedError
 
-    def augment(self, x: Tensor, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:
-        p = num_prefix_tokens
-        pos = pape_positions(grid, p, x.device, x.dtype)
+    def augment(self, x: Tensor, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
+        p = state.num_prefix_tokens
+        pos = pape_positions(state.grid, p, x.device, x.dtype)
         qx, kx = self.extras(x, pos)
         if p and self.prefix_position == "none":  # no term for any pair with a prefix token
             keep = (torch.arange(pos.shape[0], device=x.device) >= p).to(qx.dtype)[:, None]
@@ -136,29 +138,6 @@ class _Parabolic(PositionScheme):
                 "factors); its fast path is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
             )
         return super().prepare(grid, num_prefix_tokens, device, dtype, impl)
-
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        scale: float,
-        grid: Grid,
-        num_prefix_tokens: int = 0,
-        state: PosState | None = None,
-        dropout_p: float = 0.0,
-    ) -> Tensor:
-        """SDPA on the augmented ``q', k'`` (from :meth:`augment`), ``v`` zero-padded to their width (SDPA's
-        fused kernels want one head dim, else the math path) and the padding cut off the output."""
-        m = merge_masks(None, mask, q.dtype)
-        if m is not None and not isinstance(q.shape[0], int):  # symbolic batch (torch.export)
-            m = m.expand(q.shape[0], *m.shape[1:])
-        if state is not None and state.impl == "eager":
-            return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
-        ev = v.shape[-1]
-        v = F.pad(v, (0, q.shape[-1] - ev))
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=m, dropout_p=dropout_p, scale=scale)[..., :ev]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, prefix_position={self.prefix_position}"

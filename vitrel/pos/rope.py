@@ -61,17 +61,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import (
-    ATTN_IMPLS,
-    Grid,
-    PositionScheme,
-    PosState,
-    as_grid,
-    check_tokens,
-    patch_coords,
-    register_pos,
-)
+from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers, TensorCache
+from vitrel.pos.geometry import Grid, as_grid, check_tokens, patch_coords
+from vitrel.pos.kernels import ATTN_IMPLS
+from vitrel.pos.registry import register_pos
 from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
 
 __all__ = [
@@ -241,16 +235,18 @@ def _rotate_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, 
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
 
-def _check_qk(scheme: PositionScheme, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int) -> Grid:
+def check_qk(scheme: PositionScheme, q: Tensor, k: Tensor, state: PosState, per_head: bool = False) -> None:
+    """``q`` and ``k`` are ``[B, heads, N, head_dim]`` for the state's tokens (``heads == scheme.num_heads`` for
+    a scheme with per-head angles)."""
     if q.dim() != 4 or q.shape[-1] != scheme.head_dim or k.shape[-1] != scheme.head_dim:
         raise ValueError(
             f"{scheme.name} expects q and k of shape [B, heads, N, {scheme.head_dim}], "
             f"got {tuple(q.shape)} and {tuple(k.shape)}"
         )
-    grid = as_grid(grid)
-    check_tokens(q.shape[-2], grid, num_prefix_tokens)
-    check_tokens(k.shape[-2], grid, num_prefix_tokens)
-    return grid
+    if per_head and q.shape[1] != scheme.num_heads:
+        raise ValueError(f"{scheme.name} has {scheme.num_heads} heads, q has {q.shape[1]}")
+    check_tokens(q.shape[-2], state.grid, state.num_prefix_tokens)
+    check_tokens(k.shape[-2], state.grid, state.num_prefix_tokens)
 
 
 def _table_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -312,13 +308,12 @@ class _Rope(PositionScheme):
         p = self.basis()
         return cs if p is None else (*cs, p)
 
-    def rotate(
-        self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None
-    ) -> tuple[Tensor, Tensor]:
-        grid = _check_qk(self, q, k, grid, num_prefix_tokens)
-        rot = state.rope if state is not None and state.rope is not None else None
-        if rot is None:
-            rot = self.rotation(grid, num_prefix_tokens, q.device, q.dtype)
+    #: the angles differ per head (``rotate`` checks the heads of ``q``)
+    per_head: bool = False
+
+    def rotate(self, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
+        check_qk(self, q, k, state, self.per_head)
+        rot = state.rope
         cos, sin = rot[0], rot[1]
         if len(rot) == 3:  # STRING: q, k -> P q, P k (per head) before the rotation
             p = rot[2].to(q.dtype).transpose(-1, -2)[None]
@@ -515,6 +510,8 @@ class Rope2dMixed(_Rope2dOptions):
 
     no_weight_decay_keys = ("freqs", "string")
 
+    per_head = True
+
     def __init__(self, *, base: float = 10.0, rotate: bool = True, **kw) -> None:
         super().__init__(**kw)
         if self.head_dim % 4:
@@ -602,13 +599,6 @@ class Rope2dMixed(_Rope2dOptions):
             basis = string_basis(torch.cat([s.string for s in schemes]), first.basis_kind).unflatten(0, (layers, -1))
             ropes = list(zip(cos, sin, basis.unbind(0)))
         return [PosState(s, grid, p, rope=r, impl=impl) for s, r in zip(schemes, ropes)]
-
-    def rotate(
-        self, q: Tensor, k: Tensor, grid: Grid, num_prefix_tokens: int = 0, state: PosState | None = None
-    ) -> tuple[Tensor, Tensor]:
-        if q.dim() == 4 and q.shape[1] != self.num_heads:
-            raise ValueError(f"{self.name} has {self.num_heads} heads, q has {q.shape[1]}")
-        return super().rotate(q, k, grid, num_prefix_tokens, state)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, base={self.base}{_scaling_repr(self.scaling)}"

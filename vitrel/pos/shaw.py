@@ -47,9 +47,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.base import Grid, check_tokens, pad_prefix, patch_coords, register_pos
+from vitrel.pos.base import PosState
 from vitrel.pos.cache import concrete_grid
-from vitrel.pos.shaw1d import ShawScheme, attend_query_blocks, skew, unskew
+from vitrel.pos.geometry import Grid, check_tokens, pad_prefix, patch_coords
+from vitrel.pos.registry import register_pos
+from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, skew, unskew
 from vitrel.pos.tables import offset_index, offset_rows, take_renamed
 
 __all__ = [
@@ -385,11 +387,11 @@ class Shaw2dFactored(ShawScheme):
         for t in (self.rel_kh, self.rel_kw, self.rel_vh, self.rel_vw):
             nn.init.trunc_normal_(t, std=init_std)
 
-    def content_logits(self, q: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return factored_content_logits(q, self.rel_kh, self.rel_kw, grid, num_prefix_tokens)
+    def content_logits(self, q: Tensor, state: PosState) -> Tensor:
+        return factored_content_logits(q, self.rel_kh, self.rel_kw, state.grid, state.num_prefix_tokens)
 
-    def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return factored_content_values(attn, self.rel_vh, self.rel_vw, grid, num_prefix_tokens)
+    def content_values(self, attn: Tensor, state: PosState) -> Tensor:
+        return factored_content_values(attn, self.rel_vh, self.rel_vw, state.grid, state.num_prefix_tokens)
 
     def fast_attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
@@ -438,11 +440,11 @@ class Shaw2dFull(ShawScheme):
         nn.init.trunc_normal_(self.rel_k, std=init_std)
         nn.init.trunc_normal_(self.rel_v, std=init_std)
 
-    def content_logits(self, q: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return full_content_logits(q, self.rel_k, grid, num_prefix_tokens)
+    def content_logits(self, q: Tensor, state: PosState) -> Tensor:
+        return full_content_logits(q, self.rel_k, state.grid, state.num_prefix_tokens)
 
-    def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return full_content_values(attn, self.rel_v, grid, num_prefix_tokens)
+    def content_values(self, attn: Tensor, state: PosState) -> Tensor:
+        return full_content_values(attn, self.rel_v, state.grid, state.num_prefix_tokens)
 
     def fast_attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float

@@ -16,94 +16,38 @@ attention (the queries are the last ``n_q`` positions).
 The memory-efficient path of Huang et al. (2018, Music Transformer), generalised to self, cross,
 full and causal attention: the ``L`` offsets that occur are ``r_min .. r_max`` (``L = n_q + n_k -
 1`` for full attention, ``L = n_k`` for causal); the clipped tables are expanded to those ``L``
-offsets (``[L, d]``, cheap), ``x = q E^T`` is ``[n_q, L]`` and :func:`skew` moves ``x[i, m]`` to
+offsets (``[L, d]``, cheap), ``x = q E^T`` is ``[n_q, L]`` and :func:`~vitrel.pos.shaw_base.skew` moves ``x[i, m]`` to
 column ``j = m + i - shift`` with one pad + reshape + slice (no gather, no ``[n_q, n_k, d]``). The
-value term uses the adjoint :func:`unskew`, which sums the attention weights of each offset.
+value term uses the adjoint :func:`~vitrel.pos.shaw_base.unskew`, which sums the attention weights of each offset.
 
 ``shaw1d`` applies it to the patch tokens in raster order ``p = row * W + col`` (a true 1-D
 sequence is the grid ``(1, L)``); prefix tokens get no relative terms. Its ``attend``
-(:func:`shaw1d_attention`) takes the patch queries in blocks of ``c`` (``block_queries``), each a
-:func:`shaw_attention` with ``q_offset`` the block's start, checkpointed in training: temporaries of
+(:func:`shaw1d_attention`) takes the patch queries in blocks of ``c`` (``block_queries``), each
+:func:`shaw_logits` / :func:`shaw_values` with ``q_offset`` the block's start, checkpointed in training: temporaries of
 ``O(c N)`` per head instead of the ``N x (2N - 1)`` offsets and ``N x N`` weights of the whole layer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from vitrel.pos.base import (
-    Grid,
-    PositionScheme,
-    PosState,
-    attend_eager,
-    check_tokens,
-    merge_masks,
-    pad_prefix,
-    register_pos,
-)
+from vitrel.pos.base import PosState
 from vitrel.pos.cache import concrete_grid
-from vitrel.pos.tables import ResizeOnLoad, take_renamed
+from vitrel.pos.geometry import Grid, check_tokens, pad_prefix
+from vitrel.pos.registry import register_pos
+from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, skew, unskew
+from vitrel.pos.tables import take_renamed
 
 __all__ = [
-    "skew",
-    "unskew",
     "offset_range",
     "expand_table",
     "shaw_logits",
     "shaw_values",
-    "shaw_attention",
     "shaw1d_attention",
-    "attend_query_blocks",
-    "ShawScheme",
     "Shaw1d",
 ]
-
-
-def skew(x: Tensor, n_k: int, shift: int) -> Tensor:
-    """``x [..., n_q, L]`` (``q . E_m`` for ``L`` relative offsets) -> ``S [..., n_q, n_k]``.
-
-    ``S[..., i, j] = x[..., i, j - i + shift]`` wherever ``0 <= j - i + shift < L``; the other entries
-    are arbitrary (finite) values and may only be used where they are masked (causal attention).
-
-    Pad + reshape + slice: row ``i`` of ``x`` padded to width ``M`` starts at ``i * M`` in the flat
-    buffer; reading it back with rows of ``M - 1`` shifts row ``i`` left by ``i``.
-    """
-    if n_k < 1:
-        raise ValueError(f"n_k must be positive, got {n_k}")
-    *batch, n_q, length = x.shape
-    a = max(0, -shift)  # left padding, so that the read start c = shift + a is >= 0
-    c = shift + a
-    m = max(n_k + 1, length + a)
-    z = F.pad(x, (a, m - length - a)).reshape(*batch, n_q * m)
-    end = c + n_q * (m - 1)
-    if end > n_q * m:
-        z = F.pad(z, (0, end - n_q * m))
-    return z[..., c:end].reshape(*batch, n_q, m - 1)[..., :n_k]
-
-
-def unskew(a: Tensor, length: int, shift: int) -> Tensor:
-    """Adjoint of :func:`skew`: ``a [..., n_q, n_k]`` -> ``P [..., n_q, L]`` with
-    ``P[..., i, m] = sum_j a[..., i, j] [j - i + shift == m]`` (i.e. ``a[..., i, m + i - shift]`` or 0).
-
-    Pad + reshape + slice: row ``i`` padded to width ``M`` and read back with rows of ``M + 1``
-    shifts row ``i`` right by ``i``; the padding is wide enough that only zeros fill the gaps.
-    """
-    if length < 1:
-        raise ValueError(f"length must be positive, got {length}")
-    *batch, n_q, n_k = a.shape
-    b = max(shift, 0)  # left padding, so that the read start c = b - shift is >= 0
-    c = b - shift
-    m = max(b + n_k, length + n_q - 1 - shift + b)
-    z = F.pad(a, (b, m - n_k - b)).reshape(*batch, n_q * m)
-    end = c + n_q * (m + 1)
-    if end > n_q * m:
-        z = F.pad(z, (0, end - n_q * m))
-    return z[..., c:end].reshape(*batch, n_q, m + 1)[..., :length]
 
 
 def offset_range(n_q: int, n_k: int, q_offset: int, causal: bool) -> tuple[int, int]:
@@ -184,122 +128,6 @@ def shaw_values(
     return unskew(attn, length, n_q - 1) @ e
 
 
-def shaw_attention(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rel_k: Tensor,
-    rel_v: Tensor,
-    *,
-    causal: bool = False,
-    clip_distance: int | None = None,
-    q_offset: int | None = None,
-    scale: float | None = None,
-    attn_mask: Tensor | None = None,
-) -> Tensor:
-    """Shaw attention for ``q [..., n_q, d]``, ``k, v [..., n_k, d]``, tables ``[2K+1, d]``.
-
-    ``A_ij = (q_i . k_j + q_i . r^K[r_ij]) * scale + attn_mask_ij`` (``-inf`` for ``j > i + o`` when
-    ``causal``), ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[r_ij])``, ``r_ij = clip(j - i - o, -K, K)``,
-    ``o = q_offset`` (default ``n_k - n_q`` if causal else 0), ``scale`` default ``d ** -0.5``.
-    ``attn_mask``: optional additive float mask broadcastable to ``[..., n_q, n_k]``.
-    """
-    n_q, d = q.shape[-2:]
-    n_k = k.shape[-2]
-    if k.shape[-1] != d or v.shape[-2] != n_k:
-        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not match")
-    if rel_k.shape[-1] != d or rel_v.shape[-1] != v.shape[-1]:
-        raise ValueError(f"tables {tuple(rel_k.shape)}, {tuple(rel_v.shape)} do not match head dims {d}, {v.shape[-1]}")
-    q_offset = _check_offset(n_q, n_k, q_offset, causal)
-    if scale is None:
-        scale = d**-0.5
-    logits = q @ k.transpose(-2, -1) + shaw_logits(
-        q, rel_k, n_k, q_offset=q_offset, causal=causal, clip_distance=clip_distance
-    )
-    logits = logits * scale
-    if attn_mask is not None:
-        logits = logits + attn_mask.to(logits.dtype)
-    if causal:
-        future = torch.arange(n_k, device=q.device)[None, :] > torch.arange(n_q, device=q.device)[:, None] + q_offset
-        logits = logits.masked_fill(future, float("-inf"))
-    attn = logits.softmax(dim=-1)
-    return attn @ v + shaw_values(attn, rel_v, q_offset=q_offset, causal=causal, clip_distance=clip_distance)
-
-
-# ------------------------------------------------------------------------ blocks of queries
-def _content_block(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    rel_logits: Callable[..., Tensor],
-    rel_values: Callable[..., Tensor],
-    extra: tuple,
-    mask: Tensor | None,
-    scale: float,
-    dropout_p: float,
-    p: int,
-) -> Tensor:
-    """Patch queries ``q [B, h, c, d]`` against every key (``p`` prefix keys first): ``A = (q k^T + [0,
-    rel_logits(q, *extra)]) * scale + mask``, ``softmax(A) v + rel_values(softmax(A)[..., p:], *extra)``."""
-    s = q @ k.transpose(-2, -1) + F.pad(rel_logits(q, *extra), (p, 0))
-    s = s * scale
-    if mask is not None:
-        s = s + mask
-    a = s.softmax(dim=-1)
-    if dropout_p > 0.0:
-        a = F.dropout(a, dropout_p)
-    return a @ v + rel_values(a[..., p:], *extra)
-
-
-def attend_query_blocks(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    spans: Sequence[tuple[int, int, tuple]],
-    rel_logits: Callable[..., Tensor],
-    rel_values: Callable[..., Tensor],
-    mask: Tensor | None,
-    scale: float | None,
-    dropout_p: float,
-    num_prefix_tokens: int,
-    record: bool,
-) -> Tensor:
-    """Content-term attention by blocks of queries: the prefix queries through SDPA (no relative terms), then
-    for each ``(t0, t1, extra)`` of ``spans`` (token indices of patch queries)::
-
-        A   = (q_blk k^T + [0, rel_logits(q_blk, *extra)]) * scale + mask_rows      [B, h, t1 - t0, N]
-        out = softmax(A) v + rel_values(softmax(A)[..., P:], *extra)
-
-    (``rel_logits``: ``[B, h, c, HW]``, the unscaled ``q_i . r^K_ij`` of the block's queries and the patch
-    keys; ``rel_values``: ``[B, h, c, d]``, ``sum_j a_ij r^V_ij``). Each block is checkpointed when ``record``
-    (the backward recomputes its temporaries, with the forward's dropout draws, instead of keeping them).
-
-    ``q, k, v [B, h, N, d]``; ``mask`` an additive float mask broadcastable to ``[B, h, N, N]`` or None;
-    ``scale`` default ``d ** -0.5``. Returns ``[B, h, N, d]``.
-    """
-    p = num_prefix_tokens
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    if mask is not None:
-        mask = mask.to(q.dtype)
-    outs = []
-    if p:
-        outs.append(
-            F.scaled_dot_product_attention(
-                q[:, :, :p], k, v, attn_mask=_rows_of(mask, 0, p), dropout_p=dropout_p, scale=scale
-            )
-        )
-    for t0, t1, extra in spans:
-        args = (q[:, :, t0:t1], k, v, rel_logits, rel_values, extra, _rows_of(mask, t0, t1), scale, dropout_p, p)
-        outs.append(checkpoint(_content_block, *args, use_reentrant=False) if record else _content_block(*args))
-    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
-
-
-def _rows_of(mask: Tensor | None, t0: int, t1: int) -> Tensor | None:
-    """The rows ``t0 .. t1 - 1`` (queries) of an additive mask broadcastable to ``[B, h, N, N]``."""
-    return mask if mask is None or mask.shape[-2] == 1 else mask[..., t0:t1, :]
-
-
 def _block_logits(q: Tensor, rel_k: Tensor, rel_v: Tensor, t0: int, n: int) -> Tensor:
     return shaw_logits(q, rel_k, n, q_offset=t0)
 
@@ -341,37 +169,6 @@ def shaw1d_attention(
     return attend_query_blocks(q, k, v, spans, _block_logits, _block_values, mask, scale, dropout_p, p, record)
 
 
-class ShawScheme(ResizeOnLoad, PositionScheme):
-    """What the Shaw schemes share: ``attend`` runs the scheme's fast path (:meth:`fast_attend`), or the
-    eager path (softmax written out, ``content_logits`` / ``content_values``) with ``attn_impl="eager"``."""
-
-    family = "content"
-    renamed_options = {"max_distance": "clip_distance"}
-    has_content_terms = True
-
-    def fast_attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
-    ) -> Tensor:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        scale: float,
-        grid: Grid,
-        num_prefix_tokens: int = 0,
-        state: PosState | None = None,
-        dropout_p: float = 0.0,
-    ) -> Tensor:
-        if state is not None and state.impl == "eager":
-            m = merge_masks(None, mask, q.dtype)
-            return attend_eager(self, q, k, v, m, scale, grid, num_prefix_tokens, dropout_p)
-        return self.fast_attend(q, k, v, mask, scale, grid, num_prefix_tokens, dropout_p)
-
-
 @register_pos("shaw1d")
 class Shaw1d(ShawScheme):
     """Shaw's relative keys and values on the raster order of the patches, tables shared by heads.
@@ -410,14 +207,14 @@ class Shaw1d(ShawScheme):
         """``K`` of the current tables (they may have been resized on load)."""
         return (self.rel_k.shape[0] - 1) // 2
 
-    def content_logits(self, q: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        p = num_prefix_tokens
+    def content_logits(self, q: Tensor, state: PosState) -> Tensor:
+        grid, p = state.grid, state.num_prefix_tokens
         check_tokens(q.shape[-2], grid, p)
         s = shaw_logits(q[..., p:, :], self.rel_k, grid.n, q_offset=0)
         return pad_prefix(s, p)
 
-    def content_values(self, attn: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        p = num_prefix_tokens
+    def content_values(self, attn: Tensor, state: PosState) -> Tensor:
+        grid, p = state.grid, state.num_prefix_tokens
         check_tokens(attn.shape[-1], grid, p)
         out = shaw_values(attn[..., p:, p:], self.rel_v, q_offset=0)
         return F.pad(out, (0, 0, p, 0))

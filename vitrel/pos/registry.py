@@ -1,0 +1,227 @@
+"""The scheme registry and the one parser of a position spec.
+
+A position spec is what a user writes: a registered name (``pos=rel2d_factored``), a config mapping
+(``{"name": "rope2d_mixed", "theta": 100}``, a Hydra ``DictConfig`` included) or None (no position).
+:func:`parse_pos` resolves it once into a :class:`PosSpec`, the scheme class and its checked options;
+the model builds its schemes from it (``spec.build(num_heads=..., ..., layer=(i, depth))``, what timm's
+``rel_pos_cls`` partials do) and stores ``spec.plain`` in its configuration to be rebuilt from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from vitrel.pos.base import PositionScheme
+from vitrel.pos.geometry import as_grid
+
+__all__ = [
+    "PosArg",
+    "PosSpec",
+    "UnknownSchemeError",
+    "build_pos",
+    "get_pos_class",
+    "list_pos",
+    "parse_pos",
+    "register_pos",
+    "scheme_options",
+    "split_pos",
+]
+
+
+class UnknownSchemeError(ValueError):
+    """A position scheme name that is not registered."""
+
+
+_REGISTRY: dict[str, type[PositionScheme]] = {}
+
+#: What a user writes for a scheme: a registered name, a config mapping with ``name`` (options beside it), or
+#: None (no position). :func:`parse_pos` turns it into a :class:`PosSpec`.
+PosArg = str | Mapping[str, Any] | None
+
+#: The sizes every scheme gets from its model (not options of a spec).
+SIZES = ("num_heads", "head_dim", "grid", "num_prefix_tokens", "embed_dim")
+#: The per-layer arguments a model or an attention layer passes to ``build`` (not options of a spec either).
+PER_LAYER = ("layer", "causal")
+
+
+def register_pos(name: str) -> Callable[[type[PositionScheme]], type[PositionScheme]]:
+    """Class decorator: make a scheme buildable as ``pos=name``."""
+
+    def deco(cls: type[PositionScheme]) -> type[PositionScheme]:
+        if name in _REGISTRY and _REGISTRY[name] is not cls:
+            raise ValueError(f"position scheme {name!r} is registered twice")
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def list_pos(kind: str | None = None) -> list[str]:
+    """Names of all registered schemes (optionally only ``"relative"`` or ``"absolute"`` ones)."""
+    return sorted(n for n, c in _REGISTRY.items() if kind is None or c.kind == kind)
+
+
+def get_pos_class(name: str) -> type[PositionScheme]:
+    if name not in _REGISTRY:
+        raise UnknownSchemeError(f"unknown position scheme {name!r}; known schemes: {', '.join(list_pos())}")
+    return _REGISTRY[name]
+
+
+def scheme_options(cls: type[PositionScheme]) -> set[str]:
+    """The keyword options a scheme class takes (its constructors' along the MRO, minus the sizes every
+    scheme gets from the model and the per-layer arguments)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is nn.Module or klass is object:
+            continue
+        for p in inspect.signature(init).parameters.values():
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name != "self":
+                names.add(p.name)
+    return (names | set(cls.renamed_options)) - set(SIZES) - {"layer"}
+
+
+@dataclass(frozen=True)
+class PosSpec:
+    """A position spec resolved once: the scheme class and its (checked) options.
+
+    ``plain`` is the JSON-able form it was given in (a name, or a dict with ``name``), what a model stores.
+    """
+
+    cls: type[PositionScheme]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    plain: str | dict[str, Any] = "none"
+
+    @property
+    def name(self) -> str:
+        return self.cls.name
+
+    @property
+    def kind(self) -> str:
+        return self.cls.kind
+
+    def build(
+        self,
+        *,
+        num_heads: int,
+        head_dim: int,
+        grid: Any,
+        num_prefix_tokens: int = 0,
+        embed_dim: int | None = None,
+        layer: tuple[int, int] | None = None,
+        causal: bool | None = None,
+    ) -> PositionScheme:
+        """The scheme for these sizes. ``layer``: ``(index, number of layers)`` of the block it serves (per-layer
+        schedules); ``causal``: given to a ``causal_aware`` scheme whose spec does not set it."""
+        kwargs = dict(self.options)
+        if layer is not None:
+            kwargs["layer"] = layer
+        if causal is not None and self.cls.causal_aware:
+            kwargs.setdefault("causal", causal)
+        return self.cls(
+            num_heads=num_heads,
+            head_dim=head_dim,
+            grid=as_grid(grid),
+            num_prefix_tokens=num_prefix_tokens,
+            embed_dim=embed_dim if embed_dim is not None else num_heads * head_dim,
+            **kwargs,
+        )
+
+
+def parse_pos(pos: Any) -> PosSpec | None:
+    """A name, a config mapping (``name`` plus the scheme's options) or a ``PosSpec`` -> ``PosSpec``; None
+    stays None. Unknown names and options are refused here, with the scheme's options listed."""
+    if pos is None or isinstance(pos, PosSpec):
+        return pos
+    if isinstance(pos, PositionScheme):
+        raise TypeError(
+            "models take a position scheme by name or config dict (so they can be rebuilt from a checkpoint), "
+            f"not a module; got {type(pos).__name__}"
+        )
+    if isinstance(pos, str):
+        return PosSpec(get_pos_class(pos), {}, pos)
+    if not hasattr(pos, "items"):
+        raise TypeError(f"pos must be a scheme name or a config dict, got {type(pos).__name__}")
+    plain = {str(k): _plain(v) for k, v in pos.items()}
+    options = dict(plain)
+    name = options.pop("name", None)
+    if name is None:
+        raise ValueError(f"a position config needs a 'name' key, got {plain}")
+    cls = get_pos_class(name)
+    unknown = sorted(set(options) - scheme_options(cls))
+    if unknown:
+        raise ValueError(
+            f"position scheme {name!r} has no option(s) {unknown}; its options: {sorted(scheme_options(cls))}"
+        )
+    return PosSpec(cls, options, plain)
+
+
+def _plain(v: Any) -> Any:
+    """Hydra containers -> plain dicts and lists."""
+    if hasattr(v, "items"):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)) or (hasattr(v, "__iter__") and type(v).__name__ == "ListConfig"):
+        return [_plain(x) for x in v]
+    return v
+
+
+def split_pos(pos: PosSpec | None, abs_pos: PosSpec | None) -> tuple[PosSpec, PosSpec | None]:
+    """Resolve a model's ``(pos, abs_pos)`` into ``(relative scheme, absolute scheme or None)``.
+
+    ``pos`` may name any scheme: an absolute one (``pos="ape"``) means that absolute embedding and no
+    relative scheme. ``abs_pos`` adds an absolute scheme to a relative one (``pos="rel2d_full",
+    abs_pos="ape"``).
+    """
+    if abs_pos is not None and abs_pos.kind != "absolute":
+        raise ValueError(f"abs_pos must be an absolute scheme, {abs_pos.name!r} is relative")
+    if pos is not None and pos.kind == "absolute":
+        if abs_pos is not None:
+            raise ValueError(
+                f"pos={pos.name!r} is already an absolute scheme; abs_pos={abs_pos.name!r} would add a second"
+            )
+        return parse_pos("none"), pos
+    return (pos if pos is not None else parse_pos("none")), abs_pos
+
+
+def build_pos(
+    pos: Any,
+    *,
+    num_heads: int,
+    head_dim: int,
+    grid: Any,
+    num_prefix_tokens: int = 0,
+    embed_dim: int | None = None,
+    layer: tuple[int, int] | None = None,
+    causal: bool | None = None,
+    **options: Any,
+) -> PositionScheme:
+    """``parse_pos(pos).build(...)`` (None: no position); ``options`` are the scheme's options written as
+    keywords (``build_pos("rope1d", ..., base=10.0)`` is ``build_pos({"name": "rope1d", "base": 10.0}, ...)``);
+    a ``PositionScheme`` passes through.
+
+    ``grid`` is the grid the scheme is built for (it sizes learned tables); every scheme still runs on any
+    grid at call time.
+    """
+    if isinstance(pos, PositionScheme):
+        if options:
+            raise ValueError(f"options {sorted(options)} given with a built scheme ({pos.name})")
+        return pos
+    if options:
+        pos = {"name": pos} if isinstance(pos, str) else dict(pos.items())
+        pos = {**pos, **options}
+    spec = parse_pos("none" if pos is None else pos)
+    return spec.build(
+        num_heads=num_heads,
+        head_dim=head_dim,
+        grid=grid,
+        num_prefix_tokens=num_prefix_tokens,
+        embed_dim=embed_dim,
+        layer=layer,
+        causal=causal,
+    )

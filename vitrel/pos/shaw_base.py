@@ -1,0 +1,168 @@
+"""What the Shaw schemes share (``shaw1d``, ``shaw2d_factored``, ``shaw2d_full``): the base class, the skew
+trick and attention by blocks of queries.
+
+Shaw et al. (2018) add content-aware relative terms to attention, ``A_ij = (q_i . k_j + q_i . r^K_ij) * scale``
+and ``out_i = sum_j a_ij (v_j + r^V_ij)``. :func:`skew` / :func:`unskew` (Huang et al., 2018, Music
+Transformer) move a term computed per relative offset to its key column and back, with one pad + reshape +
+slice; :func:`attend_query_blocks` runs the attention a block of queries at a time, checkpointed in training,
+so no ``N x N x d`` tensor is ever made.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.geometry import Grid
+from vitrel.pos.kernels import attend_eager, merge_masks
+from vitrel.pos.tables import ResizeOnLoad
+
+__all__ = ["ShawScheme", "attend_query_blocks", "skew", "unskew"]
+
+
+def skew(x: Tensor, n_k: int, shift: int) -> Tensor:
+    """``x [..., n_q, L]`` (``q . E_m`` for ``L`` relative offsets) -> ``S [..., n_q, n_k]``.
+
+    ``S[..., i, j] = x[..., i, j - i + shift]`` wherever ``0 <= j - i + shift < L``; the other entries
+    are arbitrary (finite) values and may only be used where they are masked (causal attention).
+
+    Pad + reshape + slice: row ``i`` of ``x`` padded to width ``M`` starts at ``i * M`` in the flat
+    buffer; reading it back with rows of ``M - 1`` shifts row ``i`` left by ``i``.
+    """
+    if n_k < 1:
+        raise ValueError(f"n_k must be positive, got {n_k}")
+    *batch, n_q, length = x.shape
+    a = max(0, -shift)  # left padding, so that the read start c = shift + a is >= 0
+    c = shift + a
+    m = max(n_k + 1, length + a)
+    z = F.pad(x, (a, m - length - a)).reshape(*batch, n_q * m)
+    end = c + n_q * (m - 1)
+    if end > n_q * m:
+        z = F.pad(z, (0, end - n_q * m))
+    return z[..., c:end].reshape(*batch, n_q, m - 1)[..., :n_k]
+
+
+def unskew(a: Tensor, length: int, shift: int) -> Tensor:
+    """Adjoint of :func:`skew`: ``a [..., n_q, n_k]`` -> ``P [..., n_q, L]`` with
+    ``P[..., i, m] = sum_j a[..., i, j] [j - i + shift == m]`` (i.e. ``a[..., i, m + i - shift]`` or 0).
+
+    Pad + reshape + slice: row ``i`` padded to width ``M`` and read back with rows of ``M + 1``
+    shifts row ``i`` right by ``i``; the padding is wide enough that only zeros fill the gaps.
+    """
+    if length < 1:
+        raise ValueError(f"length must be positive, got {length}")
+    *batch, n_q, n_k = a.shape
+    b = max(shift, 0)  # left padding, so that the read start c = b - shift is >= 0
+    c = b - shift
+    m = max(b + n_k, length + n_q - 1 - shift + b)
+    z = F.pad(a, (b, m - n_k - b)).reshape(*batch, n_q * m)
+    end = c + n_q * (m + 1)
+    if end > n_q * m:
+        z = F.pad(z, (0, end - n_q * m))
+    return z[..., c:end].reshape(*batch, n_q, m + 1)[..., :length]
+
+
+def _content_block(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rel_logits: Callable[..., Tensor],
+    rel_values: Callable[..., Tensor],
+    extra: tuple,
+    mask: Tensor | None,
+    scale: float,
+    dropout_p: float,
+    p: int,
+) -> Tensor:
+    """Patch queries ``q [B, h, c, d]`` against every key (``p`` prefix keys first): ``A = (q k^T + [0,
+    rel_logits(q, *extra)]) * scale + mask``, ``softmax(A) v + rel_values(softmax(A)[..., p:], *extra)``."""
+    s = q @ k.transpose(-2, -1) + F.pad(rel_logits(q, *extra), (p, 0))
+    s = s * scale
+    if mask is not None:
+        s = s + mask
+    a = s.softmax(dim=-1)
+    if dropout_p > 0.0:
+        a = F.dropout(a, dropout_p)
+    return a @ v + rel_values(a[..., p:], *extra)
+
+
+def attend_query_blocks(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    spans: Sequence[tuple[int, int, tuple]],
+    rel_logits: Callable[..., Tensor],
+    rel_values: Callable[..., Tensor],
+    mask: Tensor | None,
+    scale: float | None,
+    dropout_p: float,
+    num_prefix_tokens: int,
+    record: bool,
+) -> Tensor:
+    """Content-term attention by blocks of queries: the prefix queries through SDPA (no relative terms), then
+    for each ``(t0, t1, extra)`` of ``spans`` (token indices of patch queries)::
+
+        A   = (q_blk k^T + [0, rel_logits(q_blk, *extra)]) * scale + mask_rows      [B, h, t1 - t0, N]
+        out = softmax(A) v + rel_values(softmax(A)[..., P:], *extra)
+
+    (``rel_logits``: ``[B, h, c, HW]``, the unscaled ``q_i . r^K_ij`` of the block's queries and the patch
+    keys; ``rel_values``: ``[B, h, c, d]``, ``sum_j a_ij r^V_ij``). Each block is checkpointed when ``record``
+    (the backward recomputes its temporaries, with the forward's dropout draws, instead of keeping them).
+
+    ``q, k, v [B, h, N, d]``; ``mask`` an additive float mask broadcastable to ``[B, h, N, N]`` or None;
+    ``scale`` default ``d ** -0.5``. Returns ``[B, h, N, d]``.
+    """
+    p = num_prefix_tokens
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    if mask is not None:
+        mask = mask.to(q.dtype)
+    outs = []
+    if p:
+        outs.append(
+            F.scaled_dot_product_attention(
+                q[:, :, :p], k, v, attn_mask=_rows_of(mask, 0, p), dropout_p=dropout_p, scale=scale
+            )
+        )
+    for t0, t1, extra in spans:
+        args = (q[:, :, t0:t1], k, v, rel_logits, rel_values, extra, _rows_of(mask, t0, t1), scale, dropout_p, p)
+        outs.append(checkpoint(_content_block, *args, use_reentrant=False) if record else _content_block(*args))
+    return torch.cat(outs, dim=-2) if len(outs) > 1 else outs[0]
+
+
+def _rows_of(mask: Tensor | None, t0: int, t1: int) -> Tensor | None:
+    """The rows ``t0 .. t1 - 1`` (queries) of an additive mask broadcastable to ``[B, h, N, N]``."""
+    return mask if mask is None or mask.shape[-2] == 1 else mask[..., t0:t1, :]
+
+
+class ShawScheme(ResizeOnLoad, PositionScheme):
+    """What the Shaw schemes share: ``attend`` runs the scheme's fast path (:meth:`fast_attend`), or the
+    eager path (softmax written out, ``content_logits`` / ``content_values``) with ``attn_impl="eager"``."""
+
+    family = "content"
+    renamed_options = {"max_distance": "clip_distance"}
+    has_content_terms = True
+
+    def fast_attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
+    ) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None,
+        scale: float,
+        state: PosState,
+        dropout_p: float = 0.0,
+    ) -> Tensor:
+        if state.impl == "eager":
+            return attend_eager(q, k, v, merge_masks(None, mask, q.dtype), scale, state, dropout_p)
+        return self.fast_attend(q, k, v, mask, scale, state.grid, state.num_prefix_tokens, dropout_p)

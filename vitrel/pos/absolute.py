@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrel.pos.base import PositionScheme
-from vitrel.pos.cache import GridBuffers, TensorCache, concrete_grid
+from vitrel.pos.cache import GridBuffers, concrete_grid
 from vitrel.pos.geometry import Grid, as_grid, check_tokens, patch_coords
 from vitrel.pos.registry import register_pos
 from vitrel.pos.tables import warn_once
@@ -168,7 +168,6 @@ class Sincos2d(GridBuffers, PositionScheme):
         if not temperature > 0:
             raise ValueError(f"sincos2d needs temperature > 0, got {temperature}")
         self.temperature = float(temperature)
-        self._pe_cache = TensorCache()  # for explicit embed() calls; the forward pass uses built_embed or computes
         self.init_non_persistent_buffers()
 
     def _init_buffers(self) -> None:
@@ -178,12 +177,8 @@ class Sincos2d(GridBuffers, PositionScheme):
         self.register_buffer("built_embed", pe, persistent=False)
 
     def embed(self, grid: Grid, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
-        """``[1, H*W, C]`` for ``grid``, reused per (grid, device, dtype); computed in float64 then cast."""
-        grid = as_grid(grid)
-        return self._pe_cache.get(
-            (tuple(grid), device, dtype),
-            lambda: sincos2d_embed(grid, self.embed_dim, self.temperature).to(device=device, dtype=dtype),
-        )
+        """``[1, H*W, C]`` for ``grid``, computed in float64 then cast."""
+        return sincos2d_embed(as_grid(grid), self.embed_dim, self.temperature).to(device=device, dtype=dtype)
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         pe = self.built_embed

@@ -57,8 +57,8 @@ head count.
 Views and penalty depend on the offset only, so the scheme is relative (translation-equivariant) and
 runs on any grid, in windows too. The masked directions are ``-inf`` in the bias (the authors fill
 them with bfloat16's largest finite value before their bfloat16 cast: the same zero attention
-weight); a kernel with block masks can skip them (:meth:`LookHere.view_mask` gives the boolean
-view). Configurations written before the presets (``vitrel_format`` < 3) meant the single-set form
+weight); FlexAttention skips the blocks they mask entirely (``has_masked_offsets``: a block mask from
+the offset table). Configurations written before the presets (``vitrel_format`` < 3) meant the single-set form
 with ``global_slope`` 1 and keep it (:meth:`LookHere.legacy_options`).
 """
 
@@ -264,10 +264,6 @@ class LookHere(GridBuffers, PositionScheme):
             return first
         i, n = self.layer
         return first + (last - first) * i / (n - 1)
-
-    def view_mask(self, grid: Grid) -> Tensor:
-        """``[heads, HW, HW]`` booleans: the keys each head may attend to (for block-sparse kernels)."""
-        return lookhere_views(grid, self.directions, self.num_heads, self.head_slopes.device)
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         if self.at_built_grid(grid, num_prefix_tokens):

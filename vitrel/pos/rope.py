@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.cache import GridBuffers, TensorCache
+from vitrel.pos.cache import GridBuffers
 from vitrel.pos.geometry import Grid, as_grid, check_tokens, patch_coords
 from vitrel.pos.kernels import ATTN_IMPLS
 from vitrel.pos.registry import register_pos
@@ -82,6 +82,10 @@ __all__ = [
     "augment_coords",
     "string_basis",
     "init_mixed_freqs",
+    "geometric_freqs",
+    "check_qk",
+    "FixedRope",
+    "Rope2dOptions",
 ]
 
 
@@ -118,7 +122,7 @@ def apply_rope_complex(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return torch.view_as_real(torch.view_as_complex(xr) * cis).flatten(-2).to(x.dtype)
 
 
-def _geometric(base: float, head_dim: int, step: int, device: torch.device | None, dtype: torch.dtype) -> Tensor:
+def geometric_freqs(base: float, head_dim: int, step: int, device: torch.device | None, dtype: torch.dtype) -> Tensor:
     """``base^(-step * t / head_dim)`` for ``t = 0 .. head_dim / step - 1``."""
     t = torch.arange(0, head_dim, step, device=device, dtype=dtype)
     return base ** (-t / head_dim)
@@ -127,7 +131,7 @@ def _geometric(base: float, head_dim: int, step: int, device: torch.device | Non
 def rope1d_angles(grid: Grid, head_dim: int, base: float, dtype: torch.dtype = torch.float64) -> Tensor:
     """``theta[p, t] = p * base^(-2t/d)`` for the raster index ``p`` of each patch, ``[H*W, d/2]``."""
     p = torch.arange(grid.n, dtype=dtype)
-    return p[:, None] * _geometric(base, head_dim, 2, None, dtype)[None, :]
+    return p[:, None] * geometric_freqs(base, head_dim, 2, None, dtype)[None, :]
 
 
 COORDS = ("index", "normalized")
@@ -178,7 +182,7 @@ def rope2d_axial_angles(
     """``[c * omega, r * omega]`` with ``omega_t = base^(-4t/d)``, ``t < d/4``: ``[H*W, d/2]``
     (``r, c`` from :func:`rope_coords`, or given as ``rc``)."""
     r, c = rc if rc is not None else rope_coords(grid, coords, None, dtype)
-    omega = _geometric(base, head_dim, 4, None, dtype)
+    omega = geometric_freqs(base, head_dim, 4, None, dtype)
     return torch.cat((c.to(dtype)[:, None] * omega, r.to(dtype)[:, None] * omega), dim=-1)
 
 
@@ -204,7 +208,7 @@ def init_mixed_freqs(
 
         f^x_h = [m cos(phi_h), m cos(phi_h + pi/2)],   f^y_h = [m sin(phi_h), m sin(phi_h + pi/2)]
     """
-    mag = _geometric(base, head_dim, 4, None, torch.float64)[None, :]  # [1, d/4]
+    mag = geometric_freqs(base, head_dim, 4, None, torch.float64)[None, :]  # [1, d/4]
     if rotate:
         phi = torch.rand(num_heads, 1, generator=generator, dtype=torch.float64) * (2 * math.pi)
     else:
@@ -282,7 +286,7 @@ class _Rope(PositionScheme):
     def axis_omega(self, axis: int, dim: int, grid: Grid, dtype: torch.dtype) -> Tensor:
         """``base^(-2t/dim)`` of axis ``axis`` (0: rows or the raster index, 1: columns), scaled by ``scaling``."""
         if self.scaling is None:
-            return _geometric(self.base, dim, 2, None, dtype)
+            return geometric_freqs(self.base, dim, 2, None, dtype)
         built, call = (self.grid.n, grid.n) if self._axes == 1 else (self.grid[axis], grid[axis])
         factor = self.scaling_factors(grid)[axis]
         return scale_geometric(self.scaling, dim, self.base, factor, built, call, dtype)
@@ -321,10 +325,9 @@ class _Rope(PositionScheme):
         return _rotate_qk(q, k, cos.to(q.device), sin.to(q.device))
 
 
-class _FixedRope(GridBuffers, _Rope):
+class FixedRope(GridBuffers, _Rope):
     """RoPE with fixed frequencies: the built grid's ``cos/sin`` are non-persistent buffers (``built_cos``,
-    ``built_sin``, float32 unless the module was converted); another grid computes them. ``cos_sin``, the
-    explicit helper, memoises per (grid, prefix, device, dtype)."""
+    ``built_sin``, float32 unless the module was converted); another grid computes them (``cos_sin``)."""
 
     _divisor: int = 2
 
@@ -335,8 +338,7 @@ class _FixedRope(GridBuffers, _Rope):
         if not base > 0:
             raise ValueError(f"{self.name} needs base > 0, got {base}")
         self.base = float(base)
-        self._cs_cache = TensorCache()
-        if not isinstance(self, _Rope2dOptions):  # those make their buffers once their options are set
+        if not isinstance(self, Rope2dOptions):  # those make their buffers once their options are set
             self.init_non_persistent_buffers()
 
     def _init_buffers(self) -> None:
@@ -372,9 +374,7 @@ class _FixedRope(GridBuffers, _Rope):
         self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
         """``cos/sin`` of ``[P + H*W, d/2]`` (prefix rows ``cos = 1, sin = 0``), computed in float64 then cast."""
-        dtype = _table_dtype(dtype)
-        key = (tuple(grid), num_prefix_tokens, device, dtype)
-        return self._cs_cache.get(key, lambda: self._cos_sin(grid, num_prefix_tokens, device, dtype))
+        return self._cos_sin(grid, num_prefix_tokens, device, _table_dtype(dtype))
 
     def _cos_sin(
         self, grid: Grid, num_prefix_tokens: int, device: torch.device, dtype: torch.dtype
@@ -392,7 +392,7 @@ def _scaling_repr(sc: RopeScaling | None) -> str:
     return "" if sc is None else f", scaling={sc.rope_type}(factor={sc.factor})"
 
 
-class _Rope2dOptions(_Rope):
+class Rope2dOptions(_Rope):
     """The options of the 2-D schemes: ``coords`` (with DINOv3's augmentation) and STRING's ``basis``."""
 
     def __init__(
@@ -460,7 +460,7 @@ class _Rope2dOptions(_Rope):
 
 
 @register_pos("rope1d")
-class Rope1d(_FixedRope):
+class Rope1d(FixedRope):
     """RoPE on the raster index ``p = row * W + col``: ``theta_t = p * base^(-2t/d)``."""
 
     _divisor = 2
@@ -475,7 +475,7 @@ class Rope1d(_FixedRope):
 
 
 @register_pos("rope2d_axial")
-class Rope2dAxial(_Rope2dOptions, _FixedRope):
+class Rope2dAxial(Rope2dOptions, FixedRope):
     """RoPE-ViT axial: pairs ``t < d/4`` rotate by ``col * omega_t``, pairs ``d/4 + t`` by ``row * omega_t``
     (options: ``coords``, ``shift``/``jitter``/``rescale``, ``basis``; see the module docstring)."""
 
@@ -491,16 +491,9 @@ class Rope2dAxial(_Rope2dOptions, _FixedRope):
         omega_r, omega_c = (self.axis_omega(a, half, grid, torch.float64) for a in (0, 1))
         return torch.cat((c[:, None] * omega_c, r[:, None] * omega_r), dim=-1)
 
-    def cos_sin(
-        self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor]:
-        if self.augmenting:  # fresh coordinates every forward: nothing to reuse
-            return self._cos_sin(grid, num_prefix_tokens, device, _table_dtype(dtype))
-        return super().cos_sin(grid, num_prefix_tokens, device, dtype)
-
 
 @register_pos("rope2d_mixed")
-class Rope2dMixed(_Rope2dOptions):
+class Rope2dMixed(Rope2dOptions):
     """RoPE-Mixed: learned per-head frequencies ``theta_{h,t} = f^x_{h,t} col + f^y_{h,t} row``.
 
     ``freqs`` (``[2, heads, d/2]``) is a parameter without weight decay; ``cos/sin`` are recomputed
@@ -602,65 +595,3 @@ class Rope2dMixed(_Rope2dOptions):
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, base={self.base}{_scaling_repr(self.scaling)}"
-
-
-@register_pos("spiral_rope")
-class SpiralRope(_Rope2dOptions, _FixedRope):
-    """Spiral RoPE (Liu et al. 2026, arXiv 2602.03227): rotary phases along ``K`` uniformly spaced
-    directions instead of the two axes.
-
-    Direction ``k`` is ``u_k = (cos(pi k / K), sin(pi k / K))`` in (column, row) coordinates, ``k < K``
-    (directions over a half turn: ``u`` and ``-u`` give the same phases up to sign); pair group ``k``
-    (``d / (2K)`` consecutive pairs) rotates by ``theta = <p, u_k> * omega`` with ``p = (c, r)``::
-
-        theta_{k, t} = (c cos(pi k / K) + r sin(pi k / K)) * omega_{k, t}
-
-    Frequencies: ``same_theta: false`` (the authors' default) gives every direction its own frequencies,
-    the ``d / 2`` distinct ``base^(-2t/d)`` dealt out round robin (direction ``k`` gets ``t = k, k + K,
-    ...``); ``same_theta: true`` gives every direction the same ``base^(-2t / (d/K))``, ``t < d / (2K)``,
-    which for ``K = 2`` is exactly ``rope2d_axial``. The phases are exact projections computed per
-    token; the authors' code (DiT-based) builds axial phase maps and rotates them with ``grid_sample``,
-    which interpolates between grid points: here no interpolation error. Options as ``rope2d_axial``
-    (``coords``, DINOv3 augmentation, STRING ``basis``); ``scaling`` takes ``rope_type: linear`` only
-    (the directions mix both axes, so the per-axis frequency rules do not apply).
-    """
-
-    _divisor = 4
-    no_weight_decay_keys = ("string",)
-
-    def __init__(self, *, directions: int = 4, same_theta: bool = False, base: float = 10000.0, **kw) -> None:
-        if not isinstance(directions, int) or directions < 1:
-            raise ValueError(f"spiral_rope: directions must be a positive integer, got {directions!r}")
-        head_dim = int(kw.get("head_dim", 0))
-        if head_dim % (2 * directions):
-            raise ValueError(
-                f"spiral_rope: the head dim ({head_dim}) must split into {directions} directions of whole "
-                f"rotation pairs (head_dim divisible by 2 * directions = {2 * directions})"
-            )
-        self.directions, self.same_theta = directions, bool(same_theta)
-        super().__init__(base=base, **kw)
-        if self.scaling is not None and self.scaling.rope_type != "linear":
-            raise ValueError(
-                f"spiral_rope: scaling takes rope_type=linear only (its directions mix both axes), "
-                f"got {self.scaling.rope_type!r}"
-            )
-
-    def direction_freqs(self, dtype: torch.dtype = torch.float64) -> Tensor:
-        """``omega [K, d / (2K)]``: the frequencies of each direction's pairs."""
-        k, per = self.directions, self.head_dim // (2 * self.directions)
-        if self.same_theta:
-            return _geometric(self.base, self.head_dim // k, 2, None, dtype)[None].expand(k, per)
-        omega = _geometric(self.base, self.head_dim, 2, None, dtype)  # [d / 2]
-        return omega.view(per, k).t()  # direction k: t = k, k + K, ...
-
-    def angles(self, grid: Grid) -> Tensor:
-        r, c = self.patch_rc(grid, None, torch.float64)
-        if self.scaling is not None:
-            fr, fc = self.scaling_factors(grid)
-            r, c = r / fr, c / fc
-        phi = torch.arange(self.directions, dtype=torch.float64) * math.pi / self.directions
-        proj = c[:, None] * torch.cos(phi) + r[:, None] * torch.sin(phi)  # [H*W, K]
-        return (proj[:, :, None] * self.direction_freqs()[None]).flatten(1)  # [H*W, d/2]
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, directions={self.directions}, same_theta={self.same_theta}"

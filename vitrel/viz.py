@@ -193,56 +193,25 @@ def content_tables(scheme: PositionScheme) -> dict[str, Tensor]:
     return {n: p.detach().float().cpu() for n, p in scheme.named_parameters()}
 
 
-@torch.no_grad()
 def attention_maps(model: nn.Module, images: Tensor, block: int = -1, stage: int = 0) -> Tensor:
-    """``[B, heads, H, W]`` attention of one block of a vitrel model over the patch grid.
+    """``[B, heads, H, W]`` attention of one block of a model over its patch grid, float32 on the CPU.
 
-    * ``VisionTransformer``: block ``block``; the class token's attention to the patches (with a
-      class token), else the attention each patch receives averaged over the patch queries.
-    * ``SwinTransformer``: block ``block`` of stage ``stage``; the attention each position receives,
-      averaged over all queries (windows put together with ``SwinBlock.dense_attention``).
+    The model draws its own (in eval mode; its training mode is restored after): any backbone with a
+    method ``attention_maps(images, block=-1, stage=0) -> [B, heads, H, W]`` plugs in. vitrel's
+    ``VisionTransformer``: block ``block``, the class token's attention to the patches (without a class
+    token, the attention each patch receives averaged over the patch queries); ``SwinTransformer``: block
+    ``block`` of stage ``stage``, the attention each position receives averaged over all queries.
     """
-    from vitrel.models.swin import SwinTransformer
-    from vitrel.models.vit import VisionTransformer
-
+    draw = getattr(model, "attention_maps", None)
+    if not callable(draw):
+        raise TypeError(f"{type(model).__name__} has no attention_maps(images, block, stage) method to draw")
     was_training = model.training
     model.eval()
     try:
-        if isinstance(model, VisionTransformer):
-            x, grid = model.embed(images)
-            blocks = list(model.blocks)
-            idx = _pick(block, len(blocks), "block")
-            st = model.position_state(grid, x)
-            for blk in blocks[:idx]:
-                x = blk(x, grid, pos_state=st)
-            blk = blocks[idx]
-            a = blk.attn.attention_map(blk.norm1(x), grid, pos_state=st)  # [B, heads, N, N]
-            p = model.num_prefix_tokens
-            m = a[:, :, 0, p:] if model.has_class_token else a[:, :, p:, p:].mean(2)
-            return m.reshape(a.shape[0], a.shape[1], grid.h, grid.w).float().cpu()
-        if isinstance(model, SwinTransformer):
-            s = _pick(stage, len(model.layers), "stage")
-            x = model.embed(images)
-            for stg in model.layers[:s]:
-                x = stg(x)
-            stg = model.layers[s]
-            x = stg.downsample(x)
-            pos_state = stg.position_state(x)
-            idx = _pick(block, len(stg.blocks), "block")
-            for blk in stg.blocks[:idx]:
-                x = blk(x, pos_state)
-            dense = stg.blocks[idx].dense_attention(x, pos_state)  # [B, heads, HW, HW]
-            b, heads = dense.shape[:2]
-            return dense.mean(2).reshape(b, heads, x.shape[1], x.shape[2]).float().cpu()
+        with torch.no_grad():
+            return draw(images, block=block, stage=stage).float().cpu()
     finally:
         model.train(was_training)
-    raise TypeError(f"attention_maps takes a vitrel VisionTransformer or SwinTransformer, got {type(model).__name__}")
-
-
-def _pick(i: int, n: int, what: str) -> int:
-    if not -n <= i < n:
-        raise ValueError(f"{what} {i} out of range for {n} {what}s")
-    return i % n
 
 
 # ------------------------------------------------------------------------------------------ figures

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def extrapolation():
-    sys.path.insert(0, str(ROOT / "bench"))
     spec = importlib.util.spec_from_file_location("vitrel_bench_extrapolation", ROOT / "bench" / "extrapolation.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

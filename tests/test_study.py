@@ -1,5 +1,6 @@
-"""bench/study.py on the smoke budget (conf/experiment/study_smoke.yaml): output files and columns, resume, recipe
-guard, the evaluation sets on the full-set data path."""
+"""The study (vitrel.study, run as bench/study.py) on the smoke budget (conf/experiment/study_smoke.yaml):
+output files and columns, resume, recipe guard, the evaluation sets on the full-set data path, the default
+selection read from the registry."""
 
 from __future__ import annotations
 
@@ -18,10 +19,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def study():
+    import vitrel.study
+
+    return vitrel.study
+
+
+def test_bench_study_is_the_framework_command():
+    """bench/study.py (the documented command) runs vitrel.study's main: one way to run the study."""
+    import vitrel.study
+
     spec = importlib.util.spec_from_file_location("vitrel_bench_study", ROOT / "bench" / "study.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    return mod
+    assert mod.main is vitrel.study.main
+
+
+def test_schemes_default_to_the_registry_ordered_by_family(study):
+    """A registered scheme is in the default selection, placed by its family, with no list to edit."""
+    import vitrel
+    from vitrel.pos.base import FAMILIES, get_pos_class
+
+    rec = study.recipe("gpu")  # default_schemes: null
+    schemes, _, _ = study.select(study.parse_args(["--budget", "gpu"]), rec["study"])
+    assert set(vitrel.list_pos()) <= set(schemes) and set(rec["study"]["variants"]) <= set(schemes)
+    fams = [FAMILIES.index(get_pos_class(s).family) for s in schemes if s in vitrel.list_pos()]
+    assert fams == sorted(fams) and schemes[0] == "none"
+    mixed = schemes.index("rope2d_mixed")  # the variants follow their scheme
+    assert schemes[mixed + 1 : mixed + 4] == ["rope2d_mixed_avgpool", "rope2d_mixed_dinov3", "rope2d_mixed_string"]
 
 
 EVALS = ["test", "unseen", "unseen_patch", "unseen_subpatch", "res60", "res80", "ft_res60"]

@@ -1,5 +1,5 @@
 """Timing and memory helpers shared by the benchmarks (``bench/attention.py``, ``bench/models.py``,
-``bench/shaw_factored.py``) and the position-scheme study (``bench/study.py``).
+``bench/shaw_factored.py``) and the position-scheme study (``vitrel.study``).
 
 On a shared machine the load drifts while a benchmark runs, so the variants being compared take turns:
 :func:`alternate` runs every callable once (or ``repeat`` times) per round, round after round, and

@@ -28,7 +28,7 @@ from torch import nn
 
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.vit import VisionTransformer
-from vitrel.pos.registry import get_pos_class, parse_pos, split_pos
+from vitrel.pos.registry import get_pos_class
 
 #: ``vitrel_cfg["vitrel_format"]`` of the configurations written now (0.1's had none: format 1). 2: ALiBi's
 #: reference slopes; 3: LookHere's ``fov`` names the authors' head groups, ``global_slope`` 2.
@@ -81,19 +81,14 @@ MODEL_ARGS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
 
 
 def _cfg(name: str, **kwargs: Any) -> dict[str, Any]:
-    """timm's ``pretrained_cfg`` of an architecture. ``pool_size``: the final feature map a Swin pools
-    (``img / patch / 2^(stages-1)`` per side, as timm's Swin); None for the ViT (tokens, as timm's ViT).
-    ``first_conv`` / ``classifier``: the modules whose ``.weight`` timm adapts for ``in_chans`` /
-    ``num_classes``."""
+    """timm's ``pretrained_cfg`` of an architecture. ``pool_size``: the final feature map the model pools, as
+    its class says (``feature_defaults``: the Swin's ``img / patch / 2^(stages-1)`` per side, as timm's Swin;
+    None for the ViT's tokens, as timm's ViT). ``first_conv`` / ``classifier``: the modules whose ``.weight``
+    timm adapts for ``in_chans`` / ``num_classes``."""
     cls, args = MODEL_ARGS[name]
     size = args.get("img_size", 224)
     small = size == 32
-    pool = None
-    if cls is SwinTransformer:
-        side = -(-size // args.get("patch_size", 4))
-        for _ in range(len(args.get("depths", (2, 2, 6, 2))) - 1):
-            side = -(-side // 2)  # patch merging pads odd sides
-        pool = (side, side)
+    pool = cls.feature_defaults(args)["pool_size"]
     return {
         "url": "",
         "num_classes": args.get("num_classes", 1000),
@@ -203,28 +198,22 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
         if key in kwargs:
             cfg[key] = kwargs.pop(key)
     kind = _feature_kind(cfg.setdefault("feature_cls", "getter"))
-    native = "NHWC" if cls is SwinTransformer else "NCHW"
+    seam = cls.feature_defaults({**defaults, **kwargs})
     if kind == "getter":
-        cfg.setdefault("output_fmt", native)
-    elif cls is SwinTransformer:
-        if cfg.setdefault("output_fmt", native) != native:
+        cfg.setdefault("output_fmt", seam["output_fmt"])
+    elif seam["module_fmt"] is not None:
+        if cfg.setdefault("output_fmt", seam["module_fmt"]) != seam["module_fmt"]:
             raise ValueError(
-                f"feature_cls={kind!r} returns the Swin's stage maps as they are ({native}); "
+                f"feature_cls={kind!r} returns the model's stage maps as they are ({seam['module_fmt']}); "
                 f"output_fmt={cfg['output_fmt']!r} needs feature_cls='getter'"
             )
     if kind in ("list", "dict"):
-        if cls is not SwinTransformer:
+        if seam["no_flatten"] is not None:
             raise ValueError(
-                f"feature_cls={kind!r} runs the model's children one after the other, which the ViT's do not "
-                "allow (its blocks take the patch grid): use 'getter' (the default), 'hook' or 'fx'"
+                f"feature_cls={kind!r} runs the model's children one after the other, which {seam['no_flatten']}: "
+                "use 'getter' (the default), 'hook' or 'fx'"
             )
-        pos = parse_pos(kwargs.get("pos", defaults.get("pos", "rel2d_full")))
-        if split_pos(pos, parse_pos(kwargs.get("abs_pos", defaults.get("abs_pos"))))[1] is not None:
-            raise ValueError(
-                f"feature_cls={kind!r} runs the Swin's children one after the other, which skips its absolute "
-                "position embedding (the model adds it): use 'getter' (the default), 'hook' or 'fx'"
-            )
-        cfg.setdefault("flatten_sequential", True)  # as timm's Swin: its stages are a Sequential
+        cfg.setdefault("flatten_sequential", True)  # as timm's Swin: the stages of a Sequential in turn
     return cfg
 
 

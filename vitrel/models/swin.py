@@ -776,3 +776,35 @@ class SwinTransformer(nn.Module):
         if prune_head or prune_end:
             self.reset_classifier(0, "")
         return take
+
+    # ---------------------------------------------------------------------------- seams (viz, registry)
+    @torch.no_grad()
+    def attention_maps(self, x: Tensor, block: int = -1, stage: int = 0) -> Tensor:
+        """``[B, heads, H, W]``: the attention each position of stage ``stage``'s grid receives in its block
+        ``block``, averaged over all queries (the windows put together: ``SwinBlock.dense_attention``). What
+        ``vitrel.viz.attention_maps`` draws (in eval mode) for any backbone with this method."""
+        if not -len(self.layers) <= stage < len(self.layers):
+            raise ValueError(f"stage {stage} out of range for {len(self.layers)} stages")
+        x, stg = self.embed(x), self.layers[stage]
+        for s in self.layers[: stage % len(self.layers)]:
+            x = s(x)
+        x = stg.downsample(x)
+        pos_state, n = stg.position_state(x), len(stg.blocks)
+        if not -n <= block < n:
+            raise ValueError(f"block {block} out of range for {n} blocks")
+        for blk in stg.blocks[: block % n]:
+            x = blk(x, pos_state)
+        dense = stg.blocks[block % n].dense_attention(x, pos_state)  # [B, heads, HW, HW]
+        return dense.mean(2).reshape(*dense.shape[:2], x.shape[1], x.shape[2])
+
+    @classmethod
+    def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:
+        """What ``vitrel.models.registry`` reads of a backbone built with constructor ``args`` (see
+        ``VisionTransformer.feature_defaults``): the final map pooled ``img / patch / 2^(stages-1)`` per side
+        (patch merging pads odd sides), maps ``NHWC`` as timm's Swin, the stages a ``Sequential``."""
+        side = -(-int(args.get("img_size", 224)) // int(args.get("patch_size", 4)))
+        for _ in range(len(args.get("depths", (2, 2, 6, 2))) - 1):
+            side = -(-side // 2)
+        absolute = split_pos(parse_pos(args.get("pos", "rel2d_full")), parse_pos(args.get("abs_pos")))[1]
+        why = "skips its absolute position embedding (the model adds it)" if absolute is not None else None
+        return dict(pool_size=(side, side), output_fmt="NHWC", module_fmt="NHWC", no_flatten=why)

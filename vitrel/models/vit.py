@@ -348,3 +348,32 @@ class VisionTransformer(nn.Module):
             self.fc_norm = nn.Identity()
             self.reset_classifier(0, "")
         return take
+
+    # ---------------------------------------------------------------------------- seams (viz, registry)
+    @torch.no_grad()
+    def attention_maps(self, x: Tensor, block: int = -1, stage: int = 0) -> Tensor:
+        """``[B, heads, H', W']``: attention over the patch grid in block ``block`` (``stage``: 0, the only
+        one): the class token's row, or without a class token the attention each patch receives averaged
+        over the patch queries. What ``vitrel.viz.attention_maps`` draws (in eval mode) for any backbone
+        with this method."""
+        n = len(self.blocks)
+        if stage not in (0, -1) or not -n <= block < n:
+            raise ValueError(f"stage {stage} / block {block} out of range for 1 stage of {n} blocks")
+        x, grid = self.embed(x)
+        states = self.position_states(grid, x, block % n + 1)
+        for blk, st in zip(self.blocks[: block % n], states):
+            x = blk(x, pos_state=st)
+        blk = self.blocks[block % n]
+        a = blk.attn.attention_map(blk.norm1(x), pos_state=states[-1])  # [B, heads, N, N]
+        p = self.num_prefix_tokens
+        m = a[:, :, 0, p:] if self.has_class_token else a[:, :, p:, p:].mean(2)
+        return m.reshape(a.shape[0], a.shape[1], grid.h, grid.w)
+
+    @classmethod
+    def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:
+        """What ``vitrel.models.registry`` reads of a backbone built with constructor ``args``: timm's
+        ``pool_size`` (None: tokens), ``output_fmt`` (of ``forward_intermediates``), ``module_fmt`` (of the maps
+        its modules return, which timm's hook / fx wrappers hand on as they are; None: tokens) and
+        ``no_flatten`` (why timm's list / dict wrappers cannot run its children in turn; None: they can)."""
+        why = "the ViT's do not allow (its blocks take the patch grid)"
+        return dict(pool_size=None, output_fmt="NCHW", module_fmt=None, no_flatten=why)

@@ -1,0 +1,92 @@
+"""vitrel.study.plots: the study's pictures from its summary rows (accuracies with intervals, paired
+differences, one metric against another, the extrapolation curves)."""
+
+from __future__ import annotations
+
+import pytest
+
+from vitrel.study import plots
+
+
+def panels(fig) -> list:
+    """The figure's axes without the colour bars."""
+    return [a for a in fig.axes if a.get_label() != "<colorbar>"]
+
+
+def _summary():
+    rows = []
+    for arch in ("vit", "swin"):
+        for i, (scheme, fam) in enumerate([("none", "none"), ("ape", "absolute"), ("rel2d_full", "learned bias")]):
+            rows.append(
+                dict(
+                    arch=arch,
+                    scheme=scheme,
+                    family=fam,
+                    test_acc_mean=0.8 + 0.01 * i,
+                    test_acc_std=0.01,
+                    translate44_acc_mean=0.3 + 0.1 * i,
+                    translate44_acc_std=None,
+                    resize56_acc_mean=0.5,
+                    resize56_acc_std=0.02,
+                    train_img_s_mean=500.0 - 10 * i,
+                )
+            )
+    return rows
+
+
+def test_plot_study_axes():
+    fig = plots.plot_study(_summary())
+    axes = panels(fig)
+    assert len(axes) == 2 * 2
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["test", "translate44", "resize56"]
+    fig = plots.plot_study(_summary(), chance=0.1)
+    assert [t.get_text() for t in fig.legends[0].get_texts()][0] == "chance"
+    assert [t.get_text() for t in axes[0].get_yticklabels()] == ["none", "ape", "rel2d_full"]
+    assert len(panels(plots.plot_study(_summary(), archs=["swin"]))) == 2
+    assert len(panels(plots.plot_study_scatter(_summary()))) == 2 * 2
+    with pytest.raises(ValueError):
+        plots.plot_study([])
+
+
+def _bar_extent(ax, label: str) -> list[tuple[float, float]]:
+    """(left, right) of each horizontal error bar of the series ``label``."""
+    for cont in ax.containers:
+        if cont.get_label() == label:
+            return [tuple(seg[:, 0]) for seg in cont.lines[2][0].get_segments()]
+    raise KeyError(label)
+
+
+def test_plot_study_bars_are_the_intervals():
+    rows = _summary()
+    for r in rows:
+        r.update(test_acc_lo=r["test_acc_mean"] - 0.05, test_acc_hi=r["test_acc_mean"] + 0.02)
+    ax = panels(plots.plot_study(rows, metrics=["test_acc_mean"]))[0]
+    assert "95 % interval" in ax.get_title()
+    lo, hi = _bar_extent(ax, "test")[0]
+    assert (lo, hi) == (pytest.approx(75.0), pytest.approx(82.0))  # none: 80 [75, 82]
+    ax = panels(plots.plot_study(_summary(), metrics=["test_acc_mean"]))[0]  # no intervals: the std
+    assert _bar_extent(ax, "test")[0] == (pytest.approx(79.0), pytest.approx(81.0))
+
+
+def test_plot_study_diffs_draws_paired_intervals():
+    rows = _summary()
+    for r in rows:
+        d = None if r["scheme"] == "none" else 0.03
+        r.update(test_acc_vs_none_mean=d, test_acc_vs_none_lo=d and 0.01, test_acc_vs_none_hi=d and 0.05)
+    fig = plots.plot_study_diffs(rows, base="none")
+    axes = panels(fig)
+    assert len(axes) == 2 and [t.get_text() for t in axes[0].get_yticklabels()] == ["ape", "rel2d_full"]
+    assert _bar_extent(axes[0], "test")[0] == (pytest.approx(1.0), pytest.approx(5.0))
+    with pytest.raises(ValueError, match="no paired differences"):
+        plots.plot_study_diffs(_summary(), base="none")
+
+
+def test_plot_curves_one_panel_per_family_one_line_per_scheme():
+    rows = [r for r in _summary() if r["arch"] == "vit"]
+    for r in rows:
+        r.update(res56_acc_mean=0.5, res56_acc_lo=0.4, res56_acc_hi=0.6)
+    fig = plots.plot_curves(rows, {"test": 1.0, "resize56": 2.0, "res56": 1.5})
+    axes = panels(fig)
+    assert [ax.get_title() for ax in axes] == ["none", "absolute", "learned bias"]
+    (line,) = axes[2].get_lines()
+    assert list(line.get_xdata()) == [1.0, 1.5, 2.0] and line.get_ydata()[0] == pytest.approx(82.0)

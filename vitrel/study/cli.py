@@ -1,0 +1,277 @@
+"""The study's command line (``python bench/study.py``, ``python -m vitrel.study``): the selection, resuming
+from the results file, ``--jobs`` worker processes, the runs, the throughput timing once the selection is
+complete. See ``vitrel.study`` (and ``docs/study.md``)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+
+from vitrel.bench import machine_info
+from vitrel.pos import get_pos_class, list_pos
+from vitrel.study.reading import atomic_write, claims, scheme_key, write_results
+from vitrel.study.runs import (
+    BUDGETS,
+    ROOT,
+    compose,
+    eval_sets,
+    finetune_cfg,
+    materialise,
+    measure_cost,
+    recipe,
+    run_one,
+    save_pos,
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from vitrel import study
+
+    ap = argparse.ArgumentParser(description=study.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--budget", choices=BUDGETS, default="cpu", help="conf/experiment/study_<budget>.yaml")
+    ap.add_argument("--schemes", default=None, help="comma-separated (default: study.default_schemes, else all)")
+    ap.add_argument("--archs", default=None, help="comma-separated (default: all of the recipe's study.archs)")
+    ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the recipe's study.seeds)")
+    ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results folder (default bench/results)")
+    ap.add_argument("--name", default=None, help="results file stem (default study_<budget>)")
+    ap.add_argument("--data-root", default=None, help="Fashion-MNIST IDX folder (default: the usual places)")
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    ap.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs (resume later)")
+    ap.add_argument("--restart", action="store_true", help="discard earlier results of this study")
+    ap.add_argument("--progress", choices=["auto", "rich", "lines", "none"], default="auto")
+    ap.add_argument("--cost-rounds", type=int, default=5, help="rounds of the alternating throughput timing")
+    ap.add_argument("--cost-steps", type=int, default=10, help="training steps per model and round")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (pack a GPU)")
+    ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/N: a --jobs worker's share
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (part of the recipe)")
+    return ap.parse_args(argv)
+
+
+def select(args: argparse.Namespace, study: dict) -> tuple[list[str], list[str], list[int]]:
+    """The schemes (registered names and ``study.variants`` labels), architectures and seeds to run."""
+    known = list_pos() + [v for v in study.get("variants") or {} if v not in list_pos()]
+    schemes = study.get("default_schemes") or sorted(known, key=lambda s: scheme_key(s, study.get("variants")))
+    schemes = [s.strip() for s in args.schemes.split(",") if s.strip()] if args.schemes else schemes
+    archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else list(study["archs"])
+    if bad := [s for s in schemes if s not in known]:
+        raise SystemExit(f"unknown scheme(s) {bad}; known: {', '.join(known)}")
+    if bad := [a for a in archs if a not in study["archs"]]:
+        raise SystemExit(f"unknown architecture(s) {bad}; choose from {sorted(study['archs'])}")
+    return schemes, archs, list(range(args.seeds if args.seeds is not None else study["seeds"]))
+
+
+#: parts of the study block that only select or read runs: changing them keeps the finished runs
+READING = ("claims", "default_schemes", "variants", "derived")
+
+
+def _run_part(recipe: dict) -> dict:
+    """What the finished runs depend on: the recipe less ``READING`` (variants are checked per run)."""
+    return {**recipe, "study": {k: v for k, v in (recipe.get("study") or {}).items() if k not in READING}}
+
+
+def load_state(path: Path, state: dict, restart: bool) -> dict:
+    """The earlier runs of this study (its recipe must be the same), or none with ``restart``."""
+    if path.exists() and not restart:
+        old = json.loads(path.read_text())
+        new_part, old_part = _run_part(state["recipe"]), _run_part(old.get("recipe") or {})
+        diff = [k for k in new_part if old_part.get(k) != new_part[k]]
+        diff += [f"study.{k}" for k in new_part["study"] if old_part["study"].get(k) != new_part["study"][k]]
+        variants = state["recipe"]["study"].get("variants") or {}
+        diff += [
+            f"variant {r['scheme']}"
+            for r in old.get("runs", [])
+            if r.get("pos_overrides") is not None and variants.get(r["scheme"]) != r["pos_overrides"]
+        ]
+        if diff:
+            raise SystemExit(
+                f"{path} holds a study made with another recipe (differs in: {', '.join(dict.fromkeys(diff))}); "
+                "rerun with --restart to discard it, or give another --name"
+            )
+        keep = ("runs", "wall_s", "cost", "cost_rounds", "cost_steps", "commands")
+        state.update({k: old[k] for k in keep if k in old})
+    elif restart:
+        for p in path.parent.glob(f"{path.stem}*"):
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return state
+
+
+def merge_shards(out: Path, name: str, state: dict) -> None:
+    """Take the runs (and position tensors) of ``--jobs`` workers' shard files into ``state``; remove them."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
+    for path in sorted(out.glob(f"{name}.shard*.json")):
+        for r in json.loads(path.read_text()).get("runs", []):
+            if (r["arch"], r["scheme"], r["seed"]) not in done:
+                state["runs"].append(r)
+                done.add((r["arch"], r["scheme"], r["seed"]))
+        path.unlink()
+    main_pos = out / f"{name}_pos.safetensors"
+    for path in sorted(out.glob(f"{name}_pos.shard*.safetensors")):
+        tensors, meta = {}, {}
+        for p in (main_pos, path):
+            if p.exists():
+                with safe_open(str(p), "pt") as f:
+                    tensors.update({k: f.get_tensor(k) for k in f.keys()})
+                    meta.update(f.metadata() or {})
+        save_file(tensors, str(main_pos.with_name(f".{main_pos.name}.tmp")), metadata=meta)
+        os.replace(main_pos.with_name(f".{main_pos.name}.tmp"), main_pos)
+        path.unlink()
+
+
+def run_jobs(args: argparse.Namespace, argv: list[str], jobs: int) -> None:
+    """``jobs`` worker processes of this command (``python -m vitrel.study``, this vitrel first on the path),
+    worker ``i`` running runs ``i::jobs`` of the to-do list (``--shard i/jobs``) with ``cores / jobs`` threads;
+    their output is prefixed ``[i]``. Waits for all."""
+    threads = max(1, (args.threads or os.cpu_count() or 1) // jobs)
+    base = [a for a in argv if a != "--restart"]
+    path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)
+    procs = []
+    for i in range(jobs):
+        cmd = [sys.executable, "-u", "-m", "vitrel.study", *base, "--jobs", "1", "--shard", f"{i}/{jobs}"]
+        cmd += ["--threads", str(threads)]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                bufsize=1,
+                env={**os.environ, "PYTHONPATH": path},
+            )
+        )
+
+    def relay(i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            print(f"[{i}] {line}", end="")
+
+    threads_ = [threading.Thread(target=relay, args=(i, p), daemon=True) for i, p in enumerate(procs)]
+    for t in threads_:
+        t.start()
+    codes = [p.wait() for p in procs]
+    for t in threads_:
+        t.join()
+    if any(codes):
+        raise SystemExit(f"study workers exited with {codes}; rerun the same command to resume")
+
+
+def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> dict:
+    """Run the study ``argv`` selects (``parse_args``); ``prog``: how the command is recorded. Returns its state
+    (what the results JSON holds)."""
+    args, t_start = parse_args(argv), time.perf_counter()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    getattr(sys.stdout, "reconfigure", lambda **_: None)(line_buffering=True)  # progress lines in logs at once
+    name, out = args.name or f"study_{args.budget}", Path(args.out)
+    shard = tuple(int(v) for v in args.shard.split("/")) if args.shard else None
+    out.mkdir(parents=True, exist_ok=True)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    if args.threads or device.type == "cpu":
+        torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    for lg in ("lightning.pytorch", "lightning.fabric", "lightning", "vitrel"):
+        logging.getLogger(lg).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", message=".*(does not have many workers|resampl|LeafSpec|val_dataloader).*")
+    rec = recipe(args.budget, args.overrides)
+    study, (schemes, archs, seeds) = rec["study"], select(args, rec["study"])
+    command = f"{prog} " + " ".join(a for a in argv if a != "--restart")
+    state = dict(budget=args.budget, recipe=rec, command=command, wall_s=0.0, runs=[])
+    state = load_state(out / f"{name}.json", state, args.restart and shard is None)
+    if shard is None:
+        merge_shards(out, name, state)  # what workers of an interrupted --jobs run finished
+        state["commands"] = list(dict.fromkeys([*state.get("commands", []), command]))
+    wall_before, state["machine"] = state["wall_s"], machine_info(device)
+    done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
+    todo = [(a, s, seed) for seed in seeds for a in archs for s in schemes if (a, s, seed) not in done]
+    todo = todo[: args.max_runs] if args.max_runs is not None else todo
+    skipped = len(seeds) * len(archs) * len(schemes) - len(todo)
+    if shard is not None:
+        todo, state_name, state["runs"] = todo[shard[0] :: shard[1]], f"{name}.shard{shard[0]}", []
+    print(
+        f"{name}: {len(todo)} runs to do ({skipped} of the selection already done or deferred) on",
+        state["machine"]["description"],
+    )
+    work = out / f"{name}_work" / hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()[:10]
+    common = [*args.overrides, f"trainer.accelerator={device.type}", f"progress_bar={args.progress}"]
+    common += [f"data.root={args.data_root}"] * bool(args.data_root)
+    common += ["trainer.precision=32-true"] * (device.type == "cpu")  # the recipes' bf16 is for GPUs
+    variants = study.get("variants") or {}
+
+    def run_overrides(arch: str, scheme: str, seed: int) -> list[str]:
+        pos = variants[scheme] if scheme in variants else [f"pos={scheme}"]
+        return [*common, *study["archs"][arch], *pos, f"seed={seed}"]
+
+    def run_cfg(arch: str, scheme: str, seed: int) -> DictConfig:
+        return compose(args.budget, run_overrides(arch, scheme, seed), work / f"{arch}_{scheme}_seed{seed}")
+
+    if args.jobs > 1 and shard is None and len(todo) > 1:
+        run_jobs(args, argv, min(args.jobs, len(todo)))
+        merge_shards(out, name, state)
+        todo = []
+    data: dict = {}
+    try:
+        for i, (arch, scheme, seed) in enumerate(todo):
+            cfg = run_cfg(arch, scheme, seed)
+            if not data:
+                data = {k: materialise(v) for k, v in eval_sets(study, instantiate(cfg.data)).items()}
+                print("evaluation sets:", ", ".join(f"{k} {tuple(v[0].shape)}" for k, v in data.items()))
+            print(f"[{i + 1}/{len(todo)}] {arch} {scheme} seed {seed}")
+            resumed = (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").exists()
+            ft_cfg = finetune_cfg(cfg, study, run_overrides(arch, scheme, seed), args.budget)
+            record, model = run_one(cfg, study, data, device, ft_cfg)
+            family = get_pos_class(cfg.pos.name).family
+            run = dict(arch=arch, scheme=scheme, seed=seed, family=family, pos_overrides=variants.get(scheme))
+            state["runs"].append({**run, **record, "resumed": resumed})
+            state["wall_s"] = wall_before + time.perf_counter() - t_start
+            if shard is not None:
+                if seed == seeds[0]:
+                    save_pos(out / f"{name}_pos.shard{shard[0]}.safetensors", f"{arch}/{scheme}", model)
+                atomic_write(out / f"{state_name}.json", json.dumps(state, indent=1))
+            else:
+                if seed == seeds[0]:
+                    save_pos(out / f"{name}_pos.safetensors", f"{arch}/{scheme}", model)
+                write_results(state, out, name)
+            for d in (cfg.paths.output_dir, ft_cfg.paths.output_dir if ft_cfg is not None else None):
+                if d:
+                    shutil.rmtree(d, ignore_errors=True)
+            accs = "  ".join(f"{k[:-4]} {100 * v:.1f}%" for k, v in record.items() if k.endswith("_acc"))
+            print(f"    {accs}  |  {record['train_img_s'] or math.nan:.0f} img/s, {record['peak_mem_mb']:.0f} MB")
+    finally:
+        for d in (work, work.parent):
+            with contextlib.suppress(OSError):
+                d.rmdir()
+    if shard is not None:
+        return state
+    # the selection complete: every model's throughput, timed in alternation (once)
+    finished = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
+    wanted = [(a, s) for a in archs for s in schemes]
+    complete = all((a, s, seed) in finished for a, s in wanted for seed in seeds)
+    if complete and args.cost_rounds > 0 and any(f"{a}/{s}" not in state.get("cost", {}) for a, s in wanted):
+        print(f"cost: timing {len(wanted)} models in alternation ({args.cost_rounds} rounds)")
+        cfgs = {f"{a}/{s}": run_cfg(a, s, 0) for a, s in wanted}
+        cost = measure_cost(cfgs, device, args.cost_rounds, args.cost_steps)
+        state.update(cost={**state.get("cost", {}), **cost}, cost_rounds=args.cost_rounds, cost_steps=args.cost_steps)
+    state["wall_s"] = wall_before + time.perf_counter() - t_start
+    state["load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    if state["runs"] and (complete or not todo):
+        write_results(state, out, name)
+    print(f"done in {time.perf_counter() - t_start:.0f} s (in all {state['wall_s'] / 60:.1f} min): {out}/{name}.*")
+    for v in claims(state) if complete else ():
+        print(f"  {v['arch']}: {v['title']}: {v['verdict']}")
+    return state

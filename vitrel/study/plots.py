@@ -1,0 +1,228 @@
+"""The study's pictures, from its summary rows (``vitrel.study.reading.summarise``; the ``summary`` of a
+results JSON): accuracies with their intervals per scheme, paired differences against a baseline, one metric
+against another, and accuracy against the resolution factor (the ``extrapolation`` budget's curves).
+
+Every function returns a ``matplotlib.figure.Figure`` built without pyplot, as ``vitrel.viz``'s do.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from vitrel.pos.base import FAMILIES
+
+__all__ = ["plot_study", "plot_study_diffs", "plot_study_scatter", "plot_curves"]
+
+
+def _figure(width: float, height: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
+def _archs(rows: Sequence[Mapping[str, Any]], archs: Sequence[str] | None, what: str) -> list[str]:
+    """``archs``, by default those of the summary ``rows`` in their order (no rows: a ``ValueError``)."""
+    if not rows:
+        raise ValueError(f"{what} needs at least one summary row")
+    return list(archs) if archs is not None else list(dict.fromkeys(r["arch"] for r in rows))
+
+
+def _metric_label(key: str) -> str:
+    return key.removesuffix("_mean").removesuffix("_acc").replace("_", " ")
+
+
+def plot_study(
+    rows: Sequence[Mapping[str, Any]],
+    metrics: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    title: str | None = None,
+    chance: float | None = None,
+):
+    """The study's picture: per architecture, accuracies per scheme (mean, error bar = the 95 % interval
+    over seeds where the rows have one, else the std) and training throughput.
+
+    ``rows``: summary rows (one per architecture x scheme) with ``arch``, ``scheme`` and, for each
+    metric ``m``, ``m_mean`` and ``m_lo`` / ``m_hi`` or ``m_std`` (accuracies in [0, 1]), plus
+    ``bench_img_s`` (throughput timed with the models taking turns) or, without it, ``train_img_s_mean``
+    (the runs' own throughput).
+    ``metrics`` default: every ``*_acc_mean`` key, in-distribution first; ``chance``: accuracy of a
+    guess (drawn as a dotted line). Returns a Figure with ``2 * len(archs)`` axes (accuracy,
+    throughput per architecture).
+    """
+    archs = _archs(rows, archs, "plot_study")
+    if metrics is None:
+        keys = [k for k in rows[0] if k.endswith("_acc_mean")]
+        metrics = sorted(keys, key=lambda k: (k != "test_acc_mean", keys.index(k)))
+    n_schemes = max(sum(1 for r in rows if r["arch"] == a) for a in archs)
+    fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
+    axes = np.atleast_2d(fig.subplots(len(archs), 2, squeeze=False, width_ratios=[3, 1]))
+    markers = "osD^v<>p*h"
+    for a_i, arch in enumerate(archs):
+        sub = [r for r in rows if r["arch"] == arch]
+        names = [r["scheme"] for r in sub]
+        y = np.arange(len(sub))
+        ax = axes[a_i, 0]
+        width = 0.7 / max(len(metrics), 1)
+        with_ci = any(r.get(m.removesuffix("_mean") + "_lo") is not None for r in sub for m in metrics)
+        for m_i, m in enumerate(metrics):
+            mean = np.array([100 * float(r.get(m) if r.get(m) is not None else math.nan) for r in sub])
+            base = m.removesuffix("_mean")
+            if with_ci:  # asymmetric bars [lo, hi]; none where a cell has a single seed
+                lo = np.array([100 * float(r[f"{base}_lo"]) if r.get(f"{base}_lo") is not None else v
+                               for r, v in zip(sub, mean)])  # fmt: skip
+                hi = np.array([100 * float(r[f"{base}_hi"]) if r.get(f"{base}_hi") is not None else v
+                               for r, v in zip(sub, mean)])  # fmt: skip
+                err = np.stack([mean - lo, hi - mean])
+            else:
+                err = np.array([100 * float(r.get(f"{base}_std", 0.0) or 0.0) for r in sub])
+            off = (m_i - (len(metrics) - 1) / 2) * width
+            ax.errorbar(
+                mean, y + off, xerr=err, fmt=markers[m_i % len(markers)], ms=4, capsize=2, label=_metric_label(m)
+            )
+        if chance is not None:
+            ax.axvline(100 * chance, ls=":", color="0.5", lw=1, label="chance")
+        ax.set_yticks(y, names, fontsize=7)
+        ax.invert_yaxis()
+        ax.grid(axis="x", color="0.9")
+        ax.set_xlabel("accuracy (%)", fontsize=8)
+        bar = "95 % interval" if with_ci else "std"
+        ax.set_title(f"{arch}: accuracy (mean, bar = {bar} over seeds)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if a_i == 0:
+            fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncol=len(metrics) + 1, loc="outside lower center")
+        ax2 = axes[a_i, 1]
+        thr = np.array([float(r.get("bench_img_s") or r.get("train_img_s_mean") or math.nan) for r in sub])
+        ax2.barh(y, thr, color="0.6")
+        ax2.set_yticks(y, [])
+        ax2.invert_yaxis()
+        ax2.set_xlabel("train images / s", fontsize=8)
+        ax2.set_title(f"{arch}: throughput", fontsize=8)
+        ax2.tick_params(labelsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_study_diffs(
+    rows: Sequence[Mapping[str, Any]],
+    base: str = "none",
+    metrics: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    title: str | None = None,
+):
+    """Paired differences against the ``base`` scheme, per architecture: for every other scheme and metric
+    ``m`` the mean of ``m_vs_<base>_mean`` with its 95 % interval ``[m_vs_<base>_lo, m_vs_<base>_hi]`` in
+    percentage points (the study's summary rows). An interval clear of the zero line is a resolved
+    difference. ``metrics`` default: every ``*_acc`` with such columns. Returns a Figure, one axis per
+    architecture."""
+    archs = _archs(rows, archs, "plot_study_diffs")
+    suffix = f"_vs_{base}_mean"
+    if metrics is None:
+        metrics = [k.removesuffix(suffix) for k in rows[0] if k.endswith(suffix)]
+    if not metrics:
+        raise ValueError(f"the rows have no paired differences against {base!r} (columns *{suffix})")
+    n_schemes = max(sum(1 for r in rows if r["arch"] == a and r["scheme"] != base) for a in archs)
+    fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
+    axes = np.atleast_1d(fig.subplots(len(archs), 1, squeeze=False)[:, 0])
+    markers = "osD^v<>p*h"
+    for ax, arch in zip(axes, archs):
+        sub = [r for r in rows if r["arch"] == arch and r["scheme"] != base]
+        y, width = np.arange(len(sub)), 0.7 / len(metrics)
+        for m_i, m in enumerate(metrics):
+            val = {k: [r.get(f"{m}_vs_{base}_{k}") for r in sub] for k in ("mean", "lo", "hi")}
+            mean = np.array([100 * v if v is not None else math.nan for v in val["mean"]])
+            lo = np.array([100 * v if v is not None else mu for v, mu in zip(val["lo"], mean)])
+            hi = np.array([100 * v if v is not None else mu for v, mu in zip(val["hi"], mean)])
+            off = (m_i - (len(metrics) - 1) / 2) * width
+            ax.errorbar(mean, y + off, xerr=np.stack([mean - lo, hi - mean]), fmt=markers[m_i % len(markers)],
+                        ms=4, capsize=2, label=_metric_label(m.removesuffix("_acc") + "_acc_mean"))  # fmt: skip
+        ax.axvline(0.0, color="0.3", lw=1)
+        ax.set_yticks(y, [r["scheme"] for r in sub], fontsize=7)
+        ax.invert_yaxis()
+        ax.grid(axis="x", color="0.9")
+        ax.set_xlabel(f"accuracy minus {base}'s, same seeds (percentage points)", fontsize=8)
+        ax.set_title(f"{arch}: paired difference against {base} (mean, bar = 95 % interval)", fontsize=8)
+        ax.tick_params(labelsize=7)
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=len(metrics), loc="outside lower center")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_study_scatter(
+    rows: Sequence[Mapping[str, Any]],
+    x: str = "test_acc_mean",
+    ys: Sequence[str] | None = None,
+    archs: Sequence[str] | None = None,
+    title: str | None = None,
+):
+    """Per architecture and per ``y`` metric, a scatter of ``y`` against ``x`` (one point per scheme,
+    coloured by family, labelled by name): e.g. out-of-distribution against in-distribution accuracy.
+
+    ``ys`` default: every ``*_acc_mean`` key but ``x``. Accuracies are shown in %. Returns a Figure with
+    ``len(archs) * len(ys)`` axes.
+    """
+    archs = _archs(rows, archs, "plot_study_scatter")
+    ys = list(ys) if ys is not None else [k for k in rows[0] if k.endswith("_acc_mean") and k != x]
+    if not ys:
+        raise ValueError(f"no metric to plot against {x}")
+    fams = list(dict.fromkeys(r.get("family", "?") for r in rows))
+    fams.sort(key=lambda f: FAMILIES.index(f) if f in FAMILIES else len(FAMILIES))
+    colours = {f: f"C{i}" for i, f in enumerate(fams)}
+    fig = _figure(4.2 * len(ys) + 0.4, 3.6 * len(archs) + 0.4)
+    axes = np.atleast_2d(fig.subplots(len(archs), len(ys), squeeze=False))
+    for a_i, arch in enumerate(archs):
+        sub = [r for r in rows if r["arch"] == arch]
+        for y_i, y in enumerate(ys):
+            ax = axes[a_i, y_i]
+            for fam in fams:
+                pts = [r for r in sub if r.get("family", "?") == fam and r.get(x) is not None and r.get(y) is not None]
+                if not pts:
+                    continue
+                ax.scatter([100 * r[x] for r in pts], [100 * r[y] for r in pts], c=colours[fam], s=18, label=fam)
+                for r in pts:
+                    ax.annotate(
+                        r["scheme"], (100 * r[x], 100 * r[y]), fontsize=6, xytext=(2, 2), textcoords="offset points"
+                    )
+            ax.set_xlabel(f"{_metric_label(x)} accuracy (%)", fontsize=8)
+            ax.set_ylabel(f"{_metric_label(y)} accuracy (%)", fontsize=8)
+            ax.set_title(f"{arch}: {_metric_label(y)} vs {_metric_label(x)}", fontsize=8)
+            ax.tick_params(labelsize=7)
+            ax.grid(color="0.92")
+            if a_i == 0 and y_i == 0:
+                ax.legend(fontsize=6)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], title: str | None = None):
+    """Accuracy (mean, band = the 95 % interval over seeds) against the resolution factor per scheme, one panel
+    per family. ``scales``: eval name -> factor (``study.scales`` of the recipe; accuracies ``<eval>_acc_*``)."""
+    families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
+    evals = sorted(scales, key=scales.get)
+    xs = [scales[e] for e in evals]
+    fig = _figure(4.2 * len(families), 3.6)
+    axes = fig.subplots(1, len(families), squeeze=False, sharey=True)
+    for ax, fam in zip(axes[0], families):
+        for r in (r for r in rows if r["family"] == fam):
+            ys = [r.get(f"{e}_acc_mean") for e in evals]
+            if any(y is None for y in ys):
+                continue
+            lo = [r.get(f"{e}_acc_lo") if r.get(f"{e}_acc_lo") is not None else y for e, y in zip(evals, ys)]
+            hi = [r.get(f"{e}_acc_hi") if r.get(f"{e}_acc_hi") is not None else y for e, y in zip(evals, ys)]
+            (line,) = ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, label=r["scheme"])
+            ax.fill_between(xs, [100 * v for v in lo], [100 * v for v in hi], color=line.get_color(), alpha=0.15)
+        ax.set_title(fam, fontsize=9)
+        ax.set_xlabel("resolution factor (zero-shot)")
+        ax.set_xticks(xs)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("accuracy (%)")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig

@@ -1,0 +1,237 @@
+"""Reading the study's runs: summary rows (mean, sample std and 95 % interval over seeds, paired differences
+against ``none`` and ``ape``), the verdict on each of ``study.claims``, the Markdown report, and the files
+written after every run (JSON, CSV, Markdown, the pictures of ``vitrel.study.plots``)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vitrel.pos.base import FAMILIES, UnknownSchemeError, get_pos_class
+from vitrel.stats import chain_verdict, mean_ci, paired_diff, verdict
+
+
+def scheme_key(label: str, variants: Mapping[str, list[str]] | None = None) -> tuple:
+    """Where a scheme (a registered name, or a ``study.variants`` label: the scheme of its ``pos=`` override)
+    goes in the tables: by family in the order of ``FAMILIES`` (from the registry), a variant after its
+    scheme, then by name."""
+    base = next((o.split("=", 1)[1] for o in (variants or {}).get(label, ()) if o.startswith("pos=")), label)
+    try:
+        family = FAMILIES.index(get_pos_class(base).family)
+    except (UnknownSchemeError, ValueError):
+        family = len(FAMILIES)
+    return family, base, label != base, label
+
+
+def acc_metrics(study: dict) -> list[str]:
+    """The accuracy columns of a study: every evaluation set, the fine-tuned one, then the differences
+    ``study.derived`` (``name: [a, b]``: ``a``'s accuracy minus ``b``'s, within each run)."""
+    ft = study.get("finetune")
+    accs = [f"{k}_acc" for k in study["evals"]] + ([f"ft_{ft['eval']}_acc"] if ft else [])
+    return accs + list(study.get("derived") or {})
+
+
+def with_derived(runs: list[dict], study: dict) -> list[dict]:
+    """The runs with ``study.derived``'s within-run differences added (a position cost per model: the
+    same trained model on held-out offsets against the training offsets)."""
+    out = []
+    for r in runs:
+        r = dict(r)
+        for name, (a, b) in (study.get("derived") or {}).items():
+            va, vb = r.get(f"{a}_acc"), r.get(f"{b}_acc")
+            r[name] = None if va is None or vb is None else float(va) - float(vb)
+        out.append(r)
+    return out
+
+
+def metric_key(study: dict, name: str) -> str:
+    """The run key of an evaluation (``<name>_acc``) or of a derived difference (``<name>``)."""
+    return name if name in (study.get("derived") or {}) else f"{name}_acc"
+
+
+def _by_seed(runs: list[dict], arch: str, scheme: str, m: str) -> dict[int, float]:
+    return {
+        r["seed"]: float(r[m])
+        for r in runs
+        if (r["arch"], r["scheme"]) == (arch, scheme) and r.get(m) is not None and not math.isnan(float(r[m]))
+    }
+
+
+def summarise(state: dict) -> list[dict]:
+    """One row per (architecture, scheme): mean, sample std and 95 % interval over seeds of every metric,
+    the paired differences of the accuracies against ``none`` and ``ape`` (same seeds), the throughput."""
+    cost, study = state.get("cost") or {}, state["recipe"]["study"]
+    runs = with_derived(state["runs"], study)
+    accs = acc_metrics(study)
+    metrics = accs + ["train_img_s", "peak_mem_mb", "fit_s"]
+    archs = list(study["archs"])
+    variants = study.get("variants")
+    key = lambda k: (archs.index(k[0]) if k[0] in archs else 99, scheme_key(k[1], variants))  # noqa: E731
+    keys = sorted({(r["arch"], r["scheme"]) for r in runs}, key=key)
+    rows = []
+    for arch, scheme in keys:
+        rs = [r for r in runs if (r["arch"], r["scheme"]) == (arch, scheme)]
+        row: dict[str, Any] = dict(arch=arch, scheme=scheme, family=rs[0]["family"], seeds=len(rs))
+        row["params"] = rs[0]["params"]
+        for m in metrics:
+            ci = mean_ci(list(_by_seed(runs, arch, scheme, m).values()))
+            row.update({f"{m}_mean": ci["mean"], f"{m}_std": ci["sd"], f"{m}_lo": ci["lo"], f"{m}_hi": ci["hi"]})
+        for base in ("none", "ape"):
+            for m in accs:
+                d = paired_diff(_by_seed(runs, arch, scheme, m), _by_seed(runs, arch, base, m))
+                ok = base != scheme and d["n"] > 0
+                row.update({f"{m}_vs_{base}_{k}": d[k] if ok else None for k in ("mean", "lo", "hi")})
+        rows.append({**row, "bench_img_s": cost.get(f"{arch}/{scheme}", {}).get("img_s")})
+    return rows
+
+
+def claims(state: dict) -> list[dict]:
+    """The verdict on each of ``study.claims`` per architecture, from paired differences (``vitrel.stats``).
+
+    ``better: [A, B, C]``: the links ``A - B`` and ``B - C``; ``best: A``: ``A - X`` for every other scheme
+    ``X`` of the study. A claim needs all its schemes; links with fewer than 2 shared seeds are not resolved.
+    """
+    study = state["recipe"]["study"]
+    runs = with_derived(state["runs"], study)
+    out = []
+    for cid, c in (study.get("claims") or {}).items():
+        m = metric_key(study, c["eval"])
+        for arch in dict.fromkeys(r["arch"] for r in runs):
+            have = {r["scheme"] for r in runs if r["arch"] == arch}
+            if "better" in c:
+                pairs = list(zip(c["better"][:-1], c["better"][1:]))
+            else:  # best: against every other scheme (not its own variants)
+                others = sorted(have, key=lambda x: scheme_key(x, study.get("variants")))
+                pairs = [(c["best"], x) for x in others if not x.startswith(c["best"])]
+            if not pairs or any(a not in have or b not in have for a, b in pairs):
+                continue
+            links = []
+            for a, b in pairs:
+                d = paired_diff(_by_seed(runs, arch, a, m), _by_seed(runs, arch, b, m))
+                links.append(dict(a=a, b=b, mean=d["mean"], lo=d["lo"], hi=d["hi"], n=d["n"], verdict=verdict(d)))
+            out.append(dict(claim=cid, title=c["title"], arch=arch, eval=c["eval"], links=links,
+                            verdict=chain_verdict([x["verdict"] for x in links])))  # fmt: skip
+    return out
+
+
+def _pct(row: dict, m: str) -> str:
+    mean, lo, hi = row.get(f"{m}_mean"), row.get(f"{m}_lo"), row.get(f"{m}_hi")
+    if mean is None:
+        return "-"
+    return f"{100 * mean:.1f}" + ("" if lo is None else f" [{100 * lo:.1f}, {100 * hi:.1f}]")
+
+
+def _pp(mean, lo, hi) -> str:
+    """A difference in percentage points with its interval."""
+    if mean is None:
+        return "-"
+    return f"{100 * mean:+.1f}" + ("" if lo is None else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+
+
+def markdown(state: dict) -> str:
+    rec, rows, study, machine = state["recipe"], state["summary"], state["recipe"]["study"], state["machine"]
+    evals, cfg = [m.removesuffix("_acc") for m in acc_metrics(study)], next(iter(rec["runs"].values()))
+    key = {e: metric_key(study, e) for e in evals}
+    t = cfg["trainer"]
+    opt = {**cfg["module"]["optimizer"], **(cfg["module"]["scheduler"] or {})}
+    n = {k: "all" if study[k] is None else f"{study[k]:,}" for k in ("test_images", "ood_images")}
+    cost = f"the models taking turns ({state.get('cost_rounds')} rounds of {state.get('cost_steps')} steps, median)"
+    mem = "weights + AdamW state + profiler peak of one training step's forward and backward (CPU)"
+    mem = "CUDA max_memory_allocated over the fit" if machine["device"] == "cuda" else mem
+    seeds = sorted({r["seed"] for r in state["runs"]})
+    d = cfg["data"]
+    ft = study.get("finetune")
+    lines = [
+        f"# Position-scheme study on Fashion-MNIST (budget `{state['budget']}`)\n",
+        "- Commands: " + ", ".join(f"`{c}`" for c in state.get("commands") or [state["command"]]),
+        f"- Machine: {machine['description']}; torch {machine['torch']}"
+        + (f"; load average {state['load']}" if state.get("load") else ""),
+        f"- Wall time: {state['wall_s'] / 60:.1f} min in all ({len(state['runs'])} runs, seeds {seeds})",
+        f"- Recipe (resolved in the JSON): `conf/experiment/study_{state['budget']}.yaml`"
+        + "".join(f" `{o}`" for o in rec["overrides"])
+        + f": {d['name']}, each image in a {d['canvas_size']}x{d['canvas_size']} canvas at an offset of the "
+        f"`{d['canvas_mode']}` region, {t['max_epochs']} epochs of {t['limit_train_batches'] or 'all'} batches of "
+        f"{d['batch_size']}, {t['precision']}, grad clip {t['gradient_clip_val']}, label smoothing "
+        f"{cfg['module']['label_smoothing']}, no augmentation; "
+        + ", ".join(f"{k} {v}" for k, v in opt.items() if k[0] != "_" and v is not None),
+        f"- Accuracy in %: mean [95 % interval] over seeds (Student's t), on {n['test_images']} test images at "
+        f"the training offsets (`test`) and {n['ood_images']} others (`study.evals`: `unseen` = at held-out "
+        "offsets, `_patch` / `_subpatch` = whole-patch / sub-patch moves only; `resN` = the test canvas resized "
+        "to NxN, zero-shot"
+        + (
+            f"; `ft_{ft['eval']}` = after a fine-tune at {ft['img_size']}x{ft['img_size']}: "
+            + " ".join(f"`{o}`" for o in ft["overrides"])
+            if ft
+            else ""
+        )
+        + ").",
+        "- Paired differences (percentage points, same seeds) against `none` and `ape` are in the CSV/JSON "
+        "(`<eval>_acc_vs_<base>_{mean,lo,hi}`); the claims below are read from them.",
+        "- Cost: `img/s` = training images per second (forward, backward, AdamW step), "
+        + (cost if state.get("cost") else "over each run's training steps after warm-up")
+        + f"; `peak MB` = {mem}.\n",
+    ]
+    verdicts = claims(state)
+    if verdicts:
+        lines += ["## Published claims\n", "| claim | arch | verdict | deciding differences, pp [95 % interval] |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for v in verdicts:
+            links = "; ".join(f"{x['a']} - {x['b']} {_pp(x['mean'], x['lo'], x['hi'])}" for x in v["links"])
+            lines.append(f"| {v['title']} (`{v['eval']}`) | {v['arch']} | **{v['verdict']}** | {links} |")
+        lines.append("")
+    for arch in dict.fromkeys(r["arch"] for r in rows):
+        sub = [r for r in rows if r["arch"] == arch]
+        model = ", ".join(f"{k}={v}" for k, v in rec["runs"][arch]["model"].items() if k[0] != "_")
+        head = ["scheme", "family", "params", *evals, "img/s", "peak MB"]
+        lines += [f"## {arch}: {model}", "", "| " + " | ".join(head) + " |"]
+        lines.append("|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|")
+        for r in sub:
+            thr, mem = r.get("bench_img_s") or r.get("train_img_s_mean"), r.get("peak_mem_mb_mean")
+            cells = [r["scheme"], r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, key[e]) for e in evals)]
+            lines.append("| " + " | ".join([*cells, f"{thr:.0f}" if thr else "-", f"{mem:.0f}" if mem else "-"]) + " |")
+        for base in ("none", "ape"):
+            if not any(r["scheme"] == base for r in sub):
+                continue
+            lines += ["", f"Paired differences against `{base}` ({arch}, pp [95 % interval]):", ""]
+            lines += ["| scheme | " + " | ".join(evals) + " |", "|---|" + "---:|" * len(evals)]
+            for r in sub:
+                if r["scheme"] != base:
+                    cells = [_pp(*(r.get(f"{key[e]}_vs_{base}_{k}") for k in ("mean", "lo", "hi"))) for e in evals]
+                    lines.append(f"| {r['scheme']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.with_name(f".{path.name}.tmp").write_text(text)
+    os.replace(path.with_name(f".{path.name}.tmp"), path)
+
+
+def _save_png(fig, path: Path) -> None:
+    fig.savefig(path.with_name(f".{path.name}.tmp"), dpi=110, format="png")
+    os.replace(path.with_name(f".{path.name}.tmp"), path)
+
+
+def write_results(state: dict, out: Path, name: str) -> None:
+    """JSON (everything), CSV (summary), Markdown and PNG, each written atomically; with ``study.scales``
+    (eval -> resolution factor) also ``<name>_curves.png``, accuracy against the factor."""
+    from vitrel.study.plots import plot_curves, plot_study
+
+    state["summary"], state["claims"] = summarise(state), claims(state)
+    atomic_write(out / f"{name}.json", json.dumps(state, indent=1))
+    atomic_write(out / f"{name}.md", markdown(state))
+    if state["summary"]:
+        w = csv.DictWriter(buf := io.StringIO(), fieldnames=list(state["summary"][0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in state["summary"])
+        atomic_write(out / f"{name}.csv", buf.getvalue())
+        title = f"{name}: {state['machine']['description']}"
+        _save_png(plot_study(state["summary"], title=title, chance=0.1), out / f"{name}.png")
+        if scales := state["recipe"]["study"].get("scales"):
+            _save_png(plot_curves(state["summary"], scales, title=title), out / f"{name}_curves.png")

@@ -37,7 +37,8 @@ def test_bench_study_is_the_framework_command():
 def test_schemes_default_to_the_registry_ordered_by_family(study):
     """A registered scheme is in the default selection, placed by its family, with no list to edit."""
     import vitrel
-    from vitrel.pos.base import FAMILIES, get_pos_class
+    from vitrel.pos.base import FAMILIES
+    from vitrel.pos.registry import get_pos_class
 
     rec = study.recipe("gpu")  # default_schemes: null
     schemes, _, _ = study.select(study.parse_args(["--budget", "gpu"]), rec["study"])

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from vitrel.pos.base import FAMILIES, UnknownSchemeError, get_pos_class
+from vitrel.pos.base import FAMILIES
+from vitrel.pos.registry import UnknownSchemeError, get_pos_class
 from vitrel.stats import chain_verdict, mean_ci, paired_diff, verdict
 
 

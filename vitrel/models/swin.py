@@ -54,6 +54,7 @@ from vitrel.models.swin_windows import (
     window_reverse,
 )
 from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, build_pos
+from vitrel.pos.cache import NonPersistentBuffers
 
 __all__ = [
     "SwinTransformer",
@@ -69,11 +70,12 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- modules
-class SwinBlock(nn.Module):
+class SwinBlock(NonPersistentBuffers, nn.Module):
     """(Shifted-)window attention block on ``[B, H, W, C]`` maps.
 
     ``attn_mask`` (a non-persistent buffer, None when not needed) is the shifted-window mask of the
-    grid the block is built for; another grid computes its mask in the forward pass.
+    grid the block is built for (remade by ``init_non_persistent_buffers()``, see
+    :class:`~vitrel.pos.cache.NonPersistentBuffers`); another grid computes its mask in the forward pass.
     """
 
     def __init__(
@@ -115,21 +117,14 @@ class SwinBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.register_buffer("attn_mask", self._build_mask(), persistent=False)
+        self.init_non_persistent_buffers()
 
-    def _build_mask(self, device: torch.device | None = None) -> Tensor | None:
+    def _init_buffers(self) -> None:
+        """``attn_mask``: the shifted-window mask of the built grid (None when nothing needs masking)."""
+        like = self._like("attn_mask")
         win, shift = window_and_shift(self.build_grid, self.window_size, self.shifted)
-        return shifted_window_mask(self.build_grid, win, shift, device)
-
-    def init_non_persistent_buffers(self) -> None:
-        """Recompute ``attn_mask`` (timm's hook; also run after ``to()`` / ``to_empty()``)."""
-        if self.attn_mask is not None:
-            self.attn_mask = self._build_mask(self.attn_mask.device).to(self.attn_mask.dtype)
-
-    def _apply(self, fn, recurse=True):  # type: ignore[override]
-        super()._apply(fn, recurse)
-        self.init_non_persistent_buffers()  # exact values on a new device / dtype, and after to_empty()
-        return self
+        mask = shifted_window_mask(self.build_grid, win, shift, like.get("device"))
+        self.register_buffer("attn_mask", None if mask is None else mask.to(**like), persistent=False)
 
     def _windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], Tensor | None]:
         """Normalised map -> (windows ``[B nW, n, C]``, map grid, window, shift, mask)."""

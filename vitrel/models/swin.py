@@ -22,14 +22,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, calculate_drop_path_rates, register_notrace_function, to_2tuple
+from timm.layers import calculate_drop_path_rates, register_notrace_function, to_2tuple
 from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from vitrel.layers.attention import SHARED, Attention
+from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_swin_args
 from vitrel.models.blocks import (
+    Block,
     PatchEmbed,
     PosSpec,
     add_abs_pos,
@@ -70,8 +71,10 @@ __all__ = [
 
 
 # ---------------------------------------------------------------------------- modules
-class SwinBlock(NonPersistentBuffers, nn.Module):
-    """(Shifted-)window attention block on ``[B, H, W, C]`` maps.
+class SwinBlock(NonPersistentBuffers, Block):
+    """(Shifted-)window attention block on ``[B, H, W, C]`` maps: :class:`~vitrel.models.blocks.Block`'s
+    pre-norm attention and MLP, the attention inside the windows (``kwargs``: the block's other arguments,
+    ``mlp_ratio``, ``qkv_bias``, ``proj_drop``, ``attn_drop``, ``drop_path``, ``layer``, ``attn_impl``).
 
     ``attn_mask`` (a non-persistent buffer, None when not needed) is the shifted-window mask of the
     grid the block is built for (remade by ``init_non_persistent_buffers()``, see
@@ -86,37 +89,15 @@ class SwinBlock(NonPersistentBuffers, nn.Module):
         shifted: bool,
         pos: PosSpec = "rel2d_full",
         build_grid: tuple[int, int] = (7, 7),
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
         norm_eps: float = 1e-5,
-        layer: tuple[int, int] | None = None,
-        attn_impl: str = "auto",
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        build_grid = as_grid(build_grid)
+        win, _ = window_and_shift(build_grid, window_size, shifted)
+        super().__init__(dim, num_heads, pos=pos, grid=win, num_prefix_tokens=0, norm_eps=norm_eps, **kwargs)
         self.window_size = window_size
         self.shifted = shifted
-        self.build_grid = as_grid(build_grid)
-        win, _ = window_and_shift(self.build_grid, window_size, shifted)
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(
-            dim,
-            num_heads,
-            pos=pos,
-            grid=win,
-            num_prefix_tokens=0,
-            qkv_bias=qkv_bias,
-            attn_drop=attn_drop,
-            proj_drop=proj_drop,
-            layer=layer,
-            attn_impl=attn_impl,
-        )
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
+        self.build_grid = build_grid
         self.init_non_persistent_buffers()
 
     def _init_buffers(self) -> None:

@@ -23,7 +23,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from timm.layers import calculate_drop_path_rates, register_notrace_function, to_2tuple
-from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -36,15 +35,13 @@ from vitrel.models.blocks import (
     add_abs_pos,
     build_abs_pos,
     constructor_config,
-    init_weights_,
     patch_grid,
     plain_pos_spec,
     prepare_states,
-    scheme_no_weight_decay,
     split_pos,
     with_placement,
 )
-from vitrel.models.input_size import check_img_size, rebuild_position_schemes, resolve_strict_img_size
+from vitrel.models.input_size import check_img_size, rebuild_position_schemes
 from vitrel.models.swin_windows import (
     _symbolic,
     shifted_window_mask,
@@ -54,6 +51,7 @@ from vitrel.models.swin_windows import (
     window_positions,
     window_reverse,
 )
+from vitrel.models.timm_surface import TimmSurface
 from vitrel.pos.base import Grid, PositionScheme, PosState, as_grid, build_pos
 from vitrel.pos.cache import NonPersistentBuffers
 
@@ -308,8 +306,9 @@ class SwinStage(nn.Module):
         return x
 
 
-class SwinTransformer(nn.Module):
-    """Swin Transformer with a pluggable position scheme (see the module docstring).
+class SwinTransformer(TimmSurface, nn.Module):
+    """Swin Transformer with a pluggable position scheme (see the module docstring; timm's surface:
+    :class:`~vitrel.models.timm_surface.TimmSurface`).
 
     Args:
         img_size: image size the model is built for (sizes window tables / absolute embeddings).
@@ -328,6 +327,9 @@ class SwinTransformer(nn.Module):
         device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
             allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
+
+    trunk = "layers"
+    intermediate_fmts = ("NCHW", "NHWC")
 
     @with_placement
     def __init__(
@@ -375,11 +377,7 @@ class SwinTransformer(nn.Module):
             if d % hd:
                 raise ValueError(f"stage width {d} is not divisible by its {hd} heads")
         self.num_classes = num_classes
-        self.in_chans = in_chans
-        self.img_size = img_size
-        self.strict_img_size = resolve_strict_img_size(dynamic_img_size, strict_img_size)
-        self.dynamic_img_size = not self.strict_img_size
-        self.global_pool = global_pool
+        self.init_surface(in_chans, img_size, global_pool, dynamic_img_size, strict_img_size)
         self.embed_dim = embed_dim
         self.num_features = self.head_hidden_size = dims[-1]
         self.num_prefix_tokens = 0
@@ -433,14 +431,9 @@ class SwinTransformer(nn.Module):
         self.norm = nn.LayerNorm(dims[-1], eps=norm_eps)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
-        init_weights_(self)
+        self.init_weights()
 
     # ---------------------------------------------------------------------------- timm surface
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Position tables / frequencies (each scheme's ``no_weight_decay_keys``) and absolute embeddings."""
-        return scheme_no_weight_decay(self)
-
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         for stage in self.layers:
@@ -458,24 +451,6 @@ class SwinTransformer(nn.Module):
             if coarse
             else [(r"^layers\.(\d+)\.downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))],
         )
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        if global_pool is not None:
-            if global_pool not in ("", "avg"):
-                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
-            self.global_pool = global_pool
-            self.vitrel_cfg["global_pool"] = global_pool
-        self.num_classes = num_classes
-        self.vitrel_cfg["num_classes"] = num_classes
-        dev = self.patch_embed.proj.weight.device
-        self.head = nn.Linear(self.num_features, num_classes, device=dev) if num_classes > 0 else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
 
     def set_input_size(
         self,
@@ -536,11 +511,8 @@ class SwinTransformer(nn.Module):
             x = stage(x)
         return self.norm(x)
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        if self.global_pool == "avg":
-            x = x.mean(dim=(1, 2))
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
+    def pool(self, x: Tensor) -> Tensor:
+        return x.mean(dim=(1, 2)) if self.global_pool == "avg" else x
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
@@ -561,12 +533,9 @@ class SwinTransformer(nn.Module):
         ``norm`` applies the final norm to the last stage's map (the only one it is sized for);
         ``stop_early`` skips the stages after the last one asked for.
         """
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        take, max_index = feature_take_indices(len(self.layers), indices)
+        take, stages = self.intermediate_indices(indices, output_fmt, stop_early)
         x = self.embed(x)
         last = len(self.layers) - 1
-        stages = self.layers[: max_index + 1] if stop_early else self.layers
         feats = []
         for i, stage in enumerate(stages):
             x = stage(x)
@@ -584,12 +553,11 @@ class SwinTransformer(nn.Module):
     ) -> list[int]:
         """timm's ``prune_intermediate_layers``: drop the stages after the last of ``indices`` (the final norm
         and the head go with them, or when asked); returns the absolute indices kept."""
-        take, max_index = feature_take_indices(len(self.layers), indices)
-        prune_end = max_index < len(self.layers) - 1
+        n = len(self.layers)
+        take, max_index = self.prune_trunk(indices)
+        prune_end = max_index < n - 1
         if prune_norm or prune_end:
             self.norm = nn.Identity()
-        self.layers = self.layers[: max_index + 1]
-        self.feature_info = self.feature_info[: max_index + 1]
         for key in ("depths", "num_heads"):
             self.vitrel_cfg[key] = list(self.vitrel_cfg[key])[: max_index + 1]
         if prune_end:

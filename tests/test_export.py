@@ -229,6 +229,48 @@ def test_to_and_to_empty_remake_buffers():
         torch.testing.assert_close(e.eval()(x), m(x), rtol=0, atol=0)
 
 
+def test_swin_masks_and_sincos_remade_after_conversions():
+    """One mechanism (``NonPersistentBuffers``) remakes every derived buffer: Swin's window masks after
+    ``to_empty()``, and exact float64 values (not float32 ones cast up) after ``double()``; the modules
+    that own them are those timm's ``reinit_non_persistent_buffers`` finds."""
+    from timm.models._manipulate import reinit_non_persistent_buffers
+
+    from vitrel.pos.absolute import sincos2d_embed
+
+    ref = small_model("swin", "rel2d_full", abs_pos="sincos2d")
+    masks = {n: b for n, b in ref.named_buffers() if n.endswith("attn_mask")}
+    assert masks and not any(n.endswith("attn_mask") for n in ref.state_dict())
+    e = vitrel.create_model(
+        "vitrel_swin_tiny_patch2_window4_32",
+        pos="rel2d_full",
+        abs_pos="sincos2d",
+        embed_dim=32,
+        depths=(2, 2),
+        num_heads=(2, 2),
+        device="meta",
+    ).to_empty(device="cpu")
+    for n, b in e.named_buffers():
+        if n in masks:
+            torch.testing.assert_close(b, masks[n], rtol=0, atol=0)
+    d = small_model("swin", "rel2d_full", abs_pos="sincos2d").double()
+    pe = d.abs_pos.built_embed
+    assert pe.dtype == torch.float64
+    torch.testing.assert_close(pe, sincos2d_embed(d.abs_pos.grid, 32, 10000.0).to(pe.dtype), rtol=0, atol=0)
+    assert ref.abs_pos.built_embed.double().ne(pe).any()  # a float32 table cast up would not be exact
+    names = reinit_non_persistent_buffers(ref)
+    assert "abs_pos" in names and sum(n.endswith(".blocks.1") for n in names) == 2  # the shifted blocks
+
+
+def test_one_buffer_mechanism():
+    """Only ``NonPersistentBuffers`` overrides ``nn.Module._apply`` (PyTorch has no public hook after a
+    conversion); every other module with derived buffers goes through it."""
+    from pathlib import Path
+
+    root = Path(vitrel.__file__).parent
+    owners = [p.relative_to(root).as_posix() for p in root.rglob("*.py") if "def _apply(" in p.read_text()]
+    assert owners == ["pos/cache.py"]
+
+
 # ---------------------------------------------------------------------------- ONNX
 onnxruntime = pytest.importorskip("onnxruntime", reason="pip install vitrel[export]")
 

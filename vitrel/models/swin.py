@@ -11,19 +11,8 @@ The position scheme sees the *window's* grid: one bias per window grid, shared b
 all blocks of a stage with ``pos_share=True``: the stage owns the scheme, prepares its state once per
 forward and passes it to its blocks).
 
-Shifted windows and the mask. The windows of a shifted block are those of the image partitioned
-with an offset ``s``: along each axis, row ``r`` lies in window ``floor((r - s) / M)``. They are
-computed as plain windows of the map rolled by ``-s``, which puts the first ``s`` rows (columns)
-after the last ones; the last window then straddles the wrap-around seam. Along each axis a
-position of the rolled map gets a label: 1 if it wrapped around, 2 if it is padding, 0 otherwise;
-two tokens of a window may attend to each other only when their labels agree on both axes
-(``-inf`` otherwise, so attention across the seam is exactly 0).
-
-Window size per stage is set from the grid the stage actually sees at forward time: a stage whose
-grid is no larger than the window uses a window the size of the grid and no shift (timm's rule).
-A grid that is not a multiple of the window is padded at the bottom/right *before* the roll, so the
-windows stay exactly ``floor((r - s) / M)``, and padded positions are masked out of attention.
-(timm rolls before padding and lets tokens attend to the zero padding.)
+The windows, their shift and mask, and the window attention itself are in
+:mod:`vitrel.models.swin_windows`.
 """
 
 from __future__ import annotations
@@ -34,25 +23,34 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import DropPath, Mlp, calculate_drop_path_rates, register_notrace_function, to_2tuple
-from timm.models._features import feature_take_indices
+from timm.layers import calculate_drop_path_rates, register_notrace_function, to_2tuple
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
-from vitrel.layers.attention import SHARED, Attention
+from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_swin_args
 from vitrel.models.blocks import (
+    Block,
     PatchEmbed,
     add_abs_pos,
     constructor_config,
-    init_weights_,
     patch_grid,
     prepare_states,
-    scheme_no_weight_decay,
     with_placement,
 )
-from vitrel.models.input_size import check_img_size, rebuild_position_schemes, resolve_strict_img_size
+from vitrel.models.input_size import check_img_size, rebuild_position_schemes
+from vitrel.models.swin_windows import (
+    _symbolic,
+    shifted_window_mask,
+    window_and_shift,
+    window_attention,
+    window_partition,
+    window_positions,
+    window_reverse,
+)
+from vitrel.models.timm_surface import TimmSurface
 from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.cache import NonPersistentBuffers
 from vitrel.pos.geometry import Grid, as_grid
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
@@ -69,149 +67,15 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------- functional core
-def window_and_shift(grid: Grid, window: tuple[int, int], shifted: bool) -> tuple[tuple[int, int], tuple[int, int]]:
-    """Window and shift for a stage grid: the window shrinks to the grid, no shift when it covers it."""
-    win = (min(window[0], grid.h), min(window[1], grid.w))
-    if not shifted:
-        return win, (0, 0)
-    shift = (0 if grid.h <= win[0] else win[0] // 2, 0 if grid.w <= win[1] else win[1] // 2)
-    return win, shift
-
-
-def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
-    """``[B, H, W, C]`` (H, W multiples of the window) -> ``[B * nW, wh * ww, C]``, windows in raster order."""
-    b, h, w, c = x.shape
-    wh, ww = window
-    x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, wh * ww, c)
-
-
-def window_reverse(windows: Tensor, window: tuple[int, int], h: int, w: int) -> Tensor:
-    """Inverse of :func:`window_partition`: ``[B * nW, wh * ww, C]`` -> ``[B, H, W, C]``."""
-    wh, ww = window
-    c = windows.shape[-1]
-    x = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
-    return x.reshape(-1, h, w, c)
-
-
-def _axis_labels(n: int, n_pad: int, shift: int | Tensor, device: torch.device | None = None) -> Tensor:
-    """Label of each position ``r'`` of a padded (to ``n_pad``) then rolled (by ``-shift``) axis:
-    2 for padding (image position ``(r' + shift) mod n_pad >= n``), 1 for the positions that wrapped
-    around (``r' >= n_pad - shift``), 0 otherwise. ``shift`` may be a 0-d tensor (sizes unknown at trace time)."""
-    r = torch.arange(n_pad, device=device)
-    lab = (r >= n_pad - shift).long()
-    return torch.where(_mod(r + shift, n_pad) >= n, 2, lab)
-
-
-def _mod(x: Tensor, n: int) -> Tensor:
-    """``x mod n`` (Python's sign rule) as ``x - floor(x / n) n``: exports (ONNX too) with a symbolic ``n``."""
-    return x - (x // n) * n
-
-
-def _labels_mask(lh: Tensor, lw: Tensor, window: tuple[int, int]) -> Tensor:
-    """Additive mask ``[nW, n, n]``: ``-inf`` between two positions of a window whose labels differ."""
-    lab = (lh[:, None] * 3 + lw[None, :])[None, :, :, None]
-    lab = window_partition(lab, window)[..., 0]  # [nW, n]
-    diff = lab[:, :, None] != lab[:, None, :]
-    return torch.zeros(diff.shape, device=diff.device).masked_fill(diff, float("-inf"))
-
-
-def shifted_window_mask(
-    grid: Grid, window: tuple[int, int], shift: tuple[int, int], device: torch.device | None = None
-) -> Tensor | None:
-    """Additive mask ``[nW, n, n]`` (0 / ``-inf``) of the windows of a map padded to multiples of
-    ``window`` and then rolled by ``-shift``; None when nothing needs masking (no shift, no padding).
-
-    Windows are in :func:`window_partition` order. A block keeps the mask of the grid it is built for
-    as a buffer (``SwinBlock.attn_mask``); other grids compute it in the forward pass.
-    """
-    wh, ww = window
-    hp, wp = -(-grid.h // wh) * wh, -(-grid.w // ww) * ww
-    if not any(shift) and (hp, wp) == tuple(grid):
-        return None
-    return _labels_mask(_axis_labels(grid.h, hp, shift[0], device), _axis_labels(grid.w, wp, shift[1], device), window)
-
-
-def _symbolic(x: Tensor) -> bool:
-    """The map's height or width is symbolic (``torch.export`` / ``torch.compile`` with dynamic sizes)."""
-    return not isinstance(x.shape[1], int) or not isinstance(x.shape[2], int)
-
-
-# The window logic of a forward pass: recorded by torch.fx as single calls (it branches on sizes);
-# torch.export / torch.compile trace through it. With symbolic sizes the windows take the form
-# that is the same program at every size (see ``_any_size_windows``).
-@register_notrace_function
-def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor:
-    """``block``'s (shifted-)window attention on the normalised map ``x [B, H, W, C]`` -> ``[B, H, W, C]``,
-    ``pos_state`` its scheme's state for the map's windows (:func:`stage_state`)."""
-    if _symbolic(x):
-        return _any_size_window_attention(block, x, pos_state)
-    b, h, w, c = x.shape
-    windows, grid, win, shift, mask = block._windows(x)
-    out = block.attn(windows, mask=mask, pos_state=pos_state)
-    out = window_reverse(out, win, h + (-h) % win[0], w + (-w) % win[1])
-    if any(shift):
-        out = torch.roll(out, shifts=shift, dims=(1, 2))
-    if out.shape[1] != h or out.shape[2] != w:
-        out = out[:, :h, :w]
-    return out
-
-
-def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor:
-    """Window attention as one program for every map size (used when the sizes are symbolic).
-
-    The eager rule (the window shrinks to a grid smaller than it, no shift then; :func:`window_and_shift`)
-    is written without branching on sizes: the window is always ``M x M``, the map is padded to multiples
-    of ``M`` and the padding is masked, and the shift (``M // 2`` where the grid exceeds the window, else 0)
-    is a tensor that indexes the rows and columns instead of a ``roll``. Every token then attends to
-    exactly the tokens it attends to eagerly, with the same offsets, so every scheme whose terms depend
-    on the offsets (or, for RoPE, on the row and column) alone gives the eager result. A scheme whose
-    terms depend on the window's extent (``PositionScheme.depends_on_extent``: raster-order 1-D
-    schemes, RoPE on normalised coordinates) would not, and is refused.
-    """
-    st_scheme = pos_state.scheme
-    if st_scheme.depends_on_extent:
-        raise NotImplementedError(
-            f"{st_scheme.name} depends on the window's extent, which Swin shrinks to a smaller grid (timm's "
-            "rule); an exported Swin with this scheme cannot serve every resolution: export with static "
-            "height and width (dynamic batch works). See docs/export.md."
-        )
-    b, h, w, c = x.shape
-    (wh, ww), dev = block.window_size, x.device
-    nh, nw = (h + wh - 1) // wh, (w + ww - 1) // ww  # windows per axis, the map padded to nh wh x nw ww
-    hp, wp = nh * wh, nw * ww
-    if block.shifted:  # M // 2 where the grid exceeds the window, else 0
-        sh = torch.where(torch.scalar_tensor(h, dtype=torch.long, device=dev) > wh, wh // 2, 0)
-        sw = torch.where(torch.scalar_tensor(w, dtype=torch.long, device=dev) > ww, ww // 2, 0)
-    else:
-        sh = sw = torch.zeros((), dtype=torch.long, device=dev)
-    # every (window, slot) in window order [nh, nw, wh, ww]: rolled-map row / column ...
-    rr = torch.arange(nh, device=dev)[:, None, None, None] * wh + torch.arange(wh, device=dev)[None, None, :, None]
-    rc = torch.arange(nw, device=dev)[None, :, None, None] * ww + torch.arange(ww, device=dev)[None, None, None, :]
-    # ... and the row / column of the padded map it shows (the roll by -shift, as an index)
-    ir, ic = _mod(rr + sh, hp), _mod(rc + sw, wp)
-    x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h)).flatten(1, 2)
-    windows = x.index_select(1, (ir * wp + ic).reshape(-1)).view(b * nh * nw, wh * ww, c)
-    # labels as shifted_window_mask: 2 padding, 1 wrapped around, 0 otherwise; -inf between labels that differ
-    lab_r = torch.where(ir >= h, 2, (rr >= hp - sh).long())
-    lab_c = torch.where(ic >= w, 2, (rc >= wp - sw).long())
-    lab = (lab_r * 3 + lab_c).reshape(nh * nw, wh * ww)
-    mask = torch.zeros((), device=dev).masked_fill(lab[:, :, None] != lab[:, None, :], float("-inf"))
-    out = block.attn(windows, mask=mask, pos_state=pos_state)  # [B nW, n, C]
-    # image position (r, c) sits at rolled (r - shift) mod hp: gather the H x W positions back
-    r2 = _mod(torch.arange(h, device=dev) - sh, hp)
-    c2 = _mod(torch.arange(w, device=dev) - sw, wp)
-    slot = ((r2 // wh)[:, None] * nw + (c2 // ww)[None, :]) * (wh * ww) + (r2 % wh)[:, None] * ww + (c2 % ww)[None, :]
-    return out.reshape(b, nh * nw * wh * ww, c).index_select(1, slot.reshape(-1)).view(b, h, w, c)
-
-
 # ---------------------------------------------------------------------------- modules
-class SwinBlock(nn.Module):
-    """(Shifted-)window attention block on ``[B, H, W, C]`` maps.
+class SwinBlock(NonPersistentBuffers, Block):
+    """(Shifted-)window attention block on ``[B, H, W, C]`` maps: :class:`~vitrel.models.blocks.Block`'s
+    pre-norm attention and MLP, the attention inside the windows (``kwargs``: the block's other arguments,
+    ``mlp_ratio``, ``qkv_bias``, ``proj_drop``, ``attn_drop``, ``drop_path``, ``layer``, ``attn_impl``).
 
     ``attn_mask`` (a non-persistent buffer, None when not needed) is the shifted-window mask of the
-    grid the block is built for; another grid computes its mask in the forward pass.
+    grid the block is built for (remade by ``init_non_persistent_buffers()``, see
+    :class:`~vitrel.pos.cache.NonPersistentBuffers`); another grid computes its mask in the forward pass.
     """
 
     def __init__(
@@ -222,52 +86,23 @@ class SwinBlock(nn.Module):
         shifted: bool,
         pos: PosArg = "rel2d_full",
         build_grid: tuple[int, int] = (7, 7),
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: float = 0.0,
         norm_eps: float = 1e-5,
-        layer: tuple[int, int] | None = None,
-        attn_impl: str = "auto",
+        **kwargs: Any,
     ) -> None:
-        super().__init__()
+        build_grid = as_grid(build_grid)
+        win, _ = window_and_shift(build_grid, window_size, shifted)
+        super().__init__(dim, num_heads, pos=pos, grid=win, num_prefix_tokens=0, norm_eps=norm_eps, **kwargs)
         self.window_size = window_size
         self.shifted = shifted
-        self.build_grid = as_grid(build_grid)
-        win, _ = window_and_shift(self.build_grid, window_size, shifted)
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = Attention(
-            dim,
-            num_heads,
-            pos=pos,
-            grid=win,
-            num_prefix_tokens=0,
-            qkv_bias=qkv_bias,
-            attn_drop=attn_drop,
-            proj_drop=proj_drop,
-            layer=layer,
-            attn_impl=attn_impl,
-        )
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.register_buffer("attn_mask", self._build_mask(), persistent=False)
+        self.build_grid = build_grid
+        self.init_non_persistent_buffers()
 
-    def _build_mask(self, device: torch.device | None = None) -> Tensor | None:
+    def _init_buffers(self) -> None:
+        """``attn_mask``: the shifted-window mask of the built grid (None when nothing needs masking)."""
+        like = self._like("attn_mask")
         win, shift = window_and_shift(self.build_grid, self.window_size, self.shifted)
-        return shifted_window_mask(self.build_grid, win, shift, device)
-
-    def init_non_persistent_buffers(self) -> None:
-        """Recompute ``attn_mask`` (timm's hook; also run after ``to()`` / ``to_empty()``)."""
-        if self.attn_mask is not None:
-            self.attn_mask = self._build_mask(self.attn_mask.device).to(self.attn_mask.dtype)
-
-    def _apply(self, fn, recurse=True):  # type: ignore[override]
-        super()._apply(fn, recurse)
-        self.init_non_persistent_buffers()  # exact values on a new device / dtype, and after to_empty()
-        return self
+        mask = shifted_window_mask(self.build_grid, win, shift, like.get("device"))
+        self.register_buffer("attn_mask", None if mask is None else mask.to(**like), persistent=False)
 
     def _windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], Tensor | None]:
         """Normalised map -> (windows ``[B nW, n, C]``, map grid, window, shift, mask)."""
@@ -307,16 +142,7 @@ class SwinBlock(nn.Module):
         b, h, w, _ = x.shape
         windows, grid, win, shift, mask = self._windows(self.norm1(x))
         probs = self.attn.attention_map(windows, mask=mask, pos_state=self._state(x, pos_state))  # [B nW, heads, n, n]
-        hp, wp = h + (-h) % win[0], w + (-w) % win[1]
-        # image position of every (window, slot) of the padded, rolled map (-1 for padding)
-        src_r = (torch.arange(hp) + shift[0]) % hp
-        src_c = (torch.arange(wp) + shift[1]) % wp
-        src_r = torch.where(src_r < h, src_r, -1)
-        src_c = torch.where(src_c < w, src_c, -1)
-        pos = torch.where((src_r[:, None] >= 0) & (src_c[None, :] >= 0), src_r[:, None] * w + src_c[None, :], -1).view(
-            1, hp, wp, 1
-        )
-        pos = window_partition(pos, win)[..., 0]  # [nW, n]
+        pos = window_positions(h, w, win, shift)  # [nW, n]
         nw, n = pos.shape
         heads = probs.shape[1]
         probs = probs.view(b, nw, heads, n, n)
@@ -485,8 +311,9 @@ class SwinStage(nn.Module):
         return x
 
 
-class SwinTransformer(nn.Module):
-    """Swin Transformer with a pluggable position scheme (see the module docstring).
+class SwinTransformer(TimmSurface, nn.Module):
+    """Swin Transformer with a pluggable position scheme (see the module docstring; timm's surface:
+    :class:`~vitrel.models.timm_surface.TimmSurface`).
 
     Args:
         img_size: image size the model is built for (sizes window tables / absolute embeddings).
@@ -505,6 +332,9 @@ class SwinTransformer(nn.Module):
         device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
             allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
+
+    trunk = "layers"
+    intermediate_fmts = ("NCHW", "NHWC")
 
     @with_placement
     def __init__(
@@ -552,11 +382,7 @@ class SwinTransformer(nn.Module):
             if d % hd:
                 raise ValueError(f"stage width {d} is not divisible by its {hd} heads")
         self.num_classes = num_classes
-        self.in_chans = in_chans
-        self.img_size = img_size
-        self.strict_img_size = resolve_strict_img_size(dynamic_img_size, strict_img_size)
-        self.dynamic_img_size = not self.strict_img_size
-        self.global_pool = global_pool
+        self.init_surface(in_chans, img_size, global_pool, dynamic_img_size, strict_img_size)
         self.embed_dim = embed_dim
         self.num_features = self.head_hidden_size = dims[-1]
         self.num_prefix_tokens = 0
@@ -612,14 +438,9 @@ class SwinTransformer(nn.Module):
         self.norm = nn.LayerNorm(dims[-1], eps=norm_eps)
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
-        init_weights_(self)
+        self.init_weights()
 
     # ---------------------------------------------------------------------------- timm surface
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Position tables / frequencies (each scheme's ``no_weight_decay_keys``) and absolute embeddings."""
-        return scheme_no_weight_decay(self)
-
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         for stage in self.layers:
@@ -637,24 +458,6 @@ class SwinTransformer(nn.Module):
             if coarse
             else [(r"^layers\.(\d+)\.downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))],
         )
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        if global_pool is not None:
-            if global_pool not in ("", "avg"):
-                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
-            self.global_pool = global_pool
-            self.vitrel_cfg["global_pool"] = global_pool
-        self.num_classes = num_classes
-        self.vitrel_cfg["num_classes"] = num_classes
-        dev = self.patch_embed.proj.weight.device
-        self.head = nn.Linear(self.num_features, num_classes, device=dev) if num_classes > 0 else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
 
     def set_input_size(
         self,
@@ -715,11 +518,8 @@ class SwinTransformer(nn.Module):
             x = stage(x)
         return self.norm(x)
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        if self.global_pool == "avg":
-            x = x.mean(dim=(1, 2))
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
+    def pool(self, x: Tensor) -> Tensor:
+        return x.mean(dim=(1, 2)) if self.global_pool == "avg" else x
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
@@ -740,12 +540,9 @@ class SwinTransformer(nn.Module):
         ``norm`` applies the final norm to the last stage's map (the only one it is sized for);
         ``stop_early`` skips the stages after the last one asked for.
         """
-        if output_fmt not in ("NCHW", "NHWC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
-        take, max_index = feature_take_indices(len(self.layers), indices)
+        take, stages = self.intermediate_indices(indices, output_fmt, stop_early)
         x = self.embed(x)
         last = len(self.layers) - 1
-        stages = self.layers[: max_index + 1] if stop_early else self.layers
         feats = []
         for i, stage in enumerate(stages):
             x = stage(x)
@@ -763,12 +560,11 @@ class SwinTransformer(nn.Module):
     ) -> list[int]:
         """timm's ``prune_intermediate_layers``: drop the stages after the last of ``indices`` (the final norm
         and the head go with them, or when asked); returns the absolute indices kept."""
-        take, max_index = feature_take_indices(len(self.layers), indices)
-        prune_end = max_index < len(self.layers) - 1
+        n = len(self.layers)
+        take, max_index = self.prune_trunk(indices)
+        prune_end = max_index < n - 1
         if prune_norm or prune_end:
             self.norm = nn.Identity()
-        self.layers = self.layers[: max_index + 1]
-        self.feature_info = self.feature_info[: max_index + 1]
         for key in ("depths", "num_heads"):
             self.vitrel_cfg[key] = list(self.vitrel_cfg[key])[: max_index + 1]
         if prune_end:

@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 from timm.layers import calculate_drop_path_rates, to_2tuple
-from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -33,13 +32,12 @@ from vitrel.models.blocks import (
     PatchEmbed,
     add_abs_pos,
     constructor_config,
-    init_weights_,
     prepare_state,
     prepare_states,
-    scheme_no_weight_decay,
     with_placement,
 )
-from vitrel.models.input_size import check_img_size, rebuild_position_schemes, resolve_strict_img_size
+from vitrel.models.input_size import check_img_size, rebuild_position_schemes
+from vitrel.models.timm_surface import TimmSurface
 from vitrel.pos.base import PosState
 from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
@@ -47,8 +45,8 @@ from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
 __all__ = ["VisionTransformer"]
 
 
-class VisionTransformer(nn.Module):
-    """ViT with a pluggable position scheme.
+class VisionTransformer(TimmSurface, nn.Module):
+    """ViT with a pluggable position scheme (timm's surface: :class:`~vitrel.models.timm_surface.TimmSurface`).
 
     Args:
         img_size: image size the model is built for (sizes learned tables / absolute embeddings).
@@ -73,6 +71,10 @@ class VisionTransformer(nn.Module):
         device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
             allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
+
+    global_pools = ("token", "avg", "")
+    intermediate_fmts = ("NCHW", "NLC")
+    no_weight_decay_params = ("cls_token", "reg_token")
 
     @with_placement
     def __init__(
@@ -117,11 +119,7 @@ class VisionTransformer(nn.Module):
         self.vitrel_cfg = constructor_config(VisionTransformer, locals(), img_size=list(img_size))
         rel, absolute = split_pos(pos, abs_pos)
         self.num_classes = num_classes
-        self.in_chans = in_chans
-        self.img_size = img_size
-        self.strict_img_size = resolve_strict_img_size(dynamic_img_size, strict_img_size)
-        self.dynamic_img_size = not self.strict_img_size
-        self.global_pool = global_pool
+        self.init_surface(in_chans, img_size, global_pool, dynamic_img_size, strict_img_size)
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
         self.num_reg_tokens = reg_tokens
@@ -177,20 +175,17 @@ class VisionTransformer(nn.Module):
         self.init_weights()
 
     def init_weights(self) -> None:
-        init_weights_(self)
+        super().init_weights()
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.reg_token is not None:
             nn.init.normal_(self.reg_token, std=1e-6)
 
     # ---------------------------------------------------------------------------- timm surface
-    @torch.jit.ignore
-    def no_weight_decay(self) -> set[str]:
-        """Position tables / frequencies (each scheme's ``no_weight_decay_keys``), absolute embeddings,
-        class and register tokens."""
-        out = scheme_no_weight_decay(self)
-        out.update(n for n in ("cls_token", "reg_token") if getattr(self, n) is not None)
-        return out
+    def check_global_pool(self, global_pool: str) -> None:
+        super().check_global_pool(global_pool)
+        if global_pool == "token" and self.cls_token is None:
+            raise ValueError("global_pool='token' needs a class token")
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -199,26 +194,6 @@ class VisionTransformer(nn.Module):
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
         return dict(stem=r"^cls_token|^reg_token|^abs_pos|^rel_pos|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
-
-    @torch.jit.ignore
-    def get_classifier(self) -> nn.Module:
-        return self.head
-
-    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        if global_pool is not None:
-            if global_pool not in ("", "avg", "token"):
-                raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
-            if global_pool == "token" and self.cls_token is None:
-                raise ValueError("global_pool='token' needs a class token")
-            self.global_pool = global_pool
-            self.vitrel_cfg["global_pool"] = global_pool
-        self.num_classes = num_classes
-        self.vitrel_cfg["num_classes"] = num_classes
-        dev = self.patch_embed.proj.weight.device
-        self.head = nn.Linear(self.embed_dim, num_classes, device=dev) if num_classes > 0 else nn.Identity()
-        if isinstance(self.head, nn.Linear):
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:
         """timm's ``set_input_size``: the model is now built for ``img_size`` (learned tables and absolute
@@ -282,10 +257,8 @@ class VisionTransformer(nn.Module):
             return x[:, self.num_prefix_tokens :].mean(dim=1)
         return x
 
-    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
-        x = self.fc_norm(self.pool(x))
-        x = self.head_drop(x)
-        return x if pre_logits else self.head(x)
+    def pooled(self, x: Tensor) -> Tensor:
+        return self.fc_norm(self.pool(x))
 
     def forward(self, x: Tensor) -> Tensor:
         return self.forward_head(self.forward_features(x))
@@ -309,11 +282,8 @@ class VisionTransformer(nn.Module):
         ``norm`` applies the final norm to each intermediate; ``stop_early`` skips the blocks after the
         last one asked for; ``intermediates_only`` returns the list alone.
         """
-        if output_fmt not in ("NCHW", "NLC"):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        take, max_index = feature_take_indices(len(self.blocks), indices)
+        take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
         x, grid = self.embed(x)
-        blocks = self.blocks[: max_index + 1] if stop_early else self.blocks
         states = self.position_states(grid, x, len(blocks))
         ckpt = self.grad_checkpointing and torch.is_grad_enabled()
         feats = []
@@ -338,9 +308,7 @@ class VisionTransformer(nn.Module):
     ) -> list[int]:
         """timm's ``prune_intermediate_layers``: drop the blocks after the last of ``indices`` (and the final
         norm / the head if asked); returns the absolute indices kept."""
-        take, max_index = feature_take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[: max_index + 1]
-        self.feature_info = self.feature_info[: max_index + 1]
+        take, _ = self.prune_trunk(indices)
         self.vitrel_cfg["depth"] = len(self.blocks)
         if prune_norm:
             self.norm = nn.Identity()

@@ -1,0 +1,187 @@
+"""Swin's windows: partition, shifted-window masks, and the (shifted-)window attention of a block.
+
+Shifted windows and the mask. The windows of a shifted block are those of the image partitioned
+with an offset ``s``: along each axis, row ``r`` lies in window ``floor((r - s) / M)``. They are
+computed as plain windows of the map rolled by ``-s``, which puts the first ``s`` rows (columns)
+after the last ones; the last window then straddles the wrap-around seam. Along each axis a
+position of the rolled map gets a label: 1 if it wrapped around, 2 if it is padding, 0 otherwise;
+two tokens of a window may attend to each other only when their labels agree on both axes
+(``-inf`` otherwise, so attention across the seam is exactly 0).
+
+Window size per stage is set from the grid the stage actually sees at forward time: a stage whose
+grid is no larger than the window uses a window the size of the grid and no shift (timm's rule).
+A grid that is not a multiple of the window is padded at the bottom/right *before* the roll, so the
+windows stay exactly ``floor((r - s) / M)``, and padded positions are masked out of attention.
+(timm rolls before padding and lets tokens attend to the zero padding.)
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from timm.layers import register_notrace_function
+from torch import Tensor
+
+from vitrel.pos.base import PosState
+from vitrel.pos.geometry import Grid
+
+if TYPE_CHECKING:
+    from vitrel.models.swin import SwinBlock
+
+__all__ = [
+    "window_partition",
+    "window_reverse",
+    "window_and_shift",
+    "shifted_window_mask",
+    "window_positions",
+    "window_attention",
+]
+
+
+def window_and_shift(grid: Grid, window: tuple[int, int], shifted: bool) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Window and shift for a stage grid: the window shrinks to the grid, no shift when it covers it."""
+    win = (min(window[0], grid.h), min(window[1], grid.w))
+    if not shifted:
+        return win, (0, 0)
+    shift = (0 if grid.h <= win[0] else win[0] // 2, 0 if grid.w <= win[1] else win[1] // 2)
+    return win, shift
+
+
+def window_partition(x: Tensor, window: tuple[int, int]) -> Tensor:
+    """``[B, H, W, C]`` (H, W multiples of the window) -> ``[B * nW, wh * ww, C]``, windows in raster order."""
+    b, h, w, c = x.shape
+    wh, ww = window
+    x = x.view(b, h // wh, wh, w // ww, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, wh * ww, c)
+
+
+def window_reverse(windows: Tensor, window: tuple[int, int], h: int, w: int) -> Tensor:
+    """Inverse of :func:`window_partition`: ``[B * nW, wh * ww, C]`` -> ``[B, H, W, C]``."""
+    wh, ww = window
+    c = windows.shape[-1]
+    x = windows.view(-1, h // wh, w // ww, wh, ww, c).permute(0, 1, 3, 2, 4, 5)
+    return x.reshape(-1, h, w, c)
+
+
+def window_positions(h: int, w: int, window: tuple[int, int], shift: tuple[int, int]) -> Tensor:
+    """Image position (``r * w + c``, -1 for padding) of every slot of every window ``[nW, wh * ww]`` of the
+    ``h x w`` map padded to multiples of ``window`` and rolled by ``-shift`` (:func:`window_partition` order)."""
+    hp, wp = h + (-h) % window[0], w + (-w) % window[1]
+    src_r = (torch.arange(hp) + shift[0]) % hp
+    src_c = (torch.arange(wp) + shift[1]) % wp
+    src_r = torch.where(src_r < h, src_r, -1)
+    src_c = torch.where(src_c < w, src_c, -1)
+    pos = torch.where((src_r[:, None] >= 0) & (src_c[None, :] >= 0), src_r[:, None] * w + src_c[None, :], -1)
+    return window_partition(pos.view(1, hp, wp, 1), window)[..., 0]
+
+
+def _axis_labels(n: int, n_pad: int, shift: int | Tensor, device: torch.device | None = None) -> Tensor:
+    """Label of each position ``r'`` of a padded (to ``n_pad``) then rolled (by ``-shift``) axis:
+    2 for padding (image position ``(r' + shift) mod n_pad >= n``), 1 for the positions that wrapped
+    around (``r' >= n_pad - shift``), 0 otherwise. ``shift`` may be a 0-d tensor (sizes unknown at trace time)."""
+    r = torch.arange(n_pad, device=device)
+    lab = (r >= n_pad - shift).long()
+    return torch.where(_mod(r + shift, n_pad) >= n, 2, lab)
+
+
+def _mod(x: Tensor, n: int) -> Tensor:
+    """``x mod n`` (Python's sign rule) as ``x - floor(x / n) n``: exports (ONNX too) with a symbolic ``n``."""
+    return x - (x // n) * n
+
+
+def _labels_mask(lh: Tensor, lw: Tensor, window: tuple[int, int]) -> Tensor:
+    """Additive mask ``[nW, n, n]``: ``-inf`` between two positions of a window whose labels differ."""
+    lab = (lh[:, None] * 3 + lw[None, :])[None, :, :, None]
+    lab = window_partition(lab, window)[..., 0]  # [nW, n]
+    diff = lab[:, :, None] != lab[:, None, :]
+    return torch.zeros(diff.shape, device=diff.device).masked_fill(diff, float("-inf"))
+
+
+def shifted_window_mask(
+    grid: Grid, window: tuple[int, int], shift: tuple[int, int], device: torch.device | None = None
+) -> Tensor | None:
+    """Additive mask ``[nW, n, n]`` (0 / ``-inf``) of the windows of a map padded to multiples of
+    ``window`` and then rolled by ``-shift``; None when nothing needs masking (no shift, no padding).
+
+    Windows are in :func:`window_partition` order. A block keeps the mask of the grid it is built for
+    as a buffer (``SwinBlock.attn_mask``); other grids compute it in the forward pass.
+    """
+    wh, ww = window
+    hp, wp = -(-grid.h // wh) * wh, -(-grid.w // ww) * ww
+    if not any(shift) and (hp, wp) == tuple(grid):
+        return None
+    return _labels_mask(_axis_labels(grid.h, hp, shift[0], device), _axis_labels(grid.w, wp, shift[1], device), window)
+
+
+def _symbolic(x: Tensor) -> bool:
+    """The map's height or width is symbolic (``torch.export`` / ``torch.compile`` with dynamic sizes)."""
+    return not isinstance(x.shape[1], int) or not isinstance(x.shape[2], int)
+
+
+# The window logic of a forward pass: recorded by torch.fx as single calls (it branches on sizes);
+# torch.export / torch.compile trace through it. With symbolic sizes the windows take the form
+# that is the same program at every size (see ``_any_size_windows``).
+@register_notrace_function
+def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor:
+    """``block``'s (shifted-)window attention on the normalised map ``x [B, H, W, C]`` -> ``[B, H, W, C]``."""
+    if _symbolic(x):
+        return _any_size_window_attention(block, x, pos_state)
+    b, h, w, c = x.shape
+    windows, grid, win, shift, mask = block._windows(x)
+    out = block.attn(windows, mask=mask, pos_state=pos_state)
+    out = window_reverse(out, win, h + (-h) % win[0], w + (-w) % win[1])
+    if any(shift):
+        out = torch.roll(out, shifts=shift, dims=(1, 2))
+    if out.shape[1] != h or out.shape[2] != w:
+        out = out[:, :h, :w]
+    return out
+
+
+def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor:
+    """Window attention as one program for every map size (used when the sizes are symbolic).
+
+    The eager rule (the window shrinks to a grid smaller than it, no shift then; :func:`window_and_shift`)
+    is written without branching on sizes: the window is always ``M x M``, the map is padded to multiples
+    of ``M`` and the padding is masked, and the shift (``M // 2`` where the grid exceeds the window, else 0)
+    is a tensor that indexes the rows and columns instead of a ``roll``. Every token then attends to
+    exactly the tokens it attends to eagerly, with the same offsets, so every scheme whose terms depend
+    on the offsets (or, for RoPE, on the row and column) alone gives the eager result. A scheme whose
+    terms depend on the window's extent (``PositionScheme.depends_on_extent``: raster-order 1-D
+    schemes, RoPE on normalised coordinates) would not, and is refused.
+    """
+    st_scheme = pos_state.scheme
+    if st_scheme.depends_on_extent:
+        raise NotImplementedError(
+            f"{st_scheme.name} depends on the window's extent, which Swin shrinks to a smaller grid (timm's "
+            "rule); an exported Swin with this scheme cannot serve every resolution: export with static "
+            "height and width (dynamic batch works). See docs/export.md."
+        )
+    b, h, w, c = x.shape
+    (wh, ww), dev = block.window_size, x.device
+    nh, nw = (h + wh - 1) // wh, (w + ww - 1) // ww  # windows per axis, the map padded to nh wh x nw ww
+    hp, wp = nh * wh, nw * ww
+    if block.shifted:  # M // 2 where the grid exceeds the window, else 0
+        sh = torch.where(torch.scalar_tensor(h, dtype=torch.long, device=dev) > wh, wh // 2, 0)
+        sw = torch.where(torch.scalar_tensor(w, dtype=torch.long, device=dev) > ww, ww // 2, 0)
+    else:
+        sh = sw = torch.zeros((), dtype=torch.long, device=dev)
+    # every (window, slot) in window order [nh, nw, wh, ww]: rolled-map row / column ...
+    rr = torch.arange(nh, device=dev)[:, None, None, None] * wh + torch.arange(wh, device=dev)[None, None, :, None]
+    rc = torch.arange(nw, device=dev)[None, :, None, None] * ww + torch.arange(ww, device=dev)[None, None, None, :]
+    # ... and the row / column of the padded map it shows (the roll by -shift, as an index)
+    ir, ic = _mod(rr + sh, hp), _mod(rc + sw, wp)
+    x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h)).flatten(1, 2)
+    windows = x.index_select(1, (ir * wp + ic).reshape(-1)).view(b * nh * nw, wh * ww, c)
+    # labels as shifted_window_mask: 2 padding, 1 wrapped around, 0 otherwise; -inf between labels that differ
+    lab_r = torch.where(ir >= h, 2, (rr >= hp - sh).long())
+    lab_c = torch.where(ic >= w, 2, (rc >= wp - sw).long())
+    lab = (lab_r * 3 + lab_c).reshape(nh * nw, wh * ww)
+    mask = torch.zeros((), device=dev).masked_fill(lab[:, :, None] != lab[:, None, :], float("-inf"))
+    out = block.attn(windows, mask=mask, pos_state=pos_state)  # [B nW, n, C]
+    # image position (r, c) sits at rolled (r - shift) mod hp: gather the H x W positions back
+    r2 = _mod(torch.arange(h, device=dev) - sh, hp)
+    c2 = _mod(torch.arange(w, device=dev) - sw, wp)
+    slot = ((r2 // wh)[:, None] * nw + (c2 // ww)[None, :]) * (wh * ww) + (r2 % wh)[:, None] * ww + (c2 % ww)[None, :]
+    return out.reshape(b, nh * nw * wh * ww, c).index_select(1, slot.reshape(-1)).view(b, h, w, c)

@@ -1,0 +1,136 @@
+"""timm's model surface, written once for both backbones (:class:`~vitrel.models.VisionTransformer` and
+:class:`~vitrel.models.SwinTransformer`): the classifier (``get_classifier`` / ``reset_classifier`` /
+``forward_head`` / ``forward``), ``no_weight_decay``, and the index / format / pruning plumbing of
+``forward_intermediates`` and ``prune_intermediate_layers``.
+
+A backbone says what differs in a few class attributes and hooks:
+
+* ``global_pools``: the ``global_pool`` values it takes (the error message lists them in this order);
+* ``trunk``: the attribute holding its sequence of blocks or stages (one feature per entry, ``feature_info``);
+* ``intermediate_fmts``: the ``output_fmt`` values of its ``forward_intermediates``;
+* ``no_weight_decay_params``: its own parameters (besides the schemes') kept out of weight decay;
+* ``pool(x)``: features -> pooled features; ``pooled(x)`` (default ``pool``) adds what comes before the
+  head dropout (the ViT's ``fc_norm``); ``check_global_pool`` for extra rules (the ViT's class token).
+
+``forward`` stays in each backbone's own module: ``torch.fx`` wraps the notrace functions
+(``register_notrace_function``) found in the globals of the module that defines the root ``forward``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from timm.models._features import feature_take_indices
+from torch import Tensor, nn
+
+from vitrel.models.blocks import init_weights_, scheme_no_weight_decay
+from vitrel.models.input_size import resolve_strict_img_size
+
+__all__ = ["TimmSurface"]
+
+
+def _alternatives(values: tuple[str, ...]) -> str:
+    """``('a', 'b', '')`` -> ``"'a', 'b' or ''"``."""
+    return f"{', '.join(map(repr, values[:-1]))} or {values[-1]!r}" if len(values) > 1 else repr(values[0])
+
+
+class TimmSurface:
+    """Mixin of a vitrel backbone (an ``nn.Module`` with ``patch_embed``, ``head_drop``, ``head``,
+    ``feature_info`` and ``vitrel_cfg``) giving it timm's classifier and feature surface (module docstring)."""
+
+    global_pools: tuple[str, ...] = ("avg", "")
+    trunk: str = "blocks"
+    intermediate_fmts: tuple[str, ...] = ("NCHW",)
+    no_weight_decay_params: tuple[str, ...] = ()
+
+    # attributes the backbone sets
+    num_features: int
+    head: nn.Module
+    head_drop: nn.Module
+    patch_embed: nn.Module
+    feature_info: list[dict[str, Any]]
+    vitrel_cfg: dict[str, Any]
+
+    def init_surface(
+        self,
+        in_chans: int,
+        img_size: tuple[int, int],
+        global_pool: str,
+        dynamic_img_size: bool | None,
+        strict_img_size: bool | None,
+    ) -> None:
+        """The timm attributes of the input and the pooling (``strict_img_size``: :mod:`vitrel.models.input_size`)."""
+        self.in_chans = in_chans
+        self.img_size = img_size
+        self.strict_img_size = resolve_strict_img_size(dynamic_img_size, strict_img_size)
+        self.dynamic_img_size = not self.strict_img_size
+        self.global_pool = global_pool
+
+    def check_global_pool(self, global_pool: str) -> None:
+        if global_pool not in self.global_pools:
+            raise ValueError(f"global_pool must be {_alternatives(self.global_pools)}, got {global_pool!r}")
+
+    def init_weights(self) -> None:
+        """timm's ViT initialisation (:func:`~vitrel.models.blocks.init_weights_`), e.g. after ``to_empty()``."""
+        init_weights_(self)  # type: ignore[arg-type]
+
+    # ---------------------------------------------------------------------------- classifier
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        """Position tables / frequencies (each scheme's ``no_weight_decay_keys``), absolute embeddings and the
+        backbone's ``no_weight_decay_params`` (the ViT's class and register tokens)."""
+        out = scheme_no_weight_decay(self)  # type: ignore[arg-type]
+        out.update(n for n in self.no_weight_decay_params if getattr(self, n, None) is not None)
+        return out
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new head for ``num_classes`` (none for 0), and a new ``global_pool`` if given; ``vitrel_cfg`` follows."""
+        if global_pool is not None:
+            self.check_global_pool(global_pool)
+            self.global_pool = global_pool
+            self.vitrel_cfg["global_pool"] = global_pool
+        self.num_classes = num_classes
+        self.vitrel_cfg["num_classes"] = num_classes
+        dev = self.patch_embed.proj.weight.device
+        self.head = nn.Linear(self.num_features, num_classes, device=dev) if num_classes > 0 else nn.Identity()
+        if isinstance(self.head, nn.Linear):
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+
+    def pool(self, x: Tensor) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def pooled(self, x: Tensor) -> Tensor:
+        """Features -> what the head dropout and the head see (``pool`` unless the backbone adds to it)."""
+        return self.pool(x)
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        x = self.head_drop(self.pooled(x))
+        return x if pre_logits else self.head(x)
+
+    # ---------------------------------------------------------------------------- intermediates
+    def intermediate_indices(
+        self, indices: int | list[int] | None, output_fmt: str, stop_early: bool
+    ) -> tuple[list[int], nn.Module]:
+        """``forward_intermediates``' plumbing: the trunk indices to return (the last ``n`` for an int, all for
+        None, negative ones from the end) and the trunk entries to run (up to the last asked for with
+        ``stop_early``). A ``ValueError`` for an ``output_fmt`` the backbone does not give."""
+        if output_fmt not in self.intermediate_fmts:
+            raise ValueError(f"output_fmt must be {_alternatives(self.intermediate_fmts)}, got {output_fmt!r}")
+        seq = getattr(self, self.trunk)
+        take, max_index = feature_take_indices(len(seq), indices)
+        return take, seq[: max_index + 1] if stop_early else seq
+
+    def prune_trunk(self, indices: int | list[int]) -> tuple[list[int], int]:
+        """``prune_intermediate_layers``' plumbing: keep the trunk entries up to the last of ``indices`` (and
+        their ``feature_info``); returns the absolute indices asked for and the last one kept."""
+        seq = getattr(self, self.trunk)
+        take, max_index = feature_take_indices(len(seq), indices)
+        setattr(self, self.trunk, seq[: max_index + 1])
+        self.feature_info = self.feature_info[: max_index + 1]
+        return take, max_index

@@ -7,31 +7,15 @@ relative-position indices), made at construction and remade after every ``to()``
 model built on the meta device gets them right); any other grid computes them in the forward pass.
 Under ``torch.export`` / ``torch.compile`` with symbolic sizes, and inside ``torch.fx`` traces, they are
 computed in the graph.
-
-:class:`TensorCache` is a memo kept for the explicit helper calls of a few schemes
-(``Sincos2d.embed``, ``cos_sin`` of the fixed RoPE schemes); no forward pass goes through it. It is
-bypassed while tracing.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Hashable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-__all__ = ["GridBuffers", "NonPersistentBuffers", "TensorCache", "concrete_grid", "is_tracing"]
-
-T = TypeVar("T")
-
-
-def is_tracing(*refs: Any) -> bool:
-    """True under ``torch.compile`` / ``torch.export`` tracing, or when a ref is an ``torch.fx`` proxy."""
-    if torch.compiler.is_compiling():
-        return True
-    return any(isinstance(r, torch.fx.Proxy) for r in refs)
-
+__all__ = ["GridBuffers", "NonPersistentBuffers", "concrete_grid"]
 
 def concrete_grid(grid: Any) -> bool:
     """The grid's sides are plain ints (not ``torch.SymInt`` under export, nor ``torch.fx`` proxies)."""
@@ -85,39 +69,3 @@ class GridBuffers(NonPersistentBuffers):
 
     def at_built_grid(self, grid: Any, num_prefix_tokens: int) -> bool:
         return concrete_grid(grid) and tuple(grid) == tuple(self.grid) and num_prefix_tokens == self.num_prefix_tokens
-
-
-class TensorCache:
-    """A bounded least-recently-used memo ``key -> value``, bypassed while tracing (see the module docstring).
-
-    ``get(key, fn)`` returns ``fn()`` memoised under ``(key, inference_mode)``; put the device and
-    dtype into ``key`` when the value depends on them.
-    """
-
-    def __init__(self, maxsize: int = 16) -> None:
-        if maxsize < 1:
-            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
-        self.maxsize = maxsize
-        self._data: OrderedDict[Hashable, Any] = OrderedDict()
-
-    def get(self, key: Hashable, fn: Callable[[], T], *refs: Any) -> T:
-        if is_tracing(*refs):
-            return fn()
-        full = (key, torch.is_inference_mode_enabled())
-        if full in self._data:
-            self._data.move_to_end(full)
-            return self._data[full]
-        value = fn()
-        self._data[full] = value
-        if len(self._data) > self.maxsize:
-            self._data.popitem(last=False)
-        return value
-
-    def clear(self) -> None:
-        self._data.clear()
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return f"TensorCache({len(self._data)}/{self.maxsize})"

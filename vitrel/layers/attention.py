@@ -35,7 +35,7 @@ from vitrel.layers.validate import check_attention_args
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import as_grid, check_tokens
 from vitrel.pos.kernels import ATTN_IMPLS, eager_logits, merge_masks, with_causal_blocks
-from vitrel.pos.registry import build_pos
+from vitrel.pos.registry import parse_pos
 
 __all__ = ["Attention", "SHARED"]
 
@@ -103,17 +103,18 @@ class Attention(nn.Module):
             if pos_options:
                 raise ValueError(f"pos='shared' takes no scheme options, got {sorted(pos_options)}")
             return
-        pos = build_pos(  # a name or config: parsed once and built with this layer's arguments
-            pos,
-            num_heads=num_heads,
-            head_dim=self.head_dim,
-            grid=grid,
-            num_prefix_tokens=num_prefix_tokens,
-            embed_dim=dim,
-            layer=layer,
-            causal=causal,  # e.g. T5's one-directional buckets under a causal mask
-            **pos_options,
-        )
+        if not isinstance(pos, PositionScheme):  # a name or config: parsed once, built with this layer's arguments
+            pos = parse_pos("none" if pos is None else pos, **pos_options).build(
+                num_heads=num_heads,
+                head_dim=self.head_dim,
+                grid=grid,
+                num_prefix_tokens=num_prefix_tokens,
+                embed_dim=dim,
+                layer=layer,
+                causal=causal,  # e.g. T5's one-directional buckets under a causal mask
+            )
+        elif pos_options:
+            raise ValueError(f"scheme options {sorted(pos_options)} given with a built scheme ({pos.name})")
         if pos.kind == "absolute":
             raise ValueError(
                 f"{pos.name!r} is an absolute position scheme: it adds an embedding to the tokens at the input of the "

@@ -188,6 +188,11 @@ class PositionScheme(nn.Module):
         """
         if impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
+        if impl in ("flex", "fold") and self.has_token_terms:
+            raise ValueError(
+                f"attn_impl={impl!r}: {self.name}'s term depends on the query token (no offset table, no fixed "
+                "factors); its fast path is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
+            )
         grid = as_grid(grid)
         p = num_prefix_tokens
         rope = self.rotation(grid, p, device, dtype)
@@ -211,13 +216,7 @@ class PositionScheme(nn.Module):
 
     @classmethod
     def prepare_many(
-        cls,
-        schemes: Sequence[PositionScheme],
-        grid: Any,
-        num_prefix_tokens: int = 0,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        impl: str = "auto",
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
     ) -> list[PosState]:
         """The states of several schemes of this class (a model's blocks, each with its own parameters) for
         one forward: ``[s.prepare(...) for s in schemes]``. A class whose states are cheaper computed
@@ -226,14 +225,7 @@ class PositionScheme(nn.Module):
 
     # ------------------------------------------------------------------------ attention
     def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        scale: float,
-        state: PosState,
-        dropout_p: float = 0.0,
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p=0.0
     ) -> Tensor:
         """Fused attention ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, heads, N, d]`` inputs.
 

@@ -17,6 +17,7 @@ import torch
 
 __all__ = ["GridBuffers", "NonPersistentBuffers", "concrete_grid"]
 
+
 def concrete_grid(grid: Any) -> bool:
     """The grid's sides are plain ints (not ``torch.SymInt`` under export, nor ``torch.fx`` proxies)."""
     return all(type(v) is int for v in grid)

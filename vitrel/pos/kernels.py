@@ -158,13 +158,7 @@ def _flex_attention(*args: Any, **kwargs: Any) -> Tensor:
 
 
 def attend_flex(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    scale: float,
-    state: PosState,
-    dropout_p: float = 0.0,
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p: float = 0.0
 ) -> Tensor:
     """FlexAttention with ``score_mod = score + T[h, dh + H - 1, dw + W - 1] + mask`` (``attn_impl="flex"``):
     the bias is read from the offset table ``T`` (gradients reach it; on CUDA through atomics, so not

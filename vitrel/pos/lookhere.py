@@ -281,13 +281,7 @@ class LookHere(GridBuffers, PositionScheme):
 
     @classmethod
     def prepare_many(
-        cls,
-        schemes: Sequence[PositionScheme],
-        grid: Any,
-        num_prefix_tokens: int = 0,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        impl: str = "auto",
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
     ) -> list[PosState]:
         """With ``impl="flex"``, one BlockMask for every block that looks in the same directions (the views do
         not depend on the layer's slope); otherwise each scheme's ``prepare``."""

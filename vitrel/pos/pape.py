@@ -124,21 +124,6 @@ class _Parabolic(PositionScheme):
         k = _pad8(torch.cat([k, kx.to(k.dtype).expand(k.shape[0], -1, -1, -1)], dim=-1), width)
         return q, k
 
-    def prepare(
-        self,
-        grid: Any,
-        num_prefix_tokens: int = 0,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        impl: str = "auto",
-    ) -> PosState:
-        if impl in ("flex", "fold"):
-            raise ValueError(
-                f"attn_impl={impl!r}: {self.name}'s term depends on the query token (no offset table, no fixed "
-                "factors); its fast path is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
-            )
-        return super().prepare(grid, num_prefix_tokens, device, dtype, impl)
-
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, prefix_position={self.prefix_position}"
 

@@ -45,8 +45,6 @@ PosArg = str | Mapping[str, Any] | None
 
 #: The sizes every scheme gets from its model (not options of a spec).
 SIZES = ("num_heads", "head_dim", "grid", "num_prefix_tokens", "embed_dim")
-#: The per-layer arguments a model or an attention layer passes to ``build`` (not options of a spec either).
-PER_LAYER = ("layer", "causal")
 
 
 def register_pos(name: str) -> Callable[[type[PositionScheme]], type[PositionScheme]]:
@@ -134,9 +132,14 @@ class PosSpec:
         )
 
 
-def parse_pos(pos: Any) -> PosSpec | None:
+def parse_pos(pos: Any, **options: Any) -> PosSpec | None:
     """A name, a config mapping (``name`` plus the scheme's options) or a ``PosSpec`` -> ``PosSpec``; None
-    stays None. Unknown names and options are refused here, with the scheme's options listed."""
+    stays None. ``options``: more options as keywords. Unknown names and options are refused here, with the
+    scheme's options listed."""
+    if options:
+        if pos is None or isinstance(pos, PositionScheme):
+            raise ValueError(f"scheme options {sorted(options)} given without a scheme name")
+        pos = {**({"name": pos} if isinstance(pos, str) else dict(pos.items())), **options}
     if pos is None or isinstance(pos, PosSpec):
         return pos
     if isinstance(pos, PositionScheme):
@@ -189,39 +192,18 @@ def split_pos(pos: PosSpec | None, abs_pos: PosSpec | None) -> tuple[PosSpec, Po
     return (pos if pos is not None else parse_pos("none")), abs_pos
 
 
-def build_pos(
-    pos: Any,
-    *,
-    num_heads: int,
-    head_dim: int,
-    grid: Any,
-    num_prefix_tokens: int = 0,
-    embed_dim: int | None = None,
-    layer: tuple[int, int] | None = None,
-    causal: bool | None = None,
-    **options: Any,
-) -> PositionScheme:
-    """``parse_pos(pos).build(...)`` (None: no position); ``options`` are the scheme's options written as
-    keywords (``build_pos("rope1d", ..., base=10.0)`` is ``build_pos({"name": "rope1d", "base": 10.0}, ...)``);
-    a ``PositionScheme`` passes through.
+def build_pos(pos: Any, **kwargs: Any) -> PositionScheme:
+    """``parse_pos(pos).build(...)``: ``kwargs`` holds :meth:`PosSpec.build`'s sizes (``num_heads``, ``head_dim``,
+    ``grid``, ``num_prefix_tokens``, ``embed_dim``) and ``layer``; any other keyword is an option of the scheme
+    (``build_pos("rope1d", ..., base=10.0)`` is ``build_pos({"name": "rope1d", "base": 10.0}, ...)``). None is no
+    position; a ``PositionScheme`` passes through.
 
     ``grid`` is the grid the scheme is built for (it sizes learned tables); every scheme still runs on any
     grid at call time.
     """
+    sizes = {k: kwargs.pop(k) for k in (*SIZES, "layer") if k in kwargs}
     if isinstance(pos, PositionScheme):
-        if options:
-            raise ValueError(f"options {sorted(options)} given with a built scheme ({pos.name})")
+        if kwargs:
+            raise ValueError(f"options {sorted(kwargs)} given with a built scheme ({pos.name})")
         return pos
-    if options:
-        pos = {"name": pos} if isinstance(pos, str) else dict(pos.items())
-        pos = {**pos, **options}
-    spec = parse_pos("none" if pos is None else pos)
-    return spec.build(
-        num_heads=num_heads,
-        head_dim=head_dim,
-        grid=grid,
-        num_prefix_tokens=num_prefix_tokens,
-        embed_dim=embed_dim,
-        layer=layer,
-        causal=causal,
-    )
+    return parse_pos("none" if pos is None else pos, **kwargs).build(**sizes)

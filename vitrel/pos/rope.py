@@ -545,13 +545,7 @@ class Rope2dMixed(Rope2dOptions):
 
     @classmethod
     def prepare_many(
-        cls,
-        schemes: Sequence[PositionScheme],
-        grid: Any,
-        num_prefix_tokens: int = 0,
-        device: torch.device | None = None,
-        dtype: torch.dtype | None = None,
-        impl: str = "auto",
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
     ) -> list[PosState]:
         """Every block's ``cos/sin`` (and STRING basis) in one product, as RoPE-ViT computes ``freqs_cis`` for
         all blocks at once: the same values as each scheme's ``prepare``. Schemes that differ in options or

@@ -154,14 +154,7 @@ class ShawScheme(ResizeOnLoad, PositionScheme):
         raise NotImplementedError
 
     def attend(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        mask: Tensor | None,
-        scale: float,
-        state: PosState,
-        dropout_p: float = 0.0,
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p=0.0
     ) -> Tensor:
         if state.impl == "eager":
             return attend_eager(q, k, v, merge_masks(None, mask, q.dtype), scale, state, dropout_p)

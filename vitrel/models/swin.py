@@ -35,13 +35,13 @@ from vitrel.models.blocks import (
     add_abs_pos,
     constructor_config,
     patch_grid,
-    prepare_states,
     with_placement,
 )
 from vitrel.models.input_size import check_img_size, rebuild_position_schemes
 from vitrel.models.swin_windows import (
-    _symbolic,
     shifted_window_mask,
+    stage_state,
+    stage_states,
     window_and_shift,
     window_attention,
     window_partition,
@@ -49,7 +49,7 @@ from vitrel.models.swin_windows import (
     window_reverse,
 )
 from vitrel.models.timm_surface import TimmSurface
-from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.base import PosState
 from vitrel.pos.cache import NonPersistentBuffers
 from vitrel.pos.geometry import Grid, as_grid
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
@@ -206,29 +206,6 @@ def merge_2x2(x: Tensor) -> Tensor:
     x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
     h, w = x.shape[1], x.shape[2]
     return x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
-
-
-def _stage_window(x: Tensor, window: tuple[int, int]) -> Grid:
-    """The window grid of the map ``x [B, H, W, C]``: the window, shrunk to a smaller map; the full window
-    when the sizes are symbolic (see :func:`_any_size_window_attention`)."""
-    if _symbolic(x):
-        return Grid(*window)
-    return Grid(*window_and_shift(Grid(x.shape[1], x.shape[2]), window, False)[0])
-
-
-@register_notrace_function
-def stage_state(scheme: PositionScheme, x: Tensor, window: tuple[int, int], impl: str = "auto") -> PosState:
-    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``."""
-    return scheme.prepare(_stage_window(x, window), 0, x.device, x.dtype, impl)
-
-
-@register_notrace_function
-def stage_states(
-    schemes: list[PositionScheme], x: Tensor, window: tuple[int, int], impl: str = "auto"
-) -> list[PosState]:
-    """The states of a stage's blocks' own schemes for the windows of the map ``x``, prepared together
-    (``prepare_states``: RoPE-Mixed computes every block's cos/sin in one product)."""
-    return prepare_states(schemes, _stage_window(x, window), 0, x, impl)
 
 
 class SwinStage(nn.Module):

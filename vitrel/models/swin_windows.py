@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import Tensor
 
-from vitrel.pos.base import PosState
+from vitrel.models.blocks import prepare_states
+from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import Grid
 
 if TYPE_CHECKING:
@@ -37,6 +38,8 @@ __all__ = [
     "shifted_window_mask",
     "window_positions",
     "window_attention",
+    "stage_state",
+    "stage_states",
 ]
 
 
@@ -185,3 +188,26 @@ def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState)
     c2 = _mod(torch.arange(w, device=dev) - sw, wp)
     slot = ((r2 // wh)[:, None] * nw + (c2 // ww)[None, :]) * (wh * ww) + (r2 % wh)[:, None] * ww + (c2 % ww)[None, :]
     return out.reshape(b, nh * nw * wh * ww, c).index_select(1, slot.reshape(-1)).view(b, h, w, c)
+
+
+def _stage_window(x: Tensor, window: tuple[int, int]) -> Grid:
+    """The window grid of the map ``x [B, H, W, C]``: the window, shrunk to a smaller map; the full window
+    when the sizes are symbolic (see :func:`_any_size_window_attention`)."""
+    if _symbolic(x):
+        return Grid(*window)
+    return Grid(*window_and_shift(Grid(x.shape[1], x.shape[2]), window, False)[0])
+
+
+@register_notrace_function
+def stage_state(scheme: PositionScheme, x: Tensor, window: tuple[int, int], impl: str = "auto") -> PosState:
+    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``."""
+    return scheme.prepare(_stage_window(x, window), 0, x.device, x.dtype, impl)
+
+
+@register_notrace_function
+def stage_states(
+    schemes: list[PositionScheme], x: Tensor, window: tuple[int, int], impl: str = "auto"
+) -> list[PosState]:
+    """The states of a stage's blocks' own schemes for the windows of the map ``x``, prepared together
+    (``prepare_states``: RoPE-Mixed computes every block's cos/sin in one product)."""
+    return prepare_states(schemes, _stage_window(x, window), 0, x, impl)

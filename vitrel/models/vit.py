@@ -61,7 +61,8 @@ class VisionTransformer(TimmSurface, nn.Module):
         abs_pos: an absolute scheme added to the relative one.
         pos_share: one relative scheme shared by all blocks (True) or one per block (False).
         attn_impl: attention implementation: ``auto`` | ``sdpa`` | ``fold`` (factored biases folded into the
-            queries and keys, no bias mask) | ``eager`` (see :class:`vitrel.layers.Attention`).
+            queries and keys, no bias mask) | ``flex`` (FlexAttention, the bias read by offset) | ``eager`` (see
+            :class:`vitrel.layers.Attention`).
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: dropouts / stochastic depth.
         norm_eps: LayerNorm epsilon.
         dynamic_img_size, strict_img_size: timm's input-size arguments (None: not given). The model reads the

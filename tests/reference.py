@@ -44,6 +44,19 @@ def reference_attention(attn, x: Tensor, bias: Tensor | None, mask: Tensor | Non
     return logits, out @ attn.proj.weight.t() + attn.proj.bias
 
 
+def scheme_qkv(attn, x: Tensor, grid, state=None) -> tuple[Tensor, Tensor, Tensor]:
+    """What the layer ``attn`` attends with, from public pieces only: ``q, k, v [B, heads, N, d]`` projected by
+    ``attn.qkv``, then ``q, k`` rotated (``scheme.rotate``, with ``state`` from ``scheme.prepare`` if given) and
+    given the token channels (``scheme.augment``, for schemes with ``has_token_terms``) by its scheme."""
+    b, n, _ = x.shape
+    q, k, v = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    scheme, prefix = attn.pos, attn.num_prefix_tokens
+    q, k = scheme.rotate(q, k, grid, prefix, state=state)
+    if scheme.has_token_terms:
+        q, k = scheme.augment(x, q, k, grid, prefix)
+    return q, k, v
+
+
 def t5_bucket_scalar(rel: int, num_buckets: int, max_distance: int) -> int:
     """T5's bidirectional bucket of one offset ``rel = j - i``, from the paper's rule."""
     n = num_buckets // 2

@@ -216,9 +216,9 @@ def test_to_and_to_empty_remake_buffers():
     m = small_model("vit", "alibi2d")
     sd = m.state_dict()
     assert not any("built_" in k for k in sd)  # not saved
-    d = small_model("vit", "alibi2d").double()
-    blk = d.blocks[0].attn.pos
-    torch.testing.assert_close(blk.built_bias, blk._bias(blk.grid, blk.num_prefix_tokens), rtol=0, atol=0)
+    blk = small_model("vit", "alibi2d").double().blocks[0].attn.pos
+    made = small_model("vit", "alibi2d", dtype=torch.float64).blocks[0].attn.pos  # built in float64 from the start
+    torch.testing.assert_close(blk.built_bias, made.built_bias, rtol=0, atol=0)
     assert blk.built_bias.dtype == torch.float64
     e = vitrel.create_model(
         "vitrel_vit_tiny_patch4_32", pos="alibi2d", embed_dim=64, depth=2, num_heads=4, device="meta"

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vitrel
+from tests.reference import scheme_qkv
 from vitrel import Attention
 from vitrel.pos import build_pos, get_pos_class, list_pos
 from vitrel.pos.base import FAMILIES, Grid, UnknownSchemeError, attend_eager, merge_masks
@@ -124,7 +125,7 @@ def test_fast_path_matches_eager_logits_path(name):
     out = a(x, grid)
     # the one eager path: softmax(eager_logits) v + content_values
     st = a.pos.prepare(Grid(*grid), 1, x.device, x.dtype)
-    q, k, v = a._qkv(x, Grid(*grid), st)
+    q, k, v = scheme_qkv(a, x, Grid(*grid), st)
     o = attend_eager(a.pos, q, k, v, merge_masks(st.bias, None, q.dtype), a.scale, Grid(*grid), 1)
     eager = a.proj(o.transpose(1, 2).reshape(x.shape))
     torch.testing.assert_close(out, eager, rtol=1e-7, atol=1e-9)

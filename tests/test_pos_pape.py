@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from tests.reference import scheme_qkv
 from vitrel import Attention
 from vitrel.pos import Grid, build_pos, get_pos_class
 
@@ -200,7 +201,7 @@ def test_equals_the_authors_code(name, opts, grid):
     a = layer(name, grid, 1, seed=2, **opts)
     x = tokens(grid, 1, seed=3)
     want, q_ref, k_ref = authors_attention(a, x, grid)
-    q, k, _ = a._qkv(x, Grid(*grid))
+    q, k, _ = scheme_qkv(a, x, Grid(*grid))
     if opts.get("channels") != "compact":
         torch.testing.assert_close(q, q_ref, rtol=0, atol=1e-12)
         torch.testing.assert_close(k, k_ref, rtol=0, atol=1e-12)
@@ -237,11 +238,11 @@ def test_parameters_and_defaults_are_the_authors():
     assert "parabolas=50" in build_pos("pape", num_heads=2, head_dim=8, grid=4).extra_repr()
     # q' width: head_dim + 3 P + 2 (+ 2 * 2 + 1 for RI), padded to a multiple of 8, as theirs
     a = Attention(768, 12, pos={"name": "pape", "channels": "parabolas"}, grid=(14, 14), num_prefix_tokens=1)
-    assert a._qkv(torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 216
+    assert scheme_qkv(a, torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 216
     a = Attention(768, 12, pos="pape", grid=(14, 14), num_prefix_tokens=1)  # compact: 64 + 6, padded
-    assert a._qkv(torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 72
+    assert scheme_qkv(a, torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 72
     a = Attention(768, 12, pos="pape_ri", grid=(14, 14), num_prefix_tokens=1)
-    assert a._qkv(torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 72
+    assert scheme_qkv(a, torch.randn(1, 197, 768), Grid(14, 14))[0].shape[-1] == 72
 
 
 # ------------------------------------------------------------------------ (3) fast path == eager logits path

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from tests.reference import scheme_qkv
 from vitrel.layers.attention import Attention
 from vitrel.pos import Grid, build_pos, get_pos_class
 from vitrel.pos.rope import (
@@ -309,7 +310,7 @@ def test_forward_is_plain_sdpa_on_rotated_qk(name):
     attn = Attention(16, num_heads=2, pos=name, grid=(3, 3), num_prefix_tokens=1).double()
     grid = Grid(3, 3)
     x = torch.randn(2, 10, 16, dtype=torch.float64)
-    q, k, v = attn._qkv(x, grid)
+    q, k, v = scheme_qkv(attn, x, grid)
     expect = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 10, 16)
     torch.testing.assert_close(attn(x, grid), attn.proj(expect))
     assert attn.bias(grid) is None

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.reference import scheme_qkv
 from vitrel import Attention
 from vitrel.pos import build_pos
 from vitrel.pos.shaw import Shaw2dFactored, Shaw2dFull
@@ -238,12 +239,12 @@ def test_shaw1d_blocks_equal_reference(prefix, block_queries):
 def test_shaw1d_causal_attention_module():
     m = make("shaw1d", (1, 7), 0, causal=True)
     _check(m, (1, 7), causal=True)
-    # a true 1-D sequence: the module equals the functional causal shaw_attention
+    # a true 1-D sequence: the module equals the functional causal shaw_attention (then its projection)
     x = torch.randn(2, 7, DIM, dtype=torch.float64)
-    q, k, v = m._qkv(x, m.pos.grid)
+    q, k, v = scheme_qkv(m, x, m.pos.grid)
     ref = shaw_attention(q, k, v, m.pos.rel_k, m.pos.rel_v, causal=True)
-    got = m.pos.attend(q, k, v, m._mask(None, 2, 7, x.dtype, x.device), m.scale, m.pos.grid, 0)
-    torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-10)
+    got = m(x, m.pos.grid)
+    torch.testing.assert_close(got, m.proj(ref.transpose(1, 2).reshape(x.shape)), atol=1e-12, rtol=1e-10)
 
 
 @pytest.mark.parametrize("prefix", [0, 1])
@@ -333,7 +334,7 @@ def test_fast_path_large_grid_memory(name):
     elif any("flash_attention" in op for op in rec.ops):
         assert rec.max_numel < heads * n * n
     with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
-        q, k, v = m._qkv(x, m.pos.grid)
+        q, k, v = scheme_qkv(m, x, m.pos.grid)
         a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, m.pos.grid, 1)) * m.scale).softmax(-1)
         eager = a @ v + m.pos.content_values(a, m.pos.grid, 1)
         fast = m.pos.attend(q, k, v, None, m.scale, m.pos.grid, 1)

@@ -90,18 +90,26 @@ def _own_path(name: str) -> bool:
 
 #: Swin programs (ONNX; torch.export's static and batch modes): a scheme of each family (and LookHere's -inf
 #: views), and every scheme with its own attention or token path. The rest of a Swin's graph (windows, shifts,
-#: masks, merging) does not depend on the scheme; every scheme is exported through the ViT in every mode, and
-#: through the Swin at dynamic resolution.
+#: masks, merging) does not depend on the scheme; every scheme goes through ONNX on the ViT, and through
+#: torch.export on both models at dynamic resolution (EXPORT_CASES).
 SWIN_ONNX = {"none", "ape", "rel2d_full", "alibi2d", "lookhere", "rope2d_mixed"} | {n for n in SCHEMES if _own_path(n)}
-#: the torch.export matrix keeps every scheme at dynamic resolution (both models) and through the ViT with a
-#: dynamic batch; static programs (no dynamic shape at all) and a Swin's batch programs for SWIN_ONNX's schemes.
-#: A static program runs each scheme's code at the same concrete grid as the batch program, where the batch is
-#: symbolic: the dynamic-batch case of a scheme covers its static one; what static mode does of its own does
-#: not depend on the scheme.
+
+
+def _built_buffers(name: str) -> bool:
+    """The scheme keeps its built grid's terms as buffers (``built_*``), read only at that concrete grid."""
+    s = vitrel.pos.build_pos(name, num_heads=2, head_dim=16, grid=(4, 4))
+    return any(n.startswith("built_") for n, _ in s.named_buffers())
+
+
+#: the torch.export matrix keeps every scheme at dynamic resolution (both models). At a concrete grid (static and
+#: batch programs) a scheme runs the code it runs at a symbolic one (its caches are bypassed while tracing) but
+#: for the built grid's buffers, and only its own attend / augment meet the batch dimension: so the concrete-grid
+#: programs are kept for SWIN_ONNX's schemes (a scheme of each family, every scheme with its own path) in both
+#: modes and for every scheme with built buffers at dynamic batch, on the ViT; the Swin's for SWIN_ONNX's schemes.
 EXPORT_CASES = {
     (a, p, m)
     for a, p, m in itertools.product(ARCHS, SCHEMES, MODES)
-    if m == "hw" or p in SWIN_ONNX or (a == "vit" and m == "batch")
+    if m == "hw" or p in SWIN_ONNX or (a == "vit" and m == "batch" and _built_buffers(p))
 } | QUICK_EXPORT
 
 
@@ -267,5 +275,7 @@ def test_reduced_matrices_cover_every_family_scheme_and_quick_case():
     families = {vitrel.pos.get_pos_class(n).family for n in SCHEMES}
     assert families == {vitrel.pos.get_pos_class(n).family for n in SWIN_ONNX}
     assert {p for a, p in QUICK_ONNX if a == "swin"} <= SWIN_ONNX
-    for arch, mode in (("vit", "hw"), ("vit", "batch"), ("swin", "hw")):  # every scheme
-        assert {p for a, p, m in EXPORT_CASES if (a, m) == (arch, mode)} == set(SCHEMES), (arch, mode)
+    for arch in ARCHS:  # every scheme at dynamic resolution
+        assert {p for a, p, m in EXPORT_CASES if (a, m) == (arch, "hw")} == set(SCHEMES), arch
+    concrete = {p for a, p, m in EXPORT_CASES if a == "vit" and m != "hw"}  # every built buffer read in a program
+    assert {p for p in SCHEMES if _built_buffers(p)} <= concrete and {"alibi2d", "lookhere", "sincos2d"} <= concrete

@@ -92,7 +92,8 @@ def _own_path(name: str) -> bool:
 #: views), and every scheme with its own attention or token path. The rest of a Swin's graph (windows, shifts,
 #: masks, merging) does not depend on the scheme; every scheme goes through ONNX on the ViT, and through
 #: torch.export on both models at dynamic resolution (EXPORT_CASES).
-SWIN_ONNX = {"none", "ape", "rel2d_full", "alibi2d", "lookhere", "rope2d_mixed"} | {n for n in SCHEMES if _own_path(n)}
+FAMILY_CASES = {"none", "ape", "rel2d_full", "alibi2d", "lookhere", "rope2d_mixed"}
+SWIN_ONNX = FAMILY_CASES | {n for n in SCHEMES if _own_path(n)}
 
 
 def _built_buffers(name: str) -> bool:
@@ -103,13 +104,16 @@ def _built_buffers(name: str) -> bool:
 
 #: the torch.export matrix keeps every scheme at dynamic resolution (both models). At a concrete grid (static and
 #: batch programs) a scheme runs the code it runs at a symbolic one (its caches are bypassed while tracing) but
-#: for the built grid's buffers, and only its own attend / augment meet the batch dimension: so the concrete-grid
-#: programs are kept for SWIN_ONNX's schemes (a scheme of each family, every scheme with its own path) in both
-#: modes and for every scheme with built buffers at dynamic batch, on the ViT; the Swin's for SWIN_ONNX's schemes.
+#: for the built grid's buffers, and only its own attend / augment meet the batch dimension, which a static
+#: program fixes as well: so the batch programs are kept for SWIN_ONNX's schemes (a scheme of each family,
+#: every scheme with its own path) and, on the ViT, every scheme with built buffers; the static programs (whose
+#: own part, no dynamic shapes, is the same for every scheme) for a scheme of each family.
 EXPORT_CASES = {
     (a, p, m)
     for a, p, m in itertools.product(ARCHS, SCHEMES, MODES)
-    if m == "hw" or p in SWIN_ONNX or (a == "vit" and m == "batch" and _built_buffers(p))
+    if m == "hw"
+    or (m == "batch" and (p in SWIN_ONNX or (a == "vit" and _built_buffers(p))))
+    or (m == "static" and p in FAMILY_CASES)
 } | QUICK_EXPORT
 
 
@@ -277,5 +281,7 @@ def test_reduced_matrices_cover_every_family_scheme_and_quick_case():
     assert {p for a, p in QUICK_ONNX if a == "swin"} <= SWIN_ONNX
     for arch in ARCHS:  # every scheme at dynamic resolution
         assert {p for a, p, m in EXPORT_CASES if (a, m) == (arch, "hw")} == set(SCHEMES), arch
-    concrete = {p for a, p, m in EXPORT_CASES if a == "vit" and m != "hw"}  # every built buffer read in a program
-    assert {p for p in SCHEMES if _built_buffers(p)} <= concrete and {"alibi2d", "lookhere", "sincos2d"} <= concrete
+    batch = {(a, p) for a, p, m in EXPORT_CASES if m == "batch"}  # every built buffer read, every own path
+    assert {("vit", p) for p in SCHEMES if _built_buffers(p)} <= batch
+    assert {(a, p) for a in ARCHS for p in SCHEMES if _own_path(p)} <= batch
+    assert {(a, p) for a in ARCHS for p in FAMILY_CASES} <= {(a, p) for a, p, m in EXPORT_CASES if m == "static"}

@@ -13,7 +13,7 @@ install:
 
 test: install
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --durations=15
+	$(PY) -m pytest -q -n $(PYTEST_WORKERS) --dist worksteal --durations=15
 
 train: install
 	$(PY) train.py

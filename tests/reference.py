@@ -46,6 +46,20 @@ def reference_attention(attn, x: Tensor, bias: Tensor | None, mask: Tensor | Non
     return logits, out @ attn.proj.weight.t() + attn.proj.bias
 
 
+def scheme_qkv(attn, x: Tensor, grid=None, state=None) -> tuple[Tensor, Tensor, Tensor]:
+    """What the layer ``attn`` attends with, from public pieces only: ``q, k, v [B, heads, N, d]`` projected by
+    ``attn.qkv``, then ``q, k`` rotated (``scheme.rotate``) and given the token channels (``scheme.augment``, for
+    schemes with ``has_token_terms``) by its scheme, with ``state`` (else its scheme prepared for ``grid``)."""
+    b, n, _ = x.shape
+    q, k, v = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+    if state is None:
+        state = attn.pos.prepare(grid, attn.num_prefix_tokens, x.device, x.dtype)
+    q, k = state.scheme.rotate(q, k, state.scheme.prepare(state, 0, q.device, q.dtype))
+    if state.scheme.has_token_terms:
+        q, k = state.scheme.augment(x, q, k, state)
+    return q, k, v
+
+
 def t5_bucket_scalar(rel: int, num_buckets: int, max_distance: int) -> int:
     """T5's bidirectional bucket of one offset ``rel = j - i``, from the paper's rule."""
     n = num_buckets // 2

@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 from PIL import Image
 
 import vitrel.data.fashion_mnist as fm
@@ -31,6 +30,15 @@ from vitrel.data.make_subset import main as make_subset_main
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "data"
 FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
+
+
+def data_config(name: str):
+    """``data=<name>`` as ``train.py`` composes it (the file's defaults list: its schema or the config it extends;
+    ``root`` from ``${paths.data_dir}``): the data node, ready for ``instantiate``."""
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF.parent), version_base="1.3"):
+        return compose("train", overrides=[f"data={name}"]).data
 
 
 def normalise(img_uint8: np.ndarray, mean, std) -> torch.Tensor:
@@ -423,8 +431,7 @@ def test_hydra_configs(tmp_path, monkeypatch):
         "imagenet": (ImageNetDataModule, 3, 3, 224),
     }
     for name, (cls, n, c, s) in want.items():
-        cfg = OmegaConf.load(CONF / f"{name}.yaml")
-        cfg.pop("defaults")  # the schema entry of Hydra's defaults list (vitrel/config.py), not an argument
+        cfg = data_config(name)
         if "verify" in cfg:
             cfg.verify = False  # generated files, not the official release
         cfg.num_workers = 0
@@ -435,7 +442,8 @@ def test_hydra_configs(tmp_path, monkeypatch):
         assert (dm.num_classes, dm.in_chans, dm.img_size) == (n, c, s), name
         x, y = first_batch(dm.val_dataloader())
         assert x.shape == (2, c, s, s) and y.max() < n, name
-    assert OmegaConf.load(CONF / "fashion_mnist.yaml").subset == "embedded"
+    assert data_config("fashion_mnist").subset == "embedded"
+    assert data_config("cifar100").batch_augment == data_config("cifar10").batch_augment  # cifar10.yaml's
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -7,10 +7,9 @@ import numpy as np
 import pytest
 import torch
 from hydra.utils import instantiate
-from omegaconf import OmegaConf
 
 import vitrel.data.fashion_mnist as fm
-from tests.test_data import CONF, make_cifar_files, make_fmnist_files, normalise
+from tests.test_data import CONF, data_config, make_cifar_files, make_fmnist_files, normalise
 from vitrel.data import (
     ArrayDataModule,
     BatchAugment,
@@ -312,11 +311,10 @@ def test_configs_choose_the_loader(tmp_path, monkeypatch):
     monkeypatch.setattr(fm, "DEBIAN_DIR", tmp_path / "no_debian")
     make_fmnist_files(tmp_path / "FashionMNIST" / "raw")
     for name in ("fashion_mnist", "fashion_mnist_full", "cifar10", "cifar100"):
-        cfg = OmegaConf.load(CONF / f"{name}.yaml")
+        cfg = data_config(name)
         assert cfg.loader == "memory" and cfg.batch_augment._target_ == "vitrel.data.BatchAugment", name
-    assert OmegaConf.load(CONF / "imagenet.yaml").loader == "workers"
-    cfg = OmegaConf.load(CONF / "fashion_mnist_full.yaml")
-    cfg.pop("defaults")  # the schema entry of Hydra's defaults list (vitrel/config.py), not an argument
+    assert data_config("imagenet").loader == "workers"
+    cfg = data_config("fashion_mnist_full")
     cfg.augment, cfg.batch_augment.re_prob = True, 0.25
     dm = instantiate(cfg)
     assert dm.loader == "memory" and dm.batch_augment == BatchAugment(translate=2, hflip=0.5, re_prob=0.25)

@@ -55,6 +55,12 @@ def module(root, source, **kw) -> ImageNetDataModule:
     return ImageNetDataModule(**{**args, "pin_memory": False, **kw})
 
 
+def fit_only_trainer(root, **kw) -> L.Trainer:
+    """A CPU trainer that only fits (no validation, logger, progress bar or summary), its folder ``root``."""
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+    return L.Trainer(accelerator="cpu", limit_val_batches=0, num_sanity_val_steps=0, **quiet, **kw)
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     base = tmp_path_factory.mktemp("shards")
@@ -180,17 +186,7 @@ def test_mid_epoch_resume_restarts_the_epoch_stream_as_documented(data, tmp_path
     def fit(**kw):
         L.seed_everything(0)
         probe = Probe(str(tmp_path))
-        trainer = L.Trainer(
-            accelerator="cpu",
-            max_epochs=1,
-            limit_val_batches=0,
-            num_sanity_val_steps=0,
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            default_root_dir=tmp_path,
-            **kw.pop("trainer", {"enable_checkpointing": False}),
-        )
+        trainer = fit_only_trainer(tmp_path, max_epochs=1, **kw.pop("trainer", {"enable_checkpointing": False}))
         trainer.fit(probe, datamodule=module(data / "wds15", "wds/imagenet"), **kw)
         return [rec[2] for rec in probe.seen]
 
@@ -305,19 +301,8 @@ def _fit_rank(rank: int, root: str, source: str, out: str, epochs: int, port: in
 
     env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0", LOCAL_RANK=str(rank))
     os.environ.update(env, RANK=str(rank))
-    trainer = L.Trainer(
-        accelerator="cpu",
-        devices=2,
-        strategy=DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60)),
-        max_epochs=epochs,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=out,
-    )
+    ddp = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60))
+    trainer = fit_only_trainer(out, devices=2, strategy=ddp, max_epochs=epochs, enable_checkpointing=False)
     trainer.fit(Probe(out), datamodule=module(root, source))
 
 

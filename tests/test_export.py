@@ -90,13 +90,30 @@ def _own_path(name: str) -> bool:
 
 #: Swin programs (ONNX; torch.export's static and batch modes): a scheme of each family (and LookHere's -inf
 #: views), and every scheme with its own attention or token path. The rest of a Swin's graph (windows, shifts,
-#: masks, merging) does not depend on the scheme; every scheme is exported through the ViT in every mode, and
-#: through the Swin at dynamic resolution.
-SWIN_ONNX = {"none", "ape", "rel2d_full", "alibi2d", "lookhere", "rope2d_mixed"} | {n for n in SCHEMES if _own_path(n)}
-#: the torch.export matrix keeps every pair for the dynamic-resolution mode and the ViT; a Swin's static and
-#: batch programs (no scheme-dependent shapes) for SWIN_ONNX's schemes
+#: masks, merging) does not depend on the scheme; every scheme goes through ONNX on the ViT, and through
+#: torch.export on both models at dynamic resolution (EXPORT_CASES).
+FAMILY_CASES = {"none", "ape", "rel2d_full", "alibi2d", "lookhere", "rope2d_mixed"}
+SWIN_ONNX = FAMILY_CASES | {n for n in SCHEMES if _own_path(n)}
+
+
+def _built_buffers(name: str) -> bool:
+    """The scheme keeps its built grid's terms as buffers (``built_*``), read only at that concrete grid."""
+    s = vitrel.pos.build_pos(name, num_heads=2, head_dim=16, grid=(4, 4))
+    return any(n.startswith("built_") for n, _ in s.named_buffers())
+
+
+#: the torch.export matrix keeps every scheme at dynamic resolution (both models). At a concrete grid (static and
+#: batch programs) a scheme runs the code it runs at a symbolic one (its caches are bypassed while tracing) but
+#: for the built grid's buffers, and only its own attend / augment meet the batch dimension, which a static
+#: program fixes as well: so the batch programs are kept for SWIN_ONNX's schemes (a scheme of each family,
+#: every scheme with its own path) and, on the ViT, every scheme with built buffers; the static programs (whose
+#: own part, no dynamic shapes, is the same for every scheme) for a scheme of each family.
 EXPORT_CASES = {
-    (a, p, m) for a, p, m in itertools.product(ARCHS, SCHEMES, MODES) if a == "vit" or m == "hw" or p in SWIN_ONNX
+    (a, p, m)
+    for a, p, m in itertools.product(ARCHS, SCHEMES, MODES)
+    if m == "hw"
+    or (m == "batch" and (p in SWIN_ONNX or (a == "vit" and _built_buffers(p))))
+    or (m == "static" and p in FAMILY_CASES)
 } | QUICK_EXPORT
 
 
@@ -216,9 +233,9 @@ def test_to_and_to_empty_remake_buffers():
     m = small_model("vit", "alibi2d")
     sd = m.state_dict()
     assert not any("built_" in k for k in sd)  # not saved
-    d = small_model("vit", "alibi2d").double()
-    blk = d.blocks[0].attn.pos
-    torch.testing.assert_close(blk.built_bias, blk._bias(blk.grid, blk.num_prefix_tokens), rtol=0, atol=0)
+    blk = small_model("vit", "alibi2d").double().blocks[0].attn.pos
+    made = small_model("vit", "alibi2d", dtype=torch.float64).blocks[0].attn.pos  # built in float64 from the start
+    torch.testing.assert_close(blk.built_bias, made.built_bias, rtol=0, atol=0)
     assert blk.built_bias.dtype == torch.float64
     e = vitrel.create_model(
         "vitrel_vit_tiny_patch4_32", pos="alibi2d", embed_dim=64, depth=2, num_heads=4, device="meta"
@@ -300,7 +317,13 @@ def test_onnx_matrix(arch, pos, tmp_path):
     check_onnx(arch, pos, tmp_path)
 
 
-def test_swin_onnx_covers_every_family_and_the_quick_cases():
+def test_reduced_matrices_cover_every_family_scheme_and_quick_case():
     families = {vitrel.pos.get_pos_class(n).family for n in SCHEMES}
     assert families == {vitrel.pos.get_pos_class(n).family for n in SWIN_ONNX}
     assert {p for a, p in QUICK_ONNX if a == "swin"} <= SWIN_ONNX
+    for arch in ARCHS:  # every scheme at dynamic resolution
+        assert {p for a, p, m in EXPORT_CASES if (a, m) == (arch, "hw")} == set(SCHEMES), arch
+    batch = {(a, p) for a, p, m in EXPORT_CASES if m == "batch"}  # every built buffer read, every own path
+    assert {("vit", p) for p in SCHEMES if _built_buffers(p)} <= batch
+    assert {(a, p) for a in ARCHS for p in SCHEMES if _own_path(p)} <= batch
+    assert {(a, p) for a in ARCHS for p in FAMILY_CASES} <= {(a, p) for a, p, m in EXPORT_CASES if m == "static"}

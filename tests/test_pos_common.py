@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import vitrel
+from tests.reference import scheme_qkv
 from vitrel import Attention
 from vitrel.pos import build_pos, get_pos_class, list_pos
 from vitrel.pos.base import FAMILIES
@@ -127,7 +128,7 @@ def test_fast_path_matches_eager_logits_path(name):
     out = a(x, grid)
     # the one eager path: softmax(eager_logits) v + content_values
     st = a.pos.prepare(Grid(*grid), 1, x.device, x.dtype)
-    q, k, v = a._qkv(x, st)
+    q, k, v = scheme_qkv(a, x, state=st)
     o = attend_eager(q, k, v, merge_masks(st.bias, None, q.dtype), a.scale, st)
     eager = a.proj(o.transpose(1, 2).reshape(x.shape))
     torch.testing.assert_close(out, eager, rtol=1e-7, atol=1e-9)
@@ -221,9 +222,9 @@ def test_declared_capabilities_match_behaviour(name):
     q = torch.randn(1, HEADS, 13, DIM // HEADS, dtype=torch.float64)
     b = s.bias(g, 1)
     assert (b is not None) == cls.has_bias, name
-    rq, rk = s.rotate(q, q.clone(), s.prepare(g, 1, q.device, q.dtype))
+    rq, rk = s.rotate(q, q.clone(), s.prepare(s.prepare(g, 1, q.device, q.dtype), 0, q.device, q.dtype))
     assert (not torch.equal(rq, q)) == cls.has_rotation, name
-    assert (s.content_logits(q, s.prepare(g, 1, q.device, q.dtype)) is not None) == cls.has_content_terms, name
+    assert (s.content_logits(q, s.prepare(s.prepare(g, 1, q.device, q.dtype), 0, q.device, q.dtype)) is not None) == cls.has_content_terms, name
     factors = s.bias_factors(g, 1)
     assert (factors is not None) == cls.has_bias_factors, name
     if factors is not None:  # a bias that factors: u w^T is the bias

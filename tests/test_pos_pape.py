@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 
+from tests.reference import scheme_qkv
 from vitrel import Attention
 from vitrel.pos import Grid, build_pos, get_pos_class
 
@@ -200,7 +201,7 @@ def test_equals_the_authors_code(name, opts, grid):
     a = layer(name, grid, 1, seed=2, **opts)
     x = tokens(grid, 1, seed=3)
     want, q_ref, k_ref = authors_attention(a, x, grid)
-    q, k, _ = a._qkv(x, a.pos.prepare(Grid(*grid), 1, x.device, x.dtype))
+    q, k, _ = scheme_qkv(a, x, Grid(*grid))
     if opts.get("channels") != "compact":
         torch.testing.assert_close(q, q_ref, rtol=0, atol=1e-12)
         torch.testing.assert_close(k, k_ref, rtol=0, atol=1e-12)
@@ -239,7 +240,7 @@ def test_parameters_and_defaults_are_the_authors():
     x = torch.randn(1, 197, 768)
     for pos, width in (({"name": "pape", "channels": "parabolas"}, 216), ("pape", 72), ("pape_ri", 72)):
         a = Attention(768, 12, pos=pos, grid=(14, 14), num_prefix_tokens=1)  # compact: 64 + 6, padded
-        assert a._qkv(x, a.pos.prepare(Grid(14, 14), 1, x.device, x.dtype))[0].shape[-1] == width
+        assert scheme_qkv(a, x, Grid(14, 14))[0].shape[-1] == width
 
 
 # ------------------------------------------------------------------------ (3) fast path == eager logits path

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.reference import shaw_attention
+from tests.reference import scheme_qkv, shaw_attention
 from vitrel import Attention
 from vitrel.pos import build_pos
 from vitrel.pos.shaw import Shaw2dFactored, Shaw2dFull
@@ -239,13 +239,12 @@ def test_shaw1d_blocks_equal_reference(prefix, block_queries):
 def test_shaw1d_causal_attention_module():
     m = make("shaw1d", (1, 7), 0, causal=True)
     _check(m, (1, 7), causal=True)
-    # a true 1-D sequence: the module equals the functional causal shaw_attention
+    # a true 1-D sequence: the module equals the functional causal shaw_attention (then its projection)
     x = torch.randn(2, 7, DIM, dtype=torch.float64)
-    st = m.pos.prepare(m.pos.grid, 0, x.device, x.dtype)
-    q, k, v = m._qkv(x, st)
+    q, k, v = scheme_qkv(m, x, m.pos.grid)
     ref = shaw_attention(q, k, v, m.pos.rel_k, m.pos.rel_v, causal=True)
-    got = m.pos.attend(q, k, v, m._mask(None, 2, 7, x.dtype, x.device), m.scale, st)
-    torch.testing.assert_close(got, ref, atol=1e-12, rtol=1e-10)
+    got = m(x, m.pos.grid)
+    torch.testing.assert_close(got, m.proj(ref.transpose(1, 2).reshape(x.shape)), atol=1e-12, rtol=1e-10)
 
 
 @pytest.mark.parametrize("prefix", [0, 1])
@@ -336,9 +335,9 @@ def test_fast_path_large_grid_memory(name):
         assert rec.max_numel < heads * n * n
     with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
         st = m.pos.prepare(m.pos.grid, 1, x.device, x.dtype)
-        q, k, v = m._qkv(x, st)
-        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, st)) * m.scale).softmax(-1)
-        eager = a @ v + m.pos.content_values(a, st)
+        q, k, v = scheme_qkv(m, x, state=st)
+        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, m.pos.prepare(st, 0, q.device, q.dtype))) * m.scale).softmax(-1)
+        eager = a @ v + m.pos.content_values(a, m.pos.prepare(st, 0, a.device, a.dtype))
         fast = m.pos.attend(q, k, v, None, m.scale, st)
     torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-4)
 

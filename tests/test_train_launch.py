@@ -137,10 +137,11 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(tmp_path, loader):
 
 
 def test_bad_configs_fail_with_clear_messages(tmp_path):
+    """A composition error and an error of the run, as train.py prints them; one more error of the run in-process
+    (what Hydra prints of it is the same code path as the data root's)."""
     base = [*SMALL, "logger=none", "trainer.max_epochs=1", "trainer.limit_train_batches=1"]
     cases = {
         "unknown option": (["pos=no_such_scheme"], ["Could not find 'pos/no_such_scheme'", "rel2d_factored"]),
-        "patch": (["data.img_size=30"], ["image size 30x30 is not a positive multiple of the patch size 4"]),
         "data root": (
             ["data=cifar10", f"data.root={tmp_path / 'nowhere'}", "data.download=false"],
             ["not found", str(tmp_path / "nowhere")],
@@ -168,3 +169,7 @@ def test_bad_configs_fail_with_clear_messages(tmp_path):
         assert p.returncode != 0, f"{name}: should fail\n{out[-2000:]}"
         for expected in cases[name][1]:
             assert expected in out, f"{name}: {expected!r} missing from the output:\n{out[-3000:]}"
+    from hydra.errors import InstantiationException  # the model's ValueError, named as Hydra instantiates it
+
+    with pytest.raises(InstantiationException, match="image size 30x30 is not a positive multiple of the patch size 4"):
+        train(compose(tmp_path / "patch", [*base, "data.img_size=30"]))

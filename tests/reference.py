@@ -54,7 +54,7 @@ def scheme_qkv(attn, x: Tensor, grid=None, state=None) -> tuple[Tensor, Tensor, 
     q, k, v = attn.qkv(x).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
     if state is None:
         state = attn.pos.prepare(grid, attn.num_prefix_tokens, x.device, x.dtype)
-    q, k = state.scheme.rotate(q, k, state.scheme.prepare(state, 0, q.device, q.dtype))
+    q, k = state.scheme.rotate(q, k, state)
     if state.scheme.has_token_terms:
         q, k = state.scheme.augment(x, q, k, state)
     return q, k, v

@@ -222,9 +222,9 @@ def test_declared_capabilities_match_behaviour(name):
     q = torch.randn(1, HEADS, 13, DIM // HEADS, dtype=torch.float64)
     b = s.bias(g, 1)
     assert (b is not None) == cls.has_bias, name
-    rq, rk = s.rotate(q, q.clone(), s.prepare(s.prepare(g, 1, q.device, q.dtype), 0, q.device, q.dtype))
+    rq, rk = s.rotate(q, q.clone(), s.prepare(g, 1, q.device, q.dtype))
     assert (not torch.equal(rq, q)) == cls.has_rotation, name
-    assert (s.content_logits(q, s.prepare(s.prepare(g, 1, q.device, q.dtype), 0, q.device, q.dtype)) is not None) == cls.has_content_terms, name
+    assert (s.content_logits(q, s.prepare(g, 1, q.device, q.dtype)) is not None) == cls.has_content_terms, name
     factors = s.bias_factors(g, 1)
     assert (factors is not None) == cls.has_bias_factors, name
     if factors is not None:  # a bias that factors: u w^T is the bias

@@ -104,7 +104,7 @@ def test_rotate_matches_rotation_matrices(name, grid, prefix):
     n = prefix + grid.n
     q = torch.randn(2, 2, n, 8, dtype=torch.float64)
     k = torch.randn(2, 2, n, 8, dtype=torch.float64)
-    qr, kr = s.rotate(q, k, s.prepare(s.prepare(grid, prefix, q.device, q.dtype), 0, q.device, q.dtype))
+    qr, kr = s.rotate(q, k, s.prepare(grid, prefix, q.device, q.dtype))
     with torch.no_grad():
         torch.testing.assert_close(qr, ref_rotate(name, s, q, grid, prefix), rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(kr, ref_rotate(name, s, k, grid, prefix), rtol=1e-12, atol=1e-12)
@@ -182,7 +182,7 @@ def test_relative_property(name, grid, prefix):
     k0 = torch.randn(1, 2, 1, 8, dtype=torch.float64)
     q, k = q0.expand(1, 2, n, 8), k0.expand(1, 2, n, 8)
     with torch.no_grad():
-        qr, kr = s.rotate(q, k, s.prepare(s.prepare(grid, prefix, q.device, q.dtype), 0, q.device, q.dtype))
+        qr, kr = s.rotate(q, k, s.prepare(grid, prefix, q.device, q.dtype))
     logits = qr @ kr.transpose(-2, -1)
     patch = logits[..., prefix:, prefix:]
     mode = "1d" if name == "rope1d" else "2d"
@@ -226,7 +226,7 @@ def test_head_dim_ok_and_bad_inputs():
     s = make_scheme("rope2d_axial")
     q = torch.randn(1, 2, 10, 8, dtype=torch.float64)
     with pytest.raises(ValueError, match="tokens"):
-        s.rotate(q, q, s.prepare(s.prepare(Grid(3, 3), 0, q.device, q.dtype), 0, q.device, q.dtype))
+        s.rotate(q, q, s.prepare(Grid(3, 3), 0, q.device, q.dtype))
     with pytest.raises(ValueError, match="base"):
         build_pos("rope1d", num_heads=2, head_dim=8, grid=4, base=0.0)
 
@@ -262,10 +262,10 @@ def test_mixed_recomputes_when_freqs_change():
     s = make_scheme("rope2d_mixed")
     grid = Grid(2, 3)
     q = torch.randn(1, 2, grid.n, 8, dtype=torch.float64)
-    a, _ = s.rotate(q, q, s.prepare(s.prepare(grid, 0, q.device, q.dtype), 0, q.device, q.dtype))
+    a, _ = s.rotate(q, q, s.prepare(grid, 0, q.device, q.dtype))
     with torch.no_grad():
         s.freqs.mul_(1.5)
-    b, _ = s.rotate(q, q, s.prepare(s.prepare(grid, 0, q.device, q.dtype), 0, q.device, q.dtype))
+    b, _ = s.rotate(q, q, s.prepare(grid, 0, q.device, q.dtype))
     assert not torch.allclose(a, b)
     torch.testing.assert_close(b, ref_rotate("rope2d_mixed", s, q, grid, 0).detach())
 
@@ -282,9 +282,9 @@ def test_fixed_tables_and_inference_mode(name):
     # a first call under inference_mode must not poison training calls
     q = torch.randn(1, 2, grid.n, 8)
     with torch.inference_mode():
-        s.rotate(q, q, s.prepare(s.prepare(grid, 0, q.device, q.dtype), 0, q.device, q.dtype))
+        s.rotate(q, q, s.prepare(grid, 0, q.device, q.dtype))
     qg = q.clone().requires_grad_(True)
-    qr, kr = s.rotate(qg, qg, s.prepare(s.prepare(grid, 0, qg.device, qg.dtype), 0, qg.device, qg.dtype))
+    qr, kr = s.rotate(qg, qg, s.prepare(grid, 0, qg.device, qg.dtype))
     (qr * kr).sum().backward()
     assert qg.grad is not None
 
@@ -295,8 +295,8 @@ def test_low_precision_matches_float32(name):
     s = build_pos(name, num_heads=2, head_dim=8, grid=4)
     grid = Grid(4, 4)
     q = torch.randn(2, 2, 1 + grid.n, 8)
-    ref, _ = s.rotate(q, q, s.prepare(s.prepare(grid, 1, q.device, q.dtype), 0, q.device, q.dtype))
-    out, _ = s.rotate(q.bfloat16(), q.bfloat16(), s.prepare(s.prepare(grid, 1, q.bfloat16().device, q.bfloat16().dtype), 0, q.bfloat16().device, q.bfloat16().dtype))
+    ref, _ = s.rotate(q, q, s.prepare(grid, 1, q.device, q.dtype))
+    out, _ = s.rotate(q.bfloat16(), q.bfloat16(), s.prepare(grid, 1, q.bfloat16().device, q.bfloat16().dtype))
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
 

@@ -92,7 +92,7 @@ def test_rotation_matches_the_equations(name, opts, grid):
     k = torch.randn(2, HEADS, 1 + g.n, D, dtype=torch.float64)
     theta = _naive_angles(s, g, opts.get("coords", "index"))
     basis = _naive_basis(s)
-    rq, rk = s.rotate(q, k, s.prepare(s.prepare(g, 1, q.device, q.dtype), 0, q.device, q.dtype))
+    rq, rk = s.rotate(q, k, s.prepare(g, 1, q.device, q.dtype))
     torch.testing.assert_close(rq, _naive_rotate(q, theta, basis))
     torch.testing.assert_close(rk, _naive_rotate(k, theta, basis))
     if s.string is not None:  # gradients reach STRING's parameter
@@ -109,7 +109,7 @@ def test_string_basis_is_orthogonal_and_starts_at_identity(kind):
     plain = build_pos("rope2d_axial", num_heads=HEADS, head_dim=D, grid=(3, 3))
     fresh = build_pos({"name": "rope2d_axial", "basis": kind}, num_heads=HEADS, head_dim=D, grid=(3, 3))
     q = torch.randn(1, HEADS, 9, D)
-    rotated = [s.rotate(q, q, [s.prepare(s.prepare(Grid(3, 3), 0, q.device, q.dtype), 0, q.device, q.dtype))[0] for s in (fresh, plain)]
+    rotated = [s.rotate(q, q, s.prepare(Grid(3, 3), 0, q.device, q.dtype))[0] for s in (fresh, plain)]
     torch.testing.assert_close(*rotated)
 
 

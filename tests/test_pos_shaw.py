@@ -336,8 +336,8 @@ def test_fast_path_large_grid_memory(name):
     with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
         st = m.pos.prepare(m.pos.grid, 1, x.device, x.dtype)
         q, k, v = scheme_qkv(m, x, state=st)
-        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, m.pos.prepare(st, 0, q.device, q.dtype))) * m.scale).softmax(-1)
-        eager = a @ v + m.pos.content_values(a, m.pos.prepare(st, 0, a.device, a.dtype))
+        a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, st)) * m.scale).softmax(-1)
+        eager = a @ v + m.pos.content_values(a, st)
         fast = m.pos.attend(q, k, v, None, m.scale, st)
     torch.testing.assert_close(fast, eager, atol=1e-5, rtol=1e-4)
 

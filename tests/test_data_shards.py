@@ -211,10 +211,12 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def run_forked(target, *args, timeout: float = 240) -> None:
-    """``target(*args)`` in a forked process (its own process group: it forks the ranks and their loader
-    workers), killed with them if it runs past ``timeout`` s: a hang fails the test instead of blocking."""
-    ctx = multiprocessing.get_context("fork")
+def run_isolated(target, *args, timeout: float = 240) -> None:
+    """``target(*args)`` in a fresh (spawned) process, in its own process group: it forks the ranks and their
+    loader workers, which a pytest worker that has already run autograd must not do (torch refuses autograd in
+    a child forked after its threads started); killed with them if it runs past ``timeout`` s: a hang fails the
+    test instead of blocking."""
+    ctx = multiprocessing.get_context("spawn")
     proc = ctx.Process(target=_in_own_group, args=(target, *args))
     proc.start()
     proc.join(timeout)
@@ -235,7 +237,7 @@ def test_ddp_training_epochs_cover_every_sample_once(data, tmp_path):
     """Lightning, 2 ranks (gloo) x 2 workers, 4 shards of 15, batch 5, 2 epochs: each rank trains 6 steps
     an epoch, the 60 samples each seen exactly once an epoch, and the ranks' shares change with the epoch
     (timm's shard shuffle is seeded by seed + the trainer's epoch)."""
-    run_forked(_fit, str(data / "wds15"), "wds/imagenet", str(tmp_path), 2, free_port())
+    run_isolated(_fit, str(data / "wds15"), "wds/imagenet", str(tmp_path), 2, free_port())
     seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
         per_rank = [[rec for rec in s if rec[0] == epoch] for s in seen]
@@ -252,7 +254,7 @@ def test_ddp_uneven_shards_equal_batches_disjoint_workers(data, tmp_path):
     """torch.distributed (gloo), 2 ranks x 2 workers iterating the training loader of 5 uneven shards (wds)
     and 5 parquet files (hfids): every rank the same number of batches, every worker 15 samples, and no
     sample in two workers' streams (a worker repeats its own shards to fill its share)."""
-    run_forked(_iterate, str(data), str(tmp_path), free_port())
+    run_isolated(_iterate, str(data), str(tmp_path), free_port())
     for name in ("wds", "hfids"):
         streams = json.loads((tmp_path / f"{name}.json").read_text())  # [rank][worker] -> ids
         assert [len(s) for rank in streams for s in rank] == [15] * 4, name

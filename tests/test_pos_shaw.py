@@ -358,11 +358,11 @@ def test_factored_sdpa_head_dim_is_a_multiple_of_8(grid, head_dim):
 @pytest.mark.parametrize("name", SCHEMES)
 def test_eager_impl_runs_the_eager_path(name, monkeypatch):
     """attn_impl="eager" is the softmax written out (content_logits / content_values), equal to the reference."""
-    import vitrel.pos.shaw_base as shaw_base
+    import vitrel.pos.kernels as kernels
 
     calls = []
-    real = shaw_base.attend_eager
-    monkeypatch.setattr(shaw_base, "attend_eager", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    real = kernels.attend_eager
+    monkeypatch.setattr(kernels, "attend_eager", lambda *a, **kw: calls.append(1) or real(*a, **kw))
     _check(make(name, (3, 4), 1, attn_impl="eager"), (3, 4))
     assert calls
     calls.clear()

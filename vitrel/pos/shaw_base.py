@@ -19,7 +19,6 @@ from torch.utils.checkpoint import checkpoint
 
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import Grid
-from vitrel.pos.kernels import attend_eager, merge_masks
 from vitrel.pos.tables import ResizeOnLoad
 
 __all__ = ["ShawScheme", "attend_query_blocks", "skew", "unskew"]
@@ -157,5 +156,5 @@ class ShawScheme(ResizeOnLoad, PositionScheme):
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p=0.0
     ) -> Tensor:
         if state.impl == "eager":
-            return attend_eager(q, k, v, merge_masks(None, mask, q.dtype), scale, state, dropout_p)
+            return super().attend(q, k, v, mask, scale, state, dropout_p)  # the kernels' one eager path
         return self.fast_attend(q, k, v, mask, scale, state.grid, state.num_prefix_tokens, dropout_p)

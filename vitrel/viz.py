@@ -126,7 +126,7 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
     if extra is not None:
         logit = logit + extra.float()
     out = (logit - d / 2) * d**-0.5  # u . u = d / 2: the logit without position
-    bias = scheme.bias(grid, 0)
+    bias = st.bias  # prepared above with the rotation
     if bias is not None:
         out = out + bias.float()
     return out[0].cpu()

@@ -33,9 +33,10 @@ from torch import Tensor, nn
 
 from vitrel.layers.validate import check_attention_args
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import as_grid, check_tokens
+from vitrel.pos.geometry import as_grid
 from vitrel.pos.kernels import ATTN_IMPLS, eager_logits, merge_masks, with_causal_blocks
 from vitrel.pos.registry import parse_pos
+from vitrel.pos.tokens import TokenLayout
 
 __all__ = ["Attention", "SHARED"]
 
@@ -151,13 +152,15 @@ class Attention(nn.Module):
             )
         if grid is None:
             raise ValueError("pass the tokens' grid (H, W), or a pos_state prepared for it")
-        return self.pos.prepare(as_grid(grid), self.num_prefix_tokens, x.device, x.dtype, self.attn_impl)
+        if not isinstance(grid, TokenLayout):
+            grid = as_grid(grid)
+        return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, self.attn_impl)
 
     def _qkv(self, x: Tensor, st: PosState) -> tuple[Tensor, Tensor, Tensor]:
         """Projected ``q, k, v [B, heads, N, d]``, ``q`` and ``k`` rotated (and augmented) by the scheme."""
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"expected x of shape [B, N, {self.dim}], got {tuple(x.shape)}")
-        check_tokens(x.shape[1], st.grid, st.num_prefix_tokens)
+        st.check_tokens(x.shape[1])
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)

@@ -183,17 +183,10 @@ def prepare_state(
 def prepare_states(
     schemes: list[PositionScheme], grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto"
 ) -> list[PosState]:
-    """The states of the blocks' own schemes for one forward, runs of schemes of one class prepared together
-    (``prepare_many``: RoPE-Mixed computes every block's cos/sin in one product)."""
-    states: list[PosState] = []
-    i = 0
-    while i < len(schemes):
-        j = i + 1
-        while j < len(schemes) and type(schemes[j]) is type(schemes[i]):
-            j += 1
-        states += type(schemes[i]).prepare_many(schemes[i:j], grid, num_prefix_tokens, like.device, like.dtype, impl)
-        i = j
-    return states
+    """The states of the blocks' own schemes for one forward (:meth:`PositionScheme.prepare_all`: runs of schemes of
+    one class prepared together, RoPE-Mixed computes every block's cos/sin in one product). ``grid``: a grid or a
+    :class:`~vitrel.pos.tokens.TokenLayout`."""
+    return PositionScheme.prepare_all(schemes, grid, num_prefix_tokens, like.device, like.dtype, impl)
 
 
 class Block(nn.Module):

@@ -52,10 +52,12 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.pos.geometry import Grid, as_grid, expand_offset_table
-from vitrel.pos.kernels import ATTN_IMPLS, attend_state, offset_block_mask
+from vitrel.pos.geometry import Grid, as_grid, check_tokens, expand_offset_table
+from vitrel.pos.kernels import ATTN_IMPLS, attend_state, layout_block_mask, offset_block_mask
+from vitrel.pos.tokens import TokenLayout, gather_pairs, gather_tokens, segment_mask, stack_tables
 
 __all__ = ["FAMILIES", "PositionScheme", "PosState"]
 
@@ -193,26 +195,74 @@ class PositionScheme(nn.Module):
                 f"attn_impl={impl!r}: {self.name}'s term depends on the query token (no offset table, no fixed "
                 "factors); its fast path is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
             )
+        if impl == "flex" and (self.has_content_terms or (self.has_bias and not self.has_offset_table)):
+            raise ValueError(
+                f"attn_impl='flex' reads the bias by offset in FlexAttention's score_mod; {self.name} has no "
+                "such table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
+            )
+        if impl == "fold" and not self.has_bias_factors:
+            raise ValueError(
+                f"attn_impl='fold' folds a bias that factors into the queries and keys; {self.name} has no such "
+                "bias (the factored tables rel2d_factored and rel2d_bucket do): use attn_impl='sdpa' or 'auto'"
+            )
+        if isinstance(grid, TokenLayout):
+            return self._prepare_layout(grid, device, dtype, impl)
         grid = as_grid(grid)
         p = num_prefix_tokens
         rope = self.rotation(grid, p, device, dtype)
         if impl == "flex":
-            if self.has_content_terms or (self.has_bias and not self.has_offset_table):
-                raise ValueError(
-                    f"attn_impl='flex' reads the bias by offset in FlexAttention's score_mod; {self.name} has no "
-                    "such table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
-                )
             table = self.offset_table(grid) if self.has_bias else None
             blocks = offset_block_mask(table, grid, p) if self.has_masked_offsets else None
             return PosState(self, grid, p, rope=rope, table=table, block_mask=blocks, impl=impl)
         if impl == "fold":
-            if not self.has_bias_factors:
-                raise ValueError(
-                    f"attn_impl='fold' folds a bias that factors into the queries and keys; {self.name} has no such "
-                    "bias (the factored tables rel2d_factored and rel2d_bucket do): use attn_impl='sdpa' or 'auto'"
-                )
             return PosState(self, grid, p, rope=rope, factors=self.bias_factors(grid, p), impl=impl)
         return PosState(self, grid, p, bias=self.bias(grid, p), rope=rope, impl=impl)
+
+    def rotation_axes(self, rope: tuple[Tensor, ...]) -> tuple[int | None, ...]:
+        """The token axis of each tensor of ``rotation``'s result (None: a tensor with no token axis, e.g. STRING's
+        basis), for :func:`~vitrel.pos.tokens.gather_tokens`. Default: every tensor ``[..., N, x]``."""
+        return (-2,) * len(rope)
+
+    def _prepare_layout(
+        self, layout: TokenLayout, device: torch.device | None, dtype: torch.dtype | None, impl: str
+    ) -> PosState:
+        """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.pos.tokens`):
+        each distinct image grid prepared as a forward on that grid alone prepares it, each token reading its own
+        image's terms, and tokens of different images masked from each other."""
+        p = layout.num_prefix_tokens
+        layout = layout.to(device)
+        grids = layout.grids
+        extent = Grid(max(g.h for g in grids), max(g.w for g in grids))
+        mask = segment_mask(layout, dtype or torch.float32)
+        rope = None
+        rots = [self.rotation(g, p, device, dtype) for g in grids]
+        if rots[0] is not None:
+            axes = self.rotation_axes(rots[0])
+            rope = tuple(
+                rots[0][i] if ax is None else gather_tokens([r[i] for r in rots], layout, ax)
+                for i, ax in enumerate(axes)
+            )
+        grid_states: tuple[PosState, ...] = ()
+        if self.has_content_terms:  # Shaw's terms: computed per image on its own grid (vitrel.pos.tokens.regrid_*)
+            grid_states = tuple(self.prepare(g, p, device, dtype, "eager") for g in grids)
+        common = dict(rope=rope, impl=impl, layout=layout, grid_states=grid_states)
+        if impl == "flex":
+            table = None
+            if self.has_bias:
+                table, extent = stack_tables([self.offset_table(g) for g in grids])
+            blocks = layout_block_mask(layout, table, self.num_heads, self.has_masked_offsets)
+            return PosState(self, extent, p, table=table, block_mask=blocks, **common)
+        if impl == "fold":
+            fs = [self.bias_factors(g, p) for g in grids]
+            r = max(u.shape[-1] for u, _ in fs)
+            pad = [(F.pad(u, (0, r - u.shape[-1])), F.pad(w, (0, r - w.shape[-1]))) for u, w in fs]
+            u = gather_tokens([f[0] for f in pad], layout)
+            w = gather_tokens([f[1] for f in pad], layout)
+            return PosState(self, extent, p, bias=mask, factors=(u, w), **common)
+        bias = mask
+        if self.has_bias:
+            bias = gather_pairs([self.bias(g, p) for g in grids], layout).to(mask.dtype) + mask
+        return PosState(self, extent, p, bias=bias, **common)
 
     @classmethod
     def prepare_many(
@@ -222,6 +272,25 @@ class PositionScheme(nn.Module):
         one forward: ``[s.prepare(...) for s in schemes]``. A class whose states are cheaper computed
         together overrides it (RoPE-Mixed: every block's angles in one product, as RoPE-ViT)."""
         return [s.prepare(grid, num_prefix_tokens, device, dtype, impl) for s in schemes]
+
+    @staticmethod
+    def prepare_all(
+        schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
+    ) -> list[PosState]:
+        """The states of a model's blocks' own schemes for one forward: runs of schemes of one class prepared
+        together (``prepare_many``) on a grid; each scheme's ``prepare`` on a
+        :class:`~vitrel.pos.tokens.TokenLayout`."""
+        if isinstance(grid, TokenLayout):
+            return [s.prepare(grid, num_prefix_tokens, device, dtype, impl) for s in schemes]
+        states: list[PosState] = []
+        i = 0
+        while i < len(schemes):
+            j = i + 1
+            while j < len(schemes) and type(schemes[j]) is type(schemes[i]):
+                j += 1
+            states += type(schemes[i]).prepare_many(schemes[i:j], grid, num_prefix_tokens, device, dtype, impl)
+            i = j
+        return states
 
     # ------------------------------------------------------------------------ attention
     def attend(
@@ -266,13 +335,29 @@ class PosState(NamedTuple):
     table: Tensor | None = None
     #: FlexAttention's ``BlockMask`` of the table's ``-inf`` entries (``has_masked_offsets``), or None
     block_mask: Any = None
+    #: the tokens' layout (packed images, dropped tokens; :mod:`vitrel.pos.tokens`), None for a full grid. Then
+    #: ``grid`` is the largest image extent, ``bias`` ``[B, heads | 1, N, N]`` holds the block-diagonal mask of the
+    #: images, per-token tensors (``rope``, ``factors``) have a batch axis, ``table`` one table per distinct grid
+    layout: TokenLayout | None = None
+    #: the scheme prepared on each of ``layout.grids`` (the content terms computed per image; Shaw)
+    grid_states: tuple[PosState, ...] = ()
+
+    def check_tokens(self, n_tokens: int) -> None:
+        """Raise if the state was not prepared for ``n_tokens`` tokens."""
+        if self.layout is None:
+            check_tokens(n_tokens, self.grid, self.num_prefix_tokens)
+        elif n_tokens != self.layout.num_tokens:
+            raise ValueError(f"the position state's layout has {self.layout.num_tokens} tokens, the input {n_tokens}")
 
     def full_bias(self) -> Tensor | None:
         """The additive term ``[heads, N, N]``, multiplied out of the factors when folded, expanded from
         the offset table for flex."""
+        if self.layout is not None and self.table is not None:
+            raise ValueError("the full bias of a flex state on a token layout: prepare it with impl='sdpa' instead")
         if self.factors is not None:
             u, w = self.factors
-            return u @ w.transpose(-2, -1)
+            uw = u @ w.transpose(-2, -1)
+            return uw if self.bias is None else uw + self.bias
         if self.table is not None:
             return expand_offset_table(self.table, self.grid, self.num_prefix_tokens)
         return self.bias

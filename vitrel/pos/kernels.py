@@ -22,9 +22,11 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
 
 from vitrel.pos.geometry import Grid, patch_coords
+from vitrel.pos.tokens import content_logits, content_values
 
 if TYPE_CHECKING:
     from vitrel.pos.base import PosState
+    from vitrel.pos.tokens import TokenLayout
 
 ATTN_IMPLS = ("auto", "sdpa", "flex", "fold", "eager")
 
@@ -39,6 +41,7 @@ __all__ = [
     "merge_masks",
     "sdpa_padded",
     "offset_block_mask",
+    "layout_block_mask",
     "with_causal_blocks",
 ]
 
@@ -50,8 +53,8 @@ def attend_state(
     broadcastable to ``[B, heads, N, N]``: windows, causal)."""
     if state.impl == "flex":
         return attend_flex(q, k, v, mask, scale, state, dropout_p)
-    if state.factors is not None:
-        return attend_folded(q, k, v, mask, scale, state.factors, dropout_p)
+    if state.factors is not None:  # (a layout's block-diagonal mask in state.bias)
+        return attend_folded(q, k, v, merge_masks(state.bias, mask, q.dtype), scale, state.factors, dropout_p)
     if state.scheme.has_content_terms or state.impl == "eager":
         return attend_eager(q, k, v, full_mask(state.bias, mask, q), scale, state, dropout_p)
     return attend_sdpa(q, k, v, full_mask(state.bias, mask, q), scale, dropout_p)
@@ -126,7 +129,7 @@ def eager_logits(q: Tensor, k: Tensor, mask: Tensor | None, scale: float, state:
     ``mask`` already holds the bias (see :func:`merge_masks`).
     """
     logits = q @ k.transpose(-2, -1)
-    c = state.scheme.content_logits(q, state)
+    c = content_logits(q, state)
     if c is not None:
         logits = logits + c
     logits = logits * scale
@@ -141,7 +144,7 @@ def attend_eager(
     if dropout_p > 0.0:
         attn = F.dropout(attn, dropout_p)
     out = attn @ v
-    cv = state.scheme.content_values(attn, state)
+    cv = content_values(attn, state)
     return out if cv is None else out + cv
 
 
@@ -175,7 +178,7 @@ def attend_flex(
             "attn_impl='flex' cannot train on CPU (torch has no FlexAttention backward there): use attn_impl='sdpa' "
             "on CPU, or flex for inference (torch.no_grad / inference_mode)"
         )
-    at, patch = _offset_reader(table, state.grid, state.num_prefix_tokens, q.device)
+    at, patch = _offset_reader(table, state.grid, state.num_prefix_tokens, q.device, state.layout)
     if mask is not None:
         mask = mask.to(q.dtype)
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -183,8 +186,8 @@ def attend_flex(
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         if table is not None:
-            t = at(h, qi, ki)
-            score = score + torch.where(patch[qi] & patch[ki], t, torch.zeros_like(t))
+            t = at(b, h, qi, ki)
+            score = score + torch.where(patch(b, qi) & patch(b, ki), t, torch.zeros_like(t))
         if mask is not None:
             score = score + mask[b if mb else 0, h if mh else 0, qi, ki]
         return score
@@ -193,18 +196,32 @@ def attend_flex(
 
 
 def _offset_reader(
-    table: Tensor | None, grid: Grid, num_prefix_tokens: int, device: torch.device
-) -> tuple[Callable[[Tensor, Tensor, Tensor], Tensor], Tensor]:
-    """``(at, patch)`` for FlexAttention's mods: ``at(h, qi, ki) = T[h, dh + H - 1, dw + W - 1]`` of tokens ``qi``,
-    ``ki`` (prefix tokens read offset ``(0, 0)``'s row and column: mask them with ``patch``, ``[P + H W]`` bool)."""
+    table: Tensor | None, grid: Grid, num_prefix_tokens: int, device: torch.device, layout: TokenLayout | None = None
+) -> tuple[Callable[[Tensor, Tensor, Tensor, Tensor], Tensor], Callable[[Tensor, Tensor], Tensor]]:
+    """``(at, patch)`` for FlexAttention's mods: ``at(b, h, qi, ki) = T[h, dh + H - 1, dw + W - 1]`` of tokens ``qi``,
+    ``ki`` (prefix tokens read some entry: mask them with ``patch(b, i)``, true for a patch token). With a ``layout``,
+    ``T [G, heads, 2H-1, 2W-1]`` holds one table per distinct image grid (:func:`~vitrel.pos.tokens.stack_tables`)
+    and the offsets are read from the tokens' coordinates."""
+    if layout is not None:
+        # contiguous copies: FlexAttention's CPU kernel takes no strided views as captured buffers
+        rows, cols = layout.coords[..., 0].contiguous(), layout.coords[..., 1].contiguous()
+        group = layout.group.contiguous()
+
+        def at_tokens(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+            dh = rows[b, qi] - rows[b, ki] + grid.h - 1
+            dw = cols[b, qi] - cols[b, ki] + grid.w - 1
+            return table[group[b, qi], h, dh.clamp(0, 2 * grid.h - 2), dw.clamp(0, 2 * grid.w - 2)]
+
+        return at_tokens, lambda b, i: rows[b, i] >= 0
     rows, cols = patch_coords(grid, device)
     p = num_prefix_tokens
     rows, cols = F.pad(rows, (p, 0)), F.pad(cols, (p, 0))
 
-    def at(h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+    def at(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         return table[h, rows[qi] - rows[ki] + grid.h - 1, cols[qi] - cols[ki] + grid.w - 1]
 
-    return at, torch.arange(p + grid.n, device=device) >= p
+    patch = torch.arange(p + grid.n, device=device) >= p
+    return at, lambda b, i: patch[i]
 
 
 def offset_block_mask(table: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Any:
@@ -213,10 +230,31 @@ def offset_block_mask(table: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> 
     at, patch = _offset_reader(table, grid, num_prefix_tokens, table.device)
 
     def mask_mod(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
-        return ~(patch[qi] & patch[ki]) | (at(h, qi, ki) > float("-inf"))
+        return ~(patch(b, qi) & patch(b, ki)) | (at(b, h, qi, ki) > float("-inf"))
 
     n = num_prefix_tokens + grid.n
     return create_block_mask(mask_mod, None, table.shape[0], n, n, device=table.device)
+
+
+def layout_block_mask(layout: TokenLayout, table: Tensor | None, heads: int, masked_offsets: bool) -> Any:
+    """FlexAttention ``BlockMask`` of a token layout: the document mask (a query sees the keys of its own image;
+    padding sees padding), intersected with the table's ``-inf`` entries when it has some (LookHere's views).
+    Blocks across images are skipped whole."""
+    seg = layout.segment
+    b, n = seg.shape
+
+    def document(bi: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        return seg[bi, qi] == seg[bi, ki]
+
+    if not masked_offsets or table is None:
+        return create_block_mask(document, b, None, n, n, device=seg.device)
+    extent = Grid((table.shape[-2] + 1) // 2, (table.shape[-1] + 1) // 2)
+    at, patch = _offset_reader(table, extent, layout.num_prefix_tokens, seg.device, layout)
+
+    def views(bi: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+        return ~(patch(bi, qi) & patch(bi, ki)) | (at(bi, h, qi, ki) > float("-inf"))
+
+    return create_block_mask(and_masks(document, views), b, heads, n, n, device=seg.device)
 
 
 def _causal(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:

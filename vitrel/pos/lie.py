@@ -81,6 +81,8 @@ def apply_block_rotation(x: Tensor, rot: Tensor) -> Tensor:
     """``x [B, heads, N, d]`` with each block of ``b`` channels multiplied by ``rot [heads, N, d/b, b, b]``."""
     m, b = rot.shape[-3], rot.shape[-1]
     xb = x.reshape(*x.shape[:-1], m, b)
+    if rot.dim() == 6:  # [B, heads, N, d/b, b, b]: per row (a token layout)
+        return torch.einsum("zhnmij,zhnmj->zhnmi", rot.to(x.dtype), xb).flatten(-2)
     out = torch.einsum("hnmij,zhnmj->zhnmi", rot.to(x.dtype), xb)
     return out.flatten(-2)
 
@@ -141,6 +143,9 @@ class _LieRotation(PositionScheme):
             theta = torch.einsum("na,ham->hnm", pos, a[..., 1, 0].to(work))
             return theta.cos(), theta.sin()
         return (block_rotations(a.to(work), pos),)
+
+    def rotation_axes(self, rope: tuple[Tensor, ...]) -> tuple[int | None, ...]:
+        return (-2, -2) if len(rope) == 2 else (-4,)  # cos / sin [heads, N, d/2], or R [heads, N, d/b, b, b]
 
     def rotate(self, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
         check_qk(self, q, k, state, per_head=True)

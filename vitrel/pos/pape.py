@@ -74,18 +74,18 @@ def _compact(a: Tensor, beta: Tensor, w: Tensor, pos: Tensor) -> tuple[Tensor, T
     quadratic in ``D``: ``-D^T M_i D + beta_i . D`` with ``M_i = sum_p a_ip w_p w_p^T`` and ``beta_i = sum_p b_ip w_p``.
     Expanded: ``q' = [-pos_i^T M_i pos_i + beta_i . pos_i, 2 M_i pos_i - beta_i, M_xx, 2 M_xy, M_yy]``,
     ``k' = [1, pos_j, -x_j^2, -x_j y_j, -y_j^2]``. ``a [B, heads, N, P]``, ``beta [B, heads, N, 2]``,
-    ``w [heads, P, 2]``, ``pos [N, 2]``.
+    ``w [heads, P, 2]``, ``pos [Bp, 1, N, 2]`` (``Bp``: 1, or ``B`` on a token layout)
     """
     wx, wy = w.unbind(-1)
     m = torch.einsum("bhnp,hpc->bhnc", a, torch.stack([wx * wx, 2 * wx * wy, wy * wy], -1))  # Mxx, 2Mxy, Myy
     x, y = pos.unbind(-1)
-    quad = torch.stack([x * x, x * y, y * y], -1)  # [N, 3]
+    quad = torch.stack([x * x, x * y, y * y], -1)  # [Bp, 1, N, 3]
     mxx, mxy2, myy = m.unbind(-1)
     two_mp = torch.stack([2 * mxx * x + mxy2 * y, mxy2 * x + 2 * myy * y], -1)  # 2 M pos_i
     const = -(m * quad).sum(-1, keepdim=True) + (beta * pos).sum(-1, keepdim=True)
     qx = torch.cat([const, two_mp - beta, m], dim=-1)
-    kx = torch.cat([torch.ones_like(x)[:, None], pos, -quad], dim=-1)
-    return qx, kx[None].expand(w.shape[0], -1, -1)
+    kx = torch.cat([torch.ones_like(x)[..., None], pos, -quad], dim=-1)
+    return qx, kx.expand(-1, w.shape[0], -1, -1)
 
 
 def _pad8(t: Tensor, width: int) -> Tensor:
@@ -109,15 +109,22 @@ class _Parabolic(PositionScheme):
         self.prefix_positioned = prefix_position == "origin"  # this instance's (the class declares the default)
 
     def extras(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """``(qx [B, heads, N, e], kx [heads, N, e])``: the channels appended to the queries and the keys."""
+        """``(qx [B, heads, N, e], kx [Bp, heads, N, e])`` for positions ``pos [Bp, 1, N, 2]``: the channels appended
+        to the queries and the keys."""
         raise NotImplementedError
 
     def augment(self, x: Tensor, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
-        p = state.num_prefix_tokens
-        pos = pape_positions(state.grid, p, x.device, x.dtype)
+        p, layout = state.num_prefix_tokens, state.layout
+        if layout is None:
+            pos = pape_positions(state.grid, p, x.device, x.dtype)[None, None]  # [1, 1, N, 2]
+            index = torch.arange(pos.shape[-2], device=x.device)[None]
+        else:  # each token at its own patch: (col + 1, row + 1), prefix tokens at the origin
+            layout = layout.to(x.device)
+            pos = (layout.coords.flip(-1) + 1).clamp(min=0).to(x.dtype)[:, None]  # [B, 1, N, 2]
+            index = layout.index
         qx, kx = self.extras(x, pos)
         if p and self.prefix_position == "none":  # no term for any pair with a prefix token
-            keep = (torch.arange(pos.shape[0], device=x.device) >= p).to(qx.dtype)[:, None]
+            keep = (index >= p).to(qx.dtype)[:, None, :, None]
             qx, kx = qx * keep, kx * keep
         width = q.shape[-1] + qx.shape[-1]
         q = _pad8(torch.cat([q, qx.to(q.dtype)], dim=-1), width)
@@ -148,14 +155,14 @@ class Pape(_Parabolic):
 
     def extras(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
         b, n, c = x.shape
-        h, p = self.num_heads, self.parabolas
+        h, p, bp = self.num_heads, self.parabolas, pos.shape[0]
         if self.channels == "compact":
             # beta_i = sum_p b_ip w_p = (sum_p w_p B_p) x_i: the slopes folded into a [heads * 2, C] weight
             w, wab = self.position.weight.reshape(h, p, 2), self.ab.weight.reshape(2, h, p, c)
             a = F.softplus(F.linear(x, wab[0].reshape(h * p, c)).reshape(b, n, h, p).transpose(1, 2))
             beta = F.linear(x, torch.einsum("hpk,hpc->hkc", w, wab[1]).reshape(h * 2, c))
             return _compact(a, beta.reshape(b, n, h, 2).transpose(1, 2), w, pos)
-        u = self.position(pos).reshape(n, h, p).transpose(0, 1)  # [heads, N, P]
+        u = self.position(pos).reshape(bp, n, h, p).transpose(1, 2)  # [Bp, heads, N, P]
         ab = self.ab(x).reshape(b, n, 2, h, p).permute(2, 0, 3, 1, 4)  # [2, B, heads, N, P]
         a, slope = F.softplus(ab[0]), ab[1]
         u2 = u.square()
@@ -184,7 +191,7 @@ class PapeRi(_Parabolic):
 
     def extras(self, x: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
         b, n, _ = x.shape
-        u = pos[None] * self.position_scales[0].to(pos.dtype)  # [heads, N, 2]
+        u = pos * self.position_scales.to(pos.dtype)  # [Bp, heads, N, 2]
         a = F.softplus(self.a(x)).transpose(1, 2)[..., None].expand(-1, -1, -1, 2)  # [B, heads, N, 2]
         u2 = u.square()
         qx = torch.cat([-(a * u2).sum(-1, keepdim=True), a, 2 * a * u], dim=-1)

@@ -63,7 +63,7 @@ from torch import Tensor, nn
 
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
-from vitrel.pos.geometry import Grid, as_grid, check_tokens, patch_coords
+from vitrel.pos.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.kernels import ATTN_IMPLS
 from vitrel.pos.registry import register_pos
 from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
@@ -249,8 +249,8 @@ def check_qk(scheme: PositionScheme, q: Tensor, k: Tensor, state: PosState, per_
         )
     if per_head and q.shape[1] != scheme.num_heads:
         raise ValueError(f"{scheme.name} has {scheme.num_heads} heads, q has {q.shape[1]}")
-    check_tokens(q.shape[-2], state.grid, state.num_prefix_tokens)
-    check_tokens(k.shape[-2], state.grid, state.num_prefix_tokens)
+    state.check_tokens(q.shape[-2])
+    state.check_tokens(k.shape[-2])
 
 
 def _table_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -311,6 +311,9 @@ class _Rope(PositionScheme):
         cs = self.rotation_table(grid, num_prefix_tokens, device, dtype or torch.float32)
         p = self.basis()
         return cs if p is None else (*cs, p)
+
+    def rotation_axes(self, rope: tuple[Tensor, ...]) -> tuple[int | None, ...]:
+        return (-2, -2, None) if len(rope) == 3 else (-2, -2)  # STRING's basis has no token axis
 
     #: the angles differ per head (``rotate`` checks the heads of ``q``)
     per_head: bool = False

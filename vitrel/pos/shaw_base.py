@@ -155,6 +155,6 @@ class ShawScheme(ResizeOnLoad, PositionScheme):
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p=0.0
     ) -> Tensor:
-        if state.impl == "eager":
-            return super().attend(q, k, v, mask, scale, state, dropout_p)  # the kernels' one eager path
+        if state.impl == "eager" or state.layout is not None:  # the kernels' one eager path (per image on a layout)
+            return super().attend(q, k, v, mask, scale, state, dropout_p)
         return self.fast_attend(q, k, v, mask, scale, state.grid, state.num_prefix_tokens, dropout_p)

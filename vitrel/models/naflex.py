@@ -1,0 +1,208 @@
+"""timm's NaFlex batch dict as vitrel's models take it: patches with coordinates, padding, and packed images.
+
+A batch is the dict ``timm.models.naflexvit`` takes (timm's NaFlex data pipeline -- ``Patchify``,
+``NaFlexMapDatasetWrapper``, ``NaFlexCollator`` -- feeds vitrel unchanged)::
+
+    {"patches": [B, N, P*P*C]      flattened patches, each (P, P, C) (timm's default, channels last),
+     "patch_coord": [B, N, 2]      (y, x): the patch's row and column in its image,
+     "patch_valid": [B, N]         False for padding,
+     "segment_ids": [B, N]         optional (packing): the 0-based index, within its row, of the image each token
+                                   belongs to; ignored on padding}
+
+Without ``segment_ids`` every row holds one image. T5X / seqio number packed segments from 1 with 0 for padding;
+vitrel takes only the 0-based form (padding marked by ``patch_valid``). Other keys (timm's collator adds
+``seq_len``) are ignored. An image's grid is ``(max row + 1, max col + 1)`` of its tokens.
+
+Rules, each checked with a clear error: valid tokens first in each row (padding at the end), each image's tokens
+contiguous and images numbered ``0, 1, ...`` in order, no image without tokens, no coordinate twice in one image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vitrel.pos.geometry import Grid
+from vitrel.pos.tokens import TokenLayout
+
+__all__ = ["NaFlexBatch", "is_naflex", "parse_naflex", "embed_patches", "with_prefix", "pool_images", "drop_tokens"]
+
+REQUIRED = ("patches", "patch_coord", "patch_valid")
+
+
+class NaFlexBatch(NamedTuple):
+    """A checked NaFlex batch: ``patches [B, N, D]``, ``coords [B, N, 2]`` (long, ``(row, col)``; -1 on padding),
+    ``segment [B, N]`` (long, -1 on padding), ``image [B, N]`` (the token's image in the batch, row-major over rows and
+    segments; -1 on padding) and ``image_grids`` (each image's grid)."""
+
+    patches: Tensor
+    coords: Tensor
+    segment: Tensor
+    image: Tensor
+    image_grids: tuple[Grid, ...]
+
+    @property
+    def num_images(self) -> int:
+        return len(self.image_grids)
+
+    def layout(self, num_prefix_tokens: int = 0) -> TokenLayout:
+        """The tokens' layout with no prefix tokens (``with_prefix`` inserts them per image)."""
+        return TokenLayout.build(self.segment, self.coords, self.image, self.image_grids, num_prefix_tokens)
+
+
+def is_naflex(x: Any) -> bool:
+    return isinstance(x, Mapping)
+
+
+def parse_naflex(batch: Mapping[str, Tensor], patch_dim: int | None = None) -> NaFlexBatch:
+    """Check a NaFlex batch dict (module docstring) and derive each token's image and each image's grid."""
+    missing = [k for k in REQUIRED if k not in batch]
+    if missing:
+        raise ValueError(f"a NaFlex batch needs the keys {list(REQUIRED)} (+ 'segment_ids' to pack); missing {missing}")
+    patches, coord, valid = batch["patches"], batch["patch_coord"], batch["patch_valid"]
+    if patches.dim() != 3:
+        raise ValueError(f"'patches' must be [B, N, P*P*C], got {tuple(patches.shape)}")
+    b, n, d = patches.shape
+    if patch_dim is not None and d != patch_dim:
+        raise ValueError(f"'patches' have {d} values per patch, the model's patch embedding takes {patch_dim} (P*P*C)")
+    if tuple(coord.shape) != (b, n, 2) or tuple(valid.shape) != (b, n):
+        raise ValueError(
+            f"'patch_coord' must be [B, N, 2] and 'patch_valid' [B, N] for patches {tuple(patches.shape)}, got "
+            f"{tuple(coord.shape)} and {tuple(valid.shape)}"
+        )
+    valid = valid.bool()
+    seg = batch.get("segment_ids")
+    if seg is None:
+        seg = torch.zeros(b, n, dtype=torch.long, device=patches.device)
+    elif tuple(seg.shape) != (b, n) or seg.dtype in (torch.bool,) or seg.is_floating_point():
+        raise ValueError(f"'segment_ids' must be an integer [B, N] tensor, got {seg.dtype} {tuple(seg.shape)}")
+    seg = torch.where(valid, seg.long(), torch.full_like(seg.long(), -1))
+    coord = torch.where(valid[..., None], coord.long(), torch.full_like(coord.long(), -1))
+    grids, image = _check_rows(seg.cpu(), coord.cpu(), valid.cpu())
+    return NaFlexBatch(patches, coord, seg, image.to(patches.device), grids)
+
+
+def _check_rows(seg: Tensor, coord: Tensor, valid: Tensor) -> tuple[tuple[Grid, ...], Tensor]:
+    """Each row's rules (module docstring); each image's grid and each token's image."""
+    b, n = seg.shape
+    grids: list[Grid] = []
+    image = torch.full((b, n), -1, dtype=torch.long)
+    for r in range(b):
+        k = int(valid[r].sum())
+        if not bool(valid[r, :k].all()):
+            raise ValueError(f"row {r}: padding (patch_valid False) must come after the valid tokens")
+        if k == 0:
+            continue
+        s, c = seg[r, :k], coord[r, :k]
+        if int(s.min()) < 0 or int(s[0]) != 0:
+            first = int(s[0])
+            hint = " (T5X / seqio number from 1 with 0 for padding: subtract 1, mark padding with patch_valid)"
+            raise ValueError(f"row {r}: segment ids must start at 0, got {first}" + (hint if first == 1 else ""))
+        steps = s[1:] - s[:-1]
+        if bool((steps < 0).any()) or bool((steps > 1).any()):
+            bad = "an image with no tokens" if bool((steps > 1).any()) else "images out of order"
+            raise ValueError(
+                f"row {r}: {bad}: segment ids must run 0, 1, 2, ... with each image's tokens contiguous, got "
+                f"{torch.unique_consecutive(s).tolist()}"
+            )
+        if bool((c < 0).any()):
+            raise ValueError(f"row {r}: negative patch coordinates")
+        for i in range(int(s[-1]) + 1):
+            ci = c[s == i]
+            h, w = int(ci[:, 0].max()) + 1, int(ci[:, 1].max()) + 1
+            if torch.unique(ci[:, 0] * w + ci[:, 1]).numel() != ci.shape[0]:
+                raise ValueError(f"row {r}, image {i}: a patch coordinate appears twice")
+            image[r, :k][s == i] = len(grids)
+            grids.append(Grid(h, w))
+    return tuple(grids), image
+
+
+def embed_patches(proj: nn.Conv2d, patches: Tensor) -> Tensor:
+    """The patch embedding's convolution applied to flattened ``(P, P, C)`` patches ``[B, N, P*P*C]`` -> ``[B, N, D]``:
+    the same weights as a matrix (timm's NaFlex ``Linear`` form of a conv patch embedding)."""
+    weight = proj.weight.permute(0, 2, 3, 1).flatten(1)  # [D, P*P*C], (ph, pw, c) order
+    return F.linear(patches.to(weight.dtype), weight, proj.bias)
+
+
+def with_prefix(x: Tensor, batch: NaFlexBatch, prefix: Tensor | None) -> tuple[Tensor, TokenLayout]:
+    """Patch tokens ``x [B, N, C]`` with ``prefix [P, C]`` (class and register tokens) inserted ahead of every image's
+    patches -> ``[B, N + P * max images per row, C]`` and its :class:`TokenLayout` (padding at the end of a row)."""
+    p = 0 if prefix is None else prefix.shape[0]
+    if p == 0:
+        return x, batch.layout(0)
+    b, n, c = x.shape
+    seg, device = batch.segment, x.device
+    valid = seg >= 0
+    per_row = (seg.max(dim=1).values + 1).clamp(min=0)  # images per row
+    m = n + p * int(per_row.max())
+    pos = torch.arange(n, device=device)[None].expand(b, -1)
+    dest = torch.where(valid, pos + p * (seg + 1), pos + p * per_row[:, None])  # patches and padding
+    out = x.new_zeros(b, m, c)
+    out.scatter_(1, dest[..., None].expand(-1, -1, c), x)
+    coords = torch.full((b, m, 2), -1, dtype=torch.long, device=device)
+    coords.scatter_(1, dest[..., None].expand(-1, -1, 2), batch.coords)
+    segment = torch.full((b, m), -1, dtype=torch.long, device=device)
+    segment.scatter_(1, dest, seg)
+    image = torch.full((b, m), -1, dtype=torch.long, device=device)
+    image.scatter_(1, dest, batch.image)
+    # each image's prefix: at its first patch's place minus P
+    first = valid & torch.cat([torch.ones_like(seg[:, :1], dtype=torch.bool), seg[:, 1:] != seg[:, :-1]], dim=1)
+    rb, rt = first.nonzero(as_tuple=True)
+    for k in range(p):
+        at = dest[rb, rt] - p + k
+        out[rb, at] = prefix[k].to(out.dtype)
+        coords[rb, at] = torch.tensor([-1, k], device=device)
+        segment[rb, at] = seg[rb, rt]
+        image[rb, at] = batch.image[rb, rt]
+    return out, TokenLayout.build(segment, coords, image, batch.image_grids, p)
+
+
+def pool_images(x: Tensor, layout: TokenLayout, how: str) -> Tensor:
+    """One row per image (``[num_images, C]``, row-major over rows and segments) from tokens ``x [B, N, C]``:
+    ``"token"`` its class token (prefix slot 0), ``"avg"`` the mean of its patch tokens."""
+    if how == "token":
+        cls = layout.valid & ~layout.is_patch & (layout.index == 0)
+        return x[cls]  # row-major order = image order
+    if how == "avg":
+        patch = layout.is_patch
+        out = x.new_zeros(layout.num_images, x.shape[-1]).index_add_(0, layout.image[patch], x[patch])
+        count = torch.bincount(layout.image[patch], minlength=layout.num_images).clamp(min=1)
+        return out / count[:, None].to(x.dtype)
+    raise ValueError(f"pooling per image is 'token' or 'avg', got {how!r}")
+
+
+def drop_tokens(batch: NaFlexBatch, rate: Tensor, generator: torch.Generator | None = None) -> NaFlexBatch:
+    """NaViT's token dropping: keep ``round((1 - rate_i) * n_i)`` (at least 1) of the ``n_i`` tokens of image ``i``
+    (``rate [num_images]``), chosen uniformly, the kept tokens keeping their coordinates; the rows compacted (kept
+    tokens first, in their order) and cut to their longest."""
+    seg, image = batch.segment, batch.image
+    valid = image >= 0
+    counts = torch.bincount(image[valid], minlength=batch.num_images)
+    keep_n = ((1 - rate.to(torch.float64)) * counts).round().long().clamp(min=1)
+    score = torch.rand(seg.shape, generator=generator, device=seg.device if generator is None else "cpu").to(seg.device)
+    score = torch.where(valid, score, torch.full_like(score, 2.0))
+    # rank of each token within its image by score: keep the keep_n lowest
+    order = torch.argsort(score.double() + 4 * image.clamp(min=0).double(), dim=1)  # by image, then score
+    ranked_img = torch.gather(image, 1, order)
+    same = F.pad(ranked_img[:, 1:] == ranked_img[:, :-1], (1, 0), value=False)
+    pos = torch.arange(seg.shape[1], device=seg.device)[None].expand_as(seg)
+    start = torch.where(same, torch.zeros_like(pos), pos).cummax(dim=1).values
+    rank = torch.empty_like(pos).scatter_(1, order, pos - start)
+    kept = valid & (rank < keep_n[image.clamp(min=0)])
+    # compact: kept tokens first, in their order
+    idx = torch.argsort((~kept).to(torch.int8), dim=1, stable=True)
+    m = int(kept.sum(1).max())
+    idx = idx[:, :m]
+    take = kept.gather(1, idx)
+
+    def pick(t: Tensor, fill: int) -> Tensor:
+        g = t.gather(1, idx.view(*idx.shape, *([1] * (t.dim() - 2))).expand(-1, -1, *t.shape[2:]))
+        return torch.where(take.view(*take.shape, *([1] * (t.dim() - 2))), g, torch.full_like(g, fill))
+
+    return NaFlexBatch(
+        pick(batch.patches, 0), pick(batch.coords, -1), pick(seg, -1), pick(image, -1), batch.image_grids
+    )

@@ -20,8 +20,9 @@ from vitrel.pos.tokens import TokenLayout, gather_pairs, segment_mask
 
 RELATIVE = [n for n in list_pos() if get_pos_class(n).kind == "relative"]
 ABSOLUTE = [n for n in list_pos() if get_pos_class(n).kind == "absolute"]
-#: images of different sizes and aspect ratios (patch 4): grids 3x4, 2x2, 4x3
-IMAGES = [(12, 16), (8, 8), (16, 12)]
+#: images of different sizes and aspect ratios (patch 4): grids 3x4, 2x2 and 6x5, larger than the models' 4x4 (learned
+#: tables extend by their own rule: grow, clip or interpolate)
+IMAGES = [(12, 16), (8, 8), (24, 20)]
 #: rows of the packed batch: images 0 and 1 in row 0, image 2 in row 1, then padding
 ROWS = [[0, 1], [2]]
 PREFIXES = {"prefix0": dict(class_token=False, global_pool="avg"), "prefix1": {}, "registers": dict(reg_tokens=2)}
@@ -259,9 +260,9 @@ def test_parse_naflex_takes_timms_padded_dict_as_is():
     from timm.data.naflex_transforms import Patchify
 
     imgs = images(torch.float32)
-    batch, _ = NaFlexCollator(max_seq_len=16)([(Patchify(4)(im), 0) for im in imgs])
+    batch, _ = NaFlexCollator(max_seq_len=32)([(Patchify(4)(im), 0) for im in imgs])
     parsed = parse_naflex(batch, 48)
-    assert parsed.image_grids == (Grid(3, 4), Grid(2, 2), Grid(4, 3))
+    assert parsed.image_grids == (Grid(3, 4), Grid(2, 2), Grid(6, 5))
     m = model("rope2d_mixed", torch.float32)
     with torch.no_grad():
         torch.testing.assert_close(m(batch), torch.cat([m(i[None]) for i in imgs]), rtol=0, atol=1e-5)

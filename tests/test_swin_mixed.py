@@ -230,3 +230,15 @@ def test_strict_img_size_checks_each_image() -> None:
     with torch.no_grad():
         imgs = _images(sizes=[(32, 32)] * 3)
         torch.testing.assert_close(m(_naflex(imgs)), _alone(m, imgs), rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("shifted", [False, True])
+def test_block_alone_on_mixed_maps(shifted: bool) -> None:
+    """A block called without its stage prepares its own scheme per window grid."""
+    blk = _model("rel2d_cpb").layers[0].blocks[int(shifted)]
+    g = torch.Generator().manual_seed(4)
+    maps = [torch.randn(1, h, w, 16, generator=g, dtype=torch.float64) for h, w in [(8, 8), (6, 11), (3, 9)]]
+    with torch.no_grad():
+        out = blk(MixedMaps.from_maps(maps))
+        for got, m in zip(out.maps(), maps):
+            torch.testing.assert_close(got, blk(m), rtol=0, atol=1e-10)

@@ -18,7 +18,7 @@ The windows, their shift and mask, and the window attention itself are in
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,7 +38,11 @@ from vitrel.models.blocks import (
     with_placement,
 )
 from vitrel.models.input_size import check_img_size, rebuild_position_schemes
+from vitrel.models.naflex import embed_patches, is_naflex, parse_naflex
 from vitrel.models.swin_windows import (
+    MixedMaps,
+    mixed_states,
+    mixed_window_attention,
     shifted_window_mask,
     stage_state,
     stage_states,
@@ -56,6 +60,7 @@ from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
 __all__ = [
     "SwinTransformer",
+    "MixedMaps",
     "SwinBlock",
     "SwinStage",
     "PatchMerging",
@@ -124,16 +129,30 @@ class SwinBlock(NonPersistentBuffers, Block):
         """``pos_state`` (what the stage passes), or this block's own scheme prepared for the windows of ``x``."""
         if pos_state is not None:
             return pos_state
+        if isinstance(x, MixedMaps):  # one state per window grid, each prepared as for one image alone
+            return mixed_states(functools.partial(self._state, pos_state=None), x, self.window_size)
         if self.attn.pos is None:
             raise ValueError("this block uses its stage's shared scheme: pass pos_state=stage.position_state(x)")
         return stage_state(self.attn.pos, x, self.window_size, self.attn.attn_impl)
 
     def forward(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
         """``[B, H, W, C]`` -> ``[B, H, W, C]``; ``pos_state``: the state of the block's scheme for the windows of
-        ``x``, prepared by its stage once per forward (else prepared here)."""
+        ``x``, prepared by its stage once per forward (else prepared here). Images of different sizes: ``x`` a
+        :class:`MixedMaps` and ``pos_state`` a state per window grid (``SwinStage.position_states``)."""
+        if isinstance(x, MixedMaps):
+            return self._forward_mixed(x, pos_state)
         x = x + self.drop_path1(window_attention(self, self.norm1(x), self._state(x, pos_state)))
         x = x + self.drop_path2(self.mlp(self.norm2(x)))
         return x
+
+    def _forward_mixed(self, x: MixedMaps, states: dict[Grid, PosState] | None) -> MixedMaps:
+        """The block on images of different sizes: windows per image (``mixed_window_attention``), norms and MLP on
+        all tokens at once, stochastic depth drawn per image."""
+        t = x.tokens
+        attn = mixed_window_attention(self, x.replace(self.norm1(t)), self._state(x, states))
+        t = t + x.per_image(self.drop_path1, attn)
+        t = t + x.per_image(self.drop_path2, self.mlp(self.norm2(t)))
+        return x.replace(t)
 
     @torch.no_grad()
     def dense_attention(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
@@ -179,6 +198,14 @@ class MapPatchEmbed(PatchEmbed):
         return self.norm(self.proj(x).permute(0, 2, 3, 1))
 
 
+def _one_image(img: Tensor) -> Tensor:
+    """One image ``[C, H, W]`` of a list -> a batch of one."""
+    if not isinstance(img, Tensor) or img.dim() != 3:
+        shape = tuple(img.shape) if isinstance(img, Tensor) else type(img).__name__
+        raise ValueError(f"a list of images takes tensors [C, H, W], got {shape}")
+    return img[None]
+
+
 @register_notrace_function
 def map_grid(x: Tensor) -> Grid:
     """The grid of a map ``[B, H, W, C]``."""
@@ -195,7 +222,10 @@ class PatchMerging(nn.Module):
         self.norm = nn.LayerNorm(4 * dim, eps=norm_eps)
         self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | MixedMaps) -> Tensor | MixedMaps:
+        if isinstance(x, MixedMaps):  # each image merged on its own grid, then one LN + Linear on all tokens
+            x = MixedMaps.from_maps([merge_2x2(m) for m in x.maps()])
+            return x.replace(self.reduction(self.norm(x.tokens)))
         return self.reduction(self.norm(merge_2x2(x)))
 
 
@@ -270,9 +300,13 @@ class SwinStage(nn.Module):
             return None
         return stage_state(self.rel_pos, x, self.window_size, self.attn_impl)
 
-    def position_states(self, x: Tensor) -> list[PosState]:
+    def position_states(self, x: Tensor | MixedMaps) -> list[PosState] | list[dict[Grid, PosState]]:
         """Each block's state for the windows of the map ``x [B, H, W, C]``, once per forward: the shared
-        scheme's for every block, or the blocks' own schemes prepared together."""
+        scheme's for every block, or the blocks' own schemes prepared together. Images of different sizes
+        (:class:`MixedMaps`): each block's states per window grid, each prepared as for one image alone."""
+        if isinstance(x, MixedMaps):
+            per_window = mixed_states(self.position_states, x, self.window_size)
+            return [{win: states[i] for win, states in per_window.items()} for i in range(len(self.blocks))]
         st = self.position_state(x)
         if st is not None:
             return [st] * len(self.blocks)
@@ -482,24 +516,65 @@ class SwinTransformer(TimmSurface, nn.Module):
                 blk.attn_mask = new_blk.attn_mask
 
     # ---------------------------------------------------------------------------- forward
-    def embed(self, x: Tensor) -> Tensor:
-        """Images -> patch map ``[B, H', W', C]`` (with the absolute embedding, if any)."""
-        x = self.patch_embed(x)
-        if self.abs_pos is not None:
-            x = add_abs_pos(self.abs_pos, x, map_grid(x), 0)
-        return self.pos_drop(x)
+    def embed(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor | MixedMaps:
+        """Images -> patch map ``[B, H', W', C]`` (with the absolute embedding, if any); a list of images
+        ``[C, H_i, W_i]`` or a NaFlex dict -> each image's map, packed (:class:`MixedMaps`)."""
+        if isinstance(x, (list, tuple)) or is_naflex(x):
+            maps = self._naflex_maps(x) if is_naflex(x) else [self.patch_embed(_one_image(img)) for img in x]
+            mixed = MixedMaps.from_maps([self._add_abs_pos(m) for m in maps])
+            return mixed.replace(self.pos_drop(mixed.tokens))
+        return self.pos_drop(self._add_abs_pos(self.patch_embed(x)))
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images -> normalised feature map ``[B, H'', W'', C]`` (NHWC, as timm's Swin)."""
+    def _add_abs_pos(self, x: Tensor) -> Tensor:
+        return x if self.abs_pos is None else add_abs_pos(self.abs_pos, x, map_grid(x), 0)
+
+    def _naflex_maps(self, batch: Mapping[str, Tensor]) -> list[Tensor]:
+        """A NaFlex dict (:mod:`vitrel.models.naflex`) whose every image is a full grid -> each image's patch map
+        ``[1, h, w, C]`` (its tokens in any order, put in their places)."""
+        pe, p = self.patch_embed, self.patch_embed.patch_size
+        nb = parse_naflex(batch, p * p * pe.proj.in_channels)
+        valid = nb.image >= 0
+        image, coords = nb.image[valid], nb.coords[valid]
+        counts = torch.bincount(image, minlength=nb.num_images).tolist()
+        for i, (g, n) in enumerate(zip(nb.image_grids, counts)):
+            if n != g.n:
+                raise ValueError(
+                    f"Swin needs every image's full grid; token dropping is for the ViT: image {i} of the NaFlex "
+                    f"batch has {n} of the {g.h} x {g.w} patches its coordinates span"
+                )
+            if pe.img_size is not None:
+                check_img_size(torch.empty(g.h * p, g.w * p, device="meta"), pe.img_size)
+        sizes = torch.tensor([g.n for g in nb.image_grids], device=image.device)
+        widths = torch.tensor([g.w for g in nb.image_grids], device=image.device)
+        start = torch.cumsum(sizes, 0) - sizes
+        dest = start[image] + coords[:, 0] * widths[image] + coords[:, 1]  # each token's raster place in its image
+        tokens = pe.norm(embed_patches(pe.proj, nb.patches)[valid])
+        tokens = tokens.new_empty(tokens.shape).index_copy_(0, dest, tokens)
+        return MixedMaps(tokens, nb.image_grids).maps()
+
+    def forward_features(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor | MixedMaps:
+        """Images -> normalised feature map ``[B, H'', W'', C]`` (NHWC, as timm's Swin). Images of different sizes
+        (a list of ``[C, H_i, W_i]``, or timm's NaFlex dict with every image a full grid) -> their maps packed
+        (:class:`MixedMaps`: ``.maps()`` gives each image's ``[1, H_i'', W_i'', C]``), each as the image alone."""
         x = self.embed(x)
         for stage in self.layers:
             x = stage(x)
-        return self.norm(x)
+        return x.replace(self.norm(x.tokens)) if isinstance(x, MixedMaps) else self.norm(x)
 
-    def pool(self, x: Tensor) -> Tensor:
+    def pool(self, x: Tensor | MixedMaps) -> Tensor:
+        if isinstance(x, MixedMaps):  # one row per image, in image order
+            if self.global_pool != "avg":
+                raise ValueError(
+                    "images of different sizes need global_pool='avg' (one row per image); for their feature maps "
+                    "call forward_features (MixedMaps.maps())"
+                )
+            return torch.cat([self.pool(m) for m in x.maps()])
         return x.mean(dim=(1, 2)) if self.global_pool == "avg" else x
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor:
+        """Images ``[B, C, H, W]`` -> logits ``[B, classes]``; a list of images ``[C, H_i, W_i]`` of different sizes,
+        or timm's NaFlex dict (every image a full grid) -> ``[num_images, classes]``, each row what the image gets
+        alone (see ``docs/swin.md``)."""
         return self.forward_head(self.forward_features(x))
 
     # ---------------------------------------------------------------------------- intermediates (timm)
@@ -518,6 +593,8 @@ class SwinTransformer(TimmSurface, nn.Module):
         ``norm`` applies the final norm to the last stage's map (the only one it is sized for);
         ``stop_early`` skips the stages after the last one asked for.
         """
+        if not isinstance(x, Tensor):
+            raise ValueError("forward_intermediates takes a batch of images [B, C, H, W] (one size)")
         take, stages = self.intermediate_indices(indices, output_fmt, stop_early)
         x = self.embed(x)
         last = len(self.layers) - 1

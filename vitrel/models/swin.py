@@ -38,7 +38,7 @@ from vitrel.models.blocks import (
     with_placement,
 )
 from vitrel.models.input_size import check_img_size, rebuild_position_schemes
-from vitrel.models.naflex import embed_patches, is_naflex, parse_naflex
+from vitrel.models.naflex import embed_patches, parse_naflex
 from vitrel.models.swin_windows import (
     MixedMaps,
     mixed_states,
@@ -519,8 +519,8 @@ class SwinTransformer(TimmSurface, nn.Module):
     def embed(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor | MixedMaps:
         """Images -> patch map ``[B, H', W', C]`` (with the absolute embedding, if any); a list of images
         ``[C, H_i, W_i]`` or a NaFlex dict -> each image's map, packed (:class:`MixedMaps`)."""
-        if isinstance(x, (list, tuple)) or is_naflex(x):
-            maps = self._naflex_maps(x) if is_naflex(x) else [self.patch_embed(_one_image(img)) for img in x]
+        if isinstance(x, (list, tuple, Mapping)):
+            maps = self._naflex_maps(x) if isinstance(x, Mapping) else [self.patch_embed(_one_image(img)) for img in x]
             mixed = MixedMaps.from_maps([self._add_abs_pos(m) for m in maps])
             return mixed.replace(self.pos_drop(mixed.tokens))
         return self.pos_drop(self._add_abs_pos(self.patch_embed(x)))

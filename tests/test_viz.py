@@ -303,3 +303,17 @@ def test_plot_attention_maps_axes():
     assert len(panels(viz.plot_attention_maps(x, maps, labels=["a", "b", "c"], max_heads=2))) == 3 * 4
     with pytest.raises(ValueError):
         viz.plot_attention_maps(x, maps[:2])
+
+
+def test_plot_packed_batch_draws_rows_images_and_the_block_diagonal_mask():
+    from tests.test_tokens import images, packed
+    from vitrel.pos.registry import build_pos
+    from vitrel.viz import plot_packed_batch
+
+    d = packed(images(torch.float32))
+    fig = plot_packed_batch(d, patch_size=4)
+    assert len(fig.axes) == 3
+    mask = fig.axes[2].images[0].get_array()
+    assert mask.shape == (21, 21) and mask[0, 0] == 1 and mask[0, 13] == 0  # image 0 does not see image 1
+    scheme = build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(4, 4), num_prefix_tokens=1)
+    assert len(plot_packed_batch(d, scheme).axes) == 2

@@ -31,6 +31,7 @@ from vitrel.layers.attention import Attention
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import Grid, as_grid
 from vitrel.pos.registry import PosSpec
+from vitrel.pos.tokens import TokenLayout, gather_tokens
 
 __all__ = [
     "PatchEmbed",
@@ -163,8 +164,14 @@ def patch_grid(x: Tensor, patch_size: int, in_chans: int) -> Grid:
 
 
 @register_notrace_function
-def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid, num_prefix_tokens: int) -> Tensor:
-    """``scheme.add_to_tokens`` on tokens ``[B, P + H W, C]`` or on a map ``[B, H, W, C]`` (no prefix)."""
+def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid | TokenLayout, num_prefix_tokens: int) -> Tensor:
+    """``scheme.add_to_tokens`` on tokens ``[B, P + H W, C]`` or on a map ``[B, H, W, C]`` (no prefix); on tokens laid
+    out by a :class:`~vitrel.pos.tokens.TokenLayout`, each token gets its own image's embedding (resampled to that
+    image's grid, as NaFlex does)."""
+    if isinstance(grid, TokenLayout):
+        p = grid.num_prefix_tokens
+        embs = [scheme.add_to_tokens(x.new_zeros(1, p + g.n, x.shape[-1]), g, p)[0] for g in grid.grids]
+        return x + gather_tokens(embs, grid.to(x.device), axis=0)[:, 0]
     if x.dim() == 4:
         b, h, w, c = x.shape
         return scheme.add_to_tokens(x.reshape(b, h * w, c), grid, 0).view(b, h, w, c)

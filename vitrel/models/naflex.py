@@ -19,17 +19,29 @@ contiguous and images numbered ``0, 1, ...`` in order, no image without tokens, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
+from timm.data.naflex_transforms import patchify_image
 from torch import Tensor, nn
 
 from vitrel.pos.geometry import Grid
 from vitrel.pos.tokens import TokenLayout
 
-__all__ = ["NaFlexBatch", "is_naflex", "parse_naflex", "embed_patches", "with_prefix", "pool_images", "drop_tokens"]
+__all__ = [
+    "NaFlexBatch",
+    "parse_naflex",
+    "grid_batch",
+    "images_batch",
+    "embed_patches",
+    "with_prefix",
+    "pool_images",
+    "drop_tokens",
+    "token_drop_rates",
+    "check_token_drop",
+]
 
 REQUIRED = ("patches", "patch_coord", "patch_valid")
 
@@ -52,10 +64,6 @@ class NaFlexBatch(NamedTuple):
     def layout(self, num_prefix_tokens: int = 0) -> TokenLayout:
         """The tokens' layout with no prefix tokens (``with_prefix`` inserts them per image)."""
         return TokenLayout.build(self.segment, self.coords, self.image, self.image_grids, num_prefix_tokens)
-
-
-def is_naflex(x: Any) -> bool:
-    return isinstance(x, Mapping)
 
 
 def parse_naflex(batch: Mapping[str, Tensor], patch_dim: int | None = None) -> NaFlexBatch:
@@ -121,6 +129,62 @@ def _check_rows(seg: Tensor, coord: Tensor, valid: Tensor) -> tuple[tuple[Grid, 
     return tuple(grids), image
 
 
+def grid_batch(tokens: Tensor, grid: Grid) -> NaFlexBatch:
+    """Tokens ``[B, H*W, C]`` of one full ``grid`` per row (raster order) as a :class:`NaFlexBatch`."""
+    b, n, _ = tokens.shape
+    p = torch.arange(n, device=tokens.device)
+    coords = torch.stack([p // grid.w, p % grid.w], -1)[None].expand(b, -1, -1)
+    segment = torch.zeros(b, n, dtype=torch.long, device=tokens.device)
+    image = torch.arange(b, device=tokens.device)[:, None].expand(-1, n)
+    return NaFlexBatch(tokens, coords, segment, image, (grid,) * b)
+
+
+def images_batch(images: Sequence[Tensor], patch_size: int) -> dict[str, Tensor]:
+    """A list of images ``[C, H_i, W_i]`` (sides multiples of ``patch_size``) -> the NaFlex dict, one image per row,
+    padded (timm's ``patchify_image``, as timm's NaFlex loader makes it)."""
+    if not images:
+        raise ValueError("an empty list of images")
+    rows = []
+    for i, img in enumerate(images):
+        if img.dim() == 4 and img.shape[0] == 1:
+            img = img[0]
+        if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size:
+            raise ValueError(
+                f"image {i}: expected [C, H, W], sides multiples of the patch size {patch_size}, got {tuple(img.shape)}"
+            )
+        rows.append(patchify_image(img, (patch_size, patch_size), pad=False))
+    n = max(r[0].shape[0] for r in rows)
+    return {
+        "patches": torch.stack([F.pad(r[0], (0, 0, 0, n - r[0].shape[0])) for r in rows]),
+        "patch_coord": torch.stack([F.pad(r[1], (0, 0, 0, n - r[1].shape[0])) for r in rows]).to(images[0].device),
+        "patch_valid": torch.stack([F.pad(r[2], (0, n - r[2].shape[0])) for r in rows]).to(images[0].device),
+    }
+
+
+def check_token_drop(spec: Any) -> float | list[float]:
+    """A ``token_drop`` rate in ``[0, 1)`` or a range ``(low, high)`` of them (stored as a list), checked."""
+    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+        rates = [float(spec)]
+    else:
+        try:
+            rates = [float(v) for v in spec]
+        except TypeError:
+            raise ValueError(f"token_drop must be a rate or a pair (low, high), got {spec!r}") from None
+        if len(rates) != 2 or rates[0] > rates[1]:
+            raise ValueError(f"token_drop as a range must be (low, high) with low <= high, got {spec!r}")
+    if not all(0.0 <= r < 1.0 for r in rates):
+        raise ValueError(f"token_drop rates must be in [0, 1), got {spec!r}")
+    return rates[0] if len(rates) == 1 else rates
+
+
+def token_drop_rates(spec: float | Sequence[float], num_images: int, device: Any = None) -> Tensor:
+    """The drop rate of each image: ``spec`` itself, or drawn uniformly from ``spec = (low, high)`` per image."""
+    if isinstance(spec, (int, float)):
+        return torch.full((num_images,), float(spec), device=device)
+    lo, hi = (float(v) for v in spec)
+    return lo + (hi - lo) * torch.rand(num_images, device=device)
+
+
 def embed_patches(proj: nn.Conv2d, patches: Tensor) -> Tensor:
     """The patch embedding's convolution applied to flattened ``(P, P, C)`` patches ``[B, N, P*P*C]`` -> ``[B, N, D]``:
     the same weights as a matrix (timm's NaFlex ``Linear`` form of a conv patch embedding)."""
@@ -128,13 +192,14 @@ def embed_patches(proj: nn.Conv2d, patches: Tensor) -> Tensor:
     return F.linear(patches.to(weight.dtype), weight, proj.bias)
 
 
-def with_prefix(x: Tensor, batch: NaFlexBatch, prefix: Tensor | None) -> tuple[Tensor, TokenLayout]:
+def with_prefix(x: Tensor, batch: NaFlexBatch, prefix: Tensor | None) -> tuple[Tensor, TokenLayout, Tensor]:
     """Patch tokens ``x [B, N, C]`` with ``prefix [P, C]`` (class and register tokens) inserted ahead of every image's
-    patches -> ``[B, N + P * max images per row, C]`` and its :class:`TokenLayout` (padding at the end of a row)."""
+    patches -> ``[B, N + P * max images per row, C]``, its :class:`TokenLayout` (padding at the end of a row) and
+    ``dest [B, N]``, where each input token went."""
     p = 0 if prefix is None else prefix.shape[0]
-    if p == 0:
-        return x, batch.layout(0)
     b, n, c = x.shape
+    if p == 0:
+        return x, batch.layout(0), torch.arange(n, device=x.device)[None].expand(b, -1)
     seg, device = batch.segment, x.device
     valid = seg >= 0
     per_row = (seg.max(dim=1).values + 1).clamp(min=0)  # images per row
@@ -158,7 +223,7 @@ def with_prefix(x: Tensor, batch: NaFlexBatch, prefix: Tensor | None) -> tuple[T
         coords[rb, at] = torch.tensor([-1, k], device=device)
         segment[rb, at] = seg[rb, rt]
         image[rb, at] = batch.image[rb, rt]
-    return out, TokenLayout.build(segment, coords, image, batch.image_grids, p)
+    return out, TokenLayout.build(segment, coords, image, batch.image_grids, p), dest
 
 
 def pool_images(x: Tensor, layout: TokenLayout, how: str) -> Tensor:

@@ -18,6 +18,7 @@ every block has its own scheme.
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -37,10 +38,22 @@ from vitrel.models.blocks import (
     with_placement,
 )
 from vitrel.models.input_size import check_img_size, rebuild_position_schemes
+from vitrel.models.naflex import (
+    check_token_drop,
+    drop_tokens,
+    embed_patches,
+    grid_batch,
+    images_batch,
+    parse_naflex,
+    pool_images,
+    token_drop_rates,
+    with_prefix,
+)
 from vitrel.models.timm_surface import TimmSurface
 from vitrel.pos.base import PosState
 from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
+from vitrel.pos.tokens import TokenLayout
 
 __all__ = ["VisionTransformer"]
 
@@ -60,6 +73,8 @@ class VisionTransformer(TimmSurface, nn.Module):
             that embedding and no relative scheme.
         abs_pos: an absolute scheme added to the relative one.
         pos_share: one relative scheme shared by all blocks (True) or one per block (False).
+        token_drop: NaViT's token dropping in training: the fraction of each image's patch tokens dropped (the kept
+            ones keep their coordinates), or ``(low, high)`` to draw each image's fraction uniformly; 0: none.
         attn_impl: attention implementation: ``auto`` | ``sdpa`` | ``fold`` (factored biases folded into the
             queries and keys, no bias mask) | ``flex`` (FlexAttention, the bias read by offset) | ``eager`` (see
             :class:`vitrel.layers.Attention`).
@@ -97,6 +112,7 @@ class VisionTransformer(TimmSurface, nn.Module):
         pos: PosArg = "rel2d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,
+        token_drop: float | tuple[float, float] = 0.0,
         attn_impl: str = "auto",
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
@@ -117,7 +133,9 @@ class VisionTransformer(TimmSurface, nn.Module):
             raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
         pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)  # the one parse of the position specs
         img_size = to_2tuple(img_size)
+        token_drop = check_token_drop(token_drop)
         self.vitrel_cfg = constructor_config(VisionTransformer, locals(), img_size=list(img_size))
+        self.token_drop = token_drop
         rel, absolute = split_pos(pos, abs_pos)
         self.num_classes = num_classes
         self.init_surface(in_chans, img_size, global_pool, dynamic_img_size, strict_img_size)
@@ -226,6 +244,46 @@ class VisionTransformer(TimmSurface, nn.Module):
             x = add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
         return self.pos_drop(x), grid
 
+    def embed_tokens(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> tuple[Tensor, TokenLayout, Tensor]:
+        """The general input: timm's NaFlex dict (packed with ``segment_ids``), a list of images of any sizes, or images
+        whose tokens are dropped (``token_drop`` in training) -> tokens ``[B, N', C]`` with each image's prefix tokens
+        ahead of its patches (:func:`~vitrel.models.naflex.with_prefix`), their layout, and where each input patch
+        token went (``[B, N]``)."""
+        if isinstance(x, Tensor):
+            tokens, grid = self.patch_embed(x)
+            batch = grid_batch(tokens, grid)
+        else:
+            if not isinstance(x, Mapping):
+                x = images_batch(list(x), self.patch_embed.patch_size)
+            proj = self.patch_embed.proj
+            batch = parse_naflex(x, proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1])
+            batch = batch._replace(patches=self.patch_embed.norm(embed_patches(proj, batch.patches)))
+        if self.training and self.token_drop:
+            batch = drop_tokens(batch, token_drop_rates(self.token_drop, batch.num_images, batch.patches.device))
+        prefix = [t[0] for t in (self.cls_token, self.reg_token) if t is not None]
+        x, layout, dest = with_prefix(batch.patches, batch, torch.cat(prefix) if prefix else None)
+        if self.abs_pos is not None:
+            x = add_abs_pos(self.abs_pos, x, layout, self.num_prefix_tokens)
+        return self.pos_drop(x), layout, dest
+
+    def forward_layout(self, x: Any, depth: int | None = None) -> tuple[Tensor, TokenLayout, Tensor, list[Tensor]]:
+        """:meth:`embed_tokens`, then the blocks (the first ``depth``) on the layout: the final normalised tokens, the
+        layout, where each input token went, and every block's output."""
+        x, layout, dest = self.embed_tokens(x)
+        states = self.position_states(layout, x, depth)
+        outs = []
+        for blk, st in zip(self.blocks[:depth] if depth is not None else self.blocks, states):
+            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if self._ckpt() else blk(x, pos_state=st)
+            outs.append(x)
+        return self.norm(x), layout, dest, outs
+
+    def _ckpt(self) -> bool:
+        return self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+
+    def _general(self, x: Any) -> bool:
+        """The input takes the token-layout path (not one full grid per batch)."""
+        return not isinstance(x, Tensor) or (self.training and bool(self.token_drop))
+
     def position_state(self, grid: Grid, like: Tensor) -> PosState | None:
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
         if self.rel_pos is None:
@@ -241,11 +299,14 @@ class VisionTransformer(TimmSurface, nn.Module):
             return [st] * len(blocks)
         return prepare_states([blk.attn.pos for blk in blocks], grid, self.num_prefix_tokens, like, self.attn_impl)
 
-    def forward_features(self, x: Tensor) -> Tensor:
-        """Images -> normalised tokens ``[B, P + H'W', C]``."""
+    def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
+        """Images -> normalised tokens ``[B, P + H'W', C]``; a NaFlex dict or a list of images (or dropped tokens) ->
+        ``[B, N', C]``, each image's prefix tokens ahead of its patches (:meth:`embed_tokens`)."""
+        if self._general(x):
+            return self.forward_layout(x)[0]
         x, grid = self.embed(x)
         states = self.position_states(grid, x)  # once per forward, handed to the blocks
-        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        ckpt = self._ckpt()
         for i, blk in enumerate(self.blocks):  # states[i]: a torch.fx trace records one call for all states
             st = states[i]
             x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
@@ -261,8 +322,15 @@ class VisionTransformer(TimmSurface, nn.Module):
     def pooled(self, x: Tensor) -> Tensor:
         return self.fc_norm(self.pool(x))
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.forward_head(self.forward_features(x))
+    def forward(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
+        """Images ``[B, C, H, W]`` -> logits ``[B, classes]``; a NaFlex dict (packed or padded) or a list of images of
+        any sizes -> one row of logits per image, ``[num_images, classes]`` (row-major over rows and segments)."""
+        if not self._general(x):
+            return self.forward_head(self.forward_features(x))
+        feats, layout, _, _ = self.forward_layout(x)
+        if not self.global_pool:
+            return self.head(self.head_drop(self.fc_norm(feats)))
+        return self.head(self.head_drop(self.fc_norm(pool_images(feats, layout, self.global_pool))))
 
     # ---------------------------------------------------------------------------- intermediates (timm)
     def forward_intermediates(
@@ -284,6 +352,8 @@ class VisionTransformer(TimmSurface, nn.Module):
         last one asked for; ``intermediates_only`` returns the list alone.
         """
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
+        if self._general(x):
+            return self._intermediates_layout(x, take, len(blocks), norm, output_fmt, intermediates_only)
         x, grid = self.embed(x)
         states = self.position_states(grid, x, len(blocks))
         ckpt = self.grad_checkpointing and torch.is_grad_enabled()
@@ -303,6 +373,18 @@ class VisionTransformer(TimmSurface, nn.Module):
         if intermediates_only:
             return feats
         return self.norm(x), feats
+
+    def _intermediates_layout(
+        self, x: Any, take: list[int], depth: int, norm: bool, output_fmt: str, intermediates_only: bool
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """``forward_intermediates`` of a NaFlex dict or a list of images: per token (``NLC``), each intermediate
+        ``[B, N, C]`` at the input's patch positions (padding positions hold padding tokens)."""
+        if output_fmt != "NLC":
+            raise ValueError("a NaFlex dict or a list of images has no common patch grid: use output_fmt='NLC'")
+        final, _, dest, outs = self.forward_layout(x, depth)
+        idx = dest[..., None].expand(-1, -1, final.shape[-1])
+        feats = [(self.norm(outs[i]) if norm else outs[i]).gather(1, idx) for i in take]
+        return feats if intermediates_only else (final, feats)
 
     def prune_intermediate_layers(
         self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True

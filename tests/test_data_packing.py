@@ -240,3 +240,31 @@ def test_module_wrong_logit_count_is_a_clear_error():
     x, y = PackingCollator(64)(samples(random_images(6, 0, max_side=4)))
     with pytest.raises(ValueError, match="one row per image"):
         module.validation_step((x, y), 0)
+
+
+# ------------------------------------------------------------------------------------------ the recipe, end to end
+def test_recipe_fmnist_naflex_trains_and_evaluates_at_native_sizes(tmp_path):
+    """``python train.py experiment=fmnist_naflex`` (a tiny model, a few steps, token dropping on) with the real
+    ViT on packed batches; then ``eval.py data=fashion_mnist_naflex`` scores the checkpoint at native sizes."""
+    import json
+    import math
+
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.train.evaluate import evaluate
+    from vitrel.train.run import train
+
+    run = tmp_path / "run"
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=2"]
+    short += ["trainer.limit_test_batches=2", "logger=csv", "model.token_drop=[0.0,0.3]"]
+    cfg = compose(run, ["experiment=fmnist_naflex", *TINY_VIT, *FAST, *short])
+    assert cfg.data.packing == "pack" and cfg.data.seq_len == 128 and cfg.model.token_drop == [0.0, 0.3]
+    metrics = train(cfg)
+    assert {"test/acc1", "val/acc1", "train/loss_epoch", "train/padding_epoch"} <= set(metrics)
+    assert all(math.isfinite(v) for v in metrics.values()) and 0 <= metrics["train/padding_epoch"] < 1
+    assert json.loads((run / "metrics.json").read_text())["global_step"] == 3
+    ckpt = run / "checkpoints" / "last.ckpt"
+    out = tmp_path / "eval"
+    over = [f"ckpt_path={ckpt}", "data=fashion_mnist_naflex", "trainer.accelerator=cpu", "trainer.limit_test_batches=2"]
+    metrics = evaluate(compose(out, [*over, "progress_bar=none"], config_name="eval"))
+    res = json.loads((out / "eval_metrics.json").read_text())
+    assert res["packing"] == "pack" and 0.0 <= metrics["test/acc1"] <= 1.0 and math.isfinite(metrics["test/loss"])

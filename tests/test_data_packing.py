@@ -268,3 +268,37 @@ def test_recipe_fmnist_naflex_trains_and_evaluates_at_native_sizes(tmp_path):
     metrics = evaluate(compose(out, [*over, "progress_bar=none"], config_name="eval"))
     res = json.loads((out / "eval_metrics.json").read_text())
     assert res["packing"] == "pack" and 0.0 <= metrics["test/acc1"] <= 1.0 and math.isfinite(metrics["test/loss"])
+
+
+def test_predict_at_native_sizes_puts_packed_predictions_back_in_file_order(tmp_path):
+    """``predict.py seq_len=...``: images of several sizes, packed (first fit reorders them), each file's row equals
+    the model on that image alone at its own size."""
+    from PIL import Image
+
+    import vitrel
+    from vitrel.data.packing import PackingCollator
+    from vitrel.inference import Predictor, naflex_eval_transform, predict_folder
+
+    torch.manual_seed(0)
+    model = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", pos="rope2d_mixed", num_classes=10, in_chans=1, img_size=28, embed_dim=32,
+        depth=1, num_heads=2,
+    ).eval()  # fmt: skip
+    cfg = {"input_size": (1, 28, 28), "mean": (0.5,), "std": (0.5,), "interpolation": "bilinear"}
+    sizes = [(32, 32), (16, 16), (32, 32), (8, 8), (12, 20)]  # 64, 16, 64, 4, 15 tokens: rows [0], [1, 3, 4], [2]
+    g = torch.Generator().manual_seed(1)
+    for k, (h, w) in enumerate(sizes):
+        px = (torch.rand(h, w, generator=g) * 255).to(torch.uint8).numpy()
+        Image.fromarray(px).save(tmp_path / f"img{k}.png")
+    res = predict_folder(Predictor(model, cfg, "test"), tmp_path, topk=3, batch_size=8, progress=False, seq_len=64)
+    assert [r["filename"] for r in res.rows] == [f"img{k}.png" for k in range(5)]
+    tf = naflex_eval_transform(cfg, 4, 64)
+    for k, row in enumerate(res.rows):
+        with Image.open(tmp_path / f"img{k}.png") as img:
+            x, _ = PackingCollator(64)([(tf(img), 0)])
+        assert x["patch_valid"].sum() == sizes[k][0] * sizes[k][1] // 16  # its own size, not resized
+        with torch.inference_mode():
+            p = model(x).softmax(-1)[0]
+        assert row["index_0"] == int(p.argmax()) and row["prob_0"] == pytest.approx(float(p.max()), abs=1e-5)
+    with pytest.raises(ValueError, match="max_tokens=80 must be in"):
+        predict_folder(Predictor(model, cfg, "t"), tmp_path, progress=False, seq_len=64, max_tokens=80)

@@ -242,6 +242,8 @@ class PredictConfig:
     device: str = "auto"
     ema: Any = "auto"  # "auto" | true | false
     progress_bar: bool = True
+    seq_len: int | None = None  # NaFlex: each image at its own size, packed into rows of seq_len tokens
+    max_tokens: int | None = None  # NaFlex: most patches of one image (null: seq_len)
     paths: Any = MISSING
 
 

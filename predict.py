@@ -2,6 +2,7 @@
 
 python predict.py ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt input=path/to/images
 python predict.py ckpt_path=<export folder | model.pt2> input=<ImageFolder tree> topk=3 device=cuda
+python predict.py ckpt_path=<...>.ckpt input=<folder> seq_len=256   # each image at its own size (NaFlex, packed)
 """
 
 import hydra

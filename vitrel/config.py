@@ -67,6 +67,12 @@ class DataConfig:
     loader: str | None = None
     batch_augment: Any = None  # a vitrel.data.BatchAugment node (memory loader)
     memory_budget_gb: float | None = None
+    packing: Any = False  # false | true | "pad" | "pack": timm NaFlex batches (vitrel.data.packing)
+    seq_len: int | None = None  # tokens per row of a NaFlex batch
+    patch_size: int | None = None  # the model's patch size (NaFlex batches)
+    max_tokens: int | None = None  # most patches of one image (null: seq_len)
+    size_scale: list[float] | None = None  # [lo, hi]: random per-image size fraction (training)
+    eval_max_ratio: float | None = 1.0  # evaluation resize cap (1.0: native sizes within the budget)
 
 
 @dataclass
@@ -236,6 +242,8 @@ class PredictConfig:
     device: str = "auto"
     ema: Any = "auto"  # "auto" | true | false
     progress_bar: bool = True
+    seq_len: int | None = None  # NaFlex: each image at its own size, packed into rows of seq_len tokens
+    max_tokens: int | None = None  # NaFlex: most patches of one image (null: seq_len)
     paths: Any = MISSING
 
 

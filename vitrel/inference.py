@@ -9,6 +9,11 @@ are the model's). Images are read from a flat folder or an ``ImageFolder`` tree 
 images), resized (shorter side to ``size / crop_pct``), centre-cropped, normalised, converted to the
 model's channels (grey or RGB). A file that cannot be read is skipped with a warning and counted.
 
+With ``seq_len`` (``predict.py seq_len=256``) every image is scored at its own size and aspect ratio instead: timm's
+``ResizeToSequence`` (within ``max_tokens`` patches, default ``seq_len``, never enlarged) and ``Patchify``, packed into
+rows of ``seq_len`` tokens (:class:`vitrel.data.packing.PackingCollator`), the path of ``data.packing`` in
+training; models that take timm's NaFlex dicts only (not ``.pt2`` programs).
+
 Output rows, as timm's ``inference.py --results-separate-col``: ``filename`` (relative to the input
 folder), then for each of the top ``k`` classes ``index_i``, ``label_i`` (the class name when the
 checkpoint stores class names, or the ``ImageFolder`` tree has one folder per class; else the index)
@@ -148,6 +153,45 @@ def _collate(
     return [i for i, _ in ok], (torch.stack([x for _, x in ok]) if ok else None), bad
 
 
+class _PackedCollate:
+    """NaFlex per-image dicts -> a packed batch dict; the file indices in the order of the model's logits."""
+
+    def __init__(self, seq_len: int) -> None:
+        from vitrel.data.packing import PackingCollator
+
+        self.collator = PackingCollator(seq_len, "pack")
+
+    def __call__(self, batch: list[tuple[int, Any, str | None]]) -> tuple[list[int], Any, list[tuple[int, str]]]:
+        ok = [(i, x) for i, x, _ in batch if x is not None]
+        bad = [(i, err) for i, x, err in batch if x is None]
+        if not ok:
+            return [], None, bad
+        x, order = self.collator([(x, i) for i, x in ok])
+        return order.tolist(), x, bad
+
+
+def naflex_eval_transform(data_config: dict[str, Any], patch_size: int, max_tokens: int) -> Callable[[Any], Any]:
+    """PIL image -> timm's NaFlex per-image dict at the image's own aspect ratio (never enlarged) within
+    ``max_tokens`` patches, after converting to the model's channels."""
+    from vitrel.data.packing import naflex_transform
+
+    c = data_config["input_size"][0]
+    tf = naflex_transform(
+        train=False,
+        patch_size=patch_size,
+        max_tokens=max_tokens,
+        mean=tuple(data_config["mean"]),
+        std=tuple(data_config["std"]),
+        interpolation=data_config.get("interpolation", "bicubic"),
+    )
+    mode = "L" if c == 1 else "RGB"
+
+    def apply(img: Any) -> Any:
+        return tf(img.convert(mode))
+
+    return apply
+
+
 @dataclass
 class PredictResult:
     """CSV rows, the files skipped (name, reason), the number of image files found, the wall time."""
@@ -166,20 +210,36 @@ def predict_folder(
     num_workers: int = 0,
     progress: bool = True,
     class_names: list[str] | None = None,
+    seq_len: int | None = None,
+    max_tokens: int | None = None,
 ) -> PredictResult:
-    """Top-``k`` classes and probabilities of every image under ``input_dir`` (see the module docstring)."""
+    """Top-``k`` classes and probabilities of every image under ``input_dir`` (see the module docstring); with
+    ``seq_len``, each image at its own size, packed (NaFlex)."""
     import time
 
     from tqdm.auto import tqdm
 
     root = Path(input_dir)
     files, folders = find_images(root)
-    tf = eval_transform(predictor.data_config)
+    if seq_len is None:
+        tf, collate = eval_transform(predictor.data_config), _collate
+    else:
+        patch = (getattr(predictor.model, "vitrel_cfg", None) or {}).get("patch_size")
+        if patch is None:
+            raise ValueError(
+                f"seq_len={seq_len}: scoring images at their own sizes needs a vitrel model that takes timm's NaFlex "
+                f"dicts (a .ckpt or an export folder); {predictor.source} is not one (an exported .pt2 program takes "
+                "fixed-size images): leave seq_len unset"
+            )
+        max_tokens = int(max_tokens or seq_len)
+        if not 1 <= max_tokens <= seq_len:
+            raise ValueError(f"max_tokens={max_tokens} must be in [1, seq_len={seq_len}]")
+        tf, collate = naflex_eval_transform(predictor.data_config, int(patch), max_tokens), _PackedCollate(seq_len)
     loader = torch.utils.data.DataLoader(
-        _ImageFiles(files, tf), batch_size=batch_size, num_workers=num_workers, collate_fn=_collate
+        _ImageFiles(files, tf), batch_size=batch_size, num_workers=num_workers, collate_fn=collate
     )
     names = class_names or predictor.class_names
-    rows: list[dict[str, Any]] = []
+    rows: list[Any] = []
     skipped: list[tuple[str, str]] = []
     t0 = time.perf_counter()
     with torch.inference_mode():
@@ -191,7 +251,12 @@ def predict_folder(
                 skipped.append((rel, err))
             if x is None:
                 continue
-            probs = predictor.model(x.to(predictor.device)).float().softmax(-1)
+            x = (
+                {k: v.to(predictor.device) if isinstance(v, Tensor) else v for k, v in x.items()}
+                if isinstance(x, dict)
+                else x.to(predictor.device)
+            )
+            probs = predictor.model(x).float().softmax(-1)
             n = probs.shape[-1]
             if names is None and folders is not None and len(folders) == n:
                 names = folders  # an ImageFolder tree with one folder per class: the data set's names
@@ -205,7 +270,8 @@ def predict_folder(
                     row[f"index{sfx}"] = ci
                     row[f"label{sfx}"] = names[ci] if names is not None and ci < len(names) else str(ci)
                     row[f"prob{sfx}"] = round(float(p[j, r]), 6)
-                rows.append(row)
+                rows.append((i, row))
+    rows = [row for _, row in sorted(rows, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
     return PredictResult(rows, skipped, len(files), time.perf_counter() - t0)
 
 
@@ -233,6 +299,8 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         batch_size=int(cfg.get("batch_size", 64)),
         num_workers=int(cfg.get("num_workers", 0)),
         progress=bool(cfg.get("progress_bar", True)),
+        seq_len=cfg.get("seq_len"),
+        max_tokens=cfg.get("max_tokens"),
     )
     out = write_csv(res.rows, str(cfg.results_file))
     summary = {

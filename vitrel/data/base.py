@@ -37,6 +37,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
 from vitrel.data.augment import BatchAugment
 from vitrel.data.memory import MemoryLoader, ResumableLoader, TensorImageDataset, check_budget, to_uint8_nchw
+from vitrel.data.packing import PackingCollator, naflex_transform, parse_packing
 from vitrel.data.transforms import (
     CANVAS_MODES,
     MappedDataset,
@@ -200,6 +201,17 @@ class VisionDataModule(L.LightningDataModule):
             None = the data set's default (``default_batch_augment``).
         memory_budget_gb: the most the memory loader may hold on the device, in GiB; None = half of the
             memory free when the data is set up. Over it: :class:`~vitrel.data.memory.MemoryBudgetError`.
+        packing: None / False: batches of image tensors. ``"pack"`` (or True) / ``"pad"``: batches of timm's NaFlex
+            dicts (:mod:`vitrel.data.packing`): each image resized keeping its aspect ratio to at most ``max_tokens``
+            patches, then several images per row of ``seq_len`` tokens (``"pack"``) or one (``"pad"``). The workers
+            loader only; ``batch_size`` counts images.
+        seq_len: tokens per row of a NaFlex batch (needed with ``packing``).
+        patch_size: the model's patch size (needed with ``packing``).
+        max_tokens: the most patches of one image (default ``seq_len``); at most ``seq_len``.
+        size_scale: ``[lo, hi]``: training images at a random fraction (per image) of the largest size within
+            ``max_tokens`` (mixed sizes to pack); None = that largest size.
+        eval_max_ratio: evaluation resize factor cap (1.0: never enlarge, native sizes within the budget; None:
+            fill the budget).
     """
 
     #: set by subclasses
@@ -240,6 +252,12 @@ class VisionDataModule(L.LightningDataModule):
         loader: str | None = None,
         batch_augment: BatchAugment | None = None,
         memory_budget_gb: float | None = None,
+        packing: bool | str | None = None,
+        seq_len: int | None = None,
+        patch_size: int | None = None,
+        max_tokens: int | None = None,
+        size_scale: Sequence[float] | None = None,
+        eval_max_ratio: float | None = 1.0,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
@@ -296,6 +314,14 @@ class VisionDataModule(L.LightningDataModule):
         self.loader = loader
         self.batch_augment = batch_augment if batch_augment is not None else BatchAugment(**self.default_batch_augment)
         self.memory_budget_gb = memory_budget_gb
+        self.packing = parse_packing(packing)
+        self.seq_len = None if seq_len is None else int(seq_len)
+        self.patch_size = None if patch_size is None else int(patch_size)
+        self.max_tokens = None if max_tokens is None else int(max_tokens)
+        self.size_scale = None if size_scale is None else tuple(float(v) for v in size_scale)
+        self.eval_max_ratio = None if eval_max_ratio is None else float(eval_max_ratio)
+        if self.packing is not None:
+            self._check_packing()
         self.img_size = int(img_size if img_size is not None else (self.canvas_size or self.native_size))
         if self.img_size < 1:
             raise ValueError(f"img_size must be >= 1, got {self.img_size}")
@@ -304,6 +330,59 @@ class VisionDataModule(L.LightningDataModule):
         self._split_idx: tuple[np.ndarray, np.ndarray] | None = None
         self._datasets: dict[str, Dataset] = {}
         # set by subclasses: num_classes, in_chans, mean, std, class_names
+
+    def _check_packing(self) -> None:
+        if self.seq_len is None or self.patch_size is None:
+            raise ValueError(
+                f"data.packing={self.packing} needs data.seq_len (tokens per row) and data.patch_size (the model's), "
+                f"got seq_len={self.seq_len}, patch_size={self.patch_size}"
+            )
+        if self.seq_len < 1 or self.patch_size < 1:
+            raise ValueError(f"data.seq_len and data.patch_size must be >= 1, got {self.seq_len}, {self.patch_size}")
+        if self.max_tokens is None:
+            self.max_tokens = self.seq_len
+        if not 1 <= self.max_tokens <= self.seq_len:
+            raise ValueError(
+                f"data.max_tokens={self.max_tokens} (patches of one image) must be in [1, "
+                f"data.seq_len={self.seq_len}]: a row holds at most seq_len tokens"
+            )
+        scale = self.size_scale
+        if scale is not None and not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
+            raise ValueError(f"data.size_scale must be [lo, hi] with 0 < lo <= hi <= 1, got {list(self.size_scale)}")
+        if self.eval_max_ratio is not None and self.eval_max_ratio <= 0:
+            raise ValueError(f"data.eval_max_ratio must be > 0 (or null), got {self.eval_max_ratio}")
+        if self.loader == "memory":
+            raise ValueError(
+                f"data.packing={self.packing} makes NaFlex batches (images of their own sizes) per sample: use "
+                "data.loader=workers (the memory loader holds one image size)"
+            )
+        if self.canvas_size is not None:
+            raise ValueError("data.packing and data.canvas_size (the translation canvas) do not combine")
+
+    def naflex_transform(self, train: bool) -> Callable:
+        """The per-sample pipeline of ``packing``: a PIL image -> timm's NaFlex per-image dict."""
+        kw = self.augment_kwargs
+        return naflex_transform(
+            train=train,
+            patch_size=int(self.patch_size),  # type: ignore[arg-type]
+            max_tokens=int(self.max_tokens),  # type: ignore[arg-type]
+            mean=self.mean,
+            std=self.std,
+            interpolation=self.interpolation,
+            augment=self.augment and train,
+            scale=tuple(kw.get("scale") or (0.08, 1.0)),
+            ratio=tuple(kw.get("ratio") or (3 / 4, 4 / 3)),
+            hflip=float(kw.get("hflip", 0.5)),
+            size_scale=self.size_scale,
+            eval_max_ratio=self.eval_max_ratio,
+        )
+
+    @property
+    def collate_fn(self) -> PackingCollator | None:
+        """The NaFlex batches' collator (``packing``), else None (torch's default)."""
+        if self.packing is None:
+            return None
+        return PackingCollator(int(self.seq_len), self.packing)  # type: ignore[arg-type]
 
     # ---- subclass hooks -------------------------------------------------------------------------
 
@@ -367,7 +446,10 @@ class VisionDataModule(L.LightningDataModule):
         return self._raw_split(stored), idx
 
     def train_transform(self, img_size: int | None = None) -> Callable:
-        """Training pipeline (timm augmentation when ``augment``), including the canvas if configured."""
+        """Training pipeline (timm augmentation when ``augment``), including the canvas if configured; with
+        ``packing`` (and no ``img_size``), timm's NaFlex training pipeline (:meth:`naflex_transform`)."""
+        if self.packing is not None and img_size is None:
+            return self.naflex_transform(train=True)
         return build_transform(
             train=True,
             augment=self.augment,
@@ -382,7 +464,10 @@ class VisionDataModule(L.LightningDataModule):
         )
 
     def eval_transform(self, img_size: int | None = None) -> Callable:
-        """Plain resize/centre-crop + normalise at ``img_size`` (no canvas: see ``make_dataset``)."""
+        """Plain resize/centre-crop + normalise at ``img_size`` (no canvas: see ``make_dataset``); with ``packing``
+        (and no ``img_size``), each image at its own aspect ratio as a NaFlex dict (:meth:`naflex_transform`)."""
+        if self.packing is not None and img_size is None:
+            return self.naflex_transform(train=False)
         return plain_transform(img_size or self.img_size, self.mean, self.std, self.interpolation, self.crop_pct)
 
     def make_dataset(
@@ -404,7 +489,10 @@ class VisionDataModule(L.LightningDataModule):
         if canvas is not None and not self.fixed_size:
             raise ValueError(f"canvas_size needs fixed-size images; {self.dataset_name} images vary in size")
         size = img_size or (canvas_size if canvas_size is not None else self.img_size)
-        tf = transform if transform is not None else self.eval_transform(size)
+        if transform is None and self.packing is not None and img_size is None:
+            tf = self.eval_transform()
+        else:
+            tf = transform if transform is not None else self.eval_transform(size)
         ds, idx = self._source(split)
         if idx is not None:
             ds = Subset(ds, idx.tolist())
@@ -525,6 +613,7 @@ class VisionDataModule(L.LightningDataModule):
                 rank=rank,
             )
         kwargs: dict[str, Any] = dict(
+            collate_fn=self.collate_fn,
             batch_size=self.batch_size if train else self.eval_batch_size,
             drop_last=self.drop_last and train,
             num_workers=self.num_workers,
@@ -546,10 +635,13 @@ class VisionDataModule(L.LightningDataModule):
         return self._loader("test")
 
     def __repr__(self) -> str:
+        packing = (
+            f", packing={self.packing}, seq_len={self.seq_len}, max_tokens={self.max_tokens}" if self.packing else ""
+        )
         return (
             f"{type(self).__name__}(root={self.root}, num_classes={self.num_classes}, in_chans={self.in_chans}, "
             f"img_size={self.img_size}, augment={self.augment}, batch_size={self.batch_size}, "
-            f"val_fraction={self.val_fraction}, canvas_size={self.canvas_size}, loader={self.loader})"
+            f"val_fraction={self.val_fraction}, canvas_size={self.canvas_size}, loader={self.loader}{packing})"
         )
 
     #: Lightning's ``__str__`` lists its loaders' sizes and fails on a memory loader (not a DataLoader)

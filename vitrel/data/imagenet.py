@@ -332,6 +332,7 @@ class ImageNetDataModule(VisionDataModule):
             )
         return ShardLoader(
             ds,
+            collate_fn=self.collate_fn,
             batch_size=self.batch_size if train else self.eval_batch_size,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and self.device.type == "cuda",
@@ -340,8 +341,12 @@ class ImageNetDataModule(VisionDataModule):
         )
 
     def eval_transform(self, img_size: int | None = None):
-        """timm's evaluation pipeline: ``create_transform(is_training=False)`` (resize, centre crop, normalise)."""
+        """timm's evaluation pipeline: ``create_transform(is_training=False)`` (resize, centre crop, normalise); with
+        ``packing`` (and no ``img_size``), each image at its own aspect ratio as a NaFlex dict."""
         from timm.data import create_transform
+
+        if self.packing is not None and img_size is None:
+            return self.naflex_transform(train=False)
 
         return create_transform(
             img_size or self.img_size,

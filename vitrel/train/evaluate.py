@@ -1,5 +1,9 @@
 """Score a checkpoint on a data set at any image size: ``python eval.py ckpt_path=... data.img_size=48``.
 
+With NaFlex data (``data.packing``, e.g. ``data=fashion_mnist_naflex``) every image is scored at its own size and
+aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eval_max_ratio=1``), packed into rows
+as in training.
+
 The network is rebuilt from the configuration stored with the weights (``vitrel.load_model``), at
 the data's image size: learned relative tables and absolute embeddings are resized on load, the
 parameter-free and continuous schemes extend by themselves. Results go to stdout and to
@@ -67,6 +71,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     res = trainer.test(module, dataloaders=loader, verbose=False)
     metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
     grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
+    packing = getattr(dm, "packing", None)
+    if packing is not None and dm.patch_size != stored.get("patch_size", dm.patch_size):
+        raise ValueError(f"data.patch_size={dm.patch_size} but {ckpt} has patches of {stored.get('patch_size')}")
     result = {
         "ckpt_path": str(ckpt),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
@@ -74,6 +81,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "img_size": dm.img_size,
         "grid": grid,
         "ema": use_ema,
+        "packing": packing,
         "metrics": metrics,
         "num_images": len(loader.dataset),
         "wall_s": round(time.time() - t0, 2),
@@ -83,9 +91,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval_metrics.json").write_text(json.dumps(result, indent=2))
         shown = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
-        print(
-            f"{ckpt.name} on {result['data']} {split} ({result['num_images']} images) at img_size {dm.img_size} "
-            f"(grid {grid[0]}x{grid[1]}{', EMA weights' if use_ema else ''}): {shown}",
-            flush=True,
-        )
+        if packing is None:
+            where = f"at img_size {dm.img_size} (grid {grid[0]}x{grid[1]}{', EMA weights' if use_ema else ''})"
+        else:  # NaFlex batches: each image at its own size and aspect ratio
+            where = (
+                f"at native sizes (NaFlex {packing}, at most {dm.max_tokens} patches an image, rows of {dm.seq_len}"
+                f"{', EMA weights' if use_ema else ''})"
+            )
+        print(f"{ckpt.name} on {result['data']} {split} ({result['num_images']} images) {where}: {shown}", flush=True)
     return metrics

@@ -10,6 +10,11 @@ top-5 accuracy (torchmetrics); the training loss's epoch mean is a torchmetrics 
 The training metrics' running totals are part of the state dict (``persistent``), so a run resumed
 from a mid-epoch checkpoint ends the epoch with the metrics of the uninterrupted run.
 
+Batches are ``(images [B, C, H, W], targets [B])`` or, with ``data.packing``, ``(NaFlex batch dict, targets
+[num_images])`` (:mod:`vitrel.data.packing`: rows packing several images; the model returns one row of logits per
+image, in the targets' order); losses and metrics count images, and a packed batch's ``padding_fraction`` is logged
+as ``train/padding``. timm's ``Mixup`` takes image tensors only: with NaFlex batches it is a clear error.
+
 Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy) and the
 config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
 on them. ``compile=True`` compiles the network in place (``nn.Module.compile``), which keeps the
@@ -21,7 +26,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lightning as L
@@ -128,13 +133,19 @@ class ClassifierModule(L.LightningModule):
         """The network used for validation and test (the EMA copy when enabled and ``ema_eval``)."""
         return self.ema_model if self.ema_model is not None and self.ema_eval else self.model
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor | dict) -> Tensor:
         return self.model(x)
 
     # ------------------------------------------------------------------------------ steps
-    def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
+    def training_step(self, batch: tuple[Tensor | dict, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
+        n = _num_images(x, y)
         if self.mixup_fn is not None:
+            if isinstance(x, Mapping):
+                raise ValueError(
+                    "module.mixup (timm Mixup) mixes batches of equal-size image tensors; NaFlex batches "
+                    "(data.packing) hold images of many sizes as patches: turn module.mixup off with data.packing"
+                )
             if x.shape[0] % 2:
                 raise ValueError(
                     f"mixup/cutmix needs an even batch, got {x.shape[0]}: use an even data.batch_size "
@@ -144,12 +155,14 @@ class ClassifierModule(L.LightningModule):
             logits = self.model(x)
             loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         else:
-            logits = self.model(x)
+            logits = _check_logits(self.model(x), y)
             loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
             self.train_acc1(logits, y)
-            self.log("train/acc1", self.train_acc1, on_step=False, on_epoch=True)
-        self.train_loss(loss.detach(), weight=x.shape[0])  # the epoch value: the mean over samples
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True)
+            self.log("train/acc1", self.train_acc1, on_step=False, on_epoch=True, batch_size=n)
+        self.train_loss(loss.detach(), weight=n)  # the epoch value: the mean over samples
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
+        if isinstance(x, Mapping) and "padding_fraction" in x:  # NaFlex batches: the share of padding tokens
+            self.log("train/padding", x["padding_fraction"].float(), on_step=True, on_epoch=True, batch_size=n)
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
@@ -159,16 +172,17 @@ class ClassifierModule(L.LightningModule):
             for m in self.train_metrics.values():
                 m.reset()
 
-    def _eval_step(self, batch: tuple[Tensor, Tensor], stage: str) -> None:
+    def _eval_step(self, batch: tuple[Tensor | dict, Tensor], stage: str) -> None:
         x, y = batch
-        logits = self.eval_model(x)
+        n = _num_images(x, y)
+        logits = _check_logits(self.eval_model(x), y)
         loss = F.cross_entropy(logits.float(), y)
         acc1, acc5 = (self.val_acc1, self.val_acc5) if stage == "val" else (self.test_acc1, self.test_acc5)
         acc1(logits, y)
         acc5(logits, y)
-        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True)
-        self.log(f"{stage}/acc1", acc1, on_epoch=True, prog_bar=stage == "val")
-        self.log(f"{stage}/acc{self.top_k}", acc5, on_epoch=True)
+        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+        self.log(f"{stage}/acc1", acc1, on_epoch=True, prog_bar=stage == "val", batch_size=n)
+        self.log(f"{stage}/acc{self.top_k}", acc5, on_epoch=True, batch_size=n)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -235,3 +249,17 @@ class ClassifierModule(L.LightningModule):
         elif not any(k.startswith(f"{_EMA}module.") for k in ema_keys):  # vitrel 0.1 layout
             for k in ema_keys:
                 sd[f"{_EMA}module.{k[len(_EMA) :]}"] = sd.pop(k)
+
+
+def _num_images(x: Tensor | Mapping, y: Tensor) -> int:
+    """Images in a batch: its first dimension, or (a NaFlex batch dict, rows packing several images) its targets'."""
+    return int(y.shape[0]) if isinstance(x, Mapping) else int(x.shape[0])
+
+
+def _check_logits(logits: Tensor, y: Tensor) -> Tensor:
+    if logits.shape[0] != y.shape[0]:
+        raise ValueError(
+            f"the model returned {logits.shape[0]} rows of logits for {y.shape[0]} targets: a NaFlex batch "
+            "(data.packing) needs a model that returns one row per image (row-major over rows, then segments)"
+        )
+    return logits

@@ -33,7 +33,7 @@ from timm.data.naflex_transforms import patchify_image
 
 import vitrel
 from vitrel.bench import alternate, machine_info
-from vitrel.data.fashion_mnist import load_fashion_mnist
+from vitrel.data.fashion_mnist import load_embedded_subset
 from vitrel.data.packing import PackingCollator
 
 PATCH = 4
@@ -41,7 +41,7 @@ PATCH = 4
 
 def mixed_images(n: int, scales: tuple[float, float], seed: int) -> tuple[list[torch.Tensor], torch.Tensor]:
     """``n`` normalised Fashion-MNIST test images ``[1, h_i, w_i]`` at random sizes, and their labels."""
-    imgs, labels = load_fashion_mnist(None, "test")
+    imgs, labels = load_embedded_subset("test")  # real Fashion-MNIST test images (the subset shipped with vitrel)
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):

@@ -576,3 +576,42 @@ def test_memory_loader_trains_on_the_seen_region_and_evaluates_where_told():
             for x, _ in MemoryLoader(ds, 16, sampler=sampler, canvas_mode=mode):
                 found |= {tuple((img[0] == img[0].max()).nonzero()[0].tolist()) for img in x}
         assert found <= region and len(found) > 0.6 * len(region), (mode, len(found), len(region))
+
+
+@pytest.mark.parametrize("loader", ["memory", "workers"])
+def test_size_choices_resize_each_training_batch_on_its_device(loader):
+    """Per-batch resolution: every training batch at a side drawn for its step (the same draw on every rank), the
+    validation batches at img_size."""
+    import lightning as L
+
+    from vitrel.data.fashion_mnist import FashionMNISTDataModule
+
+    dm = FashionMNISTDataModule(batch_size=16, num_workers=0, loader=loader, size_choices=[16, 28, 36], seed=3)
+    seen: dict[str, list] = {"train": [], "val": []}
+
+    class Probe(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.zeros(1))
+
+        def training_step(self, batch, i):
+            seen["train"].append((self.global_step, batch[0].shape[-2:]))
+            return (self.w * batch[0].mean()).sum()
+
+        def validation_step(self, batch, i):
+            seen["val"].append(batch[0].shape[-2:])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = L.Trainer(
+        max_steps=6, limit_val_batches=2, accelerator="cpu", logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, val_check_interval=3,
+    )  # fmt: skip
+    trainer.fit(Probe(), datamodule=dm)
+    sides = [tuple(s) for _, s in seen["train"]]
+    assert sides == [(dm.batch_side(step),) * 2 for step, _ in seen["train"]]
+    assert len(set(sides)) > 1 and {s[0] for s in sides} <= {16, 28, 36}
+    assert all(tuple(s) == (28, 28) for s in seen["val"])
+    with pytest.raises(ValueError, match="size_choices"):
+        FashionMNISTDataModule(size_choices=[])

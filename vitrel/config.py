@@ -73,6 +73,7 @@ class DataConfig:
     max_tokens: int | None = None  # most patches of one image (null: seq_len)
     size_scale: list[float] | None = None  # [lo, hi]: random per-image size fraction (training)
     eval_max_ratio: float | None = 1.0  # evaluation resize cap (1.0: native sizes within the budget)
+    size_choices: list[int] | None = None  # per-batch resolution in training: a side drawn per batch
 
 
 @dataclass

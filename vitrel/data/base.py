@@ -32,6 +32,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
 
@@ -212,6 +213,10 @@ class VisionDataModule(L.LightningDataModule):
             ``max_tokens`` (mixed sizes to pack); None = that largest size.
         eval_max_ratio: evaluation resize factor cap (1.0: never enlarge, native sizes within the budget; None:
             fill the budget).
+        size_choices: per-batch resolution in training (timm's ``input_size_choices`` idea): every training batch is
+            resized, on its device after the transfer (either loader), to a square side drawn per batch from this
+            list (seeded by ``seed`` and the global step, so every DDP rank draws the same side); validation and test
+            stay at ``img_size``. None: every batch at ``img_size``.
     """
 
     #: set by subclasses
@@ -258,6 +263,7 @@ class VisionDataModule(L.LightningDataModule):
         max_tokens: int | None = None,
         size_scale: Sequence[float] | None = None,
         eval_max_ratio: float | None = 1.0,
+        size_choices: Sequence[int] | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
@@ -322,6 +328,15 @@ class VisionDataModule(L.LightningDataModule):
         self.eval_max_ratio = None if eval_max_ratio is None else float(eval_max_ratio)
         if self.packing is not None:
             self._check_packing()
+        self.size_choices = None if size_choices is None else tuple(int(v) for v in size_choices)
+        if self.size_choices is not None:
+            if not self.size_choices or min(self.size_choices) < 1:
+                raise ValueError(f"data.size_choices must be a non-empty list of positive sides, got {size_choices}")
+            if self.packing is not None:
+                raise ValueError(
+                    "data.size_choices resizes batches of image tensors; with data.packing every image already has its "
+                    "own size (data.size_scale draws it): use one of them"
+                )
         self.img_size = int(img_size if img_size is not None else (self.canvas_size or self.native_size))
         if self.img_size < 1:
             raise ValueError(f"img_size must be >= 1, got {self.img_size}")
@@ -527,6 +542,23 @@ class VisionDataModule(L.LightningDataModule):
         )
 
     # ---- Lightning hooks ----------------------------------------------------------------------
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Per-batch resolution (``size_choices``): a training batch resized on its device to the side drawn for
+        this step; every other batch as it came."""
+        trainer = self.trainer
+        if self.size_choices is None or trainer is None or not trainer.training:
+            return batch
+        side = self.batch_side(trainer.global_step)
+        x, *rest = batch
+        if x.shape[-1] != side or x.shape[-2] != side:
+            x = F.interpolate(x, size=(side, side), mode="bilinear", align_corners=False, antialias=side < x.shape[-1])
+        return (x, *rest)
+
+    def batch_side(self, step: int) -> int:
+        """The side of training step ``step``'s batch (``size_choices``), the same on every rank."""
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
+        return self.size_choices[int(torch.randint(len(self.size_choices), (), generator=g))]
 
     def prepare_data(self) -> None:
         """Download if the data is missing and ``download=True`` (subclasses that can download)."""

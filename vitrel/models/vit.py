@@ -282,7 +282,8 @@ class VisionTransformer(TimmSurface, nn.Module):
 
     def _general(self, x: Any) -> bool:
         """The input takes the token-layout path (not one full grid per batch)."""
-        return not isinstance(x, Tensor) or (self.training and bool(self.token_drop))
+        # positive kinds, not "not a Tensor": a torch.fx Proxy stands for a Tensor (features_only, feature_cls="fx")
+        return isinstance(x, (list, tuple, Mapping)) or (self.training and bool(self.token_drop))
 
     def position_state(self, grid: Grid, like: Tensor) -> PosState | None:
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""

@@ -153,11 +153,31 @@ def _compiled_flex() -> Callable[..., Tensor]:
     return torch.compile(flex_attention, dynamic=False)
 
 
-def _flex_attention(*args: Any, **kwargs: Any) -> Tensor:
-    """FlexAttention, compiled (once per shape, lazily) unless the caller is being compiled already."""
+#: zero rows of storage after the keys for the compiled CPU kernel (see :func:`_keys_with_slack`)
+CPU_KEY_SLACK_ROWS = 64
+
+
+def _keys_with_slack(k: Tensor, rows: int = CPU_KEY_SLACK_ROWS) -> Tensor:
+    """``k`` copied into a contiguous buffer followed by ``rows`` zero rows (storage only, not in the shape).
+
+    torch 2.14's compiled CPU FlexAttention reads keys past the end of their storage at short sequences (seen at
+    8 and 24 keys, head dim 16): the last batch x head slice then gets wrong rows, NaN or finite, differently from
+    run to run (``tests/test_attn_flex.py::test_cpu_flex_short_sequences_equal_sdpa``). Zeros there make whatever it
+    reads harmless; 64 rows cover what was seen (256 elements fixed head dim 16, 64 did not)."""
+    buf = k.new_zeros(k.numel() + rows * k.shape[-1])
+    out = buf[: k.numel()].view(k.shape)
+    out.copy_(k)
+    return out
+
+
+def _flex_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
+    """FlexAttention, compiled (once per shape, lazily) unless the caller is being compiled already; on CPU the
+    keys get zero storage after their end (:func:`_keys_with_slack`)."""
     if torch.compiler.is_compiling():
-        return flex_attention(*args, **kwargs)
-    return _compiled_flex()(*args, **kwargs)
+        return flex_attention(q, k, v, **kwargs)
+    if k.device.type == "cpu":
+        k = _keys_with_slack(k)
+    return _compiled_flex()(q, k, v, **kwargs)
 
 
 def attend_flex(

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from vitrel.bench import source_commit
+
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -87,6 +89,8 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
             assert 0.0 <= r[f"{key}_acc"] <= 1.0
         assert r["params"] > 0 and r["train_img_s"] > 0 and r["peak_mem_mb"] > 0 and r["steps"] == 3
         assert r["ft_steps"] == 2 and r["ft_fit_s"] > 0  # the fine-tune at 60x60 (study_smoke.yaml)
+        assert r["commit"] == source_commit() and r["machine"] == data["machine"]["description"]  # per run
+    assert f"`{source_commit()}` on {data['machine']['description']}" in (tmp_path / f"{name}.md").read_text()
 
     with open(tmp_path / f"{name}.csv") as f:
         rows = list(csv.DictReader(f))

@@ -190,6 +190,26 @@ def train_step_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -
     return 3 * weights + peak
 
 
+def source_commit(path: str | Path | None = None) -> str | None:
+    """The git commit of the checkout holding ``path`` (default: this package), ``+dirty`` when its tracked files
+    differ from it (``git status --porcelain --untracked-files=no``); None outside a git checkout."""
+    import subprocess
+
+    where = str(Path(path) if path is not None else Path(__file__).resolve().parent)
+
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", "-C", where, *args], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    head = git("rev-parse", "--short", "HEAD")
+    if head is None:
+        return None
+    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:
     """The machine in words (``description``) and parts: CPU model, cores, torch threads, GPU, versions."""
     device = torch.device(device)

@@ -23,7 +23,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
-from vitrel.bench import machine_info
+from vitrel.bench import machine_info, source_commit
 from vitrel.pos import get_pos_class, list_pos
 from vitrel.study.reading import atomic_write, claims, scheme_key, write_results
 from vitrel.study.runs import (
@@ -225,6 +225,7 @@ def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> 
         merge_shards(out, name, state)
         todo = []
     data: dict = {}
+    commit = source_commit()  # the code this process runs (read once: a checkout changed meanwhile is not it)
     try:
         for i, (arch, scheme, seed) in enumerate(todo):
             cfg = run_cfg(arch, scheme, seed)
@@ -237,6 +238,7 @@ def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> 
             record, model = run_one(cfg, study, data, device, ft_cfg)
             family = get_pos_class(cfg.pos.name).family
             run = dict(arch=arch, scheme=scheme, seed=seed, family=family, pos_overrides=variants.get(scheme))
+            run.update(commit=commit, machine=state["machine"]["description"])  # which code, where: per run
             state["runs"].append({**run, **record, "resumed": resumed})
             state["wall_s"] = wall_before + time.perf_counter() - t_start
             if shard is not None:

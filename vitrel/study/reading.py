@@ -121,6 +121,15 @@ def claims(state: dict) -> list[dict]:
     return out
 
 
+def _provenance(runs: list[dict]) -> str:
+    """``commit on machine: N runs`` for each distinct pair (runs from before commits were recorded: unrecorded)."""
+    count: dict[tuple, int] = {}
+    for r in runs:
+        key = (r.get("commit") or "unrecorded commit", r.get("machine") or "unrecorded machine")
+        count[key] = count.get(key, 0) + 1
+    return "; ".join(f"`{c}` on {m}: {n} run{'s' * (n != 1)}" for (c, m), n in count.items()) or "no runs"
+
+
 def _pct(row: dict, m: str) -> str:
     mean, lo, hi = row.get(f"{m}_mean"), row.get(f"{m}_lo"), row.get(f"{m}_hi")
     if mean is None:
@@ -154,6 +163,7 @@ def markdown(state: dict) -> str:
         f"- Machine: {machine['description']}; torch {machine['torch']}"
         + (f"; load average {state['load']}" if state.get("load") else ""),
         f"- Wall time: {state['wall_s'] / 60:.1f} min in all ({len(state['runs'])} runs, seeds {seeds})",
+        "- Code and machine of the runs: " + _provenance(state["runs"]),
         f"- Recipe (resolved in the JSON): `conf/experiment/study_{state['budget']}.yaml`"
         + "".join(f" `{o}`" for o in rec["overrides"])
         + f": {d['name']}, each image in a {d['canvas_size']}x{d['canvas_size']} canvas at an offset of the "

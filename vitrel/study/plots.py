@@ -216,8 +216,11 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], 
             lo = [r.get(f"{e}_acc_lo") if r.get(f"{e}_acc_lo") is not None else y for e, y in zip(evals, ys)]
             hi = [r.get(f"{e}_acc_hi") if r.get(f"{e}_acc_hi") is not None else y for e, y in zip(evals, ys)]
             (line,) = ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, label=r["scheme"])
-            ax.fill_between(xs, [100 * v for v in lo], [100 * v for v in hi], color=line.get_color(), alpha=0.15)
+            # an accuracy lies in [0, 100]: a wide t-interval (few seeds) is drawn clipped to that range
+            lo, hi = [100 * max(v, 0.0) for v in lo], [100 * min(v, 1.0) for v in hi]
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
         ax.set_title(fam, fontsize=9)
+        ax.set_ylim(0, 100)
         ax.set_xlabel("resolution factor (zero-shot)")
         ax.set_xticks(xs)
         ax.grid(alpha=0.3)

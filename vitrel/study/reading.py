@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -123,10 +124,7 @@ def claims(state: dict) -> list[dict]:
 
 def _provenance(runs: list[dict]) -> str:
     """``commit on machine: N runs`` for each distinct pair (runs from before commits were recorded: unrecorded)."""
-    count: dict[tuple, int] = {}
-    for r in runs:
-        key = (r.get("commit") or "unrecorded commit", r.get("machine") or "unrecorded machine")
-        count[key] = count.get(key, 0) + 1
+    count = Counter((r.get("commit") or "unrecorded commit", r.get("machine") or "unrecorded machine") for r in runs)
     return "; ".join(f"`{c}` on {m}: {n} run{'s' * (n != 1)}" for (c, m), n in count.items()) or "no runs"
 
 

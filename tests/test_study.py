@@ -310,3 +310,31 @@ def test_jobs_pack_runs_into_worker_processes(study, tmp_path):
     with safe_open(str(tmp_path / "study_smoke_pos.safetensors"), "pt") as f:
         assert set(f.metadata()) == {"vit/none", "vit/rel2d_full"}
     assert json.loads((tmp_path / "study_smoke.json").read_text())["runs"] == state["runs"]
+
+
+def test_source_commit_is_dirty_for_code_not_for_results(tmp_path):
+    import subprocess
+
+    def git(*a):
+        subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *a],
+            check=True,
+            capture_output=True,
+        )
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "bench" / "results" / "r.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert source_commit(tmp_path / "pkg") == head
+    (tmp_path / "bench" / "results" / "r.json").write_text('{"runs": []}\n')  # the study's own output
+    assert source_commit(tmp_path / "pkg") == head
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")  # code
+    assert source_commit(tmp_path / "pkg") == head + "+dirty"
+    assert source_commit(tmp_path.parent / "no_such_checkout_here") is None

@@ -192,7 +192,8 @@ def train_step_bytes(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -
 
 def source_commit(path: str | Path | None = None) -> str | None:
     """The git commit of the checkout holding ``path`` (default: this package), ``+dirty`` when its tracked files
-    differ from it (``git status --porcelain --untracked-files=no``); None outside a git checkout."""
+    differ from it (``git status --porcelain --untracked-files=no``) outside ``bench/results/`` (where the study
+    itself writes: a resumed study is not dirty for its own results); None outside a git checkout."""
     import subprocess
 
     where = str(Path(path) if path is not None else Path(__file__).resolve().parent)
@@ -207,7 +208,8 @@ def source_commit(path: str | Path | None = None) -> str | None:
     head = git("rev-parse", "--short", "HEAD")
     if head is None:
         return None
-    return head + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    changed = git("status", "--porcelain", "--untracked-files=no", "--", ":(top)", ":(top,exclude)bench/results")
+    return head + ("+dirty" if changed else "")
 
 
 def machine_info(device: torch.device | str = "cpu") -> dict[str, Any]:

@@ -58,3 +58,15 @@ def test_recipe_entries_are_schemes_or_variants(extrapolation):
     for claim in rec["study"]["claims"].values():
         assert set(claim.get("better", [claim.get("best")])) <= set(rec["study"]["default_schemes"]), claim
         assert claim["eval"] in rec["study"]["evals"] or claim["eval"] in rec["study"]["derived"]
+
+
+def test_rope_density_scores_each_scaling_on_denser_and_larger_inputs(tmp_path):
+    spec = importlib.util.spec_from_file_location("vitrel_bench_rope_density", ROOT / "bench" / "rope_density.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "rd.md"
+    acc = mod.main(["--seeds", "1", "--images", "4", "--out", str(out), *TOY])
+    assert set(acc) == {"none", "linear", "ntk", "yarn"} and set(acc["none"]) == {"test", "denser", "larger"}
+    assert len({acc[t]["test"][0] for t in acc}) == 1  # factor auto is 1 at the built size: every scaling is identity
+    text = out.read_text()
+    assert "| yarn |" in text and json.loads(out.with_suffix(".json").read_text())["meta"]["seeds"] == 1

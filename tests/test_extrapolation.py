@@ -39,9 +39,16 @@ def test_extrapolation_runs_scores_every_scale_and_draws_curves(extrapolation, t
     assert sorted(scales.values()) == [1.0, 1.5, 2.0, 3.0, 4.0]
     for r in state["runs"]:
         assert all(0.0 <= r[f"{e}_acc"] <= 1.0 for e in scales), r
-    # the variants ran with the options they name
-    by = {r["scheme"]: r for r in state["runs"]}
-    assert by["rope2d_axial_yarn"]["pos_overrides"][1] == "pos.scaling={rope_type:yarn,factor:auto}"
+    # scored variants: the trained entry's weights with the options they name, one training per entry and seed
+    by = {(r["scheme"], r["seed"]): r for r in state["runs"]}
+    yarn = by["rope2d_axial_yarn", 0]
+    assert yarn["pos_overrides"]["score_with"] == ["pos.scaling={rope_type:yarn,factor:auto}"]
+    assert yarn["trained_as"] == "rope2d_axial" and ("rope2d_axial", 0) not in by  # trained for it, not recorded
+    for seed in (0, 1):
+        full, interp = by["rel2d_full", seed], by["rel2d_full_interp", seed]
+        assert interp["trained_as"] == "rel2d_full" and "trained_as" not in full
+        assert interp["fit_s"] == full["fit_s"] and interp["final_train_loss"] == full["final_train_loss"]
+        assert interp["test_acc"] == full["test_acc"]  # 1x: the built grid, the rule does not act
     assert (tmp_path / "study_extrapolation_curves.png").stat().st_size > 0
     data = json.loads((tmp_path / "study_extrapolation.json").read_text())
     (claim,) = [c for c in data["claims"] if c["title"].startswith("Interpolating a learned table")]
@@ -52,7 +59,7 @@ def test_recipe_entries_are_schemes_or_variants(extrapolation):
     import vitrel
 
     rec = extrapolation.study.recipe("extrapolation")
-    assert rec["runs"]["vit"]["trainer"]["limit_train_batches"] == 200 and rec["study"]["finetune"] is None
+    assert rec["runs"]["vit"]["trainer"]["limit_train_batches"] == 300 and rec["study"]["finetune"] is None
     names = set(vitrel.list_pos()) | set(rec["study"]["variants"])
     assert set(rec["study"]["default_schemes"]) <= names
     for claim in rec["study"]["claims"].values():
@@ -70,3 +77,30 @@ def test_rope_density_scores_each_scaling_on_denser_and_larger_inputs(tmp_path):
     assert len({acc[t]["test"][0] for t in acc}) == 1  # factor auto is 1 at the built size: every scaling is identity
     text = out.read_text()
     assert "| yarn |" in text and json.loads(out.with_suffix(".json").read_text())["meta"]["seeds"] == 1
+
+
+def test_scored_variants_are_checked(extrapolation, tmp_path):
+    from vitrel.study.reading import variant_parts
+
+    variants = {
+        "a": {"trained_as": "rope2d_axial", "score_with": ["pos.scaling={rope_type:linear,factor:auto}"]},
+        "b": {"trained_as": "a", "score_with": []},
+        "c": {"trained_as": "rope2d_axial", "score": []},
+        "m": ["pos=alibi2d", "data.size_choices=[40,48]"],
+        "d": {"trained_as": "m", "score_with": ["x=1"]},
+    }
+    assert variant_parts("rope2d_axial", variants) == ("rope2d_axial", ["pos=rope2d_axial"], [])
+    assert variant_parts("a", variants) == ("rope2d_axial", ["pos=rope2d_axial"], variants["a"]["score_with"])
+    assert variant_parts("d", variants) == ("m", variants["m"], ["x=1"])
+    with pytest.raises(ValueError, match="itself a scored variant"):
+        variant_parts("b", variants)
+    with pytest.raises(ValueError, match="exactly trained_as and score_with"):
+        variant_parts("c", variants)
+    argv = ["--out", str(tmp_path), "--progress", "none", "--threads", "1", "--cost-rounds", "0", "--seeds", "1"]
+    bad = "+study.variants.x={trained_as:no_such_scheme,score_with:[]}"
+    with pytest.raises(SystemExit, match="unknown entry: x"):
+        extrapolation.main(["--schemes", "x", *argv, *TOY, bad])
+    # options that change the parameters are not a scored variant: refused, not silently reinitialised
+    bad = "+study.variants.y={trained_as:rel2d_full,score_with:['pos=alibi2d']}"
+    with pytest.raises(ValueError, match="must have the trained entry's parameters"):
+        extrapolation.main(["--schemes", "y", *argv, *TOY, bad])

@@ -8,7 +8,8 @@
 (``python -m vitrel.study`` is the same command.) The one way to run the study, a layer over the training
 framework: budget ``B``'s recipe is ``conf/experiment/study_B.yaml`` (shared parts in ``study_base.yaml``);
 a run is ``python train.py experiment=study_B pos=<scheme> seed=<k> <study.archs.<arch>>`` (a
-``study.variants`` label stands for a scheme with options), composed with Hydra's compose API and trained by
+``study.variants`` label stands for a scheme with options, trained, or a *scored variant* ``{trained_as, score_with}``:
+the trained weights of another entry rebuilt with call-time options), composed with Hydra's compose API and trained by
 ``vitrel.train.run.train``. The schemes default to every registered one (``vitrel.list_pos``) and the
 variants, ordered by family. Fixed-canvas translation: every image is a 40x40 canvas, the 28x28 image at an
 offset from the ``seen`` block in training; the trained model is scored on ``study.evals`` (the seen offsets,

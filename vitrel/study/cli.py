@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from vitrel.bench import machine_info, source_commit
 from vitrel.pos import get_pos_class, list_pos
-from vitrel.study.reading import atomic_write, claims, scheme_key, write_results
+from vitrel.study.reading import atomic_write, claims, scheme_key, variant_parts, write_results
 from vitrel.study.runs import (
     BUDGETS,
     ROOT,
@@ -34,9 +34,11 @@ from vitrel.study.runs import (
     finetune_cfg,
     materialise,
     measure_cost,
+    rebuilt,
     recipe,
     run_one,
     save_pos,
+    score,
 )
 
 
@@ -72,6 +74,12 @@ def select(args: argparse.Namespace, study: dict) -> tuple[list[str], list[str],
     archs = [a.strip() for a in args.archs.split(",") if a.strip()] if args.archs else list(study["archs"])
     if bad := [s for s in schemes if s not in known]:
         raise SystemExit(f"unknown scheme(s) {bad}; known: {', '.join(known)}")
+    try:
+        trained = {s: variant_parts(s, study.get("variants"))[0] for s in schemes}
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
+    if bad := sorted({f"{s} (trained_as {t})" for s, t in trained.items() if t not in known}):
+        raise SystemExit(f"scored variant(s) of an unknown entry: {', '.join(bad)}; known: {', '.join(known)}")
     if bad := [a for a in archs if a not in study["archs"]]:
         raise SystemExit(f"unknown architecture(s) {bad}; choose from {sorted(study['archs'])}")
     return schemes, archs, list(range(args.seeds if args.seeds is not None else study["seeds"]))
@@ -202,7 +210,7 @@ def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> 
     todo = todo[: args.max_runs] if args.max_runs is not None else todo
     skipped = len(seeds) * len(archs) * len(schemes) - len(todo)
     if shard is not None:
-        todo, state_name, state["runs"] = todo[shard[0] :: shard[1]], f"{name}.shard{shard[0]}", []
+        state_name, state["runs"] = f"{name}.shard{shard[0]}", []
     print(
         f"{name}: {len(todo)} runs to do ({skipped} of the selection already done or deferred) on",
         state["machine"]["description"],
@@ -212,48 +220,69 @@ def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> 
     common += [f"data.root={args.data_root}"] * bool(args.data_root)
     common += ["trainer.precision=32-true"] * (device.type == "cpu")  # the recipes' bf16 is for GPUs
     variants = study.get("variants") or {}
+    parts = {s: variant_parts(s, variants) for s in schemes}
+    if study.get("finetune") and (scored := [s for s, p in parts.items() if p[2]]):
+        raise SystemExit(f"scored variants {scored} (trained_as) have no fine-tune; this recipe sets study.finetune")
 
     def run_overrides(arch: str, scheme: str, seed: int) -> list[str]:
-        pos = variants[scheme] if scheme in variants else [f"pos={scheme}"]
-        return [*common, *study["archs"][arch], *pos, f"seed={seed}"]
+        _, train, score_with = variant_parts(scheme, variants)
+        return [*common, *study["archs"][arch], *train, *score_with, f"seed={seed}"]
 
     def run_cfg(arch: str, scheme: str, seed: int) -> DictConfig:
         return compose(args.budget, run_overrides(arch, scheme, seed), work / f"{arch}_{scheme}_seed{seed}")
 
-    if args.jobs > 1 and shard is None and len(todo) > 1:
-        run_jobs(args, argv, min(args.jobs, len(todo)))
+    # one training per (arch, trained entry, seed): a scored variant shares its entry's (in this process)
+    units: dict[tuple[str, str, int], list[str]] = {}
+    for arch, scheme, seed in todo:
+        units.setdefault((arch, parts[scheme][0], seed), []).append(scheme)
+    if shard is not None:
+        units = dict(list(units.items())[shard[0] :: shard[1]])
+    if args.jobs > 1 and shard is None and len(units) > 1:
+        run_jobs(args, argv, min(args.jobs, len(units)))
         merge_shards(out, name, state)
-        todo = []
+        units = {}
     data: dict = {}
     commit = source_commit()  # the code this process runs (read once: a checkout changed meanwhile is not it)
     try:
-        for i, (arch, scheme, seed) in enumerate(todo):
-            cfg = run_cfg(arch, scheme, seed)
+        for i, ((arch, trained, seed), labels) in enumerate(units.items()):
+            cfg = run_cfg(arch, trained, seed)
             if not data:
                 data = {k: materialise(v) for k, v in eval_sets(study, instantiate(cfg.data)).items()}
                 print("evaluation sets:", ", ".join(f"{k} {tuple(v[0].shape)}" for k, v in data.items()))
-            print(f"[{i + 1}/{len(todo)}] {arch} {scheme} seed {seed}")
+            scored = [s for s in labels if s != trained]
+            also = f" (scored as {', '.join(scored)} too)" if scored and trained in labels else ""
+            also = f" (trained for {', '.join(scored)})" if trained not in labels else also
+            print(f"[{i + 1}/{len(units)}] {arch} {trained} seed {seed}{also}")
             resumed = (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").exists()
-            ft_cfg = finetune_cfg(cfg, study, run_overrides(arch, scheme, seed), args.budget)
+            ft_cfg = finetune_cfg(cfg, study, run_overrides(arch, trained, seed), args.budget)
             record, model = run_one(cfg, study, data, device, ft_cfg)
-            family = get_pos_class(cfg.pos.name).family
-            run = dict(arch=arch, scheme=scheme, seed=seed, family=family, pos_overrides=variants.get(scheme))
-            run.update(commit=commit, machine=state["machine"]["description"])  # which code, where: per run
-            state["runs"].append({**run, **record, "resumed": resumed})
-            state["wall_s"] = wall_before + time.perf_counter() - t_start
-            if shard is not None:
-                if seed == seeds[0]:
-                    save_pos(out / f"{name}_pos.shard{shard[0]}.safetensors", f"{arch}/{scheme}", model)
-                atomic_write(out / f"{state_name}.json", json.dumps(state, indent=1))
-            else:
-                if seed == seeds[0]:
-                    save_pos(out / f"{name}_pos.safetensors", f"{arch}/{scheme}", model)
-                write_results(state, out, name)
+            for scheme in labels:
+                if scheme == trained:
+                    rec, m = record, model
+                else:  # the same weights, rebuilt with score_with
+                    m = rebuilt(run_cfg(arch, scheme, seed), model, device)
+                    accs, eval_s = score(m, study, data, device, str(cfg.trainer.precision).startswith("bf16"))
+                    rec = {**record, **accs, "eval_s": eval_s, "trained_as": trained}
+                family = get_pos_class(cfg.pos.name).family
+                run = dict(arch=arch, scheme=scheme, seed=seed, family=family, pos_overrides=variants.get(scheme))
+                run.update(commit=commit, machine=state["machine"]["description"])  # which code, where: per run
+                state["runs"].append({**run, **rec, "resumed": resumed})
+                state["wall_s"] = wall_before + time.perf_counter() - t_start
+                if shard is not None:
+                    if seed == seeds[0]:
+                        save_pos(out / f"{name}_pos.shard{shard[0]}.safetensors", f"{arch}/{scheme}", m)
+                    atomic_write(out / f"{state_name}.json", json.dumps(state, indent=1))
+                else:
+                    if seed == seeds[0]:
+                        save_pos(out / f"{name}_pos.safetensors", f"{arch}/{scheme}", m)
+                    write_results(state, out, name)
+                accs = "  ".join(f"{k[:-4]} {100 * v:.1f}%" for k, v in rec.items() if k.endswith("_acc"))
+                who = f"{scheme}: " if len(labels) > 1 or scheme != trained else ""
+                speed = f"{record['train_img_s'] or math.nan:.0f} img/s, {record['peak_mem_mb']:.0f} MB"
+                print(f"    {who}{accs}  |  {speed}")
             for d in (cfg.paths.output_dir, ft_cfg.paths.output_dir if ft_cfg is not None else None):
                 if d:
                     shutil.rmtree(d, ignore_errors=True)
-            accs = "  ".join(f"{k[:-4]} {100 * v:.1f}%" for k, v in record.items() if k.endswith("_acc"))
-            print(f"    {accs}  |  {record['train_img_s'] or math.nan:.0f} img/s, {record['peak_mem_mb']:.0f} MB")
     finally:
         for d in (work, work.parent):
             with contextlib.suppress(OSError):

@@ -19,11 +19,37 @@ from vitrel.pos.registry import UnknownSchemeError, get_pos_class
 from vitrel.stats import chain_verdict, mean_ci, paired_diff, verdict
 
 
-def scheme_key(label: str, variants: Mapping[str, list[str]] | None = None) -> tuple:
+def variant_parts(label: str, variants: Mapping[str, Any] | None = None) -> tuple[str, list[str], list[str]]:
+    """A study entry as ``(trained entry, its training overrides, scoring overrides)``.
+
+    A registered scheme ``s``: ``(s, ["pos=s"], [])``. A ``study.variants`` label whose value is a list of
+    overrides: trained with them. A label whose value is ``{trained_as: <entry>, score_with: [overrides]}``: a
+    *scored variant*, the same trained weights as ``<entry>`` (a scheme or a trained variant) rebuilt with the
+    extra overrides for scoring (an option that acts at call time only, e.g. RoPE scaling with ``factor: auto``
+    or a table's ``extend`` rule): its differences to ``<entry>`` are within one trained model."""
+    v = (variants or {}).get(label)
+    if v is None:
+        return label, [f"pos={label}"], []
+    if isinstance(v, Mapping):
+        if set(v) != {"trained_as", "score_with"}:
+            raise ValueError(
+                f"study variant {label!r}: a mapping takes exactly trained_as and score_with, got {sorted(v)}"
+            )
+        base, score = str(v["trained_as"]), [str(o) for o in v["score_with"]]
+        if isinstance((variants or {}).get(base), Mapping):
+            raise ValueError(
+                f"study variant {label!r}: trained_as {base!r} is itself a scored variant; name a trained entry"
+            )
+        return base, variant_parts(base, variants)[1], score
+    return label, [str(o) for o in v], []
+
+
+def scheme_key(label: str, variants: Mapping[str, Any] | None = None) -> tuple:
     """Where a scheme (a registered name, or a ``study.variants`` label: the scheme of its ``pos=`` override)
     goes in the tables: by family in the order of ``FAMILIES`` (from the registry), a variant after its
     scheme, then by name."""
-    base = next((o.split("=", 1)[1] for o in (variants or {}).get(label, ()) if o.startswith("pos=")), label)
+    pos = variant_parts(label, variants)[1] if label in (variants or {}) else ()
+    base = next((o.split("=", 1)[1] for o in pos if o.startswith("pos=")), label)
     try:
         family = FAMILIES.index(get_pos_class(base).family)
     except (UnknownSchemeError, ValueError):

@@ -109,9 +109,9 @@ def run_one(
     fit_s, model = time.perf_counter() - t0, probe.model.to(device)
     x, y = (t[: int(cfg.data.batch_size)] for t in data["test"])
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else train_step_bytes(model, x, y)
-    t1, bf16 = time.perf_counter(), str(cfg.trainer.precision).startswith("bf16")
-    accs = {f"{k}_acc": accuracy(model, *v, device, study["eval_batch_size"], bf16) for k, v in data.items()}
-    loss, eval_s = metrics.get("train/loss_epoch"), time.perf_counter() - t1
+    bf16 = str(cfg.trainer.precision).startswith("bf16")
+    accs, eval_s = score(model, study, data, device, bf16)
+    loss = metrics.get("train/loss_epoch")
     record = dict(params=sum(p.numel() for p in model.parameters()), **accs, train_img_s=probe.img_s)  # None: no step
     record.update(peak_mem_mb=peak / 2**20, fit_s=fit_s, eval_s=eval_s, steps=probe.steps, epochs=probe.epochs)
     record.update(final_train_loss=None if loss is None else float(loss), device=device.type)
@@ -122,6 +122,30 @@ def run_one(
         record[f"ft_{ev}_acc"] = accuracy(ft_probe.model.to(device), *data[ev], device, study["eval_batch_size"], bf16)
         record.update(ft_fit_s=time.perf_counter() - t2, ft_steps=ft_probe.steps)
     return {**record, "finished": time.strftime("%Y-%m-%d %H:%M:%S")}, model
+
+
+def score(model: torch.nn.Module, study: dict, data: dict, device, bf16: bool) -> tuple[dict, float]:
+    """``{<eval>_acc: accuracy}`` on every evaluation set, and the seconds it took."""
+    t1 = time.perf_counter()
+    accs = {f"{k}_acc": accuracy(model, *v, device, study["eval_batch_size"], bf16) for k, v in data.items()}
+    return accs, time.perf_counter() - t1
+
+
+def rebuilt(cfg: DictConfig, trained: torch.nn.Module, device) -> torch.nn.Module:
+    """``cfg``'s model (a scored variant: the trained entry's options plus ``score_with``) holding ``trained``'s
+    weights; refuses a variant whose parameters differ (``load_state_dict`` strict: its options must act at call
+    time only)."""
+    from vitrel.train.run import build_model
+
+    model = build_model(cfg.model, instantiate(cfg.data))
+    try:
+        model.load_state_dict(trained.state_dict())
+    except RuntimeError as e:
+        raise ValueError(
+            f"a scored study variant (pos {OmegaConf.to_container(cfg.pos)}) must have the trained entry's parameters; "
+            f"its options change them: {str(e).splitlines()[0]}"
+        ) from None
+    return model.to(device)
 
 
 def finetune_cfg(cfg: DictConfig, study: dict, overrides: list[str], budget: str) -> DictConfig | None:

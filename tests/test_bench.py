@@ -32,6 +32,19 @@ def test_memory_probes_and_train_step():
     assert info["device"] == "cpu" and "CPU" in info["description"]
 
 
+def test_cpu_memory_probe_keeps_the_profiler_quiet():
+    """kineto's trace start / stop lines (and its GPU probe error without a GPU) stay out of the output."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import torch; from vitrel.bench import cpu_peak_bytes; print(cpu_peak_bytes(lambda: torch.ones(256).sum()))"
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120, check=True)
+    assert int(out.stdout.strip()) >= 1024
+    assert "profiler_start" not in out.stderr and "gpuGetDeviceCount" not in out.stderr, out.stderr
+
+
 def test_step_timer_in_a_fit():
     import lightning as L
 

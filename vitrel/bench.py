@@ -151,6 +151,9 @@ def cpu_peak_bytes(fn: Callable[[], Any]) -> int:
     """Peak of live allocations during ``fn()`` from the profiler's memory events (CPU)."""
     from torch.profiler import ProfilerActivity, profile
 
+    # kineto logs every trace's start and stop, and on a machine without a GPU an error probing for one (three
+    # lines a run of the study): quiet unless the user set a level (read when the profiler first starts)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     # op events carry their own (self) allocations, "[memory]" events the frees outside any op

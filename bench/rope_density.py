@@ -34,8 +34,8 @@ from hydra.utils import instantiate  # noqa: E402
 
 from vitrel.bench import machine_info, source_commit  # noqa: E402
 from vitrel.stats import mean_ci, paired_diff  # noqa: E402
-from vitrel.study.runs import Probe, accuracy, compose, eval_sets, materialise  # noqa: E402
-from vitrel.train.run import build_model, train  # noqa: E402
+from vitrel.study.runs import Probe, accuracy, compose, eval_sets, materialise, rebuilt  # noqa: E402
+from vitrel.train.run import train  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCALINGS = ("none", "linear", "ntk", "yarn")
@@ -46,10 +46,9 @@ EVALS = {
 }
 
 
-def scaled(cfg_overrides: list[str], rope_type: str, dm) -> torch.nn.Module:
-    """The study's rope2d_axial model with ``scaling: {rope_type, factor: auto}`` (none: unscaled)."""
-    extra = [] if rope_type == "none" else [f"pos.scaling={{rope_type:{rope_type},factor:auto}}"]
-    return build_model(compose("extrapolation", [*cfg_overrides, *extra]).model, dm)
+def scaling(rope_type: str) -> list[str]:
+    """The override for ``scaling: {rope_type, factor: auto}`` (none: unscaled)."""
+    return [] if rope_type == "none" else [f"pos.scaling={{rope_type:{rope_type},factor:auto}}"]
 
 
 def run(seeds: int, images: int, overrides: list[str], device: torch.device) -> dict:
@@ -65,11 +64,8 @@ def run(seeds: int, images: int, overrides: list[str], device: torch.device) -> 
             cfg = compose("extrapolation", run_over, Path(tmp) / f"seed{seed}")
             probe = Probe(int(cfg.study.timing_skip_steps), device)
             train(cfg, callbacks=[probe])
-            state = probe.model.state_dict()
-            dm = instantiate(cfg.data)
-            for t in SCALINGS:
-                model = scaled(run_over, t, dm).to(device)
-                model.load_state_dict(state)
+            for t in SCALINGS:  # the trained weights rebuilt with each scaling, as the study's scored variants
+                model = rebuilt(compose("extrapolation", [*run_over, *scaling(t)]), probe.model, device)
                 for e, (x, y) in data.items():
                     acc[t][e][seed] = accuracy(model, x, y, device, int(cfg.study.eval_batch_size), False)
                 print(f"seed {seed} {t:7s}", "  ".join(f"{e} {100 * acc[t][e][seed]:.1f}%" for e in EVALS))

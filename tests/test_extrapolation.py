@@ -73,10 +73,12 @@ def test_rope_density_scores_each_scaling_on_denser_and_larger_inputs(tmp_path):
     spec.loader.exec_module(mod)
     out = tmp_path / "rd.md"
     acc = mod.main(["--seeds", "1", "--images", "4", "--out", str(out), *TOY])
-    assert set(acc) == {"none", "linear", "ntk", "yarn"} and set(acc["none"]) == {"test", "denser", "larger"}
-    assert len({acc[t]["test"][0] for t in acc}) == 1  # factor auto is 1 at the built size: every scaling is identity
+    assert set(acc) == {"none", "linear", "ntk", "yarn", "no_pos"} and set(acc["none"]) == {"test", "denser", "larger"}
+    scaled = {t: a for t, a in acc.items() if t != "no_pos"}
+    assert len({a["test"][0] for a in scaled.values()}) == 1  # factor auto is 1 at the built size: identity
     text = out.read_text()
-    assert "| yarn |" in text and json.loads(out.with_suffix(".json").read_text())["meta"]["seeds"] == 1
+    assert "| yarn |" in text and "| no_pos |" in text
+    assert json.loads(out.with_suffix(".json").read_text())["meta"]["seeds"] == 1
 
 
 def test_scored_variants_are_checked(extrapolation, tmp_path):

@@ -63,25 +63,26 @@ def run(seeds: int, images: int, overrides: list[str], device: torch.device) -> 
     data = {k: materialise(v) for k, v in eval_sets(study, instantiate(base.data)).items()}
     print("evaluation sets:", ", ".join(f"{k} {tuple(v[0].shape)}" for k, v in data.items()))
     acc: dict[str, dict[str, dict[int, float]]] = {t: {e: {} for e in EVALS} for t in (*SCALINGS, CONTROL)}
+    batch = int(base.study.eval_batch_size)
 
-    def score(t: str, seed: int, model: torch.nn.Module, batch_size: int) -> None:
+    def score(t: str, seed: int, model: torch.nn.Module) -> None:
         for e, (x, y) in data.items():
-            acc[t][e][seed] = accuracy(model, x, y, device, batch_size, False)
+            acc[t][e][seed] = accuracy(model, x, y, device, batch, False)
         print(f"seed {seed} {t:7s}", "  ".join(f"{e} {100 * acc[t][e][seed]:.1f}%" for e in EVALS))
+
+    def trained(pos: str, seed: int, tmp: str) -> tuple[list[str], torch.nn.Module]:
+        run_over = [f"pos={pos}", f"seed={seed}", *arch, *overrides]
+        cfg = compose("extrapolation", run_over, Path(tmp) / f"{pos}_seed{seed}")
+        probe = Probe(int(cfg.study.timing_skip_steps), device)
+        train(cfg, callbacks=[probe])
+        return run_over, probe.model
 
     with tempfile.TemporaryDirectory() as tmp:
         for seed in range(seeds):
-            for pos in ("rope2d_axial", "none"):
-                run_over = [f"pos={pos}", f"seed={seed}", *arch, *overrides]
-                cfg = compose("extrapolation", run_over, Path(tmp) / f"{pos}_seed{seed}")
-                probe = Probe(int(cfg.study.timing_skip_steps), device)
-                train(cfg, callbacks=[probe])
-                if pos == "none":
-                    score(CONTROL, seed, probe.model, int(cfg.study.eval_batch_size))
-                    continue
-                for t in SCALINGS:  # the trained weights rebuilt with each scaling, as the study's scored variants
-                    model = rebuilt(compose("extrapolation", [*run_over, *scaling(t)]), probe.model, device)
-                    score(t, seed, model, int(cfg.study.eval_batch_size))
+            run_over, model = trained("rope2d_axial", seed, tmp)
+            for t in SCALINGS:  # the trained weights rebuilt with each scaling, as the study's scored variants
+                score(t, seed, rebuilt(compose("extrapolation", [*run_over, *scaling(t)]), model, device))
+            score(CONTROL, seed, trained("none", seed, tmp)[1])
     return acc
 
 

@@ -1,6 +1,5 @@
 """vitrel: vision transformers with relative position."""
 
-import vitrel.config  # noqa: F401  (registers the Hydra config schemas that conf/ names)
 from vitrel.layers.attention import Attention
 from vitrel.models import CheckpointError, create_model, export_model, from_timm, list_models, load_model
 from vitrel.pos import Grid, PositionScheme, PosState, build_pos, list_pos, register_pos

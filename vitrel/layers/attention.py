@@ -196,9 +196,14 @@ class Attention(nn.Module):
         st = self._state(x, grid, pos_state)
         q, k, v = self._qkv(x, st)
         b, n, c = x.shape
-        flex_causal = self.causal and st.impl == "flex"  # a BlockMask that skips the blocks above the diagonal
-        m = self._mask(mask, b, n, q.dtype, q.device, causal=not flex_causal)
-        if flex_causal:
+        native_causal = self.causal and st.impl in ("flex", "triton")  # the kernel skips the blocks above the diagonal
+        if st.impl == "triton":  # the window mask read per window by the kernel, causal by index
+            m = mask
+            if self.causal:
+                st = st._replace(causal=True)
+        else:
+            m = self._mask(mask, b, n, q.dtype, q.device, causal=not native_causal)
+        if native_causal and st.impl == "flex":
             st = st._replace(block_mask=with_causal_blocks(st.block_mask, self.num_heads, n, q.device))
         p = self.attn_drop if self.training else 0.0
         out = st.scheme.attend(q, k, v, m, self.scale, st, dropout_p=p)

@@ -195,9 +195,9 @@ class PositionScheme(nn.Module):
                 f"attn_impl={impl!r}: {self.name}'s term depends on the query token (no offset table, no fixed "
                 "factors); its fast path is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
             )
-        if impl == "flex" and (self.has_content_terms or (self.has_bias and not self.has_offset_table)):
+        if impl in ("flex", "triton") and (self.has_content_terms or (self.has_bias and not self.has_offset_table)):
             raise ValueError(
-                f"attn_impl='flex' reads the bias by offset in FlexAttention's score_mod; {self.name} has no "
+                f"attn_impl={impl!r} reads the bias by offset from the scheme's table; {self.name} has no "
                 "such table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
             )
         if impl == "fold" and not self.has_bias_factors:
@@ -206,6 +206,11 @@ class PositionScheme(nn.Module):
                 "bias (the factored tables rel2d_factored and rel2d_bucket do): use attn_impl='sdpa' or 'auto'"
             )
         if isinstance(grid, TokenLayout):
+            if impl == "triton":
+                raise ValueError(
+                    "attn_impl='triton' does not take packed or token-dropped layouts yet (NaFlex dicts, lists of "
+                    "images of different sizes): use attn_impl='sdpa' or 'flex' for them"
+                )
             return self._prepare_layout(grid, device, dtype, impl)
         grid = as_grid(grid)
         p = num_prefix_tokens
@@ -216,6 +221,9 @@ class PositionScheme(nn.Module):
             return PosState(self, grid, p, rope=rope, table=table, block_mask=blocks, impl=impl)
         if impl == "fold":
             return PosState(self, grid, p, rope=rope, factors=self.bias_factors(grid, p), impl=impl)
+        if impl == "triton":
+            table = self.offset_table(grid) if self.has_bias else None
+            return PosState(self, grid, p, rope=rope, table=table, impl=impl)
         return PosState(self, grid, p, bias=self.bias(grid, p), rope=rope, impl=impl)
 
     def rotation_axes(self, rope: tuple[Tensor, ...]) -> tuple[int | None, ...]:
@@ -341,6 +349,8 @@ class PosState(NamedTuple):
     layout: TokenLayout | None = None
     #: the scheme prepared on each of ``layout.grids`` (the content terms computed per image; Shaw)
     grid_states: tuple[PosState, ...] = ()
+    #: causal attention, done by the kernel itself (``impl="triton"``: blocks above the diagonal skipped)
+    causal: bool = False
 
     def check_tokens(self, n_tokens: int) -> None:
         """Raise if the state was not prepared for ``n_tokens`` tokens."""

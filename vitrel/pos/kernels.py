@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from vitrel.pos.base import PosState
     from vitrel.pos.tokens import TokenLayout
 
-ATTN_IMPLS = ("auto", "sdpa", "flex", "fold", "eager")
+ATTN_IMPLS = ("auto", "sdpa", "flex", "fold", "eager", "triton")
 
 __all__ = [
     "ATTN_IMPLS",
@@ -53,6 +53,8 @@ def attend_state(
     broadcastable to ``[B, heads, N, N]``: windows, causal)."""
     if state.impl == "flex":
         return attend_flex(q, k, v, mask, scale, state, dropout_p)
+    if state.impl == "triton":
+        return attend_triton(q, k, v, mask, scale, state, dropout_p)
     if state.factors is not None:  # (a layout's block-diagonal mask in state.bias)
         return attend_folded(q, k, v, merge_masks(state.bias, mask, q.dtype), scale, state.factors, dropout_p)
     if state.scheme.has_content_terms or state.impl == "eager":
@@ -213,6 +215,26 @@ def attend_flex(
         return score
 
     return _flex_attention(q, k, v, score_mod=score_mod, block_mask=state.block_mask, scale=scale)
+
+
+def attend_triton(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p: float = 0.0
+) -> Tensor:
+    """The fused Triton kernel reading the bias from the offset table (``attn_impl="triton"``,
+    :mod:`vitrel.kernels.triton_bias`); ``mask`` ``[nW, n, n]`` (windows) or ``[n, n]``."""
+    from vitrel.kernels.triton_bias import rel_bias_attention
+
+    if dropout_p > 0.0:
+        raise ValueError("attn_impl='triton' has no attention dropout: use attn_impl='sdpa' for attn_drop > 0")
+    if mask is not None and mask.dim() == 4:
+        if mask.shape[1] != 1:
+            raise ValueError("attn_impl='triton' takes a mask shared by the heads ([B | nW, N, N])")
+        mask = mask[:, 0]
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+    return rel_bias_attention(
+        q, k, v, state.table, state.grid, state.num_prefix_tokens, scale, mask, causal=state.causal
+    )
 
 
 def _offset_reader(

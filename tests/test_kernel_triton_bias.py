@@ -1,0 +1,235 @@
+"""attn_impl="triton": the fused attention kernel with the bias read from an offset table, and its table gradient.
+
+On this CPU the Triton kernels run through Triton's interpreter (``TRITON_INTERPRET=1``, set below before the
+kernels are first used), in float32 at small sizes (tiles of 16, so a few tokens per side already span several
+blocks), against the float64 reference written from the equation
+``softmax(q k^T * scale + T[h, r_i - r_j + H - 1, c_i - c_j + W - 1] + mask) v`` (dense, autograd for the
+gradients): outputs, ``dq, dk, dv`` and the gradient of every table parameter. Marked ``cuda``, the same cases
+run in bf16 on a GPU (``pytest -m cuda``).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are first imported (vitrel imports them lazily)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import vitrel  # noqa: E402
+from vitrel import Attention  # noqa: E402
+from vitrel.kernels import triton_bias  # noqa: E402
+from vitrel.kernels.triton_bias import rel_bias_attention  # noqa: E402
+from vitrel.pos import list_pos  # noqa: E402
+from vitrel.pos.geometry import as_grid, expand_offset_table  # noqa: E402
+from vitrel.pos.registry import get_pos_class  # noqa: E402
+
+CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")])
+DEVICES = ["cpu", CUDA]
+TABLE_SCHEMES = [n for n in list_pos("relative") if get_pos_class(n).has_offset_table]
+
+
+def _tol(device: str) -> dict:
+    """fp32 in the interpreter; bf16 inputs (fp32 accumulation) on a GPU."""
+    return dict(atol=2e-5, rtol=2e-4) if device == "cpu" else dict(atol=3e-2, rtol=3e-2)
+
+
+def reference(q, k, v, table, grid, prefix, mask=None, causal=False):
+    """float64, dense, straight from the equation."""
+    n = q.shape[-2]
+    logits = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    if table is not None:
+        logits = logits + expand_offset_table(table, as_grid(grid), prefix)
+    if mask is not None:
+        logits = logits + mask.repeat(q.shape[0] // mask.shape[0], 1, 1)[:, None]
+    if causal:
+        logits = logits + torch.full((n, n), float("-inf"), dtype=q.dtype, device=q.device).triu(1)
+    return logits.softmax(-1) @ v
+
+
+def _inputs(b, h, n, d, grid, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(3))
+    table = torch.randn(h, 2 * grid[0] - 1, 2 * grid[1] - 1, generator=g, dtype=torch.float64)
+    return q, k, v, table
+
+
+def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True):
+    n = prefix + grid[0] * grid[1]
+    q, k, v, table = _inputs(b, h, n, d, grid)
+    table = table if table_on else None
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    leaves64 = [t.requires_grad_() for t in (q, k, v, table) if t is not None]
+    ref = reference(q, k, v, table, grid, prefix, mask, causal)
+    go = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, leaves64, go)
+    qd, kd, vd = (t.detach().to(device, dtype).requires_grad_() for t in (q, k, v))
+    td = None if table is None else table.detach().to(device, torch.float32).requires_grad_()
+    md = None if mask is None else mask.to(device, torch.float32)
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, mask=md, causal=causal)
+    leaves = [t for t in (qd, kd, vd, td) if t is not None]
+    grads = torch.autograd.grad(out, leaves, go.to(device, dtype))
+    tol = _tol(device)
+    torch.testing.assert_close(out.double().cpu(), ref.detach(), **tol)
+    for name, g, gr in zip("qkvT", grads, grads_ref):
+        scale = gr.abs().max().item()
+        torch.testing.assert_close(g.double().cpu() / scale, gr / scale, **tol, msg=f"d{name}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("grid", "prefix", "d"),
+    [((3, 5), 1, 16), ((5, 7), 0, 32), ((4, 6), 2, 24), ((2, 9), 4, 16), ((6, 3), 1, 16)],
+)
+def test_kernel_equals_reference(device, grid, prefix, d):
+    """Output and the gradients of q, k, v and the table, prefix 0 / 1 / registers, a head dim that is not a power of
+    two, grids wider and taller than a tile."""
+    _check(device, 2, 2, d, grid, prefix)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_causal_1d(device):
+    """Causal 1-D (a 1 x N grid): the keys after the query masked, the blocks above the diagonal skipped."""
+    _check(device, 2, 2, 16, (1, 37), 0, causal=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_without_table(device):
+    """No bias (a rotary scheme's or no position): plain attention."""
+    _check(device, 1, 2, 16, (4, 5), 1, table_on=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_window_mask(device):
+    """A batch of windows with a mask per window (``b % nW``: Swin's shifted windows), ``-inf`` and finite."""
+    grid = (4, 4)
+    mask = torch.zeros(2, 16, 16, dtype=torch.float64)
+    region = torch.tensor([0] * 6 + [1] * 6 + [2] * 4)
+    mask[1] = torch.where(region[:, None] == region[None, :], 0.0, float("-inf"))
+    mask[0, :, 3] = -5.0
+    _check(device, 4, 2, 16, grid, 0, mask=mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_masked_table_entries(device):
+    """``-inf`` table entries (LookHere's views) mask their pairs; whole tiles of them give no NaN."""
+    grid, prefix = (5, 6), 1
+    n = prefix + 30
+    q, k, v, table = _inputs(1, 2, n, 16, grid)
+    table[0, :, :5] = float("-inf")  # head 0 sees no key to its right beyond 1 column... and never itself masked
+    table[1, 5:, :] = float("-inf")  # head 1 sees only keys below or on its row
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    ref = reference(q, k, v, table, grid, prefix)
+    go = torch.randn_like(ref)
+    gref = torch.autograd.grad(ref, leaves, go)
+    dev = "cpu"
+    qd, kd, vd = (t.detach().float().to(dev).requires_grad_() for t in (q, k, v))
+    out = rel_bias_attention(qd, kd, vd, table.float(), grid, prefix)
+    g = torch.autograd.grad(out, (qd, kd, vd), go.float())
+    torch.testing.assert_close(out.double(), ref.detach(), **_tol(dev))
+    for a, r in zip(g, gref):
+        torch.testing.assert_close(a.double(), r, **_tol(dev))
+
+
+def test_table_gradient_is_deterministic():
+    """Partial sums per program reduced by tensor sums: two backward passes give bitwise equal table gradients."""
+    grid, prefix = (4, 6), 1
+    q, k, v, table = (t.float() for t in _inputs(3, 2, prefix + 24, 16, grid))
+    table.requires_grad_()
+    runs = [torch.autograd.grad(rel_bias_attention(q, k, v, table, grid, prefix).square().sum(), table)[0] for _ in "ab"]
+    assert torch.equal(runs[0], runs[1])
+
+
+def _scheme_attention(name, prefix, causal=False):
+    torch.manual_seed(0)
+    a = Attention(32, 2, pos=name, grid=(3, 4), num_prefix_tokens=prefix, causal=causal).double()
+    with torch.no_grad():
+        for t in a.pos.parameters():  # away from the init, so that every entry matters
+            t.normal_(0.0, 0.5)
+    return a
+
+
+@pytest.mark.parametrize("name", TABLE_SCHEMES)
+@pytest.mark.parametrize("prefix", [0, 1])
+def test_every_table_scheme_through_attention(name, prefix):
+    """``Attention(..., attn_impl="triton")`` equals the float64 SDPA path on a grid larger than the one the scheme
+    was built for (tables grown / clamped as the scheme says), outputs and the gradient of every parameter
+    (the scheme's own: tables, MLPs, slopes)."""
+    causal = get_pos_class(name).causal_aware and prefix == 0
+    a = _scheme_attention(name, prefix, causal)
+    x = torch.randn(2, prefix + 4 * 5, 32, dtype=torch.float64)
+    y_ref = a(x, grid=(4, 5))
+    params = dict(a.named_parameters())
+    g_ref = torch.autograd.grad(y_ref.square().sum(), list(params.values()))
+    a.attn_impl = "triton"
+    a.float()
+    y = a(x.float(), grid=(4, 5))
+    g = torch.autograd.grad(y.square().sum(), list(params.values()))
+    torch.testing.assert_close(y.double(), y_ref, atol=1e-5, rtol=1e-4)
+    for (pname, _), gi, gr in zip(params.items(), g, g_ref):
+        scale = max(gr.abs().max().item(), 1e-2)  # (FIRE's last bias: zero gradient, softmax invariance)
+        torch.testing.assert_close(gi.double() / scale, gr / scale, atol=2e-5, rtol=1e-4, msg=pname)
+
+
+def test_lookhere_narrow_views_through_attention():
+    a = Attention(32, 4, pos={"name": "lookhere", "fov": 45}, grid=(4, 4), num_prefix_tokens=1).double()
+    x = torch.randn(2, 17, 32, dtype=torch.float64)
+    ref = a(x, grid=(4, 4))
+    a.attn_impl = "triton"
+    torch.testing.assert_close(a.float()(x.float(), grid=(4, 4)).double(), ref, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("shift", [True, False])
+def test_swin_windows(shift):
+    """A Swin (windows of 4 x 4, shifted or not) with ``attn_impl="triton"`` equals its ``sdpa`` twin."""
+    kw = dict(img_size=16, embed_dim=32, depths=(2,), num_heads=(2,), window_size=4, num_classes=3)
+    torch.manual_seed(0)
+    ref = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos="rel2d_full", **kw)
+    m = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos="rel2d_full", attn_impl="triton", **kw)
+    m.load_state_dict(ref.state_dict())
+    if not shift:
+        for mod in (ref, m):
+            for blk in mod.modules():
+                if hasattr(blk, "shift_size"):
+                    blk.shift_size = 0
+    x = torch.randn(2, 3, 16, 16)
+    y_ref, y = ref(x), m(x)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
+    gr = torch.autograd.grad(y_ref.square().sum(), [p for n, p in ref.named_parameters() if "table" in n])
+    g = torch.autograd.grad(y.square().sum(), [p for n, p in m.named_parameters() if "table" in n])
+    for a, b in zip(g, gr):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_vit_model_and_compile():
+    """``create_model(..., attn_impl="triton")`` equals sdpa; ``torch.compile`` captures the custom op whole
+    (``fullgraph=True``), forward and backward."""
+    kw = dict(img_size=16, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    torch.manual_seed(0)
+    ref = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", **kw)
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", attn_impl="triton", **kw)
+    m.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 3, 16, 16)
+    torch.testing.assert_close(m(x), ref(x), atol=1e-5, rtol=1e-4)
+    c = torch.compile(m, fullgraph=True)
+    y = c(x)
+    torch.testing.assert_close(y, ref(x), atol=1e-5, rtol=1e-4)
+    y.sum().backward()
+    assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
+
+
+def test_clear_errors(monkeypatch):
+    """On CPU without the interpreter, dropout, packed layouts: one clear error each."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        triton_bias.check_device(torch.device("cpu"))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    a = Attention(32, 2, pos="rel2d_full", grid=(3, 3), attn_impl="triton", attn_drop=0.1).train()
+    with pytest.raises(ValueError, match="no attention dropout"):
+        a(torch.randn(1, 9, 32), grid=(3, 3))
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="triton", img_size=16, depth=1)
+    with pytest.raises(ValueError, match="packed"):
+        m([torch.randn(3, 16, 16), torch.randn(3, 8, 16)])
+    with pytest.raises(ValueError, match="has no such table"):
+        Attention(32, 2, pos="shaw2d_full", grid=(3, 3), attn_impl="triton")(torch.randn(1, 9, 32), grid=(3, 3))

@@ -1,0 +1,276 @@
+"""Fused attention with a relative-position bias read from its offset table, forward and backward in Triton.
+
+``rel_bias_attention(q, k, v, table, ...)`` computes, for ``q, k, v [B, heads, N, d]`` on an ``GH x GW`` grid after
+``P`` prefix tokens (raster order),
+
+    out = softmax(q k^T * scale + bias + mask) v,    bias[h, i, j] = T[h, r_i - r_j + GH - 1, c_i - c_j + GW - 1]
+
+(patch pairs; 0 for pairs with a prefix token), with ``mask`` an optional additive float mask ``[Mb, N, N]``
+(batch ``b`` reads ``mask[b % Mb]``: Swin's shifted windows) and ``causal`` the keys after the query masked
+(blocks above the diagonal skipped). Nothing ``N x N`` is stored; the backward returns ``dq, dk, dv`` and the
+table's gradient ``dT``, reduced in the kernel (:mod:`vitrel.kernels.triton_bias_kernels`), deterministic.
+
+It is a torch custom op (``torch.ops.vitrel.rel_bias_attention``) with its autograd formula and fake (meta)
+implementations, so ``torch.compile`` captures it as one node. The kernels run on CUDA, or on CPU tensors through
+Triton's interpreter when ``TRITON_INTERPRET=1`` is set before this module is first used (the tests do so);
+on CPU without it, :func:`check_device` says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+from torch import Tensor
+
+__all__ = ["rel_bias_attention", "check_device", "interpreter_on", "table_grad"]
+
+#: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
+#: (small tiles keep its per-element work small and exercise several blocks at small sizes)
+_FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 64), 128: (64, 32)}
+_BWD_BLOCK = {16: 64, 32: 64, 64: 64, 128: 32}
+
+
+def interpreter_on() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def check_device(device: torch.device) -> None:
+    """Raise unless the Triton kernels can run on ``device``: CUDA, or CPU with ``TRITON_INTERPRET=1``."""
+    if device.type == "cuda":
+        return
+    if device.type == "cpu" and interpreter_on():
+        return
+    raise ValueError(
+        f"attn_impl='triton' runs Triton kernels on CUDA; on {device.type} tensors it needs Triton's interpreter: "
+        "set TRITON_INTERPRET=1 in the environment before starting Python (slow: for tests at small sizes), or use "
+        "attn_impl='sdpa' on this device"
+    )
+
+
+@functools.cache
+def _kernels():
+    from vitrel.kernels import triton_bias_kernels
+
+    return triton_bias_kernels
+
+
+def _blocks(d: int, device: torch.device) -> tuple[int, int, int, int]:
+    """``(BLOCK_D, BM, BN, BWD)`` for head dim ``d``."""
+    block_d = max(16, 1 << (d - 1).bit_length())
+    if block_d > 128:
+        raise ValueError(f"attn_impl='triton' takes head dims up to 128, got {d}")
+    if device.type == "cpu":  # the interpreter
+        return block_d, 16, 16, 16
+    bm, bn = _FWD_BLOCKS[block_d]
+    return block_d, bm, bn, _BWD_BLOCK[block_d]
+
+
+def _prec(dtype: torch.dtype) -> str:
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _strides(*ts: Tensor) -> list[int]:
+    out: list[int] = []
+    for t in ts:
+        if t.stride(-1) != 1:
+            raise ValueError("rel_bias_attention: the head dim must be contiguous")
+        out += [t.stride(0), t.stride(1), t.stride(2)]
+    return out
+
+
+def _table_args(table: Tensor | None, q: Tensor) -> tuple[Tensor, int]:
+    if table is None:
+        return q.new_zeros(1, dtype=torch.float32), 0
+    return table, table.stride(0)
+
+
+def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
+    if mask is None:
+        return q.new_zeros(1, dtype=torch.float32), 0, 1
+    return mask, mask.stride(0), mask.shape[0]
+
+
+@torch.library.custom_op("vitrel::rel_bias_attention", mutates_args=())
+def _fwd_op(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor | None,
+    mask: Tensor | None,
+    scale: float,
+    grid_h: int,
+    grid_w: int,
+    prefix: int,
+    causal: bool,
+) -> tuple[Tensor, Tensor]:
+    b, h, n, d = q.shape
+    block_d, bm, bn, _ = _blocks(d, q.device)
+    out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
+    lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    t, st = _table_args(table, q)
+    m, smb, nmb = _mask_args(mask, q)
+    grid = (triton_cdiv(n, bm), b * h)
+    _kernels()._fwd_kernel[grid](
+        q, k, v, t, m, out, lse, *_strides(q, k, v, out), st, smb, nmb, h, n, prefix, grid_h, grid_w,
+        scale * _kernels().LOG2E, D=d, BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None,
+        HAS_MASK=mask is not None, CAUSAL=causal, PREC=_prec(q.dtype),
+    )  # fmt: skip
+    return out, lse
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q, k, v, table, mask, scale, grid_h, grid_w, prefix, causal):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def _n_split(n_qb: int, heads: int, batch: int, device: torch.device) -> int:
+    """Batch shares of the ``dq`` kernel: enough programs to fill the device (4 per SM), no more than the batch."""
+    if device.type != "cuda":
+        return min(batch, 2)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(batch, math.ceil(4 * sms / (n_qb * heads))))
+
+
+@torch.library.custom_op("vitrel::rel_bias_attention_bwd", mutates_args=())
+def _bwd_op(
+    do: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor | None,
+    mask: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
+    scale: float,
+    grid_h: int,
+    grid_w: int,
+    prefix: int,
+    causal: bool,
+    table_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    b, h, n, d = q.shape
+    block_d, _, _, blk = _blocks(d, q.device)
+    do = do.contiguous()
+    delta = (out.float() * do.float()).sum(-1).contiguous()  # rowsum(o * do), FlashAttention-2's D
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
+    t, st = _table_args(table, q)
+    m, smb, nmb = _mask_args(mask, q)
+    ks = _kernels()
+    qk_scale = scale * ks.LOG2E
+    flags = dict(
+        D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal,
+        PREC=_prec(q.dtype),
+    )  # fmt: skip
+    common = [*_strides(q, k, v, do), st, smb, nmb]
+    n_b = triton_cdiv(n, blk)
+    ks._bwd_dkdv_kernel[(n_b, b * h)](
+        q, k, v, t, m, do, lse, delta, dk, dv, *common, *_strides(dk, dv), h, n, prefix, grid_h, grid_w, qk_scale, scale,
+        BM=blk, BN=blk, **flags,
+    )  # fmt: skip
+    grad_t = table_grad and table is not None
+    n_split = _n_split(n_b, h, b, q.device)
+    slots = torch.zeros((n_split, h, n_b, n_b, 2, 2 * blk) if grad_t else (1,), device=q.device, dtype=torch.float32)
+    ks._bwd_dq_kernel[(n_b, h, n_split)](
+        q, k, v, t, m, do, lse, delta, dq, slots, *common, *_strides(dq), b, h, n, prefix, grid_h, grid_w, qk_scale, scale,
+        n_split, n_b, BM=blk, TABLE_GRAD=grad_t, **flags,
+    )  # fmt: skip
+    dt = table_grad_from_slots(slots, grid_h, grid_w, blk) if grad_t else q.new_zeros(0, dtype=torch.float32)
+    return dq, dk, dv, dt
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, q, k, v, table, mask, out, lse, scale, grid_h, grid_w, prefix, causal, table_grad):
+    dt = table.new_empty(table.shape) if (table_grad and table is not None) else q.new_empty(0, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dt
+
+
+def table_grad_from_slots(slots: Tensor, grid_h: int, grid_w: int, blk: int) -> Tensor:
+    """``dT [heads, 2 GH - 1, 2 GW - 1]`` from the ``dq`` kernel's slots ``[n_split, heads, n_qb, n_kb, 2, 2 blk]``.
+
+    Slot ``(qb, kb, case, e)`` holds the sum of ``dS`` over the tile's pairs with ``i - j = (qb - kb) blk + e - blk + 1``
+    (``case`` 0: ``dw >= 0``, 1: ``dw < 0``). Summed over the batch shares and over the tiles of one block
+    diagonal ``qb - kb``, then each diagonal's ``2 blk`` sums laid at its offset (two halves overlapping the next
+    diagonal's), giving ``G[case, i - j]``; ``dT[dh, dw] = G[dw < 0, dh GW + dw]``. Plain tensor sums in a fixed
+    order: deterministic."""
+    s = slots.sum(0)  # [heads, n_qb, n_kb, 2, E]
+    heads, n_qb, n_kb = s.shape[:3]
+    qb = torch.arange(n_qb, device=s.device)[:, None]
+    diag = torch.arange(-(n_kb - 1), n_qb, device=s.device)[None, :]  # qb - kb
+    kb = qb - diag
+    inside = (kb >= 0) & (kb < n_kb)
+    per_diag = s[:, qb, kb.clamp(0, n_kb - 1)]  # [heads, n_qb, n_diag, 2, E]
+    per_diag = (per_diag * inside[None, :, :, None, None]).sum(1)  # [heads, n_diag, 2, E]
+    lo, hi = per_diag[..., :blk], per_diag[..., blk:]
+    n_diag = per_diag.shape[1]
+    ext = s.new_zeros(heads, n_diag + 1, 2, blk)
+    ext[:, :-1] += lo
+    ext[:, 1:] += hi
+    ext = ext.permute(0, 2, 1, 3).reshape(heads, 2, (n_diag + 1) * blk)  # index y = diag' blk + e
+    ng = grid_h * grid_w
+    # y = x + n_kb blk - ng for x = (i - j) + ng - 1, i.e. y = (i - j) + n_kb blk - 1
+    dh = torch.arange(-(grid_h - 1), grid_h, device=s.device)[:, None]
+    dw = torch.arange(-(grid_w - 1), grid_w, device=s.device)[None, :]
+    y = dh * grid_w + dw + n_kb * blk - 1
+    case = (dw < 0).long().expand_as(y)
+    return ext[:, case, y]
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _setup(ctx, inputs, output):
+    q, k, v, table, mask, scale, grid_h, grid_w, prefix, causal = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, table, mask, out, lse)
+    ctx.args = (scale, grid_h, grid_w, prefix, causal)
+
+
+def _backward(ctx, dout, dlse):
+    q, k, v, table, mask, out, lse = ctx.saved_tensors
+    need_t = table is not None and ctx.needs_input_grad[3]
+    dq, dk, dv, dt = _bwd_op(dout, q, k, v, table, mask, out, lse, *ctx.args, need_t)
+    return dq, dk, dv, (dt if need_t else None), None, None, None, None, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup)
+
+
+def rel_bias_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor | None,
+    grid: tuple[int, int],
+    num_prefix_tokens: int = 0,
+    scale: float | None = None,
+    mask: Tensor | None = None,
+    causal: bool = False,
+) -> Tensor:
+    """``softmax(q k^T * scale + T[offsets] + mask) v`` for ``q, k, v [B, heads, N, d]`` (see the module docstring).
+
+    ``table`` ``[heads, 2 GH - 1, 2 GW - 1]`` (any float dtype: read and differentiated in float32; ``-inf`` entries
+    mask their pairs) or None; ``grid`` ``(GH, GW)`` with ``N = num_prefix_tokens + GH GW``; ``mask`` ``[Mb, N, N]``
+    additive (``B`` a multiple of ``Mb``)."""
+    check_device(q.device)
+    b, h, n, d = q.shape
+    gh, gw = int(grid[0]), int(grid[1])
+    if k.shape != q.shape or v.shape != q.shape:
+        raise ValueError(f"rel_bias_attention: q, k, v must have one shape, got {q.shape}, {k.shape}, {v.shape}")
+    if n != num_prefix_tokens + gh * gw:
+        raise ValueError(f"rel_bias_attention: {n} tokens, but the grid {gh}x{gw} with {num_prefix_tokens} prefix")
+    if table is not None:
+        if table.shape != (h, 2 * gh - 1, 2 * gw - 1):
+            raise ValueError(f"rel_bias_attention: table {tuple(table.shape)}, expected {(h, 2 * gh - 1, 2 * gw - 1)}")
+        table = table.float().contiguous()
+    if mask is not None:
+        mask = mask.reshape(-1, n, n).float().contiguous()
+        if b % mask.shape[0]:
+            raise ValueError(f"rel_bias_attention: batch {b} is not a multiple of the mask's {mask.shape[0]}")
+    q, k, v = (t.contiguous() for t in (q, k, v))  # one layout at the op's boundary (its fakes say contiguous)
+    scale = d**-0.5 if scale is None else float(scale)
+    out, _ = _fwd_op(q, k, v, table, mask, scale, gh, gw, num_prefix_tokens, causal)
+    return out

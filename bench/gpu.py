@@ -186,62 +186,130 @@ def compile_check(dev: torch.device, quick: bool) -> list[str]:
     return lines
 
 
-def run_script(argv: list[str]) -> tuple[str, str]:
+def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
+    """``attn_impl="triton"`` on this device: the kernel tests (``pytest -m cuda``: bf16 against the float64
+    reference), the table gradient bitwise repeatable, and FlexAttention compiling in bf16 with the per-device
+    ``kernel_options``."""
+    lines = []
+    if dev.type == "cuda":
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-m",
+            "cuda",
+            "-p",
+            "no:cacheprovider",
+            "tests/test_kernel_triton_bias.py",
+        ]
+        t0 = time.perf_counter()
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "0"})
+        tail = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+        lines.append(f"`{shlex.join(cmd[1:])}`: {tail} ({time.perf_counter() - t0:.0f} s)\n")
+        if out.returncode:
+            lines += ["```", out.stdout[-4000:], "```"]
+    from vitrel.kernels.triton_bias import rel_bias_attention
+
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    grid = (32, 32) if not quick else (4, 4)
+    n = 1 + grid[0] * grid[1]
+    g = torch.Generator(device="cpu").manual_seed(0)
+    q, k, v = (torch.randn(4, 6, n, 64, generator=g).to(dev, dtype) for _ in range(3))
+    table = torch.randn(6, 2 * grid[0] - 1, 2 * grid[1] - 1, generator=g).to(dev).requires_grad_()
+    dts = [
+        torch.autograd.grad(rel_bias_attention(q, k, v, table, grid, 1).float().square().sum(), table)[0] for _ in "ab"
+    ]
+    lines.append(f"triton table gradient bitwise equal on a second run ({grid[0]}x{grid[1]}, prefix 1): "
+                 f"{'yes' if torch.equal(*dts) else '**no**'}\n")  # fmt: skip
+    return lines
+
+
+#: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
+SECTIONS = {"kernel": 150, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "hazards": 90, "mfu": 120,
+            "compile": 120}  # fmt: skip
+
+
+def run_script(argv: list[str], timeout: float | None = None) -> tuple[str, str]:
     cmd = [sys.executable, *argv]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     if out.returncode:
         raise SystemExit(f"{shlex.join(argv)} failed:\n{out.stderr[-3000:]}")
     return "python " + shlex.join(argv), out.stdout.strip() + f"\n\n({time.perf_counter() - t0:.0f} s)"
+
+
+def section(name: str, args: argparse.Namespace) -> list[str]:
+    """The Markdown of one section."""
+    dev = torch.device(args.device)
+    tokens = ["64", "196"] if args.quick else ["196", "1024", "4096"]
+    tpb = ["--tokens-per-batch", "128" if args.quick else "65536"]
+    dtype = ["--dtype", "bf16"] if dev.type == "cuda" else []
+    rounds = ["--rounds", "3" if args.quick else "7"]
+    att = ["bench/attention.py", "--device", args.device, *dtype, "--tokens", *tokens, *tpb, *rounds]
+    schemes = [s for s in list_pos("relative") if s != "none"]
+    tables = [s for s in schemes if vitrel.pos.get_pos_class(s).has_offset_table]
+    if name == "kernel":
+        return ["## Triton kernel checks\n", *kernel_checks(dev, args.quick)]
+    if name == "attention":  # every offset-table scheme through sdpa and triton; the factored fold; lookhere's fovs
+        sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored@fold"] if args.quick else [
+            *tables, *(f"{s}@triton" for s in tables), "rel2d_factored@fold", "lookhere:fov=45@triton"]  # fmt: skip
+        c, text = run_script([*att, "--schemes", *sel])
+        return ["## Attention layer, forward + backward\n", f"`{c}`\n", text]
+    if name == "forward":
+        sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored@triton", "alibi2d@triton"]
+        c, text = run_script([*att, "--inference", "--schemes", *sel])
+        return ["## Attention layer, forward only\n", f"`{c}`\n", text]
+    if name == "models":  # Swin-T and ViT-S/rel2d_full training steps against timm, eager, vitrel with triton
+        extra = ["--img-size", "64", "--batch-size", "2", "--steps", "1"] if args.quick else ["--batch-size", "128"]
+        c, text = run_script(["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
+                              *extra, "--steps", "10", "--attn-impl", "triton", "--pairs", "swin_rel2d_full",
+                              "vit_rel2d_full"])  # fmt: skip
+        return ["## Training steps against timm (attn_impl=triton)\n", f"`{c}`\n", text]
+    if name == "vitb":  # ViT-B/16 compiled against timm's absolute one, compiled
+        extra = ["--img-size", "32", "--batch-size", "2"] if args.quick else ["--batch-size", "256"]
+        c, text = run_script(["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
+                              *extra, "--steps", "10", "--compile", "--attn-impl", "triton", "--pairs",
+                              "vitb_rel2d_factored", "vitb_rel2d_full"])  # fmt: skip
+        return ["## ViT-B/16 compiled against timm (attn_impl=triton)\n", f"`{c}`\n", text]
+    if name == "hazards":
+        return ["## Hazards\n", *hazards(dev, args.quick)]
+    if name == "mfu":
+        return ["## MFU\n", *mfu(dev, args.quick, 2 if args.quick else args.steps)]
+    if name == "compile":
+        return ["## torch.compile\n", *compile_check(dev, args.quick)]
+    raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
 
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="small sizes (a check of the code path, not numbers)")
-    ap.add_argument("--sections", nargs="+", default=["hazards", "attention", "models", "mfu", "compile"])
+    ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round (MFU)")
     ap.add_argument("--out", default=None, help="default bench/results/gpu_<device>.md")
+    ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)  # one section, in this process, to stdout
     args = ap.parse_args(argv)
+    if args.inner:
+        print("\n".join(section(args.inner, args)))
+        return
     dev = torch.device(args.device)
     name = device_name(dev)
     out = Path(args.out or ROOT / "bench" / "results" / f"gpu_{name.split()[-1].lower()}.md")
     cmd = "python bench/gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
     doc = [f"# GPU measurements: {name}\n", f"- Command: `{cmd}`", f"- torch {torch.__version__}, {time.ctime()}\n"]
-    tokens = ["64", "196"] if args.quick else ["196", "1024", "4096"]
-    dtype = ["--dtype", "bf16"] if dev.type == "cuda" else []
-    schemes = [s for s in list_pos("relative") if s != "none"]
-    folds = [f"{s}@fold" for s in schemes if vitrel.pos.get_pos_class(s).has_bias_factors]
-    if dev.type == "cuda":  # flex trains on CUDA only
-        folds += [f"{s}@flex" for s in schemes if vitrel.pos.get_pos_class(s).has_offset_table]
-    for section in args.sections:
-        print(f"== {section}", flush=True)
-        if section == "hazards":
-            doc += ["## 1. Hazards\n", *hazards(dev, args.quick), ""]
-        elif section == "attention":
-            sel = ["rel2d_factored", "rel2d_factored@fold"] if args.quick else [*schemes, *folds]
-            c, text = run_script(["bench/attention.py", "--device", args.device, *dtype, "--tokens", *tokens,
-                                  "--rounds", "3" if args.quick else "7", "--schemes", *sel])  # fmt: skip
-            doc += ["## 2. Attention layer\n", f"`{c}`\n", text, ""]
-            if dev.type == "cuda":  # causal 1-D: flex's causal BlockMask against SDPA's causal float mask
-                causal = ["alibi1d", "alibi1d@flex", "rel1d_bucket", "rel1d_bucket@flex", "shaw1d"]
-                rounds = "3" if args.quick else "7"
-                c, text = run_script(["bench/attention.py", "--device", args.device, *dtype, "--tokens", *tokens,
-                                      "--rounds", rounds, "--causal", "--schemes", *causal])  # fmt: skip
-                doc += ["### Causal 1-D attention\n", f"`{c}`\n", text, ""]
-        elif section == "models":
-            extra = ["--img-size", "64", "--batch-size", "2", "--steps", "1", "--pairs", "vit_rel2d_full"]
-            extra = extra if args.quick else ["--batch-size", "128", "--steps", "20"]
-            c, text = run_script(
-                ["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")), *extra]
-            )
-            doc += ["## 3. Training steps against timm\n", f"`{c}`\n", text, ""]
-        elif section == "mfu":
-            doc += ["## 4. MFU\n", *mfu(dev, args.quick, 2 if args.quick else args.steps), ""]
-        elif section == "compile":
-            doc += ["## 5. torch.compile\n", *compile_check(dev, args.quick), ""]
-        else:
-            raise SystemExit(f"unknown section {section!r}")
+    own = ["--device", args.device, "--steps", str(args.steps), *(["--quick"] * args.quick)]
+    for sec in args.sections:
+        print(f"== {sec}", flush=True)
+        t0 = time.perf_counter()
+        try:
+            res = subprocess.run([sys.executable, __file__, *own, "--inner", sec], cwd=ROOT, capture_output=True,
+                                 text=True, timeout=SECTIONS[sec])  # fmt: skip
+            body = res.stdout.strip() if res.returncode == 0 else f"## {sec}: failed\n\n```\n{res.stderr[-3000:]}\n```"
+        except subprocess.TimeoutExpired:
+            body = f"## {sec}: stopped at its time limit ({SECTIONS[sec]} s)"
+        doc += [body, f"\n(section {sec}: {time.perf_counter() - t0:.0f} s)\n"]
+        print(doc[-2][:2000], doc[-1], sep="\n", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text("\n".join(doc) + "\n")  # after every section: nothing lost if a later one fails
     print(f"written {out}")

@@ -55,6 +55,16 @@ PAIRS = {
         ),
         dict(name="vit_small_patch16_rope_mixed_224"),
     ),
+    # timm's absolute ViT-B/16 against vitrel's with a factored / full relative bias (the GPU baseline's comparison:
+    # relative position should cost nothing); parameter counts differ by the tables and the missing abs embedding
+    "vitb_rel2d_factored": (
+        dict(name="vitrel_vit_base_patch16_224", pos="rel2d_factored"),
+        dict(name="vit_base_patch16_224"),
+    ),
+    "vitb_rel2d_full": (
+        dict(name="vitrel_vit_base_patch16_224", pos="rel2d_full"),
+        dict(name="vit_base_patch16_224"),
+    ),
 }
 
 
@@ -62,32 +72,33 @@ def n_params(m: torch.nn.Module) -> int:
     return sum(p.numel() for p in m.parameters())
 
 
-def build(spec: dict, img_size: int, device: torch.device, ours: bool) -> torch.nn.Module:
+def build(spec: dict, img_size: int, device: torch.device, ours: bool, attn_impl: str = "auto") -> torch.nn.Module:
     spec = dict(spec)
     name = spec.pop("name")
-    fn = vitrel.create_model if ours else timm.create_model
-    return fn(name, img_size=img_size, num_classes=1000, **spec).to(device).train()
+    if ours:
+        return vitrel.create_model(name, img_size=img_size, num_classes=1000, attn_impl=attn_impl, **spec).to(device)
+    return timm.create_model(name, img_size=img_size, num_classes=1000, **spec).to(device).train()
 
 
 def run_pair(key: str, args, device: torch.device) -> dict:
     ours_spec, timm_spec = PAIRS[key]
     torch.manual_seed(0)
     models = {
-        "ours": build(ours_spec, args.img_size, device, True),
+        "ours": build(ours_spec, args.img_size, device, True, args.attn_impl).train(),
         "timm": build(timm_spec, args.img_size, device, False),
     }
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
     y = torch.randint(0, 1000, (args.batch_size,), device=device)
     steps = {}
     for k, m in models.items():
-        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05)
-        steps[k] = train_step(m, opt, x, y, bf16=args.amp)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05, fused=device.type == "cuda")
+        steps[k] = train_step(torch.compile(m) if args.compile else m, opt, x, y, bf16=args.amp)
     med = medians(alternate(steps, args.steps, warmup=args.warmup, device=device, zigzag=True))
     ips = {k: args.batch_size / v for k, v in med.items()}
     params = {k: n_params(m) for k, m in models.items()}
     return dict(
         pair=key,
-        ours=ours_spec["name"] + f" + {ours_spec['pos']}",
+        ours=ours_spec["name"] + f" + {ours_spec['pos']}" + (f" @{args.attn_impl}" if args.attn_impl != "auto" else ""),
         timm=timm_spec["name"],
         params_ours=params["ours"],
         params_timm=params["timm"],
@@ -106,6 +117,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--img-size", type=int, default=224)
     ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    ap.add_argument("--attn-impl", default="auto", help="vitrel's attention implementation (sdpa, fold, flex, triton)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile both models (the timed steps are compiled)")
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is steadiest on a shared CPU)")
     args = ap.parse_args()
@@ -115,7 +128,8 @@ def main() -> None:
     print(
         f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
         f"{torch.get_num_threads()} threads) batch={args.batch_size} img={args.img_size} "
-        f"steps={args.steps} warmup={args.warmup} amp={args.amp} torch={torch.__version__} timm={timm.__version__}"
+        f"steps={args.steps} warmup={args.warmup} amp={args.amp} compile={args.compile} attn_impl={args.attn_impl} "
+        f"torch={torch.__version__} timm={timm.__version__}"
     )
     rows = [run_pair(k, args, device) for k in args.pairs]
     hdr = f"| {'ours':50} | {'timm':34} | {'params ours':>12} | {'params timm':>12} | {'img/s ours':>10} | "

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import os
 
-os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are first imported (vitrel imports them lazily)
+import pytest
+import torch
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+if not torch.cuda.is_available():  # before the kernels are first imported (vitrel imports them lazily)
+    os.environ["TRITON_INTERPRET"] = "1"
 
 import vitrel  # noqa: E402
 from vitrel import Attention  # noqa: E402
@@ -25,8 +26,13 @@ from vitrel.pos import list_pos  # noqa: E402
 from vitrel.pos.geometry import as_grid, expand_offset_table  # noqa: E402
 from vitrel.pos.registry import get_pos_class  # noqa: E402
 
+#: the CPU cases run through the interpreter (on a GPU machine, where it is off, ``pytest -m cuda`` runs the GPU ones)
+pytestmark = pytest.mark.skipif(
+    not (triton_bias.interpreter_on() or torch.cuda.is_available()), reason="Triton's interpreter is off"
+)
+interpreted = pytest.mark.skipif(not triton_bias.interpreter_on(), reason="Triton's interpreter is off (GPU machine)")
 CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")])
-DEVICES = ["cpu", CUDA]
+DEVICES = [pytest.param("cpu", marks=interpreted), CUDA]
 TABLE_SCHEMES = [n for n in list_pos("relative") if get_pos_class(n).has_offset_table]
 
 
@@ -111,8 +117,8 @@ def test_kernel_window_mask(device):
     _check(device, 4, 2, 16, grid, 0, mask=mask)
 
 
-@pytest.mark.parametrize("device", DEVICES)
-def test_kernel_masked_table_entries(device):
+@interpreted
+def test_kernel_masked_table_entries():
     """``-inf`` table entries (LookHere's views) mask their pairs; whole tiles of them give no NaN."""
     grid, prefix = (5, 6), 1
     n = prefix + 30
@@ -132,12 +138,14 @@ def test_kernel_masked_table_entries(device):
         torch.testing.assert_close(a.double(), r, **_tol(dev))
 
 
+@interpreted
 def test_table_gradient_is_deterministic():
     """Partial sums per program reduced by tensor sums: two backward passes give bitwise equal table gradients."""
     grid, prefix = (4, 6), 1
     q, k, v, table = (t.float() for t in _inputs(3, 2, prefix + 24, 16, grid))
     table.requires_grad_()
-    runs = [torch.autograd.grad(rel_bias_attention(q, k, v, table, grid, prefix).square().sum(), table)[0] for _ in "ab"]
+    loss = lambda: rel_bias_attention(q, k, v, table, grid, prefix).square().sum()  # noqa: E731
+    runs = [torch.autograd.grad(loss(), table)[0] for _ in "ab"]
     assert torch.equal(runs[0], runs[1])
 
 
@@ -150,6 +158,7 @@ def _scheme_attention(name, prefix, causal=False):
     return a
 
 
+@interpreted
 @pytest.mark.parametrize("name", TABLE_SCHEMES)
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_every_table_scheme_through_attention(name, prefix):
@@ -172,6 +181,7 @@ def test_every_table_scheme_through_attention(name, prefix):
         torch.testing.assert_close(gi.double() / scale, gr / scale, atol=2e-5, rtol=1e-4, msg=pname)
 
 
+@interpreted
 def test_lookhere_narrow_views_through_attention():
     a = Attention(32, 4, pos={"name": "lookhere", "fov": 45}, grid=(4, 4), num_prefix_tokens=1).double()
     x = torch.randn(2, 17, 32, dtype=torch.float64)
@@ -180,6 +190,7 @@ def test_lookhere_narrow_views_through_attention():
     torch.testing.assert_close(a.float()(x.float(), grid=(4, 4)).double(), ref, atol=1e-5, rtol=1e-4)
 
 
+@interpreted
 @pytest.mark.parametrize("shift", [True, False])
 def test_swin_windows(shift):
     """A Swin (windows of 4 x 4, shifted or not) with ``attn_impl="triton"`` equals its ``sdpa`` twin."""
@@ -202,6 +213,7 @@ def test_swin_windows(shift):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
+@interpreted
 def test_vit_model_and_compile():
     """``create_model(..., attn_impl="triton")`` equals sdpa; ``torch.compile`` captures the custom op whole
     (``fullgraph=True``), forward and backward."""
@@ -219,6 +231,7 @@ def test_vit_model_and_compile():
     assert all(p.grad is not None for p in m.parameters() if p.requires_grad)
 
 
+@interpreted
 def test_clear_errors(monkeypatch):
     """On CPU without the interpreter, dropout, packed layouts: one clear error each."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")

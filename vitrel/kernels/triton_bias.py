@@ -25,7 +25,7 @@ import os
 import torch
 from torch import Tensor
 
-__all__ = ["rel_bias_attention", "check_device", "interpreter_on", "table_grad"]
+__all__ = ["rel_bias_attention", "check_device", "interpreter_on", "table_grad_from_slots"]
 
 #: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
 #: (small tiles keep its per-element work small and exercise several blocks at small sizes)
@@ -166,17 +166,34 @@ def _bwd_op(
     )  # fmt: skip
     common = [*_strides(q, k, v, do), st, smb, nmb]
     n_b = triton_cdiv(n, blk)
+    sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale)
     ks._bwd_dkdv_kernel[(n_b, b * h)](
-        q, k, v, t, m, do, lse, delta, dk, dv, *common, *_strides(dk, dv), h, n, prefix, grid_h, grid_w, qk_scale, scale,
-        BM=blk, BN=blk, **flags,
-    )  # fmt: skip
+        q, k, v, t, m, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk, BN=blk, **flags
+    )
     grad_t = table_grad and table is not None
     n_split = _n_split(n_b, h, b, q.device)
     slots = torch.zeros((n_split, h, n_b, n_b, 2, 2 * blk) if grad_t else (1,), device=q.device, dtype=torch.float32)
     ks._bwd_dq_kernel[(n_b, h, n_split)](
-        q, k, v, t, m, do, lse, delta, dq, slots, *common, *_strides(dq), b, h, n, prefix, grid_h, grid_w, qk_scale, scale,
-        n_split, n_b, BM=blk, TABLE_GRAD=grad_t, **flags,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        t,
+        m,
+        do,
+        lse,
+        delta,
+        dq,
+        slots,
+        *common,
+        *_strides(dq),
+        b,
+        *sizes,
+        n_split,
+        n_b,
+        BM=blk,
+        TABLE_GRAD=grad_t,
+        **flags,
+    )
     dt = table_grad_from_slots(slots, grid_h, grid_w, blk) if grad_t else q.new_zeros(0, dtype=torch.float32)
     return dq, dk, dv, dt
 
@@ -190,11 +207,11 @@ def _bwd_fake(do, q, k, v, table, mask, out, lse, scale, grid_h, grid_w, prefix,
 def table_grad_from_slots(slots: Tensor, grid_h: int, grid_w: int, blk: int) -> Tensor:
     """``dT [heads, 2 GH - 1, 2 GW - 1]`` from the ``dq`` kernel's slots ``[n_split, heads, n_qb, n_kb, 2, 2 blk]``.
 
-    Slot ``(qb, kb, case, e)`` holds the sum of ``dS`` over the tile's pairs with ``i - j = (qb - kb) blk + e - blk + 1``
-    (``case`` 0: ``dw >= 0``, 1: ``dw < 0``). Summed over the batch shares and over the tiles of one block
-    diagonal ``qb - kb``, then each diagonal's ``2 blk`` sums laid at its offset (two halves overlapping the next
-    diagonal's), giving ``G[case, i - j]``; ``dT[dh, dw] = G[dw < 0, dh GW + dw]``. Plain tensor sums in a fixed
-    order: deterministic."""
+    Slot ``(qb, kb, case, e)`` holds the sum of ``dS`` over the tile's pairs with
+    ``i - j = (qb - kb) blk + e - blk + 1`` (``case`` 0: ``dw >= 0``, 1: ``dw < 0``). Summed over the batch shares
+    and over the tiles of one block diagonal ``qb - kb``, then each diagonal's ``2 blk`` sums laid at its offset
+    (two halves overlapping the next diagonal's), giving ``G[case, i - j]``; ``dT[dh, dw] = G[dw < 0, dh GW + dw]``.
+    Plain tensor sums in a fixed order: deterministic."""
     s = slots.sum(0)  # [heads, n_qb, n_kb, 2, E]
     heads, n_qb, n_kb = s.shape[:3]
     qb = torch.arange(n_qb, device=s.device)[:, None]
@@ -209,8 +226,7 @@ def table_grad_from_slots(slots: Tensor, grid_h: int, grid_w: int, blk: int) -> 
     ext[:, :-1] += lo
     ext[:, 1:] += hi
     ext = ext.permute(0, 2, 1, 3).reshape(heads, 2, (n_diag + 1) * blk)  # index y = diag' blk + e
-    ng = grid_h * grid_w
-    # y = x + n_kb blk - ng for x = (i - j) + ng - 1, i.e. y = (i - j) + n_kb blk - 1
+    # y = (i - j) + n_kb blk - 1
     dh = torch.arange(-(grid_h - 1), grid_h, device=s.device)[:, None]
     dw = torch.arange(-(grid_w - 1), grid_w, device=s.device)[None, :]
     y = dh * grid_w + dw + n_kb * blk - 1

@@ -57,6 +57,10 @@ def _kernels():
     return triton_bias_kernels
 
 
+#: launch options (``num_warps``, ``num_stages``) of the forward and of the backward kernels on CUDA
+LAUNCH = {"fwd": {"num_warps": 4, "num_stages": 2}, "bwd": {"num_warps": 4, "num_stages": 2}}
+
+
 def _blocks(d: int, device: torch.device) -> tuple[int, int, int, int]:
     """``(BLOCK_D, BM, BN, BWD)`` for head dim ``d``."""
     block_d = max(16, 1 << (d - 1).bit_length())
@@ -66,6 +70,10 @@ def _blocks(d: int, device: torch.device) -> tuple[int, int, int, int]:
         return block_d, 16, 16, 16
     bm, bn = _FWD_BLOCKS[block_d]
     return block_d, bm, bn, _BWD_BLOCK[block_d]
+
+
+def _launch(kind: str, device: torch.device) -> dict:
+    return LAUNCH[kind] if device.type == "cuda" else {}
 
 
 def _prec(dtype: torch.dtype) -> str:
@@ -82,15 +90,16 @@ def _strides(*ts: Tensor) -> list[int]:
 
 
 def _table_args(table: Tensor | None, q: Tensor) -> tuple[Tensor, int]:
+    """The table in base 2 (the kernels' logits are), or a placeholder."""
     if table is None:
         return q.new_zeros(1, dtype=torch.float32), 0
-    return table, table.stride(0)
+    return table * _kernels().LOG2E, table.stride(0)
 
 
 def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
     if mask is None:
         return q.new_zeros(1, dtype=torch.float32), 0, 1
-    return mask, mask.stride(0), mask.shape[0]
+    return mask * _kernels().LOG2E, mask.stride(0), mask.shape[0]
 
 
 @torch.library.custom_op("vitrel::rel_bias_attention", mutates_args=())
@@ -116,7 +125,7 @@ def _fwd_op(
     _kernels()._fwd_kernel[grid](
         q, k, v, t, m, out, lse, *_strides(q, k, v, out), st, smb, nmb, h, n, prefix, grid_h, grid_w,
         scale * _kernels().LOG2E, D=d, BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None,
-        HAS_MASK=mask is not None, CAUSAL=causal, PREC=_prec(q.dtype),
+        HAS_MASK=mask is not None, CAUSAL=causal, PREC=_prec(q.dtype), **_launch("fwd", q.device),
     )  # fmt: skip
     return out, lse
 
@@ -168,7 +177,8 @@ def _bwd_op(
     n_b = triton_cdiv(n, blk)
     sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale)
     ks._bwd_dkdv_kernel[(n_b, b * h)](
-        q, k, v, t, m, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk, BN=blk, **flags
+        q, k, v, t, m, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk, BN=blk, **flags,
+        **_launch("bwd", q.device),
     )
     grad_t = table_grad and table is not None
     n_split = _n_split(n_b, h, b, q.device)
@@ -193,6 +203,7 @@ def _bwd_op(
         BM=blk,
         TABLE_GRAD=grad_t,
         **flags,
+        **_launch("bwd", q.device),
     )
     dt = table_grad_from_slots(slots, grid_h, grid_w, blk) if grad_t else q.new_zeros(0, dtype=torch.float32)
     return dq, dk, dv, dt

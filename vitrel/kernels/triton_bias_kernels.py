@@ -63,18 +63,19 @@ def _logits(
     PREC: tl.constexpr,
 ):
     """Base-2 logits of a ``[BM, BN]`` tile, ``-inf`` where masked (out of range, causal, the table's or the mask's
-    ``-inf``), and the tile's patch-pair flags (where the bias applies)."""
+    ``-inf``), and the tile's patch-pair flags (where the bias applies). ``T`` and ``MASK`` come multiplied by
+    ``LOG2E`` (:mod:`vitrel.kernels.triton_bias` does it once per call)."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     qpatch, rq, cq = _coords(offs_m, P, N, GW)
     kpatch, rk, ck = _coords(offs_n, P, N, GW)
     pair = qpatch[:, None] & kpatch[None, :]
-    if HAS_TABLE:
-        idx = (rq[:, None] - rk[None, :] + GH - 1) * (2 * GW - 1) + (cq[:, None] - ck[None, :] + GW - 1)
-        s += tl.load(T + h * stride_th + idx, mask=pair, other=0.0) * 1.4426950408889634
+    if HAS_TABLE:  # T pre-scaled by LOG2E; the flat offset index is a row term minus a column term
+        row = T + h * stride_th + (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1
+        s += tl.load(row[:, None] - (rk * (2 * GW - 1) + ck)[None, :], mask=pair, other=0.0)
     inside = (offs_m < N)[:, None] & (offs_n < N)[None, :]
     if HAS_MASK:
         mptr = MASK + (b % n_mask_b) * stride_mb + offs_m[:, None] * N + offs_n[None, :]
-        s += tl.load(mptr, mask=inside, other=0.0) * 1.4426950408889634
+        s += tl.load(mptr, mask=inside, other=0.0)
     valid = inside | (offs_m >= N)[:, None]  # (rows past the end: harmless, their loads are zeros)
     if CAUSAL:
         valid = valid & (offs_n[None, :] <= offs_m[:, None])

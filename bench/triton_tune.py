@@ -1,0 +1,169 @@
+"""Launch configurations of the fused bias kernel (``attn_impl="triton"``) on one GPU: forward and forward + backward
+time of ``rel_bias_attention`` for each tile shape / warps / stages, against plain SDPA in the same process.
+
+    python bench/triton_tune.py --out bench/results/triton_tune_h200.md      # on a GPU (bf16)
+
+The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2; medians
+of alternating rounds (``vitrel.bench.alternate``). The winners go into ``vitrel/kernels/triton_bias.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vitrel.bench import alternate  # noqa: E402
+from vitrel.kernels import triton_bias as tb  # noqa: E402
+
+FWD = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3)]
+BWD = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3), (128, 8, 2)]
+
+
+def diagnose(side: int, rounds: int) -> list[str]:
+    """Where the time goes at one size: the forward with and without the table, the backward with and without the
+    table's gradient, causal; and FlexAttention with a bf16 table compiled with 64 x 64 blocks, 2 stages."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    dev = torch.device("cuda")
+    n = 1 + side * side
+    b = max(1, 65536 // n)
+    q, k, v = (torch.randn(b, 6, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    table = torch.randn(6, 2 * side - 1, 2 * side - 1, device=dev, requires_grad=True)
+    fixed = table.detach()
+    go = torch.randn_like(q)
+    g = (side, side)
+    rows = torch.arange(n, device=dev).clamp(min=1) - 1
+    r, c = rows // side, rows % side
+    tb16 = table.detach().to(torch.bfloat16).requires_grad_()
+
+    def score_mod(score, bi, h, qi, ki):
+        return score + tb16[h, r[qi] - r[ki] + side - 1, c[qi] - c[ki] + side - 1]
+
+    opts = {"BLOCK_M": 64, "BLOCK_N": 64, "num_stages": 2, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64,
+            "BLOCK_N2": 32}  # fmt: skip
+    flex = torch.compile(flex_attention)
+
+    def nograd(fn):
+        def run():
+            with torch.no_grad():
+                fn()
+
+        return run
+
+    cases = {
+        "plain SDPA fwd": nograd(lambda: F.scaled_dot_product_attention(q, k, v)),
+        "triton fwd, table": nograd(lambda: tb.rel_bias_attention(q, k, v, table, g, 1)),
+        "triton fwd, no table": nograd(lambda: tb.rel_bias_attention(q, k, v, None, g, 1)),
+        "plain SDPA fwd+bwd": lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), go),
+        "triton fwd+bwd, table + dT": lambda: torch.autograd.grad(
+            tb.rel_bias_attention(q, k, v, table, g, 1), (q, k, v, table), go
+        ),
+        "triton fwd+bwd, fixed table (no dT)": lambda: torch.autograd.grad(
+            tb.rel_bias_attention(q, k, v, fixed, g, 1), (q, k, v), go
+        ),
+        "triton fwd+bwd, no table": lambda: torch.autograd.grad(
+            tb.rel_bias_attention(q, k, v, None, g, 1), (q, k, v), go
+        ),
+        "flex bf16 table fwd+bwd (64x64, 2 stages)": lambda: torch.autograd.grad(
+            flex(q, k, v, score_mod=score_mod, kernel_options=opts), (q, k, v, tb16), go
+        ),
+    }
+    lines = [f"\n### Where the time goes, N = {n}, batch {b}\n", "| case | ms |", "|---|---:|"]
+    for name, fn in cases.items():
+        try:
+            t = statistics.median(alternate({"x": fn}, rounds, warmup=2, repeat=3, device=dev)["x"])
+            lines.append(f"| {name} | {1e3 * t:.3f} |")
+        except Exception as e:  # noqa: BLE001 - say what failed
+            lines.append(f"| {name} | failed: {str(e).splitlines()[0][:90]} |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sides", type=int, nargs="+", default=[32, 64])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--diagnose", action="store_true", help="only the breakdown at the first --sides")
+    args = ap.parse_args()
+    if args.diagnose:
+        text = "\n".join(diagnose(args.sides[0], args.rounds))
+        if args.out:
+            Path(args.out).write_text(f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n{text}\n")
+        return
+    dev = torch.device("cuda")
+    lines = [f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; medians of {args.rounds} rounds\n"]
+    lines += ["| N | pass | config | ms | / plain SDPA |", "|---:|---|---|---:|---:|"]
+    for side in args.sides:
+        n = 1 + side * side
+        b = max(1, 65536 // n)
+        q, k, v = (torch.randn(b, 6, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        table = torch.randn(6, 2 * side - 1, 2 * side - 1, device=dev, requires_grad=True)
+        go = torch.randn_like(q)
+
+        def sdpa_f():
+            with torch.no_grad():
+                F.scaled_dot_product_attention(q, k, v)
+
+        def sdpa_fb():
+            torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), go)
+
+        def tri_f():
+            with torch.no_grad():
+                tb.rel_bias_attention(q, k, v, table, (side, side), 1)
+
+        def tri_fb(grad_t=True):
+            leaves = (q, k, v, table) if grad_t else (q, k, v)
+            torch.autograd.grad(tb.rel_bias_attention(q, k, v, table, (side, side), 1), leaves, go)
+
+        t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
+        ref = {kk: statistics.median(v) for kk, v in t.items()}
+        lines.append(f"| {n} | fwd | plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
+        lines.append(f"| {n} | fwd+bwd | plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
+        for bm, bn, w, st in FWD:
+            tb._FWD_BLOCKS[64] = (bm, bn)
+            tb.LAUNCH["fwd"] = {"num_warps": w, "num_stages": st}
+            try:
+                m = statistics.median(alternate({"x": tri_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
+                lines.append(
+                    f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |"
+                )
+            except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
+                lines.append(f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | failed: {str(e)[:60]} | - |")
+            print(lines[-1], flush=True)
+            if args.out:
+                Path(args.out).write_text("\n".join(lines) + "\n")
+        tb._FWD_BLOCKS[64] = (64, 64)
+        tb.LAUNCH["fwd"] = {"num_warps": 4, "num_stages": 2}
+        for blk, w, st in BWD:
+            tb._BWD_BLOCK[64] = blk
+            tb.LAUNCH["bwd"] = {"num_warps": w, "num_stages": st}
+            for grad_t in (True, False):
+                try:
+                    fn = lambda g=grad_t: tri_fb(g)  # noqa: E731
+                    m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=3, device=dev)["x"])
+                    lines.append(f"| {n} | fwd+bwd{'' if grad_t else ' (no dT)'} | bwd tile {blk} warps {w} stages "
+                                 f"{st} | {1e3 * m:.3f} | {m / ref['fb']:.2f}x |")  # fmt: skip
+                except Exception as e:  # noqa: BLE001
+                    lines.append(
+                        f"| {n} | fwd+bwd | bwd tile {blk} warps {w} stages {st} | failed: {str(e)[:60]} | - |"
+                    )
+                print(lines[-1], flush=True)
+                if args.out:
+                    Path(args.out).write_text("\n".join(lines) + "\n")
+        tb._BWD_BLOCK[64] = 64
+        tb.LAUNCH["bwd"] = {"num_warps": 4, "num_stages": 2}
+        if args.out:
+            Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
+
+
+if __name__ == "__main__":
+    main()

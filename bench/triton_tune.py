@@ -87,6 +87,66 @@ def diagnose(side: int, rounds: int) -> list[str]:
     return lines
 
 
+def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
+    dev = torch.device("cuda")
+    n = 1 + side * side
+    b = max(1, 65536 // n)
+    q, k, v = (torch.randn(b, 6, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    table = torch.randn(6, 2 * side - 1, 2 * side - 1, device=dev, requires_grad=True)
+    go = torch.randn_like(q)
+
+    def sdpa_f():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v)
+
+    def sdpa_fb():
+        torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), go)
+
+    def tri_f():
+        with torch.no_grad():
+            tb.rel_bias_attention(q, k, v, table, (side, side), 1)
+
+    def tri_fb(grad_t=True):
+        leaves = (q, k, v, table) if grad_t else (q, k, v)
+        torch.autograd.grad(tb.rel_bias_attention(q, k, v, table, (side, side), 1), leaves, go)
+
+    t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
+    ref = {kk: statistics.median(v) for kk, v in t.items()}
+    lines.append(f"| {n} | fwd | plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
+    lines.append(f"| {n} | fwd+bwd | plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
+    for bm, bn, w, st in FWD:
+        tb._FWD_BLOCKS[64] = (bm, bn)
+        tb.LAUNCH["fwd"] = {"num_warps": w, "num_stages": st}
+        try:
+            m = statistics.median(alternate({"x": tri_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
+            lines.append(f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |")
+        except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
+            lines.append(f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | failed: {str(e)[:60]} | - |")
+        print(lines[-1], flush=True)
+        if args.out:
+            Path(args.out).write_text("\n".join(lines) + "\n")
+    tb._FWD_BLOCKS[64] = (64, 64)
+    tb.LAUNCH["fwd"] = {"num_warps": 4, "num_stages": 2}
+    for blk, w, st in BWD:
+        tb._BWD_BLOCK[64] = blk
+        tb.LAUNCH["bwd"] = {"num_warps": w, "num_stages": st}
+        for grad_t in (True, False):
+            try:
+                fn = lambda g=grad_t: tri_fb(g)  # noqa: E731
+                m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=3, device=dev)["x"])
+                lines.append(f"| {n} | fwd+bwd{'' if grad_t else ' (no dT)'} | bwd tile {blk} warps {w} stages "
+                             f"{st} | {1e3 * m:.3f} | {m / ref['fb']:.2f}x |")  # fmt: skip
+            except Exception as e:  # noqa: BLE001
+                lines.append(f"| {n} | fwd+bwd | bwd tile {blk} warps {w} stages {st} | failed: {str(e)[:60]} | - |")
+            print(lines[-1], flush=True)
+            if args.out:
+                Path(args.out).write_text("\n".join(lines) + "\n")
+    tb._BWD_BLOCK[64] = 64
+    tb.LAUNCH["bwd"] = {"num_warps": 4, "num_stages": 2}
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sides", type=int, nargs="+", default=[32, 64])
@@ -103,66 +163,7 @@ def main() -> None:
     lines = [f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; medians of {args.rounds} rounds\n"]
     lines += ["| N | pass | config | ms | / plain SDPA |", "|---:|---|---|---:|---:|"]
     for side in args.sides:
-        n = 1 + side * side
-        b = max(1, 65536 // n)
-        q, k, v = (torch.randn(b, 6, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-        table = torch.randn(6, 2 * side - 1, 2 * side - 1, device=dev, requires_grad=True)
-        go = torch.randn_like(q)
-
-        def sdpa_f():
-            with torch.no_grad():
-                F.scaled_dot_product_attention(q, k, v)
-
-        def sdpa_fb():
-            torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), go)
-
-        def tri_f():
-            with torch.no_grad():
-                tb.rel_bias_attention(q, k, v, table, (side, side), 1)
-
-        def tri_fb(grad_t=True):
-            leaves = (q, k, v, table) if grad_t else (q, k, v)
-            torch.autograd.grad(tb.rel_bias_attention(q, k, v, table, (side, side), 1), leaves, go)
-
-        t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
-        ref = {kk: statistics.median(v) for kk, v in t.items()}
-        lines.append(f"| {n} | fwd | plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
-        lines.append(f"| {n} | fwd+bwd | plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
-        for bm, bn, w, st in FWD:
-            tb._FWD_BLOCKS[64] = (bm, bn)
-            tb.LAUNCH["fwd"] = {"num_warps": w, "num_stages": st}
-            try:
-                m = statistics.median(alternate({"x": tri_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
-                lines.append(
-                    f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |"
-                )
-            except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
-                lines.append(f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | failed: {str(e)[:60]} | - |")
-            print(lines[-1], flush=True)
-            if args.out:
-                Path(args.out).write_text("\n".join(lines) + "\n")
-        tb._FWD_BLOCKS[64] = (64, 64)
-        tb.LAUNCH["fwd"] = {"num_warps": 4, "num_stages": 2}
-        for blk, w, st in BWD:
-            tb._BWD_BLOCK[64] = blk
-            tb.LAUNCH["bwd"] = {"num_warps": w, "num_stages": st}
-            for grad_t in (True, False):
-                try:
-                    fn = lambda g=grad_t: tri_fb(g)  # noqa: E731
-                    m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=3, device=dev)["x"])
-                    lines.append(f"| {n} | fwd+bwd{'' if grad_t else ' (no dT)'} | bwd tile {blk} warps {w} stages "
-                                 f"{st} | {1e3 * m:.3f} | {m / ref['fb']:.2f}x |")  # fmt: skip
-                except Exception as e:  # noqa: BLE001
-                    lines.append(
-                        f"| {n} | fwd+bwd | bwd tile {blk} warps {w} stages {st} | failed: {str(e)[:60]} | - |"
-                    )
-                print(lines[-1], flush=True)
-                if args.out:
-                    Path(args.out).write_text("\n".join(lines) + "\n")
-        tb._BWD_BLOCK[64] = 64
-        tb.LAUNCH["bwd"] = {"num_warps": 4, "num_stages": 2}
-        if args.out:
-            Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
+        tune_size(side, args, lines)
 
 
 if __name__ == "__main__":

@@ -346,11 +346,12 @@ def _bwd_dq_kernel(
     dmask = offs_d < D
     q_mask = (offs_m < N)[:, None] & dmask[None, :]
     E: tl.constexpr = 2 * BM
-    e = tl.arange(0, E)
-    # the skew: column e of row i reads key j = i - e + BM - 1 of the tile (a diagonal becomes a column)
-    jj = tl.arange(0, BM)[:, None] - e[None, :] + BM - 1
-    on_diag = (jj >= 0) & (jj < BM)
-    jj = tl.where(on_diag, jj, 0)
+    # the skew: column e of row i reads key j = (i - e) mod BM of the tile, so a diagonal i - j = e (i >= e) or
+    # i - j = e - BM (i < e) becomes a column; the column sums over i >= e and i < e are the two diagonals' sums
+    e = tl.arange(0, BM)
+    ii = tl.arange(0, BM)[:, None]
+    jj = (ii - e[None, :] + BM) % BM
+    lower = ii >= e[None, :]
     _, _, cq = _coords(offs_m, P, N, GW)
     slot_row = SLOTS + ((split * H + h) * n_qb + pid_m) * n_kb * 2 * E
     hi = N
@@ -397,13 +398,17 @@ def _bwd_dq_kernel(
             if TABLE_GRAD:
                 _, _, ck = _coords(offs_n, P, N, GW)
                 ds = tl.where(pair, ds, 0.0)
-                right = cq[:, None] >= ck[None, :]  # dw >= 0
-                ds0 = tl.where(right, ds, 0.0)
-                g0 = tl.sum(tl.where(on_diag, tl.gather(ds0, jj, axis=1), 0.0), axis=0)
-                g1 = tl.sum(tl.where(on_diag, tl.gather(ds - ds0, jj, axis=1), 0.0), axis=0)
+                right = cq[:, None] >= ck[None, :]  # dw >= 0 (case 0) or not (case 1)
+                r0 = tl.gather(tl.where(right, ds, 0.0), jj, axis=1)
+                r1 = tl.gather(tl.where(right, 0.0, ds), jj, axis=1)
+                # slot index of i - j = d is d + BM - 1: the lower diagonals at e + BM - 1, the upper at e - 1
                 sp = slot_row + (start_n // BM) * 2 * E + e
-                tl.store(sp, tl.load(sp) + g0)
-                tl.store(sp + E, tl.load(sp + E) + g1)
+                up = e >= 1
+                tl.store(sp + BM - 1, tl.load(sp + BM - 1) + tl.sum(tl.where(lower, r0, 0.0), axis=0))
+                tl.store(sp - 1, tl.load(sp - 1, mask=up) + tl.sum(tl.where(lower, 0.0, r0), axis=0), mask=up)
+                sp1 = sp + E
+                tl.store(sp1 + BM - 1, tl.load(sp1 + BM - 1) + tl.sum(tl.where(lower, r1, 0.0), axis=0))
+                tl.store(sp1 - 1, tl.load(sp1 - 1, mask=up) + tl.sum(tl.where(lower, 0.0, r1), axis=0), mask=up)
         dq_ptr = DQ + b * sgb + h * sgh + offs_m[:, None] * sgn + offs_d[None, :]
         tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty), q_mask)
 

@@ -45,3 +45,64 @@ def test_swin_features_only_takes_an_image_size_pair():
     swin = vitrel.models.SwinTransformer
     assert swin.feature_defaults({"img_size": (224, 288), "patch_size": 4})["pool_size"] == (7, 9)
     assert swin.feature_defaults({"img_size": 224, "patch_size": 4})["pool_size"] == (7, 7)
+
+
+# ------------------------------------------------------------------------------------------ items 15, 16
+def _rope(scaling: dict, name: str = "rope2d_axial"):
+    return vitrel.create_model("vitrel_vit_tiny_patch4_32", pos={"name": name, "scaling": scaling}, **TINY_VIT)
+
+
+TINY_VIT = TINY["vitrel_vit_tiny_patch4_32"]
+
+
+@pytest.mark.parametrize("name", ["rope1d", "rope2d_axial", "rope2d_mixed"])
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("truncate", "false", "scaling.truncate must be true or false, got 'false'"),
+        ("truncate", 0, "scaling.truncate must be true or false, got 0"),
+        ("beta_fast", "fast", "scaling.beta_fast must be a finite number, got 'fast'"),
+        ("beta_slow", "1", "scaling.beta_slow must be a finite number, got '1'"),
+        ("beta_fast", True, "scaling.beta_fast must be a finite number, got True"),
+        ("factor", "2", "scaling.factor must be a number >= 1, a list of them, or auto; got '2'"),
+        ("attention_factor", True, "scaling.attention_factor must be a positive number or null, got True"),
+    ],
+)
+def test_rope_scaling_options_are_typed(name, key, value, words):
+    """``truncate: "false"`` (a string) was read as true; ``beta_fast: "fast"`` failed in a float conversion naming
+    no key: each is refused, naming the scheme, the option and the value."""
+    scaling = {"rope_type": "yarn", "factor": 2.0, key: value}
+    with pytest.raises(ValueError, match=f"{name}: " + _re(words)):
+        _rope(scaling, name)
+
+
+def test_rope_scaling_truncate_false_changes_the_frequencies():
+    from vitrel.pos.rope_scaling import parse_scaling
+
+    assert parse_scaling({"rope_type": "yarn", "factor": 2, "truncate": False}, 2, "rope2d_axial").truncate is False
+    assert parse_scaling({"rope_type": "yarn", "factor": 2}, 2, "rope2d_axial").truncate is True
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ({"name": "rope2d_mixed", "rotate": "false"}, "option rotate must be true or false, got 'false' (str)"),
+        ({"name": "rope2d_axial", "base": "ten"}, "option base must be a number, got 'ten' (str)"),
+        ({"name": "rel2d_bucket", "num_buckets": 8.5}, "option num_buckets must be an integer, got 8.5 (float)"),
+        ({"name": "rope2d_axial", "scaling": "yarn"}, "option scaling must be a mapping or null, got 'yarn' (str)"),
+    ],
+)
+def test_scheme_options_are_typed(spec, words):
+    """Every scheme option is checked against its constructor's annotation when the spec is parsed (before any
+    model is built), naming the scheme, the option and the value."""
+    from vitrel.pos.registry import parse_pos
+
+    with pytest.raises(ValueError, match=f"position scheme '{spec['name']}': " + _re(words)):
+        parse_pos(spec)
+    assert parse_pos({"name": "rope2d_axial", "base": 10})  # an int is a number
+
+
+def _re(text: str) -> str:
+    import re
+
+    return re.escape(text)

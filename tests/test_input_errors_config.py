@@ -106,3 +106,29 @@ def _re(text: str) -> str:
     import re
 
     return re.escape(text)
+
+
+# ------------------------------------------------------------------------------------------ items 17, 18
+@pytest.mark.parametrize("key, value", [("topk", 0), ("topk", -1), ("batch_size", 0), ("num_workers", -1)])
+def test_predict_refuses_counts_out_of_range_before_loading(tmp_path, key, value):
+    """``predict.py topk=0`` wrote a CSV with only a filename column; ``topk=-1`` failed in torch.topk. Both are
+    refused from the composed config, before the checkpoint is read (here there is none)."""
+    from tests.train_helpers import compose
+    from vitrel.inference import run_predict
+
+    cfg = compose(tmp_path, [f"ckpt_path={tmp_path / 'absent.ckpt'}", f"input={tmp_path}", f"{key}={value}"], "predict")
+    with pytest.raises(
+        ValueError, match=_re(f"{key} must be an integer >= {0 if key == 'num_workers' else 1}, got {value}")
+    ):
+        run_predict(cfg)
+    assert not (tmp_path / "predictions.csv").exists()
+
+
+def test_predict_folder_refuses_topk_zero(tmp_path):
+    from vitrel.inference import Predictor, predict_folder
+
+    model = vitrel.create_model("vitrel_vit_tiny_patch4_32", **TINY_VIT).eval()
+    pred = Predictor(model, {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.5,) * 3}, "memory")
+    for k in (0, -1):
+        with pytest.raises(ValueError, match=_re(f"topk must be an integer >= 1, got {k}")):
+            predict_folder(pred, tmp_path, topk=k)

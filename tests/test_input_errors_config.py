@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
 import vitrel
 
@@ -132,3 +133,98 @@ def test_predict_folder_refuses_topk_zero(tmp_path):
     for k in (0, -1):
         with pytest.raises(ValueError, match=_re(f"topk must be an integer >= 1, got {k}")):
             predict_folder(pred, tmp_path, topk=k)
+
+
+# ------------------------------------------------------------------------------------------ items 11 to 14
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+SHORT += ["trainer.limit_test_batches=1", "logger=none", "callbacks.model_checkpoint=null", "test=false"]
+
+
+class _NoBatch(Callback):
+    """Fails the test when a training batch starts (the error must come before)."""
+
+    def on_train_batch_start(self, *args):
+        raise AssertionError("a training batch was made before the error")
+
+
+def _train(tmp_path, overrides):
+    from tests.train_helpers import FAST, compose
+    from vitrel.train.run import train
+
+    return train(compose(tmp_path, [*FAST, *SHORT, *overrides]), callbacks=[_NoBatch()])
+
+
+def test_train_refuses_a_naflex_patch_size_other_than_the_models(tmp_path):
+    """``data.patch_size=8`` on a patch-4 model failed at the first step naming neither key nor value."""
+    from tests.train_helpers import TINY_VIT
+
+    with pytest.raises(ValueError) as exc:
+        _train(tmp_path, ["experiment=fmnist_naflex", *TINY_VIT, "data.patch_size=8"])
+    msg = str(exc.value)
+    assert "data.patch_size=8 but the model (vitrel_vit_tiny_patch4_32) has patches of 4" in msg, msg
+    assert "set data.patch_size=4" in msg
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_train_refuses_size_choices_that_are_not_multiples_of_the_patch(tmp_path):
+    """``data.size_choices=[28,30]``: one batch trained, then the second failed naming the size, not the key."""
+    from tests.train_helpers import TINY_VIT
+
+    with pytest.raises(ValueError) as exc:
+        _train(tmp_path, [*TINY_VIT, "data.size_choices=[28,30]"])
+    msg = str(exc.value)
+    assert "data.size_choices=[28, 30]: 30 is not a positive multiple of the patch size 4" in msg, msg
+
+
+def test_size_choices_of_a_strict_model_are_refused():
+    from types import SimpleNamespace
+
+    from vitrel.train.utils import check_data_fits_model
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", strict_img_size=True, **TINY_VIT)
+    dm = SimpleNamespace(packing=None, patch_size=None, size_choices=(32, 36))
+    with pytest.raises(ValueError, match=_re("data.size_choices=[32, 36]: the model takes only its img_size (32, 32)")):
+        check_data_fits_model(dm, m)
+    check_data_fits_model(SimpleNamespace(packing=None, patch_size=None, size_choices=(32,)), m)
+
+
+def test_eval_refuses_a_naflex_patch_size_other_than_the_checkpoints(tmp_path, monkeypatch):
+    """``eval.py data.patch_size=8`` on a patch-4 NaFlex checkpoint failed inside trainer.test (evaluate.py had the
+    right check, but after it): now refused before scoring."""
+    import lightning as L
+
+    from tests.train_helpers import compose
+    from vitrel.train.evaluate import evaluate
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", in_chans=1, img_size=28, num_classes=10, **TINY_VIT)
+    ckpt = tmp_path / "naflex.ckpt"
+    torch.save({"vitrel_cfg": m.vitrel_cfg, "state_dict": {f"model.{k}": v for k, v in m.state_dict().items()}}, ckpt)
+
+    def no_test(*args, **kwargs):
+        raise AssertionError("trainer.test ran before the error")
+
+    monkeypatch.setattr(L.Trainer, "test", no_test)
+    over = [f"ckpt_path={ckpt}", "data=fashion_mnist_naflex", "data.patch_size=8", "data.num_workers=0"]
+    over += ["trainer.accelerator=cpu", "progress_bar=none"]
+    with pytest.raises(ValueError, match=_re(f"data.patch_size=8 but {ckpt} has patches of 4")):
+        evaluate(compose(tmp_path / "eval", over, config_name="eval"))
+
+
+def test_fmnist_naflex_experiment_trains_a_swin(tmp_path):
+    """``experiment=fmnist_naflex model=<a Swin>``: TypeError unexpected keyword 'token_drop' (the experiment set
+    token_drop: 0.0, a ViT argument); the Swin now trains. token_drop given to a Swin is refused naming it."""
+    from tests.train_helpers import FAST, TINY_SWIN, compose
+    from vitrel.train.run import train
+
+    seen = []
+
+    class Batches(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(isinstance(batch[0], dict))
+
+    cfg = compose(tmp_path, [*FAST, *SHORT, "experiment=fmnist_naflex", *TINY_SWIN, "+model.patch_size=4"])
+    assert "token_drop" not in cfg.model
+    metrics = train(cfg, callbacks=[Batches()])
+    assert seen == [True, True] and 0.0 <= metrics["val/acc1"] <= 1.0
+    with pytest.raises(TypeError, match="token_drop=0.25 \\(NaViT token dropping is the ViT's"):
+        vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", token_drop=0.25)

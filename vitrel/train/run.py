@@ -39,6 +39,7 @@ from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
+    check_data_fits_model,
     hydra_config,
     instantiate_callbacks,
     instantiate_loggers,
@@ -239,6 +240,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
 
     dm = instantiate(cfg.data)
     model = build_model(cfg.model, dm)
+    check_data_fits_model(dm, model, f"the model ({_model_name(cfg)})")  # before a batch is made
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model)  # before the loggers open their files

@@ -228,3 +228,84 @@ def test_fmnist_naflex_experiment_trains_a_swin(tmp_path):
     assert seen == [True, True] and 0.0 <= metrics["val/acc1"] <= 1.0
     with pytest.raises(TypeError, match="token_drop=0.25 \\(NaViT token dropping is the ViT's"):
         vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", token_drop=0.25)
+
+
+# ------------------------------------------------------------------------------------------ item 21
+def test_run_lock_is_reentrant_within_a_process(tmp_path):
+    """The lock TakeRunFolder takes before Hydra writes is held again by train() (same process), and goes with its
+    last holder; another process's live lock is still refused."""
+    from omegaconf import OmegaConf
+
+    from vitrel.train.hydra_callbacks import TakeRunFolder
+    from vitrel.train.rundir import LOCK_NAME, RunFolderBusy, RunLock
+
+    cb = TakeRunFolder()
+    cb.on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "run")}, "output_subdir": ".hydra"}}))
+    lock = tmp_path / "run" / LOCK_NAME
+    assert lock.exists()
+    with RunLock(tmp_path / "run") as inner:
+        assert inner.owner == RunLock(tmp_path / "run").read()
+    assert lock.exists(), "train()'s release removed the lock its caller still holds"
+    cb.on_run_end(OmegaConf.create({}))
+    assert not lock.exists()
+
+    # a folder busy when the run starts: Hydra is told to write no record there, and train() refuses the run
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / LOCK_NAME).write_text('{"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00"}')
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(other)}, "output_subdir": ".hydra"}})
+    TakeRunFolder().on_run_start(config)
+    assert config.hydra.output_subdir is None
+    with pytest.raises(RunFolderBusy, match="pid 1 on host elsewhere"):
+        RunLock(other).acquire()
+    # that run ended before train() took the folder: train() writes the record Hydra was kept from writing
+    from tests.train_helpers import compose
+    from vitrel.train.hydra_callbacks import write_held_back_record
+
+    (other / LOCK_NAME).unlink()
+    cfg = compose(other, ["seed=3"])
+    write_held_back_record(other, cfg)
+    assert OmegaConf.load(other / ".hydra" / "config.yaml").seed == 3
+    assert "seed=3" in OmegaConf.load(other / ".hydra" / "overrides.yaml")
+    assert (other / ".hydra" / "hydra.yaml").exists()
+
+
+def test_a_refused_run_keeps_the_running_runs_hydra_record(tmp_path):
+    """A second ``train.py`` started in a busy run folder is refused, and Hydra no longer rewrites the first run's
+    ``.hydra/config.yaml`` / ``overrides.yaml`` / ``hydra.yaml`` with the refused run's first."""
+    import hashlib
+    import subprocess
+    import sys
+    import time
+
+    from tests.train_helpers import FAST, ROOT, TINY_VIT, run_script, script_env
+
+    run_dir, marker = tmp_path / "run", tmp_path / "hanging"
+    args = [*TINY_VIT, *FAST, *SHORT, f"hydra.run.dir={run_dir}"]
+    hang = f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: 1, marker: '{marker}'}}"
+    first = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, hang],
+        cwd=tmp_path,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        t0 = time.time()
+        while not marker.exists():
+            assert first.poll() is None, f"the first run ended early:\n{first.stdout.read()[-4000:]}"
+            assert time.time() - t0 < 240, "timed out waiting for the first run"
+            time.sleep(0.2)
+        record = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (run_dir / ".hydra").iterdir()}
+        assert {"config.yaml", "overrides.yaml", "hydra.yaml"} <= set(record)
+        second = run_script("train.py", [*args, "pos=rope2d_mixed"], cwd=tmp_path)
+        assert second.returncode != 0
+        assert "another run is training in" in second.stdout + second.stderr, second.stderr[-3000:]
+        assert first.poll() is None
+        after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (run_dir / ".hydra").iterdir()}
+        assert after == record, "the refused run rewrote the running run's .hydra record"
+        assert "pos=rope2d_mixed" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    finally:
+        first.kill()
+        first.wait(timeout=30)

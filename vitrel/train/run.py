@@ -37,6 +37,7 @@ from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
+from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
     check_data_fits_model,
@@ -230,6 +231,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     if not is_launching_process():
         return _train(cfg, callbacks, run_dir, t0)
     with RunLock(run_dir):
+        write_held_back_record(run_dir, cfg)  # the folder was busy when Hydra started: its record, now ours
         return _train(cfg, callbacks, run_dir, t0)
 
 

@@ -40,6 +40,7 @@ __all__ = [
     "find_images",
     "eval_transform",
     "predict_folder",
+    "check_predict_args",
     "write_csv",
 ]
 
@@ -219,6 +220,9 @@ def predict_folder(
 
     from tqdm.auto import tqdm
 
+    check_predict_args(
+        topk=topk, batch_size=batch_size, num_workers=num_workers, seq_len=seq_len, max_tokens=max_tokens
+    )
     root = Path(input_dir)
     files, folders = find_images(root)
     if seq_len is None:
@@ -286,8 +290,26 @@ def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     return path
 
 
+#: predict's counts and their least values (``seq_len`` / ``max_tokens``: when set)
+_LEAST = {"topk": 1, "batch_size": 1, "num_workers": 0, "seq_len": 1, "max_tokens": 1}
+
+
+def check_predict_args(**args: Any) -> None:
+    """Refuse a count out of range (``topk=0`` would write a CSV of file names only, ``topk=-1`` fail in
+    ``torch.topk``), naming the key and the value: ``topk``, ``batch_size`` >= 1, ``num_workers`` >= 0, ``seq_len`` /
+    ``max_tokens`` >= 1 or None."""
+    for key, value in args.items():
+        if value is None and key in ("seq_len", "max_tokens"):
+            continue
+        least = _LEAST[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{key} must be an integer >= {least}, got {value!r}")
+
+
 def run_predict(cfg: Any) -> dict[str, Any]:
-    """``predict.py``'s body: load, predict, write the CSV, print a summary; returns the summary."""
+    """``predict.py``'s body: check the settings, load, predict, write the CSV, print a summary; returns the summary."""
+    check_predict_args(**{k: cfg.get(k, d) for k, d in (("topk", 5), ("batch_size", 64), ("num_workers", 0))})
+    check_predict_args(seq_len=cfg.get("seq_len"), max_tokens=cfg.get("max_tokens"))
     device = str(cfg.get("device", "auto"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -99,6 +99,9 @@ def with_placement(init: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(init)
     def wrapper(self: nn.Module, *args: Any, device: Any = None, dtype: torch.dtype | None = None, **kwargs: Any):
+        unknown = sorted(set(kwargs) - set(sig.parameters))
+        if unknown and not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()):
+            raise TypeError(_unknown_arguments(type(self).__name__, unknown, kwargs, sig))
         with torch.device(device) if device is not None else nullcontext():
             init(self, *args, **kwargs)
         if dtype is not None:
@@ -108,6 +111,26 @@ def with_placement(init: Callable[..., None]) -> Callable[..., None]:
     extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None) for n in ("device", "dtype")]
     wrapper.__signature__ = sig.replace(parameters=[*sig.parameters.values(), *extra])  # type: ignore[attr-defined]
     return wrapper
+
+
+#: why an argument of one backbone is not one of another
+_OTHER_BACKBONE = {
+    "token_drop": "NaViT token dropping is the ViT's: the Swin needs every image's full grid",
+    "class_token": "the ViT's",
+    "reg_tokens": "the ViT's",
+    "depth": "the ViT's (the Swin takes depths per stage)",
+    "depths": "the Swin's (the ViT takes depth)",
+    "window_size": "the Swin's",
+}
+
+
+def _unknown_arguments(cls: str, unknown: list[str], kwargs: dict[str, Any], sig: inspect.Signature) -> str:
+    """The message for constructor arguments a model does not take, with the value given and, for another backbone's
+    argument, whose it is (``experiment=fmnist_naflex model=<a Swin>`` set ``token_drop``)."""
+    whose = {k: f" ({_OTHER_BACKBONE[k]})" if k in _OTHER_BACKBONE else "" for k in unknown}
+    given = ", ".join(f"{k}={kwargs[k]!r}{whose[k]}" for k in unknown)
+    known = ", ".join(n for n in sig.parameters if n != "self")
+    return f"{cls} got unexpected argument(s) {given}; its arguments: {known}"
 
 
 # ---------------------------------------------------------------------------- modules

@@ -653,9 +653,10 @@ class SwinTransformer(TimmSurface, nn.Module):
         """What ``vitrel.models.registry`` reads of a backbone built with constructor ``args`` (see
         ``VisionTransformer.feature_defaults``): the final map pooled ``img / patch / 2^(stages-1)`` per side
         (patch merging pads odd sides), maps ``NHWC`` as timm's Swin, the stages a ``Sequential``."""
-        side = -(-int(args.get("img_size", 224)) // int(args.get("patch_size", 4)))
+        img, patch = to_2tuple(args.get("img_size", 224)), to_2tuple(args.get("patch_size", 4))
+        side = [-(-int(s) // int(p)) for s, p in zip(img, patch)]  # rows, columns: img_size may be a pair
         for _ in range(len(args.get("depths", (2, 2, 6, 2))) - 1):
-            side = -(-side // 2)
+            side = [-(-s // 2) for s in side]
         absolute = split_pos(parse_pos(args.get("pos", "rel2d_full")), parse_pos(args.get("abs_pos")))[1]
         why = "skips its absolute position embedding (the model adds it)" if absolute is not None else None
-        return dict(pool_size=(side, side), output_fmt="NHWC", module_fmt="NHWC", no_flatten=why)
+        return dict(pool_size=tuple(side), output_fmt="NHWC", module_fmt="NHWC", no_flatten=why)

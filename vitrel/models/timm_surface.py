@@ -89,15 +89,17 @@ class TimmSurface:
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A new head for ``num_classes`` (none for 0), and a new ``global_pool`` if given; ``vitrel_cfg`` follows."""
+        """A new head for ``num_classes`` (none for 0), on the device and in the dtype of the model's weights, and a
+        new ``global_pool`` if given; ``vitrel_cfg`` follows."""
         if global_pool is not None:
             self.check_global_pool(global_pool)
             self.global_pool = global_pool
             self.vitrel_cfg["global_pool"] = global_pool
         self.num_classes = num_classes
         self.vitrel_cfg["num_classes"] = num_classes
-        dev = self.patch_embed.proj.weight.device
-        self.head = nn.Linear(self.num_features, num_classes, device=dev) if num_classes > 0 else nn.Identity()
+        w = self.patch_embed.proj.weight  # the new head on the model's device and dtype (meta, float64 ...)
+        like = {"device": w.device, "dtype": w.dtype}
+        self.head = nn.Linear(self.num_features, num_classes, **like) if num_classes > 0 else nn.Identity()
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)

@@ -9,8 +9,11 @@ the model builds its schemes from it (``spec.build(num_heads=..., ..., layer=(i,
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
-from collections.abc import Callable, Mapping
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -162,7 +165,85 @@ def parse_pos(pos: Any, **options: Any) -> PosSpec | None:
         raise ValueError(
             f"position scheme {name!r} has no option(s) {unknown}; its options: {sorted(scheme_options(cls))}"
         )
+    _check_option_types(cls, options)
     return PosSpec(cls, options, plain)
+
+
+def option_types(cls: type[PositionScheme]) -> dict[str, Any]:
+    """The annotated type of each keyword option of a scheme class, from the first constructor along its MRO
+    that takes it (options without an annotation, or one that cannot be resolved, are left out)."""
+    types: dict[str, Any] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None or klass is nn.Module or klass is object:
+            continue
+        try:
+            params = inspect.signature(init, eval_str=True).parameters
+        except (NameError, TypeError, SyntaxError):  # an annotation that names what the module does not import
+            continue
+        for p in params.values():
+            if p.annotation is not p.empty and p.name not in types:
+                types[p.name] = p.annotation
+    return types
+
+
+def _check_option_types(cls: type[PositionScheme], options: Mapping[str, Any]) -> None:
+    """Refuse an option whose value does not have the type its constructor declares (``rotate: "false"``, a string,
+    would otherwise be read as true; ``base: "ten"`` fail deep in a float conversion), naming the option and the value.
+    A string for a number is refused too (YAML's ``"32"``); an int is a float."""
+    declared = option_types(cls)
+    for key, value in options.items():
+        ann = declared.get(key)
+        if ann is not None and not _matches(value, ann):
+            raise ValueError(
+                f"position scheme {cls.name!r}: option {key} must be {_describe(ann)}, got {value!r} "
+                f"({type(value).__name__})"
+            )
+
+
+_SIMPLE = {bool: "true or false", int: "an integer", float: "a number", str: "a string", type(None): "null"}
+
+
+def _matches(value: Any, ann: Any) -> bool:
+    """Whether ``value`` (plain: dicts, lists, scalars) has the type ``ann``; types other than the simple ones, unions
+    and lists / tuples / sequences of them are not checked here (the constructor checks them)."""
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, a) for a in args)
+    if ann is bool:
+        return isinstance(value, bool)
+    if ann is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if ann is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if ann is str or ann is type(None):
+        return isinstance(value, ann)
+    if ann is dict or origin is dict:
+        return isinstance(value, Mapping)
+    if origin in (list, tuple, Sequence, collections.abc.Sequence):
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            return False
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return len(value) == len(args) and all(_matches(v, a) for v, a in zip(value, args))
+        return not args or all(_matches(v, args[0]) for v in value)
+    return True
+
+
+def _describe(ann: Any) -> str:
+    origin, args = typing.get_origin(ann), typing.get_args(ann)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in args)
+    if ann in _SIMPLE:
+        return _SIMPLE[ann]
+    if ann is dict or origin is dict:
+        return "a mapping"
+    if origin in (list, tuple, Sequence, collections.abc.Sequence):
+        short = {bool: "bool", int: "int", float: "number", str: "string"}
+        items = [short.get(a, getattr(a, "__name__", str(a))) for a in args if a is not Ellipsis]
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            return f"a list [{', '.join(items)}]"
+        return f"a list [{items[0]}, ...]" if items else "a list"
+    return getattr(ann, "__name__", str(ann))
 
 
 def _plain(v: Any) -> Any:

@@ -117,25 +117,40 @@ def parse_scaling(scaling: Mapping[str, Any] | None, axes: int, scheme: str) -> 
             vals = vals * axes
         if len(vals) != axes:
             raise ValueError(f"{scheme}: scaling.factor takes 1 or {axes} numbers, got {raw!r}")
-        try:
-            factor = tuple(float(v) for v in vals)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"{scheme}: scaling.factor must be a number >= 1, a list of them, or auto; got {raw!r}"
-            ) from None
+        if not all(_is_number(v) for v in vals):
+            raise ValueError(f"{scheme}: scaling.factor must be a number >= 1, a list of them, or auto; got {raw!r}")
+        factor = tuple(float(v) for v in vals)
         if not all(math.isfinite(f) and f >= 1.0 for f in factor):
             raise ValueError(f"{scheme}: scaling.factor must be >= 1 (a factor below 1 shrinks nothing), got {raw!r}")
-    beta_fast, beta_slow = float(scaling.get("beta_fast", 32.0)), float(scaling.get("beta_slow", 1.0))
+    beta_fast = _number(scaling, "beta_fast", 32.0, scheme)
+    beta_slow = _number(scaling, "beta_slow", 1.0, scheme)
     if not beta_fast > beta_slow > 0:
         raise ValueError(f"{scheme}: scaling needs beta_fast > beta_slow > 0, got {beta_fast}, {beta_slow}")
     af = scaling.get("attention_factor")
-    if af is not None and not (isinstance(af, (int, float)) and af > 0):
+    if af is not None and not (_is_number(af) and af > 0):
         raise ValueError(f"{scheme}: scaling.attention_factor must be a positive number or null, got {af!r}")
     if af is not None and rope_type != "yarn":
         raise ValueError(f"{scheme}: scaling.attention_factor applies to rope_type=yarn only")
-    return RopeScaling(
-        rope_type, factor, beta_fast, beta_slow, None if af is None else float(af), bool(scaling.get("truncate", True))
-    )
+    truncate = scaling.get("truncate", True)
+    if not isinstance(truncate, bool):  # a string "false" would be read as True
+        raise ValueError(
+            f"{scheme}: scaling.truncate must be true or false, got {truncate!r} ({type(truncate).__name__})"
+        )
+    return RopeScaling(rope_type, factor, beta_fast, beta_slow, None if af is None else float(af), truncate)
+
+
+def _is_number(v: Any) -> bool:
+    """A real number as YAML / JSON gives one (an int or a float; not a bool, not a string of digits)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _number(scaling: Mapping[str, Any], key: str, default: float, scheme: str) -> float:
+    """The option ``key`` of ``scaling`` (``default`` when absent) as a float; a ``ValueError`` naming the key and the
+    value for anything but a finite number."""
+    v = scaling.get(key, default)
+    if not (_is_number(v) and math.isfinite(v)):
+        raise ValueError(f"{scheme}: scaling.{key} must be a finite number, got {v!r} ({type(v).__name__})")
+    return float(v)
 
 
 def yarn_mscale(factor: float) -> float:

@@ -23,7 +23,15 @@ from omegaconf import DictConfig
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import checkpoint_has_ema
 from vitrel.train.module import ClassifierModule
-from vitrel.train.utils import plain, progress_bar_kind, progress_callbacks, route_lightning_logs, run_dir_of, scalars
+from vitrel.train.utils import (
+    check_data_fits_model,
+    plain,
+    progress_bar_kind,
+    progress_callbacks,
+    route_lightning_logs,
+    run_dir_of,
+    scalars,
+)
 
 __all__ = ["evaluate"]
 
@@ -56,6 +64,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         )
     if stored.get("in_chans") != dm.in_chans:
         raise ValueError(f"{ckpt} takes {stored.get('in_chans')}-channel images, the data has {dm.in_chans}")
+    check_data_fits_model(dm, model, str(ckpt))  # data.patch_size of NaFlex batches: before scoring
 
     module = ClassifierModule(model, num_classes=dm.num_classes)
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
@@ -72,8 +81,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
     grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
     packing = getattr(dm, "packing", None)
-    if packing is not None and dm.patch_size != stored.get("patch_size", dm.patch_size):
-        raise ValueError(f"data.patch_size={dm.patch_size} but {ckpt} has patches of {stored.get('patch_size')}")
     result = {
         "ckpt_path": str(ckpt),
         "data": cfg.data.get("name", cfg.data.get("_target_")),

@@ -1,4 +1,5 @@
-"""Hydra callbacks: the summary table printed at the end of a sweep (``python train.py -m ...``).
+"""Hydra callbacks: the run folder taken before Hydra writes there (``python train.py``), and the summary table
+printed at the end of a sweep (``python train.py -m ...``).
 
 Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.run.train``);
 :class:`SweepSummary` reads them all when the sweep ends (in the launching process, whatever the
@@ -17,7 +18,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["SweepSummary", "collect_sweep", "format_table", "split_common"]
+__all__ = ["SweepSummary", "TakeRunFolder", "write_held_back_record", "collect_sweep", "format_table", "split_common"]
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +101,64 @@ class SweepSummary(Callback):
             w.writeheader()
             for r in rows:
                 w.writerow({k: r.get(k) for k in w.fieldnames})
+
+
+class TakeRunFolder(Callback):
+    """Lock the run folder (:class:`~vitrel.train.rundir.RunLock`) when a single run starts, before Hydra writes its
+    ``.hydra/`` record there (``config.yaml``, ``overrides.yaml``, ``hydra.yaml``). ``train()`` holds the same lock
+    again while it trains; the lock goes when the run ends. Only the process of global rank 0 takes it (the processes
+    Lightning re-launches for DDP run in the folder it owns).
+
+    When another run holds the folder, Hydra (which only warns about a callback's error) is told not to write the
+    record (``hydra.output_subdir`` set to null for this run), so the running run's record stays as it was, and
+    ``train()`` refuses the run (:class:`~vitrel.train.rundir.RunFolderBusy`). Should that run end in between and
+    ``train()`` take the folder, it writes the held-back record itself (:func:`write_held_back_record`)."""
+
+    def __init__(self) -> None:
+        self.lock: Any = None
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        from omegaconf import read_write
+
+        from vitrel.train.rundir import RunFolderBusy, RunLock, is_launching_process
+
+        global _HELD_BACK
+        subdir = config.hydra.get("output_subdir")
+        if not is_launching_process() or subdir is None:
+            return
+        run_dir = Path(str(config.hydra.run.dir)).expanduser().absolute()
+        lock = RunLock(run_dir)
+        try:
+            lock.acquire()
+        except RunFolderBusy:
+            with read_write(config.hydra):
+                config.hydra.output_subdir = None  # not over the running run's record
+            _HELD_BACK = (run_dir.resolve(), str(subdir))
+            return
+        self.lock = lock
+
+    def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+
+#: (run folder, output_subdir) of a record :class:`TakeRunFolder` kept Hydra from writing (the folder was busy)
+_HELD_BACK: tuple[Path, str] | None = None
+
+
+def write_held_back_record(run_dir: str | Path, cfg: DictConfig) -> None:
+    """Write the ``.hydra/`` record Hydra was kept from writing in ``run_dir`` (see :class:`TakeRunFolder`), once
+    ``train()`` holds the folder; nothing when none was held back for it."""
+    global _HELD_BACK
+    if _HELD_BACK is None or _HELD_BACK[0] != Path(run_dir).resolve():
+        return
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import _save_config
+
+    out = Path(run_dir) / _HELD_BACK[1]
+    _HELD_BACK = None
+    hydra_cfg = HydraConfig.instance().cfg
+    _save_config(cfg, "config.yaml", out)
+    _save_config(hydra_cfg, "hydra.yaml", out)
+    _save_config(hydra_cfg.hydra.overrides.task, "overrides.yaml", out)

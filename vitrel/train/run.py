@@ -37,8 +37,10 @@ from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
+from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
+    check_data_fits_model,
     hydra_config,
     instantiate_callbacks,
     instantiate_loggers,
@@ -229,6 +231,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     if not is_launching_process():
         return _train(cfg, callbacks, run_dir, t0)
     with RunLock(run_dir):
+        write_held_back_record(run_dir, cfg)  # the folder was busy when Hydra started: its record, now ours
         return _train(cfg, callbacks, run_dir, t0)
 
 
@@ -239,6 +242,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
 
     dm = instantiate(cfg.data)
     model = build_model(cfg.model, dm)
+    check_data_fits_model(dm, model, f"the model ({_model_name(cfg)})")  # before a batch is made
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model)  # before the loggers open their files

@@ -11,6 +11,11 @@ no such pid, or the same SLURM job (a requeued job continues in the folder of it
 attempt, possibly on another node). A lock of a live run on another host cannot be checked from here:
 the error says which file to remove once that run is known to be gone.
 
+``python train.py`` takes the lock before Hydra writes the run folder's ``.hydra/`` record (``config.yaml``,
+``overrides.yaml``, ``hydra.yaml``): :class:`~vitrel.train.hydra_callbacks.TakeRunFolder` (``conf/train.yaml``'s
+``hydra.callbacks.take_run_folder``); when the folder is busy, Hydra writes no record, so a refused run leaves the
+running one's as it was. ``train()`` then holds the same lock again (the lock is re-entrant within a process).
+
 Only the process of global rank 0 takes the lock (:func:`is_launching_process`): the other DDP ranks,
 including the processes Lightning re-launches for plain ``ddp``, run in the folder rank 0 owns.
 """
@@ -77,12 +82,22 @@ def is_launching_process() -> bool:
     return rank_zero_only.rank == 0 and int(os.environ.get("NODE_RANK", "0") or 0) == 0
 
 
+#: the locks this process holds, by resolved path: (owner, number of holders). A lock taken before Hydra writes the run
+#: folder (:class:`~vitrel.train.hydra_callbacks.TakeRunFolder`) is held again by ``train()``, not refused as busy.
+_HELD: dict[Path, tuple[LockOwner, int]] = {}
+
+
 class RunLock:
-    """``with RunLock(run_dir): ...`` holds ``<run_dir>/.vitrel.lock`` (see the module docstring)."""
+    """``with RunLock(run_dir): ...`` holds ``<run_dir>/.vitrel.lock`` (see the module docstring). Re-entrant within
+    one process: a lock this process already holds is held once more, and removed when its last holder releases it."""
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
         self.path = Path(run_dir) / LOCK_NAME
         self.owner: LockOwner | None = None
+
+    @property
+    def _key(self) -> Path:
+        return self.path.resolve()
 
     def read(self) -> LockOwner | None:
         """The owner written in the lock file; None without one (or while it is being written)."""
@@ -95,6 +110,11 @@ class RunLock:
         return LockOwner(**data)
 
     def acquire(self) -> None:
+        held = _HELD.get(self._key)
+        if held is not None and held[0].pid == os.getpid() and self.read() == held[0]:
+            _HELD[self._key] = (held[0], held[1] + 1)
+            self.owner = held[0]
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         me = LockOwner.this_process()
         for _ in range(3):
@@ -106,6 +126,7 @@ class RunLock:
             with os.fdopen(fd, "w") as f:
                 json.dump(asdict(me), f)
             self.owner = me
+            _HELD[self._key] = (me, 1)
             return
         raise RunFolderBusy(f"could not take {self.path}: another process takes it at the same time")
 
@@ -135,7 +156,15 @@ class RunLock:
         )
 
     def release(self) -> None:
-        if self.owner is not None and self.read() == self.owner:
+        if self.owner is None:
+            return
+        held = _HELD.get(self._key)
+        if held is not None and held[0] == self.owner and held[1] > 1:
+            _HELD[self._key] = (held[0], held[1] - 1)  # another holder in this process keeps it
+            self.owner = None
+            return
+        _HELD.pop(self._key, None)
+        if self.read() == self.owner:
             self.path.unlink(missing_ok=True)
         self.owner = None
 

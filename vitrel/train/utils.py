@@ -29,6 +29,7 @@ __all__ = [
     "progress_callbacks",
     "hydra_config",
     "is_multirun",
+    "check_data_fits_model",
 ]
 
 
@@ -136,3 +137,38 @@ def is_multirun() -> bool:
 
     hc = hydra_config()
     return hc is not None and hc.mode == RunMode.MULTIRUN
+
+
+def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the model") -> None:
+    """Refuse, before any batch is made, data settings that the model ``model`` cannot take, naming the key and its
+    value: ``data.patch_size`` (NaFlex batches, ``data.packing``) other than the model's patch size, and a side of
+    ``data.size_choices`` that is not a positive multiple of it (or, for a model built with a strict input size, not
+    its ``img_size``). ``whose`` names the model in the message (``evaluate``: the checkpoint). Models without a
+    ``vitrel_cfg`` patch size are not checked."""
+    from timm.layers import to_2tuple
+
+    patch = (getattr(model, "vitrel_cfg", None) or {}).get("patch_size")
+    if patch is None:
+        return
+    ph, pw = (int(v) for v in to_2tuple(patch))
+    shown = ph if ph == pw else f"{ph}x{pw}"
+    if getattr(dm, "packing", None) is not None and dm.patch_size is not None and (dm.patch_size,) * 2 != (ph, pw):
+        raise ValueError(
+            f"data.patch_size={dm.patch_size} but {whose} has patches of {shown}: NaFlex batches (data.packing="
+            f"{dm.packing}) are cut into the model's patches; set data.patch_size={shown}"
+        )
+    choices = getattr(dm, "size_choices", None)
+    if choices:
+        bad = [s for s in choices if s < max(ph, pw) or s % ph or s % pw]
+        if bad:
+            raise ValueError(
+                f"data.size_choices={list(choices)}: {', '.join(map(str, bad))} "
+                f"{'is' if len(bad) == 1 else 'are'} not a positive multiple of the patch size {shown} of {whose}"
+            )
+        img = tuple(getattr(model, "img_size", ()) or ())
+        fixed = [s for s in choices if (s, s) != img] if getattr(model, "strict_img_size", False) else []
+        if fixed:
+            raise ValueError(
+                f"data.size_choices={list(choices)}: {whose} takes only its img_size {img} (strict_img_size); "
+                "build it with dynamic_img_size=True (model.dynamic_img_size=true) for batches of other sizes"
+            )

@@ -13,7 +13,7 @@ import torch
 from torch.nn.attention.flex_attention import flex_attention
 
 import vitrel
-import vitrel.pos.kernels as kernels
+import vitrel.kernels.flex as kernels
 from vitrel.layers import Attention
 from vitrel.pos import build_pos, list_pos
 from vitrel.pos.geometry import expand_offset_table
@@ -131,7 +131,7 @@ def test_flex_causal_block_mask(eager_flex, monkeypatch, name):
 
     seen = []
     real = kernels.with_causal_blocks
-    monkeypatch.setattr(vitrel.layers.attention, "with_causal_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
+    monkeypatch.setattr(kernels, "with_causal_blocks", lambda *a: seen.append(real(*a)) or seen[-1])
     sdpa, flex = _pair(name, {}, 0, causal=True)
     grid = (12, 25)
     x = torch.randn(2, 300, 32, dtype=torch.float64)

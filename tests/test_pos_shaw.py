@@ -358,7 +358,7 @@ def test_factored_sdpa_head_dim_is_a_multiple_of_8(grid, head_dim):
 @pytest.mark.parametrize("name", SCHEMES)
 def test_eager_impl_runs_the_eager_path(name, monkeypatch):
     """attn_impl="eager" is the softmax written out (content_logits / content_values), equal to the reference."""
-    import vitrel.pos.kernels as kernels
+    import vitrel.kernels.eager as kernels
 
     calls = []
     real = kernels.attend_eager

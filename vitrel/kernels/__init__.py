@@ -1,0 +1,23 @@
+"""Attention kernels, one file each, behind one registry (:mod:`vitrel.kernels.registry`): ``sdpa``, ``eager``,
+``fold``, ``flex`` and the fused Triton kernel ``triton``. Every module here that does not start with ``_`` is
+imported, so a new kernel is one new file (and its test)."""
+
+import importlib
+import pkgutil
+
+from vitrel.kernels.registry import (
+    AUTO,
+    Kernel,
+    attn_impls,
+    check_impl,
+    get_kernel,
+    list_kernels,
+    register_kernel,
+    resolve,
+)
+
+for _m in pkgutil.iter_modules(__path__):
+    if not _m.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_m.name}")
+
+__all__ = ["AUTO", "Kernel", "attn_impls", "check_impl", "get_kernel", "list_kernels", "register_kernel", "resolve"]

@@ -8,7 +8,7 @@
 (patch pairs; 0 for pairs with a prefix token), with ``mask`` an optional additive float mask ``[Mb, N, N]``
 (batch ``b`` reads ``mask[b % Mb]``: Swin's shifted windows) and ``causal`` the keys after the query masked
 (blocks above the diagonal skipped). Nothing ``N x N`` is stored; the backward returns ``dq, dk, dv`` and the
-table's gradient ``dT``, reduced in the kernel (:mod:`vitrel.kernels.triton_bias_kernels`), deterministic.
+table's gradient ``dT``, reduced in the kernel (:mod:`vitrel.kernels._triton_bias_kernels`), deterministic.
 
 It is a torch custom op (``torch.ops.vitrel.rel_bias_attention``) with its autograd formula and fake (meta)
 implementations, so ``torch.compile`` captures it as one node. The kernels run on CUDA, or on CPU tensors through
@@ -25,7 +25,10 @@ import os
 import torch
 from torch import Tensor
 
-__all__ = ["rel_bias_attention", "check_device", "interpreter_on", "table_grad_from_slots"]
+from vitrel.kernels.flex import table_refusal
+from vitrel.kernels.registry import Kernel, register_kernel
+
+__all__ = ["TritonKernel", "rel_bias_attention", "check_device", "interpreter_on", "table_grad_from_slots"]
 
 #: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
 #: (small tiles keep its per-element work small and exercise several blocks at small sizes)
@@ -52,8 +55,18 @@ def check_device(device: torch.device) -> None:
 
 @functools.cache
 def _kernels():
-    from vitrel.kernels import triton_bias_kernels
+    from vitrel.kernels import _triton_bias_kernels as triton_bias_kernels
 
+    if interpreter_on():
+        import triton.language as tl
+        from triton.runtime.interpreter import InterpretedFunction
+
+        if not isinstance(tl.zeros, InterpretedFunction):
+            raise RuntimeError(
+                "TRITON_INTERPRET=1 was set after triton.language had been imported (torch.export and torch.compile "
+                "import it), so Triton's own functions are not interpreted: set TRITON_INTERPRET=1 in the environment "
+                "before starting Python"
+            )
     return triton_bias_kernels
 
 
@@ -177,7 +190,22 @@ def _bwd_op(
     n_b = triton_cdiv(n, blk)
     sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale)
     ks._bwd_dkdv_kernel[(n_b, b * h)](
-        q, k, v, t, m, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk, BN=blk, **flags,
+        q,
+        k,
+        v,
+        t,
+        m,
+        do,
+        lse,
+        delta,
+        dk,
+        dv,
+        *common,
+        *_strides(dk, dv),
+        *sizes,
+        BM=blk,
+        BN=blk,
+        **flags,
         **_launch("bwd", q.device),
     )
     grad_t = table_grad and table is not None
@@ -301,3 +329,38 @@ def rel_bias_attention(
     scale = d**-0.5 if scale is None else float(scale)
     out, _ = _fwd_op(q, k, v, table, mask, scale, gh, gw, num_prefix_tokens, causal)
     return out
+
+
+@register_kernel("triton")
+class TritonKernel(Kernel):
+    """The fused kernel above for every scheme with an offset table (and for rotary schemes and no position: no
+    table); full grids with prefix tokens, batches of windows with their masks, causal 1-D. Not yet: packed or
+    token-dropped layouts, attention dropout."""
+
+    reads = frozenset({"table"})
+    takes_layout = False
+    takes_dropout = False
+    native_causal = True
+    window_masks = True
+
+    @classmethod
+    def refuses(cls, scheme):
+        return table_refusal("triton", scheme)
+
+    @classmethod
+    def inputs(cls, scheme, grid, num_prefix_tokens):
+        return {"table": scheme.offset_table(grid) if scheme.has_bias else None}
+
+    @classmethod
+    def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
+        if dropout_p > 0.0:
+            raise ValueError("attn_impl='triton' has no attention dropout: use attn_impl='sdpa' for attn_drop > 0")
+        if mask is not None and mask.dim() == 4:
+            if mask.shape[1] != 1:
+                raise ValueError("attn_impl='triton' takes a mask shared by the heads ([B | nW, N, N])")
+            mask = mask[:, 0]
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+        return rel_bias_attention(
+            q, k, v, state.table, state.grid, state.num_prefix_tokens, scale, mask, causal=state.causal
+        )

@@ -10,7 +10,7 @@ For ``x`` of ``[B, N, C]`` on a grid ``H x W`` with ``P`` prefix tokens (``N = P
 
 ``forward`` runs the scheme's fused path (``PositionScheme.attend``: SDPA with the bias as a
 float mask, or the scheme's own kernel; attention dropout goes into the same call); ``logits``
-returns ``A`` eagerly for inspection (:func:`~vitrel.pos.kernels.eager_logits`, the expression the
+returns ``A`` eagerly for inspection (:func:`~vitrel.kernels.common.eager_logits`, the expression the
 eager path of schemes with content terms also uses).
 
 Position state: a layer called with a grid prepares its scheme for it (``attn(x, grid)``). A model
@@ -31,10 +31,11 @@ import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
+from vitrel.kernels import check_impl, get_kernel
+from vitrel.kernels.common import eager_logits, merge_masks
 from vitrel.layers.validate import check_attention_args
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import as_grid
-from vitrel.pos.kernels import ATTN_IMPLS, eager_logits, merge_masks, with_causal_blocks
 from vitrel.pos.registry import parse_pos
 from vitrel.pos.tokens import TokenLayout
 
@@ -62,10 +63,12 @@ class Attention(nn.Module):
         causal: add a causal mask (1-D sequences).
         layer: ``(index, number of layers)`` of the block, handed to a scheme built here from a name or
             config (per-layer schedules); a model builds its blocks' schemes itself and passes them as modules.
-        attn_impl: ``auto`` | ``sdpa`` (the bias as SDPA's float mask) | ``fold`` (a factored bias folded
-            into the queries and keys, no mask; ``rel2d_factored``, ``rel2d_bucket``) | ``flex``
-            (FlexAttention reading the bias by offset; inference on CPU) | ``eager`` (softmax written out).
-            ``auto`` is ``sdpa`` (until a GPU measurement says otherwise).
+        attn_impl: ``auto`` or a registered kernel (:mod:`vitrel.kernels`): ``sdpa`` (the bias as SDPA's float
+            mask) | ``fold`` (a factored bias folded into the queries and keys, no mask; ``rel2d_factored``,
+            ``rel2d_bucket``) | ``flex`` (FlexAttention reading the bias by offset; inference on CPU) | ``triton``
+            (the fused Triton kernel reading the offset table, with its gradient; CUDA, or CPU under
+            ``TRITON_INTERPRET=1``) | ``eager`` (softmax written out). ``auto`` picks per device from measurements
+            (:data:`vitrel.kernels.AUTO`), else ``sdpa``.
         pos_options: the scheme's options as keywords, when ``pos`` is a name or config.
     """
 
@@ -92,9 +95,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.causal = causal
-        if attn_impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {attn_impl!r}")
-        self.attn_impl = attn_impl
+        self.attn_impl = check_impl(attn_impl)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
@@ -170,11 +171,22 @@ class Attention(nn.Module):
         return q, k, v
 
     def _mask(
-        self, mask: Tensor | None, b: int, n: int, dtype: torch.dtype, device: torch.device, causal: bool = True
+        self,
+        mask: Tensor | None,
+        b: int,
+        n: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        causal: bool = True,
+        per_window: bool = False,
     ) -> Tensor | None:
-        """Window mask ``[nW, n, n]`` -> ``[B, 1, n, n]``; plus the causal mask if enabled (and ``causal``)."""
+        """Window mask ``[nW, n, n]`` -> ``[B, 1, n, n]`` (kept as it is for a kernel that reads it per window,
+        ``per_window``); plus the causal mask if enabled (and ``causal``)."""
         if mask is not None:
-            if mask.dim() == 3:
+            if mask.dim() == 3 and per_window:
+                if b % mask.shape[0]:
+                    raise ValueError(f"batch {b} is not a multiple of the {mask.shape[0]} windows of the mask")
+            elif mask.dim() == 3:
                 nw = mask.shape[0]
                 if b % nw:
                     raise ValueError(f"batch {b} is not a multiple of the {nw} windows of the mask")
@@ -196,15 +208,11 @@ class Attention(nn.Module):
         st = self._state(x, grid, pos_state)
         q, k, v = self._qkv(x, st)
         b, n, c = x.shape
-        native_causal = self.causal and st.impl in ("flex", "triton")  # the kernel skips the blocks above the diagonal
-        if st.impl == "triton":  # the window mask read per window by the kernel, causal by index
-            m = mask
-            if self.causal:
-                st = st._replace(causal=True)
-        else:
-            m = self._mask(mask, b, n, q.dtype, q.device, causal=not native_causal)
-        if native_causal and st.impl == "flex":
-            st = st._replace(block_mask=with_causal_blocks(st.block_mask, self.num_heads, n, q.device))
+        kernel = get_kernel(st.impl)
+        native_causal = self.causal and kernel.native_causal  # the kernel masks by index, skipping blocks
+        if native_causal:
+            st = st._replace(causal=True)
+        m = self._mask(mask, b, n, q.dtype, q.device, causal=not native_causal, per_window=kernel.window_masks)
         p = self.attn_drop if self.training else 0.0
         out = st.scheme.attend(q, k, v, m, self.scale, st, dropout_p=p)
         out = out.transpose(1, 2)  # [B, N, heads, d]

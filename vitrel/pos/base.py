@@ -11,7 +11,7 @@ a no-op by default, so the attention module never knows a scheme by name:
   ``content_values(attn, state) -> [B, heads, N, head_dim] | None``: the content-aware terms of Shaw
   et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``.
 * ``attend(q, k, v, mask, scale, state, dropout_p=0.0) -> out``: the fused forward. The default runs
-  the kernel of the state's ``impl`` (:mod:`vitrel.pos.kernels`: the bias in SDPA's float mask, folded,
+  the kernel of the state's ``impl`` (:mod:`vitrel.kernels`: the bias in SDPA's float mask, folded,
   FlexAttention, or the one eager path for schemes with content terms); a scheme may override it with
   its own fast path.
 * ``add_to_tokens(x, grid, num_prefix_tokens) -> x``: absolute schemes add their embedding to the
@@ -43,7 +43,7 @@ prefix token and any other token is zero and RoPE leaves them unrotated.
 
 Adding a scheme is one file in ``vitrel/pos/`` with a class decorated by ``@register_pos(name)``
 (:mod:`vitrel.pos.registry`), one YAML file in ``conf/pos/`` and one test file. The grid geometry lives
-in :mod:`vitrel.pos.geometry`, the attention kernels in :mod:`vitrel.pos.kernels`.
+in :mod:`vitrel.pos.geometry`, the attention kernels in :mod:`vitrel.kernels`.
 """
 
 from __future__ import annotations
@@ -52,12 +52,11 @@ from collections.abc import Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrel.kernels import Kernel, get_kernel, resolve
 from vitrel.pos.geometry import Grid, as_grid, check_tokens, expand_offset_table
-from vitrel.pos.kernels import ATTN_IMPLS, attend_state, layout_block_mask, offset_block_mask
-from vitrel.pos.tokens import TokenLayout, gather_pairs, gather_tokens, segment_mask, stack_tables
+from vitrel.pos.tokens import TokenLayout, gather_tokens, segment_mask
 
 __all__ = ["FAMILIES", "PositionScheme", "PosState"]
 
@@ -182,49 +181,27 @@ class PositionScheme(nn.Module):
         dtype: torch.dtype | None = None,
         impl: str = "auto",
     ) -> PosState:
-        """What depends on the grid alone, computed once: the bias (or, with ``impl="fold"``, its factors)
-        and RoPE's cos/sin (``rotation``).
+        """What depends on the grid alone, computed once: RoPE's cos/sin (``rotation``) and the position inputs the
+        attention kernel ``impl`` reads (:mod:`vitrel.kernels`: the dense bias, its factors, the offset table, ...).
 
-        ``device`` / ``dtype`` are those of the tokens the state will be used with; ``impl`` is the
-        attention implementation (:data:`ATTN_IMPLS`) :meth:`attend` will run.
+        ``device`` / ``dtype`` are those of the tokens the state will be used with; ``impl`` is ``attn_impl``: a
+        kernel's name, or ``auto`` (the kernel chosen for this device and size, :func:`vitrel.kernels.resolve`).
+        The state records the kernel it was prepared for.
         """
-        if impl not in ATTN_IMPLS:
-            raise ValueError(f"attn_impl must be one of {ATTN_IMPLS}, got {impl!r}")
-        if impl in ("flex", "fold") and self.has_token_terms:
-            raise ValueError(
-                f"attn_impl={impl!r}: {self.name}'s term depends on the query token (no offset table, no fixed "
-                "factors); its fast path is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
-            )
-        if impl in ("flex", "triton") and (self.has_content_terms or (self.has_bias and not self.has_offset_table)):
-            raise ValueError(
-                f"attn_impl={impl!r} reads the bias by offset from the scheme's table; {self.name} has no "
-                "such table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
-            )
-        if impl == "fold" and not self.has_bias_factors:
-            raise ValueError(
-                f"attn_impl='fold' folds a bias that factors into the queries and keys; {self.name} has no such "
-                "bias (the factored tables rel2d_factored and rel2d_bucket do): use attn_impl='sdpa' or 'auto'"
-            )
-        if isinstance(grid, TokenLayout):
-            if impl == "triton":
+        layout = grid if isinstance(grid, TokenLayout) else None
+        grid = grid if layout is not None else as_grid(grid)
+        n_tokens = layout.num_tokens if layout is not None else num_prefix_tokens + grid.n
+        kernel = resolve(impl, self, n_tokens, device)
+        if layout is not None:
+            if not kernel.takes_layout:
                 raise ValueError(
-                    "attn_impl='triton' does not take packed or token-dropped layouts yet (NaFlex dicts, lists of "
+                    f"attn_impl={kernel.name!r} does not take packed or token-dropped layouts (NaFlex dicts, lists of "
                     "images of different sizes): use attn_impl='sdpa' or 'flex' for them"
                 )
-            return self._prepare_layout(grid, device, dtype, impl)
-        grid = as_grid(grid)
+            return self._prepare_layout(layout, device, dtype, kernel)
         p = num_prefix_tokens
         rope = self.rotation(grid, p, device, dtype)
-        if impl == "flex":
-            table = self.offset_table(grid) if self.has_bias else None
-            blocks = offset_block_mask(table, grid, p) if self.has_masked_offsets else None
-            return PosState(self, grid, p, rope=rope, table=table, block_mask=blocks, impl=impl)
-        if impl == "fold":
-            return PosState(self, grid, p, rope=rope, factors=self.bias_factors(grid, p), impl=impl)
-        if impl == "triton":
-            table = self.offset_table(grid) if self.has_bias else None
-            return PosState(self, grid, p, rope=rope, table=table, impl=impl)
-        return PosState(self, grid, p, bias=self.bias(grid, p), rope=rope, impl=impl)
+        return PosState(self, grid, p, rope=rope, impl=kernel.name, **kernel.inputs(self, grid, p))
 
     def rotation_axes(self, rope: tuple[Tensor, ...]) -> tuple[int | None, ...]:
         """The token axis of each tensor of ``rotation``'s result (None: a tensor with no token axis, e.g. STRING's
@@ -232,7 +209,7 @@ class PositionScheme(nn.Module):
         return (-2,) * len(rope)
 
     def _prepare_layout(
-        self, layout: TokenLayout, device: torch.device | None, dtype: torch.dtype | None, impl: str
+        self, layout: TokenLayout, device: torch.device | None, dtype: torch.dtype | None, kernel: type[Kernel]
     ) -> PosState:
         """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.pos.tokens`):
         each distinct image grid prepared as a forward on that grid alone prepares it, each token reading its own
@@ -253,24 +230,9 @@ class PositionScheme(nn.Module):
         grid_states: tuple[PosState, ...] = ()
         if self.has_content_terms:  # Shaw's terms: computed per image on its own grid (vitrel.pos.tokens.regrid_*)
             grid_states = tuple(self.prepare(g, p, device, dtype, "eager") for g in grids)
-        common = dict(rope=rope, impl=impl, layout=layout, grid_states=grid_states)
-        if impl == "flex":
-            table = None
-            if self.has_bias:
-                table, extent = stack_tables([self.offset_table(g) for g in grids])
-            blocks = layout_block_mask(layout, table, self.num_heads, self.has_masked_offsets)
-            return PosState(self, extent, p, table=table, block_mask=blocks, **common)
-        if impl == "fold":
-            fs = [self.bias_factors(g, p) for g in grids]
-            r = max(u.shape[-1] for u, _ in fs)
-            pad = [(F.pad(u, (0, r - u.shape[-1])), F.pad(w, (0, r - w.shape[-1]))) for u, w in fs]
-            u = gather_tokens([f[0] for f in pad], layout)
-            w = gather_tokens([f[1] for f in pad], layout)
-            return PosState(self, extent, p, bias=mask, factors=(u, w), **common)
-        bias = mask
-        if self.has_bias:
-            bias = gather_pairs([self.bias(g, p) for g in grids], layout).to(mask.dtype) + mask
-        return PosState(self, extent, p, bias=bias, **common)
+        fields = {"grid": extent, **kernel.layout_inputs(self, layout, mask, dtype)}
+        grid = fields.pop("grid")
+        return PosState(self, grid, p, rope=rope, impl=kernel.name, layout=layout, grid_states=grid_states, **fields)
 
     @classmethod
     def prepare_many(
@@ -308,9 +270,9 @@ class PositionScheme(nn.Module):
 
         ``mask`` is an additive float mask broadcastable to ``[B, heads, N, N]`` (window shift mask, causal
         mask) or None. ``q`` and ``k`` are already rotated. ``state`` (from :meth:`prepare`) carries the bias
-        and the grid; the kernel is the one of ``state.impl`` (:func:`~vitrel.pos.kernels.attend_state`).
+        and the grid; the kernel is the one of ``state.impl`` (:mod:`vitrel.kernels`).
         """
-        return attend_state(q, k, v, mask, scale, state, dropout_p)
+        return get_kernel(state.impl).attend(q, k, v, mask, scale, state, dropout_p)
 
     @classmethod
     def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:

@@ -71,11 +71,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vitrel.kernels import resolve
+from vitrel.kernels.flex import offset_block_mask
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
 from vitrel.pos.geometry import Grid, as_grid, expand_offset_table, offset_grid, rel_offsets
-from vitrel.pos.kernels import offset_block_mask
 from vitrel.pos.registry import register_pos
+from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "LookHere",
@@ -283,17 +285,21 @@ class LookHere(GridBuffers, PositionScheme):
     def prepare_many(
         cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
     ) -> list[PosState]:
-        """With ``impl="flex"``, one BlockMask for every block that looks in the same directions (the views do
-        not depend on the layer's slope); otherwise each scheme's ``prepare``."""
-        if impl != "flex" or len(schemes) < 2 or any(type(s) is not cls for s in schemes):
+        """For a kernel that reads a block mask (flex), one for every block that looks in the same directions (the
+        views do not depend on the layer's slope); otherwise each scheme's ``prepare``."""
+        if isinstance(grid, TokenLayout) or len(schemes) < 2 or any(type(s) is not cls for s in schemes):
             return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)
-        grid, masks, states = as_grid(grid), {}, []
+        grid = as_grid(grid)
+        kernel = resolve(impl, schemes[0], num_prefix_tokens + grid.n, device)
+        if "block_mask" not in kernel.reads:
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)
+        masks, states = {}, []
         for s in schemes:
             table = s.offset_table(grid)
             key = (s.directions, s.num_heads)
             if key not in masks:
                 masks[key] = offset_block_mask(table, grid, num_prefix_tokens)
-            states.append(PosState(s, grid, num_prefix_tokens, table=table, block_mask=masks[key], impl=impl))
+            states.append(PosState(s, grid, num_prefix_tokens, table=table, block_mask=masks[key], impl=kernel.name))
         return states
 
     def _bias(self, grid: Grid, num_prefix_tokens: int) -> Tensor:

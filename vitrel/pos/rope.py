@@ -61,10 +61,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrel.kernels import resolve
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
 from vitrel.pos.geometry import Grid, as_grid, patch_coords
-from vitrel.pos.kernels import ATTN_IMPLS
 from vitrel.pos.registry import register_pos
 from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
 
@@ -556,8 +556,6 @@ class Rope2dMixed(Rope2dOptions):
         first = schemes[0] if schemes else None
         together = (
             len(schemes) > 1
-            and impl in ATTN_IMPLS
-            and impl != "fold"  # prepare says why fold does not apply
             and all(
                 type(s) is cls
                 and not s.augmenting
@@ -578,6 +576,7 @@ class Rope2dMixed(Rope2dOptions):
         if not together:
             return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)
         grid, p, layers = as_grid(grid), num_prefix_tokens, len(schemes)
+        kernel = resolve(impl, first, p + grid.n, device)  # (says why a kernel cannot run the scheme)
         f = torch.stack([s.freqs for s in schemes], dim=1).flatten(1, 2)  # [2, L * heads, d/2]
         work = torch.promote_types(f.dtype, torch.float32)
         rc = first.patch_rc(grid, f.device, work)
@@ -588,7 +587,9 @@ class Rope2dMixed(Rope2dOptions):
         else:
             basis = string_basis(torch.cat([s.string for s in schemes]), first.basis_kind).unflatten(0, (layers, -1))
             ropes = list(zip(cos, sin, basis.unbind(0)))
-        return [PosState(s, grid, p, rope=r, impl=impl) for s, r in zip(schemes, ropes)]
+        return [
+            PosState(s, grid, p, rope=r, impl=kernel.name, **kernel.inputs(s, grid, p)) for s, r in zip(schemes, ropes)
+        ]
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, base={self.base}{_scaling_repr(self.scaling)}"

@@ -1,0 +1,64 @@
+"""The kernel registry (vitrel/kernels/): every kernel declared, states that carry only what their kernel reads,
+refusals named before any work, and ``auto`` read from the per-device table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import vitrel
+from vitrel.kernels import AUTO, attn_impls, get_kernel, list_kernels
+from vitrel.kernels.registry import Kernel, register_kernel, select_kernel
+from vitrel.pos import build_pos, list_pos
+
+INPUTS = {"bias", "factors", "table", "block_mask"}
+RELATIVE = [n for n in list_pos("relative") if n != "none"]
+
+
+def test_every_kernel_is_registered_and_declared():
+    assert {"sdpa", "eager", "fold", "flex", "triton"} <= set(list_kernels())
+    assert attn_impls() == ("auto", *list_kernels())
+    for name in list_kernels():
+        k = get_kernel(name)
+        assert k.name == name and k.reads and k.reads <= INPUTS, name
+    with pytest.raises(ValueError, match="registered already"):
+        register_kernel("sdpa")(type("Again", (Kernel,), {}))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "eager", "fold", "flex", "triton"])
+@pytest.mark.parametrize("name", RELATIVE)
+def test_prepare_builds_only_what_the_kernel_reads(impl, name):
+    """A state carries the inputs its kernel reads and none of the others; a kernel that cannot run the scheme says
+    so, naming the scheme, when the state is prepared."""
+    s = build_pos(name, num_heads=2, head_dim=8, grid=(3, 4))
+    kernel = get_kernel(impl)
+    why = kernel.refuses(s)
+    if why is not None:
+        assert name in why and f"attn_impl={impl!r}" in why
+        with pytest.raises(ValueError, match=name):
+            s.prepare((3, 4), 1, impl=impl)
+        return
+    st = s.prepare((3, 4), 1, impl=impl)
+    assert st.impl == impl
+    for field in INPUTS - kernel.reads:
+        assert getattr(st, field) is None, (impl, name, field)
+
+
+def test_auto_is_sdpa_on_cpu_and_reads_the_device_table(monkeypatch):
+    s = build_pos("rel1d_bucket", num_heads=2, head_dim=8, grid=(3, 4))
+    assert s.prepare((3, 4), 0).impl == "sdpa"
+    assert select_kernel(s, 4096, None) == "sdpa"
+    assert select_kernel(s, 4096, "NVIDIA H200") == AUTO["H200"][0][2]
+    assert select_kernel(s, 1024, "NVIDIA H200") == "sdpa"  # below the measured size
+    assert select_kernel(build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 4096, "NVIDIA H200") == "sdpa"
+    monkeypatch.setitem(AUTO, "Test GPU", [(frozenset({"rel2d_full"}), 0, "flex")])
+    assert select_kernel(build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU 80GB") == "flex"
+    # a rule whose kernel cannot run the scheme is passed over
+    monkeypatch.setitem(AUTO, "Test GPU", [(frozenset({"shaw2d_full"}), 0, "flex")])
+    assert select_kernel(build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU") == "sdpa"
+
+
+def test_layout_refused_by_a_kernel_that_does_not_take_it():
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="triton", img_size=16, depth=1)
+    with pytest.raises(ValueError, match="does not take packed"):
+        m([torch.randn(3, 16, 16), torch.randn(3, 8, 16)])

@@ -1,0 +1,40 @@
+"""``attn_impl="eager"``: the softmax written out, with Shaw's content terms; the one eager attention path."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from vitrel.kernels.common import eager_logits, full_mask
+from vitrel.kernels.registry import Kernel, register_kernel
+from vitrel.pos.tokens import content_values
+
+if TYPE_CHECKING:
+    from vitrel.pos.base import PosState
+
+__all__ = ["EagerKernel", "attend_eager"]
+
+
+def attend_eager(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p: float = 0.0
+) -> Tensor:
+    """``a = dropout(softmax(eager_logits))``, ``a v + content_values(a)`` (``mask`` holds the bias already)."""
+    attn = eager_logits(q, k, mask, scale, state).softmax(dim=-1)
+    if dropout_p > 0.0:
+        attn = F.dropout(attn, dropout_p)
+    out = attn @ v
+    cv = content_values(attn, state)
+    return out if cv is None else out + cv
+
+
+@register_kernel("eager")
+class EagerKernel(Kernel):
+    """Every scheme, every case; reads the dense bias."""
+
+    reads = frozenset({"bias"})
+
+    @classmethod
+    def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
+        return attend_eager(q, k, v, full_mask(state.bias, mask, q), scale, state, dropout_p)

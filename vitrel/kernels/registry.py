@@ -1,0 +1,158 @@
+"""The registry of attention kernels: what each reads, what it takes, and how ``attn_impl="auto"`` chooses.
+
+A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, heads, N, d]`` inputs from a scheme's
+:class:`~vitrel.pos.base.PosState`. It is a class in one file of :mod:`vitrel.kernels`, decorated
+``@register_kernel("name")``, that declares
+
+* ``reads``: the position inputs :meth:`~vitrel.pos.base.PositionScheme.prepare` builds for it (``bias``: the dense
+  ``[heads, N, N]`` term; ``factors``: ``(u, w)`` with ``bias = u w^T``; ``table``: the offset table
+  ``[heads, 2H-1, 2W-1]``; ``block_mask``: FlexAttention's), and builds them (:meth:`Kernel.inputs`,
+  :meth:`Kernel.layout_inputs`);
+* which cases it takes: :meth:`Kernel.refuses` (a scheme's capabilities), ``takes_layout`` (packed / token-dropped
+  layouts), ``takes_dropout``, ``native_causal`` (it masks the keys after the query itself, from ``state.causal``,
+  instead of reading a causal float mask), ``window_masks`` (it reads a window mask ``[nW, n, n]`` per window
+  instead of one repeated to the batch);
+* how it attends: :meth:`Kernel.attend`.
+
+``attn_impl`` is a kernel's name or ``auto``: :func:`select_kernel` reads :data:`AUTO` (per device, decided by
+measurement: ``bench/gpu.py``) and falls back to ``sdpa`` where nothing better is known. A new kernel is one file
+and one test; nothing else names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import Tensor
+
+if TYPE_CHECKING:
+    from vitrel.pos.base import PositionScheme, PosState
+    from vitrel.pos.geometry import Grid
+    from vitrel.pos.tokens import TokenLayout
+
+__all__ = [
+    "AUTO",
+    "Kernel",
+    "attn_impls",
+    "check_impl",
+    "device_name",
+    "get_kernel",
+    "list_kernels",
+    "register_kernel",
+    "resolve",
+    "select_kernel",
+]
+
+_KERNELS: dict[str, type[Kernel]] = {}
+
+#: ``attn_impl="auto"`` per device (a substring of ``torch.cuda.get_device_name``): ``(scheme names, fewest tokens,
+#: kernel)`` rules, first match wins, else ``sdpa``. Only measured wins go here (``bench/results/``): on the H200
+#: the fused kernel beat SDPA's float mask only for T5's 1-D buckets at N = 4096 (5.5x plain SDPA against 29x,
+#: ``bench/results/gpu_h200_triton_v1.md``); everywhere else SDPA with the bias as a mask was faster.
+AUTO: dict[str, list[tuple[frozenset[str], int, str]]] = {
+    "H200": [(frozenset({"rel1d_bucket"}), 4096, "triton")],
+}
+
+
+class Kernel:
+    """One attention implementation (see the module docstring). Class methods only: a kernel holds no state."""
+
+    name: ClassVar[str] = "base"
+    reads: ClassVar[frozenset[str]] = frozenset()
+    takes_layout: ClassVar[bool] = True
+    takes_dropout: ClassVar[bool] = True
+    native_causal: ClassVar[bool] = False
+    window_masks: ClassVar[bool] = False
+
+    @classmethod
+    def refuses(cls, scheme: PositionScheme) -> str | None:
+        """Why this kernel cannot run ``scheme`` (a sentence naming both, and what to use instead), or None."""
+        return None
+
+    @classmethod
+    def inputs(cls, scheme: PositionScheme, grid: Grid, num_prefix_tokens: int) -> dict[str, Any]:
+        """The :class:`~vitrel.pos.base.PosState` fields this kernel reads, for a full grid."""
+        return {"bias": scheme.bias(grid, num_prefix_tokens)} if "bias" in cls.reads else {}
+
+    @classmethod
+    def layout_inputs(
+        cls, scheme: PositionScheme, layout: TokenLayout, mask: Tensor, dtype: torch.dtype | None
+    ) -> dict[str, Any]:
+        """The fields for tokens laid out by ``layout`` (``mask``: its block-diagonal ``[B, 1, N, N]`` float mask
+        of the images); ``grid`` is then the largest image extent (override to change it)."""
+        from vitrel.pos.tokens import gather_pairs
+
+        bias = mask
+        if scheme.has_bias:
+            bias = gather_pairs([scheme.bias(g, layout.num_prefix_tokens) for g in layout.grids], layout)
+            bias = bias.to(mask.dtype) + mask
+        return {"bias": bias}
+
+    @classmethod
+    def attend(
+        cls, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p: float = 0.0
+    ) -> Tensor:
+        raise NotImplementedError
+
+
+def register_kernel(name: str) -> Callable[[type[Kernel]], type[Kernel]]:
+    def deco(cls: type[Kernel]) -> type[Kernel]:
+        if name in _KERNELS or name == "auto":
+            raise ValueError(f"attention kernel {name!r} is registered already")
+        cls.name = name
+        _KERNELS[name] = cls
+        return cls
+
+    return deco
+
+
+def list_kernels() -> list[str]:
+    return list(_KERNELS)
+
+
+def attn_impls() -> tuple[str, ...]:
+    """Every value ``attn_impl`` takes: ``auto`` and the registered kernels."""
+    return ("auto", *_KERNELS)
+
+
+def check_impl(impl: str) -> str:
+    if impl != "auto" and impl not in _KERNELS:
+        raise ValueError(f"attn_impl must be one of {attn_impls()}, got {impl!r}")
+    return impl
+
+
+def get_kernel(name: str) -> type[Kernel]:
+    """The kernel registered as ``name`` (``auto`` states are prepared with a concrete kernel; see :func:`resolve`)."""
+    check_impl(name)
+    return _KERNELS["sdpa" if name == "auto" else name]
+
+
+def device_name(device: torch.device | str | None) -> str | None:
+    """``torch.cuda.get_device_name`` of a CUDA device, None for any other."""
+    if device is None or torch.device(device).type != "cuda":
+        return None
+    return torch.cuda.get_device_name(device)
+
+
+def select_kernel(scheme: PositionScheme, n_tokens: int, device: str | None) -> str:
+    """``attn_impl="auto"`` on the device named ``device`` (:func:`device_name`): the first :data:`AUTO` rule of that
+    device that matches, if its kernel takes the scheme; else ``sdpa``."""
+    for key, rules in AUTO.items():
+        if device is not None and key in device:
+            for schemes, fewest, kernel in rules:
+                if scheme.name in schemes and n_tokens >= fewest and _KERNELS[kernel].refuses(scheme) is None:
+                    return kernel
+    return "sdpa"
+
+
+def resolve(impl: str, scheme: PositionScheme, n_tokens: int, device: torch.device | None) -> type[Kernel]:
+    """The kernel ``impl`` names (``auto``: :func:`select_kernel`), checked against ``scheme``: a clear error
+    naming both when the kernel cannot run it."""
+    check_impl(impl)
+    kernel = _KERNELS[select_kernel(scheme, n_tokens, device_name(device)) if impl == "auto" else impl]
+    reason = kernel.refuses(scheme)
+    if reason is not None:
+        raise ValueError(reason)
+    return kernel

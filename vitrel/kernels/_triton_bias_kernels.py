@@ -24,6 +24,8 @@ causal mask are applied), in base 2 (``LOG2E`` folded in, as the tutorial).
 
 from __future__ import annotations
 
+# the kernels' long argument lists stay packed (ruff format would put one per line)
+# fmt: off
 import triton
 import triton.language as tl
 
@@ -41,26 +43,8 @@ def _coords(offs, P, N, GW):
 
 @triton.jit
 def _logits(
-    q,
-    k,
-    b,
-    h,
-    offs_m,
-    offs_n,
-    T,
-    stride_th,
-    MASK,
-    stride_mb,
-    n_mask_b,
-    qk_scale,
-    P,
-    N,
-    GH,
-    GW,
-    HAS_TABLE: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    PREC: tl.constexpr,
+    q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW, HAS_TABLE:
+    tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
 ):
     """Base-2 logits of a ``[BM, BN]`` tile, ``-inf`` where masked (out of range, causal, the table's or the mask's
     ``-inf``), and the tile's patch-pair flags (where the bias applies). ``T`` and ``MASK`` come multiplied by
@@ -84,42 +68,9 @@ def _logits(
 
 @triton.jit
 def _fwd_kernel(
-    Q,
-    K,
-    V,
-    T,
-    MASK,
-    O,
-    LSE,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sob,
-    soh,
-    son,
-    stride_th,
-    stride_mb,
-    n_mask_b,
-    H,
-    N,
-    P,
-    GH,
-    GW,
-    qk_scale,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    HAS_TABLE: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    PREC: tl.constexpr,
+    Q, K, V, T, MASK, O, LSE, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_th, stride_mb,
+    n_mask_b, H, N, P, GH, GW, qk_scale, D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -143,26 +94,8 @@ def _fwd_kernel(
         k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :], kv_mask, 0.0)
         v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :], kv_mask, 0.0)
         s, _ = _logits(
-            q,
-            k,
-            b,
-            h,
-            offs_m,
-            offs_n,
-            T,
-            stride_th,
-            MASK,
-            stride_mb,
-            n_mask_b,
-            qk_scale,
-            P,
-            N,
-            GH,
-            GW,
-            HAS_TABLE,
-            HAS_MASK,
-            CAUSAL,
-            PREC,
+            q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW, HAS_TABLE,
+            HAS_MASK, CAUSAL, PREC,
         )
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -181,52 +114,10 @@ def _fwd_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q,
-    K,
-    V,
-    T,
-    MASK,
-    DO,
-    LSE,
-    DELTA,
-    DK,
-    DV,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sdob,
-    sdoh,
-    sdon,
-    stride_th,
-    stride_mb,
-    n_mask_b,
-    sgb,
-    sgh,
-    sgn,
-    shb,
-    shh,
-    shn,
-    H,
-    N,
-    P,
-    GH,
-    GW,
-    qk_scale,
-    sm_scale,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BM: tl.constexpr,
-    BN: tl.constexpr,
-    HAS_TABLE: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    PREC: tl.constexpr,
+    Q, K, V, T, MASK, DO, LSE, DELTA, DK, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon,
+    stride_th, stride_mb, n_mask_b, sgb, sgh, sgn, shb, shh, shn, H, N, P, GH, GW, qk_scale, sm_scale, D:
+    tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_MASK:
+    tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``)."""
     pid_n = tl.program_id(0)
@@ -252,26 +143,8 @@ def _bwd_dkdv_kernel(
         lse = tl.load(LSE + bh * N + offs_m, offs_m < N, 0.0)
         delta = tl.load(DELTA + bh * N + offs_m, offs_m < N, 0.0)
         s, _ = _logits(
-            q,
-            k,
-            b,
-            h,
-            offs_m,
-            offs_n,
-            T,
-            stride_th,
-            MASK,
-            stride_mb,
-            n_mask_b,
-            qk_scale,
-            P,
-            N,
-            GH,
-            GW,
-            HAS_TABLE,
-            HAS_MASK,
-            CAUSAL,
-            PREC,
+            q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW, HAS_TABLE,
+            HAS_MASK, CAUSAL, PREC,
         )
         p = tl.math.exp2(s - lse[:, None])
         dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
@@ -286,52 +159,10 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q,
-    K,
-    V,
-    T,
-    MASK,
-    DO,
-    LSE,
-    DELTA,
-    DQ,
-    SLOTS,
-    sqb,
-    sqh,
-    sqn,
-    skb,
-    skh,
-    skn,
-    svb,
-    svh,
-    svn,
-    sdob,
-    sdoh,
-    sdon,
-    stride_th,
-    stride_mb,
-    n_mask_b,
-    sgb,
-    sgh,
-    sgn,
-    B,
-    H,
-    N,
-    P,
-    GH,
-    GW,
-    qk_scale,
-    sm_scale,
-    n_split,
-    n_kb,
-    D: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BM: tl.constexpr,
-    HAS_TABLE: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    TABLE_GRAD: tl.constexpr,
-    PREC: tl.constexpr,
+    Q, K, V, T, MASK, DO, LSE, DELTA, DQ, SLOTS, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon,
+    stride_th, stride_mb, n_mask_b, sgb, sgh, sgn, B, H, N, P, GH, GW, qk_scale, sm_scale, n_split, n_kb, D:
+    tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL:
+    tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dq`` of one query block for a share of the batch (``b = split, split + n_split, ...``), and the table
     gradient's diagonal sums of ``dS`` per key block into this program's slots
@@ -370,26 +201,8 @@ def _bwd_dq_kernel(
             k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :], kv_mask, 0.0)
             v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :], kv_mask, 0.0)
             s, pair = _logits(
-                q,
-                k,
-                b,
-                h,
-                offs_m,
-                offs_n,
-                T,
-                stride_th,
-                MASK,
-                stride_mb,
-                n_mask_b,
-                qk_scale,
-                P,
-                N,
-                GH,
-                GW,
-                HAS_TABLE,
-                HAS_MASK,
-                CAUSAL,
-                PREC,
+                q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW,
+                HAS_TABLE, HAS_MASK, CAUSAL, PREC,
             )
             p = tl.math.exp2(s - lse[:, None])
             dp = tl.dot(do, tl.trans(v), input_precision=PREC)

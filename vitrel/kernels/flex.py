@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "FlexKernel",
+    "OffsetTableKernel",
     "attend_flex",
     "kernel_options",
     "layout_block_mask",
@@ -204,19 +205,30 @@ def table_refusal(kernel: str, scheme) -> str | None:
     return None
 
 
-@register_kernel("flex")
-class FlexKernel(Kernel):
-    reads = frozenset({"table", "block_mask"})
+class OffsetTableKernel(Kernel):
+    """A kernel that reads the bias by offset from the scheme's table (flex, triton): every bias scheme with an
+    offset table, rotary schemes and none; the causal mask by index."""
+
+    reads = frozenset({"table"})
     takes_dropout = False
     native_causal = True
 
     @classmethod
     def refuses(cls, scheme):
-        return table_refusal("flex", scheme)
+        return table_refusal(cls.name, scheme)
 
     @classmethod
     def inputs(cls, scheme, grid, num_prefix_tokens):
-        table = scheme.offset_table(grid) if scheme.has_bias else None
+        return {"table": scheme.offset_table(grid) if scheme.has_bias else None}
+
+
+@register_kernel("flex")
+class FlexKernel(OffsetTableKernel):
+    reads = frozenset({"table", "block_mask"})
+
+    @classmethod
+    def inputs(cls, scheme, grid, num_prefix_tokens):
+        table = super().inputs(scheme, grid, num_prefix_tokens)["table"]
         blocks = offset_block_mask(table, grid, num_prefix_tokens) if scheme.has_masked_offsets else None
         return {"table": table, "block_mask": blocks}
 

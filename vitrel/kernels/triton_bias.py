@@ -25,8 +25,8 @@ import os
 import torch
 from torch import Tensor
 
-from vitrel.kernels.flex import table_refusal
-from vitrel.kernels.registry import Kernel, register_kernel
+from vitrel.kernels.flex import OffsetTableKernel
+from vitrel.kernels.registry import register_kernel
 
 __all__ = ["TritonKernel", "rel_bias_attention", "check_device", "interpreter_on", "table_grad_from_slots"]
 
@@ -332,24 +332,13 @@ def rel_bias_attention(
 
 
 @register_kernel("triton")
-class TritonKernel(Kernel):
+class TritonKernel(OffsetTableKernel):
     """The fused kernel above for every scheme with an offset table (and for rotary schemes and no position: no
     table); full grids with prefix tokens, batches of windows with their masks, causal 1-D. Not yet: packed or
     token-dropped layouts, attention dropout."""
 
-    reads = frozenset({"table"})
     takes_layout = False
-    takes_dropout = False
-    native_causal = True
     window_masks = True
-
-    @classmethod
-    def refuses(cls, scheme):
-        return table_refusal("triton", scheme)
-
-    @classmethod
-    def inputs(cls, scheme, grid, num_prefix_tokens):
-        return {"table": scheme.offset_table(grid) if scheme.has_bias else None}
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):

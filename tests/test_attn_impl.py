@@ -130,3 +130,29 @@ def test_bad_impl_choices_are_clear_errors():
         attn(torch.randn(1, 9, 16), (3, 3))
     with pytest.raises(ValueError, match="attn_impl must be one of"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="Fold")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+def test_every_impl_agrees_on_cuda():
+    """On a GPU in bf16 autocast: every kernel gives the sdpa model's logits and table gradients (bf16 tolerance)."""
+    torch.manual_seed(0)
+    kw = dict(img_size=32, embed_dim=64, depth=2, num_heads=2, num_classes=5)
+    ref = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", **kw).cuda()
+    x = torch.randn(4, 3, 32, 32, device="cuda")
+
+    def run(m):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = m(x).float()
+        tables = [p for n, p in m.named_parameters() if "table" in n]
+        return y, torch.autograd.grad(y.square().sum(), tables)
+
+    y_ref, g_ref = run(ref)
+    for impl in [i for i in attn_impls() if i not in ("auto", "sdpa")]:
+        m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", attn_impl=impl, **kw).cuda()
+        m.load_state_dict(ref.state_dict())
+        y, g = run(m)
+        torch.testing.assert_close(y, y_ref, atol=5e-2, rtol=5e-2, msg=impl)
+        for a, b in zip(g, g_ref):
+            scale = b.abs().max()
+            torch.testing.assert_close(a / scale, b / scale, atol=5e-2, rtol=5e-2, msg=impl)

@@ -133,7 +133,18 @@ def export_onnx(
     max_side: int = MAX_SIDE,
 ) -> Path:
     """``model`` -> ONNX file ``path`` via :func:`export_program` and the dynamo exporter (input ``images``,
-    output ``logits``); needs ``pip install vitrel[export]`` (onnx, onnxscript)."""
+    output ``logits``); needs ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel is
+    a vitrel custom op (``attn_impl="triton"``) is refused: ONNX has no such operator; the same weights built with
+    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``)."""
+    from vitrel.kernels import get_kernel
+
+    impl = getattr(model, "vitrel_cfg", {}).get("attn_impl", "auto")
+    if not get_kernel(impl).onnx:
+        raise ValueError(
+            f"attn_impl={impl!r} runs a vitrel custom op that ONNX has no operator for: export the same weights "
+            "built with attn_impl='sdpa' (vitrel.load_model(path, attn_impl='sdpa'), or "
+            "vitrel.create_model(..., attn_impl='sdpa') and load_state_dict), which compute the same function"
+        )
     ep = export_program(model, example, dynamic, max_side)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

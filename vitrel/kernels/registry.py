@@ -11,7 +11,7 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
 * which cases it takes: :meth:`Kernel.refuses` (a scheme's capabilities), ``takes_layout`` (packed / token-dropped
   layouts), ``takes_dropout``, ``native_causal`` (it masks the keys after the query itself, from ``state.causal``,
   instead of reading a causal float mask), ``window_masks`` (it reads a window mask ``[nW, n, n]`` per window
-  instead of one repeated to the batch);
+  instead of one repeated to the batch), ``onnx`` (what it runs translates to ONNX);
 * how it attends: :meth:`Kernel.attend`.
 
 ``attn_impl`` is a kernel's name or ``auto``: :func:`select_kernel` reads :data:`AUTO` (per device, decided by
@@ -65,6 +65,8 @@ class Kernel:
     takes_dropout: ClassVar[bool] = True
     native_causal: ClassVar[bool] = False
     window_masks: ClassVar[bool] = False
+    #: ``torch.onnx`` can translate what it runs (a custom op cannot be)
+    onnx: ClassVar[bool] = True
 
     @classmethod
     def refuses(cls, scheme: PositionScheme) -> str | None:

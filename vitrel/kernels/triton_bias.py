@@ -339,6 +339,7 @@ class TritonKernel(OffsetTableKernel):
 
     takes_layout = False
     window_masks = True
+    onnx = False
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):

@@ -274,29 +274,13 @@ def test_a_refused_run_keeps_the_running_runs_hydra_record(tmp_path):
     """A second ``train.py`` started in a busy run folder is refused, and Hydra no longer rewrites the first run's
     ``.hydra/config.yaml`` / ``overrides.yaml`` / ``hydra.yaml`` with the refused run's first."""
     import hashlib
-    import subprocess
-    import sys
-    import time
 
-    from tests.train_helpers import FAST, ROOT, TINY_VIT, run_script, script_env
+    from tests.train_helpers import FAST, TINY_VIT, run_script, start_hanging_run
 
     run_dir, marker = tmp_path / "run", tmp_path / "hanging"
     args = [*TINY_VIT, *FAST, *SHORT, f"hydra.run.dir={run_dir}"]
-    hang = f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: 1, marker: '{marker}'}}"
-    first = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, hang],
-        cwd=tmp_path,
-        env=script_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    first = start_hanging_run(args, marker, tmp_path, at_step=1, what="the first run")
     try:
-        t0 = time.time()
-        while not marker.exists():
-            assert first.poll() is None, f"the first run ended early:\n{first.stdout.read()[-4000:]}"
-            assert time.time() - t0 < 240, "timed out waiting for the first run"
-            time.sleep(0.2)
         record = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (run_dir / ".hydra").iterdir()}
         assert {"config.yaml", "overrides.yaml", "hydra.yaml"} <= set(record)
         second = run_script("train.py", [*args, "pos=rope2d_mixed"], cwd=tmp_path)

@@ -8,12 +8,20 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
 
-from tests.train_helpers import ROOT, TINY_VIT, SaveWeights, compose, run_script, script_env, wandb_contents
+from tests.train_helpers import (
+    ROOT,
+    TINY_VIT,
+    SaveWeights,
+    compose,
+    run_script,
+    script_env,
+    start_hanging_run,
+    wandb_contents,
+)
 from vitrel.train.run import train
 
 pytestmark = pytest.mark.slow
@@ -101,21 +109,8 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(tmp_path, loader):
 
     killed = tmp_path / "killed"
     marker = tmp_path / "hanging"
-    hang = f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: 8, marker: '{marker}'}}"
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *common, hang, f"hydra.run.dir={killed}"],
-        cwd=tmp_path,
-        env=script_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = start_hanging_run([*common, f"hydra.run.dir={killed}"], marker, tmp_path, at_step=8)
     try:
-        t0 = time.time()
-        while not marker.exists():
-            assert proc.poll() is None, f"the run ended before it could be killed:\n{proc.stdout.read()[-4000:]}"
-            assert time.time() - t0 < 240, "timed out waiting for the run to reach step 8"
-            time.sleep(0.2)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:

@@ -83,6 +83,31 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 300):
     )
 
 
+def start_hanging_run(args: list[str], marker: Path, cwd: Path, at_step: int, what: str = "the run"):
+    """``python train.py <args>`` in the background with a :class:`Hang` callback at ``at_step``: returns the
+    running process once it hangs there (``marker`` written). The caller kills it."""
+    import subprocess
+
+    hang = f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: {at_step}, marker: '{marker}'}}"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args, hang],
+        cwd=cwd,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    t0 = time.time()
+    while not marker.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"{what} ended before step {at_step}:\n{proc.stdout.read()[-4000:]}")
+        if time.time() - t0 > 240:
+            proc.kill()
+            raise AssertionError(f"timed out waiting for {what} to reach step {at_step}")
+        time.sleep(0.2)
+    return proc
+
+
 def model_state(module: L.LightningModule) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in module.model.state_dict().items()}
 

@@ -91,6 +91,7 @@ def parse_naflex(batch: Mapping[str, Tensor], patch_dim: int | None = None) -> N
     seg = torch.where(valid, seg.long(), torch.full_like(seg.long(), -1))
     coord = torch.where(valid[..., None], coord.long(), torch.full_like(coord.long(), -1))
     grids, image = _check_rows(seg.cpu(), coord.cpu(), valid.cpu())
+    patches = patches.masked_fill(~valid[..., None], 0)  # padding is never read, whatever it held (NaN, 1e30)
     return NaFlexBatch(patches, coord, seg, image.to(patches.device), grids)
 
 

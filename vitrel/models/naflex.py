@@ -13,8 +13,11 @@ Without ``segment_ids`` every row holds one image. T5X / seqio number packed seg
 vitrel takes only the 0-based form (padding marked by ``patch_valid``). Other keys (timm's collator adds
 ``seq_len``) are ignored. An image's grid is ``(max row + 1, max col + 1)`` of its tokens.
 
-Rules, each checked with a clear error: valid tokens first in each row (padding at the end), each image's tokens
-contiguous and images numbered ``0, 1, ...`` in order, no image without tokens, no coordinate twice in one image.
+Rules, each checked with a clear error at the model's entrance (:func:`parse_naflex`, before any work): tensors or
+numpy arrays; at least one image in the batch; whole patch coordinates; ``patch_valid`` bool (or 0 / 1); valid
+tokens first in each row (padding at the end), each image's tokens contiguous and images numbered ``0, 1, ...`` in
+order (no negative id on a valid token), no image without tokens, no coordinate twice in one image. Padding patches
+are zeroed there: nothing a padding slot holds is ever read.
 """
 
 from __future__ import annotations

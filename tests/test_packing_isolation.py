@@ -118,3 +118,19 @@ def test_swin_packed_images_isolated(where, value):
     poisoned = set() if where == "padding" else {0}
     _check(got, ref, poisoned, 1e-5)
     _check(listed, ref, poisoned, 1e-5)
+
+
+def test_the_full_grid_path_pays_nothing(monkeypatch):
+    """Isolation runs on token layouts only: a plain image batch never calls it (the full-grid forward runs the same
+    operations as before the fix; a packed dict does call it)."""
+    import vitrel.layers.attention as attention
+
+    calls = []
+    real = attention.isolate_images
+    monkeypatch.setattr(attention, "isolate_images", lambda *a: calls.append(1) or real(*a))
+    m, imgs = model("rel2d_full", torch.float32), images(torch.float32)
+    with torch.no_grad():
+        m(torch.randn(2, 3, 16, 16))
+        assert not calls
+        m(packed(imgs))
+    assert len(calls) == len(m.blocks)

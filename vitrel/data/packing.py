@@ -130,6 +130,13 @@ class PackingCollator:
     def __call__(self, batch: Sequence[tuple[Mapping[str, Tensor], Any]]) -> tuple[dict[str, Any], Tensor]:
         if len(batch) == 0:
             raise PackingError("an empty batch")
+        for i, sample in enumerate(batch):
+            if isinstance(sample, Mapping) or not isinstance(sample, Sequence) or len(sample) != 2:
+                got = f"a dict with keys {sorted(sample)}" if isinstance(sample, Mapping) else type(sample).__name__
+                raise PackingError(
+                    f"sample {i}: the packing collator takes (NaFlex per-image dict, label) pairs, got {got}: a "
+                    "dataset for it returns (Patchify(...)(image), target)"
+                )
         items = [_tokens(sample[0], i) for i, sample in enumerate(batch)]
         dims = {p.shape[1] for p, _ in items}
         if len(dims) != 1:

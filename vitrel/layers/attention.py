@@ -37,7 +37,7 @@ from vitrel.layers.validate import check_attention_args
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import as_grid
 from vitrel.pos.registry import parse_pos
-from vitrel.pos.tokens import TokenLayout
+from vitrel.pos.tokens import TokenLayout, isolate_images, poison
 
 __all__ = ["Attention", "SHARED"]
 
@@ -207,6 +207,8 @@ class Attention(nn.Module):
         broadcastable to ``[B, heads, N, N]``."""
         st = self._state(x, grid, pos_state)
         q, k, v = self._qkv(x, st)
+        if st.layout is not None:  # packed images: no image reads another's values (vitrel.pos.tokens)
+            (q, k, v), bad = isolate_images(st.layout, q, k, v)
         b, n, c = x.shape
         kernel = get_kernel(st.impl)
         native_causal = self.causal and kernel.native_causal  # the kernel masks by index, skipping blocks
@@ -215,6 +217,8 @@ class Attention(nn.Module):
         m = self._mask(mask, b, n, q.dtype, q.device, causal=not native_causal, per_window=kernel.window_masks)
         p = self.attn_drop if self.training else 0.0
         out = st.scheme.attend(q, k, v, m, self.scale, st, dropout_p=p)
+        if st.layout is not None:
+            out = poison(out, bad)
         out = out.transpose(1, 2)  # [B, N, heads, d]
         if torch.compiler.is_exporting():  # a real copy: ONNX's decomposed attention has other output strides
             out = out.clone(memory_format=torch.contiguous_format)

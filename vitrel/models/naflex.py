@@ -13,15 +13,20 @@ Without ``segment_ids`` every row holds one image. T5X / seqio number packed seg
 vitrel takes only the 0-based form (padding marked by ``patch_valid``). Other keys (timm's collator adds
 ``seq_len``) are ignored. An image's grid is ``(max row + 1, max col + 1)`` of its tokens.
 
-Rules, each checked with a clear error: valid tokens first in each row (padding at the end), each image's tokens
-contiguous and images numbered ``0, 1, ...`` in order, no image without tokens, no coordinate twice in one image.
+Rules, each checked with a clear error at the model's entrance (:func:`parse_naflex`, before any work): tensors or
+numpy arrays; at least one image in the batch; whole patch coordinates; ``patch_valid`` bool (or 0 / 1); valid
+tokens first in each row (padding at the end), each image's tokens contiguous and images numbered ``0, 1, ...`` in
+order (no negative id on a valid token), no image without tokens, no coordinate twice in one image. Padding patches
+are zeroed there: nothing a padding slot holds is ever read.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import numbers
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from timm.data.naflex_transforms import patchify_image
@@ -66,15 +71,24 @@ class NaFlexBatch(NamedTuple):
         return TokenLayout.build(self.segment, self.coords, self.image, self.image_grids, num_prefix_tokens)
 
 
-def parse_naflex(batch: Mapping[str, Tensor], patch_dim: int | None = None) -> NaFlexBatch:
-    """Check a NaFlex batch dict (module docstring) and derive each token's image and each image's grid."""
+def parse_naflex(batch: Mapping[str, Any], patch_dim: int | None = None, device: Any = None) -> NaFlexBatch:
+    """Check a NaFlex batch dict (module docstring) and derive each token's image and each image's grid: every check
+    here, before any work, each error naming the key and the value. Numpy arrays are taken (as tensors on ``device``,
+    default the CPU); padding patches are zeroed (nothing a padding slot holds is ever read)."""
+    if not isinstance(batch, Mapping):
+        raise ValueError(f"a NaFlex batch is a dict of tensors, got {type(batch).__name__}")
     missing = [k for k in REQUIRED if k not in batch]
     if missing:
         raise ValueError(f"a NaFlex batch needs the keys {list(REQUIRED)} (+ 'segment_ids' to pack); missing {missing}")
-    patches, coord, valid = batch["patches"], batch["patch_coord"], batch["patch_valid"]
+    patches = _as_tensor("patches", batch["patches"], device)
+    device = patches.device
+    coord = _as_tensor("patch_coord", batch["patch_coord"], device)
+    valid = _as_tensor("patch_valid", batch["patch_valid"], device)
     if patches.dim() != 3:
         raise ValueError(f"'patches' must be [B, N, P*P*C], got {tuple(patches.shape)}")
     b, n, d = patches.shape
+    if b == 0 or n == 0:
+        raise ValueError(f"the NaFlex batch holds no image: 'patches' is {tuple(patches.shape)} (no rows or no tokens)")
     if patch_dim is not None and d != patch_dim:
         raise ValueError(f"'patches' have {d} values per patch, the model's patch embedding takes {patch_dim} (P*P*C)")
     if tuple(coord.shape) != (b, n, 2) or tuple(valid.shape) != (b, n):
@@ -82,16 +96,58 @@ def parse_naflex(batch: Mapping[str, Tensor], patch_dim: int | None = None) -> N
             f"'patch_coord' must be [B, N, 2] and 'patch_valid' [B, N] for patches {tuple(patches.shape)}, got "
             f"{tuple(coord.shape)} and {tuple(valid.shape)}"
         )
+    if valid.dtype != torch.bool:
+        odd = valid[(valid != 0) & (valid != 1)]
+        if odd.numel():
+            raise ValueError(f"'patch_valid' must be bool (or 0 / 1), got the value {odd[0].item()!r}")
     valid = valid.bool()
+    if not bool(valid.any()):
+        raise ValueError(f"the NaFlex batch holds no image: 'patch_valid' is False on all {b} x {n} tokens")
+    coord = _integer_coords(coord, valid)
     seg = batch.get("segment_ids")
     if seg is None:
-        seg = torch.zeros(b, n, dtype=torch.long, device=patches.device)
-    elif tuple(seg.shape) != (b, n) or seg.dtype in (torch.bool,) or seg.is_floating_point():
-        raise ValueError(f"'segment_ids' must be an integer [B, N] tensor, got {seg.dtype} {tuple(seg.shape)}")
+        seg = torch.zeros(b, n, dtype=torch.long, device=device)
+    else:
+        seg = _as_tensor("segment_ids", seg, device)
+        if tuple(seg.shape) != (b, n) or seg.dtype in (torch.bool,) or seg.is_floating_point():
+            raise ValueError(f"'segment_ids' must be an integer [B, N] tensor, got {seg.dtype} {tuple(seg.shape)}")
+        neg = valid & (seg < 0)
+        if bool(neg.any()):
+            r, t = (int(i) for i in neg.nonzero()[0])
+            raise ValueError(
+                f"row {r}: 'segment_ids' is {int(seg[r, t])} on token {t}, which 'patch_valid' marks valid: images are "
+                "numbered 0, 1, ... (mark padding with patch_valid=False; its segment_ids are ignored)"
+            )
     seg = torch.where(valid, seg.long(), torch.full_like(seg.long(), -1))
-    coord = torch.where(valid[..., None], coord.long(), torch.full_like(coord.long(), -1))
+    coord = torch.where(valid[..., None], coord, torch.full_like(coord, -1))
     grids, image = _check_rows(seg.cpu(), coord.cpu(), valid.cpu())
-    return NaFlexBatch(patches, coord, seg, image.to(patches.device), grids)
+    patches = patches.masked_fill(~valid[..., None], 0)  # padding is never read, whatever it held (NaN, 1e30)
+    return NaFlexBatch(patches, coord, seg, image.to(device), grids)
+
+
+def _as_tensor(key: str, value: Any, device: Any) -> Tensor:
+    """A NaFlex dict's entry as a tensor: a tensor as it is, a numpy array converted (onto ``device``)."""
+    if isinstance(value, Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value)).to(device)
+    raise ValueError(f"the NaFlex batch's {key!r} must be a tensor (or a numpy array), got {type(value).__name__}")
+
+
+def _integer_coords(coord: Tensor, valid: Tensor) -> Tensor:
+    """``patch_coord`` as long; float coordinates are taken when they are whole numbers (on the valid tokens)."""
+    if coord.dtype == torch.bool or coord.is_complex():
+        raise ValueError(f"'patch_coord' must hold integer (row, col) patch indices, got {coord.dtype}")
+    if coord.is_floating_point():
+        c = coord[valid]
+        bad = ~torch.isfinite(c) | (c != c.round())
+        if bool(bad.any()):
+            r, t = (int(i) for i in valid.nonzero()[int(bad.any(dim=-1).nonzero()[0])])
+            raise ValueError(
+                f"'patch_coord' must hold whole patch indices (row, col), got {coord[r, t].tolist()} at row {r}, "
+                f"token {t}: coordinates count patches, not pixels or fractions of the image"
+            )
+    return coord.long()
 
 
 def _check_rows(seg: Tensor, coord: Tensor, valid: Tensor) -> tuple[tuple[Grid, ...], Tensor]:
@@ -106,7 +162,7 @@ def _check_rows(seg: Tensor, coord: Tensor, valid: Tensor) -> tuple[tuple[Grid, 
         if k == 0:
             continue
         s, c = seg[r, :k], coord[r, :k]
-        if int(s.min()) < 0 or int(s[0]) != 0:
+        if int(s[0]) != 0:  # (no negative id on a valid token: parse_naflex)
             first = int(s[0])
             hint = " (T5X / seqio number from 1 with 0 for padding: subtract 1, mark padding with patch_valid)"
             raise ValueError(f"row {r}: segment ids must start at 0, got {first}" + (hint if first == 1 else ""))
@@ -139,18 +195,27 @@ def grid_batch(tokens: Tensor, grid: Grid) -> NaFlexBatch:
     return NaFlexBatch(tokens, coords, segment, image, (grid,) * b)
 
 
-def images_batch(images: Sequence[Tensor], patch_size: int) -> dict[str, Tensor]:
-    """A list of images ``[C, H_i, W_i]`` (sides multiples of ``patch_size``) -> the NaFlex dict, one image per row,
-    padded (timm's ``patchify_image``, as timm's NaFlex loader makes it)."""
+def images_batch(images: Sequence[Tensor], patch_size: int, in_chans: int | None = None) -> dict[str, Tensor]:
+    """A list of images ``[C, H_i, W_i]`` (sides multiples of ``patch_size``; ``C = in_chans`` when given, else one
+    ``C`` for all) -> the NaFlex dict, one image per row, padded (timm's ``patchify_image``, as timm's NaFlex loader
+    makes it)."""
     if not images:
         raise ValueError("an empty list of images")
     rows = []
     for i, img in enumerate(images):
+        if not isinstance(img, Tensor):
+            raise ValueError(f"image {i} of the list: expected a tensor [C, H, W], got {type(img).__name__}")
         if img.dim() == 4 and img.shape[0] == 1:
             img = img[0]
         if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size:
             raise ValueError(
                 f"image {i}: expected [C, H, W], sides multiples of the patch size {patch_size}, got {tuple(img.shape)}"
+            )
+        want, whose = (in_chans, "the model takes") if in_chans is not None else (images[0].shape[-3], "image 0 has")
+        if img.shape[0] != want:
+            raise ValueError(
+                f"image {i} of the list has {img.shape[0]} channels, {whose} {want} (shape {tuple(img.shape)}): "
+                "every image [C, H, W] needs the model's C (repeat a grey image's channel, drop an alpha channel)"
             )
         rows.append(patchify_image(img, (patch_size, patch_size), pad=False))
     n = max(r[0].shape[0] for r in rows)
@@ -162,14 +227,23 @@ def images_batch(images: Sequence[Tensor], patch_size: int) -> dict[str, Tensor]
 
 
 def check_token_drop(spec: Any) -> float | list[float]:
-    """A ``token_drop`` rate in ``[0, 1)`` or a range ``(low, high)`` of them (stored as a list), checked."""
-    if isinstance(spec, (int, float)) and not isinstance(spec, bool):
+    """A ``token_drop`` rate in ``[0, 1)`` or a range ``(low, high)`` of them (stored as a list), checked: numbers only
+    (a string such as ``"0.5"`` is refused, naming ``token_drop``, not read character by character)."""
+
+    def number(v: Any) -> bool:
+        return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+    if number(spec):
         rates = [float(spec)]
+    elif isinstance(spec, (str, bytes, Mapping)) or not isinstance(spec, Iterable):
+        raise ValueError(
+            f"token_drop must be a rate in [0, 1) or a pair (low, high), got {spec!r} ({type(spec).__name__})"
+        )
     else:
-        try:
-            rates = [float(v) for v in spec]
-        except TypeError:
-            raise ValueError(f"token_drop must be a rate or a pair (low, high), got {spec!r}") from None
+        values = list(spec)
+        if not all(number(v) for v in values):
+            raise ValueError(f"token_drop as a range must be two numbers (low, high), got {spec!r}")
+        rates = [float(v) for v in values]
         if len(rates) != 2 or rates[0] > rates[1]:
             raise ValueError(f"token_drop as a range must be (low, high) with low <= high, got {spec!r}")
     if not all(0.0 <= r < 1.0 for r in rates):

@@ -532,7 +532,7 @@ class SwinTransformer(TimmSurface, nn.Module):
         """A NaFlex dict (:mod:`vitrel.models.naflex`) whose every image is a full grid -> each image's patch map
         ``[1, h, w, C]`` (its tokens in any order, put in their places)."""
         pe, p = self.patch_embed, self.patch_embed.patch_size
-        nb = parse_naflex(batch, p * p * pe.proj.in_channels)
+        nb = parse_naflex(batch, p * p * pe.proj.in_channels, pe.proj.weight.device)
         valid = nb.image >= 0
         image, coords = nb.image[valid], nb.coords[valid]
         counts = torch.bincount(image, minlength=nb.num_images).tolist()

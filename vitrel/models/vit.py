@@ -253,10 +253,10 @@ class VisionTransformer(TimmSurface, nn.Module):
             tokens, grid = self.patch_embed(x)
             batch = grid_batch(tokens, grid)
         else:
-            if not isinstance(x, Mapping):
-                x = images_batch(list(x), self.patch_embed.patch_size)
             proj = self.patch_embed.proj
-            batch = parse_naflex(x, proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1])
+            if not isinstance(x, Mapping):
+                x = images_batch(list(x), self.patch_embed.patch_size, proj.in_channels)
+            batch = parse_naflex(x, proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1], proj.weight.device)
             batch = batch._replace(patches=self.patch_embed.norm(embed_patches(proj, batch.patches)))
         if self.training and self.token_drop:
             batch = drop_tokens(batch, token_drop_rates(self.token_drop, batch.num_images, batch.patches.device))
@@ -351,9 +351,14 @@ class VisionTransformer(TimmSurface, nn.Module):
         prefix tokens are dropped (``return_prefix_tokens=True``: pairs ``(patches, prefix [B, P, C])``).
         ``norm`` applies the final norm to each intermediate; ``stop_early`` skips the blocks after the
         last one asked for; ``intermediates_only`` returns the list alone.
+
+        ``token_drop`` (in training) drops tokens for ``"NLC"`` only; ``"NCHW"`` maps of an image batch (a
+        ``features_only`` backbone's output) are always the full grid.
         """
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
-        if self._general(x):
+        # token dropping (training) applies to tokens (NLC); a map of an image batch (NCHW, what a features_only
+        # backbone returns) needs every token: the full grid
+        if isinstance(x, (list, tuple, Mapping)) or (self._general(x) and output_fmt == "NLC"):
             return self._intermediates_layout(x, take, len(blocks), norm, output_fmt, intermediates_only)
         x, grid = self.embed(x)
         states = self.position_states(grid, x, len(blocks))

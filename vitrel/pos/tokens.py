@@ -15,6 +15,13 @@ grid computes) and each token reads its own image's state at its index in that i
 ``BlockMask``, where whole blocks across images are skipped). Padding tokens attend to padding only, so their rows
 stay finite and no valid token reads them.
 
+A mask gives a foreign key weight 0, but ``0 * NaN`` is NaN (and ``inf - inf`` too): a masked-off key or value
+that is not finite still poisons every query of its row. So the model's entrance zeroes the padding patches
+(:func:`~vitrel.models.naflex.parse_naflex`), and attention on a layout first runs :func:`isolate_images`: an image
+whose queries, keys or values hold a non-finite number has them replaced by zeros before any kernel reads them (so
+no other image of its row can read them), and its output is set to NaN afterwards (:func:`poison`), as that image
+alone would give. Images with finite values are untouched: the kernels compute exactly what they computed before.
+
 Index convention: a token's ``index`` is its position in its image's own sequence as the full-grid path lays it
 out: prefix token ``k`` -> ``k``; patch ``(r, c)`` of an ``h x w`` image -> ``P + r * w + c``.
 """
@@ -30,7 +37,7 @@ from torch import Tensor
 
 from vitrel.pos.geometry import Grid
 
-__all__ = ["TokenLayout", "gather_tokens", "gather_pairs", "segment_mask", "stack_tables"]
+__all__ = ["TokenLayout", "gather_tokens", "gather_pairs", "segment_mask", "stack_tables", "isolate_images", "poison"]
 
 
 class TokenLayout(NamedTuple):
@@ -153,6 +160,29 @@ def segment_mask(layout: TokenLayout, dtype: torch.dtype) -> Tensor:
     elsewhere: the block-diagonal mask of a packed batch."""
     same = layout.segment[:, :, None] == layout.segment[:, None, :]
     return torch.zeros(same.shape, dtype=dtype, device=same.device).masked_fill(~same, float("-inf"))[:, None]
+
+
+def isolate_images(layout: TokenLayout, *tensors: Tensor) -> tuple[list[Tensor], Tensor]:
+    """Tensors ``[B, heads, N, d]`` of the layout's tokens (queries, keys, values) with every token of a *poisoned*
+    image (one of its tokens holds a non-finite number in any of them) replaced by zeros, and that ``[B, 1, N, 1]``
+    mask of the poisoned images' tokens (each row's padding counts as one more image). No host sync: the flags are
+    reduced per (row, segment) on the device. The kernels' masks then keep every image to itself whatever the
+    others held; :func:`poison` marks the poisoned images' outputs."""
+    b, n = layout.segment.shape
+    bad = torch.zeros(b, n, dtype=torch.bool, device=tensors[0].device)
+    for t in tensors:
+        bad = bad | ~torch.isfinite(t).all(dim=-1).all(dim=1)
+    slot = (layout.segment + 1).to(bad.device)  # 0: padding, 1 + s: the row's image s
+    per_image = torch.zeros(b, n + 1, dtype=torch.uint8, device=bad.device).scatter_reduce(
+        1, slot, bad.to(torch.uint8), "amax"
+    )
+    bad = per_image.gather(1, slot).bool()[:, None, :, None]
+    return [t.masked_fill(bad, 0) for t in tensors], bad
+
+
+def poison(out: Tensor, bad: Tensor) -> Tensor:
+    """``out [B, heads, N, d]`` with the tokens of the images :func:`isolate_images` found poisoned set to NaN."""
+    return out.masked_fill(bad, float("nan"))
 
 
 def stack_tables(per_grid: Sequence[Tensor]) -> tuple[Tensor, Grid]:

@@ -107,8 +107,9 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
             tb.rel_bias_attention(q, k, v, table, (side, side), 1)
 
     def tri_fb(grad_t=True):
+        t = table if grad_t else table.detach()  # (a table that needs no gradient: the kernel computes none)
         leaves = (q, k, v, table) if grad_t else (q, k, v)
-        torch.autograd.grad(tb.rel_bias_attention(q, k, v, table, (side, side), 1), leaves, go)
+        torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1), leaves, go)
 
     t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
     ref = {kk: statistics.median(v) for kk, v in t.items()}

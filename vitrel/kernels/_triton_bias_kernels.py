@@ -42,9 +42,40 @@ def _coords(offs, P, N, GW):
 
 
 @triton.jit
+def _tile(ptr, b, h, sb, sh, sn, offs, offs_d, mask):
+    """The ``[len(offs), BLOCK_D]`` rows ``offs`` of a ``[B, H, N, D]`` tensor at batch ``b``, head ``h`` (zeros
+    outside ``mask``)."""
+    return tl.load(ptr + b * sb + h * sh + offs[:, None] * sn + offs_d[None, :], mask, 0.0)
+
+
+@triton.jit
+def _program(H, N, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, D):
+    """A ``(blocks, B * H)`` grid's program: its batch, head, ``b * H + h``, the token indices of its block, the
+    head-dim lanes and the ``[BLOCK, BLOCK_D]`` mask of real rows and lanes."""
+    bh = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    offs_d = tl.arange(0, BLOCK_D)
+    return bh // H, bh % H, bh, offs, offs_d, (offs < N)[:, None] & (offs_d < D)[None, :]
+
+
+@triton.jit
+def _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D):
+    """The key and value rows ``offs_n`` of batch ``b``, head ``h``."""
+    kv_mask = (offs_n < N)[:, None] & (offs_d < D)[None, :]
+    k = _tile(K, b, h, skb, skh, skn, offs_n, offs_d, kv_mask)
+    return k, _tile(V, b, h, svb, svh, svn, offs_n, offs_d, kv_mask)
+
+
+@triton.jit
+def _row_stats(LSE, DELTA, bh, N, offs):
+    """The forward's log-sum-exp and the backward's ``D = rowsum(o * do)`` of query rows ``offs``."""
+    return tl.load(LSE + bh * N + offs, offs < N, 0.0), tl.load(DELTA + bh * N + offs, offs < N, 0.0)
+
+
+@triton.jit
 def _logits(
-    q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW, HAS_TABLE:
-    tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
 ):
     """Base-2 logits of a ``[BM, BN]`` tile, ``-inf`` where masked (out of range, causal, the table's or the mask's
     ``-inf``), and the tile's patch-pair flags (where the bias applies). ``T`` and ``MASK`` come multiplied by
@@ -68,31 +99,23 @@ def _logits(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, T, MASK, O, LSE, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_th, stride_mb,
-    n_mask_b, H, N, P, GH, GW, qk_scale, D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    Q, K, V, T, MASK, O, LSE,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_th, stride_mb, n_mask_b,
+    H, N, P, GH, GW, qk_scale,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    offs_d = tl.arange(0, BLOCK_D)
-    dmask = offs_d < D
-    q = tl.load(
-        Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :], (offs_m < N)[:, None] & dmask[None, :], 0.0
-    )
+    b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)
+    q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BLOCK_D], tl.float32)
     hi = N
     if CAUSAL:
-        hi = tl.minimum(N, (pid_m + 1) * BM)
+        hi = tl.minimum(N, tl.program_id(0) * BM + BM)
     for start_n in range(0, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
-        kv_mask = (offs_n < N)[:, None] & dmask[None, :]
-        k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :], kv_mask, 0.0)
-        v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :], kv_mask, 0.0)
+        k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
         s, _ = _logits(
             q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW, HAS_TABLE,
             HAS_MASK, CAUSAL, PREC,
@@ -107,41 +130,34 @@ def _fwd_kernel(
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
-    omask = (offs_m < N)[:, None] & dmask[None, :]
-    tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :], out.to(O.dtype.element_ty), omask)
+    tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :], out.to(O.dtype.element_ty), q_mask)
     tl.store(LSE + bh * N + offs_m, m_safe + tl.math.log2(l_safe), offs_m < N)
 
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, T, MASK, DO, LSE, DELTA, DK, DV, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon,
-    stride_th, stride_mb, n_mask_b, sgb, sgh, sgn, shb, shh, shn, H, N, P, GH, GW, qk_scale, sm_scale, D:
-    tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_MASK:
-    tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    Q, K, V, T, MASK, DO, LSE, DELTA, DK, DV,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_th, stride_mb, n_mask_b,
+    sgb, sgh, sgn, shb, shh, shn,
+    H, N, P, GH, GW, qk_scale, sm_scale,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``)."""
-    pid_n = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_d = tl.arange(0, BLOCK_D)
+    b, h, bh, offs_n, offs_d, kv_mask = _program(H, N, BN, BLOCK_D, D)
     dmask = offs_d < D
-    kv_mask = (offs_n < N)[:, None] & dmask[None, :]
-    k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :], kv_mask, 0.0)
-    v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :], kv_mask, 0.0)
+    k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
     dk = tl.zeros([BN, BLOCK_D], tl.float32)
     dv = tl.zeros([BN, BLOCK_D], tl.float32)
     lo = 0
     if CAUSAL:
-        lo = (pid_n * BN // BM) * BM
+        lo = (tl.program_id(0) * BN // BM) * BM
     for start_m in range(lo, N, BM):
         offs_m = start_m + tl.arange(0, BM)
         q_mask = (offs_m < N)[:, None] & dmask[None, :]
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :], q_mask, 0.0)
-        do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdon + offs_d[None, :], q_mask, 0.0)
-        lse = tl.load(LSE + bh * N + offs_m, offs_m < N, 0.0)
-        delta = tl.load(DELTA + bh * N + offs_m, offs_m < N, 0.0)
+        q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
+        do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
+        lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
         s, _ = _logits(
             q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW, HAS_TABLE,
             HAS_MASK, CAUSAL, PREC,
@@ -159,10 +175,13 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, T, MASK, DO, LSE, DELTA, DQ, SLOTS, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon,
-    stride_th, stride_mb, n_mask_b, sgb, sgh, sgn, B, H, N, P, GH, GW, qk_scale, sm_scale, n_split, n_kb, D:
-    tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL:
-    tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
+    Q, K, V, T, MASK, DO, LSE, DELTA, DQ, SLOTS,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_th, stride_mb, n_mask_b,
+    sgb, sgh, sgn,
+    B, H, N, P, GH, GW, qk_scale, sm_scale, n_split, n_kb,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
+    PREC: tl.constexpr,
 ):
     """``dq`` of one query block for a share of the batch (``b = split, split + n_split, ...``), and the table
     gradient's diagonal sums of ``dS`` per key block into this program's slots
@@ -190,16 +209,13 @@ def _bwd_dq_kernel(
         hi = tl.minimum(N, (pid_m + 1) * BM)
     for b in range(split, B, n_split):
         bh = b * H + h
-        q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqn + offs_d[None, :], q_mask, 0.0)
-        do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdon + offs_d[None, :], q_mask, 0.0)
-        lse = tl.load(LSE + bh * N + offs_m, offs_m < N, 0.0)
-        delta = tl.load(DELTA + bh * N + offs_m, offs_m < N, 0.0)
+        q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
+        do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
+        lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
         dq = tl.zeros([BM, BLOCK_D], tl.float32)
         for start_n in range(0, hi, BM):
             offs_n = start_n + tl.arange(0, BM)
-            kv_mask = (offs_n < N)[:, None] & dmask[None, :]
-            k = tl.load(K + b * skb + h * skh + offs_n[:, None] * skn + offs_d[None, :], kv_mask, 0.0)
-            v = tl.load(V + b * svb + h * svh + offs_n[:, None] * svn + offs_d[None, :], kv_mask, 0.0)
+            k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
             s, pair = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW,
                 HAS_TABLE, HAS_MASK, CAUSAL, PREC,

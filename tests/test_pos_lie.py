@@ -338,3 +338,17 @@ def test_expm_squaring_equals_matrix_exp():
     a = (f - f.transpose(-1, -2)) * torch.rand(4, 50, 1, 1, 1, dtype=torch.float64) * 4
     a[0, 0] = 0.0  # the class token's
     torch.testing.assert_close(expm_squaring(a), torch.linalg.matrix_exp(a), rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("grid", [(3, 4), (6, 8), (9, 5)])
+def test_linspace_unit_is_their_scale_0_to_1_branch(grid):
+    """``coords: linspace_unit``: ``cartesian_prod(linspace(0, 1, s) per axis)``, the branch the LieRE code has
+    behind ``scale_0_to_1 = False`` (models/rope_vit.py lines 68-75); at the built grid it equals ``linspace``."""
+    unit = build_pos({"name": "liere", "coords": "linspace_unit"}, num_heads=2, head_dim=16, grid=(3, 4))
+    want = torch.cartesian_prod(*(torch.linspace(0, 1, n, dtype=torch.float64) for n in grid))
+    got = unit.positions(Grid(*grid), 1, None, torch.float64)
+    torch.testing.assert_close(got[1:], want, rtol=0, atol=1e-15)
+    assert got[0].tolist() == [0.0, 0.0] and unit.depends_on_extent and not unit.depends_on_built_grid
+    lin = build_pos("liere", num_heads=2, head_dim=16, grid=(3, 4))
+    if grid == (3, 4):
+        torch.testing.assert_close(lin.positions(Grid(*grid), 1, None, torch.float64), got, rtol=0, atol=0)

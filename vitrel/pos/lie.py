@@ -28,6 +28,8 @@ Positions (``coords``), for patch ``(r, c)`` of an ``H x W`` grid on a scheme bu
 
 * ``linspace`` (the LieRE authors' ``PositionEncoderBase.forward``): ``torch.linspace(0, H / H0, H)[r]`` per axis:
   ``0 .. 1`` at the built grid, past 1 at a larger one (the positions extrapolate, about one step per patch);
+* ``linspace_unit``: ``torch.linspace(0, 1, H)[r]`` per axis, ``0 .. 1`` at every grid (a larger grid interpolates;
+  ``linspace`` at the built grid): the LieRE code's ``scale_0_to_1`` branch, which it leaves off;
 * ``normalized`` (the ComRoPE code's ``get_positions`` with ``axis_scale``): ``((r + 0.5) / H, (c + 0.5) / W)``,
   in ``(0, 1)`` at every grid (a larger grid interpolates);
 * ``index``: ``(r, c)``.
@@ -40,8 +42,9 @@ authors' code, and vitrel's convention for the other rotary schemes).
 
 * ``liere_authors`` (the default): the LieRE authors' code (StanfordMIMI/LieRE ``models/rope_vit.py`` at
   ``b27b41b``, ``phase_type="naver"``, ``rotary_embedding_per_head``): ``block_size: head`` (one generator over
-  the whole head: their ``generator_dim`` 64 with 64-channel heads), ``init: uniform_triu``, ``coords:
-  linspace``, ``cls_position: null``.
+  the whole head: their ``generator_dim`` 64, ``ModelArgs``' default and ``lightning_cifar100.sh``'s, with 64-channel
+  heads; their ``lightning_imagenet.sh`` sets 8: ``block_size: 8``), ``init: uniform_triu``, ``coords: linspace``,
+  ``cls_position: null``.
 * ``comrope_baseline``: the LieRE baseline of the ComRoPE code (Longin-Yu/ComRoPE ``model.py`` at ``7aeef08``,
   ``LieREAttention``), vitrel's ``liere`` before ``vitrel_format`` 4: ``block_size: 2``, ``init: normal``,
   ``coords: normalized``, ``cls_position: 0.5``. Configurations and checkpoints written before keep it
@@ -54,9 +57,10 @@ Differences from the authors' code, none in the forward values: the ComRoPE code
 multiplied by ``scale_factor`` and divide it back (a learning-rate scaling of the generators; its default
 ``1e100`` overflows float32, so their runs must have set it: it is not reproduced); both codes build the full
 ``d x d`` (ComRoPE) or ``generator_dim``-square (LieRE) matrices per token and multiply, here the ``b x b`` blocks
-are applied directly (and, for ``b = 2``, as the plane rotations they are: RoPE's ``cos`` / ``sin``). The LieRE
+are applied directly (and, for ``b = 2``, as the plane rotations they are: RoPE's ``cos`` / ``sin``); the LieRE
+code's ``triu(F, 1) - 0.5`` subtracts a constant matrix, which cancels in ``U - U^T``. The LieRE
 authors' configurations set ``rotary_embedding_per_layer``, but their ``Transformer.forward`` (``models/vit.py``
-lines 105-123) replaces the transforms by layer 0's at the first block and so gives every block layer 0's
+lines 106-121) replaces the transforms by layer 0's at the first block and so gives every block layer 0's
 rotations: in effect one scheme shared by all blocks (vitrel's model option ``pos_share=True``; vitrel's default
 gives each block its own). The rotations are computed once per forward and grid (``prepare``), as ``[heads, N,
 d / b, b, b]``.
@@ -77,7 +81,7 @@ from vitrel.pos.rope import apply_rope, check_qk
 
 __all__ = ["Liere", "Comrope", "LIERE_PRESETS", "lie_positions", "block_rotations", "apply_block_rotation"]
 
-COORDS = ("linspace", "normalized", "index")
+COORDS = ("linspace", "linspace_unit", "normalized", "index")
 
 #: ``liere``'s presets (see the module docstring): the options each one sets
 LIERE_PRESETS: dict[str, dict[str, Any]] = {
@@ -111,6 +115,8 @@ def lie_positions(
             raise ValueError("coords 'linspace' needs the grid the scheme was built for")
         step = [n / n0 / max(n - 1, 1) for n, n0 in ((grid.h, built.h), (grid.w, built.w))]
         xy = xy * torch.tensor(step, dtype=dtype, device=device)
+    elif coords == "linspace_unit":  # torch.linspace(0, 1, n)[i] per axis
+        xy = xy * torch.tensor([1 / max(n - 1, 1) for n in (grid.h, grid.w)], dtype=dtype, device=device)
     prefix = torch.full((num_prefix_tokens, 2), 0.0 if cls_position is None else float(cls_position), dtype=dtype)
     return torch.cat((prefix.to(device), xy), dim=0)
 
@@ -198,7 +204,7 @@ class _LieRotation(PositionScheme):
 
     @property
     def depends_on_extent(self) -> bool:  # type: ignore[override]
-        return self.coords in ("normalized", "linspace")
+        return self.coords != "index"
 
     @property
     def depends_on_built_grid(self) -> bool:

@@ -31,8 +31,9 @@ from vitrel.models.vit import VisionTransformer
 from vitrel.pos.registry import get_pos_class
 
 #: ``vitrel_cfg["vitrel_format"]`` of the configurations written now (0.1's had none: format 1). 2: ALiBi's
-#: reference slopes; 3: LookHere's ``fov`` names the authors' head groups, ``global_slope`` 2.
-FORMAT = 3
+#: reference slopes; 3: LookHere's ``fov`` names the authors' head groups, ``global_slope`` 2; 4: ``liere`` is the
+#: LieRE authors' configuration (``preset: liere_authors``; before: ``comrope_baseline``).
+FORMAT = 4
 
 __all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg"]
 

@@ -17,6 +17,7 @@ from hydra import initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, before Hydra composes)
 from vitrel.bench import StepTimer, alternate, train_step, train_step_bytes
 from vitrel.pos import PositionScheme
 

@@ -21,6 +21,7 @@ def conf_dir() -> str:
 def train_main() -> None:
     import hydra
 
+    import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, before Hydra composes)
     from vitrel.train.run import train
 
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")(train)()
@@ -29,6 +30,7 @@ def train_main() -> None:
 def eval_main() -> None:
     import hydra
 
+    import vitrel.config  # noqa: F401
     from vitrel.train.evaluate import evaluate
 
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")(evaluate)()

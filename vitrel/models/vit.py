@@ -18,7 +18,7 @@ every block has its own scheme.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -270,15 +270,18 @@ class VisionTransformer(TimmSurface, nn.Module):
         """:meth:`embed_tokens`, then the blocks (the first ``depth``) on the layout: the final normalised tokens, the
         layout, where each input token went, and every block's output."""
         x, layout, dest = self.embed_tokens(x)
-        states = self.position_states(layout, x, depth)
-        outs = []
-        for blk, st in zip(self.blocks[:depth] if depth is not None else self.blocks, states):
-            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if self._ckpt() else blk(x, pos_state=st)
-            outs.append(x)
-        return self.norm(x), layout, dest, outs
+        outs = list(self.run_blocks(x, self.position_states(layout, x, depth), depth))
+        return self.norm(outs[-1] if outs else x), layout, dest, outs
 
-    def _ckpt(self) -> bool:
-        return self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+    def run_blocks(self, x: Tensor, states: Any, depth: int | None = None) -> Iterator[Tensor]:
+        """The first ``depth`` blocks (all for None) on ``x`` in turn, block ``i`` with ``states[i]`` (indexed: under a
+        torch.fx trace ``states`` is one recorded call), each checkpointed in training with ``grad_checkpointing``;
+        yields every block's output. The one block loop of the ViT."""
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        for i, blk in enumerate(self.blocks[:depth] if depth is not None else self.blocks):
+            st = states[i]
+            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
+            yield x
 
     def _general(self, x: Any) -> bool:
         """The input takes the token-layout path (not one full grid per batch)."""
@@ -306,11 +309,8 @@ class VisionTransformer(TimmSurface, nn.Module):
         if self._general(x):
             return self.forward_layout(x)[0]
         x, grid = self.embed(x)
-        states = self.position_states(grid, x)  # once per forward, handed to the blocks
-        ckpt = self._ckpt()
-        for i, blk in enumerate(self.blocks):  # states[i]: a torch.fx trace records one call for all states
-            st = states[i]
-            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
+        for y in self.run_blocks(x, self.position_states(grid, x)):  # the states once per forward, to every block
+            x = y
         return self.norm(x)
 
     def pool(self, x: Tensor) -> Tensor:
@@ -361,12 +361,9 @@ class VisionTransformer(TimmSurface, nn.Module):
         if isinstance(x, (list, tuple, Mapping)) or (self._general(x) and output_fmt == "NLC"):
             return self._intermediates_layout(x, take, len(blocks), norm, output_fmt, intermediates_only)
         x, grid = self.embed(x)
-        states = self.position_states(grid, x, len(blocks))
-        ckpt = self.grad_checkpointing and torch.is_grad_enabled()
         feats = []
-        for i, blk in enumerate(blocks):
-            st = states[i]
-            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
+        for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, len(blocks)), len(blocks))):
+            x = y
             if i in take:
                 feats.append(self.norm(x) if norm else x)
         p = self.num_prefix_tokens
@@ -418,8 +415,8 @@ class VisionTransformer(TimmSurface, nn.Module):
             raise ValueError(f"stage {stage} / block {block} out of range for 1 stage of {n} blocks")
         x, grid = self.embed(x)
         states = self.position_states(grid, x, block % n + 1)
-        for blk, st in zip(self.blocks[: block % n], states):
-            x = blk(x, pos_state=st)
+        for y in self.run_blocks(x, states, block % n):
+            x = y
         blk = self.blocks[block % n]
         a = blk.attn.attention_map(blk.norm1(x), pos_state=states[-1])  # [B, heads, N, N]
         p = self.num_prefix_tokens

@@ -345,3 +345,16 @@ def test_closing_lines_say_accuracy_time_and_where_things_are(tmp_path, capsys, 
     assert lines[3].startswith(f"checkpoint  {tmp_path / 'checkpoints' / 'last.ckpt'}  (best val/acc1: ")
     run = next((tmp_path / "wandb").glob("offline-run-*"))
     assert lines[4] == f"W&B run     {run} (offline; upload with: wandb sync {run})"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+@pytest.mark.parametrize("attn_impl", ["sdpa", "triton"])
+def test_gpu_trainer_fits(tmp_path, attn_impl):
+    """``trainer=gpu``: the default recipe's model fits a few steps on the GPU (bf16 mixed precision) with finite
+    metrics, through SDPA and through the fused kernel (needs hydra-core on the GPU machine: docs/gpu.md)."""
+    over = [*TINY_VIT, "trainer=gpu", "data.num_workers=0", "progress_bar=none", "callbacks.pos_images=null"]
+    over += ["trainer.max_epochs=1", "trainer.limit_train_batches=20", "trainer.limit_val_batches=2"]
+    over += ["trainer.limit_test_batches=2", "logger=none", f"+model.attn_impl={attn_impl}"]
+    metrics = train(compose(tmp_path, over))
+    assert all(math.isfinite(v) for v in metrics.values()) and metrics["test/acc1"] >= 0

@@ -262,3 +262,21 @@ def test_clear_errors(monkeypatch):
         m([torch.randn(3, 16, 16), torch.randn(3, 8, 16)])
     with pytest.raises(ValueError, match="has no such table"):
         Attention(32, 2, pos="shaw2d_full", grid=(3, 3), attn_impl="triton")(torch.randn(1, 9, 32), grid=(3, 3))
+
+
+def test_kernels_compile_for_hopper():
+    """The kernels compile ahead of time for an H100 / H200 (sm_90) with the launch configuration used there, in bf16,
+    within its shared memory (232,448 bytes): what the interpreter cannot check. A fresh process with the
+    interpreter off (the kernels must be JIT functions)."""
+    import json
+    import subprocess
+    import sys
+
+    code = "import json; from vitrel.kernels.triton_bias import compile_for; print(json.dumps(compile_for(90, 64)))"
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode and "backend" in out.stderr.lower() and "cuda" not in out.stderr.lower():
+        pytest.skip("Triton has no CUDA backend here")
+    assert out.returncode == 0, out.stderr[-3000:]
+    shared = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(shared) == {"fwd", "dkdv", "dq"} and all(0 < v <= 232448 for v in shared.values()), shared

@@ -28,7 +28,14 @@ from torch import Tensor
 from vitrel.kernels.flex import OffsetTableKernel
 from vitrel.kernels.registry import register_kernel
 
-__all__ = ["TritonKernel", "rel_bias_attention", "check_device", "interpreter_on", "table_grad_from_slots"]
+__all__ = [
+    "TritonKernel",
+    "check_device",
+    "compile_for",
+    "interpreter_on",
+    "rel_bias_attention",
+    "table_grad_from_slots",
+]
 
 #: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
 #: (small tiles keep its per-element work small and exercise several blocks at small sizes)
@@ -354,3 +361,32 @@ class TritonKernel(OffsetTableKernel):
         return rel_bias_attention(
             q, k, v, state.table, state.grid, state.num_prefix_tokens, scale, mask, causal=state.causal
         )
+
+
+def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16") -> dict[str, int]:
+    """Compile the three kernels ahead of time for CUDA compute capability ``arch`` (no GPU needed: Triton's own
+    compiler and ptxas), with the launch configuration a GPU of that kind would use for ``head_dim``; returns each
+    kernel's shared memory in bytes. Catches what the interpreter lets through (types, layouts, shared memory).
+    Needs Triton's CUDA backend and ``TRITON_INTERPRET`` unset (the kernels must be JIT functions)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ks = _kernels()
+    block_d, bm, bn, blk = _blocks(head_dim, torch.device("cuda"))
+    t = f"*{dtype}"
+    io = dict(Q=t, K=t, V=t, T="*fp32", MASK="*fp32", LSE="*fp32", qk_scale="fp32", sm_scale="fp32")
+    common = dict(D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, HAS_MASK=True, CAUSAL=False, PREC=_prec(torch.bfloat16))
+    cases = {
+        "fwd": (ks._fwd_kernel, dict(io, O=t), dict(common, BM=bm, BN=bn), LAUNCH["fwd"]),
+        "dkdv": (ks._bwd_dkdv_kernel, dict(io, DO=t, DELTA="*fp32", DK=t, DV=t), dict(common, BM=blk, BN=blk),
+                 LAUNCH["bwd"]),
+        "dq": (ks._bwd_dq_kernel, dict(io, DO=t, DELTA="*fp32", DQ=t, SLOTS="*fp32"),
+               dict(common, BM=blk, TABLE_GRAD=True), LAUNCH["bwd"]),
+    }  # fmt: skip
+    shared = {}
+    for name, (fn, types, consts, launch) in cases.items():
+        sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
+        src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+        shared[name] = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(launch)).metadata.shared
+    return shared

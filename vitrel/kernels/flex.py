@@ -233,7 +233,7 @@ class FlexKernel(OffsetTableKernel):
         return {"table": table, "block_mask": blocks}
 
     @classmethod
-    def layout_inputs(cls, scheme, layout, mask, dtype):
+    def layout_inputs(cls, scheme, layout, mask):
         table, out = None, {}
         if scheme.has_bias:
             table, out["grid"] = stack_tables([scheme.offset_table(g) for g in layout.grids])

@@ -49,7 +49,7 @@ class FoldKernel(Kernel):
         return {"factors": scheme.bias_factors(grid, num_prefix_tokens)}
 
     @classmethod
-    def layout_inputs(cls, scheme, layout, mask, dtype):
+    def layout_inputs(cls, scheme, layout, mask):
         fs = [scheme.bias_factors(g, layout.num_prefix_tokens) for g in layout.grids]
         r = max(u.shape[-1] for u, _ in fs)
         pad = [(F.pad(u, (0, r - u.shape[-1])), F.pad(w, (0, r - w.shape[-1]))) for u, w in fs]

@@ -79,11 +79,9 @@ class Kernel:
         return {"bias": scheme.bias(grid, num_prefix_tokens)} if "bias" in cls.reads else {}
 
     @classmethod
-    def layout_inputs(
-        cls, scheme: PositionScheme, layout: TokenLayout, mask: Tensor, dtype: torch.dtype | None
-    ) -> dict[str, Any]:
+    def layout_inputs(cls, scheme: PositionScheme, layout: TokenLayout, mask: Tensor) -> dict[str, Any]:
         """The fields for tokens laid out by ``layout`` (``mask``: its block-diagonal ``[B, 1, N, N]`` float mask
-        of the images); ``grid`` is then the largest image extent (override to change it)."""
+        of the images); ``grid`` is then the largest image extent, unless the fields hold another ``grid``."""
         from vitrel.pos.tokens import gather_pairs
 
         bias = mask

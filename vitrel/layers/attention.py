@@ -183,14 +183,12 @@ class Attention(nn.Module):
         """Window mask ``[nW, n, n]`` -> ``[B, 1, n, n]`` (kept as it is for a kernel that reads it per window,
         ``per_window``); plus the causal mask if enabled (and ``causal``)."""
         if mask is not None:
-            if mask.dim() == 3 and per_window:
-                if b % mask.shape[0]:
-                    raise ValueError(f"batch {b} is not a multiple of the {mask.shape[0]} windows of the mask")
-            elif mask.dim() == 3:
+            if mask.dim() == 3:
                 nw = mask.shape[0]
                 if b % nw:
                     raise ValueError(f"batch {b} is not a multiple of the {nw} windows of the mask")
-                mask = mask.to(dtype).repeat(b // nw, 1, 1)[:, None]  # [B, 1, n, n]
+                if not per_window:
+                    mask = mask.to(dtype).repeat(b // nw, 1, 1)[:, None]  # [B, 1, n, n]
             elif mask.dtype == torch.bool:
                 mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
         if self.causal and causal:

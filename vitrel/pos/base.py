@@ -230,8 +230,8 @@ class PositionScheme(nn.Module):
         grid_states: tuple[PosState, ...] = ()
         if self.has_content_terms:  # Shaw's terms: computed per image on its own grid (vitrel.pos.tokens.regrid_*)
             grid_states = tuple(self.prepare(g, p, device, dtype, "eager") for g in grids)
-        fields = {"grid": extent, **kernel.layout_inputs(self, layout, mask, dtype)}
-        grid = fields.pop("grid")
+        fields = kernel.layout_inputs(self, layout, mask)
+        grid = fields.pop("grid", extent)  # (a kernel may lay the images out on another extent: flex's tables)
         return PosState(self, grid, p, rope=rope, impl=kernel.name, layout=layout, grid_states=grid_states, **fields)
 
     @classmethod

@@ -149,6 +149,113 @@ def test_table_gradient_is_deterministic():
     assert torch.equal(runs[0], runs[1])
 
 
+def layout_reference(q, k, v, tables, tokens):
+    """float64, dense: a token layout's attention from the equation. ``tokens [B, 4, N]`` (segment, row, column,
+    group); a token sees its segment's tokens; a patch pair (rows >= 0) adds ``T[group_i, h, r_i - r_j + GH - 1,
+    c_i - c_j + GW - 1]``."""
+    seg, row, col, grp = tokens.long().unbind(1)
+    b, n = seg.shape
+    gh, gw = (tables.shape[-2] + 1) // 2, (tables.shape[-1] + 1) // 2
+    logits = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    bias = torch.zeros_like(logits)
+    for bi in range(b):
+        for i in range(n):
+            for j in range(n):
+                if row[bi, i] >= 0 and row[bi, j] >= 0 and seg[bi, i] == seg[bi, j]:
+                    dh, dw = row[bi, i] - row[bi, j] + gh - 1, col[bi, i] - col[bi, j] + gw - 1
+                    bias[bi, :, i, j] = tables[grp[bi, i], :, dh, dw]
+    same = seg[:, None, :, None] == seg[:, None, None, :]
+    return (logits + bias).masked_fill(~same, float("-inf")).softmax(-1) @ v
+
+
+def packed_tokens(prefix: int = 1, seed: int = 0) -> tuple[torch.Tensor, int]:
+    """``[2, 4, N]`` tokens of two packed rows on the extent 4 x 5, and the number of groups (3): row 0 a whole 4 x 5
+    image and a 2 x 3 one; row 1 a 3 x 2 image with 2 tokens dropped, a 2 x 3 one, and a 4 x 5 one with half its
+    tokens dropped, each image's tokens shuffled; padding after each row."""
+    g = torch.Generator().manual_seed(seed)
+    grids = [(4, 5), (2, 3), (3, 2)]
+
+    def image(group: int, seg: int, keep: float = 1.0) -> torch.Tensor:
+        h, w = grids[group]
+        rc = torch.stack(torch.meshgrid(torch.arange(h), torch.arange(w), indexing="ij"), -1).reshape(-1, 2)
+        rc = rc[torch.randperm(len(rc), generator=g)[: max(1, round(keep * len(rc)))]]
+        rc = torch.cat([torch.full((prefix, 2), -1), rc])
+        return torch.cat([torch.full((len(rc), 1), seg), rc, torch.full((len(rc), 1), group)], 1)
+
+    rows = [torch.cat([image(0, 0), image(1, 1)]), torch.cat([image(2, 0, 0.67), image(1, 1), image(0, 2, 0.5)])]
+    n = max(len(r) for r in rows) + 5
+    pad = torch.tensor([-1, -1, -1, 0])
+    out = torch.stack([torch.cat([r, pad.expand(n - len(r), 4)]) for r in rows])
+    return out.transpose(1, 2).contiguous(), len(grids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("prefix", [0, 1, 2])
+def test_kernel_token_layout_equals_reference(device, prefix):
+    """Packed images of three sizes, dropped tokens in any order, padding: each token attends to its own image (padding
+    to padding) with the bias of its image's group table; outputs, ``dq, dk, dv`` and the gradient of every group's
+    table (read only at the offsets its images have)."""
+    tokens, groups = packed_tokens(prefix)
+    b, _, n = tokens.shape
+    h, d = 2, 16
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    tables = torch.randn(groups, h, 7, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    ref = layout_reference(q, k, v, tables, tokens)
+    go = torch.randn_like(ref)
+    grads_ref = torch.autograd.grad(ref, (q, k, v, tables), go)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    qd, kd, vd = (t.detach().to(device, dtype).requires_grad_() for t in (q, k, v))
+    td = tables.detach().to(device, torch.float32).requires_grad_()
+    out = rel_bias_attention(qd, kd, vd, td, (4, 5), prefix, tokens=tokens.to(device))
+    grads = torch.autograd.grad(out, (qd, kd, vd, td), go.to(device, dtype))
+    tol = _tol(device)
+    torch.testing.assert_close(out.double().cpu(), ref.detach(), **tol)
+    for name, gi, gr in zip("qkvT", grads, grads_ref):
+        scale = gr.abs().max().item()
+        torch.testing.assert_close(gi.double().cpu() / scale, gr / scale, **tol, msg=f"d{name}")
+
+
+@interpreted
+def test_layout_table_gradient_is_deterministic():
+    tokens, groups = packed_tokens(1, seed=3)
+    q, k, v = (torch.randn(2, 2, tokens.shape[-1], 16) for _ in range(3))
+    tables = torch.randn(groups, 2, 7, 9, requires_grad=True)
+    go = torch.randn_like(q)
+    g1, g2 = (torch.autograd.grad(rel_bias_attention(q, k, v, tables, (4, 5), 1, tokens=tokens), tables, go)[0]
+              for _ in range(2))  # fmt: skip
+    assert torch.equal(g1, g2)
+
+
+@interpreted
+@pytest.mark.parametrize("pos", ["rel2d_full", "rel2d_cpb", "lookhere", "rope2d_mixed"])
+def test_vit_packed_images_and_dropped_tokens(pos):
+    """``create_model(..., attn_impl="triton")`` on a NaFlex dict (images of three sizes, two in one row) and on a
+    list of images equals each image alone through sdpa, and its parameters' gradients equal sdpa's on the same
+    packed batch; token dropping in training gives sdpa's output for the same kept tokens."""
+    from tests.test_tokens import alone, images, model, packed
+
+    imgs = images(torch.float32)
+    tri, ref = model(pos, torch.float32, attn_impl="triton"), model(pos, torch.float32)
+    d = packed(imgs)
+    torch.testing.assert_close(tri(d), alone(ref, imgs), rtol=0, atol=2e-5)
+    torch.testing.assert_close(tri([i[None] for i in imgs]), alone(ref, imgs), rtol=0, atol=2e-5)
+    params = [p for p in tri.parameters() if p.requires_grad]
+    g = torch.autograd.grad(tri(d).square().sum(), params)
+    g_ref = torch.autograd.grad(ref(d).square().sum(), [p for p in ref.parameters() if p.requires_grad])
+    for (name, _), gi, gr in zip(tri.named_parameters(), g, g_ref):
+        scale = max(gr.abs().max().item(), 1e-3)
+        torch.testing.assert_close(gi / scale, gr / scale, atol=2e-5, rtol=1e-4, msg=name)
+    tri.train()
+    ref.train()
+    tri.token_drop = ref.token_drop = 0.4
+    x = torch.randn(2, 3, 16, 12)
+    torch.manual_seed(7)
+    y = tri.forward_features(x)
+    torch.manual_seed(7)
+    torch.testing.assert_close(y, ref.forward_features(x), rtol=0, atol=2e-5)
+
+
 def _scheme_attention(name, prefix, causal=False):
     torch.manual_seed(0)
     a = Attention(32, 2, pos=name, grid=(3, 4), num_prefix_tokens=prefix, causal=causal).double()
@@ -249,7 +356,7 @@ def test_torch_export_and_onnx_refusal(tmp_path):
 
 @interpreted
 def test_clear_errors(monkeypatch):
-    """On CPU without the interpreter, dropout, packed layouts: one clear error each."""
+    """On CPU without the interpreter, dropout, a scheme with no table: one clear error each."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         triton_bias.check_device(torch.device("cpu"))
@@ -257,26 +364,28 @@ def test_clear_errors(monkeypatch):
     a = Attention(32, 2, pos="rel2d_full", grid=(3, 3), attn_impl="triton", attn_drop=0.1).train()
     with pytest.raises(ValueError, match="no attention dropout"):
         a(torch.randn(1, 9, 32), grid=(3, 3))
-    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="triton", img_size=16, depth=1)
-    with pytest.raises(ValueError, match="packed"):
-        m([torch.randn(3, 16, 16), torch.randn(3, 8, 16)])
     with pytest.raises(ValueError, match="has no such table"):
         Attention(32, 2, pos="shaw2d_full", grid=(3, 3), attn_impl="triton")(torch.randn(1, 9, 32), grid=(3, 3))
 
 
 def test_kernels_compile_for_hopper():
-    """The kernels compile ahead of time for an H100 / H200 (sm_90) with the launch configuration used there, in bf16,
-    within its shared memory (232,448 bytes): what the interpreter cannot check. A fresh process with the
+    """The kernels (full grid and token layout) compile ahead of time for an H100 / H200 (sm_90) with the launch
+    configuration used there, in bf16, within its shared memory (232,448 bytes): what the interpreter cannot check. A fresh process with the
     interpreter off (the kernels must be JIT functions)."""
     import json
     import subprocess
     import sys
 
-    code = "import json; from vitrel.kernels.triton_bias import compile_for; print(json.dumps(compile_for(90, 64)))"
+    code = (
+        "import json; from vitrel.kernels.triton_bias import compile_for; "
+        "print(json.dumps({f'{k}{layout}': v for layout in ('', '_layout') for k, v in compile_for(90, 64, "
+        "layout=bool(layout)).items()}))"
+    )
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     if out.returncode and "backend" in out.stderr.lower() and "cuda" not in out.stderr.lower():
         pytest.skip("Triton has no CUDA backend here")
     assert out.returncode == 0, out.stderr[-3000:]
     shared = json.loads(out.stdout.strip().splitlines()[-1])
-    assert set(shared) == {"fwd", "dkdv", "dq"} and all(0 < v <= 232448 for v in shared.values()), shared
+    names = {f"{k}{layout}" for k in ("fwd", "dkdv", "dq") for layout in ("", "_layout")}
+    assert set(shared) == names and all(0 < v <= 232448 for v in shared.values()), shared

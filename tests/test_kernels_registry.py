@@ -58,7 +58,17 @@ def test_auto_is_sdpa_on_cpu_and_reads_the_device_table(monkeypatch):
     assert select_kernel(build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU") == "sdpa"
 
 
-def test_layout_refused_by_a_kernel_that_does_not_take_it():
-    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="triton", img_size=16, depth=1)
+def test_layout_refused_by_a_kernel_that_does_not_take_it(monkeypatch):
+    from vitrel.kernels import registry
+    from vitrel.kernels.sdpa import SdpaKernel
+
+    class FullGridOnly(SdpaKernel):
+        name = "full_grid_only"
+        takes_layout = False
+
+    monkeypatch.setitem(registry._KERNELS, "full_grid_only", FullGridOnly)
+    m = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="full_grid_only", img_size=16, depth=1
+    )
     with pytest.raises(ValueError, match="does not take packed"):
         m([torch.randn(3, 16, 16), torch.randn(3, 8, 16)])

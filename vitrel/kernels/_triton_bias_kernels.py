@@ -33,12 +33,42 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _coords(offs, P, N, GW):
-    """Patch flags, rows and columns of token indices ``offs`` (prefix and out-of-range tokens: not patches)."""
+def _tokens(TOK, b, offs, P, N, GW, LAYOUT: tl.constexpr):
+    """Patch flags, rows, columns, segments and table groups of tokens ``offs`` of batch ``b``: from the indices on a
+    full grid (one image: segment 0, group 0; prefix and out-of-range tokens are not patches), from
+    ``TOK [B, 4, N]`` (segment, row, column, group; rows -1 for prefix and padding tokens) on a token layout."""
+    inside = offs < N
+    if LAYOUT:
+        base = TOK + b * 4 * N + offs
+        r = tl.load(base + N, inside, -1)
+        patch = r >= 0
+        c = tl.load(base + 2 * N, inside, 0)
+        return patch, tl.where(patch, r, 0), c, tl.load(base, inside, -2), tl.load(base + 3 * N, inside, 0)
     p = offs - P
-    patch = (p >= 0) & (offs < N)
+    patch = (p >= 0) & inside
     p = tl.where(patch, p, 0)
-    return patch, p // GW, p % GW
+    zero = tl.zeros_like(offs)
+    return patch, p // GW, p % GW, zero, zero
+
+
+@triton.jit
+def _span(TOK, b, offs, N, LAYOUT: tl.constexpr):
+    """The smallest and largest segment of tokens ``offs`` (padding: -1) on a layout; ``(0, 0)`` on a full grid."""
+    if LAYOUT:
+        inside = offs < N
+        seg = tl.load(TOK + b * 4 * N + offs, inside, 0)
+        return tl.min(tl.where(inside, seg, 1 << 30)), tl.max(tl.where(inside, seg, -(1 << 30)))
+    return 0, 0
+
+
+@triton.jit
+def _visits(TOK, b, offs, lo, hi, N, LAYOUT: tl.constexpr):
+    """Whether a tile pairs tokens ``offs`` with tokens whose segments span ``[lo, hi]``: false when no pair can be
+    of one image (a tile across images is skipped whole); always true on a full grid."""
+    if LAYOUT:
+        klo, khi = _span(TOK, b, offs, N, LAYOUT)
+        return (klo <= hi) & (khi >= lo)
+    return True
 
 
 @triton.jit
@@ -74,24 +104,28 @@ def _row_stats(LSE, DELTA, bh, N, offs):
 
 @triton.jit
 def _logits(
-    q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Base-2 logits of a ``[BM, BN]`` tile, ``-inf`` where masked (out of range, causal, the table's or the mask's
-    ``-inf``), and the tile's patch-pair flags (where the bias applies). ``T`` and ``MASK`` come multiplied by
-    ``LOG2E`` (:mod:`vitrel.kernels.triton_bias` does it once per call)."""
+    """Base-2 logits of a ``[BM, BN]`` tile, ``-inf`` where masked (out of range, causal, across images, the table's
+    or the mask's ``-inf``), and the tile's patch-pair flags (pairs of one image where the bias applies). ``T``
+    (``[G, heads, 2 GH - 1, 2 GW - 1]``, a table per group of images; ``stride_tg`` 0 on a full grid) and ``MASK``
+    come multiplied by ``LOG2E`` (:mod:`vitrel.kernels.triton_bias` does it once per call)."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    qpatch, rq, cq = _coords(offs_m, P, N, GW)
-    kpatch, rk, ck = _coords(offs_n, P, N, GW)
-    pair = qpatch[:, None] & kpatch[None, :]
+    qpatch, rq, cq, sq, gq = _tokens(TOK, b, offs_m, P, N, GW, LAYOUT)
+    kpatch, rk, ck, sk, _ = _tokens(TOK, b, offs_n, P, N, GW, LAYOUT)
+    same = sq[:, None] == sk[None, :]
+    pair = qpatch[:, None] & kpatch[None, :] & same
     if HAS_TABLE:  # T pre-scaled by LOG2E; the flat offset index is a row term minus a column term
-        row = T + h * stride_th + (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1
+        row = T + gq * stride_tg + h * stride_th + (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1
         s += tl.load(row[:, None] - (rk * (2 * GW - 1) + ck)[None, :], mask=pair, other=0.0)
     inside = (offs_m < N)[:, None] & (offs_n < N)[None, :]
     if HAS_MASK:
         mptr = MASK + (b % n_mask_b) * stride_mb + offs_m[:, None] * N + offs_n[None, :]
         s += tl.load(mptr, mask=inside, other=0.0)
     valid = inside | (offs_m >= N)[:, None]  # (rows past the end: harmless, their loads are zeros)
+    if LAYOUT:  # a token sees its own image's tokens (padding: padding)
+        valid = valid & same
     if CAUSAL:
         valid = valid & (offs_n[None, :] <= offs_m[:, None])
     return tl.where(valid, s, float("-inf")), pair
@@ -99,34 +133,36 @@ def _logits(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, T, MASK, O, LSE,
-    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_th, stride_mb, n_mask_b,
+    Q, K, V, T, MASK, TOK, O, LSE,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_tg, stride_th, stride_mb, n_mask_b,
     H, N, P, GH, GW, qk_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
 ):
     b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)
     q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BLOCK_D], tl.float32)
+    lo, hi_seg = _span(TOK, b, offs_m, N, LAYOUT)
     hi = N
     if CAUSAL:
         hi = tl.minimum(N, tl.program_id(0) * BM + BM)
     for start_n in range(0, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
-        k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
-        s, _ = _logits(
-            q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW, HAS_TABLE,
-            HAS_MASK, CAUSAL, PREC,
-        )
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.math.exp2(m_i - m_safe)
-        p = tl.math.exp2(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-        m_i = m_new
+        if _visits(TOK, b, offs_n, lo, hi_seg, N, LAYOUT):
+            k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
+            s, _ = _logits(
+                q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
+                GH, GW, HAS_TABLE, HAS_MASK, CAUSAL, LAYOUT, PREC,
+            )
+            m_new = tl.maximum(m_i, tl.max(s, 1))
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+            alpha = tl.math.exp2(m_i - m_safe)
+            p = tl.math.exp2(s - m_safe[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+            m_i = m_new
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -136,12 +172,12 @@ def _fwd_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, T, MASK, DO, LSE, DELTA, DK, DV,
-    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_th, stride_mb, n_mask_b,
+    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, DK, DV,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn, shb, shh, shn,
     H, N, P, GH, GW, qk_scale, sm_scale,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, PREC: tl.constexpr,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``)."""
     b, h, bh, offs_n, offs_d, kv_mask = _program(H, N, BN, BLOCK_D, D)
@@ -149,24 +185,26 @@ def _bwd_dkdv_kernel(
     k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
     dk = tl.zeros([BN, BLOCK_D], tl.float32)
     dv = tl.zeros([BN, BLOCK_D], tl.float32)
+    klo, khi = _span(TOK, b, offs_n, N, LAYOUT)
     lo = 0
     if CAUSAL:
         lo = (tl.program_id(0) * BN // BM) * BM
     for start_m in range(lo, N, BM):
         offs_m = start_m + tl.arange(0, BM)
-        q_mask = (offs_m < N)[:, None] & dmask[None, :]
-        q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
-        do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
-        lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
-        s, _ = _logits(
-            q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW, HAS_TABLE,
-            HAS_MASK, CAUSAL, PREC,
-        )
-        p = tl.math.exp2(s - lse[:, None])
-        dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-        dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-        ds = p * (dp - delta[:, None])
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+        if _visits(TOK, b, offs_m, klo, khi, N, LAYOUT):
+            q_mask = (offs_m < N)[:, None] & dmask[None, :]
+            q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
+            do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
+            lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
+            s, _ = _logits(
+                q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
+                GH, GW, HAS_TABLE, HAS_MASK, CAUSAL, LAYOUT, PREC,
+            )
+            p = tl.math.exp2(s - lse[:, None])
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
+            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+            ds = p * (dp - delta[:, None])
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
     dk_ptr = DK + b * sgb + h * sgh + offs_n[:, None] * sgn + offs_d[None, :]
     tl.store(dk_ptr, (dk * sm_scale).to(DK.dtype.element_ty), kv_mask)
     dv_ptr = DV + b * shb + h * shh + offs_n[:, None] * shn + offs_d[None, :]
@@ -174,19 +212,46 @@ def _bwd_dkdv_kernel(
 
 
 @triton.jit
+def _scatter_rows(
+    ds, SCR, SLOT, TOK, b, pid_m, offs_n, N, GH, GW, BM: tl.constexpr,
+):
+    """Add a tile's ``dS`` (zero off the patch pairs of one image) into this program's table-gradient slots
+    ``SLOT [G (2 GH - 1) (2 GW - 1)]`` at each pair's group and offset, on a token layout: a row's keys of one image
+    have distinct offsets, so each row is one scatter without collisions; the rows go one after another through
+    this program's scratch ``SCR [BM, BM]`` (a barrier between them), in a fixed order: deterministic."""
+    cols = tl.arange(0, BM)
+    tl.store(SCR + cols[:, None] * BM + cols[None, :], ds)
+    tl.debug_barrier()
+    kpatch, rk, ck, sk, _ = _tokens(TOK, b, offs_n, 0, N, GW, True)
+    key_col = rk * (2 * GW - 1) + ck
+    for r in range(0, BM):
+        t = pid_m * BM + r
+        there = t < N
+        base = TOK + b * 4 * N + t
+        rq = tl.load(base + N, mask=there, other=-1)
+        cq = tl.load(base + 2 * N, mask=there, other=0)
+        ok = kpatch & (rq >= 0) & (sk == tl.load(base, mask=there, other=-2))
+        at = SLOT + tl.load(base + 3 * N, mask=there, other=0) * ((2 * GH - 1) * (2 * GW - 1))
+        at += (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1 - key_col
+        tl.store(at, tl.load(at, mask=ok, other=0.0) + tl.load(SCR + r * BM + cols), mask=ok)
+        tl.debug_barrier()
+
+
+@triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, T, MASK, DO, LSE, DELTA, DQ, SLOTS,
-    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_th, stride_mb, n_mask_b,
+    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, DQ, SLOTS, SCRATCH,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn,
-    B, H, N, P, GH, GW, qk_scale, sm_scale, n_split, n_kb,
+    B, H, N, P, GH, GW, qk_scale, sm_scale, n_split, slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, TABLE_GRAD: tl.constexpr,
-    PREC: tl.constexpr,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dq`` of one query block for a share of the batch (``b = split, split + n_split, ...``), and the table
-    gradient's diagonal sums of ``dS`` per key block into this program's slots
-    ``SLOTS [n_split, H, n_qb, n_kb, 2, 2 BM]`` (slot ``[case, e]``: the pairs with ``c_i >= c_j`` (case 0) or
-    ``c_i < c_j`` (case 1) at ``(i - i0) - (j - j0) = e - BM + 1``). Square tiles (``BN = BM``)."""
+    gradient's sums of ``dS`` into this program's slots ``SLOTS [n_split, H, n_qb, slot_size]``. On a full grid,
+    per key block: ``[n_kb, 2, 2 BM]`` (slot ``[case, e]``: the pairs with ``c_i >= c_j`` (case 0) or ``c_i < c_j``
+    (case 1) at ``(i - i0) - (j - j0) = e - BM + 1``); on a token layout, the whole table per program
+    (:func:`_scatter_rows`). Square tiles (``BN = BM``)."""
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -202,8 +267,9 @@ def _bwd_dq_kernel(
     ii = tl.arange(0, BM)[:, None]
     jj = (ii - e[None, :] + BM) % BM
     lower = ii >= e[None, :]
-    _, _, cq = _coords(offs_m, P, N, GW)
-    slot_row = SLOTS + ((split * H + h) * n_qb + pid_m) * n_kb * 2 * E
+    _, _, cq, _, _ = _tokens(TOK, 0, offs_m, P, N, GW, False)
+    program = (split * H + h) * n_qb + pid_m
+    slot_row = SLOTS + program * slot_size
     hi = N
     if CAUSAL:
         hi = tl.minimum(N, (pid_m + 1) * BM)
@@ -213,31 +279,42 @@ def _bwd_dq_kernel(
         do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
         lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
         dq = tl.zeros([BM, BLOCK_D], tl.float32)
+        lo, hi_seg = _span(TOK, b, offs_m, N, LAYOUT)
         for start_n in range(0, hi, BM):
             offs_n = start_n + tl.arange(0, BM)
-            k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
-            s, pair = _logits(
-                q, k, b, h, offs_m, offs_n, T, stride_th, MASK, stride_mb, n_mask_b, qk_scale, P, N, GH, GW,
-                HAS_TABLE, HAS_MASK, CAUSAL, PREC,
-            )
-            p = tl.math.exp2(s - lse[:, None])
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            ds = p * (dp - delta[:, None])
-            dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
-            if TABLE_GRAD:
-                _, _, ck = _coords(offs_n, P, N, GW)
-                ds = tl.where(pair, ds, 0.0)
-                right = cq[:, None] >= ck[None, :]  # dw >= 0 (case 0) or not (case 1)
-                r0 = tl.gather(tl.where(right, ds, 0.0), jj, axis=1)
-                r1 = tl.gather(tl.where(right, 0.0, ds), jj, axis=1)
-                # slot index of i - j = d is d + BM - 1: the lower diagonals at e + BM - 1, the upper at e - 1
-                sp = slot_row + (start_n // BM) * 2 * E + e
-                up = e >= 1
-                tl.store(sp + BM - 1, tl.load(sp + BM - 1) + tl.sum(tl.where(lower, r0, 0.0), axis=0))
-                tl.store(sp - 1, tl.load(sp - 1, mask=up) + tl.sum(tl.where(lower, 0.0, r0), axis=0), mask=up)
-                sp1 = sp + E
-                tl.store(sp1 + BM - 1, tl.load(sp1 + BM - 1) + tl.sum(tl.where(lower, r1, 0.0), axis=0))
-                tl.store(sp1 - 1, tl.load(sp1 - 1, mask=up) + tl.sum(tl.where(lower, 0.0, r1), axis=0), mask=up)
+            if _visits(TOK, b, offs_n, lo, hi_seg, N, LAYOUT):
+                k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
+                s, pair = _logits(
+                    q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,
+                    P, N, GH, GW, HAS_TABLE, HAS_MASK, CAUSAL, LAYOUT, PREC,
+                )
+                p = tl.math.exp2(s - lse[:, None])
+                dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+                ds = p * (dp - delta[:, None])
+                dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+                if TABLE_GRAD:
+                    ds = tl.where(pair, ds, 0.0)
+                    if LAYOUT:
+                        _scatter_rows(
+                            ds, SCRATCH + program * BM * BM, slot_row, TOK, b, pid_m, offs_n, N, GH, GW, BM,
+                        )
+                    else:
+                        _, _, ck, _, _ = _tokens(TOK, b, offs_n, P, N, GW, False)
+                        right = cq[:, None] >= ck[None, :]  # dw >= 0 (case 0) or not (case 1)
+                        r0 = tl.gather(tl.where(right, ds, 0.0), jj, axis=1)
+                        r1 = tl.gather(tl.where(right, 0.0, ds), jj, axis=1)
+                        # slot index of i - j = d is d + BM - 1: the lower diagonals at e + BM - 1, the upper at e - 1
+                        sp = slot_row + (start_n // BM) * 2 * E + e
+                        up = e >= 1
+                        tl.store(sp + BM - 1, tl.load(sp + BM - 1) + tl.sum(tl.where(lower, r0, 0.0), axis=0))
+                        tl.store(
+                            sp - 1, tl.load(sp - 1, mask=up) + tl.sum(tl.where(lower, 0.0, r0), axis=0), mask=up
+                        )
+                        sp1 = sp + E
+                        tl.store(sp1 + BM - 1, tl.load(sp1 + BM - 1) + tl.sum(tl.where(lower, r1, 0.0), axis=0))
+                        tl.store(
+                            sp1 - 1, tl.load(sp1 - 1, mask=up) + tl.sum(tl.where(lower, 0.0, r1), axis=0), mask=up
+                        )
         dq_ptr = DQ + b * sgb + h * sgh + offs_m[:, None] * sgn + offs_d[None, :]
         tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty), q_mask)
 

@@ -21,18 +21,24 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from vitrel.kernels.flex import OffsetTableKernel
 from vitrel.kernels.registry import register_kernel
+from vitrel.pos.tokens import stack_tables
+
+if TYPE_CHECKING:
+    from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "TritonKernel",
     "check_device",
     "compile_for",
     "interpreter_on",
+    "layout_tokens",
     "rel_bias_attention",
     "table_grad_from_slots",
 ]
@@ -109,11 +115,17 @@ def _strides(*ts: Tensor) -> list[int]:
     return out
 
 
-def _table_args(table: Tensor | None, q: Tensor) -> tuple[Tensor, int]:
-    """The table in base 2 (the kernels' logits are), or a placeholder."""
+def _table_args(table: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
+    """The table in base 2 (the kernels' logits are), or a placeholder, and its group and head strides (group 0 on a
+    full grid's ``[heads, 2 GH - 1, 2 GW - 1]``)."""
     if table is None:
-        return q.new_zeros(1, dtype=torch.float32), 0
-    return table * _kernels().LOG2E, table.stride(0)
+        return q.new_zeros(1, dtype=torch.float32), 0, 0
+    t = table * _kernels().LOG2E
+    return (t, 0, t.stride(0)) if t.dim() == 3 else (t, t.stride(0), t.stride(1))
+
+
+def _token_args(tokens: Tensor | None, q: Tensor) -> Tensor:
+    return q.new_zeros(1, dtype=torch.int32) if tokens is None else tokens
 
 
 def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
@@ -129,6 +141,7 @@ def _fwd_op(
     v: Tensor,
     table: Tensor | None,
     mask: Tensor | None,
+    tokens: Tensor | None,
     scale: float,
     grid_h: int,
     grid_w: int,
@@ -139,19 +152,20 @@ def _fwd_op(
     block_d, bm, bn, _ = _blocks(d, q.device)
     out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
     lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
-    t, st = _table_args(table, q)
+    t, stg, sth = _table_args(table, q)
     m, smb, nmb = _mask_args(mask, q)
     grid = (triton_cdiv(n, bm), b * h)
     _kernels()._fwd_kernel[grid](
-        q, k, v, t, m, out, lse, *_strides(q, k, v, out), st, smb, nmb, h, n, prefix, grid_h, grid_w,
-        scale * _kernels().LOG2E, D=d, BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None,
-        HAS_MASK=mask is not None, CAUSAL=causal, PREC=_prec(q.dtype), **_launch("fwd", q.device),
+        q, k, v, t, m, _token_args(tokens, q), out, lse, *_strides(q, k, v, out), stg, sth, smb, nmb, h, n, prefix,
+        grid_h, grid_w, scale * _kernels().LOG2E, D=d, BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None,
+        HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=tokens is not None, PREC=_prec(q.dtype),
+        **_launch("fwd", q.device),
     )  # fmt: skip
     return out, lse
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, table, mask, scale, grid_h, grid_w, prefix, causal):
+def _fwd_fake(q, k, v, table, mask, tokens, scale, grid_h, grid_w, prefix, causal):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -171,6 +185,7 @@ def _bwd_op(
     v: Tensor,
     table: Tensor | None,
     mask: Tensor | None,
+    tokens: Tensor | None,
     out: Tensor,
     lse: Tensor,
     scale: float,
@@ -185,67 +200,44 @@ def _bwd_op(
     do = do.contiguous()
     delta = (out.float() * do.float()).sum(-1).contiguous()  # rowsum(o * do), FlashAttention-2's D
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
-    t, st = _table_args(table, q)
+    t, stg, sth = _table_args(table, q)
     m, smb, nmb = _mask_args(mask, q)
+    tok = _token_args(tokens, q)
     ks = _kernels()
     qk_scale = scale * ks.LOG2E
+    layout = tokens is not None
     flags = dict(
-        D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal,
+        D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=layout,
         PREC=_prec(q.dtype),
     )  # fmt: skip
-    common = [*_strides(q, k, v, do), st, smb, nmb]
+    common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
     sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale)
     ks._bwd_dkdv_kernel[(n_b, b * h)](
-        q,
-        k,
-        v,
-        t,
-        m,
-        do,
-        lse,
-        delta,
-        dk,
-        dv,
-        *common,
-        *_strides(dk, dv),
-        *sizes,
-        BM=blk,
-        BN=blk,
-        **flags,
+        q, k, v, t, m, tok, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk, BN=blk, **flags,
         **_launch("bwd", q.device),
-    )
+    )  # fmt: skip
     grad_t = table_grad and table is not None
     n_split = _n_split(n_b, h, b, q.device)
-    slots = torch.zeros((n_split, h, n_b, n_b, 2, 2 * blk) if grad_t else (1,), device=q.device, dtype=torch.float32)
+    # per program: a full grid's diagonal sums per key block (n_b x 2 cases x 2 blk), a layout's whole table
+    slot_size = (table.numel() // h if layout else n_b * 4 * blk) if grad_t else 0
+    slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
+    scratch = torch.empty(n_split * h * n_b * blk * blk if grad_t and layout else 1, device=q.device)
     ks._bwd_dq_kernel[(n_b, h, n_split)](
-        q,
-        k,
-        v,
-        t,
-        m,
-        do,
-        lse,
-        delta,
-        dq,
-        slots,
-        *common,
-        *_strides(dq),
-        b,
-        *sizes,
-        n_split,
-        n_b,
-        BM=blk,
-        TABLE_GRAD=grad_t,
-        **flags,
-        **_launch("bwd", q.device),
-    )
-    dt = table_grad_from_slots(slots, grid_h, grid_w, blk) if grad_t else q.new_zeros(0, dtype=torch.float32)
+        q, k, v, t, m, tok, do, lse, delta, dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split, slot_size,
+        BM=blk, TABLE_GRAD=grad_t, **flags, **_launch("bwd", q.device),
+    )  # fmt: skip
+    if not grad_t:
+        dt = q.new_zeros(0, dtype=torch.float32)
+    elif layout:  # [n_split, heads, n_qb, G K] -> [G, heads, 2 GH - 1, 2 GW - 1]
+        dt = slots.sum((0, 2)).view(h, table.shape[0], *table.shape[2:]).transpose(0, 1).contiguous()
+    else:
+        dt = table_grad_from_slots(slots.view(n_split, h, n_b, n_b, 2, 2 * blk), grid_h, grid_w, blk)
     return dq, dk, dv, dt
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, table, mask, out, lse, scale, grid_h, grid_w, prefix, causal, table_grad):
+def _bwd_fake(do, q, k, v, table, mask, tokens, out, lse, scale, grid_h, grid_w, prefix, causal, table_grad):
     dt = table.new_empty(table.shape) if (table_grad and table is not None) else q.new_empty(0, dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dt
 
@@ -285,17 +277,17 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, table, mask, scale, grid_h, grid_w, prefix, causal = inputs
+    q, k, v, table, mask, tokens, scale, grid_h, grid_w, prefix, causal = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, table, mask, out, lse)
+    ctx.save_for_backward(q, k, v, table, mask, tokens, out, lse)
     ctx.args = (scale, grid_h, grid_w, prefix, causal)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, table, mask, out, lse = ctx.saved_tensors
+    q, k, v, table, mask, tokens, out, lse = ctx.saved_tensors
     need_t = table is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dt = _bwd_op(dout, q, k, v, table, mask, out, lse, *ctx.args, need_t)
-    return dq, dk, dv, (dt if need_t else None), None, None, None, None, None, None
+    dq, dk, dv, dt = _bwd_op(dout, q, k, v, table, mask, tokens, out, lse, *ctx.args, need_t)
+    return dq, dk, dv, (dt if need_t else None), None, None, None, None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
@@ -311,22 +303,37 @@ def rel_bias_attention(
     scale: float | None = None,
     mask: Tensor | None = None,
     causal: bool = False,
+    tokens: Tensor | None = None,
 ) -> Tensor:
     """``softmax(q k^T * scale + T[offsets] + mask) v`` for ``q, k, v [B, heads, N, d]`` (see the module docstring).
 
     ``table`` ``[heads, 2 GH - 1, 2 GW - 1]`` (any float dtype: read and differentiated in float32; ``-inf`` entries
     mask their pairs) or None; ``grid`` ``(GH, GW)`` with ``N = num_prefix_tokens + GH GW``; ``mask`` ``[Mb, N, N]``
-    additive (``B`` a multiple of ``Mb``)."""
+    additive (``B`` a multiple of ``Mb``).
+
+    ``tokens`` ``[B, 4, N]`` (integers: each token's segment, row, column and table group; :func:`layout_tokens`)
+    lays out packed images instead (a token layout, :mod:`vitrel.pos.tokens`): a token attends to the tokens of its
+    segment only (padding, segment -1, to padding), the bias of a patch pair read from its group's table
+    ``table [G, heads, 2 GH - 1, 2 GW - 1]`` at the pair's offset (rows -1: prefix and padding tokens, no bias),
+    ``grid`` the tables' extent; tiles with no pair of one segment are skipped."""
     check_device(q.device)
     b, h, n, d = q.shape
     gh, gw = int(grid[0]), int(grid[1])
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"rel_bias_attention: q, k, v must have one shape, got {q.shape}, {k.shape}, {v.shape}")
-    if n != num_prefix_tokens + gh * gw:
+    if tokens is None and n != num_prefix_tokens + gh * gw:
         raise ValueError(f"rel_bias_attention: {n} tokens, but the grid {gh}x{gw} with {num_prefix_tokens} prefix")
+    if tokens is not None:
+        if tuple(tokens.shape) != (b, 4, n):
+            raise ValueError(f"rel_bias_attention: tokens {tuple(tokens.shape)}, expected {(b, 4, n)}")
+        if causal:
+            raise ValueError("rel_bias_attention: causal attention on a token layout is not supported")
+        tokens = tokens.to(torch.int32).contiguous()
     if table is not None:
-        if table.shape != (h, 2 * gh - 1, 2 * gw - 1):
-            raise ValueError(f"rel_bias_attention: table {tuple(table.shape)}, expected {(h, 2 * gh - 1, 2 * gw - 1)}")
+        want = (h, 2 * gh - 1, 2 * gw - 1)
+        if tuple(table.shape[-3:]) != want or table.dim() != 3 + (tokens is not None):
+            groups = "[G, ...] of " if tokens is not None else ""
+            raise ValueError(f"rel_bias_attention: table {tuple(table.shape)}, expected {groups}{want}")
         table = table.float().contiguous()
     if mask is not None:
         mask = mask.reshape(-1, n, n).float().contiguous()
@@ -334,19 +341,32 @@ def rel_bias_attention(
             raise ValueError(f"rel_bias_attention: batch {b} is not a multiple of the mask's {mask.shape[0]}")
     q, k, v = (t.contiguous() for t in (q, k, v))  # one layout at the op's boundary (its fakes say contiguous)
     scale = d**-0.5 if scale is None else float(scale)
-    out, _ = _fwd_op(q, k, v, table, mask, scale, gh, gw, num_prefix_tokens, causal)
+    out, _ = _fwd_op(q, k, v, table, mask, tokens, scale, gh, gw, num_prefix_tokens, causal)
     return out
+
+
+def layout_tokens(layout: TokenLayout) -> Tensor:
+    """``[B, 4, N]`` int32: each token's segment, row, column (-1 for prefix and padding tokens) and table group, what
+    :func:`rel_bias_attention` reads of a token layout."""
+    return torch.stack([layout.segment, *layout.coords.unbind(-1), layout.group], 1).to(torch.int32)
 
 
 @register_kernel("triton")
 class TritonKernel(OffsetTableKernel):
     """The fused kernel above for every scheme with an offset table (and for rotary schemes and no position: no
-    table); full grids with prefix tokens, batches of windows with their masks, causal 1-D. Not yet: packed or
-    token-dropped layouts, attention dropout."""
+    table); full grids with prefix tokens, batches of windows with their masks, causal 1-D, token layouts (packed
+    images of any sizes, dropped tokens: a table per distinct grid, the tiles across images skipped). Not yet:
+    attention dropout."""
 
-    takes_layout = False
     window_masks = True
     onnx = False
+
+    @classmethod
+    def layout_inputs(cls, scheme, layout, mask):
+        if not scheme.has_bias:
+            return {"table": None}
+        table, extent = stack_tables([scheme.offset_table(g) for g in layout.grids])
+        return {"table": table, "grid": extent}
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
@@ -358,16 +378,18 @@ class TritonKernel(OffsetTableKernel):
             mask = mask[:, 0]
         if mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+        tokens = None if state.layout is None else layout_tokens(state.layout)
         return rel_bias_attention(
-            q, k, v, state.table, state.grid, state.num_prefix_tokens, scale, mask, causal=state.causal
+            q, k, v, state.table, state.grid, state.num_prefix_tokens, scale, mask, state.causal, tokens
         )
 
 
-def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16") -> dict[str, int]:
+def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout: bool = False) -> dict[str, int]:
     """Compile the three kernels ahead of time for CUDA compute capability ``arch`` (no GPU needed: Triton's own
     compiler and ptxas), with the launch configuration a GPU of that kind would use for ``head_dim``; returns each
-    kernel's shared memory in bytes. Catches what the interpreter lets through (types, layouts, shared memory).
-    Needs Triton's CUDA backend and ``TRITON_INTERPRET`` unset (the kernels must be JIT functions)."""
+    kernel's shared memory in bytes (``layout``: the token-layout variants). Catches what the interpreter lets
+    through (types, layouts, shared memory). Needs Triton's CUDA backend and ``TRITON_INTERPRET`` unset (the
+    kernels must be JIT functions)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -375,13 +397,16 @@ def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16") -> dict
     ks = _kernels()
     block_d, bm, bn, blk = _blocks(head_dim, torch.device("cuda"))
     t = f"*{dtype}"
-    io = dict(Q=t, K=t, V=t, T="*fp32", MASK="*fp32", LSE="*fp32", qk_scale="fp32", sm_scale="fp32")
-    common = dict(D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, HAS_MASK=True, CAUSAL=False, PREC=_prec(torch.bfloat16))
+    io = dict(Q=t, K=t, V=t, T="*fp32", MASK="*fp32", TOK="*i32", LSE="*fp32", qk_scale="fp32", sm_scale="fp32")
+    common = dict(
+        D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, HAS_MASK=True, CAUSAL=False, LAYOUT=layout,
+        PREC=_prec(torch.bfloat16),
+    )  # fmt: skip
     cases = {
         "fwd": (ks._fwd_kernel, dict(io, O=t), dict(common, BM=bm, BN=bn), LAUNCH["fwd"]),
         "dkdv": (ks._bwd_dkdv_kernel, dict(io, DO=t, DELTA="*fp32", DK=t, DV=t), dict(common, BM=blk, BN=blk),
                  LAUNCH["bwd"]),
-        "dq": (ks._bwd_dq_kernel, dict(io, DO=t, DELTA="*fp32", DQ=t, SLOTS="*fp32"),
+        "dq": (ks._bwd_dq_kernel, dict(io, DO=t, DELTA="*fp32", DQ=t, SLOTS="*fp32", SCRATCH="*fp32"),
                dict(common, BM=blk, TABLE_GRAD=True), LAUNCH["bwd"]),
     }  # fmt: skip
     shared = {}

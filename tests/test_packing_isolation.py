@@ -27,6 +27,7 @@ KERNELS = [
     ("eager", "shaw2d_full"),
     ("fold", "rel2d_factored"),
     ("flex", "rel2d_full"),
+    ("triton", "rel2d_full"),
 ]
 VALUES = {"nan": float("nan"), "1e30": 1e30}
 

@@ -61,13 +61,28 @@ def _span(TOK, b, offs, N, LAYOUT: tl.constexpr):
     return 0, 0
 
 
+#: the token tiles of the visible-tile flags (:func:`vitrel.kernels.triton_bias.visible_tiles`); every kernel tile is a
+#: multiple of it
+FLAG_TILE = tl.constexpr(16)
+
+
 @triton.jit
-def _visits(TOK, b, offs, lo, hi, N, LAYOUT: tl.constexpr):
-    """Whether a tile pairs tokens ``offs`` with tokens whose segments span ``[lo, hi]``: false when no pair can be
-    of one image (a tile across images is skipped whole); always true on a full grid."""
+def _visits(
+    TOK, BLK, b, h, offs, lo, hi, q0, k0, N, n_flag,
+    BQ: tl.constexpr, BK: tl.constexpr, LAYOUT: tl.constexpr, HAS_BLOCKS: tl.constexpr,
+):
+    """Whether the ``[BQ, BK]`` tile of queries from ``q0`` and keys from ``k0`` can hold a visible pair, else it is
+    skipped whole. On a layout: whether the loop's tokens ``offs`` can be of one image with the program's tokens
+    (segments ``[lo, hi]``); with ``BLK [heads, n_flag, n_flag]`` (the table's ``-inf`` entries: LookHere's views):
+    whether a flag of the tile's ``FLAG_TILE`` blocks is set; else always."""
     if LAYOUT:
         klo, khi = _span(TOK, b, offs, N, LAYOUT)
         return (klo <= hi) & (khi >= lo)
+    if HAS_BLOCKS:
+        fq = q0 // FLAG_TILE + tl.arange(0, BQ // FLAG_TILE)
+        fk = k0 // FLAG_TILE + tl.arange(0, BK // FLAG_TILE)
+        inside = (fq < n_flag)[:, None] & (fk < n_flag)[None, :]
+        return tl.max(tl.load(BLK + (h * n_flag + fq[:, None]) * n_flag + fk[None, :], inside, 0)) > 0
     return True
 
 
@@ -133,11 +148,12 @@ def _logits(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, T, MASK, TOK, O, LSE,
+    Q, K, V, T, MASK, TOK, BLK, O, LSE,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_tg, stride_th, stride_mb, n_mask_b,
-    H, N, P, GH, GW, qk_scale,
+    H, N, P, GH, GW, qk_scale, n_flag,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, PREC: tl.constexpr,
 ):
     b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)
     q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
@@ -150,7 +166,8 @@ def _fwd_kernel(
         hi = tl.minimum(N, tl.program_id(0) * BM + BM)
     for start_n in range(0, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
-        if _visits(TOK, b, offs_n, lo, hi_seg, N, LAYOUT):
+        if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, tl.program_id(0) * BM, start_n, N, n_flag, BM, BN, LAYOUT,
+                   HAS_BLOCKS):
             k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
@@ -172,12 +189,13 @@ def _fwd_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, DK, DV,
+    Q, K, V, T, MASK, TOK, BLK, DO, LSE, DELTA, DK, DV,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn, shb, shh, shn,
-    H, N, P, GH, GW, qk_scale, sm_scale,
+    H, N, P, GH, GW, qk_scale, sm_scale, n_flag,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
+    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``)."""
     b, h, bh, offs_n, offs_d, kv_mask = _program(H, N, BN, BLOCK_D, D)
@@ -191,7 +209,8 @@ def _bwd_dkdv_kernel(
         lo = (tl.program_id(0) * BN // BM) * BM
     for start_m in range(lo, N, BM):
         offs_m = start_m + tl.arange(0, BM)
-        if _visits(TOK, b, offs_m, klo, khi, N, LAYOUT):
+        if _visits(TOK, BLK, b, h, offs_m, klo, khi, start_m, tl.program_id(0) * BN, N, n_flag, BM, BN, LAYOUT,
+                   HAS_BLOCKS):
             q_mask = (offs_m < N)[:, None] & dmask[None, :]
             q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
             do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
@@ -239,13 +258,13 @@ def _scatter_rows(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, DQ, SLOTS, SCRATCH,
+    Q, K, V, T, MASK, TOK, BLK, DO, LSE, DELTA, DQ, SLOTS, SCRATCH,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn,
-    B, H, N, P, GH, GW, qk_scale, sm_scale, n_split, slot_size,
+    B, H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_split, slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
-    TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dq`` of one query block for a share of the batch (``b = split, split + n_split, ...``), and the table
     gradient's sums of ``dS`` into this program's slots ``SLOTS [n_split, H, n_qb, slot_size]``. On a full grid,
@@ -282,7 +301,8 @@ def _bwd_dq_kernel(
         lo, hi_seg = _span(TOK, b, offs_m, N, LAYOUT)
         for start_n in range(0, hi, BM):
             offs_n = start_n + tl.arange(0, BM)
-            if _visits(TOK, b, offs_n, lo, hi_seg, N, LAYOUT):
+            if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, n_flag, BM, BM, LAYOUT,
+                       HAS_BLOCKS):
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
                 s, pair = _logits(
                     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,

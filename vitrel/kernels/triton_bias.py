@@ -31,6 +31,7 @@ from vitrel.kernels.registry import register_kernel
 from vitrel.pos.tokens import stack_tables
 
 if TYPE_CHECKING:
+    from vitrel.pos.geometry import Grid
     from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "compile_for",
     "interpreter_on",
     "layout_tokens",
+    "visible_tiles",
     "rel_bias_attention",
     "table_grad_from_slots",
 ]
@@ -124,8 +126,9 @@ def _table_args(table: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
     return (t, 0, t.stride(0)) if t.dim() == 3 else (t, t.stride(0), t.stride(1))
 
 
-def _token_args(tokens: Tensor | None, q: Tensor) -> Tensor:
-    return q.new_zeros(1, dtype=torch.int32) if tokens is None else tokens
+def _int_args(t: Tensor | None, q: Tensor) -> Tensor:
+    """``t`` (a layout's tokens, the visible-tile flags), or a placeholder."""
+    return q.new_zeros(1, dtype=torch.int32) if t is None else t
 
 
 def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
@@ -142,6 +145,7 @@ def _fwd_op(
     table: Tensor | None,
     mask: Tensor | None,
     tokens: Tensor | None,
+    blocks: Tensor | None,
     scale: float,
     grid_h: int,
     grid_w: int,
@@ -156,16 +160,16 @@ def _fwd_op(
     m, smb, nmb = _mask_args(mask, q)
     grid = (triton_cdiv(n, bm), b * h)
     _kernels()._fwd_kernel[grid](
-        q, k, v, t, m, _token_args(tokens, q), out, lse, *_strides(q, k, v, out), stg, sth, smb, nmb, h, n, prefix,
-        grid_h, grid_w, scale * _kernels().LOG2E, D=d, BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None,
-        HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=tokens is not None, PREC=_prec(q.dtype),
-        **_launch("fwd", q.device),
+        q, k, v, t, m, _int_args(tokens, q), _int_args(blocks, q), out, lse, *_strides(q, k, v, out), stg, sth, smb,
+        nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), D=d, BLOCK_D=block_d, BM=bm,
+        BN=bn, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=tokens is not None,
+        HAS_BLOCKS=blocks is not None, PREC=_prec(q.dtype), **_launch("fwd", q.device),
     )  # fmt: skip
     return out, lse
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, table, mask, tokens, scale, grid_h, grid_w, prefix, causal):
+def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -186,6 +190,7 @@ def _bwd_op(
     table: Tensor | None,
     mask: Tensor | None,
     tokens: Tensor | None,
+    blocks: Tensor | None,
     out: Tensor,
     lse: Tensor,
     scale: float,
@@ -202,20 +207,20 @@ def _bwd_op(
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     t, stg, sth = _table_args(table, q)
     m, smb, nmb = _mask_args(mask, q)
-    tok = _token_args(tokens, q)
+    tok, blk_flags = _int_args(tokens, q), _int_args(blocks, q)
     ks = _kernels()
     qk_scale = scale * ks.LOG2E
     layout = tokens is not None
     flags = dict(
         D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=layout,
-        PREC=_prec(q.dtype),
+        HAS_BLOCKS=blocks is not None, PREC=_prec(q.dtype),
     )  # fmt: skip
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
-    sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale)
+    sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks))
     ks._bwd_dkdv_kernel[(n_b, b * h)](
-        q, k, v, t, m, tok, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk, BN=blk, **flags,
-        **_launch("bwd", q.device),
+        q, k, v, t, m, tok, blk_flags, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk, BN=blk,
+        **flags, **_launch("bwd", q.device),
     )  # fmt: skip
     grad_t = table_grad and table is not None
     n_split = _n_split(n_b, h, b, q.device)
@@ -224,8 +229,8 @@ def _bwd_op(
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
     scratch = torch.empty(n_split * h * n_b * blk * blk if grad_t and layout else 1, device=q.device)
     ks._bwd_dq_kernel[(n_b, h, n_split)](
-        q, k, v, t, m, tok, do, lse, delta, dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split, slot_size,
-        BM=blk, TABLE_GRAD=grad_t, **flags, **_launch("bwd", q.device),
+        q, k, v, t, m, tok, blk_flags, do, lse, delta, dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split,
+        slot_size, BM=blk, TABLE_GRAD=grad_t, **flags, **_launch("bwd", q.device),
     )  # fmt: skip
     if not grad_t:
         dt = q.new_zeros(0, dtype=torch.float32)
@@ -237,7 +242,7 @@ def _bwd_op(
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, table, mask, tokens, out, lse, scale, grid_h, grid_w, prefix, causal, table_grad):
+def _bwd_fake(do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, table_grad):
     dt = table.new_empty(table.shape) if (table_grad and table is not None) else q.new_empty(0, dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dt
 
@@ -276,18 +281,44 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _n_flag(blocks: Tensor | None) -> int:
+    return 0 if blocks is None else blocks.shape[-1]
+
+
+def visible_tiles(table: Tensor, grid: Grid, num_prefix_tokens: int = 0, chunk: int = 1024) -> Tensor:
+    """``[heads, n, n]`` int32 flags of a table with ``-inf`` entries (LookHere's views), ``n = ceil(N / 16)``:
+    1 where some pair of query tile ``i`` and key tile ``j`` (16 tokens each) is visible (a finite entry, or a pair
+    with a prefix token), so the kernels skip the ``[BM, BN]`` tiles whose flags are all 0. Computed from the
+    table exactly, ``chunk`` query rows at a time (no ``N x N`` tensor per head at once)."""
+    tile = _kernels().FLAG_TILE.value
+    finite = torch.isfinite(table)
+    heads, p = table.shape[0], num_prefix_tokens
+    n_flag = triton_cdiv(p + grid.n, tile)
+    t = torch.arange(n_flag * tile, device=table.device) - p
+    patch, real = (t >= 0) & (t < grid.n), t < grid.n  # (tokens past the end: in no pair)
+    r, c = t.clamp(0, grid.n - 1) // grid.w, t.clamp(0, grid.n - 1) % grid.w
+    chunk -= chunk % tile
+    out = []
+    for s in range(0, n_flag * tile, chunk):
+        rq, cq, pq, tq = r[s : s + chunk, None], c[s : s + chunk, None], patch[s : s + chunk, None], real[s : s + chunk]
+        seen = finite[:, rq - r[None, :] + grid.h - 1, cq - c[None, :] + grid.w - 1] | ~(pq & patch[None, :])
+        seen &= tq[:, None] & real[None, :]
+        out.append(seen.view(heads, -1, tile, n_flag, tile).any(4).any(2))
+    return torch.cat(out, 1).to(torch.int32)
+
+
 def _setup(ctx, inputs, output):
-    q, k, v, table, mask, tokens, scale, grid_h, grid_w, prefix, causal = inputs
+    q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal = inputs
     out, lse = output
-    ctx.save_for_backward(q, k, v, table, mask, tokens, out, lse)
+    ctx.save_for_backward(q, k, v, table, mask, tokens, blocks, out, lse)
     ctx.args = (scale, grid_h, grid_w, prefix, causal)
 
 
 def _backward(ctx, dout, dlse):
-    q, k, v, table, mask, tokens, out, lse = ctx.saved_tensors
+    q, k, v, table, mask, tokens, blocks, out, lse = ctx.saved_tensors
     need_t = table is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dt = _bwd_op(dout, q, k, v, table, mask, tokens, out, lse, *ctx.args, need_t)
-    return dq, dk, dv, (dt if need_t else None), None, None, None, None, None, None, None
+    dq, dk, dv, dt = _bwd_op(dout, q, k, v, table, mask, tokens, blocks, out, lse, *ctx.args, need_t)
+    return dq, dk, dv, (dt if need_t else None), *(None,) * 8
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
@@ -304,6 +335,7 @@ def rel_bias_attention(
     mask: Tensor | None = None,
     causal: bool = False,
     tokens: Tensor | None = None,
+    blocks: Tensor | None = None,
 ) -> Tensor:
     """``softmax(q k^T * scale + T[offsets] + mask) v`` for ``q, k, v [B, heads, N, d]`` (see the module docstring).
 
@@ -315,7 +347,10 @@ def rel_bias_attention(
     lays out packed images instead (a token layout, :mod:`vitrel.pos.tokens`): a token attends to the tokens of its
     segment only (padding, segment -1, to padding), the bias of a patch pair read from its group's table
     ``table [G, heads, 2 GH - 1, 2 GW - 1]`` at the pair's offset (rows -1: prefix and padding tokens, no bias),
-    ``grid`` the tables' extent; tiles with no pair of one segment are skipped."""
+    ``grid`` the tables' extent; tiles with no pair of one segment are skipped.
+
+    ``blocks`` (a full grid's, :func:`visible_tiles`) lets the kernels skip the tiles the table's ``-inf`` entries mask
+    whole."""
     check_device(q.device)
     b, h, n, d = q.shape
     gh, gw = int(grid[0]), int(grid[1])
@@ -335,13 +370,19 @@ def rel_bias_attention(
             groups = "[G, ...] of " if tokens is not None else ""
             raise ValueError(f"rel_bias_attention: table {tuple(table.shape)}, expected {groups}{want}")
         table = table.float().contiguous()
+    if blocks is not None:
+        n_flag = triton_cdiv(n, _kernels().FLAG_TILE.value)
+        if tokens is not None or tuple(blocks.shape) != (h, n_flag, n_flag):
+            want = (h, n_flag, n_flag)
+            raise ValueError(f"rel_bias_attention: blocks {tuple(blocks.shape)}, expected {want} on a full grid")
+        blocks = blocks.to(torch.int32).contiguous()
     if mask is not None:
         mask = mask.reshape(-1, n, n).float().contiguous()
         if b % mask.shape[0]:
             raise ValueError(f"rel_bias_attention: batch {b} is not a multiple of the mask's {mask.shape[0]}")
     q, k, v = (t.contiguous() for t in (q, k, v))  # one layout at the op's boundary (its fakes say contiguous)
     scale = d**-0.5 if scale is None else float(scale)
-    out, _ = _fwd_op(q, k, v, table, mask, tokens, scale, gh, gw, num_prefix_tokens, causal)
+    out, _ = _fwd_op(q, k, v, table, mask, tokens, blocks, scale, gh, gw, num_prefix_tokens, causal)
     return out
 
 
@@ -358,15 +399,22 @@ class TritonKernel(OffsetTableKernel):
     images of any sizes, dropped tokens: a table per distinct grid, the tiles across images skipped). Not yet:
     attention dropout."""
 
+    reads = frozenset({"table", "block_mask"})
     window_masks = True
     onnx = False
 
     @classmethod
+    def inputs(cls, scheme, grid, num_prefix_tokens):
+        table = super().inputs(scheme, grid, num_prefix_tokens)["table"]
+        flags = visible_tiles(table, grid, num_prefix_tokens) if scheme.has_masked_offsets else None
+        return {"table": table, "block_mask": flags}
+
+    @classmethod
     def layout_inputs(cls, scheme, layout, mask):
         if not scheme.has_bias:
-            return {"table": None}
+            return {"table": None, "block_mask": None}
         table, extent = stack_tables([scheme.offset_table(g) for g in layout.grids])
-        return {"table": table, "grid": extent}
+        return {"table": table, "grid": extent, "block_mask": None}
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
@@ -379,9 +427,8 @@ class TritonKernel(OffsetTableKernel):
         if mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
         tokens = None if state.layout is None else layout_tokens(state.layout)
-        return rel_bias_attention(
-            q, k, v, state.table, state.grid, state.num_prefix_tokens, scale, mask, state.causal, tokens
-        )
+        p, blocks = state.num_prefix_tokens, state.block_mask
+        return rel_bias_attention(q, k, v, state.table, state.grid, p, scale, mask, state.causal, tokens, blocks)
 
 
 def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout: bool = False) -> dict[str, int]:
@@ -397,10 +444,12 @@ def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout:
     ks = _kernels()
     block_d, bm, bn, blk = _blocks(head_dim, torch.device("cuda"))
     t = f"*{dtype}"
-    io = dict(Q=t, K=t, V=t, T="*fp32", MASK="*fp32", TOK="*i32", LSE="*fp32", qk_scale="fp32", sm_scale="fp32")
+    io = dict(
+        Q=t, K=t, V=t, T="*fp32", MASK="*fp32", TOK="*i32", BLK="*i32", LSE="*fp32", qk_scale="fp32", sm_scale="fp32"
+    )
     common = dict(
         D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, HAS_MASK=True, CAUSAL=False, LAYOUT=layout,
-        PREC=_prec(torch.bfloat16),
+        HAS_BLOCKS=not layout, PREC=_prec(torch.bfloat16),
     )  # fmt: skip
     cases = {
         "fwd": (ks._fwd_kernel, dict(io, O=t), dict(common, BM=bm, BN=bn), LAUNCH["fwd"]),

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import vitrel.pos.shaw_base as shaw_base
-from tests.test_pos_shaw import DIM, HEADS, _check, make, window_mask
+from tests.test_pos_shaw import _check, make, window_mask
 from vitrel import Attention
 from vitrel.kernels import get_kernel
 from vitrel.kernels._sdpa_width import FLASH_MAX_HEAD_DIM, sdpa_width

@@ -8,7 +8,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitrel.kernels._sdpa_width import pad_to_sdpa_width
 from vitrel.pos.tokens import content_logits
 
 if TYPE_CHECKING:
@@ -49,11 +48,11 @@ def merge_masks(bias: Tensor | None, mask: Tensor | None, dtype: torch.dtype) ->
 
 
 def sdpa_padded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
-    """SDPA for queries and keys wider than the values (channels appended: a folded bias, PaPE): all three
-    zero-padded to one head dim the fused kernels take (:func:`~vitrel.kernels._sdpa_width.sdpa_width`; else the
-    math path) and the padding cut off the output."""
+    """SDPA for queries and keys wider than the values (channels appended: a folded bias, PaPE; padded by whoever
+    widens them to a head dim the fused kernels take, :func:`~vitrel.kernels._sdpa_width.sdpa_width`): ``v``
+    zero-padded to their width (SDPA's fused kernels want one head dim, else the math path) and the padding cut off
+    the output."""
     ev = v.shape[-1]
-    q, k = pad_to_sdpa_width(q), pad_to_sdpa_width(k)
     v = F.pad(v, (0, q.shape[-1] - ev))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)[..., :ev]
 

@@ -12,6 +12,9 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
 2. **Attention**: ``bench/attention.py`` in bf16 at N = 196, 1024, 4096 for every relative scheme, plus
    ``@fold`` for the factored ones and (CUDA) ``@flex`` for every bias scheme: time and memory against plain
    SDPA; (CUDA) causal 1-D attention, flex's causal ``BlockMask`` against SDPA's causal float mask.
+   **Content**: Shaw (``attn_impl="shaw"``: ``shaw2d_full``, ``shaw1d`` by query blocks sized by the free memory,
+   ``shaw2d_factored`` one widened SDPA) and PaPE against plain SDPA at the same sizes; the SDPA backends that take
+   the widened heads, and ``pytest -m cuda tests/test_kernel_shaw.py`` (flash runs them).
 3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models.
 4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa, fold and, on CUDA, flex), bf16 autocast, AdamW: the model's
    FLOPs of one training step (``torch.utils.flop_counter`` on the sdpa run; the fold computes the same
@@ -225,9 +228,29 @@ def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
     return lines
 
 
+def widened_backends(dev: torch.device) -> list[str]:
+    """Which SDPA backends take the widened heads of Shaw's factored path and PaPE at the attention section's shapes
+    (``torch.backends.cuda.can_use_*``, bf16, heads of 64), and the pytest check that flash runs them."""
+    from tests.test_kernel_shaw import WIDENED
+
+    lines = ["| scheme | grid | head dim | flash | cuDNN | memory-efficient |", "|---|---|---:|---|---|---|"]
+    checks = [torch.backends.cuda.can_use_flash_attention, torch.backends.cuda.can_use_cudnn_attention,
+              torch.backends.cuda.can_use_efficient_attention]  # fmt: skip
+    for pos, side, width in WIDENED:
+        q = torch.zeros(2, 6, side * side, width, device=dev, dtype=torch.bfloat16)
+        params = torch.backends.cuda.SDPAParams(q, q, q, None, 0.0, False, False)
+        ok = ["yes" if check(params) else "no" for check in checks]
+        lines.append(f"| {pos if isinstance(pos, str) else pos} | {side}x{side} | {width} | {' | '.join(ok)} |")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/test_kernel_shaw.py"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    tail = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
+    lines.append(f"\n`{shlex.join(cmd[1:])}`: {tail}\n")
+    return lines + (["```", out.stdout[-3000:], "```"] if out.returncode else [])
+
+
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
-SECTIONS = {"kernel": 150, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "hazards": 90, "mfu": 120,
-            "compile": 120}  # fmt: skip
+SECTIONS = {"kernel": 150, "attention": 200, "content": 120, "forward": 90, "models": 150, "vitb": 200, "hazards": 90,
+            "mfu": 120, "compile": 120}  # fmt: skip
 
 
 def run_script(argv: list[str], timeout: float | None = None) -> tuple[str, str]:
@@ -256,6 +279,11 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
             *tables, *(f"{s}@triton" for s in tables), "rel2d_factored@fold", "lookhere:fov=45@triton"]  # fmt: skip
         c, text = run_script([*att, "--schemes", *sel])
         return ["## Attention layer, forward + backward\n", f"`{c}`\n", text]
+    if name == "content":  # Shaw's kernel and PaPE (content-dependent terms) against plain SDPA
+        sel = ["shaw2d_full", "shaw2d_factored"] if args.quick else ["shaw2d_full", "shaw1d", "shaw2d_factored", "pape"]
+        c, text = run_script([*att[:-2], "--rounds", "3" if args.quick else "5", "--schemes", *sel])
+        backends = widened_backends(dev) if dev.type == "cuda" else []
+        return ["## Shaw and PaPE, forward + backward\n", f"`{c}`\n", text, *backends]
     if name == "forward":
         sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored@triton", "alibi2d@triton"]
         c, text = run_script([*att, "--inference", "--schemes", *sel])

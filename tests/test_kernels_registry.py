@@ -16,7 +16,7 @@ RELATIVE = [n for n in list_pos("relative") if n != "none"]
 
 
 def test_every_kernel_is_registered_and_declared():
-    assert {"sdpa", "eager", "fold", "flex", "triton"} <= set(list_kernels())
+    assert {"sdpa", "eager", "fold", "flex", "triton", "shaw"} <= set(list_kernels())
     assert attn_impls() == ("auto", *list_kernels())
     for name in list_kernels():
         k = get_kernel(name)
@@ -25,7 +25,7 @@ def test_every_kernel_is_registered_and_declared():
         register_kernel("sdpa")(type("Again", (Kernel,), {}))
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager", "fold", "flex", "triton"])
+@pytest.mark.parametrize("impl", ["sdpa", "eager", "fold", "flex", "triton", "shaw"])
 @pytest.mark.parametrize("name", RELATIVE)
 def test_prepare_builds_only_what_the_kernel_reads(impl, name):
     """A state carries the inputs its kernel reads and none of the others; a kernel that cannot run the scheme says
@@ -53,9 +53,9 @@ def test_auto_is_sdpa_on_cpu_and_reads_the_device_table(monkeypatch):
     assert select_kernel(build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 4096, "NVIDIA H200") == "sdpa"
     monkeypatch.setitem(AUTO, "Test GPU", [(frozenset({"rel2d_full"}), 0, "flex")])
     assert select_kernel(build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU 80GB") == "flex"
-    # a rule whose kernel cannot run the scheme is passed over
+    # a rule whose kernel cannot run the scheme is passed over, to the scheme's own kernel (Shaw's: "shaw")
     monkeypatch.setitem(AUTO, "Test GPU", [(frozenset({"shaw2d_full"}), 0, "flex")])
-    assert select_kernel(build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU") == "sdpa"
+    assert select_kernel(build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU") == "shaw"
 
 
 def test_layout_refused_by_a_kernel_that_does_not_take_it(monkeypatch):

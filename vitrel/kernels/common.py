@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 __all__ = ["eager_logits", "full_mask", "merge_masks", "sdpa_padded"]
 
+#: the widest head dim of FlashAttention-2 (SDPA's flash backend; wider heads run on the memory-efficient kernel)
+FLASH_MAX_HEAD_DIM = 256
+
 
 def full_mask(bias: Tensor | None, mask: Tensor | None, q: Tensor) -> Tensor | None:
     """:func:`merge_masks` of ``bias`` and ``mask`` for queries ``q``, expanded to the batch when the batch is
@@ -45,9 +48,10 @@ def merge_masks(bias: Tensor | None, mask: Tensor | None, dtype: torch.dtype) ->
 
 
 def sdpa_padded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
-    """SDPA for queries and keys wider than the values (channels appended: a folded bias, PaPE): ``v``
-    zero-padded to their width (SDPA's fused kernels want one head dim, else the math path) and the padding
-    cut off the output."""
+    """SDPA for queries and keys wider than the values (channels appended: a folded bias, PaPE; padded by whoever
+    widens them to a head dim the fused kernels take, :func:`~vitrel.kernels._sdpa_width.sdpa_width`): ``v``
+    zero-padded to their width (SDPA's fused kernels want one head dim, else the math path) and the padding cut off
+    the output."""
     ev = v.shape[-1]
     v = F.pad(v, (0, q.shape[-1] - ev))
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale)[..., :ev]

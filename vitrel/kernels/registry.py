@@ -15,7 +15,8 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
 * how it attends: :meth:`Kernel.attend`.
 
 ``attn_impl`` is a kernel's name or ``auto``: :func:`select_kernel` reads :data:`AUTO` (per device, decided by
-measurement: ``bench/gpu.py``) and falls back to ``sdpa`` where nothing better is known. A new kernel is one file
+measurement: ``bench/gpu.py``), then takes the kernel that declares itself a scheme's own path
+(:meth:`Kernel.default_for`: Shaw's), and falls back to ``sdpa`` where nothing better is known. A new kernel is one file
 and one test; nothing else names it.
 """
 
@@ -72,6 +73,12 @@ class Kernel:
     def refuses(cls, scheme: PositionScheme) -> str | None:
         """Why this kernel cannot run ``scheme`` (a sentence naming both, and what to use instead), or None."""
         return None
+
+    @classmethod
+    def default_for(cls, scheme: PositionScheme) -> bool:
+        """This kernel is ``auto``'s choice for ``scheme`` on every device where no :data:`AUTO` rule applies (a
+        scheme family's own path, which no general kernel computes: Shaw's content terms)."""
+        return False
 
     @classmethod
     def inputs(cls, scheme: PositionScheme, grid: Grid, num_prefix_tokens: int) -> dict[str, Any]:
@@ -138,13 +145,14 @@ def device_name(device: torch.device | str | None) -> str | None:
 
 def select_kernel(scheme: PositionScheme, n_tokens: int, device: str | None) -> str:
     """``attn_impl="auto"`` on the device named ``device`` (:func:`device_name`): the first :data:`AUTO` rule of that
-    device that matches, if its kernel takes the scheme; else ``sdpa``."""
+    device that matches, if its kernel takes the scheme; else the first kernel that is the scheme's own
+    (:meth:`Kernel.default_for`); else ``sdpa``."""
     for key, rules in AUTO.items():
         if device is not None and key in device:
             for schemes, fewest, kernel in rules:
                 if scheme.name in schemes and n_tokens >= fewest and _KERNELS[kernel].refuses(scheme) is None:
                     return kernel
-    return "sdpa"
+    return next((name for name, k in _KERNELS.items() if k.default_for(scheme)), "sdpa")
 
 
 def resolve(impl: str, scheme: PositionScheme, n_tokens: int, device: torch.device | None) -> type[Kernel]:

@@ -1,6 +1,7 @@
 """``attn_impl="sdpa"`` (what ``auto`` falls back to): ``F.scaled_dot_product_attention`` with the bias in its float
-mask. Schemes with content terms (Shaw) take the eager path instead (no SDPA computes ``q . r_ij``); queries and keys
-wider than the values (channels appended by ``augment``: PaPE) go through :func:`~vitrel.kernels.common.sdpa_padded`.
+mask. Schemes with content terms (Shaw) are refused (no SDPA computes ``q . r_ij``: ``attn_impl="shaw"``); queries and
+keys wider than the values (channels appended by ``augment``: PaPE) go through
+:func:`~vitrel.kernels.common.sdpa_padded`.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitrel.kernels.common import full_mask, sdpa_padded
-from vitrel.kernels.eager import attend_eager
 from vitrel.kernels.registry import Kernel, register_kernel
 
 __all__ = ["SdpaKernel", "attend_sdpa"]
@@ -24,13 +24,19 @@ def attend_sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
 
 @register_kernel("sdpa")
 class SdpaKernel(Kernel):
-    """Every scheme, every case; reads the dense bias."""
+    """Every scheme without content terms, every case; reads the dense bias."""
 
     reads = frozenset({"bias"})
 
     @classmethod
+    def refuses(cls, scheme):
+        if scheme.has_content_terms:
+            return (
+                f"attn_impl='sdpa': no SDPA computes {scheme.name}'s content terms (q_i . r_ij, sum_j a_ij r_ij): use "
+                "attn_impl='shaw' (its fast path, what 'auto' picks) or 'eager'"
+            )
+        return None
+
+    @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
-        m = full_mask(state.bias, mask, q)
-        if state.scheme.has_content_terms:
-            return attend_eager(q, k, v, m, scale, state, dropout_p)
-        return attend_sdpa(q, k, v, m, scale, dropout_p)
+        return attend_sdpa(q, k, v, full_mask(state.bias, mask, q), scale, dropout_p)

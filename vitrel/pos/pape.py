@@ -31,7 +31,8 @@ and the offset ``pos_i - pos_j`` only (translation invariant); PaPE-RI's on ``||
     q' = [q, sum_p -a_p u_ip^2, a_i, 2 a_i u_i, sum_p b_p u_ip, b_i]     k' = [k, 1, -u_j^2, u_j, 1, -u_j]
     q' = [q, sum_c -a_i u_ic^2, a_i (2x), 2 a_i u_i]                      k' = [k, 1, -u_j^2, u_j]   (RI)
 
-zero-padded to a multiple of 8 channels (``head_dim + 3P + 2``; ``+ 2 * 2 + 1`` for RI), as they do: PaPE's
+zero-padded to a head dim SDPA's fused kernels take (:func:`~vitrel.kernels._sdpa_width.sdpa_width`: a multiple of 8 of
+``head_dim + 3P + 2``; ``+ 2 * 2 + 1`` for RI), as they do: PaPE's
 ``channels="parabolas"``. The default ``channels="compact"`` computes the same function in 6 channels: positions
 are 2-D, so the ``P`` parabolas of a head sum to one quadratic in ``pos_i - pos_j`` (:func:`_compact`); the
 parameters, the logits and the gradients are the authors' (equal up to rounding, checked in float64), the
@@ -49,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrel.kernels._sdpa_width import pad_to_sdpa_width
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import Grid, patch_coords
 from vitrel.pos.registry import register_pos
@@ -88,11 +90,6 @@ def _compact(a: Tensor, beta: Tensor, w: Tensor, pos: Tensor) -> tuple[Tensor, T
     return qx, kx.expand(-1, w.shape[0], -1, -1)
 
 
-def _pad8(t: Tensor, width: int) -> Tensor:
-    """Zero channels up to a multiple of 8 of ``width`` (what fused kernels want; they change no product)."""
-    return F.pad(t, (0, -width % 8))
-
-
 class _Parabolic(PositionScheme):
     """What PaPE and PaPE-RI share: the token augmentation and its one-SDPA ``attend``."""
 
@@ -126,9 +123,8 @@ class _Parabolic(PositionScheme):
         if p and self.prefix_position == "none":  # no term for any pair with a prefix token
             keep = (index >= p).to(qx.dtype)[:, None, :, None]
             qx, kx = qx * keep, kx * keep
-        width = q.shape[-1] + qx.shape[-1]
-        q = _pad8(torch.cat([q, qx.to(q.dtype)], dim=-1), width)
-        k = _pad8(torch.cat([k, kx.to(k.dtype).expand(k.shape[0], -1, -1, -1)], dim=-1), width)
+        q = pad_to_sdpa_width(torch.cat([q, qx.to(q.dtype)], dim=-1))
+        k = pad_to_sdpa_width(torch.cat([k, kx.to(k.dtype).expand(k.shape[0], -1, -1, -1)], dim=-1))
         return q, k
 
     def extra_repr(self) -> str:

@@ -25,7 +25,7 @@ Fast paths, never an ``N x N x d`` tensor:
 
       q' = [q, Rh, Rw],  k' = [k, onehot(row_j), onehot(col_j)],  v' = [v, onehot(row_j), onehot(col_j)]
 
-  (each zero-padded to a multiple of 8 channels, as flash / cuDNN kernels want),
+  (each zero-padded to a head dim SDPA's fused kernels take, :func:`~vitrel.kernels._sdpa_width.sdpa_width`),
   so ``q'_i . k'_j = q_i . k_j + q_i . r^K_ij``; the extra output channels are the attention mass
   per key row ``Ph[i, y]`` and per key column ``Pw[i, z]``, and
   ``out_i += sum_y Ph[i, y] r^Vh[clip(row_i - y)] + sum_z Pw[i, z] r^Vw[clip(col_i - z)]``.
@@ -47,11 +47,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrel.kernels._sdpa_width import sdpa_width
 from vitrel.pos.base import PosState
-from vitrel.pos.cache import concrete_grid
 from vitrel.pos.geometry import Grid, check_tokens, pad_prefix, patch_coords
 from vitrel.pos.registry import register_pos
-from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, skew, unskew
+from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, query_spans, skew, unskew
 from vitrel.pos.tables import offset_index, offset_rows, take_renamed
 
 __all__ = [
@@ -167,8 +167,9 @@ def shaw2d_factored_attention(
         scale = d**-0.5
     tkh, tkw = gather_1d_table(rel_kh, grid.h), gather_1d_table(rel_kw, grid.w)
     rh, rw = factored_rel_logits(q[:, :, p:], tkh, tkw, grid)
-    # zeros up to a multiple of 8 channels (what flash / cuDNN kernels want; they change no product)
-    pad = -(d + grid.h + grid.w) % 8 if isinstance(grid.h + grid.w, int) else 0
+    # zeros up to a head dim SDPA's fused kernels take (sdpa_width; they change no product)
+    width = d + grid.h + grid.w
+    pad = sdpa_width(width) - width if isinstance(width, int) else 0
     q2 = F.pad(torch.cat([q, _pad_rows(torch.cat([rh, rw], dim=-1), p)], dim=-1), (0, pad))
     oh = F.pad(_onehot_keys(grid, p, q.dtype, q.device), (0, pad)).expand(b, nh, n, grid.h + grid.w + pad)
     k2 = torch.cat([k, oh], dim=-1)
@@ -282,13 +283,6 @@ def _use_skew() -> bool:
     return torch.compiler.is_compiling()
 
 
-def _block_rows(grid: Grid, head_dim: int, block_queries: int | None) -> int:
-    """Grid rows per query block: ``block_queries // W`` (at least one row); default about ``0.4 head_dim``
-    queries, which keeps a block's temporaries near the ``O(N d)`` of q, k and v."""
-    c = block_queries if block_queries is not None else max(1, int(0.4 * head_dim))
-    return max(1, c // grid.w)
-
-
 def shaw2d_full_attention(
     q: Tensor,
     k: Tensor,
@@ -307,10 +301,11 @@ def shaw2d_full_attention(
 
     ``A_ij = (q_i . k_j + q_i . r^K_ij) * scale + mask_ij``, ``out_i = sum_j softmax_j(A)_ij (v_j + r^V_ij)``
     (``r = 0`` for prefix pairs); ``mask`` an additive float mask broadcastable to ``[B, h, N, N]``.
-    Patch queries in blocks of whole grid rows (``block_queries``, see :func:`_block_rows`), each checkpointed
-    while gradients are recorded (:func:`~vitrel.pos.shaw1d.attend_query_blocks`), so no ``[N, N]`` tensor of
-    the whole layer is kept. A block's terms are computed in one of two exact ways (``use_skew``; None: skew under
-    ``torch.compile``, cells eagerly, the faster of the two in each on CPU; see
+    Patch queries in blocks of whole grid rows (``block_queries // W``, at least one; None: sized for the device by
+    :func:`~vitrel.pos.shaw_base.query_blocks`), each checkpointed while gradients are recorded
+    (:func:`~vitrel.pos.shaw_base.attend_query_blocks`), so no ``[N, N]`` tensor of the whole layer is kept, unless
+    the whole layer fits the free memory of a CUDA device at once. A block's terms are computed in one of two exact
+    ways (``use_skew``; None: skew under ``torch.compile``, cells eagerly, the faster of the two in each on CPU; see
     ``bench/results/attention_shaw_blocks_cpu.md``):
 
     * cells: ``q tk^T`` over the table cells the block reaches, gathered per pair; values by ``scatter_add``
@@ -320,11 +315,11 @@ def shaw2d_full_attention(
 
     With a symbolic grid (``torch.export`` with dynamic sizes) or an ``fx`` trace there is one block of cells.
     """
-    d, p = q.shape[-1], num_prefix_tokens
-    check_tokens(q.shape[-2], grid, p)
+    p = num_prefix_tokens
+    rows, record = query_spans(q, grid, p, block_queries, unit=grid.w)  # blocks of grid rows [y0, y1)
+    one_block = rows is None
     kh, kw = (rel_k.shape[0] - 1) // 2, (rel_k.shape[1] - 1) // 2
     eh, ew = min(kh, grid.h - 1), min(kw, grid.w - 1)  # the offsets that occur on the grid
-    one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
     skewed = not one_block and (_use_skew() if use_skew is None else use_skew)
     if skewed:  # table column of each key-minus-query column offset c - x = m - (W - 1): clip(x - c) + Kw
         cols = offset_rows(grid.w, kw, q.device).flip(0)
@@ -332,10 +327,9 @@ def shaw2d_full_attention(
         tk, tv = _used_cells(rel_k, eh, ew), _used_cells(rel_v, eh, ew)
         iw = offset_index(grid.w, ew, q.device)  # [W, W]
         width = 2 * ew + 1  # cells per table row
-    g = None if one_block else _block_rows(grid, d, block_queries)
     spans = []
-    # blocks of grid rows [y0, y1); one block: no Python arithmetic on the (maybe symbolic) sizes
-    for y0, y1 in [(0, grid.h)] if one_block else [(y0, min(grid.h, y0 + g)) for y0 in range(0, grid.h, g)]:
+    # one block: no Python arithmetic on the (maybe symbolic) sizes
+    for y0, y1 in [(0, grid.h)] if one_block else rows:
         dy = torch.arange(y0, y1, device=q.device)[:, None] - torch.arange(grid.h, device=q.device)  # [g, H]
         if skewed:
             extra = (rel_k, rel_v, dy.clamp(-kh, kh) + kh, cols)
@@ -347,7 +341,6 @@ def shaw2d_full_attention(
             extra = (tk, tv, slice(lo * width, (hi + 1) * width), dy.clamp(-eh, eh) + (eh - lo), iw, width)
         spans.append((p + y0 * grid.w, p + y1 * grid.w, extra))
     rel = (_skew_logits, _skew_values) if skewed else (_cell_logits, _cell_values)
-    record = torch.is_grad_enabled() and not one_block
     return attend_query_blocks(q, k, v, spans, *rel, mask, scale, dropout_p, p, record)
 
 
@@ -369,7 +362,8 @@ class Shaw2dFactored(ShawScheme):
     """Factored Shaw keys and values: ``r_ij = r_h[clip(dh)] + r_w[clip(dw)]``, tables shared by heads.
 
     ``clip_distance``: ``K`` (int, or ``(Kh, Kw)``) or None for the built grid's extent. ``forward``
-    of :class:`~vitrel.layers.Attention` uses the single-SDPA fast path (:meth:`attend`).
+    of :class:`~vitrel.layers.Attention` uses the single-SDPA fast path (:meth:`content_attention`, through
+    ``attn_impl="shaw"``).
     """
 
     _rel_tables = {"rel_kh": "1d", "rel_kw": "1d", "rel_vh": "1d", "rel_vw": "1d"}
@@ -393,7 +387,7 @@ class Shaw2dFactored(ShawScheme):
     def content_values(self, attn: Tensor, state: PosState) -> Tensor:
         return factored_content_values(attn, self.rel_vh, self.rel_vw, state.grid, state.num_prefix_tokens)
 
-    def fast_attend(
+    def content_attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
     ) -> Tensor:
         return shaw2d_factored_attention(
@@ -413,9 +407,10 @@ class Shaw2dFactored(ShawScheme):
 class Shaw2dFull(ShawScheme):
     """Full 2-D Shaw keys and values: ``r_ij = r[clip(dh), clip(dw)]`` from ``[2Kh+1, 2Kw+1, d]`` tables.
 
-    ``attend`` runs :func:`shaw2d_full_attention` (blocks of ``block_queries`` queries, whole grid rows;
-    None: about ``0.4 head_dim``), which keeps no ``N x N`` tensor; ``attn_impl="eager"`` the one-block
-    eager path (``O(N R)`` memory per head, ``R`` the table cells used).
+    ``attn_impl="shaw"`` (``auto``) runs :func:`shaw2d_full_attention` (blocks of ``block_queries`` queries, whole
+    grid rows; None: sized for the device, :func:`~vitrel.pos.shaw_base.query_blocks`), which keeps no ``N x N``
+    tensor unless the whole layer fits a GPU's free memory; ``attn_impl="eager"`` the one-block eager path
+    (``O(N R)`` memory per head, ``R`` the table cells used).
     """
 
     _rel_tables = {"rel_k": "2d", "rel_v": "2d"}
@@ -446,7 +441,7 @@ class Shaw2dFull(ShawScheme):
     def content_values(self, attn: Tensor, state: PosState) -> Tensor:
         return full_content_values(attn, self.rel_v, state.grid, state.num_prefix_tokens)
 
-    def fast_attend(
+    def content_attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
     ) -> Tensor:
         return shaw2d_full_attention(

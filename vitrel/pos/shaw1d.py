@@ -21,7 +21,7 @@ column ``j = m + i - shift`` with one pad + reshape + slice (no gather, no ``[n_
 value term uses the adjoint :func:`~vitrel.pos.shaw_base.unskew`, which sums the attention weights of each offset.
 
 ``shaw1d`` applies it to the patch tokens in raster order ``p = row * W + col`` (a true 1-D
-sequence is the grid ``(1, L)``); prefix tokens get no relative terms. Its ``attend``
+sequence is the grid ``(1, L)``); prefix tokens get no relative terms. Its fast path
 (:func:`shaw1d_attention`) takes the patch queries in blocks of ``c`` (``block_queries``), each
 :func:`shaw_logits` / :func:`shaw_values` with ``q_offset`` the block's start, checkpointed in training: temporaries of
 ``O(c N)`` per head instead of the ``N x (2N - 1)`` offsets and ``N x N`` weights of the whole layer.
@@ -34,10 +34,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrel.pos.base import PosState
-from vitrel.pos.cache import concrete_grid
 from vitrel.pos.geometry import Grid, check_tokens, pad_prefix
 from vitrel.pos.registry import register_pos
-from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, skew, unskew
+from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, query_spans, skew, unskew
 from vitrel.pos.tables import take_renamed
 
 __all__ = [
@@ -152,20 +151,17 @@ def shaw1d_attention(
     """``shaw1d`` attention (raster order of the patches), ``q, k, v [B, h, N, d]``, tables ``[2K+1, d]``:
     ``A_ij = (q_i . k_j + q_i . r^K[clip(p_j - p_i)]) * scale + mask_ij``,
     ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[clip(p_j - p_i)])`` (no relative terms for prefix pairs), the
-    patch queries in blocks of ``block_queries`` (default about ``0.4 head_dim``), each a skew with the block's
-    query offset (see :func:`attend_query_blocks`). With a symbolic grid (export with dynamic sizes) or an
+    patch queries in blocks of ``block_queries`` (None: sized for the device,
+    :func:`~vitrel.pos.shaw_base.query_blocks`), each a skew with the block's query offset (see
+    :func:`~vitrel.pos.shaw_base.attend_query_blocks`). With a symbolic grid (export with dynamic sizes) or an
     ``fx`` trace there is one block.
     """
-    p = num_prefix_tokens
-    check_tokens(q.shape[-2], grid, p)
-    one_block = not concrete_grid(grid) or isinstance(q, torch.fx.Proxy)
-    c = max(1, block_queries if block_queries is not None else int(0.4 * q.shape[-1]))
-    n = grid.n
-    if one_block:
+    p, n = num_prefix_tokens, grid.n
+    blocks, record = query_spans(q, grid, p, block_queries)
+    if blocks is None:  # one block: no Python arithmetic on the (maybe symbolic) sizes
         spans = [(p, q.shape[-2], (rel_k, rel_v, 0, n))]
     else:
-        spans = [(p + t0, p + min(n, t0 + c), (rel_k, rel_v, t0, n)) for t0 in range(0, n, c)]
-    record = torch.is_grad_enabled() and not one_block
+        spans = [(p + t0, p + t1, (rel_k, rel_v, t0, n)) for t0, t1 in blocks]
     return attend_query_blocks(q, k, v, spans, _block_logits, _block_values, mask, scale, dropout_p, p, record)
 
 
@@ -175,8 +171,8 @@ class Shaw1d(ShawScheme):
 
     ``A_ij = (q_i . k_j + q_i . r^K[clip(-d_ij)]) / sqrt(d)``, ``out_i = sum_j a_ij (v_j +
     r^V[clip(-d_ij)])``, ``d_ij = p_i - p_j``, ``p = row * W + col``, clipped at ``clip_distance`` (default: the built
-    grid's ``H * W - 1``; offsets beyond the table get its edge embedding). ``attend`` runs
-    :func:`shaw1d_attention` (blocks of ``block_queries`` queries; None: about ``0.4 head_dim``);
+    grid's ``H * W - 1``; offsets beyond the table get its edge embedding). ``attn_impl="shaw"`` runs
+    :func:`shaw1d_attention` (blocks of ``block_queries`` queries; None: sized for the device);
     ``attn_impl="eager"`` the whole layer at once (the skew trick on ``[N, 2N - 1]``).
     """
 
@@ -219,7 +215,7 @@ class Shaw1d(ShawScheme):
         out = shaw_values(attn[..., p:, p:], self.rel_v, q_offset=0)
         return F.pad(out, (0, 0, p, 0))
 
-    def fast_attend(
+    def content_attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
     ) -> Tensor:
         return shaw1d_attention(q, k, v, self.rel_k, self.rel_v, grid, p, mask, scale, dropout_p, self.block_queries)

@@ -1,11 +1,12 @@
 """What the Shaw schemes share (``shaw1d``, ``shaw2d_factored``, ``shaw2d_full``): the base class, the skew
-trick and attention by blocks of queries.
+trick, attention by blocks of queries and the size of those blocks.
 
 Shaw et al. (2018) add content-aware relative terms to attention, ``A_ij = (q_i . k_j + q_i . r^K_ij) * scale``
 and ``out_i = sum_j a_ij (v_j + r^V_ij)``. :func:`skew` / :func:`unskew` (Huang et al., 2018, Music
 Transformer) move a term computed per relative offset to its key column and back, with one pad + reshape +
 slice; :func:`attend_query_blocks` runs the attention a block of queries at a time, checkpointed in training,
-so no ``N x N x d`` tensor is ever made.
+so no ``N x N x d`` tensor is ever made; :func:`query_blocks` sizes the blocks for the device (small on the CPU,
+as large as the free memory allows on CUDA).
 """
 
 from __future__ import annotations
@@ -17,11 +18,18 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
-from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import Grid
+from vitrel.pos.base import PositionScheme
+from vitrel.pos.cache import concrete_grid
+from vitrel.pos.geometry import Grid, check_tokens
 from vitrel.pos.tables import ResizeOnLoad
 
-__all__ = ["ShawScheme", "attend_query_blocks", "skew", "unskew"]
+__all__ = ["ShawScheme", "attend_query_blocks", "query_block_size", "query_blocks", "query_spans", "skew", "unskew"]
+
+#: ``N``-wide temporaries per query row of a block (scores, content logits, softmax, their gradients; the cells of
+#: ``shaw2d_full``, up to ``4 N`` wide, count twice): what :func:`query_block_size` budgets
+ROW_TEMPORARIES = 12
+#: the share of the free device memory one layer's blocks may take (the later layers and the MLPs need the rest)
+MEMORY_SHARE = 0.25
 
 
 def skew(x: Tensor, n_k: int, shift: int) -> Tensor:
@@ -139,22 +147,71 @@ def _rows_of(mask: Tensor | None, t0: int, t1: int) -> Tensor | None:
     return mask if mask is None or mask.shape[-2] == 1 else mask[..., t0:t1, :]
 
 
+def query_block_size(free_bytes: int, n: int, heads: int, head_dim: int, batch: int = 1, elem_bytes: int = 4) -> int:
+    """Queries per block that fit ``MEMORY_SHARE`` of ``free_bytes``: each query row of a block holds
+    ``ROW_TEMPORARIES`` tensors ``N`` wide (and its ``q``, output and gradients, ``4 head_dim``) per head and image;
+    at most ``n`` (the whole layer at once), at least 1."""
+    row = batch * heads * (ROW_TEMPORARIES * n + 4 * head_dim) * elem_bytes
+    return int(min(n, max(1, MEMORY_SHARE * free_bytes // row)))
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """Free memory of a CUDA device, None for any other: the driver's free bytes and what the caching allocator
+    holds unused; under ``torch.compile`` (no call to the driver in a graph) the device's total memory."""
+    if device.type != "cuda":
+        return None
+    if torch.compiler.is_compiling():
+        return torch.cuda.get_device_properties(device).total_memory
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+def query_spans(
+    q: Tensor, grid: Grid, num_prefix_tokens: int, block_queries: int | None, unit: int = 1
+) -> tuple[list[tuple[int, int]] | None, bool]:
+    """The query blocks of Shaw's query-block paths (``shaw1d``: ``unit`` 1 token; ``shaw2d_full``: ``unit`` a
+    grid row of ``W``): ``(spans, record)``, ``spans`` the ``[a, b)`` in units covering the grid's patch queries,
+    blocks of ``block_queries // unit`` units (at least one; :func:`query_blocks`), ``record`` whether each block is
+    checkpointed (gradients recorded and the blocks checkpointed). ``(None, False)``: one block of every query,
+    for a symbolic grid (``torch.export`` with dynamic sizes) or an ``fx`` trace."""
+    check_tokens(q.shape[-2], grid, num_prefix_tokens)
+    if not concrete_grid(grid) or isinstance(q, torch.fx.Proxy):
+        return None, False
+    c, checkpointed = query_blocks(q, q.shape[-2], block_queries)
+    g, total = max(1, c // unit), grid.n // unit
+    return [(a, min(total, a + g)) for a in range(0, total, g)], checkpointed and torch.is_grad_enabled()
+
+
+def query_blocks(q: Tensor, n_keys: int, block_queries: int | None) -> tuple[int, bool]:
+    """``(queries per block, checkpointed)`` of Shaw's query-block paths for queries ``q [B, heads, N, d]``.
+
+    ``block_queries`` (a scheme's option) when set, checkpointed; else on CUDA the largest block the free memory
+    takes (:func:`query_block_size`): the whole layer at once, not checkpointed, when it fits, else large tiles,
+    checkpointed (the CPU's small blocks are thousands of small launches on a GPU); elsewhere about ``0.4 head_dim``
+    queries, checkpointed, which keeps a block's temporaries near the ``O(N d)`` of ``q``, ``k``, ``v``.
+    """
+    if block_queries is not None:
+        return block_queries, True
+    b, heads, n_q, d = q.shape
+    free = _free_bytes(q.device)
+    if free is None:
+        return max(1, int(0.4 * d)), True
+    c = query_block_size(free, n_keys, heads, d, b, q.element_size())
+    return c, c < n_q
+
+
 class ShawScheme(ResizeOnLoad, PositionScheme):
-    """What the Shaw schemes share: ``attend`` runs the scheme's fast path (:meth:`fast_attend`), or the
-    eager path (softmax written out, ``content_logits`` / ``content_values``) with ``attn_impl="eager"``."""
+    """What the Shaw schemes share. Their attention runs on the kernel ``attn_impl="shaw"``
+    (:mod:`vitrel.kernels.shaw`, what ``auto`` picks), which calls :meth:`content_attention`, the scheme's fast path,
+    or on ``attn_impl="eager"`` (softmax written out, ``content_logits`` / ``content_values``)."""
 
     family = "content"
     renamed_options = {"max_distance": "clip_distance"}
     has_content_terms = True
 
-    def fast_attend(
+    def content_attention(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, grid: Grid, p: int, dropout_p: float
     ) -> Tensor:  # pragma: no cover - overridden
+        """``softmax((q k^T + q . r^K) * scale + mask)`` applied to ``v + r^V`` on a full ``grid`` with ``p`` prefix
+        tokens, never an ``N x N x d`` tensor (``mask``: an additive float mask broadcastable to ``[B, h, N, N]``)."""
         raise NotImplementedError
-
-    def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p=0.0
-    ) -> Tensor:
-        if state.impl == "eager" or state.layout is not None:  # the kernels' one eager path (per image on a layout)
-            return super().attend(q, k, v, mask, scale, state, dropout_p)
-        return self.fast_attend(q, k, v, mask, scale, state.grid, state.num_prefix_tokens, dropout_p)

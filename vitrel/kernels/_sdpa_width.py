@@ -1,0 +1,26 @@
+"""The head dims SDPA's fused CUDA kernels take, for queries and keys widened by appended channels (a folded bias,
+Shaw's factored terms, PaPE). Imports torch alone, so that the position schemes that widen their queries
+(:mod:`vitrel.pos.pape`, :mod:`vitrel.pos.shaw`) can use it while :mod:`vitrel.kernels` is being imported."""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["FLASH_MAX_HEAD_DIM", "pad_to_sdpa_width", "sdpa_width"]
+
+#: the widest head dim of FlashAttention-2 (SDPA's flash backend; wider heads run on the memory-efficient kernel)
+FLASH_MAX_HEAD_DIM = 256
+
+
+def sdpa_width(width: int) -> int:
+    """The head dim SDPA's fused CUDA kernels (flash, cuDNN, memory-efficient) take for ``width`` channels: the next
+    multiple of 8 (flash and cuDNN read heads in 16-byte vectors; a width that is not one is padded by SDPA itself,
+    a copy per call). Flash takes it up to :data:`FLASH_MAX_HEAD_DIM`; queries, keys and values of one width (the
+    values padded with zeros: :func:`~vitrel.kernels.common.sdpa_padded`)."""
+    return width + (-width % 8)
+
+
+def pad_to_sdpa_width(t: Tensor) -> Tensor:
+    """``t [..., c]`` with zero channels up to ``sdpa_width(c)``: they change no product ``q . k``."""
+    return F.pad(t, (0, sdpa_width(t.shape[-1]) - t.shape[-1]))

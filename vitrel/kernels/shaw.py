@@ -1,0 +1,50 @@
+"""``attn_impl="shaw"``: Shaw et al.'s content-aware relative keys and values (``shaw1d``, ``shaw2d_factored``,
+``shaw2d_full``) by each scheme's own fast path, what ``auto`` picks for them.
+
+No SDPA computes ``q_i . r^K_ij`` or ``sum_j a_ij r^V_ij``: every scheme with content terms declares
+``content_attention`` (:class:`~vitrel.pos.shaw_base.ShawScheme`), which never makes an ``N x N x d`` tensor:
+
+* ``shaw2d_factored``: one SDPA call on queries, keys and values widened by ``H + W`` channels, padded to a head
+  dim SDPA's fused kernels take (:func:`~vitrel.kernels._sdpa_width.sdpa_width`);
+* ``shaw1d``, ``shaw2d_full``: blocks of queries (:func:`~vitrel.pos.shaw_base.attend_query_blocks`), sized for the
+  device (:func:`~vitrel.pos.shaw_base.query_blocks`: on CUDA the whole layer at once or large tiles, as the free
+  memory allows; on the CPU about ``0.4 head_dim`` queries), checkpointed in training where there are several.
+
+On a token layout (packed images, dropped tokens) the content terms are computed per image on its own grid: the
+eager path (:func:`~vitrel.kernels.eager.attend_eager`), with the images' block-diagonal mask read from ``bias``.
+"""
+
+from __future__ import annotations
+
+from vitrel.kernels.common import full_mask
+from vitrel.kernels.eager import attend_eager
+from vitrel.kernels.registry import Kernel, register_kernel
+
+__all__ = ["ShawKernel"]
+
+
+@register_kernel("shaw")
+class ShawKernel(Kernel):
+    """Schemes with content terms (Shaw); reads ``bias`` (a Shaw scheme has none: only a layout's image mask)."""
+
+    reads = frozenset({"bias"})
+
+    @classmethod
+    def refuses(cls, scheme):
+        if not scheme.has_content_terms:
+            return (
+                f"attn_impl='shaw' runs the content-aware relative keys and values of Shaw et al. (shaw1d, "
+                f"shaw2d_factored, shaw2d_full); {scheme.name} has no such terms: use attn_impl='sdpa' or 'auto'"
+            )
+        return None
+
+    @classmethod
+    def default_for(cls, scheme):
+        return scheme.has_content_terms
+
+    @classmethod
+    def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
+        m = full_mask(state.bias, mask, q)
+        if state.layout is not None:
+            return attend_eager(q, k, v, m, scale, state, dropout_p)
+        return state.scheme.content_attention(q, k, v, m, scale, state.grid, state.num_prefix_tokens, dropout_p)

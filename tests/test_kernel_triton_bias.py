@@ -61,7 +61,7 @@ def _inputs(b, h, n, d, grid, seed=0):
     return q, k, v, table
 
 
-def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True):
+def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True, bias_read="auto"):
     n = prefix + grid[0] * grid[1]
     q, k, v, table = _inputs(b, h, n, d, grid)
     table = table if table_on else None
@@ -73,7 +73,7 @@ def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True
     qd, kd, vd = (t.detach().to(device, dtype).requires_grad_() for t in (q, k, v))
     td = None if table is None else table.detach().to(device, torch.float32).requires_grad_()
     md = None if mask is None else mask.to(device, torch.float32)
-    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, mask=md, causal=causal)
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, mask=md, causal=causal, bias_read=bias_read)
     leaves = [t for t in (qd, kd, vd, td) if t is not None]
     grads = torch.autograd.grad(out, leaves, go.to(device, dtype))
     tol = _tol(device)
@@ -84,14 +84,38 @@ def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bias_read", ["tiles", "gather"])
 @pytest.mark.parametrize(
     ("grid", "prefix", "d"),
-    [((3, 5), 1, 16), ((5, 7), 0, 32), ((4, 6), 2, 24), ((2, 9), 4, 16), ((6, 3), 1, 16)],
+    [((3, 5), 1, 16), ((5, 7), 0, 32), ((4, 6), 2, 24), ((2, 9), 4, 16), ((6, 3), 1, 16), ((4, 8), 1, 16)],
 )
-def test_kernel_equals_reference(device, grid, prefix, d):
+def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
     """Output and the gradients of q, k, v and the table, prefix 0 / 1 / registers, a head dim that is not a power of
-    two, grids wider and taller than a tile."""
-    _check(device, 2, 2, d, grid, prefix)
+    two, grids wider and taller than a tile, narrower and wider than a tile (4 x 8: tiles of 16 tokens are two grid
+    rows, so the bias tiles repeat), the bias read as tiles or gathered per score."""
+    _check(device, 2, 2, d, grid, prefix, bias_read=bias_read)
+
+
+@pytest.mark.parametrize(("side", "prefix", "tile"), [(8, 1, 16), (8, 0, 64), (14, 1, 64), (5, 2, 16), (32, 1, 64)])
+def test_bias_tiles_equal_the_dense_bias(side, prefix, tile):
+    """Each ``[tile, tile]`` block of the dense bias (patch pairs; pairs with a prefix token and past the end are
+    zeroed by the kernels) equals its pattern's tile; a grid whose width divides the tile has about ``2 n / tile``
+    patterns, not ``(n / tile)^2``."""
+    grid = as_grid((side, side))
+    n = prefix + grid.n
+    table = torch.randn(2, 2 * side - 1, 2 * side - 1, dtype=torch.float64)
+    lut, first = triton_bias.tile_patterns(grid.w, n, tile, tile)
+    tiles = triton_bias.bias_tiles(table, grid.h, grid.w, prefix, lut, first, tile, tile)
+    nt = lut.shape[0]
+    dense = torch.nn.functional.pad(expand_offset_table(table, grid, prefix), (0, nt * tile - n, 0, nt * tile - n))
+    t = torch.arange(nt * tile)
+    patch = (t >= prefix) & (t < n)
+    pair = (patch[:, None] & patch[None, :]).view(nt, tile, nt, tile).permute(0, 2, 1, 3)
+    blocks = dense.view(2, nt, tile, nt, tile).permute(0, 1, 3, 2, 4)  # [heads, qt, kt, tile, tile]
+    got = tiles[:, lut.long()]
+    torch.testing.assert_close(torch.where(pair, got, 0.0), blocks, rtol=0, atol=0)
+    if tile % side == 0:
+        assert first.numel() <= 2 * nt - 1 < nt * nt or nt == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -131,6 +131,64 @@ def _int_args(t: Tensor | None, q: Tensor) -> Tensor:
     return q.new_zeros(1, dtype=torch.int32) if t is None else t
 
 
+#: the most memory the bias tiles of one call may take (:func:`bias_tiles`); beyond it the bias is gathered per score
+TILE_BUDGET_BYTES = 64 << 20
+#: how the kernels read a full grid's bias (``rel_bias_attention(..., bias_read=)``): ``auto`` (the bias tiles where
+#: they fit :data:`TILE_BUDGET_BYTES`, else gathered), ``tiles`` (an error where they do not fit), ``gather``
+BIAS_READS = ("auto", "tiles", "gather")
+
+
+def tile_patterns(grid_w: int, n: int, tm: int, tw: int, device=None) -> tuple[Tensor, Tensor]:
+    """``(lut [n_qt, n_kt] int32, first [n_pat])``: the bias pattern of each ``[tm, tw]`` tile of a full grid's ``n``
+    tokens, and each pattern's first tile (flat index ``qt n_kt + kt``).
+
+    Tokens ``t`` in raster order after ``P`` prefix tokens: shifting a tile's queries and keys by a multiple of the
+    grid's width ``W`` shifts their rows alike and keeps their columns, so a tile's bias depends only on
+    ``(q0 - k0, q0 mod W)``: about ``2 n / tw`` patterns where the tile is a multiple of ``W`` (a 64 x 64 grid with
+    64-token tiles: 127 patterns for 4,096 tiles)."""
+    n_qt, n_kt = triton_cdiv(n, tm), triton_cdiv(n, tw)
+    q0 = torch.arange(n_qt, device=device) * tm
+    k0 = torch.arange(n_kt, device=device) * tw
+    key = (q0[:, None] - k0[None, :]) * grid_w + (q0 % grid_w)[:, None]
+    uniq, lut = torch.unique(key, return_inverse=True)
+    first = torch.full((uniq.numel(),), n_qt * n_kt, device=device).scatter_reduce(
+        0, lut.flatten(), torch.arange(n_qt * n_kt, device=device), "amin"
+    )
+    return lut.to(torch.int32).contiguous(), first
+
+
+def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, lut: Tensor, first: Tensor, tm: int, tw: int):
+    """``[heads, n_pat, tm, tw]``: the bias tile of each pattern of :func:`tile_patterns`, which the kernels load
+    whole (coalesced, like a key tile) instead of gathering each score from the table. A pattern is computed at its
+    first tile with the coordinates extended past the grid's ends (``r = floor(p / W)``, ``c = p mod W`` for every
+    ``p = t - P``), so it equals the table at every patch pair of every tile of that pattern; the kernels zero the
+    pairs with a prefix token and those past the end."""
+    dev = table.device
+    n_kt = lut.shape[1]
+    pq = (first // n_kt * tm)[:, None] + torch.arange(tm, device=dev) - prefix  # [n_pat, tm]
+    pk = (first % n_kt * tw)[:, None] + torch.arange(tw, device=dev) - prefix
+    dh = pq.div(grid_w, rounding_mode="floor")[:, :, None] - pk.div(grid_w, rounding_mode="floor")[:, None, :]
+    dw = pq.remainder(grid_w)[:, :, None] - pk.remainder(grid_w)[:, None, :]
+    dh = (dh + grid_h - 1).clamp(0, 2 * grid_h - 2)  # (clamped: pairs past the grid's ends, zeroed by the kernels)
+    dw = (dw + grid_w - 1).clamp(0, 2 * grid_w - 2)
+    return table[:, dh, dw].contiguous()
+
+
+def _tile_args(table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q):
+    """``(tiles, lut, n_kt, n_pat)`` for the kernels: the bias tiles of the base-2 ``table`` on a full grid where
+    ``bias_read`` takes them, else placeholders (the bias gathered per score)."""
+    if bias_read not in BIAS_READS:
+        raise ValueError(f"bias_read must be one of {BIAS_READS}, got {bias_read!r}")
+    if table is not None and tokens is None and bias_read != "gather":
+        lut, first = tile_patterns(grid_w, n, tm, tw, q.device)
+        size = table.shape[0] * first.numel() * tm * tw * 4
+        if size <= TILE_BUDGET_BYTES:
+            return bias_tiles(table, grid_h, grid_w, prefix, lut, first, tm, tw), lut, lut.shape[1], first.numel()
+        if bias_read == "tiles":
+            raise ValueError(f"bias_read='tiles': {first.numel()} tile patterns take {size} bytes, above the budget")
+    return q.new_zeros(1, dtype=torch.float32), q.new_zeros(1, dtype=torch.int32), 0, 0
+
+
 def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
     if mask is None:
         return q.new_zeros(1, dtype=torch.float32), 0, 1
@@ -151,6 +209,7 @@ def _fwd_op(
     grid_w: int,
     prefix: int,
     causal: bool,
+    bias_read: str,
 ) -> tuple[Tensor, Tensor]:
     b, h, n, d = q.shape
     block_d, bm, bn, _ = _blocks(d, q.device)
@@ -158,18 +217,22 @@ def _fwd_op(
     lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     t, stg, sth = _table_args(table, q)
     m, smb, nmb = _mask_args(mask, q)
+    bt, lut, n_kt, n_pat = _tile_args(
+        None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q
+    )
     grid = (triton_cdiv(n, bm), b * h)
     _kernels()._fwd_kernel[grid](
-        q, k, v, t, m, _int_args(tokens, q), _int_args(blocks, q), out, lse, *_strides(q, k, v, out), stg, sth, smb,
-        nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), D=d, BLOCK_D=block_d, BM=bm,
-        BN=bn, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=tokens is not None,
-        HAS_BLOCKS=blocks is not None, PREC=_prec(q.dtype), **_launch("fwd", q.device),
+        q, k, v, t, m, _int_args(tokens, q), _int_args(blocks, q), bt, lut, out, lse, *_strides(q, k, v, out), stg,
+        sth, smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), n_kt, n_pat, D=d,
+        BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal,
+        LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=n_pat > 0, PREC=_prec(q.dtype),
+        **_launch("fwd", q.device),
     )  # fmt: skip
     return out, lse
 
 
 @_fwd_op.register_fake
-def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal):
+def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -198,6 +261,7 @@ def _bwd_op(
     grid_w: int,
     prefix: int,
     causal: bool,
+    bias_read: str,
     table_grad: bool,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     b, h, n, d = q.shape
@@ -208,19 +272,21 @@ def _bwd_op(
     t, stg, sth = _table_args(table, q)
     m, smb, nmb = _mask_args(mask, q)
     tok, blk_flags = _int_args(tokens, q), _int_args(blocks, q)
+    t_or_none = None if table is None else t
+    bt, lut, n_kt, n_pat = _tile_args(t_or_none, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
     ks = _kernels()
     qk_scale = scale * ks.LOG2E
     layout = tokens is not None
     flags = dict(
         D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=layout,
-        HAS_BLOCKS=blocks is not None, PREC=_prec(q.dtype),
+        HAS_BLOCKS=blocks is not None, TILED=n_pat > 0, PREC=_prec(q.dtype),
     )  # fmt: skip
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
-    sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks))
+    sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks), n_kt, n_pat)
     ks._bwd_dkdv_kernel[(n_b, b * h)](
-        q, k, v, t, m, tok, blk_flags, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk, BN=blk,
-        **flags, **_launch("bwd", q.device),
+        q, k, v, t, m, tok, blk_flags, bt, lut, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk,
+        BN=blk, **flags, **_launch("bwd", q.device),
     )  # fmt: skip
     grad_t = table_grad and table is not None
     n_split = _n_split(n_b, h, b, q.device)
@@ -229,8 +295,8 @@ def _bwd_op(
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
     scratch = torch.empty(n_split * h * n_b * blk * blk if grad_t and layout else 1, device=q.device)
     ks._bwd_dq_kernel[(n_b, h, n_split)](
-        q, k, v, t, m, tok, blk_flags, do, lse, delta, dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split,
-        slot_size, BM=blk, TABLE_GRAD=grad_t, **flags, **_launch("bwd", q.device),
+        q, k, v, t, m, tok, blk_flags, bt, lut, do, lse, delta, dq, slots, scratch, *common, *_strides(dq), b, *sizes,
+        n_split, slot_size, BM=blk, TABLE_GRAD=grad_t, **flags, **_launch("bwd", q.device),
     )  # fmt: skip
     if not grad_t:
         dt = q.new_zeros(0, dtype=torch.float32)
@@ -242,7 +308,9 @@ def _bwd_op(
 
 
 @_bwd_op.register_fake
-def _bwd_fake(do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, table_grad):
+def _bwd_fake(
+    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad
+):
     dt = table.new_empty(table.shape) if (table_grad and table is not None) else q.new_empty(0, dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dt
 
@@ -308,17 +376,17 @@ def visible_tiles(table: Tensor, grid: Grid, num_prefix_tokens: int = 0, chunk: 
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal = inputs
+    q, k, v, table, mask, tokens, blocks, *args = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, table, mask, tokens, blocks, out, lse)
-    ctx.args = (scale, grid_h, grid_w, prefix, causal)
+    ctx.args = tuple(args)  # scale, grid_h, grid_w, prefix, causal, bias_read
 
 
 def _backward(ctx, dout, dlse):
     q, k, v, table, mask, tokens, blocks, out, lse = ctx.saved_tensors
     need_t = table is not None and ctx.needs_input_grad[3]
     dq, dk, dv, dt = _bwd_op(dout, q, k, v, table, mask, tokens, blocks, out, lse, *ctx.args, need_t)
-    return dq, dk, dv, (dt if need_t else None), *(None,) * 8
+    return dq, dk, dv, (dt if need_t else None), *(None,) * 9
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup)
@@ -336,6 +404,7 @@ def rel_bias_attention(
     causal: bool = False,
     tokens: Tensor | None = None,
     blocks: Tensor | None = None,
+    bias_read: str = "auto",
 ) -> Tensor:
     """``softmax(q k^T * scale + T[offsets] + mask) v`` for ``q, k, v [B, heads, N, d]`` (see the module docstring).
 
@@ -350,7 +419,7 @@ def rel_bias_attention(
     ``grid`` the tables' extent; tiles with no pair of one segment are skipped.
 
     ``blocks`` (a full grid's, :func:`visible_tiles`) lets the kernels skip the tiles the table's ``-inf`` entries mask
-    whole."""
+    whole. ``bias_read`` (:data:`BIAS_READS`): how the kernels read a full grid's bias (:func:`tile_patterns`)."""
     check_device(q.device)
     b, h, n, d = q.shape
     gh, gw = int(grid[0]), int(grid[1])
@@ -382,7 +451,9 @@ def rel_bias_attention(
             raise ValueError(f"rel_bias_attention: batch {b} is not a multiple of the mask's {mask.shape[0]}")
     q, k, v = (t.contiguous() for t in (q, k, v))  # one layout at the op's boundary (its fakes say contiguous)
     scale = d**-0.5 if scale is None else float(scale)
-    out, _ = _fwd_op(q, k, v, table, mask, tokens, blocks, scale, gh, gw, num_prefix_tokens, causal)
+    if bias_read not in BIAS_READS:
+        raise ValueError(f"rel_bias_attention: bias_read must be one of {BIAS_READS}, got {bias_read!r}")
+    out, _ = _fwd_op(q, k, v, table, mask, tokens, blocks, scale, gh, gw, num_prefix_tokens, causal, bias_read)
     return out
 
 
@@ -445,11 +516,12 @@ def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout:
     block_d, bm, bn, blk = _blocks(head_dim, torch.device("cuda"))
     t = f"*{dtype}"
     io = dict(
-        Q=t, K=t, V=t, T="*fp32", MASK="*fp32", TOK="*i32", BLK="*i32", LSE="*fp32", qk_scale="fp32", sm_scale="fp32"
-    )
+        Q=t, K=t, V=t, T="*fp32", MASK="*fp32", TOK="*i32", BLK="*i32", BT="*fp32", LUT="*i32", LSE="*fp32",
+        qk_scale="fp32", sm_scale="fp32",
+    )  # fmt: skip
     common = dict(
         D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, HAS_MASK=True, CAUSAL=False, LAYOUT=layout,
-        HAS_BLOCKS=not layout, PREC=_prec(torch.bfloat16),
+        HAS_BLOCKS=not layout, TILED=not layout, PREC=_prec(torch.bfloat16),
     )  # fmt: skip
     cases = {
         "fwd": (ks._fwd_kernel, dict(io, O=t), dict(common, BM=bm, BN=bn), LAUNCH["fwd"]),

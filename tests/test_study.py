@@ -312,6 +312,29 @@ def test_jobs_pack_runs_into_worker_processes(study, tmp_path):
     assert json.loads((tmp_path / "study_smoke.json").read_text())["runs"] == state["runs"]
 
 
+def test_jobs_give_the_results_of_one_process(study, tmp_path, monkeypatch):
+    """--jobs 2 (worker processes, each told its share of a GPU's memory) gives every run the accuracies and
+    final loss of --jobs 1 for the same seeds (CPU, one thread each: bitwise)."""
+    import subprocess
+
+    cmds = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, cmd, *a, **k):
+            if "vitrel.study" in cmd:
+                cmds.append(list(cmd))
+            super().__init__(cmd, *a, **k)
+
+    monkeypatch.setattr("vitrel.study.cli.subprocess.Popen", Recorded)
+    many = run(study, tmp_path / "jobs2", "--archs", "vit", "--jobs", "2", "--cost-rounds", "0")
+    one = run(study, tmp_path / "jobs1", "--archs", "vit", "--jobs", "1", "--cost-rounds", "0")
+    assert len(cmds) == 2 and all(c[c.index("--memory-fraction") + 1] == "0.4750" for c in cmds)
+    keys = [k for k in one["runs"][0] if k.endswith("_acc")] + ["final_train_loss", "steps", "params"]
+    assert len(keys) > 5
+    by_run = {r["scheme"]: {k: r[k] for k in keys} for r in one["runs"]}
+    assert {r["scheme"]: {k: r[k] for k in keys} for r in many["runs"]} == by_run
+
+
 def test_source_commit_is_dirty_for_code_not_for_results(tmp_path):
     import subprocess
 

@@ -2,7 +2,7 @@
 
     python bench/extrapolation.py                                  # CPU budget -> bench/results/study_extrapolation.*
     python bench/extrapolation.py --seeds 1 --schemes rope2d_axial,rope2d_axial_yarn   # a slice
-    python bench/extrapolation.py --device cuda trainer.limit_train_batches=null trainer.max_epochs=10   # GPU
+    python bench/extrapolation.py --budget extrapolation_trained --jobs 8    # one GPU, trained (docs/gpu.md)
 
 The study's ``extrapolation`` budget (``python bench/study.py --budget extrapolation``; recipe, claims and
 the resolution factor of each eval, ``study.scales``, in ``conf/experiment/study_extrapolation.yaml``): the

@@ -21,6 +21,8 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    function) times steps per second over the device's dense bf16 peak (``PEAK_BF16``; unknown devices
    report FLOP/s only).
 5. **compile**: ``torch.compile`` of the default model, training step equal to eager, and its speed.
+6. **train**: the default recipe (``python train.py trainer=gpu``, 10 epochs) with the eager step and with the fast
+   step (``conf/step/fast.yaml``): steps/s, the fit's wall time, test accuracy. Needs hydra-core (docs/gpu.md).
 """
 
 from __future__ import annotations
@@ -189,6 +191,30 @@ def compile_check(dev: torch.device, quick: bool) -> list[str]:
     return lines
 
 
+def train_recipe(dev: torch.device, quick: bool) -> list[str]:
+    """The default recipe trained with ``step=eager`` and ``step=fast`` (``trainer=gpu``; on a CPU ``trainer=cpu``,
+    the fast step without CUDA graphs): each run its own ``train.py`` process, its ``metrics.json`` read back."""
+    import json
+    import tempfile
+
+    trainer = "trainer=gpu" if dev.type == "cuda" else "trainer=cpu"
+    # --quick: the code path only (1 epoch of 20 steps, the fast step uncompiled: a CPU compiles slowly)
+    extra = ["trainer.max_epochs=1", "trainer.limit_train_batches=20", "module.compile=false"] if quick else []
+    lines = ["| step | steps | fit s | steps/s | test acc | command |", "|---|---:|---:|---:|---:|---|"]
+    for step in ("eager", "fast"):
+        with tempfile.TemporaryDirectory() as d:
+            argv = ["train.py", trainer, f"step={step}", "logger=none", "progress_bar=none", f"hydra.run.dir={d}"]
+            argv += extra if step == "fast" else extra[:2]
+            subprocess.run([sys.executable, *argv], cwd=ROOT, check=True, capture_output=True, text=True)
+            r = json.loads((Path(d) / "metrics.json").read_text())
+        rate = r["global_step"] / r["fit_s"]
+        acc = r["metrics"].get("test/acc1", float("nan"))
+        lines.append(f"| {step} | {r['global_step']} | {r['fit_s']:.1f} | {rate:.1f} | {100 * acc:.2f} % | "
+                     f"`python {shlex.join(argv[:3])}` |")  # fmt: skip
+    lines.append("\nfit s: the whole fit (compilation of the fast step included; 10 epochs, validation each epoch).")
+    return lines
+
+
 def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
     """``attn_impl="triton"`` on this device: the kernel tests (``pytest -m cuda``: bf16 against the float64
     reference), the table gradient bitwise repeatable, and FlexAttention compiling in bf16 with the per-device
@@ -250,7 +276,7 @@ def widened_backends(dev: torch.device) -> list[str]:
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
 SECTIONS = {"kernel": 150, "attention": 200, "content": 120, "forward": 90, "models": 150, "vitb": 200, "hazards": 90,
-            "mfu": 120, "compile": 120}  # fmt: skip
+            "mfu": 120, "compile": 120, "train": 240}  # fmt: skip
 
 
 def run_script(argv: list[str], timeout: float | None = None) -> tuple[str, str]:
@@ -306,6 +332,8 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
         return ["## MFU\n", *mfu(dev, args.quick, 2 if args.quick else args.steps)]
     if name == "compile":
         return ["## torch.compile\n", *compile_check(dev, args.quick)]
+    if name == "train":
+        return ["## The default recipe: eager step against the fast step\n", *train_recipe(dev, args.quick)]
     raise SystemExit(f"unknown section {name!r}; known: {', '.join(SECTIONS)}")
 
 

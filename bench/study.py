@@ -2,6 +2,7 @@
 
     python bench/study.py --budget cpu              # 2 CPU cores, about 90 min -> bench/results/study_cpu.*
     python bench/study.py --budget gpu --jobs 8     # one GPU lease: every scheme and variant -> study_gpu.*
+    python bench/study.py --budget trained --jobs 8 # one GPU, ~10 min, the claims' schemes at >= 85 % (docs/gpu.md)
     python bench/study.py --budget smoke --schemes none,rel2d_full --out /tmp/study   # seconds (tests)
 
 The code is the framework's (``vitrel/study/``); this file is its entry point, as ``python -m vitrel.study``.

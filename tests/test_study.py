@@ -229,10 +229,10 @@ def test_fixed_canvas_split_puts_train_and_test_offsets_in_disjoint_regions(stud
 
 def test_recipes_compose_as_train_py_does(study):
     """Every budget composes; the runs are train.py's configs (experiment=study_<budget>) with the study's overrides."""
-    assert study.BUDGETS == ["cpu", "extrapolation", "gpu", "smoke"]
+    assert study.BUDGETS == ["cpu", "extrapolation", "extrapolation_trained", "gpu", "smoke", "trained"]
     for budget in study.BUDGETS:
         rec = study.recipe(budget)
-        archs = {"vit"} if budget == "extrapolation" else {"vit", "swin"}  # Swin's windows: a fixed window
+        archs = {"vit"} if budget.startswith("extrapolation") else {"vit", "swin"}  # Swin's windows: a fixed window
         assert set(rec["runs"]) == archs and rec["study"]["evals"]["test"] == {"canvas": 40, "mode": "seen"}
         for cfg in rec["runs"].values():
             assert cfg["model"]["_target_"] == "vitrel.create_model" and cfg["test"] is False
@@ -242,6 +242,41 @@ def test_recipes_compose_as_train_py_does(study):
     assert cpu["runs"]["swin"]["model"]["patch_size"] == 4 and cpu["runs"]["vit"]["data"]["subset"] == "full"
     assert cpu["study"]["seeds"] == 3 and len(cpu["study"]["default_schemes"]) == 8
     assert study.recipe("gpu")["study"]["default_schemes"] is None  # every scheme and variant
+
+
+def test_trained_budgets_compose_with_the_fast_step(study):
+    """The GPU budgets at a trained size (study_trained.yaml, study_extrapolation_trained.yaml): all 60k images,
+    8 epochs of 256, bf16, the fast step; the extrapolation one keeps its recipe's entries, evals and claims."""
+    for budget in ("trained", "extrapolation_trained"):
+        run = next(iter(study.recipe(budget)["runs"].values()))
+        assert run["data"]["subset"] == "full" and run["data"]["batch_size"] == 256 and run["data"]["drop_last"]
+        assert run["trainer"]["max_epochs"] == 8 and run["trainer"]["limit_train_batches"] is None
+        assert run["trainer"]["precision"] == "bf16-mixed" and run["module"]["sync_free"]
+        assert run["module"]["compile"] == {"mode": "reduce-overhead", "dynamic": False}
+        assert run["model"]["embed_dim"] == 128 and run["model"]["depth"] == 6
+    base, trained = study.recipe("extrapolation")["study"], study.recipe("extrapolation_trained")["study"]
+    assert trained["claims"] == base["claims"] and trained["default_schemes"] == base["default_schemes"]
+    assert trained["evals"] == base["evals"] and trained["test_images"] is None
+    needed = {s for c in study.recipe("trained")["study"]["claims"].values() for s in c.get("better", [c.get("best")])}
+    assert needed <= set(study.recipe("trained")["study"]["default_schemes"])
+
+
+def test_trained_budget_runs_at_a_tiny_size(study, tmp_path):
+    """The runner takes the trained budget (here on the embedded subset, a tiny ViT, 2 steps, the eager step: a CPU
+    cannot compile 72 models in a test) and writes its tables; a rerun skips the finished run."""
+    tiny = ["data=fashion_mnist", "trainer.limit_train_batches=2", "trainer.max_epochs=1", "data.batch_size=16",
+            "study.test_images=32", "study.ood_images=16", "study.timing_skip_steps=0", "step=eager",
+            "study.archs.vit=['model=vitrel_vit_tiny_patch4_32','++model.embed_dim=16','++model.depth=1',"
+            "'++model.num_heads=2']",
+            "study.finetune.overrides=['trainer.max_epochs=1','trainer.limit_train_batches=1']"]  # fmt: skip
+    argv = ["--budget", "trained", "--schemes", "none", "--archs", "vit", "--seeds", "1", "--out", str(tmp_path)]
+    argv += ["--progress", "none", "--threads", "1", "--cost-rounds", "0", *tiny]
+    state = study.main(argv)
+    assert [(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]] == [("vit", "none", 0)]
+    assert {"test_acc", "unseen_acc", "res80_acc", "ft_res60_acc"} <= set(state["runs"][0])
+    assert all((tmp_path / f"study_trained.{ext}").exists() for ext in ("json", "csv", "md"))
+    again = study.main(argv)
+    assert again["runs"] == state["runs"]  # skipped: nothing rerun
 
 
 def test_variants_are_schemes_with_options(study, tmp_path):
@@ -310,6 +345,29 @@ def test_jobs_pack_runs_into_worker_processes(study, tmp_path):
     with safe_open(str(tmp_path / "study_smoke_pos.safetensors"), "pt") as f:
         assert set(f.metadata()) == {"vit/none", "vit/rel2d_full"}
     assert json.loads((tmp_path / "study_smoke.json").read_text())["runs"] == state["runs"]
+
+
+def test_jobs_give_the_results_of_one_process(study, tmp_path, monkeypatch):
+    """--jobs 2 (worker processes, each told its share of a GPU's memory) gives every run the accuracies and
+    final loss of --jobs 1 for the same seeds (CPU, one thread each: bitwise)."""
+    import subprocess
+
+    cmds = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, cmd, *a, **k):
+            if "vitrel.study" in cmd:
+                cmds.append(list(cmd))
+            super().__init__(cmd, *a, **k)
+
+    monkeypatch.setattr("vitrel.study.cli.subprocess.Popen", Recorded)
+    many = run(study, tmp_path / "jobs2", "--archs", "vit", "--jobs", "2", "--cost-rounds", "0")
+    one = run(study, tmp_path / "jobs1", "--archs", "vit", "--jobs", "1", "--cost-rounds", "0")
+    assert len(cmds) == 2 and all(c[c.index("--memory-fraction") + 1] == "0.4750" for c in cmds)
+    keys = [k for k in one["runs"][0] if k.endswith("_acc")] + ["final_train_loss", "steps", "params"]
+    assert len(keys) > 5
+    by_run = {r["scheme"]: {k: r[k] for k in keys} for r in one["runs"]}
+    assert {r["scheme"]: {k: r[k] for k in keys} for r in many["runs"]} == by_run
 
 
 def test_source_commit_is_dirty_for_code_not_for_results(tmp_path):

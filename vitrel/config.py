@@ -111,6 +111,7 @@ class AdamWConfig:
     weight_decay: float = 0.05
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1.0e-8
+    fused: bool | None = None  # true: one fused kernel per parameter group (step=fast), None: torch's choice
 
 
 @dataclass
@@ -139,6 +140,7 @@ class ModuleConfig:
     ema_eval: bool = True
     layer_decay: float | None = None
     compile: Any = False  # false | true | {torch.compile kwargs}
+    sync_free: bool = False  # no host synchronisation in the training step (training metrics at epoch end)
 
 
 # ------------------------------------------------------------------------------------------- trainer

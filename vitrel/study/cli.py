@@ -62,6 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--cost-steps", type=int, default=10, help="training steps per model and round")
     ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (pack a GPU)")
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/N: a --jobs worker's share
+    ap.add_argument("--memory-fraction", type=float, default=None, help=argparse.SUPPRESS)  # a worker's GPU share
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (part of the recipe)")
     return ap.parse_args(argv)
 
@@ -147,7 +148,8 @@ def merge_shards(out: Path, name: str, state: dict) -> None:
 
 def run_jobs(args: argparse.Namespace, argv: list[str], jobs: int) -> None:
     """``jobs`` worker processes of this command (``python -m vitrel.study``, this vitrel first on the path),
-    worker ``i`` running runs ``i::jobs`` of the to-do list (``--shard i/jobs``) with ``cores / jobs`` threads;
+    worker ``i`` running runs ``i::jobs`` of the to-do list (``--shard i/jobs``) with ``cores / jobs`` threads and, on
+    a GPU, ``0.95 / jobs`` of its memory (``--memory-fraction``: ``torch.cuda.set_per_process_memory_fraction``);
     their output is prefixed ``[i]``. Waits for all."""
     threads = max(1, (args.threads or os.cpu_count() or 1) // jobs)
     base = [a for a in argv if a != "--restart"]
@@ -155,7 +157,7 @@ def run_jobs(args: argparse.Namespace, argv: list[str], jobs: int) -> None:
     procs = []
     for i in range(jobs):
         cmd = [sys.executable, "-u", "-m", "vitrel.study", *base, "--jobs", "1", "--shard", f"{i}/{jobs}"]
-        cmd += ["--threads", str(threads)]
+        cmd += ["--threads", str(threads), "--memory-fraction", f"{0.95 / jobs:.4f}"]
         procs.append(
             subprocess.Popen(
                 cmd,
@@ -193,6 +195,8 @@ def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> 
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
     if args.threads or device.type == "cpu":
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
+    if args.memory_fraction is not None and device.type == "cuda":  # a --jobs worker: its share of the GPU
+        torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device.index)
     for lg in ("lightning.pytorch", "lightning.fabric", "lightning", "vitrel"):
         logging.getLogger(lg).setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message=".*(does not have many workers|resampl|LeafSpec|val_dataloader).*")

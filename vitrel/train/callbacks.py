@@ -291,23 +291,67 @@ class NaNGuard(Callback):
 
     The run ends with :class:`NonFiniteLossError`; checkpoints already on disk (``last.ckpt``) are
     the last good state. In DDP the check is agreed on by all ranks so they stop together.
+
+    ``every_n_steps``: 1 checks every step, which reads the loss back to the host (a synchronisation per
+    step). ``N > 1`` (``conf/step/fast.yaml``) or ``None`` keeps a flag on the device instead, read every ``N``
+    optimizer steps (``None``: never on a step boundary), at the end of each epoch and before every checkpoint is
+    written: no checkpoint ever holds weights a non-finite loss touched, but the steps after it, up to the
+    check, did run.
     """
 
+    def __init__(self, every_n_steps: int | None = 1) -> None:
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be >= 1 or None, got {every_n_steps}")
+        self.every_n_steps = every_n_steps
+        self._bad: torch.Tensor | None = None  # deferred: any non-finite loss since the last check, on the device
+        self._since: int | None = None  # the global step of the last check
+
     def on_before_backward(self, trainer: L.Trainer, pl_module: L.LightningModule, loss: torch.Tensor) -> None:
+        if self.every_n_steps != 1:
+            bad = ~torch.isfinite(loss.detach()).all()
+            self._bad = bad if self._bad is None else self._bad | bad
+            return
         bad = not bool(torch.isfinite(loss.detach()).all())
         if not _any_rank(trainer, bad):
             return
-        last = last_checkpoint_path(trainer)
-        kept = (
-            f"the last good checkpoint is {last}"
-            if last is not None and last.exists()
-            else "no checkpoint was saved yet"
-        )
         raise NonFiniteLossError(
             f"non-finite training loss ({loss.detach().float().item()}) at epoch {trainer.current_epoch}, "
-            f"global step {trainer.global_step}: training stopped before this step updated the weights; {kept}. "
-            "Try a lower module.optimizer.lr, clipping (trainer.gradient_clip_val) or bf16-mixed instead of 16-mixed."
+            f"global step {trainer.global_step}: training stopped before this step updated the weights; "
+            f"{self._kept(trainer)}. {self._hint}"
         )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self.every_n_steps not in (None, 1) and trainer.global_step % self.every_n_steps == 0:
+            self._check(trainer)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self._check(trainer)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint) -> None:
+        self._check(trainer)  # raises before the file is written
+
+    def _check(self, trainer: L.Trainer) -> None:
+        """The deferred check: read the device flag (one synchronisation), stop if it is set."""
+        bad, since = self._bad, self._since
+        self._bad, self._since = None, trainer.global_step
+        if not _any_rank(trainer, bad is not None and bool(bad)):
+            return
+        where = f"after global step {since}" if since is not None else "since the run (re)started"
+        raise NonFiniteLossError(
+            f"non-finite training loss {where} (checked every {self.every_n_steps or 'epoch'} steps, at epoch ends "
+            f"and before checkpoints; now at epoch {trainer.current_epoch}, global step {trainer.global_step}): "
+            f"training stopped, the steps since it updated the weights; {self._kept(trainer)}. {self._hint} "
+            "callbacks.nan_guard.every_n_steps=1 stops before the step (a synchronisation per step)."
+        )
+
+    _hint = "Try a lower module.optimizer.lr, clipping (trainer.gradient_clip_val) or bf16-mixed instead of 16-mixed."
+
+    @staticmethod
+    def _kept(trainer: L.Trainer) -> str:
+        last = last_checkpoint_path(trainer)
+        if last is not None and last.exists():
+            return f"the last good checkpoint is {last}"
+        return "no checkpoint was saved yet"
 
 
 # ------------------------------------------------------------------------------------------ exact resume

@@ -17,8 +17,15 @@ as ``train/padding``. timm's ``Mixup`` takes image tensors only: with NaFlex bat
 
 Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy) and the
 config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
-on them. ``compile=True`` compiles the network in place (``nn.Module.compile``), which keeps the
-state-dict keys as they are.
+on them. ``compile=True`` (or a dict of ``torch.compile`` arguments) runs the training and evaluation steps
+through ``torch.compile(model)``, held outside the module tree: the state-dict keys stay ``model.*`` and
+``self.model`` stays the eager network for everything else (prediction, export, the study's scoring at other
+sizes). With ``mode="reduce-overhead"`` (CUDA graphs) every step starts with
+``torch.compiler.cudagraph_mark_step_begin``.
+
+``sync_free=True`` keeps the host from waiting on the device in the training step (``conf/step/fast.yaml``): the
+training loss and accuracy are accumulated on the device (torchmetrics ``update``, without the per-batch value
+nor its input checks) and logged at epoch end only (no ``train/loss_step``), so nothing is read back per step.
 """
 
 from __future__ import annotations
@@ -66,7 +73,10 @@ class ClassifierModule(L.LightningModule):
             ``functools.partial(timm.utils.ModelEmaV3, decay=0.9998, use_warmup=True)``; updated after
             every optimizer step with the step count.
         ema_eval: validate / test with the EMA weights (when ``ema`` is given).
-        compile: False, True or a dict of ``torch.compile`` kwargs (``{"backend": "eager"}``).
+        compile: False, True or a dict of ``torch.compile`` kwargs (``{"backend": "eager"}``,
+            ``{"mode": "reduce-overhead", "dynamic": False}``): the steps' network (``step_model``).
+        sync_free: no host synchronisation in the training step: training metrics updated on the device
+            and logged at epoch end only (see the module's docstring).
         layer_decay: None, or timm's layer-wise learning-rate decay for fine-tuning (e.g. 0.65): the
             layers of ``model.group_matcher()`` get ``lr * layer_decay ** depth_from_top``.
     """
@@ -84,6 +94,7 @@ class ClassifierModule(L.LightningModule):
         ema_eval: bool = True,
         compile: bool | dict = False,
         layer_decay: float | None = None,
+        sync_free: bool = False,
     ) -> None:
         super().__init__()
         num_classes = int(num_classes if num_classes is not None else getattr(model, "num_classes", 0))
@@ -108,13 +119,17 @@ class ClassifierModule(L.LightningModule):
             self.ema_model.requires_grad_(False)  # updated by averaging, never by the optimizer (nor DDP)
         self.ema_eval = bool(ema_eval)
 
-        if compile:
-            self.model.compile(**({} if compile is True else dict(compile)))
+        kw = {} if compile is True else dict(compile or {})
+        # a tuple, not an attribute holding a module: not registered, so the state-dict keys stay model.*
+        self._compiled: tuple[nn.Module, ...] = (torch.compile(self.model, **kw),) if compile else ()
+        self._mark_steps = kw.get("mode") in ("reduce-overhead", "max-autotune")  # the modes with CUDA graphs
+        self.sync_free = bool(sync_free)
 
         k = min(5, num_classes)
         self.top_k = k
         self.train_loss = MeanMetric(nan_strategy="disable")  # NaNGuard stops on a non-finite loss
-        self.train_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
+        # sync_free: no input checks (torchmetrics' read the targets back to the host)
+        self.train_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=not self.sync_free)
         for m in self.train_metrics.values():
             m.persistent(True)  # running totals in checkpoints: a mid-epoch resume continues the epoch's
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
@@ -133,13 +148,24 @@ class ClassifierModule(L.LightningModule):
         """The network used for validation and test (the EMA copy when enabled and ``ema_eval``)."""
         return self.ema_model if self.ema_model is not None and self.ema_eval else self.model
 
+    @property
+    def step_model(self) -> nn.Module:
+        """The network the training and evaluation steps call: ``torch.compile(self.model)`` with ``compile``,
+        else ``self.model`` (the same parameters either way)."""
+        return self._compiled[0] if self._compiled else self.model
+
     def forward(self, x: Tensor | dict) -> Tensor:
         return self.model(x)
+
+    def _step_begins(self) -> None:
+        if self._mark_steps:  # CUDA graphs: the previous step's outputs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
 
     # ------------------------------------------------------------------------------ steps
     def training_step(self, batch: tuple[Tensor | dict, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         n = _num_images(x, y)
+        self._step_begins()
         if self.mixup_fn is not None:
             if isinstance(x, Mapping):
                 raise ValueError(
@@ -152,15 +178,22 @@ class ClassifierModule(L.LightningModule):
                     "and data.drop_last=true"
                 )
             x, target = self.mixup_fn(x, y)
-            logits = self.model(x)
+            logits = self.step_model(x)
             loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         else:
-            logits = _check_logits(self.model(x), y)
+            logits = _check_logits(self.step_model(x), y)
             loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
-            self.train_acc1(logits, y)
+            if self.sync_free:  # update only: the metric's forward computes (and logging reads) a per-batch value
+                self.train_acc1.update(logits, y)
+            else:
+                self.train_acc1(logits, y)
             self.log("train/acc1", self.train_acc1, on_step=False, on_epoch=True, batch_size=n)
-        self.train_loss(loss.detach(), weight=n)  # the epoch value: the mean over samples
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
+        if self.sync_free:  # the epoch value only (the mean over samples; the weight made on the device, no copy),
+            self.train_loss.update(loss.detach(), weight=loss.detach().new_full((), n))  # named as the eager one's
+            self.log("train/loss_epoch", self.train_loss, on_step=False, on_epoch=True, prog_bar=True, batch_size=n)
+        else:
+            self.train_loss(loss.detach(), weight=n)  # the epoch value: the mean over samples
+            self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
         if isinstance(x, Mapping) and "padding_fraction" in x:  # NaFlex batches: the share of padding tokens
             self.log("train/padding", x["padding_fraction"].float(), on_step=True, on_epoch=True, batch_size=n)
         return loss
@@ -175,7 +208,9 @@ class ClassifierModule(L.LightningModule):
     def _eval_step(self, batch: tuple[Tensor | dict, Tensor], stage: str) -> None:
         x, y = batch
         n = _num_images(x, y)
-        logits = _check_logits(self.eval_model(x), y)
+        self._step_begins()
+        net = self.eval_model
+        logits = _check_logits((self.step_model if net is self.model else net)(x), y)
         loss = F.cross_entropy(logits.float(), y)
         acc1, acc5 = (self.val_acc1, self.val_acc5) if stage == "val" else (self.test_acc1, self.test_acc5)
         acc1(logits, y)

@@ -347,6 +347,7 @@ class TritonKernel(OffsetTableKernel):
     takes_layout = False
     window_masks = True
     onnx = False
+    fused_rotation = True
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):

@@ -19,20 +19,15 @@ if not torch.cuda.is_available():  # before the kernels are first imported (vitr
     os.environ["TRITON_INTERPRET"] = "1"
 
 import vitrel  # noqa: E402
+from tests.test_kernel_triton_bias import DEVICES, _tol, interpreted, pytestmark  # noqa: E402, F401
 from vitrel import Attention  # noqa: E402
-from vitrel.kernels import get_kernel, triton_bias  # noqa: E402
+from vitrel.kernels import get_kernel  # noqa: E402
 from vitrel.kernels.triton_rope import rope_rotate  # noqa: E402
 from vitrel.pos import list_pos  # noqa: E402
 from vitrel.pos.geometry import Grid  # noqa: E402
 from vitrel.pos.registry import get_pos_class, parse_pos  # noqa: E402
 from vitrel.pos.tokens import TokenLayout  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    not (triton_bias.interpreter_on() or torch.cuda.is_available()), reason="Triton's interpreter is off"
-)
-interpreted = pytest.mark.skipif(not triton_bias.interpreter_on(), reason="Triton's interpreter is off (GPU machine)")
-CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")])
-DEVICES = [pytest.param("cpu", marks=interpreted), CUDA]
 GRID = Grid(3, 4)
 ROTARY = [n for n in list_pos("relative") if get_pos_class(n).has_rotation]
 
@@ -56,11 +51,6 @@ CASES = [
     ("comrope", {"variant": "ap", "block_size": 4}, 16, 1),
     ("comrope", {"block_size": 3}, 24, 1),  # a block and a head dim that are not powers of 2
 ]
-
-
-def _tol(device: str) -> dict:
-    """fp32 in the interpreter; bf16 inputs (fp32 arithmetic) on a GPU."""
-    return dict(atol=2e-5, rtol=2e-4) if device == "cpu" else dict(atol=3e-2, rtol=3e-2)
 
 
 def reference(x: torch.Tensor, rope: tuple[torch.Tensor, ...]) -> torch.Tensor:
@@ -216,10 +206,8 @@ def test_model_triton_equals_sdpa_and_compiles():
     """``create_model(..., attn_impl="triton")`` with ``rope2d_mixed`` (every block's cos / sin in one product) equals
     ``sdpa``; ``torch.compile(fullgraph=True)`` captures the rotation's custom op, forward and backward."""
     assert get_kernel("triton").fused_rotation and not get_kernel("sdpa").fused_rotation
-    kw = dict(img_size=16, embed_dim=32, depth=2, num_heads=2, num_classes=3)
-    torch.manual_seed(0)
-    ref = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rope2d_mixed", **kw)
-    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rope2d_mixed", attn_impl="triton", **kw)
+    kw = dict(pos="rope2d_mixed", img_size=16, embed_dim=32, depth=2, num_heads=2, num_classes=3)
+    ref, m = (vitrel.create_model("vitrel_vit_tiny_patch4_32", attn_impl=i, **kw) for i in ("sdpa", "triton"))
     m.load_state_dict(ref.state_dict())
     x = torch.randn(2, 3, 16, 16)
     y_ref = ref(x)

@@ -48,24 +48,33 @@ def _basis_rows(P, h, offs_t, offs_d, mt, D: tl.constexpr, dt):
 
 
 @triton.jit
-def _pairs_fwd_kernel(Q, K, OQ, OK, C, S, P, sxb, sxh, sxn, stb, sth, stn, B, N, n_split, D: tl.constexpr,
-                      BN: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, HAS_BASIS: tl.constexpr,
-                      PREC: tl.constexpr):  # fmt: skip
-    pid_n, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+def _pairs_tile(P, pid_n, h, N, sth, stn, sxn, D: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr,
+                BD: tl.constexpr, HAS_BASIS: tl.constexpr, dt):  # fmt: skip
+    """A program's tokens ``offs_n``, pairs ``offs_t``, channels ``offs_d``, their masks, ``P_h``'s rows, and the
+    offsets of its table entries (head ``h``) and of its even channels in a row of ``q``."""
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_t = tl.arange(0, BH)
     offs_d = tl.arange(0, BD)
     mn, mt = offs_n < N, offs_t < D // 2
-    m2 = mn[:, None] & mt[None, :]
-    dt = C.dtype.element_ty
     pe, po = offs_t, offs_t  # placeholders without a basis
     if HAS_BASIS:
         pe, po = _basis_rows(P, h, offs_t, offs_d, mt, D, dt)
     t_off = h * sth + offs_n[:, None] * stn + offs_t[None, :]
     o_off = offs_n[:, None] * sxn + 2 * offs_t[None, :]
+    return offs_n, offs_t, offs_d, mn, mt, mn[:, None] & mt[None, :], pe, po, t_off, o_off
+
+
+@triton.jit
+def _pairs_fwd_kernel(Q, K, OQ, OK, C, S, P, sxb, sxh, sxn, stb, sth, stn, B, N, n_split, D: tl.constexpr,
+                      BN: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr, HAS_BASIS: tl.constexpr,
+                      PREC: tl.constexpr):  # fmt: skip
+    pid_n, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    dt = C.dtype.element_ty
+    offs_n, offs_t, offs_d, mn, mt, m2, pe, po, t_off, o_off = _pairs_tile(
+        P, pid_n, h, N, sth, stn, sxn, D, BN, BH, BD, HAS_BASIS, dt
+    )
     for b in range(split, B, n_split):
-        c = tl.load(C + b * stb + t_off, mask=m2, other=0.0)
-        s = tl.load(S + b * stb + t_off, mask=m2, other=0.0)
+        c, s = tl.load(C + b * stb + t_off, mask=m2, other=0.0), tl.load(S + b * stb + t_off, mask=m2, other=0.0)
         base = b * sxb + h * sxh
         for which in tl.static_range(2):  # the queries, then the keys
             X = Q if which == 0 else K
@@ -84,25 +93,18 @@ def _pairs_bwd_kernel(Q, K, GQ, GK, DQ, DK, C, S, P, DC, DS, DP, sxb, sxh, sxn, 
     """``dq, dk`` (contiguous like ``q``), the tables' gradients ``DC, DS [slots, H, N, D/2]`` (``sgs, sgh, sgn`` their
     strides; slot ``b`` with ``TABLE_BATCH``, else ``split``) and the basis's ``DP [n_split, H, n_tiles, D, D]``."""
     pid_n, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    offs_n = pid_n * BN + tl.arange(0, BN)
-    offs_t = tl.arange(0, BH)
-    offs_d = tl.arange(0, BD)
-    mn, mt, md = offs_n < N, offs_t < D // 2, offs_d < D
-    m2 = mn[:, None] & mt[None, :]
     dt = C.dtype.element_ty
-    pe, po = offs_t, offs_t
-    if HAS_BASIS:
-        pe, po = _basis_rows(P, h, offs_t, offs_d, mt, D, dt)
+    offs_n, offs_t, offs_d, mn, mt, m2, pe, po, t_off, o_off = _pairs_tile(
+        P, pid_n, h, N, sth, stn, sxn, D, BN, BH, BD, HAS_BASIS, dt
+    )
+    md = offs_d < D
     acc_c = tl.zeros([BN, BH], dtype=dt)
     acc_s = tl.zeros([BN, BH], dtype=dt)
     acc_pe = tl.zeros([BH, BD], dtype=dt)
     acc_po = tl.zeros([BH, BD], dtype=dt)
-    t_off = h * sth + offs_n[:, None] * stn + offs_t[None, :]
     g_off = h * sgh + offs_n[:, None] * sgn + offs_t[None, :]
-    o_off = offs_n[:, None] * sxn + 2 * offs_t[None, :]
     for b in range(split, B, n_split):
-        c = tl.load(C + b * stb + t_off, mask=m2, other=0.0)
-        s = tl.load(S + b * stb + t_off, mask=m2, other=0.0)
+        c, s = tl.load(C + b * stb + t_off, mask=m2, other=0.0), tl.load(S + b * stb + t_off, mask=m2, other=0.0)
         base = b * sxb + h * sxh
         dc = tl.zeros([BN, BH], dtype=dt)
         ds = tl.zeros([BN, BH], dtype=dt)
@@ -182,8 +184,8 @@ def _blocks_fwd_kernel(Q, K, OQ, OK, R, sxb, sxh, sxn, stb, sth, stn, B, N, n_sp
 def _blocks_bwd_kernel(Q, K, GQ, GK, DQ, DK, R, DR, sxb, sxh, sxn, stb, sth, stn, sgs, sgh, sgn, B, N, n_split,
                        D: tl.constexpr, BS: tl.constexpr, BN: tl.constexpr, BD: tl.constexpr, BB: tl.constexpr,
                        TABLE_BATCH: tl.constexpr, NEED_DT: tl.constexpr):  # fmt: skip
-    """``dx_c = sum_i R[n, (c // BS) BS + i, c mod BS] g_{(c // BS) BS + i}``; ``dR[n, r, j] = g_r x_{(r // BS) BS + j}``
-    into ``DR [slots, H, N, D BS]`` (strides ``sgs, sgh, sgn``)."""
+    """``dx_c = sum_i R[n, (c // BS) BS + i, c mod BS] g_{(c // BS) BS + i}``;
+    ``dR[n, r, j] = g_r x_{(r // BS) BS + j}`` into ``DR [slots, H, N, D BS]`` (strides ``sgs, sgh, sgn``)."""
     pid_n, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
     offs_r, offs_j, rj, col, m3 = _block_offsets(offs_n, N, D, BS, BD, BB)

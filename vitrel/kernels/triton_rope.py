@@ -199,9 +199,7 @@ def _backward(ctx, gq, gk):
 _rotate_op.register_autograd(_backward, setup_context=_setup)
 
 
-def rotation_tables(
-    rope: tuple[Tensor, ...], q: Tensor
-) -> tuple[Tensor, Tensor | None, Tensor | None]:
+def rotation_tables(rope: tuple[Tensor, ...], q: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """A scheme's ``state.rope`` as the kernel reads it: ``(cos, sin, basis)`` with ``cos, sin [1 | B, 1 | heads, N,
     d/2]``, or ``(R, None, None)`` with ``R [1 | B, 1 | heads, N, d b]`` (each row of a token's ``d / b`` blocks
     flattened), in the work dtype (float64 for float64 inputs, else float32), contiguous; a clear error for

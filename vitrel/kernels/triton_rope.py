@@ -100,7 +100,7 @@ def _rotate_op(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor | None, basis: Ten
     bn, n_tiles, split, bd, bb = _plan(q, cos, pairs)
     oq, ok = q.new_empty(q.shape), k.new_empty(k.shape)
     ks, grid = _kernels(), (n_tiles, h, split)
-    xs = [q.stride(0), q.stride(1), q.stride(2)]
+    xs = [*q.stride()[:3], *oq.stride()[:3]]
     if pairs:
         bh = max(16 if basis is not None else 1, _pow2(d // 2))
         p = basis if basis is not None else cos
@@ -141,7 +141,7 @@ def _rotate_bwd_op(
     bn, n_tiles, split, bd, bb = _plan(q, cos, pairs)
     ks, grid = _kernels(), (n_tiles, h, split)
     dq, dk = q.new_empty(q.shape), k.new_empty(k.shape)
-    xs = [q.stride(0), q.stride(1), q.stride(2)]
+    xs = [*q.stride()[:3], *gq.stride()[:3]]
     slots = (split, h, n, cos.shape[-1])  # per batch element (a table with a batch axis) or per batch share
     ph = cos.new_zeros(1, 1, 1, 1)  # the kernel's placeholder for what is not asked for (returned empty)
     dc = cos.new_zeros(slots) if table_grad else ph
@@ -244,4 +244,6 @@ def rope_rotate(q: Tensor, k: Tensor, rope: tuple[Tensor, ...]) -> tuple[Tensor,
     if q.dim() != 4 or k.shape != q.shape:
         raise ValueError(f"rope_rotate: q and k of one shape [B, heads, N, d], got {tuple(q.shape)}, {tuple(k.shape)}")
     cos, sin, basis = rotation_tables(rope, q)
-    return _rotate_op(q.contiguous(), k.contiguous(), cos, sin, basis)
+    if q.stride() != k.stride() or q.stride(-1) != 1:  # (the views of one qkv projection share theirs)
+        q, k = q.contiguous(), k.contiguous()
+    return _rotate_op(q, k, cos, sin, basis)

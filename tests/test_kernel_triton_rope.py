@@ -241,3 +241,22 @@ def test_clear_errors(monkeypatch):
         rope_rotate(q, q, (torch.ones(2, 13, 3, 4, 4),))
     with pytest.raises(ValueError, match="packed"):
         a(torch.randn(2, 19, 32), _layout())
+
+
+def test_kernels_compile_for_hopper():
+    """The four kernels compile ahead of time for an H100 / H200 (sm_90) with the launch configuration used there, in
+    bf16 (head dim 64; the pairs with STRING's basis and every gradient, LieRE's whole-head 64 x 64 blocks), within
+    its shared memory (232,448 bytes): what the interpreter cannot check. A fresh process with the interpreter off."""
+    import json
+    import subprocess
+    import sys
+
+    pytest.importorskip("triton.backends.nvidia", reason="Triton has no CUDA backend here")
+    code = "import json; from vitrel.kernels.triton_rope import compile_for as c; print(json.dumps(c(90, 64, 64)))"
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "0"}
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    shared = json.loads(run.stdout.strip().splitlines()[-1])
+    assert set(shared) == {"pairs_fwd", "pairs_bwd", "blocks_fwd", "blocks_bwd"}, shared
+    assert all(0 <= v <= 232448 for v in shared.values()), shared

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from vitrel.kernels.triton_bias import check_device
 
-__all__ = ["rope_rotate", "rotation_tables"]
+__all__ = ["compile_for", "rope_rotate", "rotation_tables"]
 
 #: tokens per program by kind, on CUDA (the interpreter takes small tiles: several per test grid)
 _BN_CUDA = {"pairs": 64, "blocks_elems": 4096}
@@ -247,3 +247,37 @@ def rope_rotate(q: Tensor, k: Tensor, rope: tuple[Tensor, ...]) -> tuple[Tensor,
     if q.stride() != k.stride() or q.stride(-1) != 1:  # (the views of one qkv projection share theirs)
         q, k = q.contiguous(), k.contiguous()
     return _rotate_op(q, k, cos, sin, basis)
+
+
+def compile_for(arch: int = 90, head_dim: int = 64, block_size: int = 8, dtype: str = "bf16") -> dict[str, int]:
+    """Compile the four kernels ahead of time for CUDA compute capability ``arch`` (no GPU needed: Triton's own
+    compiler and ptxas), with the launch configuration a GPU would use for ``head_dim`` (pairs with STRING's basis
+    and every gradient; blocks of ``block_size``); returns each kernel's shared memory in bytes. Catches what the
+    interpreter lets through (types, layouts, ``tl.dot`` shapes). Needs Triton's CUDA backend and
+    ``TRITON_INTERPRET`` unset (the kernels must be JIT functions)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    ks, bd, bb = _kernels(), _pow2(head_dim), _pow2(block_size)
+    io = {name: f"*{dtype}" for name in ("Q", "K", "OQ", "OK", "GQ", "GK", "DQ", "DK")}
+    pairs = dict(D=head_dim, BN=_BN_CUDA["pairs"], BH=max(16, _pow2(head_dim // 2)), BD=max(16, bd), HAS_BASIS=True,
+                 PREC=_prec(torch.float32, torch.bfloat16))  # fmt: skip
+    blocks = dict(D=head_dim, BS=block_size, BN=max(1, min(64, _BN_CUDA["blocks_elems"] // (bd * bb))), BD=bd, BB=bb)
+    grads = dict(TABLE_BATCH=False, NEED_DT=True)
+    cases = {
+        "pairs_fwd": (ks._pairs_fwd_kernel, pairs),
+        "pairs_bwd": (ks._pairs_bwd_kernel, dict(pairs, NEED_DP=True, **grads)),
+        "blocks_fwd": (ks._blocks_fwd_kernel, blocks),
+        "blocks_bwd": (ks._blocks_bwd_kernel, dict(blocks, **grads)),
+    }
+    shared = {}
+    for name, (fn, consts) in cases.items():
+        scalar = {"B", "H", "N"}  # the other capitalised arguments are pointers: q, k and their grads, tables (fp32)
+        sig = {
+            a: "constexpr" if a in consts else ("i32" if a in scalar or a.islower() else io.get(a, "*fp32"))
+            for a in fn.arg_names
+        }
+        src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(c),): v for c, v in consts.items()})
+        shared[name] = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(LAUNCH)).metadata.shared
+    return shared

@@ -67,9 +67,10 @@ class Attention(nn.Module):
         attn_impl: ``auto`` or a registered kernel (:mod:`vitrel.kernels`): ``sdpa`` (the bias as SDPA's float
             mask) | ``fold`` (a factored bias folded into the queries and keys, no mask; ``rel2d_factored``,
             ``rel2d_bucket``) | ``flex`` (FlexAttention reading the bias by offset; inference on CPU) | ``triton``
-            (the fused Triton kernel reading the offset table, with its gradient; CUDA, or CPU under
-            ``TRITON_INTERPRET=1``) | ``eager`` (softmax written out). ``auto`` picks per device from measurements
-            (:data:`vitrel.kernels.AUTO`), else ``sdpa``.
+            (the fused Triton kernel reading the offset table, with its gradient; rotary schemes' q and k rotated by
+            the fused rotation, :mod:`vitrel.kernels.triton_rope`; CUDA, or CPU under ``TRITON_INTERPRET=1``) |
+            ``eager`` (softmax written out). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
+            else ``sdpa``.
         pos_options: the scheme's options as keywords, when ``pos`` is a name or config.
     """
 

@@ -91,9 +91,10 @@ def _pairs_fwd_kernel(Q, K, OQ, OK, C, S, P, sxb, sxh, sxn, sob, soh, son, stb, 
 def _pairs_bwd_kernel(Q, K, GQ, GK, DQ, DK, C, S, P, DC, DS, DP, sxb, sxh, sxn, sob, soh, son, stb, sth, stn, sgs,
                       sgh, sgn, B, H, N, n_split, n_tiles, D: tl.constexpr, BN: tl.constexpr, BH: tl.constexpr,
                       BD: tl.constexpr, HAS_BASIS: tl.constexpr, TABLE_BATCH: tl.constexpr, NEED_DT: tl.constexpr,
-                      NEED_DP: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
+                      NEED_DP: tl.constexpr, NEED_X: tl.constexpr, PREC: tl.constexpr):  # fmt: skip
     """``dq, dk`` (contiguous like ``q``), the tables' gradients ``DC, DS [slots, H, N, D/2]`` (``sgs, sgh, sgn`` their
-    strides; slot ``b`` with ``TABLE_BATCH``, else ``split``) and the basis's ``DP [n_split, H, n_tiles, D, D]``."""
+    strides; slot ``b`` with ``TABLE_BATCH``, else ``split``) and the basis's ``DP [n_split, H, n_tiles, D, D]``.
+    ``NEED_X``: q and k are read (``NEED_DT`` or ``NEED_DP``; a fixed rotation's backward reads the gradients only)."""
     pid_n, h, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     dt = C.dtype.element_ty
     offs_n, offs_t, offs_d, mn, mt, m2, pe, po, t_off, o_off = _pairs_tile(
@@ -114,7 +115,8 @@ def _pairs_bwd_kernel(Q, K, GQ, GK, DQ, DK, C, S, P, DC, DS, DP, sxb, sxh, sxn, 
             X = Q if which == 0 else K
             G = GQ if which == 0 else GK
             DX = DQ if which == 0 else DK
-            y0, y1, x = _pairs_in(X, base, offs_n, offs_t, offs_d, mn, mt, sxn, pe, po, D, HAS_BASIS, PREC, dt)
+            if NEED_X:
+                y0, y1, x = _pairs_in(X, base, offs_n, offs_t, offs_d, mn, mt, sxn, pe, po, D, HAS_BASIS, PREC, dt)
             g0 = tl.load(G + base_o + o_off, mask=m2, other=0.0).to(dt)
             g1 = tl.load(G + base_o + o_off + 1, mask=m2, other=0.0).to(dt)
             gy0 = g0 * c + g1 * s  # the transposed rotation

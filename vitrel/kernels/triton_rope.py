@@ -155,7 +155,7 @@ def _rotate_bwd_op(
             q, k, gq, gk, dq, dk, cos, sin, basis if with_basis else cos, dc, ds, dp, *xs, *_table_strides(cos, q),
             *gs, b, h, n, split, n_tiles, D=d, BN=bn, BH=bh, BD=max(16, bd), HAS_BASIS=with_basis,
             TABLE_BATCH=cos.shape[0] > 1, NEED_DT=table_grad, NEED_DP=with_basis and basis_grad,
-            PREC=_prec(cos.dtype, q.dtype), **_launch(q.device),
+            NEED_X=table_grad or (with_basis and basis_grad), PREC=_prec(cos.dtype, q.dtype), **_launch(q.device),
         )  # fmt: skip
     else:
         ks._blocks_bwd_kernel[grid](
@@ -250,10 +250,10 @@ def rope_rotate(q: Tensor, k: Tensor, rope: tuple[Tensor, ...]) -> tuple[Tensor,
 
 
 def compile_for(arch: int = 90, head_dim: int = 64, block_size: int = 8, dtype: str = "bf16") -> dict[str, int]:
-    """Compile the four kernels ahead of time for CUDA compute capability ``arch`` (no GPU needed: Triton's own
-    compiler and ptxas), with the launch configuration a GPU would use for ``head_dim`` (pairs with STRING's basis
-    and every gradient; blocks of ``block_size``); returns each kernel's shared memory in bytes. Catches what the
-    interpreter lets through (types, layouts, ``tl.dot`` shapes). Needs Triton's CUDA backend and
+    """Compile the kernels ahead of time for CUDA compute capability ``arch`` (no GPU needed: Triton's own compiler
+    and ptxas), with the launch configuration a GPU would use for ``head_dim`` (pairs with STRING's basis and every
+    gradient, or a fixed rotation's; blocks of ``block_size``); returns each kernel's shared memory in bytes. Catches
+    what the interpreter lets through (types, layouts, ``tl.dot`` shapes). Needs Triton's CUDA backend and
     ``TRITON_INTERPRET`` unset (the kernels must be JIT functions)."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -263,13 +263,15 @@ def compile_for(arch: int = 90, head_dim: int = 64, block_size: int = 8, dtype: 
     io = {name: f"*{dtype}" for name in ("Q", "K", "OQ", "OK", "GQ", "GK", "DQ", "DK")}
     pairs = dict(D=head_dim, BN=_BN_CUDA["pairs"], BH=max(16, _pow2(head_dim // 2)), BD=max(16, bd), HAS_BASIS=True,
                  PREC=_prec(torch.float32, torch.bfloat16))  # fmt: skip
+    bwd = dict(pairs, NEED_DP=True, NEED_X=True, TABLE_BATCH=False, NEED_DT=True)
+    fixed = dict(bwd, HAS_BASIS=False, NEED_DT=False, NEED_DP=False, NEED_X=False)
     blocks = dict(D=head_dim, BS=block_size, BN=max(1, min(64, _BN_CUDA["blocks_elems"] // (bd * bb))), BD=bd, BB=bb)
-    grads = dict(TABLE_BATCH=False, NEED_DT=True)
     cases = {
         "pairs_fwd": (ks._pairs_fwd_kernel, pairs),
-        "pairs_bwd": (ks._pairs_bwd_kernel, dict(pairs, NEED_DP=True, **grads)),
+        "pairs_bwd": (ks._pairs_bwd_kernel, bwd),
+        "pairs_bwd_fixed": (ks._pairs_bwd_kernel, fixed),
         "blocks_fwd": (ks._blocks_fwd_kernel, blocks),
-        "blocks_bwd": (ks._blocks_bwd_kernel, dict(blocks, **grads)),
+        "blocks_bwd": (ks._blocks_bwd_kernel, dict(blocks, TABLE_BATCH=False, NEED_DT=True)),
     }
     shared = {}
     for name, (fn, consts) in cases.items():

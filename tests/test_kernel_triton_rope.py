@@ -140,6 +140,25 @@ def test_fused_rotation_equals_reference(case, device):
     _compare(scheme, state_of, q, k, device)
 
 
+@interpreted
+def test_views_of_one_projection():
+    """q and k as ``Attention`` hands them (views of one ``qkv`` projection, rows not contiguous) are read in place
+    through their strides: the output and the gradients equal the reference."""
+    scheme = _scheme("rope2d_mixed", {"basis": "cayley"}, 16, 1)
+    qkv = torch.randn(2, 1 + GRID.n, 3, 2, 16).permute(2, 0, 3, 1, 4).requires_grad_()  # [3, B, heads, N, d]
+    q, k, _ = qkv.unbind(0)
+    assert not q.is_contiguous()
+    rope = scheme.prepare(GRID, 1, torch.device("cpu"), torch.float64, "sdpa").rope
+    oq, ok = rope_rotate(q, k, rope)
+    torch.testing.assert_close(oq.double(), reference(q, rope), atol=2e-5, rtol=2e-4)
+    torch.testing.assert_close(ok.double(), reference(k, rope), atol=2e-5, rtol=2e-4)
+    w = torch.randn_like(oq)
+    (g,) = torch.autograd.grad((oq * w).sum() + ok.sum(), qkv)
+    q64 = q.detach().double().requires_grad_()
+    (g_ref,) = torch.autograd.grad((reference(q64, rope) * w.double()).sum(), q64)
+    torch.testing.assert_close(g[0].double(), g_ref, atol=2e-5, rtol=2e-4)
+
+
 def _layout() -> TokenLayout:
     """Two rows of packed images (3 x 4 and 2 x 2, then 2 x 2 and 3 x 4), a class token each, one padding token."""
     pre = [(-1, 0)]

@@ -15,6 +15,8 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    **Content**: Shaw (``attn_impl="shaw"``: ``shaw2d_full``, ``shaw1d`` by query blocks sized by the free memory,
    ``shaw2d_factored`` one widened SDPA) and PaPE against plain SDPA at the same sizes; the SDPA backends that take
    the widened heads, and ``pytest -m cuda tests/test_kernel_shaw.py`` (flash runs them).
+   **rotary**: the rotary schemes through ``sdpa`` and ``@triton`` (the fused rotation,
+   :mod:`vitrel.kernels.triton_rope`).
 3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models.
 4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa, fold and, on CUDA, flex), bf16 autocast, AdamW: the model's
    FLOPs of one training step (``torch.utils.flop_counter`` on the sdpa run; the fold computes the same
@@ -231,6 +233,7 @@ def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
             "-p",
             "no:cacheprovider",
             "tests/test_kernel_triton_bias.py",
+            "tests/test_kernel_triton_rope.py",
         ]
         t0 = time.perf_counter()
         out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "0"})
@@ -275,8 +278,13 @@ def widened_backends(dev: torch.device) -> list[str]:
 
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
-SECTIONS = {"kernel": 150, "attention": 200, "content": 120, "forward": 90, "models": 150, "vitb": 200, "hazards": 90,
-            "mfu": 120, "compile": 120, "train": 240}  # fmt: skip
+SECTIONS = {"kernel": 150, "attention": 200, "content": 120, "rotary": 100, "forward": 90, "models": 150, "vitb": 200,
+            "hazards": 90, "mfu": 120, "compile": 120, "train": 240}  # fmt: skip
+
+#: the rotary schemes of the ``rotary`` section (LieRE with blocks of 8: its default, one block over the whole head, is
+#: timed by the same kernel with larger blocks)
+ROTARY = ["rope1d", "rope2d_axial", "rope2d_mixed", "rope2d_mixed:basis=cayley", "spiral_rope", "comrope",
+          "liere:block_size=8"]  # fmt: skip
 
 
 def run_script(argv: list[str], timeout: float | None = None) -> tuple[str, str]:
@@ -310,6 +318,10 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
         c, text = run_script([*att[:-2], "--rounds", "3" if args.quick else "5", "--schemes", *sel])
         backends = widened_backends(dev) if dev.type == "cuda" else []
         return ["## Shaw and PaPE, forward + backward\n", f"`{c}`\n", text, *backends]
+    if name == "rotary":  # every rotary scheme through sdpa (torch ops) and triton (the fused rotation, then attention)
+        sel = ["rope2d_axial", "rope2d_axial@triton"] if args.quick else [*ROTARY, *(f"{s}@triton" for s in ROTARY)]
+        c, text = run_script([*att, "--schemes", *sel])
+        return ["## Rotary schemes, forward + backward (sdpa against the fused rotation)\n", f"`{c}`\n", text]
     if name == "forward":
         sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored@triton", "alibi2d@triton"]
         c, text = run_script([*att, "--inference", "--schemes", *sel])

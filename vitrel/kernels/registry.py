@@ -11,7 +11,9 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
 * which cases it takes: :meth:`Kernel.refuses` (a scheme's capabilities), ``takes_layout`` (packed / token-dropped
   layouts), ``takes_dropout``, ``native_causal`` (it masks the keys after the query itself, from ``state.causal``,
   instead of reading a causal float mask), ``window_masks`` (it reads a window mask ``[nW, n, n]`` per window
-  instead of one repeated to the batch), ``onnx`` (what it runs translates to ONNX);
+  instead of one repeated to the batch), ``onnx`` (what it runs translates to ONNX), ``fused_rotation`` (a rotary
+  scheme's queries and keys are rotated by the fused Triton rotation, :mod:`vitrel.kernels.triton_rope`, instead of
+  the scheme's torch ops);
 * how it attends: :meth:`Kernel.attend`.
 
 ``attn_impl`` is a kernel's name or ``auto``: :func:`select_kernel` reads :data:`AUTO` (per device, decided by
@@ -68,6 +70,8 @@ class Kernel:
     window_masks: ClassVar[bool] = False
     #: ``torch.onnx`` can translate what it runs (a custom op cannot be)
     onnx: ClassVar[bool] = True
+    #: rotary schemes' ``state.rope`` applied by :func:`vitrel.kernels.triton_rope.rope_rotate` (one launch for q and k)
+    fused_rotation: ClassVar[bool] = False
 
     @classmethod
     def refuses(cls, scheme: PositionScheme) -> str | None:

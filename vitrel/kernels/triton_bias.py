@@ -473,6 +473,7 @@ class TritonKernel(OffsetTableKernel):
     reads = frozenset({"table", "block_mask"})
     window_masks = True
     onnx = False
+    fused_rotation = True
 
     @classmethod
     def inputs(cls, scheme, grid, num_prefix_tokens):

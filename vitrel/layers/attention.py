@@ -3,7 +3,7 @@
 For ``x`` of ``[B, N, C]`` on a grid ``H x W`` with ``P`` prefix tokens (``N = P + H W``)::
 
     q, k, v = split(x W_qkv)                    per head, [B, heads, N, d]
-    q, k    = pos.rotate(q, k)                  (RoPE; identity otherwise)
+    q, k    = pos.rotate(q, k)                  (RoPE; identity otherwise; fused for a kernel with fused_rotation)
     q, k    = pos.augment(x, q, k)              (PaPE: channels appended; identity otherwise)
     A       = (q k^T + pos.content_logits(q)) / sqrt(d) + pos.bias() + mask
     out     = softmax(A) v + pos.content_values(softmax(A))
@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from vitrel.kernels import check_impl, get_kernel
 from vitrel.kernels.common import eager_logits, merge_masks
+from vitrel.kernels.triton_rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import as_grid
@@ -66,9 +67,10 @@ class Attention(nn.Module):
         attn_impl: ``auto`` or a registered kernel (:mod:`vitrel.kernels`): ``sdpa`` (the bias as SDPA's float
             mask) | ``fold`` (a factored bias folded into the queries and keys, no mask; ``rel2d_factored``,
             ``rel2d_bucket``) | ``flex`` (FlexAttention reading the bias by offset; inference on CPU) | ``triton``
-            (the fused Triton kernel reading the offset table, with its gradient; CUDA, or CPU under
-            ``TRITON_INTERPRET=1``) | ``eager`` (softmax written out). ``auto`` picks per device from measurements
-            (:data:`vitrel.kernels.AUTO`), else ``sdpa``.
+            (the fused Triton kernel reading the offset table, with its gradient; rotary schemes' q and k rotated by
+            the fused rotation, :mod:`vitrel.kernels.triton_rope`; CUDA, or CPU under ``TRITON_INTERPRET=1``) |
+            ``eager`` (softmax written out). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
+            else ``sdpa``.
         pos_options: the scheme's options as keywords, when ``pos`` is a name or config.
     """
 
@@ -165,7 +167,10 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        q, k = st.scheme.rotate(q, k, st)
+        if st.scheme.has_rotation and get_kernel(st.impl).fused_rotation:  # every rotary scheme's state.rope, fused
+            q, k = rope_rotate(q, k, st.rope)
+        else:
+            q, k = st.scheme.rotate(q, k, st)
         if st.scheme.has_token_terms:  # channels from the tokens appended to q and k (PaPE)
             q, k = st.scheme.augment(x, q, k, st)
         return q, k, v

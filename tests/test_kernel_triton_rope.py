@@ -258,8 +258,24 @@ def test_clear_errors(monkeypatch):
         rope_rotate(q, q, (torch.ones(12, 8), torch.zeros(12, 8)))
     with pytest.raises(ValueError, match="block rotations"):
         rope_rotate(q, q, (torch.ones(2, 13, 3, 4, 4),))
-    with pytest.raises(ValueError, match="packed"):
-        a(torch.randn(2, 19, 32), _layout())
+
+
+@interpreted
+@pytest.mark.parametrize("pos", ["rope2d_mixed", "liere"])
+def test_attention_on_a_packed_layout_equals_sdpa(pos):
+    """``Attention(..., attn_impl="triton")`` on packed images: the fused rotation with per-token tables, then the fused
+    attention on the layout, equals the sdpa path on the same layout (outputs and every parameter's gradient)."""
+    torch.manual_seed(0)
+    a = Attention(32, 2, pos=pos, grid=GRID, num_prefix_tokens=1)
+    x = torch.randn(2, 19, 32)
+    ref = a(x, _layout())
+    g_ref = torch.autograd.grad(ref.square().sum(), list(a.parameters()))
+    a.attn_impl = "triton"
+    y = a(x, _layout())
+    g = torch.autograd.grad(y.square().sum(), list(a.parameters()))
+    torch.testing.assert_close(y, ref, atol=2e-5, rtol=1e-4)
+    for (name, _), gi, gr in zip(a.named_parameters(), g, g_ref):
+        torch.testing.assert_close(gi, gr, atol=2e-5, rtol=1e-4, msg=name)
 
 
 def test_kernels_compile_for_hopper():

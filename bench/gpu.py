@@ -23,6 +23,12 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    function) times steps per second over the device's dense bf16 peak (``PEAK_BF16``; unknown devices
    report FLOP/s only).
 5. **compile**: ``torch.compile`` of the default model, training step equal to eager, and its speed.
+0. **diagnose**: the fused kernel's breakdown at N = 1025 and 4097 (``bench/triton_tune.py --diagnose``): forward
+   with the bias read as whole tiles against gathered per score, without a table; forward + backward with and
+   without the table's gradient; FlexAttention's.
+
+The sections run in the order of ``SECTIONS`` (their priority) within ``--budget`` seconds (default 480: one
+command of a 15-minute GPU loan); a section that would start with less than ``MIN_SECTION_S`` left is not run.
 6. **train**: the default recipe (``python train.py trainer=gpu``, 10 epochs) with the eager step and with the fast
    step (``conf/step/fast.yaml``): steps/s, the fit's wall time, test accuracy. Needs hydra-core (docs/gpu.md).
 """
@@ -207,7 +213,8 @@ def train_recipe(dev: torch.device, quick: bool) -> list[str]:
         with tempfile.TemporaryDirectory() as d:
             argv = ["train.py", trainer, f"step={step}", "logger=none", "progress_bar=none", f"hydra.run.dir={d}"]
             argv += extra if step == "fast" else extra[:2]
-            subprocess.run([sys.executable, *argv], cwd=ROOT, check=True, capture_output=True, text=True)
+            env = child_env()
+            subprocess.run([sys.executable, *argv], cwd=ROOT, check=True, capture_output=True, text=True, env=env)
             r = json.loads((Path(d) / "metrics.json").read_text())
         rate = r["global_step"] / r["fit_s"]
         acc = r["metrics"].get("test/acc1", float("nan"))
@@ -236,7 +243,8 @@ def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
             "tests/test_kernel_triton_rope.py",
         ]
         t0 = time.perf_counter()
-        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "0"})
+        env = {**child_env(), "TRITON_INTERPRET": "0"}
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         tail = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
         lines.append(f"`{shlex.join(cmd[1:])}`: {tail} ({time.perf_counter() - t0:.0f} s)\n")
         if out.returncode:
@@ -271,15 +279,18 @@ def widened_backends(dev: torch.device) -> list[str]:
         ok = ["yes" if check(params) else "no" for check in checks]
         lines.append(f"| {pos if isinstance(pos, str) else pos} | {side}x{side} | {width} | {' | '.join(ok)} |")
     cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/test_kernel_shaw.py"]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=child_env())
     tail = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
     lines.append(f"\n`{shlex.join(cmd[1:])}`: {tail}\n")
     return lines + (["```", out.stdout[-3000:], "```"] if out.returncode else [])
 
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
-SECTIONS = {"kernel": 150, "attention": 200, "content": 120, "rotary": 100, "forward": 90, "models": 150, "vitb": 200,
-            "hazards": 90, "mfu": 120, "compile": 120, "train": 240}  # fmt: skip
+#: in the order of their priority: ``--budget`` (the whole pass, default 8 minutes) cuts the pass where it runs out
+SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "rotary": 100, "content": 120, "train": 240, "forward": 90,
+            "vitb": 200, "models": 150, "hazards": 90, "mfu": 120, "compile": 120}  # fmt: skip
+#: the least time worth starting a section with
+MIN_SECTION_S = 20
 
 #: the rotary schemes of the ``rotary`` section (LieRE with blocks of 8: its default, one block over the whole head, is
 #: timed by the same kernel with larger blocks)
@@ -287,10 +298,17 @@ ROTARY = ["rope1d", "rope2d_axial", "rope2d_mixed", "rope2d_mixed:basis=cayley",
           "liere:block_size=8"]  # fmt: skip
 
 
+def child_env() -> dict[str, str]:
+    """The environment of the scripts this pass runs: the repository first on ``PYTHONPATH`` (``bench/*.py`` import
+    vitrel whether or not it is installed)."""
+    path = os.environ.get("PYTHONPATH", "")
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), path) if p)}
+
+
 def run_script(argv: list[str], timeout: float | None = None) -> tuple[str, str]:
     cmd = [sys.executable, *argv]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=child_env())
     if out.returncode:
         raise SystemExit(f"{shlex.join(argv)} failed:\n{out.stderr[-3000:]}")
     return "python " + shlex.join(argv), out.stdout.strip() + f"\n\n({time.perf_counter() - t0:.0f} s)"
@@ -308,6 +326,11 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
     tables = [s for s in schemes if vitrel.pos.get_pos_class(s).has_offset_table]
     if name == "kernel":
         return ["## Triton kernel checks\n", *kernel_checks(dev, args.quick)]
+    if name == "diagnose":  # the fused kernel's breakdown: bias tiles against the per-score gather, dT, no table
+        if dev.type != "cuda":
+            return ["## Fused kernel breakdown: CUDA only\n"]
+        c, text = run_script(["bench/triton_tune.py", "--diagnose", "--sides", "32", "64", "--rounds", "5"])
+        return ["## Fused kernel breakdown (bench/triton_tune.py --diagnose)\n", f"`{c}`\n", text]
     if name == "attention":  # every offset-table scheme through sdpa and triton; the factored fold; lookhere's fovs
         sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored@fold"] if args.quick else [
             *tables, *(f"{s}@triton" for s in tables), "rel2d_factored@fold", "lookhere:fov=45@triton"]  # fmt: skip
@@ -355,6 +378,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--quick", action="store_true", help="small sizes (a check of the code path, not numbers)")
     ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round (MFU)")
+    ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole pass (sections in order)")
     ap.add_argument("--out", default=None, help="default bench/results/gpu_<device>.md")
     ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)  # one section, in this process, to stdout
     args = ap.parse_args(argv)
@@ -367,15 +391,21 @@ def main(argv: list[str] | None = None) -> None:
     cmd = "python bench/gpu.py " + " ".join(sys.argv[1:] if argv is None else argv)
     doc = [f"# GPU measurements: {name}\n", f"- Command: `{cmd}`", f"- torch {torch.__version__}, {time.ctime()}\n"]
     own = ["--device", args.device, "--steps", str(args.steps), *(["--quick"] * args.quick)]
+    start = time.perf_counter()
     for sec in args.sections:
         print(f"== {sec}", flush=True)
         t0 = time.perf_counter()
+        limit = min(SECTIONS[sec], args.budget - (t0 - start))
         try:
+            if limit < MIN_SECTION_S:
+                raise TimeoutError
             res = subprocess.run([sys.executable, __file__, *own, "--inner", sec], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=SECTIONS[sec])  # fmt: skip
+                                 text=True, timeout=limit)  # fmt: skip
             body = res.stdout.strip() if res.returncode == 0 else f"## {sec}: failed\n\n```\n{res.stderr[-3000:]}\n```"
+        except TimeoutError:
+            body = f"## {sec}: not run (the pass's --budget {args.budget:.0f} s was spent)"
         except subprocess.TimeoutExpired:
-            body = f"## {sec}: stopped at its time limit ({SECTIONS[sec]} s)"
+            body = f"## {sec}: stopped at its time limit ({limit:.0f} s)"
         doc += [body, f"\n(section {sec}: {time.perf_counter() - t0:.0f} s)\n"]
         print(doc[-2][:2000], doc[-1], sep="\n", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -60,11 +60,19 @@ def diagnose(side: int, rounds: int) -> list[str]:
 
     cases = {
         "plain SDPA fwd": nograd(lambda: F.scaled_dot_product_attention(q, k, v)),
-        "triton fwd, table": nograd(lambda: tb.rel_bias_attention(q, k, v, table, g, 1)),
+        "triton fwd, table (bias tiles)": nograd(
+            lambda: tb.rel_bias_attention(q, k, v, table, g, 1, bias_read="tiles")
+        ),
+        "triton fwd, table (gathered per score)": nograd(
+            lambda: tb.rel_bias_attention(q, k, v, table, g, 1, bias_read="gather")
+        ),
         "triton fwd, no table": nograd(lambda: tb.rel_bias_attention(q, k, v, None, g, 1)),
         "plain SDPA fwd+bwd": lambda: torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), go),
-        "triton fwd+bwd, table + dT": lambda: torch.autograd.grad(
-            tb.rel_bias_attention(q, k, v, table, g, 1), (q, k, v, table), go
+        "triton fwd+bwd, table + dT (bias tiles)": lambda: torch.autograd.grad(
+            tb.rel_bias_attention(q, k, v, table, g, 1, bias_read="tiles"), (q, k, v, table), go
+        ),
+        "triton fwd+bwd, table + dT (gathered per score)": lambda: torch.autograd.grad(
+            tb.rel_bias_attention(q, k, v, table, g, 1, bias_read="gather"), (q, k, v, table), go
         ),
         "triton fwd+bwd, fixed table (no dT)": lambda: torch.autograd.grad(
             tb.rel_bias_attention(q, k, v, fixed, g, 1), (q, k, v), go
@@ -153,10 +161,10 @@ def main() -> None:
     ap.add_argument("--sides", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--diagnose", action="store_true", help="only the breakdown at the first --sides")
+    ap.add_argument("--diagnose", action="store_true", help="only the breakdown at each of --sides")
     args = ap.parse_args()
     if args.diagnose:
-        text = "\n".join(diagnose(args.sides[0], args.rounds))
+        text = "\n".join(line for side in args.sides for line in diagnose(side, args.rounds))
         if args.out:
             Path(args.out).write_text(f"{torch.cuda.get_device_name()}, torch {torch.__version__}\n{text}\n")
         return

@@ -84,10 +84,13 @@ QUICK_ONNX = {("vit", "rel2d_factored"), ("swin", "rel2d_full"), ("vit", "rope2d
 
 
 def _own_path(name: str) -> bool:
-    """The scheme runs attention, or builds its queries and keys, its own way (not the protocol's defaults)."""
+    """The scheme runs attention (its own kernel's ``content_attention``: Shaw), or builds its queries and keys, its own
+    way (not the protocol's defaults)."""
     cls = vitrel.pos.get_pos_class(name)
     base = vitrel.pos.PositionScheme
-    return any(getattr(cls, hook, None) is not getattr(base, hook, None) for hook in ("attend", "augment"))
+    return any(
+        getattr(cls, hook, None) is not getattr(base, hook, None) for hook in ("attend", "augment", "content_attention")
+    )
 
 
 #: Swin programs (ONNX; torch.export's static and batch modes): a scheme of each family (and LookHere's -inf

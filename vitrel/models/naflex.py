@@ -244,9 +244,12 @@ def images_batch(images: Sequence[Tensor], patch_size: int, in_chans: int | None
             raise ValueError(f"image {i} of the list: expected a tensor [C, H, W], got {type(img).__name__}")
         if img.dim() == 4 and img.shape[0] == 1:
             img = img[0]
-        if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size:
+        if img.dim() != 3:
+            raise ValueError(f"image {i} of the list: a list of images takes tensors [C, H, W], got {tuple(img.shape)}")
+        h, w = img.shape[-2:]
+        if h % patch_size or w % patch_size or not (h and w):
             raise ValueError(
-                f"image {i}: expected [C, H, W], sides multiples of the patch size {patch_size}, got {tuple(img.shape)}"
+                f"image {i} of the list: {h}x{w} is not a positive multiple of the patch size {patch_size}"
             )
         want, whose = (in_chans, "the model takes") if in_chans is not None else (images[0].shape[-3], "image 0 has")
         if img.shape[0] != want:

@@ -249,7 +249,8 @@ def images_batch(images: Sequence[Tensor], patch_size: int, in_chans: int | None
         h, w = img.shape[-2:]
         if h % patch_size or w % patch_size or not (h and w):
             raise ValueError(
-                f"image {i} of the list: {h}x{w} is not a positive multiple of the patch size {patch_size}"
+                f"image {i} of the list: {h}x{w} is not a positive multiple of the patch size {patch_size} (both sides "
+                "must be multiples of the patch size: crop or pad the image)"
             )
         want, whose = (in_chans, "the model takes") if in_chans is not None else (images[0].shape[-3], "image 0 has")
         if img.shape[0] != want:

@@ -279,7 +279,7 @@ def test_swin_mixed_blocks_prepared_per_stage(monkeypatch):
     assert count.calls.get("aten.cos") == len(m.layers)
     params = list(m.parameters())
     grads = torch.autograd.grad(out.square().sum(), params)
-    monkeypatch.setattr(SwinStage, "position_states", lambda self, x: [None] * len(self.blocks))
+    monkeypatch.setattr(SwinStage, "position_states", lambda self, x, layout=None: [None] * len(self.blocks))
     ref = m(x)  # every block prepares its own state inside its attention
     torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
     for (name, _), g, r in zip(m.named_parameters(), grads, torch.autograd.grad(ref.square().sum(), params)):

@@ -9,8 +9,10 @@ from timm.data.naflex_transforms import patchify_image
 from timm.layers import DropPath
 
 from vitrel.models.swin import MixedMaps, SwinTransformer
+from vitrel.models.swin_blocks import image_maps, pack_maps, per_image
 from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import get_pos_class, list_pos
+from vitrel.pos.tokens import TokenLayout
 
 RELATIVE = sorted({n for n in list_pos() if get_pos_class(n).kind == "relative"} | {"none"})
 PATCH = 4
@@ -174,15 +176,17 @@ def test_forward_features_gives_each_image_its_map() -> None:
 
 
 def test_stochastic_depth_drawn_per_image() -> None:
-    maps = MixedMaps(torch.ones(10 + 6 + 3, 4), (Grid(2, 5), Grid(2, 3), Grid(1, 3)))
+    layout = TokenLayout.packed((Grid(2, 5), Grid(2, 3), Grid(1, 3)))
+    tokens = torch.ones(1, 10 + 6 + 3, 4)
     dp = DropPath(0.5).train()
     for seed in range(20):
         torch.manual_seed(seed)
-        out = maps.per_image(dp, maps.tokens)
-        for chunk in out.split(maps.sizes):  # each image kept whole (x2) or dropped whole (0)
+        out = per_image(dp, tokens, layout)
+        assert out.shape == tokens.shape
+        for chunk in out[0].split(layout.image_sizes):  # each image kept whole (x2) or dropped whole (0)
             assert chunk.unique().numel() == 1 and chunk[0, 0].item() in (0.0, 2.0)
     dp.eval()
-    assert maps.per_image(dp, maps.tokens) is maps.tokens
+    assert per_image(dp, tokens, layout) is tokens
 
 
 # ---------------------------------------------------------------------------- errors
@@ -207,7 +211,7 @@ def test_image_not_a_multiple_of_the_patch() -> None:
 def test_list_of_non_images() -> None:
     m = _model()
     with pytest.raises(ValueError, match=r"tensors \[C, H, W\]"):
-        m([torch.randn(1, 3, 32, 32, dtype=torch.float64)])
+        m([torch.randn(2, 3, 32, 32, dtype=torch.float64)])  # a batch in the list (one image [1, C, H, W] is taken)
 
 
 def test_mixed_needs_avg_pool() -> None:
@@ -239,6 +243,7 @@ def test_block_alone_on_mixed_maps(shifted: bool) -> None:
     g = torch.Generator().manual_seed(4)
     maps = [torch.randn(1, h, w, 16, generator=g, dtype=torch.float64) for h, w in [(8, 8), (6, 11), (3, 9)]]
     with torch.no_grad():
-        out = blk(MixedMaps.from_maps(maps))
-        for got, m in zip(out.maps(), maps):
+        x, layout = pack_maps(maps)
+        out = blk(x, layout)
+        for got, m in zip(image_maps(out, layout), maps):
             torch.testing.assert_close(got, blk(m), rtol=0, atol=1e-10)

@@ -1,4 +1,6 @@
-"""Shared DataModule machinery: errors, in-memory image datasets, splits, transforms, loaders.
+"""Shared DataModule machinery: the contract, transforms, loaders (the errors, the in-memory image data set and the
+split are in :mod:`vitrel.data.datasets`, the resumable training order in :mod:`vitrel.data.sampling`; all
+re-exported here).
 
 Every DataModule here follows one contract (the trainer and the evaluation scripts code against it):
 
@@ -24,8 +26,7 @@ dataset of raw ``(PIL image, int label)`` pairs (the workers loader only).
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +34,13 @@ import lightning as L
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
-from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from vitrel.data.augment import BatchAugment
-from vitrel.data.memory import MemoryLoader, ResumableLoader, TensorImageDataset, check_budget, to_uint8_nchw
+from vitrel.data.datasets import ArrayImageDataset, DatasetIntegrityError, DatasetNotFoundError, seeded_split
+from vitrel.data.memory import MemoryLoader, TensorImageDataset, check_budget, to_uint8_nchw
 from vitrel.data.packing import PackingCollator, naflex_transform, parse_packing
+from vitrel.data.sampling import EpochSampler, ResumableDataLoader
 from vitrel.data.transforms import (
     CANVAS_MODES,
     MappedDataset,
@@ -60,114 +62,6 @@ __all__ = [
 
 SPLITS = ("train", "val", "test")
 LOADERS = ("memory", "workers")
-
-
-class DatasetNotFoundError(FileNotFoundError):
-    """A data set is not where it was looked for. ``searched`` lists every path tried."""
-
-    def __init__(self, name: str, searched: Sequence[str | Path], how_to_get: Sequence[str], detail: str = "") -> None:
-        self.dataset_name = name
-        self.searched = [str(p) for p in searched]
-        self.how_to_get = list(how_to_get)
-        lines = [f"{name} not found." + (f" {detail}" if detail else ""), "Looked in:"]
-        lines += [f"  - {p}" for p in self.searched] or ["  (nowhere: no root given)"]
-        lines += ["How to get it:"] + [f"  - {h}" for h in self.how_to_get]
-        super().__init__("\n".join(lines))
-
-
-class DatasetIntegrityError(RuntimeError):
-    """The files exist but differ from the official release (checksum mismatch)."""
-
-
-class ArrayImageDataset(Dataset):
-    """In-memory uint8 images ``[N, H, W]`` or ``[N, H, W, C]`` -> ``(PIL image, int label)``.
-
-    ``mode="RGB"`` converts grayscale images to 3 channels (the value repeated).
-    """
-
-    def __init__(self, images: np.ndarray, labels: np.ndarray, mode: str | None = None) -> None:
-        if images.dtype != np.uint8 or images.ndim not in (3, 4):
-            raise ValueError(f"images must be uint8 [N, H, W(, C)], got {images.dtype} {images.shape}")
-        if len(images) != len(labels):
-            raise ValueError(f"{len(images)} images but {len(labels)} labels")
-        self.images = images
-        self.labels = np.asarray(labels, dtype=np.int64)
-        self.mode = mode
-
-    def __len__(self) -> int:
-        return len(self.images)
-
-    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
-        img = Image.fromarray(self.images[index])
-        if self.mode is not None and img.mode != self.mode:
-            img = img.convert(self.mode)
-        return img, int(self.labels[index])
-
-
-def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded random split of ``range(n)`` into ``(train_idx, val_idx)``, ``len(val) = round(fraction n)``."""
-    if not 0.0 < fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {fraction}")
-    n_val = int(round(fraction * n))
-    if not 0 < n_val < n:
-        raise ValueError(f"val_fraction={fraction} of {n} samples leaves an empty train or val split")
-    perm = np.random.default_rng(seed).permutation(n)
-    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
-
-
-class EpochSampler(DistributedSampler):
-    """Order of epoch ``e``: a permutation seeded by ``seed + e`` (or ``0..N-1``), rank ``r`` taking
-    ``order[r::num_replicas]`` (padded to equal length, as ``DistributedSampler``); the next
-    iteration starts ``skip`` samples in (a resumed epoch)."""
-
-    def __init__(self, dataset, *, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
-        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
-        self.skip = 0
-
-    def indices(self) -> list[int]:
-        """This rank's whole order for the current epoch (``skip`` not applied)."""
-        return list(super().__iter__())
-
-    def __iter__(self) -> Iterator[int]:
-        skip, self.skip = self.skip, 0
-        return itertools.islice(self.indices(), skip, None)
-
-
-class ResumableDataLoader(ResumableLoader, DataLoader):
-    """A ``DataLoader`` over an :class:`EpochSampler` that can resume mid-epoch.
-
-    ``state_dict()`` is ``{"epoch", "batches"}`` (the sampler's epoch, batches yielded in it so far);
-    after ``load_state_dict(state)`` the iteration of that epoch starts after those batches (an
-    iteration of another epoch starts at its beginning). Lightning keeps the state of such stateful
-    loaders in its checkpoints and restores it on resume. Under DDP Lightning leaves the sampler (a
-    ``DistributedSampler``) as it is.
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.batches_yielded = 0
-        self._resume_at: tuple[int, int] | None = None  # (epoch, batches done)
-
-    def __iter__(self):
-        sampler = self.sampler if isinstance(self.sampler, EpochSampler) else None
-        start = 0
-        if sampler is not None and self._resume_at is not None and self._resume_at[0] == sampler.epoch:
-            start = self._resume_at[1]
-            sampler.skip = start * int(self.batch_size or 1)
-        self._resume_at = None
-        self.batches_yielded = start
-        for batch in super().__iter__():
-            self.batches_yielded += 1
-            yield batch
-
-    def state_dict(self) -> dict[str, int]:
-        if not isinstance(self.sampler, EpochSampler):
-            return {}
-        return {"epoch": int(self.sampler.epoch), "batches": int(self.batches_yielded)}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        if state_dict and isinstance(self.sampler, EpochSampler):
-            self._resume_at = (int(state_dict["epoch"]), int(state_dict["batches"]))
 
 
 class VisionDataModule(L.LightningDataModule):

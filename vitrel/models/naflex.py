@@ -37,6 +37,9 @@ from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "NaFlexBatch",
+    "ModelInput",
+    "input_form",
+    "read_input",
     "parse_naflex",
     "grid_batch",
     "images_batch",
@@ -69,6 +72,40 @@ class NaFlexBatch(NamedTuple):
     def layout(self, num_prefix_tokens: int = 0) -> TokenLayout:
         """The tokens' layout with no prefix tokens (``with_prefix`` inserts them per image)."""
         return TokenLayout.build(self.segment, self.coords, self.image, self.image_grids, num_prefix_tokens)
+
+
+def input_form(x: Any) -> str:
+    """What a model's input is: ``"naflex"`` (a NaFlex dict), ``"list"`` (a list or tuple of images ``[C, H_i, W_i]``)
+    or ``"images"`` (a batch ``[B, C, H, W]``). The one place the question is asked: the models' entrance
+    (:func:`read_input`) and the training step read this answer. Positive kinds, not "not a tensor": a ``torch.fx``
+    Proxy stands for a tensor (``features_only`` with ``feature_cls="fx"``)."""
+    if isinstance(x, Mapping):
+        return "naflex"
+    if isinstance(x, (list, tuple)):
+        return "list"
+    return "images"
+
+
+class ModelInput(NamedTuple):
+    """A model's input, its form decided once at the entrance (:func:`read_input`): ``images [B, C, H, W]`` (one
+    grid for the batch: the fast path) or ``batch`` (images of any sizes, as checked patches whose
+    :meth:`NaFlexBatch.layout` both backbones read). Exactly one is set."""
+
+    images: Tensor | None
+    batch: NaFlexBatch | None
+
+
+def read_input(x: Any, proj: nn.Conv2d) -> ModelInput:
+    """A model's input (a batch of images, a list of images of any sizes, or a NaFlex dict) -> :class:`ModelInput`:
+    a list becomes the NaFlex dict of its images (:func:`images_batch`), a dict is checked (:func:`parse_naflex`) for
+    the patch embedding's convolution ``proj`` (its patch size and channels; the patches taken onto its device)."""
+    form = input_form(x)
+    if form == "images":
+        return ModelInput(x, None)
+    (p, _), c = proj.kernel_size, proj.in_channels
+    if form == "list":
+        x = images_batch(list(x), p, c)
+    return ModelInput(None, parse_naflex(x, c * p * p, proj.weight.device))
 
 
 def parse_naflex(batch: Mapping[str, Any], patch_dim: int | None = None, device: Any = None) -> NaFlexBatch:
@@ -207,9 +244,13 @@ def images_batch(images: Sequence[Tensor], patch_size: int, in_chans: int | None
             raise ValueError(f"image {i} of the list: expected a tensor [C, H, W], got {type(img).__name__}")
         if img.dim() == 4 and img.shape[0] == 1:
             img = img[0]
-        if img.dim() != 3 or img.shape[-2] % patch_size or img.shape[-1] % patch_size:
+        if img.dim() != 3:
+            raise ValueError(f"image {i} of the list: a list of images takes tensors [C, H, W], got {tuple(img.shape)}")
+        h, w = img.shape[-2:]
+        if h % patch_size or w % patch_size or not (h and w):
             raise ValueError(
-                f"image {i}: expected [C, H, W], sides multiples of the patch size {patch_size}, got {tuple(img.shape)}"
+                f"image {i} of the list: {h}x{w} is not a positive multiple of the patch size {patch_size} (both sides "
+                "must be multiples of the patch size: crop or pad the image)"
             )
         want, whose = (in_chans, "the model takes") if in_chans is not None else (images[0].shape[-3], "image 0 has")
         if img.shape[0] != want:

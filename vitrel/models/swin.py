@@ -11,52 +11,39 @@ The position scheme sees the *window's* grid: one bias per window grid, shared b
 all blocks of a stage with ``pos_share=True``: the stage owns the scheme, prepares its state once per
 forward and passes it to its blocks).
 
-The windows, their shift and mask, and the window attention itself are in
-:mod:`vitrel.models.swin_windows`.
+The blocks, stages, patch embedding and merging are in :mod:`vitrel.models.swin_blocks`; the windows, their
+shift and mask, and the window attention itself in :mod:`vitrel.models.swin_windows`. Images of different sizes
+(a list, or a NaFlex dict of full grids) are read once at the entrance (:func:`~vitrel.models.naflex.read_input`)
+and run as packed maps on a :class:`~vitrel.pos.tokens.TokenLayout`, the ViT's layout type.
 """
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
-import torch.nn.functional as F
-from timm.layers import calculate_drop_path_rates, register_notrace_function, to_2tuple
+from timm.layers import calculate_drop_path_rates, to_2tuple
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_swin_args
-from vitrel.models.blocks import (
-    Block,
-    PatchEmbed,
-    add_abs_pos,
-    constructor_config,
-    patch_grid,
-    with_placement,
-)
+from vitrel.models.blocks import add_abs_pos, constructor_config, with_placement
 from vitrel.models.input_size import check_img_size, rebuild_position_schemes
-from vitrel.models.naflex import embed_patches, parse_naflex
-from vitrel.models.swin_windows import (
-    MixedMaps,
-    mixed_states,
-    mixed_window_attention,
-    shifted_window_mask,
-    stage_state,
-    stage_states,
-    window_and_shift,
-    window_attention,
-    window_partition,
-    window_positions,
-    window_reverse,
+from vitrel.models.naflex import ModelInput, NaFlexBatch, embed_patches, input_form, read_input
+from vitrel.models.swin_blocks import (
+    MapPatchEmbed,
+    PatchMerging,
+    SwinBlock,
+    SwinStage,
+    image_maps,
+    map_grid,
+    pack_maps,
 )
+from vitrel.models.swin_windows import shifted_window_mask, window_and_shift, window_partition, window_reverse
 from vitrel.models.timm_surface import TimmSurface
-from vitrel.pos.base import PosState
-from vitrel.pos.cache import NonPersistentBuffers
-from vitrel.pos.geometry import Grid, as_grid
+from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
+from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "SwinTransformer",
@@ -72,254 +59,22 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------- modules
-class SwinBlock(NonPersistentBuffers, Block):
-    """(Shifted-)window attention block on ``[B, H, W, C]`` maps: :class:`~vitrel.models.blocks.Block`'s
-    pre-norm attention and MLP, the attention inside the windows (``kwargs``: the block's other arguments,
-    ``mlp_ratio``, ``qkv_bias``, ``proj_drop``, ``attn_drop``, ``drop_path``, ``layer``, ``attn_impl``).
+class MixedMaps(NamedTuple):
+    """What :meth:`SwinTransformer.forward_features` gives for images of different sizes: the final maps packed,
+    ``tokens [T, C]`` (each image's map in raster order, one image after another), on their packed
+    :class:`~vitrel.pos.tokens.TokenLayout` (``layout.image_grids``: each image's final grid)."""
 
-    ``attn_mask`` (a non-persistent buffer, None when not needed) is the shifted-window mask of the
-    grid the block is built for (remade by ``init_non_persistent_buffers()``, see
-    :class:`~vitrel.pos.cache.NonPersistentBuffers`); another grid computes its mask in the forward pass.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        window_size: tuple[int, int],
-        shifted: bool,
-        pos: PosArg = "rel2d_full",
-        build_grid: tuple[int, int] = (7, 7),
-        norm_eps: float = 1e-5,
-        **kwargs: Any,
-    ) -> None:
-        build_grid = as_grid(build_grid)
-        win, _ = window_and_shift(build_grid, window_size, shifted)
-        super().__init__(dim, num_heads, pos=pos, grid=win, num_prefix_tokens=0, norm_eps=norm_eps, **kwargs)
-        self.window_size = window_size
-        self.shifted = shifted
-        self.build_grid = build_grid
-        self.init_non_persistent_buffers()
-
-    def _init_buffers(self) -> None:
-        """``attn_mask``: the shifted-window mask of the built grid (None when nothing needs masking)."""
-        like = self._like("attn_mask")
-        win, shift = window_and_shift(self.build_grid, self.window_size, self.shifted)
-        mask = shifted_window_mask(self.build_grid, win, shift, like.get("device"))
-        self.register_buffer("attn_mask", None if mask is None else mask.to(**like), persistent=False)
-
-    def _windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], Tensor | None]:
-        """Normalised map -> (windows ``[B nW, n, C]``, map grid, window, shift, mask)."""
-        _, h, w, _ = x.shape
-        grid = Grid(h, w)
-        win, shift = window_and_shift(grid, self.window_size, self.shifted)
-        ph, pw = (-h) % win[0], (-w) % win[1]
-        if ph or pw:
-            x = F.pad(x, (0, 0, 0, pw, 0, ph))
-        if any(shift):
-            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
-        if grid == self.build_grid:
-            mask = self.attn_mask
-        else:
-            mask = shifted_window_mask(grid, win, shift, x.device)
-        return window_partition(x, win), grid, win, shift, mask
-
-    def _state(self, x: Tensor, pos_state: PosState | None) -> PosState:
-        """``pos_state`` (what the stage passes), or this block's own scheme prepared for the windows of ``x``."""
-        if pos_state is not None:
-            return pos_state
-        if isinstance(x, MixedMaps):  # one state per window grid, each prepared as for one image alone
-            return mixed_states(functools.partial(self._state, pos_state=None), x, self.window_size)
-        if self.attn.pos is None:
-            raise ValueError("this block uses its stage's shared scheme: pass pos_state=stage.position_state(x)")
-        return stage_state(self.attn.pos, x, self.window_size, self.attn.attn_impl)
-
-    def forward(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
-        """``[B, H, W, C]`` -> ``[B, H, W, C]``; ``pos_state``: the state of the block's scheme for the windows of
-        ``x``, prepared by its stage once per forward (else prepared here). Images of different sizes: ``x`` a
-        :class:`MixedMaps` and ``pos_state`` a state per window grid (``SwinStage.position_states``)."""
-        if isinstance(x, MixedMaps):
-            return self._forward_mixed(x, pos_state)
-        x = x + self.drop_path1(window_attention(self, self.norm1(x), self._state(x, pos_state)))
-        x = x + self.drop_path2(self.mlp(self.norm2(x)))
-        return x
-
-    def _forward_mixed(self, x: MixedMaps, states: dict[Grid, PosState] | None) -> MixedMaps:
-        """The block on images of different sizes: windows per image (``mixed_window_attention``), norms and MLP on
-        all tokens at once, stochastic depth drawn per image."""
-        t = x.tokens
-        attn = mixed_window_attention(self, x.replace(self.norm1(t)), self._state(x, states))
-        t = t + x.per_image(self.drop_path1, attn)
-        t = t + x.per_image(self.drop_path2, self.mlp(self.norm2(t)))
-        return x.replace(t)
-
-    @torch.no_grad()
-    def dense_attention(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
-        """Attention probabilities of this block as a dense ``[B, heads, H W, H W]`` map over the
-        (un-rolled, un-padded) image positions; pairs in different windows get 0."""
-        b, h, w, _ = x.shape
-        windows, grid, win, shift, mask = self._windows(self.norm1(x))
-        probs = self.attn.attention_map(windows, mask=mask, pos_state=self._state(x, pos_state))  # [B nW, heads, n, n]
-        pos = window_positions(h, w, win, shift)  # [nW, n]
-        nw, n = pos.shape
-        heads = probs.shape[1]
-        probs = probs.view(b, nw, heads, n, n)
-        dense = torch.zeros(b, heads, h * w, h * w, dtype=probs.dtype, device=probs.device)
-        for k in range(nw):
-            valid = pos[k] >= 0
-            idx = pos[k][valid].to(probs.device)
-            p = probs[:, k][:, :, valid][:, :, :, valid]
-            dense[:, :, idx[:, None], idx[None, :]] = p
-        return dense
-
-
-class MapPatchEmbed(PatchEmbed):
-    """The Swin's patch embedding: images -> the map ``[B, H', W', C]`` alone (its grid is its shape), so
-    the Swin's children run one after the other (timm's ``FeatureListNet`` / ``FeatureDictNet``).
-
-    ``img_size``: the only input size accepted (a strict model, see :mod:`vitrel.models.input_size`), or None.
-    """
-
-    def __init__(self, *args: Any, img_size: tuple[int, int] | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, flatten=False, **kwargs)
-        self.img_size = img_size
+    tokens: Tensor
+    layout: TokenLayout
 
     @property
-    def strict_img_size(self) -> bool:
-        """timm's ``PatchEmbed.strict_img_size`` (timm's builder reads it for ``fixed_input_size``)."""
-        return self.img_size is not None
+    def grids(self) -> tuple[Grid, ...]:
+        """Each image's final grid."""
+        return self.layout.image_grids
 
-    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
-        # written here, not via super(): torch.fx wraps the notrace functions a module's own forward calls
-        if self.img_size is not None:
-            check_img_size(x, self.img_size)
-        patch_grid(x, self.patch_size, self.proj.in_channels)  # the layout / size checks
-        return self.norm(self.proj(x).permute(0, 2, 3, 1))
-
-
-def _one_image(img: Tensor) -> Tensor:
-    """One image ``[C, H, W]`` of a list -> a batch of one."""
-    if not isinstance(img, Tensor) or img.dim() != 3:
-        shape = tuple(img.shape) if isinstance(img, Tensor) else type(img).__name__
-        raise ValueError(f"a list of images takes tensors [C, H, W], got {shape}")
-    return img[None]
-
-
-@register_notrace_function
-def map_grid(x: Tensor) -> Grid:
-    """The grid of a map ``[B, H, W, C]``."""
-    return Grid(x.shape[1], x.shape[2])
-
-
-class PatchMerging(nn.Module):
-    """2x2 neighbouring patches -> one: ``[B, H, W, C] -> LN -> Linear(4C, out)`` (odd sides padded)."""
-
-    def __init__(self, dim: int, out_dim: int | None = None, norm_eps: float = 1e-5) -> None:
-        super().__init__()
-        self.dim = dim
-        self.out_dim = out_dim or 2 * dim
-        self.norm = nn.LayerNorm(4 * dim, eps=norm_eps)
-        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
-
-    def forward(self, x: Tensor | MixedMaps) -> Tensor | MixedMaps:
-        if isinstance(x, MixedMaps):  # each image merged on its own grid, then one LN + Linear on all tokens
-            x = MixedMaps.from_maps([merge_2x2(m) for m in x.maps()])
-            return x.replace(self.reduction(self.norm(x.tokens)))
-        return self.reduction(self.norm(merge_2x2(x)))
-
-
-@register_notrace_function
-def merge_2x2(x: Tensor) -> Tensor:
-    """``[B, H, W, C]`` -> ``[B, ceil(H/2), ceil(W/2), 4C]`` (odd sides zero-padded), timm's channel order."""
-    b, h, w, c = x.shape
-    x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
-    h, w = x.shape[1], x.shape[2]
-    return x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
-
-
-class SwinStage(nn.Module):
-    """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows."""
-
-    def __init__(
-        self,
-        dim: int,
-        out_dim: int,
-        depth: int,
-        num_heads: int,
-        window_size: tuple[int, int],
-        build_grid: Grid,
-        downsample: bool,
-        pos: PosArg = "rel2d_full",
-        pos_share: bool = False,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: Sequence[float] = (),
-        norm_eps: float = 1e-5,
-        layers: tuple[int, int] | None = None,
-        attn_impl: str = "auto",
-    ) -> None:
-        super().__init__()
-        self.grad_checkpointing = False
-        self.attn_impl = attn_impl
-        self.downsample = PatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
-        if not downsample and dim != out_dim:
-            raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
-        self.build_grid = build_grid
-        self.window_size = window_size
-        win, _ = window_and_shift(build_grid, window_size, False)
-        pos = parse_pos(pos)
-        make_pos = functools.partial(pos.build, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win)
-        self.rel_pos = make_pos() if pos_share else None
-        self.blocks = nn.ModuleList(
-            [
-                SwinBlock(
-                    out_dim,
-                    num_heads,
-                    window_size,
-                    shifted=i % 2 == 1,
-                    pos=SHARED if pos_share else make_pos(layer=None if layers is None else (layers[0] + i, layers[1])),
-                    build_grid=build_grid,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    proj_drop=proj_drop,
-                    attn_drop=attn_drop,
-                    drop_path=drop_path[i] if len(drop_path) else 0.0,
-                    norm_eps=norm_eps,
-                    attn_impl=attn_impl,
-                )
-                for i in range(depth)
-            ]
-        )
-
-    def position_state(self, x: Tensor) -> PosState | None:
-        """The shared scheme's state for the windows of the map ``x [B, H, W, C]`` (None without ``pos_share``)."""
-        if self.rel_pos is None:
-            return None
-        return stage_state(self.rel_pos, x, self.window_size, self.attn_impl)
-
-    def position_states(self, x: Tensor | MixedMaps) -> list[PosState] | list[dict[Grid, PosState]]:
-        """Each block's state for the windows of the map ``x [B, H, W, C]``, once per forward: the shared
-        scheme's for every block, or the blocks' own schemes prepared together. Images of different sizes
-        (:class:`MixedMaps`): each block's states per window grid, each prepared as for one image alone."""
-        if isinstance(x, MixedMaps):
-            per_window = mixed_states(self.position_states, x, self.window_size)
-            return [{win: states[i] for win, states in per_window.items()} for i in range(len(self.blocks))]
-        st = self.position_state(x)
-        if st is not None:
-            return [st] * len(self.blocks)
-        return stage_states([blk.attn.pos for blk in self.blocks], x, self.window_size, self.attn_impl)
-
-    def forward(self, x: Tensor) -> Tensor:
-        x = self.downsample(x)
-        states = self.position_states(x)  # once per forward, handed to the blocks
-        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
-        for i, blk in enumerate(self.blocks):
-            st = states[i]
-            x = checkpoint(blk, x, st, use_reentrant=False) if ckpt else blk(x, st)
-        return x
+    def maps(self) -> list[Tensor]:
+        """Each image's map ``[1, h, w, C]`` (views of the tokens)."""
+        return image_maps(self.tokens[None], self.layout)
 
 
 class SwinTransformer(TimmSurface, nn.Module):
@@ -516,23 +271,22 @@ class SwinTransformer(TimmSurface, nn.Module):
                 blk.attn_mask = new_blk.attn_mask
 
     # ---------------------------------------------------------------------------- forward
-    def embed(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor | MixedMaps:
-        """Images -> patch map ``[B, H', W', C]`` (with the absolute embedding, if any); a list of images
-        ``[C, H_i, W_i]`` or a NaFlex dict -> each image's map, packed (:class:`MixedMaps`)."""
-        if isinstance(x, (list, tuple, Mapping)):
-            maps = self._naflex_maps(x) if isinstance(x, Mapping) else [self.patch_embed(_one_image(img)) for img in x]
-            mixed = MixedMaps.from_maps([self._add_abs_pos(m) for m in maps])
-            return mixed.replace(self.pos_drop(mixed.tokens))
+    def read_input(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> ModelInput:
+        """The entrance: the input's form decided once (:func:`~vitrel.models.naflex.read_input`)."""
+        return read_input(x, self.patch_embed.proj)
+
+    def embed(self, x: Tensor) -> Tensor:
+        """Images ``[B, C, H, W]`` -> patch map ``[B, H', W', C]`` (with the absolute embedding, if any)."""
         return self.pos_drop(self._add_abs_pos(self.patch_embed(x)))
 
     def _add_abs_pos(self, x: Tensor) -> Tensor:
         return x if self.abs_pos is None else add_abs_pos(self.abs_pos, x, map_grid(x), 0)
 
-    def _naflex_maps(self, batch: Mapping[str, Tensor]) -> list[Tensor]:
-        """A NaFlex dict (:mod:`vitrel.models.naflex`) whose every image is a full grid -> each image's patch map
-        ``[1, h, w, C]`` (its tokens in any order, put in their places)."""
+    def embed_packed(self, nb: NaFlexBatch) -> tuple[Tensor, TokenLayout]:
+        """Images of different sizes (:meth:`read_input`'s batch; every image a full grid) -> each image's patch map
+        (with the absolute embedding, if any) packed ``[1, T, C]``, and that packed layout (its tokens in any order,
+        put in their places)."""
         pe, p = self.patch_embed, self.patch_embed.patch_size
-        nb = parse_naflex(batch, p * p * pe.proj.in_channels, pe.proj.weight.device)
         valid = nb.image >= 0
         image, coords = nb.image[valid], nb.coords[valid]
         counts = torch.bincount(image, minlength=nb.num_images).tolist()
@@ -550,19 +304,32 @@ class SwinTransformer(TimmSurface, nn.Module):
         dest = start[image] + coords[:, 0] * widths[image] + coords[:, 1]  # each token's raster place in its image
         tokens = pe.norm(embed_patches(pe.proj, nb.patches)[valid])
         tokens = tokens.new_empty(tokens.shape).index_copy_(0, dest, tokens)
-        return MixedMaps(tokens, nb.image_grids).maps()
+        layout = TokenLayout.packed(nb.image_grids, 0, tokens.device)
+        x, layout = pack_maps([self._add_abs_pos(m) for m in image_maps(tokens[None], layout)])
+        return self.pos_drop(x), layout
 
     def forward_features(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor | MixedMaps:
         """Images -> normalised feature map ``[B, H'', W'', C]`` (NHWC, as timm's Swin). Images of different sizes
         (a list of ``[C, H_i, W_i]``, or timm's NaFlex dict with every image a full grid) -> their maps packed
         (:class:`MixedMaps`: ``.maps()`` gives each image's ``[1, H_i'', W_i'', C]``), each as the image alone."""
+        inp = self.read_input(x)
+        return self._grid_features(inp.images) if inp.batch is None else self._packed_features(inp.batch)
+
+    def _grid_features(self, x: Tensor) -> Tensor:
         x = self.embed(x)
         for stage in self.layers:
             x = stage(x)
-        return x.replace(self.norm(x.tokens)) if isinstance(x, MixedMaps) else self.norm(x)
+        return self.norm(x)
+
+    def _packed_features(self, nb: NaFlexBatch) -> MixedMaps:
+        x, layout = self.embed_packed(nb)
+        for stage in self.layers:
+            x, layout = stage(x, layout), stage.output_layout(layout)
+        return MixedMaps(self.norm(x)[0], layout)
 
     def pool(self, x: Tensor | MixedMaps) -> Tensor:
-        if isinstance(x, MixedMaps):  # one row per image, in image order
+        """Maps ``[B, H, W, C]`` -> ``[B, C]`` (``"avg"``); :class:`MixedMaps` -> one row per image, in image order."""
+        if isinstance(x, MixedMaps):  # the exit's packed form (forward_features), not the input's
             if self.global_pool != "avg":
                 raise ValueError(
                     "images of different sizes need global_pool='avg' (one row per image); for their feature maps "
@@ -593,7 +360,7 @@ class SwinTransformer(TimmSurface, nn.Module):
         ``norm`` applies the final norm to the last stage's map (the only one it is sized for);
         ``stop_early`` skips the stages after the last one asked for.
         """
-        if not isinstance(x, Tensor):
+        if input_form(x) != "images":
             raise ValueError("forward_intermediates takes a batch of images [B, C, H, W] (one size)")
         take, stages = self.intermediate_indices(indices, output_fmt, stop_early)
         x = self.embed(x)
@@ -644,7 +411,7 @@ class SwinTransformer(TimmSurface, nn.Module):
         if not -n <= block < n:
             raise ValueError(f"block {block} out of range for {n} blocks")
         for blk in stg.blocks[: block % n]:
-            x = blk(x, pos_state)
+            x = blk(x, pos_state=pos_state)
         dense = stg.blocks[block % n].dense_attention(x, pos_state)  # [B, heads, HW, HW]
         return dense.mean(2).reshape(*dense.shape[:2], x.shape[1], x.shape[2])
 

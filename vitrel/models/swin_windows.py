@@ -18,7 +18,7 @@ windows stay exactly ``floor((r - s) / M)``, and padded positions are masked out
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -30,10 +30,9 @@ from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import Grid
 
 if TYPE_CHECKING:
-    from vitrel.models.swin import SwinBlock
+    from vitrel.models.swin_blocks import SwinBlock
 
 __all__ = [
-    "MixedMaps",
     "window_partition",
     "window_reverse",
     "window_and_shift",
@@ -48,46 +47,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-
-
-class MixedMaps(NamedTuple):
-    """The maps of a batch of images of different sizes, packed: ``tokens [T, C]`` holds each image's map in raster
-    order, one image after another, and ``grids`` each image's grid (``T = sum h w``).
-
-    What a Swin's stages pass on for a list of images (or a NaFlex dict): norms and MLPs run once on all tokens,
-    windows and patch merging per image on its own grid (:func:`mixed_window_attention`, ``PatchMerging``).
-    """
-
-    tokens: Tensor
-    grids: tuple[Grid, ...]
-
-    @classmethod
-    def from_maps(cls, maps: Sequence[Tensor]) -> MixedMaps:
-        """Maps ``[1, h_i, w_i, C]`` (one image each) -> packed."""
-        return cls(
-            torch.cat([m.reshape(-1, m.shape[-1]) for m in maps]), tuple(Grid(m.shape[1], m.shape[2]) for m in maps)
-        )
-
-    @property
-    def sizes(self) -> list[int]:
-        """Tokens per image."""
-        return [g.h * g.w for g in self.grids]
-
-    def maps(self, tokens: Tensor | None = None) -> list[Tensor]:
-        """Each image's map ``[1, h, w, C]`` (views of ``tokens``, by default the packed tokens)."""
-        t = self.tokens if tokens is None else tokens
-        return [c.view(1, g.h, g.w, c.shape[-1]) for c, g in zip(t.split(self.sizes), self.grids)]
-
-    def replace(self, tokens: Tensor) -> MixedMaps:
-        """The same images with new tokens ``[T, C']``."""
-        return MixedMaps(tokens, self.grids)
-
-    def per_image(self, fn: Callable[[Tensor], Tensor], tokens: Tensor) -> Tensor:
-        """``fn`` on each image's tokens as a batch of one (``[1, h w, C]``: a per-sample op such as ``DropPath`` draws
-        once per image); one call on all tokens when ``fn`` is the identity or in eval mode."""
-        if isinstance(fn, torch.nn.Identity) or not getattr(fn, "training", True):
-            return fn(tokens)
-        return torch.cat([fn(c[None])[0] for c in tokens.split(self.sizes)])
 
 
 def window_and_shift(grid: Grid, window: tuple[int, int], shifted: bool) -> tuple[tuple[int, int], tuple[int, int]]:
@@ -178,12 +137,12 @@ def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor
     """``block``'s (shifted-)window attention on the normalised map ``x [B, H, W, C]`` -> ``[B, H, W, C]``."""
     if _symbolic(x):
         return _any_size_window_attention(block, x, pos_state)
-    windows, grid, win, shift, mask = block._windows(x)
+    windows, grid, win, shift, mask = block.windows(x)
     return unwindow(block.attn(windows, mask=mask, pos_state=pos_state), grid, win, shift)
 
 
 def unwindow(windows: Tensor, grid: Grid, win: tuple[int, int], shift: tuple[int, int]) -> Tensor:
-    """Inverse of ``SwinBlock._windows``: windows ``[B nW, n, C]`` of the ``grid`` map (padded to multiples of
+    """Inverse of ``SwinBlock.windows``: windows ``[B nW, n, C]`` of the ``grid`` map (padded to multiples of
     ``win``, rolled by ``-shift``) -> the map ``[B, h, w, C]`` (rolled back, the padding cut)."""
     h, w = grid
     out = window_reverse(windows, win, h + (-h) % win[0], w + (-w) % win[1])
@@ -194,15 +153,16 @@ def unwindow(windows: Tensor, grid: Grid, win: tuple[int, int], shift: tuple[int
     return out
 
 
-def mixed_window_attention(block: SwinBlock, x: MixedMaps, states: dict[Grid, PosState]) -> Tensor:
-    """``block``'s (shifted-)window attention on the normalised maps of images of different sizes -> tokens ``[T, C]``.
+def mixed_window_attention(block: SwinBlock, maps: Sequence[Tensor], states: dict[Grid, PosState]) -> Tensor:
+    """``block``'s (shifted-)window attention on the normalised maps ``[1, h_i, w_i, C]`` of images of different sizes
+    -> their tokens packed ``[1, T, C]`` (each image's map in raster order, one image after another).
 
-    Each image is windowed on its own grid exactly as alone (``block._windows``: its window, shift, padding and
+    Each image is windowed on its own grid exactly as alone (``block.windows``: its window, shift, padding and
     shifted-window mask); the windows of all images with the same window grid (all of them unless a window shrinks
     to a small image's grid) go through the attention as one batch, each window with its own mask; then each image's
     windows are put back on its grid (:func:`unwindow`). ``states``: the block's scheme state per window grid
     (:func:`mixed_states`)."""
-    parts = [block._windows(m) for m in x.maps()]  # (windows, grid, win, shift, mask) per image
+    parts = [block.windows(m) for m in maps]  # (windows, grid, win, shift, mask) per image
     groups: dict[Grid, list[int]] = {}
     for i, part in enumerate(parts):
         groups.setdefault(Grid(*part[2]), []).append(i)
@@ -219,14 +179,15 @@ def mixed_window_attention(block: SwinBlock, x: MixedMaps, states: dict[Grid, Po
         for i, r in zip(idx, res.split([parts[i][0].shape[0] for i in idx])):
             _, grid, _, shift, _ = parts[i]
             out[i] = unwindow(r, grid, win, shift).reshape(-1, r.shape[-1])
-    return torch.cat([out[i] for i in range(len(parts))])
+    return torch.cat([out[i] for i in range(len(parts))])[None]
 
 
-def mixed_states(prepare: Callable[[Tensor], T], x: MixedMaps, window: tuple[int, int]) -> dict[Grid, T]:
+def mixed_states(prepare: Callable[[Tensor], T], maps: Sequence[Tensor], window: tuple[int, int]) -> dict[Grid, T]:
     """``prepare`` (a function of one image's map, e.g. a stage's ``position_states``) once per distinct window grid
-    of the images of ``x`` (an image's window: ``window`` shrunk to its grid, as alone), keyed by that window grid."""
+    of the maps ``[1, h_i, w_i, C]`` (an image's window: ``window`` shrunk to its grid, as alone), keyed by that
+    window grid."""
     out: dict[Grid, T] = {}
-    for m in x.maps():
+    for m in maps:
         win = _stage_window(m, window)
         if win not in out:
             out[win] = prepare(m)

@@ -39,13 +39,13 @@ from vitrel.models.blocks import (
 )
 from vitrel.models.input_size import check_img_size, rebuild_position_schemes
 from vitrel.models.naflex import (
+    ModelInput,
     check_token_drop,
     drop_tokens,
     embed_patches,
     grid_batch,
-    images_batch,
-    parse_naflex,
     pool_images,
+    read_input,
     token_drop_rates,
     with_prefix,
 )
@@ -244,20 +244,25 @@ class VisionTransformer(TimmSurface, nn.Module):
             x = add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
         return self.pos_drop(x), grid
 
-    def embed_tokens(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> tuple[Tensor, TokenLayout, Tensor]:
-        """The general input: timm's NaFlex dict (packed with ``segment_ids``), a list of images of any sizes, or images
-        whose tokens are dropped (``token_drop`` in training) -> tokens ``[B, N', C]`` with each image's prefix tokens
-        ahead of its patches (:func:`~vitrel.models.naflex.with_prefix`), their layout, and where each input patch
-        token went (``[B, N]``)."""
-        if isinstance(x, Tensor):
-            tokens, grid = self.patch_embed(x)
+    def read_input(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> ModelInput:
+        """The entrance: the input's form decided once (:func:`~vitrel.models.naflex.read_input`)."""
+        return read_input(x, self.patch_embed.proj)
+
+    def _uses_layout(self, inp: ModelInput) -> bool:
+        """The input takes the token-layout path (not one full grid per batch)."""
+        return inp.batch is not None or (self.training and bool(self.token_drop))
+
+    def embed_tokens(self, x: ModelInput) -> tuple[Tensor, TokenLayout, Tensor]:
+        """The general input (:meth:`read_input`'s): timm's NaFlex dict (packed with ``segment_ids``), a list of images
+        of any sizes, or images whose tokens are dropped (``token_drop`` in training) -> tokens ``[B, N', C]`` with each
+        image's prefix tokens ahead of its patches (:func:`~vitrel.models.naflex.with_prefix`), their layout, and where
+        each input patch token went (``[B, N]``)."""
+        if x.batch is None:
+            tokens, grid = self.patch_embed(x.images)
             batch = grid_batch(tokens, grid)
         else:
-            proj = self.patch_embed.proj
-            if not isinstance(x, Mapping):
-                x = images_batch(list(x), self.patch_embed.patch_size, proj.in_channels)
-            batch = parse_naflex(x, proj.in_channels * proj.kernel_size[0] * proj.kernel_size[1], proj.weight.device)
-            batch = batch._replace(patches=self.patch_embed.norm(embed_patches(proj, batch.patches)))
+            pe = self.patch_embed
+            batch = x.batch._replace(patches=pe.norm(embed_patches(pe.proj, x.batch.patches)))
         if self.training and self.token_drop:
             batch = drop_tokens(batch, token_drop_rates(self.token_drop, batch.num_images, batch.patches.device))
         prefix = [t[0] for t in (self.cls_token, self.reg_token) if t is not None]
@@ -267,9 +272,15 @@ class VisionTransformer(TimmSurface, nn.Module):
         return self.pos_drop(x), layout, dest
 
     def forward_layout(self, x: Any, depth: int | None = None) -> tuple[Tensor, TokenLayout, Tensor, list[Tensor]]:
-        """:meth:`embed_tokens`, then the blocks (the first ``depth``) on the layout: the final normalised tokens, the
-        layout, where each input token went, and every block's output."""
-        x, layout, dest = self.embed_tokens(x)
+        """The input (any form, :meth:`read_input`) on the token-layout path: :meth:`embed_tokens`, then the blocks (the
+        first ``depth``) on the layout: the final normalised tokens, the layout, where each input token went, and
+        every block's output."""
+        return self._forward_layout(self.read_input(x), depth)
+
+    def _forward_layout(
+        self, inp: ModelInput, depth: int | None = None
+    ) -> tuple[Tensor, TokenLayout, Tensor, list[Tensor]]:
+        x, layout, dest = self.embed_tokens(inp)
         outs = list(self.run_blocks(x, self.position_states(layout, x, depth), depth))
         return self.norm(outs[-1] if outs else x), layout, dest, outs
 
@@ -282,11 +293,6 @@ class VisionTransformer(TimmSurface, nn.Module):
             st = states[i]
             x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
             yield x
-
-    def _general(self, x: Any) -> bool:
-        """The input takes the token-layout path (not one full grid per batch)."""
-        # positive kinds, not "not a Tensor": a torch.fx Proxy stands for a Tensor (features_only, feature_cls="fx")
-        return isinstance(x, (list, tuple, Mapping)) or (self.training and bool(self.token_drop))
 
     def position_state(self, grid: Grid, like: Tensor) -> PosState | None:
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
@@ -306,8 +312,13 @@ class VisionTransformer(TimmSurface, nn.Module):
     def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``; a NaFlex dict or a list of images (or dropped tokens) ->
         ``[B, N', C]``, each image's prefix tokens ahead of its patches (:meth:`embed_tokens`)."""
-        if self._general(x):
-            return self.forward_layout(x)[0]
+        inp = self.read_input(x)
+        if self._uses_layout(inp):
+            return self._forward_layout(inp)[0]
+        return self._grid_features(inp.images)
+
+    def _grid_features(self, x: Tensor) -> Tensor:
+        """The fast path: images ``[B, C, H, W]`` of one grid -> normalised tokens ``[B, P + H'W', C]``."""
         x, grid = self.embed(x)
         for y in self.run_blocks(x, self.position_states(grid, x)):  # the states once per forward, to every block
             x = y
@@ -326,9 +337,10 @@ class VisionTransformer(TimmSurface, nn.Module):
     def forward(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
         """Images ``[B, C, H, W]`` -> logits ``[B, classes]``; a NaFlex dict (packed or padded) or a list of images of
         any sizes -> one row of logits per image, ``[num_images, classes]`` (row-major over rows and segments)."""
-        if not self._general(x):
-            return self.forward_head(self.forward_features(x))
-        feats, layout, _, _ = self.forward_layout(x)
+        inp = self.read_input(x)
+        if not self._uses_layout(inp):
+            return self.forward_head(self._grid_features(inp.images))
+        feats, layout, _, _ = self._forward_layout(inp)
         if not self.global_pool:
             return self.head(self.head_drop(self.fc_norm(feats)))
         return self.head(self.head_drop(self.fc_norm(pool_images(feats, layout, self.global_pool))))
@@ -358,9 +370,10 @@ class VisionTransformer(TimmSurface, nn.Module):
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
         # token dropping (training) applies to tokens (NLC); a map of an image batch (NCHW, what a features_only
         # backbone returns) needs every token: the full grid
-        if isinstance(x, (list, tuple, Mapping)) or (self._general(x) and output_fmt == "NLC"):
-            return self._intermediates_layout(x, take, len(blocks), norm, output_fmt, intermediates_only)
-        x, grid = self.embed(x)
+        inp = self.read_input(x)
+        if inp.batch is not None or (self._uses_layout(inp) and output_fmt == "NLC"):
+            return self._intermediates_layout(inp, take, len(blocks), norm, output_fmt, intermediates_only)
+        x, grid = self.embed(inp.images)
         feats = []
         for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, len(blocks)), len(blocks))):
             x = y
@@ -378,13 +391,13 @@ class VisionTransformer(TimmSurface, nn.Module):
         return self.norm(x), feats
 
     def _intermediates_layout(
-        self, x: Any, take: list[int], depth: int, norm: bool, output_fmt: str, intermediates_only: bool
+        self, x: ModelInput, take: list[int], depth: int, norm: bool, output_fmt: str, intermediates_only: bool
     ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
         """``forward_intermediates`` of a NaFlex dict or a list of images: per token (``NLC``), each intermediate
         ``[B, N, C]`` at the input's patch positions (padding positions hold padding tokens)."""
         if output_fmt != "NLC":
             raise ValueError("a NaFlex dict or a list of images has no common patch grid: use output_fmt='NLC'")
-        final, _, dest, outs = self.forward_layout(x, depth)
+        final, _, dest, outs = self._forward_layout(x, depth)
         idx = dest[..., None].expand(-1, -1, final.shape[-1])
         feats = [(self.norm(outs[i]) if norm else outs[i]).gather(1, idx) for i in take]
         return feats if intermediates_only else (final, feats)

@@ -121,6 +121,23 @@ class TokenLayout(NamedTuple):
         image = torch.arange(batch, device=device)[:, None].expand_as(segment)
         return cls.build(segment, coords, image, [grid] * batch, num_prefix_tokens)
 
+    @classmethod
+    def packed(cls, image_grids: Sequence[Grid], num_prefix_tokens: int = 0, device=None) -> TokenLayout:
+        """One row holding the images one after another, each in its full sequence order (prefix tokens, then the
+        patches in raster order), no padding: the layout of the Swin's maps of images of different sizes, where
+        image ``i``'s tokens are the ``i``-th slice of :attr:`image_sizes`."""
+        p = num_prefix_tokens
+        parts = [cls.from_grid(Grid(*g), p, 1, device) for g in image_grids]
+        coords = torch.cat([t.coords for t in parts], 1)
+        coords[:, :, 1] = torch.where(coords[:, :, 0] < 0, torch.cat([t.index for t in parts], 1), coords[:, :, 1])
+        image = torch.cat([torch.full_like(t.segment, i) for i, t in enumerate(parts)], 1)
+        return cls.build(image, coords, image, image_grids, p)
+
+    @property
+    def image_sizes(self) -> list[int]:
+        """Tokens of each image's full sequence (``P + h w``), in image order."""
+        return [self.num_prefix_tokens + g.h * g.w for g in self.image_grids]
+
 
 def _token_counts(grids: Sequence[Grid], p: int) -> list[int]:
     return [p + g.h * g.w for g in grids]

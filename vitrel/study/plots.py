@@ -24,6 +24,13 @@ def _figure(width: float, height: float):
     return Figure(figsize=(width, height), layout="constrained")
 
 
+def _titled(fig, title: str | None):
+    """``fig`` with ``title`` as its title (when given)."""
+    if title:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
 def _archs(rows: Sequence[Mapping[str, Any]], archs: Sequence[str] | None, what: str) -> list[str]:
     """``archs``, by default those of the summary ``rows`` in their order (no rows: a ``ValueError``)."""
     if not rows:
@@ -33,6 +40,37 @@ def _archs(rows: Sequence[Mapping[str, Any]], archs: Sequence[str] | None, what:
 
 def _metric_label(key: str) -> str:
     return key.removesuffix("_mean").removesuffix("_acc").replace("_", " ")
+
+
+_MARKERS = "osD^v<>p*h"
+
+
+def _percent(rows: Sequence[Mapping[str, Any]], key: str, missing: Sequence[float] | float = math.nan) -> np.ndarray:
+    """``100 * row[key]`` for each row; ``missing`` (one value, or one per row) where a row has no value."""
+    fill = np.broadcast_to(np.asarray(missing, dtype=float), (len(rows),))
+    return np.array([100 * float(r[key]) if r.get(key) is not None else f for r, f in zip(rows, fill)])
+
+
+def _interval(rows: Sequence[Mapping[str, Any]], mean: str, lo: str, hi: str) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``mean`` and its error bars ``[2, n]`` to ``[lo, hi]`` (none where a row has no interval), in %."""
+    m = _percent(rows, mean)
+    return m, np.stack([m - _percent(rows, lo, m), _percent(rows, hi, m) - m])
+
+
+def _dot_axis(ax, names: Sequence[str], series: Sequence[tuple[str, np.ndarray, np.ndarray]], xlabel: str, title: str):
+    """A horizontal dot plot on ``ax``: one row per name, and per series ``(label, values, error bars)`` a dot in
+    each row (the series side by side within the row) with its bars (``[n]`` symmetric or ``[2, n]`` below / above)."""
+    y = np.arange(len(names))
+    width = 0.7 / max(len(series), 1)
+    for i, (label, values, err) in enumerate(series):
+        off = (i - (len(series) - 1) / 2) * width
+        ax.errorbar(values, y + off, xerr=err, fmt=_MARKERS[i % len(_MARKERS)], ms=4, capsize=2, label=label)
+    ax.set_yticks(y, names, fontsize=7)
+    ax.invert_yaxis()
+    ax.grid(axis="x", color="0.9")
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_title(title, fontsize=8)
+    ax.tick_params(labelsize=7)
 
 
 def plot_study(
@@ -60,38 +98,24 @@ def plot_study(
     n_schemes = max(sum(1 for r in rows if r["arch"] == a) for a in archs)
     fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
     axes = np.atleast_2d(fig.subplots(len(archs), 2, squeeze=False, width_ratios=[3, 1]))
-    markers = "osD^v<>p*h"
     for a_i, arch in enumerate(archs):
         sub = [r for r in rows if r["arch"] == arch]
-        names = [r["scheme"] for r in sub]
-        y = np.arange(len(sub))
         ax = axes[a_i, 0]
-        width = 0.7 / max(len(metrics), 1)
         with_ci = any(r.get(m.removesuffix("_mean") + "_lo") is not None for r in sub for m in metrics)
-        for m_i, m in enumerate(metrics):
-            mean = np.array([100 * float(r.get(m) if r.get(m) is not None else math.nan) for r in sub])
+        series = []
+        for m in metrics:
             base = m.removesuffix("_mean")
             if with_ci:  # asymmetric bars [lo, hi]; none where a cell has a single seed
-                lo = np.array([100 * float(r[f"{base}_lo"]) if r.get(f"{base}_lo") is not None else v
-                               for r, v in zip(sub, mean)])  # fmt: skip
-                hi = np.array([100 * float(r[f"{base}_hi"]) if r.get(f"{base}_hi") is not None else v
-                               for r, v in zip(sub, mean)])  # fmt: skip
-                err = np.stack([mean - lo, hi - mean])
+                mean, err = _interval(sub, m, f"{base}_lo", f"{base}_hi")
             else:
-                err = np.array([100 * float(r.get(f"{base}_std", 0.0) or 0.0) for r in sub])
-            off = (m_i - (len(metrics) - 1) / 2) * width
-            ax.errorbar(
-                mean, y + off, xerr=err, fmt=markers[m_i % len(markers)], ms=4, capsize=2, label=_metric_label(m)
-            )
+                mean, err = _percent(sub, m), _percent(sub, f"{base}_std", 0.0)
+            series.append((_metric_label(m), mean, err))
+        bar = "95 % interval" if with_ci else "std"
+        names = [r["scheme"] for r in sub]
+        _dot_axis(ax, names, series, "accuracy (%)", f"{arch}: accuracy (mean, bar = {bar} over seeds)")
+        y = np.arange(len(sub))
         if chance is not None:
             ax.axvline(100 * chance, ls=":", color="0.5", lw=1, label="chance")
-        ax.set_yticks(y, names, fontsize=7)
-        ax.invert_yaxis()
-        ax.grid(axis="x", color="0.9")
-        ax.set_xlabel("accuracy (%)", fontsize=8)
-        bar = "95 % interval" if with_ci else "std"
-        ax.set_title(f"{arch}: accuracy (mean, bar = {bar} over seeds)", fontsize=8)
-        ax.tick_params(labelsize=7)
         if a_i == 0:
             fig.legend(*ax.get_legend_handles_labels(), fontsize=7, ncol=len(metrics) + 1, loc="outside lower center")
         ax2 = axes[a_i, 1]
@@ -102,9 +126,7 @@ def plot_study(
         ax2.set_xlabel("train images / s", fontsize=8)
         ax2.set_title(f"{arch}: throughput", fontsize=8)
         ax2.tick_params(labelsize=7)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_study_diffs(
@@ -128,29 +150,18 @@ def plot_study_diffs(
     n_schemes = max(sum(1 for r in rows if r["arch"] == a and r["scheme"] != base) for a in archs)
     fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
     axes = np.atleast_1d(fig.subplots(len(archs), 1, squeeze=False)[:, 0])
-    markers = "osD^v<>p*h"
     for ax, arch in zip(axes, archs):
         sub = [r for r in rows if r["arch"] == arch and r["scheme"] != base]
-        y, width = np.arange(len(sub)), 0.7 / len(metrics)
-        for m_i, m in enumerate(metrics):
-            val = {k: [r.get(f"{m}_vs_{base}_{k}") for r in sub] for k in ("mean", "lo", "hi")}
-            mean = np.array([100 * v if v is not None else math.nan for v in val["mean"]])
-            lo = np.array([100 * v if v is not None else mu for v, mu in zip(val["lo"], mean)])
-            hi = np.array([100 * v if v is not None else mu for v, mu in zip(val["hi"], mean)])
-            off = (m_i - (len(metrics) - 1) / 2) * width
-            ax.errorbar(mean, y + off, xerr=np.stack([mean - lo, hi - mean]), fmt=markers[m_i % len(markers)],
-                        ms=4, capsize=2, label=_metric_label(m.removesuffix("_acc") + "_acc_mean"))  # fmt: skip
+        series = []
+        for m in metrics:
+            mean, err = _interval(sub, f"{m}_vs_{base}_mean", f"{m}_vs_{base}_lo", f"{m}_vs_{base}_hi")
+            series.append((_metric_label(m.removesuffix("_acc") + "_acc_mean"), mean, err))
+        xlabel = f"accuracy minus {base}'s, same seeds (percentage points)"
+        title_ax = f"{arch}: paired difference against {base} (mean, bar = 95 % interval)"
+        _dot_axis(ax, [r["scheme"] for r in sub], series, xlabel, title_ax)
         ax.axvline(0.0, color="0.3", lw=1)
-        ax.set_yticks(y, [r["scheme"] for r in sub], fontsize=7)
-        ax.invert_yaxis()
-        ax.grid(axis="x", color="0.9")
-        ax.set_xlabel(f"accuracy minus {base}'s, same seeds (percentage points)", fontsize=8)
-        ax.set_title(f"{arch}: paired difference against {base} (mean, bar = 95 % interval)", fontsize=8)
-        ax.tick_params(labelsize=7)
     fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=len(metrics), loc="outside lower center")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_study_scatter(
@@ -195,9 +206,7 @@ def plot_study_scatter(
             ax.grid(color="0.92")
             if a_i == 0 and y_i == 0:
                 ax.legend(fontsize=6)
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return _titled(fig, title)
 
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], title: str | None = None):
@@ -226,6 +235,4 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], 
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)
     axes[0][0].set_ylabel("accuracy (%)")
-    if title:
-        fig.suptitle(title, fontsize=9)
-    return fig
+    return _titled(fig, title)

@@ -45,6 +45,7 @@ from torch.optim import Optimizer
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitrel.models.naflex import input_form
 from vitrel.train.optim import param_groups
 
 __all__ = ["ClassifierModule"]
@@ -167,7 +168,7 @@ class ClassifierModule(L.LightningModule):
         n = _num_images(x, y)
         self._step_begins()
         if self.mixup_fn is not None:
-            if isinstance(x, Mapping):
+            if input_form(x) == "naflex":
                 raise ValueError(
                     "module.mixup (timm Mixup) mixes batches of equal-size image tensors; NaFlex batches "
                     "(data.packing) hold images of many sizes as patches: turn module.mixup off with data.packing"
@@ -194,7 +195,7 @@ class ClassifierModule(L.LightningModule):
         else:
             self.train_loss(loss.detach(), weight=n)  # the epoch value: the mean over samples
             self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
-        if isinstance(x, Mapping) and "padding_fraction" in x:  # NaFlex batches: the share of padding tokens
+        if input_form(x) == "naflex" and "padding_fraction" in x:  # NaFlex batches: the share of padding tokens
             self.log("train/padding", x["padding_fraction"].float(), on_step=True, on_epoch=True, batch_size=n)
         return loss
 
@@ -288,7 +289,7 @@ class ClassifierModule(L.LightningModule):
 
 def _num_images(x: Tensor | Mapping, y: Tensor) -> int:
     """Images in a batch: its first dimension, or (a NaFlex batch dict, rows packing several images) its targets'."""
-    return int(y.shape[0]) if isinstance(x, Mapping) else int(x.shape[0])
+    return int(y.shape[0]) if input_form(x) == "naflex" else int(x.shape[0])
 
 
 def _check_logits(logits: Tensor, y: Tensor) -> Tensor:

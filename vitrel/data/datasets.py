@@ -1,0 +1,66 @@
+"""The data sets' shared pieces: the errors a missing or altered data set raises, an in-memory image data set, and
+the seeded train / val split (:mod:`vitrel.data.base` re-exports them)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+__all__ = ["DatasetNotFoundError", "DatasetIntegrityError", "ArrayImageDataset", "seeded_split"]
+
+
+class DatasetNotFoundError(FileNotFoundError):
+    """A data set is not where it was looked for. ``searched`` lists every path tried."""
+
+    def __init__(self, name: str, searched: Sequence[str | Path], how_to_get: Sequence[str], detail: str = "") -> None:
+        self.dataset_name = name
+        self.searched = [str(p) for p in searched]
+        self.how_to_get = list(how_to_get)
+        lines = [f"{name} not found." + (f" {detail}" if detail else ""), "Looked in:"]
+        lines += [f"  - {p}" for p in self.searched] or ["  (nowhere: no root given)"]
+        lines += ["How to get it:"] + [f"  - {h}" for h in self.how_to_get]
+        super().__init__("\n".join(lines))
+
+
+class DatasetIntegrityError(RuntimeError):
+    """The files exist but differ from the official release (checksum mismatch)."""
+
+
+class ArrayImageDataset(Dataset):
+    """In-memory uint8 images ``[N, H, W]`` or ``[N, H, W, C]`` -> ``(PIL image, int label)``.
+
+    ``mode="RGB"`` converts grayscale images to 3 channels (the value repeated).
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, mode: str | None = None) -> None:
+        if images.dtype != np.uint8 or images.ndim not in (3, 4):
+            raise ValueError(f"images must be uint8 [N, H, W(, C)], got {images.dtype} {images.shape}")
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = np.asarray(labels, dtype=np.int64)
+        self.mode = mode
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, index: int) -> tuple[Image.Image, int]:
+        img = Image.fromarray(self.images[index])
+        if self.mode is not None and img.mode != self.mode:
+            img = img.convert(self.mode)
+        return img, int(self.labels[index])
+
+
+def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded random split of ``range(n)`` into ``(train_idx, val_idx)``, ``len(val) = round(fraction n)``."""
+    if not 0.0 < fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {fraction}")
+    n_val = int(round(fraction * n))
+    if not 0 < n_val < n:
+        raise ValueError(f"val_fraction={fraction} of {n} samples leaves an empty train or val split")
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])

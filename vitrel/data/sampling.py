@@ -1,0 +1,69 @@
+"""The training order of the workers loader: an epoch's seeded order per rank (:class:`EpochSampler`) and a
+``DataLoader`` that resumes mid-epoch (:class:`ResumableDataLoader`); :mod:`vitrel.data.base` re-exports them."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+from torch.utils.data import DataLoader, DistributedSampler
+
+from vitrel.data.memory import ResumableLoader
+
+__all__ = ["EpochSampler", "ResumableDataLoader"]
+
+
+class EpochSampler(DistributedSampler):
+    """Order of epoch ``e``: a permutation seeded by ``seed + e`` (or ``0..N-1``), rank ``r`` taking
+    ``order[r::num_replicas]`` (padded to equal length, as ``DistributedSampler``); the next
+    iteration starts ``skip`` samples in (a resumed epoch)."""
+
+    def __init__(self, dataset, *, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
+        self.skip = 0
+
+    def indices(self) -> list[int]:
+        """This rank's whole order for the current epoch (``skip`` not applied)."""
+        return list(super().__iter__())
+
+    def __iter__(self) -> Iterator[int]:
+        skip, self.skip = self.skip, 0
+        return itertools.islice(self.indices(), skip, None)
+
+
+class ResumableDataLoader(ResumableLoader, DataLoader):
+    """A ``DataLoader`` over an :class:`EpochSampler` that can resume mid-epoch.
+
+    ``state_dict()`` is ``{"epoch", "batches"}`` (the sampler's epoch, batches yielded in it so far);
+    after ``load_state_dict(state)`` the iteration of that epoch starts after those batches (an
+    iteration of another epoch starts at its beginning). Lightning keeps the state of such stateful
+    loaders in its checkpoints and restores it on resume. Under DDP Lightning leaves the sampler (a
+    ``DistributedSampler``) as it is.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batches_yielded = 0
+        self._resume_at: tuple[int, int] | None = None  # (epoch, batches done)
+
+    def __iter__(self):
+        sampler = self.sampler if isinstance(self.sampler, EpochSampler) else None
+        start = 0
+        if sampler is not None and self._resume_at is not None and self._resume_at[0] == sampler.epoch:
+            start = self._resume_at[1]
+            sampler.skip = start * int(self.batch_size or 1)
+        self._resume_at = None
+        self.batches_yielded = start
+        for batch in super().__iter__():
+            self.batches_yielded += 1
+            yield batch
+
+    def state_dict(self) -> dict[str, int]:
+        if not isinstance(self.sampler, EpochSampler):
+            return {}
+        return {"epoch": int(self.sampler.epoch), "batches": int(self.batches_yielded)}
+
+    def load_state_dict(self, state_dict: dict[str, int]) -> None:
+        if state_dict and isinstance(self.sampler, EpochSampler):
+            self._resume_at = (int(state_dict["epoch"]), int(state_dict["batches"]))

@@ -1,0 +1,345 @@
+"""The Swin's layers: the (shifted-)window block, the patch embedding and merging of its maps, and a stage.
+
+A layer runs on a batch of maps ``[B, H, W, C]`` of one grid, or on the maps of images of different sizes packed
+into one row of tokens ``[1, T, C]`` (each image's map in raster order, one image after another) with their
+:class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.packed`, made once at the model's
+entrance): the layout type the ViT's packed tokens and the attention kernels read. Norms and MLPs then run once on
+all tokens, windows and patch merging per image on its own grid (:func:`image_maps`), stochastic depth per image
+(:func:`per_image`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from timm.layers import register_notrace_function
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from vitrel.layers.attention import SHARED
+from vitrel.models.blocks import Block, PatchEmbed, patch_grid
+from vitrel.models.input_size import check_img_size
+from vitrel.models.swin_windows import (
+    mixed_states,
+    mixed_window_attention,
+    shifted_window_mask,
+    stage_state,
+    stage_states,
+    window_and_shift,
+    window_attention,
+    window_partition,
+    window_positions,
+)
+from vitrel.pos.base import PosState
+from vitrel.pos.cache import NonPersistentBuffers
+from vitrel.pos.geometry import Grid, as_grid
+from vitrel.pos.registry import PosArg, parse_pos
+from vitrel.pos.tokens import TokenLayout
+
+__all__ = [
+    "SwinBlock",
+    "SwinStage",
+    "PatchMerging",
+    "MapPatchEmbed",
+    "merge_2x2",
+    "map_grid",
+    "image_maps",
+    "pack_maps",
+    "per_image",
+]
+
+
+# ---------------------------------------------------------------------------- packed maps
+def image_maps(x: Tensor, layout: TokenLayout) -> list[Tensor]:
+    """Tokens ``[1, T, C]`` of a packed layout (:meth:`TokenLayout.packed`, no prefix) -> each image's map
+    ``[1, h, w, C]`` (views)."""
+    chunks = x[0].split(layout.image_sizes)
+    return [c.view(1, g.h, g.w, c.shape[-1]) for c, g in zip(chunks, layout.image_grids)]
+
+
+def pack_maps(maps: Sequence[Tensor]) -> tuple[Tensor, TokenLayout]:
+    """Maps ``[1, h_i, w_i, C]`` (one image each) -> their tokens packed ``[1, T, C]`` and that packed layout."""
+    grids = [Grid(m.shape[1], m.shape[2]) for m in maps]
+    return torch.cat([m.reshape(-1, m.shape[-1]) for m in maps])[None], TokenLayout.packed(grids, 0, maps[0].device)
+
+
+def per_image(fn: Callable[[Tensor], Tensor], y: Tensor, layout: TokenLayout | None) -> Tensor:
+    """``fn`` (a per-sample op such as ``DropPath``) on ``y``: a batch of maps as it is; packed tokens ``[1, T, C]``
+    image by image as batches of one (``DropPath`` draws once per image), in one call when ``fn`` is the identity or
+    in eval mode."""
+    if layout is None or isinstance(fn, nn.Identity) or not getattr(fn, "training", True):
+        return fn(y)
+    return torch.cat([fn(c[None])[0] for c in y[0].split(layout.image_sizes)])[None]
+
+
+# ---------------------------------------------------------------------------- modules
+class SwinBlock(NonPersistentBuffers, Block):
+    """(Shifted-)window attention block: :class:`~vitrel.models.blocks.Block` (pre-norm attention and MLP, layer
+    scale, stochastic depth; its ``forward(x, grid, mask, pos_state)``) with the attention inside the windows
+    (``kwargs``: the block's other arguments, ``mlp_ratio``, ``qkv_bias``, ``init_values``, ``proj_drop``,
+    ``attn_drop``, ``drop_path``, ``layer``, ``attn_impl``).
+
+    ``attn_mask`` (a non-persistent buffer, None when not needed) is the shifted-window mask of the
+    grid the block is built for (remade by ``init_non_persistent_buffers()``, see
+    :class:`~vitrel.pos.cache.NonPersistentBuffers`); another grid computes its mask in the forward pass.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window_size: tuple[int, int],
+        shifted: bool,
+        pos: PosArg = "rel2d_full",
+        build_grid: tuple[int, int] = (7, 7),
+        norm_eps: float = 1e-5,
+        **kwargs: Any,
+    ) -> None:
+        build_grid = as_grid(build_grid)
+        win, _ = window_and_shift(build_grid, window_size, shifted)
+        super().__init__(dim, num_heads, pos=pos, grid=win, num_prefix_tokens=0, norm_eps=norm_eps, **kwargs)
+        self.window_size = window_size
+        self.shifted = shifted
+        self.build_grid = build_grid
+        self.init_non_persistent_buffers()
+
+    def _init_buffers(self) -> None:
+        """``attn_mask``: the shifted-window mask of the built grid (None when nothing needs masking)."""
+        like = self._like("attn_mask")
+        win, shift = window_and_shift(self.build_grid, self.window_size, self.shifted)
+        mask = shifted_window_mask(self.build_grid, win, shift, like.get("device"))
+        self.register_buffer("attn_mask", None if mask is None else mask.to(**like), persistent=False)
+
+    def windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], Tensor | None]:
+        """The block's windows of a normalised map ``x [B, H, W, C]``: (windows ``[B nW, n, C]`` of the map padded to
+        multiples of the window and rolled by ``-shift``, the map's grid, the window, the shift, the shifted-window
+        mask ``[nW, n, n]`` or None); :func:`~vitrel.models.swin_windows.unwindow` puts them back."""
+        _, h, w, _ = x.shape
+        grid = Grid(h, w)
+        win, shift = window_and_shift(grid, self.window_size, self.shifted)
+        ph, pw = (-h) % win[0], (-w) % win[1]
+        if ph or pw:
+            x = F.pad(x, (0, 0, 0, pw, 0, ph))
+        if any(shift):
+            x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
+        if grid == self.build_grid:
+            mask = self.attn_mask
+        else:
+            mask = shifted_window_mask(grid, win, shift, x.device)
+        return window_partition(x, win), grid, win, shift, mask
+
+    def _state(self, x: Tensor, layout: TokenLayout | None, pos_state: Any) -> Any:
+        """``pos_state`` (what the stage passes), or this block's own scheme prepared for the windows of ``x``: one
+        state, or on packed maps one per window grid (each prepared as for one image alone)."""
+        if pos_state is not None:
+            return pos_state
+        if layout is not None:
+            return mixed_states(functools.partial(self._state, layout=None, pos_state=None), image_maps(x, layout),
+                                self.window_size)  # fmt: skip
+        if self.attn.pos is None:
+            raise ValueError("this block uses its stage's shared scheme: pass pos_state=stage.position_state(x)")
+        return stage_state(self.attn.pos, x, self.window_size, self.attn.attn_impl)
+
+    def forward(self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: Any = None) -> Tensor:
+        """``Block.forward``: ``x + DP(ls1(W-MSA(LN x))) ; x + DP(ls2(MLP(LN x)))``.
+
+        ``x``: maps ``[B, H, W, C]`` (``grid`` None, or their grid), or packed maps ``[1, T, C]`` with ``grid`` their
+        :class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.packed`). ``pos_state``: the
+        state of the block's scheme for the windows of ``x``, prepared by its stage once per forward (else prepared
+        here): one state, or for packed maps one per window grid (``SwinStage.position_states``). ``mask``: the
+        windows make their own (shifted-window and padding) masks, so None."""
+        if mask is not None:
+            raise ValueError("a Swin block makes its windows' masks (shifted windows, padding): pass mask=None")
+        layout = grid if isinstance(grid, TokenLayout) else None
+        if grid is not None and layout is None and Grid(*grid) != map_grid(x):
+            raise ValueError(f"the map {tuple(x.shape)} is not on the grid {tuple(grid)} given")
+        st = self._state(x, layout, pos_state)
+        xn = self.norm1(x)
+        attn = (
+            window_attention(self, xn, st)
+            if layout is None
+            else mixed_window_attention(self, image_maps(xn, layout), st)
+        )
+        x = x + per_image(self.drop_path1, self.ls1(attn), layout)
+        x = x + per_image(self.drop_path2, self.ls2(self.mlp(self.norm2(x))), layout)
+        return x
+
+    @torch.no_grad()
+    def dense_attention(self, x: Tensor, pos_state: PosState | None = None) -> Tensor:
+        """Attention probabilities of this block as a dense ``[B, heads, H W, H W]`` map over the
+        (un-rolled, un-padded) image positions; pairs in different windows get 0."""
+        b, h, w, _ = x.shape
+        windows, grid, win, shift, mask = self.windows(self.norm1(x))
+        probs = self.attn.attention_map(windows, mask=mask, pos_state=self._state(x, None, pos_state))
+        pos = window_positions(h, w, win, shift)  # [nW, n]
+        nw, n = pos.shape
+        heads = probs.shape[1]
+        probs = probs.view(b, nw, heads, n, n)  # [B, nW, heads, n, n]
+        dense = torch.zeros(b, heads, h * w, h * w, dtype=probs.dtype, device=probs.device)
+        for k in range(nw):
+            valid = pos[k] >= 0
+            idx = pos[k][valid].to(probs.device)
+            p = probs[:, k][:, :, valid][:, :, :, valid]
+            dense[:, :, idx[:, None], idx[None, :]] = p
+        return dense
+
+
+class MapPatchEmbed(PatchEmbed):
+    """The Swin's patch embedding: images -> the map ``[B, H', W', C]`` alone (its grid is its shape), so
+    the Swin's children run one after the other (timm's ``FeatureListNet`` / ``FeatureDictNet``).
+
+    ``img_size``: the only input size accepted (a strict model, see :mod:`vitrel.models.input_size`), or None.
+    """
+
+    def __init__(self, *args: Any, img_size: tuple[int, int] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, flatten=False, **kwargs)
+        self.img_size = img_size
+
+    @property
+    def strict_img_size(self) -> bool:
+        """timm's ``PatchEmbed.strict_img_size`` (timm's builder reads it for ``fixed_input_size``)."""
+        return self.img_size is not None
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        # written here, not via super(): torch.fx wraps the notrace functions a module's own forward calls
+        if self.img_size is not None:
+            check_img_size(x, self.img_size)
+        patch_grid(x, self.patch_size, self.proj.in_channels)  # the layout / size checks
+        return self.norm(self.proj(x).permute(0, 2, 3, 1))
+
+
+@register_notrace_function
+def map_grid(x: Tensor) -> Grid:
+    """The grid of a map ``[B, H, W, C]``."""
+    return Grid(x.shape[1], x.shape[2])
+
+
+class PatchMerging(nn.Module):
+    """2x2 neighbouring patches -> one: ``[B, H, W, C] -> LN -> Linear(4C, out)`` (odd sides padded)."""
+
+    def __init__(self, dim: int, out_dim: int | None = None, norm_eps: float = 1e-5) -> None:
+        super().__init__()
+        self.dim = dim
+        self.out_dim = out_dim or 2 * dim
+        self.norm = nn.LayerNorm(4 * dim, eps=norm_eps)
+        self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
+
+    def forward(self, x: Tensor, layout: TokenLayout | None = None) -> Tensor:
+        """Maps ``[B, H, W, C]`` -> ``[B, ceil(H/2), ceil(W/2), out]``; packed maps ``[1, T, C]`` on ``layout`` -> the
+        merged maps packed on :meth:`merged_layout` (each image merged on its own grid, one LN + Linear on all)."""
+        merged = merge_2x2(x) if layout is None else pack_maps([merge_2x2(m) for m in image_maps(x, layout)])[0]
+        return self.reduction(self.norm(merged))
+
+    @staticmethod
+    def merged_layout(layout: TokenLayout) -> TokenLayout:
+        """The packed layout of the merged maps of images on ``layout``."""
+        return TokenLayout.packed([Grid((g.h + 1) // 2, (g.w + 1) // 2) for g in layout.image_grids], 0,
+                                  layout.segment.device)  # fmt: skip
+
+
+@register_notrace_function
+def merge_2x2(x: Tensor) -> Tensor:
+    """``[B, H, W, C]`` -> ``[B, ceil(H/2), ceil(W/2), 4C]`` (odd sides zero-padded), timm's channel order."""
+    b, h, w, c = x.shape
+    x = F.pad(x, (0, 0, 0, w % 2, 0, h % 2))
+    h, w = x.shape[1], x.shape[2]
+    return x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
+
+
+class SwinStage(nn.Module):
+    """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows."""
+
+    def __init__(
+        self,
+        dim: int,
+        out_dim: int,
+        depth: int,
+        num_heads: int,
+        window_size: tuple[int, int],
+        build_grid: Grid,
+        downsample: bool,
+        pos: PosArg = "rel2d_full",
+        pos_share: bool = False,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: Sequence[float] = (),
+        norm_eps: float = 1e-5,
+        layers: tuple[int, int] | None = None,
+        attn_impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self.attn_impl = attn_impl
+        self.merges = downsample
+        self.downsample = PatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
+        if not downsample and dim != out_dim:
+            raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
+        self.build_grid = build_grid
+        self.window_size = window_size
+        win, _ = window_and_shift(build_grid, window_size, False)
+        pos = parse_pos(pos)
+        make_pos = functools.partial(pos.build, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win)
+        self.rel_pos = make_pos() if pos_share else None
+        self.blocks = nn.ModuleList(
+            [
+                SwinBlock(
+                    out_dim,
+                    num_heads,
+                    window_size,
+                    shifted=i % 2 == 1,
+                    pos=SHARED if pos_share else make_pos(layer=None if layers is None else (layers[0] + i, layers[1])),
+                    build_grid=build_grid,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    proj_drop=proj_drop,
+                    attn_drop=attn_drop,
+                    drop_path=drop_path[i] if len(drop_path) else 0.0,
+                    norm_eps=norm_eps,
+                    attn_impl=attn_impl,
+                )
+                for i in range(depth)
+            ]
+        )
+
+    def position_state(self, x: Tensor) -> PosState | None:
+        """The shared scheme's state for the windows of the map ``x [B, H, W, C]`` (None without ``pos_share``)."""
+        if self.rel_pos is None:
+            return None
+        return stage_state(self.rel_pos, x, self.window_size, self.attn_impl)
+
+    def position_states(
+        self, x: Tensor, layout: TokenLayout | None = None
+    ) -> list[PosState] | list[dict[Grid, PosState]]:
+        """Each block's state for the windows of the maps ``x [B, H, W, C]``, once per forward: the shared
+        scheme's for every block, or the blocks' own schemes prepared together. Packed maps ``[1, T, C]`` on
+        ``layout``: each block's states per window grid, each prepared as for one image alone."""
+        if layout is not None:
+            per_window = mixed_states(self.position_states, image_maps(x, layout), self.window_size)
+            return [{win: states[i] for win, states in per_window.items()} for i in range(len(self.blocks))]
+        st = self.position_state(x)
+        if st is not None:
+            return [st] * len(self.blocks)
+        return stage_states([blk.attn.pos for blk in self.blocks], x, self.window_size, self.attn_impl)
+
+    def output_layout(self, layout: TokenLayout | None) -> TokenLayout | None:
+        """The layout of this stage's output for packed maps on ``layout`` (None: a batch of maps)."""
+        return PatchMerging.merged_layout(layout) if layout is not None and self.merges else layout
+
+    def forward(self, x: Tensor, layout: TokenLayout | None = None) -> Tensor:
+        """Maps ``[B, H, W, C]`` -> the stage's maps; packed maps ``[1, T, C]`` on ``layout`` -> packed on
+        :meth:`output_layout`."""
+        if self.merges:
+            x = self.downsample(x, layout)
+        layout = self.output_layout(layout)
+        states = self.position_states(x, layout)  # once per forward, handed to the blocks
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        for i, blk in enumerate(self.blocks):
+            st = states[i]
+            x = checkpoint(blk, x, layout, None, st, use_reentrant=False) if ckpt else blk(x, layout, pos_state=st)
+        return x

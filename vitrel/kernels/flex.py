@@ -209,7 +209,7 @@ class OffsetTableKernel(Kernel):
     """A kernel that reads the bias by offset from the scheme's table (flex, triton): every bias scheme with an
     offset table, rotary schemes and none; the causal mask by index."""
 
-    reads = frozenset({"table"})
+    reads = frozenset({"table", "block_mask"})
     takes_dropout = False
     native_causal = True
 
@@ -218,27 +218,40 @@ class OffsetTableKernel(Kernel):
         return table_refusal(cls.name, scheme)
 
     @classmethod
+    def skip_blocks(cls, table: Tensor, grid: Grid, num_prefix_tokens: int) -> Any:
+        """What the kernel reads (``block_mask``) to skip the blocks a table's ``-inf`` entries mask whole, on a full
+        grid; None: it reads nothing of the kind."""
+        return None
+
+    @classmethod
+    def layout_blocks(cls, scheme, layout: TokenLayout, table: Tensor | None) -> Any:
+        """The same on a token layout (``table``: one per distinct grid)."""
+        return None
+
+    @classmethod
     def inputs(cls, scheme, grid, num_prefix_tokens):
-        return {"table": scheme.offset_table(grid) if scheme.has_bias else None}
+        table = scheme.offset_table(grid) if scheme.has_bias else None
+        masked = table is not None and scheme.has_masked_offsets
+        return {"table": table, "block_mask": cls.skip_blocks(table, grid, num_prefix_tokens) if masked else None}
+
+    @classmethod
+    def layout_inputs(cls, scheme, layout, mask):
+        """One table per distinct image grid, centred in the largest extent (``grid``), read at each pair's offset."""
+        table, out = None, {}
+        if scheme.has_bias:
+            table, out["grid"] = stack_tables([scheme.offset_table(g) for g in layout.grids])
+        return {**out, "table": table, "block_mask": cls.layout_blocks(scheme, layout, table)}
 
 
 @register_kernel("flex")
 class FlexKernel(OffsetTableKernel):
-    reads = frozenset({"table", "block_mask"})
+    @classmethod
+    def skip_blocks(cls, table, grid, num_prefix_tokens):
+        return offset_block_mask(table, grid, num_prefix_tokens)
 
     @classmethod
-    def inputs(cls, scheme, grid, num_prefix_tokens):
-        table = super().inputs(scheme, grid, num_prefix_tokens)["table"]
-        blocks = offset_block_mask(table, grid, num_prefix_tokens) if scheme.has_masked_offsets else None
-        return {"table": table, "block_mask": blocks}
-
-    @classmethod
-    def layout_inputs(cls, scheme, layout, mask):
-        table, out = None, {}
-        if scheme.has_bias:
-            table, out["grid"] = stack_tables([scheme.offset_table(g) for g in layout.grids])
-        blocks = layout_block_mask(layout, table, scheme.num_heads, scheme.has_masked_offsets)
-        return {**out, "table": table, "block_mask": blocks}
+    def layout_blocks(cls, scheme, layout, table):
+        return layout_block_mask(layout, table, scheme.num_heads, scheme.has_masked_offsets)
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):

@@ -28,7 +28,6 @@ from torch import Tensor
 
 from vitrel.kernels.flex import OffsetTableKernel
 from vitrel.kernels.registry import register_kernel
-from vitrel.pos.tokens import stack_tables
 
 if TYPE_CHECKING:
     from vitrel.pos.geometry import Grid
@@ -470,23 +469,13 @@ class TritonKernel(OffsetTableKernel):
     images of any sizes, dropped tokens: a table per distinct grid, the tiles across images skipped). Not yet:
     attention dropout."""
 
-    reads = frozenset({"table", "block_mask"})
     window_masks = True
     onnx = False
     fused_rotation = True
 
     @classmethod
-    def inputs(cls, scheme, grid, num_prefix_tokens):
-        table = super().inputs(scheme, grid, num_prefix_tokens)["table"]
-        flags = visible_tiles(table, grid, num_prefix_tokens) if scheme.has_masked_offsets else None
-        return {"table": table, "block_mask": flags}
-
-    @classmethod
-    def layout_inputs(cls, scheme, layout, mask):
-        if not scheme.has_bias:
-            return {"table": None, "block_mask": None}
-        table, extent = stack_tables([scheme.offset_table(g) for g in layout.grids])
-        return {"table": table, "grid": extent, "block_mask": None}
+    def skip_blocks(cls, table, grid, num_prefix_tokens):
+        return visible_tiles(table, grid, num_prefix_tokens)
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):

@@ -87,35 +87,51 @@ def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True
 @pytest.mark.parametrize("bias_read", ["tiles", "gather"])
 @pytest.mark.parametrize(
     ("grid", "prefix", "d"),
-    [((3, 5), 1, 16), ((5, 7), 0, 32), ((4, 6), 2, 24), ((2, 9), 4, 16), ((6, 3), 1, 16), ((4, 8), 1, 16)],
+    [
+        ((3, 5), 1, 16),
+        ((5, 7), 0, 32),
+        ((4, 6), 2, 24),
+        ((2, 9), 4, 16),
+        ((6, 3), 1, 16),
+        ((4, 8), 1, 16),
+        ((5, 24), 1, 16),
+    ],
 )
 def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
     """Output and the gradients of q, k, v and the table, prefix 0 / 1 / registers, a head dim that is not a power of
     two, grids wider and taller than a tile, narrower and wider than a tile (4 x 8: tiles of 16 tokens are two grid
-    rows, so the bias tiles repeat), the bias read as tiles or gathered per score."""
+    rows, so the bias tiles repeat; 5 x 24: they repeat by (q0 - k0, q0 mod 24), three phases), the bias read as tiles
+    or gathered per score."""
     _check(device, 2, 2, d, grid, prefix, bias_read=bias_read)
 
 
-@pytest.mark.parametrize(("side", "prefix", "tile"), [(8, 1, 16), (8, 0, 64), (14, 1, 64), (5, 2, 16), (32, 1, 64)])
-def test_bias_tiles_equal_the_dense_bias(side, prefix, tile):
-    """Each ``[tile, tile]`` block of the dense bias (patch pairs; pairs with a prefix token and past the end are
-    zeroed by the kernels) equals its pattern's tile; a grid whose width divides the tile has about ``2 n / tile``
-    patterns, not ``(n / tile)^2``."""
+@pytest.mark.parametrize(
+    ("side", "prefix", "tm", "tw"),
+    [(8, 1, 16, 16), (8, 0, 64, 64), (14, 1, 64, 64), (5, 2, 16, 16), (32, 1, 64, 32), (24, 1, 64, 64)],
+)
+def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
+    """Each ``[tm, tw]`` block of the dense bias (patch pairs; pairs with a prefix token and past the end are zeroed by
+    the kernels) equals the tile of its pattern (``TilePatterns.index``, what the kernels compute); a grid whose width
+    divides the tile has about ``2 n / tw`` patterns, not one per tile."""
     grid = as_grid((side, side))
     n = prefix + grid.n
     table = torch.randn(2, 2 * side - 1, 2 * side - 1, dtype=torch.float64)
-    lut, first = triton_bias.tile_patterns(grid.w, n, tile, tile)
-    tiles = triton_bias.bias_tiles(table, grid.h, grid.w, prefix, lut, first, tile, tile)
-    nt = lut.shape[0]
-    dense = torch.nn.functional.pad(expand_offset_table(table, grid, prefix), (0, nt * tile - n, 0, nt * tile - n))
-    t = torch.arange(nt * tile)
+    pat = triton_bias.tile_patterns(grid.w, n, tm, tw)
+    tiles = triton_bias.bias_tiles(table, grid.h, grid.w, prefix, pat, tm, tw)
+    assert tiles.shape == (2, pat.n_pat, tm, tw)
+    n_qt, n_kt = -(-n // tm), -(-n // tw)
+    dense = torch.nn.functional.pad(expand_offset_table(table, grid, prefix), (0, n_kt * tw - n, 0, n_qt * tm - n))
+    t = torch.arange(max(n_qt * tm, n_kt * tw))
     patch = (t >= prefix) & (t < n)
-    pair = (patch[:, None] & patch[None, :]).view(nt, tile, nt, tile).permute(0, 2, 1, 3)
-    blocks = dense.view(2, nt, tile, nt, tile).permute(0, 1, 3, 2, 4)  # [heads, qt, kt, tile, tile]
-    got = tiles[:, lut.long()]
-    torch.testing.assert_close(torch.where(pair, got, 0.0), blocks, rtol=0, atol=0)
-    if tile % side == 0:
-        assert first.numel() <= 2 * nt - 1 < nt * nt or nt == 1
+    for qt in range(n_qt):
+        for kt in range(n_kt):
+            q0, k0 = qt * tm, kt * tw
+            pair = patch[q0 : q0 + tm, None] & patch[None, k0 : k0 + tw]
+            got = tiles[:, pat.index(q0, k0, tm, tw, grid.w)]
+            want = dense[:, q0 : q0 + tm, k0 : k0 + tw]
+            torch.testing.assert_close(torch.where(pair, got, 0.0), want, rtol=0, atol=0, msg=f"tile {qt}, {kt}")
+    if tm % side == 0 and tw % side == 0:  # q0 - k0 alone: about (n_qt tm + n_kt tw) / gcd(tm, tw) patterns
+        assert pat.n_pat <= (n_qt * tm + n_kt * tw) // min(tm, tw) < n_qt * n_kt or n_qt == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)

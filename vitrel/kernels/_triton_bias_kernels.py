@@ -120,7 +120,7 @@ def _row_stats(LSE, DELTA, bh, N, offs):
 @triton.jit
 def _logits(
     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
-    BT, LUT, n_kt, n_pat, q0, k0,
+    BT, n_kt, n_pat, d_min, g_d, n_m, g_m, q0, k0,
     HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
     TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr,
 ):
@@ -128,8 +128,9 @@ def _logits(
     of range, causal, across images, the table's or the mask's ``-inf``), and the tile's patch-pair flags (pairs of
     one image where the bias applies). The bias is gathered per score from ``T`` (``[G, heads, 2 GH - 1, 2 GW - 1]``,
     a table per group of images; ``stride_tg`` 0 on a full grid), or with ``TILED`` loaded whole from the bias tiles
-    ``BT [heads, n_pat, TM, TW]``, tile pattern ``LUT[q0 // TM, k0 // TW]`` (a full grid's tiles repeat:
-    :func:`vitrel.kernels.triton_bias.bias_tiles`). ``T``, ``BT`` and ``MASK`` come multiplied by ``LOG2E``."""
+    ``BT [heads, n_pat, TM, TW]``, the tile's pattern computed from ``(q0 - k0, q0 mod GW)`` (``n_m > 0``) or its
+    place (a full grid's tiles repeat: :func:`vitrel.kernels.triton_bias.tile_patterns`). ``T``, ``BT`` and ``MASK``
+    come multiplied by ``LOG2E``."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     qpatch, rq, cq, sq, gq = _tokens(TOK, b, offs_m, P, N, GW, LAYOUT)
     kpatch, rk, ck, sk, _ = _tokens(TOK, b, offs_n, P, N, GW, LAYOUT)
@@ -137,7 +138,10 @@ def _logits(
     pair = qpatch[:, None] & kpatch[None, :] & same
     if HAS_TABLE:
         if TILED:  # one coalesced tile load (every entry of a pattern's tile exists)
-            pat = tl.load(LUT + (q0 // TM) * n_kt + k0 // TW)
+            if n_m > 0:
+                pat = ((q0 - k0 - d_min) // g_d) * n_m + (q0 % GW) // g_m
+            else:
+                pat = (q0 // TM) * n_kt + k0 // TW
             local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
             s += tl.where(pair, tl.load(BT + (h * n_pat + pat) * (TM * TW) + local), 0.0)
         else:  # T pre-scaled by LOG2E; the flat offset index is a row term minus a column term
@@ -157,9 +161,9 @@ def _logits(
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, LUT, O, LSE,
+    Q, K, V, T, MASK, TOK, BLK, BT, O, LSE,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_tg, stride_th, stride_mb, n_mask_b,
-    H, N, P, GH, GW, qk_scale, n_flag, n_kt, n_pat,
+    H, N, P, GH, GW, qk_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
@@ -180,8 +184,8 @@ def _fwd_kernel(
             k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
-                GH, GW, BT, LUT, n_kt, n_pat, tl.program_id(0) * BM, start_n, HAS_TABLE, HAS_MASK, CAUSAL, LAYOUT,
-                PREC, TILED, BM, BN,
+                GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, tl.program_id(0) * BM, start_n, HAS_TABLE, HAS_MASK,
+                CAUSAL, LAYOUT, PREC, TILED, BM, BN,
             )
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -199,10 +203,10 @@ def _fwd_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, LUT, DO, LSE, DELTA, DK, DV,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn, shb, shh, shn,
-    H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_kt, n_pat,
+    H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
@@ -227,8 +231,8 @@ def _bwd_dkdv_kernel(
             lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
-                GH, GW, BT, LUT, n_kt, n_pat, start_m, tl.program_id(0) * BN, HAS_TABLE, HAS_MASK, CAUSAL, LAYOUT,
-                PREC, TILED, BM, BN,
+                GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, start_m, tl.program_id(0) * BN, HAS_TABLE, HAS_MASK,
+                CAUSAL, LAYOUT, PREC, TILED, BM, BN,
             )
             p = tl.math.exp2(s - lse[:, None])
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
@@ -269,10 +273,10 @@ def _scatter_rows(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, LUT, DO, LSE, DELTA, DQ, SLOTS, SCRATCH,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DQ, SLOTS, SCRATCH,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn,
-    B, H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_kt, n_pat, n_split, slot_size,
+    B, H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split, slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
@@ -317,8 +321,8 @@ def _bwd_dq_kernel(
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
                 s, pair = _logits(
                     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,
-                    P, N, GH, GW, BT, LUT, n_kt, n_pat, pid_m * BM, start_n, HAS_TABLE, HAS_MASK, CAUSAL, LAYOUT,
-                    PREC, TILED, BM, BM,
+                    P, N, GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, pid_m * BM, start_n, HAS_TABLE, HAS_MASK,
+                    CAUSAL, LAYOUT, PREC, TILED, BM, BM,
                 )
                 p = tl.math.exp2(s - lse[:, None])
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
+    "TilePatterns",
     "TritonKernel",
     "check_device",
     "compile_for",
@@ -42,6 +43,8 @@ __all__ = [
     "visible_tiles",
     "rel_bias_attention",
     "table_grad_from_slots",
+    "tile_patterns",
+    "bias_tiles",
 ]
 
 #: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
@@ -137,35 +140,59 @@ TILE_BUDGET_BYTES = 64 << 20
 BIAS_READS = ("auto", "tiles", "gather")
 
 
-def tile_patterns(grid_w: int, n: int, tm: int, tw: int, device=None) -> tuple[Tensor, Tensor]:
-    """``(lut [n_qt, n_kt] int32, first [n_pat])``: the bias pattern of each ``[tm, tw]`` tile of a full grid's ``n``
-    tokens, and each pattern's first tile (flat index ``qt n_kt + kt``).
+class TilePatterns(NamedTuple):
+    """How a full grid's ``[tm, tw]`` tiles of bias map to their distinct patterns (:func:`tile_patterns`): pattern
+    ``((q0 - k0 - d_min) / g_d) n_m + (q0 mod W) / g_m`` of the tile of queries from ``q0`` and keys from ``k0``
+    where ``n_m > 0``, else ``(q0 / tm) n_kt + k0 / tw`` (one per tile, where that is fewer). The kernels compute the
+    same from these integers."""
+
+    n_kt: int
+    n_pat: int
+    d_min: int
+    g_d: int
+    n_m: int
+    g_m: int
+
+    def index(self, q0: int, k0: int, tm: int, tw: int, grid_w: int) -> int:
+        """The pattern of one tile."""
+        if self.n_m > 0:
+            return (q0 - k0 - self.d_min) // self.g_d * self.n_m + (q0 % grid_w) // self.g_m
+        return q0 // tm * self.n_kt + k0 // tw
+
+
+def tile_patterns(grid_w: int, n: int, tm: int, tw: int) -> TilePatterns:
+    """The bias patterns of a full grid's ``[tm, tw]`` tiles, from integers only (no device work, no host sync).
 
     Tokens ``t`` in raster order after ``P`` prefix tokens: shifting a tile's queries and keys by a multiple of the
     grid's width ``W`` shifts their rows alike and keeps their columns, so a tile's bias depends only on
-    ``(q0 - k0, q0 mod W)``: about ``2 n / tw`` patterns where the tile is a multiple of ``W`` (a 64 x 64 grid with
-    64-token tiles: 127 patterns for 4,096 tiles)."""
+    ``(q0 - k0, q0 mod W)``: ``q0 - k0`` a multiple of ``g_d = gcd(tm, tw)``, ``q0 mod W`` one of ``W / g_m`` values
+    (``g_m = gcd(tm, W)``). About ``2 n / tw`` patterns where the width divides the tile (a 64 x 64 grid with
+    64-token tiles: 127 patterns for 4,096 tiles); one per tile where that is fewer."""
     n_qt, n_kt = triton_cdiv(n, tm), triton_cdiv(n, tw)
-    q0 = torch.arange(n_qt, device=device) * tm
-    k0 = torch.arange(n_kt, device=device) * tw
-    key = (q0[:, None] - k0[None, :]) * grid_w + (q0 % grid_w)[:, None]
-    uniq, lut = torch.unique(key, return_inverse=True)
-    first = torch.full((uniq.numel(),), n_qt * n_kt, device=device).scatter_reduce(
-        0, lut.flatten(), torch.arange(n_qt * n_kt, device=device), "amin"
-    )
-    return lut.to(torch.int32).contiguous(), first
+    g_d, g_m = math.gcd(tm, tw), math.gcd(tm, grid_w)
+    d_min = -(n_kt - 1) * tw
+    n_d = ((n_qt - 1) * tm - d_min) // g_d + 1
+    n_m = grid_w // g_m
+    if n_d * n_m < n_qt * n_kt:
+        return TilePatterns(n_kt, n_d * n_m, d_min, g_d, n_m, g_m)
+    return TilePatterns(n_kt, n_qt * n_kt, 0, 1, 0, 1)
 
 
-def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, lut: Tensor, first: Tensor, tm: int, tw: int):
-    """``[heads, n_pat, tm, tw]``: the bias tile of each pattern of :func:`tile_patterns`, which the kernels load
-    whole (coalesced, like a key tile) instead of gathering each score from the table. A pattern is computed at its
-    first tile with the coordinates extended past the grid's ends (``r = floor(p / W)``, ``c = p mod W`` for every
-    ``p = t - P``), so it equals the table at every patch pair of every tile of that pattern; the kernels zero the
-    pairs with a prefix token and those past the end."""
+def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, pat: TilePatterns, tm: int, tw: int) -> Tensor:
+    """``[heads, n_pat, tm, tw]``: the bias tile of each pattern, which the kernels load whole (coalesced, like a key
+    tile) instead of gathering each score from the table. A pattern ``(d, m)`` is computed at queries from ``m`` and
+    keys from ``m - d`` with the coordinates extended past the grid's ends (``r = floor(p / W)``, ``c = p mod W``
+    for every ``p = t - P``, negative too), so it equals the table at every patch pair of every tile of that pattern;
+    the kernels zero the pairs with a prefix token and those past the end. Device work only (no host sync)."""
     dev = table.device
-    n_kt = lut.shape[1]
-    pq = (first // n_kt * tm)[:, None] + torch.arange(tm, device=dev) - prefix  # [n_pat, tm]
-    pk = (first % n_kt * tw)[:, None] + torch.arange(tw, device=dev) - prefix
+    i = torch.arange(pat.n_pat, device=dev)
+    if pat.n_m > 0:
+        q0 = (i % pat.n_m) * pat.g_m
+        k0 = q0 - (pat.d_min + (i // pat.n_m) * pat.g_d)
+    else:
+        q0, k0 = i // pat.n_kt * tm, i % pat.n_kt * tw
+    pq = q0[:, None] + torch.arange(tm, device=dev) - prefix  # [n_pat, tm]
+    pk = k0[:, None] + torch.arange(tw, device=dev) - prefix
     dh = pq.div(grid_w, rounding_mode="floor")[:, :, None] - pk.div(grid_w, rounding_mode="floor")[:, None, :]
     dw = pq.remainder(grid_w)[:, :, None] - pk.remainder(grid_w)[:, None, :]
     dh = (dh + grid_h - 1).clamp(0, 2 * grid_h - 2)  # (clamped: pairs past the grid's ends, zeroed by the kernels)
@@ -174,18 +201,16 @@ def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, lut: Tensor
 
 
 def _tile_args(table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q):
-    """``(tiles, lut, n_kt, n_pat)`` for the kernels: the bias tiles of the base-2 ``table`` on a full grid where
-    ``bias_read`` takes them, else placeholders (the bias gathered per score)."""
-    if bias_read not in BIAS_READS:
-        raise ValueError(f"bias_read must be one of {BIAS_READS}, got {bias_read!r}")
+    """``(tiles, n_kt, n_pat, d_min, g_d, n_m, g_m)`` for the kernels: the bias tiles of the base-2 ``table`` on a
+    full grid where ``bias_read`` takes them, else a placeholder and ``n_pat = 0`` (the bias gathered per score)."""
     if table is not None and tokens is None and bias_read != "gather":
-        lut, first = tile_patterns(grid_w, n, tm, tw, q.device)
-        size = table.shape[0] * first.numel() * tm * tw * 4
+        pat = tile_patterns(grid_w, n, tm, tw)
+        size = table.shape[0] * pat.n_pat * tm * tw * 4
         if size <= TILE_BUDGET_BYTES:
-            return bias_tiles(table, grid_h, grid_w, prefix, lut, first, tm, tw), lut, lut.shape[1], first.numel()
+            return bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw), *pat
         if bias_read == "tiles":
-            raise ValueError(f"bias_read='tiles': {first.numel()} tile patterns take {size} bytes, above the budget")
-    return q.new_zeros(1, dtype=torch.float32), q.new_zeros(1, dtype=torch.int32), 0, 0
+            raise ValueError(f"bias_read='tiles': {pat.n_pat} tile patterns take {size} bytes, above the budget")
+    return q.new_zeros(1, dtype=torch.float32), 0, 0, 0, 1, 0, 1
 
 
 def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
@@ -216,15 +241,13 @@ def _fwd_op(
     lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     t, stg, sth = _table_args(table, q)
     m, smb, nmb = _mask_args(mask, q)
-    bt, lut, n_kt, n_pat = _tile_args(
-        None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q
-    )
+    bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q)
     grid = (triton_cdiv(n, bm), b * h)
     _kernels()._fwd_kernel[grid](
-        q, k, v, t, m, _int_args(tokens, q), _int_args(blocks, q), bt, lut, out, lse, *_strides(q, k, v, out), stg,
-        sth, smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), n_kt, n_pat, D=d,
+        q, k, v, t, m, _int_args(tokens, q), _int_args(blocks, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
+        smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), *tiling, D=d,
         BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal,
-        LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=n_pat > 0, PREC=_prec(q.dtype),
+        LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(q.dtype),
         **_launch("fwd", q.device),
     )  # fmt: skip
     return out, lse
@@ -272,19 +295,19 @@ def _bwd_op(
     m, smb, nmb = _mask_args(mask, q)
     tok, blk_flags = _int_args(tokens, q), _int_args(blocks, q)
     t_or_none = None if table is None else t
-    bt, lut, n_kt, n_pat = _tile_args(t_or_none, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
+    bt, *tiling = _tile_args(t_or_none, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
     ks = _kernels()
     qk_scale = scale * ks.LOG2E
     layout = tokens is not None
     flags = dict(
         D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=layout,
-        HAS_BLOCKS=blocks is not None, TILED=n_pat > 0, PREC=_prec(q.dtype),
+        HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(q.dtype),
     )  # fmt: skip
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
-    sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks), n_kt, n_pat)
+    sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks), *tiling)
     ks._bwd_dkdv_kernel[(n_b, b * h)](
-        q, k, v, t, m, tok, blk_flags, bt, lut, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk,
+        q, k, v, t, m, tok, blk_flags, bt, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk,
         BN=blk, **flags, **_launch("bwd", q.device),
     )  # fmt: skip
     grad_t = table_grad and table is not None
@@ -294,7 +317,7 @@ def _bwd_op(
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
     scratch = torch.empty(n_split * h * n_b * blk * blk if grad_t and layout else 1, device=q.device)
     ks._bwd_dq_kernel[(n_b, h, n_split)](
-        q, k, v, t, m, tok, blk_flags, bt, lut, do, lse, delta, dq, slots, scratch, *common, *_strides(dq), b, *sizes,
+        q, k, v, t, m, tok, blk_flags, bt, do, lse, delta, dq, slots, scratch, *common, *_strides(dq), b, *sizes,
         n_split, slot_size, BM=blk, TABLE_GRAD=grad_t, **flags, **_launch("bwd", q.device),
     )  # fmt: skip
     if not grad_t:

@@ -294,8 +294,7 @@ def _bwd_op(
     t, stg, sth = _table_args(table, q)
     m, smb, nmb = _mask_args(mask, q)
     tok, blk_flags = _int_args(tokens, q), _int_args(blocks, q)
-    t_or_none = None if table is None else t
-    bt, *tiling = _tile_args(t_or_none, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
+    bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
     ks = _kernels()
     qk_scale = scale * ks.LOG2E
     layout = tokens is not None

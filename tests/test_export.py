@@ -252,7 +252,7 @@ def test_to_and_to_empty_remake_buffers():
 
 
 def test_swin_masks_and_sincos_remade_after_conversions():
-    """One mechanism (``NonPersistentBuffers``) remakes every derived buffer: Swin's window masks after
+    """One mechanism (``NonPersistentBuffers``) remakes every derived buffer: Swin's window regions after
     ``to_empty()``, and exact float64 values (not float32 ones cast up) after ``double()``; the modules
     that own them are those timm's ``reinit_non_persistent_buffers`` finds."""
     from timm.models._manipulate import reinit_non_persistent_buffers
@@ -260,8 +260,8 @@ def test_swin_masks_and_sincos_remade_after_conversions():
     from vitrel.pos.absolute import sincos2d_embed
 
     ref = small_model("swin", "rel2d_full", abs_pos="sincos2d")
-    masks = {n: b for n, b in ref.named_buffers() if n.endswith("attn_mask")}
-    assert masks and not any(n.endswith("attn_mask") for n in ref.state_dict())
+    masks = {n: b for n, b in ref.named_buffers() if n.endswith("window_regions")}
+    assert masks and not any(n.endswith("window_regions") for n in ref.state_dict())
     e = vitrel.create_model(
         "vitrel_swin_tiny_patch2_window4_32",
         pos="rel2d_full",

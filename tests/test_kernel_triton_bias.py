@@ -61,8 +61,11 @@ def _inputs(b, h, n, d, grid, seed=0):
     return q, k, v, table
 
 
-def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True, bias_read="auto"):
+def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True, bias_read="auto", regions=None):
     n = prefix + grid[0] * grid[1]
+    if regions is not None:  # the reference reads the float mask the regions mean
+        same = regions[:, :, None] == regions[:, None, :]
+        mask = torch.zeros(same.shape, dtype=torch.float64).masked_fill(~same, float("-inf"))
     q, k, v, table = _inputs(b, h, n, d, grid)
     table = table if table_on else None
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -72,8 +75,9 @@ def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True
     grads_ref = torch.autograd.grad(ref, leaves64, go)
     qd, kd, vd = (t.detach().to(device, dtype).requires_grad_() for t in (q, k, v))
     td = None if table is None else table.detach().to(device, torch.float32).requires_grad_()
-    md = None if mask is None else mask.to(device, torch.float32)
-    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, mask=md, causal=causal, bias_read=bias_read)
+    md = None if mask is None or regions is not None else mask.to(device, torch.float32)
+    rd = None if regions is None else regions.to(device)
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, mask=md, causal=causal, bias_read=bias_read, regions=rd)
     leaves = [t for t in (qd, kd, vd, td) if t is not None]
     grads = torch.autograd.grad(out, leaves, go.to(device, dtype))
     tol = _tol(device)
@@ -155,6 +159,20 @@ def test_kernel_window_mask(device):
     mask[1] = torch.where(region[:, None] == region[None, :], 0.0, float("-inf"))
     mask[0, :, 3] = -5.0
     _check(device, 4, 2, 16, grid, 0, mask=mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_window_regions(device):
+    """A batch of windows' layout (:meth:`TokenLayout.windows`, Swin's shifted windows): the region ids of each
+    window (``b % nW``) masked in the kernel equal the float mask they mean. A 7 x 9 map in 4 x 5 windows shifted by
+    (2, 2): four windows of 20 tokens (two tiles each); the last holds all nine regions (the seam and the padding on
+    both axes)."""
+    from vitrel.models.swin_windows import window_regions
+    from vitrel.pos.geometry import Grid
+
+    regions = window_regions(Grid(7, 9), (4, 5), (2, 2))
+    assert regions.shape == (4, 20) and len(regions[3].unique()) == 9  # seam x seam x padding: all nine
+    _check(device, 8, 2, 16, (4, 5), 0, regions=regions)
 
 
 def _masked_table_case(grid=(8, 8), prefix=1):

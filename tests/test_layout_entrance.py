@@ -91,3 +91,27 @@ def test_swin_block_applies_its_layer_scale(packed: bool) -> None:
         mid = x + g1 * a
         want = mid + g2 * blk.mlp(blk.norm2(mid))
     torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("pos", ["rel2d_full", "rope2d_mixed", "rel2d_bucket"])
+def test_swin_windows_are_a_token_layout(pos: str) -> None:
+    """The Swin's windows are a ``TokenLayout`` (``TokenLayout.windows``): read by the general token-layout path (each
+    region an image of the window's grid with the other regions' tokens dropped: its terms gathered per token or pair,
+    the images' block-diagonal mask) they give what the windows' path gives (the window grid's terms for every
+    window, the regions masked), float64. A 7 x 9 map in 4 x 5 windows shifted by (2, 2): the seam and the padding."""
+    from vitrel import Attention
+    from vitrel.models.swin_windows import NUM_REGIONS, shifted_window_mask, window_layout, window_regions
+
+    regions = window_regions(Grid(7, 9), (4, 5), (2, 2))
+    lay = window_layout(regions, (4, 5))
+    t = torch.arange(20)
+    assert lay.segment.equal(regions) and lay.grids == (Grid(4, 5),) and lay.num_prefix_tokens == 0
+    assert lay.coords.tolist() == [torch.stack([t // 5, t % 5], -1).tolist()] * 4 and lay.index.equal(t.expand(4, 20))
+    assert lay.image.equal(torch.arange(4)[:, None] * NUM_REGIONS + regions) and lay.num_images == 4 * NUM_REGIONS
+    torch.manual_seed(0)
+    attn = Attention(16, 2, pos=pos, grid=(4, 5)).double()
+    x = torch.randn(8, 20, 16, dtype=torch.float64)  # two maps' windows: row b reads the layout's row b % 4
+    y = attn(x, grid=(4, 5), mask=lay)
+    torch.testing.assert_close(y, attn(x, grid=(4, 5), mask=shifted_window_mask(Grid(7, 9), (4, 5), (2, 2))))
+    for half in (x[:4], x[4:]):
+        torch.testing.assert_close(attn(half, grid=lay), attn(half, grid=(4, 5), mask=lay))

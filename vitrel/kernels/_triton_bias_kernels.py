@@ -18,8 +18,8 @@ per key block for these sums (it loops over a share of the batch, adding into it
 reduced by deterministic tensor sums afterwards (:func:`vitrel.kernels.triton_bias.table_grad`), so two runs are
 bitwise equal.
 
-Every kernel reads the tile's logits through :func:`_logits` (the one place the bias, the window mask and the
-causal mask are applied), in base 2 (``LOG2E`` folded in, as the tutorial).
+Every kernel reads the tile's logits through :func:`_logits` (the one place the bias, the window mask or the windows'
+regions and the causal mask are applied), in base 2 (``LOG2E`` folded in, as the tutorial).
 """
 
 from __future__ import annotations
@@ -121,16 +121,18 @@ def _row_stats(LSE, DELTA, bh, N, offs):
 def _logits(
     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
     BT, n_kt, n_pat, d_min, g_d, n_m, g_m, q0, k0,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
     TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr,
 ):
     """Base-2 logits of the ``[TM, TW]`` tile of queries from ``q0`` and keys from ``k0``, ``-inf`` where masked (out
-    of range, causal, across images, the table's or the mask's ``-inf``), and the tile's patch-pair flags (pairs of
-    one image where the bias applies). The bias is gathered per score from ``T`` (``[G, heads, 2 GH - 1, 2 GW - 1]``,
-    a table per group of images; ``stride_tg`` 0 on a full grid), or with ``TILED`` loaded whole from the bias tiles
-    ``BT [heads, n_pat, TM, TW]``, the tile's pattern computed from ``(q0 - k0, q0 mod GW)`` (``n_m > 0``) or its
-    place (a full grid's tiles repeat: :func:`vitrel.kernels.triton_bias.tile_patterns`). ``T``, ``BT`` and ``MASK``
-    come multiplied by ``LOG2E``."""
+    of range, causal, across images or windows' regions, the table's or the mask's ``-inf``), and the tile's
+    patch-pair flags (pairs of one image where the bias applies). The bias is gathered per score from ``T``
+    (``[G, heads, 2 GH - 1, 2 GW - 1]``, a table per group of images; ``stride_tg`` 0 on a full grid), or with
+    ``TILED`` loaded whole from the bias tiles ``BT [heads, n_pat, TM, TW]``, the tile's pattern computed from
+    ``(q0 - k0, q0 mod GW)`` (``n_m > 0``) or its place (a full grid's tiles repeat:
+    :func:`vitrel.kernels.triton_bias.tile_patterns`). ``MASK_KIND``: 0 none, 1 ``MASK`` an additive float mask
+    ``[Mb, N, N]``, 2 ``MASK`` region ids ``[Mb, N]`` (batch ``b`` reads row ``b mod Mb``). ``T``, ``BT`` and a
+    float ``MASK`` come multiplied by ``LOG2E``."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     qpatch, rq, cq, sq, gq = _tokens(TOK, b, offs_m, P, N, GW, LAYOUT)
     kpatch, rk, ck, sk, _ = _tokens(TOK, b, offs_n, P, N, GW, LAYOUT)
@@ -148,10 +150,14 @@ def _logits(
             row = T + gq * stride_tg + h * stride_th + (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1
             s += tl.load(row[:, None] - (rk * (2 * GW - 1) + ck)[None, :], mask=pair, other=0.0)
     inside = (offs_m < N)[:, None] & (offs_n < N)[None, :]
-    if HAS_MASK:
+    if MASK_KIND == 1:  # an additive float mask [Mb, N, N]
         mptr = MASK + (b % n_mask_b) * stride_mb + offs_m[:, None] * N + offs_n[None, :]
         s += tl.load(mptr, mask=inside, other=0.0)
     valid = inside | (offs_m >= N)[:, None]  # (rows past the end: harmless, their loads are zeros)
+    if MASK_KIND == 2:  # region ids [Mb, N] (a batch of windows' layout): a token sees its own region's tokens
+        rptr = MASK + (b % n_mask_b) * stride_mb
+        rq = tl.load(rptr + offs_m, offs_m < N, -1)
+        valid = valid & (rq[:, None] == tl.load(rptr + offs_n, offs_n < N, -2)[None, :])
     if LAYOUT:  # a token sees its own image's tokens (padding: padding)
         valid = valid & same
     if CAUSAL:
@@ -165,7 +171,7 @@ def _fwd_kernel(
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_tg, stride_th, stride_mb, n_mask_b,
     H, N, P, GH, GW, qk_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
 ):
     b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)
@@ -184,7 +190,7 @@ def _fwd_kernel(
             k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
-                GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, tl.program_id(0) * BM, start_n, HAS_TABLE, HAS_MASK,
+                GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, tl.program_id(0) * BM, start_n, HAS_TABLE, MASK_KIND,
                 CAUSAL, LAYOUT, PREC, TILED, BM, BN,
             )
             m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -208,7 +214,7 @@ def _bwd_dkdv_kernel(
     sgb, sgh, sgn, shb, shh, shn,
     H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``)."""
@@ -231,7 +237,7 @@ def _bwd_dkdv_kernel(
             lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
-                GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, start_m, tl.program_id(0) * BN, HAS_TABLE, HAS_MASK,
+                GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, start_m, tl.program_id(0) * BN, HAS_TABLE, MASK_KIND,
                 CAUSAL, LAYOUT, PREC, TILED, BM, BN,
             )
             p = tl.math.exp2(s - lse[:, None])
@@ -278,7 +284,7 @@ def _bwd_dq_kernel(
     sgb, sgh, sgn,
     B, H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split, slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
-    HAS_TABLE: tl.constexpr, HAS_MASK: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
 ):
     """``dq`` of one query block for a share of the batch (``b = split, split + n_split, ...``), and the table
@@ -321,7 +327,7 @@ def _bwd_dq_kernel(
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
                 s, pair = _logits(
                     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,
-                    P, N, GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, pid_m * BM, start_n, HAS_TABLE, HAS_MASK,
+                    P, N, GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, pid_m * BM, start_n, HAS_TABLE, MASK_KIND,
                     CAUSAL, LAYOUT, PREC, TILED, BM, BM,
                 )
                 p = tl.math.exp2(s - lse[:, None])

@@ -10,8 +10,9 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
   :meth:`Kernel.layout_inputs`);
 * which cases it takes: :meth:`Kernel.refuses` (a scheme's capabilities), ``takes_layout`` (packed / token-dropped
   layouts), ``takes_dropout``, ``native_causal`` (it masks the keys after the query itself, from ``state.causal``,
-  instead of reading a causal float mask), ``window_masks`` (it reads a window mask ``[nW, n, n]`` per window
-  instead of one repeated to the batch), ``onnx`` (what it runs translates to ONNX), ``fused_rotation`` (a rotary
+  instead of reading a causal float mask), ``window_layouts`` (it takes the windows' layout as ``mask``,
+  :meth:`~vitrel.pos.tokens.TokenLayout.windows`, and masks across their regions itself, instead of reading the float
+  mask it lowers to, repeated to the batch), ``onnx`` (what it runs translates to ONNX), ``fused_rotation`` (a rotary
   scheme's queries and keys are rotated by the fused Triton rotation, :mod:`vitrel.kernels.triton_rope`, instead of
   the scheme's torch ops);
 * how it attends: :meth:`Kernel.attend`.
@@ -67,7 +68,7 @@ class Kernel:
     takes_layout: ClassVar[bool] = True
     takes_dropout: ClassVar[bool] = True
     native_causal: ClassVar[bool] = False
-    window_masks: ClassVar[bool] = False
+    window_layouts: ClassVar[bool] = False
     #: ``torch.onnx`` can translate what it runs (a custom op cannot be)
     onnx: ClassVar[bool] = True
     #: rotary schemes' ``state.rope`` applied by :func:`vitrel.kernels.triton_rope.rope_rotate` (one launch for q and k)

@@ -6,7 +6,9 @@
     out = softmax(q k^T * scale + bias + mask) v,    bias[h, i, j] = T[h, r_i - r_j + GH - 1, c_i - c_j + GW - 1]
 
 (patch pairs; 0 for pairs with a prefix token), with ``mask`` an optional additive float mask ``[Mb, N, N]``
-(batch ``b`` reads ``mask[b % Mb]``: Swin's shifted windows) and ``causal`` the keys after the query masked
+(batch ``b`` reads ``mask[b % Mb]``), or instead ``regions`` ``[Mb, N]`` (integers: a token attends to the tokens of
+its region only, computed in the kernel; a batch of windows' layout, Swin's shifted windows) and ``causal`` the keys
+after the query masked
 (blocks above the diagonal skipped). Nothing ``N x N`` is stored; the backward returns ``dq, dk, dv`` and the
 table's gradient ``dT``, reduced in the kernel (:mod:`vitrel.kernels._triton_bias_kernels`), deterministic.
 
@@ -28,10 +30,10 @@ from torch import Tensor
 
 from vitrel.kernels.flex import OffsetTableKernel
 from vitrel.kernels.registry import register_kernel
+from vitrel.pos.tokens import TokenLayout
 
 if TYPE_CHECKING:
     from vitrel.pos.geometry import Grid
-    from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "TilePatterns",
@@ -213,10 +215,13 @@ def _tile_args(table: Tensor | None, tokens: Tensor | None, bias_read: str, grid
     return q.new_zeros(1, dtype=torch.float32), 0, 0, 0, 1, 0, 1
 
 
-def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
+def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int, int]:
+    """The kernels' ``MASK`` (a float mask in base 2, or region ids), its row stride, rows and ``MASK_KIND``."""
     if mask is None:
-        return q.new_zeros(1, dtype=torch.float32), 0, 1
-    return mask * _kernels().LOG2E, mask.stride(0), mask.shape[0]
+        return q.new_zeros(1, dtype=torch.float32), 0, 1, 0
+    if not mask.is_floating_point():
+        return mask, mask.stride(0), mask.shape[0], 2
+    return mask * _kernels().LOG2E, mask.stride(0), mask.shape[0], 1
 
 
 @torch.library.custom_op("vitrel::rel_bias_attention", mutates_args=())
@@ -240,13 +245,13 @@ def _fwd_op(
     out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
     lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     t, stg, sth = _table_args(table, q)
-    m, smb, nmb = _mask_args(mask, q)
+    m, smb, nmb, mask_kind = _mask_args(mask, q)
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q)
     grid = (triton_cdiv(n, bm), b * h)
     _kernels()._fwd_kernel[grid](
         q, k, v, t, m, _int_args(tokens, q), _int_args(blocks, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
         smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), *tiling, D=d,
-        BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal,
+        BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None, MASK_KIND=mask_kind, CAUSAL=causal,
         LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(q.dtype),
         **_launch("fwd", q.device),
     )  # fmt: skip
@@ -292,14 +297,14 @@ def _bwd_op(
     delta = (out.float() * do.float()).sum(-1).contiguous()  # rowsum(o * do), FlashAttention-2's D
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     t, stg, sth = _table_args(table, q)
-    m, smb, nmb = _mask_args(mask, q)
+    m, smb, nmb, mask_kind = _mask_args(mask, q)
     tok, blk_flags = _int_args(tokens, q), _int_args(blocks, q)
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
     ks = _kernels()
     qk_scale = scale * ks.LOG2E
     layout = tokens is not None
     flags = dict(
-        D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, HAS_MASK=mask is not None, CAUSAL=causal, LAYOUT=layout,
+        D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, MASK_KIND=mask_kind, CAUSAL=causal, LAYOUT=layout,
         HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(q.dtype),
     )  # fmt: skip
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
@@ -426,12 +431,14 @@ def rel_bias_attention(
     tokens: Tensor | None = None,
     blocks: Tensor | None = None,
     bias_read: str = "auto",
+    regions: Tensor | None = None,
 ) -> Tensor:
     """``softmax(q k^T * scale + T[offsets] + mask) v`` for ``q, k, v [B, heads, N, d]`` (see the module docstring).
 
     ``table`` ``[heads, 2 GH - 1, 2 GW - 1]`` (any float dtype: read and differentiated in float32; ``-inf`` entries
     mask their pairs) or None; ``grid`` ``(GH, GW)`` with ``N = num_prefix_tokens + GH GW``; ``mask`` ``[Mb, N, N]``
-    additive (``B`` a multiple of ``Mb``).
+    additive, or ``regions`` ``[Mb, N]`` integer region ids (a token sees the tokens of its region only: a batch of
+    windows' layout, :meth:`~vitrel.pos.tokens.TokenLayout.windows`); batch ``b`` reads row ``b % Mb``.
 
     ``tokens`` ``[B, 4, N]`` (integers: each token's segment, row, column and table group; :func:`layout_tokens`)
     lays out packed images instead (a token layout, :mod:`vitrel.pos.tokens`): a token attends to the tokens of its
@@ -466,10 +473,16 @@ def rel_bias_attention(
             want = (h, n_flag, n_flag)
             raise ValueError(f"rel_bias_attention: blocks {tuple(blocks.shape)}, expected {want} on a full grid")
         blocks = blocks.to(torch.int32).contiguous()
+    if mask is not None and regions is not None:
+        raise ValueError("rel_bias_attention: pass a float mask or regions, not both")
     if mask is not None:
         mask = mask.reshape(-1, n, n).float().contiguous()
-        if b % mask.shape[0]:
-            raise ValueError(f"rel_bias_attention: batch {b} is not a multiple of the mask's {mask.shape[0]}")
+    elif regions is not None:
+        if regions.dim() != 2 or regions.shape[1] != n or regions.is_floating_point():
+            raise ValueError(f"rel_bias_attention: regions must be integers [Mb, {n}], got {tuple(regions.shape)}")
+        mask = regions.to(torch.int32).contiguous()  # the kernels' MASK, read as region ids
+    if mask is not None and b % mask.shape[0]:
+        raise ValueError(f"rel_bias_attention: batch {b} is not a multiple of the mask's {mask.shape[0]} rows")
     q, k, v = (t.contiguous() for t in (q, k, v))  # one layout at the op's boundary (its fakes say contiguous)
     scale = d**-0.5 if scale is None else float(scale)
     if bias_read not in BIAS_READS:
@@ -487,11 +500,12 @@ def layout_tokens(layout: TokenLayout) -> Tensor:
 @register_kernel("triton")
 class TritonKernel(OffsetTableKernel):
     """The fused kernel above for every scheme with an offset table (and for rotary schemes and no position: no
-    table); full grids with prefix tokens, batches of windows with their masks, causal 1-D, token layouts (packed
+    table); full grids with prefix tokens, batches of windows (their layout's regions masked in the kernel, or a float
+    mask), causal 1-D, token layouts (packed
     images of any sizes, dropped tokens: a table per distinct grid, the tiles across images skipped). Not yet:
     attention dropout."""
 
-    window_masks = True
+    window_layouts = True
     onnx = False
     fused_rotation = True
 
@@ -503,6 +517,9 @@ class TritonKernel(OffsetTableKernel):
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
         if dropout_p > 0.0:
             raise ValueError("attn_impl='triton' has no attention dropout: use attn_impl='sdpa' for attn_drop > 0")
+        regions = None
+        if isinstance(mask, TokenLayout):  # a batch of windows' layout: its regions masked in the kernel
+            mask, regions = None, mask.segment
         if mask is not None and mask.dim() == 4:
             if mask.shape[1] != 1:
                 raise ValueError("attn_impl='triton' takes a mask shared by the heads ([B | nW, N, N])")
@@ -511,13 +528,18 @@ class TritonKernel(OffsetTableKernel):
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
         tokens = None if state.layout is None else layout_tokens(state.layout)
         p, blocks = state.num_prefix_tokens, state.block_mask
-        return rel_bias_attention(q, k, v, state.table, state.grid, p, scale, mask, state.causal, tokens, blocks)
+        return rel_bias_attention(
+            q, k, v, state.table, state.grid, p, scale, mask, state.causal, tokens, blocks, regions=regions
+        )
 
 
-def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout: bool = False) -> dict[str, int]:
+def compile_for(
+    arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout: bool = False, regions: bool = False
+) -> dict[str, int]:
     """Compile the three kernels ahead of time for CUDA compute capability ``arch`` (no GPU needed: Triton's own
     compiler and ptxas), with the launch configuration a GPU of that kind would use for ``head_dim``; returns each
-    kernel's shared memory in bytes (``layout``: the token-layout variants). Catches what the interpreter lets
+    kernel's shared memory in bytes (``layout``: the token-layout variants; ``regions``: windows' regions instead of a
+    float mask). Catches what the interpreter lets
     through (types, layouts, shared memory). Needs Triton's CUDA backend and ``TRITON_INTERPRET`` unset (the
     kernels must be JIT functions)."""
     import triton
@@ -528,11 +550,11 @@ def compile_for(arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout:
     block_d, bm, bn, blk = _blocks(head_dim, torch.device("cuda"))
     t = f"*{dtype}"
     io = dict(
-        Q=t, K=t, V=t, T="*fp32", MASK="*fp32", TOK="*i32", BLK="*i32", BT="*fp32", LUT="*i32", LSE="*fp32",
-        qk_scale="fp32", sm_scale="fp32",
+        Q=t, K=t, V=t, T="*fp32", MASK="*i32" if regions else "*fp32", TOK="*i32", BLK="*i32", BT="*fp32",
+        LUT="*i32", LSE="*fp32", qk_scale="fp32", sm_scale="fp32",
     )  # fmt: skip
     common = dict(
-        D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, HAS_MASK=True, CAUSAL=False, LAYOUT=layout,
+        D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, MASK_KIND=2 if regions else 1, CAUSAL=False, LAYOUT=layout,
         HAS_BLOCKS=not layout, TILED=not layout, PREC=_prec(torch.bfloat16),
     )  # fmt: skip
     cases = {

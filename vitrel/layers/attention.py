@@ -18,9 +18,11 @@ prepares every block's state once per forward and passes it instead (``attn(x, p
 state carries the grid and prefix count it was prepared for. A layer built with ``pos="shared"`` owns no
 scheme and always takes its model's state.
 
-Windows: pass ``x`` as ``[B * num_windows, n, C]`` with ``grid`` the window's grid and ``mask``
-``[num_windows, n, n]`` (the shifted-window mask); the bias is built once for the window grid and
-shared by every window.
+Windows: pass ``x`` as ``[B * num_windows, n, C]`` with ``grid`` the window's grid and ``mask`` the windows'
+:class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.windows`: each window's regions, Swin's
+shifted windows) or a float mask ``[num_windows, n, n]``; the bias is built once for the window grid and shared by
+every window. A kernel that reads the windows' regions itself (``Kernel.window_layouts``) gets the layout; the others
+the float mask it lowers to, repeated to the batch.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from vitrel.layers.validate import check_attention_args
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import as_grid
 from vitrel.pos.registry import parse_pos
-from vitrel.pos.tokens import TokenLayout, isolate_images, poison
+from vitrel.pos.tokens import TokenLayout, isolate_images, poison, segment_mask
 
 __all__ = ["Attention", "SHARED"]
 
@@ -177,16 +179,23 @@ class Attention(nn.Module):
 
     def _mask(
         self,
-        mask: Tensor | None,
+        mask: Tensor | TokenLayout | None,
         b: int,
         n: int,
         dtype: torch.dtype,
         device: torch.device,
         causal: bool = True,
         per_window: bool = False,
-    ) -> Tensor | None:
-        """Window mask ``[nW, n, n]`` -> ``[B, 1, n, n]`` (kept as it is for a kernel that reads it per window,
-        ``per_window``); plus the causal mask if enabled (and ``causal``)."""
+    ) -> Tensor | TokenLayout | None:
+        """Window mask ``[nW, n, n]`` -> ``[B, 1, n, n]``; the windows' layout kept as it is for a kernel that reads
+        it per window (``per_window``), else lowered to that float mask; plus the causal mask if enabled (and
+        ``causal``)."""
+        if isinstance(mask, TokenLayout):
+            if mask.grids != (mask.grids[0],) or mask.num_tokens != n or mask.num_prefix_tokens:
+                raise ValueError(f"mask: a layout of windows ({n} tokens, one grid, no prefix), got {mask.grids}")
+            if per_window and not self.causal:
+                return mask
+            mask = segment_mask(mask, dtype)[:, 0]
         if mask is not None:
             if mask.dim() == 3:
                 nw = mask.shape[0]
@@ -203,11 +212,12 @@ class Attention(nn.Module):
 
     # ------------------------------------------------------------------------------- public
     def forward(
-        self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: PosState | None = None
+        self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None
     ) -> Tensor:
         """``x [B, N, C]`` -> ``[B, N, C]``, the tokens on ``grid`` or on the grid ``pos_state`` (a model's state of
-        this layer's or its shared scheme) was prepared for. ``mask``: ``[nW, n, n]`` window mask or a float mask
-        broadcastable to ``[B, heads, N, N]``."""
+        this layer's or its shared scheme) was prepared for. ``mask``: the windows' layout
+        (:meth:`~vitrel.pos.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a float mask broadcastable
+        to ``[B, heads, N, N]``."""
         st = self._state(x, grid, pos_state)
         q, k, v = self._qkv(x, st)
         if st.layout is not None:  # packed images: no image reads another's values (vitrel.pos.tokens)
@@ -217,7 +227,7 @@ class Attention(nn.Module):
         native_causal = self.causal and kernel.native_causal  # the kernel masks by index, skipping blocks
         if native_causal:
             st = st._replace(causal=True)
-        m = self._mask(mask, b, n, q.dtype, q.device, causal=not native_causal, per_window=kernel.window_masks)
+        m = self._mask(mask, b, n, q.dtype, q.device, causal=not native_causal, per_window=kernel.window_layouts)
         p = self.attn_drop if self.training else 0.0
         out = st.scheme.attend(q, k, v, m, self.scale, st, dropout_p=p)
         if st.layout is not None:
@@ -229,7 +239,7 @@ class Attention(nn.Module):
         return self.proj_drop(self.proj(out))
 
     def logits(
-        self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: PosState | None = None
+        self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None
     ) -> Tensor:
         """Pre-softmax logits ``[B, heads, N, N]``, computed eagerly (for inspection)."""
         st = self._state(x, grid, pos_state)
@@ -238,7 +248,7 @@ class Attention(nn.Module):
         return eager_logits(q, k, m, self.scale, st)
 
     def attention_map(
-        self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: PosState | None = None
+        self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None
     ) -> Tensor:
         """Attention probabilities ``[B, heads, N, N]``."""
         return self.logits(x, grid, mask, pos_state).softmax(-1)

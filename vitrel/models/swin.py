@@ -268,7 +268,7 @@ class SwinTransformer(TimmSurface, nn.Module):
             stage.build_grid, stage.window_size = new_stage.build_grid, new_stage.window_size
             for blk, new_blk in zip(stage.blocks, new_stage.blocks):
                 blk.build_grid, blk.window_size = new_blk.build_grid, new_blk.window_size
-                blk.attn_mask = new_blk.attn_mask
+                blk.window_regions = new_blk.window_regions
 
     # ---------------------------------------------------------------------------- forward
     def read_input(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> ModelInput:

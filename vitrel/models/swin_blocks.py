@@ -26,13 +26,14 @@ from vitrel.models.input_size import check_img_size
 from vitrel.models.swin_windows import (
     mixed_states,
     mixed_window_attention,
-    shifted_window_mask,
     stage_state,
     stage_states,
     window_and_shift,
     window_attention,
+    window_layout,
     window_partition,
     window_positions,
+    window_regions,
 )
 from vitrel.pos.base import PosState
 from vitrel.pos.cache import NonPersistentBuffers
@@ -83,9 +84,10 @@ class SwinBlock(NonPersistentBuffers, Block):
     (``kwargs``: the block's other arguments, ``mlp_ratio``, ``qkv_bias``, ``init_values``, ``proj_drop``,
     ``attn_drop``, ``drop_path``, ``layer``, ``attn_impl``).
 
-    ``attn_mask`` (a non-persistent buffer, None when not needed) is the shifted-window mask of the
-    grid the block is built for (remade by ``init_non_persistent_buffers()``, see
-    :class:`~vitrel.pos.cache.NonPersistentBuffers`); another grid computes its mask in the forward pass.
+    ``window_regions`` (a non-persistent buffer ``[nW, n]``, None when not needed) holds the region ids of the
+    windows of the grid the block is built for (:func:`~vitrel.models.swin_windows.window_regions`; remade by
+    ``init_non_persistent_buffers()``, see :class:`~vitrel.pos.cache.NonPersistentBuffers`); another grid computes
+    them in the forward pass.
     """
 
     def __init__(
@@ -108,16 +110,18 @@ class SwinBlock(NonPersistentBuffers, Block):
         self.init_non_persistent_buffers()
 
     def _init_buffers(self) -> None:
-        """``attn_mask``: the shifted-window mask of the built grid (None when nothing needs masking)."""
-        like = self._like("attn_mask")
+        """``window_regions``: the region ids of the built grid's windows (None when nothing needs masking)."""
+        like = self._like("window_regions")
         win, shift = window_and_shift(self.build_grid, self.window_size, self.shifted)
-        mask = shifted_window_mask(self.build_grid, win, shift, like.get("device"))
-        self.register_buffer("attn_mask", None if mask is None else mask.to(**like), persistent=False)
+        regions = window_regions(self.build_grid, win, shift, like.get("device"))
+        self.register_buffer("window_regions", regions, persistent=False)
 
-    def windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], Tensor | None]:
+    def windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], TokenLayout | None]:
         """The block's windows of a normalised map ``x [B, H, W, C]``: (windows ``[B nW, n, C]`` of the map padded to
-        multiples of the window and rolled by ``-shift``, the map's grid, the window, the shift, the shifted-window
-        mask ``[nW, n, n]`` or None); :func:`~vitrel.models.swin_windows.unwindow` puts them back."""
+        multiples of the window and rolled by ``-shift``, the map's grid, the window, the shift, the windows'
+        :class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.windows`, their regions:
+        the attention's mask) or None where nothing is masked); :func:`~vitrel.models.swin_windows.unwindow` puts
+        them back."""
         _, h, w, _ = x.shape
         grid = Grid(h, w)
         win, shift = window_and_shift(grid, self.window_size, self.shifted)
@@ -127,10 +131,10 @@ class SwinBlock(NonPersistentBuffers, Block):
         if any(shift):
             x = torch.roll(x, shifts=(-shift[0], -shift[1]), dims=(1, 2))
         if grid == self.build_grid:
-            mask = self.attn_mask
+            regions = self.window_regions
         else:
-            mask = shifted_window_mask(grid, win, shift, x.device)
-        return window_partition(x, win), grid, win, shift, mask
+            regions = window_regions(grid, win, shift, x.device)
+        return window_partition(x, win), grid, win, shift, window_layout(regions, win)
 
     def _state(self, x: Tensor, layout: TokenLayout | None, pos_state: Any) -> Any:
         """``pos_state`` (what the stage passes), or this block's own scheme prepared for the windows of ``x``: one
@@ -173,8 +177,8 @@ class SwinBlock(NonPersistentBuffers, Block):
         """Attention probabilities of this block as a dense ``[B, heads, H W, H W]`` map over the
         (un-rolled, un-padded) image positions; pairs in different windows get 0."""
         b, h, w, _ = x.shape
-        windows, grid, win, shift, mask = self.windows(self.norm1(x))
-        probs = self.attn.attention_map(windows, mask=mask, pos_state=self._state(x, None, pos_state))
+        windows, grid, win, shift, layout = self.windows(self.norm1(x))
+        probs = self.attn.attention_map(windows, mask=layout, pos_state=self._state(x, None, pos_state))
         pos = window_positions(h, w, win, shift)  # [nW, n]
         nw, n = pos.shape
         heads = probs.shape[1]

@@ -8,6 +8,12 @@ position of the rolled map gets a label: 1 if it wrapped around, 2 if it is padd
 two tokens of a window may attend to each other only when their labels agree on both axes
 (``-inf`` otherwise, so attention across the seam is exactly 0).
 
+The windows are a :class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.windows`), the
+layout type of the ViT's packed images: each window a row, its regions (the label pairs) images of the window's grid
+with the other regions' tokens dropped. Attention takes it as its mask (``attn(windows, mask=layout, ...)``): the
+fused kernel reads the regions per window and masks in the kernel; the other kernels read the float mask it lowers
+to (:func:`shifted_window_mask`).
+
 Window size per stage is set from the grid the stage actually sees at forward time: a stage whose
 grid is no larger than the window uses a window the size of the grid and no shift (timm's rule).
 A grid that is not a multiple of the window is padded at the bottom/right *before* the roll, so the
@@ -28,6 +34,7 @@ from torch import Tensor
 from vitrel.models.blocks import prepare_states
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.geometry import Grid
+from vitrel.pos.tokens import TokenLayout, segment_mask
 
 if TYPE_CHECKING:
     from vitrel.models.swin_blocks import SwinBlock
@@ -37,6 +44,8 @@ __all__ = [
     "window_reverse",
     "window_and_shift",
     "shifted_window_mask",
+    "window_regions",
+    "window_layout",
     "window_positions",
     "window_attention",
     "unwindow",
@@ -100,28 +109,43 @@ def _mod(x: Tensor, n: int) -> Tensor:
     return x - (x // n) * n
 
 
-def _labels_mask(lh: Tensor, lw: Tensor, window: tuple[int, int]) -> Tensor:
-    """Additive mask ``[nW, n, n]``: ``-inf`` between two positions of a window whose labels differ."""
-    lab = (lh[:, None] * 3 + lw[None, :])[None, :, :, None]
-    lab = window_partition(lab, window)[..., 0]  # [nW, n]
-    diff = lab[:, :, None] != lab[:, None, :]
-    return torch.zeros(diff.shape, device=diff.device).masked_fill(diff, float("-inf"))
+#: region ids of a window slot: 3 row labels x 3 column labels (:func:`_axis_labels`)
+NUM_REGIONS = 9
+
+
+def window_regions(
+    grid: Grid, window: tuple[int, int], shift: tuple[int, int], device: torch.device | None = None
+) -> Tensor | None:
+    """Region id ``[nW, n]`` (row label ``* 3 +`` column label, :func:`_axis_labels`) of every slot of the windows
+    of a map padded to multiples of ``window`` and then rolled by ``-shift`` (:func:`window_partition` order): two
+    slots of a window may attend to each other when their ids agree. None when nothing needs masking (no shift,
+    no padding)."""
+    wh, ww = window
+    hp, wp = -(-grid.h // wh) * wh, -(-grid.w // ww) * ww
+    if not any(shift) and (hp, wp) == tuple(grid):
+        return None
+    lh, lw = _axis_labels(grid.h, hp, shift[0], device), _axis_labels(grid.w, wp, shift[1], device)
+    return window_partition((lh[:, None] * 3 + lw[None, :])[None, :, :, None], window)[..., 0]
+
+
+def window_layout(regions: Tensor | None, window: tuple[int, int]) -> TokenLayout | None:
+    """The :class:`~vitrel.pos.tokens.TokenLayout` of the windows whose slots have the ``regions`` ids
+    (:func:`window_regions`), which attention reads as its mask; None for None."""
+    return None if regions is None else TokenLayout.windows(regions, Grid(*window), NUM_REGIONS)
 
 
 def shifted_window_mask(
     grid: Grid, window: tuple[int, int], shift: tuple[int, int], device: torch.device | None = None
 ) -> Tensor | None:
     """Additive mask ``[nW, n, n]`` (0 / ``-inf``) of the windows of a map padded to multiples of
-    ``window`` and then rolled by ``-shift``; None when nothing needs masking (no shift, no padding).
+    ``window`` and then rolled by ``-shift``; None when nothing needs masking (no shift, no padding): the float
+    mask the windows' layout lowers to (:func:`~vitrel.pos.tokens.segment_mask` of :func:`window_layout`).
 
-    Windows are in :func:`window_partition` order. A block keeps the mask of the grid it is built for
-    as a buffer (``SwinBlock.attn_mask``); other grids compute it in the forward pass.
+    Windows are in :func:`window_partition` order. A block keeps the regions of the grid it is built for
+    as a buffer (``SwinBlock.window_regions``); other grids compute them in the forward pass.
     """
-    wh, ww = window
-    hp, wp = -(-grid.h // wh) * wh, -(-grid.w // ww) * ww
-    if not any(shift) and (hp, wp) == tuple(grid):
-        return None
-    return _labels_mask(_axis_labels(grid.h, hp, shift[0], device), _axis_labels(grid.w, wp, shift[1], device), window)
+    layout = window_layout(window_regions(grid, window, shift, device), window)
+    return None if layout is None else segment_mask(layout, torch.get_default_dtype())[:, 0]
 
 
 def _symbolic(x: Tensor) -> bool:
@@ -137,8 +161,8 @@ def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor
     """``block``'s (shifted-)window attention on the normalised map ``x [B, H, W, C]`` -> ``[B, H, W, C]``."""
     if _symbolic(x):
         return _any_size_window_attention(block, x, pos_state)
-    windows, grid, win, shift, mask = block.windows(x)
-    return unwindow(block.attn(windows, mask=mask, pos_state=pos_state), grid, win, shift)
+    windows, grid, win, shift, layout = block.windows(x)
+    return unwindow(block.attn(windows, mask=layout, pos_state=pos_state), grid, win, shift)
 
 
 def unwindow(windows: Tensor, grid: Grid, win: tuple[int, int], shift: tuple[int, int]) -> Tensor:
@@ -157,25 +181,28 @@ def mixed_window_attention(block: SwinBlock, maps: Sequence[Tensor], states: dic
     """``block``'s (shifted-)window attention on the normalised maps ``[1, h_i, w_i, C]`` of images of different sizes
     -> their tokens packed ``[1, T, C]`` (each image's map in raster order, one image after another).
 
-    Each image is windowed on its own grid exactly as alone (``block.windows``: its window, shift, padding and
-    shifted-window mask); the windows of all images with the same window grid (all of them unless a window shrinks
-    to a small image's grid) go through the attention as one batch, each window with its own mask; then each image's
-    windows are put back on its grid (:func:`unwindow`). ``states``: the block's scheme state per window grid
-    (:func:`mixed_states`)."""
-    parts = [block.windows(m) for m in maps]  # (windows, grid, win, shift, mask) per image
+    Each image is windowed on its own grid exactly as alone (``block.windows``: its window, shift, padding and the
+    windows' layout); the windows of all images with the same window grid (all of them unless a window shrinks to a
+    small image's grid) go through the attention as one batch, on one layout of those windows (each window keeps its
+    regions); then each image's windows are put back on its grid (:func:`unwindow`). ``states``: the block's scheme
+    state per window grid (:func:`mixed_states`)."""
+    parts = [block.windows(m) for m in maps]  # (windows, grid, win, shift, layout) per image
     groups: dict[Grid, list[int]] = {}
     for i, part in enumerate(parts):
         groups.setdefault(Grid(*part[2]), []).append(i)
     out: dict[int, Tensor] = {}
     for win, idx in groups.items():
         windows = torch.cat([parts[i][0] for i in idx])
-        masks = [parts[i][4] for i in idx]
-        mask = None
-        if any(m is not None for m in masks):  # images without a mask: zeros, one [n, n] per window
+        layouts = [parts[i][4] for i in idx]
+        layout = None
+        if any(lay is not None for lay in layouts):  # images without regions: one region (0) per window
             n = windows.shape[1]
-            zeros = [windows.new_zeros(parts[i][0].shape[0], n, n) for i in idx]
-            mask = torch.cat([z if m is None else m.to(z) for z, m in zip(zeros, masks)])
-        res = block.attn(windows, mask=mask, pos_state=states[win])
+            regions = [
+                windows.new_zeros(parts[i][0].shape[0], n, dtype=torch.long) if lay is None else lay.segment
+                for i, lay in zip(idx, layouts)
+            ]
+            layout = window_layout(torch.cat(regions), win)
+        res = block.attn(windows, mask=layout, pos_state=states[win])
         for i, r in zip(idx, res.split([parts[i][0].shape[0] for i in idx])):
             _, grid, _, shift, _ = parts[i]
             out[i] = unwindow(r, grid, win, shift).reshape(-1, r.shape[-1])

@@ -133,6 +133,24 @@ class TokenLayout(NamedTuple):
         image = torch.cat([torch.full_like(t.segment, i) for i, t in enumerate(parts)], 1)
         return cls.build(image, coords, image, image_grids, p)
 
+    @classmethod
+    def windows(cls, regions: Tensor, window: Grid, num_regions: int) -> TokenLayout:
+        """The layout of a batch of windows (Swin's): row ``w`` is window ``w``, the full sequence of the ``window``
+        grid (raster order, no prefix), split into the regions ``regions [nW, n]`` (ids in ``[0, num_regions)``; a
+        shifted window's parts from different sides of the map's seam, and its padding). Each region is an image of
+        the window's grid with the other regions' tokens dropped (image ``w * num_regions + id``; an id a window does
+        not hold is an image with no token), so a token attends to its own region only, at the offsets it has in the
+        map. A batch of ``k nW`` windows (``k`` maps) reads row ``b mod nW``. Device work only (no host sync); the
+        kernels that read a window's regions natively (``Kernel.window_layouts``) take ``segment``, the others the
+        float mask :func:`segment_mask` lowers it to."""
+        nw, n = regions.shape
+        dev = regions.device
+        t = torch.arange(n, device=dev)
+        coords = torch.stack([t // window.w, t % window.w], -1).expand(nw, n, 2)
+        image = torch.arange(nw, device=dev)[:, None] * num_regions + regions
+        images = (Grid(*window),) * (nw * num_regions)
+        return cls(regions, coords, t.expand(nw, n), torch.zeros_like(regions), (Grid(*window),), image, images, 0)
+
     @property
     def image_sizes(self) -> list[int]:
         """Tokens of each image's full sequence (``P + h w``), in image order."""

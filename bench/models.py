@@ -26,12 +26,14 @@ import torch
 import vitrel
 from vitrel.bench import alternate, medians, train_step
 
+#: vitrel's ViT-S/16 with a scheme of its own in every block, as timm's relative-position and RoPE ViTs have
+VIT_S_PER_BLOCK = dict(name="vitrel_vit_small_patch16_224", pos_share=False)
+
 PAIRS = {
     "vit_rel2d_full": (
         dict(
-            name="vitrel_vit_small_patch16_224",
+            VIT_S_PER_BLOCK,
             pos="rel2d_full",
-            pos_share=False,
             class_token=False,
             global_pool="avg",
             qkv_bias=False,
@@ -45,9 +47,8 @@ PAIRS = {
     ),
     "vit_rope2d_mixed": (
         dict(
-            name="vitrel_vit_small_patch16_224",
+            VIT_S_PER_BLOCK,
             pos="rope2d_mixed",
-            pos_share=False,
             class_token=True,
             global_pool="token",
             qkv_bias=True,

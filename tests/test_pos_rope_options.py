@@ -197,6 +197,13 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def _tiny_vit(pos, depth: int, **kw) -> VisionTransformer:
+    """The ViT of the mixed-RoPE model tests: 16 x 16 images in 4 x 4 patches, 2 heads of 16 channels, 5 classes."""
+    return VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=depth, num_heads=2, num_classes=5, pos=pos, **kw
+    )
+
+
 MIXED_OPTS = [
     {},
     {"basis": "cayley"},
@@ -213,17 +220,7 @@ def test_mixed_blocks_prepared_together(opts, prefix):
     every gradient equal those of blocks that prepare their own state."""
     torch.manual_seed(0)
     pos = {"name": "rope2d_mixed", **opts}
-    m = VisionTransformer(
-        img_size=16,
-        patch_size=4,
-        embed_dim=32,
-        depth=3,
-        num_heads=2,
-        num_classes=5,
-        pos=pos,
-        class_token=bool(prefix),
-        global_pool="token" if prefix else "avg",
-    ).double()
+    m = _tiny_vit(pos, 3, class_token=bool(prefix), global_pool="token" if prefix else "avg").double()
     with torch.no_grad():  # STRING's basis away from the identity, so that it matters
         for blk in m.blocks:
             if blk.attn.pos.string is not None:
@@ -290,7 +287,7 @@ def test_mixed_blocks_with_augmentation_draw_per_block():
     """DINOv3's coordinate augmentation keeps its per-block draws (states prepared one by one)."""
     torch.manual_seed(0)
     pos = {"name": "rope2d_mixed", "coords": "normalized", "shift": 0.2}
-    m = VisionTransformer(img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, num_classes=5, pos=pos)
+    m = _tiny_vit(pos, 2)
     m.train()
     count = _CountOps()
     with count:

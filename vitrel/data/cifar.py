@@ -83,8 +83,6 @@ class CIFARDataModule(VisionDataModule):
     """
 
     native_size = 32
-    default_interpolation = "bilinear"
-    default_crop_pct = 1.0
     default_augment_kwargs = {"scale": (0.35, 1.0), "hflip": 0.5, "color_jitter": 0.0}
     memory_capable = True
     default_loader = "memory"

@@ -163,8 +163,6 @@ class FashionMNISTDataModule(VisionDataModule):
 
     dataset_name = "Fashion-MNIST"
     native_size = 28
-    default_interpolation = "bilinear"
-    default_crop_pct = 1.0
     default_augment_kwargs = {"scale": (0.5, 1.0), "hflip": 0.5, "color_jitter": 0.0}
     memory_capable = True
     default_loader = "memory"

@@ -190,19 +190,27 @@ def with_causal_blocks(block_mask: Any, heads: int, n: int, device: torch.device
     return create_block_mask(and_masks(block_mask.mask_mod, _causal), None, heads, n, n, device=device)
 
 
+def token_terms_refusal(kernel: str, scheme, lacks: str) -> str | None:
+    """Why a kernel that reads a fixed position input (flex, triton: the offset table; fold: the bias factors) cannot
+    run ``scheme`` when the scheme's term depends on the query token (``has_token_terms``: PaPE), or None. ``lacks``:
+    what such a scheme has none of, e.g. ``"no offset table"``."""
+    if not scheme.has_token_terms:
+        return None
+    return (
+        f"attn_impl={kernel!r}: {scheme.name}'s term depends on the query token ({lacks}); its fast path "
+        "is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
+    )
+
+
 def table_refusal(kernel: str, scheme) -> str | None:
     """Why a kernel that reads the bias by offset cannot run ``scheme`` (flex, triton), or None."""
-    if scheme.has_token_terms:
-        return (
-            f"attn_impl={kernel!r}: {scheme.name}'s term depends on the query token (no offset table); its fast path "
-            "is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
-        )
-    if scheme.has_content_terms or (scheme.has_bias and not scheme.has_offset_table):
-        return (
+    refusal = token_terms_refusal(kernel, scheme, "no offset table")
+    if refusal is None and (scheme.has_content_terms or (scheme.has_bias and not scheme.has_offset_table)):
+        refusal = (
             f"attn_impl={kernel!r} reads the bias by offset from the scheme's table; {scheme.name} has no such "
             "table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
         )
-    return None
+    return refusal
 
 
 class OffsetTableKernel(Kernel):

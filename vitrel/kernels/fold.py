@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitrel.kernels.common import merge_masks, sdpa_padded
+from vitrel.kernels.flex import token_terms_refusal
 from vitrel.kernels.registry import Kernel, register_kernel
 from vitrel.pos.tokens import gather_tokens
 
@@ -32,17 +33,13 @@ class FoldKernel(Kernel):
 
     @classmethod
     def refuses(cls, scheme):
-        if scheme.has_token_terms:
-            return (
-                f"attn_impl='fold': {scheme.name}'s term depends on the query token (no fixed factors); its fast path "
-                "is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
-            )
-        if not scheme.has_bias_factors:
-            return (
+        refusal = token_terms_refusal(cls.name, scheme, "no fixed factors")
+        if refusal is None and not scheme.has_bias_factors:
+            refusal = (
                 f"attn_impl='fold' folds a bias that factors into the queries and keys; {scheme.name} has no such "
                 "bias (the factored tables rel2d_factored and rel2d_bucket do): use attn_impl='sdpa' or 'auto'"
             )
-        return None
+        return refusal
 
     @classmethod
     def inputs(cls, scheme, grid, num_prefix_tokens):

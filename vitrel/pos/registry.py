@@ -20,7 +20,6 @@ from typing import Any
 from torch import nn
 
 from vitrel.pos.base import PositionScheme
-from vitrel.pos.geometry import as_grid
 
 __all__ = [
     "PosArg",
@@ -107,32 +106,18 @@ class PosSpec:
     def kind(self) -> str:
         return self.cls.kind
 
-    def build(
-        self,
-        *,
-        num_heads: int,
-        head_dim: int,
-        grid: Any,
-        num_prefix_tokens: int = 0,
-        embed_dim: int | None = None,
-        layer: tuple[int, int] | None = None,
-        causal: bool | None = None,
-    ) -> PositionScheme:
-        """The scheme for these sizes. ``layer``: ``(index, number of layers)`` of the block it serves (per-layer
-        schedules); ``causal``: given to a ``causal_aware`` scheme whose spec does not set it."""
+    def build(self, *, causal: bool | None = None, **sizes: Any) -> PositionScheme:
+        """The scheme for ``sizes``, keywords of :class:`~vitrel.pos.base.PositionScheme`'s constructor (which declares
+        them and their defaults): ``num_heads``, ``head_dim``, ``grid``, ``num_prefix_tokens``, ``embed_dim`` and
+        ``layer``, ``(index, number of layers)`` of the block it serves (per-layer schedules). ``causal``: given to a
+        ``causal_aware`` scheme whose spec does not set it."""
+        unknown = sorted(set(sizes) - {*SIZES, "layer"})
+        if unknown:
+            raise TypeError(f"PosSpec.build takes the sizes {SIZES} and 'layer', got {unknown}")
         kwargs = dict(self.options)
-        if layer is not None:
-            kwargs["layer"] = layer
         if causal is not None and self.cls.causal_aware:
             kwargs.setdefault("causal", causal)
-        return self.cls(
-            num_heads=num_heads,
-            head_dim=head_dim,
-            grid=as_grid(grid),
-            num_prefix_tokens=num_prefix_tokens,
-            embed_dim=embed_dim if embed_dim is not None else num_heads * head_dim,
-            **kwargs,
-        )
+        return self.cls(**sizes, **kwargs)
 
 
 def parse_pos(pos: Any, **options: Any) -> PosSpec | None:

@@ -266,10 +266,20 @@ class _Rope(PositionScheme):
     has_rotation = True
     #: axes of the position: 1 (raster index) or 2 (row, column), for ``scaling``
     _axes: int = 2
+    #: ``head_dim`` must be a multiple of it: the rotated pairs (2), split between rows and columns (4)
+    _divisor: int = 2
 
     def __init__(self, *, scaling: dict | None = None, **kw) -> None:
         super().__init__(**kw)
         self.scaling: RopeScaling | None = parse_scaling(scaling, self._axes, self.name)
+
+    def _set_base(self, base: float) -> None:
+        """Check ``head_dim`` (a multiple of ``_divisor``) and the frequency base ``base > 0``; keep ``base``."""
+        if self.head_dim % self._divisor:
+            raise ValueError(f"{self.name} needs head_dim divisible by {self._divisor}, got head_dim={self.head_dim}")
+        if not base > 0:
+            raise ValueError(f"{self.name} needs base > 0, got {base}")
+        self.base = float(base)
 
     def scaling_factors(self, grid: Grid) -> tuple[float, ...]:
         """The ``scaling`` factor of each axis (rows, columns; or the raster index) for a call on ``grid``."""
@@ -332,15 +342,9 @@ class FixedRope(GridBuffers, _Rope):
     """RoPE with fixed frequencies: the built grid's ``cos/sin`` are non-persistent buffers (``built_cos``,
     ``built_sin``, float32 unless the module was converted); another grid computes them (``cos_sin``)."""
 
-    _divisor: int = 2
-
     def __init__(self, *, base: float = 100.0, **kw) -> None:
         super().__init__(**kw)
-        if self.head_dim % self._divisor:
-            raise ValueError(f"{self.name} needs head_dim divisible by {self._divisor}, got head_dim={self.head_dim}")
-        if not base > 0:
-            raise ValueError(f"{self.name} needs base > 0, got {base}")
-        self.base = float(base)
+        self._set_base(base)
         if not isinstance(self, Rope2dOptions):  # those make their buffers once their options are set
             self.init_non_persistent_buffers()
 
@@ -504,17 +508,14 @@ class Rope2dMixed(Rope2dOptions):
     ``shift``/``jitter``/``rescale``, ``basis``; see the module docstring).
     """
 
+    _divisor = 4
     no_weight_decay_keys = ("freqs", "string")
 
     per_head = True
 
     def __init__(self, *, base: float = 10.0, rotate: bool = True, **kw) -> None:
         super().__init__(**kw)
-        if self.head_dim % 4:
-            raise ValueError(f"{self.name} needs head_dim divisible by 4, got head_dim={self.head_dim}")
-        if not base > 0:
-            raise ValueError(f"{self.name} needs base > 0, got {base}")
-        self.base = float(base)
+        self._set_base(base)
         self.rotate_init = bool(rotate)
         self.freqs = nn.Parameter(init_mixed_freqs(self.num_heads, self.head_dim, self.base, self.rotate_init))
 

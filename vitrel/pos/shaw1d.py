@@ -79,12 +79,18 @@ def expand_table(table: Tensor, r_min: int, length: int, clip_distance: int | No
     return table.index_select(0, r)
 
 
-def _check_offset(n_q: int, n_k: int, q_offset: int | None, causal: bool) -> int:
+def _expand_offsets(
+    table: Tensor, n_q: int, n_k: int, q_offset: int | None, causal: bool, clip_distance: int | None
+) -> tuple[Tensor, int]:
+    """``(E [L, d], L)``: the rows of ``table`` for the ``L`` offsets that occur between ``n_q`` queries (the first at
+    ``q_offset``; None: the last ``n_q`` positions when ``causal``, else 0) and ``n_k`` keys (:func:`offset_range`,
+    :func:`expand_table`), what :func:`shaw_logits` skews and :func:`shaw_values` unskews."""
     if q_offset is None:
         q_offset = n_k - n_q if causal else 0
     if causal and q_offset < 0:
         raise ValueError(f"causal attention needs q_offset >= 0 (queries after the first key), got {q_offset}")
-    return q_offset
+    r_min, length = offset_range(n_q, n_k, q_offset, causal)
+    return expand_table(table, r_min, length, clip_distance), length
 
 
 def shaw_logits(
@@ -102,9 +108,7 @@ def shaw_logits(
     q_offset`` are arbitrary: mask them.
     """
     n_q = q.shape[-2]
-    q_offset = _check_offset(n_q, n_k, q_offset, causal)
-    r_min, length = offset_range(n_q, n_k, q_offset, causal)
-    e = expand_table(rel_k, r_min, length, clip_distance)  # [L, d]
+    e, _ = _expand_offsets(rel_k, n_q, n_k, q_offset, causal, clip_distance)  # [L, d]
     return skew(q @ e.t(), n_k, n_q - 1)
 
 
@@ -121,9 +125,7 @@ def shaw_values(
     With ``causal`` the weights of keys ``j > i + q_offset`` are ignored (they are 0 after masking).
     """
     n_q, n_k = attn.shape[-2:]
-    q_offset = _check_offset(n_q, n_k, q_offset, causal)
-    r_min, length = offset_range(n_q, n_k, q_offset, causal)
-    e = expand_table(rel_v, r_min, length, clip_distance)  # [L, d]
+    e, length = _expand_offsets(rel_v, n_q, n_k, q_offset, causal, clip_distance)  # [L, d]
     return unskew(attn, length, n_q - 1) @ e
 
 

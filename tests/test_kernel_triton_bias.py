@@ -458,17 +458,17 @@ def test_clear_errors(monkeypatch):
 
 
 def test_kernels_compile_for_hopper():
-    """The kernels (full grid and token layout) compile ahead of time for an H100 / H200 (sm_90) with the launch
-    configuration used there, in bf16, within its shared memory (232,448 bytes): what the interpreter cannot check.
-    A fresh process with the interpreter off (the kernels must be JIT functions)."""
+    """The kernels (full grid, token layout, windows' regions) compile ahead of time for an H100 / H200 (sm_90) with
+    the launch configuration used there, in bf16, within its shared memory (232,448 bytes): what the interpreter cannot
+    check. A fresh process with the interpreter off (the kernels must be JIT functions)."""
     import json
     import subprocess
     import sys
 
     code = (
         "import json; from vitrel.kernels.triton_bias import compile_for; "
-        "print(json.dumps({f'{k}{layout}': v for layout in ('', '_layout') for k, v in compile_for(90, 64, "
-        "layout=bool(layout)).items()}))"
+        "print(json.dumps({f'{k}{v}': s for v in ('', '_layout', '_regions') for k, s in compile_for(90, 64, "
+        "layout=v == '_layout', regions=v == '_regions').items()}))"
     )
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
@@ -476,5 +476,5 @@ def test_kernels_compile_for_hopper():
         pytest.skip("Triton has no CUDA backend here")
     assert out.returncode == 0, out.stderr[-3000:]
     shared = json.loads(out.stdout.strip().splitlines()[-1])
-    names = {f"{k}{layout}" for k in ("fwd", "dkdv", "dq") for layout in ("", "_layout")}
+    names = {f"{k}{v}" for k in ("fwd", "dkdv", "dq") for v in ("", "_layout", "_regions")}
     assert set(shared) == names and all(0 < v <= 232448 for v in shared.values()), shared

@@ -224,22 +224,20 @@ def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int, int]:
     return mask * _kernels().LOG2E, mask.stride(0), mask.shape[0], 1
 
 
-@torch.library.custom_op("vitrel::rel_bias_attention", mutates_args=())
-def _fwd_op(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    table: Tensor | None,
-    mask: Tensor | None,
-    tokens: Tensor | None,
-    blocks: Tensor | None,
-    scale: float,
-    grid_h: int,
-    grid_w: int,
-    prefix: int,
-    causal: bool,
-    bias_read: str,
-) -> tuple[Tensor, Tensor]:
+#: the parameters the forward op and its backward share, declared once in their schemas: the inputs and the call's
+#: settings (``torch.library`` ops, so ``torch.compile`` captures each as one node)
+_INPUTS = "Tensor q, Tensor k, Tensor v, Tensor? table, Tensor? mask, Tensor? tokens, Tensor? blocks"
+_SETTINGS = "float scale, int grid_h, int grid_w, int prefix, bool causal, str bias_read"
+torch.library.define("vitrel::rel_bias_attention", f"({_INPUTS}, {_SETTINGS}) -> (Tensor, Tensor)")
+torch.library.define(
+    "vitrel::rel_bias_attention_bwd",
+    f"(Tensor do, {_INPUTS}, Tensor out, Tensor lse, {_SETTINGS}, bool table_grad) -> (Tensor, Tensor, Tensor, Tensor)",
+)
+
+
+@torch.library.register_kernel("vitrel::rel_bias_attention", None)
+def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read):
+    """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads)."""
     b, h, n, d = q.shape
     block_d, bm, bn, _ = _blocks(d, q.device)
     out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
@@ -258,7 +256,7 @@ def _fwd_op(
     return out, lse
 
 
-@_fwd_op.register_fake
+@torch.library.register_fake("vitrel::rel_bias_attention")
 def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
@@ -271,26 +269,11 @@ def _n_split(n_qb: int, heads: int, batch: int, device: torch.device) -> int:
     return max(1, min(batch, math.ceil(4 * sms / (n_qb * heads))))
 
 
-@torch.library.custom_op("vitrel::rel_bias_attention_bwd", mutates_args=())
-def _bwd_op(
-    do: Tensor,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    table: Tensor | None,
-    mask: Tensor | None,
-    tokens: Tensor | None,
-    blocks: Tensor | None,
-    out: Tensor,
-    lse: Tensor,
-    scale: float,
-    grid_h: int,
-    grid_w: int,
-    prefix: int,
-    causal: bool,
-    bias_read: str,
-    table_grad: bool,
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+@torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)
+def _bwd_impl(
+    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad
+):
+    """``vitrel::rel_bias_attention_bwd``: ``dq, dk, dv`` and, with ``table_grad``, the table's gradient."""
     b, h, n, d = q.shape
     block_d, _, _, blk = _blocks(d, q.device)
     do = do.contiguous()
@@ -333,7 +316,7 @@ def _bwd_op(
     return dq, dk, dv, dt
 
 
-@_bwd_op.register_fake
+@torch.library.register_fake("vitrel::rel_bias_attention_bwd")
 def _bwd_fake(
     do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad
 ):
@@ -411,11 +394,13 @@ def _setup(ctx, inputs, output):
 def _backward(ctx, dout, dlse):
     q, k, v, table, mask, tokens, blocks, out, lse = ctx.saved_tensors
     need_t = table is not None and ctx.needs_input_grad[3]
-    dq, dk, dv, dt = _bwd_op(dout, q, k, v, table, mask, tokens, blocks, out, lse, *ctx.args, need_t)
+    dq, dk, dv, dt = torch.ops.vitrel.rel_bias_attention_bwd(
+        dout, q, k, v, table, mask, tokens, blocks, out, lse, *ctx.args, need_t
+    )
     return dq, dk, dv, (dt if need_t else None), *(None,) * 9
 
 
-_fwd_op.register_autograd(_backward, setup_context=_setup)
+torch.library.register_autograd("vitrel::rel_bias_attention", _backward, setup_context=_setup)
 
 
 def rel_bias_attention(
@@ -487,7 +472,8 @@ def rel_bias_attention(
     scale = d**-0.5 if scale is None else float(scale)
     if bias_read not in BIAS_READS:
         raise ValueError(f"rel_bias_attention: bias_read must be one of {BIAS_READS}, got {bias_read!r}")
-    out, _ = _fwd_op(q, k, v, table, mask, tokens, blocks, scale, gh, gw, num_prefix_tokens, causal, bias_read)
+    op = torch.ops.vitrel.rel_bias_attention
+    out, _ = op(q, k, v, table, mask, tokens, blocks, scale, gh, gw, num_prefix_tokens, causal, bias_read)
     return out
 
 

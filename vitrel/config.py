@@ -21,8 +21,9 @@ does it). Groups that are open-ended by design stay ``Any``: ``model`` (checked 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+import inspect
+from dataclasses import dataclass, field, make_dataclass
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -144,50 +145,41 @@ class ModuleConfig:
 
 
 # ------------------------------------------------------------------------------------------- trainer
-@dataclass
-class TrainerConfig:
-    """``lightning.pytorch.Trainer``'s arguments (Lightning's defaults), but ``logger``, ``callbacks`` and
-    ``enable_progress_bar``, which ``train()`` sets from ``logger``, ``callbacks`` and ``progress_bar``."""
+#: Trainer arguments the config does not hold: ``train()`` sets them from ``logger``, ``callbacks`` and ``progress_bar``
+_TRAINER_SET_BY_TRAIN = ("logger", "callbacks", "enable_progress_bar")
+#: Lightning's unions that OmegaConf cannot hold, as the one type a config spells them in (``32`` is read as ``"32"``)
+_TRAINER_SPELLED = {"accelerator": str, "precision": str | None, "gradient_clip_val": float | None,
+                    "default_root_dir": str | None}  # fmt: skip
+_PLAIN = (int, float, bool, str)
 
-    _target_: str = "lightning.pytorch.Trainer"
-    accelerator: str = "auto"
-    strategy: Any = "auto"  # a name or a strategy node
-    devices: Any = "auto"  # int | "auto" | list of device indices
-    num_nodes: int = 1
-    precision: str | None = None  # "32-true", "bf16-mixed", ... (32 is read as "32")
-    fast_dev_run: Any = False  # bool | int
-    max_epochs: int | None = None
-    min_epochs: int | None = None
-    max_steps: int = -1
-    min_steps: int | None = None
-    max_time: Any = None
-    limit_train_batches: Any = None  # int (batches) | float (fraction)
-    limit_val_batches: Any = None
-    limit_test_batches: Any = None
-    limit_predict_batches: Any = None
-    overfit_batches: Any = 0.0
-    val_check_interval: Any = None
-    check_val_every_n_epoch: int | None = 1
-    num_sanity_val_steps: int | None = None
-    log_every_n_steps: int | None = None
-    enable_checkpointing: bool | None = None
-    enable_model_summary: bool | None = None
-    accumulate_grad_batches: int = 1
-    gradient_clip_val: float | None = None
-    gradient_clip_algorithm: str | None = None
-    deterministic: Any = None  # bool | "warn"
-    benchmark: bool | None = None
-    inference_mode: bool = True
-    use_distributed_sampler: bool = True
-    profiler: Any = None
-    detect_anomaly: bool = False
-    barebones: bool = False
-    plugins: Any = None
-    sync_batchnorm: bool = False
-    reload_dataloaders_every_n_epochs: int = 0
-    default_root_dir: str | None = None
-    enable_autolog_hparams: bool = True
-    model_registry: str | None = None
+
+def _schema_type(hint: Any) -> Any:
+    """An argument's annotation as an OmegaConf field type: a plain type, or it or None; ``Any`` for the unions
+    OmegaConf cannot express (``devices``: 1, "auto" or a list; ``limit_train_batches``: a count or a fraction)."""
+    if hint in _PLAIN:
+        return hint
+    members = [a for a in get_args(hint) if a is not type(None)] if get_origin(hint) is Union else []
+    if len(members) == 1 and members[0] in _PLAIN:
+        return members[0] | None
+    return Any
+
+
+def _trainer_config() -> type:
+    """``lightning.pytorch.Trainer``'s arguments with Lightning's defaults and types, read from its signature (so the
+    schema follows the installed Lightning), but :data:`_TRAINER_SET_BY_TRAIN`."""
+    from lightning.pytorch import Trainer
+
+    hints = get_type_hints(Trainer.__init__)
+    fields = [("_target_", str, "lightning.pytorch.Trainer")]
+    for name, p in inspect.signature(Trainer.__init__).parameters.items():
+        if name != "self" and name not in _TRAINER_SET_BY_TRAIN:
+            fields.append((name, _TRAINER_SPELLED.get(name) or _schema_type(hints[name]), field(default=p.default)))
+    cls = make_dataclass("TrainerConfig", fields)
+    cls.__module__, cls.__doc__ = __name__, _trainer_config.__doc__
+    return cls
+
+
+TrainerConfig = _trainer_config()
 
 
 # ------------------------------------------------------------------------------- top-level configs

@@ -122,6 +122,22 @@ def test_flex_window_mask_and_causal(eager_flex, name):
         torch.testing.assert_close(flex(x, (3, 4)), sdpa(x, (3, 4)), atol=1e-12, rtol=1e-10)
 
 
+@pytest.mark.parametrize("name", ["rel2d_full", "lookhere"])
+def test_flex_reads_the_windows_layout(eager_flex, name):
+    """Swin's windows' layout (``TokenLayout.windows``) as the mask: flex reads the ``[nW, n]`` region ids in its
+    score_mod (window ``b mod nW``), no float mask; equal to SDPA with the float mask it lowers to. A 7 x 9 map in
+    4 x 5 windows shifted by (2, 2) (the seam and the padding), two maps' windows."""
+    from vitrel.models.swin_windows import window_layout, window_regions
+    from vitrel.pos.geometry import Grid
+
+    assert kernels.FlexKernel.window_layouts
+    sdpa, flex = _pair(name, {}, 0)
+    lay = window_layout(window_regions(Grid(7, 9), (4, 5), (2, 2)), (4, 5))
+    x = torch.randn(8, 20, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(flex(x, (4, 5), mask=lay), sdpa(x, (4, 5), mask=lay), atol=1e-12, rtol=1e-10)
+
+
 @pytest.mark.parametrize("name", ["rel1d_bucket", "alibi1d", "lookhere"])
 def test_flex_causal_block_mask(eager_flex, monkeypatch, name):
     """Causal attention with flex goes through a BlockMask of ``j <= i`` (intersected with LookHere's views):

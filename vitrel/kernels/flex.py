@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,10 +21,7 @@ from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex
 
 from vitrel.kernels.registry import Kernel, register_kernel
 from vitrel.pos.geometry import Grid
-from vitrel.pos.tokens import stack_tables
-
-if TYPE_CHECKING:
-    from vitrel.pos.tokens import TokenLayout
+from vitrel.pos.tokens import TokenLayout, stack_tables
 
 __all__ = [
     "FlexKernel",
@@ -84,8 +81,11 @@ def _flex_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
 
 def attend_flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state, dropout_p=0.0) -> Tensor:
     """FlexAttention with ``score_mod = score + T[h, dh + H - 1, dw + W - 1] + mask`` (prefix pairs: no bias);
-    ``mask`` (windows) an additive float mask broadcastable to ``[B, heads, N, N]``; ``state.block_mask`` the
-    table's ``-inf`` blocks, intersected with the causal blocks when ``state.causal``."""
+    ``mask`` (windows) an additive float mask broadcastable to ``[B, heads, N, N]`` (or ``[nW, N, N]``: batch ``b``
+    reads window ``b mod nW``), or the windows' layout
+    (:meth:`~vitrel.pos.tokens.TokenLayout.windows`: ``-inf`` across the regions of window ``b mod nW``, read from its
+    ``[nW, N]`` region ids, no ``N x N`` mask); ``state.block_mask`` the table's ``-inf`` blocks, intersected with the
+    causal blocks when ``state.causal``."""
     table = state.table
     if dropout_p > 0.0:
         raise ValueError("attn_impl='flex' has no attention dropout (FlexAttention has none): use attn_impl='sdpa'")
@@ -96,8 +96,13 @@ def attend_flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
             "on CPU, or flex for inference (torch.no_grad / inference_mode)"
         )
     at, patch = _offset_reader(table, state.grid, state.num_prefix_tokens, q.device, state.layout)
+    regions = None
+    if isinstance(mask, TokenLayout):  # (contiguous: FlexAttention's CPU kernel takes no strided captured buffers)
+        mask, regions = None, mask.segment.contiguous()
     if mask is not None:
         mask = mask.to(q.dtype)
+        if mask.dim() == 3:  # a window mask [nW, N, N]: batch b reads window b mod nW
+            mask = mask[:, None]
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
     mb, mh = (mask.shape[0] > 1, mask.shape[1] > 1) if mask is not None else (False, False)
 
@@ -106,7 +111,10 @@ def attend_flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
             t = at(b, h, qi, ki)
             score = score + torch.where(patch(b, qi) & patch(b, ki), t, torch.zeros_like(t))
         if mask is not None:
-            score = score + mask[b if mb else 0, h if mh else 0, qi, ki]
+            score = score + mask[b % mask.shape[0] if mb else 0, h if mh else 0, qi, ki]
+        if regions is not None:
+            w = b % regions.shape[0]
+            score = torch.where(regions[w, qi] == regions[w, ki], score, float("-inf"))
         return score
 
     blocks = state.block_mask
@@ -253,6 +261,8 @@ class OffsetTableKernel(Kernel):
 
 @register_kernel("flex")
 class FlexKernel(OffsetTableKernel):
+    window_layouts = True
+
     @classmethod
     def skip_blocks(cls, table, grid, num_prefix_tokens):
         return offset_block_mask(table, grid, num_prefix_tokens)

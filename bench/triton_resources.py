@@ -1,0 +1,103 @@
+"""Static resources of the fused bias kernel's compiled code for a GPU, measured without one: registers per thread,
+the spill stack (bytes of local memory per thread; 0 means no register spills) and shared memory, from Triton's own
+compiler and ``cuobjdump`` (shipped with Triton), for each kernel, tile and warp count.
+
+    python bench/triton_resources.py --out bench/results/triton_resources_sm90.md   # any machine, no GPU needed
+
+What the interpreter cannot show and a GPU timing only shows indirectly: a kernel that spills registers to the stack
+reads and writes local memory in its inner loop. The cases are the full grid's (bias tiles, no mask), the layer of
+``bench/attention.py`` (heads of 64), the table's gradient on and off, and no table (plain attention) for reference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # the kernels must be JIT functions, not interpreted ones
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from vitrel.kernels import triton_bias as tb  # noqa: E402
+
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+#: (kernel, tile, warps, flags): the forward's 64 x 64 tiles, the backward's square tiles of 64 and 32
+CASES = [
+    ("fwd", 64, 4, dict(HAS_TABLE=False, TILED=False)),
+    ("fwd", 64, 4, dict(TILED=True)),
+    ("fwd", 64, 8, dict(TILED=True)),
+    ("dkdv", 64, 4, dict(HAS_TABLE=False, TILED=False)),
+    ("dkdv", 64, 4, dict(TILED=True)),
+    ("dkdv", 32, 4, dict(TILED=True)),
+    ("dq", 64, 4, dict(HAS_TABLE=False, TILED=False, TABLE_GRAD=False)),
+    ("dq", 64, 4, dict(TILED=True, TABLE_GRAD=False)),
+    ("dq", 64, 4, dict(TILED=True, TABLE_GRAD=True)),
+    ("dq", 64, 8, dict(TILED=True, TABLE_GRAD=True)),
+    ("dq", 32, 4, dict(TILED=True, TABLE_GRAD=True)),
+]
+
+
+def resources(kernel: str, tile: int, warps: int, flags: dict, arch: int, head_dim: int) -> tuple[int, int, int]:
+    """(registers, stack bytes, shared bytes) of one kernel compiled for ``sm_<arch>`` in bf16."""
+    ks = tb._kernels()
+    fn = {"fwd": ks._fwd_kernel, "dkdv": ks._bwd_dkdv_kernel, "dq": ks._bwd_dq_kernel}[kernel]
+    block_d = max(16, 1 << (head_dim - 1).bit_length())
+    t = "*bf16"
+    types = dict(
+        Q=t, K=t, V=t, O=t, DO=t, DK=t, DV=t, DQ=t, T="*fp32", MASK="*fp32", TOK="*i32", BLK="*i32", BT="*fp32",
+        LSE="*fp32", DELTA="*fp32", SLOTS="*fp32", SCRATCH="*fp32", qk_scale="fp32", sm_scale="fp32",
+    )  # fmt: skip
+    consts = dict(D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, MASK_KIND=0, CAUSAL=False, LAYOUT=False,
+                  HAS_BLOCKS=False, TILED=True, PREC="tf32", BM=tile)  # fmt: skip
+    consts.update(flags)
+    if kernel != "dq":
+        consts["BN"] = tile
+        consts.pop("TABLE_GRAD", None)
+    sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=2))
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(compiled.asm["cubin"])
+        out = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(path)], capture_output=True, text=True)
+    line = next(x for x in out.stdout.splitlines() if "REG:" in x)
+    usage = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
+    return int(usage["REG"]), int(usage["STACK"]), int(compiled.metadata.shared)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", type=int, default=90)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    lines = [
+        f"# Fused bias kernel: static resources for sm_{args.arch}, bf16, heads of {args.head_dim}",
+        "",
+        f"- Command: `python bench/triton_resources.py --arch {args.arch} --head-dim {args.head_dim}`; Triton "
+        f"{triton.__version__}, torch {torch.__version__}; compiled ahead of time on a machine without a GPU, 2 stages",
+        "- `stack`: bytes of local memory per thread (register spills); 0 is none",
+        "",
+        "| kernel | tile | warps | case | registers | stack B | shared B |",
+        "|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for kernel, tile, warps, flags in CASES:
+        case = ", ".join(f"{k}={v}" for k, v in flags.items())
+        regs, stack, shared = resources(kernel, tile, warps, flags, args.arch, args.head_dim)
+        lines.append(f"| {kernel} | {tile} | {warps} | {case} | {regs} | {stack} | {shared} |")
+        print(lines[-1], flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -115,3 +115,18 @@ def test_swin_windows_are_a_token_layout(pos: str) -> None:
     torch.testing.assert_close(y, attn(x, grid=(4, 5), mask=shifted_window_mask(Grid(7, 9), (4, 5), (2, 2))))
     for half in (x[:4], x[4:]):
         torch.testing.assert_close(attn(half, grid=lay), attn(half, grid=(4, 5), mask=lay))
+
+
+@pytest.mark.parametrize("impl", ["sdpa", "flex"])
+def test_a_windows_layout_that_does_not_fit_is_refused(impl: str) -> None:
+    """The windows' layout as a mask must fit the batch (a multiple of its windows) and the windows' tokens, named,
+    whether the kernel lowers it (sdpa) or reads it (flex)."""
+    from vitrel import Attention
+    from vitrel.models.swin_windows import window_layout, window_regions
+
+    lay = window_layout(window_regions(Grid(7, 9), (4, 5), (2, 2)), (4, 5))  # 4 windows of 20 tokens
+    attn = Attention(16, 2, pos="rel2d_full", grid=(4, 5), attn_impl=impl).eval()
+    with torch.no_grad(), pytest.raises(ValueError, match="not a multiple of the layout's 4 windows"):
+        attn(torch.randn(6, 20, 16), grid=(4, 5), mask=lay)
+    with torch.no_grad(), pytest.raises(ValueError, match="a layout of windows"):
+        attn(torch.randn(4, 12, 16), grid=(3, 4), mask=lay)

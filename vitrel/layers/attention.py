@@ -193,6 +193,8 @@ class Attention(nn.Module):
         if isinstance(mask, TokenLayout):
             if mask.grids != (mask.grids[0],) or mask.num_tokens != n or mask.num_prefix_tokens:
                 raise ValueError(f"mask: a layout of windows ({n} tokens, one grid, no prefix), got {mask.grids}")
+            if b % mask.segment.shape[0]:
+                raise ValueError(f"batch {b} is not a multiple of the layout's {mask.segment.shape[0]} windows")
             if per_window and not self.causal:
                 return mask
             mask = segment_mask(mask, dtype)[:, 0]

@@ -6,7 +6,8 @@ compiler and ``cuobjdump`` (shipped with Triton), for each kernel, tile and warp
 
 What the interpreter cannot show and a GPU timing only shows indirectly: a kernel that spills registers to the stack
 reads and writes local memory in its inner loop. The cases are the full grid's (bias tiles, no mask), the layer of
-``bench/attention.py`` (heads of 64), the table's gradient on and off, and no table (plain attention) for reference.
+``bench/attention.py`` (heads of 64), the table's gradient on and off, and no table (plain attention) for reference;
+then Swin's windows (heads of 32) with no mask, with a float window mask and with the windows' region ids.
 """
 
 from __future__ import annotations
@@ -45,6 +46,14 @@ CASES = [
     ("dq", 32, 4, dict(TILED=True, TABLE_GRAD=True)),
 ]
 
+#: Swin's windows (Swin-T's heads of 32, 64-token tiles, 4 warps): no mask, the float mask ``[nW, n, n]`` read per
+#: window (MASK_KIND 1), and the windows' region ids masked in the kernel (MASK_KIND 2)
+WINDOW_CASES = [
+    (kernel, 64, 4, dict(TILED=True, MASK_KIND=kind, **({"TABLE_GRAD": True} if kernel == "dq" else {})))
+    for kind in (0, 1, 2)
+    for kernel in ("fwd", "dkdv", "dq")
+]
+
 
 def resources(kernel: str, tile: int, warps: int, flags: dict, arch: int, head_dim: int) -> tuple[int, int, int]:
     """(registers, stack bytes, shared bytes) of one kernel compiled for ``sm_<arch>`` in bf16."""
@@ -74,6 +83,13 @@ def resources(kernel: str, tile: int, warps: int, flags: dict, arch: int, head_d
     return int(usage["REG"]), int(usage["STACK"]), int(compiled.metadata.shared)
 
 
+def _row(lines: list[str], kernel: str, tile: int, warps: int, flags: dict, arch: int, head_dim: int) -> None:
+    case = ", ".join(f"{k}={v}" for k, v in flags.items())
+    regs, stack, shared = resources(kernel, tile, warps, flags, arch, head_dim)
+    lines.append(f"| {kernel} | {tile} | {warps} | {case} | {regs} | {stack} | {shared} |")
+    print(lines[-1], flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
@@ -91,10 +107,10 @@ def main() -> None:
         "|---|---:|---:|---|---:|---:|---:|",
     ]
     for kernel, tile, warps, flags in CASES:
-        case = ", ".join(f"{k}={v}" for k, v in flags.items())
-        regs, stack, shared = resources(kernel, tile, warps, flags, args.arch, args.head_dim)
-        lines.append(f"| {kernel} | {tile} | {warps} | {case} | {regs} | {stack} | {shared} |")
-        print(lines[-1], flush=True)
+        _row(lines, kernel, tile, warps, flags, args.arch, args.head_dim)
+    lines += ["", "Swin's windows, heads of 32 (Swin-T's):", "", *lines[5:7]]
+    for kernel, tile, warps, flags in WINDOW_CASES:
+        _row(lines, kernel, tile, warps, flags, args.arch, 32)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
 

@@ -130,3 +130,23 @@ def test_a_windows_layout_that_does_not_fit_is_refused(impl: str) -> None:
         attn(torch.randn(6, 20, 16), grid=(4, 5), mask=lay)
     with torch.no_grad(), pytest.raises(ValueError, match="a layout of windows"):
         attn(torch.randn(4, 12, 16), grid=(3, 4), mask=lay)
+
+
+@pytest.mark.parametrize(("grid", "window"), [((8, 8), (4, 4)), ((7, 9), (4, 5)), ((14, 14), (4, 4)), ((3, 5), (7, 7))])
+@pytest.mark.parametrize("shifted", [False, True])
+def test_window_groups_are_swins_shifted_windows(grid, window, shifted) -> None:
+    """The windows' layout read back onto the map (``window_groups``) is Swin's definition: with the shift ``s`` and
+    window ``M`` of ``window_and_shift``, two positions attend to each other iff ``floor((r - s) / M)`` agree on both
+    axes (the padding, the roll and the regions of the seam undone). And the figure draws it."""
+    from vitrel.models.swin_windows import window_and_shift, window_groups
+    from vitrel.viz import plot_swin_windows
+
+    g = Grid(*grid)
+    (mh, mw), (sh, sw) = window_and_shift(g, window, shifted)
+    groups = window_groups(g, window, shifted)
+    r, c = torch.arange(g.h)[:, None].expand(g.h, g.w), torch.arange(g.w)[None, :].expand(g.h, g.w)
+    key = ((r - sh).div(mh, rounding_mode="floor") * 1000 + (c - sw).div(mw, rounding_mode="floor")).flatten()
+    flat = groups.flatten()
+    assert torch.equal(flat[:, None] == flat[None, :], key[:, None] == key[None, :])
+    assert sorted(flat.unique().tolist()) == list(range(len(key.unique())))
+    assert len(plot_swin_windows(g, window).axes) == 2

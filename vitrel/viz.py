@@ -57,6 +57,7 @@ __all__ = [
     "plot_content_tables",
     "plot_attention_maps",
     "plot_packed_batch",
+    "plot_swin_windows",
     "figure_to_array",
 ]
 
@@ -441,6 +442,32 @@ def plot_attention_maps(
         for ax in axes[i]:
             _off(ax)
     fig.suptitle(title or "attention over the patch grid", fontsize=9)
+    return fig
+
+
+def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
+    """Swin's windows on an ``H x W`` map of patches, plain and shifted (Swin paper, figure 2): each patch coloured by
+    its group, the patches it attends to in that block (:func:`~vitrel.models.swin_windows.window_groups`: the
+    windows' regions, read back from their :class:`~vitrel.pos.tokens.TokenLayout`), the window edges drawn. With a
+    shift, the windows at the map's edges hold parts of several windows of the rolled map, which do not see each
+    other; a map that is not a multiple of the window is padded at the bottom and right."""
+    from vitrel.models.swin_windows import window_and_shift, window_groups
+
+    grid = as_grid(grid)
+    window = (window, window) if isinstance(window, int) else tuple(window)
+    fig = _figure(7.0, 3.4 * grid.h / max(grid.w, 1) + 0.6)
+    for ax, shifted in zip(fig.subplots(1, 2), (False, True)):
+        groups = window_groups(grid, window, shifted)
+        win, shift = window_and_shift(grid, window, shifted)
+        ax.imshow(groups.numpy() % 20, cmap="tab20", vmin=0, vmax=19, interpolation="nearest")
+        for r in range(shift[0] % win[0] or win[0], grid.h, win[0]):
+            ax.axhline(r - 0.5, color="k", lw=1.5)
+        for c in range(shift[1] % win[1] or win[1], grid.w, win[1]):
+            ax.axvline(c - 0.5, color="k", lw=1.5)
+        _off(ax)
+        kind = f"shifted by {shift}" if shifted else "plain"
+        ax.set_title(f"{kind}: {int(groups.max()) + 1} groups", fontsize=8)
+    fig.suptitle(title or f"Swin windows {window[0]}x{window[1]} on a {grid.h}x{grid.w} map", fontsize=9)
     return fig
 
 

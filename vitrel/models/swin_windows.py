@@ -46,6 +46,7 @@ __all__ = [
     "shifted_window_mask",
     "window_regions",
     "window_layout",
+    "window_groups",
     "window_positions",
     "window_attention",
     "unwindow",
@@ -132,6 +133,25 @@ def window_layout(regions: Tensor | None, window: tuple[int, int]) -> TokenLayou
     """The :class:`~vitrel.pos.tokens.TokenLayout` of the windows whose slots have the ``regions`` ids
     (:func:`window_regions`), which attention reads as its mask; None for None."""
     return None if regions is None else TokenLayout.windows(regions, Grid(*window), NUM_REGIONS)
+
+
+def window_groups(grid: Grid, window: tuple[int, int], shifted: bool) -> Tensor:
+    """``[H, W]`` long: the group of each position of the map, the tokens it attends to and is attended by in a
+    (shifted) block (``window`` shrunk to the grid, the shift as :func:`window_and_shift`), numbered ``0, 1, ...`` in
+    raster order of their first position: a window's region read back onto the map from the windows' layout
+    (:func:`window_positions`, :func:`window_regions`). What :func:`vitrel.viz.plot_swin_windows` draws."""
+    win, shift = window_and_shift(grid, window, shifted)
+    pos = window_positions(grid.h, grid.w, win, shift)  # [nW, n]: image position, -1 for padding
+    regions = window_regions(grid, win, shift)
+    ids = torch.arange(pos.shape[0])[:, None] * NUM_REGIONS + (0 if regions is None else regions)
+    group = torch.empty(grid.h * grid.w, dtype=torch.long)
+    group[pos[pos >= 0]] = ids.expand_as(pos)[pos >= 0]
+    first = torch.full((int(group.max()) + 1,), grid.h * grid.w, dtype=torch.long).scatter_reduce(
+        0, group, torch.arange(grid.h * grid.w), "amin"
+    )
+    rank = torch.empty_like(first)
+    rank[first.argsort()] = torch.arange(len(first))
+    return rank[group].view(grid.h, grid.w)
 
 
 def shifted_window_mask(

@@ -23,8 +23,6 @@ os.environ.pop("TRITON_INTERPRET", None)  # the kernels must be JIT functions, n
 
 import torch  # noqa: E402
 import triton  # noqa: E402
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -57,23 +55,8 @@ WINDOW_CASES = [
 
 def resources(kernel: str, tile: int, warps: int, flags: dict, arch: int, head_dim: int) -> tuple[int, int, int]:
     """(registers, stack bytes, shared bytes) of one kernel compiled for ``sm_<arch>`` in bf16."""
-    ks = tb._kernels()
-    fn = {"fwd": ks._fwd_kernel, "dkdv": ks._bwd_dkdv_kernel, "dq": ks._bwd_dq_kernel}[kernel]
-    block_d = max(16, 1 << (head_dim - 1).bit_length())
-    t = "*bf16"
-    types = dict(
-        Q=t, K=t, V=t, O=t, DO=t, DK=t, DV=t, DQ=t, T="*fp32", MASK="*fp32", TOK="*i32", BLK="*i32", BT="*fp32",
-        LSE="*fp32", DELTA="*fp32", SLOTS="*fp32", SCRATCH="*fp32", qk_scale="fp32", sm_scale="fp32",
-    )  # fmt: skip
-    consts = dict(D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, MASK_KIND=0, CAUSAL=False, LAYOUT=False,
-                  HAS_BLOCKS=False, TILED=True, PREC="tf32", BM=tile)  # fmt: skip
-    consts.update(flags)
-    if kernel != "dq":
-        consts["BN"] = tile
-        consts.pop("TABLE_GRAD", None)
-    sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=warps, num_stages=2))
+    launch = dict(num_warps=warps, num_stages=2)
+    compiled = tb.compile_kernel(kernel, arch, head_dim, tile=tile, launch=launch, **flags)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.cubin"
         path.write_bytes(compiled.asm["cubin"])

@@ -40,6 +40,7 @@ __all__ = [
     "TritonKernel",
     "check_device",
     "compile_for",
+    "compile_kernel",
     "interpreter_on",
     "layout_tokens",
     "visible_tiles",
@@ -519,40 +520,58 @@ class TritonKernel(OffsetTableKernel):
         )
 
 
-def compile_for(
-    arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout: bool = False, regions: bool = False
-) -> dict[str, int]:
-    """Compile the three kernels ahead of time for CUDA compute capability ``arch`` (no GPU needed: Triton's own
-    compiler and ptxas), with the launch configuration a GPU of that kind would use for ``head_dim``; returns each
-    kernel's shared memory in bytes (``layout``: the token-layout variants; ``regions``: windows' regions instead of a
-    float mask). Catches what the interpreter lets
-    through (types, layouts, shared memory). Needs Triton's CUDA backend and ``TRITON_INTERPRET`` unset (the
-    kernels must be JIT functions)."""
+def compile_kernel(
+    kernel: str,
+    arch: int = 90,
+    head_dim: int = 64,
+    dtype: str = "bf16",
+    tile: int | None = None,
+    launch: dict | None = None,
+    **flags,
+):
+    """Compile one of the kernels (``fwd``, ``dkdv``, ``dq``) ahead of time for CUDA compute capability ``arch`` (no
+    GPU needed: Triton's own compiler and ptxas) and return Triton's compiled kernel (its ``metadata``, its ``asm``).
+    The case is a full grid's, the table read as bias tiles, no mask, the table's gradient on, unless ``flags`` (the
+    kernels' ``constexpr`` arguments, e.g. ``MASK_KIND=2``, ``LAYOUT=True``) say otherwise; ``tile`` (``BM``, and
+    ``BN`` but for ``dq``) and ``launch`` (``num_warps``, ``num_stages``) default to what a GPU of that kind uses for
+    ``head_dim``. Needs Triton's CUDA backend and ``TRITON_INTERPRET`` unset (the kernels must be JIT functions)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     ks = _kernels()
+    fn = {"fwd": ks._fwd_kernel, "dkdv": ks._bwd_dkdv_kernel, "dq": ks._bwd_dq_kernel}[kernel]
     block_d, bm, bn, blk = _blocks(head_dim, torch.device("cuda"))
+    consts = dict(
+        D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, MASK_KIND=0, CAUSAL=False, LAYOUT=False, HAS_BLOCKS=False,
+        TILED=True, PREC=_prec(torch.bfloat16),
+    )  # fmt: skip
+    if kernel == "dq":
+        consts.update(BM=tile or blk, TABLE_GRAD=True)
+    else:
+        consts.update(BM=tile or (bm if kernel == "fwd" else blk), BN=tile or (bn if kernel == "fwd" else blk))
+    consts.update(flags)
+    unknown = set(consts) - set(fn.arg_names)
+    if unknown:
+        raise ValueError(f"compile_kernel: {kernel} has no arguments {sorted(unknown)}")
     t = f"*{dtype}"
-    io = dict(
-        Q=t, K=t, V=t, T="*fp32", MASK="*i32" if regions else "*fp32", TOK="*i32", BLK="*i32", BT="*fp32",
-        LUT="*i32", LSE="*fp32", qk_scale="fp32", sm_scale="fp32",
+    types = dict(
+        Q=t, K=t, V=t, O=t, DO=t, DK=t, DV=t, DQ=t, T="*fp32", MASK="*i32" if consts["MASK_KIND"] == 2 else "*fp32",
+        TOK="*i32", BLK="*i32", BT="*fp32", LSE="*fp32", DELTA="*fp32", SLOTS="*fp32", SCRATCH="*fp32",
+        qk_scale="fp32", sm_scale="fp32",
     )  # fmt: skip
-    common = dict(
-        D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, MASK_KIND=2 if regions else 1, CAUSAL=False, LAYOUT=layout,
-        HAS_BLOCKS=not layout, TILED=not layout, PREC=_prec(torch.bfloat16),
-    )  # fmt: skip
-    cases = {
-        "fwd": (ks._fwd_kernel, dict(io, O=t), dict(common, BM=bm, BN=bn), LAUNCH["fwd"]),
-        "dkdv": (ks._bwd_dkdv_kernel, dict(io, DO=t, DELTA="*fp32", DK=t, DV=t), dict(common, BM=blk, BN=blk),
-                 LAUNCH["bwd"]),
-        "dq": (ks._bwd_dq_kernel, dict(io, DO=t, DELTA="*fp32", DQ=t, SLOTS="*fp32", SCRATCH="*fp32"),
-               dict(common, BM=blk, TABLE_GRAD=True), LAUNCH["bwd"]),
-    }  # fmt: skip
-    shared = {}
-    for name, (fn, types, consts, launch) in cases.items():
-        sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
-        src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-        shared[name] = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(launch)).metadata.shared
-    return shared
+    sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
+    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
+    options = dict(launch or LAUNCH["fwd" if kernel == "fwd" else "bwd"])
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+
+
+def compile_for(
+    arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout: bool = False, regions: bool = False
+) -> dict[str, int]:
+    """The three kernels compiled ahead of time for ``arch`` (:func:`compile_kernel`), with a table, a mask and the
+    table's gradient: each kernel's shared memory in bytes (``layout``: the token-layout variants; else a full grid's,
+    with visible-tile flags and bias tiles; ``regions``: windows' region ids instead of a float mask). Catches what
+    the interpreter lets through (types, layouts, shared memory)."""
+    flags = dict(MASK_KIND=2 if regions else 1, LAYOUT=layout, HAS_BLOCKS=not layout, TILED=not layout)
+    return {k: compile_kernel(k, arch, head_dim, dtype, **flags).metadata.shared for k in ("fwd", "dkdv", "dq")}

@@ -1,19 +1,30 @@
 """Static resources of the fused bias kernel's compiled code for a GPU, measured without one: registers per thread,
-the spill stack (bytes of local memory per thread; 0 means no register spills) and shared memory, from Triton's own
-compiler and ``cuobjdump`` (shipped with Triton), for each kernel, tile and warp count.
+the spill stack (bytes of local memory per thread; 0 means no register spills), shared memory, and the instructions
+one warp issues per tile in the kernel's inner loop (from the SASS), from Triton's own compiler and ``cuobjdump``
+(shipped with Triton).
 
     python bench/triton_resources.py --out bench/results/triton_resources_sm90.md   # any machine, no GPU needed
 
-What the interpreter cannot show and a GPU timing only shows indirectly: a kernel that spills registers to the stack
-reads and writes local memory in its inner loop. The cases are the full grid's (bias tiles, no mask), the layer of
-``bench/attention.py`` (heads of 64), the table's gradient on and off, and no table (plain attention) for reference;
-then Swin's windows (heads of 32) with no mask, with a float window mask and with the windows' region ids.
+Each kernel is compiled as Triton's JIT compiles it for one call (``triton_bias.plan`` builds the call's launches,
+``compile_launch`` specializes them: integers equal to 1 as constants, addresses and integers divisible by 16
+declared so). The calls: the layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at
+N = 1 + 64^2, with no table, the table read as bias tiles or gathered per score, its gradient on and off; then
+Swin-T's first stage (3 heads of 32, 7 x 7 windows, batch 128) with no mask, a float window mask and the windows'
+region ids.
+
+What it shows and a GPU timing only shows indirectly: spills read and write local memory in the inner loop, and
+on Hopper a 64 x 64 tile's two matrix products take the tensor cores about 256 cycles per SM, so a loop whose
+warps issue many more instructions than that per tile is bound by issuing them (each of the 4 warps of a program
+issues on its own scheduler, at most one instruction a cycle). Instruction counts are a static measure: no stalls,
+no memory latency, every branch of the loop counted.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,75 +38,132 @@ import triton  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vitrel.kernels import triton_bias as tb  # noqa: E402
+from vitrel.pos.geometry import Grid  # noqa: E402
+from vitrel.pos.tokens import segment_mask  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-#: (kernel, tile, warps, flags): the forward's 64 x 64 tiles, the backward's square tiles of 64 and 32
+#: the instruction classes reported per tile (SASS opcodes, before the first dot)
+CLASSES = {
+    "mma": ("HGMMA", "HMMA", "WARPGROUP"),
+    "exp": ("MUFU",),
+    "float": ("FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP", "F2FP", "F2F", "I2F", "F2I"),
+    "global": ("LDG", "LDGSTS", "STG", "LDGDEPBAR", "DEPBAR", "ATOM", "RED"),
+    "smem": ("LDS", "STS", "LDSM", "STSM", "SHFL"),
+    "local": ("LDL", "STL"),
+}
+
+
+def _layer(side: int = 64, heads: int = 6, head_dim: int = 64) -> dict:
+    n = 1 + side * side
+    b = max(1, 65536 // n)
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, heads, n, head_dim, generator=gen).to(torch.bfloat16) for _ in range(3))
+    table = torch.randn(heads, 2 * side - 1, 2 * side - 1, generator=gen)
+    return dict(q=q, k=k, v=v, table=table, grid=(side, side), num_prefix_tokens=1)
+
+
+def _windows(mask_kind: int, images: int = 128, heads: int = 3, head_dim: int = 32) -> dict:
+    """Swin-T's first stage: 56 x 56 tokens in 64 windows of 7 x 7; the last windows of a shifted block hold regions."""
+    from vitrel.models.swin_windows import window_layout, window_regions
+
+    n_w, n = 64, 49
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(images * n_w, heads, n, head_dim, generator=gen).to(torch.bfloat16) for _ in range(3))
+    call = dict(q=q, k=k, v=v, table=torch.randn(heads, 13, 13, generator=gen), grid=(7, 7))
+    if mask_kind:
+        layout = window_layout(window_regions(Grid(56, 56), (7, 7), (3, 3)), (7, 7))
+        if mask_kind == 2:
+            call["regions"] = layout.segment
+        else:
+            call["mask"] = segment_mask(layout, torch.float32)[:, 0]
+    return call
+
+
+def _flat(flags: dict) -> str:
+    return ", ".join(f"{k}={v}" for k, v in flags.items())
+
+
+#: (label, call, plan options): the layer at N = 4097, then Swin's windows
 CASES = [
-    ("fwd", 64, 4, dict(HAS_TABLE=False, TILED=False)),
-    ("fwd", 64, 4, dict(TILED=True)),
-    ("fwd", 64, 8, dict(TILED=True)),
-    ("dkdv", 64, 4, dict(HAS_TABLE=False, TILED=False)),
-    ("dkdv", 64, 4, dict(TILED=True)),
-    ("dkdv", 32, 4, dict(TILED=True)),
-    ("dq", 64, 4, dict(HAS_TABLE=False, TILED=False, TABLE_GRAD=False)),
-    ("dq", 64, 4, dict(TILED=True, TABLE_GRAD=False)),
-    ("dq", 64, 4, dict(TILED=True, TABLE_GRAD=True)),
-    ("dq", 64, 8, dict(TILED=True, TABLE_GRAD=True)),
-    ("dq", 32, 4, dict(TILED=True, TABLE_GRAD=True)),
-]
-
-#: Swin's windows (Swin-T's heads of 32, 64-token tiles, 4 warps): no mask, the float mask ``[nW, n, n]`` read per
-#: window (MASK_KIND 1), and the windows' region ids masked in the kernel (MASK_KIND 2)
-WINDOW_CASES = [
-    (kernel, 64, 4, dict(TILED=True, MASK_KIND=kind, **({"TABLE_GRAD": True} if kernel == "dq" else {})))
-    for kind in (0, 1, 2)
-    for kernel in ("fwd", "dkdv", "dq")
-]
+    ("no table", lambda: {**_layer(), "table": None}, {}),
+    ("table, bias tiles", _layer, {"bias_read": "tiles"}),
+    ("table, gathered per score", _layer, {"bias_read": "gather"}),
+    ("table, bias tiles, bwd tile 32", _layer, {"bias_read": "tiles", "bwd_tile": 32}),
+    ("table, bias tiles, fwd 128 x 64, 8 warps", _layer,
+     {"bias_read": "tiles", "fwd_tile": (128, 64), "fwd_options": {"num_warps": 8, "num_stages": 2}}),
+    ("windows, no mask", lambda: _windows(0), {}),
+    ("windows, float mask", lambda: _windows(1), {}),
+    ("windows, region ids", lambda: _windows(2), {}),
+]  # fmt: skip
 
 
-def resources(kernel: str, tile: int, warps: int, flags: dict, arch: int, head_dim: int) -> tuple[int, int, int]:
-    """(registers, stack bytes, shared bytes) of one kernel compiled for ``sm_<arch>`` in bf16."""
-    launch = dict(num_warps=warps, num_stages=2)
-    compiled = tb.compile_kernel(kernel, arch, head_dim, tile=tile, launch=launch, **flags)
+def inner_loop(sass: str) -> collections.Counter:
+    """The opcodes of the innermost loop with matrix products (the body between a backward branch and its target)."""
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if m:
+            ins.append((int(m.group(1), 16), m.group(2).strip()))
+    best: collections.Counter | None = None
+    for addr, text in ins:
+        m = re.search(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", text)
+        if not (m and int(m.group(1), 16) < addr):
+            continue
+        lo = int(m.group(1), 16)
+        ops = collections.Counter(
+            re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for a, t in ins if lo <= a <= addr
+        )
+        if any(ops[x] for x in CLASSES["mma"]) and (best is None or sum(ops.values()) < sum(best.values())):
+            best = ops
+    return best or collections.Counter()
+
+
+def measure(launch: tb.Launch, arch: int) -> dict:
+    """Registers, stack and shared bytes, and the inner loop's instructions by class, of one launch."""
+    compiled = tb.compile_launch(launch, arch)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.cubin"
         path.write_bytes(compiled.asm["cubin"])
-        out = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(path)], capture_output=True, text=True)
-    line = next(x for x in out.stdout.splitlines() if "REG:" in x)
-    usage = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
-    return int(usage["REG"]), int(usage["STACK"]), int(compiled.metadata.shared)
-
-
-def _row(lines: list[str], kernel: str, tile: int, warps: int, flags: dict, arch: int, head_dim: int) -> None:
-    case = ", ".join(f"{k}={v}" for k, v in flags.items())
-    regs, stack, shared = resources(kernel, tile, warps, flags, arch, head_dim)
-    lines.append(f"| {kernel} | {tile} | {warps} | {case} | {regs} | {stack} | {shared} |")
-    print(lines[-1], flush=True)
+        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(path)], capture_output=True, text=True)
+        sass = subprocess.run([str(CUOBJDUMP), "-sass", str(path)], capture_output=True, text=True).stdout
+    line = next(x for x in usage.stdout.splitlines() if "REG:" in x)
+    res = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
+    ops = inner_loop(sass)
+    out = {"regs": int(res["REG"]), "stack": int(res["STACK"]), "shared": int(compiled.metadata.shared)}
+    out["total"] = sum(ops.values())
+    for name, codes in CLASSES.items():
+        out[name] = sum(ops[c] for c in codes)
+    out["other"] = out["total"] - sum(out[name] for name in CLASSES)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
-    ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    cols = ["regs", "stack", "shared", "total", *CLASSES, "other"]
     lines = [
-        f"# Fused bias kernel: static resources for sm_{args.arch}, bf16, heads of {args.head_dim}",
+        f"# Fused bias kernel: static resources and inner-loop instructions for sm_{args.arch}, bf16",
         "",
-        f"- Command: `python bench/triton_resources.py --arch {args.arch} --head-dim {args.head_dim}`; Triton "
-        f"{triton.__version__}, torch {torch.__version__}; compiled ahead of time on a machine without a GPU, 2 stages",
-        "- `stack`: bytes of local memory per thread (register spills); 0 is none",
+        f"- Command: `python bench/triton_resources.py --arch {args.arch}`; Triton {triton.__version__}, torch "
+        f"{torch.__version__}; compiled ahead of time on a machine without a GPU, as the JIT compiles each call",
+        "- `stack`: bytes of local memory per thread (register spills; 0 is none); `shared`: bytes; instructions: "
+        "one warp's per pass of the inner loop (one tile), by class (`smem`: shared-memory loads, stores, shuffles)",
         "",
-        "| kernel | tile | warps | case | registers | stack B | shared B |",
-        "|---|---:|---:|---|---:|---:|---:|",
+        "| call | kernel | tile | warps | " + " | ".join(cols) + " |",
+        "|---|---|---|---:|" + "---:|" * len(cols),
     ]
-    for kernel, tile, warps, flags in CASES:
-        _row(lines, kernel, tile, warps, flags, args.arch, args.head_dim)
-    lines += ["", "Swin's windows, heads of 32 (Swin-T's):", "", *lines[5:7]]
-    for kernel, tile, warps, flags in WINDOW_CASES:
-        _row(lines, kernel, tile, warps, flags, args.arch, 32)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+    for label, call, opts in CASES:
+        for name, launch in tb.plan(**call(), **opts).items():
+            a = launch.args
+            tile = f"{a['BM']} x {a.get('BN', a['BM'])}"
+            row = measure(launch, args.arch)
+            cells = " | ".join(str(row[c]) for c in cols)
+            lines.append(f"| {label} | {name} | {tile} | {launch.options['num_warps']} | {cells} |")
+            print(lines[-1], flush=True)
+            if args.out:
+                Path(args.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

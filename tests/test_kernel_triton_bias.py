@@ -457,24 +457,55 @@ def test_clear_errors(monkeypatch):
         Attention(32, 2, pos="shaw2d_full", grid=(3, 3), attn_impl="triton")(torch.randn(1, 9, 32), grid=(3, 3))
 
 
+def _compiled_for_hopper(code: str) -> str:
+    """The last line ``code`` prints, run in a fresh process with the interpreter off (the kernels must be JIT
+    functions); skips where Triton has no CUDA backend."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    if out.returncode and "backend" in out.stderr.lower() and "cuda" not in out.stderr.lower():
+        pytest.skip("Triton has no CUDA backend here")
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout.strip().splitlines()[-1]
+
+
 def test_kernels_compile_for_hopper():
     """The kernels (full grid, token layout, windows' regions) compile ahead of time for an H100 / H200 (sm_90) with
     the launch configuration used there, in bf16, within its shared memory (232,448 bytes): what the interpreter cannot
-    check. A fresh process with the interpreter off (the kernels must be JIT functions)."""
+    check."""
     import json
-    import subprocess
-    import sys
 
     code = (
         "import json; from vitrel.kernels.triton_bias import compile_for; "
         "print(json.dumps({f'{k}{v}': s for v in ('', '_layout', '_regions') for k, s in compile_for(90, 64, "
         "layout=v == '_layout', regions=v == '_regions').items()}))"
     )
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    if out.returncode and "backend" in out.stderr.lower() and "cuda" not in out.stderr.lower():
-        pytest.skip("Triton has no CUDA backend here")
-    assert out.returncode == 0, out.stderr[-3000:]
-    shared = json.loads(out.stdout.strip().splitlines()[-1])
+    shared = json.loads(_compiled_for_hopper(code))
     names = {f"{k}{v}" for k in ("fwd", "dkdv", "dq") for v in ("", "_layout", "_regions")}
     assert set(shared) == names and all(0 < v <= 232448 for v in shared.values()), shared
+
+
+_SPECIALIZED = r"""
+import json, re, torch
+from vitrel.kernels import triton_bias as tb
+
+q = torch.zeros(2, 2, 65, 64, dtype=torch.bfloat16)
+c = tb.compile_launch(tb.plan(q, q, q, torch.zeros(2, 15, 15), (8, 8), 1)["fwd"])
+ir, ptx = c.asm["ttir"], c.asm["ptx"]
+attrs = [re.search("%" + a + r": [^{\n]*?(\{[^}]*\})?\s*loc", ir) for a in ("Q", "sqn", "N", "n_mask_b")]
+wide = re.search(r"ld\.global(\.\w+)*\.v4\.b32|cp\.async[^;]*, 16;", ptx) is not None
+print(json.dumps([m.group(1) if m else "constant" for m in attrs] + [wide]))
+"""
+
+
+def test_compile_launch_specializes_like_the_jit():
+    """``compile_launch`` compiles a call's launch as Triton's JIT does: addresses and integers divisible by 16 declared
+    so (``tt.divisibility``: the head dim's stride, 64), others not (65 tokens), integers equal to 1 constants (one
+    mask row); so the key and value rows load 16 bytes at a time, as on a GPU (without the declarations: 2)."""
+    import json
+
+    q_attr, stride_attr, n_attr, mask_rows, wide = json.loads(_compiled_for_hopper(_SPECIALIZED))
+    assert "tt.divisibility = 16" in q_attr and "tt.divisibility = 16" in stride_attr
+    assert n_attr is None and mask_rows == "constant" and wide

@@ -40,7 +40,9 @@ __all__ = [
     "TritonKernel",
     "check_device",
     "compile_for",
-    "compile_kernel",
+    "compile_launch",
+    "plan",
+    "Launch",
     "interpreter_on",
     "layout_tokens",
     "visible_tiles",
@@ -94,19 +96,15 @@ def _kernels():
 LAUNCH = {"fwd": {"num_warps": 4, "num_stages": 2}, "bwd": {"num_warps": 4, "num_stages": 2}}
 
 
-def _blocks(d: int, device: torch.device) -> tuple[int, int, int, int]:
-    """``(BLOCK_D, BM, BN, BWD)`` for head dim ``d``."""
+def _blocks(d: int, cuda: bool) -> tuple[int, int, int, int]:
+    """``(BLOCK_D, BM, BN, BWD)`` for head dim ``d`` on CUDA, or in the interpreter."""
     block_d = max(16, 1 << (d - 1).bit_length())
     if block_d > 128:
         raise ValueError(f"attn_impl='triton' takes head dims up to 128, got {d}")
-    if device.type == "cpu":  # the interpreter
+    if not cuda:  # the interpreter
         return block_d, 16, 16, 16
     bm, bn = _FWD_BLOCKS[block_d]
     return block_d, bm, bn, _BWD_BLOCK[block_d]
-
-
-def _launch(kind: str, device: torch.device) -> dict:
-    return LAUNCH[kind] if device.type == "cuda" else {}
 
 
 def _prec(dtype: torch.dtype) -> str:
@@ -236,24 +234,70 @@ torch.library.define(
 )
 
 
-@torch.library.register_kernel("vitrel::rel_bias_attention", None)
-def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read):
-    """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads)."""
+class Launch(NamedTuple):
+    """One launch of a kernel of :mod:`vitrel.kernels._triton_bias_kernels`: its name (``fwd``, ``dkdv``, ``dq``),
+    grid, every argument by name (``constexpr`` ones too) and launch options (``num_warps``, ``num_stages`` on CUDA;
+    none in the interpreter). The op builds its launches as these and runs them; :func:`plan` returns them for
+    :func:`compile_launch` to compile ahead of time exactly as Triton's JIT would at that call."""
+
+    kernel: str
+    grid: tuple[int, ...]
+    args: dict
+    options: dict
+
+    @classmethod
+    def make(cls, kernel: str, grid: tuple[int, ...], positional: list, constexprs: dict, options: dict) -> Launch:
+        fn = _kernel_fn(kernel)
+        if len(positional) + len(constexprs) != len(fn.arg_names):
+            raise TypeError(f"{kernel}: {len(positional)} + {len(constexprs)} arguments for {len(fn.arg_names)}")
+        return cls(kernel, grid, {**dict(zip(fn.arg_names, positional)), **constexprs}, options)
+
+    def __call__(self) -> None:
+        _kernel_fn(self.kernel)[self.grid](**self.args, **self.options)
+
+
+def _kernel_fn(kernel: str):
+    ks = _kernels()
+    return {"fwd": ks._fwd_kernel, "dkdv": ks._bwd_dkdv_kernel, "dq": ks._bwd_dq_kernel}[kernel]
+
+
+def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype) -> dict:
+    """The ``constexpr`` flags every kernel takes."""
+    return dict(
+        D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, MASK_KIND=mask_kind, CAUSAL=causal,
+        LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(dtype),
+    )  # fmt: skip
+
+
+def _fwd_launch(
+    q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, out, lse, cuda,
+    tile=None, options=None,
+) -> Launch:  # fmt: skip
+    """The forward's launch writing ``out`` and ``lse``; ``tile`` ``(BM, BN)`` and ``options`` replace the device's."""
     b, h, n, d = q.shape
-    block_d, bm, bn, _ = _blocks(d, q.device)
-    out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
-    lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    block_d, bm, bn, _ = _blocks(d, cuda)
+    bm, bn = tile or (bm, bn)
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q)
-    grid = (triton_cdiv(n, bm), b * h)
-    _kernels()._fwd_kernel[grid](
+    positional = [
         q, k, v, t, m, _int_args(tokens, q), _int_args(blocks, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
-        smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), *tiling, D=d,
-        BLOCK_D=block_d, BM=bm, BN=bn, HAS_TABLE=table is not None, MASK_KIND=mask_kind, CAUSAL=causal,
-        LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(q.dtype),
-        **_launch("fwd", q.device),
-    )  # fmt: skip
+        smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), *tiling,
+    ]  # fmt: skip
+    flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
+    opts = (options or LAUNCH["fwd"]) if cuda else {}
+    return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, dict(**flags, BM=bm, BN=bn), opts)
+
+
+@torch.library.register_kernel("vitrel::rel_bias_attention", None)
+def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read):
+    """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads)."""
+    b, h, n, _ = q.shape
+    out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
+    lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    cuda = q.device.type == "cuda"
+    args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)
+    _fwd_launch(q, k, v, *args, out, lse, cuda)()
     return out, lse
 
 
@@ -262,21 +306,34 @@ def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefi
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-def _n_split(n_qb: int, heads: int, batch: int, device: torch.device) -> int:
-    """Batch shares of the ``dq`` kernel: enough programs to fill the device (4 per SM), no more than the batch."""
-    if device.type != "cuda":
+def _n_split(n_qb: int, heads: int, batch: int, sms: int | None) -> int:
+    """Batch shares of the ``dq`` kernel: enough programs to fill a device of ``sms`` multiprocessors (4 per SM), no
+    more than the batch; 2 in the interpreter (``sms`` None)."""
+    if sms is None:
         return min(batch, 2)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
     return max(1, min(batch, math.ceil(4 * sms / (n_qb * heads))))
 
 
-@torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)
-def _bwd_impl(
-    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad
-):
-    """``vitrel::rel_bias_attention_bwd``: ``dq, dk, dv`` and, with ``table_grad``, the table's gradient."""
+class _Backward(NamedTuple):
+    """The backward's two launches and what they write: ``dq, dk, dv``, the ``dq`` kernel's table-gradient slots."""
+
+    dkdv: Launch
+    dq: Launch
+    grads: tuple[Tensor, Tensor, Tensor]
+    slots: Tensor
+    blk: int
+
+
+def _bwd_launches(
+    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad,
+    sms, tile=None, options=None,
+) -> _Backward:  # fmt: skip
+    """The backward's launches (``sms``: the device's multiprocessors, None in the interpreter); ``tile`` (the square
+    tile) and ``options`` replace the device's."""
     b, h, n, d = q.shape
-    block_d, _, _, blk = _blocks(d, q.device)
+    cuda = sms is not None
+    block_d, _, _, blk = _blocks(d, cuda)
+    blk = tile or blk
     do = do.contiguous()
     delta = (out.float() * do.float()).sum(-1).contiguous()  # rowsum(o * do), FlashAttention-2's D
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
@@ -284,37 +341,50 @@ def _bwd_impl(
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     tok, blk_flags = _int_args(tokens, q), _int_args(blocks, q)
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
-    ks = _kernels()
-    qk_scale = scale * ks.LOG2E
-    layout = tokens is not None
-    flags = dict(
-        D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, MASK_KIND=mask_kind, CAUSAL=causal, LAYOUT=layout,
-        HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(q.dtype),
-    )  # fmt: skip
+    qk_scale = scale * _kernels().LOG2E
+    flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
+    opts = (options or LAUNCH["bwd"]) if cuda else {}
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
-    sizes = (h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks), *tiling)
-    ks._bwd_dkdv_kernel[(n_b, b * h)](
-        q, k, v, t, m, tok, blk_flags, bt, do, lse, delta, dk, dv, *common, *_strides(dk, dv), *sizes, BM=blk,
-        BN=blk, **flags, **_launch("bwd", q.device),
+    sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks), *tiling]
+    dkdv = Launch.make(
+        "dkdv", (n_b, b * h), [q, k, v, t, m, tok, blk_flags, bt, do, lse, delta, dk, dv, *common,
+        *_strides(dk, dv), *sizes], dict(**flags, BM=blk, BN=blk), opts,
     )  # fmt: skip
     grad_t = table_grad and table is not None
-    n_split = _n_split(n_b, h, b, q.device)
+    n_split = _n_split(n_b, h, b, sms)
     # per program: a full grid's diagonal sums per key block (n_b x 2 cases x 2 blk), a layout's whole table
-    slot_size = (table.numel() // h if layout else n_b * 4 * blk) if grad_t else 0
+    slot_size = (table.numel() // h if tokens is not None else n_b * 4 * blk) if grad_t else 0
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
-    scratch = torch.empty(n_split * h * n_b * blk * blk if grad_t and layout else 1, device=q.device)
-    ks._bwd_dq_kernel[(n_b, h, n_split)](
-        q, k, v, t, m, tok, blk_flags, bt, do, lse, delta, dq, slots, scratch, *common, *_strides(dq), b, *sizes,
-        n_split, slot_size, BM=blk, TABLE_GRAD=grad_t, **flags, **_launch("bwd", q.device),
+    scratch = torch.empty(n_split * h * n_b * blk * blk if grad_t and tokens is not None else 1, device=q.device)
+    dq_launch = Launch.make(
+        "dq", (n_b, h, n_split), [q, k, v, t, m, tok, blk_flags, bt, do, lse, delta, dq, slots, scratch, *common,
+        *_strides(dq), b, *sizes, n_split, slot_size], dict(**flags, BM=blk, TABLE_GRAD=grad_t), opts,
     )  # fmt: skip
-    if not grad_t:
+    return _Backward(dkdv, dq_launch, (dq, dk, dv), slots, blk)
+
+
+@torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)
+def _bwd_impl(
+    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad
+):
+    """``vitrel::rel_bias_attention_bwd``: ``dq, dk, dv`` and, with ``table_grad``, the table's gradient."""
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else None
+    bwd = _bwd_launches(
+        do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read,
+        table_grad, sms,
+    )  # fmt: skip
+    bwd.dkdv()
+    bwd.dq()
+    h, slots = q.shape[1], bwd.slots
+    if not bwd.dq.args["TABLE_GRAD"]:
         dt = q.new_zeros(0, dtype=torch.float32)
-    elif layout:  # [n_split, heads, n_qb, G K] -> [G, heads, 2 GH - 1, 2 GW - 1]
+    elif tokens is not None:  # [n_split, heads, n_qb, G K] -> [G, heads, 2 GH - 1, 2 GW - 1]
         dt = slots.sum((0, 2)).view(h, table.shape[0], *table.shape[2:]).transpose(0, 1).contiguous()
     else:
-        dt = table_grad_from_slots(slots.view(n_split, h, n_b, n_b, 2, 2 * blk), grid_h, grid_w, blk)
-    return dq, dk, dv, dt
+        n_split, _, n_b, _ = slots.shape
+        dt = table_grad_from_slots(slots.view(n_split, h, n_b, n_b, 2, 2 * bwd.blk), grid_h, grid_w, bwd.blk)
+    return *bwd.grads, dt
 
 
 @torch.library.register_fake("vitrel::rel_bias_attention_bwd")
@@ -435,6 +505,13 @@ def rel_bias_attention(
     ``blocks`` (a full grid's, :func:`visible_tiles`) lets the kernels skip the tiles the table's ``-inf`` entries mask
     whole. ``bias_read`` (:data:`BIAS_READS`): how the kernels read a full grid's bias (:func:`tile_patterns`)."""
     check_device(q.device)
+    args = _op_args(q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions)
+    out, _ = torch.ops.vitrel.rel_bias_attention(*args)
+    return out
+
+
+def _op_args(q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions) -> tuple:
+    """The custom op's arguments for a call of :func:`rel_bias_attention`, checked."""
     b, h, n, d = q.shape
     gh, gw = int(grid[0]), int(grid[1])
     if k.shape != q.shape or v.shape != q.shape:
@@ -473,9 +550,7 @@ def rel_bias_attention(
     scale = d**-0.5 if scale is None else float(scale)
     if bias_read not in BIAS_READS:
         raise ValueError(f"rel_bias_attention: bias_read must be one of {BIAS_READS}, got {bias_read!r}")
-    op = torch.ops.vitrel.rel_bias_attention
-    out, _ = op(q, k, v, table, mask, tokens, blocks, scale, gh, gw, num_prefix_tokens, causal, bias_read)
-    return out
+    return q, k, v, table, mask, tokens, blocks, scale, gh, gw, num_prefix_tokens, causal, bias_read
 
 
 def layout_tokens(layout: TokenLayout) -> Tensor:
@@ -520,58 +595,103 @@ class TritonKernel(OffsetTableKernel):
         )
 
 
-def compile_kernel(
-    kernel: str,
-    arch: int = 90,
-    head_dim: int = 64,
-    dtype: str = "bf16",
-    tile: int | None = None,
-    launch: dict | None = None,
-    **flags,
-):
-    """Compile one of the kernels (``fwd``, ``dkdv``, ``dq``) ahead of time for CUDA compute capability ``arch`` (no
-    GPU needed: Triton's own compiler and ptxas) and return Triton's compiled kernel (its ``metadata``, its ``asm``).
-    The case is a full grid's, the table read as bias tiles, no mask, the table's gradient on, unless ``flags`` (the
-    kernels' ``constexpr`` arguments, e.g. ``MASK_KIND=2``, ``LAYOUT=True``) say otherwise; ``tile`` (``BM``, and
-    ``BN`` but for ``dq``) and ``launch`` (``num_warps``, ``num_stages``) default to what a GPU of that kind uses for
-    ``head_dim``. Needs Triton's CUDA backend and ``TRITON_INTERPRET`` unset (the kernels must be JIT functions)."""
+def plan(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    table: Tensor | None,
+    grid: tuple[int, int],
+    num_prefix_tokens: int = 0,
+    scale: float | None = None,
+    mask: Tensor | None = None,
+    causal: bool = False,
+    tokens: Tensor | None = None,
+    blocks: Tensor | None = None,
+    bias_read: str = "auto",
+    regions: Tensor | None = None,
+    *,
+    table_grad: bool = True,
+    sms: int = 132,
+    fwd_tile: tuple[int, int] | None = None,
+    bwd_tile: int | None = None,
+    fwd_options: dict | None = None,
+    bwd_options: dict | None = None,
+) -> dict[str, Launch]:
+    """The launches (``fwd``, ``dkdv``, ``dq``) that :func:`rel_bias_attention` with these arguments makes, forward and
+    backward (``table_grad``: the table's gradient too), on a CUDA device of ``sms`` multiprocessors (an H100 or H200:
+    132), built from tensors on any device: what :func:`compile_launch` compiles without a GPU. ``fwd_tile``
+    ``(BM, BN)``, ``bwd_tile`` and ``*_options`` (``num_warps``, ``num_stages``) replace the device's choices."""
+    args = _op_args(q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions)
+    q, k, v, table, mask, tokens, blocks, scale, gh, gw, prefix, causal, bias_read = args
+    out, lse = q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    fwd = _fwd_launch(*args, out, lse, True, fwd_tile, fwd_options)
+    bwd = _bwd_launches(
+        torch.zeros_like(q), q, k, v, table, mask, tokens, blocks, out, lse, scale, gh, gw, prefix, causal, bias_read,
+        table_grad, sms, bwd_tile, bwd_options,
+    )  # fmt: skip
+    return {"fwd": fwd, "dkdv": bwd.dkdv, "dq": bwd.dq}
+
+
+#: Triton's names of the tensors' element types
+_TRITON_TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int32: "i32"}
+
+
+def compile_launch(launch: Launch, arch: int = 90):
+    """Compile ``launch``'s kernel ahead of time for CUDA compute capability ``arch`` (no GPU needed: Triton's own
+    compiler and ptxas), specialized as Triton's JIT specializes it for that call: integer arguments equal to 1 become
+    constants, and integers and tensor addresses divisible by 16 are declared so (what lets the compiler vectorize
+    loads); the backend's own rules (``get_int_specialization``, ``get_tensor_specialization``, ``parse_attr``).
+    Returns Triton's compiled kernel (its ``metadata``, its ``asm``). Needs Triton's CUDA backend and
+    ``TRITON_INTERPRET`` unset (the kernels must be JIT functions)."""
     import triton
-    from triton.backends.compiler import GPUTarget
+    from triton.backends.compiler import BaseBackend, GPUTarget
     from triton.compiler import ASTSource
 
-    ks = _kernels()
-    fn = {"fwd": ks._fwd_kernel, "dkdv": ks._bwd_dkdv_kernel, "dq": ks._bwd_dq_kernel}[kernel]
-    block_d, bm, bn, blk = _blocks(head_dim, torch.device("cuda"))
-    consts = dict(
-        D=head_dim, BLOCK_D=block_d, HAS_TABLE=True, MASK_KIND=0, CAUSAL=False, LAYOUT=False, HAS_BLOCKS=False,
-        TILED=True, PREC=_prec(torch.bfloat16),
-    )  # fmt: skip
-    if kernel == "dq":
-        consts.update(BM=tile or blk, TABLE_GRAD=True)
-    else:
-        consts.update(BM=tile or (bm if kernel == "fwd" else blk), BN=tile or (bn if kernel == "fwd" else blk))
-    consts.update(flags)
-    unknown = set(consts) - set(fn.arg_names)
-    if unknown:
-        raise ValueError(f"compile_kernel: {kernel} has no arguments {sorted(unknown)}")
-    t = f"*{dtype}"
-    types = dict(
-        Q=t, K=t, V=t, O=t, DO=t, DK=t, DV=t, DQ=t, T="*fp32", MASK="*i32" if consts["MASK_KIND"] == 2 else "*fp32",
-        TOK="*i32", BLK="*i32", BT="*fp32", LSE="*fp32", DELTA="*fp32", SLOTS="*fp32", SCRATCH="*fp32",
-        qk_scale="fp32", sm_scale="fp32",
-    )  # fmt: skip
-    sig = {a: "constexpr" if a in consts else types.get(a, "i32") for a in fn.arg_names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(k),): v for k, v in consts.items()})
-    options = dict(launch or LAUNCH["fwd" if kernel == "fwd" else "bwd"])
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=options)
+    fn = _kernel_fn(launch.kernel)
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(fn.params):
+        value = launch.args[param.name]
+        if param.is_constexpr or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+            signature[param.name], constexprs[(i,)] = "constexpr", value
+            continue
+        if isinstance(value, Tensor):
+            signature[param.name] = "*" + _TRITON_TYPES[value.dtype]
+            spec = BaseBackend.get_tensor_specialization(value, align=True)
+        elif isinstance(value, float):
+            signature[param.name], spec = "fp32", ""
+        else:
+            signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            spec = BaseBackend.get_int_specialization(value, align=True)
+        if spec:
+            attrs[(i,)] = BaseBackend.parse_attr(spec)
+    src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(launch.options))
 
 
 def compile_for(
-    arch: int = 90, head_dim: int = 64, dtype: str = "bf16", layout: bool = False, regions: bool = False
+    arch: int = 90, head_dim: int = 64, dtype: torch.dtype = torch.bfloat16, layout: bool = False, regions: bool = False
 ) -> dict[str, int]:
-    """The three kernels compiled ahead of time for ``arch`` (:func:`compile_kernel`), with a table, a mask and the
-    table's gradient: each kernel's shared memory in bytes (``layout``: the token-layout variants; else a full grid's,
-    with visible-tile flags and bias tiles; ``regions``: windows' region ids instead of a float mask). Catches what
-    the interpreter lets through (types, layouts, shared memory)."""
-    flags = dict(MASK_KIND=2 if regions else 1, LAYOUT=layout, HAS_BLOCKS=not layout, TILED=not layout)
-    return {k: compile_kernel(k, arch, head_dim, dtype, **flags).metadata.shared for k in ("fwd", "dkdv", "dq")}
+    """The three kernels of a small call compiled ahead of time for ``arch`` (:func:`compile_launch`), with a table,
+    a mask and the table's gradient: each kernel's shared memory in bytes. The call: a full grid's (8 x 8 and a prefix
+    token, visible-tile flags, bias tiles, a float mask); ``layout``: two images packed in a token layout;
+    ``regions``: a batch of 7 x 7 windows with their region ids instead of a float mask. Catches what the interpreter
+    lets through (types, layouts, shared memory)."""
+    gen = torch.Generator().manual_seed(0)
+    gh = gw = 7 if regions else 8
+    p = 0 if regions or layout else 1
+    n, b, h = p + gh * gw, 4, 2
+    q, k, v = (torch.randn(b, h, n, head_dim, generator=gen).to(dtype) for _ in range(3))
+    table = torch.randn(h, 2 * gh - 1, 2 * gw - 1, generator=gen)
+    if layout:
+        t = torch.arange(n)
+        seg = (t >= 40).int()
+        t = t - 40 * seg
+        tokens = torch.stack([seg, t // 5, t % 5, torch.zeros_like(t)]).int().expand(b, 4, n)
+        launches = plan(q, k, v, table[None], (gh, gw), mask=torch.zeros(1, n, n), tokens=tokens)
+    else:
+        from vitrel.pos.geometry import Grid
+
+        blocks = visible_tiles(table, Grid(gh, gw), p)
+        extra = {"regions": torch.arange(n).remainder(3).expand(2, n)} if regions else {"mask": torch.zeros(1, n, n)}
+        launches = plan(q, k, v, table, (gh, gw), p, blocks=blocks, bias_read="tiles", **extra)
+    return {name: compile_launch(launch, arch).metadata.shared for name, launch in launches.items()}

@@ -472,9 +472,9 @@ def _compiled_for_hopper(code: str) -> str:
 
 
 def test_kernels_compile_for_hopper():
-    """The kernels (full grid, token layout, windows' regions) compile ahead of time for an H100 / H200 (sm_90) with
-    the launch configuration used there, in bf16, within its shared memory (232,448 bytes): what the interpreter cannot
-    check."""
+    """The kernels (full grid, token layout, windows' regions; the bias tiles' gradient where they are read) compile
+    ahead of time for an H100 / H200 (sm_90) with the launch configuration used there, in bf16, within its shared
+    memory (232,448 bytes): what the interpreter cannot check."""
     import json
 
     code = (
@@ -483,7 +483,7 @@ def test_kernels_compile_for_hopper():
         "layout=v == '_layout', regions=v == '_regions').items()}))"
     )
     shared = json.loads(_compiled_for_hopper(code))
-    names = {f"{k}{v}" for k in ("fwd", "dkdv", "dq") for v in ("", "_layout", "_regions")}
+    names = {f"{k}{v}" for k in ("fwd", "dkdv", "dq") for v in ("", "_layout", "_regions")} | {"dbias", "dbias_regions"}
     assert set(shared) == names and all(0 < v <= 232448 for v in shared.values()), shared
 
 

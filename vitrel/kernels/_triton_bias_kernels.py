@@ -6,8 +6,11 @@ FlashAttention-2's algorithm (forward with online softmax, backward in two kerne
     bias[h, i, j] = T[h, r_i - r_j + GH - 1, c_i - c_j + GW - 1]     (patch pairs; pairs with a prefix token: 0)
 
 is read per tile from the offset table ``T [heads, 2 GH - 1, 2 GW - 1]`` with the offsets computed from token
-indices (``r = (t - P) // GW``, ``c = (t - P) % GW``), and its gradient is reduced in the ``dq`` kernel without an
-``N x N`` tensor and without atomics:
+indices (``r = (t - P) // GW``, ``c = (t - P) % GW``), or loaded whole from the bias tiles of a full grid (its tiles
+repeat: :func:`vitrel.kernels.triton_bias.tile_patterns`). The table's gradient is reduced without an ``N x N``
+tensor and without atomics. Where the bias is read as tiles, a fourth kernel (``dbias``) sums ``dS`` per tile pattern
+in registers over the pattern's tiles and the batch, and plain tensor sums reduce those to the table; else the ``dq``
+kernel reduces it by diagonals:
 
 With patch indices ``i' = i - P`` in raster order, ``i' - j' = (r_i - r_j) GW + (c_i - c_j)``: the flattened
 offset is a 1-D (Toeplitz) offset ``d = i - j`` once the pairs are split by whether ``c_i >= c_j``
@@ -361,4 +364,64 @@ def _bwd_dq_kernel(
         tl.store(dq_ptr, (dq * sm_scale).to(DQ.dtype.element_ty), q_mask)
 
 
-__all__ = ["LOG2E", "_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel"]
+@triton.jit
+def _bwd_dbias_kernel(
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DBT,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
+    B, H, N, P, GH, GW, qk_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
+):
+    """The gradient of the bias tiles (a full grid's, read as ``TILED``): program ``(pat, h, split)`` sums ``dS``
+    (zero off the patch pairs) over the ``[BM, BM]`` tiles of pattern ``pat`` and its share of the batch
+    (``b = split, split + n_split, ...``) in registers and writes the sum once, to ``DBT [n_split, H, n_pat, BM, BM]``.
+    The tiles of a pattern lie on one block diagonal ``qb - kb`` (``q0 mod GW`` in class ``pat mod n_m`` where
+    ``n_m > 0``; one tile per pattern else). :func:`vitrel.kernels.triton_bias.table_grad_from_tiles` reduces the sums
+    to the table's gradient. No atomics: deterministic."""
+    pat = tl.program_id(0)
+    h = tl.program_id(1)
+    split = tl.program_id(2)
+    n_qt = tl.cdiv(N, BM)
+    if n_m > 0:
+        diag = pat // n_m + d_min // BM  # qb - kb (d_min a multiple of BM = g_d)
+        phase = pat % n_m
+        qb_lo = tl.maximum(diag, 0)
+        qb_hi = tl.minimum(n_qt, n_kt + diag)
+    else:
+        qb_lo = pat // n_kt
+        qb_hi = qb_lo + 1
+        diag = qb_lo - pat % n_kt
+        phase = 0
+    if CAUSAL:  # tiles above the diagonal hold no visible pair
+        qb_hi = tl.where(diag < 0, qb_lo, qb_hi)
+    offs = tl.arange(0, BM)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    acc = tl.zeros([BM, BM], tl.float32)
+    for qb in range(qb_lo, qb_hi):
+        q0 = qb * BM
+        k0 = q0 - diag * BM
+        if ((q0 % GW) // g_m == phase) | (n_m == 0):
+            offs_m = q0 + offs
+            offs_n = k0 + offs
+            if _visits(TOK, BLK, 0, h, offs_n, 0, 0, q0, k0, N, n_flag, BM, BM, LAYOUT, HAS_BLOCKS):
+                q_mask = (offs_m < N)[:, None] & dmask[None, :]
+                for b in range(split, B, n_split):
+                    q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
+                    do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
+                    lse, delta = _row_stats(LSE, DELTA, b * H + h, N, offs_m)
+                    k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
+                    s, pair = _logits(
+                        q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK,
+                        qk_scale, P, N, GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, q0, k0, HAS_TABLE, MASK_KIND,
+                        CAUSAL, LAYOUT, PREC, TILED, BM, BM,
+                    )
+                    p = tl.math.exp2(s - lse[:, None])
+                    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+                    acc += tl.where(pair, p * (dp - delta[:, None]), 0.0)
+    local = offs[:, None] * BM + offs[None, :]
+    tl.store(DBT + ((split * H + h) * n_pat + pat) * (BM * BM) + local, acc)
+
+
+__all__ = ["LOG2E", "_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel"]

@@ -179,21 +179,26 @@ def tile_patterns(grid_w: int, n: int, tm: int, tw: int) -> TilePatterns:
     return TilePatterns(n_kt, n_qt * n_kt, 0, 1, 0, 1)
 
 
+def _pattern_tokens(pat: TilePatterns, tm: int, tw: int, prefix: int, device) -> tuple[Tensor, Tensor]:
+    """``[n_pat, tm]``, ``[n_pat, tw]``: the patch indices ``t - P`` of the queries and keys of a tile of each pattern
+    (queries from ``m``, keys from ``m - d``; negative before the grid)."""
+    i = torch.arange(pat.n_pat, device=device)
+    if pat.n_m > 0:
+        q0 = (i % pat.n_m) * pat.g_m
+        k0 = q0 - (pat.d_min + (i // pat.n_m) * pat.g_d)
+    else:
+        q0, k0 = i // pat.n_kt * tm, i % pat.n_kt * tw
+    pq = q0[:, None] + torch.arange(tm, device=device) - prefix
+    return pq, k0[:, None] + torch.arange(tw, device=device) - prefix
+
+
 def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, pat: TilePatterns, tm: int, tw: int) -> Tensor:
     """``[heads, n_pat, tm, tw]``: the bias tile of each pattern, which the kernels load whole (coalesced, like a key
     tile) instead of gathering each score from the table. A pattern ``(d, m)`` is computed at queries from ``m`` and
     keys from ``m - d`` with the coordinates extended past the grid's ends (``r = floor(p / W)``, ``c = p mod W``
     for every ``p = t - P``, negative too), so it equals the table at every patch pair of every tile of that pattern;
     the kernels zero the pairs with a prefix token and those past the end. Device work only (no host sync)."""
-    dev = table.device
-    i = torch.arange(pat.n_pat, device=dev)
-    if pat.n_m > 0:
-        q0 = (i % pat.n_m) * pat.g_m
-        k0 = q0 - (pat.d_min + (i // pat.n_m) * pat.g_d)
-    else:
-        q0, k0 = i // pat.n_kt * tm, i % pat.n_kt * tw
-    pq = q0[:, None] + torch.arange(tm, device=dev) - prefix  # [n_pat, tm]
-    pk = k0[:, None] + torch.arange(tw, device=dev) - prefix
+    pq, pk = _pattern_tokens(pat, tm, tw, prefix, table.device)
     dh = pq.div(grid_w, rounding_mode="floor")[:, :, None] - pk.div(grid_w, rounding_mode="floor")[:, None, :]
     dw = pq.remainder(grid_w)[:, :, None] - pk.remainder(grid_w)[:, None, :]
     dh = (dh + grid_h - 1).clamp(0, 2 * grid_h - 2)  # (clamped: pairs past the grid's ends, zeroed by the kernels)
@@ -256,9 +261,12 @@ class Launch(NamedTuple):
         _kernel_fn(self.kernel)[self.grid](**self.args, **self.options)
 
 
+#: the kernels of :mod:`vitrel.kernels._triton_bias_kernels` by their launches' names
+_KERNELS = {"fwd": "_fwd_kernel", "dkdv": "_bwd_dkdv_kernel", "dq": "_bwd_dq_kernel", "dbias": "_bwd_dbias_kernel"}
+
+
 def _kernel_fn(kernel: str):
-    ks = _kernels()
-    return {"fwd": ks._fwd_kernel, "dkdv": ks._bwd_dkdv_kernel, "dq": ks._bwd_dq_kernel}[kernel]
+    return getattr(_kernels(), _KERNELS[kernel])
 
 
 def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype) -> dict:
@@ -315,12 +323,17 @@ def _n_split(n_qb: int, heads: int, batch: int, sms: int | None) -> int:
 
 
 class _Backward(NamedTuple):
-    """The backward's two launches and what they write: ``dq, dk, dv``, the ``dq`` kernel's table-gradient slots."""
+    """The backward's launches and what they write: ``dq, dk, dv``; the table's gradient as the ``dq`` kernel's
+    diagonal sums (``slots``), or, where the bias is read as tiles, as the ``dbias`` kernel's sums per tile pattern
+    (``dbt``)."""
 
     dkdv: Launch
     dq: Launch
+    dbias: Launch | None
     grads: tuple[Tensor, Tensor, Tensor]
     slots: Tensor
+    dbt: Tensor | None
+    patterns: TilePatterns
     blk: int
 
 
@@ -344,24 +357,35 @@ def _bwd_launches(
     qk_scale = scale * _kernels().LOG2E
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
     opts = (options or LAUNCH["bwd"]) if cuda else {}
+    inputs = [q, k, v, t, m, tok, blk_flags, bt, do, lse, delta]
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
     sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks), *tiling]
     dkdv = Launch.make(
-        "dkdv", (n_b, b * h), [q, k, v, t, m, tok, blk_flags, bt, do, lse, delta, dk, dv, *common,
-        *_strides(dk, dv), *sizes], dict(**flags, BM=blk, BN=blk), opts,
+        "dkdv", (n_b, b * h), [*inputs, dk, dv, *common, *_strides(dk, dv), *sizes], dict(**flags, BM=blk, BN=blk),
+        opts,
     )  # fmt: skip
     grad_t = table_grad and table is not None
+    by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
     n_split = _n_split(n_b, h, b, sms)
     # per program: a full grid's diagonal sums per key block (n_b x 2 cases x 2 blk), a layout's whole table
-    slot_size = (table.numel() // h if tokens is not None else n_b * 4 * blk) if grad_t else 0
+    slot_size = (table.numel() // h if tokens is not None else n_b * 4 * blk) if grad_t and not by_tiles else 0
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
-    scratch = torch.empty(n_split * h * n_b * blk * blk if grad_t and tokens is not None else 1, device=q.device)
+    scratch = torch.empty(n_split * h * n_b * blk * blk if slot_size and tokens is not None else 1, device=q.device)
     dq_launch = Launch.make(
-        "dq", (n_b, h, n_split), [q, k, v, t, m, tok, blk_flags, bt, do, lse, delta, dq, slots, scratch, *common,
-        *_strides(dq), b, *sizes, n_split, slot_size], dict(**flags, BM=blk, TABLE_GRAD=grad_t), opts,
+        "dq", (n_b, h, n_split), [*inputs, dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split, slot_size],
+        dict(**flags, BM=blk, TABLE_GRAD=grad_t and not by_tiles), opts,
     )  # fmt: skip
-    return _Backward(dkdv, dq_launch, (dq, dk, dv), slots, blk)
+    dbias = dbt = None
+    if by_tiles:
+        n_pat = tiling[1]
+        split_t = _n_split(n_pat, h, b, sms)
+        dbt = torch.empty(split_t, h, n_pat, blk, blk, device=q.device, dtype=torch.float32)  # each program writes
+        sizes_t = [h, n, prefix, grid_h, grid_w, qk_scale, _n_flag(blocks), *tiling, split_t]
+        dbias = Launch.make(
+            "dbias", (n_pat, h, split_t), [*inputs, dbt, *common, b, *sizes_t], dict(**flags, BM=blk), opts
+        )
+    return _Backward(dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
 
 
 @torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)
@@ -377,7 +401,10 @@ def _bwd_impl(
     bwd.dkdv()
     bwd.dq()
     h, slots = q.shape[1], bwd.slots
-    if not bwd.dq.args["TABLE_GRAD"]:
+    if bwd.dbias is not None:
+        bwd.dbias()
+        dt = table_grad_from_tiles(bwd.dbt.sum(0), bwd.patterns, grid_h, grid_w, prefix)
+    elif not bwd.dq.args["TABLE_GRAD"]:
         dt = q.new_zeros(0, dtype=torch.float32)
     elif tokens is not None:  # [n_split, heads, n_qb, G K] -> [G, heads, 2 GH - 1, 2 GW - 1]
         dt = slots.sum((0, 2)).view(h, table.shape[0], *table.shape[2:]).transpose(0, 1).contiguous()
@@ -400,29 +427,59 @@ def table_grad_from_slots(slots: Tensor, grid_h: int, grid_w: int, blk: int) -> 
 
     Slot ``(qb, kb, case, e)`` holds the sum of ``dS`` over the tile's pairs with
     ``i - j = (qb - kb) blk + e - blk + 1`` (``case`` 0: ``dw >= 0``, 1: ``dw < 0``). Summed over the batch shares
-    and over the tiles of one block diagonal ``qb - kb``, then each diagonal's ``2 blk`` sums laid at its offset
-    (two halves overlapping the next diagonal's), giving ``G[case, i - j]``; ``dT[dh, dw] = G[dw < 0, dh GW + dw]``.
-    Plain tensor sums in a fixed order: deterministic."""
+    and over the tiles of one block diagonal ``qb - kb`` (:func:`_table_from_diagonals`). Plain tensor sums in a fixed
+    order: deterministic."""
     s = slots.sum(0)  # [heads, n_qb, n_kb, 2, E]
-    heads, n_qb, n_kb = s.shape[:3]
+    n_qb, n_kb = s.shape[1:3]
     qb = torch.arange(n_qb, device=s.device)[:, None]
     diag = torch.arange(-(n_kb - 1), n_qb, device=s.device)[None, :]  # qb - kb
     kb = qb - diag
     inside = (kb >= 0) & (kb < n_kb)
     per_diag = s[:, qb, kb.clamp(0, n_kb - 1)]  # [heads, n_qb, n_diag, 2, E]
-    per_diag = (per_diag * inside[None, :, :, None, None]).sum(1)  # [heads, n_diag, 2, E]
+    return _table_from_diagonals((per_diag * inside[None, :, :, None, None]).sum(1), grid_h, grid_w, blk, n_kb)
+
+
+def _table_from_diagonals(per_diag: Tensor, grid_h: int, grid_w: int, blk: int, n_kb: int) -> Tensor:
+    """``dT`` from the sums of ``dS`` per block diagonal ``qb - kb`` (from ``-(n_kb - 1)``), case and ``e``
+    (``[heads, n_diag, 2, 2 blk]``, ``i - j = (qb - kb) blk + e - blk + 1``): each diagonal's ``2 blk`` sums laid at
+    its offset (two halves overlapping the next diagonal's), giving ``G[case, i - j]``;
+    ``dT[dh, dw] = G[dw < 0, dh GW + dw]``."""
+    heads, n_diag = per_diag.shape[:2]
     lo, hi = per_diag[..., :blk], per_diag[..., blk:]
-    n_diag = per_diag.shape[1]
-    ext = s.new_zeros(heads, n_diag + 1, 2, blk)
+    ext = per_diag.new_zeros(heads, n_diag + 1, 2, blk)
     ext[:, :-1] += lo
     ext[:, 1:] += hi
     ext = ext.permute(0, 2, 1, 3).reshape(heads, 2, (n_diag + 1) * blk)  # index y = diag' blk + e
     # y = (i - j) + n_kb blk - 1
-    dh = torch.arange(-(grid_h - 1), grid_h, device=s.device)[:, None]
-    dw = torch.arange(-(grid_w - 1), grid_w, device=s.device)[None, :]
+    dh = torch.arange(-(grid_h - 1), grid_h, device=per_diag.device)[:, None]
+    dw = torch.arange(-(grid_w - 1), grid_w, device=per_diag.device)[None, :]
     y = dh * grid_w + dw + n_kb * blk - 1
     case = (dw < 0).long().expand_as(y)
     return ext[:, case, y]
+
+
+def _diagonal_sums(a: Tensor) -> Tensor:
+    """``[..., 2 M]``: the sums of ``a [..., M, M]`` along its diagonals, ``e = i - j + M - 1`` (the last 0), by the
+    skew of the founding notes (flip the columns, pad each row by ``M``, read the rows ``2 M - 1`` long: a diagonal
+    becomes a column)."""
+    m = a.shape[-1]
+    rows = torch.nn.functional.pad(a.flip(-1), (0, m)).flatten(-2)[..., : m * (2 * m - 1)]
+    return torch.nn.functional.pad(rows.unflatten(-1, (m, 2 * m - 1)).sum(-2), (0, 1))
+
+
+def table_grad_from_tiles(dbt: Tensor, pat: TilePatterns, grid_h: int, grid_w: int, prefix: int) -> Tensor:
+    """``dT [heads, 2 GH - 1, 2 GW - 1]`` from the gradient of the bias tiles ``dbt [heads, n_pat, blk, blk]`` (the
+    ``dbias`` kernel's sums of ``dS`` per pattern, zero off the patch pairs): the adjoint of :func:`bias_tiles`. Each
+    tile's ``dS`` is split by the case of its pairs (``c_i >= c_j`` or not, as the pattern's tokens say) and summed
+    along its diagonals (:func:`_diagonal_sums`); the patterns of one block diagonal summed, then laid out as the
+    ``dq`` kernel's diagonal sums are (:func:`_table_from_diagonals`). Plain tensor sums: deterministic."""
+    heads, _, blk, _ = dbt.shape
+    pq, pk = _pattern_tokens(pat, blk, blk, prefix, dbt.device)
+    right = pq.remainder(grid_w)[:, :, None] >= pk.remainder(grid_w)[:, None, :]  # [n_pat, blk, blk]: dw >= 0
+    sums = _diagonal_sums(torch.stack([dbt * right, dbt * ~right], 2))  # [heads, n_pat, 2, 2 blk]
+    if pat.n_m > 0:  # pattern = diagonal * n_m + phase
+        return _table_from_diagonals(sums.unflatten(1, (-1, pat.n_m)).sum(2), grid_h, grid_w, blk, pat.n_kt)
+    return table_grad_from_slots(sums.unflatten(1, (-1, pat.n_kt))[None], grid_h, grid_w, blk)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -629,7 +686,7 @@ def plan(
         torch.zeros_like(q), q, k, v, table, mask, tokens, blocks, out, lse, scale, gh, gw, prefix, causal, bias_read,
         table_grad, sms, bwd_tile, bwd_options,
     )  # fmt: skip
-    return {"fwd": fwd, "dkdv": bwd.dkdv, "dq": bwd.dq}
+    return {"fwd": fwd, "dkdv": bwd.dkdv, "dq": bwd.dq, **({"dbias": bwd.dbias} if bwd.dbias else {})}
 
 
 #: Triton's names of the tensors' element types

@@ -44,7 +44,7 @@ from vitrel.pos.tokens import segment_mask  # noqa: E402
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 #: the instruction classes reported per tile (SASS opcodes, before the first dot)
 CLASSES = {
-    "mma": ("HGMMA", "HMMA", "WARPGROUP"),
+    "mma": ("HGMMA", "HMMA", "WARPGROUP"),  # (and the warp group's fences)
     "exp": ("MUFU",),
     "float": ("FADD", "FMUL", "FFMA", "FMNMX", "FSEL", "FSETP", "F2FP", "F2F", "I2F", "F2I"),
     "global": ("LDG", "LDGSTS", "STG", "LDGDEPBAR", "DEPBAR", "ATOM", "RED"),
@@ -97,25 +97,78 @@ CASES = [
 ]  # fmt: skip
 
 
-def inner_loop(sass: str) -> collections.Counter:
-    """The opcodes of the innermost loop with matrix products (the body between a backward branch and its target)."""
-    ins = []
+def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:
+    """``(address, opcode, branch target, conditional)`` of each SASS instruction."""
+    out = []
     for line in sass.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if m:
-            ins.append((int(m.group(1), 16), m.group(2).strip()))
-    best: collections.Counter | None = None
-    for addr, text in ins:
-        m = re.search(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", text)
-        if not (m and int(m.group(1), 16) < addr):
+        if not m:
             continue
-        lo = int(m.group(1), 16)
-        ops = collections.Counter(
-            re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for a, t in ins if lo <= a <= addr
+        text = m.group(2).strip()
+        pred = re.match(r"@!?U?P\w+\s+", text)
+        body = text[pred.end() :] if pred else text
+        target = re.match(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", body)
+        out.append(
+            (int(m.group(1), 16), body.split()[0].split(".")[0], target and int(target.group(1), 16), bool(pred))
         )
-        if any(ops[x] for x in CLASSES["mma"]) and (best is None or sum(ops.values()) < sum(best.values())):
-            best = ops
-    return best or collections.Counter()
+    return out
+
+
+def inner_loop(sass: str) -> tuple[collections.Counter, collections.Counter]:
+    """The opcodes of the innermost loop with matrix products (the body between a backward branch and its target) on
+    its shortest and on its longest path through one tile's matrix products: what a warp issues for a visible tile
+    that takes the loop's cheapest branches (an interior tile: no mask) and its dearest (a tile at an edge, with
+    every mask)."""
+    ins = _instructions(sass)
+    loops = [(t, a) for a, _, t, _ in ins if t is not None and t < a]
+    best = None
+    for lo, hi in loops:
+        body = [x for x in ins if lo <= x[0] <= hi]
+        if any(op in MMA for _, op, _, _ in body) and (best is None or len(body) < len(best)):
+            best = body
+    if best is None:
+        return collections.Counter(), collections.Counter()
+    return _tile_path(best, min), _tile_path(best, max)
+
+
+#: the matrix-product opcodes (one tile's products: the fewest any pass of a loop that does one holds)
+MMA = ("HGMMA", "HMMA")
+
+
+def _tile_path(body: list, pick) -> collections.Counter:
+    """The opcodes on the shortest (``pick=min``) or longest (``max``) path from the loop's head to its back edge
+    among those with the fewest matrix products above zero (one tile's: a compiler may copy the tile's code into two
+    branches), forward edges only (the blocks in address order form a DAG)."""
+    addrs = [a for a, _, _, _ in body]
+    leaders = {addrs[0]} | {t for _, _, t, _ in body if t is not None and addrs[0] <= t <= addrs[-1]}
+    leaders |= {addrs[i + 1] for i, (_, op, _, _) in enumerate(body[:-1]) if op == "BRA"}
+    blocks: list[list] = []
+    for x in body:
+        if x[0] in leaders or not blocks:
+            blocks.append([])
+        blocks[-1].append(x)
+    start = {blk[0][0]: i for i, blk in enumerate(blocks)}
+    mma = [sum(op in MMA for _, op, _, _ in blk) for blk in blocks]
+    best: list[dict] = [{} for _ in blocks]  # block -> {products so far: (instructions, previous state)}
+    best[0][mma[0]] = (len(blocks[0]), None)
+    for i, blk in enumerate(blocks):
+        _, op, target, cond = blk[-1]
+        nxt = [] if op == "BRA" and not cond else [i + 1]
+        if target is not None and target in start and start[target] > i:
+            nxt.append(start[target])
+        for c, (n, _) in list(best[i].items()):
+            for j in nxt:
+                if j < len(blocks):
+                    state, cand = c + mma[j], n + len(blocks[j])
+                    if state not in best[j] or pick(cand, best[j][state][0]) == cand != best[j][state][0]:
+                        best[j][state] = (cand, (i, c))
+    tail = best[-1]
+    c = min(k for k in tail if k > 0)
+    path, at = [], (len(blocks) - 1, c)
+    while at is not None:
+        path.append(at[0])
+        at = best[at[0]][at[1]][1]
+    return collections.Counter(op for i in path for _, op, _, _ in blocks[i])
 
 
 def measure(launch: tb.Launch, arch: int) -> dict:
@@ -128,12 +181,12 @@ def measure(launch: tb.Launch, arch: int) -> dict:
         sass = subprocess.run([str(CUOBJDUMP), "-sass", str(path)], capture_output=True, text=True).stdout
     line = next(x for x in usage.stdout.splitlines() if "REG:" in x)
     res = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
-    ops = inner_loop(sass)
+    interior, edge = inner_loop(sass)
     out = {"regs": int(res["REG"]), "stack": int(res["STACK"]), "shared": int(compiled.metadata.shared)}
-    out["total"] = sum(ops.values())
+    out["interior"], out["edge"] = sum(interior.values()), sum(edge.values())
     for name, codes in CLASSES.items():
-        out[name] = sum(ops[c] for c in codes)
-    out["other"] = out["total"] - sum(out[name] for name in CLASSES)
+        out[name] = sum(interior[c] for c in codes)
+    out["other"] = out["interior"] - sum(out[name] for name in CLASSES)
     return out
 
 
@@ -142,14 +195,16 @@ def main() -> None:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    cols = ["regs", "stack", "shared", "total", *CLASSES, "other"]
+    cols = ["regs", "stack", "shared", "interior", "edge", *CLASSES, "other"]
     lines = [
         f"# Fused bias kernel: static resources and inner-loop instructions for sm_{args.arch}, bf16",
         "",
         f"- Command: `python bench/triton_resources.py --arch {args.arch}`; Triton {triton.__version__}, torch "
         f"{torch.__version__}; compiled ahead of time on a machine without a GPU, as the JIT compiles each call",
-        "- `stack`: bytes of local memory per thread (register spills; 0 is none); `shared`: bytes; instructions: "
-        "one warp's per pass of the inner loop (one tile), by class (`smem`: shared-memory loads, stores, shuffles)",
+        "- `stack`: bytes of local memory per thread (register spills; 0 is none); `shared`: bytes; `interior`, "
+        "`edge`: the instructions one warp issues for a visible tile in the inner loop, on its cheapest path (an "
+        "interior tile of a full grid: no mask) and its dearest (a tile at an edge, every mask: a window's tiles); "
+        "then the interior path's by class (`smem`: shared-memory loads, stores, shuffles)",
         "",
         "| call | kernel | tile | warps | " + " | ".join(cols) + " |",
         "|---|---|---|---:|" + "---:|" * len(cols),

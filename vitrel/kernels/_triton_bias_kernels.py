@@ -135,20 +135,56 @@ def _logits(
     ``(q0 - k0, q0 mod GW)`` (``n_m > 0``) or its place (a full grid's tiles repeat:
     :func:`vitrel.kernels.triton_bias.tile_patterns`). ``MASK_KIND``: 0 none, 1 ``MASK`` an additive float mask
     ``[Mb, N, N]``, 2 ``MASK`` region ids ``[Mb, N]`` (batch ``b`` reads row ``b mod Mb``). ``T``, ``BT`` and a
-    float ``MASK`` come multiplied by ``LOG2E``."""
+    float ``MASK`` come multiplied by ``LOG2E``.
+
+    On a full grid with no mask, a tile whose pairs are all patch pairs (no prefix token, none past the end: all but
+    the first and last rows and columns of tiles) takes a branch with no mask at all: the bias added as it is read."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    bias = 0.0
+    if HAS_TABLE and TILED:  # one coalesced tile load (every entry of a pattern's tile exists)
+        if n_m > 0:
+            pat = ((q0 - k0 - d_min) // g_d) * n_m + (q0 % GW) // g_m
+        else:
+            pat = (q0 // TM) * n_kt + k0 // TW
+        local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
+        bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
+    if MASK_KIND == 0 and not CAUSAL and not LAYOUT:
+        interior = (q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N)
+    else:
+        interior = False
+    if interior:
+        pair = tl.full([TM, TW], 1, tl.int1)
+        if HAS_TABLE:
+            if TILED:
+                s = s + bias
+            else:  # every pair a patch pair: the gather needs no mask
+                _, rq, cq, _, _ = _tokens(TOK, b, offs_m, P, N, GW, LAYOUT)
+                _, rk, ck, _, _ = _tokens(TOK, b, offs_n, P, N, GW, LAYOUT)
+                row = T + h * stride_th + (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1
+                s = s + tl.load(row[:, None] - (rk * (2 * GW - 1) + ck)[None, :])
+    else:
+        s, pair = _masked(
+            s, bias, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, P, N, GH, GW,
+            HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, TILED,
+        )
+    return s, pair
+
+
+@triton.jit
+def _masked(
+    s, bias, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, P, N, GH, GW,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    TILED: tl.constexpr,
+):
+    """:func:`_logits` of a tile with masks: the bias (``bias``, a tile read whole; else gathered from ``T``) on the
+    patch pairs, ``-inf`` where masked."""
     qpatch, rq, cq, sq, gq = _tokens(TOK, b, offs_m, P, N, GW, LAYOUT)
     kpatch, rk, ck, sk, _ = _tokens(TOK, b, offs_n, P, N, GW, LAYOUT)
     same = sq[:, None] == sk[None, :]
     pair = qpatch[:, None] & kpatch[None, :] & same
     if HAS_TABLE:
-        if TILED:  # one coalesced tile load (every entry of a pattern's tile exists)
-            if n_m > 0:
-                pat = ((q0 - k0 - d_min) // g_d) * n_m + (q0 % GW) // g_m
-            else:
-                pat = (q0 // TM) * n_kt + k0 // TW
-            local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
-            s += tl.where(pair, tl.load(BT + (h * n_pat + pat) * (TM * TW) + local), 0.0)
+        if TILED:
+            s += tl.where(pair, bias, 0.0)
         else:  # T pre-scaled by LOG2E; the flat offset index is a row term minus a column term
             row = T + gq * stride_tg + h * stride_th + (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1
             s += tl.load(row[:, None] - (rk * (2 * GW - 1) + ck)[None, :], mask=pair, other=0.0)

@@ -555,24 +555,21 @@ class Rope2dMixed(Rope2dOptions):
         all blocks at once: the same values as each scheme's ``prepare``. Schemes that differ in options or
         sizes, or draw DINOv3's coordinate augmentation (one draw per block), are prepared one by one."""
         first = schemes[0] if schemes else None
-        together = (
-            len(schemes) > 1
-            and all(
-                type(s) is cls
-                and not s.augmenting
-                and (s.coords, s.basis_kind, s.scaling, s.base, s.grid, s.freqs.shape, s.freqs.dtype, s.freqs.device)
-                == (
-                    first.coords,
-                    first.basis_kind,
-                    first.scaling,
-                    first.base,
-                    first.grid,
-                    first.freqs.shape,
-                    first.freqs.dtype,
-                    first.freqs.device,
-                )
-                for s in schemes
+        together = len(schemes) > 1 and all(
+            type(s) is cls
+            and not s.augmenting
+            and (s.coords, s.basis_kind, s.scaling, s.base, s.grid, s.freqs.shape, s.freqs.dtype, s.freqs.device)
+            == (
+                first.coords,
+                first.basis_kind,
+                first.scaling,
+                first.base,
+                first.grid,
+                first.freqs.shape,
+                first.freqs.dtype,
+                first.freqs.device,
             )
+            for s in schemes
         )
         if not together:
             return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)

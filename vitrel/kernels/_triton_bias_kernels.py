@@ -137,8 +137,9 @@ def _logits(
     ``[Mb, N, N]``, 2 ``MASK`` region ids ``[Mb, N]`` (batch ``b`` reads row ``b mod Mb``). ``T``, ``BT`` and a
     float ``MASK`` come multiplied by ``LOG2E``.
 
-    On a full grid with no mask, a tile whose pairs are all patch pairs (no prefix token, none past the end: all but
-    the first and last rows and columns of tiles) takes a branch with no mask at all: the bias added as it is read."""
+    With a table on a full grid with no mask, a tile whose pairs are all patch pairs (no prefix token, none past the
+    end: all but the first and last rows and columns of tiles) takes a branch with no mask at all: the bias added as it
+    is read."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     bias = 0.0
     if HAS_TABLE and TILED:  # one coalesced tile load (every entry of a pattern's tile exists)
@@ -148,20 +149,13 @@ def _logits(
             pat = (q0 // TM) * n_kt + k0 // TW
         local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
         bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
-    if MASK_KIND == 0 and not CAUSAL and not LAYOUT:
+    if TILED and MASK_KIND == 0 and not CAUSAL and not LAYOUT:  # (gathered or with no table: the masks cost less)
         interior = (q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N)
     else:
         interior = False
     if interior:
         pair = tl.full([TM, TW], 1, tl.int1)
-        if HAS_TABLE:
-            if TILED:
-                s = s + bias
-            else:  # every pair a patch pair: the gather needs no mask
-                _, rq, cq, _, _ = _tokens(TOK, b, offs_m, P, N, GW, LAYOUT)
-                _, rk, ck, _, _ = _tokens(TOK, b, offs_n, P, N, GW, LAYOUT)
-                row = T + h * stride_th + (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1
-                s = s + tl.load(row[:, None] - (rk * (2 * GW - 1) + ck)[None, :])
+        s = s + bias
     else:
         s, pair = _masked(
             s, bias, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, P, N, GH, GW,

@@ -202,8 +202,9 @@ def main() -> None:
         f"- Command: `python bench/triton_resources.py --arch {args.arch}`; Triton {triton.__version__}, torch "
         f"{torch.__version__}; compiled ahead of time on a machine without a GPU, as the JIT compiles each call",
         "- `stack`: bytes of local memory per thread (register spills; 0 is none); `shared`: bytes; `interior`, "
-        "`edge`: the instructions one warp issues for a visible tile in the inner loop, on its cheapest path (an "
-        "interior tile of a full grid: no mask) and its dearest (a tile at an edge, every mask: a window's tiles); "
+        "`edge`: the instructions one warp issues for a visible tile in the inner loop, on its cheapest path (no mask: "
+        "an interior tile of a full grid, or every tile where each tile pattern is one exact tile, as a window's) and "
+        "its dearest (every mask: a tile at an edge, a shifted window's); "
         "then the interior path's by class (`smem`: shared-memory loads, stores, shuffles)",
         "",
         "| call | kernel | tile | warps | " + " | ".join(cols) + " |",

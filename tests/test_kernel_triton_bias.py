@@ -116,7 +116,8 @@ def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
 def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
     """Each ``[tm, tw]`` block of the dense bias (patch pairs; pairs with a prefix token and past the end are zeroed by
     the kernels) equals the tile of its pattern (``TilePatterns.index``, what the kernels compute); a grid whose width
-    divides the tile has about ``2 n / tw`` patterns, not one per tile."""
+    divides the tile has about ``2 n / tw`` patterns, not one per tile. Where each pattern is one tile, the tile is
+    exact (the kernels read it with no mask)."""
     grid = as_grid((side, side))
     n = prefix + grid.n
     table = torch.randn(2, 2 * side - 1, 2 * side - 1, dtype=torch.float64)
@@ -134,6 +135,9 @@ def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
             got = tiles[:, pat.index(q0, k0, tm, tw, grid.w)]
             want = dense[:, q0 : q0 + tm, k0 : k0 + tw]
             torch.testing.assert_close(torch.where(pair, got, 0.0), want, rtol=0, atol=0, msg=f"tile {qt}, {kt}")
+            if pat.n_m == 0:  # one exact tile per pattern, read with no mask: 0 off the pairs, -inf past the end
+                exact = torch.where(t[None, k0 : k0 + tw] < n, want, float("-inf"))
+                torch.testing.assert_close(got, exact, rtol=0, atol=0, msg=f"exact tile {qt}, {kt}")
     if tm % side == 0 and tw % side == 0:  # q0 - k0 alone: about (n_qt tm + n_kt tw) / gcd(tm, tw) patterns
         assert pat.n_pat <= (n_qt * tm + n_kt * tw) // min(tm, tw) < n_qt * n_kt or n_qt == 1
 

@@ -197,13 +197,24 @@ def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, pat: TilePa
     tile) instead of gathering each score from the table. A pattern ``(d, m)`` is computed at queries from ``m`` and
     keys from ``m - d`` with the coordinates extended past the grid's ends (``r = floor(p / W)``, ``c = p mod W``
     for every ``p = t - P``, negative too), so it equals the table at every patch pair of every tile of that pattern;
-    the kernels zero the pairs with a prefix token and those past the end. Device work only (no host sync)."""
+    the kernels zero the pairs with a prefix token and mask those past the end. Where each pattern is one tile
+    (``n_m = 0``), the tile is exact instead: 0 at the pairs with a prefix token, ``-inf`` at the keys past the end,
+    and the kernels read it with no mask. Device work only (no host sync)."""
     pq, pk = _pattern_tokens(pat, tm, tw, prefix, table.device)
     dh = pq.div(grid_w, rounding_mode="floor")[:, :, None] - pk.div(grid_w, rounding_mode="floor")[:, None, :]
     dw = pq.remainder(grid_w)[:, :, None] - pk.remainder(grid_w)[:, None, :]
     dh = (dh + grid_h - 1).clamp(0, 2 * grid_h - 2)  # (clamped: pairs past the grid's ends, zeroed by the kernels)
     dw = (dw + grid_w - 1).clamp(0, 2 * grid_w - 2)
-    return table[:, dh, dw].contiguous()
+    tiles = table[:, dh, dw]
+    if pat.n_m == 0:
+        tiles = tiles.masked_fill(~_pattern_pairs(pq, pk, grid_h * grid_w), 0.0)
+        tiles = tiles.masked_fill((pk >= grid_h * grid_w)[:, None, :], float("-inf"))
+    return tiles.contiguous()
+
+
+def _pattern_pairs(pq: Tensor, pk: Tensor, n_patch: int) -> Tensor:
+    """``[n_pat, tm, tw]``: the patch pairs of the tiles of each pattern (of its one tile, where ``n_m = 0``)."""
+    return ((pq >= 0) & (pq < n_patch))[:, :, None] & ((pk >= 0) & (pk < n_patch))[:, None, :]
 
 
 def _tile_args(table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q):
@@ -475,6 +486,8 @@ def table_grad_from_tiles(dbt: Tensor, pat: TilePatterns, grid_h: int, grid_w: i
     ``dq`` kernel's diagonal sums are (:func:`_table_from_diagonals`). Plain tensor sums: deterministic."""
     heads, _, blk, _ = dbt.shape
     pq, pk = _pattern_tokens(pat, blk, blk, prefix, dbt.device)
+    if pat.n_m == 0:  # exact tiles, read with no mask: their pairs with a prefix token hold dS too
+        dbt = dbt * _pattern_pairs(pq, pk, grid_h * grid_w)
     right = pq.remainder(grid_w)[:, :, None] >= pk.remainder(grid_w)[:, None, :]  # [n_pat, blk, blk]: dw >= 0
     sums = _diagonal_sums(torch.stack([dbt * right, dbt * ~right], 2))  # [heads, n_pat, 2, 2 blk]
     if pat.n_m > 0:  # pattern = diagonal * n_m + phase

@@ -137,10 +137,10 @@ def _logits(
     ``[Mb, N, N]``, 2 ``MASK`` region ids ``[Mb, N]`` (batch ``b`` reads row ``b mod Mb``). ``T``, ``BT`` and a
     float ``MASK`` come multiplied by ``LOG2E``.
 
-    Where the bias is read as tiles on a full grid with no mask, a tile whose pairs are all patch pairs (no prefix
-    token, none past the end: all but the first and last rows and columns of tiles), and every tile where each pattern
-    is one exact tile (``n_m = 0``: its prefix pairs 0, its keys past the end ``-inf``), takes a branch with no mask
-    at all: the bias added as it is read."""
+    Where the bias is read as tiles on a full grid with no mask (or regions whose tokens in the tile are of one
+    region), a tile whose pairs are all patch pairs (no prefix token, none past the end: all but the first and last
+    rows and columns of tiles), and every tile where each pattern is one exact tile (``n_m = 0``: its prefix pairs 0,
+    its keys past the end ``-inf``), takes a branch with no mask at all: the bias added as it is read."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     bias = 0.0
     if HAS_TABLE and TILED:  # one coalesced tile load (every entry of a pattern's tile exists)
@@ -150,8 +150,15 @@ def _logits(
             pat = (q0 // TM) * n_kt + k0 // TW
         local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
         bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
-    if TILED and MASK_KIND == 0 and not CAUSAL and not LAYOUT:  # (gathered or with no table: the masks cost less)
+    if TILED and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered or with no table: the masks cost less)
         interior = (n_m == 0) | ((q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N))
+        if MASK_KIND == 2:  # a window whose tokens in this tile are of one region (all but the seam's windows)
+            rptr = MASK + (b % n_mask_b) * stride_mb
+            rq = tl.load(rptr + offs_m, offs_m < N, 0)
+            rk = tl.load(rptr + offs_n, offs_n < N, 0)
+            lo = tl.minimum(tl.min(tl.where(offs_m < N, rq, 1 << 30)), tl.min(tl.where(offs_n < N, rk, 1 << 30)))
+            hi = tl.maximum(tl.max(tl.where(offs_m < N, rq, -1)), tl.max(tl.where(offs_n < N, rk, -1)))
+            interior = interior & (lo == hi)
     else:
         interior = False
     if interior:

@@ -21,6 +21,7 @@ on CPU without it, :func:`check_device` says so.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import os
 from typing import TYPE_CHECKING, NamedTuple
@@ -666,32 +667,23 @@ class TritonKernel(OffsetTableKernel):
 
 
 def plan(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    table: Tensor | None,
-    grid: tuple[int, int],
-    num_prefix_tokens: int = 0,
-    scale: float | None = None,
-    mask: Tensor | None = None,
-    causal: bool = False,
-    tokens: Tensor | None = None,
-    blocks: Tensor | None = None,
-    bias_read: str = "auto",
-    regions: Tensor | None = None,
-    *,
+    *args,
     table_grad: bool = True,
     sms: int = 132,
     fwd_tile: tuple[int, int] | None = None,
     bwd_tile: int | None = None,
     fwd_options: dict | None = None,
     bwd_options: dict | None = None,
+    **kwargs,
 ) -> dict[str, Launch]:
-    """The launches (``fwd``, ``dkdv``, ``dq``) that :func:`rel_bias_attention` with these arguments makes, forward and
-    backward (``table_grad``: the table's gradient too), on a CUDA device of ``sms`` multiprocessors (an H100 or H200:
-    132), built from tensors on any device: what :func:`compile_launch` compiles without a GPU. ``fwd_tile``
-    ``(BM, BN)``, ``bwd_tile`` and ``*_options`` (``num_warps``, ``num_stages``) replace the device's choices."""
-    args = _op_args(q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions)
+    """The launches (``fwd``, ``dkdv``, ``dq``, and ``dbias`` where the bias is read as tiles) that the call
+    ``rel_bias_attention(*args, **kwargs)`` makes, forward and backward (``table_grad``: the table's gradient too), on
+    a CUDA device of ``sms`` multiprocessors (an H100 or H200: 132), built from tensors on any device: what
+    :func:`compile_launch` compiles without a GPU. ``fwd_tile`` ``(BM, BN)``, ``bwd_tile`` and ``*_options``
+    (``num_warps``, ``num_stages``) replace the device's choices."""
+    call = inspect.signature(rel_bias_attention).bind(*args, **kwargs)
+    call.apply_defaults()
+    args = _op_args(*call.arguments.values())
     q, k, v, table, mask, tokens, blocks, scale, gh, gw, prefix, causal, bias_read = args
     out, lse = q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
     fwd = _fwd_launch(*args, out, lse, True, fwd_tile, fwd_options)

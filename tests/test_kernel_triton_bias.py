@@ -143,6 +143,22 @@ def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_batch_beyond_the_cuda_grid(device, monkeypatch):
+    """A batch whose ``batch x heads`` programs exceed CUDA's grid (65,535 on its second axis; here 12) runs as shares
+    of the batch: a full grid (shares of 6), a batch of windows whose region ids repeat every 4 (shares of 4, not 6),
+    and a mask per batch element (sliced with its share)."""
+    from vitrel.models.swin_windows import window_regions
+    from vitrel.pos.geometry import Grid
+
+    monkeypatch.setattr(triton_bias, "GRID_Y_MAX", 12)  # 2 heads: at most 6 batch elements a launch
+    _check(device, 9, 2, 16, (3, 4), 1)
+    _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)))
+    mask = torch.zeros(8, 12, 12, dtype=torch.float64)
+    mask[torch.arange(8), :, torch.arange(8)] = float("-inf")  # element b masks key b
+    _check(device, 8, 2, 16, (3, 4), 0, mask=mask)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_kernel_causal_1d(device):
     """Causal 1-D (a 1 x N grid): the keys after the query masked, the blocks above the diagonal skipped."""
     _check(device, 2, 2, 16, (1, 37), 0, causal=True)

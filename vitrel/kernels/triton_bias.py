@@ -281,6 +281,36 @@ def _kernel_fn(kernel: str):
     return getattr(_kernels(), _KERNELS[kernel])
 
 
+#: the most programs a CUDA grid takes on its second axis (the fwd and dkdv kernels put ``batch x heads`` there)
+GRID_Y_MAX = 65535
+#: the arguments of the fwd and dkdv kernels with a batch axis first (``TOK`` on a token layout)
+_BATCHED = ("Q", "K", "V", "O", "LSE", "DO", "DELTA", "DK", "DV")
+
+
+def _batch_chunks(launch: Launch, batch: int, heads: int) -> list[Launch]:
+    """``launch`` (grid ``(tiles, batch x heads)``) as launches over consecutive shares of the batch, each within
+    :data:`GRID_Y_MAX` programs on its second axis: a batch of windows beyond it (Swin-T's first stage at more than
+    1,023 images); one launch where it fits. A share starts at a multiple of the mask's rows (batch ``b`` reads row
+    ``b mod Mb``), or slices them where there is one per batch element."""
+    if batch * heads <= GRID_Y_MAX:
+        return [launch]
+    a = launch.args
+    names = [*_BATCHED, *(("TOK",) if a["LAYOUT"] else ())]
+    rows = a["n_mask_b"] if a["MASK_KIND"] else 1
+    if a["MASK_KIND"] and rows == batch:
+        names.append("MASK")
+        rows = 1
+    step = GRID_Y_MAX // heads // rows * rows
+    if step == 0:
+        raise ValueError(f"rel_bias_attention: {heads} heads and {rows} mask rows exceed CUDA's grid ({GRID_Y_MAX})")
+    out = []
+    for b0 in range(0, batch, step):
+        b1 = min(batch, b0 + step)
+        args = {**a, **{k: a[k][b0:b1] for k in names if k in a}}
+        out.append(launch._replace(grid=(launch.grid[0], (b1 - b0) * heads), args=args))
+    return out
+
+
 def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype) -> dict:
     """The ``constexpr`` flags every kernel takes."""
     return dict(
@@ -317,7 +347,8 @@ def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefi
     lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     cuda = q.device.type == "cuda"
     args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)
-    _fwd_launch(q, k, v, *args, out, lse, cuda)()
+    for launch in _batch_chunks(_fwd_launch(q, k, v, *args, out, lse, cuda), b, h):
+        launch()
     return out, lse
 
 
@@ -410,7 +441,8 @@ def _bwd_impl(
         do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read,
         table_grad, sms,
     )  # fmt: skip
-    bwd.dkdv()
+    for launch in _batch_chunks(bwd.dkdv, *q.shape[:2]):
+        launch()
     bwd.dq()
     h, slots = q.shape[1], bwd.slots
     if bwd.dbias is not None:

@@ -252,7 +252,7 @@ torch.library.define(
 
 
 class Launch(NamedTuple):
-    """One launch of a kernel of :mod:`vitrel.kernels._triton_bias_kernels`: its name (``fwd``, ``dkdv``, ``dq``),
+    """One launch of a kernel of :mod:`vitrel.kernels._triton_bias_kernels`: its name (:data:`_KERNELS`),
     grid, every argument by name (``constexpr`` ones too) and launch options (``num_warps``, ``num_stages`` on CUDA;
     none in the interpreter). The op builds its launches as these and runs them; :func:`plan` returns them for
     :func:`compile_launch` to compile ahead of time exactly as Triton's JIT would at that call."""

@@ -83,17 +83,25 @@ def _flat(flags: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in flags.items())
 
 
-#: (label, call, plan options): the layer at N = 4097, then Swin's windows
+#: (label, call, plan options, kernels): the layer at N = 4097 (other tiles: only the kernels they change), then
+#: Swin's windows
+_FWD = ("fwd",)
+_BWD = ("dkdv", "dq", "dbias")
 CASES = [
-    ("no table", lambda: {**_layer(), "table": None}, {}),
-    ("table, bias tiles", _layer, {"bias_read": "tiles"}),
-    ("table, gathered per score", _layer, {"bias_read": "gather"}),
-    ("table, bias tiles, bwd tile 32", _layer, {"bias_read": "tiles", "bwd_tile": 32}),
+    ("no table", lambda: {**_layer(), "table": None}, {}, None),
+    ("table, bias tiles", _layer, {"bias_read": "tiles"}, None),
+    ("table, gathered per score", _layer, {"bias_read": "gather"}, None),
+    ("table, bias tiles, bwd tile 32", _layer, {"bias_read": "tiles", "bwd_tile": 32}, _BWD),
+    ("table, bias tiles, bwd 8 warps", _layer,
+     {"bias_read": "tiles", "bwd_options": {"num_warps": 8, "num_stages": 2}}, _BWD),
+    ("table, bias tiles, fwd 64 x 128", _layer, {"bias_read": "tiles", "fwd_tile": (64, 128)}, _FWD),
     ("table, bias tiles, fwd 128 x 64, 8 warps", _layer,
-     {"bias_read": "tiles", "fwd_tile": (128, 64), "fwd_options": {"num_warps": 8, "num_stages": 2}}),
-    ("windows, no mask", lambda: _windows(0), {}),
-    ("windows, float mask", lambda: _windows(1), {}),
-    ("windows, region ids", lambda: _windows(2), {}),
+     {"bias_read": "tiles", "fwd_tile": (128, 64), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
+    ("table, bias tiles, fwd 128 x 128, 8 warps", _layer,
+     {"bias_read": "tiles", "fwd_tile": (128, 128), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
+    ("windows, no mask", lambda: _windows(0), {}, None),
+    ("windows, float mask", lambda: _windows(1), {}, None),
+    ("windows, region ids", lambda: _windows(2), {}, None),
 ]  # fmt: skip
 
 
@@ -184,6 +192,8 @@ def measure(launch: tb.Launch, arch: int) -> dict:
     interior, edge = inner_loop(sass)
     out = {"regs": int(res["REG"]), "stack": int(res["STACK"]), "shared": int(compiled.metadata.shared)}
     out["interior"], out["edge"] = sum(interior.values()), sum(edge.values())
+    a, warps = launch.args, launch.options["num_warps"]
+    out["per 64x64"] = round(out["interior"] * warps / 4 / (a["BM"] * a.get("BN", a["BM"]) / 4096))
     for name, codes in CLASSES.items():
         out[name] = sum(interior[c] for c in codes)
     out["other"] = out["interior"] - sum(out[name] for name in CLASSES)
@@ -195,7 +205,7 @@ def main() -> None:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    cols = ["regs", "stack", "shared", "interior", "edge", *CLASSES, "other"]
+    cols = ["regs", "stack", "shared", "interior", "edge", "per 64x64", *CLASSES, "other"]
     lines = [
         f"# Fused bias kernel: static resources and inner-loop instructions for sm_{args.arch}, bf16",
         "",
@@ -205,13 +215,17 @@ def main() -> None:
         "`edge`: the instructions one warp issues for a visible tile in the inner loop, on its cheapest path (no mask: "
         "an interior tile of a full grid, or every tile where each tile pattern is one exact tile, as a window's) and "
         "its dearest (every mask: a tile at an edge, a shifted window's); "
-        "then the interior path's by class (`smem`: shared-memory loads, stores, shuffles)",
+        "`per 64x64`: the interior path's instructions per scheduler (4 a multiprocessor) for 64 x 64 scores, which "
+        "compares tiles and warp counts; then the interior path's by class (`smem`: shared-memory loads, stores, "
+        "shuffles)",
         "",
         "| call | kernel | tile | warps | " + " | ".join(cols) + " |",
         "|---|---|---|---:|" + "---:|" * len(cols),
     ]
-    for label, call, opts in CASES:
+    for label, call, opts, kernels in CASES:
         for name, launch in tb.plan(**call(), **opts).items():
+            if kernels and name not in kernels:
+                continue
             a = launch.args
             tile = f"{a['BM']} x {a.get('BN', a['BM'])}"
             row = measure(launch, args.arch)

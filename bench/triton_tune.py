@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vitrel.bench import alternate  # noqa: E402
 from vitrel.kernels import triton_bias as tb  # noqa: E402
 
-FWD = [(64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3)]
+#: (BM, BN, warps, stages) of the forward; 64 x 128 and 128 x 128 issue the fewest instructions per score on sm_90
+#: (bench/results/triton_resources_sm90.md's method: 346 and 331 a 64 x 64 block per scheduler, against 439 at 64 x 64)
+FWD = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)]
 BWD = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3), (128, 8, 2)]
 
 

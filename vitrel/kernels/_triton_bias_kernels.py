@@ -411,9 +411,11 @@ def _bwd_dbias_kernel(
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The gradient of the bias tiles (a full grid's, read as ``TILED``): program ``(pat, h, split)`` sums ``dS``
-    (zero off the patch pairs) over the ``[BM, BM]`` tiles of pattern ``pat`` and its share of the batch
-    (``b = split, split + n_split, ...``) in registers and writes the sum once, to ``DBT [n_split, H, n_pat, BM, BM]``.
+    """The gradient of the bias tiles (a full grid's, read as ``TILED``): program ``(pat, h, split)`` sums ``dS`` over
+    the ``[BM, BM]`` tiles of pattern ``pat`` and its share of the batch (``b = split, split + n_split, ...``) in
+    registers, a tile's sum over the share at a time (then zeroed at its pairs with a prefix token, which have no bias;
+    at the other pairs that are not patch pairs ``P = 0``), and writes the sum once, to
+    ``DBT [n_split, H, n_pat, BM, BM]``.
     The tiles of a pattern lie on one block diagonal ``qb - kb`` (``q0 mod GW`` in class ``pat mod n_m`` where
     ``n_m > 0``; one tile per pattern else). :func:`vitrel.kernels.triton_bias.table_grad_from_tiles` reduces the sums
     to the table's gradient. No atomics: deterministic."""
@@ -445,19 +447,22 @@ def _bwd_dbias_kernel(
             offs_n = k0 + offs
             if _visits(TOK, BLK, 0, h, offs_n, 0, 0, q0, k0, N, n_flag, BM, BM, LAYOUT, HAS_BLOCKS):
                 q_mask = (offs_m < N)[:, None] & dmask[None, :]
+                tile_acc = tl.zeros([BM, BM], tl.float32)
                 for b in range(split, B, n_split):
                     q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
                     do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
                     lse, delta = _row_stats(LSE, DELTA, b * H + h, N, offs_m)
                     k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
-                    s, pair = _logits(
+                    s, _ = _logits(
                         q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK,
                         qk_scale, P, N, GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, q0, k0, HAS_TABLE, MASK_KIND,
                         CAUSAL, LAYOUT, PREC, TILED, BM, BM,
                     )
                     p = tl.math.exp2(s - lse[:, None])
                     dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-                    acc += tl.where(pair, p * (dp - delta[:, None]), 0.0)
+                    tile_acc += p * (dp - delta[:, None])
+                # the pairs with a prefix token have no bias (off the other pairs of one image p = 0)
+                acc += tl.where((offs_m >= P)[:, None] & (offs_n >= P)[None, :], tile_acc, 0.0)
     local = offs[:, None] * BM + offs[None, :]
     tl.store(DBT + ((split * H + h) * n_pat + pat) * (BM * BM) + local, acc)
 

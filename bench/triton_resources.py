@@ -8,7 +8,8 @@ one warp issues per tile in the kernel's inner loop (from the SASS), from Triton
 Each kernel is compiled as Triton's JIT compiles it for one call (``triton_bias.plan`` builds the call's launches,
 ``compile_launch`` specializes them: integers equal to 1 as constants, addresses and integers divisible by 16
 declared so). The calls: the layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at
-N = 1 + 64^2, with no table, the table read as bias tiles or gathered per score, its gradient on and off; then
+N = 1 + 64^2, with no table, the table read as bias tiles or gathered per score, other tiles and warp counts, a
+table with ``-inf`` entries and its visible-tile flags (LookHere's); then
 Swin-T's first stage (3 heads of 32, 7 x 7 windows, batch 128) with no mask, a float window mask and the windows'
 region ids.
 
@@ -62,6 +63,16 @@ def _layer(side: int = 64, heads: int = 6, head_dim: int = 64) -> dict:
     return dict(q=q, k=k, v=v, table=table, grid=(side, side), num_prefix_tokens=1)
 
 
+def _lookhere() -> dict:
+    """The layer with a table whose entries are ``-inf`` off a band of rows (LookHere's views mask so), and the
+    visible-tile flags that let the kernels skip the tiles it masks whole."""
+    call = _layer()
+    table = call["table"]
+    table[:, :48] = table[:, 80:] = float("-inf")  # a query sees the keys within 15 rows
+    call["blocks"] = tb.visible_tiles(table, Grid(64, 64), 1)
+    return call
+
+
 def _windows(mask_kind: int, images: int = 128, heads: int = 3, head_dim: int = 32) -> dict:
     """Swin-T's first stage: 56 x 56 tokens in 64 windows of 7 x 7; the last windows of a shifted block hold regions."""
     from vitrel.models.swin_windows import window_layout, window_regions
@@ -99,6 +110,7 @@ CASES = [
      {"bias_read": "tiles", "fwd_tile": (128, 64), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
     ("table, bias tiles, fwd 128 x 128, 8 warps", _layer,
      {"bias_read": "tiles", "fwd_tile": (128, 128), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
+    ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
     ("windows, no mask", lambda: _windows(0), {}, None),
     ("windows, float mask", lambda: _windows(1), {}, None),
     ("windows, region ids", lambda: _windows(2), {}, None),
@@ -115,10 +127,10 @@ def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:
         text = m.group(2).strip()
         pred = re.match(r"@!?U?P\w+\s+", text)
         body = text[pred.end() :] if pred else text
-        target = re.match(r"BRA\s+(?:`\(.*?\)\s*)?0x([0-9a-f]+)", body)
-        out.append(
-            (int(m.group(1), 16), body.split()[0].split(".")[0], target and int(target.group(1), 16), bool(pred))
-        )
+        # (a branch with a modifier, BRA.DIV: taken only where the warp diverged, so it may fall through)
+        target = re.match(r"BRA(\.\w+)*\s+(?:`\(.*?\)\s*)?(?:\w+,\s*)?0x([0-9a-f]+)", body)
+        cond = bool(pred) or bool(target and target.group(1))
+        out.append((int(m.group(1), 16), body.split()[0].split(".")[0], target and int(target.group(2), 16), cond))
     return out
 
 

@@ -247,6 +247,38 @@ def test_visible_tiles_are_the_dense_definition_and_are_read():
     torch.testing.assert_close(out[0, 0].double(), ref[0, 0], **_tol("cpu"))
 
 
+def test_tile_flags_pool_the_blocks():
+    """The 16-token visible-tile flags pooled to a kernel's tile (a flag per tile, what the kernels load): 1 where any
+    of the tile's blocks is, ragged edges included."""
+    blocks = (torch.rand(2, 9, 9, generator=torch.Generator().manual_seed(0)) < 0.2).int()
+    got = triton_bias.tile_flags(blocks, 32, 64)
+    want = torch.zeros(2, 5, 3, dtype=torch.int32)
+    for h in range(2):
+        for i in range(5):
+            for j in range(3):
+                want[h, i, j] = int(blocks[h, 2 * i : 2 * i + 2, 4 * j : 4 * j + 4].any())
+    assert torch.equal(got, want) and 0 < int(want.sum()) < want.numel()
+
+
+@interpreted
+def test_kernel_reads_the_tile_flags_at_its_tile():
+    """At 32-token tiles (a GPU's tiles are 64; the interpreter's 16), the forward skips the tiles whose pooled flag
+    is 0 and gives the reference: a flag read at the wrong tile skips visible pairs."""
+    grid, prefix = (12, 8), 0
+    q, k, v, table = _inputs(1, 2, 96, 16, grid)
+    table[:, :10] = table[:, 12:] = float("-inf")  # a query sees the keys of its row and of the next (dh = -1, 0)
+    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), prefix)
+    pooled = triton_bias.tile_flags(blocks, 32, 32)
+    assert 0 < int(pooled.sum()) < pooled.numel()  # some 32 x 32 tiles are skipped
+    qf, kf, vf = (t.float().contiguous() for t in (q, k, v))
+    out, lse = torch.empty_like(qf), torch.empty(qf.shape[:3])
+    launch = triton_bias._fwd_launch(
+        qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, False, (32, 32)
+    )
+    launch()
+    torch.testing.assert_close(out.double(), reference(q, k, v, table, grid, prefix), **_tol("cpu"))
+
+
 @interpreted
 def test_table_gradient_is_deterministic():
     """Partial sums per program reduced by tensor sums: two backward passes give bitwise equal table gradients."""

@@ -71,21 +71,18 @@ FLAG_TILE = tl.constexpr(16)
 
 @triton.jit
 def _visits(
-    TOK, BLK, b, h, offs, lo, hi, q0, k0, N, n_flag,
+    TOK, BLK, b, h, offs, lo, hi, q0, k0, N,
     BQ: tl.constexpr, BK: tl.constexpr, LAYOUT: tl.constexpr, HAS_BLOCKS: tl.constexpr,
 ):
     """Whether the ``[BQ, BK]`` tile of queries from ``q0`` and keys from ``k0`` can hold a visible pair, else it is
     skipped whole. On a layout: whether the loop's tokens ``offs`` can be of one image with the program's tokens
-    (segments ``[lo, hi]``); with ``BLK [heads, n_flag, n_flag]`` (the table's ``-inf`` entries: LookHere's views):
-    whether a flag of the tile's ``FLAG_TILE`` blocks is set; else always."""
+    (segments ``[lo, hi]``); with ``BLK [heads, cdiv(N, BQ), cdiv(N, BK)]`` (the table's ``-inf`` entries: LookHere's
+    views; :func:`vitrel.kernels.triton_bias.tile_flags`): the tile's flag, one load; else always."""
     if LAYOUT:
         klo, khi = _span(TOK, b, offs, N, LAYOUT)
         return (klo <= hi) & (khi >= lo)
     if HAS_BLOCKS:
-        fq = q0 // FLAG_TILE + tl.arange(0, BQ // FLAG_TILE)
-        fk = k0 // FLAG_TILE + tl.arange(0, BK // FLAG_TILE)
-        inside = (fq < n_flag)[:, None] & (fk < n_flag)[None, :]
-        return tl.max(tl.load(BLK + (h * n_flag + fq[:, None]) * n_flag + fk[None, :], inside, 0)) > 0
+        return tl.load(BLK + (h * tl.cdiv(N, BQ) + q0 // BQ) * tl.cdiv(N, BK) + k0 // BK) > 0
     return True
 
 
@@ -210,7 +207,7 @@ def _masked(
 def _fwd_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, O, LSE,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_tg, stride_th, stride_mb, n_mask_b,
-    H, N, P, GH, GW, qk_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m,
+    H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d, n_m, g_m,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
@@ -226,7 +223,7 @@ def _fwd_kernel(
         hi = tl.minimum(N, tl.program_id(0) * BM + BM)
     for start_n in range(0, hi, BN):
         offs_n = start_n + tl.arange(0, BN)
-        if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, tl.program_id(0) * BM, start_n, N, n_flag, BM, BN, LAYOUT,
+        if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, tl.program_id(0) * BM, start_n, N, BM, BN, LAYOUT,
                    HAS_BLOCKS):
             k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
             s, _ = _logits(
@@ -253,7 +250,7 @@ def _bwd_dkdv_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn, shb, shh, shn,
-    H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m,
+    H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
@@ -270,7 +267,7 @@ def _bwd_dkdv_kernel(
         lo = (tl.program_id(0) * BN // BM) * BM
     for start_m in range(lo, N, BM):
         offs_m = start_m + tl.arange(0, BM)
-        if _visits(TOK, BLK, b, h, offs_m, klo, khi, start_m, tl.program_id(0) * BN, N, n_flag, BM, BN, LAYOUT,
+        if _visits(TOK, BLK, b, h, offs_m, klo, khi, start_m, tl.program_id(0) * BN, N, BM, BN, LAYOUT,
                    HAS_BLOCKS):
             q_mask = (offs_m < N)[:, None] & dmask[None, :]
             q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
@@ -323,7 +320,7 @@ def _bwd_dq_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DQ, SLOTS, SCRATCH,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn,
-    B, H, N, P, GH, GW, qk_scale, sm_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split, slot_size,
+    B, H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split, slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
@@ -363,7 +360,7 @@ def _bwd_dq_kernel(
         lo, hi_seg = _span(TOK, b, offs_m, N, LAYOUT)
         for start_n in range(0, hi, BM):
             offs_n = start_n + tl.arange(0, BM)
-            if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, n_flag, BM, BM, LAYOUT,
+            if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, BM, BM, LAYOUT,
                        HAS_BLOCKS):
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
                 s, pair = _logits(
@@ -406,7 +403,7 @@ def _bwd_dq_kernel(
 def _bwd_dbias_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DBT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
-    B, H, N, P, GH, GW, qk_scale, n_flag, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split,
+    B, H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
@@ -445,7 +442,7 @@ def _bwd_dbias_kernel(
         if ((q0 % GW) // g_m == phase) | (n_m == 0):
             offs_m = q0 + offs
             offs_n = k0 + offs
-            if _visits(TOK, BLK, 0, h, offs_n, 0, 0, q0, k0, N, n_flag, BM, BM, LAYOUT, HAS_BLOCKS):
+            if _visits(TOK, BLK, 0, h, offs_n, 0, 0, q0, k0, N, BM, BM, LAYOUT, HAS_BLOCKS):
                 q_mask = (offs_m < N)[:, None] & dmask[None, :]
                 tile_acc = tl.zeros([BM, BM], tl.float32)
                 for b in range(split, B, n_split):

@@ -49,6 +49,7 @@ __all__ = [
     "visible_tiles",
     "rel_bias_attention",
     "table_grad_from_slots",
+    "tile_flags",
     "tile_patterns",
     "bias_tiles",
 ]
@@ -331,8 +332,8 @@ def _fwd_launch(
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q)
     positional = [
-        q, k, v, t, m, _int_args(tokens, q), _int_args(blocks, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
-        smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, _n_flag(blocks), *tiling,
+        q, k, v, t, m, _int_args(tokens, q), _int_args(tile_flags(blocks, bm, bn), q), bt, out, lse,
+        *_strides(q, k, v, out), stg, sth, smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
     opts = (options or LAUNCH["fwd"]) if cuda else {}
@@ -395,7 +396,7 @@ def _bwd_launches(
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
-    tok, blk_flags = _int_args(tokens, q), _int_args(blocks, q)
+    tok, blk_flags = _int_args(tokens, q), _int_args(tile_flags(blocks, blk, blk), q)
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
     qk_scale = scale * _kernels().LOG2E
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
@@ -403,7 +404,7 @@ def _bwd_launches(
     inputs = [q, k, v, t, m, tok, blk_flags, bt, do, lse, delta]
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
-    sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, _n_flag(blocks), *tiling]
+    sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, *tiling]
     dkdv = Launch.make(
         "dkdv", (n_b, b * h), [*inputs, dk, dv, *common, *_strides(dk, dv), *sizes], dict(**flags, BM=blk, BN=blk),
         opts,
@@ -424,7 +425,7 @@ def _bwd_launches(
         n_pat = tiling[1]
         split_t = _n_split(n_pat, h, b, sms)
         dbt = torch.empty(split_t, h, n_pat, blk, blk, device=q.device, dtype=torch.float32)  # each program writes
-        sizes_t = [h, n, prefix, grid_h, grid_w, qk_scale, _n_flag(blocks), *tiling, split_t]
+        sizes_t = [h, n, prefix, grid_h, grid_w, qk_scale, *tiling, split_t]
         dbias = Launch.make(
             "dbias", (n_pat, h, split_t), [*inputs, dbt, *common, b, *sizes_t], dict(**flags, BM=blk), opts
         )
@@ -532,8 +533,18 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _n_flag(blocks: Tensor | None) -> int:
-    return 0 if blocks is None else blocks.shape[-1]
+def tile_flags(blocks: Tensor | None, tm: int, tw: int) -> Tensor | None:
+    """The visible-tile flags ``[heads, n, n]`` of 16-token blocks (:func:`visible_tiles`) pooled to the kernel's
+    ``[tm, tw]`` tiles, ``[heads, cdiv(N, tm), cdiv(N, tw)]``: 1 where a block of the tile is (one load a tile in
+    the kernels instead of a reduction over its blocks)."""
+    if blocks is None:
+        return None
+    f = _kernels().FLAG_TILE.value
+    fm, fw = tm // f, tw // f
+    heads, n, _ = blocks.shape
+    rows, cols = triton_cdiv(n, fm), triton_cdiv(n, fw)
+    padded = torch.nn.functional.pad(blocks, (0, cols * fw - n, 0, rows * fm - n))
+    return padded.view(heads, rows, fm, cols, fw).amax((2, 4)).contiguous()
 
 
 def visible_tiles(table: Tensor, grid: Grid, num_prefix_tokens: int = 0, chunk: int = 1024) -> Tensor:

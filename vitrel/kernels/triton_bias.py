@@ -291,8 +291,8 @@ _BATCHED = ("Q", "K", "V", "O", "LSE", "DO", "DELTA", "DK", "DV")
 def _batch_chunks(launch: Launch, batch: int, heads: int) -> list[Launch]:
     """``launch`` (grid ``(tiles, batch x heads)``) as launches over consecutive shares of the batch, each within
     :data:`GRID_Y_MAX` programs on its second axis: a batch of windows beyond it (Swin-T's first stage at more than
-    1,023 images); one launch where it fits. A share starts at a multiple of the mask's rows (batch ``b`` reads row
-    ``b mod Mb``), or slices them where there is one per batch element."""
+    341 images: 64 windows x 3 heads each); one launch where it fits. A share starts at a multiple of the mask's rows
+    (batch ``b`` reads row ``b mod Mb``), or slices them where there is one per batch element."""
     if batch * heads <= GRID_Y_MAX:
         return [launch]
     a = launch.args

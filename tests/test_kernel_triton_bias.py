@@ -280,6 +280,28 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
 
 
 @interpreted
+def test_kernel_causal_with_visible_tiles():
+    """Causal 1-D with a banded table (``-inf`` beyond 8 tokens) and its visible-tile flags: the kernels loop over
+    the listed tiles, the causal ones (above the diagonal) dropped from the lists; output and gradients equal the
+    reference."""
+    grid = (1, 70)
+    q, k, v, table = _inputs(1, 2, 70, 16, grid)
+    table[:, :, : 69 - 8] = table[:, :, 69 + 9 :] = float("-inf")
+    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), 0)
+    assert 0 < int(blocks.sum()) < blocks.numel()
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    ref = reference(q, k, v, table, grid, 0, causal=True)
+    go = torch.randn_like(ref)
+    gref = torch.autograd.grad(ref, leaves, go)
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out = rel_bias_attention(qf, kf, vf, table.float(), grid, 0, causal=True, blocks=blocks)
+    grads = torch.autograd.grad(out, (qf, kf, vf), go.float())
+    torch.testing.assert_close(out.double(), ref.detach(), **_tol("cpu"))
+    for a, r in zip(grads, gref):
+        torch.testing.assert_close(a.double(), r, **_tol("cpu"))
+
+
+@interpreted
 def test_table_gradient_is_deterministic():
     """Partial sums per program reduced by tensor sums: two backward passes give bitwise equal table gradients."""
     grid, prefix = (4, 6), 1

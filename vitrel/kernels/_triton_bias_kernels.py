@@ -77,13 +77,34 @@ def _visits(
     """Whether the ``[BQ, BK]`` tile of queries from ``q0`` and keys from ``k0`` can hold a visible pair, else it is
     skipped whole. On a layout: whether the loop's tokens ``offs`` can be of one image with the program's tokens
     (segments ``[lo, hi]``); with ``BLK [heads, cdiv(N, BQ), cdiv(N, BK)]`` (the table's ``-inf`` entries: LookHere's
-    views; :func:`vitrel.kernels.triton_bias.tile_flags`): the tile's flag, one load; else always."""
+    views; :func:`vitrel.kernels.triton_bias.tile_flags`): the tile's flag, one load (the ``dbias`` kernel's tiles;
+    the others loop over lists of the visible tiles, :func:`_tile_loop`); else always."""
     if LAYOUT:
         klo, khi = _span(TOK, b, offs, N, LAYOUT)
         return (klo <= hi) & (khi >= lo)
     if HAS_BLOCKS:
         return tl.load(BLK + (h * tl.cdiv(N, BQ) + q0 // BQ) * tl.cdiv(N, BK) + k0 // BK) > 0
     return True
+
+
+@triton.jit
+def _tile_loop(BLK, h, tile, n_tiles, n_other, lo, hi, HAS_BLOCKS: tl.constexpr):
+    """``(row, first, last)`` of a loop over the other axis's tiles from a program's ``tile``: with ``HAS_BLOCKS``,
+    over the entries of its row of the tile lists ``BLK [heads, n_tiles, 1 + n_other]`` (a count, then the visible
+    tiles: :func:`vitrel.kernels.triton_bias.tile_lists`; step 1), so the loop has no branch to skip a tile; else over
+    the tokens ``[lo, hi)`` (step: the tile)."""
+    if HAS_BLOCKS:
+        row = BLK + (h * n_tiles + tile) * (n_other + 1)
+        return row, 0, tl.load(row)
+    return BLK, lo, hi
+
+
+@triton.jit
+def _tile_start(row, j, STEP: tl.constexpr, HAS_BLOCKS: tl.constexpr):
+    """The first token of the loop's tile ``j`` (:func:`_tile_loop`: an entry of the list, or the token itself)."""
+    if HAS_BLOCKS:
+        return tl.load(row + 1 + j) * STEP
+    return j
 
 
 @triton.jit
@@ -221,10 +242,11 @@ def _fwd_kernel(
     hi = N
     if CAUSAL:
         hi = tl.minimum(N, tl.program_id(0) * BM + BM)
-    for start_n in range(0, hi, BN):
+    row, first, last = _tile_loop(BLK, h, tl.program_id(0), tl.cdiv(N, BM), tl.cdiv(N, BN), 0, hi, HAS_BLOCKS)
+    for j in range(first, last, 1 if HAS_BLOCKS else BN):
+        start_n = _tile_start(row, j, BN, HAS_BLOCKS)
         offs_n = start_n + tl.arange(0, BN)
-        if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, tl.program_id(0) * BM, start_n, N, BM, BN, LAYOUT,
-                   HAS_BLOCKS):
+        if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, tl.program_id(0) * BM, start_n, N, BM, BN, LAYOUT, False):
             k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
@@ -265,10 +287,11 @@ def _bwd_dkdv_kernel(
     lo = 0
     if CAUSAL:
         lo = (tl.program_id(0) * BN // BM) * BM
-    for start_m in range(lo, N, BM):
+    row, first, last = _tile_loop(BLK, h, tl.program_id(0), tl.cdiv(N, BN), tl.cdiv(N, BM), lo, N, HAS_BLOCKS)
+    for j in range(first, last, 1 if HAS_BLOCKS else BM):
+        start_m = _tile_start(row, j, BM, HAS_BLOCKS)
         offs_m = start_m + tl.arange(0, BM)
-        if _visits(TOK, BLK, b, h, offs_m, klo, khi, start_m, tl.program_id(0) * BN, N, BM, BN, LAYOUT,
-                   HAS_BLOCKS):
+        if _visits(TOK, BLK, b, h, offs_m, klo, khi, start_m, tl.program_id(0) * BN, N, BM, BN, LAYOUT, False):
             q_mask = (offs_m < N)[:, None] & dmask[None, :]
             q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
             do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
@@ -358,10 +381,11 @@ def _bwd_dq_kernel(
         lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
         dq = tl.zeros([BM, BLOCK_D], tl.float32)
         lo, hi_seg = _span(TOK, b, offs_m, N, LAYOUT)
-        for start_n in range(0, hi, BM):
+        row, first, last = _tile_loop(BLK, h, pid_m, n_qb, n_qb, 0, hi, HAS_BLOCKS)
+        for j in range(first, last, 1 if HAS_BLOCKS else BM):
+            start_n = _tile_start(row, j, BM, HAS_BLOCKS)
             offs_n = start_n + tl.arange(0, BM)
-            if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, BM, BM, LAYOUT,
-                       HAS_BLOCKS):
+            if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, BM, BM, LAYOUT, False):
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
                 s, pair = _logits(
                     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,

@@ -50,6 +50,7 @@ __all__ = [
     "rel_bias_attention",
     "table_grad_from_slots",
     "tile_flags",
+    "tile_lists",
     "tile_patterns",
     "bias_tiles",
 ]
@@ -331,9 +332,10 @@ def _fwd_launch(
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q)
+    visits = tile_lists(tile_flags(blocks, bm, bn, causal))  # the key tiles each query tile visits
     positional = [
-        q, k, v, t, m, _int_args(tokens, q), _int_args(tile_flags(blocks, bm, bn), q), bt, out, lse,
-        *_strides(q, k, v, out), stg, sth, smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
+        q, k, v, t, m, _int_args(tokens, q), _int_args(visits, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
+        smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
     opts = (options or LAUNCH["fwd"]) if cuda else {}
@@ -396,18 +398,23 @@ def _bwd_launches(
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
-    tok, blk_flags = _int_args(tokens, q), _int_args(tile_flags(blocks, blk, blk), q)
+    tok = _int_args(tokens, q)
+    visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed, dkdv its columns
+    by_rows, by_cols = tile_lists(visible), tile_lists(None if visible is None else visible.transpose(1, 2))
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
     qk_scale = scale * _kernels().LOG2E
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
     opts = (options or LAUNCH["bwd"]) if cuda else {}
-    inputs = [q, k, v, t, m, tok, blk_flags, bt, do, lse, delta]
+
+    def inputs(tiles):  # (the kernels' BLK: which tiles they visit)
+        return [q, k, v, t, m, tok, _int_args(tiles, q), bt, do, lse, delta]
+
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
     sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, *tiling]
     dkdv = Launch.make(
-        "dkdv", (n_b, b * h), [*inputs, dk, dv, *common, *_strides(dk, dv), *sizes], dict(**flags, BM=blk, BN=blk),
-        opts,
+        "dkdv", (n_b, b * h), [*inputs(by_cols), dk, dv, *common, *_strides(dk, dv), *sizes],
+        dict(**flags, BM=blk, BN=blk), opts,
     )  # fmt: skip
     grad_t = table_grad and table is not None
     by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
@@ -417,7 +424,8 @@ def _bwd_launches(
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
     scratch = torch.empty(n_split * h * n_b * blk * blk if slot_size and tokens is not None else 1, device=q.device)
     dq_launch = Launch.make(
-        "dq", (n_b, h, n_split), [*inputs, dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split, slot_size],
+        "dq", (n_b, h, n_split), [*inputs(by_rows), dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split,
+        slot_size],
         dict(**flags, BM=blk, TABLE_GRAD=grad_t and not by_tiles), opts,
     )  # fmt: skip
     dbias = dbt = None
@@ -427,7 +435,7 @@ def _bwd_launches(
         dbt = torch.empty(split_t, h, n_pat, blk, blk, device=q.device, dtype=torch.float32)  # each program writes
         sizes_t = [h, n, prefix, grid_h, grid_w, qk_scale, *tiling, split_t]
         dbias = Launch.make(
-            "dbias", (n_pat, h, split_t), [*inputs, dbt, *common, b, *sizes_t], dict(**flags, BM=blk), opts
+            "dbias", (n_pat, h, split_t), [*inputs(visible), dbt, *common, b, *sizes_t], dict(**flags, BM=blk), opts
         )
     return _Backward(dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
 
@@ -533,10 +541,19 @@ def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def tile_flags(blocks: Tensor | None, tm: int, tw: int) -> Tensor | None:
+def tile_lists(flags: Tensor | None) -> Tensor | None:
+    """``[heads, rows, 1 + cols]`` int32 of tile flags ``[heads, rows, cols]`` (:func:`tile_flags`): each row's count of
+    visible tiles, then their indices in order, which a kernel loops over with no branch to skip a tile."""
+    if flags is None:
+        return None
+    order = torch.sort((flags == 0).int(), dim=-1, stable=True).indices  # the visible tiles first, in order
+    return torch.cat([flags.sum(-1, keepdim=True), order], -1).to(torch.int32).contiguous()
+
+
+def tile_flags(blocks: Tensor | None, tm: int, tw: int, causal: bool = False) -> Tensor | None:
     """The visible-tile flags ``[heads, n, n]`` of 16-token blocks (:func:`visible_tiles`) pooled to the kernel's
-    ``[tm, tw]`` tiles, ``[heads, cdiv(N, tm), cdiv(N, tw)]``: 1 where a block of the tile is (one load a tile in
-    the kernels instead of a reduction over its blocks)."""
+    ``[tm, tw]`` tiles, ``[heads, cdiv(N, tm), cdiv(N, tw)]``: 1 where a block of the tile is, and (``causal``) the
+    tile is not above the diagonal."""
     if blocks is None:
         return None
     f = _kernels().FLAG_TILE.value
@@ -544,7 +561,11 @@ def tile_flags(blocks: Tensor | None, tm: int, tw: int) -> Tensor | None:
     heads, n, _ = blocks.shape
     rows, cols = triton_cdiv(n, fm), triton_cdiv(n, fw)
     padded = torch.nn.functional.pad(blocks, (0, cols * fw - n, 0, rows * fm - n))
-    return padded.view(heads, rows, fm, cols, fw).amax((2, 4)).contiguous()
+    flags = padded.view(heads, rows, fm, cols, fw).amax((2, 4))
+    if causal:  # a tile whose first key is after its last query holds no visible pair
+        qt, kt = torch.arange(rows, device=flags.device), torch.arange(cols, device=flags.device)
+        flags = flags * (kt[None, :] * tw <= qt[:, None] * tm + tm - 1)
+    return flags.contiguous()
 
 
 def visible_tiles(table: Tensor, grid: Grid, num_prefix_tokens: int = 0, chunk: int = 1024) -> Tensor:

@@ -9,7 +9,7 @@ Each kernel is compiled as Triton's JIT compiles it for one call (``triton_bias.
 ``compile_launch`` specializes them: integers equal to 1 as constants, addresses and integers divisible by 16
 declared so). The calls: the layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at
 N = 1 + 64^2, with no table, the table read as bias tiles or gathered per score, other tiles and warp counts, a
-table with ``-inf`` entries and its visible-tile flags (LookHere's); then
+table with ``-inf`` entries and its visible-tile flags (LookHere's), four 32 x 32 images packed in each row; then
 Swin-T's first stage (3 heads of 32, 7 x 7 windows, batch 128) with no mask, a float window mask and the windows'
 region ids.
 
@@ -73,6 +73,18 @@ def _lookhere() -> dict:
     return call
 
 
+def _packed(images: int = 4, side: int = 32, heads: int = 6, head_dim: int = 64) -> dict:
+    """The layer's 65,536 tokens as rows of 4,096 tokens, each packing four 32 x 32 images (a token layout)."""
+    per, n = side * side, images * side * side
+    b = 65536 // n
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(b, heads, n, head_dim, generator=gen).to(torch.bfloat16) for _ in range(3))
+    t = torch.arange(n)
+    tokens = torch.stack([t // per, t % per // side, t % side, torch.zeros_like(t)]).int().expand(b, 4, n)
+    table = torch.randn(1, heads, 2 * side - 1, 2 * side - 1, generator=gen)
+    return dict(q=q, k=k, v=v, table=table, grid=(side, side), tokens=tokens)
+
+
 def _windows(mask_kind: int, images: int = 128, heads: int = 3, head_dim: int = 32) -> dict:
     """Swin-T's first stage: 56 x 56 tokens in 64 windows of 7 x 7; the last windows of a shifted block hold regions."""
     from vitrel.models.swin_windows import window_layout, window_regions
@@ -111,6 +123,7 @@ CASES = [
     ("table, bias tiles, fwd 128 x 128, 8 warps", _layer,
      {"bias_read": "tiles", "fwd_tile": (128, 128), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
+    ("packed images (a token layout)", _packed, {}, None),
     ("windows, no mask", lambda: _windows(0), {}, None),
     ("windows, float mask", lambda: _windows(1), {}, None),
     ("windows, region ids", lambda: _windows(2), {}, None),

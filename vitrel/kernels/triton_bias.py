@@ -360,12 +360,13 @@ def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefi
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
-def _n_split(n_qb: int, heads: int, batch: int, sms: int | None) -> int:
-    """Batch shares of the ``dq`` kernel: enough programs to fill a device of ``sms`` multiprocessors (4 per SM), no
-    more than the batch; 2 in the interpreter (``sms`` None)."""
+def _n_split(programs: int, heads: int, batch: int, sms: int | None) -> int:
+    """Batch shares of the ``dq`` and ``dbias`` kernels (``programs`` a head and share: query blocks, tile patterns):
+    enough programs to fill a device of ``sms`` multiprocessors (4 per SM), no more than the batch; 2 in the
+    interpreter (``sms`` None)."""
     if sms is None:
         return min(batch, 2)
-    return max(1, min(batch, math.ceil(4 * sms / (n_qb * heads))))
+    return max(1, min(batch, math.ceil(4 * sms / (programs * heads))))
 
 
 class _Backward(NamedTuple):

@@ -167,7 +167,8 @@ def mfu(dev: torch.device, quick: bool, steps: int) -> list[str]:
                 step()
             model_flops = fc.get_total_flops()
         flops = model_flops
-        times = alternate({"s": step}, rounds=5, warmup=3, repeat=steps, device=dev)["s"]
+        rounds, warmup = (2, 1) if quick else (5, 3)
+        times = alternate({"s": step}, rounds=rounds, warmup=warmup, repeat=steps, device=dev)["s"]
         t = statistics.median(times)
         rate = flops / t
         util = f"{100 * rate / peak:.1f}%" if peak else "- (peak unknown)"
@@ -388,6 +389,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=10, help="timed steps per round (MFU)")
     ap.add_argument("--budget", type=float, default=480.0, help="seconds for the whole pass (sections in order)")
     ap.add_argument("--out", default=None, help="default bench/results/gpu_<device>.md")
+    ap.add_argument("--section-limit", type=float, default=None, help="seconds per section, not its own limit")
     ap.add_argument("--inner", default=None, help=argparse.SUPPRESS)  # one section, in this process, to stdout
     args = ap.parse_args(argv)
     if args.inner:
@@ -403,7 +405,7 @@ def main(argv: list[str] | None = None) -> None:
     for sec in args.sections:
         print(f"== {sec}", flush=True)
         t0 = time.perf_counter()
-        limit = min(SECTIONS[sec], args.budget - (t0 - start))
+        limit = min(args.section_limit or SECTIONS[sec], args.budget - (t0 - start))
         try:
             if limit < MIN_SECTION_S:
                 raise TimeoutError

@@ -340,9 +340,11 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
             return ["## Fused kernel breakdown: CUDA only\n"]
         c, text = run_script(["bench/triton_tune.py", "--diagnose", "--sides", "32", "64", "--rounds", "5"])
         return ["## Fused kernel breakdown (bench/triton_tune.py --diagnose)\n", f"`{c}`\n", text]
-    if name == "attention":  # every offset-table scheme through sdpa and triton; the factored fold; lookhere's fovs
-        sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored@fold"] if args.quick else [
-            *tables, *(f"{s}@triton" for s in tables), "rel2d_factored@fold", "lookhere:fov=45@triton"]  # fmt: skip
+    if name == "attention":  # every offset-table scheme through sdpa and triton; the factored fold; lookhere's fovs;
+        # dq by atomics (triton_atomic) for a trained table, a fixed one and LookHere's
+        atomic = ["rel2d_full@triton_atomic", "alibi2d@triton_atomic", "lookhere@triton_atomic"]
+        full = [*tables, *(f"{s}@triton" for s in tables), *atomic, "rel2d_factored@fold", "lookhere:fov=45@triton"]
+        sel = ["rel2d_full", "rel2d_full@triton", atomic[0], "rel2d_factored@fold"] if args.quick else full
         c, text = run_script([*att, "--schemes", *sel])
         return ["## Attention layer, forward + backward\n", f"`{c}`\n", text]
     if name == "content":  # Shaw's kernel and PaPE (content-dependent terms) against plain SDPA

@@ -8,7 +8,8 @@ one warp issues per tile in the kernel's inner loop (from the SASS), from Triton
 Each kernel is compiled as Triton's JIT compiles it for one call (``triton_bias.plan`` builds the call's launches,
 ``compile_launch`` specializes them: integers equal to 1 as constants, addresses and integers divisible by 16
 declared so). The calls: the layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at
-N = 1 + 64^2, with no table, the table read as bias tiles or gathered per score, other tiles and warp counts, a
+N = 1 + 64^2, with no table, the table read as bias tiles or gathered per score, ``dq`` added by atomics
+(``deterministic=False``: the ``dkdv`` kernel), other tiles and warp counts, a
 table with ``-inf`` entries and its visible-tile flags (LookHere's), four 32 x 32 images packed in each row; then
 Swin-T's first stage (3 heads of 32, 7 x 7 windows, batch 128) with no mask, a float window mask and the windows'
 region ids.
@@ -114,6 +115,8 @@ CASES = [
     ("no table", lambda: {**_layer(), "table": None}, {}, None),
     ("table, bias tiles", _layer, {"bias_read": "tiles"}, None),
     ("table, gathered per score", _layer, {"bias_read": "gather"}, None),
+    ("no table, dq by atomics", lambda: {**_layer(), "table": None}, {"deterministic": False}, ("dkdv",)),
+    ("table, bias tiles, dq by atomics", _layer, {"bias_read": "tiles", "deterministic": False}, ("dkdv",)),
     ("table, bias tiles, bwd tile 32", _layer, {"bias_read": "tiles", "bwd_tile": 32}, _BWD),
     ("table, bias tiles, bwd 8 warps", _layer,
      {"bias_read": "tiles", "bwd_options": {"num_warps": 8, "num_stages": 2}}, _BWD),

@@ -82,6 +82,15 @@ def diagnose(side: int, rounds: int) -> list[str]:
         "triton fwd+bwd, no table": lambda: torch.autograd.grad(
             tb.rel_bias_attention(q, k, v, None, g, 1), (q, k, v), go
         ),
+        "triton fwd+bwd, table + dT (bias tiles), dq by atomics": lambda: torch.autograd.grad(
+            tb.rel_bias_attention(q, k, v, table, g, 1, bias_read="tiles", deterministic=False), (q, k, v, table), go
+        ),
+        "triton fwd+bwd, fixed table (no dT), dq by atomics": lambda: torch.autograd.grad(
+            tb.rel_bias_attention(q, k, v, fixed, g, 1, deterministic=False), (q, k, v), go
+        ),
+        "triton fwd+bwd, no table, dq by atomics": lambda: torch.autograd.grad(
+            tb.rel_bias_attention(q, k, v, None, g, 1, deterministic=False), (q, k, v), go
+        ),
         "flex bf16 table fwd+bwd (64x64, 2 stages)": lambda: torch.autograd.grad(
             flex(q, k, v, score_mod=score_mod, kernel_options=opts), (q, k, v, tb16), go
         ),

@@ -61,7 +61,10 @@ def _inputs(b, h, n, d, grid, seed=0):
     return q, k, v, table
 
 
-def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True, bias_read="auto", regions=None):
+def _check(
+    device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True, bias_read="auto", regions=None,
+    deterministic=True, table_grad=True,
+):  # fmt: skip
     n = prefix + grid[0] * grid[1]
     if regions is not None:  # the reference reads the float mask the regions mean
         same = regions[:, :, None] == regions[:, None, :]
@@ -69,16 +72,17 @@ def _check(device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True
     q, k, v, table = _inputs(b, h, n, d, grid)
     table = table if table_on else None
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    leaves64 = [t.requires_grad_() for t in (q, k, v, table) if t is not None]
+    leaves64 = [t.requires_grad_() for t in (q, k, v, *((table,) if table_grad else ())) if t is not None]
     ref = reference(q, k, v, table, grid, prefix, mask, causal)
     go = torch.randn_like(ref)
     grads_ref = torch.autograd.grad(ref, leaves64, go)
     qd, kd, vd = (t.detach().to(device, dtype).requires_grad_() for t in (q, k, v))
-    td = None if table is None else table.detach().to(device, torch.float32).requires_grad_()
+    td = None if table is None else table.detach().to(device, torch.float32).requires_grad_(table_grad)
     md = None if mask is None or regions is not None else mask.to(device, torch.float32)
     rd = None if regions is None else regions.to(device)
-    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, mask=md, causal=causal, bias_read=bias_read, regions=rd)
-    leaves = [t for t in (qd, kd, vd, td) if t is not None]
+    settings = dict(mask=md, causal=causal, bias_read=bias_read, regions=rd, deterministic=deterministic)
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, **settings)
+    leaves = [t for t in (qd, kd, vd, td) if t is not None and t.requires_grad]
     grads = torch.autograd.grad(out, leaves, go.to(device, dtype))
     tol = _tol(device)
     torch.testing.assert_close(out.double().cpu(), ref.detach(), **tol)
@@ -546,18 +550,19 @@ def _compiled_for_hopper(code: str) -> str:
 
 
 def test_kernels_compile_for_hopper():
-    """The kernels (full grid, token layout, windows' regions; the bias tiles' gradient where they are read) compile
-    ahead of time for an H100 / H200 (sm_90) with the launch configuration used there, in bf16, within its shared
-    memory (232,448 bytes): what the interpreter cannot check."""
+    """The kernels (full grid, token layout, windows' regions, ``dq`` by atomics; the bias tiles' gradient where they
+    are read) compile ahead of time for an H100 / H200 (sm_90) with the launch configuration used there, in bf16,
+    within its shared memory (232,448 bytes): what the interpreter cannot check."""
     import json
 
     code = (
         "import json; from vitrel.kernels.triton_bias import compile_for; "
-        "print(json.dumps({f'{k}{v}': s for v in ('', '_layout', '_regions') for k, s in compile_for(90, 64, "
-        "layout=v == '_layout', regions=v == '_regions').items()}))"
+        "print(json.dumps({f'{k}{v}': s for v in ('', '_layout', '_regions', '_atomic') for k, s in compile_for(90, "
+        "64, layout=v == '_layout', regions=v == '_regions', deterministic=v != '_atomic').items()}))"
     )
     shared = json.loads(_compiled_for_hopper(code))
     names = {f"{k}{v}" for k in ("fwd", "dkdv", "dq") for v in ("", "_layout", "_regions")} | {"dbias", "dbias_regions"}
+    names |= {"fwd_atomic", "dkdv_atomic", "dbias_atomic"}  # dq by atomics in dkdv: no dq kernel
     assert set(shared) == names and all(0 < v <= 232448 for v in shared.values()), shared
 
 

@@ -24,7 +24,7 @@ import functools
 import inspect
 import math
 import os
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -245,7 +245,7 @@ def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int, int]:
 #: the parameters the forward op and its backward share, declared once in their schemas: the inputs and the call's
 #: settings (``torch.library`` ops, so ``torch.compile`` captures each as one node)
 _INPUTS = "Tensor q, Tensor k, Tensor v, Tensor? table, Tensor? mask, Tensor? tokens, Tensor? blocks"
-_SETTINGS = "float scale, int grid_h, int grid_w, int prefix, bool causal, str bias_read"
+_SETTINGS = "float scale, int grid_h, int grid_w, int prefix, bool causal, str bias_read, bool deterministic"
 torch.library.define("vitrel::rel_bias_attention", f"({_INPUTS}, {_SETTINGS}) -> (Tensor, Tensor)")
 torch.library.define(
     "vitrel::rel_bias_attention_bwd",
@@ -297,7 +297,7 @@ def _batch_chunks(launch: Launch, batch: int, heads: int) -> list[Launch]:
     if batch * heads <= GRID_Y_MAX:
         return [launch]
     a = launch.args
-    names = [*_BATCHED, *(("TOK",) if a["LAYOUT"] else ())]
+    names = [*_BATCHED, *(("TOK",) if a["LAYOUT"] else ()), *(("DQ",) if a.get("ATOMIC_DQ") else ())]
     rows = a["n_mask_b"] if a["MASK_KIND"] else 1
     if a["MASK_KIND"] and rows == batch:
         names.append("MASK")
@@ -343,20 +343,20 @@ def _fwd_launch(
 
 
 @torch.library.register_kernel("vitrel::rel_bias_attention", None)
-def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read):
+def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic):
     """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads)."""
     b, h, n, _ = q.shape
     out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
     lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
     cuda = q.device.type == "cuda"
-    args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)
+    args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)  # (the forward is one)
     for launch in _batch_chunks(_fwd_launch(q, k, v, *args, out, lse, cuda), b, h):
         launch()
     return out, lse
 
 
 @torch.library.register_fake("vitrel::rel_bias_attention")
-def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read):
+def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic):
     return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
 
 
@@ -370,12 +370,12 @@ def _n_split(programs: int, heads: int, batch: int, sms: int | None) -> int:
 
 
 class _Backward(NamedTuple):
-    """The backward's launches and what they write: ``dq, dk, dv``; the table's gradient as the ``dq`` kernel's
-    diagonal sums (``slots``), or, where the bias is read as tiles, as the ``dbias`` kernel's sums per tile pattern
-    (``dbt``)."""
+    """The backward's launches and what they write: ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel adds
+    it by atomics: no ``dq`` launch); the table's gradient as the ``dq`` kernel's diagonal sums (``slots``), or, where
+    the bias is read as tiles, as the ``dbias`` kernel's sums per tile pattern (``dbt``)."""
 
     dkdv: Launch
-    dq: Launch
+    dq: Launch | None
     dbias: Launch | None
     grads: tuple[Tensor, Tensor, Tensor]
     slots: Tensor
@@ -385,11 +385,13 @@ class _Backward(NamedTuple):
 
 
 def _bwd_launches(
-    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad,
-    sms, tile=None, options=None,
+    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic,
+    table_grad, sms, tile=None, options=None,
 ) -> _Backward:  # fmt: skip
     """The backward's launches (``sms``: the device's multiprocessors, None in the interpreter); ``tile`` (the square
-    tile) and ``options`` replace the device's."""
+    tile) and ``options`` replace the device's. Not ``deterministic`` (and :func:`torch.use_deterministic_algorithms`
+    not set), the ``dkdv`` kernel adds ``dq`` by atomics and no ``dq`` kernel runs, unless that kernel reduces the
+    table's gradient (gathered bias, token layouts), which costs the atomics nothing to spare."""
     b, h, n, d = q.shape
     cuda = sms is not None
     block_d, _, _, blk = _blocks(d, cuda)
@@ -413,18 +415,20 @@ def _bwd_launches(
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
     sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, *tiling]
-    dkdv = Launch.make(
-        "dkdv", (n_b, b * h), [*inputs(by_cols), dk, dv, *common, *_strides(dk, dv), *sizes],
-        dict(**flags, BM=blk, BN=blk), opts,
-    )  # fmt: skip
     grad_t = table_grad and table is not None
     by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
+    atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
+    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_zeros(1, 1, 1, 1)
+    dkdv = Launch.make(
+        "dkdv", (n_b, b * h), [*inputs(by_cols), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes],
+        dict(**flags, BM=blk, BN=blk, ATOMIC_DQ=atomic), opts,
+    )  # fmt: skip
     n_split = _n_split(n_b, h, b, sms)
     # per program: a full grid's diagonal sums per key block (n_b x 2 cases x 2 blk), a layout's whole table
     slot_size = (table.numel() // h if tokens is not None else n_b * 4 * blk) if grad_t and not by_tiles else 0
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
     scratch = torch.empty(n_split * h * n_b * blk * blk if slot_size and tokens is not None else 1, device=q.device)
-    dq_launch = Launch.make(
+    dq_launch = None if atomic else Launch.make(
         "dq", (n_b, h, n_split), [*inputs(by_rows), dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split,
         slot_size],
         dict(**flags, BM=blk, TABLE_GRAD=grad_t and not by_tiles), opts,
@@ -438,40 +442,46 @@ def _bwd_launches(
         dbias = Launch.make(
             "dbias", (n_pat, h, split_t), [*inputs(visible), dbt, *common, b, *sizes_t], dict(**flags, BM=blk), opts
         )
-    return _Backward(dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
+    return _Backward(dkdv, dq_launch, dbias, (dq_acc if atomic else dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
 
 
 @torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)
 def _bwd_impl(
-    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad
-):
+    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic,
+    table_grad,
+):  # fmt: skip
     """``vitrel::rel_bias_attention_bwd``: ``dq, dk, dv`` and, with ``table_grad``, the table's gradient."""
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else None
     bwd = _bwd_launches(
         do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read,
-        table_grad, sms,
+        deterministic, table_grad, sms,
     )  # fmt: skip
     for launch in _batch_chunks(bwd.dkdv, *q.shape[:2]):
         launch()
-    bwd.dq()
+    dq, dk, dv = bwd.grads
+    if bwd.dq is None:  # added by atomics in float32
+        dq = dq.to(q.dtype)
+    else:
+        bwd.dq()
     h, slots = q.shape[1], bwd.slots
     if bwd.dbias is not None:
         bwd.dbias()
         dt = table_grad_from_tiles(bwd.dbt.sum(0), bwd.patterns, grid_h, grid_w, prefix)
-    elif not bwd.dq.args["TABLE_GRAD"]:
+    elif bwd.dq is None or not bwd.dq.args["TABLE_GRAD"]:
         dt = q.new_zeros(0, dtype=torch.float32)
     elif tokens is not None:  # [n_split, heads, n_qb, G K] -> [G, heads, 2 GH - 1, 2 GW - 1]
         dt = slots.sum((0, 2)).view(h, table.shape[0], *table.shape[2:]).transpose(0, 1).contiguous()
     else:
         n_split, _, n_b, _ = slots.shape
         dt = table_grad_from_slots(slots.view(n_split, h, n_b, n_b, 2, 2 * bwd.blk), grid_h, grid_w, bwd.blk)
-    return *bwd.grads, dt
+    return dq, dk, dv, dt
 
 
 @torch.library.register_fake("vitrel::rel_bias_attention_bwd")
 def _bwd_fake(
-    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad
-):
+    do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic,
+    table_grad,
+):  # fmt: skip
     dt = table.new_empty(table.shape) if (table_grad and table is not None) else q.new_empty(0, dtype=torch.float32)
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dt
 
@@ -595,7 +605,7 @@ def _setup(ctx, inputs, output):
     q, k, v, table, mask, tokens, blocks, *args = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, table, mask, tokens, blocks, out, lse)
-    ctx.args = tuple(args)  # scale, grid_h, grid_w, prefix, causal, bias_read
+    ctx.args = tuple(args)  # scale, grid_h, grid_w, prefix, causal, bias_read, deterministic
 
 
 def _backward(ctx, dout, dlse):
@@ -604,7 +614,7 @@ def _backward(ctx, dout, dlse):
     dq, dk, dv, dt = torch.ops.vitrel.rel_bias_attention_bwd(
         dout, q, k, v, table, mask, tokens, blocks, out, lse, *ctx.args, need_t
     )
-    return dq, dk, dv, (dt if need_t else None), *(None,) * 9
+    return dq, dk, dv, (dt if need_t else None), *(None,) * 10
 
 
 torch.library.register_autograd("vitrel::rel_bias_attention", _backward, setup_context=_setup)
@@ -624,6 +634,7 @@ def rel_bias_attention(
     blocks: Tensor | None = None,
     bias_read: str = "auto",
     regions: Tensor | None = None,
+    deterministic: bool = True,
 ) -> Tensor:
     """``softmax(q k^T * scale + T[offsets] + mask) v`` for ``q, k, v [B, heads, N, d]`` (see the module docstring).
 
@@ -639,14 +650,24 @@ def rel_bias_attention(
     ``grid`` the tables' extent; tiles with no pair of one segment are skipped.
 
     ``blocks`` (a full grid's, :func:`visible_tiles`) lets the kernels skip the tiles the table's ``-inf`` entries mask
-    whole. ``bias_read`` (:data:`BIAS_READS`): how the kernels read a full grid's bias (:func:`tile_patterns`)."""
+    whole. ``bias_read`` (:data:`BIAS_READS`): how the kernels read a full grid's bias (:func:`tile_patterns`).
+
+    ``deterministic`` (default): two backward passes are bitwise equal. ``False``: ``dq`` is added by atomics, as
+    FlashAttention-2's backward (and so SDPA's) adds it, which spares the backward a kernel where the table's
+    gradient is not reduced by it (a fixed table, no table, the bias read as tiles), and its low bits change from run
+    to run; :func:`torch.use_deterministic_algorithms` set overrides it (PyTorch's rule: the deterministic algorithm
+    where there is one)."""
     check_device(q.device)
-    args = _op_args(q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions)
+    args = _op_args(
+        q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions, deterministic
+    )
     out, _ = torch.ops.vitrel.rel_bias_attention(*args)
     return out
 
 
-def _op_args(q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions) -> tuple:
+def _op_args(
+    q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions, deterministic=True
+) -> tuple:
     """The custom op's arguments for a call of :func:`rel_bias_attention`, checked."""
     b, h, n, d = q.shape
     gh, gw = int(grid[0]), int(grid[1])
@@ -686,7 +707,8 @@ def _op_args(q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, token
     scale = d**-0.5 if scale is None else float(scale)
     if bias_read not in BIAS_READS:
         raise ValueError(f"rel_bias_attention: bias_read must be one of {BIAS_READS}, got {bias_read!r}")
-    return q, k, v, table, mask, tokens, blocks, scale, gh, gw, num_prefix_tokens, causal, bias_read
+    settings = (scale, gh, gw, num_prefix_tokens, causal, bias_read, bool(deterministic))
+    return q, k, v, table, mask, tokens, blocks, *settings
 
 
 def layout_tokens(layout: TokenLayout) -> Tensor:
@@ -701,11 +723,13 @@ class TritonKernel(OffsetTableKernel):
     table); full grids with prefix tokens, batches of windows (their layout's regions masked in the kernel, or a float
     mask), causal 1-D, token layouts (packed
     images of any sizes, dropped tokens: a table per distinct grid, the tiles across images skipped). Not yet:
-    attention dropout."""
+    attention dropout. Its backward is bitwise repeatable (``deterministic``; ``triton_atomic`` is not)."""
 
     window_layouts = True
     onnx = False
     fused_rotation = True
+    #: two backward passes bitwise equal (:func:`rel_bias_attention`'s ``deterministic``)
+    deterministic: ClassVar[bool] = True
 
     @classmethod
     def skip_blocks(cls, table, grid, num_prefix_tokens):
@@ -714,21 +738,20 @@ class TritonKernel(OffsetTableKernel):
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
         if dropout_p > 0.0:
-            raise ValueError("attn_impl='triton' has no attention dropout: use attn_impl='sdpa' for attn_drop > 0")
+            raise ValueError(f"attn_impl={cls.name!r} has no attention dropout: use attn_impl='sdpa' for attn_drop > 0")
         regions = None
         if isinstance(mask, TokenLayout):  # a batch of windows' layout: its regions masked in the kernel
             mask, regions = None, mask.segment
         if mask is not None and mask.dim() == 4:
             if mask.shape[1] != 1:
-                raise ValueError("attn_impl='triton' takes a mask shared by the heads ([B | nW, N, N])")
+                raise ValueError(f"attn_impl={cls.name!r} takes a mask shared by the heads ([B | nW, N, N])")
             mask = mask[:, 0]
         if mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
         tokens = None if state.layout is None else layout_tokens(state.layout)
-        p, blocks = state.num_prefix_tokens, state.block_mask
-        return rel_bias_attention(
-            q, k, v, state.table, state.grid, p, scale, mask, state.causal, tokens, blocks, regions=regions
-        )
+        p, det = state.num_prefix_tokens, cls.deterministic
+        settings = dict(causal=state.causal, tokens=tokens, blocks=state.block_mask, regions=regions, deterministic=det)
+        return rel_bias_attention(q, k, v, state.table, state.grid, p, scale, mask, **settings)
 
 
 def plan(
@@ -741,7 +764,8 @@ def plan(
     bwd_options: dict | None = None,
     **kwargs,
 ) -> dict[str, Launch]:
-    """The launches (``fwd``, ``dkdv``, ``dq``, and ``dbias`` where the bias is read as tiles) that the call
+    """The launches (``fwd``, ``dkdv``, ``dq`` unless ``dkdv`` adds ``dq`` by atomics, and ``dbias`` where the bias is
+    read as tiles) that the call
     ``rel_bias_attention(*args, **kwargs)`` makes, forward and backward (``table_grad``: the table's gradient too), on
     a CUDA device of ``sms`` multiprocessors (an H100 or H200: 132), built from tensors on any device: what
     :func:`compile_launch` compiles without a GPU. ``fwd_tile`` ``(BM, BN)``, ``bwd_tile`` and ``*_options``
@@ -749,14 +773,15 @@ def plan(
     call = inspect.signature(rel_bias_attention).bind(*args, **kwargs)
     call.apply_defaults()
     args = _op_args(*call.arguments.values())
-    q, k, v, table, mask, tokens, blocks, scale, gh, gw, prefix, causal, bias_read = args
+    q, k, v, table, mask, tokens, blocks, scale, gh, gw, prefix, causal, bias_read, deterministic = args
     out, lse = q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
-    fwd = _fwd_launch(*args, out, lse, True, fwd_tile, fwd_options)
+    fwd = _fwd_launch(*args[:-1], out, lse, True, fwd_tile, fwd_options)
     bwd = _bwd_launches(
         torch.zeros_like(q), q, k, v, table, mask, tokens, blocks, out, lse, scale, gh, gw, prefix, causal, bias_read,
-        table_grad, sms, bwd_tile, bwd_options,
+        deterministic, table_grad, sms, bwd_tile, bwd_options,
     )  # fmt: skip
-    return {"fwd": fwd, "dkdv": bwd.dkdv, "dq": bwd.dq, **({"dbias": bwd.dbias} if bwd.dbias else {})}
+    launches = {"fwd": fwd, "dkdv": bwd.dkdv, "dq": bwd.dq, "dbias": bwd.dbias}
+    return {name: launch for name, launch in launches.items() if launch is not None}
 
 
 #: Triton's names of the tensors' element types
@@ -796,13 +821,19 @@ def compile_launch(launch: Launch, arch: int = 90):
 
 
 def compile_for(
-    arch: int = 90, head_dim: int = 64, dtype: torch.dtype = torch.bfloat16, layout: bool = False, regions: bool = False
+    arch: int = 90,
+    head_dim: int = 64,
+    dtype: torch.dtype = torch.bfloat16,
+    layout: bool = False,
+    regions: bool = False,
+    deterministic: bool = True,
 ) -> dict[str, int]:
     """The three kernels of a small call compiled ahead of time for ``arch`` (:func:`compile_launch`), with a table,
     a mask and the table's gradient: each kernel's shared memory in bytes. The call: a full grid's (8 x 8 and a prefix
     token, visible-tile flags, bias tiles, a float mask); ``layout``: two images packed in a token layout;
-    ``regions``: a batch of 7 x 7 windows with their region ids instead of a float mask. Catches what the interpreter
-    lets through (types, layouts, shared memory)."""
+    ``regions``: a batch of 7 x 7 windows with their region ids instead of a float mask; not ``deterministic``:
+    ``dq`` by atomics (no ``dq`` kernel on a full grid). Catches what the interpreter lets through (types, layouts,
+    shared memory)."""
     gen = torch.Generator().manual_seed(0)
     gh = gw = 7 if regions else 8
     p = 0 if regions or layout else 1
@@ -814,11 +845,15 @@ def compile_for(
         seg = (t >= 40).int()
         t = t - 40 * seg
         tokens = torch.stack([seg, t // 5, t % 5, torch.zeros_like(t)]).int().expand(b, 4, n)
-        launches = plan(q, k, v, table[None], (gh, gw), mask=torch.zeros(1, n, n), tokens=tokens)
+        launches = plan(
+            q, k, v, table[None], (gh, gw), mask=torch.zeros(1, n, n), tokens=tokens, deterministic=deterministic
+        )
     else:
         from vitrel.pos.geometry import Grid
 
         blocks = visible_tiles(table, Grid(gh, gw), p)
         extra = {"regions": torch.arange(n).remainder(3).expand(2, n)} if regions else {"mask": torch.zeros(1, n, n)}
-        launches = plan(q, k, v, table, (gh, gw), p, blocks=blocks, bias_read="tiles", **extra)
+        launches = plan(
+            q, k, v, table, (gh, gw), p, blocks=blocks, bias_read="tiles", deterministic=deterministic, **extra
+        )
     return {name: compile_launch(launch, arch).metadata.shared for name, launch in launches.items()}

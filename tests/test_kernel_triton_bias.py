@@ -146,6 +146,25 @@ def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
         assert pat.n_pat <= (n_qt * tm + n_kt * tw) // min(tm, tw) < n_qt * n_kt or n_qt == 1
 
 
+@pytest.mark.parametrize(("side", "prefix", "blk", "causal"), [(8, 1, 16, False), (24, 1, 64, False), (5, 2, 16, True),
+                                                              (64, 1, 64, False), (1, 0, 16, True)])  # fmt: skip
+def test_dbias_programs_longest_first(side, prefix, blk, causal):
+    """Each ``dbias`` program's work (``TilePatterns.tiles``) counts the tiles of its pattern, from ``index`` over every
+    tile (causal: on or below the diagonal); the programs launch longest first, each ``(pattern, head, share)`` once."""
+    grid_w = side if side > 1 else 70
+    n = prefix + side * grid_w
+    pat = triton_bias.tile_patterns(grid_w, n, blk, blk)
+    nb = -(-n // blk)
+    pairs = [(qb, kb) for qb in range(nb) for kb in range(nb) if kb <= qb or not causal]
+    seen = [pat.index(qb * blk, kb * blk, blk, blk, grid_w) for qb, kb in pairs]
+    tiles = pat.tiles(n, blk, grid_w, causal)
+    assert tiles.tolist() == torch.bincount(torch.tensor(seen), minlength=pat.n_pat).tolist()
+    order = triton_bias.dbias_order(tiles, 3, 2).long()
+    assert sorted(order.tolist()) == list(range(pat.n_pat * 3 * 2))
+    work = tiles[order // 6]
+    assert (work[:-1] >= work[1:]).all() and work[0] == tiles.max()
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     """A batch whose ``batch x heads`` programs exceed CUDA's grid (65,535 on its second axis; here 12) runs as shares

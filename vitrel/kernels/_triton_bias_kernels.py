@@ -436,14 +436,15 @@ def _bwd_dq_kernel(
 
 @triton.jit
 def _bwd_dbias_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DBT,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, ORDER, DBT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     B, H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
 ):
-    """The gradient of the bias tiles (a full grid's, read as ``TILED``): program ``(pat, h, split)`` sums ``dS`` over
+    """The gradient of the bias tiles (a full grid's, read as ``TILED``): program ``(pat, h, split)`` (read from
+    ``ORDER``, the longest patterns first: :func:`vitrel.kernels.triton_bias.dbias_order`) sums ``dS`` over
     the ``[BM, BM]`` tiles of pattern ``pat`` and its share of the batch (``b = split, split + n_split, ...``) in
     registers, a tile's sum over the share at a time (then zeroed at its pairs with a prefix token, which have no bias;
     at the other pairs that are not patch pairs ``P = 0``), and writes the sum once, to
@@ -451,9 +452,10 @@ def _bwd_dbias_kernel(
     The tiles of a pattern lie on one block diagonal ``qb - kb`` (``q0 mod GW`` in class ``pat mod n_m`` where
     ``n_m > 0``; one tile per pattern else). :func:`vitrel.kernels.triton_bias.table_grad_from_tiles` reduces the sums
     to the table's gradient. No atomics: deterministic."""
-    pat = tl.program_id(0)
-    h = tl.program_id(1)
-    split = tl.program_id(2)
+    which = tl.load(ORDER + tl.program_id(0))
+    split = which % n_split
+    h = (which // n_split) % H
+    pat = which // (n_split * H)
     n_qt = tl.cdiv(N, BM)
     if n_m > 0:
         diag = pat // n_m + d_min // BM  # qb - kb (d_min a multiple of BM = g_d)

@@ -53,6 +53,7 @@ __all__ = [
     "tile_lists",
     "tile_patterns",
     "bias_tiles",
+    "dbias_order",
 ]
 
 #: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
@@ -162,6 +163,22 @@ class TilePatterns(NamedTuple):
         if self.n_m > 0:
             return (q0 - k0 - self.d_min) // self.g_d * self.n_m + (q0 % grid_w) // self.g_m
         return q0 // tm * self.n_kt + k0 // tw
+
+    def tiles(self, n: int, blk: int, grid_w: int, causal: bool = False) -> Tensor:
+        """``[n_pat]``: how many of the ``[blk, blk]`` tiles of ``n`` tokens are of each pattern, as the ``dbias``
+        kernel's loop visits them (a block diagonal, the tiles of its phase; with ``causal``, none above the
+        diagonal): each ``dbias`` program's work."""
+        n_qt = triton_cdiv(n, blk)
+        if self.n_m == 0:
+            diag = torch.arange(self.n_pat) // self.n_kt - torch.arange(self.n_pat) % self.n_kt
+            return (diag >= 0).long() if causal else torch.ones(self.n_pat, dtype=torch.long)
+        pat, qb = torch.arange(self.n_pat)[:, None], torch.arange(n_qt)[None, :]
+        diag = pat // self.n_m + self.d_min // blk
+        on = (qb >= diag.clamp(min=0)) & (qb < (self.n_kt + diag).clamp(max=n_qt))
+        on &= (qb * blk % grid_w) // self.g_m == pat % self.n_m
+        if causal:
+            on &= diag >= 0
+        return on.sum(1)
 
 
 def tile_patterns(grid_w: int, n: int, tm: int, tw: int) -> TilePatterns:
@@ -369,6 +386,16 @@ def _n_split(programs: int, heads: int, batch: int, sms: int | None) -> int:
     return max(1, min(batch, math.ceil(4 * sms / (programs * heads))))
 
 
+def dbias_order(tiles: Tensor, heads: int, n_split: int) -> Tensor:
+    """The ``dbias`` kernel's programs ``(pattern, head, share)``, as ``(pattern H + head) n_split + share`` (int32),
+    in the order they launch: the patterns with the most tiles first (a grid's central block diagonals; ``tiles``:
+    :meth:`TilePatterns.tiles`), so the short ones fill in behind them rather than the longest starting last (CUDA
+    starts a grid's programs in the order of their index). Any order gives the same sums."""
+    pat = torch.sort(tiles, descending=True, stable=True).indices
+    idx = (pat[:, None, None] * heads + torch.arange(heads)[:, None]) * n_split + torch.arange(n_split)
+    return idx.flatten().to(torch.int32)
+
+
 class _Backward(NamedTuple):
     """The backward's launches and what they write: ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel adds
     it by atomics: no ``dq`` launch); the table's gradient as the ``dq`` kernel's diagonal sums (``slots``), or, where
@@ -438,10 +465,12 @@ def _bwd_launches(
         n_pat = tiling[1]
         split_t = _n_split(n_pat, h, b, sms)
         dbt = torch.empty(split_t, h, n_pat, blk, blk, device=q.device, dtype=torch.float32)  # each program writes
+        order = dbias_order(TilePatterns(*tiling).tiles(n, blk, grid_w, causal), h, split_t).to(q.device)
         sizes_t = [h, n, prefix, grid_h, grid_w, qk_scale, *tiling, split_t]
         dbias = Launch.make(
-            "dbias", (n_pat, h, split_t), [*inputs(visible), dbt, *common, b, *sizes_t], dict(**flags, BM=blk), opts
-        )
+            "dbias", (n_pat * h * split_t,), [*inputs(visible), order, dbt, *common, b, *sizes_t],
+            dict(**flags, BM=blk), opts,
+        )  # fmt: skip
     return _Backward(dkdv, dq_launch, dbias, (dq_acc if atomic else dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
 
 

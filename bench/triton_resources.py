@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import heapq
 import os
 import re
 import subprocess
@@ -262,6 +263,48 @@ def main() -> None:
             print(lines[-1], flush=True)
             if args.out:
                 Path(args.out).write_text("\n".join(lines) + "\n")
+    lines += dbias_schedule(args.arch)
+    print("\n".join(lines[-8:]))
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+def _span(work: list[int], slots: int) -> int:
+    """When the last of ``work`` (programs' tile counts, in launch order) ends, each started on the first free slot."""
+    free = [0] * slots
+    for w in work:
+        heapq.heappush(free, heapq.heappop(free) + w)
+    return max(free)
+
+
+def dbias_schedule(arch: int, sms: int = 132) -> list[str]:
+    """The ``dbias`` kernel's span in tile-times (a model: every tile takes one, programs start in launch order on the
+    first free slot of ``sms`` x the programs one SM holds, from the compiled kernel's registers and shared memory),
+    its programs in pattern order against :func:`vitrel.kernels.triton_bias.dbias_order` (longest first)."""
+    out = [
+        "",
+        f"## `dbias` launch order: modeled span in tile-times ({sms} SMs)",
+        "",
+        "| N | programs | per SM | total tiles / slots | pattern order | longest first |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for side in (14, 32, 64):
+        launch = tb.plan(**_layer(side), bias_read="tiles", sms=sms)["dbias"]
+        a, warps = launch.args, launch.options["num_warps"]
+        res = measure(launch, arch)
+        regs = -(-res["regs"] * 32 // 256) * 256 * warps  # registers a program holds (per warp, in 256s)
+        per_sm = min(65536 // regs, 233472 // max(1, res["shared"]), 32 // warps)
+        n_split, heads, batch = a["n_split"], a["H"], a["B"]
+        pat = tb.TilePatterns(a["n_kt"], a["n_pat"], a["d_min"], a["g_d"], a["n_m"], a["g_m"])
+        tiles = pat.tiles(a["N"], a["BM"], a["GW"], a["CAUSAL"])
+        share = [len(range(s, batch, n_split)) for s in range(n_split)]
+        old = [int(tiles[p]) * share[s] for s in range(n_split) for _ in range(heads) for p in range(pat.n_pat)]
+        order = tb.dbias_order(tiles, heads, n_split).long()
+        new = [int(tiles[i // (heads * n_split)]) * share[i % n_split] for i in order.tolist()]
+        slots = sms * per_sm
+        out.append(f"| {a['N']} | {len(new)} | {per_sm} | {sum(new) / slots:.0f} | {_span(old, slots)} | "
+                   f"{_span(new, slots)} |")  # fmt: skip
+    return out
 
 
 if __name__ == "__main__":

@@ -169,7 +169,8 @@ def test_dbias_programs_longest_first(side, prefix, blk, causal):
 def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     """A batch whose ``batch x heads`` programs exceed CUDA's grid (65,535 on its second axis; here 12) runs as shares
     of the batch: a full grid (shares of 6), a batch of windows whose region ids repeat every 4 (shares of 4, not 6),
-    and a mask per batch element (sliced with its share)."""
+    and a mask per batch element (sliced with its share), packed rows of images of different layouts (their tokens
+    sliced)."""
     from vitrel.models.swin_windows import window_regions
     from vitrel.pos.geometry import Grid
 
@@ -179,6 +180,8 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     mask = torch.zeros(8, 12, 12, dtype=torch.float64)
     mask[torch.arange(8), :, torch.arange(8)] = float("-inf")  # element b masks key b
     _check(device, 8, 2, 16, (3, 4), 0, mask=mask)
+    monkeypatch.setattr(triton_bias, "GRID_Y_MAX", 2)  # packed rows (2 heads): one a launch, its tokens sliced
+    _check_layout(device, 0, *tile_aligned_tokens())
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -354,6 +357,16 @@ def layout_reference(q, k, v, tables, tokens):
     return (logits + bias).masked_fill(~same, float("-inf")).softmax(-1) @ v
 
 
+def tile_aligned_tokens() -> tuple[torch.Tensor, int, tuple[int, int]]:
+    """``[2, 4, 48]`` tokens whose rows visit different tiles of 16: row 0 three 4 x 4 images, one a tile (each tile
+    sees only itself); row 1 two 5 x 5 images of 24 tokens (the middle tile sees all three); one group, extent 5 x 5."""
+    rc = torch.stack(torch.meshgrid(torch.arange(5), torch.arange(5), indexing="ij"), -1).reshape(-1, 2)
+    small = rc[(rc < 4).all(1)]
+    row0 = [torch.cat([torch.full((16, 1), s), small, torch.zeros(16, 1, dtype=torch.long)], 1) for s in range(3)]
+    row1 = [torch.cat([torch.full((24, 1), s), rc[:24], torch.zeros(24, 1, dtype=torch.long)], 1) for s in range(2)]
+    return torch.stack([torch.cat(row0), torch.cat(row1)]).transpose(1, 2).contiguous(), 1, (5, 5)
+
+
 def packed_tokens(prefix: int = 1, seed: int = 0) -> tuple[torch.Tensor, int]:
     """``[2, 4, N]`` tokens of two packed rows on the extent 4 x 5, and the number of groups (3): row 0 a whole 4 x 5
     image and a 2 x 3 one; row 1 a 3 x 2 image with 2 tokens dropped, a 2 x 3 one, and a 4 x 5 one with half its
@@ -381,19 +394,25 @@ def test_kernel_token_layout_equals_reference(device, prefix):
     """Packed images of three sizes, dropped tokens in any order, padding: each token attends to its own image (padding
     to padding) with the bias of its image's group table; outputs, ``dq, dk, dv`` and the gradient of every group's
     table (read only at the offsets its images have)."""
-    tokens, groups = packed_tokens(prefix)
+    _check_layout(device, prefix)
+
+
+def _check_layout(device, prefix, tokens=None, groups=3, grid=(4, 5)):
+    if tokens is None:
+        tokens, groups = packed_tokens(prefix)
     b, _, n = tokens.shape
     h, d = 2, 16
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
-    tables = torch.randn(groups, h, 7, 9, generator=g, dtype=torch.float64, requires_grad=True)
+    shape = (groups, h, 2 * grid[0] - 1, 2 * grid[1] - 1)
+    tables = torch.randn(*shape, generator=g, dtype=torch.float64, requires_grad=True)
     ref = layout_reference(q, k, v, tables, tokens)
     go = torch.randn_like(ref)
     grads_ref = torch.autograd.grad(ref, (q, k, v, tables), go)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     qd, kd, vd = (t.detach().to(device, dtype).requires_grad_() for t in (q, k, v))
     td = tables.detach().to(device, torch.float32).requires_grad_()
-    out = rel_bias_attention(qd, kd, vd, td, (4, 5), prefix, tokens=tokens.to(device))
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, tokens=tokens.to(device))
     grads = torch.autograd.grad(out, (qd, kd, vd, td), go.to(device, dtype))
     tol = _tol(device)
     torch.testing.assert_close(out.double().cpu(), ref.detach(), **tol)

@@ -125,10 +125,10 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         with torch.no_grad():
             tb.rel_bias_attention(q, k, v, table, (side, side), 1)
 
-    def tri_fb(grad_t=True):
+    def tri_fb(grad_t=True, det=True):
         t = table if grad_t else table.detach()  # (a table that needs no gradient: the kernel computes none)
         leaves = (q, k, v, table) if grad_t else (q, k, v)
-        torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1), leaves, go)
+        torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1, deterministic=det), leaves, go)
 
     t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
     ref = {kk: statistics.median(v) for kk, v in t.items()}
@@ -150,14 +150,15 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
     for blk, w, st in BWD:
         tb._BWD_BLOCK[64] = blk
         tb.LAUNCH["bwd"] = {"num_warps": w, "num_stages": st}
-        for grad_t in (True, False):
+        for grad_t, det in ((True, True), (False, True), (True, False)):  # (last: dq by atomics, triton_atomic's)
+            label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             try:
-                fn = lambda g=grad_t: tri_fb(g)  # noqa: E731
+                fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
                 m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=3, device=dev)["x"])
-                lines.append(f"| {n} | fwd+bwd{'' if grad_t else ' (no dT)'} | bwd tile {blk} warps {w} stages "
-                             f"{st} | {1e3 * m:.3f} | {m / ref['fb']:.2f}x |")  # fmt: skip
+                lines.append(f"| {n} | {label} | bwd tile {blk} warps {w} stages {st} | {1e3 * m:.3f} | "
+                             f"{m / ref['fb']:.2f}x |")  # fmt: skip
             except Exception as e:  # noqa: BLE001
-                lines.append(f"| {n} | fwd+bwd | bwd tile {blk} warps {w} stages {st} | failed: {str(e)[:60]} | - |")
+                lines.append(f"| {n} | {label} | bwd tile {blk} warps {w} stages {st} | failed: {str(e)[:60]} | - |")
             print(lines[-1], flush=True)
             if args.out:
                 Path(args.out).write_text("\n".join(lines) + "\n")

@@ -150,7 +150,8 @@ def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
                                                               (64, 1, 64, False), (1, 0, 16, True)])  # fmt: skip
 def test_dbias_programs_longest_first(side, prefix, blk, causal):
     """Each ``dbias`` program's work (``TilePatterns.tiles``) counts the tiles of its pattern, from ``index`` over every
-    tile (causal: on or below the diagonal); the programs launch longest first, each ``(pattern, head, share)`` once."""
+    tile (causal: on or below the diagonal); the programs launch longest first, each ``(pattern, head, share)`` once;
+    both computed on the device they are for."""
     grid_w = side if side > 1 else 70
     n = prefix + side * grid_w
     pat = triton_bias.tile_patterns(grid_w, n, blk, blk)
@@ -163,6 +164,8 @@ def test_dbias_programs_longest_first(side, prefix, blk, causal):
     assert sorted(order.tolist()) == list(range(pat.n_pat * 3 * 2))
     work = tiles[order // 6]
     assert (work[:-1] >= work[1:]).all() and work[0] == tiles.max()
+    # made on the inputs' device, not copied there (a copy from the host syncs, and a CUDA graph cannot capture it)
+    assert triton_bias.dbias_order(pat.tiles(n, blk, grid_w, causal, "meta"), 3, 2).device.type == "meta"
 
 
 @pytest.mark.parametrize("device", DEVICES)

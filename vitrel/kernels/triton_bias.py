@@ -164,15 +164,15 @@ class TilePatterns(NamedTuple):
             return (q0 - k0 - self.d_min) // self.g_d * self.n_m + (q0 % grid_w) // self.g_m
         return q0 // tm * self.n_kt + k0 // tw
 
-    def tiles(self, n: int, blk: int, grid_w: int, causal: bool = False) -> Tensor:
+    def tiles(self, n: int, blk: int, grid_w: int, causal: bool = False, device=None) -> Tensor:
         """``[n_pat]``: how many of the ``[blk, blk]`` tiles of ``n`` tokens are of each pattern, as the ``dbias``
         kernel's loop visits them (a block diagonal, the tiles of its phase; with ``causal``, none above the
-        diagonal): each ``dbias`` program's work."""
-        n_qt = triton_cdiv(n, blk)
+        diagonal): each ``dbias`` program's work. Computed on ``device`` (no copy to it, no host sync: a CUDA graph
+        captures it)."""
+        n_qt, pat = triton_cdiv(n, blk), torch.arange(self.n_pat, device=device)
         if self.n_m == 0:
-            diag = torch.arange(self.n_pat) // self.n_kt - torch.arange(self.n_pat) % self.n_kt
-            return (diag >= 0).long() if causal else torch.ones(self.n_pat, dtype=torch.long)
-        pat, qb = torch.arange(self.n_pat)[:, None], torch.arange(n_qt)[None, :]
+            return (pat // self.n_kt >= pat % self.n_kt).long() if causal else torch.ones_like(pat)
+        pat, qb = pat[:, None], torch.arange(n_qt, device=device)[None, :]
         diag = pat // self.n_m + self.d_min // blk
         on = (qb >= diag.clamp(min=0)) & (qb < (self.n_kt + diag).clamp(max=n_qt))
         on &= (qb * blk % grid_w) // self.g_m == pat % self.n_m
@@ -392,7 +392,8 @@ def dbias_order(tiles: Tensor, heads: int, n_split: int) -> Tensor:
     :meth:`TilePatterns.tiles`), so the short ones fill in behind them rather than the longest starting last (CUDA
     starts a grid's programs in the order of their index). Any order gives the same sums."""
     pat = torch.sort(tiles, descending=True, stable=True).indices
-    idx = (pat[:, None, None] * heads + torch.arange(heads)[:, None]) * n_split + torch.arange(n_split)
+    heads_, shares = torch.arange(heads, device=tiles.device), torch.arange(n_split, device=tiles.device)
+    idx = (pat[:, None, None] * heads + heads_[:, None]) * n_split + shares
     return idx.flatten().to(torch.int32)
 
 
@@ -425,7 +426,7 @@ def _bwd_launches(
     blk = tile or blk
     do = do.contiguous()
     delta = (out.float() * do.float()).sum(-1).contiguous()  # rowsum(o * do), FlashAttention-2's D
-    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
+    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     tok = _int_args(tokens, q)
@@ -445,7 +446,9 @@ def _bwd_launches(
     grad_t = table_grad and table is not None
     by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
     atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
-    dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_zeros(1, 1, 1, 1)
+    # dq: added into float32 by the dkdv kernel's atomics, or written by the dq kernel
+    dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_empty(q.shape)
+    dq_acc = dq if atomic else q.new_zeros(1, 1, 1, 1)
     dkdv = Launch.make(
         "dkdv", (n_b, b * h), [*inputs(by_cols), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes],
         dict(**flags, BM=blk, BN=blk, ATOMIC_DQ=atomic), opts,
@@ -465,13 +468,13 @@ def _bwd_launches(
         n_pat = tiling[1]
         split_t = _n_split(n_pat, h, b, sms)
         dbt = torch.empty(split_t, h, n_pat, blk, blk, device=q.device, dtype=torch.float32)  # each program writes
-        order = dbias_order(TilePatterns(*tiling).tiles(n, blk, grid_w, causal), h, split_t).to(q.device)
+        order = dbias_order(TilePatterns(*tiling).tiles(n, blk, grid_w, causal, q.device), h, split_t)
         sizes_t = [h, n, prefix, grid_h, grid_w, qk_scale, *tiling, split_t]
         dbias = Launch.make(
             "dbias", (n_pat * h * split_t,), [*inputs(visible), order, dbt, *common, b, *sizes_t],
             dict(**flags, BM=blk), opts,
         )  # fmt: skip
-    return _Backward(dkdv, dq_launch, dbias, (dq_acc if atomic else dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
+    return _Backward(dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
 
 
 @torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)

@@ -330,6 +330,37 @@ def test_kernel_causal_with_visible_tiles():
         torch.testing.assert_close(a.double(), r, **_tol("cpu"))
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_cuda_graph_captures_forward_and_backward(deterministic):
+    """The op's forward and backward make no host sync and no copy from the host (the ``dbias`` order, the tile
+    lists and patterns are made on the device): ``torch.cuda.graph`` captures them, as ``trainer=gpu``'s
+    reduce-overhead step does, and a replay gives the eager gradients."""
+    grid, prefix = (12, 12), 1
+    q, k, v, table = (t.cuda() for t in _inputs(4, 2, prefix + 144, 32, grid))
+    q, k, v = (t.bfloat16().requires_grad_() for t in (q, k, v))
+    table = table.float().requires_grad_()
+    go = torch.randn_like(q)
+
+    def step():
+        out = rel_bias_attention(q, k, v, table, grid, prefix, bias_read="tiles", deterministic=deterministic)
+        return torch.autograd.grad(out, (q, k, v, table), go)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile and warm up outside the capture
+        eager = step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-2, rtol=1e-2)
+
+
 @interpreted
 def test_table_gradient_is_deterministic():
     """Partial sums per program reduced by tensor sums: two backward passes give bitwise equal table gradients."""

@@ -130,6 +130,7 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         leaves = (q, k, v, table) if grad_t else (q, k, v)
         torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1, deterministic=det), leaves, go)
 
+    defaults = tb._FWD_BLOCKS[64], tb._BWD_BLOCK[64], dict(tb.LAUNCH["fwd"]), dict(tb.LAUNCH["bwd"])
     t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
     ref = {kk: statistics.median(v) for kk, v in t.items()}
     lines.append(f"| {n} | fwd | plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
@@ -145,8 +146,7 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         print(lines[-1], flush=True)
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")
-    tb._FWD_BLOCKS[64] = (64, 64)
-    tb.LAUNCH["fwd"] = {"num_warps": 4, "num_stages": 2}
+    tb._FWD_BLOCKS[64], tb.LAUNCH["fwd"] = defaults[0], dict(defaults[2])  # (the backward's rows: the default forward)
     for blk, w, st in BWD:
         tb._BWD_BLOCK[64] = blk
         tb.LAUNCH["bwd"] = {"num_warps": w, "num_stages": st}
@@ -162,8 +162,7 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
             print(lines[-1], flush=True)
             if args.out:
                 Path(args.out).write_text("\n".join(lines) + "\n")
-    tb._BWD_BLOCK[64] = 64
-    tb.LAUNCH["bwd"] = {"num_warps": 4, "num_stages": 2}
+    tb._BWD_BLOCK[64], tb.LAUNCH["bwd"] = defaults[1], dict(defaults[3])
     if args.out:
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
 

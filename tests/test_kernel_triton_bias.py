@@ -63,7 +63,7 @@ def _inputs(b, h, n, d, grid, seed=0):
 
 def _check(
     device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True, bias_read="auto", regions=None,
-    deterministic=True, table_grad=True,
+    deterministic=True, table_grad=True, dtype=None,
 ):  # fmt: skip
     n = prefix + grid[0] * grid[1]
     if regions is not None:  # the reference reads the float mask the regions mean
@@ -71,7 +71,7 @@ def _check(
         mask = torch.zeros(same.shape, dtype=torch.float64).masked_fill(~same, float("-inf"))
     q, k, v, table = _inputs(b, h, n, d, grid)
     table = table if table_on else None
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
     leaves64 = [t.requires_grad_() for t in (q, k, v, *((table,) if table_grad else ())) if t is not None]
     ref = reference(q, k, v, table, grid, prefix, mask, causal)
     go = torch.randn_like(ref)
@@ -84,7 +84,7 @@ def _check(
     out = rel_bias_attention(qd, kd, vd, td, grid, prefix, **settings)
     leaves = [t for t in (qd, kd, vd, td) if t is not None and t.requires_grad]
     grads = torch.autograd.grad(out, leaves, go.to(device, dtype))
-    tol = _tol(device)
+    tol = _tol("cuda" if dtype != torch.float32 else device)  # (half precision in the interpreter too)
     torch.testing.assert_close(out.double().cpu(), ref.detach(), **tol)
     for name, g, gr in zip("qkvT", grads, grads_ref):
         scale = gr.abs().max().item()
@@ -111,6 +111,24 @@ def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
     rows, so the bias tiles repeat; 5 x 24: they repeat by (q0 - k0, q0 mod 24), three phases), the bias read as tiles
     or gathered per score."""
     _check(device, 2, 2, d, grid, prefix, bias_read=bias_read)
+
+
+@interpreted
+@pytest.mark.parametrize("grid", [(4, 6), (4, 4), (3, 5)])
+def test_bias_tiles_in_half_precision(grid):
+    """Half-precision inputs: the bias tiles every kernel reads are in the inputs' type (as SDPA takes its float mask:
+    half the bytes per score of float32 tiles, which bound the kernels by L2's bandwidth on an H100), float32 inputs
+    keep float32 tiles; the kernels add them to float32 logits, so output and gradients stay within half precision of
+    the float64 reference (grids whose tiles repeat, 4 x 4, and whose tiles are each exact, 3 x 5: -inf past the end).
+    In fp16: the interpreter computes bf16 wrongly (every kernel, with or without a table); ``-m cuda`` runs bf16."""
+    n = 1 + grid[0] * grid[1]
+    table = torch.zeros(2, 2 * grid[0] - 1, 2 * grid[1] - 1)
+    for dt in (torch.bfloat16, torch.float16, torch.float32):
+        q = torch.zeros(2, 2, n, 16, dtype=dt)
+        launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")
+        assert set(launches) == {"fwd", "dkdv", "dq", "dbias"}
+        assert {launch.args["BT"].dtype for launch in launches.values()} == {dt}
+    _check("cpu", 2, 2, 16, grid, 1, bias_read="tiles", dtype=torch.float16)
 
 
 @pytest.mark.parametrize(
@@ -185,6 +203,18 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     _check(device, 8, 2, 16, (3, 4), 0, mask=mask)
     monkeypatch.setattr(triton_bias, "GRID_Y_MAX", 2)  # packed rows (2 heads): one a launch, its tokens sliced
     _check_layout(device, 0, *tile_aligned_tokens())
+
+
+@interpreted
+@pytest.mark.parametrize(("grid", "prefix", "causal"), [((4, 8), 1, False), ((5, 7), 0, False), ((1, 37), 0, True)])
+def test_forward_tiles_wider_than_tall(monkeypatch, grid, prefix, causal):
+    """The forward with key tiles twice its query tiles (16 x 32 here, as 64 x 128 on a GPU at head dim 64; the
+    backward's tiles stay square): its bias tiles repeat by ``(q0 - k0, q0 mod W)`` with ``gcd(BM, BN)`` steps, or are
+    each exact; causal masks within a tile that straddles the diagonal."""
+    real = triton_bias._blocks
+    monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: (*real(d, cuda)[:1], 16, 32, 16))
+    assert triton_bias.plan(*(torch.zeros(1, 1, 41, 16),) * 3, None, (5, 8), 1)["fwd"].args["BN"] == 32
+    _check("cpu", 2, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -53,12 +53,15 @@ __all__ = [
     "tile_lists",
     "tile_patterns",
     "bias_tiles",
+    "tile_dtype",
     "dbias_order",
 ]
 
 #: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
-#: (small tiles keep its per-element work small and exercise several blocks at small sizes)
-_FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 64), 128: (64, 32)}
+#: (small tiles keep its per-element work small and exercise several blocks at small sizes). Head dim 64: the fastest
+#: forward of ``bench/triton_tune.py`` on an H100 at N = 1025 and 4097 (``bench/results/triton_tune_h100.md``: 64 x 128,
+#: 4 warps, 2 stages, 0.91x and 0.90x the time of 64 x 64)
+_FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 128), 128: (64, 32)}
 _BWD_BLOCK = {16: 64, 32: 64, 64: 64, 128: 32}
 
 
@@ -96,8 +99,9 @@ def _kernels():
     return triton_bias_kernels
 
 
-#: launch options (``num_warps``, ``num_stages``) of the forward and of the backward kernels on CUDA
-LAUNCH = {"fwd": {"num_warps": 4, "num_stages": 2}, "bwd": {"num_warps": 4, "num_stages": 2}}
+#: launch options (``num_warps``, ``num_stages``) of the forward and of the backward kernels on CUDA; the backward's 3
+#: stages: the fastest of ``bench/triton_tune.py`` on an H100 at N = 1025 and 4097 (0.98x and 0.95x the time of 2)
+LAUNCH = {"fwd": {"num_warps": 4, "num_stages": 2}, "bwd": {"num_warps": 4, "num_stages": 3}}
 
 
 def _blocks(d: int, cuda: bool) -> tuple[int, int, int, int]:
@@ -237,14 +241,23 @@ def _pattern_pairs(pq: Tensor, pk: Tensor, n_patch: int) -> Tensor:
     return ((pq >= 0) & (pq < n_patch))[:, :, None] & ((pk >= 0) & (pk < n_patch))[:, None, :]
 
 
+def tile_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The element type of the bias tiles for inputs of ``dtype``: the inputs' own where they are half precision, as
+    SDPA takes its float mask in the queries' type (a bias tile is a score tile read from memory: in float32 it moved
+    as many bytes per score as a 64-query tile's keys and values together, and the kernels were bound by L2's
+    bandwidth, ``bench/results/gpu_h100.md``); float32 else. The kernels add it to float32 logits."""
+    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+
+
 def _tile_args(table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q):
     """``(tiles, n_kt, n_pat, d_min, g_d, n_m, g_m)`` for the kernels: the bias tiles of the base-2 ``table`` on a
     full grid where ``bias_read`` takes them, else a placeholder and ``n_pat = 0`` (the bias gathered per score)."""
     if table is not None and tokens is None and bias_read != "gather":
         pat = tile_patterns(grid_w, n, tm, tw)
-        size = table.shape[0] * pat.n_pat * tm * tw * 4
+        dtype = tile_dtype(q.dtype)
+        size = table.shape[0] * pat.n_pat * tm * tw * dtype.itemsize
         if size <= TILE_BUDGET_BYTES:
-            return bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw), *pat
+            return bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw).to(dtype), *pat
         if bias_read == "tiles":
             raise ValueError(f"bias_read='tiles': {pat.n_pat} tile patterns take {size} bytes, above the budget")
     return q.new_zeros(1, dtype=torch.float32), 0, 0, 0, 1, 0, 1

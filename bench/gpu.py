@@ -202,7 +202,8 @@ def compile_check(dev: torch.device, quick: bool) -> list[str]:
 
 def train_recipe(dev: torch.device, quick: bool) -> list[str]:
     """The default recipe trained with ``step=eager`` and ``step=fast`` (``trainer=gpu``; on a CPU ``trainer=cpu``,
-    the fast step without CUDA graphs): each run its own ``train.py`` process, its ``metrics.json`` read back."""
+    the fast step without CUDA graphs): each run its own ``train.py`` process, its ``metrics.json`` read back. A run
+    that fails gets its row in the table and the end of its stderr below it; the other run's row stays."""
     import json
     import tempfile
 
@@ -210,19 +211,28 @@ def train_recipe(dev: torch.device, quick: bool) -> list[str]:
     # --quick: the code path only (1 epoch of 20 steps, the fast step uncompiled: a CPU compiles slowly)
     extra = ["trainer.max_epochs=1", "trainer.limit_train_batches=20", "module.compile=false"] if quick else []
     lines = ["| step | steps | fit s | steps/s | test acc | command |", "|---|---:|---:|---:|---:|---|"]
+    failures: list[str] = []
     for step in ("eager", "fast"):
+        argv = ["train.py", trainer, f"step={step}", "logger=none", "progress_bar=none"]
+        argv += extra if step == "fast" else extra[:2]
         with tempfile.TemporaryDirectory() as d:
-            argv = ["train.py", trainer, f"step={step}", "logger=none", "progress_bar=none", f"hydra.run.dir={d}"]
-            argv += extra if step == "fast" else extra[:2]
-            env = child_env()
-            subprocess.run([sys.executable, *argv], cwd=ROOT, check=True, capture_output=True, text=True, env=env)
-            r = json.loads((Path(d) / "metrics.json").read_text())
+            env = {**child_env(), "HYDRA_FULL_ERROR": "1"}  # a failure's whole traceback, not Hydra's short form
+            cmd = [sys.executable, *argv, f"hydra.run.dir={d}"]
+            out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+            metrics = Path(d) / "metrics.json"
+            r = json.loads(metrics.read_text()) if out.returncode == 0 and metrics.exists() else None
+        command = f"`python {shlex.join(argv[:3])}`"
+        if r is None:
+            why = f"exit status {out.returncode}" if out.returncode else "no metrics.json"
+            lines.append(f"| {step} | **failed** ({why}, below) | | | | {command} |")
+            failures += [f"\n**{step} failed** ({why}): `python {shlex.join(argv)}`, the end of its stderr:\n",
+                         "```", out.stderr[-3000:].rstrip(), "```"]  # fmt: skip
+            continue
         rate = r["global_step"] / r["fit_s"]
         acc = r["metrics"].get("test/acc1", float("nan"))
-        lines.append(f"| {step} | {r['global_step']} | {r['fit_s']:.1f} | {rate:.1f} | {100 * acc:.2f} % | "
-                     f"`python {shlex.join(argv[:3])}` |")  # fmt: skip
+        lines.append(f"| {step} | {r['global_step']} | {r['fit_s']:.1f} | {rate:.1f} | {100 * acc:.2f} % | {command} |")
     lines.append("\nfit s: the whole fit (compilation of the fast step included; 10 epochs, validation each epoch).")
-    return lines
+    return lines + failures
 
 
 def kernel_checks(dev: torch.device, quick: bool) -> list[str]:

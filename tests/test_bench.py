@@ -96,6 +96,34 @@ def test_gpu_bench_code_path_on_cpu(tmp_path):
     assert gpu.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12 and gpu.peak_flops("a CPU") is None
 
 
+def test_gpu_bench_train_section_reports_a_failed_run(monkeypatch):
+    """bench/gpu.py's train section when a run fails (the fast step on the H100): the eager row stays, the failed
+    run gets its row, and the end of its stderr comes back below the table (each train.py faked here)."""
+    import importlib.util
+    import json
+    import subprocess
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_gpu", path)
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+
+    def fake_run(cmd, **kwargs):
+        run_dir = Path(next(a for a in cmd if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        if "step=fast" in cmd:
+            return subprocess.CompletedProcess(cmd, 1, "", "x" * 5000 + "\nRuntimeError: the fast step's error\n")
+        metrics = {"global_step": 1560, "fit_s": 78.0, "metrics": {"test/acc1": 0.84}}
+        (run_dir / "metrics.json").write_text(json.dumps(metrics))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(gpu.subprocess, "run", fake_run)
+    text = "\n".join(gpu.train_recipe(torch.device("cpu"), quick=False))
+    assert "| eager | 1560 | 78.0 | 20.0 | 84.00 % | `python train.py trainer=cpu step=eager` |" in text
+    assert "| fast | **failed** (exit status 1, below) |" in text
+    assert "RuntimeError: the fast step's error" in text and "x" * 2900 in text and "x" * 3000 not in text
+
+
 @pytest.mark.slow
 def test_attention_bench_inference_runs_flex_on_cpu(tmp_path):
     """bench/attention.py --inference times forward passes only, so flex (no CPU backward) runs here; --causal

@@ -118,6 +118,29 @@ def test_deferred_nan_guard_stops_before_a_checkpoint_holds_bad_weights(tmp_path
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
 
 
+def test_fast_step_clips_fused_adamw_under_bf16(tmp_path, monkeypatch):
+    """trainer=gpu's precision (bf16-mixed) with the fast step's fused AdamW and the recipe's clipping
+    (trainer.gradient_clip_val=1.0): Lightning's AMP plugin refuses clipping with any optimizer that unscales in its
+    step ("Are you using a 'fused' optimizer?"), which stopped bench/gpu.py's train section on the H100 at the first
+    step. bf16 has no GradScaler, so the module clips as in 32-bit: the run goes through with the fused optimizer and
+    every step's gradients are clipped at norm 1."""
+    clip, norms, fused = torch.nn.utils.clip_grad_norm_, [], []
+
+    def spy(parameters, max_norm, *args, **kwargs):
+        norms.append(max_norm)
+        return clip(parameters, max_norm, *args, **kwargs)
+
+    class Optimizer(L.Callback):
+        def on_train_start(self, trainer, pl_module):
+            fused.append(trainer.optimizers[0].defaults["fused"])
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", spy)
+    over = [*TINY_VIT, *FAST, *ONE_EPOCH, "trainer.limit_train_batches=3", "step=fast", "module.compile=false"]
+    over += ["trainer.precision=bf16-mixed", "trainer.gradient_clip_val=1.0"]
+    metrics = train(compose(tmp_path, over), callbacks=[Optimizer()])
+    assert fused == [True] and norms == [1.0] * 3 and math.isfinite(metrics["train/loss_epoch"])
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
 def test_gpu_fast_step_never_synchronises_and_equals_eager(tmp_path):

@@ -39,6 +39,8 @@ from typing import Any
 import lightning as L
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
@@ -233,6 +235,20 @@ class ClassifierModule(L.LightningModule):
             self.ema_model.update(self.model, step=self.global_step)
 
     # ------------------------------------------------------------------------------ optimizer
+    def configure_gradient_clipping(
+        self, optimizer: Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm: str | None = None
+    ) -> None:
+        """Lightning's clipping, except under ``bf16-mixed``, where a fused optimizer (``step=fast``'s AdamW) is clipped
+        as in 32-bit: Lightning's AMP plugin refuses clipping with any optimizer that unscales gradients in its step
+        ("does not allow for gradient clipping ... Are you using a 'fused' optimizer?", Lightning issue #21435), which
+        is right with 16-mixed's GradScaler, but bf16 has no scaler: the gradients are unscaled already."""
+        plugin = self.trainer.precision_plugin
+        if gradient_clip_val and isinstance(plugin, MixedPrecision) and plugin.scaler is None:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or GradClipAlgorithmType.NORM)
+            Precision.clip_gradients(plugin, optimizer, gradient_clip_val, algorithm)  # MixedPrecision's less the check
+            return
+        super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+
     def configure_optimizers(self) -> Optimizer | dict:
         base_lr = getattr(self.make_optimizer, "keywords", {}).get("lr")
         opt = self.make_optimizer(params=param_groups(self.model, self.layer_decay, base_lr))

@@ -143,9 +143,30 @@ def _row_stats(LSE, DELTA, bh, N, offs):
 
 
 @triton.jit
+def _bias_tile(
+    BT, h, q0, k0, GW, n_kt, n_pat, d_min, g_d, n_m, g_m,
+    HAS_TABLE: tl.constexpr, TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr,
+):
+    """The ``[TM, TW]`` bias tile of queries from ``q0`` and keys from ``k0`` read whole from the bias tiles
+    ``BT [heads, n_pat, TM, TW]`` (one coalesced load: every entry of a pattern's tile exists), its pattern computed
+    from ``(q0 - k0, q0 mod GW)`` (``n_m > 0``) or its place (a full grid's tiles repeat:
+    :func:`vitrel.kernels.triton_bias.tile_patterns`); 0.0 where the bias is not read as tiles. For :func:`_logits`;
+    a kernel that visits one tile for many batch elements (``dbias``) loads it once."""
+    bias = 0.0
+    if HAS_TABLE and TILED:
+        if n_m > 0:
+            pat = ((q0 - k0 - d_min) // g_d) * n_m + (q0 % GW) // g_m
+        else:
+            pat = (q0 // TM) * n_kt + k0 // TW
+        local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
+        bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
+    return bias
+
+
+@triton.jit
 def _logits(
     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
-    BT, n_kt, n_pat, d_min, g_d, n_m, g_m, q0, k0,
+    bias, n_m, q0, k0,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
     TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr,
 ):
@@ -153,25 +174,15 @@ def _logits(
     of range, causal, across images or windows' regions, the table's or the mask's ``-inf``), and the tile's
     patch-pair flags (pairs of one image where the bias applies). The bias is gathered per score from ``T``
     (``[G, heads, 2 GH - 1, 2 GW - 1]``, a table per group of images; ``stride_tg`` 0 on a full grid), or with
-    ``TILED`` loaded whole from the bias tiles ``BT [heads, n_pat, TM, TW]``, the tile's pattern computed from
-    ``(q0 - k0, q0 mod GW)`` (``n_m > 0``) or its place (a full grid's tiles repeat:
-    :func:`vitrel.kernels.triton_bias.tile_patterns`). ``MASK_KIND``: 0 none, 1 ``MASK`` an additive float mask
-    ``[Mb, N, N]``, 2 ``MASK`` region ids ``[Mb, N]`` (batch ``b`` reads row ``b mod Mb``). ``T``, ``BT`` and a
-    float ``MASK`` come multiplied by ``LOG2E``.
+    ``TILED`` is ``bias``, the tile :func:`_bias_tile` read. ``MASK_KIND``: 0 none, 1 ``MASK`` an additive float mask
+    ``[Mb, N, N]``, 2 ``MASK`` region ids ``[Mb, N]`` (batch ``b`` reads row ``b mod Mb``). ``T``, the bias tiles
+    and a float ``MASK`` come multiplied by ``LOG2E``.
 
     Where the bias is read as tiles on a full grid with no mask (or regions whose tokens in the tile are of one
     region), a tile whose pairs are all patch pairs (no prefix token, none past the end: all but the first and last
     rows and columns of tiles), and every tile where each pattern is one exact tile (``n_m = 0``: its prefix pairs 0,
     its keys past the end ``-inf``), takes a branch with no mask at all: the bias added as it is read."""
     s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    bias = 0.0
-    if HAS_TABLE and TILED:  # one coalesced tile load (every entry of a pattern's tile exists)
-        if n_m > 0:
-            pat = ((q0 - k0 - d_min) // g_d) * n_m + (q0 % GW) // g_m
-        else:
-            pat = (q0 // TM) * n_kt + k0 // TW
-        local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
-        bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
     if TILED and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered or with no table: the masks cost less)
         interior = (n_m == 0) | ((q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N))
         if MASK_KIND == 2:  # a window whose tokens in this tile are of one region (all but the seam's windows)
@@ -252,10 +263,13 @@ def _fwd_kernel(
         offs_n = start_n + tl.arange(0, BN)
         if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, tl.program_id(0) * BM, start_n, N, BM, BN, LAYOUT, False):
             k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
+            bias = _bias_tile(
+                BT, h, tl.program_id(0) * BM, start_n, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
+            )
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
-                GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, tl.program_id(0) * BM, start_n, HAS_TABLE, MASK_KIND,
-                CAUSAL, LAYOUT, PREC, TILED, BM, BN,
+                GH, GW, bias, n_m, tl.program_id(0) * BM, start_n, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
+                BM, BN,
             )
             m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -303,10 +317,13 @@ def _bwd_dkdv_kernel(
             q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
             do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
             lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
+            bias = _bias_tile(
+                BT, h, start_m, tl.program_id(0) * BN, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
+            )
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
-                GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, start_m, tl.program_id(0) * BN, HAS_TABLE, MASK_KIND,
-                CAUSAL, LAYOUT, PREC, TILED, BM, BN,
+                GH, GW, bias, n_m, start_m, tl.program_id(0) * BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
+                BM, BN,
             )
             p = tl.math.exp2(s - lse[:, None])
             dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
@@ -398,10 +415,13 @@ def _bwd_dq_kernel(
             offs_n = start_n + tl.arange(0, BM)
             if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, BM, BM, LAYOUT, False):
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
+                bias = _bias_tile(
+                    BT, h, pid_m * BM, start_n, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BM,
+                )
                 s, pair = _logits(
                     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,
-                    P, N, GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, pid_m * BM, start_n, HAS_TABLE, MASK_KIND,
-                    CAUSAL, LAYOUT, PREC, TILED, BM, BM,
+                    P, N, GH, GW, bias, n_m, pid_m * BM, start_n, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
+                    BM, BM,
                 )
                 p = tl.math.exp2(s - lse[:, None])
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)
@@ -482,6 +502,8 @@ def _bwd_dbias_kernel(
             if _visits(TOK, BLK, 0, h, offs_n, 0, 0, q0, k0, N, BM, BM, LAYOUT, HAS_BLOCKS):
                 q_mask = (offs_m < N)[:, None] & dmask[None, :]
                 tile_acc = tl.zeros([BM, BM], tl.float32)
+                # one load for the share of the batch (inside its loop: a load a batch element, not pipelined)
+                bias = _bias_tile(BT, h, q0, k0, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BM)
                 for b in range(split, B, n_split):
                     q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
                     do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
@@ -489,8 +511,8 @@ def _bwd_dbias_kernel(
                     k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
                     s, _ = _logits(
                         q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK,
-                        qk_scale, P, N, GH, GW, BT, n_kt, n_pat, d_min, g_d, n_m, g_m, q0, k0, HAS_TABLE, MASK_KIND,
-                        CAUSAL, LAYOUT, PREC, TILED, BM, BM,
+                        qk_scale, P, N, GH, GW, bias, n_m, q0, k0, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
+                        BM, BM,
                     )
                     p = tl.math.exp2(s - lse[:, None])
                     dp = tl.dot(do, tl.trans(v), input_precision=PREC)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vitrel
-from vitrel.kernels import AUTO, attn_impls, get_kernel, list_kernels
+from vitrel.kernels import AUTO, AutoRule, attn_impls, get_kernel, list_kernels
 from vitrel.kernels.registry import Kernel, register_kernel, select_kernel
 from vitrel.pos import build_pos, list_pos
 
@@ -48,14 +48,37 @@ def test_auto_is_sdpa_on_cpu_and_reads_the_device_table(monkeypatch):
     s = build_pos("rel1d_bucket", num_heads=2, head_dim=8, grid=(3, 4))
     assert s.prepare((3, 4), 0).impl == "sdpa"
     assert select_kernel(s, 4096, None) == "sdpa"
-    assert select_kernel(s, 4096, "NVIDIA H200") == AUTO["H200"][0][2]
+    assert select_kernel(s, 4096, "NVIDIA H200") == AUTO["H200"][0].kernel
     assert select_kernel(s, 1024, "NVIDIA H200") == "sdpa"  # below the measured size
     assert select_kernel(build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 4096, "NVIDIA H200") == "sdpa"
-    monkeypatch.setitem(AUTO, "Test GPU", [(frozenset({"rel2d_full"}), 0, "flex")])
+    monkeypatch.setitem(AUTO, "Test GPU", [AutoRule(frozenset({"rel2d_full"}), 0, "flex")])
     assert select_kernel(build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU 80GB") == "flex"
     # a rule whose kernel cannot run the scheme is passed over, to the scheme's own kernel (Shaw's: "shaw")
-    monkeypatch.setitem(AUTO, "Test GPU", [(frozenset({"shaw2d_full"}), 0, "flex")])
+    monkeypatch.setitem(AUTO, "Test GPU", [AutoRule(frozenset({"shaw2d_full"}), 0, "flex")])
     assert select_kernel(build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU") == "shaw"
+
+
+@pytest.mark.parametrize(
+    ("name", "n", "training", "want"),
+    [
+        ("rel2d_full", 4096, True, "triton"),  # trained faster and in a fifth of the memory (bench/results/gpu_h100.md)
+        ("rel2d_factored", 4097, True, "triton"),
+        ("fire2d", 4096, True, "triton"),
+        ("rel2d_full", 4096, False, "sdpa"),  # forward alone: SDPA's float mask was faster
+        ("rel2d_full", 1024, True, "sdpa"),  # (2.30x plain SDPA against 2.37x)
+        ("rel1d_bucket", 1024, True, "triton"),  # (2.49x against 4.84x)
+        ("alibi2d", 4096, True, "sdpa"),  # no table to train: SDPA was faster at every size
+        ("lookhere", 4096, True, "sdpa"),
+    ],
+)
+def test_auto_on_an_h100_trains_learned_tables_with_the_fused_kernel(name, n, training, want):
+    """The H100's rules (measured: ``bench/results/gpu_h100.md``): the fused kernel where a learned table is trained
+    at N = 4096 (T5's 1-D buckets from N = 1024), SDPA in evaluation (no gradient: the state is prepared under
+    ``torch.no_grad``), for fixed biases and at smaller sizes."""
+    s = build_pos(name, num_heads=2, head_dim=8, grid=(3, 4))
+    assert select_kernel(s, n, "NVIDIA H100 80GB HBM3", training) == want
+    with torch.set_grad_enabled(training):  # (the default: the grad mode the state is prepared in)
+        assert select_kernel(s, n, "NVIDIA H100 80GB HBM3") == want
 
 
 def test_layout_refused_by_a_kernel_that_does_not_take_it(monkeypatch):

@@ -7,6 +7,7 @@ import pkgutil
 
 from vitrel.kernels.registry import (
     AUTO,
+    AutoRule,
     Kernel,
     attn_impls,
     check_impl,
@@ -20,4 +21,14 @@ for _m in pkgutil.iter_modules(__path__):
     if not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")
 
-__all__ = ["AUTO", "Kernel", "attn_impls", "check_impl", "get_kernel", "list_kernels", "register_kernel", "resolve"]
+__all__ = [
+    "AUTO",
+    "AutoRule",
+    "Kernel",
+    "attn_impls",
+    "check_impl",
+    "get_kernel",
+    "list_kernels",
+    "register_kernel",
+    "resolve",
+]

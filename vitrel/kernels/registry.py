@@ -26,7 +26,7 @@ and one test; nothing else names it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -38,6 +38,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AUTO",
+    "AutoRule",
     "Kernel",
     "attn_impls",
     "check_impl",
@@ -51,12 +52,37 @@ __all__ = [
 
 _KERNELS: dict[str, type[Kernel]] = {}
 
-#: ``attn_impl="auto"`` per device (a substring of ``torch.cuda.get_device_name``): ``(scheme names, fewest tokens,
-#: kernel)`` rules, first match wins, else ``sdpa``. Only measured wins go here (``bench/results/``): on the H200
-#: the fused kernel beat SDPA's float mask only for T5's 1-D buckets at N = 4096 (5.5x plain SDPA against 29x,
-#: ``bench/results/gpu_h200_triton_v1.md``); everywhere else SDPA with the bias as a mask was faster.
-AUTO: dict[str, list[tuple[frozenset[str], int, str]]] = {
-    "H200": [(frozenset({"rel1d_bucket"}), 4096, "triton")],
+class AutoRule(NamedTuple):
+    """One rule of :data:`AUTO`: ``kernel`` for the schemes named ``schemes`` at ``fewest`` tokens or more; with
+    ``training``, only where gradients are computed (:func:`torch.is_grad_enabled` when the state is prepared: a
+    training step, not evaluation), where the kernel was measured faster forward and backward but not forward alone."""
+
+    schemes: frozenset[str]
+    fewest: int
+    kernel: str
+    training: bool = False
+
+
+#: the learned-table schemes the fused kernel trains faster than SDPA's float mask at N = 4096 on an H100
+_TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb", "fire2d", "rel1d_bucket"})
+
+#: ``attn_impl="auto"`` per device (a substring of ``torch.cuda.get_device_name``): :class:`AutoRule` s, first match
+#: wins, else ``sdpa``. Only measured wins go here (``bench/results/``, the attention layer of ``bench/attention.py``
+#: in bf16, 65,536 tokens a batch):
+#:
+#: * H200 (the first fused kernel, ``gpu_h200_triton_v1.md``): it beat SDPA's float mask only for T5's 1-D buckets at
+#:   N = 4096 (5.5x plain SDPA against 29x).
+#: * H100 (``gpu_h100.md``, the kernel with bias tiles): forward + backward at N = 4096, every learned table through
+#:   ``triton`` took 3.18x-3.32x plain SDPA against 4.02x-4.31x (28x for ``rel1d_bucket``) and 1.07x its memory
+#:   against 5.3x-5.5x; ``rel1d_bucket`` also at N = 1024 (2.49x against 4.84x). SDPA stayed faster at N = 1024 for
+#:   the 2-D tables (2.30x against 2.37x), at N = 196 for all, for ALiBi and LookHere (no table to train) at every
+#:   size, and forward-only (``rel2d_full`` at N = 4096: 2.12x against 3.17x), hence ``training``.
+AUTO: dict[str, list[AutoRule]] = {
+    "H200": [AutoRule(frozenset({"rel1d_bucket"}), 4096, "triton")],
+    "H100": [
+        AutoRule(frozenset({"rel1d_bucket"}), 1024, "triton", training=True),
+        AutoRule(_TABLES, 4096, "triton", training=True),
+    ],
 }
 
 
@@ -148,15 +174,17 @@ def device_name(device: torch.device | str | None) -> str | None:
     return torch.cuda.get_device_name(device)
 
 
-def select_kernel(scheme: PositionScheme, n_tokens: int, device: str | None) -> str:
+def select_kernel(scheme: PositionScheme, n_tokens: int, device: str | None, training: bool | None = None) -> str:
     """``attn_impl="auto"`` on the device named ``device`` (:func:`device_name`): the first :data:`AUTO` rule of that
-    device that matches, if its kernel takes the scheme; else the first kernel that is the scheme's own
-    (:meth:`Kernel.default_for`); else ``sdpa``."""
+    device that matches (``training``: gradients computed, default :func:`torch.is_grad_enabled`), if its kernel takes
+    the scheme; else the first kernel that is the scheme's own (:meth:`Kernel.default_for`); else ``sdpa``."""
+    training = torch.is_grad_enabled() if training is None else training
     for key, rules in AUTO.items():
         if device is not None and key in device:
-            for schemes, fewest, kernel in rules:
-                if scheme.name in schemes and n_tokens >= fewest and _KERNELS[kernel].refuses(scheme) is None:
-                    return kernel
+            for rule in rules:
+                if scheme.name in rule.schemes and n_tokens >= rule.fewest and (training or not rule.training):
+                    if _KERNELS[rule.kernel].refuses(scheme) is None:
+                        return rule.kernel
     return next((name for name, k in _KERNELS.items() if k.default_for(scheme)), "sdpa")
 
 

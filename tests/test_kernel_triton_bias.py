@@ -164,6 +164,45 @@ def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
         assert pat.n_pat <= (n_qt * tm + n_kt * tw) // min(tm, tw) < n_qt * n_kt or n_qt == 1
 
 
+@pytest.mark.parametrize(("side", "prefix"), [(8, 1), (5, 1), (4, 0)])
+def test_host_work_of_a_call_is_a_few_tensor_ops(side, prefix):
+    """What a call computes on the host from integers alone (the bias tiles' indices and masks, the ``dbias`` launch
+    order, the table gradient's layout, placeholders) is made once per shape and device: a second call of the same
+    shape builds its launches, forward and backward, with at most 20 tensor ops (the first: about 80, each a CUDA
+    launch on a GPU, where they cost more than the kernels at small sizes) and reduces the table's gradient with at
+    most 32 (views included); the same launches either way. Patterns that repeat (8 x 8, prefix 1) and exact tiles."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    n = prefix + side * side
+    q = torch.randn(2, 2, n, 16)
+    table = torch.randn(2, 2 * side - 1, 2 * side - 1)
+    first = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
+    with Ops() as ops:
+        again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
+    assert ops.n <= 20, ops.n
+    written = {"O", "LSE", "DELTA", "DK", "DV", "DQ", "SLOTS", "DBT", "SCRATCH"}  # (outputs, or read from them)
+    for name, launch in first.items():
+        for key, value in launch.args.items():
+            if isinstance(value, torch.Tensor) and key not in written:
+                torch.testing.assert_close(again[name].args[key], value, rtol=0, atol=0, msg=f"{name} {key}")
+    pat = triton_bias.TilePatterns(*(first["dbias"].args[k] for k in ("n_kt", "n_pat", "d_min", "g_d", "n_m", "g_m")))
+    dbt = torch.randn(first["dbias"].args["DBT"].shape[1:])  # [heads, n_pat, blk, blk] (plan's tiles: a GPU's)
+    want = triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)
+    with Ops() as ops:
+        got = triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)
+    assert ops.n <= 32, ops.n
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("side", "prefix", "blk", "causal"), [(8, 1, 16, False), (24, 1, 64, False), (5, 2, 16, True),
                                                               (64, 1, 64, False), (1, 0, 16, True)])  # fmt: skip
 def test_dbias_programs_longest_first(side, prefix, blk, causal):

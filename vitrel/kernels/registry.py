@@ -52,6 +52,7 @@ __all__ = [
 
 _KERNELS: dict[str, type[Kernel]] = {}
 
+
 class AutoRule(NamedTuple):
     """One rule of :data:`AUTO`: ``kernel`` for the schemes named ``schemes`` at ``fewest`` tokens or more; with
     ``training``, only where gradients are computed (:func:`torch.is_grad_enabled` when the state is prepared: a

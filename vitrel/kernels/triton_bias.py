@@ -128,18 +128,25 @@ def _strides(*ts: Tensor) -> list[int]:
     return out
 
 
+@functools.lru_cache(maxsize=32)
+def _placeholder(device: torch.device, dtype: torch.dtype, dims: int = 1) -> Tensor:
+    """A zero of ``dims`` dimensions that a kernel takes for an input it does not read (made once per device and type:
+    a kernel launch's host work is a few tensor ops, not a dozen)."""
+    return torch.zeros((1,) * dims, device=device, dtype=dtype)
+
+
 def _table_args(table: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
     """The table in base 2 (the kernels' logits are), or a placeholder, and its group and head strides (group 0 on a
     full grid's ``[heads, 2 GH - 1, 2 GW - 1]``)."""
     if table is None:
-        return q.new_zeros(1, dtype=torch.float32), 0, 0
+        return _placeholder(q.device, torch.float32), 0, 0
     t = table * _kernels().LOG2E
     return (t, 0, t.stride(0)) if t.dim() == 3 else (t, t.stride(0), t.stride(1))
 
 
 def _int_args(t: Tensor | None, q: Tensor) -> Tensor:
     """``t`` (a layout's tokens, the visible-tile flags), or a placeholder."""
-    return q.new_zeros(1, dtype=torch.int32) if t is None else t
+    return _placeholder(q.device, torch.int32) if t is None else t
 
 
 #: the most memory the bias tiles of one call may take (:func:`bias_tiles`); beyond it the bias is gathered per score
@@ -223,17 +230,31 @@ def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, pat: TilePa
     for every ``p = t - P``, negative too), so it equals the table at every patch pair of every tile of that pattern;
     the kernels zero the pairs with a prefix token and mask those past the end. Where each pattern is one tile
     (``n_m = 0``), the tile is exact instead: 0 at the pairs with a prefix token, ``-inf`` at the keys past the end,
-    and the kernels read it with no mask. Device work only (no host sync)."""
-    pq, pk = _pattern_tokens(pat, tm, tw, prefix, table.device)
+    and the kernels read it with no mask. One gather from the table (and one ``where``) per call: the indices, made
+    from integers only, are made once per shape and device (:func:`_tile_index`). Device work only (no host sync)."""
+    index, keep, fill = _tile_index(pat, tm, tw, prefix, grid_h, grid_w, table.device)
+    tiles = table.flatten(1)[:, index]
+    return tiles if keep is None else torch.where(keep, tiles, fill)
+
+
+@functools.lru_cache(maxsize=16)
+def _tile_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device):
+    """``(index, keep, fill)`` of :func:`bias_tiles`: each tile entry's flat index into the table
+    ``[heads, (2 GH - 1) (2 GW - 1)]`` (offsets clamped: the pairs past the grid's ends, zeroed by the kernels), and
+    where each pattern is one exact tile, which entries keep the table's value (patch pairs) and what the others take
+    (``-inf`` at the keys past the end, else 0); None and None otherwise."""
+    pq, pk = _pattern_tokens(pat, tm, tw, prefix, device)
     dh = pq.div(grid_w, rounding_mode="floor")[:, :, None] - pk.div(grid_w, rounding_mode="floor")[:, None, :]
     dw = pq.remainder(grid_w)[:, :, None] - pk.remainder(grid_w)[:, None, :]
-    dh = (dh + grid_h - 1).clamp(0, 2 * grid_h - 2)  # (clamped: pairs past the grid's ends, zeroed by the kernels)
+    dh = (dh + grid_h - 1).clamp(0, 2 * grid_h - 2)
     dw = (dw + grid_w - 1).clamp(0, 2 * grid_w - 2)
-    tiles = table[:, dh, dw]
-    if pat.n_m == 0:
-        tiles = tiles.masked_fill(~_pattern_pairs(pq, pk, grid_h * grid_w), 0.0)
-        tiles = tiles.masked_fill((pk >= grid_h * grid_w)[:, None, :], float("-inf"))
-    return tiles.contiguous()
+    index = (dh * (2 * grid_w - 1) + dw).int()  # (int32: the cache holds a few MB per shape at N = 4097)
+    if pat.n_m > 0:
+        return index, None, None
+    past = (pk >= grid_h * grid_w)[:, None, :].expand(index.shape)
+    keep = _pattern_pairs(pq, pk, grid_h * grid_w) & ~past
+    fill = torch.zeros(index.shape, device=device).masked_fill(past, float("-inf"))
+    return index, keep, fill
 
 
 def _pattern_pairs(pq: Tensor, pk: Tensor, n_patch: int) -> Tensor:
@@ -260,13 +281,13 @@ def _tile_args(table: Tensor | None, tokens: Tensor | None, bias_read: str, grid
             return bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw).to(dtype), *pat
         if bias_read == "tiles":
             raise ValueError(f"bias_read='tiles': {pat.n_pat} tile patterns take {size} bytes, above the budget")
-    return q.new_zeros(1, dtype=torch.float32), 0, 0, 0, 1, 0, 1
+    return _placeholder(q.device, torch.float32), 0, 0, 0, 1, 0, 1
 
 
 def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int, int]:
     """The kernels' ``MASK`` (a float mask in base 2, or region ids), its row stride, rows and ``MASK_KIND``."""
     if mask is None:
-        return q.new_zeros(1, dtype=torch.float32), 0, 1, 0
+        return _placeholder(q.device, torch.float32), 0, 1, 0
     if not mask.is_floating_point():
         return mask, mask.stride(0), mask.shape[0], 2
     return mask * _kernels().LOG2E, mask.stride(0), mask.shape[0], 1
@@ -410,6 +431,12 @@ def dbias_order(tiles: Tensor, heads: int, n_split: int) -> Tensor:
     return idx.flatten().to(torch.int32)
 
 
+@functools.lru_cache(maxsize=64)
+def _dbias_order(pat: TilePatterns, n: int, blk: int, grid_w: int, causal: bool, heads: int, n_split: int, device):
+    """:func:`dbias_order` of a call's patterns, made once per shape and device (integers only)."""
+    return dbias_order(pat.tiles(n, blk, grid_w, causal, device), heads, n_split)
+
+
 class _Backward(NamedTuple):
     """The backward's launches and what they write: ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel adds
     it by atomics: no ``dq`` launch); the table's gradient as the ``dq`` kernel's diagonal sums (``slots``), or, where
@@ -461,7 +488,7 @@ def _bwd_launches(
     atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
     # dq: added into float32 by the dkdv kernel's atomics, or written by the dq kernel
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_empty(q.shape)
-    dq_acc = dq if atomic else q.new_zeros(1, 1, 1, 1)
+    dq_acc = dq if atomic else _placeholder(q.device, q.dtype, 4)
     dkdv = Launch.make(
         "dkdv", (n_b, b * h), [*inputs(by_cols), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes],
         dict(**flags, BM=blk, BN=blk, ATOMIC_DQ=atomic), opts,
@@ -470,7 +497,11 @@ def _bwd_launches(
     # per program: a full grid's diagonal sums per key block (n_b x 2 cases x 2 blk), a layout's whole table
     slot_size = (table.numel() // h if tokens is not None else n_b * 4 * blk) if grad_t and not by_tiles else 0
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
-    scratch = torch.empty(n_split * h * n_b * blk * blk if slot_size and tokens is not None else 1, device=q.device)
+    scratch = (
+        torch.empty(n_split * h * n_b * blk * blk, device=q.device)
+        if slot_size and tokens is not None
+        else _placeholder(q.device, torch.float32)
+    )
     dq_launch = None if atomic else Launch.make(
         "dq", (n_b, h, n_split), [*inputs(by_rows), dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split,
         slot_size],
@@ -481,7 +512,7 @@ def _bwd_launches(
         n_pat = tiling[1]
         split_t = _n_split(n_pat, h, b, sms)
         dbt = torch.empty(split_t, h, n_pat, blk, blk, device=q.device, dtype=torch.float32)  # each program writes
-        order = dbias_order(TilePatterns(*tiling).tiles(n, blk, grid_w, causal, q.device), h, split_t)
+        order = _dbias_order(TilePatterns(*tiling), n, blk, grid_w, causal, h, split_t, q.device)
         sizes_t = [h, n, prefix, grid_h, grid_w, qk_scale, *tiling, split_t]
         dbias = Launch.make(
             "dbias", (n_pat * h * split_t,), [*inputs(visible), order, dbt, *common, b, *sizes_t],
@@ -540,12 +571,20 @@ def table_grad_from_slots(slots: Tensor, grid_h: int, grid_w: int, blk: int) -> 
     order: deterministic."""
     s = slots.sum(0)  # [heads, n_qb, n_kb, 2, E]
     n_qb, n_kb = s.shape[1:3]
-    qb = torch.arange(n_qb, device=s.device)[:, None]
-    diag = torch.arange(-(n_kb - 1), n_qb, device=s.device)[None, :]  # qb - kb
-    kb = qb - diag
+    qb, kb, inside = _block_diagonals(n_qb, n_kb, s.device)
+    per_diag = s[:, qb, kb]  # [heads, n_qb, n_diag, 2, E]
+    return _table_from_diagonals((per_diag * inside).sum(1), grid_h, grid_w, blk, n_kb)
+
+
+@functools.lru_cache(maxsize=32)
+def _block_diagonals(n_qb: int, n_kb: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """``(qb [n_qb, 1], kb [n_qb, n_diag], inside [n_qb, n_diag, 1, 1])`` of :func:`table_grad_from_slots`: the key
+    block of each query block on each block diagonal ``qb - kb`` from ``-(n_kb - 1)`` (clamped), and whether it
+    exists. Made once per shape and device (integers only)."""
+    qb = torch.arange(n_qb, device=device)[:, None]
+    kb = qb - torch.arange(-(n_kb - 1), n_qb, device=device)[None, :]
     inside = (kb >= 0) & (kb < n_kb)
-    per_diag = s[:, qb, kb.clamp(0, n_kb - 1)]  # [heads, n_qb, n_diag, 2, E]
-    return _table_from_diagonals((per_diag * inside[None, :, :, None, None]).sum(1), grid_h, grid_w, blk, n_kb)
+    return qb, kb.clamp(0, n_kb - 1), inside[:, :, None, None].float()
 
 
 def _table_from_diagonals(per_diag: Tensor, grid_h: int, grid_w: int, blk: int, n_kb: int) -> Tensor:
@@ -559,12 +598,18 @@ def _table_from_diagonals(per_diag: Tensor, grid_h: int, grid_w: int, blk: int, 
     ext[:, :-1] += lo
     ext[:, 1:] += hi
     ext = ext.permute(0, 2, 1, 3).reshape(heads, 2, (n_diag + 1) * blk)  # index y = diag' blk + e
-    # y = (i - j) + n_kb blk - 1
-    dh = torch.arange(-(grid_h - 1), grid_h, device=per_diag.device)[:, None]
-    dw = torch.arange(-(grid_w - 1), grid_w, device=per_diag.device)[None, :]
-    y = dh * grid_w + dw + n_kb * blk - 1
-    case = (dw < 0).long().expand_as(y)
+    case, y = _offset_slots(grid_h, grid_w, n_kb * blk - 1, per_diag.device)
     return ext[:, case, y]
+
+
+@functools.lru_cache(maxsize=32)
+def _offset_slots(grid_h: int, grid_w: int, shift: int, device) -> tuple[Tensor, Tensor]:
+    """``(case, y)`` ``[2 GH - 1, 2 GW - 1]`` of :func:`_table_from_diagonals`: the case ``dw < 0`` of each table offset
+    and its flat offset ``dh GW + dw`` plus ``shift`` (made once per shape and device: integers only)."""
+    dh = torch.arange(-(grid_h - 1), grid_h, device=device)[:, None]
+    dw = torch.arange(-(grid_w - 1), grid_w, device=device)[None, :]
+    y = dh * grid_w + dw + shift
+    return (dw < 0).long().expand_as(y), y
 
 
 def _diagonal_sums(a: Tensor) -> Tensor:
@@ -583,14 +628,24 @@ def table_grad_from_tiles(dbt: Tensor, pat: TilePatterns, grid_h: int, grid_w: i
     along its diagonals (:func:`_diagonal_sums`); the patterns of one block diagonal summed, then laid out as the
     ``dq`` kernel's diagonal sums are (:func:`_table_from_diagonals`). Plain tensor sums: deterministic."""
     heads, _, blk, _ = dbt.shape
-    pq, pk = _pattern_tokens(pat, blk, blk, prefix, dbt.device)
-    if pat.n_m == 0:  # exact tiles, read with no mask: their pairs with a prefix token hold dS too
-        dbt = dbt * _pattern_pairs(pq, pk, grid_h * grid_w)
-    right = pq.remainder(grid_w)[:, :, None] >= pk.remainder(grid_w)[:, None, :]  # [n_pat, blk, blk]: dw >= 0
-    sums = _diagonal_sums(torch.stack([dbt * right, dbt * ~right], 2))  # [heads, n_pat, 2, 2 blk]
+    cases = _tile_cases(pat, blk, prefix, grid_h, grid_w, dbt.device)
+    sums = _diagonal_sums(dbt[:, :, None] * cases)  # [heads, n_pat, 2, 2 blk]
     if pat.n_m > 0:  # pattern = diagonal * n_m + phase
         return _table_from_diagonals(sums.unflatten(1, (-1, pat.n_m)).sum(2), grid_h, grid_w, blk, pat.n_kt)
     return table_grad_from_slots(sums.unflatten(1, (-1, pat.n_kt))[None], grid_h, grid_w, blk)
+
+
+@functools.lru_cache(maxsize=16)
+def _tile_cases(pat: TilePatterns, blk: int, prefix: int, grid_h: int, grid_w: int, device) -> Tensor:
+    """``[n_pat, 2, blk, blk]``: which pairs of each pattern's tile are of case 0 (``c_i >= c_j``) and which of
+    case 1, for :func:`table_grad_from_tiles`; where each pattern is one exact tile (read with no mask, so its pairs
+    with a prefix token hold ``dS`` too), only its patch pairs. Made once per shape and device (integers only)."""
+    pq, pk = _pattern_tokens(pat, blk, blk, prefix, device)
+    right = pq.remainder(grid_w)[:, :, None] >= pk.remainder(grid_w)[:, None, :]  # [n_pat, blk, blk]: dw >= 0
+    cases = torch.stack([right, ~right], 1)
+    if pat.n_m == 0:
+        cases = cases & _pattern_pairs(pq, pk, grid_h * grid_w)[:, None]
+    return cases
 
 
 def triton_cdiv(a: int, b: int) -> int:

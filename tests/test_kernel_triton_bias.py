@@ -164,6 +164,39 @@ def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
         assert pat.n_pat <= (n_qt * tm + n_kt * tw) // min(tm, tw) < n_qt * n_kt or n_qt == 1
 
 
+@interpreted
+def test_qkv_views_are_read_in_place():
+    """q, k, v as the qkv projection makes them (views of one ``[B, N, 3, heads, d]`` tensor, the head dim contiguous)
+    are read through their strides, not copied (SDPA copies nothing either), and give the contiguous inputs' output
+    and gradients exactly."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Copies(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default)
+            return func(*args, **(kwargs or {}))
+
+    grid, prefix = (4, 5), 1
+    qkv = torch.randn(2, prefix + 20, 3, 2, 16, requires_grad=True)
+    table = torch.randn(2, 7, 9)
+    q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+    assert not q.is_contiguous()
+    with Copies() as copies:
+        out = rel_bias_attention(q, k, v, table, grid, prefix)
+    assert copies.n == 0
+    go = torch.randn_like(out)
+    (g,) = torch.autograd.grad(out, qkv, go)
+    qkv_c = qkv.detach().clone().requires_grad_()
+    ref = rel_bias_attention(*(t.contiguous() for t in qkv_c.permute(2, 0, 3, 1, 4).unbind(0)), table, grid, prefix)
+    (g_ref,) = torch.autograd.grad(ref, qkv_c, go)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    torch.testing.assert_close(g, g_ref, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("side", "prefix"), [(8, 1), (5, 1), (4, 0)])
 def test_host_work_of_a_call_is_a_few_tensor_ops(side, prefix):
     """What a call computes on the host from integers alone (the bias tiles' indices and masks, the ``dbias`` launch

@@ -803,7 +803,8 @@ def _op_args(
         mask = regions.to(torch.int32).contiguous()  # the kernels' MASK, read as region ids
     if mask is not None and b % mask.shape[0]:
         raise ValueError(f"rel_bias_attention: batch {b} is not a multiple of the mask's {mask.shape[0]} rows")
-    q, k, v = (t.contiguous() for t in (q, k, v))  # one layout at the op's boundary (its fakes say contiguous)
+    # the kernels take any strides with a contiguous head dim (the qkv projection's views: no copies, as SDPA)
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     scale = d**-0.5 if scale is None else float(scale)
     if bias_read not in BIAS_READS:
         raise ValueError(f"rel_bias_attention: bias_read must be one of {BIAS_READS}, got {bias_read!r}")

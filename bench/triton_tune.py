@@ -130,14 +130,14 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         leaves = (q, k, v, table) if grad_t else (q, k, v)
         torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1, deterministic=det), leaves, go)
 
-    defaults = tb._FWD_BLOCKS[64], tb._BWD_BLOCK[64], dict(tb.LAUNCH["fwd"]), dict(tb.LAUNCH["bwd"])
+    defaults = dict(tb._FWD_BLOCKS), dict(tb._FWD_WIDE), dict(tb._BWD_BLOCK), dict(tb.LAUNCH)
     t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
     ref = {kk: statistics.median(v) for kk, v in t.items()}
     lines.append(f"| {n} | fwd | plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
     lines.append(f"| {n} | fwd+bwd | plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
     for bm, bn, w, st in FWD:
-        tb._FWD_BLOCKS[64] = (bm, bn)
-        tb.LAUNCH["fwd"] = {"num_warps": w, "num_stages": st}
+        tb._FWD_BLOCKS[64] = tb._FWD_WIDE[64] = (bm, bn)
+        tb.LAUNCH["fwd"] = tb.LAUNCH["fwd", 64] = {"num_warps": w, "num_stages": st}
         try:
             m = statistics.median(alternate({"x": tri_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
             lines.append(f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |")
@@ -146,10 +146,10 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         print(lines[-1], flush=True)
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")
-    tb._FWD_BLOCKS[64], tb.LAUNCH["fwd"] = defaults[0], dict(defaults[2])  # (the backward's rows: the default forward)
+    _restore(defaults)  # (the backward's rows: the default forward)
     for blk, w, st in BWD:
         tb._BWD_BLOCK[64] = blk
-        tb.LAUNCH["bwd"] = {"num_warps": w, "num_stages": st}
+        tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", 64] = {"num_warps": w, "num_stages": st}
         for grad_t, det in ((True, True), (False, True), (True, False)):  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             try:
@@ -162,9 +162,16 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
             print(lines[-1], flush=True)
             if args.out:
                 Path(args.out).write_text("\n".join(lines) + "\n")
-    tb._BWD_BLOCK[64], tb.LAUNCH["bwd"] = defaults[1], dict(defaults[3])
+    _restore(defaults)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
+
+
+def _restore(defaults: tuple[dict, ...]) -> None:
+    """The kernel's tiles and launch options as they were before the tuning set them."""
+    for table, saved in zip((tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb.LAUNCH), defaults):
+        table.clear()
+        table.update(saved)
 
 
 def main() -> None:

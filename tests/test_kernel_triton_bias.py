@@ -277,6 +277,28 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     _check_layout(device, 0, *tile_aligned_tokens())
 
 
+def test_launch_configuration_by_head_dim_and_bias_read():
+    """On a GPU (``plan`` builds a GPU's launches anywhere): head dim 64's forward takes 64 x 128 tiles where its bias
+    is read as whole tiles or there is none, 64 x 64 where it is gathered per score, laid out or masked (64 x 128
+    spills there); its backward 3 stages; head dim 32 (Swin's) 64 x 64 and 2 stages (as measured on an H100:
+    ``bench/results/triton_tune_h100.md``)."""
+
+    def launches(d=64, table=True, **kw):
+        q = torch.zeros(2, 2, 65, d, dtype=torch.bfloat16)
+        return triton_bias.plan(q, q, q, torch.zeros(2, 15, 15) if table else None, (8, 8), 1, **kw)
+
+    def tile(**kw):
+        fwd = launches(**kw)["fwd"]
+        return fwd.args["BM"], fwd.args["BN"]
+
+    assert tile(bias_read="tiles") == tile(table=False) == (64, 128)
+    assert tile(bias_read="gather") == tile(mask=torch.zeros(1, 65, 65)) == tile(d=32) == (64, 64)
+    tokens = torch.stack([torch.zeros(65), torch.arange(65) // 8 - 1, torch.arange(65) % 8, torch.zeros(65)])
+    assert tile(tokens=tokens.int().expand(2, 4, 65).contiguous(), table=False) == (64, 64)
+    assert launches()["dkdv"].options["num_stages"] == launches()["dbias"].options["num_stages"] == 3
+    assert launches(d=32)["dkdv"].options == {"num_warps": 4, "num_stages": 2}
+
+
 @interpreted
 @pytest.mark.parametrize(("grid", "prefix", "causal"), [((4, 8), 1, False), ((5, 7), 0, False), ((1, 37), 0, True)])
 def test_forward_tiles_wider_than_tall(monkeypatch, grid, prefix, causal):

@@ -58,10 +58,13 @@ __all__ = [
 ]
 
 #: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
-#: (small tiles keep its per-element work small and exercise several blocks at small sizes). Head dim 64: the fastest
-#: forward of ``bench/triton_tune.py`` on an H100 at N = 1025 and 4097 (``bench/results/triton_tune_h100.md``: 64 x 128,
-#: 4 warps, 2 stages, 0.91x and 0.90x the time of 64 x 64)
-_FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 128), 128: (64, 32)}
+#: (small tiles keep its per-element work small and exercise several blocks at small sizes)
+_FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 64), 128: (64, 32)}
+#: the forward's tile where its bias is read whole or there is none (a full grid's bias tiles, no table), by head dim:
+#: head dim 64, the fastest forward of ``bench/triton_tune.py`` on an H100 at N = 1025 and 4097
+#: (``bench/results/triton_tune_h100.md``: 64 x 128, 4 warps, 2 stages, 0.91x and 0.90x the time of 64 x 64). Not where
+#: the bias is gathered per score or the tokens are laid out: there 64 x 128 spills (328 and 1,296 bytes, sm_90)
+_FWD_WIDE = {64: (64, 128)}
 _BWD_BLOCK = {16: 64, 32: 64, 64: 64, 128: 32}
 
 
@@ -99,9 +102,20 @@ def _kernels():
     return triton_bias_kernels
 
 
-#: launch options (``num_warps``, ``num_stages``) of the forward and of the backward kernels on CUDA; the backward's 3
-#: stages: the fastest of ``bench/triton_tune.py`` on an H100 at N = 1025 and 4097 (0.98x and 0.95x the time of 2)
-LAUNCH = {"fwd": {"num_warps": 4, "num_stages": 2}, "bwd": {"num_warps": 4, "num_stages": 3}}
+#: launch options (``num_warps``, ``num_stages``) of the forward and of the backward kernels on CUDA, and where a head
+#: dim (its power of two) has its own: the backward at head dim 64 in 3 stages, the fastest of ``bench/triton_tune.py``
+#: on an H100 at N = 1025 and 4097 (0.98x and 0.95x the time of 2); not measured at the others (Swin's 32: its
+#: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90)
+LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
+    "fwd": {"num_warps": 4, "num_stages": 2},
+    "bwd": {"num_warps": 4, "num_stages": 2},
+    ("bwd", 64): {"num_warps": 4, "num_stages": 3},
+}
+
+
+def _launch_options(kind: str, block_d: int) -> dict[str, int]:
+    """:data:`LAUNCH`'s options of the ``fwd`` or ``bwd`` kernels at head dim ``block_d``."""
+    return LAUNCH.get((kind, block_d), LAUNCH[kind])
 
 
 def _blocks(d: int, cuda: bool) -> tuple[int, int, int, int]:
@@ -378,18 +392,21 @@ def _fwd_launch(
 ) -> Launch:  # fmt: skip
     """The forward's launch writing ``out`` and ``lse``; ``tile`` ``(BM, BN)`` and ``options`` replace the device's."""
     b, h, n, d = q.shape
-    block_d, bm, bn, _ = _blocks(d, cuda)
-    bm, bn = tile or (bm, bn)
+    block_d, bm0, bn0, _ = _blocks(d, cuda)
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
-    bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q)
+    wide = _FWD_WIDE.get(block_d) if cuda and tokens is None and mask_kind == 0 else None
+    for bm, bn in [tile] if tile else [c for c in (wide, (bm0, bn0)) if c]:
+        bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q)
+        if table is None or tiling[1] > 0:  # (a wide tile only where the bias is read whole, or there is none)
+            break
     visits = tile_lists(tile_flags(blocks, bm, bn, causal))  # the key tiles each query tile visits
     positional = [
         q, k, v, t, m, _int_args(tokens, q), _int_args(visits, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
         smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
-    opts = (options or LAUNCH["fwd"]) if cuda else {}
+    opts = (options or _launch_options("fwd", block_d)) if cuda else {}
     return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, dict(**flags, BM=bm, BN=bn), opts)
 
 
@@ -475,7 +492,7 @@ def _bwd_launches(
     bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
     qk_scale = scale * _kernels().LOG2E
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
-    opts = (options or LAUNCH["bwd"]) if cuda else {}
+    opts = (options or _launch_options("bwd", block_d)) if cuda else {}
 
     def inputs(tiles):  # (the kernels' BLK: which tiles they visit)
         return [q, k, v, t, m, tok, _int_args(tiles, q), bt, do, lse, delta]

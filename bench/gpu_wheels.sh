@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wheels a lent GPU machine needs beside its own packages (it has no network): timm 1.0.31 (it has 1.0.29; vitrel
 # needs timm.models._input) and, for the training tests under `pytest -m cuda` (trainer=gpu), hydra-core, omegaconf
-# and antlr4-python3-runtime 4.9.3 (no wheel on PyPI: built here from its pure-Python sdist).
+# and antlr4-python3-runtime 4.9.3 (no wheel on PyPI: built here from its pure-Python sdist); pytest-xdist and execnet
+# (bench/gpu.py's kernel section runs its tests in 4 processes: Triton compiling each variant is most of its time).
 #   bash bench/gpu_wheels.sh            # -> .whl/ (git-ignored through .git/info/exclude)
 # On the GPU machine: python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
 #                     export PYTHONPATH=/tmp/site:$PWD
@@ -10,6 +11,6 @@ cd "$(dirname "$0")/.."
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
 mkdir -p .whl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
-  -d .whl timm==1.0.31 hydra-core==1.3.2 omegaconf==2.3.0
+  -d .whl timm==1.0.31 hydra-core==1.3.2 omegaconf==2.3.0 pytest-xdist==3.8.0 execnet==2.1.2
 python3 -m pip wheel -q --no-deps -w .whl antlr4-python3-runtime==4.9.3
 ls .whl

@@ -58,6 +58,32 @@ def test_auto_is_sdpa_on_cpu_and_reads_the_device_table(monkeypatch):
     assert select_kernel(build_pos("shaw2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 10, "Test GPU") == "shaw"
 
 
+def test_device_name_is_read_as_compile_folds_it(monkeypatch):
+    """``auto`` reads the device's name in every forward: from ``get_device_properties`` (``torch.compile`` folds it
+    to a constant), not ``get_device_name`` (a graph break)."""
+    from types import SimpleNamespace
+
+    from vitrel.kernels.registry import device_name
+
+    def untraceable(device=None):
+        raise AssertionError("get_device_name breaks torch.compile's graph")
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", untraceable)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d=None: SimpleNamespace(name="NVIDIA H100 PCIe"))
+    assert device_name(torch.device("cuda")) == "NVIDIA H100 PCIe" and device_name("cpu") is None
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+def test_auto_compiles_as_one_graph_on_cuda():
+    """A layer with ``attn_impl="auto"`` compiles with ``fullgraph=True`` on CUDA (the kernel chosen per forward from
+    the device's name and the grad mode, no graph break)."""
+    a = vitrel.Attention(64, 4, pos="rel2d_full", grid=(4, 4), attn_impl="auto").cuda()
+    x = torch.randn(2, 16, 64, device="cuda", requires_grad=True)
+    f = torch.compile(lambda t: a(t, grid=(4, 4)), fullgraph=True)
+    torch.testing.assert_close(f(x), a(x, grid=(4, 4)))
+
+
 @pytest.mark.parametrize(
     ("name", "n", "training", "want"),
     [

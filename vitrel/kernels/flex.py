@@ -44,7 +44,7 @@ def kernel_options(device: torch.device) -> dict[str, Any] | None:
     """FlexAttention's ``kernel_options`` for ``device`` (None: its defaults)."""
     if device.type != "cuda":
         return None
-    return KERNEL_OPTIONS.get(torch.cuda.get_device_capability(device)[0])
+    return KERNEL_OPTIONS.get(torch.cuda.get_device_properties(device).major)  # (torch.compile folds it)
 
 
 @functools.cache

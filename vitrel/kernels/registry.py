@@ -169,10 +169,12 @@ def get_kernel(name: str) -> type[Kernel]:
 
 
 def device_name(device: torch.device | str | None) -> str | None:
-    """``torch.cuda.get_device_name`` of a CUDA device, None for any other."""
+    """The name of a CUDA device (``torch.cuda.get_device_name``'s), None for any other. Read from
+    ``get_device_properties``, which ``torch.compile`` folds to a constant; ``get_device_name`` it cannot trace (a
+    graph break in every attention layer's forward under ``attn_impl="auto"``, an error with ``fullgraph=True``)."""
     if device is None or torch.device(device).type != "cuda":
         return None
-    return torch.cuda.get_device_name(device)
+    return torch.cuda.get_device_properties(device).name
 
 
 def select_kernel(scheme: PositionScheme, n_tokens: int, device: str | None, training: bool | None = None) -> str:

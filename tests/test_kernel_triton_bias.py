@@ -277,7 +277,7 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     _check_layout(device, 0, *tile_aligned_tokens())
 
 
-def test_launch_configuration_by_head_dim_and_bias_read():
+def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     """On a GPU (``plan`` builds a GPU's launches anywhere): head dim 64's forward takes 64 x 128 tiles where its bias
     is read as whole tiles or there is none, 64 x 64 where it is gathered per score, laid out or masked (64 x 128
     spills there); its backward 3 stages; head dim 32 (Swin's) 64 x 64 and 2 stages (as measured on an H100:
@@ -297,6 +297,14 @@ def test_launch_configuration_by_head_dim_and_bias_read():
     assert tile(tokens=tokens.int().expand(2, 4, 65).contiguous(), table=False) == (64, 64)
     assert launches()["dkdv"].options["num_stages"] == launches()["dbias"].options["num_stages"] == 3
     assert launches(d=32)["dkdv"].options == {"num_warps": 4, "num_stages": 2}
+    # bias_read="tiles" where only the narrow tiles fit the budget: those, not an error
+    size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 2 for t in (64, 128)}
+    assert size[128] > size[64]
+    monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[64])
+    assert tile(bias_read="tiles") == (64, 64)
+    monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[64] - 1)
+    with pytest.raises(ValueError, match="above the budget"):
+        tile(bias_read="tiles")
 
 
 @interpreted

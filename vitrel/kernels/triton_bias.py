@@ -395,10 +395,12 @@ def _fwd_launch(
     block_d, bm0, bn0, _ = _blocks(d, cuda)
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
-    wide = _FWD_WIDE.get(block_d) if cuda and tokens is None and mask_kind == 0 else None
+    wide = _FWD_WIDE.get(block_d) if cuda and tokens is None and mask_kind == 0 and not tile else None
     for bm, bn in [tile] if tile else [c for c in (wide, (bm0, bn0)) if c]:
-        bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q)
-        if table is None or tiling[1] > 0:  # (a wide tile only where the bias is read whole, or there is none)
+        # a wide tile only where the bias is read whole (its tiles within the budget: else the narrow one's), or none
+        read = "auto" if (bm, bn) == wide and bias_read == "tiles" else bias_read
+        bt, *tiling = _tile_args(None if table is None else t, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q)
+        if table is None or tiling[1] > 0:
             break
     visits = tile_lists(tile_flags(blocks, bm, bn, causal))  # the key tiles each query tile visits
     positional = [

@@ -236,6 +236,34 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(side, prefix):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_nothing_kept_from_a_graphs_stream(monkeypatch):
+    """Where a tensor made now may not be kept (:func:`triton_bias._keeps`: a CUDA stream other than the default one,
+    as CUDA graph capture and ``torch.compile``'s graph trees use, whose pool hands its blocks out again), every call
+    makes its own: nothing enters the caches, and the launches are the same."""
+    q = torch.randn(2, 2, 1 + 36, 16)
+    table = torch.randn(2, 11, 11)
+    triton_bias._tile_index.cache_clear()
+    monkeypatch.setattr(triton_bias, "_keeps", lambda device: False)
+    first = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
+    again = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
+    assert triton_bias._tile_index.cache_info().currsize == 0
+    torch.testing.assert_close(again["dbias"].args["BT"], first["dbias"].args["BT"], rtol=0, atol=0)
+    monkeypatch.undo()
+    triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
+    assert triton_bias._tile_index.cache_info().currsize > 0  # (on the CPU: kept)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+def test_keeps_only_on_the_default_stream():
+    """On CUDA, tensors are kept from the device's default stream only: not from a side stream, where a CUDA graph is
+    captured."""
+    dev = torch.device("cuda")
+    assert triton_bias._keeps(dev)
+    with torch.cuda.stream(torch.cuda.Stream()):
+        assert not triton_bias._keeps(dev)
+
+
 @pytest.mark.parametrize(("side", "prefix", "blk", "causal"), [(8, 1, 16, False), (24, 1, 64, False), (5, 2, 16, True),
                                                               (64, 1, 64, False), (1, 0, 16, True)])  # fmt: skip
 def test_dbias_programs_longest_first(side, prefix, blk, causal):

@@ -142,10 +142,37 @@ def _strides(*ts: Tensor) -> list[int]:
     return out
 
 
-@functools.lru_cache(maxsize=32)
-def _placeholder(device: torch.device, dtype: torch.dtype, dims: int = 1) -> Tensor:
-    """A zero of ``dims`` dimensions that a kernel takes for an input it does not read (made once per device and type:
-    a kernel launch's host work is a few tensor ops, not a dozen)."""
+def _keeps(device: torch.device) -> bool:
+    """Whether a tensor made on ``device`` now may be kept for later calls (:func:`_per_device`): on the CPU, and on
+    CUDA on the device's default stream. CUDA graphs are captured, and ``torch.compile``'s CUDA graph trees warm up,
+    on streams of their own whose allocations go to the graph's private pool, whose blocks the trees hand out again
+    when they restore a recorded state: a tensor kept from there could be overwritten. There, each call makes its
+    own (a captured graph replays that work anyway); a tensor made on the default stream is outside any graph's
+    pool, and a graph reads it as it reads a parameter."""
+    return device.type != "cuda" or torch.cuda.current_stream(device) == torch.cuda.default_stream(device)
+
+
+def _per_device(maxsize: int):
+    """A function of integers and, last, a device, whose tensors depend on nothing else: its results cached per
+    arguments where :func:`_keeps` (a kernel launch's host work is then a few tensor ops, not dozens: each a CUDA
+    launch), else made afresh."""
+
+    def deco(fn):
+        cached = functools.lru_cache(maxsize=maxsize)(fn)
+
+        @functools.wraps(fn)
+        def get(*args):
+            return cached(*args) if _keeps(torch.device(args[-1])) else fn(*args)
+
+        get.cache_info, get.cache_clear = cached.cache_info, cached.cache_clear
+        return get
+
+    return deco
+
+
+@_per_device(maxsize=32)
+def _placeholder(dtype: torch.dtype, dims: int, device: torch.device) -> Tensor:
+    """A zero of ``dims`` dimensions that a kernel takes for an input it does not read."""
     return torch.zeros((1,) * dims, device=device, dtype=dtype)
 
 
@@ -153,14 +180,14 @@ def _table_args(table: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
     """The table in base 2 (the kernels' logits are), or a placeholder, and its group and head strides (group 0 on a
     full grid's ``[heads, 2 GH - 1, 2 GW - 1]``)."""
     if table is None:
-        return _placeholder(q.device, torch.float32), 0, 0
+        return _placeholder(torch.float32, 1, q.device), 0, 0
     t = table * _kernels().LOG2E
     return (t, 0, t.stride(0)) if t.dim() == 3 else (t, t.stride(0), t.stride(1))
 
 
 def _int_args(t: Tensor | None, q: Tensor) -> Tensor:
     """``t`` (a layout's tokens, the visible-tile flags), or a placeholder."""
-    return _placeholder(q.device, torch.int32) if t is None else t
+    return _placeholder(torch.int32, 1, q.device) if t is None else t
 
 
 #: the most memory the bias tiles of one call may take (:func:`bias_tiles`); beyond it the bias is gathered per score
@@ -251,7 +278,7 @@ def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, pat: TilePa
     return tiles if keep is None else torch.where(keep, tiles, fill)
 
 
-@functools.lru_cache(maxsize=16)
+@_per_device(maxsize=16)
 def _tile_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device):
     """``(index, keep, fill)`` of :func:`bias_tiles`: each tile entry's flat index into the table
     ``[heads, (2 GH - 1) (2 GW - 1)]`` (offsets clamped: the pairs past the grid's ends, zeroed by the kernels), and
@@ -295,13 +322,13 @@ def _tile_args(table: Tensor | None, tokens: Tensor | None, bias_read: str, grid
             return bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw).to(dtype), *pat
         if bias_read == "tiles":
             raise ValueError(f"bias_read='tiles': {pat.n_pat} tile patterns take {size} bytes, above the budget")
-    return _placeholder(q.device, torch.float32), 0, 0, 0, 1, 0, 1
+    return _placeholder(torch.float32, 1, q.device), 0, 0, 0, 1, 0, 1
 
 
 def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int, int]:
     """The kernels' ``MASK`` (a float mask in base 2, or region ids), its row stride, rows and ``MASK_KIND``."""
     if mask is None:
-        return _placeholder(q.device, torch.float32), 0, 1, 0
+        return _placeholder(torch.float32, 1, q.device), 0, 1, 0
     if not mask.is_floating_point():
         return mask, mask.stride(0), mask.shape[0], 2
     return mask * _kernels().LOG2E, mask.stride(0), mask.shape[0], 1
@@ -450,7 +477,7 @@ def dbias_order(tiles: Tensor, heads: int, n_split: int) -> Tensor:
     return idx.flatten().to(torch.int32)
 
 
-@functools.lru_cache(maxsize=64)
+@_per_device(maxsize=64)
 def _dbias_order(pat: TilePatterns, n: int, blk: int, grid_w: int, causal: bool, heads: int, n_split: int, device):
     """:func:`dbias_order` of a call's patterns, made once per shape and device (integers only)."""
     return dbias_order(pat.tiles(n, blk, grid_w, causal, device), heads, n_split)
@@ -507,7 +534,7 @@ def _bwd_launches(
     atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
     # dq: added into float32 by the dkdv kernel's atomics, or written by the dq kernel
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_empty(q.shape)
-    dq_acc = dq if atomic else _placeholder(q.device, q.dtype, 4)
+    dq_acc = dq if atomic else _placeholder(q.dtype, 4, q.device)
     dkdv = Launch.make(
         "dkdv", (n_b, b * h), [*inputs(by_cols), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes],
         dict(**flags, BM=blk, BN=blk, ATOMIC_DQ=atomic), opts,
@@ -519,7 +546,7 @@ def _bwd_launches(
     scratch = (
         torch.empty(n_split * h * n_b * blk * blk, device=q.device)
         if slot_size and tokens is not None
-        else _placeholder(q.device, torch.float32)
+        else _placeholder(torch.float32, 1, q.device)
     )
     dq_launch = None if atomic else Launch.make(
         "dq", (n_b, h, n_split), [*inputs(by_rows), dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split,
@@ -595,7 +622,7 @@ def table_grad_from_slots(slots: Tensor, grid_h: int, grid_w: int, blk: int) -> 
     return _table_from_diagonals((per_diag * inside).sum(1), grid_h, grid_w, blk, n_kb)
 
 
-@functools.lru_cache(maxsize=32)
+@_per_device(maxsize=32)
 def _block_diagonals(n_qb: int, n_kb: int, device) -> tuple[Tensor, Tensor, Tensor]:
     """``(qb [n_qb, 1], kb [n_qb, n_diag], inside [n_qb, n_diag, 1, 1])`` of :func:`table_grad_from_slots`: the key
     block of each query block on each block diagonal ``qb - kb`` from ``-(n_kb - 1)`` (clamped), and whether it
@@ -621,7 +648,7 @@ def _table_from_diagonals(per_diag: Tensor, grid_h: int, grid_w: int, blk: int, 
     return ext[:, case, y]
 
 
-@functools.lru_cache(maxsize=32)
+@_per_device(maxsize=32)
 def _offset_slots(grid_h: int, grid_w: int, shift: int, device) -> tuple[Tensor, Tensor]:
     """``(case, y)`` ``[2 GH - 1, 2 GW - 1]`` of :func:`_table_from_diagonals`: the case ``dw < 0`` of each table offset
     and its flat offset ``dh GW + dw`` plus ``shift`` (made once per shape and device: integers only)."""
@@ -654,7 +681,7 @@ def table_grad_from_tiles(dbt: Tensor, pat: TilePatterns, grid_h: int, grid_w: i
     return table_grad_from_slots(sums.unflatten(1, (-1, pat.n_kt))[None], grid_h, grid_w, blk)
 
 
-@functools.lru_cache(maxsize=16)
+@_per_device(maxsize=16)
 def _tile_cases(pat: TilePatterns, blk: int, prefix: int, grid_h: int, grid_w: int, device) -> Tensor:
     """``[n_pat, 2, blk, blk]``: which pairs of each pattern's tile are of case 0 (``c_i >= c_j``) and which of
     case 1, for :func:`table_grad_from_tiles`; where each pattern is one exact tile (read with no mask, so its pairs

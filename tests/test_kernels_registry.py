@@ -73,6 +73,29 @@ def test_device_name_is_read_as_compile_folds_it(monkeypatch):
     assert device_name(torch.device("cuda")) == "NVIDIA H100 PCIe" and device_name("cpu") is None
 
 
+def test_auto_passes_over_a_kernel_without_dropout_for_layers_that_drop(monkeypatch):
+    """``auto`` does not pick a kernel without attention dropout (``triton``) for a layer that drops attention weights
+    in this forward: an ``Attention`` with ``attn_drop > 0`` in training, a ViT any of whose blocks does; in
+    evaluation, and without dropout, the rule applies."""
+    from vitrel.kernels import registry
+    from vitrel.pos.geometry import Grid
+
+    monkeypatch.setattr(registry, "device_name", lambda device: "Test GPU")
+    monkeypatch.setitem(AUTO, "Test GPU", [AutoRule(frozenset({"rel2d_full"}), 0, "triton", training=True)])
+    assert not get_kernel("triton").takes_dropout
+    x = torch.randn(1, 12, 16)
+    for drop, want in ((0.0, "triton"), (0.1, "sdpa")):
+        a = vitrel.Attention(16, 2, pos="rel2d_full", grid=(3, 4), attn_drop=drop, attn_impl="auto").train()
+        assert a._state(x, (3, 4), None).impl == want
+        assert a.eval()._state(x, (3, 4), None).impl == "triton"
+    for share in (False, True):
+        m = vitrel.create_model(
+            "vitrel_vit_tiny_patch4_32", pos="rel2d_full", img_size=16, depth=2, attn_drop_rate=0.1, pos_share=share
+        )
+        assert {st.impl for st in m.train().position_states(Grid(4, 4), x)} == {"sdpa"}
+        assert {st.impl for st in m.eval().position_states(Grid(4, 4), x)} == {"triton"}
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
 def test_auto_compiles_as_one_graph_on_cuda():

@@ -177,25 +177,32 @@ def device_name(device: torch.device | str | None) -> str | None:
     return torch.cuda.get_device_properties(device).name
 
 
-def select_kernel(scheme: PositionScheme, n_tokens: int, device: str | None, training: bool | None = None) -> str:
+def select_kernel(
+    scheme: PositionScheme, n_tokens: int, device: str | None, training: bool | None = None, dropout: bool = False
+) -> str:
     """``attn_impl="auto"`` on the device named ``device`` (:func:`device_name`): the first :data:`AUTO` rule of that
     device that matches (``training``: gradients computed, default :func:`torch.is_grad_enabled`), if its kernel takes
-    the scheme; else the first kernel that is the scheme's own (:meth:`Kernel.default_for`); else ``sdpa``."""
+    the scheme (and, with ``dropout``, attention dropout: ``takes_dropout``); else the first kernel that is the
+    scheme's own (:meth:`Kernel.default_for`); else ``sdpa``."""
     training = torch.is_grad_enabled() if training is None else training
     for key, rules in AUTO.items():
         if device is not None and key in device:
             for rule in rules:
                 if scheme.name in rule.schemes and n_tokens >= rule.fewest and (training or not rule.training):
-                    if _KERNELS[rule.kernel].refuses(scheme) is None:
+                    kernel = _KERNELS[rule.kernel]
+                    if kernel.refuses(scheme) is None and (kernel.takes_dropout or not dropout):
                         return rule.kernel
     return next((name for name, k in _KERNELS.items() if k.default_for(scheme)), "sdpa")
 
 
-def resolve(impl: str, scheme: PositionScheme, n_tokens: int, device: torch.device | None) -> type[Kernel]:
-    """The kernel ``impl`` names (``auto``: :func:`select_kernel`), checked against ``scheme``: a clear error
-    naming both when the kernel cannot run it."""
+def resolve(
+    impl: str, scheme: PositionScheme, n_tokens: int, device: torch.device | None, dropout: bool = False
+) -> type[Kernel]:
+    """The kernel ``impl`` names (``auto``: :func:`select_kernel`; ``dropout``: the layer drops attention weights),
+    checked against ``scheme``: a clear error naming both when the kernel cannot run it."""
     check_impl(impl)
-    kernel = _KERNELS[select_kernel(scheme, n_tokens, device_name(device)) if impl == "auto" else impl]
+    name = select_kernel(scheme, n_tokens, device_name(device), dropout=dropout) if impl == "auto" else impl
+    kernel = _KERNELS[name]
     reason = kernel.refuses(scheme)
     if reason is not None:
         raise ValueError(reason)

@@ -873,6 +873,7 @@ class TritonKernel(OffsetTableKernel):
     attention dropout. Its backward is bitwise repeatable (``deterministic``; ``triton_atomic`` is not)."""
 
     window_layouts = True
+    takes_dropout = False  # (attend says so: an error, and auto does not pick it for a layer that drops)
     onnx = False
     fused_rotation = True
     #: two backward passes bitwise equal (:func:`rel_bias_attention`'s ``deterministic``)

@@ -159,7 +159,8 @@ class Attention(nn.Module):
             raise ValueError("pass the tokens' grid (H, W), or a pos_state prepared for it")
         if not isinstance(grid, TokenLayout):
             grid = as_grid(grid)
-        return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, self.attn_impl)
+        drops = self.training and self.attn_drop > 0  # (auto then picks a kernel with attention dropout)
+        return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, self.attn_impl, dropout=drops)
 
     def _qkv(self, x: Tensor, st: PosState) -> tuple[Tensor, Tensor, Tensor]:
         """Projected ``q, k, v [B, heads, N, d]``, ``q`` and ``k`` rotated (and augmented) by the scheme."""

@@ -203,20 +203,22 @@ def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid | TokenLayout, num
 
 @register_notrace_function
 def prepare_state(
-    scheme: PositionScheme, grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto"
+    scheme: PositionScheme, grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto", dropout: bool = False
 ) -> PosState:
-    """``scheme.prepare`` for tokens like ``like`` (their device and dtype) and attention ``impl``."""
-    return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype, impl)
+    """``scheme.prepare`` for tokens like ``like`` (their device and dtype) and attention ``impl`` (``dropout``: the
+    attention drops weights)."""
+    return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype, impl, dropout=dropout)
 
 
 @register_notrace_function
 def prepare_states(
-    schemes: list[PositionScheme], grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto"
-) -> list[PosState]:
+    schemes: list[PositionScheme], grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto",
+    dropout: bool = False,
+) -> list[PosState]:  # fmt: skip
     """The states of the blocks' own schemes for one forward (:meth:`PositionScheme.prepare_all`: runs of schemes of
     one class prepared together, RoPE-Mixed computes every block's cos/sin in one product). ``grid``: a grid or a
     :class:`~vitrel.pos.tokens.TokenLayout`."""
-    return PositionScheme.prepare_all(schemes, grid, num_prefix_tokens, like.device, like.dtype, impl)
+    return PositionScheme.prepare_all(schemes, grid, num_prefix_tokens, like.device, like.dtype, impl, dropout=dropout)
 
 
 class Block(nn.Module):

@@ -298,7 +298,7 @@ class VisionTransformer(TimmSurface, nn.Module):
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
         if self.rel_pos is None:
             return None
-        return prepare_state(self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl)
+        return prepare_state(self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl, self._drops())
 
     def position_states(self, grid: Grid, like: Tensor, depth: int | None = None) -> list[PosState]:
         """The state of each of the first ``depth`` blocks (all for None) for one forward: the shared
@@ -307,7 +307,12 @@ class VisionTransformer(TimmSurface, nn.Module):
         st = self.position_state(grid, like)
         if st is not None:
             return [st] * len(blocks)
-        return prepare_states([blk.attn.pos for blk in blocks], grid, self.num_prefix_tokens, like, self.attn_impl)
+        schemes = [blk.attn.pos for blk in blocks]
+        return prepare_states(schemes, grid, self.num_prefix_tokens, like, self.attn_impl, self._drops())
+
+    def _drops(self) -> bool:
+        """Whether a block's attention drops weights in this forward (``auto`` then picks a kernel that does)."""
+        return self.training and any(blk.attn.attn_drop > 0 for blk in self.blocks)
 
     def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``; a NaFlex dict or a list of images (or dropped tokens) ->

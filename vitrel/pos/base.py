@@ -180,18 +180,21 @@ class PositionScheme(nn.Module):
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
         impl: str = "auto",
+        *,
+        dropout: bool = False,
     ) -> PosState:
         """What depends on the grid alone, computed once: RoPE's cos/sin (``rotation``) and the position inputs the
         attention kernel ``impl`` reads (:mod:`vitrel.kernels`: the dense bias, its factors, the offset table, ...).
 
         ``device`` / ``dtype`` are those of the tokens the state will be used with; ``impl`` is ``attn_impl``: a
-        kernel's name, or ``auto`` (the kernel chosen for this device and size, :func:`vitrel.kernels.resolve`).
-        The state records the kernel it was prepared for.
+        kernel's name, or ``auto`` (the kernel chosen for this device and size, :func:`vitrel.kernels.resolve`;
+        ``dropout``: the attention that reads the state drops attention weights, so ``auto`` picks a kernel that
+        does). The state records the kernel it was prepared for.
         """
         layout = grid if isinstance(grid, TokenLayout) else None
         grid = grid if layout is not None else as_grid(grid)
         n_tokens = layout.num_tokens if layout is not None else num_prefix_tokens + grid.n
-        kernel = resolve(impl, self, n_tokens, device)
+        kernel = resolve(impl, self, n_tokens, device, dropout)
         if layout is not None:
             if not kernel.takes_layout:
                 raise ValueError(
@@ -236,29 +239,33 @@ class PositionScheme(nn.Module):
 
     @classmethod
     def prepare_many(
-        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
-    ) -> list[PosState]:
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
+        *, dropout: bool = False,
+    ) -> list[PosState]:  # fmt: skip
         """The states of several schemes of this class (a model's blocks, each with its own parameters) for
         one forward: ``[s.prepare(...) for s in schemes]``. A class whose states are cheaper computed
         together overrides it (RoPE-Mixed: every block's angles in one product, as RoPE-ViT)."""
-        return [s.prepare(grid, num_prefix_tokens, device, dtype, impl) for s in schemes]
+        return [s.prepare(grid, num_prefix_tokens, device, dtype, impl, dropout=dropout) for s in schemes]
 
     @staticmethod
     def prepare_all(
-        schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
-    ) -> list[PosState]:
+        schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
+        *, dropout: bool = False,
+    ) -> list[PosState]:  # fmt: skip
         """The states of a model's blocks' own schemes for one forward: runs of schemes of one class prepared
         together (``prepare_many``) on a grid; each scheme's ``prepare`` on a
         :class:`~vitrel.pos.tokens.TokenLayout`."""
         if isinstance(grid, TokenLayout):
-            return [s.prepare(grid, num_prefix_tokens, device, dtype, impl) for s in schemes]
+            return [s.prepare(grid, num_prefix_tokens, device, dtype, impl, dropout=dropout) for s in schemes]
         states: list[PosState] = []
         i = 0
         while i < len(schemes):
             j = i + 1
             while j < len(schemes) and type(schemes[j]) is type(schemes[i]):
                 j += 1
-            states += type(schemes[i]).prepare_many(schemes[i:j], grid, num_prefix_tokens, device, dtype, impl)
+            states += type(schemes[i]).prepare_many(
+                schemes[i:j], grid, num_prefix_tokens, device, dtype, impl, dropout=dropout
+            )
             i = j
         return states
 

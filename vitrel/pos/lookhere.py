@@ -283,16 +283,17 @@ class LookHere(GridBuffers, PositionScheme):
 
     @classmethod
     def prepare_many(
-        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
-    ) -> list[PosState]:
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
+        *, dropout: bool = False,
+    ) -> list[PosState]:  # fmt: skip
         """For a kernel that reads a block mask (flex), one for every block that looks in the same directions (the
         views do not depend on the layer's slope); otherwise each scheme's ``prepare``."""
         if isinstance(grid, TokenLayout) or len(schemes) < 2 or any(type(s) is not cls for s in schemes):
-            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl, dropout=dropout)
         grid = as_grid(grid)
-        kernel = resolve(impl, schemes[0], num_prefix_tokens + grid.n, device)
+        kernel = resolve(impl, schemes[0], num_prefix_tokens + grid.n, device, dropout)
         if "block_mask" not in kernel.reads:
-            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl, dropout=dropout)
         masks, states = {}, []
         for s in schemes:
             table = s.offset_table(grid)

@@ -549,8 +549,9 @@ class Rope2dMixed(Rope2dOptions):
 
     @classmethod
     def prepare_many(
-        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto"
-    ) -> list[PosState]:
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
+        *, dropout: bool = False,
+    ) -> list[PosState]:  # fmt: skip
         """Every block's ``cos/sin`` (and STRING basis) in one product, as RoPE-ViT computes ``freqs_cis`` for
         all blocks at once: the same values as each scheme's ``prepare``. Schemes that differ in options or
         sizes, or draw DINOv3's coordinate augmentation (one draw per block), are prepared one by one."""
@@ -572,9 +573,9 @@ class Rope2dMixed(Rope2dOptions):
             for s in schemes
         )
         if not together:
-            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl)
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl, dropout=dropout)
         grid, p, layers = as_grid(grid), num_prefix_tokens, len(schemes)
-        kernel = resolve(impl, first, p + grid.n, device)  # (says why a kernel cannot run the scheme)
+        kernel = resolve(impl, first, p + grid.n, device, dropout)  # (says why a kernel cannot run the scheme)
         f = torch.stack([s.freqs for s in schemes], dim=1).flatten(1, 2)  # [2, L * heads, d/2]
         work = torch.promote_types(f.dtype, torch.float32)
         rc = first.patch_rc(grid, f.device, work)

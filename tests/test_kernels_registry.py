@@ -94,6 +94,13 @@ def test_auto_passes_over_a_kernel_without_dropout_for_layers_that_drop(monkeypa
         )
         assert {st.impl for st in m.train().position_states(Grid(4, 4), x)} == {"sdpa"}
         assert {st.impl for st in m.eval().position_states(Grid(4, 4), x)} == {"triton"}
+    swin = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos="rel2d_full", attn_drop_rate=0.1)
+    maps = torch.randn(1, 16, 16, swin.layers[0].blocks[0].attn.qkv.in_features)
+    stage, block = swin.layers[0], swin.layers[0].blocks[0]
+    assert {st.impl for st in swin.train().layers[0].position_states(maps)} == {"sdpa"}
+    assert block._state(maps, None, None).impl == "sdpa"
+    assert {st.impl for st in swin.eval().layers[0].position_states(maps)} == {"triton"}
+    assert stage.blocks[0]._state(maps, None, None).impl == "triton"
 
 
 @pytest.mark.cuda

@@ -140,6 +140,12 @@ class Attention(nn.Module):
                 f"attention has {self.num_heads} heads of {self.head_dim}"
             )
 
+    @property
+    def drops_weights(self) -> bool:
+        """Whether this forward drops attention weights (``attn_drop > 0`` in training): ``auto`` then picks a kernel
+        with attention dropout (:meth:`~vitrel.pos.base.PositionScheme.prepare`'s ``dropout``)."""
+        return self.training and self.attn_drop > 0
+
     def _state(self, x: Tensor, grid: Any, pos_state: PosState | None) -> PosState:
         """``pos_state`` as given (it carries the grid and prefix count it was prepared for), or this layer's
         scheme prepared for ``grid``."""
@@ -159,7 +165,7 @@ class Attention(nn.Module):
             raise ValueError("pass the tokens' grid (H, W), or a pos_state prepared for it")
         if not isinstance(grid, TokenLayout):
             grid = as_grid(grid)
-        drops = self.training and self.attn_drop > 0  # (auto then picks a kernel with attention dropout)
+        drops = self.drops_weights
         return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, self.attn_impl, dropout=drops)
 
     def _qkv(self, x: Tensor, st: PosState) -> tuple[Tensor, Tensor, Tensor]:

@@ -201,6 +201,11 @@ def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid | TokenLayout, num
     return scheme.add_to_tokens(x, grid, num_prefix_tokens)
 
 
+def drops_weights(blocks) -> bool:
+    """Whether any of ``blocks``' attention drops weights in this forward (``auto`` then picks a kernel that does)."""
+    return any(blk.attn.drops_weights for blk in blocks)
+
+
 @register_notrace_function
 def prepare_state(
     scheme: PositionScheme, grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto", dropout: bool = False

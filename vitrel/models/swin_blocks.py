@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vitrel.layers.attention import SHARED
-from vitrel.models.blocks import Block, PatchEmbed, patch_grid
+from vitrel.models.blocks import Block, PatchEmbed, drops_weights, patch_grid
 from vitrel.models.input_size import check_img_size
 from vitrel.models.swin_windows import (
     mixed_states,
@@ -146,7 +146,7 @@ class SwinBlock(NonPersistentBuffers, Block):
                                 self.window_size)  # fmt: skip
         if self.attn.pos is None:
             raise ValueError("this block uses its stage's shared scheme: pass pos_state=stage.position_state(x)")
-        return stage_state(self.attn.pos, x, self.window_size, self.attn.attn_impl)
+        return stage_state(self.attn.pos, x, self.window_size, self.attn.attn_impl, self.attn.drops_weights)
 
     def forward(self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: Any = None) -> Tensor:
         """``Block.forward``: ``x + DP(ls1(W-MSA(LN x))) ; x + DP(ls2(MLP(LN x)))``.
@@ -315,7 +315,7 @@ class SwinStage(nn.Module):
         """The shared scheme's state for the windows of the map ``x [B, H, W, C]`` (None without ``pos_share``)."""
         if self.rel_pos is None:
             return None
-        return stage_state(self.rel_pos, x, self.window_size, self.attn_impl)
+        return stage_state(self.rel_pos, x, self.window_size, self.attn_impl, drops_weights(self.blocks))
 
     def position_states(
         self, x: Tensor, layout: TokenLayout | None = None
@@ -329,7 +329,8 @@ class SwinStage(nn.Module):
         st = self.position_state(x)
         if st is not None:
             return [st] * len(self.blocks)
-        return stage_states([blk.attn.pos for blk in self.blocks], x, self.window_size, self.attn_impl)
+        schemes = [blk.attn.pos for blk in self.blocks]
+        return stage_states(schemes, x, self.window_size, self.attn_impl, drops_weights(self.blocks))
 
     def output_layout(self, layout: TokenLayout | None) -> TokenLayout | None:
         """The layout of this stage's output for packed maps on ``layout`` (None: a batch of maps)."""

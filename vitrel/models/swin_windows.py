@@ -298,15 +298,18 @@ def _stage_window(x: Tensor, window: tuple[int, int]) -> Grid:
 
 
 @register_notrace_function
-def stage_state(scheme: PositionScheme, x: Tensor, window: tuple[int, int], impl: str = "auto") -> PosState:
-    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``."""
-    return scheme.prepare(_stage_window(x, window), 0, x.device, x.dtype, impl)
+def stage_state(
+    scheme: PositionScheme, x: Tensor, window: tuple[int, int], impl: str = "auto", dropout: bool = False
+) -> PosState:
+    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]`` (``dropout``: the attention drops
+    weights)."""
+    return scheme.prepare(_stage_window(x, window), 0, x.device, x.dtype, impl, dropout=dropout)
 
 
 @register_notrace_function
 def stage_states(
-    schemes: list[PositionScheme], x: Tensor, window: tuple[int, int], impl: str = "auto"
+    schemes: list[PositionScheme], x: Tensor, window: tuple[int, int], impl: str = "auto", dropout: bool = False
 ) -> list[PosState]:
     """The states of a stage's blocks' own schemes for the windows of the map ``x``, prepared together
     (``prepare_states``: RoPE-Mixed computes every block's cos/sin in one product)."""
-    return prepare_states(schemes, _stage_window(x, window), 0, x, impl)
+    return prepare_states(schemes, _stage_window(x, window), 0, x, impl, dropout)

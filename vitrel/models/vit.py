@@ -33,6 +33,7 @@ from vitrel.models.blocks import (
     PatchEmbed,
     add_abs_pos,
     constructor_config,
+    drops_weights,
     prepare_state,
     prepare_states,
     with_placement,
@@ -298,7 +299,9 @@ class VisionTransformer(TimmSurface, nn.Module):
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
         if self.rel_pos is None:
             return None
-        return prepare_state(self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl, self._drops())
+        return prepare_state(
+            self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl, drops_weights(self.blocks)
+        )
 
     def position_states(self, grid: Grid, like: Tensor, depth: int | None = None) -> list[PosState]:
         """The state of each of the first ``depth`` blocks (all for None) for one forward: the shared
@@ -308,11 +311,7 @@ class VisionTransformer(TimmSurface, nn.Module):
         if st is not None:
             return [st] * len(blocks)
         schemes = [blk.attn.pos for blk in blocks]
-        return prepare_states(schemes, grid, self.num_prefix_tokens, like, self.attn_impl, self._drops())
-
-    def _drops(self) -> bool:
-        """Whether a block's attention drops weights in this forward (``auto`` then picks a kernel that does)."""
-        return self.training and any(blk.attn.attn_drop > 0 for blk in self.blocks)
+        return prepare_states(schemes, grid, self.num_prefix_tokens, like, self.attn_impl, drops_weights(self.blocks))
 
     def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``; a NaFlex dict or a list of images (or dropped tokens) ->

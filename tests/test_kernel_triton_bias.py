@@ -820,3 +820,18 @@ def test_compile_launch_specializes_like_the_jit():
     q_attr, stride_attr, n_attr, mask_rows, wide = json.loads(_compiled_for_hopper(_SPECIALIZED))
     assert "tt.divisibility = 16" in q_attr and "tt.divisibility = 16" in stride_attr
     assert n_attr is None and mask_rows == "constant" and wide
+
+
+def test_dkdv_products_take_registers_as_they_stand():
+    """The ``dkdv`` kernel computes its tiles transposed (keys by queries, as Triton's tutorial), so ``p^T`` and
+    ``dS^T``, the left operands of the ``dv`` and ``dk`` products, are used as they stand in registers: compiled for
+    sm_90, its code holds no transpose of a register tensor (each went through shared memory: a store, a barrier and
+    a load a tile), only transposed views of the tiles in shared memory (``q^T``, ``do^T``)."""
+    code = (
+        "import torch; from vitrel.kernels import triton_bias as tb; "
+        "q = torch.randn(2, 2, 65, 64).bfloat16(); t = torch.randn(2, 15, 15); "
+        "ir = tb.compile_launch(tb.plan(q, q, q, t, (8, 8), 1, bias_read='tiles')['dkdv']).asm['ttgir']; "
+        "print(ir.count('tt.trans '), ir.count('ttg.memdesc_trans '), ir.count('warp_group_dot '))"
+    )
+    register_transposes, view_transposes, products = map(int, _compiled_for_hopper(code).split())
+    assert register_transposes == 0 and view_transposes >= 2 and products == 4, (register_transposes, products)

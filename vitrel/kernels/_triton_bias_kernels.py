@@ -143,22 +143,44 @@ def _row_stats(LSE, DELTA, bh, N, offs):
 
 
 @triton.jit
+def _q_axis(x, TRANS: tl.constexpr):
+    """A vector over the tile's queries, as the tile's query axis: its rows, or with ``TRANS`` (a tile of keys by
+    queries, the ``dkdv`` kernel's) its columns."""
+    if TRANS:  # (one return: Triton checks every return's type, a constexpr branch's too)
+        y = x[None, :]
+    else:
+        y = x[:, None]
+    return y
+
+
+@triton.jit
+def _k_axis(x, TRANS: tl.constexpr):
+    """A vector over the tile's keys, as the tile's key axis: its columns, or with ``TRANS`` its rows."""
+    if TRANS:
+        y = x[:, None]
+    else:
+        y = x[None, :]
+    return y
+
+
+@triton.jit
 def _bias_tile(
     BT, h, q0, k0, GW, n_kt, n_pat, d_min, g_d, n_m, g_m,
-    HAS_TABLE: tl.constexpr, TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr,
+    HAS_TABLE: tl.constexpr, TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, TRANS: tl.constexpr = False,
 ):
     """The ``[TM, TW]`` bias tile of queries from ``q0`` and keys from ``k0`` read whole from the bias tiles
     ``BT [heads, n_pat, TM, TW]`` (one coalesced load: every entry of a pattern's tile exists), its pattern computed
     from ``(q0 - k0, q0 mod GW)`` (``n_m > 0``) or its place (a full grid's tiles repeat:
     :func:`vitrel.kernels.triton_bias.tile_patterns`); 0.0 where the bias is not read as tiles. For :func:`_logits`;
-    a kernel that visits one tile for many batch elements (``dbias``) loads it once."""
+    a kernel that visits one tile for many batch elements (``dbias``) loads it once. ``TRANS``: the tile transposed,
+    ``[TW, TM]`` (keys by queries, for the ``dkdv`` kernel)."""
     bias = 0.0
     if HAS_TABLE and TILED:
         if n_m > 0:
             pat = ((q0 - k0 - d_min) // g_d) * n_m + (q0 % GW) // g_m
         else:
             pat = (q0 // TM) * n_kt + k0 // TW
-        local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
+        local = _q_axis(tl.arange(0, TM), TRANS) * TW + _k_axis(tl.arange(0, TW), TRANS)
         bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
     return bias
 
@@ -168,7 +190,7 @@ def _logits(
     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
     bias, n_m, q0, k0,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
-    TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr,
+    TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, TRANS: tl.constexpr = False,
 ):
     """Base-2 logits of the ``[TM, TW]`` tile of queries from ``q0`` and keys from ``k0``, ``-inf`` where masked (out
     of range, causal, across images or windows' regions, the table's or the mask's ``-inf``), and the tile's
@@ -181,8 +203,15 @@ def _logits(
     Where the bias is read as tiles on a full grid with no mask (or regions whose tokens in the tile are of one
     region), a tile whose pairs are all patch pairs (no prefix token, none past the end: all but the first and last
     rows and columns of tiles), and every tile where each pattern is one exact tile (``n_m = 0``: its prefix pairs 0,
-    its keys past the end ``-inf``), takes a branch with no mask at all: the bias added as it is read."""
-    s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+    its keys past the end ``-inf``), takes a branch with no mask at all: the bias added as it is read.
+
+    ``TRANS``: the tile transposed, ``[TW, TM]`` keys by queries (``bias`` too), as Triton's tutorial computes its
+    ``dk, dv``: ``p^T`` and ``dS^T`` are then the left operands of their products as they stand in registers, where
+    the transposes of ``p`` and ``dS`` went through shared memory, two round trips a tile."""
+    if TRANS:
+        s = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if TILED and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered or with no table: the masks cost less)
         interior = (n_m == 0) | ((q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N))
         if MASK_KIND == 2:  # a window whose tokens in this tile are of one region (all but the seam's windows)
@@ -195,12 +224,15 @@ def _logits(
     else:
         interior = False
     if interior:
-        pair = tl.full([TM, TW], 1, tl.int1)
+        if TRANS:
+            pair = tl.full([TW, TM], 1, tl.int1)
+        else:
+            pair = tl.full([TM, TW], 1, tl.int1)
         s = s + bias
     else:
         s, pair = _masked(
             s, bias, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, P, N, GH, GW,
-            HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, TILED,
+            HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, TILED, TRANS,
         )
     return s, pair
 
@@ -209,33 +241,33 @@ def _logits(
 def _masked(
     s, bias, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, P, N, GH, GW,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
-    TILED: tl.constexpr,
+    TILED: tl.constexpr, TRANS: tl.constexpr,
 ):
     """:func:`_logits` of a tile with masks: the bias (``bias``, a tile read whole; else gathered from ``T``) on the
-    patch pairs, ``-inf`` where masked."""
+    patch pairs, ``-inf`` where masked (``TRANS``: a tile of keys by queries)."""
     qpatch, rq, cq, sq, gq = _tokens(TOK, b, offs_m, P, N, GW, LAYOUT)
     kpatch, rk, ck, sk, _ = _tokens(TOK, b, offs_n, P, N, GW, LAYOUT)
-    same = sq[:, None] == sk[None, :]
-    pair = qpatch[:, None] & kpatch[None, :] & same
+    same = _q_axis(sq, TRANS) == _k_axis(sk, TRANS)
+    pair = _q_axis(qpatch, TRANS) & _k_axis(kpatch, TRANS) & same
     if HAS_TABLE:
         if TILED:
             s += tl.where(pair, bias, 0.0)
         else:  # T pre-scaled by LOG2E; the flat offset index is a row term minus a column term
             row = T + gq * stride_tg + h * stride_th + (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1
-            s += tl.load(row[:, None] - (rk * (2 * GW - 1) + ck)[None, :], mask=pair, other=0.0)
-    inside = (offs_m < N)[:, None] & (offs_n < N)[None, :]
+            s += tl.load(_q_axis(row, TRANS) - _k_axis(rk * (2 * GW - 1) + ck, TRANS), mask=pair, other=0.0)
+    inside = _q_axis(offs_m < N, TRANS) & _k_axis(offs_n < N, TRANS)
     if MASK_KIND == 1:  # an additive float mask [Mb, N, N]
-        mptr = MASK + (b % n_mask_b) * stride_mb + offs_m[:, None] * N + offs_n[None, :]
+        mptr = MASK + (b % n_mask_b) * stride_mb + _q_axis(offs_m, TRANS) * N + _k_axis(offs_n, TRANS)
         s += tl.load(mptr, mask=inside, other=0.0)
-    valid = inside | (offs_m >= N)[:, None]  # (rows past the end: harmless, their loads are zeros)
+    valid = inside | _q_axis(offs_m >= N, TRANS)  # (queries past the end: harmless, their loads are zeros)
     if MASK_KIND == 2:  # region ids [Mb, N] (a batch of windows' layout): a token sees its own region's tokens
         rptr = MASK + (b % n_mask_b) * stride_mb
         rq = tl.load(rptr + offs_m, offs_m < N, -1)
-        valid = valid & (rq[:, None] == tl.load(rptr + offs_n, offs_n < N, -2)[None, :])
+        valid = valid & (_q_axis(rq, TRANS) == _k_axis(tl.load(rptr + offs_n, offs_n < N, -2), TRANS))
     if LAYOUT:  # a token sees its own image's tokens (padding: padding)
         valid = valid & same
     if CAUSAL:
-        valid = valid & (offs_n[None, :] <= offs_m[:, None])
+        valid = valid & (_k_axis(offs_n, TRANS) <= _q_axis(offs_m, TRANS))
     return tl.where(valid, s, float("-inf")), pair
 
 
@@ -317,21 +349,23 @@ def _bwd_dkdv_kernel(
             q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
             do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
             lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
+            # the tile transposed, keys by queries (as Triton's tutorial): p^T and dS^T feed dv and dk as they stand
             bias = _bias_tile(
                 BT, h, start_m, tl.program_id(0) * BN, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
+                True,
             )
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
                 GH, GW, bias, n_m, start_m, tl.program_id(0) * BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
-                BM, BN,
+                BM, BN, True,
             )
-            p = tl.math.exp2(s - lse[:, None])
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=PREC)
-            dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-            ds = p * (dp - delta[:, None])
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PREC)
+            p = tl.math.exp2(s - lse[None, :])
+            dv += tl.dot(p.to(do.dtype), do, input_precision=PREC)
+            dp = tl.dot(v, tl.trans(do), input_precision=PREC)
+            ds = p * (dp - delta[None, :])
+            dk += tl.dot(ds.to(q.dtype), q, input_precision=PREC)
             if ATOMIC_DQ:
-                dq = tl.dot(ds.to(k.dtype), k, input_precision=PREC) * sm_scale
+                dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC) * sm_scale
                 dq_ptr = DQ + b * sab + h * sah + offs_m[:, None] * san + offs_d[None, :]
                 tl.atomic_add(dq_ptr, dq, mask=q_mask, sem="relaxed")
     dk_ptr = DK + b * sgb + h * sgh + offs_n[:, None] * sgn + offs_d[None, :]

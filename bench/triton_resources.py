@@ -220,6 +220,7 @@ def measure(launch: tb.Launch, arch: int) -> dict:
     res = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
     interior, edge = inner_loop(sass)
     out = {"regs": int(res["REG"]), "stack": int(res["STACK"]), "shared": int(compiled.metadata.shared)}
+    out["serial"] = "yes" if tb.serialized_products(compiled, arch) else "no"
     out["interior"], out["edge"] = sum(interior.values()), sum(edge.values())
     a, warps = launch.args, launch.options["num_warps"]
     out["per 64x64"] = round(out["interior"] * warps / 4 / (a["BM"] * a.get("BN", a["BM"]) / 4096))
@@ -234,13 +235,15 @@ def main() -> None:
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    cols = ["regs", "stack", "shared", "interior", "edge", "per 64x64", *CLASSES, "other"]
+    cols = ["regs", "stack", "shared", "serial", "interior", "edge", "per 64x64", *CLASSES, "other"]
     lines = [
         f"# Fused bias kernel: static resources and inner-loop instructions for sm_{args.arch}, bf16",
         "",
         f"- Command: `python bench/triton_resources.py --arch {args.arch}`; Triton {triton.__version__}, torch "
         f"{torch.__version__}; compiled ahead of time on a machine without a GPU, as the JIT compiles each call",
-        "- `stack`: bytes of local memory per thread (register spills; 0 is none); `shared`: bytes; `interior`, "
+        "- `stack`: bytes of local memory per thread (register spills; 0 is none); `shared`: bytes; `serial`: whether "
+        "ptxas serializes the kernel's tensor-core products (its note C7515: each waits for the one before; "
+        "`triton_bias.serialized_products`); `interior`, "
         "`edge`: the instructions one warp issues for a visible tile in the inner loop, on its cheapest path (no mask: "
         "an interior tile of a full grid, or every tile where each tile pattern is one exact tile, as a window's) and "
         "its dearest (every mask: a tile at an edge, a shifted window's); "

@@ -116,18 +116,21 @@ def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
 @interpreted
 @pytest.mark.parametrize("grid", [(4, 6), (4, 4), (3, 5)])
 def test_bias_tiles_in_half_precision(grid):
-    """Half-precision inputs: the bias tiles every kernel reads are in the inputs' type (as SDPA takes its float mask:
-    half the bytes per score of float32 tiles, which bound the kernels by L2's bandwidth on an H100), float32 inputs
-    keep float32 tiles; the kernels add them to float32 logits, so output and gradients stay within half precision of
-    the float64 reference (grids whose tiles repeat, 4 x 4, and whose tiles are each exact, 3 x 5: -inf past the end).
-    In fp16: the interpreter computes bf16 wrongly (every kernel, with or without a table); ``-m cuda`` runs bf16."""
+    """Half-precision inputs: the bias tiles the backward's kernels read are in the inputs' type (as SDPA takes its
+    float mask: half the bytes per score of float32 tiles, which bound the kernels by L2's bandwidth on an H100), the
+    forward's in float32 (with half ones ptxas serializes its products:
+    :func:`test_tensor_core_products_not_serialized_on_hopper`), float32 inputs keep float32 tiles; the kernels add
+    them to float32 logits, so output and gradients stay within half precision of the float64 reference (grids whose
+    tiles repeat, 4 x 4, and whose tiles are each exact, 3 x 5: -inf past the end). In fp16: the interpreter computes
+    bf16 wrongly (every kernel, with or without a table); ``-m cuda`` runs bf16."""
     n = 1 + grid[0] * grid[1]
     table = torch.zeros(2, 2 * grid[0] - 1, 2 * grid[1] - 1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
         q = torch.zeros(2, 2, n, 16, dtype=dt)
         launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")
         assert set(launches) == {"fwd", "dkdv", "dq", "dbias"}
-        assert {launch.args["BT"].dtype for launch in launches.values()} == {dt}
+        tiles = {name: launch.args["BT"].dtype for name, launch in launches.items()}
+        assert tiles == {"fwd": torch.float32, "dkdv": dt, "dq": dt, "dbias": dt}, tiles
     _check("cpu", 2, 2, 16, grid, 1, bias_read="tiles", dtype=torch.float16)
 
 
@@ -835,3 +838,25 @@ def test_dkdv_products_take_registers_as_they_stand():
     )
     register_transposes, view_transposes, products = map(int, _compiled_for_hopper(code).split())
     assert register_transposes == 0 and view_transposes >= 2 and products == 4, (register_transposes, products)
+
+
+def test_tensor_core_products_not_serialized_on_hopper():
+    """Compiled for sm_90 as the JIT compiles them, no kernel of the layer's calls has its tensor-core products
+    serialized by ptxas (its note C7515: each product waiting for the one before, where they overlap the softmax):
+    the table read as bias tiles (what a full grid takes), no table, ``dq`` by atomics, and Swin's windows with their
+    region ids. What it caught: the ``dkdv`` kernel's transposes of ``p`` and ``dS`` (before its tiles were
+    transposed) and the forward's half-precision bias tiles, under the Triton of the H100 pass (3.6) and this one."""
+    import json
+
+    code = (
+        "import json, torch; from vitrel.kernels import triton_bias as tb; "
+        "q = torch.randn(2, 6, 4097, 64).bfloat16(); t = torch.randn(6, 127, 127); "
+        "w = torch.randn(4, 3, 49, 32).bfloat16(); r = torch.arange(49).remainder(3).expand(2, 49); "
+        "calls = dict(tiles=tb.plan(q, q, q, t, (64, 64), 1), none=tb.plan(q, q, q, None, (64, 64), 1), "
+        "atomic=tb.plan(q, q, q, t, (64, 64), 1, deterministic=False), "
+        "regions=tb.plan(w, w, w, torch.randn(3, 13, 13), (7, 7), regions=r)); "
+        "print(json.dumps({f'{c}/{k}': tb.serialized_products(tb.compile_launch(x)) "
+        "for c, ls in calls.items() for k, x in ls.items()}))"
+    )
+    serialized = json.loads(_compiled_for_hopper(code))
+    assert len(serialized) == 14 and not any(serialized.values()), serialized

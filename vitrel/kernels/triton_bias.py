@@ -42,6 +42,7 @@ __all__ = [
     "check_device",
     "compile_for",
     "compile_launch",
+    "serialized_products",
     "plan",
     "Launch",
     "interpreter_on",
@@ -303,20 +304,27 @@ def _pattern_pairs(pq: Tensor, pk: Tensor, n_patch: int) -> Tensor:
     return ((pq >= 0) & (pq < n_patch))[:, :, None] & ((pk >= 0) & (pk < n_patch))[:, None, :]
 
 
-def tile_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The element type of the bias tiles for inputs of ``dtype``: the inputs' own where they are half precision, as
-    SDPA takes its float mask in the queries' type (a bias tile is a score tile read from memory: in float32 it moved
-    as many bytes per score as a 64-query tile's keys and values together, and the kernels were bound by L2's
-    bandwidth, ``bench/results/gpu_h100.md``); float32 else. The kernels add it to float32 logits."""
-    return dtype if dtype in (torch.bfloat16, torch.float16) else torch.float32
+def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
+    """The element type of the bias tiles ``kernel`` reads for inputs of ``dtype``: the backward's (``dkdv``, ``dq``,
+    ``dbias``) the inputs' own where they are half precision, as SDPA takes its float mask in the queries' type (a
+    bias tile is a score tile read from memory: in float32 it moved as many bytes per score as a 64-query tile's keys
+    and values together, and the kernels were bound by L2's bandwidth, ``bench/results/gpu_h100.md``); float32 else,
+    and float32 for the forward (``fwd``): with half-precision tiles, ptxas serializes the forward's tensor-core
+    products (its C7515, for Triton 3.6 and 3.8 alike: each product waits for the last, where they overlap the
+    softmax), which float32 tiles do not bring about. The kernels add them to float32 logits."""
+    half = dtype in (torch.bfloat16, torch.float16) and kernel != "fwd"
+    return dtype if half else torch.float32
 
 
-def _tile_args(table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q):
-    """``(tiles, n_kt, n_pat, d_min, g_d, n_m, g_m)`` for the kernels: the bias tiles of the base-2 ``table`` on a
-    full grid where ``bias_read`` takes them, else a placeholder and ``n_pat = 0`` (the bias gathered per score)."""
+def _tile_args(
+    table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q, kernel: str
+):
+    """``(tiles, n_kt, n_pat, d_min, g_d, n_m, g_m)`` for the ``kernel``'s launch: the bias tiles of the base-2
+    ``table`` on a full grid where ``bias_read`` takes them (:func:`tile_dtype`), else a placeholder and ``n_pat = 0``
+    (the bias gathered per score)."""
     if table is not None and tokens is None and bias_read != "gather":
         pat = tile_patterns(grid_w, n, tm, tw)
-        dtype = tile_dtype(q.dtype)
+        dtype = tile_dtype(q.dtype, kernel)
         size = table.shape[0] * pat.n_pat * tm * tw * dtype.itemsize
         if size <= TILE_BUDGET_BYTES:
             return bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw).to(dtype), *pat
@@ -426,7 +434,9 @@ def _fwd_launch(
     for bm, bn in [tile] if tile else [c for c in (wide, (bm0, bn0)) if c]:
         # a wide tile only where the bias is read whole (its tiles within the budget: else the narrow one's), or none
         read = "auto" if (bm, bn) == wide and bias_read == "tiles" else bias_read
-        bt, *tiling = _tile_args(None if table is None else t, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q)
+        bt, *tiling = _tile_args(
+            None if table is None else t, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q, "fwd"
+        )
         if table is None or tiling[1] > 0:
             break
     visits = tile_lists(tile_flags(blocks, bm, bn, causal))  # the key tiles each query tile visits
@@ -518,7 +528,9 @@ def _bwd_launches(
     tok = _int_args(tokens, q)
     visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed, dkdv its columns
     by_rows, by_cols = tile_lists(visible), tile_lists(None if visible is None else visible.transpose(1, 2))
-    bt, *tiling = _tile_args(None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q)
+    bt, *tiling = _tile_args(
+        None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq"
+    )
     qk_scale = scale * _kernels().LOG2E
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
     opts = (options or _launch_options("bwd", block_d)) if cuda else {}
@@ -966,6 +978,27 @@ def compile_launch(launch: Launch, arch: int = 90):
             attrs[(i,)] = BaseBackend.parse_attr(spec)
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(launch.options))
+
+
+def serialized_products(compiled, arch: int = 90) -> bool:
+    """Whether ptxas serializes the tensor-core products of a kernel ``compiled`` for ``arch`` (:func:`compile_launch`):
+    its performance note C7515 ("wgmma.mma_async instructions are serialized"), where each product waits for the one
+    before instead of overlapping it and the work between them (the softmax), as Hopper's asynchronous products are
+    meant to. Triton runs the same ptxas (shipped with it) and drops the note; this runs it again on the kernel's PTX
+    and reads it. No GPU needed."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.nvidia.compiler import get_ptxas
+
+    with tempfile.TemporaryDirectory() as d:
+        ptx = os.path.join(d, "kernel.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        suffix = "a" if arch >= 90 else ""
+        cmd = [get_ptxas(arch).path, f"-arch=sm_{arch}{suffix}", ptx, "-o", os.path.join(d, "kernel.cubin")]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    return "C7515" in out.stdout + out.stderr
 
 
 def compile_for(

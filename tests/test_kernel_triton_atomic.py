@@ -55,15 +55,15 @@ def test_which_launches_run():
     def kernels(launches):
         return sorted(launches), launches["dkdv"].args["ATOMIC_DQ"]
 
-    assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "dkdv", "fwd"], True)
-    assert kernels(_launches(False, table_grad=False)) == (["dkdv", "fwd"], True)
-    assert kernels(_launches(False, bias_read="gather")) == (["dkdv", "dq", "fwd"], False)
-    assert kernels(_launches(False, table_grad=False, bias_read="gather")) == (["dkdv", "fwd"], True)
-    assert kernels(_launches(True, bias_read="tiles")) == (["dbias", "dkdv", "dq", "fwd"], False)
+    assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "delta", "dkdv", "fwd"], True)
+    assert kernels(_launches(False, table_grad=False)) == (["delta", "dkdv", "fwd"], True)
+    assert kernels(_launches(False, bias_read="gather")) == (["delta", "dkdv", "dq", "fwd"], False)
+    assert kernels(_launches(False, table_grad=False, bias_read="gather")) == (["delta", "dkdv", "fwd"], True)
+    assert kernels(_launches(True, bias_read="tiles")) == (["dbias", "delta", "dkdv", "dq", "fwd"], False)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "dkdv", "dq", "fwd"], False)
+        assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "delta", "dkdv", "dq", "fwd"], False)
     finally:
         torch.use_deterministic_algorithms(was)
     assert get_kernel("triton_atomic").deterministic is False and get_kernel("triton").deterministic is True

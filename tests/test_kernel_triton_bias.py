@@ -128,8 +128,8 @@ def test_bias_tiles_in_half_precision(grid):
     for dt in (torch.bfloat16, torch.float16, torch.float32):
         q = torch.zeros(2, 2, n, 16, dtype=dt)
         launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")
-        assert set(launches) == {"fwd", "dkdv", "dq", "dbias"}
-        tiles = {name: launch.args["BT"].dtype for name, launch in launches.items()}
+        assert set(launches) == {"fwd", "delta", "dkdv", "dq", "dbias"}
+        tiles = {name: launch.args["BT"].dtype for name, launch in launches.items() if name != "delta"}
         assert tiles == {"fwd": torch.float32, "dkdv": dt, "dq": dt, "dbias": dt}, tiles
     _check("cpu", 2, 2, 16, grid, 1, bias_read="tiles", dtype=torch.float16)
 
@@ -328,8 +328,8 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     assert tile(tokens=tokens.int().expand(2, 4, 65).contiguous(), table=False) == (64, 64)
     assert launches()["dkdv"].options["num_stages"] == launches()["dbias"].options["num_stages"] == 3
     assert launches(d=32)["dkdv"].options == {"num_warps": 4, "num_stages": 2}
-    # bias_read="tiles" where only the narrow tiles fit the budget: those, not an error
-    size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 2 for t in (64, 128)}
+    # bias_read="tiles" where only the narrow tiles fit the budget: those, not an error (2 heads, float32 tiles)
+    size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 4 for t in (64, 128)}
     assert size[128] > size[64]
     monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[64])
     assert tile(bias_read="tiles") == (64, 64)
@@ -796,8 +796,8 @@ def test_kernels_compile_for_hopper():
         "64, layout=v == '_layout', regions=v == '_regions', deterministic=v != '_atomic').items()}))"
     )
     shared = json.loads(_compiled_for_hopper(code))
-    names = {f"{k}{v}" for k in ("fwd", "dkdv", "dq") for v in ("", "_layout", "_regions")} | {"dbias", "dbias_regions"}
-    names |= {"fwd_atomic", "dkdv_atomic", "dbias_atomic"}  # dq by atomics in dkdv: no dq kernel
+    names = {f"{k}{v}" for k in ("fwd", "delta", "dkdv", "dq") for v in ("", "_layout", "_regions")}
+    names |= {"dbias", "dbias_regions", "fwd_atomic", "delta_atomic", "dkdv_atomic", "dbias_atomic"}  # (no dq kernel)
     assert set(shared) == names and all(0 < v <= 232448 for v in shared.values()), shared
 
 
@@ -859,4 +859,4 @@ def test_tensor_core_products_not_serialized_on_hopper():
         "for c, ls in calls.items() for k, x in ls.items()}))"
     )
     serialized = json.loads(_compiled_for_hopper(code))
-    assert len(serialized) == 14 and not any(serialized.values()), serialized
+    assert len(serialized) == 18 and not any(serialized.values()), serialized

@@ -557,4 +557,21 @@ def _bwd_dbias_kernel(
     tl.store(DBT + ((split * H + h) * n_pat + pat) * (BM * BM) + local, acc)
 
 
-__all__ = ["LOG2E", "_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel"]
+@triton.jit
+def _bwd_delta_kernel(
+    O, DO, DELTA, sob, soh, son, sdob, sdoh, sdon, H, N,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
+):
+    """FlashAttention-2's ``D = rowsum(o * do)`` in float32 (``DELTA [B, H, N]``) of ``BM`` query rows of batch and
+    head ``program_id(0)`` (the backward's first kernel, as the tutorial's preprocess: one read of ``o`` and ``do``,
+    where ``(o.float() * do.float()).sum(-1)`` wrote and read them in float32)."""
+    bh = tl.program_id(0)
+    offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m < N)[:, None] & (offs_d < D)[None, :]
+    o = _tile(O, bh // H, bh % H, sob, soh, son, offs_m, offs_d, mask)
+    do = _tile(DO, bh // H, bh % H, sdob, sdoh, sdon, offs_m, offs_d, mask)
+    tl.store(DELTA + bh * N + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), offs_m < N)
+
+
+__all__ = ["LOG2E", "_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel", "_bwd_delta_kernel"]

@@ -376,7 +376,10 @@ class Launch(NamedTuple):
 
 
 #: the kernels of :mod:`vitrel.kernels._triton_bias_kernels` by their launches' names
-_KERNELS = {"fwd": "_fwd_kernel", "dkdv": "_bwd_dkdv_kernel", "dq": "_bwd_dq_kernel", "dbias": "_bwd_dbias_kernel"}
+_KERNELS = {
+    "fwd": "_fwd_kernel", "delta": "_bwd_delta_kernel", "dkdv": "_bwd_dkdv_kernel", "dq": "_bwd_dq_kernel",
+    "dbias": "_bwd_dbias_kernel",
+}  # fmt: skip
 
 
 def _kernel_fn(kernel: str):
@@ -494,10 +497,12 @@ def _dbias_order(pat: TilePatterns, n: int, blk: int, grid_w: int, causal: bool,
 
 
 class _Backward(NamedTuple):
-    """The backward's launches and what they write: ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel adds
+    """The backward's launches (``delta`` first: ``rowsum(o * do)``, which the others read) and what they write:
+    ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel adds
     it by atomics: no ``dq`` launch); the table's gradient as the ``dq`` kernel's diagonal sums (``slots``), or, where
     the bias is read as tiles, as the ``dbias`` kernel's sums per tile pattern (``dbt``)."""
 
+    delta: Launch
     dkdv: Launch
     dq: Launch | None
     dbias: Launch | None
@@ -520,8 +525,13 @@ def _bwd_launches(
     cuda = sms is not None
     block_d, _, _, blk = _blocks(d, cuda)
     blk = tile or blk
-    do = do.contiguous()
-    delta = (out.float() * do.float()).sum(-1).contiguous()  # rowsum(o * do), FlashAttention-2's D
+    do = do if do.stride(-1) == 1 else do.contiguous()  # (read through its strides, as q, k, v)
+    delta = torch.empty(b, h, n, device=q.device, dtype=torch.float32)  # rowsum(o * do), FlashAttention-2's D
+    rows = 64 if cuda else 16
+    delta_launch = Launch.make(
+        "delta", (b * h, triton_cdiv(n, rows)), [out, do, delta, *_strides(out, do), h, n],
+        dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 4} if cuda else {},
+    )  # fmt: skip
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
@@ -576,7 +586,7 @@ def _bwd_launches(
             "dbias", (n_pat * h * split_t,), [*inputs(visible), order, dbt, *common, b, *sizes_t],
             dict(**flags, BM=blk), opts,
         )  # fmt: skip
-    return _Backward(dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
+    return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
 
 
 @torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)
@@ -590,6 +600,7 @@ def _bwd_impl(
         do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read,
         deterministic, table_grad, sms,
     )  # fmt: skip
+    bwd.delta()
     for launch in _batch_chunks(bwd.dkdv, *q.shape[:2]):
         launch()
     dq, dk, dv = bwd.grads
@@ -924,8 +935,8 @@ def plan(
     bwd_options: dict | None = None,
     **kwargs,
 ) -> dict[str, Launch]:
-    """The launches (``fwd``, ``dkdv``, ``dq`` unless ``dkdv`` adds ``dq`` by atomics, and ``dbias`` where the bias is
-    read as tiles) that the call
+    """The launches (``fwd``, ``delta``, ``dkdv``, ``dq`` unless ``dkdv`` adds ``dq`` by atomics, and ``dbias`` where
+    the bias is read as tiles) that the call
     ``rel_bias_attention(*args, **kwargs)`` makes, forward and backward (``table_grad``: the table's gradient too), on
     a CUDA device of ``sms`` multiprocessors (an H100 or H200: 132), built from tensors on any device: what
     :func:`compile_launch` compiles without a GPU. ``fwd_tile`` ``(BM, BN)``, ``bwd_tile`` and ``*_options``
@@ -940,7 +951,7 @@ def plan(
         torch.zeros_like(q), q, k, v, table, mask, tokens, blocks, out, lse, scale, gh, gw, prefix, causal, bias_read,
         deterministic, table_grad, sms, bwd_tile, bwd_options,
     )  # fmt: skip
-    launches = {"fwd": fwd, "dkdv": bwd.dkdv, "dq": bwd.dq, "dbias": bwd.dbias}
+    launches = {"fwd": fwd, "delta": bwd.delta, "dkdv": bwd.dkdv, "dq": bwd.dq, "dbias": bwd.dbias}
     return {name: launch for name, launch in launches.items() if launch is not None}
 
 

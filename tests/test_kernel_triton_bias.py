@@ -312,7 +312,8 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     """On a GPU (``plan`` builds a GPU's launches anywhere): head dim 64's forward takes 64 x 128 tiles where its bias
     is read as whole tiles or there is none, 64 x 64 where it is gathered per score, laid out or masked (64 x 128
     spills there); its backward 3 stages; head dim 32 (Swin's) 64 x 64 and 2 stages (as measured on an H100:
-    ``bench/results/triton_tune_h100.md``)."""
+    ``bench/results/triton_tune_h100.md``); the ``dkdv`` kernel at head dim 64 its wide tile, 64 x 128 in 8 warps,
+    where the forward takes its wide one (``triton_bias._DKDV_WIDE``)."""
 
     def launches(d=64, table=True, **kw):
         q = torch.zeros(2, 2, 65, d, dtype=torch.bfloat16)
@@ -326,8 +327,17 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     assert tile(bias_read="gather") == tile(mask=torch.zeros(1, 65, 65)) == tile(d=32) == (64, 64)
     tokens = torch.stack([torch.zeros(65), torch.arange(65) // 8 - 1, torch.arange(65) % 8, torch.zeros(65)])
     assert tile(tokens=tokens.int().expand(2, 4, 65).contiguous(), table=False) == (64, 64)
-    assert launches()["dkdv"].options["num_stages"] == launches()["dbias"].options["num_stages"] == 3
+    assert launches()["dq"].options["num_stages"] == launches()["dbias"].options["num_stages"] == 3
     assert launches(d=32)["dkdv"].options == {"num_warps": 4, "num_stages": 2}
+    # dkdv: 64 x 128 in 8 warps where the bias is read whole or there is none; square where gathered or masked
+    calls = dict(
+        tiles=dict(bias_read="tiles"), none=dict(table=False), gather=dict(bias_read="gather"),
+        mask=dict(mask=torch.zeros(1, 65, 65)), d32=dict(d=32),
+    )  # fmt: skip
+    kv = {k: launches(**kw)["dkdv"] for k, kw in calls.items()}
+    kv = {k: (x.args["BM"], x.args["BN"], x.options["num_warps"]) for k, x in kv.items()}
+    assert kv == {"tiles": (64, 128, 8), "none": (64, 128, 8), "gather": (64, 64, 4), "mask": (64, 64, 4),
+                  "d32": (64, 64, 4)}, kv  # fmt: skip
     # bias_read="tiles" where only the narrow tiles fit the budget: those, not an error (2 heads, float32 tiles)
     size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 4 for t in (64, 128)}
     assert size[128] > size[64]
@@ -348,6 +358,46 @@ def test_forward_tiles_wider_than_tall(monkeypatch, grid, prefix, causal):
     monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: (*real(d, cuda)[:1], 16, 32, 16))
     assert triton_bias.plan(*(torch.zeros(1, 1, 41, 16),) * 3, None, (5, 8), 1)["fwd"].args["BN"] == 32
     _check("cpu", 2, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
+
+
+@interpreted
+@pytest.mark.parametrize(
+    ("grid", "prefix", "causal", "case"),
+    [((4, 8), 1, False, "table"), ((5, 7), 0, False, "table"), ((1, 37), 0, True, "table"), ((4, 8), 1, False, "none"),
+     ((5, 7), 1, False, "atomic"), ((8, 8), 0, False, "skip")],
+)  # fmt: skip
+def test_dkdv_tiles_wider_than_tall(monkeypatch, grid, prefix, causal, case):
+    """The ``dkdv`` kernel with a key block twice its query tiles (16 x 32 here, as the 64 x 128 candidate of
+    ``triton_bias._DKDV_WIDE`` on a GPU; ``dq`` and ``dbias`` keep the square tile, so two sets of bias tiles): its
+    transposed tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no table; ``dq`` added by
+    atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the tiles it skips)."""
+    monkeypatch.setattr(triton_bias, "_dkdv_wide", lambda block_d, cuda: (16, 32))
+    q = torch.zeros(1, 1, 41, 16)
+    launches = triton_bias.plan(q, q, q, torch.zeros(1, 9, 15), (5, 8), 1)
+    assert (launches["dkdv"].args["BM"], launches["dkdv"].args["BN"]) == (16, 32)
+    tm, tw = launches["dq"].args["BT"].shape[-2:]  # (plan's tiles: a GPU's, 64 x 64)
+    assert launches["dkdv"].args["BT"].shape[-2:] == (16, 32) and tm == tw == launches["dq"].args["BM"]
+    if case != "skip":
+        settings = dict(table_on=case != "none", deterministic=case != "atomic", bias_read="tiles")
+        _check("cpu", 2, 2, 16, grid, prefix, causal=causal, **settings)
+        return
+    q, k, v, table = _masked_table_case(grid, prefix)
+    leaves = [t.requires_grad_() for t in (q, k, v, table)]
+    ref = reference(q, k, v, table, grid, prefix)
+    go = torch.randn_like(ref)
+    gref = torch.autograd.grad(ref, leaves, go)
+    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), prefix)
+    kv = triton_bias.plan(q.float(), q.float(), q.float(), table.float(), grid, prefix, blocks=blocks)["dkdv"]
+    flags = triton_bias.tile_flags(blocks, 16, 32)  # the dkdv kernel's columns: its key blocks' query tiles
+    assert 0 < int(flags.sum()) < flags.numel() and torch.equal(kv.args["BLK"], triton_bias.tile_lists(flags.mT))
+    qd, kd, vd, td = (t.detach().float().requires_grad_() for t in (q, k, v, table))
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, blocks=blocks)
+    g = torch.autograd.grad(out, (qd, kd, vd, td), go.float())
+    torch.testing.assert_close(out.double(), ref.detach(), **_tol("cpu"))
+    for a, r in zip(g[:3], gref[:3]):
+        torch.testing.assert_close(a.double(), r, **_tol("cpu"))
+    finite = torch.isfinite(table)
+    torch.testing.assert_close(g[3].double()[finite], gref[3][finite], **_tol("cpu"))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -829,15 +879,19 @@ def test_dkdv_products_take_registers_as_they_stand():
     """The ``dkdv`` kernel computes its tiles transposed (keys by queries, as Triton's tutorial), so ``p^T`` and
     ``dS^T``, the left operands of the ``dv`` and ``dk`` products, are used as they stand in registers: compiled for
     sm_90, its code holds no transpose of a register tensor (each went through shared memory: a store, a barrier and
-    a load a tile), only transposed views of the tiles in shared memory (``q^T``, ``do^T``)."""
+    a load a tile), only transposed views of the tiles in shared memory (``q``, ``do^T``); the square tile and the
+    wide one (``triton_bias._DKDV_WIDE``)."""
     code = (
-        "import torch; from vitrel.kernels import triton_bias as tb; "
+        "import re, torch; from vitrel.kernels import triton_bias as tb; "
         "q = torch.randn(2, 2, 65, 64).bfloat16(); t = torch.randn(2, 15, 15); "
-        "ir = tb.compile_launch(tb.plan(q, q, q, t, (8, 8), 1, bias_read='tiles')['dkdv']).asm['ttgir']; "
-        "print(ir.count('tt.trans '), ir.count('ttg.memdesc_trans '), ir.count('warp_group_dot '))"
+        "irs = [tb.compile_launch(tb.plan(q, q, q, t, (8, 8), 1, bias_read='tiles', **kw)['dkdv']).asm['ttgir'] "
+        "for kw in ({}, {'bwd_tile': 64})]; "
+        "print(*(f\"{len(re.findall(r'tt.trans .*: tensor<[^>]*#mma> ->', ir))},{ir.count('ttg.memdesc_trans ')},"
+        "{ir.count('warp_group_dot ')}\" for ir in irs))"
     )
-    register_transposes, view_transposes, products = map(int, _compiled_for_hopper(code).split())
-    assert register_transposes == 0 and view_transposes >= 2 and products == 4, (register_transposes, products)
+    for counts in _compiled_for_hopper(code).split():
+        products_transposed, view_transposes, products = map(int, counts.split(","))
+        assert products_transposed == 0 and view_transposes >= 2 and products == 4, counts
 
 
 def test_tensor_core_products_not_serialized_on_hopper():

@@ -166,21 +166,20 @@ def _k_axis(x, TRANS: tl.constexpr):
 @triton.jit
 def _bias_tile(
     BT, h, q0, k0, GW, n_kt, n_pat, d_min, g_d, n_m, g_m,
-    HAS_TABLE: tl.constexpr, TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, TRANS: tl.constexpr = False,
+    HAS_TABLE: tl.constexpr, TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr,
 ):
     """The ``[TM, TW]`` bias tile of queries from ``q0`` and keys from ``k0`` read whole from the bias tiles
     ``BT [heads, n_pat, TM, TW]`` (one coalesced load: every entry of a pattern's tile exists), its pattern computed
     from ``(q0 - k0, q0 mod GW)`` (``n_m > 0``) or its place (a full grid's tiles repeat:
     :func:`vitrel.kernels.triton_bias.tile_patterns`); 0.0 where the bias is not read as tiles. For :func:`_logits`;
-    a kernel that visits one tile for many batch elements (``dbias``) loads it once. ``TRANS``: the tile transposed,
-    ``[TW, TM]`` (keys by queries, for the ``dkdv`` kernel)."""
+    a kernel that visits one tile for many batch elements (``dbias``) loads it once."""
     bias = 0.0
     if HAS_TABLE and TILED:
         if n_m > 0:
             pat = ((q0 - k0 - d_min) // g_d) * n_m + (q0 % GW) // g_m
         else:
             pat = (q0 // TM) * n_kt + k0 // TW
-        local = _q_axis(tl.arange(0, TM), TRANS) * TW + _k_axis(tl.arange(0, TW), TRANS)
+        local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
         bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
     return bias
 
@@ -209,7 +208,7 @@ def _logits(
     ``dk, dv``: ``p^T`` and ``dS^T`` are then the left operands of their products as they stand in registers, where
     the transposes of ``p`` and ``dS`` went through shared memory, two round trips a tile."""
     if TRANS:
-        s = tl.dot(k, tl.trans(q), input_precision=PREC) * qk_scale
+        s = tl.dot(k, q, input_precision=PREC) * qk_scale  # (q^T: [BLOCK_D, TM])
     else:
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
     if TILED and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered or with no table: the masks cost less)
@@ -346,16 +345,19 @@ def _bwd_dkdv_kernel(
         offs_m = start_m + tl.arange(0, BM)
         if _visits(TOK, BLK, b, h, offs_m, klo, khi, start_m, tl.program_id(0) * BN, N, BM, BN, LAYOUT, False):
             q_mask = (offs_m < N)[:, None] & dmask[None, :]
-            q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
+            # q^T [BLOCK_D, BM] loaded so (as the tutorial), the right operand of k q^T
+            qt_mask = dmask[:, None] & (offs_m < N)[None, :]
+            qt = tl.load(Q + b * sqb + h * sqh + offs_m[None, :] * sqn + offs_d[:, None], qt_mask, 0.0)
             do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
             lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
             # the tile transposed, keys by queries (as Triton's tutorial): p^T and dS^T feed dv and dk as they stand
             bias = _bias_tile(
                 BT, h, start_m, tl.program_id(0) * BN, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
-                True,
             )
+            if HAS_TABLE and TILED:  # (read whole as stored, rows of queries: transposed in shared memory)
+                bias = tl.trans(bias)
             s, _ = _logits(
-                q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
+                qt, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
                 GH, GW, bias, n_m, start_m, tl.program_id(0) * BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
                 BM, BN, True,
             )
@@ -363,7 +365,7 @@ def _bwd_dkdv_kernel(
             dv += tl.dot(p.to(do.dtype), do, input_precision=PREC)
             dp = tl.dot(v, tl.trans(do), input_precision=PREC)
             ds = p * (dp - delta[None, :])
-            dk += tl.dot(ds.to(q.dtype), q, input_precision=PREC)
+            dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PREC)
             if ATOMIC_DQ:
                 dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC) * sm_scale
                 dq_ptr = DQ + b * sab + h * sah + offs_m[:, None] * san + offs_d[None, :]

@@ -67,6 +67,13 @@ _FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 64), 128: (64, 32)}
 #: the bias is gathered per score or the tokens are laid out: there 64 x 128 spills (328 and 1,296 bytes, sm_90)
 _FWD_WIDE = {64: (64, 128)}
 _BWD_BLOCK = {16: 64, 32: 64, 64: 64, 128: 32}
+#: the ``dkdv`` kernel's ``(BM, BN)`` (queries streamed, keys held) by head dim, where its bias is read whole or there
+#: is none, with :data:`LAUNCH`'s ``("dkdv", head dim)`` options; elsewhere the backward's square tile. Head dim 64:
+#: 64 x 128 in 8 warps (its transposed tiles 128 keys tall: a 64-row product per warp group), chosen from the code
+#: compiled for sm_90, not yet from a GPU's clock (``bench/triton_tune.py`` times it against the square tile): per
+#: score it issues 0.77x the instructions of the square tile in 4 warps under Triton 3.6 (the H100 pass's; 0.88x under
+#: 3.8), neither spills nor serializes its products, and reads q and dO half as often
+_DKDV_WIDE: dict[int, tuple[int, int]] = {64: (64, 128)}
 
 
 def interpreter_on() -> bool:
@@ -111,12 +118,18 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "fwd": {"num_warps": 4, "num_stages": 2},
     "bwd": {"num_warps": 4, "num_stages": 2},
     ("bwd", 64): {"num_warps": 4, "num_stages": 3},
+    ("dkdv", 64): {"num_warps": 8, "num_stages": 2},  # (with :data:`_DKDV_WIDE`'s tile only)
 }
 
 
 def _launch_options(kind: str, block_d: int) -> dict[str, int]:
     """:data:`LAUNCH`'s options of the ``fwd`` or ``bwd`` kernels at head dim ``block_d``."""
     return LAUNCH.get((kind, block_d), LAUNCH[kind])
+
+
+def _dkdv_wide(block_d: int, cuda: bool) -> tuple[int, int] | None:
+    """The ``dkdv`` kernel's wide tile at head dim ``block_d`` (:data:`_DKDV_WIDE`) on CUDA; None in the interpreter."""
+    return _DKDV_WIDE.get(block_d) if cuda else None
 
 
 def _blocks(d: int, cuda: bool) -> tuple[int, int, int, int]:
@@ -333,6 +346,19 @@ def _tile_args(
     return _placeholder(torch.float32, 1, q.device), 0, 0, 0, 1, 0, 1
 
 
+def _pick_tile(tiles: list, table, tokens, bias_read: str, grid_h, grid_w, prefix, n, q, kernel: str):
+    """``(BM, BN, bias tiles, tiling)`` of ``kernel``'s launch: the first of ``tiles`` (a wide one, or None, then the
+    narrow one) whose bias is read whole (its tiles within the budget: else the narrow one's, gathered or not), or any
+    where there is no table (:func:`_tile_args`)."""
+    tiles = [c for c in tiles if c]
+    for bm, bn in tiles:
+        read = "auto" if (bm, bn) != tiles[-1] and bias_read == "tiles" else bias_read
+        bt, *tiling = _tile_args(table, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q, kernel)
+        if table is None or tiling[1] > 0:
+            break
+    return bm, bn, bt, tiling
+
+
 def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int, int]:
     """The kernels' ``MASK`` (a float mask in base 2, or region ids), its row stride, rows and ``MASK_KIND``."""
     if mask is None:
@@ -434,14 +460,10 @@ def _fwd_launch(
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     wide = _FWD_WIDE.get(block_d) if cuda and tokens is None and mask_kind == 0 and not tile else None
-    for bm, bn in [tile] if tile else [c for c in (wide, (bm0, bn0)) if c]:
-        # a wide tile only where the bias is read whole (its tiles within the budget: else the narrow one's), or none
-        read = "auto" if (bm, bn) == wide and bias_read == "tiles" else bias_read
-        bt, *tiling = _tile_args(
-            None if table is None else t, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q, "fwd"
-        )
-        if table is None or tiling[1] > 0:
-            break
+    bm, bn, bt, tiling = _pick_tile(
+        [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
+        n, q, "fwd",
+    )  # fmt: skip
     visits = tile_lists(tile_flags(blocks, bm, bn, causal))  # the key tiles each query tile visits
     positional = [
         q, k, v, t, m, _int_args(tokens, q), _int_args(visits, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
@@ -536,21 +558,30 @@ def _bwd_launches(
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     tok = _int_args(tokens, q)
-    visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed, dkdv its columns
-    by_rows, by_cols = tile_lists(visible), tile_lists(None if visible is None else visible.transpose(1, 2))
-    bt, *tiling = _tile_args(
-        None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq"
-    )
+    visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed
+    tab = None if table is None else t
+    bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq")
+    # dkdv: the square tile, or a wide one (keys held BN, queries streamed BM) where its bias is read whole or none
+    dm, dn, bt_kv, tiling_kv = blk, blk, bt, tiling
+    wide = _dkdv_wide(block_d, cuda) if tile is None and tokens is None and mask_kind == 0 else None
+    if wide is not None:
+        dm, dn, bt_kv, tiling_kv = _pick_tile(
+            [wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, "dkdv"
+        )
+    kv_visible = visible if (dm, dn) == (blk, blk) else tile_flags(blocks, dm, dn, causal)
+    by_rows, by_cols = tile_lists(visible), tile_lists(None if kv_visible is None else kv_visible.transpose(1, 2))
     qk_scale = scale * _kernels().LOG2E
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
     opts = (options or _launch_options("bwd", block_d)) if cuda else {}
+    opts_kv = (options or LAUNCH.get(("dkdv", block_d)) or opts) if cuda and (dm, dn) != (blk, blk) else opts
 
-    def inputs(tiles):  # (the kernels' BLK: which tiles they visit)
-        return [q, k, v, t, m, tok, _int_args(tiles, q), bt, do, lse, delta]
+    def inputs(tiles, bias=bt):  # (the kernels' BLK: which tiles they visit)
+        return [q, k, v, t, m, tok, _int_args(tiles, q), bias, do, lse, delta]
 
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     n_b = triton_cdiv(n, blk)
     sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, *tiling]
+    sizes_kv = [*sizes[:7], *tiling_kv]
     grad_t = table_grad and table is not None
     by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
     atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
@@ -558,8 +589,9 @@ def _bwd_launches(
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_empty(q.shape)
     dq_acc = dq if atomic else _placeholder(q.dtype, 4, q.device)
     dkdv = Launch.make(
-        "dkdv", (n_b, b * h), [*inputs(by_cols), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes],
-        dict(**flags, BM=blk, BN=blk, ATOMIC_DQ=atomic), opts,
+        "dkdv", (triton_cdiv(n, dn), b * h),
+        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes_kv],
+        dict(**flags, BM=dm, BN=dn, ATOMIC_DQ=atomic), opts_kv,
     )  # fmt: skip
     n_split = _n_split(n_b, h, b, sms)
     # per program: a full grid's diagonal sums per key block (n_b x 2 cases x 2 blk), a layout's whole table

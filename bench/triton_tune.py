@@ -26,7 +26,13 @@ from vitrel.kernels import triton_bias as tb  # noqa: E402
 #: (BM, BN, warps, stages) of the forward; 64 x 128 and 128 x 128 issue the fewest instructions per score on sm_90
 #: (bench/results/triton_resources_sm90.md's method: 346 and 331 a 64 x 64 block per scheduler, against 439 at 64 x 64)
 FWD = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)]
-BWD = [(64, 4, 2), (64, 4, 3), (64, 8, 2), (32, 4, 2), (32, 4, 3), (128, 8, 2)]
+#: (square tile, warps, stages) of the backward's dq and dbias kernels, and the dkdv kernel's (BM, BN, warps, stages),
+#: or None: the square tile too. The defaults first (dkdv 64 x 128 in 8 warps, chosen from the sm_90 code, untimed),
+#: then the square dkdv they replaced (both compiled unserialized: bench/results/triton_resources_sm90.md)
+BWD = [
+    (64, 4, 3, (64, 128, 8, 2)), (64, 4, 3, None), (64, 4, 3, (64, 128, 8, 3)), (64, 4, 3, (32, 128, 8, 2)),
+    (64, 4, 2, (64, 128, 8, 2)), (128, 8, 2, (64, 128, 8, 2)),
+]  # fmt: skip
 
 
 def diagnose(side: int, rounds: int) -> list[str]:
@@ -130,7 +136,7 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         leaves = (q, k, v, table) if grad_t else (q, k, v)
         torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1, deterministic=det), leaves, go)
 
-    defaults = dict(tb._FWD_BLOCKS), dict(tb._FWD_WIDE), dict(tb._BWD_BLOCK), dict(tb.LAUNCH)
+    defaults = tuple(dict(table) for table in _TABLES)
     t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
     ref = {kk: statistics.median(v) for kk, v in t.items()}
     lines.append(f"| {n} | fwd | plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
@@ -147,18 +153,23 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")
     _restore(defaults)  # (the backward's rows: the default forward)
-    for blk, w, st in BWD:
+    for blk, w, st, kv in BWD:
         tb._BWD_BLOCK[64] = blk
         tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", 64] = {"num_warps": w, "num_stages": st}
+        tb._DKDV_WIDE.pop(64, None)
+        config = f"bwd tile {blk} warps {w} stages {st}, dkdv square"
+        if kv:
+            tb._DKDV_WIDE[64] = kv[:2]
+            tb.LAUNCH["dkdv", 64] = {"num_warps": kv[2], "num_stages": kv[3]}
+            config = f"bwd tile {blk} warps {w} stages {st}, dkdv {kv[0]} x {kv[1]} warps {kv[2]} stages {kv[3]}"
         for grad_t, det in ((True, True), (False, True), (True, False)):  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             try:
                 fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
                 m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=3, device=dev)["x"])
-                lines.append(f"| {n} | {label} | bwd tile {blk} warps {w} stages {st} | {1e3 * m:.3f} | "
-                             f"{m / ref['fb']:.2f}x |")  # fmt: skip
+                lines.append(f"| {n} | {label} | {config} | {1e3 * m:.3f} | {m / ref['fb']:.2f}x |")
             except Exception as e:  # noqa: BLE001
-                lines.append(f"| {n} | {label} | bwd tile {blk} warps {w} stages {st} | failed: {str(e)[:60]} | - |")
+                lines.append(f"| {n} | {label} | {config} | failed: {str(e)[:60]} | - |")
             print(lines[-1], flush=True)
             if args.out:
                 Path(args.out).write_text("\n".join(lines) + "\n")
@@ -167,9 +178,13 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
 
 
+#: the kernel's tiles and launch options, which the tuning sets and restores
+_TABLES = (tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb.LAUNCH)
+
+
 def _restore(defaults: tuple[dict, ...]) -> None:
     """The kernel's tiles and launch options as they were before the tuning set them."""
-    for table, saved in zip((tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb.LAUNCH), defaults):
+    for table, saved in zip(_TABLES, defaults):
         table.clear()
         table.update(saved)
 

@@ -204,9 +204,10 @@ def _logits(
     rows and columns of tiles), and every tile where each pattern is one exact tile (``n_m = 0``: its prefix pairs 0,
     its keys past the end ``-inf``), takes a branch with no mask at all: the bias added as it is read.
 
-    ``TRANS``: the tile transposed, ``[TW, TM]`` keys by queries (``bias`` too), as Triton's tutorial computes its
-    ``dk, dv``: ``p^T`` and ``dS^T`` are then the left operands of their products as they stand in registers, where
-    the transposes of ``p`` and ``dS`` went through shared memory, two round trips a tile."""
+    ``TRANS``: the tile transposed, ``[TW, TM]`` keys by queries (``bias`` too, and ``q`` given as ``q^T``,
+    ``[BLOCK_D, TM]``), as Triton's tutorial computes its ``dk, dv``: ``p^T`` and ``dS^T`` are then the left operands
+    of their products as they stand in registers, where the transposes of ``p`` and ``dS`` went through shared
+    memory, two round trips a tile (and made ptxas serialize the products)."""
     if TRANS:
         s = tl.dot(k, q, input_precision=PREC) * qk_scale  # (q^T: [BLOCK_D, TM])
     else:

@@ -520,9 +520,9 @@ def _dbias_order(pat: TilePatterns, n: int, blk: int, grid_w: int, causal: bool,
 
 class _Backward(NamedTuple):
     """The backward's launches (``delta`` first: ``rowsum(o * do)``, which the others read) and what they write:
-    ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel adds
-    it by atomics: no ``dq`` launch); the table's gradient as the ``dq`` kernel's diagonal sums (``slots``), or, where
-    the bias is read as tiles, as the ``dbias`` kernel's sums per tile pattern (``dbt``)."""
+    ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel adds it by atomics: no ``dq`` launch); the table's
+    gradient as the ``dq`` kernel's diagonal sums (``slots``), or, where the bias is read as tiles, as the ``dbias``
+    kernel's sums per tile pattern (``dbt``)."""
 
     delta: Launch
     dkdv: Launch
@@ -591,7 +591,8 @@ def _bwd_launches(
     dkdv = Launch.make(
         "dkdv", (triton_cdiv(n, dn), b * h),
         [*inputs(by_cols, bt_kv), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes_kv],
-        dict(**flags, BM=dm, BN=dn, ATOMIC_DQ=atomic), opts_kv,
+        dict(**_constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling_kv, q.dtype), BM=dm, BN=dn,
+             ATOMIC_DQ=atomic), opts_kv,
     )  # fmt: skip
     n_split = _n_split(n_b, h, b, sms)
     # per program: a full grid's diagonal sums per key block (n_b x 2 cases x 2 blk), a layout's whole table

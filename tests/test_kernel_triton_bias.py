@@ -400,6 +400,30 @@ def test_dkdv_tiles_wider_than_tall(monkeypatch, grid, prefix, causal, case):
     torch.testing.assert_close(g[3].double()[finite], gref[3][finite], **_tol("cpu"))
 
 
+@interpreted
+@pytest.mark.parametrize(
+    ("grid", "prefix", "case"),
+    [((12, 12), 1, "table"), ((9, 16), 0, "fp16"), ((1, 150), 0, "causal"), ((12, 12), 1, "none"),
+     ((12, 12), 1, "atomic"), ((7, 9), 2, "gather")],
+)  # fmt: skip
+def test_gpu_launch_configuration_in_the_interpreter(monkeypatch, grid, prefix, case):
+    """The launches a GPU gets (head dim 64: the forward's 64 x 128 tiles, ``dkdv``'s 64 x 128, ``dq`` and ``dbias``'s
+    64 x 64; their bias tiles of those shapes, float32 in the forward and the inputs' type in the backward) run
+    through the interpreter equal the float64 reference, output and gradients (the table's too): what the other
+    tests check with the interpreter's 16-token tiles, here in the shapes the H100 runs. Grids of several tiles a
+    side, prefix tokens, fp16 tiles, causal, no table, ``dq`` by atomics, the bias gathered per score."""
+    real = triton_bias._blocks
+    monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: real(d, True))
+    monkeypatch.setattr(triton_bias, "_fwd_wide", lambda block_d, cuda: triton_bias._FWD_WIDE.get(block_d))
+    monkeypatch.setattr(triton_bias, "_dkdv_wide", lambda block_d, cuda: triton_bias._DKDV_WIDE.get(block_d))
+    q = torch.zeros(1, 1, prefix + grid[0] * grid[1], 64)
+    kw = dict(bias_read="gather" if case == "gather" else "tiles", deterministic=case != "atomic")
+    shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in triton_bias.plan(q, q, q, None, grid, prefix).items()}
+    assert shapes == {"fwd": (64, 128), "delta": (64, None), "dkdv": (64, 128), "dq": (64, None)}, shapes
+    settings = dict(table_on=case != "none", causal=case == "causal", dtype=torch.float16 if case == "fp16" else None)
+    _check("cpu", 2, 2, 64, grid, prefix, **kw, **settings)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_kernel_causal_1d(device):
     """Causal 1-D (a 1 x N grid): the keys after the query masked, the blocks above the diagonal skipped."""

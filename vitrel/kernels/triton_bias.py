@@ -127,6 +127,11 @@ def _launch_options(kind: str, block_d: int) -> dict[str, int]:
     return LAUNCH.get((kind, block_d), LAUNCH[kind])
 
 
+def _fwd_wide(block_d: int, cuda: bool) -> tuple[int, int] | None:
+    """The forward's wide tile at head dim ``block_d`` (:data:`_FWD_WIDE`) on CUDA; None in the interpreter."""
+    return _FWD_WIDE.get(block_d) if cuda else None
+
+
 def _dkdv_wide(block_d: int, cuda: bool) -> tuple[int, int] | None:
     """The ``dkdv`` kernel's wide tile at head dim ``block_d`` (:data:`_DKDV_WIDE`) on CUDA; None in the interpreter."""
     return _DKDV_WIDE.get(block_d) if cuda else None
@@ -459,7 +464,7 @@ def _fwd_launch(
     block_d, bm0, bn0, _ = _blocks(d, cuda)
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
-    wide = _FWD_WIDE.get(block_d) if cuda and tokens is None and mask_kind == 0 and not tile else None
+    wide = _fwd_wide(block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
     bm, bn, bt, tiling = _pick_tile(
         [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
         n, q, "fwd",

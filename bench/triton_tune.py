@@ -35,9 +35,22 @@ BWD = [
 ]  # fmt: skip
 
 
+def kernel_launches(q, k, v, table, grid, prefix: int = 1, **kwargs) -> dict:
+    """The launches of one call of the fused kernel, forward and backward (the table's gradient too where there is a
+    table), each ready to run alone: ``triton_bias.plan`` on the inputs' device (a CUDA device's launch
+    configuration, on any device), the forward run once first, since the backward's launches read its output and
+    log-sum-exp. They read a zero output gradient: for their time, not their values."""
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else 132
+    launches = tb.plan(q, k, v, table, grid, prefix, sms=sms, **kwargs)
+    launches["fwd"]()
+    return launches
+
+
 def diagnose(side: int, rounds: int) -> list[str]:
     """Where the time goes at one size: the forward with and without the table, the backward with and without the
-    table's gradient, causal; and FlexAttention with a bf16 table compiled with 64 x 64 blocks, 2 stages."""
+    table's gradient, causal; FlexAttention with a bf16 table compiled with 64 x 64 blocks, 2 stages; and each of the
+    fused kernel's launches alone (``kernel_launches``: with the table's gradient, without a table, and with the square
+    ``dkdv`` tile the wide one replaced)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     dev = torch.device("cuda")
@@ -101,6 +114,15 @@ def diagnose(side: int, rounds: int) -> list[str]:
             flex(q, k, v, score_mod=score_mod, kernel_options=opts), (q, k, v, tb16), go
         ),
     }
+    alone = (
+        ("table + dT, bias tiles", table.detach(), {"bias_read": "tiles"}), ("no table", None, {}),
+        ("table + dT, bias tiles, square dkdv", table.detach(), {"bias_read": "tiles", "bwd_tile": 64}),
+    )  # fmt: skip
+    for label, tab, kw in alone:
+        for name, launch in kernel_launches(q.detach(), k.detach(), v.detach(), tab, g, **kw).items():
+            if label.endswith("square dkdv") and name != "dkdv":
+                continue
+            cases[f"triton {name} kernel alone ({label})"] = launch
     lines = [f"\n### Where the time goes, N = {n}, batch {b}\n", "| case | ms |", "|---|---:|"]
     for name, fn in cases.items():
         try:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -144,3 +146,24 @@ def test_attention_bench_inference_runs_flex_on_cpu(tmp_path):
     subprocess.run(cmd, cwd=root, check=True, capture_output=True, timeout=600)
     text = out.read_text()
     assert "forward only" in text and "causal" in text and "| 16 | 2 | rel2d_full@flex |" in text
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="Triton's interpreter is off")
+def test_triton_tune_kernel_launches_run_alone():
+    """bench/triton_tune.py's per-launch breakdown (its ``diagnose``): the launches of one call with a GPU's launch
+    configuration, the forward run first, each runnable alone (here through Triton's interpreter; timed on a GPU)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "triton_tune.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_triton_tune", path)
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    q = torch.randn(2, 2, 65, 64)
+    launches = tune.kernel_launches(q, q, q, torch.randn(2, 15, 15), (8, 8), bias_read="tiles")
+    assert list(launches) == ["fwd", "delta", "dkdv", "dq", "dbias"]
+    assert torch.isfinite(launches["fwd"].args["O"]).all() and (launches["fwd"].args["LSE"] != 0).all()
+    for launch in launches.values():
+        launch()
+    assert (launches["dkdv"].args["BM"], launches["dkdv"].args["BN"]) == (64, 128)
+    assert list(tune.kernel_launches(q, q, q, None, (8, 8))) == ["fwd", "delta", "dkdv", "dq"]

@@ -1,7 +1,8 @@
 """Triton kernels of fused attention with a relative-position bias read by offset (``attn_impl="triton"``).
 
-FlashAttention-2's algorithm (forward with online softmax, backward in two kernels: ``dk, dv`` per key block,
-``dq`` per query block), after Triton's fused-attention tutorial, with one addition: the bias
+FlashAttention-2's algorithm (forward with online softmax; backward after a preprocess, ``D = rowsum(o * do)``, in
+two kernels: ``dk, dv`` per key block, its tiles transposed as the tutorial's, ``dq`` per query block), after
+Triton's fused-attention tutorial, with one addition: the bias
 
     bias[h, i, j] = T[h, r_i - r_j + GH - 1, c_i - c_j + GW - 1]     (patch pairs; pairs with a prefix token: 0)
 

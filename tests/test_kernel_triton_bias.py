@@ -371,7 +371,7 @@ def test_dkdv_tiles_wider_than_tall(monkeypatch, grid, prefix, causal, case):
     ``triton_bias._DKDV_WIDE`` on a GPU; ``dq`` and ``dbias`` keep the square tile, so two sets of bias tiles): its
     transposed tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no table; ``dq`` added by
     atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the tiles it skips)."""
-    monkeypatch.setattr(triton_bias, "_dkdv_wide", lambda block_d, cuda: (16, 32))
+    monkeypatch.setattr(triton_bias, "_wide_tile", lambda kernel, block_d, cuda: (16, 32) if kernel == "dkdv" else None)
     q = torch.zeros(1, 1, 41, 16)
     launches = triton_bias.plan(q, q, q, torch.zeros(1, 9, 15), (5, 8), 1)
     assert (launches["dkdv"].args["BM"], launches["dkdv"].args["BN"]) == (16, 32)
@@ -414,8 +414,8 @@ def test_gpu_launch_configuration_in_the_interpreter(monkeypatch, grid, prefix, 
     side, prefix tokens, fp16 tiles, causal, no table, ``dq`` by atomics, the bias gathered per score."""
     real = triton_bias._blocks
     monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: real(d, True))
-    monkeypatch.setattr(triton_bias, "_fwd_wide", lambda block_d, cuda: triton_bias._FWD_WIDE.get(block_d))
-    monkeypatch.setattr(triton_bias, "_dkdv_wide", lambda block_d, cuda: triton_bias._DKDV_WIDE.get(block_d))
+    wide = triton_bias._wide_tile
+    monkeypatch.setattr(triton_bias, "_wide_tile", lambda kernel, block_d, cuda: wide(kernel, block_d, True))
     q = torch.zeros(1, 1, prefix + grid[0] * grid[1], 64)
     kw = dict(bias_read="gather" if case == "gather" else "tiles", deterministic=case != "atomic")
     shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in triton_bias.plan(q, q, q, None, grid, prefix).items()}

@@ -127,14 +127,10 @@ def _launch_options(kind: str, block_d: int) -> dict[str, int]:
     return LAUNCH.get((kind, block_d), LAUNCH[kind])
 
 
-def _fwd_wide(block_d: int, cuda: bool) -> tuple[int, int] | None:
-    """The forward's wide tile at head dim ``block_d`` (:data:`_FWD_WIDE`) on CUDA; None in the interpreter."""
-    return _FWD_WIDE.get(block_d) if cuda else None
-
-
-def _dkdv_wide(block_d: int, cuda: bool) -> tuple[int, int] | None:
-    """The ``dkdv`` kernel's wide tile at head dim ``block_d`` (:data:`_DKDV_WIDE`) on CUDA; None in the interpreter."""
-    return _DKDV_WIDE.get(block_d) if cuda else None
+def _wide_tile(kernel: str, block_d: int, cuda: bool) -> tuple[int, int] | None:
+    """The wide tile of ``kernel`` (``fwd``: :data:`_FWD_WIDE`, ``dkdv``: :data:`_DKDV_WIDE`) at head dim
+    ``block_d`` on CUDA; None in the interpreter."""
+    return {"fwd": _FWD_WIDE, "dkdv": _DKDV_WIDE}[kernel].get(block_d) if cuda else None
 
 
 def _blocks(d: int, cuda: bool) -> tuple[int, int, int, int]:
@@ -464,7 +460,7 @@ def _fwd_launch(
     block_d, bm0, bn0, _ = _blocks(d, cuda)
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
-    wide = _fwd_wide(block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
+    wide = _wide_tile("fwd", block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
     bm, bn, bt, tiling = _pick_tile(
         [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
         n, q, "fwd",
@@ -550,11 +546,10 @@ def _bwd_launches(
     table's gradient (gathered bias, token layouts), which costs the atomics nothing to spare."""
     b, h, n, d = q.shape
     cuda = sms is not None
-    block_d, _, _, blk = _blocks(d, cuda)
+    block_d, rows, _, blk = _blocks(d, cuda)  # (rows: the delta kernel's, the forward's query tile)
     blk = tile or blk
     do = do if do.stride(-1) == 1 else do.contiguous()  # (read through its strides, as q, k, v)
     delta = torch.empty(b, h, n, device=q.device, dtype=torch.float32)  # rowsum(o * do), FlashAttention-2's D
-    rows = 64 if cuda else 16
     delta_launch = Launch.make(
         "delta", (b * h, triton_cdiv(n, rows)), [out, do, delta, *_strides(out, do), h, n],
         dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 4} if cuda else {},
@@ -568,7 +563,7 @@ def _bwd_launches(
     bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq")
     # dkdv: the square tile, or a wide one (keys held BN, queries streamed BM) where its bias is read whole or none
     dm, dn, bt_kv, tiling_kv = blk, blk, bt, tiling
-    wide = _dkdv_wide(block_d, cuda) if tile is None and tokens is None and mask_kind == 0 else None
+    wide = _wide_tile("dkdv", block_d, cuda) if tile is None and tokens is None and mask_kind == 0 else None
     if wide is not None:
         dm, dn, bt_kv, tiling_kv = _pick_tile(
             [wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, "dkdv"

@@ -23,9 +23,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vitrel.bench import alternate  # noqa: E402
 from vitrel.kernels import triton_bias as tb  # noqa: E402
 
-#: (BM, BN, warps, stages) of the forward; 64 x 128 and 128 x 128 issue the fewest instructions per score on sm_90
-#: (bench/results/triton_resources_sm90.md's method: 346 and 331 a 64 x 64 block per scheduler, against 439 at 64 x 64)
-FWD = [(64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (64, 128, 4, 3), (128, 64, 8, 3), (128, 128, 8, 2)]
+#: (BM, BN, warps, stages, float32 bias tiles) of the forward; 64 x 128 and 128 x 128 issue the fewest instructions
+#: per score on sm_90 (bench/results/triton_resources_sm90.md's method: 346 and 331 a 64 x 64 block per scheduler,
+#: against 439 at 64 x 64). The default's tiles are bf16 (half the bytes; 374 instructions against 348); its float32
+#: tiles are timed beside it (triton_bias.FLOAT32_TILES)
+FWD = [
+    (64, 64, 4, 2, False), (64, 64, 4, 3, False), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
+    (64, 128, 4, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False),
+]  # fmt: skip
 #: (square tile, warps, stages) of the backward's dq and dbias kernels, and the dkdv kernel's (BM, BN, warps, stages),
 #: or None: the square tile too. The defaults first (dkdv 64 x 128 in 8 warps, chosen from the sm_90 code, untimed),
 #: then the square dkdv they replaced (both compiled unserialized: bench/results/triton_resources_sm90.md)
@@ -158,19 +163,22 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         leaves = (q, k, v, table) if grad_t else (q, k, v)
         torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1, deterministic=det), leaves, go)
 
-    defaults = tuple(dict(table) for table in _TABLES)
+    defaults = tuple(table.copy() for table in _TABLES)
     t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
     ref = {kk: statistics.median(v) for kk, v in t.items()}
     lines.append(f"| {n} | fwd | plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
     lines.append(f"| {n} | fwd+bwd | plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
-    for bm, bn, w, st in FWD:
+    for bm, bn, w, st, f32 in FWD:
         tb._FWD_BLOCKS[64] = tb._FWD_WIDE[64] = (bm, bn)
         tb.LAUNCH["fwd"] = tb.LAUNCH["fwd", 64] = {"num_warps": w, "num_stages": st}
+        tb.FLOAT32_TILES.clear()
+        tb.FLOAT32_TILES.update({"fwd"} if f32 else ())
+        config = f"BM {bm} BN {bn} warps {w} stages {st}{', float32 tiles' if f32 else ''}"
         try:
             m = statistics.median(alternate({"x": tri_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
-            lines.append(f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |")
+            lines.append(f"| {n} | fwd | {config} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |")
         except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
-            lines.append(f"| {n} | fwd | BM {bm} BN {bn} warps {w} stages {st} | failed: {str(e)[:60]} | - |")
+            lines.append(f"| {n} | fwd | {config} | failed: {str(e)[:60]} | - |")
         print(lines[-1], flush=True)
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")
@@ -201,7 +209,7 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
 
 
 #: the kernel's tiles and launch options, which the tuning sets and restores
-_TABLES = (tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb.LAUNCH)
+_TABLES = (tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb.LAUNCH, tb.FLOAT32_TILES)
 
 
 def _restore(defaults: tuple[dict, ...]) -> None:

@@ -115,14 +115,15 @@ def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
 
 @interpreted
 @pytest.mark.parametrize("grid", [(4, 6), (4, 4), (3, 5)])
-def test_bias_tiles_in_half_precision(grid):
-    """Half-precision inputs: the bias tiles the backward's kernels read are in the inputs' type (as SDPA takes its
-    float mask: half the bytes per score of float32 tiles, which bound the kernels by L2's bandwidth on an H100), the
-    forward's in float32 (with half ones ptxas serializes its products:
-    :func:`test_tensor_core_products_not_serialized_on_hopper`), float32 inputs keep float32 tiles; the kernels add
-    them to float32 logits, so output and gradients stay within half precision of the float64 reference (grids whose
-    tiles repeat, 4 x 4, and whose tiles are each exact, 3 x 5: -inf past the end). In fp16: the interpreter computes
-    bf16 wrongly (every kernel, with or without a table); ``-m cuda`` runs bf16."""
+def test_bias_tiles_in_half_precision(grid, monkeypatch):
+    """Half-precision inputs: the bias tiles every kernel reads are in the inputs' type (as SDPA takes its float mask:
+    half the bytes per score of float32 tiles, which bound the kernels by L2's bandwidth on an H100; the forward's
+    too, now that its products compile unserialized with them:
+    :func:`test_tensor_core_products_not_serialized_on_hopper`), unless ``FLOAT32_TILES`` names the kernel
+    (``bench/triton_tune.py``'s comparison); float32 inputs keep float32 tiles; the kernels add them to float32
+    logits, so output and gradients stay within half precision of the float64 reference (grids whose tiles repeat,
+    4 x 4, and whose tiles are each exact, 3 x 5: -inf past the end). In fp16: the interpreter computes bf16 wrongly
+    (every kernel, with or without a table); ``-m cuda`` runs bf16."""
     n = 1 + grid[0] * grid[1]
     table = torch.zeros(2, 2 * grid[0] - 1, 2 * grid[1] - 1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
@@ -130,7 +131,10 @@ def test_bias_tiles_in_half_precision(grid):
         launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")
         assert set(launches) == {"fwd", "delta", "dkdv", "dq", "dbias"}
         tiles = {name: launch.args["BT"].dtype for name, launch in launches.items() if name != "delta"}
-        assert tiles == {"fwd": torch.float32, "dkdv": dt, "dq": dt, "dbias": dt}, tiles
+        assert tiles == {"fwd": dt, "dkdv": dt, "dq": dt, "dbias": dt}, tiles
+    monkeypatch.setattr(triton_bias, "FLOAT32_TILES", {"fwd"})
+    launches = triton_bias.plan(q.bfloat16(), q.bfloat16(), q.bfloat16(), table, grid, 1, bias_read="tiles")
+    assert launches["fwd"].args["BT"].dtype == torch.float32 and launches["dq"].args["BT"].dtype == torch.bfloat16
     _check("cpu", 2, 2, 16, grid, 1, bias_read="tiles", dtype=torch.float16)
 
 
@@ -338,8 +342,8 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     kv = {k: (x.args["BM"], x.args["BN"], x.options["num_warps"]) for k, x in kv.items()}
     assert kv == {"tiles": (64, 128, 8), "none": (64, 128, 8), "gather": (64, 64, 4), "mask": (64, 64, 4),
                   "d32": (64, 64, 4)}, kv  # fmt: skip
-    # bias_read="tiles" where only the narrow tiles fit the budget: those, not an error (2 heads, float32 tiles)
-    size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 4 for t in (64, 128)}
+    # bias_read="tiles" where only the narrow tiles fit the budget: those, not an error (2 heads, bf16 tiles)
+    size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 2 for t in (64, 128)}
     assert size[128] > size[64]
     monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[64])
     assert tile(bias_read="tiles") == (64, 64)
@@ -923,7 +927,8 @@ def test_tensor_core_products_not_serialized_on_hopper():
     serialized by ptxas (its note C7515: each product waiting for the one before, where they overlap the softmax):
     the table read as bias tiles (what a full grid takes), no table, ``dq`` by atomics, and Swin's windows with their
     region ids. What it caught: the ``dkdv`` kernel's transposes of ``p`` and ``dS`` (before its tiles were
-    transposed) and the forward's half-precision bias tiles, under the Triton of the H100 pass (3.6) and this one."""
+    transposed), and with half-precision bias tiles the forward's loop without ``tl.assume(last > first)`` (its
+    zero-trip path placed between a product and its wait), under the Triton of the H100 pass (3.6) and this one."""
     import json
 
     code = (

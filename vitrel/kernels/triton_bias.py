@@ -55,6 +55,7 @@ __all__ = [
     "tile_patterns",
     "bias_tiles",
     "tile_dtype",
+    "FLOAT32_TILES",
     "dbias_order",
 ]
 
@@ -318,15 +319,20 @@ def _pattern_pairs(pq: Tensor, pk: Tensor, n_patch: int) -> Tensor:
     return ((pq >= 0) & (pq < n_patch))[:, :, None] & ((pk >= 0) & (pk < n_patch))[:, None, :]
 
 
+#: the kernels that read float32 bias tiles for half-precision inputs (``fwd``, ``dkdv``, ``dq``, ``dbias``): none.
+#: ``bench/triton_tune.py`` sets ``"fwd"`` to time the forward's float32 tiles against its half ones
+FLOAT32_TILES: set[str] = set()
+
+
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
-    """The element type of the bias tiles ``kernel`` reads for inputs of ``dtype``: the backward's (``dkdv``, ``dq``,
-    ``dbias``) the inputs' own where they are half precision, as SDPA takes its float mask in the queries' type (a
-    bias tile is a score tile read from memory: in float32 it moved as many bytes per score as a 64-query tile's keys
-    and values together, and the kernels were bound by L2's bandwidth, ``bench/results/gpu_h100.md``); float32 else,
-    and float32 for the forward (``fwd``): with half-precision tiles, ptxas serializes the forward's tensor-core
-    products (its C7515, for Triton 3.6 and 3.8 alike: each product waits for the last, where they overlap the
-    softmax), which float32 tiles do not bring about. The kernels add them to float32 logits."""
-    half = dtype in (torch.bfloat16, torch.float16) and kernel != "fwd"
+    """The element type of the bias tiles ``kernel`` reads for inputs of ``dtype``: the inputs' own where they are
+    half precision, as SDPA takes its float mask in the queries' type (a bias tile is a score tile read from memory:
+    in float32 it moved as many bytes per score as a 64-query tile's keys and values together, and the kernels were
+    bound by L2's bandwidth, ``bench/results/gpu_h100.md``); float32 else, and where ``kernel`` is in
+    :data:`FLOAT32_TILES`. The kernels add them to float32 logits. (The forward read float32 tiles while its
+    half-precision ones made ptxas serialize its products; the cause was its loop's zero-trip path, which the kernel
+    now rules out: ``_fwd_kernel``.)"""
+    half = dtype in (torch.bfloat16, torch.float16) and kernel not in FLOAT32_TILES
     return dtype if half else torch.float32
 
 

@@ -10,6 +10,7 @@ run in bf16 on a GPU (``pytest -m cuda``).
 
 from __future__ import annotations
 
+import math
 import os
 
 import pytest
@@ -541,12 +542,36 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
     pooled = triton_bias.tile_flags(blocks, 32, 32)
     assert 0 < int(pooled.sum()) < pooled.numel()  # some 32 x 32 tiles are skipped
     qf, kf, vf = (t.float().contiguous() for t in (q, k, v))
-    out, lse = torch.empty_like(qf), torch.empty(qf.shape[:3])
+    out, lse = torch.empty_like(qf), torch.empty(*qf.shape[:2], triton_bias.stats_len(qf.shape[2]))
     launch = triton_bias._fwd_launch(
         qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, False, (32, 32)
     )
     launch()
     torch.testing.assert_close(out.double(), reference(q, k, v, table, grid, prefix), **_tol("cpu"))
+
+
+@interpreted
+def test_row_stats_padded_for_unmasked_reads():
+    """The forward's log-sum-exp and the backward's ``D`` are ``[B, H, NP]`` (``NP``: N up to a multiple of
+    ``STATS_ROWS``), which the backward's kernels read with no mask: every padding row holds +inf (log-sum-exp, so a
+    query past the end has ``p = 0``), past the forward's last query tile too, and 0 (``D``); the rows of real
+    queries the base-2 log-sum-exp of their logits and ``rowsum(o * do)``."""
+    grid = (4, 5)
+    n = 1 + grid[0] * grid[1]
+    q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
+    launches = triton_bias.plan(q, k, v, table, grid, 1)
+    lse, delta, do = launches["fwd"].args["LSE"], launches["delta"].args["DELTA"], launches["delta"].args["DO"]
+    assert lse.shape == delta.shape == (2, 2, triton_bias.stats_len(n)) == (2, 2, 128)
+    assert launches["fwd"].grid[0] * launches["fwd"].args["BM"] < 128  # (rows only the last program's loop writes)
+    lse.fill_(float("nan"))
+    delta.fill_(float("nan"))
+    do.copy_(torch.randn_like(do))
+    launches["fwd"]()
+    launches["delta"]()
+    logits = torch.einsum("bhid,bhjd->bhij", q, k) * 16**-0.5 + expand_offset_table(table, as_grid(grid), 1)
+    torch.testing.assert_close(lse[..., :n], torch.logsumexp(logits, -1) / math.log(2), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(delta[..., :n], (launches["fwd"].args["O"] * do).sum(-1), atol=1e-5, rtol=1e-5)
+    assert torch.all(lse[..., n:] == float("inf")) and torch.all(delta[..., n:] == 0)
 
 
 @interpreted

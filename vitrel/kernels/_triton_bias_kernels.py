@@ -137,10 +137,26 @@ def _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D):
     return k, _tile(V, b, h, svb, svh, svn, offs_n, offs_d, kv_mask)
 
 
+#: the rows of the log-sum-exp and ``D`` buffers (``[B, H, NP]``, :func:`_stats_len`) are padded to a multiple of it,
+#: which every kernel's query tile divides; the padding rows (queries past the end) hold +inf (log-sum-exp: their
+#: ``p`` is 0) and 0 (``D``)
+STATS_ROWS = tl.constexpr(128)
+
+
+@triton.jit
+def _stats_len(N):
+    """``NP``, the padded rows of the log-sum-exp and ``D`` buffers of ``N`` tokens."""
+    return tl.cdiv(N, STATS_ROWS) * STATS_ROWS
+
+
 @triton.jit
 def _row_stats(LSE, DELTA, bh, N, offs):
-    """The forward's log-sum-exp and the backward's ``D = rowsum(o * do)`` of query rows ``offs``."""
-    return tl.load(LSE + bh * N + offs, offs < N, 0.0), tl.load(DELTA + bh * N + offs, offs < N, 0.0)
+    """The forward's log-sum-exp and the backward's ``D = rowsum(o * do)`` of query rows ``offs``, read with no mask
+    (the buffers' rows padded: :data:`STATS_ROWS`). With a mask (``offs < N``, N odd), Triton 3.6 copied each thread's
+    16 columns of the transposed ``dkdv`` tile one 4-byte element at a time, with their predicates: about 150 of
+    the 657 instructions a tile (sm_90); unmasked it copies pairs and issues 502."""
+    row = bh * _stats_len(N)  # (each base plus the row first: the loop-invariant part, hoisted)
+    return tl.load(LSE + row + offs), tl.load(DELTA + row + offs)
 
 
 @triton.jit
@@ -321,7 +337,11 @@ def _fwd_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :], out.to(O.dtype.element_ty), q_mask)
-    tl.store(LSE + bh * N + offs_m, m_safe + tl.math.log2(l_safe), offs_m < N)
+    lse_row = LSE + bh * _stats_len(N)
+    tl.store(lse_row + offs_m, tl.where(offs_m < N, m_safe + tl.math.log2(l_safe), float("inf")))
+    if tl.program_id(0) == tl.num_programs(0) - 1:  # the padding rows past the last query tile's
+        for r in range((tl.program_id(0) + 1) * BM, _stats_len(N), BM):
+            tl.store(lse_row + r + tl.arange(0, BM), tl.full([BM], float("inf"), tl.float32))
 
 
 @triton.jit
@@ -572,16 +592,17 @@ def _bwd_delta_kernel(
     O, DO, DELTA, sob, soh, son, sdob, sdoh, sdon, H, N,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
 ):
-    """FlashAttention-2's ``D = rowsum(o * do)`` in float32 (``DELTA [B, H, N]``) of ``BM`` query rows of batch and
-    head ``program_id(0)`` (the backward's first kernel, as the tutorial's preprocess: one read of ``o`` and ``do``,
-    where ``(o.float() * do.float()).sum(-1)`` wrote and read them in float32)."""
+    """FlashAttention-2's ``D = rowsum(o * do)`` in float32 (``DELTA [B, H, NP]``: 0 on the padding rows,
+    :func:`_stats_len`) of ``BM`` query rows of batch and head ``program_id(0)`` (the backward's first kernel, as the
+    tutorial's preprocess: one read of ``o`` and ``do``, where ``(o.float() * do.float()).sum(-1)`` wrote and read
+    them in float32)."""
     bh = tl.program_id(0)
     offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < N)[:, None] & (offs_d < D)[None, :]
     o = _tile(O, bh // H, bh % H, sob, soh, son, offs_m, offs_d, mask)
     do = _tile(DO, bh // H, bh % H, sdob, sdoh, sdon, offs_m, offs_d, mask)
-    tl.store(DELTA + bh * N + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1), offs_m < N)
+    tl.store(DELTA + bh * _stats_len(N) + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1))
 
 
 __all__ = ["LOG2E", "_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel", "_bwd_delta_kernel"]

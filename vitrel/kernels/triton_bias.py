@@ -486,7 +486,7 @@ def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefi
     """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads)."""
     b, h, n, _ = q.shape
     out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
-    lse = torch.empty(b, h, n, device=q.device, dtype=torch.float32)
+    lse = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)
     cuda = q.device.type == "cuda"
     args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)  # (the forward is one)
     for launch in _batch_chunks(_fwd_launch(q, k, v, *args, out, lse, cuda), b, h):
@@ -496,7 +496,14 @@ def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefi
 
 @torch.library.register_fake("vitrel::rel_bias_attention")
 def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    return q.new_empty(q.shape), q.new_empty((*q.shape[:2], stats_len(q.shape[2])), dtype=torch.float32)
+
+
+def stats_len(n: int) -> int:
+    """The rows of the forward's log-sum-exp and the backward's ``D`` for ``n`` tokens: padded to a multiple of the
+    kernels' ``STATS_ROWS``, so the backward's kernels read them with no mask (the padding: +inf and 0)."""
+    rows = _kernels().STATS_ROWS.value
+    return (n + rows - 1) // rows * rows
 
 
 def _n_split(programs: int, heads: int, batch: int, sms: int | None) -> int:
@@ -555,9 +562,9 @@ def _bwd_launches(
     block_d, rows, _, blk = _blocks(d, cuda)  # (rows: the delta kernel's, the forward's query tile)
     blk = tile or blk
     do = do if do.stride(-1) == 1 else do.contiguous()  # (read through its strides, as q, k, v)
-    delta = torch.empty(b, h, n, device=q.device, dtype=torch.float32)  # rowsum(o * do), FlashAttention-2's D
+    delta = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)  # rowsum(o * do), FA-2's D
     delta_launch = Launch.make(
-        "delta", (b * h, triton_cdiv(n, rows)), [out, do, delta, *_strides(out, do), h, n],
+        "delta", (b * h, stats_len(n) // rows), [out, do, delta, *_strides(out, do), h, n],
         dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 4} if cuda else {},
     )  # fmt: skip
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
@@ -984,7 +991,7 @@ def plan(
     call.apply_defaults()
     args = _op_args(*call.arguments.values())
     q, k, v, table, mask, tokens, blocks, scale, gh, gw, prefix, causal, bias_read, deterministic = args
-    out, lse = q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+    out, lse = _fwd_fake(*args)  # (the shapes the op makes)
     fwd = _fwd_launch(*args[:-1], out, lse, True, fwd_tile, fwd_options)
     bwd = _bwd_launches(
         torch.zeros_like(q), q, k, v, table, mask, tokens, blocks, out, lse, scale, gh, gw, prefix, causal, bias_read,

@@ -596,6 +596,34 @@ def test_kernel_causal_with_visible_tiles():
         torch.testing.assert_close(a.double(), r, **_tol("cpu"))
 
 
+@interpreted
+def test_query_tiles_with_no_visible_key_tile():
+    """A table that shows each query only the keys 40 or more tokens before it (1-D, 70 tokens): the first query
+    tiles' lists of visible key tiles are empty, and the forward visits the first invisible tile instead (its loop
+    runs at least once: ``tl.assume``, which keeps ptxas from serializing its products); a query with nothing visible
+    gives 0, with no NaN in the output or the gradients; the other rows and all gradients equal the reference's."""
+    grid = (1, 70)
+    q, k, v, table = _inputs(1, 2, 70, 16, grid)
+    table[:, :, : 69 + 40] = float("-inf")  # offsets i - j < 40 (entry i - j + 69)
+    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), 0)
+    assert int(triton_bias.tile_lists(triton_bias.tile_flags(blocks, 16, 16))[:, 0, 0].max()) == 0  # (nothing)
+    seen = slice(40, None)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    # the reference of the rows with something visible (softmax over a row of -inf is NaN, and so its gradients)
+    logits = (q @ k.transpose(-1, -2)) * 16**-0.5 + expand_offset_table(table, as_grid(grid))
+    ref = logits[..., seen, :].softmax(-1) @ v
+    go = torch.randn(q.shape, dtype=torch.float64)
+    go[..., :40, :] = 0
+    gref = torch.autograd.grad(ref, leaves, go[..., seen, :])
+    qf, kf, vf = (t.detach().float().requires_grad_() for t in (q, k, v))
+    out = rel_bias_attention(qf, kf, vf, table.float(), grid, 0, blocks=blocks)
+    grads = torch.autograd.grad(out, (qf, kf, vf), go.float())
+    assert torch.all(out[..., :40, :] == 0) and torch.all(grads[0][..., :40, :] == 0)
+    torch.testing.assert_close(out[..., seen, :].double(), ref.detach(), **_tol("cpu"))
+    for a, r in zip(grads, gref):
+        torch.testing.assert_close(a.double(), r, **_tol("cpu"))
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -950,21 +978,25 @@ def test_dkdv_products_take_registers_as_they_stand():
 def test_tensor_core_products_not_serialized_on_hopper():
     """Compiled for sm_90 as the JIT compiles them, no kernel of the layer's calls has its tensor-core products
     serialized by ptxas (its note C7515: each product waiting for the one before, where they overlap the softmax):
-    the table read as bias tiles (what a full grid takes), no table, ``dq`` by atomics, and Swin's windows with their
-    region ids. What it caught: the ``dkdv`` kernel's transposes of ``p`` and ``dS`` (before its tiles were
-    transposed), and with half-precision bias tiles the forward's loop without ``tl.assume(last > first)`` (its
-    zero-trip path placed between a product and its wait), under the Triton of the H100 pass (3.6) and this one."""
+    the table read as bias tiles (what a full grid takes), no table, ``dq`` by atomics, a table with ``-inf`` entries
+    and its visible-tile flags (LookHere's), and Swin's windows with their region ids. What it caught: the ``dkdv``
+    kernel's transposes of ``p`` and ``dS`` (before its tiles were transposed), and with half-precision bias tiles
+    the forward's loop without ``tl.assume(last > first)`` (its zero-trip path placed between a product and its
+    wait; with visible-tile flags too), under the Triton of the H100 pass (3.6) and this one."""
     import json
 
     code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; "
+        "import json, torch, vitrel.pos.geometry; from vitrel.kernels import triton_bias as tb; "
         "q = torch.randn(2, 6, 4097, 64).bfloat16(); t = torch.randn(6, 127, 127); "
         "w = torch.randn(4, 3, 49, 32).bfloat16(); r = torch.arange(49).remainder(3).expand(2, 49); "
+        "b = t.clone(); b[:, :48] = b[:, 80:] = float('-inf'); "
+        "blk = tb.visible_tiles(b, vitrel.pos.geometry.Grid(64, 64), 1); "
         "calls = dict(tiles=tb.plan(q, q, q, t, (64, 64), 1), none=tb.plan(q, q, q, None, (64, 64), 1), "
         "atomic=tb.plan(q, q, q, t, (64, 64), 1, deterministic=False), "
+        "flags=tb.plan(q, q, q, b, (64, 64), 1, blocks=blk), "
         "regions=tb.plan(w, w, w, torch.randn(3, 13, 13), (7, 7), regions=r)); "
         "print(json.dumps({f'{c}/{k}': tb.serialized_products(tb.compile_launch(x)) "
         "for c, ls in calls.items() for k, x in ls.items()}))"
     )
     serialized = json.loads(_compiled_for_hopper(code))
-    assert len(serialized) == 18 and not any(serialized.values()), serialized
+    assert len(serialized) == 23 and not any(serialized.values()), serialized

@@ -307,12 +307,13 @@ def _fwd_kernel(
     if CAUSAL:
         hi = tl.minimum(N, tl.program_id(0) * BM + BM)
     row, first, last = _tile_loop(BLK, h, tl.program_id(0), tl.cdiv(N, BM), tl.cdiv(N, BN), 0, hi, HAS_BLOCKS)
-    if not HAS_BLOCKS:
-        # the loop runs at least once: without this, LLVM places the path that skips it (its accumulators set to
-        # zero) after the loop's products, between a product and its wait, and ptxas then serializes every product
-        # of the kernel (its note C7515: non-product instructions writing a product's accumulators in its pipeline
-        # stage), as it did with half-precision bias tiles (sm_90, Triton 3.6 and 3.8)
-        tl.assume(last > first)
+    if HAS_BLOCKS:  # a query tile with no visible key tile visits the first of its list's invisible ones: all -inf
+        last = tl.maximum(last, 1)
+    # the loop runs at least once: without this, LLVM places the path that skips it (its accumulators set to zero)
+    # after the loop's products, between a product and its wait, and ptxas then serializes every product of the
+    # kernel (its note C7515: non-product instructions writing a product's accumulators in its pipeline stage), as it
+    # did with half-precision bias tiles (sm_90, Triton 3.6 and 3.8)
+    tl.assume(last > first)
     for j in range(first, last, 1 if HAS_BLOCKS else BN):
         start_n = _tile_start(row, j, BN, HAS_BLOCKS)
         offs_n = start_n + tl.arange(0, BN)

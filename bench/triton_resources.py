@@ -118,6 +118,7 @@ CASES = [
     ("table, gathered per score", _layer, {"bias_read": "gather"}, None),
     ("no table, dq by atomics", lambda: {**_layer(), "table": None}, {"deterministic": False}, ("dkdv",)),
     ("table, bias tiles, dq by atomics", _layer, {"bias_read": "tiles", "deterministic": False}, ("dkdv",)),
+    ("table, bias tiles, square dkdv and dq", _layer, {"bias_read": "tiles", "bwd_tile": 64}, ("dkdv", "dq")),
     ("table, bias tiles, bwd tile 32", _layer, {"bias_read": "tiles", "bwd_tile": 32}, _BWD),
     ("table, bias tiles, bwd 8 warps", _layer,
      {"bias_read": "tiles", "bwd_options": {"num_warps": 8, "num_stages": 2}}, _BWD),

@@ -31,12 +31,14 @@ FWD = [
     (64, 64, 4, 2, False), (64, 64, 4, 3, False), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
     (64, 128, 4, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False),
 ]  # fmt: skip
-#: (square tile, warps, stages) of the backward's dq and dbias kernels, and the dkdv kernel's (BM, BN, warps, stages),
-#: or None: the square tile too. The defaults first (dkdv 64 x 128 in 8 warps, chosen from the sm_90 code, untimed),
-#: then the square dkdv they replaced (both compiled unserialized: bench/results/triton_resources_sm90.md)
+#: (square tile, warps, stages) of the backward's dq and dbias kernels, the dkdv kernel's (BM, BN, warps, stages) and
+#: the dq kernel's, or None: the square tile too. The defaults first (dkdv 64 x 128 and dq 128 x 64 in 8 warps, chosen
+#: from the sm_90 code, untimed), then the square dq, the square dkdv and both square (the H100 pass's shape)
 BWD = [
-    (64, 4, 3, (64, 128, 8, 2)), (64, 4, 3, None), (64, 4, 3, (64, 128, 8, 3)), (64, 4, 3, (32, 128, 8, 2)),
-    (64, 4, 2, (64, 128, 8, 2)), (128, 8, 2, (64, 128, 8, 2)),
+    (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2)), (64, 4, 3, (64, 128, 8, 2), None),
+    (64, 4, 3, None, (128, 64, 8, 2)), (64, 4, 3, None, None), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 3)),
+    (64, 4, 3, (64, 128, 8, 3), (128, 64, 8, 2)), (64, 4, 3, (32, 128, 8, 2), (128, 64, 8, 2)),
+    (64, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
 ]  # fmt: skip
 
 
@@ -55,7 +57,7 @@ def diagnose(side: int, rounds: int) -> list[str]:
     """Where the time goes at one size: the forward with and without the table, the backward with and without the
     table's gradient, causal; FlexAttention with a bf16 table compiled with 64 x 64 blocks, 2 stages; and each of the
     fused kernel's launches alone (``kernel_launches``: with the table's gradient, without a table, and with the square
-    ``dkdv`` tile the wide one replaced)."""
+    ``dkdv`` and ``dq`` tiles the wide ones replaced)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     dev = torch.device("cuda")
@@ -121,11 +123,11 @@ def diagnose(side: int, rounds: int) -> list[str]:
     }
     alone = (
         ("table + dT, bias tiles", table.detach(), {"bias_read": "tiles"}), ("no table", None, {}),
-        ("table + dT, bias tiles, square dkdv", table.detach(), {"bias_read": "tiles", "bwd_tile": 64}),
+        ("table + dT, bias tiles, square dkdv and dq", table.detach(), {"bias_read": "tiles", "bwd_tile": 64}),
     )  # fmt: skip
     for label, tab, kw in alone:
         for name, launch in kernel_launches(q.detach(), k.detach(), v.detach(), tab, g, **kw).items():
-            if label.endswith("square dkdv") and name != "dkdv":
+            if label.endswith("square dkdv and dq") and name not in ("dkdv", "dq"):
                 continue
             cases[f"triton {name} kernel alone ({label})"] = launch
     lines = [f"\n### Where the time goes, N = {n}, batch {b}\n", "| case | ms |", "|---|---:|"]
@@ -183,15 +185,17 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")
     _restore(defaults)  # (the backward's rows: the default forward)
-    for blk, w, st, kv in BWD:
+    for blk, w, st, *wides in BWD:
         tb._BWD_BLOCK[64] = blk
         tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", 64] = {"num_warps": w, "num_stages": st}
-        tb._DKDV_WIDE.pop(64, None)
-        config = f"bwd tile {blk} warps {w} stages {st}, dkdv square"
-        if kv:
-            tb._DKDV_WIDE[64] = kv[:2]
-            tb.LAUNCH["dkdv", 64] = {"num_warps": kv[2], "num_stages": kv[3]}
-            config = f"bwd tile {blk} warps {w} stages {st}, dkdv {kv[0]} x {kv[1]} warps {kv[2]} stages {kv[3]}"
+        parts = []
+        for name, wide, table in zip(("dkdv", "dq"), wides, (tb._DKDV_WIDE, tb._DQ_WIDE)):
+            table.pop(64, None)
+            if wide:
+                table[64] = wide[:2]
+                tb.LAUNCH[name, 64] = {"num_warps": wide[2], "num_stages": wide[3]}
+            parts.append(f"{name} {wide[0]} x {wide[1]} warps {wide[2]} stages {wide[3]}" if wide else f"{name} square")
+        config = ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts])
         for grad_t, det in ((True, True), (False, True), (True, False)):  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             try:
@@ -209,7 +213,7 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
 
 
 #: the kernel's tiles and launch options, which the tuning sets and restores
-_TABLES = (tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb.LAUNCH, tb.FLOAT32_TILES)
+_TABLES = (tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb.LAUNCH, tb.FLOAT32_TILES)
 
 
 def _restore(defaults: tuple[dict, ...]) -> None:

@@ -318,7 +318,8 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     is read as whole tiles or there is none, 64 x 64 where it is gathered per score, laid out or masked (64 x 128
     spills there); its backward 3 stages; head dim 32 (Swin's) 64 x 64 and 2 stages (as measured on an H100:
     ``bench/results/triton_tune_h100.md``); the ``dkdv`` kernel at head dim 64 its wide tile, 64 x 128 in 8 warps,
-    where the forward takes its wide one (``triton_bias._DKDV_WIDE``)."""
+    where the forward takes its wide one (``triton_bias._DKDV_WIDE``), and the ``dq`` kernel its own, 128 x 64 in 8
+    warps (``triton_bias._DQ_WIDE``)."""
 
     def launches(d=64, table=True, **kw):
         q = torch.zeros(2, 2, 65, d, dtype=torch.bfloat16)
@@ -332,7 +333,7 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     assert tile(bias_read="gather") == tile(mask=torch.zeros(1, 65, 65)) == tile(d=32) == (64, 64)
     tokens = torch.stack([torch.zeros(65), torch.arange(65) // 8 - 1, torch.arange(65) % 8, torch.zeros(65)])
     assert tile(tokens=tokens.int().expand(2, 4, 65).contiguous(), table=False) == (64, 64)
-    assert launches()["dq"].options["num_stages"] == launches()["dbias"].options["num_stages"] == 3
+    assert launches()["dbias"].options["num_stages"] == launches(bias_read="gather")["dq"].options["num_stages"] == 3
     assert launches(d=32)["dkdv"].options == {"num_warps": 4, "num_stages": 2}
     # dkdv: 64 x 128 in 8 warps where the bias is read whole or there is none; square where gathered or masked
     calls = dict(
@@ -343,6 +344,15 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     kv = {k: (x.args["BM"], x.args["BN"], x.options["num_warps"]) for k, x in kv.items()}
     assert kv == {"tiles": (64, 128, 8), "none": (64, 128, 8), "gather": (64, 64, 4), "mask": (64, 64, 4),
                   "d32": (64, 64, 4)}, kv  # fmt: skip
+    # dq: 128 x 64 in 8 warps (2 stages) likewise; square where it sums the gradient's diagonals (gathered bias) or
+    # its bias would be gathered (a fixed table)
+    qd = {k: launches(**kw)["dq"] for k, kw in calls.items()}
+    qd = {k: (x.args["BM"], x.args["BN"], x.options["num_warps"]) for k, x in qd.items()}
+    assert qd == {"tiles": (128, 64, 8), "none": (128, 64, 8), "gather": (64, 64, 4), "mask": (64, 64, 4),
+                  "d32": (64, 64, 4)}, qd  # fmt: skip
+    fixed = launches(bias_read="gather", table_grad=False)["dq"]
+    assert (fixed.args["BM"], fixed.args["BN"], fixed.args["TABLE_GRAD"]) == (64, 64, False)
+    assert launches()["dq"].options == {"num_warps": 8, "num_stages": 2}
     # bias_read="tiles" where only the narrow tiles fit the budget: those, not an error (2 heads, bf16 tiles)
     size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 2 for t in (64, 128)}
     assert size[128] > size[64]
@@ -365,23 +375,32 @@ def test_forward_tiles_wider_than_tall(monkeypatch, grid, prefix, causal):
     _check("cpu", 2, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
 
 
+_NOT_SQUARE = [
+    ((4, 8), 1, False, "table"), ((5, 7), 0, False, "table"), ((1, 37), 0, True, "table"), ((4, 8), 1, False, "none"),
+    ((5, 7), 1, False, "atomic"), ((8, 8), 0, False, "skip"),
+]  # fmt: skip
+
+
 @interpreted
 @pytest.mark.parametrize(
-    ("grid", "prefix", "causal", "case"),
-    [((4, 8), 1, False, "table"), ((5, 7), 0, False, "table"), ((1, 37), 0, True, "table"), ((4, 8), 1, False, "none"),
-     ((5, 7), 1, False, "atomic"), ((8, 8), 0, False, "skip")],
-)  # fmt: skip
-def test_dkdv_tiles_wider_than_tall(monkeypatch, grid, prefix, causal, case):
-    """The ``dkdv`` kernel with a key block twice its query tiles (16 x 32 here, as the 64 x 128 candidate of
-    ``triton_bias._DKDV_WIDE`` on a GPU; ``dq`` and ``dbias`` keep the square tile, so two sets of bias tiles): its
-    transposed tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no table; ``dq`` added by
-    atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the tiles it skips)."""
-    monkeypatch.setattr(triton_bias, "_wide_tile", lambda kernel, block_d, cuda: (16, 32) if kernel == "dkdv" else None)
+    ("kernel", "grid", "prefix", "causal", "case"),
+    [("dkdv", *c) for c in _NOT_SQUARE] + [("dq", *c) for c in _NOT_SQUARE if c[-1] != "atomic"],
+)
+def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, case):
+    """The ``dkdv`` kernel with a key block twice its query tiles (16 x 32 here, as the 64 x 128 of
+    ``triton_bias._DKDV_WIDE`` on a GPU), and the ``dq`` kernel with a query block twice its key tiles (32 x 16, as
+    ``_DQ_WIDE``'s 128 x 64; with ``dq`` by atomics there is no ``dq`` kernel); the other and ``dbias`` keep the square
+    tile, so two sets of bias tiles: its tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no
+    table; ``dq`` added by atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the
+    tiles it skips)."""
+    tile = {"dkdv": (16, 32), "dq": (32, 16)}[kernel]
+    monkeypatch.setattr(triton_bias, "_wide_tile", lambda name, block_d, cuda: tile if name == kernel else None)
     q = torch.zeros(1, 1, 41, 16)
     launches = triton_bias.plan(q, q, q, torch.zeros(1, 9, 15), (5, 8), 1)
-    assert (launches["dkdv"].args["BM"], launches["dkdv"].args["BN"]) == (16, 32)
-    tm, tw = launches["dq"].args["BT"].shape[-2:]  # (plan's tiles: a GPU's, 64 x 64)
-    assert launches["dkdv"].args["BT"].shape[-2:] == (16, 32) and tm == tw == launches["dq"].args["BM"]
+    assert (launches[kernel].args["BM"], launches[kernel].args["BN"]) == tile
+    other = launches["dq" if kernel == "dkdv" else "dkdv"].args
+    tm, tw = other["BT"].shape[-2:]  # (plan's tiles: a GPU's, 64 x 64)
+    assert launches[kernel].args["BT"].shape[-2:] == tile and tm == tw == other["BM"] == other["BN"]
     if case != "skip":
         settings = dict(table_on=case != "none", deterministic=case != "atomic", bias_read="tiles")
         _check("cpu", 2, 2, 16, grid, prefix, causal=causal, **settings)
@@ -392,9 +411,10 @@ def test_dkdv_tiles_wider_than_tall(monkeypatch, grid, prefix, causal, case):
     go = torch.randn_like(ref)
     gref = torch.autograd.grad(ref, leaves, go)
     blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), prefix)
-    kv = triton_bias.plan(q.float(), q.float(), q.float(), table.float(), grid, prefix, blocks=blocks)["dkdv"]
-    flags = triton_bias.tile_flags(blocks, 16, 32)  # the dkdv kernel's columns: its key blocks' query tiles
-    assert 0 < int(flags.sum()) < flags.numel() and torch.equal(kv.args["BLK"], triton_bias.tile_lists(flags.mT))
+    launch = triton_bias.plan(q.float(), q.float(), q.float(), table.float(), grid, prefix, blocks=blocks)[kernel]
+    flags = triton_bias.tile_flags(blocks, *tile)  # (dkdv's rows: its key blocks, the flags' columns)
+    lists = triton_bias.tile_lists(flags.mT if kernel == "dkdv" else flags)
+    assert 0 < int(flags.sum()) < flags.numel() and torch.equal(launch.args["BLK"], lists)
     qd, kd, vd, td = (t.detach().float().requires_grad_() for t in (q, k, v, table))
     out = rel_bias_attention(qd, kd, vd, td, grid, prefix, blocks=blocks)
     g = torch.autograd.grad(out, (qd, kd, vd, td), go.float())
@@ -412,11 +432,12 @@ def test_dkdv_tiles_wider_than_tall(monkeypatch, grid, prefix, causal, case):
      ((12, 12), 1, "atomic"), ((7, 9), 2, "gather")],
 )  # fmt: skip
 def test_gpu_launch_configuration_in_the_interpreter(monkeypatch, grid, prefix, case):
-    """The launches a GPU gets (head dim 64: the forward's 64 x 128 tiles, ``dkdv``'s 64 x 128, ``dq`` and ``dbias``'s
-    64 x 64; their bias tiles of those shapes, float32 in the forward and the inputs' type in the backward) run
-    through the interpreter equal the float64 reference, output and gradients (the table's too): what the other
-    tests check with the interpreter's 16-token tiles, here in the shapes the H100 runs. Grids of several tiles a
-    side, prefix tokens, fp16 tiles, causal, no table, ``dq`` by atomics, the bias gathered per score."""
+    """The launches a GPU gets (head dim 64: the forward's 64 x 128 tiles, ``dkdv``'s 64 x 128, ``dq``'s 128 x 64
+    where its bias is read whole or there is none, ``dbias``'s 64 x 64 and ``dq``'s where it sums the gradient's
+    diagonals; their bias tiles of those shapes, in the inputs' type) run through the interpreter equal the float64
+    reference, output and gradients (the table's too): what the other tests check with the interpreter's 16-token
+    tiles, here in the shapes the H100 runs. Grids of several tiles a side, prefix tokens, fp16 tiles, causal, no
+    table, ``dq`` by atomics, the bias gathered per score."""
     real = triton_bias._blocks
     monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: real(d, True))
     wide = triton_bias._wide_tile
@@ -424,7 +445,10 @@ def test_gpu_launch_configuration_in_the_interpreter(monkeypatch, grid, prefix, 
     q = torch.zeros(1, 1, prefix + grid[0] * grid[1], 64)
     kw = dict(bias_read="gather" if case == "gather" else "tiles", deterministic=case != "atomic")
     shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in triton_bias.plan(q, q, q, None, grid, prefix).items()}
-    assert shapes == {"fwd": (64, 128), "delta": (64, None), "dkdv": (64, 128), "dq": (64, None)}, shapes
+    assert shapes == {"fwd": (64, 128), "delta": (64, None), "dkdv": (64, 128), "dq": (128, 64)}, shapes
+    t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
+    square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
+    assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (64, 64, True)
     settings = dict(table_on=case != "none", causal=case == "causal", dtype=torch.float16 if case == "fp16" else None)
     _check("cpu", 2, 2, 64, grid, prefix, **kw, **settings)
 

@@ -437,7 +437,7 @@ def _bwd_dq_kernel(
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn,
     B, H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split, slot_size,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
 ):
@@ -445,7 +445,9 @@ def _bwd_dq_kernel(
     gradient's sums of ``dS`` into this program's slots ``SLOTS [n_split, H, n_qb, slot_size]``. On a full grid,
     per key block: ``[n_kb, 2, 2 BM]`` (slot ``[case, e]``: the pairs with ``c_i >= c_j`` (case 0) or ``c_i < c_j``
     (case 1) at ``(i - i0) - (j - j0) = e - BM + 1``); on a token layout, the whole table per program
-    (:func:`_scatter_rows`). Square tiles (``BN = BM``)."""
+    (:func:`_scatter_rows`). ``BM`` queries held, ``BN`` keys streamed; the table's gradient takes square tiles
+    (``BN = BM``)."""
+    tl.static_assert(BN == BM or not TABLE_GRAD)
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
@@ -474,19 +476,19 @@ def _bwd_dq_kernel(
         lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
         dq = tl.zeros([BM, BLOCK_D], tl.float32)
         lo, hi_seg = _span(TOK, b, offs_m, N, LAYOUT)
-        row, first, last = _tile_loop(BLK, h, pid_m, n_qb, n_qb, 0, hi, HAS_BLOCKS)
-        for j in range(first, last, 1 if HAS_BLOCKS else BM):
-            start_n = _tile_start(row, j, BM, HAS_BLOCKS)
-            offs_n = start_n + tl.arange(0, BM)
-            if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, BM, BM, LAYOUT, False):
+        row, first, last = _tile_loop(BLK, h, pid_m, n_qb, tl.cdiv(N, BN), 0, hi, HAS_BLOCKS)
+        for j in range(first, last, 1 if HAS_BLOCKS else BN):
+            start_n = _tile_start(row, j, BN, HAS_BLOCKS)
+            offs_n = start_n + tl.arange(0, BN)
+            if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, BM, BN, LAYOUT, False):
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
                 bias = _bias_tile(
-                    BT, h, pid_m * BM, start_n, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BM,
+                    BT, h, pid_m * BM, start_n, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
                 )
                 s, pair = _logits(
                     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,
                     P, N, GH, GW, bias, n_m, pid_m * BM, start_n, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
-                    BM, BM,
+                    BM, BN,
                 )
                 p = tl.math.exp2(s - lse[:, None])
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)

@@ -75,6 +75,15 @@ _BWD_BLOCK = {16: 64, 32: 64, 64: 64, 128: 32}
 #: score it issues 0.77x the instructions of the square tile in 4 warps under Triton 3.6 (the H100 pass's; 0.88x under
 #: 3.8), neither spills nor serializes its products, and reads q and dO half as often
 _DKDV_WIDE: dict[int, tuple[int, int]] = {64: (64, 128)}
+#: the ``dq`` kernel's ``(BM, BN)`` (queries held, keys streamed) by head dim, where its bias is read whole or there is
+#: none (and so it sums no diagonals of the table's gradient: square tiles), with :data:`LAUNCH`'s ``("dq", head dim)``
+#: options; elsewhere the backward's square tile. Head dim 64: 128 x 64 in 8 warps, chosen from the code compiled for
+#: sm_90, not yet from a GPU's clock (``bench/triton_tune.py`` times it against the square tile): it reads each key
+#: and value tile once per 128 queries instead of 64 (the kernels' bytes, read from L2, were what the H100 pass
+#: measured), with 0.95x the instructions per score of the square tile in 4 warps (Triton 3.6 and 3.8: 387 and 393
+#: against 409 and 415 with a table, 350 and 356 against 359 and 365 without; 2 stages, which issue fewer than 3),
+#: no spills
+_DQ_WIDE: dict[int, tuple[int, int]] = {64: (128, 64)}
 
 
 def interpreter_on() -> bool:
@@ -120,6 +129,7 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "bwd": {"num_warps": 4, "num_stages": 2},
     ("bwd", 64): {"num_warps": 4, "num_stages": 3},
     ("dkdv", 64): {"num_warps": 8, "num_stages": 2},  # (with :data:`_DKDV_WIDE`'s tile only)
+    ("dq", 64): {"num_warps": 8, "num_stages": 2},  # (with :data:`_DQ_WIDE`'s tile only)
 }
 
 
@@ -129,9 +139,9 @@ def _launch_options(kind: str, block_d: int) -> dict[str, int]:
 
 
 def _wide_tile(kernel: str, block_d: int, cuda: bool) -> tuple[int, int] | None:
-    """The wide tile of ``kernel`` (``fwd``: :data:`_FWD_WIDE`, ``dkdv``: :data:`_DKDV_WIDE`) at head dim
-    ``block_d`` on CUDA; None in the interpreter."""
-    return {"fwd": _FWD_WIDE, "dkdv": _DKDV_WIDE}[kernel].get(block_d) if cuda else None
+    """The wide tile of ``kernel`` (``fwd``: :data:`_FWD_WIDE`, ``dkdv``: :data:`_DKDV_WIDE`, ``dq``:
+    :data:`_DQ_WIDE`) at head dim ``block_d`` on CUDA; None in the interpreter."""
+    return {"fwd": _FWD_WIDE, "dkdv": _DKDV_WIDE, "dq": _DQ_WIDE}[kernel].get(block_d) if cuda else None
 
 
 def _blocks(d: int, cuda: bool) -> tuple[int, int, int, int]:
@@ -574,27 +584,30 @@ def _bwd_launches(
     visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed
     tab = None if table is None else t
     bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq")
-    # dkdv: the square tile, or a wide one (keys held BN, queries streamed BM) where its bias is read whole or none
-    dm, dn, bt_kv, tiling_kv = blk, blk, bt, tiling
-    wide = _wide_tile("dkdv", block_d, cuda) if tile is None and tokens is None and mask_kind == 0 else None
-    if wide is not None:
-        dm, dn, bt_kv, tiling_kv = _pick_tile(
-            [wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, "dkdv"
-        )
-    kv_visible = visible if (dm, dn) == (blk, blk) else tile_flags(blocks, dm, dn, causal)
-    by_rows, by_cols = tile_lists(visible), tile_lists(None if kv_visible is None else kv_visible.transpose(1, 2))
     qk_scale = scale * _kernels().LOG2E
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
     opts = (options or _launch_options("bwd", block_d)) if cuda else {}
-    opts_kv = (options or LAUNCH.get(("dkdv", block_d)) or opts) if cuda and (dm, dn) != (blk, blk) else opts
+
+    def pick(kernel: str):
+        """``(BM, BN, bias tiles, tiling, visible-tile flags, launch options)`` of ``kernel`` (``dkdv``: keys held
+        ``BN``, queries streamed ``BM``; ``dq``: queries held ``BM``): its wide tile where its bias is read whole or
+        there is none, else the square one."""
+        wide = _wide_tile(kernel, block_d, cuda) if tile is None and tokens is None and mask_kind == 0 else None
+        if wide is None:
+            return blk, blk, bt, tiling, visible, opts
+        tm, tw, bias, til = _pick_tile([wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, kernel)
+        if (tm, tw) == (blk, blk):
+            return blk, blk, bias, til, visible, opts
+        return tm, tw, bias, til, tile_flags(blocks, tm, tw, causal), options or LAUNCH.get((kernel, block_d)) or opts
+
+    dm, dn, bt_kv, tiling_kv, kv_visible, opts_kv = pick("dkdv")
+    by_cols = tile_lists(None if kv_visible is None else kv_visible.transpose(1, 2))
 
     def inputs(tiles, bias=bt):  # (the kernels' BLK: which tiles they visit)
         return [q, k, v, t, m, tok, _int_args(tiles, q), bias, do, lse, delta]
 
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
-    n_b = triton_cdiv(n, blk)
-    sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, *tiling]
-    sizes_kv = [*sizes[:7], *tiling_kv]
+    sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale]
     grad_t = table_grad and table is not None
     by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
     atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
@@ -603,13 +616,19 @@ def _bwd_launches(
     dq_acc = dq if atomic else _placeholder(q.dtype, 4, q.device)
     dkdv = Launch.make(
         "dkdv", (triton_cdiv(n, dn), b * h),
-        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes_kv],
+        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes, *tiling_kv],
         dict(**_constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling_kv, q.dtype), BM=dm, BN=dn,
              ATOMIC_DQ=atomic), opts_kv,
     )  # fmt: skip
+    # dq: the square tile where it sums the table gradient's diagonals (gathered bias, token layouts), else as pick
+    diagonals = grad_t and not by_tiles
+    qm, qn, bt_q, tiling_q, q_visible, opts_q = (blk, blk, bt, tiling, visible, opts)
+    if not (diagonals or atomic):
+        qm, qn, bt_q, tiling_q, q_visible, opts_q = pick("dq")
+    n_b = triton_cdiv(n, qm)
     n_split = _n_split(n_b, h, b, sms)
     # per program: a full grid's diagonal sums per key block (n_b x 2 cases x 2 blk), a layout's whole table
-    slot_size = (table.numel() // h if tokens is not None else n_b * 4 * blk) if grad_t and not by_tiles else 0
+    slot_size = (table.numel() // h if tokens is not None else n_b * 4 * blk) if diagonals else 0
     slots = torch.zeros(n_split, h, n_b, slot_size, device=q.device, dtype=torch.float32)
     scratch = (
         torch.empty(n_split * h * n_b * blk * blk, device=q.device)
@@ -617,9 +636,10 @@ def _bwd_launches(
         else _placeholder(torch.float32, 1, q.device)
     )
     dq_launch = None if atomic else Launch.make(
-        "dq", (n_b, h, n_split), [*inputs(by_rows), dq, slots, scratch, *common, *_strides(dq), b, *sizes, n_split,
-        slot_size],
-        dict(**flags, BM=blk, TABLE_GRAD=grad_t and not by_tiles), opts,
+        "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), dq, slots, scratch, *common, *_strides(dq), b,
+        *sizes, *tiling_q, n_split, slot_size],
+        dict(**_constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling_q, q.dtype), BM=qm, BN=qn,
+             TABLE_GRAD=diagonals), opts_q,
     )  # fmt: skip
     dbias = dbt = None
     if by_tiles:
@@ -627,7 +647,7 @@ def _bwd_launches(
         split_t = _n_split(n_pat, h, b, sms)
         dbt = torch.empty(split_t, h, n_pat, blk, blk, device=q.device, dtype=torch.float32)  # each program writes
         order = _dbias_order(TilePatterns(*tiling), n, blk, grid_w, causal, h, split_t, q.device)
-        sizes_t = [h, n, prefix, grid_h, grid_w, qk_scale, *tiling, split_t]
+        sizes_t = [*sizes[:6], *tiling, split_t]
         dbias = Launch.make(
             "dbias", (n_pat * h * split_t,), [*inputs(visible), order, dbt, *common, b, *sizes_t],
             dict(**flags, BM=blk), opts,

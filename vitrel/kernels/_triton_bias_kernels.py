@@ -155,6 +155,7 @@ def _row_stats(LSE, DELTA, bh, N, offs):
     (the buffers' rows padded: :data:`STATS_ROWS`). With a mask (``offs < N``, N odd), Triton 3.6 copied each thread's
     16 columns of the transposed ``dkdv`` tile one 4-byte element at a time, with their predicates: about 150 of
     the 657 instructions a tile (sm_90); unmasked it copies pairs and issues 502."""
+    tl.static_assert(STATS_ROWS % offs.shape[0] == 0, "a query tile must divide STATS_ROWS")
     row = bh * _stats_len(N)  # (each base plus the row first: the loop-invariant part, hoisted)
     return tl.load(LSE + row + offs), tl.load(DELTA + row + offs)
 
@@ -338,6 +339,7 @@ def _fwd_kernel(
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
     tl.store(O + b * sob + h * soh + offs_m[:, None] * son + offs_d[None, :], out.to(O.dtype.element_ty), q_mask)
+    tl.static_assert(STATS_ROWS % BM == 0, "a query tile must divide STATS_ROWS")
     lse_row = LSE + bh * _stats_len(N)
     tl.store(lse_row + offs_m, tl.where(offs_m < N, m_safe + tl.math.log2(l_safe), float("inf")))
     if tl.program_id(0) == tl.num_programs(0) - 1:  # the padding rows past the last query tile's

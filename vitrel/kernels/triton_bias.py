@@ -585,7 +585,11 @@ def _bwd_launches(
     tab = None if table is None else t
     bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq")
     qk_scale = scale * _kernels().LOG2E
-    flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
+
+    def consts(til):  # the constexpr flags of a launch with the bias tiling til
+        return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype)
+
+    flags = consts(tiling)
     opts = (options or _launch_options("bwd", block_d)) if cuda else {}
 
     def pick(kernel: str):
@@ -617,8 +621,7 @@ def _bwd_launches(
     dkdv = Launch.make(
         "dkdv", (triton_cdiv(n, dn), b * h),
         [*inputs(by_cols, bt_kv), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes, *tiling_kv],
-        dict(**_constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling_kv, q.dtype), BM=dm, BN=dn,
-             ATOMIC_DQ=atomic), opts_kv,
+        dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic), opts_kv,
     )  # fmt: skip
     # dq: the square tile where it sums the table gradient's diagonals (gathered bias, token layouts), else as pick
     diagonals = grad_t and not by_tiles
@@ -638,8 +641,7 @@ def _bwd_launches(
     dq_launch = None if atomic else Launch.make(
         "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), dq, slots, scratch, *common, *_strides(dq), b,
         *sizes, *tiling_q, n_split, slot_size],
-        dict(**_constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling_q, q.dtype), BM=qm, BN=qn,
-             TABLE_GRAD=diagonals), opts_q,
+        dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=diagonals), opts_q,
     )  # fmt: skip
     dbias = dbt = None
     if by_tiles:

@@ -445,7 +445,7 @@ def test_gpu_launch_configuration_in_the_interpreter(monkeypatch, grid, prefix, 
     q = torch.zeros(1, 1, prefix + grid[0] * grid[1], 64)
     kw = dict(bias_read="gather" if case == "gather" else "tiles", deterministic=case != "atomic")
     shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in triton_bias.plan(q, q, q, None, grid, prefix).items()}
-    assert shapes == {"fwd": (64, 128), "delta": (64, None), "dkdv": (64, 128), "dq": (128, 64)}, shapes
+    assert shapes == {"fwd": (64, 128), "delta": (128, None), "dkdv": (64, 128), "dq": (128, 64)}, shapes
     t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
     square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
     assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (64, 64, True)

@@ -569,13 +569,14 @@ def _bwd_launches(
     table's gradient (gathered bias, token layouts), which costs the atomics nothing to spare."""
     b, h, n, d = q.shape
     cuda = sms is not None
-    block_d, rows, _, blk = _blocks(d, cuda)  # (rows: the delta kernel's, the forward's query tile)
+    block_d, _, _, blk = _blocks(d, cuda)
     blk = tile or blk
+    rows = _kernels().STATS_ROWS.value  # the delta kernel's: one program a padded block of the buffer
     do = do if do.stride(-1) == 1 else do.contiguous()  # (read through its strides, as q, k, v)
     delta = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)  # rowsum(o * do), FA-2's D
     delta_launch = Launch.make(
         "delta", (b * h, stats_len(n) // rows), [out, do, delta, *_strides(out, do), h, n],
-        dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 4} if cuda else {},
+        dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 8} if cuda else {},
     )  # fmt: skip
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     t, stg, sth = _table_args(table, q)

@@ -749,6 +749,21 @@ def test_kernel_token_layout_equals_reference(device, prefix):
     _check_layout(device, prefix)
 
 
+@interpreted
+def test_layout_tokens_padded_for_unmasked_reads():
+    """The kernels read a layout's tokens ``[B, 4, N]`` padded to ``[B, 4, NP]`` (``stats_len``), with no mask: the
+    tokens as given, then segment -2, row -1 (no patch), column 0, group 0 (with masked loads, rows of four packed
+    32 x 32 images issued 6-10 % more instructions a tile, sm_90)."""
+    tokens, _ = packed_tokens(1)
+    b, _, n = tokens.shape
+    q = torch.zeros(b, 2, n, 16)
+    launch = triton_bias.plan(q, q, q, torch.zeros(3, 2, 7, 9), (4, 5), 1, tokens=tokens)["fwd"]
+    tok = launch.args["TOK"]
+    assert tok.shape == (b, 4, triton_bias.stats_len(n)) == (b, 4, 128) and tok.is_contiguous()
+    assert torch.equal(tok[..., :n], tokens.int())
+    assert torch.equal(tok[..., n:], torch.tensor([-2, -1, 0, 0], dtype=torch.int32)[:, None].expand(b, 4, 128 - n))
+
+
 def _check_layout(device, prefix, tokens=None, groups=3, grid=(4, 5)):
     if tokens is None:
         tokens, groups = packed_tokens(prefix)

@@ -40,18 +40,33 @@ import triton.language as tl
 LOG2E = 1.4426950408889634
 
 
+#: the per-token buffers (the log-sum-exp and ``D``, ``[B, H, NP]``; a layout's tokens, ``[B, 4, NP]``) are padded
+#: to ``NP`` tokens (:func:`_stats_len`), a multiple of it, which every kernel's tile divides, so the kernels read them
+#: with no mask; the padding (tokens past the end) holds +inf (log-sum-exp: their ``p`` is 0), 0 (``D``), and segment
+#: -2, row -1, column 0, group 0 (tokens: no patch, of no image)
+STATS_ROWS = tl.constexpr(128)
+
+
+@triton.jit
+def _stats_len(N):
+    """``NP``, the padded length of the per-token buffers of ``N`` tokens (:data:`STATS_ROWS`)."""
+    return tl.cdiv(N, STATS_ROWS) * STATS_ROWS
+
+
 @triton.jit
 def _tokens(TOK, b, offs, P, N, GW, LAYOUT: tl.constexpr):
     """Patch flags, rows, columns, segments and table groups of tokens ``offs`` of batch ``b``: from the indices on a
     full grid (one image: segment 0, group 0; prefix and out-of-range tokens are not patches), from
-    ``TOK [B, 4, N]`` (segment, row, column, group; rows -1 for prefix and padding tokens) on a token layout."""
+    ``TOK [B, 4, NP]`` (segment, row, column, group; rows -1 for prefix and padding tokens; read with no mask: its
+    padding, :data:`STATS_ROWS`) on a token layout."""
     inside = offs < N
     if LAYOUT:
-        base = TOK + b * 4 * N + offs
-        r = tl.load(base + N, inside, -1)
+        NP = _stats_len(N)
+        base = TOK + b * 4 * NP  # (the base first: loop-invariant, hoisted)
+        r = tl.load(base + NP + offs)
         patch = r >= 0
-        c = tl.load(base + 2 * N, inside, 0)
-        return patch, tl.where(patch, r, 0), c, tl.load(base, inside, -2), tl.load(base + 3 * N, inside, 0)
+        c = tl.load(base + 2 * NP + offs)
+        return patch, tl.where(patch, r, 0), c, tl.load(base + offs), tl.load(base + 3 * NP + offs)
     p = offs - P
     patch = (p >= 0) & inside
     p = tl.where(patch, p, 0)
@@ -64,7 +79,7 @@ def _span(TOK, b, offs, N, LAYOUT: tl.constexpr):
     """The smallest and largest segment of tokens ``offs`` (padding: -1) on a layout; ``(0, 0)`` on a full grid."""
     if LAYOUT:
         inside = offs < N
-        seg = tl.load(TOK + b * 4 * N + offs, inside, 0)
+        seg = tl.load(TOK + b * 4 * _stats_len(N) + offs)
         return tl.min(tl.where(inside, seg, 1 << 30)), tl.max(tl.where(inside, seg, -(1 << 30)))
     return 0, 0
 
@@ -135,18 +150,6 @@ def _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D):
     kv_mask = (offs_n < N)[:, None] & (offs_d < D)[None, :]
     k = _tile(K, b, h, skb, skh, skn, offs_n, offs_d, kv_mask)
     return k, _tile(V, b, h, svb, svh, svn, offs_n, offs_d, kv_mask)
-
-
-#: the rows of the log-sum-exp and ``D`` buffers (``[B, H, NP]``, :func:`_stats_len`) are padded to a multiple of it,
-#: which every kernel's query tile divides; the padding rows (queries past the end) hold +inf (log-sum-exp: their
-#: ``p`` is 0) and 0 (``D``)
-STATS_ROWS = tl.constexpr(128)
-
-
-@triton.jit
-def _stats_len(N):
-    """``NP``, the padded rows of the log-sum-exp and ``D`` buffers of ``N`` tokens."""
-    return tl.cdiv(N, STATS_ROWS) * STATS_ROWS
 
 
 @triton.jit
@@ -423,11 +426,12 @@ def _scatter_rows(
     for r in range(0, BM):
         t = pid_m * BM + r
         there = t < N
-        base = TOK + b * 4 * N + t
-        rq = tl.load(base + N, mask=there, other=-1)
-        cq = tl.load(base + 2 * N, mask=there, other=0)
+        NP = _stats_len(N)
+        base = TOK + b * 4 * NP + t
+        rq = tl.load(base + NP, mask=there, other=-1)
+        cq = tl.load(base + 2 * NP, mask=there, other=0)
         ok = kpatch & (rq >= 0) & (sk == tl.load(base, mask=there, other=-2))
-        at = SLOT + tl.load(base + 3 * N, mask=there, other=0) * ((2 * GH - 1) * (2 * GW - 1))
+        at = SLOT + tl.load(base + 3 * NP, mask=there, other=0) * ((2 * GH - 1) * (2 * GW - 1))
         at += (rq + GH - 1) * (2 * GW - 1) + cq + GW - 1 - key_col
         tl.store(at, tl.load(at, mask=ok, other=0.0) + tl.load(SCR + r * BM + cols), mask=ok)
         tl.debug_barrier()

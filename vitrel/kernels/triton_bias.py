@@ -510,8 +510,8 @@ def _fwd_fake(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefi
 
 
 def stats_len(n: int) -> int:
-    """The rows of the forward's log-sum-exp and the backward's ``D`` for ``n`` tokens: padded to a multiple of the
-    kernels' ``STATS_ROWS``, so the backward's kernels read them with no mask (the padding: +inf and 0)."""
+    """The padded length of the per-token buffers of ``n`` tokens (the forward's log-sum-exp, the backward's ``D``,
+    a layout's tokens): a multiple of the kernels' ``STATS_ROWS``, so the kernels read them with no mask."""
     rows = _kernels().STATS_ROWS.value
     return (n + rows - 1) // rows * rows
 
@@ -903,6 +903,14 @@ def rel_bias_attention(
     return out
 
 
+def _padded_tokens(tokens: Tensor, n: int) -> Tensor:
+    """A layout's tokens ``[B, 4, n]`` padded to ``[B, 4, stats_len(n)]``, as the kernels read them (with no mask):
+    the padding's segment -2, row -1 (no patch), column and group 0."""
+    pad = (0, stats_len(n) - n)
+    parts = [torch.nn.functional.pad(tokens[:, i : i + 1], pad, value=x) for i, x in enumerate((-2, -1))]
+    return torch.cat([*parts, torch.nn.functional.pad(tokens[:, 2:], pad, value=0)], 1).contiguous()
+
+
 def _op_args(
     q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions, deterministic=True
 ) -> tuple:
@@ -918,7 +926,7 @@ def _op_args(
             raise ValueError(f"rel_bias_attention: tokens {tuple(tokens.shape)}, expected {(b, 4, n)}")
         if causal:
             raise ValueError("rel_bias_attention: causal attention on a token layout is not supported")
-        tokens = tokens.to(torch.int32).contiguous()
+        tokens = _padded_tokens(tokens.to(torch.int32), n)
     if table is not None:
         want = (h, 2 * gh - 1, 2 * gw - 1)
         if tuple(table.shape[-3:]) != want or table.dim() != 3 + (tokens is not None):

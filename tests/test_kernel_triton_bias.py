@@ -750,7 +750,7 @@ def test_kernel_token_layout_equals_reference(device, prefix):
 
 
 @interpreted
-def test_layout_tokens_padded_for_unmasked_reads():
+def test_layout_tokens_and_regions_padded_for_unmasked_reads():
     """The kernels read a layout's tokens ``[B, 4, N]`` padded to ``[B, 4, NP]`` (``stats_len``), with no mask: the
     tokens as given, then segment -2, row -1 (no patch), column 0, group 0 (with masked loads, rows of four packed
     32 x 32 images issued 6-10 % more instructions a tile, sm_90)."""
@@ -762,6 +762,13 @@ def test_layout_tokens_padded_for_unmasked_reads():
     assert tok.shape == (b, 4, triton_bias.stats_len(n)) == (b, 4, 128) and tok.is_contiguous()
     assert torch.equal(tok[..., :n], tokens.int())
     assert torch.equal(tok[..., n:], torch.tensor([-2, -1, 0, 0], dtype=torch.int32)[:, None].expand(b, 4, 128 - n))
+    # a batch of windows' region ids [Mb, N] likewise: padded with -1 (masked, 1-3 % more instructions on interior
+    # tiles and 5-10 % on a seam's)
+    regions = torch.arange(20).remainder(3).expand(2, 20)
+    w = torch.zeros(4, 2, 20, 16)
+    launch = triton_bias.plan(w, w, w, torch.zeros(2, 7, 9), (4, 5), regions=regions)["fwd"]
+    assert launch.args["MASK_KIND"] == 2 and launch.args["MASK"].shape == (2, 128) and launch.args["stride_mb"] == 128
+    assert torch.equal(launch.args["MASK"][:, :20], regions.int()) and torch.all(launch.args["MASK"][:, 20:] == -1)
 
 
 def _check_layout(device, prefix, tokens=None, groups=3, grid=(4, 5)):

@@ -217,7 +217,8 @@ def _logits(
     patch-pair flags (pairs of one image where the bias applies). The bias is gathered per score from ``T``
     (``[G, heads, 2 GH - 1, 2 GW - 1]``, a table per group of images; ``stride_tg`` 0 on a full grid), or with
     ``TILED`` is ``bias``, the tile :func:`_bias_tile` read. ``MASK_KIND``: 0 none, 1 ``MASK`` an additive float mask
-    ``[Mb, N, N]``, 2 ``MASK`` region ids ``[Mb, N]`` (batch ``b`` reads row ``b mod Mb``). ``T``, the bias tiles
+    ``[Mb, N, N]``, 2 ``MASK`` region ids ``[Mb, NP]`` (batch ``b`` reads row ``b mod Mb``; padded with -1:
+    :data:`STATS_ROWS`). ``T``, the bias tiles
     and a float ``MASK`` come multiplied by ``LOG2E``.
 
     Where the bias is read as tiles on a full grid with no mask (or regions whose tokens in the tile are of one
@@ -236,9 +237,9 @@ def _logits(
     if TILED and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered or with no table: the masks cost less)
         interior = (n_m == 0) | ((q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N))
         if MASK_KIND == 2:  # a window whose tokens in this tile are of one region (all but the seam's windows)
-            rptr = MASK + (b % n_mask_b) * stride_mb
-            rq = tl.load(rptr + offs_m, offs_m < N, 0)
-            rk = tl.load(rptr + offs_n, offs_n < N, 0)
+            rptr = MASK + (b % n_mask_b) * stride_mb  # (region ids padded: read with no mask)
+            rq = tl.load(rptr + offs_m)
+            rk = tl.load(rptr + offs_n)
             lo = tl.minimum(tl.min(tl.where(offs_m < N, rq, 1 << 30)), tl.min(tl.where(offs_n < N, rk, 1 << 30)))
             hi = tl.maximum(tl.max(tl.where(offs_m < N, rq, -1)), tl.max(tl.where(offs_n < N, rk, -1)))
             interior = interior & (lo == hi)
@@ -281,10 +282,10 @@ def _masked(
         mptr = MASK + (b % n_mask_b) * stride_mb + _q_axis(offs_m, TRANS) * N + _k_axis(offs_n, TRANS)
         s += tl.load(mptr, mask=inside, other=0.0)
     valid = inside | _q_axis(offs_m >= N, TRANS)  # (queries past the end: harmless, their loads are zeros)
-    if MASK_KIND == 2:  # region ids [Mb, N] (a batch of windows' layout): a token sees its own region's tokens
+    if MASK_KIND == 2:  # region ids [Mb, NP] (a batch of windows' layout): a token sees its own region's tokens
         rptr = MASK + (b % n_mask_b) * stride_mb
-        rq = tl.load(rptr + offs_m, offs_m < N, -1)
-        valid = valid & (_q_axis(rq, TRANS) == _k_axis(tl.load(rptr + offs_n, offs_n < N, -2), TRANS))
+        rq = tl.load(rptr + offs_m)
+        valid = valid & (_q_axis(rq, TRANS) == _k_axis(tl.load(rptr + offs_n), TRANS))
     if LAYOUT:  # a token sees its own image's tokens (padding: padding)
         valid = valid & same
     if CAUSAL:

@@ -946,7 +946,8 @@ def _op_args(
     elif regions is not None:
         if regions.dim() != 2 or regions.shape[1] != n or regions.is_floating_point():
             raise ValueError(f"rel_bias_attention: regions must be integers [Mb, {n}], got {tuple(regions.shape)}")
-        mask = regions.to(torch.int32).contiguous()  # the kernels' MASK, read as region ids
+        # the kernels' MASK, read as region ids with no mask: padded to stats_len(n) (-1, a region of no token)
+        mask = torch.nn.functional.pad(regions.to(torch.int32), (0, stats_len(n) - n), value=-1).contiguous()
     if mask is not None and b % mask.shape[0]:
         raise ValueError(f"rel_bias_attention: batch {b} is not a multiple of the mask's {mask.shape[0]} rows")
     # the kernels take any strides with a contiguous head dim (the qkv projection's views: no copies, as SDPA)

@@ -424,10 +424,10 @@ def _scatter_rows(
     tl.debug_barrier()
     kpatch, rk, ck, sk, _ = _tokens(TOK, b, offs_n, 0, N, GW, True)
     key_col = rk * (2 * GW - 1) + ck
+    NP = _stats_len(N)
     for r in range(0, BM):
         t = pid_m * BM + r
         there = t < N
-        NP = _stats_len(N)
         base = TOK + b * 4 * NP + t
         rq = tl.load(base + NP, mask=there, other=-1)
         cq = tl.load(base + 2 * NP, mask=there, other=0)

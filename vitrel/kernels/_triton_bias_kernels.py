@@ -234,8 +234,11 @@ def _logits(
         s = tl.dot(k, q, input_precision=PREC) * qk_scale  # (q^T: [BLOCK_D, TM])
     else:
         s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
-    if TILED and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered or with no table: the masks cost less)
-        interior = (n_m == 0) | ((q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N))
+    if (TILED or not HAS_TABLE) and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered: the masks cost less)
+        if HAS_TABLE:
+            interior = (n_m == 0) | ((q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N))
+        else:  # (no bias: only the keys past the end are masked; a query past the end is harmless)
+            interior = k0 + TW <= N
         if MASK_KIND == 2:  # a window whose tokens in this tile are of one region (all but the seam's windows)
             rptr = MASK + (b % n_mask_b) * stride_mb  # (region ids padded: read with no mask)
             rq = tl.load(rptr + offs_m)
@@ -250,7 +253,8 @@ def _logits(
             pair = tl.full([TW, TM], 1, tl.int1)
         else:
             pair = tl.full([TM, TW], 1, tl.int1)
-        s = s + bias
+        if HAS_TABLE:  # (not a 0.0 added: x + 0.0 is not folded, as -0.0 + 0.0 is +0.0)
+            s = s + bias
     else:
         s, pair = _masked(
             s, bias, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, P, N, GH, GW,

@@ -186,7 +186,7 @@ def _k_axis(x, TRANS: tl.constexpr):
 
 @triton.jit
 def _bias_tile(
-    BT, h, q0, k0, GW, n_kt, n_pat, d_min, g_d, n_m, g_m,
+    BT, h, q0, k0, GW, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
     HAS_TABLE: tl.constexpr, TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr,
 ):
     """The ``[TM, TW]`` bias tile of queries from ``q0`` and keys from ``k0`` read whole from the bias tiles
@@ -196,8 +196,11 @@ def _bias_tile(
     a kernel that visits one tile for many batch elements (``dbias``) loads it once."""
     bias = 0.0
     if HAS_TABLE and TILED:
-        if n_m > 0:
-            pat = ((q0 - k0 - d_min) // g_d) * n_m + (q0 % GW) // g_m
+        if n_m > 0:  # (g_d, g_m: compile-time powers of two, so shifts; (q0 mod W) / g_m is 0 where W divides TM)
+            col = 0
+            if n_m > 1:
+                col = (q0 % GW) // g_m
+            pat = ((q0 - k0 - d_min) // g_d) * n_m + col
         else:
             pat = (q0 // TM) * n_kt + k0 // TW
         local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
@@ -224,7 +227,8 @@ def _logits(
     Where the bias is read as tiles on a full grid with no mask (or regions whose tokens in the tile are of one
     region), a tile whose pairs are all patch pairs (no prefix token, none past the end: all but the first and last
     rows and columns of tiles), and every tile where each pattern is one exact tile (``n_m = 0``: its prefix pairs 0,
-    its keys past the end ``-inf``), takes a branch with no mask at all: the bias added as it is read.
+    its keys past the end ``-inf``), takes a branch with no mask at all: the bias added as it is read. So does a tile
+    with no key past the end where there is no table.
 
     ``TRANS``: the tile transposed, ``[TW, TM]`` keys by queries (``bias`` too, and ``q`` given as ``q^T``,
     ``[BLOCK_D, TM]``), as Triton's tutorial computes its ``dk, dv``: ``p^T`` and ``dS^T`` are then the left operands
@@ -301,7 +305,7 @@ def _masked(
 def _fwd_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, O, LSE,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_tg, stride_th, stride_mb, n_mask_b,
-    H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d, n_m, g_m,
+    H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
@@ -360,7 +364,7 @@ def _bwd_dkdv_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn, shb, shh, shn, sab, sah, san,
-    H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m,
+    H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
@@ -447,7 +451,8 @@ def _bwd_dq_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DQ, SLOTS, SCRATCH,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn,
-    B, H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split, slot_size,
+    B, H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
+    slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
@@ -536,7 +541,7 @@ def _bwd_dq_kernel(
 def _bwd_dbias_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, ORDER, DBT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
-    B, H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, n_split,
+    B, H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,

@@ -227,7 +227,8 @@ class TilePatterns(NamedTuple):
     """How a full grid's ``[tm, tw]`` tiles of bias map to their distinct patterns (:func:`tile_patterns`): pattern
     ``((q0 - k0 - d_min) / g_d) n_m + (q0 mod W) / g_m`` of the tile of queries from ``q0`` and keys from ``k0``
     where ``n_m > 0``, else ``(q0 / tm) n_kt + k0 / tw`` (one per tile, where that is fewer). The kernels compute the
-    same from these integers."""
+    same from these integers, with ``g_d`` and ``g_m`` (gcds of a power-of-two tile: powers of two) as compile-time
+    constants, so their divisions are shifts (a grid width with another ``g_m`` compiles the kernels again)."""
 
     n_kt: int
     n_pat: int

@@ -27,6 +27,10 @@ from vitrel.pos import list_pos  # noqa: E402
 from vitrel.pos.geometry import as_grid, expand_offset_table  # noqa: E402
 from vitrel.pos.registry import get_pos_class  # noqa: E402
 
+triton = pytest.importorskip("triton")
+tl = triton.language
+from vitrel.kernels._triton_bias_kernels import _bias_tile  # noqa: E402
+
 #: the CPU cases run through the interpreter (on a GPU machine, where it is off, ``pytest -m cuda`` runs the GPU ones)
 pytestmark = pytest.mark.skipif(
     not (triton_bias.interpreter_on() or torch.cuda.is_available()), reason="Triton's interpreter is off"
@@ -596,6 +600,29 @@ def test_row_stats_padded_for_unmasked_reads():
     torch.testing.assert_close(lse[..., :n], torch.logsumexp(logits, -1) / math.log(2), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(delta[..., :n], (launches["fwd"].args["O"] * do).sum(-1), atol=1e-5, rtol=1e-5)
     assert torch.all(lse[..., n:] == float("inf")) and torch.all(delta[..., n:] == 0)
+
+
+@triton.jit
+def _read_bias_tile(BT, OUT, h, q0, k0, n_kt, n_pat, TM: tl.constexpr, TW: tl.constexpr, PAIRS: tl.constexpr):
+    """The bias tile of queries from ``q0`` and keys from ``k0`` (a tile per pattern: ``n_m = 0``) as the kernels read
+    it (:func:`_bias_tile`), stored in float32."""
+    tile = _bias_tile(BT, h, q0, k0, 1, n_kt, n_pat, 0, 1, 0, 1, True, True, TM, TW, PAIRS)
+    tl.store(OUT + tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :], tile)
+
+
+@interpreted
+def test_bf16_bias_tiles_read_as_pairs():
+    """bf16 bias tiles read as 32-bit words of two entries and widened by hand (``PAIRS``: the forward's and
+    ``dq``'s) give each entry's float in its place, bit for bit as torch widens them: every kind of value (negative,
+    -0, -inf, subnormal, the largest). (bf16 logits are not computed right in the interpreter, so the kernels' own
+    tests read float32 tiles here, and its own bf16 conversion flushes subnormals; ``-m cuda`` runs this path whole.)
+    """
+    g = torch.Generator().manual_seed(0)
+    tiles = (torch.randn(2, 4, 16, 32, generator=g) * 100).bfloat16()
+    tiles[1, 3, 0, :4] = torch.tensor([float("-inf"), -0.0, 1e-40, 3e38])
+    out = torch.full((16, 32), float("nan"))
+    _read_bias_tile[(1,)](tiles, out, 1, 16, 32, 2, 4, 16, 32, True)  # (pattern 1 * 2 + 1 of head 1)
+    assert torch.equal(out.view(torch.int32), tiles[1, 3].float().view(torch.int32))
 
 
 @interpreted

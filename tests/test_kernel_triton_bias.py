@@ -357,6 +357,17 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     fixed = launches(bias_read="gather", table_grad=False)["dq"]
     assert (fixed.args["BM"], fixed.args["BN"], fixed.args["TABLE_GRAD"]) == (64, 64, False)
     assert launches()["dq"].options == {"num_warps": 8, "num_stages": 2}
+    # head dim 128: the forward 128 x 64, dkdv 32 x 128, dq 128 x 64, each in 8 warps, where the bias is read whole
+    # or there is none; else the forward's 64 x 32 and the backward's square 32 x 32 in 4 warps
+    wide, narrow = {"fwd": (128, 64, 8), "dkdv": (32, 128, 8), "dq": (128, 64, 8)}, {"fwd": (64, 32, 4)}
+    narrow.update(dkdv=(32, 32, 4), dq=(32, 32, 4))
+    for kw, want in [
+        (dict(bias_read="tiles"), {**wide, "dbias": (32, 32, 4)}), (dict(table=False), wide),
+        (dict(bias_read="gather"), narrow), (dict(mask=torch.zeros(1, 65, 65)), {**narrow, "dbias": (32, 32, 4)}),
+    ]:  # fmt: skip
+        got = {k: (x.args["BM"], x.args.get("BN", x.args["BM"]), x.options["num_warps"])
+               for k, x in launches(d=128, **kw).items() if k != "delta"}  # fmt: skip
+        assert got == want, (kw, got)
     # bias_read="tiles" where only the narrow tiles fit the budget: those, not an error (2 heads, bf16 tiles)
     size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 2 for t in (64, 128)}
     assert size[128] > size[64]
@@ -433,28 +444,31 @@ def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, ca
 @pytest.mark.parametrize(
     ("grid", "prefix", "case"),
     [((12, 12), 1, "table"), ((9, 16), 0, "fp16"), ((1, 150), 0, "causal"), ((12, 12), 1, "none"),
-     ((12, 12), 1, "atomic"), ((7, 9), 2, "gather")],
+     ((12, 12), 1, "atomic"), ((7, 9), 2, "gather"), ((10, 13), 1, "d128")],
 )  # fmt: skip
 def test_gpu_launch_configuration_in_the_interpreter(monkeypatch, grid, prefix, case):
     """The launches a GPU gets (head dim 64: the forward's 64 x 128 tiles, ``dkdv``'s 64 x 128, ``dq``'s 128 x 64
     where its bias is read whole or there is none, ``dbias``'s 64 x 64 and ``dq``'s where it sums the gradient's
-    diagonals; their bias tiles of those shapes, in the inputs' type) run through the interpreter equal the float64
-    reference, output and gradients (the table's too): what the other tests check with the interpreter's 16-token
-    tiles, here in the shapes the H100 runs. Grids of several tiles a side, prefix tokens, fp16 tiles, causal, no
-    table, ``dq`` by atomics, the bias gathered per score."""
+    diagonals; head dim 128: the forward's 128 x 64, ``dkdv``'s 32 x 128, ``dq``'s 128 x 64, the square 32 x 32; their
+    bias tiles of those shapes, in the inputs' type) run through the interpreter equal the float64 reference, output
+    and gradients (the table's too): what the other tests check with the interpreter's 16-token tiles, here in the
+    shapes the H100 runs. Grids of several tiles a side, prefix tokens, fp16 tiles, causal, no table, ``dq`` by
+    atomics, the bias gathered per score, head dim 128."""
     real = triton_bias._blocks
     monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: real(d, True))
     wide = triton_bias._wide_tile
     monkeypatch.setattr(triton_bias, "_wide_tile", lambda kernel, block_d, cuda: wide(kernel, block_d, True))
-    q = torch.zeros(1, 1, prefix + grid[0] * grid[1], 64)
+    d, sq = (128, 32) if case == "d128" else (64, 64)
+    q = torch.zeros(1, 1, prefix + grid[0] * grid[1], d)
     kw = dict(bias_read="gather" if case == "gather" else "tiles", deterministic=case != "atomic")
     shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in triton_bias.plan(q, q, q, None, grid, prefix).items()}
-    assert shapes == {"fwd": (64, 128), "delta": (128, None), "dkdv": (64, 128), "dq": (128, 64)}, shapes
+    fwd, dkdv = ((128, 64), (32, 128)) if d == 128 else ((64, 128), (64, 128))
+    assert shapes == {"fwd": fwd, "delta": (128, None), "dkdv": dkdv, "dq": (128, 64)}, shapes
     t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
     square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
-    assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (64, 64, True)
+    assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, True)
     settings = dict(table_on=case != "none", causal=case == "causal", dtype=torch.float16 if case == "fp16" else None)
-    _check("cpu", 2, 2, 64, grid, prefix, **kw, **settings)
+    _check("cpu", 1 if d == 128 else 2, 2, d, grid, prefix, **kw, **settings)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -1053,10 +1067,11 @@ def test_tensor_core_products_not_serialized_on_hopper():
     """Compiled for sm_90 as the JIT compiles them, no kernel of the layer's calls has its tensor-core products
     serialized by ptxas (its note C7515: each product waiting for the one before, where they overlap the softmax):
     the table read as bias tiles (what a full grid takes), no table, ``dq`` by atomics, a table with ``-inf`` entries
-    and its visible-tile flags (LookHere's), and Swin's windows with their region ids. What it caught: the ``dkdv``
-    kernel's transposes of ``p`` and ``dS`` (before its tiles were transposed), and with half-precision bias tiles
-    the forward's loop without ``tl.assume(last > first)`` (its zero-trip path placed between a product and its
-    wait; with visible-tile flags too), under the Triton of the H100 pass (3.6) and this one."""
+    and its visible-tile flags (LookHere's), Swin's windows with their region ids, head dim 128's wide tiles. What it
+    caught: the ``dkdv`` kernel's transposes of ``p`` and ``dS`` (before its tiles were transposed), and with
+    half-precision bias tiles the forward's loop without ``tl.assume(last > first)`` (its zero-trip path placed
+    between a product and its wait; with visible-tile flags too), under the Triton of the H100 pass (3.6) and this
+    one."""
     import json
 
     code = (
@@ -1068,9 +1083,10 @@ def test_tensor_core_products_not_serialized_on_hopper():
         "calls = dict(tiles=tb.plan(q, q, q, t, (64, 64), 1), none=tb.plan(q, q, q, None, (64, 64), 1), "
         "atomic=tb.plan(q, q, q, t, (64, 64), 1, deterministic=False), "
         "flags=tb.plan(q, q, q, b, (64, 64), 1, blocks=blk), "
-        "regions=tb.plan(w, w, w, torch.randn(3, 13, 13), (7, 7), regions=r)); "
+        "regions=tb.plan(w, w, w, torch.randn(3, 13, 13), (7, 7), regions=r), "
+        "d128=tb.plan(*(torch.randn(1, 3, 4097, 128).bfloat16(),) * 3, t[:3], (64, 64), 1)); "
         "print(json.dumps({f'{c}/{k}': tb.serialized_products(tb.compile_launch(x)) "
         "for c, ls in calls.items() for k, x in ls.items()}))"
     )
     serialized = json.loads(_compiled_for_hopper(code))
-    assert len(serialized) == 23 and not any(serialized.values()), serialized
+    assert len(serialized) == 28 and not any(serialized.values()), serialized

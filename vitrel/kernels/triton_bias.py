@@ -65,16 +65,21 @@ _FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 64), 128: (64, 32)}
 #: the forward's tile where its bias is read whole or there is none (a full grid's bias tiles, no table), by head dim:
 #: head dim 64, the fastest forward of ``bench/triton_tune.py`` on an H100 at N = 1025 and 4097
 #: (``bench/results/triton_tune_h100.md``: 64 x 128, 4 warps, 2 stages, 0.91x and 0.90x the time of 64 x 64). Not where
-#: the bias is gathered per score or the tokens are laid out: there 64 x 128 spills (328 and 1,296 bytes, sm_90)
-_FWD_WIDE = {64: (64, 128)}
+#: the bias is gathered per score or the tokens are laid out: there 64 x 128 spills (328 and 1,296 bytes, sm_90).
+#: Head dim 128 (ViT-H's 80 too): 128 x 64 in 8 warps (:data:`LAUNCH`'s ``("fwd", 128)``), chosen from the code compiled
+#: for sm_90, not from a GPU's clock: 0.67x the instructions per score of the 64 x 32 tile in 4 warps (Triton 3.6: 465
+#: against 694 with a table, 402 against 590 without), no spills, 112 KB of shared memory
+_FWD_WIDE = {64: (64, 128), 128: (128, 64)}
 _BWD_BLOCK = {16: 64, 32: 64, 64: 64, 128: 32}
 #: the ``dkdv`` kernel's ``(BM, BN)`` (queries streamed, keys held) by head dim, where its bias is read whole or there
 #: is none, with :data:`LAUNCH`'s ``("dkdv", head dim)`` options; elsewhere the backward's square tile. Head dim 64:
 #: 64 x 128 in 8 warps (its transposed tiles 128 keys tall: a 64-row product per warp group), chosen from the code
 #: compiled for sm_90, not yet from a GPU's clock (``bench/triton_tune.py`` times it against the square tile): per
 #: score it issues 0.77x the instructions of the square tile in 4 warps under Triton 3.6 (the H100 pass's; 0.88x under
-#: 3.8), neither spills nor serializes its products, and reads q and dO half as often
-_DKDV_WIDE: dict[int, tuple[int, int]] = {64: (64, 128)}
+#: 3.8), neither spills nor serializes its products, and reads q and dO half as often. Head dim 128: 32 x 128 in 8 warps
+#: (0.43x the instructions per score of the square 32 x 32 tile under Triton 3.6: 624 against 1,452 with a table; the
+#: 64 x 128 tile issues fewer, 551, but spills in its loop), likewise from the compiled code
+_DKDV_WIDE: dict[int, tuple[int, int]] = {64: (64, 128), 128: (32, 128)}
 #: the ``dq`` kernel's ``(BM, BN)`` (queries held, keys streamed) by head dim, where its bias is read whole or there is
 #: none (and so it sums no diagonals of the table's gradient: square tiles), with :data:`LAUNCH`'s ``("dq", head dim)``
 #: options; elsewhere the backward's square tile. Head dim 64: 128 x 64 in 8 warps, chosen from the code compiled for
@@ -82,8 +87,9 @@ _DKDV_WIDE: dict[int, tuple[int, int]] = {64: (64, 128)}
 #: and value tile once per 128 queries instead of 64 (the kernels' bytes, read from L2, were what the H100 pass
 #: measured), with 0.95x the instructions per score of the square tile in 4 warps (Triton 3.6 and 3.8: 387 and 393
 #: against 409 and 415 with a table, 350 and 356 against 359 and 365 without; 2 stages, which issue fewer than 3),
-#: no spills
-_DQ_WIDE: dict[int, tuple[int, int]] = {64: (128, 64)}
+#: no spills. Head dim 128: 128 x 64 in 8 warps too (Triton 3.6: 423 against the square 32 x 32 tile's 1,028 with a
+#: table; no spills), from the compiled code
+_DQ_WIDE: dict[int, tuple[int, int]] = {64: (128, 64), 128: (128, 64)}
 
 
 def interpreter_on() -> bool:
@@ -123,18 +129,25 @@ def _kernels():
 #: launch options (``num_warps``, ``num_stages``) of the forward and of the backward kernels on CUDA, and where a head
 #: dim (its power of two) has its own: the backward at head dim 64 in 3 stages, the fastest of ``bench/triton_tune.py``
 #: on an H100 at N = 1025 and 4097 (0.98x and 0.95x the time of 2); not measured at the others (Swin's 32: its
-#: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90)
+#: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90); ``("fwd", d)``, ``("dkdv", d)``, ``("dq", d)``: those
+#: kernels' options with their wide tiles only (:data:`_FWD_WIDE`, :data:`_DKDV_WIDE`, :data:`_DQ_WIDE`)
 LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "fwd": {"num_warps": 4, "num_stages": 2},
     "bwd": {"num_warps": 4, "num_stages": 2},
     ("bwd", 64): {"num_warps": 4, "num_stages": 3},
-    ("dkdv", 64): {"num_warps": 8, "num_stages": 2},  # (with :data:`_DKDV_WIDE`'s tile only)
-    ("dq", 64): {"num_warps": 8, "num_stages": 2},  # (with :data:`_DQ_WIDE`'s tile only)
+    ("dkdv", 64): {"num_warps": 8, "num_stages": 2},
+    ("dq", 64): {"num_warps": 8, "num_stages": 2},
+    ("fwd", 128): {"num_warps": 8, "num_stages": 2},
+    ("dkdv", 128): {"num_warps": 8, "num_stages": 2},
+    ("dq", 128): {"num_warps": 8, "num_stages": 2},
 }
 
 
-def _launch_options(kind: str, block_d: int) -> dict[str, int]:
-    """:data:`LAUNCH`'s options of the ``fwd`` or ``bwd`` kernels at head dim ``block_d``."""
+def _launch_options(kind: str, block_d: int, wide: bool = False) -> dict[str, int]:
+    """:data:`LAUNCH`'s options of the ``fwd`` or ``bwd`` kernels at head dim ``block_d`` (``wide``: the forward's
+    wide tile, whose options are its head dim's)."""
+    if kind == "fwd":
+        return (LAUNCH.get((kind, block_d)) if wide else None) or LAUNCH[kind]
     return LAUNCH.get((kind, block_d), LAUNCH[kind])
 
 
@@ -488,7 +501,7 @@ def _fwd_launch(
         smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
-    opts = (options or _launch_options("fwd", block_d)) if cuda else {}
+    opts = (options or _launch_options("fwd", block_d, (bm, bn) == wide)) if cuda else {}
     return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, dict(**flags, BM=bm, BN=bn), opts)
 
 

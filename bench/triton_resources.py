@@ -108,8 +108,8 @@ def _flat(flags: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in flags.items())
 
 
-#: (label, call, plan options, kernels): the layer at N = 4097 (other tiles: only the kernels they change), then
-#: Swin's windows
+#: (label, call, plan options, kernels): the layer at N = 4097 (other tiles: only the kernels they change; head dim
+#: 128: its own tiles), then Swin's windows
 _FWD = ("fwd",)
 _BWD = ("dkdv", "dq", "dbias")
 CASES = [
@@ -128,6 +128,8 @@ CASES = [
     ("table, bias tiles, fwd 128 x 128, 8 warps", _layer,
      {"bias_read": "tiles", "fwd_tile": (128, 128), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
+    ("head dim 128, table, bias tiles", lambda: _layer(heads=3, head_dim=128), {"bias_read": "tiles"}, None),
+    ("head dim 128, no table", lambda: {**_layer(heads=3, head_dim=128), "table": None}, {}, None),
     ("packed images (a token layout)", _packed, {}, None),
     ("windows, no mask", lambda: _windows(0), {}, None),
     ("windows, float mask", lambda: _windows(1), {}, None),

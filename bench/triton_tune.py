@@ -41,6 +41,16 @@ BWD = [
     (64, 4, 3, (64, 128, 8, 3), (128, 64, 8, 2)), (64, 4, 3, (32, 128, 8, 2), (128, 64, 8, 2)),
     (64, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
 ]  # fmt: skip
+#: head dim 128 (3 heads, at the largest of --sides): its defaults (forward 128 x 64, dkdv 32 x 128 and dq 128 x 64,
+#: each in 8 warps, chosen from the sm_90 code, untimed) against the narrow tiles they replaced (forward 64 x 32, the
+#: backward's square 32 x 32, 4 warps) and dkdv's 64 x 128 (fewer instructions, but it spills in its loop)
+FWD_128 = [(128, 64, 8, 2, False), (64, 32, 4, 2, False), (64, 64, 4, 2, False)]
+BWD_128 = [
+    (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2)),
+    (32, 4, 2, None, None),
+    (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
+]
+CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
 
 
 def kernel_launches(q, k, v, table, grid, prefix: int = 1, **kwargs) -> dict:
@@ -142,12 +152,18 @@ def diagnose(side: int, rounds: int) -> list[str]:
     return lines
 
 
-def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
-    dev = torch.device("cuda")
+def tune_size(
+    side: int, args: argparse.Namespace, lines: list[str], hd: int = 64, device: str = "cuda", tokens: int = 65536
+) -> None:
+    """The rows of one grid side and head dim (``CONFIGS``), ``tokens`` per batch, appended to ``lines`` (and written
+    to ``args.out`` as they come)."""
+    dev = torch.device(device)
     n = 1 + side * side
-    b = max(1, 65536 // n)
-    q, k, v = (torch.randn(b, 6, n, 64, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
-    table = torch.randn(6, 2 * side - 1, 2 * side - 1, device=dev, requires_grad=True)
+    b, h = max(1, tokens // n), 384 // hd
+    q, k, v = (torch.randn(b, h, n, hd, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    table = torch.randn(h, 2 * side - 1, 2 * side - 1, device=dev, requires_grad=True)
+    fwd_rows, bwd_rows = CONFIGS[hd]
+    at = "" if hd == 64 else f"head dim {hd}, "
     go = torch.randn_like(q)
 
     def sdpa_f():
@@ -169,14 +185,14 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
     defaults = tuple(table.copy() for table in _TABLES)
     t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
     ref = {kk: statistics.median(v) for kk, v in t.items()}
-    lines.append(f"| {n} | fwd | plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
-    lines.append(f"| {n} | fwd+bwd | plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
-    for bm, bn, w, st, f32 in FWD:
-        tb._FWD_BLOCKS[64] = tb._FWD_WIDE[64] = (bm, bn)
-        tb.LAUNCH["fwd"] = tb.LAUNCH["fwd", 64] = {"num_warps": w, "num_stages": st}
+    lines.append(f"| {n} | fwd | {at}plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
+    lines.append(f"| {n} | fwd+bwd | {at}plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
+    for bm, bn, w, st, f32 in fwd_rows:
+        tb._FWD_BLOCKS[hd] = tb._FWD_WIDE[hd] = (bm, bn)
+        tb.LAUNCH["fwd"] = tb.LAUNCH["fwd", hd] = {"num_warps": w, "num_stages": st}
         tb.FLOAT32_TILES.clear()
         tb.FLOAT32_TILES.update({"fwd"} if f32 else ())
-        config = f"BM {bm} BN {bn} warps {w} stages {st}{', float32 tiles' if f32 else ''}"
+        config = f"{at}BM {bm} BN {bn} warps {w} stages {st}{', float32 tiles' if f32 else ''}"
         try:
             m = statistics.median(alternate({"x": tri_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
             lines.append(f"| {n} | fwd | {config} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |")
@@ -186,17 +202,17 @@ def tune_size(side: int, args: argparse.Namespace, lines: list[str]) -> None:
         if args.out:
             Path(args.out).write_text("\n".join(lines) + "\n")
     _restore(defaults)  # (the backward's rows: the default forward)
-    for blk, w, st, *wides in BWD:
-        tb._BWD_BLOCK[64] = blk
-        tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", 64] = {"num_warps": w, "num_stages": st}
+    for blk, w, st, *wides in bwd_rows:
+        tb._BWD_BLOCK[hd] = blk
+        tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", hd] = {"num_warps": w, "num_stages": st}
         parts = []
-        for name, wide, table in zip(("dkdv", "dq"), wides, (tb._DKDV_WIDE, tb._DQ_WIDE)):
-            table.pop(64, None)
+        for name, wide, tiles in zip(("dkdv", "dq"), wides, (tb._DKDV_WIDE, tb._DQ_WIDE)):  # (not `table`: tri_fb's)
+            tiles.pop(hd, None)
             if wide:
-                table[64] = wide[:2]
-                tb.LAUNCH[name, 64] = {"num_warps": wide[2], "num_stages": wide[3]}
+                tiles[hd] = wide[:2]
+                tb.LAUNCH[name, hd] = {"num_warps": wide[2], "num_stages": wide[3]}
             parts.append(f"{name} {wide[0]} x {wide[1]} warps {wide[2]} stages {wide[3]}" if wide else f"{name} square")
-        config = ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts])
+        config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts])
         for grad_t, det in ((True, True), (False, True), (True, False)):  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             try:
@@ -230,6 +246,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", default=None)
     ap.add_argument("--diagnose", action="store_true", help="only the breakdown at each of --sides")
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=[64, 128],
+                    help="64: every row at each of --sides; 128: its rows at the largest")  # fmt: skip
     args = ap.parse_args()
     if args.diagnose:
         text = "\n".join(line for side in args.sides for line in diagnose(side, args.rounds))
@@ -241,6 +259,8 @@ def main() -> None:
     lines += ["| N | pass | config | ms | / plain SDPA |", "|---:|---|---|---:|---:|"]
     for side in args.sides:
         tune_size(side, args, lines)
+    if 128 in args.head_dims:
+        tune_size(args.sides[-1], args, lines, 128)
 
 
 if __name__ == "__main__":

@@ -182,7 +182,7 @@ def test_triton_tune_rows_run(monkeypatch):
     spec = importlib.util.spec_from_file_location("vitrel_bench_triton_tune_rows", path)
     tune = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune)
-    monkeypatch.setattr(tune, "alternate", lambda fns, *a, **kw: {k: [f() or 1.0] for k, f in fns.items()})
+    monkeypatch.setattr(tune, "alternate", lambda fns, *a, **kw: {k: [(f(), 1.0)[1]] for k, f in fns.items()})
     monkeypatch.setattr(tune, "CONFIGS", {d: (f[:1], b[:1]) for d, (f, b) in tune.CONFIGS.items()})
     defaults = tuple(t.copy() for t in tune._TABLES)
     lines: list[str] = []

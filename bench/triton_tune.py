@@ -2,6 +2,7 @@
 time of ``rel_bias_attention`` for each tile shape / warps / stages, against plain SDPA in the same process.
 
     python bench/triton_tune.py --out bench/results/triton_tune_h200.md      # on a GPU (bf16)
+    python bench/triton_tune.py --sides 64 --head-dims 128                   # head dim 128's rows alone
 
 The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2; medians
 of alternating rounds (``vitrel.bench.alternate``). The winners go into ``vitrel/kernels/triton_bias.py``.
@@ -257,7 +258,7 @@ def main() -> None:
     dev = torch.device("cuda")
     lines = [f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; medians of {args.rounds} rounds\n"]
     lines += ["| N | pass | config | ms | / plain SDPA |", "|---:|---|---|---:|---:|"]
-    for side in args.sides:
+    for side in args.sides if 64 in args.head_dims else ():
         tune_size(side, args, lines)
     if 128 in args.head_dims:
         tune_size(args.sides[-1], args, lines, 128)

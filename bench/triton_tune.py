@@ -4,8 +4,9 @@ time of ``rel_bias_attention`` for each tile shape / warps / stages, against pla
     python bench/triton_tune.py --out bench/results/triton_tune_h200.md      # on a GPU (bf16)
     python bench/triton_tune.py --sides 64 --head-dims 128                   # head dim 128's rows alone
 
-The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2; medians
-of alternating rounds (``vitrel.bench.alternate``). The winners go into ``vitrel/kernels/triton_bias.py``.
+The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2, and with
+3 heads of 128 at the larger (``--head-dims``); medians of alternating rounds (``vitrel.bench.alternate``). The
+winners go into ``vitrel/kernels/triton_bias.py``.
 """
 
 from __future__ import annotations

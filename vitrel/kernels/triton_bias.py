@@ -143,14 +143,6 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
 }
 
 
-def _launch_options(kind: str, block_d: int, wide: bool = False) -> dict[str, int]:
-    """:data:`LAUNCH`'s options of the ``fwd`` or ``bwd`` kernels at head dim ``block_d`` (``wide``: the forward's
-    wide tile, whose options are its head dim's)."""
-    if kind == "fwd":
-        return (LAUNCH.get((kind, block_d)) if wide else None) or LAUNCH[kind]
-    return LAUNCH.get((kind, block_d), LAUNCH[kind])
-
-
 def _wide_tile(kernel: str, block_d: int, cuda: bool) -> tuple[int, int] | None:
     """The wide tile of ``kernel`` (``fwd``: :data:`_FWD_WIDE`, ``dkdv``: :data:`_DKDV_WIDE`, ``dq``:
     :data:`_DQ_WIDE`) at head dim ``block_d`` on CUDA; None in the interpreter."""
@@ -501,7 +493,8 @@ def _fwd_launch(
         smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
-    opts = (options or _launch_options("fwd", block_d, (bm, bn) == wide)) if cuda else {}
+    # (as the backward's wide tiles: their head dim's options with the wide tile only)
+    opts = (options or ((bm, bn) == wide and LAUNCH.get(("fwd", block_d))) or LAUNCH["fwd"]) if cuda else {}
     return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, dict(**flags, BM=bm, BN=bn), opts)
 
 
@@ -605,7 +598,7 @@ def _bwd_launches(
         return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype)
 
     flags = consts(tiling)
-    opts = (options or _launch_options("bwd", block_d)) if cuda else {}
+    opts = (options or LAUNCH.get(("bwd", block_d), LAUNCH["bwd"])) if cuda else {}
 
     def pick(kernel: str):
         """``(BM, BN, bias tiles, tiling, visible-tile flags, launch options)`` of ``kernel`` (``dkdv``: keys held

@@ -46,10 +46,10 @@ def _tol(device: str) -> dict:
     return dict(atol=2e-5, rtol=2e-4) if device == "cpu" else dict(atol=3e-2, rtol=3e-2)
 
 
-def reference(q, k, v, table, grid, prefix, mask=None, causal=False):
+def reference(q, k, v, table, grid, prefix, mask=None, causal=False, scale=None):
     """float64, dense, straight from the equation."""
     n = q.shape[-2]
-    logits = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5
+    logits = q @ k.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if table is not None:
         logits = logits + expand_offset_table(table, as_grid(grid), prefix)
     if mask is not None:
@@ -68,7 +68,7 @@ def _inputs(b, h, n, d, grid, seed=0):
 
 def _check(
     device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True, bias_read="auto", regions=None,
-    deterministic=True, table_grad=True, dtype=None,
+    deterministic=True, table_grad=True, dtype=None, scale=None,
 ):  # fmt: skip
     n = prefix + grid[0] * grid[1]
     if regions is not None:  # the reference reads the float mask the regions mean
@@ -78,14 +78,14 @@ def _check(
     table = table if table_on else None
     dtype = dtype or (torch.float32 if device == "cpu" else torch.bfloat16)
     leaves64 = [t.requires_grad_() for t in (q, k, v, *((table,) if table_grad else ())) if t is not None]
-    ref = reference(q, k, v, table, grid, prefix, mask, causal)
-    go = torch.randn_like(ref)
+    ref = reference(q, k, v, table, grid, prefix, mask, causal, scale)
+    go = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=ref.dtype)  # (the order's RNG: no)
     grads_ref = torch.autograd.grad(ref, leaves64, go)
     qd, kd, vd = (t.detach().to(device, dtype).requires_grad_() for t in (q, k, v))
     td = None if table is None else table.detach().to(device, torch.float32).requires_grad_(table_grad)
     md = None if mask is None or regions is not None else mask.to(device, torch.float32)
     rd = None if regions is None else regions.to(device)
-    settings = dict(mask=md, causal=causal, bias_read=bias_read, regions=rd, deterministic=deterministic)
+    settings = dict(mask=md, causal=causal, bias_read=bias_read, regions=rd, deterministic=deterministic, scale=scale)
     out = rel_bias_attention(qd, kd, vd, td, grid, prefix, **settings)
     leaves = [t for t in (qd, kd, vd, td) if t is not None and t.requires_grad]
     grads = torch.autograd.grad(out, leaves, go.to(device, dtype))
@@ -481,6 +481,17 @@ def test_kernel_causal_1d(device):
 def test_kernel_without_table(device):
     """No bias (a rotary scheme's or no position): plain attention."""
     _check(device, 1, 2, 16, (4, 5), 1, table_on=False)
+
+
+@interpreted
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [12.0, -12.0])
+def test_kernel_without_table_scales_as_it_subtracts(scale, causal):
+    """No bias: the logits scaled in the softmax's subtraction (``RAW``), the row's maximum taken of the unscaled
+    logits, which holds for a positive scale only (a negative one scales first). Logits of up to about 250 (base 2): a maximum taken
+    wrongly overflows ``exp2`` (or underflows every score) instead of cancelling out."""
+    grid, prefix = ((1, 37), 0) if causal else ((4, 5), 1)
+    _check("cpu", 1, 2, 16, grid, prefix, table_on=False, causal=causal, scale=scale)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -226,7 +226,7 @@ def _logits(
     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
     bias, n_m, q0, k0,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr,
-    TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, TRANS: tl.constexpr = False,
+    TILED: tl.constexpr, TM: tl.constexpr, TW: tl.constexpr, TRANS: tl.constexpr = False, RAW: tl.constexpr = False,
 ):
     """Base-2 logits of the ``[TM, TW]`` tile of queries from ``q0`` and keys from ``k0``, ``-inf`` where masked (out
     of range, causal, across images or windows' regions, the table's or the mask's ``-inf``), and the tile's
@@ -246,11 +246,16 @@ def _logits(
     ``TRANS``: the tile transposed, ``[TW, TM]`` keys by queries (``bias`` too, and ``q`` given as ``q^T``,
     ``[BLOCK_D, TM]``), as Triton's tutorial computes its ``dk, dv``: ``p^T`` and ``dS^T`` are then the left operands
     of their products as they stand in registers, where the transposes of ``p`` and ``dS`` went through shared
-    memory, two round trips a tile (and made ptxas serialize the products)."""
+    memory, two round trips a tile (and made ptxas serialize the products).
+
+    ``RAW`` (no table, no float mask, ``qk_scale > 0``: :func:`_shift`): the logits are returned unscaled (``-inf``
+    where masked), and the caller scales them in the instruction that subtracts the row's maximum or log-sum-exp."""
     if TRANS:
-        s = tl.dot(k, q, input_precision=PREC) * qk_scale  # (q^T: [BLOCK_D, TM])
+        s = tl.dot(k, q, input_precision=PREC)  # (q^T: [BLOCK_D, TM])
     else:
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale
+        s = tl.dot(q, tl.trans(k), input_precision=PREC)
+    if not RAW:
+        s = s * qk_scale
     if (TILED or not HAS_TABLE) and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered: the masks cost less)
         if HAS_TABLE:
             interior = (n_m == 0) | ((q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N))
@@ -278,6 +283,19 @@ def _logits(
             HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, TILED, TRANS,
         )
     return s, pair
+
+
+@triton.jit
+def _shift(s, m, qk_scale, RAW: tl.constexpr):
+    """``s - m`` for the softmax, the logits ``s`` of :func:`_logits` in base 2: with ``RAW`` they come unscaled and
+    are scaled here, ``s qk_scale - m``, one FFMA a score (as Triton's tutorial), where the scale's multiply in
+    :func:`_logits` and the subtraction took two (an FMUL the compiler cannot fuse: the scaled logits have a second
+    use, the row's maximum, which the forward takes unscaled instead: ``qk_scale > 0``)."""
+    if RAW:
+        x = s * qk_scale - m
+    else:
+        x = s - m
+    return x
 
 
 @triton.jit
@@ -321,7 +339,7 @@ def _fwd_kernel(
     H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
-    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr,
 ):
     b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)
     q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
@@ -352,12 +370,15 @@ def _fwd_kernel(
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
                 GH, GW, bias, n_m, tl.program_id(0) * BM, start_n, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
-                BM, BN,
+                BM, BN, RAW=RAW,
             )
-            m_new = tl.maximum(m_i, tl.max(s, 1))
+            if RAW:  # (the row's maximum of the unscaled logits, scaled: qk_scale > 0)
+                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+            else:
+                m_new = tl.maximum(m_i, tl.max(s, 1))
             m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
             alpha = tl.math.exp2(m_i - m_safe)
-            p = tl.math.exp2(s - m_safe[:, None])
+            p = tl.math.exp2(_shift(s, m_safe[:, None], qk_scale, RAW))
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
             m_i = m_new
@@ -381,7 +402,7 @@ def _bwd_dkdv_kernel(
     H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
-    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``); with
     ``ATOMIC_DQ``, also each tile's part of ``dq``, added by atomics into ``DQ [B, H, N, D]`` (float32, strides
@@ -416,9 +437,9 @@ def _bwd_dkdv_kernel(
             s, _ = _logits(
                 qt, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
                 GH, GW, bias, n_m, start_m, tl.program_id(0) * BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
-                BM, BN, True,
+                BM, BN, True, RAW,
             )
-            p = tl.math.exp2(s - lse[None, :])
+            p = tl.math.exp2(_shift(s, lse[None, :], qk_scale, RAW))
             dv += tl.dot(p.to(do.dtype), do, input_precision=PREC)
             dp = tl.dot(v, tl.trans(do), input_precision=PREC)
             ds = p * (dp - delta[None, :])
@@ -469,7 +490,7 @@ def _bwd_dq_kernel(
     slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
-    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr,
 ):
     """``dq`` of one query block for a share of the batch (``b = split, split + n_split, ...``), and the table
     gradient's sums of ``dS`` into this program's slots ``SLOTS [n_split, H, n_qb, slot_size]``. On a full grid,
@@ -519,9 +540,9 @@ def _bwd_dq_kernel(
                 s, pair = _logits(
                     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,
                     P, N, GH, GW, bias, n_m, pid_m * BM, start_n, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
-                    BM, BN,
+                    BM, BN, RAW=RAW,
                 )
-                p = tl.math.exp2(s - lse[:, None])
+                p = tl.math.exp2(_shift(s, lse[:, None], qk_scale, RAW))
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
@@ -559,7 +580,7 @@ def _bwd_dbias_kernel(
     B, H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
-    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr,
 ):
     """The gradient of the bias tiles (a full grid's, read as ``TILED``): program ``(pat, h, split)`` (read from
     ``ORDER``, the longest patterns first: :func:`vitrel.kernels.triton_bias.dbias_order`) sums ``dS`` over

@@ -465,11 +465,14 @@ def _batch_chunks(launch: Launch, batch: int, heads: int) -> list[Launch]:
     return out
 
 
-def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype) -> dict:
-    """The ``constexpr`` flags every kernel takes."""
+def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype, scale) -> dict:
+    """The ``constexpr`` flags every kernel takes; ``RAW``: the logits scaled as the softmax subtracts (one FFMA a
+    score), where nothing is added to them in base 2 (no table, no float mask) and the scale is positive (the row's
+    maximum is taken of the unscaled logits)."""
     return dict(
         D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, MASK_KIND=mask_kind, CAUSAL=causal,
         LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(dtype),
+        RAW=table is None and mask_kind != 1 and scale > 0,
     )  # fmt: skip
 
 
@@ -492,7 +495,7 @@ def _fwd_launch(
         q, k, v, t, m, _int_args(tokens, q), _int_args(visits, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
         smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
-    flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype)
+    flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype, scale)
     # (as the backward's wide tiles: their head dim's options with the wide tile only)
     opts = (options or ((bm, bn) == wide and LAUNCH.get(("fwd", block_d))) or LAUNCH["fwd"]) if cuda else {}
     return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, dict(**flags, BM=bm, BN=bn), opts)
@@ -595,7 +598,7 @@ def _bwd_launches(
     qk_scale = scale * _kernels().LOG2E
 
     def consts(til):  # the constexpr flags of a launch with the bias tiling til
-        return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype)
+        return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype, scale)
 
     flags = consts(tiling)
     opts = (options or LAUNCH.get(("bwd", block_d), LAUNCH["bwd"])) if cuda else {}

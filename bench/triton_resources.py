@@ -127,6 +127,7 @@ CASES = [
      {"bias_read": "tiles", "fwd_tile": (128, 64), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
     ("table, bias tiles, fwd 128 x 128, 8 warps", _layer,
      {"bias_read": "tiles", "fwd_tile": (128, 128), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
+    ("table, bias tiles, dbias batch outer", _layer, {"bias_read": "tiles", "dbias_batch_outer": True}, ("dbias",)),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
     ("head dim 128, table, bias tiles", lambda: _layer(heads=3, head_dim=128), {"bias_read": "tiles"}, None),
     ("head dim 128, no table", lambda: {**_layer(heads=3, head_dim=128), "table": None}, {}, None),
@@ -135,6 +136,20 @@ CASES = [
     ("windows, float mask", lambda: _windows(1), {}, None),
     ("windows, region ids", lambda: _windows(2), {}, None),
 ]  # fmt: skip
+
+
+def _plan(call: dict, opts: dict) -> dict:
+    """``triton_bias.plan`` of a case (``dbias_batch_outer``: with the ``dbias`` kernel's other loop order,
+    ``triton_bias.DBIAS_BATCH_OUTER``, set for the call only)."""
+    opts = dict(opts)
+    saved = set(tb.DBIAS_BATCH_OUTER)
+    if opts.pop("dbias_batch_outer", False):
+        tb.DBIAS_BATCH_OUTER.update({call["q"].shape[-1]})
+    try:
+        return tb.plan(**call, **opts)
+    finally:
+        tb.DBIAS_BATCH_OUTER.clear()
+        tb.DBIAS_BATCH_OUTER.update(saved)
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:
@@ -258,7 +273,7 @@ def main() -> None:
         "|---|---|---|---:|" + "---:|" * len(cols),
     ]
     for label, call, opts, kernels in CASES:
-        for name, launch in tb.plan(**call(), **opts).items():
+        for name, launch in _plan(call(), opts).items():
             if name not in (kernels or (*_FWD, *_BWD)):  # (not the delta kernel: no products)
                 continue
             a = launch.args

@@ -35,13 +35,14 @@ FWD = [
     (64, 128, 4, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False),
 ]  # fmt: skip
 #: (square tile, warps, stages) of the backward's dq and dbias kernels, the dkdv kernel's (BM, BN, warps, stages) and
-#: the dq kernel's, or None: the square tile too. The defaults first (dkdv 64 x 128 and dq 128 x 64 in 8 warps, chosen
-#: from the sm_90 code, untimed), then the square dq, the square dkdv and both square (the H100 pass's shape)
+#: the dq kernel's, or None: the square tile too; and optionally "batch outer" (the dbias kernel's other loop order,
+#: triton_bias.DBIAS_BATCH_OUTER). The defaults first (dkdv 64 x 128 and dq 128 x 64 in 8 warps, chosen from the sm_90
+#: code, untimed), then the square dq, the square dkdv and both square (the H100 pass's shape)
 BWD = [
     (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2)), (64, 4, 3, (64, 128, 8, 2), None),
     (64, 4, 3, None, (128, 64, 8, 2)), (64, 4, 3, None, None), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 3)),
     (64, 4, 3, (64, 128, 8, 3), (128, 64, 8, 2)), (64, 4, 3, (32, 128, 8, 2), (128, 64, 8, 2)),
-    (64, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
+    (64, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
 ]  # fmt: skip
 #: head dim 128 (3 heads, at the largest of --sides): its defaults (forward 128 x 64, dkdv 32 x 128 and dq 128 x 64,
 #: each in 8 warps, chosen from the sm_90 code, untimed) against the narrow tiles they replaced (forward 64 x 32, the
@@ -51,6 +52,7 @@ BWD_128 = [
     (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2)),
     (32, 4, 2, None, None),
     (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
+    (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
 ]
 CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
 
@@ -207,6 +209,9 @@ def tune_size(
     for blk, w, st, *wides in bwd_rows:
         tb._BWD_BLOCK[hd] = blk
         tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", hd] = {"num_warps": w, "num_stages": st}
+        outer = wides[2:] == ["batch outer"]
+        tb.DBIAS_BATCH_OUTER.clear()
+        tb.DBIAS_BATCH_OUTER.update({hd} if outer else ())
         parts = []
         for name, wide, tiles in zip(("dkdv", "dq"), wides, (tb._DKDV_WIDE, tb._DQ_WIDE)):  # (not `table`: tri_fb's)
             tiles.pop(hd, None)
@@ -214,8 +219,10 @@ def tune_size(
                 tiles[hd] = wide[:2]
                 tb.LAUNCH[name, hd] = {"num_warps": wide[2], "num_stages": wide[3]}
             parts.append(f"{name} {wide[0]} x {wide[1]} warps {wide[2]} stages {wide[3]}" if wide else f"{name} square")
-        config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts])
-        for grad_t, det in ((True, True), (False, True), (True, False)):  # (last: dq by atomics, triton_atomic's)
+        config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *(["dbias batch outer"] * outer)])
+        # (the dbias kernel's loop order: the rows with the table's gradient only)
+        settings = ((True, True), (True, False)) if outer else ((True, True), (False, True), (True, False))
+        for grad_t, det in settings:  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             try:
                 fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
@@ -232,7 +239,10 @@ def tune_size(
 
 
 #: the kernel's tiles and launch options, which the tuning sets and restores
-_TABLES = (tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb.LAUNCH, tb.FLOAT32_TILES)
+_TABLES = (
+    tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb.LAUNCH, tb.FLOAT32_TILES,
+    tb.DBIAS_BATCH_OUTER,
+)  # fmt: skip
 
 
 def _restore(defaults: tuple[dict, ...]) -> None:

@@ -172,8 +172,9 @@ def test_triton_tune_kernel_launches_run_alone():
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="Triton's interpreter is off")
 def test_triton_tune_rows_run(monkeypatch):
     """bench/triton_tune.py's rows (what a GPU session times) run through the interpreter, each call once: a forward
-    row and a backward row (with the table's gradient, without, ``dq`` by atomics) at head dim 64 and 128, none
-    failed. (It caught the backward rows' loop variable shadowing the table every row differentiates.)"""
+    row and a backward row (with the table's gradient, without, ``dq`` by atomics) at head dim 64 and 128, and the
+    ``dbias`` kernel's other loop order's row, none failed. (It caught the backward rows' loop variable shadowing
+    the table every row differentiates.)"""
     import argparse
     import importlib.util
     from pathlib import Path
@@ -183,10 +184,13 @@ def test_triton_tune_rows_run(monkeypatch):
     tune = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune)
     monkeypatch.setattr(tune, "alternate", lambda fns, *a, **kw: {k: [(f(), 1.0)[1]] for k, f in fns.items()})
-    monkeypatch.setattr(tune, "CONFIGS", {d: (f[:1], b[:1]) for d, (f, b) in tune.CONFIGS.items()})
+    outer = {d: [r for r in b if r[-1] == "batch outer"] for d, (_, b) in tune.CONFIGS.items()}
+    assert all(len(rows) == 1 for rows in outer.values())  # (a row with the dbias kernel's other loop order)
+    monkeypatch.setattr(tune, "CONFIGS", {d: (f[:1], b[:1] + outer[d]) for d, (f, b) in tune.CONFIGS.items()})
     defaults = tuple(t.copy() for t in tune._TABLES)
     lines: list[str] = []
     for hd in (64, 128):
         tune.tune_size(2, argparse.Namespace(rounds=1, out=None), lines, hd, device="cpu", tokens=5)
     assert tuple(t.copy() for t in tune._TABLES) == defaults  # (the kernel's own tables restored)
-    assert len(lines) == 2 * (2 + 1 + 3) and not [x for x in lines if "failed" in x], lines
+    assert len(lines) == 2 * (2 + 1 + 3 + 2) and not [x for x in lines if "failed" in x], lines
+    assert sum("dbias batch outer" in x for x in lines) == 4

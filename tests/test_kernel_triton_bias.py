@@ -484,12 +484,24 @@ def test_kernel_without_table(device):
 
 
 @interpreted
+@pytest.mark.parametrize(("grid", "prefix", "causal"), [((5, 24), 1, False), ((4, 6), 2, False), ((1, 37), 0, True)])
+def test_dbias_batch_outer_equals_reference(monkeypatch, grid, prefix, causal):
+    """The ``dbias`` kernel's other loop order (``DBIAS_BATCH_OUTER``: each batch element of a program's share, then
+    its diagonal's tiles; the tuning's alternative) gives the table's gradient of the reference: patterns of many
+    tiles and of one, prefix pairs, causal; 3 batch elements in shares of 2 and 1."""
+    monkeypatch.setattr(triton_bias, "DBIAS_BATCH_OUTER", {16})
+    q, k, v, table = (t.float() for t in _inputs(3, 2, prefix + grid[0] * grid[1], 16, grid))
+    assert triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles")["dbias"].args["BATCH_OUTER"]
+    _check("cpu", 3, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
+
+
+@interpreted
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("scale", [12.0, -12.0])
 def test_kernel_without_table_scales_as_it_subtracts(scale, causal):
     """No bias: the logits scaled in the softmax's subtraction (``RAW``), the row's maximum taken of the unscaled
-    logits, which holds for a positive scale only (a negative one scales first). Logits of up to about 250 (base 2): a maximum taken
-    wrongly overflows ``exp2`` (or underflows every score) instead of cancelling out."""
+    logits, which holds for a positive scale only (a negative one scales first). Logits of up to about 250 (base 2):
+    a maximum taken wrongly overflows ``exp2`` (or underflows every score) instead of cancelling out."""
     grid, prefix = ((1, 37), 0) if causal else ((4, 5), 1)
     _check("cpu", 1, 2, 16, grid, prefix, table_on=False, causal=causal, scale=scale)
 
@@ -1078,7 +1090,8 @@ def test_tensor_core_products_not_serialized_on_hopper():
     """Compiled for sm_90 as the JIT compiles them, no kernel of the layer's calls has its tensor-core products
     serialized by ptxas (its note C7515: each product waiting for the one before, where they overlap the softmax):
     the table read as bias tiles (what a full grid takes), no table, ``dq`` by atomics, a table with ``-inf`` entries
-    and its visible-tile flags (LookHere's), Swin's windows with their region ids, head dim 128's wide tiles. What it
+    and its visible-tile flags (LookHere's), Swin's windows with their region ids, head dim 128's wide tiles, the
+    ``dbias`` kernel's other loop order (``DBIAS_BATCH_OUTER``). What it
     caught: the ``dkdv`` kernel's transposes of ``p`` and ``dS`` (before its tiles were transposed), and with
     half-precision bias tiles the forward's loop without ``tl.assume(last > first)`` (its zero-trip path placed
     between a product and its wait; with visible-tile flags too), under the Triton of the H100 pass (3.6) and this
@@ -1095,9 +1108,10 @@ def test_tensor_core_products_not_serialized_on_hopper():
         "atomic=tb.plan(q, q, q, t, (64, 64), 1, deterministic=False), "
         "flags=tb.plan(q, q, q, b, (64, 64), 1, blocks=blk), "
         "regions=tb.plan(w, w, w, torch.randn(3, 13, 13), (7, 7), regions=r), "
-        "d128=tb.plan(*(torch.randn(1, 3, 4097, 128).bfloat16(),) * 3, t[:3], (64, 64), 1)); "
+        "d128=tb.plan(*(torch.randn(1, 3, 4097, 128).bfloat16(),) * 3, t[:3], (64, 64), 1), "
+        "outer=(tb.DBIAS_BATCH_OUTER.add(64), {'dbias': tb.plan(q, q, q, t, (64, 64), 1)['dbias']})[1]); "
         "print(json.dumps({f'{c}/{k}': tb.serialized_products(tb.compile_launch(x)) "
         "for c, ls in calls.items() for k, x in ls.items()}))"
     )
     serialized = json.loads(_compiled_for_hopper(code))
-    assert len(serialized) == 28 and not any(serialized.values()), serialized
+    assert len(serialized) == 29 and not any(serialized.values()), serialized

@@ -220,15 +220,22 @@ def _bias_tile(
             pat = ((q0 - k0 - d_min) // g_d) * n_m + col
         else:
             pat = (q0 // TM) * n_kt + k0 // TW
-        if PAIRS and BT.dtype.element_ty == tl.bfloat16:
-            HW: tl.constexpr = TW // 2
-            local = tl.arange(0, TM)[:, None] * HW + tl.arange(0, HW)[None, :]
-            x = tl.load(BT.to(tl.pointer_type(tl.int32)) + (h * n_pat + pat) * (TM * HW) + local)
-            bias = tl.join((x << 16).to(tl.float32, bitcast=True), (x & -65536).to(tl.float32, bitcast=True))
-            bias = bias.reshape(TM, TW)  # (entry 2c in a word's low half, 2c + 1 in its high half)
-        else:
-            local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
-            bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
+        bias = _pattern_tile(BT, h, pat, n_pat, TM, TW, PAIRS)
+    return bias
+
+
+@triton.jit
+def _pattern_tile(BT, h, pat, n_pat, TM: tl.constexpr, TW: tl.constexpr, PAIRS: tl.constexpr):
+    """The bias tile of pattern ``pat`` (:func:`_bias_tile`): in the tiles' type, or with ``PAIRS`` float32."""
+    if PAIRS and BT.dtype.element_ty == tl.bfloat16:
+        HW: tl.constexpr = TW // 2
+        local = tl.arange(0, TM)[:, None] * HW + tl.arange(0, HW)[None, :]
+        x = tl.load(BT.to(tl.pointer_type(tl.int32)) + (h * n_pat + pat) * (TM * HW) + local)
+        bias = tl.join((x << 16).to(tl.float32, bitcast=True), (x & -65536).to(tl.float32, bitcast=True))
+        bias = bias.reshape(TM, TW)  # (entry 2c in a word's low half, 2c + 1 in its high half)
+    else:
+        local = tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :]
+        bias = tl.load(BT + (h * n_pat + pat) * (TM * TW) + local)
     return bias
 
 
@@ -590,17 +597,19 @@ def _bwd_dbias_kernel(
     B, H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
-    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, BATCH_OUTER: tl.constexpr,
 ):
     """The gradient of the bias tiles (a full grid's, read as ``TILED``): program ``(pat, h, split)`` (read from
     ``ORDER``, the longest patterns first: :func:`vitrel.kernels.triton_bias.dbias_order`) sums ``dS`` over
     the ``[BM, BM]`` tiles of pattern ``pat`` and its share of the batch (``b = split, split + n_split, ...``) in
-    registers, a tile's sum over the share at a time (then zeroed at its pairs with a prefix token, which have no bias;
-    at the other pairs that are not patch pairs ``P = 0``), and writes the sum once, to
-    ``DBT [n_split, H, n_pat, BM, BM]``.
+    registers (zero at the pairs with a prefix token, which have no bias; at the other pairs that are not patch pairs
+    ``P = 0``), and writes the sum once, to ``DBT [n_split, H, n_pat, BM, BM]``.
     The tiles of a pattern lie on one block diagonal ``qb - kb`` (``q0 mod GW`` in class ``pat mod n_m`` where
-    ``n_m > 0``; one tile per pattern else). :func:`vitrel.kernels.triton_bias.table_grad_from_tiles` reduces the sums
-    to the table's gradient. No atomics: deterministic."""
+    ``n_m > 0``; one tile per pattern else), and share one bias tile, loaded once. The loops: each tile of the
+    diagonal, then the share of the batch at that tile; or with ``BATCH_OUTER``, each batch element, then the
+    diagonal's tiles (the q, k, v, ``do`` the programs read at once are of fewer batch elements: L2's working set).
+    :func:`vitrel.kernels.triton_bias.table_grad_from_tiles` reduces the sums to the table's gradient. No atomics:
+    deterministic."""
     which = tl.load(ORDER + tl.program_id(0))
     split = which % n_split
     h = (which // n_split) % H
@@ -619,37 +628,83 @@ def _bwd_dbias_kernel(
     if CAUSAL:  # tiles above the diagonal hold no visible pair
         qb_hi = tl.where(diag < 0, qb_lo, qb_hi)
     offs = tl.arange(0, BM)
-    offs_d = tl.arange(0, BLOCK_D)
-    dmask = offs_d < D
     acc = tl.zeros([BM, BM], tl.float32)
-    for qb in range(qb_lo, qb_hi):
-        q0 = qb * BM
-        k0 = q0 - diag * BM
-        if ((q0 % GW) // g_m == phase) | (n_m == 0):
-            offs_m = q0 + offs
-            offs_n = k0 + offs
-            if _visits(TOK, BLK, 0, h, offs_n, 0, 0, q0, k0, N, BM, BM, LAYOUT, HAS_BLOCKS):
-                rows = _rows(offs_m, N)
-                tile_acc = tl.zeros([BM, BM], tl.float32)
-                # one load for the share of the batch (inside its loop: a load a batch element, not pipelined)
-                bias = _bias_tile(BT, h, q0, k0, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BM)
-                for b in range(split, B, n_split):
-                    q = _tile(Q, b, h, sqb, sqh, sqn, rows, offs_d, dmask[None, :])
-                    do = _tile(DO, b, h, sdob, sdoh, sdon, rows, offs_d, dmask[None, :])
-                    lse, delta = _row_stats(LSE, DELTA, b * H + h, N, offs_m)
-                    k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
-                    s, _ = _logits(
-                        q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK,
-                        qk_scale, P, N, GH, GW, bias, n_m, q0, k0, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
-                        BM, BM,
+    bias = 0.0
+    if HAS_TABLE and TILED:
+        bias = _pattern_tile(BT, h, pat, n_pat, BM, BM, False)
+    if BATCH_OUTER:
+        for b in range(split, B, n_split):
+            for qb in range(qb_lo, qb_hi):
+                q0 = qb * BM
+                k0 = q0 - diag * BM
+                if _dbias_visits(TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m, BM, LAYOUT, HAS_BLOCKS):
+                    ds = _dbias_ds(
+                        Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh,
+                        sdon, stride_tg, stride_th, stride_mb, n_mask_b, b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0,
+                        bias, D, BLOCK_D, BM, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, RAW,
                     )
-                    p = tl.math.exp2(s - lse[:, None])
-                    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
-                    tile_acc += p * (dp - delta[:, None])
+                    if (q0 < P) | (k0 < P):  # the pairs with a prefix token have no bias
+                        ds = tl.where((q0 + offs >= P)[:, None] & (k0 + offs >= P)[None, :], ds, 0.0)
+                    acc += ds
+    else:
+        for qb in range(qb_lo, qb_hi):
+            q0 = qb * BM
+            k0 = q0 - diag * BM
+            if _dbias_visits(TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m, BM, LAYOUT, HAS_BLOCKS):
+                tile_acc = tl.zeros([BM, BM], tl.float32)
+                for b in range(split, B, n_split):
+                    tile_acc += _dbias_ds(
+                        Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh,
+                        sdon, stride_tg, stride_th, stride_mb, n_mask_b, b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0,
+                        bias, D, BLOCK_D, BM, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, RAW,
+                    )
                 # the pairs with a prefix token have no bias (off the other pairs of one image p = 0)
-                acc += tl.where((offs_m >= P)[:, None] & (offs_n >= P)[None, :], tile_acc, 0.0)
+                acc += tl.where((q0 + offs >= P)[:, None] & (k0 + offs >= P)[None, :], tile_acc, 0.0)
     local = offs[:, None] * BM + offs[None, :]
     tl.store(DBT + ((split * H + h) * n_pat + pat) * (BM * BM) + local, acc)
+
+
+@triton.jit
+def _dbias_visits(
+    TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m: tl.constexpr, BM: tl.constexpr, LAYOUT: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr,
+):
+    """Whether the ``dbias`` kernel sums the tile of queries from ``q0`` and keys from ``k0`` of its diagonal: in
+    its pattern's class of ``q0 mod GW`` (``n_m > 1``: with one class or one tile a pattern, every tile of the
+    diagonal is), and visible (:func:`_visits`)."""
+    ok = q0 >= 0
+    if n_m > 1:  # (the remainder only where there are classes: about 20 instructions)
+        ok = (q0 % GW) // g_m == phase
+    if LAYOUT or HAS_BLOCKS:
+        ok = ok & _visits(TOK, BLK, 0, h, k0 + tl.arange(0, BM), 0, 0, q0, k0, N, BM, BM, LAYOUT, HAS_BLOCKS)
+    return ok
+
+
+@triton.jit
+def _dbias_ds(
+    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon,
+    stride_tg, stride_th, stride_mb, n_mask_b, b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0, bias,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr,
+    CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr, TILED: tl.constexpr, RAW: tl.constexpr,
+):
+    """``dS = p (dp - D)`` of batch ``b``'s tile of queries from ``q0`` and keys from ``k0`` (the ``dbias``
+    kernel's)."""
+    offs_m = q0 + tl.arange(0, BM)
+    offs_n = k0 + tl.arange(0, BM)
+    offs_d = tl.arange(0, BLOCK_D)
+    rows = _rows(offs_m, N)
+    dmask = (offs_d < D)[None, :]
+    q = _tile(Q, b, h, sqb, sqh, sqn, rows, offs_d, dmask)
+    do = _tile(DO, b, h, sdob, sdoh, sdon, rows, offs_d, dmask)
+    lse, delta = _row_stats(LSE, DELTA, b * H + h, N, offs_m)
+    k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
+    s, _ = _logits(
+        q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
+        bias, n_m, q0, k0, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, BM, BM, RAW=RAW,
+    )
+    p = tl.math.exp2(_shift(s, lse[:, None], qk_scale, RAW))
+    dp = tl.dot(do, tl.trans(v), input_precision=PREC)
+    return p * (dp - delta[:, None])
 
 
 @triton.jit

@@ -340,6 +340,12 @@ def _pattern_pairs(pq: Tensor, pk: Tensor, n_patch: int) -> Tensor:
 FLOAT32_TILES: set[str] = set()
 
 
+#: the head dims (``BLOCK_D``) whose ``dbias`` programs loop over their share of the batch outside the tiles of their
+#: diagonal (``BATCH_OUTER``: at any time the programs read the q, k, v and ``do`` of fewer batch elements, a smaller
+#: working set in L2), where the default loops over the tiles outside; ``bench/triton_tune.py`` times both
+DBIAS_BATCH_OUTER: set[int] = set()
+
+
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
     """The element type of the bias tiles ``kernel`` reads for inputs of ``dtype``: the inputs' own where they are
     half precision, as SDPA takes its float mask in the queries' type (a bias tile is a score tile read from memory:
@@ -663,7 +669,7 @@ def _bwd_launches(
         sizes_t = [*sizes[:6], *tiling, split_t]
         dbias = Launch.make(
             "dbias", (n_pat * h * split_t,), [*inputs(visible), order, dbt, *common, b, *sizes_t],
-            dict(**flags, BM=blk), opts,
+            dict(**flags, BM=blk, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts,
         )  # fmt: skip
     return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
 

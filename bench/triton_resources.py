@@ -128,6 +128,8 @@ CASES = [
     ("table, bias tiles, fwd 128 x 128, 8 warps", _layer,
      {"bias_read": "tiles", "fwd_tile": (128, 128), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
     ("table, bias tiles, dbias batch outer", _layer, {"bias_read": "tiles", "dbias_batch_outer": True}, ("dbias",)),
+    ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "fwd_tma": False}, ("fwd",)),
+    ("no table, fwd without TMA", lambda: {**_layer(), "table": None}, {"fwd_tma": False}, ("fwd",)),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
     ("head dim 128, table, bias tiles", lambda: _layer(heads=3, head_dim=128), {"bias_read": "tiles"}, None),
     ("head dim 128, no table", lambda: {**_layer(heads=3, head_dim=128), "table": None}, {}, None),
@@ -140,16 +142,20 @@ CASES = [
 
 def _plan(call: dict, opts: dict) -> dict:
     """``triton_bias.plan`` of a case (``dbias_batch_outer``: with the ``dbias`` kernel's other loop order,
-    ``triton_bias.DBIAS_BATCH_OUTER``, set for the call only)."""
+    ``triton_bias.DBIAS_BATCH_OUTER``; ``fwd_tma`` False: the forward's keys and values read by address,
+    ``triton_bias.TMA_READS``; each set for the call only)."""
     opts = dict(opts)
-    saved = set(tb.DBIAS_BATCH_OUTER)
+    saved = set(tb.DBIAS_BATCH_OUTER), set(tb.TMA_READS)
     if opts.pop("dbias_batch_outer", False):
-        tb.DBIAS_BATCH_OUTER.update({call["q"].shape[-1]})
+        tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
+    if not opts.pop("fwd_tma", True):
+        tb.TMA_READS.discard("fwd")
     try:
         return tb.plan(**call, **opts)
     finally:
-        tb.DBIAS_BATCH_OUTER.clear()
-        tb.DBIAS_BATCH_OUTER.update(saved)
+        for table, before in zip((tb.DBIAS_BATCH_OUTER, tb.TMA_READS), saved):
+            table.clear()
+            table.update(before)
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:

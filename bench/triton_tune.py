@@ -25,14 +25,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from vitrel.bench import alternate  # noqa: E402
 from vitrel.kernels import triton_bias as tb  # noqa: E402
 
-#: (BM, BN, warps, stages, float32 bias tiles) of the forward; 64 x 128 and 128 x 128 issue the fewest instructions
-#: per score on sm_90 (bench/results/triton_resources_sm90.md's method: 346 and 331 a 64 x 64 block per scheduler,
-#: against 439 at 64 x 64). The default's tiles are bf16 (half the bytes, read as 32-bit pairs; 348 instructions against
-#: float32 tiles' 336 under Triton 3.8, 344 against 334 under 3.6); its float32 tiles are timed beside it
-#: (triton_bias.FLOAT32_TILES)
+#: (BM, BN, warps, stages, float32 bias tiles, and optionally "no TMA": the key and value tiles read by address, not
+#: through tensor descriptors, triton_bias.TMA_READS) of the forward; 64 x 128 and 128 x 128 issue the fewest
+#: instructions per score on sm_90 (bench/results/triton_resources_sm90.md's method: 346 and 331 a 64 x 64 block per
+#: scheduler, against 439 at 64 x 64). The default's tiles are bf16 (half the bytes, read as 32-bit pairs; 348
+#: instructions against float32 tiles' 336 under Triton 3.8, 344 against 334 under 3.6); its float32 tiles are timed
+#: beside it (triton_bias.FLOAT32_TILES)
 FWD = [
     (64, 64, 4, 2, False), (64, 64, 4, 3, False), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
-    (64, 128, 4, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False),
+    (64, 128, 4, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False), (64, 128, 4, 2, False, "no TMA"),
 ]  # fmt: skip
 #: (square tile, warps, stages) of the backward's dq and dbias kernels, the dkdv kernel's (BM, BN, warps, stages) and
 #: the dq kernel's, or None: the square tile too; and optionally "batch outer" (the dbias kernel's other loop order,
@@ -47,7 +48,7 @@ BWD = [
 #: head dim 128 (3 heads, at the largest of --sides): its defaults (forward 128 x 64, dkdv 32 x 128 and dq 128 x 64,
 #: each in 8 warps, chosen from the sm_90 code, untimed) against the narrow tiles they replaced (forward 64 x 32, the
 #: backward's square 32 x 32, 4 warps) and dkdv's 64 x 128 (fewer instructions, but it spills in its loop)
-FWD_128 = [(128, 64, 8, 2, False), (64, 32, 4, 2, False), (64, 64, 4, 2, False)]
+FWD_128 = [(128, 64, 8, 2, False), (64, 32, 4, 2, False), (64, 64, 4, 2, False), (128, 64, 8, 2, False, "no TMA")]
 BWD_128 = [
     (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2)),
     (32, 4, 2, None, None),
@@ -191,12 +192,15 @@ def tune_size(
     ref = {kk: statistics.median(v) for kk, v in t.items()}
     lines.append(f"| {n} | fwd | {at}plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
     lines.append(f"| {n} | fwd+bwd | {at}plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
-    for bm, bn, w, st, f32 in fwd_rows:
+    for bm, bn, w, st, f32, *no_tma in fwd_rows:
         tb._FWD_BLOCKS[hd] = tb._FWD_WIDE[hd] = (bm, bn)
         tb.LAUNCH["fwd"] = tb.LAUNCH["fwd", hd] = {"num_warps": w, "num_stages": st}
         tb.FLOAT32_TILES.clear()
         tb.FLOAT32_TILES.update({"fwd"} if f32 else ())
-        config = f"{at}BM {bm} BN {bn} warps {w} stages {st}{', float32 tiles' if f32 else ''}"
+        tb.TMA_READS.clear()
+        tb.TMA_READS.update(() if no_tma else {"fwd"})
+        extra = (", float32 tiles" if f32 else "") + (", no TMA" if no_tma else "")
+        config = f"{at}BM {bm} BN {bn} warps {w} stages {st}{extra}"
         try:
             m = statistics.median(alternate({"x": tri_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
             lines.append(f"| {n} | fwd | {config} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |")
@@ -241,7 +245,7 @@ def tune_size(
 #: the kernel's tiles and launch options, which the tuning sets and restores
 _TABLES = (
     tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb.LAUNCH, tb.FLOAT32_TILES,
-    tb.DBIAS_BATCH_OUTER,
+    tb.DBIAS_BATCH_OUTER, tb.TMA_READS,
 )  # fmt: skip
 
 

@@ -484,6 +484,44 @@ def test_kernel_without_table(device):
 
 
 @interpreted
+@pytest.mark.parametrize("tma", [True, False])
+@pytest.mark.parametrize(
+    ("grid", "prefix", "causal", "table_on"), [((5, 7), 1, False, True), ((1, 37), 0, True, False)]
+)
+def test_forward_reads_keys_and_values_with_or_without_tma(monkeypatch, tma, grid, prefix, causal, table_on):
+    """The forward's key and value tiles read through tensor descriptors (``TMA``, rows past the end zero-filled by
+    the descriptor) or by addresses (rows clamped), the same against the reference; the interpreter emulates the
+    descriptors. Which one a launch takes (:func:`triton_bias.tma_reads`) is asserted, so neither path goes
+    untested."""
+    monkeypatch.setattr(triton_bias, "TMA_MIN_TILES", 1)
+    monkeypatch.setattr(triton_bias, "TMA_READS", {"fwd"} if tma else set())
+    q, k, v, table = (t.float() for t in _inputs(2, 2, prefix + grid[0] * grid[1], 16, grid))
+    assert triton_bias.plan(q, k, v, table, grid, prefix)["fwd"].args["TMA"] is tma
+    _check("cpu", 2, 2, 16, grid, prefix, causal=causal, table_on=table_on)
+
+
+def test_tma_reads_where_the_tensors_allow():
+    """Tensor descriptors where the accelerator's rules hold (unit stride on the head dim, other strides and the
+    address multiples of 16 bytes, rows of 16 bytes or more): a contiguous tensor and a view of a fused ``qkv``, not a
+    view that starts off 16 bytes nor one strided along the head dim; not where the loop is short
+    (:data:`triton_bias.TMA_MIN_TILES`), not for a kernel outside :data:`triton_bias.TMA_READS`, not on the CPU
+    without the interpreter or a planned GPU launch."""
+    x = torch.randn(2, 3, 40, 16)
+    qkv = torch.randn(2, 40, 3, 3, 16)
+    view = qkv[:, :, 1].transpose(1, 2)
+    off = torch.randn(2, 3, 40, 17)[..., 1:]
+    lanes = torch.randn(2, 3, 40, 32)[..., ::2]
+    assert triton_bias.tma_reads("fwd", x, x, 16, True) and triton_bias.tma_reads("fwd", view, view, 16, True)
+    assert not triton_bias.tma_reads("fwd", off, off, 16, True)
+    assert not triton_bias.tma_reads("fwd", lanes, lanes, 16, True)
+    assert not triton_bias.tma_reads("fwd", x.half()[..., :4], x.half()[..., :4], 4, True)  # (8-byte rows)
+    assert not triton_bias.tma_reads("dkdv", x, x, 16, True)
+    short = triton_bias.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1)["fwd"]
+    long = triton_bias.plan(*(torch.randn(1, 2, 1025, 64),) * 3, None, (32, 32), 1)["fwd"]
+    assert not short.args["TMA"] and long.args["TMA"]
+
+
+@interpreted
 @pytest.mark.parametrize(("grid", "prefix", "causal"), [((5, 24), 1, False), ((4, 6), 2, False), ((1, 37), 0, True)])
 def test_dbias_batch_outer_equals_reference(monkeypatch, grid, prefix, causal):
     """The ``dbias`` kernel's other loop order (``DBIAS_BATCH_OUTER``: each batch element of a program's share, then

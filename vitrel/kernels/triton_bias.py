@@ -20,6 +20,7 @@ on CPU without it, :func:`check_device` says so.
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import inspect
 import math
@@ -346,6 +347,36 @@ FLOAT32_TILES: set[str] = set()
 DBIAS_BATCH_OUTER: set[int] = set()
 
 
+#: the kernels that read their key and value tiles through tensor descriptors (Hopper's tensor-memory accelerator),
+#: where :func:`tma_reads` allows it; ``bench/triton_tune.py`` times the forward without them
+TMA_READS: set[str] = {"fwd"}
+#: the fewest key tiles a program's loop must have to read them through tensor descriptors: each program makes its
+#: two descriptors in global memory (and fences them) before its loop, a cost a short loop does not repay (a Swin
+#: window is one tile: sm_90, its forward issued 5-17 more instructions a tile with them); chosen from the compiled
+#: code, untimed
+TMA_MIN_TILES = 8
+
+
+def tma_reads(kernel: str, k: Tensor, v: Tensor, block_d: int, cuda: bool) -> bool:
+    """Whether ``kernel`` reads ``k`` and ``v`` (``[B, H, N, D]``, any strides) through tensor descriptors: it is in
+    :data:`TMA_READS`, the device has the tensor-memory accelerator (CUDA compute capability 9 or above; Triton's
+    interpreter, which emulates it; or, for CPU tensors with ``cuda``, the Hopper GPU that :func:`plan` plans for), and
+    the tensors are as it needs them: unit stride along the head dim, every other stride and the addresses a multiple
+    of 16 bytes, a tile row (``block_d`` lanes) of at least 16 bytes."""
+    if kernel not in TMA_READS:
+        return False
+    if k.device.type == "cuda":
+        if torch.cuda.get_device_capability(k.device)[0] < 9:
+            return False
+    elif not (cuda or interpreter_on()):
+        return False
+    for t in (k, v):
+        size = t.element_size()
+        if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
+            return False
+    return block_d * k.element_size() >= 16
+
+
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
     """The element type of the bias tiles ``kernel`` reads for inputs of ``dtype``: the inputs' own where they are
     half precision, as SDPA takes its float mask in the queries' type (a bias tile is a score tile read from memory:
@@ -427,6 +458,18 @@ class Launch(NamedTuple):
         return cls(kernel, grid, {**dict(zip(fn.arg_names, positional)), **constexprs}, options)
 
     def __call__(self) -> None:
+        if self.args.get("TMA"):  # (tensor descriptors made in the kernel take global scratch from Triton's allocator)
+            contextvars.copy_context().run(self._with_scratch)
+        else:
+            _kernel_fn(self.kernel)[self.grid](**self.args, **self.options)
+
+    def _with_scratch(self) -> None:
+        """The launch with Triton's allocator set to torch's on the inputs' device, in a copy of the caller's context
+        (Triton keeps its allocator in a context variable: nothing is left set after the launch)."""
+        import triton
+
+        device = self.args["Q"].device
+        triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device=device))
         _kernel_fn(self.kernel)[self.grid](**self.args, **self.options)
 
 
@@ -504,7 +547,8 @@ def _fwd_launch(
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype, scale)
     # (as the backward's wide tiles: their head dim's options with the wide tile only)
     opts = (options or ((bm, bn) == wide and LAUNCH.get(("fwd", block_d))) or LAUNCH["fwd"]) if cuda else {}
-    return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, dict(**flags, BM=bm, BN=bn), opts)
+    tma = triton_cdiv(n, bn) >= TMA_MIN_TILES and tma_reads("fwd", k, v, block_d, cuda)
+    return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, dict(**flags, BM=bm, BN=bn, TMA=tma), opts)
 
 
 @torch.library.register_kernel("vitrel::rel_bias_attention", None)

@@ -483,21 +483,22 @@ def test_kernel_without_table(device):
     _check(device, 1, 2, 16, (4, 5), 1, table_on=False)
 
 
-@interpreted
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("tma", [True, False])
 @pytest.mark.parametrize(
     ("grid", "prefix", "causal", "table_on"), [((5, 7), 1, False, True), ((1, 37), 0, True, False)]
 )
-def test_forward_reads_keys_and_values_with_or_without_tma(monkeypatch, tma, grid, prefix, causal, table_on):
+def test_forward_reads_keys_and_values_with_or_without_tma(monkeypatch, device, tma, grid, prefix, causal, table_on):
     """The forward's key and value tiles read through tensor descriptors (``TMA``, rows past the end zero-filled by
     the descriptor) or by addresses (rows clamped), the same against the reference; the interpreter emulates the
-    descriptors. Which one a launch takes (:func:`triton_bias.tma_reads`) is asserted, so neither path goes
-    untested."""
+    descriptors (on a GPU: ``pytest -m cuda``, Hopper or later for the descriptors). Which one a launch takes
+    (:func:`triton_bias.tma_reads`) is asserted, so neither path goes untested: a GPU's own tiles (128 keys) make
+    these grids one key tile, under :data:`triton_bias.TMA_MIN_TILES`, so it is set to 1 here."""
     monkeypatch.setattr(triton_bias, "TMA_MIN_TILES", 1)
     monkeypatch.setattr(triton_bias, "TMA_READS", {"fwd"} if tma else set())
     q, k, v, table = (t.float() for t in _inputs(2, 2, prefix + grid[0] * grid[1], 16, grid))
     assert triton_bias.plan(q, k, v, table, grid, prefix)["fwd"].args["TMA"] is tma
-    _check("cpu", 2, 2, 16, grid, prefix, causal=causal, table_on=table_on)
+    _check(device, 2, 2, 16, grid, prefix, causal=causal, table_on=table_on)
 
 
 def test_tma_reads_where_the_tensors_allow():

@@ -522,16 +522,17 @@ def test_tma_reads_where_the_tensors_allow():
     assert not short.args["TMA"] and long.args["TMA"]
 
 
-@interpreted
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("grid", "prefix", "causal"), [((5, 24), 1, False), ((4, 6), 2, False), ((1, 37), 0, True)])
-def test_dbias_batch_outer_equals_reference(monkeypatch, grid, prefix, causal):
+def test_dbias_batch_outer_equals_reference(monkeypatch, device, grid, prefix, causal):
     """The ``dbias`` kernel's other loop order (``DBIAS_BATCH_OUTER``: each batch element of a program's share, then
     its diagonal's tiles; the tuning's alternative) gives the table's gradient of the reference: patterns of many
-    tiles and of one, prefix pairs, causal; 3 batch elements in shares of 2 and 1."""
+    tiles and of one, prefix pairs, causal; 3 batch elements in shares of 2 and 1 (the interpreter's; on a GPU
+    ``pytest -m cuda``, in bf16)."""
     monkeypatch.setattr(triton_bias, "DBIAS_BATCH_OUTER", {16})
     q, k, v, table = (t.float() for t in _inputs(3, 2, prefix + grid[0] * grid[1], 16, grid))
     assert triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles")["dbias"].args["BATCH_OUTER"]
-    _check("cpu", 3, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
+    _check(device, 3, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
 
 
 @interpreted

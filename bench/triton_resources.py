@@ -111,7 +111,7 @@ def _flat(flags: dict) -> str:
 #: (label, call, plan options, kernels): the layer at N = 4097 (other tiles: only the kernels they change; head dim
 #: 128: its own tiles), then Swin's windows
 _FWD = ("fwd",)
-_BWD = ("dkdv", "dq", "dbias")
+_BWD = ("dkdv", "dq", "dbias", "tile")
 CASES = [
     ("no table", lambda: {**_layer(), "table": None}, {}, None),
     ("table, bias tiles", _layer, {"bias_read": "tiles"}, None),
@@ -137,25 +137,31 @@ CASES = [
     ("windows, no mask", lambda: _windows(0), {}, None),
     ("windows, float mask", lambda: _windows(1), {}, None),
     ("windows, region ids", lambda: _windows(2), {}, None),
+    ("windows, no mask, four backward kernels", lambda: _windows(0), {"tile_bwd": False}, _BWD),
+    ("windows, region ids, four backward kernels", lambda: _windows(2), {"tile_bwd": False}, _BWD),
+    ("windows, region ids, fixed table", lambda: _windows(2), {"table_grad": False}, ("tile",)),
 ]  # fmt: skip
 
 
 def _plan(call: dict, opts: dict) -> dict:
     """``triton_bias.plan`` of a case (``dbias_batch_outer``: with the ``dbias`` kernel's other loop order,
     ``triton_bias.DBIAS_BATCH_OUTER``; ``fwd_tma`` False: the forward's keys and values read by address,
-    ``triton_bias.TMA_READS``; each set for the call only)."""
+    ``triton_bias.TMA_READS``; ``tile_bwd`` False: a call of one tile's backward as the four kernels,
+    ``triton_bias.TILE_BWD``; each set for the call only)."""
     opts = dict(opts)
-    saved = set(tb.DBIAS_BATCH_OUTER), set(tb.TMA_READS)
+    saved = set(tb.DBIAS_BATCH_OUTER), set(tb.TMA_READS), tb.TILE_BWD
     if opts.pop("dbias_batch_outer", False):
         tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
     if not opts.pop("fwd_tma", True):
         tb.TMA_READS.discard("fwd")
+    tb.TILE_BWD = opts.pop("tile_bwd", tb.TILE_BWD)
     try:
         return tb.plan(**call, **opts)
     finally:
         for table, before in zip((tb.DBIAS_BATCH_OUTER, tb.TMA_READS), saved):
             table.clear()
             table.update(before)
+        tb.TILE_BWD = saved[2]
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:

@@ -56,6 +56,11 @@ BWD_128 = [
     (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
 ]
 CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
+#: Swin-T's first stage (8,192 windows of 7 x 7 for 128 images, 3 heads of 32, a shifted block's region ids), whose
+#: backward fits one tile (triton_bias.TILE_BWD): the one-tile kernel's (warps, stages), its defaults first
+#: (triton_bias.LAUNCH's "tile": 8 warps, 2 stages where it sums the table's gradient; "tile_each": 4 warps, 1 stage
+#: where it does not), and None: the four kernels it replaces (delta, dkdv, dq, dbias)
+WINDOWS = [None, (8, 2), (4, 1), (4, 2), (8, 1)]
 
 
 def kernel_launches(q, k, v, table, grid, prefix: int = 1, **kwargs) -> dict:
@@ -242,6 +247,55 @@ def tune_size(
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
 
 
+def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda", images: int = 128) -> None:
+    """The rows of :data:`WINDOWS` (fwd + bwd, with the table's gradient and with a fixed table) against plain SDPA on
+    the same windows, appended to ``lines`` (and written to ``args.out`` as they come)."""
+    from vitrel.models.swin_windows import window_layout, window_regions
+    from vitrel.pos.geometry import Grid
+
+    dev = torch.device(device)
+    side, hd = (56, 7) if images else (8, 4)  # (images 0: a 8 x 8 map in 4 x 4 windows, for a test)
+    regions = window_layout(window_regions(Grid(side, side), (hd, hd), (hd // 2, hd // 2)), (hd, hd)).segment.to(dev)
+    b, n = max(1, images) * regions.shape[0], hd * hd
+    q, k, v = (torch.randn(b, 3, n, 32, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    table = torch.randn(3, 2 * hd - 1, 2 * hd - 1, device=dev, requires_grad=True)
+    go = torch.randn_like(q)
+
+    def sdpa_fb():
+        torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), go)
+
+    def tri_fb(grad_t):
+        t = table if grad_t else table.detach()
+        leaves = (q, k, v, table) if grad_t else (q, k, v)
+        torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (hd, hd), 0, regions=regions), leaves, go)
+
+    where = f"{b} windows of {hd} x {hd}"
+    ref = statistics.median(alternate({"x": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
+    lines.append(f"| {n} | fwd+bwd | {where}, plain SDPA | {1e3 * ref:.3f} | 1.00x |")
+    defaults, one = tb.LAUNCH.copy(), tb.TILE_BWD
+    try:
+        for row in WINDOWS:
+            tb.TILE_BWD = row is not None
+            if row is not None:
+                tb.LAUNCH["tile"] = tb.LAUNCH["tile_each"] = {"num_warps": row[0], "num_stages": row[1]}
+            config = f"{where}, " + (f"one-tile bwd warps {row[0]} stages {row[1]}" if row else "four bwd kernels")
+            for grad_t in (True, False):
+                label = f"fwd+bwd{'' if grad_t else ' (no dT)'}"
+                try:
+                    fn = lambda g=grad_t: tri_fb(g)  # noqa: E731
+                    m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=3, device=dev)["x"])
+                    lines.append(f"| {n} | {label} | {config} | {1e3 * m:.3f} | {m / ref:.2f}x |")
+                except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
+                    lines.append(f"| {n} | {label} | {config} | failed: {str(e)[:60]} | - |")
+                print(lines[-1], flush=True)
+                if args.out:
+                    Path(args.out).write_text("\n".join(lines) + "\n")
+    finally:
+        tb.LAUNCH.clear()
+        tb.LAUNCH.update(defaults)
+        tb.TILE_BWD = one
+
+
 #: the kernel's tiles and launch options, which the tuning sets and restores
 _TABLES = (
     tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb.LAUNCH, tb.FLOAT32_TILES,
@@ -264,6 +318,7 @@ def main() -> None:
     ap.add_argument("--diagnose", action="store_true", help="only the breakdown at each of --sides")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=[64, 128],
                     help="64: every row at each of --sides; 128: its rows at the largest")  # fmt: skip
+    ap.add_argument("--no-windows", dest="windows", action="store_false", help="without Swin-T's windows' rows")
     args = ap.parse_args()
     if args.diagnose:
         text = "\n".join(line for side in args.sides for line in diagnose(side, args.rounds))
@@ -277,6 +332,10 @@ def main() -> None:
         tune_size(side, args, lines)
     if 128 in args.head_dims:
         tune_size(args.sides[-1], args, lines, 128)
+    if args.windows:
+        tune_windows(args, lines)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
 
 
 if __name__ == "__main__":

@@ -197,3 +197,9 @@ def test_triton_tune_rows_run(monkeypatch):
     assert tuple(t.copy() for t in tune._TABLES) == defaults  # (the kernel's own tables restored)
     assert len(lines) == 2 * (2 + 2 + 3 + 2) and not [x for x in lines if "failed" in x], lines
     assert sum("dbias batch outer" in x for x in lines) == 4 and sum("no TMA" in x for x in lines) == 2
+    lines = []
+    tune.tune_windows(argparse.Namespace(rounds=1, out=None), lines, device="cpu", images=0)
+    assert tuple(t.copy() for t in tune._TABLES) == defaults and tune.tb.TILE_BWD  # (restored)
+    # plain SDPA, then each row with and without the table's gradient: the four kernels and the one-tile kernel's
+    assert len(lines) == 1 + 2 * len(tune.WINDOWS) and not [x for x in lines if "failed" in x], lines
+    assert sum("four bwd kernels" in x for x in lines) == 2 and sum("warps 4 stages 1" in x for x in lines) == 2

@@ -133,10 +133,15 @@ def test_bias_tiles_in_half_precision(grid, monkeypatch):
     table = torch.zeros(2, 2 * grid[0] - 1, 2 * grid[1] - 1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
         q = torch.zeros(2, 2, n, 16, dtype=dt)
+        launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")  # (one tile of a GPU's backward)
+        assert {name: launch.args["BT"].dtype for name, launch in launches.items()} == {"fwd": dt, "tile": dt}
+        monkeypatch.setattr(triton_bias, "TILE_BWD", False)
         launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")
+        monkeypatch.setattr(triton_bias, "TILE_BWD", True)
         assert set(launches) == {"fwd", "delta", "dkdv", "dq", "dbias"}
         tiles = {name: launch.args["BT"].dtype for name, launch in launches.items() if name != "delta"}
         assert tiles == {"fwd": dt, "dkdv": dt, "dq": dt, "dbias": dt}, tiles
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
     monkeypatch.setattr(triton_bias, "FLOAT32_TILES", {"fwd"})
     launches = triton_bias.plan(q.bfloat16(), q.bfloat16(), q.bfloat16(), table, grid, 1, bias_read="tiles")
     assert launches["fwd"].args["BT"].dtype == torch.float32 and launches["dq"].args["BT"].dtype == torch.bfloat16
@@ -210,12 +215,13 @@ def test_qkv_views_are_read_in_place():
 
 
 @pytest.mark.parametrize(("side", "prefix"), [(8, 1), (5, 1), (4, 0)])
-def test_host_work_of_a_call_is_a_few_tensor_ops(side, prefix):
+def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
     """What a call computes on the host from integers alone (the bias tiles' indices and masks, the ``dbias`` launch
     order, the table gradient's layout, placeholders) is made once per shape and device: a second call of the same
     shape builds its launches, forward and backward, with at most 20 tensor ops (the first: about 80, each a CUDA
     launch on a GPU, where they cost more than the kernels at small sizes) and reduces the table's gradient with at
-    most 32 (views included); the same launches either way. Patterns that repeat (8 x 8, prefix 1) and exact tiles."""
+    most 32 (views included); the same launches either way. Patterns that repeat (8 x 8, prefix 1) and exact tiles;
+    the one-tile backward's launch (``TILE_BWD``: 5 x 5 and 4 x 4 fit one tile of a GPU's) with at most 16."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -230,6 +236,13 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(side, prefix):
     n = prefix + side * side
     q = torch.randn(2, 2, n, 16)
     table = torch.randn(2, 2 * side - 1, 2 * side - 1)
+    if n <= 64:
+        one = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
+        with Ops() as ops:
+            again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
+        assert set(again) == {"fwd", "tile"} and ops.n <= 16, (set(again), ops.n)
+        torch.testing.assert_close(again["tile"].args["BT"], one["tile"].args["BT"], rtol=0, atol=0)
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
     first = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
     with Ops() as ops:
         again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
@@ -256,6 +269,7 @@ def test_nothing_kept_from_a_graphs_stream(monkeypatch):
     table = torch.randn(2, 11, 11)
     triton_bias._tile_index.cache_clear()
     monkeypatch.setattr(triton_bias, "_keeps", lambda device: False)
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the four kernels: 37 tokens fit one tile of a GPU's)
     first = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
     again = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
     assert triton_bias._tile_index.cache_info().currsize == 0
@@ -410,6 +424,7 @@ def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, ca
     tiles it skips)."""
     tile = {"dkdv": (16, 32), "dq": (32, 16)}[kernel]
     monkeypatch.setattr(triton_bias, "_wide_tile", lambda name, block_d, cuda: tile if name == kernel else None)
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (41 tokens fit one tile of a GPU's backward)
     q = torch.zeros(1, 1, 41, 16)
     launches = triton_bias.plan(q, q, q, torch.zeros(1, 9, 15), (5, 8), 1)
     assert (launches[kernel].args["BM"], launches[kernel].args["BN"]) == tile
@@ -530,9 +545,55 @@ def test_dbias_batch_outer_equals_reference(monkeypatch, device, grid, prefix, c
     tiles and of one, prefix pairs, causal; 3 batch elements in shares of 2 and 1 (the interpreter's; on a GPU
     ``pytest -m cuda``, in bf16)."""
     monkeypatch.setattr(triton_bias, "DBIAS_BATCH_OUTER", {16})
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (grids that fit one tile of a GPU's backward too)
     q, k, v, table = (t.float() for t in _inputs(3, 2, prefix + grid[0] * grid[1], 16, grid))
     assert triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles")["dbias"].args["BATCH_OUTER"]
     _check(device, 3, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
+
+
+def _one_tile_regions():
+    from vitrel.models.swin_windows import window_regions
+    from vitrel.pos.geometry import Grid
+
+    return window_regions(Grid(8, 8), (4, 4), (2, 2))  # four windows of 16 tokens, the last of four regions
+
+
+#: ``(batch, heads, head dim, grid, prefix, settings, whether the one-tile kernel runs)``, each call's tokens one tile
+_ONE_TILE = [
+    (3, 2, 16, (3, 5), 1, {}, True),  # the table's gradient over shares of 2 and 1 batch elements (interpreter)
+    (3, 2, 24, (3, 4), 2, {}, True),  # registers, a head dim not a power of two
+    (4, 2, 16, (4, 4), 0, dict(table_on=False), True),  # no table (the unscaled logits)
+    (3, 2, 16, (3, 5), 0, dict(causal=True), True),
+    (3, 2, 16, (3, 5), 1, dict(table_grad=False), True),  # a fixed table: a program per batch element
+    (3, 2, 16, (3, 5), 1, dict(bias_read="gather", table_grad=False), True),  # the bias gathered per score
+    (3, 2, 16, (3, 5), 1, dict(deterministic=False), True),  # (no atomics to take: the same kernel)
+    (8, 2, 16, (4, 4), 0, dict(regions="swin"), True),  # Swin's shifted windows, their regions masked
+    (4, 2, 16, (4, 4), 0, dict(mask="windows"), True),  # a float mask per window
+    (2, 2, 16, (3, 5), 1, dict(bias_read="gather"), False),  # gathered with the gradient: the dq kernel's diagonals
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("b", "h", "d", "grid", "prefix", "settings", "one"), _ONE_TILE)
+def test_one_tile_backward_equals_reference(monkeypatch, device, b, h, d, grid, prefix, settings, one):
+    """A call whose tokens fit one tile of the backward (``TILE_BWD``: Swin's windows) runs its backward as one
+    kernel, ``tile`` (``dq, dk, dv`` written whole, the table's gradient summed over a share of the batch): equal to
+    the reference with and without a table, its gradient or a fixed one, prefix tokens, causal, a window's regions or
+    float mask; the four kernels where the table's gradient is gathered. The launches are recorded as they run."""
+    ran = []
+    call = triton_bias.Launch.__call__
+    monkeypatch.setattr(triton_bias.Launch, "__call__", lambda self: (ran.append(self.kernel), call(self))[1])
+    settings = dict(settings)
+    if settings.get("regions") == "swin":
+        settings["regions"] = _one_tile_regions()
+    if settings.get("mask") == "windows":
+        mask = torch.zeros(2, 16, 16, dtype=torch.float64)
+        mask[0, :, 3] = -5.0
+        region = torch.tensor([0] * 6 + [1] * 6 + [2] * 4)
+        mask[1] = torch.where(region[:, None] == region[None, :], 0.0, float("-inf"))
+        settings["mask"] = mask
+    _check(device, b, h, d, grid, prefix, **settings)
+    assert ran == (["fwd", "tile"] if one else ["fwd", "delta", "dkdv", "dq"]), ran
 
 
 @interpreted
@@ -656,7 +717,7 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
 
 
 @interpreted
-def test_row_stats_padded_for_unmasked_reads():
+def test_row_stats_padded_for_unmasked_reads(monkeypatch):
     """The forward's log-sum-exp and the backward's ``D`` are ``[B, H, NP]`` (``NP``: N up to a multiple of
     ``STATS_ROWS``), which the backward's kernels read with no mask: every padding row holds +inf (log-sum-exp, so a
     query past the end has ``p = 0``), past the forward's last query tile too, and 0 (``D``); the rows of real
@@ -664,6 +725,7 @@ def test_row_stats_padded_for_unmasked_reads():
     grid = (4, 5)
     n = 1 + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the delta kernel: 21 tokens fit one tile of a GPU's)
     launches = triton_bias.plan(q, k, v, table, grid, 1)
     lse, delta, do = launches["fwd"].args["LSE"], launches["delta"].args["DELTA"], launches["delta"].args["DO"]
     assert lse.shape == delta.shape == (2, 2, triton_bias.stats_len(n)) == (2, 2, 128)
@@ -1078,8 +1140,9 @@ def test_kernels_compile_for_hopper():
         "64, layout=v == '_layout', regions=v == '_regions', deterministic=v != '_atomic').items()}))"
     )
     shared = json.loads(_compiled_for_hopper(code))
-    names = {f"{k}{v}" for k in ("fwd", "delta", "dkdv", "dq") for v in ("", "_layout", "_regions")}
-    names |= {"dbias", "dbias_regions", "fwd_atomic", "delta_atomic", "dkdv_atomic", "dbias_atomic"}  # (no dq kernel)
+    names = {f"{k}{v}" for k in ("fwd", "delta", "dkdv", "dq") for v in ("", "_layout")}
+    names |= {"dbias", "fwd_atomic", "delta_atomic", "dkdv_atomic", "dbias_atomic"}  # (no dq kernel)
+    names |= {"fwd_regions", "tile_regions"}  # (windows of 49 tokens: the one-tile backward)
     assert set(shared) == names and all(0 < v <= 232448 for v in shared.values()), shared
 
 
@@ -1154,4 +1217,5 @@ def test_tensor_core_products_not_serialized_on_hopper():
         "for c, ls in calls.items() for k, x in ls.items()}))"
     )
     serialized = json.loads(_compiled_for_hopper(code))
-    assert len(serialized) == 29 and not any(serialized.values()), serialized
+    assert len(serialized) == 26 and not any(serialized.values()), serialized
+    assert "regions/tile" in serialized  # (the windows' backward: one kernel)

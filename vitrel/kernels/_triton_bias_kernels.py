@@ -721,6 +721,65 @@ def _dbias_ds(
 
 
 @triton.jit
+def _bwd_tile_kernel(
+    Q, K, V, T, MASK, TOK, BT, O, DO, LSE, DQ, DK, DV, DBT,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb,
+    n_mask_b, sab, sah, san, sgb, sgh, sgn, shb, shh, shn,
+    B, H, N, P, GH, GW, qk_scale, sm_scale, n_m, n_split,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
+    RAW: tl.constexpr, TABLE_GRAD: tl.constexpr,
+):
+    """The whole backward of a call whose ``N`` tokens fit one ``[BM, BM]`` tile (a batch of Swin's windows, a small
+    grid): program ``(split, h)`` takes batch elements ``b = split, split + n_split, ...`` one after another, each
+    in one tile: ``D = rowsum(o * do)``, ``dv = p^T do``, ``dk = dS^T q`` and ``dq = dS k`` written whole (each
+    program owns its rows: no atomics), and with ``TABLE_GRAD`` the sum of ``dS`` over its share of the batch in
+    registers, written once to ``DBT [n_split, H, 1, BM, BM]`` (the ``dbias`` kernel's sums of a call's one tile
+    pattern, which :func:`vitrel.kernels.triton_bias.table_grad_from_tiles` reduces on its patch pairs). One launch
+    and 5 matrix products a tile, where the ``delta``, ``dkdv``, ``dq`` and ``dbias`` kernels take four launches, 9
+    products and read q, k, v and ``do`` three times. The tile is transposed, keys by queries, as the ``dkdv``
+    kernel's (``p^T`` and ``dS^T`` feed ``dv`` and ``dk`` as they stand; ``dq`` takes ``dS`` transposed, as the
+    ``dkdv`` kernel's atomic ``dq``)."""
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BM)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    rows = _rows(offs, N)
+    store_mask = (offs < N)[:, None] & dmask[None, :]
+    bias = 0.0
+    if HAS_TABLE and TILED:  # (the one tile pattern, exact: read as stored, queries by keys, once)
+        bias = tl.trans(_pattern_tile(BT, h, 0, 1, BM, BM, False))
+    acc = tl.zeros([BM, BM], tl.float32)  # keys by queries
+    at, lanes = offs[:, None], offs_d[None, :]
+    for b in range(split, B, n_split):
+        # each result stored as soon as it is made (fewer registers live at once: no spills at head dim 32, sm_90)
+        do = _tile(DO, b, h, sdob, sdoh, sdon, rows, offs_d, dmask[None, :])
+        o = _tile(O, b, h, sob, soh, son, rows, offs_d, dmask[None, :])
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (rows past the end: the last row's, p = 0 there)
+        # q^T [BLOCK_D, BM], the right operand of k q^T (as the dkdv kernel's)
+        qt = tl.load(Q + b * sqb + h * sqh + rows[None, :] * sqn + offs_d[:, None], dmask[:, None], 0.0)
+        k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs, offs_d, N, D)
+        lse = tl.load(LSE + (b * H + h) * _stats_len(N) + offs)
+        s, _ = _logits(
+            qt, k, b, h, offs, offs, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
+            bias, n_m, 0, 0, HAS_TABLE, MASK_KIND, CAUSAL, False, PREC, TILED, BM, BM, True, RAW,
+        )
+        p = tl.math.exp2(_shift(s, lse[None, :], qk_scale, RAW))
+        dv = tl.dot(p.to(do.dtype), do, input_precision=PREC)
+        tl.store(DV + b * shb + h * shh + at * shn + lanes, dv.to(DV.dtype.element_ty), store_mask)
+        ds = p * (tl.dot(v, tl.trans(do), input_precision=PREC) - delta[None, :])
+        dk = tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PREC)
+        tl.store(DK + b * sgb + h * sgh + at * sgn + lanes, (dk * sm_scale).to(DK.dtype.element_ty), store_mask)
+        dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC)
+        tl.store(DQ + b * sab + h * sah + at * san + lanes, (dq * sm_scale).to(DQ.dtype.element_ty), store_mask)
+        if TABLE_GRAD:
+            acc += ds
+    if TABLE_GRAD:  # (its pairs with a prefix token too: the reduction takes the one exact tile's patch pairs only)
+        tl.store(DBT + (split * H + h) * (BM * BM) + offs[None, :] * BM + offs[:, None], acc)
+
+
+@triton.jit
 def _bwd_delta_kernel(
     O, DO, DELTA, sob, soh, son, sdob, sdoh, sdon, H, N,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
@@ -738,4 +797,7 @@ def _bwd_delta_kernel(
     tl.store(DELTA + bh * _stats_len(N) + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1))
 
 
-__all__ = ["LOG2E", "_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel", "_bwd_delta_kernel"]
+__all__ = [
+    "LOG2E", "_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel", "_bwd_tile_kernel",
+    "_bwd_delta_kernel",
+]

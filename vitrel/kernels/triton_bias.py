@@ -131,7 +131,12 @@ def _kernels():
 #: dim (its power of two) has its own: the backward at head dim 64 in 3 stages, the fastest of ``bench/triton_tune.py``
 #: on an H100 at N = 1025 and 4097 (0.98x and 0.95x the time of 2); not measured at the others (Swin's 32: its
 #: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90); ``("fwd", d)``, ``("dkdv", d)``, ``("dq", d)``: those
-#: kernels' options with their wide tiles only (:data:`_FWD_WIDE`, :data:`_DKDV_WIDE`, :data:`_DQ_WIDE`)
+#: kernels' options with their wide tiles only (:data:`_FWD_WIDE`, :data:`_DKDV_WIDE`, :data:`_DQ_WIDE`); ``tile``:
+#: the one-tile backward (:data:`TILE_BWD`) where it sums the table's gradient over a share of the batch (8 warps, 2
+#: stages: no spills at head dims 16 and 32 under Triton 3.6 and 3.8, where 4 warps spill 16-152 bytes, and the next
+#: batch element's tiles loaded during this one's), ``tile_each`` where each program takes one batch element (4 warps,
+#: 1 stage: no spills at head dim 32, 0.70x the instructions per 64 x 64 scores of 8 warps); chosen from the code
+#: compiled for sm_90 (``bench/triton_resources.py``), untimed (``bench/triton_tune.py`` times the others)
 LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "fwd": {"num_warps": 4, "num_stages": 2},
     "bwd": {"num_warps": 4, "num_stages": 2},
@@ -141,6 +146,8 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     ("fwd", 128): {"num_warps": 8, "num_stages": 2},
     ("dkdv", 128): {"num_warps": 8, "num_stages": 2},
     ("dq", 128): {"num_warps": 8, "num_stages": 2},
+    "tile": {"num_warps": 8, "num_stages": 2},
+    "tile_each": {"num_warps": 4, "num_stages": 1},
 }
 
 
@@ -476,7 +483,7 @@ class Launch(NamedTuple):
 #: the kernels of :mod:`vitrel.kernels._triton_bias_kernels` by their launches' names
 _KERNELS = {
     "fwd": "_fwd_kernel", "delta": "_bwd_delta_kernel", "dkdv": "_bwd_dkdv_kernel", "dq": "_bwd_dq_kernel",
-    "dbias": "_bwd_dbias_kernel",
+    "dbias": "_bwd_dbias_kernel", "tile": "_bwd_tile_kernel",
 }  # fmt: skip
 
 
@@ -603,13 +610,13 @@ def _dbias_order(pat: TilePatterns, n: int, blk: int, grid_w: int, causal: bool,
 
 
 class _Backward(NamedTuple):
-    """The backward's launches (``delta`` first: ``rowsum(o * do)``, which the others read) and what they write:
-    ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel adds it by atomics: no ``dq`` launch); the table's
-    gradient as the ``dq`` kernel's diagonal sums (``slots``), or, where the bias is read as tiles, as the ``dbias``
-    kernel's sums per tile pattern (``dbt``)."""
+    """The backward's launches (``delta`` first: ``rowsum(o * do)``, which the others read), or its one launch
+    (``tile``: :data:`TILE_BWD`), and what they write: ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel
+    adds it by atomics: no ``dq`` launch); the table's gradient as the ``dq`` kernel's diagonal sums (``slots``),
+    or, where the bias is read as tiles, as the ``dbias`` kernel's sums per tile pattern (``dbt``)."""
 
-    delta: Launch
-    dkdv: Launch
+    delta: Launch | None
+    dkdv: Launch | None
     dq: Launch | None
     dbias: Launch | None
     grads: tuple[Tensor, Tensor, Tensor]
@@ -617,6 +624,7 @@ class _Backward(NamedTuple):
     dbt: Tensor | None
     patterns: TilePatterns
     blk: int
+    tile: Launch | None = None
 
 
 def _bwd_launches(
@@ -631,8 +639,15 @@ def _bwd_launches(
     cuda = sms is not None
     block_d, _, _, blk = _blocks(d, cuda)
     blk = tile or blk
-    rows = _kernels().STATS_ROWS.value  # the delta kernel's: one program a padded block of the buffer
     do = do if do.stride(-1) == 1 else do.contiguous()  # (read through its strides, as q, k, v)
+    if TILE_BWD and n <= blk and tokens is None:
+        one = _tile_bwd_launch(
+            do, q, k, v, table, mask, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad, sms, blk,
+            options,
+        )  # fmt: skip
+        if one is not None:
+            return one
+    rows = _kernels().STATS_ROWS.value  # the delta kernel's: one program a padded block of the buffer
     delta = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)  # rowsum(o * do), FA-2's D
     delta_launch = Launch.make(
         "delta", (b * h, stats_len(n) // rows), [out, do, delta, *_strides(out, do), h, n],
@@ -718,6 +733,49 @@ def _bwd_launches(
     return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
 
 
+#: the backward of a call whose tokens fit one square tile of the backward (``N <= 64`` at head dims up to 64 on a GPU,
+#: ``N <= 16`` in the interpreter; a batch of Swin's 7 x 7 windows) runs as one kernel (``tile``:
+#: :func:`vitrel.kernels._triton_bias_kernels._bwd_tile_kernel`) instead of ``delta``, ``dkdv``, ``dq`` and ``dbias``,
+#: except on a token layout and where the table's gradient would be gathered per score; ``bench/triton_tune.py`` times
+#: the four kernels it replaces (False)
+TILE_BWD = True
+
+
+def _tile_bwd_launch(
+    do, q, k, v, table, mask, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad, sms, blk, options,
+) -> _Backward | None:  # fmt: skip
+    """The one-tile backward (:data:`TILE_BWD`) of a call of ``N <= blk`` tokens, or None where the table's gradient
+    would be gathered per score (the bias not read as tiles). Programs ``(share, head)``: one per batch element, or
+    where it sums the table's gradient, :func:`_n_split`'s shares (the sums' buffer, ``[n_split, heads, 1, blk,
+    blk]``, stays small)."""
+    b, h, n, d = q.shape
+    block_d = _blocks(d, sms is not None)[0]
+    t, stg, sth = _table_args(table, q)
+    m, smb, nmb, mask_kind = _mask_args(mask, q)
+    tab = None if table is None else t
+    bt, *tiling = _tile_args(tab, None, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq")
+    flags = _constexprs(d, block_d, table, mask_kind, causal, None, None, tiling, q.dtype, scale)
+    grad_t = table_grad and table is not None
+    if grad_t and not flags["TILED"]:
+        return None
+    pat = TilePatterns(*tiling)
+    n_split = _n_split(1, h, b, sms) if grad_t else b
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    dbt = torch.empty(n_split, h, 1, blk, blk, device=q.device, dtype=torch.float32) if grad_t else None
+    qk_scale = scale * _kernels().LOG2E
+    opts = (options or LAUNCH["tile" if grad_t else "tile_each"]) if sms is not None else {}
+    launch = Launch.make(
+        "tile", (n_split, h),
+        [q, k, v, t, m, _int_args(None, q), bt, out, do, lse, dq, dk, dv,
+         dbt if grad_t else _placeholder(torch.float32, 1, q.device), *_strides(q, k, v, out, do), stg, sth, smb, nmb,
+         *_strides(dq, dk, dv), b, h, n, prefix, grid_h, grid_w, qk_scale, scale, pat.n_m, n_split],
+        {**{key: flags[key] for key in ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PREC", "RAW")},
+         "BM": blk, "TABLE_GRAD": grad_t}, opts,
+    )  # fmt: skip
+    empty = q.new_zeros(0, dtype=torch.float32)
+    return _Backward(None, None, None, None, (dq, dk, dv), empty, dbt, pat, blk, launch)
+
+
 @torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)
 def _bwd_impl(
     do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic,
@@ -729,6 +787,12 @@ def _bwd_impl(
         do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read,
         deterministic, table_grad, sms,
     )  # fmt: skip
+    if bwd.tile is not None:
+        bwd.tile()
+        dt = q.new_zeros(0, dtype=torch.float32)
+        if bwd.dbt is not None:
+            dt = table_grad_from_tiles(bwd.dbt.sum(0), bwd.patterns, grid_h, grid_w, prefix)
+        return (*bwd.grads, dt)
     bwd.delta()
     for launch in _batch_chunks(bwd.dkdv, *q.shape[:2]):
         launch()
@@ -1089,7 +1153,7 @@ def plan(
         torch.zeros_like(q), q, k, v, table, mask, tokens, blocks, out, lse, scale, gh, gw, prefix, causal, bias_read,
         deterministic, table_grad, sms, bwd_tile, bwd_options,
     )  # fmt: skip
-    launches = {"fwd": fwd, "delta": bwd.delta, "dkdv": bwd.dkdv, "dq": bwd.dq, "dbias": bwd.dbias}
+    launches = {"fwd": fwd, "delta": bwd.delta, "dkdv": bwd.dkdv, "dq": bwd.dq, "dbias": bwd.dbias, "tile": bwd.tile}
     return {name: launch for name, launch in launches.items() if launch is not None}
 
 

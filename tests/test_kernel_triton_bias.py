@@ -579,10 +579,12 @@ def test_one_tile_backward_equals_reference(monkeypatch, device, b, h, d, grid, 
     """A call whose tokens fit one tile of the backward (``TILE_BWD``: Swin's windows) runs its backward as one
     kernel, ``tile`` (``dq, dk, dv`` written whole, the table's gradient summed over a share of the batch): equal to
     the reference with and without a table, its gradient or a fixed one, prefix tokens, causal, a window's regions or
-    float mask; the four kernels where the table's gradient is gathered. The launches are recorded as they run."""
+    float mask; the four kernels where the table's gradient is gathered. The launches are recorded as they run (the
+    forward's with its ``ONE``: its one key tile's softmax, with no rescaling)."""
     ran = []
     call = triton_bias.Launch.__call__
-    monkeypatch.setattr(triton_bias.Launch, "__call__", lambda self: (ran.append(self.kernel), call(self))[1])
+    name = lambda launch: launch.kernel + ("/one" if launch.args.get("ONE") else "")  # noqa: E731 (fwd: one key tile)
+    monkeypatch.setattr(triton_bias.Launch, "__call__", lambda self: (ran.append(name(self)), call(self))[1])
     settings = dict(settings)
     if settings.get("regions") == "swin":
         settings["regions"] = _one_tile_regions()
@@ -593,7 +595,7 @@ def test_one_tile_backward_equals_reference(monkeypatch, device, b, h, d, grid, 
         mask[1] = torch.where(region[:, None] == region[None, :], 0.0, float("-inf"))
         settings["mask"] = mask
     _check(device, b, h, d, grid, prefix, **settings)
-    assert ran == (["fwd", "tile"] if one else ["fwd", "delta", "dkdv", "dq"]), ran
+    assert ran == (["fwd/one", "tile"] if one else ["fwd/one", "delta", "dkdv", "dq"]), ran
 
 
 @interpreted

@@ -555,7 +555,9 @@ def _fwd_launch(
     # (as the backward's wide tiles: their head dim's options with the wide tile only)
     opts = (options or ((bm, bn) == wide and LAUNCH.get(("fwd", block_d))) or LAUNCH["fwd"]) if cuda else {}
     tma = triton_cdiv(n, bn) >= TMA_MIN_TILES and tma_reads("fwd", k, v, block_d, cuda)
-    return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, dict(**flags, BM=bm, BN=bn, TMA=tma), opts)
+    one = triton_cdiv(n, bn) == 1  # (the loop's one visit: no rescaling)
+    consts = dict(**flags, BM=bm, BN=bn, TMA=tma, ONE=one)
+    return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, consts, opts)
 
 
 @torch.library.register_kernel("vitrel::rel_bias_attention", None)

@@ -162,6 +162,20 @@ def diagnose(side: int, rounds: int) -> list[str]:
     return lines
 
 
+def _time_row(lines: list[str], args: argparse.Namespace, dev, cells: str, fn, ref: float, repeat: int = 3) -> None:
+    """Append the row ``cells`` (its first columns) with ``fn``'s median time (``args.rounds`` alternating rounds)
+    and its ratio to ``ref`` to ``lines``, or that it failed (a configuration the device cannot take: say so), print
+    it and write ``lines`` to ``args.out``."""
+    try:
+        m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=repeat, device=dev)["x"])
+        lines.append(f"{cells} {1e3 * m:.3f} | {m / ref:.2f}x |")
+    except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
+        lines.append(f"{cells} failed: {str(e)[:60]} | - |")
+    print(lines[-1], flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
 def tune_size(
     side: int, args: argparse.Namespace, lines: list[str], hd: int = 64, device: str = "cuda", tokens: int = 65536
 ) -> None:
@@ -206,14 +220,7 @@ def tune_size(
         tb.TMA_READS.update(() if no_tma else {"fwd"})
         extra = (", float32 tiles" if f32 else "") + (", no TMA" if no_tma else "")
         config = f"{at}BM {bm} BN {bn} warps {w} stages {st}{extra}"
-        try:
-            m = statistics.median(alternate({"x": tri_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
-            lines.append(f"| {n} | fwd | {config} | {1e3 * m:.3f} | {m / ref['f']:.2f}x |")
-        except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
-            lines.append(f"| {n} | fwd | {config} | failed: {str(e)[:60]} | - |")
-        print(lines[-1], flush=True)
-        if args.out:
-            Path(args.out).write_text("\n".join(lines) + "\n")
+        _time_row(lines, args, dev, f"| {n} | fwd | {config} |", tri_f, ref["f"], repeat=5)
     _restore(defaults)  # (the backward's rows: the default forward)
     for blk, w, st, *wides in bwd_rows:
         tb._BWD_BLOCK[hd] = blk
@@ -233,15 +240,8 @@ def tune_size(
         settings = ((True, True), (True, False)) if outer else ((True, True), (False, True), (True, False))
         for grad_t, det in settings:  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
-            try:
-                fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
-                m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=3, device=dev)["x"])
-                lines.append(f"| {n} | {label} | {config} | {1e3 * m:.3f} | {m / ref['fb']:.2f}x |")
-            except Exception as e:  # noqa: BLE001
-                lines.append(f"| {n} | {label} | {config} | failed: {str(e)[:60]} | - |")
-            print(lines[-1], flush=True)
-            if args.out:
-                Path(args.out).write_text("\n".join(lines) + "\n")
+            fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
+            _time_row(lines, args, dev, f"| {n} | {label} | {config} |", fn, ref["fb"])
     _restore(defaults)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
@@ -281,15 +281,7 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
             config = f"{where}, " + (f"one-tile bwd warps {row[0]} stages {row[1]}" if row else "four bwd kernels")
             for grad_t in (True, False):
                 label = f"fwd+bwd{'' if grad_t else ' (no dT)'}"
-                try:
-                    fn = lambda g=grad_t: tri_fb(g)  # noqa: E731
-                    m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=3, device=dev)["x"])
-                    lines.append(f"| {n} | {label} | {config} | {1e3 * m:.3f} | {m / ref:.2f}x |")
-                except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
-                    lines.append(f"| {n} | {label} | {config} | failed: {str(e)[:60]} | - |")
-                print(lines[-1], flush=True)
-                if args.out:
-                    Path(args.out).write_text("\n".join(lines) + "\n")
+                _time_row(lines, args, dev, f"| {n} | {label} | {config} |", lambda g=grad_t: tri_fb(g), ref)
     finally:
         tb.LAUNCH.clear()
         tb.LAUNCH.update(defaults)

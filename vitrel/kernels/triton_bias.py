@@ -135,8 +135,10 @@ def _kernels():
 #: the one-tile backward (:data:`TILE_BWD`) where it sums the table's gradient over a share of the batch (8 warps, 2
 #: stages: no spills at head dims 16 and 32 under Triton 3.6 and 3.8, where 4 warps spill 16-152 bytes, and the next
 #: batch element's tiles loaded during this one's), ``tile_each`` where each program takes one batch element (4 warps,
-#: 1 stage: no spills at head dim 32, 0.70x the instructions per 64 x 64 scores of 8 warps); chosen from the code
-#: compiled for sm_90 (``bench/triton_resources.py``), untimed (``bench/triton_tune.py`` times the others)
+#: 1 stage: no spills at head dim 32, 0.70x the instructions per 64 x 64 scores of 8 warps); at head dim 64 both in 8
+#: warps and 1 stage (the others spill 40-264 bytes), at 128 (32-token tiles) both in 4 warps and 1 stage (0.8x the
+#: instructions per score of 8 warps, no spills); chosen from the code compiled for sm_90 under Triton 3.6 and 3.8
+#: (``bench/triton_resources.py``), untimed (``bench/triton_tune.py`` times the others at head dim 32)
 LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "fwd": {"num_warps": 4, "num_stages": 2},
     "bwd": {"num_warps": 4, "num_stages": 2},
@@ -148,6 +150,9 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     ("dq", 128): {"num_warps": 8, "num_stages": 2},
     "tile": {"num_warps": 8, "num_stages": 2},
     "tile_each": {"num_warps": 4, "num_stages": 1},
+    ("tile", 64): {"num_warps": 8, "num_stages": 1},
+    ("tile_each", 64): {"num_warps": 8, "num_stages": 1},
+    ("tile", 128): {"num_warps": 4, "num_stages": 1},
 }
 
 
@@ -765,7 +770,8 @@ def _tile_bwd_launch(
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dbt = torch.empty(n_split, h, 1, blk, blk, device=q.device, dtype=torch.float32) if grad_t else None
     qk_scale = scale * _kernels().LOG2E
-    opts = (options or LAUNCH["tile" if grad_t else "tile_each"]) if sms is not None else {}
+    key = "tile" if grad_t else "tile_each"
+    opts = (options or LAUNCH.get((key, block_d), LAUNCH[key])) if sms is not None else {}
     launch = Launch.make(
         "tile", (n_split, h),
         [q, k, v, t, m, _int_args(None, q), bt, out, do, lse, dq, dk, dv,

@@ -9,6 +9,8 @@ the forward's 2. The atomics' order changes from run to run, and so do the low b
 downstream of it): two runs are not bitwise equal. Where the ``dq`` kernel reduces the table's gradient (the bias
 gathered per score, token layouts) it still runs, and the backward is the deterministic one; so it is wherever
 :func:`torch.use_deterministic_algorithms` is set (PyTorch's rule: the deterministic algorithm where there is one).
+A call whose tokens fit one tile (Swin's windows: ``triton_bias.TILE_BWD``) runs the one-tile backward either way:
+5 products a tile and no atomics (a program owns its windows' rows).
 """
 
 from __future__ import annotations

@@ -643,26 +643,31 @@ def _masked_table_case(grid=(8, 8), prefix=1):
 
 
 @interpreted
+@pytest.mark.parametrize("grid", [(8, 8), (3, 5)])
 @pytest.mark.parametrize("skip", [False, True])
-def test_kernel_masked_table_entries(skip):
+def test_kernel_masked_table_entries(skip, grid):
     """``-inf`` table entries (LookHere's views) mask their pairs; whole tiles of them give no NaN; with the
-    visible-tile flags (``skip``) the kernels skip the tiles they mask whole and give the same."""
-    grid, prefix = (8, 8), 1
+    visible-tile flags (``skip``) the kernels skip the tiles they mask whole and give the same; the table's gradient
+    at its finite entries. 3 x 5 and a prefix token: one tile (the one-tile backward, which reads no flags: its tile
+    is visited whole, and its ``-inf`` entries mask their pairs)."""
+    prefix = 1
     q, k, v, table = _masked_table_case(grid, prefix)
-    leaves = [t.requires_grad_() for t in (q, k, v)]
+    leaves = [t.requires_grad_() for t in (q, k, v, table)]
     ref = reference(q, k, v, table, grid, prefix)
     go = torch.randn_like(ref)
     gref = torch.autograd.grad(ref, leaves, go)
     dev = "cpu"
-    qd, kd, vd = (t.detach().float().to(dev).requires_grad_() for t in (q, k, v))
+    qd, kd, vd, td = (t.detach().float().to(dev).requires_grad_() for t in (q, k, v, table))
     blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), prefix) if skip else None
-    if skip:
+    if skip and grid == (8, 8):
         assert 0 < int(blocks.sum()) < blocks.numel()  # some tiles are skipped
-    out = rel_bias_attention(qd, kd, vd, table.float(), grid, prefix, blocks=blocks)
-    g = torch.autograd.grad(out, (qd, kd, vd), go.float())
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, blocks=blocks)
+    g = torch.autograd.grad(out, (qd, kd, vd, td), go.float())
     torch.testing.assert_close(out.double(), ref.detach(), **_tol(dev))
-    for a, r in zip(g, gref):
+    for a, r in zip(g[:3], gref[:3]):
         torch.testing.assert_close(a.double(), r, **_tol(dev))
+    finite = torch.isfinite(table)
+    torch.testing.assert_close(g[3].double()[finite], gref[3][finite], **_tol(dev))
 
 
 @interpreted

@@ -647,24 +647,9 @@ def _bwd_launches(
     block_d, _, _, blk = _blocks(d, cuda)
     blk = tile or blk
     do = do if do.stride(-1) == 1 else do.contiguous()  # (read through its strides, as q, k, v)
-    if TILE_BWD and n <= blk and tokens is None:
-        one = _tile_bwd_launch(
-            do, q, k, v, table, mask, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad, sms, blk,
-            options,
-        )  # fmt: skip
-        if one is not None:
-            return one
-    rows = _kernels().STATS_ROWS.value  # the delta kernel's: one program a padded block of the buffer
-    delta = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)  # rowsum(o * do), FA-2's D
-    delta_launch = Launch.make(
-        "delta", (b * h, stats_len(n) // rows), [out, do, delta, *_strides(out, do), h, n],
-        dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 8} if cuda else {},
-    )  # fmt: skip
-    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     tok = _int_args(tokens, q)
-    visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed
     tab = None if table is None else t
     bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq")
     qk_scale = scale * _kernels().LOG2E
@@ -673,6 +658,19 @@ def _bwd_launches(
         return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype, scale)
 
     flags = consts(tiling)
+    grad_t = table_grad and table is not None
+    if TILE_BWD and n <= blk and tokens is None and (flags["TILED"] or not grad_t):
+        inputs = [q, k, v, t, m, tok, bt, out, do, lse, *_strides(q, k, v, out, do), stg, sth, smb, nmb]
+        sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, tiling[4]]
+        return _tile_bwd_launch(inputs, sizes, flags, grad_t, TilePatterns(*tiling), sms, blk, options)
+    rows = _kernels().STATS_ROWS.value  # the delta kernel's: one program a padded block of the buffer
+    delta = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)  # rowsum(o * do), FA-2's D
+    delta_launch = Launch.make(
+        "delta", (b * h, stats_len(n) // rows), [out, do, delta, *_strides(out, do), h, n],
+        dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 8} if cuda else {},
+    )  # fmt: skip
+    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
+    visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed
     opts = (options or LAUNCH.get(("bwd", block_d), LAUNCH["bwd"])) if cuda else {}
 
     def pick(kernel: str):
@@ -695,7 +693,6 @@ def _bwd_launches(
 
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale]
-    grad_t = table_grad and table is not None
     by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
     atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
     # dq: added into float32 by the dkdv kernel's atomics, or written by the dq kernel
@@ -749,39 +746,28 @@ TILE_BWD = True
 
 
 def _tile_bwd_launch(
-    do, q, k, v, table, mask, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, table_grad, sms, blk, options,
-) -> _Backward | None:  # fmt: skip
-    """The one-tile backward (:data:`TILE_BWD`) of a call of ``N <= blk`` tokens, or None where the table's gradient
-    would be gathered per score (the bias not read as tiles). Programs ``(share, head)``: one per batch element, or
-    where it sums the table's gradient, :func:`_n_split`'s shares (the sums' buffer, ``[n_split, heads, 1, blk,
-    blk]``, stays small)."""
-    b, h, n, d = q.shape
-    block_d = _blocks(d, sms is not None)[0]
-    t, stg, sth = _table_args(table, q)
-    m, smb, nmb, mask_kind = _mask_args(mask, q)
-    tab = None if table is None else t
-    bt, *tiling = _tile_args(tab, None, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq")
-    flags = _constexprs(d, block_d, table, mask_kind, causal, None, None, tiling, q.dtype, scale)
-    grad_t = table_grad and table is not None
-    if grad_t and not flags["TILED"]:
-        return None
-    pat = TilePatterns(*tiling)
+    inputs: list, sizes: list, flags: dict, grad_t: bool, pat: TilePatterns, sms: int | None, blk: int, options,
+) -> _Backward:  # fmt: skip
+    """The one-tile backward (:data:`TILE_BWD`) of a call of ``N <= blk`` tokens (``inputs``: q, k, v, the table, the
+    mask, the tokens' placeholder, the bias tiles, o, do, the log-sum-exp and their strides; ``sizes``; ``flags``,
+    :func:`_constexprs`'; ``grad_t``: the table's gradient, its bias read as tiles). Programs ``(share, head)``: one
+    per batch element, or where it sums the table's gradient, :func:`_n_split`'s shares (the sums' buffer,
+    ``[n_split, heads, 1, blk, blk]``, stays small)."""
+    q, k, v = inputs[:3]
+    b, h = q.shape[:2]
     n_split = _n_split(1, h, b, sms) if grad_t else b
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dbt = torch.empty(n_split, h, 1, blk, blk, device=q.device, dtype=torch.float32) if grad_t else None
-    qk_scale = scale * _kernels().LOG2E
-    key = "tile" if grad_t else "tile_each"
-    opts = (options or LAUNCH.get((key, block_d), LAUNCH[key])) if sms is not None else {}
+    kind = "tile" if grad_t else "tile_each"
+    opts = (options or LAUNCH.get((kind, flags["BLOCK_D"]), LAUNCH[kind])) if sms is not None else {}
+    names = ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PREC", "RAW")
     launch = Launch.make(
         "tile", (n_split, h),
-        [q, k, v, t, m, _int_args(None, q), bt, out, do, lse, dq, dk, dv,
-         dbt if grad_t else _placeholder(torch.float32, 1, q.device), *_strides(q, k, v, out, do), stg, sth, smb, nmb,
-         *_strides(dq, dk, dv), b, h, n, prefix, grid_h, grid_w, qk_scale, scale, pat.n_m, n_split],
-        {**{key: flags[key] for key in ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PREC", "RAW")},
-         "BM": blk, "TABLE_GRAD": grad_t}, opts,
+        [*inputs[:10], dq, dk, dv, dbt if grad_t else _placeholder(torch.float32, 1, q.device), *inputs[10:],
+         *_strides(dq, dk, dv), b, *sizes, n_split],
+        {**{name: flags[name] for name in names}, "BM": blk, "TABLE_GRAD": grad_t}, opts,
     )  # fmt: skip
-    empty = q.new_zeros(0, dtype=torch.float32)
-    return _Backward(None, None, None, None, (dq, dk, dv), empty, dbt, pat, blk, launch)
+    return _Backward(None, None, None, None, (dq, dk, dv), q.new_empty(0), dbt, pat, blk, launch)
 
 
 @torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)

@@ -731,7 +731,7 @@ def _dbias_ds(
 def _bwd_tile_kernel(
     Q, K, V, T, MASK, TOK, BT, O, DO, LSE, DQ, DK, DV, DBT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb,
-    n_mask_b, sab, sah, san, sgb, sgh, sgn, shb, shh, shn,
+    n_mask_b, sgb, sgh, sgn,
     B, H, N, P, GH, GW, qk_scale, sm_scale, n_m, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
@@ -746,7 +746,7 @@ def _bwd_tile_kernel(
     and 5 matrix products a tile, where the ``delta``, ``dkdv``, ``dq`` and ``dbias`` kernels take four launches, 9
     products and read q, k, v and ``do`` three times. The tile is transposed, keys by queries, as the ``dkdv``
     kernel's (``p^T`` and ``dS^T`` feed ``dv`` and ``dk`` as they stand; ``dq`` takes ``dS`` transposed, as the
-    ``dkdv`` kernel's atomic ``dq``)."""
+    ``dkdv`` kernel's atomic ``dq``). ``DQ``, ``DK``, ``DV``: one layout, strides ``sg*`` (one address a store)."""
     split = tl.program_id(0)
     h = tl.program_id(1)
     offs = tl.arange(0, BM)
@@ -758,8 +758,8 @@ def _bwd_tile_kernel(
     if HAS_TABLE and TILED:  # (the one tile pattern, exact: read as stored, queries by keys, once)
         bias = tl.trans(_pattern_tile(BT, h, 0, 1, BM, BM, False))
     acc = tl.zeros([BM, BM], tl.float32)  # keys by queries
-    at, lanes = offs[:, None], offs_d[None, :]
     for b in range(split, B, n_split):
+        at = b * sgb + h * sgh + offs[:, None] * sgn + offs_d[None, :]  # (dq, dk, dv: one layout)
         # each result stored as soon as it is made (fewer registers live at once: no spills at head dim 32, sm_90)
         do = _tile(DO, b, h, sdob, sdoh, sdon, rows, offs_d, dmask[None, :])
         o = _tile(O, b, h, sob, soh, son, rows, offs_d, dmask[None, :])
@@ -774,12 +774,13 @@ def _bwd_tile_kernel(
         )
         p = tl.math.exp2(_shift(s, lse[None, :], qk_scale, RAW))
         dv = tl.dot(p.to(do.dtype), do, input_precision=PREC)
-        tl.store(DV + b * shb + h * shh + at * shn + lanes, dv.to(DV.dtype.element_ty), store_mask)
+        tl.store(DV + at, dv.to(DV.dtype.element_ty), store_mask)
         ds = p * (tl.dot(v, tl.trans(do), input_precision=PREC) - delta[None, :])
-        dk = tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PREC)
-        tl.store(DK + b * sgb + h * sgh + at * sgn + lanes, (dk * sm_scale).to(DK.dtype.element_ty), store_mask)
-        dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC)
-        tl.store(DQ + b * sab + h * sah + at * san + lanes, (dq * sm_scale).to(DQ.dtype.element_ty), store_mask)
+        ds_in = ds.to(k.dtype)  # (dS^T in the inputs' type: dk's left operand, and transposed dq's)
+        dk = tl.dot(ds_in, tl.trans(qt), input_precision=PREC)
+        tl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), store_mask)
+        dq = tl.dot(tl.trans(ds_in), k, input_precision=PREC)
+        tl.store(DQ + at, (dq * sm_scale).to(DQ.dtype.element_ty), store_mask)
         if TABLE_GRAD:
             acc += ds
     if TABLE_GRAD:  # (its pairs with a prefix token too: the reduction takes the one exact tile's patch pairs only)

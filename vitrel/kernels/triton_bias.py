@@ -133,12 +133,13 @@ def _kernels():
 #: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90); ``("fwd", d)``, ``("dkdv", d)``, ``("dq", d)``: those
 #: kernels' options with their wide tiles only (:data:`_FWD_WIDE`, :data:`_DKDV_WIDE`, :data:`_DQ_WIDE`); ``tile``:
 #: the one-tile backward (:data:`TILE_BWD`) where it sums the table's gradient over a share of the batch (8 warps, 2
-#: stages: no spills at head dims 16 and 32 under Triton 3.6 and 3.8, where 4 warps spill 16-152 bytes, and the next
-#: batch element's tiles loaded during this one's), ``tile_each`` where each program takes one batch element (4 warps,
-#: 1 stage: no spills at head dim 32, 0.70x the instructions per 64 x 64 scores of 8 warps); at head dim 64 both in 8
-#: warps and 1 stage (the others spill 40-264 bytes), at 128 (32-token tiles) both in 4 warps and 1 stage (0.8x the
-#: instructions per score of 8 warps, no spills); chosen from the code compiled for sm_90 under Triton 3.6 and 3.8
-#: (``bench/triton_resources.py``), untimed (``bench/triton_tune.py`` times the others at head dim 32)
+#: stages: no spills at head dims 16 and 32 under Triton 3.6 and 3.8, where 4 warps spill up to 64 bytes under 3.6
+#: with Swin's region ids, and the next batch element's tiles loaded during this one's; at head dim 64 1 stage, where
+#: 4 warps spill 72-152 bytes), ``tile_each`` where each program takes one batch element (4 warps, 1 stage: no spills
+#: at head dims 16 to 64, 0.6-0.7x the instructions per 64 x 64 scores of 8 warps); at head dim 128 (32-token tiles)
+#: both in 4 warps and 1 stage (0.8x the instructions per score of 8 warps, no spills); chosen from the code compiled
+#: for sm_90 under Triton 3.6 and 3.8 (``bench/triton_resources.py``), untimed (``bench/triton_tune.py`` times the
+#: others at head dim 32)
 LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "fwd": {"num_warps": 4, "num_stages": 2},
     "bwd": {"num_warps": 4, "num_stages": 2},
@@ -151,7 +152,6 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "tile": {"num_warps": 8, "num_stages": 2},
     "tile_each": {"num_warps": 4, "num_stages": 1},
     ("tile", 64): {"num_warps": 8, "num_stages": 1},
-    ("tile_each", 64): {"num_warps": 8, "num_stages": 1},
     ("tile", 128): {"num_warps": 4, "num_stages": 1},
 }
 
@@ -756,6 +756,7 @@ def _tile_bwd_launch(
     q, k, v = inputs[:3]
     b, h = q.shape[:2]
     n_split = _n_split(1, h, b, sms) if grad_t else b
+    # (one shape, _op_args checked, so one contiguous layout: the kernel stores all three through dq's strides)
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
     dbt = torch.empty(n_split, h, 1, blk, blk, device=q.device, dtype=torch.float32) if grad_t else None
     kind = "tile" if grad_t else "tile_each"
@@ -764,7 +765,7 @@ def _tile_bwd_launch(
     launch = Launch.make(
         "tile", (n_split, h),
         [*inputs[:10], dq, dk, dv, dbt if grad_t else _placeholder(torch.float32, 1, q.device), *inputs[10:],
-         *_strides(dq, dk, dv), b, *sizes, n_split],
+         *_strides(dq), b, *sizes, n_split],
         {**{name: flags[name] for name in names}, "BM": blk, "TABLE_GRAD": grad_t}, opts,
     )  # fmt: skip
     return _Backward(None, None, None, None, (dq, dk, dv), q.new_empty(0), dbt, pat, blk, launch)

@@ -661,7 +661,7 @@ def _bwd_launches(
     grad_t = table_grad and table is not None
     if TILE_BWD and n <= blk and tokens is None and (flags["TILED"] or not grad_t):
         inputs = [q, k, v, t, m, tok, bt, out, do, lse, *_strides(q, k, v, out, do), stg, sth, smb, nmb]
-        sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale, tiling[4]]
+        sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale]
         return _tile_bwd_launch(inputs, sizes, flags, grad_t, TilePatterns(*tiling), sms, blk, options)
     rows = _kernels().STATS_ROWS.value  # the delta kernel's: one program a padded block of the buffer
     delta = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)  # rowsum(o * do), FA-2's D

@@ -272,7 +272,7 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
     where = f"{b} windows of {hd} x {hd}"
     ref = statistics.median(alternate({"x": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
     lines.append(f"| {n} | fwd+bwd | {where}, plain SDPA | {1e3 * ref:.3f} | 1.00x |")
-    defaults, one = tb.LAUNCH.copy(), tb.TILE_BWD
+    defaults, one = tuple(t.copy() for t in _TABLES), tb.TILE_BWD
     try:
         for row in WINDOWS:
             tb.TILE_BWD = row is not None
@@ -283,8 +283,7 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
                 label = f"fwd+bwd{'' if grad_t else ' (no dT)'}"
                 _time_row(lines, args, dev, f"| {n} | {label} | {config} |", lambda g=grad_t: tri_fb(g), ref)
     finally:
-        tb.LAUNCH.clear()
-        tb.LAUNCH.update(defaults)
+        _restore(defaults)
         tb.TILE_BWD = one
 
 

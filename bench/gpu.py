@@ -29,7 +29,10 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
 
 The sections run in the order of ``SECTIONS`` (their priority) within ``--budget`` seconds (default 480: one
 command of a 15-minute GPU loan); a section that would start with less than ``MIN_SECTION_S`` left is not run.
-6. **train**: the default recipe (``python train.py trainer=gpu``, 10 epochs) with the eager step and with the fast
+6. **profile**: ``bench/step_profile.py``: ViT-B/16 (``rel2d_factored``) and Swin-T training steps against timm's,
+   eager, under ``torch.profiler``: each step's wall time against the device's busy time, and the kernels' time by
+   category and by name, ours against timm's (where the step loses).
+7. **train**: the default recipe (``python train.py trainer=gpu``, 10 epochs) with the eager step and with the fast
    step (``conf/step/fast.yaml``): steps/s, the fit's wall time, test accuracy. Needs hydra-core (docs/gpu.md).
 """
 
@@ -308,11 +311,11 @@ def widened_backends(dev: torch.device) -> list[str]:
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
 #: in the order of their priority: ``--budget`` (the whole pass, default 8 minutes) cuts the pass where it runs out
-SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "train": 240,
-            "rotary": 100, "content": 120, "hazards": 90, "mfu": 120, "compile": 120}  # fmt: skip
+SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "profile": 120,
+            "train": 240, "rotary": 100, "content": 120, "hazards": 90, "mfu": 120, "compile": 120}  # fmt: skip
 #: the sections after the fused kernel's targets (issue 32's: attention, forward, models, vitb): ``bench/gpu_session.sh
 #: rest`` runs them with the launch configurations in the same command
-REST = ["train", "rotary", "content", "hazards", "mfu", "compile"]
+REST = ["profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
 #: the kernel section's pytest run (Triton compiles each variant on first use), inside the section's own limit
 KERNEL_TESTS_S = 110
 #: the least time worth starting a section with
@@ -389,6 +392,13 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
                               *extra, "--steps", "10", "--compile", "--attn-impl", "triton", "--pairs",
                               "vitb_rel2d_factored", "vitb_rel2d_full"])  # fmt: skip
         return ["## ViT-B/16 compiled against timm (attn_impl=triton)\n", f"`{c}`\n", text]
+    if name == "profile":  # where vitrel's training step loses to timm's, kernel by kernel (ViT-B/16, Swin-T; eager)
+        extra = ["--img-size", "32", "--batch-size", "2", "--steps", "1"] if args.quick else ["--batch-size", "128"]
+        impl = "triton" if dev.type == "cuda" else "sdpa"  # (triton on a CPU: only under Triton's interpreter)
+        pairs = ["--pairs", "vitb_rel2d_factored", "swin_rel2d_full"]
+        c, text = run_script(["bench/step_profile.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
+                              *extra, "--attn-impl", impl, *pairs])  # fmt: skip
+        return ["## Where the training step's time goes, kernel by kernel (bench/step_profile.py)\n", f"`{c}`\n", text]
     if name == "hazards":
         return ["## Hazards\n", *hazards(dev, args.quick)]
     if name == "mfu":

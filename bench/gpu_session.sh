@@ -4,7 +4,8 @@
 #   here:    bash bench/gpu_wheels.sh                          # -> .whl/ (carry it: carry [".whl"])
 #   on GPU:  bash bench/gpu_session.sh pass "$OUT"             # bench/gpu.py, every section (8 minutes)
 #   on GPU:  bash bench/gpu_session.sh tune "$OUT"             # bench/triton_tune.py: launch configurations, dq by
-#                                                              # atomics among them (at most 4 minutes)
+#                                                              # atomics among them (at most 200 s), then the
+#                                                              # steps' kernel profile (bench/gpu.py profile, 2 min)
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -19,7 +20,8 @@ export PYTHONPATH=/tmp/site:$PWD
 gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name().split()[1].lower())")
 case $part in
   pass) python3 bench/gpu.py --budget 470 --out "$out/gpu_$gpu.md" ;;
-  tune) timeout 240 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md" ;;
+  tune) timeout 200 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
+        python3 bench/gpu.py --sections profile --budget 120 --out "$out/gpu_${gpu}_profile.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;

@@ -203,3 +203,43 @@ def test_triton_tune_rows_run(monkeypatch):
     # plain SDPA, then each row with and without the table's gradient: the four kernels and the one-tile kernel's
     assert len(lines) == 1 + 2 * len(tune.WINDOWS) and not [x for x in lines if "failed" in x], lines
     assert sum("four bwd kernels" in x for x in lines) == 2 and sum("warps 4 stages 1" in x for x in lines) == 2
+
+
+def test_step_profile_tables_on_cpu():
+    """bench/step_profile.py, the code path of the GPU run's ``profile`` section on a CPU (ViT-S pair at 32 px):
+    each model's wall and busy time, the categories side by side summing to the busy time, ours' dearest
+    operators; and the GPU's kernel names in their categories (an FMHA kernel is SDPA's, not a matrix product)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "step_profile.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_step_profile", path)
+    sp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sp)
+    argv = ["--device", "cpu", "--img-size", "32", "--batch-size", "2", "--steps", "1", "--warmup", "0"]
+    lines = sp.main([*argv, "--pairs", "vit_rel2d_full", "--top", "3"])
+    assert lines[1].startswith("### vit_rel2d_full: vitrel_vit_small_patch16_224 + rel2d_full @auto against")
+    walls = [row for row in lines if row.startswith(("| ours |", "| timm |"))]
+    assert len(walls) == 2 and all(float(row.split("|")[2]) > 0 for row in walls)
+    first = lines.index("| category | ours ms / step | timm ms / step | ours - timm |") + 2
+    last = next(i for i, row in enumerate(lines) if row.startswith("| all |"))
+    cats = {row.split("|")[1].strip(): row.split("|")[2:5] for row in lines[first:last]}
+    total = lines[last].split("|")[2:5]
+    assert float(cats["matrix products"][0]) > 0 and float(cats["matrix products"][1]) > 0
+    for col in (0, 1):  # each model's categories sum to its busy time
+        assert abs(sum(float(v[col]) for v in cats.values()) - float(total[col])) <= 0.001 * (len(cats) + 1)
+    top = lines[lines.index("| operator (CPU: own time) | category | calls / step | ms / step | share |") + 2 :]
+    assert len([row for row in top if row.startswith("| `")]) == 3
+    assert sp.category("_bwd_dkdv_kernel") == sp.category("vitrel::rel_bias_attention") == "vitrel fused kernels"
+    assert sp.category("fmha_cutlassB_bf16_aligned_64x64_k64_sm80") == "SDPA (flash, cuDNN, efficient)"
+    flash = "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>"
+    assert sp.category(flash) == "SDPA (flash, cuDNN, efficient)"
+    assert sp.category("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_cublas") == "matrix products"
+    assert sp.category("nvjet_hsh_128x256_64x4_2x1_v_bz_coopB_NNT") == "matrix products"
+    assert sp.category("triton_poi_fused_add_native_layer_norm_0") == "inductor kernels"
+    assert sp.category("void at::native::vectorized_layer_norm_kernel<c10::BFloat16, float>") == (
+        "softmax, norms, reductions"
+    )
+    assert sp.category("Memcpy DtoD (Device -> Device)") == "copies, memsets, indexing"
+    assert sp.category("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
+    assert sp.category("some_kernel_of_no_kind") == "other"

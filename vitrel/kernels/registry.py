@@ -78,9 +78,17 @@ _TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb"
 #:   against 5.3x-5.5x; ``rel1d_bucket`` also at N = 1024 (2.49x against 4.84x). SDPA stayed faster at N = 1024 for
 #:   the 2-D tables (2.30x against 2.37x), at N = 196 for all, for ALiBi and LookHere (no table to train) at every
 #:   size, and forward-only (``rel2d_full`` at N = 4096: 2.12x against 3.17x), hence ``training``.
+#: * ``rel2d_factored`` trains fastest folded into the queries and keys (``fold``, :data:`_FOLD`) from N = 1024 on
+#:   both: H100 1.64x / 2.73x plain SDPA at N = 1024 / 4096, against SDPA's float mask 2.32x / 4.02x and ``triton``
+#:   2.39x / 3.18x; H200 (the baseline, ``gpu_h200_triton_v1.md``, ``attention_triton_v2_h200.md``) 1.58x-1.71x /
+#:   2.82x-2.85x against 2.22x-2.39x / 4.01x-4.08x. Its peak memory is 1.40x / 2.07x plain SDPA's (the float mask's
+#:   1.82x / 5.32x, ``triton``'s 1.07x). SDPA's mask stays at N = 196 (1.47x-1.57x against 1.53x-1.61x); the
+#:   forward alone was not timed with ``fold``.
+_FOLD = AutoRule(frozenset({"rel2d_factored"}), 1024, "fold", training=True)
 AUTO: dict[str, list[AutoRule]] = {
-    "H200": [AutoRule(frozenset({"rel1d_bucket"}), 4096, "triton")],
+    "H200": [_FOLD, AutoRule(frozenset({"rel1d_bucket"}), 4096, "triton")],
     "H100": [
+        _FOLD,
         AutoRule(frozenset({"rel1d_bucket"}), 1024, "triton", training=True),
         AutoRule(_TABLES, 4096, "triton", training=True),
     ],

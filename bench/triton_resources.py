@@ -128,6 +128,11 @@ CASES = [
     ("table, bias tiles, fwd 128 x 128, 8 warps", _layer,
      {"bias_read": "tiles", "fwd_tile": (128, 128), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
     ("table, bias tiles, dbias batch outer", _layer, {"bias_read": "tiles", "dbias_batch_outer": True}, ("dbias",)),
+    ("table, bias tiles, square dbias", _layer, {"bias_read": "tiles", "dbias_wide": False}, ("dbias",)),
+    ("ViT-B/16 (14 x 14, a class token, 12 heads), table, bias tiles", lambda: _layer(14, 12), {"bias_read": "tiles"},
+     None),
+    ("ViT-B/16, table, bias tiles, square dbias", lambda: _layer(14, 12), {"bias_read": "tiles", "dbias_wide": False},
+     ("dbias",)),
     ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "fwd_tma": False}, ("fwd",)),
     ("no table, fwd without TMA", lambda: {**_layer(), "table": None}, {"fwd_tma": False}, ("fwd",)),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
@@ -147,21 +152,25 @@ def _plan(call: dict, opts: dict) -> dict:
     """``triton_bias.plan`` of a case (``dbias_batch_outer``: with the ``dbias`` kernel's other loop order,
     ``triton_bias.DBIAS_BATCH_OUTER``; ``fwd_tma`` False: the forward's keys and values read by address,
     ``triton_bias.TMA_READS``; ``tile_bwd`` False: a call of one tile's backward as the four kernels,
-    ``triton_bias.TILE_BWD``; each set for the call only)."""
+    ``triton_bias.TILE_BWD``; ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``;
+    each set for the call only)."""
     opts = dict(opts)
-    saved = set(tb.DBIAS_BATCH_OUTER), set(tb.TMA_READS), tb.TILE_BWD
+    tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
+    saved, tile_bwd = tuple(t.copy() for t in tables), tb.TILE_BWD
     if opts.pop("dbias_batch_outer", False):
         tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
     if not opts.pop("fwd_tma", True):
         tb.TMA_READS.discard("fwd")
+    if not opts.pop("dbias_wide", True):
+        tb._DBIAS_WIDE.clear()
     tb.TILE_BWD = opts.pop("tile_bwd", tb.TILE_BWD)
     try:
         return tb.plan(**call, **opts)
     finally:
-        for table, before in zip((tb.DBIAS_BATCH_OUTER, tb.TMA_READS), saved):
+        for table, before in zip(tables, saved):
             table.clear()
             table.update(before)
-        tb.TILE_BWD = saved[2]
+        tb.TILE_BWD = tile_bwd
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:
@@ -329,7 +338,7 @@ def dbias_schedule(arch: int, sms: int = 132) -> list[str]:
         per_sm = min(65536 // regs, 233472 // max(1, res["shared"]), 32 // warps)
         n_split, heads, batch = a["n_split"], a["H"], a["B"]
         pat = tb.TilePatterns(a["n_kt"], a["n_pat"], a["d_min"], a["g_d"], a["n_m"], a["g_m"])
-        tiles = pat.tiles(a["N"], a["BM"], a["GW"], a["CAUSAL"])
+        tiles = pat.tiles(a["N"], a["BM"], a["BN"], a["GW"], a["CAUSAL"])
         share = [len(range(s, batch, n_split)) for s in range(n_split)]
         old = [int(tiles[p]) * share[s] for s in range(n_split) for _ in range(heads) for p in range(pat.n_pat)]
         order = tb.dbias_order(tiles, heads, n_split).long()

@@ -37,13 +37,15 @@ FWD = [
 ]  # fmt: skip
 #: (square tile, warps, stages) of the backward's dq and dbias kernels, the dkdv kernel's (BM, BN, warps, stages) and
 #: the dq kernel's, or None: the square tile too; and optionally "batch outer" (the dbias kernel's other loop order,
-#: triton_bias.DBIAS_BATCH_OUTER). The defaults first (dkdv 64 x 128 and dq 128 x 64 in 8 warps, chosen from the sm_90
-#: code, untimed), then the square dq, the square dkdv and both square (the H100 pass's shape)
+#: triton_bias.DBIAS_BATCH_OUTER) or "square dbias" (its square tile, not triton_bias._DBIAS_WIDE's 128 x 64 in 8
+#: warps, untimed). The defaults first (dkdv 64 x 128 and dq 128 x 64 in 8 warps, chosen from the sm_90 code, untimed),
+#: then the square dq, the square dkdv and both square (the H100 pass's shape)
 BWD = [
     (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2)), (64, 4, 3, (64, 128, 8, 2), None),
     (64, 4, 3, None, (128, 64, 8, 2)), (64, 4, 3, None, None), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 3)),
     (64, 4, 3, (64, 128, 8, 3), (128, 64, 8, 2)), (64, 4, 3, (32, 128, 8, 2), (128, 64, 8, 2)),
     (64, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
+    (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
 ]  # fmt: skip
 #: head dim 128 (3 heads, at the largest of --sides): its defaults (forward 128 x 64, dkdv 32 x 128 and dq 128 x 64,
 #: each in 8 warps, chosen from the sm_90 code, untimed) against the narrow tiles they replaced (forward 64 x 32, the
@@ -206,7 +208,7 @@ def tune_size(
         leaves = (q, k, v, table) if grad_t else (q, k, v)
         torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1, deterministic=det), leaves, go)
 
-    defaults = tuple(table.copy() for table in _TABLES)
+    defaults, dbias_wide = tuple(table.copy() for table in _TABLES), dict(tb._DBIAS_WIDE)
     t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
     ref = {kk: statistics.median(v) for kk, v in t.items()}
     lines.append(f"| {n} | fwd | {at}plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
@@ -225,9 +227,11 @@ def tune_size(
     for blk, w, st, *wides in bwd_rows:
         tb._BWD_BLOCK[hd] = blk
         tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", hd] = {"num_warps": w, "num_stages": st}
-        outer = wides[2:] == ["batch outer"]
+        outer, square = "batch outer" in wides[2:], "square dbias" in wides[2:]
         tb.DBIAS_BATCH_OUTER.clear()
         tb.DBIAS_BATCH_OUTER.update({hd} if outer else ())
+        tb._DBIAS_WIDE.clear()
+        tb._DBIAS_WIDE.update({} if square else dbias_wide)
         parts = []
         for name, wide, tiles in zip(("dkdv", "dq"), wides, (tb._DKDV_WIDE, tb._DQ_WIDE)):  # (not `table`: tri_fb's)
             tiles.pop(hd, None)
@@ -235,9 +239,9 @@ def tune_size(
                 tiles[hd] = wide[:2]
                 tb.LAUNCH[name, hd] = {"num_warps": wide[2], "num_stages": wide[3]}
             parts.append(f"{name} {wide[0]} x {wide[1]} warps {wide[2]} stages {wide[3]}" if wide else f"{name} square")
-        config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *(["dbias batch outer"] * outer)])
-        # (the dbias kernel's loop order: the rows with the table's gradient only)
-        settings = ((True, True), (True, False)) if outer else ((True, True), (False, True), (True, False))
+        config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *wides[2:]])
+        # (the dbias kernel's loop order and tile: the rows with the table's gradient only)
+        settings = ((True, True), (True, False)) if outer or square else ((True, True), (False, True), (True, False))
         for grad_t, det in settings:  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
@@ -289,8 +293,8 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
 
 #: the kernel's tiles and launch options, which the tuning sets and restores
 _TABLES = (
-    tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb.LAUNCH, tb.FLOAT32_TILES,
-    tb.DBIAS_BATCH_OUTER, tb.TMA_READS,
+    tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb._DBIAS_WIDE, tb.LAUNCH,
+    tb.FLOAT32_TILES, tb.DBIAS_BATCH_OUTER, tb.TMA_READS,
 )  # fmt: skip
 
 

@@ -290,26 +290,61 @@ def test_keeps_only_on_the_default_stream():
         assert not triton_bias._keeps(dev)
 
 
-@pytest.mark.parametrize(("side", "prefix", "blk", "causal"), [(8, 1, 16, False), (24, 1, 64, False), (5, 2, 16, True),
-                                                              (64, 1, 64, False), (1, 0, 16, True)])  # fmt: skip
-def test_dbias_programs_longest_first(side, prefix, blk, causal):
+@pytest.mark.parametrize(
+    ("grid", "prefix", "tm", "tw"),
+    [((4, 8), 1, 16, 16), ((5, 7), 0, 16, 16), ((4, 8), 1, 32, 16), ((5, 7), 0, 32, 16), ((14, 14), 1, 128, 64),
+     ((8, 8), 1, 32, 16), ((16, 16), 0, 64, 32), ((3, 5), 2, 32, 16)],
+)  # fmt: skip
+def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
+    """``table_grad_from_tiles`` of the per-pattern sums of a gradient ``G`` over ``[tm, tw]`` tiles (square, and
+    query tiles twice the key tiles: the ``dbias`` kernel's ``_DBIAS_WIDE``; patterns by ``(q0 - k0, q0 mod W)`` or
+    one per tile, ViT-B/16's 14 x 14 grid with a class token among them) is, at each table offset, the sum of ``G``
+    over the patch pairs at that offset: from the equation, in loops, float64."""
+    gh, gw = grid
+    n = prefix + gh * gw
+    pat = triton_bias.tile_patterns(gw, n, tm, tw)
+    g = torch.randn(2, n, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    want = torch.zeros(2, 2 * gh - 1, 2 * gw - 1, dtype=torch.float64)
+    for i in range(prefix, n):
+        for j in range(prefix, n):
+            pi, pj = i - prefix, j - prefix
+            want[:, pi // gw - pj // gw + gh - 1, pi % gw - pj % gw + gw - 1] += g[:, i, j]
+    tiles_q, tiles_k = -(-n // tm), -(-n // tw)
+    padded = torch.zeros(2, tiles_q * tm, tiles_k * tw, dtype=torch.float64)
+    padded[:, prefix:n, prefix:n] = g[:, prefix:, prefix:]  # (the kernel's sums: zero off the patch pairs)
+    dbt = torch.zeros(2, pat.n_pat, tm, tw, dtype=torch.float64)
+    for qb in range(tiles_q):
+        for kb in range(tiles_k):
+            tile = padded[:, qb * tm : (qb + 1) * tm, kb * tw : (kb + 1) * tw]
+            dbt[:, pat.index(qb * tm, kb * tw, tm, tw, gw)] += tile
+    torch.testing.assert_close(triton_bias.table_grad_from_tiles(dbt, pat, gh, gw, prefix), want)
+
+
+@pytest.mark.parametrize(
+    ("side", "prefix", "tm", "tw", "causal"),
+    [(8, 1, 16, 16, False), (24, 1, 64, 64, False), (5, 2, 16, 16, True), (64, 1, 64, 64, False),
+     (1, 0, 16, 16, True), (8, 1, 32, 16, False), (64, 1, 128, 64, False), (14, 1, 128, 64, False),
+     (5, 2, 32, 16, True), (1, 0, 32, 16, True), (16, 0, 64, 32, False)],
+)  # fmt: skip
+def test_dbias_programs_longest_first(side, prefix, tm, tw, causal):
     """Each ``dbias`` program's work (``TilePatterns.tiles``) counts the tiles of its pattern, from ``index`` over every
-    tile (causal: on or below the diagonal); the programs launch longest first, each ``(pattern, head, share)`` once;
-    both computed on the device they are for."""
+    ``[tm, tw]`` tile (square, and query tiles twice the key tiles: ``triton_bias._DBIAS_WIDE``; causal: those with a
+    pair on or below the diagonal); the programs launch longest first, each ``(pattern, head, share)`` once; both
+    computed on the device they are for."""
     grid_w = side if side > 1 else 70
     n = prefix + side * grid_w
-    pat = triton_bias.tile_patterns(grid_w, n, blk, blk)
-    nb = -(-n // blk)
-    pairs = [(qb, kb) for qb in range(nb) for kb in range(nb) if kb <= qb or not causal]
-    seen = [pat.index(qb * blk, kb * blk, blk, blk, grid_w) for qb, kb in pairs]
-    tiles = pat.tiles(n, blk, grid_w, causal)
+    pat = triton_bias.tile_patterns(grid_w, n, tm, tw)
+    tiles_q, tiles_k = -(-n // tm), -(-n // tw)
+    pairs = [(qb, kb) for qb in range(tiles_q) for kb in range(tiles_k) if kb * tw < (qb + 1) * tm or not causal]
+    seen = [pat.index(qb * tm, kb * tw, tm, tw, grid_w) for qb, kb in pairs]
+    tiles = pat.tiles(n, tm, tw, grid_w, causal)
     assert tiles.tolist() == torch.bincount(torch.tensor(seen), minlength=pat.n_pat).tolist()
     order = triton_bias.dbias_order(tiles, 3, 2).long()
     assert sorted(order.tolist()) == list(range(pat.n_pat * 3 * 2))
     work = tiles[order // 6]
     assert (work[:-1] >= work[1:]).all() and work[0] == tiles.max()
     # made on the inputs' device, not copied there (a copy from the host syncs, and a CUDA graph cannot capture it)
-    assert triton_bias.dbias_order(pat.tiles(n, blk, grid_w, causal, "meta"), 3, 2).device.type == "meta"
+    assert triton_bias.dbias_order(pat.tiles(n, tm, tw, grid_w, causal, "meta"), 3, 2).device.type == "meta"
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -338,7 +373,7 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     spills there); its backward 3 stages; head dim 32 (Swin's) 64 x 64 and 2 stages (as measured on an H100:
     ``bench/results/triton_tune_h100.md``); the ``dkdv`` kernel at head dim 64 its wide tile, 64 x 128 in 8 warps,
     where the forward takes its wide one (``triton_bias._DKDV_WIDE``), and the ``dq`` kernel its own, 128 x 64 in 8
-    warps (``triton_bias._DQ_WIDE``)."""
+    warps (``triton_bias._DQ_WIDE``), as the ``dbias`` kernel (``triton_bias._DBIAS_WIDE``)."""
 
     def launches(d=64, table=True, **kw):
         q = torch.zeros(2, 2, 65, d, dtype=torch.bfloat16)
@@ -352,7 +387,13 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     assert tile(bias_read="gather") == tile(mask=torch.zeros(1, 65, 65)) == tile(d=32) == (64, 64)
     tokens = torch.stack([torch.zeros(65), torch.arange(65) // 8 - 1, torch.arange(65) % 8, torch.zeros(65)])
     assert tile(tokens=tokens.int().expand(2, 4, 65).contiguous(), table=False) == (64, 64)
-    assert launches()["dbias"].options["num_stages"] == launches(bias_read="gather")["dq"].options["num_stages"] == 3
+    assert launches(bias_read="gather")["dq"].options["num_stages"] == 3
+    # dbias: the dq kernel's 128 x 64 tiles (one set of bias tiles for both) in 8 warps, 2 stages; square where masked
+    wide, masked = launches(), launches(mask=torch.zeros(1, 65, 65))
+    assert wide["dbias"].args["BT"] is wide["dq"].args["BT"] and wide["dbias"].options == wide["dq"].options
+    w, m = wide["dbias"], masked["dbias"]
+    assert (w.args["BM"], w.args["BN"], *w.args["DBT"].shape[-2:]) == (128, 64, 128, 64)
+    assert (m.args["BM"], m.args["BN"], m.options["num_stages"]) == (64, 64, 3)
     assert launches(d=32)["dkdv"].options == {"num_warps": 4, "num_stages": 2}
     # dkdv: 64 x 128 in 8 warps where the bias is read whole or there is none; square where gathered or masked
     calls = dict(
@@ -414,16 +455,19 @@ _NOT_SQUARE = [
 @interpreted
 @pytest.mark.parametrize(
     ("kernel", "grid", "prefix", "causal", "case"),
-    [("dkdv", *c) for c in _NOT_SQUARE] + [("dq", *c) for c in _NOT_SQUARE if c[-1] != "atomic"],
+    [("dkdv", *c) for c in _NOT_SQUARE]
+    + [("dq", *c) for c in _NOT_SQUARE if c[-1] != "atomic"]
+    + [("dbias", *c) for c in _NOT_SQUARE if c[-1] != "none"],
 )
 def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, case):
     """The ``dkdv`` kernel with a key block twice its query tiles (16 x 32 here, as the 64 x 128 of
-    ``triton_bias._DKDV_WIDE`` on a GPU), and the ``dq`` kernel with a query block twice its key tiles (32 x 16, as
-    ``_DQ_WIDE``'s 128 x 64; with ``dq`` by atomics there is no ``dq`` kernel); the other and ``dbias`` keep the square
-    tile, so two sets of bias tiles: its tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no
+    ``triton_bias._DKDV_WIDE`` on a GPU), the ``dq`` kernel with a query block twice its key tiles (32 x 16, as
+    ``_DQ_WIDE``'s 128 x 64; with ``dq`` by atomics there is no ``dq`` kernel), and the ``dbias`` kernel likewise
+    (as ``_DBIAS_WIDE``'s), summing the table's gradient per pattern of those tiles; the others keep the square tile,
+    so two sets of bias tiles: its tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no
     table; ``dq`` added by atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the
     tiles it skips)."""
-    tile = {"dkdv": (16, 32), "dq": (32, 16)}[kernel]
+    tile = {"dkdv": (16, 32), "dq": (32, 16), "dbias": (32, 16)}[kernel]
     monkeypatch.setattr(triton_bias, "_wide_tile", lambda name, block_d, cuda: tile if name == kernel else None)
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (41 tokens fit one tile of a GPU's backward)
     q = torch.zeros(1, 1, 41, 16)
@@ -445,7 +489,8 @@ def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, ca
     launch = triton_bias.plan(q.float(), q.float(), q.float(), table.float(), grid, prefix, blocks=blocks)[kernel]
     flags = triton_bias.tile_flags(blocks, *tile)  # (dkdv's rows: its key blocks, the flags' columns)
     lists = triton_bias.tile_lists(flags.mT if kernel == "dkdv" else flags)
-    assert 0 < int(flags.sum()) < flags.numel() and torch.equal(launch.args["BLK"], lists)
+    visits = flags.to(launch.args["BLK"].dtype) if kernel == "dbias" else lists  # (dbias reads a flag a tile)
+    assert 0 < int(flags.sum()) < flags.numel() and torch.equal(launch.args["BLK"], visits)
     qd, kd, vd, td = (t.detach().float().requires_grad_() for t in (q, k, v, table))
     out = rel_bias_attention(qd, kd, vd, td, grid, prefix, blocks=blocks)
     g = torch.autograd.grad(out, (qd, kd, vd, td), go.float())
@@ -464,12 +509,12 @@ def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, ca
 )  # fmt: skip
 def test_gpu_launch_configuration_in_the_interpreter(monkeypatch, grid, prefix, case):
     """The launches a GPU gets (head dim 64: the forward's 64 x 128 tiles, ``dkdv``'s 64 x 128, ``dq``'s 128 x 64
-    where its bias is read whole or there is none, ``dbias``'s 64 x 64 and ``dq``'s where it sums the gradient's
-    diagonals; head dim 128: the forward's 128 x 64, ``dkdv``'s 32 x 128, ``dq``'s 128 x 64, the square 32 x 32; their
-    bias tiles of those shapes, in the inputs' type) run through the interpreter equal the float64 reference, output
-    and gradients (the table's too): what the other tests check with the interpreter's 16-token tiles, here in the
-    shapes the H100 runs. Grids of several tiles a side, prefix tokens, fp16 tiles, causal, no table, ``dq`` by
-    atomics, the bias gathered per score, head dim 128."""
+    where its bias is read whole or there is none, ``dbias``'s too, and the square 64 x 64 where ``dq`` sums the
+    gradient's diagonals; head dim 128: the forward's 128 x 64, ``dkdv``'s 32 x 128, ``dq``'s 128 x 64, the square
+    32 x 32; their bias tiles of those shapes, in the inputs' type) run through the interpreter equal the float64
+    reference, output and gradients (the table's too): what the other tests check with the interpreter's 16-token
+    tiles, here in the shapes the H100 runs. Grids of several tiles a side, prefix tokens, fp16 tiles, causal, no
+    table, ``dq`` by atomics, the bias gathered per score, head dim 128."""
     real = triton_bias._blocks
     monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: real(d, True))
     wide = triton_bias._wide_tile
@@ -483,6 +528,8 @@ def test_gpu_launch_configuration_in_the_interpreter(monkeypatch, grid, prefix, 
     t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
     square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
     assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, True)
+    dbias = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="tiles")["dbias"].args
+    assert (dbias["BM"], dbias["BN"]) == ((sq, sq) if d == 128 else (128, 64))
     settings = dict(table_on=case != "none", causal=case == "causal", dtype=torch.float16 if case == "fp16" else None)
     _check("cpu", 1 if d == 128 else 2, 2, d, grid, prefix, **kw, **settings)
 

@@ -615,79 +615,82 @@ def _bwd_dbias_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, ORDER, DBT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     B, H, N, P, GH, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, BATCH_OUTER: tl.constexpr,
 ):
     """The gradient of the bias tiles (a full grid's, read as ``TILED``): program ``(pat, h, split)`` (read from
     ``ORDER``, the longest patterns first: :func:`vitrel.kernels.triton_bias.dbias_order`) sums ``dS`` over
-    the ``[BM, BM]`` tiles of pattern ``pat`` and its share of the batch (``b = split, split + n_split, ...``) in
+    the ``[BM, BN]`` tiles of pattern ``pat`` and its share of the batch (``b = split, split + n_split, ...``) in
     registers (zero at the pairs with a prefix token, which have no bias; at the other pairs that are not patch pairs
-    ``P = 0``), and writes the sum once, to ``DBT [n_split, H, n_pat, BM, BM]``.
-    The tiles of a pattern lie on one block diagonal ``qb - kb`` (``q0 mod GW`` in class ``pat mod n_m`` where
-    ``n_m > 0``; one tile per pattern else), and share one bias tile, loaded once. The loops: each tile of the
+    ``P = 0``), and writes the sum once, to ``DBT [n_split, H, n_pat, BM, BN]``.
+    The tiles of a pattern lie on one block diagonal, ``q0 - k0 = d_min + (pat / n_m) g_d`` (``q0 mod GW`` in class
+    ``pat mod n_m`` where ``n_m > 0``; one tile per pattern else; ``BN`` divides ``BM``, so every query tile's key
+    tile on the diagonal starts on a key tile), and share one bias tile, loaded once. The loops: each tile of the
     diagonal, then the share of the batch at that tile; or with ``BATCH_OUTER``, each batch element, then the
     diagonal's tiles (the q, k, v, ``do`` the programs read at once are of fewer batch elements: L2's working set).
     :func:`vitrel.kernels.triton_bias.table_grad_from_tiles` reduces the sums to the table's gradient. No atomics:
     deterministic."""
+    tl.static_assert(BM % BN == 0, "the dbias kernel's key tile must divide its query tile")
     which = tl.load(ORDER + tl.program_id(0))
     split = which % n_split
     h = (which // n_split) % H
     pat = which // (n_split * H)
     n_qt = tl.cdiv(N, BM)
     if n_m > 0:
-        diag = pat // n_m + d_min // BM  # qb - kb (d_min a multiple of BM = g_d)
+        delta = (pat // n_m) * g_d + d_min  # q0 - k0 (d_min and g_d multiples of BN)
         phase = pat % n_m
-        qb_lo = tl.maximum(diag, 0)
-        qb_hi = tl.minimum(n_qt, n_kt + diag)
+        qb_lo = tl.cdiv(tl.maximum(delta, 0), BM)  # (k0 >= 0)
+        qb_hi = tl.minimum(n_qt, ((n_kt - 1) * BN + delta) // BM + 1)  # (k0 <= the last key tile's start)
     else:
         qb_lo = pat // n_kt
         qb_hi = qb_lo + 1
-        diag = qb_lo - pat % n_kt
+        delta = qb_lo * BM - (pat % n_kt) * BN
         phase = 0
-    if CAUSAL:  # tiles above the diagonal hold no visible pair
-        qb_hi = tl.where(diag < 0, qb_lo, qb_hi)
-    offs = tl.arange(0, BM)
-    acc = tl.zeros([BM, BM], tl.float32)
+    if CAUSAL:  # tiles wholly above the diagonal (k0 >= q0 + BM) hold no visible pair
+        qb_hi = tl.where(delta <= -BM, qb_lo, qb_hi)
+    offs_m = tl.arange(0, BM)
+    offs_n = tl.arange(0, BN)
+    acc = tl.zeros([BM, BN], tl.float32)
     bias = 0.0
     if HAS_TABLE and TILED:
-        bias = _pattern_tile(BT, h, pat, n_pat, BM, BM, False)
+        bias = _pattern_tile(BT, h, pat, n_pat, BM, BN, False)
     if BATCH_OUTER:
         for b in range(split, B, n_split):
             for qb in range(qb_lo, qb_hi):
                 q0 = qb * BM
-                k0 = q0 - diag * BM
-                if _dbias_visits(TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m, BM, LAYOUT, HAS_BLOCKS):
+                k0 = q0 - delta
+                if _dbias_visits(TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m, BM, BN, LAYOUT, HAS_BLOCKS):
                     ds = _dbias_ds(
                         Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh,
                         sdon, stride_tg, stride_th, stride_mb, n_mask_b, b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0,
-                        bias, D, BLOCK_D, BM, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, RAW,
+                        bias, D, BLOCK_D, BM, BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, RAW,
                     )
                     if (q0 < P) | (k0 < P):  # the pairs with a prefix token have no bias
-                        ds = tl.where((q0 + offs >= P)[:, None] & (k0 + offs >= P)[None, :], ds, 0.0)
+                        ds = tl.where((q0 + offs_m >= P)[:, None] & (k0 + offs_n >= P)[None, :], ds, 0.0)
                     acc += ds
     else:
         for qb in range(qb_lo, qb_hi):
             q0 = qb * BM
-            k0 = q0 - diag * BM
-            if _dbias_visits(TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m, BM, LAYOUT, HAS_BLOCKS):
-                tile_acc = tl.zeros([BM, BM], tl.float32)
+            k0 = q0 - delta
+            if _dbias_visits(TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m, BM, BN, LAYOUT, HAS_BLOCKS):
+                tile_acc = tl.zeros([BM, BN], tl.float32)
                 for b in range(split, B, n_split):
                     tile_acc += _dbias_ds(
                         Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh,
                         sdon, stride_tg, stride_th, stride_mb, n_mask_b, b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0,
-                        bias, D, BLOCK_D, BM, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, RAW,
+                        bias, D, BLOCK_D, BM, BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, RAW,
                     )
                 # the pairs with a prefix token have no bias (off the other pairs of one image p = 0)
-                acc += tl.where((q0 + offs >= P)[:, None] & (k0 + offs >= P)[None, :], tile_acc, 0.0)
-    local = offs[:, None] * BM + offs[None, :]
-    tl.store(DBT + ((split * H + h) * n_pat + pat) * (BM * BM) + local, acc)
+                acc += tl.where((q0 + offs_m >= P)[:, None] & (k0 + offs_n >= P)[None, :], tile_acc, 0.0)
+    local = offs_m[:, None] * BN + offs_n[None, :]
+    tl.store(DBT + ((split * H + h) * n_pat + pat) * (BM * BN) + local, acc)
 
 
 @triton.jit
 def _dbias_visits(
-    TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m: tl.constexpr, BM: tl.constexpr, LAYOUT: tl.constexpr,
-    HAS_BLOCKS: tl.constexpr,
+    TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    LAYOUT: tl.constexpr, HAS_BLOCKS: tl.constexpr,
 ):
     """Whether the ``dbias`` kernel sums the tile of queries from ``q0`` and keys from ``k0`` of its diagonal: in
     its pattern's class of ``q0 mod GW`` (``n_m > 1``: with one class or one tile a pattern, every tile of the
@@ -696,7 +699,7 @@ def _dbias_visits(
     if n_m > 1:  # (the remainder only where there are classes: about 20 instructions)
         ok = (q0 % GW) // g_m == phase
     if LAYOUT or HAS_BLOCKS:
-        ok = ok & _visits(TOK, BLK, 0, h, k0 + tl.arange(0, BM), 0, 0, q0, k0, N, BM, BM, LAYOUT, HAS_BLOCKS)
+        ok = ok & _visits(TOK, BLK, 0, h, k0 + tl.arange(0, BN), 0, 0, q0, k0, N, BM, BN, LAYOUT, HAS_BLOCKS)
     return ok
 
 
@@ -704,13 +707,14 @@ def _dbias_visits(
 def _dbias_ds(
     Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon,
     stride_tg, stride_th, stride_mb, n_mask_b, b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0, bias,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr,
-    CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr, TILED: tl.constexpr, RAW: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_TABLE: tl.constexpr,
+    MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr, TILED: tl.constexpr,
+    RAW: tl.constexpr,
 ):
     """``dS = p (dp - D)`` of batch ``b``'s tile of queries from ``q0`` and keys from ``k0`` (the ``dbias``
     kernel's)."""
     offs_m = q0 + tl.arange(0, BM)
-    offs_n = k0 + tl.arange(0, BM)
+    offs_n = k0 + tl.arange(0, BN)
     offs_d = tl.arange(0, BLOCK_D)
     rows = _rows(offs_m, N)
     dmask = (offs_d < D)[None, :]
@@ -720,7 +724,7 @@ def _dbias_ds(
     k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
     s, _ = _logits(
         q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
-        bias, n_m, q0, k0, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, BM, BM, RAW=RAW,
+        bias, n_m, q0, k0, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, BM, BN, RAW=RAW,
     )
     p = tl.math.exp2(_shift(s, lse[:, None], qk_scale, RAW))
     dp = tl.dot(do, tl.trans(v), input_precision=PREC)

@@ -91,6 +91,11 @@ _DKDV_WIDE: dict[int, tuple[int, int]] = {64: (64, 128), 128: (32, 128)}
 #: no spills. Head dim 128: 128 x 64 in 8 warps too (Triton 3.6: 423 against the square 32 x 32 tile's 1,028 with a
 #: table; no spills), from the compiled code
 _DQ_WIDE: dict[int, tuple[int, int]] = {64: (128, 64), 128: (128, 64)}
+#: the ``dbias`` kernel's ``(BM, BN)`` by head dim, where its bias is read whole (the ``dq`` kernel's wide tile, so
+#: one set of bias tiles serves both), with :data:`LAUNCH`'s ``("dbias", head dim)`` options; elsewhere the backward's
+#: square tile. Each ``dS`` it sums costs the reads of its q, ``do``, k and v rows: 6 bytes a score at 128 x 64 against
+#: 8 at 64 x 64 (its products are the same per score)
+_DBIAS_WIDE: dict[int, tuple[int, int]] = {64: (128, 64)}
 
 
 def interpreter_on() -> bool:
@@ -149,6 +154,7 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     ("fwd", 128): {"num_warps": 8, "num_stages": 2},
     ("dkdv", 128): {"num_warps": 8, "num_stages": 2},
     ("dq", 128): {"num_warps": 8, "num_stages": 2},
+    ("dbias", 64): {"num_warps": 8, "num_stages": 2},
     "tile": {"num_warps": 8, "num_stages": 2},
     "tile_each": {"num_warps": 4, "num_stages": 1},
     ("tile", 64): {"num_warps": 8, "num_stages": 1},
@@ -158,8 +164,9 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
 
 def _wide_tile(kernel: str, block_d: int, cuda: bool) -> tuple[int, int] | None:
     """The wide tile of ``kernel`` (``fwd``: :data:`_FWD_WIDE`, ``dkdv``: :data:`_DKDV_WIDE`, ``dq``:
-    :data:`_DQ_WIDE`) at head dim ``block_d`` on CUDA; None in the interpreter."""
-    return {"fwd": _FWD_WIDE, "dkdv": _DKDV_WIDE, "dq": _DQ_WIDE}[kernel].get(block_d) if cuda else None
+    :data:`_DQ_WIDE`, ``dbias``: :data:`_DBIAS_WIDE`) at head dim ``block_d`` on CUDA; None in the interpreter."""
+    wide = {"fwd": _FWD_WIDE, "dkdv": _DKDV_WIDE, "dq": _DQ_WIDE, "dbias": _DBIAS_WIDE}
+    return wide[kernel].get(block_d) if cuda else None
 
 
 def _blocks(d: int, cuda: bool) -> tuple[int, int, int, int]:
@@ -261,20 +268,21 @@ class TilePatterns(NamedTuple):
             return (q0 - k0 - self.d_min) // self.g_d * self.n_m + (q0 % grid_w) // self.g_m
         return q0 // tm * self.n_kt + k0 // tw
 
-    def tiles(self, n: int, blk: int, grid_w: int, causal: bool = False, device=None) -> Tensor:
-        """``[n_pat]``: how many of the ``[blk, blk]`` tiles of ``n`` tokens are of each pattern, as the ``dbias``
-        kernel's loop visits them (a block diagonal, the tiles of its phase; with ``causal``, none above the
+    def tiles(self, n: int, tm: int, tw: int, grid_w: int, causal: bool = False, device=None) -> Tensor:
+        """``[n_pat]``: how many of the ``[tm, tw]`` tiles of ``n`` tokens are of each pattern, as the ``dbias``
+        kernel's loop visits them (a block diagonal, the tiles of its phase; with ``causal``, none wholly above the
         diagonal): each ``dbias`` program's work. Computed on ``device`` (no copy to it, no host sync: a CUDA graph
         captures it)."""
-        n_qt, pat = triton_cdiv(n, blk), torch.arange(self.n_pat, device=device)
+        n_qt, pat = triton_cdiv(n, tm), torch.arange(self.n_pat, device=device)
         if self.n_m == 0:
-            return (pat // self.n_kt >= pat % self.n_kt).long() if causal else torch.ones_like(pat)
+            return (pat // self.n_kt * tm + tm > pat % self.n_kt * tw).long() if causal else torch.ones_like(pat)
         pat, qb = pat[:, None], torch.arange(n_qt, device=device)[None, :]
-        diag = pat // self.n_m + self.d_min // blk
-        on = (qb >= diag.clamp(min=0)) & (qb < (self.n_kt + diag).clamp(max=n_qt))
-        on &= (qb * blk % grid_w) // self.g_m == pat % self.n_m
+        delta = pat // self.n_m * self.g_d + self.d_min  # q0 - k0
+        k0 = qb * tm - delta
+        on = (k0 >= 0) & (k0 <= (self.n_kt - 1) * tw)
+        on &= (qb * tm % grid_w) // self.g_m == pat % self.n_m
         if causal:
-            on &= diag >= 0
+            on &= delta > -tm
         return on.sum(1)
 
 
@@ -611,9 +619,11 @@ def dbias_order(tiles: Tensor, heads: int, n_split: int) -> Tensor:
 
 
 @_per_device(maxsize=64)
-def _dbias_order(pat: TilePatterns, n: int, blk: int, grid_w: int, causal: bool, heads: int, n_split: int, device):
+def _dbias_order(
+    pat: TilePatterns, n: int, tm: int, tw: int, grid_w: int, causal: bool, heads: int, n_split: int, device
+) -> Tensor:
     """:func:`dbias_order` of a call's patterns, made once per shape and device (integers only)."""
-    return dbias_order(pat.tiles(n, blk, grid_w, causal, device), heads, n_split)
+    return dbias_order(pat.tiles(n, tm, tw, grid_w, causal, device), heads, n_split)
 
 
 class _Backward(NamedTuple):
@@ -673,14 +683,19 @@ def _bwd_launches(
     visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed
     opts = (options or LAUNCH.get(("bwd", block_d), LAUNCH["bwd"])) if cuda else {}
 
+    made: dict = {}  # (tile, tiles' dtype) -> _pick_tile's: the dq and dbias kernels' wide tiles are one set
+
     def pick(kernel: str):
         """``(BM, BN, bias tiles, tiling, visible-tile flags, launch options)`` of ``kernel`` (``dkdv``: keys held
-        ``BN``, queries streamed ``BM``; ``dq``: queries held ``BM``): its wide tile where its bias is read whole or
-        there is none, else the square one."""
+        ``BN``, queries streamed ``BM``; ``dq`` and ``dbias``: queries held ``BM``): its wide tile where its bias is
+        read whole or there is none, else the square one."""
         wide = _wide_tile(kernel, block_d, cuda) if tile is None and tokens is None and mask_kind == 0 else None
         if wide is None:
             return blk, blk, bt, tiling, visible, opts
-        tm, tw, bias, til = _pick_tile([wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, kernel)
+        key = (wide, tile_dtype(q.dtype, kernel))
+        if key not in made:
+            made[key] = _pick_tile([wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, kernel)
+        tm, tw, bias, til = made[key]
         if (tm, tw) == (blk, blk):
             return blk, blk, bias, til, visible, opts
         return tm, tw, bias, til, tile_flags(blocks, tm, tw, causal), options or LAUNCH.get((kernel, block_d)) or opts
@@ -724,17 +739,19 @@ def _bwd_launches(
         dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=diagonals), opts_q,
     )  # fmt: skip
     dbias = dbt = None
+    tiling_t = tiling
     if by_tiles:
-        n_pat = tiling[1]
+        tm, tw, bt_t, tiling_t, t_visible, opts_t = pick("dbias")
+        n_pat = tiling_t[1]
         split_t = _n_split(n_pat, h, b, sms)
-        dbt = torch.empty(split_t, h, n_pat, blk, blk, device=q.device, dtype=torch.float32)  # each program writes
-        order = _dbias_order(TilePatterns(*tiling), n, blk, grid_w, causal, h, split_t, q.device)
-        sizes_t = [*sizes[:6], *tiling, split_t]
+        dbt = torch.empty(split_t, h, n_pat, tm, tw, device=q.device, dtype=torch.float32)  # each program writes
+        order = _dbias_order(TilePatterns(*tiling_t), n, tm, tw, grid_w, causal, h, split_t, q.device)
+        sizes_t = [*sizes[:6], *tiling_t, split_t]
         dbias = Launch.make(
-            "dbias", (n_pat * h * split_t,), [*inputs(visible), order, dbt, *common, b, *sizes_t],
-            dict(**flags, BM=blk, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts,
+            "dbias", (n_pat * h * split_t,), [*inputs(t_visible, bt_t), order, dbt, *common, b, *sizes_t],
+            dict(**consts(tiling_t), BM=tm, BN=tw, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts_t,
         )  # fmt: skip
-    return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling), blk)
+    return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling_t), blk)
 
 
 #: the backward of a call whose tokens fit one square tile of the backward (``N <= 64`` at head dims up to 64 on a GPU,
@@ -824,38 +841,44 @@ def table_grad_from_slots(slots: Tensor, grid_h: int, grid_w: int, blk: int) -> 
 
     Slot ``(qb, kb, case, e)`` holds the sum of ``dS`` over the tile's pairs with
     ``i - j = (qb - kb) blk + e - blk + 1`` (``case`` 0: ``dw >= 0``, 1: ``dw < 0``). Summed over the batch shares
-    and over the tiles of one block diagonal ``qb - kb`` (:func:`_table_from_diagonals`). Plain tensor sums in a fixed
-    order: deterministic."""
-    s = slots.sum(0)  # [heads, n_qb, n_kb, 2, E]
+    and over the tiles of one block diagonal ``qb - kb`` (:func:`_per_diagonal`), then laid out by offset
+    (:func:`_table_from_diagonals`). Plain tensor sums in a fixed order: deterministic."""
+    d_min = -(slots.shape[3] - 1) * blk
+    return _table_from_diagonals(_per_diagonal(slots.sum(0), blk, blk), grid_h, grid_w, blk, d_min, blk)
+
+
+def _per_diagonal(s: Tensor, tm: int, tw: int) -> Tensor:
+    """``[heads, n_diag, 2, L]``: the sums ``s [heads, n_qb, n_kb, 2, L]`` of each ``[tm, tw]`` tile summed over the
+    tiles of each block diagonal ``q0 - k0 = qb tm - kb tw`` (``tw`` divides ``tm``), from ``-(n_kb - 1) tw`` in
+    steps of ``tw`` (:func:`_block_diagonals`)."""
     n_qb, n_kb = s.shape[1:3]
-    qb, kb, inside = _block_diagonals(n_qb, n_kb, s.device)
-    per_diag = s[:, qb, kb]  # [heads, n_qb, n_diag, 2, E]
-    return _table_from_diagonals((per_diag * inside).sum(1), grid_h, grid_w, blk, n_kb)
+    qb, kb, inside = _block_diagonals(n_qb, n_kb, tm // tw, s.device)
+    return (s[:, qb, kb] * inside).sum(1)
 
 
 @_per_device(maxsize=32)
-def _block_diagonals(n_qb: int, n_kb: int, device) -> tuple[Tensor, Tensor, Tensor]:
-    """``(qb [n_qb, 1], kb [n_qb, n_diag], inside [n_qb, n_diag, 1, 1])`` of :func:`table_grad_from_slots`: the key
-    block of each query block on each block diagonal ``qb - kb`` from ``-(n_kb - 1)`` (clamped), and whether it
-    exists. Made once per shape and device (integers only)."""
+def _block_diagonals(n_qb: int, n_kb: int, ratio: int, device) -> tuple[Tensor, Tensor, Tensor]:
+    """``(qb [n_qb, 1], kb [n_qb, n_diag], inside [n_qb, n_diag, 1, 1])`` of :func:`_per_diagonal`: the key tile of
+    each query tile (``ratio`` key tiles tall) on each block diagonal ``t``, ``q0 - k0 = (t - n_kb + 1) tw``
+    (clamped), and whether it exists. Made once per shape and device (integers only)."""
     qb = torch.arange(n_qb, device=device)[:, None]
-    kb = qb - torch.arange(-(n_kb - 1), n_qb, device=device)[None, :]
+    kb = ratio * qb - torch.arange(-(n_kb - 1), ratio * (n_qb - 1) + 1, device=device)[None, :]
     inside = (kb >= 0) & (kb < n_kb)
     return qb, kb.clamp(0, n_kb - 1), inside[:, :, None, None].float()
 
 
-def _table_from_diagonals(per_diag: Tensor, grid_h: int, grid_w: int, blk: int, n_kb: int) -> Tensor:
-    """``dT`` from the sums of ``dS`` per block diagonal ``qb - kb`` (from ``-(n_kb - 1)``), case and ``e``
-    (``[heads, n_diag, 2, 2 blk]``, ``i - j = (qb - kb) blk + e - blk + 1``): each diagonal's ``2 blk`` sums laid at
-    its offset (two halves overlapping the next diagonal's), giving ``G[case, i - j]``;
-    ``dT[dh, dw] = G[dw < 0, dh GW + dw]``."""
-    heads, n_diag = per_diag.shape[:2]
-    lo, hi = per_diag[..., :blk], per_diag[..., blk:]
-    ext = per_diag.new_zeros(heads, n_diag + 1, 2, blk)
-    ext[:, :-1] += lo
-    ext[:, 1:] += hi
-    ext = ext.permute(0, 2, 1, 3).reshape(heads, 2, (n_diag + 1) * blk)  # index y = diag' blk + e
-    case, y = _offset_slots(grid_h, grid_w, n_kb * blk - 1, per_diag.device)
+def _table_from_diagonals(per_diag: Tensor, grid_h: int, grid_w: int, step: int, d_min: int, tw: int) -> Tensor:
+    """``dT`` from the sums of ``dS`` per block diagonal ``q0 - k0 = d_min + t step`` (``t`` from 0) of ``[tm, tw]``
+    tiles, case and ``e`` (``[heads, n_diag, 2, L]``, ``L = tm + tw`` a multiple of ``step``; ``e = i - j + tw - 1``
+    within a tile, as :func:`_diagonal_sums` makes them): each diagonal's ``L`` sums laid at its offset (``L / step``
+    chunks, overlapping the next diagonals'), giving ``G[case, i - j]``; ``dT[dh, dw] = G[dw < 0, dh GW + dw]``."""
+    heads, n_diag, _, length = per_diag.shape
+    chunks = length // step
+    ext = per_diag.new_zeros(heads, n_diag + chunks - 1, 2, step)
+    for c in range(chunks):
+        ext[:, c : c + n_diag] += per_diag[..., c * step : (c + 1) * step]
+    ext = ext.permute(0, 2, 1, 3).reshape(heads, 2, (n_diag + chunks - 1) * step)  # index y = t step + e
+    case, y = _offset_slots(grid_h, grid_w, tw - 1 - d_min, per_diag.device)
     return ext[:, case, y]
 
 
@@ -870,35 +893,37 @@ def _offset_slots(grid_h: int, grid_w: int, shift: int, device) -> tuple[Tensor,
 
 
 def _diagonal_sums(a: Tensor) -> Tensor:
-    """``[..., 2 M]``: the sums of ``a [..., M, M]`` along its diagonals, ``e = i - j + M - 1`` (the last 0), by the
-    skew of the founding notes (flip the columns, pad each row by ``M``, read the rows ``2 M - 1`` long: a diagonal
-    becomes a column)."""
-    m = a.shape[-1]
-    rows = torch.nn.functional.pad(a.flip(-1), (0, m)).flatten(-2)[..., : m * (2 * m - 1)]
-    return torch.nn.functional.pad(rows.unflatten(-1, (m, 2 * m - 1)).sum(-2), (0, 1))
+    """``[..., M + W]``: the sums of ``a [..., M, W]`` along its diagonals, ``e = i - j + W - 1`` (the last 0), by the
+    skew of the founding notes (flip the columns, pad each row by ``M``, read the rows ``M + W - 1`` long: a
+    diagonal becomes a column)."""
+    m, w = a.shape[-2:]
+    rows = torch.nn.functional.pad(a.flip(-1), (0, m)).flatten(-2)[..., : m * (m + w - 1)]
+    return torch.nn.functional.pad(rows.unflatten(-1, (m, m + w - 1)).sum(-2), (0, 1))
 
 
 def table_grad_from_tiles(dbt: Tensor, pat: TilePatterns, grid_h: int, grid_w: int, prefix: int) -> Tensor:
-    """``dT [heads, 2 GH - 1, 2 GW - 1]`` from the gradient of the bias tiles ``dbt [heads, n_pat, blk, blk]`` (the
-    ``dbias`` kernel's sums of ``dS`` per pattern, zero off the patch pairs): the adjoint of :func:`bias_tiles`. Each
-    tile's ``dS`` is split by the case of its pairs (``c_i >= c_j`` or not, as the pattern's tokens say) and summed
-    along its diagonals (:func:`_diagonal_sums`); the patterns of one block diagonal summed, then laid out as the
-    ``dq`` kernel's diagonal sums are (:func:`_table_from_diagonals`). Plain tensor sums: deterministic."""
-    heads, _, blk, _ = dbt.shape
-    cases = _tile_cases(pat, blk, prefix, grid_h, grid_w, dbt.device)
-    sums = _diagonal_sums(dbt[:, :, None] * cases)  # [heads, n_pat, 2, 2 blk]
+    """``dT [heads, 2 GH - 1, 2 GW - 1]`` from the gradient of the bias tiles ``dbt [heads, n_pat, tm, tw]`` (the
+    ``dbias`` kernel's sums of ``dS`` per pattern, zero off the patch pairs; ``tw`` divides ``tm``): the adjoint of
+    :func:`bias_tiles`. Each tile's ``dS`` is split by the case of its pairs (``c_i >= c_j`` or not, as the
+    pattern's tokens say) and summed along its diagonals (:func:`_diagonal_sums`); the patterns of one block diagonal
+    summed, then laid out by offset (:func:`_table_from_diagonals`). Plain tensor sums: deterministic."""
+    heads, _, tm, tw = dbt.shape
+    cases = _tile_cases(pat, tm, tw, prefix, grid_h, grid_w, dbt.device)
+    sums = _diagonal_sums(dbt[:, :, None] * cases)  # [heads, n_pat, 2, tm + tw]
     if pat.n_m > 0:  # pattern = diagonal * n_m + phase
-        return _table_from_diagonals(sums.unflatten(1, (-1, pat.n_m)).sum(2), grid_h, grid_w, blk, pat.n_kt)
-    return table_grad_from_slots(sums.unflatten(1, (-1, pat.n_kt))[None], grid_h, grid_w, blk)
+        per_diag = sums.unflatten(1, (-1, pat.n_m)).sum(2)
+        return _table_from_diagonals(per_diag, grid_h, grid_w, pat.g_d, pat.d_min, tw)
+    per_diag = _per_diagonal(sums.unflatten(1, (-1, pat.n_kt)), tm, tw)
+    return _table_from_diagonals(per_diag, grid_h, grid_w, tw, -(pat.n_kt - 1) * tw, tw)
 
 
 @_per_device(maxsize=16)
-def _tile_cases(pat: TilePatterns, blk: int, prefix: int, grid_h: int, grid_w: int, device) -> Tensor:
-    """``[n_pat, 2, blk, blk]``: which pairs of each pattern's tile are of case 0 (``c_i >= c_j``) and which of
+def _tile_cases(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device) -> Tensor:
+    """``[n_pat, 2, tm, tw]``: which pairs of each pattern's tile are of case 0 (``c_i >= c_j``) and which of
     case 1, for :func:`table_grad_from_tiles`; where each pattern is one exact tile (read with no mask, so its pairs
     with a prefix token hold ``dS`` too), only its patch pairs. Made once per shape and device (integers only)."""
-    pq, pk = _pattern_tokens(pat, blk, blk, prefix, device)
-    right = pq.remainder(grid_w)[:, :, None] >= pk.remainder(grid_w)[:, None, :]  # [n_pat, blk, blk]: dw >= 0
+    pq, pk = _pattern_tokens(pat, tm, tw, prefix, device)
+    right = pq.remainder(grid_w)[:, :, None] >= pk.remainder(grid_w)[:, None, :]  # [n_pat, tm, tw]: dw >= 0
     cases = torch.stack([right, ~right], 1)
     if pat.n_m == 0:
         cases = cases & _pattern_pairs(pq, pk, grid_h * grid_w)[:, None]

@@ -239,7 +239,8 @@ def tune_size(
                 tiles[hd] = wide[:2]
                 tb.LAUNCH[name, hd] = {"num_warps": wide[2], "num_stages": wide[3]}
             parts.append(f"{name} {wide[0]} x {wide[1]} warps {wide[2]} stages {wide[3]}" if wide else f"{name} square")
-        config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *wides[2:]])
+        flags = ["dbias batch outer"] * outer + ["square dbias"] * square
+        config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *flags])
         # (the dbias kernel's loop order and tile: the rows with the table's gradient only)
         settings = ((True, True), (True, False)) if outer or square else ((True, True), (False, True), (True, False))
         for grad_t, det in settings:  # (last: dq by atomics, triton_atomic's)

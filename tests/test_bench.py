@@ -173,7 +173,8 @@ def test_triton_tune_kernel_launches_run_alone():
 def test_triton_tune_rows_run(monkeypatch):
     """bench/triton_tune.py's rows (what a GPU session times) run through the interpreter, each call once: a forward
     row and a backward row (with the table's gradient, without, ``dq`` by atomics) at head dim 64 and 128, and the
-    ``dbias`` kernel's other loop order's row and the forward's row without tensor descriptors, none failed. (It
+    ``dbias`` kernel's other loop order's row, its square tile's and the forward's row without tensor descriptors,
+    none failed. (It
     caught the backward rows' loop variable shadowing the table every row differentiates.)"""
     import argparse
     import importlib.util
@@ -186,17 +187,20 @@ def test_triton_tune_rows_run(monkeypatch):
     monkeypatch.setattr(tune, "alternate", lambda fns, *a, **kw: {k: [(f(), 1.0)[1]] for k, f in fns.items()})
     outer = {d: [r for r in b if r[-1] == "batch outer"] for d, (_, b) in tune.CONFIGS.items()}
     no_tma = {d: [r for r in f if r[-1] == "no TMA"] for d, (f, _) in tune.CONFIGS.items()}
-    # (a row with the dbias kernel's other loop order, one with the forward's keys and values read by address)
-    assert all(len(rows) == 1 for rows in (*outer.values(), *no_tma.values()))
-    rows = {d: (f[:1] + no_tma[d], b[:1] + outer[d]) for d, (f, b) in tune.CONFIGS.items()}
+    square = {d: [r for r in b if r[-1] == "square dbias"] for d, (_, b) in tune.CONFIGS.items()}
+    # (a row with the dbias kernel's other loop order, one with the forward's keys and values read by address; at head
+    # dim 64, one with the dbias kernel's square tile)
+    assert all(len(rows) == 1 for rows in (*outer.values(), *no_tma.values())) and len(square[64]) == 1
+    rows = {d: (f[:1] + no_tma[d], b[:1] + outer[d] + square[d]) for d, (f, b) in tune.CONFIGS.items()}
     monkeypatch.setattr(tune, "CONFIGS", rows)
     defaults = tuple(t.copy() for t in tune._TABLES)
     lines: list[str] = []
     for hd in (64, 128):
         tune.tune_size(2, argparse.Namespace(rounds=1, out=None), lines, hd, device="cpu", tokens=5)
     assert tuple(t.copy() for t in tune._TABLES) == defaults  # (the kernel's own tables restored)
-    assert len(lines) == 2 * (2 + 2 + 3 + 2) and not [x for x in lines if "failed" in x], lines
+    assert len(lines) == 2 * (2 + 2 + 3 + 2) + 2 and not [x for x in lines if "failed" in x], lines
     assert sum("dbias batch outer" in x for x in lines) == 4 and sum("no TMA" in x for x in lines) == 2
+    assert sum("square dbias" in x for x in lines) == 2
     lines = []
     tune.tune_windows(argparse.Namespace(rounds=1, out=None), lines, device="cpu", images=0)
     assert tuple(t.copy() for t in tune._TABLES) == defaults and tune.tb.TILE_BWD  # (restored)

@@ -624,7 +624,7 @@ def _bwd_dbias_kernel(
     the ``[BM, BN]`` tiles of pattern ``pat`` and its share of the batch (``b = split, split + n_split, ...``) in
     registers (zero at the pairs with a prefix token, which have no bias; at the other pairs that are not patch pairs
     ``P = 0``), and writes the sum once, to ``DBT [n_split, H, n_pat, BM, BN]``.
-    The tiles of a pattern lie on one block diagonal, ``q0 - k0 = d_min + (pat / n_m) g_d`` (``q0 mod GW`` in class
+    The tiles of a pattern lie on one block diagonal, ``q0 - k0 = d_min + (pat / n_m) BN`` (``q0 mod GW`` in class
     ``pat mod n_m`` where ``n_m > 0``; one tile per pattern else; ``BN`` divides ``BM``, so every query tile's key
     tile on the diagonal starts on a key tile), and share one bias tile, loaded once. The loops: each tile of the
     diagonal, then the share of the batch at that tile; or with ``BATCH_OUTER``, each batch element, then the
@@ -637,18 +637,19 @@ def _bwd_dbias_kernel(
     h = (which // n_split) % H
     pat = which // (n_split * H)
     n_qt = tl.cdiv(N, BM)
-    if n_m > 0:
-        delta = (pat // n_m) * g_d + d_min  # q0 - k0 (d_min and g_d multiples of BN)
+    R: tl.constexpr = BM // BN
+    if n_m > 0:  # (g_d = gcd(BM, BN) = BN)
+        diag = pat // n_m + d_min // BN  # (q0 - k0) / BN
         phase = pat % n_m
-        qb_lo = tl.cdiv(tl.maximum(delta, 0), BM)  # (k0 >= 0)
-        qb_hi = tl.minimum(n_qt, ((n_kt - 1) * BN + delta) // BM + 1)  # (k0 <= the last key tile's start)
+        qb_lo = tl.cdiv(tl.maximum(diag, 0), R)  # (k0 >= 0)
+        qb_hi = tl.minimum(n_qt, (n_kt - 1 + diag) // R + 1)  # (k0 at most the last key tile's start)
     else:
         qb_lo = pat // n_kt
         qb_hi = qb_lo + 1
-        delta = qb_lo * BM - (pat % n_kt) * BN
+        diag = qb_lo * R - pat % n_kt
         phase = 0
     if CAUSAL:  # tiles wholly above the diagonal (k0 >= q0 + BM) hold no visible pair
-        qb_hi = tl.where(delta <= -BM, qb_lo, qb_hi)
+        qb_hi = tl.where(diag <= -R, qb_lo, qb_hi)
     offs_m = tl.arange(0, BM)
     offs_n = tl.arange(0, BN)
     acc = tl.zeros([BM, BN], tl.float32)
@@ -659,7 +660,7 @@ def _bwd_dbias_kernel(
         for b in range(split, B, n_split):
             for qb in range(qb_lo, qb_hi):
                 q0 = qb * BM
-                k0 = q0 - delta
+                k0 = q0 - diag * BN
                 if _dbias_visits(TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m, BM, BN, LAYOUT, HAS_BLOCKS):
                     ds = _dbias_ds(
                         Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh,
@@ -672,7 +673,7 @@ def _bwd_dbias_kernel(
     else:
         for qb in range(qb_lo, qb_hi):
             q0 = qb * BM
-            k0 = q0 - delta
+            k0 = q0 - diag * BN
             if _dbias_visits(TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m, BM, BN, LAYOUT, HAS_BLOCKS):
                 tile_acc = tl.zeros([BM, BN], tl.float32)
                 for b in range(split, B, n_split):

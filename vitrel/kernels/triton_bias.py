@@ -135,8 +135,9 @@ def _kernels():
 #: launch options (``num_warps``, ``num_stages``) of the forward and of the backward kernels on CUDA, and where a head
 #: dim (its power of two) has its own: the backward at head dim 64 in 3 stages, the fastest of ``bench/triton_tune.py``
 #: on an H100 at N = 1025 and 4097 (0.98x and 0.95x the time of 2); not measured at the others (Swin's 32: its
-#: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90); ``("fwd", d)``, ``("dkdv", d)``, ``("dq", d)``: those
-#: kernels' options with their wide tiles only (:data:`_FWD_WIDE`, :data:`_DKDV_WIDE`, :data:`_DQ_WIDE`); ``tile``:
+#: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90); ``("fwd", d)``, ``("dkdv", d)``, ``("dq", d)``,
+#: ``("dbias", d)``: those kernels' options with their wide tiles only (:data:`_FWD_WIDE`, :data:`_DKDV_WIDE`,
+#: :data:`_DQ_WIDE`, :data:`_DBIAS_WIDE`: ``dbias`` as ``dq``, 8 warps and 2 stages, no spills); ``tile``:
 #: the one-tile backward (:data:`TILE_BWD`) where it sums the table's gradient over a share of the batch (8 warps, 2
 #: stages: no spills at head dims 16 and 32 under Triton 3.6 and 3.8, where 4 warps spill up to 64 bytes under 3.6
 #: with Swin's region ids, and the next batch element's tiles loaded during this one's; at head dim 64 1 stage, where

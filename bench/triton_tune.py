@@ -47,15 +47,17 @@ BWD = [
     (64, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
     (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
 ]  # fmt: skip
-#: head dim 128 (3 heads, at the largest of --sides): its defaults (forward 128 x 64, dkdv 32 x 128 and dq 128 x 64,
-#: each in 8 warps, chosen from the sm_90 code, untimed) against the narrow tiles they replaced (forward 64 x 32, the
-#: backward's square 32 x 32, 4 warps) and dkdv's 64 x 128 (fewer instructions, but it spills in its loop)
+#: head dim 128 (3 heads, at the largest of --sides): its defaults (forward 128 x 64, dkdv 32 x 128, dq and dbias
+#: 128 x 64, each in 8 warps, chosen from the sm_90 code, untimed) against the narrow tiles they replaced (forward
+#: 64 x 32, the backward's square 32 x 32, 4 warps), dkdv's 64 x 128 (fewer instructions, but it spills in its loop)
+#: and the square dbias
 FWD_128 = [(128, 64, 8, 2, False), (64, 32, 4, 2, False), (64, 64, 4, 2, False), (128, 64, 8, 2, False, "no TMA")]
 BWD_128 = [
     (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2)),
     (32, 4, 2, None, None),
     (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
     (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
+    (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
 ]
 CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
 #: Swin-T's first stage (8,192 windows of 7 x 7 for 128 images, 3 heads of 32, a shifted block's region ids), whose

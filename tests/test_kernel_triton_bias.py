@@ -418,7 +418,7 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     wide, narrow = {"fwd": (128, 64, 8), "dkdv": (32, 128, 8), "dq": (128, 64, 8)}, {"fwd": (64, 32, 4)}
     narrow.update(dkdv=(32, 32, 4), dq=(32, 32, 4))
     for kw, want in [
-        (dict(bias_read="tiles"), {**wide, "dbias": (32, 32, 4)}), (dict(table=False), wide),
+        (dict(bias_read="tiles"), {**wide, "dbias": (128, 64, 8)}), (dict(table=False), wide),
         (dict(bias_read="gather"), narrow), (dict(mask=torch.zeros(1, 65, 65)), {**narrow, "dbias": (32, 32, 4)}),
     ]:  # fmt: skip
         got = {k: (x.args["BM"], x.args.get("BN", x.args["BM"]), x.options["num_warps"])
@@ -530,7 +530,7 @@ def test_gpu_launch_configuration_equals_reference(monkeypatch, device, grid, pr
     square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
     assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, True)
     dbias = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="tiles")["dbias"].args
-    assert (dbias["BM"], dbias["BN"]) == ((sq, sq) if d == 128 else (128, 64))
+    assert (dbias["BM"], dbias["BN"]) == (128, 64)
     settings = dict(table_on=case != "none", causal=case == "causal", dtype=torch.float16 if case == "fp16" else None)
     _check(device, 1 if d == 128 else 2, 2, d, grid, prefix, **kw, **settings)
 

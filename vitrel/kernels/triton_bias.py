@@ -93,9 +93,12 @@ _DKDV_WIDE: dict[int, tuple[int, int]] = {64: (64, 128), 128: (32, 128)}
 _DQ_WIDE: dict[int, tuple[int, int]] = {64: (128, 64), 128: (128, 64)}
 #: the ``dbias`` kernel's ``(BM, BN)`` by head dim, where its bias is read whole (the ``dq`` kernel's wide tile, so
 #: one set of bias tiles serves both), with :data:`LAUNCH`'s ``("dbias", head dim)`` options; elsewhere the backward's
-#: square tile. Each ``dS`` it sums costs the reads of its q, ``do``, k and v rows: 6 bytes a score at 128 x 64 against
-#: 8 at 64 x 64 (its products are the same per score)
-_DBIAS_WIDE: dict[int, tuple[int, int]] = {64: (128, 64)}
+#: square tile. Each ``dS`` it sums costs the reads of its q, ``do``, k and v rows: at head dim 64, 6 bytes a score at
+#: 128 x 64 against 8 at 64 x 64; at 128, 12 against 32 at 32 x 32 (its products are the same per score). sm_90,
+#: Triton 3.6, instructions per 64 x 64 scores: 366 against 391 (head dim 64, no spill against 32 bytes), 427 against
+#: 1,312 (head dim 128; 128 bytes of stack outside the loop, none in it). Untimed: ``bench/triton_tune.py``'s
+#: ``square dbias`` rows
+_DBIAS_WIDE: dict[int, tuple[int, int]] = {64: (128, 64), 128: (128, 64)}
 
 
 def interpreter_on() -> bool:
@@ -156,6 +159,7 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     ("dkdv", 128): {"num_warps": 8, "num_stages": 2},
     ("dq", 128): {"num_warps": 8, "num_stages": 2},
     ("dbias", 64): {"num_warps": 8, "num_stages": 2},
+    ("dbias", 128): {"num_warps": 8, "num_stages": 2},
     "tile": {"num_warps": 8, "num_stages": 2},
     "tile_each": {"num_warps": 4, "num_stages": 1},
     ("tile", 64): {"num_warps": 8, "num_stages": 1},

@@ -363,7 +363,8 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
     if name == "attention":  # every offset-table scheme through sdpa and triton; the factored fold; lookhere's fovs;
         # dq by atomics (triton_atomic) for a trained table, a fixed one and LookHere's
         atomic = ["rel2d_full@triton_atomic", "alibi2d@triton_atomic", "lookhere@triton_atomic"]
-        full = [*tables, *(f"{s}@triton" for s in tables), *atomic, "rel2d_factored@fold", "lookhere:fov=45@triton"]
+        folds = ["rel2d_factored@fold", "rel2d_bucket@fold"]  # (the tables that factor: auto folds the first)
+        full = [*tables, *(f"{s}@triton" for s in tables), *atomic, *folds, "lookhere:fov=45@triton"]
         sel = ["rel2d_full", "rel2d_full@triton", atomic[0], "rel2d_factored@fold"] if args.quick else full
         c, text = run_script([*att, "--schemes", *sel])
         return ["## Attention layer, forward + backward\n", f"`{c}`\n", text]
@@ -377,7 +378,8 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
         c, text = run_script([*att, "--schemes", *sel])
         return ["## Rotary schemes, forward + backward (sdpa against the fused rotation)\n", f"`{c}`\n", text]
     if name == "forward":
-        sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored@triton", "alibi2d@triton"]
+        sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored", "rel2d_factored@triton", "rel2d_factored@fold",
+               "alibi2d@triton"]  # fmt: skip
         c, text = run_script([*att, "--inference", "--schemes", *sel])
         return ["## Attention layer, forward only\n", f"`{c}`\n", text]
     if name == "models":  # Swin-T and ViT-S/rel2d_full training steps against timm, eager, vitrel with triton

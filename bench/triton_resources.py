@@ -145,6 +145,8 @@ CASES = [
     ("windows, no mask, four backward kernels", lambda: _windows(0), {"tile_bwd": False}, _BWD),
     ("windows, region ids, four backward kernels", lambda: _windows(2), {"tile_bwd": False}, _BWD),
     ("windows, region ids, fixed table", lambda: _windows(2), {"table_grad": False}, ("tile",)),
+    ("windows, no mask, a program a window's forward", lambda: _windows(0), {"tile_fwd": False}, _FWD),
+    ("windows, region ids, a program a window's forward", lambda: _windows(2), {"tile_fwd": False}, _FWD),
 ]  # fmt: skip
 
 
@@ -152,11 +154,12 @@ def _plan(call: dict, opts: dict) -> dict:
     """``triton_bias.plan`` of a case (``dbias_batch_outer``: with the ``dbias`` kernel's other loop order,
     ``triton_bias.DBIAS_BATCH_OUTER``; ``fwd_tma`` False: the forward's keys and values read by address,
     ``triton_bias.TMA_READS``; ``tile_bwd`` False: a call of one tile's backward as the four kernels,
-    ``triton_bias.TILE_BWD``; ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``;
-    each set for the call only)."""
+    ``triton_bias.TILE_BWD``; ``tile_fwd`` False: its forward a program a batch element, ``triton_bias.TILE_FWD``;
+    ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; each set for the call
+    only)."""
     opts = dict(opts)
     tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
-    saved, tile_bwd = tuple(t.copy() for t in tables), tb.TILE_BWD
+    saved, tile_bwd, tile_fwd = tuple(t.copy() for t in tables), tb.TILE_BWD, tb.TILE_FWD
     if opts.pop("dbias_batch_outer", False):
         tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
     if not opts.pop("fwd_tma", True):
@@ -164,13 +167,14 @@ def _plan(call: dict, opts: dict) -> dict:
     if not opts.pop("dbias_wide", True):
         tb._DBIAS_WIDE.clear()
     tb.TILE_BWD = opts.pop("tile_bwd", tb.TILE_BWD)
+    tb.TILE_FWD = opts.pop("tile_fwd", tb.TILE_FWD)
     try:
         return tb.plan(**call, **opts)
     finally:
         for table, before in zip(tables, saved):
             table.clear()
             table.update(before)
-        tb.TILE_BWD = tile_bwd
+        tb.TILE_BWD, tb.TILE_FWD = tile_bwd, tile_fwd
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:

@@ -65,6 +65,10 @@ CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
 #: (triton_bias.LAUNCH's "tile": 8 warps, 2 stages where it sums the table's gradient; "tile_each": 4 warps, 1 stage
 #: where it does not), and None: the four kernels it replaces (delta, dkdv, dq, dbias)
 WINDOWS = [None, (8, 2), (4, 1), (4, 2), (8, 1)]
+#: the same windows' forward alone: the one-tile forward's (warps, stages) (triton_bias.TILE_FWD: a share of the
+#: windows a program; triton_bias.LAUNCH's "fwd_tile", 4 warps and 2 stages, first), and None: a program a window
+#: (the forward kernel of any call)
+WINDOWS_FWD = [(4, 2), None, (4, 1), (8, 2)]
 
 
 def kernel_launches(q, k, v, table, grid, prefix: int = 1, **kwargs) -> dict:
@@ -276,11 +280,30 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
         leaves = (q, k, v, table) if grad_t else (q, k, v)
         torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (hd, hd), 0, regions=regions), leaves, go)
 
+    def sdpa_f():
+        with torch.no_grad():
+            F.scaled_dot_product_attention(q, k, v)
+
+    def tri_f():
+        with torch.no_grad():
+            tb.rel_bias_attention(q, k, v, table, (hd, hd), 0, regions=regions)
+
     where = f"{b} windows of {hd} x {hd}"
     ref = statistics.median(alternate({"x": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
     lines.append(f"| {n} | fwd+bwd | {where}, plain SDPA | {1e3 * ref:.3f} | 1.00x |")
-    defaults, one = tuple(t.copy() for t in _TABLES), tb.TILE_BWD
+    defaults, one, one_fwd = tuple(t.copy() for t in _TABLES), tb.TILE_BWD, tb.TILE_FWD
     try:
+        ref_f = statistics.median(alternate({"x": sdpa_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
+        lines.append(f"| {n} | fwd | {where}, plain SDPA | {1e3 * ref_f:.3f} | 1.00x |")
+        for row in WINDOWS_FWD:
+            tb.TILE_FWD = row is not None
+            if row is not None:
+                tb.LAUNCH["fwd_tile"] = {"num_warps": row[0], "num_stages": row[1]}
+            kind = f"one-tile fwd warps {row[0]} stages {row[1]}" if row else "fwd a window a program"
+            config = f"{where}, {kind}"
+            _time_row(lines, args, dev, f"| {n} | fwd | {config} |", tri_f, ref_f)
+        _restore(defaults)
+        tb.TILE_FWD = one_fwd
         for row in WINDOWS:
             tb.TILE_BWD = row is not None
             if row is not None:
@@ -291,7 +314,7 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
                 _time_row(lines, args, dev, f"| {n} | {label} | {config} |", lambda g=grad_t: tri_fb(g), ref)
     finally:
         _restore(defaults)
-        tb.TILE_BWD = one
+        tb.TILE_BWD, tb.TILE_FWD = one, one_fwd
 
 
 #: the kernel's tiles and launch options, which the tuning sets and restores

@@ -203,10 +203,13 @@ def test_triton_tune_rows_run(monkeypatch):
     assert sum("square dbias" in x for x in lines) == 4
     lines = []
     tune.tune_windows(argparse.Namespace(rounds=1, out=None), lines, device="cpu", images=0)
-    assert tuple(t.copy() for t in tune._TABLES) == defaults and tune.tb.TILE_BWD  # (restored)
-    # plain SDPA, then each row with and without the table's gradient: the four kernels and the one-tile kernel's
-    assert len(lines) == 1 + 2 * len(tune.WINDOWS) and not [x for x in lines if "failed" in x], lines
-    assert sum("four bwd kernels" in x for x in lines) == 2 and sum("warps 4 stages 1" in x for x in lines) == 2
+    assert tuple(t.copy() for t in tune._TABLES) == defaults and tune.tb.TILE_BWD and tune.tb.TILE_FWD  # (restored)
+    # plain SDPA's fwd + bwd and fwd, the forward's rows (a window a program, the one-tile forward's), then each
+    # fwd + bwd row with and without the table's gradient: the four kernels and the one-tile kernel's
+    want = 2 + len(tune.WINDOWS_FWD) + 2 * len(tune.WINDOWS)
+    assert len(lines) == want and not [x for x in lines if "failed" in x], lines
+    assert sum("fwd a window a program" in x for x in lines) == 1
+    assert sum("four bwd kernels" in x for x in lines) == 2 and sum("bwd warps 4 stages 1" in x for x in lines) == 2
 
 
 def test_step_profile_tables_on_cpu():

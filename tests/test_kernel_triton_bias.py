@@ -560,12 +560,13 @@ def test_forward_reads_keys_and_values_with_or_without_tma(monkeypatch, device, 
     these grids one key tile, under :data:`triton_bias.TMA_MIN_TILES`, so it is set to 1 here."""
     monkeypatch.setattr(triton_bias, "TMA_MIN_TILES", 1)
     monkeypatch.setattr(triton_bias, "TMA_READS", {"fwd"} if tma else set())
+    monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (these grids fit one tile of a GPU's: fwd_tile, no TMA)
     q, k, v, table = (t.float() for t in _inputs(2, 2, prefix + grid[0] * grid[1], 16, grid))
     assert triton_bias.plan(q, k, v, table, grid, prefix)["fwd"].args["TMA"] is tma
     _check(device, 2, 2, 16, grid, prefix, causal=causal, table_on=table_on)
 
 
-def test_tma_reads_where_the_tensors_allow():
+def test_tma_reads_where_the_tensors_allow(monkeypatch):
     """Tensor descriptors where the accelerator's rules hold (unit stride on the head dim, other strides and the
     address multiples of 16 bytes, rows of 16 bytes or more): a contiguous tensor and a view of a fused ``qkv``, not a
     view that starts off 16 bytes nor one strided along the head dim; not where the loop is short
@@ -581,6 +582,8 @@ def test_tma_reads_where_the_tensors_allow():
     assert not triton_bias.tma_reads("fwd", lanes, lanes, 16, True)
     assert not triton_bias.tma_reads("fwd", x.half()[..., :4], x.half()[..., :4], 4, True)  # (8-byte rows)
     assert not triton_bias.tma_reads("dkdv", x, x, 16, True)
+    assert triton_bias.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1)["fwd"].kernel == "fwd_tile"
+    monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (10 tokens: else the one-tile forward, which has no TMA)
     short = triton_bias.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1)["fwd"]
     long = triton_bias.plan(*(torch.randn(1, 2, 1025, 64),) * 3, None, (32, 32), 1)["fwd"]
     assert not short.args["TMA"] and long.args["TMA"]
@@ -623,13 +626,16 @@ _ONE_TILE = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tile_fwd", [True, False])
 @pytest.mark.parametrize(("b", "h", "d", "grid", "prefix", "settings", "one"), _ONE_TILE)
-def test_one_tile_backward_equals_reference(monkeypatch, device, b, h, d, grid, prefix, settings, one):
+def test_one_tile_backward_equals_reference(monkeypatch, device, tile_fwd, b, h, d, grid, prefix, settings, one):
     """A call whose tokens fit one tile of the backward (``TILE_BWD``: Swin's windows) runs its backward as one
     kernel, ``tile`` (``dq, dk, dv`` written whole, the table's gradient summed over a share of the batch): equal to
     the reference with and without a table, its gradient or a fixed one, prefix tokens, causal, a window's regions or
-    float mask; the four kernels where the table's gradient is gathered. The launches are recorded as they run (the
-    forward's with its ``ONE``: its one key tile's softmax, with no rescaling)."""
+    float mask; the four kernels where the table's gradient is gathered. Its forward likewise (``TILE_FWD``:
+    ``fwd_tile``, a share of the batch a program), or the forward of any call (a program a batch element, with its
+    ``ONE``: its one key tile's softmax, with no rescaling). The launches are recorded as they run."""
+    monkeypatch.setattr(triton_bias, "TILE_FWD", tile_fwd)
     ran = []
     call = triton_bias.Launch.__call__
     name = lambda launch: launch.kernel + ("/one" if launch.args.get("ONE") else "")  # noqa: E731 (fwd: one key tile)
@@ -644,7 +650,8 @@ def test_one_tile_backward_equals_reference(monkeypatch, device, b, h, d, grid, 
         mask[1] = torch.where(region[:, None] == region[None, :], 0.0, float("-inf"))
         settings["mask"] = mask
     _check(device, b, h, d, grid, prefix, **settings)
-    assert ran == (["fwd/one", "tile"] if one else ["fwd/one", "delta", "dkdv", "dq"]), ran
+    fwd = "fwd_tile" if tile_fwd else "fwd/one"
+    assert ran == ([fwd, "tile"] if one else [fwd, "delta", "dkdv", "dq"]), ran
 
 
 @interpreted
@@ -766,14 +773,15 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
     qf, kf, vf = (t.float().contiguous() for t in (q, k, v))
     out, lse = torch.empty_like(qf), torch.empty(*qf.shape[:2], triton_bias.stats_len(qf.shape[2]))
     launch = triton_bias._fwd_launch(
-        qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, False, (32, 32)
+        qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, None, (32, 32)
     )
     launch()
     torch.testing.assert_close(out.double(), reference(q, k, v, table, grid, prefix), **_tol("cpu"))
 
 
 @interpreted
-def test_row_stats_padded_for_unmasked_reads(monkeypatch):
+@pytest.mark.parametrize("tile_fwd", [False, True])
+def test_row_stats_padded_for_unmasked_reads(monkeypatch, tile_fwd):
     """The forward's log-sum-exp and the backward's ``D`` are ``[B, H, NP]`` (``NP``: N up to a multiple of
     ``STATS_ROWS``), which the backward's kernels read with no mask: every padding row holds +inf (log-sum-exp, so a
     query past the end has ``p = 0``), past the forward's last query tile too, and 0 (``D``); the rows of real
@@ -782,10 +790,13 @@ def test_row_stats_padded_for_unmasked_reads(monkeypatch):
     n = 1 + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the delta kernel: 21 tokens fit one tile of a GPU's)
+    monkeypatch.setattr(triton_bias, "TILE_FWD", tile_fwd)  # (the one-tile forward writes all 128 rows itself)
     launches = triton_bias.plan(q, k, v, table, grid, 1)
+    assert launches["fwd"].kernel == ("fwd_tile" if tile_fwd else "fwd")
     lse, delta, do = launches["fwd"].args["LSE"], launches["delta"].args["DELTA"], launches["delta"].args["DO"]
     assert lse.shape == delta.shape == (2, 2, triton_bias.stats_len(n)) == (2, 2, 128)
-    assert launches["fwd"].grid[0] * launches["fwd"].args["BM"] < 128  # (rows only the last program's loop writes)
+    # (rows only the last program's loop writes; the one-tile forward's every program writes a padded block's rows)
+    assert launches["fwd"].args["BM"] < 128 and (tile_fwd or launches["fwd"].grid[0] * launches["fwd"].args["BM"] < 128)
     lse.fill_(float("nan"))
     delta.fill_(float("nan"))
     do.copy_(torch.randn_like(do))

@@ -433,6 +433,56 @@ def _fwd_kernel(
 
 
 @triton.jit
+def _fwd_tile_kernel(
+    Q, K, V, T, MASK, TOK, BT, O, LSE,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son, stride_tg, stride_th, stride_mb, n_mask_b,
+    B, H, N, P, GH, GW, qk_scale, n_split,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
+    RAW: tl.constexpr,
+):
+    """The forward of a call whose ``N`` tokens fit one ``[BM, BM]`` tile (a batch of Swin's windows, a small grid), as
+    :func:`_bwd_tile_kernel` takes its backward: program ``(split, h)`` takes batch elements ``b = split, split +
+    n_split, ...`` one after another, each one tile: its logits, the softmax with no rescaling (one key tile), ``p v``,
+    the output and the rows' log-sum-exp (+inf on the padding rows) written. Where :func:`_fwd_kernel` gives each batch
+    element a program, whose set-up and stores were as many instructions as its one visit (sm_90, a Swin window), the
+    set-up here is a share's, the bias tile (the call's one exact pattern) is loaded once, and the loop over the
+    share, its body free of branches, is pipelined: the next element's q, k and v load during this one's."""
+    split = tl.program_id(0)
+    h = tl.program_id(1)
+    offs = tl.arange(0, BM)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    rows = _rows(offs, N)
+    out_mask = (offs < N)[:, None] & dmask[None, :]
+    tl.static_assert(STATS_ROWS % BM == 0, "a query tile must divide STATS_ROWS")
+    bias = 0.0
+    if HAS_TABLE and TILED:  # (the one tile pattern, exact, read as 32-bit pairs as the forward's)
+        bias = _pattern_tile(BT, h, 0, 1, BM, BM, True)
+    for b in range(split, B, n_split):
+        q = _tile(Q, b, h, sqb, sqh, sqn, rows, offs_d, dmask[None, :])  # (rows past the end: the last row's)
+        k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs, offs_d, N, D)
+        s, _ = _logits(  # (n_m 0: the call's one tile pattern is its one exact tile)
+            q, k, b, h, offs, offs, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N, GH, GW,
+            bias, 0, 0, 0, HAS_TABLE, MASK_KIND, CAUSAL, False, PREC, TILED, BM, BM, RAW=RAW,
+        )
+        if RAW:  # (the row's maximum of the unscaled logits, scaled: qk_scale > 0)
+            m = tl.max(s, 1) * qk_scale
+        else:
+            m = tl.max(s, 1)
+        m = tl.where(m == float("-inf"), 0.0, m)  # rows with nothing visible
+        p = tl.math.exp2(_shift(s, m[:, None], qk_scale, RAW))
+        l_sum = tl.sum(p, 1)
+        l_sum = tl.where(l_sum == 0.0, 1.0, l_sum)
+        out = tl.dot(p.to(v.dtype), v, input_precision=PREC) / l_sum[:, None]
+        tl.store(O + b * sob + h * soh + offs[:, None] * son + offs_d[None, :], out.to(O.dtype.element_ty), out_mask)
+        lse_row = LSE + (b * H + h) * STATS_ROWS  # (N <= BM: one padded block of rows)
+        tl.store(lse_row + offs, tl.where(offs < N, m + tl.math.log2(l_sum), float("inf")))
+        for r in tl.static_range(BM, STATS_ROWS, BM):  # the padding rows past the tile
+            tl.store(lse_row + r + offs, tl.full([BM], float("inf"), tl.float32))
+
+
+@triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
@@ -811,6 +861,6 @@ def _bwd_delta_kernel(
 
 
 __all__ = [
-    "LOG2E", "_fwd_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel", "_bwd_tile_kernel",
-    "_bwd_delta_kernel",
+    "LOG2E", "_fwd_kernel", "_fwd_tile_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel",
+    "_bwd_tile_kernel", "_bwd_delta_kernel",
 ]

@@ -162,6 +162,7 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     ("dbias", 128): {"num_warps": 8, "num_stages": 2},
     "tile": {"num_warps": 8, "num_stages": 2},
     "tile_each": {"num_warps": 4, "num_stages": 1},
+    "fwd_tile": {"num_warps": 4, "num_stages": 2},
     ("tile", 64): {"num_warps": 8, "num_stages": 1},
     ("tile", 128): {"num_warps": 4, "num_stages": 1},
 }
@@ -500,8 +501,8 @@ class Launch(NamedTuple):
 
 #: the kernels of :mod:`vitrel.kernels._triton_bias_kernels` by their launches' names
 _KERNELS = {
-    "fwd": "_fwd_kernel", "delta": "_bwd_delta_kernel", "dkdv": "_bwd_dkdv_kernel", "dq": "_bwd_dq_kernel",
-    "dbias": "_bwd_dbias_kernel", "tile": "_bwd_tile_kernel",
+    "fwd": "_fwd_kernel", "fwd_tile": "_fwd_tile_kernel", "delta": "_bwd_delta_kernel", "dkdv": "_bwd_dkdv_kernel",
+    "dq": "_bwd_dq_kernel", "dbias": "_bwd_dbias_kernel", "tile": "_bwd_tile_kernel",
 }  # fmt: skip
 
 
@@ -551,14 +552,30 @@ def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dt
 
 
 def _fwd_launch(
-    q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, out, lse, cuda,
+    q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, out, lse, sms,
     tile=None, options=None,
 ) -> Launch:  # fmt: skip
-    """The forward's launch writing ``out`` and ``lse``; ``tile`` ``(BM, BN)`` and ``options`` replace the device's."""
+    """The forward's launch writing ``out`` and ``lse`` (``sms``: the device's multiprocessors, None in the
+    interpreter); ``tile`` ``(BM, BN)`` and ``options`` replace the device's. A call whose tokens fit one tile of the
+    backward takes the one-tile forward (:data:`TILE_FWD`)."""
     b, h, n, d = q.shape
-    block_d, bm0, bn0, _ = _blocks(d, cuda)
+    cuda = sms is not None
+    block_d, bm0, bn0, blk = _blocks(d, cuda)
     t, stg, sth = _table_args(table, q)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
+    if TILE_FWD and tile is None and tokens is None and n <= blk:
+        bt, *tiling = _tile_args(None if table is None else t, None, bias_read, grid_h, grid_w, prefix, n, blk, blk, q,
+                                 "fwd")  # fmt: skip
+        n_split = _n_split(1, h, b, sms)
+        flags = _constexprs(d, block_d, table, mask_kind, causal, None, None, tiling, q.dtype, scale)
+        names = ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PREC", "RAW")
+        return Launch.make(
+            "fwd_tile", (n_split, h),
+            [q, k, v, t, m, _int_args(None, q), bt, out, lse, *_strides(q, k, v, out), stg, sth, smb, nmb, b, h, n,
+             prefix, grid_h, grid_w, scale * _kernels().LOG2E, n_split],
+            {**{name: flags[name] for name in names}, "BM": blk},
+            (options or LAUNCH.get(("fwd_tile", block_d), LAUNCH["fwd_tile"])) if cuda else {},
+        )  # fmt: skip
     wide = _wide_tile("fwd", block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
     bm, bn, bt, tiling = _pick_tile(
         [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
@@ -584,10 +601,11 @@ def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefi
     b, h, n, _ = q.shape
     out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
     lse = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)
-    cuda = q.device.type == "cuda"
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else None
     args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)  # (the forward is one)
-    for launch in _batch_chunks(_fwd_launch(q, k, v, *args, out, lse, cuda), b, h):
-        launch()
+    launch = _fwd_launch(q, k, v, *args, out, lse, sms)
+    for part in _batch_chunks(launch, b, h) if launch.kernel == "fwd" else [launch]:  # (fwd_tile: a share a program)
+        part()
     return out, lse
 
 
@@ -758,6 +776,13 @@ def _bwd_launches(
         )  # fmt: skip
     return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling_t), blk)
 
+
+#: the forward of a call whose tokens fit one square tile of the backward (the one-tile backward's calls,
+#: :data:`TILE_BWD`; token layouts excepted) runs as
+#: :func:`vitrel.kernels._triton_bias_kernels._fwd_tile_kernel`, a share of the batch a program, instead of
+#: :func:`~vitrel.kernels._triton_bias_kernels._fwd_kernel`'s program per batch element; ``bench/triton_tune.py``
+#: times the latter (False)
+TILE_FWD = True
 
 #: the backward of a call whose tokens fit one square tile of the backward (``N <= 64`` at head dims up to 64 on a GPU,
 #: ``N <= 16`` in the interpreter; a batch of Swin's 7 x 7 windows) runs as one kernel (``tile``:
@@ -1173,7 +1198,7 @@ def plan(
     args = _op_args(*call.arguments.values())
     q, k, v, table, mask, tokens, blocks, scale, gh, gw, prefix, causal, bias_read, deterministic = args
     out, lse = _fwd_fake(*args)  # (the shapes the op makes)
-    fwd = _fwd_launch(*args[:-1], out, lse, True, fwd_tile, fwd_options)
+    fwd = _fwd_launch(*args[:-1], out, lse, sms, fwd_tile, fwd_options)
     bwd = _bwd_launches(
         torch.zeros_like(q), q, k, v, table, mask, tokens, blocks, out, lse, scale, gh, gw, prefix, causal, bias_read,
         deterministic, table_grad, sms, bwd_tile, bwd_options,

@@ -540,6 +540,10 @@ def _batch_chunks(launch: Launch, batch: int, heads: int) -> list[Launch]:
     return out
 
 
+#: the :func:`_constexprs` flags the one-tile kernels take (``fwd_tile``, ``tile``: no token layout, no tile lists)
+_TILE_FLAGS = ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PREC", "RAW")
+
+
 def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype, scale) -> dict:
     """The ``constexpr`` flags every kernel takes; ``RAW``: the logits scaled as the softmax subtracts (one FFMA a
     score), where nothing is added to them in base 2 (no table, no float mask) and the scale is positive (the row's
@@ -568,12 +572,11 @@ def _fwd_launch(
                                  "fwd")  # fmt: skip
         n_split = _n_split(1, h, b, sms)
         flags = _constexprs(d, block_d, table, mask_kind, causal, None, None, tiling, q.dtype, scale)
-        names = ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PREC", "RAW")
         return Launch.make(
             "fwd_tile", (n_split, h),
             [q, k, v, t, m, _int_args(None, q), bt, out, lse, *_strides(q, k, v, out), stg, sth, smb, nmb, b, h, n,
              prefix, grid_h, grid_w, scale * _kernels().LOG2E, n_split],
-            {**{name: flags[name] for name in names}, "BM": blk},
+            {**{name: flags[name] for name in _TILE_FLAGS}, "BM": blk},
             (options or LAUNCH.get(("fwd_tile", block_d), LAUNCH["fwd_tile"])) if cuda else {},
         )  # fmt: skip
     wide = _wide_tile("fwd", block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
@@ -808,12 +811,11 @@ def _tile_bwd_launch(
     dbt = torch.empty(n_split, h, 1, blk, blk, device=q.device, dtype=torch.float32) if grad_t else None
     kind = "tile" if grad_t else "tile_each"
     opts = (options or LAUNCH.get((kind, flags["BLOCK_D"]), LAUNCH[kind])) if sms is not None else {}
-    names = ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PREC", "RAW")
     launch = Launch.make(
         "tile", (n_split, h),
         [*inputs[:10], dq, dk, dv, dbt if grad_t else _placeholder(torch.float32, 1, q.device), *inputs[10:],
          *_strides(dq), b, *sizes, n_split],
-        {**{name: flags[name] for name in names}, "BM": blk, "TABLE_GRAD": grad_t}, opts,
+        {**{name: flags[name] for name in _TILE_FLAGS}, "BM": blk, "TABLE_GRAD": grad_t}, opts,
     )  # fmt: skip
     return _Backward(None, None, None, None, (dq, dk, dv), q.new_empty(0), dbt, pat, blk, launch)
 

@@ -309,10 +309,50 @@ def main() -> None:
             print(lines[-1], flush=True)
             if args.out:
                 Path(args.out).write_text("\n".join(lines) + "\n")
+    lines += window_forward(args.arch)
     lines += dbias_schedule(args.arch)
-    print("\n".join(lines[-8:]))
+    print("\n".join(lines[-16:]))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+def _sass(launch: tb.Launch, arch: int) -> str:
+    compiled = tb.compile_launch(launch, arch)
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "k.cubin"
+        path.write_bytes(compiled.asm["cubin"])
+        return subprocess.run([str(CUOBJDUMP), "-sass", str(path)], capture_output=True, text=True).stdout
+
+
+def whole_program(sass: str) -> int:
+    """The instructions one warp issues on the shortest path through a whole program, entry to its last ``EXIT``, with
+    one tile's matrix products (its loops taken once): a program's cost where its loop runs once."""
+    ins = _instructions(sass)
+    end = max(i for i, x in enumerate(ins) if x[1] == "EXIT")
+    return sum(_tile_path(ins[: end + 1], min).values())
+
+
+def window_forward(arch: int) -> list[str]:
+    """A Swin-T window's forward, a warp's instructions: a program a window (``TILE_FWD`` False: the whole program,
+    its loop once) against the one-tile forward (its loop, one window, plus its program's set-up and end over the
+    windows of its share)."""
+    out = [
+        "",
+        "## A window's forward: instructions one warp issues per window (Swin-T's first stage)",
+        "",
+        "| window | a program a window (whole program) | `fwd_tile` (loop + program / windows a share) |",
+        "|---|---:|---:|",
+    ]
+    for label, kind in (("no mask", 0), ("region ids", 2), ("float mask", 1)):
+        each = _plan(_windows(kind), {"tile_fwd": False})["fwd"]
+        tile = _plan(_windows(kind), {})["fwd"]
+        sass = _sass(tile, arch)
+        loop = sum(inner_loop(sass)[0].values())
+        per_share = tile.args["B"] / tile.args["n_split"]
+        share = loop + (whole_program(sass) - loop) / per_share
+        rest = f"{loop} + the rest / {per_share:.1f}"
+        out.append(f"| {label} | {whole_program(_sass(each, arch))} | {share:.0f} ({rest}) |")
+    return out
 
 
 def _span(work: list[int], slots: int) -> int:

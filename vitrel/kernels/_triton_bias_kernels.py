@@ -145,6 +145,17 @@ def _program(H, N, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, D):
 
 
 @triton.jit
+def _tile_program(N, BM: tl.constexpr, BLOCK_D: tl.constexpr, D):
+    """A one-tile kernel's program ``(split, h)`` (``fwd_tile``, ``tile``: a share of the batch, one head): its share,
+    head, the tile's token and head-dim lanes, the lanes' mask, the rows it reads (past the end: the last row's,
+    :func:`_rows`) and the ``[BM, BLOCK_D]`` mask of the real rows and lanes it stores."""
+    offs = tl.arange(0, BM)
+    offs_d = tl.arange(0, BLOCK_D)
+    dmask = offs_d < D
+    return tl.program_id(0), tl.program_id(1), offs, offs_d, dmask, _rows(offs, N), (offs < N)[:, None] & dmask[None, :]
+
+
+@triton.jit
 def _rows(offs, N):
     """Token indices ``offs`` clamped to the last token, for the tiles of q, k, v and ``do`` a kernel reads in its
     loops: read with no row mask, the rows past the end a copy of the last row, which no result takes. Keys past the
@@ -448,13 +459,7 @@ def _fwd_tile_kernel(
     element a program, whose set-up and stores were as many instructions as its one visit (sm_90, a Swin window), the
     set-up here is a share's, the bias tile (the call's one exact pattern) is loaded once, and the loop over the
     share, its body free of branches, is pipelined: the next element's q, k and v load during this one's."""
-    split = tl.program_id(0)
-    h = tl.program_id(1)
-    offs = tl.arange(0, BM)
-    offs_d = tl.arange(0, BLOCK_D)
-    dmask = offs_d < D
-    rows = _rows(offs, N)
-    out_mask = (offs < N)[:, None] & dmask[None, :]
+    split, h, offs, offs_d, dmask, rows, out_mask = _tile_program(N, BM, BLOCK_D, D)
     tl.static_assert(STATS_ROWS % BM == 0, "a query tile must divide STATS_ROWS")
     bias = 0.0
     if HAS_TABLE and TILED:  # (the one tile pattern, exact, read as 32-bit pairs as the forward's)
@@ -802,13 +807,7 @@ def _bwd_tile_kernel(
     products and read q, k, v and ``do`` three times. The tile is transposed, keys by queries, as the ``dkdv``
     kernel's (``p^T`` and ``dS^T`` feed ``dv`` and ``dk`` as they stand; ``dq`` takes ``dS`` transposed, as the
     ``dkdv`` kernel's atomic ``dq``). ``DQ``, ``DK``, ``DV``: one layout, strides ``sg*`` (one address a store)."""
-    split = tl.program_id(0)
-    h = tl.program_id(1)
-    offs = tl.arange(0, BM)
-    offs_d = tl.arange(0, BLOCK_D)
-    dmask = offs_d < D
-    rows = _rows(offs, N)
-    store_mask = (offs < N)[:, None] & dmask[None, :]
+    split, h, offs, offs_d, dmask, rows, store_mask = _tile_program(N, BM, BLOCK_D, D)
     bias = 0.0
     if HAS_TABLE and TILED:  # (the one tile pattern, exact: read as stored, queries by keys, once)
         bias = tl.trans(_pattern_tile(BT, h, 0, 1, BM, BM, False))

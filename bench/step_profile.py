@@ -12,13 +12,18 @@ kernel's own); on a CPU, the operators (their own CPU time: the code path of the
   wall time, the device waited on the host (Python, launches);
 - the busy time per category of kernel (:data:`CATEGORIES`: vitrel's fused kernels, SDPA's, matrix products,
   ...), ours against timm's: the difference is where ours loses;
-- ours' ``--top`` kernels by time.
+- ours' ``--top`` kernels by time;
+- with ``--host``, the host's side: ``--steps`` more steps under ``cProfile``, each model's host time per step (the
+  profiler's own cost included) and ours' ``--top`` Python functions by their own time (where the device waits on
+  the host, the functions that keep it waiting).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import os
+import pstats
 import re
 import statistics
 import sys
@@ -91,7 +96,28 @@ def profile_model(model: torch.nn.Module, args: argparse.Namespace, device: torc
         for _ in range(args.steps):
             step()
         sync(device)
-    return dict(wall_ms=1e3 * statistics.median(walls), kernels=kernel_times(prof, device, args.steps))
+    res = dict(wall_ms=1e3 * statistics.median(walls), kernels=kernel_times(prof, device, args.steps))
+    if args.host:
+        res["host"] = host_times(step, device, args.steps)
+    return res
+
+
+def host_times(step, device: torch.device, steps: int) -> dict:
+    """``steps`` steps under ``cProfile``: the host's time per step (ms, the device synchronized at the end) and each
+    function's own time per step, ``{"file:line(function)": (ms, calls)}``."""
+    pr = cProfile.Profile()
+    sync(device)
+    t0 = time.perf_counter()
+    pr.enable()
+    for _ in range(steps):
+        step()
+    pr.disable()
+    sync(device)
+    wall = (time.perf_counter() - t0) / steps
+    stats = pstats.Stats(pr).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+    own = {f"{Path(f).name}:{line}({name})": (1e3 * tt / steps, nc / steps) for (f, line, name), (_, nc, tt, _, _)
+           in stats.items()}  # fmt: skip
+    return dict(wall_ms=1e3 * wall, own=own)
 
 
 def by_category(kernels: dict[str, tuple[float, float]]) -> dict[str, float]:
@@ -127,6 +153,13 @@ def report(key: str, ours_name: str, timm_name: str, res: dict[str, dict], top: 
     for name, (ms, calls) in ranked:
         short = name if len(name) <= 90 else name[:87] + "..."
         lines.append(f"| `{short}` | {category(name)} | {calls:.0f} | {ms:.3f} | {ms / busy['ours']:.1%} |")
+    if "host" in res["ours"]:
+        hw = {k: r["host"]["wall_ms"] for k, r in res.items()}
+        lines += ["", f"Under cProfile (its cost included): a step {hw['ours']:.1f} ms ours, {hw['timm']:.1f} ms timm. "
+                  f"Ours' {top} dearest Python functions by own time:", "", "| function | calls / step | ms / step |",
+                  "|---|---:|---:|"]  # fmt: skip
+        ranked = sorted(res["ours"]["host"]["own"].items(), key=lambda kv: -kv[1][0])[:top]
+        lines += [f"| `{name[:100]}` | {calls:.0f} | {ms:.3f} |" for name, (ms, calls) in ranked]
     return lines + [""]
 
 
@@ -142,6 +175,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--attn-impl", default="auto", help="vitrel's attention implementation (sdpa, fold, triton, ...)")
     ap.add_argument("--compile", action="store_true", help="torch.compile both models")
     ap.add_argument("--top", type=int, default=15, help="how many of ours' kernels to list")
+    ap.add_argument("--host", action="store_true", help="also the host's time by Python function (cProfile)")
     args = ap.parse_args(argv)
     device = torch.device(args.device)
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

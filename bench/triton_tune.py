@@ -37,38 +37,37 @@ FWD = [
 ]  # fmt: skip
 #: (square tile, warps, stages) of the backward's dq and dbias kernels, the dkdv kernel's (BM, BN, warps, stages) and
 #: the dq kernel's, or None: the square tile too; and optionally "batch outer" (the dbias kernel's other loop order,
-#: triton_bias.DBIAS_BATCH_OUTER) or "square dbias" (its square tile, not triton_bias._DBIAS_WIDE's 128 x 64 in 8
-#: warps, untimed). The defaults first (dkdv 64 x 128 and dq 128 x 64 in 8 warps, chosen from the sm_90 code, untimed),
-#: then the square dq, the square dkdv and both square (the H100 pass's shape)
+#: triton_bias.DBIAS_BATCH_OUTER), "square dbias" (its square tile where triton_bias._DBIAS_WIDE has a wide one) or
+#: "wide dbias" (128 x 64 in 8 warps and 2 stages where it has none). The default first (all square, 4 warps, 3
+#: stages: the fastest on an H100, bench/results/triton_tune_h100_479ebfa.md), then the wide tiles it replaced
+#: (dkdv 64 x 128, dq and dbias 128 x 64, 8 warps: fewer instructions per score on sm_90, slower on the H100), each
+#: alone
 BWD = [
-    (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2)), (64, 4, 3, (64, 128, 8, 2), None),
-    (64, 4, 3, None, (128, 64, 8, 2)), (64, 4, 3, None, None), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 3)),
-    (64, 4, 3, (64, 128, 8, 3), (128, 64, 8, 2)), (64, 4, 3, (32, 128, 8, 2), (128, 64, 8, 2)),
-    (64, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
-    (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
+    (64, 4, 3, None, None), (64, 4, 2, None, None), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "wide dbias"),
+    (64, 4, 3, (64, 128, 8, 2), None), (64, 4, 3, None, (128, 64, 8, 2)), (64, 4, 3, None, None, "wide dbias"),
+    (64, 4, 3, None, None, "batch outer"),
 ]  # fmt: skip
-#: head dim 128 (3 heads, at the largest of --sides): its defaults (forward 128 x 64, dkdv 32 x 128, dq and dbias
-#: 128 x 64, each in 8 warps, chosen from the sm_90 code, untimed) against the narrow tiles they replaced (forward
-#: 64 x 32, the backward's square 32 x 32, 4 warps), dkdv's 64 x 128 (fewer instructions, but it spills in its loop)
-#: and the square dbias
-FWD_128 = [(128, 64, 8, 2, False), (64, 32, 4, 2, False), (64, 64, 4, 2, False), (128, 64, 8, 2, False, "no TMA")]
+#: head dim 128 (3 heads, at the largest of --sides): its defaults first (forward 64 x 32 in 4 warps; dkdv 64 x 128,
+#: dq and dbias 128 x 64, each in 8 warps: the fastest on an H100), against the forward's 128 x 64 and 64 x 64, the
+#: backward's square 32 x 32 and dkdv's 32 x 128, and the square dbias
+FWD_128 = [(64, 32, 4, 2, False), (128, 64, 8, 2, False), (64, 64, 4, 2, False), (64, 32, 4, 2, False, "no TMA")]
 BWD_128 = [
-    (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2)),
-    (32, 4, 2, None, None),
     (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
-    (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
-    (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
+    (32, 4, 2, None, None),
+    (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2)),
+    (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
+    (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
 ]
 CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
 #: Swin-T's first stage (8,192 windows of 7 x 7 for 128 images, 3 heads of 32, a shifted block's region ids), whose
-#: backward fits one tile (triton_bias.TILE_BWD): the one-tile kernel's (warps, stages), its defaults first
-#: (triton_bias.LAUNCH's "tile": 8 warps, 2 stages where it sums the table's gradient; "tile_each": 4 warps, 1 stage
-#: where it does not), and None: the four kernels it replaces (delta, dkdv, dq, dbias)
-WINDOWS = [None, (8, 2), (4, 1), (4, 2), (8, 1)]
+#: backward fits one tile (triton_bias.TILE_BWD): the one-tile kernel's (warps, stages), its default first
+#: (triton_bias.LAUNCH's "tile" and "tile_each": 4 warps, 1 stage, the fastest on an H100), the four kernels it
+#: replaces (None: delta, dkdv, dq, dbias), then the others
+WINDOWS = [(4, 1), None, (8, 2), (4, 2), (8, 1)]
 #: the same windows' forward alone: the one-tile forward's (warps, stages) (triton_bias.TILE_FWD: a share of the
-#: windows a program; triton_bias.LAUNCH's "fwd_tile", 4 warps and 2 stages, first), and None: a program a window
+#: windows a program; triton_bias.LAUNCH's "fwd_tile", 4 warps and 1 stage, first), and None: a program a window
 #: (the forward kernel of any call)
-WINDOWS_FWD = [(4, 2), None, (4, 1), (8, 2)]
+WINDOWS_FWD = [(4, 1), None, (4, 2), (8, 2)]
 
 
 def kernel_launches(q, k, v, table, grid, prefix: int = 1, **kwargs) -> dict:
@@ -233,11 +232,14 @@ def tune_size(
     for blk, w, st, *wides in bwd_rows:
         tb._BWD_BLOCK[hd] = blk
         tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", hd] = {"num_warps": w, "num_stages": st}
-        outer, square = "batch outer" in wides[2:], "square dbias" in wides[2:]
+        outer, square, wide_dbias = ("batch outer" in wides[2:], "square dbias" in wides[2:], "wide dbias" in wides[2:])
         tb.DBIAS_BATCH_OUTER.clear()
         tb.DBIAS_BATCH_OUTER.update({hd} if outer else ())
         tb._DBIAS_WIDE.clear()
         tb._DBIAS_WIDE.update({} if square else dbias_wide)
+        if wide_dbias:
+            tb._DBIAS_WIDE[hd] = (128, 64)
+            tb.LAUNCH["dbias", hd] = {"num_warps": 8, "num_stages": 2}
         parts = []
         for name, wide, tiles in zip(("dkdv", "dq"), wides, (tb._DKDV_WIDE, tb._DQ_WIDE)):  # (not `table`: tri_fb's)
             tiles.pop(hd, None)
@@ -245,10 +247,16 @@ def tune_size(
                 tiles[hd] = wide[:2]
                 tb.LAUNCH[name, hd] = {"num_warps": wide[2], "num_stages": wide[3]}
             parts.append(f"{name} {wide[0]} x {wide[1]} warps {wide[2]} stages {wide[3]}" if wide else f"{name} square")
-        flags = ["dbias batch outer"] * outer + ["square dbias"] * square
+        flags = (
+            ["dbias batch outer"] * outer + ["square dbias"] * square + ["dbias 128 x 64 warps 8 stages 2"] * wide_dbias
+        )
         config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *flags])
         # (the dbias kernel's loop order and tile: the rows with the table's gradient only)
-        settings = ((True, True), (True, False)) if outer or square else ((True, True), (False, True), (True, False))
+        settings = (
+            ((True, True), (True, False))
+            if outer or square or wide_dbias
+            else ((True, True), (False, True), (True, False))
+        )
         for grad_t, det in settings:  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731

@@ -63,42 +63,27 @@ __all__ = [
 #: (BM, BN) of the forward, and the square tile of the backward, by head dim; the interpreter takes 16
 #: (small tiles keep its per-element work small and exercise several blocks at small sizes)
 _FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 64), 128: (64, 32)}
-#: the forward's tile where its bias is read whole or there is none (a full grid's bias tiles, no table), by head dim:
-#: head dim 64, the fastest forward of ``bench/triton_tune.py`` on an H100 at N = 1025 and 4097
-#: (``bench/results/triton_tune_h100.md``: 64 x 128, 4 warps, 2 stages, 0.91x and 0.90x the time of 64 x 64). Not where
-#: the bias is gathered per score or the tokens are laid out: there 64 x 128 spills (328 and 1,296 bytes, sm_90).
-#: Head dim 128 (ViT-H's 80 too): 128 x 64 in 8 warps (:data:`LAUNCH`'s ``("fwd", 128)``), chosen from the code compiled
-#: for sm_90, not from a GPU's clock: 0.67x the instructions per score of the 64 x 32 tile in 4 warps (Triton 3.6: 465
-#: against 694 with a table, 402 against 590 without), no spills, 112 KB of shared memory
-_FWD_WIDE = {64: (64, 128), 128: (128, 64)}
+#: the forward's tile where its bias is read whole or there is none (a full grid's bias tiles, no table), by head dim,
+#: where it is not the square one of :data:`_FWD_BLOCKS`: none, as measured on an H100 (``bench/results/
+#: triton_tune_h100_479ebfa.md``, N = 4097): head dim 64, 64 x 64 in 4 warps and 2 stages 0.93x the time of 64 x 128
+#: (2.17 against 2.33 ms); head dim 128, 64 x 32 in 4 warps 0.69x the time of 128 x 64 in 8 warps (1.29 against 1.87
+#: ms), though the latter issues 0.67x the instructions per score (sm_90, Triton 3.6). The wide tiles stay supported
+#: (``bench/triton_tune.py`` times them)
+_FWD_WIDE: dict[int, tuple[int, int]] = {}
 _BWD_BLOCK = {16: 64, 32: 64, 64: 64, 128: 32}
-#: the ``dkdv`` kernel's ``(BM, BN)`` (queries streamed, keys held) by head dim, where its bias is read whole or there
-#: is none, with :data:`LAUNCH`'s ``("dkdv", head dim)`` options; elsewhere the backward's square tile. Head dim 64:
-#: 64 x 128 in 8 warps (its transposed tiles 128 keys tall: a 64-row product per warp group), chosen from the code
-#: compiled for sm_90, not yet from a GPU's clock (``bench/triton_tune.py`` times it against the square tile): per
-#: score it issues 0.77x the instructions of the square tile in 4 warps under Triton 3.6 (the H100 pass's; 0.88x under
-#: 3.8), neither spills nor serializes its products, and reads q and dO half as often. Head dim 128: 32 x 128 in 8 warps
-#: (0.43x the instructions per score of the square 32 x 32 tile under Triton 3.6: 624 against 1,452 with a table; the
-#: 64 x 128 tile issues fewer, 551, but spills in its loop), likewise from the compiled code
-_DKDV_WIDE: dict[int, tuple[int, int]] = {64: (64, 128), 128: (32, 128)}
-#: the ``dq`` kernel's ``(BM, BN)`` (queries held, keys streamed) by head dim, where its bias is read whole or there is
-#: none (and so it sums no diagonals of the table's gradient: square tiles), with :data:`LAUNCH`'s ``("dq", head dim)``
-#: options; elsewhere the backward's square tile. Head dim 64: 128 x 64 in 8 warps, chosen from the code compiled for
-#: sm_90, not yet from a GPU's clock (``bench/triton_tune.py`` times it against the square tile): it reads each key
-#: and value tile once per 128 queries instead of 64 (the kernels' bytes, read from L2, were what the H100 pass
-#: measured), with 0.95x the instructions per score of the square tile in 4 warps (Triton 3.6 and 3.8: 387 and 393
-#: against 409 and 415 with a table, 350 and 356 against 359 and 365 without; 2 stages, which issue fewer than 3),
-#: no spills. Head dim 128: 128 x 64 in 8 warps too (Triton 3.6: 423 against the square 32 x 32 tile's 1,028 with a
-#: table; no spills), from the compiled code
-_DQ_WIDE: dict[int, tuple[int, int]] = {64: (128, 64), 128: (128, 64)}
-#: the ``dbias`` kernel's ``(BM, BN)`` by head dim, where its bias is read whole (the ``dq`` kernel's wide tile, so
-#: one set of bias tiles serves both), with :data:`LAUNCH`'s ``("dbias", head dim)`` options; elsewhere the backward's
-#: square tile. Each ``dS`` it sums costs the reads of its q, ``do``, k and v rows: at head dim 64, 6 bytes a score at
-#: 128 x 64 against 8 at 64 x 64; at 128, 12 against 32 at 32 x 32 (its products are the same per score). sm_90,
-#: Triton 3.6, instructions per 64 x 64 scores: 366 against 391 (head dim 64, no spill against 32 bytes), 427 against
-#: 1,312 (head dim 128; 128 bytes of stack outside the loop, none in it). Untimed: ``bench/triton_tune.py``'s
-#: ``square dbias`` rows
-_DBIAS_WIDE: dict[int, tuple[int, int]] = {64: (128, 64), 128: (128, 64)}
+#: the ``dkdv`` kernel's ``(BM, BN)`` (queries streamed, keys held), the ``dq`` kernel's (queries held, keys streamed)
+#: and the ``dbias`` kernel's, by head dim, where the bias is read whole or there is none, with :data:`LAUNCH`'s
+#: ``(kernel, head dim)`` options; elsewhere the backward's square tile. As measured on an H100 (``bench/results/
+#: triton_tune_h100_479ebfa.md``, N = 4097, forward + backward with the table's gradient): head dim 64 takes the
+#: square 64 x 64 tile in 4 warps and 3 stages for all three, 9.39 ms against 11.83 with ``dkdv`` 64 x 128 and ``dq``
+#: and ``dbias`` 128 x 64 in 8 warps (0.79x; the wide tiles issue 0.77x-0.95x the instructions per score on sm_90,
+#: Triton 3.6, but ran slower), and the square ``dbias`` 0.98x the wide one beside wide ``dq`` tiles (it shares the
+#: ``dq`` kernel's bias tiles). Head dim 128: ``dkdv`` 64 x 128 and ``dq`` 128 x 64 in 8 warps, 8.73 ms against 9.40
+#: with ``dkdv`` 32 x 128 (64 x 128 spills in its loop, sm_90, yet ran faster) and 13.93 with the square 32 x 32
+#: tiles; ``dbias`` 128 x 64 in 8 warps, 9.40 against 11.45 square
+_DKDV_WIDE: dict[int, tuple[int, int]] = {128: (64, 128)}
+_DQ_WIDE: dict[int, tuple[int, int]] = {128: (128, 64)}
+_DBIAS_WIDE: dict[int, tuple[int, int]] = {128: (128, 64)}
 
 
 def interpreter_on() -> bool:
@@ -138,31 +123,26 @@ def _kernels():
 #: launch options (``num_warps``, ``num_stages``) of the forward and of the backward kernels on CUDA, and where a head
 #: dim (its power of two) has its own: the backward at head dim 64 in 3 stages, the fastest of ``bench/triton_tune.py``
 #: on an H100 at N = 1025 and 4097 (0.98x and 0.95x the time of 2); not measured at the others (Swin's 32: its
-#: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90); ``("fwd", d)``, ``("dkdv", d)``, ``("dq", d)``,
-#: ``("dbias", d)``: those kernels' options with their wide tiles only (:data:`_FWD_WIDE`, :data:`_DKDV_WIDE`,
-#: :data:`_DQ_WIDE`, :data:`_DBIAS_WIDE`: ``dbias`` as ``dq``, 8 warps and 2 stages, no spills); ``tile``:
-#: the one-tile backward (:data:`TILE_BWD`) where it sums the table's gradient over a share of the batch (8 warps, 2
-#: stages: no spills at head dims 16 and 32 under Triton 3.6 and 3.8, where 4 warps spill up to 64 bytes under 3.6
-#: with Swin's region ids, and the next batch element's tiles loaded during this one's; at head dim 64 1 stage, where
-#: 4 warps spill 72-152 bytes), ``tile_each`` where each program takes one batch element (4 warps, 1 stage: no spills
-#: at head dims 16 to 64, 0.6-0.7x the instructions per 64 x 64 scores of 8 warps); at head dim 128 (32-token tiles)
-#: both in 4 warps and 1 stage (0.8x the instructions per score of 8 warps, no spills); chosen from the code compiled
-#: for sm_90 under Triton 3.6 and 3.8 (``bench/triton_resources.py``), untimed (``bench/triton_tune.py`` times the
-#: others at head dim 32)
+#: windows' ``dq`` kernel spills 72 bytes in 3 stages, sm_90); ``("dkdv", d)``, ``("dq", d)``, ``("dbias", d)``: those
+#: kernels' options with their wide tiles only (:data:`_DKDV_WIDE`, :data:`_DQ_WIDE`, :data:`_DBIAS_WIDE`); ``tile``:
+#: the one-tile backward (:data:`TILE_BWD`) where it sums the table's gradient over a share of the batch, and
+#: ``tile_each`` where each program takes one batch element, 4 warps and 1 stage, and ``fwd_tile``, the one-tile
+#: forward (:data:`TILE_FWD`), 4 warps and 1 stage: the fastest on an H100 over Swin-T's first stage (8,192 windows of
+#: 7 x 7, 3 heads of 32; ``bench/results/triton_tune_h100_479ebfa.md``): the backward 1.86 ms against 1.98 in 8
+#: warps and 2 stages, 2.10 in 4 and 2, 2.10 in 8 and 1, 2.58 with the four kernels; the forward 0.49 ms against 0.53
+#: in 2 stages, 0.82 in 8 warps, 0.67 with a program a window. At head dim 64 the one-tile backward in 8 warps and 1
+#: stage (4 warps spill 72-152 bytes, sm_90), at 128 (32-token tiles) 4 warps and 1 stage; both chosen from the code
+#: compiled for sm_90 under Triton 3.6 and 3.8 (``bench/triton_resources.py``), untimed
 LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "fwd": {"num_warps": 4, "num_stages": 2},
     "bwd": {"num_warps": 4, "num_stages": 2},
     ("bwd", 64): {"num_warps": 4, "num_stages": 3},
-    ("dkdv", 64): {"num_warps": 8, "num_stages": 2},
-    ("dq", 64): {"num_warps": 8, "num_stages": 2},
-    ("fwd", 128): {"num_warps": 8, "num_stages": 2},
     ("dkdv", 128): {"num_warps": 8, "num_stages": 2},
     ("dq", 128): {"num_warps": 8, "num_stages": 2},
-    ("dbias", 64): {"num_warps": 8, "num_stages": 2},
     ("dbias", 128): {"num_warps": 8, "num_stages": 2},
-    "tile": {"num_warps": 8, "num_stages": 2},
+    "tile": {"num_warps": 4, "num_stages": 1},
     "tile_each": {"num_warps": 4, "num_stages": 1},
-    "fwd_tile": {"num_warps": 4, "num_stages": 2},
+    "fwd_tile": {"num_warps": 4, "num_stages": 1},
     ("tile", 64): {"num_warps": 8, "num_stages": 1},
     ("tile", 128): {"num_warps": 4, "num_stages": 1},
 }

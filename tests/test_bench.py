@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 import torch
@@ -224,7 +225,7 @@ def test_step_profile_tables_on_cpu():
     sp = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sp)
     argv = ["--device", "cpu", "--img-size", "32", "--batch-size", "2", "--steps", "1", "--warmup", "0"]
-    lines = sp.main([*argv, "--pairs", "vit_rel2d_full", "--top", "3"])
+    lines = sp.main([*argv, "--pairs", "vit_rel2d_full", "--top", "3", "--host"])
     assert lines[1].startswith("### vit_rel2d_full: vitrel_vit_small_patch16_224 + rel2d_full @auto against")
     walls = [row for row in lines if row.startswith(("| ours |", "| timm |"))]
     assert len(walls) == 2 and all(float(row.split("|")[2]) > 0 for row in walls)
@@ -236,7 +237,14 @@ def test_step_profile_tables_on_cpu():
     for col in (0, 1):  # each model's categories sum to its busy time
         assert abs(sum(float(v[col]) for v in cats.values()) - float(total[col])) <= 0.001 * (len(cats) + 1)
     top = lines[lines.index("| operator (CPU: own time) | category | calls / step | ms / step | share |") + 2 :]
-    assert len([row for row in top if row.startswith("| `")]) == 3
+    assert len([row for row in top[:4] if row.startswith("| `")]) == 3
+    # --host: the host's time a step under cProfile, each model's, and ours' dearest Python functions, dearest first
+    host = next(row for row in lines if row.startswith("Under cProfile"))
+    assert [float(x) for x in re.findall(r"([\d.]+) ms", host)][0] > 0 and "timm" in host
+    funcs = lines[lines.index("| function | calls / step | ms / step |") + 2 :][:3]
+    own = [float(row.split("|")[3]) for row in funcs]
+    assert len(funcs) == 3 and all(row.startswith("| `") for row in funcs) and own == sorted(own, reverse=True)
+    assert own[0] > 0.1  # (the dearest: the autograd engine or the optimizer, milliseconds a step)
     assert sp.category("_bwd_dkdv_kernel") == sp.category("vitrel::rel_bias_attention") == "vitrel fused kernels"
     assert sp.category("fmha_cutlassB_bf16_aligned_64x64_k64_sm80") == "SDPA (flash, cuDNN, efficient)"
     flash = "void pytorch_flash::flash_bwd_dq_dk_dv_loop_seqk_parallel_kernel<Flash_bwd_kernel_traits>"

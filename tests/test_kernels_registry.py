@@ -136,9 +136,9 @@ def test_auto_compiles_as_one_graph_on_cuda():
     ],
 )
 def test_auto_on_an_h100_trains_learned_tables_with_the_fused_kernel(name, n, training, want):
-    """The H100's rules (measured: ``bench/results/gpu_h100.md``): the fused kernel where a learned table is trained
-    at N = 4096 (T5's 1-D buckets and the full 2-D table from N = 1024), the factored table folded into q and k from N = 1024, SDPA in
-    evaluation (no gradient: the state is prepared under
+    """The H100's rules (measured: ``bench/results/gpu_h100.md``, ``gpu_h100_9ae408d.md``): the fused kernel where a
+    learned table is trained at N = 4096 (T5's 1-D buckets and the full 2-D table from N = 1024), the factored table
+    folded into q and k from N = 1024, SDPA in evaluation (no gradient: the state is prepared under
     ``torch.no_grad``), for fixed biases and at smaller sizes."""
     s = build_pos(name, num_heads=2, head_dim=8, grid=(3, 4))
     assert select_kernel(s, n, "NVIDIA H100 80GB HBM3", training) == want

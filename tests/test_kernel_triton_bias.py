@@ -502,33 +502,48 @@ def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, ca
 @pytest.mark.parametrize(
     ("grid", "prefix", "case"),
     [((12, 12), 1, "table"), ((9, 16), 0, "fp16"), ((1, 150), 0, "causal"), ((12, 12), 1, "none"),
-     ((12, 12), 1, "atomic"), ((7, 9), 2, "gather"), ((10, 13), 1, "d128")],
+     ((12, 12), 1, "atomic"), ((7, 9), 2, "gather"), ((10, 13), 1, "d128"), ((12, 12), 1, "wide"),
+     ((1, 150), 0, "wide causal")],
 )  # fmt: skip
 def test_gpu_launch_configuration_equals_reference(monkeypatch, device, grid, prefix, case):
-    """The launches a GPU gets (head dim 64: the forward's 64 x 128 tiles, ``dkdv``'s 64 x 128, ``dq``'s 128 x 64
-    where its bias is read whole or there is none, ``dbias``'s too, and the square 64 x 64 where ``dq`` sums the
-    gradient's diagonals; head dim 128: the forward's 128 x 64, ``dkdv``'s 32 x 128, ``dq``'s 128 x 64, the square
-    32 x 32; their bias tiles of those shapes, in the inputs' type) run through the interpreter equal the float64
-    reference, output and gradients (the table's too): what the other tests check with the interpreter's 16-token
-    tiles, here in the shapes the H100 runs. Grids of several tiles a side, prefix tokens, fp16 tiles, causal, no
-    table, ``dq`` by atomics, the bias gathered per score, head dim 128. Under ``-m cuda`` the same on the GPU, in
-    bf16: the only GPU check of the wide tiles against the reference (the others' head dims take square ones)."""
+    """The launches a GPU gets (head dim 64: the square 64 x 64 tiles in every kernel; head dim 128: the forward's
+    64 x 32, ``dkdv``'s 64 x 128, ``dq``'s and ``dbias``'s 128 x 64 where the bias is read whole or there is none,
+    the square 32 x 32 where ``dq`` sums the gradient's diagonals; their bias tiles of those shapes, in the inputs'
+    type) run through the interpreter equal the float64 reference, output and gradients (the table's too): what the
+    other tests check with the interpreter's 16-token tiles, here in the shapes the H100 runs. Grids of several tiles
+    a side, prefix tokens, fp16 tiles, causal, no table, ``dq`` by atomics, the bias gathered per score, head dim
+    128, and (``wide``) head dim 64's wide tiles, which ``bench/triton_tune.py`` times (the forward's and ``dkdv``'s
+    64 x 128, ``dq``'s and ``dbias``'s 128 x 64, as the defaults were before the H100 tuning). Under ``-m cuda`` the
+    same on the GPU, in bf16: the only GPU check of the wide tiles against the reference (the others' head dims take
+    square ones)."""
     real = triton_bias._blocks
     monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: real(d, True))
     wide = triton_bias._wide_tile
     monkeypatch.setattr(triton_bias, "_wide_tile", lambda kernel, block_d, cuda: wide(kernel, block_d, True))
+    if case.startswith("wide"):
+        for tiles, tile in ((triton_bias._FWD_WIDE, (64, 128)), (triton_bias._DKDV_WIDE, (64, 128)),
+                            (triton_bias._DQ_WIDE, (128, 64)), (triton_bias._DBIAS_WIDE, (128, 64))):  # fmt: skip
+            monkeypatch.setitem(tiles, 64, tile)
+        for kernel in ("dkdv", "dq", "dbias"):
+            monkeypatch.setitem(triton_bias.LAUNCH, (kernel, 64), {"num_warps": 8, "num_stages": 2})
     d, sq = (128, 32) if case == "d128" else (64, 64)
     q = torch.zeros(1, 1, prefix + grid[0] * grid[1], d)
     kw = dict(bias_read="gather" if case == "gather" else "tiles", deterministic=case != "atomic")
     shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in triton_bias.plan(q, q, q, None, grid, prefix).items()}
-    fwd, dkdv = ((128, 64), (32, 128)) if d == 128 else ((64, 128), (64, 128))
-    assert shapes == {"fwd": fwd, "delta": (128, None), "dkdv": dkdv, "dq": (128, 64)}, shapes
+    if d == 128:
+        fwd, dkdv, dq, dbias_tile = (64, 32), (64, 128), (128, 64), (128, 64)
+    elif case.startswith("wide"):
+        fwd, dkdv, dq, dbias_tile = (64, 128), (64, 128), (128, 64), (128, 64)
+    else:
+        fwd = dkdv = dq = dbias_tile = (64, 64)
+    assert shapes == {"fwd": fwd, "delta": (128, None), "dkdv": dkdv, "dq": dq}, shapes
     t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
     square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
     assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, True)
     dbias = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="tiles")["dbias"].args
-    assert (dbias["BM"], dbias["BN"]) == (128, 64)
-    settings = dict(table_on=case != "none", causal=case == "causal", dtype=torch.float16 if case == "fp16" else None)
+    assert (dbias["BM"], dbias["BN"]) == dbias_tile
+    causal = case.endswith("causal")
+    settings = dict(table_on=case != "none", causal=causal, dtype=torch.float16 if case == "fp16" else None)
     _check(device, 1 if d == 128 else 2, 2, d, grid, prefix, **kw, **settings)
 
 

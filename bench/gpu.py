@@ -311,11 +311,12 @@ def widened_backends(dev: torch.device) -> list[str]:
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
 #: in the order of their priority: ``--budget`` (the whole pass, default 8 minutes) cuts the pass where it runs out
-SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "profile": 120,
-            "train": 240, "rotary": 100, "content": 120, "hazards": 90, "mfu": 120, "compile": 120}  # fmt: skip
+SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "host": 60,
+            "profile": 150, "train": 240, "rotary": 100, "content": 120, "hazards": 90, "mfu": 120,
+            "compile": 120}  # fmt: skip
 #: the sections after the fused kernel's targets (issue 32's: attention, forward, models, vitb): ``bench/gpu_session.sh
 #: rest`` runs them with the launch configurations in the same command
-REST = ["profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
+REST = ["host", "profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
 #: the kernel section's pytest run (Triton compiles each variant on first use), inside the section's own limit
 KERNEL_TESTS_S = 110
 #: the least time worth starting a section with
@@ -394,13 +395,20 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
                               *extra, "--steps", "10", "--compile", "--attn-impl", "triton", "--pairs",
                               "vitb_rel2d_factored", "vitb_rel2d_full"])  # fmt: skip
         return ["## ViT-B/16 compiled against timm (attn_impl=triton)\n", f"`{c}`\n", text]
-    if name == "profile":  # where vitrel's training step loses to timm's, kernel by kernel (ViT-B/16, Swin-T; eager)
+    if name == "profile":  # where vitrel's training step loses to timm's, kernel by kernel, and the host's Python
+        # (ViT-B/16, Swin-T, ViT-S; eager)
         extra = ["--img-size", "32", "--batch-size", "2", "--steps", "1"] if args.quick else ["--batch-size", "128"]
         impl = "triton" if dev.type == "cuda" else "sdpa"  # (triton on a CPU: only under Triton's interpreter)
-        pairs = ["--pairs", "vitb_rel2d_factored", "swin_rel2d_full"]
+        pairs = ["--pairs", "vitb_rel2d_factored", "swin_rel2d_full", "vit_rel2d_full", "--host"]
         c, text = run_script(["bench/step_profile.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
                               *extra, "--attn-impl", impl, *pairs])  # fmt: skip
         return ["## Where the training step's time goes, kernel by kernel (bench/step_profile.py)\n", f"`{c}`\n", text]
+    if name == "host":  # the host's cost of one attention call, per implementation (a layer too small for the GPU)
+        if dev.type != "cuda":
+            return ["## The host's cost of an attention call: CUDA only (on a CPU, bench/host_overhead.py --grid 3)\n"]
+        extra = ["--repeat", "20", "--rounds", "2"] if args.quick else []
+        c, text = run_script(["bench/host_overhead.py", "--device", args.device, *extra])
+        return ["## The host's cost of an attention call (bench/host_overhead.py)\n", f"`{c}`\n", text]
     if name == "hazards":
         return ["## Hazards\n", *hazards(dev, args.quick)]
     if name == "mfu":

@@ -7,8 +7,9 @@
 #                                                              # atomics among them (at most 200 s), then the
 #                                                              # steps' kernel profile (bench/gpu.py profile, 2 min)
 #   on GPU:  bash bench/gpu_session.sh one "$OUT"              # a 15-minute lease in one command (9.5 minutes):
-#                                                              # the pass's kernel checks and targets (380 s), the
-#                                                              # tuning at N = 4097 (110 s), the profile (80 s)
+#                                                              # the pass's kernel checks, targets and the host's cost
+#                                                              # of a call (360 s), the tuning at N = 4097 (100 s),
+#                                                              # the steps' profile, kernels and host (110 s)
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -25,9 +26,9 @@ case $part in
   pass) python3 bench/gpu.py --budget 470 --out "$out/gpu_$gpu.md" ;;
   tune) timeout 200 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections profile --budget 120 --out "$out/gpu_${gpu}_profile.md" ;;
-  one)  python3 bench/gpu.py --sections kernel attention forward models vitb --budget 380 --out "$out/gpu_$gpu.md"
-        timeout 110 python3 bench/triton_tune.py --sides 64 --out "$out/triton_tune_$gpu.md"
-        python3 bench/gpu.py --sections profile --budget 80 --out "$out/gpu_${gpu}_profile.md" ;;
+  one)  python3 bench/gpu.py --sections kernel attention forward vitb host --budget 360 --out "$out/gpu_$gpu.md"
+        timeout 100 python3 bench/triton_tune.py --sides 64 --out "$out/triton_tune_$gpu.md"
+        python3 bench/gpu.py --sections profile --budget 110 --out "$out/gpu_${gpu}_profile.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;

@@ -259,3 +259,30 @@ def test_step_profile_tables_on_cpu():
     assert sp.category("Memcpy DtoD (Device -> Device)") == "copies, memsets, indexing"
     assert sp.category("void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>") == "optimizer"
     assert sp.category("some_kernel_of_no_kind") == "other"
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="Triton's interpreter is off")
+def test_host_overhead_tables_on_cpu(tmp_path):
+    """bench/host_overhead.py, the code path of the GPU run's ``host`` section (here through Triton's interpreter, a
+    3 x 3 grid): a row per layer with its time per call against plain SDPA's (1.00x for SDPA itself), the fused
+    kernel's launches and torch operators per call, its dearest Python functions, dearest first."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "host_overhead.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_host_overhead", path)
+    ho = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ho)
+    out = tmp_path / "host.md"
+    lines = ho.main(
+        ["--device", "cpu", "--grid", "3", "--repeat", "1", "--rounds", "1", "--top", "4", "--out", str(out)]
+    )
+    assert out.read_text() == "\n".join(lines) + "\n"
+    rows = {row.split("|")[1].strip(): row.split("|")[2:6] for row in lines if row.startswith("| ") and "@" in row}
+    assert list(rows) == ho.LAYERS and rows["none@sdpa"][1].strip() == rows["none@sdpa"][3].strip() == "1.00x"
+    assert all(float(v[0]) > 0 and float(v[2]) > 0 for v in rows.values())
+    launches = next(row for row in lines if "Triton launches" in row)
+    assert int(re.search(r"(\d+) Triton launches", launches)[1]) >= 2  # (at least a forward and a backward)
+    funcs = lines[lines.index("| function | calls / call | us / call |") + 2 :]
+    own = [float(row.split("|")[3]) for row in funcs]
+    assert len(own) == 4 and own == sorted(own, reverse=True) and own[0] > 100  # (the interpreter: ms a call)

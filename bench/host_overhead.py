@@ -1,0 +1,144 @@
+"""The host's cost of one attention call, per implementation: a layer too small for the device to matter (one image,
+one head of 64, ViT-S/16's 14 x 14 grid and a class token), called back to back with the device synchronized only
+after each ``--repeat`` calls, so that on a GPU the device waits on the host and a call's time is the host's (Python,
+the dispatcher, launches). Each against plain SDPA (``none``) in the same run; then the fused kernel's calls under
+``cProfile`` (their dearest functions by own time) and, per call, its Triton launches and the torch operators it
+runs beside them (each a launch of its own on a GPU).
+
+    python bench/host_overhead.py --device cuda                       # on a GPU (bench/gpu.py's host section)
+    TRITON_INTERPRET=1 python bench/host_overhead.py --device cpu --grid 3 --repeat 2 --rounds 1   # the code path
+
+On a GPU, eager training steps of small models were bound by the host with ``attn_impl=triton``
+(``bench/results/gpu_h100_9ae408d.md``: ViT-S's kernels busy 0.40 of its step): this says how much of that one
+attention call costs, and where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import statistics
+import sys
+from collections import Counter
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # vitrel, installed or not
+
+from vitrel import Attention  # noqa: E402
+from vitrel.bench import alternate  # noqa: E402
+from vitrel.kernels import triton_bias  # noqa: E402
+
+#: the layers timed: scheme @ attn_impl (``none``: plain SDPA, the reference)
+LAYERS = ["none@sdpa", "rel2d_full@sdpa", "rel2d_full@triton", "rel2d_full@triton_atomic", "rel2d_factored@fold"]
+#: the layer profiled
+PROFILED = "rel2d_full@triton"
+
+
+def build(spec: str, grid: int, device: torch.device, dtype: torch.dtype) -> Attention:
+    pos, impl = spec.split("@")
+    return Attention(64, 1, pos=pos, grid=(grid, grid), num_prefix_tokens=1, attn_impl=impl).to(device, dtype)
+
+
+def launches_and_ops(call) -> tuple[int, Counter]:
+    """One ``call``'s Triton launches (:class:`triton_bias.Launch` calls) and its top-level torch operators (those
+    no other operator called), by name."""
+    count = 0
+    real = triton_bias.Launch.__call__
+
+    def counted(self):
+        nonlocal count
+        count += 1
+        return real(self)
+
+    triton_bias.Launch.__call__ = counted
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            call()
+    finally:
+        triton_bias.Launch.__call__ = real
+    ops = Counter(
+        e.name
+        for e in prof.events()
+        if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+    )
+    return count, ops
+
+
+def main(argv: list[str] | None = None) -> list[str]:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--grid", type=int, default=14, help="grid side (a class token besides)")
+    ap.add_argument("--repeat", type=int, default=200, help="calls between two synchronizations")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--top", type=int, default=15)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    dev = torch.device(args.device)
+    dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
+    n = args.grid**2 + 1
+    layers = {s: build(s, args.grid, dev, dtype) for s in LAYERS}
+    x = torch.randn(1, n, 64, device=dev, dtype=dtype, requires_grad=True)
+    grid = (args.grid, args.grid)
+
+    def fwd_bwd(s):
+        layers[s](x, grid).float().sum().backward()
+
+    def fwd(s):
+        with torch.inference_mode():
+            layers[s].eval()(x, grid)
+        layers[s].train()
+
+    calls = {f"{s} fwd+bwd": (lambda s=s: fwd_bwd(s)) for s in LAYERS}
+    calls.update({f"{s} fwd": (lambda s=s: fwd(s)) for s in LAYERS})
+    times = alternate(calls, args.rounds, warmup=2, repeat=args.repeat, device=dev)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
+    lines = [
+        f"{name}, torch {torch.__version__}; one image, 1 head of 64, {args.grid} x {args.grid} grid + 1 token "
+        f"({n} tokens), {dtype}; {args.repeat} calls between synchronizations, median of {args.rounds} rounds\n",
+        "| layer | fwd+bwd us / call | / plain SDPA | fwd us / call | / plain SDPA |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for s in LAYERS:
+        fb, f = med[f"{s} fwd+bwd"], med[f"{s} fwd"]
+        ref_fb, ref_f = med["none@sdpa fwd+bwd"], med["none@sdpa fwd"]
+        lines.append(f"| {s} | {1e6 * fb:.0f} | {fb / ref_fb:.2f}x | {1e6 * f:.0f} | {f / ref_f:.2f}x |")
+    count, ops = launches_and_ops(lambda: fwd_bwd(PROFILED))
+    lines += [
+        "",
+        f"{PROFILED}, one fwd+bwd call: {count} Triton launches, {sum(ops.values())} top-level torch operators "
+        f"({', '.join(f'{k[6:]} {v}' for k, v in ops.most_common(12))}).",
+    ]
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(args.repeat):
+        fwd_bwd(PROFILED)
+    pr.disable()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+    stats = pstats.Stats(pr).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
+    total = sum(tt for _, _, tt, _, _ in stats.values())
+    own = sorted(((tt, nc, f"{Path(f).name}:{ln}({fn})") for (f, ln, fn), (_, nc, tt, _, _) in stats.items()))[::-1]
+    lines += [
+        "",
+        f"{PROFILED} under cProfile: {1e6 * total / args.repeat:.0f} us of Python-visible time a call (the "
+        f"profiler's cost included); the {args.top} dearest functions by own time:",
+        "",
+        "| function | calls / call | us / call |",
+        "|---|---:|---:|",
+    ]
+    lines += [
+        f"| `{k[:100]}` | {nc / args.repeat:.1f} | {1e6 * tt / args.repeat:.1f} |" for tt, nc, k in own[: args.top]
+    ]
+    print("\n".join(lines), flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+    return lines
+
+
+if __name__ == "__main__":
+    main()

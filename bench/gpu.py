@@ -386,9 +386,9 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
     if name == "models":  # Swin-T and ViT-S/rel2d_full training steps against timm, eager, vitrel with triton
         extra = ["--img-size", "64", "--batch-size", "2", "--steps", "1"] if args.quick else ["--batch-size", "128"]
         c, text = run_script(["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
-                              *extra, "--steps", "10", "--attn-impl", "triton", "--pairs", "swin_rel2d_full",
+                              *extra, "--steps", "10", "--attn-impl", "triton", "sdpa", "--pairs", "swin_rel2d_full",
                               "vit_rel2d_full"])  # fmt: skip
-        return ["## Training steps against timm (attn_impl=triton)\n", f"`{c}`\n", text]
+        return ["## Training steps against timm (attn_impl=triton and sdpa, in one alternation)\n", f"`{c}`\n", text]
     if name == "vitb":  # ViT-B/16 compiled against timm's absolute one, compiled
         extra = ["--img-size", "32", "--batch-size", "2"] if args.quick else ["--batch-size", "256"]
         c, text = run_script(["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),

@@ -81,33 +81,38 @@ def build(spec: dict, img_size: int, device: torch.device, ours: bool, attn_impl
     return timm.create_model(name, img_size=img_size, num_classes=1000, **spec).to(device).train()
 
 
-def run_pair(key: str, args, device: torch.device) -> dict:
+def run_pair(key: str, args, device: torch.device) -> list[dict]:
+    """A row per ``--attn-impl`` for pair ``key``: vitrel's model with that implementation against timm's, every model
+    of the pair timed in one alternation (timm's once, so each row's ratio reads the same timm steps)."""
     ours_spec, timm_spec = PAIRS[key]
-    torch.manual_seed(0)
-    models = {
-        "ours": build(ours_spec, args.img_size, device, True, args.attn_impl).train(),
-        "timm": build(timm_spec, args.img_size, device, False),
-    }
+    models = {}
+    for impl in args.attn_impl:
+        torch.manual_seed(0)
+        models[impl] = build(ours_spec, args.img_size, device, True, impl).train()
+    models["timm"] = build(timm_spec, args.img_size, device, False)
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
     y = torch.randint(0, 1000, (args.batch_size,), device=device)
     steps = {}
     for k, m in models.items():
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05, fused=device.type == "cuda")
         steps[k] = train_step(torch.compile(m) if args.compile else m, opt, x, y, bf16=args.amp)
-    med = medians(alternate(steps, args.steps, warmup=args.warmup, device=device, zigzag=True))
+    med = medians(alternate(steps, args.steps, warmup=args.warmup, device=device, zigzag=len(steps) == 2))
     ips = {k: args.batch_size / v for k, v in med.items()}
     params = {k: n_params(m) for k, m in models.items()}
-    return dict(
-        pair=key,
-        ours=ours_spec["name"] + f" + {ours_spec['pos']}" + (f" @{args.attn_impl}" if args.attn_impl != "auto" else ""),
-        timm=timm_spec["name"],
-        params_ours=params["ours"],
-        params_timm=params["timm"],
-        params_diff=abs(params["ours"] - params["timm"]) / params["timm"],
-        ips_ours=ips["ours"],
-        ips_timm=ips["timm"],
-        ratio=ips["ours"] / ips["timm"],
-    )
+    return [
+        dict(
+            pair=key,
+            ours=ours_spec["name"] + f" + {ours_spec['pos']}" + (f" @{impl}" if impl != "auto" else ""),
+            timm=timm_spec["name"],
+            params_ours=params[impl],
+            params_timm=params["timm"],
+            params_diff=abs(params[impl] - params["timm"]) / params["timm"],
+            ips_ours=ips[impl],
+            ips_timm=ips["timm"],
+            ratio=ips[impl] / ips["timm"],
+        )
+        for impl in args.attn_impl
+    ]
 
 
 def main() -> None:
@@ -118,7 +123,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--img-size", type=int, default=224)
     ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
-    ap.add_argument("--attn-impl", default="auto", help="vitrel's attention implementation (sdpa, fold, flex, triton)")
+    ap.add_argument("--attn-impl", nargs="+", default=["auto"],
+                    help="vitrel's attention implementations (sdpa, fold, flex, triton, auto): a row each")  # fmt: skip
     ap.add_argument("--compile", action="store_true", help="torch.compile both models (the timed steps are compiled)")
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is steadiest on a shared CPU)")
@@ -129,10 +135,11 @@ def main() -> None:
     print(
         f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
         f"{torch.get_num_threads()} threads) batch={args.batch_size} img={args.img_size} "
-        f"steps={args.steps} warmup={args.warmup} amp={args.amp} compile={args.compile} attn_impl={args.attn_impl} "
+        f"steps={args.steps} warmup={args.warmup} amp={args.amp} compile={args.compile} "
+        f"attn_impl={' '.join(args.attn_impl)} "
         f"torch={torch.__version__} timm={timm.__version__}"
     )
-    rows = [run_pair(k, args, device) for k in args.pairs]
+    rows = [row for k in args.pairs for row in run_pair(k, args, device)]
     hdr = f"| {'ours':50} | {'timm':34} | {'params ours':>12} | {'params timm':>12} | {'img/s ours':>10} | "
     hdr += f"{'img/s timm':>10} | {'ours/timm':>9} |"
     print(hdr)

@@ -17,7 +17,8 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    the widened heads, and ``pytest -m cuda tests/test_kernel_shaw.py`` (flash runs them).
    **rotary**: the rotary schemes through ``sdpa`` and ``@triton`` (the fused rotation,
    :mod:`vitrel.kernels.triton_rope`).
-3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models.
+3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models (``attn_impl=triton`` and
+   ``sdpa`` in one alternation); **vitb**: ViT-B/16 compiled against timm's.
 4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa, fold and, on CUDA, flex), bf16 autocast, AdamW: the model's
    FLOPs of one training step (``torch.utils.flop_counter`` on the sdpa run; the fold computes the same
    function) times steps per second over the device's dense bf16 peak (``PEAK_BF16``; unknown devices
@@ -26,14 +27,16 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
 0. **diagnose**: the fused kernel's breakdown at N = 1025 and 4097 (``bench/triton_tune.py --diagnose``): forward
    with the bias read as whole tiles against gathered per score, without a table; forward + backward with and
    without the table's gradient; FlexAttention's.
+6. **profile**: ``bench/step_profile.py --host``: ViT-B/16 (``rel2d_factored``), Swin-T and ViT-S training steps
+   against timm's, eager, under ``torch.profiler``: each step's wall time against the device's busy time, and the
+   kernels' time by category and by name, ours against timm's (where the step loses); then under ``cProfile``, the
+   host's Python functions. **host**: ``bench/host_overhead.py``: the host's cost of one attention call per
+   implementation, on a layer too small for the device.
+7. **train**: the default recipe (``python train.py trainer=gpu``, 10 epochs) with the eager step and with the fast
+   step (``conf/step/fast.yaml``): steps/s, the fit's wall time, test accuracy. Needs hydra-core (docs/gpu.md).
 
 The sections run in the order of ``SECTIONS`` (their priority) within ``--budget`` seconds (default 480: one
 command of a 15-minute GPU loan); a section that would start with less than ``MIN_SECTION_S`` left is not run.
-6. **profile**: ``bench/step_profile.py``: ViT-B/16 (``rel2d_factored``) and Swin-T training steps against timm's,
-   eager, under ``torch.profiler``: each step's wall time against the device's busy time, and the kernels' time by
-   category and by name, ours against timm's (where the step loses).
-7. **train**: the default recipe (``python train.py trainer=gpu``, 10 epochs) with the eager step and with the fast
-   step (``conf/step/fast.yaml``): steps/s, the fit's wall time, test accuracy. Needs hydra-core (docs/gpu.md).
 """
 
 from __future__ import annotations

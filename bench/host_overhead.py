@@ -16,8 +16,6 @@ attention call costs, and where.
 from __future__ import annotations
 
 import argparse
-import cProfile
-import pstats
 import statistics
 import sys
 from collections import Counter
@@ -26,7 +24,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # vitrel, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/step_profile.py, beside this file
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # vitrel, installed or not
+
+from step_profile import host_times  # noqa: E402
 
 from vitrel import Attention  # noqa: E402
 from vitrel.bench import alternate  # noqa: E402
@@ -103,9 +104,9 @@ def main(argv: list[str] | None = None) -> list[str]:
         "| layer | fwd+bwd us / call | / plain SDPA | fwd us / call | / plain SDPA |",
         "|---|---:|---:|---:|---:|",
     ]
+    ref_fb, ref_f = med["none@sdpa fwd+bwd"], med["none@sdpa fwd"]
     for s in LAYERS:
         fb, f = med[f"{s} fwd+bwd"], med[f"{s} fwd"]
-        ref_fb, ref_f = med["none@sdpa fwd+bwd"], med["none@sdpa fwd"]
         lines.append(f"| {s} | {1e6 * fb:.0f} | {fb / ref_fb:.2f}x | {1e6 * f:.0f} | {f / ref_f:.2f}x |")
     count, ops = launches_and_ops(lambda: fwd_bwd(PROFILED))
     lines += [
@@ -113,27 +114,17 @@ def main(argv: list[str] | None = None) -> list[str]:
         f"{PROFILED}, one fwd+bwd call: {count} Triton launches, {sum(ops.values())} top-level torch operators "
         f"({', '.join(f'{k[6:]} {v}' for k, v in ops.most_common(12))}).",
     ]
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(args.repeat):
-        fwd_bwd(PROFILED)
-    pr.disable()
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    stats = pstats.Stats(pr).stats  # {(file, line, name): (primitive calls, calls, own s, cumulative s, callers)}
-    total = sum(tt for _, _, tt, _, _ in stats.values())
-    own = sorted(((tt, nc, f"{Path(f).name}:{ln}({fn})") for (f, ln, fn), (_, nc, tt, _, _) in stats.items()))[::-1]
+    host = host_times(lambda: fwd_bwd(PROFILED), dev, args.repeat)  # (ms and calls per call of fwd_bwd)
+    own = sorted(host["own"].items(), key=lambda kv: -kv[1][0])[: args.top]
     lines += [
         "",
-        f"{PROFILED} under cProfile: {1e6 * total / args.repeat:.0f} us of Python-visible time a call (the "
-        f"profiler's cost included); the {args.top} dearest functions by own time:",
+        f"{PROFILED} under cProfile: {1e3 * host['wall_ms']:.0f} us a call (the profiler's cost included); the "
+        f"{args.top} dearest functions by own time:",
         "",
         "| function | calls / call | us / call |",
         "|---|---:|---:|",
     ]
-    lines += [
-        f"| `{k[:100]}` | {nc / args.repeat:.1f} | {1e6 * tt / args.repeat:.1f} |" for tt, nc, k in own[: args.top]
-    ]
+    lines += [f"| `{k[:100]}` | {nc:.1f} | {1e3 * ms:.1f} |" for k, (ms, nc) in own]
     print("\n".join(lines), flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

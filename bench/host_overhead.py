@@ -31,7 +31,7 @@ from step_profile import host_times  # noqa: E402
 
 from vitrel import Attention  # noqa: E402
 from vitrel.bench import alternate  # noqa: E402
-from vitrel.kernels import triton_bias  # noqa: E402
+from vitrel.kernels import triton_bias as tb  # noqa: E402
 
 #: the layers timed: scheme @ attn_impl (``none``: plain SDPA, the reference)
 LAYERS = ["none@sdpa", "rel2d_full@sdpa", "rel2d_full@triton", "rel2d_full@triton_atomic", "rel2d_factored@fold"]
@@ -48,25 +48,88 @@ def launches_and_ops(call) -> tuple[int, Counter]:
     """One ``call``'s Triton launches (:class:`triton_bias.Launch` calls) and its top-level torch operators (those
     no other operator called), by name."""
     count = 0
-    real = triton_bias.Launch.__call__
+    real = tb.Launch.__call__
 
     def counted(self):
         nonlocal count
         count += 1
         return real(self)
 
-    triton_bias.Launch.__call__ = counted
+    tb.Launch.__call__ = counted
     try:
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             call()
     finally:
-        triton_bias.Launch.__call__ = real
+        tb.Launch.__call__ = real
     ops = Counter(
         e.name
         for e in prof.events()
         if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
     )
     return count, ops
+
+
+def _empty_kernel():
+    """A Triton kernel of one argument that does nothing: the floor of a launch's host cost."""
+    import triton
+
+    @triton.jit
+    def empty(x):
+        pass
+
+    return empty
+
+
+def parts(dev: torch.device, dtype: torch.dtype, grid: int, repeat: int, rounds: int) -> list[str]:
+    """The host's cost of each piece of one ``rel2d_full@triton`` call (one image, one head of 64): a torch operator
+    and a Triton launch for scale; each kernel's launch alone; the bias tiles; the launches' preparation; the op's
+    bodies called directly, then through ``torch.ops`` (the dispatcher, and with a table that needs its gradient,
+    the autograd wrapper of ``torch.library``); the table's gradient from the tiles' sums."""
+    n = grid * grid + 1
+    q, k, v = (torch.randn(1, 1, n, 64, device=dev, dtype=dtype) for _ in range(3))
+    table = torch.randn(1, 2 * grid - 1, 2 * grid - 1, device=dev)
+    args = tb._op_args(q, k, v, table, (grid, grid), 1, None, None, False, None, None, "auto", None, True)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+    out, lse = tb._fwd_impl(*args)
+    do = torch.randn_like(out)
+    fwd = tb._fwd_launch(*args[:13], out, lse, sms)
+    bwd = tb._bwd_launches(do, *args[:7], out, lse, *args[7:], True, sms)
+    dbt = None if bwd.dbt is None else bwd.dbt.sum(0)
+    t2 = table * tb._kernels().LOG2E
+    req = [t.requires_grad_() for t in (q.clone(), k.clone(), v.clone(), table.clone())]
+    grad_args = (*req, *args[4:])
+    a, empty = torch.zeros(1, device=dev), _empty_kernel()
+    calls = {
+        "torch operator (a + 1)": lambda: a + 1,
+        "Triton launch, an empty kernel of 1 argument": lambda: empty[(1,)](a),
+        f"{fwd.kernel} launch alone ({len(fwd.args)} arguments)": fwd,
+        **{
+            f"{ln.kernel} launch alone ({len(ln.args)} arguments)": ln
+            for ln in (bwd.delta, bwd.dkdv, bwd.dq, bwd.dbias, bwd.tile)
+            if ln is not None
+        },
+        "bias tiles (_tile_args)": lambda: tb._tile_args(t2, None, "auto", grid, grid, 1, n, fwd.args["BM"],
+                                                         fwd.args.get("BN", fwd.args["BM"]), q, "fwd"),  # fmt: skip
+        "forward launch made (_fwd_launch)": lambda: tb._fwd_launch(*args[:13], out, lse, sms),
+        "backward launches made (_bwd_launches)": lambda: tb._bwd_launches(do, *args[:7], out, lse, *args[7:], True,
+                                                                           sms),  # fmt: skip
+        "forward body (_fwd_impl)": lambda: tb._fwd_impl(*args),
+        "forward op, no gradient (torch.ops)": lambda: torch.ops.vitrel.rel_bias_attention(*args),
+        "forward op, gradients wanted (torch.ops + autograd)": lambda: torch.ops.vitrel.rel_bias_attention(*grad_args),
+        "backward body (_bwd_impl)": lambda: tb._bwd_impl(do, *args[:7], out, lse, *args[7:], True),
+    }
+    if dbt is not None:
+        calls["table gradient from the tiles' sums"] = lambda: tb.table_grad_from_tiles(
+            dbt, bwd.patterns, grid, grid, 1
+        )
+    times = alternate(calls, rounds, warmup=2, repeat=repeat, device=dev)
+    lines = [
+        f"The pieces of one rel2d_full@triton call ({n} tokens, one head of 64, {dtype}), each {repeat} times between "
+        f"synchronizations, median of {rounds} rounds:\n",
+        "| piece | us / call |",
+        "|---|---:|",
+    ]
+    return lines + [f"| {k} | {1e6 * statistics.median(v):.0f} |" for k, v in times.items()]
 
 
 def main(argv: list[str] | None = None) -> list[str]:
@@ -125,6 +188,7 @@ def main(argv: list[str] | None = None) -> list[str]:
         "|---|---:|---:|",
     ]
     lines += [f"| `{k[:100]}` | {nc:.1f} | {1e3 * ms:.1f} |" for k, (ms, nc) in own]
+    lines += ["", *parts(dev, dtype, args.grid, args.repeat, args.rounds)]
     print("\n".join(lines), flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")

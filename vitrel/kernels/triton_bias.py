@@ -578,7 +578,6 @@ def _fwd_launch(
     return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, consts, opts)
 
 
-@torch.library.register_kernel("vitrel::rel_bias_attention", None)
 def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic):
     """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads)."""
     b, h, n, _ = q.shape
@@ -590,6 +589,9 @@ def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefi
     for part in _batch_chunks(launch, b, h) if launch.kernel == "fwd" else [launch]:  # (fwd_tile: a share a program)
         part()
     return out, lse
+
+
+torch.library.register_kernel("vitrel::rel_bias_attention", None, _fwd_impl)  # (the function kept: host_overhead.py)
 
 
 @torch.library.register_fake("vitrel::rel_bias_attention")
@@ -800,7 +802,6 @@ def _tile_bwd_launch(
     return _Backward(None, None, None, None, (dq, dk, dv), q.new_empty(0), dbt, pat, blk, launch)
 
 
-@torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None)
 def _bwd_impl(
     do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic,
     table_grad,
@@ -837,6 +838,9 @@ def _bwd_impl(
         n_split, _, n_b, _ = slots.shape
         dt = table_grad_from_slots(slots.view(n_split, h, n_b, n_b, 2, 2 * bwd.blk), grid_h, grid_w, bwd.blk)
     return dq, dk, dv, dt
+
+
+torch.library.register_kernel("vitrel::rel_bias_attention_bwd", None, _bwd_impl)
 
 
 @torch.library.register_fake("vitrel::rel_bias_attention_bwd")

@@ -108,11 +108,13 @@ def parts(dev: torch.device, dtype: torch.dtype, grid: int, repeat: int, rounds:
             for ln in (bwd.delta, bwd.dkdv, bwd.dq, bwd.dbias, bwd.tile)
             if ln is not None
         },
-        "bias tiles (_tile_args)": lambda: tb._tile_args(t2, None, "auto", grid, grid, 1, n, fwd.args["BM"],
-                                                         fwd.args.get("BN", fwd.args["BM"]), q, "fwd"),  # fmt: skip
+        "bias tiles (_tile_args)": lambda: tb._tile_args(
+            t2, None, "auto", grid, grid, 1, n, fwd.args["BM"], fwd.args.get("BN", fwd.args["BM"]), q, "fwd"
+        ),
         "forward launch made (_fwd_launch)": lambda: tb._fwd_launch(*args[:13], out, lse, sms),
-        "backward launches made (_bwd_launches)": lambda: tb._bwd_launches(do, *args[:7], out, lse, *args[7:], True,
-                                                                           sms),  # fmt: skip
+        "backward launches made (_bwd_launches)": lambda: tb._bwd_launches(
+            do, *args[:7], out, lse, *args[7:], True, sms
+        ),
         "forward body (_fwd_impl)": lambda: tb._fwd_impl(*args),
         "forward op, no gradient (torch.ops)": lambda: torch.ops.vitrel.rel_bias_attention(*args),
         "forward op, gradients wanted (torch.ops + autograd)": lambda: torch.ops.vitrel.rel_bias_attention(*grad_args),

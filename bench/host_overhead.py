@@ -94,7 +94,7 @@ def parts(dev: torch.device, dtype: torch.dtype, grid: int, repeat: int, rounds:
     do = torch.randn_like(out)
     fwd = tb._fwd_launch(*args[:13], out, lse, sms)
     bwd = tb._bwd_launches(do, *args[:7], out, lse, *args[7:], True, sms)
-    dbt = None if bwd.dbt is None else bwd.dbt.sum(0)
+    dbt = bwd.dbt
     t2 = table * tb._kernels().LOG2E
     req = [t.requires_grad_() for t in (q.clone(), k.clone(), v.clone(), table.clone())]
     grad_args = (*req, *args[4:])
@@ -118,6 +118,7 @@ def parts(dev: torch.device, dtype: torch.dtype, grid: int, repeat: int, rounds:
         "forward body (_fwd_impl)": lambda: tb._fwd_impl(*args),
         "forward op, no gradient (torch.ops)": lambda: torch.ops.vitrel.rel_bias_attention(*args),
         "forward op, gradients wanted (torch.ops + autograd)": lambda: torch.ops.vitrel.rel_bias_attention(*grad_args),
+        "forward, gradients wanted (eager: tb._Eager)": lambda: tb._Eager.apply(*grad_args),
         "backward body (_bwd_impl)": lambda: tb._bwd_impl(do, *args[:7], out, lse, *args[7:], True),
     }
     if dbt is not None:

@@ -265,7 +265,8 @@ def test_step_profile_tables_on_cpu():
 def test_host_overhead_tables_on_cpu(tmp_path):
     """bench/host_overhead.py, the code path of the GPU run's ``host`` section (here through Triton's interpreter, a
     3 x 3 grid): a row per layer with its time per call against plain SDPA's (1.00x for SDPA itself), the fused
-    kernel's launches and torch operators per call, its dearest Python functions, dearest first."""
+    kernel's launches and torch operators per call, its dearest Python functions, dearest first; then the host's cost
+    of each piece of one call, the forward's and backward's launches among them."""
     import importlib.util
     from pathlib import Path
 
@@ -284,5 +285,10 @@ def test_host_overhead_tables_on_cpu(tmp_path):
     launches = next(row for row in lines if "Triton launches" in row)
     assert int(re.search(r"(\d+) Triton launches", launches)[1]) >= 2  # (at least a forward and a backward)
     funcs = lines[lines.index("| function | calls / call | us / call |") + 2 :]
-    own = [float(row.split("|")[3]) for row in funcs]
+    own = [float(row.split("|")[3]) for row in funcs[: funcs.index("")]]
     assert len(own) == 4 and own == sorted(own, reverse=True) and own[0] > 100  # (the interpreter: ms a call)
+    pieces = lines[lines.index("| piece | us / call |") + 2 :]
+    pieces = {row.split("|")[1].strip(): float(row.split("|")[2]) for row in pieces}
+    assert all(v > 0 for v in pieces.values()), pieces
+    want = ["fwd_tile launch alone", "tile launch alone", "backward body", "eager", "table gradient from the tiles"]
+    assert all(any(w in k for k in pieces) for w in want), list(pieces)

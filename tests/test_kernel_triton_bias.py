@@ -182,7 +182,7 @@ def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
 
 
 @interpreted
-def test_qkv_views_are_read_in_place():
+def test_qkv_views_are_read_in_place(monkeypatch):
     """q, k, v as the qkv projection makes them (views of one ``[B, N, 3, heads, d]`` tensor, the head dim contiguous)
     are read through their strides, not copied (SDPA copies nothing either), and give the contiguous inputs' output
     and gradients exactly."""
@@ -194,9 +194,12 @@ def test_qkv_views_are_read_in_place():
             self.n = 0
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.n += func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default)
+            self.n += not launching and func in (torch.ops.aten.clone.default, torch.ops.aten.copy_.default)
             return func(*args, **(kwargs or {}))
 
+    launching = []  # (inside a launch: the interpreter's own copies, which a GPU does not make)
+    call = triton_bias.Launch.__call__
+    monkeypatch.setattr(triton_bias.Launch, "__call__", lambda self: (launching.append(1), call(self), launching.pop()))
     grid, prefix = (4, 5), 1
     qkv = torch.randn(2, prefix + 20, 3, 2, 16, requires_grad=True)
     table = torch.randn(2, 7, 9)
@@ -253,12 +256,13 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
             if isinstance(value, torch.Tensor) and key not in written:
                 torch.testing.assert_close(again[name].args[key], value, rtol=0, atol=0, msg=f"{name} {key}")
     pat = triton_bias.TilePatterns(*(first["dbias"].args[k] for k in ("n_kt", "n_pat", "d_min", "g_d", "n_m", "g_m")))
-    dbt = torch.randn(first["dbias"].args["DBT"].shape[1:])  # [heads, n_pat, blk, blk] (plan's tiles: a GPU's)
-    want = triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)
+    dbt = torch.randn(first["dbias"].args["DBT"].shape)  # [n_split, heads, n_pat, blk, blk] (plan's tiles: a GPU's)
+    triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)  # (its index made, and kept)
+    launches = []
+    monkeypatch.setattr(triton_bias.Launch, "__call__", lambda launch: launches.append(launch.kernel))
     with Ops() as ops:
-        got = triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)
-    assert ops.n <= 32, ops.n
-    torch.testing.assert_close(got, want, rtol=0, atol=0)
+        triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)
+    assert ops.n <= 2 and launches == ["table_grad"], (ops.n, launches)  # (its output; the index kept)
 
 
 def test_nothing_kept_from_a_graphs_stream(monkeypatch):
@@ -298,8 +302,9 @@ def test_keeps_only_on_the_default_stream():
 def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
     """``table_grad_from_tiles`` of the per-pattern sums of a gradient ``G`` over ``[tm, tw]`` tiles (square, and
     query tiles twice the key tiles: the ``dbias`` kernel's ``_DBIAS_WIDE``; patterns by ``(q0 - k0, q0 mod W)`` or
-    one per tile, ViT-B/16's 14 x 14 grid with a class token among them) is, at each table offset, the sum of ``G``
-    over the patch pairs at that offset: from the equation, in loops, float64."""
+    one per tile, ViT-B/16's 14 x 14 grid with a class token among them), split in three batch shares as the
+    ``dbias`` programs write them, is, at each table offset, the sum of ``G`` over the patch pairs at that offset:
+    from the equation, in loops, float64 (the kernel sums in float32)."""
     gh, gw = grid
     n = prefix + gh * gw
     pat = triton_bias.tile_patterns(gw, n, tm, tw)
@@ -317,7 +322,9 @@ def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
         for kb in range(tiles_k):
             tile = padded[:, qb * tm : (qb + 1) * tm, kb * tw : (kb + 1) * tw]
             dbt[:, pat.index(qb * tm, kb * tw, tm, tw, gw)] += tile
-    torch.testing.assert_close(triton_bias.table_grad_from_tiles(dbt, pat, gh, gw, prefix), want)
+    shares = torch.stack([dbt / 2, dbt / 4, dbt / 4]).float()  # (exact in binary: the shares add to dbt)
+    got = triton_bias.table_grad_from_tiles(shares, pat, gh, gw, prefix)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize(
@@ -663,7 +670,9 @@ def test_one_tile_backward_equals_reference(monkeypatch, device, tile_fwd, b, h,
         settings["mask"] = mask
     _check(device, b, h, d, grid, prefix, **settings)
     fwd = "fwd_tile" if tile_fwd else "fwd/one"
-    assert ran == ([fwd, "tile"] if one else [fwd, "delta", "dkdv", "dq"]), ran
+    sums = settings.get("table_on", True) and settings.get("table_grad", True) and settings.get("bias_read") != "gather"
+    table_grad = ["table_grad"] * (one and sums)  # (the tile kernel's sums reduced to the table: one launch)
+    assert ran == ([fwd, "tile"] if one else [fwd, "delta", "dkdv", "dq"]) + table_grad, ran
 
 
 @interpreted
@@ -1109,7 +1118,9 @@ def test_every_table_scheme_through_attention(name, prefix):
     g = torch.autograd.grad(y.square().sum(), list(params.values()))
     torch.testing.assert_close(y.double(), y_ref, atol=1e-5, rtol=1e-4)
     for (pname, _), gi, gr in zip(params.items(), g, g_ref):
-        scale = max(gr.abs().max().item(), 1e-2)  # (FIRE's last bias: zero gradient, softmax invariance)
+        # (FIRE's last bias: zero gradient by softmax invariance, the sum of every table entry's gradient, which
+        # cancels to float32's rounding, about 2e-7 here: absolute 2e-6 for it)
+        scale = max(gr.abs().max().item(), 1e-1)
         torch.testing.assert_close(gi.double() / scale, gr / scale, atol=2e-5, rtol=1e-4, msg=pname)
 
 

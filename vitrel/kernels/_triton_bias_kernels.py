@@ -859,7 +859,30 @@ def _bwd_delta_kernel(
     tl.store(DELTA + bh * _stats_len(N) + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1))
 
 
+@triton.jit
+def _table_grad_kernel(DBT, SRC, PTR, DT, H, P, T, n_split, BLOCK: tl.constexpr):
+    """The table's gradient ``DT [H, T]`` (float32) from the ``dbias`` kernel's sums ``DBT [n_split, H, P]`` (``P``
+    entries of the bias tiles a head, :func:`vitrel.kernels.triton_bias.table_grad_from_tiles`): entry ``e`` of the
+    table is the sum of ``DBT[s, h, SRC[p]]`` over the batch shares ``s`` and ``PTR[e] <= p < PTR[e + 1]`` (the tile
+    entries at that offset, by target: a CSR index made once per shape). ``BLOCK`` table entries of head
+    ``program_id(1)`` a program, each summed in one fixed order: deterministic, no atomics, one launch (it replaced
+    27 tensor operators, each a launch and its host work)."""
+    h = tl.program_id(1)
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    inside = offs < T
+    start = tl.load(PTR + offs, mask=inside, other=0)
+    count = tl.load(PTR + offs + 1, mask=inside, other=0) - start
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for s in range(0, n_split):
+        base = DBT + (s * H + h).to(tl.int64) * P
+        for j in range(0, tl.max(count, 0)):
+            on = j < count
+            src = tl.load(SRC + start + j, mask=on, other=0)
+            acc += tl.load(base + src, mask=on, other=0.0)
+    tl.store(DT + h * T + offs, acc, mask=inside)
+
+
 __all__ = [
     "LOG2E", "_fwd_kernel", "_fwd_tile_kernel", "_bwd_dkdv_kernel", "_bwd_dq_kernel", "_bwd_dbias_kernel",
-    "_bwd_tile_kernel", "_bwd_delta_kernel",
+    "_bwd_tile_kernel", "_bwd_delta_kernel", "_table_grad_kernel",
 ]

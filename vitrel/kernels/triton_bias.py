@@ -13,7 +13,8 @@ after the query masked
 table's gradient ``dT``, reduced in the kernel (:mod:`vitrel.kernels._triton_bias_kernels`), deterministic.
 
 It is a torch custom op (``torch.ops.vitrel.rel_bias_attention``) with its autograd formula and fake (meta)
-implementations, so ``torch.compile`` captures it as one node. The kernels run on CUDA, or on CPU tensors through
+implementations, so ``torch.compile`` captures it as one node; in eager mode the same bodies run as an autograd
+function (:class:`_Eager`: less host work a call). The kernels run on CUDA, or on CPU tensors through
 Triton's interpreter when ``TRITON_INTERPRET=1`` is set before this module is first used (the tests do so);
 on CPU without it, :func:`check_device` says so.
 """
@@ -145,6 +146,7 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "fwd_tile": {"num_warps": 4, "num_stages": 1},
     ("tile", 64): {"num_warps": 8, "num_stages": 1},
     ("tile", 128): {"num_warps": 4, "num_stages": 1},
+    "table_grad": {"num_warps": 4, "num_stages": 1},
 }
 
 
@@ -213,12 +215,17 @@ def _placeholder(dtype: torch.dtype, dims: int, device: torch.device) -> Tensor:
     return torch.zeros((1,) * dims, device=device, dtype=dtype)
 
 
-def _table_args(table: Tensor | None, q: Tensor) -> tuple[Tensor, int, int]:
+def _table_args(table: Tensor | None, q: Tensor, memo: dict | None = None) -> tuple[Tensor, int, int]:
     """The table in base 2 (the kernels' logits are), or a placeholder, and its group and head strides (group 0 on a
-    full grid's ``[heads, 2 GH - 1, 2 GW - 1]``)."""
+    full grid's ``[heads, 2 GH - 1, 2 GW - 1]``); ``memo`` (one call's, :class:`_Eager`): made once for its forward
+    and backward."""
     if table is None:
         return _placeholder(torch.float32, 1, q.device), 0, 0
-    t = table * _kernels().LOG2E
+    t = None if memo is None else memo.get("table")
+    if t is None:
+        t = table * _kernels().LOG2E
+        if memo is not None:
+            memo["table"] = t
     return (t, 0, t.stride(0)) if t.dim() == 3 else (t, t.stride(0), t.stride(1))
 
 
@@ -396,30 +403,38 @@ def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
 
 
 def _tile_args(
-    table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q, kernel: str
-):
+    table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q, kernel: str,
+    memo: dict | None = None,
+):  # fmt: skip
     """``(tiles, n_kt, n_pat, d_min, g_d, n_m, g_m)`` for the ``kernel``'s launch: the bias tiles of the base-2
     ``table`` on a full grid where ``bias_read`` takes them (:func:`tile_dtype`), else a placeholder and ``n_pat = 0``
-    (the bias gathered per score)."""
+    (the bias gathered per score); ``memo`` (one call's): the tiles of one shape and type made once for its forward
+    and backward."""
     if table is not None and tokens is None and bias_read != "gather":
         pat = tile_patterns(grid_w, n, tm, tw)
         dtype = tile_dtype(q.dtype, kernel)
         size = table.shape[0] * pat.n_pat * tm * tw * dtype.itemsize
         if size <= TILE_BUDGET_BYTES:
-            return bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw).to(dtype), *pat
+            key = ("tiles", tm, tw, dtype)
+            if memo is not None and key in memo:
+                return memo[key], *pat
+            tiles = bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw).to(dtype)
+            if memo is not None:
+                memo[key] = tiles
+            return tiles, *pat
         if bias_read == "tiles":
             raise ValueError(f"bias_read='tiles': {pat.n_pat} tile patterns take {size} bytes, above the budget")
     return _placeholder(torch.float32, 1, q.device), 0, 0, 0, 1, 0, 1
 
 
-def _pick_tile(tiles: list, table, tokens, bias_read: str, grid_h, grid_w, prefix, n, q, kernel: str):
+def _pick_tile(tiles: list, table, tokens, bias_read: str, grid_h, grid_w, prefix, n, q, kernel: str, memo=None):
     """``(BM, BN, bias tiles, tiling)`` of ``kernel``'s launch: the first of ``tiles`` (a wide one, or None, then the
     narrow one) whose bias is read whole (its tiles within the budget: else the narrow one's, gathered or not), or any
     where there is no table (:func:`_tile_args`)."""
     tiles = [c for c in tiles if c]
     for bm, bn in tiles:
         read = "auto" if (bm, bn) != tiles[-1] and bias_read == "tiles" else bias_read
-        bt, *tiling = _tile_args(table, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q, kernel)
+        bt, *tiling = _tile_args(table, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q, kernel, memo)
         if table is None or tiling[1] > 0:
             break
     return bm, bn, bt, tiling
@@ -483,6 +498,7 @@ class Launch(NamedTuple):
 _KERNELS = {
     "fwd": "_fwd_kernel", "fwd_tile": "_fwd_tile_kernel", "delta": "_bwd_delta_kernel", "dkdv": "_bwd_dkdv_kernel",
     "dq": "_bwd_dq_kernel", "dbias": "_bwd_dbias_kernel", "tile": "_bwd_tile_kernel",
+    "table_grad": "_table_grad_kernel",
 }  # fmt: skip
 
 
@@ -537,7 +553,7 @@ def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dt
 
 def _fwd_launch(
     q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, out, lse, sms,
-    tile=None, options=None,
+    tile=None, options=None, memo=None,
 ) -> Launch:  # fmt: skip
     """The forward's launch writing ``out`` and ``lse`` (``sms``: the device's multiprocessors, None in the
     interpreter); ``tile`` ``(BM, BN)`` and ``options`` replace the device's. A call whose tokens fit one tile of the
@@ -545,11 +561,11 @@ def _fwd_launch(
     b, h, n, d = q.shape
     cuda = sms is not None
     block_d, bm0, bn0, blk = _blocks(d, cuda)
-    t, stg, sth = _table_args(table, q)
+    t, stg, sth = _table_args(table, q, memo)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     if TILE_FWD and tile is None and tokens is None and n <= blk:
         bt, *tiling = _tile_args(None if table is None else t, None, bias_read, grid_h, grid_w, prefix, n, blk, blk, q,
-                                 "fwd")  # fmt: skip
+                                 "fwd", memo)  # fmt: skip
         n_split = _n_split(1, h, b, sms)
         flags = _constexprs(d, block_d, table, mask_kind, causal, None, None, tiling, q.dtype, scale)
         return Launch.make(
@@ -562,7 +578,7 @@ def _fwd_launch(
     wide = _wide_tile("fwd", block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
     bm, bn, bt, tiling = _pick_tile(
         [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
-        n, q, "fwd",
+        n, q, "fwd", memo,
     )  # fmt: skip
     visits = tile_lists(tile_flags(blocks, bm, bn, causal))  # the key tiles each query tile visits
     positional = [
@@ -578,14 +594,17 @@ def _fwd_launch(
     return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, consts, opts)
 
 
-def _fwd_impl(q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic):
-    """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads)."""
+def _fwd_impl(
+    q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic, memo=None
+):
+    """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads);
+    ``memo``: :class:`_Eager`'s (what the backward may take again)."""
     b, h, n, _ = q.shape
     out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
     lse = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else None
     args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)  # (the forward is one)
-    launch = _fwd_launch(q, k, v, *args, out, lse, sms)
+    launch = _fwd_launch(q, k, v, *args, out, lse, sms, memo=memo)
     for part in _batch_chunks(launch, b, h) if launch.kernel == "fwd" else [launch]:  # (fwd_tile: a share a program)
         part()
     return out, lse
@@ -654,7 +673,7 @@ class _Backward(NamedTuple):
 
 def _bwd_launches(
     do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic,
-    table_grad, sms, tile=None, options=None,
+    table_grad, sms, tile=None, options=None, memo=None,
 ) -> _Backward:  # fmt: skip
     """The backward's launches (``sms``: the device's multiprocessors, None in the interpreter); ``tile`` (the square
     tile) and ``options`` replace the device's. Not ``deterministic`` (and :func:`torch.use_deterministic_algorithms`
@@ -665,11 +684,11 @@ def _bwd_launches(
     block_d, _, _, blk = _blocks(d, cuda)
     blk = tile or blk
     do = do if do.stride(-1) == 1 else do.contiguous()  # (read through its strides, as q, k, v)
-    t, stg, sth = _table_args(table, q)
+    t, stg, sth = _table_args(table, q, memo)
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     tok = _int_args(tokens, q)
     tab = None if table is None else t
-    bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq")
+    bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq", memo)
     qk_scale = scale * _kernels().LOG2E
 
     def consts(til):  # the constexpr flags of a launch with the bias tiling til
@@ -702,7 +721,8 @@ def _bwd_launches(
             return blk, blk, bt, tiling, visible, opts
         key = (wide, tile_dtype(q.dtype, kernel))
         if key not in made:
-            made[key] = _pick_tile([wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, kernel)
+            made[key] = _pick_tile([wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, kernel,
+                                   memo)  # fmt: skip
         tm, tw, bias, til = made[key]
         if (tm, tw) == (blk, blk):
             return blk, blk, bias, til, visible, opts
@@ -804,19 +824,20 @@ def _tile_bwd_launch(
 
 def _bwd_impl(
     do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic,
-    table_grad,
+    table_grad, memo=None,
 ):  # fmt: skip
-    """``vitrel::rel_bias_attention_bwd``: ``dq, dk, dv`` and, with ``table_grad``, the table's gradient."""
+    """``vitrel::rel_bias_attention_bwd``: ``dq, dk, dv`` and, with ``table_grad``, the table's gradient; ``memo``:
+    what :class:`_Eager`'s forward made (the base-2 table, the bias tiles)."""
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else None
     bwd = _bwd_launches(
         do, q, k, v, table, mask, tokens, blocks, out, lse, scale, grid_h, grid_w, prefix, causal, bias_read,
-        deterministic, table_grad, sms,
+        deterministic, table_grad, sms, memo=memo,
     )  # fmt: skip
     if bwd.tile is not None:
         bwd.tile()
         dt = q.new_zeros(0, dtype=torch.float32)
         if bwd.dbt is not None:
-            dt = table_grad_from_tiles(bwd.dbt.sum(0), bwd.patterns, grid_h, grid_w, prefix)
+            dt = table_grad_from_tiles(bwd.dbt, bwd.patterns, grid_h, grid_w, prefix)
         return (*bwd.grads, dt)
     bwd.delta()
     for launch in _batch_chunks(bwd.dkdv, *q.shape[:2]):
@@ -829,7 +850,7 @@ def _bwd_impl(
     h, slots = q.shape[1], bwd.slots
     if bwd.dbias is not None:
         bwd.dbias()
-        dt = table_grad_from_tiles(bwd.dbt.sum(0), bwd.patterns, grid_h, grid_w, prefix)
+        dt = table_grad_from_tiles(bwd.dbt, bwd.patterns, grid_h, grid_w, prefix)
     elif bwd.dq is None or not bwd.dq.args["TABLE_GRAD"]:
         dt = q.new_zeros(0, dtype=torch.float32)
     elif tokens is not None:  # [n_split, heads, n_qb, G K] -> [G, heads, 2 GH - 1, 2 GW - 1]
@@ -886,7 +907,7 @@ def _block_diagonals(n_qb: int, n_kb: int, ratio: int, device) -> tuple[Tensor, 
 def _table_from_diagonals(per_diag: Tensor, grid_h: int, grid_w: int, step: int, d_min: int, tw: int) -> Tensor:
     """``dT`` from the sums of ``dS`` per block diagonal ``q0 - k0 = d_min + t step`` (``t`` from 0) of ``[tm, tw]``
     tiles, case and ``e`` (``[heads, n_diag, 2, L]``, ``L = tm + tw`` a multiple of ``step``; ``e = i - j + tw - 1``
-    within a tile, as :func:`_diagonal_sums` makes them): each diagonal's ``L`` sums laid at its offset (``L / step``
+    within a tile, as the ``dq`` kernel's slots hold them): each diagonal's ``L`` sums laid at its offset (``L / step``
     chunks, overlapping the next diagonals'), giving ``G[case, i - j]``; ``dT[dh, dw] = G[dw < 0, dh GW + dw]``."""
     heads, n_diag, _, length = per_diag.shape
     chunks = length // step
@@ -908,42 +929,46 @@ def _offset_slots(grid_h: int, grid_w: int, shift: int, device) -> tuple[Tensor,
     return (dw < 0).long().expand_as(y), y
 
 
-def _diagonal_sums(a: Tensor) -> Tensor:
-    """``[..., M + W]``: the sums of ``a [..., M, W]`` along its diagonals, ``e = i - j + W - 1`` (the last 0), by the
-    skew of the founding notes (flip the columns, pad each row by ``M``, read the rows ``M + W - 1`` long: a
-    diagonal becomes a column)."""
-    m, w = a.shape[-2:]
-    rows = torch.nn.functional.pad(a.flip(-1), (0, m)).flatten(-2)[..., : m * (m + w - 1)]
-    return torch.nn.functional.pad(rows.unflatten(-1, (m, m + w - 1)).sum(-2), (0, 1))
-
-
 def table_grad_from_tiles(dbt: Tensor, pat: TilePatterns, grid_h: int, grid_w: int, prefix: int) -> Tensor:
-    """``dT [heads, 2 GH - 1, 2 GW - 1]`` from the gradient of the bias tiles ``dbt [heads, n_pat, tm, tw]`` (the
-    ``dbias`` kernel's sums of ``dS`` per pattern, zero off the patch pairs; ``tw`` divides ``tm``): the adjoint of
-    :func:`bias_tiles`. Each tile's ``dS`` is split by the case of its pairs (``c_i >= c_j`` or not, as the
-    pattern's tokens say) and summed along its diagonals (:func:`_diagonal_sums`); the patterns of one block diagonal
-    summed, then laid out by offset (:func:`_table_from_diagonals`). Plain tensor sums: deterministic."""
-    heads, _, tm, tw = dbt.shape
-    cases = _tile_cases(pat, tm, tw, prefix, grid_h, grid_w, dbt.device)
-    sums = _diagonal_sums(dbt[:, :, None] * cases)  # [heads, n_pat, 2, tm + tw]
-    if pat.n_m > 0:  # pattern = diagonal * n_m + phase
-        per_diag = sums.unflatten(1, (-1, pat.n_m)).sum(2)
-        return _table_from_diagonals(per_diag, grid_h, grid_w, pat.g_d, pat.d_min, tw)
-    per_diag = _per_diagonal(sums.unflatten(1, (-1, pat.n_kt)), tm, tw)
-    return _table_from_diagonals(per_diag, grid_h, grid_w, tw, -(pat.n_kt - 1) * tw, tw)
+    """``dT [heads, 2 GH - 1, 2 GW - 1]`` (float32) from the gradient of the bias tiles, the ``dbias`` kernel's sums of
+    ``dS`` per pattern ``dbt [n_split, heads, n_pat, tm, tw]`` over its batch shares (zero off the patch pairs): the
+    adjoint of :func:`bias_tiles`, summed over the shares. Each tile entry adds to the table entry it was gathered
+    from (where each pattern is one exact tile, its patch pairs only), in one launch of
+    :func:`~vitrel.kernels._triton_bias_kernels._table_grad_kernel` that sums each table entry's tile entries in a
+    fixed order (:func:`_table_grad_index`): deterministic."""
+    n_split, heads, n_pat, tm, tw = dbt.shape
+    src, ptr = _table_grad_index(pat, tm, tw, prefix, grid_h, grid_w, dbt.device)
+    n_t = (2 * grid_h - 1) * (2 * grid_w - 1)
+    dt = torch.empty(heads, 2 * grid_h - 1, 2 * grid_w - 1, device=dbt.device, dtype=torch.float32)
+    block = TABLE_GRAD_BLOCK
+    opts = LAUNCH["table_grad"] if dbt.device.type == "cuda" else {}
+    Launch.make(
+        "table_grad", (triton_cdiv(n_t, block), heads), [dbt.contiguous(), src, ptr, dt, heads, n_pat * tm * tw, n_t,
+        n_split], dict(BLOCK=block), opts,
+    )()  # fmt: skip
+    return dt
+
+
+#: the table entries a program of :func:`table_grad_from_tiles`'s kernel sums
+TABLE_GRAD_BLOCK = 128
 
 
 @_per_device(maxsize=16)
-def _tile_cases(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device) -> Tensor:
-    """``[n_pat, 2, tm, tw]``: which pairs of each pattern's tile are of case 0 (``c_i >= c_j``) and which of
-    case 1, for :func:`table_grad_from_tiles`; where each pattern is one exact tile (read with no mask, so its pairs
-    with a prefix token hold ``dS`` too), only its patch pairs. Made once per shape and device (integers only)."""
-    pq, pk = _pattern_tokens(pat, tm, tw, prefix, device)
-    right = pq.remainder(grid_w)[:, :, None] >= pk.remainder(grid_w)[:, None, :]  # [n_pat, tm, tw]: dw >= 0
-    cases = torch.stack([right, ~right], 1)
-    if pat.n_m == 0:
-        cases = cases & _pattern_pairs(pq, pk, grid_h * grid_w)[:, None]
-    return cases
+def _table_grad_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device):
+    """``(src, ptr)`` int32 of :func:`table_grad_from_tiles`: the flat tile entries ``[n_pat tm tw]`` sorted by the
+    table entry each was gathered from (:func:`_tile_index`; stable: in the tiles' order), and where each table
+    entry's run starts (``[T + 1]``); entries that add to no table entry (where each pattern is one exact tile, its
+    pairs with a prefix token or past the end) sort last, past ``ptr[T]``. Device work only (no host sync: a sort
+    and a search)."""
+    index, keep, _ = _tile_index(pat, tm, tw, prefix, grid_h, grid_w, device)
+    n_t = (2 * grid_h - 1) * (2 * grid_w - 1)
+    target = index.flatten().long()
+    if keep is not None:
+        pq, pk = _pattern_tokens(pat, tm, tw, prefix, device)
+        target = torch.where(_pattern_pairs(pq, pk, grid_h * grid_w).flatten(), target, n_t)
+    key, order = torch.sort(target, stable=True)
+    ptr = torch.searchsorted(key, torch.arange(n_t + 1, device=device))
+    return order.to(torch.int32), ptr.to(torch.int32)
 
 
 def triton_cdiv(a: int, b: int) -> int:
@@ -1018,6 +1043,31 @@ def _backward(ctx, dout, dlse):
 torch.library.register_autograd("vitrel::rel_bias_attention", _backward, setup_context=_setup)
 
 
+class _Eager(torch.autograd.Function):
+    """The op's bodies in eager mode, as an autograd function: the same kernels, launched the same way, without the
+    dispatcher's and ``torch.library``'s autograd wrapper's host work (on an H100's host, 285 us of an 800 us forward
+    call, ``bench/results/gpu_h100_e5a7949.md``), and with what the forward made for the kernels (the base-2 table,
+    the bias tiles) kept for its backward instead of made again. Under ``torch.compile`` and ``torch.export``,
+    :func:`rel_bias_attention` calls the custom op instead (one node of the graph, its fake and autograd
+    registered)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, table, mask, tokens, blocks, *settings):
+        memo: dict = {}
+        out, lse = _fwd_impl(q, k, v, table, mask, tokens, blocks, *settings, memo=memo)
+        ctx.save_for_backward(q, k, v, table, mask, tokens, blocks, out, lse)
+        ctx.settings, ctx.memo = settings, memo  # (memo: tensors made without a graph, read once by the backward)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, table, mask, tokens, blocks, out, lse = ctx.saved_tensors
+        need_t = table is not None and ctx.needs_input_grad[3]
+        memo, ctx.memo = ctx.memo, None
+        dq, dk, dv, dt = _bwd_impl(dout, q, k, v, table, mask, tokens, blocks, out, lse, *ctx.settings, need_t, memo)
+        return dq, dk, dv, (dt if need_t else None), *(None,) * 10
+
+
 def rel_bias_attention(
     q: Tensor,
     k: Tensor,
@@ -1059,8 +1109,9 @@ def rel_bias_attention(
     args = _op_args(
         q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions, deterministic
     )
-    out, _ = torch.ops.vitrel.rel_bias_attention(*args)
-    return out
+    if torch.compiler.is_compiling():
+        return torch.ops.vitrel.rel_bias_attention(*args)[0]
+    return _Eager.apply(*args)
 
 
 def _padded_tokens(tokens: Tensor, n: int) -> Tensor:

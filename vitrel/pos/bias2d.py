@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.geometry import Grid, axis_factors, pad_prefix
 from vitrel.pos.registry import register_pos
-from vitrel.pos.tables import ResizeOnLoad, cover_grid, offset_index, offset_rows
+from vitrel.pos.tables import ResizeOnLoad, cover_grid, offset_index, take_offsets
 
 __all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
 
@@ -79,8 +79,7 @@ class Rel2dFull(ResizeOnLoad, PositionScheme):
     def offset_table(self, grid: Grid) -> Tensor:
         table = self.table_for(grid)
         kh, kw = (table.shape[0] - 1) // 2, (table.shape[1] - 1) // 2
-        ih, iw = offset_rows(grid.h, kh, table.device), offset_rows(grid.w, kw, table.device)
-        return table.permute(2, 0, 1)[:, ih][:, :, iw]
+        return take_offsets(take_offsets(table.permute(2, 0, 1), 1, grid.h, kh), 2, grid.w, kw)
 
 
 @register_pos("rel2d_factored")
@@ -116,8 +115,8 @@ class Rel2dFactored(ResizeOnLoad, PositionScheme):
     def offset_table(self, grid: Grid) -> Tensor:
         table_h, table_w = self.tables_for(grid)
         kh, kw = (table_h.shape[0] - 1) // 2, (table_w.shape[0] - 1) // 2
-        bh = table_h.t()[:, offset_rows(grid.h, kh, table_h.device)]  # [heads, 2H-1]
-        bw = table_w.t()[:, offset_rows(grid.w, kw, table_w.device)]
+        bh = take_offsets(table_h.t(), 1, grid.h, kh)  # [heads, 2H-1]
+        bw = take_offsets(table_w.t(), 1, grid.w, kw)
         return bh[:, :, None] + bw[:, None, :]
 
     def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor]:

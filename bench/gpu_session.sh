@@ -8,7 +8,7 @@
 #                                                              # steps' kernel profile (bench/gpu.py profile, 2 min)
 #   on GPU:  bash bench/gpu_session.sh one "$OUT"              # a 15-minute lease in one command (9.5 minutes):
 #                                                              # the pass's kernel checks, targets and the host's cost
-#                                                              # of a call (380 s), the tuning at N = 4097 (90 s),
+#                                                              # of a call (400 s), the tuning at N = 4097 (90 s),
 #                                                              # the steps' profile, kernels and host (110 s)
 #   on GPU:  bash bench/gpu_session.sh two "$OUT"              # after one's retune (9 minutes): the kernel checks,
 #                                                              # the host's cost of a call and of the steps first,
@@ -29,10 +29,10 @@ case $part in
   pass) python3 bench/gpu.py --budget 470 --out "$out/gpu_$gpu.md" ;;
   tune) timeout 200 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections profile --budget 120 --out "$out/gpu_${gpu}_profile.md" ;;
-  one)  python3 bench/gpu.py --sections kernel attention forward host vitb --budget 380 --out "$out/gpu_$gpu.md"
+  one)  python3 bench/gpu.py --sections kernel attention forward host vitb --budget 400 --out "$out/gpu_$gpu.md"
         timeout 90 python3 bench/triton_tune.py --sides 64 --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections profile --budget 110 --out "$out/gpu_${gpu}_profile.md" ;;
-  two)  python3 bench/gpu.py --sections kernel host profile vitb attention diagnose models --budget 520 \
+  two)  python3 bench/gpu.py --sections kernel host profile vitb attention diagnose models --budget 540 \
           --out "$out/gpu_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \

@@ -89,13 +89,20 @@ _TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb"
 #:   2.82x-2.85x against 2.22x-2.39x / 4.01x-4.08x. Its peak memory is 1.40x / 2.07x plain SDPA's (the float mask's
 #:   1.82x / 5.32x, ``triton``'s 1.07x). SDPA's mask stays at N = 196 (1.47x-1.57x against 1.53x-1.61x); the
 #:   forward alone was not timed with ``fold``.
+#: * H100, the retuned kernel, every table (``gpu_h100_e5a7949.md``), trained at N = 1024 / 4096: ``triton`` 1.85x-2.11x
+#:   / 2.23x-2.42x plain SDPA. At 1024 it beat SDPA's float mask for CPB (2.01x against 2.44x), FIRE (2.04x against
+#:   2.52x), the full table (1.85x against 2.03x) and T5's buckets (2.11x against 2.18x); the 2-D buckets trained
+#:   fastest folded (1.88x against 2.07x and 2.36x), the factored table folded or through SDPA (1.66x, 1.65x; 1.85x).
+#:   At 4096 ``triton`` beat ``fold`` for the factored table (2.25x against 2.74x) and the 2-D buckets (2.38x against
+#:   2.90x), hence the 4096 rule first. At 196 SDPA's mask stayed the fastest for every table (1.53x-1.82x against
+#:   1.82x-2.33x).
 _FOLD = AutoRule(frozenset({"rel2d_factored"}), 1024, "fold", training=True)
 AUTO: dict[str, list[AutoRule]] = {
     "H200": [_FOLD, AutoRule(frozenset({"rel1d_bucket"}), 4096, "triton")],
     "H100": [
-        _FOLD,
-        AutoRule(frozenset({"rel1d_bucket", "rel2d_full"}), 1024, "triton", training=True),
         AutoRule(_TABLES, 4096, "triton", training=True),
+        AutoRule(frozenset({"rel2d_factored", "rel2d_bucket"}), 1024, "fold", training=True),
+        AutoRule(frozenset({"rel1d_bucket", "rel2d_full", "rel2d_cpb", "fire2d"}), 1024, "triton", training=True),
     ],
 }
 

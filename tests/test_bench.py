@@ -292,3 +292,31 @@ def test_host_overhead_tables_on_cpu(tmp_path):
     assert all(v > 0 for v in pieces.values()), pieces
     want = ["fwd_tile launch alone", "tile launch alone", "backward body", "eager", "table gradient from the tiles"]
     assert all(any(w in k for k in pieces) for w in want), list(pieces)
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="Triton's interpreter is off")
+def test_host_ops_counts_a_step_by_source(tmp_path):
+    """bench/host_ops.py: the operators of a forward and backward of vitrel's model and timm's (ViT-S's pair, 32 px),
+    ours by source, dearest first: the fused kernel's host work among them (its launches counted, not run, and its
+    ``Launch`` restored afterwards), and the backward's own."""
+    import importlib.util
+    from pathlib import Path
+
+    from vitrel.kernels import triton_bias
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "host_ops.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_host_ops", path)
+    ho = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ho)
+    call = triton_bias.Launch.__call__
+    out = tmp_path / "ops.md"
+    lines = ho.main(["--pairs", "vit_rel2d_full", "--img-size", "32", "--top", "40", "--out", str(out)])
+    assert triton_bias.Launch.__call__ is call
+    assert out.read_text() == "\n".join(lines) + "\n"
+    total = next(row for row in lines if row.startswith("Operators a forward and backward"))
+    ours, timm = (int(v) for v in re.findall(r"(?:ours|timm) (\d+)", total))
+    rows = {r.split("|")[1].strip().strip("`"): int(r.split("|")[2]) for r in lines if r.startswith("| `")}
+    assert ours > 100 and timm > 100 and sum(rows.values()) <= ours
+    assert list(rows.values()) == sorted(rows.values(), reverse=True)
+    assert rows["backward (autograd)"] > 0 and any(k.startswith("triton_bias.py:") for k in rows), rows
+    assert any(k.endswith("(backward)") and k.startswith("triton_bias.py") for k in rows), rows

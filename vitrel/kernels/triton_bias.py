@@ -963,9 +963,8 @@ def _table_grad_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: 
     index, keep, _ = _tile_index(pat, tm, tw, prefix, grid_h, grid_w, device)
     n_t = (2 * grid_h - 1) * (2 * grid_w - 1)
     target = index.flatten().long()
-    if keep is not None:
-        pq, pk = _pattern_tokens(pat, tm, tw, prefix, device)
-        target = torch.where(_pattern_pairs(pq, pk, grid_h * grid_w).flatten(), target, n_t)
+    if keep is not None:  # (its patch pairs: keep's)
+        target = torch.where(keep.flatten(), target, n_t)
     key, order = torch.sort(target, stable=True)
     ptr = torch.searchsorted(key, torch.arange(n_t + 1, device=device))
     return order.to(torch.int32), ptr.to(torch.int32)
@@ -1045,11 +1044,11 @@ torch.library.register_autograd("vitrel::rel_bias_attention", _backward, setup_c
 
 class _Eager(torch.autograd.Function):
     """The op's bodies in eager mode, as an autograd function: the same kernels, launched the same way, without the
-    dispatcher's and ``torch.library``'s autograd wrapper's host work (on an H100's host, 285 us of an 800 us forward
-    call, ``bench/results/gpu_h100_e5a7949.md``), and with what the forward made for the kernels (the base-2 table,
-    the bias tiles) kept for its backward instead of made again. Under ``torch.compile`` and ``torch.export``,
-    :func:`rel_bias_attention` calls the custom op instead (one node of the graph, its fake and autograd
-    registered)."""
+    dispatcher's and ``torch.library``'s autograd wrapper's host work (on the H100 machine's host, 86 us and 285 us of
+    a 799 us forward call, ``bench/results/host_h100_68e2e96.md``), and with what the forward made for the kernels
+    (the base-2 table, the bias tiles) kept for its backward instead of made again. Under ``torch.compile`` and
+    ``torch.export``, :func:`rel_bias_attention` calls the custom op instead (one node of the graph, its fake and
+    autograd registered)."""
 
     @staticmethod
     def forward(ctx, q, k, v, table, mask, tokens, blocks, *settings):

@@ -20,7 +20,7 @@ if not torch.cuda.is_available():  # before the kernels are first imported (vitr
     os.environ["TRITON_INTERPRET"] = "1"
 
 import vitrel  # noqa: E402
-from vitrel import Attention  # noqa: E402
+from vitrel import Attention, device_cache  # noqa: E402
 from vitrel.kernels import triton_bias  # noqa: E402
 from vitrel.kernels.triton_bias import rel_bias_attention  # noqa: E402
 from vitrel.pos import list_pos  # noqa: E402
@@ -266,13 +266,13 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
 
 
 def test_nothing_kept_from_a_graphs_stream(monkeypatch):
-    """Where a tensor made now may not be kept (:func:`triton_bias._keeps`: a CUDA stream other than the default one,
-    as CUDA graph capture and ``torch.compile``'s graph trees use, whose pool hands its blocks out again), every call
-    makes its own: nothing enters the caches, and the launches are the same."""
+    """Where a tensor made now may not be kept (:func:`vitrel.device_cache.keeps`: a CUDA stream other than the default
+    one, as CUDA graph capture and ``torch.compile``'s graph trees use, whose pool hands its blocks out again), every
+    call makes its own: nothing enters the caches, and the launches are the same."""
     q = torch.randn(2, 2, 1 + 36, 16)
     table = torch.randn(2, 11, 11)
     triton_bias._tile_index.cache_clear()
-    monkeypatch.setattr(triton_bias, "_keeps", lambda device: False)
+    monkeypatch.setattr(device_cache, "keeps", lambda device: False)
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the four kernels: 37 tokens fit one tile of a GPU's)
     first = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
     again = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
@@ -289,9 +289,9 @@ def test_keeps_only_on_the_default_stream():
     """On CUDA, tensors are kept from the device's default stream only: not from a side stream, where a CUDA graph is
     captured."""
     dev = torch.device("cuda")
-    assert triton_bias._keeps(dev)
+    assert device_cache.keeps(dev)
     with torch.cuda.stream(torch.cuda.Stream()):
-        assert not triton_bias._keeps(dev)
+        assert not device_cache.keeps(dev)
 
 
 @pytest.mark.parametrize(

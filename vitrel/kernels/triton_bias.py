@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, ClassVar, NamedTuple
 import torch
 from torch import Tensor
 
+from vitrel.device_cache import per_device
 from vitrel.kernels.flex import OffsetTableKernel
 from vitrel.kernels.registry import register_kernel
 from vitrel.pos.tokens import TokenLayout
@@ -181,35 +182,7 @@ def _strides(*ts: Tensor) -> list[int]:
     return out
 
 
-def _keeps(device: torch.device) -> bool:
-    """Whether a tensor made on ``device`` now may be kept for later calls (:func:`_per_device`): on the CPU, and on
-    CUDA on the device's default stream. CUDA graphs are captured, and ``torch.compile``'s CUDA graph trees warm up,
-    on streams of their own whose allocations go to the graph's private pool, whose blocks the trees hand out again
-    when they restore a recorded state: a tensor kept from there could be overwritten. There, each call makes its
-    own (a captured graph replays that work anyway); a tensor made on the default stream is outside any graph's
-    pool, and a graph reads it as it reads a parameter."""
-    return device.type != "cuda" or torch.cuda.current_stream(device) == torch.cuda.default_stream(device)
-
-
-def _per_device(maxsize: int):
-    """A function of integers and, last, a device, whose tensors depend on nothing else: its results cached per
-    arguments where :func:`_keeps` (a kernel launch's host work is then a few tensor ops, not dozens: each a CUDA
-    launch), else made afresh."""
-
-    def deco(fn):
-        cached = functools.lru_cache(maxsize=maxsize)(fn)
-
-        @functools.wraps(fn)
-        def get(*args):
-            return cached(*args) if _keeps(torch.device(args[-1])) else fn(*args)
-
-        get.cache_info, get.cache_clear = cached.cache_info, cached.cache_clear
-        return get
-
-    return deco
-
-
-@_per_device(maxsize=32)
+@per_device(maxsize=32)
 def _placeholder(dtype: torch.dtype, dims: int, device: torch.device) -> Tensor:
     """A zero of ``dims`` dimensions that a kernel takes for an input it does not read."""
     return torch.zeros((1,) * dims, device=device, dtype=dtype)
@@ -324,7 +297,7 @@ def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, pat: TilePa
     return tiles if keep is None else torch.where(keep, tiles, fill)
 
 
-@_per_device(maxsize=16)
+@per_device(maxsize=16)
 def _tile_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device):
     """``(index, keep, fill)`` of :func:`bias_tiles`: each tile entry's flat index into the table
     ``[heads, (2 GH - 1) (2 GW - 1)]`` (offsets clamped: the pairs past the grid's ends, zeroed by the kernels), and
@@ -645,7 +618,7 @@ def dbias_order(tiles: Tensor, heads: int, n_split: int) -> Tensor:
     return idx.flatten().to(torch.int32)
 
 
-@_per_device(maxsize=64)
+@per_device(maxsize=64)
 def _dbias_order(
     pat: TilePatterns, n: int, tm: int, tw: int, grid_w: int, causal: bool, heads: int, n_split: int, device
 ) -> Tensor:
@@ -893,7 +866,7 @@ def _per_diagonal(s: Tensor, tm: int, tw: int) -> Tensor:
     return (s[:, qb, kb] * inside).sum(1)
 
 
-@_per_device(maxsize=32)
+@per_device(maxsize=32)
 def _block_diagonals(n_qb: int, n_kb: int, ratio: int, device) -> tuple[Tensor, Tensor, Tensor]:
     """``(qb [n_qb, 1], kb [n_qb, n_diag], inside [n_qb, n_diag, 1, 1])`` of :func:`_per_diagonal`: the key tile of
     each query tile (``ratio`` key tiles tall) on each block diagonal ``t``, ``q0 - k0 = (t - n_kb + 1) tw``
@@ -919,7 +892,7 @@ def _table_from_diagonals(per_diag: Tensor, grid_h: int, grid_w: int, step: int,
     return ext[:, case, y]
 
 
-@_per_device(maxsize=32)
+@per_device(maxsize=32)
 def _offset_slots(grid_h: int, grid_w: int, shift: int, device) -> tuple[Tensor, Tensor]:
     """``(case, y)`` ``[2 GH - 1, 2 GW - 1]`` of :func:`_table_from_diagonals`: the case ``dw < 0`` of each table offset
     and its flat offset ``dh GW + dw`` plus ``shift`` (made once per shape and device: integers only)."""
@@ -953,7 +926,7 @@ def table_grad_from_tiles(dbt: Tensor, pat: TilePatterns, grid_h: int, grid_w: i
 TABLE_GRAD_BLOCK = 128
 
 
-@_per_device(maxsize=16)
+@per_device(maxsize=16)
 def _table_grad_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device):
     """``(src, ptr)`` int32 of :func:`table_grad_from_tiles`: the flat tile entries ``[n_pat tm tw]`` sorted by the
     table entry each was gathered from (:func:`_tile_index`; stable: in the tiles' order), and where each table

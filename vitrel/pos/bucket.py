@@ -21,6 +21,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from vitrel.device_cache import per_device
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.geometry import Grid, axis_factors, axis_offsets, pad_prefix
 from vitrel.pos.registry import register_pos
@@ -46,6 +47,21 @@ def t5_bucket(rel: Tensor, num_buckets: int = 32, max_distance: int = 128, bidir
     )
     r_log = r_log.clamp(max=n - 1)
     return ret + torch.where(is_small, r, r_log)
+
+
+@per_device(maxsize=32)
+def axis_buckets(n: int, num_buckets: int, max_distance: int, bidirectional: bool, device) -> Tensor:
+    """``[2n-1]``: the bucket of ``-d`` for each offset ``d = -(n-1) .. n-1`` along an axis of ``n`` patches (an offset
+    table's index; made once per arguments, :func:`~vitrel.device_cache.per_device`)."""
+    return t5_bucket(-axis_offsets(n, device), num_buckets, max_distance, bidirectional)
+
+
+@per_device(maxsize=32)
+def raster_buckets(h: int, w: int, num_buckets: int, max_distance: int, bidirectional: bool, device) -> Tensor:
+    """``[2H-1, 2W-1]``: the bucket of ``-d`` for the raster-order offset ``d = dh W + dw`` of each 2-D offset of an
+    ``H x W`` grid (made once per arguments)."""
+    d = axis_offsets(h, device)[:, None] * w + axis_offsets(w, device)[None, :]  # p_i - p_j
+    return t5_bucket(-d, num_buckets, max_distance, bidirectional)
 
 
 class _BucketBase(PositionScheme):
@@ -86,9 +102,7 @@ class Rel1dBucket(_BucketBase):
     has_offset_table = True
 
     def offset_table(self, grid: Grid) -> Tensor:
-        dev = self.table.device
-        d = axis_offsets(grid.h, dev)[:, None] * grid.w + axis_offsets(grid.w, dev)[None, :]  # p_i - p_j
-        idx = t5_bucket(-d, self.num_buckets, self.max_distance, bidirectional=not self.causal)
+        idx = raster_buckets(grid.h, grid.w, self.num_buckets, self.max_distance, not self.causal, self.table.device)
         return self.table.t()[:, idx]  # [heads, 2H-1, 2W-1]
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
@@ -125,9 +139,9 @@ class Rel2dBucket(_BucketBase):
     has_offset_table = True
 
     def offset_table(self, grid: Grid) -> Tensor:
-        dev = self.table_h.device
-        bh = self.table_h.t()[:, self._bucket(-axis_offsets(grid.h, dev))]  # [heads, 2H-1]: b_h[bucket(-dh)]
-        bw = self.table_w.t()[:, self._bucket(-axis_offsets(grid.w, dev))]
+        nb, md, dev = self.num_buckets, self.max_distance, self.table_h.device
+        bh = self.table_h.t()[:, axis_buckets(grid.h, nb, md, True, dev)]  # [heads, 2H-1]: b_h[bucket(-dh)]
+        bw = self.table_w.t()[:, axis_buckets(grid.w, nb, md, True, dev)]
         return bh[:, :, None] + bw[:, None, :]
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:

@@ -16,6 +16,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from vitrel.device_cache import per_device
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.bias2d import full_bias_flat
 from vitrel.pos.geometry import Grid, pad_prefix
@@ -30,12 +31,18 @@ def cpb_coords(grid: Grid, ref: Grid, device: torch.device | None = None, dtype:
 
 
 def _flat_coords(grid: Grid, ref: Grid, device: torch.device | None, dtype: torch.dtype) -> Tensor:
-    """:func:`cpb_coords` flat, ``[(2H-1) (2W-1), 2]`` row-major (built flat: no reshapes, any symbolic size)."""
-    tw = 2 * grid.w - 1
-    a = torch.arange((2 * grid.h - 1) * tw, device=device)
+    """:func:`cpb_coords` flat, ``[(2H-1) (2W-1), 2]`` row-major (built flat: no reshapes, any symbolic size); made
+    once per arguments (:func:`~vitrel.device_cache.per_device`)."""
+    return _log_coords(grid.h, grid.w, ref.h, ref.w, dtype, device)
+
+
+@per_device(maxsize=32)
+def _log_coords(gh: int, gw: int, rh: int, rw: int, dtype: torch.dtype, device) -> Tensor:
+    tw = 2 * gw - 1
+    a = torch.arange((2 * gh - 1) * tw, device=device)
     ih = a // tw
-    dh = (ih - (grid.h - 1)).to(dtype) / max(ref.h - 1, 1)
-    dw = (a - ih * tw - (grid.w - 1)).to(dtype) / max(ref.w - 1, 1)
+    dh = (ih - (gh - 1)).to(dtype) / max(rh - 1, 1)
+    dw = (a - ih * tw - (gw - 1)).to(dtype) / max(rw - 1, 1)
     c = torch.stack((dh, dw), dim=-1) * 8.0
     return torch.sign(c) * torch.log2(c.abs() + 1.0) / math.log2(8.0)
 

@@ -45,6 +45,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vitrel.device_cache import per_device
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.bias2d import full_bias_flat
 from vitrel.pos.geometry import Grid, pad_prefix
@@ -129,6 +130,17 @@ class Fire1d(_FireBase):
         return pad_prefix(b, num_prefix_tokens)
 
 
+@per_device(maxsize=32)
+def _signed_offsets(gh: int, gw: int, dtype: torch.dtype, device) -> tuple[Tensor, Tensor]:
+    """``(sign(d), |d|)`` of every 2-D offset ``d = (dh, dw)`` of a ``GH x GW`` grid, ``[(2GH-1) (2GW-1), 2]`` row-major
+    (built flat: any symbolic size); made once per arguments (:func:`~vitrel.device_cache.per_device`)."""
+    tw = 2 * gw - 1
+    a = torch.arange((2 * gh - 1) * tw, device=device)
+    ih = a // tw
+    d = torch.stack((ih - (gh - 1), a - ih * tw - (gw - 1)), dim=-1).to(dtype)  # (dh, dw)
+    return torch.sign(d), d.abs()
+
+
 @register_pos("fire2d")
 class Fire2d(_FireBase):
     """FIRE per axis, signed, below a learned threshold: ``f(s_h(dh), s_w(dw))``; a function of the offset."""
@@ -139,11 +151,8 @@ class Fire2d(_FireBase):
     def _table_flat(self, grid: Grid) -> Tensor:
         """The bias of every offset, ``[heads, (2H-1) (2W-1)]`` row-major (built flat: any symbolic size)."""
         w = self.mlp[0].weight
-        tw = 2 * grid.w - 1
-        a = torch.arange((2 * grid.h - 1) * tw, device=w.device)
-        ih = a // tw
-        d = torch.stack((ih - (grid.h - 1), a - ih * tw - (grid.w - 1)), dim=-1).to(w.dtype)  # (dh, dw)
-        s = torch.sign(d) * self.psi(d.abs()) / (self.psi(self.threshold()) + self.eps)
+        sign, size = _signed_offsets(grid.h, grid.w, w.dtype, w.device)
+        s = sign * self.psi(size) / (self.psi(self.threshold()) + self.eps)
         return self.mlp(s).t()
 
     def offset_table(self, grid: Grid) -> Tensor:

@@ -32,7 +32,7 @@ from vitrel.kernels import triton_bias as tb  # noqa: E402
 #: instructions against float32 tiles' 336 under Triton 3.8, 344 against 334 under 3.6); its float32 tiles are timed
 #: beside it (triton_bias.FLOAT32_TILES)
 FWD = [
-    (64, 64, 4, 2, False), (64, 64, 4, 3, False), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
+    (64, 64, 4, 3, False), (64, 64, 4, 2, False), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
     (64, 128, 4, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False), (64, 128, 4, 2, False, "no TMA"),
 ]  # fmt: skip
 #: (square tile, warps, stages) of the backward's dq and dbias kernels, the dkdv kernel's (BM, BN, warps, stages) and

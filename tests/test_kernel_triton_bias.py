@@ -377,7 +377,7 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
 def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     """On a GPU (``plan`` builds a GPU's launches anywhere), as measured fastest on an H100
     (``bench/results/triton_tune_h100_479ebfa.md``): head dim 64 takes the square 64 x 64 tile in every kernel (the
-    forward in 4 warps and 2 stages, the backward's in 4 and 3), its ``dbias`` kernel sharing the ``dq`` kernel's bias
+    forward in 4 warps and 3 stages, the backward's in 4 and 3), its ``dbias`` kernel sharing the ``dq`` kernel's bias
     tiles; head dim 32 (Swin's) 64 x 64 and 2 stages; head dim 128 the forward's 64 x 32 in 4 warps, and where the
     bias is read whole or there is none ``dkdv`` 64 x 128 (``triton_bias._DKDV_WIDE``), ``dq`` and ``dbias`` 128 x 64
     (``_DQ_WIDE``, ``_DBIAS_WIDE``), each in 8 warps; else the square 32 x 32 in 4 warps."""
@@ -392,7 +392,8 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
 
     assert tile(bias_read="tiles") == tile(table=False) == tile(bias_read="gather") == (64, 64)
     assert tile(mask=torch.zeros(1, 65, 65)) == tile(d=32) == (64, 64)
-    assert launches()["fwd"].options == {"num_warps": 4, "num_stages": 2}
+    assert launches()["fwd"].options == {"num_warps": 4, "num_stages": 3}  # (its bias tile double-buffered)
+    assert launches(d=32)["fwd"].options == launches(d=128)["fwd"].options == {"num_warps": 4, "num_stages": 2}
     tokens = torch.stack([torch.zeros(65), torch.arange(65) // 8 - 1, torch.arange(65) % 8, torch.zeros(65)])
     assert tile(tokens=tokens.int().expand(2, 4, 65).contiguous(), table=False) == (64, 64)
     assert launches(bias_read="gather")["dq"].options["num_stages"] == 3

@@ -134,9 +134,14 @@ def _kernels():
 #: warps and 2 stages, 2.10 in 4 and 2, 2.10 in 8 and 1, 2.58 with the four kernels; the forward 0.49 ms against 0.53
 #: in 2 stages, 0.82 in 8 warps, 0.67 with a program a window. At head dim 64 the one-tile backward in 8 warps and 1
 #: stage (4 warps spill 72-152 bytes, sm_90), at 128 (32-token tiles) 4 warps and 1 stage; both chosen from the code
-#: compiled for sm_90 under Triton 3.6 and 3.8 (``bench/triton_resources.py``), untimed
+#: compiled for sm_90 under Triton 3.6 and 3.8 (``bench/triton_resources.py``), untimed. ``("fwd", d)``: the
+#: forward at head dim ``d``: at 64, 3 stages, 1.99 ms against 2.17 in 2 at N = 4097 on an H100
+#: (``triton_tune_h100_479ebfa.md``; N = 196 and 1024 untimed). In 2 stages Triton's pipeliner gives the bias tile one
+#: buffer and waits for its copy at the top of each key tile (``async_wait`` of none in flight, the compiled TTGIR for
+#: sm_90), where the key and value tiles have two; in 3 stages the bias tile has two and one copy stays in flight
 LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "fwd": {"num_warps": 4, "num_stages": 2},
+    ("fwd", 64): {"num_warps": 4, "num_stages": 3},
     "bwd": {"num_warps": 4, "num_stages": 2},
     ("bwd", 64): {"num_warps": 4, "num_stages": 3},
     ("dkdv", 128): {"num_warps": 8, "num_stages": 2},
@@ -559,8 +564,7 @@ def _fwd_launch(
         smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype, scale)
-    # (as the backward's wide tiles: their head dim's options with the wide tile only)
-    opts = (options or ((bm, bn) == wide and LAUNCH.get(("fwd", block_d))) or LAUNCH["fwd"]) if cuda else {}
+    opts = (options or LAUNCH.get(("fwd", block_d), LAUNCH["fwd"])) if cuda else {}
     tma = triton_cdiv(n, bn) >= TMA_MIN_TILES and tma_reads("fwd", k, v, block_d, cuda)
     one = triton_cdiv(n, bn) == 1  # (the loop's one visit: no rescaling)
     consts = dict(**flags, BM=bm, BN=bn, TMA=tma, ONE=one)

@@ -33,6 +33,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # vitrel, installe
 
 from models import PAIRS, build  # noqa: E402
 
+from vitrel.bench import emit  # noqa: E402
 from vitrel.kernels import triton_bias  # noqa: E402
 
 #: the path parts that name a frame's package (the innermost such frame is an operator's source)
@@ -117,10 +118,7 @@ def main(argv: list[str] | None = None) -> list[str]:
             ]
     finally:
         triton_bias.Launch.__call__ = real
-    print("\n".join(lines), flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
-    return lines
+    return emit(lines, args.out)
 
 
 if __name__ == "__main__":

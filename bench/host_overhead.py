@@ -30,7 +30,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # vitrel, installe
 from step_profile import host_times  # noqa: E402
 
 from vitrel import Attention  # noqa: E402
-from vitrel.bench import alternate  # noqa: E402
+from vitrel.bench import alternate, emit  # noqa: E402
 from vitrel.kernels import triton_bias as tb  # noqa: E402
 
 #: the layers timed: scheme @ attn_impl (``none``: plain SDPA, the reference)
@@ -192,10 +192,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     ]
     lines += [f"| `{k[:100]}` | {nc:.1f} | {1e3 * ms:.1f} |" for k, (ms, nc) in own]
     lines += ["", *parts(dev, dtype, args.grid, max(1, args.repeat // 4), args.rounds)]  # (15 pieces: fewer calls)
-    print("\n".join(lines), flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
-    return lines
+    return emit(lines, args.out)
 
 
 if __name__ == "__main__":

@@ -84,6 +84,14 @@ def alternate(
     return times
 
 
+def emit(lines: list[str], out: str | Path | None = None) -> list[str]:
+    """A benchmark's Markdown ``lines``: printed, and written to ``out`` where given; returned."""
+    print("\n".join(lines), flush=True)
+    if out:
+        Path(out).write_text("\n".join(lines) + "\n")
+    return lines
+
+
 def medians(times: Mapping[str, list[float]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 

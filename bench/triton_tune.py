@@ -47,10 +47,14 @@ BWD = [
     (64, 4, 3, (64, 128, 8, 2), None), (64, 4, 3, None, (128, 64, 8, 2)), (64, 4, 3, None, None, "wide dbias"),
     (64, 4, 3, None, None, "batch outer"),
 ]  # fmt: skip
-#: head dim 128 (3 heads, at the largest of --sides): its defaults first (forward 64 x 32 in 4 warps; dkdv 64 x 128,
-#: dq and dbias 128 x 64, each in 8 warps: the fastest on an H100), against the forward's 128 x 64 and 64 x 64, the
-#: backward's square 32 x 32 and dkdv's 32 x 128, and the square dbias
-FWD_128 = [(64, 32, 4, 2, False), (128, 64, 8, 2, False), (64, 64, 4, 2, False), (64, 32, 4, 2, False, "no TMA")]
+#: head dim 128 (3 heads, at the largest of --sides): its defaults first (forward 64 x 32 in 4 warps and 2 stages;
+#: dkdv 64 x 128, dq and dbias 128 x 64, each in 8 warps: the fastest on an H100), against the forward in 3 stages (in
+#: 2 its bias tile has one buffer, as head dim 64's forward had), its 128 x 64 and 64 x 64, the backward's square
+#: 32 x 32 and dkdv's 32 x 128, and the square dbias
+FWD_128 = [
+    (64, 32, 4, 2, False), (64, 32, 4, 3, False), (128, 64, 8, 2, False), (64, 64, 4, 2, False),
+    (64, 32, 4, 2, False, "no TMA"),
+]  # fmt: skip
 BWD_128 = [
     (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
     (32, 4, 2, None, None),

@@ -18,7 +18,8 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    **rotary**: the rotary schemes through ``sdpa`` and ``@triton`` (the fused rotation,
    :mod:`vitrel.kernels.triton_rope`).
 3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models (``attn_impl=triton`` and
-   ``sdpa`` in one alternation); **vitb**: ViT-B/16 compiled against timm's.
+   ``sdpa`` in one alternation); **vitb**: ViT-B/16 compiled against timm's; **swinc**: Swin-T compiled against
+   timm's (its eager step is bound by the host: ``profile``).
 4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa, fold and, on CUDA, flex), bf16 autocast, AdamW: the model's
    FLOPs of one training step (``torch.utils.flop_counter`` on the sdpa run; the fold computes the same
    function) times steps per second over the device's dense bf16 peak (``PEAK_BF16``; unknown devices
@@ -314,12 +315,12 @@ def widened_backends(dev: torch.device) -> list[str]:
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
 #: in the order of their priority: ``--budget`` (the whole pass, default 8 minutes) cuts the pass where it runs out
-SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "host": 90,
-            "profile": 150, "train": 240, "rotary": 100, "content": 120, "hazards": 90, "mfu": 120,
+SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "swinc": 240,
+            "host": 90, "profile": 150, "train": 240, "rotary": 100, "content": 120, "hazards": 90, "mfu": 120,
             "compile": 120}  # fmt: skip
 #: the sections after the fused kernel's targets (issue 32's: attention, forward, models, vitb): ``bench/gpu_session.sh
 #: rest`` runs them with the launch configurations in the same command
-REST = ["host", "profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
+REST = ["swinc", "host", "profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
 #: the kernel section's pytest run (Triton compiles each variant on first use), inside the section's own limit
 KERNEL_TESTS_S = 110
 #: the least time worth starting a section with
@@ -398,6 +399,13 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
                               *extra, "--steps", "10", "--compile", "--attn-impl", "triton", "--pairs",
                               "vitb_rel2d_factored", "vitb_rel2d_full"])  # fmt: skip
         return ["## ViT-B/16 compiled against timm (attn_impl=triton)\n", f"`{c}`\n", text]
+    if name == "swinc":  # Swin-T compiled against timm's, compiled: the eager step is bound by the host (profile)
+        extra = ["--img-size", "32", "--batch-size", "2"] if args.quick else ["--batch-size", "128"]
+        impls = ["triton", "sdpa"] if dev.type == "cuda" else ["sdpa"]  # (triton on a CPU: only under the interpreter)
+        c, text = run_script(["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
+                              *extra, "--steps", "10", "--compile", "--attn-impl", *impls, "--pairs",
+                              "swin_rel2d_full"])  # fmt: skip
+        return ["## Swin-T compiled against timm (attn_impl=triton and sdpa, in one alternation)\n", f"`{c}`\n", text]
     if name == "profile":  # where vitrel's training step loses to timm's, kernel by kernel, and the host's Python
         # (ViT-B/16, Swin-T, ViT-S; eager)
         extra = ["--img-size", "32", "--batch-size", "2", "--steps", "1"] if args.quick else ["--batch-size", "128"]

@@ -320,3 +320,37 @@ def test_host_ops_counts_a_step_by_source(tmp_path):
     assert list(rows.values()) == sorted(rows.values(), reverse=True)
     assert rows["backward (autograd)"] > 0 and any(k.startswith("triton_bias.py:") for k in rows), rows
     assert any(k.endswith("(backward)") and k.startswith("triton_bias.py") for k in rows), rows
+
+
+def test_gpu_session_commands_name_what_exists():
+    """bench/gpu_session.sh's parts (a lease's commands, run where no mistake can be fixed in time) name only
+    bench/gpu.py's sections and bench/triton_tune.py's options, and each part's budgets fit the device tool's
+    10-minute limit a command."""
+    import importlib.util
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("vitrel_bench_gpu", root / "bench" / "gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    tune_src = (root / "bench" / "triton_tune.py").read_text()
+    script = (root / "bench" / "gpu_session.sh").read_text().replace("\\\n", " ")
+    parts = re.findall(r"^\s+(\w+)\)\s(.*?);;", script, flags=re.M | re.S)
+    assert {p for p, _ in parts} >= {"pass", "tune", "one", "two", "three", "rest"}, parts
+    for part, body in parts:
+        seconds = 0.0
+        for command in body.splitlines():
+            words = shlex.split(command.replace('"', "").replace("$(", "(").strip())
+            if "bench/gpu.py" in words:
+                args = words[words.index("bench/gpu.py") + 1 :]
+                if "--sections" in args and "(python3" not in args:
+                    names = args[args.index("--sections") + 1 :]
+                    names = names[: next((i for i, w in enumerate(names) if w.startswith("--")), len(names))]
+                    assert names and set(names) <= set(gpu.SECTIONS), (part, names)
+                seconds += float(args[args.index("--budget") + 1])
+            if "bench/triton_tune.py" in words:
+                flags = [w for w in words[words.index("bench/triton_tune.py") + 1 :] if w.startswith("--")]
+                assert all(f'"{f}"' in tune_src for f in flags), (part, flags)
+                seconds += float(words[words.index("timeout") + 1]) if "timeout" in words else 200
+        assert 0 < seconds <= 600, (part, seconds)

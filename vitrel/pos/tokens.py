@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitrel.device_cache import per_device
 from vitrel.pos.geometry import Grid
 
 __all__ = ["TokenLayout", "gather_tokens", "gather_pairs", "segment_mask", "stack_tables", "isolate_images", "poison"]
@@ -144,17 +145,25 @@ class TokenLayout(NamedTuple):
         kernels that read a window's regions natively (``Kernel.window_layouts``) take ``segment``, the others the
         float mask :func:`segment_mask` lowers it to."""
         nw, n = regions.shape
-        dev = regions.device
-        t = torch.arange(n, device=dev)
-        coords = torch.stack([t // window.w, t % window.w], -1).expand(nw, n, 2)
-        image = torch.arange(nw, device=dev)[:, None] * num_regions + regions
+        coords, index, group, first = _window_tokens(nw, window.h, window.w, num_regions, regions.device)
         images = (Grid(*window),) * (nw * num_regions)
-        return cls(regions, coords, t.expand(nw, n), torch.zeros_like(regions), (Grid(*window),), image, images, 0)
+        return cls(regions, coords, index, group, (Grid(*window),), first + regions, images, 0)
 
     @property
     def image_sizes(self) -> list[int]:
         """Tokens of each image's full sequence (``P + h w``), in image order."""
         return [self.num_prefix_tokens + g.h * g.w for g in self.image_grids]
+
+
+@per_device(maxsize=32)
+def _window_tokens(nw: int, wh: int, ww: int, num_regions: int, device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """What :meth:`TokenLayout.windows` reads of ``nw`` windows of ``wh x ww`` tokens besides their regions: the
+    tokens' coordinates ``[nW, n, 2]``, indices and groups ``[nW, n]``, and each window's first image id ``[nW, 1]``
+    (made once per arguments: every shifted Swin block asks for them at every call)."""
+    t = torch.arange(wh * ww, device=device)
+    coords = torch.stack([t // ww, t % ww], -1).expand(nw, wh * ww, 2)
+    first = torch.arange(nw, device=device)[:, None] * num_regions
+    return coords, t.expand(nw, wh * ww), torch.zeros(nw, wh * ww, dtype=torch.long, device=device), first
 
 
 def _token_counts(grids: Sequence[Grid], p: int) -> list[int]:

@@ -366,11 +366,14 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
         c, text = run_script(["bench/triton_tune.py", "--diagnose", "--sides", "32", "64", "--rounds", "5"])
         return ["## Fused kernel breakdown (bench/triton_tune.py --diagnose)\n", f"`{c}`\n", text]
     if name == "attention":  # every offset-table scheme through sdpa and triton; the factored fold; lookhere's fovs;
-        # dq by atomics (triton_atomic) for a trained table, a fixed one and LookHere's
+        # dq by atomics (triton_atomic) for a trained table, a fixed one and LookHere's. SDPA named: a scheme alone is
+        # bench/attention.py's attn_impl="auto", which the device's rules may send to triton or fold (as e5a7949's run
+        # did: its rows without "@" were those kernels again where a rule took them)
         atomic = ["rel2d_full@triton_atomic", "alibi2d@triton_atomic", "lookhere@triton_atomic"]
         folds = ["rel2d_factored@fold", "rel2d_bucket@fold"]  # (the tables that factor: auto folds the first)
-        full = [*tables, *(f"{s}@triton" for s in tables), *atomic, *folds, "lookhere:fov=45@triton"]
-        sel = ["rel2d_full", "rel2d_full@triton", atomic[0], "rel2d_factored@fold"] if args.quick else full
+        full = [*(f"{s}@sdpa" for s in tables), *(f"{s}@triton" for s in tables), *atomic, *folds,
+                "lookhere:fov=45@triton"]  # fmt: skip
+        sel = ["rel2d_full@sdpa", "rel2d_full@triton", atomic[0], "rel2d_factored@fold"] if args.quick else full
         c, text = run_script([*att, "--schemes", *sel])
         return ["## Attention layer, forward + backward\n", f"`{c}`\n", text]
     if name == "content":  # Shaw's kernel and PaPE (content-dependent terms) against plain SDPA
@@ -379,12 +382,14 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
         backends = widened_backends(dev) if dev.type == "cuda" else []
         return ["## Shaw and PaPE, forward + backward\n", f"`{c}`\n", text, *backends]
     if name == "rotary":  # every rotary scheme through sdpa (torch ops) and triton (the fused rotation, then attention)
-        sel = ["rope2d_axial", "rope2d_axial@triton"] if args.quick else [*ROTARY, *(f"{s}@triton" for s in ROTARY)]
+        sel = ["rope2d_axial@sdpa", "rope2d_axial@triton"] if args.quick else [
+            *(f"{s}@sdpa" for s in ROTARY), *(f"{s}@triton" for s in ROTARY)
+        ]  # fmt: skip
         c, text = run_script([*att, "--schemes", *sel])
         return ["## Rotary schemes, forward + backward (sdpa against the fused rotation)\n", f"`{c}`\n", text]
     if name == "forward":
-        sel = ["rel2d_full", "rel2d_full@triton", "rel2d_factored", "rel2d_factored@triton", "rel2d_factored@fold",
-               "alibi2d@triton"]  # fmt: skip
+        sel = ["rel2d_full@sdpa", "rel2d_full@triton", "rel2d_factored@sdpa", "rel2d_factored@triton",
+               "rel2d_factored@fold", "alibi2d@triton"]  # fmt: skip
         c, text = run_script([*att, "--inference", "--schemes", *sel])
         return ["## Attention layer, forward only\n", f"`{c}`\n", text]
     if name == "models":  # Swin-T and ViT-S/rel2d_full training steps against timm, eager, vitrel with triton

@@ -80,7 +80,8 @@ _TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb"
 #:   size, and forward-only (``rel2d_full`` at N = 4096: 2.12x against 3.17x), hence ``training``.
 #: * H100, the retuned kernel (``gpu_h100_9ae408d.md``: square 64 x 64 tiles in every kernel at head dim 64):
 #:   ``rel2d_full`` through ``triton`` trains at 1.94x plain SDPA at N = 1024 against SDPA's float mask's 2.22x, in
-#:   1.07x its memory against 1.83x (at 4096 2.22x against 2.23x; at 196 1.59x against 1.51x, where SDPA stays). The
+#:   1.07x its memory against 1.83x (at 4096 2.22x, that run's other row ``auto``, so ``triton`` again: the float mask
+#:   took 4.11x in ``gpu_h100.md``; at 196 1.59x against 1.51x, where SDPA stays). The
 #:   other tables were not timed with the retuned kernel at N = 1024 (with the earlier tiles, ``gpu_h100_479ebfa.md``,
 #:   ``triton`` was within 5 % of SDPA there, either way).
 #: * ``rel2d_factored`` trains fastest folded into the queries and keys (``fold``, :data:`_FOLD`) from N = 1024 on
@@ -90,12 +91,15 @@ _TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb"
 #:   1.82x / 5.32x, ``triton``'s 1.07x). SDPA's mask stays at N = 196 (1.47x-1.57x against 1.53x-1.61x); the
 #:   forward alone was not timed with ``fold``.
 #: * H100, the retuned kernel, every table (``gpu_h100_e5a7949.md``), trained at N = 1024 / 4096: ``triton`` 1.85x-2.11x
-#:   / 2.23x-2.42x plain SDPA. At 1024 it beat SDPA's float mask for CPB (2.01x against 2.44x), FIRE (2.04x against
-#:   2.52x), the full table (1.85x against 2.03x) and T5's buckets (2.11x against 2.18x); the 2-D buckets trained
-#:   fastest folded (1.88x against 2.07x and 2.36x), the factored table folded or through SDPA (1.66x, 1.65x; 1.85x).
-#:   At 4096 ``triton`` beat ``fold`` for the factored table (2.25x against 2.74x) and the 2-D buckets (2.38x against
-#:   2.90x), hence the 4096 rule first. At 196 SDPA's mask stayed the fastest for every table (1.53x-1.82x against
-#:   1.82x-2.33x).
+#:   / 2.23x-2.42x plain SDPA. (That run's rows without ``@`` are ``auto`` as its rules then were: SDPA's float mask at
+#:   196 and, at 1024, for the 2-D buckets, CPB and FIRE; ``triton`` again for the full table and T5's buckets at 1024
+#:   and every table at 4096, the factored one ``fold``: the same kernel twice in one run, 2.03x against 1.85x for the
+#:   full table at 1024, which bounds what a smaller margin means.) At 1024 ``triton`` beat SDPA's float mask for CPB
+#:   (2.01x against 2.44x) and FIRE (2.04x against 2.52x); the 2-D buckets trained fastest folded (1.88x against
+#:   ``triton``'s 2.07x and the mask's 2.36x), the factored table folded (1.66x against ``triton``'s 1.85x). At 4096
+#:   ``triton`` beat ``fold`` for the factored table (2.25x against 2.74x) and the 2-D buckets (2.38x against 2.90x),
+#:   hence the 4096 rule first. At 196 SDPA's mask stayed the fastest for every table (1.53x-1.82x against
+#:   1.82x-2.33x). The full table and T5's buckets keep ``triton`` from 1024 (``gpu_h100_9ae408d.md``, ``gpu_h100.md``).
 _FOLD = AutoRule(frozenset({"rel2d_factored"}), 1024, "fold", training=True)
 AUTO: dict[str, list[AutoRule]] = {
     "H200": [_FOLD, AutoRule(frozenset({"rel1d_bucket"}), 4096, "triton")],

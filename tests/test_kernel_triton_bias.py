@@ -439,6 +439,61 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
         tile(bias_read="tiles")
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("grid", "prefix", "n_m"), [((4, 8), 0, 0), ((5, 24), 1, 0), ((8, 8), 0, 1), ((16, 12), 0, 3)])
+def test_warp_specialized_forward_equals_reference(monkeypatch, device, grid, prefix, n_m):
+    """The warp-specialized forward (``WARP_SPECIALIZE``: its loop has no mask and no branch, the tile's pattern
+    selected, the rows past the end the descriptors' zeros) against the reference, output and gradients (the backward
+    reads its log-sum-exp): one exact pattern a tile (with prefix tokens, keys past the end), and patterns shared by
+    ``(q0 - k0, q0 mod W)`` with one class and three (no prefix, ``N`` a multiple of the key tile). The interpreter's
+    tiles are 32 x 16 (a GPU's 128 x 64); the call's launch is asserted to be the warp-specialized one."""
+    monkeypatch.setattr(triton_bias, "WARP_SPECIALIZE", {"fwd"})
+    n = prefix + grid[0] * grid[1]
+    q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
+    fwd = triton_bias.plan(q, k, v, table, grid, prefix, sms=None if device == "cpu" else 132)["fwd"]
+    assert fwd.kernel == "fwd_ws"
+    if device == "cpu":
+        assert fwd.args["n_m"] == n_m
+    _check(device, 2, 2, 16, grid, prefix)
+
+
+def test_warp_specialized_forward_only_where_no_tile_needs_a_mask(monkeypatch):
+    """On a GPU (``plan`` builds a GPU's launches anywhere), the warp-specialized forward is taken where it is asked
+    for (``WARP_SPECIALIZE``, off by default) and no tile needs a mask: a full grid's bias read as tiles, each tile
+    exact (ViT-B/16's 14 x 14 and a class token, 31 x 31) or no prefix token and ``N`` a multiple of the key tile
+    (32 x 32); its
+    tile 128 x 64 in 4 warps and 2 stages. Not with a prefix token where patterns are shared (64 x 64 and a class
+    token), nor ``N`` past a key tile's multiple, a float mask, region ids, a causal mask, a token layout, visible-tile
+    flags, the bias gathered, no table, a call that fits one tile, or keys not readable through descriptors."""
+
+    def fwd(side=32, prefix=0, d=64, table=True, q=None, rows=None, **kw):
+        n = prefix + (rows or side) * side
+        x = torch.zeros(1, 2, n, d, dtype=torch.bfloat16) if q is None else q
+        t = torch.zeros(2, 2 * (rows or side) - 1, 2 * side - 1) if table else None
+        t = t[None] if "tokens" in kw else t  # (a table per group of images on a token layout)
+        return triton_bias.plan(x, x, x, t, (rows or side, side), prefix, **kw)["fwd"]
+
+    assert fwd().kernel == "fwd"
+    monkeypatch.setattr(triton_bias, "WARP_SPECIALIZE", {"fwd"})
+    ws = fwd()
+    assert ws.kernel == "fwd_ws" and (ws.args["BM"], ws.args["BN"], ws.args["n_m"]) == (128, 64, 1)
+    assert ws.options == {"num_warps": 4, "num_stages": 2} and ws.grid == (8, 2)
+    assert fwd(14, 1).kernel == "fwd_ws" and fwd(14, 1).args["n_m"] == 0
+    assert fwd(64, 1).kernel == "fwd"  # (shared patterns, a prefix token)
+    assert fwd(32, 32, rows=31).kernel == "fwd"  # (shared patterns, 32 prefix tokens: 1,024, a multiple of the tile)
+    assert fwd(31).kernel == "fwd_ws" and fwd(31).args["n_m"] == 0  # (961 tokens: exact tiles)
+    assert fwd(32, rows=41).kernel == "fwd"  # (1,312 tokens: keys past the end, shared patterns)
+    n = 32 * 32
+    tokens = torch.stack([torch.zeros(n), torch.arange(n) // 32, torch.arange(n) % 32, torch.zeros(n)])
+    misaligned = torch.zeros(1, 2, n, 65, dtype=torch.bfloat16)[..., 1:]
+    for kw in [
+        dict(mask=torch.zeros(1, n, n)), dict(regions=torch.zeros(1, n, dtype=torch.int64)), dict(causal=True),
+        dict(tokens=tokens.int().expand(1, 4, n).contiguous()), dict(bias_read="gather"), dict(table=False),
+        dict(blocks=torch.ones(2, 64, 64, dtype=torch.int32)), dict(side=7), dict(q=misaligned),
+    ]:  # fmt: skip
+        assert fwd(**kw).kernel != "fwd_ws", kw
+
+
 @interpreted
 @pytest.mark.parametrize(("grid", "prefix", "causal"), [((4, 8), 1, False), ((5, 7), 0, False), ((1, 37), 0, True)])
 def test_forward_tiles_wider_than_tall(monkeypatch, grid, prefix, causal):
@@ -1310,3 +1365,29 @@ def test_tensor_core_products_not_serialized_on_hopper():
     serialized = json.loads(_compiled_for_hopper(code))
     assert len(serialized) == 26 and not any(serialized.values()), serialized
     assert "regions/tile" in serialized  # (the windows' backward: one kernel)
+
+
+def test_forward_warp_specialized_on_hopper():
+    """Compiled for sm_90 as the JIT compiles it, the warp-specialized forward (``WARP_SPECIALIZE``) is partitioned by
+    Triton: 12 warps run where 4 are asked for (one warp group issuing the copies, its registers cut, and two computing
+    warp groups of 64 query rows each, their registers raised: ``setmaxnreg``), its products not serialized, within
+    the shared memory; ViT-B/16's call (exact tiles), 32 x 32 (shared patterns), head dims 32, 64 and 128. A loop that
+    is not partitioned compiles with no error and 4 warps: what this catches. It caught a branch in the loop (the
+    pattern's ``n_m > 0``, a mask's: not partitioned), 4-D descriptors of reshaped tiles (the partition failed under
+    Triton 3.8) and bias tiles read as 32-bit pairs (under 3.6)."""
+    import json
+
+    code = (
+        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.WARP_SPECIALIZE.add('fwd'); out = {}\n"
+        "for side, p, d in ((14, 1, 64), (32, 0, 64), (32, 0, 32), (32, 0, 128)):\n"
+        "    q = torch.zeros(2, 12 if d < 128 else 6, p + side * side, d, dtype=torch.bfloat16)\n"
+        "    launch = tb.plan(q, q, q, torch.zeros(q.shape[1], 2 * side - 1, 2 * side - 1), (side, side), p)['fwd']\n"
+        "    c = tb.compile_launch(launch)\n"
+        "    out[f'{side}/{d}'] = [launch.kernel, c.metadata.num_warps, c.asm['ptx'].count('setmaxnreg.inc'), "
+        "c.metadata.shared, tb.serialized_products(c)]\n"
+        "print(json.dumps(out))"
+    )
+    got = json.loads(_compiled_for_hopper(code))
+    assert len(got) == 4, got
+    for kernel, warps, raised, shared, serialized in got.values():
+        assert kernel == "fwd_ws" and warps == 12 and raised >= 2 and 0 < shared <= 232448 and not serialized, got

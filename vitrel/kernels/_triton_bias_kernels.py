@@ -224,15 +224,20 @@ def _bias_tile(
     float mask (it then spills)."""
     bias = 0.0
     if HAS_TABLE and TILED:
-        if n_m > 0:  # (g_d, g_m: compile-time powers of two, so shifts; (q0 mod W) / g_m is 0 where W divides TM)
-            col = 0
-            if n_m > 1:
-                col = (q0 % GW) // g_m
-            pat = ((q0 - k0 - d_min) // g_d) * n_m + col
-        else:
-            pat = (q0 // TM) * n_kt + k0 // TW
-        bias = _pattern_tile(BT, h, pat, n_pat, TM, TW, PAIRS)
+        col = 0
+        if n_m > 1:  # (g_m: a compile-time power of two, so a shift; (q0 mod W) / g_m is 0 where W divides TM)
+            col = (q0 % GW) // g_m
+        bias = _pattern_tile(BT, h, _pattern_index(q0, k0, col, n_kt, d_min, g_d, n_m, TM, TW), n_pat, TM, TW, PAIRS)
     return bias
+
+
+@triton.jit
+def _pattern_index(q0, k0, col, n_kt, d_min, g_d: tl.constexpr, n_m, TM: tl.constexpr, TW: tl.constexpr):
+    """The pattern of the tile of queries from ``q0`` and keys from ``k0``
+    (:func:`vitrel.kernels.triton_bias.tile_patterns`): from ``(q0 - k0, col)`` (``col = (q0 mod GW) / g_m``) where
+    ``n_m > 0``, else its place. Both computed and one selected, with no branch: a loop with a branch is not
+    warp-specialized (:func:`_fwd_ws_kernel`). ``g_d``: a compile-time power of two, so a shift."""
+    return tl.where(n_m > 0, ((q0 - k0 - d_min) // g_d) * n_m + col, (q0 // TM) * n_kt + k0 // TW)
 
 
 @triton.jit
@@ -417,20 +422,35 @@ def _fwd_kernel(
                 GH, GW, bias, n_m, tl.program_id(0) * BM, start_n, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED,
                 BM, BN, RAW=RAW,
             )
-            if RAW:  # (the row's maximum of the unscaled logits, scaled: qk_scale > 0)
-                m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-            else:
-                m_new = tl.maximum(m_i, tl.max(s, 1))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-            p = tl.math.exp2(_shift(s, m_safe[:, None], qk_scale, RAW))
-            if ONE:  # the call's one key tile: nothing before it to rescale
-                l_i = tl.sum(p, 1)
-                acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
-            else:
-                alpha = tl.math.exp2(m_i - m_safe)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
-            m_i = m_new
+            m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v, qk_scale, RAW, ONE, PREC)
+    _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, sob, soh, son, offs_m, offs_d, q_mask, N, BM)
+
+
+@triton.jit
+def _online_softmax(s, m_i, l_i, acc, v, qk_scale, RAW: tl.constexpr, ONE: tl.constexpr, PREC: tl.constexpr):
+    """The forward's step over one key tile: the rows' running maximum ``m_i``, sum ``l_i`` and output ``acc``
+    updated with the tile's base-2 logits ``s`` (:func:`_logits`) and values ``v``. ``ONE``: the call's one key tile,
+    nothing before it to rescale."""
+    if RAW:  # (the row's maximum of the unscaled logits, scaled: qk_scale > 0)
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    else:
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+    p = tl.math.exp2(_shift(s, m_safe[:, None], qk_scale, RAW))
+    if ONE:
+        l_i = tl.sum(p, 1)
+        acc = tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    else:
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, sob, soh, son, offs_m, offs_d, q_mask, N, BM: tl.constexpr):
+    """The forward's output rows and their base-2 log-sum-exp (+inf past the end, and on the padding rows past the
+    last query tile's: :data:`STATS_ROWS`)."""
     m_safe = tl.where(m_i == float("-inf"), 0.0, m_i)
     l_safe = tl.where(l_i == 0.0, 1.0, l_i)
     out = acc / l_safe[:, None]
@@ -441,6 +461,47 @@ def _fwd_kernel(
     if tl.program_id(0) == tl.num_programs(0) - 1:  # the padding rows past the last query tile's
         for r in range((tl.program_id(0) + 1) * BM, _stats_len(N), BM):
             tl.store(lse_row + r + tl.arange(0, BM), tl.full([BM], float("inf"), tl.float32))
+
+
+@triton.jit
+def _fwd_ws_kernel(
+    Q, K, V, BT, O, LSE,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
+    H, N, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+):
+    """:func:`_fwd_kernel` warp-specialized (Triton's ``tl.range(..., warp_specialize=True)``; on sm_90 its
+    compiler splits the program into a warp that issues the copies of q, k, v and the bias tiles through tensor
+    descriptors and warp groups that compute, with registers moved to them: FlashAttention-3's division of work),
+    for the calls whose every tile needs no mask: a full grid's bias read as tiles, each tile exact (one pattern a
+    tile: its prefix pairs 0, its keys past the end ``-inf``) or every pair of every tile a patch pair (no prefix
+    token, ``N`` a multiple of ``BN``), no float mask, no causal mask, no visible-tile flags
+    (:func:`vitrel.kernels.triton_bias.warp_specialized`). Its loop has no branch, which the compiler's partitioning
+    requires: the tile's pattern is selected (:func:`_pattern_index`), q's rows past the end and the keys' are the
+    descriptors' zero fill. The output and log-sum-exp are :func:`_fwd_kernel`'s."""
+    b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)
+    q0 = tl.program_id(0) * BM
+    # (2-D descriptors of this batch element's and head's rows: the compiler splits a tile's rows between its warp
+    # groups, which it cannot do through a 4-D descriptor's reshaped tile)
+    q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, [N, D], [sqn, 1], [BM, BLOCK_D])
+    k_desc = tl.make_tensor_descriptor(K + b * skb + h * skh, [N, D], [skn, 1], [BN, BLOCK_D])
+    v_desc = tl.make_tensor_descriptor(V + b * svb + h * svh, [N, D], [svn, 1], [BN, BLOCK_D])
+    # (bf16 tiles widened by the compiler's conversion: read as 32-bit pairs, :func:`_bias_tile`'s PAIRS, the
+    # partitioning under Triton 3.6 fails, "Unexpected op" in WSDataPartition)
+    bt_desc = tl.make_tensor_descriptor(BT, [H * n_pat * BM, BN], [BN, 1], [BM, BN])
+    q = q_desc.load([q0, 0])
+    col = tl.where(n_m > 1, (q0 % GW) // g_m, 0)  # (the pattern's class: loop-invariant)
+    m_i = tl.full([BM], float("-inf"), tl.float32)
+    l_i = tl.zeros([BM], tl.float32)
+    acc = tl.zeros([BM, BLOCK_D], tl.float32)
+    for start_n in tl.range(0, N, BN, warp_specialize=True):
+        k = k_desc.load([start_n, 0])
+        v = v_desc.load([start_n, 0])
+        row = (h * n_pat + _pattern_index(q0, start_n, col, n_kt, d_min, g_d, n_m, BM, BN)) * BM
+        bias = bt_desc.load([row, 0]).to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale + bias
+        m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v, qk_scale, False, False, PREC)
+    _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, sob, soh, son, offs_m, offs_d, q_mask, N, BM)
 
 
 @triton.jit

@@ -153,6 +153,7 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     ("tile", 64): {"num_warps": 8, "num_stages": 1},
     ("tile", 128): {"num_warps": 4, "num_stages": 1},
     "table_grad": {"num_warps": 4, "num_stages": 1},
+    "fwd_ws": {"num_warps": 4, "num_stages": 2},
 }
 
 
@@ -354,18 +355,32 @@ def tma_reads(kernel: str, k: Tensor, v: Tensor, block_d: int, cuda: bool) -> bo
     interpreter, which emulates it; or, for CPU tensors with ``cuda``, the Hopper GPU that :func:`plan` plans for), and
     the tensors are as it needs them: unit stride along the head dim, every other stride and the addresses a multiple
     of 16 bytes, a tile row (``block_d`` lanes) of at least 16 bytes."""
-    if kernel not in TMA_READS:
-        return False
-    if k.device.type == "cuda":
-        if torch.cuda.get_device_capability(k.device)[0] < 9:
+    return kernel in TMA_READS and descriptors_allowed(k, v, block_d=block_d, cuda=cuda)
+
+
+def descriptors_allowed(*tensors: Tensor, block_d: int, cuda: bool) -> bool:
+    """Whether a kernel may read ``tensors`` (``[B, H, N, D]``) through tensor descriptors: :func:`tma_reads`'s rules
+    of the device and of the tensors."""
+    if tensors[0].device.type == "cuda":
+        if torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
             return False
     elif not (cuda or interpreter_on()):
         return False
-    for t in (k, v):
+    for t in tensors:
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
             return False
-    return block_d * k.element_size() >= 16
+    return block_d * tensors[0].element_size() >= 16
+
+
+#: the kernels that run warp-specialized where a call allows it (:func:`_ws_launch`): ``fwd``, the forward as
+#: :func:`vitrel.kernels._triton_bias_kernels._fwd_ws_kernel`. None by default: compiled for sm_90 and proven
+#: equal to the reference, not yet timed (``bench/triton_tune.py --ws`` times it against the forward)
+WARP_SPECIALIZE: set[str] = set()
+#: the warp-specialized forward's ``(BM, BN)`` on CUDA: a 128-query tile, which Triton's partitioning gives two
+#: computing warp groups of 64 rows (4 warps asked for, 12 run: sm_90, Triton 3.6 and 3.8); ``(32, 16)`` in the
+#: interpreter
+_WS_TILE = (128, 64)
 
 
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
@@ -457,7 +472,8 @@ class Launch(NamedTuple):
         return cls(kernel, grid, {**dict(zip(fn.arg_names, positional)), **constexprs}, options)
 
     def __call__(self) -> None:
-        if self.args.get("TMA"):  # (tensor descriptors made in the kernel take global scratch from Triton's allocator)
+        # (tensor descriptors made in the kernel take global scratch from Triton's allocator)
+        if self.args.get("TMA") or self.kernel in _DESCRIPTOR_KERNELS:
             contextvars.copy_context().run(self._with_scratch)
         else:
             _kernel_fn(self.kernel)[self.grid](**self.args, **self.options)
@@ -476,8 +492,10 @@ class Launch(NamedTuple):
 _KERNELS = {
     "fwd": "_fwd_kernel", "fwd_tile": "_fwd_tile_kernel", "delta": "_bwd_delta_kernel", "dkdv": "_bwd_dkdv_kernel",
     "dq": "_bwd_dq_kernel", "dbias": "_bwd_dbias_kernel", "tile": "_bwd_tile_kernel",
-    "table_grad": "_table_grad_kernel",
+    "table_grad": "_table_grad_kernel", "fwd_ws": "_fwd_ws_kernel",
 }  # fmt: skip
+#: the kernels that read through tensor descriptors always (the others: where their ``TMA`` flag says)
+_DESCRIPTOR_KERNELS = ("fwd_ws",)
 
 
 def _kernel_fn(kernel: str):
@@ -498,9 +516,9 @@ def _batch_chunks(launch: Launch, batch: int, heads: int) -> list[Launch]:
     if batch * heads <= GRID_Y_MAX:
         return [launch]
     a = launch.args
-    names = [*_BATCHED, *(("TOK",) if a["LAYOUT"] else ()), *(("DQ",) if a.get("ATOMIC_DQ") else ())]
-    rows = a["n_mask_b"] if a["MASK_KIND"] else 1
-    if a["MASK_KIND"] and rows == batch:
+    names = [*_BATCHED, *(("TOK",) if a.get("LAYOUT") else ()), *(("DQ",) if a.get("ATOMIC_DQ") else ())]
+    rows = a["n_mask_b"] if a.get("MASK_KIND") else 1
+    if a.get("MASK_KIND") and rows == batch:
         names.append("MASK")
         rows = 1
     step = GRID_Y_MAX // heads // rows * rows
@@ -553,6 +571,11 @@ def _fwd_launch(
             {**{name: flags[name] for name in _TILE_FLAGS}, "BM": blk},
             (options or LAUNCH.get(("fwd_tile", block_d), LAUNCH["fwd_tile"])) if cuda else {},
         )  # fmt: skip
+    plain = table is not None and tokens is None and blocks is None and not (mask_kind or causal or tile)
+    if "fwd" in WARP_SPECIALIZE and plain:
+        ws = _ws_launch(q, k, v, t, bias_read, grid_h, grid_w, prefix, out, lse, scale, cuda, block_d, memo)
+        if ws is not None:
+            return ws
     wide = _wide_tile("fwd", block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
     bm, bn, bt, tiling = _pick_tile(
         [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
@@ -571,6 +594,28 @@ def _fwd_launch(
     return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, consts, opts)
 
 
+def _ws_launch(
+    q, k, v, table, bias_read, grid_h, grid_w, prefix, out, lse, scale, cuda, block_d, memo
+) -> Launch | None:
+    """The warp-specialized forward's launch (:data:`WARP_SPECIALIZE`) of a full grid's call with the base-2
+    ``table``, no mask, no causal mask, no visible-tile flags, where every tile needs no mask (one exact pattern a
+    tile, or no prefix token and ``N`` a multiple of the key tile), the bias is read as tiles within their budget, and
+    q, k, v can be read through tensor descriptors (:func:`descriptors_allowed`); else None (the forward as it is)."""
+    b, h, n, d = q.shape
+    bm, bn = _WS_TILE if cuda else (32, 16)
+    if tile_patterns(grid_w, n, bm, bn).n_m and (prefix or n % bn):
+        return None
+    if not descriptors_allowed(q, k, v, block_d=block_d, cuda=cuda):
+        return None
+    bt, *tiling = _tile_args(table, None, bias_read, grid_h, grid_w, prefix, n, bm, bn, q, "fwd", memo)
+    if tiling[1] == 0:
+        return None
+    positional = [q, k, v, bt, out, lse, *_strides(q, k, v, out), h, n, grid_w, scale * _kernels().LOG2E, *tiling]
+    consts = dict(D=d, BLOCK_D=block_d, BM=bm, BN=bn, PREC=_prec(q.dtype))
+    opts = LAUNCH.get(("fwd_ws", block_d), LAUNCH["fwd_ws"]) if cuda else {}
+    return Launch.make("fwd_ws", (triton_cdiv(n, bm), b * h), positional, consts, opts)
+
+
 def _fwd_impl(
     q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic, memo=None
 ):
@@ -582,7 +627,7 @@ def _fwd_impl(
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else None
     args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)  # (the forward is one)
     launch = _fwd_launch(q, k, v, *args, out, lse, sms, memo=memo)
-    for part in _batch_chunks(launch, b, h) if launch.kernel == "fwd" else [launch]:  # (fwd_tile: a share a program)
+    for part in _batch_chunks(launch, b, h) if launch.kernel != "fwd_tile" else [launch]:  # (a share a program)
         part()
     return out, lse
 

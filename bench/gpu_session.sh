@@ -13,9 +13,10 @@
 #   on GPU:  bash bench/gpu_session.sh two "$OUT"              # after one's retune (9 minutes): the kernel checks,
 #                                                              # the host's cost of a call and of the steps first,
 #                                                              # ViT-B compiled, every table at 3 sizes, the breakdown
-#   on GPU:  bash bench/gpu_session.sh three "$OUT"            # after two, where 5 minutes are left: Swin-T compiled
-#                                                              # (200 s), the forward's stages at N = 197 and 1025
-#                                                              # (the tuning, 90 s)
+#   on GPU:  bash bench/gpu_session.sh three "$OUT"            # after two, where 7 minutes are left: the
+#                                                              # warp-specialized forward (triton_tune.py --ws, 120 s),
+#                                                              # Swin-T compiled (200 s), the forward's stages at
+#                                                              # N = 197 and 1025 (the tuning, 90 s)
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -37,7 +38,8 @@ case $part in
         python3 bench/gpu.py --sections profile --budget 110 --out "$out/gpu_${gpu}_profile.md" ;;
   two)  python3 bench/gpu.py --sections kernel host profile vitb attention diagnose models --budget 540 \
           --out "$out/gpu_$gpu.md" ;;
-  three) python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
+  three) timeout 120 python3 bench/triton_tune.py --ws --out "$out/triton_ws_$gpu.md"
+        python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"

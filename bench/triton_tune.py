@@ -3,6 +3,7 @@ time of ``rel_bias_attention`` for each tile shape / warps / stages, against pla
 
     python bench/triton_tune.py --out bench/results/triton_tune_h200.md      # on a GPU (bf16)
     python bench/triton_tune.py --sides 64 --head-dims 128                   # head dim 128's rows alone
+    python bench/triton_tune.py --ws                                         # the warp-specialized forward
 
 The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2, and with
 3 heads of 128 at the larger (``--head-dims``); medians of alternating rounds (``vitrel.bench.alternate``). The
@@ -63,6 +64,11 @@ BWD_128 = [
     (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
 ]
 CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
+#: the warp-specialized forward's calls (triton_bias.WARP_SPECIALIZE, off by default: this times it), as (grid side,
+#: prefix tokens) of the layer at head dim 64: ViT-B/16's 14 x 14 with a class token (one exact bias pattern a tile),
+#: 32 x 32 and 64 x 64 with none (patterns shared, N a multiple of the key tile), and its stages (2, its default)
+WS_CALLS = [(14, 1), (32, 0), (64, 0)]
+WS_STAGES = [2, 3]
 #: Swin-T's first stage (8,192 windows of 7 x 7 for 128 images, 3 heads of 32, a shifted block's region ids), whose
 #: backward fits one tile (triton_bias.TILE_BWD): the one-tile kernel's (warps, stages), its default first
 #: (triton_bias.LAUNCH's "tile" and "tile_each": 4 warps, 1 stage, the fastest on an H100), the four kernels it
@@ -187,18 +193,15 @@ def _time_row(lines: list[str], args: argparse.Namespace, dev, cells: str, fn, r
         Path(args.out).write_text("\n".join(lines) + "\n")
 
 
-def tune_size(
-    side: int, args: argparse.Namespace, lines: list[str], hd: int = 64, device: str = "cuda", tokens: int = 65536
-) -> None:
-    """The rows of one grid side and head dim (``CONFIGS``), ``tokens`` per batch, appended to ``lines`` (and written
-    to ``args.out`` as they come)."""
-    dev = torch.device(device)
-    n = 1 + side * side
-    b, h = max(1, tokens // n), 384 // hd
+def _layer_calls(dev, side: int, prefix: int, hd: int, tokens: int) -> tuple[int, dict]:
+    """The layer's tokens at one grid side (``prefix`` tokens first, ``384 / hd`` heads of ``hd``, ``tokens`` a batch),
+    and its calls on random bf16 inputs: plain SDPA's forward and forward + backward, the fused kernel's (``tri_fb``:
+    with the table's gradient or not, ``dq`` by atomics or not) and its launches (``plan``, for a device of ``sms``
+    multiprocessors)."""
+    n = prefix + side * side
+    b, h, grid = max(1, tokens // n), 384 // hd, (side, side)
     q, k, v = (torch.randn(b, h, n, hd, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
     table = torch.randn(h, 2 * side - 1, 2 * side - 1, device=dev, requires_grad=True)
-    fwd_rows, bwd_rows = CONFIGS[hd]
-    at = "" if hd == 64 else f"head dim {hd}, "
     go = torch.randn_like(q)
 
     def sdpa_f():
@@ -210,18 +213,41 @@ def tune_size(
 
     def tri_f():
         with torch.no_grad():
-            tb.rel_bias_attention(q, k, v, table, (side, side), 1)
+            tb.rel_bias_attention(q, k, v, table, grid, prefix)
 
     def tri_fb(grad_t=True, det=True):
         t = table if grad_t else table.detach()  # (a table that needs no gradient: the kernel computes none)
         leaves = (q, k, v, table) if grad_t else (q, k, v)
-        torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (side, side), 1, deterministic=det), leaves, go)
+        torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, grid, prefix, deterministic=det), leaves, go)
 
-    defaults, dbias_wide = tuple(table.copy() for table in _TABLES), dict(tb._DBIAS_WIDE)
-    t = alternate({"f": sdpa_f, "fb": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)
-    ref = {kk: statistics.median(v) for kk, v in t.items()}
+    def plan(sms):
+        return tb.plan(q, k, v, table, grid, prefix, sms=sms)
+
+    return n, dict(sdpa_f=sdpa_f, sdpa_fb=sdpa_fb, tri_f=tri_f, tri_fb=tri_fb, plan=plan)
+
+
+def _sdpa_rows(lines: list[str], args: argparse.Namespace, dev, n: int, calls: dict, at: str = "") -> dict:
+    """Plain SDPA's forward and forward + backward times (``args.rounds`` alternating rounds), their rows appended to
+    ``lines``; returns them (``f``, ``fb``), the rows' reference."""
+    t = alternate({"f": calls["sdpa_f"], "fb": calls["sdpa_fb"]}, args.rounds, warmup=2, repeat=5, device=dev)
+    ref = {kk: statistics.median(x) for kk, x in t.items()}
     lines.append(f"| {n} | fwd | {at}plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
     lines.append(f"| {n} | fwd+bwd | {at}plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
+    return ref
+
+
+def tune_size(
+    side: int, args: argparse.Namespace, lines: list[str], hd: int = 64, device: str = "cuda", tokens: int = 65536
+) -> None:
+    """The rows of one grid side and head dim (``CONFIGS``), ``tokens`` per batch, appended to ``lines`` (and written
+    to ``args.out`` as they come)."""
+    dev = torch.device(device)
+    fwd_rows, bwd_rows = CONFIGS[hd]
+    at = "" if hd == 64 else f"head dim {hd}, "
+    n, calls = _layer_calls(dev, side, 1, hd, tokens)
+    tri_f, tri_fb = calls["tri_f"], calls["tri_fb"]
+    defaults, dbias_wide = tuple(table.copy() for table in _TABLES), dict(tb._DBIAS_WIDE)
+    ref = _sdpa_rows(lines, args, dev, n, calls, at)
     for bm, bn, w, st, f32, *no_tma in fwd_rows:
         tb._FWD_BLOCKS[hd] = tb._FWD_WIDE[hd] = (bm, bn)
         tb.LAUNCH["fwd"] = tb.LAUNCH["fwd", hd] = {"num_warps": w, "num_stages": st}
@@ -268,6 +294,38 @@ def tune_size(
     _restore(defaults)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
+
+
+def tune_ws(args: argparse.Namespace, lines: list[str], device: str = "cuda", tokens: int = 65536, calls=None) -> None:
+    """The warp-specialized forward (:data:`WS_CALLS`, :data:`WS_STAGES`) against the forward as it is and plain SDPA,
+    forward and forward + backward (the table's gradient too: the backward reads the forward's log-sum-exp), appended
+    to ``lines`` (and written to ``args.out`` as they come). A row whose call does not take it says so."""
+    defaults = tuple(t.copy() for t in _TABLES)
+    try:
+        for side, prefix in calls or WS_CALLS:
+            _ws_rows(args, lines, torch.device(device), side, prefix, tokens)
+    finally:
+        _restore(defaults)
+
+
+def _ws_rows(args: argparse.Namespace, lines: list[str], dev, side: int, prefix: int, tokens: int) -> None:
+    """:func:`tune_ws`'s rows of one call."""
+    n, calls = _layer_calls(dev, side, prefix, 64, tokens)
+    ref = _sdpa_rows(lines, args, dev, n, calls)
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+    for stages in (None, *WS_STAGES):
+        tb.WARP_SPECIALIZE.clear()
+        if stages:
+            tb.WARP_SPECIALIZE.add("fwd")
+            tb.LAUNCH["fwd_ws"] = {"num_warps": 4, "num_stages": stages}
+        kernel = calls["plan"](sms)["fwd"].kernel
+        config = f"warp-specialized, stages {stages}" if stages else "the forward"
+        if stages and kernel != "fwd_ws":
+            lines.append(f"| {n} | fwd | {config} | not taken ({kernel}) | - |")
+            continue
+        _time_row(lines, args, dev, f"| {n} | fwd | {config} |", calls["tri_f"], ref["f"], repeat=5)
+        if stages in (None, WS_STAGES[0]):
+            _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", calls["tri_fb"], ref["fb"])
 
 
 def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda", images: int = 128) -> None:
@@ -332,7 +390,7 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
 #: the kernel's tiles and launch options, which the tuning sets and restores
 _TABLES = (
     tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb._DBIAS_WIDE, tb.LAUNCH,
-    tb.FLOAT32_TILES, tb.DBIAS_BATCH_OUTER, tb.TMA_READS,
+    tb.FLOAT32_TILES, tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb.WARP_SPECIALIZE,
 )  # fmt: skip
 
 
@@ -352,6 +410,7 @@ def main() -> None:
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=[64, 128],
                     help="64: every row at each of --sides; 128: its rows at the largest")  # fmt: skip
     ap.add_argument("--no-windows", dest="windows", action="store_false", help="without Swin-T's windows' rows")
+    ap.add_argument("--ws", action="store_true", help="only the warp-specialized forward's rows (WS_CALLS)")
     args = ap.parse_args()
     if args.diagnose:
         text = "\n".join(line for side in args.sides for line in diagnose(side, args.rounds))
@@ -361,6 +420,9 @@ def main() -> None:
     dev = torch.device("cuda")
     lines = [f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; medians of {args.rounds} rounds\n"]
     lines += ["| N | pass | config | ms | / plain SDPA |", "|---:|---|---|---:|---:|"]
+    if args.ws:
+        tune_ws(args, lines)
+        return
     if args.windows:  # first: the shortest rows, and the one-tile kernels' (TILE_FWD, TILE_BWD) only timing
         tune_windows(args, lines)
     for side in args.sides if 64 in args.head_dims else ():

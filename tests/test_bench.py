@@ -212,6 +212,14 @@ def test_triton_tune_rows_run(monkeypatch):
     assert len(lines) == want and not [x for x in lines if "failed" in x], lines
     assert sum("fwd a window a program" in x for x in lines) == 1
     assert sum("four bwd kernels" in x for x in lines) == 2 and sum("bwd warps 4 stages 1" in x for x in lines) == 2
+    # the warp-specialized forward's rows (--ws): a call that takes it (5 x 5, no prefix: exact tiles) and one that
+    # does not (16 tokens: the one-tile forward), said so
+    lines = []
+    tune.tune_ws(argparse.Namespace(rounds=1, out=None), lines, device="cpu", tokens=50, calls=[(5, 0), (4, 0)])
+    assert tuple(t.copy() for t in tune._TABLES) == defaults and not tune.tb.WARP_SPECIALIZE  # (restored)
+    assert len(lines) == 2 * 4 + 2 * len(tune.WS_STAGES) + 1 and not [x for x in lines if "failed" in x], lines
+    assert sum("warp-specialized" in x and "not taken" not in x for x in lines) == len(tune.WS_STAGES) + 1
+    assert sum("not taken (fwd_tile)" in x for x in lines) == len(tune.WS_STAGES)
 
 
 def test_step_profile_tables_on_cpu():

@@ -56,13 +56,13 @@ CLASSES = {
 }
 
 
-def _layer(side: int = 64, heads: int = 6, head_dim: int = 64) -> dict:
-    n = 1 + side * side
+def _layer(side: int = 64, heads: int = 6, head_dim: int = 64, prefix: int = 1) -> dict:
+    n = prefix + side * side
     b = max(1, 65536 // n)
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(b, heads, n, head_dim, generator=gen).to(torch.bfloat16) for _ in range(3))
     table = torch.randn(heads, 2 * side - 1, 2 * side - 1, generator=gen)
-    return dict(q=q, k=k, v=v, table=table, grid=(side, side), num_prefix_tokens=1)
+    return dict(q=q, k=k, v=v, table=table, grid=(side, side), num_prefix_tokens=prefix)
 
 
 def _lookhere() -> dict:
@@ -136,6 +136,13 @@ CASES = [
     ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "fwd_tma": False}, ("fwd",)),
     ("no table, fwd without TMA", lambda: {**_layer(), "table": None}, {"fwd_tma": False}, ("fwd",)),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
+    ("N = 4096 (no prefix), table, bias tiles", lambda: _layer(prefix=0), {"bias_read": "tiles"}, _FWD),
+    ("N = 4096 (no prefix), table, bias tiles, warp-specialized fwd", lambda: _layer(prefix=0),
+     {"bias_read": "tiles", "ws": True}, _FWD),
+    ("ViT-B/16, table, bias tiles, warp-specialized fwd", lambda: _layer(14, 12), {"bias_read": "tiles", "ws": True},
+     _FWD),
+    ("head dim 128, N = 4096 (no prefix), table, bias tiles, warp-specialized fwd",
+     lambda: _layer(heads=3, head_dim=128, prefix=0), {"bias_read": "tiles", "ws": True}, _FWD),
     ("head dim 128, table, bias tiles", lambda: _layer(heads=3, head_dim=128), {"bias_read": "tiles"}, None),
     ("head dim 128, no table", lambda: {**_layer(heads=3, head_dim=128), "table": None}, {}, None),
     ("packed images (a token layout)", _packed, {}, None),
@@ -155,10 +162,10 @@ def _plan(call: dict, opts: dict) -> dict:
     ``triton_bias.DBIAS_BATCH_OUTER``; ``fwd_tma`` False: the forward's keys and values read by address,
     ``triton_bias.TMA_READS``; ``tile_bwd`` False: a call of one tile's backward as the four kernels,
     ``triton_bias.TILE_BWD``; ``tile_fwd`` False: its forward a program a batch element, ``triton_bias.TILE_FWD``;
-    ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; each set for the call
-    only)."""
+    ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; ``ws``: the
+    warp-specialized forward, ``triton_bias.WARP_SPECIALIZE``; each set for the call only)."""
     opts = dict(opts)
-    tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
+    tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE, tb.WARP_SPECIALIZE)
     saved, tile_bwd, tile_fwd = tuple(t.copy() for t in tables), tb.TILE_BWD, tb.TILE_FWD
     if opts.pop("dbias_batch_outer", False):
         tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
@@ -166,6 +173,8 @@ def _plan(call: dict, opts: dict) -> dict:
         tb.TMA_READS.discard("fwd")
     if not opts.pop("dbias_wide", True):
         tb._DBIAS_WIDE.clear()
+    if opts.pop("ws", False):
+        tb.WARP_SPECIALIZE.add("fwd")
     tb.TILE_BWD = opts.pop("tile_bwd", tb.TILE_BWD)
     tb.TILE_FWD = opts.pop("tile_fwd", tb.TILE_FWD)
     try:
@@ -266,6 +275,10 @@ def measure(launch: tb.Launch, arch: int) -> dict:
     out["serial"] = "yes" if tb.serialized_products(compiled, arch) else "no"
     out["interior"], out["edge"] = sum(interior.values()), sum(edge.values())
     a, warps = launch.args, launch.options["num_warps"]
+    out["warps"] = str(warps)
+    if compiled.metadata.num_warps > warps:  # (warp-specialized: the warps asked for issue the copies; more compute)
+        out["warps"] = f"{warps} + {compiled.metadata.num_warps - warps}"
+        warps = compiled.metadata.num_warps - warps
     out["per 64x64"] = round(out["interior"] * warps / 4 / (a["BM"] * a.get("BN", a["BM"]) / 4096))
     for name, codes in CLASSES.items():
         out[name] = sum(interior[c] for c in codes)
@@ -291,7 +304,8 @@ def main() -> None:
         "an interior tile of a full grid, or every tile where each tile pattern is one exact tile, as a window's) and "
         "its dearest (every mask: a tile at an edge, a shifted window's); "
         "`per 64x64`: the interior path's instructions per scheduler (4 a multiprocessor) for 64 x 64 scores, which "
-        "compares tiles and warp counts; then the interior path's by class (`smem`: shared-memory loads, stores, "
+        "compares tiles and warp counts (`warps` `4 + 8`: warp-specialized, 4 warps issuing the copies and 8 "
+        "computing, whose loop is counted); then the interior path's by class (`smem`: shared-memory loads, stores, "
         "shuffles)",
         "",
         "| call | kernel | tile | warps | " + " | ".join(cols) + " |",
@@ -305,7 +319,7 @@ def main() -> None:
             tile = f"{a['BM']} x {a.get('BN', a['BM'])}"
             row = measure(launch, args.arch)
             cells = " | ".join(str(row[c]) for c in cols)
-            lines.append(f"| {label} | {name} | {tile} | {launch.options['num_warps']} | {cells} |")
+            lines.append(f"| {label} | {name} | {tile} | {row['warps']} | {cells} |")
             print(lines[-1], flush=True)
             if args.out:
                 Path(args.out).write_text("\n".join(lines) + "\n")

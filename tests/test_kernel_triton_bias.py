@@ -492,6 +492,13 @@ def test_warp_specialized_forward_only_where_no_tile_needs_a_mask(monkeypatch):
         dict(blocks=torch.ones(2, 64, 64, dtype=torch.int32)), dict(side=7), dict(q=misaligned),
     ]:  # fmt: skip
         assert fwd(**kw).kernel != "fwd_ws", kw
+    # its bias tiles beyond the budget where the forward's fit: the forward, not an error (bias_read="tiles")
+    size = {t: triton_bias.tile_patterns(32, n, t, 64).n_pat * 2 * t * 64 * 2 for t in (64, 128)}
+    assert size[128] > size[64]
+    monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[64])
+    assert fwd(bias_read="tiles").kernel == "fwd" and fwd().kernel == "fwd"
+    monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[128])
+    assert fwd(bias_read="tiles").kernel == "fwd_ws"
 
 
 @interpreted

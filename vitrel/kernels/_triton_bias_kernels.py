@@ -476,7 +476,7 @@ def _fwd_ws_kernel(
     for the calls whose every tile needs no mask: a full grid's bias read as tiles, each tile exact (one pattern a
     tile: its prefix pairs 0, its keys past the end ``-inf``) or every pair of every tile a patch pair (no prefix
     token, ``N`` a multiple of ``BN``), no float mask, no causal mask, no visible-tile flags
-    (:func:`vitrel.kernels.triton_bias.warp_specialized`). Its loop has no branch, which the compiler's partitioning
+    (:func:`vitrel.kernels.triton_bias._ws_launch`). Its loop has no branch, which the compiler's partitioning
     requires: the tile's pattern is selected (:func:`_pattern_index`), q's rows past the end and the keys' are the
     descriptors' zero fill. The output and log-sum-exp are :func:`_fwd_kernel`'s."""
     b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)

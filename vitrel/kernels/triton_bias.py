@@ -607,7 +607,8 @@ def _ws_launch(
         return None
     if not descriptors_allowed(q, k, v, block_d=block_d, cuda=cuda):
         return None
-    bt, *tiling = _tile_args(table, None, bias_read, grid_h, grid_w, prefix, n, bm, bn, q, "fwd", memo)
+    read = "auto" if bias_read == "tiles" else bias_read  # (beyond the budget: the forward's own tiles, or its error)
+    bt, *tiling = _tile_args(table, None, read, grid_h, grid_w, prefix, n, bm, bn, q, "fwd", memo)
     if tiling[1] == 0:
         return None
     positional = [q, k, v, bt, out, lse, *_strides(q, k, v, out), h, n, grid_w, scale * _kernels().LOG2E, *tiling]

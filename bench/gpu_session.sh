@@ -17,12 +17,18 @@
 #                                                              # warp-specialized forward (triton_tune.py --ws, 120 s),
 #                                                              # Swin-T compiled (200 s), the forward's stages at
 #                                                              # N = 197 and 1025 (the tuning, 90 s)
+#   on GPU:  bash bench/gpu_session.sh four "$OUT"             # the next lease's first command (9.5 minutes): the
+#                                                              # warp-specialized forward's timing (triton_tune.py
+#                                                              # --ws, 120 s), the kernel checks (it against the
+#                                                              # reference on CUDA among them), ViT-B compiled and
+#                                                              # the host's cost of a call, neither measured since
+#                                                              # 3d84299
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
 # them under bench/results/ with the device named.
 set -uo pipefail
-part=${1:?pass, tune, one, two, three or rest}
+part=${1:?pass, tune, one, two, three, four or rest}
 out=${2:-bench/results}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
@@ -42,8 +48,10 @@ case $part in
         python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
+  four) timeout 120 python3 bench/triton_tune.py --ws --out "$out/triton_ws_$gpu.md"
+        python3 bench/gpu.py --sections kernel vitb host --budget 440 --out "$out/gpu_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;
-  *) echo "bench/gpu_session.sh: pass, tune, one, two, three or rest, not $part" >&2; exit 2 ;;
+  *) echo "bench/gpu_session.sh: pass, tune, one, two, three, four or rest, not $part" >&2; exit 2 ;;
 esac

@@ -4,6 +4,7 @@ one warp issues per tile in the kernel's inner loop (from the SASS), from Triton
 (shipped with Triton).
 
     python bench/triton_resources.py --out bench/results/triton_resources_sm90.md   # any machine, no GPU needed
+    python bench/triton_resources.py --ws-sweep --out bench/results/triton_ws_sweep_sm90.md  # WS forward's shapes
 
 Each kernel is compiled as Triton's JIT compiles it for one call (``triton_bias.plan`` builds the call's launches,
 ``compile_launch`` specializes them: integers equal to 1 as constants, addresses and integers divisible by 16
@@ -290,7 +291,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--ws-sweep", action="store_true", help="only the warp-specialized forward across shapes")
     args = ap.parse_args()
+    if args.ws_sweep:
+        text = "\n".join(ws_sweep(args.arch)) + "\n"
+        print(text)
+        if args.out:
+            Path(args.out).write_text(text)
+        return
     cols = ["regs", "stack", "shared", "serial", "interior", "edge", "per 64x64", *CLASSES, "other"]
     lines = [
         f"# Fused bias kernel: static resources and inner-loop instructions for sm_{args.arch}, bf16",
@@ -328,6 +336,53 @@ def main() -> None:
     print("\n".join(lines[-16:]))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+#: the shapes of :func:`ws_sweep`: head dims, grids, prefix tokens
+WS_SWEEP = ((16, 32, 48, 64, 80, 96, 128), ((7, 7), (14, 14), (16, 16), (24, 24), (12, 20), (32, 32), (37, 37),
+                                            (64, 64)), (0, 1, 4))  # fmt: skip
+
+
+def ws_sweep(arch: int) -> list[str]:
+    """Whether Triton partitions the warp-specialized forward (``triton_bias.WARP_SPECIALIZE``) for every call that
+    takes it among :data:`WS_SWEEP`'s (its pass fails, or leaves a loop unpartitioned, on some shapes of kernels it
+    takes on others: it did so for a warp-specialized ``dkdv`` and ``dq``): each compiled for ``arch``, its warps
+    counted (12: partitioned), its products checked for serialization."""
+    heads, grids, prefixes = WS_SWEEP
+    rows, taken, other = [], 0, 0
+    saved = set(tb.WARP_SPECIALIZE)
+    tb.WARP_SPECIALIZE.add("fwd")
+    try:
+        for d, (gh, gw), p in ((d, g, p) for d in heads for g in grids for p in prefixes):
+            q = torch.zeros(1, 2, p + gh * gw, d, dtype=torch.bfloat16)
+            launch = tb.plan(q, q, q, torch.zeros(2, 2 * gh - 1, 2 * gw - 1), (gh, gw), p)["fwd"]
+            if launch.kernel != "fwd_ws":
+                other += 1
+                continue
+            taken += 1
+            try:
+                c = tb.compile_launch(launch, arch)
+                if c.metadata.num_warps != 12 or tb.serialized_products(c, arch):
+                    rows.append(f"| {d} | {gh} x {gw} | {p} | {c.metadata.num_warps} warps, serialized "
+                                f"{tb.serialized_products(c, arch)} |")  # fmt: skip
+            except Exception as e:  # noqa: BLE001 - the pass's failure is the finding
+                rows.append(f"| {d} | {gh} x {gw} | {p} | failed: {str(e).splitlines()[-1][:60]} |")
+    finally:
+        tb.WARP_SPECIALIZE.clear()
+        tb.WARP_SPECIALIZE.update(saved)
+    return [
+        f"# The warp-specialized forward across shapes, compiled for sm_{arch} (Triton {triton.__version__})",
+        "",
+        f"- Command: `python bench/triton_resources.py --ws-sweep --arch {arch}`; head dims {heads}, grids {grids}, "
+        f"prefix tokens {prefixes}, bf16, as the JIT compiles each call",
+        f"- {taken} calls take the warp-specialized forward ({other} do not: a prefix with shared patterns, or keys "
+        f"past a key tile's multiple); {taken - len(rows)} of them partitioned (12 warps) with their products not "
+        f"serialized; {len(rows)} not, below",
+        "",
+        "| head dim | grid | prefix | compiled |",
+        "|---:|---|---:|---|",
+        *rows,
+    ]
 
 
 def _sass(launch: tb.Launch, arch: int) -> str:

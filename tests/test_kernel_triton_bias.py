@@ -439,14 +439,19 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
         tile(bias_read="tiles")
 
 
+#: (grid, prefix tokens, the interpreter's n_m): exact tiles; shared patterns with no tile at an edge; with edge tiles
+_WS_CASES = [((4, 8), 0, 0), ((5, 24), 1, 0), ((8, 8), 0, 1), ((16, 12), 0, 3), ((8, 8), 1, 1), ((16, 12), 2, 3)]
+
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("grid", "prefix", "n_m"), [((4, 8), 0, 0), ((5, 24), 1, 0), ((8, 8), 0, 1), ((16, 12), 0, 3)])
+@pytest.mark.parametrize(("grid", "prefix", "n_m"), [*_WS_CASES, ((9, 8), 0, 1)])
 def test_warp_specialized_forward_equals_reference(monkeypatch, device, grid, prefix, n_m):
     """The warp-specialized forward (``WARP_SPECIALIZE``: its loop has no mask and no branch, the tile's pattern
     selected, the rows past the end the descriptors' zeros) against the reference, output and gradients (the backward
     reads its log-sum-exp): one exact pattern a tile (with prefix tokens, keys past the end), and patterns shared by
-    ``(q0 - k0, q0 mod W)`` with one class and three (no prefix, ``N`` a multiple of the key tile). The interpreter's
-    tiles are 32 x 16 (a GPU's 128 x 64); the call's launch is asserted to be the warp-specialized one."""
+    ``(q0 - k0, q0 mod W)`` with one class and three: with no tile at an edge (no prefix, ``N`` a multiple of the key
+    tile), and with the edges' own exact tiles (prefix tokens, keys past the end). The interpreter's tiles are
+    32 x 16 (a GPU's 128 x 64); the call's launch is asserted to be the warp-specialized one."""
     monkeypatch.setattr(triton_bias, "WARP_SPECIALIZE", {"fwd"})
     n = prefix + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
@@ -459,12 +464,12 @@ def test_warp_specialized_forward_equals_reference(monkeypatch, device, grid, pr
 
 def test_warp_specialized_forward_only_where_no_tile_needs_a_mask(monkeypatch):
     """On a GPU (``plan`` builds a GPU's launches anywhere), the warp-specialized forward is taken where it is asked
-    for (``WARP_SPECIALIZE``, off by default) and no tile needs a mask: a full grid's bias read as tiles, each tile
-    exact (ViT-B/16's 14 x 14 and a class token, 31 x 31) or no prefix token and ``N`` a multiple of the key tile
-    (32 x 32); its
-    tile 128 x 64 in 4 warps and 2 stages. Not with a prefix token where patterns are shared (64 x 64 and a class
-    token), nor ``N`` past a key tile's multiple, a float mask, region ids, a causal mask, a token layout, visible-tile
-    flags, the bias gathered, no table, a call that fits one tile, or keys not readable through descriptors."""
+    for (``WARP_SPECIALIZE``, off by default) for a full grid's bias read as tiles: each tile exact (ViT-B/16's
+    14 x 14 and a class token, 31 x 31), or patterns shared with no tile at an edge (32 x 32) or with the edges' own
+    exact tiles after the shared ones (64 x 64 and a class token, 32 prefix tokens, keys past the end); its tile
+    128 x 64 in 4 warps and 2 stages. Not with more prefix tokens than a tile, a float mask, region ids, a causal mask,
+    a token layout, visible-tile flags, the bias gathered, no table, a call that fits one tile, or keys not readable
+    through descriptors."""
 
     def fwd(side=32, prefix=0, d=64, table=True, q=None, rows=None, **kw):
         n = prefix + (rows or side) * side
@@ -479,10 +484,14 @@ def test_warp_specialized_forward_only_where_no_tile_needs_a_mask(monkeypatch):
     assert ws.kernel == "fwd_ws" and (ws.args["BM"], ws.args["BN"], ws.args["n_m"]) == (128, 64, 1)
     assert ws.options == {"num_warps": 4, "num_stages": 2} and ws.grid == (8, 2)
     assert fwd(14, 1).kernel == "fwd_ws" and fwd(14, 1).args["n_m"] == 0
-    assert fwd(64, 1).kernel == "fwd"  # (shared patterns, a prefix token)
-    assert fwd(32, 32, rows=31).kernel == "fwd"  # (shared patterns, 32 prefix tokens: 1,024, a multiple of the tile)
+    assert ws.args["n_pat"] == ws.args["n_shared"]  # (no tile at an edge: no edge tiles)
     assert fwd(31).kernel == "fwd_ws" and fwd(31).args["n_m"] == 0  # (961 tokens: exact tiles)
-    assert fwd(32, rows=41).kernel == "fwd"  # (1,312 tokens: keys past the end, shared patterns)
+    n_kt, n_qt = 65, 33  # (64 x 64 and a class token: 4,097 tokens; the edges: a row of key tiles, two columns)
+    edged = fwd(64, 1)
+    assert edged.kernel == "fwd_ws" and edged.args["n_m"] == 1
+    assert edged.args["n_pat"] - edged.args["n_shared"] == n_kt + 2 * (n_qt - 1)
+    assert fwd(32, 32, rows=31).kernel == fwd(32, rows=41).kernel == "fwd_ws"  # (32 prefix tokens; keys past the end)
+    assert fwd(32, 65, rows=31).kernel == "fwd"  # (more prefix tokens than a key tile)
     n = 32 * 32
     tokens = torch.stack([torch.zeros(n), torch.arange(n) // 32, torch.arange(n) % 32, torch.zeros(n)])
     misaligned = torch.zeros(1, 2, n, 65, dtype=torch.bfloat16)[..., 1:]
@@ -1378,7 +1387,8 @@ def test_forward_warp_specialized_on_hopper():
     """Compiled for sm_90 as the JIT compiles it, the warp-specialized forward (``WARP_SPECIALIZE``) is partitioned by
     Triton: 12 warps run where 4 are asked for (one warp group issuing the copies, its registers cut, and two computing
     warp groups of 64 query rows each, their registers raised: ``setmaxnreg``), its products not serialized, within
-    the shared memory; ViT-B/16's call (exact tiles), 32 x 32 (shared patterns), head dims 32, 64 and 128. A loop that
+    the shared memory; ViT-B/16's call (exact tiles), 32 x 32 (shared patterns), 64 x 64 and a class token (shared
+    patterns and the edges' exact tiles), head dims 32, 64 and 128. A loop that
     is not partitioned compiles with no error and 4 warps: what this catches. It caught a branch in the loop (the
     pattern's ``n_m > 0``, a mask's: not partitioned), 4-D descriptors of reshaped tiles (the partition failed under
     Triton 3.8) and bias tiles read as 32-bit pairs (under 3.6)."""
@@ -1386,7 +1396,7 @@ def test_forward_warp_specialized_on_hopper():
 
     code = (
         "import json, torch; from vitrel.kernels import triton_bias as tb; tb.WARP_SPECIALIZE.add('fwd'); out = {}\n"
-        "for side, p, d in ((14, 1, 64), (32, 0, 64), (32, 0, 32), (32, 0, 128)):\n"
+        "for side, p, d in ((14, 1, 64), (32, 0, 64), (64, 1, 64), (32, 0, 32), (32, 0, 128)):\n"
         "    q = torch.zeros(2, 12 if d < 128 else 6, p + side * side, d, dtype=torch.bfloat16)\n"
         "    launch = tb.plan(q, q, q, torch.zeros(q.shape[1], 2 * side - 1, 2 * side - 1), (side, side), p)['fwd']\n"
         "    c = tb.compile_launch(launch)\n"
@@ -1395,6 +1405,6 @@ def test_forward_warp_specialized_on_hopper():
         "print(json.dumps(out))"
     )
     got = json.loads(_compiled_for_hopper(code))
-    assert len(got) == 4, got
+    assert len(got) == 5, got
     for kernel, warps, raised, shared, serialized in got.values():
         assert kernel == "fwd_ws" and warps == 12 and raised >= 2 and 0 < shared <= 232448 and not serialized, got

@@ -298,7 +298,11 @@ def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, pat: TilePa
     (``n_m = 0``), the tile is exact instead: 0 at the pairs with a prefix token, ``-inf`` at the keys past the end,
     and the kernels read it with no mask. One gather from the table (and one ``where``) per call: the indices, made
     from integers only, are made once per shape and device (:func:`_tile_index`). Device work only (no host sync)."""
-    index, keep, fill = _tile_index(pat, tm, tw, prefix, grid_h, grid_w, table.device)
+    return _gather_tiles(table, *_tile_index(pat, tm, tw, prefix, grid_h, grid_w, table.device))
+
+
+def _gather_tiles(table: Tensor, index: Tensor, keep: Tensor | None, fill: Tensor | None) -> Tensor:
+    """The tiles ``table [heads, ...]`` gives at ``index`` (:func:`_tile_index`), with ``fill`` off ``keep``."""
     tiles = table.flatten(1)[:, index]
     return tiles if keep is None else torch.where(keep, tiles, fill)
 
@@ -309,13 +313,19 @@ def _tile_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, g
     ``[heads, (2 GH - 1) (2 GW - 1)]`` (offsets clamped: the pairs past the grid's ends, zeroed by the kernels), and
     where each pattern is one exact tile, which entries keep the table's value (patch pairs) and what the others take
     (``-inf`` at the keys past the end, else 0); None and None otherwise."""
-    pq, pk = _pattern_tokens(pat, tm, tw, prefix, device)
+    return _offset_index(*_pattern_tokens(pat, tm, tw, prefix, device), grid_h, grid_w, exact=pat.n_m == 0)
+
+
+def _offset_index(pq: Tensor, pk: Tensor, grid_h: int, grid_w: int, exact: bool):
+    """:func:`_tile_index` of the tiles of queries ``pq [tiles, tm]`` and keys ``pk [tiles, tw]`` (patch indices
+    ``t - P``), ``exact`` or not."""
+    device = pq.device
     dh = pq.div(grid_w, rounding_mode="floor")[:, :, None] - pk.div(grid_w, rounding_mode="floor")[:, None, :]
     dw = pq.remainder(grid_w)[:, :, None] - pk.remainder(grid_w)[:, None, :]
     dh = (dh + grid_h - 1).clamp(0, 2 * grid_h - 2)
     dw = (dw + grid_w - 1).clamp(0, 2 * grid_w - 2)
     index = (dh * (2 * grid_w - 1) + dw).int()  # (int32: the cache holds a few MB per shape at N = 4097)
-    if pat.n_m > 0:
+    if not exact:
         return index, None, None
     past = (pk >= grid_h * grid_w)[:, None, :].expand(index.shape)
     keep = _pattern_pairs(pq, pk, grid_h * grid_w) & ~past
@@ -598,23 +608,50 @@ def _ws_launch(
     q, k, v, table, bias_read, grid_h, grid_w, prefix, out, lse, scale, cuda, block_d, memo
 ) -> Launch | None:
     """The warp-specialized forward's launch (:data:`WARP_SPECIALIZE`) of a full grid's call with the base-2
-    ``table``, no mask, no causal mask, no visible-tile flags, where every tile needs no mask (one exact pattern a
-    tile, or no prefix token and ``N`` a multiple of the key tile), the bias is read as tiles within their budget, and
-    q, k, v can be read through tensor descriptors (:func:`descriptors_allowed`); else None (the forward as it is)."""
+    ``table``, no mask, no causal mask, no visible-tile flags, its prefix tokens within a tile, where the bias is read
+    as tiles within their budget (where patterns are shared, with the exact tiles of the grid's edges after them:
+    :func:`_edge_index`, so no tile needs a mask) and q, k, v can be read through tensor descriptors
+    (:func:`descriptors_allowed`); else None (the forward as it is)."""
     b, h, n, d = q.shape
     bm, bn = _WS_TILE if cuda else (32, 16)
-    if tile_patterns(grid_w, n, bm, bn).n_m and (prefix or n % bn):
-        return None
-    if not descriptors_allowed(q, k, v, block_d=block_d, cuda=cuda):
+    if prefix > min(bm, bn) or not descriptors_allowed(q, k, v, block_d=block_d, cuda=cuda):
         return None
     read = "auto" if bias_read == "tiles" else bias_read  # (beyond the budget: the forward's own tiles, or its error)
     bt, *tiling = _tile_args(table, None, read, grid_h, grid_w, prefix, n, bm, bn, q, "fwd", memo)
     if tiling[1] == 0:
         return None
-    positional = [q, k, v, bt, out, lse, *_strides(q, k, v, out), h, n, grid_w, scale * _kernels().LOG2E, *tiling]
+    n_shared = tiling[1]
+    if tiling[4] and (prefix or n % bn):  # shared patterns: the edges' tiles exact tiles of their own, after them
+        key = ("edges", bm, bn, bt.dtype)
+        if memo is not None and key in memo:
+            bt = memo[key]
+        else:
+            edges = _gather_tiles(table, *_edge_index(n, bm, bn, prefix, grid_h, grid_w, q.device)).to(bt.dtype)
+            if (bt.shape[1] + edges.shape[1]) * h * bm * bn * bt.element_size() > TILE_BUDGET_BYTES:
+                return None
+            bt = torch.cat([bt, edges], 1)
+            if memo is not None:
+                memo[key] = bt
+        tiling[1] = bt.shape[1]
+    positional = [q, k, v, bt, out, lse, *_strides(q, k, v, out), h, n, prefix, grid_w, scale * _kernels().LOG2E,
+                  *tiling, n_shared]  # fmt: skip
     consts = dict(D=d, BLOCK_D=block_d, BM=bm, BN=bn, PREC=_prec(q.dtype))
     opts = LAUNCH.get(("fwd_ws", block_d), LAUNCH["fwd_ws"]) if cuda else {}
     return Launch.make("fwd_ws", (triton_cdiv(n, bm), b * h), positional, consts, opts)
+
+
+@per_device(maxsize=16)
+def _edge_index(n: int, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device):
+    """:func:`_tile_index` of the exact tiles at a grid's edges, which the warp-specialized forward reads where the
+    other tiles share patterns (:func:`_ws_launch`): the first query tile's (its prefix rows), the first key tile's
+    (its prefix columns) and the last key tile's (its keys past the end), for every tile of that row or column, in
+    that order (the kernel's ``_ws_pattern``)."""
+    n_qt, n_kt = triton_cdiv(n, tm), triton_cdiv(n, tw)
+    qi = torch.arange(1, n_qt, device=device)
+    q0 = torch.cat([torch.zeros(n_kt, dtype=torch.long, device=device), qi * tm, qi * tm])
+    k0 = torch.cat([torch.arange(n_kt, device=device) * tw, torch.zeros_like(qi), torch.full_like(qi, n_kt - 1) * tw])
+    pq = q0[:, None] + torch.arange(tm, device=device) - prefix
+    return _offset_index(pq, k0[:, None] + torch.arange(tw, device=device) - prefix, grid_h, grid_w, exact=True)
 
 
 def _fwd_impl(

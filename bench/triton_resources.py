@@ -140,6 +140,8 @@ CASES = [
     ("N = 4096 (no prefix), table, bias tiles", lambda: _layer(prefix=0), {"bias_read": "tiles"}, _FWD),
     ("N = 4096 (no prefix), table, bias tiles, warp-specialized fwd", lambda: _layer(prefix=0),
      {"bias_read": "tiles", "ws": True}, _FWD),
+    ("table, bias tiles, warp-specialized fwd (the edges' own tiles)", _layer, {"bias_read": "tiles", "ws": True},
+     _FWD),
     ("ViT-B/16, table, bias tiles, warp-specialized fwd", lambda: _layer(14, 12), {"bias_read": "tiles", "ws": True},
      _FWD),
     ("head dim 128, N = 4096 (no prefix), table, bias tiles, warp-specialized fwd",
@@ -375,9 +377,9 @@ def ws_sweep(arch: int) -> list[str]:
         "",
         f"- Command: `python bench/triton_resources.py --ws-sweep --arch {arch}`; head dims {heads}, grids {grids}, "
         f"prefix tokens {prefixes}, bf16, as the JIT compiles each call",
-        f"- {taken} calls take the warp-specialized forward ({other} do not: a prefix with shared patterns, or keys "
-        f"past a key tile's multiple); {taken - len(rows)} of them partitioned (12 warps) with their products not "
-        f"serialized; {len(rows)} not, below",
+        f"- {taken} calls take the warp-specialized forward ({other} do not: calls of one tile take the one-tile "
+        f"forward); {taken - len(rows)} of them partitioned (12 warps) with their products not serialized; "
+        f"{len(rows)} not, below",
         "",
         "| head dim | grid | prefix | compiled |",
         "|---:|---|---:|---|",

@@ -134,6 +134,8 @@ CASES = [
      None),
     ("ViT-B/16, table, bias tiles, square dbias", lambda: _layer(14, 12), {"bias_read": "tiles", "dbias_wide": False},
      ("dbias",)),
+    ("ViT-B/16, table, bias tiles, the table's gradient in dq", lambda: _layer(14, 12),
+     {"bias_read": "tiles", "in_dq": True}, ("dq",)),
     ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "fwd_tma": False}, ("fwd",)),
     ("no table, fwd without TMA", lambda: {**_layer(), "table": None}, {"fwd_tma": False}, ("fwd",)),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
@@ -166,10 +168,11 @@ def _plan(call: dict, opts: dict) -> dict:
     ``triton_bias.TMA_READS``; ``tile_bwd`` False: a call of one tile's backward as the four kernels,
     ``triton_bias.TILE_BWD``; ``tile_fwd`` False: its forward a program a batch element, ``triton_bias.TILE_FWD``;
     ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; ``ws``: the
-    warp-specialized forward, ``triton_bias.WARP_SPECIALIZE``; each set for the call only)."""
+    warp-specialized forward, ``triton_bias.WARP_SPECIALIZE``; ``in_dq``: the table's gradient summed by the ``dq``
+    kernel, ``triton_bias.TABLE_GRAD_IN_DQ``; each set for the call only)."""
     opts = dict(opts)
     tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE, tb.WARP_SPECIALIZE)
-    saved, tile_bwd, tile_fwd = tuple(t.copy() for t in tables), tb.TILE_BWD, tb.TILE_FWD
+    saved, tile_bwd, tile_fwd, in_dq = tuple(t.copy() for t in tables), tb.TILE_BWD, tb.TILE_FWD, tb.TABLE_GRAD_IN_DQ
     if opts.pop("dbias_batch_outer", False):
         tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
     if not opts.pop("fwd_tma", True):
@@ -178,6 +181,7 @@ def _plan(call: dict, opts: dict) -> dict:
         tb._DBIAS_WIDE.clear()
     if opts.pop("ws", False):
         tb.WARP_SPECIALIZE.add("fwd")
+    tb.TABLE_GRAD_IN_DQ = opts.pop("in_dq", tb.TABLE_GRAD_IN_DQ)
     tb.TILE_BWD = opts.pop("tile_bwd", tb.TILE_BWD)
     tb.TILE_FWD = opts.pop("tile_fwd", tb.TILE_FWD)
     try:
@@ -186,7 +190,7 @@ def _plan(call: dict, opts: dict) -> dict:
         for table, before in zip(tables, saved):
             table.clear()
             table.update(before)
-        tb.TILE_BWD, tb.TILE_FWD = tile_bwd, tile_fwd
+        tb.TILE_BWD, tb.TILE_FWD, tb.TABLE_GRAD_IN_DQ = tile_bwd, tile_fwd, in_dq
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:

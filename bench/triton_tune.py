@@ -66,7 +66,9 @@ BWD_128 = [
 CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
 #: the warp-specialized forward's calls (triton_bias.WARP_SPECIALIZE, off by default: this times it), as (grid side,
 #: prefix tokens) of the layer at head dim 64: ViT-B/16's 14 x 14 with a class token (one exact bias pattern a tile),
-#: 32 x 32 and 64 x 64 with none (patterns shared, N a multiple of the key tile), and its stages (2, its default)
+#: 32 x 32 and 64 x 64 with none (patterns shared, N a multiple of the key tile), and its stages (2, its default);
+#: then at each, the table's gradient summed by the dq kernel (triton_bias.TABLE_GRAD_IN_DQ, off by default: where
+#: each dq tile is one pattern, ViT-B/16's)
 WS_CALLS = [(14, 1), (32, 0), (64, 0)]
 WS_STAGES = [2, 3]
 #: Swin-T's first stage (8,192 windows of 7 x 7 for 128 images, 3 heads of 32, a shifted block's region ids), whose
@@ -300,12 +302,13 @@ def tune_ws(args: argparse.Namespace, lines: list[str], device: str = "cuda", to
     """The warp-specialized forward (:data:`WS_CALLS`, :data:`WS_STAGES`) against the forward as it is and plain SDPA,
     forward and forward + backward (the table's gradient too: the backward reads the forward's log-sum-exp), appended
     to ``lines`` (and written to ``args.out`` as they come). A row whose call does not take it says so."""
-    defaults = tuple(t.copy() for t in _TABLES)
+    defaults, in_dq = tuple(t.copy() for t in _TABLES), tb.TABLE_GRAD_IN_DQ
     try:
         for side, prefix in calls or WS_CALLS:
             _ws_rows(args, lines, torch.device(device), side, prefix, tokens)
     finally:
         _restore(defaults)
+        tb.TABLE_GRAD_IN_DQ = in_dq
 
 
 def _ws_rows(args: argparse.Namespace, lines: list[str], dev, side: int, prefix: int, tokens: int) -> None:
@@ -326,6 +329,15 @@ def _ws_rows(args: argparse.Namespace, lines: list[str], dev, side: int, prefix:
         _time_row(lines, args, dev, f"| {n} | fwd | {config} |", calls["tri_f"], ref["f"], repeat=5)
         if stages in (None, WS_STAGES[0]):
             _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", calls["tri_fb"], ref["fb"])
+    tb.WARP_SPECIALIZE.clear()
+    tb.TABLE_GRAD_IN_DQ = True  # (the dq kernel sums the table's gradient where each of its tiles is one pattern)
+    config = "the table's gradient in dq (no dbias kernel)"
+    dq = calls["plan"](sms).get("dq")
+    if dq is not None and dq.args["TILE_GRAD"]:
+        _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", calls["tri_fb"], ref["fb"])
+    else:
+        lines.append(f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - |")
+    tb.TABLE_GRAD_IN_DQ = False
 
 
 def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda", images: int = 128) -> None:

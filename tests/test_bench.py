@@ -217,9 +217,12 @@ def test_triton_tune_rows_run(monkeypatch):
     lines = []
     tune.tune_ws(argparse.Namespace(rounds=1, out=None), lines, device="cpu", tokens=50, calls=[(5, 0), (4, 0)])
     assert tuple(t.copy() for t in tune._TABLES) == defaults and not tune.tb.WARP_SPECIALIZE  # (restored)
-    assert len(lines) == 2 * 4 + 2 * len(tune.WS_STAGES) + 1 and not [x for x in lines if "failed" in x], lines
+    assert len(lines) == 2 * 5 + 2 * len(tune.WS_STAGES) + 1 and not [x for x in lines if "failed" in x], lines
     assert sum("warp-specialized" in x and "not taken" not in x for x in lines) == len(tune.WS_STAGES) + 1
     assert sum("not taken (fwd_tile)" in x for x in lines) == len(tune.WS_STAGES)
+    # the table's gradient in dq: 5 x 5 (one pattern a tile: timed); 16 tokens (one tile: no dq kernel, not taken)
+    in_dq = [x for x in lines if "gradient in dq" in x]
+    assert len(in_dq) == 2 and "not taken" not in in_dq[0] and "not taken" in in_dq[1] and not tune.tb.TABLE_GRAD_IN_DQ
 
 
 def test_step_profile_tables_on_cpu():

@@ -510,6 +510,34 @@ def test_warp_specialized_forward_only_where_no_tile_needs_a_mask(monkeypatch):
     assert fwd(bias_read="tiles").kernel == "fwd_ws"
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("grid", "prefix", "d", "in_dq"), [((5, 7), 0, 32, True), ((4, 6), 2, 24, True),
+                                                           ((6, 6), 1, 16, True), ((5, 24), 1, 16, False),
+                                                           ((14, 14), 1, 16, True)])  # fmt: skip
+def test_table_grad_in_dq_equals_reference(monkeypatch, device, grid, prefix, d, in_dq):
+    """The bias tiles' gradient summed by the ``dq`` kernel (``TABLE_GRAD_IN_DQ``: each of its tiles one pattern, so
+    a program's tiles are the only ones of their patterns) instead of the ``dbias`` kernel: the table's gradient and
+    q, k, v's against the float64 reference, with and without prefix tokens (their pairs are not the table's); the
+    launches asserted (no ``dbias`` launch), and where the ``dq`` kernel's tiles share patterns (5 x 24), the
+    ``dbias`` kernel as before; ViT-B/16's 197 tokens, where a GPU's 64-token tiles are one pattern each too. A
+    batch of 3, so a program sums two batch elements. Two runs bitwise equal (the sums in a fixed order)."""
+    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", True)
+    n = prefix + grid[0] * grid[1]
+    q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)
+    launches = triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles", sms=None if device == "cpu" else 132)
+    if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile, or one pattern a tile)
+        assert launches["dq"].args["TILE_GRAD"] is in_dq and ("dbias" in launches) is not in_dq
+    _check(device, 3, 2, d, grid, prefix, bias_read="tiles")
+    dev, dtype = device, (torch.float32 if device == "cpu" else torch.bfloat16)
+    qd, kd, vd = (t.to(dev, dtype).requires_grad_() for t in (q, k, v))
+    td = table.to(dev).requires_grad_()
+    grads = [
+        torch.autograd.grad(rel_bias_attention(qd, kd, vd, td, grid, prefix, bias_read="tiles").sum(), td)[0]
+        for _ in range(2)
+    ]
+    assert torch.equal(grads[0], grads[1])
+
+
 @interpreted
 @pytest.mark.parametrize(("grid", "prefix", "causal"), [((4, 8), 1, False), ((5, 7), 0, False), ((1, 37), 0, True)])
 def test_forward_tiles_wider_than_tall(monkeypatch, grid, prefix, causal):
@@ -1408,3 +1436,20 @@ def test_forward_warp_specialized_on_hopper():
     assert len(got) == 5, got
     for kernel, warps, raised, shared, serialized in got.values():
         assert kernel == "fwd_ws" and warps == 12 and raised >= 2 and 0 < shared <= 232448 and not serialized, got
+
+
+def test_table_grad_in_dq_compiles_for_hopper():
+    """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call: 197 tokens, a class token, 12 heads of 64, bias
+    tiles), the ``dq`` kernel that sums the bias tiles' gradient (``TABLE_GRAD_IN_DQ``) keeps its products
+    unserialized, within the shared memory, and the call plans no ``dbias`` launch."""
+    import json
+
+    code = (
+        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.TABLE_GRAD_IN_DQ = True; "
+        "q = torch.zeros(2, 12, 197, 64, dtype=torch.bfloat16); "
+        "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
+        "c = tb.compile_launch(ls['dq']); "
+        "print(json.dumps([sorted(ls), ls['dq'].args['TILE_GRAD'], c.metadata.shared, tb.serialized_products(c)]))"
+    )
+    names, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(code))
+    assert names == ["delta", "dkdv", "dq", "fwd"] and tile_grad and 0 < shared <= 232448 and not serialized

@@ -653,7 +653,7 @@ def _scatter_rows(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DQ, SLOTS, SCRATCH,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DQ, SLOTS, SCRATCH, DBT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn,
     B, H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
@@ -661,13 +661,18 @@ def _bwd_dq_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr,
+    TILE_GRAD: tl.constexpr,
 ):
     """``dq`` of one query block for a share of the batch (``b = split, split + n_split, ...``), and the table
     gradient's sums of ``dS`` into this program's slots ``SLOTS [n_split, H, n_qb, slot_size]``. On a full grid,
     per key block: ``[n_kb, 2, 2 BM]`` (slot ``[case, e]``: the pairs with ``c_i >= c_j`` (case 0) or ``c_i < c_j``
     (case 1) at ``(i - i0) - (j - j0) = e - BM + 1``); on a token layout, the whole table per program
     (:func:`_scatter_rows`). ``BM`` queries held, ``BN`` keys streamed; the table's gradient takes square tiles
-    (``BN = BM``)."""
+    (``BN = BM``). ``TILE_GRAD`` (the bias read as tiles, one exact pattern a tile): the gradient of the bias tiles
+    instead, the ``dbias`` kernel's ``DBT [n_split, H, n_pat, BM, BN]`` (zeros first), each tile's ``dS`` added to
+    its pattern's sum, which only this program's tiles have (its query tile's, its share of the batch): no
+    ``dbias`` kernel (its second pass over q, k, v, ``do`` and its products), a read and a write of the sum a tile,
+    deterministic."""
     tl.static_assert(BN == BM or not TABLE_GRAD)
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -716,6 +721,10 @@ def _bwd_dq_kernel(
                 dp = tl.dot(do, tl.trans(v), input_precision=PREC)
                 ds = p * (dp - delta[:, None])
                 dq += tl.dot(ds.to(k.dtype), k, input_precision=PREC)
+                if TILE_GRAD:  # (its pattern: (q0 / BM) n_kt + k0 / BN; its pairs off the table's, not read)
+                    slot = DBT + (((split * H + h) * n_pat + pid_m * n_kt + start_n // BN) * BM) * BN
+                    slot += tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
+                    tl.store(slot, tl.load(slot) + ds)
                 if TABLE_GRAD:
                     ds = tl.where(pair, ds, 0.0)
                     if LAYOUT:

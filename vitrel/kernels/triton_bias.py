@@ -383,6 +383,12 @@ def descriptors_allowed(*tensors: Tensor, block_d: int, cuda: bool) -> bool:
     return block_d * tensors[0].element_size() >= 16
 
 
+#: whether the ``dq`` kernel sums the bias tiles' gradient where each of its tiles is one pattern (a full grid's
+#: bias read as tiles whose patterns are not shared: ViT-B/16's 197 tokens), so no ``dbias`` kernel runs its second
+#: pass over q, k, v and ``do`` (:func:`vitrel.kernels._triton_bias_kernels._bwd_dq_kernel`'s ``TILE_GRAD``). Off by
+#: default: proven equal to the reference, not yet timed (``bench/triton_tune.py --ws`` times it)
+TABLE_GRAD_IN_DQ = False
+
 #: the kernels that run warp-specialized where a call allows it (:func:`_ws_launch`): ``fwd``, the forward as
 #: :func:`vitrel.kernels._triton_bias_kernels._fwd_ws_kernel`. None by default: compiled for sm_90 and proven
 #: equal to the reference, not yet timed (``bench/triton_tune.py --ws`` times it against the forward)
@@ -821,14 +827,23 @@ def _bwd_launches(
         if slot_size and tokens is not None
         else _placeholder(torch.float32, 1, q.device)
     )
+    # the bias tiles' gradient summed by the dq kernel (TABLE_GRAD_IN_DQ), where each of its tiles is one pattern
+    in_dq = TABLE_GRAD_IN_DQ and by_tiles and not atomic and tiling_q[1] > 0 and tiling_q[4] == 0
+    dbt_q = (
+        torch.zeros(n_split, h, tiling_q[1], qm, qn, device=q.device, dtype=torch.float32)
+        if in_dq
+        else _placeholder(torch.float32, 1, q.device)
+    )
     dq_launch = None if atomic else Launch.make(
-        "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), dq, slots, scratch, *common, *_strides(dq), b,
-        *sizes, *tiling_q, n_split, slot_size],
-        dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=diagonals), opts_q,
+        "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), dq, slots, scratch, dbt_q, *common,
+        *_strides(dq), b, *sizes, *tiling_q, n_split, slot_size],
+        dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=diagonals, TILE_GRAD=in_dq), opts_q,
     )  # fmt: skip
     dbias = dbt = None
     tiling_t = tiling
-    if by_tiles:
+    if in_dq:
+        dbt, tiling_t = dbt_q, tiling_q
+    elif by_tiles:
         tm, tw, bt_t, tiling_t, t_visible, opts_t = pick("dbias")
         n_pat = tiling_t[1]
         split_t = _n_split(n_pat, h, b, sms)
@@ -910,6 +925,7 @@ def _bwd_impl(
     h, slots = q.shape[1], bwd.slots
     if bwd.dbias is not None:
         bwd.dbias()
+    if bwd.dbt is not None:  # (the dbias kernel's sums, or the dq kernel's: TABLE_GRAD_IN_DQ)
         dt = table_grad_from_tiles(bwd.dbt, bwd.patterns, grid_h, grid_w, prefix)
     elif bwd.dq is None or not bwd.dq.args["TABLE_GRAD"]:
         dt = q.new_zeros(0, dtype=torch.float32)

@@ -453,6 +453,7 @@ def test_warp_specialized_forward_equals_reference(monkeypatch, device, grid, pr
     tile), and with the edges' own exact tiles (prefix tokens, keys past the end). The interpreter's tiles are
     32 x 16 (a GPU's 128 x 64); the call's launch is asserted to be the warp-specialized one."""
     monkeypatch.setattr(triton_bias, "WARP_SPECIALIZE", {"fwd"})
+    monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (on a GPU, 64 tokens or fewer: else the one-tile forward)
     n = prefix + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
     fwd = triton_bias.plan(q, k, v, table, grid, prefix, sms=None if device == "cpu" else 132)["fwd"]

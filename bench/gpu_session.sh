@@ -20,9 +20,9 @@
 #   on GPU:  bash bench/gpu_session.sh four "$OUT"             # the next lease's first command (9.5 minutes): the
 #                                                              # warp-specialized forward's timing (triton_tune.py
 #                                                              # --ws, 120 s), the kernel checks (it against the
-#                                                              # reference on CUDA among them), ViT-B compiled and
-#                                                              # the host's cost of a call, neither measured since
-#                                                              # 3d84299
+#                                                              # reference on CUDA among them), ViT-B compiled, as
+#                                                              # it is and with both options on (vitbws), and the
+#                                                              # host's cost of a call, not measured since 3d84299
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -49,7 +49,7 @@ case $part in
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
   four) timeout 120 python3 bench/triton_tune.py --ws --out "$out/triton_ws_$gpu.md"
-        python3 bench/gpu.py --sections kernel vitb host --budget 440 --out "$out/gpu_$gpu.md" ;;
+        python3 bench/gpu.py --sections kernel vitb vitbws host --budget 450 --out "$out/gpu_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;

@@ -469,6 +469,7 @@ def _fwd_ws_kernel(
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
     H, N, P, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_shared,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
+    WS: tl.constexpr,
 ):
     """:func:`_fwd_kernel` warp-specialized (Triton's ``tl.range(..., warp_specialize=True)``; on sm_90 its
     compiler splits the program into a warp that issues the copies of q, k, v and the bias tiles through tensor
@@ -496,7 +497,7 @@ def _fwd_ws_kernel(
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BLOCK_D], tl.float32)
-    for start_n in tl.range(0, N, BN, warp_specialize=True):
+    for start_n in tl.range(0, N, BN, warp_specialize=WS):  # (WS False: the same loop not partitioned)
         k = k_desc.load([start_n, 0])
         v = v_desc.load([start_n, 0])
         pat = _ws_pattern(q0, start_n, col, n_kt, n_qt, d_min, g_d, n_m, n_shared, P, N, BM, BN)

@@ -641,7 +641,7 @@ def _ws_launch(
         tiling[1] = bt.shape[1]
     positional = [q, k, v, bt, out, lse, *_strides(q, k, v, out), h, n, prefix, grid_w, scale * _kernels().LOG2E,
                   *tiling, n_shared]  # fmt: skip
-    consts = dict(D=d, BLOCK_D=block_d, BM=bm, BN=bn, PREC=_prec(q.dtype))
+    consts = dict(D=d, BLOCK_D=block_d, BM=bm, BN=bn, PREC=_prec(q.dtype), WS=True)
     opts = LAUNCH.get(("fwd_ws", block_d), LAUNCH["fwd_ws"]) if cuda else {}
     return Launch.make("fwd_ws", (triton_cdiv(n, bm), b * h), positional, consts, opts)
 

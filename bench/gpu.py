@@ -315,12 +315,12 @@ def widened_backends(dev: torch.device) -> list[str]:
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
 #: in the order of their priority: ``--budget`` (the whole pass, default 8 minutes) cuts the pass where it runs out
-SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200,
-            "vitbws": 110, "swinc": 240, "host": 90, "profile": 150, "train": 240, "rotary": 100, "content": 120,
-            "hazards": 90, "mfu": 120, "compile": 120}  # fmt: skip
+SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "swinc": 240,
+            "host": 90, "profile": 150, "train": 240, "rotary": 100, "content": 120, "hazards": 90, "mfu": 120,
+            "compile": 120}  # fmt: skip
 #: the sections after the fused kernel's targets (issue 32's: attention, forward, models, vitb): ``bench/gpu_session.sh
 #: rest`` runs them with the launch configurations in the same command
-REST = ["vitbws", "swinc", "host", "profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
+REST = ["swinc", "host", "profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
 #: the kernel section's pytest run (Triton compiles each variant on first use), inside the section's own limit
 KERNEL_TESTS_S = 110
 #: the least time worth starting a section with
@@ -404,14 +404,6 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
                               *extra, "--steps", "10", "--compile", "--attn-impl", "triton", "--pairs",
                               "vitb_rel2d_factored", "vitb_rel2d_full"])  # fmt: skip
         return ["## ViT-B/16 compiled against timm (attn_impl=triton)\n", f"`{c}`\n", text]
-    if name == "vitbws":  # the same with the kernel's options that are off by default: the warp-specialized forward
-        # and the table's gradient summed in dq (bench/triton_tune.py --ws times each alone, on the layer)
-        extra = ["--img-size", "32", "--batch-size", "2"] if args.quick else ["--batch-size", "256"]
-        c, text = run_script(["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
-                              *extra, "--steps", "10", "--compile", "--attn-impl", "triton", "--pairs",
-                              "vitb_rel2d_full", "--triton-options", "ws", "in_dq"])  # fmt: skip
-        return ["## ViT-B/16 compiled against timm (attn_impl=triton, warp-specialized forward, dT in dq)\n",
-                f"`{c}`\n", text]  # fmt: skip
     if name == "swinc":  # Swin-T compiled against timm's, compiled: the eager step is bound by the host (profile)
         extra = ["--img-size", "32", "--batch-size", "2"] if args.quick else ["--batch-size", "128"]
         impls = ["triton", "sdpa"] if dev.type == "cuda" else ["sdpa"]  # (triton on a CPU: only under the interpreter)

@@ -13,16 +13,14 @@
 #   on GPU:  bash bench/gpu_session.sh two "$OUT"              # after one's retune (9 minutes): the kernel checks,
 #                                                              # the host's cost of a call and of the steps first,
 #                                                              # ViT-B compiled, every table at 3 sizes, the breakdown
-#   on GPU:  bash bench/gpu_session.sh three "$OUT"            # after two, where 7 minutes are left: the
-#                                                              # warp-specialized forward (triton_tune.py --ws, 120 s),
-#                                                              # Swin-T compiled (200 s), the forward's stages at
-#                                                              # N = 197 and 1025 (the tuning, 90 s)
+#   on GPU:  bash bench/gpu_session.sh three "$OUT"            # after two, where 6 minutes are left: Swin-T
+#                                                              # compiled (200 s), the forward's stages at N = 197
+#                                                              # and 1025 (the tuning, 90 s)
 #   on GPU:  bash bench/gpu_session.sh four "$OUT"             # the next lease's first command (9.5 minutes): the
-#                                                              # warp-specialized forward's timing (triton_tune.py
-#                                                              # --ws, 120 s), the kernel checks (it against the
-#                                                              # reference on CUDA among them), ViT-B compiled, as
-#                                                              # it is and with both options on (vitbws), and the
-#                                                              # host's cost of a call, not measured since 3d84299
+#                                                              # table's gradient in dq against the dbias kernel
+#                                                              # (triton_tune.py --in-dq, 60 s), the kernel checks,
+#                                                              # ViT-B compiled (dT in dq now the default), Swin-T
+#                                                              # compiled (never measured to its end)
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -44,12 +42,11 @@ case $part in
         python3 bench/gpu.py --sections profile --budget 110 --out "$out/gpu_${gpu}_profile.md" ;;
   two)  python3 bench/gpu.py --sections kernel host profile vitb attention diagnose models --budget 540 \
           --out "$out/gpu_$gpu.md" ;;
-  three) timeout 120 python3 bench/triton_tune.py --ws --out "$out/triton_ws_$gpu.md"
-        python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
+  three) python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
-  four) timeout 120 python3 bench/triton_tune.py --ws --out "$out/triton_ws_$gpu.md"
-        python3 bench/gpu.py --sections kernel vitb vitbws host --budget 450 --out "$out/gpu_$gpu.md" ;;
+  four) timeout 60 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md"
+        python3 bench/gpu.py --sections kernel vitb swinc --budget 500 --out "$out/gpu_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;

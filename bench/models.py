@@ -25,7 +25,6 @@ import torch
 
 import vitrel
 from vitrel.bench import alternate, medians, train_step
-from vitrel.kernels import triton_bias
 
 #: vitrel's ViT-S/16 with a scheme of its own in every block, as timm's relative-position and RoPE ViTs have
 VIT_S_PER_BLOCK = dict(name="vitrel_vit_small_patch16_224", pos_share=False)
@@ -68,18 +67,6 @@ PAIRS = {
         dict(name="vit_base_patch16_224"),
     ),
 }
-
-
-def _warp_specialize() -> None:
-    triton_bias.WARP_SPECIALIZE.add("fwd")
-
-
-def _table_grad_in_dq() -> None:
-    triton_bias.TABLE_GRAD_IN_DQ = True
-
-
-#: ``--triton-options``: the fused kernel's options that are off by default (timed here before they become defaults)
-TRITON_OPTIONS = {"ws": _warp_specialize, "in_dq": _table_grad_in_dq}
 
 
 def n_params(m: torch.nn.Module) -> int:
@@ -141,11 +128,7 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="torch.compile both models (the timed steps are compiled)")
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is steadiest on a shared CPU)")
-    ap.add_argument("--triton-options", nargs="*", default=[], choices=list(TRITON_OPTIONS),
-                    help="the fused kernel's options that are off by default, on for every triton model")  # fmt: skip
     args = ap.parse_args()
-    for opt in args.triton_options:
-        TRITON_OPTIONS[opt]()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -153,7 +136,7 @@ def main() -> None:
         f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
         f"{torch.get_num_threads()} threads) batch={args.batch_size} img={args.img_size} "
         f"steps={args.steps} warmup={args.warmup} amp={args.amp} compile={args.compile} "
-        f"attn_impl={' '.join(args.attn_impl)} triton_options={' '.join(args.triton_options) or '-'} "
+        f"attn_impl={' '.join(args.attn_impl)} "
         f"torch={torch.__version__} timm={timm.__version__}"
     )
     rows = [row for k in args.pairs for row in run_pair(k, args, device)]

@@ -4,7 +4,6 @@ one warp issues per tile in the kernel's inner loop (from the SASS), from Triton
 (shipped with Triton).
 
     python bench/triton_resources.py --out bench/results/triton_resources_sm90.md   # any machine, no GPU needed
-    python bench/triton_resources.py --ws-sweep --out bench/results/triton_ws_sweep_sm90.md  # WS forward's shapes
 
 Each kernel is compiled as Triton's JIT compiles it for one call (``triton_bias.plan`` builds the call's launches,
 ``compile_launch`` specializes them: integers equal to 1 as constants, addresses and integers divisible by 16
@@ -140,14 +139,6 @@ CASES = [
     ("no table, fwd without TMA", lambda: {**_layer(), "table": None}, {"fwd_tma": False}, ("fwd",)),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
     ("N = 4096 (no prefix), table, bias tiles", lambda: _layer(prefix=0), {"bias_read": "tiles"}, _FWD),
-    ("N = 4096 (no prefix), table, bias tiles, warp-specialized fwd", lambda: _layer(prefix=0),
-     {"bias_read": "tiles", "ws": True}, _FWD),
-    ("table, bias tiles, warp-specialized fwd (the edges' own tiles)", _layer, {"bias_read": "tiles", "ws": True},
-     _FWD),
-    ("ViT-B/16, table, bias tiles, warp-specialized fwd", lambda: _layer(14, 12), {"bias_read": "tiles", "ws": True},
-     _FWD),
-    ("head dim 128, N = 4096 (no prefix), table, bias tiles, warp-specialized fwd",
-     lambda: _layer(heads=3, head_dim=128, prefix=0), {"bias_read": "tiles", "ws": True}, _FWD),
     ("head dim 128, table, bias tiles", lambda: _layer(heads=3, head_dim=128), {"bias_read": "tiles"}, None),
     ("head dim 128, no table", lambda: {**_layer(heads=3, head_dim=128), "table": None}, {}, None),
     ("packed images (a token layout)", _packed, {}, None),
@@ -167,11 +158,10 @@ def _plan(call: dict, opts: dict) -> dict:
     ``triton_bias.DBIAS_BATCH_OUTER``; ``fwd_tma`` False: the forward's keys and values read by address,
     ``triton_bias.TMA_READS``; ``tile_bwd`` False: a call of one tile's backward as the four kernels,
     ``triton_bias.TILE_BWD``; ``tile_fwd`` False: its forward a program a batch element, ``triton_bias.TILE_FWD``;
-    ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; ``ws``: the
-    warp-specialized forward, ``triton_bias.WARP_SPECIALIZE``; ``in_dq``: the table's gradient summed by the ``dq``
-    kernel, ``triton_bias.TABLE_GRAD_IN_DQ``; each set for the call only)."""
+    ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; ``in_dq``: whether the
+    ``dq`` kernel sums the table's gradient, ``triton_bias.TABLE_GRAD_IN_DQ``; each set for the call only)."""
     opts = dict(opts)
-    tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE, tb.WARP_SPECIALIZE)
+    tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
     saved, tile_bwd, tile_fwd, in_dq = tuple(t.copy() for t in tables), tb.TILE_BWD, tb.TILE_FWD, tb.TABLE_GRAD_IN_DQ
     if opts.pop("dbias_batch_outer", False):
         tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
@@ -179,8 +169,6 @@ def _plan(call: dict, opts: dict) -> dict:
         tb.TMA_READS.discard("fwd")
     if not opts.pop("dbias_wide", True):
         tb._DBIAS_WIDE.clear()
-    if opts.pop("ws", False):
-        tb.WARP_SPECIALIZE.add("fwd")
     tb.TABLE_GRAD_IN_DQ = opts.pop("in_dq", tb.TABLE_GRAD_IN_DQ)
     tb.TILE_BWD = opts.pop("tile_bwd", tb.TILE_BWD)
     tb.TILE_FWD = opts.pop("tile_fwd", tb.TILE_FWD)
@@ -283,9 +271,6 @@ def measure(launch: tb.Launch, arch: int) -> dict:
     out["interior"], out["edge"] = sum(interior.values()), sum(edge.values())
     a, warps = launch.args, launch.options["num_warps"]
     out["warps"] = str(warps)
-    if compiled.metadata.num_warps > warps:  # (warp-specialized: the warps asked for issue the copies; more compute)
-        out["warps"] = f"{warps} + {compiled.metadata.num_warps - warps}"
-        warps = compiled.metadata.num_warps - warps
     out["per 64x64"] = round(out["interior"] * warps / 4 / (a["BM"] * a.get("BN", a["BM"]) / 4096))
     for name, codes in CLASSES.items():
         out[name] = sum(interior[c] for c in codes)
@@ -297,14 +282,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", type=int, default=90)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--ws-sweep", action="store_true", help="only the warp-specialized forward across shapes")
     args = ap.parse_args()
-    if args.ws_sweep:
-        text = "\n".join(ws_sweep(args.arch)) + "\n"
-        print(text)
-        if args.out:
-            Path(args.out).write_text(text)
-        return
     cols = ["regs", "stack", "shared", "serial", "interior", "edge", "per 64x64", *CLASSES, "other"]
     lines = [
         f"# Fused bias kernel: static resources and inner-loop instructions for sm_{args.arch}, bf16",
@@ -318,8 +296,7 @@ def main() -> None:
         "an interior tile of a full grid, or every tile where each tile pattern is one exact tile, as a window's) and "
         "its dearest (every mask: a tile at an edge, a shifted window's); "
         "`per 64x64`: the interior path's instructions per scheduler (4 a multiprocessor) for 64 x 64 scores, which "
-        "compares tiles and warp counts (`warps` `4 + 8`: warp-specialized, 4 warps issuing the copies and 8 "
-        "computing, whose loop is counted); then the interior path's by class (`smem`: shared-memory loads, stores, "
+        "compares tiles and warp counts; then the interior path's by class (`smem`: shared-memory loads, stores, "
         "shuffles)",
         "",
         "| call | kernel | tile | warps | " + " | ".join(cols) + " |",
@@ -342,53 +319,6 @@ def main() -> None:
     print("\n".join(lines[-16:]))
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
-
-
-#: the shapes of :func:`ws_sweep`: head dims, grids, prefix tokens
-WS_SWEEP = ((16, 32, 48, 64, 80, 96, 128), ((7, 7), (14, 14), (16, 16), (24, 24), (12, 20), (32, 32), (37, 37),
-                                            (64, 64)), (0, 1, 4))  # fmt: skip
-
-
-def ws_sweep(arch: int) -> list[str]:
-    """Whether Triton partitions the warp-specialized forward (``triton_bias.WARP_SPECIALIZE``) for every call that
-    takes it among :data:`WS_SWEEP`'s (its pass fails, or leaves a loop unpartitioned, on some shapes of kernels it
-    takes on others: it did so for a warp-specialized ``dkdv`` and ``dq``): each compiled for ``arch``, its warps
-    counted (12: partitioned), its products checked for serialization."""
-    heads, grids, prefixes = WS_SWEEP
-    rows, taken, other = [], 0, 0
-    saved = set(tb.WARP_SPECIALIZE)
-    tb.WARP_SPECIALIZE.add("fwd")
-    try:
-        for d, (gh, gw), p in ((d, g, p) for d in heads for g in grids for p in prefixes):
-            q = torch.zeros(1, 2, p + gh * gw, d, dtype=torch.bfloat16)
-            launch = tb.plan(q, q, q, torch.zeros(2, 2 * gh - 1, 2 * gw - 1), (gh, gw), p)["fwd"]
-            if launch.kernel != "fwd_ws":
-                other += 1
-                continue
-            taken += 1
-            try:
-                c = tb.compile_launch(launch, arch)
-                if c.metadata.num_warps != 12 or tb.serialized_products(c, arch):
-                    rows.append(f"| {d} | {gh} x {gw} | {p} | {c.metadata.num_warps} warps, serialized "
-                                f"{tb.serialized_products(c, arch)} |")  # fmt: skip
-            except Exception as e:  # noqa: BLE001 - the pass's failure is the finding
-                rows.append(f"| {d} | {gh} x {gw} | {p} | failed: {str(e).splitlines()[-1][:60]} |")
-    finally:
-        tb.WARP_SPECIALIZE.clear()
-        tb.WARP_SPECIALIZE.update(saved)
-    return [
-        f"# The warp-specialized forward across shapes, compiled for sm_{arch} (Triton {triton.__version__})",
-        "",
-        f"- Command: `python bench/triton_resources.py --ws-sweep --arch {arch}`; head dims {heads}, grids {grids}, "
-        f"prefix tokens {prefixes}, bf16, as the JIT compiles each call",
-        f"- {taken} calls take the warp-specialized forward ({other} do not: calls of one tile take the one-tile "
-        f"forward); {taken - len(rows)} of them partitioned (12 warps) with their products not serialized; "
-        f"{len(rows)} not, below",
-        "",
-        "| head dim | grid | prefix | compiled |",
-        "|---:|---|---:|---|",
-        *rows,
-    ]
 
 
 def _sass(launch: tb.Launch, arch: int) -> str:

@@ -3,7 +3,7 @@ time of ``rel_bias_attention`` for each tile shape / warps / stages, against pla
 
     python bench/triton_tune.py --out bench/results/triton_tune_h200.md      # on a GPU (bf16)
     python bench/triton_tune.py --sides 64 --head-dims 128                   # head dim 128's rows alone
-    python bench/triton_tune.py --ws                                         # the warp-specialized forward
+    python bench/triton_tune.py --in-dq                                      # dT in dq, or the dbias kernel
 
 The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2, and with
 3 heads of 128 at the larger (``--head-dims``); medians of alternating rounds (``vitrel.bench.alternate``). The
@@ -64,13 +64,10 @@ BWD_128 = [
     (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
 ]
 CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
-#: the warp-specialized forward's calls (triton_bias.WARP_SPECIALIZE, off by default: this times it), as (grid side,
-#: prefix tokens) of the layer at head dim 64: ViT-B/16's 14 x 14 with a class token (one exact bias pattern a tile),
-#: 32 x 32 and 64 x 64 with none (patterns shared, N a multiple of the key tile), and its stages (2, its default);
-#: then at each, the table's gradient summed by the dq kernel (triton_bias.TABLE_GRAD_IN_DQ, off by default: where
-#: each dq tile is one pattern, ViT-B/16's)
-WS_CALLS = [(14, 1), (32, 0), (64, 0)]
-WS_STAGES = [2, 3]
+#: the calls of ``--in-dq`` as (grid side, prefix tokens) of the layer at head dim 64: ViT-B/16's 14 x 14 with a class
+#: token (each dq tile one pattern: the dq kernel sums the table's gradient, triton_bias.TABLE_GRAD_IN_DQ) and 32 x 32
+#: (patterns shared: the dbias kernel either way)
+IN_DQ_CALLS = [(14, 1), (32, 0)]
 #: Swin-T's first stage (8,192 windows of 7 x 7 for 128 images, 3 heads of 32, a shifted block's region ids), whose
 #: backward fits one tile (triton_bias.TILE_BWD): the one-tile kernel's (warps, stages), its default first
 #: (triton_bias.LAUNCH's "tile" and "tile_each": 4 warps, 1 stage, the fastest on an H100), the four kernels it
@@ -298,46 +295,26 @@ def tune_size(
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
 
 
-def tune_ws(args: argparse.Namespace, lines: list[str], device: str = "cuda", tokens: int = 65536, calls=None) -> None:
-    """The warp-specialized forward (:data:`WS_CALLS`, :data:`WS_STAGES`) against the forward as it is and plain SDPA,
-    forward and forward + backward (the table's gradient too: the backward reads the forward's log-sum-exp), appended
-    to ``lines`` (and written to ``args.out`` as they come). A row whose call does not take it says so."""
-    defaults, in_dq = tuple(t.copy() for t in _TABLES), tb.TABLE_GRAD_IN_DQ
-    try:
-        for side, prefix in calls or WS_CALLS:
-            _ws_rows(args, lines, torch.device(device), side, prefix, tokens)
-    finally:
-        _restore(defaults)
-        tb.TABLE_GRAD_IN_DQ = in_dq
-
-
-def _ws_rows(args: argparse.Namespace, lines: list[str], dev, side: int, prefix: int, tokens: int) -> None:
-    """:func:`tune_ws`'s rows of one call."""
-    n, calls = _layer_calls(dev, side, prefix, 64, tokens)
-    ref = _sdpa_rows(lines, args, dev, n, calls)
+def tune_in_dq(args: argparse.Namespace, lines: list[str], device: str = "cuda", tokens: int = 65536, calls=None):
+    """Forward + backward with the table's gradient summed by the ``dq`` kernel (``triton_bias.TABLE_GRAD_IN_DQ``)
+    and by the ``dbias`` kernel, against plain SDPA, at :data:`IN_DQ_CALLS` (or ``calls``), appended to ``lines``
+    (and written to ``args.out`` as they come); a call whose ``dq`` kernel cannot sum it says so."""
+    in_dq = tb.TABLE_GRAD_IN_DQ
+    dev = torch.device(device)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
-    for stages in (None, *WS_STAGES):
-        tb.WARP_SPECIALIZE.clear()
-        if stages:
-            tb.WARP_SPECIALIZE.add("fwd")
-            tb.LAUNCH["fwd_ws"] = {"num_warps": 4, "num_stages": stages}
-        kernel = calls["plan"](sms)["fwd"].kernel
-        config = f"warp-specialized, stages {stages}" if stages else "the forward"
-        if stages and kernel != "fwd_ws":
-            lines.append(f"| {n} | fwd | {config} | not taken ({kernel}) | - |")
-            continue
-        _time_row(lines, args, dev, f"| {n} | fwd | {config} |", calls["tri_f"], ref["f"], repeat=5)
-        if stages in (None, WS_STAGES[0]):
-            _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", calls["tri_fb"], ref["fb"])
-    tb.WARP_SPECIALIZE.clear()
-    tb.TABLE_GRAD_IN_DQ = True  # (the dq kernel sums the table's gradient where each of its tiles is one pattern)
-    config = "the table's gradient in dq (no dbias kernel)"
-    dq = calls["plan"](sms).get("dq")
-    if dq is not None and dq.args["TILE_GRAD"]:
-        _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", calls["tri_fb"], ref["fb"])
-    else:
-        lines.append(f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - |")
-    tb.TABLE_GRAD_IN_DQ = False
+    try:
+        for side, prefix in calls or IN_DQ_CALLS:
+            n, fns = _layer_calls(dev, side, prefix, 64, tokens)
+            ref = _sdpa_rows(lines, args, dev, n, fns)
+            for on, config in ((False, "the dbias kernel"), (True, "the table's gradient in dq")):
+                tb.TABLE_GRAD_IN_DQ = on
+                dq = fns["plan"](sms).get("dq")
+                if on and (dq is None or not dq.args["TILE_GRAD"]):
+                    lines.append(f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - |")
+                    continue
+                _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", fns["tri_fb"], ref["fb"])
+    finally:
+        tb.TABLE_GRAD_IN_DQ = in_dq
 
 
 def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda", images: int = 128) -> None:
@@ -402,7 +379,7 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
 #: the kernel's tiles and launch options, which the tuning sets and restores
 _TABLES = (
     tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb._DBIAS_WIDE, tb.LAUNCH,
-    tb.FLOAT32_TILES, tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb.WARP_SPECIALIZE,
+    tb.FLOAT32_TILES, tb.DBIAS_BATCH_OUTER, tb.TMA_READS,
 )  # fmt: skip
 
 
@@ -422,7 +399,7 @@ def main() -> None:
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=[64, 128],
                     help="64: every row at each of --sides; 128: its rows at the largest")  # fmt: skip
     ap.add_argument("--no-windows", dest="windows", action="store_false", help="without Swin-T's windows' rows")
-    ap.add_argument("--ws", action="store_true", help="only the warp-specialized forward's rows (WS_CALLS)")
+    ap.add_argument("--in-dq", action="store_true", help="only the rows of the table's gradient in dq (IN_DQ_CALLS)")
     args = ap.parse_args()
     if args.diagnose:
         text = "\n".join(line for side in args.sides for line in diagnose(side, args.rounds))
@@ -432,8 +409,8 @@ def main() -> None:
     dev = torch.device("cuda")
     lines = [f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; medians of {args.rounds} rounds\n"]
     lines += ["| N | pass | config | ms | / plain SDPA |", "|---:|---|---|---:|---:|"]
-    if args.ws:
-        tune_ws(args, lines)
+    if args.in_dq:
+        tune_in_dq(args, lines)
         return
     if args.windows:  # first: the shortest rows, and the one-tile kernels' (TILE_FWD, TILE_BWD) only timing
         tune_windows(args, lines)

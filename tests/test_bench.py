@@ -212,17 +212,14 @@ def test_triton_tune_rows_run(monkeypatch):
     assert len(lines) == want and not [x for x in lines if "failed" in x], lines
     assert sum("fwd a window a program" in x for x in lines) == 1
     assert sum("four bwd kernels" in x for x in lines) == 2 and sum("bwd warps 4 stages 1" in x for x in lines) == 2
-    # the warp-specialized forward's rows (--ws): a call that takes it (5 x 5, no prefix: exact tiles) and one that
-    # does not (16 tokens: the one-tile forward), said so
-    lines = []
-    tune.tune_ws(argparse.Namespace(rounds=1, out=None), lines, device="cpu", tokens=50, calls=[(5, 0), (4, 0)])
-    assert tuple(t.copy() for t in tune._TABLES) == defaults and not tune.tb.WARP_SPECIALIZE  # (restored)
-    assert len(lines) == 2 * 5 + 2 * len(tune.WS_STAGES) + 1 and not [x for x in lines if "failed" in x], lines
-    assert sum("warp-specialized" in x and "not taken" not in x for x in lines) == len(tune.WS_STAGES) + 1
-    assert sum("not taken (fwd_tile)" in x for x in lines) == len(tune.WS_STAGES)
-    # the table's gradient in dq: 5 x 5 (one pattern a tile: timed); 16 tokens (one tile: no dq kernel, not taken)
-    in_dq = [x for x in lines if "gradient in dq" in x]
-    assert len(in_dq) == 2 and "not taken" not in in_dq[0] and "not taken" in in_dq[1] and not tune.tb.TABLE_GRAD_IN_DQ
+    # the table's gradient in dq against the dbias kernel (--in-dq): 5 x 5 (one pattern a tile: both timed) and 16
+    # tokens (one tile: no dq kernel, said so)
+    lines, in_dq = [], tune.tb.TABLE_GRAD_IN_DQ
+    tune.tune_in_dq(argparse.Namespace(rounds=1, out=None), lines, device="cpu", tokens=50, calls=[(5, 0), (4, 0)])
+    assert tune.tb.TABLE_GRAD_IN_DQ == in_dq and not [x for x in lines if "failed" in x], lines  # (restored)
+    assert len(lines) == 2 * (2 + 2) and sum("the dbias kernel" in x for x in lines) == 2
+    rows = [x for x in lines if "gradient in dq" in x]
+    assert len(rows) == 2 and "not taken" not in rows[0] and "not taken" in rows[1], rows
 
 
 def test_step_profile_tables_on_cpu():

@@ -59,6 +59,13 @@ def reference(q, k, v, table, grid, prefix, mask=None, causal=False, scale=None)
     return logits.softmax(-1) @ v
 
 
+@pytest.fixture
+def dbias_kernel(monkeypatch):
+    """The ``dbias`` kernel wherever the bias is read as tiles (``TABLE_GRAD_IN_DQ`` off: by default the ``dq`` kernel
+    sums the tiles' gradient where each of its tiles is one pattern), for the tests of that kernel."""
+    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
+
+
 def _inputs(b, h, n, d, grid, seed=0):
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(b, h, n, d, generator=g, dtype=torch.float64) for _ in range(3))
@@ -119,6 +126,7 @@ def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
 
 
 @interpreted
+@pytest.mark.usefixtures("dbias_kernel")
 @pytest.mark.parametrize("grid", [(4, 6), (4, 4), (3, 5)])
 def test_bias_tiles_in_half_precision(grid, monkeypatch):
     """Half-precision inputs: the bias tiles every kernel reads are in the inputs' type (as SDPA takes its float mask:
@@ -255,8 +263,9 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
         for key, value in launch.args.items():
             if isinstance(value, torch.Tensor) and key not in written:
                 torch.testing.assert_close(again[name].args[key], value, rtol=0, atol=0, msg=f"{name} {key}")
-    pat = triton_bias.TilePatterns(*(first["dbias"].args[k] for k in ("n_kt", "n_pat", "d_min", "g_d", "n_m", "g_m")))
-    dbt = torch.randn(first["dbias"].args["DBT"].shape)  # [n_split, heads, n_pat, blk, blk] (plan's tiles: a GPU's)
+    sums = first.get("dbias") or first["dq"]  # (the dq kernel sums the bias tiles' gradient where it can)
+    pat = triton_bias.TilePatterns(*(sums.args[k] for k in ("n_kt", "n_pat", "d_min", "g_d", "n_m", "g_m")))
+    dbt = torch.randn(sums.args["DBT"].shape)  # [n_split, heads, n_pat, blk, blk] (plan's tiles: a GPU's)
     triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)  # (its index made, and kept)
     launches = []
     monkeypatch.setattr(triton_bias.Launch, "__call__", lambda launch: launches.append(launch.kernel))
@@ -265,6 +274,7 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
     assert ops.n <= 2 and launches == ["table_grad"], (ops.n, launches)  # (its output; the index kept)
 
 
+@pytest.mark.usefixtures("dbias_kernel")
 def test_nothing_kept_from_a_graphs_stream(monkeypatch):
     """Where a tensor made now may not be kept (:func:`vitrel.device_cache.keeps`: a CUDA stream other than the default
     one, as CUDA graph capture and ``torch.compile``'s graph trees use, whose pool hands its blocks out again), every
@@ -374,6 +384,7 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     _check_layout(device, 0, *tile_aligned_tokens())
 
 
+@pytest.mark.usefixtures("dbias_kernel")
 def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     """On a GPU (``plan`` builds a GPU's launches anywhere), as measured fastest on an H100
     (``bench/results/triton_tune_h100_479ebfa.md``): head dim 64 takes the square 64 x 64 tile in every kernel (the
@@ -439,78 +450,6 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
         tile(bias_read="tiles")
 
 
-#: (grid, prefix tokens, the interpreter's n_m): exact tiles; shared patterns with no tile at an edge; with edge tiles
-_WS_CASES = [((4, 8), 0, 0), ((5, 24), 1, 0), ((8, 8), 0, 1), ((16, 12), 0, 3), ((8, 8), 1, 1), ((16, 12), 2, 3)]
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("grid", "prefix", "n_m"), [*_WS_CASES, ((9, 8), 0, 1)])
-def test_warp_specialized_forward_equals_reference(monkeypatch, device, grid, prefix, n_m):
-    """The warp-specialized forward (``WARP_SPECIALIZE``: its loop has no mask and no branch, the tile's pattern
-    selected, the rows past the end the descriptors' zeros) against the reference, output and gradients (the backward
-    reads its log-sum-exp): one exact pattern a tile (with prefix tokens, keys past the end), and patterns shared by
-    ``(q0 - k0, q0 mod W)`` with one class and three: with no tile at an edge (no prefix, ``N`` a multiple of the key
-    tile), and with the edges' own exact tiles (prefix tokens, keys past the end). The interpreter's tiles are
-    32 x 16 (a GPU's 128 x 64); the call's launch is asserted to be the warp-specialized one."""
-    monkeypatch.setattr(triton_bias, "WARP_SPECIALIZE", {"fwd"})
-    monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (on a GPU, 64 tokens or fewer: else the one-tile forward)
-    n = prefix + grid[0] * grid[1]
-    q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
-    fwd = triton_bias.plan(q, k, v, table, grid, prefix, sms=None if device == "cpu" else 132)["fwd"]
-    assert fwd.kernel == "fwd_ws"
-    if device == "cpu":
-        assert fwd.args["n_m"] == n_m
-    _check(device, 2, 2, 16, grid, prefix)
-
-
-def test_warp_specialized_forward_only_where_no_tile_needs_a_mask(monkeypatch):
-    """On a GPU (``plan`` builds a GPU's launches anywhere), the warp-specialized forward is taken where it is asked
-    for (``WARP_SPECIALIZE``, off by default) for a full grid's bias read as tiles: each tile exact (ViT-B/16's
-    14 x 14 and a class token, 31 x 31), or patterns shared with no tile at an edge (32 x 32) or with the edges' own
-    exact tiles after the shared ones (64 x 64 and a class token, 32 prefix tokens, keys past the end); its tile
-    128 x 64 in 4 warps and 2 stages. Not with more prefix tokens than a tile, a float mask, region ids, a causal mask,
-    a token layout, visible-tile flags, the bias gathered, no table, a call that fits one tile, or keys not readable
-    through descriptors."""
-
-    def fwd(side=32, prefix=0, d=64, table=True, q=None, rows=None, **kw):
-        n = prefix + (rows or side) * side
-        x = torch.zeros(1, 2, n, d, dtype=torch.bfloat16) if q is None else q
-        t = torch.zeros(2, 2 * (rows or side) - 1, 2 * side - 1) if table else None
-        t = t[None] if "tokens" in kw else t  # (a table per group of images on a token layout)
-        return triton_bias.plan(x, x, x, t, (rows or side, side), prefix, **kw)["fwd"]
-
-    assert fwd().kernel == "fwd"
-    monkeypatch.setattr(triton_bias, "WARP_SPECIALIZE", {"fwd"})
-    ws = fwd()
-    assert ws.kernel == "fwd_ws" and (ws.args["BM"], ws.args["BN"], ws.args["n_m"]) == (128, 64, 1)
-    assert ws.options == {"num_warps": 4, "num_stages": 2} and ws.grid == (8, 2)
-    assert fwd(14, 1).kernel == "fwd_ws" and fwd(14, 1).args["n_m"] == 0
-    assert ws.args["n_pat"] == ws.args["n_shared"]  # (no tile at an edge: no edge tiles)
-    assert fwd(31).kernel == "fwd_ws" and fwd(31).args["n_m"] == 0  # (961 tokens: exact tiles)
-    n_kt, n_qt = 65, 33  # (64 x 64 and a class token: 4,097 tokens; the edges: a row of key tiles, two columns)
-    edged = fwd(64, 1)
-    assert edged.kernel == "fwd_ws" and edged.args["n_m"] == 1
-    assert edged.args["n_pat"] - edged.args["n_shared"] == n_kt + 2 * (n_qt - 1)
-    assert fwd(32, 32, rows=31).kernel == fwd(32, rows=41).kernel == "fwd_ws"  # (32 prefix tokens; keys past the end)
-    assert fwd(32, 65, rows=31).kernel == "fwd"  # (more prefix tokens than a key tile)
-    n = 32 * 32
-    tokens = torch.stack([torch.zeros(n), torch.arange(n) // 32, torch.arange(n) % 32, torch.zeros(n)])
-    misaligned = torch.zeros(1, 2, n, 65, dtype=torch.bfloat16)[..., 1:]
-    for kw in [
-        dict(mask=torch.zeros(1, n, n)), dict(regions=torch.zeros(1, n, dtype=torch.int64)), dict(causal=True),
-        dict(tokens=tokens.int().expand(1, 4, n).contiguous()), dict(bias_read="gather"), dict(table=False),
-        dict(blocks=torch.ones(2, 64, 64, dtype=torch.int32)), dict(side=7), dict(q=misaligned),
-    ]:  # fmt: skip
-        assert fwd(**kw).kernel != "fwd_ws", kw
-    # its bias tiles beyond the budget where the forward's fit: the forward, not an error (bias_read="tiles")
-    size = {t: triton_bias.tile_patterns(32, n, t, 64).n_pat * 2 * t * 64 * 2 for t in (64, 128)}
-    assert size[128] > size[64]
-    monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[64])
-    assert fwd(bias_read="tiles").kernel == "fwd" and fwd().kernel == "fwd"
-    monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[128])
-    assert fwd(bias_read="tiles").kernel == "fwd_ws"
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("grid", "prefix", "d", "in_dq"), [((5, 7), 0, 32, True), ((4, 6), 2, 24, True),
                                                            ((6, 6), 1, 16, True), ((5, 24), 1, 16, False),
@@ -573,6 +512,7 @@ def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, ca
     table; ``dq`` added by atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the
     tiles it skips)."""
     tile = {"dkdv": (16, 32), "dq": (32, 16), "dbias": (32, 16)}[kernel]
+    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", kernel != "dbias")  # (the dbias kernel's test: it runs)
     monkeypatch.setattr(triton_bias, "_wide_tile", lambda name, block_d, cuda: tile if name == kernel else None)
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (41 tokens fit one tile of a GPU's backward)
     q = torch.zeros(1, 1, 41, 16)
@@ -648,8 +588,9 @@ def test_gpu_launch_configuration_equals_reference(monkeypatch, device, grid, pr
     t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
     square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
     assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, True)
-    dbias = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="tiles")["dbias"].args
-    assert (dbias["BM"], dbias["BN"]) == dbias_tile
+    tiles = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="tiles")  # (the dq kernel sums the bias tiles'
+    sums = tiles["dbias"] if "dbias" in tiles else tiles["dq"]  # gradient where its tiles are one pattern each)
+    assert (sums.args["BM"], sums.args["BN"]) == (dbias_tile if "dbias" in tiles else dq) and sums.args["DBT"].numel()
     causal = case.endswith("causal")
     settings = dict(table_on=case != "none", causal=causal, dtype=torch.float16 if case == "fp16" else None)
     _check(device, 1 if d == 128 else 2, 2, d, grid, prefix, **kw, **settings)
@@ -709,6 +650,7 @@ def test_tma_reads_where_the_tensors_allow(monkeypatch):
     assert not short.args["TMA"] and long.args["TMA"]
 
 
+@pytest.mark.usefixtures("dbias_kernel")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("grid", "prefix", "causal"), [((5, 24), 1, False), ((4, 6), 2, False), ((1, 37), 0, True)])
 def test_dbias_batch_outer_equals_reference(monkeypatch, device, grid, prefix, causal):
@@ -1410,33 +1352,6 @@ def test_tensor_core_products_not_serialized_on_hopper():
     serialized = json.loads(_compiled_for_hopper(code))
     assert len(serialized) == 26 and not any(serialized.values()), serialized
     assert "regions/tile" in serialized  # (the windows' backward: one kernel)
-
-
-def test_forward_warp_specialized_on_hopper():
-    """Compiled for sm_90 as the JIT compiles it, the warp-specialized forward (``WARP_SPECIALIZE``) is partitioned by
-    Triton: 12 warps run where 4 are asked for (one warp group issuing the copies, its registers cut, and two computing
-    warp groups of 64 query rows each, their registers raised: ``setmaxnreg``), its products not serialized, within
-    the shared memory; ViT-B/16's call (exact tiles), 32 x 32 (shared patterns), 64 x 64 and a class token (shared
-    patterns and the edges' exact tiles), head dims 32, 64 and 128. A loop that
-    is not partitioned compiles with no error and 4 warps: what this catches. It caught a branch in the loop (the
-    pattern's ``n_m > 0``, a mask's: not partitioned), 4-D descriptors of reshaped tiles (the partition failed under
-    Triton 3.8) and bias tiles read as 32-bit pairs (under 3.6)."""
-    import json
-
-    code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.WARP_SPECIALIZE.add('fwd'); out = {}\n"
-        "for side, p, d in ((14, 1, 64), (32, 0, 64), (64, 1, 64), (32, 0, 32), (32, 0, 128)):\n"
-        "    q = torch.zeros(2, 12 if d < 128 else 6, p + side * side, d, dtype=torch.bfloat16)\n"
-        "    launch = tb.plan(q, q, q, torch.zeros(q.shape[1], 2 * side - 1, 2 * side - 1), (side, side), p)['fwd']\n"
-        "    c = tb.compile_launch(launch)\n"
-        "    out[f'{side}/{d}'] = [launch.kernel, c.metadata.num_warps, c.asm['ptx'].count('setmaxnreg.inc'), "
-        "c.metadata.shared, tb.serialized_products(c)]\n"
-        "print(json.dumps(out))"
-    )
-    got = json.loads(_compiled_for_hopper(code))
-    assert len(got) == 5, got
-    for kernel, warps, raised, shared, serialized in got.values():
-        assert kernel == "fwd_ws" and warps == 12 and raised >= 2 and 0 < shared <= 232448 and not serialized, got
 
 
 def test_table_grad_in_dq_compiles_for_hopper():

@@ -235,8 +235,8 @@ def _bias_tile(
 def _pattern_index(q0, k0, col, n_kt, d_min, g_d: tl.constexpr, n_m, TM: tl.constexpr, TW: tl.constexpr):
     """The pattern of the tile of queries from ``q0`` and keys from ``k0``
     (:func:`vitrel.kernels.triton_bias.tile_patterns`): from ``(q0 - k0, col)`` (``col = (q0 mod GW) / g_m``) where
-    ``n_m > 0``, else its place. Both computed and one selected, with no branch: a loop with a branch is not
-    warp-specialized (:func:`_fwd_ws_kernel`). ``g_d``: a compile-time power of two, so a shift."""
+    ``n_m > 0``, else its place. Both computed and one selected, with no branch. ``g_d``: a compile-time power of
+    two, so a shift."""
     return tl.where(n_m > 0, ((q0 - k0 - d_min) // g_d) * n_m + col, (q0 // TM) * n_kt + k0 // TW)
 
 
@@ -461,65 +461,6 @@ def _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, sob, soh, son, offs_m, offs_d, q
     if tl.program_id(0) == tl.num_programs(0) - 1:  # the padding rows past the last query tile's
         for r in range((tl.program_id(0) + 1) * BM, _stats_len(N), BM):
             tl.store(lse_row + r + tl.arange(0, BM), tl.full([BM], float("inf"), tl.float32))
-
-
-@triton.jit
-def _fwd_ws_kernel(
-    Q, K, V, BT, O, LSE,
-    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sob, soh, son,
-    H, N, P, GW, qk_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_shared,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr,
-    WS: tl.constexpr,
-):
-    """:func:`_fwd_kernel` warp-specialized (Triton's ``tl.range(..., warp_specialize=True)``; on sm_90 its
-    compiler splits the program into a warp that issues the copies of q, k, v and the bias tiles through tensor
-    descriptors and warp groups that compute, with registers moved to them: FlashAttention-3's division of work),
-    for a full grid's bias read as tiles with no float mask, no causal mask, no visible-tile flags
-    (:func:`vitrel.kernels.triton_bias._ws_launch`): every tile it reads needs no mask. Where each pattern is one
-    exact tile, those (their prefix pairs 0, their keys past the end ``-inf``); where patterns are shared, the tiles
-    at the grid's edges (the first query tile's and key tile's, with prefix tokens; the last key tile's, with keys
-    past the end) are exact tiles of their own, after the ``n_shared`` shared ones (:func:`_ws_pattern`). Its loop
-    has no branch, which the compiler's partitioning requires: the tile's pattern is selected, q's rows past the end
-    and the keys' are the descriptors' zero fill. The output and log-sum-exp are :func:`_fwd_kernel`'s."""
-    b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)
-    q0 = tl.program_id(0) * BM
-    # (2-D descriptors of this batch element's and head's rows: the compiler splits a tile's rows between its warp
-    # groups, which it cannot do through a 4-D descriptor's reshaped tile)
-    q_desc = tl.make_tensor_descriptor(Q + b * sqb + h * sqh, [N, D], [sqn, 1], [BM, BLOCK_D])
-    k_desc = tl.make_tensor_descriptor(K + b * skb + h * skh, [N, D], [skn, 1], [BN, BLOCK_D])
-    v_desc = tl.make_tensor_descriptor(V + b * svb + h * svh, [N, D], [svn, 1], [BN, BLOCK_D])
-    # (bf16 tiles widened by the compiler's conversion: read as 32-bit pairs, :func:`_bias_tile`'s PAIRS, the
-    # partitioning under Triton 3.6 fails, "Unexpected op" in WSDataPartition)
-    bt_desc = tl.make_tensor_descriptor(BT, [H * n_pat * BM, BN], [BN, 1], [BM, BN])
-    q = q_desc.load([q0, 0])
-    col = tl.where(n_m > 1, (q0 % GW) // g_m, 0)  # (the pattern's class: loop-invariant)
-    n_qt = tl.cdiv(N, BM)
-    m_i = tl.full([BM], float("-inf"), tl.float32)
-    l_i = tl.zeros([BM], tl.float32)
-    acc = tl.zeros([BM, BLOCK_D], tl.float32)
-    for start_n in tl.range(0, N, BN, warp_specialize=WS):  # (WS False: the same loop not partitioned)
-        k = k_desc.load([start_n, 0])
-        v = v_desc.load([start_n, 0])
-        pat = _ws_pattern(q0, start_n, col, n_kt, n_qt, d_min, g_d, n_m, n_shared, P, N, BM, BN)
-        bias = bt_desc.load([(h * n_pat + pat) * BM, 0]).to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PREC) * qk_scale + bias
-        m_i, l_i, acc = _online_softmax(s, m_i, l_i, acc, v, qk_scale, False, False, PREC)
-    _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, sob, soh, son, offs_m, offs_d, q_mask, N, BM)
-
-
-@triton.jit
-def _ws_pattern(
-    q0, k0, col, n_kt, n_qt, d_min, g_d: tl.constexpr, n_m, n_shared, P, N, BM: tl.constexpr, BN: tl.constexpr
-):
-    """The pattern :func:`_fwd_ws_kernel` reads for the tile of queries from ``q0`` and keys from ``k0``: its
-    :func:`_pattern_index`, or where patterns are shared (``n_m > 0``) and the tile is at an edge (a prefix token's
-    row or column, keys past the end), its exact tile's, ``n_shared`` + its place among the first query tile's, the
-    first key tile's and the last key tile's (:func:`vitrel.kernels.triton_bias._edge_index`). No branch."""
-    qi = q0 // BM
-    kj = k0 // BN
-    edge = ((P > 0) & ((qi == 0) | (kj == 0))) | ((kj == n_kt - 1) & (N % BN != 0))
-    at = tl.where(qi == 0, kj, tl.where(kj == 0, n_kt + qi - 1, n_kt + n_qt - 2 + qi))
-    return tl.where(edge & (n_m > 0), n_shared + at, _pattern_index(q0, k0, col, n_kt, d_min, g_d, n_m, BM, BN))
 
 
 @triton.jit

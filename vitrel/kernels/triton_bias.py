@@ -153,7 +153,6 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     ("tile", 64): {"num_warps": 8, "num_stages": 1},
     ("tile", 128): {"num_warps": 4, "num_stages": 1},
     "table_grad": {"num_warps": 4, "num_stages": 1},
-    "fwd_ws": {"num_warps": 4, "num_stages": 2},
 }
 
 
@@ -385,18 +384,10 @@ def descriptors_allowed(*tensors: Tensor, block_d: int, cuda: bool) -> bool:
 
 #: whether the ``dq`` kernel sums the bias tiles' gradient where each of its tiles is one pattern (a full grid's
 #: bias read as tiles whose patterns are not shared: ViT-B/16's 197 tokens), so no ``dbias`` kernel runs its second
-#: pass over q, k, v and ``do`` (:func:`vitrel.kernels._triton_bias_kernels._bwd_dq_kernel`'s ``TILE_GRAD``). Off by
-#: default: proven equal to the reference, not yet timed (``bench/triton_tune.py --ws`` times it)
-TABLE_GRAD_IN_DQ = False
-
-#: the kernels that run warp-specialized where a call allows it (:func:`_ws_launch`): ``fwd``, the forward as
-#: :func:`vitrel.kernels._triton_bias_kernels._fwd_ws_kernel`. None by default: compiled for sm_90 and proven
-#: equal to the reference, not yet timed (``bench/triton_tune.py --ws`` times it against the forward)
-WARP_SPECIALIZE: set[str] = set()
-#: the warp-specialized forward's ``(BM, BN)`` on CUDA: a 128-query tile, which Triton's partitioning gives two
-#: computing warp groups of 64 rows (4 warps asked for, 12 run: sm_90, Triton 3.6 and 3.8); ``(32, 16)`` in the
-#: interpreter
-_WS_TILE = (128, 64)
+#: pass over q, k, v and ``do`` (:func:`vitrel.kernels._triton_bias_kernels._bwd_dq_kernel`'s ``TILE_GRAD``). On:
+#: the layer's forward + backward at 197 tokens took 1.929 ms against the dbias kernel's 2.081 on an H100
+#: (``bench/results/triton_ws_h100_a689f6c.md``; ``bench/triton_tune.py --in-dq`` times both)
+TABLE_GRAD_IN_DQ = True
 
 
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
@@ -489,7 +480,7 @@ class Launch(NamedTuple):
 
     def __call__(self) -> None:
         # (tensor descriptors made in the kernel take global scratch from Triton's allocator)
-        if self.args.get("TMA") or self.kernel in _DESCRIPTOR_KERNELS:
+        if self.args.get("TMA"):
             contextvars.copy_context().run(self._with_scratch)
         else:
             _kernel_fn(self.kernel)[self.grid](**self.args, **self.options)
@@ -508,10 +499,8 @@ class Launch(NamedTuple):
 _KERNELS = {
     "fwd": "_fwd_kernel", "fwd_tile": "_fwd_tile_kernel", "delta": "_bwd_delta_kernel", "dkdv": "_bwd_dkdv_kernel",
     "dq": "_bwd_dq_kernel", "dbias": "_bwd_dbias_kernel", "tile": "_bwd_tile_kernel",
-    "table_grad": "_table_grad_kernel", "fwd_ws": "_fwd_ws_kernel",
+    "table_grad": "_table_grad_kernel",
 }  # fmt: skip
-#: the kernels that read through tensor descriptors always (the others: where their ``TMA`` flag says)
-_DESCRIPTOR_KERNELS = ("fwd_ws",)
 
 
 def _kernel_fn(kernel: str):
@@ -587,11 +576,6 @@ def _fwd_launch(
             {**{name: flags[name] for name in _TILE_FLAGS}, "BM": blk},
             (options or LAUNCH.get(("fwd_tile", block_d), LAUNCH["fwd_tile"])) if cuda else {},
         )  # fmt: skip
-    plain = table is not None and tokens is None and blocks is None and not (mask_kind or causal or tile)
-    if "fwd" in WARP_SPECIALIZE and plain:
-        ws = _ws_launch(q, k, v, t, bias_read, grid_h, grid_w, prefix, out, lse, scale, cuda, block_d, memo)
-        if ws is not None:
-            return ws
     wide = _wide_tile("fwd", block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
     bm, bn, bt, tiling = _pick_tile(
         [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
@@ -608,56 +592,6 @@ def _fwd_launch(
     one = triton_cdiv(n, bn) == 1  # (the loop's one visit: no rescaling)
     consts = dict(**flags, BM=bm, BN=bn, TMA=tma, ONE=one)
     return Launch.make("fwd", (triton_cdiv(n, bm), b * h), positional, consts, opts)
-
-
-def _ws_launch(
-    q, k, v, table, bias_read, grid_h, grid_w, prefix, out, lse, scale, cuda, block_d, memo
-) -> Launch | None:
-    """The warp-specialized forward's launch (:data:`WARP_SPECIALIZE`) of a full grid's call with the base-2
-    ``table``, no mask, no causal mask, no visible-tile flags, its prefix tokens within a tile, where the bias is read
-    as tiles within their budget (where patterns are shared, with the exact tiles of the grid's edges after them:
-    :func:`_edge_index`, so no tile needs a mask) and q, k, v can be read through tensor descriptors
-    (:func:`descriptors_allowed`); else None (the forward as it is)."""
-    b, h, n, d = q.shape
-    bm, bn = _WS_TILE if cuda else (32, 16)
-    if prefix > min(bm, bn) or not descriptors_allowed(q, k, v, block_d=block_d, cuda=cuda):
-        return None
-    read = "auto" if bias_read == "tiles" else bias_read  # (beyond the budget: the forward's own tiles, or its error)
-    bt, *tiling = _tile_args(table, None, read, grid_h, grid_w, prefix, n, bm, bn, q, "fwd", memo)
-    if tiling[1] == 0:
-        return None
-    n_shared = tiling[1]
-    if tiling[4] and (prefix or n % bn):  # shared patterns: the edges' tiles exact tiles of their own, after them
-        key = ("edges", bm, bn, bt.dtype)
-        if memo is not None and key in memo:
-            bt = memo[key]
-        else:
-            edges = _gather_tiles(table, *_edge_index(n, bm, bn, prefix, grid_h, grid_w, q.device)).to(bt.dtype)
-            if (bt.shape[1] + edges.shape[1]) * h * bm * bn * bt.element_size() > TILE_BUDGET_BYTES:
-                return None
-            bt = torch.cat([bt, edges], 1)
-            if memo is not None:
-                memo[key] = bt
-        tiling[1] = bt.shape[1]
-    positional = [q, k, v, bt, out, lse, *_strides(q, k, v, out), h, n, prefix, grid_w, scale * _kernels().LOG2E,
-                  *tiling, n_shared]  # fmt: skip
-    consts = dict(D=d, BLOCK_D=block_d, BM=bm, BN=bn, PREC=_prec(q.dtype), WS=True)
-    opts = LAUNCH.get(("fwd_ws", block_d), LAUNCH["fwd_ws"]) if cuda else {}
-    return Launch.make("fwd_ws", (triton_cdiv(n, bm), b * h), positional, consts, opts)
-
-
-@per_device(maxsize=16)
-def _edge_index(n: int, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device):
-    """:func:`_tile_index` of the exact tiles at a grid's edges, which the warp-specialized forward reads where the
-    other tiles share patterns (:func:`_ws_launch`): the first query tile's (its prefix rows), the first key tile's
-    (its prefix columns) and the last key tile's (its keys past the end), for every tile of that row or column, in
-    that order (the kernel's ``_ws_pattern``)."""
-    n_qt, n_kt = triton_cdiv(n, tm), triton_cdiv(n, tw)
-    qi = torch.arange(1, n_qt, device=device)
-    q0 = torch.cat([torch.zeros(n_kt, dtype=torch.long, device=device), qi * tm, qi * tm])
-    k0 = torch.cat([torch.arange(n_kt, device=device) * tw, torch.zeros_like(qi), torch.full_like(qi, n_kt - 1) * tw])
-    pq = q0[:, None] + torch.arange(tm, device=device) - prefix
-    return _offset_index(pq, k0[:, None] + torch.arange(tw, device=device) - prefix, grid_h, grid_w, exact=True)
 
 
 def _fwd_impl(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vitrel import Attention
+from vitrel import Attention, device_cache
 from vitrel.device_cache import per_device
 
 
@@ -25,6 +25,32 @@ def test_kept_per_arguments_and_made_outside_inference_mode():
     assert offsets(3, cpu) is first and made == [3]
     assert offsets(4, cpu) is not first and made == [3, 4]
     assert offsets(3, None) is not first and made == [3, 4, 3]  # (the default device may change: not kept)
+
+
+def test_stream_asked_only_where_a_tensor_is_made(monkeypatch):
+    """:func:`~vitrel.device_cache.keeps` (on CUDA: the current stream against the default one) is asked only where a
+    tensor is made, not where a kept one is found; one made where it may not be kept is made again next time, and
+    kept then if it may be; the least recently used goes past ``maxsize``."""
+    asked, allowed, made = [], [False], []
+    monkeypatch.setattr(device_cache, "keeps", lambda device: asked.append(device) or allowed[0])
+
+    @per_device(maxsize=2)
+    def offsets(n, device):
+        made.append(n)
+        return torch.arange(n, device=device)
+
+    cpu = torch.device("cpu")
+    first = offsets(3, cpu)  # (as on a graph's stream: not kept)
+    assert offsets(3, cpu) is not first and made == [3, 3] and len(asked) == 2
+    allowed[0] = True
+    kept = offsets(3, cpu)
+    assert [offsets(3, cpu) is kept for _ in range(5)] == [True] * 5 and len(asked) == 3 and made == [3, 3, 3]
+    offsets(4, cpu), offsets(3, cpu), offsets(5, cpu)  # (3 used after 4: 4 goes)
+    assert offsets.cache_info().currsize == 2 and offsets(3, cpu) is kept and made == [3, 3, 3, 4, 5]
+    offsets(4, cpu)
+    assert made == [3, 3, 3, 4, 5, 4] and offsets.cache_info().hits == 7
+    offsets.cache_clear()
+    assert offsets.cache_info() == (0, 0, 2, 0)
 
 
 @pytest.mark.parametrize("name", ["rel2d_cpb", "fire2d", "rel2d_bucket", "rel1d_bucket"])

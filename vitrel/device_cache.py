@@ -9,6 +9,8 @@ host. :func:`per_device` keeps them, where that is safe (:func:`keeps`).
 from __future__ import annotations
 
 import functools
+from collections import OrderedDict
+from typing import NamedTuple
 
 import torch
 
@@ -23,28 +25,63 @@ def keeps(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.current_stream(device) == torch.cuda.default_stream(device)
 
 
+class CacheInfo(NamedTuple):
+    """:func:`per_device`'s counts, as :func:`functools.lru_cache`'s ``cache_info()``."""
+
+    hits: int
+    misses: int
+    maxsize: int
+    currsize: int
+
+
 def per_device(maxsize: int):
     """A function of hashable arguments (integers, dtypes) and, last, a device, whose tensors depend on nothing else:
-    its results cached per arguments where :func:`keeps`, else made afresh; made outside inference mode (a tensor
-    made under :func:`torch.inference_mode` could not be saved for a later training step's backward), and made afresh
-    while ``torch.compile`` traces (the graph computes them, with symbolic sizes where it has them). Callers must not
-    modify what it returns."""
+    its results cached per arguments (the ``maxsize`` used last), made outside inference mode (a tensor made under
+    :func:`torch.inference_mode` could not be saved for a later training step's backward), and made afresh while
+    ``torch.compile`` traces (the graph computes them, with symbolic sizes where it has them). Callers must not modify
+    what it returns.
+
+    A result is kept only where it was made on a stream that :func:`keeps`; a result kept is returned with no question
+    asked of the stream (a graph captured on another stream reads it as it reads a parameter). So a call that finds
+    its tensors asks nothing of CUDA: on the H100 machine's host, each :func:`keeps` made two ``torch.cuda.Stream``
+    objects, and a fused-kernel call looked up eleven tensors (``bench/results/gpu_h100_a689f6c.md``'s profile:
+    ``streams.py`` and ``_get_device_index`` 145 us of a 4,202 us profiled call)."""
 
     def deco(fn):
         def make(*args):
             with torch.inference_mode(False):
                 return fn(*args)
 
-        cached = functools.lru_cache(maxsize=maxsize)(make)
+        cache: OrderedDict = OrderedDict()
+        counts = [0, 0]  # hits, misses
 
         @functools.wraps(fn)
         def get(*args):
             if torch.compiler.is_compiling():
                 return fn(*args)
             device = args[-1]  # (None: the default device, which may change: not kept)
-            return cached(*args) if device is not None and keeps(torch.device(device)) else make(*args)
+            if device is None:
+                return make(*args)
+            found = cache.get(args)
+            if found is not None:
+                counts[0] += 1
+                cache.move_to_end(args)
+                return found
+            counts[1] += 1
+            out = make(*args)
+            if keeps(torch.device(device)):
+                cache[args] = out
+                if len(cache) > maxsize:
+                    cache.popitem(last=False)
+            return out
 
-        get.cache_info, get.cache_clear = cached.cache_info, cached.cache_clear
+        get.cache_info = lambda: CacheInfo(counts[0], counts[1], maxsize, len(cache))
+
+        def cache_clear():
+            cache.clear()
+            counts[:] = [0, 0]
+
+        get.cache_clear = cache_clear
         return get
 
     return deco

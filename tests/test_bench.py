@@ -171,6 +171,29 @@ def test_triton_tune_kernel_launches_run_alone():
 
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="Triton's interpreter is off")
+def test_triton_tune_one_tile_reads_the_first_tile_everywhere():
+    """bench/triton_tune.py --diagnose's forward that reads one bias tile for every tile (the bias's memory traffic
+    out, its instructions kept) computes attention with the first tile's bias in every tile: checked against a dense
+    reference in the interpreter, 145 tokens in 3 x 3 tiles of a GPU's 64 x 64."""
+    import importlib.util
+    import math
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "triton_tune.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_triton_tune_one", path)
+    tune = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tune)
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 145, 16, generator=g) for _ in range(3))
+    fwd = tune.tb.plan(q, k, v, torch.randn(2, 23, 23, generator=g), (12, 12), 1, bias_read="tiles")["fwd"]
+    assert fwd.args["n_pat"] == 9
+    one = tune._one_tile(fwd)
+    one()
+    bias = fwd.args["BT"][:, 0].float().repeat(1, 3, 3)[:, :145, :145] / math.log2(math.e)  # (stored base 2)
+    ref = ((q @ k.transpose(-1, -2)) * 16**-0.5 + bias).softmax(-1) @ v
+    torch.testing.assert_close(one.args["O"], ref, atol=1e-5, rtol=1e-4)
+
+
 def test_triton_tune_rows_run(monkeypatch):
     """bench/triton_tune.py's rows (what a GPU session times) run through the interpreter, each call once: a forward
     row and a backward row (with the table's gradient, without, ``dq`` by atomics) at head dim 64 and 128, and the

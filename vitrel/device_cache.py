@@ -36,7 +36,7 @@ class CacheInfo(NamedTuple):
 
 def per_device(maxsize: int):
     """A function of hashable arguments (integers, dtypes) and, last, a device, whose tensors depend on nothing else:
-    its results cached per arguments (the ``maxsize`` used last), made outside inference mode (a tensor made under
+    its results cached per arguments (the ``maxsize`` used most recently), made outside inference mode (a tensor made under
     :func:`torch.inference_mode` could not be saved for a later training step's backward), and made afresh while
     ``torch.compile`` traces (the graph computes them, with symbolic sizes where it has them). Callers must not modify
     what it returns.

@@ -167,8 +167,10 @@ def diagnose(side: int, rounds: int) -> list[str]:
             if label.endswith("square dkdv and dq") and name not in ("dkdv", "dq"):
                 continue
             cases[f"triton {name} kernel alone ({label})"] = launch
-    fwd = kernel_launches(q.detach(), k.detach(), v.detach(), table.detach(), g, bias_read="tiles")["fwd"]
-    cases["triton fwd kernel alone, one bias tile read by every tile (the bias's memory traffic out)"] = _one_tile(fwd)
+    tiles = kernel_launches(q.detach(), k.detach(), v.detach(), table.detach(), g, bias_read="tiles")
+    for name in ("fwd", "dkdv", "dq"):  # (the bias tiles' reads from L2 out, their instructions kept)
+        cases[f"triton {name} kernel alone, one bias tile read by every tile"] = _one_tile(tiles[name])
+    fwd = tiles["fwd"]
     cases["triton fwd kernel alone, bias tiles, 4 stages"] = fwd._replace(options={**fwd.options, "num_stages": 4})
     lines = [f"\n### Where the time goes, N = {n}, batch {b}\n", "| case | ms |", "|---|---:|"]
     for name, fn in cases.items():
@@ -182,9 +184,11 @@ def diagnose(side: int, rounds: int) -> list[str]:
 
 
 def _one_tile(launch: tb.Launch) -> tb.Launch:
-    """``launch`` (a forward whose bias is read as tiles) reading its first tile for every tile: one pattern, selected
-    by ``_pattern_index`` for every ``q0 - k0`` (``n_m`` 1, ``d_min`` ``-N``, ``g_d`` ``2^30``). Its output is not
-    the attention's; its time is the forward's with the bias tiles' reads from L2 out, their instructions kept."""
+    """``launch`` (the forward, ``dkdv`` or ``dq``, the bias read as tiles) reading its first tile for every tile: one
+    pattern, selected by ``_pattern_index`` for every ``q0 - k0`` (``n_m`` 1, ``d_min`` ``-N``, ``g_d`` ``2^30``). It
+    computes attention with that tile's bias everywhere (the table's gradient summed in ``dq`` is then not one: its
+    programs add into one pattern's sums at once); its time is the kernel's with the bias tiles' reads from L2 out,
+    their instructions kept."""
     a = dict(launch.args)
     a.update(BT=a["BT"][:, :1].contiguous(), n_pat=1, n_m=1, d_min=-a["N"], g_d=1 << 30, g_m=1)
     return launch._replace(args=a)

@@ -172,9 +172,10 @@ def test_triton_tune_kernel_launches_run_alone():
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"), reason="Triton's interpreter is off")
 def test_triton_tune_one_tile_reads_the_first_tile_everywhere():
-    """bench/triton_tune.py --diagnose's forward that reads one bias tile for every tile (the bias's memory traffic
-    out, its instructions kept) computes attention with the first tile's bias in every tile: checked against a dense
-    reference in the interpreter, 145 tokens in 3 x 3 tiles of a GPU's 64 x 64."""
+    """bench/triton_tune.py --diagnose's kernels that read one bias tile for every tile (the bias's memory traffic out,
+    their instructions kept) compute attention with the first tile's bias in every tile: the forward's output and
+    ``dkdv``'s and ``dq``'s gradients (from the one-tile forward's log-sum-exp) against a dense reference in the
+    interpreter, 145 tokens in 3 x 3 tiles of a GPU's 64 x 64."""
     import importlib.util
     import math
     from pathlib import Path
@@ -184,14 +185,22 @@ def test_triton_tune_one_tile_reads_the_first_tile_everywhere():
     tune = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tune)
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 145, 16, generator=g) for _ in range(3))
-    fwd = tune.tb.plan(q, k, v, torch.randn(2, 23, 23, generator=g), (12, 12), 1, bias_read="tiles")["fwd"]
-    assert fwd.args["n_pat"] == 9
-    one = tune._one_tile(fwd)
-    one()
-    bias = fwd.args["BT"][:, 0].float().repeat(1, 3, 3)[:, :145, :145] / math.log2(math.e)  # (stored base 2)
-    ref = ((q @ k.transpose(-1, -2)) * 16**-0.5 + bias).softmax(-1) @ v
-    torch.testing.assert_close(one.args["O"], ref, atol=1e-5, rtol=1e-4)
+    q, k, v, go = (torch.randn(1, 2, 145, 16, generator=g) for _ in range(4))
+    launches = tune.tb.plan(q, k, v, torch.randn(2, 23, 23, generator=g), (12, 12), 1, bias_read="tiles")
+    assert launches["fwd"].args["n_pat"] == 9
+    one = {name: tune._one_tile(launches[name]) for name in ("fwd", "dkdv", "dq")}
+    one["fwd"]()
+    launches["delta"].args["DO"].copy_(go)  # (plan's output gradient, read by delta, dkdv and dq)
+    for name in ("delta", "dkdv", "dq"):
+        (launches if name == "delta" else one)[name]()
+    bias = launches["fwd"].args["BT"][:, 0].float().repeat(1, 3, 3)[:, :145, :145] / math.log2(math.e)  # (base 2)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = ((leaves[0] @ leaves[1].transpose(-1, -2)) * 16**-0.5 + bias).softmax(-1) @ leaves[2]
+    torch.testing.assert_close(one["fwd"].args["O"], ref.detach(), atol=1e-5, rtol=1e-4)
+    grads = torch.autograd.grad(ref, leaves, go)
+    for key, want in zip(("DQ", "DK", "DV"), grads):
+        got = (one["dq"] if key == "DQ" else one["dkdv"]).args[key]
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-3, msg=key)
 
 
 def test_triton_tune_rows_run(monkeypatch):

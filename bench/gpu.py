@@ -315,7 +315,7 @@ def widened_backends(dev: torch.device) -> list[str]:
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
 #: in the order of their priority: ``--budget`` (the whole pass, default 8 minutes) cuts the pass where it runs out
-SECTIONS = {"kernel": 150, "diagnose": 90, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "swinc": 240,
+SECTIONS = {"kernel": 150, "diagnose": 120, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "swinc": 240,
             "host": 90, "profile": 150, "train": 240, "rotary": 100, "content": 120, "hazards": 90, "mfu": 120,
             "compile": 120}  # fmt: skip
 #: the sections after the fused kernel's targets (issue 32's: attention, forward, models, vitb): ``bench/gpu_session.sh

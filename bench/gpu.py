@@ -406,7 +406,7 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
         return ["## ViT-B/16 compiled against timm (attn_impl=triton)\n", f"`{c}`\n", text]
     if name == "swinc":  # Swin-T compiled against timm's, compiled: the eager step is bound by the host (profile)
         extra = ["--img-size", "32", "--batch-size", "2"] if args.quick else ["--batch-size", "128"]
-        # (triton only on a GPU: three models compiled with sdpa's did not finish in the section's time at a689f6c;
+        # (triton only on a GPU: three compiled models, sdpa's too, did not finish in 170 s at 79f5727;
         # on a CPU sdpa, triton running only under the interpreter)
         impls = ["triton"] if dev.type == "cuda" else ["sdpa"]
         c, text = run_script(["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),

@@ -36,10 +36,10 @@ class CacheInfo(NamedTuple):
 
 def per_device(maxsize: int):
     """A function of hashable arguments (integers, dtypes) and, last, a device, whose tensors depend on nothing else:
-    its results cached per arguments (the ``maxsize`` used most recently), made outside inference mode (a tensor made under
-    :func:`torch.inference_mode` could not be saved for a later training step's backward), and made afresh while
-    ``torch.compile`` traces (the graph computes them, with symbolic sizes where it has them). Callers must not modify
-    what it returns.
+    its results cached per arguments (the ``maxsize`` used most recently), made outside inference mode (a tensor made
+    under :func:`torch.inference_mode` could not be saved for a later training step's backward), and made afresh
+    while ``torch.compile`` traces (the graph computes them, with symbolic sizes where it has them). Callers must not
+    modify what it returns.
 
     A result is kept only where it was made on a stream that :func:`keeps`; a result kept is returned with no question
     asked of the stream (a graph captured on another stream reads it as it reads a parameter). So a call that finds

@@ -53,6 +53,45 @@ def test_stream_asked_only_where_a_tensor_is_made(monkeypatch):
     assert offsets.cache_info() == (0, 0, 2, 0)
 
 
+def test_kept_tensor_not_read_into_a_captured_graph(monkeypatch):
+    """While a CUDA graph is captured, a kept tensor is not returned (the cache may drop it later, and its memory be
+    handed out again while the graph still reads it): the call makes its own, and the kept one serves again after."""
+    monkeypatch.setattr(device_cache, "keeps", lambda device: True)
+    capture = [False]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capture[0])
+    made = []
+
+    @per_device(maxsize=2)
+    def offsets(n, device):
+        made.append(n)
+        return torch.arange(n)  # (no CUDA here: the device is only the key)
+
+    cuda = torch.device("cuda")
+    kept = offsets(3, cuda)
+    capture[0] = True
+    assert offsets(3, cuda) is not kept and made == [3, 3]
+    assert offsets(3, torch.device("cpu")) is not kept  # (a CPU tensor: no graph reads it; its own key)
+    capture[0] = False
+    assert offsets(3, cuda) is kept and made == [3, 3, 3]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
+def test_kept_tensor_not_read_while_a_graph_is_captured():
+    """The same under a real capture (``torch.cuda.graph``): the graph gets a tensor of its own."""
+
+    @per_device(maxsize=2)
+    def ones(n, device):
+        return torch.ones(n, device=device)
+
+    dev = torch.device("cuda")
+    kept = ones(4, dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inside = ones(4, dev)
+    assert inside is not kept and ones(4, dev) is kept and ones.cache_info().currsize == 1
+
+
 @pytest.mark.parametrize("name", ["rel2d_cpb", "fire2d", "rel2d_bucket", "rel1d_bucket"])
 def test_scheme_called_in_inference_mode_then_trained(name):
     """A scheme's kept tensors made first under ``torch.inference_mode`` (an evaluation before training) serve a

@@ -25,6 +25,11 @@ def keeps(device: torch.device) -> bool:
     return device.type != "cuda" or torch.cuda.current_stream(device) == torch.cuda.default_stream(device)
 
 
+def capturing(device) -> bool:
+    """Whether a CUDA graph is being captured on ``device``'s current stream (one call into CUDA, no stream objects)."""
+    return torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+
 class CacheInfo(NamedTuple):
     """:func:`per_device`'s counts, as :func:`functools.lru_cache`'s ``cache_info()``."""
 
@@ -41,11 +46,13 @@ def per_device(maxsize: int):
     while ``torch.compile`` traces (the graph computes them, with symbolic sizes where it has them). Callers must not
     modify what it returns.
 
-    A result is kept only where it was made on a stream that :func:`keeps`; a result kept is returned with no question
-    asked of the stream (a graph captured on another stream reads it as it reads a parameter). So a call that finds
-    its tensors asks nothing of CUDA: on the H100 machine's host, each :func:`keeps` made two ``torch.cuda.Stream``
-    objects, and a fused-kernel call looked up eleven tensors (``bench/results/gpu_h100_a689f6c.md``'s profile:
-    ``streams.py`` and ``_get_device_index`` 145 us of a 4,202 us profiled call)."""
+    A result is kept only where it was made on a stream that :func:`keeps`, and a result kept is returned without
+    comparing streams, unless a CUDA graph is being captured (:func:`capturing`: a graph must not read a kept tensor,
+    whose memory, once the cache drops it, could be handed out again while the graph still reads it; there each call
+    makes its own, in the graph's pool). So a call that finds its tensors asks CUDA one cheap question: on the H100
+    machine's host, each :func:`keeps` made two ``torch.cuda.Stream`` objects, and a fused-kernel call looked up
+    eleven tensors (``bench/results/gpu_h100_a689f6c.md``'s profile: ``streams.py`` and ``_get_device_index`` 145 us
+    of a 4,202 us profiled call)."""
 
     def deco(fn):
         def make(*args):
@@ -60,7 +67,7 @@ def per_device(maxsize: int):
             if torch.compiler.is_compiling():
                 return fn(*args)
             device = args[-1]  # (None: the default device, which may change: not kept)
-            if device is None:
+            if device is None or capturing(device):  # (a graph's: neither read nor kept, made in its pool)
                 return make(*args)
             found = cache.get(args)
             if found is not None:

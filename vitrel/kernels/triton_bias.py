@@ -297,11 +297,7 @@ def bias_tiles(table: Tensor, grid_h: int, grid_w: int, prefix: int, pat: TilePa
     (``n_m = 0``), the tile is exact instead: 0 at the pairs with a prefix token, ``-inf`` at the keys past the end,
     and the kernels read it with no mask. One gather from the table (and one ``where``) per call: the indices, made
     from integers only, are made once per shape and device (:func:`_tile_index`). Device work only (no host sync)."""
-    return _gather_tiles(table, *_tile_index(pat, tm, tw, prefix, grid_h, grid_w, table.device))
-
-
-def _gather_tiles(table: Tensor, index: Tensor, keep: Tensor | None, fill: Tensor | None) -> Tensor:
-    """The tiles ``table [heads, ...]`` gives at ``index`` (:func:`_tile_index`), with ``fill`` off ``keep``."""
+    index, keep, fill = _tile_index(pat, tm, tw, prefix, grid_h, grid_w, table.device)
     tiles = table.flatten(1)[:, index]
     return tiles if keep is None else torch.where(keep, tiles, fill)
 
@@ -312,19 +308,13 @@ def _tile_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, g
     ``[heads, (2 GH - 1) (2 GW - 1)]`` (offsets clamped: the pairs past the grid's ends, zeroed by the kernels), and
     where each pattern is one exact tile, which entries keep the table's value (patch pairs) and what the others take
     (``-inf`` at the keys past the end, else 0); None and None otherwise."""
-    return _offset_index(*_pattern_tokens(pat, tm, tw, prefix, device), grid_h, grid_w, exact=pat.n_m == 0)
-
-
-def _offset_index(pq: Tensor, pk: Tensor, grid_h: int, grid_w: int, exact: bool):
-    """:func:`_tile_index` of the tiles of queries ``pq [tiles, tm]`` and keys ``pk [tiles, tw]`` (patch indices
-    ``t - P``), ``exact`` or not."""
-    device = pq.device
+    pq, pk = _pattern_tokens(pat, tm, tw, prefix, device)
     dh = pq.div(grid_w, rounding_mode="floor")[:, :, None] - pk.div(grid_w, rounding_mode="floor")[:, None, :]
     dw = pq.remainder(grid_w)[:, :, None] - pk.remainder(grid_w)[:, None, :]
     dh = (dh + grid_h - 1).clamp(0, 2 * grid_h - 2)
     dw = (dw + grid_w - 1).clamp(0, 2 * grid_w - 2)
     index = (dh * (2 * grid_w - 1) + dw).int()  # (int32: the cache holds a few MB per shape at N = 4097)
-    if not exact:
+    if pat.n_m > 0:
         return index, None, None
     past = (pk >= grid_h * grid_w)[:, None, :].expand(index.shape)
     keep = _pattern_pairs(pq, pk, grid_h * grid_w) & ~past
@@ -364,22 +354,18 @@ def tma_reads(kernel: str, k: Tensor, v: Tensor, block_d: int, cuda: bool) -> bo
     interpreter, which emulates it; or, for CPU tensors with ``cuda``, the Hopper GPU that :func:`plan` plans for), and
     the tensors are as it needs them: unit stride along the head dim, every other stride and the addresses a multiple
     of 16 bytes, a tile row (``block_d`` lanes) of at least 16 bytes."""
-    return kernel in TMA_READS and descriptors_allowed(k, v, block_d=block_d, cuda=cuda)
-
-
-def descriptors_allowed(*tensors: Tensor, block_d: int, cuda: bool) -> bool:
-    """Whether a kernel may read ``tensors`` (``[B, H, N, D]``) through tensor descriptors: :func:`tma_reads`'s rules
-    of the device and of the tensors."""
-    if tensors[0].device.type == "cuda":
-        if torch.cuda.get_device_capability(tensors[0].device)[0] < 9:
+    if kernel not in TMA_READS:
+        return False
+    if k.device.type == "cuda":
+        if torch.cuda.get_device_capability(k.device)[0] < 9:
             return False
     elif not (cuda or interpreter_on()):
         return False
-    for t in tensors:
+    for t in (k, v):
         size = t.element_size()
         if t.stride(-1) != 1 or t.data_ptr() % 16 or any(st * size % 16 for st in t.stride()[:-1]):
             return False
-    return block_d * tensors[0].element_size() >= 16
+    return block_d * k.element_size() >= 16
 
 
 #: whether the ``dq`` kernel sums the bias tiles' gradient where each of its tiles is one pattern (a full grid's
@@ -479,8 +465,7 @@ class Launch(NamedTuple):
         return cls(kernel, grid, {**dict(zip(fn.arg_names, positional)), **constexprs}, options)
 
     def __call__(self) -> None:
-        # (tensor descriptors made in the kernel take global scratch from Triton's allocator)
-        if self.args.get("TMA"):
+        if self.args.get("TMA"):  # (tensor descriptors made in the kernel take global scratch from Triton's allocator)
             contextvars.copy_context().run(self._with_scratch)
         else:
             _kernel_fn(self.kernel)[self.grid](**self.args, **self.options)
@@ -521,9 +506,9 @@ def _batch_chunks(launch: Launch, batch: int, heads: int) -> list[Launch]:
     if batch * heads <= GRID_Y_MAX:
         return [launch]
     a = launch.args
-    names = [*_BATCHED, *(("TOK",) if a.get("LAYOUT") else ()), *(("DQ",) if a.get("ATOMIC_DQ") else ())]
-    rows = a["n_mask_b"] if a.get("MASK_KIND") else 1
-    if a.get("MASK_KIND") and rows == batch:
+    names = [*_BATCHED, *(("TOK",) if a["LAYOUT"] else ()), *(("DQ",) if a.get("ATOMIC_DQ") else ())]
+    rows = a["n_mask_b"] if a["MASK_KIND"] else 1
+    if a["MASK_KIND"] and rows == batch:
         names.append("MASK")
         rows = 1
     step = GRID_Y_MAX // heads // rows * rows
@@ -605,7 +590,7 @@ def _fwd_impl(
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else None
     args = (table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read)  # (the forward is one)
     launch = _fwd_launch(q, k, v, *args, out, lse, sms, memo=memo)
-    for part in _batch_chunks(launch, b, h) if launch.kernel != "fwd_tile" else [launch]:  # (a share a program)
+    for part in _batch_chunks(launch, b, h) if launch.kernel == "fwd" else [launch]:  # (fwd_tile: a share a program)
         part()
     return out, lse
 

@@ -75,6 +75,23 @@ def kernel_times(prof: profile, device: torch.device, steps: int) -> dict[str, t
     return rows
 
 
+def busy_seconds(fn, device: torch.device, calls: int = 5) -> float:
+    """Seconds the device is busy per call of ``fn``: its kernels' own times summed (:func:`kernel_times`; on a CPU
+    its operators'), over ``calls`` profiled calls after one unprofiled. The host's time (Python, launches) is left
+    out, so a call whose wall time is its host's (a short sequence: ``bench/triton_tune.py``'s rows at N = 197, whose
+    wall time barely grew from N = 197 to 1025, ``bench/results/triton_ws_h100_a689f6c.md``) still shows what its
+    kernels cost."""
+    fn()
+    sync(device)
+    activities = [ProfilerActivity.CUDA] if device.type == "cuda" else [ProfilerActivity.CPU]
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (kineto's start / stop lines: quiet unless a level is set)
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    return sum(ms for ms, _ in kernel_times(prof, device, calls).values()) / 1e3
+
+
 def profile_model(model: torch.nn.Module, args: argparse.Namespace, device: torch.device) -> dict:
     """Wall time of a step (median of ``--steps``) and its kernels' times (``--steps`` profiled steps)."""
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)

@@ -6,7 +6,9 @@ time of ``rel_bias_attention`` for each tile shape / warps / stages, against pla
     python bench/triton_tune.py --in-dq                                      # dT in dq, or the dbias kernel
 
 The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2, and with
-3 heads of 128 at the larger (``--head-dims``); medians of alternating rounds (``vitrel.bench.alternate``). The
+3 heads of 128 at the larger (``--head-dims``); medians of alternating rounds (``vitrel.bench.alternate``). Each
+row gives the wall time of a call and its kernels' busy time (``step_profile.busy_seconds``: the host's time out),
+each against plain SDPA's: at short sequences (N = 197, Swin's windows) a call's wall time can be its host's. The
 winners go into ``vitrel/kernels/triton_bias.py``.
 """
 
@@ -21,7 +23,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/step_profile.py, beside this file
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # vitrel, installed or not
+
+from step_profile import busy_seconds  # noqa: E402
 
 from vitrel.bench import alternate  # noqa: E402
 from vitrel.kernels import triton_bias as tb  # noqa: E402
@@ -172,13 +177,13 @@ def diagnose(side: int, rounds: int) -> list[str]:
         cases[f"triton {name} kernel alone, one bias tile read by every tile"] = _one_tile(tiles[name])
     fwd = tiles["fwd"]
     cases["triton fwd kernel alone, bias tiles, 4 stages"] = fwd._replace(options={**fwd.options, "num_stages": 4})
-    lines = [f"\n### Where the time goes, N = {n}, batch {b}\n", "| case | ms |", "|---|---:|"]
+    lines = [f"\n### Where the time goes, N = {n}, batch {b}\n", "| case | ms | kernels' busy ms |", "|---|---:|---:|"]
     for name, fn in cases.items():
         try:
             t = statistics.median(alternate({"x": fn}, rounds, warmup=2, repeat=3, device=dev)["x"])
-            lines.append(f"| {name} | {1e3 * t:.3f} |")
+            lines.append(f"| {name} | {1e3 * t:.3f} | {1e3 * _busy(fn, dev):.3f} |")
         except Exception as e:  # noqa: BLE001 - say what failed
-            lines.append(f"| {name} | failed: {str(e).splitlines()[0][:90]} |")
+            lines.append(f"| {name} | failed: {str(e).splitlines()[0][:90]} | - |")
         print(lines[-1], flush=True)
     return lines
 
@@ -194,15 +199,29 @@ def _one_tile(launch: tb.Launch) -> tb.Launch:
     return launch._replace(args=a)
 
 
-def _time_row(lines: list[str], args: argparse.Namespace, dev, cells: str, fn, ref: float, repeat: int = 3) -> None:
-    """Append the row ``cells`` (its first columns) with ``fn``'s median time (``args.rounds`` alternating rounds)
-    and its ratio to ``ref`` to ``lines``, or that it failed (a configuration the device cannot take: say so), print
-    it and write ``lines`` to ``args.out``."""
+def _busy(fn, dev) -> float | None:
+    """Seconds the GPU is busy per call of ``fn`` (``step_profile.busy_seconds``: its kernels' sum, the host's time
+    out); None on a CPU (the interpreter's rows: their code path, not their time)."""
+    return busy_seconds(fn, dev) if dev.type == "cuda" else None
+
+
+def _cells(wall: float, busy: float | None, ref: tuple[float, float | None]) -> str:
+    """A row's time columns: wall ms and its ratio to ``ref``'s, the kernels' busy ms and its ratio (``-`` where
+    either is unknown)."""
+    busy_cells = "- | -" if busy is None or ref[1] is None else f"{1e3 * busy:.3f} | {busy / ref[1]:.2f}x"
+    return f"{1e3 * wall:.3f} | {wall / ref[0]:.2f}x | {busy_cells} |"
+
+
+def _time_row(lines: list[str], args: argparse.Namespace, dev, cells: str, fn, ref, repeat: int = 3) -> None:
+    """Append the row ``cells`` (its first columns) with ``fn``'s median wall time (``args.rounds`` alternating
+    rounds), its kernels' busy time (:func:`_busy`) and their ratios to ``ref`` (``(wall, busy)`` seconds) to
+    ``lines``, or that it failed (a configuration the device cannot take: say so), print it and write ``lines`` to
+    ``args.out``."""
     try:
         m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=repeat, device=dev)["x"])
-        lines.append(f"{cells} {1e3 * m:.3f} | {m / ref:.2f}x |")
+        lines.append(f"{cells} {_cells(m, _busy(fn, dev), ref)}")
     except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
-        lines.append(f"{cells} failed: {str(e)[:60]} | - |")
+        lines.append(f"{cells} failed: {str(e)[:60]} | - | - | - |")
     print(lines[-1], flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
@@ -245,9 +264,9 @@ def _sdpa_rows(lines: list[str], args: argparse.Namespace, dev, n: int, calls: d
     """Plain SDPA's forward and forward + backward times (``args.rounds`` alternating rounds), their rows appended to
     ``lines``; returns them (``f``, ``fb``), the rows' reference."""
     t = alternate({"f": calls["sdpa_f"], "fb": calls["sdpa_fb"]}, args.rounds, warmup=2, repeat=5, device=dev)
-    ref = {kk: statistics.median(x) for kk, x in t.items()}
-    lines.append(f"| {n} | fwd | {at}plain SDPA | {1e3 * ref['f']:.3f} | 1.00x |")
-    lines.append(f"| {n} | fwd+bwd | {at}plain SDPA | {1e3 * ref['fb']:.3f} | 1.00x |")
+    ref = {kk: (statistics.median(x), _busy(calls[f"sdpa_{kk}"], dev)) for kk, x in t.items()}
+    lines.append(f"| {n} | fwd | {at}plain SDPA | {_cells(*ref['f'], ref['f'])}")
+    lines.append(f"| {n} | fwd+bwd | {at}plain SDPA | {_cells(*ref['fb'], ref['fb'])}")
     return ref
 
 
@@ -326,7 +345,7 @@ def tune_in_dq(args: argparse.Namespace, lines: list[str], device: str = "cuda",
                 tb.TABLE_GRAD_IN_DQ = on
                 dq = fns["plan"](sms).get("dq")
                 if on and (dq is None or not dq.args["TILE_GRAD"]):
-                    lines.append(f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - |")
+                    lines.append(f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - | - | - |")
                     continue
                 _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", fns["tri_fb"], ref["fb"])
     finally:
@@ -364,12 +383,16 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
             tb.rel_bias_attention(q, k, v, table, (hd, hd), 0, regions=regions)
 
     where = f"{b} windows of {hd} x {hd}"
-    ref = statistics.median(alternate({"x": sdpa_fb}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
-    lines.append(f"| {n} | fwd+bwd | {where}, plain SDPA | {1e3 * ref:.3f} | 1.00x |")
+
+    def sdpa_ref(fn) -> tuple[float, float | None]:
+        return statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=5, device=dev)["x"]), _busy(fn, dev)
+
+    ref = sdpa_ref(sdpa_fb)
+    lines.append(f"| {n} | fwd+bwd | {where}, plain SDPA | {_cells(*ref, ref)}")
     defaults, one, one_fwd = tuple(t.copy() for t in _TABLES), tb.TILE_BWD, tb.TILE_FWD
     try:
-        ref_f = statistics.median(alternate({"x": sdpa_f}, args.rounds, warmup=2, repeat=5, device=dev)["x"])
-        lines.append(f"| {n} | fwd | {where}, plain SDPA | {1e3 * ref_f:.3f} | 1.00x |")
+        ref_f = sdpa_ref(sdpa_f)
+        lines.append(f"| {n} | fwd | {where}, plain SDPA | {_cells(*ref_f, ref_f)}")
         for row in WINDOWS_FWD:
             tb.TILE_FWD = row is not None
             if row is not None:
@@ -424,7 +447,8 @@ def main() -> None:
         return
     dev = torch.device("cuda")
     lines = [f"{torch.cuda.get_device_name(dev)}, torch {torch.__version__}; medians of {args.rounds} rounds\n"]
-    lines += ["| N | pass | config | ms | / plain SDPA |", "|---:|---|---|---:|---:|"]
+    head = "| N | pass | config | ms | / plain SDPA | kernels' busy ms | / plain SDPA's |"
+    lines += [head, "|---:|---|---|" + "---:|" * 4]
     if args.in_dq:
         tune_in_dq(args, lines)
         return

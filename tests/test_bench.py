@@ -254,6 +254,28 @@ def test_triton_tune_rows_run(monkeypatch):
     assert len(rows) == 2 and "not taken" not in rows[0] and "not taken" in rows[1], rows
 
 
+def test_busy_seconds_leave_the_host_out():
+    """bench/step_profile.py's ``busy_seconds`` (``bench/triton_tune.py``'s busy columns): a call that only waits on
+    the host (10 ms of sleep, one tiny operator) is busy well under its wall time, a call of matrix products about
+    as long as they take; on the CPU the operators' own times stand for the kernels'."""
+    import importlib.util
+    import time
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "step_profile.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_step_profile_busy", path)
+    prof = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(prof)
+    x = torch.randn(256, 256)
+    idle = prof.busy_seconds(lambda: (time.sleep(0.01), x + 1), torch.device("cpu"), calls=3)
+    assert 0 < idle < 0.002, idle
+    busy = prof.busy_seconds(lambda: [x @ x for _ in range(20)], torch.device("cpu"), calls=3)
+    t0 = time.perf_counter()
+    [x @ x for _ in range(20)]
+    wall = time.perf_counter() - t0
+    assert 0.3 * wall < busy < 3 * wall, (busy, wall)
+
+
 def test_step_profile_tables_on_cpu():
     """bench/step_profile.py, the code path of the GPU run's ``profile`` section on a CPU (ViT-S pair at 32 px):
     each model's wall and busy time, the categories side by side summing to the busy time, ours' dearest

@@ -17,12 +17,12 @@
 #                                                              # compiled (200 s), the forward's stages at N = 197
 #                                                              # and 1025 (the tuning, 90 s)
 #   on GPU:  bash bench/gpu_session.sh four "$OUT"             # the next lease's first command (9.5 minutes): the
-#                                                              # table's gradient in dq against the dbias kernel
-#                                                              # (triton_tune.py --in-dq, 60 s), the kernel checks,
-#                                                              # the breakdown (with the kernels reading one bias
-#                                                              # tile everywhere: the bias's traffic out), Swin-T
-#                                                              # compiled (never measured to its end), ViT-B
-#                                                              # compiled (dT in dq now the default)
+#                                                              # kernel checks, ViT-B compiled (dT in dq now the
+#                                                              # default), Swin-T compiled (never measured to its
+#                                                              # end), the tiles at N = 197 (ViT-B/16's; each row
+#                                                              # with its kernels' busy time, the host's out: the
+#                                                              # wall time there was the host's), then the table's
+#                                                              # gradient in dq against the dbias kernel (--in-dq)
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -47,8 +47,10 @@ case $part in
   three) python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
-  four) timeout 60 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md"
-        python3 bench/gpu.py --sections kernel diagnose swinc vitb --budget 520 --out "$out/gpu_$gpu.md" ;;
+  four) python3 bench/gpu.py --sections kernel vitb swinc --budget 420 --out "$out/gpu_$gpu.md"
+        timeout 100 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
+          --out "$out/triton_tune_197_$gpu.md"
+        timeout 50 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;

@@ -19,7 +19,8 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    :mod:`vitrel.kernels.triton_rope`).
 3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models (``attn_impl=triton`` and
    ``sdpa`` in one alternation); **vitb**: ViT-B/16 compiled against timm's; **swinc**: Swin-T compiled against
-   timm's (its eager step is bound by the host: ``profile``).
+   timm's, both with CUDA graphs (``mode="reduce-overhead"``, as ``trainer=gpu``'s fast step: its eager step is bound
+   by the host, ``profile``).
 4. **MFU**: ViT-S/16 at 224 with ``rel2d_factored`` (sdpa, fold and, on CUDA, flex), bf16 autocast, AdamW: the model's
    FLOPs of one training step (``torch.utils.flop_counter`` on the sdpa run; the fold computes the same
    function) times steps per second over the device's dense bf16 peak (``PEAK_BF16``; unknown devices
@@ -407,12 +408,14 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
     if name == "swinc":  # Swin-T compiled against timm's, compiled: the eager step is bound by the host (profile)
         extra = ["--img-size", "32", "--batch-size", "2"] if args.quick else ["--batch-size", "128"]
         # (triton only on a GPU: three compiled models, sdpa's too, did not finish in 170 s at 79f5727;
-        # on a CPU sdpa, triton running only under the interpreter)
+        # on a CPU sdpa, triton running only under the interpreter). Both with CUDA graphs, as trainer=gpu's fast
+        # step compiles: no host in the step at all, the custom op's Python included
         impls = ["triton"] if dev.type == "cuda" else ["sdpa"]
         c, text = run_script(["bench/models.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
-                              *extra, "--steps", "10", "--compile", "--attn-impl", *impls, "--pairs",
-                              "swin_rel2d_full"])  # fmt: skip
-        return ["## Swin-T compiled against timm (attn_impl=triton)\n", f"`{c}`\n", text]
+                              *extra, "--steps", "10", "--compile", "--compile-mode", "reduce-overhead",
+                              "--attn-impl", *impls, "--pairs", "swin_rel2d_full"])  # fmt: skip
+        return ["## Swin-T compiled with CUDA graphs against timm's (attn_impl=triton, mode=reduce-overhead)\n",
+                f"`{c}`\n", text]  # fmt: skip
     if name == "profile":  # where vitrel's training step loses to timm's, kernel by kernel, and the host's Python
         # (ViT-B/16, Swin-T, ViT-S; eager)
         extra = ["--img-size", "32", "--batch-size", "2", "--steps", "1"] if args.quick else ["--batch-size", "128"]

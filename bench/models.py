@@ -95,7 +95,9 @@ def run_pair(key: str, args, device: torch.device) -> list[dict]:
     steps = {}
     for k, m in models.items():
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05, fused=device.type == "cuda")
-        steps[k] = train_step(torch.compile(m) if args.compile else m, opt, x, y, bf16=args.amp)
+        graphs = args.compile and args.compile_mode == "reduce-overhead"
+        model = torch.compile(m, mode=args.compile_mode) if args.compile else m
+        steps[k] = train_step(model, opt, x, y, bf16=args.amp, graphs=graphs)
     med = medians(alternate(steps, args.steps, warmup=args.warmup, device=device, zigzag=len(steps) == 2))
     ips = {k: args.batch_size / v for k, v in med.items()}
     params = {k: n_params(m) for k, m in models.items()}
@@ -126,6 +128,9 @@ def main() -> None:
     ap.add_argument("--attn-impl", nargs="+", default=["auto"],
                     help="vitrel's attention implementations (sdpa, fold, flex, triton, auto): a row each")  # fmt: skip
     ap.add_argument("--compile", action="store_true", help="torch.compile both models (the timed steps are compiled)")
+    ap.add_argument("--compile-mode", default=None, choices=[None, "reduce-overhead", "max-autotune"],
+                    help="torch.compile's mode for both models (reduce-overhead: CUDA graphs, as trainer=gpu's fast "
+                         "step compiles; each step marked as one)")  # fmt: skip
     ap.add_argument("--pairs", nargs="+", default=list(PAIRS), choices=list(PAIRS))
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is steadiest on a shared CPU)")
     args = ap.parse_args()
@@ -136,6 +141,7 @@ def main() -> None:
         f"device={device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}, "
         f"{torch.get_num_threads()} threads) batch={args.batch_size} img={args.img_size} "
         f"steps={args.steps} warmup={args.warmup} amp={args.amp} compile={args.compile} "
+        f"{f'compile_mode={args.compile_mode} ' if args.compile_mode else ''}"
         f"attn_impl={' '.join(args.attn_impl)} "
         f"torch={torch.__version__} timm={timm.__version__}"
     )

@@ -97,12 +97,20 @@ def medians(times: Mapping[str, list[float]]) -> dict[str, float]:
 
 
 def train_step(
-    model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor, bf16: bool = False
+    model: torch.nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    bf16: bool = False,
+    graphs: bool = False,
 ) -> Callable[[], None]:
     """One training step as a callable: forward (bfloat16 autocast if ``bf16``), cross-entropy, backward,
-    optimizer step."""
+    optimizer step. ``graphs``: ``model`` is compiled with CUDA graphs (``mode="reduce-overhead"``), so each step
+    first marks a new step (``torch.compiler.cudagraph_mark_step_begin``, as the training module's fast step)."""
 
     def step() -> None:
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()
         opt.zero_grad(set_to_none=True)
         ctx = torch.autocast(x.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with ctx:

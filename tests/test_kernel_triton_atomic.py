@@ -48,27 +48,26 @@ def _launches(deterministic: bool, table_grad: bool = True, **kw) -> dict:
 
 
 def test_which_launches_run(monkeypatch):
-    """No ``dq`` kernel where the ``dkdv`` kernel adds ``dq`` by atomics (then the ``delta`` kernel makes ``D``); the
-    deterministic backward where the ``dq`` kernel reduces the table's gradient (the bias gathered per score, or
-    summed per tile pattern: then no ``dbias`` kernel, ``TABLE_GRAD_IN_DQ``), by default, and under
-    ``torch.use_deterministic_algorithms``; wherever the ``dq`` kernel runs, it makes ``D`` (no ``delta`` kernel)."""
+    """No ``dq`` kernel where the ``dkdv`` kernel adds ``dq`` by atomics; the deterministic backward where the ``dq``
+    kernel reduces the table's gradient (the bias gathered per score, or summed per tile pattern: then no ``dbias``
+    kernel, ``TABLE_GRAD_IN_DQ``), by default, and under ``torch.use_deterministic_algorithms``."""
 
     def kernels(launches):
         return sorted(launches), launches["dkdv"].args["ATOMIC_DQ"]
 
     assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "delta", "dkdv", "fwd"], True)
     assert kernels(_launches(False, table_grad=False)) == (["delta", "dkdv", "fwd"], True)
-    assert kernels(_launches(False, bias_read="gather")) == (["dkdv", "dq", "fwd"], False)
+    assert kernels(_launches(False, bias_read="gather")) == (["delta", "dkdv", "dq", "fwd"], False)
     assert kernels(_launches(False, table_grad=False, bias_read="gather")) == (["delta", "dkdv", "fwd"], True)
-    assert kernels(_launches(True, bias_read="tiles")) == (["dkdv", "dq", "fwd"], False)
+    assert kernels(_launches(True, bias_read="tiles")) == (["delta", "dkdv", "dq", "fwd"], False)
     was = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        assert kernels(_launches(False, bias_read="tiles")) == (["dkdv", "dq", "fwd"], False)
+        assert kernels(_launches(False, bias_read="tiles")) == (["delta", "dkdv", "dq", "fwd"], False)
     finally:
         torch.use_deterministic_algorithms(was)
     monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
-    assert kernels(_launches(True, bias_read="tiles")) == (["dbias", "dkdv", "dq", "fwd"], False)
+    assert kernels(_launches(True, bias_read="tiles")) == (["dbias", "delta", "dkdv", "dq", "fwd"], False)
     assert get_kernel("triton_atomic").deterministic is False and get_kernel("triton").deterministic is True
 
 

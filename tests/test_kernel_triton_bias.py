@@ -146,8 +146,8 @@ def test_bias_tiles_in_half_precision(grid, monkeypatch):
         monkeypatch.setattr(triton_bias, "TILE_BWD", False)
         launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")
         monkeypatch.setattr(triton_bias, "TILE_BWD", True)
-        assert set(launches) == {"fwd", "dkdv", "dq", "dbias"}
-        tiles = {name: launch.args["BT"].dtype for name, launch in launches.items()}
+        assert set(launches) == {"fwd", "delta", "dkdv", "dq", "dbias"}
+        tiles = {name: launch.args["BT"].dtype for name, launch in launches.items() if name != "delta"}
         assert tiles == {"fwd": dt, "dkdv": dt, "dq": dt, "dbias": dt}, tiles
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)
     monkeypatch.setattr(triton_bias, "FLOAT32_TILES", {"fwd"})
@@ -435,7 +435,7 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
         (dict(bias_read="gather"), narrow), (dict(mask=torch.zeros(1, 65, 65)), {**narrow, "dbias": (32, 32, 4)}),
     ]:  # fmt: skip
         got = {k: (x.args["BM"], x.args.get("BN", x.args["BM"]), x.options["num_warps"])
-               for k, x in launches(d=128, **kw).items()}  # fmt: skip
+               for k, x in launches(d=128, **kw).items() if k != "delta"}  # fmt: skip
         assert got == want, (kw, got)
     # a wide forward tile (as bench/triton_tune.py sets one) where its bias tiles fit the budget; where only the
     # square ones fit, those, not an error (2 heads, bf16 tiles)
@@ -584,7 +584,7 @@ def test_gpu_launch_configuration_equals_reference(monkeypatch, device, grid, pr
         fwd, dkdv, dq, dbias_tile = (64, 128), (64, 128), (128, 64), (128, 64)
     else:
         fwd = dkdv = dq = dbias_tile = (64, 64)
-    assert shapes == {"fwd": fwd, "dq": dq, "dkdv": dkdv}, shapes
+    assert shapes == {"fwd": fwd, "delta": (128, None), "dkdv": dkdv, "dq": dq}, shapes
     t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
     square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
     assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, True)
@@ -715,7 +715,7 @@ def test_one_tile_backward_equals_reference(monkeypatch, device, tile_fwd, b, h,
     fwd = "fwd_tile" if tile_fwd else "fwd/one"
     sums = settings.get("table_on", True) and settings.get("table_grad", True) and settings.get("bias_read") != "gather"
     table_grad = ["table_grad"] * (one and sums)  # (the tile kernel's sums reduced to the table: one launch)
-    assert ran == ([fwd, "tile"] if one else [fwd, "dq", "dkdv"]) + table_grad, ran
+    assert ran == ([fwd, "tile"] if one else [fwd, "delta", "dkdv", "dq"]) + table_grad, ran
 
 
 @interpreted
@@ -848,19 +848,16 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
 def test_row_stats_padded_for_unmasked_reads(monkeypatch, tile_fwd):
     """The forward's log-sum-exp and the backward's ``D`` are ``[B, H, NP]`` (``NP``: N up to a multiple of
     ``STATS_ROWS``), which the backward's kernels read with no mask: every padding row holds +inf (log-sum-exp, so a
-    query past the end has ``p = 0``), past the forward's last query tile too, and 0 (``D``, which the ``dq`` kernel
-    makes, its last query block writing the rows past its tile); the rows of real queries the base-2 log-sum-exp of
-    their logits and ``rowsum(o * do)``."""
+    query past the end has ``p = 0``), past the forward's last query tile too, and 0 (``D``); the rows of real
+    queries the base-2 log-sum-exp of their logits and ``rowsum(o * do)``."""
     grid = (4, 5)
     n = 1 + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the dq kernel's D: 21 tokens fit one tile of a GPU's)
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the delta kernel: 21 tokens fit one tile of a GPU's)
     monkeypatch.setattr(triton_bias, "TILE_FWD", tile_fwd)  # (the one-tile forward writes all 128 rows itself)
     launches = triton_bias.plan(q, k, v, table, grid, 1)
-    assert launches["fwd"].kernel == ("fwd_tile" if tile_fwd else "fwd") and "delta" not in launches
-    lse, delta, do = launches["fwd"].args["LSE"], launches["dq"].args["DELTA"], launches["dq"].args["DO"]
-    # (the dq kernel's D: its last query block writes the rows past its tile, which the dkdv kernel's tiles read)
-    assert launches["dq"].grid[0] * launches["dq"].args["BM"] < 128
+    assert launches["fwd"].kernel == ("fwd_tile" if tile_fwd else "fwd")
+    lse, delta, do = launches["fwd"].args["LSE"], launches["delta"].args["DELTA"], launches["delta"].args["DO"]
     assert lse.shape == delta.shape == (2, 2, triton_bias.stats_len(n)) == (2, 2, 128)
     # (rows only the last program's loop writes; the one-tile forward's every program writes a padded block's rows)
     assert launches["fwd"].args["BM"] < 128 and (tile_fwd or launches["fwd"].grid[0] * launches["fwd"].args["BM"] < 128)
@@ -868,7 +865,7 @@ def test_row_stats_padded_for_unmasked_reads(monkeypatch, tile_fwd):
     delta.fill_(float("nan"))
     do.copy_(torch.randn_like(do))
     launches["fwd"]()
-    launches["dq"]()
+    launches["delta"]()
     logits = torch.einsum("bhid,bhjd->bhij", q, k) * 16**-0.5 + expand_offset_table(table, as_grid(grid), 1)
     torch.testing.assert_close(lse[..., :n], torch.logsumexp(logits, -1) / math.log(2), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(delta[..., :n], (launches["fwd"].args["O"] * do).sum(-1), atol=1e-5, rtol=1e-5)
@@ -1276,7 +1273,7 @@ def test_kernels_compile_for_hopper():
         "64, layout=v == '_layout', regions=v == '_regions', deterministic=v != '_atomic').items()}))"
     )
     shared = json.loads(_compiled_for_hopper(code))
-    names = {f"{k}{v}" for k in ("fwd", "dkdv", "dq") for v in ("", "_layout")}  # (dq makes D: no delta kernel)
+    names = {f"{k}{v}" for k in ("fwd", "delta", "dkdv", "dq") for v in ("", "_layout")}
     names |= {"dbias", "fwd_atomic", "delta_atomic", "dkdv_atomic", "dbias_atomic"}  # (no dq kernel)
     names |= {"fwd_regions", "tile_regions"}  # (windows of 49 tokens: the one-tile backward)
     assert set(shared) == names and all(0 < v <= 232448 for v in shared.values()), shared
@@ -1353,7 +1350,7 @@ def test_tensor_core_products_not_serialized_on_hopper():
         "for c, ls in calls.items() for k, x in ls.items()}))"
     )
     serialized = json.loads(_compiled_for_hopper(code))
-    assert len(serialized) == 22 and not any(serialized.values()), serialized  # (dq makes D: 4 delta launches fewer)
+    assert len(serialized) == 26 and not any(serialized.values()), serialized
     assert "regions/tile" in serialized  # (the windows' backward: one kernel)
 
 
@@ -1371,4 +1368,4 @@ def test_table_grad_in_dq_compiles_for_hopper():
         "print(json.dumps([sorted(ls), ls['dq'].args['TILE_GRAD'], c.metadata.shared, tb.serialized_products(c)]))"
     )
     names, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(code))
-    assert names == ["dkdv", "dq", "fwd"] and tile_grad and 0 < shared <= 232448 and not serialized
+    assert names == ["delta", "dkdv", "dq", "fwd"] and tile_grad and 0 < shared <= 232448 and not serialized

@@ -595,31 +595,26 @@ def _scatter_rows(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, O, DQ, SLOTS, SCRATCH, DBT,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DQ, SLOTS, SCRATCH, DBT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
-    sgb, sgh, sgn, sob, soh, son,
+    sgb, sgh, sgn,
     B, H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
     slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr,
-    TILE_GRAD: tl.constexpr, ZEROED: tl.constexpr,
+    TILE_GRAD: tl.constexpr,
 ):
     """``dq`` of one query block for a share of the batch (``b = split, split + n_split, ...``), and the table
-    gradient's sums of ``dS`` into this program's slots ``SLOTS [n_split, H, n_qb, slot_size]``. The backward's
-    first kernel: it computes its rows' ``D = rowsum(o * do)`` from ``O`` and ``do`` itself (it holds both rows'
-    tiles) and writes them to ``DELTA [B, H, NP]`` for the ``dkdv`` and ``dbias`` kernels after it (0 past the end,
-    the last query block writing the padding rows beyond its tile), in place of a ``delta`` kernel: one launch and
-    one read of ``do`` fewer. On a full grid,
+    gradient's sums of ``dS`` into this program's slots ``SLOTS [n_split, H, n_qb, slot_size]``. On a full grid,
     per key block: ``[n_kb, 2, 2 BM]`` (slot ``[case, e]``: the pairs with ``c_i >= c_j`` (case 0) or ``c_i < c_j``
     (case 1) at ``(i - i0) - (j - j0) = e - BM + 1``); on a token layout, the whole table per program
     (:func:`_scatter_rows`). ``BM`` queries held, ``BN`` keys streamed; the table's gradient takes square tiles
     (``BN = BM``). ``TILE_GRAD`` (the bias read as tiles, one exact pattern a tile): the gradient of the bias tiles
-    instead, the ``dbias`` kernel's ``DBT [n_split, H, n_pat, BM, BN]``, each tile's ``dS`` added to its pattern's
-    sum, which only this program's tiles have (its query tile's, its share of the batch): no ``dbias`` kernel (its
-    second pass over q, k, v, ``do`` and its products), a read and a write of the sum a tile, deterministic. Its
-    share's first batch element writes the sums unread, so ``DBT`` needs no zeros first, unless ``ZEROED``: where
-    tiles go unvisited (causal, skipped blocks), the launch zeroes ``DBT`` and every visit reads it."""
+    instead, the ``dbias`` kernel's ``DBT [n_split, H, n_pat, BM, BN]`` (zeros first), each tile's ``dS`` added to
+    its pattern's sum, which only this program's tiles have (its query tile's, its share of the batch): no
+    ``dbias`` kernel (its second pass over q, k, v, ``do`` and its products), a read and a write of the sum a tile,
+    deterministic."""
     tl.static_assert(BN == BM or not TABLE_GRAD)
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
@@ -642,19 +637,11 @@ def _bwd_dq_kernel(
     hi = N
     if CAUSAL:
         hi = tl.minimum(N, (pid_m + 1) * BM)
-    tl.static_assert(STATS_ROWS % BM == 0, "a query tile must divide STATS_ROWS")
-    NP = _stats_len(N)
     for b in range(split, B, n_split):
         bh = b * H + h
         q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
         do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
-        o = _tile(O, b, h, sob, soh, son, offs_m, offs_d, q_mask)
-        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (0 past the end: the rows masked)
-        tl.store(DELTA + bh * NP + offs_m, delta)
-        if pid_m == n_qb - 1:  # (the padding rows beyond the last block, which a wider dkdv or dbias tile reads)
-            for r0 in range(n_qb * BM, NP, BM):
-                tl.store(DELTA + bh * NP + r0 + tl.arange(0, BM), tl.zeros([BM], tl.float32))
-        lse = tl.load(LSE + bh * NP + offs_m)
+        lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
         dq = tl.zeros([BM, BLOCK_D], tl.float32)
         lo, hi_seg = _span(TOK, b, offs_m, N, LAYOUT)
         row, first, last = _tile_loop(BLK, h, pid_m, n_qb, tl.cdiv(N, BN), 0, hi, HAS_BLOCKS)
@@ -679,11 +666,7 @@ def _bwd_dq_kernel(
                 if TILE_GRAD:  # (its pattern: (q0 / BM) n_kt + k0 / BN; its pairs off the table's, not read)
                     slot = DBT + (((split * H + h) * n_pat + pid_m * n_kt + start_n // BN) * BM) * BN
                     slot += tl.arange(0, BM)[:, None] * BN + tl.arange(0, BN)[None, :]
-                    read = b > split  # (the share's first batch element: the sums unread, written)
-                    if ZEROED:
-                        read = b >= 0
-                    seen = (tl.arange(0, BM)[:, None] >= 0) & read
-                    tl.store(slot, tl.load(slot, mask=seen, other=0.0) + ds)
+                    tl.store(slot, tl.load(slot) + ds)
                 if TABLE_GRAD:
                     ds = tl.where(pair, ds, 0.0)
                     if LAYOUT:

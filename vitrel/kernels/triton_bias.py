@@ -639,8 +639,7 @@ def _dbias_order(
 
 
 class _Backward(NamedTuple):
-    """The backward's launches (``D = rowsum(o * do)`` first, which the others read: the ``dq`` kernel makes it
-    where it runs, else ``delta``, the only kernel then without ``dq``'s launch), or its one launch
+    """The backward's launches (``delta`` first: ``rowsum(o * do)``, which the others read), or its one launch
     (``tile``: :data:`TILE_BWD`), and what they write: ``dq, dk, dv`` (``dq`` in float32 where the ``dkdv`` kernel
     adds it by atomics: no ``dq`` launch); the table's gradient as the ``dq`` kernel's diagonal sums (``slots``),
     or, where the bias is read as tiles, as the ``dbias`` kernel's sums per tile pattern (``dbt``)."""
@@ -686,8 +685,12 @@ def _bwd_launches(
         inputs = [q, k, v, t, m, tok, bt, out, do, lse, *_strides(q, k, v, out, do), stg, sth, smb, nmb]
         sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale]
         return _tile_bwd_launch(inputs, sizes, flags, grad_t, TilePatterns(*tiling), sms, blk, options)
-    # rowsum(o * do), FA-2's D: written by the dq kernel where it runs, else by the delta kernel (below)
-    delta = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)
+    rows = _kernels().STATS_ROWS.value  # the delta kernel's: one program a padded block of the buffer
+    delta = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)  # rowsum(o * do), FA-2's D
+    delta_launch = Launch.make(
+        "delta", (b * h, stats_len(n) // rows), [out, do, delta, *_strides(out, do), h, n],
+        dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 8} if cuda else {},
+    )  # fmt: skip
     dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, as the fakes
     visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed
     opts = (options or LAUNCH.get(("bwd", block_d), LAUNCH["bwd"])) if cuda else {}
@@ -723,13 +726,6 @@ def _bwd_launches(
     # dq: added into float32 by the dkdv kernel's atomics, or written by the dq kernel
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_empty(q.shape)
     dq_acc = dq if atomic else _placeholder(q.dtype, 4, q.device)
-    delta_launch = None
-    if atomic:  # (no dq kernel to write D: the delta kernel, one program a padded block of the buffer)
-        rows = _kernels().STATS_ROWS.value
-        delta_launch = Launch.make(
-            "delta", (b * h, stats_len(n) // rows), [out, do, delta, *_strides(out, do), h, n],
-            dict(D=d, BLOCK_D=block_d, BM=rows), {"num_warps": 8} if cuda else {},
-        )  # fmt: skip
     dkdv = Launch.make(
         "dkdv", (triton_cdiv(n, dn), b * h),
         [*inputs(by_cols, bt_kv), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes, *tiling_kv],
@@ -752,17 +748,15 @@ def _bwd_launches(
     )
     # the bias tiles' gradient summed by the dq kernel (TABLE_GRAD_IN_DQ), where each of its tiles is one pattern
     in_dq = TABLE_GRAD_IN_DQ and by_tiles and not atomic and tiling_q[1] > 0 and tiling_q[4] == 0
-    # (its sums written by each share's first batch element, unread: zeros first only where tiles go unvisited)
-    zeroed = causal or blocks is not None
     dbt_q = (
-        (torch.zeros if zeroed else torch.empty)(n_split, h, tiling_q[1], qm, qn, device=q.device, dtype=torch.float32)
+        torch.zeros(n_split, h, tiling_q[1], qm, qn, device=q.device, dtype=torch.float32)
         if in_dq
         else _placeholder(torch.float32, 1, q.device)
     )
     dq_launch = None if atomic else Launch.make(
-        "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), out, dq, slots, scratch, dbt_q, *common,
-        *_strides(dq, out), b, *sizes, *tiling_q, n_split, slot_size],
-        dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=diagonals, TILE_GRAD=in_dq, ZEROED=zeroed), opts_q,
+        "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), dq, slots, scratch, dbt_q, *common,
+        *_strides(dq), b, *sizes, *tiling_q, n_split, slot_size],
+        dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=diagonals, TILE_GRAD=in_dq), opts_q,
     )  # fmt: skip
     dbias = dbt = None
     tiling_t = tiling
@@ -839,12 +833,14 @@ def _bwd_impl(
         if bwd.dbt is not None:
             dt = table_grad_from_tiles(bwd.dbt, bwd.patterns, grid_h, grid_w, prefix)
         return (*bwd.grads, dt)
-    (bwd.delta if bwd.dq is None else bwd.dq)()  # D first: the delta kernel's, or the dq kernel's with dq
+    bwd.delta()
     for launch in _batch_chunks(bwd.dkdv, *q.shape[:2]):
         launch()
     dq, dk, dv = bwd.grads
     if bwd.dq is None:  # added by atomics in float32
         dq = dq.to(q.dtype)
+    else:
+        bwd.dq()
     h, slots = q.shape[1], bwd.slots
     if bwd.dbias is not None:
         bwd.dbias()
@@ -1222,8 +1218,8 @@ def plan(
     bwd_options: dict | None = None,
     **kwargs,
 ) -> dict[str, Launch]:
-    """The launches, in the order they run (``fwd``; ``dq``, which writes ``D`` too, or where ``dkdv`` adds ``dq`` by
-    atomics ``delta``; ``dkdv``; ``dbias`` where the bias is read as tiles) that the call
+    """The launches (``fwd``, ``delta``, ``dkdv``, ``dq`` unless ``dkdv`` adds ``dq`` by atomics, and ``dbias`` where
+    the bias is read as tiles) that the call
     ``rel_bias_attention(*args, **kwargs)`` makes, forward and backward (``table_grad``: the table's gradient too), on
     a CUDA device of ``sms`` multiprocessors (an H100 or H200: 132), built from tensors on any device: what
     :func:`compile_launch` compiles without a GPU. ``fwd_tile`` ``(BM, BN)``, ``bwd_tile`` and ``*_options``
@@ -1238,8 +1234,7 @@ def plan(
         torch.zeros_like(q), q, k, v, table, mask, tokens, blocks, out, lse, scale, gh, gw, prefix, causal, bias_read,
         deterministic, table_grad, sms, bwd_tile, bwd_options,
     )  # fmt: skip
-    # (in the order they run: D by the delta kernel or by dq, then dkdv and dbias, which read it)
-    launches = {"fwd": fwd, "delta": bwd.delta, "dq": bwd.dq, "dkdv": bwd.dkdv, "dbias": bwd.dbias, "tile": bwd.tile}
+    launches = {"fwd": fwd, "delta": bwd.delta, "dkdv": bwd.dkdv, "dq": bwd.dq, "dbias": bwd.dbias, "tile": bwd.tile}
     return {name: launch for name, launch in launches.items() if launch is not None}
 
 

@@ -17,8 +17,9 @@
 #                                                              # compiled (200 s), the forward's stages at N = 197
 #                                                              # and 1025 (the tuning, 90 s)
 #   on GPU:  bash bench/gpu_session.sh four "$OUT"             # the next lease's first command (9.5 minutes): the
-#                                                              # kernel checks, ViT-B compiled (dT in dq now the
-#                                                              # default), Swin-T compiled (never measured to its
+#                                                              # kernel checks, ViT-B compiled and profiled (dT
+#                                                              # in dq now the default: ours' kernels against
+#                                                              # timm's SDPA), Swin-T compiled (never measured to its
 #                                                              # end), the tiles at N = 197 (ViT-B/16's; each row
 #                                                              # with its kernels' busy time, the host's out: the
 #                                                              # wall time there was the host's), then the table's
@@ -47,10 +48,10 @@ case $part in
   three) python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
-  four) python3 bench/gpu.py --sections kernel vitb swinc --budget 420 --out "$out/gpu_$gpu.md"
-        timeout 100 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
+  four) python3 bench/gpu.py --sections kernel vitbp swinc --budget 400 --out "$out/gpu_$gpu.md"
+        timeout 130 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
           --out "$out/triton_tune_197_$gpu.md"
-        timeout 50 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md" ;;
+        timeout 40 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;

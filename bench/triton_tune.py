@@ -36,10 +36,13 @@ from vitrel.kernels import triton_bias as tb  # noqa: E402
 #: instructions per score on sm_90 (bench/results/triton_resources_sm90.md's method: 346 and 331 a 64 x 64 block per
 #: scheduler, against 439 at 64 x 64). The default's tiles are bf16 (half the bytes, read as 32-bit pairs; 348
 #: instructions against float32 tiles' 336 under Triton 3.8, 344 against 334 under 3.6); its float32 tiles are timed
-#: beside it (triton_bias.FLOAT32_TILES)
+#: beside it (triton_bias.FLOAT32_TILES). The default first, then the 128-query tiles: at N = 197 (ViT-B/16's 4 x 4
+#: tiles of 64) a query tile of 128 reads each key and value tile half as often (the same bias bytes: one tile a
+#: pattern either way), and a row cut short by the command's time limit is one of the others
 FWD = [
-    (64, 64, 4, 3, False), (64, 64, 4, 2, False), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
-    (64, 128, 4, 3, False), (128, 64, 8, 3, False), (128, 128, 8, 2, False), (64, 128, 4, 2, False, "no TMA"),
+    (64, 64, 4, 3, False), (128, 64, 8, 2, False), (128, 64, 4, 2, False), (128, 64, 8, 3, False),
+    (128, 128, 8, 2, False), (64, 64, 4, 2, False), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
+    (64, 128, 4, 3, False), (64, 128, 4, 2, False, "no TMA"),
 ]  # fmt: skip
 #: (square tile, warps, stages) of the backward's dq and dbias kernels, the dkdv kernel's (BM, BN, warps, stages) and
 #: the dq kernel's, or None: the square tile too; and optionally "batch outer" (the dbias kernel's other loop order,

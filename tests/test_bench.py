@@ -99,8 +99,8 @@ def test_gpu_bench_code_path_on_cpu(tmp_path):
     assert gpu.peak_flops("NVIDIA H100 80GB HBM3") == 989.4e12 and gpu.peak_flops("a CPU") is None
     # the pass runs the fused kernel's targets first; `bench/gpu_session.sh rest` the others, in SECTIONS' order
     order = list(gpu.SECTIONS)
-    assert order[:6] == ["kernel", "diagnose", "attention", "forward", "models", "vitb"]
-    assert gpu.REST == order[6:]
+    assert order[:7] == ["kernel", "diagnose", "attention", "forward", "models", "vitb", "vitbp"]
+    assert gpu.REST == order[7:]
 
 
 def test_gpu_bench_train_section_reports_a_failed_run(monkeypatch):

@@ -12,7 +12,10 @@ patches, batch chosen so batch * N is constant. Schemes are timed in alternation
 round, and each is reported as the median of its rounds divided by the median of ``none`` (plain
 ``F.scaled_dot_product_attention``, no mask) measured in the same run. Memory: on CUDA the peak
 allocated during forward+backward; on CPU the peak of the allocations the profiler records, and
-the bytes saved for backward (activation memory) — both relative to ``none``.
+the bytes saved for backward (activation memory) — both relative to ``none``. On CUDA also the kernels'
+busy time of a call (``vitrel.bench.busy_seconds``: the host's time out) against ``none``'s: each timed call
+is synchronized, so where a call's host work (Python, launches) outlasts its kernels, as the fused kernel's at
+N = 196 can, its wall time is the host's, while in a model of many layers the host runs ahead of the GPU.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from pathlib import Path
 import torch
 
 from vitrel import Attention
-from vitrel.bench import alternate, peak_bytes, saved_bytes
+from vitrel.bench import alternate, busy_seconds, peak_bytes, saved_bytes
 from vitrel.pos import list_pos
 
 
@@ -103,6 +106,7 @@ def main() -> None:
 
         times = alternate({s: (lambda s=s: step(s)) for s in schemes}, args.rounds, warmup=args.warmup, device=dev)
         mem = {s: peak_bytes(lambda s=s: step(s), dev) for s in schemes}
+        busy = {s: busy_seconds(lambda s=s: step(s), dev) for s in schemes} if cuda else {}
         act = {
             s: 0 if args.inference else saved_bytes(lambda s=s, layers=layers, x=x, grid=grid: layers[s](x, grid))
             for s in schemes
@@ -120,6 +124,8 @@ def main() -> None:
                     peak_x=mem[s] / max(mem["none"], 1),
                     act_x=act[s] / max(act["none"], 1),
                     peak_mb=mem[s] / 2**20,
+                    busy_ms=1e3 * busy[s] if busy else None,
+                    busy_x=busy[s] / busy["none"] if busy else None,
                 )
             )
         print(f"done N={n}", file=sys.stderr)
@@ -131,15 +137,16 @@ def main() -> None:
         f"{'; forward only, inference_mode (saved-for-backward: none)' if args.inference else ''}"
         f"{'; causal (plain SDPA with the causal float mask as reference)' if args.causal else ''}.\n\n"
         f"| N | batch | scheme | {'fwd' if args.inference else 'fwd+bwd'} ms | time / SDPA | peak mem / SDPA | "
-        "saved-for-backward / SDPA |\n"
-        "|---:|---:|---|---:|---:|---:|---:|"
+        "saved-for-backward / SDPA | kernels' busy ms | busy / SDPA's |\n"
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|"
     )
     lines = [head]
     for r in rows:
         ms = f"{r['ms']:.2f}" if cuda else "-"
+        busy_cells = "- | -" if r["busy_ms"] is None else f"{r['busy_ms']:.2f} | {r['busy_x']:.2f}x"
         lines.append(
             f"| {r['N']} | {r['batch']} | {r['scheme']} | {ms} | {r['time_x']:.2f}x | {r['peak_x']:.2f}x | "
-            f"{r['act_x']:.2f}x |"
+            f"{r['act_x']:.2f}x | {busy_cells} |"
         )
     table = "\n".join(lines)
     print(table)

@@ -7,7 +7,7 @@ time of ``rel_bias_attention`` for each tile shape / warps / stages, against pla
 
 The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2, and with
 3 heads of 128 at the larger (``--head-dims``); medians of alternating rounds (``vitrel.bench.alternate``). Each
-row gives the wall time of a call and its kernels' busy time (``step_profile.busy_seconds``: the host's time out),
+row gives the wall time of a call and its kernels' busy time (``vitrel.bench.busy_seconds``: the host's time out),
 each against plain SDPA's: at short sequences (N = 197, Swin's windows) a call's wall time can be its host's. The
 winners go into ``vitrel/kernels/triton_bias.py``.
 """
@@ -23,12 +23,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/step_profile.py, beside this file
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # vitrel, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from step_profile import busy_seconds  # noqa: E402
-
-from vitrel.bench import alternate  # noqa: E402
+from vitrel.bench import alternate, busy_seconds  # noqa: E402
 from vitrel.kernels import triton_bias as tb  # noqa: E402
 
 #: (BM, BN, warps, stages, float32 bias tiles, and optionally "no TMA": the key and value tiles read by address, not
@@ -203,7 +200,7 @@ def _one_tile(launch: tb.Launch) -> tb.Launch:
 
 
 def _busy(fn, dev) -> float | None:
-    """Seconds the GPU is busy per call of ``fn`` (``step_profile.busy_seconds``: its kernels' sum, the host's time
+    """Seconds the GPU is busy per call of ``fn`` (``vitrel.bench.busy_seconds``: its kernels' sum, the host's time
     out); None on a CPU (the interpreter's rows: their code path, not their time)."""
     return busy_seconds(fn, dev) if dev.type == "cuda" else None
 

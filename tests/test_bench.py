@@ -255,21 +255,15 @@ def test_triton_tune_rows_run(monkeypatch):
 
 
 def test_busy_seconds_leave_the_host_out():
-    """bench/step_profile.py's ``busy_seconds`` (``bench/triton_tune.py``'s busy columns): a call that only waits on
-    the host (50 ms of sleep, one tiny operator) is busy well under its wall time, a call of matrix products for
-    milliseconds; on the CPU the operators' own times stand for the kernels'."""
-    import importlib.util
+    """``vitrel.bench.busy_seconds`` (the busy columns of ``bench/triton_tune.py`` and ``bench/attention.py``): a call
+    that only waits on the host (50 ms of sleep, one tiny operator) is busy well under its wall time, a call of
+    matrix products for milliseconds; on the CPU the operators' own times stand for the kernels'."""
     import time
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "step_profile.py"
-    spec = importlib.util.spec_from_file_location("vitrel_bench_step_profile_busy", path)
-    prof = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(prof)
     x = torch.randn(256, 256)
-    idle = prof.busy_seconds(lambda: (time.sleep(0.05), x + 1), torch.device("cpu"), calls=3)
+    idle = bench.busy_seconds(lambda: (time.sleep(0.05), x + 1), torch.device("cpu"), calls=3)
     assert 0 < idle < 0.02, idle  # (50 ms of wall a call; an operator preempted on a loaded CPU takes a few ms)
-    busy = prof.busy_seconds(lambda: [x @ x for _ in range(20)], torch.device("cpu"), calls=3)
+    busy = bench.busy_seconds(lambda: [x @ x for _ in range(20)], torch.device("cpu"), calls=3)
     assert busy > 1e-3, busy  # (0.67 GFLOP a call: milliseconds on any CPU)
 
 

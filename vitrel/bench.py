@@ -84,6 +84,40 @@ def alternate(
     return times
 
 
+def kernel_times(prof: torch.profiler.profile, device: torch.device, steps: int) -> dict[str, tuple[float, float]]:
+    """``{name: (ms per step, calls per step)}`` of a profile over ``steps`` steps: each CUDA kernel's (or on a CPU
+    each operator's) own time."""
+    rows = {}
+    for e in prof.key_averages():
+        if device.type == "cuda":
+            if e.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            us = e.self_device_time_total
+        else:
+            us = e.self_cpu_time_total
+        if us > 0:
+            rows[e.key] = (us / 1e3 / steps, e.count / steps)
+    return rows
+
+
+def busy_seconds(fn: Callable[[], Any], device: torch.device, calls: int = 5) -> float:
+    """Seconds the device is busy per call of ``fn``: its kernels' own times summed (:func:`kernel_times`; on a CPU
+    its operators'), over ``calls`` profiled calls after one unprofiled. The host's time (Python, launches) is left
+    out, so a call whose wall time is its host's (a short sequence: ``bench/triton_tune.py``'s rows at N = 197, whose
+    wall time barely grew from N = 197 to 1025, ``bench/results/triton_ws_h100_a689f6c.md``) still shows what its
+    kernels cost."""
+    fn()
+    sync(device)
+    kind = torch.profiler.ProfilerActivity
+    activities = [kind.CUDA if device.type == "cuda" else kind.CPU]
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (kineto's start / stop lines: quiet unless a level is set)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    return sum(ms for ms, _ in kernel_times(prof, device, calls).values()) / 1e3
+
+
 def emit(lines: list[str], out: str | Path | None = None) -> list[str]:
     """A benchmark's Markdown ``lines``: printed, and written to ``out`` where given; returned."""
     print("\n".join(lines), flush=True)

@@ -109,7 +109,7 @@ def busy_seconds(fn: Callable[[], Any], device: torch.device, calls: int = 5) ->
     fn()
     sync(device)
     kind = torch.profiler.ProfilerActivity
-    activities = [kind.CUDA if device.type == "cuda" else kind.CPU]
+    activities = [kind.CPU, *([kind.CUDA] if device.type == "cuda" else [])]  # (as step_profile.py's, on a GPU)
     os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (kineto's start / stop lines: quiet unless a level is set)
     with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):

@@ -254,8 +254,8 @@ def _layer_calls(dev, side: int, prefix: int, hd: int, tokens: int) -> tuple[int
         leaves = (q, k, v, table) if grad_t else (q, k, v)
         torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, grid, prefix, deterministic=det), leaves, go)
 
-    def plan(sms):
-        return tb.plan(q, k, v, table, grid, prefix, sms=sms)
+    def plan(sms, **kw):
+        return tb.plan(q, k, v, table, grid, prefix, sms=sms, **kw)
 
     return n, dict(sdpa_f=sdpa_f, sdpa_fb=sdpa_fb, tri_f=tri_f, tri_fb=tri_fb, plan=plan)
 
@@ -280,6 +280,7 @@ def tune_size(
     at = "" if hd == 64 else f"head dim {hd}, "
     n, calls = _layer_calls(dev, side, 1, hd, tokens)
     tri_f, tri_fb = calls["tri_f"], calls["tri_fb"]
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
     defaults, dbias_wide = tuple(table.copy() for table in _TABLES), dict(tb._DBIAS_WIDE)
     ref = _sdpa_rows(lines, args, dev, n, calls, at)
     for bm, bn, w, st, f32, *no_tma in fwd_rows:
@@ -315,6 +316,7 @@ def tune_size(
             ["dbias batch outer"] * outer + ["square dbias"] * square + ["dbias 128 x 64 warps 8 stages 2"] * wide_dbias
         )
         config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *flags])
+        dbias_only = flags and not any(wides[:2])  # (a row that changes only the dbias kernel)
         # (the dbias kernel's loop order and tile: the rows with the table's gradient only)
         settings = (
             ((True, True), (True, False))
@@ -323,6 +325,9 @@ def tune_size(
         )
         for grad_t, det in settings:  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
+            if dbias_only and "dbias" not in calls["plan"](sms, deterministic=det):  # (N = 197: dT in dq)
+                lines.append(f"| {n} | {label} | {config} | not run: no dbias kernel in this call | - | - | - |")
+                continue
             fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
             _time_row(lines, args, dev, f"| {n} | {label} | {config} |", fn, ref["fb"])
     _restore(defaults)

@@ -235,6 +235,10 @@ def test_triton_tune_rows_run(monkeypatch):
     assert len(lines) == 2 * (2 + 2 + 3 + 2 + 2) and not [x for x in lines if "failed" in x], lines
     assert sum("dbias batch outer" in x for x in lines) == 4 and sum("no TMA" in x for x in lines) == 2
     assert sum("square dbias" in x for x in lines) == 2 and sum("dbias 128 x 64 warps 8" in x for x in lines) == 2
+    # (a row that changes only the dbias kernel, where the call runs none: not timed, said so; 5 tokens, one tile)
+    assert [x.split(" | ")[2] for x in lines if "not run" in x] == [
+        "bwd tile 64 warps 4 stages 3, dkdv square, dq square, dbias batch outer"
+    ] * 2, lines
     lines = []
     tune.tune_windows(argparse.Namespace(rounds=1, out=None), lines, device="cpu", images=0)
     assert tuple(t.copy() for t in tune._TABLES) == defaults and tune.tb.TILE_BWD and tune.tb.TILE_FWD  # (restored)

@@ -48,8 +48,8 @@ case $part in
   three) python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
-  four) python3 bench/gpu.py --sections kernel vitbp swinc --budget 400 --out "$out/gpu_$gpu.md"
-        timeout 130 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
+  four) python3 bench/gpu.py --sections kernel vitbp swinc --budget 420 --out "$out/gpu_$gpu.md"
+        timeout 120 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
           --out "$out/triton_tune_197_$gpu.md"
         timeout 40 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"

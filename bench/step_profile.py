@@ -121,6 +121,9 @@ def report(key: str, ours_name: str, timm_name: str, res: dict[str, dict], top: 
         "|---|---:|---:|---:|",
         *(f"| {k} | {r['wall_ms']:.2f} | {busy[k]:.2f} | {busy[k] / r['wall_ms']:.2f} |" for k, r in res.items()),
         "",
+        f"Ours / timm (throughput, as `bench/models.py`'s): {res['timm']['wall_ms'] / res['ours']['wall_ms']:.2f}x "
+        f"from the steps' wall times, {busy['timm'] / busy['ours']:.2f}x from their busy times.",
+        "",
         "| category | ours ms / step | timm ms / step | ours - timm |",
         "|---|---:|---:|---:|",
     ]
@@ -156,7 +159,9 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--steps", type=int, default=3, help="steps timed, then as many profiled")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--amp", action="store_true", help="bfloat16 autocast")
-    ap.add_argument("--attn-impl", default="auto", help="vitrel's attention implementation (sdpa, fold, triton, ...)")
+    ap.add_argument("--attn-impl", nargs="+", default=["auto"],
+                    help="vitrel's attention implementations (sdpa, fold, triton, ...): a table each, timm's model "
+                         "profiled once")  # fmt: skip
     ap.add_argument("--compile", action="store_true", help="torch.compile both models")
     ap.add_argument("--top", type=int, default=15, help="how many of ours' kernels to list")
     ap.add_argument("--host", action="store_true", help="also the host's time by Python function (cProfile)")
@@ -165,7 +170,7 @@ def main(argv: list[str] | None = None) -> list[str]:
     dev_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     head = [
         f"{dev_name}, torch {torch.__version__}; batch {args.batch_size}, {args.img_size} px, amp={args.amp}, "
-        f"compile={args.compile}, attn_impl={args.attn_impl}; wall: median of {args.steps} steps, kernels: "
+        f"compile={args.compile}, attn_impl={' '.join(args.attn_impl)}; wall: median of {args.steps} steps, kernels: "
         f"{args.steps} profiled steps\n"
     ]
     print("\n".join(head), flush=True)
@@ -173,15 +178,19 @@ def main(argv: list[str] | None = None) -> list[str]:
     for key in args.pairs:
         ours_spec, timm_spec = PAIRS[key]
         res = {}
-        for who, spec in (("ours", ours_spec), ("timm", timm_spec)):
+        for who in ("timm", *args.attn_impl):
             torch.manual_seed(0)
-            model = build(spec, args.img_size, device, who == "ours", args.attn_impl).train()
+            ours = who != "timm"
+            spec, impl = (ours_spec, who) if ours else (timm_spec, "auto")
+            model = build(spec, args.img_size, device, ours, impl).train()
             res[who] = profile_model(model, args, device)
             del model
-        ours_name = f"{ours_spec['name']} + {ours_spec['pos']} @{args.attn_impl}"
-        table = report(key, ours_name, timm_spec["name"], res, args.top, device.type != "cuda")
-        print("\n".join(table), flush=True)  # each pair's table as soon as it is made
-        lines += table
+        for impl in args.attn_impl:
+            ours_name = f"{ours_spec['name']} + {ours_spec['pos']} @{impl}"
+            pair = {"ours": res[impl], "timm": res["timm"]}
+            table = report(key, ours_name, timm_spec["name"], pair, args.top, device.type != "cuda")
+            print("\n".join(table), flush=True)  # each table as soon as it is made
+            lines += table
     return lines
 
 

@@ -50,9 +50,11 @@ import importlib.util
 import os
 import platform
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -342,13 +344,50 @@ def child_env() -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), path) if p)}
 
 
-def run_script(argv: list[str], timeout: float | None = None) -> tuple[str, str]:
+#: the prefix of a section script's output lines as they come, on the section process's stderr (what
+#: :func:`run_section` keeps of a section stopped at its time limit)
+PARTIAL = "[partial] "
+
+
+def run_script(argv: list[str]) -> tuple[str, str]:
+    """Run ``python argv`` in the repository: its command and its output (stdout), each line of which is also written
+    to this process's stderr as it comes (:data:`PARTIAL`), so that a section stopped at its time limit keeps the
+    tables its script wrote; a failed script raises with the end of its stderr."""
     cmd = [sys.executable, *argv]
     t0 = time.perf_counter()
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=child_env())
-    if out.returncode:
-        raise SystemExit(f"{shlex.join(argv)} failed:\n{out.stderr[-3000:]}")
-    return "python " + shlex.join(argv), out.stdout.strip() + f"\n\n({time.perf_counter() - t0:.0f} s)"
+    lines = []
+    with tempfile.TemporaryFile("w+") as err:
+        env = {**child_env(), "PYTHONUNBUFFERED": "1"}
+        with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, env=env) as proc:
+            for line in proc.stdout:
+                lines.append(line)
+                print(PARTIAL + line, end="", file=sys.stderr, flush=True)
+            proc.wait()
+        if proc.returncode:
+            err.seek(0)
+            raise SystemExit(f"{shlex.join(argv)} failed:\n{err.read()[-3000:]}")
+    return "python " + shlex.join(argv), "".join(lines).strip() + f"\n\n({time.perf_counter() - t0:.0f} s)"
+
+
+def run_section(cmd: list[str], limit: float) -> tuple[int | None, str, str]:
+    """Run a section's process ``cmd`` for at most ``limit`` seconds: ``(returncode, stdout, stderr)``, the return
+    code None where it was stopped at the limit. Stopped, its whole process group is killed (the scripts it started
+    too: a benchmark left running would share the device with the sections and commands after it, as a section
+    stopped by ``subprocess.run``'s timeout left its script running), and its stderr holds what it wrote so far."""
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:  # fmt: skip
+        try:
+            out, err = proc.communicate(timeout=limit)
+            return proc.returncode, out, err
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            return None, out, err
+
+
+def partial_output(stderr: str) -> str:
+    """The script output lines (:data:`PARTIAL`) in a section process's ``stderr``."""
+    return "".join(line[len(PARTIAL) :] + "\n" for line in stderr.splitlines() if line.startswith(PARTIAL)).strip()
 
 
 def section(name: str, args: argparse.Namespace) -> list[str]:
@@ -479,16 +518,19 @@ def main(argv: list[str] | None = None) -> None:
         print(f"== {sec}", flush=True)
         t0 = time.perf_counter()
         limit = min(args.section_limit or SECTIONS[sec], args.budget - (t0 - start))
-        try:
-            if limit < MIN_SECTION_S:
-                raise TimeoutError
-            res = subprocess.run([sys.executable, __file__, *own, "--inner", sec], cwd=ROOT, capture_output=True,
-                                 text=True, timeout=limit)  # fmt: skip
-            body = res.stdout.strip() if res.returncode == 0 else f"## {sec}: failed\n\n```\n{res.stderr[-3000:]}\n```"
-        except TimeoutError:
+        if limit < MIN_SECTION_S:
             body = f"## {sec}: not run (the pass's --budget {args.budget:.0f} s was spent)"
-        except subprocess.TimeoutExpired:
-            body = f"## {sec}: stopped at its time limit ({limit:.0f} s)"
+        else:
+            code, stdout, stderr = run_section([sys.executable, __file__, *own, "--inner", sec], limit)
+            if code is None:  # (what its script wrote so far kept)
+                partial = partial_output(stderr)
+                body = f"## {sec}: stopped at its time limit ({limit:.0f} s)" + (
+                    f"; what it wrote before:\n\n{partial}" if partial else ""
+                )
+            elif code:
+                body = f"## {sec}: failed\n\n```\n{stderr[-3000:]}\n```"
+            else:
+                body = stdout.strip()
         doc += [body, f"\n(section {sec}: {time.perf_counter() - t0:.0f} s)\n"]
         print(doc[-2][:2000], doc[-1], sep="\n", flush=True)
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,9 @@
 #                                                              # timm's SDPA), Swin-T compiled (never measured to its
 #                                                              # end), the tiles at N = 197 (ViT-B/16's; each row
 #                                                              # with its kernels' busy time, the host's out: the
-#                                                              # wall time there was the host's), then the table's
-#                                                              # gradient in dq against the dbias kernel (--in-dq)
+#                                                              # wall time there was likely the host's), then the
+#                                                              # table's gradient in dq against the dbias kernel
+#                                                              # (--in-dq)
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit

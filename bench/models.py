@@ -93,9 +93,9 @@ def run_pair(key: str, args, device: torch.device) -> list[dict]:
     x = torch.randn(args.batch_size, 3, args.img_size, args.img_size, device=device)
     y = torch.randint(0, 1000, (args.batch_size,), device=device)
     steps = {}
+    graphs = args.compile and args.compile_mode == "reduce-overhead"
     for k, m in models.items():
         opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.05, fused=device.type == "cuda")
-        graphs = args.compile and args.compile_mode == "reduce-overhead"
         model = torch.compile(m, mode=args.compile_mode) if args.compile else m
         steps[k] = train_step(model, opt, x, y, bf16=args.amp, graphs=graphs)
     med = medians(alternate(steps, args.steps, warmup=args.warmup, device=device, zigzag=len(steps) == 2))

@@ -103,6 +103,49 @@ def test_gpu_bench_code_path_on_cpu(tmp_path):
     assert gpu.REST == order[7:]
 
 
+def test_gpu_section_stopped_at_its_limit_kills_its_scripts_and_keeps_their_output(tmp_path, capsys):
+    """bench/gpu.py's sections: a script's output lines go to the section's stderr as they come (``run_script``), and
+    a section stopped at its time limit (``run_section``) has its whole process group killed, the script it started
+    too (``subprocess.run``'s timeout killed the section alone: its benchmark ran on beside the next sections), and
+    keeps what the script wrote (``partial_output``)."""
+    import importlib.util
+    import sys
+    import time
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_gpu_sections", path)
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    cmd, text = gpu.run_script(["-c", "print('| row 1 |'); print('| row 2 |')"])
+    assert text.startswith("| row 1 |\n| row 2 |") and cmd.startswith("python -c")
+    assert "[partial] | row 1 |" in capsys.readouterr().err
+    pid_file = tmp_path / "pid"
+    script = (  # a section whose script writes a row, then runs on (its pid kept, to look for it after)
+        "import os, sys, time; open(sys.argv[1], 'w').write(str(os.getpid())); print('| a row |', flush=True); "
+        "time.sleep(120)"
+    )
+    section = (  # (run_script's way with its script's lines, without importing torch: a light section)
+        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
+        "stdout=subprocess.PIPE, text=True); [print('[partial] ' + x, end='', file=sys.stderr, flush=True) "
+        "for x in p.stdout]"
+    )
+    t0 = time.perf_counter()
+    code, _, err = gpu.run_section([sys.executable, "-c", section, script, str(pid_file)], limit=4)
+    assert code is None and time.perf_counter() - t0 < 60 and gpu.partial_output(err) == "| a row |", err
+    assert gpu.PARTIAL == "[partial] "  # (the prefix the section above writes)
+    pid = int(pid_file.read_text())
+    for _ in range(50):  # (killed: gone once its parent's group is reaped)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, 9)
+        raise AssertionError("the section's script outlived it")
+
+
 def test_gpu_bench_train_section_reports_a_failed_run(monkeypatch):
     """bench/gpu.py's train section when a run fails (the fast step on the H100): the eager row stays, the failed
     run gets its row, and the end of its stderr comes back below the table (each train.py faked here)."""

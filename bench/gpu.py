@@ -271,14 +271,14 @@ def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
             cmd += ["-n", str(min(8, os.cpu_count() or 1))]  # to 8 processes (the lent machines have 16 cores)
         t0 = time.perf_counter()
         env = {**child_env(), "TRITON_INTERPRET": "0"}
-        try:  # within the section's limit, so the checks below and the section's table still come back
-            out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=KERNEL_TESTS_S)
-            stdout, failed = out.stdout, out.returncode != 0
-            tail = stdout.strip().splitlines()[-1] if stdout.strip() else out.stderr[-500:]
-        except subprocess.TimeoutExpired as e:
-            part = e.stdout or ""
-            stdout, failed = part.decode(errors="replace") if isinstance(part, bytes) else part, True
+        # (within the section's limit, so the checks below and the section's table still come back; stopped, the
+        # test workers too)
+        code, stdout, stderr = run_section(cmd, KERNEL_TESTS_S, env)
+        failed = code != 0
+        if code is None:
             tail = f"stopped after {KERNEL_TESTS_S} s ({stdout.count('.')} passed by then)"
+        else:
+            tail = stdout.strip().splitlines()[-1] if stdout.strip() else stderr[-500:]
         lines.append(f"`{shlex.join(cmd[1:])}`: {tail} ({time.perf_counter() - t0:.0f} s)\n")
         if failed:
             lines += ["```", stdout[-4000:], "```"]
@@ -369,12 +369,13 @@ def run_script(argv: list[str]) -> tuple[str, str]:
     return "python " + shlex.join(argv), "".join(lines).strip() + f"\n\n({time.perf_counter() - t0:.0f} s)"
 
 
-def run_section(cmd: list[str], limit: float) -> tuple[int | None, str, str]:
-    """Run a section's process ``cmd`` for at most ``limit`` seconds: ``(returncode, stdout, stderr)``, the return
-    code None where it was stopped at the limit. Stopped, its whole process group is killed (the scripts it started
-    too: a benchmark left running would share the device with the sections and commands after it, as a section
-    stopped by ``subprocess.run``'s timeout left its script running), and its stderr holds what it wrote so far."""
-    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+def run_section(cmd: list[str], limit: float, env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
+    """Run a section's process ``cmd`` (or the kernel section's tests) for at most ``limit`` seconds: ``(returncode,
+    stdout, stderr)``, the return code None where it was stopped at the limit. Stopped, its whole process group is
+    killed (the scripts or test workers it started too: a benchmark left running would share the device with the
+    sections and commands after it, as a section stopped by ``subprocess.run``'s timeout left its script running),
+    and its stdout and stderr hold what it wrote so far."""
+    with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                           start_new_session=True) as proc:  # fmt: skip
         try:
             out, err = proc.communicate(timeout=limit)

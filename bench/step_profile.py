@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import os
 import pstats
 import re
 import statistics
@@ -32,14 +31,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/models.py, beside this file
 sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # vitrel, installed or not
 
 from models import PAIRS, build  # noqa: E402
 
-from vitrel.bench import kernel_times, sync, train_step  # noqa: E402
+from vitrel.bench import profiled_kernel_times, sync, train_step  # noqa: E402
 
 #: kernel (CUDA) or operator (CPU) name patterns, tried in this order; the first that matches names the category
 CATEGORIES = [
@@ -74,13 +72,7 @@ def profile_model(model: torch.nn.Module, args: argparse.Namespace, device: torc
         step()
         sync(device)
         walls.append(time.perf_counter() - t0)
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (kineto's start / stop lines: quiet unless a level is set)
-    activities = [ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * (device.type == "cuda")
-    with profile(activities=activities) as prof:
-        for _ in range(args.steps):
-            step()
-        sync(device)
-    res = dict(wall_ms=1e3 * statistics.median(walls), kernels=kernel_times(prof, device, args.steps))
+    res = dict(wall_ms=1e3 * statistics.median(walls), kernels=profiled_kernel_times(step, device, args.steps))
     if args.host:
         res["host"] = host_times(step, device, args.steps)
     return res

@@ -100,6 +100,19 @@ def kernel_times(prof: torch.profiler.profile, device: torch.device, steps: int)
     return rows
 
 
+def profiled_kernel_times(fn: Callable[[], Any], device: torch.device, calls: int) -> dict[str, tuple[float, float]]:
+    """:func:`kernel_times` of ``calls`` calls of ``fn`` under ``torch.profiler`` (the CPU, and CUDA on a GPU), the
+    device synchronized at the end."""
+    kind = torch.profiler.ProfilerActivity
+    activities = [kind.CPU, *([kind.CUDA] if device.type == "cuda" else [])]
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (kineto's start / stop lines: quiet unless a level is set)
+    with torch.profiler.profile(activities=activities) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    return kernel_times(prof, device, calls)
+
+
 def busy_seconds(fn: Callable[[], Any], device: torch.device, calls: int = 5) -> float:
     """Seconds the device is busy per call of ``fn``: its kernels' own times summed (:func:`kernel_times`; on a CPU
     its operators'), over ``calls`` profiled calls after one unprofiled. The host's time (Python, launches) is left
@@ -108,14 +121,7 @@ def busy_seconds(fn: Callable[[], Any], device: torch.device, calls: int = 5) ->
     kernels cost."""
     fn()
     sync(device)
-    kind = torch.profiler.ProfilerActivity
-    activities = [kind.CPU, *([kind.CUDA] if device.type == "cuda" else [])]  # (as step_profile.py's, on a GPU)
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # (kineto's start / stop lines: quiet unless a level is set)
-    with torch.profiler.profile(activities=activities) as prof:
-        for _ in range(calls):
-            fn()
-        sync(device)
-    return sum(ms for ms, _ in kernel_times(prof, device, calls).values()) / 1e3
+    return sum(ms for ms, _ in profiled_kernel_times(fn, device, calls).values()) / 1e3
 
 
 def emit(lines: list[str], out: str | Path | None = None) -> list[str]:

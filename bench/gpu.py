@@ -323,8 +323,8 @@ def widened_backends(dev: torch.device) -> list[str]:
 SECTIONS = {"kernel": 150, "diagnose": 120, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "vitbp": 170,
             "swinc": 240, "host": 90, "profile": 150, "train": 240, "rotary": 100, "content": 120, "hazards": 90,
             "mfu": 120, "compile": 120}  # fmt: skip
-#: the sections after the fused kernel's targets (issue 32's: attention, forward, models, vitb): ``bench/gpu_session.sh
-#: rest`` runs them with the launch configurations in the same command
+#: the sections after the fused kernel's targets (issue 32's: attention, forward, models, vitb, vitbp):
+#: ``bench/gpu_session.sh rest`` runs them with the launch configurations in the same command
 REST = ["swinc", "host", "profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
 #: the kernel section's pytest run (Triton compiles each variant on first use), inside the section's own limit
 KERNEL_TESTS_S = 110

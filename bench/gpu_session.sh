@@ -23,8 +23,8 @@
 #                                                              # end), the tiles at N = 197 (ViT-B/16's; each row
 #                                                              # with its kernels' busy time, the host's out: the
 #                                                              # wall time there was likely the host's), then the
-#                                                              # table's gradient in dq against the dbias kernel
-#                                                              # (--in-dq)
+#                                                              # table's gradient in dq against the dbias kernel,
+#                                                              # and with dq by atomics in dkdv against it (--in-dq)
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -50,9 +50,9 @@ case $part in
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
   four) python3 bench/gpu.py --sections kernel vitbp swinc --budget 420 --out "$out/gpu_$gpu.md"
-        timeout 120 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
+        timeout 110 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
           --out "$out/triton_tune_197_$gpu.md"
-        timeout 40 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md" ;;
+        timeout 50 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;

@@ -3,7 +3,7 @@ time of ``rel_bias_attention`` for each tile shape / warps / stages, against pla
 
     python bench/triton_tune.py --out bench/results/triton_tune_h200.md      # on a GPU (bf16)
     python bench/triton_tune.py --sides 64 --head-dims 128                   # head dim 128's rows alone
-    python bench/triton_tune.py --in-dq                                      # dT in dq, or the dbias kernel
+    python bench/triton_tune.py --in-dq                                      # dT in dq / dkdv, or the dbias kernel
 
 The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2, and with
 3 heads of 128 at the larger (``--head-dims``); medians of alternating rounds (``vitrel.bench.alternate``). Each
@@ -15,6 +15,7 @@ winners go into ``vitrel/kernels/triton_bias.py``.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import sys
 import time
@@ -335,26 +336,40 @@ def tune_size(
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
 
 
+#: the rows of ``--in-dq`` a call: (flag of triton_bias, its value, deterministic, label, the launch that sums the
+#: table's gradient where the flag is on)
+IN_DQ_ROWS = [
+    ("TABLE_GRAD_IN_DQ", False, True, "the dbias kernel", None),
+    ("TABLE_GRAD_IN_DQ", True, True, "the table's gradient in dq", "dq"),
+    ("TABLE_GRAD_IN_DKDV", False, False, "dq by atomics, the dbias kernel", None),
+    ("TABLE_GRAD_IN_DKDV", True, False, "dq by atomics, the table's gradient in dkdv", "dkdv"),
+]
+
+
 def tune_in_dq(args: argparse.Namespace, lines: list[str], device: str = "cuda", tokens: int = 65536, calls=None):
     """Forward + backward with the table's gradient summed by the ``dq`` kernel (``triton_bias.TABLE_GRAD_IN_DQ``)
-    and by the ``dbias`` kernel, against plain SDPA, at :data:`IN_DQ_CALLS` (or ``calls``), appended to ``lines``
-    (and written to ``args.out`` as they come); a call whose ``dq`` kernel cannot sum it says so."""
-    in_dq = tb.TABLE_GRAD_IN_DQ
+    and by the ``dbias`` kernel, then with ``dq`` by atomics (``triton_atomic``), summed by the ``dkdv`` kernel
+    (``TABLE_GRAD_IN_DKDV``) and by the ``dbias`` kernel (:data:`IN_DQ_ROWS`), against plain SDPA, at
+    :data:`IN_DQ_CALLS` (or ``calls``), appended to ``lines`` (and written to ``args.out`` as they come); a call
+    whose kernel cannot sum it says so."""
+    saved = {flag: getattr(tb, flag) for flag, *_ in IN_DQ_ROWS}
     dev = torch.device(device)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
     try:
         for side, prefix in calls or IN_DQ_CALLS:
             n, fns = _layer_calls(dev, side, prefix, 64, tokens)
             ref = _sdpa_rows(lines, args, dev, n, fns)
-            for on, config in ((False, "the dbias kernel"), (True, "the table's gradient in dq")):
-                tb.TABLE_GRAD_IN_DQ = on
-                dq = fns["plan"](sms).get("dq")
-                if on and (dq is None or not dq.args["TILE_GRAD"]):
+            for flag, on, det, config, kernel in IN_DQ_ROWS:
+                setattr(tb, flag, on)
+                launch = fns["plan"](sms, deterministic=det).get(kernel) if kernel else None
+                if kernel and (launch is None or not launch.args["TILE_GRAD"]):
                     lines.append(f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - | - | - |")
                     continue
-                _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", fns["tri_fb"], ref["fb"])
+                fb = functools.partial(fns["tri_fb"], True, det)
+                _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", fb, ref["fb"])
     finally:
-        tb.TABLE_GRAD_IN_DQ = in_dq
+        for flag, value in saved.items():
+            setattr(tb, flag, value)
 
 
 def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda", images: int = 128) -> None:
@@ -443,7 +458,8 @@ def main() -> None:
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128], choices=[64, 128],
                     help="64: every row at each of --sides; 128: its rows at the largest")  # fmt: skip
     ap.add_argument("--no-windows", dest="windows", action="store_false", help="without Swin-T's windows' rows")
-    ap.add_argument("--in-dq", action="store_true", help="only the rows of the table's gradient in dq (IN_DQ_CALLS)")
+    ap.add_argument("--in-dq", action="store_true",
+                    help="only the rows of the table's gradient in dq and dkdv (IN_DQ_CALLS, IN_DQ_ROWS)")  # fmt: skip
     args = ap.parse_args()
     if args.diagnose:
         text = "\n".join(line for side in args.sides for line in diagnose(side, args.rounds))

@@ -16,6 +16,7 @@ import vitrel  # noqa: E402
 from tests.test_kernel_triton_bias import DEVICES, _check, _inputs, interpreted  # noqa: E402
 from tests.test_kernel_triton_bias import pytestmark as pytestmark  # noqa: E402
 from vitrel.kernels import get_kernel, triton_bias  # noqa: E402
+from vitrel.kernels.triton_bias import rel_bias_attention  # noqa: E402
 from vitrel.models.swin_windows import window_regions  # noqa: E402
 from vitrel.pos.geometry import Grid  # noqa: E402
 
@@ -29,6 +30,38 @@ def test_atomic_dq_equals_reference(device, grid, prefix, table_on, table_grad):
     """Output, ``dq, dk, dv`` and the table's gradient: a trained table read as bias tiles (``dkdv`` with atomics and
     ``dbias``; 4 x 8: patterns that repeat, several tiles adding into one row of ``dq``), a fixed one, none."""
     _check(device, 2, 2, 16, grid, prefix, table_on=table_on, table_grad=table_grad, deterministic=False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(("grid", "prefix", "d", "in_dkdv"), [((5, 7), 0, 32, True), ((4, 6), 2, 24, True),
+                                                             ((6, 6), 1, 16, True), ((5, 24), 1, 16, False),
+                                                             ((14, 14), 1, 16, True)])  # fmt: skip
+def test_table_grad_in_dkdv_equals_reference(monkeypatch, device, grid, prefix, d, in_dkdv):
+    """The bias tiles' gradient summed by the ``dkdv`` kernel where it adds ``dq`` by atomics
+    (``TABLE_GRAD_IN_DKDV``: each of its tiles one pattern, so a program's tiles, its key block's, are the only ones
+    of their patterns; programs of a head and a share of the batch) instead of the ``dbias`` kernel: the table's
+    gradient and q, k, v's against the float64 reference, with and without prefix tokens (their pairs are not the
+    table's); the launches asserted (no ``dq``, no ``dbias``), and where the ``dkdv`` kernel's tiles share patterns
+    (5 x 24), the ``dbias`` kernel as before; ViT-B/16's 197 tokens, where a GPU's 64-token tiles are one pattern
+    each too. A batch of 3, so a program sums two batch elements. The table's gradient bitwise equal on a second run
+    (its sums in a fixed order; only ``dq``'s atomics are not)."""
+    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DKDV", True)
+    n = prefix + grid[0] * grid[1]
+    q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)
+    launches = triton_bias.plan(
+        q, k, v, table, grid, prefix, bias_read="tiles", deterministic=False, sms=None if device == "cpu" else 132
+    )
+    if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile, or one pattern a tile)
+        dkdv = launches["dkdv"]
+        assert dkdv.args["TILE_GRAD"] is in_dkdv and ("dbias" in launches) is not in_dkdv and "dq" not in launches
+        assert dkdv.grid == ((dkdv.grid[0], 2, 2) if in_dkdv else (dkdv.grid[0], 3 * 2))  # (shares of 2 and 1)
+    _check(device, 3, 2, d, grid, prefix, bias_read="tiles", deterministic=False)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    qd, kd, vd = (t.to(device, dtype).requires_grad_() for t in (q, k, v))
+    td = table.to(device).requires_grad_()
+    call = dict(bias_read="tiles", deterministic=False)
+    grads = [torch.autograd.grad(rel_bias_attention(qd, kd, vd, td, grid, prefix, **call).sum(), td)[0] for _ in "ab"]
+    assert torch.equal(grads[0], grads[1])
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -48,14 +81,15 @@ def _launches(deterministic: bool, table_grad: bool = True, **kw) -> dict:
 
 
 def test_which_launches_run(monkeypatch):
-    """No ``dq`` kernel where the ``dkdv`` kernel adds ``dq`` by atomics; the deterministic backward where the ``dq``
-    kernel reduces the table's gradient (the bias gathered per score, or summed per tile pattern: then no ``dbias``
-    kernel, ``TABLE_GRAD_IN_DQ``), by default, and under ``torch.use_deterministic_algorithms``."""
+    """No ``dq`` kernel where the ``dkdv`` kernel adds ``dq`` by atomics, and no ``dbias`` kernel where it sums the
+    bias tiles' gradient too (``TABLE_GRAD_IN_DKDV``); the deterministic backward where the ``dq`` kernel reduces the
+    table's gradient (the bias gathered per score, or summed per tile pattern: then no ``dbias`` kernel,
+    ``TABLE_GRAD_IN_DQ``), by default, and under ``torch.use_deterministic_algorithms``."""
 
     def kernels(launches):
         return sorted(launches), launches["dkdv"].args["ATOMIC_DQ"]
 
-    assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "delta", "dkdv", "fwd"], True)
+    assert kernels(_launches(False, bias_read="tiles")) == (["delta", "dkdv", "fwd"], True)  # (dT in dkdv)
     assert kernels(_launches(False, table_grad=False)) == (["delta", "dkdv", "fwd"], True)
     assert kernels(_launches(False, bias_read="gather")) == (["delta", "dkdv", "dq", "fwd"], False)
     assert kernels(_launches(False, table_grad=False, bias_read="gather")) == (["delta", "dkdv", "fwd"], True)
@@ -68,6 +102,8 @@ def test_which_launches_run(monkeypatch):
         torch.use_deterministic_algorithms(was)
     monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
     assert kernels(_launches(True, bias_read="tiles")) == (["dbias", "delta", "dkdv", "dq", "fwd"], False)
+    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DKDV", False)
+    assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "delta", "dkdv", "fwd"], True)
     assert get_kernel("triton_atomic").deterministic is False and get_kernel("triton").deterministic is True
 
 

@@ -1369,3 +1369,23 @@ def test_table_grad_in_dq_compiles_for_hopper():
     )
     names, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(code))
     assert names == ["delta", "dkdv", "dq", "fwd"] and tile_grad and 0 < shared <= 232448 and not serialized
+
+
+def test_table_grad_in_dkdv_compiles_for_hopper():
+    """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call with ``dq`` by atomics), the ``dkdv`` kernel that
+    sums the bias tiles' gradient (``TABLE_GRAD_IN_DKDV``) keeps its products unserialized, within the shared
+    memory, on its grid of key blocks, heads and batch shares (4 x 12 x 11 at a batch of 256), and the call plans no
+    ``dq`` or ``dbias`` launch."""
+    import json
+
+    code = (
+        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.TABLE_GRAD_IN_DKDV = True; "
+        "q = torch.zeros(256, 12, 197, 64, dtype=torch.bfloat16); "
+        "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles', deterministic=False); "
+        "c = tb.compile_launch(ls['dkdv']); "
+        "print(json.dumps([sorted(ls), ls['dkdv'].args['TILE_GRAD'], ls['dkdv'].grid, c.metadata.shared, "
+        "tb.serialized_products(c)]))"
+    )
+    names, tile_grad, grid, shared, serialized = json.loads(_compiled_for_hopper(code))
+    assert names == ["delta", "dkdv", "fwd"] and tile_grad and grid == [4, 12, 11], grid
+    assert 0 < shared <= 232448 and not serialized

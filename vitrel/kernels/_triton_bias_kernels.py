@@ -139,9 +139,17 @@ def _program(H, N, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, D):
     """A ``(blocks, B * H)`` grid's program: its batch, head, ``b * H + h``, the token indices of its block, the
     head-dim lanes and the ``[BLOCK, BLOCK_D]`` mask of real rows and lanes."""
     bh = tl.program_id(1)
+    offs, offs_d, mask = _block_lanes(N, BLOCK, BLOCK_D, D)
+    return bh // H, bh % H, bh, offs, offs_d, mask
+
+
+@triton.jit
+def _block_lanes(N, BLOCK: tl.constexpr, BLOCK_D: tl.constexpr, D):
+    """The token indices of block ``program_id(0)``, the head-dim lanes and the ``[BLOCK, BLOCK_D]`` mask of real rows
+    and lanes."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     offs_d = tl.arange(0, BLOCK_D)
-    return bh // H, bh % H, bh, offs, offs_d, (offs < N)[:, None] & (offs_d < D)[None, :]
+    return offs, offs_d, (offs < N)[:, None] & (offs_d < D)[None, :]
 
 
 @triton.jit
@@ -509,19 +517,63 @@ def _fwd_tile_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn, shb, shh, shn, sab, sah, san,
-    H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
+    B, H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    TILE_GRAD: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``); with
     ``ATOMIC_DQ``, also each tile's part of ``dq``, added by atomics into ``DQ [B, H, N, D]`` (float32, strides
     ``sa*``) as FlashAttention-2's backward does: no ``dq`` kernel (one matrix product a tile instead of three), but
-    the order of the additions, so the low bits of ``dq``, change from run to run."""
-    b, h, bh, offs_n, offs_d, kv_mask = _program(H, N, BN, BLOCK_D, D)
+    the order of the additions, so the low bits of ``dq``, change from run to run. Programs ``(key block, b H + h)``;
+    with ``TILE_GRAD`` (the bias read as tiles, one exact pattern a tile), ``(key block, h, split)``, each taking
+    the batch elements ``b = split, split + n_split, ...`` one after another and adding each tile's ``dS`` to its
+    pattern's sum, which only this program's tiles have (its key tile's, its share of the batch), in
+    ``DBT [n_split, H, n_pat, BN, BM]`` (zeros first; the tiles transposed, keys by queries, as computed): the
+    ``dbias`` kernel's sums without its second pass over q, k, v and ``do`` and its two products. The sums are added
+    by atomics that return nothing (a read and a write held 77 more instructions a tile in registers and spilled,
+    sm_90): each entry is added by one thread only, in the order of its batch loop, and the additions of one thread
+    to one address are performed in its program order, so the sums are in a fixed order (``dq``'s atomics, from
+    every key block's programs, are not)."""
+    if TILE_GRAD:
+        h = tl.program_id(1)
+        split = tl.program_id(2)
+        for b in range(split, B, n_split):
+            _dkdv_block(
+                Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT + (split * H + h) * n_pat * BM * BN,
+                sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb,
+                n_mask_b, sgb, sgh, sgn, shb, shh, shn, sab, sah, san, b, h, b * H + h, H, N, P, GH, GW, qk_scale,
+                sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, D, BLOCK_D, BM, BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT,
+                HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD,
+            )
+    else:
+        _dkdv_block(
+            Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT,
+            sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
+            sgb, sgh, sgn, shb, shh, shn, sab, sah, san, tl.program_id(1) // H, tl.program_id(1) % H, tl.program_id(1),
+            H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, D, BLOCK_D, BM, BN, HAS_TABLE,
+            MASK_KIND, CAUSAL, LAYOUT, HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD,
+        )
+
+
+@triton.jit
+def _dkdv_block(
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT,
+    sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
+    sgb, sgh, sgn, shb, shh, shn, sab, sah, san, b, h, bh,
+    H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
+    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, ATOMIC_DQ: tl.constexpr,
+    TILE_GRAD: tl.constexpr,
+):
+    """:func:`_bwd_dkdv_kernel`'s work for batch element ``b``, head ``h`` (``bh = b H + h``; ``DBT``: its share's and
+    head's sums)."""
+    offs_n, offs_d, kv_mask = _block_lanes(N, BN, BLOCK_D, D)
     dmask = offs_d < D
     k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
     dk = tl.zeros([BN, BLOCK_D], tl.float32)
@@ -560,6 +612,10 @@ def _bwd_dkdv_kernel(
                 dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC) * sm_scale
                 dq_ptr = DQ + b * sab + h * sah + offs_m[:, None] * san + offs_d[None, :]
                 tl.atomic_add(dq_ptr, dq, mask=(offs_m < N)[:, None] & dmask[None, :], sem="relaxed")
+            if TILE_GRAD:  # (its pattern: (q0 / BM) n_kt + k0 / BN; its pairs off the table's, not read)
+                slot = DBT + ((start_m // BM) * n_kt + tl.program_id(0)) * BN * BM
+                slot += tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]
+                tl.atomic_add(slot, ds, sem="relaxed")  # (this thread's entries only: see the docstring)
     dk_ptr = DK + b * sgb + h * sgh + offs_n[:, None] * sgn + offs_d[None, :]
     tl.store(dk_ptr, (dk * sm_scale).to(DK.dtype.element_ty), kv_mask)
     dv_ptr = DV + b * shb + h * shh + offs_n[:, None] * shn + offs_d[None, :]

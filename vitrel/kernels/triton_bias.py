@@ -145,6 +145,9 @@ LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
     "bwd": {"num_warps": 4, "num_stages": 2},
     ("bwd", 64): {"num_warps": 4, "num_stages": 3},
     ("dkdv", 128): {"num_warps": 8, "num_stages": 2},
+    # the dkdv kernel summing the table's gradient (TABLE_GRAD_IN_DKDV): untimed; 2 stages, its fewest instructions
+    # a tile compiled for sm_90 (648 against 745 in 3, which spill 256 bytes outside the loop; 8 warps: 1,000)
+    ("dkdv_sums", 64): {"num_warps": 4, "num_stages": 2},
     ("dq", 128): {"num_warps": 8, "num_stages": 2},
     ("dbias", 128): {"num_warps": 8, "num_stages": 2},
     "tile": {"num_warps": 4, "num_stages": 1},
@@ -374,6 +377,13 @@ def tma_reads(kernel: str, k: Tensor, v: Tensor, block_d: int, cuda: bool) -> bo
 #: the layer's forward + backward at 197 tokens took 1.929 ms against the dbias kernel's 2.081 on an H100
 #: (``bench/results/triton_ws_h100_a689f6c.md``; ``bench/triton_tune.py --in-dq`` times both)
 TABLE_GRAD_IN_DQ = True
+
+#: the same where ``dq`` is added by atomics (``triton_atomic``: no ``dq`` kernel): the ``dkdv`` kernel sums the bias
+#: tiles' gradient where each of its tiles is one pattern, its programs each a key block, a head and a share of the
+#: batch (:func:`vitrel.kernels._triton_bias_kernels._bwd_dkdv_kernel`'s ``TILE_GRAD``), so the backward runs
+#: FlashAttention-2's five matrix products a tile and no ``dbias`` kernel (its two). On, as ``TABLE_GRAD_IN_DQ``, the
+#: same sums in the same kernel's loop; not yet timed on a GPU (``bench/triton_tune.py --in-dq`` times both)
+TABLE_GRAD_IN_DKDV = True
 
 
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
@@ -726,10 +736,23 @@ def _bwd_launches(
     # dq: added into float32 by the dkdv kernel's atomics, or written by the dq kernel
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_empty(q.shape)
     dq_acc = dq if atomic else _placeholder(q.dtype, 4, q.device)
+    # the bias tiles' gradient summed by the dkdv kernel (TABLE_GRAD_IN_DKDV), where dq is added by atomics (no dq
+    # kernel to sum it) and each of its tiles is one pattern; transposed, keys by queries, as the kernel's tiles
+    in_dkdv = TABLE_GRAD_IN_DKDV and by_tiles and atomic and dm == dn and tiling_kv[1] > 0 and tiling_kv[4] == 0
+    n_kb = triton_cdiv(n, dn)
+    split_kv = _n_split(n_kb, h, b, sms) if in_dkdv else 1
+    dbt_kv = (
+        torch.zeros(split_kv, h, tiling_kv[1], dn, dm, device=q.device, dtype=torch.float32)
+        if in_dkdv
+        else _placeholder(torch.float32, 1, q.device)
+    )
+    if in_dkdv and cuda:
+        opts_kv = options or LAUNCH.get(("dkdv_sums", block_d), opts_kv)
     dkdv = Launch.make(
-        "dkdv", (triton_cdiv(n, dn), b * h),
-        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, *common, *_strides(dk, dv, dq_acc), *sizes, *tiling_kv],
-        dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic), opts_kv,
+        "dkdv", (n_kb, h, split_kv) if in_dkdv else (n_kb, b * h),
+        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, dbt_kv, *common, *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv,
+         split_kv],
+        dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv), opts_kv,
     )  # fmt: skip
     # dq: the square tile where it sums the table gradient's diagonals (gathered bias, token layouts), else as pick
     diagonals = grad_t and not by_tiles
@@ -762,6 +785,8 @@ def _bwd_launches(
     tiling_t = tiling
     if in_dq:
         dbt, tiling_t = dbt_q, tiling_q
+    elif in_dkdv:
+        dbt, tiling_t = dbt_kv.transpose(-1, -2), tiling_kv
     elif by_tiles:
         tm, tw, bt_t, tiling_t, t_visible, opts_t = pick("dbias")
         n_pat = tiling_t[1]
@@ -834,8 +859,8 @@ def _bwd_impl(
             dt = table_grad_from_tiles(bwd.dbt, bwd.patterns, grid_h, grid_w, prefix)
         return (*bwd.grads, dt)
     bwd.delta()
-    for launch in _batch_chunks(bwd.dkdv, *q.shape[:2]):
-        launch()
+    for launch in [bwd.dkdv] if bwd.dkdv.args["TILE_GRAD"] else _batch_chunks(bwd.dkdv, *q.shape[:2]):
+        launch()  # (TILE_GRAD's programs: a head and share each, the batch in their loop)
     dq, dk, dv = bwd.grads
     if bwd.dq is None:  # added by atomics in float32
         dq = dq.to(q.dtype)
@@ -930,16 +955,19 @@ def table_grad_from_tiles(dbt: Tensor, pat: TilePatterns, grid_h: int, grid_w: i
     adjoint of :func:`bias_tiles`, summed over the shares. Each tile entry adds to the table entry it was gathered
     from (where each pattern is one exact tile, its patch pairs only), in one launch of
     :func:`~vitrel.kernels._triton_bias_kernels._table_grad_kernel` that sums each table entry's tile entries in a
-    fixed order (:func:`_table_grad_index`): deterministic."""
+    fixed order (:func:`_table_grad_index`): deterministic. ``dbt`` may be the transpose of its last two axes' storage
+    (the ``dkdv`` kernel's sums, keys by queries): read as stored, through an index made for it, with no copy."""
     n_split, heads, n_pat, tm, tw = dbt.shape
-    src, ptr = _table_grad_index(pat, tm, tw, prefix, grid_h, grid_w, dbt.device)
+    transposed = not dbt.is_contiguous() and dbt.transpose(-1, -2).is_contiguous()
+    src, ptr = _table_grad_index(pat, tm, tw, prefix, grid_h, grid_w, transposed, dbt.device)
     n_t = (2 * grid_h - 1) * (2 * grid_w - 1)
     dt = torch.empty(heads, 2 * grid_h - 1, 2 * grid_w - 1, device=dbt.device, dtype=torch.float32)
     block = TABLE_GRAD_BLOCK
     opts = LAUNCH["table_grad"] if dbt.device.type == "cuda" else {}
+    stored = dbt.transpose(-1, -2) if transposed else dbt.contiguous()
     Launch.make(
-        "table_grad", (triton_cdiv(n_t, block), heads), [dbt.contiguous(), src, ptr, dt, heads, n_pat * tm * tw, n_t,
-        n_split], dict(BLOCK=block), opts,
+        "table_grad", (triton_cdiv(n_t, block), heads), [stored, src, ptr, dt, heads, n_pat * tm * tw, n_t, n_split],
+        dict(BLOCK=block), opts,
     )()  # fmt: skip
     return dt
 
@@ -949,13 +977,17 @@ TABLE_GRAD_BLOCK = 128
 
 
 @per_device(maxsize=16)
-def _table_grad_index(pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, device):
-    """``(src, ptr)`` int32 of :func:`table_grad_from_tiles`: the flat tile entries ``[n_pat tm tw]`` sorted by the
-    table entry each was gathered from (:func:`_tile_index`; stable: in the tiles' order), and where each table
-    entry's run starts (``[T + 1]``); entries that add to no table entry (where each pattern is one exact tile, its
-    pairs with a prefix token or past the end) sort last, past ``ptr[T]``. Device work only (no host sync: a sort
-    and a search)."""
+def _table_grad_index(
+    pat: TilePatterns, tm: int, tw: int, prefix: int, grid_h: int, grid_w: int, transposed: bool, device
+):
+    """``(src, ptr)`` int32 of :func:`table_grad_from_tiles`: the flat tile entries ``[n_pat tm tw]`` (``[n_pat tw
+    tm]`` where ``transposed``: as stored) sorted by the table entry each was gathered from (:func:`_tile_index`;
+    stable: in the tiles' order), and where each table entry's run starts (``[T + 1]``); entries that add to no table
+    entry (where each pattern is one exact tile, its pairs with a prefix token or past the end) sort last, past
+    ``ptr[T]``. Device work only (no host sync: a sort and a search)."""
     index, keep, _ = _tile_index(pat, tm, tw, prefix, grid_h, grid_w, device)
+    if transposed:
+        index, keep = index.transpose(-1, -2), None if keep is None else keep.transpose(-1, -2)
     n_t = (2 * grid_h - 1) * (2 * grid_w - 1)
     target = index.flatten().long()
     if keep is not None:  # (its patch pairs: keep's)

@@ -320,7 +320,7 @@ def widened_backends(dev: torch.device) -> list[str]:
 
 #: the sections and their time limits (seconds): each runs in its own process, its table written when it ends
 #: in the order of their priority: ``--budget`` (the whole pass, default 8 minutes) cuts the pass where it runs out
-SECTIONS = {"kernel": 150, "diagnose": 120, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "vitbp": 170,
+SECTIONS = {"kernel": 150, "diagnose": 120, "attention": 200, "forward": 90, "models": 150, "vitb": 200, "vitbp": 210,
             "swinc": 240, "host": 90, "profile": 150, "train": 240, "rotary": 100, "content": 120, "hazards": 90,
             "mfu": 120, "compile": 120}  # fmt: skip
 #: the sections after the fused kernel's targets (issue 32's: attention, forward, models, vitb, vitbp):
@@ -448,11 +448,12 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
                               "vitb_rel2d_factored", "vitb_rel2d_full"])  # fmt: skip
         return ["## ViT-B/16 compiled against timm (attn_impl=triton)\n", f"`{c}`\n", text]
     if name == "vitbp":  # ViT-B/16 compiled, where its step's time goes: ours' fused kernels against timm's SDPA
-        # (sdpa beside triton: auto's choice at N = 197, sdpa on the H100 from the layer's wall times, which were
-        # likely the host's there; triton on a CPU only under Triton's interpreter)
+        # (triton_atomic beside triton: dq by atomics and the table's gradient in dkdv, FlashAttention-2's products;
+        # sdpa: auto's choice at N = 197, sdpa on the H100 from the layer's wall times, which were likely the host's
+        # there; triton on a CPU only under Triton's interpreter)
         small = ["--img-size", "32", "--batch-size", "2", "--steps", "1"]
         extra = small if args.quick else ["--batch-size", "256", "--steps", "6"]
-        impls = ["triton", "sdpa"] if dev.type == "cuda" else ["sdpa"]
+        impls = ["triton", "triton_atomic", "sdpa"] if dev.type == "cuda" else ["sdpa"]
         c, text = run_script(["bench/step_profile.py", "--device", args.device, *(["--amp"] * (dev.type == "cuda")),
                               *extra, "--compile", "--attn-impl", *impls, "--pairs",
                               "vitb_rel2d_factored"])  # fmt: skip

@@ -137,6 +137,8 @@ CASES = [
      {"bias_read": "tiles", "deterministic": False}, ("dkdv",)),
     ("ViT-B/16, table, bias tiles, dq by atomics, the dbias kernel (TABLE_GRAD_IN_DKDV off)", lambda: _layer(14, 12),
      {"bias_read": "tiles", "deterministic": False, "in_dkdv": False}, ("dkdv", "dbias")),
+    ("ViT-B/16, table, bias tiles, dq added in order by the dkdv kernel (DQ_IN_ORDER)", lambda: _layer(14, 12),
+     {"bias_read": "tiles", "in_order": True}, ("dkdv",)),
     ("ViT-B/16, table, bias tiles, square dbias", lambda: _layer(14, 12),
      {"bias_read": "tiles", "dbias_wide": False, "in_dq": False}, ("dbias",)),
     ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "fwd_tma": False}, ("fwd",)),
@@ -164,11 +166,12 @@ def _plan(call: dict, opts: dict) -> dict:
     ``triton_bias.TILE_BWD``; ``tile_fwd`` False: its forward a program a batch element, ``triton_bias.TILE_FWD``;
     ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; ``in_dq``: whether the
     ``dq`` kernel sums the table's gradient, ``triton_bias.TABLE_GRAD_IN_DQ``; ``in_dkdv``: the ``dkdv`` kernel, where
-    it adds ``dq`` by atomics, ``TABLE_GRAD_IN_DKDV``; each set for the call only)."""
+    it adds ``dq`` by atomics, ``TABLE_GRAD_IN_DKDV``; ``in_order``: ``dq`` added by the ``dkdv`` kernel in the key
+    blocks' order, ``DQ_IN_ORDER``; each set for the call only)."""
     opts = dict(opts)
     tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
     saved, tile_bwd, tile_fwd = tuple(t.copy() for t in tables), tb.TILE_BWD, tb.TILE_FWD
-    in_dq, in_dkdv = tb.TABLE_GRAD_IN_DQ, tb.TABLE_GRAD_IN_DKDV
+    in_dq, in_dkdv, in_order = tb.TABLE_GRAD_IN_DQ, tb.TABLE_GRAD_IN_DKDV, tb.DQ_IN_ORDER
     if opts.pop("dbias_batch_outer", False):
         tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
     if not opts.pop("fwd_tma", True):
@@ -177,6 +180,7 @@ def _plan(call: dict, opts: dict) -> dict:
         tb._DBIAS_WIDE.clear()
     tb.TABLE_GRAD_IN_DQ = opts.pop("in_dq", tb.TABLE_GRAD_IN_DQ)
     tb.TABLE_GRAD_IN_DKDV = opts.pop("in_dkdv", tb.TABLE_GRAD_IN_DKDV)
+    tb.DQ_IN_ORDER = opts.pop("in_order", tb.DQ_IN_ORDER)
     tb.TILE_BWD = opts.pop("tile_bwd", tb.TILE_BWD)
     tb.TILE_FWD = opts.pop("tile_fwd", tb.TILE_FWD)
     try:
@@ -186,6 +190,7 @@ def _plan(call: dict, opts: dict) -> dict:
             table.clear()
             table.update(before)
         tb.TILE_BWD, tb.TILE_FWD, tb.TABLE_GRAD_IN_DQ, tb.TABLE_GRAD_IN_DKDV = tile_bwd, tile_fwd, in_dq, in_dkdv
+        tb.DQ_IN_ORDER = in_order
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:

@@ -336,33 +336,36 @@ def tune_size(
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
 
 
-#: the rows of ``--in-dq`` a call: (flag of triton_bias, its value, deterministic, label, the launch that sums the
-#: table's gradient where the flag is on)
+#: the rows of ``--in-dq`` a call: (label, flags of triton_bias set for it, deterministic, the launch and its argument
+#: that must be true for the row to be what it says; None: nothing to check), the default first
 IN_DQ_ROWS = [
-    ("TABLE_GRAD_IN_DQ", False, True, "the dbias kernel", None),
-    ("TABLE_GRAD_IN_DQ", True, True, "the table's gradient in dq", "dq"),
-    ("TABLE_GRAD_IN_DKDV", False, False, "dq by atomics, the dbias kernel", None),
-    ("TABLE_GRAD_IN_DKDV", True, False, "dq by atomics, the table's gradient in dkdv", "dkdv"),
-]
+    ("the table's gradient in dq", {"TABLE_GRAD_IN_DQ": True, "DQ_IN_ORDER": False}, True, ("dq", "TILE_GRAD")),
+    ("dq in the key blocks' order in dkdv, the table's gradient there", {"DQ_IN_ORDER": True}, True,
+     ("dkdv", "ORDERED_DQ")),
+    ("dq by atomics, the table's gradient in dkdv", {"TABLE_GRAD_IN_DKDV": True}, False, ("dkdv", "TILE_GRAD")),
+    ("the dbias kernel", {"TABLE_GRAD_IN_DQ": False, "DQ_IN_ORDER": False}, True, None),
+    ("dq by atomics, the dbias kernel", {"TABLE_GRAD_IN_DKDV": False}, False, None),
+]  # fmt: skip
 
 
 def tune_in_dq(args: argparse.Namespace, lines: list[str], device: str = "cuda", tokens: int = 65536, calls=None):
-    """Forward + backward with the table's gradient summed by the ``dq`` kernel (``triton_bias.TABLE_GRAD_IN_DQ``)
-    and by the ``dbias`` kernel, then with ``dq`` by atomics (``triton_atomic``), summed by the ``dkdv`` kernel
-    (``TABLE_GRAD_IN_DKDV``) and by the ``dbias`` kernel (:data:`IN_DQ_ROWS`), against plain SDPA, at
-    :data:`IN_DQ_CALLS` (or ``calls``), appended to ``lines`` (and written to ``args.out`` as they come); a call
-    whose kernel cannot sum it says so."""
-    saved = {flag: getattr(tb, flag) for flag, *_ in IN_DQ_ROWS}
+    """Forward + backward with the table's gradient summed by the ``dq`` kernel (``triton_bias.TABLE_GRAD_IN_DQ``,
+    the default), by the ``dkdv`` kernel where it adds ``dq`` in the key blocks' order (``DQ_IN_ORDER``) or by atomics
+    (``triton_atomic``, ``TABLE_GRAD_IN_DKDV``), and by the ``dbias`` kernel (:data:`IN_DQ_ROWS`), against plain
+    SDPA, at :data:`IN_DQ_CALLS` (or ``calls``), appended to ``lines`` (and written to ``args.out`` as they come); a
+    call that cannot take a row's form says so."""
+    saved = {flag: getattr(tb, flag) for _, flags, _, _ in IN_DQ_ROWS for flag in flags}
     dev = torch.device(device)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
     try:
         for side, prefix in calls or IN_DQ_CALLS:
             n, fns = _layer_calls(dev, side, prefix, 64, tokens)
             ref = _sdpa_rows(lines, args, dev, n, fns)
-            for flag, on, det, config, kernel in IN_DQ_ROWS:
-                setattr(tb, flag, on)
-                launch = fns["plan"](sms, deterministic=det).get(kernel) if kernel else None
-                if kernel and (launch is None or not launch.args["TILE_GRAD"]):
+            for config, flags, det, check in IN_DQ_ROWS:
+                for flag, value in {**saved, **flags}.items():
+                    setattr(tb, flag, value)
+                launch = fns["plan"](sms, deterministic=det).get(check[0]) if check else None
+                if check and (launch is None or not launch.args[check[1]]):
                     lines.append(f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - | - | - |")
                     continue
                 fb = functools.partial(fns["tri_fb"], True, det)

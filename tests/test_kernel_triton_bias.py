@@ -258,7 +258,7 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
     with Ops() as ops:
         again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
     assert ops.n <= 20, ops.n
-    written = {"O", "LSE", "DELTA", "DK", "DV", "DQ", "SLOTS", "DBT", "SCRATCH"}  # (outputs, or read from them)
+    written = {"O", "LSE", "DELTA", "DK", "DV", "DQ", "DQO", "SLOTS", "DBT", "SCRATCH"}  # (outputs, or read from them)
     for name, launch in first.items():
         for key, value in launch.args.items():
             if isinstance(value, torch.Tensor) and key not in written:
@@ -1389,3 +1389,81 @@ def test_table_grad_in_dkdv_compiles_for_hopper():
     names, tile_grad, grid, shared, serialized = json.loads(_compiled_for_hopper(code))
     assert names == ["delta", "dkdv", "fwd"] and tile_grad and grid == [4, 12, 11], grid
     assert 0 < shared <= 232448 and not serialized
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("grid", "prefix", "d", "case"),
+    [((5, 7), 0, 32, "trained"), ((4, 6), 2, 24, "trained"), ((5, 24), 1, 16, "trained"), ((14, 14), 1, 16, "trained"),
+     ((6, 6), 1, 16, "none"), ((4, 8), 1, 16, "fixed")],
+)  # fmt: skip
+def test_dq_in_order_equals_reference(monkeypatch, device, grid, prefix, d, case):
+    """``dq`` added by the ``dkdv`` kernel in the key blocks' order (``DQ_IN_ORDER``; no ``dq`` kernel): output and
+    the gradients of q, k, v and the table against the float64 reference, a trained table (its gradient summed by
+    the ``dkdv`` kernel where each tile is one pattern, by the ``dbias`` kernel where patterns are shared: 5 x 24),
+    none, a fixed one; prefix 0 / 1 / 2; a batch of 3 (a share of two a program); ViT-B/16's 197 tokens. Two runs
+    bitwise equal, every gradient (deterministic, unlike ``dq`` by atomics)."""
+    monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
+    n = prefix + grid[0] * grid[1]
+    q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))
+    table = None if case == "none" else table
+    sms = None if device == "cpu" else 132
+    launches = triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles", table_grad=case == "trained", sms=sms)
+    dkdv = launches["dkdv"].args
+    if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile)
+        assert "dq" not in launches and dkdv["ORDERED_DQ"] and dkdv["SHARES"] and not dkdv["ATOMIC_DQ"]
+        assert dkdv["TILE_GRAD"] is (case == "trained" and grid != (5, 24))
+        assert ("dbias" in launches) is (case == "trained" and grid == (5, 24))
+    _check(device, 3, 2, d, grid, prefix, table_on=table is not None, table_grad=case == "trained", bias_read="tiles")
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
+    if case == "trained":
+        leaves.append(table.to(device).requires_grad_())
+    td = None if table is None else (leaves[3] if case == "trained" else table.to(device))
+    runs = [
+        torch.autograd.grad(rel_bias_attention(*leaves[:3], td, grid, prefix, bias_read="tiles").square().sum(), leaves)
+        for _ in "ab"
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
+def test_dq_in_order_only_where_every_tile_is_visited(monkeypatch):
+    """``DQ_IN_ORDER`` leaves the ``dq`` kernel where a key block may skip a query tile or ``dq`` is added otherwise:
+    causal, LookHere's skipped tiles, a float mask, a token layout, the table's gradient gathered per score (the
+    ``dq`` kernel's diagonal sums), ``dq`` by atomics."""
+    from vitrel.pos.geometry import Grid
+
+    monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
+    q = torch.zeros(2, 2, 1 + 70, 16)
+    table = torch.zeros(2, 9, 27)
+
+    def kernels(**kw):
+        call = dict(table=table, grid=(5, 14), num_prefix_tokens=1, **kw)
+        launches = triton_bias.plan(q, q, q, **call)
+        return "dq" in launches, launches["dkdv"].args["ORDERED_DQ"]
+
+    assert kernels(bias_read="tiles") == (False, True)
+    assert kernels(bias_read="gather") == (True, False)
+    assert kernels(bias_read="tiles", deterministic=False) == (False, False)
+    assert kernels(bias_read="tiles", mask=torch.zeros(71, 71)) == (True, False)
+    blocks = triton_bias.visible_tiles(table, Grid(5, 14), 1)
+    assert kernels(bias_read="tiles", blocks=blocks) == (True, False)
+    q1 = torch.zeros(2, 2, 70, 16)  # (more than a GPU's one tile)
+    assert "dq" in triton_bias.plan(q1, q1, q1, torch.zeros(2, 1, 139), (1, 70), 0, causal=True)
+
+
+def test_dq_in_order_compiles_for_hopper():
+    """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call), the ``dkdv`` kernel that adds ``dq`` in the key
+    blocks' order (``DQ_IN_ORDER``) and sums the bias tiles' gradient keeps its products unserialized, within the
+    shared memory; the call plans no ``dq`` or ``dbias`` launch."""
+    import json
+
+    code = (
+        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.DQ_IN_ORDER = True; "
+        "q = torch.zeros(256, 12, 197, 64, dtype=torch.bfloat16); "
+        "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
+        "a = ls['dkdv'].args; c = tb.compile_launch(ls['dkdv']); "
+        "print(json.dumps([sorted(ls), a['ORDERED_DQ'], a['TILE_GRAD'], c.metadata.shared, tb.serialized_products(c)]))"
+    )
+    names, ordered, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(code))
+    assert names == ["delta", "dkdv", "fwd"] and ordered and tile_grad and 0 < shared <= 232448 and not serialized

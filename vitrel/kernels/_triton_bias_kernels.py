@@ -517,59 +517,69 @@ def _fwd_tile_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT, LOCKS, DQO,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn, shb, shh, shn, sab, sah, san,
     B, H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    TILE_GRAD: tl.constexpr,
+    TILE_GRAD: tl.constexpr, SHARES: tl.constexpr, ORDERED_DQ: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``); with
     ``ATOMIC_DQ``, also each tile's part of ``dq``, added by atomics into ``DQ [B, H, N, D]`` (float32, strides
     ``sa*``) as FlashAttention-2's backward does: no ``dq`` kernel (one matrix product a tile instead of three), but
-    the order of the additions, so the low bits of ``dq``, change from run to run. Programs ``(key block, b H + h)``;
-    with ``TILE_GRAD`` (the bias read as tiles, one exact pattern a tile), ``(key block, h, split)``, each taking
-    the batch elements ``b = split, split + n_split, ...`` one after another and adding each tile's ``dS`` to its
-    pattern's sum, which only this program's tiles have (its key tile's, its share of the batch), in
-    ``DBT [n_split, H, n_pat, BN, BM]`` (zeros first; the tiles transposed, keys by queries, as computed): the
-    ``dbias`` kernel's sums without its second pass over q, k, v and ``do`` and its two products. The sums are added
-    by atomics that return nothing (a read and a write held 77 more instructions a tile in registers and spilled,
-    sm_90): each entry is added by one thread only, in the order of its batch loop, and the additions of one thread
-    to one address are performed in its program order, so the sums are in a fixed order (``dq``'s atomics, from
-    every key block's programs, are not)."""
-    if TILE_GRAD:
+    the order of the additions, so the low bits of ``dq``, change from run to run. With ``ORDERED_DQ`` instead, each
+    tile's part of ``dq`` is added in the order of the key blocks, so deterministic with no ``dq`` kernel
+    (:func:`_add_in_order`): the program of key block ``j`` waits until ``LOCKS [B, H, n_qt]`` (int32, zeros first)
+    reads ``j`` at its query tile, then stores its part (``j = 0``) or adds it to the float32 sums in ``DQ``, or, the
+    last key block, writes ``dq`` itself to ``DQO`` (the strides of ``DK``), and counts the lock up. Every key block
+    visits every query tile in the same order (a full grid: no token layout, mask, causal or skipped tiles), so after
+    the first tile the blocks should run one addition apart and seldom wait (untimed). It needs each key block's
+    lower blocks' programs started first, as CUDA starts a grid's programs in the order of their index (and Triton's
+    interpreter runs them one after another).
+
+    Programs ``(key block, b H + h)``; with ``SHARES``, ``(key block, h, split)``, each taking the batch elements
+    ``b = split, split + n_split, ...`` one after another; with ``TILE_GRAD`` (``SHARES`` too; the bias read as
+    tiles, one exact pattern a tile), each adding each tile's ``dS`` to its pattern's sum, which only this program's
+    tiles have (its key tile's, its share of the batch), in ``DBT [n_split, H, n_pat, BN, BM]`` (zeros first; the
+    tiles transposed, keys by queries, as computed): the ``dbias`` kernel's sums without its second pass over q, k, v
+    and ``do`` and its two products. The sums are added by atomics that return nothing (a read and a write held 77
+    more instructions a tile in registers and spilled, sm_90): each entry is added by one thread only, in the order
+    of its batch loop, and the additions of one thread to one address are performed in its program order, so the
+    sums are in a fixed order (``dq``'s atomics, from every key block's programs, are not)."""
+    if SHARES:
         h = tl.program_id(1)
         split = tl.program_id(2)
         for b in range(split, B, n_split):
             _dkdv_block(
                 Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT + (split * H + h) * n_pat * BM * BN,
+                LOCKS, DQO,
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb,
                 n_mask_b, sgb, sgh, sgn, shb, shh, shn, sab, sah, san, b, h, b * H + h, H, N, P, GH, GW, qk_scale,
                 sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, D, BLOCK_D, BM, BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT,
-                HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD,
+                HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD, ORDERED_DQ,
             )
     else:
         _dkdv_block(
-            Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT,
+            Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT, LOCKS, DQO,
             sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
             sgb, sgh, sgn, shb, shh, shn, sab, sah, san, tl.program_id(1) // H, tl.program_id(1) % H, tl.program_id(1),
             H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, D, BLOCK_D, BM, BN, HAS_TABLE,
-            MASK_KIND, CAUSAL, LAYOUT, HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD,
+            MASK_KIND, CAUSAL, LAYOUT, HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD, ORDERED_DQ,
         )
 
 
 @triton.jit
 def _dkdv_block(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, DBT, LOCKS, DQO,
     sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
     sgb, sgh, sgn, shb, shh, shn, sab, sah, san, b, h, bh,
     H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    TILE_GRAD: tl.constexpr,
+    TILE_GRAD: tl.constexpr, ORDERED_DQ: tl.constexpr,
 ):
     """:func:`_bwd_dkdv_kernel`'s work for batch element ``b``, head ``h`` (``bh = b H + h``; ``DBT``: its share's and
     head's sums)."""
@@ -612,6 +622,11 @@ def _dkdv_block(
                 dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC) * sm_scale
                 dq_ptr = DQ + b * sab + h * sah + offs_m[:, None] * san + offs_d[None, :]
                 tl.atomic_add(dq_ptr, dq, mask=(offs_m < N)[:, None] & dmask[None, :], sem="relaxed")
+            if ORDERED_DQ:
+                dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC) * sm_scale
+                _add_in_order(
+                    DQ, LOCKS, DQO, dq, b, h, bh, start_m, offs_m, offs_d, N, D, sab, sah, san, sgb, sgh, sgn, BM,
+                )
             if TILE_GRAD:  # (its pattern: (q0 / BM) n_kt + k0 / BN; its pairs off the table's, not read)
                 slot = DBT + ((start_m // BM) * n_kt + tl.program_id(0)) * BN * BM
                 slot += tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]
@@ -620,6 +635,35 @@ def _dkdv_block(
     tl.store(dk_ptr, (dk * sm_scale).to(DK.dtype.element_ty), kv_mask)
     dv_ptr = DV + b * shb + h * shh + offs_n[:, None] * shn + offs_d[None, :]
     tl.store(dv_ptr, dv.to(DV.dtype.element_ty), kv_mask)
+
+
+@triton.jit
+def _add_in_order(
+    DQ, LOCKS, DQO, dq, b, h, bh, start_m, offs_m, offs_d, N, D, sab, sah, san, sgb, sgh, sgn, BM: tl.constexpr,
+):
+    """The ``dkdv`` kernel's ``ORDERED_DQ`` addition of key block ``program_id(0)``'s part ``dq`` of a query tile:
+    once the tile's lock reads this block's index, the first block stores its part in the float32 sums ``DQ``, the
+    next add theirs to them (read past the L1 cache, which another program's writes do not reach), the last writes
+    the total to ``DQO``; then, all its threads' stores made (a barrier), the lock is counted up with release
+    semantics (the next block's acquiring read sees the stores). The barrier keeps Triton from pipelining the tile
+    loop's loads (sm_90: none asynchronous, 34 KB of shared memory against 74 KB); without it, it would."""
+    rank = tl.program_id(0)
+    last = tl.num_programs(0) - 1
+    lock = LOCKS + bh * tl.cdiv(N, BM) + start_m // BM
+    if rank > 0:
+        while tl.atomic_add(lock, 0, sem="acquire") != rank:
+            pass
+    mask = (offs_m < N)[:, None] & (offs_d < D)[None, :]
+    acc = DQ + b * sab + h * sah + offs_m[:, None] * san + offs_d[None, :]
+    if rank > 0:
+        dq += tl.load(acc, mask, 0.0, cache_modifier=".cg")
+    if rank == last:
+        out = DQO + b * sgb + h * sgh + offs_m[:, None] * sgn + offs_d[None, :]
+        tl.store(out, dq.to(DQO.dtype.element_ty), mask)
+    else:
+        tl.store(acc, dq, mask)
+    tl.debug_barrier()
+    tl.atomic_add(lock, 1, sem="release")
 
 
 @triton.jit

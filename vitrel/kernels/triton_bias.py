@@ -385,6 +385,15 @@ TABLE_GRAD_IN_DQ = True
 #: same sums in the same kernel's loop; not yet timed on a GPU (``bench/triton_tune.py --in-dq`` times both)
 TABLE_GRAD_IN_DKDV = True
 
+#: whether the deterministic backward's ``dkdv`` kernel adds ``dq`` itself, in the order of the key blocks (each
+#: waits on a lock per query tile for the blocks before it; :func:`vitrel.kernels._triton_bias_kernels._add_in_order`),
+#: where every key block visits every query tile (full grids: no token layout, mask, causal or skipped tiles): no
+#: ``dq`` kernel, which recomputes ``q k^T`` and ``dO v^T``, so FlashAttention-2's five products a tile, bitwise
+#: repeatable; with the table's gradient in the ``dkdv`` kernel as ``TABLE_GRAD_IN_DKDV``. Off: untimed on a GPU,
+#: and its locks need the lower key blocks' programs started first (CUDA starts a grid's programs in the order of
+#: their index); ``bench/triton_tune.py --in-dq`` times it
+DQ_IN_ORDER = False
+
 
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
     """The element type of the bias tiles ``kernel`` reads for inputs of ``dtype``: the inputs' own where they are
@@ -733,14 +742,28 @@ def _bwd_launches(
     sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale]
     by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
     atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
-    # dq: added into float32 by the dkdv kernel's atomics, or written by the dq kernel
+    # dq added by the dkdv kernel in the key blocks' order (DQ_IN_ORDER): deterministic, where every key block visits
+    # every query tile (a full grid, nothing masked or skipped) and no dq kernel sums the table's gradient
+    ordered = DQ_IN_ORDER and not atomic and not (grad_t and not by_tiles)
+    ordered = ordered and tokens is None and blocks is None and not causal and mask_kind == 0
+    # dq: added into float32 by the dkdv kernel's atomics or in order (its sums; the last key block writes dq), or
+    # written by the dq kernel
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_empty(q.shape)
     dq_acc = dq if atomic else _placeholder(q.dtype, 4, q.device)
-    # the bias tiles' gradient summed by the dkdv kernel (TABLE_GRAD_IN_DKDV), where dq is added by atomics (no dq
-    # kernel to sum it) and each of its tiles is one pattern; transposed, keys by queries, as the kernel's tiles
-    in_dkdv = TABLE_GRAD_IN_DKDV and by_tiles and atomic and dm == dn and tiling_kv[1] > 0 and tiling_kv[4] == 0
+    if ordered:
+        dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)  # (the first key block stores)
+    locks = (
+        torch.zeros(b, h, triton_cdiv(n, dm), device=q.device, dtype=torch.int32)
+        if ordered
+        else _placeholder(torch.int32, 1, q.device)
+    )
+    # the bias tiles' gradient summed by the dkdv kernel (TABLE_GRAD_IN_DKDV), where it adds dq (no dq kernel to sum
+    # it) and each of its tiles is one pattern; transposed, keys by queries, as the kernel's tiles
+    in_dkdv = TABLE_GRAD_IN_DKDV and by_tiles and (atomic or ordered) and dm == dn
+    in_dkdv = in_dkdv and tiling_kv[1] > 0 and tiling_kv[4] == 0
+    shares = in_dkdv or ordered  # (programs of a key block, a head and a share of the batch)
     n_kb = triton_cdiv(n, dn)
-    split_kv = _n_split(n_kb, h, b, sms) if in_dkdv else 1
+    split_kv = _n_split(n_kb, h, b, sms) if shares else 1
     dbt_kv = (
         torch.zeros(split_kv, h, tiling_kv[1], dn, dm, device=q.device, dtype=torch.float32)
         if in_dkdv
@@ -749,15 +772,17 @@ def _bwd_launches(
     if in_dkdv and cuda:
         opts_kv = options or LAUNCH.get(("dkdv_sums", block_d), opts_kv)
     dkdv = Launch.make(
-        "dkdv", (n_kb, h, split_kv) if in_dkdv else (n_kb, b * h),
-        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, dbt_kv, *common, *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv,
-         split_kv],
-        dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv), opts_kv,
+        "dkdv", (n_kb, h, split_kv) if shares else (n_kb, b * h),
+        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, dbt_kv, locks, dq if ordered else _placeholder(q.dtype, 4, q.device),
+         *common,
+         *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv, split_kv],
+        dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv, SHARES=shares,
+             ORDERED_DQ=ordered), opts_kv,
     )  # fmt: skip
     # dq: the square tile where it sums the table gradient's diagonals (gathered bias, token layouts), else as pick
     diagonals = grad_t and not by_tiles
     qm, qn, bt_q, tiling_q, q_visible, opts_q = (blk, blk, bt, tiling, visible, opts)
-    if not (diagonals or atomic):
+    if not (diagonals or atomic or ordered):
         qm, qn, bt_q, tiling_q, q_visible, opts_q = pick("dq")
     n_b = triton_cdiv(n, qm)
     n_split = _n_split(n_b, h, b, sms)
@@ -770,13 +795,13 @@ def _bwd_launches(
         else _placeholder(torch.float32, 1, q.device)
     )
     # the bias tiles' gradient summed by the dq kernel (TABLE_GRAD_IN_DQ), where each of its tiles is one pattern
-    in_dq = TABLE_GRAD_IN_DQ and by_tiles and not atomic and tiling_q[1] > 0 and tiling_q[4] == 0
+    in_dq = TABLE_GRAD_IN_DQ and by_tiles and not (atomic or ordered) and tiling_q[1] > 0 and tiling_q[4] == 0
     dbt_q = (
         torch.zeros(n_split, h, tiling_q[1], qm, qn, device=q.device, dtype=torch.float32)
         if in_dq
         else _placeholder(torch.float32, 1, q.device)
     )
-    dq_launch = None if atomic else Launch.make(
+    dq_launch = None if atomic or ordered else Launch.make(
         "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), dq, slots, scratch, dbt_q, *common,
         *_strides(dq), b, *sizes, *tiling_q, n_split, slot_size],
         dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=diagonals, TILE_GRAD=in_dq), opts_q,
@@ -859,12 +884,12 @@ def _bwd_impl(
             dt = table_grad_from_tiles(bwd.dbt, bwd.patterns, grid_h, grid_w, prefix)
         return (*bwd.grads, dt)
     bwd.delta()
-    for launch in [bwd.dkdv] if bwd.dkdv.args["TILE_GRAD"] else _batch_chunks(bwd.dkdv, *q.shape[:2]):
-        launch()  # (TILE_GRAD's programs: a head and share each, the batch in their loop)
+    for launch in [bwd.dkdv] if bwd.dkdv.args["SHARES"] else _batch_chunks(bwd.dkdv, *q.shape[:2]):
+        launch()  # (SHARES's programs: a head and share each, the batch in their loop)
     dq, dk, dv = bwd.grads
-    if bwd.dq is None:  # added by atomics in float32
+    if bwd.dkdv.args["ATOMIC_DQ"]:  # added by atomics in float32
         dq = dq.to(q.dtype)
-    else:
+    elif bwd.dq is not None:  # (else written by the dkdv kernel: ORDERED_DQ)
         bwd.dq()
     h, slots = q.shape[1], bwd.slots
     if bwd.dbias is not None:

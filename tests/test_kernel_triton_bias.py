@@ -1455,7 +1455,8 @@ def test_dq_in_order_only_where_every_tile_is_visited(monkeypatch):
 def test_dq_in_order_compiles_for_hopper():
     """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call), the ``dkdv`` kernel that adds ``dq`` in the key
     blocks' order (``DQ_IN_ORDER``) and sums the bias tiles' gradient keeps its products unserialized, within the
-    shared memory; the call plans no ``dq`` or ``dbias`` launch."""
+    shared memory, and its tile loop pipelined (asynchronous copies: a barrier in the loop, as a first form of the
+    lock's release had, stops Triton from pipelining it); the call plans no ``dq`` or ``dbias`` launch."""
     import json
 
     code = (
@@ -1463,7 +1464,9 @@ def test_dq_in_order_compiles_for_hopper():
         "q = torch.zeros(256, 12, 197, 64, dtype=torch.bfloat16); "
         "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
         "a = ls['dkdv'].args; c = tb.compile_launch(ls['dkdv']); "
-        "print(json.dumps([sorted(ls), a['ORDERED_DQ'], a['TILE_GRAD'], c.metadata.shared, tb.serialized_products(c)]))"
+        "print(json.dumps([sorted(ls), a['ORDERED_DQ'], a['TILE_GRAD'], c.metadata.shared, tb.serialized_products(c), "
+        "'cp.async' in c.asm['ptx']]))"
     )
-    names, ordered, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(code))
+    names, ordered, tile_grad, shared, serialized, pipelined = json.loads(_compiled_for_hopper(code))
     assert names == ["delta", "dkdv", "fwd"] and ordered and tile_grad and 0 < shared <= 232448 and not serialized
+    assert pipelined

@@ -524,7 +524,7 @@ def _bwd_dkdv_kernel(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    TILE_GRAD: tl.constexpr, SHARES: tl.constexpr, ORDERED_DQ: tl.constexpr,
+    TILE_GRAD: tl.constexpr, SHARES: tl.constexpr, ORDERED_DQ: tl.constexpr, NT: tl.constexpr,
 ):
     """``dk``, ``dv`` of one key block (``DK``, ``DV`` ``[B, H, N, D]`` with strides ``sg*``, ``sh*``); with
     ``ATOMIC_DQ``, also each tile's part of ``dq``, added by atomics into ``DQ [B, H, N, D]`` (float32, strides
@@ -532,8 +532,9 @@ def _bwd_dkdv_kernel(
     the order of the additions, so the low bits of ``dq``, change from run to run. With ``ORDERED_DQ`` instead, each
     tile's part of ``dq`` is added in the order of the key blocks, so deterministic with no ``dq`` kernel
     (:func:`_add_in_order`): the program of key block ``j`` waits until ``LOCKS [B, H, n_qt]`` (int32, zeros first)
-    reads ``j`` at its query tile, then stores its part (``j = 0``) or adds it to the float32 sums in ``DQ``, or, the
-    last key block, writes ``dq`` itself to ``DQO`` (the strides of ``DK``), and counts the lock up. Every key block
+    reads ``j NT`` at its query tile (``NT``: its threads), then stores its part (``j = 0``) or adds it to the float32
+    sums in ``DQ``, or, the last key block, writes ``dq`` itself to ``DQO`` (the strides of ``DK``), and each thread
+    counts the lock up. Every key block
     visits every query tile in the same order (a full grid: no token layout, mask, causal or skipped tiles), so after
     the first tile the blocks should run one addition apart and seldom wait (untimed). It needs each key block's
     lower blocks' programs started first, as CUDA starts a grid's programs in the order of their index (and Triton's
@@ -558,7 +559,7 @@ def _bwd_dkdv_kernel(
                 sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb,
                 n_mask_b, sgb, sgh, sgn, shb, shh, shn, sab, sah, san, b, h, b * H + h, H, N, P, GH, GW, qk_scale,
                 sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, D, BLOCK_D, BM, BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT,
-                HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD, ORDERED_DQ,
+                HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD, ORDERED_DQ, NT,
             )
     else:
         _dkdv_block(
@@ -566,7 +567,7 @@ def _bwd_dkdv_kernel(
             sqb, sqh, sqn, skb, skh, skn, svb, svh, svn, sdob, sdoh, sdon, stride_tg, stride_th, stride_mb, n_mask_b,
             sgb, sgh, sgn, shb, shh, shn, sab, sah, san, tl.program_id(1) // H, tl.program_id(1) % H, tl.program_id(1),
             H, N, P, GH, GW, qk_scale, sm_scale, n_kt, n_pat, d_min, g_d, n_m, g_m, D, BLOCK_D, BM, BN, HAS_TABLE,
-            MASK_KIND, CAUSAL, LAYOUT, HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD, ORDERED_DQ,
+            MASK_KIND, CAUSAL, LAYOUT, HAS_BLOCKS, TILED, PREC, RAW, ATOMIC_DQ, TILE_GRAD, ORDERED_DQ, NT,
         )
 
 
@@ -579,7 +580,7 @@ def _dkdv_block(
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, ATOMIC_DQ: tl.constexpr,
-    TILE_GRAD: tl.constexpr, ORDERED_DQ: tl.constexpr,
+    TILE_GRAD: tl.constexpr, ORDERED_DQ: tl.constexpr, NT: tl.constexpr,
 ):
     """:func:`_bwd_dkdv_kernel`'s work for batch element ``b``, head ``h`` (``bh = b H + h``; ``DBT``: its share's and
     head's sums)."""
@@ -626,6 +627,7 @@ def _dkdv_block(
                 dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC) * sm_scale
                 _add_in_order(
                     DQ, LOCKS, DQO, dq, b, h, bh, start_m, offs_m, offs_d, N, D, sab, sah, san, sgb, sgh, sgn, BM,
+                    NT,
                 )
             if TILE_GRAD:  # (its pattern: (q0 / BM) n_kt + k0 / BN; its pairs off the table's, not read)
                 slot = DBT + ((start_m // BM) * n_kt + tl.program_id(0)) * BN * BM
@@ -640,18 +642,20 @@ def _dkdv_block(
 @triton.jit
 def _add_in_order(
     DQ, LOCKS, DQO, dq, b, h, bh, start_m, offs_m, offs_d, N, D, sab, sah, san, sgb, sgh, sgn, BM: tl.constexpr,
+    NT: tl.constexpr,
 ):
     """The ``dkdv`` kernel's ``ORDERED_DQ`` addition of key block ``program_id(0)``'s part ``dq`` of a query tile:
-    once the tile's lock reads this block's index, the first block stores its part in the float32 sums ``DQ``, the
-    next add theirs to them (read past the L1 cache, which another program's writes do not reach), the last writes
-    the total to ``DQO``; then, all its threads' stores made (a barrier), the lock is counted up with release
-    semantics (the next block's acquiring read sees the stores). The barrier keeps Triton from pipelining the tile
-    loop's loads (sm_90: none asynchronous, 34 KB of shared memory against 74 KB); without it, it would."""
+    once the tile's lock reads ``NT`` (the program's threads) times this block's index, the first block stores its
+    part in the float32 sums ``DQ``, the next add theirs to them (read past the L1 cache, which another program's
+    writes do not reach), the last writes the total to ``DQO``; then every thread adds 1 to the lock with release
+    semantics, each after its own stores, so the next block's acquiring read of ``NT`` more sees them all. (One
+    release after a barrier kept Triton from pipelining the tile loop's loads: sm_90, no asynchronous copies; these
+    releases do not.)"""
     rank = tl.program_id(0)
     last = tl.num_programs(0) - 1
     lock = LOCKS + bh * tl.cdiv(N, BM) + start_m // BM
     if rank > 0:
-        while tl.atomic_add(lock, 0, sem="acquire") != rank:
+        while tl.atomic_add(lock, 0, sem="acquire") != rank * NT:
             pass
     mask = (offs_m < N)[:, None] & (offs_d < D)[None, :]
     acc = DQ + b * sab + h * sah + offs_m[:, None] * san + offs_d[None, :]
@@ -662,8 +666,8 @@ def _add_in_order(
         tl.store(out, dq.to(DQO.dtype.element_ty), mask)
     else:
         tl.store(acc, dq, mask)
-    tl.debug_barrier()
-    tl.atomic_add(lock, 1, sem="release")
+    one = tl.full([NT], 1, tl.int32)  # (one element a thread: each releases its own stores)
+    tl.atomic_add(lock + tl.zeros([NT], tl.int32), one, sem="release")
 
 
 @triton.jit

@@ -777,7 +777,7 @@ def _bwd_launches(
          *common,
          *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv, split_kv],
         dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv, SHARES=shares,
-             ORDERED_DQ=ordered), opts_kv,
+             ORDERED_DQ=ordered, NT=32 * opts_kv.get("num_warps", 4)), opts_kv,
     )  # fmt: skip
     # dq: the square tile where it sums the table gradient's diagonals (gathered bias, token layouts), else as pick
     diagonals = grad_t and not by_tiles

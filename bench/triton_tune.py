@@ -337,14 +337,15 @@ def tune_size(
 
 
 #: the rows of ``--in-dq`` a call: (label, flags of triton_bias set for it, deterministic, the launch and its argument
-#: that must be true for the row to be what it says; None: nothing to check), the default first
+#: that must be true for the row to be what it says; None: nothing to check), the default first, DQ_IN_ORDER's last
+#: (its programs wait on locks: were a GPU to start them out of order and hang, the rows before it are written)
 IN_DQ_ROWS = [
     ("the table's gradient in dq", {"TABLE_GRAD_IN_DQ": True, "DQ_IN_ORDER": False}, True, ("dq", "TILE_GRAD")),
-    ("dq in the key blocks' order in dkdv, the table's gradient there", {"DQ_IN_ORDER": True}, True,
-     ("dkdv", "ORDERED_DQ")),
     ("dq by atomics, the table's gradient in dkdv", {"TABLE_GRAD_IN_DKDV": True}, False, ("dkdv", "TILE_GRAD")),
     ("the dbias kernel", {"TABLE_GRAD_IN_DQ": False, "DQ_IN_ORDER": False}, True, None),
     ("dq by atomics, the dbias kernel", {"TABLE_GRAD_IN_DKDV": False}, False, None),
+    ("dq in the key blocks' order in dkdv, the table's gradient there", {"DQ_IN_ORDER": True}, True,
+     ("dkdv", "ORDERED_DQ")),
 ]  # fmt: skip
 
 

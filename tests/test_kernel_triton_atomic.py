@@ -45,6 +45,8 @@ def test_table_grad_in_dkdv_equals_reference(monkeypatch, device, grid, prefix, 
     (5 x 24), the ``dbias`` kernel as before; ViT-B/16's 197 tokens, where a GPU's 64-token tiles are one pattern
     each too. A batch of 3, so a program sums two batch elements. The table's gradient bitwise equal on a second run
     (its sums in a fixed order; only ``dq``'s atomics are not)."""
+    if device == "cpu" and grid == (14, 14):  # (the interpreter's 16-token tiles: the grids above cover them)
+        pytest.skip("197 tokens in a GPU's 64-token tiles: under -m cuda")
     monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DKDV", True)
     n = prefix + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)

@@ -1403,6 +1403,8 @@ def test_dq_in_order_equals_reference(monkeypatch, device, grid, prefix, d, case
     the ``dkdv`` kernel where each tile is one pattern, by the ``dbias`` kernel where patterns are shared: 5 x 24),
     none, a fixed one; prefix 0 / 1 / 2; a batch of 3 (a share of two a program); ViT-B/16's 197 tokens. Two runs
     bitwise equal, every gradient (deterministic, unlike ``dq`` by atomics)."""
+    if device == "cpu" and grid == (14, 14):  # (the interpreter's 16-token tiles: the grids above cover them)
+        pytest.skip("197 tokens in a GPU's 64-token tiles: under -m cuda")
     monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
     n = prefix + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))

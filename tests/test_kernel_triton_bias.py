@@ -1472,3 +1472,20 @@ def test_dq_in_order_compiles_for_hopper():
     names, ordered, tile_grad, shared, serialized, pipelined = json.loads(_compiled_for_hopper(code))
     assert names == ["delta", "dkdv", "fwd"] and ordered and tile_grad and 0 < shared <= 232448 and not serialized
     assert pipelined
+
+
+@interpreted
+@pytest.mark.parametrize("table_grad", [True, False])
+def test_dq_in_order_with_a_wide_dkdv_tile(monkeypatch, table_grad):
+    """``DQ_IN_ORDER`` where the ``dkdv`` kernel's key block is twice its query tiles (16 x 32 here, as head dim
+    128's 64 x 128 on a GPU): its locks count query tiles of the ``dkdv`` kernel's, and the table's gradient goes to
+    the ``dbias`` kernel (the tiles are not square); against the reference."""
+    monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
+    monkeypatch.setattr(triton_bias, "_wide_tile", lambda name, block_d, cuda: (16, 32) if name == "dkdv" else None)
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
+    q = torch.zeros(3, 2, 41, 16)
+    launches = triton_bias.plan(q, q, q, torch.zeros(2, 9, 15), (5, 8), 1, table_grad=table_grad, sms=None)
+    dkdv = launches["dkdv"].args
+    assert (dkdv["BM"], dkdv["BN"]) == (16, 32) and dkdv["ORDERED_DQ"] and "dq" not in launches
+    assert dkdv["LOCKS"].shape == (3, 2, 3) and ("dbias" in launches) is table_grad
+    _check("cpu", 3, 2, 16, (5, 8), 1, table_grad=table_grad, bias_read="tiles")

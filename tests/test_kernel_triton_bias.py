@@ -1391,13 +1391,31 @@ def test_table_grad_in_dkdv_compiles_for_hopper():
     assert 0 < shared <= 232448 and not serialized
 
 
+@pytest.fixture
+def in_order(monkeypatch):
+    """``DQ_IN_ORDER`` on, and, in Triton's interpreter (Python, one program after another), a lock that never
+    reads a program's turn made a failure rather than a hang: the test stops after 300 s."""
+    import signal
+
+    monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
+
+    def stop(*_):
+        raise TimeoutError("a DQ_IN_ORDER lock never read its turn")
+
+    before = signal.signal(signal.SIGALRM, stop)
+    signal.alarm(300)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, before)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
     ("grid", "prefix", "d", "case"),
     [((5, 7), 0, 32, "trained"), ((4, 6), 2, 24, "trained"), ((5, 24), 1, 16, "trained"), ((14, 14), 1, 16, "trained"),
      ((6, 6), 1, 16, "none"), ((4, 8), 1, 16, "fixed")],
 )  # fmt: skip
-def test_dq_in_order_equals_reference(monkeypatch, device, grid, prefix, d, case):
+def test_dq_in_order_equals_reference(in_order, device, grid, prefix, d, case):
     """``dq`` added by the ``dkdv`` kernel in the key blocks' order (``DQ_IN_ORDER``; no ``dq`` kernel): output and
     the gradients of q, k, v and the table against the float64 reference, a trained table (its gradient summed by
     the ``dkdv`` kernel where each tile is one pattern, by the ``dbias`` kernel where patterns are shared: 5 x 24),
@@ -1405,7 +1423,6 @@ def test_dq_in_order_equals_reference(monkeypatch, device, grid, prefix, d, case
     bitwise equal, every gradient (deterministic, unlike ``dq`` by atomics)."""
     if device == "cpu" and grid == (14, 14):  # (the interpreter's 16-token tiles: the grids above cover them)
         pytest.skip("197 tokens in a GPU's 64-token tiles: under -m cuda")
-    monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
     n = prefix + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))
     table = None if case == "none" else table
@@ -1476,11 +1493,10 @@ def test_dq_in_order_compiles_for_hopper():
 
 @interpreted
 @pytest.mark.parametrize("table_grad", [True, False])
-def test_dq_in_order_with_a_wide_dkdv_tile(monkeypatch, table_grad):
+def test_dq_in_order_with_a_wide_dkdv_tile(in_order, monkeypatch, table_grad):
     """``DQ_IN_ORDER`` where the ``dkdv`` kernel's key block is twice its query tiles (16 x 32 here, as head dim
     128's 64 x 128 on a GPU): its locks count query tiles of the ``dkdv`` kernel's, and the table's gradient goes to
     the ``dbias`` kernel (the tiles are not square); against the reference."""
-    monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
     monkeypatch.setattr(triton_bias, "_wide_tile", lambda name, block_d, cuda: (16, 32) if name == "dkdv" else None)
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)
     q = torch.zeros(3, 2, 41, 16)

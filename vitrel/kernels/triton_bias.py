@@ -741,17 +741,19 @@ def _bwd_launches(
     common = [*_strides(q, k, v, do), stg, sth, smb, nmb]
     sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale]
     by_tiles = grad_t and flags["TILED"]  # the table's gradient by tile pattern (dbias), else in the dq kernel
-    atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or (grad_t and not by_tiles))
+    diagonals = grad_t and not by_tiles  # (the dq kernel sums the table gradient's diagonals: gathered, layouts)
+    atomic = not (deterministic or torch.are_deterministic_algorithms_enabled() or diagonals)
     # dq added by the dkdv kernel in the key blocks' order (DQ_IN_ORDER): deterministic, where every key block visits
     # every query tile (a full grid, nothing masked or skipped) and no dq kernel sums the table's gradient
-    ordered = DQ_IN_ORDER and not atomic and not (grad_t and not by_tiles)
+    ordered = DQ_IN_ORDER and not (atomic or diagonals)
     ordered = ordered and tokens is None and blocks is None and not causal and mask_kind == 0
-    # dq: added into float32 by the dkdv kernel's atomics or in order (its sums; the last key block writes dq), or
-    # written by the dq kernel
+    # dq: added into float32 by the dkdv kernel's atomics, or written by the dq kernel, or by the dkdv kernel in
+    # order (its float32 sums, which the first key block stores; the last writes dq)
     dq = torch.zeros(q.shape, device=q.device, dtype=torch.float32) if atomic else q.new_empty(q.shape)
-    dq_acc = dq if atomic else _placeholder(q.dtype, 4, q.device)
-    if ordered:
-        dq_acc = torch.empty(q.shape, device=q.device, dtype=torch.float32)  # (the first key block stores)
+    if atomic or ordered:
+        dq_acc = dq if atomic else torch.empty(q.shape, device=q.device, dtype=torch.float32)
+    else:
+        dq_acc = _placeholder(q.dtype, 4, q.device)
     locks = (
         torch.zeros(b, h, triton_cdiv(n, dm), device=q.device, dtype=torch.int32)
         if ordered
@@ -774,13 +776,11 @@ def _bwd_launches(
     dkdv = Launch.make(
         "dkdv", (n_kb, h, split_kv) if shares else (n_kb, b * h),
         [*inputs(by_cols, bt_kv), dk, dv, dq_acc, dbt_kv, locks, dq if ordered else _placeholder(q.dtype, 4, q.device),
-         *common,
-         *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv, split_kv],
+         *common, *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv, split_kv],
         dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv, SHARES=shares,
              ORDERED_DQ=ordered, NT=32 * opts_kv.get("num_warps", 4)), opts_kv,
     )  # fmt: skip
     # dq: the square tile where it sums the table gradient's diagonals (gathered bias, token layouts), else as pick
-    diagonals = grad_t and not by_tiles
     qm, qn, bt_q, tiling_q, q_visible, opts_q = (blk, blk, bt, tiling, visible, opts)
     if not (diagonals or atomic or ordered):
         qm, qn, bt_q, tiling_q, q_visible, opts_q = pick("dq")

@@ -159,6 +159,11 @@ CASES = [
 ]  # fmt: skip
 
 
+#: the plan options of :data:`CASES` that set a flag of ``triton_bias`` for the call only
+_FLAGS = {"in_dq": "TABLE_GRAD_IN_DQ", "in_dkdv": "TABLE_GRAD_IN_DKDV", "in_order": "DQ_IN_ORDER",
+          "tile_bwd": "TILE_BWD", "tile_fwd": "TILE_FWD"}  # fmt: skip
+
+
 def _plan(call: dict, opts: dict) -> dict:
     """``triton_bias.plan`` of a case (``dbias_batch_outer``: with the ``dbias`` kernel's other loop order,
     ``triton_bias.DBIAS_BATCH_OUTER``; ``fwd_tma`` False: the forward's keys and values read by address,
@@ -170,27 +175,24 @@ def _plan(call: dict, opts: dict) -> dict:
     blocks' order, ``DQ_IN_ORDER``; each set for the call only)."""
     opts = dict(opts)
     tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
-    saved, tile_bwd, tile_fwd = tuple(t.copy() for t in tables), tb.TILE_BWD, tb.TILE_FWD
-    in_dq, in_dkdv, in_order = tb.TABLE_GRAD_IN_DQ, tb.TABLE_GRAD_IN_DKDV, tb.DQ_IN_ORDER
+    saved = tuple(t.copy() for t in tables)
+    flags = {name: getattr(tb, name) for name in _FLAGS.values()}
     if opts.pop("dbias_batch_outer", False):
         tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
     if not opts.pop("fwd_tma", True):
         tb.TMA_READS.discard("fwd")
     if not opts.pop("dbias_wide", True):
         tb._DBIAS_WIDE.clear()
-    tb.TABLE_GRAD_IN_DQ = opts.pop("in_dq", tb.TABLE_GRAD_IN_DQ)
-    tb.TABLE_GRAD_IN_DKDV = opts.pop("in_dkdv", tb.TABLE_GRAD_IN_DKDV)
-    tb.DQ_IN_ORDER = opts.pop("in_order", tb.DQ_IN_ORDER)
-    tb.TILE_BWD = opts.pop("tile_bwd", tb.TILE_BWD)
-    tb.TILE_FWD = opts.pop("tile_fwd", tb.TILE_FWD)
+    for key, name in _FLAGS.items():
+        setattr(tb, name, opts.pop(key, flags[name]))
     try:
         return tb.plan(**call, **opts)
     finally:
         for table, before in zip(tables, saved):
             table.clear()
             table.update(before)
-        tb.TILE_BWD, tb.TILE_FWD, tb.TABLE_GRAD_IN_DQ, tb.TABLE_GRAD_IN_DKDV = tile_bwd, tile_fwd, in_dq, in_dkdv
-        tb.DQ_IN_ORDER = in_order
+        for name, value in flags.items():
+            setattr(tb, name, value)
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:

@@ -534,11 +534,10 @@ def _bwd_dkdv_kernel(
     (:func:`_add_in_order`): the program of key block ``j`` waits until ``LOCKS [B, H, n_qt]`` (int32, zeros first)
     reads ``j NT`` at its query tile (``NT``: its threads), then stores its part (``j = 0``) or adds it to the float32
     sums in ``DQ``, or, the last key block, writes ``dq`` itself to ``DQO`` (the strides of ``DK``), and each thread
-    counts the lock up. Every key block
-    visits every query tile in the same order (a full grid: no token layout, mask, causal or skipped tiles), so after
-    the first tile the blocks should run one addition apart and seldom wait (untimed). It needs each key block's
-    lower blocks' programs started first, as CUDA starts a grid's programs in the order of their index (and Triton's
-    interpreter runs them one after another).
+    counts the lock up. Every key block visits every query tile in the same order (a full grid: no token layout,
+    mask, causal or skipped tiles), so after the first tile the blocks should run one addition apart and seldom wait
+    (untimed). It needs each key block's lower blocks' programs started first, as CUDA starts a grid's programs in
+    the order of their index (and Triton's interpreter runs them one after another).
 
     Programs ``(key block, b H + h)``; with ``SHARES``, ``(key block, h, split)``, each taking the batch elements
     ``b = split, split + n_split, ...`` one after another; with ``TILE_GRAD`` (``SHARES`` too; the bias read as
@@ -619,12 +618,12 @@ def _dkdv_block(
             dp = tl.dot(v, tl.trans(do), input_precision=PREC)
             ds = p * (dp - delta[None, :])
             dk += tl.dot(ds.to(qt.dtype), tl.trans(qt), input_precision=PREC)
-            if ATOMIC_DQ:
+            if ATOMIC_DQ or ORDERED_DQ:
                 dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC) * sm_scale
+            if ATOMIC_DQ:
                 dq_ptr = DQ + b * sab + h * sah + offs_m[:, None] * san + offs_d[None, :]
                 tl.atomic_add(dq_ptr, dq, mask=(offs_m < N)[:, None] & dmask[None, :], sem="relaxed")
             if ORDERED_DQ:
-                dq = tl.dot(tl.trans(ds.to(k.dtype)), k, input_precision=PREC) * sm_scale
                 _add_in_order(
                     DQ, LOCKS, DQO, dq, b, h, bh, start_m, offs_m, offs_d, N, D, sab, sah, san, sgb, sgh, sgn, BM,
                     NT,

@@ -775,7 +775,7 @@ def _bwd_launches(
         opts_kv = options or LAUNCH.get(("dkdv_sums", block_d), opts_kv)
     dkdv = Launch.make(
         "dkdv", (n_kb, h, split_kv) if shares else (n_kb, b * h),
-        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, dbt_kv, locks, dq if ordered else _placeholder(q.dtype, 4, q.device),
+        [*inputs(by_cols, bt_kv), dk, dv, dq_acc, dbt_kv, locks, dq,  # (DQO: dq, written only where ordered)
          *common, *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv, split_kv],
         dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv, SHARES=shares,
              ORDERED_DQ=ordered, NT=32 * opts_kv.get("num_warps", 4)), opts_kv,

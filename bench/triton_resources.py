@@ -139,6 +139,10 @@ CASES = [
      {"bias_read": "tiles", "deterministic": False, "in_dkdv": False}, ("dkdv", "dbias")),
     ("ViT-B/16, table, bias tiles, dq added in order by the dkdv kernel (DQ_IN_ORDER)", lambda: _layer(14, 12),
      {"bias_read": "tiles", "in_order": True}, ("dkdv",)),
+    ("ViT-B/16, table, bias tiles, the bias by a product (BIAS_BY_PRODUCT)", lambda: _layer(14, 12),
+     {"bias_read": "tiles", "product": True}, ("fwd", "dkdv", "dq")),
+    ("ViT-B/16, table, bias tiles, the bias by a product, dq by atomics", lambda: _layer(14, 12),
+     {"bias_read": "tiles", "product": True, "deterministic": False}, ("dkdv",)),
     ("ViT-B/16, table, bias tiles, square dbias", lambda: _layer(14, 12),
      {"bias_read": "tiles", "dbias_wide": False, "in_dq": False}, ("dbias",)),
     ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "fwd_tma": False}, ("fwd",)),
@@ -161,7 +165,7 @@ CASES = [
 
 #: the plan options of :data:`CASES` that set a flag of ``triton_bias`` for the call only
 _FLAGS = {"in_dq": "TABLE_GRAD_IN_DQ", "in_dkdv": "TABLE_GRAD_IN_DKDV", "in_order": "DQ_IN_ORDER",
-          "tile_bwd": "TILE_BWD", "tile_fwd": "TILE_FWD"}  # fmt: skip
+          "tile_bwd": "TILE_BWD", "tile_fwd": "TILE_FWD", "product": "BIAS_BY_PRODUCT"}  # fmt: skip
 
 
 def _plan(call: dict, opts: dict) -> dict:
@@ -172,7 +176,8 @@ def _plan(call: dict, opts: dict) -> dict:
     ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; ``in_dq``: whether the
     ``dq`` kernel sums the table's gradient, ``triton_bias.TABLE_GRAD_IN_DQ``; ``in_dkdv``: the ``dkdv`` kernel, where
     it adds ``dq`` by atomics, ``TABLE_GRAD_IN_DKDV``; ``in_order``: ``dq`` added by the ``dkdv`` kernel in the key
-    blocks' order, ``DQ_IN_ORDER``; each set for the call only)."""
+    blocks' order, ``DQ_IN_ORDER``; ``product``: the bias added by a product, ``BIAS_BY_PRODUCT``; each set for the
+    call only)."""
     opts = dict(opts)
     tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
     saved = tuple(t.copy() for t in tables)

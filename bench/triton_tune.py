@@ -344,6 +344,10 @@ IN_DQ_ROWS = [
     ("dq by atomics, the table's gradient in dkdv", {"TABLE_GRAD_IN_DKDV": True}, False, ("dkdv", "TILE_GRAD")),
     ("the dbias kernel", {"TABLE_GRAD_IN_DQ": False, "DQ_IN_ORDER": False}, True, None),
     ("dq by atomics, the dbias kernel", {"TABLE_GRAD_IN_DKDV": False}, False, None),
+    ("the bias by a product, the table's gradient in dq", {"BIAS_BY_PRODUCT": True, "DQ_IN_ORDER": False}, True,
+     ("dkdv", "RAW")),
+    ("dq by atomics, the bias by a product", {"BIAS_BY_PRODUCT": True, "TABLE_GRAD_IN_DKDV": True}, False,
+     ("dkdv", "RAW")),
     ("dq in the key blocks' order in dkdv (the table's gradient there where it can)", {"DQ_IN_ORDER": True}, True,
      ("dkdv", "ORDERED_DQ")),
 ]  # fmt: skip

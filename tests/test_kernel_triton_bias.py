@@ -1506,3 +1506,81 @@ def test_dq_in_order_with_a_wide_dkdv_tile(in_order, monkeypatch, table_grad):
     assert (dkdv["BM"], dkdv["BN"]) == (16, 32) and dkdv["ORDERED_DQ"] and "dq" not in launches
     assert dkdv["LOCKS"].shape == (3, 2, 3) and ("dbias" in launches) is table_grad
     _check("cpu", 3, 2, 16, (5, 8), 1, table_grad=table_grad, bias_read="tiles")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("grid", "prefix", "causal", "deterministic", "dtype"),
+    [((5, 7), 1, False, True, None), ((4, 6), 2, False, False, None), ((1, 37), 0, True, True, None),
+     ((3, 5), 1, False, True, torch.float16), ((14, 14), 1, False, True, None),
+     ((14, 14), 1, False, False, None)],
+)  # fmt: skip
+def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, causal, deterministic, dtype):
+    """The bias added by a product with the identity (``BIAS_BY_PRODUCT``: each tile one exact pattern, divided by
+    the scale, 0 off the table, the keys past the end masked by the kernels): output, q, k, v and the table's gradient
+    against the float64 reference, with prefix tokens (2: pairs off the table in the first tile row and column), keys
+    past the end, causal 1-D, half precision (the tiles an fp16 operand), the deterministic backward (the table's
+    gradient in ``dq``) and the atomic one (in ``dkdv``); that the forward and backward kernels take it is asserted,
+    and that the one-tile kernels and shared patterns do not. ViT-B/16's 197 tokens under ``-m cuda``."""
+    if device == "cpu" and grid == (14, 14):
+        pytest.skip("197 tokens in a GPU's 64-token tiles: under -m cuda")
+    monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", True)
+    monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (the interpreter's grids: else one tile of a GPU's)
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
+    n = prefix + grid[0] * grid[1]
+    q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
+    sms = None if device == "cpu" else 132
+    call = dict(causal=causal, deterministic=deterministic, sms=sms)
+    launches = triton_bias.plan(q, k, v, table, grid, prefix, **call)
+    assert {name: launches[name].args["RAW"] for name in launches if name != "delta"} == dict.fromkeys(
+        ["fwd", "dkdv"] + ([] if not deterministic else ["dq"]), True
+    )
+    _check(device, 2, 2, 16, grid, prefix, causal=causal, deterministic=deterministic, dtype=dtype)
+    if device == "cpu" and grid == (5, 7):  # where it is not taken: patterns shared (4 x 8), one-tile kernels
+        q8, k8, v8, t8 = (t.float() for t in _inputs(2, 2, 33, 16, (4, 8)))
+        assert not triton_bias.plan(q8, k8, v8, t8, (4, 8), 1, sms=None)["fwd"].args["RAW"]
+        monkeypatch.setattr(triton_bias, "TILE_FWD", True)
+        monkeypatch.setattr(triton_bias, "TILE_BWD", True)
+        small = triton_bias.plan(*(t[:, :, :10] for t in (q, k, v)), table[:, 1:6, 1:6], (3, 3), 1, sms=None)
+        assert set(small) == {"fwd", "tile"} and not any(x.args["RAW"] for x in small.values())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bias_by_product_with_the_dbias_kernel_and_windows(monkeypatch, device):
+    """The bias by a product (``BIAS_BY_PRODUCT``) where the ``dbias`` kernel sums the table's gradient
+    (``TABLE_GRAD_IN_DQ`` off) and in a batch of windows with their region ids (the seam's windows masked, the others
+    not), against the float64 reference."""
+    from vitrel.models.swin_windows import window_regions
+    from vitrel.pos.geometry import Grid
+
+    monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", True)
+    monkeypatch.setattr(triton_bias, "TILE_FWD", False)
+    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
+    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
+    q, k, v, table = (t.float() for t in _inputs(2, 2, 36, 16, (5, 7)))
+    launches = triton_bias.plan(q, k, v, table, (5, 7), 1)
+    assert "dbias" in launches and launches["dbias"].args["RAW"] and launches["fwd"].args["RAW"]
+    _check(device, 2, 2, 16, (5, 7), 1)
+    _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)))
+
+
+def test_bias_by_product_compiles_for_hopper():
+    """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call, ``BIAS_BY_PRODUCT``): the forward, ``dkdv`` and
+    ``dq`` kernels take the bias by a product (a third product in their loop, the bias tile its operand in shared
+    memory: not widened in registers, so no ``prmt`` of bf16 pairs in the forward), keep their products unserialized,
+    their loops pipelined and within the shared memory."""
+    import json
+
+    code = (
+        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.BIAS_BY_PRODUCT = True; "
+        "q = torch.zeros(256, 12, 197, 64, dtype=torch.bfloat16); "
+        "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
+        "cs = {k: tb.compile_launch(ls[k]) for k in ('fwd', 'dkdv', 'dq')}; "
+        "print(json.dumps({k: [ls[k].args['RAW'], c.asm['ptx'].count('wgmma.mma_async'), c.metadata.shared, "
+        "tb.serialized_products(c), 'cp.async' in c.asm['ptx'] or 'cp.async.bulk' in c.asm['ptx'], "
+        "'prmt' in c.asm['ptx']] for k, c in cs.items()}))"
+    )
+    got = json.loads(_compiled_for_hopper(code))
+    for name, (raw, _, shared, serialized, pipelined, _) in got.items():
+        assert raw and 0 < shared <= 232448 and not serialized and pipelined, (name, got[name])
+    assert got["fwd"][1] >= 12 and not got["fwd"][5], got["fwd"]  # (q k^T, I b, p v: 4 instructions each)

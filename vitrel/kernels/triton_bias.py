@@ -394,6 +394,39 @@ TABLE_GRAD_IN_DKDV = True
 #: their index); ``bench/triton_tune.py --in-dq`` times it
 DQ_IN_ORDER = False
 
+#: whether the kernels (``fwd``, ``dkdv``, ``dq``, ``dbias``; not the one-tile ones, whose tile is read once) add the
+#: bias by a product where each of their tiles is one exact pattern (ViT-B/16's 197 tokens): ``s + I b``, the tile
+#: divided by the scale and an operand of the tensor cores (:func:`vitrel.kernels._triton_bias_kernels._bias_product`),
+#: so it is pipelined as the keys are, with no widening and no addition, for a third product of the tile's size.
+#: Only for a table with no ``-inf`` (no visible-tile flags; a product with ``-inf`` is NaN), a positive scale and no
+#: float mask. Off: untimed (sm_90: 40 fewer instructions a 64 x 64 tile in the forward, 52 in ``dkdv``;
+#: ``bench/triton_tune.py --in-dq`` times it)
+BIAS_BY_PRODUCT = False
+
+
+def _stand_in(dtype: torch.dtype) -> float:
+    """The bias tiles' finite stand-in for ``-inf`` where the kernels add them by a product (:data:`BIAS_BY_PRODUCT`):
+    half the type's largest magnitude, negative (in the unscaled logits: a product with the identity's zeros is 0)."""
+    return -torch.finfo(dtype).max / 2
+
+
+def _bias_divisor(table, tokens, blocks, mask_kind: int, scale: float, one_tile: bool, dtype) -> float | None:
+    """What the bias tiles of a call are divided by where the kernels add them by a product
+    (:data:`BIAS_BY_PRODUCT`): the base-2 logits' scale, so they add to the unscaled logits; None where they are added
+    to the logits (no flag, no table, a token layout, visible-tile flags, a float mask, a scale not positive, a call of
+    the one-tile kernels, or a scale under which the tiles' ``-inf`` stand-in, :func:`_stand_in`, would not make a
+    score's weight 0: below -2,000 in the base-2 logits, it does for any spread of the logits under 1,850)."""
+    ok = BIAS_BY_PRODUCT and table is not None and tokens is None and blocks is None and mask_kind != 1
+    qk_scale = scale * _kernels().LOG2E
+    ok = ok and not one_tile and _stand_in(tile_dtype(dtype)) * qk_scale <= -2000
+    return qk_scale if ok else None
+
+
+def _by_product(divisor: float | None, tiling) -> bool:
+    """Whether a launch with the bias tiling ``tiling`` (:func:`_tile_args`) adds the bias by a product: a divisor
+    (:func:`_bias_divisor`) and each tile one exact pattern."""
+    return divisor is not None and tiling[1] > 0 and tiling[4] == 0
+
 
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
     """The element type of the bias tiles ``kernel`` reads for inputs of ``dtype``: the inputs' own where they are
@@ -409,21 +442,25 @@ def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
 
 def _tile_args(
     table: Tensor | None, tokens: Tensor | None, bias_read: str, grid_h, grid_w, prefix, n, tm, tw, q, kernel: str,
-    memo: dict | None = None,
+    memo: dict | None = None, divisor: float | None = None,
 ):  # fmt: skip
     """``(tiles, n_kt, n_pat, d_min, g_d, n_m, g_m)`` for the ``kernel``'s launch: the bias tiles of the base-2
     ``table`` on a full grid where ``bias_read`` takes them (:func:`tile_dtype`), else a placeholder and ``n_pat = 0``
     (the bias gathered per score); ``memo`` (one call's): the tiles of one shape and type made once for its forward
-    and backward."""
+    and backward; ``divisor`` (:func:`_bias_divisor`): exact tiles made for a product (:func:`bias_tiles`)."""
     if table is not None and tokens is None and bias_read != "gather":
         pat = tile_patterns(grid_w, n, tm, tw)
         dtype = tile_dtype(q.dtype, kernel)
         size = table.shape[0] * pat.n_pat * tm * tw * dtype.itemsize
         if size <= TILE_BUDGET_BYTES:
-            key = ("tiles", tm, tw, dtype)
+            divisor = divisor if pat.n_m == 0 else None
+            key = ("tiles", tm, tw, dtype, divisor)
             if memo is not None and key in memo:
                 return memo[key], *pat
-            tiles = bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw).to(dtype)
+            tiles = bias_tiles(table, grid_h, grid_w, prefix, pat, tm, tw)
+            if divisor is not None:  # (an operand of a product: -inf's stand-in finite, as 0 * -inf is NaN)
+                tiles = (tiles / divisor).clamp(min=_stand_in(dtype))
+            tiles = tiles.to(dtype)
             if memo is not None:
                 memo[key] = tiles
             return tiles, *pat
@@ -432,14 +469,16 @@ def _tile_args(
     return _placeholder(torch.float32, 1, q.device), 0, 0, 0, 1, 0, 1
 
 
-def _pick_tile(tiles: list, table, tokens, bias_read: str, grid_h, grid_w, prefix, n, q, kernel: str, memo=None):
+def _pick_tile(
+    tiles: list, table, tokens, bias_read: str, grid_h, grid_w, prefix, n, q, kernel: str, memo=None, divisor=None
+):  # fmt: skip
     """``(BM, BN, bias tiles, tiling)`` of ``kernel``'s launch: the first of ``tiles`` (a wide one, or None, then the
     narrow one) whose bias is read whole (its tiles within the budget: else the narrow one's, gathered or not), or any
     where there is no table (:func:`_tile_args`)."""
     tiles = [c for c in tiles if c]
     for bm, bn in tiles:
         read = "auto" if (bm, bn) != tiles[-1] and bias_read == "tiles" else bias_read
-        bt, *tiling = _tile_args(table, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q, kernel, memo)
+        bt, *tiling = _tile_args(table, tokens, read, grid_h, grid_w, prefix, n, bm, bn, q, kernel, memo, divisor)
         if table is None or tiling[1] > 0:
             break
     return bm, bn, bt, tiling
@@ -545,14 +584,15 @@ def _batch_chunks(launch: Launch, batch: int, heads: int) -> list[Launch]:
 _TILE_FLAGS = ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PREC", "RAW")
 
 
-def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype, scale) -> dict:
+def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype, scale, product=False) -> dict:
     """The ``constexpr`` flags every kernel takes; ``RAW``: the logits scaled as the softmax subtracts (one FFMA a
-    score), where nothing is added to them in base 2 (no table, no float mask) and the scale is positive (the row's
-    maximum is taken of the unscaled logits)."""
+    score), where nothing is added to them in base 2 (no table, or its tiles added by a product, ``product``:
+    :func:`_by_product`; no float mask) and the scale is positive (the row's maximum is taken of the unscaled
+    logits)."""
     return dict(
         D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, MASK_KIND=mask_kind, CAUSAL=causal,
         LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(dtype),
-        RAW=table is None and mask_kind != 1 and scale > 0,
+        RAW=(table is None or product) and mask_kind != 1 and scale > 0,
     )  # fmt: skip
 
 
@@ -581,16 +621,18 @@ def _fwd_launch(
             (options or LAUNCH.get(("fwd_tile", block_d), LAUNCH["fwd_tile"])) if cuda else {},
         )  # fmt: skip
     wide = _wide_tile("fwd", block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
+    divisor = _bias_divisor(table, tokens, blocks, mask_kind, scale, False, q.dtype)
     bm, bn, bt, tiling = _pick_tile(
         [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
-        n, q, "fwd", memo,
+        n, q, "fwd", memo, divisor,
     )  # fmt: skip
     visits = tile_lists(tile_flags(blocks, bm, bn, causal))  # the key tiles each query tile visits
     positional = [
         q, k, v, t, m, _int_args(tokens, q), _int_args(visits, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
         smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
-    flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype, scale)
+    product = _by_product(divisor, tiling)
+    flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype, scale, product)
     opts = (options or LAUNCH.get(("fwd", block_d), LAUNCH["fwd"])) if cuda else {}
     tma = triton_cdiv(n, bn) >= TMA_MIN_TILES and tma_reads("fwd", k, v, block_d, cuda)
     one = triton_cdiv(n, bn) == 1  # (the loop's one visit: no rescaling)
@@ -692,15 +734,18 @@ def _bwd_launches(
     m, smb, nmb, mask_kind = _mask_args(mask, q)
     tok = _int_args(tokens, q)
     tab = None if table is None else t
-    bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq", memo)
+    one_tile = TILE_BWD and n <= blk and tokens is None  # (the one-tile kernel's, where it takes the call)
+    divisor = _bias_divisor(table, tokens, blocks, mask_kind, scale, one_tile, q.dtype)
+    bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq", memo, divisor)
     qk_scale = scale * _kernels().LOG2E
 
     def consts(til):  # the constexpr flags of a launch with the bias tiling til
-        return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype, scale)
+        product = _by_product(divisor, til)
+        return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype, scale, product)
 
     flags = consts(tiling)
     grad_t = table_grad and table is not None
-    if TILE_BWD and n <= blk and tokens is None and (flags["TILED"] or not grad_t):
+    if one_tile and (flags["TILED"] or not grad_t):
         inputs = [q, k, v, t, m, tok, bt, out, do, lse, *_strides(q, k, v, out, do), stg, sth, smb, nmb]
         sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale]
         return _tile_bwd_launch(inputs, sizes, flags, grad_t, TilePatterns(*tiling), sms, blk, options)
@@ -726,7 +771,7 @@ def _bwd_launches(
         key = (wide, tile_dtype(q.dtype, kernel))
         if key not in made:
             made[key] = _pick_tile([wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, kernel,
-                                   memo)  # fmt: skip
+                                   memo, divisor)  # fmt: skip
         tm, tw, bias, til = made[key]
         if (tm, tw) == (blk, blk):
             return blk, blk, bias, til, visible, opts

@@ -291,16 +291,18 @@ def test_triton_tune_rows_run(monkeypatch):
     assert len(lines) == want and not [x for x in lines if "failed" in x], lines
     assert sum("fwd a window a program" in x for x in lines) == 1
     assert sum("four bwd kernels" in x for x in lines) == 2 and sum("bwd warps 4 stages 1" in x for x in lines) == 2
-    # the table's gradient in dq, dq in order in dkdv, dq by atomics in dkdv, and the dbias kernel (--in-dq): 5 x 5
+    # the table's gradient in dq, dq in order in dkdv, dq by atomics in dkdv, the dbias kernel, and the bias by a
+    # product with either backward (--in-dq): 5 x 5
     # (one pattern a tile: all timed) and 16 tokens (one tile: no dq or dkdv kernel, said so)
-    flags = ("TABLE_GRAD_IN_DQ", "TABLE_GRAD_IN_DKDV", "DQ_IN_ORDER")
+    flags = ("TABLE_GRAD_IN_DQ", "TABLE_GRAD_IN_DKDV", "DQ_IN_ORDER", "BIAS_BY_PRODUCT")
     monkeypatch.setattr(tune.tb, "DQ_IN_ORDER", not tune.tb.DQ_IN_ORDER)  # (restored as it was, whatever it was)
     lines, before = [], [getattr(tune.tb, f) for f in flags]
     tune.tune_in_dq(argparse.Namespace(rounds=1, out=None), lines, device="cpu", tokens=50, calls=[(5, 0), (4, 0)])
     assert [getattr(tune.tb, f) for f in flags] == before
     assert len(lines) == 2 * (2 + len(tune.IN_DQ_ROWS)) and sum("the dbias kernel" in x for x in lines) == 4
     assert not [x for x in lines if "failed" in x], lines
-    for what in ("gradient in dq", "key blocks' order", "atomics, the table's gradient in dkdv"):
+    for what in ("gradient in dq", "key blocks' order", "atomics, the table's gradient in dkdv", "product (dT in dq)",
+                 "atomics, the bias by a product"):  # fmt: skip
         rows = [x for x in lines if what in x]
         assert len(rows) == 2 and "not taken" not in rows[0] and "not taken" in rows[1], rows
 

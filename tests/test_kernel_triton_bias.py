@@ -1548,8 +1548,9 @@ def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, cau
 @pytest.mark.parametrize("device", DEVICES)
 def test_bias_by_product_with_the_dbias_kernel_and_windows(monkeypatch, device):
     """The bias by a product (``BIAS_BY_PRODUCT``) where the ``dbias`` kernel sums the table's gradient
-    (``TABLE_GRAD_IN_DQ`` off) and in a batch of windows with their region ids (the seam's windows masked, the others
-    not), against the float64 reference."""
+    (``TABLE_GRAD_IN_DQ`` off: the ``dbias`` kernel adds its tiles' bias, from tiles of its own, as it reads a pattern's
+    tile once) and in a batch of windows with their region ids (the seam's windows masked, the others not), against
+    the float64 reference."""
     from vitrel.models.swin_windows import window_regions
     from vitrel.pos.geometry import Grid
 
@@ -1559,7 +1560,8 @@ def test_bias_by_product_with_the_dbias_kernel_and_windows(monkeypatch, device):
     monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
     q, k, v, table = (t.float() for t in _inputs(2, 2, 36, 16, (5, 7)))
     launches = triton_bias.plan(q, k, v, table, (5, 7), 1)
-    assert "dbias" in launches and launches["dbias"].args["RAW"] and launches["fwd"].args["RAW"]
+    assert [launches[k].args["RAW"] for k in ("fwd", "dkdv", "dq", "dbias")] == [True, True, True, False]
+    assert launches["dq"].args["BT"] is not launches["dbias"].args["BT"]  # (the dbias kernel's tiles its own)
     _check(device, 2, 2, 16, (5, 7), 1)
     _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)))
 

@@ -394,7 +394,7 @@ TABLE_GRAD_IN_DKDV = True
 #: their index); ``bench/triton_tune.py --in-dq`` times it
 DQ_IN_ORDER = False
 
-#: whether the kernels (``fwd``, ``dkdv``, ``dq``, ``dbias``; not the one-tile ones, whose tile is read once) add the
+#: whether the kernels (``fwd``, ``dkdv``, ``dq``; not ``dbias`` nor the one-tile ones, which read a tile once) add the
 #: bias by a product where each of their tiles is one exact pattern (ViT-B/16's 197 tokens): ``s + I b``, the tile
 #: divided by the scale and an operand of the tensor cores (:func:`vitrel.kernels._triton_bias_kernels._bias_product`),
 #: so it is pipelined as the keys are, with no widening and no addition, for a third product of the tile's size.
@@ -740,8 +740,8 @@ def _bwd_launches(
     bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq", memo, divisor)
     qk_scale = scale * _kernels().LOG2E
 
-    def consts(til):  # the constexpr flags of a launch with the bias tiling til
-        product = _by_product(divisor, til)
+    def consts(til, div=divisor):  # the constexpr flags of a launch with the bias tiling til (made with div)
+        product = _by_product(div, til)
         return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype, scale, product)
 
     flags = consts(tiling)
@@ -760,19 +760,19 @@ def _bwd_launches(
     visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed
     opts = (options or LAUNCH.get(("bwd", block_d), LAUNCH["bwd"])) if cuda else {}
 
-    made: dict = {}  # (tile, tiles' dtype) -> _pick_tile's: the dq and dbias kernels' wide tiles are one set
+    made: dict = {}  # (tile, tiles' dtype, divisor) -> _pick_tile's: the dq and dbias kernels' wide tiles are one set
 
-    def pick(kernel: str):
+    def pick(kernel: str, div=divisor):
         """``(BM, BN, bias tiles, tiling, visible-tile flags, launch options)`` of ``kernel`` (``dkdv``: keys held
         ``BN``, queries streamed ``BM``; ``dq`` and ``dbias``: queries held ``BM``): its wide tile where its bias is
-        read whole or there is none, else the square one."""
+        read whole or there is none, else the square one; its tiles made with ``div`` (:func:`_bias_divisor`)."""
         wide = _wide_tile(kernel, block_d, cuda) if tile is None and tokens is None and mask_kind == 0 else None
-        if wide is None:
+        if wide is None and div == divisor:
             return blk, blk, bt, tiling, visible, opts
-        key = (wide, tile_dtype(q.dtype, kernel))
+        key = (wide, tile_dtype(q.dtype, kernel), div)
         if key not in made:
             made[key] = _pick_tile([wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, kernel,
-                                   memo, divisor)  # fmt: skip
+                                   memo, div)  # fmt: skip
         tm, tw, bias, til = made[key]
         if (tm, tw) == (blk, blk):
             return blk, blk, bias, til, visible, opts
@@ -858,8 +858,8 @@ def _bwd_launches(
         dbt, tiling_t = dbt_q, tiling_q
     elif in_dkdv:
         dbt, tiling_t = dbt_kv.transpose(-1, -2), tiling_kv
-    elif by_tiles:
-        tm, tw, bt_t, tiling_t, t_visible, opts_t = pick("dbias")
+    elif by_tiles:  # (its tiles' bias added, not by a product: it reads a pattern's tile once, for all its tiles)
+        tm, tw, bt_t, tiling_t, t_visible, opts_t = pick("dbias", None)
         n_pat = tiling_t[1]
         split_t = _n_split(n_pat, h, b, sms)
         dbt = torch.empty(split_t, h, n_pat, tm, tw, device=q.device, dtype=torch.float32)  # each program writes
@@ -867,7 +867,7 @@ def _bwd_launches(
         sizes_t = [*sizes[:6], *tiling_t, split_t]
         dbias = Launch.make(
             "dbias", (n_pat * h * split_t,), [*inputs(t_visible, bt_t), order, dbt, *common, b, *sizes_t],
-            dict(**consts(tiling_t), BM=tm, BN=tw, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts_t,
+            dict(**consts(tiling_t, None), BM=tm, BN=tw, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts_t,
         )  # fmt: skip
     return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling_t), blk)
 

@@ -1586,3 +1586,14 @@ def test_bias_by_product_compiles_for_hopper():
     for name, (raw, _, shared, serialized, pipelined, _) in got.items():
         assert raw and 0 < shared <= 232448 and not serialized and pipelined, (name, got[name])
     assert got["fwd"][1] >= 12 and not got["fwd"][5], got["fwd"]  # (q k^T, I b, p v: 4 instructions each)
+    # head dim 128, its wide tiles: dq (deterministic), and dkdv with dq by atomics beside the dbias kernel (not by a
+    # product: it took 245,760 bytes of shared memory so), within sm_90's shared memory
+    code = (
+        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.BIAS_BY_PRODUCT = True; "
+        "q = torch.zeros(64, 6, 197, 128, dtype=torch.bfloat16); t = torch.zeros(6, 27, 27); "
+        "ls = {d: tb.plan(q, q, q, t, (14, 14), 1, bias_read='tiles', deterministic=d) for d in (True, False)}; "
+        "picked = [(True, 'dq'), (False, 'dkdv'), (False, 'dbias')]; "
+        "print(json.dumps([[ls[d][k].args['RAW'], tb.compile_launch(ls[d][k]).metadata.shared] for d, k in picked]))"
+    )
+    (dq_raw, dq_shared), (kv_raw, kv_shared), (t_raw, t_shared) = json.loads(_compiled_for_hopper(code))
+    assert dq_raw and kv_raw and not t_raw and max(dq_shared, kv_shared, t_shared) <= 232448

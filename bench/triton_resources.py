@@ -149,6 +149,8 @@ CASES = [
     ("no table, fwd without TMA", lambda: {**_layer(), "table": None}, {"fwd_tma": False}, ("fwd",)),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
     ("N = 4096 (no prefix), table, bias tiles", lambda: _layer(prefix=0), {"bias_read": "tiles"}, _FWD),
+    ("N = 4096 (no prefix), table, bias tiles, the bias by a product (BIAS_BY_PRODUCT: patterns shared)",
+     lambda: _layer(prefix=0), {"bias_read": "tiles", "product": True}, ("fwd", "dkdv", "dq")),
     ("head dim 128, table, bias tiles", lambda: _layer(heads=3, head_dim=128), {"bias_read": "tiles"}, None),
     ("head dim 128, no table", lambda: {**_layer(heads=3, head_dim=128), "table": None}, {}, None),
     ("packed images (a token layout)", _packed, {}, None),

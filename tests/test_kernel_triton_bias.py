@@ -1512,18 +1512,20 @@ def test_dq_in_order_with_a_wide_dkdv_tile(in_order, monkeypatch, table_grad):
 @pytest.mark.parametrize(
     ("grid", "prefix", "causal", "deterministic", "dtype"),
     [((5, 7), 1, False, True, None), ((4, 6), 2, False, False, None), ((1, 37), 0, True, True, None),
-     ((3, 5), 1, False, True, torch.float16), ((14, 14), 1, False, True, None),
-     ((14, 14), 1, False, False, None)],
+     ((3, 5), 1, False, True, torch.float16), ((8, 8), 0, False, True, None), ((8, 8), 0, False, False, None),
+     ((14, 14), 1, False, True, None), ((14, 14), 1, False, False, None), ((32, 32), 0, False, True, None)],
 )  # fmt: skip
 def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, causal, deterministic, dtype):
-    """The bias added by a product with the identity (``BIAS_BY_PRODUCT``: each tile one exact pattern, divided by
-    the scale, 0 off the table, the keys past the end masked by the kernels): output, q, k, v and the table's gradient
-    against the float64 reference, with prefix tokens (2: pairs off the table in the first tile row and column), keys
-    past the end, causal 1-D, half precision (the tiles an fp16 operand), the deterministic backward (the table's
-    gradient in ``dq``) and the atomic one (in ``dkdv``); that the forward and backward kernels take it is asserted,
-    and that the one-tile kernels and shared patterns do not. ViT-B/16's 197 tokens under ``-m cuda``."""
-    if device == "cpu" and grid == (14, 14):
-        pytest.skip("197 tokens in a GPU's 64-token tiles: under -m cuda")
+    """The bias added by a product with the identity (``BIAS_BY_PRODUCT``: the tiles divided by the scale, a finite
+    stand-in for ``-inf``): output, q, k, v and the table's gradient against the float64 reference, where each tile is
+    one exact pattern (prefix tokens, 2: pairs off the table in the first tile row and column; keys past the end;
+    causal 1-D; half precision, the tiles an fp16 operand) and where patterns are shared with no prefix token and no
+    key past the end (8 x 8: the ``dbias`` kernel sums the table's gradient, adding its own tiles' bias), with the
+    deterministic backward (the table's gradient in ``dq``) and the atomic one (in ``dkdv``); which kernels take it is
+    asserted, and that the one-tile kernels and shared patterns with a prefix token do not. ViT-B/16's 197 tokens and
+    1,024 under ``-m cuda``."""
+    if device == "cpu" and grid in ((14, 14), (32, 32)):
+        pytest.skip("197 and 1,024 tokens in a GPU's 64-token tiles: under -m cuda")
     monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", True)
     monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (the interpreter's grids: else one tile of a GPU's)
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)
@@ -1532,13 +1534,16 @@ def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, cau
     sms = None if device == "cpu" else 132
     call = dict(causal=causal, deterministic=deterministic, sms=sms)
     launches = triton_bias.plan(q, k, v, table, grid, prefix, **call)
-    assert {name: launches[name].args["RAW"] for name in launches if name != "delta"} == dict.fromkeys(
-        ["fwd", "dkdv"] + ([] if not deterministic else ["dq"]), True
-    )
+    raw = {name: launch.args["RAW"] for name, launch in launches.items() if name != "delta"}
+    assert raw == {"fwd": True, "dkdv": True, **({"dq": True} if "dq" in raw else {}), **({"dbias": False} if
+                   "dbias" in raw else {})} and ("dq" in raw) is deterministic  # fmt: skip
+    assert ("dbias" in raw) is (launches["fwd"].args["n_m"] > 0)  # (shared patterns: the dbias kernel's gradient)
     _check(device, 2, 2, 16, grid, prefix, causal=causal, deterministic=deterministic, dtype=dtype)
     if device == "cpu" and grid == (5, 7):  # where it is not taken: patterns shared (4 x 8), one-tile kernels
         q8, k8, v8, t8 = (t.float() for t in _inputs(2, 2, 33, 16, (4, 8)))
         assert not triton_bias.plan(q8, k8, v8, t8, (4, 8), 1, sms=None)["fwd"].args["RAW"]
+        q8, k8, v8, t8 = (t.float() for t in _inputs(2, 2, 64, 16, (7, 8)))  # (shared, 8 prefix tokens, no key past)
+        assert not triton_bias.plan(q8, k8, v8, t8, (7, 8), 8, sms=None)["fwd"].args["RAW"]
         monkeypatch.setattr(triton_bias, "TILE_FWD", True)
         monkeypatch.setattr(triton_bias, "TILE_BWD", True)
         small = triton_bias.plan(*(t[:, :, :10] for t in (q, k, v)), table[:, 1:6, 1:6], (3, 3), 1, sms=None)

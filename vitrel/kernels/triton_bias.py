@@ -395,13 +395,15 @@ TABLE_GRAD_IN_DKDV = True
 DQ_IN_ORDER = False
 
 #: whether the kernels (``fwd``, ``dkdv``, ``dq``; not ``dbias`` nor the one-tile ones, which read a tile once) add the
-#: bias by a product where each of their tiles is one exact pattern (ViT-B/16's 197 tokens): ``s + I b``, the tile
-#: divided by the scale and an operand of the tensor cores (:func:`vitrel.kernels._triton_bias_kernels._bias_product`),
-#: so it is pipelined as the keys are, with no widening and no addition, for a third product of the tile's size.
+#: bias by a product where each of their tiles is one exact pattern (ViT-B/16's 197 tokens), or patterns are shared with
+#: no prefix token and no key past the end (the layer's N = 1024 and 4096; :func:`_product_tiles`): ``s + I b``, the
+#: tile divided by the scale and an operand of the tensor cores
+#: (:func:`vitrel.kernels._triton_bias_kernels._bias_product`), so it is pipelined as the keys are, with no widening
+#: and no addition, for a third product of the tile's size.
 #: Where there are no visible-tile flags (LookHere's ``-inf`` views skip tiles), no float mask and a positive scale;
 #: a tile's ``-inf`` (the keys past the end) takes a finite stand-in, as a product with ``-inf`` is NaN. Off: untimed
-#: (sm_90, ViT-B/16's call, a 64 x 64 tile's instructions: forward 417 -> 340, ``dkdv`` 465 -> 376, ``dq`` 533 -> 453,
-#: Triton 3.8; ``bench/triton_tune.py --in-dq`` times it)
+#: (sm_90, a 64 x 64 tile's instructions, Triton 3.8: ViT-B/16's forward 417 -> 340, ``dkdv`` 465 -> 376, ``dq``
+#: 533 -> 453; N = 4096's 396 -> 346, 428 -> 360, 352 -> 287; ``bench/triton_tune.py --in-dq`` times it)
 BIAS_BY_PRODUCT = False
 
 
@@ -423,10 +425,18 @@ def _bias_divisor(table, tokens, blocks, mask_kind: int, scale: float, one_tile:
     return qk_scale if ok else None
 
 
-def _by_product(divisor: float | None, tiling) -> bool:
-    """Whether a launch with the bias tiling ``tiling`` (:func:`_tile_args`) adds the bias by a product: a divisor
-    (:func:`_bias_divisor`) and each tile one exact pattern."""
-    return divisor is not None and tiling[1] > 0 and tiling[4] == 0
+def _product_tiles(n_m: int, prefix: int, n: int, tw: int) -> bool:
+    """Whether ``[., tw]`` bias tiles of ``n`` tokens may be added by a product (:data:`BIAS_BY_PRODUCT`): each tile
+    one exact pattern (``n_m = 0``), or, where patterns are shared, no prefix token and no key past the end, none of
+    whose pairs are the table's, which shared patterns hold (a query past the end is harmless: its row is not
+    stored)."""
+    return n_m == 0 or (prefix == 0 and n % tw == 0)
+
+
+def _by_product(divisor: float | None, tiling, prefix: int, n: int, tw: int) -> bool:
+    """Whether a launch with the bias tiling ``tiling`` (:func:`_tile_args`) of ``[., tw]`` tiles adds the bias by a
+    product: a divisor (:func:`_bias_divisor`) and tiles that take it (:func:`_product_tiles`, as made)."""
+    return divisor is not None and tiling[1] > 0 and _product_tiles(tiling[4], prefix, n, tw)
 
 
 def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
@@ -454,7 +464,7 @@ def _tile_args(
         dtype = tile_dtype(q.dtype, kernel)
         size = table.shape[0] * pat.n_pat * tm * tw * dtype.itemsize
         if size <= TILE_BUDGET_BYTES:
-            divisor = divisor if pat.n_m == 0 else None
+            divisor = divisor if _product_tiles(pat.n_m, prefix, n, tw) else None
             key = ("tiles", tm, tw, dtype, divisor)
             if memo is not None and key in memo:
                 return memo[key], *pat
@@ -632,7 +642,7 @@ def _fwd_launch(
         q, k, v, t, m, _int_args(tokens, q), _int_args(visits, q), bt, out, lse, *_strides(q, k, v, out), stg, sth,
         smb, nmb, h, n, prefix, grid_h, grid_w, scale * _kernels().LOG2E, *tiling,
     ]  # fmt: skip
-    product = _by_product(divisor, tiling)
+    product = _by_product(divisor, tiling, prefix, n, bn)
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype, scale, product)
     opts = (options or LAUNCH.get(("fwd", block_d), LAUNCH["fwd"])) if cuda else {}
     tma = triton_cdiv(n, bn) >= TMA_MIN_TILES and tma_reads("fwd", k, v, block_d, cuda)
@@ -740,11 +750,11 @@ def _bwd_launches(
     bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq", memo, divisor)
     qk_scale = scale * _kernels().LOG2E
 
-    def consts(til, div=divisor):  # the constexpr flags of a launch with the bias tiling til (made with div)
-        product = _by_product(div, til)
+    def consts(til, tw, div=divisor):  # the constexpr flags of a launch with the bias tiling til of [., tw] tiles
+        product = _by_product(div, til, prefix, n, tw)  # (its tiles made with div)
         return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype, scale, product)
 
-    flags = consts(tiling)
+    flags = consts(tiling, blk)
     grad_t = table_grad and table is not None
     if one_tile and (flags["TILED"] or not grad_t):
         inputs = [q, k, v, t, m, tok, bt, out, do, lse, *_strides(q, k, v, out, do), stg, sth, smb, nmb]
@@ -823,7 +833,7 @@ def _bwd_launches(
         "dkdv", (n_kb, h, split_kv) if shares else (n_kb, b * h),
         [*inputs(by_cols, bt_kv), dk, dv, dq_acc, dbt_kv, locks, dq,  # (DQO: dq, written only where ordered)
          *common, *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv, split_kv],
-        dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv, SHARES=shares,
+        dict(**consts(tiling_kv, dn), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv, SHARES=shares,
              ORDERED_DQ=ordered, NT=32 * opts_kv.get("num_warps", 4)), opts_kv,
     )  # fmt: skip
     # dq: the square tile where it sums the table gradient's diagonals (gathered bias, token layouts), else as pick
@@ -850,7 +860,7 @@ def _bwd_launches(
     dq_launch = None if atomic or ordered else Launch.make(
         "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), dq, slots, scratch, dbt_q, *common,
         *_strides(dq), b, *sizes, *tiling_q, n_split, slot_size],
-        dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=diagonals, TILE_GRAD=in_dq), opts_q,
+        dict(**consts(tiling_q, qn), BM=qm, BN=qn, TABLE_GRAD=diagonals, TILE_GRAD=in_dq), opts_q,
     )  # fmt: skip
     dbias = dbt = None
     tiling_t = tiling
@@ -867,7 +877,7 @@ def _bwd_launches(
         sizes_t = [*sizes[:6], *tiling_t, split_t]
         dbias = Launch.make(
             "dbias", (n_pat * h * split_t,), [*inputs(t_visible, bt_t), order, dbt, *common, b, *sizes_t],
-            dict(**consts(tiling_t, None), BM=tm, BN=tw, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts_t,
+            dict(**consts(tiling_t, tw, None), BM=tm, BN=tw, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts_t,
         )  # fmt: skip
     return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling_t), blk)
 

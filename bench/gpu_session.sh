@@ -25,8 +25,9 @@
 #                                                              # wall time there was likely the host's), then the
 #                                                              # table's gradient in dq against the dbias kernel,
 #                                                              # with dq by atomics in dkdv, the bias by a product
-#                                                              # (BIAS_BY_PRODUCT) and DQ_IN_ORDER (--in-dq: before
-#                                                              # the N = 197 sweep now, 70 s, the sweep 90)
+#                                                              # in chosen kernels (BIAS_BY_PRODUCT) and
+#                                                              # DQ_IN_ORDER (--in-dq: before the N = 197 sweep now,
+#                                                              # 90 s, the sweep 70)
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -52,8 +53,8 @@ case $part in
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
   four) python3 bench/gpu.py --sections kernel vitbp swinc --budget 420 --out "$out/gpu_$gpu.md"
-        timeout 70 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md"
-        timeout 90 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
+        timeout 90 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md"
+        timeout 70 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
           --out "$out/triton_tune_197_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \

@@ -140,9 +140,9 @@ CASES = [
     ("ViT-B/16, table, bias tiles, dq added in order by the dkdv kernel (DQ_IN_ORDER)", lambda: _layer(14, 12),
      {"bias_read": "tiles", "in_order": True}, ("dkdv",)),
     ("ViT-B/16, table, bias tiles, the bias by a product (BIAS_BY_PRODUCT)", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "product": True}, ("fwd", "dkdv", "dq")),
+     {"bias_read": "tiles", "product": {"fwd", "dkdv", "dq"}}, ("fwd", "dkdv", "dq")),
     ("ViT-B/16, table, bias tiles, the bias by a product, dq by atomics", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "product": True, "deterministic": False}, ("dkdv",)),
+     {"bias_read": "tiles", "product": {"fwd", "dkdv"}, "deterministic": False}, ("dkdv",)),
     ("ViT-B/16, table, bias tiles, square dbias", lambda: _layer(14, 12),
      {"bias_read": "tiles", "dbias_wide": False, "in_dq": False}, ("dbias",)),
     ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "fwd_tma": False}, ("fwd",)),
@@ -150,7 +150,7 @@ CASES = [
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
     ("N = 4096 (no prefix), table, bias tiles", lambda: _layer(prefix=0), {"bias_read": "tiles"}, _FWD),
     ("N = 4096 (no prefix), table, bias tiles, the bias by a product (BIAS_BY_PRODUCT: patterns shared)",
-     lambda: _layer(prefix=0), {"bias_read": "tiles", "product": True}, ("fwd", "dkdv", "dq")),
+     lambda: _layer(prefix=0), {"bias_read": "tiles", "product": {"fwd", "dkdv", "dq"}}, ("fwd", "dkdv", "dq")),
     ("head dim 128, table, bias tiles", lambda: _layer(heads=3, head_dim=128), {"bias_read": "tiles"}, None),
     ("head dim 128, no table", lambda: {**_layer(heads=3, head_dim=128), "table": None}, {}, None),
     ("packed images (a token layout)", _packed, {}, None),
@@ -178,8 +178,8 @@ def _plan(call: dict, opts: dict) -> dict:
     ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; ``in_dq``: whether the
     ``dq`` kernel sums the table's gradient, ``triton_bias.TABLE_GRAD_IN_DQ``; ``in_dkdv``: the ``dkdv`` kernel, where
     it adds ``dq`` by atomics, ``TABLE_GRAD_IN_DKDV``; ``in_order``: ``dq`` added by the ``dkdv`` kernel in the key
-    blocks' order, ``DQ_IN_ORDER``; ``product``: the bias added by a product, ``BIAS_BY_PRODUCT``; each set for the
-    call only)."""
+    blocks' order, ``DQ_IN_ORDER``; ``product``: the kernels adding the bias by a product, ``BIAS_BY_PRODUCT``; each
+    set for the call only)."""
     opts = dict(opts)
     tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
     saved = tuple(t.copy() for t in tables)

@@ -301,8 +301,15 @@ def test_triton_tune_rows_run(monkeypatch):
     assert [getattr(tune.tb, f) for f in flags] == before
     assert len(lines) == 2 * (2 + len(tune.IN_DQ_ROWS)) and sum("the dbias kernel" in x for x in lines) == 4
     assert not [x for x in lines if "failed" in x], lines
-    for what in ("gradient in dq", "key blocks' order", "atomics, the table's gradient in dkdv", "product (dT in dq)",
-                 "atomics, the bias by a product"):  # fmt: skip
+    for what in (
+        "gradient in dq",
+        "key blocks' order",
+        "atomics, the table's gradient in dkdv",
+        "product in fwd (dT",
+        "product in fwd and dq (dT",
+        "product in fwd, dq and dkdv",
+        "atomics, the bias by a product",
+    ):
         rows = [x for x in lines if what in x]
         assert len(rows) == 2 and "not taken" not in rows[0] and "not taken" in rows[1], rows
 

@@ -1508,25 +1508,33 @@ def test_dq_in_order_with_a_wide_dkdv_tile(in_order, monkeypatch, table_grad):
     _check("cpu", 3, 2, 16, (5, 8), 1, table_grad=table_grad, bias_read="tiles")
 
 
+ALL_BY_PRODUCT = {"fwd", "dkdv", "dq"}
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    ("grid", "prefix", "causal", "deterministic", "dtype"),
-    [((5, 7), 1, False, True, None), ((4, 6), 2, False, False, None), ((1, 37), 0, True, True, None),
-     ((3, 5), 1, False, True, torch.float16), ((8, 8), 0, False, True, None), ((8, 8), 0, False, False, None),
-     ((14, 14), 1, False, True, None), ((14, 14), 1, False, False, None), ((32, 32), 0, False, True, None)],
+    ("grid", "prefix", "causal", "deterministic", "dtype", "kernels"),
+    [((5, 7), 1, False, True, None, ALL_BY_PRODUCT), ((4, 6), 2, False, False, None, ALL_BY_PRODUCT),
+     ((1, 37), 0, True, True, None, ALL_BY_PRODUCT), ((3, 5), 1, False, True, torch.float16, ALL_BY_PRODUCT),
+     ((8, 8), 0, False, True, None, ALL_BY_PRODUCT), ((8, 8), 0, False, False, None, ALL_BY_PRODUCT),
+     ((5, 7), 1, False, True, None, {"fwd"}), ((4, 6), 2, False, False, None, {"dq", "dkdv"}),
+     ((4, 6), 2, False, True, None, {"dkdv"}),
+     ((14, 14), 1, False, True, None, ALL_BY_PRODUCT), ((14, 14), 1, False, False, None, ALL_BY_PRODUCT),
+     ((32, 32), 0, False, True, None, ALL_BY_PRODUCT)],
 )  # fmt: skip
-def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, causal, deterministic, dtype):
-    """The bias added by a product with the identity (``BIAS_BY_PRODUCT``: the tiles divided by the scale, a finite
-    stand-in for ``-inf``): output, q, k, v and the table's gradient against the float64 reference, where each tile is
-    one exact pattern (prefix tokens, 2: pairs off the table in the first tile row and column; keys past the end;
-    causal 1-D; half precision, the tiles an fp16 operand) and where patterns are shared with no prefix token and no
-    key past the end (8 x 8: the ``dbias`` kernel sums the table's gradient, adding its own tiles' bias), with the
-    deterministic backward (the table's gradient in ``dq``) and the atomic one (in ``dkdv``); which kernels take it is
-    asserted, and that the one-tile kernels and shared patterns with a prefix token do not. ViT-B/16's 197 tokens and
-    1,024 under ``-m cuda``."""
+def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, causal, deterministic, dtype, kernels):
+    """The bias added by a product with the identity in ``kernels`` (``BIAS_BY_PRODUCT``: their tiles divided by the
+    scale, a finite stand-in for ``-inf``; the other kernels' as before, a second set of tiles): output, q, k, v and
+    the table's gradient against the float64 reference, where each tile is one exact pattern (prefix tokens, 2: pairs
+    off the table in the first tile row and column; keys past the end; causal 1-D; half precision, the tiles an fp16
+    operand) and where patterns are shared with no prefix token and no key past the end (8 x 8: the ``dbias`` kernel
+    sums the table's gradient), with the deterministic backward (the table's gradient in ``dq``) and the atomic one
+    (in ``dkdv``), by a product in every kernel or some; which kernels take it is asserted (``RAW`` 2), and that the
+    one-tile kernels and shared patterns with a prefix token do not. ViT-B/16's 197 tokens and 1,024 under
+    ``-m cuda``."""
     if (device == "cpu") is (grid in ((14, 14), (32, 32))):  # (a GPU's kernel checks kept within their time)
         pytest.skip("197 and 1,024 tokens in a GPU's 64-token tiles under -m cuda; the smaller grids interpreted")
-    monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", True)
+    monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", kernels)
     monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (the interpreter's grids: else one tile of a GPU's)
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)
     n = prefix + grid[0] * grid[1]
@@ -1535,8 +1543,7 @@ def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, cau
     call = dict(causal=causal, deterministic=deterministic, sms=sms)
     launches = triton_bias.plan(q, k, v, table, grid, prefix, **call)
     raw = {name: launch.args["RAW"] for name, launch in launches.items() if name != "delta"}
-    assert raw == {"fwd": True, "dkdv": True, **({"dq": True} if "dq" in raw else {}), **({"dbias": False} if
-                   "dbias" in raw else {})} and ("dq" in raw) is deterministic  # fmt: skip
+    assert raw == {name: 2 if name in kernels else False for name in raw} and ("dq" in raw) is deterministic
     assert ("dbias" in raw) is (launches["fwd"].args["n_m"] > 0)  # (shared patterns: the dbias kernel's gradient)
     _check(device, 2, 2, 16, grid, prefix, causal=causal, deterministic=deterministic, dtype=dtype)
     if device == "cpu" and grid == (5, 7):  # where it is not taken: patterns shared (4 x 8), one-tile kernels
@@ -1553,19 +1560,19 @@ def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, cau
 @pytest.mark.parametrize("device", DEVICES)
 def test_bias_by_product_with_the_dbias_kernel_and_windows(monkeypatch, device):
     """The bias by a product (``BIAS_BY_PRODUCT``) where the ``dbias`` kernel sums the table's gradient
-    (``TABLE_GRAD_IN_DQ`` off: the ``dbias`` kernel adds its tiles' bias, from tiles of its own, as it reads a pattern's
-    tile once) and in a batch of windows with their region ids (the seam's windows masked, the others not), against
-    the float64 reference."""
+    (``TABLE_GRAD_IN_DQ`` off: the ``dbias`` kernel adds its tiles as before, a set of its own, as it reads a
+    pattern's tile once for all its tiles) and in a batch of windows with their region ids (the seam's windows
+    masked, the others not), against the float64 reference."""
     from vitrel.models.swin_windows import window_regions
     from vitrel.pos.geometry import Grid
 
-    monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", True)
+    monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", ALL_BY_PRODUCT | {"dbias"})  # (dbias: never by a product)
     monkeypatch.setattr(triton_bias, "TILE_FWD", False)
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)
     monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
     q, k, v, table = (t.float() for t in _inputs(2, 2, 36, 16, (5, 7)))
     launches = triton_bias.plan(q, k, v, table, (5, 7), 1)
-    assert [launches[k].args["RAW"] for k in ("fwd", "dkdv", "dq", "dbias")] == [True, True, True, False]
+    assert [launches[k].args["RAW"] for k in ("fwd", "dkdv", "dq", "dbias")] == [2, 2, 2, False]
     assert launches["dq"].args["BT"] is not launches["dbias"].args["BT"]  # (the dbias kernel's tiles its own)
     _check(device, 2, 2, 16, (5, 7), 1)
     _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)))
@@ -1579,7 +1586,7 @@ def test_bias_by_product_compiles_for_hopper():
     import json
 
     code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.BIAS_BY_PRODUCT = True; "
+        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.BIAS_BY_PRODUCT = {'fwd', 'dkdv', 'dq'}; "
         "q = torch.zeros(256, 12, 197, 64, dtype=torch.bfloat16); "
         "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
         "cs = {k: tb.compile_launch(ls[k]) for k in ('fwd', 'dkdv', 'dq')}; "
@@ -1589,16 +1596,16 @@ def test_bias_by_product_compiles_for_hopper():
     )
     got = json.loads(_compiled_for_hopper(code))
     for name, (raw, _, shared, serialized, pipelined, _) in got.items():
-        assert raw and 0 < shared <= 232448 and not serialized and pipelined, (name, got[name])
+        assert raw == 2 and 0 < shared <= 232448 and not serialized and pipelined, (name, got[name])
     assert got["fwd"][1] >= 12 and not got["fwd"][5], got["fwd"]  # (q k^T, I b, p v: 4 instructions each)
     # head dim 128, its wide tiles: dq (deterministic), and dkdv with dq by atomics beside the dbias kernel (not by a
     # product: it took 245,760 bytes of shared memory so), within sm_90's shared memory
     code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.BIAS_BY_PRODUCT = True; "
+        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.BIAS_BY_PRODUCT = {'fwd', 'dkdv', 'dq'}; "
         "q = torch.zeros(64, 6, 197, 128, dtype=torch.bfloat16); t = torch.zeros(6, 27, 27); "
         "ls = {d: tb.plan(q, q, q, t, (14, 14), 1, bias_read='tiles', deterministic=d) for d in (True, False)}; "
         "picked = [(True, 'dq'), (False, 'dkdv'), (False, 'dbias')]; "
         "print(json.dumps([[ls[d][k].args['RAW'], tb.compile_launch(ls[d][k]).metadata.shared] for d, k in picked]))"
     )
     (dq_raw, dq_shared), (kv_raw, kv_shared), (t_raw, t_shared) = json.loads(_compiled_for_hopper(code))
-    assert dq_raw and kv_raw and not t_raw and max(dq_shared, kv_shared, t_shared) <= 232448
+    assert (dq_raw, kv_raw, t_raw) == (2, 2, False) and max(dq_shared, kv_shared, t_shared) <= 232448

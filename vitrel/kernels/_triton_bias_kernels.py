@@ -309,19 +309,19 @@ def _logits(
     of their products as they stand in registers, where the transposes of ``p`` and ``dS`` went through shared
     memory, two round trips a tile (and made ptxas serialize the products).
 
-    ``RAW`` (no table or its exact tiles added by a product, :func:`_bias_product`; no float mask, ``qk_scale > 0``:
-    :func:`_shift`): the logits are returned unscaled (``-inf`` where masked), and the caller scales them in the
-    instruction that subtracts the row's maximum or log-sum-exp."""
+    ``RAW`` (no table, no float mask, ``qk_scale > 0``; or 2: the tiles, divided by the scale, added by a product,
+    :func:`_bias_product`; :func:`_shift`): the logits are returned unscaled (``-inf`` where masked), and the caller
+    scales them in the instruction that subtracts the row's maximum or log-sum-exp."""
     if TRANS:
         s = tl.dot(k, q, input_precision=PREC)  # (q^T: [BLOCK_D, TM])
     else:
         s = tl.dot(q, tl.trans(k), input_precision=PREC)
-    if HAS_TABLE and RAW:  # the bias by a product (:func:`_bias_product`), unscaled as the logits
+    if HAS_TABLE and RAW == 2:  # the bias by a product (:func:`_bias_product`), unscaled as the logits
         s = _bias_product(s, bias, TM, TRANS, PREC)
     if not RAW:
         s = s * qk_scale
     if (TILED or not HAS_TABLE) and MASK_KIND != 1 and not CAUSAL and not LAYOUT:  # (gathered: the masks cost less)
-        if HAS_TABLE and RAW:  # (exact tiles by a product: nothing to mask; known here, so no masks compiled in,
+        if HAS_TABLE and RAW == 2:  # (tiles by a product: nothing to mask; known here, so no masks compiled in,
             interior = True  # which the compiler made selects on every tile, 3 a score, in dkdv: sm_90)
         elif HAS_TABLE:
             interior = (n_m == 0) | ((q0 >= P) & (k0 >= P) & (q0 + TM <= N) & (k0 + TW <= N))
@@ -341,7 +341,7 @@ def _logits(
             pair = tl.full([TW, TM], 1, tl.int1)
         else:
             pair = tl.full([TM, TW], 1, tl.int1)
-        if HAS_TABLE and not RAW:  # (not a 0.0 added: x + 0.0 is not folded, as -0.0 + 0.0 is +0.0)
+        if HAS_TABLE and RAW != 2:  # (not a 0.0 added: x + 0.0 is not folded, as -0.0 + 0.0 is +0.0)
             s = s + bias
     else:
         s, pair = _masked(
@@ -376,7 +376,7 @@ def _masked(
     kpatch, rk, ck, sk, _ = _tokens(TOK, b, offs_n, P, N, GW, LAYOUT)
     same = _q_axis(sq, TRANS) == _k_axis(sk, TRANS)
     pair = _q_axis(qpatch, TRANS) & _k_axis(kpatch, TRANS) & same
-    if HAS_TABLE and not RAW:  # (RAW with a table: the bias is in the logits, :func:`_bias_product`)
+    if HAS_TABLE and RAW != 2:  # (RAW 2: the bias is in the logits, :func:`_bias_product`)
         if TILED:
             s += tl.where(pair, bias, 0.0)
         else:  # T pre-scaled by LOG2E; the flat offset index is a row term minus a column term
@@ -447,7 +447,7 @@ def _fwd_kernel(
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
             bias = _bias_tile(
                 BT, h, tl.program_id(0) * BM, start_n, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
-                not RAW,
+                RAW != 2,
             )
             s, _ = _logits(
                 q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale, P, N,
@@ -779,7 +779,7 @@ def _bwd_dq_kernel(
                 k, v = _kv(K, V, b, h, skb, skh, skn, svb, svh, svn, offs_n, offs_d, N, D)
                 bias = _bias_tile(
                     BT, h, pid_m * BM, start_n, GW, n_kt, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
-                    MASK_KIND != 1 and not RAW,  # (a float mask: the pairs' registers spilled, Triton 3.6, sm_90)
+                    MASK_KIND != 1 and RAW != 2,  # (a float mask: the pairs' registers spilled, Triton 3.6, sm_90)
                 )
                 s, pair = _logits(
                     q, k, b, h, offs_m, offs_n, T, stride_tg, stride_th, MASK, stride_mb, n_mask_b, TOK, qk_scale,

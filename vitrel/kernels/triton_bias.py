@@ -394,17 +394,21 @@ TABLE_GRAD_IN_DKDV = True
 #: their index); ``bench/triton_tune.py --in-dq`` times it
 DQ_IN_ORDER = False
 
-#: whether the kernels (``fwd``, ``dkdv``, ``dq``; not ``dbias`` nor the one-tile ones, which read a tile once) add the
-#: bias by a product where each of their tiles is one exact pattern (ViT-B/16's 197 tokens), or patterns are shared with
-#: no prefix token and no key past the end (the layer's N = 1024 and 4096; :func:`_product_tiles`): ``s + I b``, the
-#: tile divided by the scale and an operand of the tensor cores
-#: (:func:`vitrel.kernels._triton_bias_kernels._bias_product`), so it is pipelined as the keys are, with no widening
-#: and no addition, for a third product of the tile's size.
-#: Where there are no visible-tile flags (LookHere's ``-inf`` views skip tiles), no float mask and a positive scale;
-#: a tile's ``-inf`` (the keys past the end) takes a finite stand-in, as a product with ``-inf`` is NaN. Off: untimed
-#: (sm_90, a 64 x 64 tile's instructions, Triton 3.8: ViT-B/16's forward 417 -> 340, ``dkdv`` 465 -> 376, ``dq``
-#: 533 -> 453; N = 4096's 396 -> 346, 428 -> 360, 352 -> 287; ``bench/triton_tune.py --in-dq`` times it)
-BIAS_BY_PRODUCT = False
+#: the kernels (of ``fwd``, ``dkdv``, ``dq``; not ``dbias`` nor the one-tile ones, which read a tile once for many)
+#: that add the bias by a product, where each tile is one exact pattern (ViT-B/16's 197 tokens) or patterns are
+#: shared with no prefix token and no key past the end (the layer's N = 1024 and 4096; :func:`_product_tiles`):
+#: ``s + I b``, the tile an operand of the tensor cores (:func:`vitrel.kernels._triton_bias_kernels._bias_product`),
+#: so it is pipelined as the keys are, with no widening and no addition, for a third product of the tile's size.
+#: Those kernels read the tiles divided by the scale, as they add to the unscaled logits (``RAW``), with a finite
+#: stand-in for a tile's ``-inf`` (the keys past the end), as a product with ``-inf`` is NaN; the call's other kernels
+#: read the tiles as before (a second set where they differ; added to unscaled logits they made Triton 3.6's
+#: pipeliner fail on the forward). Not with visible-tile flags (LookHere's ``-inf`` views skip tiles), a float mask or
+#: a scale not positive. None: untimed (sm_90, a 64 x 64 tile's instructions, Triton 3.8: ViT-B/16's forward 417 -> 340,
+#: ``dkdv`` 465 -> 376, ``dq`` 533 -> 453; N = 4096's 396 -> 346, 428 -> 360, 352 -> 287; a third product, which a
+#: loop already bound by its products, as ``dkdv``'s four, pays in full; ``bench/triton_tune.py --in-dq`` times each)
+BIAS_BY_PRODUCT: set[str] = set()
+#: the kernels that can add the bias by a product (:data:`BIAS_BY_PRODUCT`)
+_PRODUCT_KERNELS = ("fwd", "dkdv", "dq")
 
 
 def _stand_in(dtype: torch.dtype) -> float:
@@ -413,13 +417,16 @@ def _stand_in(dtype: torch.dtype) -> float:
     return -torch.finfo(dtype).max / 2
 
 
-def _bias_divisor(table, tokens, blocks, mask_kind: int, scale: float, one_tile: bool, dtype) -> float | None:
-    """What the bias tiles of a call are divided by where the kernels add them by a product
-    (:data:`BIAS_BY_PRODUCT`): the base-2 logits' scale, so they add to the unscaled logits; None where they are added
-    to the logits (no flag, no table, a token layout, visible-tile flags, a float mask, a scale not positive, a call of
-    the one-tile kernels, or a scale under which the tiles' ``-inf`` stand-in, :func:`_stand_in`, would not make a
-    score's weight 0: below -2,000 in the base-2 logits, it does for any spread of the logits under 1,850)."""
-    ok = BIAS_BY_PRODUCT and table is not None and tokens is None and blocks is None and mask_kind != 1
+def _bias_divisor(
+    table, tokens, blocks, mask_kind: int, scale: float, one_tile: bool, dtype, kernel: str
+) -> float | None:  # fmt: skip
+    """What ``kernel``'s bias tiles are divided by where it adds them by a product (:data:`BIAS_BY_PRODUCT`): the
+    base-2 logits' scale, so they add to the unscaled logits; None where they are added to the logits (a kernel not in
+    the set, no table, a token layout, visible-tile flags, a float mask, a scale not positive, a call of the one-tile
+    kernels, or a scale under which the tiles' ``-inf`` stand-in, :func:`_stand_in`, would not make a score's weight
+    0: below -2,000 in the base-2 logits, it does for any spread of the logits under 1,850)."""
+    ok = kernel in BIAS_BY_PRODUCT and kernel in _PRODUCT_KERNELS and table is not None and tokens is None
+    ok = ok and blocks is None and mask_kind != 1
     qk_scale = scale * _kernels().LOG2E
     ok = ok and not one_tile and _stand_in(tile_dtype(dtype)) * qk_scale <= -2000
     return qk_scale if ok else None
@@ -597,13 +604,13 @@ _TILE_FLAGS = ("D", "BLOCK_D", "HAS_TABLE", "MASK_KIND", "CAUSAL", "TILED", "PRE
 
 def _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, dtype, scale, product=False) -> dict:
     """The ``constexpr`` flags every kernel takes; ``RAW``: the logits scaled as the softmax subtracts (one FFMA a
-    score), where nothing is added to them in base 2 (no table, or its tiles added by a product, ``product``:
-    :func:`_by_product`; no float mask) and the scale is positive (the row's maximum is taken of the unscaled
-    logits)."""
+    score), where nothing is added to them in base 2 (no table, no float mask) and the scale is positive (the row's
+    maximum is taken of the unscaled logits); 2 where the tiles, divided by the scale, are added by a product
+    (``product``: :func:`_by_product`)."""
     return dict(
         D=d, BLOCK_D=block_d, HAS_TABLE=table is not None, MASK_KIND=mask_kind, CAUSAL=causal,
         LAYOUT=tokens is not None, HAS_BLOCKS=blocks is not None, TILED=tiling[1] > 0, PREC=_prec(dtype),
-        RAW=(table is None or product) and mask_kind != 1 and scale > 0,
+        RAW=2 if product else table is None and mask_kind != 1 and scale > 0,
     )  # fmt: skip
 
 
@@ -632,7 +639,7 @@ def _fwd_launch(
             (options or LAUNCH.get(("fwd_tile", block_d), LAUNCH["fwd_tile"])) if cuda else {},
         )  # fmt: skip
     wide = _wide_tile("fwd", block_d, cuda) if tokens is None and mask_kind == 0 and not tile else None
-    divisor = _bias_divisor(table, tokens, blocks, mask_kind, scale, False, q.dtype)
+    divisor = _bias_divisor(table, tokens, blocks, mask_kind, scale, False, q.dtype, "fwd")
     bm, bn, bt, tiling = _pick_tile(
         [tile] if tile else [wide, (bm0, bn0)], None if table is None else t, tokens, bias_read, grid_h, grid_w, prefix,
         n, q, "fwd", memo, divisor,
@@ -746,15 +753,16 @@ def _bwd_launches(
     tok = _int_args(tokens, q)
     tab = None if table is None else t
     one_tile = TILE_BWD and n <= blk and tokens is None  # (the one-tile kernel's, where it takes the call)
-    divisor = _bias_divisor(table, tokens, blocks, mask_kind, scale, one_tile, q.dtype)
-    bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq", memo, divisor)
+    div = {kernel: _bias_divisor(table, tokens, blocks, mask_kind, scale, one_tile, q.dtype, kernel)
+           for kernel in _PRODUCT_KERNELS}  # fmt: skip
+    bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, "dq", memo, div["dq"])
     qk_scale = scale * _kernels().LOG2E
 
-    def consts(til, tw, div=divisor):  # the constexpr flags of a launch with the bias tiling til of [., tw] tiles
-        product = _by_product(div, til, prefix, n, tw)  # (its tiles made with div)
+    def consts(til, tw, kernel):  # the constexpr flags of kernel's launch with the bias tiling til of [., tw] tiles
+        product = _by_product(div.get(kernel), til, prefix, n, tw)
         return _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, til, q.dtype, scale, product)
 
-    flags = consts(tiling, blk)
+    flags = consts(tiling, blk, "tile")
     grad_t = table_grad and table is not None
     if one_tile and (flags["TILED"] or not grad_t):
         inputs = [q, k, v, t, m, tok, bt, out, do, lse, *_strides(q, k, v, out, do), stg, sth, smb, nmb]
@@ -770,19 +778,21 @@ def _bwd_launches(
     visible = tile_flags(blocks, blk, blk, causal)  # dbias reads them; dq its rows listed
     opts = (options or LAUNCH.get(("bwd", block_d), LAUNCH["bwd"])) if cuda else {}
 
-    made: dict = {}  # (tile, tiles' dtype, divisor) -> _pick_tile's: the dq and dbias kernels' wide tiles are one set
+    # (tile, tiles' dtype, divisor) -> _pick_tile's: the dq and dbias kernels' wide tiles are one set (where neither or
+    # both add them by a product)
+    made: dict = {}
 
-    def pick(kernel: str, div=divisor):
+    def pick(kernel: str):
         """``(BM, BN, bias tiles, tiling, visible-tile flags, launch options)`` of ``kernel`` (``dkdv``: keys held
         ``BN``, queries streamed ``BM``; ``dq`` and ``dbias``: queries held ``BM``): its wide tile where its bias is
-        read whole or there is none, else the square one; its tiles made with ``div`` (:func:`_bias_divisor`)."""
+        read whole or there is none, else the square one; divided by the scale where it adds them by a product."""
         wide = _wide_tile(kernel, block_d, cuda) if tile is None and tokens is None and mask_kind == 0 else None
-        if wide is None and div == divisor:
+        if wide is None and div.get(kernel) == div["dq"]:
             return blk, blk, bt, tiling, visible, opts
-        key = (wide, tile_dtype(q.dtype, kernel), div)
+        key = (wide, tile_dtype(q.dtype, kernel), div.get(kernel))
         if key not in made:
             made[key] = _pick_tile([wide, (blk, blk)], tab, tokens, bias_read, grid_h, grid_w, prefix, n, q, kernel,
-                                   memo, div)  # fmt: skip
+                                   memo, div.get(kernel))  # fmt: skip
         tm, tw, bias, til = made[key]
         if (tm, tw) == (blk, blk):
             return blk, blk, bias, til, visible, opts
@@ -833,7 +843,7 @@ def _bwd_launches(
         "dkdv", (n_kb, h, split_kv) if shares else (n_kb, b * h),
         [*inputs(by_cols, bt_kv), dk, dv, dq_acc, dbt_kv, locks, dq,  # (DQO: dq, written only where ordered)
          *common, *_strides(dk, dv, dq_acc), b, *sizes, *tiling_kv, split_kv],
-        dict(**consts(tiling_kv, dn), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv, SHARES=shares,
+        dict(**consts(tiling_kv, dn, "dkdv"), BM=dm, BN=dn, ATOMIC_DQ=atomic, TILE_GRAD=in_dkdv, SHARES=shares,
              ORDERED_DQ=ordered, NT=32 * opts_kv.get("num_warps", 4)), opts_kv,
     )  # fmt: skip
     # dq: the square tile where it sums the table gradient's diagonals (gathered bias, token layouts), else as pick
@@ -860,7 +870,7 @@ def _bwd_launches(
     dq_launch = None if atomic or ordered else Launch.make(
         "dq", (n_b, h, n_split), [*inputs(tile_lists(q_visible), bt_q), dq, slots, scratch, dbt_q, *common,
         *_strides(dq), b, *sizes, *tiling_q, n_split, slot_size],
-        dict(**consts(tiling_q, qn), BM=qm, BN=qn, TABLE_GRAD=diagonals, TILE_GRAD=in_dq), opts_q,
+        dict(**consts(tiling_q, qn, "dq"), BM=qm, BN=qn, TABLE_GRAD=diagonals, TILE_GRAD=in_dq), opts_q,
     )  # fmt: skip
     dbias = dbt = None
     tiling_t = tiling
@@ -868,8 +878,8 @@ def _bwd_launches(
         dbt, tiling_t = dbt_q, tiling_q
     elif in_dkdv:
         dbt, tiling_t = dbt_kv.transpose(-1, -2), tiling_kv
-    elif by_tiles:  # (its tiles' bias added, not by a product: it reads a pattern's tile once, for all its tiles)
-        tm, tw, bt_t, tiling_t, t_visible, opts_t = pick("dbias", None)
+    elif by_tiles:
+        tm, tw, bt_t, tiling_t, t_visible, opts_t = pick("dbias")
         n_pat = tiling_t[1]
         split_t = _n_split(n_pat, h, b, sms)
         dbt = torch.empty(split_t, h, n_pat, tm, tw, device=q.device, dtype=torch.float32)  # each program writes
@@ -877,7 +887,7 @@ def _bwd_launches(
         sizes_t = [*sizes[:6], *tiling_t, split_t]
         dbias = Launch.make(
             "dbias", (n_pat * h * split_t,), [*inputs(t_visible, bt_t), order, dbt, *common, b, *sizes_t],
-            dict(**consts(tiling_t, tw, None), BM=tm, BN=tw, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts_t,
+            dict(**consts(tiling_t, tw, "dbias"), BM=tm, BN=tw, BATCH_OUTER=block_d in DBIAS_BATCH_OUTER), opts_t,
         )  # fmt: skip
     return _Backward(delta_launch, dkdv, dq_launch, dbias, (dq, dk, dv), slots, dbt, TilePatterns(*tiling_t), blk)
 

@@ -403,9 +403,10 @@ DQ_IN_ORDER = False
 #: stand-in for a tile's ``-inf`` (the keys past the end), as a product with ``-inf`` is NaN; the call's other kernels
 #: read the tiles as before (a second set where they differ; added to unscaled logits they made Triton 3.6's
 #: pipeliner fail on the forward). Not with visible-tile flags (LookHere's ``-inf`` views skip tiles), a float mask or
-#: a scale not positive. None: untimed (sm_90, a 64 x 64 tile's instructions, Triton 3.8: ViT-B/16's forward 417 -> 340,
-#: ``dkdv`` 465 -> 376, ``dq`` 533 -> 453; N = 4096's 396 -> 346, 428 -> 360, 352 -> 287; a third product, which a
-#: loop already bound by its products, as ``dkdv``'s four, pays in full; ``bench/triton_tune.py --in-dq`` times each)
+#: a scale not positive. Empty: untimed (sm_90, a 64 x 64 tile's instructions, Triton 3.8: ViT-B/16's forward
+#: 417 -> 340, ``dkdv`` 465 -> 376, ``dq`` 533 -> 453; N = 4096's 396 -> 346, 428 -> 360, 352 -> 287; a third product,
+#: which a loop already bound by its products, as ``dkdv``'s four, pays in full; ``bench/triton_tune.py --in-dq`` times
+#: each)
 BIAS_BY_PRODUCT: set[str] = set()
 #: the kernels that can add the bias by a product (:data:`BIAS_BY_PRODUCT`)
 _PRODUCT_KERNELS = ("fwd", "dkdv", "dq")
@@ -465,7 +466,8 @@ def _tile_args(
     """``(tiles, n_kt, n_pat, d_min, g_d, n_m, g_m)`` for the ``kernel``'s launch: the bias tiles of the base-2
     ``table`` on a full grid where ``bias_read`` takes them (:func:`tile_dtype`), else a placeholder and ``n_pat = 0``
     (the bias gathered per score); ``memo`` (one call's): the tiles of one shape and type made once for its forward
-    and backward; ``divisor`` (:func:`_bias_divisor`): exact tiles made for a product (:func:`bias_tiles`)."""
+    and backward; ``divisor`` (:func:`_bias_divisor`): the tiles divided by it, with a finite stand-in for ``-inf``
+    (:func:`_stand_in`), for a product, where their patterns allow (:func:`_product_tiles`)."""
     if table is not None and tokens is None and bias_read != "gather":
         pat = tile_patterns(grid_w, n, tm, tw)
         dtype = tile_dtype(q.dtype, kernel)

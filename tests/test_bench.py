@@ -308,7 +308,7 @@ def test_triton_tune_rows_run(monkeypatch):
         "product in fwd (dT",
         "product in fwd and dq (dT",
         "product in fwd, dq and dkdv",
-        "atomics, the bias by a product",
+        "in fwd, its forward in 2 stages",
     ):
         rows = [x for x in lines if what in x]
         assert len(rows) == 2 and "not taken" not in rows[0] and "not taken" in rows[1], rows

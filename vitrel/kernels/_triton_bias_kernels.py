@@ -266,8 +266,9 @@ def _pattern_tile(BT, h, pat, n_pat, TM: tl.constexpr, TW: tl.constexpr, PAIRS: 
 @triton.jit
 def _bias_product(s, bias, TM: tl.constexpr, TRANS: tl.constexpr, PREC: tl.constexpr):
     """``s`` plus the bias tile ``bias`` by a product with the identity, ``s + I b`` (``TRANS``: ``s + b I``), where
-    the call's tiles are each one exact pattern made for it (``triton_bias.BIAS_BY_PRODUCT``: divided by the scale, so
-    added to the unscaled logits, with a finite stand-in for ``-inf``, whose product with 0 is 0, not NaN). The tile
+    no tile of the call needs a mask (``triton_bias.BIAS_BY_PRODUCT``, ``triton_bias._product_tiles``: the tiles
+    divided by the scale, so added to the unscaled logits, with a finite stand-in for ``-inf``, whose product with 0
+    is 0, not NaN). The tile
     in the inputs' type is then an operand of a product, read from shared memory by the tensor cores as the keys are,
     and pipelined as they are (three buffers, where a tile added to the logits had two: sm_90), with no widening, no
     addition and no load into registers: sm_90, ViT-B/16's call, a 64 x 64 tile's instructions 417 -> 340 in the

@@ -1177,6 +1177,36 @@ def test_lookhere_narrow_views_through_attention():
 
 
 @interpreted
+@pytest.mark.parametrize("impl", ["triton", "triton_atomic"])
+@pytest.mark.parametrize("arch", ["vit", "swin"])
+def test_lookhere_in_a_model_of_several_blocks(arch, impl):
+    """LookHere's blocks share their views' skipped tiles (``LookHere.prepare_many``): the kernel's own flags
+    (``skip_blocks``: triton's visible tiles, not flex's BlockMask), and the model equals its ``sdpa`` twin, the
+    output and the slopes' and the head's gradients."""
+    torch.manual_seed(0)
+    pos = {"name": "lookhere", "fov": 45}
+    if arch == "vit":
+        name, kw = "vitrel_vit_tiny_patch4_32", dict(img_size=32, embed_dim=32, depth=2, num_heads=4, num_classes=3)
+    else:
+        name = "vitrel_swin_tiny_patch2_window4_32"
+        kw = dict(img_size=16, embed_dim=32, depths=(2,), num_heads=(2,), window_size=4, num_classes=3)
+    ref = vitrel.create_model(name, pos=pos, **kw)
+    m = vitrel.create_model(name, pos=pos, attn_impl=impl, **kw)
+    m.load_state_dict(ref.state_dict())
+    if arch == "vit":  # (each block its own scheme: pos_share off)
+        states = m.position_states(vitrel.Grid(8, 8), torch.zeros(1))
+        assert states[0].block_mask is states[1].block_mask and states[0].block_mask.dtype == torch.int32
+    x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    y_ref, y = ref(x), m(x)
+    torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
+    params = [(n, p, q) for (n, p), q in zip(ref.named_parameters(), m.parameters()) if p.requires_grad]
+    gr = torch.autograd.grad(y_ref.square().sum(), [p for _, p, _ in params])
+    g = torch.autograd.grad(y.square().sum(), [q for _, _, q in params])
+    for (n, _, _), a, b in zip(params, g, gr):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4, msg=n)
+
+
+@interpreted
 @pytest.mark.parametrize("shift", [True, False])
 def test_swin_windows(shift):
     """A Swin (windows of 4 x 4, shifted or not) with ``attn_impl="triton"`` equals its ``sdpa`` twin."""

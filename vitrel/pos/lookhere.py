@@ -72,7 +72,6 @@ import torch
 from torch import Tensor
 
 from vitrel.kernels import resolve
-from vitrel.kernels.flex import offset_block_mask
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
 from vitrel.pos.geometry import Grid, as_grid, expand_offset_table, offset_grid, rel_offsets
@@ -286,8 +285,9 @@ class LookHere(GridBuffers, PositionScheme):
         cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
         *, dropout: bool = False,
     ) -> list[PosState]:  # fmt: skip
-        """For a kernel that reads a block mask (flex), one for every block that looks in the same directions (the
-        views do not depend on the layer's slope); otherwise each scheme's ``prepare``."""
+        """For a kernel that reads a block mask (flex's ``BlockMask``, triton's visible tiles), one for every block that
+        looks in the same directions (the views do not depend on the layer's slope), made by the kernel
+        (``skip_blocks``); otherwise each scheme's ``prepare``."""
         if isinstance(grid, TokenLayout) or len(schemes) < 2 or any(type(s) is not cls for s in schemes):
             return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl, dropout=dropout)
         grid = as_grid(grid)
@@ -299,7 +299,7 @@ class LookHere(GridBuffers, PositionScheme):
             table = s.offset_table(grid)
             key = (s.directions, s.num_heads)
             if key not in masks:
-                masks[key] = offset_block_mask(table, grid, num_prefix_tokens)
+                masks[key] = kernel.skip_blocks(table, grid, num_prefix_tokens)
             states.append(PosState(s, grid, num_prefix_tokens, table=table, block_mask=masks[key], impl=kernel.name))
         return states
 

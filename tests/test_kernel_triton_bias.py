@@ -1265,7 +1265,8 @@ def test_torch_export_and_onnx_refusal(tmp_path):
 
 @interpreted
 def test_clear_errors(monkeypatch):
-    """On CPU without the interpreter, dropout, a scheme with no table: one clear error each."""
+    """On CPU without the interpreter, dropout, a scheme with no table, bfloat16 in the interpreter: one clear error
+    each."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         triton_bias.check_device(torch.device("cpu"))
@@ -1275,6 +1276,9 @@ def test_clear_errors(monkeypatch):
         a(torch.randn(1, 9, 32), grid=(3, 3))
     with pytest.raises(ValueError, match="has no such table"):
         Attention(32, 2, pos="shaw2d_full", grid=(3, 3), attn_impl="triton")(torch.randn(1, 9, 32), grid=(3, 3))
+    q = torch.randn(1, 2, 9, 16, dtype=torch.bfloat16)  # (the interpreter's bf16 products are wrong)
+    with pytest.raises(ValueError, match="products of bfloat16 tensors are wrong"):
+        rel_bias_attention(q, q, q, torch.zeros(2, 5, 5), (3, 3))
 
 
 def _compiled_for_hopper(code: str) -> str:

@@ -92,11 +92,18 @@ def interpreter_on() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def check_device(device: torch.device) -> None:
-    """Raise unless the Triton kernels can run on ``device``: CUDA, or CPU with ``TRITON_INTERPRET=1``."""
+def check_device(device: torch.device, dtype: torch.dtype | None = None) -> None:
+    """Raise unless the Triton kernels can run on ``device``: CUDA, or CPU with ``TRITON_INTERPRET=1``, where
+    ``dtype`` (the inputs', for kernels with products) is not bfloat16: Triton's interpreter (3.6 and 3.8) computes
+    ``tl.dot`` on bfloat16 operands wrongly (errors of 1e10 on a 16 x 16 product of unit normals), fp16 right."""
     if device.type == "cuda":
         return
     if device.type == "cpu" and interpreter_on():
+        if dtype == torch.bfloat16:
+            raise ValueError(
+                "attn_impl='triton' on CPU runs in Triton's interpreter, whose products of bfloat16 tensors are wrong: "
+                "use float32 or float16 on CPU (bfloat16 runs on CUDA), or attn_impl='sdpa'"
+            )
         return
     raise ValueError(
         f"attn_impl='triton' runs Triton kernels on CUDA; on {device.type} tensors it needs Triton's interpreter: "
@@ -115,9 +122,9 @@ def _kernels():
 
         if not isinstance(tl.zeros, InterpretedFunction):
             raise RuntimeError(
-                "TRITON_INTERPRET=1 was set after triton.language had been imported (torch.export and torch.compile "
-                "import it), so Triton's own functions are not interpreted: set TRITON_INTERPRET=1 in the environment "
-                "before starting Python"
+                "TRITON_INTERPRET=1 was set after triton.language had been imported (importing timm, and so vitrel, "
+                "imports it; so do torch.compile and torch.export), so Triton's own functions are not interpreted: "
+                "set TRITON_INTERPRET=1 in the environment before starting Python"
             )
     return triton_bias_kernels
 
@@ -1224,7 +1231,7 @@ def rel_bias_attention(
     gradient is not reduced by it (a fixed table, no table, the bias read as tiles), and its low bits change from run
     to run; :func:`torch.use_deterministic_algorithms` set overrides it (PyTorch's rule: the deterministic algorithm
     where there is one)."""
-    check_device(q.device)
+    check_device(q.device, q.dtype)
     args = _op_args(
         q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions, deterministic
     )

@@ -1248,17 +1248,21 @@ def test_vit_model_and_compile():
 
 
 @interpreted
-def test_torch_export_and_onnx_refusal(tmp_path):
+@pytest.mark.parametrize("pos", ["rel2d_full", "lookhere"])
+def test_torch_export_and_onnx_refusal(pos, tmp_path):
     """``torch.export`` keeps the custom op as one node (``torch.ops.vitrel.rel_bias_attention``) and the program
-    computes the model's function; ONNX, which has no such operator, is refused with the way out."""
+    computes the model's function, with dynamic sizes at every size (the grid a SymInt of the op's; neither the
+    table's rows nor LookHere's skipped tiles pinned to the example's size); ONNX, which has no such operator, is
+    refused with the way out."""
     from vitrel.export import export_onnx, export_program
 
     kw = dict(img_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=3)
-    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="triton", **kw).eval()
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, attn_impl="triton", **kw).eval()
     x = torch.randn(2, 3, 16, 16)
-    ep = export_program(m, x, dynamic="static")
+    ep = export_program(m, x, dynamic="hw")
     assert "vitrel.rel_bias_attention" in str(ep.graph)
-    torch.testing.assert_close(ep.module()(x), m(x), atol=1e-5, rtol=1e-5)
+    for y in (x, torch.randn(1, 3, 24, 32)):
+        torch.testing.assert_close(ep.module()(y), m(y), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="attn_impl='sdpa'"):
         export_onnx(m, tmp_path / "m.onnx", x, dynamic="static")
 

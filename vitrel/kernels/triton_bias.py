@@ -523,7 +523,7 @@ def _mask_args(mask: Tensor | None, q: Tensor) -> tuple[Tensor, int, int, int]:
 #: the parameters the forward op and its backward share, declared once in their schemas: the inputs and the call's
 #: settings (``torch.library`` ops, so ``torch.compile`` captures each as one node)
 _INPUTS = "Tensor q, Tensor k, Tensor v, Tensor? table, Tensor? mask, Tensor? tokens, Tensor? blocks"
-_SETTINGS = "float scale, int grid_h, int grid_w, int prefix, bool causal, str bias_read, bool deterministic"
+_SETTINGS = "float scale, SymInt grid_h, SymInt grid_w, int prefix, bool causal, str bias_read, bool deterministic"
 torch.library.define("vitrel::rel_bias_attention", f"({_INPUTS}, {_SETTINGS}) -> (Tensor, Tensor)")
 torch.library.define(
     "vitrel::rel_bias_attention_bwd",
@@ -1132,17 +1132,19 @@ def visible_tiles(table: Tensor, grid: Grid, num_prefix_tokens: int = 0, chunk: 
     """``[heads, n, n]`` int32 flags of a table with ``-inf`` entries (LookHere's views), ``n = ceil(N / 16)``:
     1 where some pair of query tile ``i`` and key tile ``j`` (16 tokens each) is visible (a finite entry, or a pair
     with a prefix token), so the kernels skip the ``[BM, BN]`` tiles whose flags are all 0. Computed from the
-    table exactly, ``chunk`` query rows at a time (no ``N x N`` tensor per head at once)."""
+    table exactly, ``chunk`` query rows at a time (no ``N x N`` tensor per head at once; all at once where the grid is
+    symbolic, ``torch.export``'s dynamic sizes, which a loop over chunks would pin to the example's size)."""
     tile = _kernels().FLAG_TILE.value
     finite = torch.isfinite(table)
     heads, p = table.shape[0], num_prefix_tokens
     n_flag = triton_cdiv(p + grid.n, tile)
-    t = torch.arange(n_flag * tile, device=table.device) - p
+    size = n_flag * tile
+    t = torch.arange(size, device=table.device) - p
     patch, real = (t >= 0) & (t < grid.n), t < grid.n  # (tokens past the end: in no pair)
     r, c = t.clamp(0, grid.n - 1) // grid.w, t.clamp(0, grid.n - 1) % grid.w
-    chunk -= chunk % tile
+    chunk = chunk - chunk % tile if isinstance(size, int) else size
     out = []
-    for s in range(0, n_flag * tile, chunk):
+    for s in range(0, size, chunk) if isinstance(size, int) else [0]:
         rq, cq, pq, tq = r[s : s + chunk, None], c[s : s + chunk, None], patch[s : s + chunk, None], real[s : s + chunk]
         seen = finite[:, rq - r[None, :] + grid.h - 1, cq - c[None, :] + grid.w - 1] | ~(pq & patch[None, :])
         seen &= tq[:, None] & real[None, :]
@@ -1253,7 +1255,7 @@ def _op_args(
 ) -> tuple:
     """The custom op's arguments for a call of :func:`rel_bias_attention`, checked."""
     b, h, n, d = q.shape
-    gh, gw = int(grid[0]), int(grid[1])
+    gh, gw = grid[0], grid[1]  # (symbolic under torch.export's dynamic sizes: the op's schema takes SymInts)
     if k.shape != q.shape or v.shape != q.shape:
         raise ValueError(f"rel_bias_attention: q, k, v must have one shape, got {q.shape}, {k.shape}, {v.shape}")
     if tokens is None and n != num_prefix_tokens + gh * gw:

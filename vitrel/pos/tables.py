@@ -77,8 +77,9 @@ def offset_rows(n: int, half: int, device: torch.device | None = None) -> Tensor
 def take_offsets(table: Tensor, dim: int, n: int, half: int) -> Tensor:
     """The rows of ``table`` (``2 half + 1`` along ``dim``) at the offsets of an axis of ``n`` patches
     (:func:`offset_rows`): the table itself where it spans them exactly (``half = n - 1``: no index, no copy, nothing
-    for autograd to scatter back; the common case, a grid at its trained size), else indexed."""
-    if half == n - 1:
+    for autograd to scatter back; the common case, a grid at its trained size), else indexed. A symbolic ``n``
+    (``torch.export``'s dynamic sizes) is indexed: comparing it would pin the program to the example's size."""
+    if isinstance(n, int) and half == n - 1:
         return table
     return table.index_select(dim, offset_rows(n, half, table.device))
 

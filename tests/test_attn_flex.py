@@ -197,7 +197,10 @@ def test_cpu_flex_short_sequences_equal_sdpa():
 def test_flex_errors_are_clear():
     with pytest.raises(ValueError, match="flex"):
         Attention(32, 4, pos="shaw2d_factored", grid=(3, 4), attn_impl="flex")(torch.randn(1, 12, 32), (3, 4))
-    m = Attention(32, 4, pos="rel2d_full", grid=(3, 4), attn_impl="flex", attn_drop=0.1).train()
+    with pytest.raises(ValueError, match="no attention dropout"):  # (at build: tests/test_kernels_registry.py)
+        Attention(32, 4, pos="rel2d_full", grid=(3, 4), attn_impl="flex", attn_drop=0.1)
+    m = Attention(32, 4, pos="rel2d_full", grid=(3, 4), attn_impl="flex").train()
+    m.attn_drop = 0.1  # (set on a built layer: the forward's own check)
     with torch.no_grad(), pytest.raises(ValueError, match="dropout"):
         m(torch.randn(1, 12, 32), (3, 4))
     m = Attention(32, 4, pos="rel2d_full", grid=(3, 4), attn_impl="flex").train()

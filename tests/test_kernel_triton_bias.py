@@ -1275,7 +1275,8 @@ def test_clear_errors(monkeypatch):
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         triton_bias.check_device(torch.device("cpu"))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    a = Attention(32, 2, pos="rel2d_full", grid=(3, 3), attn_impl="triton", attn_drop=0.1).train()
+    a = Attention(32, 2, pos="rel2d_full", grid=(3, 3), attn_impl="triton").train()
+    a.attn_drop = 0.1  # (set on a built layer: the forward's own check; at build, tests/test_kernels_registry.py)
     with pytest.raises(ValueError, match="no attention dropout"):
         a(torch.randn(1, 9, 32), grid=(3, 3))
     with pytest.raises(ValueError, match="has no such table"):

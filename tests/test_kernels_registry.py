@@ -106,6 +106,34 @@ def test_auto_passes_over_a_kernel_without_dropout_for_layers_that_drop(monkeypa
     assert stage.blocks[0]._state(maps, None, None).impl == "triton"
 
 
+@pytest.mark.parametrize("impl", ["triton", "flex"])
+def test_a_kernel_that_cannot_run_the_model_is_refused_when_it_is_built(impl):
+    """A kernel named (not ``auto``) that cannot run a block's scheme, the model's shared one, its head dim or its
+    attention dropout raises when the layer or model is built (``check_choice``), not at its first training step;
+    ``auto`` builds and chooses per call."""
+    vit = dict(img_size=16, embed_dim=32, depth=2, num_heads=2)
+    swin = dict(img_size=16, embed_dim=32, depths=(2,), num_heads=(2,), window_size=4)
+    for share in (False, True):
+        with pytest.raises(ValueError, match="has no such table"):
+            vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="shaw2d_full", attn_impl=impl, pos_share=share, **vit)
+        with pytest.raises(ValueError, match="has no such table"):
+            vitrel.create_model(
+                "vitrel_swin_tiny_patch2_window4_32", pos="shaw2d_full", attn_impl=impl, pos_share=share, **swin
+            )
+    for name, kw in (("vitrel_vit_tiny_patch4_32", vit), ("vitrel_swin_tiny_patch2_window4_32", swin)):
+        with pytest.raises(ValueError, match="no attention dropout"):
+            vitrel.create_model(name, pos="rel2d_full", attn_impl=impl, attn_drop_rate=0.1, **kw)
+        vitrel.create_model(name, pos="rel2d_full", attn_impl="auto", attn_drop_rate=0.1, **kw)
+    with pytest.raises(ValueError, match="no attention dropout"):
+        vitrel.Attention(32, 2, pos=None, grid=(3, 3), attn_impl=impl, attn_drop=0.1)
+    if impl == "triton":
+        with pytest.raises(ValueError, match="head dims up to 128, rel2d_full is built for 256"):
+            vitrel.create_model(
+                "vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl=impl, **{**vit, "embed_dim": 512}
+            )
+    vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl=impl, **vit)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")
 def test_auto_compiles_as_one_graph_on_cuda():

@@ -10,6 +10,7 @@ from vitrel.kernels.registry import (
     AutoRule,
     Kernel,
     attn_impls,
+    check_choice,
     check_impl,
     get_kernel,
     list_kernels,
@@ -21,5 +22,5 @@ for _m in pkgutil.iter_modules(__path__):
     if not _m.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_m.name}")
 
-__all__ = ["AUTO", "AutoRule", "Kernel", "attn_impls", "check_impl", "get_kernel", "list_kernels", "register_kernel",
-           "resolve"]  # fmt: skip
+__all__ = ["AUTO", "AutoRule", "Kernel", "attn_impls", "check_choice", "check_impl", "get_kernel", "list_kernels",
+           "register_kernel", "resolve"]  # fmt: skip

@@ -41,6 +41,7 @@ __all__ = [
     "AutoRule",
     "Kernel",
     "attn_impls",
+    "check_choice",
     "check_impl",
     "device_name",
     "get_kernel",
@@ -183,6 +184,26 @@ def attn_impls() -> tuple[str, ...]:
 def check_impl(impl: str) -> str:
     if impl != "auto" and impl not in _KERNELS:
         raise ValueError(f"attn_impl must be one of {attn_impls()}, got {impl!r}")
+    return impl
+
+
+def check_choice(impl: str, scheme: PositionScheme | None = None, attn_drop: float = 0.0) -> str:
+    """``impl`` checked where a layer or model is built, so that a kernel named (not ``auto``, which chooses per call)
+    that cannot run ``scheme`` (:meth:`Kernel.refuses`) or drop attention weights (``attn_drop > 0``,
+    ``takes_dropout``) raises there, not at the first training step (Lightning's sanity check runs in eval mode,
+    without dropout). The forward checks again (:func:`resolve`): ``attn_impl`` may be set on a built module."""
+    check_impl(impl)
+    if impl == "auto":
+        return impl
+    kernel = _KERNELS[impl]
+    reason = None if scheme is None else kernel.refuses(scheme)
+    if reason is not None:
+        raise ValueError(reason)
+    if attn_drop > 0 and not kernel.takes_dropout:
+        raise ValueError(
+            f"attn_impl={impl!r} has no attention dropout (attn_drop={attn_drop:g}): use attn_impl='sdpa', or 'auto', "
+            "which picks a kernel that drops weights when training"
+        )
     return impl
 
 

@@ -173,11 +173,15 @@ def _wide_tile(kernel: str, block_d: int, cuda: bool) -> tuple[int, int] | None:
     return wide[kernel].get(block_d) if cuda else None
 
 
+#: the largest head dim the kernels take (their tiles at 256 need more shared memory than an SM has)
+MAX_HEAD_DIM = 128
+
+
 def _blocks(d: int, cuda: bool) -> tuple[int, int, int, int]:
     """``(BLOCK_D, BM, BN, BWD)`` for head dim ``d`` on CUDA, or in the interpreter."""
     block_d = max(16, 1 << (d - 1).bit_length())
-    if block_d > 128:
-        raise ValueError(f"attn_impl='triton' takes head dims up to 128, got {d}")
+    if block_d > MAX_HEAD_DIM:
+        raise ValueError(f"attn_impl='triton' takes head dims up to {MAX_HEAD_DIM}, got {d}")
     if not cuda:  # the interpreter
         return block_d, 16, 16, 16
     bm, bn = _FWD_BLOCKS[block_d]
@@ -1318,6 +1322,15 @@ class TritonKernel(OffsetTableKernel):
     fused_rotation = True
     #: two backward passes bitwise equal (:func:`rel_bias_attention`'s ``deterministic``)
     deterministic: ClassVar[bool] = True
+
+    @classmethod
+    def refuses(cls, scheme):
+        if scheme.head_dim > MAX_HEAD_DIM:
+            return (
+                f"attn_impl={cls.name!r} takes head dims up to {MAX_HEAD_DIM}, {scheme.name} is built for "
+                f"{scheme.head_dim}: use attn_impl='sdpa'"
+            )
+        return super().refuses(scheme)
 
     @classmethod
     def skip_blocks(cls, table, grid, num_prefix_tokens):

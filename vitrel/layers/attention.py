@@ -33,7 +33,7 @@ import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
-from vitrel.kernels import check_impl, get_kernel
+from vitrel.kernels import check_choice, get_kernel
 from vitrel.kernels.common import eager_logits, merge_masks
 from vitrel.kernels.triton_rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
@@ -99,7 +99,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.causal = causal
-        self.attn_impl = check_impl(attn_impl)
+        self.attn_impl = check_choice(attn_impl, attn_drop=attn_drop)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
@@ -128,6 +128,7 @@ class Attention(nn.Module):
                 f"abs_pos={pos.name!r}) or pos={pos.name!r}), or add it yourself with scheme.add_to_tokens(x, grid)."
             )
         self._check_scheme(pos)
+        check_choice(attn_impl, pos)
         if getattr(pos, "causal", causal) != causal:
             raise ValueError(f"the {pos.name} scheme was built with causal={pos.causal}, the attention has {causal}")
         self.pos = pos

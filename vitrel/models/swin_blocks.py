@@ -20,6 +20,7 @@ from timm.layers import register_notrace_function
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.models.blocks import Block, PatchEmbed, drops_weights, patch_grid
 from vitrel.models.input_size import check_img_size
@@ -290,6 +291,7 @@ class SwinStage(nn.Module):
         pos = parse_pos(pos)
         make_pos = functools.partial(pos.build, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win)
         self.rel_pos = make_pos() if pos_share else None
+        check_choice(attn_impl, self.rel_pos)  # (the blocks check their own schemes)
         self.blocks = nn.ModuleList(
             [
                 SwinBlock(

@@ -26,6 +26,7 @@ from timm.layers import calculate_drop_path_rates, to_2tuple
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_vit_args
 from vitrel.models.blocks import (
@@ -164,6 +165,7 @@ class VisionTransformer(TimmSurface, nn.Module):
         self.abs_pos = make_pos(absolute) if absolute is not None else None
         self.pos_drop = nn.Dropout(pos_drop_rate)
         self.rel_pos = make_pos(rel) if pos_share else None
+        check_choice(attn_impl, self.rel_pos)  # (the blocks check their own schemes)
         dpr = calculate_drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.ModuleList(
             [

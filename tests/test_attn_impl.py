@@ -131,7 +131,10 @@ def test_fold_exports():
 def test_bad_impl_choices_are_clear_errors():
     with pytest.raises(ValueError, match="attn_impl must be one of"):
         Attention(16, 2, pos="rel2d_factored", grid=(3, 3), attn_impl="flash")
-    attn = Attention(16, 2, pos="rope2d_mixed", grid=(3, 3), attn_impl="fold")
+    with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):  # (when built)
+        Attention(16, 2, pos="rope2d_mixed", grid=(3, 3), attn_impl="fold")
+    attn = Attention(16, 2, pos="rope2d_mixed", grid=(3, 3))
+    attn.attn_impl = "fold"  # (set on a built layer: the forward's own check)
     with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):
         attn(torch.randn(1, 9, 16), (3, 3))
     with pytest.raises(ValueError, match="attn_impl must be one of"):

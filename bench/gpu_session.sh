@@ -8,7 +8,7 @@
 #                                                              # steps' kernel profile (bench/gpu.py profile, 2 min)
 #   on GPU:  bash bench/gpu_session.sh one "$OUT"              # a 15-minute lease in one command (9.5 minutes):
 #                                                              # the pass's kernel checks, targets and the host's cost
-#                                                              # of a call (400 s), the tuning at N = 4097 (90 s),
+#                                                              # of a call (370 s), the tuning at N = 4097 (90 s),
 #                                                              # the steps' profile, kernels and host (110 s)
 #   on GPU:  bash bench/gpu_session.sh two "$OUT"              # after one's retune (9 minutes): the kernel checks,
 #                                                              # the host's cost of a call and of the steps first,
@@ -16,18 +16,17 @@
 #   on GPU:  bash bench/gpu_session.sh three "$OUT"            # after two, where 6 minutes are left: Swin-T
 #                                                              # compiled (200 s), the forward's stages at N = 197
 #                                                              # and 1025 (the tuning, 90 s)
-#   on GPU:  bash bench/gpu_session.sh four "$OUT"             # the next lease's first command (9.5 minutes): the
-#                                                              # kernel checks, ViT-B compiled and profiled (dT
-#                                                              # in dq now the default: ours' kernels against
-#                                                              # timm's SDPA), Swin-T compiled (never measured to its
-#                                                              # end), the tiles at N = 197 (ViT-B/16's; each row
-#                                                              # with its kernels' busy time, the host's out: the
-#                                                              # wall time there was likely the host's), then the
-#                                                              # table's gradient in dq against the dbias kernel,
-#                                                              # with dq by atomics in dkdv, the bias by a product
-#                                                              # in chosen kernels (BIAS_BY_PRODUCT) and
-#                                                              # DQ_IN_ORDER (--in-dq: before the N = 197 sweep now,
-#                                                              # 90 s, the sweep 70)
+#   on GPU:  bash bench/gpu_session.sh four "$OUT"             # the next lease's first command (9 minutes: 530 s
+#                                                              # of limits and about 20 s of start): the kernel
+#                                                              # checks and ViT-B compiled and profiled (dT in dq
+#                                                              # the default: ours' kernels against timm's SDPA),
+#                                                              # 360 s; then the table's gradient in dq against the
+#                                                              # dbias kernel, with dq by atomics in dkdv, the bias
+#                                                              # by a product in chosen kernels (BIAS_BY_PRODUCT)
+#                                                              # and DQ_IN_ORDER (--in-dq, 110 s); then the tiles at
+#                                                              # N = 197 (ViT-B/16's; each row with its kernels'
+#                                                              # busy time, 60 s). Swin-T compiled (never measured
+#                                                              # to its end) is `three`'s, where 5 minutes are left
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
 # The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
@@ -44,7 +43,7 @@ case $part in
   pass) python3 bench/gpu.py --budget 470 --out "$out/gpu_$gpu.md" ;;
   tune) timeout 200 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections profile --budget 120 --out "$out/gpu_${gpu}_profile.md" ;;
-  one)  python3 bench/gpu.py --sections kernel attention forward host vitb --budget 400 --out "$out/gpu_$gpu.md"
+  one)  python3 bench/gpu.py --sections kernel attention forward host vitb --budget 370 --out "$out/gpu_$gpu.md"
         timeout 90 python3 bench/triton_tune.py --sides 64 --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections profile --budget 110 --out "$out/gpu_${gpu}_profile.md" ;;
   two)  python3 bench/gpu.py --sections kernel host profile vitb attention diagnose models --budget 540 \
@@ -52,9 +51,9 @@ case $part in
   three) python3 bench/gpu.py --sections swinc --budget 200 --out "$out/gpu_${gpu}_swinc.md"
         timeout 90 python3 bench/triton_tune.py --sides 14 32 --head-dims 64 --no-windows \
           --out "$out/triton_tune_$gpu.md" ;;
-  four) python3 bench/gpu.py --sections kernel vitbp swinc --budget 420 --out "$out/gpu_$gpu.md"
-        timeout 90 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md"
-        timeout 70 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
+  four) python3 bench/gpu.py --sections kernel vitbp --budget 360 --out "$out/gpu_$gpu.md"
+        timeout 110 python3 bench/triton_tune.py --in-dq --out "$out/triton_in_dq_$gpu.md"
+        timeout 60 python3 bench/triton_tune.py --sides 14 --head-dims 64 --no-windows \
           --out "$out/triton_tune_197_$gpu.md" ;;
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \

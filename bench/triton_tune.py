@@ -213,6 +213,12 @@ def _cells(wall: float, busy: float | None, ref: tuple[float, float | None]) -> 
     return f"{1e3 * wall:.3f} | {wall / ref[0]:.2f}x | {busy_cells} |"
 
 
+def _half(dev: torch.device) -> torch.dtype:
+    """The inputs' type: bf16 on CUDA; fp16 in Triton's interpreter (the tests' CPU runs), which computes bf16 products
+    wrongly (``triton_bias.check_device``)."""
+    return torch.bfloat16 if dev.type == "cuda" else torch.float16
+
+
 def _time_row(lines: list[str], args: argparse.Namespace, dev, cells: str, fn, ref, repeat: int = 3) -> None:
     """Append the row ``cells`` (its first columns) with ``fn``'s median wall time (``args.rounds`` alternating
     rounds), its kernels' busy time (:func:`_busy`) and their ratios to ``ref`` (``(wall, busy)`` seconds) to
@@ -220,10 +226,17 @@ def _time_row(lines: list[str], args: argparse.Namespace, dev, cells: str, fn, r
     ``args.out``."""
     try:
         m = statistics.median(alternate({"x": fn}, args.rounds, warmup=2, repeat=repeat, device=dev)["x"])
-        lines.append(f"{cells} {_cells(m, _busy(fn, dev), ref)}")
+        row = f"{cells} {_cells(m, _busy(fn, dev), ref)}"
     except Exception as e:  # noqa: BLE001 - a config the device cannot take: say so
-        lines.append(f"{cells} failed: {str(e)[:60]} | - | - | - |")
-    print(lines[-1], flush=True)
+        row = f"{cells} failed: {str(e)[:60]} | - | - | - |"
+    _add_row(lines, args, row)
+
+
+def _add_row(lines: list[str], args: argparse.Namespace, row: str) -> None:
+    """Append ``row`` to ``lines``, print it and write ``lines`` to ``args.out`` (a run stopped at its time limit keeps
+    every row it had)."""
+    lines.append(row)
+    print(row, flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
 
@@ -235,7 +248,7 @@ def _layer_calls(dev, side: int, prefix: int, hd: int, tokens: int) -> tuple[int
     multiprocessors)."""
     n = prefix + side * side
     b, h, grid = max(1, tokens // n), 384 // hd, (side, side)
-    q, k, v = (torch.randn(b, h, n, hd, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(b, h, n, hd, device=dev, dtype=_half(dev), requires_grad=True) for _ in range(3))
     table = torch.randn(h, 2 * side - 1, 2 * side - 1, device=dev, requires_grad=True)
     go = torch.randn_like(q)
 
@@ -327,7 +340,8 @@ def tune_size(
         for grad_t, det in settings:  # (last: dq by atomics, triton_atomic's)
             label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
             if dbias_only and "dbias" not in calls["plan"](sms, deterministic=det):  # (N = 197: dT in dq)
-                lines.append(f"| {n} | {label} | {config} | not run: no dbias kernel in this call | - | - | - |")
+                row = f"| {n} | {label} | {config} | not run: no dbias kernel in this call | - | - | - |"
+                _add_row(lines, args, row)
                 continue
             fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
             _time_row(lines, args, dev, f"| {n} | {label} | {config} |", fn, ref["fb"])
@@ -378,7 +392,8 @@ def tune_in_dq(args: argparse.Namespace, lines: list[str], device: str = "cuda",
                     setattr(tb, flag, value)
                 launch = fns["plan"](sms, deterministic=det).get(check[0]) if check else None
                 if check and (launch is None or not launch.args[check[1]]):
-                    lines.append(f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - | - | - |")
+                    row = f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - | - | - |"
+                    _add_row(lines, args, row)
                     continue
                 fb = functools.partial(fns["tri_fb"], True, det)
                 _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", fb, ref["fb"])
@@ -397,7 +412,7 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
     side, hd = (56, 7) if images else (8, 4)  # (images 0: a 8 x 8 map in 4 x 4 windows, for a test)
     regions = window_layout(window_regions(Grid(side, side), (hd, hd), (hd // 2, hd // 2)), (hd, hd)).segment.to(dev)
     b, n = max(1, images) * regions.shape[0], hd * hd
-    q, k, v = (torch.randn(b, 3, n, 32, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(b, 3, n, 32, device=dev, dtype=_half(dev), requires_grad=True) for _ in range(3))
     table = torch.randn(3, 2 * hd - 1, 2 * hd - 1, device=dev, requires_grad=True)
     go = torch.randn_like(q)
 

@@ -246,7 +246,7 @@ def test_triton_tune_one_tile_reads_the_first_tile_everywhere():
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-3, msg=key)
 
 
-def test_triton_tune_rows_run(monkeypatch):
+def test_triton_tune_rows_run(monkeypatch, tmp_path):
     """bench/triton_tune.py's rows (what a GPU session times) run through the interpreter, each call once: a forward
     row and a backward row (with the table's gradient, without, ``dq`` by atomics) at head dim 64 and 128, and the
     ``dbias`` kernel's other loop order's row, its square tile's and the forward's row without tensor descriptors,
@@ -297,8 +297,10 @@ def test_triton_tune_rows_run(monkeypatch):
     flags = ("TABLE_GRAD_IN_DQ", "TABLE_GRAD_IN_DKDV", "DQ_IN_ORDER", "BIAS_BY_PRODUCT")
     monkeypatch.setattr(tune.tb, "DQ_IN_ORDER", not tune.tb.DQ_IN_ORDER)  # (restored as it was, whatever it was)
     lines, before = [], [getattr(tune.tb, f) for f in flags]
-    tune.tune_in_dq(argparse.Namespace(rounds=1, out=None), lines, device="cpu", tokens=50, calls=[(5, 0), (4, 0)])
+    out = tmp_path / "in_dq.md"
+    tune.tune_in_dq(argparse.Namespace(rounds=1, out=out), lines, device="cpu", tokens=50, calls=[(5, 0), (4, 0)])
     assert [getattr(tune.tb, f) for f in flags] == before
+    assert out.read_text().splitlines() == lines  # (written as they come: the last rows, not taken, too)
     assert len(lines) == 2 * (2 + len(tune.IN_DQ_ROWS)) and sum("the dbias kernel" in x for x in lines) == 4
     assert not [x for x in lines if "failed" in x], lines
     for what in (
@@ -438,7 +440,7 @@ def test_host_ops_counts_a_step_by_source(tmp_path):
 def test_gpu_session_commands_name_what_exists():
     """bench/gpu_session.sh's parts (a lease's commands, run where no mistake can be fixed in time) name only
     bench/gpu.py's sections and bench/triton_tune.py's options, and each part's budgets fit the device tool's
-    10-minute limit a command."""
+    10-minute limit a command, with the start's half minute."""
     import importlib.util
     import shlex
     from pathlib import Path
@@ -466,4 +468,6 @@ def test_gpu_session_commands_name_what_exists():
                 flags = [w for w in words[words.index("bench/triton_tune.py") + 1 :] if w.startswith("--")]
                 assert all(f'"{f}"' in tune_src for f in flags), (part, flags)
                 seconds += float(words[words.index("timeout") + 1]) if "timeout" in words else 200
-        assert 0 < seconds <= 600, (part, seconds)
+        # (the device tool stops a command at 600 s; the wheels' install, the device's name and the imports before
+        # bench/gpu.py's budget starts take about 20-30 s of it)
+        assert 0 < seconds <= 570, (part, seconds)

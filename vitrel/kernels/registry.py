@@ -247,8 +247,4 @@ def resolve(
     checked against ``scheme``: a clear error naming both when the kernel cannot run it."""
     check_impl(impl)
     name = select_kernel(scheme, n_tokens, device_name(device), dropout=dropout) if impl == "auto" else impl
-    kernel = _KERNELS[name]
-    reason = kernel.refuses(scheme)
-    if reason is not None:
-        raise ValueError(reason)
-    return kernel
+    return _KERNELS[check_choice(name, scheme)]

@@ -1249,11 +1249,11 @@ def test_vit_model_and_compile():
 
 @interpreted
 @pytest.mark.parametrize("pos", ["rel2d_full", "lookhere"])
-def test_torch_export_and_onnx_refusal(pos, tmp_path):
+def test_torch_export_and_onnx_refusal(pos, tmp_path, monkeypatch):
     """``torch.export`` keeps the custom op as one node (``torch.ops.vitrel.rel_bias_attention``) and the program
     computes the model's function, with dynamic sizes at every size (the grid a SymInt of the op's; neither the
-    table's rows nor LookHere's skipped tiles pinned to the example's size); ONNX, which has no such operator, is
-    refused with the way out."""
+    table's rows nor LookHere's skipped tiles pinned to the example's size), and on CPU without the interpreter says
+    so as an eager call does; ONNX, which has no such operator, is refused with the way out."""
     from vitrel.export import export_onnx, export_program
 
     kw = dict(img_size=16, embed_dim=32, depth=1, num_heads=2, num_classes=3)
@@ -1263,6 +1263,10 @@ def test_torch_export_and_onnx_refusal(pos, tmp_path):
     assert "vitrel.rel_bias_attention" in str(ep.graph)
     for y in (x, torch.randn(1, 3, 24, 32)):
         torch.testing.assert_close(ep.module()(y), m(y), atol=1e-5, rtol=1e-5)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # (the program on CPU without the interpreter: vitrel's error)
+    with pytest.raises(ValueError, match="set TRITON_INTERPRET=1"):
+        ep.module()(x)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     with pytest.raises(ValueError, match="attn_impl='sdpa'"):
         export_onnx(m, tmp_path / "m.onnx", x, dynamic="static")
 

@@ -118,3 +118,29 @@ def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
     cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(empty), results_file=str(tmp_path / "p.csv")))
     with pytest.raises(NoImagesError, match="no images in"):
         run_predict(cfg)
+
+
+def test_another_kernel_at_prediction_and_export(ckpt, images, tmp_path):
+    """A model trained with a kernel of its own (``triton``) is scored and exported with another: ``predict.py``'s
+    ``model_overrides`` and ``python -m vitrel.export --attn-impl`` (recorded in the export's ``config.json``), the
+    same predictions as the checkpoint's; a ``.pt2`` program, fixed, refuses overrides."""
+    import json
+
+    m = _model()
+    m.vitrel_cfg["attn_impl"] = "triton"  # (as trained with attn_impl=triton: the weights are the same)
+    trained = tmp_path / "triton.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    torch.save({**saved, "vitrel_cfg": m.vitrel_cfg}, trained)
+    ref = predict_folder(load_predictor(ckpt), images, topk=2, progress=False).rows
+    p = load_predictor(trained, model_overrides={"attn_impl": "sdpa"})
+    assert p.model.attn_impl == "sdpa"
+    assert predict_folder(p, images, topk=2, progress=False).rows == ref
+    out = tmp_path / "export"
+    assert export_main([str(trained), str(out), "--pt2", "--attn-impl", "sdpa"]) == 0
+    assert json.loads((out / "config.json").read_text())["model_args"]["attn_impl"] == "sdpa"
+    with pytest.raises(ValueError, match="torch.export program, fixed"):
+        load_predictor(out / "model.pt2", model_overrides={"attn_impl": "sdpa"})
+    cfg = OmegaConf.create(dict(ckpt_path=str(trained), input=str(images), results_file=str(tmp_path / "p.csv")))
+    cfg.topk, cfg.progress_bar, cfg.model_overrides = 2, False, {"attn_impl": "sdpa"}
+    run_predict(cfg)
+    assert len(_rows(tmp_path / "p.csv")) == len(ref)

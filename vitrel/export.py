@@ -7,9 +7,12 @@ checkpoint (or exported weights) -> ``OUTDIR/model.safetensors`` + ``config.json
   extra file ``vitrel_data_config.json``;
 * ``model.onnx``: the same program through the dynamo ONNX exporter (opset 18), for ONNX Runtime.
 
-The weights folder loads with ``vitrel.load_model(OUTDIR)``, ``timm.create_model("local-dir:OUTDIR")``
-or ``timm.create_model(<architecture>, pretrained=True, pretrained_cfg_overlay=dict(file=OUTDIR +
-"/model.safetensors"))``, and is the layout the Hugging Face Hub expects.
+The weights folder loads with ``vitrel.load_model(OUTDIR)``, ``timm.create_model("local-dir:OUTDIR",
+pretrained=True)`` (without ``pretrained=True``, timm builds the architecture with new weights) or
+``timm.create_model(<architecture>, pretrained=True, pretrained_cfg_overlay=dict(file=OUTDIR +
+"/model.safetensors"))``, and is the layout the Hugging Face Hub expects. ``--attn-impl`` builds the export with
+another attention kernel than the checkpoint's (it is recorded in ``config.json``): ``sdpa`` for a model trained
+with ``triton`` that is to run on any device, or go to ONNX.
 
 Dynamic sizes (``dynamic=``): ``"hw"`` (default) makes one program for every batch size and every
 image height and width that is a multiple of the patch size; ``"batch"`` only the batch; ``"static"``
@@ -32,6 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrel.kernels import attn_impls
 from vitrel.models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_model, save_pretrained
 
 __all__ = [
@@ -142,7 +146,8 @@ def export_onnx(
     if not get_kernel(impl).onnx:
         raise ValueError(
             f"attn_impl={impl!r} runs a vitrel custom op that ONNX has no operator for: export the same weights "
-            "built with attn_impl='sdpa' (vitrel.load_model(path, attn_impl='sdpa'), or "
+            "built with attn_impl='sdpa' (python -m vitrel.export CKPT OUT --onnx --attn-impl sdpa, "
+            "vitrel.load_model(path, attn_impl='sdpa'), or "
             "vitrel.create_model(..., attn_impl='sdpa') and load_state_dict), which compute the same function"
         )
     ep = export_program(model, example, dynamic, max_side)
@@ -296,9 +301,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--img-size", type=int, nargs="+", default=None, help="example image size (default: the model's)")
     ap.add_argument("--opset", type=int, default=ONNX_OPSET)
+    ap.add_argument(
+        "--attn-impl",
+        default=None,
+        choices=attn_impls(),
+        help="the attention kernel the export is built with and records (default: the checkpoint's): e.g. sdpa for "
+        "a model trained with triton that is to run anywhere, and for ONNX",
+    )
     args = ap.parse_args(argv)
     try:
-        model = load_model(args.ckpt, use_ema=args.ema).eval()
+        kernel = {} if args.attn_impl is None else {"attn_impl": args.attn_impl}
+        model = load_model(args.ckpt, use_ema=args.ema, **kernel).eval()
         out = save_pretrained(model, args.out_dir)
     except CheckpointError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -63,8 +63,15 @@ class Predictor:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
 
-def load_predictor(path: str | Path, device: str | torch.device = "cpu", use_ema: str | bool = "auto") -> Predictor:
-    """The model and preprocessing of a ``.ckpt``, an export folder or a ``.pt2`` program (see the module docstring)."""
+def load_predictor(
+    path: str | Path,
+    device: str | torch.device = "cpu",
+    use_ema: str | bool = "auto",
+    model_overrides: dict[str, Any] | None = None,
+) -> Predictor:
+    """The model and preprocessing of a ``.ckpt``, an export folder or a ``.pt2`` program (see the module docstring);
+    ``model_overrides``: arguments for :func:`vitrel.load_model` (e.g. ``{"attn_impl": "sdpa"}`` for a model trained
+    with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed."""
     from vitrel.export import PT2_NAME, load_program, model_data_config, stored_data_config
     from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_has_ema, load_model
 
@@ -75,6 +82,12 @@ def load_predictor(path: str | Path, device: str | torch.device = "cpu", use_ema
     if p.is_dir() and not (p / WEIGHTS_NAME).is_file() and (p / PT2_NAME).is_file():
         p = p / PT2_NAME
     if p.suffix == ".pt2":
+        if model_overrides:
+            raise ValueError(
+                f"{p} is a torch.export program, fixed when it was exported: model_overrides "
+                f"{sorted(model_overrides)} apply to a .ckpt or an export folder (python -m vitrel.export CKPT OUT "
+                "--pt2 --attn-impl ... exports another program)"
+            )
         ep, data_config = load_program(p)
         if device.type != "cpu":
             from torch.export.passes import move_to_device_pass
@@ -83,7 +96,7 @@ def load_predictor(path: str | Path, device: str | torch.device = "cpu", use_ema
         module = ep.module()
         return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
     ema = checkpoint_has_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
-    model = load_model(p, use_ema=ema).eval().to(device)
+    model = load_model(p, use_ema=ema, **(model_overrides or {})).eval().to(device)
     data_config = model_data_config(model, stored_data_config(p))
     return Predictor(model, data_config, str(p), data_config.get("class_names"), device)
 
@@ -313,7 +326,10 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     device = str(cfg.get("device", "auto"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    predictor = load_predictor(str(cfg.ckpt_path), device, cfg.get("ema", "auto"))
+    from vitrel.train.utils import plain  # (predict.py's configuration is Hydra's)
+
+    overrides = dict(plain(cfg.get("model_overrides")) or {})
+    predictor = load_predictor(str(cfg.ckpt_path), device, cfg.get("ema", "auto"), overrides)
     res = predict_folder(
         predictor,
         str(cfg.input),

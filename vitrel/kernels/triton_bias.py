@@ -675,7 +675,9 @@ def _fwd_impl(
     q, k, v, table, mask, tokens, blocks, scale, grid_h, grid_w, prefix, causal, bias_read, deterministic, memo=None
 ):
     """``vitrel::rel_bias_attention``: the output and its rows' base-2 log-sum-exp (what the backward reads);
-    ``memo``: :class:`_Eager`'s (what the backward may take again)."""
+    ``memo``: :class:`_Eager`'s (what the backward may take again). Checks the device here, where eager calls,
+    compiled graphs and ``torch.export`` programs all run the kernels."""
+    check_device(q.device, q.dtype)
     b, h, n, _ = q.shape
     out = q.new_empty(q.shape)  # contiguous, as the fake says (inductor may hand q in another layout)
     lse = torch.empty(b, h, stats_len(n), device=q.device, dtype=torch.float32)
@@ -1237,7 +1239,6 @@ def rel_bias_attention(
     gradient is not reduced by it (a fixed table, no table, the bias read as tiles), and its low bits change from run
     to run; :func:`torch.use_deterministic_algorithms` set overrides it (PyTorch's rule: the deterministic algorithm
     where there is one)."""
-    check_device(q.device, q.dtype)
     args = _op_args(
         q, k, v, table, grid, num_prefix_tokens, scale, mask, causal, tokens, blocks, bias_read, regions, deterministic
     )

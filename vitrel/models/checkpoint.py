@@ -489,8 +489,8 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     """Write ``model.safetensors`` (configuration also in its metadata) and ``config.json``.
 
     ``config.json`` follows timm's layout (``architecture``, ``num_classes``, ``model_args``,
-    ``pretrained_cfg``) plus ``vitrel_cfg``, so ``timm.create_model("local-dir:<out_dir>")`` and
-    ``vitrel.load_model(out_dir)`` both rebuild the model.
+    ``pretrained_cfg``) plus ``vitrel_cfg``, so ``timm.create_model("local-dir:<out_dir>", pretrained=True)`` and
+    ``vitrel.load_model(out_dir)`` both rebuild the model with its weights.
     """
     cfg = getattr(model, "vitrel_cfg", None)
     if not isinstance(cfg, dict) or "architecture" not in cfg:

@@ -9,7 +9,7 @@ timm's local-weights routes load our exported weights (``model.safetensors`` + `
 ``vitrel.export_model``)::
 
     timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=".../model.safetensors"))
-    timm.create_model("local-dir:/path/to/export")
+    timm.create_model("local-dir:/path/to/export", pretrained=True)   # (without pretrained: new weights)
 
 With the ``file`` route the architecture's stored arguments (position scheme, size, classes ...) are
 read from the ``config.json`` beside the weights (or the safetensors metadata) and used as defaults,

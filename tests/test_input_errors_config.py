@@ -293,3 +293,32 @@ def test_a_refused_run_keeps_the_running_runs_hydra_record(tmp_path):
     finally:
         first.kill()
         first.wait(timeout=30)
+
+
+def test_sweep_summary_is_written_as_each_job_ends(tmp_path):
+    """``SweepSummary`` writes the summary as each job of a sweep ends (Hydra's sweeper raises after a failed job and
+    never ends the sweep): a failed job (a Hydra record, no ``metrics.json``) shows as failed beside a finished one;
+    a single run writes none; the sweep's end prints it."""
+    import json
+
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from vitrel.train.hydra_callbacks import SweepSummary
+
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    (sweep / "0" / "metrics.json").write_text(
+        json.dumps({"overrides": ["+model.attn_impl=sdpa"], "status": "finished", "metrics": {"test/acc1": 0.5}})
+    )
+    (sweep / "1" / ".hydra").mkdir(parents=True)
+    (sweep / "1" / ".hydra" / "overrides.yaml").write_text("- +model.attn_impl=flex\n")
+    cb = SweepSummary()
+    cb.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.RUN, "sweep": {"dir": str(sweep)}}}))
+    assert not (sweep / "summary.md").exists()
+    cb.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "sweep": {"dir": str(sweep)}}}))
+    md = (sweep / "summary.md").read_text()
+    assert "Sweep summary (2 jobs" in md and "finished" in md and "failed (no metrics.json)" in md, md
+    rows = (sweep / "summary.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[1].startswith("0,+model.attn_impl=sdpa,0.5") and "failed" in rows[2], rows
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "summary.csv", "summary.md"]  # (no part files left)

@@ -3,14 +3,17 @@ printed at the end of a sweep (``python train.py -m ...``).
 
 Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.run.train``);
 :class:`SweepSummary` reads them all when the sweep ends (in the launching process, whatever the
-launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder.
+launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder. It also
+writes the two files as each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -84,8 +87,20 @@ class SweepSummary(Callback):
     def __init__(self, metrics: Sequence[str] = ("test/acc1", "test/acc5", "test/loss", "val/acc1")) -> None:
         self.metrics = list(metrics)
 
+    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
+        """The summary so far, written as each job of a sweep ends: Hydra's sweeper raises when a job has failed
+        (after the rest of its batch has run), and the sweep's end, :meth:`on_multirun_end`, never comes."""
+        from hydra.types import RunMode
+
+        if config.hydra.mode == RunMode.MULTIRUN:
+            self._summarize(Path(str(config.hydra.sweep.dir)), show=False)
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir))
+        self._summarize(Path(str(config.hydra.sweep.dir)), show=True)
+
+    def _summarize(self, sweep_dir: Path, show: bool) -> None:
+        """Write ``summary.md`` / ``summary.csv`` of the job folders in ``sweep_dir`` (each file replaced whole: jobs
+        of a parallel launcher end at once) and, with ``show``, print the table."""
         if not sweep_dir.exists():
             return
         rows = collect_sweep(sweep_dir, self.metrics)
@@ -94,13 +109,18 @@ class SweepSummary(Callback):
         common = split_common(rows)
         table = format_table(rows, self.metrics)
         head = f"Sweep summary ({len(rows)} jobs, {sweep_dir})" + (f"; all jobs: {' '.join(common)}" if common else "")
-        print(f"\n{head}:\n{table}\n", flush=True)
-        (sweep_dir / "summary.md").write_text(f"{head}\n\n{table}\n")
-        with open(sweep_dir / "summary.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["job", "overrides", *self.metrics, "epochs", "wall_s", "status"])
+        if show:
+            print(f"\n{head}:\n{table}\n", flush=True)
+        fields = ["job", "overrides", *self.metrics, "epochs", "wall_s", "status"]
+        with io.StringIO(newline="") as f:
+            w = csv.DictWriter(f, fieldnames=fields)
             w.writeheader()
-            for r in rows:
-                w.writerow({k: r.get(k) for k in w.fieldnames})
+            w.writerows({k: r.get(k) for k in fields} for r in rows)
+            text = f.getvalue()
+        for name, content in (("summary.md", f"{head}\n\n{table}\n"), ("summary.csv", text)):
+            part = sweep_dir / f".{name}.{os.getpid()}"
+            part.write_text(content, newline="")
+            os.replace(part, sweep_dir / name)
 
 
 class TakeRunFolder(Callback):

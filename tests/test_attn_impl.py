@@ -128,6 +128,23 @@ def test_fold_exports():
     torch.testing.assert_close(ep.module()(x), m(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("impl", ["sdpa", "eager", "fold"])
+def test_a_boolean_mask_of_any_rank_keeps_the_pairs_it_marks(impl):
+    """A boolean mask is True where a pair attends (SDPA's rule) whatever its rank: a window mask ``[nW, N, N]`` and
+    ``[B, 1, N, N]`` each equal their additive float masks (0 / -inf), and mask something."""
+    n, grid = 12, (3, 4)
+    keep = torch.rand(2, n, n, generator=torch.Generator().manual_seed(3)) > 0.3
+    keep |= torch.eye(n, dtype=torch.bool)
+    as_float = torch.zeros(keep.shape).masked_fill(~keep, float("-inf"))
+    x = torch.randn(4, n, 32, generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(0)
+    a = Attention(32, 2, pos="rel2d_factored", grid=grid, attn_impl=impl).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(a(x, grid, mask=keep), a(x, grid, mask=as_float))
+        torch.testing.assert_close(a(x[:2], grid, mask=keep[:, None]), a(x[:2], grid, mask=as_float[:, None]))
+        assert not torch.allclose(a(x, grid, mask=keep), a(x, grid), atol=1e-3)
+
+
 def test_bad_impl_choices_are_clear_errors():
     with pytest.raises(ValueError, match="attn_impl must be one of"):
         Attention(16, 2, pos="rel2d_factored", grid=(3, 3), attn_impl="flash")

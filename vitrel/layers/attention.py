@@ -207,14 +207,14 @@ class Attention(nn.Module):
                 return mask
             mask = segment_mask(mask, dtype)[:, 0]
         if mask is not None:
+            if mask.dtype == torch.bool:  # True: attend (SDPA's rule), as an additive float mask, of any rank
+                mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
             if mask.dim() == 3:
                 nw = mask.shape[0]
                 if b % nw:
                     raise ValueError(f"batch {b} is not a multiple of the {nw} windows of the mask")
                 if not per_window:
                     mask = mask.to(dtype).repeat(b // nw, 1, 1)[:, None]  # [B, 1, n, n]
-            elif mask.dtype == torch.bool:
-                mask = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, float("-inf"))
         if self.causal and causal:
             c = torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
             mask = c if mask is None else mask + c

@@ -15,7 +15,7 @@ from torch.nn.attention.flex_attention import flex_attention
 import vitrel
 import vitrel.kernels.flex as kernels
 from vitrel.layers import Attention
-from vitrel.pos import build_pos, list_pos
+from vitrel.pos import Grid, build_pos, list_pos
 from vitrel.pos.geometry import expand_offset_table
 from vitrel.pos.registry import get_pos_class
 
@@ -194,6 +194,24 @@ def test_cpu_flex_short_sequences_equal_sdpa():
         torch.testing.assert_close(kernels._flex_attention(q, k, v), want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("pos", ["alibi2d", "lookhere"])
+def test_compiled_cpu_flex_on_float64_slopes_and_a_key_padding_mask(pos):
+    """Compiled FlexAttention (what a float32 model runs, not the reference the other tests use) equals SDPA where the
+    scheme's table is float64 (ALiBi's and LookHere's slopes: NaN before the table was made float32) and with a
+    key-padding mask ``[B, 1, 1, N]`` (score_mod read it at ``[qi, ki]``: out of bounds)."""
+    x = torch.randn(2, 17, 32, generator=torch.Generator().manual_seed(1))
+    pad = torch.zeros(2, 1, 1, 17)
+    pad[1, ..., -3:] = float("-inf")
+    layers = []
+    for impl in ("sdpa", "flex"):
+        torch.manual_seed(0)
+        layers.append(Attention(32, 2, pos=pos, grid=(4, 4), num_prefix_tokens=1, attn_impl=impl).eval())
+    assert layers[1].pos.offset_table(Grid(4, 4)).dtype == torch.float64
+    with torch.no_grad():
+        for mask in (None, pad):
+            torch.testing.assert_close(layers[1](x, (4, 4), mask=mask), layers[0](x, (4, 4), mask=mask))
+
+
 def test_flex_errors_are_clear():
     with pytest.raises(ValueError, match="flex"):
         Attention(32, 4, pos="shaw2d_factored", grid=(3, 4), attn_impl="flex")(torch.randn(1, 12, 32), (3, 4))
@@ -206,6 +224,8 @@ def test_flex_errors_are_clear():
     m = Attention(32, 4, pos="rel2d_full", grid=(3, 4), attn_impl="flex").train()
     with pytest.raises(ValueError, match="CPU"):
         m(torch.randn(1, 12, 32), (3, 4))
+    with torch.no_grad(), pytest.raises(ValueError, match="not float64"):  # (compiled FlexAttention's own error)
+        m.double().eval()(torch.randn(1, 12, 32, dtype=torch.float64), (3, 4))
 
 
 @pytest.mark.parametrize("fov", [180, 90, 45])

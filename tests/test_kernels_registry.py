@@ -50,6 +50,7 @@ def test_auto_is_sdpa_on_cpu_and_reads_the_device_table(monkeypatch):
     assert select_kernel(s, 4096, None) == "sdpa"
     assert select_kernel(s, 4096, "NVIDIA H200") == AUTO["H200"][1].kernel == "triton"
     assert select_kernel(s, 1024, "NVIDIA H200") == "sdpa"  # below the measured size
+    assert select_kernel(s, 4096, "NVIDIA H200", training=False) == "sdpa"  # (measured forward + backward)
     assert select_kernel(build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(3, 4)), 4096, "NVIDIA H200") == "sdpa"
     factored = build_pos("rel2d_factored", num_heads=2, head_dim=8, grid=(3, 4))  # folded when trained from N = 1024
     assert [select_kernel(factored, n, "NVIDIA H200", True) for n in (196, 1024, 4096)] == ["sdpa", "fold", "fold"]

@@ -74,6 +74,11 @@ def _flex_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
     keys get zero storage after their end (:func:`_keys_with_slack`)."""
     if torch.compiler.is_compiling():
         return flex_attention(q, k, v, **kwargs)
+    if q.dtype == torch.float64:
+        raise ValueError(
+            "attn_impl='flex' runs FlexAttention compiled, which takes float32, float16 and bfloat16 inputs, not "
+            "float64: use attn_impl='sdpa' (or 'eager') for float64"
+        )
     if k.device.type == "cpu":
         k = _keys_with_slack(k)
     return _compiled_flex()(q, k, v, **kwargs)
@@ -87,6 +92,9 @@ def attend_flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
     ``[nW, N]`` region ids, no ``N x N`` mask); ``state.block_mask`` the table's ``-inf`` blocks, intersected with the
     causal blocks when ``state.causal``."""
     table = state.table
+    if table is not None and table.dtype == torch.float64 and q.dtype != torch.float64:
+        table = table.float()  # (ALiBi's and LookHere's slopes are float64: compiled flex mixed them with the scores
+        # wrongly on CPU, NaN; the float32 table is what triton reads too)
     if dropout_p > 0.0:
         raise ValueError("attn_impl='flex' has no attention dropout (FlexAttention has none): use attn_impl='sdpa'")
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (table is not None and table.requires_grad)
@@ -104,6 +112,8 @@ def attend_flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
         if mask.dim() == 3:  # a window mask [nW, N, N]: batch b reads window b mod nW
             mask = mask[:, None]
         mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        if mask.shape[2:] != (q.shape[2], q.shape[2]):  # (a key-padding mask [B, 1, 1, N]: score_mod reads [qi, ki])
+            mask = mask.expand(*mask.shape[:2], q.shape[2], q.shape[2]).contiguous()
     mb, mh = (mask.shape[0] > 1, mask.shape[1] > 1) if mask is not None else (False, False)
 
     def score_mod(score: Tensor, b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:

@@ -103,7 +103,7 @@ _TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb"
 #:   1.82x-2.33x). The full table and T5's buckets keep ``triton`` from 1024 (``gpu_h100_9ae408d.md``, ``gpu_h100.md``).
 _FOLD = AutoRule(frozenset({"rel2d_factored"}), 1024, "fold", training=True)
 AUTO: dict[str, list[AutoRule]] = {
-    "H200": [_FOLD, AutoRule(frozenset({"rel1d_bucket"}), 4096, "triton")],
+    "H200": [_FOLD, AutoRule(frozenset({"rel1d_bucket"}), 4096, "triton", training=True)],
     "H100": [
         AutoRule(_TABLES, 4096, "triton", training=True),
         AutoRule(frozenset({"rel2d_factored", "rel2d_bucket"}), 1024, "fold", training=True),

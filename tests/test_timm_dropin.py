@@ -231,11 +231,30 @@ def test_dynamic_and_strict_img_size(spec):
         assert m(torch.randn(1, 3, *size)).shape == (1, m.num_classes)
         with pytest.raises(ValueError, match="strict_img_size"):
             m(other)
+        with pytest.raises(ValueError, match="strict_img_size"):  # (images as a list or patches: the same rule)
+            m([other[0]])
+        assert m([torch.randn(3, *size)]).shape == (1, m.num_classes)
         assert load_model_back(m).strict_img_size  # the setting is part of vitrel_cfg
     if spec is SWIN:  # the children-in-turn wrapper checks it too
         f = make(spec, features_only=True, feature_cls="list", strict_img_size=True)
         with pytest.raises(ValueError, match="strict_img_size"):
             f(other)
+
+
+def test_vit_layer_decay_and_prefix_tokens_as_timm():
+    """timm's ViT: the final norm is in the last block's group (``group_matcher``, so layer-wise decay scales its
+    rate as the last block's, not the head's); ``return_prefix_tokens`` where a NaFlex dict or a list has no prefix
+    tokens to return: a clear error, not the flag ignored."""
+    from timm.optim import param_groups_layer_decay
+
+    for model in (make(VIT), timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=3)):
+        groups = param_groups_layer_decay(model, layer_decay=0.5)
+        norm = {round(g["lr_scale"], 6) for g in groups if any(p is model.norm.weight for p in g["params"])}
+        head = {round(g["lr_scale"], 6) for g in groups if any(p is model.head.weight for p in g["params"])}
+        assert norm == {0.5} and head == {1.0}, (type(model).__name__, norm, head)
+    m = make(VIT).eval()
+    with pytest.raises(ValueError, match="return_prefix_tokens"):
+        m.forward_intermediates([torch.randn(3, 32, 32)], output_fmt="NLC", return_prefix_tokens=True)
 
 
 def load_model_back(m, **overrides):

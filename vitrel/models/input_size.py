@@ -17,15 +17,18 @@ so a saved model reloads at the new size.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 from typing import Any
 
+import torch
 from timm.layers import register_notrace_function
 from timm.models._input import update_model_input_size
 from torch import Tensor, nn
 
 from vitrel.pos.base import PositionScheme
+from vitrel.pos.geometry import Grid
 
-__all__ = ["resolve_strict_img_size", "check_img_size", "rebuild_position_schemes"]
+__all__ = ["resolve_strict_img_size", "check_img_size", "check_grid_sizes", "rebuild_position_schemes"]
 
 
 def resolve_strict_img_size(dynamic_img_size: bool | None, strict_img_size: bool | None) -> bool:
@@ -49,6 +52,13 @@ def check_img_size(x: Tensor, img_size: tuple[int, int]) -> None:
             f"input size {tuple(x.shape[-2:])} does not match the model's img_size {tuple(img_size)} "
             "(strict_img_size=True); build with dynamic_img_size=True for any size, or call set_input_size"
         )
+
+
+def check_grid_sizes(grids: Sequence[Grid], patch_size: int, img_size: tuple[int, int]) -> None:
+    """:func:`check_img_size` for images given as patches (a NaFlex dict, a list of images): each image's ``grids``
+    (patches of ``patch_size``) must span ``img_size``."""
+    for g in grids:
+        check_img_size(torch.empty(g.h * patch_size, g.w * patch_size, device="meta"), img_size)
 
 
 def rebuild_position_schemes(model: nn.Module, **changes: Any) -> nn.Module:

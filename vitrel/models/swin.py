@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from vitrel.layers.validate import check_swin_args
 from vitrel.models.blocks import add_abs_pos, constructor_config, with_placement
-from vitrel.models.input_size import check_img_size, rebuild_position_schemes
+from vitrel.models.input_size import check_grid_sizes, rebuild_position_schemes
 from vitrel.models.naflex import ModelInput, NaFlexBatch, embed_patches, input_form, read_input
 from vitrel.models.swin_blocks import (
     MapPatchEmbed,
@@ -296,8 +296,8 @@ class SwinTransformer(TimmSurface, nn.Module):
                     f"Swin needs every image's full grid; token dropping is for the ViT: image {i} of the NaFlex "
                     f"batch has {n} of the {g.h} x {g.w} patches its coordinates span"
                 )
-            if pe.img_size is not None:
-                check_img_size(torch.empty(g.h * p, g.w * p, device="meta"), pe.img_size)
+        if pe.img_size is not None:
+            check_grid_sizes(nb.image_grids, p, pe.img_size)
         sizes = torch.tensor([g.n for g in nb.image_grids], device=image.device)
         widths = torch.tensor([g.w for g in nb.image_grids], device=image.device)
         start = torch.cumsum(sizes, 0) - sizes

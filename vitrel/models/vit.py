@@ -39,7 +39,7 @@ from vitrel.models.blocks import (
     prepare_states,
     with_placement,
 )
-from vitrel.models.input_size import check_img_size, rebuild_position_schemes
+from vitrel.models.input_size import check_grid_sizes, check_img_size, rebuild_position_schemes
 from vitrel.models.naflex import (
     ModelInput,
     check_token_drop,
@@ -215,7 +215,10 @@ class VisionTransformer(TimmSurface, nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return dict(stem=r"^cls_token|^reg_token|^abs_pos|^rel_pos|^patch_embed", blocks=[(r"^blocks\.(\d+)", None)])
+        return dict(
+            stem=r"^cls_token|^reg_token|^abs_pos|^rel_pos|^patch_embed",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],  # (timm's: the final norm with the last block)
+        )
 
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:
         """timm's ``set_input_size``: the model is now built for ``img_size`` (learned tables and absolute
@@ -260,11 +263,15 @@ class VisionTransformer(TimmSurface, nn.Module):
         of any sizes, or images whose tokens are dropped (``token_drop`` in training) -> tokens ``[B, N', C]`` with each
         image's prefix tokens ahead of its patches (:func:`~vitrel.models.naflex.with_prefix`), their layout, and where
         each input patch token went (``[B, N]``)."""
+        pe = self.patch_embed
         if x.batch is None:
-            tokens, grid = self.patch_embed(x.images)
+            if self.strict_img_size:
+                check_img_size(x.images, self.img_size)
+            tokens, grid = pe(x.images)
             batch = grid_batch(tokens, grid)
         else:
-            pe = self.patch_embed
+            if self.strict_img_size:
+                check_grid_sizes(x.batch.image_grids, pe.patch_size, self.img_size)
             batch = x.batch._replace(patches=pe.norm(embed_patches(pe.proj, x.batch.patches)))
         if self.training and self.token_drop:
             batch = drop_tokens(batch, token_drop_rates(self.token_drop, batch.num_images, batch.patches.device))
@@ -378,6 +385,12 @@ class VisionTransformer(TimmSurface, nn.Module):
         # backbone returns) needs every token: the full grid
         inp = self.read_input(x)
         if inp.batch is not None or (self._uses_layout(inp) and output_fmt == "NLC"):
+            if return_prefix_tokens and self.num_prefix_tokens:
+                raise ValueError(
+                    "return_prefix_tokens=True takes a batch of whole images: the intermediates of a NaFlex dict, a "
+                    "list of images or dropped tokens (token_drop, training) are the patch tokens at the input's "
+                    "positions (output_fmt='NLC'), with no prefix tokens"
+                )
             return self._intermediates_layout(inp, take, len(blocks), norm, output_fmt, intermediates_only)
         x, grid = self.embed(inp.images)
         feats = []

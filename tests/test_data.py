@@ -362,6 +362,22 @@ def test_imagenet_folders(tmp_path):
     assert ImageNetDataModule().img_size == 224
 
 
+@pytest.mark.parametrize("workers", [0, 1])
+def test_evaluation_loaders_leave_the_global_random_state_alone(tmp_path, workers):
+    """Making an evaluation loader's iterator draws its workers' base seed from the loader's own generator, not
+    torch's global one: a resumed run, which makes its first one after the random state is restored (the run it
+    resumes made it in the sanity check), would otherwise draw every random number of training after it shifted."""
+    make_imagenet_tree(tmp_path)
+    dm = ImageNetDataModule(root=tmp_path, img_size=32, batch_size=4, num_workers=workers, pin_memory=False)
+    dm.setup("fit")
+    for loader in (dm.val_dataloader(), dm.test_dataloader()):
+        torch.manual_seed(0)
+        first_batch(loader)
+        after = torch.rand(4)
+        torch.manual_seed(0)
+        assert torch.equal(after, torch.rand(4))
+
+
 def test_imagenet_errors(tmp_path):
     with pytest.raises(DatasetNotFoundError) as exc:
         ImageNetDataModule(root=tmp_path).setup("fit")

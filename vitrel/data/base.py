@@ -549,6 +549,10 @@ class VisionDataModule(L.LightningDataModule):
         if train and self.train_order_seed is not None:
             sampler = EpochSampler(ds, shuffle=True, seed=int(self.train_order_seed), num_replicas=world, rank=rank)
             return ResumableDataLoader(ds, sampler=sampler, **kwargs)
+        if not train:  # (an iterator's workers' base seed from a generator of its own, not torch's global one: a
+            # resumed run makes its first evaluation's iterator where the run it resumes made it in the sanity check,
+            # and the draw shifted every random number of training after it: dropout, drop-path, mixup)
+            kwargs["generator"] = torch.Generator().manual_seed(int(self.seed))
         return DataLoader(ds, shuffle=train, **kwargs)
 
     def train_dataloader(self) -> DataLoader | MemoryLoader:

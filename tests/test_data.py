@@ -37,6 +37,8 @@ def data_config(name: str):
     ``root`` from ``${paths.data_dir}``): the data node, ready for ``instantiate``."""
     from hydra import compose, initialize_config_dir
 
+    import vitrel.config  # noqa: F401 - the schemas the configs extend, registered as train.py's import does
+
     with initialize_config_dir(str(CONF.parent), version_base="1.3"):
         return compose("train", overrides=[f"data={name}"]).data
 
@@ -341,6 +343,29 @@ def test_cifar_verify_and_missing(tmp_path):
         CIFARDataModule(root=None).setup("fit")
     with pytest.raises(ValueError, match="10 or 100"):
         CIFARDataModule(root=tmp_path, num_classes=20)
+
+
+def test_unreadable_files_are_named(tmp_path):
+    """A cut CIFAR batch, a cut JPEG and an empty class folder: each error names the folder or the file (PIL, pickle
+    and torchvision name neither, or only the class)."""
+    make_cifar_files(tmp_path / "c", 10, n_per_batch=2)
+    batch = tmp_path / "c" / "cifar-10-batches-py" / "data_batch_3"
+    batch.write_bytes(batch.read_bytes()[:100])
+    with pytest.raises(ValueError, match="cifar-10-batches-py"):
+        CIFARDataModule(root=tmp_path / "c", num_classes=10, verify=False, num_workers=0).setup("fit")
+    make_imagenet_tree(tmp_path / "i")
+    jpeg = sorted((tmp_path / "i" / "train" / "n0002").iterdir())[0]
+    jpeg.write_bytes(jpeg.read_bytes()[:200])
+    dm = ImageNetDataModule(root=tmp_path / "i", img_size=32, batch_size=4, num_workers=0)
+    dm.setup("fit")
+    ds = dm.dataset("train")
+    with pytest.raises(OSError, match=jpeg.name):
+        [ds[i] for i in range(len(ds))]
+    jpeg.unlink()
+    for f in (tmp_path / "i" / "train" / "n0003").iterdir():
+        f.unlink()
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "i" / "train")):
+        ImageNetDataModule(root=tmp_path / "i", img_size=32, num_workers=0).setup("fit")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -172,13 +172,21 @@ class CIFARDataModule(VisionDataModule):
     def _load_arrays(self, split: str) -> tuple[np.ndarray, np.ndarray]:
         tv_root = self._locate()
         self._verify(tv_root)
-        ds = self._tv_cls(str(tv_root), train=split == "train", download=False)
+        try:
+            ds = self._tv_cls(str(tv_root), train=split == "train", download=False)
+        except (pickle.UnpicklingError, EOFError, KeyError, ValueError) as e:  # (a cut or foreign batch file)
+            folder = os.path.join(tv_root, self._tv_cls.base_folder)
+            raise ValueError(f"{self.dataset_name}: cannot read the {split} batches in {folder}: {e!r}") from e
         if len(ds.classes) != self.num_classes:
             raise ValueError(
-                f"{self.dataset_name}: meta file lists {len(ds.classes)} classes, expected {self.num_classes}"
+                f"{self.dataset_name}: meta file in {tv_root} lists {len(ds.classes)} classes, expected "
+                f"{self.num_classes}"
             )
         bad = [t for t in set(ds.targets) if not 0 <= t < self.num_classes]
         if bad:
-            raise ValueError(f"{self.dataset_name}: labels out of range [0, {self.num_classes}): {sorted(bad)[:5]}")
+            raise ValueError(
+                f"{self.dataset_name}: labels out of range [0, {self.num_classes}) in the {split} batches in "
+                f"{tv_root}: {sorted(bad)[:5]} (another data set's files?)"
+            )
         self.class_names = list(ds.classes)
         return ds.data, np.asarray(ds.targets, dtype=np.int64)  # [N, 32, 32, 3] uint8, as torchvision reads it

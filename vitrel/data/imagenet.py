@@ -59,14 +59,27 @@ __all__ = ["ImageNetDataModule", "FixedClassImageFolder"]
 
 
 class FixedClassImageFolder(ImageFolder):
-    """``ImageFolder`` with a given class list (so val uses train's class indices)."""
+    """``ImageFolder`` with a given class list (so val uses train's class indices); a file that cannot be read
+    raises with its path (PIL's error for a truncated JPEG names none)."""
 
     def __init__(self, root: str | Path, classes: list[str], **kwargs) -> None:
         self._fixed_classes = list(classes)
-        super().__init__(str(root), **kwargs)
+        try:
+            super().__init__(str(root), **kwargs)
+        except FileNotFoundError as e:  # (an empty class folder: torchvision names the class, not the folder)
+            raise FileNotFoundError(f"{root}: {e}") from e
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         return self._fixed_classes, {c: i for i, c in enumerate(self._fixed_classes)}
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        try:
+            return super().__getitem__(index)
+        except OSError as e:
+            path = self.samples[index][0]
+            if path in str(e):
+                raise
+            raise OSError(f"cannot read {path}: {e}") from e
 
 
 def _reader_ranks(ds: Dataset) -> tuple[int, int]:

@@ -5,11 +5,16 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test train lint bench fmnist-full
+.PHONY: install hooks test train lint bench fmnist-full
 
-install:
+install: hooks
 	$(PIP) install -q $(TORCH_PIN)
 	$(PIP) install -q -e ".[dev]" $(TORCH_PIN)
+
+# git runs .githooks/ (commit-msg: subject <= 72 characters) when this folder is a git checkout's top; else nothing
+hooks:
+	@if command -v git >/dev/null 2>&1 && [ "$$(git rev-parse --show-toplevel 2>/dev/null)" = "$$(pwd -P)" ]; then \
+		git config core.hooksPath .githooks && echo "git hooks: .githooks"; fi
 
 test: install
 	$(PY) -m ruff check .

@@ -7,7 +7,8 @@ the two workers in turn (zigzag: before, after, after, before, ...), ``--rounds`
 both versions see the same machine load; the table has the medians and after / before.
 
     git worktree add /tmp/v0 839c787      # vitrel 0.1.0
-    python bench/eager_versions.py --before /tmp/v0 --after . --out bench/results/eager_versions_cpu.md
+    python bench/eager_versions.py --before /tmp/v0 --after . \
+        --out bench/results/eager_versions_cpu_2026-11-23_since_0.1.0.md
 
 Models: the default recipe's ViT (``vit_tiny_fmnist``: width 64, depth 4, 28x28, patch 4) and the
 study's Swin (width 32, depths 2-2, 4x4 windows), with each ``--schemes`` entry; batch ``--batch-size``.

@@ -1,6 +1,6 @@
 """The torch operators of one training step, counted on the CPU, vitrel's model against timm's, and where ours come
 from: each operator is a launch on a GPU and its host work (about 17 us a call on the H100 machine's host,
-``bench/results/host_h100_68e2e96.md``), so where a step is bound by the host (``bench/step_profile.py``: the kernels
+``bench/results/host_overhead_h100.md``), so where a step is bound by the host (``bench/step_profile.py``: the kernels
 busy well below the step's wall time), fewer operators is a faster step. Counted, not timed: the same on any machine.
 
     TRITON_INTERPRET=1 python bench/host_ops.py                                   # Swin-T and ViT-S, attn_impl=triton

@@ -9,7 +9,7 @@ runs beside them (each a launch of its own on a GPU).
     TRITON_INTERPRET=1 python bench/host_overhead.py --device cpu --grid 3 --repeat 2 --rounds 1   # the code path
 
 On a GPU, eager training steps of small models were bound by the host with ``attn_impl=triton``
-(``bench/results/gpu_h100_9ae408d.md``: ViT-S's kernels busy 0.40 of its step): this says how much of that one
+(``bench/results/gpu_h100_retuned.md``: ViT-S's kernels busy 0.40 of its step): this says how much of that one
 attention call costs, and where.
 """
 

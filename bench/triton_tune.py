@@ -1,7 +1,7 @@
 """Launch configurations of the fused bias kernel (``attn_impl="triton"``) on one GPU: forward and forward + backward
 time of ``rel_bias_attention`` for each tile shape / warps / stages, against plain SDPA in the same process.
 
-    python bench/triton_tune.py --out bench/results/triton_tune_h200.md      # on a GPU (bf16)
+    python bench/triton_tune.py --out bench/results/triton_tune_h200_first_kernel.md      # on a GPU (bf16)
     python bench/triton_tune.py --sides 64 --head-dims 128                   # head dim 128's rows alone
     python bench/triton_tune.py --in-dq                                      # dT in dq / dkdv, or the dbias kernel
 
@@ -46,7 +46,7 @@ FWD = [
 #: the dq kernel's, or None: the square tile too; and optionally "batch outer" (the dbias kernel's other loop order,
 #: triton_bias.DBIAS_BATCH_OUTER), "square dbias" (its square tile where triton_bias._DBIAS_WIDE has a wide one) or
 #: "wide dbias" (128 x 64 in 8 warps and 2 stages where it has none). The default first (all square, 4 warps, 3
-#: stages: the fastest on an H100, bench/results/triton_tune_h100_479ebfa.md), then the wide tiles it replaced
+#: stages: the fastest on an H100, bench/results/triton_tune_h100_tiles.md), then the wide tiles it replaced
 #: (dkdv 64 x 128, dq and dbias 128 x 64, 8 warps: fewer instructions per score on sm_90, slower on the H100), each
 #: alone
 BWD = [

@@ -387,7 +387,7 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
 @pytest.mark.usefixtures("dbias_kernel")
 def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
     """On a GPU (``plan`` builds a GPU's launches anywhere), as measured fastest on an H100
-    (``bench/results/triton_tune_h100_479ebfa.md``): head dim 64 takes the square 64 x 64 tile in every kernel (the
+    (``bench/results/triton_tune_h100_tiles.md``): head dim 64 takes the square 64 x 64 tile in every kernel (the
     forward in 4 warps and 3 stages, the backward's in 4 and 3), its ``dbias`` kernel sharing the ``dq`` kernel's bias
     tiles; head dim 32 (Swin's) 64 x 64 and 2 stages; head dim 128 the forward's 64 x 32 in 4 warps, and where the
     bias is read whole or there is none ``dkdv`` 64 x 128 (``triton_bias._DKDV_WIDE``), ``dq`` and ``dbias`` 128 x 64

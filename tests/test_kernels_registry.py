@@ -149,16 +149,16 @@ def test_auto_compiles_as_one_graph_on_cuda():
 @pytest.mark.parametrize(
     ("name", "n", "training", "want"),
     [
-        ("rel2d_full", 4096, True, "triton"),  # trained faster and in a fifth of the memory (bench/results/gpu_h100.md)
-        ("rel2d_factored", 4097, True, "triton"),  # retuned: 2.25x plain SDPA against fold's 2.74x (gpu_h100_e5a7949)
+        ("rel2d_full", 4096, True, "triton"),  # trained faster and in a fifth of the memory (gpu_h100_bias_tiles.md)
+        ("rel2d_factored", 4097, True, "triton"),  # retuned: 2.25x plain SDPA against fold's 2.74x (gpu_h100_tables.md)
         ("rel2d_factored", 1024, True, "fold"),  # (1.64x against the float mask's 2.32x and triton's 2.39x)
         ("rel2d_factored", 196, True, "sdpa"),  # (1.57x against fold's 1.61x)
         ("rel2d_factored", 4096, False, "sdpa"),  # (fold's forward alone: not timed)
         ("fire2d", 4096, True, "triton"),
         ("rel2d_full", 4096, False, "sdpa"),  # forward alone: SDPA's float mask was faster
-        ("rel2d_full", 1024, True, "triton"),  # (retuned: 1.94x against 2.22x, gpu_h100_9ae408d.md)
+        ("rel2d_full", 1024, True, "triton"),  # (retuned: 1.94x against 2.22x, gpu_h100_retuned.md)
         ("rel2d_full", 196, True, "sdpa"),  # (1.51x against 1.59x)
-        ("rel2d_cpb", 1024, True, "triton"),  # (retuned: 2.01x against 2.44x, gpu_h100_e5a7949.md)
+        ("rel2d_cpb", 1024, True, "triton"),  # (retuned: 2.01x against 2.44x, gpu_h100_tables.md)
         ("fire2d", 1024, True, "triton"),  # (2.04x against 2.52x)
         ("rel2d_bucket", 1024, True, "fold"),  # (1.88x against triton's 2.07x and the float mask's 2.36x)
         ("rel2d_bucket", 4096, True, "triton"),  # (2.38x against fold's 2.90x)
@@ -169,9 +169,10 @@ def test_auto_compiles_as_one_graph_on_cuda():
     ],
 )
 def test_auto_on_an_h100_trains_learned_tables_with_the_fused_kernel(name, n, training, want):
-    """The H100's rules (measured: ``bench/results/gpu_h100.md``, ``gpu_h100_9ae408d.md``, ``gpu_h100_e5a7949.md``):
-    the fused kernel where a learned table is trained at N = 4096 (from N = 1024 the full 2-D table, T5's 1-D buckets,
-    CPB and FIRE), the factored table and the 2-D buckets folded into q and k from N = 1024 below that, SDPA in
+    """The H100's rules (measured: ``bench/results/gpu_h100_bias_tiles.md``, ``gpu_h100_retuned.md``,
+    ``gpu_h100_tables.md``): the fused kernel where a learned table is trained at N = 4096 (from N = 1024 the full
+    2-D table, T5's 1-D buckets, CPB and FIRE), the factored table and the 2-D buckets folded into q and k from
+    N = 1024 below that, SDPA in
     evaluation (no gradient: the state is prepared under ``torch.no_grad``), for fixed biases and at N = 196."""
     s = build_pos(name, num_heads=2, head_dim=8, grid=(3, 4))
     assert select_kernel(s, n, "NVIDIA H100 80GB HBM3", training) == want

@@ -117,7 +117,7 @@ def busy_seconds(fn: Callable[[], Any], device: torch.device, calls: int = 5) ->
     """Seconds the device is busy per call of ``fn``: its kernels' own times summed (:func:`kernel_times`; on a CPU
     its operators'), over ``calls`` profiled calls after one unprofiled. The host's time (Python, launches) is left
     out, so a call whose wall time is its host's (a short sequence: ``bench/triton_tune.py``'s rows at N = 197, whose
-    wall time barely grew from N = 197 to 1025, ``bench/results/triton_ws_h100_a689f6c.md``) still shows what its
+    wall time barely grew from N = 197 to 1025, ``bench/results/triton_tune_h100_dq_grad.md``) still shows what its
     kernels cost."""
     fn()
     sync(device)

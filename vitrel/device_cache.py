@@ -2,7 +2,7 @@
 
 A training step calls every layer's position scheme and fused kernel with the same grid, and each rebuilt its
 integer tensors every call: on a GPU each of those operators is a launch and its host work (about 17 us a call on
-the H100 machine's host, ``bench/results/host_h100_68e2e96.md``), where eager steps of small models were bound by the
+the H100 machine's host, ``bench/results/host_overhead_h100.md``), where eager steps of small models were bound by the
 host. :func:`per_device` keeps them, where that is safe (:func:`keeps`).
 """
 
@@ -51,7 +51,7 @@ def per_device(maxsize: int):
     whose memory, once the cache drops it, could be handed out again while the graph still reads it; there each call
     makes its own, in the graph's pool). So a call that finds its tensors asks CUDA one cheap question: on the H100
     machine's host, each :func:`keeps` made two ``torch.cuda.Stream`` objects, and a fused-kernel call looked up
-    eleven tensors (``bench/results/gpu_h100_a689f6c.md``'s profile: ``streams.py`` and ``_get_device_index`` 145 us
+    eleven tensors (``bench/results/gpu_h100_vitb.md``'s profile: ``streams.py`` and ``_get_device_index`` 145 us
     of a 4,202 us profiled call)."""
 
     def deco(fn):

@@ -6,7 +6,7 @@ entries (LookHere's views) are ``BlockMask`` s, so whole blocks are skipped. No 
 FlexAttention backward on CPU (inference only there). On CUDA its table gradient goes through atomics (not bitwise
 repeatable; ``attn_impl="triton"`` is). On Hopper the default tiles need more shared memory than there is with a bf16
 table: :func:`kernel_options` gives the tiles that compile there (measured on an H200,
-``bench/results/triton_diag_h200.md``).
+``bench/results/triton_diag_h200_first_kernel.md``).
 """
 
 from __future__ import annotations

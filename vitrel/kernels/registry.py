@@ -72,26 +72,26 @@ _TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb"
 #: wins, else ``sdpa``. Only measured wins go here (``bench/results/``, the attention layer of ``bench/attention.py``
 #: in bf16, 65,536 tokens a batch):
 #:
-#: * H200 (the first fused kernel, ``gpu_h200_triton_v1.md``): it beat SDPA's float mask only for T5's 1-D buckets at
+#: * H200 (the first fused kernel, ``gpu_h200_first_kernel.md``): it beat SDPA's float mask only for T5's 1-D buckets at
 #:   N = 4096 (5.5x plain SDPA against 29x).
-#: * H100 (``gpu_h100.md``, the kernel with bias tiles): forward + backward at N = 4096, every learned table through
-#:   ``triton`` took 3.18x-3.32x plain SDPA against 4.02x-4.31x (28x for ``rel1d_bucket``) and 1.07x its memory
-#:   against 5.3x-5.5x; ``rel1d_bucket`` also at N = 1024 (2.49x against 4.84x). SDPA stayed faster at N = 1024 for
-#:   the 2-D tables (2.30x against 2.37x), at N = 196 for all, for ALiBi and LookHere (no table to train) at every
+#: * H100 (``gpu_h100_bias_tiles.md``, the kernel with bias tiles): forward + backward at N = 4096, every learned
+#:   table through ``triton`` took 3.18x-3.32x plain SDPA against 4.02x-4.31x (28x for ``rel1d_bucket``) and 1.07x its
+#:   memory against 5.3x-5.5x; ``rel1d_bucket`` also at N = 1024 (2.49x against 4.84x). SDPA stayed faster at N = 1024
+#:   for the 2-D tables (2.30x against 2.37x), at N = 196 for all, for ALiBi and LookHere (no table to train) at every
 #:   size, and forward-only (``rel2d_full`` at N = 4096: 2.12x against 3.17x), hence ``training``.
-#: * H100, the retuned kernel (``gpu_h100_9ae408d.md``: square 64 x 64 tiles in every kernel at head dim 64):
+#: * H100, the retuned kernel (``gpu_h100_retuned.md``: square 64 x 64 tiles in every kernel at head dim 64):
 #:   ``rel2d_full`` through ``triton`` trains at 1.94x plain SDPA at N = 1024 against SDPA's float mask's 2.22x, in
 #:   1.07x its memory against 1.83x (at 4096 2.22x, that run's other row ``auto``, so ``triton`` again: the float mask
-#:   took 4.11x in ``gpu_h100.md``; at 196 1.59x against 1.51x, where SDPA stays). The
-#:   other tables were not timed with the retuned kernel at N = 1024 (with the earlier tiles, ``gpu_h100_479ebfa.md``,
+#:   took 4.11x in ``gpu_h100_bias_tiles.md``; at 196 1.59x against 1.51x, where SDPA stays). The
+#:   other tables were not timed with the retuned kernel at N = 1024 (with the earlier tiles, ``gpu_h100_untuned.md``,
 #:   ``triton`` was within 5 % of SDPA there, either way).
 #: * ``rel2d_factored`` trains fastest folded into the queries and keys (``fold``, :data:`_FOLD`) from N = 1024 on
 #:   both: H100 1.64x / 2.73x plain SDPA at N = 1024 / 4096, against SDPA's float mask 2.32x / 4.02x and ``triton``
-#:   2.39x / 3.18x; H200 (the baseline, ``gpu_h200_triton_v1.md``, ``attention_triton_v2_h200.md``) 1.58x-1.71x /
+#:   2.39x / 3.18x; H200 (the baseline, ``gpu_h200_first_kernel.md``, ``attention_h200_offset_index.md``) 1.58x-1.71x /
 #:   2.82x-2.85x against 2.22x-2.39x / 4.01x-4.08x. Its peak memory is 1.40x / 2.07x plain SDPA's (the float mask's
 #:   1.82x / 5.32x, ``triton``'s 1.07x). SDPA's mask stays at N = 196 (1.47x-1.57x against 1.53x-1.61x); the
 #:   forward alone was not timed with ``fold``.
-#: * H100, the retuned kernel, every table (``gpu_h100_e5a7949.md``), trained at N = 1024 / 4096: ``triton`` 1.85x-2.11x
+#: * H100, the retuned kernel, every table (``gpu_h100_tables.md``), trained at N = 1024 / 4096: ``triton`` 1.85x-2.11x
 #:   / 2.23x-2.42x plain SDPA. (That run's rows without ``@`` are ``auto`` as its rules then were: SDPA's float mask at
 #:   196 and, at 1024, for the 2-D buckets, CPB and FIRE; ``triton`` again for the full table and T5's buckets at 1024
 #:   and every table at 4096, the factored one ``fold``: the same kernel twice in one run, 2.03x against 1.85x for the
@@ -100,7 +100,8 @@ _TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb"
 #:   ``triton``'s 2.07x and the mask's 2.36x), the factored table folded (1.66x against ``triton``'s 1.85x). At 4096
 #:   ``triton`` beat ``fold`` for the factored table (2.25x against 2.74x) and the 2-D buckets (2.38x against 2.90x),
 #:   hence the 4096 rule first. At 196 SDPA's mask stayed the fastest for every table (1.53x-1.82x against
-#:   1.82x-2.33x). The full table and T5's buckets keep ``triton`` from 1024 (``gpu_h100_9ae408d.md``, ``gpu_h100.md``).
+#:   1.82x-2.33x). The full table and T5's buckets keep ``triton`` from 1024 (``gpu_h100_retuned.md``,
+#:   ``gpu_h100_bias_tiles.md``).
 _FOLD = AutoRule(frozenset({"rel2d_factored"}), 1024, "fold", training=True)
 AUTO: dict[str, list[AutoRule]] = {
     "H200": [_FOLD, AutoRule(frozenset({"rel1d_bucket"}), 4096, "triton", training=True)],

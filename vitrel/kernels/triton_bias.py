@@ -67,7 +67,7 @@ __all__ = [
 _FWD_BLOCKS = {16: (64, 64), 32: (64, 64), 64: (64, 64), 128: (64, 32)}
 #: the forward's tile where its bias is read whole or there is none (a full grid's bias tiles, no table), by head dim,
 #: where it is not the square one of :data:`_FWD_BLOCKS`: none, as measured on an H100 (``bench/results/
-#: triton_tune_h100_479ebfa.md``, N = 4097): head dim 64, 64 x 64 in 4 warps and 2 stages 0.93x the time of 64 x 128
+#: triton_tune_h100_tiles.md``, N = 4097): head dim 64, 64 x 64 in 4 warps and 2 stages 0.93x the time of 64 x 128
 #: (2.17 against 2.33 ms); head dim 128, 64 x 32 in 4 warps 0.69x the time of 128 x 64 in 8 warps (1.29 against 1.87
 #: ms), though the latter issues 0.67x the instructions per score (sm_90, Triton 3.6). The wide tiles stay supported
 #: (``bench/triton_tune.py`` times them)
@@ -76,7 +76,7 @@ _BWD_BLOCK = {16: 64, 32: 64, 64: 64, 128: 32}
 #: the ``dkdv`` kernel's ``(BM, BN)`` (queries streamed, keys held), the ``dq`` kernel's (queries held, keys streamed)
 #: and the ``dbias`` kernel's, by head dim, where the bias is read whole or there is none, with :data:`LAUNCH`'s
 #: ``(kernel, head dim)`` options; elsewhere the backward's square tile. As measured on an H100 (``bench/results/
-#: triton_tune_h100_479ebfa.md``, N = 4097, forward + backward with the table's gradient): head dim 64 takes the
+#: triton_tune_h100_tiles.md``, N = 4097, forward + backward with the table's gradient): head dim 64 takes the
 #: square 64 x 64 tile in 4 warps and 3 stages for all three, 9.39 ms against 11.83 with ``dkdv`` 64 x 128 and ``dq``
 #: and ``dbias`` 128 x 64 in 8 warps (0.79x; the wide tiles issue 0.77x-0.95x the instructions per score on sm_90,
 #: Triton 3.6, but ran slower), and the square ``dbias`` 0.98x the wide one beside wide ``dq`` tiles (it shares the
@@ -137,13 +137,13 @@ def _kernels():
 #: the one-tile backward (:data:`TILE_BWD`) where it sums the table's gradient over a share of the batch, and
 #: ``tile_each`` where each program takes one batch element, 4 warps and 1 stage, and ``fwd_tile``, the one-tile
 #: forward (:data:`TILE_FWD`), 4 warps and 1 stage: the fastest on an H100 over Swin-T's first stage (8,192 windows of
-#: 7 x 7, 3 heads of 32; ``bench/results/triton_tune_h100_479ebfa.md``): the backward 1.86 ms against 1.98 in 8
+#: 7 x 7, 3 heads of 32; ``bench/results/triton_tune_h100_tiles.md``): the backward 1.86 ms against 1.98 in 8
 #: warps and 2 stages, 2.10 in 4 and 2, 2.10 in 8 and 1, 2.58 with the four kernels; the forward 0.49 ms against 0.53
 #: in 2 stages, 0.82 in 8 warps, 0.67 with a program a window. At head dim 64 the one-tile backward in 8 warps and 1
 #: stage (4 warps spill 72-152 bytes, sm_90), at 128 (32-token tiles) 4 warps and 1 stage; both chosen from the code
 #: compiled for sm_90 under Triton 3.6 and 3.8 (``bench/triton_resources.py``), untimed. ``("fwd", d)``: the
 #: forward at head dim ``d``: at 64, 3 stages, 1.99 ms against 2.17 in 2 at N = 4097 on an H100
-#: (``triton_tune_h100_479ebfa.md``; N = 196 and 1024 untimed). In 2 stages Triton's pipeliner gives the bias tile one
+#: (``triton_tune_h100_tiles.md``; N = 196 and 1024 untimed). In 2 stages Triton's pipeliner gives the bias tile one
 #: buffer and waits for its copy at the top of each key tile (``async_wait`` of none in flight, the compiled TTGIR for
 #: sm_90), where the key and value tiles have two; in 3 stages the bias tile has two and one copy stays in flight
 LAUNCH: dict[str | tuple[str, int], dict[str, int]] = {
@@ -386,7 +386,7 @@ def tma_reads(kernel: str, k: Tensor, v: Tensor, block_d: int, cuda: bool) -> bo
 #: bias read as tiles whose patterns are not shared: ViT-B/16's 197 tokens), so no ``dbias`` kernel runs its second
 #: pass over q, k, v and ``do`` (:func:`vitrel.kernels._triton_bias_kernels._bwd_dq_kernel`'s ``TILE_GRAD``). On:
 #: the layer's forward + backward at 197 tokens took 1.929 ms against the dbias kernel's 2.081 on an H100
-#: (``bench/results/triton_ws_h100_a689f6c.md``; ``bench/triton_tune.py --in-dq`` times both)
+#: (``bench/results/triton_tune_h100_dq_grad.md``; ``bench/triton_tune.py --in-dq`` times both)
 TABLE_GRAD_IN_DQ = True
 
 #: the same where ``dq`` is added by atomics (``triton_atomic``: no ``dq`` kernel): the ``dkdv`` kernel sums the bias
@@ -462,7 +462,7 @@ def tile_dtype(dtype: torch.dtype, kernel: str = "dq") -> torch.dtype:
     """The element type of the bias tiles ``kernel`` reads for inputs of ``dtype``: the inputs' own where they are
     half precision, as SDPA takes its float mask in the queries' type (a bias tile is a score tile read from memory:
     in float32 it moved as many bytes per score as a 64-query tile's keys and values together, and the kernels were
-    bound by L2's bandwidth, ``bench/results/gpu_h100.md``); float32 else, and where ``kernel`` is in
+    bound by L2's bandwidth, ``bench/results/gpu_h100_bias_tiles.md``); float32 else, and where ``kernel`` is in
     :data:`FLOAT32_TILES`. The kernels add them to float32 logits. (The forward read float32 tiles while its
     half-precision ones made ptxas serialize its products; the cause was its loop's zero-trip path, which the kernel
     now rules out: ``_fwd_kernel``.)"""
@@ -1180,7 +1180,7 @@ torch.library.register_autograd("vitrel::rel_bias_attention", _backward, setup_c
 class _Eager(torch.autograd.Function):
     """The op's bodies in eager mode, as an autograd function: the same kernels, launched the same way, without the
     dispatcher's and ``torch.library``'s autograd wrapper's host work (on the H100 machine's host, 86 us and 285 us of
-    a 799 us forward call, ``bench/results/host_h100_68e2e96.md``), and with what the forward made for the kernels
+    a 799 us forward call, ``bench/results/host_overhead_h100.md``), and with what the forward made for the kernels
     (the base-2 table, the bias tiles) kept for its backward instead of made again. Under ``torch.compile`` and
     ``torch.export``, :func:`rel_bias_attention` calls the custom op instead (one node of the graph, its fake and
     autograd registered)."""

@@ -71,7 +71,8 @@ class Attention(nn.Module):
             ``rel2d_bucket``) | ``flex`` (FlexAttention reading the bias by offset; inference on CPU) | ``triton``
             (the fused Triton kernel reading the offset table, with its gradient; rotary schemes' q and k rotated by
             the fused rotation, :mod:`vitrel.kernels.triton_rope`; CUDA, or CPU under ``TRITON_INTERPRET=1``) |
-            ``eager`` (softmax written out). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
+            ``triton_atomic`` (``triton`` with ``dq`` by atomics) | ``shaw`` (Shaw's schemes) | ``eager`` (softmax
+            written out). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
             else ``sdpa``.
         pos_options: the scheme's options as keywords, when ``pos`` is a name or config.
     """

@@ -1,0 +1,233 @@
+"""The docs stay readable and agree with the registries.
+
+No prose paragraph in README.md or docs/*.md runs over 150 words (tables, code blocks and headings aside);
+docs/gpu.md is a guide of at most 300 lines; every place that lists the attention kernels names exactly the
+registered ones (:func:`vitrel.kernels.list_kernels`), README's scheme table has a row for every registered scheme
+(:func:`vitrel.list_pos`) and no other, docs/gpu.md's table of ``auto``'s rules is :data:`vitrel.kernels.AUTO`,
+and no file refers to a result by a name it no longer has (bench/results/README.md keeps the old names).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+import vitrel
+from vitrel.kernels import AUTO, list_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_WORDS = 150
+MAX_GUIDE_LINES = 300
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def paragraphs(text: str) -> list[str]:
+    """The prose paragraphs of a Markdown text: blocks of lines between blank lines, outside code fences, with table
+    rows, headings and HTML comments left out; each list item is a paragraph of its own."""
+    out: list[str] = []
+    cur: list[str] = []
+    fence = None
+
+    def flush() -> None:
+        if cur:
+            out.append(" ".join(cur))
+            cur.clear()
+
+    for line in text.splitlines():
+        s = line.strip()
+        if fence is not None:
+            if s.startswith(fence):
+                fence = None
+            continue
+        m = re.match(r"(```+|~~~+)", s)
+        if m:
+            flush()
+            fence = m.group(1)
+            continue
+        if not s or s.startswith(("|", "#", "<!--")):
+            flush()
+            continue
+        if re.match(r"([-*+]|\d+[.)])\s", s):
+            flush()
+        cur.append(s)
+    flush()
+    return out
+
+
+def words(paragraph: str) -> int:
+    return len(paragraph.split())
+
+
+def test_paragraphs_split_outside_code_and_tables():
+    long = " ".join(["word"] * (MAX_WORDS + 1))
+    text = f"# Title\n\nshort one\n\n```bash\n{long}\n```\n\n| a | {long} |\n|---|---|\n\n- item one\n- {long}\n"
+    got = paragraphs(text)
+    assert got == ["short one", "- item one", f"- {long}"]
+    assert [words(p) for p in got] == [2, 3, MAX_WORDS + 2]
+
+
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_prose_paragraph_over_150_words(path):
+    long = [(words(p), p[:80]) for p in paragraphs(path.read_text()) if words(p) > MAX_WORDS]
+    assert not long, f"{path.name}: paragraphs over {MAX_WORDS} words (split or tighten them): {long}"
+
+
+def test_gpu_guide_is_short():
+    n = len((ROOT / "docs" / "gpu.md").read_text().splitlines())
+    assert n <= MAX_GUIDE_LINES, (
+        f"docs/gpu.md has {n} lines (at most {MAX_GUIDE_LINES}: history goes to bench/journal/)"
+    )
+
+
+# --- lists of kernels and schemes ------------------------------------------------------------------------------
+
+
+def pipe_list(region: str) -> set[str]:
+    """The names of a list written ``a`` | ``b`` (description) | ``c``: the last double-backticked name before the
+    first ``|``, then the first one after each."""
+    pieces = region.split("|")
+    if len(pieces) < 2:
+        return set()
+    names = re.findall(r"``(\w+)``", pieces[0])[-1:]
+    for piece in pieces[1:]:
+        names += re.findall(r"``(\w+)``", piece)[:1]
+    return set(names)
+
+
+def arg_doc(path: Path, arg: str) -> str:
+    """The text documenting ``arg`` in the docstring of ``path``'s first class that documents it: its line and the
+    more indented lines after it."""
+    lines = path.read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith(f"{arg}:"))
+    indent = len(lines[start]) - len(lines[start].lstrip())
+    end = start + 1
+    while end < len(lines) and len(lines[end]) - len(lines[end].lstrip()) > indent and lines[end].strip():
+        end += 1
+    return "\n".join(lines[start:end])
+
+
+def table_rows(text: str, header: str) -> list[list[str]]:
+    """The cells of the rows of the Markdown table whose header line starts with ``header``."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.startswith(header)), None)
+    assert start is not None, f"no table whose header starts with {header!r}"
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def first_cell_names(rows: list[list[str]]) -> set[str]:
+    return {name for row in rows for name in re.findall(r"`(\w+)`", row[0])}
+
+
+def read(rel: str) -> str:
+    return (ROOT / rel).read_text()
+
+
+#: every place that lists the kernels, and how to read the names it lists
+KERNEL_LISTS = {
+    "vitrel/models/vit.py": lambda: pipe_list(arg_doc(ROOT / "vitrel/models/vit.py", "attn_impl")),
+    "vitrel/models/swin.py": lambda: pipe_list(arg_doc(ROOT / "vitrel/models/swin.py", "attn_impl")),
+    "vitrel/layers/attention.py": lambda: pipe_list(arg_doc(ROOT / "vitrel/layers/attention.py", "attn_impl")),
+    "vitrel/kernels/__init__.py": lambda: pipe_list(read("vitrel/kernels/__init__.py").split('"""')[1]),
+    "docs/gpu.md (table)": lambda: first_cell_names(table_rows(read("docs/gpu.md"), "| `attn_impl` |")),
+    "docs/gpu.md (sections)": lambda: set(re.findall(r"^### `(\w+)`$", read("docs/gpu.md"), flags=re.M)),
+    "README.md": lambda: first_cell_names(table_rows(read("README.md"), "| `attn_impl` |")),
+}
+
+
+@pytest.mark.parametrize("place", list(KERNEL_LISTS))
+def test_kernel_lists_name_the_registered_kernels(place):
+    named = KERNEL_LISTS[place]() - {"auto"}
+    registered = set(list_kernels())
+    assert named == registered, (
+        f"{place} lists the kernels {sorted(named)}; registered: {sorted(registered)} "
+        f"(missing {sorted(registered - named)}, not registered {sorted(named - registered)})"
+    )
+
+
+def test_readme_scheme_table_has_a_row_per_registered_scheme():
+    rows = table_rows((ROOT / "README.md").read_text(), "| `pos=` |")
+    named = first_cell_names(rows)
+    registered = set(vitrel.list_pos())
+    assert named == registered, (
+        f"README's scheme table: missing {sorted(registered - named)}, not registered {sorted(named - registered)}"
+    )
+
+
+def test_gpu_guide_auto_table_is_the_auto_rules():
+    rows = table_rows((ROOT / "docs" / "gpu.md").read_text(), "| device | schemes | from N | kernel |")
+    documented: dict[str, list] = {}
+    for device, schemes, fewest, kernel in rows:
+        documented.setdefault(device, []).append(
+            (frozenset(re.findall(r"`(\w+)`", schemes)), int(fewest), kernel.strip("`"))
+        )
+    rules = {device: [(r.schemes, r.fewest, r.kernel) for r in rs] for device, rs in AUTO.items()}
+    assert documented == rules, f"docs/gpu.md's auto table {documented} is not vitrel.kernels.AUTO {rules}"
+    # the guide says every rule is for training only
+    assert all(r.training for rs in AUTO.values() for r in rs), (
+        "an AUTO rule applies in evaluation: say so in docs/gpu.md"
+    )
+
+
+# --- result files -----------------------------------------------------------------------------------------------
+
+
+def renamed_results() -> dict[str, str]:
+    """Old name -> new name, from bench/results/README.md's rows ``| `new` (was `old`) | ...``."""
+    text = (ROOT / "bench" / "results" / "README.md").read_text()
+    return {old: new for new, old in re.findall(r"^\| `([^`]+)` \(was `([^`]+)`\)", text, flags=re.M)}
+
+
+def test_results_index_lists_every_result_file():
+    text = (ROOT / "bench" / "results" / "README.md").read_text()
+    indexed = set(re.findall(r"^\| `([^`]+)`", text, flags=re.M))
+    files = {p.name for p in (ROOT / "bench" / "results").iterdir() if p.is_file() and p.name != "README.md"}
+    assert indexed == files, f"not indexed: {sorted(files - indexed)}; indexed but absent: {sorted(indexed - files)}"
+
+
+def tracked_text_files() -> list[Path]:
+    try:
+        out = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    skip = {".png", ".safetensors", ".ckpt", ".pt", ".pth", ".bin", ".whl"}
+    return [ROOT / f for f in out.splitlines() if Path(f).suffix not in skip and (ROOT / f).is_file()]
+
+
+def recorded_output(before: str) -> bool:
+    """Whether a name follows ``--out`` or a directory other than bench/results/: a recorded command's output
+    path on the machine that ran it (``--out /root/out/gpu_h100.md``), which keeps the name it had."""
+    return before.endswith(("--out ", "--figure ")) or (before.endswith("/") and not before.endswith("bench/results/"))
+
+
+def test_no_reference_to_a_renamed_result():
+    old = renamed_results()
+    assert old, "bench/results/README.md lists no renamed file"
+    pattern = re.compile(r"(?<![\w.-])(" + "|".join(re.escape(name) for name in old) + r")")
+    index = ROOT / "bench" / "results" / "README.md"
+    stale = []
+    for path in tracked_text_files():
+        if path == index:
+            continue
+        text = path.read_text(errors="ignore")
+        for m in pattern.finditer(text):
+            if not recorded_output(text[: m.start()]):
+                stale.append(f"{path.relative_to(ROOT)}: {m.group(1)} (now {old[m.group(1)]})")
+    assert not stale, "references to results by their old names: " + "; ".join(stale[:20])
+
+
+def test_referenced_results_exist():
+    missing = []
+    for path in tracked_text_files():
+        text = path.read_text(errors="ignore")
+        for m in re.finditer(r"bench/results/([\w.-]+\.(?:md|csv|json|png|safetensors))\b", text):
+            if not recorded_output(text[: m.start()]) and not (ROOT / "bench" / "results" / m.group(1)).exists():
+                missing.append(f"{path.relative_to(ROOT)}: {m.group(1)}")
+    assert not missing, "references to result files that do not exist: " + "; ".join(missing[:20])

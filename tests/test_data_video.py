@@ -211,6 +211,10 @@ def test_folder_errors_name_the_folder(tmp_path):
     (tmp_path / "train" / "jump").mkdir(parents=True)
     (tmp_path / "val").mkdir()
     write_video(tmp_path / "train" / "run" / "a.mkv", 3)
+    with pytest.raises(DatasetNotFoundError, match=r"val has no class folders"):
+        _ = VideoFolderDataModule(root=tmp_path).num_classes
+    assert VideoFolderDataModule(root=tmp_path, num_classes=5).num_classes == 5  # (a model built before the data)
+    write_video(tmp_path / "val" / "run" / "b.mkv", 3)
     dm = VideoFolderDataModule(root=tmp_path, num_workers=0)
     with pytest.raises(FileNotFoundError, match=r"train.*jump.*video files: \.mp4"):
         dm.setup("fit")

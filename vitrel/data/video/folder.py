@@ -23,7 +23,6 @@ it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeErro
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,7 +31,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
 from vitrel.data.base import DatasetNotFoundError
-from vitrel.data.imagenet import FixedClassImageFolder
+from vitrel.data.imagenet import FixedClassImageFolder, locate_class_folders
 from vitrel.data.video.base import VideoDataModule
 from vitrel.data.video.clips import VideoClips
 
@@ -109,12 +108,13 @@ class VideoFolderDataModule(VideoDataModule):
 
     @property
     def num_classes(self) -> int:
-        if self._classes is None and self._given_num_classes is not None:
-            try:
-                self._classes = self._locate()
-            except DatasetNotFoundError:
-                return int(self._given_num_classes)
-        return len(self.classes)
+        """The number of train class folders; the given ``num_classes`` while they cannot be reached."""
+        try:
+            return len(self.classes)
+        except DatasetNotFoundError:
+            if self._given_num_classes is None:
+                raise
+            return int(self._given_num_classes)
 
     def _how_to_get(self) -> list[str]:
         return [
@@ -125,26 +125,9 @@ class VideoFolderDataModule(VideoDataModule):
 
     def _locate(self) -> list[str]:
         """Check the layout; return the sorted class folder names of train."""
-        if self.root is None:
-            raise DatasetNotFoundError(self.dataset_name, [], self._how_to_get(), detail="No root given.")
-        root = self.root.absolute()
-        train, val = root / self.train_dir, root / self.val_dir
-        for d in (train, val):
-            if not d.is_dir():
-                raise DatasetNotFoundError(
-                    self.dataset_name, [train, val], self._how_to_get(), detail=f"No folder {d}."
-                )
-        classes = sorted(e.name for e in os.scandir(train) if e.is_dir())
-        if not classes:
-            raise DatasetNotFoundError(
-                self.dataset_name, [train, val], self._how_to_get(), detail=f"{train} has no class folders."
-            )
-        extra = sorted({e.name for e in os.scandir(val) if e.is_dir()} - set(classes))
-        if extra:
-            raise ValueError(f"{val} has class folders not in {train}: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
-        if self._given_num_classes is not None and self._given_num_classes != len(classes):
-            raise ValueError(f"num_classes={self._given_num_classes} but {train} has {len(classes)} class folders")
-        return classes
+        return locate_class_folders(
+            self.dataset_name, self.root, self.train_dir, self.val_dir, self._how_to_get(), self._given_num_classes
+        )
 
     def _load_raw(self, split: str) -> Dataset:
         folder = self.root.absolute() / (self.train_dir if split == "train" else self.val_dir)  # type: ignore[union-attr]

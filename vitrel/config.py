@@ -101,6 +101,29 @@ class ImageNetDataConfig(DataConfig):
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass
+class VideoFolderDataConfig(DataConfig):
+    num_classes: int | None = None
+    train_dir: str = "train"
+    val_dir: str = "val"
+    num_frames: int = 16
+    stride: int = 4
+    clips_per_video: int = 1
+    extensions: list[str] = field(default_factory=lambda: [".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v"])
+
+
+@dataclass
+class MovingFMNISTDataConfig(DataConfig):
+    num_frames: int = 8
+    size: int = 32
+    object_size: int = 16
+    speeds: list[int] = field(default_factory=lambda: [1, 2, 3])
+    orientations: list[int] = field(default_factory=lambda: [0, 45, 90, 135])
+    train_images: int | None = None
+    test_images: int | None = None
+    in_chans: int = 1
+
+
 # -------------------------------------------------------------------------------------------- module
 @dataclass
 class AdamWConfig:
@@ -252,6 +275,8 @@ def register_configs() -> None:
     cs.store(group="data", name="fashion_mnist_schema", node=FashionMNISTDataConfig)
     cs.store(group="data", name="cifar_schema", node=CIFARDataConfig)
     cs.store(group="data", name="imagenet_schema", node=ImageNetDataConfig)
+    cs.store(group="data", name="video_folder_schema", node=VideoFolderDataConfig)
+    cs.store(group="data", name="moving_fmnist_schema", node=MovingFMNISTDataConfig)
     cs.store(group="module", name="classifier_schema", node=ModuleConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
 

@@ -457,7 +457,8 @@ class VisionDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Download if the data is missing and ``download=True`` (subclasses that can download)."""
 
-    def setup(self, stage: str | None = None) -> None:
+    def _missing_splits(self, stage: str | None) -> list[str]:
+        """The splits ``stage`` needs that are not set up yet."""
         wanted = {
             "fit": ("train", "val"),
             "validate": ("val",),
@@ -467,7 +468,10 @@ class VisionDataModule(L.LightningDataModule):
         }
         if stage not in wanted:
             raise ValueError(f"unknown stage {stage!r}")
-        missing = [split for split in wanted[stage] if split not in self._datasets]
+        return [split for split in wanted[stage] if split not in self._datasets]
+
+    def setup(self, stage: str | None = None) -> None:
+        missing = self._missing_splits(stage)
         if self.loader == "memory":
             self._setup_memory(missing)
             return

@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 SHARD_PREFIXES = ("wds", "hfids", "hfds", "tfds")
 ITERABLE_PREFIXES = ("wds", "hfids", "tfds")
 
-__all__ = ["ImageNetDataModule", "FixedClassImageFolder"]
+__all__ = ["ImageNetDataModule", "FixedClassImageFolder", "locate_class_folders"]
 
 
 class FixedClassImageFolder(ImageFolder):
@@ -90,6 +90,42 @@ def _reader_ranks(ds: Dataset) -> tuple[int, int]:
 
 def _subdirs(path: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(path) if e.is_dir())
+
+
+def locate_class_folders(
+    name: str,
+    root: Path | None,
+    train_dir: str,
+    val_dir: str,
+    how_to_get: list[str],
+    num_classes: int | None = None,
+) -> list[str]:
+    """Check that ``root/train_dir`` and ``root/val_dir`` hold class folders, val's among train's (and as many as
+    ``num_classes`` when given); return train's sorted names. Raises ``DatasetNotFoundError`` with ``how_to_get``."""
+    if root is None:
+        raise DatasetNotFoundError(name, [], how_to_get, detail="No root given.")
+    root = root.absolute()
+    train, val = root / train_dir, root / val_dir
+    searched = [train, val]
+    for d in (train, val):
+        if not d.is_dir():
+            raise DatasetNotFoundError(name, searched, how_to_get, detail=f"No folder {d}.")
+    classes, val_classes = _subdirs(train), _subdirs(val)
+    if not classes:
+        raise DatasetNotFoundError(name, searched, how_to_get, detail=f"{train} has no class folders.")
+    if not val_classes:
+        raise DatasetNotFoundError(
+            name,
+            searched,
+            how_to_get,
+            detail=f"{val} has no class folders (a flat val/ must be sorted into one folder per class).",
+        )
+    extra = sorted(set(val_classes) - set(classes))
+    if extra:
+        raise ValueError(f"{val} has class folders not in {train}: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+    if num_classes is not None and num_classes != len(classes):
+        raise ValueError(f"num_classes={num_classes} but {train} has {len(classes)} class folders")
+    return classes
 
 
 class ImageNetDataModule(VisionDataModule):
@@ -193,32 +229,9 @@ class ImageNetDataModule(VisionDataModule):
         """Check the layout; return the sorted class folder names of train."""
         if self.source is not None:
             return self._locate_shards()
-        if self.root is None:
-            raise DatasetNotFoundError(self.dataset_name, [], self._how_to_get(), detail="No root given.")
-        root = self.root.absolute()
-        train, val = root / self.train_dir, root / self.val_dir
-        searched = [train, val]
-        for d in (train, val):
-            if not d.is_dir():
-                raise DatasetNotFoundError(self.dataset_name, searched, self._how_to_get(), detail=f"No folder {d}.")
-        wnids, val_classes = _subdirs(train), _subdirs(val)
-        if not wnids:
-            raise DatasetNotFoundError(
-                self.dataset_name, searched, self._how_to_get(), detail=f"{train} has no class folders."
-            )
-        if not val_classes:
-            raise DatasetNotFoundError(
-                self.dataset_name,
-                searched,
-                self._how_to_get(),
-                detail=f"{val} has no class folders (a flat val/ must be sorted into <wnid>/ folders).",
-            )
-        extra = sorted(set(val_classes) - set(wnids))
-        if extra:
-            raise ValueError(f"{val} has class folders not in {train}: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
-        if self._given_num_classes is not None and self._given_num_classes != len(wnids):
-            raise ValueError(f"num_classes={self._given_num_classes} but {train} has {len(wnids)} class folders")
-        return wnids
+        return locate_class_folders(
+            self.dataset_name, self.root, self.train_dir, self.val_dir, self._how_to_get(), self._given_num_classes
+        )
 
     def _locate_shards(self) -> list[str]:
         """Class names of a shard data set: ``_info.json``'s ``classes`` (wds, as written by

@@ -1,0 +1,32 @@
+"""Video data: class folders of encoded clips decoded with PyAV (:mod:`~vitrel.data.video.folder`), the clip
+sampling, decoding and per-clip transforms (:mod:`~vitrel.data.video.clips`), and the DataModule contract the
+video modules share (:mod:`~vitrel.data.video.base`). Moving Fashion-MNIST is :mod:`vitrel.data.moving_fmnist`.
+"""
+
+from __future__ import annotations
+
+from vitrel.data.video.base import VideoDataModule
+from vitrel.data.video.clips import (
+    ClipTransform,
+    VideoClips,
+    VideoDecodeError,
+    clip_indices,
+    random_start,
+    read_clip,
+    uniform_starts,
+)
+from vitrel.data.video.folder import VIDEO_EXTENSIONS, VideoFolderDataModule, video_files
+
+__all__ = [
+    "VIDEO_EXTENSIONS",
+    "ClipTransform",
+    "VideoClips",
+    "VideoDataModule",
+    "VideoDecodeError",
+    "VideoFolderDataModule",
+    "clip_indices",
+    "random_start",
+    "read_clip",
+    "uniform_starts",
+    "video_files",
+]

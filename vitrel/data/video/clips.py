@@ -1,0 +1,290 @@
+"""Clips of encoded videos: which frames a clip takes (sampling), reading them with PyAV, the per-clip transforms.
+
+Sampling. A video of ``N`` decoded frames gives clips of ``T = num_frames`` frames ``stride`` frames apart,
+spanning ``span = (T - 1) * stride + 1`` frames. A clip starting at frame ``s`` takes the frames::
+
+    index_t = min(s + t * stride, N - 1),   t = 0 .. T-1
+
+so a video shorter than the span is padded by repeating its last frame (as V-JEPA 2's loader does; torchvision's
+``VideoClips`` drops such videos instead). With ``delta = max(N - span, 0)``:
+
+* ``uniform`` (evaluation): ``K = clips_per_video`` clips with evenly spaced starts ``s_k = floor(k * delta / (K - 1))``
+  (the first clip at the start, the last at the end), or the centre ``s = floor(delta / 2)`` when ``K = 1``
+  (SlowFast's and PyTorchVideo's constant-clips-per-video sampling);
+* ``random`` (training): one start per sample drawn uniformly from ``0 .. delta`` with torch's random generator
+  of the process that loads it: DataLoader workers are seeded per worker and per epoch by torch (and by
+  Lightning's ``seed_everything(workers=True)``), as the image pipelines' random crops are.
+
+Decoding: PyAV (FFmpeg's libraries, bundled in its wheels: ``pip install av``, nothing else on the system). The
+frame count ``N`` is the container's (``stream.frames``), or, where the container states none (WebM, Matroska),
+the number of video packets; the frames are decoded from the start of the file up to the clip's last one (no
+seeking: fine for clips of seconds, as UCF-101's and Kinetics', slow for long videos). A stream that ends before
+the stated count is sampled again from the frames that decoded, with a warning naming the file. A file that
+cannot be opened or decoded, or that holds no video stream, raises :class:`VideoDecodeError` naming it.
+
+Transforms: a clip is a uint8 ``[T, C, H, W]`` tensor (torchvision's ``TCHW``); :class:`ClipTransform` gives the
+model's float ``[C, T, H, W]`` (VideoMAE's and PyTorchVideo's layout; a batch is ``[B, C, T, H, W]``), normalised.
+Its random resized crop and flip are drawn once per clip (torchvision ``transforms.v2`` over a ``tv_tensors.Video``),
+so every frame of a clip gets the same crop and flip.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+from torchvision.transforms import InterpolationMode
+
+from vitrel.data.augment import normalize, resize_crop
+
+__all__ = [
+    "SAMPLINGS",
+    "VideoDecodeError",
+    "clip_span",
+    "clip_indices",
+    "uniform_starts",
+    "random_start",
+    "count_frames",
+    "read_frames",
+    "read_clip",
+    "ClipTransform",
+    "VideoClips",
+]
+
+SAMPLINGS = ("uniform", "random")
+
+
+class VideoDecodeError(RuntimeError):
+    """A video file could not be read: not a video, damaged, or without a video stream. ``path`` is the file."""
+
+    def __init__(self, path: str | Path, reason: str) -> None:
+        self.path = str(path)
+        super().__init__(f"cannot read video {self.path}: {reason}")
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+def _check_clip(num_frames: int, stride: int) -> None:
+    if num_frames < 1 or stride < 1:
+        raise ValueError(f"num_frames and stride must be >= 1, got num_frames={num_frames}, stride={stride}")
+
+
+def clip_span(num_frames: int, stride: int) -> int:
+    """Frames a clip spans: ``(num_frames - 1) * stride + 1``."""
+    _check_clip(num_frames, stride)
+    return (num_frames - 1) * stride + 1
+
+
+def clip_indices(video_frames: int, num_frames: int, stride: int, start: int) -> np.ndarray:
+    """The frame indices of the clip starting at ``start``: ``min(start + t * stride, video_frames - 1)``."""
+    _check_clip(num_frames, stride)
+    if video_frames < 1 or not 0 <= start < video_frames:
+        raise ValueError(f"start={start} is not a frame of a video of {video_frames} frames")
+    return np.minimum(start + stride * np.arange(num_frames), video_frames - 1)
+
+
+def uniform_starts(video_frames: int, num_frames: int, stride: int, clips: int) -> list[int]:
+    """Starts of ``clips`` evenly spaced clips (see the module docstring)."""
+    if clips < 1:
+        raise ValueError(f"clips_per_video must be >= 1, got {clips}")
+    delta = max(video_frames - clip_span(num_frames, stride), 0)
+    if clips == 1:
+        return [delta // 2]
+    return [k * delta // (clips - 1) for k in range(clips)]
+
+
+def random_start(video_frames: int, num_frames: int, stride: int, generator: torch.Generator | None = None) -> int:
+    """A start drawn uniformly from ``0 .. max(video_frames - span, 0)`` (torch's generator, or ``generator``)."""
+    delta = max(video_frames - clip_span(num_frames, stride), 0)
+    return int(torch.randint(delta + 1, (), generator=generator))
+
+
+# ---------------------------------------------------------------------------------------------- decoding
+def _open(path: str | Path):
+    import av
+
+    try:
+        container = av.open(str(path))
+    except (av.error.FFmpegError, OSError) as e:
+        raise VideoDecodeError(path, str(e)) from e
+    if not container.streams.video:
+        kinds = sorted({s.type for s in container.streams}) or ["none"]
+        container.close()
+        raise VideoDecodeError(path, f"it has no video stream (streams: {', '.join(kinds)})")
+    stream = container.streams.video[0]
+    stream.thread_type = "AUTO"
+    return container, stream
+
+
+def count_frames(path: str | Path) -> int:
+    """Frames of the first video stream: the container's count, else the number of its packets (see above)."""
+    import av
+
+    container, stream = _open(path)
+    try:
+        n = int(stream.frames or 0)
+        if n == 0:
+            n = sum(1 for packet in container.demux(stream) if packet.size)
+    except av.error.FFmpegError as e:
+        raise VideoDecodeError(path, str(e)) from e
+    finally:
+        container.close()
+    if n == 0:
+        raise VideoDecodeError(path, "its video stream has no frames")
+    return n
+
+
+def read_frames(path: str | Path, indices: Sequence[int]) -> tuple[Tensor | None, int]:
+    """Decode the frames ``indices`` (any order, repeats allowed) as uint8 RGB ``[len(indices), 3, H, W]``.
+
+    Returns ``(frames, decoded)``: ``frames`` is None when the stream ended before ``max(indices)``; ``decoded`` is
+    the number of frames decoded (all of them when it ended early).
+    """
+    import av
+
+    wanted = set(int(i) for i in indices)
+    last = max(wanted)
+    got: dict[int, np.ndarray] = {}
+    container, stream = _open(path)
+    decoded = 0
+    try:
+        for i, frame in enumerate(container.decode(stream)):
+            decoded = i + 1
+            if i in wanted:
+                got[i] = frame.to_ndarray(format="rgb24")  # [H, W, 3]
+            if i == last:
+                break
+    except av.error.FFmpegError as e:
+        raise VideoDecodeError(path, f"decoding frame {decoded} failed: {e}") from e
+    finally:
+        container.close()
+    if last not in got:
+        return None, decoded
+    frames = torch.from_numpy(np.stack([got[int(i)] for i in indices]))  # [T, H, W, 3]
+    return frames.permute(0, 3, 1, 2).contiguous(), decoded
+
+
+def read_clip(path: str | Path, choose: Callable[[int], Sequence[int]]) -> Tensor:
+    """uint8 ``[T, 3, H, W]``: the frames ``choose(N)`` of the video (``N``: :func:`count_frames`).
+
+    When the stream holds fewer frames than its container states, ``choose`` is called again with the number
+    that decoded (a warning names the file).
+    """
+    n = count_frames(path)
+    frames, decoded = read_frames(path, choose(n))
+    if frames is None:
+        if decoded == 0:
+            raise VideoDecodeError(path, "no frame decodes")
+        warnings.warn(
+            f"{path}: the container states {n} frames but {decoded} decode; sampling from those", stacklevel=2
+        )
+        frames, _ = read_frames(path, choose(decoded))
+        if frames is None:  # (the file changed between the two reads)
+            raise VideoDecodeError(path, f"{decoded} frames decoded once, fewer the second time")
+    return frames
+
+
+# ---------------------------------------------------------------------------------------------- transforms
+class ClipTransform:
+    """uint8 clip ``[T, C, H, W]`` -> float ``[C, T, size, size]``, ``(x / 255 - mean) / std``.
+
+    ``train=True``: a random resized crop (``scale``, ``ratio``: timm's parameters) and a horizontal flip with
+    probability ``hflip``, both drawn once per clip. ``train=False``: the shorter side resized to
+    ``floor(size / crop_pct)`` and the centre ``size x size`` (nothing when the clip already is ``size x size``
+    and ``crop_pct == 1``), as the image evaluation pipeline.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        mean: Sequence[float],
+        std: Sequence[float],
+        *,
+        train: bool = False,
+        scale: Sequence[float] = (0.08, 1.0),
+        ratio: Sequence[float] = (3 / 4, 4 / 3),
+        hflip: float = 0.5,
+        interpolation: str = "bilinear",
+        crop_pct: float = 1.0,
+    ) -> None:
+        from torchvision.transforms import v2
+
+        if not 0.0 < crop_pct <= 1.0:
+            raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
+        if len(mean) != len(std):
+            raise ValueError(f"mean and std must have one value per channel, got {list(mean)} / {list(std)}")
+        self.size, self.train, self.crop_pct = int(size), bool(train), float(crop_pct)
+        self.interpolation = InterpolationMode(interpolation)
+        self.mean = torch.tensor(mean, dtype=torch.float32)[:, None, None]  # [C, 1, 1]
+        self.std = torch.tensor(std, dtype=torch.float32)[:, None, None]
+        self.augment = None
+        if train:
+            self.augment = v2.Compose(
+                [
+                    v2.RandomResizedCrop(
+                        self.size, scale=tuple(scale), ratio=tuple(ratio), interpolation=self.interpolation
+                    ),
+                    v2.RandomHorizontalFlip(float(hflip)),
+                ]
+            )
+
+    def __call__(self, clip: Tensor) -> Tensor:
+        from torchvision import tv_tensors
+
+        if clip.dtype != torch.uint8 or clip.ndim != 4 or clip.shape[1] != len(self.mean):
+            raise ValueError(f"a clip must be uint8 [T, {len(self.mean)}, H, W], got {clip.dtype} {tuple(clip.shape)}")
+        if self.augment is not None:  # one draw for the whole clip: v2 treats a Video as one input
+            x = self.augment(tv_tensors.Video(clip)).as_subclass(Tensor)
+        else:
+            x = resize_crop(clip, self.size, self.crop_pct, self.interpolation)
+        return normalize(x, self.mean, self.std).permute(1, 0, 2, 3)  # [T, C, H, W] -> [C, T, H, W]
+
+    def __repr__(self) -> str:
+        kind = f"augment={self.augment}" if self.augment is not None else f"crop_pct={self.crop_pct}"
+        return f"ClipTransform(size={self.size}, {kind})"
+
+
+class VideoClips(Dataset):
+    """Clips of the videos of ``videos`` (a data set of ``(path, label)``) -> ``(transform(clip), label)``.
+
+    ``sampling="uniform"``: ``clips_per_video`` samples per video, sample ``i`` is clip ``i % K`` of video
+    ``i // K``; ``sampling="random"``: one sample per video, a random clip each time it is read.
+    ``transform`` receives the uint8 ``[T, 3, H, W]`` clip (None: returned as it is).
+    """
+
+    def __init__(
+        self,
+        videos: Dataset,
+        num_frames: int,
+        stride: int = 1,
+        sampling: str = "uniform",
+        clips_per_video: int = 1,
+        transform: Callable[[Tensor], Any] | None = None,
+    ) -> None:
+        if sampling not in SAMPLINGS:
+            raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+        _check_clip(num_frames, stride)
+        if clips_per_video < 1 or (sampling == "random" and clips_per_video != 1):
+            raise ValueError(f"clips_per_video must be >= 1 (1 with random sampling), got {clips_per_video}")
+        self.videos, self.num_frames, self.stride = videos, int(num_frames), int(stride)
+        self.sampling, self.clips_per_video, self.transform = sampling, int(clips_per_video), transform
+
+    def __len__(self) -> int:
+        return len(self.videos) * self.clips_per_video  # type: ignore[arg-type]
+
+    def starts(self, video_frames: int, clip: int = 0) -> int:
+        """The start of clip ``clip`` of a video of ``video_frames`` frames (a fresh draw when random)."""
+        if self.sampling == "random":
+            return random_start(video_frames, self.num_frames, self.stride)
+        return uniform_starts(video_frames, self.num_frames, self.stride, self.clips_per_video)[clip]
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        video, clip = divmod(int(index), self.clips_per_video)
+        path, label = self.videos[video]
+        frames = read_clip(path, lambda n: clip_indices(n, self.num_frames, self.stride, self.starts(n, clip)).tolist())
+        return (self.transform(frames) if self.transform is not None else frames), int(label)

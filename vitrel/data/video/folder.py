@@ -1,0 +1,144 @@
+"""Video classification from class folders of encoded clips (the Kinetics / UCF-101 layout).
+
+Expected layout (torchvision's ``Kinetics`` and ``DatasetFolder``)::
+
+    root/train/<class>/<clip>.mp4      e.g. root/train/archery/-Qz25rXdMjE_000014_000024.mp4
+    root/val/<class>/<clip>.avi        (.mp4, .avi, .webm, .mkv, .mov, .m4v: ``extensions``)
+
+Classes are the sorted ``train`` folder names; ``val`` uses the same indices (it may lack classes, not add any)
+and is also the test split (unless ``val_fraction > 0``). Kinetics-400/600/700 downloads come in this layout
+(``train/``, ``val/``); UCF-101 ships one folder per class plus split lists (``trainlist01.txt``,
+``testlist01.txt``): move (or link) each list's clips into ``train/<class>/`` and ``val/<class>/``.
+
+Decoding is PyAV's (:mod:`vitrel.data.video.clips`). PyAV rather than torchcodec: PyAV's wheels bundle FFmpeg, so
+``pip install av`` is all a machine needs, for any torch; torchcodec loads the system's FFmpeg libraries (4 to 8)
+and must match the installed torch, and on a machine without them (this project's CPU CI) it cannot decode at all.
+
+Training takes one random clip per video each time (``num_frames`` frames, ``stride`` apart, a fresh start every
+epoch); evaluation ``clips_per_video`` evenly spaced clips per video, each a sample (the accuracy logged is per
+clip; averaging a video's clips is left to the evaluation). Normalisation: timm's ImageNet mean and std (as
+VideoMAE's). A missing folder raises ``DatasetNotFoundError``, an empty class folder ``FileNotFoundError`` naming
+it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeError` naming the file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from torch.utils.data import Dataset
+
+from vitrel.data.base import DatasetNotFoundError
+from vitrel.data.imagenet import FixedClassImageFolder, locate_class_folders
+from vitrel.data.video.base import VideoDataModule
+from vitrel.data.video.clips import VideoClips
+
+__all__ = ["VideoFolderDataModule", "VIDEO_EXTENSIONS", "video_files"]
+
+VIDEO_EXTENSIONS = (".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v")
+
+
+def video_files(
+    folder: str | Path, classes: list[str], extensions: Sequence[str] = VIDEO_EXTENSIONS, allow_empty: bool = False
+) -> Dataset:
+    """``(path, class index)`` of every video file under ``folder/<class>/`` (sorted; torchvision's
+    ``DatasetFolder`` walk). A class folder without a video raises ``FileNotFoundError`` naming it (unless
+    ``allow_empty``), and so does a folder without any."""
+    exts = tuple(e.lower() for e in extensions)
+    try:
+        ds = FixedClassImageFolder(
+            folder, classes, loader=str, is_valid_file=lambda p: p.lower().endswith(exts), allow_empty=allow_empty
+        )
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{e} (video files: {', '.join(exts)})") from e
+    if not len(ds):
+        raise FileNotFoundError(f"{folder}: no video files ({', '.join(exts)}) in its class folders")
+    return ds
+
+
+class VideoFolderDataModule(VideoDataModule):
+    """Class folders of videos under ``root/train`` and ``root/val`` (see the module docstring).
+
+    ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video.
+    ``num_classes`` is inferred from the train folders; passing it checks it (and lets a model be built before the
+    data is reachable). Other kwargs as :class:`~vitrel.data.video.base.VideoDataModule`.
+    """
+
+    dataset_name = "video folders"
+    native_size = 224
+    fixed_size = False
+
+    def __init__(
+        self,
+        root: str | Path | None = None,
+        num_classes: int | None = None,
+        train_dir: str = "train",
+        val_dir: str = "val",
+        num_frames: int = 16,
+        stride: int = 4,
+        clips_per_video: int = 1,
+        extensions: Sequence[str] = VIDEO_EXTENSIONS,
+        **kwargs: Any,
+    ) -> None:
+        if int(stride) < 1 or int(clips_per_video) < 1:
+            raise ValueError(f"stride and clips_per_video must be >= 1, got {stride}, {clips_per_video}")
+        if not extensions:
+            raise ValueError("extensions must list at least one file extension, e.g. ['.mp4']")
+        super().__init__(root=root, num_frames=num_frames, **kwargs)
+        self.train_dir, self.val_dir = train_dir, val_dir
+        self.stride, self.clips_per_video = int(stride), int(clips_per_video)
+        self.extensions = tuple(extensions)
+        self._given_num_classes = num_classes
+        self._classes: list[str] | None = None
+        self.in_chans = 3
+        self.mean, self.std = tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
+
+    @property
+    def classes(self) -> list[str]:
+        """The sorted class folder names of ``root/train`` (read on first use)."""
+        if self._classes is None:
+            self._classes = self._locate()
+        return self._classes
+
+    @property
+    def class_names(self) -> list[str]:
+        return list(self.classes)
+
+    @property
+    def num_classes(self) -> int:
+        """The number of train class folders; the given ``num_classes`` while they cannot be reached."""
+        try:
+            return len(self.classes)
+        except DatasetNotFoundError:
+            if self._given_num_classes is None:
+                raise
+            return int(self._given_num_classes)
+
+    def _how_to_get(self) -> list[str]:
+        return [
+            f"lay the clips out as <root>/{self.train_dir}/<class>/<clip>.mp4 and <root>/{self.val_dir}/<class>/...",
+            "Kinetics: the train/ and val/ folders of a download; UCF-101: move each split list's clips into them",
+            "set root (config: VITREL_DATA_ROOT) to the folder holding them",
+        ]
+
+    def _locate(self) -> list[str]:
+        """Check the layout; return the sorted class folder names of train."""
+        return locate_class_folders(
+            self.dataset_name, self.root, self.train_dir, self.val_dir, self._how_to_get(), self._given_num_classes
+        )
+
+    def _load_raw(self, split: str) -> Dataset:
+        folder = self.root.absolute() / (self.train_dir if split == "train" else self.val_dir)  # type: ignore[union-attr]
+        return video_files(folder, self.classes, self.extensions, allow_empty=split != "train")  # (val may lack some)
+
+    def _clips(self, videos: Dataset, transform: Any, num_frames: int, training: bool) -> Dataset:
+        return VideoClips(
+            videos,
+            num_frames,
+            stride=self.stride,
+            sampling="random" if training else "uniform",
+            clips_per_video=1 if training else self.clips_per_video,
+            transform=transform,
+        )

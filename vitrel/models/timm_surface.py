@@ -89,8 +89,9 @@ class TimmSurface:
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A new head for ``num_classes`` (none for 0), on the device and in the dtype of the model's weights, and a
-        new ``global_pool`` if given; ``vitrel_cfg`` follows."""
+        """A new head for ``num_classes`` (none for 0), on the device and in the dtype of the model's weights and in
+        its mode (``training``, as timm's models: a model in eval mode gets a head in eval mode), and a new
+        ``global_pool`` if given; ``vitrel_cfg`` follows."""
         if global_pool is not None:
             self.check_global_pool(global_pool)
             self.global_pool = global_pool
@@ -103,6 +104,7 @@ class TimmSurface:
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
+        self.head.train(self.training)
 
     def pool(self, x: Tensor) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError

@@ -268,3 +268,36 @@ def test_export_of_a_train_py_checkpoint_carries_its_data_config(trained, fmnist
         assert [r["index"] for r in rows] == [r["index"] for r in ref]
         assert [r["label"] for r in rows] == [r["label"] for r in ref]
         assert max(abs(a["prob"] - b["prob"]) for a, b in zip(rows, ref)) < 1e-5
+
+
+def test_timm_checkpoint_path_on_a_train_py_checkpoint_and_its_export(trained, tmp_path):
+    """``timm.create_model(name, checkpoint_path=...)`` (timm's ``load_checkpoint``, strict) on a ``train.py``
+    ``.ckpt`` (Lightning's ``model.*`` keys) and on an export's ``model.safetensors``: the model's weights when the
+    model's arguments are given; without them, one error naming the routes that read the stored arguments."""
+    import re
+
+    import timm
+
+    from vitrel import CheckpointError
+
+    ref = vitrel.load_model(trained).eval()
+    name = ref.vitrel_cfg["architecture"]
+    args = {k: v for k, v in ref.vitrel_cfg.items() if k != "architecture"}
+    out = tmp_path / "export"
+    assert export_main([str(trained), str(out)]) == 0
+    x = torch.randn(2, 1, 28, 28)
+    for weights in (trained, out / "model.safetensors"):
+        m = timm.create_model(name, checkpoint_path=str(weights), **args).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+        with pytest.raises(CheckpointError) as err:  # the architecture's defaults: another model
+            timm.create_model(name, checkpoint_path=str(weights))
+        said = str(err.value)
+        assert re.search(r"(?s)do not fit.*local-dir:.*pretrained_cfg_overlay=dict\(file=", said), said
+    for m in (  # the routes that need nothing more
+        timm.create_model(f"local-dir:{out}", pretrained=True),
+        timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"))),
+        timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(trained))),
+    ):
+        with torch.no_grad():
+            torch.testing.assert_close(m.eval()(x), ref(x), rtol=0, atol=0)

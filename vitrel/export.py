@@ -30,6 +30,7 @@ anything is written: the command traces first, then writes the weights, ``config
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import warnings
@@ -68,6 +69,7 @@ __all__ = [
     "model_data_config",
     "stored_data_config",
     "save_program",
+    "program_bytes",
     "load_program",
     "main",
 ]
@@ -107,10 +109,11 @@ def best_dynamic(model: nn.Module) -> str:
     return "batch" if _extent_dependent(model) else "hw"
 
 
-def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False) -> None:
+def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, pt2: bool = False) -> None:
     """Refuse, with the reason and what to do instead, an export that cannot be made: ``dynamic`` sizes the model
-    cannot serve in one program, and (``onnx``) an attention kernel ONNX has no operator for or a missing ``onnx``
-    / ``onnxscript`` package. Called before anything is traced or written."""
+    cannot serve in one program, (``onnx``) an attention kernel ONNX has no operator for or a missing ``onnx``
+    / ``onnxscript`` package, (``pt2``) a program ``torch.export.save`` cannot write (FlexAttention's). Called before
+    anything is traced or written."""
     from vitrel.kernels import get_kernel
 
     if dynamic not in DYNAMIC:
@@ -130,6 +133,12 @@ def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False) 
         missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
         if missing:
             raise ImportError(f"ONNX export needs {' and '.join(missing)}: pip install 'vitrel[export]'")
+    if pt2 and "flex" in kernels:
+        raise ValueError(
+            "attn_impl='flex' programs cannot be saved as .pt2 (torch.export.save cannot serialise FlexAttention's "
+            "score and mask functions): build the export with attn_impl='sdpa' (--attn-impl sdpa), which computes the "
+            "same function; in Python, vitrel.export.export_program(model, dynamic='static') traces it in memory"
+        )
     if dynamic != "static" and "flex" in kernels:
         raise ValueError(
             f"attn_impl='flex' exports with static shapes only (torch.export cannot trace FlexAttention's block masks "
@@ -231,11 +240,20 @@ def onnx_program(
 
 
 def save_program(ep: torch.export.ExportedProgram, path: str | Path, data_config: dict[str, Any]) -> Path:
-    """``torch.export.save`` with the preprocessing as the extra file :data:`DATA_CONFIG_NAME`."""
+    """``torch.export.save`` with the preprocessing as the extra file :data:`DATA_CONFIG_NAME` (serialised in
+    memory first: a program torch cannot serialise leaves no file)."""
+    data = program_bytes(ep, data_config)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.export.save(ep, str(path), extra_files={DATA_CONFIG_NAME: json.dumps(data_config)})
+    path.write_bytes(data)
     return path
+
+
+def program_bytes(ep: torch.export.ExportedProgram, data_config: dict[str, Any]) -> bytes:
+    """The ``.pt2`` archive of ``ep`` with the preprocessing (:func:`save_program`'s bytes), made in memory."""
+    buf = io.BytesIO()
+    torch.export.save(ep, buf, extra_files={DATA_CONFIG_NAME: json.dumps(data_config)})
+    return buf.getvalue()
 
 
 def load_program(path: str | Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
@@ -305,32 +323,34 @@ def main(argv: list[str] | None = None) -> int:
         kernel = {} if args.attn_impl is None else {"attn_impl": args.attn_impl}
         model = load_model(args.ckpt, use_ema=args.ema, **kernel).eval()
         data_config = data_config_for(args.ckpt, model)
-        ep = onnx = None
+        pt2 = onnx = None
         if args.pt2 or args.onnx:
             dynamic = args.dynamic or best_dynamic(model)
+            check_exportable(model, dynamic, onnx=args.onnx, pt2=args.pt2)
             if args.dynamic is None and dynamic != "hw":
                 print(f"note: {_NOT_HW[dynamic]}; exporting dynamic={dynamic}")
-            check_exportable(model, dynamic, onnx=args.onnx)
             size = None if args.img_size is None else (args.img_size * 2)[:2]
             example = example_input(model, img_size=size)
             ep = export_program(model, example, dynamic)
+            pt2 = program_bytes(ep, data_config) if args.pt2 else None
             if args.onnx:
                 onnx = onnx_program(model, example, dynamic, args.opset, program=ep)
     except (CheckpointError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except RuntimeError as e:  # a trace torch refuses (torch._dynamo's errors are RuntimeErrors)
+    except RuntimeError as e:  # a trace or serialisation torch refuses (torch._dynamo's errors are RuntimeErrors)
         first = (str(e).strip().splitlines() or [""])[0]
         print(
-            f"error: torch.export could not trace the model (dynamic={dynamic}): {type(e).__name__}: {first}\n"
+            f"error: torch.export could not export the model (dynamic={dynamic}): {type(e).__name__}: {first}\n"
             "try --dynamic static, or --attn-impl sdpa; nothing was written",
             file=sys.stderr,
         )
         return 2
     save_pretrained(model, out)
     print(f"wrote {out / WEIGHTS_NAME} and {out / CONFIG_NAME}")
-    if args.pt2:
-        print(f"wrote {save_program(ep, out / PT2_NAME, data_config)} (torch.export, dynamic={dynamic})")
+    if pt2 is not None:
+        (out / PT2_NAME).write_bytes(pt2)
+        print(f"wrote {out / PT2_NAME} (torch.export, dynamic={dynamic})")
     if onnx is not None:
         onnx.save(str(out / ONNX_NAME))
         print(f"wrote {out / ONNX_NAME} (ONNX opset {args.opset}, dynamic={dynamic})")

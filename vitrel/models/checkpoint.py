@@ -524,7 +524,7 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
         )
     _check_dtypes(sd, expected)
     try:
-        model.load_state_dict(sd, strict=not reset_head)
+        nn.Module.load_state_dict(model, sd, strict=not reset_head)  # (torch's errors, not timm's route's advice)
     except (RuntimeError, ValueError) as e:
         raise CheckpointError(f"the weights do not fit this architecture: {e}") from None
 

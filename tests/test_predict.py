@@ -277,6 +277,7 @@ def test_timm_checkpoint_path_on_a_train_py_checkpoint_and_its_export(trained, t
     import re
 
     import timm
+    from timm.data import resolve_data_config
 
     from vitrel import CheckpointError
 
@@ -294,10 +295,13 @@ def test_timm_checkpoint_path_on_a_train_py_checkpoint_and_its_export(trained, t
             timm.create_model(name, checkpoint_path=str(weights))
         said = str(err.value)
         assert re.search(r"(?s)do not fit.*local-dir:.*pretrained_cfg_overlay=dict\(file=", said), said
-    for m in (  # the routes that need nothing more
+    for m in (  # the routes that need nothing more: the weights and the training data's preprocessing
         timm.create_model(f"local-dir:{out}", pretrained=True),
         timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"))),
         timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(trained))),
     ):
         with torch.no_grad():
             torch.testing.assert_close(m.eval()(x), ref(x), rtol=0, atol=0)
+        resolved = resolve_data_config(model=m)
+        assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and resolved["std"] == pytest.approx((FMNIST_STD,))
+        assert tuple(resolved["input_size"]) == (1, 28, 28)

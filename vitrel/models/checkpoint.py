@@ -388,13 +388,20 @@ def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]
     return out
 
 
+def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
+    """A data config as timm's ``pretrained_cfg`` fields (tuples; the class names as ``label_names``)."""
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in data_config.items() if k in DATA_FIELDS}
+    if data_config.get("class_names"):
+        out["label_names"] = tuple(data_config["class_names"])
+    return out
+
+
 def _set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
-    """Put a data config into ``model.pretrained_cfg`` (timm's fields; the class names as ``label_names``)."""
-    cfg = model_data_config(model, data_config)
-    pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
-    pcfg.update({k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items() if k in DATA_FIELDS})  # (timm's)
-    if cfg.get("class_names"):
-        pcfg["label_names"] = tuple(cfg["class_names"])
+    """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
+    pcfg = {
+        **dict(getattr(model, "pretrained_cfg", None) or {}),
+        **pretrained_cfg_fields(model_data_config(model, data_config)),
+    }
     model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)
 
 

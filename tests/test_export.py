@@ -334,3 +334,68 @@ def test_reduced_matrices_cover_every_family_scheme_and_quick_case():
     assert {("vit", p) for p in SCHEMES if _built_buffers(p)} <= batch
     assert {(a, p) for a in ARCHS for p in SCHEMES if _own_path(p)} <= batch
     assert {(a, p) for a in ARCHS for p in FAMILY_CASES} <= {(a, p) for a, p, m in EXPORT_CASES if m == "static"}
+
+
+# ---------------------------------------------------------------------------- the command's refusals
+def _saved(tmp_path, arch: str = "vit", pos: str = "rel2d_full", **kw):
+    """Exported weights (``save_pretrained``) of a small model built with ``kw`` (e.g. ``attn_impl``)."""
+    from vitrel.models.checkpoint import save_pretrained
+
+    return save_pretrained(small_model(arch, pos, **kw), tmp_path / "weights")
+
+
+@pytest.mark.parametrize(
+    ("built", "args", "said"),
+    [
+        (dict(attn_impl="flex"), ["--onnx"], "ONNX has no operator"),
+        (dict(attn_impl="flex"), ["--pt2"], "cannot be saved as .pt2"),
+        (dict(attn_impl="flex"), ["--pt2", "--dynamic", "hw"], "cannot be saved as .pt2"),
+        (dict(attn_impl="triton"), ["--onnx"], "ONNX has no operator"),
+        (dict(arch="swin", pos="alibi1d"), ["--pt2", "--dynamic", "hw"], "window's extent"),
+    ],
+)
+def test_export_command_refuses_before_writing(tmp_path, capsys, built, args, said):
+    """``python -m vitrel.export``: every refusal (kernel, sizes) is one error, and the output folder is not made."""
+    from vitrel.export import main
+
+    src = _saved(tmp_path, **built)
+    out = tmp_path / "out"
+    assert main([str(src), str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and said in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_export_command_trace_failure_writes_nothing(tmp_path, capsys, monkeypatch):
+    """A trace torch refuses (a raw RuntimeError of torch._dynamo) is one error line; nothing is written."""
+    import vitrel.export
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("s0 is not tracked with proxy\nmore lines")
+
+    monkeypatch.setattr(vitrel.export, "export_program", refuse)
+    out = tmp_path / "out"
+    assert vitrel.export.main([str(_saved(tmp_path)), str(out), "--pt2"]) == 2
+    err = capsys.readouterr().err
+    assert "torch.export could not export the model" in err and "not tracked with proxy" in err
+    assert not out.exists()
+
+
+def test_flex_exports_with_static_shapes(tmp_path):
+    """``attn_impl="flex"``: traced without gradients (export is not training: on CPU, FlexAttention has no backward),
+    at static shapes (:func:`best_dynamic`), the same function as the weights with ``sdpa``; dynamic sizes are one
+    clear error; the weights export (no program) works."""
+    from vitrel.export import main
+
+    m = small_model("vit", "rel2d_full", attn_impl="flex")
+    assert best_dynamic(m) == "static"
+    with pytest.raises(ValueError, match="static shapes only"):
+        export_program(m, dynamic="hw")
+    x = torch.randn(2, 3, 32, 32)
+    assert torch.is_grad_enabled()
+    ep = export_program(m, x, dynamic="static")
+    ref = small_model("vit", "rel2d_full", attn_impl="sdpa")
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), ref(x), rtol=1e-5, atol=1e-5)
+    assert main([str(_saved(tmp_path, attn_impl="flex")), str(tmp_path / "out")]) == 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -144,3 +145,163 @@ def test_another_kernel_at_prediction_and_export(ckpt, images, tmp_path):
     cfg.topk, cfg.progress_bar, cfg.model_overrides = 2, False, {"attn_impl": "sdpa"}
     run_predict(cfg)
     assert len(_rows(tmp_path / "p.csv")) == len(ref)
+
+
+# ---------------------------------------------------------------------------- a checkpoint train.py wrote
+TRAIN = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "data.num_workers=0", "data.batch_size=16"]
+TRAIN += ["trainer.accelerator=cpu", "progress_bar=none", "callbacks.pos_images=null", "logger=none", "test=false"]
+TRAIN += ["trainer.max_epochs=1", "trainer.limit_train_batches=20", "trainer.limit_val_batches=1"]
+FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """``last.ckpt`` of a few steps of the default recipe (Fashion-MNIST, grey 28 x 28), written by ``train.py``."""
+    from tests.train_helpers import run_script
+
+    run = tmp_path_factory.mktemp("train")
+    res = run_script("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd=run)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def fmnist_test(tmp_path_factory) -> tuple[Path, np.ndarray, np.ndarray]:
+    """The first 200 test images of the embedded Fashion-MNIST subset as PNG files, with the arrays and labels."""
+    from vitrel.data.fashion_mnist import SUBSET_PATH
+
+    with np.load(SUBSET_PATH) as z:
+        x, y = z["x_test"][:200], z["y_test"][:200]
+    root = tmp_path_factory.mktemp("fmnist")
+    for i, a in enumerate(x):
+        Image.fromarray(a).save(root / f"{i:04d}.png")
+    return root, x, y
+
+
+def test_train_py_checkpoint_stores_its_data_config(trained):
+    from vitrel.data.fashion_mnist import FASHION_MNIST_CLASSES
+
+    dc = torch.load(trained, weights_only=True)["hyper_parameters"]["data_config"]
+    assert dc["input_size"] == [1, 28, 28] and dc["interpolation"] == "bilinear" and dc["crop_pct"] == 1.0
+    assert dc["mean"] == pytest.approx([FMNIST_MEAN]) and dc["std"] == pytest.approx([FMNIST_STD])
+    assert dc["class_names"] == list(FASHION_MNIST_CLASSES)
+    # vitrel.load_model: in the model's pretrained_cfg, where timm looks
+    from timm.data import resolve_data_config
+
+    resolved = resolve_data_config(model=vitrel.load_model(trained))
+    assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and resolved["std"] == pytest.approx((FMNIST_STD,))
+    assert resolved["input_size"] == (1, 28, 28) and resolved["interpolation"] == "bilinear"
+
+
+def test_predict_py_equals_the_lightning_model_on_a_train_py_checkpoint(trained, fmnist_test, tmp_path):
+    """predict.py on PNG files of test images: the probabilities of the trained LightningModule on the same images
+    normalised by the data module (what eval.py scores), so the same accuracy; the CSV names the classes."""
+    from tests.train_helpers import run_script
+    from vitrel.data.fashion_mnist import FASHION_MNIST_CLASSES, FashionMNISTDataModule
+    from vitrel.train.module import ClassifierModule
+
+    root, arrays, labels = fmnist_test
+    out = tmp_path / "pred.csv"
+    args = [f"ckpt_path={trained}", f"input={root}", f"results_file={out}", "topk=3", "progress_bar=false"]
+    res = run_script("predict.py", [*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "stores no data config" not in res.stderr
+    rows = _rows(out)
+    assert len(rows) == len(labels)
+
+    module = ClassifierModule.load_from_checkpoint(trained, model=vitrel.load_model(trained), weights_only=True)
+    tf = FashionMNISTDataModule(num_workers=0).eval_transform()
+    x = torch.stack([tf(Image.fromarray(a)) for a in arrays])
+    with torch.no_grad():
+        probs = module.eval()(x).softmax(-1)
+    top_p, top_i = probs.topk(3, dim=-1)
+    assert [int(r["index_0"]) for r in rows] == top_i[:, 0].tolist()
+    got = torch.tensor([[float(r[f"prob_{k}"]) for k in range(3)] for r in rows])
+    torch.testing.assert_close(got, top_p, rtol=0, atol=2e-6)  # (the CSV rounds to 6 decimals)
+    acc_predict = np.mean([int(r["index_0"]) == y for r, y in zip(rows, labels)])
+    assert acc_predict == (top_i[:, 0].numpy() == labels).mean()
+    assert all(r["label_0"] == FASHION_MNIST_CLASSES[int(r["index_0"])] for r in rows)
+
+
+def test_old_checkpoint_without_data_config_warns_once(trained, fmnist_test, tmp_path):
+    """A checkpoint without ``hyper_parameters["data_config"]`` (written before vitrel stored it): one warning,
+    naming the statistics used (the architecture's defaults: CIFAR's, averaged to the model's one channel)."""
+    old = torch.load(trained, weights_only=True)
+    del old["hyper_parameters"]["data_config"]
+    path = tmp_path / "old.ckpt"
+    torch.save(old, path)
+    root, _, _ = fmnist_test
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = load_predictor(path)
+        predict_folder(p, root, topk=1, progress=False)
+    said = [str(w.message) for w in caught if "stores no data config" in str(w.message)]
+    assert len(said) == 1, said
+    mean = sum((0.4914, 0.4822, 0.4465)) / 3
+    assert p.data_config["mean"] == pytest.approx([mean]) and f"mean [{p.data_config['mean'][0]}]" in said[0]
+    assert p.class_names is None
+
+
+def test_export_of_a_train_py_checkpoint_carries_its_data_config(trained, fmnist_test, tmp_path):
+    """``python -m vitrel.export``: config.json's pretrained_cfg holds the training data's statistics (timm's
+    ``resolve_data_config`` on the ``local-dir:`` model reads them) and the class names; predictions from the export
+    folder and its ``.pt2`` equal the checkpoint's."""
+    import json
+
+    import timm
+    from timm.data import resolve_data_config
+
+    from vitrel.data.fashion_mnist import FASHION_MNIST_CLASSES
+
+    out = tmp_path / "export"
+    assert export_main([str(trained), str(out), "--pt2"]) == 0
+    pcfg = json.loads((out / "config.json").read_text())["pretrained_cfg"]
+    assert pcfg["mean"] == pytest.approx([FMNIST_MEAN]) and pcfg["std"] == pytest.approx([FMNIST_STD])
+    assert pcfg["label_names"] == list(FASHION_MNIST_CLASSES)
+    resolved = resolve_data_config(model=timm.create_model(f"local-dir:{out}", pretrained=True))
+    assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and resolved["std"] == pytest.approx((FMNIST_STD,))
+    assert tuple(resolved["input_size"]) == (1, 28, 28) and resolved["crop_pct"] == 1.0
+    root, _, _ = fmnist_test
+    ref = predict_folder(load_predictor(trained), root, topk=1, progress=False).rows
+    for src in (out, out / "model.pt2"):
+        rows = predict_folder(load_predictor(src), root, topk=1, progress=False).rows
+        assert [r["index"] for r in rows] == [r["index"] for r in ref]
+        assert [r["label"] for r in rows] == [r["label"] for r in ref]
+        assert max(abs(a["prob"] - b["prob"]) for a, b in zip(rows, ref)) < 1e-5
+
+
+def test_timm_checkpoint_path_on_a_train_py_checkpoint_and_its_export(trained, tmp_path):
+    """``timm.create_model(name, checkpoint_path=...)`` (timm's ``load_checkpoint``, strict) on a ``train.py``
+    ``.ckpt`` (Lightning's ``model.*`` keys) and on an export's ``model.safetensors``: the model's weights when the
+    model's arguments are given; without them, one error naming the routes that read the stored arguments."""
+    import re
+
+    import timm
+    from timm.data import resolve_data_config
+
+    from vitrel import CheckpointError
+
+    ref = vitrel.load_model(trained).eval()
+    name = ref.vitrel_cfg["architecture"]
+    args = {k: v for k, v in ref.vitrel_cfg.items() if k != "architecture"}
+    out = tmp_path / "export"
+    assert export_main([str(trained), str(out)]) == 0
+    x = torch.randn(2, 1, 28, 28)
+    for weights in (trained, out / "model.safetensors"):
+        m = timm.create_model(name, checkpoint_path=str(weights), **args).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+        with pytest.raises(CheckpointError) as err:  # the architecture's defaults: another model
+            timm.create_model(name, checkpoint_path=str(weights))
+        said = str(err.value)
+        assert re.search(r"(?s)do not fit.*local-dir:.*pretrained_cfg_overlay=dict\(file=", said), said
+    for m in (  # the routes that need nothing more: the weights and the training data's preprocessing
+        timm.create_model(f"local-dir:{out}", pretrained=True),
+        timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"))),
+        timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(trained))),
+    ):
+        with torch.no_grad():
+            torch.testing.assert_close(m.eval()(x), ref(x), rtol=0, atol=0)
+        resolved = resolve_data_config(model=m)
+        assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and resolved["std"] == pytest.approx((FMNIST_STD,))
+        assert tuple(resolved["input_size"]) == (1, 28, 28)

@@ -100,6 +100,25 @@ def test_model_reset_classifier(spec):
     assert m.num_classes == 5 == m.vitrel_cfg["num_classes"]
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vitrel_vit_tiny_patch4_32",
+        "vitrel_vit_tiny_patch16_224",
+        "vitrel_swin_tiny_patch2_window4_32",
+        "vitrel_swin_tiny_patch4_window7_224",
+    ],
+)
+@pytest.mark.parametrize("training", [False, True])
+def test_reset_classifier_keeps_the_mode(name, training):
+    """timm's test_model_default_cfgs: after ``reset_classifier`` every module's ``training`` is the model's (the new
+    head of a model in eval mode is in eval mode too), for 0 classes (``Identity``) and a new ``Linear`` head."""
+    m = timm.create_model(name, pretrained=False, pos="rel2d_full", device="meta").train(training)
+    for n in (0, 5, 0):
+        m.reset_classifier(n)
+        assert {k: mod.training for k, mod in m.named_modules() if mod.training != training} == {}
+
+
 @SPECS
 def test_model_forward_features(spec):
     """timm's test_model_forward_features: ``features_only=True`` outputs in the wrapper's ``output_fmt``."""

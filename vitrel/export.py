@@ -18,12 +18,19 @@ Dynamic sizes (``dynamic=``): ``"hw"`` (default) makes one program for every bat
 image height and width that is a multiple of the patch size; ``"batch"`` only the batch; ``"static"``
 the example's shape. A Swin model with a scheme that depends on the window's extent (1-D raster
 schemes; see ``PositionScheme.depends_on_extent`` and ``docs/export.md``) has no ``"hw"`` program:
-:func:`best_dynamic` picks ``"batch"`` for it.
+:func:`best_dynamic` picks ``"batch"`` for it. A model with ``attn_impl="flex"`` exports with static shapes
+only (torch.export cannot trace FlexAttention's block masks at symbolic sizes), and not to ONNX (no operator):
+:func:`best_dynamic` picks ``"static"``; ``--attn-impl sdpa`` exports the same weights at every size.
+
+Programs are traced in eval mode without gradients (export is not training). Every refusal (an attention kernel
+ONNX has no operator for, sizes a model cannot serve, a missing ``onnx`` package, a trace that fails) comes before
+anything is written: the command traces first, then writes the weights, ``config.json`` and the programs.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
 import warnings
@@ -36,7 +43,16 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.kernels import attn_impls
-from vitrel.models.checkpoint import CONFIG_NAME, WEIGHTS_NAME, CheckpointError, load_model, save_pretrained
+from vitrel.models.checkpoint import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    data_config_for,
+    load_model,
+    model_data_config,
+    save_pretrained,
+    stored_data_config,
+)
 
 __all__ = [
     "DYNAMIC",
@@ -48,9 +64,12 @@ __all__ = [
     "example_input",
     "export_program",
     "export_onnx",
+    "onnx_program",
+    "check_exportable",
     "model_data_config",
     "stored_data_config",
     "save_program",
+    "program_bytes",
     "load_program",
     "main",
 ]
@@ -68,13 +87,70 @@ def _patch(model: nn.Module) -> int:
     return int(model.patch_embed.patch_size)
 
 
+def _kernels(model: nn.Module) -> set[str]:
+    """The attention kernels a model names: its own ``attn_impl`` and its stages' and layers' (``vitrel_cfg``'s
+    when none is set on a module)."""
+    found = {m.attn_impl for m in model.modules() if isinstance(getattr(m, "attn_impl", None), str)}
+    return found or {str((getattr(model, "vitrel_cfg", None) or {}).get("attn_impl", "auto"))}
+
+
+def _extent_dependent(model: nn.Module) -> bool:
+    """A Swin (windowed) model with a scheme that depends on the window's extent (not on offsets only)."""
+    return hasattr(model, "layers") and any(
+        getattr(m, "depends_on_extent", False) and getattr(m, "kind", "") == "relative" for m in model.modules()
+    )
+
+
 def best_dynamic(model: nn.Module) -> str:
-    """``"hw"`` when one program can serve every size, else ``"batch"`` (Swin with an extent-dependent scheme)."""
-    if hasattr(model, "layers"):  # windowed: every block's scheme must depend on offsets only
-        for m in model.modules():
-            if getattr(m, "depends_on_extent", False) and getattr(m, "kind", "") == "relative":
-                return "batch"
-    return "hw"
+    """``"hw"`` when one program can serve every size, else ``"batch"`` (Swin with an extent-dependent scheme), or
+    ``"static"`` (``attn_impl="flex"``: FlexAttention traces at fixed sizes only)."""
+    if "flex" in _kernels(model):
+        return "static"
+    return "batch" if _extent_dependent(model) else "hw"
+
+
+def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, pt2: bool = False) -> None:
+    """Refuse, with the reason and what to do instead, an export that cannot be made: ``dynamic`` sizes the model
+    cannot serve in one program, (``onnx``) an attention kernel ONNX has no operator for or a missing ``onnx``
+    / ``onnxscript`` package, (``pt2``) a program ``torch.export.save`` cannot write (FlexAttention's). Called before
+    anything is traced or written."""
+    from vitrel.kernels import get_kernel
+
+    if dynamic not in DYNAMIC:
+        raise ValueError(f"dynamic must be one of {DYNAMIC}, got {dynamic!r}")
+    kernels = _kernels(model)
+    if onnx:
+        bad = sorted(k for k in kernels if k == "flex" or not get_kernel(k).onnx)
+        if bad:
+            raise ValueError(
+                f"attn_impl={bad[0]!r} runs a kernel that ONNX has no operator for (a vitrel custom op, or "
+                "FlexAttention): export the same weights built with attn_impl='sdpa' (python -m vitrel.export CKPT "
+                "OUT --onnx --attn-impl sdpa, vitrel.load_model(path, attn_impl='sdpa'), or "
+                "vitrel.create_model(..., attn_impl='sdpa') and load_state_dict), which compute the same function"
+            )
+        import importlib.util
+
+        missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise ImportError(f"ONNX export needs {' and '.join(missing)}: pip install 'vitrel[export]'")
+    if pt2 and "flex" in kernels:
+        raise ValueError(
+            "attn_impl='flex' programs cannot be saved as .pt2 (torch.export.save cannot serialise FlexAttention's "
+            "score and mask functions): build the export with attn_impl='sdpa' (--attn-impl sdpa), which computes the "
+            "same function; in Python, vitrel.export.export_program(model, dynamic='static') traces it in memory"
+        )
+    if dynamic != "static" and "flex" in kernels:
+        raise ValueError(
+            f"attn_impl='flex' exports with static shapes only (torch.export cannot trace FlexAttention's block masks "
+            f"at symbolic sizes), not dynamic={dynamic!r}: export with dynamic='static' (--dynamic static: the "
+            "example's batch and image size), or build the export with attn_impl='sdpa' (--attn-impl sdpa), which "
+            "computes the same function at every size"
+        )
+    if dynamic == "hw" and _extent_dependent(model):
+        raise ValueError(
+            "this Swin model's position scheme depends on the window's extent (a 1-D raster order): one program "
+            "cannot serve every resolution (docs/export.md); export with dynamic='batch' or 'static'"
+        )
 
 
 def example_input(model: nn.Module, batch: int = 2, img_size: Any = None) -> Tensor:
@@ -104,24 +180,21 @@ def dynamic_shapes(model: nn.Module, dynamic: str = "hw", max_side: int = MAX_SI
 def export_program(
     model: nn.Module, example: Tensor | None = None, dynamic: str = "hw", max_side: int = MAX_SIDE
 ) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` (in eval mode) on images ``example`` with the ``dynamic`` sizes.
+    """``torch.export`` of ``model`` (in eval mode, without gradients) on images ``example`` with the ``dynamic``
+    sizes (:func:`check_exportable` first).
 
     Sizes that can be 1 (a single window, a grid of one patch) are traced size-obliviously, so the
     program does not assume a side of at least 2 (torch's default for symbolic sizes); the model is
     left as it was (a forward pass changes nothing on it).
     """
-    if dynamic == "hw" and best_dynamic(model) != "hw":
-        raise ValueError(
-            "this Swin model's position scheme depends on the window's extent (a 1-D raster order): one program "
-            "cannot serve every resolution (docs/export.md); export with dynamic='batch' or 'static'"
-        )
+    check_exportable(model, dynamic)
     was_training = model.training
     model.eval()
     x = example if example is not None else example_input(model)
     import torch.fx.experimental._config as fx_config
 
     try:
-        with fx_config.patch(backed_size_oblivious=True), warnings.catch_warnings():
+        with fx_config.patch(backed_size_oblivious=True), warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore", FutureWarning)
             return torch.export.export(model, (x,), dynamic_shapes=dynamic_shapes(model, dynamic, max_side))
     finally:
@@ -136,69 +209,51 @@ def export_onnx(
     opset: int = ONNX_OPSET,
     max_side: int = MAX_SIDE,
 ) -> Path:
-    """``model`` -> ONNX file ``path`` via :func:`export_program` and the dynamo exporter (input ``images``,
-    output ``logits``); needs ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel is
-    a vitrel custom op (``attn_impl="triton"``) is refused: ONNX has no such operator; the same weights built with
-    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``)."""
-    from vitrel.kernels import get_kernel
-
-    impl = getattr(model, "vitrel_cfg", {}).get("attn_impl", "auto")
-    if not get_kernel(impl).onnx:
-        raise ValueError(
-            f"attn_impl={impl!r} runs a vitrel custom op that ONNX has no operator for: export the same weights "
-            "built with attn_impl='sdpa' (python -m vitrel.export CKPT OUT --onnx --attn-impl sdpa, "
-            "vitrel.load_model(path, attn_impl='sdpa'), or "
-            "vitrel.create_model(..., attn_impl='sdpa') and load_state_dict), which compute the same function"
-        )
-    ep = export_program(model, example, dynamic, max_side)
+    """``model`` -> ONNX file ``path`` (:func:`onnx_program`, then saved)."""
+    program = onnx_program(model, example, dynamic, opset, max_side)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        onnx_program = torch.onnx.export(
-            ep, input_names=["images"], output_names=["logits"], opset_version=opset, dynamo=True, verbose=False
-        )
-    onnx_program.save(str(path))
+    program.save(str(path))
     return path
 
 
-def model_data_config(model: nn.Module, stored: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The preprocessing of ``model``: ``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct`` (and
-    ``class_names`` when known).
-
-    ``stored`` (a training checkpoint's data configuration, when it has one) wins over the model's
-    ``pretrained_cfg``; the input size and channels are the model's (``vitrel_cfg``). Means and standard
-    deviations of another channel count are averaged to the model's channels (a grey model fed the RGB
-    statistics of its architecture's default config).
-    """
-    pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
-    cfg = getattr(model, "vitrel_cfg", {})
-    stored = dict(stored or {})
-    in_chans = int(cfg.get("in_chans", 3))
-    size = stored.get("img_size", cfg.get("img_size", pcfg.get("input_size", (3, 224, 224))[1:]))
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    out = {
-        "input_size": [in_chans, int(h), int(w)],
-        "mean": list(stored.get("mean", pcfg.get("mean", (0.5,) * in_chans))),
-        "std": list(stored.get("std", pcfg.get("std", (0.5,) * in_chans))),
-        "interpolation": str(stored.get("interpolation", pcfg.get("interpolation", "bicubic"))),
-        "crop_pct": float(stored.get("crop_pct", pcfg.get("crop_pct", 1.0))),
-    }
-    for key in ("mean", "std"):
-        if len(out[key]) != in_chans:
-            out[key] = [sum(out[key]) / len(out[key])] * in_chans
-    names = stored.get("class_names", pcfg.get("class_names"))
-    if names:
-        out["class_names"] = [str(n) for n in names]
-    return out
+def onnx_program(
+    model: nn.Module,
+    example: Tensor | None = None,
+    dynamic: str = "hw",
+    opset: int = ONNX_OPSET,
+    max_side: int = MAX_SIDE,
+    program: torch.export.ExportedProgram | None = None,
+) -> Any:
+    """``model`` as an ONNX program in memory (``torch.onnx.ONNXProgram``; ``.save(path)`` writes it), via
+    :func:`export_program` (or its ``program``, already traced) and the dynamo exporter (input ``images``, output
+    ``logits``); needs ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel ONNX has no
+    operator for (a vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused: the same weights built with
+    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``)."""
+    check_exportable(model, dynamic, onnx=True)
+    ep = program if program is not None else export_program(model, example, dynamic, max_side)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.onnx.export(
+            ep, input_names=["images"], output_names=["logits"], opset_version=opset, dynamo=True, verbose=False
+        )
 
 
 def save_program(ep: torch.export.ExportedProgram, path: str | Path, data_config: dict[str, Any]) -> Path:
-    """``torch.export.save`` with the preprocessing as the extra file :data:`DATA_CONFIG_NAME`."""
+    """``torch.export.save`` with the preprocessing as the extra file :data:`DATA_CONFIG_NAME` (serialised in
+    memory first: a program torch cannot serialise leaves no file)."""
+    data = program_bytes(ep, data_config)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.export.save(ep, str(path), extra_files={DATA_CONFIG_NAME: json.dumps(data_config)})
+    path.write_bytes(data)
     return path
+
+
+def program_bytes(ep: torch.export.ExportedProgram, data_config: dict[str, Any]) -> bytes:
+    """The ``.pt2`` archive of ``ep`` with the preprocessing (:func:`save_program`'s bytes), made in memory."""
+    buf = io.BytesIO()
+    torch.export.save(ep, buf, extra_files={DATA_CONFIG_NAME: json.dumps(data_config)})
+    return buf.getvalue()
 
 
 def load_program(path: str | Path) -> tuple[torch.export.ExportedProgram, dict[str, Any]]:
@@ -232,58 +287,11 @@ def load_program(path: str | Path) -> tuple[torch.export.ExportedProgram, dict[s
     return ep, json.loads(extra[DATA_CONFIG_NAME])
 
 
-def _record_data_config(config_json: Path, data_config: dict[str, Any]) -> None:
-    """Put the preprocessing into ``config.json``'s ``pretrained_cfg`` (timm's fields; class names as
-    ``label_names``), so timm's ``local-dir:`` route and ``predict.py`` use the training data's statistics."""
-    cfg = json.loads(config_json.read_text(encoding="utf-8"))
-    pcfg = cfg.setdefault("pretrained_cfg", {})
-    for key in ("mean", "std", "interpolation", "crop_pct", "input_size"):
-        pcfg[key] = data_config[key]
-    if data_config.get("class_names"):
-        pcfg["label_names"] = data_config["class_names"]
-    config_json.write_text(json.dumps(cfg, indent=2), encoding="utf-8")
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def stored_data_config(path: str | Path) -> dict[str, Any] | None:
-    """The data configuration stored with a training checkpoint or export folder, if any.
-
-    Training checkpoint: ``hyper_parameters["data_config"]`` (or ``["data"]``), or Lightning's
-    ``datamodule_hyper_parameters`` (keys ``img_size``, ``mean``, ``std``, ``interpolation``,
-    ``crop_pct``, ``class_names``). Export folder: ``config.json``'s ``pretrained_cfg`` (its
-    ``label_names`` as class names).
-    """
-    p = Path(path)
-    if p.is_dir():
-        cfg_path = p / "config.json"
-        if not cfg_path.is_file():
-            return None
-        pcfg = dict(_read_json(cfg_path).get("pretrained_cfg") or {})
-        out = {k: pcfg[k] for k in ("mean", "std", "interpolation", "crop_pct") if k in pcfg}
-        if pcfg.get("label_names"):
-            out["class_names"] = list(pcfg["label_names"])
-        return out or None
-    if p.suffix != ".ckpt":
-        return None
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - an unreadable file is reported by the model loader with its reason
-        return None
-    hp = ckpt.get("hyper_parameters") if isinstance(ckpt, dict) else None
-    for cand in (
-        (hp or {}).get("data_config") if isinstance(hp, dict) else None,
-        (hp or {}).get("data") if isinstance(hp, dict) else None,
-        ckpt.get("datamodule_hyper_parameters") if isinstance(ckpt, dict) else None,
-    ):
-        if isinstance(cand, dict) and any(k in cand for k in ("mean", "std", "img_size", "class_names")):
-            return {
-                k: cand[k] for k in ("img_size", "mean", "std", "interpolation", "crop_pct", "class_names") if k in cand
-            }
-    return None
+#: why :func:`best_dynamic` chose less than ``"hw"`` (the command's note)
+_NOT_HW = {
+    "batch": "this model's scheme cannot serve every resolution in one program",
+    "static": "attn_impl='flex' traces at fixed sizes only",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -309,33 +317,43 @@ def main(argv: list[str] | None = None) -> int:
         "a model trained with triton that is to run anywhere, and for ONNX",
     )
     args = ap.parse_args(argv)
-    try:
+    out = Path(args.out_dir)
+    dynamic = args.dynamic
+    try:  # everything that can refuse, the traces included, before anything is written
         kernel = {} if args.attn_impl is None else {"attn_impl": args.attn_impl}
         model = load_model(args.ckpt, use_ema=args.ema, **kernel).eval()
-        out = save_pretrained(model, args.out_dir)
-    except CheckpointError as e:
+        data_config = data_config_for(args.ckpt, model)
+        pt2 = onnx = None
+        if args.pt2 or args.onnx:
+            dynamic = args.dynamic or best_dynamic(model)
+            check_exportable(model, dynamic, onnx=args.onnx, pt2=args.pt2)
+            if args.dynamic is None and dynamic != "hw":
+                print(f"note: {_NOT_HW[dynamic]}; exporting dynamic={dynamic}")
+            size = None if args.img_size is None else (args.img_size * 2)[:2]
+            example = example_input(model, img_size=size)
+            ep = export_program(model, example, dynamic)
+            pt2 = program_bytes(ep, data_config) if args.pt2 else None
+            if args.onnx:
+                onnx = onnx_program(model, example, dynamic, args.opset, program=ep)
+    except (CheckpointError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    data_config = model_data_config(model, stored_data_config(args.ckpt))
-    _record_data_config(out / CONFIG_NAME, data_config)
+    except RuntimeError as e:  # a trace or serialisation torch refuses (torch._dynamo's errors are RuntimeErrors)
+        first = (str(e).strip().splitlines() or [""])[0]
+        print(
+            f"error: torch.export could not export the model (dynamic={dynamic}): {type(e).__name__}: {first}\n"
+            "try --dynamic static, or --attn-impl sdpa; nothing was written",
+            file=sys.stderr,
+        )
+        return 2
+    save_pretrained(model, out)
     print(f"wrote {out / WEIGHTS_NAME} and {out / CONFIG_NAME}")
-    if not (args.pt2 or args.onnx):
-        return 0
-    dynamic = args.dynamic or best_dynamic(model)
-    if args.dynamic is None and dynamic != "hw":
-        print("note: this model's scheme cannot serve every resolution in one program; exporting a dynamic batch")
-    size = None if args.img_size is None else (args.img_size * 2)[:2]
-    example = example_input(model, img_size=size)
-    try:
-        if args.pt2:
-            path = save_program(export_program(model, example, dynamic), out / PT2_NAME, data_config)
-            print(f"wrote {path} (torch.export, dynamic={dynamic})")
-        if args.onnx:
-            path = export_onnx(model, out / ONNX_NAME, example, dynamic, opset=args.opset)
-            print(f"wrote {path} (ONNX opset {args.opset}, dynamic={dynamic})")
-    except (ValueError, ImportError, ModuleNotFoundError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if pt2 is not None:
+        (out / PT2_NAME).write_bytes(pt2)
+        print(f"wrote {out / PT2_NAME} (torch.export, dynamic={dynamic})")
+    if onnx is not None:
+        onnx.save(str(out / ONNX_NAME))
+        print(f"wrote {out / ONNX_NAME} (ONNX opset {args.opset}, dynamic={dynamic})")
     return 0
 
 

@@ -2,10 +2,11 @@
 
 A model comes from a training checkpoint (``.ckpt``), an export folder (``model.safetensors`` +
 ``config.json``, or a folder holding only ``model.pt2``) or a ``torch.export`` program (``.pt2``); its
-preprocessing from what is stored with it: a training checkpoint's data configuration when it has
-one (``hyper_parameters["data_config"]`` or the data module's hyper-parameters), else the model's
-``pretrained_cfg`` (mean, std, input size, interpolation, crop fraction; the input size and channels
-are the model's). Images are read from a flat folder or an ``ImageFolder`` tree (sub-folders of
+preprocessing from the data config stored with it (:func:`vitrel.models.checkpoint.stored_data_config`: the
+training data's mean, std, interpolation, crop fraction and class names, which ``train.py`` stores in its
+checkpoints; an export's ``pretrained_cfg``); the input size and channels are the model's. A checkpoint without
+one (written before vitrel stored it, or by hand) is read with its architecture's defaults, with one warning
+naming them. Images are read from a flat folder or an ``ImageFolder`` tree (sub-folders of
 images), resized (shorter side to ``size / crop_pct``), centre-cropped, normalised, converted to the
 model's channels (grey or RGB). A file that cannot be read is skipped with a warning and counted.
 
@@ -72,8 +73,8 @@ def load_predictor(
     """The model and preprocessing of a ``.ckpt``, an export folder or a ``.pt2`` program (see the module docstring);
     ``model_overrides``: arguments for :func:`vitrel.load_model` (e.g. ``{"attn_impl": "sdpa"}`` for a model trained
     with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed."""
-    from vitrel.export import PT2_NAME, load_program, model_data_config, stored_data_config
-    from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_has_ema, load_model
+    from vitrel.export import PT2_NAME, load_program
+    from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_has_ema, data_config_for, load_model
 
     p = Path(path)
     device = torch.device(device)
@@ -97,7 +98,7 @@ def load_predictor(
         return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
     ema = checkpoint_has_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
     model = load_model(p, use_ema=ema, **(model_overrides or {})).eval().to(device)
-    data_config = model_data_config(model, stored_data_config(p))
+    data_config = data_config_for(p, model)
     return Predictor(model, data_config, str(p), data_config.get("class_names"), device)
 
 
@@ -130,6 +131,7 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
         mean=tuple(data_config["mean"]),
         std=tuple(data_config["std"]),
         crop_pct=data_config.get("crop_pct", 1.0),
+        crop_mode=data_config.get("crop_mode", "center"),
     )
     mode = "L" if c == 1 else "RGB"
 

@@ -8,7 +8,11 @@ Two on-disk formats:
   holds the configuration under ``"vitrel_cfg"``.
 
 Every model carries ``model.vitrel_cfg`` (architecture + constructor arguments); it is stored with
-the weights, so :func:`load_model` rebuilds the right architecture and position scheme by itself.
+the weights, so :func:`load_model` rebuilds the right architecture and position scheme by itself. The
+preprocessing of the data a model was trained on (its *data config*: timm's ``input_size``, ``mean``, ``std``,
+``interpolation``, ``crop_pct``, ``crop_mode``, and the class names) is stored too (a training checkpoint's
+``hyper_parameters["data_config"]``, an export's ``pretrained_cfg``); :func:`load_model` puts it into the model's
+``pretrained_cfg``, where ``timm.data.resolve_data_config(model=model)`` finds it.
 
 Safety: pickles are only ever read with ``torch.load(..., weights_only=True)``, which refuses any
 global that is not a tensor/container type (a pickle that would call ``os.system`` is refused before
@@ -47,6 +51,9 @@ __all__ = [
     "check_checkpoint",
     "checkpoint_has_ema",
     "stored_config",
+    "stored_data_config",
+    "model_data_config",
+    "data_config_for",
     "load_weights",
     "load_model",
     "save_pretrained",
@@ -277,14 +284,125 @@ def stored_config(path: str | os.PathLike) -> dict[str, Any] | None:
         return None
 
 
-def _parse_meta(text: str, where: Path) -> dict[str, Any]:
+def _parse_meta(text: str, where: Path, key: str = "vitrel_cfg") -> dict[str, Any]:
     try:
         cfg = json.loads(text)
     except ValueError as e:
-        raise CheckpointError(f"the vitrel_cfg metadata of {where} is not valid JSON: {e}") from None
+        raise CheckpointError(f"the {key} metadata of {where} is not valid JSON: {e}") from None
     if not isinstance(cfg, dict):
-        raise CheckpointError(f"the vitrel_cfg metadata of {where} is not a JSON object")
+        raise CheckpointError(f"the {key} metadata of {where} is not a JSON object")
     return cfg
+
+
+# ---------------------------------------------------------------------------- data configs
+#: timm's ``pretrained_cfg`` fields of the preprocessing (a data config also holds ``class_names``)
+DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
+
+
+def _data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
+    """The data-config fields of ``src`` (a stored data config or a ``pretrained_cfg``: ``label_names`` are the class
+    names; ``img_size``, the side or ``[H, W]``, as written by hand before ``input_size``)."""
+    out = {k: src[k] for k in (*DATA_FIELDS, "img_size") if src.get(k) is not None}
+    names = src.get("class_names") or src.get("label_names")
+    if names:
+        out["class_names"] = [str(n) for n in names]
+    return out
+
+
+def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The data config stored with the weights at ``path``, None when there is none.
+
+    A training checkpoint: ``hyper_parameters["data_config"]`` (what ``vitrel.train`` writes), or Lightning's
+    ``datamodule_hyper_parameters`` when they hold the statistics. An export: its safetensors metadata
+    ``"data_config"``, else the ``pretrained_cfg`` of the ``config.json`` beside it (timm's fields, ``label_names``
+    as the class names).
+    """
+    p = _resolve(path)
+    if p.suffix == ".safetensors":
+        meta = _safetensors_metadata(p)
+        if "data_config" in meta:
+            return _data_fields(_parse_meta(meta["data_config"], p, "data_config")) or None
+        cj = p.parent / CONFIG_NAME
+        if not cj.is_file():
+            return None
+        pcfg = _read_json(cj).get("pretrained_cfg")
+        return (_data_fields(pcfg) or None) if isinstance(pcfg, Mapping) and "mean" in pcfg else None
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the weights' reader, with its reason
+        return None
+    if not isinstance(ckpt, Mapping):
+        return None
+    hp = ckpt.get("hyper_parameters")
+    hp = hp if isinstance(hp, Mapping) else {}
+    for cand in (hp.get("data_config"), hp.get("data"), ckpt.get("datamodule_hyper_parameters")):
+        if isinstance(cand, Mapping) and any(k in cand for k in ("mean", "std", "input_size", "img_size")):
+            return _data_fields(cand)
+    return None
+
+
+def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The preprocessing of ``model``: ``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``,
+    ``crop_mode`` (and ``class_names`` when known), as timm's data config.
+
+    ``stored`` (a data config stored with the weights) wins over the model's ``pretrained_cfg`` (where
+    :func:`load_model` put the stored one already); the input size and channels are the model's (``vitrel_cfg``).
+    Means and standard deviations of another channel count are averaged to the model's channels (a grey model
+    with the RGB statistics of its architecture's defaults).
+    """
+    src = {**_data_fields(getattr(model, "pretrained_cfg", None) or {}), **_data_fields(stored or {})}
+    cfg = getattr(model, "vitrel_cfg", None) or {}
+    in_chans = int(cfg.get("in_chans", src.get("input_size", (3,))[0]))
+    size = cfg.get("img_size", src.get("input_size", (3, 224, 224))[1:])
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    out = {
+        "input_size": [in_chans, int(h), int(w)],
+        "mean": [float(v) for v in src.get("mean", (0.5,) * in_chans)],
+        "std": [float(v) for v in src.get("std", (0.5,) * in_chans)],
+        "interpolation": str(src.get("interpolation", "bicubic")),
+        "crop_pct": float(src.get("crop_pct", 1.0)),
+        "crop_mode": str(src.get("crop_mode", "center")),
+    }
+    for key in ("mean", "std"):
+        if len(out[key]) != in_chans:
+            out[key] = [sum(out[key]) / len(out[key])] * in_chans
+    if src.get("class_names"):
+        out["class_names"] = list(src["class_names"])
+    return out
+
+
+def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
+    """:func:`model_data_config` of ``model`` loaded from ``path``, with one warning, naming the statistics used,
+    when ``path`` stores no data config (a checkpoint written before vitrel stored one, or by hand): they are then
+    the architecture's defaults, which need not be the training data's."""
+    stored = stored_data_config(path)
+    out = model_data_config(model, stored)
+    if stored is None:
+        stats = ", ".join(f"{k} {out[k]}" for k in ("mean", "std", "interpolation", "crop_pct"))
+        warnings.warn(
+            f"{path} stores no data config (the preprocessing of its training data; checkpoints of vitrel.train "
+            f"store it in hyper_parameters['data_config']): images are normalised with {stats}, the architecture's "
+            "defaults, which need not be the statistics the model was trained with",
+            stacklevel=2,
+        )
+    return out
+
+
+def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
+    """A data config as timm's ``pretrained_cfg`` fields (tuples; the class names as ``label_names``)."""
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in data_config.items() if k in DATA_FIELDS}
+    if data_config.get("class_names"):
+        out["label_names"] = tuple(data_config["class_names"])
+    return out
+
+
+def _set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
+    """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
+    pcfg = {
+        **dict(getattr(model, "pretrained_cfg", None) or {}),
+        **pretrained_cfg_fields(model_data_config(model, data_config)),
+    }
+    model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)
 
 
 def _load_safetensors(p: Path) -> dict[str, Tensor]:
@@ -413,7 +531,7 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
         )
     _check_dtypes(sd, expected)
     try:
-        model.load_state_dict(sd, strict=not reset_head)
+        nn.Module.load_state_dict(model, sd, strict=not reset_head)  # (torch's errors, not timm's route's advice)
     except (RuntimeError, ValueError) as e:
         raise CheckpointError(f"the weights do not fit this architecture: {e}") from None
 
@@ -450,7 +568,9 @@ def load_model(
     stored one. A plain state dict (no stored configuration, timm's ``checkpoint_path`` convention) is
     loaded into ``architecture`` built from ``overrides``. Raises :class:`CheckpointError` for anything
     that cannot be loaded safely and exactly. The model comes back in training mode, as from
-    ``create_model``; call ``.eval()`` for inference.
+    ``create_model``; call ``.eval()`` for inference. The data config stored with the weights (the preprocessing
+    of the training data, see the module docstring) is in the model's ``pretrained_cfg``; without one it holds the
+    architecture's defaults.
     """
     cfg, sd = read_weights(path, use_ema=use_ema)
     if cfg is None:  # a plain state dict: the model is what the arguments say (timm's checkpoint_path)
@@ -481,6 +601,11 @@ def load_model(
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"cannot rebuild {arch} from the configuration stored in {path}: {e}") from None
     load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
+    data_config = stored_data_config(path)
+    if data_config is not None:
+        if model.num_classes != cfg.get("num_classes"):  # a new head: the stored names are another head's
+            data_config.pop("class_names", None)
+        _set_data_config(model, data_config)
     return model
 
 
@@ -490,7 +615,10 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
 
     ``config.json`` follows timm's layout (``architecture``, ``num_classes``, ``model_args``,
     ``pretrained_cfg``) plus ``vitrel_cfg``, so ``timm.create_model("local-dir:<out_dir>", pretrained=True)`` and
-    ``vitrel.load_model(out_dir)`` both rebuild the model with its weights.
+    ``vitrel.load_model(out_dir)`` both rebuild the model with its weights. The data config (the model's
+    :func:`model_data_config`: the training data's when the model came from :func:`load_model` on a checkpoint that
+    stores it) is in ``pretrained_cfg`` (timm's fields, the class names as ``label_names``: what
+    ``timm.data.resolve_data_config`` reads) and in the weights' metadata (``"data_config"``).
     """
     cfg = getattr(model, "vitrel_cfg", None)
     if not isinstance(cfg, dict) or "architecture" not in cfg:
@@ -498,19 +626,16 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_json = json.dumps(cfg)
+    data_config = model_data_config(model)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    save_file(tensors, str(out / WEIGHTS_NAME), metadata={"format": "pt", "vitrel_cfg": cfg_json})
+    meta = {"format": "pt", "vitrel_cfg": cfg_json, "data_config": json.dumps(data_config)}
+    save_file(tensors, str(out / WEIGHTS_NAME), metadata=meta)
     pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
     pcfg = filter_pretrained_cfg({k: v for k, v in pcfg.items() if k != "state_dict"}, remove_source=True)
-    img = cfg.get("img_size", [224, 224])
-    img = [img, img] if isinstance(img, int) else list(img)
-    pcfg.update(
-        input_size=[cfg.get("in_chans", 3), *img],
-        num_classes=model.num_classes,
-        fixed_input_size=False,
-        custom_load=False,
-        pool_size=None,
-    )
+    pcfg.update({k: data_config[k] for k in DATA_FIELDS})
+    if data_config.get("class_names"):
+        pcfg["label_names"] = data_config["class_names"]
+    pcfg.update(num_classes=model.num_classes, fixed_input_size=False, custom_load=False, pool_size=None)
     pcfg.pop("architecture", None)
     config = {
         "architecture": cfg["architecture"],

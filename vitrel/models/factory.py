@@ -13,7 +13,8 @@ timm's local-weights routes load our exported weights (``model.safetensors`` + `
 
 With the ``file`` route the architecture's stored arguments (position scheme, size, classes ...) are
 read from the ``config.json`` beside the weights (or the safetensors metadata) and used as defaults,
-so they need not be typed again; explicit keyword arguments still win.
+so they need not be typed again; explicit keyword arguments still win. The stored data config (the training data's
+mean, std, input size, crop, class names) goes into the model's ``pretrained_cfg``, as with ``local-dir:``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,14 @@ from typing import Any
 from timm.models import register_model
 from torch import nn
 
-from vitrel.models.checkpoint import CheckpointError, clean_state_dict, load_model, stored_config
+from vitrel.models.checkpoint import (
+    CheckpointError,
+    clean_state_dict,
+    load_model,
+    pretrained_cfg_fields,
+    stored_config,
+    stored_data_config,
+)
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models
 from vitrel.models.timm_import import from_timm
 
@@ -55,6 +63,15 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
                     kwargs.setdefault(k, v)
             if "num_classes" in stored:
                 overlay.setdefault("num_classes", stored["num_classes"])
+            data_config = stored_data_config(overlay["file"])  # the training data's preprocessing: pretrained_cfg
+            if data_config is not None:
+                if kwargs.get("num_classes") != stored.get("num_classes"):  # a new head: not the stored names
+                    data_config.pop("class_names", None)
+                size = kwargs.get("img_size")
+                if size is not None and kwargs.get("in_chans") is not None:  # the model's, as load_model's
+                    data_config["input_size"] = [kwargs["in_chans"], *((size, size) if isinstance(size, int) else size)]
+                for k, v in pretrained_cfg_fields(data_config).items():
+                    overlay.setdefault(k, v)
     return build(name, pretrained, pretrained_filter_fn=_strip_prefixes, pretrained_cfg_overlay=overlay, **kwargs)
 
 

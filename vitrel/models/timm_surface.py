@@ -18,6 +18,7 @@ A backbone says what differs in a few class attributes and hooks:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -89,8 +90,9 @@ class TimmSurface:
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
-        """A new head for ``num_classes`` (none for 0), on the device and in the dtype of the model's weights, and a
-        new ``global_pool`` if given; ``vitrel_cfg`` follows."""
+        """A new head for ``num_classes`` (none for 0), on the device and in the dtype of the model's weights and in
+        its mode (``training``, as timm's models: a model in eval mode gets a head in eval mode), and a new
+        ``global_pool`` if given; ``vitrel_cfg`` follows."""
         if global_pool is not None:
             self.check_global_pool(global_pool)
             self.global_pool = global_pool
@@ -103,6 +105,36 @@ class TimmSurface:
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
+        self.head.train(self.training)
+
+    # ---------------------------------------------------------------------------- weights
+    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
+        """``nn.Module.load_state_dict``, reading vitrel's files as timm's ``load_checkpoint`` hands them over
+        (``timm.create_model(name, checkpoint_path=...)``): a training checkpoint's state dict (the network under
+        ``model.*``, beside the EMA copy and the metrics) loads its ``model.*`` weights (the live ones, as
+        ``vitrel.load_model``); weights that do not fit this model (built from other arguments than the stored
+        ones) are one ``CheckpointError`` naming the routes that rebuild the model from its stored arguments."""
+        from vitrel.models.checkpoint import CheckpointError, clean_state_dict
+
+        own = nn.Module.state_dict(self)  # type: ignore[arg-type]
+        if any(k.startswith("model.") for k in state_dict) and not any(k.startswith("model.") for k in own):
+            state_dict = clean_state_dict(state_dict, "model.")
+        try:
+            return nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)  # type: ignore[arg-type]
+        except RuntimeError as e:
+            lines = str(e).strip().splitlines()
+            if not strict or not lines or not lines[0].startswith("Error(s) in loading state_dict"):
+                raise
+            reasons = "\n".join(f"  {line.strip()[:300]}" for line in lines[1:5])
+            raise CheckpointError(
+                f"the weights do not fit this {type(self).__name__} ({self.vitrel_cfg.get('architecture')}):\n"
+                f"{reasons}\nvitrel's checkpoints and exports store the model's arguments (pos, depth, img_size, "
+                "num_classes ...); timm.create_model(name, checkpoint_path=...) builds the model from the arguments "
+                "given to it only: give the same ones, or load through a route that reads them: "
+                "timm.create_model('local-dir:<export folder>', pretrained=True), "
+                "timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=<weights file>)) or "
+                "vitrel.load_model(<weights file or folder>)"
+            ) from None
 
     def pool(self, x: Tensor) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError

@@ -15,9 +15,13 @@ Batches are ``(images [B, C, H, W], targets [B])`` or, with ``data.packing``, ``
 image, in the targets' order); losses and metrics count images, and a packed batch's ``padding_fraction`` is logged
 as ``train/padding``. timm's ``Mixup`` takes image tensors only: with NaFlex batches it is a clear error.
 
-Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy) and the
+Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy), the
 config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
-on them. ``compile=True`` (or a dict of ``torch.compile`` arguments) runs the training and evaluation steps
+on them, and the preprocessing of the data it was trained on under ``hyper_parameters["data_config"]``
+(timm's data-config fields, :func:`data_config_of`), which ``predict.py``, ``python -m vitrel.export`` and
+``vitrel.load_model`` (the model's ``pretrained_cfg``) use.
+
+``compile=True`` (or a dict of ``torch.compile`` arguments) runs the training and evaluation steps
 through ``torch.compile(model)``, held outside the module tree: the state-dict keys stay ``model.*`` and
 ``self.model`` stays the eager network for everything else (prediction, export, the study's scoring at other
 sizes). With ``mode="reduce-overhead"`` (CUDA graphs) every step starts with
@@ -50,7 +54,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitrel.models.naflex import input_form
 from vitrel.train.optim import param_groups
 
-__all__ = ["ClassifierModule"]
+__all__ = ["ClassifierModule", "data_config_of"]
 
 _EMA = "ema_model."
 
@@ -82,6 +86,8 @@ class ClassifierModule(L.LightningModule):
             and logged at epoch end only (see the module's docstring).
         layer_decay: None, or timm's layer-wise learning-rate decay for fine-tuning (e.g. 0.65): the
             layers of ``model.group_matcher()`` get ``lr * layer_decay ** depth_from_top``.
+        data_config: the preprocessing of the data (:func:`data_config_of`), stored in the checkpoints'
+            ``hyper_parameters``; None: taken from the trainer's data module at ``setup`` (a vitrel data module).
     """
 
     def __init__(
@@ -98,6 +104,7 @@ class ClassifierModule(L.LightningModule):
         compile: bool | dict = False,
         layer_decay: float | None = None,
         sync_free: bool = False,
+        data_config: Mapping[str, Any] | None = None,
     ) -> None:
         super().__init__()
         num_classes = int(num_classes if num_classes is not None else getattr(model, "num_classes", 0))
@@ -105,7 +112,9 @@ class ClassifierModule(L.LightningModule):
             raise ValueError(f"num_classes must be >= 1 (or the model's num_classes), got {num_classes}")
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-        self.save_hyperparameters({"num_classes": num_classes, "label_smoothing": float(label_smoothing)}, logger=False)
+        hparams = {"num_classes": num_classes, "label_smoothing": float(label_smoothing)}
+        hparams["data_config"] = None if data_config is None else dict(data_config)
+        self.save_hyperparameters(hparams, logger=False)
         self.model = model
         self.num_classes = num_classes
         self.label_smoothing = float(label_smoothing)
@@ -269,6 +278,11 @@ class ClassifierModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step", "frequency": 1}}
 
     # ------------------------------------------------------------------------------ checkpoints
+    def setup(self, stage: str) -> None:
+        """The data module's preprocessing into the hyper-parameters (so into every checkpoint), unless given."""
+        if self.hparams.get("data_config") is None:
+            self.hparams["data_config"] = data_config_of(getattr(self.trainer, "datamodule", None))
+
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         cfg = getattr(self.model, "vitrel_cfg", None)
         if cfg is not None:
@@ -301,6 +315,29 @@ class ClassifierModule(L.LightningModule):
         elif not any(k.startswith(f"{_EMA}module.") for k in ema_keys):  # vitrel 0.1 layout
             for k in ema_keys:
                 sd[f"{_EMA}module.{k[len(_EMA) :]}"] = sd.pop(k)
+
+
+def data_config_of(dm: Any) -> dict[str, Any] | None:
+    """The preprocessing a vitrel data module applies to evaluation images, in timm's data-config fields:
+    ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode`` (resize the shorter
+    side to ``size / crop_pct``, centre crop), and ``class_names`` when it has them; plain types (a checkpoint is read
+    with ``weights_only=True``). None for an object without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
+    if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
+        return None
+    size = dm.img_size
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    out: dict[str, Any] = {
+        "input_size": [int(dm.in_chans), int(h), int(w)],
+        "mean": [float(v) for v in dm.mean],
+        "std": [float(v) for v in dm.std],
+        "interpolation": str(getattr(dm, "interpolation", "bilinear")),
+        "crop_pct": float(getattr(dm, "crop_pct", 1.0)),
+        "crop_mode": "center",
+    }
+    names = getattr(dm, "class_names", None)
+    if names:
+        out["class_names"] = [str(n) for n in names]
+    return out
 
 
 def _num_images(x: Tensor | Mapping, y: Tensor) -> int:

@@ -5,7 +5,7 @@ PIP := $(PY) -m pip
 TORCH_PIN := torch==2.14.1 torchvision==0.29.1
 PYTEST_WORKERS ?= 2
 
-.PHONY: install test train lint bench notebooks fmnist-full
+.PHONY: install test train lint bench fmnist-full
 
 install:
 	$(PIP) install -q $(TORCH_PIN)
@@ -27,6 +27,7 @@ bench: install
 
 # run every notebook top to bottom (nbclient's `jupyter execute`, in the dev extras); the executed copies, with
 # their outputs and figures, go to outputs/notebooks/ (notebooks/ keeps them without outputs); notebooks/README.md
+.PHONY: notebooks
 notebooks: install
 	mkdir -p outputs/notebooks
 	MPLBACKEND=Agg $(PY) -m jupyter execute --kernel_name=python3 --timeout=600 \

@@ -30,6 +30,14 @@ lint:
 bench: install
 	$(PY) bench/attention.py
 
+# run every notebook top to bottom (nbclient's `jupyter execute`, in the dev extras); the executed copies, with
+# their outputs and figures, go to outputs/notebooks/ (notebooks/ keeps them without outputs); notebooks/README.md
+.PHONY: notebooks
+notebooks: install
+	mkdir -p outputs/notebooks
+	MPLBACKEND=Agg $(PY) -m jupyter execute --kernel_name=python3 --timeout=600 \
+		--output='../outputs/notebooks/{notebook_name}' notebooks/*.ipynb
+
 # Full Fashion-MNIST (60k/10k) from Debian, for the study in bench/study.py
 fmnist-full:
 	apt-get install -y dataset-fashion-mnist

@@ -15,7 +15,9 @@ import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, b
 def main(cfg: DictConfig) -> dict:
     from vitrel.inference import run_predict
     from vitrel.models.checkpoint import CheckpointError
+    from vitrel.train.utils import quiet_third_party
 
+    quiet_third_party()  # third-party notices that say nothing to a user
     try:
         return run_predict(cfg)
     except CheckpointError as e:  # a damaged or foreign model file: its one-line reason, no traceback

@@ -334,3 +334,64 @@ def _iterate_rank(rank: int, base: str, out: str, port: int) -> None:
         if rank == 0:
             Path(out, f"{name}.json").write_text(json.dumps(both))
     dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------
+# a sample that cannot be decoded: named by shard and key, raised (default) or skipped and reported
+
+
+@pytest.fixture(scope="module")
+def bad_shards(tmp_path_factory):
+    """2 classes x 4 training images in shards of 4 (wds tars and parquet files), one of them not an image."""
+    base = tmp_path_factory.mktemp("bad_shards")
+    tree = base / "tree"
+    for split, n in (("train", 4), ("val", 1)):
+        for c, name in enumerate(CLASSES[:2]):
+            (tree / split / name).mkdir(parents=True)
+            for k in range(n):
+                Image.new("RGB", (SIZE, SIZE), (10 * k, 80 * c, 7)).save(tree / split / name / f"{name}_{k}.png")
+    (tree / "train" / CLASSES[0] / f"{CLASSES[0]}_1.png").write_bytes(b"not an image")
+    info = write_wds(tree, base / "wds", shard_size=4, seed=None)  # the file order: the bad one is sample 1
+    write_hf(tree, base / "hf", shard_size=4, seed=None)
+    return base, info
+
+
+def _one_epoch(dm: ImageNetDataModule) -> int:
+    dm.setup("fit")
+    return sum(len(y) for _, y in dm.train_dataloader())
+
+
+@pytest.mark.parametrize("source, where", [
+    ("wds/imagenet", "shard {root}/imagenet-train-000000.tar, sample key '00000001'"),
+    ("hfids/{root}", "data set {root}, split 'train', image 'n0001_1.png'"),
+])  # fmt: skip
+def test_an_undecodable_sample_is_named_and_raises_by_default(bad_shards, source, where):
+    from vitrel.data.shards import BadSampleError
+
+    base, _ = bad_shards
+    root = base / ("wds" if source.startswith("wds") else "hf")
+    dm = module(root, source.format(root=root), num_workers=0, batch_size=2)
+    assert dm.on_bad_sample == "raise"
+    with pytest.raises(BadSampleError, match="cannot decode the sample") as err:
+        _one_epoch(dm)
+    assert where.format(root=root) in str(err.value) and "on_bad_sample=skip" in str(err.value)
+
+
+@pytest.mark.parametrize("source, where", [
+    ("wds/imagenet", "shard {root}/imagenet-train-000000.tar, sample key '00000001'"),
+    ("hfids/{root}", "data set {root}, split 'train', image 'n0001_1.png'"),
+])  # fmt: skip
+def test_skip_leaves_the_sample_out_and_reports_it_at_the_end_of_the_epoch(bad_shards, source, where, caplog):
+    base, _ = bad_shards
+    root = base / ("wds" if source.startswith("wds") else "hf")
+    dm = module(root, source.format(root=root), num_workers=0, batch_size=2, on_bad_sample="skip")
+    with caplog.at_level(logging.WARNING, logger="vitrel.data.shards"):
+        assert _one_epoch(dm) == 8  # timm's readers fill the epoch from the worker's other samples
+    named = where.format(root=root)
+    assert f"skipped {named}: cannot decode it" in caplog.text
+    assert f"skipped 1 undecodable sample(s) in this pass over the epoch: {named}" in caplog.text
+
+
+def test_on_bad_sample_is_checked(bad_shards):
+    with pytest.raises(ValueError, match="on_bad_sample must be one of"):
+        module(bad_shards[0] / "wds", "wds/imagenet", on_bad_sample="ignore")

@@ -188,6 +188,25 @@ def test_bad_options_are_one_clear_error(name, opts, match):
         attn(name, **opts)
 
 
+@pytest.mark.parametrize("name", ["liere", "comrope"])
+@pytest.mark.parametrize("bad", ["centre", "nan", "0.5", float("nan"), float("inf"), -math.inf])
+def test_cls_position_must_be_a_finite_number_or_null(name, bad):
+    """A string (liere's type is ``float | None | str`` for ``"preset"``) or a non-finite number: one error naming
+    the option (comrope's strings: the registry's type check), not ``could not convert string to float`` or NaN
+    logits."""
+    with pytest.raises(ValueError, match=r"cls_position must be a (finite )?number") as err:
+        attn(name, cls_position=bad)
+    assert name in str(err.value) and repr(bad) in str(err.value)
+
+
+@pytest.mark.parametrize("name", ["liere", "comrope"])
+@pytest.mark.parametrize("good", [None, 0, 0.5, -1.25])
+def test_cls_position_finite_numbers_and_null_build(name, good):
+    m = attn(name, cls_position=good)
+    assert m.pos.cls_position == (None if good is None else float(good))
+    assert torch.isfinite(m(torch.randn(1, 1 + 12, DIM, dtype=torch.float64), (3, 4))).all()
+
+
 # ------------------------------------------------------------------ the LieRE authors' code (StanfordMIMI/LieRE)
 def liere_authors_rotations(raw: torch.Tensor, image_size, model_image_size, patch: int) -> torch.Tensor:
     """``LierePositionEncoder.forward`` (models/rope_vit.py lines 216-281) in float64, for a batch of one image:

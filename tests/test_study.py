@@ -174,6 +174,16 @@ def test_bad_selection_is_refused(study, tmp_path):
         study.main(["--budget", "smoke", "--archs", "convnet", "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("args, says", [(["--jobs", "0"], "0"), (["--jobs", "-2"], "-2"), (["--threads", "0"], "0")])
+def test_counts_below_one_are_refused(study, tmp_path, capsys, args, says):
+    """``--jobs 0`` / ``-2`` ran as one job without a word: argparse's error, naming the option, before any work."""
+    with pytest.raises(SystemExit) as exit_:
+        study.main(["--budget", "smoke", "--out", str(tmp_path / "out"), *args])
+    assert exit_.value.code == 2
+    assert f"argument {args[0]}: must be an integer >= 1, got {says}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def _marked_idx_files(root: Path, n_train: int, n_test: int) -> None:
     """Fashion-MNIST IDX files whose images are black but for a white top-left pixel (it marks the offset)."""
     from vitrel.data import write_idx

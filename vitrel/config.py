@@ -99,6 +99,7 @@ class ImageNetDataConfig(DataConfig):
     val_split: str = "validation"
     num_samples: int | None = None
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
+    on_bad_sample: str = "raise"  # shards: raise | skip a sample that cannot be decoded (named by shard and key)
 
 
 @dataclass

@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
-from vitrel.data.shards import ShardLoader
+from vitrel.data.shards import ON_BAD_SAMPLE, ShardLoader, guard_bad_samples
 
 log = logging.getLogger(__name__)
 
@@ -154,8 +154,12 @@ class ImageNetDataModule(VisionDataModule):
         val_split: str = "validation",
         num_samples: int | None = None,
         dataset_kwargs: dict[str, Any] | None = None,
+        on_bad_sample: str = "raise",
         **kwargs,
     ) -> None:
+        if on_bad_sample not in ON_BAD_SAMPLE:
+            raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
+        self.on_bad_sample = on_bad_sample
         super().__init__(root=root, **kwargs)
         self.train_dir, self.val_dir = train_dir, val_dir
         self.source = source or None
@@ -294,7 +298,7 @@ class ImageNetDataModule(VisionDataModule):
         )
         ds = create_dataset(self.source, root=self._root_str(), split=self._split_name(split), **kwargs)
         ds.set_loader_cfg(num_workers=self.num_workers)
-        return ds
+        return guard_bad_samples(ds, self.on_bad_sample)  # a sample that cannot be decoded: named, raised or skipped
 
     def make_dataset(self, split: str, img_size: int | None = None, transform=None, **kwargs) -> Dataset:
         if not self.iterable:

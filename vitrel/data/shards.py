@@ -21,13 +21,22 @@ cut into shards, so that a shard holds a mix of classes (an ImageFolder is sorte
   features and each split's ``num_examples`` (what timm's ``hfids`` reader needs for the epoch length)
   and whose ``configs`` map the splits to the files. ``datasets.load_dataset(OUT, split=...)`` reads it
   offline (timm's ``hfds/OUT`` map-style and ``hfids/OUT`` streaming readers).
+
+**Undecodable samples** (:func:`guard_bad_samples`, the data module's ``on_bad_sample``): timm's webdataset reader
+drops a sample it cannot decode with a warning that names neither shard nor key, and fills the epoch with others;
+its streamed Hugging Face reader stops with PIL's error. Guarded, a bad sample is named by its shard and key (for
+parquet: the data set, split and the image's stored file name) and, with ``raise`` (the default), stops the run
+with a :class:`BadSampleError`; with ``skip`` it is logged, left out, and each loader worker logs the count and the
+list of the samples it skipped when its pass over the epoch ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
+import logging
 import math
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -37,7 +46,18 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
-__all__ = ["write_wds", "write_hf", "ShardLoader", "epoch_samples_per_rank", "folder_samples", "SPLIT_NAMES"]
+__all__ = [
+    "write_wds",
+    "write_hf",
+    "ShardLoader",
+    "epoch_samples_per_rank",
+    "folder_samples",
+    "SPLIT_NAMES",
+    "ON_BAD_SAMPLE",
+    "BadSampleError",
+    "guard_bad_samples",
+]
+log = logging.getLogger(__name__)
 
 #: ImageFolder split folder -> split name in the shards
 SPLIT_NAMES = {"train": "train", "val": "validation"}
@@ -190,6 +210,161 @@ class ShardLoader(DataLoader):
             epoch, self.epoch = self.epoch, self.epoch + 1
         self.dataset.set_epoch(int(epoch))
         return super().__iter__()
+
+
+#: what a guarded shard data set does with a sample it cannot decode
+ON_BAD_SAMPLE = ("raise", "skip")
+
+
+class BadSampleError(RuntimeError):
+    """A shard's sample that cannot be decoded (``on_bad_sample: raise``), named by its shard and key."""
+
+
+class _Skips:
+    """The samples one loader worker skipped in its current pass (``on_bad_sample: skip``)."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.items = mode, []
+
+    def bad(self, where: str, err: Exception) -> None:
+        """Raise (``raise``) or record and log (``skip``) the sample ``where`` that failed with ``err``."""
+        reason = f"{type(err).__name__}: {err}"
+        if self.mode == "raise":
+            raise BadSampleError(
+                f"{where}: cannot decode the sample ({reason}); data.on_bad_sample=skip leaves such samples out "
+                "(logged, and counted at the end of each epoch)"
+            ) from err
+        self.items.append(where)
+        log.warning("skipped %s: cannot decode it (%s)", where, reason)
+
+    def report(self) -> None:
+        if self.items:
+            n = len(self.items)
+            log.warning("skipped %d undecodable sample(s) in this pass over the epoch: %s", n, "; ".join(self.items))
+            self.items = []
+
+
+class _NamedDecode:
+    """timm's webdataset sample decode, a failure named by the sample's shard (``__url__``) and key (``__key__``)."""
+
+    def __init__(self, decode: Callable, skips: _Skips) -> None:
+        self.decode, self.skips = decode, skips
+
+    def __call__(self, sample: dict) -> Any:
+        from timm.data.readers.reader_wds import WdsTargetKeyError
+
+        try:
+            return self.decode(sample)
+        except (TypeError, WdsTargetKeyError):  # a code or configuration error, as timm's own handler treats them
+            raise
+        except Exception as e:  # noqa: BLE001 - any other failure is this sample's
+            self.skips.bad(f"shard {sample.get('__url__')}, sample key {sample.get('__key__')!r}", e)
+            return None  # webdataset's map leaves out a None
+
+
+@functools.cache
+def _guarded_wds():
+    from timm.data.readers.reader_wds import ReaderWds
+
+    class GuardedReaderWds(ReaderWds):
+        """timm's ``ReaderWds`` whose decode stage names (and raises or skips) a sample it cannot decode."""
+
+        def _lazy_init(self) -> None:
+            import webdataset as wds
+            from timm.data.readers import reader_wds
+
+            super()._lazy_init()
+            for i, stage in enumerate(self.ds.pipeline):
+                args = getattr(stage, "args", ())
+                fn = args[0] if args and getattr(stage, "f", None) is wds.filters._map else None
+                if isinstance(fn, functools.partial) and fn.func is reader_wds._decode:
+                    self.ds.pipeline[i] = wds.map(_NamedDecode(fn, self._skips), handler=wds.reraise_exception)
+                    return
+            raise RuntimeError(
+                f"timm {_timm_version()}'s webdataset reader has no decode stage where vitrel looks for it: "
+                "bad samples cannot be named; use data.dataset_kwargs or another timm release"
+            )
+
+        def __iter__(self):
+            yield from super().__iter__()
+            self._skips.report()
+
+    GuardedReaderWds.__module__, GuardedReaderWds.__qualname__ = __name__, "GuardedReaderWds"
+    return GuardedReaderWds
+
+
+@functools.cache
+def _guarded_hfids():
+    from timm.data.readers.reader_hfids import ReaderHfids
+
+    class GuardedReaderHfids(ReaderHfids):
+        """timm's ``ReaderHfids`` decoding the images itself, so that one it cannot decode is named (data set,
+        split, the image's stored file name) and raised or skipped, not PIL's error from inside ``datasets``."""
+
+        def _lazy_init(self) -> None:
+            from datasets import Image as HFImage
+
+            super()._lazy_init()
+            self.ds = self.ds.cast_column(self.input_key, HFImage(decode=False)).map(self._decode_image)
+            self.ds = self.ds.filter(lambda ex: ex[self.input_key] is not None)
+
+        def _decode_image(self, example: dict) -> dict:
+            from PIL import Image
+
+            value = example[self.input_key]
+            try:
+                with io.BytesIO(value["bytes"]) as b:
+                    img = Image.open(b)
+                    img.load()
+            except Exception as e:  # noqa: BLE001 - any failure is this sample's
+                where = f"data set {self.name}, split {self.split!r}, image {value.get('path')!r}"
+                self.skips_.bad(where, e)
+                img = None
+            return {**example, self.input_key: img}
+
+        def __iter__(self):
+            yield from super().__iter__()
+            self.skips_.report()
+
+    GuardedReaderHfids.__module__, GuardedReaderHfids.__qualname__ = __name__, "GuardedReaderHfids"
+    return GuardedReaderHfids
+
+
+#: the guarded readers, made on first use (they subclass timm's readers, whose modules import webdataset / datasets)
+_GUARDED = {"wds": _guarded_wds, "hfids": _guarded_hfids}
+
+
+def __getattr__(name: str) -> Any:  # the guarded readers by name, for pickling (spawned loader workers)
+    if name == "GuardedReaderWds":
+        return _guarded_wds()
+    if name == "GuardedReaderHfids":
+        return _guarded_hfids()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _timm_version() -> str:
+    import timm
+
+    return timm.__version__
+
+
+def guard_bad_samples(dataset: Any, on_bad_sample: str = "raise") -> Any:
+    """Make a timm iterable shard data set (``create_dataset("wds/..." | "hfids/...")``) name a sample it cannot
+    decode by its shard and key, and raise (:class:`BadSampleError`) or skip it (module docstring); returns
+    ``dataset``. Other readers are returned as they are."""
+    if on_bad_sample not in ON_BAD_SAMPLE:
+        raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
+    reader = getattr(dataset, "reader", None)
+    from timm.data.readers.reader_hfids import ReaderHfids
+    from timm.data.readers.reader_wds import ReaderWds
+
+    if type(reader) is ReaderWds:
+        reader.__class__ = _GUARDED["wds"]()
+        reader._skips = _Skips(on_bad_sample)
+    elif type(reader) is ReaderHfids:
+        reader.__class__ = _GUARDED["hfids"]()
+        reader.skips_ = _Skips(on_bad_sample)
+    return dataset
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -198,6 +198,15 @@ class _LieRotation(PositionScheme):
             raise ValueError(f"{self.name}: coords must be one of {COORDS}, got {coords!r}")
         if not init_std > 0:
             raise ValueError(f"{self.name}: init_std must be > 0, got {init_std}")
+        if cls_position is not None and not (
+            isinstance(cls_position, (int, float))
+            and not isinstance(cls_position, bool)
+            and math.isfinite(cls_position)
+        ):
+            raise ValueError(
+                f"{self.name}: cls_position must be a finite number (the prefix tokens' position on both axes) or "
+                f"null (prefix tokens unrotated), got {cls_position!r}"
+            )
         self.block_size, self.num_blocks = block_size, self.head_dim // block_size
         self.init_std, self.coords = float(init_std), coords
         self.cls_position = None if cls_position is None else float(cls_position)

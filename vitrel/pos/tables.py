@@ -19,10 +19,15 @@ another image size and, for the bias tables, when a call's grid is larger than t
 
 The Shaw schemes clip at ``clip_distance`` by their definition, so at call time they always clip;
 ``extend`` sets how their tables are resized when loaded at another size.
+
+A load that resizes tables warns once (a ``UserWarning`` naming the scheme, the shapes and the rule, attributed to
+the code that called into vitrel), not once per table.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 
 import torch
@@ -38,6 +43,7 @@ __all__ = [
     "resize_rel_table",
     "resize_1d_table",
     "warn_once",
+    "caller_stacklevel",
     "take_renamed",
     "ResizeOnLoad",
 ]
@@ -49,6 +55,21 @@ def warn_once(msg: str) -> None:
     if msg not in _WARNED:
         _WARNED.add(msg)
         warnings.warn(msg, stacklevel=3)
+
+
+def caller_stacklevel() -> int:
+    """``warnings.warn``'s ``stacklevel``, for a call made in the function that calls this one, that attributes the
+    warning to the first frame outside vitrel, torch and timm: the user's code (a script, a notebook cell) rather
+    than ``torch/nn/modules/module.py``. 1 (that function) when every frame is theirs."""
+    dirs = tuple(
+        os.path.dirname(m.__file__) + os.sep
+        for m in (sys.modules.get(n) for n in ("vitrel", "torch", "timm"))
+        if m is not None and getattr(m, "__file__", None)
+    )
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename.startswith(dirs):
+        frame, level = frame.f_back, level + 1
+    return 1 if frame is None else level
 
 
 def take_renamed(kwargs: dict, old: str, new: str, value, scheme: str):
@@ -184,9 +205,15 @@ class ResizeOnLoad:
             else:
                 state_dict[key] = extend_table(src, (dst.shape[0], dst.shape[1]), self.extend)
             how = {
-                "grow": "offsets the table already had keep their values",
+                "grow": "offsets the tables already had keep their values, new ones continue them bicubically",
                 "clip": "new offsets take the edge values",
                 "interpolate": "bicubic resize of the whole table",
             }[self.extend]
-            warn_once(f"resized relative-position table {key} from {tuple(src.shape)} to {tuple(dst.shape)} ({how})")
+            # one text for every table of a load (no parameter name): Python's default filter shows it once
+            warnings.warn(
+                f"{getattr(self, 'name', 'scheme')}: resized relative-position tables {tuple(src.shape)} -> "
+                f"{tuple(dst.shape)} by the rule extend={self.extend!r} ({how}); the scheme's option `extend` "
+                f"({' | '.join(EXTEND_RULES)}) chooses the rule",
+                stacklevel=caller_stacklevel(),
+            )
         return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[misc]

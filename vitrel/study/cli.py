@@ -42,6 +42,17 @@ from vitrel.study.runs import (
 )
 
 
+def positive_int(text: str) -> int:
+    """An ``argparse`` type: an integer >= 1 (``--jobs 0`` or ``-2`` is an error, not one job)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {n}")
+    return n
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from vitrel import study
 
@@ -54,13 +65,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--name", default=None, help="results file stem (default study_<budget>)")
     ap.add_argument("--data-root", default=None, help="Fashion-MNIST IDX folder (default: the usual places)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: all cores)")
+    ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: all cores)")
     ap.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs (resume later)")
     ap.add_argument("--restart", action="store_true", help="discard earlier results of this study")
     ap.add_argument("--progress", choices=["auto", "rich", "lines", "none"], default="auto")
     ap.add_argument("--cost-rounds", type=int, default=5, help="rounds of the alternating throughput timing")
     ap.add_argument("--cost-steps", type=int, default=10, help="training steps per model and round")
-    ap.add_argument("--jobs", type=int, default=1, help="runs at once, one process each (pack a GPU)")
+    ap.add_argument("--jobs", type=positive_int, default=1, help="runs at once, one process each (pack a GPU)")
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/N: a --jobs worker's share
     ap.add_argument("--memory-fraction", type=float, default=None, help=argparse.SUPPRESS)  # a worker's GPU share
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (part of the recipe)")

@@ -23,7 +23,9 @@ def train_main() -> None:
 
     import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, before Hydra composes)
     from vitrel.train.run import train
+    from vitrel.train.utils import quiet_third_party
 
+    quiet_third_party()
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")(train)()
 
 
@@ -32,5 +34,7 @@ def eval_main() -> None:
 
     import vitrel.config  # noqa: F401
     from vitrel.train.evaluate import evaluate
+    from vitrel.train.utils import quiet_third_party
 
+    quiet_third_party()
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")(evaluate)()

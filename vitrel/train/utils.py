@@ -1,5 +1,5 @@
 """Helpers shared by ``train`` and ``evaluate``: building objects from their config nodes, the run
-folder, the progress display, Hydra's runtime state.
+folder, the progress display, Hydra's runtime state, the log file, the entry points' warning filters.
 
 Every config node that builds an object has a ``_target_`` (``hydra.utils.instantiate``);
 ``instantiate_callbacks`` / ``instantiate_loggers`` build the named entries of ``cfg.callbacks`` /
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ __all__ = [
     "scalars",
     "run_dir_of",
     "route_lightning_logs",
+    "quiet_third_party",
     "progress_bar_kind",
     "progress_callbacks",
     "hydra_config",
@@ -91,16 +93,62 @@ def run_dir_of(cfg: DictConfig) -> Path:
 
 
 def route_lightning_logs() -> None:
-    """Under Hydra (the root logger has handlers) let Lightning's messages go through them only.
+    """Under Hydra (the root logger has handlers) let Lightning's messages go through them only, so that they
+    reach the run's log file (``<run folder>/<task>.log``: ``train.log``, ``eval.log``) as well as the console.
 
-    ``import lightning`` adds its own console handler while still propagating to the root logger,
-    which prints every message twice; drop that handler when the root logger already prints.
+    Imported before Hydra sets up logging, Lightning gives its loggers (``lightning``, ``lightning.pytorch``,
+    ``lightning.fabric``) console handlers of their own, and stops the latter two from propagating to the root
+    logger: their messages went to the console only, never to the log file. With root handlers present, drop those
+    console handlers and let the messages propagate.
     """
     if logging.getLogger().hasHandlers():
-        lg = logging.getLogger("lightning")
-        for h in list(lg.handlers):
-            if type(h) is logging.StreamHandler:
-                lg.removeHandler(h)
+        for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+            lg = logging.getLogger(name)
+            for h in list(lg.handlers):
+                if type(h) is logging.StreamHandler:
+                    lg.removeHandler(h)
+            lg.propagate = True
+
+
+class _DropMessages(logging.Filter):
+    """Drops log records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefixes)
+
+
+#: Lightning's advertisements (litlogger, litmodels), logged at INFO on every run without one of them
+_LIGHTNING_TIPS = _DropMessages("\N{ELECTRIC LIGHT BULB} Tip:")
+#: printed by W&B (``wandb.termwarn``, once a process) on every run: Lightning's ``WandbLogger`` always passes the
+#: ``anonymous`` setting, which the wandb SDK no longer uses
+_WANDB_ANONYMOUS = "The anonymous setting has no effect and will be removed in a future version."
+
+
+def quiet_third_party() -> None:
+    """Silence, in this process, third-party messages that say nothing to a vitrel user and come on every run:
+    torch's deprecation of ``LeafSpec`` (a ``FutureWarning`` from inside Lightning), Lightning's tips advertising
+    ``litlogger`` / ``litmodels``, and W&B's notice about the ``anonymous`` setting (which Lightning's
+    ``WandbLogger`` passes itself). Called by the entry points (``train.py``, ``eval.py``, ``predict.py``,
+    ``vitrel-train``, ``vitrel-eval``), never on import of the library: code that imports vitrel keeps every
+    warning."""
+    warnings.filterwarnings(
+        "ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning
+    )
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_LIGHTNING_TIPS)
+    try:
+        from wandb.errors import term
+    except ImportError:
+        return
+    # wandb has no filter for its messages; one given with repeat=False (as this one) is printed only while its text
+    # (after termwarn's "WARNING" prefix) is not in this set yet
+    shown, prefix = getattr(term, "_printed_messages", None), getattr(term, "WARN_STRING", None)
+    if isinstance(shown, set) and isinstance(prefix, str):
+        shown.add(f"{prefix} {_WANDB_ANONYMOUS}")
 
 
 def progress_bar_kind(requested: str = "auto") -> str:

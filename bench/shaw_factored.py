@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from vitrel.bench import alternate
 from vitrel.kernels.eager import attend_eager
-from vitrel.pos.geometry import Grid
+from vitrel.layout.geometry import Grid
 from vitrel.pos.shaw import Shaw2dFactored, shaw2d_factored_attention
 
 

@@ -15,8 +15,8 @@ from torch.nn.attention.flex_attention import flex_attention
 import vitrel
 import vitrel.kernels.flex as kernels
 from vitrel.layers import Attention
+from vitrel.layout.geometry import expand_offset_table
 from vitrel.pos import Grid, build_pos, list_pos
-from vitrel.pos.geometry import expand_offset_table
 from vitrel.pos.registry import get_pos_class
 
 TABLE_SCHEMES = [n for n in list_pos("relative") if get_pos_class(n).has_offset_table]
@@ -127,8 +127,8 @@ def test_flex_reads_the_windows_layout(eager_flex, name):
     """Swin's windows' layout (``TokenLayout.windows``) as the mask: flex reads the ``[nW, n]`` region ids in its
     score_mod (window ``b mod nW``), no float mask; equal to SDPA with the float mask it lowers to. A 7 x 9 map in
     4 x 5 windows shifted by (2, 2) (the seam and the padding), two maps' windows."""
-    from vitrel.models.swin_windows import window_layout, window_regions
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.windows import window_layout, window_regions
 
     assert kernels.FlexKernel.window_layouts
     sdpa, flex = _pair(name, {}, 0)

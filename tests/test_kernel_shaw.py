@@ -17,8 +17,8 @@ import vitrel.pos.shaw_base as shaw_base
 from tests.test_pos_shaw import _check, make, window_mask
 from vitrel import Attention
 from vitrel.kernels import get_kernel
-from vitrel.kernels._sdpa_width import FLASH_MAX_HEAD_DIM, sdpa_width
 from vitrel.kernels.registry import select_kernel
+from vitrel.layout.heads import FLASH_MAX_HEAD_DIM, sdpa_width
 from vitrel.pos import PositionScheme, build_pos, list_pos
 
 SHAW = ["shaw1d", "shaw2d_factored", "shaw2d_full"]

@@ -23,10 +23,10 @@ from tests.test_kernel_triton_bias import DEVICES, _tol, interpreted, pytestmark
 from vitrel import Attention  # noqa: E402
 from vitrel.kernels import get_kernel  # noqa: E402
 from vitrel.kernels.triton_rope import rope_rotate  # noqa: E402
+from vitrel.layout.geometry import Grid  # noqa: E402
+from vitrel.layout.tokens import TokenLayout  # noqa: E402
 from vitrel.pos import list_pos  # noqa: E402
-from vitrel.pos.geometry import Grid  # noqa: E402
 from vitrel.pos.registry import get_pos_class, parse_pos  # noqa: E402
-from vitrel.pos.tokens import TokenLayout  # noqa: E402
 
 GRID = Grid(3, 4)
 ROTARY = [n for n in list_pos("relative") if get_pos_class(n).has_rotation]

@@ -82,7 +82,7 @@ def test_auto_passes_over_a_kernel_without_dropout_for_layers_that_drop(monkeypa
     in this forward: an ``Attention`` with ``attn_drop > 0`` in training, a ViT any of whose blocks does; in
     evaluation, and without dropout, the rule applies."""
     from vitrel.kernels import registry
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
 
     monkeypatch.setattr(registry, "device_name", lambda device: "Test GPU")
     monkeypatch.setitem(AUTO, "Test GPU", [AutoRule(frozenset({"rel2d_full"}), 0, "triton", training=True)])

@@ -12,8 +12,8 @@ import torch
 
 import vitrel
 from vitrel.layers import Attention
+from vitrel.layout.geometry import Grid
 from vitrel.pos import build_pos
-from vitrel.pos.geometry import Grid
 from vitrel.train.optim import param_groups
 
 HEADS = 3
@@ -119,7 +119,7 @@ def test_fire2d_equals_the_equation():
     g = Grid(4, 3)
     t = s.offset_table(g)
     assert t.shape == (HEADS, 7, 5)
-    torch.testing.assert_close(vitrel.pos.geometry.expand_offset_table(t, g, 1), s.bias(g, 1), rtol=0, atol=0)
+    torch.testing.assert_close(vitrel.layout.geometry.expand_offset_table(t, g, 1), s.bias(g, 1), rtol=0, atol=0)
 
 
 def test_fire1d_causal_in_attention():

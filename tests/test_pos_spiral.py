@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vitrel import Attention
-from vitrel.pos.geometry import as_grid
+from vitrel.layout.geometry import as_grid
 from vitrel.pos.registry import build_pos
 
 HEADS, D = 2, 16

@@ -11,7 +11,7 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
 * which cases it takes: :meth:`Kernel.refuses` (a scheme's capabilities), ``takes_layout`` (packed / token-dropped
   layouts), ``takes_dropout``, ``native_causal`` (it masks the keys after the query itself, from ``state.causal``,
   instead of reading a causal float mask), ``window_layouts`` (it takes the windows' layout as ``mask``,
-  :meth:`~vitrel.pos.tokens.TokenLayout.windows`, and masks across their regions itself, instead of reading the float
+  :meth:`~vitrel.layout.tokens.TokenLayout.windows`, and masks across their regions itself, instead of reading the float
   mask it lowers to, repeated to the batch), ``onnx`` (what it runs translates to ONNX), ``fused_rotation`` (a rotary
   scheme's queries and keys are rotated by the fused Triton rotation, :mod:`vitrel.kernels.triton_rope`, instead of
   the scheme's torch ops);
@@ -32,9 +32,9 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.tokens import TokenLayout
     from vitrel.pos.base import PositionScheme, PosState
-    from vitrel.pos.geometry import Grid
-    from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "AUTO",
@@ -147,7 +147,7 @@ class Kernel:
     def layout_inputs(cls, scheme: PositionScheme, layout: TokenLayout, mask: Tensor) -> dict[str, Any]:
         """The fields for tokens laid out by ``layout`` (``mask``: its block-diagonal ``[B, 1, N, N]`` float mask
         of the images); ``grid`` is then the largest image extent, unless the fields hold another ``grid``."""
-        from vitrel.pos.tokens import gather_pairs
+        from vitrel.layout.tokens import gather_pairs
 
         bias = mask
         if scheme.has_bias:

@@ -19,10 +19,10 @@ state carries the grid and prefix count it was prepared for. A layer built with 
 scheme and always takes its model's state.
 
 Windows: pass ``x`` as ``[B * num_windows, n, C]`` with ``grid`` the window's grid and ``mask`` the windows'
-:class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.windows`: each window's regions, Swin's
-shifted windows) or a float mask ``[num_windows, n, n]``; the bias is built once for the window grid and shared by
-every window. A kernel that reads the windows' regions itself (``Kernel.window_layouts``) gets the layout; the others
-the float mask it lowers to, repeated to the batch.
+:class:`~vitrel.layout.tokens.TokenLayout` (:meth:`~vitrel.layout.tokens.TokenLayout.windows`: each window's regions,
+Swin's shifted windows) or a float mask ``[num_windows, n, n]``; the bias is built once for the window grid and shared
+by every window. A kernel that reads the windows' regions itself (``Kernel.window_layouts``) gets the layout; the
+others the float mask it lowers to, repeated to the batch.
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ from vitrel.kernels import check_choice, get_kernel
 from vitrel.kernels.common import eager_logits, merge_masks
 from vitrel.kernels.triton_rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
+from vitrel.layout.geometry import as_grid
+from vitrel.layout.tokens import TokenLayout, isolate_images, poison, segment_mask
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import as_grid
 from vitrel.pos.registry import parse_pos
-from vitrel.pos.tokens import TokenLayout, isolate_images, poison, segment_mask
 
 __all__ = ["Attention", "SHARED"]
 
@@ -227,11 +227,11 @@ class Attention(nn.Module):
     ) -> Tensor:
         """``x [B, N, C]`` -> ``[B, N, C]``, the tokens on ``grid`` or on the grid ``pos_state`` (a model's state of
         this layer's or its shared scheme) was prepared for. ``mask``: the windows' layout
-        (:meth:`~vitrel.pos.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a float mask broadcastable
+        (:meth:`~vitrel.layout.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a float mask broadcastable
         to ``[B, heads, N, N]``."""
         st = self._state(x, grid, pos_state)
         q, k, v = self._qkv(x, st)
-        if st.layout is not None:  # packed images: no image reads another's values (vitrel.pos.tokens)
+        if st.layout is not None:  # packed images: no image reads another's values (vitrel.layout.tokens)
             (q, k, v), bad = isolate_images(st.layout, q, k, v)
         b, n, c = x.shape
         kernel = get_kernel(st.impl)

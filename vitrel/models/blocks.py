@@ -28,10 +28,10 @@ from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function
 from torch import Tensor, nn
 
 from vitrel.layers.attention import Attention
+from vitrel.layout.geometry import Grid, as_grid
+from vitrel.layout.tokens import TokenLayout, gather_tokens
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import Grid, as_grid
 from vitrel.pos.registry import PosSpec
-from vitrel.pos.tokens import TokenLayout, gather_tokens
 
 __all__ = [
     "PatchEmbed",
@@ -189,7 +189,7 @@ def patch_grid(x: Tensor, patch_size: int, in_chans: int) -> Grid:
 @register_notrace_function
 def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid | TokenLayout, num_prefix_tokens: int) -> Tensor:
     """``scheme.add_to_tokens`` on tokens ``[B, P + H W, C]`` or on a map ``[B, H, W, C]`` (no prefix); on tokens laid
-    out by a :class:`~vitrel.pos.tokens.TokenLayout`, each token gets its own image's embedding (resampled to that
+    out by a :class:`~vitrel.layout.tokens.TokenLayout`, each token gets its own image's embedding (resampled to that
     image's grid, as NaFlex does)."""
     if isinstance(grid, TokenLayout):
         p = grid.num_prefix_tokens
@@ -222,7 +222,7 @@ def prepare_states(
 ) -> list[PosState]:  # fmt: skip
     """The states of the blocks' own schemes for one forward (:meth:`PositionScheme.prepare_all`: runs of schemes of
     one class prepared together, RoPE-Mixed computes every block's cos/sin in one product). ``grid``: a grid or a
-    :class:`~vitrel.pos.tokens.TokenLayout`."""
+    :class:`~vitrel.layout.tokens.TokenLayout`."""
     return PositionScheme.prepare_all(schemes, grid, num_prefix_tokens, like.device, like.dtype, impl, dropout=dropout)
 
 

@@ -29,6 +29,8 @@ from torch.utils.checkpoint import checkpoint
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_vit_args
+from vitrel.layout.geometry import Grid
+from vitrel.layout.tokens import TokenLayout
 from vitrel.models.blocks import (
     Block,
     PatchEmbed,
@@ -53,9 +55,7 @@ from vitrel.models.naflex import (
 )
 from vitrel.models.timm_surface import TimmSurface
 from vitrel.pos.base import PosState
-from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
-from vitrel.pos.tokens import TokenLayout
 
 __all__ = ["VisionTransformer"]
 

@@ -3,8 +3,8 @@
 import importlib
 import pkgutil
 
+from vitrel.layout.geometry import Grid, as_grid
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import Grid, as_grid
 from vitrel.pos.registry import PosSpec, build_pos, get_pos_class, list_pos, parse_pos, register_pos
 
 for _m in pkgutil.iter_modules(__path__):

@@ -43,7 +43,7 @@ prefix token and any other token is zero and RoPE leaves them unrotated.
 
 Adding a scheme is one file in ``vitrel/pos/`` with a class decorated by ``@register_pos(name)``
 (:mod:`vitrel.pos.registry`), one YAML file in ``conf/pos/`` and one test file. The grid geometry lives
-in :mod:`vitrel.pos.geometry`, the attention kernels in :mod:`vitrel.kernels`.
+in :mod:`vitrel.layout.geometry`, the attention kernels in :mod:`vitrel.kernels`.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.kernels import Kernel, get_kernel, resolve
-from vitrel.pos.geometry import Grid, as_grid, check_tokens, expand_offset_table
-from vitrel.pos.tokens import TokenLayout, gather_tokens, segment_mask
+from vitrel.layout.geometry import Grid, as_grid, check_tokens, expand_offset_table
+from vitrel.layout.tokens import TokenLayout, gather_tokens, segment_mask
 
 __all__ = ["FAMILIES", "PositionScheme", "PosState"]
 
@@ -208,13 +208,13 @@ class PositionScheme(nn.Module):
 
     def rotation_axes(self, rope: tuple[Tensor, ...]) -> tuple[int | None, ...]:
         """The token axis of each tensor of ``rotation``'s result (None: a tensor with no token axis, e.g. STRING's
-        basis), for :func:`~vitrel.pos.tokens.gather_tokens`. Default: every tensor ``[..., N, x]``."""
+        basis), for :func:`~vitrel.layout.tokens.gather_tokens`. Default: every tensor ``[..., N, x]``."""
         return (-2,) * len(rope)
 
     def _prepare_layout(
         self, layout: TokenLayout, device: torch.device | None, dtype: torch.dtype | None, kernel: type[Kernel]
     ) -> PosState:
-        """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.pos.tokens`):
+        """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.layout.tokens`):
         each distinct image grid prepared as a forward on that grid alone prepares it, each token reading its own
         image's terms, and tokens of different images masked from each other."""
         p = layout.num_prefix_tokens
@@ -231,7 +231,7 @@ class PositionScheme(nn.Module):
                 for i, ax in enumerate(axes)
             )
         grid_states: tuple[PosState, ...] = ()
-        if self.has_content_terms:  # Shaw's terms: computed per image on its own grid (vitrel.pos.tokens.regrid_*)
+        if self.has_content_terms:  # Shaw's terms: computed per image on its own grid (vitrel.layout.tokens.regrid_*)
             grid_states = tuple(self.prepare(g, p, device, dtype, "eager") for g in grids)
         fields = kernel.layout_inputs(self, layout, mask)
         grid = fields.pop("grid", extent)  # (a kernel may lay the images out on another extent: flex's tables)
@@ -254,7 +254,7 @@ class PositionScheme(nn.Module):
     ) -> list[PosState]:  # fmt: skip
         """The states of a model's blocks' own schemes for one forward: runs of schemes of one class prepared
         together (``prepare_many``) on a grid; each scheme's ``prepare`` on a
-        :class:`~vitrel.pos.tokens.TokenLayout`."""
+        :class:`~vitrel.layout.tokens.TokenLayout`."""
         if isinstance(grid, TokenLayout):
             return [s.prepare(grid, num_prefix_tokens, device, dtype, impl, dropout=dropout) for s in schemes]
         states: list[PosState] = []
@@ -312,7 +312,7 @@ class PosState(NamedTuple):
     table: Tensor | None = None
     #: FlexAttention's ``BlockMask`` of the table's ``-inf`` entries (``has_masked_offsets``), or None
     block_mask: Any = None
-    #: the tokens' layout (packed images, dropped tokens; :mod:`vitrel.pos.tokens`), None for a full grid. Then
+    #: the tokens' layout (packed images, dropped tokens; :mod:`vitrel.layout.tokens`), None for a full grid. Then
     #: ``grid`` is the largest image extent, ``bias`` ``[B, heads | 1, N, N]`` holds the block-diagonal mask of the
     #: images, per-token tensors (``rope``, ``factors``) have a batch axis, ``table`` one table per distinct grid
     layout: TokenLayout | None = None

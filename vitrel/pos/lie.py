@@ -74,8 +74,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrel.layout.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.registry import register_pos
 from vitrel.pos.rope import apply_rope, check_qk
 

@@ -72,11 +72,11 @@ import torch
 from torch import Tensor
 
 from vitrel.kernels import resolve
+from vitrel.layout.geometry import Grid, as_grid, expand_offset_table, offset_grid, rel_offsets
+from vitrel.layout.tokens import TokenLayout
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
-from vitrel.pos.geometry import Grid, as_grid, expand_offset_table, offset_grid, rel_offsets
 from vitrel.pos.registry import register_pos
-from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "LookHere",

@@ -62,9 +62,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vitrel.kernels import resolve
+from vitrel.layout.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
-from vitrel.pos.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.registry import register_pos
 from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
 

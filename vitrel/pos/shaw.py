@@ -25,7 +25,7 @@ Fast paths, never an ``N x N x d`` tensor:
 
       q' = [q, Rh, Rw],  k' = [k, onehot(row_j), onehot(col_j)],  v' = [v, onehot(row_j), onehot(col_j)]
 
-  (each zero-padded to a head dim SDPA's fused kernels take, :func:`~vitrel.kernels._sdpa_width.sdpa_width`),
+  (each zero-padded to a head dim SDPA's fused kernels take, :func:`~vitrel.layout.heads.sdpa_width`),
   so ``q'_i . k'_j = q_i . k_j + q_i . r^K_ij``; the extra output channels are the attention mass
   per key row ``Ph[i, y]`` and per key column ``Pw[i, z]``, and
   ``out_i += sum_y Ph[i, y] r^Vh[clip(row_i - y)] + sum_z Pw[i, z] r^Vw[clip(col_i - z)]``.
@@ -47,9 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.kernels._sdpa_width import sdpa_width
+from vitrel.layout.geometry import Grid, check_tokens, pad_prefix, patch_coords
+from vitrel.layout.heads import sdpa_width
 from vitrel.pos.base import PosState
-from vitrel.pos.geometry import Grid, check_tokens, pad_prefix, patch_coords
 from vitrel.pos.registry import register_pos
 from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, query_spans, skew, unskew
 from vitrel.pos.tables import offset_index, offset_rows, take_renamed

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from vitrel.pos.geometry import Grid
+from vitrel.layout.geometry import Grid
 from vitrel.pos.registry import register_pos
 from vitrel.pos.rope import FixedRope, Rope2dOptions, geometric_freqs
 

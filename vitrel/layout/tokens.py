@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitrel.device_cache import per_device
-from vitrel.pos.geometry import Grid
+from vitrel.layout.geometry import Grid
 
 __all__ = ["TokenLayout", "gather_tokens", "gather_pairs", "segment_mask", "stack_tables", "isolate_images", "poison"]
 

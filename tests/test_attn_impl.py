@@ -151,9 +151,12 @@ def test_bad_impl_choices_are_clear_errors():
     with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):  # (when built)
         Attention(16, 2, pos="rope2d_mixed", grid=(3, 3), attn_impl="fold")
     attn = Attention(16, 2, pos="rope2d_mixed", grid=(3, 3))
-    attn.attn_impl = "fold"  # (set on a built layer: the forward's own check)
     with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):
-        attn(torch.randn(1, 9, 16), (3, 3))
+        attn.attn_impl = "fold"  # (set on a built layer: checked at the assignment)
+    shared = Attention(16, 2, pos="shared")
+    shared.attn_impl = "fold"  # (a layer without a scheme of its own: the forward's own check)
+    with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):
+        shared(torch.randn(1, 9, 16), pos_state=attn.pos.prepare((3, 3), 0))
     with pytest.raises(ValueError, match="attn_impl must be one of"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="Fold")
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import vitrel
+from vitrel.kernels import get_kernel
 from vitrel.layers import Attention
 from vitrel.layout.geometry import Grid
 from vitrel.pos import build_pos
@@ -167,7 +168,7 @@ def test_fire1d_is_relative_only_below_its_threshold():
     assert _shift_violation_1d(beyond, 12, 3) > 1e-3
     assert not type(beyond).has_offset_table and type(beyond).depends_on_extent
     with pytest.raises(ValueError, match="fire1d has no such table"):
-        beyond.prepare(Grid(3, 4), 0, impl="flex")
+        beyond.prepare(Grid(3, 4), 0, kernel=get_kernel("flex"))
 
 
 def test_fire1d_raster_order_depends_on_the_width():

@@ -497,7 +497,7 @@ def plot_packed_batch(
     mask = segment_mask(layout, torch.float32)[row, 0]
     what = "mask (white: attends)"
     if scheme is not None and scheme.has_bias:  # (a scheme with no bias adds nothing to the mask)
-        st = scheme.prepare(layout, num_prefix_tokens, None, torch.float32, "sdpa")
+        st = scheme.prepare(layout, num_prefix_tokens, None, torch.float32)
         mask = (st.bias[row].mean(0) if st.bias.shape[1] > 1 else st.bias[row, 0]).detach()
         what = f"{scheme.name} bias, head mean"
     in_row = [i for i in range(nb.num_images) if bool((nb.image[row] == i).any())]

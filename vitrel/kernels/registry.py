@@ -5,9 +5,9 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
 ``@register_kernel("name")``, that declares
 
 * ``reads``: the position inputs :meth:`~vitrel.pos.base.PositionScheme.prepare` builds for it (``bias``: the dense
-  ``[heads, N, N]`` term; ``factors``: ``(u, w)`` with ``bias = u w^T``; ``table``: the offset table
-  ``[heads, 2H-1, 2W-1]``; ``block_mask``: FlexAttention's), and builds them (:meth:`Kernel.inputs`,
-  :meth:`Kernel.layout_inputs`);
+  ``[heads, N, N]`` term, which a kernel that reads nothing else takes as the scheme makes it; ``factors``:
+  ``(u, w)`` with ``bias = u w^T``; ``table``: the offset table ``[heads, 2H-1, 2W-1]``; ``block_mask``:
+  FlexAttention's), and builds them (:meth:`Kernel.inputs`, :meth:`Kernel.layout_inputs`);
 * which cases it takes: :meth:`Kernel.refuses` (a scheme's capabilities), ``takes_layout`` (packed / token-dropped
   layouts), ``takes_dropout``, ``native_causal`` (it masks the keys after the query itself, from ``state.causal``,
   instead of reading a causal float mask), ``window_layouts`` (it takes the windows' layout as ``mask``,
@@ -147,13 +147,7 @@ class Kernel:
     def layout_inputs(cls, scheme: PositionScheme, layout: TokenLayout, mask: Tensor) -> dict[str, Any]:
         """The fields for tokens laid out by ``layout`` (``mask``: its block-diagonal ``[B, 1, N, N]`` float mask
         of the images); ``grid`` is then the largest image extent, unless the fields hold another ``grid``."""
-        from vitrel.layout.tokens import gather_pairs
-
-        bias = mask
-        if scheme.has_bias:
-            bias = gather_pairs([scheme.bias(g, layout.num_prefix_tokens) for g in layout.grids], layout)
-            bias = bias.to(mask.dtype) + mask
-        return {"bias": bias}
+        return {"bias": scheme.layout_bias(layout, mask)}
 
     @classmethod
     def attend(
@@ -192,7 +186,8 @@ def check_choice(impl: str, scheme: PositionScheme | None = None, attn_drop: flo
     """``impl`` checked where a layer or model is built, so that a kernel named (not ``auto``, which chooses per call)
     that cannot run ``scheme`` (:meth:`Kernel.refuses`) or drop attention weights (``attn_drop > 0``,
     ``takes_dropout``) raises there, not at the first training step (Lightning's sanity check runs in eval mode,
-    without dropout). The forward checks again (:func:`resolve`): ``attn_impl`` may be set on a built module."""
+    without dropout). ``Attention.attn_impl`` set on a built layer is checked here too; the forward checks again
+    (:func:`resolve`), against the scheme a layer without one of its own is given."""
     check_impl(impl)
     if impl == "auto":
         return impl

@@ -36,7 +36,7 @@ from vitrel.layout.windows import (
     window_positions,
     window_regions,
 )
-from vitrel.models.blocks import Block, PatchEmbed, drops_weights, patch_grid, prepare_states
+from vitrel.models.blocks import Block, BlockImpls, PatchEmbed, drops_weights, patch_grid, prepare_state, prepare_states
 from vitrel.models.input_size import check_img_size
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import NonPersistentBuffers
@@ -179,18 +179,18 @@ def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState)
 def stage_state(
     scheme: PositionScheme, x: Tensor, window: tuple[int, int], impl: str = "auto", dropout: bool = False
 ) -> PosState:
-    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]`` (``dropout``: the attention drops
-    weights)."""
-    return scheme.prepare(stage_window(x, window), 0, x.device, x.dtype, impl, dropout=dropout)
+    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``, for the kernel of ``attn_impl``
+    ``impl`` (``dropout``: the attention drops weights)."""
+    return prepare_state(scheme, stage_window(x, window), 0, x, impl, dropout)
 
 
 @register_notrace_function
 def stage_states(
-    schemes: list[PositionScheme], x: Tensor, window: tuple[int, int], impl: str = "auto", dropout: bool = False
+    schemes: list[PositionScheme], x: Tensor, window: tuple[int, int], impls: list[str], dropout: bool = False
 ) -> list[PosState]:
-    """The states of a stage's blocks' own schemes for the windows of the map ``x``, prepared together
-    (``prepare_states``: RoPE-Mixed computes every block's cos/sin in one product)."""
-    return prepare_states(schemes, stage_window(x, window), 0, x, impl, dropout)
+    """The states of a stage's blocks' own schemes for the windows of the map ``x``, ``impls[i]`` block ``i``'s
+    ``attn_impl``, prepared together (``prepare_states``: RoPE-Mixed computes every block's cos/sin in one product)."""
+    return prepare_states(schemes, stage_window(x, window), 0, x, impls, dropout)
 
 
 # ---------------------------------------------------------------------------- modules
@@ -370,7 +370,7 @@ def merge_2x2(x: Tensor) -> Tensor:
     return x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
 
 
-class SwinStage(nn.Module):
+class SwinStage(BlockImpls, nn.Module):
     """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows."""
 
     def __init__(
@@ -395,7 +395,7 @@ class SwinStage(nn.Module):
     ) -> None:
         super().__init__()
         self.grad_checkpointing = False
-        self.attn_impl = attn_impl
+        self._attn_impl = attn_impl
         self.merges = downsample
         self.downsample = PatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
         if not downsample and dim != out_dim:
@@ -447,7 +447,8 @@ class SwinStage(nn.Module):
         if st is not None:
             return [st] * len(self.blocks)
         schemes = [blk.attn.pos for blk in self.blocks]
-        return stage_states(schemes, x, self.window_size, self.attn_impl, drops_weights(self.blocks))
+        impls = [blk.attn.attn_impl for blk in self.blocks]  # (one set on a built layer honoured)
+        return stage_states(schemes, x, self.window_size, impls, drops_weights(self.blocks))
 
     def output_layout(self, layout: TokenLayout | None) -> TokenLayout | None:
         """The layout of this stage's output for packed maps on ``layout`` (None: a batch of maps)."""

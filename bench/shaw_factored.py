@@ -19,7 +19,7 @@ from vitrel.bench import alternate
 from vitrel.kernels import get_kernel
 from vitrel.kernels.eager import attend_eager
 from vitrel.layout.geometry import Grid
-from vitrel.pos.shaw import Shaw2dFactored, shaw2d_factored_attention
+from vitrel.pos.schemes.shaw import Shaw2dFactored, shaw2d_factored_attention
 
 
 def variants(q, k, v, pos: Shaw2dFactored, g: Grid, eager: bool) -> dict[str, Callable[[], torch.Tensor]]:

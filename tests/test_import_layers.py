@@ -181,3 +181,20 @@ def test_finds_cycles_on_a_toy_package(tmp_path, files, expect):
         (tmp_path / rel).write_text(text)
     cycle = find_cycle(import_graph(tmp_path / "a"))
     assert (cycle is not None) == (expect == "cycle"), cycle
+
+
+def test_moved_modules_keep_their_old_paths():
+    """The paths that moved (CHANGELOG.md) still import, as the very module at the new path, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    schemes = sorted(p.stem for p in (ROOT / "pos" / "schemes").glob("*.py") if p.stem != "__init__")
+    assert {"rope", "shaw", "fire", "lookhere", "none"} <= set(schemes)
+    pairs = [("vitrel.pos.geometry", "vitrel.layout.geometry"), ("vitrel.pos.tokens", "vitrel.layout.tokens")]
+    pairs += [(f"vitrel.pos.{s}", f"vitrel.pos.schemes.{s}") for s in schemes]
+    code = "import importlib, sys\n" + "".join(
+        f"assert importlib.import_module({old!r}) is importlib.import_module({new!r}), {old!r}\n" for old, new in pairs
+    )
+    code += "from vitrel.pos.tokens import TokenLayout, content_logits\nfrom vitrel.pos.rope import Rope2dMixed\n"
+    first = f"import {pairs[0][0]}\n"  # an old path imported first, before anything else of vitrel
+    subprocess.run([sys.executable, "-c", first + code], check=True, cwd=ROOT.parent)

@@ -1,5 +1,5 @@
 """fire1d / fire2d: the bias and its gradients against float64 loops written from the equations
-(vitrel/pos/fire.py's docstring), causal and bidirectional, prefix tokens, any grid at call time;
+(vitrel/pos/schemes/fire.py's docstring), causal and bidirectional, prefix tokens, any grid at call time;
 translation invariance where it holds (fire2d; fire1d below its threshold) and where it does not (fire1d
 beyond it), the listing's defaults, weight decay."""
 

@@ -29,8 +29,8 @@ import torch
 import vitrel
 from vitrel.kernels import get_kernel
 from vitrel.pos import Grid, build_pos
-from vitrel.pos.lookhere import LookHere, group_sizes
 from vitrel.pos.registry import get_pos_class
+from vitrel.pos.schemes.lookhere import LookHere, group_sizes
 
 FIX = Path(__file__).parent / "fixtures"
 INF = float("-inf")

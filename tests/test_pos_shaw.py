@@ -20,8 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.reference import scheme_qkv, shaw_attention
 from vitrel import Attention
 from vitrel.pos import build_pos
-from vitrel.pos.shaw import Shaw2dFactored, Shaw2dFull
-from vitrel.pos.shaw1d import Shaw1d
+from vitrel.pos.schemes.shaw import Shaw2dFactored, Shaw2dFull
+from vitrel.pos.schemes.shaw1d import Shaw1d
 
 SCHEMES = ["shaw2d_factored", "shaw2d_full", "shaw1d"]
 DIM, HEADS = 24, 3
@@ -198,7 +198,7 @@ def test_full_blocks_equal_reference(monkeypatch, skew, prefix, block_queries):
     """Blocks of 1 row (5 blocks), 2 rows (a short last block), 3 rows and one block, with a window mask and
     clipping on both axes; both forms of a block: cells (gather / scatter_add, eager) and the skew trick
     along the columns (what runs under torch.compile)."""
-    import vitrel.pos.shaw as shaw
+    import vitrel.pos.schemes.shaw as shaw
 
     monkeypatch.setattr(shaw, "_use_skew", lambda: skew)
     grid, nw = (5, 4), 2

@@ -1,4 +1,4 @@
-"""Spiral RoPE (vitrel/pos/rope.py, ``spiral_rope``) against a float64 loop reference of its equation."""
+"""Spiral RoPE (vitrel/pos/schemes/rope.py, ``spiral_rope``) against a float64 loop reference of its equation."""
 
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ Token layout everywhere: ``num_prefix_tokens`` class/register tokens first, then
 patch tokens in raster order. Prefix tokens carry no position: every relative term between a
 prefix token and any other token is zero and RoPE leaves them unrotated.
 
-Adding a scheme is one file in ``vitrel/pos/`` with a class decorated by ``@register_pos(name)``
+Adding a scheme is one file in ``vitrel/pos/schemes/`` with a class decorated by ``@register_pos(name)``
 (:mod:`vitrel.pos.registry`), one YAML file in ``conf/pos/`` and one test file. The grid geometry lives
 in :mod:`vitrel.layout.geometry`, the attention kernels in :mod:`vitrel.kernels` (a layer above: this package
 imports none).

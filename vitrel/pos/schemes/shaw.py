@@ -35,8 +35,8 @@ Fast paths, never an ``N x N x d`` tensor:
   ``torch.compile``, the skew trick along the columns instead: for query row ``y`` and key row ``r`` the
   table row ``clip(y - r)`` is fixed, so ``z[y, r, x, m] = q_(y,x) . r^K[clip(y - r), clip(-m)]`` over
   the ``2W - 1`` column offsets ``m`` (one product with the block's expanded tables ``[g, H, 2W-1, d]``)
-  and :func:`~vitrel.pos.shaw1d.skew` moves offset ``m = c - x`` to key column ``c``; values:
-  :func:`~vitrel.pos.shaw1d.unskew` sums the weights of each offset. In training each block is
+  and :func:`~vitrel.pos.schemes.shaw1d.skew` moves offset ``m = c - x`` to key column ``c``; values:
+  :func:`~vitrel.pos.schemes.shaw1d.unskew` sums the weights of each offset. In training each block is
   checkpointed (recomputed in backward), so no ``N x N`` tensor is kept: memory ``O(c N)`` of temporaries
   per head on top of ``O(N d)``.
 """

@@ -334,7 +334,7 @@ def test_fast_path_large_grid_memory(name):
     elif any("flash_attention" in op for op in rec.ops):
         assert rec.max_numel < heads * n * n
     with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
-        st = m.pos.prepare(m.pos.grid, 1, x.device, x.dtype)
+        st = m.pos.prepare(m.pos.grid, 1, x.device, x.dtype, m.choose_kernel(m.pos, n, x.device))
         q, k, v = scheme_qkv(m, x, state=st)
         a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, st)) * m.scale).softmax(-1)
         eager = a @ v + m.pos.content_values(a, st)

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from vitrel.bench import alternate
+from vitrel.kernels import get_kernel
 from vitrel.kernels.eager import attend_eager
-from vitrel.pos.geometry import Grid
-from vitrel.pos.shaw import Shaw2dFactored, shaw2d_factored_attention
+from vitrel.layout.geometry import Grid
+from vitrel.pos.schemes.shaw import Shaw2dFactored, shaw2d_factored_attention
 
 
 def variants(q, k, v, pos: Shaw2dFactored, g: Grid, eager: bool) -> dict[str, Callable[[], torch.Tensor]]:
@@ -29,7 +30,7 @@ def variants(q, k, v, pos: Shaw2dFactored, g: Grid, eager: bool) -> dict[str, Ca
         "shaw2d_factored fast": lambda: shaw2d_factored_attention(q, k, v, *tables, g, 0, None, scale),
     }
     if eager:
-        st = pos.prepare(g, 0, q.device, q.dtype, "eager")
+        st = pos.prepare(g, 0, q.device, q.dtype, get_kernel("eager"))
         out["shaw2d_factored eager"] = lambda: attend_eager(q, k, v, None, scale, st)
     return out
 

@@ -41,8 +41,8 @@ import triton  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vitrel.kernels import triton_bias as tb  # noqa: E402
-from vitrel.pos.geometry import Grid  # noqa: E402
-from vitrel.pos.tokens import segment_mask  # noqa: E402
+from vitrel.layout.geometry import Grid  # noqa: E402
+from vitrel.layout.tokens import segment_mask  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 #: the instruction classes reported per tile (SASS opcodes, before the first dot)
@@ -89,7 +89,7 @@ def _packed(images: int = 4, side: int = 32, heads: int = 6, head_dim: int = 64)
 
 def _windows(mask_kind: int, images: int = 128, heads: int = 3, head_dim: int = 32) -> dict:
     """Swin-T's first stage: 56 x 56 tokens in 64 windows of 7 x 7; the last windows of a shifted block hold regions."""
-    from vitrel.models.swin_windows import window_layout, window_regions
+    from vitrel.layout.windows import window_layout, window_regions
 
     n_w, n = 64, 49
     gen = torch.Generator().manual_seed(0)

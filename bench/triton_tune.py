@@ -405,8 +405,8 @@ def tune_in_dq(args: argparse.Namespace, lines: list[str], device: str = "cuda",
 def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda", images: int = 128) -> None:
     """The rows of :data:`WINDOWS` (fwd + bwd, with the table's gradient and with a fixed table) against plain SDPA on
     the same windows, appended to ``lines`` (and written to ``args.out`` as they come)."""
-    from vitrel.models.swin_windows import window_layout, window_regions
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.windows import window_layout, window_regions
 
     dev = torch.device(device)
     side, hd = (56, 7) if images else (8, 4)  # (images 0: a 8 x 8 map in 4 x 4 windows, for a test)

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from vitrel.pos.shaw1d import shaw_logits, shaw_values
+from vitrel.pos.schemes.shaw1d import shaw_logits, shaw_values
 
 
 def coords(h: int, w: int) -> list[tuple[int, int]]:

@@ -14,9 +14,10 @@ from torch.nn.attention.flex_attention import flex_attention
 
 import vitrel
 import vitrel.kernels.flex as kernels
+from vitrel.kernels import get_kernel
 from vitrel.layers import Attention
+from vitrel.layout.geometry import expand_offset_table
 from vitrel.pos import Grid, build_pos, list_pos
-from vitrel.pos.geometry import expand_offset_table
 from vitrel.pos.registry import get_pos_class
 
 TABLE_SCHEMES = [n for n in list_pos("relative") if get_pos_class(n).has_offset_table]
@@ -43,7 +44,7 @@ def test_every_bias_scheme_has_an_offset_table():
     for name in NOT_BY_OFFSET:
         assert name in bias_schemes and not get_pos_class(name).has_offset_table
         with pytest.raises(ValueError, match="has no such table"):
-            _scheme(name, {}).prepare((3, 4), 0, impl="flex")
+            _scheme(name, {}).prepare((3, 4), 0, kernel=get_kernel("flex"))
     assert {"rel2d_full", "rel2d_factored", "rel2d_cpb", "rel2d_bucket", "alibi2d", "alibi1d", "rel1d_bucket"} <= set(
         TABLE_SCHEMES
     )
@@ -127,8 +128,8 @@ def test_flex_reads_the_windows_layout(eager_flex, name):
     """Swin's windows' layout (``TokenLayout.windows``) as the mask: flex reads the ``[nW, n]`` region ids in its
     score_mod (window ``b mod nW``), no float mask; equal to SDPA with the float mask it lowers to. A 7 x 9 map in
     4 x 5 windows shifted by (2, 2) (the seam and the padding), two maps' windows."""
-    from vitrel.models.swin_windows import window_layout, window_regions
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.windows import window_layout, window_regions
 
     assert kernels.FlexKernel.window_layouts
     sdpa, flex = _pair(name, {}, 0)
@@ -237,7 +238,7 @@ def test_lookhere_block_mask_is_its_views(fov):
     s = _scheme("lookhere", {"fov": fov}, heads=8)
     for grid, prefix in [((3, 4), 1), ((16, 16), 0)]:
         g = vitrel.pos.as_grid(grid)
-        st = s.prepare(g, prefix, impl="flex")
+        st = s.prepare(g, prefix, kernel=get_kernel("flex"))
         n = prefix + g.n
         dense = create_mask(st.block_mask.mask_mod, None, 8, n, n, device="cpu")[0]
         assert torch.equal(dense, s.bias(g, prefix) > float("-inf"))
@@ -245,7 +246,7 @@ def test_lookhere_block_mask_is_its_views(fov):
 
 
 def test_flex_state_of_schemes_without_masked_offsets_has_no_block_mask():
-    st = _scheme("rel2d_full", {}).prepare((3, 4), 1, impl="flex")
+    st = _scheme("rel2d_full", {}).prepare((3, 4), 1, kernel=get_kernel("flex"))
     assert st.block_mask is None and st.table is not None and st.bias is None
 
 

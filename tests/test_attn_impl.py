@@ -11,7 +11,7 @@ import torch
 
 import vitrel
 from tests.reference import dense_bias, reference_attention, t5_bucket_scalar
-from vitrel.kernels import attn_impls, get_kernel
+from vitrel.kernels import attn_impls, get_kernel, list_kernels
 from vitrel.layers import Attention
 from vitrel.pos import build_pos
 
@@ -151,9 +151,12 @@ def test_bad_impl_choices_are_clear_errors():
     with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):  # (when built)
         Attention(16, 2, pos="rope2d_mixed", grid=(3, 3), attn_impl="fold")
     attn = Attention(16, 2, pos="rope2d_mixed", grid=(3, 3))
-    attn.attn_impl = "fold"  # (set on a built layer: the forward's own check)
     with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):
-        attn(torch.randn(1, 9, 16), (3, 3))
+        attn.attn_impl = "fold"  # (set on a built layer: checked at the assignment)
+    shared = Attention(16, 2, pos="shared")
+    shared.attn_impl = "fold"  # (a layer without a scheme of its own: the forward's own check)
+    with pytest.raises(ValueError, match="rope2d_mixed has no such bias.*attn_impl='sdpa'"):
+        shared(torch.randn(1, 9, 16), pos_state=attn.pos.prepare((3, 3), 0))
     with pytest.raises(ValueError, match="attn_impl must be one of"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", attn_impl="Fold")
 
@@ -182,3 +185,74 @@ def test_every_impl_agrees_on_cuda():
         for a, b in zip(g, g_ref):
             scale = b.abs().max()
             torch.testing.assert_close(a / scale, b / scale, atol=5e-2, rtol=5e-2, msg=impl)
+
+
+def _spy_kernels(monkeypatch) -> list[str]:
+    """The names of the kernels that attend, in call order, for every forward after this call."""
+    calls: list[str] = []
+    for name in ("sdpa", "eager", "fold"):
+        kernel = get_kernel(name)
+        attend = kernel.attend
+
+        def spy(cls, *args, _attend=attend, **kw):
+            calls.append(cls.name)
+            return _attend(*args, **kw)
+
+        monkeypatch.setattr(kernel, "attend", classmethod(spy))
+    return calls
+
+
+def _layers(m) -> list[Attention]:
+    """The attention layers of a ViT or a Swin, in forward order."""
+    blocks = m.blocks if hasattr(m, "blocks") else [b for stage in m.layers for b in stage.blocks]
+    return [b.attn for b in blocks]
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+@pytest.mark.parametrize("pos_share", [False, True])
+@pytest.mark.parametrize("impl", ["eager", "fold"])
+def test_attn_impl_set_on_one_built_layer_is_what_that_layer_runs(monkeypatch, arch, pos_share, impl):
+    """``m.<block>.attn.attn_impl = impl`` on a built model: that layer (and only it) runs ``impl``, the model's
+    function unchanged, whether the block owns its scheme (the model prepares its state for that kernel) or shares
+    the model's (the layer binds the shared state to its kernel)."""
+    name, kw = ARCHS[arch]
+    torch.manual_seed(0)
+    m = vitrel.create_model(name, pos="rel2d_factored", pos_share=pos_share, attn_impl="sdpa", **kw).double().eval()
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        ref = m(x)
+    layers = _layers(m)
+    layers[1].attn_impl = impl
+    calls = _spy_kernels(monkeypatch)
+    with torch.no_grad():
+        out = m(x)
+    assert calls == ["sdpa", impl] + ["sdpa"] * (len(layers) - 2), calls
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    # the model's (a Swin stage's) attn_impl sets every layer's
+    owner = m if hasattr(m, "blocks") else m.layers[0]
+    owner.attn_impl = impl
+    assert {a.attn_impl for a in _layers(owner)} == {impl}
+    calls.clear()
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), ref, rtol=1e-10, atol=1e-12)
+    assert calls[: len(_layers(owner))] == [impl] * len(_layers(owner)), calls
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_attn_impl_set_on_a_built_layer_is_checked_at_the_assignment(arch):
+    name, kw = ARCHS[arch]
+    m = vitrel.create_model(name, pos="rel2d_full", **kw)
+    attn = _layers(m)[0]
+    for bad in ("flsh", "Eager", ""):
+        with pytest.raises(ValueError, match=f"attn_impl must be one of .*got {bad!r}") as err:
+            attn.attn_impl = bad
+        assert all(f"'{k}'" in str(err.value) for k in list_kernels()), err.value  # names every valid kernel
+    with pytest.raises(ValueError, match="attn_impl='fold' folds a bias that factors.*rel2d_full"):
+        attn.attn_impl = "fold"  # a kernel that cannot run the layer's scheme
+    owner = m if hasattr(m, "blocks") else m.layers[0]
+    with pytest.raises(ValueError, match="attn_impl must be one of"):
+        owner.attn_impl = "flsh"
+    with pytest.raises(ValueError, match="rel2d_full"):
+        owner.attn_impl = "fold"
+    assert attn.attn_impl == owner.attn_impl == "auto"  # nothing changed by a refused assignment
+    assert {a.attn_impl for a in _layers(m)} == {"auto"}

@@ -257,7 +257,7 @@ def test_swin_masks_and_sincos_remade_after_conversions():
     that own them are those timm's ``reinit_non_persistent_buffers`` finds."""
     from timm.models._manipulate import reinit_non_persistent_buffers
 
-    from vitrel.pos.absolute import sincos2d_embed
+    from vitrel.pos.schemes.absolute import sincos2d_embed
 
     ref = small_model("swin", "rel2d_full", abs_pos="sincos2d")
     masks = {n: b for n, b in ref.named_buffers() if n.endswith("window_regions")}

@@ -16,9 +16,9 @@ import torch.nn.functional as F
 import vitrel.pos.shaw_base as shaw_base
 from tests.test_pos_shaw import _check, make, window_mask
 from vitrel import Attention
-from vitrel.kernels import get_kernel
-from vitrel.kernels._sdpa_width import FLASH_MAX_HEAD_DIM, sdpa_width
+from vitrel.kernels import get_kernel, resolve
 from vitrel.kernels.registry import select_kernel
+from vitrel.layout.heads import FLASH_MAX_HEAD_DIM, sdpa_width
 from vitrel.pos import PositionScheme, build_pos, list_pos
 
 SHAW = ["shaw1d", "shaw2d_factored", "shaw2d_full"]
@@ -34,9 +34,9 @@ def test_shaw_is_a_kernel_and_auto_picks_it_for_shaw_only():
             assert (select_kernel(s, 4096, device) == "shaw") == (name in SHAW), (name, device)
         if name in SHAW:
             assert type(s).attend is PositionScheme.attend, name
-            assert s.prepare((3, 4), 1).impl == "shaw"
+            assert resolve("auto", s, 13, None).name == "shaw"
             with pytest.raises(ValueError, match=f"no SDPA computes {name}'s content terms.*attn_impl='shaw'"):
-                s.prepare((3, 4), 1, impl="sdpa")
+                s.prepare((3, 4), 1, kernel=get_kernel("sdpa"))
         else:
             assert f"{s.name} has no such terms" in get_kernel("shaw").refuses(s)
 

@@ -17,8 +17,8 @@ from tests.test_kernel_triton_bias import DEVICES, _check, _inputs, interpreted 
 from tests.test_kernel_triton_bias import pytestmark as pytestmark  # noqa: E402
 from vitrel.kernels import get_kernel, triton_bias  # noqa: E402
 from vitrel.kernels.triton_bias import rel_bias_attention  # noqa: E402
-from vitrel.models.swin_windows import window_regions  # noqa: E402
-from vitrel.pos.geometry import Grid  # noqa: E402
+from vitrel.layout.geometry import Grid  # noqa: E402
+from vitrel.layout.windows import window_regions  # noqa: E402
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -23,8 +23,8 @@ import vitrel  # noqa: E402
 from vitrel import Attention, device_cache  # noqa: E402
 from vitrel.kernels import triton_bias  # noqa: E402
 from vitrel.kernels.triton_bias import rel_bias_attention  # noqa: E402
+from vitrel.layout.geometry import as_grid, expand_offset_table  # noqa: E402
 from vitrel.pos import list_pos  # noqa: E402
-from vitrel.pos.geometry import as_grid, expand_offset_table  # noqa: E402
 from vitrel.pos.registry import get_pos_class  # noqa: E402
 
 triton = pytest.importorskip("triton")
@@ -370,8 +370,8 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     of the batch: a full grid (shares of 6), a batch of windows whose region ids repeat every 4 (shares of 4, not 6),
     and a mask per batch element (sliced with its share), packed rows of images of different layouts (their tokens
     sliced)."""
-    from vitrel.models.swin_windows import window_regions
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.windows import window_regions
 
     monkeypatch.setattr(triton_bias, "GRID_Y_MAX", 12)  # 2 heads: at most 6 batch elements a launch
     monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the dkdv kernel's shares: these grids fit one tile)
@@ -666,8 +666,8 @@ def test_dbias_batch_outer_equals_reference(monkeypatch, device, grid, prefix, c
 
 
 def _one_tile_regions():
-    from vitrel.models.swin_windows import window_regions
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.windows import window_regions
 
     return window_regions(Grid(8, 8), (4, 4), (2, 2))  # four windows of 16 tokens, the last of four regions
 
@@ -746,8 +746,8 @@ def test_kernel_window_regions(device):
     window (``b % nW``) masked in the kernel equal the float mask they mean. A 7 x 9 map in 4 x 5 windows shifted by
     (2, 2): four windows of 20 tokens (two tiles each); the last holds all nine regions (the seam and the padding on
     both axes)."""
-    from vitrel.models.swin_windows import window_regions
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.windows import window_regions
 
     regions = window_regions(Grid(7, 9), (4, 5), (2, 2))
     assert regions.shape == (4, 20) and len(regions[3].unique()) == 9  # seam x seam x padding: all nine
@@ -1378,11 +1378,11 @@ def test_tensor_core_products_not_serialized_on_hopper():
     import json
 
     code = (
-        "import json, torch, vitrel.pos.geometry; from vitrel.kernels import triton_bias as tb; "
+        "import json, torch, vitrel.layout.geometry; from vitrel.kernels import triton_bias as tb; "
         "q = torch.randn(2, 6, 4097, 64).bfloat16(); t = torch.randn(6, 127, 127); "
         "w = torch.randn(4, 3, 49, 32).bfloat16(); r = torch.arange(49).remainder(3).expand(2, 49); "
         "b = t.clone(); b[:, :48] = b[:, 80:] = float('-inf'); "
-        "blk = tb.visible_tiles(b, vitrel.pos.geometry.Grid(64, 64), 1); "
+        "blk = tb.visible_tiles(b, vitrel.layout.geometry.Grid(64, 64), 1); "
         "calls = dict(tiles=tb.plan(q, q, q, t, (64, 64), 1), none=tb.plan(q, q, q, None, (64, 64), 1), "
         "atomic=tb.plan(q, q, q, t, (64, 64), 1, deterministic=False), "
         "flags=tb.plan(q, q, q, b, (64, 64), 1, blocks=blk), "
@@ -1494,7 +1494,7 @@ def test_dq_in_order_only_where_every_tile_is_visited(monkeypatch):
     """``DQ_IN_ORDER`` leaves the ``dq`` kernel where a key block may skip a query tile or ``dq`` is added otherwise:
     causal, LookHere's skipped tiles, a float mask, a token layout, the table's gradient gathered per score (the
     ``dq`` kernel's diagonal sums), ``dq`` by atomics."""
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
 
     monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
     q = torch.zeros(2, 2, 1 + 70, 16)
@@ -1606,8 +1606,8 @@ def test_bias_by_product_with_the_dbias_kernel_and_windows(monkeypatch, device):
     (``TABLE_GRAD_IN_DQ`` off: the ``dbias`` kernel adds its tiles as before, a set of its own, as it reads a
     pattern's tile once for all its tiles) and in a batch of windows with their region ids (the seam's windows
     masked, the others not), against the float64 reference."""
-    from vitrel.models.swin_windows import window_regions
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.windows import window_regions
 
     monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", ALL_BY_PRODUCT | {"dbias"})  # (dbias: never by a product)
     monkeypatch.setattr(triton_bias, "TILE_FWD", False)

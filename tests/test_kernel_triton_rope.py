@@ -23,10 +23,10 @@ from tests.test_kernel_triton_bias import DEVICES, _tol, interpreted, pytestmark
 from vitrel import Attention  # noqa: E402
 from vitrel.kernels import get_kernel  # noqa: E402
 from vitrel.kernels.triton_rope import rope_rotate  # noqa: E402
+from vitrel.layout.geometry import Grid  # noqa: E402
+from vitrel.layout.tokens import TokenLayout  # noqa: E402
 from vitrel.pos import list_pos  # noqa: E402
-from vitrel.pos.geometry import Grid  # noqa: E402
 from vitrel.pos.registry import get_pos_class, parse_pos  # noqa: E402
-from vitrel.pos.tokens import TokenLayout  # noqa: E402
 
 GRID = Grid(3, 4)
 ROTARY = [n for n in list_pos("relative") if get_pos_class(n).has_rotation]
@@ -135,7 +135,7 @@ def test_fused_rotation_equals_reference(case, device):
 
     def state_of():  # DINOv3's augmentation draws its coordinates per forward: the same draw for both paths
         torch.manual_seed(3)
-        return scheme.prepare(GRID, prefix, torch.device("cpu"), torch.float64, "sdpa")
+        return scheme.prepare(GRID, prefix, torch.device("cpu"), torch.float64, get_kernel("sdpa"))
 
     _compare(scheme, state_of, q, k, device)
 
@@ -148,7 +148,7 @@ def test_views_of_one_projection():
     qkv = torch.randn(2, 1 + GRID.n, 3, 2, 16).permute(2, 0, 3, 1, 4).requires_grad_()  # [3, B, heads, N, d]
     q, k, _ = qkv.unbind(0)
     assert not q.is_contiguous()
-    rope = scheme.prepare(GRID, 1, torch.device("cpu"), torch.float64, "sdpa").rope
+    rope = scheme.prepare(GRID, 1, torch.device("cpu"), torch.float64, get_kernel("sdpa")).rope
     oq, ok = rope_rotate(q, k, rope)
     torch.testing.assert_close(oq.double(), reference(q, rope), atol=2e-5, rtol=2e-4)
     torch.testing.assert_close(ok.double(), reference(k, rope), atol=2e-5, rtol=2e-4)
@@ -183,7 +183,7 @@ def test_packed_layout(case, device):
     q, k = (torch.randn(2, 2, layout.num_tokens, 16, generator=g, dtype=torch.float64) for _ in range(2))
 
     def state_of():
-        return scheme.prepare(layout, 1, torch.device("cpu"), torch.float64, "sdpa")
+        return scheme.prepare(layout, 1, torch.device("cpu"), torch.float64, get_kernel("sdpa"))
 
     assert state_of().rope[0].shape[0] == 2  # a batch axis: per-token tables
     _compare(scheme, state_of, q, k, device)

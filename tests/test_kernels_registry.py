@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import vitrel
-from vitrel.kernels import AUTO, AutoRule, attn_impls, get_kernel, list_kernels
+from vitrel.kernels import AUTO, AutoRule, attn_impls, get_kernel, list_kernels, resolve
 from vitrel.kernels.registry import Kernel, register_kernel, select_kernel
 from vitrel.pos import build_pos, list_pos
 
@@ -36,9 +36,9 @@ def test_prepare_builds_only_what_the_kernel_reads(impl, name):
     if why is not None:
         assert name in why and f"attn_impl={impl!r}" in why
         with pytest.raises(ValueError, match=name):
-            s.prepare((3, 4), 1, impl=impl)
+            s.prepare((3, 4), 1, kernel=kernel)
         return
-    st = s.prepare((3, 4), 1, impl=impl)
+    st = s.prepare((3, 4), 1, kernel=kernel)
     assert st.impl == impl
     for field in INPUTS - kernel.reads:
         assert getattr(st, field) is None, (impl, name, field)
@@ -46,7 +46,7 @@ def test_prepare_builds_only_what_the_kernel_reads(impl, name):
 
 def test_auto_is_sdpa_on_cpu_and_reads_the_device_table(monkeypatch):
     s = build_pos("rel1d_bucket", num_heads=2, head_dim=8, grid=(3, 4))
-    assert s.prepare((3, 4), 0).impl == "sdpa"
+    assert resolve("auto", s, 12, None).name == "sdpa"
     assert select_kernel(s, 4096, None) == "sdpa"
     assert select_kernel(s, 4096, "NVIDIA H200") == AUTO["H200"][1].kernel == "triton"
     assert select_kernel(s, 1024, "NVIDIA H200") == "sdpa"  # below the measured size
@@ -82,7 +82,7 @@ def test_auto_passes_over_a_kernel_without_dropout_for_layers_that_drop(monkeypa
     in this forward: an ``Attention`` with ``attn_drop > 0`` in training, a ViT any of whose blocks does; in
     evaluation, and without dropout, the rule applies."""
     from vitrel.kernels import registry
-    from vitrel.pos.geometry import Grid
+    from vitrel.layout.geometry import Grid
 
     monkeypatch.setattr(registry, "device_name", lambda device: "Test GPU")
     monkeypatch.setitem(AUTO, "Test GPU", [AutoRule(frozenset({"rel2d_full"}), 0, "triton", training=True)])

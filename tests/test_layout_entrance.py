@@ -9,11 +9,11 @@ import inspect
 import pytest
 import torch
 
+from vitrel.layout.geometry import Grid
+from vitrel.layout.tokens import TokenLayout
 from vitrel.models.blocks import Block
 from vitrel.models.naflex import images_batch, input_form, read_input
 from vitrel.models.swin_blocks import SwinBlock, image_maps, pack_maps
-from vitrel.pos.geometry import Grid
-from vitrel.pos.tokens import TokenLayout
 
 
 @pytest.mark.parametrize("prefix", [0, 2])
@@ -100,7 +100,7 @@ def test_swin_windows_are_a_token_layout(pos: str) -> None:
     the images' block-diagonal mask) they give what the windows' path gives (the window grid's terms for every
     window, the regions masked), float64. A 7 x 9 map in 4 x 5 windows shifted by (2, 2): the seam and the padding."""
     from vitrel import Attention
-    from vitrel.models.swin_windows import NUM_REGIONS, shifted_window_mask, window_layout, window_regions
+    from vitrel.layout.windows import NUM_REGIONS, shifted_window_mask, window_layout, window_regions
 
     regions = window_regions(Grid(7, 9), (4, 5), (2, 2))
     lay = window_layout(regions, (4, 5))
@@ -122,7 +122,7 @@ def test_a_windows_layout_that_does_not_fit_is_refused(impl: str) -> None:
     """The windows' layout as a mask must fit the batch (a multiple of its windows) and the windows' tokens, named,
     whether the kernel lowers it (sdpa) or reads it (flex)."""
     from vitrel import Attention
-    from vitrel.models.swin_windows import window_layout, window_regions
+    from vitrel.layout.windows import window_layout, window_regions
 
     lay = window_layout(window_regions(Grid(7, 9), (4, 5), (2, 2)), (4, 5))  # 4 windows of 20 tokens
     attn = Attention(16, 2, pos="rel2d_full", grid=(4, 5), attn_impl=impl).eval()
@@ -138,7 +138,7 @@ def test_window_groups_are_swins_shifted_windows(grid, window, shifted) -> None:
     """The windows' layout read back onto the map (``window_groups``) is Swin's definition: with the shift ``s`` and
     window ``M`` of ``window_and_shift``, two positions attend to each other iff ``floor((r - s) / M)`` agree on both
     axes (the padding, the roll and the regions of the seam undone). And the figure draws it."""
-    from vitrel.models.swin_windows import window_and_shift, window_groups
+    from vitrel.layout.windows import window_and_shift, window_groups
     from vitrel.viz import plot_swin_windows
 
     g = Grid(*grid)

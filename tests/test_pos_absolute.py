@@ -14,7 +14,7 @@ from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from vitrel.layers.attention import Attention
 from vitrel.pos import Grid, build_pos, get_pos_class, list_pos
 from vitrel.pos import tables as pos_tables
-from vitrel.pos.absolute import Ape, Sincos2d, infer_grid, resample_pos_embed
+from vitrel.pos.schemes.absolute import Ape, Sincos2d, infer_grid, resample_pos_embed
 
 CONF = Path(__file__).resolve().parents[1] / "conf" / "pos"
 GRIDS = [Grid(3, 5), Grid(4, 4)]

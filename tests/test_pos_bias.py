@@ -226,7 +226,7 @@ def test_checkpoints_written_before_keep_their_alibi_slopes(tmp_path):
 
 
 def test_bucket_is_exact_for_small_offsets_and_log_for_large():
-    from vitrel.pos.bucket import t5_bucket
+    from vitrel.pos.schemes.bucket import t5_bucket
 
     rel = torch.arange(-200, 201)
     got = t5_bucket(rel, 32, 128)

@@ -12,9 +12,9 @@ from tests.reference import scheme_qkv
 from vitrel import Attention
 from vitrel.kernels.common import merge_masks
 from vitrel.kernels.eager import attend_eager
+from vitrel.layout.geometry import Grid
 from vitrel.pos import build_pos, get_pos_class, list_pos
 from vitrel.pos.base import FAMILIES
-from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import UnknownSchemeError
 
 ALL = list_pos()

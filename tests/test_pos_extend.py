@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from vitrel import Attention
-from vitrel.pos.geometry import as_grid
+from vitrel.layout.geometry import as_grid
 from vitrel.pos.registry import build_pos
 from vitrel.pos.tables import extend_table
 

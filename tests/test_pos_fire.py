@@ -1,5 +1,5 @@
 """fire1d / fire2d: the bias and its gradients against float64 loops written from the equations
-(vitrel/pos/fire.py's docstring), causal and bidirectional, prefix tokens, any grid at call time;
+(vitrel/pos/schemes/fire.py's docstring), causal and bidirectional, prefix tokens, any grid at call time;
 translation invariance where it holds (fire2d; fire1d below its threshold) and where it does not (fire1d
 beyond it), the listing's defaults, weight decay."""
 
@@ -11,9 +11,10 @@ import pytest
 import torch
 
 import vitrel
+from vitrel.kernels import get_kernel
 from vitrel.layers import Attention
+from vitrel.layout.geometry import Grid
 from vitrel.pos import build_pos
-from vitrel.pos.geometry import Grid
 from vitrel.train.optim import param_groups
 
 HEADS = 3
@@ -119,7 +120,7 @@ def test_fire2d_equals_the_equation():
     g = Grid(4, 3)
     t = s.offset_table(g)
     assert t.shape == (HEADS, 7, 5)
-    torch.testing.assert_close(vitrel.pos.geometry.expand_offset_table(t, g, 1), s.bias(g, 1), rtol=0, atol=0)
+    torch.testing.assert_close(vitrel.layout.geometry.expand_offset_table(t, g, 1), s.bias(g, 1), rtol=0, atol=0)
 
 
 def test_fire1d_causal_in_attention():
@@ -167,7 +168,7 @@ def test_fire1d_is_relative_only_below_its_threshold():
     assert _shift_violation_1d(beyond, 12, 3) > 1e-3
     assert not type(beyond).has_offset_table and type(beyond).depends_on_extent
     with pytest.raises(ValueError, match="fire1d has no such table"):
-        beyond.prepare(Grid(3, 4), 0, impl="flex")
+        beyond.prepare(Grid(3, 4), 0, kernel=get_kernel("flex"))
 
 
 def test_fire1d_raster_order_depends_on_the_width():

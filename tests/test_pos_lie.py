@@ -1,4 +1,4 @@
-"""LieRE and ComRoPE (vitrel/pos/lie.py) against float64 reimplementations of two authors' codes:
+"""LieRE and ComRoPE (vitrel/pos/schemes/lie.py) against float64 reimplementations of two authors' codes:
 
 * the ComRoPE code (Longin-Yu/ComRoPE ``model.py`` at 7aeef08: ``get_positions``, ``get_exponent_matrix`` of each
   attention class, the full ``d x d`` block-diagonal ``R = exp(sum_a A_a x_a)``, ``(R q) . (R k)``), with scipy's
@@ -165,7 +165,7 @@ def test_rotation_is_computed_once_per_forward_and_orthogonal():
     # 2 x 2 blocks: the plane rotations as cos / sin, equal to the matrix exponential's entries
     b2 = attn("liere", block_size=2).pos
     cos, sin = b2.prepare((3, 4), 1, None, torch.float64).rope
-    from vitrel.pos.lie import block_rotations
+    from vitrel.pos.schemes.lie import block_rotations
 
     full = block_rotations(b2.generators().double(), b2.positions(b2.grid, 1, None, torch.float64))
     torch.testing.assert_close(cos, full[..., 0, 0])
@@ -350,7 +350,7 @@ def test_liere_configs_written_before_keep_the_comrope_baseline(tmp_path):
 def test_expm_squaring_equals_matrix_exp():
     """The exported programs' matrix exponential (products only, for ONNX) against torch's, float64, on LieRE-sized
     skew-symmetric logs (entries up to 2 pi, positions up to 4)."""
-    from vitrel.pos.lie import expm_squaring
+    from vitrel.pos.schemes.lie import expm_squaring
 
     torch.manual_seed(0)
     f = torch.triu(torch.rand(4, 50, 1, 16, 16, dtype=torch.float64) * 2 * math.pi, 1)

@@ -27,9 +27,10 @@ import timm
 import torch
 
 import vitrel
+from vitrel.kernels import get_kernel
 from vitrel.pos import Grid, build_pos
-from vitrel.pos.lookhere import LookHere, group_sizes
 from vitrel.pos.registry import get_pos_class
+from vitrel.pos.schemes.lookhere import LookHere, group_sizes
 
 FIX = Path(__file__).parent / "fixtures"
 INF = float("-inf")
@@ -228,7 +229,7 @@ def test_flex_block_mask_of_a_preset(fov):
         )
         for i in range(2)
     ]
-    states = LookHere.prepare_many(blocks, grid, prefix, impl="flex")
+    states = LookHere.prepare_many(blocks, grid, prefix, kernel=get_kernel("flex"))
     assert states[0].block_mask is states[1].block_mask
     dense = create_mask(states[0].block_mask.mask_mod, None, 12, 31, 31, device="cpu")[0]
     assert torch.equal(dense, blocks[0].bias(grid, prefix) > INF)

@@ -1,4 +1,4 @@
-"""PaPE and PaPE-RI (vitrel/pos/pape.py) against the equation, the authors' code and their released defaults.
+"""PaPE and PaPE-RI (vitrel/pos/schemes/pape.py) against the equation, the authors' code and their released defaults.
 
 Authors' code: github.com/DTU-PAS/parabolic-position-encoding, commit 21cb390eafb9398e78c7c786d20505f557c973ec,
 ``pape/nn/positions/pape.py`` (``ParabolicPositionEncoder.encode_query_key``), ``pape/nn/positions/pape_ri.py``

@@ -17,7 +17,7 @@ import yaml
 from tests.reference import scheme_qkv
 from vitrel.layers.attention import Attention
 from vitrel.pos import Grid, build_pos, get_pos_class
-from vitrel.pos.rope import (
+from vitrel.pos.schemes.rope import (
     Rope2dMixed,
     apply_rope,
     apply_rope_complex,

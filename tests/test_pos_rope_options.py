@@ -12,7 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from vitrel import Attention
 from vitrel.models import VisionTransformer
 from vitrel.pos import Grid, build_pos
-from vitrel.pos.rope import string_basis
+from vitrel.pos.schemes.rope import string_basis
 
 HEADS, D = 2, 8
 
@@ -158,7 +158,7 @@ def test_coordinate_augmentation_is_training_only_seeded_and_dinov3s():
     torch.testing.assert_close(s.cos_sin(g)[0], a)  # reproducible from the seed
     assert not torch.allclose(a, b) and not torch.allclose(a, ev[0])
     # the draws are DINOv3's: shift, then jitter per axis, then one rescale (row axis first)
-    from vitrel.pos.rope import augment_coords, rope_coords
+    from vitrel.pos.schemes.rope import augment_coords, rope_coords
 
     r, c = rope_coords(g, "normalized")
     torch.manual_seed(5)

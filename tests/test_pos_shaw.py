@@ -20,8 +20,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.reference import scheme_qkv, shaw_attention
 from vitrel import Attention
 from vitrel.pos import build_pos
-from vitrel.pos.shaw import Shaw2dFactored, Shaw2dFull
-from vitrel.pos.shaw1d import Shaw1d
+from vitrel.pos.schemes.shaw import Shaw2dFactored, Shaw2dFull
+from vitrel.pos.schemes.shaw1d import Shaw1d
 
 SCHEMES = ["shaw2d_factored", "shaw2d_full", "shaw1d"]
 DIM, HEADS = 24, 3
@@ -198,7 +198,7 @@ def test_full_blocks_equal_reference(monkeypatch, skew, prefix, block_queries):
     """Blocks of 1 row (5 blocks), 2 rows (a short last block), 3 rows and one block, with a window mask and
     clipping on both axes; both forms of a block: cells (gather / scatter_add, eager) and the skew trick
     along the columns (what runs under torch.compile)."""
-    import vitrel.pos.shaw as shaw
+    import vitrel.pos.schemes.shaw as shaw
 
     monkeypatch.setattr(shaw, "_use_skew", lambda: skew)
     grid, nw = (5, 4), 2
@@ -334,7 +334,7 @@ def test_fast_path_large_grid_memory(name):
     elif any("flash_attention" in op for op in rec.ops):
         assert rec.max_numel < heads * n * n
     with torch.no_grad():  # and it agrees with the eager content_logits / content_values path
-        st = m.pos.prepare(m.pos.grid, 1, x.device, x.dtype)
+        st = m.pos.prepare(m.pos.grid, 1, x.device, x.dtype, m.choose_kernel(m.pos, n, x.device))
         q, k, v = scheme_qkv(m, x, state=st)
         a = ((q @ k.transpose(-2, -1) + m.pos.content_logits(q, st)) * m.scale).softmax(-1)
         eager = a @ v + m.pos.content_values(a, st)

@@ -9,10 +9,10 @@ from omegaconf import OmegaConf
 
 import vitrel.pos.registry as registry
 from vitrel import Attention
+from vitrel.layout.geometry import Grid
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.vit import VisionTransformer
 from vitrel.pos import PosSpec, parse_pos
-from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import UnknownSchemeError, split_pos
 
 

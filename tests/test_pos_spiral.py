@@ -1,4 +1,4 @@
-"""Spiral RoPE (vitrel/pos/rope.py, ``spiral_rope``) against a float64 loop reference of its equation."""
+"""Spiral RoPE (vitrel/pos/schemes/rope.py, ``spiral_rope``) against a float64 loop reference of its equation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vitrel import Attention
-from vitrel.pos.geometry import as_grid
+from vitrel.layout.geometry import as_grid
 from vitrel.pos.registry import build_pos
 
 HEADS, D = 2, 16

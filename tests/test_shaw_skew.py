@@ -1,4 +1,4 @@
-"""The skew functional API of ``vitrel.pos.shaw1d`` against naive gathers and loops (float64).
+"""The skew functional API of ``vitrel.pos.schemes.shaw1d`` against naive gathers and loops (float64).
 
 ``skew``/``unskew`` against their index definitions; ``shaw_attention`` against a loop reference of
 ``A_ij = (q_i . k_j + q_i . r^K[clip(j - i - o)]) * scale (+ causal mask)``,
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.reference import shaw_attention
-from vitrel.pos.shaw1d import expand_table, offset_range, shaw_logits, shaw_values
+from vitrel.pos.schemes.shaw1d import expand_table, offset_range, shaw_logits, shaw_values
 from vitrel.pos.shaw_base import skew, unskew
 
 torch.manual_seed(0)

@@ -8,11 +8,11 @@ import torch
 from timm.data.naflex_transforms import patchify_image
 from timm.layers import DropPath
 
+from vitrel.layout.geometry import Grid
+from vitrel.layout.tokens import TokenLayout
 from vitrel.models.swin import MixedMaps, SwinTransformer
 from vitrel.models.swin_blocks import image_maps, pack_maps, per_image
-from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import get_pos_class, list_pos
-from vitrel.pos.tokens import TokenLayout
 
 RELATIVE = sorted({n for n in list_pos() if get_pos_class(n).kind == "relative"} | {"none"})
 PATCH = 4

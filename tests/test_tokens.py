@@ -13,10 +13,10 @@ from timm.data.naflex_transforms import patchify_image
 
 import vitrel
 from vitrel.layers.attention import Attention
+from vitrel.layout.geometry import Grid
+from vitrel.layout.tokens import TokenLayout, gather_pairs, segment_mask
 from vitrel.models.naflex import drop_tokens, grid_batch, parse_naflex
-from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import get_pos_class, list_pos
-from vitrel.pos.tokens import TokenLayout, gather_pairs, segment_mask
 
 RELATIVE = [n for n in list_pos() if get_pos_class(n).kind == "relative"]
 ABSOLUTE = [n for n in list_pos() if get_pos_class(n).kind == "absolute"]

@@ -39,8 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrel.layout.geometry import Grid, as_grid
 from vitrel.pos.base import FAMILIES, PositionScheme
-from vitrel.pos.geometry import Grid, as_grid
 
 __all__ = [
     "group_by_family",
@@ -447,11 +447,11 @@ def plot_attention_maps(
 
 def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
     """Swin's windows on an ``H x W`` map of patches, plain and shifted (Swin paper, figure 2): each patch coloured by
-    its group, the patches it attends to in that block (:func:`~vitrel.models.swin_windows.window_groups`: the
-    windows' regions, read back from their :class:`~vitrel.pos.tokens.TokenLayout`), the window edges drawn. With a
+    its group, the patches it attends to in that block (:func:`~vitrel.layout.windows.window_groups`: the
+    windows' regions, read back from their :class:`~vitrel.layout.tokens.TokenLayout`), the window edges drawn. With a
     shift, the windows at the map's edges hold parts of several windows of the rolled map, which do not see each
     other; a map that is not a multiple of the window is padded at the bottom and right."""
-    from vitrel.models.swin_windows import window_and_shift, window_groups
+    from vitrel.layout.windows import window_and_shift, window_groups
 
     grid = as_grid(grid)
     window = (window, window) if isinstance(window, int) else tuple(window)
@@ -485,8 +485,8 @@ def plot_packed_batch(
     a ``scheme`` (built with ``num_prefix_tokens``), its bias inside the mask, head-mean."""
     from matplotlib.colors import ListedColormap
 
+    from vitrel.layout.tokens import segment_mask
     from vitrel.models.naflex import parse_naflex, with_prefix
-    from vitrel.pos.tokens import segment_mask
 
     nb = parse_naflex(batch)
     zeros = nb.patches.new_zeros(*nb.patches.shape[:2], 1)
@@ -497,7 +497,7 @@ def plot_packed_batch(
     mask = segment_mask(layout, torch.float32)[row, 0]
     what = "mask (white: attends)"
     if scheme is not None and scheme.has_bias:  # (a scheme with no bias adds nothing to the mask)
-        st = scheme.prepare(layout, num_prefix_tokens, None, torch.float32, "sdpa")
+        st = scheme.prepare(layout, num_prefix_tokens, None, torch.float32)
         mask = (st.bias[row].mean(0) if st.bias.shape[1] > 1 else st.bias[row, 0]).detach()
         what = f"{scheme.name} bias, head mean"
     in_row = [i for i in range(nb.num_images) if bool((nb.image[row] == i).any())]

@@ -8,15 +8,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitrel.pos.tokens import content_logits
+from vitrel.layout.tokens import content_logits
 
 if TYPE_CHECKING:
     from vitrel.pos.base import PosState
 
 __all__ = ["eager_logits", "full_mask", "merge_masks", "sdpa_padded"]
-
-#: the widest head dim of FlashAttention-2 (SDPA's flash backend; wider heads run on the memory-efficient kernel)
-FLASH_MAX_HEAD_DIM = 256
 
 
 def full_mask(bias: Tensor | None, mask: Tensor | None, q: Tensor) -> Tensor | None:
@@ -49,7 +46,7 @@ def merge_masks(bias: Tensor | None, mask: Tensor | None, dtype: torch.dtype) ->
 
 def sdpa_padded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, dropout_p: float = 0.0) -> Tensor:
     """SDPA for queries and keys wider than the values (channels appended: a folded bias, PaPE; padded by whoever
-    widens them to a head dim the fused kernels take, :func:`~vitrel.kernels._sdpa_width.sdpa_width`): ``v``
+    widens them to a head dim the fused kernels take, :func:`~vitrel.layout.heads.sdpa_width`): ``v``
     zero-padded to their width (SDPA's fused kernels want one head dim, else the math path) and the padding cut off
     the output."""
     ev = v.shape[-1]

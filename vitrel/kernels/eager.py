@@ -9,7 +9,7 @@ from torch import Tensor
 
 from vitrel.kernels.common import eager_logits, full_mask
 from vitrel.kernels.registry import Kernel, register_kernel
-from vitrel.pos.tokens import content_values
+from vitrel.layout.tokens import content_values
 
 if TYPE_CHECKING:
     from vitrel.pos.base import PosState

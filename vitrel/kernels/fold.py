@@ -11,7 +11,7 @@ from torch import Tensor
 from vitrel.kernels.common import merge_masks, sdpa_padded
 from vitrel.kernels.flex import token_terms_refusal
 from vitrel.kernels.registry import Kernel, register_kernel
-from vitrel.pos.tokens import gather_tokens
+from vitrel.layout.tokens import gather_tokens
 
 __all__ = ["FoldKernel", "attend_folded"]
 

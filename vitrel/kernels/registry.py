@@ -5,13 +5,13 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
 ``@register_kernel("name")``, that declares
 
 * ``reads``: the position inputs :meth:`~vitrel.pos.base.PositionScheme.prepare` builds for it (``bias``: the dense
-  ``[heads, N, N]`` term; ``factors``: ``(u, w)`` with ``bias = u w^T``; ``table``: the offset table
-  ``[heads, 2H-1, 2W-1]``; ``block_mask``: FlexAttention's), and builds them (:meth:`Kernel.inputs`,
-  :meth:`Kernel.layout_inputs`);
+  ``[heads, N, N]`` term, which a kernel that reads nothing else takes as the scheme makes it; ``factors``:
+  ``(u, w)`` with ``bias = u w^T``; ``table``: the offset table ``[heads, 2H-1, 2W-1]``; ``block_mask``:
+  FlexAttention's), and builds them (:meth:`Kernel.inputs`, :meth:`Kernel.layout_inputs`);
 * which cases it takes: :meth:`Kernel.refuses` (a scheme's capabilities), ``takes_layout`` (packed / token-dropped
   layouts), ``takes_dropout``, ``native_causal`` (it masks the keys after the query itself, from ``state.causal``,
   instead of reading a causal float mask), ``window_layouts`` (it takes the windows' layout as ``mask``,
-  :meth:`~vitrel.pos.tokens.TokenLayout.windows`, and masks across their regions itself, instead of reading the float
+  :meth:`~vitrel.layout.tokens.TokenLayout.windows`, and masks across their regions itself, instead of reading the float
   mask it lowers to, repeated to the batch), ``onnx`` (what it runs translates to ONNX), ``fused_rotation`` (a rotary
   scheme's queries and keys are rotated by the fused Triton rotation, :mod:`vitrel.kernels.triton_rope`, instead of
   the scheme's torch ops);
@@ -32,9 +32,9 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.tokens import TokenLayout
     from vitrel.pos.base import PositionScheme, PosState
-    from vitrel.pos.geometry import Grid
-    from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "AUTO",
@@ -147,13 +147,7 @@ class Kernel:
     def layout_inputs(cls, scheme: PositionScheme, layout: TokenLayout, mask: Tensor) -> dict[str, Any]:
         """The fields for tokens laid out by ``layout`` (``mask``: its block-diagonal ``[B, 1, N, N]`` float mask
         of the images); ``grid`` is then the largest image extent, unless the fields hold another ``grid``."""
-        from vitrel.pos.tokens import gather_pairs
-
-        bias = mask
-        if scheme.has_bias:
-            bias = gather_pairs([scheme.bias(g, layout.num_prefix_tokens) for g in layout.grids], layout)
-            bias = bias.to(mask.dtype) + mask
-        return {"bias": bias}
+        return {"bias": scheme.layout_bias(layout, mask)}
 
     @classmethod
     def attend(
@@ -192,7 +186,8 @@ def check_choice(impl: str, scheme: PositionScheme | None = None, attn_drop: flo
     """``impl`` checked where a layer or model is built, so that a kernel named (not ``auto``, which chooses per call)
     that cannot run ``scheme`` (:meth:`Kernel.refuses`) or drop attention weights (``attn_drop > 0``,
     ``takes_dropout``) raises there, not at the first training step (Lightning's sanity check runs in eval mode,
-    without dropout). The forward checks again (:func:`resolve`): ``attn_impl`` may be set on a built module."""
+    without dropout). ``Attention.attn_impl`` set on a built layer is checked here too; the forward checks again
+    (:func:`resolve`), against the scheme a layer without one of its own is given."""
     check_impl(impl)
     if impl == "auto":
         return impl

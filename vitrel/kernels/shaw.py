@@ -5,7 +5,7 @@ No SDPA computes ``q_i . r^K_ij`` or ``sum_j a_ij r^V_ij``: every scheme with co
 ``content_attention`` (:class:`~vitrel.pos.shaw_base.ShawScheme`), which never makes an ``N x N x d`` tensor:
 
 * ``shaw2d_factored``: one SDPA call on queries, keys and values widened by ``H + W`` channels, padded to a head
-  dim SDPA's fused kernels take (:func:`~vitrel.kernels._sdpa_width.sdpa_width`);
+  dim SDPA's fused kernels take (:func:`~vitrel.layout.heads.sdpa_width`);
 * ``shaw1d``, ``shaw2d_full``: blocks of queries (:func:`~vitrel.pos.shaw_base.attend_query_blocks`), sized for the
   device (:func:`~vitrel.pos.shaw_base.query_blocks`: on CUDA the whole layer at once or large tiles, as the free
   memory allows; on the CPU about ``0.4 head_dim`` queries), checkpointed in training where there are several.

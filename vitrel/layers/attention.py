@@ -19,10 +19,10 @@ state carries the grid and prefix count it was prepared for. A layer built with 
 scheme and always takes its model's state.
 
 Windows: pass ``x`` as ``[B * num_windows, n, C]`` with ``grid`` the window's grid and ``mask`` the windows'
-:class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.windows`: each window's regions, Swin's
-shifted windows) or a float mask ``[num_windows, n, n]``; the bias is built once for the window grid and shared by
-every window. A kernel that reads the windows' regions itself (``Kernel.window_layouts``) gets the layout; the others
-the float mask it lowers to, repeated to the batch.
+:class:`~vitrel.layout.tokens.TokenLayout` (:meth:`~vitrel.layout.tokens.TokenLayout.windows`: each window's regions,
+Swin's shifted windows) or a float mask ``[num_windows, n, n]``; the bias is built once for the window grid and shared
+by every window. A kernel that reads the windows' regions itself (``Kernel.window_layouts``) gets the layout; the
+others the float mask it lowers to, repeated to the batch.
 """
 
 from __future__ import annotations
@@ -33,14 +33,14 @@ import torch
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
-from vitrel.kernels import check_choice, get_kernel
+from vitrel.kernels import Kernel, check_choice, resolve
 from vitrel.kernels.common import eager_logits, merge_masks
 from vitrel.kernels.triton_rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
+from vitrel.layout.geometry import as_grid
+from vitrel.layout.tokens import TokenLayout, isolate_images, poison, segment_mask
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import as_grid
 from vitrel.pos.registry import parse_pos
-from vitrel.pos.tokens import TokenLayout, isolate_images, poison, segment_mask
 
 __all__ = ["Attention", "SHARED"]
 
@@ -73,7 +73,11 @@ class Attention(nn.Module):
             the fused rotation, :mod:`vitrel.kernels.triton_rope`; CUDA, or CPU under ``TRITON_INTERPRET=1``) |
             ``triton_atomic`` (``triton`` with ``dq`` by atomics) | ``shaw`` (Shaw's schemes) | ``eager`` (softmax
             written out). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
-            else ``sdpa``.
+            else ``sdpa``. May be set on a built layer (``model.blocks[0].attn.attn_impl = "eager"``): checked at
+            the assignment (an unknown name, or a kernel that cannot run the layer's scheme, raises there), then
+            honoured: that layer runs the named kernel, also on the states its model prepares for all its blocks
+            (:meth:`~vitrel.pos.base.PositionScheme.bind`). Setting a model's or Swin stage's ``attn_impl`` sets it
+            on each of its layers.
         pos_options: the scheme's options as keywords, when ``pos`` is a name or config.
     """
 
@@ -100,7 +104,7 @@ class Attention(nn.Module):
         self.scale = self.head_dim**-0.5
         self.num_prefix_tokens = num_prefix_tokens
         self.causal = causal
-        self.attn_impl = check_choice(attn_impl, attn_drop=attn_drop)
+        self._attn_impl = check_choice(attn_impl, attn_drop=attn_drop)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
         self.proj = nn.Linear(dim, dim)
@@ -134,6 +138,20 @@ class Attention(nn.Module):
             raise ValueError(f"the {pos.name} scheme was built with causal={pos.causal}, the attention has {causal}")
         self.pos = pos
 
+    @property
+    def attn_impl(self) -> str:
+        """``auto`` or the kernel this layer runs (see the class docstring); checked when set."""
+        return self._attn_impl
+
+    @attn_impl.setter
+    def attn_impl(self, impl: str) -> None:
+        self._attn_impl = check_choice(impl, self.pos, self.attn_drop)
+
+    def choose_kernel(self, scheme: PositionScheme, n_tokens: int, device: torch.device | None) -> type[Kernel]:
+        """The kernel this layer runs for ``scheme`` on ``n_tokens`` tokens of ``device`` (its ``attn_impl``;
+        ``auto``: :func:`vitrel.kernels.resolve`'s choice), chosen once per forward and handed to the scheme."""
+        return resolve(self.attn_impl, scheme, n_tokens, device, self.drops_weights)
+
     # ------------------------------------------------------------------------------ internals
     def _check_scheme(self, scheme: PositionScheme) -> None:
         if scheme.num_heads != self.num_heads or scheme.head_dim != self.head_dim:
@@ -157,7 +175,13 @@ class Attention(nn.Module):
                     "pass the grid or a pos_state, not both: the state carries the grid it was prepared for"
                 )
             self._check_scheme(pos_state.scheme)
-            return pos_state
+            n = (
+                pos_state.layout.num_tokens
+                if pos_state.layout is not None
+                else pos_state.num_prefix_tokens + pos_state.grid.n
+            )
+            kernel = self.choose_kernel(pos_state.scheme, n, x.device)
+            return pos_state.scheme.bind(pos_state, kernel, x.device, x.dtype)
         if self.pos is None:
             raise ValueError(
                 "this attention layer uses its model's shared position scheme (pos='shared'): pass "
@@ -165,10 +189,13 @@ class Attention(nn.Module):
             )
         if grid is None:
             raise ValueError("pass the tokens' grid (H, W), or a pos_state prepared for it")
-        if not isinstance(grid, TokenLayout):
+        if isinstance(grid, TokenLayout):
+            n = grid.num_tokens
+        else:
             grid = as_grid(grid)
-        drops = self.drops_weights
-        return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, self.attn_impl, dropout=drops)
+            n = self.num_prefix_tokens + grid.n
+        kernel = self.choose_kernel(self.pos, n, x.device)
+        return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, kernel)
 
     def _qkv(self, x: Tensor, st: PosState) -> tuple[Tensor, Tensor, Tensor]:
         """Projected ``q, k, v [B, heads, N, d]``, ``q`` and ``k`` rotated (and augmented) by the scheme."""
@@ -178,7 +205,7 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        if st.scheme.has_rotation and get_kernel(st.impl).fused_rotation:  # every rotary scheme's state.rope, fused
+        if st.scheme.has_rotation and st.kernel.fused_rotation:  # every rotary scheme's state.rope, fused
             q, k = rope_rotate(q, k, st.rope)
         else:
             q, k = st.scheme.rotate(q, k, st)
@@ -227,14 +254,14 @@ class Attention(nn.Module):
     ) -> Tensor:
         """``x [B, N, C]`` -> ``[B, N, C]``, the tokens on ``grid`` or on the grid ``pos_state`` (a model's state of
         this layer's or its shared scheme) was prepared for. ``mask``: the windows' layout
-        (:meth:`~vitrel.pos.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a float mask broadcastable
+        (:meth:`~vitrel.layout.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a float mask broadcastable
         to ``[B, heads, N, N]``."""
         st = self._state(x, grid, pos_state)
         q, k, v = self._qkv(x, st)
-        if st.layout is not None:  # packed images: no image reads another's values (vitrel.pos.tokens)
+        if st.layout is not None:  # packed images: no image reads another's values (vitrel.layout.tokens)
             (q, k, v), bad = isolate_images(st.layout, q, k, v)
         b, n, c = x.shape
-        kernel = get_kernel(st.impl)
+        kernel = st.kernel
         native_causal = self.causal and kernel.native_causal  # the kernel masks by index, skipping blocks
         if native_causal:
             st = st._replace(causal=True)

@@ -27,15 +27,17 @@ import torch
 from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function
 from torch import Tensor, nn
 
+from vitrel.kernels import check_choice, resolve
 from vitrel.layers.attention import Attention
+from vitrel.layout.geometry import Grid, as_grid
+from vitrel.layout.tokens import TokenLayout, gather_tokens
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import Grid, as_grid
 from vitrel.pos.registry import PosSpec
-from vitrel.pos.tokens import TokenLayout, gather_tokens
 
 __all__ = [
     "PatchEmbed",
     "Block",
+    "BlockImpls",
     "constructor_config",
     "scheme_no_weight_decay",
     "init_weights_",
@@ -189,7 +191,7 @@ def patch_grid(x: Tensor, patch_size: int, in_chans: int) -> Grid:
 @register_notrace_function
 def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid | TokenLayout, num_prefix_tokens: int) -> Tensor:
     """``scheme.add_to_tokens`` on tokens ``[B, P + H W, C]`` or on a map ``[B, H, W, C]`` (no prefix); on tokens laid
-    out by a :class:`~vitrel.pos.tokens.TokenLayout`, each token gets its own image's embedding (resampled to that
+    out by a :class:`~vitrel.layout.tokens.TokenLayout`, each token gets its own image's embedding (resampled to that
     image's grid, as NaFlex does)."""
     if isinstance(grid, TokenLayout):
         p = grid.num_prefix_tokens
@@ -206,24 +208,52 @@ def drops_weights(blocks) -> bool:
     return any(blk.attn.drops_weights for blk in blocks)
 
 
+def _num_tokens(grid: Grid | TokenLayout, num_prefix_tokens: int) -> int:
+    return grid.num_tokens if isinstance(grid, TokenLayout) else num_prefix_tokens + as_grid(grid).n
+
+
 @register_notrace_function
 def prepare_state(
     scheme: PositionScheme, grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto", dropout: bool = False
 ) -> PosState:
-    """``scheme.prepare`` for tokens like ``like`` (their device and dtype) and attention ``impl`` (``dropout``: the
-    attention drops weights)."""
-    return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype, impl, dropout=dropout)
+    """``scheme.prepare`` for tokens like ``like`` (their device and dtype) and the kernel of ``attn_impl`` ``impl``
+    (:func:`vitrel.kernels.resolve`; ``dropout``: the attention drops weights). ``grid``: a grid or a
+    :class:`~vitrel.layout.tokens.TokenLayout`."""
+    kernel = resolve(impl, scheme, _num_tokens(grid, num_prefix_tokens), like.device, dropout)
+    return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype, kernel)
 
 
 @register_notrace_function
 def prepare_states(
-    schemes: list[PositionScheme], grid: Grid, num_prefix_tokens: int, like: Tensor, impl: str = "auto",
+    schemes: list[PositionScheme], grid: Grid, num_prefix_tokens: int, like: Tensor, impls: list[str],
     dropout: bool = False,
 ) -> list[PosState]:  # fmt: skip
-    """The states of the blocks' own schemes for one forward (:meth:`PositionScheme.prepare_all`: runs of schemes of
-    one class prepared together, RoPE-Mixed computes every block's cos/sin in one product). ``grid``: a grid or a
-    :class:`~vitrel.pos.tokens.TokenLayout`."""
-    return PositionScheme.prepare_all(schemes, grid, num_prefix_tokens, like.device, like.dtype, impl, dropout=dropout)
+    """The states of the blocks' own schemes for one forward, ``impls[i]`` block ``i``'s ``attn_impl``
+    (:meth:`PositionScheme.prepare_all`: runs of schemes of one class and kernel prepared together, RoPE-Mixed computes
+    every block's cos/sin in one product). ``grid``: a grid or a :class:`~vitrel.layout.tokens.TokenLayout`."""
+    n = _num_tokens(grid, num_prefix_tokens)
+    kernels = [resolve(impl, s, n, like.device, dropout) for s, impl in zip(schemes, impls, strict=True)]
+    return PositionScheme.prepare_all(schemes, grid, num_prefix_tokens, like.device, like.dtype, kernels)
+
+
+class BlockImpls:
+    """``attn_impl`` of a module with a ``rel_pos`` (None: no shared scheme) and ``blocks``: setting it checks it
+    against every scheme, then sets it on every block's attention (a block's own may then be set apart)."""
+
+    _attn_impl: str
+
+    @property
+    def attn_impl(self) -> str:
+        return self._attn_impl
+
+    @attn_impl.setter
+    def attn_impl(self, impl: str) -> None:
+        check_choice(impl, self.rel_pos)
+        for blk in self.blocks:  # every block checked before any is changed
+            check_choice(impl, blk.attn.pos, blk.attn.attn_drop)
+        for blk in self.blocks:
+            blk.attn.attn_impl = impl
+        self._attn_impl = impl
 
 
 class Block(nn.Module):

@@ -25,8 +25,8 @@ from timm.layers import register_notrace_function
 from timm.models._input import update_model_input_size
 from torch import Tensor, nn
 
+from vitrel.layout.geometry import Grid
 from vitrel.pos.base import PositionScheme
-from vitrel.pos.geometry import Grid
 
 __all__ = ["resolve_strict_img_size", "check_img_size", "check_grid_sizes", "rebuild_position_schemes"]
 

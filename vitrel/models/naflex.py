@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from timm.data.naflex_transforms import patchify_image
 from torch import Tensor, nn
 
-from vitrel.pos.geometry import Grid
-from vitrel.pos.tokens import TokenLayout
+from vitrel.layout.geometry import Grid
+from vitrel.layout.tokens import TokenLayout
 
 __all__ = [
     "NaFlexBatch",

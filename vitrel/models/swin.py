@@ -12,9 +12,9 @@ all blocks of a stage with ``pos_share=True``: the stage owns the scheme, prepar
 forward and passes it to its blocks).
 
 The blocks, stages, patch embedding and merging are in :mod:`vitrel.models.swin_blocks`; the windows, their
-shift and mask, and the window attention itself in :mod:`vitrel.models.swin_windows`. Images of different sizes
+shift and mask, and the window attention itself in :mod:`vitrel.layout.windows`. Images of different sizes
 (a list, or a NaFlex dict of full grids) are read once at the entrance (:func:`~vitrel.models.naflex.read_input`)
-and run as packed maps on a :class:`~vitrel.pos.tokens.TokenLayout`, the ViT's layout type.
+and run as packed maps on a :class:`~vitrel.layout.tokens.TokenLayout`, the ViT's layout type.
 """
 
 from __future__ import annotations
@@ -27,6 +27,9 @@ from timm.layers import calculate_drop_path_rates, to_2tuple
 from torch import Tensor, nn
 
 from vitrel.layers.validate import check_swin_args
+from vitrel.layout.geometry import Grid
+from vitrel.layout.tokens import TokenLayout
+from vitrel.layout.windows import shifted_window_mask, window_and_shift, window_partition, window_reverse
 from vitrel.models.blocks import add_abs_pos, constructor_config, with_placement
 from vitrel.models.input_size import check_grid_sizes, rebuild_position_schemes
 from vitrel.models.naflex import ModelInput, NaFlexBatch, embed_patches, input_form, read_input
@@ -39,11 +42,8 @@ from vitrel.models.swin_blocks import (
     map_grid,
     pack_maps,
 )
-from vitrel.models.swin_windows import shifted_window_mask, window_and_shift, window_partition, window_reverse
 from vitrel.models.timm_surface import TimmSurface
-from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
-from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "SwinTransformer",
@@ -62,7 +62,7 @@ __all__ = [
 class MixedMaps(NamedTuple):
     """What :meth:`SwinTransformer.forward_features` gives for images of different sizes: the final maps packed,
     ``tokens [T, C]`` (each image's map in raster order, one image after another), on their packed
-    :class:`~vitrel.pos.tokens.TokenLayout` (``layout.image_grids``: each image's final grid)."""
+    :class:`~vitrel.layout.tokens.TokenLayout` (``layout.image_grids``: each image's final grid)."""
 
     tokens: Tensor
     layout: TokenLayout

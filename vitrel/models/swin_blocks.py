@@ -2,7 +2,7 @@
 
 A layer runs on a batch of maps ``[B, H, W, C]`` of one grid, or on the maps of images of different sizes packed
 into one row of tokens ``[1, T, C]`` (each image's map in raster order, one image after another) with their
-:class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.packed`, made once at the model's
+:class:`~vitrel.layout.tokens.TokenLayout` (:meth:`~vitrel.layout.tokens.TokenLayout.packed`, made once at the model's
 entrance): the layout type the ViT's packed tokens and the attention kernels read. Norms and MLPs then run once on
 all tokens, windows and patch merging per image on its own grid (:func:`image_maps`), stochastic depth per image
 (:func:`per_image`).
@@ -22,25 +22,25 @@ from torch.utils.checkpoint import checkpoint
 
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
-from vitrel.models.blocks import Block, PatchEmbed, drops_weights, patch_grid
-from vitrel.models.input_size import check_img_size
-from vitrel.models.swin_windows import (
+from vitrel.layout.geometry import Grid, as_grid
+from vitrel.layout.tokens import TokenLayout
+from vitrel.layout.windows import (
+    floor_mod,
     mixed_states,
-    mixed_window_attention,
-    stage_state,
-    stage_states,
+    stage_window,
+    symbolic_map,
+    unwindow,
     window_and_shift,
-    window_attention,
     window_layout,
     window_partition,
     window_positions,
     window_regions,
 )
-from vitrel.pos.base import PosState
+from vitrel.models.blocks import Block, BlockImpls, PatchEmbed, drops_weights, patch_grid, prepare_state, prepare_states
+from vitrel.models.input_size import check_img_size
+from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import NonPersistentBuffers
-from vitrel.pos.geometry import Grid, as_grid
 from vitrel.pos.registry import PosArg, parse_pos
-from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "SwinBlock",
@@ -52,6 +52,10 @@ __all__ = [
     "image_maps",
     "pack_maps",
     "per_image",
+    "window_attention",
+    "mixed_window_attention",
+    "stage_state",
+    "stage_states",
 ]
 
 
@@ -78,6 +82,117 @@ def per_image(fn: Callable[[Tensor], Tensor], y: Tensor, layout: TokenLayout | N
     return torch.cat([fn(c[None])[0] for c in y[0].split(layout.image_sizes)])[None]
 
 
+# ---------------------------------------------------------------------------- window attention
+# The window logic of a forward pass: recorded by torch.fx as single calls (it branches on sizes);
+# torch.export / torch.compile trace through it. With symbolic sizes the windows take the form
+# that is the same program at every size (see :func:`_any_size_window_attention`).
+@register_notrace_function
+def window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor:
+    """``block``'s (shifted-)window attention on the normalised map ``x [B, H, W, C]`` -> ``[B, H, W, C]``."""
+    if symbolic_map(x):
+        return _any_size_window_attention(block, x, pos_state)
+    windows, grid, win, shift, layout = block.windows(x)
+    return unwindow(block.attn(windows, mask=layout, pos_state=pos_state), grid, win, shift)
+
+
+def mixed_window_attention(block: SwinBlock, maps: Sequence[Tensor], states: dict[Grid, PosState]) -> Tensor:
+    """``block``'s (shifted-)window attention on the normalised maps ``[1, h_i, w_i, C]`` of images of different sizes
+    -> their tokens packed ``[1, T, C]`` (each image's map in raster order, one image after another).
+
+    Each image is windowed on its own grid exactly as alone (``block.windows``: its window, shift, padding and the
+    windows' layout); the windows of all images with the same window grid (all of them unless a window shrinks to a
+    small image's grid) go through the attention as one batch, on one layout of those windows (each window keeps its
+    regions); then each image's windows are put back on its grid (:func:`unwindow`). ``states``: the block's scheme
+    state per window grid (:func:`mixed_states`)."""
+    parts = [block.windows(m) for m in maps]  # (windows, grid, win, shift, layout) per image
+    groups: dict[Grid, list[int]] = {}
+    for i, part in enumerate(parts):
+        groups.setdefault(Grid(*part[2]), []).append(i)
+    out: dict[int, Tensor] = {}
+    for win, idx in groups.items():
+        windows = torch.cat([parts[i][0] for i in idx])
+        layouts = [parts[i][4] for i in idx]
+        layout = None
+        if any(lay is not None for lay in layouts):  # images without regions: one region (0) per window
+            n = windows.shape[1]
+            regions = [
+                windows.new_zeros(parts[i][0].shape[0], n, dtype=torch.long) if lay is None else lay.segment
+                for i, lay in zip(idx, layouts)
+            ]
+            layout = window_layout(torch.cat(regions), win)
+        res = block.attn(windows, mask=layout, pos_state=states[win])
+        for i, r in zip(idx, res.split([parts[i][0].shape[0] for i in idx])):
+            _, grid, _, shift, _ = parts[i]
+            out[i] = unwindow(r, grid, win, shift).reshape(-1, r.shape[-1])
+    return torch.cat([out[i] for i in range(len(parts))])[None]
+
+
+def _any_size_window_attention(block: SwinBlock, x: Tensor, pos_state: PosState) -> Tensor:
+    """Window attention as one program for every map size (used when the sizes are symbolic).
+
+    The eager rule (the window shrinks to a grid smaller than it, no shift then; :func:`window_and_shift`)
+    is written without branching on sizes: the window is always ``M x M``, the map is padded to multiples
+    of ``M`` and the padding is masked, and the shift (``M // 2`` where the grid exceeds the window, else 0)
+    is a tensor that indexes the rows and columns instead of a ``roll``. Every token then attends to
+    exactly the tokens it attends to eagerly, with the same offsets, so every scheme whose terms depend
+    on the offsets (or, for RoPE, on the row and column) alone gives the eager result. A scheme whose
+    terms depend on the window's extent (``PositionScheme.depends_on_extent``: raster-order 1-D
+    schemes, RoPE on normalised coordinates) would not, and is refused.
+    """
+    st_scheme = pos_state.scheme
+    if st_scheme.depends_on_extent:
+        raise NotImplementedError(
+            f"{st_scheme.name} depends on the window's extent, which Swin shrinks to a smaller grid (timm's "
+            "rule); an exported Swin with this scheme cannot serve every resolution: export with static "
+            "height and width (dynamic batch works). See docs/export.md."
+        )
+    b, h, w, c = x.shape
+    (wh, ww), dev = block.window_size, x.device
+    nh, nw = (h + wh - 1) // wh, (w + ww - 1) // ww  # windows per axis, the map padded to nh wh x nw ww
+    hp, wp = nh * wh, nw * ww
+    if block.shifted:  # M // 2 where the grid exceeds the window, else 0
+        sh = torch.where(torch.scalar_tensor(h, dtype=torch.long, device=dev) > wh, wh // 2, 0)
+        sw = torch.where(torch.scalar_tensor(w, dtype=torch.long, device=dev) > ww, ww // 2, 0)
+    else:
+        sh = sw = torch.zeros((), dtype=torch.long, device=dev)
+    # every (window, slot) in window order [nh, nw, wh, ww]: rolled-map row / column ...
+    rr = torch.arange(nh, device=dev)[:, None, None, None] * wh + torch.arange(wh, device=dev)[None, None, :, None]
+    rc = torch.arange(nw, device=dev)[None, :, None, None] * ww + torch.arange(ww, device=dev)[None, None, None, :]
+    # ... and the row / column of the padded map it shows (the roll by -shift, as an index)
+    ir, ic = floor_mod(rr + sh, hp), floor_mod(rc + sw, wp)
+    x = F.pad(x, (0, 0, 0, wp - w, 0, hp - h)).flatten(1, 2)
+    windows = x.index_select(1, (ir * wp + ic).reshape(-1)).view(b * nh * nw, wh * ww, c)
+    # labels as shifted_window_mask: 2 padding, 1 wrapped around, 0 otherwise; -inf between labels that differ
+    lab_r = torch.where(ir >= h, 2, (rr >= hp - sh).long())
+    lab_c = torch.where(ic >= w, 2, (rc >= wp - sw).long())
+    lab = (lab_r * 3 + lab_c).reshape(nh * nw, wh * ww)
+    mask = torch.zeros((), device=dev).masked_fill(lab[:, :, None] != lab[:, None, :], float("-inf"))
+    out = block.attn(windows, mask=mask, pos_state=pos_state)  # [B nW, n, C]
+    # image position (r, c) sits at rolled (r - shift) mod hp: gather the H x W positions back
+    r2 = floor_mod(torch.arange(h, device=dev) - sh, hp)
+    c2 = floor_mod(torch.arange(w, device=dev) - sw, wp)
+    slot = ((r2 // wh)[:, None] * nw + (c2 // ww)[None, :]) * (wh * ww) + (r2 % wh)[:, None] * ww + (c2 % ww)[None, :]
+    return out.reshape(b, nh * nw * wh * ww, c).index_select(1, slot.reshape(-1)).view(b, h, w, c)
+
+
+@register_notrace_function
+def stage_state(
+    scheme: PositionScheme, x: Tensor, window: tuple[int, int], impl: str = "auto", dropout: bool = False
+) -> PosState:
+    """A stage's shared scheme state for the windows of the map ``x [B, H, W, C]``, for the kernel of ``attn_impl``
+    ``impl`` (``dropout``: the attention drops weights)."""
+    return prepare_state(scheme, stage_window(x, window), 0, x, impl, dropout)
+
+
+@register_notrace_function
+def stage_states(
+    schemes: list[PositionScheme], x: Tensor, window: tuple[int, int], impls: list[str], dropout: bool = False
+) -> list[PosState]:
+    """The states of a stage's blocks' own schemes for the windows of the map ``x``, ``impls[i]`` block ``i``'s
+    ``attn_impl``, prepared together (``prepare_states``: RoPE-Mixed computes every block's cos/sin in one product)."""
+    return prepare_states(schemes, stage_window(x, window), 0, x, impls, dropout)
+
+
 # ---------------------------------------------------------------------------- modules
 class SwinBlock(NonPersistentBuffers, Block):
     """(Shifted-)window attention block: :class:`~vitrel.models.blocks.Block` (pre-norm attention and MLP, layer
@@ -86,7 +201,7 @@ class SwinBlock(NonPersistentBuffers, Block):
     ``attn_drop``, ``drop_path``, ``layer``, ``attn_impl``).
 
     ``window_regions`` (a non-persistent buffer ``[nW, n]``, None when not needed) holds the region ids of the
-    windows of the grid the block is built for (:func:`~vitrel.models.swin_windows.window_regions`; remade by
+    windows of the grid the block is built for (:func:`~vitrel.layout.windows.window_regions`; remade by
     ``init_non_persistent_buffers()``, see :class:`~vitrel.pos.cache.NonPersistentBuffers`); another grid computes
     them in the forward pass.
     """
@@ -120,8 +235,8 @@ class SwinBlock(NonPersistentBuffers, Block):
     def windows(self, x: Tensor) -> tuple[Tensor, Grid, tuple[int, int], tuple[int, int], TokenLayout | None]:
         """The block's windows of a normalised map ``x [B, H, W, C]``: (windows ``[B nW, n, C]`` of the map padded to
         multiples of the window and rolled by ``-shift``, the map's grid, the window, the shift, the windows'
-        :class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.windows`, their regions:
-        the attention's mask) or None where nothing is masked); :func:`~vitrel.models.swin_windows.unwindow` puts
+        :class:`~vitrel.layout.tokens.TokenLayout` (:meth:`~vitrel.layout.tokens.TokenLayout.windows`, their regions:
+        the attention's mask) or None where nothing is masked); :func:`~vitrel.layout.windows.unwindow` puts
         them back."""
         _, h, w, _ = x.shape
         grid = Grid(h, w)
@@ -153,9 +268,9 @@ class SwinBlock(NonPersistentBuffers, Block):
         """``Block.forward``: ``x + DP(ls1(W-MSA(LN x))) ; x + DP(ls2(MLP(LN x)))``.
 
         ``x``: maps ``[B, H, W, C]`` (``grid`` None, or their grid), or packed maps ``[1, T, C]`` with ``grid`` their
-        :class:`~vitrel.pos.tokens.TokenLayout` (:meth:`~vitrel.pos.tokens.TokenLayout.packed`). ``pos_state``: the
-        state of the block's scheme for the windows of ``x``, prepared by its stage once per forward (else prepared
-        here): one state, or for packed maps one per window grid (``SwinStage.position_states``). ``mask``: the
+        :class:`~vitrel.layout.tokens.TokenLayout` (:meth:`~vitrel.layout.tokens.TokenLayout.packed`). ``pos_state``:
+        the state of the block's scheme for the windows of ``x``, prepared by its stage once per forward (else
+        prepared here): one state, or for packed maps one per window grid (``SwinStage.position_states``). ``mask``: the
         windows make their own (shifted-window and padding) masks, so None."""
         if mask is not None:
             raise ValueError("a Swin block makes its windows' masks (shifted windows, padding): pass mask=None")
@@ -255,7 +370,7 @@ def merge_2x2(x: Tensor) -> Tensor:
     return x.reshape(b, h // 2, 2, w // 2, 2, c).permute(0, 1, 3, 4, 2, 5).flatten(3)
 
 
-class SwinStage(nn.Module):
+class SwinStage(BlockImpls, nn.Module):
     """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows."""
 
     def __init__(
@@ -280,7 +395,7 @@ class SwinStage(nn.Module):
     ) -> None:
         super().__init__()
         self.grad_checkpointing = False
-        self.attn_impl = attn_impl
+        self._attn_impl = attn_impl
         self.merges = downsample
         self.downsample = PatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
         if not downsample and dim != out_dim:
@@ -332,7 +447,8 @@ class SwinStage(nn.Module):
         if st is not None:
             return [st] * len(self.blocks)
         schemes = [blk.attn.pos for blk in self.blocks]
-        return stage_states(schemes, x, self.window_size, self.attn_impl, drops_weights(self.blocks))
+        impls = [blk.attn.attn_impl for blk in self.blocks]  # (one set on a built layer honoured)
+        return stage_states(schemes, x, self.window_size, impls, drops_weights(self.blocks))
 
     def output_layout(self, layout: TokenLayout | None) -> TokenLayout | None:
         """The layout of this stage's output for packed maps on ``layout`` (None: a batch of maps)."""

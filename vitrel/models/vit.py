@@ -29,8 +29,11 @@ from torch.utils.checkpoint import checkpoint
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_vit_args
+from vitrel.layout.geometry import Grid
+from vitrel.layout.tokens import TokenLayout
 from vitrel.models.blocks import (
     Block,
+    BlockImpls,
     PatchEmbed,
     add_abs_pos,
     constructor_config,
@@ -53,14 +56,12 @@ from vitrel.models.naflex import (
 )
 from vitrel.models.timm_surface import TimmSurface
 from vitrel.pos.base import PosState
-from vitrel.pos.geometry import Grid
 from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
-from vitrel.pos.tokens import TokenLayout
 
 __all__ = ["VisionTransformer"]
 
 
-class VisionTransformer(TimmSurface, nn.Module):
+class VisionTransformer(BlockImpls, TimmSurface, nn.Module):
     """ViT with a pluggable position scheme (timm's surface: :class:`~vitrel.models.timm_surface.TimmSurface`).
 
     Args:
@@ -145,7 +146,7 @@ class VisionTransformer(TimmSurface, nn.Module):
         self.num_reg_tokens = reg_tokens
         self.has_class_token = class_token
         self.grad_checkpointing = False
-        self.attn_impl = attn_impl
+        self._attn_impl = attn_impl
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
         self.patch_embed.strict_img_size = self.strict_img_size  # timm's: its builder reads it (fixed_input_size)
@@ -319,7 +320,8 @@ class VisionTransformer(TimmSurface, nn.Module):
         if st is not None:
             return [st] * len(blocks)
         schemes = [blk.attn.pos for blk in blocks]
-        return prepare_states(schemes, grid, self.num_prefix_tokens, like, self.attn_impl, drops_weights(self.blocks))
+        impls = [blk.attn.attn_impl for blk in blocks]  # (one set on a built layer honoured)
+        return prepare_states(schemes, grid, self.num_prefix_tokens, like, impls, drops_weights(self.blocks))
 
     def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``; a NaFlex dict or a list of images (or dropped tokens) ->

@@ -1,14 +1,20 @@
-"""Position schemes. Every module in this package is imported, so a new scheme is one new file."""
+"""Position schemes: the protocol (:mod:`~vitrel.pos.base`), the registry, the shared tables and caches, and the
+schemes themselves in :mod:`vitrel.pos.schemes` (one file each). ``vitrel.pos.<scheme>`` (e.g. ``vitrel.pos.rope``)
+is an alias of ``vitrel.pos.schemes.<scheme>`` for one release."""
 
 import importlib
 import pkgutil
+import sys
 
+from vitrel.layout.geometry import Grid, as_grid
+from vitrel.pos import schemes
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import Grid, as_grid
 from vitrel.pos.registry import PosSpec, build_pos, get_pos_class, list_pos, parse_pos, register_pos
 
 for _m in pkgutil.iter_modules(__path__):
     importlib.import_module(f"{__name__}.{_m.name}")
+for _m in pkgutil.iter_modules(schemes.__path__):  # the old paths, vitrel.pos.<scheme>
+    sys.modules[f"{__name__}.{_m.name}"] = globals()[_m.name] = getattr(schemes, _m.name)
 
 __all__ = [
     "Grid",

@@ -11,7 +11,7 @@ a no-op by default, so the attention module never knows a scheme by name:
   ``content_values(attn, state) -> [B, heads, N, head_dim] | None``: the content-aware terms of Shaw
   et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``.
 * ``attend(q, k, v, mask, scale, state, dropout_p=0.0) -> out``: the fused forward. The default runs
-  the kernel of the state's ``impl`` (:mod:`vitrel.kernels`: the bias in SDPA's float mask, folded,
+  the state's ``kernel`` (:mod:`vitrel.kernels`: the bias in SDPA's float mask, folded,
   FlexAttention, or the one eager path for schemes with content terms); a scheme may override it with
   its own fast path.
 * ``add_to_tokens(x, grid, num_prefix_tokens) -> x``: absolute schemes add their embedding to the
@@ -21,13 +21,14 @@ a no-op by default, so the attention module never knows a scheme by name:
   ``q'_i . k'_j = q_i . k_j + term_ij`` (``has_token_terms``; the attention layer calls it after
   ``rotate``, so ``attend`` and the eager logits see ``q'`` and ``k'``).
 
-**Position state.** ``prepare(grid, num_prefix_tokens, device, dtype) -> PosState`` computes what
-depends on the grid alone (the bias, RoPE's cos/sin) once; the state carries the grid and prefix count it
-was prepared for, so the hooks that run in the forward (``rotate``, ``augment``, ``content_*``,
-``attend``) take the state alone. A model whose blocks share one scheme
-calls it once per forward and passes the state to every block (``blk(x, grid, pos_state=state)``),
-as timm passes ``shared_rel_pos`` and DINOv3 its RoPE ``(sin, cos)``; an attention layer with a
-scheme of its own prepares it itself. Nothing is stored on the modules during a forward.
+**Position state.** ``prepare(grid, num_prefix_tokens, device, dtype, kernel) -> PosState`` computes what
+depends on the grid alone (RoPE's cos/sin, the position inputs the kernel reads) once; the attention layer
+chooses the kernel (:func:`vitrel.kernels.resolve`) and hands it over, so a scheme never picks one. The state
+carries the grid and prefix count it was prepared for, so the hooks that run in the forward (``rotate``,
+``augment``, ``content_*``, ``attend``) take the state alone. A model whose blocks share one scheme calls it
+once per forward and passes the state to every block (``blk(x, grid, pos_state=state)``), as timm passes
+``shared_rel_pos`` and DINOv3 its RoPE ``(sin, cos)``; an attention layer with a scheme of its own prepares it
+itself. Nothing is stored on the modules during a forward.
 
 **Capabilities** are declared, not inferred: ``kind`` (``"relative"`` / ``"absolute"``),
 ``family`` (see :data:`FAMILIES`), ``has_bias``, ``has_rotation``, ``has_content_terms`` and
@@ -41,22 +42,25 @@ Token layout everywhere: ``num_prefix_tokens`` class/register tokens first, then
 patch tokens in raster order. Prefix tokens carry no position: every relative term between a
 prefix token and any other token is zero and RoPE leaves them unrotated.
 
-Adding a scheme is one file in ``vitrel/pos/`` with a class decorated by ``@register_pos(name)``
+Adding a scheme is one file in ``vitrel/pos/schemes/`` with a class decorated by ``@register_pos(name)``
 (:mod:`vitrel.pos.registry`), one YAML file in ``conf/pos/`` and one test file. The grid geometry lives
-in :mod:`vitrel.pos.geometry`, the attention kernels in :mod:`vitrel.kernels`.
+in :mod:`vitrel.layout.geometry`, the attention kernels in :mod:`vitrel.kernels` (a layer above: this package
+imports none).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
-from vitrel.kernels import Kernel, get_kernel, resolve
-from vitrel.pos.geometry import Grid, as_grid, check_tokens, expand_offset_table
-from vitrel.pos.tokens import TokenLayout, gather_tokens, segment_mask
+from vitrel.layout.geometry import Grid, as_grid, check_tokens, expand_offset_table
+from vitrel.layout.tokens import TokenLayout, gather_pairs, gather_tokens, segment_mask
+
+if TYPE_CHECKING:
+    from vitrel.kernels.registry import Kernel
 
 __all__ = ["FAMILIES", "PositionScheme", "PosState"]
 
@@ -179,51 +183,94 @@ class PositionScheme(nn.Module):
         num_prefix_tokens: int = 0,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
-        impl: str = "auto",
-        *,
-        dropout: bool = False,
+        kernel: type[Kernel] | None = None,
     ) -> PosState:
-        """What depends on the grid alone, computed once: RoPE's cos/sin (``rotation``) and the position inputs the
-        attention kernel ``impl`` reads (:mod:`vitrel.kernels`: the dense bias, its factors, the offset table, ...).
+        """What depends on the grid alone, computed once: RoPE's cos/sin (``rotation``) and the position inputs
+        ``kernel`` reads (:mod:`vitrel.kernels`: the dense bias, its factors, the offset table, ...).
 
-        ``device`` / ``dtype`` are those of the tokens the state will be used with; ``impl`` is ``attn_impl``: a
-        kernel's name, or ``auto`` (the kernel chosen for this device and size, :func:`vitrel.kernels.resolve`;
-        ``dropout``: the attention that reads the state drops attention weights, so ``auto`` picks a kernel that
-        does). The state records the kernel it was prepared for.
+        ``device`` / ``dtype`` are those of the tokens the state will be used with. ``kernel`` is the attention kernel
+        the state is for, a class of :mod:`vitrel.kernels` (``vitrel.kernels.get_kernel(name)``, or what
+        :func:`vitrel.kernels.resolve` chooses for ``attn_impl``); a kernel that cannot run the scheme raises here. With
+        None the state holds the dense bias (what ``sdpa``, ``eager`` and ``shaw`` read) and no kernel: the attention
+        layer it is given to binds it to its own (:meth:`bind`). ``grid``: a grid or a
+        :class:`~vitrel.layout.tokens.TokenLayout`.
         """
-        layout = grid if isinstance(grid, TokenLayout) else None
-        grid = grid if layout is not None else as_grid(grid)
-        n_tokens = layout.num_tokens if layout is not None else num_prefix_tokens + grid.n
-        kernel = resolve(impl, self, n_tokens, device, dropout)
-        if layout is not None:
-            if not kernel.takes_layout:
-                raise ValueError(
-                    f"attn_impl={kernel.name!r} does not take packed or token-dropped layouts (NaFlex dicts, lists of "
-                    "images of different sizes): use attn_impl='sdpa' or 'flex' for them"
-                )
-            return self._prepare_layout(layout, device, dtype, kernel)
-        p = num_prefix_tokens
+        self.check_kernel(kernel)
+        if isinstance(grid, TokenLayout):
+            return self._prepare_layout(grid, device, dtype, kernel)
+        grid, p = as_grid(grid), num_prefix_tokens
         rope = self.rotation(grid, p, device, dtype)
-        return PosState(self, grid, p, rope=rope, impl=kernel.name, **kernel.inputs(self, grid, p))
+        return PosState(self, grid, p, rope=rope, kernel=kernel, **self.kernel_inputs(kernel, grid, p))
+
+    def check_kernel(self, kernel: type[Kernel] | None) -> None:
+        if kernel is None:
+            return
+        why = kernel.refuses(self)
+        if why is not None:
+            raise ValueError(why)
+
+    def kernel_inputs(self, kernel: type[Kernel] | None, grid: Grid, p: int) -> dict[str, Any]:
+        """The state's fields ``kernel`` reads on a full grid; the dense bias without a kernel."""
+        return {"bias": self.bias(grid, p)} if kernel is None else kernel.inputs(self, grid, p)
+
+    def layout_bias(self, layout: TokenLayout, mask: Tensor) -> Tensor:
+        """The dense bias ``[B, heads | 1, N, N]`` of tokens laid out by ``layout``: each image's bias gathered at its
+        tokens' pairs plus ``mask``, the layout's block-diagonal float mask (only the mask for a scheme without bias).
+        """
+        if not self.has_bias:
+            return mask
+        bias = gather_pairs([self.bias(g, layout.num_prefix_tokens) for g in layout.grids], layout)
+        return bias.to(mask.dtype) + mask
+
+    def bind(
+        self,
+        state: PosState,
+        kernel: type[Kernel],
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> PosState:
+        """``state`` (this scheme's) for ``kernel``: as it is when it was prepared for it, or when it holds the dense
+        bias and ``kernel`` reads that alone; else its kernel inputs built anew for tokens of ``device`` / ``dtype``
+        (its rotation kept)."""
+        if state.kernel is kernel:
+            return state
+        self.check_kernel(kernel)
+        dense = state.kernel is None or state.kernel.reads <= {"bias"}
+        if dense and kernel.reads <= {"bias"}:
+            return state._replace(kernel=kernel)
+        if state.layout is not None:
+            return self._prepare_layout(state.layout, device, dtype, kernel, state.rope)
+        cleared = dict.fromkeys(("bias", "factors", "table", "block_mask"))
+        fields = self.kernel_inputs(kernel, state.grid, state.num_prefix_tokens)
+        return state._replace(kernel=kernel, **{**cleared, **fields})
 
     def rotation_axes(self, rope: tuple[Tensor, ...]) -> tuple[int | None, ...]:
         """The token axis of each tensor of ``rotation``'s result (None: a tensor with no token axis, e.g. STRING's
-        basis), for :func:`~vitrel.pos.tokens.gather_tokens`. Default: every tensor ``[..., N, x]``."""
+        basis), for :func:`~vitrel.layout.tokens.gather_tokens`. Default: every tensor ``[..., N, x]``."""
         return (-2,) * len(rope)
 
     def _prepare_layout(
-        self, layout: TokenLayout, device: torch.device | None, dtype: torch.dtype | None, kernel: type[Kernel]
+        self,
+        layout: TokenLayout,
+        device: torch.device | None,
+        dtype: torch.dtype | None,
+        kernel: type[Kernel] | None,
+        rope: tuple[Tensor, ...] | None = None,
     ) -> PosState:
-        """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.pos.tokens`):
+        """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.layout.tokens`):
         each distinct image grid prepared as a forward on that grid alone prepares it, each token reading its own
-        image's terms, and tokens of different images masked from each other."""
+        image's terms, and tokens of different images masked from each other (``rope``: the rotation, when known)."""
+        if kernel is not None and not kernel.takes_layout:
+            raise ValueError(
+                f"attn_impl={kernel.name!r} does not take packed or token-dropped layouts (NaFlex dicts, lists of "
+                "images of different sizes): use attn_impl='sdpa' or 'flex' for them"
+            )
         p = layout.num_prefix_tokens
         layout = layout.to(device)
         grids = layout.grids
         extent = Grid(max(g.h for g in grids), max(g.w for g in grids))
         mask = segment_mask(layout, dtype or torch.float32)
-        rope = None
-        rots = [self.rotation(g, p, device, dtype) for g in grids]
+        rots = [self.rotation(g, p, device, dtype) for g in grids] if rope is None else [None]
         if rots[0] is not None:
             axes = self.rotation_axes(rots[0])
             rope = tuple(
@@ -231,41 +278,54 @@ class PositionScheme(nn.Module):
                 for i, ax in enumerate(axes)
             )
         grid_states: tuple[PosState, ...] = ()
-        if self.has_content_terms:  # Shaw's terms: computed per image on its own grid (vitrel.pos.tokens.regrid_*)
-            grid_states = tuple(self.prepare(g, p, device, dtype, "eager") for g in grids)
-        fields = kernel.layout_inputs(self, layout, mask)
+        if self.has_content_terms:  # Shaw's terms: computed per image on its own grid (vitrel.layout.tokens.regrid_*)
+            grid_states = tuple(PosState(self, g, p) for g in grids)
+        fields = (
+            {"bias": self.layout_bias(layout, mask)} if kernel is None else kernel.layout_inputs(self, layout, mask)
+        )
         grid = fields.pop("grid", extent)  # (a kernel may lay the images out on another extent: flex's tables)
-        return PosState(self, grid, p, rope=rope, impl=kernel.name, layout=layout, grid_states=grid_states, **fields)
+        return PosState(self, grid, p, rope=rope, kernel=kernel, layout=layout, grid_states=grid_states, **fields)
 
     @classmethod
     def prepare_many(
-        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
-        *, dropout: bool = False,
-    ) -> list[PosState]:  # fmt: skip
+        cls,
+        schemes: Sequence[PositionScheme],
+        grid: Any,
+        num_prefix_tokens: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        kernel: type[Kernel] | None = None,
+    ) -> list[PosState]:
         """The states of several schemes of this class (a model's blocks, each with its own parameters) for
-        one forward: ``[s.prepare(...) for s in schemes]``. A class whose states are cheaper computed
-        together overrides it (RoPE-Mixed: every block's angles in one product, as RoPE-ViT)."""
-        return [s.prepare(grid, num_prefix_tokens, device, dtype, impl, dropout=dropout) for s in schemes]
+        one forward and one ``kernel``: ``[s.prepare(...) for s in schemes]``. A class whose states are cheaper
+        computed together overrides it (RoPE-Mixed: every block's angles in one product, as RoPE-ViT)."""
+        return [s.prepare(grid, num_prefix_tokens, device, dtype, kernel) for s in schemes]
 
     @staticmethod
     def prepare_all(
-        schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
-        *, dropout: bool = False,
-    ) -> list[PosState]:  # fmt: skip
-        """The states of a model's blocks' own schemes for one forward: runs of schemes of one class prepared
+        schemes: Sequence[PositionScheme],
+        grid: Any,
+        num_prefix_tokens: int = 0,
+        device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        kernels: Sequence[type[Kernel] | None] | None = None,
+    ) -> list[PosState]:
+        """The states of a model's blocks' own schemes for one forward, ``kernels[i]`` the kernel of block ``i``'s
+        attention (None: the dense states of :meth:`prepare`): runs of schemes of one class and one kernel prepared
         together (``prepare_many``) on a grid; each scheme's ``prepare`` on a
-        :class:`~vitrel.pos.tokens.TokenLayout`."""
+        :class:`~vitrel.layout.tokens.TokenLayout`."""
+        kernels = [None] * len(schemes) if kernels is None else list(kernels)
+        if len(kernels) != len(schemes):
+            raise ValueError(f"{len(schemes)} schemes and {len(kernels)} kernels")
         if isinstance(grid, TokenLayout):
-            return [s.prepare(grid, num_prefix_tokens, device, dtype, impl, dropout=dropout) for s in schemes]
+            return [s.prepare(grid, num_prefix_tokens, device, dtype, k) for s, k in zip(schemes, kernels)]
         states: list[PosState] = []
         i = 0
         while i < len(schemes):
             j = i + 1
-            while j < len(schemes) and type(schemes[j]) is type(schemes[i]):
+            while j < len(schemes) and type(schemes[j]) is type(schemes[i]) and kernels[j] is kernels[i]:
                 j += 1
-            states += type(schemes[i]).prepare_many(
-                schemes[i:j], grid, num_prefix_tokens, device, dtype, impl, dropout=dropout
-            )
+            states += type(schemes[i]).prepare_many(schemes[i:j], grid, num_prefix_tokens, device, dtype, kernels[i])
             i = j
         return states
 
@@ -277,9 +337,14 @@ class PositionScheme(nn.Module):
 
         ``mask`` is an additive float mask broadcastable to ``[B, heads, N, N]`` (window shift mask, causal
         mask) or None. ``q`` and ``k`` are already rotated. ``state`` (from :meth:`prepare`) carries the bias
-        and the grid; the kernel is the one of ``state.impl`` (:mod:`vitrel.kernels`).
+        and the grid; the kernel is the state's (:mod:`vitrel.kernels`).
         """
-        return get_kernel(state.impl).attend(q, k, v, mask, scale, state, dropout_p)
+        if state.kernel is None:
+            raise ValueError(
+                "this position state was prepared without a kernel: prepare it with one "
+                "(scheme.prepare(..., kernel=vitrel.kernels.get_kernel('sdpa'))), or give it to an Attention layer"
+            )
+        return state.kernel.attend(q, k, v, mask, scale, state, dropout_p)
 
     @classmethod
     def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
@@ -296,8 +361,8 @@ class PosState(NamedTuple):
     """A scheme's grid-dependent tensors for one forward (see :meth:`PositionScheme.prepare`).
 
     ``scheme`` is the scheme that made it (its hooks apply the state); ``bias`` the additive term
-    ``[heads, N, N]`` or None; ``rope`` RoPE's ``(cos, sin)`` or None; ``impl`` the attention
-    implementation it was prepared for.
+    ``[heads, N, N]`` or None; ``rope`` RoPE's ``(cos, sin)`` or None; ``kernel`` the attention kernel it was
+    prepared for (a class of :mod:`vitrel.kernels`; None: the dense bias, not bound to a kernel yet).
     """
 
     scheme: PositionScheme
@@ -307,12 +372,12 @@ class PosState(NamedTuple):
     rope: tuple[Tensor, Tensor] | None = None
     #: ``(u, w)`` of a folded bias (``impl="fold"``; then ``bias`` is None)
     factors: tuple[Tensor, Tensor] | None = None
-    impl: str = "auto"
+    kernel: Any = None
     #: the bias by offset ``[heads, 2H-1, 2W-1]`` (``impl="flex"``; then ``bias`` is None)
     table: Tensor | None = None
     #: FlexAttention's ``BlockMask`` of the table's ``-inf`` entries (``has_masked_offsets``), or None
     block_mask: Any = None
-    #: the tokens' layout (packed images, dropped tokens; :mod:`vitrel.pos.tokens`), None for a full grid. Then
+    #: the tokens' layout (packed images, dropped tokens; :mod:`vitrel.layout.tokens`), None for a full grid. Then
     #: ``grid`` is the largest image extent, ``bias`` ``[B, heads | 1, N, N]`` holds the block-diagonal mask of the
     #: images, per-token tensors (``rope``, ``factors``) have a batch axis, ``table`` one table per distinct grid
     layout: TokenLayout | None = None
@@ -320,6 +385,11 @@ class PosState(NamedTuple):
     grid_states: tuple[PosState, ...] = ()
     #: causal attention, done by the kernel itself (``impl="triton"``: blocks above the diagonal skipped)
     causal: bool = False
+
+    @property
+    def impl(self) -> str:
+        """The name of the state's kernel (``"auto"`` when it has none yet)."""
+        return "auto" if self.kernel is None else self.kernel.name
 
     def check_tokens(self, n_tokens: int) -> None:
         """Raise if the state was not prepared for ``n_tokens`` tokens."""

@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from vitrel.layout.geometry import Grid, check_tokens
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import concrete_grid
-from vitrel.pos.geometry import Grid, check_tokens
 from vitrel.pos.tables import ResizeOnLoad
 
 __all__ = ["ShawScheme", "attend_query_blocks", "query_block_size", "query_blocks", "query_spans", "skew", "unskew"]

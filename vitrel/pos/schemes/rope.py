@@ -61,10 +61,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.kernels import resolve
+from vitrel.layout.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
-from vitrel.pos.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.registry import register_pos
 from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
 
@@ -549,9 +548,8 @@ class Rope2dMixed(Rope2dOptions):
 
     @classmethod
     def prepare_many(
-        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
-        *, dropout: bool = False,
-    ) -> list[PosState]:  # fmt: skip
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, kernel=None
+    ) -> list[PosState]:
         """Every block's ``cos/sin`` (and STRING basis) in one product, as RoPE-ViT computes ``freqs_cis`` for
         all blocks at once: the same values as each scheme's ``prepare``. Schemes that differ in options or
         sizes, or draw DINOv3's coordinate augmentation (one draw per block), are prepared one by one."""
@@ -573,9 +571,9 @@ class Rope2dMixed(Rope2dOptions):
             for s in schemes
         )
         if not together:
-            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl, dropout=dropout)
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, kernel)
         grid, p, layers = as_grid(grid), num_prefix_tokens, len(schemes)
-        kernel = resolve(impl, first, p + grid.n, device, dropout)  # (says why a kernel cannot run the scheme)
+        first.check_kernel(kernel)  # (says why a kernel cannot run the scheme)
         f = torch.stack([s.freqs for s in schemes], dim=1).flatten(1, 2)  # [2, L * heads, d/2]
         work = torch.promote_types(f.dtype, torch.float32)
         rc = first.patch_rc(grid, f.device, work)
@@ -587,7 +585,8 @@ class Rope2dMixed(Rope2dOptions):
             basis = string_basis(torch.cat([s.string for s in schemes]), first.basis_kind).unflatten(0, (layers, -1))
             ropes = list(zip(cos, sin, basis.unbind(0)))
         return [
-            PosState(s, grid, p, rope=r, impl=kernel.name, **kernel.inputs(s, grid, p)) for s, r in zip(schemes, ropes)
+            PosState(s, grid, p, rope=r, kernel=kernel, **s.kernel_inputs(kernel, grid, p))
+            for s, r in zip(schemes, ropes)
         ]
 
     def extra_repr(self) -> str:

@@ -46,10 +46,10 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.device_cache import per_device
+from vitrel.layout.geometry import Grid, pad_prefix
 from vitrel.pos.base import PositionScheme
-from vitrel.pos.bias2d import full_bias_flat
-from vitrel.pos.geometry import Grid, pad_prefix
 from vitrel.pos.registry import register_pos
+from vitrel.pos.schemes.bias2d import full_bias_flat
 
 __all__ = ["Fire1d", "Fire2d"]
 

@@ -7,9 +7,9 @@ import math
 import torch
 from torch import Tensor
 
-from vitrel.pos.geometry import Grid
+from vitrel.layout.geometry import Grid
 from vitrel.pos.registry import register_pos
-from vitrel.pos.rope import FixedRope, Rope2dOptions, geometric_freqs
+from vitrel.pos.schemes.rope import FixedRope, Rope2dOptions, geometric_freqs
 
 __all__ = ["SpiralRope"]
 

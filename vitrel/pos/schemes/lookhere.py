@@ -71,12 +71,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrel.kernels import resolve
+from vitrel.layout.geometry import Grid, as_grid, expand_offset_table, offset_grid, rel_offsets
+from vitrel.layout.tokens import TokenLayout
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
-from vitrel.pos.geometry import Grid, as_grid, expand_offset_table, offset_grid, rel_offsets
 from vitrel.pos.registry import register_pos
-from vitrel.pos.tokens import TokenLayout
 
 __all__ = [
     "LookHere",
@@ -282,25 +281,24 @@ class LookHere(GridBuffers, PositionScheme):
 
     @classmethod
     def prepare_many(
-        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, impl="auto",
-        *, dropout: bool = False,
-    ) -> list[PosState]:  # fmt: skip
+        cls, schemes: Sequence[PositionScheme], grid: Any, num_prefix_tokens=0, device=None, dtype=None, kernel=None
+    ) -> list[PosState]:
         """For a kernel that reads a block mask (flex's ``BlockMask``, triton's visible tiles), one for every block that
         looks in the same directions (the views do not depend on the layer's slope), made by the kernel
         (``skip_blocks``); otherwise each scheme's ``prepare``."""
         if isinstance(grid, TokenLayout) or len(schemes) < 2 or any(type(s) is not cls for s in schemes):
-            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl, dropout=dropout)
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, kernel)
         grid = as_grid(grid)
-        kernel = resolve(impl, schemes[0], num_prefix_tokens + grid.n, device, dropout)
-        if "block_mask" not in kernel.reads:
-            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, impl, dropout=dropout)
+        if kernel is None or "block_mask" not in kernel.reads:
+            return super().prepare_many(schemes, grid, num_prefix_tokens, device, dtype, kernel)
+        schemes[0].check_kernel(kernel)
         masks, states = {}, []
         for s in schemes:
             table = s.offset_table(grid)
             key = (s.directions, s.num_heads)
             if key not in masks:
                 masks[key] = kernel.skip_blocks(table, grid, num_prefix_tokens)
-            states.append(PosState(s, grid, num_prefix_tokens, table=table, block_mask=masks[key], impl=kernel.name))
+            states.append(PosState(s, grid, num_prefix_tokens, table=table, block_mask=masks[key], kernel=kernel))
         return states
 
     def _bias(self, grid: Grid, num_prefix_tokens: int) -> Tensor:

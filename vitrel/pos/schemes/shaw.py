@@ -25,7 +25,7 @@ Fast paths, never an ``N x N x d`` tensor:
 
       q' = [q, Rh, Rw],  k' = [k, onehot(row_j), onehot(col_j)],  v' = [v, onehot(row_j), onehot(col_j)]
 
-  (each zero-padded to a head dim SDPA's fused kernels take, :func:`~vitrel.kernels._sdpa_width.sdpa_width`),
+  (each zero-padded to a head dim SDPA's fused kernels take, :func:`~vitrel.layout.heads.sdpa_width`),
   so ``q'_i . k'_j = q_i . k_j + q_i . r^K_ij``; the extra output channels are the attention mass
   per key row ``Ph[i, y]`` and per key column ``Pw[i, z]``, and
   ``out_i += sum_y Ph[i, y] r^Vh[clip(row_i - y)] + sum_z Pw[i, z] r^Vw[clip(col_i - z)]``.
@@ -35,8 +35,8 @@ Fast paths, never an ``N x N x d`` tensor:
   ``torch.compile``, the skew trick along the columns instead: for query row ``y`` and key row ``r`` the
   table row ``clip(y - r)`` is fixed, so ``z[y, r, x, m] = q_(y,x) . r^K[clip(y - r), clip(-m)]`` over
   the ``2W - 1`` column offsets ``m`` (one product with the block's expanded tables ``[g, H, 2W-1, d]``)
-  and :func:`~vitrel.pos.shaw1d.skew` moves offset ``m = c - x`` to key column ``c``; values:
-  :func:`~vitrel.pos.shaw1d.unskew` sums the weights of each offset. In training each block is
+  and :func:`~vitrel.pos.schemes.shaw1d.skew` moves offset ``m = c - x`` to key column ``c``; values:
+  :func:`~vitrel.pos.schemes.shaw1d.unskew` sums the weights of each offset. In training each block is
   checkpointed (recomputed in backward), so no ``N x N`` tensor is kept: memory ``O(c N)`` of temporaries
   per head on top of ``O(N d)``.
 """
@@ -47,9 +47,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.kernels._sdpa_width import sdpa_width
+from vitrel.layout.geometry import Grid, check_tokens, pad_prefix, patch_coords
+from vitrel.layout.heads import sdpa_width
 from vitrel.pos.base import PosState
-from vitrel.pos.geometry import Grid, check_tokens, pad_prefix, patch_coords
 from vitrel.pos.registry import register_pos
 from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, query_spans, skew, unskew
 from vitrel.pos.tables import offset_index, offset_rows, take_renamed

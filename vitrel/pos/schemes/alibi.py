@@ -25,9 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vitrel.layout.geometry import Grid, offset_grid, pad_prefix, rel_offsets
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import GridBuffers
-from vitrel.pos.geometry import Grid, offset_grid, pad_prefix, rel_offsets
 from vitrel.pos.registry import register_pos
 
 __all__ = ["Alibi1d", "Alibi2d", "reference_slopes"]

@@ -24,9 +24,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrel.layout.geometry import Grid, as_grid, check_tokens, patch_coords
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import GridBuffers, concrete_grid
-from vitrel.pos.geometry import Grid, as_grid, check_tokens, patch_coords
 from vitrel.pos.registry import register_pos
 from vitrel.pos.tables import warn_once
 

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrel.layout.geometry import Grid, check_tokens, pad_prefix
 from vitrel.pos.base import PosState
-from vitrel.pos.geometry import Grid, check_tokens, pad_prefix
 from vitrel.pos.registry import register_pos
 from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, query_spans, skew, unskew
 from vitrel.pos.tables import take_renamed

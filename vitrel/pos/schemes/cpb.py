@@ -17,10 +17,10 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.device_cache import per_device
+from vitrel.layout.geometry import Grid, pad_prefix
 from vitrel.pos.base import PositionScheme
-from vitrel.pos.bias2d import full_bias_flat
-from vitrel.pos.geometry import Grid, pad_prefix
 from vitrel.pos.registry import register_pos
+from vitrel.pos.schemes.bias2d import full_bias_flat
 
 __all__ = ["Rel2dCpb", "cpb_coords"]
 

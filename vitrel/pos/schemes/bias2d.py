@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from vitrel.layout.geometry import Grid, axis_factors, pad_prefix
 from vitrel.pos.base import PositionScheme
-from vitrel.pos.geometry import Grid, axis_factors, pad_prefix
 from vitrel.pos.registry import register_pos
 from vitrel.pos.tables import ResizeOnLoad, cover_grid, offset_index, take_offsets
 

@@ -74,10 +74,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from vitrel.layout.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.registry import register_pos
-from vitrel.pos.rope import apply_rope, check_qk
+from vitrel.pos.schemes.rope import apply_rope, check_qk
 
 __all__ = ["Liere", "Comrope", "LIERE_PRESETS", "lie_positions", "block_rotations", "apply_block_rotation"]
 

@@ -22,8 +22,8 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.device_cache import per_device
+from vitrel.layout.geometry import Grid, axis_factors, axis_offsets, pad_prefix
 from vitrel.pos.base import PositionScheme
-from vitrel.pos.geometry import Grid, axis_factors, axis_offsets, pad_prefix
 from vitrel.pos.registry import register_pos
 
 __all__ = ["t5_bucket", "Rel1dBucket", "Rel2dBucket"]

@@ -1,6 +1,5 @@
 """The head dims SDPA's fused CUDA kernels take, for queries and keys widened by appended channels (a folded bias,
-Shaw's factored terms, PaPE). Imports torch alone, so that the position schemes that widen their queries
-(:mod:`vitrel.pos.pape`, :mod:`vitrel.pos.shaw`) can use it while :mod:`vitrel.kernels` is being imported."""
+Shaw's factored terms, PaPE's parabolas): the channel layout both the schemes that widen them and the kernels read."""
 
 from __future__ import annotations
 

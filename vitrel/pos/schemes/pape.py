@@ -31,7 +31,7 @@ and the offset ``pos_i - pos_j`` only (translation invariant); PaPE-RI's on ``||
     q' = [q, sum_p -a_p u_ip^2, a_i, 2 a_i u_i, sum_p b_p u_ip, b_i]     k' = [k, 1, -u_j^2, u_j, 1, -u_j]
     q' = [q, sum_c -a_i u_ic^2, a_i (2x), 2 a_i u_i]                      k' = [k, 1, -u_j^2, u_j]   (RI)
 
-zero-padded to a head dim SDPA's fused kernels take (:func:`~vitrel.kernels._sdpa_width.sdpa_width`: a multiple of 8 of
+zero-padded to a head dim SDPA's fused kernels take (:func:`~vitrel.layout.heads.sdpa_width`: a multiple of 8 of
 ``head_dim + 3P + 2``; ``+ 2 * 2 + 1`` for RI), as they do: PaPE's
 ``channels="parabolas"``. The default ``channels="compact"`` computes the same function in 6 channels: positions
 are 2-D, so the ``P`` parabolas of a head sum to one quadratic in ``pos_i - pos_j`` (:func:`_compact`); the
@@ -50,9 +50,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.kernels._sdpa_width import pad_to_sdpa_width
+from vitrel.layout.geometry import Grid, patch_coords
+from vitrel.layout.heads import pad_to_sdpa_width
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.geometry import Grid, patch_coords
 from vitrel.pos.registry import register_pos
 
 __all__ = ["pape_positions", "Pape", "PapeRi"]

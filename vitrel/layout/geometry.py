@@ -1,0 +1,122 @@
+"""Grid and offset geometry shared by the position schemes and the attention kernels.
+
+Token layout everywhere: ``num_prefix_tokens`` class/register tokens first, then the ``H x W`` patch
+tokens in raster order. One sign convention: the offset of query ``i`` to key ``j`` is ``d_ij = p_i - p_j``
+(``dh_ij = row_i - row_j``, ``dw_ij = col_i - col_j``), as in Swin's relative index; index ``d + n - 1`` of an
+offset table's axis holds offset ``d``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "Grid",
+    "as_grid",
+    "check_tokens",
+    "patch_coords",
+    "rel_offsets",
+    "pad_prefix",
+    "axis_offsets",
+    "offset_grid",
+    "expand_offset_table",
+    "axis_factors",
+]
+
+
+class Grid(NamedTuple):
+    """Height and width of a patch grid, in patches."""
+
+    h: int
+    w: int
+
+    @property
+    def n(self) -> int:
+        return self.h * self.w
+
+
+def as_grid(grid: Any) -> Grid:
+    """``int`` (square), ``(h, w)`` or ``Grid`` -> ``Grid``, with a clear error otherwise."""
+    if isinstance(grid, Grid):
+        return grid
+    if isinstance(grid, int):
+        g = Grid(grid, grid)
+    else:
+        try:
+            h, w = grid
+        except (TypeError, ValueError):
+            raise ValueError(f"grid must be an int or a pair (H, W), got {grid!r}") from None
+        g = Grid(int(h), int(w))
+    if g.h < 1 or g.w < 1:
+        raise ValueError(f"grid must have positive sides, got {tuple(g)}")
+    return g
+
+
+def check_tokens(n_tokens: int, grid: Grid, num_prefix_tokens: int) -> None:
+    """Raise if ``n_tokens`` is not ``num_prefix_tokens + H * W``."""
+    if n_tokens != num_prefix_tokens + grid.n:
+        raise ValueError(
+            f"grid {grid.h}x{grid.w} with {num_prefix_tokens} prefix token(s) needs "
+            f"{num_prefix_tokens + grid.n} tokens, but the input has {n_tokens}"
+        )
+
+
+def patch_coords(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Row and column index of each patch token in raster order, each ``[H*W]`` (long)."""
+    p = torch.arange(grid.h * grid.w, device=device)  # (division, not repeat: exports at any symbolic size)
+    r = p // grid.w
+    return r, p - r * grid.w
+
+
+def rel_offsets(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """Row and column offsets ``(dh, dw)`` with ``dh[i, j] = row_i - row_j``, each ``[HW, HW]``."""
+    r, c = patch_coords(grid, device)
+    return r[:, None] - r[None, :], c[:, None] - c[None, :]
+
+
+def pad_prefix(bias: Tensor, num_prefix_tokens: int) -> Tensor:
+    """Zero-pad a ``[..., HW, HW]`` term with ``num_prefix_tokens`` leading rows and columns."""
+    if num_prefix_tokens == 0:
+        return bias
+    p = num_prefix_tokens
+    return F.pad(bias, (p, 0, p, 0))
+
+
+def axis_offsets(n: int, device: torch.device | None = None) -> Tensor:
+    """The offsets ``-(n-1) .. n-1`` along an axis of ``n`` patches (``[2n-1]``, long): index ``d + n - 1``
+    of an offset table holds offset ``d``."""
+    return torch.arange(-(n - 1), n, device=device)
+
+
+def offset_grid(grid: Grid, device: torch.device | None = None) -> tuple[Tensor, Tensor]:
+    """``(dh, dw)`` over an offset table, each ``[2H-1, 2W-1]`` (long): ``dh[a, b] = a - (H - 1)``,
+    ``dw[a, b] = b - (W - 1)``."""
+    dh = axis_offsets(grid.h, device)[:, None].expand(-1, 2 * grid.w - 1)
+    dw = axis_offsets(grid.w, device)[None, :].expand(2 * grid.h - 1, -1)
+    return dh, dw
+
+
+def expand_offset_table(table: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+    """``T [heads, 2H-1, 2W-1]`` -> the bias ``[heads, N, N]``, ``T[h, dh_ij + H - 1, dw_ij + W - 1]`` for
+    patch pairs, 0 for pairs with a prefix token."""
+    dh, dw = rel_offsets(grid, table.device)
+    return pad_prefix(table[:, dh + grid.h - 1, dw + grid.w - 1], num_prefix_tokens)
+
+
+def axis_factors(bh: Tensor, bw: Tensor, grid: Grid, num_prefix_tokens: int, head_dim: int) -> tuple[Tensor, Tensor]:
+    """Factors of ``bh[:, row_i, row_j] + bw[:, col_i, col_j]`` (``bh [heads, H, H]``, ``bw [heads, W, W]``):
+    ``u_i = [bh[row_i, :], bw[col_i, :]]``, ``w_j = [onehot(row_j), onehot(col_j)]``, rank ``H + W`` padded
+    with zeros so that ``head_dim + r`` is a multiple of 8 (what fused kernels want); prefix tokens get zeros."""
+    heads = bh.shape[0]
+    rows, cols = patch_coords(grid, bh.device)
+    u = torch.cat([bh[:, rows, :], bw[:, cols, :]], dim=-1)  # [heads, HW, H + W]
+    ar_h, ar_w = torch.arange(grid.h, device=bh.device), torch.arange(grid.w, device=bh.device)
+    w = torch.cat([rows[:, None] == ar_h, cols[:, None] == ar_w], dim=-1).to(bh.dtype)  # one-hot, [HW, H + W]
+    pad = -(head_dim + grid.h + grid.w) % 8
+    u = F.pad(u, (0, pad, num_prefix_tokens, 0))
+    w = F.pad(w, (0, pad, num_prefix_tokens, 0)).expand(heads, -1, -1)
+    return u, w

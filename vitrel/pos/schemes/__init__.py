@@ -1,0 +1,8 @@
+"""The position schemes, one file each, registered by name (:func:`vitrel.pos.registry.register_pos`). Every module in
+this package is imported, so a new scheme is one new file (and its config in ``conf/pos/`` and its test)."""
+
+import importlib
+import pkgutil
+
+for _m in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_m.name}")

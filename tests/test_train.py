@@ -201,7 +201,7 @@ def test_default_run_validates_on_a_split_held_out_of_train(tmp_path):
     from vitrel.data.base import seeded_split
 
     over = [*TINY_VIT, *FAST, "trainer.max_epochs=1", "trainer.limit_train_batches=8", "logger=none"]
-    cfg = compose(tmp_path, [*over, "trainer.limit_test_batches=4"])
+    cfg = compose(tmp_path, [*over, "data.eval_batch_size=250", "trainer.limit_test_batches=2"])
     assert cfg.data.val_fraction == 0.1 and cfg.data.seed == 0
     metrics = train(cfg)
     model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt").double().eval()  # the weights validated last

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import errno
 import hashlib
+import math
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -257,3 +259,42 @@ def test_resuming_a_checkpoint_of_another_model_is_a_checkpoint_error(tmp_path):
         train(compose(tmp_path / "other", [*short, "model.embed_dim=48", f"ckpt_path={ckpt}"]))
     # training-only settings may change on resume
     train(compose(first, [*short, "trainer.max_epochs=2", "+model.proj_drop_rate=0.1"]))
+
+
+# ------------------------------------------------------------------------------------------ issue 57, item 4
+class _LearningRates(L.Callback):
+    """``(global step, learning rate of that step)`` of every training step."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, float]] = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.seen.append((trainer.global_step, trainer.optimizers[0].param_groups[0]["lr"]))
+
+
+def test_resume_with_more_epochs_follows_the_longer_schedule_and_keeps_the_best(tmp_path, caplog):
+    """1 epoch of 4 steps, then resumed to 2 epochs: steps 4-7 at the rates of an uninterrupted 2-epoch run (not the
+    1-epoch schedule's min_lr); the best checkpoint (``save_top_k=1``, ``monitor=epoch``, ``mode=min``: the first
+    epoch stays best) is still the one file, with its score."""
+    run = tmp_path / "run"
+    base = [*TINY_VIT, *FAST, "trainer.limit_train_batches=4", "trainer.limit_val_batches=1", "test=false"]
+    base += ["logger=none", "callbacks.model_checkpoint.monitor=epoch", "callbacks.model_checkpoint.mode=min"]
+    train(compose(run, [*base, "trainer.max_epochs=1"]))
+    resumed, straight = _LearningRates(), _LearningRates()
+    train(compose(run, [*base, "trainer.max_epochs=2"]), callbacks=[resumed])  # resume=auto
+    train(compose(tmp_path / "straight", [*base, "trainer.max_epochs=2"]), callbacks=[straight])
+
+    assert [s for s, _ in resumed.seen] == [4, 5, 6, 7] and [s for s, _ in straight.seen] == list(range(8))
+    assert [lr for _, lr in resumed.seen] == pytest.approx([lr for _, lr in straight.seen[4:]], rel=1e-12)
+    # the schedule's formula, in float64: warmup of round(0.25 * 4) = 1 step, cosine to min_lr over 8
+    peak, low = 2e-3, 1e-5
+    want = [low + (peak - low) * 0.5 * (1 + math.cos(math.pi * (s - 1) / 7)) for s in range(4, 8)]
+    assert [lr for _, lr in resumed.seen] == pytest.approx(want, rel=1e-6)
+    assert "learning-rate schedule: 8 steps (1 of warmup) for this run, the checkpoint's had 4 (1)" in caplog.text
+
+    ckpts = run / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("best-*")) == ["best-epoch000.ckpt"], "save_top_k=1 across the resume"
+    state = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)["callbacks"]
+    best = next(v for k, v in state.items() if k.startswith("ModelCheckpoint"))
+    assert best["best_model_path"] == str(ckpts / "best-epoch000.ckpt") and float(best["best_model_score"]) == 0.0
+    assert list(best["best_k_models"]) == [str(ckpts / "best-epoch000.ckpt")]

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -171,7 +172,7 @@ def test_truncated_last_checkpoint_is_a_clear_error(tmp_path):
         train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT]))  # resume=auto picks it up
 
 
-def test_eval_at_larger_image_size(tmp_path):
+def test_eval_at_larger_image_size(tmp_path, capsys):
     from vitrel.train.evaluate import evaluate
 
     run = tmp_path / "run"
@@ -183,12 +184,35 @@ def test_eval_at_larger_image_size(tmp_path):
     metrics = evaluate(compose(out, over, config_name="eval"))
     res = json.loads((out / "eval_metrics.json").read_text())
     assert res["img_size"] == 44 and res["grid"] == [11, 11]
+    assert (res["num_images"], res["split_images"]) == (4 * 128, 2000)  # scored: 4 batches of 128 (limit_test_batches)
+    assert "test (512 of its 2000 images: trainer.limit_test_batches)" in capsys.readouterr().out
     assert 0.0 <= metrics["test/acc1"] <= 1.0 and math.isfinite(metrics["test/loss"])
     # the resized model keeps the offsets it was trained with
     trained = torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"]["model.blocks.0.attn.pos.table"]
     big = vitrel.load_model(ckpt, img_size=44).blocks[0].attn.pos.table
     assert big.shape[:2] == (21, 21) and trained.shape[:2] == (13, 13)
     torch.testing.assert_close(big[4:17, 4:17], trained)
+
+
+def test_default_run_validates_on_a_split_held_out_of_train(tmp_path):
+    """val/acc1 is the final weights' accuracy on the default data config's held-out 10 % of the train file (seeded by
+    data.seed), counted here in float64 from the raw images: not on the test split."""
+    from vitrel.data import fashion_mnist as fm
+    from vitrel.data.base import seeded_split
+
+    over = [*TINY_VIT, *FAST, "trainer.max_epochs=1", "trainer.limit_train_batches=8", "logger=none"]
+    cfg = compose(tmp_path, [*over, "data.eval_batch_size=250", "trainer.limit_test_batches=2"])
+    assert cfg.data.val_fraction == 0.1 and cfg.data.seed == 0
+    metrics = train(cfg)
+    model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt").double().eval()  # the weights validated last
+    x, y = fm.load_embedded_subset("train")
+    train_idx, val_idx = seeded_split(len(y), 0.1, 0)
+    assert len(val_idx) == 1000 and not set(val_idx) & set(train_idx)
+    images = (torch.from_numpy(x[val_idx]).double()[:, None] / 255 - fm.MEAN) / fm.STD
+    with torch.no_grad():
+        acc = (model(images).argmax(-1) == torch.from_numpy(y[val_idx].astype(np.int64))).double().mean().item()
+    assert metrics["val/acc1"] == pytest.approx(acc, abs=1e-6)
+    assert metrics["val/acc1"] != metrics["test/acc1"]
 
 
 def test_epoch_sampler_ranks_partition_the_single_process_order():

@@ -8,7 +8,8 @@ Every DataModule here follows one contract (the trainer and the evaluation scrip
   pin_memory=False, seed=0, val_fraction=0.0, download=True`` (plus a few optional extras);
 * public attributes ``num_classes, in_chans, img_size, mean, std, class_names``;
 * ``prepare_data()`` (downloads where allowed), ``setup(stage)``, ``train/val/test_dataloader()``;
-* val == test split unless ``val_fraction > 0`` (then a seeded split of train is held out as val);
+* val == test split unless ``val_fraction > 0`` (then a seeded split of train is held out as val; the configs of
+  Fashion-MNIST and CIFAR, ``conf/data``, hold out 10 %);
 * ``make_dataset(split, img_size=None, transform=None)`` for scoring at another image size;
 * ``loader``: ``"memory"`` (the data set held as uint8 tensors on the training device, batches by index,
   batched augmentation there: :mod:`vitrel.data.memory`) or ``"workers"`` (per-sample PIL pipeline in

@@ -27,7 +27,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
@@ -70,10 +70,16 @@ def last_checkpoint_file(callbacks: Sequence[Callback], root_dir: str | Path) ->
     return None
 
 
-class LastCheckpoint(Callback):
+class LastCheckpoint(Checkpoint):
     """``<dirpath>/last.ckpt`` (always overwritten): at the end of every training epoch (after
     validation), and optionally every ``every_n_train_steps`` optimizer steps or every
     ``every_n_minutes`` of training, mid-epoch. ``dirpath`` defaults to ``<default_root_dir>/checkpoints``.
+
+    A Lightning ``Checkpoint``: Lightning calls checkpoint callbacks last, in their list order, and at the end
+    of an epoch after the LightningModule's own hook. This one moves itself behind every other checkpoint
+    callback when fitting starts, so ``last.ckpt`` holds their state after this epoch's update: a
+    ``ModelCheckpoint``'s best files and score, which a resumed run then continues (``save_top_k`` holds
+    across the resume: the old best file is replaced, not kept beside the new one).
 
     Written with ``trainer.save_checkpoint`` at the points where Lightning's ``ModelCheckpoint``
     writes (the end of a training batch, the end of the epoch), so a run resumes from it exactly; the
@@ -118,6 +124,10 @@ class LastCheckpoint(Callback):
         self._last_step = trainer.global_step
         self._last_time = time.monotonic()
         self._flush_pending = True
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if stage == "fit":  # behind the other checkpoint callbacks (a new list: the hook's loop runs on the old one)
+            trainer.callbacks = [cb for cb in trainer.callbacks if cb is not self] + [self]
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_time = time.monotonic()

@@ -7,7 +7,8 @@ as in training.
 The network is rebuilt from the configuration stored with the weights (``vitrel.load_model``), at
 the data's image size: learned relative tables and absolute embeddings are resized on load, the
 parameter-free and continuous schemes extend by themselves. Results go to stdout and to
-``<run dir>/eval_metrics.json``.
+``<run dir>/eval_metrics.json``, with the number of images scored (fewer than the split's with
+``trainer.limit_test_batches``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -34,6 +36,20 @@ from vitrel.train.utils import (
 )
 
 __all__ = ["evaluate"]
+
+
+class _CountImages(L.Callback):
+    """The images the test loop scored (the targets of its batches: one per image, NaFlex batches too), summed
+    over the ranks."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.count += int(batch[1].shape[0])
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self.count = int(trainer.strategy.reduce(torch.tensor(self.count, device=pl_module.device), reduce_op="sum"))
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -68,10 +84,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     module = ClassifierModule(model, num_classes=dm.num_classes)
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
+    counted = _CountImages()
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,
-        callbacks=progress_callbacks(bar),
+        callbacks=[*progress_callbacks(bar), counted],
         enable_progress_bar=bar in ("rich", "tqdm"),
         enable_checkpointing=False,
     )
@@ -90,7 +107,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "ema": use_ema,
         "packing": packing,
         "metrics": metrics,
-        "num_images": len(loader.dataset),
+        "num_images": counted.count,  # scored: fewer than the split's with trainer.limit_test_batches
+        "split_images": len(loader.dataset),
         "wall_s": round(time.time() - t0, 2),
     }
     if trainer.is_global_zero:
@@ -105,5 +123,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                 f"at native sizes (NaFlex {packing}, at most {dm.max_tokens} patches an image, rows of {dm.seq_len}"
                 f"{', EMA weights' if use_ema else ''})"
             )
-        print(f"{ckpt.name} on {result['data']} {split} ({result['num_images']} images) {where}: {shown}", flush=True)
+        n, total = result["num_images"], result["split_images"]
+        images = f"{n} images" if n == total else f"{n} of its {total} images: trainer.limit_test_batches"
+        print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}: {shown}", flush=True)
     return metrics

@@ -10,6 +10,12 @@ Schedule, with ``W`` warmup steps out of ``T`` and ``s`` the optimizer step::
     lr(s) = warmup_lr + (lr - warmup_lr) * s / W                              s < W
     lr(s) = min_lr + (lr - min_lr) * (1 + cos(pi * (s - W) / (T - W))) / 2     W <= s <= T
 
+A run resumed from a checkpoint continues the schedule at the checkpoint's step, with the length of the
+resumed run: ``T`` and ``W`` are those the resumed run computes (``trainer.max_epochs`` raised from 10 to 20:
+the cosine of a 20-epoch run, from the step reached on), the rates (``lr``, ``min_lr``, ``warmup_lr``) the
+checkpoint's (:class:`WarmupCosineLR`). The learning rate from the resume on is then that of an uninterrupted
+run of the new length; a changed length is logged with the rate before and after.
+
 In the configs the optimizer and the scheduler are ``_partial_`` nodes (``conf/module/classifier.yaml``)
 that :class:`~vitrel.train.module.ClassifierModule` completes: ``optimizer(params=param_groups(model))``
 and ``scheduler(optimizer, total_steps=..., steps_per_epoch=...)``.
@@ -18,13 +24,15 @@ and ``scheduler(optimizer, total_steps=..., steps_per_epoch=...)``.
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from timm.optim import param_groups_layer_decay, param_groups_weight_decay
 from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-__all__ = ["param_groups", "WarmupCosine", "warmup_cosine"]
+__all__ = ["param_groups", "WarmupCosine", "WarmupCosineLR", "warmup_cosine"]
 
 
 def param_groups(model: nn.Module, layer_decay: float | None = None, lr: float | None = None) -> list[dict]:
@@ -91,6 +99,37 @@ class WarmupCosine:
         return self.lr_at(step) / self.lr
 
 
+class WarmupCosineLR(LambdaLR):
+    """``LambdaLR`` of :class:`WarmupCosine` whose length survives :meth:`load_state_dict`.
+
+    ``LambdaLR.load_state_dict`` puts back every setting of the stored :class:`WarmupCosine`, its
+    ``total_steps`` too, so a run resumed with a larger ``trainer.max_epochs`` would spend the added epochs
+    at ``min_lr``. Here the stored state gives the step and the rates; ``total_steps`` and ``warmup_steps``
+    stay those this scheduler was built with (the resumed run's), and the optimizer's groups get the rate of
+    the restored step on the new schedule. The state dict is ``LambdaLR``'s: checkpoints of either load in
+    the other.
+    """
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        length = [(f.total_steps, f.warmup_steps) for f in self.lr_lambdas]
+        super().load_state_dict(state_dict)
+        stored = [(f.total_steps, f.warmup_steps) for f in self.lr_lambdas]
+        if stored == length:
+            return
+        before = [group["lr"] for group in self.optimizer.param_groups]
+        for f, (total, warmup) in zip(self.lr_lambdas, length):
+            f.total_steps, f.warmup_steps = total, warmup
+        self._last_lr = [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr
+        (old_total, old_warmup), (total, warmup) = stored[0], length[0]
+        rank_zero_info(
+            f"learning-rate schedule: {total} steps ({warmup} of warmup) for this run, the checkpoint's had "
+            f"{old_total} ({old_warmup}); continuing at step {self.last_epoch} on the new one: lr "
+            f"{before[0]:.4g} -> {self._last_lr[0]:.4g}"
+        )
+
+
 def warmup_cosine(
     optimizer: Optimizer,
     total_steps: int,
@@ -100,10 +139,11 @@ def warmup_cosine(
     min_lr: float = 0.0,
     warmup_lr: float = 0.0,
 ) -> LambdaLR:
-    """Linear warmup then cosine to ``min_lr`` over ``total_steps`` optimizer steps (``LambdaLR`` of
-    :class:`WarmupCosine`; the peak is the optimizer's ``lr``). The warmup lasts ``warmup_steps``
-    steps, or ``round(warmup_epochs * steps_per_epoch)`` when ``warmup_steps`` is None."""
+    """Linear warmup then cosine to ``min_lr`` over ``total_steps`` optimizer steps (:class:`WarmupCosineLR`, a
+    ``LambdaLR`` of :class:`WarmupCosine`; the peak is the optimizer's ``lr``). The warmup lasts ``warmup_steps``
+    steps, or ``round(warmup_epochs * steps_per_epoch)`` when ``warmup_steps`` is None. Restored from a
+    checkpoint, it keeps these lengths (see the module docstring)."""
     warmup = int(warmup_steps) if warmup_steps is not None else int(round(warmup_epochs * steps_per_epoch))
     warmup = min(warmup, int(total_steps))
     lr = float(optimizer.defaults["lr"])
-    return LambdaLR(optimizer, WarmupCosine(int(total_steps), warmup, lr, min_lr=min_lr, warmup_lr=warmup_lr))
+    return WarmupCosineLR(optimizer, WarmupCosine(int(total_steps), warmup, lr, min_lr=min_lr, warmup_lr=warmup_lr))

@@ -179,12 +179,14 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path) -> str | None:
     return None
 
 
+@rank_zero_only
 def _adopt_csv_columns(loggers: Sequence[Logger]) -> None:
     """Let each CSV logger's writer know the columns already in its ``metrics.csv``.
 
     Under ``ddp_spawn`` the fit runs in spawned processes, which write ``metrics.csv``; the writer of
     the main process (created before) would then rewrite the file for the test metrics with only the
-    columns it knows, which fails. Adopting the file's header first keeps every row.
+    columns it knows, which fails. Adopting the file's header first keeps every row. Rank 0 only, the
+    rank that writes the file (on the others ``logger.experiment`` is Lightning's dummy).
     """
     for lg in loggers:
         if isinstance(lg, CSVLogger):

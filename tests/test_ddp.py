@@ -1,0 +1,103 @@
+"""``trainer=ddp`` with every logger: fit, test and a resume under two gloo CPU processes, the test metrics equal to
+a single-process evaluation of the same checkpoint.
+
+Each rank runs the whole of ``train()``, as under plain ``ddp`` (Lightning re-runs ``python train.py`` for rank 1,
+which then reads its rank from the environment). Here both ranks are forked from the test process with that
+environment and the composed config, so no rank imports or composes again. The three loggers that write files run
+together (``logger=[csv,tensorboard,wandb]``, one DDP run instead of three; each logger's files are checked), and
+``logger=none`` alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.train_helpers import FAST, TINY_VIT, compose, wandb_contents
+from vitrel.train.run import train
+
+pytestmark = pytest.mark.slow
+
+# 2 ranks x batch 16: 3 steps an epoch, one val batch a rank, 4 test batches a rank: the test split's first 128
+# images (rank r takes images r, r + 2, ...), the first 8 batches of one process
+DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+RUN = [*TINY_VIT, *FAST, *DDP, "trainer.limit_train_batches=3", "trainer.limit_val_batches=1"]
+RUN += ["trainer.limit_test_batches=4", "trainer.log_every_n_steps=1"]
+LOGGERS = {"csv+tensorboard+wandb": "[csv,tensorboard,wandb]", "none": "none"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank: int, cfg, port: int) -> None:
+    """One rank of plain ``ddp``: its environment as Lightning's launcher sets it, then ``train()``."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0")
+    os.environ.update(LOCAL_RANK=str(rank), WANDB_MODE="offline")
+    rank_zero_only.rank = rank  # what Lightning reads from LOCAL_RANK when a re-launched process imports it
+    train(cfg)
+
+
+def _train_ddp(run_dir: Path, overrides: list[str]) -> dict:
+    """Both ranks of ``train()``; rank 0's ``metrics.json``. A rank that raises ends the other (join)."""
+    cfg = compose(run_dir, overrides)
+    torch.multiprocessing.start_processes(_rank, args=(cfg, _free_port()), nprocs=2, start_method="fork")
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def _evaluate(ckpt: Path, out: Path) -> dict:
+    from vitrel.train.evaluate import evaluate
+
+    over = [f"ckpt_path={ckpt}", "data.num_workers=0", "data.batch_size=16", "trainer.accelerator=cpu"]
+    over += ["trainer.limit_test_batches=8", "progress_bar=none"]
+    metrics = evaluate(compose(out, over, config_name="eval"))
+    assert json.loads((out / "eval_metrics.json").read_text())["num_images"] == 128
+    return metrics
+
+
+@pytest.mark.parametrize("loggers", list(LOGGERS))
+def test_ddp_fit_test_and_resume_with_every_logger(tmp_path, loggers):
+    logger = LOGGERS[loggers]
+    if "wandb" in logger:
+        import wandb  # noqa: F401  (imported once here, not in each rank)
+    run = tmp_path / "run"
+    first = _train_ddp(run, [*RUN, f"logger={logger}", "trainer.max_epochs=1"])
+    assert first["status"] == "finished" and first["global_step"] == 3
+    resumed = _train_ddp(run, [*RUN, f"logger={logger}", "trainer.max_epochs=2", "ckpt_path=last"])
+    assert resumed["status"] == "finished" and resumed["global_step"] == 6 and resumed["epochs"] == 2
+
+    # the test phase under DDP (each rank half of the test split, synced) = one process on the same weights
+    single = _evaluate(run / "checkpoints" / "last.ckpt", tmp_path / "eval")
+    assert resumed["metrics"]["test/acc1"] == single["test/acc1"]  # counts: exact
+    assert resumed["metrics"]["test/loss"] == pytest.approx(single["test/loss"], rel=1e-5)
+
+    files = {p.name for p in run.iterdir()}
+    if logger == "none":
+        assert not {"csv", "tensorboard", "wandb"} & files, files
+        return
+    with open(run / "csv" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    steps = [int(r["step"]) for r in rows if r.get("train/loss_step")]
+    assert steps == list(range(6)), "rows lost or repeated across the resume"
+    assert float([r for r in rows if r.get("test/acc1")][-1]["test/acc1"]) == pytest.approx(single["test/acc1"])
+
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss_step")] == list(range(6))
+    assert events.Scalars("test/acc1")[-1].value == pytest.approx(single["test/acc1"])
+
+    runs = sorted((run / "wandb").glob("offline-run-*/run-*.wandb"), key=lambda p: p.stat().st_mtime)
+    assert len(runs) == 2, "one W&B run file per train() of rank 0: the first run, the resume"
+    assert wandb_contents(runs[-1])[1]["test/acc1"] == pytest.approx(single["test/acc1"])

@@ -13,9 +13,10 @@ import torch
 from torch import Tensor
 
 from vitrel.kernels.triton import plan, visible_tiles
+from vitrel.kernels.triton.config import ROPE_CUDA
 from vitrel.kernels.triton.device import jit_module
 from vitrel.kernels.triton.launch import Launch, kernel_fn
-from vitrel.kernels.triton.rope import BN_CUDA, LAUNCH, _pow2, _prec
+from vitrel.kernels.triton.rope import _pow2, _prec
 from vitrel.pos.geometry import Grid
 
 __all__ = ["compile_bias_kernels", "compile_launch", "compile_rope_kernels", "serialized_products"]
@@ -129,11 +130,11 @@ def compile_rope_kernels(
 
     ks, bd, bb = jit_module("_rope_kernels"), _pow2(head_dim), _pow2(block_size)
     io = {name: f"*{dtype}" for name in ("Q", "K", "OQ", "OK", "GQ", "GK", "DQ", "DK")}
-    pairs = dict(D=head_dim, BN=BN_CUDA["pairs"], BH=max(16, _pow2(head_dim // 2)), BD=max(16, bd), HAS_BASIS=True,
-                 PREC=_prec(torch.float32, torch.bfloat16))  # fmt: skip
+    pairs = dict(D=head_dim, BN=ROPE_CUDA.pairs_tokens, BH=max(16, _pow2(head_dim // 2)), BD=max(16, bd),
+                 HAS_BASIS=True, PREC=_prec(torch.float32, torch.bfloat16))  # fmt: skip
     bwd = dict(pairs, NEED_DP=True, NEED_X=True, TABLE_BATCH=False, NEED_DT=True)
     fixed = dict(bwd, HAS_BASIS=False, NEED_DT=False, NEED_DP=False, NEED_X=False)
-    blocks = dict(D=head_dim, BS=block_size, BN=max(1, min(64, BN_CUDA["blocks_elems"] // (bd * bb))), BD=bd, BB=bb)
+    blocks = dict(D=head_dim, BS=block_size, BN=ROPE_CUDA.block_tokens(bd, bb), BD=bd, BB=bb)
     cases = {
         "pairs_fwd": (ks._pairs_fwd_kernel, pairs),
         "pairs_bwd": (ks._pairs_bwd_kernel, bwd),
@@ -149,5 +150,6 @@ def compile_rope_kernels(
             for a in fn.arg_names
         }
         src = ASTSource(fn=fn, signature=sig, constexprs={(fn.arg_names.index(c),): v for c, v in consts.items()})
-        shared[name] = triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(LAUNCH)).metadata.shared
+        target, options = GPUTarget("cuda", arch, 32), ROPE_CUDA.warps.options()
+        shared[name] = triton.compile(src, target=target, options=options).metadata.shared
     return shared

@@ -1412,3 +1412,30 @@ def test_table_grad_in_dq_compiles_for_hopper():
     )
     names, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(code))
     assert names == ["delta", "dkdv", "dq", "fwd"] and tile_grad and 0 < shared <= 232448 and not serialized
+
+
+def test_launch_configuration_is_one_frozen_object_per_device():
+    """The launch configuration is a frozen :class:`~vitrel.kernels.triton.config.KernelConfig`, chosen by head dim
+    on CUDA (64: 3 stages; 128: 64 x 32 forward tiles and its own backward tiles) and the interpreter's 16-token
+    tiles on CPU; one that the kernels cannot take is refused as it is made; the old import paths name the
+    package's objects."""
+    import dataclasses
+
+    from vitrel.kernels import triton_atomic, triton_rope
+    from vitrel.kernels.triton import KernelConfig, default_config
+
+    assert cuda_config(64).fwd.options() == {"num_warps": 4, "num_stages": 3} and cuda_config(64).dq_tile is None
+    assert (cuda_config(128).fwd_tile, cuda_config(128).bwd_tile, cuda_config(128).dq_tile) == ((64, 32), 32, (128, 64))
+    assert cuda_config(16) == cuda_config(32) == KernelConfig()
+    assert default_config(torch.zeros(1, 1, 4, 64)) is INTERPRETER
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        INTERPRETER.bwd_tile = 64
+    with pytest.raises(ValueError, match="powers of two"):
+        KernelConfig(fwd_tile=(64, 48))
+    with pytest.raises(ValueError, match="at most the backward's tile"):
+        KernelConfig(bwd_tile=32)
+    with pytest.raises(ValueError, match="head dims up to 128"):
+        cuda_config(256)
+    assert triton_bias.rel_bias_attention is rel_bias_attention is vitrel.kernels.triton.rel_bias_attention
+    assert triton_atomic.TritonAtomicKernel is vitrel.kernels.get_kernel("triton_atomic")
+    assert triton_rope.rope_rotate is vitrel.kernels.triton.rope_rotate

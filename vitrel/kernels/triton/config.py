@@ -10,7 +10,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MAX_HEAD_DIM", "INTERPRETER", "KernelConfig", "Warps", "block_dim", "cuda_config", "default_config"]
+__all__ = [
+    "MAX_HEAD_DIM", "INTERPRETER", "ROPE_CUDA", "ROPE_INTERPRETER", "KernelConfig", "RopeConfig", "Warps", "block_dim",
+    "cuda_config", "default_config",
+]  # fmt: skip
 
 #: the largest head dim the kernels take (their tiles at 256 need more shared memory than an SM has)
 MAX_HEAD_DIM = 128
@@ -112,3 +115,23 @@ def default_config(q: torch.Tensor) -> KernelConfig:
     if q.device.type != "cuda":
         return INTERPRETER
     return cuda_config(q.shape[-1], torch.cuda.get_device_capability(q.device), q.dtype)
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """How the fused rotation launches: tokens per program for plane rotations (``pairs_tokens``) and for dense
+    blocks (``block_elems`` tile elements, at most ``block_tokens_max`` tokens), and its warps."""
+
+    pairs_tokens: int = 64
+    block_elems: int = 4096
+    block_tokens_max: int = 64
+    warps: Warps = Warps(4, 1)
+
+    def block_tokens(self, block_d: int, block_b: int) -> int:
+        """Tokens per program for dense blocks of ``block_b`` in a head of ``block_d`` lanes."""
+        return max(1, min(self.block_tokens_max, self.block_elems // (block_d * block_b)))
+
+
+#: the rotation on CUDA, and in the interpreter (16 tokens a program: several per test grid)
+ROPE_CUDA = RopeConfig()
+ROPE_INTERPRETER = RopeConfig(pairs_tokens=16, block_elems=1 << 30, block_tokens_max=16, warps=Warps(None, None))

@@ -29,8 +29,7 @@ from vitrel.kernels.triton.patterns import (
 __all__ = ["BIAS_READS", "LOG2E", "Backward", "bwd_launches", "fwd_launch", "same_layout", "tma_reads"]
 
 LOG2E = 1.4426950408889634
-#: how the kernels read a full grid's bias: the bias tiles where they fit the budget, else gathered (``auto``);
-#: ``tiles`` (an error where they do not fit); ``gather``
+#: how the kernels read a full grid's bias: ``auto`` (tiles where they fit, else gathered), ``tiles``, ``gather``
 BIAS_READS = ("auto", "tiles", "gather")
 #: the ``dq`` kernel's table-gradient modes (its ``TABLE_GRAD``): none, by diagonals, by tile pattern
 NO_SUMS, DIAGONALS, TILE_SUMS = 0, 1, 2

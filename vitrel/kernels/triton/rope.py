@@ -30,13 +30,10 @@ import math
 import torch
 from torch import Tensor
 
+from vitrel.kernels.triton.config import ROPE_CUDA, ROPE_INTERPRETER, RopeConfig
 from vitrel.kernels.triton.device import check_device, jit_module
 
-__all__ = ["BN_CUDA", "LAUNCH", "rope_rotate", "rotation_tables"]
-
-#: tokens per program by kind, on CUDA (the interpreter takes small tiles: several per test grid)
-BN_CUDA = {"pairs": 64, "blocks_elems": 4096}
-LAUNCH = {"num_warps": 4, "num_stages": 1}
+__all__ = ["rope_rotate", "rotation_tables"]
 
 
 def _kernels():
@@ -63,8 +60,12 @@ def _n_split(programs: int, batch: int, device: torch.device) -> int:
     return max(1, min(batch, math.ceil(4 * sms / programs)))
 
 
+def _config(device: torch.device) -> RopeConfig:
+    return ROPE_CUDA if device.type == "cuda" else ROPE_INTERPRETER
+
+
 def _launch(device: torch.device) -> dict:
-    return LAUNCH if device.type == "cuda" else {}
+    return _config(device).warps.options()
 
 
 def _plan(q: Tensor, table: Tensor, pairs: bool) -> tuple[int, int, int, int, int]:
@@ -73,12 +74,8 @@ def _plan(q: Tensor, table: Tensor, pairs: bool) -> tuple[int, int, int, int, in
     bd = _pow2(d)
     bs = 2 if pairs else table.shape[-1] // d
     bb = _pow2(bs)
-    if q.device.type != "cuda":
-        bn = 16
-    elif pairs:
-        bn = BN_CUDA["pairs"]
-    else:
-        bn = max(1, min(64, BN_CUDA["blocks_elems"] // (bd * bb)))
+    config = _config(q.device)
+    bn = config.pairs_tokens if pairs else config.block_tokens(bd, bb)
     n_tiles = -(-n // bn)
     split = b if table.shape[0] > 1 else _n_split(n_tiles * h, b, q.device)
     return bn, n_tiles, split, bd, bb

@@ -230,7 +230,7 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
     shape builds its launches, forward and backward, with at most 20 tensor ops (the first: about 80, each a CUDA
     launch on a GPU, where they cost more than the kernels at small sizes) and reduces the table's gradient with at
     most 32 (views included); the same launches either way. Patterns that repeat (8 x 8, prefix 1) and exact tiles;
-    the one-tile backward's launch (``TILE_BWD``: 5 x 5 and 4 x 4 fit one tile of a GPU's) with at most 16."""
+    the one-tile backward's launch (5 x 5 and 4 x 4 fit one tile of a GPU's) with at most 16."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -310,7 +310,7 @@ def test_keeps_only_on_the_default_stream():
 )  # fmt: skip
 def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
     """``table_grad_from_tiles`` of the per-pattern sums of a gradient ``G`` over ``[tm, tw]`` tiles (square, and
-    query tiles twice the key tiles: the ``dbias`` kernel's ``_DBIAS_WIDE``; patterns by ``(q0 - k0, q0 mod W)`` or
+    query tiles twice the key tiles: the ``dbias`` kernel's ``dbias_tile``; patterns by ``(q0 - k0, q0 mod W)`` or
     one per tile, ViT-B/16's 14 x 14 grid with a class token among them), split in three batch shares as the
     ``dbias`` programs write them, is, at each table offset, the sum of ``G`` over the patch pairs at that offset:
     from the equation, in loops, float64 (the kernel sums in float32)."""
@@ -344,7 +344,7 @@ def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
 )  # fmt: skip
 def test_dbias_programs_longest_first(side, prefix, tm, tw, causal):
     """Each ``dbias`` program's work (``TilePatterns.tiles``) counts the tiles of its pattern, from ``index`` over every
-    ``[tm, tw]`` tile (square, and query tiles twice the key tiles: ``triton_bias._DBIAS_WIDE``; causal: those with a
+    ``[tm, tw]`` tile (square, and query tiles twice the key tiles: ``KernelConfig.dbias_tile``; causal: those with a
     pair on or below the diagonal); the programs launch longest first, each ``(pattern, head, share)`` once; both
     computed on the device they are for."""
     grid_w = side if side > 1 else 70
@@ -499,10 +499,11 @@ _NOT_SQUARE = [
     + [("dbias", *c) for c in _NOT_SQUARE if c[-1] != "none"],
 )
 def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
-    """The ``dkdv`` kernel with a key block twice its query tiles (16 x 32 here, as the 64 x 128 of
-    ``triton_bias._DKDV_WIDE`` on a GPU), the ``dq`` kernel with a query block twice its key tiles (32 x 16, as
-    ``_DQ_WIDE``'s 128 x 64; with ``dq`` by atomics there is no ``dq`` kernel), and the ``dbias`` kernel likewise
-    (as ``_DBIAS_WIDE``'s), summing the table's gradient per pattern of those tiles; the others keep the square tile,
+    """The ``dkdv`` kernel with a key block twice its query tiles (16 x 32 here, as head dim 128's 64 x 128 on a
+    GPU: ``KernelConfig.dkdv_tile``), the ``dq`` kernel with a query block twice its key tiles (32 x 16, as its
+    128 x 64; with ``dq`` by atomics there is no ``dq`` kernel), and the ``dbias`` kernel likewise (with ``dq`` by
+    atomics, where the ``dq`` kernel would sum the tiles' gradient), summing the table's gradient per pattern of those
+    tiles; the others keep the square tile,
     so two sets of bias tiles: its tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no
     table; ``dq`` added by atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the
     tiles it skips)."""
@@ -512,9 +513,9 @@ def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
     config = replace(INTERPRETER, **own)
     q = torch.zeros(1, 1, 41, 16)
     t = torch.zeros(1, 9, 15)
-    launches = triton_bias.plan(q, q, q, t, (5, 8), 1, deterministic=det, config=four_kernels(**own))
+    launches = triton_bias.plan(q, q, q, t, (5, 8), 1, deterministic=kernel != "dbias", config=four_kernels(**own))
     assert (launches[kernel].args["BM"], launches[kernel].args["BN"]) == tile
-    other = launches["dq" if kernel == "dkdv" and det else "dkdv"].args
+    other = launches["dq" if kernel == "dkdv" else "dkdv"].args
     tm, tw = other["BT"].shape[-2:]  # (plan's tiles: a GPU's, 64 x 64)
     assert launches[kernel].args["BT"].shape[-2:] == tile and tm == tw == other["BM"] == other["BN"]
     if case != "skip":
@@ -683,7 +684,7 @@ _ONE_TILE = [
 @pytest.mark.parametrize("tile_fwd", [True, False])
 @pytest.mark.parametrize(("b", "h", "d", "grid", "prefix", "settings", "one"), _ONE_TILE)
 def test_one_tile_backward_equals_reference(monkeypatch, device, tile_fwd, b, h, d, grid, prefix, settings, one):
-    """A call whose tokens fit one tile of the backward (``TILE_BWD``: Swin's windows) runs its backward as one
+    """A call whose tokens fit one tile of the backward (Swin's windows) runs its backward as one
     kernel, ``tile`` (``dq, dk, dv`` written whole, the table's gradient summed over a share of the batch): equal to
     the reference with and without a table, its gradient or a fixed one, prefix tokens, causal, a window's regions or
     float mask; the four kernels where the table's gradient is gathered. Its forward likewise (``fwd_tile``, a

@@ -384,7 +384,7 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
 
 def test_launch_configuration_by_head_dim_and_bias_read():
     """On a GPU (``plan`` builds a GPU's launches anywhere), as measured fastest on an H100
-    (``bench/results/triton_tune_h100_479ebfa.md``): head dim 64 takes the square 64 x 64 tile in every kernel (the
+    (``bench/results/triton_tune_h100_tiles.md``): head dim 64 takes the square 64 x 64 tile in every kernel (the
     forward in 4 warps and 3 stages, the backward's in 4 and 3), its ``dbias`` kernel sharing the ``dq`` kernel's bias
     tiles; head dim 32 (Swin's) 64 x 64 and 2 stages; head dim 128 the forward's 64 x 32 in 4 warps, and where the
     bias is read whole or there is none ``dkdv`` 64 x 128, ``dq`` and ``dbias`` 128 x 64 (``KernelConfig``'s

@@ -1,6 +1,6 @@
 """The fused kernel's launch configuration: tiles, warps and stages by head dim, one frozen object per device.
 
-Figures behind the CUDA table: ``bench/results/triton_tune_h100_479ebfa.md`` and ``triton_ws_h100_a689f6c.md``
+Figures behind the CUDA table: ``bench/results/triton_tune_h100_tiles.md`` and ``triton_tune_h100_dq_grad.md``
 (H100, bf16); ``bench/journal/triton-variants.md`` lists the variants that left the code.
 """
 

@@ -34,6 +34,7 @@ from dataclasses import replace  # noqa: E402
 
 from vitrel.kernels.triton import INTERPRETER, Warps, cuda_config, patterns  # noqa: E402
 from vitrel.kernels.triton._jit import _bias_tile  # noqa: E402
+from vitrel.kernels.triton.plan import fwd_launch  # noqa: E402
 
 #: the CPU cases run through the interpreter (on a GPU machine, where it is off, ``pytest -m cuda`` runs the GPU ones)
 pytestmark = pytest.mark.skipif(
@@ -830,8 +831,9 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
     assert 0 < int(pooled.sum()) < pooled.numel()  # some 32 x 32 tiles are skipped
     qf, kf, vf = (t.float().contiguous() for t in (q, k, v))
     out, lse = torch.empty_like(qf), torch.empty(*qf.shape[:2], triton_bias.stats_len(qf.shape[2]))
-    launch = triton_bias._fwd_launch(
-        qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, None, (32, 32)
+    config = replace(INTERPRETER, fwd_tile=(32, 32))
+    launch = fwd_launch(
+        qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, None, config
     )
     launch()
     torch.testing.assert_close(out.double(), reference(q, k, v, table, grid, prefix), **_tol("cpu"))
@@ -1058,7 +1060,8 @@ def test_layout_tokens_and_regions_padded_for_unmasked_reads():
     regions = torch.arange(20).remainder(3).expand(2, 20)
     w = torch.zeros(4, 2, 20, 16)
     launch = triton_bias.plan(w, w, w, torch.zeros(2, 7, 9), (4, 5), regions=regions)["fwd"]
-    assert launch.args["MASK_KIND"] == 2 and launch.args["MASK"].shape == (2, 128) and launch.args["stride_mb"] == 128
+    mask = launch.args["MASK"]  # (its rows read at stats_len(N) apart)
+    assert launch.args["MASK_KIND"] == 2 and mask.shape == (2, 128) and mask.stride(0) == 128
     assert torch.equal(launch.args["MASK"][:, :20], regions.int()) and torch.all(launch.args["MASK"][:, 20:] == -1)
 
 

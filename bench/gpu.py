@@ -16,7 +16,7 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    ``shaw2d_factored`` one widened SDPA) and PaPE against plain SDPA at the same sizes; the SDPA backends that take
    the widened heads, and ``pytest -m cuda tests/test_kernel_shaw.py`` (flash runs them).
    **rotary**: the rotary schemes through ``sdpa`` and ``@triton`` (the fused rotation,
-   :mod:`vitrel.kernels.triton_rope`).
+   :mod:`vitrel.kernels.triton.rope`).
 3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models (``attn_impl=triton`` and
    ``sdpa`` in one alternation); **vitb**: ViT-B/16 compiled against timm's; **vitbp**: the same compiled step
    profiled (``bench/step_profile.py --compile``: wall against busy time, ours' fused kernels against timm's SDPA,
@@ -271,20 +271,17 @@ def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
             cmd += ["-n", str(min(8, os.cpu_count() or 1))]  # to 8 processes (the lent machines have 16 cores)
         env = {**child_env(), "TRITON_INTERPRET": "0"}
         # (within the section's limit, so the checks below and the section's table still come back; stopped, the
-        # test workers too). DQ_IN_ORDER's tests apart, after the others: its programs wait on locks, so a GPU that
-        # started them out of order would hang them, and only them
-        for select, limit in (("not dq_in_order", KERNEL_TESTS_S), ("dq_in_order", IN_ORDER_TESTS_S)):
-            run = [*cmd, "-k", select]
-            t0 = time.perf_counter()
-            code, stdout, stderr = run_section(run, limit, env)
-            if code is None:
-                tail = f"stopped after {limit} s ({stdout.count('.')} passed by then)"
-            else:
-                tail = stdout.strip().splitlines()[-1] if stdout.strip() else stderr[-500:]
-            lines.append(f"`{shlex.join(run[1:])}`: {tail} ({time.perf_counter() - t0:.0f} s)\n")
-            if code != 0:
-                lines += ["```", stdout[-4000:], "```"]
-    from vitrel.kernels.triton_bias import rel_bias_attention
+        # test workers too)
+        t0 = time.perf_counter()
+        code, stdout, stderr = run_section(cmd, KERNEL_TESTS_S, env)
+        if code is None:
+            tail = f"stopped after {KERNEL_TESTS_S} s ({stdout.count('.')} passed by then)"
+        else:
+            tail = stdout.strip().splitlines()[-1] if stdout.strip() else stderr[-500:]
+        lines.append(f"`{shlex.join(cmd[1:])}`: {tail} ({time.perf_counter() - t0:.0f} s)\n")
+        if code != 0:
+            lines += ["```", stdout[-4000:], "```"]
+    from vitrel.kernels.triton import rel_bias_attention
 
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
     grid = (32, 32) if not quick else (4, 4)
@@ -330,8 +327,6 @@ SECTIONS = {"kernel": 150, "diagnose": 120, "attention": 200, "forward": 90, "mo
 REST = ["swinc", "host", "profile", "train", "rotary", "content", "hazards", "mfu", "compile"]
 #: the kernel section's pytest run (Triton compiles each variant on first use), inside the section's own limit
 KERNEL_TESTS_S = 100
-#: the kernel section's run of DQ_IN_ORDER's tests (its programs wait on locks), after the others
-IN_ORDER_TESTS_S = 30
 #: the least time worth starting a section with
 MIN_SECTION_S = 20
 

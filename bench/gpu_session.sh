@@ -21,9 +21,8 @@
 #                                                              # checks and ViT-B compiled and profiled (dT in dq
 #                                                              # the default: ours' kernels against timm's SDPA),
 #                                                              # 360 s; then the table's gradient in dq against the
-#                                                              # dbias kernel, with dq by atomics in dkdv, the bias
-#                                                              # by a product in chosen kernels (BIAS_BY_PRODUCT)
-#                                                              # and DQ_IN_ORDER (--in-dq, 110 s); then the tiles at
+#                                                              # dbias kernel with dq by atomics (--in-dq, 110 s);
+#                                                              # then the tiles at
 #                                                              # N = 197 (ViT-B/16's; each row with its kernels'
 #                                                              # busy time, 60 s). Swin-T compiled (never measured
 #                                                              # to its end) is `three`'s, where 5 minutes are left

@@ -12,8 +12,8 @@ interpreter, at length: the step's values are not needed). Each operator as it r
 launch on a GPU, ``bench/models.py``), attributed to the innermost frame of vitrel or timm that called it (the
 backward's: ``backward``). A custom op (``torch.ops.vitrel.*``, as ``torch.compile`` calls the fused kernel) counts as
 one operator, its body's unseen: eager calls of ``attn_impl=triton`` run as an autograd function
-(``triton_bias._Eager``), whose operators are all counted; ``bench/host_overhead.py`` counts one layer's inside the op
-too (the profiler's top-level operators).
+(``vitrel.kernels.triton.op._Eager``), whose operators are all counted; ``bench/host_overhead.py`` counts one layer's
+inside the op too (the profiler's top-level operators).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # vitrel, installe
 from models import PAIRS, build  # noqa: E402
 
 from vitrel.bench import emit  # noqa: E402
-from vitrel.kernels import triton_bias  # noqa: E402
+from vitrel.kernels import triton as triton_bias  # noqa: E402
 
 #: the path parts that name a frame's package (the innermost such frame is an operator's source)
 SOURCES = ("/vitrel/", "/timm/")

@@ -31,7 +31,9 @@ from step_profile import host_times  # noqa: E402
 
 from vitrel import Attention  # noqa: E402
 from vitrel.bench import alternate, emit  # noqa: E402
-from vitrel.kernels import triton_bias as tb  # noqa: E402
+from vitrel.kernels import triton as tb  # noqa: E402
+from vitrel.kernels.triton import op  # noqa: E402
+from vitrel.kernels.triton import plan as planning  # noqa: E402
 
 #: the layers timed: scheme @ attn_impl (``none``: plain SDPA, the reference)
 LAYERS = ["none@sdpa", "rel2d_full@sdpa", "rel2d_full@triton", "rel2d_full@triton_atomic", "rel2d_factored@fold"]
@@ -45,8 +47,8 @@ def build(spec: str, grid: int, device: torch.device, dtype: torch.dtype) -> Att
 
 
 def launches_and_ops(call) -> tuple[int, Counter]:
-    """One ``call``'s Triton launches (:class:`triton_bias.Launch` calls) and its top-level torch operators (those
-    no other operator called), by name."""
+    """One ``call``'s Triton launches (:class:`vitrel.kernels.triton.Launch` calls) and its top-level torch operators
+    (those no other operator called), by name."""
     count = 0
     real = tb.Launch.__call__
 
@@ -88,14 +90,15 @@ def parts(dev: torch.device, dtype: torch.dtype, grid: int, repeat: int, rounds:
     n = grid * grid + 1
     q, k, v = (torch.randn(1, 1, n, 64, device=dev, dtype=dtype) for _ in range(3))
     table = torch.randn(1, 2 * grid - 1, 2 * grid - 1, device=dev)
-    args = tb._op_args(q, k, v, table, (grid, grid), 1, None, None, False, None, None, "auto", None, True)
+    args = op._op_args(q, k, v, table, (grid, grid), 1, None, None, False, None, None, "auto", None, True)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
-    out, lse = tb._fwd_impl(*args)
+    config = tb.default_config(q)
+    out, lse = op._fwd_impl(*args)
     do = torch.randn_like(out)
-    fwd = tb._fwd_launch(*args[:13], out, lse, sms)
-    bwd = tb._bwd_launches(do, *args[:7], out, lse, *args[7:], True, sms)
+    fwd = planning.fwd_launch(*args[:13], out, lse, sms, config)
+    bwd = planning.bwd_launches(do, *args[:7], out, lse, *args[7:], True, sms, config)
     dbt = bwd.dbt
-    t2 = table * tb._kernels().LOG2E
+    t2 = table * planning.LOG2E
     req = [t.requires_grad_() for t in (q.clone(), k.clone(), v.clone(), table.clone())]
     grad_args = (*req, *args[4:])
     a, empty = torch.zeros(1, device=dev), _empty_kernel()
@@ -108,22 +111,22 @@ def parts(dev: torch.device, dtype: torch.dtype, grid: int, repeat: int, rounds:
             for ln in (bwd.delta, bwd.dkdv, bwd.dq, bwd.dbias, bwd.tile)
             if ln is not None
         },
-        "bias tiles (_tile_args)": lambda: tb._tile_args(
-            t2, None, "auto", grid, grid, 1, n, fwd.args["BM"], fwd.args.get("BN", fwd.args["BM"]), q, "fwd"
+        "bias tiles (_tile_args)": lambda: planning._tile_args(
+            t2, None, "auto", grid, grid, 1, n, fwd.args["BM"], fwd.args.get("BN", fwd.args["BM"]), q, config, None
         ),
-        "forward launch made (_fwd_launch)": lambda: tb._fwd_launch(*args[:13], out, lse, sms),
-        "backward launches made (_bwd_launches)": lambda: tb._bwd_launches(
-            do, *args[:7], out, lse, *args[7:], True, sms
+        "forward launch made (fwd_launch)": lambda: planning.fwd_launch(*args[:13], out, lse, sms, config),
+        "backward launches made (bwd_launches)": lambda: planning.bwd_launches(
+            do, *args[:7], out, lse, *args[7:], True, sms, config
         ),
-        "forward body (_fwd_impl)": lambda: tb._fwd_impl(*args),
+        "forward body (_fwd_impl)": lambda: op._fwd_impl(*args),
         "forward op, no gradient (torch.ops)": lambda: torch.ops.vitrel.rel_bias_attention(*args),
         "forward op, gradients wanted (torch.ops + autograd)": lambda: torch.ops.vitrel.rel_bias_attention(*grad_args),
-        "forward, gradients wanted (eager: tb._Eager)": lambda: tb._Eager.apply(*grad_args),
-        "backward body (_bwd_impl)": lambda: tb._bwd_impl(do, *args[:7], out, lse, *args[7:], True),
+        "forward, gradients wanted (eager: op._Eager)": lambda: op._Eager.apply(*grad_args[:7], None, *grad_args[7:]),
+        "backward body (_bwd_impl)": lambda: op._bwd_impl(do, *args[:7], out, lse, *args[7:], True),
     }
     if dbt is not None:
         calls["table gradient from the tiles' sums"] = lambda: tb.table_grad_from_tiles(
-            dbt, bwd.patterns, grid, grid, 1
+            dbt, bwd.patterns, grid, grid, 1, config
         )
     times = alternate(calls, rounds, warmup=2, repeat=repeat, device=dev)
     lines = [

@@ -5,14 +5,14 @@ one warp issues per tile in the kernel's inner loop (from the SASS), from Triton
 
     python bench/triton_resources.py --out bench/results/triton_resources_sm90.md   # any machine, no GPU needed
 
-Each kernel is compiled as Triton's JIT compiles it for one call (``triton_bias.plan`` builds the call's launches,
-``compile_launch`` specializes them: integers equal to 1 as constants, addresses and integers divisible by 16
-declared so). The calls: the layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at
-N = 1 + 64^2, with no table, the table read as bias tiles or gathered per score, ``dq`` added by atomics
-(``deterministic=False``: the ``dkdv`` kernel), other tiles and warp counts, a
-table with ``-inf`` entries and its visible-tile flags (LookHere's), four 32 x 32 images packed in each row; then
-Swin-T's first stage (3 heads of 32, 7 x 7 windows, batch 128) with no mask, a float window mask and the windows'
-region ids.
+Each kernel is compiled as Triton's JIT compiles it for one call (``vitrel.kernels.triton.plan`` builds the call's
+launches with a :class:`~vitrel.kernels.triton.config.KernelConfig`, ``triton_aot.compile_launch`` specializes them:
+integers equal to 1 as constants, addresses and integers divisible by 16 declared so). The calls: the layer of
+``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 64^2, with no table, the table read as bias
+tiles or gathered per score, ``dq`` added by atomics (``deterministic=False``: the ``dkdv`` kernel), other tiles and
+warp counts, a table with ``-inf`` entries and its visible-tile flags (LookHere's), four 32 x 32 images packed in each
+row; then Swin-T's first stage (3 heads of 32, 7 x 7 windows, batch 128) with no mask, a float window mask and the
+windows' region ids.
 
 What it shows and a GPU timing only shows indirectly: spills read and write local memory in the inner loop, and
 on Hopper a 64 x 64 tile's two matrix products take the tensor cores about 256 cycles per SM, so a loop whose
@@ -39,8 +39,14 @@ import torch  # noqa: E402
 import triton  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/triton_aot.py, beside this file
 
-from vitrel.kernels import triton_bias as tb  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+import triton_aot as aot  # noqa: E402
+
+from vitrel.kernels import triton as tb  # noqa: E402
+from vitrel.kernels.triton.config import Warps, cuda_config  # noqa: E402
 from vitrel.layout.geometry import Grid  # noqa: E402
 from vitrel.layout.tokens import segment_mask  # noqa: E402
 
@@ -104,102 +110,63 @@ def _windows(mask_kind: int, images: int = 128, heads: int = 3, head_dim: int = 
     return call
 
 
-def _flat(flags: dict) -> str:
-    return ", ".join(f"{k}={v}" for k, v in flags.items())
-
-
 #: (label, call, plan options, kernels): the layer at N = 4097 (other tiles: only the kernels they change; head dim
-#: 128: its own tiles), then Swin's windows
+#: 128: its own tiles), then Swin's windows; ``config``: changes to the GPU's configuration for the call
 _FWD = ("fwd",)
 _BWD = ("dkdv", "dq", "dbias", "tile")
+_WIDE = {"dkdv_tile": (64, 128), "dq_tile": (128, 64), "wide": Warps(8, 2)}
 CASES = [
     ("no table", lambda: {**_layer(), "table": None}, {}, None),
     ("table, bias tiles", _layer, {"bias_read": "tiles"}, None),
     ("table, gathered per score", _layer, {"bias_read": "gather"}, None),
     ("no table, dq by atomics", lambda: {**_layer(), "table": None}, {"deterministic": False}, ("dkdv",)),
     ("table, bias tiles, dq by atomics", _layer, {"bias_read": "tiles", "deterministic": False}, ("dkdv",)),
-    ("table, bias tiles, square dkdv and dq", _layer, {"bias_read": "tiles", "bwd_tile": 64}, ("dkdv", "dq")),
-    ("table, bias tiles, bwd tile 32", _layer, {"bias_read": "tiles", "bwd_tile": 32}, _BWD),
-    ("table, bias tiles, bwd 8 warps", _layer,
-     {"bias_read": "tiles", "bwd_options": {"num_warps": 8, "num_stages": 2}}, _BWD),
-    ("table, bias tiles, fwd 64 x 128", _layer, {"bias_read": "tiles", "fwd_tile": (64, 128)}, _FWD),
+    ("table, bias tiles, wide dkdv and dq", _layer, {"bias_read": "tiles", "config": _WIDE}, ("dkdv", "dq")),
+    ("table, bias tiles, bwd tile 32", _layer, {"bias_read": "tiles", "config": {"bwd_tile": 32}}, _BWD),
+    ("table, bias tiles, bwd 8 warps", _layer, {"bias_read": "tiles", "config": {"bwd": Warps(8, 2)}}, _BWD),
+    ("table, bias tiles, fwd 64 x 128", _layer, {"bias_read": "tiles", "config": {"fwd_tile": (64, 128)}}, _FWD),
     ("table, bias tiles, fwd 128 x 64, 8 warps", _layer,
-     {"bias_read": "tiles", "fwd_tile": (128, 64), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
+     {"bias_read": "tiles", "config": {"fwd_tile": (128, 64), "fwd": Warps(8, 2)}}, _FWD),
     ("table, bias tiles, fwd 128 x 128, 8 warps", _layer,
-     {"bias_read": "tiles", "fwd_tile": (128, 128), "fwd_options": {"num_warps": 8, "num_stages": 2}}, _FWD),
-    ("table, bias tiles, dbias batch outer", _layer, {"bias_read": "tiles", "dbias_batch_outer": True}, ("dbias",)),
-    ("table, bias tiles, square dbias", _layer, {"bias_read": "tiles", "dbias_wide": False}, ("dbias",)),
+     {"bias_read": "tiles", "config": {"fwd_tile": (128, 128), "fwd": Warps(8, 2)}}, _FWD),
+    ("table, bias tiles, wide dbias", _layer,
+     {"bias_read": "tiles", "config": {"dbias_tile": (128, 64), "wide": Warps(8, 2)}}, ("dbias",)),
     ("ViT-B/16 (14 x 14, a class token, 12 heads), table, bias tiles", lambda: _layer(14, 12), {"bias_read": "tiles"},
      None),
-    ("ViT-B/16, table, bias tiles, the dbias kernel (not dq: TABLE_GRAD_IN_DQ off)", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "in_dq": False}, ("dq", "dbias")),
-    ("ViT-B/16, table, bias tiles, dq by atomics (the dkdv kernel sums the table's gradient)", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "deterministic": False}, ("dkdv",)),
-    ("ViT-B/16, table, bias tiles, dq by atomics, the dbias kernel (TABLE_GRAD_IN_DKDV off)", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "deterministic": False, "in_dkdv": False}, ("dkdv", "dbias")),
-    ("ViT-B/16, table, bias tiles, dq added in order by the dkdv kernel (DQ_IN_ORDER)", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "in_order": True}, ("dkdv",)),
-    ("ViT-B/16, table, bias tiles, the bias by a product (BIAS_BY_PRODUCT)", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "product": {"fwd", "dkdv", "dq"}}, ("fwd", "dkdv", "dq")),
-    ("ViT-B/16, table, bias tiles, the bias by a product, dq by atomics", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "product": {"fwd", "dkdv"}, "deterministic": False}, ("dkdv",)),
-    ("ViT-B/16, table, bias tiles, square dbias", lambda: _layer(14, 12),
-     {"bias_read": "tiles", "dbias_wide": False, "in_dq": False}, ("dbias",)),
-    ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "fwd_tma": False}, ("fwd",)),
-    ("no table, fwd without TMA", lambda: {**_layer(), "table": None}, {"fwd_tma": False}, ("fwd",)),
+    ("ViT-B/16, table, bias tiles, dq by atomics (the dbias kernel sums the table's gradient)", lambda: _layer(14, 12),
+     {"bias_read": "tiles", "deterministic": False}, ("dkdv", "dbias")),
+    ("table, bias tiles, fwd without TMA", _layer, {"bias_read": "tiles", "config": {"tma_min_tiles": 1 << 30}},
+     ("fwd",)),
+    ("no table, fwd without TMA", lambda: {**_layer(), "table": None}, {"config": {"tma_min_tiles": 1 << 30}},
+     ("fwd",)),
     ("table with -inf entries, visible-tile flags", _lookhere, {"bias_read": "tiles"}, None),
     ("N = 4096 (no prefix), table, bias tiles", lambda: _layer(prefix=0), {"bias_read": "tiles"}, _FWD),
-    ("N = 4096 (no prefix), table, bias tiles, the bias by a product (BIAS_BY_PRODUCT: patterns shared)",
-     lambda: _layer(prefix=0), {"bias_read": "tiles", "product": {"fwd", "dkdv", "dq"}}, ("fwd", "dkdv", "dq")),
     ("head dim 128, table, bias tiles", lambda: _layer(heads=3, head_dim=128), {"bias_read": "tiles"}, None),
     ("head dim 128, no table", lambda: {**_layer(heads=3, head_dim=128), "table": None}, {}, None),
     ("packed images (a token layout)", _packed, {}, None),
     ("windows, no mask", lambda: _windows(0), {}, None),
     ("windows, float mask", lambda: _windows(1), {}, None),
     ("windows, region ids", lambda: _windows(2), {}, None),
-    ("windows, no mask, four backward kernels", lambda: _windows(0), {"tile_bwd": False}, _BWD),
-    ("windows, region ids, four backward kernels", lambda: _windows(2), {"tile_bwd": False}, _BWD),
+    ("windows, no mask, four backward kernels", lambda: _windows(0), {"config": {"bwd_one_tile_max": 0}}, _BWD),
+    ("windows, region ids, four backward kernels", lambda: _windows(2), {"config": {"bwd_one_tile_max": 0}}, _BWD),
     ("windows, region ids, fixed table", lambda: _windows(2), {"table_grad": False}, ("tile",)),
-    ("windows, no mask, a program a window's forward", lambda: _windows(0), {"tile_fwd": False}, _FWD),
-    ("windows, region ids, a program a window's forward", lambda: _windows(2), {"tile_fwd": False}, _FWD),
+    ("windows, no mask, a program a window's forward", lambda: _windows(0), {"config": {"fwd_one_tile_max": 0}},
+     _FWD),
+    ("windows, region ids, a program a window's forward", lambda: _windows(2), {"config": {"fwd_one_tile_max": 0}},
+     _FWD),
 ]  # fmt: skip
 
 
-#: the plan options of :data:`CASES` that set a flag of ``triton_bias`` for the call only
-_FLAGS = {"in_dq": "TABLE_GRAD_IN_DQ", "in_dkdv": "TABLE_GRAD_IN_DKDV", "in_order": "DQ_IN_ORDER",
-          "tile_bwd": "TILE_BWD", "tile_fwd": "TILE_FWD", "product": "BIAS_BY_PRODUCT"}  # fmt: skip
-
-
 def _plan(call: dict, opts: dict) -> dict:
-    """``triton_bias.plan`` of a case (``dbias_batch_outer``: with the ``dbias`` kernel's other loop order,
-    ``triton_bias.DBIAS_BATCH_OUTER``; ``fwd_tma`` False: the forward's keys and values read by address,
-    ``triton_bias.TMA_READS``; ``tile_bwd`` False: a call of one tile's backward as the four kernels,
-    ``triton_bias.TILE_BWD``; ``tile_fwd`` False: its forward a program a batch element, ``triton_bias.TILE_FWD``;
-    ``dbias_wide`` False: the ``dbias`` kernel's square tile, ``triton_bias._DBIAS_WIDE``; ``in_dq``: whether the
-    ``dq`` kernel sums the table's gradient, ``triton_bias.TABLE_GRAD_IN_DQ``; ``in_dkdv``: the ``dkdv`` kernel, where
-    it adds ``dq`` by atomics, ``TABLE_GRAD_IN_DKDV``; ``in_order``: ``dq`` added by the ``dkdv`` kernel in the key
-    blocks' order, ``DQ_IN_ORDER``; ``product``: the kernels adding the bias by a product, ``BIAS_BY_PRODUCT``; each
-    set for the call only)."""
+    """``plan`` of a case: its options, and ``config`` (changes to the GPU's configuration at the call's head dim; a
+    smaller backward tile takes the one-tile kernels' limits with it)."""
     opts = dict(opts)
-    tables = (tb.DBIAS_BATCH_OUTER, tb.TMA_READS, tb._DBIAS_WIDE)
-    saved = tuple(t.copy() for t in tables)
-    flags = {name: getattr(tb, name) for name in _FLAGS.values()}
-    if opts.pop("dbias_batch_outer", False):
-        tb.DBIAS_BATCH_OUTER.add(call["q"].shape[-1])
-    if not opts.pop("fwd_tma", True):
-        tb.TMA_READS.discard("fwd")
-    if not opts.pop("dbias_wide", True):
-        tb._DBIAS_WIDE.clear()
-    for key, name in _FLAGS.items():
-        setattr(tb, name, opts.pop(key, flags[name]))
-    try:
-        return tb.plan(**call, **opts)
-    finally:
-        for table, before in zip(tables, saved):
-            table.clear()
-            table.update(before)
-        for name, value in flags.items():
-            setattr(tb, name, value)
+    changes = opts.pop("config", {})
+    base = cuda_config(call["q"].shape[-1])
+    if "bwd_tile" in changes:
+        one = min(changes["bwd_tile"], base.bwd_one_tile_max)
+        changes = {"fwd_one_tile_max": one, "bwd_one_tile_max": one, **changes}
+    return tb.plan(**call, **opts, config=replace(base, **changes))
 
 
 def _instructions(sass: str) -> list[tuple[int, str, int | None, bool]]:
@@ -278,7 +245,7 @@ def _tile_path(body: list, pick) -> collections.Counter:
 
 def measure(launch: tb.Launch, arch: int) -> dict:
     """Registers, stack and shared bytes, and the inner loop's instructions by class, of one launch."""
-    compiled = tb.compile_launch(launch, arch)
+    compiled = aot.compile_launch(launch, arch)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.cubin"
         path.write_bytes(compiled.asm["cubin"])
@@ -288,7 +255,7 @@ def measure(launch: tb.Launch, arch: int) -> dict:
     res = dict(kv.split(":", 1) for kv in line.split() if ":" in kv)
     interior, edge = inner_loop(sass)
     out = {"regs": int(res["REG"]), "stack": int(res["STACK"]), "shared": int(compiled.metadata.shared)}
-    out["serial"] = "yes" if tb.serialized_products(compiled, arch) else "no"
+    out["serial"] = "yes" if aot.serialized_products(compiled, arch) else "no"
     out["interior"], out["edge"] = sum(interior.values()), sum(edge.values())
     a, warps = launch.args, launch.options["num_warps"]
     out["per 64x64"] = round(out["interior"] * warps / 4 / (a["BM"] * a.get("BN", a["BM"]) / 4096))
@@ -311,7 +278,7 @@ def main() -> None:
         f"{torch.__version__}; compiled ahead of time on a machine without a GPU, as the JIT compiles each call",
         "- `stack`: bytes of local memory per thread (register spills; 0 is none); `shared`: bytes; `serial`: whether "
         "ptxas serializes the kernel's tensor-core products (its note C7515: each waits for the one before; "
-        "`triton_bias.serialized_products`); `interior`, "
+        "`triton_aot.serialized_products`); `interior`, "
         "`edge`: the instructions one warp issues for a visible tile in the inner loop, on its cheapest path (no mask: "
         "an interior tile of a full grid, or every tile where each tile pattern is one exact tile, as a window's) and "
         "its dearest (every mask: a tile at an edge, a shifted window's); "
@@ -342,7 +309,7 @@ def main() -> None:
 
 
 def _sass(launch: tb.Launch, arch: int) -> str:
-    compiled = tb.compile_launch(launch, arch)
+    compiled = aot.compile_launch(launch, arch)
     with tempfile.TemporaryDirectory() as d:
         path = Path(d) / "k.cubin"
         path.write_bytes(compiled.asm["cubin"])
@@ -358,7 +325,7 @@ def whole_program(sass: str) -> int:
 
 
 def window_forward(arch: int) -> list[str]:
-    """A Swin-T window's forward, a warp's instructions: a program a window (``TILE_FWD`` False: the whole program,
+    """A Swin-T window's forward, a warp's instructions: a program a window (``fwd_one_tile_max`` 0: the whole program,
     its loop once) against the one-tile forward (its loop, one window, plus its program's set-up and end over the
     windows of its share)."""
     out = [
@@ -369,7 +336,7 @@ def window_forward(arch: int) -> list[str]:
         "|---|---:|---:|",
     ]
     for label, kind in (("no mask", 0), ("region ids", 2), ("float mask", 1)):
-        each = _plan(_windows(kind), {"tile_fwd": False})["fwd"]
+        each = _plan(_windows(kind), {"config": {"fwd_one_tile_max": 0}})["fwd"]
         tile = _plan(_windows(kind), {})["fwd"]
         sass = _sass(tile, arch)
         loop = sum(inner_loop(sass)[0].values())
@@ -391,7 +358,8 @@ def _span(work: list[int], slots: int) -> int:
 def dbias_schedule(arch: int, sms: int = 132) -> list[str]:
     """The ``dbias`` kernel's span in tile-times (a model: every tile takes one, programs start in launch order on the
     first free slot of ``sms`` x the programs one SM holds, from the compiled kernel's registers and shared memory),
-    its programs in pattern order against :func:`vitrel.kernels.triton_bias.dbias_order` (longest first)."""
+    its programs in pattern order against :func:`vitrel.kernels.triton.dbias_order` (longest first); ``dq`` by atomics,
+    so the ``dbias`` kernel runs at every size."""
     out = [
         "",
         f"## `dbias` launch order: modeled span in tile-times ({sms} SMs)",
@@ -400,13 +368,13 @@ def dbias_schedule(arch: int, sms: int = 132) -> list[str]:
         "|---:|---:|---:|---:|---:|---:|",
     ]
     for side in (14, 32, 64):
-        launch = _plan(_layer(side), {"bias_read": "tiles", "sms": sms, "in_dq": False})["dbias"]
+        launch = _plan(_layer(side), {"bias_read": "tiles", "sms": sms, "deterministic": False})["dbias"]
         a, warps = launch.args, launch.options["num_warps"]
         res = measure(launch, arch)
         regs = -(-res["regs"] * 32 // 256) * 256 * warps  # registers a program holds (per warp, in 256s)
         per_sm = min(65536 // regs, 233472 // max(1, res["shared"]), 32 // warps)
         n_split, heads, batch = a["n_split"], a["H"], a["B"]
-        pat = tb.TilePatterns(a["n_kt"], a["n_pat"], a["d_min"], a["g_d"], a["n_m"], a["g_m"])
+        pat = tb.tile_patterns(a["GW"], a["N"], a["BM"], a["BN"])
         tiles = pat.tiles(a["N"], a["BM"], a["BN"], a["GW"], a["CAUSAL"])
         share = [len(range(s, batch, n_split)) for s in range(n_split)]
         old = [int(tiles[p]) * share[s] for s in range(n_split) for _ in range(heads) for p in range(pat.n_pat)]

@@ -8,8 +8,9 @@ time of ``rel_bias_attention`` for each tile shape / warps / stages, against pla
 The layer of ``bench/attention.py`` (6 heads of 64, 65,536 tokens per batch) at N = 1 + 32^2 and 1 + 64^2, and with
 3 heads of 128 at the larger (``--head-dims``); medians of alternating rounds (``vitrel.bench.alternate``). Each
 row gives the wall time of a call and its kernels' busy time (``vitrel.bench.busy_seconds``: the host's time out),
-each against plain SDPA's: at short sequences (N = 197, Swin's windows) a call's wall time can be its host's. The
-winners go into ``vitrel/kernels/triton_bias.py``.
+each against plain SDPA's: at short sequences (N = 197, Swin's windows) a call's wall time can be its host's. Each
+row is a :class:`~vitrel.kernels.triton.config.KernelConfig` handed to the call; the winners go into
+``vitrel/kernels/triton/config.py``.
 """
 
 from __future__ import annotations
@@ -26,68 +27,50 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vitrel.bench import alternate, busy_seconds  # noqa: E402
-from vitrel.kernels import triton_bias as tb  # noqa: E402
+from dataclasses import replace  # noqa: E402
 
-#: (BM, BN, warps, stages, float32 bias tiles, and optionally "no TMA": the key and value tiles read by address, not
-#: through tensor descriptors, triton_bias.TMA_READS) of the forward; 64 x 128 and 128 x 128 issue the fewest
-#: instructions per score on sm_90 (bench/results/triton_resources_sm90.md's method: 346 and 331 a 64 x 64 block per
-#: scheduler, against 439 at 64 x 64). The default's tiles are bf16 (half the bytes, read as 32-bit pairs; 348
-#: instructions against float32 tiles' 336 under Triton 3.8, 344 against 334 under 3.6); its float32 tiles are timed
-#: beside it (triton_bias.FLOAT32_TILES). The default first, then the 128-query tiles: at N = 197 (ViT-B/16's 4 x 4
-#: tiles of 64) a query tile of 128 reads each key and value tile half as often (the same bias bytes: one tile a
-#: pattern either way), and a row cut short by the command's time limit is one of the others
+from vitrel.bench import alternate, busy_seconds  # noqa: E402
+from vitrel.kernels import triton as tb  # noqa: E402
+from vitrel.kernels.triton.config import INTERPRETER, KernelConfig, Warps, cuda_config  # noqa: E402
+
+#: (BM, BN, warps, stages, and optionally "no TMA": the key and value tiles read by address, not through tensor
+#: descriptors) of the forward: the default first, then the 128-query tiles, then the others
 FWD = [
-    (64, 64, 4, 3, False), (128, 64, 8, 2, False), (128, 64, 4, 2, False), (128, 64, 8, 3, False),
-    (128, 128, 8, 2, False), (64, 64, 4, 2, False), (64, 128, 4, 2, False), (64, 128, 4, 2, True),
-    (64, 128, 4, 3, False), (64, 128, 4, 2, False, "no TMA"),
+    (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 4, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 64, 4, 2),
+    (64, 128, 4, 2), (64, 128, 4, 3), (64, 128, 4, 2, "no TMA"),
 ]  # fmt: skip
-#: (square tile, warps, stages) of the backward's dq and dbias kernels, the dkdv kernel's (BM, BN, warps, stages) and
-#: the dq kernel's, or None: the square tile too; and optionally "batch outer" (the dbias kernel's other loop order,
-#: triton_bias.DBIAS_BATCH_OUTER), "square dbias" (its square tile where triton_bias._DBIAS_WIDE has a wide one) or
-#: "wide dbias" (128 x 64 in 8 warps and 2 stages where it has none). The default first (all square, 4 warps, 3
-#: stages: the fastest on an H100, bench/results/triton_tune_h100_tiles.md), then the wide tiles it replaced
-#: (dkdv 64 x 128, dq and dbias 128 x 64, 8 warps: fewer instructions per score on sm_90, slower on the H100), each
-#: alone
+#: (square tile, warps, stages) of the backward, the dkdv kernel's own (BM, BN, warps, stages) and the dq kernel's,
+#: or None: the square tile; and optionally "square dbias" (its square tile where the configuration has its own) or
+#: "wide dbias" (128 x 64 in 8 warps and 2 stages where it has none). The default first, then the wide tiles
 BWD = [
     (64, 4, 3, None, None), (64, 4, 2, None, None), (64, 4, 3, (64, 128, 8, 2), (128, 64, 8, 2), "wide dbias"),
     (64, 4, 3, (64, 128, 8, 2), None), (64, 4, 3, None, (128, 64, 8, 2)), (64, 4, 3, None, None, "wide dbias"),
-    (64, 4, 3, None, None, "batch outer"),
 ]  # fmt: skip
-#: head dim 128 (3 heads, at the largest of --sides): its defaults first (forward 64 x 32 in 4 warps and 2 stages;
-#: dkdv 64 x 128, dq and dbias 128 x 64, each in 8 warps: the fastest on an H100), against the forward in 3 stages (in
-#: 2 its bias tile has one buffer, as head dim 64's forward had), its 128 x 64 and 64 x 64, the backward's square
-#: 32 x 32 and dkdv's 32 x 128, and the square dbias
-FWD_128 = [
-    (64, 32, 4, 2, False), (64, 32, 4, 3, False), (128, 64, 8, 2, False), (64, 64, 4, 2, False),
-    (64, 32, 4, 2, False, "no TMA"),
-]  # fmt: skip
+#: head dim 128 (3 heads, at the largest of --sides): its defaults first, then the others
+FWD_128 = [(64, 32, 4, 2), (64, 32, 4, 3), (128, 64, 8, 2), (64, 64, 4, 2), (64, 32, 4, 2, "no TMA")]
 BWD_128 = [
     (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2)),
     (32, 4, 2, None, None),
     (32, 4, 2, (32, 128, 8, 2), (128, 64, 8, 2)),
-    (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2), "batch outer"),
     (32, 4, 2, (64, 128, 8, 2), (128, 64, 8, 2), "square dbias"),
 ]
 CONFIGS = {64: (FWD, BWD), 128: (FWD_128, BWD_128)}
 #: the calls of ``--in-dq`` as (grid side, prefix tokens) of the layer at head dim 64: ViT-B/16's 14 x 14 with a class
-#: token (each dq tile one pattern: the dq kernel sums the table's gradient, triton_bias.TABLE_GRAD_IN_DQ) and 32 x 32
-#: (patterns shared: the dbias kernel either way)
+#: token (each dq tile one pattern: the dq kernel sums the table's gradient) and 32 x 32 (patterns shared: the dbias
+#: kernel)
 IN_DQ_CALLS = [(14, 1), (32, 0)]
 #: Swin-T's first stage (8,192 windows of 7 x 7 for 128 images, 3 heads of 32, a shifted block's region ids), whose
-#: backward fits one tile (triton_bias.TILE_BWD): the one-tile kernel's (warps, stages), its default first
-#: (triton_bias.LAUNCH's "tile" and "tile_each": 4 warps, 1 stage, the fastest on an H100), the four kernels it
-#: replaces (None: delta, dkdv, dq, dbias), then the others
+#: backward fits one tile: the one-tile kernel's (warps, stages), its default first, the four kernels it replaces
+#: (None: delta, dkdv, dq, dbias), then the others
 WINDOWS = [(4, 1), None, (8, 2), (4, 2), (8, 1)]
-#: the same windows' forward alone: the one-tile forward's (warps, stages) (triton_bias.TILE_FWD: a share of the
-#: windows a program; triton_bias.LAUNCH's "fwd_tile", 4 warps and 1 stage, first), and None: a program a window
-#: (the forward kernel of any call)
+#: the same windows' forward alone: the one-tile forward's (warps, stages), its default first, and None: a program
+#: a window (the forward kernel of any call)
 WINDOWS_FWD = [(4, 1), None, (4, 2), (8, 2)]
 
 
 def kernel_launches(q, k, v, table, grid, prefix: int = 1, **kwargs) -> dict:
     """The launches of one call of the fused kernel, forward and backward (the table's gradient too where there is a
-    table), each ready to run alone: ``triton_bias.plan`` on the inputs' device (a CUDA device's launch
+    table), each ready to run alone: ``vitrel.kernels.triton.plan`` on the inputs' device (a CUDA device's launch
     configuration, on any device), the forward run once first, since the backward's launches read its output and
     log-sum-exp. They read a zero output gradient: for their time, not their values."""
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.device.type == "cuda" else 132
@@ -100,7 +83,7 @@ def diagnose(side: int, rounds: int) -> list[str]:
     """Where the time goes at one size: the forward with and without the table, the backward with and without the
     table's gradient, causal; FlexAttention with a bf16 table compiled with 64 x 64 blocks, 2 stages; and each of the
     fused kernel's launches alone (``kernel_launches``: with the table's gradient, without a table, and with the square
-    ``dkdv`` and ``dq`` tiles the wide ones replaced)."""
+    ``dkdv`` and ``dq`` tiles of a configuration with wide ones)."""
     from torch.nn.attention.flex_attention import flex_attention
 
     dev = torch.device("cuda")
@@ -166,11 +149,12 @@ def diagnose(side: int, rounds: int) -> list[str]:
     }
     alone = (
         ("table + dT, bias tiles", table.detach(), {"bias_read": "tiles"}), ("no table", None, {}),
-        ("table + dT, bias tiles, square dkdv and dq", table.detach(), {"bias_read": "tiles", "bwd_tile": 64}),
+        ("table + dT, bias tiles, wide dkdv and dq", table.detach(),
+         {"bias_read": "tiles", "config": replace(cuda_config(64), dkdv_tile=(64, 128), dq_tile=(128, 64))}),
     )  # fmt: skip
     for label, tab, kw in alone:
         for name, launch in kernel_launches(q.detach(), k.detach(), v.detach(), tab, g, **kw).items():
-            if label.endswith("square dkdv and dq") and name not in ("dkdv", "dq"):
+            if label.endswith("wide dkdv and dq") and name not in ("dkdv", "dq"):
                 continue
             cases[f"triton {name} kernel alone ({label})"] = launch
     tiles = kernel_launches(q.detach(), k.detach(), v.detach(), table.detach(), g, bias_read="tiles")
@@ -215,7 +199,7 @@ def _cells(wall: float, busy: float | None, ref: tuple[float, float | None]) -> 
 
 def _half(dev: torch.device) -> torch.dtype:
     """The inputs' type: bf16 on CUDA; fp16 in Triton's interpreter (the tests' CPU runs), which computes bf16 products
-    wrongly (``triton_bias.check_device``)."""
+    wrongly (``vitrel.kernels.triton.check_device``)."""
     return torch.bfloat16 if dev.type == "cuda" else torch.float16
 
 
@@ -259,14 +243,15 @@ def _layer_calls(dev, side: int, prefix: int, hd: int, tokens: int) -> tuple[int
     def sdpa_fb():
         torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), go)
 
-    def tri_f():
+    def tri_f(config=None):
         with torch.no_grad():
-            tb.rel_bias_attention(q, k, v, table, grid, prefix)
+            tb.rel_bias_attention(q, k, v, table, grid, prefix, config=config)
 
-    def tri_fb(grad_t=True, det=True):
+    def tri_fb(grad_t=True, det=True, config=None):
         t = table if grad_t else table.detach()  # (a table that needs no gradient: the kernel computes none)
         leaves = (q, k, v, table) if grad_t else (q, k, v)
-        torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, grid, prefix, deterministic=det), leaves, go)
+        out = tb.rel_bias_attention(q, k, v, t, grid, prefix, deterministic=det, config=config)
+        torch.autograd.grad(out, leaves, go)
 
     def plan(sms, **kw):
         return tb.plan(q, k, v, table, grid, prefix, sms=sms, **kw)
@@ -284,6 +269,32 @@ def _sdpa_rows(lines: list[str], args: argparse.Namespace, dev, n: int, calls: d
     return ref
 
 
+def _base(dev: torch.device, hd: int) -> KernelConfig:
+    """The configuration the rows change: the GPU's at head dim ``hd``, or the interpreter's (the tests' CPU runs)."""
+    return cuda_config(hd) if dev.type == "cuda" else INTERPRETER
+
+
+def _bwd_config(base: KernelConfig, hd: int, blk: int, w: int, st: int, wides: list) -> tuple[KernelConfig, str]:
+    """A backward row's configuration and its label."""
+    square, wide_dbias = "square dbias" in wides[2:], "wide dbias" in wides[2:]
+    own = {"dkdv_tile": None, "dq_tile": None}
+    parts, warps = [], base.wide
+    for name, wide in zip(("dkdv", "dq"), wides):
+        if wide:
+            own[f"{name}_tile"], warps = wide[:2], Warps(wide[2], wide[3])
+        parts.append(f"{name} {wide[0]} x {wide[1]} warps {wide[2]} stages {wide[3]}" if wide else f"{name} square")
+    if square:
+        own["dbias_tile"] = None
+    if wide_dbias:
+        own["dbias_tile"], warps = (128, 64), Warps(8, 2)
+    one = min(blk, base.bwd_one_tile_max)
+    config = replace(
+        base, bwd_tile=blk, bwd=Warps(w, st), wide=warps, **own, fwd_one_tile_max=one, bwd_one_tile_max=one
+    )
+    flags = ["square dbias"] * square + ["dbias 128 x 64 warps 8 stages 2"] * wide_dbias
+    return config, ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *flags])
+
+
 def tune_size(
     side: int, args: argparse.Namespace, lines: list[str], hd: int = 64, device: str = "cuda", tokens: int = 65536
 ) -> None:
@@ -295,111 +306,54 @@ def tune_size(
     n, calls = _layer_calls(dev, side, 1, hd, tokens)
     tri_f, tri_fb = calls["tri_f"], calls["tri_fb"]
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
-    defaults, dbias_wide = tuple(table.copy() for table in _TABLES), dict(tb._DBIAS_WIDE)
+    base = _base(dev, hd)
     ref = _sdpa_rows(lines, args, dev, n, calls, at)
-    for bm, bn, w, st, f32, *no_tma in fwd_rows:
-        tb._FWD_BLOCKS[hd] = tb._FWD_WIDE[hd] = (bm, bn)
-        tb.LAUNCH["fwd"] = tb.LAUNCH["fwd", hd] = {"num_warps": w, "num_stages": st}
-        tb.FLOAT32_TILES.clear()
-        tb.FLOAT32_TILES.update({"fwd"} if f32 else ())
-        tb.TMA_READS.clear()
-        tb.TMA_READS.update(() if no_tma else {"fwd"})
-        extra = (", float32 tiles" if f32 else "") + (", no TMA" if no_tma else "")
-        config = f"{at}BM {bm} BN {bn} warps {w} stages {st}{extra}"
-        _time_row(lines, args, dev, f"| {n} | fwd | {config} |", tri_f, ref["f"], repeat=5)
-    _restore(defaults)  # (the backward's rows: the default forward)
+    for bm, bn, w, st, *no_tma in fwd_rows:
+        config = replace(base, fwd_tile=(bm, bn), fwd=Warps(w, st), tma_min_tiles=1 << 30 if no_tma else 8)
+        label = f"{at}BM {bm} BN {bn} warps {w} stages {st}" + (", no TMA" if no_tma else "")
+        _time_row(lines, args, dev, f"| {n} | fwd | {label} |", functools.partial(tri_f, config), ref["f"], repeat=5)
     for blk, w, st, *wides in bwd_rows:
-        tb._BWD_BLOCK[hd] = blk
-        tb.LAUNCH["bwd"] = tb.LAUNCH["bwd", hd] = {"num_warps": w, "num_stages": st}
-        outer, square, wide_dbias = ("batch outer" in wides[2:], "square dbias" in wides[2:], "wide dbias" in wides[2:])
-        tb.DBIAS_BATCH_OUTER.clear()
-        tb.DBIAS_BATCH_OUTER.update({hd} if outer else ())
-        tb._DBIAS_WIDE.clear()
-        tb._DBIAS_WIDE.update({} if square else dbias_wide)
-        if wide_dbias:
-            tb._DBIAS_WIDE[hd] = (128, 64)
-            tb.LAUNCH["dbias", hd] = {"num_warps": 8, "num_stages": 2}
-        parts = []
-        for name, wide, tiles in zip(("dkdv", "dq"), wides, (tb._DKDV_WIDE, tb._DQ_WIDE)):  # (not `table`: tri_fb's)
-            tiles.pop(hd, None)
-            if wide:
-                tiles[hd] = wide[:2]
-                tb.LAUNCH[name, hd] = {"num_warps": wide[2], "num_stages": wide[3]}
-            parts.append(f"{name} {wide[0]} x {wide[1]} warps {wide[2]} stages {wide[3]}" if wide else f"{name} square")
-        flags = (
-            ["dbias batch outer"] * outer + ["square dbias"] * square + ["dbias 128 x 64 warps 8 stages 2"] * wide_dbias
-        )
-        config = at + ", ".join([f"bwd tile {blk} warps {w} stages {st}", *parts, *flags])
-        dbias_only = flags and not any(wides[:2])  # (a row that changes only the dbias kernel)
-        # (the dbias kernel's loop order and tile: the rows with the table's gradient only)
-        settings = (
-            ((True, True), (True, False))
-            if outer or square or wide_dbias
-            else ((True, True), (False, True), (True, False))
-        )
+        config, label = _bwd_config(base, hd, blk, w, st, wides)
+        label = at + label
+        dbias_only = len(wides) > 2 and not any(wides[:2])  # (a row that changes only the dbias kernel)
+        settings = ((True, True), (True, False)) if len(wides) > 2 else ((True, True), (False, True), (True, False))
         for grad_t, det in settings:  # (last: dq by atomics, triton_atomic's)
-            label = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
-            if dbias_only and "dbias" not in calls["plan"](sms, deterministic=det):  # (N = 197: dT in dq)
-                row = f"| {n} | {label} | {config} | not run: no dbias kernel in this call | - | - | - |"
+            name = f"fwd+bwd{'' if grad_t else ' (no dT)'}{'' if det else ' (dq by atomics)'}"
+            if dbias_only and "dbias" not in calls["plan"](sms, deterministic=det, config=config):  # (dT in dq)
+                row = f"| {n} | {name} | {label} | not run: no dbias kernel in this call | - | - | - |"
                 _add_row(lines, args, row)
                 continue
-            fn = lambda g=grad_t, d=det: tri_fb(g, d)  # noqa: E731
-            _time_row(lines, args, dev, f"| {n} | {label} | {config} |", fn, ref["fb"])
-    _restore(defaults)
+            fn = functools.partial(tri_fb, grad_t, det, config)
+            _time_row(lines, args, dev, f"| {n} | {name} | {label} |", fn, ref["fb"])
     if args.out:
         Path(args.out).write_text("\n".join(lines) + f"\n\n({time.ctime()})\n")
 
 
-#: the forward's launch where it adds the bias by a product (90 KB of shared memory in 3 stages: two programs an SM)
-PRODUCT_FWD_2_STAGES = {"num_warps": 4, "num_stages": 2}
-#: the rows of ``--in-dq`` a call: (label, flags of triton_bias set for it, deterministic, the launch and its argument
-#: that must be true for the row to be what it says; None: nothing to check), the default first, DQ_IN_ORDER's last
-#: (its programs wait on locks: were a GPU to start them out of order and hang, the rows before it are written)
+#: the rows of ``--in-dq`` a call: (label, deterministic, the launch and its argument that must be true for the row
+#: to be what it says), the default first
 IN_DQ_ROWS = [
-    ("the table's gradient in dq", {"TABLE_GRAD_IN_DQ": True, "DQ_IN_ORDER": False}, True, ("dq", "TILE_GRAD")),
-    ("dq by atomics, the table's gradient in dkdv", {"TABLE_GRAD_IN_DKDV": True}, False, ("dkdv", "TILE_GRAD")),
-    ("the dbias kernel", {"TABLE_GRAD_IN_DQ": False, "DQ_IN_ORDER": False}, True, None),
-    ("dq by atomics, the dbias kernel", {"TABLE_GRAD_IN_DKDV": False}, False, None),
-    ("the bias by a product in fwd (dT in dq)", {"BIAS_BY_PRODUCT": {"fwd"}, "DQ_IN_ORDER": False}, True,
-     ("fwd", "RAW")),
-    ("the bias by a product in fwd, its forward in 2 stages (64 KB: three programs an SM)",
-     {"BIAS_BY_PRODUCT": {"fwd"}, "DQ_IN_ORDER": False, "LAUNCH": {**tb.LAUNCH, ("fwd", 64): PRODUCT_FWD_2_STAGES}},
-     True, ("fwd", "RAW")),
-    ("the bias by a product in fwd and dq (dT in dq)", {"BIAS_BY_PRODUCT": {"fwd", "dq"}, "DQ_IN_ORDER": False},
-     True, ("dq", "RAW")),
-    ("the bias by a product in fwd, dq and dkdv (dT in dq)",
-     {"BIAS_BY_PRODUCT": {"fwd", "dq", "dkdv"}, "DQ_IN_ORDER": False}, True, ("dkdv", "RAW")),
-    ("dq in the key blocks' order in dkdv (the table's gradient there where it can)", {"DQ_IN_ORDER": True}, True,
-     ("dkdv", "ORDERED_DQ")),
-]  # fmt: skip
+    ("the table's gradient in dq", True, ("dq", "TABLE_GRAD")),
+    ("dq by atomics, the dbias kernel", False, ("dbias", "TILED")),
+]
 
 
 def tune_in_dq(args: argparse.Namespace, lines: list[str], device: str = "cuda", tokens: int = 65536, calls=None):
-    """Forward + backward with the table's gradient summed by the ``dq`` kernel (``triton_bias.TABLE_GRAD_IN_DQ``,
-    the default), by the ``dkdv`` kernel where it adds ``dq`` in the key blocks' order (``DQ_IN_ORDER``) or by atomics
-    (``triton_atomic``, ``TABLE_GRAD_IN_DKDV``), and by the ``dbias`` kernel (:data:`IN_DQ_ROWS`), against plain
-    SDPA, at :data:`IN_DQ_CALLS` (or ``calls``), appended to ``lines`` (and written to ``args.out`` as they come); a
-    call that cannot take a row's form says so."""
-    saved = {flag: getattr(tb, flag) for _, flags, _, _ in IN_DQ_ROWS for flag in flags}
+    """Forward + backward with the table's gradient summed by the ``dq`` kernel (the default) and by the ``dbias``
+    kernel with ``dq`` by atomics (``triton_atomic``), against plain SDPA, at :data:`IN_DQ_CALLS` (or ``calls``),
+    appended to ``lines`` (and written to ``args.out`` as they come); a call that cannot take a row's form says so."""
     dev = torch.device(device)
     sms = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
-    try:
-        for side, prefix in calls or IN_DQ_CALLS:
-            n, fns = _layer_calls(dev, side, prefix, 64, tokens)
-            ref = _sdpa_rows(lines, args, dev, n, fns)
-            for config, flags, det, check in IN_DQ_ROWS:
-                for flag, value in {**saved, **flags}.items():
-                    setattr(tb, flag, value)
-                launch = fns["plan"](sms, deterministic=det).get(check[0]) if check else None
-                if check and (launch is None or not launch.args[check[1]]):
-                    row = f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - | - | - |"
-                    _add_row(lines, args, row)
-                    continue
-                fb = functools.partial(fns["tri_fb"], True, det)
-                _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", fb, ref["fb"])
-    finally:
-        for flag, value in saved.items():
-            setattr(tb, flag, value)
+    for side, prefix in calls or IN_DQ_CALLS:
+        n, fns = _layer_calls(dev, side, prefix, 64, tokens)
+        ref = _sdpa_rows(lines, args, dev, n, fns)
+        for config, det, check in IN_DQ_ROWS:
+            launch = fns["plan"](sms, deterministic=det).get(check[0])
+            if launch is None or not launch.args[check[1]]:
+                row = f"| {n} | fwd+bwd | {config} | not taken (patterns shared, or one tile) | - | - | - |"
+                _add_row(lines, args, row)
+                continue
+            fb = functools.partial(fns["tri_fb"], True, det)
+            _time_row(lines, args, dev, f"| {n} | fwd+bwd | {config} |", fb, ref["fb"])
 
 
 def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda", images: int = 128) -> None:
@@ -419,18 +373,19 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
     def sdpa_fb():
         torch.autograd.grad(F.scaled_dot_product_attention(q, k, v), (q, k, v), go)
 
-    def tri_fb(grad_t):
+    def tri_fb(grad_t, config):
         t = table if grad_t else table.detach()
         leaves = (q, k, v, table) if grad_t else (q, k, v)
-        torch.autograd.grad(tb.rel_bias_attention(q, k, v, t, (hd, hd), 0, regions=regions), leaves, go)
+        out = tb.rel_bias_attention(q, k, v, t, (hd, hd), 0, regions=regions, config=config)
+        torch.autograd.grad(out, leaves, go)
 
     def sdpa_f():
         with torch.no_grad():
             F.scaled_dot_product_attention(q, k, v)
 
-    def tri_f():
+    def tri_f(config):
         with torch.no_grad():
-            tb.rel_bias_attention(q, k, v, table, (hd, hd), 0, regions=regions)
+            tb.rel_bias_attention(q, k, v, table, (hd, hd), 0, regions=regions, config=config)
 
     where = f"{b} windows of {hd} x {hd}"
 
@@ -439,44 +394,22 @@ def tune_windows(args: argparse.Namespace, lines: list[str], device: str = "cuda
 
     ref = sdpa_ref(sdpa_fb)
     lines.append(f"| {n} | fwd+bwd | {where}, plain SDPA | {_cells(*ref, ref)}")
-    defaults, one, one_fwd = tuple(t.copy() for t in _TABLES), tb.TILE_BWD, tb.TILE_FWD
-    try:
-        ref_f = sdpa_ref(sdpa_f)
-        lines.append(f"| {n} | fwd | {where}, plain SDPA | {_cells(*ref_f, ref_f)}")
-        for row in WINDOWS_FWD:
-            tb.TILE_FWD = row is not None
-            if row is not None:
-                tb.LAUNCH["fwd_tile"] = {"num_warps": row[0], "num_stages": row[1]}
-            kind = f"one-tile fwd warps {row[0]} stages {row[1]}" if row else "fwd a window a program"
-            config = f"{where}, {kind}"
-            _time_row(lines, args, dev, f"| {n} | fwd | {config} |", tri_f, ref_f)
-        _restore(defaults)
-        tb.TILE_FWD = one_fwd
-        for row in WINDOWS:
-            tb.TILE_BWD = row is not None
-            if row is not None:
-                tb.LAUNCH["tile"] = tb.LAUNCH["tile_each"] = {"num_warps": row[0], "num_stages": row[1]}
-            config = f"{where}, " + (f"one-tile bwd warps {row[0]} stages {row[1]}" if row else "four bwd kernels")
-            for grad_t in (True, False):
-                label = f"fwd+bwd{'' if grad_t else ' (no dT)'}"
-                _time_row(lines, args, dev, f"| {n} | {label} | {config} |", lambda g=grad_t: tri_fb(g), ref)
-    finally:
-        _restore(defaults)
-        tb.TILE_BWD, tb.TILE_FWD = one, one_fwd
-
-
-#: the kernel's tiles and launch options, which the tuning sets and restores
-_TABLES = (
-    tb._FWD_BLOCKS, tb._FWD_WIDE, tb._BWD_BLOCK, tb._DKDV_WIDE, tb._DQ_WIDE, tb._DBIAS_WIDE, tb.LAUNCH,
-    tb.FLOAT32_TILES, tb.DBIAS_BATCH_OUTER, tb.TMA_READS,
-)  # fmt: skip
-
-
-def _restore(defaults: tuple[dict, ...]) -> None:
-    """The kernel's tiles and launch options as they were before the tuning set them."""
-    for table, saved in zip(_TABLES, defaults):
-        table.clear()
-        table.update(saved)
+    base = _base(dev, 32)
+    ref_f = sdpa_ref(sdpa_f)
+    lines.append(f"| {n} | fwd | {where}, plain SDPA | {_cells(*ref_f, ref_f)}")
+    for row in WINDOWS_FWD:
+        config = replace(base, fwd_one_tile_max=0) if row is None else replace(base, fwd_one_tile=Warps(*row))
+        kind = f"one-tile fwd warps {row[0]} stages {row[1]}" if row else "fwd a window a program"
+        _time_row(lines, args, dev, f"| {n} | fwd | {where}, {kind} |", functools.partial(tri_f, config), ref_f)
+    for row in WINDOWS:
+        if row is None:
+            config = replace(base, bwd_one_tile_max=0)
+        else:
+            config = replace(base, bwd_one_tile=Warps(*row), bwd_one_tile_each=Warps(*row))
+        kind = f"{where}, " + (f"one-tile bwd warps {row[0]} stages {row[1]}" if row else "four bwd kernels")
+        for grad_t in (True, False):
+            label = f"fwd+bwd{'' if grad_t else ' (no dT)'}"
+            _time_row(lines, args, dev, f"| {n} | {label} | {kind} |", functools.partial(tri_fb, grad_t, config), ref)
 
 
 def main() -> None:
@@ -489,7 +422,7 @@ def main() -> None:
                     help="64: every row at each of --sides; 128: its rows at the largest")  # fmt: skip
     ap.add_argument("--no-windows", dest="windows", action="store_false", help="without Swin-T's windows' rows")
     ap.add_argument("--in-dq", action="store_true",
-                    help="only the rows of the table's gradient in dq and dkdv (IN_DQ_CALLS, IN_DQ_ROWS)")  # fmt: skip
+                    help="only the rows of where the table's gradient is summed (IN_DQ_CALLS, IN_DQ_ROWS)")  # fmt: skip
     args = ap.parse_args()
     if args.diagnose:
         text = "\n".join(line for side in args.sides for line in diagnose(side, args.rounds))
@@ -503,7 +436,7 @@ def main() -> None:
     if args.in_dq:
         tune_in_dq(args, lines)
         return
-    if args.windows:  # first: the shortest rows, and the one-tile kernels' (TILE_FWD, TILE_BWD) only timing
+    if args.windows:  # first: the shortest rows, and the one-tile kernels' only timing
         tune_windows(args, lines)
     for side in args.sides if 64 in args.head_dims else ():
         tune_size(side, args, lines)

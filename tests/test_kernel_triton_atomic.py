@@ -13,7 +13,7 @@ if not torch.cuda.is_available():  # before the kernels are first imported (vitr
     os.environ["TRITON_INTERPRET"] = "1"
 
 import vitrel  # noqa: E402
-from tests.test_kernel_triton_bias import DEVICES, _check, _inputs, interpreted  # noqa: E402
+from tests.test_kernel_triton_bias import DEVICES, _check, _inputs, four_kernels, interpreted  # noqa: E402
 from tests.test_kernel_triton_bias import pytestmark as pytestmark  # noqa: E402
 from vitrel.kernels import get_kernel, triton_bias  # noqa: E402
 from vitrel.kernels.triton_bias import rel_bias_attention  # noqa: E402
@@ -33,21 +33,16 @@ def test_atomic_dq_equals_reference(device, grid, prefix, table_on, table_grad):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("grid", "prefix", "d", "in_dkdv"), [((5, 7), 0, 32, True), ((4, 6), 2, 24, True),
-                                                             ((6, 6), 1, 16, True), ((4, 8), 1, 16, False),
-                                                             ((14, 14), 1, 16, True)])  # fmt: skip
-def test_table_grad_in_dkdv_equals_reference(monkeypatch, device, grid, prefix, d, in_dkdv):
-    """The bias tiles' gradient summed by the ``dkdv`` kernel where it adds ``dq`` by atomics
-    (``TABLE_GRAD_IN_DKDV``: each of its tiles one pattern, so a program's tiles, its key block's, are the only ones
-    of their patterns; programs of a head and a share of the batch) instead of the ``dbias`` kernel: the table's
-    gradient and q, k, v's against the float64 reference, with and without prefix tokens (their pairs are not the
-    table's); the launches asserted (no ``dq``, no ``dbias``), and where the ``dkdv`` kernel's tiles share patterns
-    (4 x 8 in the interpreter's tiles), the ``dbias`` kernel as before; ViT-B/16's 197 tokens, where a GPU's
-    64-token tiles are one pattern each too. A batch of 3, so a program sums two batch elements. The table's gradient
-    bitwise equal on a second run (its sums in a fixed order; only ``dq``'s atomics are not)."""
+@pytest.mark.parametrize(("grid", "prefix", "d"), [((5, 7), 0, 32), ((4, 6), 2, 24), ((6, 6), 1, 16), ((4, 8), 1, 16),
+                                               ((14, 14), 1, 16)])  # fmt: skip
+def test_table_grad_with_atomic_dq_equals_reference(device, grid, prefix, d):
+    """With ``dq`` added by atomics (no ``dq`` kernel), the ``dbias`` kernel sums the bias tiles' gradient, whether
+    each tile is one pattern (5 x 7, 4 x 6, 6 x 6 in the interpreter's tiles; ViT-B/16's 197 tokens in a GPU's) or
+    patterns are shared (4 x 8): the table's gradient and q, k, v's against the float64 reference, with and without
+    prefix tokens; the launches asserted (no ``dq``). A batch of 3, so a program sums two batch elements. The table's
+    gradient bitwise equal on a second run (its sums in a fixed order; only ``dq``'s atomics are not)."""
     if device == "cpu" and grid == (14, 14):  # (the interpreter's 16-token tiles: the grids above cover them)
         pytest.skip("197 tokens in a GPU's 64-token tiles: under -m cuda")
-    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DKDV", True)
     n = prefix + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)
     launches = triton_bias.plan(
@@ -55,8 +50,8 @@ def test_table_grad_in_dkdv_equals_reference(monkeypatch, device, grid, prefix, 
     )
     if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile, or one pattern a tile)
         dkdv = launches["dkdv"]
-        assert dkdv.args["TILE_GRAD"] is in_dkdv and ("dbias" in launches) is not in_dkdv and "dq" not in launches
-        assert dkdv.grid == ((dkdv.grid[0], 2, 2) if in_dkdv else (dkdv.grid[0], 3 * 2))  # (shares of 2 and 1)
+        assert dkdv.args["ATOMIC_DQ"] and "dbias" in launches and "dq" not in launches
+        assert launches["dbias"].args["n_split"] == 2 and dkdv.grid == (dkdv.grid[0], 3 * 2)  # (shares of 2 and 1)
     _check(device, 3, 2, d, grid, prefix, bias_read="tiles", deterministic=False)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     qd, kd, vd = (t.to(device, dtype).requires_grad_() for t in (q, k, v))
@@ -67,13 +62,13 @@ def test_table_grad_in_dkdv_equals_reference(monkeypatch, device, grid, prefix, 
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_atomic_dq_causal_windows_and_batch_shares(device, monkeypatch):
+def test_atomic_dq_causal_windows_and_batch_shares(device):
     """Causal 1-D (no tile above the diagonal adds to ``dq``), a batch of windows with their regions, and a batch run
     as shares of CUDA's grid (``dq``'s buffer sliced with each share)."""
     _check(device, 2, 2, 16, (1, 37), 0, causal=True, deterministic=False)
     _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)), deterministic=False)
-    monkeypatch.setattr(triton_bias, "GRID_Y_MAX", 12)  # 2 heads: at most 6 batch elements a launch
-    _check(device, 9, 2, 16, (3, 4), 1, deterministic=False)
+    config = four_kernels(device, grid_y_max=12)  # 2 heads: at most 6 batch elements a launch
+    _check(device, 9, 2, 16, (3, 4), 1, deterministic=False, config=config)
 
 
 def _launches(deterministic: bool, table_grad: bool = True, **kw) -> dict:
@@ -82,16 +77,16 @@ def _launches(deterministic: bool, table_grad: bool = True, **kw) -> dict:
     return triton_bias.plan(q, k, v, **call, table_grad=table_grad)
 
 
-def test_which_launches_run(monkeypatch):
-    """No ``dq`` kernel where the ``dkdv`` kernel adds ``dq`` by atomics, and no ``dbias`` kernel where it sums the
-    bias tiles' gradient too (``TABLE_GRAD_IN_DKDV``); the deterministic backward where the ``dq`` kernel reduces the
-    table's gradient (the bias gathered per score, or summed per tile pattern: then no ``dbias`` kernel,
-    ``TABLE_GRAD_IN_DQ``), by default, and under ``torch.use_deterministic_algorithms``."""
+def test_which_launches_run():
+    """No ``dq`` kernel where the ``dkdv`` kernel adds ``dq`` by atomics (the ``dbias`` kernel sums the bias tiles'
+    gradient); the deterministic backward where the ``dq`` kernel reduces the table's gradient (the bias gathered per
+    score, or summed per tile pattern: then no ``dbias`` kernel), by default, and under
+    ``torch.use_deterministic_algorithms``."""
 
     def kernels(launches):
         return sorted(launches), launches["dkdv"].args["ATOMIC_DQ"]
 
-    assert kernels(_launches(False, bias_read="tiles")) == (["delta", "dkdv", "fwd"], True)  # (dT in dkdv)
+    assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "delta", "dkdv", "fwd"], True)
     assert kernels(_launches(False, table_grad=False)) == (["delta", "dkdv", "fwd"], True)
     assert kernels(_launches(False, bias_read="gather")) == (["delta", "dkdv", "dq", "fwd"], False)
     assert kernels(_launches(False, table_grad=False, bias_read="gather")) == (["delta", "dkdv", "fwd"], True)
@@ -102,10 +97,7 @@ def test_which_launches_run(monkeypatch):
         assert kernels(_launches(False, bias_read="tiles")) == (["delta", "dkdv", "dq", "fwd"], False)
     finally:
         torch.use_deterministic_algorithms(was)
-    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
-    assert kernels(_launches(True, bias_read="tiles")) == (["dbias", "delta", "dkdv", "dq", "fwd"], False)
-    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DKDV", False)
-    assert kernels(_launches(False, bias_read="tiles")) == (["dbias", "delta", "dkdv", "fwd"], True)
+    assert _launches(True, bias_read="tiles")["dq"].args["TABLE_GRAD"] == 2  # (the bias tiles' sums in dq)
     assert get_kernel("triton_atomic").deterministic is False and get_kernel("triton").deterministic is True
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +30,11 @@ from vitrel.pos.registry import get_pos_class  # noqa: E402
 
 triton = pytest.importorskip("triton")
 tl = triton.language
-from vitrel.kernels._triton_bias_kernels import _bias_tile  # noqa: E402
+from dataclasses import replace  # noqa: E402
+
+from vitrel.kernels.triton import INTERPRETER, Warps, cuda_config, patterns  # noqa: E402
+from vitrel.kernels.triton._jit import _bias_tile  # noqa: E402
+from vitrel.kernels.triton.plan import fwd_launch  # noqa: E402
 
 #: the CPU cases run through the interpreter (on a GPU machine, where it is off, ``pytest -m cuda`` runs the GPU ones)
 pytestmark = pytest.mark.skipif(
@@ -59,11 +64,11 @@ def reference(q, k, v, table, grid, prefix, mask=None, causal=False, scale=None)
     return logits.softmax(-1) @ v
 
 
-@pytest.fixture
-def dbias_kernel(monkeypatch):
-    """The ``dbias`` kernel wherever the bias is read as tiles (``TABLE_GRAD_IN_DQ`` off: by default the ``dq`` kernel
-    sums the tiles' gradient where each of its tiles is one pattern), for the tests of that kernel."""
-    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
+def four_kernels(device: str = "cuda", d: int = 16, **changes):
+    """The device's configuration (a GPU's for ``plan``) with the one-tile kernels off: the four backward kernels
+    for calls of a few tokens, as on long sequences."""
+    base = INTERPRETER if device == "cpu" else cuda_config(d)
+    return replace(base, **{"fwd_one_tile_max": 0, "bwd_one_tile_max": 0, **changes})
 
 
 def _inputs(b, h, n, d, grid, seed=0):
@@ -75,7 +80,7 @@ def _inputs(b, h, n, d, grid, seed=0):
 
 def _check(
     device, b, h, d, grid, prefix, mask=None, causal=False, table_on=True, bias_read="auto", regions=None,
-    deterministic=True, table_grad=True, dtype=None, scale=None,
+    deterministic=True, table_grad=True, dtype=None, scale=None, config=None,
 ):  # fmt: skip
     n = prefix + grid[0] * grid[1]
     if regions is not None:  # the reference reads the float mask the regions mean
@@ -93,7 +98,7 @@ def _check(
     md = None if mask is None or regions is not None else mask.to(device, torch.float32)
     rd = None if regions is None else regions.to(device)
     settings = dict(mask=md, causal=causal, bias_read=bias_read, regions=rd, deterministic=deterministic, scale=scale)
-    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, **settings)
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, **settings, config=config)
     leaves = [t for t in (qd, kd, vd, td) if t is not None and t.requires_grad]
     grads = torch.autograd.grad(out, leaves, go.to(device, dtype))
     tol = _tol("cuda" if dtype != torch.float32 else device)  # (half precision in the interpreter too)
@@ -126,33 +131,27 @@ def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
 
 
 @interpreted
-@pytest.mark.usefixtures("dbias_kernel")
 @pytest.mark.parametrize("grid", [(4, 6), (4, 4), (3, 5)])
-def test_bias_tiles_in_half_precision(grid, monkeypatch):
+def test_bias_tiles_in_half_precision(grid):
     """Half-precision inputs: the bias tiles every kernel reads are in the inputs' type (as SDPA takes its float mask:
     half the bytes per score of float32 tiles, which bound the kernels by L2's bandwidth on an H100; the forward's
     too, now that its products compile unserialized with them:
-    :func:`test_tensor_core_products_not_serialized_on_hopper`), unless ``FLOAT32_TILES`` names the kernel
-    (``bench/triton_tune.py``'s comparison); float32 inputs keep float32 tiles; the kernels add them to float32
-    logits, so output and gradients stay within half precision of the float64 reference (grids whose tiles repeat,
-    4 x 4, and whose tiles are each exact, 3 x 5: -inf past the end). In fp16: the interpreter computes bf16 wrongly
-    (every kernel, with or without a table); ``-m cuda`` runs bf16."""
+    :func:`test_tensor_core_products_not_serialized_on_hopper`); float32 inputs keep float32 tiles; the kernels add
+    them to float32 logits, so output and gradients stay within half precision of the float64 reference (grids whose
+    tiles repeat, 4 x 4, and whose tiles are each exact, 3 x 5: -inf past the end). In fp16: the interpreter
+    computes bf16 wrongly (every kernel, with or without a table); ``-m cuda`` runs bf16."""
     n = 1 + grid[0] * grid[1]
     table = torch.zeros(2, 2 * grid[0] - 1, 2 * grid[1] - 1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
         q = torch.zeros(2, 2, n, 16, dtype=dt)
         launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")  # (one tile of a GPU's backward)
         assert {name: launch.args["BT"].dtype for name, launch in launches.items()} == {"fwd": dt, "tile": dt}
-        monkeypatch.setattr(triton_bias, "TILE_BWD", False)
-        launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")
-        monkeypatch.setattr(triton_bias, "TILE_BWD", True)
-        assert set(launches) == {"fwd", "delta", "dkdv", "dq", "dbias"}
-        tiles = {name: launch.args["BT"].dtype for name, launch in launches.items() if name != "delta"}
-        assert tiles == {"fwd": dt, "dkdv": dt, "dq": dt, "dbias": dt}, tiles
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
-    monkeypatch.setattr(triton_bias, "FLOAT32_TILES", {"fwd"})
-    launches = triton_bias.plan(q.bfloat16(), q.bfloat16(), q.bfloat16(), table, grid, 1, bias_read="tiles")
-    assert launches["fwd"].args["BT"].dtype == torch.float32 and launches["dq"].args["BT"].dtype == torch.bfloat16
+        for det, want in ((True, {"fwd", "dkdv", "dq"}), (False, {"fwd", "dkdv", "dbias"})):  # (dbias: dq by atomics)
+            launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles", deterministic=det,
+                                        config=four_kernels())  # fmt: skip
+            assert set(launches) == want | {"delta"}
+            tiles = {name: launch.args["BT"].dtype for name, launch in launches.items() if name != "delta"}
+            assert tiles == dict.fromkeys(want, dt), tiles
     _check("cpu", 2, 2, 16, grid, 1, bias_read="tiles", dtype=torch.float16)
 
 
@@ -232,7 +231,7 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
     shape builds its launches, forward and backward, with at most 20 tensor ops (the first: about 80, each a CUDA
     launch on a GPU, where they cost more than the kernels at small sizes) and reduces the table's gradient with at
     most 32 (views included); the same launches either way. Patterns that repeat (8 x 8, prefix 1) and exact tiles;
-    the one-tile backward's launch (``TILE_BWD``: 5 x 5 and 4 x 4 fit one tile of a GPU's) with at most 16."""
+    the one-tile backward's launch (5 x 5 and 4 x 4 fit one tile of a GPU's) with at most 16."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Ops(TorchDispatchMode):
@@ -253,19 +252,21 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
             again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
         assert set(again) == {"fwd", "tile"} and ops.n <= 16, (set(again), ops.n)
         torch.testing.assert_close(again["tile"].args["BT"], one["tile"].args["BT"], rtol=0, atol=0)
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
-    first = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
+    config = four_kernels()
+    first = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles", config=config)
     with Ops() as ops:
-        again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
+        again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles", config=config)
     assert ops.n <= 20, ops.n
-    written = {"O", "LSE", "DELTA", "DK", "DV", "DQ", "DQO", "SLOTS", "DBT", "SCRATCH"}  # (outputs, or read from them)
+    written = {"O", "LSE", "DELTA", "DK", "DV", "DQ", "DT", "DBT", "SCRATCH"}  # (outputs, or read from them)
     for name, launch in first.items():
         for key, value in launch.args.items():
             if isinstance(value, torch.Tensor) and key not in written:
                 torch.testing.assert_close(again[name].args[key], value, rtol=0, atol=0, msg=f"{name} {key}")
     sums = first["dbias"] if "dbias" in first else first["dq"]  # (dq sums the bias tiles' gradient where it can)
-    pat = triton_bias.TilePatterns(*(sums.args[k] for k in ("n_kt", "n_pat", "d_min", "g_d", "n_m", "g_m")))
-    dbt = torch.randn(sums.args["DBT"].shape)  # [n_split, heads, n_pat, blk, blk] (plan's tiles: a GPU's)
+    pat = triton_bias.tile_patterns(side, n, sums.args["BM"], sums.args["BN"])
+    assert (pat.n_pat, pat.n_m) == (sums.args["n_pat"], sums.args["n_m"])
+    sums_buffer = sums.args["DBT" if "dbias" in first else "DT"]
+    dbt = torch.randn(sums_buffer.shape)  # [n_split, heads, n_pat, blk, blk] (plan's tiles: a GPU's)
     triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)  # (its index made, and kept)
     launches = []
     monkeypatch.setattr(triton_bias.Launch, "__call__", lambda launch: launches.append(launch.kernel))
@@ -274,23 +275,22 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
     assert ops.n <= 2 and launches == ["table_grad"], (ops.n, launches)  # (its output; the index kept)
 
 
-@pytest.mark.usefixtures("dbias_kernel")
 def test_nothing_kept_from_a_graphs_stream(monkeypatch):
     """Where a tensor made now may not be kept (:func:`vitrel.device_cache.keeps`: a CUDA stream other than the default
     one, as CUDA graph capture and ``torch.compile``'s graph trees use, whose pool hands its blocks out again), every
     call makes its own: nothing enters the caches, and the launches are the same."""
     q = torch.randn(2, 2, 1 + 36, 16)
     table = torch.randn(2, 11, 11)
-    triton_bias._tile_index.cache_clear()
+    patterns._tile_index.cache_clear()
     monkeypatch.setattr(device_cache, "keeps", lambda device: False)
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the four kernels: 37 tokens fit one tile of a GPU's)
-    first = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
-    again = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
-    assert triton_bias._tile_index.cache_info().currsize == 0
-    torch.testing.assert_close(again["dbias"].args["BT"], first["dbias"].args["BT"], rtol=0, atol=0)
+    config = four_kernels()  # (the four kernels: 37 tokens fit one tile of a GPU's)
+    first = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles", config=config)
+    again = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles", config=config)
+    assert patterns._tile_index.cache_info().currsize == 0
+    torch.testing.assert_close(again["dq"].args["BT"], first["dq"].args["BT"], rtol=0, atol=0)
     monkeypatch.undo()
     triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
-    assert triton_bias._tile_index.cache_info().currsize > 0  # (on the CPU: kept)
+    assert patterns._tile_index.cache_info().currsize > 0  # (on the CPU: kept)
 
 
 @pytest.mark.cuda
@@ -311,7 +311,7 @@ def test_keeps_only_on_the_default_stream():
 )  # fmt: skip
 def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
     """``table_grad_from_tiles`` of the per-pattern sums of a gradient ``G`` over ``[tm, tw]`` tiles (square, and
-    query tiles twice the key tiles: the ``dbias`` kernel's ``_DBIAS_WIDE``; patterns by ``(q0 - k0, q0 mod W)`` or
+    query tiles twice the key tiles: the ``dbias`` kernel's ``dbias_tile``; patterns by ``(q0 - k0, q0 mod W)`` or
     one per tile, ViT-B/16's 14 x 14 grid with a class token among them), split in three batch shares as the
     ``dbias`` programs write them, is, at each table offset, the sum of ``G`` over the patch pairs at that offset:
     from the equation, in loops, float64 (the kernel sums in float32)."""
@@ -345,7 +345,7 @@ def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
 )  # fmt: skip
 def test_dbias_programs_longest_first(side, prefix, tm, tw, causal):
     """Each ``dbias`` program's work (``TilePatterns.tiles``) counts the tiles of its pattern, from ``index`` over every
-    ``[tm, tw]`` tile (square, and query tiles twice the key tiles: ``triton_bias._DBIAS_WIDE``; causal: those with a
+    ``[tm, tw]`` tile (square, and query tiles twice the key tiles: ``KernelConfig.dbias_tile``; causal: those with a
     pair on or below the diagonal); the programs launch longest first, each ``(pattern, head, share)`` once; both
     computed on the device they are for."""
     grid_w = side if side > 1 else 70
@@ -373,25 +373,23 @@ def test_batch_beyond_the_cuda_grid(device, monkeypatch):
     from vitrel.layout.geometry import Grid
     from vitrel.layout.windows import window_regions
 
-    monkeypatch.setattr(triton_bias, "GRID_Y_MAX", 12)  # 2 heads: at most 6 batch elements a launch
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the dkdv kernel's shares: these grids fit one tile)
-    _check(device, 9, 2, 16, (3, 4), 1)
-    _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)))
+    config = four_kernels(device, grid_y_max=12)  # 2 heads: at most 6 batch elements a launch
+    _check(device, 9, 2, 16, (3, 4), 1, config=config)
+    _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)), config=config)
     mask = torch.zeros(8, 12, 12, dtype=torch.float64)
     mask[torch.arange(8), :, torch.arange(8)] = float("-inf")  # element b masks key b
-    _check(device, 8, 2, 16, (3, 4), 0, mask=mask)
-    monkeypatch.setattr(triton_bias, "GRID_Y_MAX", 2)  # packed rows (2 heads): one a launch, its tokens sliced
-    _check_layout(device, 0, *tile_aligned_tokens())
+    _check(device, 8, 2, 16, (3, 4), 0, mask=mask, config=config)
+    # packed rows (2 heads): one a launch, its tokens sliced
+    _check_layout(device, 0, *tile_aligned_tokens(), config=four_kernels(device, grid_y_max=2))
 
 
-@pytest.mark.usefixtures("dbias_kernel")
-def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
+def test_launch_configuration_by_head_dim_and_bias_read():
     """On a GPU (``plan`` builds a GPU's launches anywhere), as measured fastest on an H100
     (``bench/results/triton_tune_h100_tiles.md``): head dim 64 takes the square 64 x 64 tile in every kernel (the
     forward in 4 warps and 3 stages, the backward's in 4 and 3), its ``dbias`` kernel sharing the ``dq`` kernel's bias
     tiles; head dim 32 (Swin's) 64 x 64 and 2 stages; head dim 128 the forward's 64 x 32 in 4 warps, and where the
-    bias is read whole or there is none ``dkdv`` 64 x 128 (``triton_bias._DKDV_WIDE``), ``dq`` and ``dbias`` 128 x 64
-    (``_DQ_WIDE``, ``_DBIAS_WIDE``), each in 8 warps; else the square 32 x 32 in 4 warps."""
+    bias is read whole or there is none ``dkdv`` 64 x 128, ``dq`` and ``dbias`` 128 x 64 (``KernelConfig``'s
+    ``dkdv_tile``, ``dq_tile``, ``dbias_tile``), each in 8 warps; else the square 32 x 32 in 4 warps."""
 
     def launches(d=64, table=True, **kw):
         q = torch.zeros(2, 2, 65, d, dtype=torch.bfloat16)
@@ -424,49 +422,48 @@ def test_launch_configuration_by_head_dim_and_bias_read(monkeypatch):
         got = {k: (x.args["BM"], x.args["BN"], x.options["num_warps"]) for k, x in got.items()}
         assert got == dict.fromkeys(calls, (64, 64, 4)), (kernel, got)
     fixed = launches(bias_read="gather", table_grad=False)["dq"]
-    assert (fixed.args["BM"], fixed.args["BN"], fixed.args["TABLE_GRAD"]) == (64, 64, False)
+    assert (fixed.args["BM"], fixed.args["BN"], fixed.args["TABLE_GRAD"]) == (64, 64, 0)
     assert launches()["dq"].options == {"num_warps": 4, "num_stages": 3}
     # head dim 128: the forward 64 x 32 in 4 warps; dkdv 64 x 128, dq 128 x 64, each in 8 warps, where the bias is
     # read whole or there is none; else the backward's square 32 x 32 in 4 warps
     wide, narrow = {"fwd": (64, 32, 4), "dkdv": (64, 128, 8), "dq": (128, 64, 8)}, {"fwd": (64, 32, 4)}
     narrow.update(dkdv=(32, 32, 4), dq=(32, 32, 4))
     for kw, want in [
-        (dict(bias_read="tiles"), {**wide, "dbias": (128, 64, 8)}), (dict(table=False), wide),
+        (dict(bias_read="tiles"), wide), (dict(table=False), wide),
         (dict(bias_read="gather"), narrow), (dict(mask=torch.zeros(1, 65, 65)), {**narrow, "dbias": (32, 32, 4)}),
     ]:  # fmt: skip
         got = {k: (x.args["BM"], x.args.get("BN", x.args["BM"]), x.options["num_warps"])
                for k, x in launches(d=128, **kw).items() if k != "delta"}  # fmt: skip
         assert got == want, (kw, got)
-    # a wide forward tile (as bench/triton_tune.py sets one) where its bias tiles fit the budget; where only the
-    # square ones fit, those, not an error (2 heads, bf16 tiles)
-    monkeypatch.setitem(triton_bias._FWD_WIDE, 64, (64, 128))
-    assert tile(bias_read="tiles") == tile(table=False) == (64, 128) and tile(bias_read="gather") == (64, 64)
-    size = {t: triton_bias.tile_patterns(8, 65, 64, t).n_pat * 64 * t * 2 * 2 for t in (64, 128)}
-    assert size[128] > size[64]
-    monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[64])
-    assert tile(bias_read="tiles") == (64, 64)
-    monkeypatch.setattr(triton_bias, "TILE_BUDGET_BYTES", size[64] - 1)
+    # the dq kernel sums the bias tiles' gradient where its tiles are one pattern each (head dim 128's 128 x 64)
+    assert launches(d=128)["dq"].args["TABLE_GRAD"] == 2 and launches()["dq"].args["TABLE_GRAD"] == 0
+    # a forward tile of the configuration's (as bench/triton_tune.py sets one); the bias tiles within the budget
+    # read whole, beyond it gathered (auto) or an error (2 heads, bf16 tiles)
+    wide = replace(cuda_config(64), fwd_tile=(64, 128))
+    assert tile(bias_read="tiles", config=wide) == tile(table=False, config=wide) == (64, 128)
+    size = triton_bias.tile_patterns(8, 65, 64, 64).n_pat * 64 * 64 * 2 * 2
+    assert launches(config=replace(cuda_config(64), tile_budget_bytes=size))["fwd"].args["TILED"]
+    assert not launches(config=replace(cuda_config(64), tile_budget_bytes=size - 1))["fwd"].args["TILED"]
     with pytest.raises(ValueError, match="above the budget"):
-        tile(bias_read="tiles")
+        tile(bias_read="tiles", config=replace(cuda_config(64), tile_budget_bytes=size - 1))
 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("grid", "prefix", "d", "in_dq"), [((5, 7), 0, 32, True), ((4, 6), 2, 24, True),
                                                            ((6, 6), 1, 16, True), ((5, 24), 1, 16, False),
                                                            ((14, 14), 1, 16, True)])  # fmt: skip
-def test_table_grad_in_dq_equals_reference(monkeypatch, device, grid, prefix, d, in_dq):
-    """The bias tiles' gradient summed by the ``dq`` kernel (``TABLE_GRAD_IN_DQ``: each of its tiles one pattern, so
+def test_table_grad_in_dq_equals_reference(device, grid, prefix, d, in_dq):
+    """The bias tiles' gradient summed by the ``dq`` kernel (where each of its tiles is one pattern, so
     a program's tiles are the only ones of their patterns) instead of the ``dbias`` kernel: the table's gradient and
     q, k, v's against the float64 reference, with and without prefix tokens (their pairs are not the table's); the
     launches asserted (no ``dbias`` launch), and where the ``dq`` kernel's tiles share patterns (5 x 24), the
     ``dbias`` kernel as before; ViT-B/16's 197 tokens, where a GPU's 64-token tiles are one pattern each too. A
     batch of 3, so a program sums two batch elements. Two runs bitwise equal (the sums in a fixed order)."""
-    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", True)
     n = prefix + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)
     launches = triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles", sms=None if device == "cpu" else 132)
     if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile, or one pattern a tile)
-        assert launches["dq"].args["TILE_GRAD"] is in_dq and ("dbias" in launches) is not in_dq
+        assert (launches["dq"].args["TABLE_GRAD"] == 2) is in_dq and ("dbias" in launches) is not in_dq
     _check(device, 3, 2, d, grid, prefix, bias_read="tiles")
     dev, dtype = device, (torch.float32 if device == "cpu" else torch.bfloat16)
     qd, kd, vd = (t.to(dev, dtype).requires_grad_() for t in (q, k, v))
@@ -480,14 +477,13 @@ def test_table_grad_in_dq_equals_reference(monkeypatch, device, grid, prefix, d,
 
 @interpreted
 @pytest.mark.parametrize(("grid", "prefix", "causal"), [((4, 8), 1, False), ((5, 7), 0, False), ((1, 37), 0, True)])
-def test_forward_tiles_wider_than_tall(monkeypatch, grid, prefix, causal):
+def test_forward_tiles_wider_than_tall(grid, prefix, causal):
     """The forward with key tiles twice its query tiles (16 x 32 here, as 64 x 128 on a GPU at head dim 64; the
     backward's tiles stay square): its bias tiles repeat by ``(q0 - k0, q0 mod W)`` with ``gcd(BM, BN)`` steps, or are
     each exact; causal masks within a tile that straddles the diagonal."""
-    real = triton_bias._blocks
-    monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: (*real(d, cuda)[:1], 16, 32, 16))
-    assert triton_bias.plan(*(torch.zeros(1, 1, 41, 16),) * 3, None, (5, 8), 1)["fwd"].args["BN"] == 32
-    _check("cpu", 2, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
+    config = replace(INTERPRETER, fwd_tile=(16, 32))
+    assert triton_bias.plan(*(torch.zeros(1, 1, 41, 16),) * 3, None, (5, 8), 1, config=config)["fwd"].args["BN"] == 32
+    _check("cpu", 2, 2, 16, grid, prefix, causal=causal, bias_read="tiles", config=config)
 
 
 _NOT_SQUARE = [
@@ -503,26 +499,28 @@ _NOT_SQUARE = [
     + [("dq", *c) for c in _NOT_SQUARE if c[-1] != "atomic"]
     + [("dbias", *c) for c in _NOT_SQUARE if c[-1] != "none"],
 )
-def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, case):
-    """The ``dkdv`` kernel with a key block twice its query tiles (16 x 32 here, as the 64 x 128 of
-    ``triton_bias._DKDV_WIDE`` on a GPU), the ``dq`` kernel with a query block twice its key tiles (32 x 16, as
-    ``_DQ_WIDE``'s 128 x 64; with ``dq`` by atomics there is no ``dq`` kernel), and the ``dbias`` kernel likewise
-    (as ``_DBIAS_WIDE``'s), summing the table's gradient per pattern of those tiles; the others keep the square tile,
+def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
+    """The ``dkdv`` kernel with a key block twice its query tiles (16 x 32 here, as head dim 128's 64 x 128 on a
+    GPU: ``KernelConfig.dkdv_tile``), the ``dq`` kernel with a query block twice its key tiles (32 x 16, as its
+    128 x 64; with ``dq`` by atomics there is no ``dq`` kernel), and the ``dbias`` kernel likewise (with ``dq`` by
+    atomics, where the ``dq`` kernel would sum the tiles' gradient), summing the table's gradient per pattern of those
+    tiles; the others keep the square tile,
     so two sets of bias tiles: its tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no
     table; ``dq`` added by atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the
     tiles it skips)."""
     tile = {"dkdv": (16, 32), "dq": (32, 16), "dbias": (32, 16)}[kernel]
-    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", kernel != "dbias")  # (the dbias kernel's test: it runs)
-    monkeypatch.setattr(triton_bias, "_wide_tile", lambda name, block_d, cuda: tile if name == kernel else None)
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (41 tokens fit one tile of a GPU's backward)
+    own = {f"{kernel}_tile": tile}
+    det = kernel != "dbias" and case != "atomic"  # (the dbias kernel's test: dq by atomics, so it runs)
+    config = replace(INTERPRETER, **own)
     q = torch.zeros(1, 1, 41, 16)
-    launches = triton_bias.plan(q, q, q, torch.zeros(1, 9, 15), (5, 8), 1)
+    t = torch.zeros(1, 9, 15)
+    launches = triton_bias.plan(q, q, q, t, (5, 8), 1, deterministic=kernel != "dbias", config=four_kernels(**own))
     assert (launches[kernel].args["BM"], launches[kernel].args["BN"]) == tile
     other = launches["dq" if kernel == "dkdv" else "dkdv"].args
     tm, tw = other["BT"].shape[-2:]  # (plan's tiles: a GPU's, 64 x 64)
     assert launches[kernel].args["BT"].shape[-2:] == tile and tm == tw == other["BM"] == other["BN"]
     if case != "skip":
-        settings = dict(table_on=case != "none", deterministic=case != "atomic", bias_read="tiles")
+        settings = dict(table_on=case != "none", deterministic=det, bias_read="tiles", config=config)
         _check("cpu", 2, 2, 16, grid, prefix, causal=causal, **settings)
         return
     q, k, v, table = _masked_table_case(grid, prefix)
@@ -531,13 +529,14 @@ def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, ca
     go = torch.randn_like(ref)
     gref = torch.autograd.grad(ref, leaves, go)
     blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), prefix)
-    launch = triton_bias.plan(q.float(), q.float(), q.float(), table.float(), grid, prefix, blocks=blocks)[kernel]
+    call = dict(blocks=blocks, deterministic=det, sms=None, config=config)
+    launch = triton_bias.plan(q.float(), q.float(), q.float(), table.float(), grid, prefix, **call)[kernel]
     flags = triton_bias.tile_flags(blocks, *tile)  # (dkdv's rows: its key blocks, the flags' columns)
     lists = triton_bias.tile_lists(flags.mT if kernel == "dkdv" else flags)
     visits = flags.to(launch.args["BLK"].dtype) if kernel == "dbias" else lists  # (dbias reads a flag a tile)
     assert 0 < int(flags.sum()) < flags.numel() and torch.equal(launch.args["BLK"], visits)
     qd, kd, vd, td = (t.detach().float().requires_grad_() for t in (q, k, v, table))
-    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, blocks=blocks)
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, blocks=blocks, deterministic=det, config=config)
     g = torch.autograd.grad(out, (qd, kd, vd, td), go.float())
     torch.testing.assert_close(out.double(), ref.detach(), **_tol("cpu"))
     for a, r in zip(g[:3], gref[:3]):
@@ -553,7 +552,7 @@ def test_backward_tiles_not_square(monkeypatch, kernel, grid, prefix, causal, ca
      ((12, 12), 1, "atomic"), ((7, 9), 2, "gather"), ((10, 13), 1, "d128"), ((12, 12), 1, "wide"),
      ((1, 150), 0, "wide causal")],
 )  # fmt: skip
-def test_gpu_launch_configuration_equals_reference(monkeypatch, device, grid, prefix, case):
+def test_gpu_launch_configuration_equals_reference(device, grid, prefix, case):
     """The launches a GPU gets (head dim 64: the square 64 x 64 tiles in every kernel; head dim 128: the forward's
     64 x 32, ``dkdv``'s 64 x 128, ``dq``'s and ``dbias``'s 128 x 64 where the bias is read whole or there is none,
     the square 32 x 32 where ``dq`` sums the gradient's diagonals; their bias tiles of those shapes, in the inputs'
@@ -561,23 +560,19 @@ def test_gpu_launch_configuration_equals_reference(monkeypatch, device, grid, pr
     other tests check with the interpreter's 16-token tiles, here in the shapes the H100 runs. Grids of several tiles
     a side, prefix tokens, fp16 tiles, causal, no table, ``dq`` by atomics, the bias gathered per score, head dim
     128, and (``wide``) head dim 64's wide tiles, which ``bench/triton_tune.py`` times (the forward's and ``dkdv``'s
-    64 x 128, ``dq``'s and ``dbias``'s 128 x 64, as the defaults were before the H100 tuning). Under ``-m cuda`` the
+    64 x 128, ``dq``'s and ``dbias``'s 128 x 64, as the defaults were before the H100 tuning), each a
+    :class:`~vitrel.kernels.triton.config.KernelConfig` handed to the call. Under ``-m cuda`` the
     same on the GPU, in bf16: the only GPU check of the wide tiles against the reference (the others' head dims take
     square ones)."""
-    real = triton_bias._blocks
-    monkeypatch.setattr(triton_bias, "_blocks", lambda d, cuda: real(d, True))
-    wide = triton_bias._wide_tile
-    monkeypatch.setattr(triton_bias, "_wide_tile", lambda kernel, block_d, cuda: wide(kernel, block_d, True))
-    if case.startswith("wide"):
-        for tiles, tile in ((triton_bias._FWD_WIDE, (64, 128)), (triton_bias._DKDV_WIDE, (64, 128)),
-                            (triton_bias._DQ_WIDE, (128, 64)), (triton_bias._DBIAS_WIDE, (128, 64))):  # fmt: skip
-            monkeypatch.setitem(tiles, 64, tile)
-        for kernel in ("dkdv", "dq", "dbias"):
-            monkeypatch.setitem(triton_bias.LAUNCH, (kernel, 64), {"num_warps": 8, "num_stages": 2})
     d, sq = (128, 32) if case == "d128" else (64, 64)
+    config = cuda_config(d)
+    if case.startswith("wide"):
+        wide = dict(fwd_tile=(64, 128), dkdv_tile=(64, 128), dq_tile=(128, 64), dbias_tile=(128, 64))
+        config = replace(config, **wide, wide=Warps(8, 2))
     q = torch.zeros(1, 1, prefix + grid[0] * grid[1], d)
     kw = dict(bias_read="gather" if case == "gather" else "tiles", deterministic=case != "atomic")
-    shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in triton_bias.plan(q, q, q, None, grid, prefix).items()}
+    launches = triton_bias.plan(q, q, q, None, grid, prefix, config=config)
+    shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in launches.items()}
     if d == 128:
         fwd, dkdv, dq, dbias_tile = (64, 32), (64, 128), (128, 64), (128, 64)
     elif case.startswith("wide"):
@@ -586,14 +581,15 @@ def test_gpu_launch_configuration_equals_reference(monkeypatch, device, grid, pr
         fwd = dkdv = dq = dbias_tile = (64, 64)
     assert shapes == {"fwd": fwd, "delta": (128, None), "dkdv": dkdv, "dq": dq}, shapes
     t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
-    square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather")["dq"].args
-    assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, True)
-    tiles = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="tiles")  # (the dq kernel sums the bias tiles'
-    sums = tiles["dbias"] if "dbias" in tiles else tiles["dq"]  # gradient where its tiles are one pattern each)
-    assert (sums.args["BM"], sums.args["BN"]) == (dbias_tile if "dbias" in tiles else dq) and sums.args["DBT"].numel()
+    square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather", config=config)["dq"].args
+    assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, 1)
+    tiles = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="tiles", config=config)  # (the dq kernel sums the
+    sums = tiles["dbias"] if "dbias" in tiles else tiles["dq"]  # tiles' gradient where they are one pattern each)
+    assert (sums.args["BM"], sums.args["BN"]) == (dbias_tile if "dbias" in tiles else dq)
+    assert sums.args["DBT" if "dbias" in tiles else "DT"].numel() > 1
     causal = case.endswith("causal")
     settings = dict(table_on=case != "none", causal=causal, dtype=torch.float16 if case == "fp16" else None)
-    _check(device, 1 if d == 128 else 2, 2, d, grid, prefix, **kw, **settings)
+    _check(device, 1 if d == 128 else 2, 2, d, grid, prefix, **kw, **settings, config=config)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -613,56 +609,54 @@ def test_kernel_without_table(device):
 @pytest.mark.parametrize(
     ("grid", "prefix", "causal", "table_on"), [((5, 7), 1, False, True), ((1, 37), 0, True, False)]
 )
-def test_forward_reads_keys_and_values_with_or_without_tma(monkeypatch, device, tma, grid, prefix, causal, table_on):
+def test_forward_reads_keys_and_values_with_or_without_tma(device, tma, grid, prefix, causal, table_on):
     """The forward's key and value tiles read through tensor descriptors (``TMA``, rows past the end zero-filled by
     the descriptor) or by addresses (rows clamped), the same against the reference; the interpreter emulates the
     descriptors (on a GPU: ``pytest -m cuda``, Hopper or later for the descriptors). Which one a launch takes
-    (:func:`triton_bias.tma_reads`) is asserted, so neither path goes untested: a GPU's own tiles (128 keys) make
-    these grids one key tile, under :data:`triton_bias.TMA_MIN_TILES`, so it is set to 1 here."""
-    monkeypatch.setattr(triton_bias, "TMA_MIN_TILES", 1)
-    monkeypatch.setattr(triton_bias, "TMA_READS", {"fwd"} if tma else set())
-    monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (these grids fit one tile of a GPU's: fwd_tile, no TMA)
+    (:func:`triton_bias.tma_reads`) is asserted, so neither path goes untested: the configuration's
+    ``tma_min_tiles`` is 1 here (these grids are one key tile of a GPU's), or beyond the call's tiles."""
+    least = dict(tma_min_tiles=1 if tma else 1 << 30)
+    config = four_kernels(device, **least)  # (fwd_tile has no TMA)
     q, k, v, table = (t.float() for t in _inputs(2, 2, prefix + grid[0] * grid[1], 16, grid))
-    assert triton_bias.plan(q, k, v, table, grid, prefix)["fwd"].args["TMA"] is tma
-    _check(device, 2, 2, 16, grid, prefix, causal=causal, table_on=table_on)
+    assert triton_bias.plan(q, k, v, table, grid, prefix, config=four_kernels(**least))["fwd"].args["TMA"] is tma
+    _check(device, 2, 2, 16, grid, prefix, causal=causal, table_on=table_on, config=config)
 
 
-def test_tma_reads_where_the_tensors_allow(monkeypatch):
+def test_tma_reads_where_the_tensors_allow():
     """Tensor descriptors where the accelerator's rules hold (unit stride on the head dim, other strides and the
     address multiples of 16 bytes, rows of 16 bytes or more): a contiguous tensor and a view of a fused ``qkv``, not a
     view that starts off 16 bytes nor one strided along the head dim; not where the loop is short
-    (:data:`triton_bias.TMA_MIN_TILES`), not for a kernel outside :data:`triton_bias.TMA_READS`, not on the CPU
-    without the interpreter or a planned GPU launch."""
+    (``KernelConfig.tma_min_tiles``), not on the CPU without the interpreter or a planned GPU launch."""
     x = torch.randn(2, 3, 40, 16)
     qkv = torch.randn(2, 40, 3, 3, 16)
     view = qkv[:, :, 1].transpose(1, 2)
     off = torch.randn(2, 3, 40, 17)[..., 1:]
     lanes = torch.randn(2, 3, 40, 32)[..., ::2]
-    assert triton_bias.tma_reads("fwd", x, x, 16, True) and triton_bias.tma_reads("fwd", view, view, 16, True)
-    assert not triton_bias.tma_reads("fwd", off, off, 16, True)
-    assert not triton_bias.tma_reads("fwd", lanes, lanes, 16, True)
-    assert not triton_bias.tma_reads("fwd", x.half()[..., :4], x.half()[..., :4], 4, True)  # (8-byte rows)
-    assert not triton_bias.tma_reads("dkdv", x, x, 16, True)
+    assert triton_bias.tma_reads(x, x, 16, True) and triton_bias.tma_reads(view, view, 16, True)
+    assert not triton_bias.tma_reads(off, off, 16, True)
+    assert not triton_bias.tma_reads(lanes, lanes, 16, True)
+    assert not triton_bias.tma_reads(x.half()[..., :4], x.half()[..., :4], 4, True)  # (8-byte rows)
     assert triton_bias.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1)["fwd"].kernel == "fwd_tile"
-    monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (10 tokens: else the one-tile forward, which has no TMA)
-    short = triton_bias.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1)["fwd"]
+    # (10 tokens: else the one-tile forward, which has no TMA)
+    short = triton_bias.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1, config=four_kernels())["fwd"]
     long = triton_bias.plan(*(torch.randn(1, 2, 1025, 64),) * 3, None, (32, 32), 1)["fwd"]
     assert not short.args["TMA"] and long.args["TMA"]
 
 
-@pytest.mark.usefixtures("dbias_kernel")
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("grid", "prefix", "causal"), [((5, 24), 1, False), ((4, 6), 2, False), ((1, 37), 0, True)])
-def test_dbias_batch_outer_equals_reference(monkeypatch, device, grid, prefix, causal):
-    """The ``dbias`` kernel's other loop order (``DBIAS_BATCH_OUTER``: each batch element of a program's share, then
-    its diagonal's tiles; the tuning's alternative) gives the table's gradient of the reference: patterns of many
-    tiles and of one, prefix pairs, causal; 3 batch elements in shares of 2 and 1 (the interpreter's; on a GPU
-    ``pytest -m cuda``, in bf16)."""
-    monkeypatch.setattr(triton_bias, "DBIAS_BATCH_OUTER", {16})
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (grids that fit one tile of a GPU's backward too)
+def test_dbias_kernel_equals_reference(device, grid, prefix, causal):
+    """The ``dbias`` kernel (the table's gradient per tile pattern: each tile of a pattern, then the program's share
+    of the batch) gives the table's gradient of the reference: patterns of many tiles (5 x 24) and of one (with
+    ``dq`` by atomics, where the ``dq`` kernel would sum them), prefix pairs, causal; 3 batch elements in shares of 2
+    and 1 (the interpreter's; on a GPU ``pytest -m cuda``, in bf16)."""
+    config = four_kernels(device)  # (grids that fit one tile of a GPU's backward too)
+    det = grid == (5, 24)
     q, k, v, table = (t.float() for t in _inputs(3, 2, prefix + grid[0] * grid[1], 16, grid))
-    assert triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles")["dbias"].args["BATCH_OUTER"]
-    _check(device, 3, 2, 16, grid, prefix, causal=causal, bias_read="tiles")
+    launches = triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles", deterministic=det, sms=None,
+                                config=four_kernels("cpu"))  # fmt: skip
+    assert "dbias" in launches and launches["dbias"].args["n_split"] == 2
+    _check(device, 3, 2, 16, grid, prefix, causal=causal, bias_read="tiles", deterministic=det, config=config)
 
 
 def _one_tile_regions():
@@ -691,13 +685,14 @@ _ONE_TILE = [
 @pytest.mark.parametrize("tile_fwd", [True, False])
 @pytest.mark.parametrize(("b", "h", "d", "grid", "prefix", "settings", "one"), _ONE_TILE)
 def test_one_tile_backward_equals_reference(monkeypatch, device, tile_fwd, b, h, d, grid, prefix, settings, one):
-    """A call whose tokens fit one tile of the backward (``TILE_BWD``: Swin's windows) runs its backward as one
+    """A call whose tokens fit one tile of the backward (Swin's windows) runs its backward as one
     kernel, ``tile`` (``dq, dk, dv`` written whole, the table's gradient summed over a share of the batch): equal to
     the reference with and without a table, its gradient or a fixed one, prefix tokens, causal, a window's regions or
-    float mask; the four kernels where the table's gradient is gathered. Its forward likewise (``TILE_FWD``:
-    ``fwd_tile``, a share of the batch a program), or the forward of any call (a program a batch element, with its
-    ``ONE``: its one key tile's softmax, with no rescaling). The launches are recorded as they run."""
-    monkeypatch.setattr(triton_bias, "TILE_FWD", tile_fwd)
+    float mask; the four kernels where the table's gradient is gathered. Its forward likewise (``fwd_tile``, a
+    share of the batch a program), or (``fwd_one_tile_max`` 0) the forward of any call (a program a batch element,
+    with its ``ONE``: its one key tile's softmax, with no rescaling). The launches are recorded as they run."""
+    config = INTERPRETER if device == "cpu" else cuda_config(d)
+    config = replace(config, fwd_one_tile_max=config.fwd_one_tile_max if tile_fwd else 0)
     ran = []
     call = triton_bias.Launch.__call__
     name = lambda launch: launch.kernel + ("/one" if launch.args.get("ONE") else "")  # noqa: E731 (fwd: one key tile)
@@ -711,7 +706,7 @@ def test_one_tile_backward_equals_reference(monkeypatch, device, tile_fwd, b, h,
         region = torch.tensor([0] * 6 + [1] * 6 + [2] * 4)
         mask[1] = torch.where(region[:, None] == region[None, :], 0.0, float("-inf"))
         settings["mask"] = mask
-    _check(device, b, h, d, grid, prefix, **settings)
+    _check(device, b, h, d, grid, prefix, **settings, config=config)
     fwd = "fwd_tile" if tile_fwd else "fwd/one"
     sums = settings.get("table_on", True) and settings.get("table_grad", True) and settings.get("bias_read") != "gather"
     table_grad = ["table_grad"] * (one and sums)  # (the tile kernel's sums reduced to the table: one launch)
@@ -836,8 +831,9 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
     assert 0 < int(pooled.sum()) < pooled.numel()  # some 32 x 32 tiles are skipped
     qf, kf, vf = (t.float().contiguous() for t in (q, k, v))
     out, lse = torch.empty_like(qf), torch.empty(*qf.shape[:2], triton_bias.stats_len(qf.shape[2]))
-    launch = triton_bias._fwd_launch(
-        qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, None, (32, 32)
+    config = replace(INTERPRETER, fwd_tile=(32, 32))
+    launch = fwd_launch(
+        qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, None, config
     )
     launch()
     torch.testing.assert_close(out.double(), reference(q, k, v, table, grid, prefix), **_tol("cpu"))
@@ -845,7 +841,7 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
 
 @interpreted
 @pytest.mark.parametrize("tile_fwd", [False, True])
-def test_row_stats_padded_for_unmasked_reads(monkeypatch, tile_fwd):
+def test_row_stats_padded_for_unmasked_reads(tile_fwd):
     """The forward's log-sum-exp and the backward's ``D`` are ``[B, H, NP]`` (``NP``: N up to a multiple of
     ``STATS_ROWS``), which the backward's kernels read with no mask: every padding row holds +inf (log-sum-exp, so a
     query past the end has ``p = 0``), past the forward's last query tile too, and 0 (``D``); the rows of real
@@ -853,9 +849,9 @@ def test_row_stats_padded_for_unmasked_reads(monkeypatch, tile_fwd):
     grid = (4, 5)
     n = 1 + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)  # (the delta kernel: 21 tokens fit one tile of a GPU's)
-    monkeypatch.setattr(triton_bias, "TILE_FWD", tile_fwd)  # (the one-tile forward writes all 128 rows itself)
-    launches = triton_bias.plan(q, k, v, table, grid, 1)
+    # (the delta kernel: 21 tokens fit one tile of a GPU's; the one-tile forward writes all 128 rows itself)
+    config = replace(cuda_config(16), bwd_one_tile_max=0, fwd_one_tile_max=64 if tile_fwd else 0)
+    launches = triton_bias.plan(q, k, v, table, grid, 1, config=config)
     assert launches["fwd"].kernel == ("fwd_tile" if tile_fwd else "fwd")
     lse, delta, do = launches["fwd"].args["LSE"], launches["delta"].args["DELTA"], launches["delta"].args["DO"]
     assert lse.shape == delta.shape == (2, 2, triton_bias.stats_len(n)) == (2, 2, 128)
@@ -876,7 +872,7 @@ def test_row_stats_padded_for_unmasked_reads(monkeypatch, tile_fwd):
 def _read_bias_tile(BT, OUT, h, q0, k0, n_kt, n_pat, TM: tl.constexpr, TW: tl.constexpr, PAIRS: tl.constexpr):
     """The bias tile of queries from ``q0`` and keys from ``k0`` (a tile per pattern: ``n_m = 0``) as the kernels read
     it (:func:`_bias_tile`), stored in float32."""
-    tile = _bias_tile(BT, h, q0, k0, 1, n_kt, n_pat, 0, 1, 0, 1, True, True, TM, TW, PAIRS)
+    tile = _bias_tile(BT, h, q0, k0, n_kt * TW, 1, n_pat, 0, 1, 0, 1, True, True, TM, TW, PAIRS)
     tl.store(OUT + tl.arange(0, TM)[:, None] * TW + tl.arange(0, TW)[None, :], tile)
 
 
@@ -1064,11 +1060,12 @@ def test_layout_tokens_and_regions_padded_for_unmasked_reads():
     regions = torch.arange(20).remainder(3).expand(2, 20)
     w = torch.zeros(4, 2, 20, 16)
     launch = triton_bias.plan(w, w, w, torch.zeros(2, 7, 9), (4, 5), regions=regions)["fwd"]
-    assert launch.args["MASK_KIND"] == 2 and launch.args["MASK"].shape == (2, 128) and launch.args["stride_mb"] == 128
+    mask = launch.args["MASK"]  # (its rows read at stats_len(N) apart)
+    assert launch.args["MASK_KIND"] == 2 and mask.shape == (2, 128) and mask.stride(0) == 128
     assert torch.equal(launch.args["MASK"][:, :20], regions.int()) and torch.all(launch.args["MASK"][:, 20:] == -1)
 
 
-def _check_layout(device, prefix, tokens=None, groups=3, grid=(4, 5)):
+def _check_layout(device, prefix, tokens=None, groups=3, grid=(4, 5), config=None):
     if tokens is None:
         tokens, groups = packed_tokens(prefix)
     b, _, n = tokens.shape
@@ -1083,7 +1080,7 @@ def _check_layout(device, prefix, tokens=None, groups=3, grid=(4, 5)):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     qd, kd, vd = (t.detach().to(device, dtype).requires_grad_() for t in (q, k, v))
     td = tables.detach().to(device, torch.float32).requires_grad_()
-    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, tokens=tokens.to(device))
+    out = rel_bias_attention(qd, kd, vd, td, grid, prefix, tokens=tokens.to(device), config=config)
     grads = torch.autograd.grad(out, (qd, kd, vd, td), go.to(device, dtype))
     tol = _tol(device)
     torch.testing.assert_close(out.double().cpu(), ref.detach(), **tol)
@@ -1290,6 +1287,10 @@ def test_clear_errors(monkeypatch):
         rel_bias_attention(q, q, q, torch.zeros(2, 5, 5), (3, 3))
 
 
+#: bench/, where the ahead-of-time compiler's tools are (``triton_aot.py``)
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+
+
 def _compiled_for_hopper(code: str) -> str:
     """The last line ``code`` prints, run in a fresh process with the interpreter off (the kernels must be JIT
     functions); skips where Triton has no CUDA backend."""
@@ -1297,6 +1298,7 @@ def _compiled_for_hopper(code: str) -> str:
     import sys
 
     env = {**os.environ, "TRITON_INTERPRET": "0"}
+    code = f"import sys; sys.path.insert(0, {str(BENCH)!r}); " + code  # (bench/triton_aot.py: the compiler's tools)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
     if out.returncode and "backend" in out.stderr.lower() and "cuda" not in out.stderr.lower():
         pytest.skip("Triton has no CUDA backend here")
@@ -1311,7 +1313,7 @@ def test_kernels_compile_for_hopper():
     import json
 
     code = (
-        "import json; from vitrel.kernels.triton_bias import compile_for; "
+        "import json; from triton_aot import compile_bias_kernels as compile_for; "
         "print(json.dumps({f'{k}{v}': s for v in ('', '_layout', '_regions', '_atomic') for k, s in compile_for(90, "
         "64, layout=v == '_layout', regions=v == '_regions', deterministic=v != '_atomic').items()}))"
     )
@@ -1324,10 +1326,11 @@ def test_kernels_compile_for_hopper():
 
 _SPECIALIZED = r"""
 import json, re, torch
-from vitrel.kernels import triton_bias as tb
+import triton_aot as aot
+from vitrel.kernels import triton as tb
 
 q = torch.zeros(2, 2, 65, 64, dtype=torch.bfloat16)
-c = tb.compile_launch(tb.plan(q, q, q, torch.zeros(2, 15, 15), (8, 8), 1)["fwd"])
+c = aot.compile_launch(tb.plan(q, q, q, torch.zeros(2, 15, 15), (8, 8), 1)["fwd"])
 ir, ptx = c.asm["ttir"], c.asm["ptx"]
 attrs = [re.search("%" + a + r": [^{\n]*?(\{[^}]*\})?\s*loc", ir) for a in ("Q", "sqn", "N", "n_mask_b")]
 wide = re.search(r"ld\.global(\.\w+)*\.v4\.b32|cp\.async[^;]*, 16;", ptx) is not None
@@ -1351,12 +1354,14 @@ def test_dkdv_products_take_registers_as_they_stand():
     ``dS^T``, the left operands of the ``dv`` and ``dk`` products, are used as they stand in registers: compiled for
     sm_90, its code holds no transpose of a register tensor (each went through shared memory: a store, a barrier and
     a load a tile), only transposed views of the tiles in shared memory (``q``, ``do^T``); the square tile and the
-    wide one (``triton_bias._DKDV_WIDE``)."""
+    wide one (64 x 128, head dim 128's ``dkdv_tile``)."""
     code = (
-        "import re, torch; from vitrel.kernels import triton_bias as tb; "
+        "import re, torch, triton_aot as aot; from dataclasses import replace; "
+        "from vitrel.kernels import triton as tb; "
         "q = torch.randn(2, 2, 65, 64).bfloat16(); t = torch.randn(2, 15, 15); "
-        "irs = [tb.compile_launch(tb.plan(q, q, q, t, (8, 8), 1, bias_read='tiles', **kw)['dkdv']).asm['ttgir'] "
-        "for kw in ({}, {'bwd_tile': 64})]; "
+        "wide = replace(tb.cuda_config(64), dkdv_tile=(64, 128), wide=tb.Warps(8, 2)); "
+        "irs = [aot.compile_launch(tb.plan(q, q, q, t, (8, 8), 1, bias_read='tiles', **kw)['dkdv']).asm['ttgir'] "
+        "for kw in ({}, {'config': wide})]; "
         "print(*(f\"{len(re.findall(r'tt.trans .*: tensor<[^>]*#mma> ->', ir))},{ir.count('ttg.memdesc_trans ')},"
         "{ir.count('warp_group_dot ')}\" for ir in irs))"
     )
@@ -1369,8 +1374,7 @@ def test_tensor_core_products_not_serialized_on_hopper():
     """Compiled for sm_90 as the JIT compiles them, no kernel of the layer's calls has its tensor-core products
     serialized by ptxas (its note C7515: each product waiting for the one before, where they overlap the softmax):
     the table read as bias tiles (what a full grid takes), no table, ``dq`` by atomics, a table with ``-inf`` entries
-    and its visible-tile flags (LookHere's), Swin's windows with their region ids, head dim 128's wide tiles, the
-    ``dbias`` kernel's other loop order (``DBIAS_BATCH_OUTER``). What it
+    and its visible-tile flags (LookHere's), Swin's windows with their region ids, head dim 128's wide tiles. What it
     caught: the ``dkdv`` kernel's transposes of ``p`` and ``dS`` (before its tiles were transposed), and with
     half-precision bias tiles the forward's loop without ``tl.assume(last > first)`` (its zero-trip path placed
     between a product and its wait; with visible-tile flags too), under the Triton of the H100 pass (3.6) and this
@@ -1378,7 +1382,7 @@ def test_tensor_core_products_not_serialized_on_hopper():
     import json
 
     code = (
-        "import json, torch, vitrel.layout.geometry; from vitrel.kernels import triton_bias as tb; "
+        "import json, torch, vitrel.layout.geometry, triton_aot as aot; from vitrel.kernels import triton as tb; "
         "q = torch.randn(2, 6, 4097, 64).bfloat16(); t = torch.randn(6, 127, 127); "
         "w = torch.randn(4, 3, 49, 32).bfloat16(); r = torch.arange(49).remainder(3).expand(2, 49); "
         "b = t.clone(); b[:, :48] = b[:, 80:] = float('-inf'); "
@@ -1387,268 +1391,55 @@ def test_tensor_core_products_not_serialized_on_hopper():
         "atomic=tb.plan(q, q, q, t, (64, 64), 1, deterministic=False), "
         "flags=tb.plan(q, q, q, b, (64, 64), 1, blocks=blk), "
         "regions=tb.plan(w, w, w, torch.randn(3, 13, 13), (7, 7), regions=r), "
-        "d128=tb.plan(*(torch.randn(1, 3, 4097, 128).bfloat16(),) * 3, t[:3], (64, 64), 1), "
-        "outer=(tb.DBIAS_BATCH_OUTER.add(64), {'dbias': tb.plan(q, q, q, t, (64, 64), 1)['dbias']})[1]); "
-        "print(json.dumps({f'{c}/{k}': tb.serialized_products(tb.compile_launch(x)) "
+        "d128=tb.plan(*(torch.randn(1, 3, 4097, 128).bfloat16(),) * 3, t[:3], (64, 64), 1)); "
+        "print(json.dumps({f'{c}/{k}': aot.serialized_products(aot.compile_launch(x)) "
         "for c, ls in calls.items() for k, x in ls.items()}))"
     )
     serialized = json.loads(_compiled_for_hopper(code))
-    assert len(serialized) == 26 and not any(serialized.values()), serialized
+    assert len(serialized) == 25 and not any(serialized.values()), serialized
     assert "regions/tile" in serialized  # (the windows' backward: one kernel)
 
 
 def test_table_grad_in_dq_compiles_for_hopper():
     """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call: 197 tokens, a class token, 12 heads of 64, bias
-    tiles), the ``dq`` kernel that sums the bias tiles' gradient (``TABLE_GRAD_IN_DQ``) keeps its products
+    tiles), the ``dq`` kernel that sums the bias tiles' gradient keeps its products
     unserialized, within the shared memory, and the call plans no ``dbias`` launch."""
     import json
 
     code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.TABLE_GRAD_IN_DQ = True; "
+        "import json, torch, triton_aot as aot; from vitrel.kernels import triton as tb; "
         "q = torch.zeros(2, 12, 197, 64, dtype=torch.bfloat16); "
         "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
-        "c = tb.compile_launch(ls['dq']); "
-        "print(json.dumps([sorted(ls), ls['dq'].args['TILE_GRAD'], c.metadata.shared, tb.serialized_products(c)]))"
+        "c = aot.compile_launch(ls['dq']); "
+        "sums = ls['dq'].args['TABLE_GRAD'] == 2; "
+        "print(json.dumps([sorted(ls), sums, c.metadata.shared, aot.serialized_products(c)]))"
     )
     names, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(code))
     assert names == ["delta", "dkdv", "dq", "fwd"] and tile_grad and 0 < shared <= 232448 and not serialized
 
 
-def test_table_grad_in_dkdv_compiles_for_hopper():
-    """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call with ``dq`` by atomics), the ``dkdv`` kernel that
-    sums the bias tiles' gradient (``TABLE_GRAD_IN_DKDV``) keeps its products unserialized, within the shared
-    memory, on its grid of key blocks, heads and batch shares (4 x 12 x 11 at a batch of 256), and the call plans no
-    ``dq`` or ``dbias`` launch."""
-    import json
+def test_launch_configuration_is_one_frozen_object_per_device():
+    """The launch configuration is a frozen :class:`~vitrel.kernels.triton.config.KernelConfig`, chosen by head dim
+    on CUDA (64: 3 stages; 128: 64 x 32 forward tiles and its own backward tiles) and the interpreter's 16-token
+    tiles on CPU; one that the kernels cannot take is refused as it is made; the old import paths name the
+    package's objects."""
+    import dataclasses
 
-    code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.TABLE_GRAD_IN_DKDV = True; "
-        "q = torch.zeros(256, 12, 197, 64, dtype=torch.bfloat16); "
-        "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles', deterministic=False); "
-        "c = tb.compile_launch(ls['dkdv']); "
-        "print(json.dumps([sorted(ls), ls['dkdv'].args['TILE_GRAD'], ls['dkdv'].grid, c.metadata.shared, "
-        "tb.serialized_products(c)]))"
-    )
-    names, tile_grad, grid, shared, serialized = json.loads(_compiled_for_hopper(code))
-    assert names == ["delta", "dkdv", "fwd"] and tile_grad and grid == [4, 12, 11], grid
-    assert 0 < shared <= 232448 and not serialized
+    from vitrel.kernels import triton_atomic, triton_rope
+    from vitrel.kernels.triton import KernelConfig, default_config
 
-
-@pytest.fixture
-def in_order(monkeypatch):
-    """``DQ_IN_ORDER`` on, and, in Triton's interpreter (Python, one program after another), a lock that never
-    reads a program's turn made a failure rather than a hang: the test stops after 300 s."""
-    import signal
-
-    monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
-
-    def stop(*_):
-        raise TimeoutError("a DQ_IN_ORDER lock never read its turn")
-
-    before = signal.signal(signal.SIGALRM, stop)
-    signal.alarm(300)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, before)
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    ("grid", "prefix", "d", "case"),
-    [((5, 7), 0, 32, "trained"), ((4, 6), 2, 24, "trained"), ((4, 8), 1, 16, "trained"), ((5, 24), 1, 16, "trained"),
-     ((14, 14), 1, 16, "trained"), ((6, 6), 1, 16, "none"), ((4, 8), 1, 16, "fixed")],
-)  # fmt: skip
-def test_dq_in_order_equals_reference(in_order, device, grid, prefix, d, case):
-    """``dq`` added by the ``dkdv`` kernel in the key blocks' order (``DQ_IN_ORDER``; no ``dq`` kernel): output and
-    the gradients of q, k, v and the table against the float64 reference, a trained table (its gradient summed by
-    the ``dkdv`` kernel where each tile is one pattern, by the ``dbias`` kernel where patterns are shared: 4 x 8 in
-    the interpreter's tiles), none, a fixed one; prefix 0 / 1 / 2; a batch of 3 (a share of two a program); 121 and
-    ViT-B/16's 197 tokens, several of a GPU's 64-token tiles. Two runs bitwise equal, every gradient (deterministic,
-    unlike ``dq`` by atomics)."""
-    if device == "cpu" and grid in ((5, 24), (14, 14)):  # (in the interpreter's 16-token tiles the others cover them)
-        pytest.skip("several of a GPU's 64-token tiles: under -m cuda")
-    n = prefix + grid[0] * grid[1]
-    q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))
-    table = None if case == "none" else table
-    sms = None if device == "cpu" else 132
-    launches = triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles", table_grad=case == "trained", sms=sms)
-    dkdv = launches["dkdv"].args
-    if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile)
-        assert "dq" not in launches and dkdv["ORDERED_DQ"] and dkdv["SHARES"] and not dkdv["ATOMIC_DQ"]
-        assert dkdv["TILE_GRAD"] is (case == "trained" and grid != (4, 8))
-        assert ("dbias" in launches) is (case == "trained" and grid == (4, 8))
-    _check(device, 3, 2, d, grid, prefix, table_on=table is not None, table_grad=case == "trained", bias_read="tiles")
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
-    if case == "trained":
-        leaves.append(table.to(device).requires_grad_())
-    td = None if table is None else (leaves[3] if case == "trained" else table.to(device))
-    runs = [
-        torch.autograd.grad(rel_bias_attention(*leaves[:3], td, grid, prefix, bias_read="tiles").square().sum(), leaves)
-        for _ in "ab"
-    ]
-    assert all(torch.equal(a, b) for a, b in zip(*runs))
-
-
-def test_dq_in_order_only_where_every_tile_is_visited(monkeypatch):
-    """``DQ_IN_ORDER`` leaves the ``dq`` kernel where a key block may skip a query tile or ``dq`` is added otherwise:
-    causal, LookHere's skipped tiles, a float mask, a token layout, the table's gradient gathered per score (the
-    ``dq`` kernel's diagonal sums), ``dq`` by atomics."""
-    from vitrel.layout.geometry import Grid
-
-    monkeypatch.setattr(triton_bias, "DQ_IN_ORDER", True)
-    q = torch.zeros(2, 2, 1 + 70, 16)
-    table = torch.zeros(2, 9, 27)
-
-    def kernels(**kw):
-        call = dict(table=table, grid=(5, 14), num_prefix_tokens=1, **kw)
-        launches = triton_bias.plan(q, q, q, **call)
-        return "dq" in launches, launches["dkdv"].args["ORDERED_DQ"]
-
-    assert kernels(bias_read="tiles") == (False, True)
-    assert kernels(bias_read="gather") == (True, False)
-    assert kernels(bias_read="tiles", deterministic=False) == (False, False)
-    assert kernels(bias_read="tiles", mask=torch.zeros(71, 71)) == (True, False)
-    blocks = triton_bias.visible_tiles(table, Grid(5, 14), 1)
-    assert kernels(bias_read="tiles", blocks=blocks) == (True, False)
-    q1 = torch.zeros(2, 2, 70, 16)  # (more than a GPU's one tile)
-    assert "dq" in triton_bias.plan(q1, q1, q1, torch.zeros(2, 1, 139), (1, 70), 0, causal=True)
-
-
-def test_dq_in_order_compiles_for_hopper():
-    """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call), the ``dkdv`` kernel that adds ``dq`` in the key
-    blocks' order (``DQ_IN_ORDER``) and sums the bias tiles' gradient keeps its products unserialized, within the
-    shared memory, and its tile loop pipelined (asynchronous copies: a barrier in the loop, as a first form of the
-    lock's release had, stops Triton from pipelining it); the call plans no ``dq`` or ``dbias`` launch."""
-    import json
-
-    code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.DQ_IN_ORDER = True; "
-        "q = torch.zeros(256, 12, 197, 64, dtype=torch.bfloat16); "
-        "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
-        "a = ls['dkdv'].args; c = tb.compile_launch(ls['dkdv']); "
-        "print(json.dumps([sorted(ls), a['ORDERED_DQ'], a['TILE_GRAD'], c.metadata.shared, tb.serialized_products(c), "
-        "'cp.async' in c.asm['ptx']]))"
-    )
-    names, ordered, tile_grad, shared, serialized, pipelined = json.loads(_compiled_for_hopper(code))
-    assert names == ["delta", "dkdv", "fwd"] and ordered and tile_grad and 0 < shared <= 232448 and not serialized
-    assert pipelined
-
-
-@interpreted
-@pytest.mark.parametrize("table_grad", [True, False])
-def test_dq_in_order_with_a_wide_dkdv_tile(in_order, monkeypatch, table_grad):
-    """``DQ_IN_ORDER`` where the ``dkdv`` kernel's key block is twice its query tiles (16 x 32 here, as head dim
-    128's 64 x 128 on a GPU): its locks count query tiles of the ``dkdv`` kernel's, and the table's gradient goes to
-    the ``dbias`` kernel (the tiles are not square); against the reference."""
-    monkeypatch.setattr(triton_bias, "_wide_tile", lambda name, block_d, cuda: (16, 32) if name == "dkdv" else None)
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
-    q = torch.zeros(3, 2, 41, 16)
-    launches = triton_bias.plan(q, q, q, torch.zeros(2, 9, 15), (5, 8), 1, table_grad=table_grad, sms=None)
-    dkdv = launches["dkdv"].args
-    assert (dkdv["BM"], dkdv["BN"]) == (16, 32) and dkdv["ORDERED_DQ"] and "dq" not in launches
-    assert dkdv["LOCKS"].shape == (3, 2, 3) and ("dbias" in launches) is table_grad
-    _check("cpu", 3, 2, 16, (5, 8), 1, table_grad=table_grad, bias_read="tiles")
-
-
-ALL_BY_PRODUCT = {"fwd", "dkdv", "dq"}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(
-    ("grid", "prefix", "causal", "deterministic", "dtype", "kernels"),
-    [((5, 7), 1, False, True, None, ALL_BY_PRODUCT), ((4, 6), 2, False, False, None, ALL_BY_PRODUCT),
-     ((1, 37), 0, True, True, None, ALL_BY_PRODUCT), ((3, 5), 1, False, True, torch.float16, ALL_BY_PRODUCT),
-     ((8, 8), 0, False, True, None, ALL_BY_PRODUCT), ((8, 8), 0, False, False, None, ALL_BY_PRODUCT),
-     ((5, 7), 1, False, True, None, {"fwd"}), ((4, 6), 2, False, False, None, {"dq", "dkdv"}),
-     ((4, 6), 2, False, True, None, {"dkdv"}),
-     ((14, 14), 1, False, True, None, ALL_BY_PRODUCT), ((14, 14), 1, False, False, None, ALL_BY_PRODUCT),
-     ((32, 32), 0, False, True, None, ALL_BY_PRODUCT)],
-)  # fmt: skip
-def test_bias_by_product_equals_reference(monkeypatch, device, grid, prefix, causal, deterministic, dtype, kernels):
-    """The bias added by a product with the identity in ``kernels`` (``BIAS_BY_PRODUCT``: their tiles divided by the
-    scale, a finite stand-in for ``-inf``; the other kernels' as before, a second set of tiles): output, q, k, v and
-    the table's gradient against the float64 reference, where each tile is one exact pattern (prefix tokens, 2: pairs
-    off the table in the first tile row and column; keys past the end; causal 1-D; half precision, the tiles an fp16
-    operand) and where patterns are shared with no prefix token and no key past the end (8 x 8: the ``dbias`` kernel
-    sums the table's gradient), with the deterministic backward (the table's gradient in ``dq``) and the atomic one
-    (in ``dkdv``), by a product in every kernel or some; which kernels take it is asserted (``RAW`` 2), and that the
-    one-tile kernels and shared patterns with a prefix token do not. ViT-B/16's 197 tokens and 1,024 under
-    ``-m cuda``."""
-    if (device == "cpu") is (grid in ((14, 14), (32, 32))):  # (a GPU's kernel checks kept within their time)
-        pytest.skip("197 and 1,024 tokens in a GPU's 64-token tiles under -m cuda; the smaller grids interpreted")
-    monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", kernels)
-    monkeypatch.setattr(triton_bias, "TILE_FWD", False)  # (the interpreter's grids: else one tile of a GPU's)
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
-    n = prefix + grid[0] * grid[1]
-    q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
-    sms = None if device == "cpu" else 132
-    call = dict(causal=causal, deterministic=deterministic, sms=sms)
-    launches = triton_bias.plan(q, k, v, table, grid, prefix, **call)
-    raw = {name: launch.args["RAW"] for name, launch in launches.items() if name != "delta"}
-    assert raw == {name: 2 if name in kernels else False for name in raw} and ("dq" in raw) is deterministic
-    assert ("dbias" in raw) is (launches["fwd"].args["n_m"] > 0)  # (shared patterns: the dbias kernel's gradient)
-    _check(device, 2, 2, 16, grid, prefix, causal=causal, deterministic=deterministic, dtype=dtype)
-    if device == "cpu" and grid == (5, 7):  # where it is not taken: patterns shared (4 x 8), one-tile kernels
-        q8, k8, v8, t8 = (t.float() for t in _inputs(2, 2, 33, 16, (4, 8)))
-        assert not triton_bias.plan(q8, k8, v8, t8, (4, 8), 1, sms=None)["fwd"].args["RAW"]
-        q8, k8, v8, t8 = (t.float() for t in _inputs(2, 2, 64, 16, (7, 8)))  # (shared, 8 prefix tokens, no key past)
-        assert not triton_bias.plan(q8, k8, v8, t8, (7, 8), 8, sms=None)["fwd"].args["RAW"]
-        monkeypatch.setattr(triton_bias, "TILE_FWD", True)
-        monkeypatch.setattr(triton_bias, "TILE_BWD", True)
-        small = triton_bias.plan(*(t[:, :, :10] for t in (q, k, v)), table[:, 1:6, 1:6], (3, 3), 1, sms=None)
-        assert set(small) == {"fwd", "tile"} and not any(x.args["RAW"] for x in small.values())
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_bias_by_product_with_the_dbias_kernel_and_windows(monkeypatch, device):
-    """The bias by a product (``BIAS_BY_PRODUCT``) where the ``dbias`` kernel sums the table's gradient
-    (``TABLE_GRAD_IN_DQ`` off: the ``dbias`` kernel adds its tiles as before, a set of its own, as it reads a
-    pattern's tile once for all its tiles) and in a batch of windows with their region ids (the seam's windows
-    masked, the others not), against the float64 reference."""
-    from vitrel.layout.geometry import Grid
-    from vitrel.layout.windows import window_regions
-
-    monkeypatch.setattr(triton_bias, "BIAS_BY_PRODUCT", ALL_BY_PRODUCT | {"dbias"})  # (dbias: never by a product)
-    monkeypatch.setattr(triton_bias, "TILE_FWD", False)
-    monkeypatch.setattr(triton_bias, "TILE_BWD", False)
-    monkeypatch.setattr(triton_bias, "TABLE_GRAD_IN_DQ", False)
-    q, k, v, table = (t.float() for t in _inputs(2, 2, 36, 16, (5, 7)))
-    launches = triton_bias.plan(q, k, v, table, (5, 7), 1)
-    assert [launches[k].args["RAW"] for k in ("fwd", "dkdv", "dq", "dbias")] == [2, 2, 2, False]
-    assert launches["dq"].args["BT"] is not launches["dbias"].args["BT"]  # (the dbias kernel's tiles its own)
-    _check(device, 2, 2, 16, (5, 7), 1)
-    _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)))
-
-
-def test_bias_by_product_compiles_for_hopper():
-    """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call, ``BIAS_BY_PRODUCT``): the forward, ``dkdv`` and
-    ``dq`` kernels take the bias by a product (a third product in their loop, the bias tile its operand in shared
-    memory: not widened in registers, so no ``prmt`` of bf16 pairs in the forward), keep their products unserialized,
-    their loops pipelined and within the shared memory."""
-    import json
-
-    code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.BIAS_BY_PRODUCT = {'fwd', 'dkdv', 'dq'}; "
-        "q = torch.zeros(256, 12, 197, 64, dtype=torch.bfloat16); "
-        "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
-        "cs = {k: tb.compile_launch(ls[k]) for k in ('fwd', 'dkdv', 'dq')}; "
-        "print(json.dumps({k: [ls[k].args['RAW'], c.asm['ptx'].count('wgmma.mma_async'), c.metadata.shared, "
-        "tb.serialized_products(c), 'cp.async' in c.asm['ptx'] or 'cp.async.bulk' in c.asm['ptx'], "
-        "'prmt' in c.asm['ptx']] for k, c in cs.items()}))"
-    )
-    got = json.loads(_compiled_for_hopper(code))
-    for name, (raw, _, shared, serialized, pipelined, _) in got.items():
-        assert raw == 2 and 0 < shared <= 232448 and not serialized and pipelined, (name, got[name])
-    assert got["fwd"][1] >= 12 and not got["fwd"][5], got["fwd"]  # (q k^T, I b, p v: 4 instructions each)
-    # head dim 128, its wide tiles: dq (deterministic), and dkdv with dq by atomics beside the dbias kernel (not by a
-    # product: it took 245,760 bytes of shared memory so), within sm_90's shared memory
-    code = (
-        "import json, torch; from vitrel.kernels import triton_bias as tb; tb.BIAS_BY_PRODUCT = {'fwd', 'dkdv', 'dq'}; "
-        "q = torch.zeros(64, 6, 197, 128, dtype=torch.bfloat16); t = torch.zeros(6, 27, 27); "
-        "ls = {d: tb.plan(q, q, q, t, (14, 14), 1, bias_read='tiles', deterministic=d) for d in (True, False)}; "
-        "picked = [(True, 'dq'), (False, 'dkdv'), (False, 'dbias')]; "
-        "print(json.dumps([[ls[d][k].args['RAW'], tb.compile_launch(ls[d][k]).metadata.shared] for d, k in picked]))"
-    )
-    (dq_raw, dq_shared), (kv_raw, kv_shared), (t_raw, t_shared) = json.loads(_compiled_for_hopper(code))
-    assert (dq_raw, kv_raw, t_raw) == (2, 2, False) and max(dq_shared, kv_shared, t_shared) <= 232448
+    assert cuda_config(64).fwd.options() == {"num_warps": 4, "num_stages": 3} and cuda_config(64).dq_tile is None
+    assert (cuda_config(128).fwd_tile, cuda_config(128).bwd_tile, cuda_config(128).dq_tile) == ((64, 32), 32, (128, 64))
+    assert cuda_config(16) == cuda_config(32) == KernelConfig()
+    assert default_config(torch.zeros(1, 1, 4, 64)) is INTERPRETER
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        INTERPRETER.bwd_tile = 64
+    with pytest.raises(ValueError, match="powers of two"):
+        KernelConfig(fwd_tile=(64, 48))
+    with pytest.raises(ValueError, match="at most the backward's tile"):
+        KernelConfig(bwd_tile=32)
+    with pytest.raises(ValueError, match="head dims up to 128"):
+        cuda_config(256)
+    assert triton_bias.rel_bias_attention is rel_bias_attention is vitrel.kernels.triton.rel_bias_attention
+    assert triton_atomic.TritonAtomicKernel is vitrel.kernels.get_kernel("triton_atomic")
+    assert triton_rope.rope_rotate is vitrel.kernels.triton.rope_rotate

@@ -11,6 +11,7 @@ as explicit sums): outputs, the gradients of ``q`` and ``k`` and of every learne
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +23,7 @@ import vitrel  # noqa: E402
 from tests.test_kernel_triton_bias import DEVICES, _tol, interpreted, pytestmark  # noqa: E402, F401
 from vitrel import Attention  # noqa: E402
 from vitrel.kernels import get_kernel  # noqa: E402
-from vitrel.kernels.triton_rope import rope_rotate  # noqa: E402
+from vitrel.kernels.triton.rope import rope_rotate  # noqa: E402
 from vitrel.layout.geometry import Grid  # noqa: E402
 from vitrel.layout.tokens import TokenLayout  # noqa: E402
 from vitrel.pos import list_pos  # noqa: E402
@@ -287,7 +288,9 @@ def test_kernels_compile_for_hopper():
     import sys
 
     pytest.importorskip("triton.backends.nvidia", reason="Triton has no CUDA backend here")
-    code = "import json; from vitrel.kernels.triton_rope import compile_for as c; print(json.dumps(c(90, 64, 64)))"
+    bench = str(Path(__file__).resolve().parents[1] / "bench")  # (bench/triton_aot.py: the compiler's tools)
+    code = f"import json, sys; sys.path.insert(0, {bench!r}); from triton_aot import compile_rope_kernels as c; "
+    code += "print(json.dumps(c(90, 64, 64)))"
     run = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, "TRITON_INTERPRET": "0"}
     )

@@ -19,9 +19,10 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
 
-from vitrel.kernels.registry import Kernel, register_kernel
-from vitrel.pos.geometry import Grid
-from vitrel.pos.tokens import TokenLayout, stack_tables
+from vitrel.kernels.base import OffsetTableKernel, token_terms_refusal  # noqa: F401 (re-exported: fold)
+from vitrel.kernels.registry import register_kernel
+from vitrel.layout.geometry import Grid
+from vitrel.layout.tokens import TokenLayout
 
 __all__ = [
     "FlexKernel",
@@ -87,10 +88,9 @@ def _flex_attention(q: Tensor, k: Tensor, v: Tensor, **kwargs: Any) -> Tensor:
 def attend_flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state, dropout_p=0.0) -> Tensor:
     """FlexAttention with ``score_mod = score + T[h, dh + H - 1, dw + W - 1] + mask`` (prefix pairs: no bias);
     ``mask`` (windows) an additive float mask broadcastable to ``[B, heads, N, N]`` (or ``[nW, N, N]``: batch ``b``
-    reads window ``b mod nW``), or the windows' layout
-    (:meth:`~vitrel.pos.tokens.TokenLayout.windows`: ``-inf`` across the regions of window ``b mod nW``, read from its
-    ``[nW, N]`` region ids, no ``N x N`` mask); ``state.block_mask`` the table's ``-inf`` blocks, intersected with the
-    causal blocks when ``state.causal``."""
+    reads window ``b mod nW``), or the windows' layout (:meth:`~vitrel.layout.tokens.TokenLayout.windows`: ``-inf``
+    across the regions of window ``b mod nW``, read from its ``[nW, N]`` region ids, no ``N x N`` mask);
+    ``state.block_mask`` the table's ``-inf`` blocks, intersected with the causal blocks when ``state.causal``."""
     table = state.table
     if table is not None and table.dtype == torch.float64 and q.dtype != torch.float64:
         table = table.float()  # (ALiBi's and LookHere's slopes are float64: compiled flex mixed them with the scores
@@ -140,7 +140,7 @@ def _offset_reader(
     """``(at, patch)`` for FlexAttention's mods: ``at(b, h, qi, ki) = T[h, dh + H - 1, dw + W - 1]`` of tokens ``qi``,
     ``ki`` (prefix tokens read some entry: mask them with ``patch(b, i)``, true for a patch token). On a full grid the
     offsets are computed from the indices; with a ``layout``, ``T [G, heads, 2H-1, 2W-1]`` holds one table per
-    distinct image grid (:func:`~vitrel.pos.tokens.stack_tables`) and the offsets are read from the tokens'
+    distinct image grid (:func:`~vitrel.layout.tokens.stack_tables`) and the offsets are read from the tokens'
     coordinates."""
     if layout is not None:
         # contiguous copies: FlexAttention's CPU kernel takes no strided views as captured buffers
@@ -206,67 +206,6 @@ def with_causal_blocks(block_mask: Any, heads: int, n: int, device: torch.device
     if block_mask is None:
         return create_block_mask(_causal, None, None, n, n, device=device)
     return create_block_mask(and_masks(block_mask.mask_mod, _causal), None, heads, n, n, device=device)
-
-
-def token_terms_refusal(kernel: str, scheme, lacks: str) -> str | None:
-    """Why a kernel that reads a fixed position input (flex, triton: the offset table; fold: the bias factors) cannot
-    run ``scheme`` when the scheme's term depends on the query token (``has_token_terms``: PaPE), or None. ``lacks``:
-    what such a scheme has none of, e.g. ``"no offset table"``."""
-    if not scheme.has_token_terms:
-        return None
-    return (
-        f"attn_impl={kernel!r}: {scheme.name}'s term depends on the query token ({lacks}); its fast path "
-        "is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
-    )
-
-
-def table_refusal(kernel: str, scheme) -> str | None:
-    """Why a kernel that reads the bias by offset cannot run ``scheme`` (flex, triton), or None."""
-    refusal = token_terms_refusal(kernel, scheme, "no offset table")
-    if refusal is None and (scheme.has_content_terms or (scheme.has_bias and not scheme.has_offset_table)):
-        refusal = (
-            f"attn_impl={kernel!r} reads the bias by offset from the scheme's table; {scheme.name} has no such "
-            "table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
-        )
-    return refusal
-
-
-class OffsetTableKernel(Kernel):
-    """A kernel that reads the bias by offset from the scheme's table (flex, triton): every bias scheme with an
-    offset table, rotary schemes and none; the causal mask by index."""
-
-    reads = frozenset({"table", "block_mask"})
-    takes_dropout = False
-    native_causal = True
-
-    @classmethod
-    def refuses(cls, scheme):
-        return table_refusal(cls.name, scheme)
-
-    @classmethod
-    def skip_blocks(cls, table: Tensor, grid: Grid, num_prefix_tokens: int) -> Any:
-        """What the kernel reads (``block_mask``) to skip the blocks a table's ``-inf`` entries mask whole, on a full
-        grid; None: it reads nothing of the kind."""
-        return None
-
-    @classmethod
-    def layout_blocks(cls, scheme, layout: TokenLayout, table: Tensor | None) -> Any:
-        """The same on a token layout (``table``: one per distinct grid)."""
-        return None
-
-    @classmethod
-    def inputs(cls, scheme, grid, num_prefix_tokens):
-        table = scheme.offset_table(grid) if scheme.has_bias else None
-        masked = table is not None and scheme.has_masked_offsets
-        return {"table": table, "block_mask": cls.skip_blocks(table, grid, num_prefix_tokens) if masked else None}
-
-    @classmethod
-    def layout_inputs(cls, scheme, layout, mask):
-        """One table per distinct image grid, centred in the largest extent (``grid``), read at each pair's offset."""
-        table, out = None, {}
-        if scheme.has_bias:
-            table, out["grid"] = stack_tables([scheme.offset_table(g) for g in layout.grids])
-        return {**out, "table": table, "block_mask": cls.layout_blocks(scheme, layout, table)}
 
 
 @register_kernel("flex")

@@ -1,4 +1,4 @@
-"""The Triton kernels of :mod:`vitrel.kernels.triton_rope`: the rotation of q and k, forward and backward.
+"""The Triton kernels of :mod:`vitrel.kernels.triton.rope`: the rotation of q and k, forward and backward.
 
 Every program takes a tile of ``BN`` tokens of one head and a share of the batch (``b = split, split + n_split,
 ...``), and rotates the queries and the keys of each of its batch elements (one launch for both). ``q`` and ``k``

@@ -1,0 +1,72 @@
+"""The registered kernels ``triton`` and ``triton_atomic``: the fused kernel behind ``attn_impl``."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from vitrel.kernels.base import OffsetTableKernel
+from vitrel.kernels.registry import register_kernel
+from vitrel.kernels.triton.config import MAX_HEAD_DIM
+from vitrel.kernels.triton.op import layout_tokens, rel_bias_attention
+from vitrel.kernels.triton.patterns import visible_tiles
+from vitrel.layout.tokens import TokenLayout
+
+__all__ = ["TritonAtomicKernel", "TritonKernel"]
+
+
+@register_kernel("triton")
+class TritonKernel(OffsetTableKernel):
+    """The fused kernel for every scheme with an offset table (and rotary schemes and no position: no table); full
+    grids with prefix tokens, batches of windows (their regions masked in the kernel, or a float mask), causal 1-D,
+    token layouts (packed images of any sizes, dropped tokens). No attention dropout. Its backward is bitwise
+    repeatable (``deterministic``; ``triton_atomic``'s is not)."""
+
+    window_layouts = True
+    takes_dropout = False  # (attend says so: an error, and auto does not pick it for a layer that drops)
+    onnx = False
+    fused_rotation = True
+    #: two backward passes bitwise equal (:func:`rel_bias_attention`'s ``deterministic``)
+    deterministic: ClassVar[bool] = True
+
+    @classmethod
+    def refuses(cls, scheme):
+        if scheme.head_dim > MAX_HEAD_DIM:
+            return (
+                f"attn_impl={cls.name!r} takes head dims up to {MAX_HEAD_DIM}, {scheme.name} is built for "
+                f"{scheme.head_dim}: use attn_impl='sdpa'"
+            )
+        return super().refuses(scheme)
+
+    @classmethod
+    def skip_blocks(cls, table, grid, num_prefix_tokens):
+        return visible_tiles(table, grid, num_prefix_tokens)
+
+    @classmethod
+    def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
+        if dropout_p > 0.0:
+            raise ValueError(f"attn_impl={cls.name!r} has no attention dropout: use attn_impl='sdpa' for attn_drop > 0")
+        regions = None
+        if isinstance(mask, TokenLayout):  # a batch of windows' layout: its regions masked in the kernel
+            mask, regions = None, mask.segment
+        if mask is not None and mask.dim() == 4:
+            if mask.shape[1] != 1:
+                raise ValueError(f"attn_impl={cls.name!r} takes a mask shared by the heads ([B | nW, N, N])")
+            mask = mask[:, 0]
+        if mask is not None and mask.dtype == torch.bool:
+            mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))
+        tokens = None if state.layout is None else layout_tokens(state.layout)
+        p, det = state.num_prefix_tokens, cls.deterministic
+        settings = dict(causal=state.causal, tokens=tokens, blocks=state.block_mask, regions=regions, deterministic=det)
+        return rel_bias_attention(q, k, v, state.table, state.grid, p, scale, mask, **settings)
+
+
+@register_kernel("triton_atomic")
+class TritonAtomicKernel(TritonKernel):
+    """``triton``'s cases and inputs with the backward's ``dq`` added by atomics from the ``dkdv`` kernel, as
+    FlashAttention-2 adds it: no ``dq`` kernel, not bitwise repeatable. Where the ``dq`` kernel sums the table
+    gradient's diagonals (bias gathered per score, token layouts), under
+    :func:`torch.use_deterministic_algorithms`, and for calls that fit one tile, the deterministic backward runs."""
+
+    deterministic = False

@@ -14,7 +14,7 @@ Sections (each a subprocess or in-process measurement, the tables concatenated w
    SDPA; (CUDA) causal 1-D attention, flex's causal ``BlockMask`` against SDPA's causal float mask.
    **Content**: Shaw (``attn_impl="shaw"``: ``shaw2d_full``, ``shaw1d`` by query blocks sized by the free memory,
    ``shaw2d_factored`` one widened SDPA) and PaPE against plain SDPA at the same sizes; the SDPA backends that take
-   the widened heads, and ``pytest -m cuda tests/test_kernel_shaw.py`` (flash runs them).
+   the widened heads, and ``pytest -m cuda tests/kernels/test_shaw.py`` (flash runs them).
    **rotary**: the rotary schemes through ``sdpa`` and ``@triton`` (the fused rotation,
    :mod:`vitrel.kernels.triton.rope`).
 3. **Models**: ``bench/models.py --amp``: training steps against timm's same-config models (``attn_impl=triton`` and
@@ -263,9 +263,9 @@ def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
             "cuda",
             "-p",
             "no:cacheprovider",
-            "tests/test_kernel_triton_bias.py",
-            "tests/test_kernel_triton_atomic.py",
-            "tests/test_kernel_triton_rope.py",
+            "tests/kernels/test_triton_bias.py",
+            "tests/kernels/test_triton_atomic.py",
+            "tests/kernels/test_triton_rope.py",
         ]
         if importlib.util.find_spec("xdist") is not None:  # (bench/gpu_wheels.sh carries it) Triton compiles in up
             cmd += ["-n", str(min(8, os.cpu_count() or 1))]  # to 8 processes (the lent machines have 16 cores)
@@ -300,7 +300,7 @@ def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
 def widened_backends(dev: torch.device) -> list[str]:
     """Which SDPA backends take the widened heads of Shaw's factored path and PaPE at the attention section's shapes
     (``torch.backends.cuda.can_use_*``, bf16, heads of 64), and the pytest check that flash runs them."""
-    from tests.test_kernel_shaw import WIDENED
+    from tests.kernels.test_shaw import WIDENED
 
     lines = ["| scheme | grid | head dim | flash | cuDNN | memory-efficient |", "|---|---|---:|---|---|---|"]
     checks = [torch.backends.cuda.can_use_flash_attention, torch.backends.cuda.can_use_cudnn_attention,
@@ -310,7 +310,7 @@ def widened_backends(dev: torch.device) -> list[str]:
         params = torch.backends.cuda.SDPAParams(q, q, q, None, 0.0, False, False)
         ok = ["yes" if check(params) else "no" for check in checks]
         lines.append(f"| {pos if isinstance(pos, str) else pos} | {side}x{side} | {width} | {' | '.join(ok)} |")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/test_kernel_shaw.py"]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "cuda", "-p", "no:cacheprovider", "tests/kernels/test_shaw.py"]
     out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=child_env())
     tail = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]
     lines.append(f"\n`{shlex.join(cmd[1:])}`: {tail}\n")

@@ -1,6 +1,6 @@
 import os
 
-# Triton's interpreter for the fused kernels' tests (tests/test_kernel_triton_bias.py) on a machine without a GPU: it
+# Triton's interpreter for the fused kernels' tests (tests/kernels/test_triton_bias.py) on a machine without a GPU: it
 # must be on before anything imports triton.language (torch.export / inductor do), so it is set before torch is
 # imported, for the whole session (CPU code does not use Triton otherwise)
 if not os.path.exists("/dev/nvidia0") and "TRITON_INTERPRET" not in os.environ:

@@ -9,6 +9,7 @@ import pickle
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 from safetensors.torch import load_file, save_file
 
 import vitrel
@@ -192,3 +193,319 @@ def test_predict_py_on_a_truncated_pt2_prints_one_line(tmp_path, pt2_bytes):
         f"predict.py: cannot read {tmp_path / 'model.pt2'}: truncated or not a torch.export program "
         "(BadZipFile: File is not a zip file)"
     ], res.stderr
+
+
+# ---- Bad input on the configuration paths (issue 33, "Raw errors or silent nonsense", items 11 to 21): each is
+TINY_MODELS = {
+    "vitrel_vit_tiny_patch4_32": dict(embed_dim=32, depth=1, num_heads=2),
+    "vitrel_swin_tiny_patch2_window4_32": dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2]),
+}
+
+
+# ------------------------------------------------------------------------------------------ item 19
+@pytest.mark.parametrize("name", sorted(TINY_MODELS))
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_reset_classifier_builds_the_head_on_the_models_device_and_dtype(name, device):
+    """timm's test_model_default_cfgs: after ``model.to(device, dtype=float64)``, ``reset_classifier(0)`` then
+    ``reset_classifier(2)`` gives a head of the model's device and dtype."""
+    m = vitrel.create_model(name, num_classes=10, **TINY_MODELS[name])
+    m.to(device=device, dtype=torch.float64)
+    m.reset_classifier(0)
+    assert isinstance(m.get_classifier(), torch.nn.Identity)
+    m.reset_classifier(2)
+    head = m.get_classifier()
+    assert head.weight.dtype == head.bias.dtype == torch.float64
+    assert head.weight.device.type == head.bias.device.type == device
+    if device == "cpu":
+        size = m.vitrel_cfg["img_size"]
+        out = m(torch.randn(2, 3, *size, dtype=torch.float64))
+        assert out.shape == (2, 2) and out.dtype == torch.float64
+
+
+# ------------------------------------------------------------------------------------------ item 20
+def test_swin_features_only_takes_an_image_size_pair():
+    """``img_size=(224, 288)`` with ``features_only=True``: the Swin, as the ViT, takes a pair."""
+    kw = dict(img_size=(32, 48), features_only=True, embed_dim=16, depths=[1, 1], num_heads=[2, 2])
+    m = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", **kw)
+    feats = m(torch.randn(1, 3, 32, 48))
+    assert [tuple(f.shape[1:3]) for f in feats] == [(16, 24), (8, 12)]
+    assert vitrel.create_model("vitrel_swin_tiny_patch4_window7_224", img_size=(224, 288), features_only=True)
+    swin = vitrel.models.SwinTransformer
+    assert swin.feature_defaults({"img_size": (224, 288), "patch_size": 4})["pool_size"] == (7, 9)
+    assert swin.feature_defaults({"img_size": 224, "patch_size": 4})["pool_size"] == (7, 7)
+
+
+# ------------------------------------------------------------------------------------------ items 15, 16
+def _rope(scaling: dict, name: str = "rope2d_axial"):
+    return vitrel.create_model("vitrel_vit_tiny_patch4_32", pos={"name": name, "scaling": scaling}, **TINY_VIT)
+
+
+TINY_VIT = TINY_MODELS["vitrel_vit_tiny_patch4_32"]
+
+
+@pytest.mark.parametrize("name", ["rope1d", "rope2d_axial", "rope2d_mixed"])
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("truncate", "false", "scaling.truncate must be true or false, got 'false'"),
+        ("truncate", 0, "scaling.truncate must be true or false, got 0"),
+        ("beta_fast", "fast", "scaling.beta_fast must be a finite number, got 'fast'"),
+        ("beta_slow", "1", "scaling.beta_slow must be a finite number, got '1'"),
+        ("beta_fast", True, "scaling.beta_fast must be a finite number, got True"),
+        ("factor", "2", "scaling.factor must be a number >= 1, a list of them, or auto; got '2'"),
+        ("attention_factor", True, "scaling.attention_factor must be a positive number or null, got True"),
+    ],
+)
+def test_rope_scaling_options_are_typed(name, key, value, words):
+    """``truncate: "false"`` (a string) was read as true; ``beta_fast: "fast"`` failed in a float conversion naming
+    no key: each is refused, naming the scheme, the option and the value."""
+    scaling = {"rope_type": "yarn", "factor": 2.0, key: value}
+    with pytest.raises(ValueError, match=f"{name}: " + _re(words)):
+        _rope(scaling, name)
+
+
+def test_rope_scaling_truncate_false_changes_the_frequencies():
+    from vitrel.pos.rope_scaling import parse_scaling
+
+    assert parse_scaling({"rope_type": "yarn", "factor": 2, "truncate": False}, 2, "rope2d_axial").truncate is False
+    assert parse_scaling({"rope_type": "yarn", "factor": 2}, 2, "rope2d_axial").truncate is True
+
+
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ({"name": "rope2d_mixed", "rotate": "false"}, "option rotate must be true or false, got 'false' (str)"),
+        ({"name": "rope2d_axial", "base": "ten"}, "option base must be a number, got 'ten' (str)"),
+        ({"name": "rel2d_bucket", "num_buckets": 8.5}, "option num_buckets must be an integer, got 8.5 (float)"),
+        ({"name": "rope2d_axial", "scaling": "yarn"}, "option scaling must be a mapping or null, got 'yarn' (str)"),
+    ],
+)
+def test_scheme_options_are_typed(spec, words):
+    """Every scheme option is checked against its constructor's annotation when the spec is parsed (before any
+    model is built), naming the scheme, the option and the value."""
+    from vitrel.pos.registry import parse_pos
+
+    with pytest.raises(ValueError, match=f"position scheme '{spec['name']}': " + _re(words)):
+        parse_pos(spec)
+    assert parse_pos({"name": "rope2d_axial", "base": 10})  # an int is a number
+
+
+def _re(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+# ------------------------------------------------------------------------------------------ items 17, 18
+@pytest.mark.parametrize("key, value", [("topk", 0), ("topk", -1), ("batch_size", 0), ("num_workers", -1)])
+def test_predict_refuses_counts_out_of_range_before_loading(tmp_path, key, value):
+    """``predict.py topk=0`` wrote a CSV with only a filename column; ``topk=-1`` failed in torch.topk. Both are
+    refused from the composed config, before the checkpoint is read (here there is none)."""
+    from tests.train_helpers import compose
+    from vitrel.inference import run_predict
+
+    cfg = compose(tmp_path, [f"ckpt_path={tmp_path / 'absent.ckpt'}", f"input={tmp_path}", f"{key}={value}"], "predict")
+    with pytest.raises(
+        ValueError, match=_re(f"{key} must be an integer >= {0 if key == 'num_workers' else 1}, got {value}")
+    ):
+        run_predict(cfg)
+    assert not (tmp_path / "predictions.csv").exists()
+
+
+def test_predict_folder_refuses_topk_zero(tmp_path):
+    from vitrel.inference import Predictor, predict_folder
+
+    model = vitrel.create_model("vitrel_vit_tiny_patch4_32", **TINY_VIT).eval()
+    pred = Predictor(model, {"input_size": (3, 32, 32), "mean": (0.5,) * 3, "std": (0.5,) * 3}, "memory")
+    for k in (0, -1):
+        with pytest.raises(ValueError, match=_re(f"topk must be an integer >= 1, got {k}")):
+            predict_folder(pred, tmp_path, topk=k)
+
+
+# ------------------------------------------------------------------------------------------ items 11 to 14
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+SHORT += ["trainer.limit_test_batches=1", "logger=none", "callbacks.model_checkpoint=null", "test=false"]
+
+
+class _NoBatch(Callback):
+    """Fails the test when a training batch starts (the error must come before)."""
+
+    def on_train_batch_start(self, *args):
+        raise AssertionError("a training batch was made before the error")
+
+
+def _train(tmp_path, overrides):
+    from tests.train_helpers import FAST, compose
+    from vitrel.train.run import train
+
+    return train(compose(tmp_path, [*FAST, *SHORT, *overrides]), callbacks=[_NoBatch()])
+
+
+def test_train_refuses_a_naflex_patch_size_other_than_the_models(tmp_path):
+    """``data.patch_size=8`` on a patch-4 model failed at the first step naming neither key nor value."""
+    from tests.train_helpers import TINY_VIT
+
+    with pytest.raises(ValueError) as exc:
+        _train(tmp_path, ["experiment=fmnist_naflex", *TINY_VIT, "data.patch_size=8"])
+    msg = str(exc.value)
+    assert "data.patch_size=8 but the model (vitrel_vit_tiny_patch4_32) has patches of 4" in msg, msg
+    assert "set data.patch_size=4" in msg
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_train_refuses_size_choices_that_are_not_multiples_of_the_patch(tmp_path):
+    """``data.size_choices=[28,30]``: one batch trained, then the second failed naming the size, not the key."""
+    from tests.train_helpers import TINY_VIT
+
+    with pytest.raises(ValueError) as exc:
+        _train(tmp_path, [*TINY_VIT, "data.size_choices=[28,30]"])
+    msg = str(exc.value)
+    assert "data.size_choices=[28, 30]: 30 is not a positive multiple of the patch size 4" in msg, msg
+
+
+def test_size_choices_of_a_strict_model_are_refused():
+    from types import SimpleNamespace
+
+    from vitrel.train.utils import check_data_fits_model
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", strict_img_size=True, **TINY_VIT)
+    dm = SimpleNamespace(packing=None, patch_size=None, size_choices=(32, 36))
+    with pytest.raises(ValueError, match=_re("data.size_choices=[32, 36]: the model takes only its img_size (32, 32)")):
+        check_data_fits_model(dm, m)
+    check_data_fits_model(SimpleNamespace(packing=None, patch_size=None, size_choices=(32,)), m)
+
+
+def test_eval_refuses_a_naflex_patch_size_other_than_the_checkpoints(tmp_path, monkeypatch):
+    """``eval.py data.patch_size=8`` on a patch-4 NaFlex checkpoint failed inside trainer.test (evaluate.py had the
+    right check, but after it): now refused before scoring."""
+    import lightning as L
+
+    from tests.train_helpers import compose
+    from vitrel.train.evaluate import evaluate
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", in_chans=1, img_size=28, num_classes=10, **TINY_VIT)
+    ckpt = tmp_path / "naflex.ckpt"
+    torch.save({"vitrel_cfg": m.vitrel_cfg, "state_dict": {f"model.{k}": v for k, v in m.state_dict().items()}}, ckpt)
+
+    def no_test(*args, **kwargs):
+        raise AssertionError("trainer.test ran before the error")
+
+    monkeypatch.setattr(L.Trainer, "test", no_test)
+    over = [f"ckpt_path={ckpt}", "data=fashion_mnist_naflex", "data.patch_size=8", "data.num_workers=0"]
+    over += ["trainer.accelerator=cpu", "progress_bar=none"]
+    with pytest.raises(ValueError, match=_re(f"data.patch_size=8 but {ckpt} has patches of 4")):
+        evaluate(compose(tmp_path / "eval", over, config_name="eval"))
+
+
+def test_fmnist_naflex_experiment_trains_a_swin(tmp_path):
+    """``experiment=fmnist_naflex model=<a Swin>``: TypeError unexpected keyword 'token_drop' (the experiment set
+    token_drop: 0.0, a ViT argument); the Swin now trains. token_drop given to a Swin is refused naming it."""
+    from tests.train_helpers import FAST, TINY_SWIN, compose
+    from vitrel.train.run import train
+
+    seen = []
+
+    class Batches(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen.append(isinstance(batch[0], dict))
+
+    cfg = compose(tmp_path, [*FAST, *SHORT, "experiment=fmnist_naflex", *TINY_SWIN, "+model.patch_size=4"])
+    assert "token_drop" not in cfg.model
+    metrics = train(cfg, callbacks=[Batches()])
+    assert seen == [True, True] and 0.0 <= metrics["val/acc1"] <= 1.0
+    with pytest.raises(TypeError, match="token_drop=0.25 \\(NaViT token dropping is the ViT's"):
+        vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", token_drop=0.25)
+
+
+# ------------------------------------------------------------------------------------------ item 21
+def test_run_lock_is_reentrant_within_a_process(tmp_path):
+    """The lock TakeRunFolder takes before Hydra writes is held again by train() (same process), and goes with its
+    last holder; another process's live lock is still refused."""
+    from omegaconf import OmegaConf
+
+    from vitrel.train.hydra_callbacks import TakeRunFolder
+    from vitrel.train.rundir import LOCK_NAME, RunFolderBusy, RunLock
+
+    cb = TakeRunFolder()
+    cb.on_run_start(OmegaConf.create({"hydra": {"run": {"dir": str(tmp_path / "run")}, "output_subdir": ".hydra"}}))
+    lock = tmp_path / "run" / LOCK_NAME
+    assert lock.exists()
+    with RunLock(tmp_path / "run") as inner:
+        assert inner.owner == RunLock(tmp_path / "run").read()
+    assert lock.exists(), "train()'s release removed the lock its caller still holds"
+    cb.on_run_end(OmegaConf.create({}))
+    assert not lock.exists()
+
+    # a folder busy when the run starts: Hydra is told to write no record there, and train() refuses the run
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / LOCK_NAME).write_text('{"pid": 1, "host": "elsewhere", "started": "2026-01-01T00:00:00"}')
+    config = OmegaConf.create({"hydra": {"run": {"dir": str(other)}, "output_subdir": ".hydra"}})
+    TakeRunFolder().on_run_start(config)
+    assert config.hydra.output_subdir is None
+    with pytest.raises(RunFolderBusy, match="pid 1 on host elsewhere"):
+        RunLock(other).acquire()
+    # that run ended before train() took the folder: train() writes the record Hydra was kept from writing
+    from tests.train_helpers import compose
+    from vitrel.train.hydra_callbacks import write_held_back_record
+
+    (other / LOCK_NAME).unlink()
+    cfg = compose(other, ["seed=3"])
+    write_held_back_record(other, cfg)
+    assert OmegaConf.load(other / ".hydra" / "config.yaml").seed == 3
+    assert "seed=3" in OmegaConf.load(other / ".hydra" / "overrides.yaml")
+    assert (other / ".hydra" / "hydra.yaml").exists()
+
+
+def test_a_refused_run_keeps_the_running_runs_hydra_record(tmp_path):
+    """A second ``train.py`` started in a busy run folder is refused, and Hydra no longer rewrites the first run's
+    ``.hydra/config.yaml`` / ``overrides.yaml`` / ``hydra.yaml`` with the refused run's first."""
+    import hashlib
+
+    from tests.train_helpers import FAST, TINY_VIT, run_script, start_hanging_run
+
+    run_dir, marker = tmp_path / "run", tmp_path / "hanging"
+    args = [*TINY_VIT, *FAST, *SHORT, f"hydra.run.dir={run_dir}"]
+    first = start_hanging_run(args, marker, tmp_path, at_step=1, what="the first run")
+    try:
+        record = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (run_dir / ".hydra").iterdir()}
+        assert {"config.yaml", "overrides.yaml", "hydra.yaml"} <= set(record)
+        second = run_script("train.py", [*args, "pos=rope2d_mixed"], cwd=tmp_path)
+        assert second.returncode != 0
+        assert "another run is training in" in second.stdout + second.stderr, second.stderr[-3000:]
+        assert first.poll() is None
+        after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (run_dir / ".hydra").iterdir()}
+        assert after == record, "the refused run rewrote the running run's .hydra record"
+        assert "pos=rope2d_mixed" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+
+
+def test_sweep_summary_is_written_as_each_job_ends(tmp_path):
+    """``SweepSummary`` writes the summary as each job of a sweep ends (Hydra's sweeper raises after a failed job and
+    never ends the sweep): a failed job (a Hydra record, no ``metrics.json``) shows as failed beside a finished one;
+    a single run writes none; the sweep's end prints it."""
+    import json
+
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from vitrel.train.hydra_callbacks import SweepSummary
+
+    sweep = tmp_path / "sweep"
+    (sweep / "0").mkdir(parents=True)
+    (sweep / "0" / "metrics.json").write_text(
+        json.dumps({"overrides": ["+model.attn_impl=sdpa"], "status": "finished", "metrics": {"test/acc1": 0.5}})
+    )
+    (sweep / "1" / ".hydra").mkdir(parents=True)
+    (sweep / "1" / ".hydra" / "overrides.yaml").write_text("- +model.attn_impl=flex\n")
+    cb = SweepSummary()
+    cb.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.RUN, "sweep": {"dir": str(sweep)}}}))
+    assert not (sweep / "summary.md").exists()
+    cb.on_job_end(OmegaConf.create({"hydra": {"mode": RunMode.MULTIRUN, "sweep": {"dir": str(sweep)}}}))
+    md = (sweep / "summary.md").read_text()
+    assert "Sweep summary (2 jobs" in md and "finished" in md and "failed (no metrics.json)" in md, md
+    rows = (sweep / "summary.csv").read_text().splitlines()
+    assert len(rows) == 3 and rows[1].startswith("0,+model.attn_impl=sdpa,0.5") and "failed" in rows[2], rows
+    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "summary.csv", "summary.md"]  # (no part files left)

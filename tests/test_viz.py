@@ -306,7 +306,7 @@ def test_plot_attention_maps_axes():
 
 
 def test_plot_packed_batch_draws_rows_images_and_the_block_diagonal_mask():
-    from tests.test_tokens import images, packed
+    from tests.layout.test_tokens import images, packed
     from vitrel.pos.registry import build_pos
     from vitrel.viz import plot_packed_batch
 

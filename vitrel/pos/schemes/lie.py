@@ -12,7 +12,7 @@ of every block commute (ComRoPE's RoPE equation). The generators, per head and b
 
 * ``liere``: a free generator per axis: more expressive, but for ``b > 2`` the ``A_a`` do not commute, so
   LieRE is then relative only approximately (the translation test measures the violation,
-  ``tests/test_pos_lie.py``); with ``b = 2`` all ``2 x 2`` skew-symmetric matrices commute and LieRE is exactly
+  ``tests/pos/test_lie.py``); with ``b = 2`` all ``2 x 2`` skew-symmetric matrices commute and LieRE is exactly
   relative (a learned 2-D RoPE: the LieRE authors' ``rope_mixed`` baseline). ``init: uniform_triu`` (the LieRE
   authors' code, ``LierePositionEncoder``): ``A_a = U_a - U_a^T`` with ``U_a`` the strict upper triangle of ``F_a
   ~ U[0, 2 pi)``; ``init: normal`` (the LieRE baseline of the ComRoPE code, ``LieREAttention``): ``A_a = F_a -

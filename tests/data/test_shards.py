@@ -1,0 +1,397 @@
+"""ImageNet from shards: the writers (webdataset tars + timm's _info.json, parquet + README dataset_info),
+``ImageNetDataModule(source=...)`` through ``timm.data.create_dataset``, and the split of every epoch over
+2 DDP ranks (gloo, CPU) x 2 loader workers.
+
+The images are solid colours: red = 4 x the sample's index, green = 80 x its class, so a batch's centre
+pixels name the samples it holds. The multi-process runs are subprocesses with a timeout, so that a DDP
+hang (a rank left waiting on uneven shards) fails the test instead of blocking it. Run directly, this
+file is the body of those subprocesses (``fit`` and ``iterate``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from PIL import Image
+
+from vitrel.data import ImageNetDataModule
+from vitrel.data.base import ResumableDataLoader
+from vitrel.data.shards import ShardLoader, epoch_samples_per_rank, main, write_hf, write_wds
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSES = ("n0001", "n0002", "n0003")
+PER_CLASS, VAL_PER_CLASS = 20, 4
+N = len(CLASSES) * PER_CLASS  # 60 training samples
+SIZE, B = 16, 5
+
+
+def make_tree(root: Path) -> None:
+    for split, n, offset in (("train", PER_CLASS, 0), ("val", VAL_PER_CLASS, 0)):
+        for c, name in enumerate(CLASSES):
+            (root / split / name).mkdir(parents=True)
+            for k in range(n):
+                i = offset + c * n + k
+                Image.new("RGB", (SIZE, SIZE), (4 * i, 80 * c, 7)).save(root / split / name / f"{name}_{k}.png")
+
+
+def ids_of(x: torch.Tensor, mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)) -> tuple[list[int], list[int]]:
+    """``(sample index, class)`` of each image of a normalised batch (from its centre pixel)."""
+    px = x[:, :2, SIZE // 2, SIZE // 2] * torch.tensor(std[:2])[None] + torch.tensor(mean[:2])[None]
+    rgb = (px * 255).round()
+    return (rgb[:, 0] / 4).round().long().tolist(), (rgb[:, 1] / 80).round().long().tolist()
+
+
+def module(root, source, **kw) -> ImageNetDataModule:
+    args = dict(root=root, source=source, img_size=SIZE, augment=False, batch_size=B, num_workers=2)
+    return ImageNetDataModule(**{**args, "pin_memory": False, **kw})
+
+
+def fit_only_trainer(root, **kw) -> L.Trainer:
+    """A CPU trainer that only fits (no validation, logger, progress bar or summary), its folder ``root``."""
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+    return L.Trainer(accelerator="cpu", limit_val_batches=0, num_sanity_val_steps=0, **quiet, **kw)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    base = tmp_path_factory.mktemp("shards")
+    make_tree(base / "tree")
+    main(["write-wds", str(base / "tree"), str(base / "wds15"), "--shard-size", "15"])  # 4 train shards of 15
+    write_wds(base / "tree", base / "wds13", shard_size=13)  # 5 shards: 13, 13, 13, 13, 8
+    write_wds(base / "tree", base / "wds20", shard_size=20)  # 3 shards
+    write_hf(base / "tree", base / "hf13", shard_size=13)  # 5 parquet files
+    return base
+
+
+# ---------------------------------------------------------------------------------------------------
+# writers, read back by timm's readers
+
+
+def test_write_wds_info_and_timm_reads_every_sample(data):
+    from timm.data import create_dataset
+
+    info = json.loads((data / "wds13" / "_info.json").read_text())
+    assert info["classes"] == list(CLASSES)
+    train = info["splits"]["train"]
+    assert train["num_samples"] == N and train["shard_lengths"] == [13, 13, 13, 13, 8]
+    assert all((data / "wds13" / f).is_file() for f in train["filenames"])
+    assert info["splits"]["validation"]["num_samples"] == len(CLASSES) * VAL_PER_CLASS
+    ds = create_dataset("wds/imagenet", root=str(data / "wds13"), split="train")
+    seen = {}
+    for img, target in ds:
+        r, g, _ = img.getpixel((0, 0))
+        seen[r // 4] = (target, g // 80)
+    assert sorted(seen) == list(range(N))  # each sample once, and its .cls is its class
+    assert all(t == c == i // PER_CLASS for i, (t, c) in seen.items())
+
+
+def test_write_hf_reads_offline_map_style_and_streamed(data, tmp_path):
+    from timm.data import create_dataset
+
+    ds = create_dataset(f"hfds/{data / 'hf13'}", root=str(tmp_path), split="train")
+    assert len(ds) == N and ds.reader.class_to_idx == {c: i for i, c in enumerate(CLASSES)}
+    pairs = [(img.getpixel((0, 0))[0] // 4, t) for img, t in (ds[i] for i in range(N))]
+    assert sorted(pairs) == [(i, i // PER_CLASS) for i in range(N)]
+    it = create_dataset(f"hfids/{data / 'hf13'}", root=str(tmp_path), split="validation")
+    assert it.reader.num_samples == len(CLASSES) * VAL_PER_CLASS  # README.md's num_examples, no download
+    # the map-style source takes the folder path's samplers: a seeded, resumable order (ExactResume)
+    dm = module(tmp_path, f"hfds/{data / 'hf13'}", num_workers=0)
+    dm.train_order_seed = 1
+    loader = dm.train_dataloader()
+    assert isinstance(loader, ResumableDataLoader) and len(loader.dataset) == N and dm.class_names == list(CLASSES)
+
+
+# ---------------------------------------------------------------------------------------------------
+# the datamodule
+
+
+def test_imagefolder_path_unchanged(data):
+    dm = ImageNetDataModule(root=data / "tree", img_size=SIZE, augment=False, batch_size=B, num_workers=0)
+    loader = dm.train_dataloader()
+    assert dm.source is None and not dm.iterable and type(loader) is torch.utils.data.DataLoader
+    assert len(loader.dataset) == N and dm.num_classes == 3
+
+
+def test_config_builds_the_wds_module(data):
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(REPO / "conf" / "data" / "imagenet_wds.yaml")
+    cfg.pop("defaults")  # the schema entry of Hydra's defaults list (vitrel/config.py), not an argument
+    cfg.root, cfg.num_workers, cfg.batch_size, cfg.pin_memory = str(data / "wds15"), 0, 2, False
+    dm = instantiate(cfg)
+    assert dm.source == "wds/imagenet" and dm.class_names == list(CLASSES)
+    x, y = next(iter(dm.val_dataloader()))
+    assert x.shape == (2, 3, 224, 224) and y.max() < 3
+    assert OmegaConf.load(REPO / "conf" / "data" / "imagenet.yaml").source is None
+
+
+def test_epoch_covers_whole_batches_per_worker_on_uneven_shards(data):
+    """5 shards (13, 13, 13, 13, 8) over 2 workers: each yields ceil(60 / 2) = 30 samples (6 batches), the
+    worker with the shorter shards repeating its own, the two workers' samples disjoint; with batches of 7
+    the share is rounded up to whole batches."""
+    dm = module(data / "wds13", "wds/imagenet")
+    loader = dm.train_dataloader()
+    assert isinstance(loader, ShardLoader) and len(loader) == epoch_samples_per_rank(N, 1, 2, B) // B == 12
+    streams: list[list[int]] = [[], []]
+    for k, (x, y) in enumerate(loader):  # in order: batch k comes from worker k % 2
+        ids, classes = ids_of(x)
+        assert classes == y.tolist()
+        streams[k % 2] += ids
+    assert [len(s) for s in streams] == [30, 30]
+    assert not set(streams[0]) & set(streams[1])
+    # 30 a worker is not a whole number of batches of 7: rounded up to 35, and the loader's length says so
+    loader = module(data / "wds13", "wds/imagenet", batch_size=7).train_dataloader()
+    assert len(loader) == sum(1 for _ in loader) == epoch_samples_per_rank(N, 1, 2, 7) // 7 == 10
+
+
+def test_fewer_wds_shards_than_workers_is_refused(data):
+    with pytest.raises(ValueError, match="3 shards for 1 ranks x 4 loader workers"):
+        module(data / "wds20", "wds/imagenet", num_workers=4).train_dataloader()
+
+
+def test_bad_source_and_options_are_refused(data):
+    with pytest.raises(ValueError, match="source must be one of"):
+        module(data / "wds15", "webdataset")
+    with pytest.raises(ValueError, match="val_fraction"):
+        module(data / "wds15", "wds/imagenet", val_fraction=0.1)
+    with pytest.raises(ValueError, match="split 'nope' is not in"):
+        module(data / "wds15", "wds/imagenet", train_split="nope").num_classes  # noqa: B018
+
+
+def test_resume_is_stated_not_exact(data, caplog):
+    dm = module(data / "wds15", "wds/imagenet")
+    dm.train_order_seed = 3  # what ExactResume sets
+    with caplog.at_level(logging.WARNING, logger="vitrel.data.imagenet"):
+        dm.train_dataloader()
+    assert "resumed mid-epoch is not exact" in caplog.text
+
+
+@pytest.mark.slow
+def test_mid_epoch_resume_restarts_the_epoch_stream_as_documented(data, tmp_path):
+    """What docs/training.md says a mid-epoch resume does on shards: Lightning warns, the interrupted epoch's
+    stream starts again from its beginning and the epoch ends after the batches it still owed (8 of 12
+    after a checkpoint at step 4), so its first 20 samples are seen twice and 20 others not at all."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    def fit(**kw):
+        L.seed_everything(0)
+        probe = Probe(str(tmp_path))
+        trainer = fit_only_trainer(tmp_path, max_epochs=1, **kw.pop("trainer", {"enable_checkpointing": False}))
+        trainer.fit(probe, datamodule=module(data / "wds15", "wds/imagenet"), **kw)
+        return [rec[2] for rec in probe.seen]
+
+    ckpt = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=4, save_top_k=-1, filename="{step}")
+    full = fit(trainer=dict(callbacks=[ckpt]))
+    assert len(full) == 12 and sorted(i for b in full for i in b) == list(range(N))
+    with pytest.warns(UserWarning, match="not resumable"):
+        resumed = fit(ckpt_path=str(tmp_path / "step=4.ckpt"))
+    assert len(resumed) == 8
+    assert resumed[:4] == full[:4]  # the stream starts again: the epoch's first 20 samples, again
+    assert len({i for b in full[:4] + resumed for i in b}) == 40  # 20 of the 60 not seen in this epoch
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2 DDP ranks x 2 workers (forked, killed after a timeout: a hang fails)
+
+
+def free_port() -> int:
+    """A free TCP port for a process group."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_isolated(target, *args, timeout: float = 240) -> None:
+    """``target(*args)`` in a fresh (spawned) process, in its own process group: it forks the ranks and their
+    loader workers, which a pytest worker that has already run autograd must not do (torch refuses autograd in
+    a child forked after its threads started); killed with them if it runs past ``timeout`` s: a hang fails the
+    test instead of blocking."""
+    ctx = multiprocessing.get_context("spawn")
+    proc = ctx.Process(target=_in_own_group, args=(target, *args))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.join()
+        pytest.fail(f"{target.__name__}{args} hung (> {timeout} s)")
+    assert proc.exitcode == 0, f"{target.__name__}{args} failed (exit code {proc.exitcode}; its error is above)"
+
+
+def _in_own_group(target, *args) -> None:
+    os.setsid()
+    target(*args)
+
+
+@pytest.mark.slow
+def test_ddp_training_epochs_cover_every_sample_once(data, tmp_path):
+    """Lightning, 2 ranks (gloo) x 2 workers, 4 shards of 15, batch 5, 2 epochs: each rank trains 6 steps
+    an epoch, the 60 samples each seen exactly once an epoch, and the ranks' shares change with the epoch
+    (timm's shard shuffle is seeded by seed + the trainer's epoch)."""
+    run_isolated(_fit, str(data / "wds15"), "wds/imagenet", str(tmp_path), 2, free_port())
+    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for epoch in (0, 1):
+        per_rank = [[rec for rec in s if rec[0] == epoch] for s in seen]
+        assert [len(r) for r in per_rank] == [epoch_samples_per_rank(N, 2, 2, B) // B] * 2 == [6, 6]
+        ids = [i for r in per_rank for rec in r for i in rec[2]]
+        assert sorted(ids) == list(range(N))  # no sample twice, none left out
+        assert all(rec[3] == [i // PER_CLASS for i in rec[2]] for r in per_rank for rec in r)  # labels
+    shares = [[{i for rec in s if rec[0] == e for i in rec[2]} for e in (0, 1)] for s in seen]
+    assert shares[0][0] != shares[0][1]
+
+
+@pytest.mark.slow
+def test_ddp_uneven_shards_equal_batches_disjoint_workers(data, tmp_path):
+    """torch.distributed (gloo), 2 ranks x 2 workers iterating the training loader of 5 uneven shards (wds)
+    and 5 parquet files (hfids): every rank the same number of batches, every worker 15 samples, and no
+    sample in two workers' streams (a worker repeats its own shards to fill its share)."""
+    run_isolated(_iterate, str(data), str(tmp_path), free_port())
+    for name in ("wds", "hfids"):
+        streams = json.loads((tmp_path / f"{name}.json").read_text())  # [rank][worker] -> ids
+        assert [len(s) for rank in streams for s in rank] == [15] * 4, name
+        distinct = [set(s) for rank in streams for s in rank]
+        assert sum(len(s) for s in distinct) == len(set().union(*distinct)), name  # disjoint
+
+
+# ---------------------------------------------------------------------------------------------------
+# the forked bodies
+
+
+class Probe(L.LightningModule):
+    """Records (epoch, step, sample indices, labels) of every training batch; writes them at the end."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        self.out = out
+        self.head = torch.nn.Linear(3, 3)
+        self.seen: list = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        ids, _ = ids_of(x)
+        self.seen.append([self.current_epoch, batch_idx, ids, y.tolist()])
+        return torch.nn.functional.cross_entropy(self.head(x.mean((2, 3))), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def on_train_end(self) -> None:
+        Path(self.out, f"rank{self.global_rank}.json").write_text(json.dumps(self.seen))
+
+
+def _fit(root: str, source: str, out: str, epochs: int, port: int) -> None:
+    torch.multiprocessing.start_processes(
+        _fit_rank, args=(root, source, out, epochs, port), nprocs=2, start_method="fork"
+    )
+
+
+def _fit_rank(rank: int, root: str, source: str, out: str, epochs: int, port: int) -> None:
+    """One DDP rank as a launcher (torchrun, SLURM) starts it: Lightning reads the rank from the environment
+    (forked here, where Lightning's own fork launcher refuses a process that has touched CUDA)."""
+    from datetime import timedelta
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0", LOCAL_RANK=str(rank))
+    os.environ.update(env, RANK=str(rank))
+    ddp = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60))
+    trainer = fit_only_trainer(out, devices=2, strategy=ddp, max_epochs=epochs, enable_checkpointing=False)
+    trainer.fit(Probe(out), datamodule=module(root, source))
+
+
+def _iterate(base: str, out: str, port: int) -> None:
+    torch.multiprocessing.start_processes(_iterate_rank, args=(base, out, port), nprocs=2, start_method="fork")
+
+
+def _iterate_rank(rank: int, base: str, out: str, port: int) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
+    for name, source, root in (("wds", "wds/imagenet", f"{base}/wds13"), ("hfids", f"hfids/{base}/hf13", out)):
+        loader = module(root, source).train_dataloader()
+        streams: list[list[int]] = [[], []]
+        for k, (x, _) in enumerate(loader):
+            streams[k % 2] += ids_of(x)[0]
+        batches = torch.tensor([len(loader), sum(map(len, streams)) // B])
+        gathered = [torch.zeros_like(batches) for _ in range(2)]
+        dist.all_gather(gathered, batches)  # a rank with fewer batches would fail here (or hang: the timeout)
+        assert all(torch.equal(g, gathered[0]) for g in gathered), gathered
+        both: list = [None, None]
+        dist.all_gather_object(both, streams)
+        if rank == 0:
+            Path(out, f"{name}.json").write_text(json.dumps(both))
+    dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------------
+# a sample that cannot be decoded: named by shard and key, raised (default) or skipped and reported
+
+
+@pytest.fixture(scope="module")
+def bad_shards(tmp_path_factory):
+    """2 classes x 4 training images in shards of 4 (wds tars and parquet files), one of them not an image."""
+    base = tmp_path_factory.mktemp("bad_shards")
+    tree = base / "tree"
+    for split, n in (("train", 4), ("val", 1)):
+        for c, name in enumerate(CLASSES[:2]):
+            (tree / split / name).mkdir(parents=True)
+            for k in range(n):
+                Image.new("RGB", (SIZE, SIZE), (10 * k, 80 * c, 7)).save(tree / split / name / f"{name}_{k}.png")
+    (tree / "train" / CLASSES[0] / f"{CLASSES[0]}_1.png").write_bytes(b"not an image")
+    info = write_wds(tree, base / "wds", shard_size=4, seed=None)  # the file order: the bad one is sample 1
+    write_hf(tree, base / "hf", shard_size=4, seed=None)
+    return base, info
+
+
+def _one_epoch(dm: ImageNetDataModule) -> int:
+    dm.setup("fit")
+    return sum(len(y) for _, y in dm.train_dataloader())
+
+
+@pytest.mark.parametrize("source, where", [
+    ("wds/imagenet", "shard {root}/imagenet-train-000000.tar, sample key '00000001'"),
+    ("hfids/{root}", "data set {root}, split 'train', image 'n0001_1.png'"),
+])  # fmt: skip
+def test_an_undecodable_sample_is_named_and_raises_by_default(bad_shards, source, where):
+    from vitrel.data.shards import BadSampleError
+
+    base, _ = bad_shards
+    root = base / ("wds" if source.startswith("wds") else "hf")
+    dm = module(root, source.format(root=root), num_workers=0, batch_size=2)
+    assert dm.on_bad_sample == "raise"
+    with pytest.raises(BadSampleError, match="cannot decode the sample") as err:
+        _one_epoch(dm)
+    assert where.format(root=root) in str(err.value) and "on_bad_sample=skip" in str(err.value)
+
+
+@pytest.mark.parametrize("source, where", [
+    ("wds/imagenet", "shard {root}/imagenet-train-000000.tar, sample key '00000001'"),
+    ("hfids/{root}", "data set {root}, split 'train', image 'n0001_1.png'"),
+])  # fmt: skip
+def test_skip_leaves_the_sample_out_and_reports_it_at_the_end_of_the_epoch(bad_shards, source, where, caplog):
+    base, _ = bad_shards
+    root = base / ("wds" if source.startswith("wds") else "hf")
+    dm = module(root, source.format(root=root), num_workers=0, batch_size=2, on_bad_sample="skip")
+    with caplog.at_level(logging.WARNING, logger="vitrel.data.shards"):
+        assert _one_epoch(dm) == 8  # timm's readers fill the epoch from the worker's other samples
+    named = where.format(root=root)
+    assert f"skipped {named}: cannot decode it" in caplog.text
+    assert f"skipped 1 undecodable sample(s) in this pass over the epoch: {named}" in caplog.text
+
+
+def test_on_bad_sample_is_checked(bad_shards):
+    with pytest.raises(ValueError, match="on_bad_sample must be one of"):
+        module(bad_shards[0] / "wds", "wds/imagenet", on_bad_sample="ignore")

@@ -1,0 +1,200 @@
+"""The package's import layers: no cycle among module-level imports, and no layer importing one above it.
+
+Layers, lowest first: ``vitrel.layout`` (grids, token layouts, windows) <- ``vitrel.pos`` (schemes) and
+``vitrel.kernels`` <- ``vitrel.layers`` <- ``vitrel.models`` <- ``vitrel.train``. Read from the source with ``ast``
+(nothing is imported): an import inside a function or under ``if TYPE_CHECKING:`` runs later or never, so it is no
+edge; a package that imports its modules in a loop over ``pkgutil.iter_modules`` (``vitrel.pos``, ``vitrel.kernels``)
+has an edge to each of them (to the public ones where the loop skips names starting with ``_``). Importing ``a.b.c``
+runs ``a/b/__init__.py`` first, so it is also an edge to each package above ``c`` (except
+``vitrel`` itself, whose ``__init__`` is the public facade, and the importer's own packages)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2] / "vitrel"
+
+#: each layer and the layers it must not import
+FORBIDDEN = {
+    "vitrel.layout": ("vitrel.pos", "vitrel.kernels", "vitrel.layers", "vitrel.models", "vitrel.train"),
+    "vitrel.pos": ("vitrel.kernels", "vitrel.layers", "vitrel.models", "vitrel.train"),
+}
+
+
+def module_names(root: Path = ROOT) -> dict[str, Path]:
+    """``{dotted name: file}`` of every module of the package (a package by its ``__init__.py``)."""
+    out = {}
+    for f in root.rglob("*.py"):
+        parts = f.relative_to(root.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = f
+    return out
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _top_level_imports(body: list[ast.stmt]):
+    """Import statements that run when the module is imported (module level, ``try`` / ``if`` bodies included,
+    ``if TYPE_CHECKING:`` excluded)."""
+    for node in body:
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        elif isinstance(node, ast.If):
+            if not _is_type_checking(node.test):
+                yield from _top_level_imports(node.body)
+            yield from _top_level_imports(node.orelse)
+        elif isinstance(node, ast.Try):
+            for part in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
+                yield from _top_level_imports(part)
+
+
+def _imports_all_modules(body: list[ast.stmt]) -> str | None:
+    """``"all"`` or ``"public"`` when the module imports its package's modules in a ``pkgutil.iter_modules`` loop."""
+    for node in body:
+        if isinstance(node, ast.For) and "iter_modules" in ast.unparse(node.iter):
+            return "public" if "startswith('_')" in ast.unparse(node) else "all"
+    return None
+
+
+def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
+    """``{module: the vitrel modules its import runs}`` (see the module docstring)."""
+    mods = module_names(root)
+    graph: dict[str, set[str]] = {}
+    for name, path in mods.items():
+        is_pkg = path.name == "__init__.py"
+        package = name if is_pkg else name.rpartition(".")[0]
+        targets: set[str] = set()
+        tree = ast.parse(path.read_text(), str(path))
+        loop = _imports_all_modules(tree.body) if is_pkg else None
+        if loop is not None:
+            children = [m for m in mods if m.rpartition(".")[0] == name]
+            targets |= {m for m in children if loop == "all" or not m.rpartition(".")[2].startswith("_")}
+        for node in _top_level_imports(tree.body):
+            if isinstance(node, ast.Import):
+                found = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:  # relative: from the importer's package
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join(up + ([base] if base else []))
+                found = [base] + [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in mods]
+            for t in found:
+                parts = t.split(".")
+                for i in range(2, len(parts) + 1):  # the module and the packages it runs on the way
+                    t_i = ".".join(parts[:i])
+                    own = name == t_i or name.startswith(t_i + ".")
+                    if t_i in mods and not (own and t_i != t):
+                        targets.add(t_i)
+        targets.discard(name)
+        graph[name] = targets
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as ``[a, b, ..., a]``, or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def visit(u: str) -> list[str] | None:
+        state[u] = 1
+        stack.append(u)
+        for v in sorted(graph.get(u, ())):
+            if state.get(v) == 1:
+                return stack[stack.index(v) :] + [v]
+            if v not in state and (c := visit(v)) is not None:
+                return c
+        stack.pop()
+        state[u] = 2
+        return None
+
+    for u in sorted(graph):
+        if u not in state and (c := visit(u)) is not None:
+            return c
+    return None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``"a -> b"`` for every import of a layer above the importer's (:data:`FORBIDDEN`)."""
+    bad = []
+    for name, targets in sorted(graph.items()):
+        for layer, above in FORBIDDEN.items():
+            if name == layer or name.startswith(layer + "."):
+                bad += [f"{name} -> {t}" for t in sorted(targets) for a in above if t == a or t.startswith(a + ".")]
+    return bad
+
+
+def test_graph_sees_the_modules():
+    graph = import_graph()
+    assert "vitrel.layout.tokens" in graph and "vitrel.layers.attention" in graph
+    assert "vitrel.layout.tokens" in graph["vitrel.layers.attention"]
+    assert "vitrel.layout" in graph["vitrel.pos.base"]  # the package runs before its module
+
+
+def test_no_import_cycle():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_layout_and_pos_import_no_upper_layer():
+    assert upward_imports(import_graph()) == []
+
+
+@pytest.mark.parametrize(
+    "files, expect",
+    [
+        ({"a/__init__.py": "", "a/x.py": "from a.y import f\n", "a/y.py": "import a.x\n"}, "cycle"),
+        ({"a/__init__.py": "", "a/x.py": "from a import y\n", "a/y.py": "def f():\n    import a.x\n"}, None),
+        (
+            {
+                "a/__init__.py": "import a.y\n",
+                "a/y.py": "",
+                "a/x.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import a.y\n",
+            },
+            None,
+        ),  # fmt: skip
+        # a package importing its modules in a loop
+        (
+            {
+                "a/__init__.py": "",
+                "a/x.py": "import a.p\n",
+                "a/p/__init__.py": "import pkgutil, importlib\n"
+                "for m in pkgutil.iter_modules(__path__):\n    importlib.import_module(m.name)\n",
+                "a/p/m.py": "import a.x\n",
+            },
+            "cycle",
+        ),  # fmt: skip
+        # importing a.p.m runs a/p/__init__.py, which imports the importer back
+        ({"a/__init__.py": "", "a/x.py": "import a.p.m\n", "a/p/__init__.py": "import a.x\n", "a/p/m.py": ""}, "cycle"),
+    ],
+)
+def test_finds_cycles_on_a_toy_package(tmp_path, files, expect):
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    cycle = find_cycle(import_graph(tmp_path / "a"))
+    assert (cycle is not None) == (expect == "cycle"), cycle
+
+
+def test_moved_modules_keep_their_old_paths():
+    """The paths that moved (CHANGELOG.md) still import, as the very module at the new path, in a fresh interpreter."""
+    import subprocess
+    import sys
+
+    schemes = sorted(p.stem for p in (ROOT / "pos" / "schemes").glob("*.py") if p.stem != "__init__")
+    assert {"rope", "shaw", "fire", "lookhere", "none"} <= set(schemes)
+    pairs = [("vitrel.pos.geometry", "vitrel.layout.geometry"), ("vitrel.pos.tokens", "vitrel.layout.tokens")]
+    pairs += [(f"vitrel.pos.{s}", f"vitrel.pos.schemes.{s}") for s in schemes]
+    code = "import importlib, sys\n" + "".join(
+        f"assert importlib.import_module({old!r}) is importlib.import_module({new!r}), {old!r}\n" for old, new in pairs
+    )
+    code += "from vitrel.pos.tokens import TokenLayout, content_logits\nfrom vitrel.pos.rope import Rope2dMixed\n"
+    first = f"import {pairs[0][0]}\n"  # an old path imported first, before anything else of vitrel
+    subprocess.run([sys.executable, "-c", first + code], check=True, cwd=ROOT.parent)

@@ -1,0 +1,406 @@
+"""vitrel models where code written for timm expects a timm model (issue 21).
+
+* timm's own model tests (its ``tests/models/test_models.py``), written again for a small vitrel ViT and Swin:
+  forward, backward, default cfgs (``in_chans`` included), forward_features / forward_intermediates,
+  ``features_only``, fx backward, reset_classifier (TorchScript aside: vitrel does not script);
+* ``features_only`` with every ``feature_cls`` (getter, hook, fx, list, dict), ``out_indices``, ``output_fmt``;
+* timm's resize arguments: ``dynamic_img_size`` / ``strict_img_size`` and ``set_input_size`` (equal to
+  loading the saved weights at the new size);
+* dense-task libraries: segmentation-models-pytorch (``vitrel[dense]``) and torchvision detection.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import timm
+import torch
+from timm.layers import get_notrace_functions, get_notrace_modules
+from timm.layers.format import get_channel_dim, get_spatial_dim
+from timm.models import get_model_input_config
+from torchvision.models.feature_extraction import create_feature_extractor, get_graph_node_names
+
+from vitrel.models import SwinTransformer, load_model, save_pretrained
+
+VIT = dict(name="vitrel_vit_tiny_patch4_32", embed_dim=32, depth=3, num_heads=2)
+SWIN = dict(name="vitrel_swin_tiny_patch2_window4_32", embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
+SPECS = pytest.mark.parametrize("spec", [VIT, SWIN], ids=["vit", "swin"])
+
+
+def make(spec: dict, pos: str = "rel2d_full", **kw) -> torch.nn.Module:
+    """Through ``timm.create_model``, as code written for timm builds it."""
+    torch.manual_seed(0)
+    spec = dict(spec)
+    return timm.create_model(spec.pop("name"), pretrained=False, pos=pos, **{**spec, **kw})
+
+
+def input_size(model) -> tuple[int, int, int]:
+    return tuple(model.pretrained_cfg["input_size"])
+
+
+# ---------------------------------------------------------------------------- timm's tests/models/test_models.py
+@SPECS
+def test_model_forward(spec):
+    m = make(spec).eval()
+    out = m(torch.randn(1, *input_size(m)))
+    assert out.shape == (1, m.num_classes) and not torch.isnan(out).any()
+
+
+@SPECS
+def test_model_backward(spec):
+    m = make(spec, num_classes=42).train()
+    out = m(torch.randn(2, *input_size(m)))
+    out.mean().backward()
+    for n, p in m.named_parameters():
+        assert p.grad is not None, f"no gradient for {n}"
+    assert sum(p.numel() for p in m.parameters()) == sum(p.grad.numel() for p in m.parameters())
+    assert out.shape[-1] == 42 and not torch.isnan(out).any()
+
+
+@SPECS
+def test_model_default_cfgs(spec):
+    """timm's test_model_default_cfgs (Swin: spatial output) / _non_std (ViT: tokens), with ``in_chans``."""
+    m = make(spec).eval()
+    cfg, sd = m.pretrained_cfg, m.state_dict()
+    assert m.num_classes >= 0 and m.num_features > 0 and m.head_hidden_size > 0
+    assert m.in_chans == cfg["input_size"][0]
+    x = torch.randn(1, *input_size(m))
+    feats = m.forward_features(x)
+    assert m.forward_head(feats, pre_logits=True).shape[1] == m.head_hidden_size
+    if cfg["pool_size"] is not None:  # the Swin: a map in its output_fmt
+        fmt = getattr(m, "output_fmt", "NCHW")
+        sp, ch = get_spatial_dim(fmt), get_channel_dim(fmt)
+        assert (feats.shape[sp[0]], feats.shape[sp[1]]) == tuple(cfg["pool_size"])
+        assert feats.shape[ch] == m.num_features
+    else:  # the ViT: tokens, features last
+        assert feats.shape[-1] == m.num_features
+    m.reset_classifier(0)
+    out = m(x)
+    assert out.dim() == 2 and out.shape[1] == m.head_hidden_size
+    m.reset_classifier(0, "")
+    out = m(x)
+    if cfg["pool_size"] is not None:
+        assert out.dim() == 4 and (out.shape[sp[0]], out.shape[sp[1]]) == tuple(cfg["pool_size"])
+    else:
+        assert out.dim() == 3 and out.shape[-1] == m.num_features
+    for key in (cfg["classifier"], cfg["first_conv"]):
+        assert key + ".weight" in sd
+    one = make(spec, in_chans=1).eval()  # timm adapts first_conv for in_chans; the model says what it takes
+    assert one.in_chans == 1 and one(torch.randn(1, 1, *input_size(m)[1:])).shape == (1, one.num_classes)
+    assert get_model_input_config(one)["input_size"][0] == 1
+
+
+@SPECS
+def test_model_reset_classifier(spec):
+    m = make(spec).eval()
+    m.reset_classifier(5)
+    assert m.get_classifier() is m.head and m(torch.randn(2, *input_size(m))).shape == (2, 5)
+    assert m.num_classes == 5 == m.vitrel_cfg["num_classes"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vitrel_vit_tiny_patch4_32",
+        "vitrel_vit_tiny_patch16_224",
+        "vitrel_swin_tiny_patch2_window4_32",
+        "vitrel_swin_tiny_patch4_window7_224",
+    ],
+)
+@pytest.mark.parametrize("training", [False, True])
+def test_reset_classifier_keeps_the_mode(name, training):
+    """timm's test_model_default_cfgs: after ``reset_classifier`` every module's ``training`` is the model's (the new
+    head of a model in eval mode is in eval mode too), for 0 classes (``Identity``) and a new ``Linear`` head."""
+    m = timm.create_model(name, pretrained=False, pos="rel2d_full", device="meta").train(training)
+    for n in (0, 5, 0):
+        m.reset_classifier(n)
+        assert {k: mod.training for k, mod in m.named_modules() if mod.training != training} == {}
+
+
+@SPECS
+def test_model_forward_features(spec):
+    """timm's test_model_forward_features: ``features_only=True`` outputs in the wrapper's ``output_fmt``."""
+    m = make(spec, features_only=True).eval()
+    channels, reductions = m.feature_info.channels(), m.feature_info.reduction()
+    assert len(channels) >= 3
+    fmt = getattr(m, "output_fmt", "NCHW")
+    ch, sp = get_channel_dim(fmt), get_spatial_dim(fmt)
+    size = input_size(m)
+    outs = m(torch.randn(1, *size))
+    assert len(outs) == len(channels)
+    for c, r, o in zip(channels, reductions, outs):
+        assert o.shape[ch] == c and o.shape[0] == 1 and not torch.isnan(o).any()
+        assert (o.shape[sp[0]], o.shape[sp[1]]) == (math.ceil(size[1] / r), math.ceil(size[2] / r))
+
+
+@SPECS
+def test_model_forward_intermediates(spec):
+    m = make(spec).eval()
+    info = timm.models.FeatureInfo(m.feature_info, len(m.feature_info))
+    size = input_size(m)
+    x = torch.randn(1, *size)
+    final, inter = m.forward_intermediates(x)
+    assert len(inter) == len(info.channels()) >= 3
+    for c, r, o in zip(info.channels(), info.reduction(), inter):  # NCHW, forward_intermediates' default
+        assert o.shape == (1, c, math.ceil(size[1] / r), math.ceil(size[2] / r))
+    torch.testing.assert_close(final, m.forward_features(x))
+    m.set_grad_checkpointing()
+    torch.testing.assert_close(m.forward_intermediates(x)[0], final)
+
+
+@SPECS
+def test_model_forward_intermediates_features(spec):
+    m = make(spec, features_only=True, feature_cls="getter").eval()
+    fmt = getattr(m, "output_fmt", "NCHW")
+    ch, sp = get_channel_dim(fmt), get_spatial_dim(fmt)
+    size = input_size(m)
+    for c, r, o in zip(m.feature_info.channels(), m.feature_info.reduction(), m(torch.randn(1, *size))):
+        assert o.shape[ch] == c and (o.shape[sp[0]], o.shape[sp[1]]) == (size[1] // r, size[2] // r)
+
+
+@SPECS
+def test_model_backward_fx(spec):
+    """timm's test_model_backward_fx: the traced model (timm's leaf modules / notrace functions) trains."""
+    m = make(spec, num_classes=42).train()
+    kw = dict(leaf_modules=get_notrace_modules(), autowrap_functions=get_notrace_functions())
+    train_nodes, eval_nodes = get_graph_node_names(m, tracer_kwargs=kw)
+    fx = create_feature_extractor(
+        m, train_return_nodes=[train_nodes[-1]], eval_return_nodes=[eval_nodes[-1]], tracer_kwargs=kw
+    )
+    (out,) = fx(torch.randn(2, *input_size(m))).values()
+    out.mean().backward()
+    assert all(p.grad is not None for p in fx.parameters()) and out.shape[-1] == 42
+
+
+# ---------------------------------------------------------------------------- features_only: every feature_cls
+@pytest.mark.parametrize("feature_cls", ["getter", "hook", "fx", "list", "dict"])
+def test_swin_feature_cls(feature_cls):
+    """Every timm feature wrapper gives the Swin's stage maps, NHWC (its ``output_fmt``, as timm's Swin)."""
+    ref = make(SWIN).eval()
+    m = make(SWIN, features_only=True, feature_cls=feature_cls, out_indices=(1, 3)).eval()
+    assert m.output_fmt == "NHWC" and m.feature_info.channels() == [32, 128]
+    x = torch.randn(2, 3, 32, 48)
+    with torch.no_grad():
+        want = ref.forward_intermediates(x, indices=[1, 3], output_fmt="NHWC", intermediates_only=True)
+        got = m(x)
+    if feature_cls == "dict":
+        assert list(got) == ["1", "3"]
+        got = list(got.values())
+    assert len(got) == 2
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    nets = [n for n in m.modules() if isinstance(n, SwinTransformer)]
+    if feature_cls in ("getter", "hook"):  # the network is inside the wrapper: it carries the configuration
+        assert nets[0].vitrel_cfg["architecture"] == SWIN["name"]
+    else:  # fx / list / dict rebuild the network from its parts
+        assert not nets
+
+
+def test_feature_output_fmt():
+    x = torch.randn(1, 3, 32, 32)
+    nhwc = make(SWIN, features_only=True).eval()
+    nchw = make(SWIN, features_only=True, output_fmt="NCHW").eval()
+    assert nchw.output_fmt == "NCHW"
+    with torch.no_grad():
+        for a, b in zip(nchw(x), nhwc(x)):
+            torch.testing.assert_close(a, b.permute(0, 3, 1, 2), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="needs feature_cls='getter'"):
+        make(SWIN, features_only=True, feature_cls="hook", output_fmt="NCHW")
+    vit = make(VIT, features_only=True).eval()  # the ViT's getter stays NCHW (timm's ViT)
+    assert vit.output_fmt == "NCHW" and vit(x)[0].shape == (1, 32, 8, 8)
+
+
+@pytest.mark.parametrize("feature_cls", ["hook", "fx"])
+def test_vit_feature_cls(feature_cls):
+    """hook / fx give the blocks' outputs (tokens, prefix first), as for timm's ViT."""
+    ref = make(VIT).eval()
+    m = make(VIT, features_only=True, feature_cls=feature_cls, out_indices=(0, 2)).eval()
+    x = torch.randn(1, 3, 32, 24)
+    with torch.no_grad():
+        inter = ref.forward_intermediates(x, indices=[0, 2], output_fmt="NLC", return_prefix_tokens=True)[1]
+        got = m(x)
+    for (patches, prefix), out in zip(inter, got):
+        torch.testing.assert_close(out, torch.cat([prefix, patches], 1), rtol=0, atol=0)
+
+
+def test_feature_cls_refused():
+    for cls in ("list", "dict"):
+        with pytest.raises(ValueError, match="ViT's do not allow"):
+            make(VIT, features_only=True, feature_cls=cls)
+        with pytest.raises(ValueError, match="absolute position embedding"):
+            make(SWIN, features_only=True, feature_cls=cls, abs_pos="ape")
+    with pytest.raises(ValueError, match="unknown feature_cls"):
+        make(SWIN, features_only=True, feature_cls="nope")
+
+
+# ---------------------------------------------------------------------------- dynamic / strict input size
+@SPECS
+def test_dynamic_and_strict_img_size(spec):
+    size = input_size(make(spec))[1:]
+    other = torch.randn(1, 3, size[0] + 16, size[1] - 8)
+    for kw in ({"dynamic_img_size": True}, {"strict_img_size": False}, {}):
+        m = make(spec, **kw).eval()
+        assert m.dynamic_img_size and not m.strict_img_size and not get_model_input_config(m)["fixed_input_size"]
+        assert m(other).shape == (1, m.num_classes)
+    for kw in ({"strict_img_size": True}, {"dynamic_img_size": False}):  # timm: the input must be img_size
+        m = make(spec, **kw).eval()
+        assert m.strict_img_size and not m.dynamic_img_size and get_model_input_config(m)["fixed_input_size"]
+        assert m(torch.randn(1, 3, *size)).shape == (1, m.num_classes)
+        with pytest.raises(ValueError, match="strict_img_size"):
+            m(other)
+        with pytest.raises(ValueError, match="strict_img_size"):  # (images as a list or patches: the same rule)
+            m([other[0]])
+        assert m([torch.randn(3, *size)]).shape == (1, m.num_classes)
+        assert load_model_back(m).strict_img_size  # the setting is part of vitrel_cfg
+    if spec is SWIN:  # the children-in-turn wrapper checks it too
+        f = make(spec, features_only=True, feature_cls="list", strict_img_size=True)
+        with pytest.raises(ValueError, match="strict_img_size"):
+            f(other)
+
+
+def test_vit_layer_decay_and_prefix_tokens_as_timm():
+    """timm's ViT: the final norm is in the last block's group (``group_matcher``, so layer-wise decay scales its
+    rate as the last block's, not the head's); ``return_prefix_tokens`` where a NaFlex dict or a list has no prefix
+    tokens to return: a clear error, not the flag ignored."""
+    from timm.optim import param_groups_layer_decay
+
+    for model in (make(VIT), timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, depth=3)):
+        groups = param_groups_layer_decay(model, layer_decay=0.5)
+        norm = {round(g["lr_scale"], 6) for g in groups if any(p is model.norm.weight for p in g["params"])}
+        head = {round(g["lr_scale"], 6) for g in groups if any(p is model.head.weight for p in g["params"])}
+        assert norm == {0.5} and head == {1.0}, (type(model).__name__, norm, head)
+    m = make(VIT).eval()
+    with pytest.raises(ValueError, match="return_prefix_tokens"):
+        m.forward_intermediates([torch.randn(3, 32, 32)], output_fmt="NLC", return_prefix_tokens=True)
+
+
+def load_model_back(m, **overrides):
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        save_pretrained(m, d)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # "resized relative-position table"
+            return load_model(d, **overrides).eval()
+
+
+@pytest.mark.parametrize(
+    "spec,new,load_kw",
+    [
+        (VIT, {"img_size": (48, 40)}, {"img_size": (48, 40)}),
+        (SWIN, {"img_size": 48}, {"img_size": 48, "window_size": 6}),  # the window scales with the grid (timm)
+        (SWIN, {"img_size": 48, "window_size": 3}, {"img_size": 48, "window_size": 3}),
+        (SWIN, {"window_ratio": 2}, {"window_size": 8}),  # grid 16 / 2
+    ],
+    ids=["vit", "swin-scaled-window", "swin-window", "swin-ratio"],
+)
+def test_set_input_size_equals_loading_at_that_size(spec, new, load_kw):
+    """``set_input_size`` resizes learned tables / absolute embeddings as loading the saved weights at the
+    new size does, and ``vitrel_cfg`` follows (the model saved afterwards reloads at the new size)."""
+    m = make(spec, abs_pos="ape").eval()
+    saved = load_model_back(m, **load_kw)  # the weights before, loaded at the new size
+    keep = {n: p for n, p in m.named_parameters() if "pos" not in n}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        m.set_input_size(**new)
+    h, w = m.vitrel_cfg["img_size"]
+    assert get_model_input_config(m)["input_size"] == (3, h, w)
+    assert all(p is keep[n] for n, p in m.named_parameters() if n in keep)  # the rest untouched
+    x = torch.randn(2, 3, h, w)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), saved(x), rtol=0, atol=0)
+        torch.testing.assert_close(load_model_back(m)(x), m(x), rtol=0, atol=0)
+    assert {k: v.shape for k, v in m.state_dict().items()} == {k: v.shape for k, v in saved.state_dict().items()}
+
+
+def test_set_input_size_noop_and_refusals():
+    for spec in (VIT, SWIN):
+        m = make(spec).eval()
+        before = {k: v.clone() for k, v in m.state_dict().items()}
+        m.set_input_size(img_size=input_size(m)[1:])  # the current size: nothing changes
+        assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+        with pytest.raises(ValueError, match="patch size"):
+            m.set_input_size(img_size=64, patch_size=8)
+    s = make(SWIN)
+    with pytest.raises(ValueError, match="one window for all stages"):
+        s.set_input_size(window_size=[(4, 4), (4, 4), (2, 2), (2, 2)])
+    with pytest.raises(ValueError, match="always_partition"):
+        s.set_input_size(always_partition=True)
+    frozen = make(VIT)
+    frozen.blocks[0].attn.pos.requires_grad_(False)
+    frozen.set_input_size(img_size=48)
+    assert not any(p.requires_grad for p in frozen.blocks[0].attn.pos.parameters())
+
+
+# ---------------------------------------------------------------------------- dense-task libraries
+def train_step(model, loss_fn):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = [p.detach().clone() for p in model.parameters()]
+    loss = loss_fn()
+    loss.backward()
+    opt.step()
+    assert torch.isfinite(loss)
+    assert any(not torch.equal(a, p) for a, p in zip(before, model.parameters()))
+
+
+def test_smp_unet_swin_and_dpt_vit():
+    smp = pytest.importorskip("segmentation_models_pytorch")
+    torch.manual_seed(0)
+    unet = smp.Unet(
+        "tu-vitrel_swin_tiny_patch4_window7_224",
+        encoder_weights=None,
+        decoder_channels=(32, 16, 8, 8, 4),
+        classes=2,
+        pos="rope2d_mixed",
+        embed_dim=16,
+        depths=(1, 1, 1, 1),
+        num_heads=(1, 1, 2, 2),
+    )
+    x = torch.randn(2, 3, 64, 96)
+    assert unet(x).shape == (2, 2, 64, 96)
+    train_step(unet, lambda: unet(x).square().mean())
+    dpt = smp.DPT(
+        "tu-vitrel_vit_tiny_patch16_224",
+        encoder_weights=None,
+        dynamic_img_size=True,
+        classes=2,
+        pos="rel2d_factored",
+        embed_dim=32,
+        num_heads=2,
+        decoder_intermediate_channels=(16, 16, 16, 16),
+        decoder_fusion_channels=16,
+    )
+    assert dpt.encoder.model.dynamic_img_size
+    assert dpt(x).shape == (2, 2, 64, 96)
+    train_step(dpt, lambda: dpt(x).square().mean())
+
+
+def test_torchvision_faster_rcnn_on_swin_fpn():
+    from torchvision.models.detection import FasterRCNN
+    from torchvision.ops import FeaturePyramidNetwork
+    from torchvision.ops.feature_pyramid_network import LastLevelMaxPool
+
+    class SwinFPN(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = make(SWIN, pos="alibi2d", features_only=True, output_fmt="NCHW")
+            self.fpn = FeaturePyramidNetwork(self.body.feature_info.channels(), 16, extra_blocks=LastLevelMaxPool())
+            self.out_channels = 16
+
+        def forward(self, x):
+            return self.fpn({str(i): f for i, f in enumerate(self.body(x))})
+
+    det = FasterRCNN(SwinFPN(), num_classes=3, min_size=64, max_size=64)
+    images = [torch.rand(3, 64, 64), torch.rand(3, 64, 48)]
+    targets = [
+        {"boxes": torch.tensor([[4.0, 4.0, 30.0, 40.0]]), "labels": torch.tensor([1])},
+        {"boxes": torch.tensor([[10.0, 2.0, 40.0, 20.0]]), "labels": torch.tensor([2])},
+    ]
+    det.train()
+    train_step(det, lambda: sum(det(images, targets).values()))
+    det.eval()
+    with torch.no_grad():
+        out = det(images)
+    assert len(out) == 2 and {"boxes", "labels", "scores"} <= set(out[0])

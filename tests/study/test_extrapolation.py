@@ -1,0 +1,108 @@
+"""bench/extrapolation.py: the study's extrapolation budget end to end at toy size (every variant kind: a
+clipped and an interpolated table, RoPE scaled at call time), its curves and its claims."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def extrapolation():
+    spec = importlib.util.spec_from_file_location("vitrel_bench_extrapolation", ROOT / "bench" / "extrapolation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+TOY = [
+    "data=fashion_mnist",
+    "trainer.limit_train_batches=2",
+    "study.test_images=16",
+    "study.ood_images=8",
+    "study.archs.vit=['model=vitrel_vit_tiny_patch4_32','++model.embed_dim=16','++model.depth=1','++model.num_heads=2']",
+]
+
+
+@pytest.mark.slow
+def test_extrapolation_runs_scores_every_scale_and_draws_curves(extrapolation, tmp_path):
+    schemes = "rel2d_full,rel2d_full_interp,rope2d_axial_yarn"
+    argv = ["--schemes", schemes, "--seeds", "2", "--out", str(tmp_path), "--progress", "none", "--threads", "1"]
+    state = extrapolation.main([*argv, "--cost-rounds", "0", *TOY])
+    assert len(state["runs"]) == 6
+    scales = state["recipe"]["study"]["scales"]
+    assert sorted(scales.values()) == [1.0, 1.5, 2.0, 3.0, 4.0]
+    for r in state["runs"]:
+        assert all(0.0 <= r[f"{e}_acc"] <= 1.0 for e in scales), r
+    # scored variants: the trained entry's weights with the options they name, one training per entry and seed
+    by = {(r["scheme"], r["seed"]): r for r in state["runs"]}
+    yarn = by["rope2d_axial_yarn", 0]
+    assert yarn["pos_overrides"]["score_with"] == ["pos.scaling={rope_type:yarn,factor:auto}"]
+    assert yarn["trained_as"] == "rope2d_axial" and ("rope2d_axial", 0) not in by  # trained for it, not recorded
+    for seed in (0, 1):
+        full, interp = by["rel2d_full", seed], by["rel2d_full_interp", seed]
+        assert interp["trained_as"] == "rel2d_full" and "trained_as" not in full
+        assert interp["fit_s"] == full["fit_s"] and interp["final_train_loss"] == full["final_train_loss"]
+        assert interp["test_acc"] == full["test_acc"]  # 1x: the built grid, the rule does not act
+    assert (tmp_path / "study_extrapolation_curves.png").stat().st_size > 0
+    data = json.loads((tmp_path / "study_extrapolation.json").read_text())
+    (claim,) = [c for c in data["claims"] if c["title"].startswith("Interpolating a learned table")]
+    assert claim["verdict"] in ("reproduced", "contradicted", "not resolved")  # both of its schemes ran
+
+
+def test_recipe_entries_are_schemes_or_variants(extrapolation):
+    import vitrel
+
+    rec = extrapolation.study.recipe("extrapolation")
+    assert rec["runs"]["vit"]["trainer"]["limit_train_batches"] == 300 and rec["study"]["finetune"] is None
+    names = set(vitrel.list_pos()) | set(rec["study"]["variants"])
+    assert set(rec["study"]["default_schemes"]) <= names
+    for claim in rec["study"]["claims"].values():
+        assert set(claim.get("better", [claim.get("best")])) <= set(rec["study"]["default_schemes"]), claim
+        assert claim["eval"] in rec["study"]["evals"] or claim["eval"] in rec["study"]["derived"]
+
+
+def test_rope_density_scores_each_scaling_on_denser_and_larger_inputs(tmp_path):
+    spec = importlib.util.spec_from_file_location("vitrel_bench_rope_density", ROOT / "bench" / "rope_density.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "rd.md"
+    acc = mod.main(["--seeds", "1", "--images", "4", "--out", str(out), *TOY])
+    assert set(acc) == {"none", "linear", "ntk", "yarn", "no_pos"} and set(acc["none"]) == {"test", "denser", "larger"}
+    scaled = {t: a for t, a in acc.items() if t != "no_pos"}
+    assert len({a["test"][0] for a in scaled.values()}) == 1  # factor auto is 1 at the built size: identity
+    text = out.read_text()
+    assert "| yarn |" in text and "| no_pos |" in text
+    assert json.loads(out.with_suffix(".json").read_text())["meta"]["seeds"] == 1
+
+
+def test_scored_variants_are_checked(extrapolation, tmp_path):
+    from vitrel.study.reading import variant_parts
+
+    variants = {
+        "a": {"trained_as": "rope2d_axial", "score_with": ["pos.scaling={rope_type:linear,factor:auto}"]},
+        "b": {"trained_as": "a", "score_with": []},
+        "c": {"trained_as": "rope2d_axial", "score": []},
+        "m": ["pos=alibi2d", "data.size_choices=[40,48]"],
+        "d": {"trained_as": "m", "score_with": ["x=1"]},
+    }
+    assert variant_parts("rope2d_axial", variants) == ("rope2d_axial", ["pos=rope2d_axial"], [])
+    assert variant_parts("a", variants) == ("rope2d_axial", ["pos=rope2d_axial"], variants["a"]["score_with"])
+    assert variant_parts("d", variants) == ("m", variants["m"], ["x=1"])
+    with pytest.raises(ValueError, match="itself a scored variant"):
+        variant_parts("b", variants)
+    with pytest.raises(ValueError, match="exactly trained_as and score_with"):
+        variant_parts("c", variants)
+    argv = ["--out", str(tmp_path), "--progress", "none", "--threads", "1", "--cost-rounds", "0", "--seeds", "1"]
+    bad = "+study.variants.x={trained_as:no_such_scheme,score_with:[]}"
+    with pytest.raises(SystemExit, match="unknown entry: x"):
+        extrapolation.main(["--schemes", "x", *argv, *TOY, bad])
+    # options that change the parameters are not a scored variant: refused, not silently reinitialised
+    bad = "+study.variants.y={trained_as:rel2d_full,score_with:['pos=alibi2d']}"
+    with pytest.raises(ValueError, match="must have the trained entry's parameters"):
+        extrapolation.main(["--schemes", "y", *argv, *TOY, bad])

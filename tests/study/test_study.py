@@ -1,0 +1,408 @@
+"""The study (vitrel.study, run as bench/study.py) on the smoke budget (conf/experiment/study_smoke.yaml):
+output files and columns, resume, recipe guard, the evaluation sets on the full-set data path, the default
+selection read from the registry."""
+
+from __future__ import annotations
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vitrel.bench import source_commit
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def study():
+    import vitrel.study
+
+    return vitrel.study
+
+
+def test_bench_study_is_the_framework_command():
+    """bench/study.py (the documented command) runs vitrel.study's main: one way to run the study."""
+    import vitrel.study
+
+    spec = importlib.util.spec_from_file_location("vitrel_bench_study", ROOT / "bench" / "study.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main is vitrel.study.main
+
+
+def test_schemes_default_to_the_registry_ordered_by_family(study):
+    """A registered scheme is in the default selection, placed by its family, with no list to edit."""
+    import vitrel
+    from vitrel.pos.base import FAMILIES
+    from vitrel.pos.registry import get_pos_class
+
+    rec = study.recipe("gpu")  # default_schemes: null
+    schemes, _, _ = study.select(study.parse_args(["--budget", "gpu"]), rec["study"])
+    assert set(vitrel.list_pos()) <= set(schemes) and set(rec["study"]["variants"]) <= set(schemes)
+    fams = [FAMILIES.index(get_pos_class(s).family) for s in schemes if s in vitrel.list_pos()]
+    assert fams == sorted(fams) and schemes[0] == "none"
+    mixed = schemes.index("rope2d_mixed")  # the variants follow their scheme
+    assert schemes[mixed + 1 : mixed + 4] == ["rope2d_mixed_avgpool", "rope2d_mixed_dinov3", "rope2d_mixed_string"]
+
+
+EVALS = ["test", "unseen", "unseen_patch", "unseen_subpatch", "res60", "res80", "ft_res60"]
+
+
+def run(study, out: Path, *extra: str) -> dict:
+    argv = ["--budget", "smoke", "--schemes", "none,rel2d_full", "--out", str(out), "--progress", "lines"]
+    return study.main([*argv, "--threads", "1", *extra])
+
+
+def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
+    state = run(study, tmp_path, "--max-runs", "1")  # as if the study died after its first run
+    assert len(state["runs"]) == 1
+    first = dict(state["runs"][0])
+    state = run(study, tmp_path)
+    out = capsys.readouterr().out
+    assert "3 runs to do (1 of the selection already done" in out
+    assert "cost: timing 4 models in alternation" in out  # once the selection is complete
+    assert len(state["runs"]) == 4
+    assert state["runs"][0] == first  # kept as it was, not rerun
+    assert {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]} == {
+        (a, s, 0) for a in ("vit", "swin") for s in ("none", "rel2d_full")
+    }
+
+    name = "study_smoke"
+    for ext in ("json", "csv", "md", "png"):
+        assert (tmp_path / f"{name}.{ext}").stat().st_size > 0, ext
+    assert (tmp_path / f"{name}_pos.safetensors").exists()
+    assert not (tmp_path / f"{name}_work").exists()  # per-run checkpoints are removed once recorded
+
+    data = json.loads((tmp_path / f"{name}.json").read_text())
+    assert data["recipe"] == json.loads(json.dumps(study.recipe("smoke")))
+    assert data["recipe"]["runs"]["swin"]["model"]["depths"] == [1, 1]  # the architecture's overrides
+    assert data["machine"]["device"] == "cpu" and "CPU" in data["machine"]["description"]
+    assert data["wall_s"] > 0 and data["command"].startswith("python bench/study.py --budget smoke")
+    for r in data["runs"]:
+        for key in EVALS:
+            assert 0.0 <= r[f"{key}_acc"] <= 1.0
+        assert r["params"] > 0 and r["train_img_s"] > 0 and r["peak_mem_mb"] > 0 and r["steps"] == 3
+        assert r["ft_steps"] == 2 and r["ft_fit_s"] > 0  # the fine-tune at 60x60 (study_smoke.yaml)
+        assert r["commit"] == source_commit() and r["machine"] == data["machine"]["description"]  # per run
+    assert f"`{source_commit()}` on {data['machine']['description']}" in (tmp_path / f"{name}.md").read_text()
+
+    with open(tmp_path / f"{name}.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["arch"], r["scheme"]) for r in rows] == [
+        ("vit", "none"),
+        ("vit", "rel2d_full"),
+        ("swin", "none"),
+        ("swin", "rel2d_full"),
+    ]
+    for col in (
+        "family",
+        "seeds",
+        "params",
+        "test_acc_mean",
+        "test_acc_std",
+        "test_acc_lo",
+        "test_acc_hi",
+        *(f"{e}_acc_mean" for e in EVALS),
+        "unseen_acc_vs_none_mean",
+        "res80_acc_vs_ape_lo",
+        "train_img_s_mean",
+        "peak_mem_mb_mean",
+    ):
+        assert col in rows[0], col
+    assert rows[1]["family"] == "learned bias" and rows[0]["seeds"] == "1" and rows[0]["test_acc_std"] == ""
+    by_key = {(r["arch"], r["scheme"]): r for r in data["runs"]}
+    assert float(rows[1]["test_acc_mean"]) == pytest.approx(by_key[("vit", "rel2d_full")]["test_acc"])
+
+    md = (tmp_path / f"{name}.md").read_text()
+    columns = [*EVALS, "unseen_drop", "res80_drop"]  # then study.derived: within-run differences
+    assert "| scheme | family | params | " + " | ".join(columns) + " | img/s | peak MB |" in md
+    assert "`conf/experiment/study_smoke.yaml`: fashion_mnist, each image in a 40x40 canvas at an offset of the" in md
+    assert "Paired differences against `none` (vit, pp [95 % interval])" in md
+    assert "## vit" in md and "## swin" in md and data["machine"]["description"] in md
+
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / f"{name}_pos.safetensors"), "pt") as f:
+        keys = list(f.keys())
+        meta = f.metadata()
+    assert any(k.startswith("vit/rel2d_full/blocks.0.attn.pos.table") for k in keys)
+    assert json.loads(meta["swin/rel2d_full"])["pos"] == {"name": "rel2d_full", "init_std": 0.02, "extend": "grow"}
+
+    assert sorted(data["cost"]) == ["swin/none", "swin/rel2d_full", "vit/none", "vit/rel2d_full"]
+    assert all(len(c["rounds"]) == 5 and c["img_s"] > 0 for c in data["cost"].values())
+    assert float(rows[0]["bench_img_s"]) == pytest.approx(data["cost"]["vit/none"]["img_s"])
+
+    # nothing left to do: a rerun only rewrites the files (the throughput timing is kept)
+    state = run(study, tmp_path)
+    assert len(state["runs"]) == 4 and state["cost"] == data["cost"]
+    out = capsys.readouterr().out
+    assert "0 runs to do" in out and "cost: timing" not in out
+
+
+def test_another_recipe_is_refused(study, tmp_path):
+    run(study, tmp_path, "--max-runs", "1", "--archs", "vit")
+    path = tmp_path / "study_smoke.json"
+    data = json.loads(path.read_text())
+    data["recipe"]["runs"]["vit"]["trainer"]["max_epochs"] = 7
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="another recipe.*runs.*--restart"):
+        run(study, tmp_path, "--archs", "vit")
+    # what only reads or selects runs (claims, variants no run used) may change: the runs are kept
+    data["recipe"]["runs"]["vit"]["trainer"]["max_epochs"] = 1
+    data["recipe"]["study"]["claims"] = {}
+    data["runs"][0].update(scheme="rope2d_mixed_dinov3", pos_overrides=["pos=rope2d_mixed"])
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match="another recipe.*variant rope2d_mixed_dinov3"):
+        run(study, tmp_path, "--archs", "vit")  # a finished run of a variant whose overrides changed
+    data["runs"][0].update(scheme="none", pos_overrides=None)
+    path.write_text(json.dumps(data))
+    assert len(run(study, tmp_path, "--archs", "vit", "--max-runs", "0")["runs"]) == 1
+    state = run(study, tmp_path, "--max-runs", "1", "--archs", "vit", "--restart")
+    assert len(state["runs"]) == 1
+
+
+def test_bad_selection_is_refused(study, tmp_path):
+    with pytest.raises(SystemExit, match="unknown scheme"):
+        study.main(["--budget", "smoke", "--schemes", "rel3d", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="unknown architecture"):
+        study.main(["--budget", "smoke", "--archs", "convnet", "--out", str(tmp_path)])
+
+
+@pytest.mark.parametrize("args, says", [(["--jobs", "0"], "0"), (["--jobs", "-2"], "-2"), (["--threads", "0"], "0")])
+def test_counts_below_one_are_refused(study, tmp_path, capsys, args, says):
+    """``--jobs 0`` / ``-2`` ran as one job without a word: argparse's error, naming the option, before any work."""
+    with pytest.raises(SystemExit) as exit_:
+        study.main(["--budget", "smoke", "--out", str(tmp_path / "out"), *args])
+    assert exit_.value.code == 2
+    assert f"argument {args[0]}: must be an integer >= 1, got {says}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def _marked_idx_files(root: Path, n_train: int, n_test: int) -> None:
+    """Fashion-MNIST IDX files whose images are black but for a white top-left pixel (it marks the offset)."""
+    from vitrel.data import write_idx
+
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        x = np.zeros((n, 28, 28), dtype=np.uint8)
+        x[:, 0, 0] = 255
+        write_idx(root / f"{split}-images-idx3-ubyte", x)
+        write_idx(root / f"{split}-labels-idx1-ubyte", (np.arange(n) % 10).astype(np.uint8))
+
+
+def _offsets(x: torch.Tensor) -> set[tuple[int, int]]:
+    """(top, left) of the white pixel of each canvas in ``x`` ``[B, 1, H, W]``."""
+    flat = x.flatten(1).argmax(1)
+    return {(int(i) // x.shape[-1], int(i) % x.shape[-1]) for i in flat}
+
+
+def test_fixed_canvas_split_puts_train_and_test_offsets_in_disjoint_regions(study, tmp_path):
+    """The full-set path (``subset="full"``) on generated IDX files: every training offset in the seen block,
+    every held-out offset outside it; whole-patch and sub-patch sets as named; the resized sets' sizes."""
+    from hydra.utils import instantiate
+
+    from vitrel.data.transforms import offset_region
+
+    _marked_idx_files(tmp_path, 256, 300)
+    over = ["data=fashion_mnist_full", f"data.root={tmp_path}", "study.test_images=null", "study.ood_images=200"]
+    cfg = study.compose("smoke", over)
+    dm = instantiate(cfg.data)
+    seen = {tuple(o) for o in offset_region((28, 28), 40, "seen")}
+    assert seen == {(t, l) for t in range(7) for l in range(7)}
+    dm.setup("fit")
+    train = set()
+    for epoch in range(3):
+        loader = dm.train_dataloader()
+        loader.sampler.set_epoch(epoch)
+        train |= set().union(*(_offsets(x) for x, _ in loader))
+    assert train <= seen and len(train) > 35  # drawn from the whole seen block, nothing outside it
+    data = {k: study.materialise(v) for k, v in study.eval_sets(cfg.study, dm).items()}
+    assert list(data) == ["test", "unseen", "unseen_patch", "unseen_subpatch", "res60", "res80"]
+    assert data["test"][0].shape == (300, 1, 40, 40) and data["unseen"][0].shape == (200, 1, 40, 40)
+    assert data["res60"][0].shape == (200, 1, 60, 60) and data["res80"][0].shape == (200, 1, 80, 80)
+    assert _offsets(data["test"][0]) <= seen
+    unseen = _offsets(data["unseen"][0])
+    assert unseen and not unseen & (seen | train) and all(t > 6 or l > 6 for t, l in unseen)
+    assert len(unseen) > 50  # spread over the region (120 offsets)
+    patch, sub = _offsets(data["unseen_patch"][0]), _offsets(data["unseen_subpatch"][0])
+    assert patch and all(t % 4 == 0 and l % 4 == 0 and (t > 6 or l > 6) for t, l in patch)
+    assert sub and all((t % 4 or l % 4) and (t > 6 or l > 6) for t, l in sub)
+    # every held-out set scores the same 200 test images, in the same order
+    for k in ("unseen_patch", "unseen_subpatch", "res60", "res80"):
+        assert data[k][1].tolist() == data["unseen"][1].tolist()
+
+
+def test_recipes_compose_as_train_py_does(study):
+    """Every budget composes; the runs are train.py's configs (experiment=study_<budget>) with the study's overrides."""
+    assert study.BUDGETS == ["cpu", "extrapolation", "extrapolation_trained", "gpu", "smoke", "trained"]
+    for budget in study.BUDGETS:
+        rec = study.recipe(budget)
+        archs = {"vit"} if budget.startswith("extrapolation") else {"vit", "swin"}  # Swin's windows: a fixed window
+        assert set(rec["runs"]) == archs and rec["study"]["evals"]["test"] == {"canvas": 40, "mode": "seen"}
+        for cfg in rec["runs"].values():
+            assert cfg["model"]["_target_"] == "vitrel.create_model" and cfg["test"] is False
+            assert cfg["callbacks"]["model_checkpoint"] is None and cfg["logger"] == {}
+            assert (cfg["data"]["canvas_size"], cfg["data"]["canvas_mode"]) == (40, "seen")
+    cpu = study.recipe("cpu")
+    assert cpu["runs"]["swin"]["model"]["patch_size"] == 4 and cpu["runs"]["vit"]["data"]["subset"] == "full"
+    assert cpu["study"]["seeds"] == 3 and len(cpu["study"]["default_schemes"]) == 8
+    assert study.recipe("gpu")["study"]["default_schemes"] is None  # every scheme and variant
+
+
+def test_trained_budgets_compose_with_the_fast_step(study):
+    """The GPU budgets at a trained size (study_trained.yaml, study_extrapolation_trained.yaml): all 60k images,
+    8 epochs of 256, bf16, the fast step; the extrapolation one keeps its recipe's entries, evals and claims."""
+    for budget in ("trained", "extrapolation_trained"):
+        run = next(iter(study.recipe(budget)["runs"].values()))
+        assert run["data"]["subset"] == "full" and run["data"]["batch_size"] == 256 and run["data"]["drop_last"]
+        assert run["trainer"]["max_epochs"] == 8 and run["trainer"]["limit_train_batches"] is None
+        assert run["trainer"]["precision"] == "bf16-mixed" and run["module"]["sync_free"]
+        assert run["module"]["compile"] == {"mode": "reduce-overhead", "dynamic": False}
+        assert run["model"]["embed_dim"] == 128 and run["model"]["depth"] == 6
+    base, trained = study.recipe("extrapolation")["study"], study.recipe("extrapolation_trained")["study"]
+    assert trained["claims"] == base["claims"] and trained["default_schemes"] == base["default_schemes"]
+    assert trained["evals"] == base["evals"] and trained["test_images"] is None
+    needed = {s for c in study.recipe("trained")["study"]["claims"].values() for s in c.get("better", [c.get("best")])}
+    assert needed <= set(study.recipe("trained")["study"]["default_schemes"])
+
+
+def test_trained_budget_runs_at_a_tiny_size(study, tmp_path):
+    """The runner takes the trained budget (here on the embedded subset, a tiny ViT, 2 steps, the eager step: a CPU
+    cannot compile 72 models in a test) and writes its tables; a rerun skips the finished run."""
+    tiny = ["data=fashion_mnist", "trainer.limit_train_batches=2", "trainer.max_epochs=1", "data.batch_size=16",
+            "study.test_images=32", "study.ood_images=16", "study.timing_skip_steps=0", "step=eager",
+            "study.archs.vit=['model=vitrel_vit_tiny_patch4_32','++model.embed_dim=16','++model.depth=1',"
+            "'++model.num_heads=2']",
+            "study.finetune.overrides=['trainer.max_epochs=1','trainer.limit_train_batches=1']"]  # fmt: skip
+    argv = ["--budget", "trained", "--schemes", "none", "--archs", "vit", "--seeds", "1", "--out", str(tmp_path)]
+    argv += ["--progress", "none", "--threads", "1", "--cost-rounds", "0", *tiny]
+    state = study.main(argv)
+    assert [(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]] == [("vit", "none", 0)]
+    assert {"test_acc", "unseen_acc", "res80_acc", "ft_res60_acc"} <= set(state["runs"][0])
+    assert all((tmp_path / f"study_trained.{ext}").exists() for ext in ("json", "csv", "md"))
+    again = study.main(argv)
+    assert again["runs"] == state["runs"]  # skipped: nothing rerun
+
+
+def test_variants_are_schemes_with_options(study, tmp_path):
+    """A variant label runs its scheme with the options it names (DINOv3 coordinates, average pooling)."""
+    rec = study.recipe("smoke")
+    args = study.parse_args(["--budget", "smoke", "--schemes", "rope2d_mixed_dinov3,none"])
+    schemes, archs, seeds = study.select(args, rec["study"])
+    assert schemes == ["rope2d_mixed_dinov3", "none"] and seeds == [0]
+    over = [*rec["study"]["archs"]["vit"], *rec["study"]["variants"]["rope2d_mixed_dinov3"]]
+    cfg = study.compose("smoke", over)
+    assert cfg.pos.name == "rope2d_mixed" and cfg.pos.coords == "normalized" and cfg.pos.rescale == 2.0
+    cfg = study.compose("smoke", [*rec["study"]["archs"]["vit"], *rec["study"]["variants"]["rope2d_mixed_avgpool"]])
+    assert cfg.model.global_pool == "avg"
+
+
+def _state(accs: dict[tuple[str, str], list[float]], claims: dict) -> dict:
+    runs = [
+        dict(arch=a, scheme=s, seed=k, family="f", params=1, test_acc=v, res80_acc=v)
+        for (a, s), vs in accs.items()
+        for k, v in enumerate(vs)
+    ]
+    study_cfg = dict(
+        archs={"vit": []}, evals={"test": {}, "res80": {}}, claims=claims, derived={"drop": ["res80", "test"]}
+    )
+    return dict(runs=runs, recipe=dict(study=study_cfg))
+
+
+def test_claims_are_decided_by_paired_intervals(study):
+    claims = {
+        "chain": dict(title="rel > abs > none", better=["rel2d_full", "ape", "none"], eval="test"),
+        "best": dict(title="rope best", best="rope2d_mixed", eval="res80"),
+    }
+    accs = {
+        ("vit", "none"): [0.70, 0.72, 0.71],
+        ("vit", "ape"): [0.80, 0.83, 0.81],  # ape - none = 0.10, 0.11, 0.10: clearly above 0
+        ("vit", "rel2d_full"): [0.81, 0.84, 0.82],  # rel - ape = 0.01 each seed: sd 0, interval [0.01, 0.01]
+        ("vit", "rope2d_mixed"): [0.78, 0.86, 0.80],  # vs ape: -0.02, +0.03, -0.01: not resolved
+        ("vit", "rope2d_mixed_dinov3"): [0.1, 0.1, 0.1],  # its own variant: not a competitor
+    }
+    out = {c["claim"]: c for c in study.claims(_state(accs, claims))}
+    assert out["chain"]["verdict"] == "reproduced" and [x["verdict"] for x in out["chain"]["links"]] == [
+        "reproduced",
+        "reproduced",
+    ]
+    assert out["chain"]["links"][0]["mean"] == pytest.approx(0.01)
+    best = out["best"]
+    assert {x["b"] for x in best["links"]} == {"none", "ape", "rel2d_full"} and best["verdict"] == "not resolved"
+    accs[("vit", "rel2d_full")] = [0.79, 0.82, 0.80]  # rel - ape = -0.01 each seed: contradicted
+    out = {c["claim"]: c for c in study.claims(_state(accs, claims))}
+    assert out["chain"]["verdict"] == "contradicted"
+    # a claim on a within-run difference: drop = res80 - test (here 0 for every run): the same, not resolved
+    claims["drop"] = dict(title="drop", better=["rel2d_full", "none"], eval="drop")
+    out = {c["claim"]: c for c in study.claims(_state(accs, claims))}
+    assert out["drop"]["links"][0]["mean"] == 0.0 and out["drop"]["verdict"] == "not resolved"
+    del accs[("vit", "ape")]  # a claim needs all its schemes
+    assert "chain" not in {c["claim"] for c in study.claims(_state(accs, claims))}
+
+
+def test_jobs_pack_runs_into_worker_processes(study, tmp_path):
+    """--jobs 2: two worker processes share the to-do list; their runs and position tensors are merged."""
+    state = run(study, tmp_path, "--archs", "vit", "--jobs", "2", "--cost-rounds", "0")
+    assert sorted(r["scheme"] for r in state["runs"]) == ["none", "rel2d_full"]
+    assert not list(tmp_path.glob("*.shard*"))
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "study_smoke_pos.safetensors"), "pt") as f:
+        assert set(f.metadata()) == {"vit/none", "vit/rel2d_full"}
+    assert json.loads((tmp_path / "study_smoke.json").read_text())["runs"] == state["runs"]
+
+
+def test_jobs_give_the_results_of_one_process(study, tmp_path, monkeypatch):
+    """--jobs 2 (worker processes, each told its share of a GPU's memory) gives every run the accuracies and
+    final loss of --jobs 1 for the same seeds (CPU, one thread each: bitwise)."""
+    import subprocess
+
+    cmds = []
+
+    class Recorded(subprocess.Popen):
+        def __init__(self, cmd, *a, **k):
+            if "vitrel.study" in cmd:
+                cmds.append(list(cmd))
+            super().__init__(cmd, *a, **k)
+
+    monkeypatch.setattr("vitrel.study.cli.subprocess.Popen", Recorded)
+    many = run(study, tmp_path / "jobs2", "--archs", "vit", "--jobs", "2", "--cost-rounds", "0")
+    one = run(study, tmp_path / "jobs1", "--archs", "vit", "--jobs", "1", "--cost-rounds", "0")
+    assert len(cmds) == 2 and all(c[c.index("--memory-fraction") + 1] == "0.4750" for c in cmds)
+    keys = [k for k in one["runs"][0] if k.endswith("_acc")] + ["final_train_loss", "steps", "params"]
+    assert len(keys) > 5
+    by_run = {r["scheme"]: {k: r[k] for k in keys} for r in one["runs"]}
+    assert {r["scheme"]: {k: r[k] for k in keys} for r in many["runs"]} == by_run
+
+
+def test_source_commit_is_dirty_for_code_not_for_results(tmp_path):
+    import subprocess
+
+    def git(*a):
+        subprocess.run(
+            ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *a],
+            check=True,
+            capture_output=True,
+        )
+
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
+    (tmp_path / "bench" / "results" / "r.json").write_text("{}\n")
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "c")
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert source_commit(tmp_path / "pkg") == head
+    (tmp_path / "bench" / "results" / "r.json").write_text('{"runs": []}\n')  # the study's own output
+    assert source_commit(tmp_path / "pkg") == head
+    (tmp_path / "pkg" / "a.py").write_text("x = 2\n")  # code
+    assert source_commit(tmp_path / "pkg") == head + "+dirty"
+    assert source_commit(tmp_path.parent / "no_such_checkout_here") is None

@@ -1,0 +1,157 @@
+"""Typed configs (vitrel/config.py): every config in conf/ composes with its schema, a value of the wrong
+type is refused at composition naming the key, and the keys that moved since vitrel 0.1 fail with the
+new key's name (issue 20, items 6 and 8)."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
+
+import vitrel.config as schema
+from vitrel.config import check_moved_keys
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def _compose(overrides: list[str], config_name: str = "train"):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose(config_name, overrides=overrides)
+
+
+# each experiment and debug recipe; every option of the typed groups (and of model and logger), several
+# groups per composition (the longest group sets the count); the other two entry points below
+_GROUPS = {g: _options(g) for g in ("data", "trainer", "model", "logger")}
+_N = max(len(v) for v in _GROUPS.values())
+_DEBUG = _options("debug")
+COMPOSITIONS = (
+    [[f"experiment={e}", f"debug={_DEBUG[i % len(_DEBUG)]}"] for i, e in enumerate(_options("experiment"))]
+    + [[f"{g}={opts[i % len(opts)]}" for g, opts in _GROUPS.items()] for i in range(_N)]
+    + [["module/mixup=default", "module/ema=default", "logger=[wandb,csv,tensorboard]", "module.scheduler=null",
+        "trainer.precision=32", "trainer.devices=[0,1]", "trainer.limit_train_batches=10", "trainer.max_time=00:01:00"]]
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("overrides", COMPOSITIONS, ids=lambda o: " ".join(o))
+def test_every_config_composes(overrides):
+    """... with its schema, and a data node holds only arguments its DataModule takes."""
+    from hydra.utils import get_class
+
+    from vitrel.data.base import VisionDataModule
+
+    cfg = _compose(overrides)
+    OmegaConf.to_container(cfg, resolve=False)  # every node readable
+    assert OmegaConf.get_type(cfg.trainer) is schema.TrainerConfig
+    assert OmegaConf.get_type(cfg.module.optimizer) is schema.AdamWConfig
+    assert issubclass(OmegaConf.get_type(cfg.data), schema.DataConfig)
+    cls = get_class(cfg.data._target_)
+    accepted = set(inspect.signature(cls.__init__).parameters) | set(inspect.signature(VisionDataModule).parameters)
+    assert not {k for k in cfg.data if not k.startswith("_")} - accepted
+
+
+def test_eval_and_predict_compose():
+    ev = _compose(["ckpt_path=x.ckpt", "data=cifar10", "trainer=cpu"], "eval")
+    pr = _compose(["ckpt_path=x.pt2", "input=images"], "predict")
+    assert OmegaConf.get_type(ev) is schema.EvalConfig and OmegaConf.get_type(pr) is schema.PredictConfig
+
+
+@pytest.mark.parametrize(
+    "config_name, key",
+    [("train", "seed"), ("train", "module.optimizer.lr"),
+     ("train", "data.batch_size"), ("train", "trainer.max_epochs"), ("eval", "data.batch_size"), ("predict", "topk")],
+    ids=lambda x: x,
+)  # fmt: skip
+def test_a_wrong_type_is_refused_at_composition_naming_the_key(config_name, key):
+    required = {"eval": ["ckpt_path=x"], "predict": ["ckpt_path=x", "input=y"]}.get(config_name, [])
+    with pytest.raises(ConfigCompositionException) as err:
+        _compose([*required, f"{key}=abc"], config_name)
+    assert f"full_key: {key}" in str(err.value.__cause__), err.value.__cause__
+
+
+TYPED = [
+    "seed", "test", "progress_bar", "matmul_precision", "optimized_metric", "task_name", "ckpt_path",
+    "module.optimizer.lr", "module.optimizer.weight_decay", "module.optimizer.betas", "module.optimizer.eps",
+    "module.scheduler.warmup_epochs", "module.scheduler.warmup_steps", "module.scheduler.min_lr",
+    "module.label_smoothing", "module.ema_eval", "module.layer_decay",
+    "data.batch_size", "data.eval_batch_size", "data.num_workers", "data.img_size", "data.augment", "data.val_fraction",
+    "data.drop_last", "data.pin_memory", "data.canvas_size", "data.in_chans",
+    "trainer.max_epochs", "trainer.max_steps", "trainer.num_nodes", "trainer.accumulate_grad_batches",
+    "trainer.gradient_clip_val", "trainer.log_every_n_steps", "trainer.check_val_every_n_epoch",
+]  # fmt: skip
+
+
+def test_the_typed_keys_refuse_what_they_cannot_hold():
+    """The same types (OmegaConf validates every assignment): a list is no number, string or flag."""
+    from omegaconf.errors import ValidationError
+
+    cfg = _compose([])
+    for key in TYPED:
+        with pytest.raises(ValidationError) as err:
+            OmegaConf.update(cfg, key, ["abc"] if not key.endswith("betas") else "abc", merge=False)
+        assert f"full_key: {key}" in str(err.value), (key, err.value)
+
+
+def test_the_trainer_schema_is_lightnings_signature():
+    """Every field is a Trainer argument with Lightning's default, so the schema adds nothing a
+    Trainer would not get anyway."""
+    from lightning.pytorch import Trainer
+
+    params = inspect.signature(Trainer.__init__).parameters
+    for f in dataclasses.fields(schema.TrainerConfig):
+        if f.name == "_target_":
+            continue
+        assert f.name in params, f.name
+        assert f.default == params[f.name].default, (f.name, f.default, params[f.name].default)
+
+
+# ------------------------------------------------------------------------------ keys moved since 0.1
+MOVED = {
+    "+optim.lr=1e9": "optim.lr moved to module.optimizer.lr",
+    "+optim.warmup_epochs=3": "optim.warmup_epochs moved to module.scheduler.warmup_epochs",
+    "+module.mixup_alpha=0.8": "module.mixup_alpha moved to module/mixup=default with module.mixup.mixup_alpha",
+    "+module.ema_decay=0.99": "module.ema_decay moved to module/ema=default with module.ema.decay",
+    "+compile=true": "compile moved to module.compile",
+    "+log_every_n_steps=5": "log_every_n_steps moved to trainer.log_every_n_steps",
+    "+logger.csv={}": "logger.csv={} (adding a logger) moved to logger='[wandb,csv]'",
+}
+
+
+def test_every_moved_key_names_the_new_one():
+    with pytest.raises(ValueError, match="moved") as err:
+        check_moved_keys(_compose(list(MOVED)))
+    for new in MOVED.values():
+        assert new in str(err.value)
+    base = _compose([])
+    for name in schema.MOVED_KEYS:  # each old key of docs/training.md, alone
+        cfg = copy.deepcopy(base)
+        OmegaConf.update(cfg, name, 1, force_add=True)
+        with pytest.raises(ValueError, match=f"{name} moved to {schema.MOVED_KEYS[name]}"):
+            check_moved_keys(cfg)
+
+
+def test_train_and_evaluate_refuse_moved_keys_before_building_anything(tmp_path, monkeypatch):
+    import vitrel.train.evaluate
+    import vitrel.train.run
+    from vitrel.train.evaluate import evaluate
+    from vitrel.train.run import train
+
+    for where in (vitrel.train.run, vitrel.train.evaluate):
+        monkeypatch.setattr(where, "instantiate", lambda *a, **k: pytest.fail("something was built"))
+    with pytest.raises(ValueError, match="optim.lr moved to module.optimizer.lr"):
+        train(_compose(["+optim.lr=1e9", f"paths.output_dir={tmp_path}"]))
+    with pytest.raises(ValueError, match="optim.lr moved to module.optimizer.lr"):
+        evaluate(_compose(["ckpt_path=x", "+optim.lr=1e9", f"paths.output_dir={tmp_path}"], "eval"))
+
+
+def test_the_current_keys_pass():
+    check_moved_keys(_compose(["module/mixup=default", "module/ema=default", "logger=[wandb,csv]"]))

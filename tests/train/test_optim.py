@@ -1,0 +1,126 @@
+"""Parameter groups (timm's ``param_groups_weight_decay`` with vitrel's no-decay rules) and the warmup +
+cosine schedule, also as the LightningModule builds them from the config's ``_partial_`` nodes."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+import vitrel
+from vitrel.train.module import ClassifierModule
+from vitrel.train.optim import WarmupCosine, param_groups, warmup_cosine
+
+POS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "pos").glob("*.yaml"))
+
+
+def _names(model, group) -> set[str]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    return {names[id(p)] for p in group["params"]}
+
+
+def test_param_groups_skip_decay_for_tables_norms_biases():
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", depth=1, embed_dim=32, num_heads=2)
+    groups = param_groups(m)
+    assert len(groups) == 2 and "weight_decay" not in groups[0] and groups[1]["weight_decay"] == 0.0
+    decay, no_decay = _names(m, groups[0]), _names(m, groups[1])
+    assert "blocks.0.attn.pos.table" in no_decay and "cls_token" in no_decay
+    assert "blocks.0.norm1.weight" in no_decay and "blocks.0.attn.qkv.bias" in no_decay
+    assert "blocks.0.attn.qkv.weight" in decay and "head.weight" in decay
+    assert decay | no_decay == {n for n, _ in m.named_parameters()} and not decay & no_decay
+    opt = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.05)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.05, 0.0]  # the decay group takes the optimizer's
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin"])
+@pytest.mark.parametrize("pos", POS)
+def test_param_groups_are_the_vitrel_rule(arch, pos):
+    """No decay exactly for ``ndim <= 1`` and the names ``model.no_weight_decay()`` returns (exact names)."""
+    if arch == "vit":
+        m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, depth=1, embed_dim=32, num_heads=2)
+    else:
+        kw = dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2])
+        m = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos=pos, **kw)
+    nwd = m.no_weight_decay()
+    names = [n for n, p in m.named_parameters() if p.requires_grad]
+    assert set(nwd) <= set(names), "no_weight_decay() names parameters exactly"
+    want_no = [n for n, p in m.named_parameters() if p.requires_grad and (p.ndim <= 1 or n in nwd)]
+    want_decay = [n for n in names if n not in want_no]
+    groups = param_groups(m)
+    got = [sorted(_names(m, g)) for g in groups]
+    assert got == [sorted(g) for g in (want_decay, want_no) if g]
+    order = {id(p): i for i, (_, p) in enumerate(m.named_parameters())}
+    for g in groups:  # each group in named_parameters() order (the optimizer state's layout)
+        assert [order[id(p)] for p in g["params"]] == sorted(order[id(p)] for p in g["params"])
+
+
+def test_warmup_cosine_schedule():
+    s = WarmupCosine(total_steps=110, warmup_steps=10, lr=1e-3, min_lr=1e-5, warmup_lr=1e-6)
+    assert s.lr_at(0) == pytest.approx(1e-6)
+    assert s.lr_at(5) == pytest.approx(1e-6 + (1e-3 - 1e-6) * 0.5)
+    assert s.lr_at(10) == pytest.approx(1e-3)
+    assert s.lr_at(60) == pytest.approx(1e-5 + (1e-3 - 1e-5) * 0.5)
+    assert s.lr_at(110) == pytest.approx(1e-5)
+    assert s(60) == pytest.approx(s.lr_at(60) / 1e-3)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        WarmupCosine(total_steps=5, warmup_steps=6, lr=1e-3)
+
+
+def test_warmup_cosine_scheduler_factory():
+    opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=2e-3)
+    sched = warmup_cosine(opt, total_steps=40, steps_per_epoch=8, warmup_epochs=0.5, min_lr=1e-5, warmup_lr=0.0)
+    lam = sched.lr_lambdas[0]
+    assert isinstance(lam, WarmupCosine) and (lam.total_steps, lam.warmup_steps, lam.lr) == (40, 4, 2e-3)
+    assert opt.param_groups[0]["lr"] == 0.0
+    lrs = []
+    for _ in range(40):
+        opt.step()
+        sched.step()
+        lrs.append(opt.param_groups[0]["lr"])
+    assert lrs[3] == pytest.approx(2e-3) and lrs[-1] == pytest.approx(1e-5)
+    assert warmup_cosine(opt, total_steps=40, warmup_steps=7, warmup_epochs=3).lr_lambdas[0].warmup_steps == 7
+
+
+def _fit(module: ClassifierModule, steps_per_epoch: int = 5, epochs: int = 2) -> L.Trainer:
+    x, y = torch.randn(steps_per_epoch * 4, 1, 8, 8), torch.randint(0, 3, (steps_per_epoch * 4,))
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=4)
+    trainer = L.Trainer(
+        max_epochs=epochs,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    trainer.fit(module, dl)
+    return trainer
+
+
+def test_module_builds_optimizer_and_schedule_from_partials():
+    model = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", pos="rel2d_factored", img_size=8, in_chans=1, num_classes=3, depth=1,
+        embed_dim=16, num_heads=2,
+    )  # fmt: skip
+    module = ClassifierModule(
+        model,
+        functools.partial(torch.optim.AdamW, lr=4e-3, weight_decay=0.1, betas=(0.8, 0.9)),
+        functools.partial(warmup_cosine, warmup_epochs=1.0, min_lr=1e-4),
+    )
+    assert module.num_classes == 3  # from the model
+    trainer = _fit(module)
+    opt = trainer.optimizers[0]
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0] and opt.defaults["betas"] == (0.8, 0.9)
+    sched = trainer.lr_scheduler_configs[0]
+    lam = sched.scheduler.lr_lambdas[0]
+    assert sched.interval == "step" and (lam.total_steps, lam.warmup_steps, lam.lr) == (10, 5, 4e-3)
+    assert opt.param_groups[0]["lr"] == pytest.approx(1e-4)  # the end of the cosine
+
+
+def test_module_without_scheduler_keeps_the_rate():
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3))
+    module = ClassifierModule(model, functools.partial(torch.optim.SGD, lr=0.1), num_classes=3)
+    trainer = _fit(module, epochs=1)
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 and not trainer.lr_scheduler_configs

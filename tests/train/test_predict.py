@@ -1,0 +1,307 @@
+"""predict.py: top-k CSV for a folder of images from a .ckpt, an export folder or a .pt2 program."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+import vitrel
+from vitrel.export import main as export_main
+from vitrel.inference import NoImagesError, load_predictor, predict_folder, run_predict
+from vitrel.models.checkpoint import save_pretrained
+
+ROOT = Path(__file__).resolve().parents[2]
+NAMES = [f"class_{i}" for i in range(10)]
+
+
+def _model():
+    torch.manual_seed(0)
+    return vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", embed_dim=32, depth=1, num_heads=2)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory) -> Path:
+    """A training checkpoint as vitrel.train writes it, with a data configuration in its hyper-parameters."""
+    m = _model()
+    path = tmp_path_factory.mktemp("ckpt") / "last.ckpt"
+    data = dict(img_size=32, mean=[0.5, 0.5, 0.5], std=[0.25, 0.25, 0.25], crop_pct=1.0, class_names=NAMES)
+    torch.save(
+        {
+            "vitrel_cfg": m.vitrel_cfg,
+            "state_dict": {f"model.{k}": v for k, v in m.state_dict().items()},
+            "hyper_parameters": {"num_classes": 10, "data_config": data},
+        },
+        path,
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    """RGB PNG and JPEG files of several sizes, a grey PNG, a corrupt .jpg and a text file."""
+    root = tmp_path_factory.mktemp("images")
+    rng = np.random.default_rng(0)
+    for i, (h, w) in enumerate([(32, 32), (40, 28), (64, 64)]):
+        Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(root / f"rgb_{i}.png")
+    Image.fromarray(rng.integers(0, 255, (50, 45, 3), dtype=np.uint8)).save(root / "photo.jpg", quality=90)
+    Image.fromarray(rng.integers(0, 255, (30, 30), dtype=np.uint8), mode="L").save(root / "grey.png")
+    (root / "broken.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
+    (root / "notes.txt").write_text("not an image")
+    return root
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_predict_script_on_a_folder(ckpt, images, tmp_path):
+    out = tmp_path / "pred.csv"
+    cmd = [sys.executable, str(ROOT / "predict.py"), f"ckpt_path={ckpt}", f"input={images}", f"results_file={out}"]
+    cmd += ["topk=3", "batch_size=2", f"hydra.run.dir={tmp_path / 'run'}"]
+    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "predicted 5 of 6 image(s), skipped 1 unreadable file(s)" in res.stdout
+    assert "skipped broken.jpg" in res.stderr
+    rows = _rows(out)
+    assert [r["filename"] for r in rows] == ["grey.png", "photo.jpg", "rgb_0.png", "rgb_1.png", "rgb_2.png"]
+    assert list(rows[0]) == ["filename"] + [f"{c}_{i}" for i in range(3) for c in ("index", "label", "prob")]
+    for r in rows:
+        probs = [float(r[f"prob_{i}"]) for i in range(3)]
+        assert probs == sorted(probs, reverse=True) and 0 < sum(probs) <= 1.0 + 1e-5
+        assert r["label_0"] == NAMES[int(r["index_0"])]  # the class names stored with the checkpoint
+
+
+def test_same_predictions_from_ckpt_export_folder_and_pt2(ckpt, images, tmp_path):
+    out = tmp_path / "export"
+    assert export_main([str(ckpt), str(out), "--pt2"]) == 0
+    results = {}
+    for src in (ckpt, out, out / "model.pt2"):
+        p = load_predictor(src)
+        res = predict_folder(p, images, topk=2, batch_size=4, progress=False)
+        assert res.found == 6 and len(res.skipped) == 1 and len(res.rows) == 5
+        results[str(src)] = res.rows
+    a, b, c = results.values()
+    for ra, rb, rc in zip(a, b, c):
+        assert ra["index_0"] == rb["index_0"] == rc["index_0"]
+        assert abs(ra["prob_0"] - rc["prob_0"]) < 1e-4 and abs(ra["prob_0"] - rb["prob_0"]) < 1e-4
+    assert a[0]["label_0"] in NAMES and c[0]["label_0"] in NAMES  # the .pt2 keeps the data configuration
+
+
+def test_imagefolder_tree_gives_class_names(tmp_path):
+    """Without stored names, an ImageFolder tree with one folder per class names the classes."""
+    m = _model()
+    folder = tmp_path / "exported"
+    save_pretrained(m, folder)
+    tree = tmp_path / "tree"
+    for i in range(10):
+        (tree / f"c{i}").mkdir(parents=True)
+    Image.new("RGB", (32, 32), (10, 200, 30)).save(tree / "c3" / "a.png")
+    Image.new("L", (20, 20), 128).save(tree / "c7" / "b.jpg")
+    res = predict_folder(load_predictor(folder), tree, topk=1, progress=False)
+    assert [r["filename"] for r in res.rows] == ["c3/a.png", "c7/b.jpg"]
+    assert all(r["label"] == f"c{r['index']}" for r in res.rows)
+
+
+def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
+    empty = tmp_path / "empty"
+    (empty / "sub").mkdir(parents=True)
+    (empty / "readme.txt").write_text("no images here")
+    cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(empty), results_file=str(tmp_path / "p.csv")))
+    with pytest.raises(NoImagesError, match="no images in"):
+        run_predict(cfg)
+
+
+def test_another_kernel_at_prediction_and_export(ckpt, images, tmp_path):
+    """A model trained with a kernel of its own (``triton``) is scored and exported with another: ``predict.py``'s
+    ``model_overrides`` and ``python -m vitrel.export --attn-impl`` (recorded in the export's ``config.json``), the
+    same predictions as the checkpoint's; a ``.pt2`` program, fixed, refuses overrides."""
+    import json
+
+    m = _model()
+    m.vitrel_cfg["attn_impl"] = "triton"  # (as trained with attn_impl=triton: the weights are the same)
+    trained = tmp_path / "triton.ckpt"
+    saved = torch.load(ckpt, weights_only=False)
+    torch.save({**saved, "vitrel_cfg": m.vitrel_cfg}, trained)
+    ref = predict_folder(load_predictor(ckpt), images, topk=2, progress=False).rows
+    p = load_predictor(trained, model_overrides={"attn_impl": "sdpa"})
+    assert p.model.attn_impl == "sdpa"
+    assert predict_folder(p, images, topk=2, progress=False).rows == ref
+    out = tmp_path / "export"
+    assert export_main([str(trained), str(out), "--pt2", "--attn-impl", "sdpa"]) == 0
+    assert json.loads((out / "config.json").read_text())["model_args"]["attn_impl"] == "sdpa"
+    with pytest.raises(ValueError, match="torch.export program, fixed"):
+        load_predictor(out / "model.pt2", model_overrides={"attn_impl": "sdpa"})
+    cfg = OmegaConf.create(dict(ckpt_path=str(trained), input=str(images), results_file=str(tmp_path / "p.csv")))
+    cfg.topk, cfg.progress_bar, cfg.model_overrides = 2, False, {"attn_impl": "sdpa"}
+    run_predict(cfg)
+    assert len(_rows(tmp_path / "p.csv")) == len(ref)
+
+
+# ---------------------------------------------------------------------------- a checkpoint train.py wrote
+TRAIN = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "data.num_workers=0", "data.batch_size=16"]
+TRAIN += ["trainer.accelerator=cpu", "progress_bar=none", "callbacks.pos_images=null", "logger=none", "test=false"]
+TRAIN += ["trainer.max_epochs=1", "trainer.limit_train_batches=20", "trainer.limit_val_batches=1"]
+FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    """``last.ckpt`` of a few steps of the default recipe (Fashion-MNIST, grey 28 x 28), written by ``train.py``."""
+    from tests.train_helpers import run_script
+
+    run = tmp_path_factory.mktemp("train")
+    res = run_script("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd=run)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return run / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def fmnist_test(tmp_path_factory) -> tuple[Path, np.ndarray, np.ndarray]:
+    """The first 200 test images of the embedded Fashion-MNIST subset as PNG files, with the arrays and labels."""
+    from vitrel.data.fashion_mnist import SUBSET_PATH
+
+    with np.load(SUBSET_PATH) as z:
+        x, y = z["x_test"][:200], z["y_test"][:200]
+    root = tmp_path_factory.mktemp("fmnist")
+    for i, a in enumerate(x):
+        Image.fromarray(a).save(root / f"{i:04d}.png")
+    return root, x, y
+
+
+def test_train_py_checkpoint_stores_its_data_config(trained):
+    from vitrel.data.fashion_mnist import FASHION_MNIST_CLASSES
+
+    dc = torch.load(trained, weights_only=True)["hyper_parameters"]["data_config"]
+    assert dc["input_size"] == [1, 28, 28] and dc["interpolation"] == "bilinear" and dc["crop_pct"] == 1.0
+    assert dc["mean"] == pytest.approx([FMNIST_MEAN]) and dc["std"] == pytest.approx([FMNIST_STD])
+    assert dc["class_names"] == list(FASHION_MNIST_CLASSES)
+    # vitrel.load_model: in the model's pretrained_cfg, where timm looks
+    from timm.data import resolve_data_config
+
+    resolved = resolve_data_config(model=vitrel.load_model(trained))
+    assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and resolved["std"] == pytest.approx((FMNIST_STD,))
+    assert resolved["input_size"] == (1, 28, 28) and resolved["interpolation"] == "bilinear"
+
+
+def test_predict_py_equals_the_lightning_model_on_a_train_py_checkpoint(trained, fmnist_test, tmp_path):
+    """predict.py on PNG files of test images: the probabilities of the trained LightningModule on the same images
+    normalised by the data module (what eval.py scores), so the same accuracy; the CSV names the classes."""
+    from tests.train_helpers import run_script
+    from vitrel.data.fashion_mnist import FASHION_MNIST_CLASSES, FashionMNISTDataModule
+    from vitrel.train.module import ClassifierModule
+
+    root, arrays, labels = fmnist_test
+    out = tmp_path / "pred.csv"
+    args = [f"ckpt_path={trained}", f"input={root}", f"results_file={out}", "topk=3", "progress_bar=false"]
+    res = run_script("predict.py", [*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "stores no data config" not in res.stderr
+    rows = _rows(out)
+    assert len(rows) == len(labels)
+
+    module = ClassifierModule.load_from_checkpoint(trained, model=vitrel.load_model(trained), weights_only=True)
+    tf = FashionMNISTDataModule(num_workers=0).eval_transform()
+    x = torch.stack([tf(Image.fromarray(a)) for a in arrays])
+    with torch.no_grad():
+        probs = module.eval()(x).softmax(-1)
+    top_p, top_i = probs.topk(3, dim=-1)
+    assert [int(r["index_0"]) for r in rows] == top_i[:, 0].tolist()
+    got = torch.tensor([[float(r[f"prob_{k}"]) for k in range(3)] for r in rows])
+    torch.testing.assert_close(got, top_p, rtol=0, atol=2e-6)  # (the CSV rounds to 6 decimals)
+    acc_predict = np.mean([int(r["index_0"]) == y for r, y in zip(rows, labels)])
+    assert acc_predict == (top_i[:, 0].numpy() == labels).mean()
+    assert all(r["label_0"] == FASHION_MNIST_CLASSES[int(r["index_0"])] for r in rows)
+
+
+def test_old_checkpoint_without_data_config_warns_once(trained, fmnist_test, tmp_path):
+    """A checkpoint without ``hyper_parameters["data_config"]`` (written before vitrel stored it): one warning,
+    naming the statistics used (the architecture's defaults: CIFAR's, averaged to the model's one channel)."""
+    old = torch.load(trained, weights_only=True)
+    del old["hyper_parameters"]["data_config"]
+    path = tmp_path / "old.ckpt"
+    torch.save(old, path)
+    root, _, _ = fmnist_test
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = load_predictor(path)
+        predict_folder(p, root, topk=1, progress=False)
+    said = [str(w.message) for w in caught if "stores no data config" in str(w.message)]
+    assert len(said) == 1, said
+    mean = sum((0.4914, 0.4822, 0.4465)) / 3
+    assert p.data_config["mean"] == pytest.approx([mean]) and f"mean [{p.data_config['mean'][0]}]" in said[0]
+    assert p.class_names is None
+
+
+def test_export_of_a_train_py_checkpoint_carries_its_data_config(trained, fmnist_test, tmp_path):
+    """``python -m vitrel.export``: config.json's pretrained_cfg holds the training data's statistics (timm's
+    ``resolve_data_config`` on the ``local-dir:`` model reads them) and the class names; predictions from the export
+    folder and its ``.pt2`` equal the checkpoint's."""
+    import json
+
+    import timm
+    from timm.data import resolve_data_config
+
+    from vitrel.data.fashion_mnist import FASHION_MNIST_CLASSES
+
+    out = tmp_path / "export"
+    assert export_main([str(trained), str(out), "--pt2"]) == 0
+    pcfg = json.loads((out / "config.json").read_text())["pretrained_cfg"]
+    assert pcfg["mean"] == pytest.approx([FMNIST_MEAN]) and pcfg["std"] == pytest.approx([FMNIST_STD])
+    assert pcfg["label_names"] == list(FASHION_MNIST_CLASSES)
+    resolved = resolve_data_config(model=timm.create_model(f"local-dir:{out}", pretrained=True))
+    assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and resolved["std"] == pytest.approx((FMNIST_STD,))
+    assert tuple(resolved["input_size"]) == (1, 28, 28) and resolved["crop_pct"] == 1.0
+    root, _, _ = fmnist_test
+    ref = predict_folder(load_predictor(trained), root, topk=1, progress=False).rows
+    for src in (out, out / "model.pt2"):
+        rows = predict_folder(load_predictor(src), root, topk=1, progress=False).rows
+        assert [r["index"] for r in rows] == [r["index"] for r in ref]
+        assert [r["label"] for r in rows] == [r["label"] for r in ref]
+        assert max(abs(a["prob"] - b["prob"]) for a, b in zip(rows, ref)) < 1e-5
+
+
+def test_timm_checkpoint_path_on_a_train_py_checkpoint_and_its_export(trained, tmp_path):
+    """``timm.create_model(name, checkpoint_path=...)`` (timm's ``load_checkpoint``, strict) on a ``train.py``
+    ``.ckpt`` (Lightning's ``model.*`` keys) and on an export's ``model.safetensors``: the model's weights when the
+    model's arguments are given; without them, one error naming the routes that read the stored arguments."""
+    import re
+
+    import timm
+    from timm.data import resolve_data_config
+
+    from vitrel import CheckpointError
+
+    ref = vitrel.load_model(trained).eval()
+    name = ref.vitrel_cfg["architecture"]
+    args = {k: v for k, v in ref.vitrel_cfg.items() if k != "architecture"}
+    out = tmp_path / "export"
+    assert export_main([str(trained), str(out)]) == 0
+    x = torch.randn(2, 1, 28, 28)
+    for weights in (trained, out / "model.safetensors"):
+        m = timm.create_model(name, checkpoint_path=str(weights), **args).eval()
+        with torch.no_grad():
+            torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+        with pytest.raises(CheckpointError) as err:  # the architecture's defaults: another model
+            timm.create_model(name, checkpoint_path=str(weights))
+        said = str(err.value)
+        assert re.search(r"(?s)do not fit.*local-dir:.*pretrained_cfg_overlay=dict\(file=", said), said
+    for m in (  # the routes that need nothing more: the weights and the training data's preprocessing
+        timm.create_model(f"local-dir:{out}", pretrained=True),
+        timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"))),
+        timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(trained))),
+    ):
+        with torch.no_grad():
+            torch.testing.assert_close(m.eval()(x), ref(x), rtol=0, atol=0)
+        resolved = resolve_data_config(model=m)
+        assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and resolved["std"] == pytest.approx((FMNIST_STD,))
+        assert tuple(resolved["input_size"]) == (1, 28, 28)

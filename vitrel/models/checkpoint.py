@@ -24,22 +24,40 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import pickletools
-import re
 import warnings
-import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import timm
-import torch
-from safetensors import SafetensorError, safe_open
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from timm.models import filter_pretrained_cfg
 from torch import Tensor, nn
 
+from vitrel.models.ckpt_files import (
+    _EMA_PREFIXES,
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    CheckpointError,
+    _cfg_from_config_json,
+    _parse_meta,
+    _preview,
+    _read_json,
+    _resolve,
+    _safetensors_metadata,
+    _torch_load,
+    clean_state_dict,
+    extract_model_state,
+    stored_config,
+)
+from vitrel.models.data_config import (
+    DATA_FIELDS,
+    _set_data_config,
+    data_config_for,
+    model_data_config,
+    stored_data_config,
+)
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
 
 __all__ = [
@@ -61,348 +79,6 @@ __all__ = [
     "WEIGHTS_NAME",
     "CONFIG_NAME",
 ]
-
-WEIGHTS_NAME = "model.safetensors"
-CONFIG_NAME = "config.json"
-_EMA_PREFIXES = ("ema_model.", "model_ema.", "ema.")
-_STRIP = ("_orig_mod.", "module.")
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint that cannot be loaded: unsafe, truncated/corrupt, or not matching the model."""
-
-
-# ---------------------------------------------------------------------------- state dicts
-def _strip_leading(key: str) -> str:
-    changed = True
-    while changed:
-        changed = False
-        for p in _STRIP:
-            if key.startswith(p):
-                key, changed = key[len(p) :], True
-    return key
-
-
-def clean_state_dict(state_dict: Mapping[str, Any], prefix: str | None = None) -> dict[str, Tensor]:
-    """The backbone's weights from a (possibly wrapped) state dict.
-
-    Keeps the keys under ``prefix`` (default: ``"model."`` when any key has it, else all keys), strips
-    it and any leading ``_orig_mod.`` (``torch.compile``) / ``module.`` (DDP, ``AveragedModel``), and
-    drops ``n_averaged`` counters.
-    """
-    keys = list(state_dict)
-    if prefix is None:
-        prefix = "model." if any(k.startswith("model.") for k in keys) else ""
-    out: dict[str, Tensor] = {}
-    for k in keys:
-        if not k.startswith(prefix):
-            continue
-        name = _strip_leading(k[len(prefix) :])
-        if name == "n_averaged":
-            continue
-        v = state_dict[k]
-        if not isinstance(v, Tensor):
-            raise CheckpointError(f"state dict entry {k!r} is a {type(v).__name__}, not a tensor")
-        out[name] = v
-    if not out:
-        raise CheckpointError(f"no weights under the prefix {prefix!r} in the state dict (keys: {_preview(keys)})")
-    return out
-
-
-def extract_model_state(ckpt: Mapping[str, Any], use_ema: bool = False) -> tuple[dict[str, Any], dict[str, Tensor]]:
-    """``(vitrel_cfg, state_dict)`` of the backbone in a training checkpoint (already ``torch.load``-ed).
-
-    Expected keys (what ``vitrel.train`` writes):
-
-    * ``ckpt["vitrel_cfg"]``: ``model.vitrel_cfg`` - a plain dict with ``"architecture"`` and the
-      constructor arguments; the LightningModule stores it at the top level in ``on_save_checkpoint``.
-      Fallback: ``ckpt["hyper_parameters"]["vitrel_cfg"]``.
-    * ``ckpt["state_dict"]``: the LightningModule's state dict; the backbone's weights under
-      ``"model."`` (``"model._orig_mod."`` when compiled with ``torch.compile``), EMA weights (if
-      any) under ``"ema_model."`` / ``"model_ema."`` / ``"ema."`` (optionally followed by
-      ``"module."``). Other entries (loss modules, metrics) are ignored.
-
-    A plain ``{"vitrel_cfg": ..., "state_dict": <backbone state dict>}`` works too. Everything in the
-    file must be tensors and plain containers (str, int, float, bool, None, list, tuple, dict): the
-    file is read with ``weights_only=True``, so e.g. Hydra ``DictConfig`` objects in
-    ``hyper_parameters`` make it unreadable - store ``OmegaConf.to_container(cfg)`` instead.
-
-    Args:
-        ckpt: the loaded checkpoint dict.
-        use_ema: take the EMA weights instead of the live ones (error if there are none).
-    """
-    if not isinstance(ckpt, Mapping):
-        raise CheckpointError(f"a training checkpoint is a dict, got {type(ckpt).__name__}")
-    cfg = ckpt.get("vitrel_cfg")
-    if cfg is None:
-        hp = ckpt.get("hyper_parameters")
-        if isinstance(hp, Mapping):
-            cfg = hp.get("vitrel_cfg")
-    if not isinstance(cfg, Mapping) or "architecture" not in cfg:
-        raise CheckpointError(
-            "the checkpoint has no model configuration: expected a dict 'vitrel_cfg' with an 'architecture' at the "
-            "top level (or in 'hyper_parameters'); is it a vitrel checkpoint? "
-            f"top-level keys: {_preview(list(ckpt))}"
-        )
-    sd = ckpt.get("state_dict")
-    if not isinstance(sd, Mapping):
-        raise CheckpointError(f"the checkpoint has no 'state_dict' dict (top-level keys: {_preview(list(ckpt))})")
-    if use_ema:
-        prefix = next((p for p in _EMA_PREFIXES if any(k.startswith(p) for k in sd)), None)
-        if prefix is None:
-            raise CheckpointError(f"use_ema=True but the checkpoint holds no EMA weights (prefixes {_EMA_PREFIXES})")
-        state = clean_state_dict(sd, prefix)
-    else:
-        state = clean_state_dict(sd)
-    return dict(cfg), state
-
-
-def _preview(keys: list, n: int = 8) -> str:
-    s = ", ".join(map(str, keys[:n]))
-    return s + (f", ... ({len(keys)} in all)" if len(keys) > n else "")
-
-
-# ---------------------------------------------------------------------------- reading files
-def _torch_load(path: Path) -> Any:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        raise CheckpointError(_unpickling_error(path, str(e))) from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, TypeError, SafetensorError) as e:
-        raise CheckpointError(f"cannot read {path}: truncated or not a torch checkpoint ({_first_line(e)})") from None
-
-
-# torch's weights-only unpickler names the global it refused ("Unsupported global: GLOBAL numpy...",
-# "Trying to load unsupported GLOBAL posix.system ..."); any other failure of it ("Unsupported operand 66")
-# is either a pickle in a form it does not read (a bare pickle.dump) or bytes that are no pickle at all
-_REFUSED_GLOBAL = re.compile(r"unsupported (?:global:\s*)?GLOBAL\s+(\S+)", re.IGNORECASE)
-_UNPICKLER_SAID = re.compile(r"WeightsUnpickler error:\s*(\S[^\n]*)")
-
-
-def _unpickling_error(path: Path, msg: str) -> str:
-    """Our message for torch's ``UnpicklingError``: an unsafe pickle (objects other than tensors and
-    plain containers: refused, unpickling them could run code) told apart from a damaged or foreign file."""
-    refused = _REFUSED_GLOBAL.search(msg)
-    names = [refused.group(1)] if refused else _pickle_globals(path)
-    if names is not None:
-        what = f"globals: {', '.join(sorted(set(names))[:4])}" if names else "a pickle torch's safe reader refuses"
-        return (
-            f"refused to load {path}: it holds pickled objects other than tensors and plain containers ({what}), "
-            "which could run code when unpickled. vitrel reads only tensors, numbers, strings and containers: "
-            "save the state dict (torch.save(model.state_dict(), ...)) or a .safetensors file instead"
-        )
-    said = _UNPICKLER_SAID.search(msg)
-    detail = said.group(1).strip() if said else (msg.strip().splitlines() or ["no detail"])[-1]
-    return f"cannot read {path}: damaged, truncated or not a torch checkpoint (the unpickler stopped: {detail})"
-
-
-def _pickle_globals(path: Path) -> list[str] | None:
-    """The globals a bare pickle file names, read with ``pickletools`` (which executes nothing); None
-    when the file is a zip archive or its bytes are not a well-formed pickle (damaged, another format)."""
-    if zipfile.is_zipfile(path):
-        return None
-    names: list[str] = []
-    strings: list[str] = []
-    try:
-        with open(path, "rb") as f:
-            for op, arg, _ in pickletools.genops(f):
-                if op.name == "GLOBAL":
-                    names.append(str(arg).replace(" ", "."))
-                elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
-                    names.append(f"{strings[-2]}.{strings[-1]}")
-                elif isinstance(arg, str):
-                    strings.append(arg)
-    except Exception:  # any parse failure (unknown opcode, cut short, bad argument) means: not a pickle
-        return None
-    return names
-
-
-def _first_line(e: BaseException) -> str:
-    """``Type: first sentence`` of an exception (torch's zip reader appends a paragraph of advice)."""
-    lines = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {lines[0].split('. ')[0]}" if lines else type(e).__name__
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            out = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read the configuration {path}: {e}") from None
-    if not isinstance(out, dict):
-        raise CheckpointError(f"{path} is not a JSON object")
-    return out
-
-
-def _cfg_from_config_json(cfg: Mapping[str, Any], where: Path) -> dict[str, Any]:
-    """``vitrel_cfg`` from an exported ``config.json`` (ours, or timm's architecture + model_args)."""
-    if isinstance(cfg.get("vitrel_cfg"), Mapping):
-        return dict(cfg["vitrel_cfg"])
-    if "architecture" in cfg:
-        return {"architecture": cfg["architecture"], **dict(cfg.get("model_args") or {})}
-    raise CheckpointError(f"{where} has neither 'vitrel_cfg' nor 'architecture'")
-
-
-def _safetensors_metadata(path: Path) -> dict[str, str]:
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            return dict(f.metadata() or {})
-    except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path}: truncated or not a safetensors file ({e})") from None
-
-
-def _resolve(path: str | os.PathLike) -> Path:
-    p = Path(path)
-    if p.is_dir():
-        w = p / WEIGHTS_NAME
-        if w.is_file():
-            return w
-        cands = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.ckpt"))
-        cands = cands or sorted(p.glob("*.bin")) or sorted(p.glob("*.pth")) or sorted(p.glob("*.pt"))
-        if len(cands) != 1:
-            raise CheckpointError(f"{p} has no {WEIGHTS_NAME} (and no single .safetensors / .ckpt / .bin / .pth file)")
-        return cands[0]
-    if not p.is_file():
-        raise CheckpointError(f"no such checkpoint: {p}")
-    return p
-
-
-def stored_config(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The ``vitrel_cfg`` stored with weights at ``path`` (None if there is none), without the weights
-    when it can (``config.json`` or safetensors metadata)."""
-    p = _resolve(path)
-    if p.suffix == ".safetensors":
-        meta = _safetensors_metadata(p)
-        if "vitrel_cfg" in meta:
-            return _parse_meta(meta["vitrel_cfg"], p)
-        cj = p.parent / CONFIG_NAME
-        return _cfg_from_config_json(_read_json(cj), cj) if cj.is_file() else None
-    ckpt = _torch_load(p)
-    try:
-        return extract_model_state(ckpt)[0]
-    except CheckpointError:
-        return None
-
-
-def _parse_meta(text: str, where: Path, key: str = "vitrel_cfg") -> dict[str, Any]:
-    try:
-        cfg = json.loads(text)
-    except ValueError as e:
-        raise CheckpointError(f"the {key} metadata of {where} is not valid JSON: {e}") from None
-    if not isinstance(cfg, dict):
-        raise CheckpointError(f"the {key} metadata of {where} is not a JSON object")
-    return cfg
-
-
-# ---------------------------------------------------------------------------- data configs
-#: timm's ``pretrained_cfg`` fields of the preprocessing (a data config also holds ``class_names``)
-DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
-
-
-def _data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
-    """The data-config fields of ``src`` (a stored data config or a ``pretrained_cfg``: ``label_names`` are the class
-    names; ``img_size``, the side or ``[H, W]``, as written by hand before ``input_size``)."""
-    out = {k: src[k] for k in (*DATA_FIELDS, "img_size") if src.get(k) is not None}
-    names = src.get("class_names") or src.get("label_names")
-    if names:
-        out["class_names"] = [str(n) for n in names]
-    return out
-
-
-def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The data config stored with the weights at ``path``, None when there is none.
-
-    A training checkpoint: ``hyper_parameters["data_config"]`` (what ``vitrel.train`` writes), or Lightning's
-    ``datamodule_hyper_parameters`` when they hold the statistics. An export: its safetensors metadata
-    ``"data_config"``, else the ``pretrained_cfg`` of the ``config.json`` beside it (timm's fields, ``label_names``
-    as the class names).
-    """
-    p = _resolve(path)
-    if p.suffix == ".safetensors":
-        meta = _safetensors_metadata(p)
-        if "data_config" in meta:
-            return _data_fields(_parse_meta(meta["data_config"], p, "data_config")) or None
-        cj = p.parent / CONFIG_NAME
-        if not cj.is_file():
-            return None
-        pcfg = _read_json(cj).get("pretrained_cfg")
-        return (_data_fields(pcfg) or None) if isinstance(pcfg, Mapping) and "mean" in pcfg else None
-    try:
-        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
-    except Exception:  # noqa: BLE001 - an unreadable file is reported by the weights' reader, with its reason
-        return None
-    if not isinstance(ckpt, Mapping):
-        return None
-    hp = ckpt.get("hyper_parameters")
-    hp = hp if isinstance(hp, Mapping) else {}
-    for cand in (hp.get("data_config"), hp.get("data"), ckpt.get("datamodule_hyper_parameters")):
-        if isinstance(cand, Mapping) and any(k in cand for k in ("mean", "std", "input_size", "img_size")):
-            return _data_fields(cand)
-    return None
-
-
-def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The preprocessing of ``model``: ``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``,
-    ``crop_mode`` (and ``class_names`` when known), as timm's data config.
-
-    ``stored`` (a data config stored with the weights) wins over the model's ``pretrained_cfg`` (where
-    :func:`load_model` put the stored one already); the input size and channels are the model's (``vitrel_cfg``).
-    Means and standard deviations of another channel count are averaged to the model's channels (a grey model
-    with the RGB statistics of its architecture's defaults).
-    """
-    src = {**_data_fields(getattr(model, "pretrained_cfg", None) or {}), **_data_fields(stored or {})}
-    cfg = getattr(model, "vitrel_cfg", None) or {}
-    in_chans = int(cfg.get("in_chans", src.get("input_size", (3,))[0]))
-    size = cfg.get("img_size", src.get("input_size", (3, 224, 224))[1:])
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    out = {
-        "input_size": [in_chans, int(h), int(w)],
-        "mean": [float(v) for v in src.get("mean", (0.5,) * in_chans)],
-        "std": [float(v) for v in src.get("std", (0.5,) * in_chans)],
-        "interpolation": str(src.get("interpolation", "bicubic")),
-        "crop_pct": float(src.get("crop_pct", 1.0)),
-        "crop_mode": str(src.get("crop_mode", "center")),
-    }
-    for key in ("mean", "std"):
-        if len(out[key]) != in_chans:
-            out[key] = [sum(out[key]) / len(out[key])] * in_chans
-    if src.get("class_names"):
-        out["class_names"] = list(src["class_names"])
-    return out
-
-
-def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
-    """:func:`model_data_config` of ``model`` loaded from ``path``, with one warning, naming the statistics used,
-    when ``path`` stores no data config (a checkpoint written before vitrel stored one, or by hand): they are then
-    the architecture's defaults, which need not be the training data's."""
-    stored = stored_data_config(path)
-    out = model_data_config(model, stored)
-    if stored is None:
-        stats = ", ".join(f"{k} {out[k]}" for k in ("mean", "std", "interpolation", "crop_pct"))
-        warnings.warn(
-            f"{path} stores no data config (the preprocessing of its training data; checkpoints of vitrel.train "
-            f"store it in hyper_parameters['data_config']): images are normalised with {stats}, the architecture's "
-            "defaults, which need not be the statistics the model was trained with",
-            stacklevel=2,
-        )
-    return out
-
-
-def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
-    """A data config as timm's ``pretrained_cfg`` fields (tuples; the class names as ``label_names``)."""
-    out = {k: tuple(v) if isinstance(v, list) else v for k, v in data_config.items() if k in DATA_FIELDS}
-    if data_config.get("class_names"):
-        out["label_names"] = tuple(data_config["class_names"])
-    return out
-
-
-def _set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
-    """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
-    pcfg = {
-        **dict(getattr(model, "pretrained_cfg", None) or {}),
-        **pretrained_cfg_fields(model_data_config(model, data_config)),
-    }
-    model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)
 
 
 def _load_safetensors(p: Path) -> dict[str, Tensor]:

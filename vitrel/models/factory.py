@@ -26,14 +26,8 @@ from typing import Any
 from timm.models import register_model
 from torch import nn
 
-from vitrel.models.checkpoint import (
-    CheckpointError,
-    clean_state_dict,
-    load_model,
-    pretrained_cfg_fields,
-    stored_config,
-    stored_data_config,
-)
+from vitrel.models.checkpoint import CheckpointError, clean_state_dict, load_model, stored_config
+from vitrel.models.data_config import pretrained_cfg_fields, stored_data_config
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models
 from vitrel.models.timm_import import from_timm
 

@@ -1,0 +1,127 @@
+"""Data configs stored with weights: the preprocessing a model was trained with (timm's ``input_size``, ``mean``,
+``std``, ``interpolation``, ``crop_pct``, ``crop_mode``, and the class names), read from a training checkpoint's
+``hyper_parameters["data_config"]`` or an export's metadata / ``pretrained_cfg``, and put into a model's
+``pretrained_cfg``, where ``timm.data.resolve_data_config(model=model)`` finds it."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _resolve, _safetensors_metadata
+
+__all__ = ["DATA_FIELDS", "data_config_for", "model_data_config", "pretrained_cfg_fields", "stored_data_config"]
+
+#: timm's ``pretrained_cfg`` fields of the preprocessing (a data config also holds ``class_names``)
+DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
+
+
+def _data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
+    """The data-config fields of ``src`` (a stored data config or a ``pretrained_cfg``: ``label_names`` are the class
+    names; ``img_size``, the side or ``[H, W]``, as written by hand before ``input_size``)."""
+    out = {k: src[k] for k in (*DATA_FIELDS, "img_size") if src.get(k) is not None}
+    names = src.get("class_names") or src.get("label_names")
+    if names:
+        out["class_names"] = [str(n) for n in names]
+    return out
+
+
+def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The data config stored with the weights at ``path``, None when there is none.
+
+    A training checkpoint: ``hyper_parameters["data_config"]`` (what ``vitrel.train`` writes), or Lightning's
+    ``datamodule_hyper_parameters`` when they hold the statistics. An export: its safetensors metadata
+    ``"data_config"``, else the ``pretrained_cfg`` of the ``config.json`` beside it (timm's fields, ``label_names``
+    as the class names).
+    """
+    p = _resolve(path)
+    if p.suffix == ".safetensors":
+        meta = _safetensors_metadata(p)
+        if "data_config" in meta:
+            return _data_fields(_parse_meta(meta["data_config"], p, "data_config")) or None
+        cj = p.parent / CONFIG_NAME
+        if not cj.is_file():
+            return None
+        pcfg = _read_json(cj).get("pretrained_cfg")
+        return (_data_fields(pcfg) or None) if isinstance(pcfg, Mapping) and "mean" in pcfg else None
+    try:
+        ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the weights' reader, with its reason
+        return None
+    if not isinstance(ckpt, Mapping):
+        return None
+    hp = ckpt.get("hyper_parameters")
+    hp = hp if isinstance(hp, Mapping) else {}
+    for cand in (hp.get("data_config"), hp.get("data"), ckpt.get("datamodule_hyper_parameters")):
+        if isinstance(cand, Mapping) and any(k in cand for k in ("mean", "std", "input_size", "img_size")):
+            return _data_fields(cand)
+    return None
+
+
+def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The preprocessing of ``model``: ``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``,
+    ``crop_mode`` (and ``class_names`` when known), as timm's data config.
+
+    ``stored`` (a data config stored with the weights) wins over the model's ``pretrained_cfg`` (where
+    :func:`load_model` put the stored one already); the input size and channels are the model's (``vitrel_cfg``).
+    Means and standard deviations of another channel count are averaged to the model's channels (a grey model
+    with the RGB statistics of its architecture's defaults).
+    """
+    src = {**_data_fields(getattr(model, "pretrained_cfg", None) or {}), **_data_fields(stored or {})}
+    cfg = getattr(model, "vitrel_cfg", None) or {}
+    in_chans = int(cfg.get("in_chans", src.get("input_size", (3,))[0]))
+    size = cfg.get("img_size", src.get("input_size", (3, 224, 224))[1:])
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    out = {
+        "input_size": [in_chans, int(h), int(w)],
+        "mean": [float(v) for v in src.get("mean", (0.5,) * in_chans)],
+        "std": [float(v) for v in src.get("std", (0.5,) * in_chans)],
+        "interpolation": str(src.get("interpolation", "bicubic")),
+        "crop_pct": float(src.get("crop_pct", 1.0)),
+        "crop_mode": str(src.get("crop_mode", "center")),
+    }
+    for key in ("mean", "std"):
+        if len(out[key]) != in_chans:
+            out[key] = [sum(out[key]) / len(out[key])] * in_chans
+    if src.get("class_names"):
+        out["class_names"] = list(src["class_names"])
+    return out
+
+
+def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
+    """:func:`model_data_config` of ``model`` loaded from ``path``, with one warning, naming the statistics used,
+    when ``path`` stores no data config (a checkpoint written before vitrel stored one, or by hand): they are then
+    the architecture's defaults, which need not be the training data's."""
+    stored = stored_data_config(path)
+    out = model_data_config(model, stored)
+    if stored is None:
+        stats = ", ".join(f"{k} {out[k]}" for k in ("mean", "std", "interpolation", "crop_pct"))
+        warnings.warn(
+            f"{path} stores no data config (the preprocessing of its training data; checkpoints of vitrel.train "
+            f"store it in hyper_parameters['data_config']): images are normalised with {stats}, the architecture's "
+            "defaults, which need not be the statistics the model was trained with",
+            stacklevel=2,
+        )
+    return out
+
+
+def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
+    """A data config as timm's ``pretrained_cfg`` fields (tuples; the class names as ``label_names``)."""
+    out = {k: tuple(v) if isinstance(v, list) else v for k, v in data_config.items() if k in DATA_FIELDS}
+    if data_config.get("class_names"):
+        out["label_names"] = tuple(data_config["class_names"])
+    return out
+
+
+def _set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
+    """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
+    pcfg = {
+        **dict(getattr(model, "pretrained_cfg", None) or {}),
+        **pretrained_cfg_fields(model_data_config(model, data_config)),
+    }
+    model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)

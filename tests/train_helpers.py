@@ -50,6 +50,9 @@ def compose(tmp_path: Path, overrides: list[str], config_name: str = "train", mu
     from hydra.types import RunMode
     from omegaconf import open_dict
 
+    from vitrel.config import register_configs
+
+    register_configs()  # (the schemas the configs' defaults name; idempotent)
     with initialize_config_dir(str(CONF), version_base="1.3"):
         cfg = hcompose(config_name, overrides=[*overrides, f"paths.output_dir={tmp_path}"], return_hydra_config=True)
     with open_dict(cfg):

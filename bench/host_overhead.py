@@ -32,8 +32,10 @@ from step_profile import host_times  # noqa: E402
 from vitrel import Attention  # noqa: E402
 from vitrel.bench import alternate, emit  # noqa: E402
 from vitrel.kernels import triton as tb  # noqa: E402
-from vitrel.kernels.triton import op  # noqa: E402
-from vitrel.kernels.triton import plan as planning  # noqa: E402
+from vitrel.kernels.triton import (
+    op,  # noqa: E402
+    planning,  # noqa: E402
+)
 
 #: the layers timed: scheme @ attn_impl (``none``: plain SDPA, the reference)
 LAYERS = ["none@sdpa", "rel2d_full@sdpa", "rel2d_full@triton", "rel2d_full@triton_atomic", "rel2d_factored@fold"]

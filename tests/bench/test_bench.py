@@ -413,7 +413,7 @@ def test_host_ops_counts_a_step_by_source(tmp_path):
     rows = {r.split("|")[1].strip().strip("`"): int(r.split("|")[2]) for r in lines if r.startswith("| `")}
     assert ours > 100 and timm > 100 and sum(rows.values()) <= ours
     assert list(rows.values()) == sorted(rows.values(), reverse=True)
-    kernel = ("plan.py:", "op.py:", "patterns.py:")  # (the fused kernel's host modules, vitrel/kernels/triton/)
+    kernel = ("planning.py:", "op.py:", "patterns.py:")  # (the fused kernel's host modules, vitrel/kernels/triton/)
     assert rows["backward (autograd)"] > 0 and any(k.startswith(kernel) for k in rows), rows
     assert any(k.endswith("(backward)") and k.startswith(kernel) for k in rows), rows
 

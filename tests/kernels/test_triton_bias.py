@@ -34,7 +34,7 @@ from dataclasses import replace  # noqa: E402
 
 from vitrel.kernels.triton import INTERPRETER, Warps, cuda_config, patterns  # noqa: E402
 from vitrel.kernels.triton._jit import _bias_tile  # noqa: E402
-from vitrel.kernels.triton.plan import fwd_launch  # noqa: E402
+from vitrel.kernels.triton.planning import fwd_launch  # noqa: E402
 
 #: the CPU cases run through the interpreter (on a GPU machine, where it is off, ``pytest -m cuda`` runs the GPU ones)
 pytestmark = pytest.mark.skipif(

@@ -2,7 +2,7 @@
 ``"triton_atomic"``) and the rotary rotation of queries and keys.
 
 Layout: :mod:`.config` (launch configuration by device and head dim), :mod:`.patterns` (bias tile patterns and the
-table gradient's reductions), :mod:`.plan` (launch planning), :mod:`.launch` (a launch as data), :mod:`.op` (the
+table gradient's reductions), :mod:`.planning` (launch planning), :mod:`.launch` (a launch as data), :mod:`.op` (the
 custom op, its autograd and fakes), :mod:`.attend` (the registered kernels), :mod:`.rope` (the rotation's op); the
 jit kernels in ``_jit``, ``_fwd``, ``_bwd``, ``_sums`` and ``_rope_kernels``, loaded on first use.
 """
@@ -25,7 +25,7 @@ from vitrel.kernels.triton.patterns import (
     tile_patterns,
     visible_tiles,
 )
-from vitrel.kernels.triton.plan import BIAS_READS, tma_reads
+from vitrel.kernels.triton.planning import BIAS_READS, tma_reads
 from vitrel.kernels.triton.rope import rope_rotate, rotation_tables
 
 __all__ = [

@@ -15,7 +15,7 @@ __all__ = ["KERNELS", "Launch", "batch_chunks", "kernel_fn"]
 class Launch(NamedTuple):
     """One launch of a fused kernel: its name (:data:`KERNELS`), grid, every argument by name (``constexpr`` ones
     too) and launch options (``num_warps``, ``num_stages``; dropped in the interpreter). The op runs these;
-    :func:`~vitrel.kernels.triton.plan.plan` returns them, for ``bench/triton_aot.py`` to compile ahead of time."""
+    :func:`~vitrel.kernels.triton.op.plan` returns them, for ``bench/triton_aot.py`` to compile ahead of time."""
 
     kernel: str
     grid: tuple[int, ...]

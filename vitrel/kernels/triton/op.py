@@ -29,7 +29,7 @@ from vitrel.kernels.triton.patterns import (
     table_grad_from_tiles,
     triton_cdiv,
 )  # fmt: skip
-from vitrel.kernels.triton.plan import BIAS_READS, bwd_launches, fwd_launch, same_layout
+from vitrel.kernels.triton.planning import BIAS_READS, bwd_launches, fwd_launch, same_layout
 from vitrel.layout.tokens import TokenLayout
 
 __all__ = ["layout_tokens", "plan", "rel_bias_attention"]

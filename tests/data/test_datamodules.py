@@ -461,8 +461,8 @@ def test_hydra_configs(tmp_path, monkeypatch):
     monkeypatch.setenv("VITREL_DATA_ROOT", str(tmp_path))
     monkeypatch.setattr(fm, "DEBIAN_DIR", tmp_path / "no_debian")
     make_fmnist_files(tmp_path / "FashionMNIST" / "raw")
-    make_cifar_files(tmp_path, 10, n_per_batch=2)
-    make_cifar_files(tmp_path, 100, n_per_batch=2)
+    make_cifar_files(tmp_path, 10, n_per_batch=20)  # (10 % of train held out for validation: 2 or more images)
+    make_cifar_files(tmp_path, 100, n_per_batch=20)
     make_imagenet_tree(tmp_path / "imagenet")
     want = {
         "fashion_mnist": (FashionMNISTDataModule, 10, 1, 28),

@@ -319,7 +319,7 @@ def test_configs_choose_the_loader(tmp_path, monkeypatch):
     dm = instantiate(cfg)
     assert dm.loader == "memory" and dm.batch_augment == BatchAugment(translate=2, hflip=0.5, re_prob=0.25)
     x, _ = next(iter(dm.train_dataloader()))
-    assert x.shape == (40, 1, 28, 28)  # the 40 images of the generated files
+    assert x.shape == (36, 1, 28, 28)  # the 40 images of the generated files, 4 held out (val_fraction 0.1)
 
 
 def test_array_data_module(tmp_path):

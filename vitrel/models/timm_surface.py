@@ -26,6 +26,7 @@ from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
 from vitrel.models.blocks import init_weights_, scheme_no_weight_decay
+from vitrel.models.ckpt_files import CheckpointError, clean_state_dict
 from vitrel.models.input_size import resolve_strict_img_size
 
 __all__ = ["TimmSurface"]
@@ -114,8 +115,6 @@ class TimmSurface:
         ``model.*``, beside the EMA copy and the metrics) loads its ``model.*`` weights (the live ones, as
         ``vitrel.load_model``); weights that do not fit this model (built from other arguments than the stored
         ones) are one ``CheckpointError`` naming the routes that rebuild the model from its stored arguments."""
-        from vitrel.models.checkpoint import CheckpointError, clean_state_dict
-
         own = nn.Module.state_dict(self)  # type: ignore[arg-type]
         if any(k.startswith("model.") for k in state_dict) and not any(k.startswith("model.") for k in own):
             state_dict = clean_state_dict(state_dict, "model.")

@@ -295,7 +295,7 @@ class Attention(nn.Module):
         """The scheme's additive term ``[heads, N, N]`` for ``grid`` (None for non-bias schemes)."""
         if self.pos is None:
             raise ValueError("this attention layer uses its model's shared scheme: ask the model's scheme for its bias")
-        return self.pos.bias(as_grid(grid), self.num_prefix_tokens)
+        return self.pos.bias(self.pos.check_grid(grid), self.num_prefix_tokens)
 
     def extra_repr(self) -> str:
         shared = ", pos=shared" if self.pos is None else ""

@@ -1,9 +1,10 @@
 """Grid and offset geometry shared by the position schemes and the attention kernels.
 
 Token layout everywhere: ``num_prefix_tokens`` class/register tokens first, then the ``H x W`` patch
-tokens in raster order. One sign convention: the offset of query ``i`` to key ``j`` is ``d_ij = p_i - p_j``
-(``dh_ij = row_i - row_j``, ``dw_ij = col_i - col_j``), as in Swin's relative index; index ``d + n - 1`` of an
-offset table's axis holds offset ``d``.
+tokens in raster order (a video's ``T x H x W`` tubelets t-major: ``index = (t * H + h) * W + w``,
+:class:`Grid3`). One sign convention: the offset of query ``i`` to key ``j`` is ``d_ij = p_i - p_j``
+(``dh_ij = row_i - row_j``, ``dw_ij = col_i - col_j``), as in Swin's relative index; index ``d + n - 1``
+of an offset table's axis holds offset ``d``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from torch import Tensor
 
 __all__ = [
     "Grid",
+    "Grid3",
     "as_grid",
+    "as_grid3",
+    "grid_str",
+    "patch_coords3",
+    "rel_offsets3",
     "check_tokens",
     "patch_coords",
     "rel_offsets",
@@ -39,28 +45,59 @@ class Grid(NamedTuple):
         return self.h * self.w
 
 
-def as_grid(grid: Any) -> Grid:
-    """``int`` (square), ``(h, w)`` or ``Grid`` -> ``Grid``, with a clear error otherwise."""
-    if isinstance(grid, Grid):
+class Grid3(NamedTuple):
+    """Frames, height and width of a video's grid of tubelets (``T x H x W``), t-major."""
+
+    t: int
+    h: int
+    w: int
+
+    @property
+    def n(self) -> int:
+        return self.t * self.h * self.w
+
+    @property
+    def space(self) -> Grid:
+        """The grid of one frame."""
+        return Grid(self.h, self.w)
+
+
+def as_grid(grid: Any) -> Grid | Grid3:
+    """``int`` (square), ``(h, w)``, ``(t, h, w)``, ``Grid`` or ``Grid3`` -> ``Grid`` / ``Grid3``, with a clear error
+    otherwise."""
+    if isinstance(grid, (Grid, Grid3)):
         return grid
     if isinstance(grid, int):
-        g = Grid(grid, grid)
+        g: Grid | Grid3 = Grid(grid, grid)
     else:
         try:
-            h, w = grid
+            sides = tuple(int(s) for s in grid)
         except (TypeError, ValueError):
-            raise ValueError(f"grid must be an int or a pair (H, W), got {grid!r}") from None
-        g = Grid(int(h), int(w))
-    if g.h < 1 or g.w < 1:
+            raise ValueError(f"grid must be an int, a pair (H, W) or a triple (T, H, W), got {grid!r}") from None
+        if len(sides) not in (2, 3):
+            raise ValueError(f"grid must be an int, a pair (H, W) or a triple (T, H, W), got {grid!r}")
+        g = Grid(*sides) if len(sides) == 2 else Grid3(*sides)
+    if min(g) < 1:
         raise ValueError(f"grid must have positive sides, got {tuple(g)}")
     return g
 
 
-def check_tokens(n_tokens: int, grid: Grid, num_prefix_tokens: int) -> None:
-    """Raise if ``n_tokens`` is not ``num_prefix_tokens + H * W``."""
+def as_grid3(grid: Any) -> Grid3:
+    """:func:`as_grid`, an image grid ``(H, W)`` taken as one frame ``(1, H, W)``."""
+    g = as_grid(grid)
+    return g if isinstance(g, Grid3) else Grid3(1, g.h, g.w)
+
+
+def grid_str(grid: Grid | Grid3) -> str:
+    """``"14x14"``, ``"8x14x14"``."""
+    return "x".join(str(s) for s in grid)
+
+
+def check_tokens(n_tokens: int, grid: Grid | Grid3, num_prefix_tokens: int) -> None:
+    """Raise if ``n_tokens`` is not ``num_prefix_tokens + grid.n``."""
     if n_tokens != num_prefix_tokens + grid.n:
         raise ValueError(
-            f"grid {grid.h}x{grid.w} with {num_prefix_tokens} prefix token(s) needs "
+            f"grid {grid_str(grid)} with {num_prefix_tokens} prefix token(s) needs "
             f"{num_prefix_tokens + grid.n} tokens, but the input has {n_tokens}"
         )
 
@@ -76,6 +113,20 @@ def rel_offsets(grid: Grid, device: torch.device | None = None) -> tuple[Tensor,
     """Row and column offsets ``(dh, dw)`` with ``dh[i, j] = row_i - row_j``, each ``[HW, HW]``."""
     r, c = patch_coords(grid, device)
     return r[:, None] - r[None, :], c[:, None] - c[None, :]
+
+
+def patch_coords3(grid: Grid3, device: torch.device | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Frame, row and column index of each tubelet token, t-major, each ``[T*H*W]`` (long)."""
+    p = torch.arange(grid.n, device=device)
+    hw = grid.h * grid.w
+    t = p // hw
+    r = (p - t * hw) // grid.w
+    return t, r, p - t * hw - r * grid.w
+
+
+def rel_offsets3(grid: Grid3, device: torch.device | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """Offsets ``(dt, dh, dw)`` with ``dt[i, j] = t_i - t_j``, each ``[THW, THW]``."""
+    return tuple(a[:, None] - a[None, :] for a in patch_coords3(grid, device))
 
 
 def pad_prefix(bias: Tensor, num_prefix_tokens: int) -> Tensor:

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from vitrel.layout.geometry import Grid, as_grid, check_tokens, expand_offset_table
+from vitrel.layout.geometry import Grid, Grid3, as_grid, as_grid3, check_tokens, expand_offset_table, grid_str
 from vitrel.layout.tokens import TokenLayout, gather_pairs, gather_tokens, segment_mask
 
 if TYPE_CHECKING:
@@ -107,6 +107,9 @@ class PositionScheme(nn.Module):
     #: the offset table has ``-inf`` entries (keys outside a head's view, LookHere): flex gets a block mask
     #: from them, so the kernel skips the blocks no query of a block can see
     has_masked_offsets: ClassVar[bool] = False
+    #: the grids the scheme reads: 2 (images, ``(H, W)``), 3 (video, ``(T, H, W)``; an image grid is one frame) or
+    #: None (any: the scheme reads no position)
+    grid_dims: ClassVar[int | None] = 2
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
     #: Old option names still read from older configs (``old -> new``; ``tables.take_renamed``).
@@ -126,11 +129,26 @@ class PositionScheme(nn.Module):
             raise ValueError(f"num_heads and head_dim must be positive, got {num_heads}, {head_dim}")
         self.num_heads = num_heads
         self.head_dim = head_dim
-        self.grid = as_grid(grid)
+        self.grid = self.check_grid(grid)
         self.num_prefix_tokens = num_prefix_tokens
         self.embed_dim = embed_dim if embed_dim is not None else num_heads * head_dim
         # (index, number of layers) of the block this scheme serves; None for a scheme shared by all blocks
         self.layer = None if layer is None else (int(layer[0]), int(layer[1]))
+
+    @classmethod
+    def check_grid(cls, grid: Any) -> Grid | Grid3:
+        """``grid`` as the scheme reads it (:attr:`grid_dims`): a video grid given to an image scheme is refused,
+        naming the schemes that take one; an image grid given to a video scheme is one frame."""
+        g = as_grid(grid)
+        if cls.grid_dims == 3:
+            return as_grid3(g)
+        if cls.grid_dims == 2 and isinstance(g, Grid3):
+            video = sorted(c.name for c in _subclasses(PositionScheme) if c.grid_dims in (3, None) and c.name != "base")
+            raise ValueError(
+                f"pos={cls.name!r} takes image grids (H, W), not the video grid {grid_str(g)}: use a scheme that "
+                f"takes (T, H, W): {', '.join(video)}"
+            )
+        return g
 
     # ----------------------------------------------------------------- hooks (no-op defaults)
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor | None:
@@ -198,7 +216,7 @@ class PositionScheme(nn.Module):
         self.check_kernel(kernel)
         if isinstance(grid, TokenLayout):
             return self._prepare_layout(grid, device, dtype, kernel)
-        grid, p = as_grid(grid), num_prefix_tokens
+        grid, p = self.check_grid(grid), num_prefix_tokens
         rope = self.rotation(grid, p, device, dtype)
         return PosState(self, grid, p, rope=rope, kernel=kernel, **self.kernel_inputs(kernel, grid, p))
 
@@ -355,6 +373,13 @@ class PositionScheme(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name}, heads={self.num_heads}, grid={tuple(self.grid)}"
+
+
+def _subclasses(cls: type) -> list[type]:
+    out = []
+    for c in cls.__subclasses__():
+        out += [c, *_subclasses(c)]
+    return out
 
 
 class PosState(NamedTuple):

@@ -9,3 +9,5 @@ __all__ = ["NonePos"]
 @register_pos("none")
 class NonePos(PositionScheme):
     """No position information: plain attention. ``A_ij = q_i . k_j / sqrt(d)``."""
+
+    grid_dims = None

@@ -173,14 +173,14 @@ class Rope3dAxial(FixedRope):
 
     def pair_omega(self, grid: Grid3, dtype: torch.dtype = torch.float64) -> Tensor:
         """``omega_j`` of each rotated pair ``[st + sh + sw]`` for a call on ``grid`` (``scaling`` applied)."""
-        axes = torch.tensor(self.axes)
         out = torch.zeros(len(self.axes), dtype=dtype)
         for a in range(3):
-            idx = (axes == a).nonzero()[:, 0]
-            if len(idx) == 0:
+            pairs = [j for j, axis in enumerate(self.axes) if axis == a]  # (python ints: no data-dependent shapes)
+            if not pairs:
                 continue
+            idx = torch.tensor(pairs)
             if self.freqs == "per_axis":  # k-th of the axis's s pairs at base^(-2k / 2s)
-                out[idx] = self._series(a, 2 * len(idx), grid, dtype)
+                out[idx] = self._series(a, 2 * len(pairs), grid, dtype)
             else:  # one series over the head: pair j at base^(-2j / d)
                 out[idx] = self._series(a, self.head_dim, grid, dtype)[idx]
         return out

@@ -163,7 +163,7 @@ class Rope3dAxial(FixedRope):
         if freqs not in FREQS:
             raise ValueError(f"{self.name}: freqs must be one of {FREQS}, got {freqs!r}")
         self.sections = _check_sections(self.name, sections, self.head_dim)
-        self.layout, self.freqs = layout, freqs
+        self.pair_layout, self.freq_rule = layout, freqs  # (the options layout and freqs)
         self.axes = pair_axes(self.sections, layout)
         self.init_non_persistent_buffers()
 
@@ -179,7 +179,7 @@ class Rope3dAxial(FixedRope):
             if not pairs:
                 continue
             idx = torch.tensor(pairs)
-            if self.freqs == "per_axis":  # k-th of the axis's s pairs at base^(-2k / 2s)
+            if self.freq_rule == "per_axis":  # k-th of the axis's s pairs at base^(-2k / 2s)
                 out[idx] = self._series(a, 2 * len(pairs), grid, dtype)
             else:  # one series over the head: pair j at base^(-2j / d)
                 out[idx] = self._series(a, self.head_dim, grid, dtype)[idx]
@@ -198,7 +198,9 @@ class Rope3dAxial(FixedRope):
         return F.pad(theta, (0, self.head_dim // 2 - len(self.axes)))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, sections={list(self.sections)}, layout={self.layout}, freqs={self.freqs}"
+        return (
+            f"{super().extra_repr()}, sections={list(self.sections)}, layout={self.pair_layout}, freqs={self.freq_rule}"
+        )
 
 
 def init_mixed3_freqs(

@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from tests.reference import alibi_slopes_reference, reference_attention
+from tests.reference import alibi_slopes_reference, coords3, dense_bias_at, reference_attention
 from vitrel import Attention
 from vitrel.layout.geometry import Grid, Grid3
 from vitrel.layout.tokens import TokenLayout
@@ -20,21 +20,9 @@ HEADS, DIM = 3, 24
 GRIDS = [(2, 3, 4), (3, 2, 2)]
 
 
-def coords3(t: int, h: int, w: int) -> list[tuple[int, int, int]]:
-    """The tubelets t-major, as the issue defines them: index = (t * H + h) * W + w."""
-    return [(a, b, c) for a in range(t) for b in range(h) for c in range(w)]
-
-
 def dense_bias3(fn, heads: int, grid, prefix: int) -> torch.Tensor:
-    """``[heads, N, N]``: ``fn(head, p_i, p_j)`` between tubelets, 0 for pairs with a prefix token."""
-    pts = coords3(*grid)
-    n = prefix + len(pts)
-    out = torch.zeros(heads, n, n, dtype=torch.float64)
-    for hd in range(heads):
-        for a, pi in enumerate(pts):
-            for b, pj in enumerate(pts):
-                out[hd, prefix + a, prefix + b] = fn(hd, pi, pj)
-    return out
+    """``[heads, N, N]``: ``fn(head, p_i, p_j)`` between tubelets ``(t, row, col)``, 0 for pairs with a prefix token."""
+    return dense_bias_at(fn, heads, coords3(*grid), prefix)
 
 
 def _row(d: int, length: int) -> int:

@@ -311,3 +311,21 @@ def test_token_layouts_and_bad_options_are_refused():
         Attention(DIM, HEADS, pos={"name": "rel3d_factored", "extend": "stretch"}, grid=(2, 3, 3))
     with pytest.raises(ValueError, match="2x3x3 with 0 prefix token\\(s\\) needs 18 tokens"):
         a(torch.randn(1, 17, DIM), (2, 3, 3))
+
+
+def test_the_table_is_video_swins_flat_table_reshaped():
+    """Video Swin's ``WindowAttention3D`` (SwinTransformer/Video-Swin-Transformer, ``mmaction/models/backbones/
+    swin_transformer.py``) reads ``table[relative_position_index]`` from a flat ``[(2T-1)(2H-1)(2W-1), heads]`` table;
+    its index, rebuilt here as that code builds it, reads the same bias from ``attn.pos.table.reshape(-1, heads)``."""
+    window = (2, 3, 4)
+    a = _make("rel3d_full", window)
+    coords = torch.stack(torch.meshgrid(*(torch.arange(n) for n in window), indexing="ij")).flatten(1)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+    for axis, n in enumerate(window):
+        rel[:, :, axis] += n - 1
+    rel[:, :, 0] *= (2 * window[1] - 1) * (2 * window[2] - 1)
+    rel[:, :, 1] *= 2 * window[2] - 1
+    index = rel.sum(-1)
+    flat = a.pos.table.reshape(-1, HEADS)
+    swin = flat[index.reshape(-1)].reshape(24, 24, HEADS).permute(2, 0, 1)
+    torch.testing.assert_close(a.bias(window), swin, rtol=0, atol=0)

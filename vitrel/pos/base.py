@@ -158,7 +158,8 @@ class PositionScheme(nn.Module):
     def offset_table(self, grid: Grid) -> Tensor | None:
         """``T [heads, 2H-1, 2W-1]`` with ``bias[h, i, j] = T[h, dh_ij + H - 1, dw_ij + W - 1]`` for patch pairs
         (``d = p_i - p_j``; pairs with a prefix token get 0), or None: the bias read by offset, so a kernel
-        (FlexAttention's ``score_mod``) needs no ``N x N`` tensor. Declared by ``has_offset_table``."""
+        (FlexAttention's ``score_mod``) needs no ``N x N`` tensor. Declared by ``has_offset_table``. A video scheme's
+        (``grid_dims == 3``) is ``T [heads, 2T-1, 2H-1, 2W-1]``, read at ``(dt + T - 1, dh + H - 1, dw + W - 1)``."""
         return None
 
     def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor] | None:
@@ -278,6 +279,11 @@ class PositionScheme(nn.Module):
         """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.layout.tokens`):
         each distinct image grid prepared as a forward on that grid alone prepares it, each token reading its own
         image's terms, and tokens of different images masked from each other (``rope``: the rotation, when known)."""
+        if self.grid_dims == 3:
+            raise ValueError(
+                f"pos={self.name!r} takes full video grids (T, H, W): token layouts (NaFlex dicts, packed or "
+                "token-dropped images) are not supported for video schemes"
+            )
         if kernel is not None and not kernel.takes_layout:
             raise ValueError(
                 f"attn_impl={kernel.name!r} does not take packed or token-dropped layouts (NaFlex dicts, lists of "

@@ -398,7 +398,8 @@ def section(name: str, args: argparse.Namespace) -> list[str]:
     dtype = ["--dtype", "bf16"] if dev.type == "cuda" else []
     rounds = ["--rounds", "3" if args.quick else "7"]
     att = ["bench/attention.py", "--device", args.device, *dtype, "--tokens", *tokens, *tpb, *rounds]
-    schemes = [s for s in list_pos("relative") if s != "none"]
+    image = [s for s in list_pos("relative") if vitrel.pos.get_pos_class(s).grid_dims == 2]  # (image grids here)
+    schemes = [s for s in image if s != "none"]
     tables = [s for s in schemes if vitrel.pos.get_pos_class(s).has_offset_table]
     if name == "kernel":
         return ["## Triton kernel checks\n", *kernel_checks(dev, args.quick)]

@@ -8,6 +8,7 @@ from vitrel.models.checkpoint import CheckpointError, export_model, extract_mode
 from vitrel.models.factory import create_model
 from vitrel.models.registry import build_from_cfg, list_models
 from vitrel.models.swin import SwinTransformer
+from vitrel.models.swin3d import SwinTransformer3D
 from vitrel.models.timm_import import TransferReport, UnsupportedTimmModel, from_timm, transfer_timm_weights
 from vitrel.models.video_vit import VideoVisionTransformer
 from vitrel.models.vit import VisionTransformer
@@ -15,6 +16,7 @@ from vitrel.models.vit import VisionTransformer
 __all__ = [
     "CheckpointError",
     "SwinTransformer",
+    "SwinTransformer3D",
     "VideoVisionTransformer",
     "VisionTransformer",
     "build_from_cfg",

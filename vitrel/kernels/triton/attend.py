@@ -11,6 +11,7 @@ from vitrel.kernels.registry import register_kernel
 from vitrel.kernels.triton.config import MAX_HEAD_DIM
 from vitrel.kernels.triton.op import layout_tokens, rel_bias_attention
 from vitrel.kernels.triton.patterns import visible_tiles
+from vitrel.layout.geometry import Grid, Grid3
 from vitrel.layout.tokens import TokenLayout
 
 __all__ = ["TritonAtomicKernel", "TritonKernel"]
@@ -59,7 +60,10 @@ class TritonKernel(OffsetTableKernel):
         tokens = None if state.layout is None else layout_tokens(state.layout)
         p, det = state.num_prefix_tokens, cls.deterministic
         settings = dict(causal=state.causal, tokens=tokens, blocks=state.block_mask, regions=regions, deterministic=det)
-        return rel_bias_attention(q, k, v, state.table, state.grid, p, scale, mask, **settings)
+        grid = state.grid
+        if state.table is None and isinstance(grid, Grid3):  # no bias (rotary schemes): t-major = a (T*H) x W raster
+            grid = Grid(grid.t * grid.h, grid.w)
+        return rel_bias_attention(q, k, v, state.table, grid, p, scale, mask, **settings)
 
 
 @register_kernel("triton_atomic")

@@ -85,12 +85,26 @@ def reference_block(blk: Swin3DBlock, x: torch.Tensor, bias=None) -> torch.Tenso
     ],
 )
 @pytest.mark.parametrize("shifted", [False, True])
-def test_windows_against_attention_written_from_scratch(sizes, window, shifted):
+@pytest.mark.parametrize("pos", ["none", "rel3d_full"])
+def test_windows_against_attention_written_from_scratch(sizes, window, shifted, pos):
     torch.manual_seed(0)
-    blk = Swin3DBlock(16, 2, window, shifted, pos="none", build_grid=sizes).double().eval()
+    blk = Swin3DBlock(16, 2, window, shifted, pos=pos, build_grid=sizes).double().eval()
+    bias = None
+    if pos == "rel3d_full":  # Video Swin's bias: table[dt + Wt-1, dh + Wh-1, dw + Ww-1, head] (the table's centre)
+        table = blk.attn.pos.table
+        with torch.no_grad():
+            table.normal_()
+
+        def bias(win):
+            t, h, w = torch.meshgrid(*(torch.arange(n) for n in win), indexing="ij")
+            t, h, w = t.reshape(-1), h.reshape(-1), w.reshape(-1)
+            c = [(s - 1) // 2 for s in table.shape[:3]]
+            d = [a[:, None] - a[None, :] + ci for a, ci in zip((t, h, w), c)]
+            return table[d[0], d[1], d[2]].permute(2, 0, 1)
+
     x = rand(2, *sizes, 16, dtype=torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(blk(x), reference_block(blk, x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(blk(x), reference_block(blk, x, bias), rtol=1e-10, atol=1e-10)
 
 
 def test_shifted_windows_keep_the_wrapped_tokens_apart():

@@ -170,3 +170,23 @@ def test_export_any_clip_size():
         for shape in ((2, 3, 4, 32, 48), (3, 3, 6, 48, 16), (1, 3, 2, 16, 32)):
             xi = clip(*shape)
             torch.testing.assert_close(ep.module()(xi), m(xi), rtol=1e-5, atol=1e-5)
+
+
+VIDEO_SCHEMES = [n for n in vitrel.list_pos() if vitrel.pos.get_pos_class(n).grid_dims in (3, None)]
+
+
+@pytest.mark.parametrize("pos", VIDEO_SCHEMES)
+@pytest.mark.parametrize("name", [CPU, "vitrel_swin3d_tiny_patch122_window444_32"])
+def test_every_video_scheme_forward_backward(name, pos):
+    """Each scheme that takes video grids trains in both video models: finite outputs, a gradient for every
+    parameter, at the native clip and a longer, larger one; the scheme sits in every attention layer."""
+    kw = SMALL if "_vit_" in name else dict(embed_dim=16, depths=(2, 2), num_heads=(2, 2))
+    torch.manual_seed(0)
+    m = vitrel.create_model(name, pos=pos, **kw)
+    for shape in ((1, 1, 8, 32, 32), (1, 1, 12, 40, 32)):
+        y = m(clip(*shape))
+        assert y.shape == (1, 2) and torch.isfinite(y).all()
+        y.square().sum().backward()
+        assert not [n for n, p in m.named_parameters() if p.grad is None]
+        m.zero_grad(set_to_none=True)
+    assert {type(a.pos).name for a in m.modules() if isinstance(a, vitrel.Attention)} == {pos}

@@ -75,7 +75,7 @@ class VideoVisionTransformer(BlockStack, TimmSurface, nn.Module):
         class_token: bool = False,
         init_values: float | None = None,
         fc_norm: bool | None = None,
-        pos: PosArg = "none",
+        pos: PosArg = "rel3d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,
         attn_impl: str = "auto",

@@ -12,6 +12,8 @@ import vitrel
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.models.swin3d import Swin3DBlock, SwinTransformer3D
 
+from .test_video_vit import assert_checkpoint_routes
+
 SWIN3D = sorted(n for n, (cls, _) in MODEL_ARGS.items() if cls is SwinTransformer3D)
 CPU = "vitrel_swin3d_tiny_patch122_window444_32"
 SMALL = dict(embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
@@ -204,18 +206,7 @@ def test_reset_classifier_pos_share_and_errors():
 
 
 def test_checkpoint_routes(tmp_path):
-    m = make(num_classes=3)
-    x = rand(2, 1, 8, 32, 32)
-    out = vitrel.models.save_pretrained(m, tmp_path / "export")
-    with torch.no_grad():
-        want = m(x)
-        for other in (
-            vitrel.load_model(out),
-            timm.create_model(f"local-dir:{out}", pretrained=True),
-            vitrel.create_model(CPU, checkpoint_path=str(out / "model.safetensors")),
-        ):
-            assert other.vitrel_cfg == m.vitrel_cfg
-            torch.testing.assert_close(other.eval()(x), want, rtol=0, atol=0)
+    assert_checkpoint_routes(make(num_classes=3), rand(2, 1, 8, 32, 32), tmp_path / "export")
 
 
 def test_export_static_and_dynamic_batch():

@@ -140,20 +140,23 @@ def test_pos_share_runs_one_scheme_for_every_block():
     assert m(clip(1, 1, 8, 32, 32)).shape == (1, 2)
 
 
-def test_checkpoint_routes(tmp_path):
+def assert_checkpoint_routes(m: torch.nn.Module, x: torch.Tensor, out_dir) -> None:
     """save_pretrained -> vitrel.load_model, timm's local-dir and create_model(checkpoint_path=): the same model."""
-    m = make(num_classes=3, class_token=True)
-    x = clip(2, 1, 8, 32, 32)
-    out = vitrel.models.save_pretrained(m, tmp_path / "export")
+    out = vitrel.models.save_pretrained(m, out_dir)
+    name = m.vitrel_cfg["architecture"]
     with torch.no_grad():
         want = m(x)
         for other in (
             vitrel.load_model(out),
             timm.create_model(f"local-dir:{out}", pretrained=True),
-            vitrel.create_model(CPU, checkpoint_path=str(out / "model.safetensors")),
+            vitrel.create_model(name, checkpoint_path=str(out / "model.safetensors")),
         ):
             assert other.vitrel_cfg == m.vitrel_cfg
             torch.testing.assert_close(other.eval()(x), want, rtol=0, atol=0)
+
+
+def test_checkpoint_routes(tmp_path):
+    assert_checkpoint_routes(make(num_classes=3, class_token=True), clip(2, 1, 8, 32, 32), tmp_path / "export")
 
 
 def test_export_any_clip_size():

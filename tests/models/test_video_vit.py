@@ -182,7 +182,8 @@ VIDEO_SCHEMES = [n for n in vitrel.list_pos() if vitrel.pos.get_pos_class(n).gri
 @pytest.mark.parametrize("name", [CPU, "vitrel_swin3d_tiny_patch122_window444_32"])
 def test_every_video_scheme_forward_backward(name, pos):
     """Each scheme that takes video grids trains in both video models: finite outputs, a gradient for every
-    parameter, at the native clip and a longer, larger one; the scheme sits in every attention layer."""
+    parameter, at the native clip and a longer, larger one; a relative scheme sits in every attention layer, an
+    absolute one at the input."""
     kw = SMALL if "_vit_" in name else dict(embed_dim=16, depths=(2, 2), num_heads=(2, 2))
     torch.manual_seed(0)
     m = vitrel.create_model(name, pos=pos, **kw)
@@ -192,4 +193,8 @@ def test_every_video_scheme_forward_backward(name, pos):
         y.square().sum().backward()
         assert not [n for n, p in m.named_parameters() if p.grad is None]
         m.zero_grad(set_to_none=True)
-    assert {type(a.pos).name for a in m.modules() if isinstance(a, vitrel.Attention)} == {pos}
+    inside = {type(a.pos).name for a in m.modules() if isinstance(a, vitrel.Attention)}
+    if vitrel.pos.get_pos_class(pos).kind == "absolute":  # added to the tubelet tokens once, none in attention
+        assert type(m.abs_pos).name == pos and inside == {"none"}
+    else:
+        assert m.abs_pos is None and inside == {pos}

@@ -397,16 +397,16 @@ def test_host_ops_counts_a_step_by_source(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    from vitrel.kernels import triton_bias
+    from vitrel.kernels import triton as fused
 
     path = Path(__file__).resolve().parents[2] / "bench" / "host_ops.py"
     spec = importlib.util.spec_from_file_location("vitrel_bench_host_ops", path)
     ho = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ho)
-    call = triton_bias.Launch.__call__
+    call = fused.Launch.__call__
     out = tmp_path / "ops.md"
     lines = ho.main(["--pairs", "vit_rel2d_full", "--img-size", "32", "--top", "40", "--out", str(out)])
-    assert triton_bias.Launch.__call__ is call
+    assert fused.Launch.__call__ is call
     assert out.read_text() == "\n".join(lines) + "\n"
     total = next(row for row in lines if row.startswith("Operators a forward and backward"))
     ours, timm = (int(v) for v in re.findall(r"(?:ours|timm) (\d+)", total))

@@ -206,7 +206,8 @@ def test_finds_cycles_on_a_toy_package(tmp_path, files, expect):
 
 
 def test_moved_modules_keep_their_old_paths():
-    """The paths that moved (CHANGELOG.md) still import, as the very module at the new path, in a fresh interpreter."""
+    """The paths that moved (CHANGELOG.md) still import, as the very module at the new path (the fused kernels' old
+    modules: their names), in a fresh interpreter."""
     import subprocess
     import sys
 
@@ -218,5 +219,14 @@ def test_moved_modules_keep_their_old_paths():
         f"assert importlib.import_module({old!r}) is importlib.import_module({new!r}), {old!r}\n" for old, new in pairs
     )
     code += "from vitrel.pos.tokens import TokenLayout, content_logits\nfrom vitrel.pos.rope import Rope2dMixed\n"
+    # the fused kernels' modules, now the package vitrel.kernels.triton: their names re-exported
+    code += (
+        "import vitrel.kernels.triton as new\nfrom vitrel.kernels import triton_bias, triton_rope, triton_atomic\n"
+        "assert set(triton_bias.__all__) == set(new.__all__)\n"
+        "assert all(getattr(triton_bias, n) is getattr(new, n) for n in new.__all__)\n"
+        "assert triton_rope.rope_rotate is new.rope.rope_rotate\n"
+        "assert triton_atomic.TritonAtomicKernel is new.attend.TritonAtomicKernel\n"
+        "assert triton_atomic.TritonAtomicKernel is vitrel.kernels.get_kernel('triton_atomic')\n"
+    )
     first = f"import {pairs[0][0]}\n"  # an old path imported first, before anything else of vitrel
     subprocess.run([sys.executable, "-c", first + code], check=True, cwd=ROOT.parent)

@@ -106,6 +106,7 @@ def _check(
     for name, g, gr in zip("qkvT", grads, grads_ref):
         scale = gr.abs().max().item()
         torch.testing.assert_close(g.double().cpu() / scale, gr / scale, **tol, msg=f"d{name}")
+    return out, grads
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -366,19 +367,20 @@ def test_dbias_programs_longest_first(side, prefix, tm, tw, causal):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_batch_beyond_the_cuda_grid(device, monkeypatch):
-    """A batch whose ``batch x heads`` programs exceed CUDA's grid (65,535 on its second axis; here 12) runs as shares
-    of the batch: a full grid (shares of 6), a batch of windows whose region ids repeat every 4 (shares of 4, not 6),
-    and a mask per batch element (sliced with its share), packed rows of images of different layouts (their tokens
-    sliced)."""
+    """A batch whose ``batch x heads`` programs exceed CUDA's grid (65,535 on its second axis; here 4 or 12) runs as
+    shares of the batch: a full grid (shares of 2, the last of 1), a batch of windows whose region ids repeat every 4
+    (shares of 4, not 6), and a mask per batch element (sliced with its share), packed rows of images of different
+    layouts (their tokens sliced)."""
     from vitrel.layout.geometry import Grid
     from vitrel.layout.windows import window_regions
 
-    config = four_kernels(device, grid_y_max=12)  # 2 heads: at most 6 batch elements a launch
-    _check(device, 9, 2, 16, (3, 4), 1, config=config)
-    _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)), config=config)
-    mask = torch.zeros(8, 12, 12, dtype=torch.float64)
-    mask[torch.arange(8), :, torch.arange(8)] = float("-inf")  # element b masks key b
-    _check(device, 8, 2, 16, (3, 4), 0, mask=mask, config=config)
+    config = four_kernels(device, grid_y_max=4)  # 2 heads: at most 2 batch elements a launch
+    _check(device, 3, 2, 16, (3, 4), 1, config=config)
+    wide = four_kernels(device, grid_y_max=12)  # (at most 6, where the regions take 4)
+    _check(device, 8, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)), config=wide)
+    mask = torch.zeros(3, 12, 12, dtype=torch.float64)
+    mask[torch.arange(3), :, torch.arange(3)] = float("-inf")  # element b masks key b
+    _check(device, 3, 2, 16, (3, 4), 0, mask=mask, config=config)
     # packed rows (2 heads): one a launch, its tokens sliced
     _check_layout(device, 0, *tile_aligned_tokens(), config=four_kernels(device, grid_y_max=2))
 
@@ -450,29 +452,27 @@ def test_launch_configuration_by_head_dim_and_bias_read():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("grid", "prefix", "d", "in_dq"), [((5, 7), 0, 32, True), ((4, 6), 2, 24, True),
-                                                           ((6, 6), 1, 16, True), ((5, 24), 1, 16, False),
+                                                           ((6, 6), 1, 16, True), ((4, 8), 1, 16, False),
                                                            ((14, 14), 1, 16, True)])  # fmt: skip
 def test_table_grad_in_dq_equals_reference(device, grid, prefix, d, in_dq):
     """The bias tiles' gradient summed by the ``dq`` kernel (where each of its tiles is one pattern, so
     a program's tiles are the only ones of their patterns) instead of the ``dbias`` kernel: the table's gradient and
     q, k, v's against the float64 reference, with and without prefix tokens (their pairs are not the table's); the
-    launches asserted (no ``dbias`` launch), and where the ``dq`` kernel's tiles share patterns (5 x 24), the
-    ``dbias`` kernel as before; ViT-B/16's 197 tokens, where a GPU's 64-token tiles are one pattern each too. A
-    batch of 3, so a program sums two batch elements. Two runs bitwise equal (the sums in a fixed order)."""
+    launches asserted (no ``dbias`` launch), and where the ``dq`` kernel's tiles share patterns (4 x 8), the
+    ``dbias`` kernel as before (patterns of several phases: :func:`test_dbias_kernel_equals_reference`);
+    ViT-B/16's 197 tokens with a GPU's launches (its 64-token tiles, one pattern each too; four a side, the last of
+    5 tokens), in the interpreter too. A batch of 3, so a program sums two batch elements. Two runs bitwise equal
+    (the sums in a fixed order)."""
     n = prefix + grid[0] * grid[1]
+    config = cuda_config(d) if grid == (14, 14) else None  # (the interpreter's 16-token tiles: the other grids)
     q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)
-    launches = fused.plan(q, k, v, table, grid, prefix, bias_read="tiles", sms=None if device == "cpu" else 132)
+    sms = None if device == "cpu" else 132
+    launches = fused.plan(q, k, v, table, grid, prefix, bias_read="tiles", sms=sms, config=config)
     if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile, or one pattern a tile)
         assert (launches["dq"].args["TABLE_GRAD"] == 2) is in_dq and ("dbias" in launches) is not in_dq
-    _check(device, 3, 2, d, grid, prefix, bias_read="tiles")
-    dev, dtype = device, (torch.float32 if device == "cpu" else torch.bfloat16)
-    qd, kd, vd = (t.to(dev, dtype).requires_grad_() for t in (q, k, v))
-    td = table.to(dev).requires_grad_()
-    grads = [
-        torch.autograd.grad(rel_bias_attention(qd, kd, vd, td, grid, prefix, bias_read="tiles").sum(), td)[0]
-        for _ in range(2)
-    ]
-    assert torch.equal(grads[0], grads[1])
+    runs = [_check(device, 3, 2, d, grid, prefix, bias_read="tiles", config=config) for _ in range(2)]
+    (out, grads), (out2, grads2) = runs
+    assert torch.equal(out, out2) and all(torch.equal(a, b) for a, b in zip(grads, grads2))
 
 
 @interpreted

@@ -230,7 +230,7 @@ def test_triton_tune_one_tile_reads_the_first_tile_everywhere():
     g = torch.Generator().manual_seed(0)
     q, k, v, go = (torch.randn(1, 2, 145, 16, generator=g) for _ in range(4))
     launches = tune.tb.plan(q, k, v, torch.randn(2, 23, 23, generator=g), (12, 12), 1, bias_read="tiles")
-    assert launches["fwd"].args["n_pat"] == 9
+    assert launches["fwd"].args["patterns"][0] == 9  # (n_pat, d_min, n_m)
     one = {name: tune._one_tile(launches[name]) for name in ("fwd", "dkdv", "dq")}
     one["fwd"]()
     launches["delta"].args["DO"].copy_(go)  # (plan's output gradient, read by delta, dkdv and dq)

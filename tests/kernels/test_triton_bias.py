@@ -265,7 +265,7 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
                 torch.testing.assert_close(again[name].args[key], value, rtol=0, atol=0, msg=f"{name} {key}")
     sums = first["dbias"] if "dbias" in first else first["dq"]  # (dq sums the bias tiles' gradient where it can)
     pat = fused.tile_patterns(side, n, sums.args["BM"], sums.args["BN"])
-    assert (pat.n_pat, pat.n_m) == (sums.args["n_pat"], sums.args["n_m"])
+    assert (pat.n_pat, pat.d_min, pat.n_m) == sums.args["patterns"]  # (the kernels' tuple)
     sums_buffer = sums.args["DBT" if "dbias" in first else "DT"]
     dbt = torch.randn(sums_buffer.shape)  # [n_split, heads, n_pat, blk, blk] (plan's tiles: a GPU's)
     fused.table_grad_from_tiles(dbt, pat, side, side, prefix)  # (its index made, and kept)
@@ -1332,7 +1332,7 @@ from vitrel.kernels import triton as tb
 q = torch.zeros(2, 2, 65, 64, dtype=torch.bfloat16)
 c = aot.compile_launch(tb.plan(q, q, q, torch.zeros(2, 15, 15), (8, 8), 1)["fwd"])
 ir, ptx = c.asm["ttir"], c.asm["ptx"]
-attrs = [re.search("%" + a + r": [^{\n]*?(\{[^}]*\})?\s*loc", ir) for a in ("Q", "sqn", "N", "n_mask_b")]
+attrs = [re.search("%" + re.escape(a) + r": [^{\n]*?(\{[^}]*\})?\s*loc", ir) for a in ("Q", "sq.2", "N", "n_mask_b")]
 wide = re.search(r"ld\.global(\.\w+)*\.v4\.b32|cp\.async[^;]*, 16;", ptx) is not None
 print(json.dumps([m.group(1) if m else "constant" for m in attrs] + [wide]))
 """

@@ -12,6 +12,10 @@ both versions see the same machine load; the table has the medians and after / b
 
 Models: the default recipe's ViT (``vit_tiny_fmnist``: width 64, depth 4, 28x28, patch 4) and the
 study's Swin (width 32, depths 2-2, 4x4 windows), with each ``--schemes`` entry; batch ``--batch-size``.
+``--archs attn``: one ``vitrel.Attention`` layer (width 64, 4 heads, a 4 x 4 grid and a class token, batch 1),
+where the host's work per forward (choosing the kernel, preparing the scheme's state) is most of its time:
+
+    python bench/eager_versions.py --before /tmp/v56 --archs attn --schemes rel2d_full,lookhere --steps 200
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ MODELS = {
                 num_heads=4, mlp_ratio=2.0, global_pool="avg"),
     "swin": dict(name="vitrel_swin_tiny_patch2_window4_32", img_size=28, in_chans=1, num_classes=10, patch_size=4,
                  window_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4], mlp_ratio=2.0),
+    "attn": dict(layer=True, dim=64, num_heads=4, grid=[4, 4], num_prefix_tokens=1, batch=1),
 }  # fmt: skip
 
 SCHEMES = ["none", "ape", "rel2d_full", "rel2d_factored", "rel2d_cpb", "alibi2d", "rope2d_mixed", "shaw2d_factored"]
@@ -47,14 +52,23 @@ cases = {}
 for key, (arch, scheme) in cfg["cases"].items():
     torch.manual_seed(0)
     kw = dict(cfg["models"][arch])
-    model = vitrel.create_model(kw.pop("name"), pos=scheme, **kw)
     g = torch.Generator().manual_seed(0)
+    if kw.pop("layer", False):  # one attention layer: y is its grid
+        model = vitrel.Attention(kw["dim"], kw["num_heads"], pos=scheme, grid=kw["grid"],
+                                 num_prefix_tokens=kw["num_prefix_tokens"])
+        n = kw["num_prefix_tokens"] + kw["grid"][0] * kw["grid"][1]
+        cases[key] = (model, None, torch.randn(kw["batch"], n, kw["dim"], generator=g), tuple(kw["grid"]))
+        continue
+    model = vitrel.create_model(kw.pop("name"), pos=scheme, **kw)
     x = torch.randn(cfg["batch"], kw["in_chans"], kw["img_size"], kw["img_size"], generator=g)
     y = torch.randint(0, kw["num_classes"], (cfg["batch"],), generator=g)
     cases[key] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4), x, y)
 
 def train(model, opt, x, y):
     model.train()
+    if opt is None:  # an attention layer: forward and backward
+        model(x, y).sum().backward()
+        return
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(set_to_none=True)
     loss.backward()
@@ -62,12 +76,18 @@ def train(model, opt, x, y):
 
 def infer(model, opt, x, y):
     with torch.inference_mode():
-        model.eval()(x)
+        model.eval()(x, y) if opt is None else model.eval()(x)
 
 print("ready", flush=True)
 for line in sys.stdin:
-    key, mode = line.split()
+    key, mode, *calls = line.split()
     fn = train if mode == "train" else infer
+    if calls:  # the Python function calls of the steps (cProfile's count: the host's work, whatever the load)
+        import cProfile, pstats
+        prof = cProfile.Profile()
+        prof.runcall(lambda: [fn(*cases[key]) for _ in range(cfg["steps"])])
+        print(pstats.Stats(prof).total_calls, flush=True)
+        continue
     t0 = time.perf_counter()
     for _ in range(cfg["steps"]):
         fn(*cases[key])
@@ -85,8 +105,9 @@ class Worker:
         if self.proc.stdout.readline().strip() != "ready":  # type: ignore[union-attr]
             raise RuntimeError(f"the worker for {tree} did not start")
 
-    def time(self, key: str, mode: str) -> float:
-        self.proc.stdin.write(f"{key} {mode}\n")  # type: ignore[union-attr]
+    def time(self, key: str, mode: str, calls: bool = False) -> float:
+        """Seconds of ``--steps`` steps of ``key`` in ``mode``; with ``calls``, their Python function calls."""
+        self.proc.stdin.write(f"{key} {mode}{' calls' if calls else ''}\n")  # type: ignore[union-attr]
         self.proc.stdin.flush()  # type: ignore[union-attr]
         return float(self.proc.stdout.readline())  # type: ignore[union-attr]
 
@@ -113,6 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per worker")
     ap.add_argument("--out", default=None, help="write the Markdown table here")
+    ap.add_argument("--calls", action="store_true", help="also count each step's Python function calls (cProfile)")
     args = ap.parse_args(argv)
     cases = {f"{a}/{s}": (a, s) for a in args.archs.split(",") for s in args.schemes.split(",")}
     cfg = dict(cases=cases, models=MODELS, batch=args.batch_size, steps=args.steps, threads=args.threads)
@@ -131,6 +153,11 @@ def main(argv: list[str] | None = None) -> None:
                 for v in order if r % 2 == 0 else order[::-1]:
                     times.setdefault((key, mode, v), []).append(workers[v].time(key, mode) / args.steps)
         print(f"round {r + 1}/{args.rounds} timed", flush=True)
+    calls = {}  # (key, mode, version): Python function calls a step
+    for key in cases if args.calls else ():
+        for mode in ("train", "infer"):
+            for v in order:
+                calls[(key, mode, v)] = workers[v].time(key, mode, calls=True) / args.steps
     for w in workers.values():
         w.close()
     load1 = os.getloadavg()
@@ -142,9 +169,10 @@ def main(argv: list[str] | None = None) -> None:
         f"torch {torch.__version__}, {os.cpu_count()} cores, {args.threads} torch thread(s) per worker",
         f"- Load average (1, 5, 15 min) at start {' '.join(f'{x:.2f}' for x in load0)}, at end "
         f"{' '.join(f'{x:.2f}' for x in load1)}",
-        f"- Batch {args.batch_size}; each timing {args.steps} steps; {args.rounds} rounds, versions alternating "
-        "(zigzag), after one untimed warm-up timing each; medians of ms per step. `train` = forward + "
-        "cross-entropy + backward + AdamW step, `infer` = forward under `torch.inference_mode`.\n",
+        f"- Batch {args.batch_size} (an attention layer: 1); each timing {args.steps} steps; {args.rounds} rounds, "
+        "versions alternating (zigzag), after one untimed warm-up timing each; medians of ms per step. `train` = "
+        "forward + cross-entropy + backward + AdamW step (an attention layer: forward + backward of its sum), "
+        "`infer` = forward under `torch.inference_mode`.\n",
         "| model | scheme | train before ms | train after ms | after / before | infer before ms | infer after ms "
         "| after / before |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
@@ -162,6 +190,17 @@ def main(argv: list[str] | None = None) -> None:
         "Median over the models of after / before: train "
         f"{statistics.median(ratios['train']):.2f}x, infer {statistics.median(ratios['infer']):.2f}x."
     )
+    if calls:
+        lines += [
+            "",
+            "Python function calls a step (cProfile's count, after the timings; the same whatever the machine's load):",
+            "",
+            "| model | scheme | train before | train after | infer before | infer after |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for key, (arch, scheme) in cases.items():
+            cells = [f"{calls[(key, m, v)]:.0f}" for m in ("train", "infer") for v in order]
+            lines.append(f"| {arch} | {scheme} | " + " | ".join(cells) + " |")
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -34,7 +34,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parents[1]))  # vitrel, installe
 from models import PAIRS, build  # noqa: E402
 
 from vitrel.bench import emit  # noqa: E402
-from vitrel.kernels import triton as triton_bias  # noqa: E402
+from vitrel.kernels import triton as fused  # noqa: E402
 
 #: the path parts that name a frame's package (the innermost such frame is an operator's source)
 SOURCES = ("/vitrel/", "/timm/")
@@ -93,8 +93,8 @@ def main(argv: list[str] | None = None) -> list[str]:
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    real = triton_bias.Launch.__call__
-    triton_bias.Launch.__call__ = lambda self: None  # (counted by the dispatcher's view only: no kernel runs)
+    real = fused.Launch.__call__
+    fused.Launch.__call__ = lambda self: None  # (counted by the dispatcher's view only: no kernel runs)
     lines = [
         f"torch {torch.__version__}; one forward and backward (after one), batch 1, {args.img_size} px, "
         f"attn_impl={args.attn_impl}; operators at the dispatcher\n",
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> list[str]:
                 "",
             ]
     finally:
-        triton_bias.Launch.__call__ = real
+        fused.Launch.__call__ = real
     return emit(lines, args.out)
 
 

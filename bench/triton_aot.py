@@ -38,22 +38,28 @@ def compile_launch(launch: Launch, arch: int = 90):
     from triton.compiler import ASTSource
 
     fn = kernel_fn(launch.kernel)
-    signature, constexprs, attrs = {}, {}, {}
-    for i, param in enumerate(fn.params):
-        value = launch.args[param.name]
-        if param.is_constexpr or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
-            signature[param.name], constexprs[(i,)] = "constexpr", value
-            continue
+    constexprs, attrs = {}, {}
+
+    def specialize(path: tuple[int, ...], value, is_constexpr: bool = False):
+        """The type of the argument at ``path`` (a tuple's elements each by their own path), its constant or
+        attributes recorded."""
+        if isinstance(value, tuple) and not is_constexpr:
+            return tuple(specialize((*path, j), v) for j, v in enumerate(value))
+        if is_constexpr or (isinstance(value, int) and not isinstance(value, bool) and value == 1):
+            constexprs[path] = value
+            return "constexpr"
         if isinstance(value, Tensor):
-            signature[param.name] = "*" + _TRITON_TYPES[value.dtype]
-            spec = BaseBackend.get_tensor_specialization(value, align=True)
+            ty, spec = "*" + _TRITON_TYPES[value.dtype], BaseBackend.get_tensor_specialization(value, align=True)
         elif isinstance(value, float):
-            signature[param.name], spec = "fp32", ""
+            ty, spec = "fp32", ""
         else:
-            signature[param.name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            ty = "i32" if -(2**31) <= value < 2**31 else "i64"
             spec = BaseBackend.get_int_specialization(value, align=True)
         if spec:
-            attrs[(i,)] = BaseBackend.parse_attr(spec)
+            attrs[path] = BaseBackend.parse_attr(spec)
+        return ty
+
+    signature = {p.name: specialize((i,), launch.args[p.name], p.is_constexpr) for i, p in enumerate(fn.params)}
     src = ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(launch.options))
 

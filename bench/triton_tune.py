@@ -180,7 +180,7 @@ def _one_tile(launch: tb.Launch) -> tb.Launch:
     programs add into one pattern's sums at once); its time is the kernel's with the bias tiles' reads from L2 out,
     their instructions kept."""
     a = dict(launch.args)
-    a.update(BT=a["BT"][:, :1].contiguous(), n_pat=1, n_m=1, d_min=-a["N"], g_d=1 << 30, g_m=1)
+    a.update(BT=a["BT"][:, :1].contiguous(), patterns=(1, -a["N"], 1), g_d=1 << 30, g_m=1)  # (n_pat, d_min, n_m)
     return launch._replace(args=a)
 
 

@@ -230,7 +230,7 @@ def test_triton_tune_one_tile_reads_the_first_tile_everywhere():
     g = torch.Generator().manual_seed(0)
     q, k, v, go = (torch.randn(1, 2, 145, 16, generator=g) for _ in range(4))
     launches = tune.tb.plan(q, k, v, torch.randn(2, 23, 23, generator=g), (12, 12), 1, bias_read="tiles")
-    assert launches["fwd"].args["n_pat"] == 9
+    assert launches["fwd"].args["patterns"][0] == 9  # (n_pat, d_min, n_m)
     one = {name: tune._one_tile(launches[name]) for name in ("fwd", "dkdv", "dq")}
     one["fwd"]()
     launches["delta"].args["DO"].copy_(go)  # (plan's output gradient, read by delta, dkdv and dq)
@@ -397,16 +397,16 @@ def test_host_ops_counts_a_step_by_source(tmp_path):
     import importlib.util
     from pathlib import Path
 
-    from vitrel.kernels import triton_bias
+    from vitrel.kernels import triton as fused
 
     path = Path(__file__).resolve().parents[2] / "bench" / "host_ops.py"
     spec = importlib.util.spec_from_file_location("vitrel_bench_host_ops", path)
     ho = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ho)
-    call = triton_bias.Launch.__call__
+    call = fused.Launch.__call__
     out = tmp_path / "ops.md"
     lines = ho.main(["--pairs", "vit_rel2d_full", "--img-size", "32", "--top", "40", "--out", str(out)])
-    assert triton_bias.Launch.__call__ is call
+    assert fused.Launch.__call__ is call
     assert out.read_text() == "\n".join(lines) + "\n"
     total = next(row for row in lines if row.startswith("Operators a forward and backward"))
     ours, timm = (int(v) for v in re.findall(r"(?:ours|timm) (\d+)", total))

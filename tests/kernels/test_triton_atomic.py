@@ -15,8 +15,9 @@ if not torch.cuda.is_available():  # before the kernels are first imported (vitr
 import vitrel  # noqa: E402
 from tests.kernels.test_triton_bias import DEVICES, _check, _inputs, four_kernels, interpreted  # noqa: E402
 from tests.kernels.test_triton_bias import pytestmark as pytestmark  # noqa: E402
-from vitrel.kernels import get_kernel, triton_bias  # noqa: E402
-from vitrel.kernels.triton_bias import rel_bias_attention  # noqa: E402
+from vitrel.kernels import get_kernel  # noqa: E402
+from vitrel.kernels import triton as fused  # noqa: E402
+from vitrel.kernels.triton import rel_bias_attention  # noqa: E402
 from vitrel.layout.geometry import Grid  # noqa: E402
 from vitrel.layout.windows import window_regions  # noqa: E402
 
@@ -45,7 +46,7 @@ def test_table_grad_with_atomic_dq_equals_reference(device, grid, prefix, d):
         pytest.skip("197 tokens in a GPU's 64-token tiles: under -m cuda")
     n = prefix + grid[0] * grid[1]
     q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)
-    launches = triton_bias.plan(
+    launches = fused.plan(
         q, k, v, table, grid, prefix, bias_read="tiles", deterministic=False, sms=None if device == "cpu" else 132
     )
     if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile, or one pattern a tile)
@@ -74,7 +75,7 @@ def test_atomic_dq_causal_windows_and_batch_shares(device):
 def _launches(deterministic: bool, table_grad: bool = True, **kw) -> dict:
     q, k, v, table = (t.float() for t in _inputs(2, 2, 1 + 70, 16, (5, 14)))  # (more than a GPU's one tile)
     call = dict(table=table, grid=(5, 14), num_prefix_tokens=1, deterministic=deterministic, **kw)
-    return triton_bias.plan(q, k, v, **call, table_grad=table_grad)
+    return fused.plan(q, k, v, **call, table_grad=table_grad)
 
 
 def test_which_launches_run():

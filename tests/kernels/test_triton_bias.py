@@ -22,8 +22,8 @@ if not torch.cuda.is_available():  # before the kernels are first imported (vitr
 
 import vitrel  # noqa: E402
 from vitrel import Attention, device_cache  # noqa: E402
-from vitrel.kernels import triton_bias  # noqa: E402
-from vitrel.kernels.triton_bias import rel_bias_attention  # noqa: E402
+from vitrel.kernels import triton as fused  # noqa: E402
+from vitrel.kernels.triton import rel_bias_attention  # noqa: E402
 from vitrel.layout.geometry import as_grid, expand_offset_table  # noqa: E402
 from vitrel.pos import list_pos  # noqa: E402
 from vitrel.pos.registry import get_pos_class  # noqa: E402
@@ -38,9 +38,9 @@ from vitrel.kernels.triton.planning import fwd_launch  # noqa: E402
 
 #: the CPU cases run through the interpreter (on a GPU machine, where it is off, ``pytest -m cuda`` runs the GPU ones)
 pytestmark = pytest.mark.skipif(
-    not (triton_bias.interpreter_on() or torch.cuda.is_available()), reason="Triton's interpreter is off"
+    not (fused.interpreter_on() or torch.cuda.is_available()), reason="Triton's interpreter is off"
 )
-interpreted = pytest.mark.skipif(not triton_bias.interpreter_on(), reason="Triton's interpreter is off (GPU machine)")
+interpreted = pytest.mark.skipif(not fused.interpreter_on(), reason="Triton's interpreter is off (GPU machine)")
 CUDA = pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU")])
 DEVICES = [pytest.param("cpu", marks=interpreted), CUDA]
 TABLE_SCHEMES = [n for n in list_pos("relative") if get_pos_class(n).has_offset_table]
@@ -106,6 +106,7 @@ def _check(
     for name, g, gr in zip("qkvT", grads, grads_ref):
         scale = gr.abs().max().item()
         torch.testing.assert_close(g.double().cpu() / scale, gr / scale, **tol, msg=f"d{name}")
+    return out, grads
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -144,10 +145,10 @@ def test_bias_tiles_in_half_precision(grid):
     table = torch.zeros(2, 2 * grid[0] - 1, 2 * grid[1] - 1)
     for dt in (torch.bfloat16, torch.float16, torch.float32):
         q = torch.zeros(2, 2, n, 16, dtype=dt)
-        launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles")  # (one tile of a GPU's backward)
+        launches = fused.plan(q, q, q, table, grid, 1, bias_read="tiles")  # (one tile of a GPU's backward)
         assert {name: launch.args["BT"].dtype for name, launch in launches.items()} == {"fwd": dt, "tile": dt}
         for det, want in ((True, {"fwd", "dkdv", "dq"}), (False, {"fwd", "dkdv", "dbias"})):  # (dbias: dq by atomics)
-            launches = triton_bias.plan(q, q, q, table, grid, 1, bias_read="tiles", deterministic=det,
+            launches = fused.plan(q, q, q, table, grid, 1, bias_read="tiles", deterministic=det,
                                         config=four_kernels())  # fmt: skip
             assert set(launches) == want | {"delta"}
             tiles = {name: launch.args["BT"].dtype for name, launch in launches.items() if name != "delta"}
@@ -167,8 +168,8 @@ def test_bias_tiles_equal_the_dense_bias(side, prefix, tm, tw):
     grid = as_grid((side, side))
     n = prefix + grid.n
     table = torch.randn(2, 2 * side - 1, 2 * side - 1, dtype=torch.float64)
-    pat = triton_bias.tile_patterns(grid.w, n, tm, tw)
-    tiles = triton_bias.bias_tiles(table, grid.h, grid.w, prefix, pat, tm, tw)
+    pat = fused.tile_patterns(grid.w, n, tm, tw)
+    tiles = fused.bias_tiles(table, grid.h, grid.w, prefix, pat, tm, tw)
     assert tiles.shape == (2, pat.n_pat, tm, tw)
     n_qt, n_kt = -(-n // tm), -(-n // tw)
     dense = torch.nn.functional.pad(expand_offset_table(table, grid, prefix), (0, n_kt * tw - n, 0, n_qt * tm - n))
@@ -205,8 +206,8 @@ def test_qkv_views_are_read_in_place(monkeypatch):
             return func(*args, **(kwargs or {}))
 
     launching = []  # (inside a launch: the interpreter's own copies, which a GPU does not make)
-    call = triton_bias.Launch.__call__
-    monkeypatch.setattr(triton_bias.Launch, "__call__", lambda self: (launching.append(1), call(self), launching.pop()))
+    call = fused.Launch.__call__
+    monkeypatch.setattr(fused.Launch, "__call__", lambda self: (launching.append(1), call(self), launching.pop()))
     grid, prefix = (4, 5), 1
     qkv = torch.randn(2, prefix + 20, 3, 2, 16, requires_grad=True)
     table = torch.randn(2, 7, 9)
@@ -247,15 +248,15 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
     q = torch.randn(2, 2, n, 16)
     table = torch.randn(2, 2 * side - 1, 2 * side - 1)
     if n <= 64:
-        one = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
+        one = fused.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
         with Ops() as ops:
-            again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
+            again = fused.plan(q, q, q, table, (side, side), prefix, bias_read="tiles")
         assert set(again) == {"fwd", "tile"} and ops.n <= 16, (set(again), ops.n)
         torch.testing.assert_close(again["tile"].args["BT"], one["tile"].args["BT"], rtol=0, atol=0)
     config = four_kernels()
-    first = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles", config=config)
+    first = fused.plan(q, q, q, table, (side, side), prefix, bias_read="tiles", config=config)
     with Ops() as ops:
-        again = triton_bias.plan(q, q, q, table, (side, side), prefix, bias_read="tiles", config=config)
+        again = fused.plan(q, q, q, table, (side, side), prefix, bias_read="tiles", config=config)
     assert ops.n <= 20, ops.n
     written = {"O", "LSE", "DELTA", "DK", "DV", "DQ", "DT", "DBT", "SCRATCH"}  # (outputs, or read from them)
     for name, launch in first.items():
@@ -263,15 +264,15 @@ def test_host_work_of_a_call_is_a_few_tensor_ops(monkeypatch, side, prefix):
             if isinstance(value, torch.Tensor) and key not in written:
                 torch.testing.assert_close(again[name].args[key], value, rtol=0, atol=0, msg=f"{name} {key}")
     sums = first["dbias"] if "dbias" in first else first["dq"]  # (dq sums the bias tiles' gradient where it can)
-    pat = triton_bias.tile_patterns(side, n, sums.args["BM"], sums.args["BN"])
-    assert (pat.n_pat, pat.n_m) == (sums.args["n_pat"], sums.args["n_m"])
+    pat = fused.tile_patterns(side, n, sums.args["BM"], sums.args["BN"])
+    assert (pat.n_pat, pat.d_min, pat.n_m) == sums.args["patterns"]  # (the kernels' tuple)
     sums_buffer = sums.args["DBT" if "dbias" in first else "DT"]
     dbt = torch.randn(sums_buffer.shape)  # [n_split, heads, n_pat, blk, blk] (plan's tiles: a GPU's)
-    triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)  # (its index made, and kept)
+    fused.table_grad_from_tiles(dbt, pat, side, side, prefix)  # (its index made, and kept)
     launches = []
-    monkeypatch.setattr(triton_bias.Launch, "__call__", lambda launch: launches.append(launch.kernel))
+    monkeypatch.setattr(fused.Launch, "__call__", lambda launch: launches.append(launch.kernel))
     with Ops() as ops:
-        triton_bias.table_grad_from_tiles(dbt, pat, side, side, prefix)
+        fused.table_grad_from_tiles(dbt, pat, side, side, prefix)
     assert ops.n <= 2 and launches == ["table_grad"], (ops.n, launches)  # (its output; the index kept)
 
 
@@ -284,12 +285,12 @@ def test_nothing_kept_from_a_graphs_stream(monkeypatch):
     patterns._tile_index.cache_clear()
     monkeypatch.setattr(device_cache, "keeps", lambda device: False)
     config = four_kernels()  # (the four kernels: 37 tokens fit one tile of a GPU's)
-    first = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles", config=config)
-    again = triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles", config=config)
+    first = fused.plan(q, q, q, table, (6, 6), 1, bias_read="tiles", config=config)
+    again = fused.plan(q, q, q, table, (6, 6), 1, bias_read="tiles", config=config)
     assert patterns._tile_index.cache_info().currsize == 0
     torch.testing.assert_close(again["dq"].args["BT"], first["dq"].args["BT"], rtol=0, atol=0)
     monkeypatch.undo()
-    triton_bias.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
+    fused.plan(q, q, q, table, (6, 6), 1, bias_read="tiles")
     assert patterns._tile_index.cache_info().currsize > 0  # (on the CPU: kept)
 
 
@@ -317,7 +318,7 @@ def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
     from the equation, in loops, float64 (the kernel sums in float32)."""
     gh, gw = grid
     n = prefix + gh * gw
-    pat = triton_bias.tile_patterns(gw, n, tm, tw)
+    pat = fused.tile_patterns(gw, n, tm, tw)
     g = torch.randn(2, n, n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     want = torch.zeros(2, 2 * gh - 1, 2 * gw - 1, dtype=torch.float64)
     for i in range(prefix, n):
@@ -333,7 +334,7 @@ def test_table_grad_from_tiles_sums_each_offset(grid, prefix, tm, tw):
             tile = padded[:, qb * tm : (qb + 1) * tm, kb * tw : (kb + 1) * tw]
             dbt[:, pat.index(qb * tm, kb * tw, tm, tw, gw)] += tile
     shares = torch.stack([dbt / 2, dbt / 4, dbt / 4]).float()  # (exact in binary: the shares add to dbt)
-    got = triton_bias.table_grad_from_tiles(shares, pat, gh, gw, prefix)
+    got = fused.table_grad_from_tiles(shares, pat, gh, gw, prefix)
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-5)
 
 
@@ -350,35 +351,36 @@ def test_dbias_programs_longest_first(side, prefix, tm, tw, causal):
     computed on the device they are for."""
     grid_w = side if side > 1 else 70
     n = prefix + side * grid_w
-    pat = triton_bias.tile_patterns(grid_w, n, tm, tw)
+    pat = fused.tile_patterns(grid_w, n, tm, tw)
     tiles_q, tiles_k = -(-n // tm), -(-n // tw)
     pairs = [(qb, kb) for qb in range(tiles_q) for kb in range(tiles_k) if kb * tw < (qb + 1) * tm or not causal]
     seen = [pat.index(qb * tm, kb * tw, tm, tw, grid_w) for qb, kb in pairs]
     tiles = pat.tiles(n, tm, tw, grid_w, causal)
     assert tiles.tolist() == torch.bincount(torch.tensor(seen), minlength=pat.n_pat).tolist()
-    order = triton_bias.dbias_order(tiles, 3, 2).long()
+    order = fused.dbias_order(tiles, 3, 2).long()
     assert sorted(order.tolist()) == list(range(pat.n_pat * 3 * 2))
     work = tiles[order // 6]
     assert (work[:-1] >= work[1:]).all() and work[0] == tiles.max()
     # made on the inputs' device, not copied there (a copy from the host syncs, and a CUDA graph cannot capture it)
-    assert triton_bias.dbias_order(pat.tiles(n, tm, tw, grid_w, causal, "meta"), 3, 2).device.type == "meta"
+    assert fused.dbias_order(pat.tiles(n, tm, tw, grid_w, causal, "meta"), 3, 2).device.type == "meta"
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_batch_beyond_the_cuda_grid(device, monkeypatch):
-    """A batch whose ``batch x heads`` programs exceed CUDA's grid (65,535 on its second axis; here 12) runs as shares
-    of the batch: a full grid (shares of 6), a batch of windows whose region ids repeat every 4 (shares of 4, not 6),
-    and a mask per batch element (sliced with its share), packed rows of images of different layouts (their tokens
-    sliced)."""
+    """A batch whose ``batch x heads`` programs exceed CUDA's grid (65,535 on its second axis; here 4 or 12) runs as
+    shares of the batch: a full grid (shares of 2, the last of 1), a batch of windows whose region ids repeat every 4
+    (shares of 4, not 6), and a mask per batch element (sliced with its share), packed rows of images of different
+    layouts (their tokens sliced)."""
     from vitrel.layout.geometry import Grid
     from vitrel.layout.windows import window_regions
 
-    config = four_kernels(device, grid_y_max=12)  # 2 heads: at most 6 batch elements a launch
-    _check(device, 9, 2, 16, (3, 4), 1, config=config)
-    _check(device, 12, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)), config=config)
-    mask = torch.zeros(8, 12, 12, dtype=torch.float64)
-    mask[torch.arange(8), :, torch.arange(8)] = float("-inf")  # element b masks key b
-    _check(device, 8, 2, 16, (3, 4), 0, mask=mask, config=config)
+    config = four_kernels(device, grid_y_max=4)  # 2 heads: at most 2 batch elements a launch
+    _check(device, 3, 2, 16, (3, 4), 1, config=config)
+    wide = four_kernels(device, grid_y_max=12)  # (at most 6, where the regions take 4)
+    _check(device, 8, 2, 16, (4, 5), 0, regions=window_regions(Grid(7, 9), (4, 5), (2, 2)), config=wide)
+    mask = torch.zeros(3, 12, 12, dtype=torch.float64)
+    mask[torch.arange(3), :, torch.arange(3)] = float("-inf")  # element b masks key b
+    _check(device, 3, 2, 16, (3, 4), 0, mask=mask, config=config)
     # packed rows (2 heads): one a launch, its tokens sliced
     _check_layout(device, 0, *tile_aligned_tokens(), config=four_kernels(device, grid_y_max=2))
 
@@ -393,7 +395,7 @@ def test_launch_configuration_by_head_dim_and_bias_read():
 
     def launches(d=64, table=True, **kw):
         q = torch.zeros(2, 2, 65, d, dtype=torch.bfloat16)
-        return triton_bias.plan(q, q, q, torch.zeros(2, 15, 15) if table else None, (8, 8), 1, **kw)
+        return fused.plan(q, q, q, torch.zeros(2, 15, 15) if table else None, (8, 8), 1, **kw)
 
     def tile(**kw):
         fwd = launches(**kw)["fwd"]
@@ -441,7 +443,7 @@ def test_launch_configuration_by_head_dim_and_bias_read():
     # read whole, beyond it gathered (auto) or an error (2 heads, bf16 tiles)
     wide = replace(cuda_config(64), fwd_tile=(64, 128))
     assert tile(bias_read="tiles", config=wide) == tile(table=False, config=wide) == (64, 128)
-    size = triton_bias.tile_patterns(8, 65, 64, 64).n_pat * 64 * 64 * 2 * 2
+    size = fused.tile_patterns(8, 65, 64, 64).n_pat * 64 * 64 * 2 * 2
     assert launches(config=replace(cuda_config(64), tile_budget_bytes=size))["fwd"].args["TILED"]
     assert not launches(config=replace(cuda_config(64), tile_budget_bytes=size - 1))["fwd"].args["TILED"]
     with pytest.raises(ValueError, match="above the budget"):
@@ -450,29 +452,27 @@ def test_launch_configuration_by_head_dim_and_bias_read():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("grid", "prefix", "d", "in_dq"), [((5, 7), 0, 32, True), ((4, 6), 2, 24, True),
-                                                           ((6, 6), 1, 16, True), ((5, 24), 1, 16, False),
+                                                           ((6, 6), 1, 16, True), ((4, 8), 1, 16, False),
                                                            ((14, 14), 1, 16, True)])  # fmt: skip
 def test_table_grad_in_dq_equals_reference(device, grid, prefix, d, in_dq):
     """The bias tiles' gradient summed by the ``dq`` kernel (where each of its tiles is one pattern, so
     a program's tiles are the only ones of their patterns) instead of the ``dbias`` kernel: the table's gradient and
     q, k, v's against the float64 reference, with and without prefix tokens (their pairs are not the table's); the
-    launches asserted (no ``dbias`` launch), and where the ``dq`` kernel's tiles share patterns (5 x 24), the
-    ``dbias`` kernel as before; ViT-B/16's 197 tokens, where a GPU's 64-token tiles are one pattern each too. A
-    batch of 3, so a program sums two batch elements. Two runs bitwise equal (the sums in a fixed order)."""
+    launches asserted (no ``dbias`` launch), and where the ``dq`` kernel's tiles share patterns (4 x 8), the
+    ``dbias`` kernel as before (patterns of several phases: :func:`test_dbias_kernel_equals_reference`);
+    ViT-B/16's 197 tokens with a GPU's launches (its 64-token tiles, one pattern each too; four a side, the last of
+    5 tokens), in the interpreter too. A batch of 3, so a program sums two batch elements. Two runs bitwise equal
+    (the sums in a fixed order)."""
     n = prefix + grid[0] * grid[1]
+    config = cuda_config(d) if grid == (14, 14) else None  # (the interpreter's 16-token tiles: the other grids)
     q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)
-    launches = triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles", sms=None if device == "cpu" else 132)
+    sms = None if device == "cpu" else 132
+    launches = fused.plan(q, k, v, table, grid, prefix, bias_read="tiles", sms=sms, config=config)
     if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile, or one pattern a tile)
         assert (launches["dq"].args["TABLE_GRAD"] == 2) is in_dq and ("dbias" in launches) is not in_dq
-    _check(device, 3, 2, d, grid, prefix, bias_read="tiles")
-    dev, dtype = device, (torch.float32 if device == "cpu" else torch.bfloat16)
-    qd, kd, vd = (t.to(dev, dtype).requires_grad_() for t in (q, k, v))
-    td = table.to(dev).requires_grad_()
-    grads = [
-        torch.autograd.grad(rel_bias_attention(qd, kd, vd, td, grid, prefix, bias_read="tiles").sum(), td)[0]
-        for _ in range(2)
-    ]
-    assert torch.equal(grads[0], grads[1])
+    runs = [_check(device, 3, 2, d, grid, prefix, bias_read="tiles", config=config) for _ in range(2)]
+    (out, grads), (out2, grads2) = runs
+    assert torch.equal(out, out2) and all(torch.equal(a, b) for a, b in zip(grads, grads2))
 
 
 @interpreted
@@ -482,7 +482,7 @@ def test_forward_tiles_wider_than_tall(grid, prefix, causal):
     backward's tiles stay square): its bias tiles repeat by ``(q0 - k0, q0 mod W)`` with ``gcd(BM, BN)`` steps, or are
     each exact; causal masks within a tile that straddles the diagonal."""
     config = replace(INTERPRETER, fwd_tile=(16, 32))
-    assert triton_bias.plan(*(torch.zeros(1, 1, 41, 16),) * 3, None, (5, 8), 1, config=config)["fwd"].args["BN"] == 32
+    assert fused.plan(*(torch.zeros(1, 1, 41, 16),) * 3, None, (5, 8), 1, config=config)["fwd"].args["BN"] == 32
     _check("cpu", 2, 2, 16, grid, prefix, causal=causal, bias_read="tiles", config=config)
 
 
@@ -514,7 +514,7 @@ def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
     config = replace(INTERPRETER, **own)
     q = torch.zeros(1, 1, 41, 16)
     t = torch.zeros(1, 9, 15)
-    launches = triton_bias.plan(q, q, q, t, (5, 8), 1, deterministic=kernel != "dbias", config=four_kernels(**own))
+    launches = fused.plan(q, q, q, t, (5, 8), 1, deterministic=kernel != "dbias", config=four_kernels(**own))
     assert (launches[kernel].args["BM"], launches[kernel].args["BN"]) == tile
     other = launches["dq" if kernel == "dkdv" else "dkdv"].args
     tm, tw = other["BT"].shape[-2:]  # (plan's tiles: a GPU's, 64 x 64)
@@ -528,11 +528,11 @@ def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
     ref = reference(q, k, v, table, grid, prefix)
     go = torch.randn_like(ref)
     gref = torch.autograd.grad(ref, leaves, go)
-    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), prefix)
+    blocks = fused.visible_tiles(table.float(), as_grid(grid), prefix)
     call = dict(blocks=blocks, deterministic=det, sms=None, config=config)
-    launch = triton_bias.plan(q.float(), q.float(), q.float(), table.float(), grid, prefix, **call)[kernel]
-    flags = triton_bias.tile_flags(blocks, *tile)  # (dkdv's rows: its key blocks, the flags' columns)
-    lists = triton_bias.tile_lists(flags.mT if kernel == "dkdv" else flags)
+    launch = fused.plan(q.float(), q.float(), q.float(), table.float(), grid, prefix, **call)[kernel]
+    flags = fused.tile_flags(blocks, *tile)  # (dkdv's rows: its key blocks, the flags' columns)
+    lists = fused.tile_lists(flags.mT if kernel == "dkdv" else flags)
     visits = flags.to(launch.args["BLK"].dtype) if kernel == "dbias" else lists  # (dbias reads a flag a tile)
     assert 0 < int(flags.sum()) < flags.numel() and torch.equal(launch.args["BLK"], visits)
     qd, kd, vd, td = (t.detach().float().requires_grad_() for t in (q, k, v, table))
@@ -571,7 +571,7 @@ def test_gpu_launch_configuration_equals_reference(device, grid, prefix, case):
         config = replace(config, **wide, wide=Warps(8, 2))
     q = torch.zeros(1, 1, prefix + grid[0] * grid[1], d)
     kw = dict(bias_read="gather" if case == "gather" else "tiles", deterministic=case != "atomic")
-    launches = triton_bias.plan(q, q, q, None, grid, prefix, config=config)
+    launches = fused.plan(q, q, q, None, grid, prefix, config=config)
     shapes = {k: (x.args["BM"], x.args.get("BN")) for k, x in launches.items()}
     if d == 128:
         fwd, dkdv, dq, dbias_tile = (64, 32), (64, 128), (128, 64), (128, 64)
@@ -581,9 +581,9 @@ def test_gpu_launch_configuration_equals_reference(device, grid, prefix, case):
         fwd = dkdv = dq = dbias_tile = (64, 64)
     assert shapes == {"fwd": fwd, "delta": (128, None), "dkdv": dkdv, "dq": dq}, shapes
     t = torch.zeros(1, 2 * grid[0] - 1, 2 * grid[1] - 1)
-    square = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="gather", config=config)["dq"].args
+    square = fused.plan(q, q, q, t, grid, prefix, bias_read="gather", config=config)["dq"].args
     assert (square["BM"], square["BN"], square["TABLE_GRAD"]) == (sq, sq, 1)
-    tiles = triton_bias.plan(q, q, q, t, grid, prefix, bias_read="tiles", config=config)  # (the dq kernel sums the
+    tiles = fused.plan(q, q, q, t, grid, prefix, bias_read="tiles", config=config)  # (the dq kernel sums the
     sums = tiles["dbias"] if "dbias" in tiles else tiles["dq"]  # tiles' gradient where they are one pattern each)
     assert (sums.args["BM"], sums.args["BN"]) == (dbias_tile if "dbias" in tiles else dq)
     assert sums.args["DBT" if "dbias" in tiles else "DT"].numel() > 1
@@ -613,12 +613,12 @@ def test_forward_reads_keys_and_values_with_or_without_tma(device, tma, grid, pr
     """The forward's key and value tiles read through tensor descriptors (``TMA``, rows past the end zero-filled by
     the descriptor) or by addresses (rows clamped), the same against the reference; the interpreter emulates the
     descriptors (on a GPU: ``pytest -m cuda``, Hopper or later for the descriptors). Which one a launch takes
-    (:func:`triton_bias.tma_reads`) is asserted, so neither path goes untested: the configuration's
+    (:func:`fused.tma_reads`) is asserted, so neither path goes untested: the configuration's
     ``tma_min_tiles`` is 1 here (these grids are one key tile of a GPU's), or beyond the call's tiles."""
     least = dict(tma_min_tiles=1 if tma else 1 << 30)
     config = four_kernels(device, **least)  # (fwd_tile has no TMA)
     q, k, v, table = (t.float() for t in _inputs(2, 2, prefix + grid[0] * grid[1], 16, grid))
-    assert triton_bias.plan(q, k, v, table, grid, prefix, config=four_kernels(**least))["fwd"].args["TMA"] is tma
+    assert fused.plan(q, k, v, table, grid, prefix, config=four_kernels(**least))["fwd"].args["TMA"] is tma
     _check(device, 2, 2, 16, grid, prefix, causal=causal, table_on=table_on, config=config)
 
 
@@ -632,14 +632,14 @@ def test_tma_reads_where_the_tensors_allow():
     view = qkv[:, :, 1].transpose(1, 2)
     off = torch.randn(2, 3, 40, 17)[..., 1:]
     lanes = torch.randn(2, 3, 40, 32)[..., ::2]
-    assert triton_bias.tma_reads(x, x, 16, True) and triton_bias.tma_reads(view, view, 16, True)
-    assert not triton_bias.tma_reads(off, off, 16, True)
-    assert not triton_bias.tma_reads(lanes, lanes, 16, True)
-    assert not triton_bias.tma_reads(x.half()[..., :4], x.half()[..., :4], 4, True)  # (8-byte rows)
-    assert triton_bias.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1)["fwd"].kernel == "fwd_tile"
+    assert fused.tma_reads(x, x, 16, True) and fused.tma_reads(view, view, 16, True)
+    assert not fused.tma_reads(off, off, 16, True)
+    assert not fused.tma_reads(lanes, lanes, 16, True)
+    assert not fused.tma_reads(x.half()[..., :4], x.half()[..., :4], 4, True)  # (8-byte rows)
+    assert fused.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1)["fwd"].kernel == "fwd_tile"
     # (10 tokens: else the one-tile forward, which has no TMA)
-    short = triton_bias.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1, config=four_kernels())["fwd"]
-    long = triton_bias.plan(*(torch.randn(1, 2, 1025, 64),) * 3, None, (32, 32), 1)["fwd"]
+    short = fused.plan(x[:, :, :10], x[:, :, :10], x[:, :, :10], None, (3, 3), 1, config=four_kernels())["fwd"]
+    long = fused.plan(*(torch.randn(1, 2, 1025, 64),) * 3, None, (32, 32), 1)["fwd"]
     assert not short.args["TMA"] and long.args["TMA"]
 
 
@@ -653,7 +653,7 @@ def test_dbias_kernel_equals_reference(device, grid, prefix, causal):
     config = four_kernels(device)  # (grids that fit one tile of a GPU's backward too)
     det = grid == (5, 24)
     q, k, v, table = (t.float() for t in _inputs(3, 2, prefix + grid[0] * grid[1], 16, grid))
-    launches = triton_bias.plan(q, k, v, table, grid, prefix, bias_read="tiles", deterministic=det, sms=None,
+    launches = fused.plan(q, k, v, table, grid, prefix, bias_read="tiles", deterministic=det, sms=None,
                                 config=four_kernels("cpu"))  # fmt: skip
     assert "dbias" in launches and launches["dbias"].args["n_split"] == 2
     _check(device, 3, 2, 16, grid, prefix, causal=causal, bias_read="tiles", deterministic=det, config=config)
@@ -694,9 +694,9 @@ def test_one_tile_backward_equals_reference(monkeypatch, device, tile_fwd, b, h,
     config = INTERPRETER if device == "cpu" else cuda_config(d)
     config = replace(config, fwd_one_tile_max=config.fwd_one_tile_max if tile_fwd else 0)
     ran = []
-    call = triton_bias.Launch.__call__
+    call = fused.Launch.__call__
     name = lambda launch: launch.kernel + ("/one" if launch.args.get("ONE") else "")  # noqa: E731 (fwd: one key tile)
-    monkeypatch.setattr(triton_bias.Launch, "__call__", lambda self: (ran.append(name(self)), call(self))[1])
+    monkeypatch.setattr(fused.Launch, "__call__", lambda self: (ran.append(name(self)), call(self))[1])
     settings = dict(settings)
     if settings.get("regions") == "swin":
         settings["regions"] = _one_tile_regions()
@@ -773,7 +773,7 @@ def test_kernel_masked_table_entries(skip, grid):
     gref = torch.autograd.grad(ref, leaves, go)
     dev = "cpu"
     qd, kd, vd, td = (t.detach().float().to(dev).requires_grad_() for t in (q, k, v, table))
-    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), prefix) if skip else None
+    blocks = fused.visible_tiles(table.float(), as_grid(grid), prefix) if skip else None
     if skip and grid == (8, 8):
         assert 0 < int(blocks.sum()) < blocks.numel()  # some tiles are skipped
     out = rel_bias_attention(qd, kd, vd, td, grid, prefix, blocks=blocks)
@@ -797,7 +797,7 @@ def test_visible_tiles_are_the_dense_definition_and_are_read():
     dense = torch.nn.functional.pad(seen, (0, nt * 16 - n, 0, nt * 16 - n), value=False)
     dense = dense.view(2, nt, 16, nt, 16).any(4).any(2).int()
     for chunk in (16, 32, 1024):
-        assert torch.equal(triton_bias.visible_tiles(table, grid, prefix, chunk=chunk), dense)
+        assert torch.equal(fused.visible_tiles(table, grid, prefix, chunk=chunk), dense)
     blocks = dense.clone()
     blocks[1, 0, 0] = 0  # queries 0-15 of head 1 see keys 0-15
     out = rel_bias_attention(q.float(), k.float(), v.float(), table.float(), grid, prefix, blocks=blocks)
@@ -810,7 +810,7 @@ def test_tile_flags_pool_the_blocks():
     """The 16-token visible-tile flags pooled to a kernel's tile (a flag per tile, what the kernels load): 1 where any
     of the tile's blocks is, ragged edges included."""
     blocks = (torch.rand(2, 9, 9, generator=torch.Generator().manual_seed(0)) < 0.2).int()
-    got = triton_bias.tile_flags(blocks, 32, 64)
+    got = fused.tile_flags(blocks, 32, 64)
     want = torch.zeros(2, 5, 3, dtype=torch.int32)
     for h in range(2):
         for i in range(5):
@@ -826,11 +826,11 @@ def test_kernel_reads_the_tile_flags_at_its_tile():
     grid, prefix = (12, 8), 0
     q, k, v, table = _inputs(1, 2, 96, 16, grid)
     table[:, :10] = table[:, 12:] = float("-inf")  # a query sees the keys of its row and of the next (dh = -1, 0)
-    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), prefix)
-    pooled = triton_bias.tile_flags(blocks, 32, 32)
+    blocks = fused.visible_tiles(table.float(), as_grid(grid), prefix)
+    pooled = fused.tile_flags(blocks, 32, 32)
     assert 0 < int(pooled.sum()) < pooled.numel()  # some 32 x 32 tiles are skipped
     qf, kf, vf = (t.float().contiguous() for t in (q, k, v))
-    out, lse = torch.empty_like(qf), torch.empty(*qf.shape[:2], triton_bias.stats_len(qf.shape[2]))
+    out, lse = torch.empty_like(qf), torch.empty(*qf.shape[:2], fused.stats_len(qf.shape[2]))
     config = replace(INTERPRETER, fwd_tile=(32, 32))
     launch = fwd_launch(
         qf, kf, vf, table.float(), None, None, blocks, 16**-0.5, *grid, prefix, False, "auto", out, lse, None, config
@@ -851,10 +851,10 @@ def test_row_stats_padded_for_unmasked_reads(tile_fwd):
     q, k, v, table = (t.float() for t in _inputs(2, 2, n, 16, grid))
     # (the delta kernel: 21 tokens fit one tile of a GPU's; the one-tile forward writes all 128 rows itself)
     config = replace(cuda_config(16), bwd_one_tile_max=0, fwd_one_tile_max=64 if tile_fwd else 0)
-    launches = triton_bias.plan(q, k, v, table, grid, 1, config=config)
+    launches = fused.plan(q, k, v, table, grid, 1, config=config)
     assert launches["fwd"].kernel == ("fwd_tile" if tile_fwd else "fwd")
     lse, delta, do = launches["fwd"].args["LSE"], launches["delta"].args["DELTA"], launches["delta"].args["DO"]
-    assert lse.shape == delta.shape == (2, 2, triton_bias.stats_len(n)) == (2, 2, 128)
+    assert lse.shape == delta.shape == (2, 2, fused.stats_len(n)) == (2, 2, 128)
     # (rows only the last program's loop writes; the one-tile forward's every program writes a padded block's rows)
     assert launches["fwd"].args["BM"] < 128 and (tile_fwd or launches["fwd"].grid[0] * launches["fwd"].args["BM"] < 128)
     lse.fill_(float("nan"))
@@ -899,7 +899,7 @@ def test_kernel_causal_with_visible_tiles():
     grid = (1, 70)
     q, k, v, table = _inputs(1, 2, 70, 16, grid)
     table[:, :, : 69 - 8] = table[:, :, 69 + 9 :] = float("-inf")
-    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), 0)
+    blocks = fused.visible_tiles(table.float(), as_grid(grid), 0)
     assert 0 < int(blocks.sum()) < blocks.numel()
     leaves = [t.requires_grad_() for t in (q, k, v)]
     ref = reference(q, k, v, table, grid, 0, causal=True)
@@ -922,8 +922,8 @@ def test_query_tiles_with_no_visible_key_tile():
     grid = (1, 70)
     q, k, v, table = _inputs(1, 2, 70, 16, grid)
     table[:, :, : 69 + 40] = float("-inf")  # offsets i - j < 40 (entry i - j + 69)
-    blocks = triton_bias.visible_tiles(table.float(), as_grid(grid), 0)
-    assert int(triton_bias.tile_lists(triton_bias.tile_flags(blocks, 16, 16))[:, 0, 0].max()) == 0  # (nothing)
+    blocks = fused.visible_tiles(table.float(), as_grid(grid), 0)
+    assert int(fused.tile_lists(fused.tile_flags(blocks, 16, 16))[:, 0, 0].max()) == 0  # (nothing)
     seen = slice(40, None)
     leaves = [t.requires_grad_() for t in (q, k, v)]
     # the reference of the rows with something visible (softmax over a row of -inf is NaN, and so its gradients)
@@ -1050,16 +1050,16 @@ def test_layout_tokens_and_regions_padded_for_unmasked_reads():
     tokens, _ = packed_tokens(1)
     b, _, n = tokens.shape
     q = torch.zeros(b, 2, n, 16)
-    launch = triton_bias.plan(q, q, q, torch.zeros(3, 2, 7, 9), (4, 5), 1, tokens=tokens)["fwd"]
+    launch = fused.plan(q, q, q, torch.zeros(3, 2, 7, 9), (4, 5), 1, tokens=tokens)["fwd"]
     tok = launch.args["TOK"]
-    assert tok.shape == (b, 4, triton_bias.stats_len(n)) == (b, 4, 128) and tok.is_contiguous()
+    assert tok.shape == (b, 4, fused.stats_len(n)) == (b, 4, 128) and tok.is_contiguous()
     assert torch.equal(tok[..., :n], tokens.int())
     assert torch.equal(tok[..., n:], torch.tensor([-2, -1, 0, 0], dtype=torch.int32)[:, None].expand(b, 4, 128 - n))
     # a batch of windows' region ids [Mb, N] likewise: padded with -1 (masked, 1-3 % more instructions on interior
     # tiles and 5-10 % on a seam's)
     regions = torch.arange(20).remainder(3).expand(2, 20)
     w = torch.zeros(4, 2, 20, 16)
-    launch = triton_bias.plan(w, w, w, torch.zeros(2, 7, 9), (4, 5), regions=regions)["fwd"]
+    launch = fused.plan(w, w, w, torch.zeros(2, 7, 9), (4, 5), regions=regions)["fwd"]
     mask = launch.args["MASK"]  # (its rows read at stats_len(N) apart)
     assert launch.args["MASK_KIND"] == 2 and mask.shape == (2, 128) and mask.stride(0) == 128
     assert torch.equal(launch.args["MASK"][:, :20], regions.int()) and torch.all(launch.args["MASK"][:, 20:] == -1)
@@ -1274,7 +1274,7 @@ def test_clear_errors(monkeypatch):
     each."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
-        triton_bias.check_device(torch.device("cpu"))
+        fused.check_device(torch.device("cpu"))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     a = Attention(32, 2, pos="rel2d_full", grid=(3, 3), attn_impl="triton").train()
     a.attn_drop = 0.1  # (set on a built layer: the forward's own check; at build, tests/kernels/test_registry.py)
@@ -1332,7 +1332,7 @@ from vitrel.kernels import triton as tb
 q = torch.zeros(2, 2, 65, 64, dtype=torch.bfloat16)
 c = aot.compile_launch(tb.plan(q, q, q, torch.zeros(2, 15, 15), (8, 8), 1)["fwd"])
 ir, ptx = c.asm["ttir"], c.asm["ptx"]
-attrs = [re.search("%" + a + r": [^{\n]*?(\{[^}]*\})?\s*loc", ir) for a in ("Q", "sqn", "N", "n_mask_b")]
+attrs = [re.search("%" + re.escape(a) + r": [^{\n]*?(\{[^}]*\})?\s*loc", ir) for a in ("Q", "sq.2", "N", "n_mask_b")]
 wide = re.search(r"ld\.global(\.\w+)*\.v4\.b32|cp\.async[^;]*, 16;", ptx) is not None
 print(json.dumps([m.group(1) if m else "constant" for m in attrs] + [wide]))
 """
@@ -1421,12 +1421,11 @@ def test_table_grad_in_dq_compiles_for_hopper():
 def test_launch_configuration_is_one_frozen_object_per_device():
     """The launch configuration is a frozen :class:`~vitrel.kernels.triton.config.KernelConfig`, chosen by head dim
     on CUDA (64: 3 stages; 128: 64 x 32 forward tiles and its own backward tiles) and the interpreter's 16-token
-    tiles on CPU; one that the kernels cannot take is refused as it is made; the old import paths name the
-    package's objects."""
+    tiles on CPU; one that the kernels cannot take is refused as it is made; the package's names are its modules'
+    objects (the old import paths: tests/layout/test_import_layers.py)."""
     import dataclasses
 
-    from vitrel.kernels import triton_atomic, triton_rope
-    from vitrel.kernels.triton import KernelConfig, default_config
+    from vitrel.kernels.triton import KernelConfig, attend, default_config, rope
 
     assert cuda_config(64).fwd.options() == {"num_warps": 4, "num_stages": 3} and cuda_config(64).dq_tile is None
     assert (cuda_config(128).fwd_tile, cuda_config(128).bwd_tile, cuda_config(128).dq_tile) == ((64, 32), 32, (128, 64))
@@ -1440,6 +1439,6 @@ def test_launch_configuration_is_one_frozen_object_per_device():
         KernelConfig(bwd_tile=32)
     with pytest.raises(ValueError, match="head dims up to 128"):
         cuda_config(256)
-    assert triton_bias.rel_bias_attention is rel_bias_attention is vitrel.kernels.triton.rel_bias_attention
-    assert triton_atomic.TritonAtomicKernel is vitrel.kernels.get_kernel("triton_atomic")
-    assert triton_rope.rope_rotate is vitrel.kernels.triton.rope_rotate
+    assert fused.rel_bias_attention is rel_bias_attention is vitrel.kernels.triton.rel_bias_attention
+    assert attend.TritonAtomicKernel is vitrel.kernels.get_kernel("triton_atomic")
+    assert rope.rope_rotate is vitrel.kernels.triton.rope_rotate

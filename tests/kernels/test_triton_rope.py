@@ -1,4 +1,4 @@
-"""The fused rotation of queries and keys (``vitrel.kernels.triton_rope``), run by ``attn_impl="triton"``.
+"""The fused rotation of queries and keys (``vitrel.kernels.triton.rope``), run by ``attn_impl="triton"``.
 
 On this CPU the Triton kernel runs through Triton's interpreter (``TRITON_INTERPRET=1``, set below before the kernels
 are first used), at small sizes (grid 3 x 4, head dims 16 / 24 / 32, tiles of 16 tokens), against a float64 reference

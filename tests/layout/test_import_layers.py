@@ -3,10 +3,11 @@
 Layers, lowest first: ``vitrel.layout`` (grids, token layouts, windows) <- ``vitrel.pos`` (schemes) and
 ``vitrel.kernels`` <- ``vitrel.layers`` <- ``vitrel.models`` <- ``vitrel.train``. Read from the source with ``ast``
 (nothing is imported): an import inside a function or under ``if TYPE_CHECKING:`` runs later or never, so it is no
-edge; a package that imports its modules in a loop over ``pkgutil.iter_modules`` (``vitrel.pos``, ``vitrel.kernels``)
-has an edge to each of them (to the public ones where the loop skips names starting with ``_``). Importing ``a.b.c``
-runs ``a/b/__init__.py`` first, so it is also an edge to each package above ``c`` (except
-``vitrel`` itself, whose ``__init__`` is the public facade, and the importer's own packages)."""
+edge of the runtime graph (cycles); one under ``if TYPE_CHECKING:`` is an edge of the layers' graph (a type named
+is a dependency too). A package that imports its modules in a loop over ``pkgutil.iter_modules`` (``vitrel.pos``,
+``vitrel.kernels``) has an edge to each of them (to the public ones where the loop skips names starting with
+``_``). Importing ``a.b.c`` runs ``a/b/__init__.py`` first, so it is also an edge to each package above ``c``
+(except ``vitrel`` itself, whose ``__init__`` is the public facade, and the importer's own packages)."""
 
 from __future__ import annotations
 
@@ -41,19 +42,19 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _top_level_imports(body: list[ast.stmt]):
-    """Import statements that run when the module is imported (module level, ``try`` / ``if`` bodies included,
-    ``if TYPE_CHECKING:`` excluded)."""
+def _top_level_imports(body: list[ast.stmt], type_checking: bool = False):
+    """Import statements that run when the module is imported (module level, ``try`` / ``if`` bodies included),
+    and with ``type_checking`` those under ``if TYPE_CHECKING:``."""
     for node in body:
         if isinstance(node, ast.Import | ast.ImportFrom):
             yield node
         elif isinstance(node, ast.If):
-            if not _is_type_checking(node.test):
-                yield from _top_level_imports(node.body)
-            yield from _top_level_imports(node.orelse)
+            if type_checking or not _is_type_checking(node.test):
+                yield from _top_level_imports(node.body, type_checking)
+            yield from _top_level_imports(node.orelse, type_checking)
         elif isinstance(node, ast.Try):
             for part in (node.body, node.orelse, node.finalbody, *(h.body for h in node.handlers)):
-                yield from _top_level_imports(part)
+                yield from _top_level_imports(part, type_checking)
 
 
 def _imports_all_modules(body: list[ast.stmt]) -> str | None:
@@ -64,8 +65,9 @@ def _imports_all_modules(body: list[ast.stmt]) -> str | None:
     return None
 
 
-def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
-    """``{module: the vitrel modules its import runs}`` (see the module docstring)."""
+def import_graph(root: Path = ROOT, type_checking: bool = False) -> dict[str, set[str]]:
+    """``{module: the vitrel modules its import runs}`` (see the module docstring); with ``type_checking`` also those
+    it imports under ``if TYPE_CHECKING:``."""
     mods = module_names(root)
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
@@ -77,7 +79,7 @@ def import_graph(root: Path = ROOT) -> dict[str, set[str]]:
         if loop is not None:
             children = [m for m in mods if m.rpartition(".")[0] == name]
             targets |= {m for m in children if loop == "all" or not m.rpartition(".")[2].startswith("_")}
-        for node in _top_level_imports(tree.body):
+        for node in _top_level_imports(tree.body, type_checking):
             if isinstance(node, ast.Import):
                 found = [a.name for a in node.names]
             else:
@@ -144,7 +146,27 @@ def test_no_import_cycle():
 
 
 def test_layout_and_pos_import_no_upper_layer():
-    assert upward_imports(import_graph()) == []
+    """Not at runtime, nor for types alone (``if TYPE_CHECKING:``)."""
+    assert upward_imports(import_graph(type_checking=True)) == []
+
+
+def test_upward_import_for_types_alone_is_found(tmp_path):
+    """A toy package whose low layer imports an upper one only under ``if TYPE_CHECKING:``: no runtime edge, but a
+    layering one."""
+    files = {
+        "vitrel/__init__.py": "",
+        "vitrel/pos/__init__.py": "",
+        "vitrel/kernels/__init__.py": "",
+        "vitrel/pos/base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from vitrel.kernels import k\n",
+        "vitrel/kernels/k.py": "import vitrel.pos.base\n",
+    }  # fmt: skip
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert upward_imports(import_graph(tmp_path / "vitrel")) == []
+    assert find_cycle(import_graph(tmp_path / "vitrel")) is None
+    found = upward_imports(import_graph(tmp_path / "vitrel", type_checking=True))
+    assert found == ["vitrel.pos.base -> vitrel.kernels", "vitrel.pos.base -> vitrel.kernels.k"]
 
 
 @pytest.mark.parametrize(
@@ -184,7 +206,8 @@ def test_finds_cycles_on_a_toy_package(tmp_path, files, expect):
 
 
 def test_moved_modules_keep_their_old_paths():
-    """The paths that moved (CHANGELOG.md) still import, as the very module at the new path, in a fresh interpreter."""
+    """The paths that moved (CHANGELOG.md) still import, as the very module at the new path (the fused kernels' old
+    modules: their names), in a fresh interpreter."""
     import subprocess
     import sys
 
@@ -196,5 +219,14 @@ def test_moved_modules_keep_their_old_paths():
         f"assert importlib.import_module({old!r}) is importlib.import_module({new!r}), {old!r}\n" for old, new in pairs
     )
     code += "from vitrel.pos.tokens import TokenLayout, content_logits\nfrom vitrel.pos.rope import Rope2dMixed\n"
+    # the fused kernels' modules, now the package vitrel.kernels.triton: their names re-exported
+    code += (
+        "import vitrel.kernels.triton as new\nfrom vitrel.kernels import triton_bias, triton_rope, triton_atomic\n"
+        "assert set(triton_bias.__all__) == set(new.__all__)\n"
+        "assert all(getattr(triton_bias, n) is getattr(new, n) for n in new.__all__)\n"
+        "assert triton_rope.rope_rotate is new.rope.rope_rotate\n"
+        "assert triton_atomic.TritonAtomicKernel is new.attend.TritonAtomicKernel\n"
+        "assert triton_atomic.TritonAtomicKernel is vitrel.kernels.get_kernel('triton_atomic')\n"
+    )
     first = f"import {pairs[0][0]}\n"  # an old path imported first, before anything else of vitrel
     subprocess.run([sys.executable, "-c", first + code], check=True, cwd=ROOT.parent)

@@ -13,7 +13,7 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
   instead of reading a causal float mask), ``window_layouts`` (it takes the windows' layout as ``mask``,
   :meth:`~vitrel.layout.tokens.TokenLayout.windows`, and masks across their regions itself, instead of reading the float
   mask it lowers to, repeated to the batch), ``onnx`` (what it runs translates to ONNX), ``fused_rotation`` (a rotary
-  scheme's queries and keys are rotated by the fused Triton rotation, :mod:`vitrel.kernels.triton_rope`, instead of
+  scheme's queries and keys are rotated by the fused Triton rotation, :mod:`vitrel.kernels.triton.rope`, instead of
   the scheme's torch ops);
 * how it attends: :meth:`Kernel.attend`.
 
@@ -124,7 +124,7 @@ class Kernel:
     window_layouts: ClassVar[bool] = False
     #: ``torch.onnx`` can translate what it runs (a custom op cannot be)
     onnx: ClassVar[bool] = True
-    #: rotary schemes' ``state.rope`` applied by :func:`vitrel.kernels.triton_rope.rope_rotate` (one launch for q and k)
+    #: rotary schemes' ``state.rope`` applied by :func:`vitrel.kernels.triton.rope.rope_rotate` (one launch for q and k)
     fused_rotation: ClassVar[bool] = False
 
     @classmethod

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from vitrel.kernels import Kernel, check_choice, resolve
 from vitrel.kernels.common import eager_logits, merge_masks
-from vitrel.kernels.triton_rope import rope_rotate
+from vitrel.kernels.triton.rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
 from vitrel.layout.geometry import as_grid
 from vitrel.layout.tokens import TokenLayout, isolate_images, poison, segment_mask
@@ -70,7 +70,7 @@ class Attention(nn.Module):
             mask) | ``fold`` (a factored bias folded into the queries and keys, no mask; ``rel2d_factored``,
             ``rel2d_bucket``) | ``flex`` (FlexAttention reading the bias by offset; inference on CPU) | ``triton``
             (the fused Triton kernel reading the offset table, with its gradient; rotary schemes' q and k rotated by
-            the fused rotation, :mod:`vitrel.kernels.triton_rope`; CUDA, or CPU under ``TRITON_INTERPRET=1``) |
+            the fused rotation, :mod:`vitrel.kernels.triton.rope`; CUDA, or CPU under ``TRITON_INTERPRET=1``) |
             ``triton_atomic`` (``triton`` with ``dq`` by atomics) | ``shaw`` (Shaw's schemes) | ``eager`` (softmax
             written out). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
             else ``sdpa``. May be set on a built layer (``model.blocks[0].attn.attn_impl = "eager"``): checked at

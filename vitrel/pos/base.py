@@ -51,7 +51,7 @@ imports none).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -59,14 +59,31 @@ from torch import Tensor, nn
 from vitrel.layout.geometry import Grid, Grid3, as_grid, as_grid3, check_tokens, expand_offset_table, grid_str
 from vitrel.layout.tokens import TokenLayout, gather_pairs, gather_tokens, segment_mask
 
-if TYPE_CHECKING:
-    from vitrel.kernels.registry import Kernel
-
-__all__ = ["FAMILIES", "PositionScheme", "PosState"]
+__all__ = ["FAMILIES", "KernelLike", "PositionScheme", "PosState"]
 
 
 #: The families of :attr:`PositionScheme.family`, in display order.
 FAMILIES = ("none", "absolute", "learned bias", "fixed bias", "rotary", "content", "content bias")
+
+
+class KernelLike(Protocol):
+    """What a scheme reads of an attention kernel (a class of :mod:`vitrel.kernels`, whose ``Kernel`` base has these
+    members): its name, the position inputs it reads and builds, what it refuses, whether it takes token layouts,
+    and how it attends a state."""
+
+    name: str
+    reads: frozenset[str]
+    takes_layout: bool
+
+    def refuses(self, scheme: PositionScheme) -> str | None: ...
+
+    def inputs(self, scheme: PositionScheme, grid: Grid, num_prefix_tokens: int) -> dict[str, Any]: ...
+
+    def layout_inputs(self, scheme: PositionScheme, layout: TokenLayout, mask: Tensor) -> dict[str, Any]: ...
+
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p: float
+    ) -> Tensor: ...
 
 
 class PositionScheme(nn.Module):
@@ -202,7 +219,7 @@ class PositionScheme(nn.Module):
         num_prefix_tokens: int = 0,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
-        kernel: type[Kernel] | None = None,
+        kernel: KernelLike | None = None,
     ) -> PosState:
         """What depends on the grid alone, computed once: RoPE's cos/sin (``rotation``) and the position inputs
         ``kernel`` reads (:mod:`vitrel.kernels`: the dense bias, its factors, the offset table, ...).
@@ -221,14 +238,14 @@ class PositionScheme(nn.Module):
         rope = self.rotation(grid, p, device, dtype)
         return PosState(self, grid, p, rope=rope, kernel=kernel, **self.kernel_inputs(kernel, grid, p))
 
-    def check_kernel(self, kernel: type[Kernel] | None) -> None:
+    def check_kernel(self, kernel: KernelLike | None) -> None:
         if kernel is None:
             return
         why = kernel.refuses(self)
         if why is not None:
             raise ValueError(why)
 
-    def kernel_inputs(self, kernel: type[Kernel] | None, grid: Grid, p: int) -> dict[str, Any]:
+    def kernel_inputs(self, kernel: KernelLike | None, grid: Grid, p: int) -> dict[str, Any]:
         """The state's fields ``kernel`` reads on a full grid; the dense bias without a kernel."""
         return {"bias": self.bias(grid, p)} if kernel is None else kernel.inputs(self, grid, p)
 
@@ -244,7 +261,7 @@ class PositionScheme(nn.Module):
     def bind(
         self,
         state: PosState,
-        kernel: type[Kernel],
+        kernel: KernelLike,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
     ) -> PosState:
@@ -273,7 +290,7 @@ class PositionScheme(nn.Module):
         layout: TokenLayout,
         device: torch.device | None,
         dtype: torch.dtype | None,
-        kernel: type[Kernel] | None,
+        kernel: KernelLike | None,
         rope: tuple[Tensor, ...] | None = None,
     ) -> PosState:
         """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.layout.tokens`):
@@ -318,7 +335,7 @@ class PositionScheme(nn.Module):
         num_prefix_tokens: int = 0,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
-        kernel: type[Kernel] | None = None,
+        kernel: KernelLike | None = None,
     ) -> list[PosState]:
         """The states of several schemes of this class (a model's blocks, each with its own parameters) for
         one forward and one ``kernel``: ``[s.prepare(...) for s in schemes]``. A class whose states are cheaper
@@ -332,7 +349,7 @@ class PositionScheme(nn.Module):
         num_prefix_tokens: int = 0,
         device: torch.device | None = None,
         dtype: torch.dtype | None = None,
-        kernels: Sequence[type[Kernel] | None] | None = None,
+        kernels: Sequence[KernelLike | None] | None = None,
     ) -> list[PosState]:
         """The states of a model's blocks' own schemes for one forward, ``kernels[i]`` the kernel of block ``i``'s
         attention (None: the dense states of :meth:`prepare`): runs of schemes of one class and one kernel prepared

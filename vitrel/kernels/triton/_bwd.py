@@ -28,6 +28,7 @@ from vitrel.kernels.triton._jit import (
     _tile,
     _tile_loop,
     _tile_start,
+    _tile_t,
     _tokens,
     _visits,
 )
@@ -39,19 +40,20 @@ TILE_SUMS = tl.constexpr(2)
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ,
-    sqb, sqh, sqn, svb, svh, svn, sdob, sdoh, sdon, n_mask_b,
-    H, N, P, GH, GW, qk_scale, sm_scale, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DK, DV, DQ, sq, sv, sdo, n_mask_b,
+    H, N, geo, qk_scale, sm_scale, patterns, g_d: tl.constexpr, g_m: tl.constexpr,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, ATOMIC_DQ: tl.constexpr,
 ):
     """``dk``, ``dv`` of key block ``program_id(0)`` of batch and head ``program_id(1)``; with ``ATOMIC_DQ`` each
     tile's part of ``dq`` added by atomics into float32 ``DQ`` (not bitwise repeatable)."""
+    P, GH, GW = geo
+    n_pat, d_min, n_m = patterns
     b, h, bh = tl.program_id(1) // H, tl.program_id(1) % H, tl.program_id(1)
     offs_n, offs_d, kv_mask = _block_lanes(N, BN, BLOCK_D, D)
     dmask = offs_d < D
-    k, v = _kv(K, V, b, h, sqb, sqh, sqn, svb, svh, svn, offs_n, offs_d, N, D)
+    k, v = _kv(K, V, b, h, sq, sv, offs_n, offs_d, N, D)
     dk = tl.zeros([BN, BLOCK_D], tl.float32)
     dv = tl.zeros([BN, BLOCK_D], tl.float32)
     klo, khi = _span(TOK, b, offs_n, N, LAYOUT)
@@ -65,8 +67,8 @@ def _bwd_dkdv_kernel(
         if _visits(TOK, BLK, b, h, offs_m, klo, khi, start_m, tl.program_id(0) * BN, N, BM, BN, LAYOUT, False):
             rows = _rows(offs_m, N)
             # q^T [BLOCK_D, BM], the right operand of k q^T (as the tutorial)
-            qt = tl.load(Q + b * sqb + h * sqh + rows[None, :] * sqn + offs_d[:, None], dmask[:, None], 0.0)
-            do = _tile(DO, b, h, sdob, sdoh, sdon, rows, offs_d, dmask[None, :])
+            qt = _tile_t(Q, b, h, sq, rows, offs_d, dmask[:, None])
+            do = _tile(DO, b, h, sdo, rows, offs_d, dmask[None, :])
             lse, delta = _row_stats(LSE, DELTA, bh, N, offs_m)
             bias = _bias_tile(
                 BT, h, start_m, tl.program_id(0) * BN, N, GW, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
@@ -115,23 +117,23 @@ def _scatter_rows(ds, SCR, SLOT, TOK, b, pid_m, offs_n, N, GH, GW, BM: tl.conste
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DQ, DT, SCRATCH,
-    sqb, sqh, sqn, svb, svh, svn, sdob, sdoh, sdon, n_mask_b,
-    B, H, N, P, GH, GW, qk_scale, sm_scale, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
-    slot_size,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, DQ, DT, SCRATCH, sq, sv, sdo, n_mask_b,
+    B, N, geo, qk_scale, sm_scale, patterns, g_d: tl.constexpr, g_m: tl.constexpr, slot_size,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, TABLE_GRAD: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr,
 ):
-    """``dq`` of query block ``program_id(0)``, head ``program_id(1)``, for the batch share ``program_id(2)``, and
-    the table gradient's sums into ``DT``: ``DIAGONALS``, slots ``[n_split, H, n_qb, slot_size]`` (on a full grid
-    ``[n_kb, 2, 2 BM]`` per program, by case and diagonal; on a layout the whole table, :func:`_scatter_rows`);
-    ``TILE_SUMS``, the bias tiles' sums ``[n_split, H, n_pat, BM, BN]``."""
+    """``dq`` of query block ``program_id(0)``, head ``program_id(1)`` of ``H``, for the batch share ``program_id(2)``
+    of ``n_split`` (the grid's sizes), and the table gradient's sums into ``DT``: ``DIAGONALS``, slots ``[n_split, H,
+    n_qb, slot_size]`` (on a full grid ``[n_kb, 2, 2 BM]`` per program, by case and diagonal; on a layout the whole
+    table, :func:`_scatter_rows`); ``TILE_SUMS``, the bias tiles' sums ``[n_split, H, n_pat, BM, BN]``."""
     tl.static_assert(BN == BM or TABLE_GRAD != DIAGONALS)
+    P, GH, GW = geo
+    n_pat, d_min, n_m = patterns
     pid_m = tl.program_id(0)
     h = tl.program_id(1)
     split = tl.program_id(2)
-    n_qb = tl.num_programs(0)
+    n_qb, H, n_split = tl.num_programs(0), tl.num_programs(1), tl.num_programs(2)
     offs_m = pid_m * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BLOCK_D)
     dmask = offs_d < D
@@ -149,8 +151,8 @@ def _bwd_dq_kernel(
     if CAUSAL:
         hi = tl.minimum(N, (pid_m + 1) * BM)
     for b in range(split, B, n_split):
-        q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
-        do = _tile(DO, b, h, sdob, sdoh, sdon, offs_m, offs_d, q_mask)
+        q = _tile(Q, b, h, sq, offs_m, offs_d, q_mask)
+        do = _tile(DO, b, h, sdo, offs_m, offs_d, q_mask)
         lse, delta = _row_stats(LSE, DELTA, b * H + h, N, offs_m)
         dq = tl.zeros([BM, BLOCK_D], tl.float32)
         lo, hi_seg = _span(TOK, b, offs_m, N, LAYOUT)
@@ -159,7 +161,7 @@ def _bwd_dq_kernel(
             start_n = _tile_start(row, j, BN, HAS_BLOCKS)
             offs_n = start_n + tl.arange(0, BN)
             if _visits(TOK, BLK, b, h, offs_n, lo, hi_seg, pid_m * BM, start_n, N, BM, BN, LAYOUT, False):
-                k, v = _kv(K, V, b, h, sqb, sqh, sqn, svb, svh, svn, offs_n, offs_d, N, D)
+                k, v = _kv(K, V, b, h, sq, sv, offs_n, offs_d, N, D)
                 bias = _bias_tile(
                     BT, h, pid_m * BM, start_n, N, GW, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
                     MASK_KIND != 1,  # (not with a float mask: it then spills)
@@ -202,12 +204,12 @@ def _bwd_dq_kernel(
 
 
 @triton.jit
-def _bwd_delta_kernel(O, DO, DELTA, sdob, sdoh, sdon, H, N, D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr):
+def _bwd_delta_kernel(O, DO, DELTA, sdo, H, N, D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr):
     """``D = rowsum(o * do)`` in float32 of ``BM`` query rows of batch and head ``program_id(0)`` (0 on padding)."""
     bh = tl.program_id(0)
     offs_m = tl.program_id(1) * BM + tl.arange(0, BM)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_m < N)[:, None] & (offs_d < D)[None, :]
     o = tl.load(_out(O, bh // H, bh % H, H, N, offs_m, offs_d, D), mask, 0.0)
-    do = _tile(DO, bh // H, bh % H, sdob, sdoh, sdon, offs_m, offs_d, mask)
+    do = _tile(DO, bh // H, bh % H, sdo, offs_m, offs_d, mask)
     tl.store(DELTA + bh * _stats_len(N) + offs_m, tl.sum(o.to(tl.float32) * do.to(tl.float32), 1))

@@ -28,18 +28,18 @@ from vitrel.kernels.triton._jit import (
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, O, LSE,
-    sqb, sqh, sqn, svb, svh, svn, n_mask_b,
-    H, N, P, GH, GW, qk_scale, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+    Q, K, V, T, MASK, TOK, BLK, BT, O, LSE, sq, sv, n_mask_b, H, N, geo, qk_scale, patterns, g_d: tl.constexpr,
+    g_m: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr, TMA: tl.constexpr,
     ONE: tl.constexpr,
 ):
     """The output and the rows' log-sum-exp of one query tile. ``TMA``: keys and values read through tensor
     descriptors; ``ONE``: the call's keys are one tile, so the softmax needs no rescaling."""
+    P, GH, GW = geo
+    n_pat, d_min, n_m = patterns
     b, h, bh, offs_m, offs_d, q_mask = _program(H, N, BM, BLOCK_D, D)
-    q = _tile(Q, b, h, sqb, sqh, sqn, offs_m, offs_d, q_mask)
+    q = _tile(Q, b, h, sq, offs_m, offs_d, q_mask)
     m_i = tl.full([BM], float("-inf"), tl.float32)
     l_i = tl.zeros([BM], tl.float32)
     acc = tl.zeros([BM, BLOCK_D], tl.float32)
@@ -54,8 +54,8 @@ def _fwd_kernel(
     tl.assume(last > first)
     if TMA:  # (the batch: this launch's share)
         n_b = tl.num_programs(1) // H
-        k_desc = tl.make_tensor_descriptor(K, [n_b, H, N, D], [sqb, sqh, sqn, 1], [1, 1, BN, BLOCK_D])
-        v_desc = tl.make_tensor_descriptor(V, [n_b, H, N, D], [svb, svh, svn, 1], [1, 1, BN, BLOCK_D])
+        k_desc = tl.make_tensor_descriptor(K, [n_b, H, N, D], [sq[0], sq[1], sq[2], 1], [1, 1, BN, BLOCK_D])
+        v_desc = tl.make_tensor_descriptor(V, [n_b, H, N, D], [sv[0], sv[1], sv[2], 1], [1, 1, BN, BLOCK_D])
     for j in range(first, last, 1 if HAS_BLOCKS else BN):
         start_n = _tile_start(row, j, BN, HAS_BLOCKS)
         offs_n = start_n + tl.arange(0, BN)
@@ -64,7 +64,7 @@ def _fwd_kernel(
                 k = k_desc.load([b, h, start_n, 0]).reshape(BN, BLOCK_D)
                 v = v_desc.load([b, h, start_n, 0]).reshape(BN, BLOCK_D)
             else:
-                k, v = _kv(K, V, b, h, sqb, sqh, sqn, svb, svh, svn, offs_n, offs_d, N, D)
+                k, v = _kv(K, V, b, h, sq, sv, offs_n, offs_d, N, D)
             bias = _bias_tile(
                 BT, h, tl.program_id(0) * BM, start_n, N, GW, n_pat, d_min, g_d, n_m, g_m, HAS_TABLE, TILED, BM, BN,
                 True,
@@ -113,23 +113,22 @@ def _fwd_store(O, LSE, acc, m_i, l_i, b, h, bh, H, offs_m, offs_d, q_mask, N, D:
 
 @triton.jit
 def _fwd_tile_kernel(
-    Q, K, V, T, MASK, TOK, BT, O, LSE,
-    sqb, sqh, sqn, svb, svh, svn, n_mask_b,
-    B, H, N, P, GH, GW, qk_scale, n_split,
+    Q, K, V, T, MASK, TOK, BT, O, LSE, sq, sv, n_mask_b, B, H, N, geo, qk_scale, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
     RAW: tl.constexpr,
 ):
     """The forward of a call whose ``N`` tokens fit one ``[BM, BM]`` tile: program ``(split, h)`` takes batch
     elements ``split, split + n_split, ...``, each one tile with no rescaling; the bias tile loaded once."""
+    P, GH, GW = geo
     split, h, offs, offs_d, dmask, rows, out_mask = _tile_program(N, BM, BLOCK_D, D)
     tl.static_assert(STATS_ROWS % BM == 0, "a query tile must divide STATS_ROWS")
     bias = 0.0
     if HAS_TABLE and TILED:  # (the one tile pattern, exact)
         bias = _pattern_tile(BT, h, 0, 1, BM, BM, True)
     for b in range(split, B, n_split):
-        q = _tile(Q, b, h, sqb, sqh, sqn, rows, offs_d, dmask[None, :])  # (rows past the end: the last row's)
-        k, v = _kv(K, V, b, h, sqb, sqh, sqn, svb, svh, svn, offs, offs_d, N, D)
+        q = _tile(Q, b, h, sq, rows, offs_d, dmask[None, :])  # (rows past the end: the last row's)
+        k, v = _kv(K, V, b, h, sq, sv, offs, offs_d, N, D)
         s, _ = _logits(  # (n_m 0: the call's one tile pattern is its one exact tile)
             q, k, b, h, offs, offs, T, MASK, n_mask_b, TOK, qk_scale, H, P, N, GH, GW, bias, 0, 0, 0,
             HAS_TABLE, MASK_KIND, CAUSAL, False, PREC, TILED, BM, BM, RAW=RAW,

@@ -2,8 +2,11 @@
 
 A tile's logits come from :func:`_logits`, the one place the bias (gathered from the table ``T`` or read whole from
 the bias tiles ``BT``), a float mask or the windows' regions, a token layout's images and the causal mask apply, in
-base 2 (``LOG2E`` folded in). Inputs: q and k share strides ``(sqb, sqh, sqn)``, v has ``(svb, svh, svn)``; the
-outputs (o, dq, dk, dv) are contiguous ``[B, H, N, D]``; the table is contiguous ``[G, H, 2 GH - 1, 2 GW - 1]``.
+base 2 (``LOG2E`` folded in). Inputs: q and k share the strides ``sq`` (a tuple: batch, head, token; the head dim's
+is 1), v has ``sv``, do ``sdo``; the outputs (o, dq, dk, dv) are contiguous ``[B, H, N, D]``; the table is
+contiguous ``[G, H, 2 GH - 1, 2 GW - 1]``. The kernels take the grid as ``geo = (P, GH, GW)`` (prefix tokens, rows,
+columns) and the bias tiles' patterns as ``patterns = (n_pat, d_min, n_m)`` with ``g_d``, ``g_m`` compile-time constants
+(:class:`~vitrel.kernels.triton.patterns.TilePatterns`).
 """
 
 from __future__ import annotations
@@ -90,9 +93,16 @@ def _tile_start(row, j, STEP: tl.constexpr, HAS_BLOCKS: tl.constexpr):
 
 
 @triton.jit
-def _tile(ptr, b, h, sb, sh, sn, offs, offs_d, mask):
-    """The rows ``offs`` of a ``[B, H, N, D]`` tensor at batch ``b``, head ``h`` (zeros outside ``mask``)."""
-    return tl.load(ptr + b * sb + h * sh + offs[:, None] * sn + offs_d[None, :], mask, 0.0)
+def _tile(ptr, b, h, st, offs, offs_d, mask):
+    """The rows ``offs`` of a ``[B, H, N, D]`` tensor of strides ``st`` at batch ``b``, head ``h`` (zeros outside
+    ``mask``)."""
+    return tl.load(ptr + b * st[0] + h * st[1] + offs[:, None] * st[2] + offs_d[None, :], mask, 0.0)
+
+
+@triton.jit
+def _tile_t(ptr, b, h, st, offs, offs_d, mask):
+    """:func:`_tile` transposed, ``[BLOCK_D, rows]`` (``mask`` of that shape)."""
+    return tl.load(ptr + b * st[0] + h * st[1] + offs[None, :] * st[2] + offs_d[:, None], mask, 0.0)
 
 
 @triton.jit
@@ -133,11 +143,11 @@ def _rows(offs, N):
 
 
 @triton.jit
-def _kv(K, V, b, h, sqb, sqh, sqn, svb, svh, svn, offs_n, offs_d, N, D):
+def _kv(K, V, b, h, sq, sv, offs_n, offs_d, N, D):
     """The key and value rows ``offs_n`` of batch ``b``, head ``h`` (past the end: the last row)."""
     rows = _rows(offs_n, N)
     dmask = (offs_d < D)[None, :]
-    return _tile(K, b, h, sqb, sqh, sqn, rows, offs_d, dmask), _tile(V, b, h, svb, svh, svn, rows, offs_d, dmask)
+    return _tile(K, b, h, sq, rows, offs_d, dmask), _tile(V, b, h, sv, rows, offs_d, dmask)
 
 
 @triton.jit

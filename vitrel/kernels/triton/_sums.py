@@ -19,15 +19,15 @@ from vitrel.kernels.triton._jit import (
     _stats_len,
     _tile,
     _tile_program,
+    _tile_t,
     _visits,
 )
 
 
 @triton.jit
 def _bwd_dbias_kernel(
-    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, ORDER, DBT,
-    sqb, sqh, sqn, svb, svh, svn, sdob, sdoh, sdon, n_mask_b,
-    B, H, N, P, GH, GW, qk_scale, n_pat, d_min, g_d: tl.constexpr, n_m, g_m: tl.constexpr, n_split,
+    Q, K, V, T, MASK, TOK, BLK, BT, DO, LSE, DELTA, ORDER, DBT, sq, sv, sdo, n_mask_b,
+    B, H, N, geo, qk_scale, patterns, g_d: tl.constexpr, g_m: tl.constexpr, n_split,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr,
     HAS_BLOCKS: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr, RAW: tl.constexpr,
@@ -37,6 +37,8 @@ def _bwd_dbias_kernel(
     batch in registers, zero at the pairs with a prefix token, and writes it once to ``DBT [n_split, H, n_pat, BM,
     BN]``."""
     tl.static_assert(BM % BN == 0, "the dbias kernel's key tile must divide its query tile")
+    P, GH, GW = geo
+    n_pat, d_min, n_m = patterns
     which = tl.load(ORDER + tl.program_id(0))
     split = which % n_split
     h = (which // n_split) % H
@@ -69,9 +71,8 @@ def _bwd_dbias_kernel(
             tile_acc = tl.zeros([BM, BN], tl.float32)
             for b in range(split, B, n_split):
                 tile_acc += _dbias_ds(
-                    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, svb, svh, svn, sdob, sdoh, sdon, n_mask_b,
-                    b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0, bias, D, BLOCK_D, BM, BN, HAS_TABLE, MASK_KIND,
-                    CAUSAL, LAYOUT, PREC, TILED, RAW,
+                    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sq, sv, sdo, n_mask_b, b, h, H, N, P, GH, GW, qk_scale,
+                    n_m, q0, k0, bias, D, BLOCK_D, BM, BN, HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, RAW,
                 )
             # the pairs with a prefix token have no bias
             acc += tl.where((q0 + offs_m >= P)[:, None] & (k0 + offs_n >= P)[None, :], tile_acc, 0.0)
@@ -82,7 +83,8 @@ def _bwd_dbias_kernel(
 @triton.jit
 def _dbias_visits(
     TOK, BLK, h, q0, k0, phase, N, GW, n_m, g_m: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-    LAYOUT: tl.constexpr, HAS_BLOCKS: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    HAS_BLOCKS: tl.constexpr,
 ):
     """Whether the ``dbias`` kernel sums the tile at ``(q0, k0)`` of its diagonal: in its class, and visible."""
     ok = q0 >= 0
@@ -95,8 +97,7 @@ def _dbias_visits(
 
 @triton.jit
 def _dbias_ds(
-    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sqb, sqh, sqn, svb, svh, svn, sdob, sdoh, sdon, n_mask_b,
-    b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0, bias,
+    Q, K, V, T, MASK, TOK, DO, LSE, DELTA, sq, sv, sdo, n_mask_b, b, h, H, N, P, GH, GW, qk_scale, n_m, q0, k0, bias,
     D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_TABLE: tl.constexpr,
     MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, LAYOUT: tl.constexpr, PREC: tl.constexpr, TILED: tl.constexpr,
     RAW: tl.constexpr,
@@ -107,10 +108,10 @@ def _dbias_ds(
     offs_d = tl.arange(0, BLOCK_D)
     rows = _rows(offs_m, N)
     dmask = (offs_d < D)[None, :]
-    q = _tile(Q, b, h, sqb, sqh, sqn, rows, offs_d, dmask)
-    do = _tile(DO, b, h, sdob, sdoh, sdon, rows, offs_d, dmask)
+    q = _tile(Q, b, h, sq, rows, offs_d, dmask)
+    do = _tile(DO, b, h, sdo, rows, offs_d, dmask)
     lse, delta = _row_stats(LSE, DELTA, b * H + h, N, offs_m)
-    k, v = _kv(K, V, b, h, sqb, sqh, sqn, svb, svh, svn, offs_n, offs_d, N, D)
+    k, v = _kv(K, V, b, h, sq, sv, offs_n, offs_d, N, D)
     s, _ = _logits(
         q, k, b, h, offs_m, offs_n, T, MASK, n_mask_b, TOK, qk_scale, H, P, N, GH, GW, bias, n_m, q0, k0,
         HAS_TABLE, MASK_KIND, CAUSAL, LAYOUT, PREC, TILED, BM, BN, RAW=RAW,
@@ -122,16 +123,15 @@ def _dbias_ds(
 
 @triton.jit
 def _bwd_tile_kernel(
-    Q, K, V, T, MASK, TOK, BT, O, DO, LSE, DQ, DK, DV, DBT,
-    sqb, sqh, sqn, svb, svh, svn, sdob, sdoh, sdon, n_mask_b,
-    B, H, N, P, GH, GW, qk_scale, sm_scale, n_split,
-    D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
+    Q, K, V, T, MASK, TOK, BT, O, DO, LSE, DQ, DK, DV, DBT, sq, sv, sdo, n_mask_b,
+    B, H, N, geo, qk_scale, sm_scale, n_split, D: tl.constexpr, BLOCK_D: tl.constexpr, BM: tl.constexpr,
     HAS_TABLE: tl.constexpr, MASK_KIND: tl.constexpr, CAUSAL: tl.constexpr, TILED: tl.constexpr, PREC: tl.constexpr,
     RAW: tl.constexpr, TABLE_GRAD: tl.constexpr,
 ):
     """The whole backward of a call whose ``N`` tokens fit one ``[BM, BM]`` tile: program ``(split, h)`` takes batch
     elements ``split, split + n_split, ...`` one after another (``D``, ``dv``, ``dk``, ``dq`` written whole; keys by
     queries), and with ``TABLE_GRAD`` writes the sum of ``dS`` over its share to ``DBT [n_split, H, 1, BM, BM]``."""
+    P, GH, GW = geo
     split, h, offs, offs_d, dmask, rows, store_mask = _tile_program(N, BM, BLOCK_D, D)
     bias = 0.0
     if HAS_TABLE and TILED:  # (the one tile pattern, exact: read as stored, queries by keys, once)
@@ -140,11 +140,11 @@ def _bwd_tile_kernel(
     for b in range(split, B, n_split):
         at = ((b * H + h) * N + offs[:, None]) * D + offs_d[None, :]  # (dq, dk, dv: one contiguous layout)
         # each result stored as soon as it is made (fewer registers live at once)
-        do = _tile(DO, b, h, sdob, sdoh, sdon, rows, offs_d, dmask[None, :])
+        do = _tile(DO, b, h, sdo, rows, offs_d, dmask[None, :])
         o = tl.load(_out(O, b, h, H, N, rows, offs_d, D), dmask[None, :], 0.0)
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)  # (rows past the end: the last row's, p = 0 there)
-        qt = tl.load(Q + b * sqb + h * sqh + rows[None, :] * sqn + offs_d[:, None], dmask[:, None], 0.0)
-        k, v = _kv(K, V, b, h, sqb, sqh, sqn, svb, svh, svn, offs, offs_d, N, D)
+        qt = _tile_t(Q, b, h, sq, rows, offs_d, dmask[:, None])
+        k, v = _kv(K, V, b, h, sq, sv, offs, offs_d, N, D)
         lse = tl.load(LSE + (b * H + h) * _stats_len(N) + offs)
         s, _ = _logits(  # (n_m 0: the call's one tile pattern is its one exact tile)
             qt, k, b, h, offs, offs, T, MASK, n_mask_b, TOK, qk_scale, H, P, N, GH, GW, bias, 0, 0, 0,

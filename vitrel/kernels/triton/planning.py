@@ -41,13 +41,20 @@ def _prec(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def _strides(*ts: Tensor) -> list[int]:
-    out: list[int] = []
+def _strides(*ts: Tensor) -> list[tuple[int, int, int]]:
+    """Each ``[B, H, N, D]`` tensor's strides as the kernels take them: one tuple ``(batch, head, token)``."""
+    out = []
     for t in ts:
         if t.stride(-1) != 1:
             raise ValueError("rel_bias_attention: the head dim must be contiguous")
-        out += [t.stride(0), t.stride(1), t.stride(2)]
+        out.append((t.stride(0), t.stride(1), t.stride(2)))
     return out
+
+
+def _pattern_args(tiling) -> list:
+    """The kernels' ``patterns = (n_pat, d_min, n_m)``, ``g_d``, ``g_m`` from :func:`_tile_args`' tiling."""
+    _, n_pat, d_min, g_d, n_m, g_m = tiling
+    return [(n_pat, d_min, n_m), g_d, g_m]
 
 
 @per_device(maxsize=32)
@@ -166,7 +173,8 @@ def fwd_launch(
     t = _table_arg(table, q, memo)
     tab = None if table is None else t
     m, nmb, mask_kind = _mask_args(mask, q)
-    strides = [*_strides(q), *_strides(v), nmb]
+    strides = [*_strides(q, v), nmb]
+    geo = (prefix, grid_h, grid_w)
     if tokens is None and n <= config.fwd_one_tile_max:
         blk = config.bwd_tile
         bt, *tiling = _tile_args(tab, None, bias_read, grid_h, grid_w, prefix, n, blk, blk, q, config, memo)
@@ -174,16 +182,15 @@ def fwd_launch(
         flags = _constexprs(d, block_d, table, mask_kind, causal, None, None, tiling, q.dtype, scale)
         return Launch.make(
             "fwd_tile", (n_split, h),
-            [q, k, v, t, m, _int_args(None, q), bt, out, lse, *strides, b, h, n, prefix, grid_h, grid_w,
-             scale * LOG2E, n_split],
+            [q, k, v, t, m, _int_args(None, q), bt, out, lse, *strides, b, h, n, geo, scale * LOG2E, n_split],
             {**{name: flags[name] for name in _TILE_FLAGS}, "BM": blk}, config.fwd_one_tile.options(),
         )  # fmt: skip
     bm, bn = config.fwd_tile
     bt, *tiling = _tile_args(tab, tokens, bias_read, grid_h, grid_w, prefix, n, bm, bn, q, config, memo)
     visits = tile_lists(tile_flags(blocks, bm, bn, causal))  # the key tiles each query tile visits
     positional = [
-        q, k, v, t, m, _int_args(tokens, q), _int_args(visits, q), bt, out, lse, *strides, h, n, prefix, grid_h,
-        grid_w, scale * LOG2E, *tiling[1:],
+        q, k, v, t, m, _int_args(tokens, q), _int_args(visits, q), bt, out, lse, *strides, h, n, geo, scale * LOG2E,
+        *_pattern_args(tiling),
     ]  # fmt: skip
     flags = _constexprs(d, block_d, table, mask_kind, causal, tokens, blocks, tiling, q.dtype, scale)
     tma = triton_cdiv(n, bn) >= config.tma_min_tiles and tma_reads(k, v, block_d, cuda)
@@ -239,8 +246,8 @@ def bwd_launches(
 
     flags = consts(tiling)
     grad_t = table_grad and table is not None
-    strides = [*_strides(q), *_strides(v), *_strides(do), nmb]
-    sizes = [h, n, prefix, grid_h, grid_w, qk_scale, scale]
+    strides = [*_strides(q, v, do), nmb]
+    sizes = [h, n, (prefix, grid_h, grid_w), qk_scale, scale]
     if tokens is None and n <= config.bwd_one_tile_max and (flags["TILED"] or not grad_t):
         inputs = [q, k, v, t, m, tok, bt, out, do, lse]
         return _tile_bwd_launch(inputs, strides, sizes, flags, grad_t, TilePatterns(*tiling), sms, blk, config)
@@ -280,7 +287,7 @@ def bwd_launches(
     dkdv = Launch.make(
         "dkdv", (triton_cdiv(n, dn), b * h),
         [*inputs(by_cols, bt_kv), dk, dv, dq if atomic else _placeholder(q.dtype, 4, q.device), *strides, *sizes,
-         *tiling_kv[1:]],
+         *_pattern_args(tiling_kv)],
         dict(**consts(tiling_kv), BM=dm, BN=dn, ATOMIC_DQ=atomic), opts_kv,
     )  # fmt: skip
     qm, qn, bt_q, tiling_q, q_visible, opts_q = (blk, blk, bt, tiling, visible, opts)
@@ -304,8 +311,8 @@ def bwd_launches(
         sums = _placeholder(torch.float32, 1, q.device)
     dq_launch = None if atomic else Launch.make(
         "dq", (n_b, h, n_split),
-        [*inputs(tile_lists(q_visible), bt_q), dq, sums, scratch, *strides, b, *sizes, *tiling_q[1:], n_split,
-         slot_size],
+        [*inputs(tile_lists(q_visible), bt_q), dq, sums, scratch, *strides, b, *sizes[1:], *_pattern_args(tiling_q),
+         slot_size],  # (its heads and batch shares: its grid's)
         dict(**consts(tiling_q), BM=qm, BN=qn, TABLE_GRAD=mode), opts_q,
     )  # fmt: skip
     dbias = dbt = None
@@ -320,7 +327,7 @@ def bwd_launches(
         order = _dbias_order(TilePatterns(*tiling_t), n, tm, tw, grid_w, causal, h, split_t, q.device)
         dbias = Launch.make(
             "dbias", (n_pat * h * split_t,),
-            [*inputs(t_visible, bt_t), order, dbt, *strides, b, *sizes[:6], *tiling_t[1:], split_t],
+            [*inputs(t_visible, bt_t), order, dbt, *strides, b, *sizes[:4], *_pattern_args(tiling_t), split_t],
             dict(**consts(tiling_t), BM=tm, BN=tw), opts_t,
         )  # fmt: skip
     slots = sums if diagonals else None

@@ -21,19 +21,25 @@ NAMES = [
     "vitrel_swin_base_patch4_window7_224",
     "vitrel_swin_tiny_patch2_window4_32",
 ]
+#: the video models (tests/models/test_video_vit.py, test_swin3d.py)
+VIDEO_NAMES = [
+    "vitrel_vit_video_tiny_patch16_224",
+    "vitrel_vit_video_small_patch16_224",
+    "vitrel_vit_video_base_patch16_224",
+    "vitrel_vit_video_tiny_patch4_32",
+]
 SMALL = dict(depth=2, embed_dim=32, num_heads=2)
 
 
 def test_list_models():
-    assert vitrel.list_models() == sorted(NAMES)
-    assert vitrel.list_models("*swin*") == sorted(n for n in NAMES if "swin" in n)
-    assert vitrel.list_models("*_32") == [
-        "vitrel_swin_tiny_patch2_window4_32",
-        "vitrel_vit_small_patch4_32",
-        "vitrel_vit_tiny_patch4_32",
-    ]
+    assert vitrel.list_models() == sorted(NAMES + VIDEO_NAMES)
+    assert vitrel.list_models("*swin*") == sorted(n for n in NAMES + VIDEO_NAMES if "swin" in n)
+    assert vitrel.list_models("*_32") == sorted(
+        ["vitrel_swin_tiny_patch2_window4_32", "vitrel_vit_small_patch4_32", "vitrel_vit_tiny_patch4_32"]
+        + [n for n in VIDEO_NAMES if n.endswith("_32")]
+    )
     assert vitrel.list_models("resnet*") == []
-    assert sorted(timm.list_models("vitrel_*")) == sorted(NAMES)  # registered with timm on import
+    assert sorted(timm.list_models("vitrel_*")) == sorted(NAMES + VIDEO_NAMES)  # registered with timm on import
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -11,11 +11,13 @@ import timm
 import torch
 
 import vitrel
-from vitrel.models.swin import SwinBlock, shifted_window_mask, window_and_shift
+from vitrel.models.registry import MODEL_ARGS
+from vitrel.models.swin import SwinBlock, SwinTransformer, shifted_window_mask, window_and_shift
 from vitrel.pos import Grid, PositionScheme, list_pos
 
 SCHEMES = list_pos()
-MODELS = vitrel.list_models()
+#: the image models (the video ones: tests/models/test_video_vit.py, test_swin3d.py)
+MODELS = [n for n in vitrel.list_models() if MODEL_ARGS[n][0] in (vitrel.models.VisionTransformer, SwinTransformer)]
 
 
 def _reduced(name: str) -> tuple[dict, int, int]:

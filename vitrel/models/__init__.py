@@ -9,11 +9,13 @@ from vitrel.models.factory import create_model
 from vitrel.models.registry import build_from_cfg, list_models
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.timm_import import TransferReport, UnsupportedTimmModel, from_timm, transfer_timm_weights
+from vitrel.models.video_vit import VideoVisionTransformer
 from vitrel.models.vit import VisionTransformer
 
 __all__ = [
     "CheckpointError",
     "SwinTransformer",
+    "VideoVisionTransformer",
     "VisionTransformer",
     "build_from_cfg",
     "from_timm",

@@ -19,25 +19,29 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vitrel.kernels import check_choice, resolve
 from vitrel.layers.attention import Attention
-from vitrel.layout.geometry import Grid, as_grid
+from vitrel.layout.geometry import Grid, Grid3, as_grid
 from vitrel.layout.tokens import TokenLayout, gather_tokens
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.registry import PosSpec
 
 __all__ = [
     "PatchEmbed",
+    "TubeletEmbed",
+    "clip_grid",
     "Block",
     "BlockImpls",
+    "BlockStack",
     "constructor_config",
     "scheme_no_weight_decay",
     "init_weights_",
@@ -170,6 +174,51 @@ class PatchEmbed(nn.Module):
         return self.norm(x), grid
 
 
+class TubeletEmbed(nn.Module):
+    """Non-overlapping ``t x p x p`` tubelets of a clip -> ``C`` channels by a strided 3-D convolution (VideoMAE's
+    tubelet embedding; ``t = tubelet_size``, ``p = patch_size``).
+
+    Clips ``[B, C, T, H, W]`` (VideoMAE's layout). The grid is read from the clip at call time
+    (``Grid3(T // t, H // p, W // p)``). Returns tokens ``[B, T' H' W', C]`` t-major (``index = (t H' + h) W' + w``,
+    ``flatten=True``) or the map ``[B, T', H', W', C]``, and the grid.
+    """
+
+    def __init__(
+        self,
+        patch_size: int = 16,
+        tubelet_size: int = 2,
+        in_chans: int = 3,
+        embed_dim: int = 768,
+        norm_layer: type[nn.Module] | Callable[[int], nn.Module] | None = None,
+        flatten: bool = True,
+    ) -> None:
+        super().__init__()
+        if patch_size < 1 or tubelet_size < 1:
+            raise ValueError(f"patch_size and tubelet_size must be positive, got {patch_size}, {tubelet_size}")
+        self.patch_size, self.tubelet_size = patch_size, tubelet_size
+        self.flatten = flatten
+        self.strict_img_size = False  # timm's builder reads it (fixed_input_size): any clip size runs
+        k = (tubelet_size, patch_size, patch_size)
+        self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=k, stride=k)
+        self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
+
+    def grid_for(self, num_frames: int, img_size: tuple[int, int]) -> Grid3:
+        return _clip_grid_for(num_frames, img_size, self.tubelet_size, self.patch_size)
+
+    def forward(self, x: Tensor) -> tuple[Tensor, Grid3]:
+        grid = clip_grid(x, self.tubelet_size, self.patch_size, self.proj.in_channels)
+        x = self.proj(x)  # [B, C, T', H', W']
+        x = x.flatten(2).transpose(1, 2) if self.flatten else x.permute(0, 2, 3, 4, 1)  # t-major tokens, or the map
+        return self.norm(x), grid
+
+
+def _clip_grid_for(num_frames: int, img_size: tuple[int, int], t: int, p: int) -> Grid3:
+    if num_frames % t or num_frames < t:
+        raise ValueError(f"{num_frames} frames are not a positive multiple of the tubelet size {t}")
+    g = _grid_for(img_size, p)
+    return Grid3(num_frames // t, g.h, g.w)
+
+
 def _grid_for(img_size: tuple[int, int], p: int) -> Grid:
     h, w = img_size
     if h % p or w % p or h < p or w < p:
@@ -186,6 +235,14 @@ def patch_grid(x: Tensor, patch_size: int, in_chans: int) -> Grid:
     if x.dim() != 4 or x.shape[1] != in_chans:
         raise ValueError(f"expected images [B, {in_chans}, H, W], got {tuple(x.shape)}")
     return _grid_for((x.shape[-2], x.shape[-1]), patch_size)
+
+
+@register_notrace_function
+def clip_grid(x: Tensor, tubelet_size: int, patch_size: int, in_chans: int) -> Grid3:
+    """The tubelet grid of clips ``x [B, in_chans, T, H, W]`` (a clear error for another layout or size)."""
+    if x.dim() != 5 or x.shape[1] != in_chans:
+        raise ValueError(f"expected clips [B, {in_chans}, T, H, W] (VideoMAE's layout), got {tuple(x.shape)}")
+    return _clip_grid_for(x.shape[2], (x.shape[-2], x.shape[-1]), tubelet_size, patch_size)
 
 
 @register_notrace_function
@@ -254,6 +311,48 @@ class BlockImpls:
         for blk in self.blocks:
             blk.attn.attn_impl = impl
         self._attn_impl = impl
+
+
+class BlockStack(BlockImpls):
+    """The block loop of a model whose ``blocks`` all attend over one token grid (the ViT, the video ViT): each
+    block's scheme state prepared once per forward (the shared ``rel_pos``'s, or the blocks' own together) and the
+    blocks run in turn, checkpointed in training with ``grad_checkpointing``. The model sets ``blocks``, ``rel_pos``,
+    ``num_prefix_tokens`` and ``grad_checkpointing``."""
+
+    blocks: nn.ModuleList
+    rel_pos: PositionScheme | None
+    num_prefix_tokens: int
+    grad_checkpointing: bool
+
+    def run_blocks(self, x: Tensor, states: Any, depth: int | None = None) -> Iterator[Tensor]:
+        """The first ``depth`` blocks (all for None) on ``x`` in turn, block ``i`` with ``states[i]`` (indexed: under a
+        torch.fx trace ``states`` is one recorded call), each checkpointed in training with ``grad_checkpointing``;
+        yields every block's output. The one block loop of the ViTs."""
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        for i, blk in enumerate(self.blocks[:depth] if depth is not None else self.blocks):
+            st = states[i]
+            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
+            yield x
+
+    def position_state(self, grid: Any, like: Tensor) -> PosState | None:
+        """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
+        if self.rel_pos is None:
+            return None
+        return prepare_state(
+            self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl, drops_weights(self.blocks)
+        )
+
+    def position_states(self, grid: Any, like: Tensor, depth: int | None = None) -> list[PosState]:
+        """The state of each of the first ``depth`` blocks (all for None) for one forward: the shared
+        scheme's state for every block, or the blocks' own schemes prepared together (``prepare_states``).
+        ``grid``: an image or video grid, or a :class:`~vitrel.layout.tokens.TokenLayout`."""
+        blocks = self.blocks[:depth] if depth is not None else self.blocks
+        st = self.position_state(grid, like)
+        if st is not None:
+            return [st] * len(blocks)
+        schemes = [blk.attn.pos for blk in blocks]
+        impls = [blk.attn.attn_impl for blk in blocks]  # (one set on a built layer honoured)
+        return prepare_states(schemes, grid, self.num_prefix_tokens, like, impls, drops_weights(self.blocks))
 
 
 class Block(nn.Module):

@@ -27,6 +27,7 @@ from timm.models._features import FeatureGetterNet
 from torch import nn
 
 from vitrel.models.swin import SwinTransformer
+from vitrel.models.video_vit import VideoVisionTransformer
 from vitrel.models.vit import VisionTransformer
 from vitrel.pos.registry import get_pos_class
 
@@ -78,6 +79,35 @@ MODEL_ARGS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
             num_classes=10,
         ),
     ),
+    # video (clips [B, C, T, H, W]). VideoMAE's ViT-S/16 at 16 frames, tubelet 2, with ViT-Ti's width
+    "vitrel_vit_video_tiny_patch16_224": (
+        VideoVisionTransformer,
+        dict(num_frames=16, tubelet_size=2, patch_size=16, embed_dim=192, depth=12, num_heads=3),
+    ),
+    "vitrel_vit_video_small_patch16_224": (
+        VideoVisionTransformer,
+        dict(num_frames=16, tubelet_size=2, patch_size=16, embed_dim=384, depth=12, num_heads=6),
+    ),
+    "vitrel_vit_video_base_patch16_224": (
+        VideoVisionTransformer,
+        dict(num_frames=16, tubelet_size=2, patch_size=16, embed_dim=768, depth=12, num_heads=12),
+    ),
+    # Moving Fashion-MNIST's clips (1 x 8 x 32 x 32, 2 classes): one frame per tubelet, so that only the position
+    # scheme tells the frames' order (data=moving_fmnist; docs/video.md)
+    "vitrel_vit_video_tiny_patch4_32": (
+        VideoVisionTransformer,
+        dict(
+            img_size=32,
+            num_frames=8,
+            tubelet_size=1,
+            patch_size=4,
+            in_chans=1,
+            embed_dim=192,
+            depth=12,
+            num_heads=3,
+            num_classes=2,
+        ),
+    ),
 }
 
 
@@ -88,18 +118,22 @@ def _cfg(name: str, **kwargs: Any) -> dict[str, Any]:
     timm adapts for ``in_chans`` / ``num_classes``."""
     cls, args = MODEL_ARGS[name]
     size = args.get("img_size", 224)
+    chans = args.get("in_chans", 3)
     small = size == 32
     pool = cls.feature_defaults(args)["pool_size"]
+    mean, std = (CIFAR_MEAN, CIFAR_STD) if small else (IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD)
+    if chans != 3:  # (a video data module normalises with its own clips' statistics)
+        mean, std = (0.5,) * chans, (0.5,) * chans
     return {
         "url": "",
         "num_classes": args.get("num_classes", 1000),
-        "input_size": (3, size, size),
+        "input_size": (chans, size, size),
         "pool_size": pool,
         "crop_pct": 1.0 if small else 0.9,
         "interpolation": "bicubic",
         "fixed_input_size": False,
-        "mean": CIFAR_MEAN if small else IMAGENET_DEFAULT_MEAN,
-        "std": CIFAR_STD if small else IMAGENET_DEFAULT_STD,
+        "mean": mean,
+        "std": std,
         "first_conv": "patch_embed.proj",
         "classifier": "head",
         "license": "apache-2.0",
@@ -200,6 +234,8 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
             cfg[key] = kwargs.pop(key)
     kind = _feature_kind(cfg.setdefault("feature_cls", "getter"))
     seam = cls.feature_defaults({**defaults, **kwargs})
+    if seam.get("features_only") is not None:
+        raise ValueError(f"features_only is not available for {cls.__name__}: {seam['features_only']}")
     if kind == "getter":
         cfg.setdefault("output_fmt", seam["output_fmt"])
     elif seam["module_fmt"] is not None:

@@ -18,13 +18,12 @@ every block has its own scheme.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from timm.layers import calculate_drop_path_rates, to_2tuple
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
@@ -33,13 +32,10 @@ from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout
 from vitrel.models.blocks import (
     Block,
-    BlockImpls,
+    BlockStack,
     PatchEmbed,
     add_abs_pos,
     constructor_config,
-    drops_weights,
-    prepare_state,
-    prepare_states,
     with_placement,
 )
 from vitrel.models.input_size import check_grid_sizes, check_img_size, rebuild_position_schemes
@@ -55,13 +51,12 @@ from vitrel.models.naflex import (
     with_prefix,
 )
 from vitrel.models.timm_surface import TimmSurface
-from vitrel.pos.base import PosState
 from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
 
 __all__ = ["VisionTransformer"]
 
 
-class VisionTransformer(BlockImpls, TimmSurface, nn.Module):
+class VisionTransformer(BlockStack, TimmSurface, nn.Module):
     """ViT with a pluggable position scheme (timm's surface: :class:`~vitrel.models.timm_surface.TimmSurface`).
 
     Args:
@@ -293,35 +288,6 @@ class VisionTransformer(BlockImpls, TimmSurface, nn.Module):
         x, layout, dest = self.embed_tokens(inp)
         outs = list(self.run_blocks(x, self.position_states(layout, x, depth), depth))
         return self.norm(outs[-1] if outs else x), layout, dest, outs
-
-    def run_blocks(self, x: Tensor, states: Any, depth: int | None = None) -> Iterator[Tensor]:
-        """The first ``depth`` blocks (all for None) on ``x`` in turn, block ``i`` with ``states[i]`` (indexed: under a
-        torch.fx trace ``states`` is one recorded call), each checkpointed in training with ``grad_checkpointing``;
-        yields every block's output. The one block loop of the ViT."""
-        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
-        for i, blk in enumerate(self.blocks[:depth] if depth is not None else self.blocks):
-            st = states[i]
-            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
-            yield x
-
-    def position_state(self, grid: Grid, like: Tensor) -> PosState | None:
-        """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
-        if self.rel_pos is None:
-            return None
-        return prepare_state(
-            self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl, drops_weights(self.blocks)
-        )
-
-    def position_states(self, grid: Grid, like: Tensor, depth: int | None = None) -> list[PosState]:
-        """The state of each of the first ``depth`` blocks (all for None) for one forward: the shared
-        scheme's state for every block, or the blocks' own schemes prepared together (``prepare_states``)."""
-        blocks = self.blocks[:depth] if depth is not None else self.blocks
-        st = self.position_state(grid, like)
-        if st is not None:
-            return [st] * len(blocks)
-        schemes = [blk.attn.pos for blk in blocks]
-        impls = [blk.attn.attn_impl for blk in blocks]  # (one set on a built layer honoured)
-        return prepare_states(schemes, grid, self.num_prefix_tokens, like, impls, drops_weights(self.blocks))
 
     def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
         """Images -> normalised tokens ``[B, P + H'W', C]``; a NaFlex dict or a list of images (or dropped tokens) ->

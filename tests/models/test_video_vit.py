@@ -1,0 +1,172 @@
+"""The video ViT: tubelet tokens t-major against the convolution written out, timm's contract (registry, forward
+features / head / intermediates, reset_classifier, export), any clip size, checkpoints through every route."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+import vitrel
+from vitrel.layout.geometry import Grid3
+from vitrel.models.registry import MODEL_ARGS
+from vitrel.models.video_vit import VideoVisionTransformer
+
+VIDEO_VITS = sorted(n for n, (cls, _) in MODEL_ARGS.items() if cls is VideoVisionTransformer)
+SMALL = dict(depth=2, embed_dim=32, num_heads=2)
+CPU = "vitrel_vit_video_tiny_patch4_32"
+
+
+def make(name: str = CPU, **kw) -> VideoVisionTransformer:
+    torch.manual_seed(0)
+    return vitrel.create_model(name, **{**SMALL, **kw}).eval()
+
+
+def clip(b: int, c: int, t: int, h: int, w: int, dtype=torch.float32) -> torch.Tensor:
+    return torch.randn(b, c, t, h, w, generator=torch.Generator().manual_seed(1), dtype=dtype)
+
+
+def test_registered_names():
+    assert VIDEO_VITS == [
+        "vitrel_vit_video_base_patch16_224",
+        "vitrel_vit_video_small_patch16_224",
+        "vitrel_vit_video_tiny_patch16_224",
+        "vitrel_vit_video_tiny_patch4_32",
+    ]
+    assert set(VIDEO_VITS) <= set(timm.list_models("vitrel_vit_video_*"))
+
+
+@pytest.mark.parametrize("name", VIDEO_VITS)
+def test_timm_create_model_each_name(name):
+    """timm's factory builds each one; a reduced copy runs at its native clip and at another one."""
+    full = timm.create_model(name, device="meta")
+    args = MODEL_ARGS[name][1]
+    assert full.vitrel_cfg["architecture"] == name and isinstance(full, VideoVisionTransformer)
+    assert full.pretrained_cfg["input_size"] == (args.get("in_chans", 3), *(2 * [args.get("img_size", 224)]))
+    assert (len(full.blocks), full.embed_dim, full.patch_embed.tubelet_size) == (12, args["embed_dim"], args[
+        "tubelet_size"])  # fmt: skip
+    m = timm.create_model(name, **SMALL).eval()
+    c, t, s = m.in_chans, m.num_frames, m.img_size[0]
+    for shape in ((2, c, t, s, s), (1, c, 2 * t, s // 2, s)):  # any clip: the grid follows the input
+        x = clip(*shape)
+        with torch.no_grad():
+            feats = m.forward_features(x)
+            g = m.patch_embed.grid_for(shape[2], shape[3:])
+            assert feats.shape == (shape[0], g.n, 32)
+            assert m.forward_head(feats).shape == (shape[0], m.num_classes)
+            torch.testing.assert_close(m(x), m.head(m.fc_norm(feats.mean(1))), rtol=0, atol=0)  # VideoMAE's pool
+
+
+def test_tubelet_tokens_are_t_major_as_the_convolution_written_out():
+    """Token ``(t H' + h) W' + w`` is the tubelet ``frames [t ts, (t+1) ts), rows [h p, ...), cols [w p, ...)`` under
+    the 3-D kernel, in float64 from the equation."""
+    m = make("vitrel_vit_video_tiny_patch16_224", depth=1).double()
+    pe = m.patch_embed
+    x = clip(2, 3, 4, 32, 48, torch.float64)
+    tokens, grid = pe(x)
+    assert grid == Grid3(2, 2, 3)
+    wgt, bias = pe.proj.weight, pe.proj.bias  # [C, 3, 2, 16, 16]
+    for t in range(grid.t):
+        for h in range(grid.h):
+            for w in range(grid.w):
+                cube = x[:, :, 2 * t : 2 * t + 2, 16 * h : 16 * h + 16, 16 * w : 16 * w + 16]
+                want = torch.einsum("bctij,dctij->bd", cube, wgt) + bias
+                torch.testing.assert_close(tokens[:, (t * grid.h + h) * grid.w + w], want, rtol=1e-10, atol=1e-10)
+
+
+def test_bad_clips_refused_before_any_work():
+    m = make()
+    with pytest.raises(ValueError, match=r"clips \[B, 1, T, H, W\]"):
+        m(torch.randn(2, 1, 32, 32))
+    v = make("vitrel_vit_video_tiny_patch16_224")
+    with pytest.raises(ValueError, match="3 frames are not a positive multiple of the tubelet size 2"):
+        v(torch.randn(1, 3, 3, 32, 32))
+    with pytest.raises(ValueError, match="not a positive multiple of the patch size 16"):
+        v(torch.randn(1, 3, 4, 32, 40))
+    with pytest.raises(ValueError, match=r"rel2d_full.*video grid 8x8x8"):
+        vitrel.create_model(CPU, pos="rel2d_full", **SMALL)
+    with pytest.raises(ValueError, match="features_only"):
+        timm.create_model(CPU, features_only=True, **SMALL)
+
+
+@pytest.mark.parametrize("class_token", [False, True])
+def test_forward_intermediates(class_token):
+    m = make(class_token=class_token)
+    x = clip(2, 1, 4, 16, 24)
+    outs = []
+    hooks = [b.register_forward_hook(lambda _m, _i, o: outs.append(o)) for b in m.blocks]
+    with torch.no_grad():
+        m(x)
+        for h in hooks:
+            h.remove()
+        p = m.num_prefix_tokens
+        final, feats = m.forward_intermediates(x, output_fmt="NLC")
+        torch.testing.assert_close(final, m.forward_features(x), rtol=0, atol=0)
+        for f, o in zip(feats, outs):
+            torch.testing.assert_close(f, o[:, p:], rtol=0, atol=0)
+        maps = m.forward_intermediates(x, indices=[0, -1], intermediates_only=True)  # NCTHW
+        assert [tuple(t.shape) for t in maps] == [(2, 32, 4, 4, 6)] * 2
+        want = outs[-1][:, p:].reshape(2, 4, 4, 6, 32).permute(0, 4, 1, 2, 3)
+        torch.testing.assert_close(maps[1], want, rtol=0, atol=0)
+        # token (t, h, w) of the map is token (t H + h) W + w: the t-major layout
+        torch.testing.assert_close(maps[1][:, :, 3, 2, 5], outs[-1][:, p + (3 * 4 + 2) * 6 + 5], rtol=0, atol=0)
+        early = m.forward_intermediates(x, indices=[0], stop_early=True, intermediates_only=True)
+        torch.testing.assert_close(early[0], maps[0], rtol=0, atol=0)
+        if class_token:
+            pairs = m.forward_intermediates(x, indices=1, return_prefix_tokens=True, norm=True, intermediates_only=True)
+            torch.testing.assert_close(pairs[0][1], m.norm(outs[-1])[:, :1], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="output_fmt"):
+        m.forward_intermediates(x, output_fmt="NCHW")
+
+
+def test_reset_classifier_and_token_pool():
+    m = make(class_token=True, global_pool="token", num_classes=5)
+    x = clip(2, 1, 8, 32, 32)
+    with torch.no_grad():
+        feats = m.forward_features(x)
+        torch.testing.assert_close(m.forward_head(feats, pre_logits=True), feats[:, 0], rtol=0, atol=0)
+    m.reset_classifier(7, "avg")
+    assert m(x).shape == (2, 7) and m.vitrel_cfg["num_classes"] == 7 and m.vitrel_cfg["global_pool"] == "avg"
+    m.reset_classifier(0, "")
+    assert m(x).shape == (2, 1 + 8 * 8 * 8, 32)
+    with pytest.raises(ValueError, match="class token"):
+        make().reset_classifier(3, "token")
+    assert "cls_token" in m.no_weight_decay()
+
+
+def test_pos_share_runs_one_scheme_for_every_block():
+    m = make(pos_share=True)
+    assert m.rel_pos is not None and all(b.attn.pos is None for b in m.blocks)
+    assert m(clip(1, 1, 8, 32, 32)).shape == (1, 2)
+
+
+def test_checkpoint_routes(tmp_path):
+    """save_pretrained -> vitrel.load_model, timm's local-dir and create_model(checkpoint_path=): the same model."""
+    m = make(num_classes=3, class_token=True)
+    x = clip(2, 1, 8, 32, 32)
+    out = vitrel.models.save_pretrained(m, tmp_path / "export")
+    with torch.no_grad():
+        want = m(x)
+        for other in (
+            vitrel.load_model(out),
+            timm.create_model(f"local-dir:{out}", pretrained=True),
+            vitrel.create_model(CPU, checkpoint_path=str(out / "model.safetensors")),
+        ):
+            assert other.vitrel_cfg == m.vitrel_cfg
+            torch.testing.assert_close(other.eval()(x), want, rtol=0, atol=0)
+
+
+def test_export_any_clip_size():
+    """torch.export with symbolic batch, frames, height and width: one program for every clip."""
+    m = make("vitrel_vit_video_tiny_patch16_224", depth=1, embed_dim=32, num_heads=2, img_size=32, num_frames=4)
+    x = clip(2, 3, 4, 32, 48)
+    t, h, w = torch.export.Dim("t", min=1, max=8), torch.export.Dim("h", min=1, max=8), torch.export.Dim("w", max=8)
+    dyn = {"x": {0: torch.export.Dim("b", max=16), 2: 2 * t, 3: 16 * h, 4: 16 * w}}
+    import torch.fx.experimental._config as fx_config
+
+    with torch.no_grad():
+        with fx_config.patch(backed_size_oblivious=True):  # sizes that can be 1 (as vitrel.export does for images)
+            ep = torch.export.export(m, (x,), dynamic_shapes=dyn)
+        for shape in ((2, 3, 4, 32, 48), (3, 3, 6, 48, 16), (1, 3, 2, 16, 32)):
+            xi = clip(*shape)
+            torch.testing.assert_close(ep.module()(xi), m(xi), rtol=1e-5, atol=1e-5)

@@ -1,0 +1,259 @@
+"""Video Vision Transformer (ViViT's joint space-time attention, VideoMAE's backbone) with any position scheme.
+
+A clip ``[B, C, T, H, W]`` is cut into ``tubelet_size x patch_size x patch_size`` tubelets, a ``T' x H' x W'`` grid
+(:class:`~vitrel.layout.geometry.Grid3`), embedded by a 3-D convolution; every block attends over all tokens::
+
+    x_0 = [cls?, E(tubelet_1), ..., E(tubelet_T'H'W')]   tokens t-major: index (t H' + h) W' + w (+ absolute embedding)
+    x_l = Block_l(x_{l-1}, grid)                         pre-norm, attention with the scheme on the video grid
+    y   = head(fc_norm(mean of the tubelet tokens))      (or the class token, global_pool="token")
+
+The defaults are VideoMAE's: no class token, mean pooling, ``fc_norm`` after pooling. The grid is taken from the
+clip at forward time, so a model runs at any number of frames (a multiple of ``tubelet_size``) and any frame size (a
+multiple of ``patch_size``); ``num_frames`` and ``img_size`` only size learned tables and absolute embeddings.
+
+The blocks, their shared or per-block schemes (``pos_share``) and the block loop are the image ViT's
+(:mod:`vitrel.models.blocks`). A 2-D scheme (``rel2d_full``, ``rope2d_axial``...) refuses the video grid by name;
+use a 3-D one (``rel3d_full``, ``rope3d_axial``...) or ``none``.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from timm.layers import calculate_drop_path_rates, to_2tuple
+from torch import Tensor, nn
+
+from vitrel.kernels import check_choice
+from vitrel.layers.attention import SHARED
+from vitrel.layers.validate import check_vit_args
+from vitrel.layout.geometry import Grid3
+from vitrel.models.blocks import Block, BlockStack, TubeletEmbed, add_abs_pos, constructor_config, with_placement
+from vitrel.models.timm_surface import TimmSurface
+from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
+
+__all__ = ["VideoVisionTransformer"]
+
+
+class VideoVisionTransformer(BlockStack, TimmSurface, nn.Module):
+    """Video ViT with a pluggable position scheme (module docstring; timm's surface:
+    :class:`~vitrel.models.timm_surface.TimmSurface`).
+
+    Args:
+        img_size: frame size the model is built for; num_frames: clip length it is built for (both size learned
+            tables and absolute embeddings only: any clip runs).
+        patch_size, tubelet_size: the tubelet's side in pixels and its length in frames (VideoMAE: 16, 2).
+        in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias, init_values: as the image ViT.
+        global_pool: ``"avg"`` (mean of the tubelet tokens, VideoMAE's), ``"token"`` (class token) or ``""``.
+        class_token: prepend a class token (VideoMAE has none).
+        fc_norm: norm after pooling instead of before (None: True for ``"avg"``, as timm and VideoMAE).
+        pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
+        drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_eps: as the image ViT.
+        device, dtype: placement (keyword-only, not part of ``vitrel_cfg``).
+    """
+
+    global_pools = ("avg", "token", "")
+    intermediate_fmts = ("NCTHW", "NLC")
+    no_weight_decay_params = ("cls_token",)
+
+    @with_placement
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        num_frames: int = 16,
+        patch_size: int = 16,
+        tubelet_size: int = 2,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        embed_dim: int = 768,
+        depth: int = 12,
+        num_heads: int = 12,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        class_token: bool = False,
+        init_values: float | None = None,
+        fc_norm: bool | None = None,
+        pos: PosArg = "none",
+        abs_pos: PosArg = None,
+        pos_share: bool = False,
+        attn_impl: str = "auto",
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        check_vit_args(locals())  # sizes checked first, errors name the argument
+        if global_pool not in self.global_pools:
+            raise ValueError(f"global_pool must be 'avg', 'token' or '', got {global_pool!r}")
+        if global_pool == "token" and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)
+        img_size = to_2tuple(img_size)
+        self.vitrel_cfg = constructor_config(VideoVisionTransformer, locals(), img_size=list(img_size))
+        rel, absolute = split_pos(pos, abs_pos)
+        self.num_classes = num_classes
+        self.init_surface(in_chans, img_size, global_pool, None, None)
+        self.num_frames = num_frames
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.has_class_token = class_token
+        self.grad_checkpointing = False
+        self._attn_impl = attn_impl
+
+        self.patch_embed = TubeletEmbed(patch_size, tubelet_size, in_chans, embed_dim)
+        self.grid = self.patch_embed.grid_for(num_frames, img_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        make_pos = functools.partial(
+            PosSpec.build,
+            num_heads=num_heads,
+            head_dim=embed_dim // num_heads,
+            grid=self.grid,
+            num_prefix_tokens=self.num_prefix_tokens,
+            embed_dim=embed_dim,
+        )
+        self.abs_pos = make_pos(absolute) if absolute is not None else None
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        self.rel_pos = make_pos(rel) if pos_share else None
+        check_choice(attn_impl, self.rel_pos)
+        dpr = calculate_drop_path_rates(drop_path_rate, depth)
+        self.blocks = nn.ModuleList(
+            [
+                Block(
+                    embed_dim,
+                    num_heads,
+                    pos=SHARED if pos_share else make_pos(rel, layer=(i, depth)),
+                    grid=self.grid,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    init_values=init_values,
+                    proj_drop=proj_drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[i],
+                    norm_eps=norm_eps,
+                    attn_impl=attn_impl,
+                )
+                for i in range(depth)
+            ]
+        )
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
+        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
+        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if not use_fc_norm else nn.Identity()
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self) -> None:
+        super().init_weights()
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+
+    # ---------------------------------------------------------------------------- timm surface
+    def check_global_pool(self, global_pool: str) -> None:
+        super().check_global_pool(global_pool)
+        if global_pool == "token" and self.cls_token is None:
+            raise ValueError("global_pool='token' needs a class token")
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(
+            stem=r"^cls_token|^abs_pos|^rel_pos|^patch_embed",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
+    # ---------------------------------------------------------------------------- forward
+    def embed(self, x: Tensor) -> tuple[Tensor, Grid3]:
+        """Clips ``[B, C, T, H, W]`` -> input tokens ``[B, P + T'H'W', C]`` (with absolute position) and the grid."""
+        x, grid = self.patch_embed(x)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        if self.abs_pos is not None:
+            x = add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
+        return self.pos_drop(x), grid
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Clips ``[B, C, T, H, W]`` -> normalised tokens ``[B, P + T'H'W', C]`` (t-major)."""
+        x, grid = self.embed(x)
+        for y in self.run_blocks(x, self.position_states(grid, x)):  # the states once per forward, to every block
+            x = y
+        return self.norm(x)
+
+    def pool(self, x: Tensor) -> Tensor:
+        if self.global_pool == "token":
+            return x[:, 0]
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
+        return x
+
+    def pooled(self, x: Tensor) -> Tensor:
+        return self.fc_norm(self.pool(x))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Clips ``[B, C, T, H, W]`` -> logits ``[B, classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    # ---------------------------------------------------------------------------- intermediates (timm)
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCTHW",
+        intermediates_only: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """timm's ``forward_intermediates``: the outputs of the blocks in ``indices`` (the last ``n`` for an int, all
+        for None, negative indices from the end) and the final normalised tokens.
+
+        ``output_fmt``: ``"NCTHW"`` (tubelet tokens as ``[B, C, T', H', W']``) or ``"NLC"`` (``[B, T'H'W', C]``);
+        the class token is dropped (``return_prefix_tokens=True``: pairs ``(tokens, prefix [B, P, C])``). ``norm``
+        applies the final norm to each; ``stop_early`` skips the blocks after the last one asked for."""
+        take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
+        x, grid = self.embed(x)
+        feats = []
+        for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, len(blocks)), len(blocks))):
+            x = y
+            if i in take:
+                feats.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix = [y[:, :p] for y in feats]
+        feats = [y[:, p:] for y in feats]
+        if output_fmt == "NCTHW":
+            feats = [y.reshape(y.shape[0], *grid, -1).permute(0, 4, 1, 2, 3).contiguous() for y in feats]
+        if return_prefix_tokens and p:
+            feats = list(zip(feats, prefix))
+        if intermediates_only:
+            return feats
+        return self.norm(x), feats
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's ``prune_intermediate_layers``: drop the blocks after the last of ``indices`` (and the final norm /
+        the head if asked); returns the absolute indices kept."""
+        take, _ = self.prune_trunk(indices)
+        self.vitrel_cfg["depth"] = len(self.blocks)
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "")
+        return take
+
+    @classmethod
+    def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:
+        """What ``vitrel.models.registry`` reads (see ``VisionTransformer.feature_defaults``); ``features_only``:
+        why timm's feature wrappers do not take the model (None: they do)."""
+        why = "timm's feature wrappers take image maps (NCHW / NHWC); call forward_intermediates for [B, C, T, H, W]"
+        return dict(pool_size=None, output_fmt="NCTHW", module_fmt=None, no_flatten=why, features_only=why)

@@ -64,9 +64,9 @@ def _scheme(name: str, kw: dict, heads: int = 4):
 @pytest.mark.parametrize("prefix", [0, 1])
 def test_offset_table_is_the_bias(name, kw, grid, prefix):
     s = _scheme(name, kw)
-    g = vitrel.pos.as_grid(grid)
+    g = s.check_grid(grid)  # (a video scheme reads an image grid as one frame, (1, H, W))
     t = s.offset_table(g)
-    assert t.shape == (4, 2 * g.h - 1, 2 * g.w - 1)
+    assert t.shape == (4, *(2 * n - 1 for n in g))
     torch.testing.assert_close(expand_offset_table(t, g, prefix), s.bias(g, prefix), atol=0, rtol=0)
 
 

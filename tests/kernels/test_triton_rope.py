@@ -43,6 +43,9 @@ CASES = [
     ("rope2d_mixed", {}, 16, 1),
     ("rope2d_mixed", {"basis": "circulant", "coords": "normalized"}, 32, 5),
     ("rope2d_mixed", {"scaling": {"rope_type": "yarn", "factor": 2.0}}, 16, 0),
+    ("rope3d_axial", {}, 16, 1),  # (on GRID, one frame: the video grid's tables are tested in tests/pos/test_rope3d.py)
+    ("rope3d_axial", {"sections": [1, 3, 2], "layout": "interleaved", "freqs": "shared"}, 16, 0),
+    ("rope3d_mixed", {"scaling": {"rope_type": "yarn", "factor": 2.0}}, 16, 1),
     ("spiral_rope", {"directions": 2}, 16, 1),
     ("spiral_rope", {"directions": 4, "same_theta": True, "basis": "cayley"}, 16, 0),
     ("liere", {"preset": "comrope_baseline"}, 16, 1),  # 2 x 2 blocks: cos / sin from learned generators

@@ -27,6 +27,8 @@ VIDEO_NAMES = [
     "vitrel_vit_video_small_patch16_224",
     "vitrel_vit_video_base_patch16_224",
     "vitrel_vit_video_tiny_patch4_32",
+    "vitrel_swin3d_tiny_patch244_window877_224",
+    "vitrel_swin3d_tiny_patch122_window444_32",
 ]
 SMALL = dict(depth=2, embed_dim=32, num_heads=2)
 

@@ -10,7 +10,7 @@ from vitrel.kernels.registry import Kernel
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout, stack_tables
 
-__all__ = ["OffsetTableKernel", "table_refusal", "token_terms_refusal"]
+__all__ = ["OffsetTableKernel", "table_refusal", "token_terms_refusal", "video_refusal"]
 
 
 def token_terms_refusal(kernel: str, scheme, lacks: str) -> str | None:
@@ -22,6 +22,14 @@ def token_terms_refusal(kernel: str, scheme, lacks: str) -> str | None:
     return (
         f"attn_impl={kernel!r}: {scheme.name}'s term depends on the query token ({lacks}); its fast path "
         "is one SDPA call on augmented queries and keys: use attn_impl='sdpa' or 'auto'"
+    )
+
+
+def video_refusal(kernel: str, what: str) -> str:
+    """Why a kernel that reads 2-D offset tables only (triton) cannot run ``what`` (a video scheme or grid)."""
+    return (
+        f"attn_impl={kernel!r} takes image grids (H, W) only (its fused kernel reads a 2-D offset table), not {what}: "
+        "use attn_impl='sdpa', 'flex', or 'fold' (rel3d_factored), or 'auto'"
     )
 
 

@@ -1,11 +1,12 @@
 """``attn_impl="flex"``: FlexAttention (compiled on first use) with a ``score_mod`` that reads the bias from the
 scheme's offset table ``T[h, dh + H - 1, dw + W - 1]``, the offsets computed from the token indices
 (``r = (i - P) // W``, ``c = (i - P) % W``; from the tokens' coordinates on a packed layout), so no ``N x N`` bias or
-bias gradient exists. Window masks are read in the same ``score_mod``; causal attention and the table's ``-inf``
-entries (LookHere's views) are ``BlockMask`` s, so whole blocks are skipped. No attention dropout; torch has no
-FlexAttention backward on CPU (inference only there). On CUDA its table gradient goes through atomics (not bitwise
-repeatable; ``attn_impl="triton"`` is). On Hopper the default tiles need more shared memory than there is with a bf16
-table: :func:`kernel_options` gives the tiles that compile there (measured on an H200,
+bias gradient exists. On a video grid ``(T, H, W)`` the table is ``T[h, dt + T - 1, dh + H - 1, dw + W - 1]``, the
+frame ``(i - P) // (H W)`` and the row and column of the rest. Window masks are read in the same ``score_mod``; causal
+attention and the table's ``-inf`` entries (LookHere's views) are ``BlockMask`` s, so whole blocks are skipped. No
+attention dropout; torch has no FlexAttention backward on CPU (inference only there). On CUDA its table gradient goes
+through atomics (not bitwise repeatable; ``attn_impl="triton"`` is). On Hopper the default tiles need more shared
+memory than there is with a bf16 table: :func:`kernel_options` gives the tiles that compile there (measured on an H200,
 ``bench/results/triton_diag_h200_first_kernel.md``).
 """
 
@@ -21,7 +22,7 @@ from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex
 
 from vitrel.kernels.base import OffsetTableKernel, token_terms_refusal  # noqa: F401 (re-exported: fold)
 from vitrel.kernels.registry import register_kernel
-from vitrel.layout.geometry import Grid
+from vitrel.layout.geometry import Grid, Grid3
 from vitrel.layout.tokens import TokenLayout
 
 __all__ = [
@@ -154,6 +155,16 @@ def _offset_reader(
 
         return at_tokens, lambda b, i: rows[b, i] >= 0
     p, gw = num_prefix_tokens, grid.w
+    if isinstance(grid, Grid3):  # a video grid, t-major: i - P = (t * H + row) * W + col
+        gt, gh, hw = grid.t, grid.h, grid.h * grid.w
+
+        def at3(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
+            pi, pj = (qi - p).clamp(min=0), (ki - p).clamp(min=0)
+            ti, tj = pi // hw, pj // hw
+            si, sj = pi - ti * hw, pj - tj * hw
+            return table[h, ti - tj + gt - 1, si // gw - sj // gw + gh - 1, si % gw - sj % gw + gw - 1]
+
+        return at3, lambda b, i: i >= p
 
     def at(b: Tensor, h: Tensor, qi: Tensor, ki: Tensor) -> Tensor:
         pi, pj = (qi - p).clamp(min=0), (ki - p).clamp(min=0)

@@ -29,8 +29,10 @@ __all__ = [
     "pad_prefix",
     "axis_offsets",
     "offset_grid",
+    "offset_grid3",
     "expand_offset_table",
     "axis_factors",
+    "axis_factors3",
 ]
 
 
@@ -151,23 +153,48 @@ def offset_grid(grid: Grid, device: torch.device | None = None) -> tuple[Tensor,
     return dh, dw
 
 
-def expand_offset_table(table: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+def offset_grid3(grid: Grid3, device: torch.device | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dt, dh, dw)`` over a video's offset table, each ``[2T-1, 2H-1, 2W-1]`` (long)."""
+    dt, dh, dw = (axis_offsets(n, device) for n in grid)
+    shape = (2 * grid.t - 1, 2 * grid.h - 1, 2 * grid.w - 1)
+    return dt[:, None, None].expand(shape), dh[None, :, None].expand(shape), dw[None, None, :].expand(shape)
+
+
+def expand_offset_table(table: Tensor, grid: Grid | Grid3, num_prefix_tokens: int = 0) -> Tensor:
     """``T [heads, 2H-1, 2W-1]`` -> the bias ``[heads, N, N]``, ``T[h, dh_ij + H - 1, dw_ij + W - 1]`` for
-    patch pairs, 0 for pairs with a prefix token."""
+    patch pairs, 0 for pairs with a prefix token; on a video grid ``T [heads, 2T-1, 2H-1, 2W-1]`` read at
+    ``(dt_ij + T - 1, dh_ij + H - 1, dw_ij + W - 1)``."""
+    if isinstance(grid, Grid3):
+        dt, dh, dw = rel_offsets3(grid, table.device)
+        return pad_prefix(table[:, dt + grid.t - 1, dh + grid.h - 1, dw + grid.w - 1], num_prefix_tokens)
     dh, dw = rel_offsets(grid, table.device)
     return pad_prefix(table[:, dh + grid.h - 1, dw + grid.w - 1], num_prefix_tokens)
+
+
+def _onehot_factors(
+    blocks: tuple[Tensor, ...], coords: tuple[Tensor, ...], num_prefix_tokens: int, head_dim: int
+) -> tuple[Tensor, Tensor]:
+    """Factors of ``sum_a blocks[a][:, x_i, x_j]`` over axes ``a`` (``blocks[a] [heads, n_a, n_a]``, ``x = coords[a]``
+    the tokens' coordinate on that axis): ``u_i = [blocks[a][x_i, :]]_a``, ``w_j = [onehot(x_j)]_a``."""
+    heads, device = blocks[0].shape[0], blocks[0].device
+    u = torch.cat([b[:, x, :] for b, x in zip(blocks, coords)], dim=-1)  # [heads, n, sum n_a]
+    w = torch.cat([x[:, None] == torch.arange(b.shape[-1], device=device) for b, x in zip(blocks, coords)], dim=-1)
+    pad = -(head_dim + u.shape[-1]) % 8
+    u = F.pad(u, (0, pad, num_prefix_tokens, 0))
+    w = F.pad(w.to(u.dtype), (0, pad, num_prefix_tokens, 0)).expand(heads, -1, -1)
+    return u, w
 
 
 def axis_factors(bh: Tensor, bw: Tensor, grid: Grid, num_prefix_tokens: int, head_dim: int) -> tuple[Tensor, Tensor]:
     """Factors of ``bh[:, row_i, row_j] + bw[:, col_i, col_j]`` (``bh [heads, H, H]``, ``bw [heads, W, W]``):
     ``u_i = [bh[row_i, :], bw[col_i, :]]``, ``w_j = [onehot(row_j), onehot(col_j)]``, rank ``H + W`` padded
     with zeros so that ``head_dim + r`` is a multiple of 8 (what fused kernels want); prefix tokens get zeros."""
-    heads = bh.shape[0]
-    rows, cols = patch_coords(grid, bh.device)
-    u = torch.cat([bh[:, rows, :], bw[:, cols, :]], dim=-1)  # [heads, HW, H + W]
-    ar_h, ar_w = torch.arange(grid.h, device=bh.device), torch.arange(grid.w, device=bh.device)
-    w = torch.cat([rows[:, None] == ar_h, cols[:, None] == ar_w], dim=-1).to(bh.dtype)  # one-hot, [HW, H + W]
-    pad = -(head_dim + grid.h + grid.w) % 8
-    u = F.pad(u, (0, pad, num_prefix_tokens, 0))
-    w = F.pad(w, (0, pad, num_prefix_tokens, 0)).expand(heads, -1, -1)
-    return u, w
+    return _onehot_factors((bh, bw), patch_coords(grid, bh.device), num_prefix_tokens, head_dim)
+
+
+def axis_factors3(
+    bt: Tensor, bh: Tensor, bw: Tensor, grid: Grid3, num_prefix_tokens: int, head_dim: int
+) -> tuple[Tensor, Tensor]:
+    """:func:`axis_factors` on a video grid: ``bt[:, t_i, t_j] + bh[:, row_i, row_j] + bw[:, col_i, col_j]``, rank
+    ``T + H + W`` padded the same way."""
+    return _onehot_factors((bt, bh, bw), patch_coords3(grid, bh.device), num_prefix_tokens, head_dim)

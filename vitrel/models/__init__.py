@@ -6,8 +6,10 @@ weights) <- ``factory`` (``create_model``, timm entry points).
 
 from vitrel.models.checkpoint import CheckpointError, export_model, extract_model_state, load_model, save_pretrained
 from vitrel.models.factory import create_model
+from vitrel.models.inflate import inflate_image_model
 from vitrel.models.registry import build_from_cfg, list_models
 from vitrel.models.swin import SwinTransformer
+from vitrel.models.swin3d import SwinTransformer3D
 from vitrel.models.timm_import import TransferReport, UnsupportedTimmModel, from_timm, transfer_timm_weights
 from vitrel.models.video_vit import VideoVisionTransformer
 from vitrel.models.vit import VisionTransformer
@@ -15,6 +17,7 @@ from vitrel.models.vit import VisionTransformer
 __all__ = [
     "CheckpointError",
     "SwinTransformer",
+    "SwinTransformer3D",
     "VideoVisionTransformer",
     "VisionTransformer",
     "build_from_cfg",
@@ -23,6 +26,7 @@ __all__ = [
     "TransferReport",
     "UnsupportedTimmModel",
     "create_model",
+    "inflate_image_model",
     "export_model",
     "extract_model_state",
     "list_models",

@@ -27,6 +27,7 @@ from timm.models._features import FeatureGetterNet
 from torch import nn
 
 from vitrel.models.swin import SwinTransformer
+from vitrel.models.swin3d import SwinTransformer3D
 from vitrel.models.video_vit import VideoVisionTransformer
 from vitrel.models.vit import VisionTransformer
 from vitrel.pos.registry import get_pos_class
@@ -108,6 +109,37 @@ MODEL_ARGS: dict[str, tuple[type[nn.Module], dict[str, Any]]] = {
             num_classes=2,
         ),
     ),
+    # Video Swin-T (Kinetics: 32 frames, tubelet 2 x 4 x 4, window 8 x 7 x 7)
+    "vitrel_swin3d_tiny_patch244_window877_224": (
+        SwinTransformer3D,
+        dict(
+            num_frames=32,
+            tubelet_size=2,
+            patch_size=4,
+            window_size=(8, 7, 7),
+            embed_dim=96,
+            depths=(2, 2, 6, 2),
+            num_heads=(3, 6, 12, 24),
+            drop_path_rate=0.1,
+        ),
+    ),  # fmt: skip
+    # Moving Fashion-MNIST (1 x 8 x 32 x 32, 2 classes): one frame per tubelet; grids 8 x 16 x 16 .. 8 x 2 x 2 over
+    # the stages, window 4 x 4 x 4 (shifted by 2 in time too; stage 3 shrinks it to 4 x 2 x 2)
+    "vitrel_swin3d_tiny_patch122_window444_32": (
+        SwinTransformer3D,
+        dict(
+            img_size=32,
+            num_frames=8,
+            tubelet_size=1,
+            patch_size=2,
+            window_size=(4, 4, 4),
+            in_chans=1,
+            embed_dim=96,
+            depths=(2, 2, 6, 2),
+            num_heads=(3, 6, 12, 24),
+            num_classes=2,
+        ),
+    ),  # fmt: skip
 }
 
 

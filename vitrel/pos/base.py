@@ -278,6 +278,11 @@ class PositionScheme(nn.Module):
         """The state for tokens laid out by ``layout`` (packed images, dropped tokens; :mod:`vitrel.layout.tokens`):
         each distinct image grid prepared as a forward on that grid alone prepares it, each token reading its own
         image's terms, and tokens of different images masked from each other (``rope``: the rotation, when known)."""
+        if self.grid_dims == 3:
+            raise ValueError(
+                f"pos={self.name!r} takes full video grids (T, H, W): token layouts (NaFlex dicts, packed or "
+                "token-dropped images) are not supported for video schemes"
+            )
         if kernel is not None and not kernel.takes_layout:
             raise ValueError(
                 f"attn_impl={kernel.name!r} does not take packed or token-dropped layouts (NaFlex dicts, lists of "

@@ -17,6 +17,11 @@ another image size and, for the bias tables, when a call's grid is larger than t
   timm's ``resize_rel_pos_bias_table_simple``: ``align_corners=False``), at load and, for the bias
   tables, at call time (differentiable, every forward on a larger grid).
 
+The video tables (``rel3d_full``'s ``[2T-1, 2H-1, 2W-1, C]``, :func:`extend_table3`) follow the same rules one axis
+at a time: the ``(dh, dw)`` plane of every ``dt`` by the 2-D rule, then the ``dt`` axis by the 1-D rule (bicubic per
+axis, i.e. tricubic, under ``grow`` and ``interpolate``), so a table whose ``dt`` extent stays gets the 2-D rule
+exactly.
+
 The Shaw schemes clip at ``clip_distance`` by their definition, so at call time they always clip;
 ``extend`` sets how their tables are resized when loaded at another size.
 
@@ -37,7 +42,9 @@ from torch import Tensor
 __all__ = [
     "EXTEND_RULES",
     "extend_table",
+    "extend_table3",
     "cover_grid",
+    "cover_grid3",
     "offset_index",
     "offset_rows",
     "resize_rel_table",
@@ -130,6 +137,28 @@ def extend_table(table: Tensor, new_size: tuple[int, int], rule: str = "grow") -
     return out.permute(1, 2, 0).to(table.dtype)
 
 
+def extend_table3(table: Tensor, new_size: tuple[int, int, int], rule: str = "grow") -> Tensor:
+    """A video offset table ``[2T-1, 2H-1, 2W-1, C]`` at ``[2T'-1, 2H'-1, 2W'-1, C]`` by an extension rule, one axis
+    at a time (module docstring): :func:`extend_table` on the ``(dh, dw)`` plane of every ``dt``, then on the ``dt``
+    axis as a 1-D table."""
+    if rule not in EXTEND_RULES:
+        raise ValueError(f"extend must be one of {EXTEND_RULES}, got {rule!r}")
+    old_t, old_h, old_w, c = table.shape
+    new_t, new_h, new_w = new_size
+    planes = table.permute(1, 2, 0, 3).reshape(old_h, old_w, old_t * c)
+    planes = extend_table(planes, (new_h, new_w), rule).reshape(new_h, new_w, old_t, c).permute(2, 0, 1, 3)
+    out = extend_table(planes.reshape(old_t, 1, new_h * new_w * c), (new_t, 1), rule)
+    return out.reshape(new_t, new_h, new_w, c)
+
+
+def cover_grid3(table: Tensor, grid: tuple[int, int, int], rule: str) -> Tensor:
+    """:func:`cover_grid` of a video table ``[2Tt-1, 2Ht-1, 2Wt-1, C]`` for a call on ``grid`` ``(T, H, W)``."""
+    need = tuple(max(s, 2 * g - 1) for s, g in zip(table.shape[:3], grid))
+    if rule != "interpolate" or need == tuple(table.shape[:3]):
+        return table
+    return extend_table3(table, need, "interpolate")
+
+
 def cover_grid(table: Tensor, grid: tuple[int, int], rule: str) -> Tensor:
     """``table [2Ht-1, 2Wt-1, C]`` for a call on ``grid`` (``(H, W)``): under ``interpolate`` resized so that
     every offset of the grid has an entry (each axis to ``max`` of the table's and the grid's extent);
@@ -179,8 +208,8 @@ class ResizeOnLoad:
     """Mixin: tables named in ``_rel_tables`` are resized when a state dict of another size loads, by the
     scheme's extension rule (option ``extend``: ``grow`` | ``clip`` | ``interpolate``, module docstring).
 
-    ``_rel_tables`` maps a parameter name to ``"2d"`` (``[2H-1, 2W-1, C]``) or ``"1d"``
-    (``[2L-1, C]``).
+    ``_rel_tables`` maps a parameter name to ``"2d"`` (``[2H-1, 2W-1, C]``), ``"1d"`` (``[2L-1, C]``) or ``"3d"``
+    (``[2T-1, 2H-1, 2W-1, C]``).
     """
 
     _rel_tables: dict[str, str] = {}
@@ -202,6 +231,8 @@ class ResizeOnLoad:
                 continue  # same size, or not a resizable mismatch: let torch report it
             if kind == "1d":
                 state_dict[key] = extend_table(src[:, None, :], (dst.shape[0], 1), self.extend)[:, 0, :]
+            elif kind == "3d":
+                state_dict[key] = extend_table3(src, tuple(dst.shape[:3]), self.extend)
             else:
                 state_dict[key] = extend_table(src, (dst.shape[0], dst.shape[1]), self.extend)
             how = {

@@ -6,11 +6,12 @@ from typing import ClassVar
 
 import torch
 
-from vitrel.kernels.base import OffsetTableKernel
+from vitrel.kernels.base import OffsetTableKernel, video_refusal
 from vitrel.kernels.registry import register_kernel
 from vitrel.kernels.triton.config import MAX_HEAD_DIM
 from vitrel.kernels.triton.op import layout_tokens, rel_bias_attention
 from vitrel.kernels.triton.patterns import visible_tiles
+from vitrel.layout.geometry import Grid, Grid3, grid_str
 from vitrel.layout.tokens import TokenLayout
 
 __all__ = ["TritonAtomicKernel", "TritonKernel"]
@@ -32,12 +33,20 @@ class TritonKernel(OffsetTableKernel):
 
     @classmethod
     def refuses(cls, scheme):
+        if scheme.grid_dims == 3:
+            return video_refusal(cls.name, f"the video scheme {scheme.name}")
         if scheme.head_dim > MAX_HEAD_DIM:
             return (
                 f"attn_impl={cls.name!r} takes head dims up to {MAX_HEAD_DIM}, {scheme.name} is built for "
                 f"{scheme.head_dim}: use attn_impl='sdpa'"
             )
         return super().refuses(scheme)
+
+    @classmethod
+    def inputs(cls, scheme, grid, num_prefix_tokens):
+        if isinstance(grid, Grid3):
+            raise ValueError(video_refusal(cls.name, f"the video grid {grid_str(grid)}"))
+        return super().inputs(scheme, grid, num_prefix_tokens)
 
     @classmethod
     def skip_blocks(cls, table, grid, num_prefix_tokens):
@@ -59,7 +68,10 @@ class TritonKernel(OffsetTableKernel):
         tokens = None if state.layout is None else layout_tokens(state.layout)
         p, det = state.num_prefix_tokens, cls.deterministic
         settings = dict(causal=state.causal, tokens=tokens, blocks=state.block_mask, regions=regions, deterministic=det)
-        return rel_bias_attention(q, k, v, state.table, state.grid, p, scale, mask, **settings)
+        grid = state.grid
+        if state.table is None and isinstance(grid, Grid3):  # no bias (rotary schemes): t-major = a (T*H) x W raster
+            grid = Grid(grid.t * grid.h, grid.w)
+        return rel_bias_attention(q, k, v, state.table, grid, p, scale, mask, **settings)
 
 
 @register_kernel("triton_atomic")

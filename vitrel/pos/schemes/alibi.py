@@ -12,6 +12,10 @@ No parameters; extends to any distance by definition. Slopes (``slopes=``):
 
     alibi1d:  A_ij = q_i . k_j / sqrt(d) - m_h * |d_ij|,                   d_ij = p_i - p_j, p = row * W + col
     alibi2d:  A_ij = q_i . k_j / sqrt(d) - m_h * sqrt(dh_ij^2 + dw_ij^2)   (Euclidean grid distance)
+    alibi3d:  A_ij = q_i . k_j / sqrt(d) - m_h * sqrt(dt_ij^2 + dh_ij^2 + dw_ij^2)
+
+``alibi3d`` takes video grids ``(T, H, W)`` (tokens t-major, ``dt_ij = t_i - t_j``): alibi2d's Euclidean distance
+over the three axes, one frame apart weighing as one patch apart; on an image grid (one frame) it is ``alibi2d``.
 
 The bias depends on the grid alone: the built grid's is a non-persistent buffer
 (:class:`~vitrel.pos.cache.GridBuffers`).
@@ -25,12 +29,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrel.layout.geometry import Grid, offset_grid, pad_prefix, rel_offsets
+from vitrel.layout.geometry import Grid, Grid3, offset_grid, offset_grid3, pad_prefix, rel_offsets, rel_offsets3
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import GridBuffers
 from vitrel.pos.registry import register_pos
 
-__all__ = ["Alibi1d", "Alibi2d", "reference_slopes"]
+__all__ = ["Alibi1d", "Alibi2d", "Alibi3d", "reference_slopes"]
 
 
 def geometric_slopes(num_heads: int, max_exponent: float = 8.0) -> Tensor:
@@ -83,18 +87,24 @@ class _AlibiBase(GridBuffers, PositionScheme):
 
     has_offset_table = True
 
-    def offset_distance(self, dh: Tensor, dw: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - overridden
-        """The distance of patch offsets ``(dh, dw)`` on ``grid``, in the slopes' dtype."""
+    def offset_distance(self, *offsets: Tensor, grid: Grid) -> Tensor:  # pragma: no cover - overridden
+        """The distance of patch offsets (``(dh, dw)``; ``(dt, dh, dw)`` on a video grid) on ``grid``, in the slopes'
+        dtype."""
         raise NotImplementedError
 
-    def distance(self, grid: Grid) -> Tensor:
-        """``[HW, HW]``: the distance between every two patches."""
-        return self.offset_distance(*rel_offsets(grid, self.slopes.device), grid)
+    def distance(self, grid: Grid | Grid3) -> Tensor:
+        """``[N, N]``: the distance between every two patches."""
+        rel = rel_offsets3 if isinstance(grid, Grid3) else rel_offsets
+        return self.offset_distance(*rel(grid, self.slopes.device), grid=grid)
 
-    def offset_table(self, grid: Grid) -> Tensor:
-        return -self.slopes[:, None, None] * self.offset_distance(*offset_grid(grid, self.slopes.device), grid)[None]
+    def offset_table(self, grid: Grid | Grid3) -> Tensor:
+        grid = self.check_grid(grid)
+        offsets = (offset_grid3 if isinstance(grid, Grid3) else offset_grid)(grid, self.slopes.device)
+        d = self.offset_distance(*offsets, grid=grid)
+        return -self.slopes.view(-1, *(1,) * d.dim()) * d[None]
 
-    def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+    def bias(self, grid: Grid | Grid3, num_prefix_tokens: int = 0) -> Tensor:
+        grid = self.check_grid(grid)
         if self.at_built_grid(grid, num_prefix_tokens):
             return self.built_bias
         return self._bias(grid, num_prefix_tokens)
@@ -119,3 +129,13 @@ class Alibi2d(_AlibiBase):
 
     def offset_distance(self, dh: Tensor, dw: Tensor, grid: Grid) -> Tensor:
         return torch.sqrt((dh * dh + dw * dw).to(self.slopes.dtype))
+
+
+@register_pos("alibi3d")
+class Alibi3d(_AlibiBase):
+    """3-D ALiBi for video grids: the penalty grows with the Euclidean distance over ``(dt, dh, dw)``."""
+
+    grid_dims = 3
+
+    def offset_distance(self, dt: Tensor, dh: Tensor, dw: Tensor, grid: Grid3) -> Tensor:
+        return torch.sqrt((dt * dt + dh * dh + dw * dw).to(self.slopes.dtype))

@@ -1,0 +1,425 @@
+"""Video Swin Transformer (Liu et al., 2022) with any position scheme.
+
+A clip ``[B, C, T, H, W]`` is cut into ``tubelet_size x patch_size x patch_size`` tubelets (Video Swin-T: 2 x 4 x 4),
+giving the map ``[B, T', H', W', C]``; four stages, each but the first starting with a 2 x 2 patch merging in space
+(frames kept: ``[B, T, H, W, C] -> [B, T, H/2, W/2, 2C]``), then blocks attending inside ``Wt x Wh x Ww`` windows,
+every second block on windows shifted by half a window along each axis (a cyclic roll, masked)::
+
+    x <- x + DropPath(3D W-MSA(LN x))   or   3D SW-MSA (shifted windows, masked)
+    x <- x + DropPath(MLP(LN x))
+
+The windows, their shift and mask are :mod:`vitrel.layout.windows3d` (the authors' ``get_window_size`` and
+``compute_mask``, padding masked out as in vitrel's 2-D Swin). The position scheme sees the window's grid
+``(Wt, Wh, Ww)``: one scheme state per stage and forward, shared by its windows (and by its blocks with
+``pos_share=True``). Any clip size runs: a window no smaller than the stage's grid shrinks to it, per axis.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from timm.layers import calculate_drop_path_rates, register_notrace_function, to_2tuple
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from vitrel.kernels import check_choice
+from vitrel.layers.attention import SHARED
+from vitrel.layers.validate import check_swin_args
+from vitrel.layout.geometry import Grid3
+from vitrel.layout.windows3d import unwindow3, window_and_shift3, windows3
+from vitrel.models.blocks import (
+    Block,
+    BlockImpls,
+    TubeletEmbed,
+    add_abs_pos,
+    constructor_config,
+    drops_weights,
+    prepare_state,
+    prepare_states,
+    with_placement,
+)
+from vitrel.models.swin_blocks import PatchMerging
+from vitrel.models.timm_surface import TimmSurface
+from vitrel.pos.base import PosState
+from vitrel.pos.registry import PosArg, parse_pos, split_pos
+
+__all__ = ["SwinTransformer3D", "Swin3DBlock", "Swin3DStage", "SpacePatchMerging"]
+
+Window3 = tuple[int, int, int]
+
+
+def _triple(name: str, value: int | Sequence[int]) -> Window3:
+    sides = (value,) * 3 if isinstance(value, int) else tuple(int(v) for v in value)
+    if len(sides) != 3 or min(sides) < 1:
+        raise ValueError(f"{name} must be an int or (t, h, w) of positive ints, got {value!r}")
+    return sides  # type: ignore[return-value]
+
+
+@register_notrace_function
+def map_grid3(x: Tensor) -> Grid3:
+    """The grid of a map ``[B, T, H, W, C]``."""
+    return Grid3(x.shape[1], x.shape[2], x.shape[3])
+
+
+@register_notrace_function
+def window_grid3(x: Tensor, window: Window3) -> Grid3:
+    """The window grid of the map ``x [B, T, H, W, C]``: the window, shrunk per axis to a smaller side."""
+    return Grid3(*window_and_shift3(map_grid3(x), window, False)[0])
+
+
+class Swin3DBlock(Block):
+    """3-D (shifted-)window attention block: :class:`~vitrel.models.blocks.Block` (pre-norm attention and MLP) with
+    the attention inside the windows of the map ``[B, T, H, W, C]`` (:func:`~vitrel.layout.windows3d.windows3`)."""
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        window_size: Window3,
+        shifted: bool,
+        pos: PosArg = "none",
+        build_grid: tuple[int, int, int] = (8, 7, 7),
+        norm_eps: float = 1e-5,
+        **kwargs: Any,
+    ) -> None:
+        build_grid = Grid3(*build_grid)
+        win, _ = window_and_shift3(build_grid, window_size, shifted)
+        super().__init__(dim, num_heads, pos=pos, grid=win, num_prefix_tokens=0, norm_eps=norm_eps, **kwargs)
+        self.window_size = window_size
+        self.shifted = shifted
+        self.build_grid = build_grid
+
+    def window_attention(self, x: Tensor, pos_state: PosState) -> Tensor:
+        """The (shifted-)window attention on the normalised map ``x [B, T, H, W, C]`` -> ``[B, T, H, W, C]``."""
+        windows, grid, win, shift, mask = windows3(x, self.window_size, self.shifted)
+        return unwindow3(self.attn(windows, mask=mask, pos_state=pos_state), grid, win, shift)
+
+    def forward(self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: Any = None) -> Tensor:
+        """``Block.forward`` on the map ``x [B, T, H, W, C]`` (``grid``: None or its grid). ``pos_state``: the block's
+        scheme state for the map's windows (what the stage passes; else prepared here). ``mask``: None (the windows
+        make their own)."""
+        if mask is not None:
+            raise ValueError("a Video Swin block makes its windows' masks (shifted windows, padding): pass mask=None")
+        if grid is not None and Grid3(*grid) != map_grid3(x):
+            raise ValueError(f"the map {tuple(x.shape)} is not on the grid {tuple(grid)} given")
+        if pos_state is None:
+            if self.attn.pos is None:
+                raise ValueError("this block uses its stage's shared scheme: pass pos_state=stage.position_state(x)")
+            win = window_grid3(x, self.window_size)
+            pos_state = prepare_state(self.attn.pos, win, 0, x, self.attn.attn_impl, self.attn.drops_weights)
+        x = x + self.drop_path1(self.ls1(self.window_attention(self.norm1(x), pos_state)))
+        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
+        return x
+
+
+class SpacePatchMerging(PatchMerging):
+    """Video Swin's patch merging: the 2-D Swin's 2 x 2 merging (:class:`~vitrel.models.swin_blocks.PatchMerging`,
+    same weights) on every frame, ``[B, T, H, W, C] -> [B, T, ceil(H/2), ceil(W/2), out]``."""
+
+    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+        b, t = x.shape[0], x.shape[1]
+        y = super().forward(x.flatten(0, 1))
+        return y.view(b, t, *y.shape[1:])
+
+
+class Swin3DStage(BlockImpls, nn.Module):
+    """Optional patch merging (space only), then ``depth`` blocks alternating plain and shifted 3-D windows."""
+
+    def __init__(
+        self,
+        dim: int,
+        out_dim: int,
+        depth: int,
+        num_heads: int,
+        window_size: Window3,
+        build_grid: Grid3,
+        downsample: bool,
+        pos: PosArg = "none",
+        pos_share: bool = False,
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        proj_drop: float = 0.0,
+        attn_drop: float = 0.0,
+        drop_path: Sequence[float] = (),
+        norm_eps: float = 1e-5,
+        layers: tuple[int, int] | None = None,
+        attn_impl: str = "auto",
+    ) -> None:
+        super().__init__()
+        self.grad_checkpointing = False
+        self._attn_impl = attn_impl
+        self.downsample = SpacePatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
+        if not downsample and dim != out_dim:
+            raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
+        self.build_grid, self.window_size = build_grid, window_size
+        win, _ = window_and_shift3(build_grid, window_size, False)
+        pos = parse_pos(pos)
+        make_pos = functools.partial(pos.build, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win)
+        self.rel_pos = make_pos() if pos_share else None
+        check_choice(attn_impl, self.rel_pos)
+        self.blocks = nn.ModuleList(
+            [
+                Swin3DBlock(
+                    out_dim,
+                    num_heads,
+                    window_size,
+                    shifted=i % 2 == 1,
+                    pos=SHARED if pos_share else make_pos(layer=None if layers is None else (layers[0] + i, layers[1])),
+                    build_grid=build_grid,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    proj_drop=proj_drop,
+                    attn_drop=attn_drop,
+                    drop_path=drop_path[i] if len(drop_path) else 0.0,
+                    norm_eps=norm_eps,
+                    attn_impl=attn_impl,
+                )
+                for i in range(depth)
+            ]
+        )
+
+    def position_state(self, x: Tensor) -> PosState | None:
+        """The shared scheme's state for the windows of the map ``x [B, T, H, W, C]`` (None without ``pos_share``)."""
+        if self.rel_pos is None:
+            return None
+        win = window_grid3(x, self.window_size)
+        return prepare_state(self.rel_pos, win, 0, x, self.attn_impl, drops_weights(self.blocks))
+
+    def position_states(self, x: Tensor) -> list[PosState]:
+        """Each block's state for the windows of the map ``x``, once per forward: the shared scheme's for every block,
+        or the blocks' own schemes prepared together."""
+        st = self.position_state(x)
+        if st is not None:
+            return [st] * len(self.blocks)
+        schemes = [blk.attn.pos for blk in self.blocks]
+        impls = [blk.attn.attn_impl for blk in self.blocks]
+        win = window_grid3(x, self.window_size)
+        return prepare_states(schemes, win, 0, x, impls, drops_weights(self.blocks))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Maps ``[B, T, H, W, C]`` -> the stage's maps ``[B, T, H', W', C']``."""
+        x = self.downsample(x)
+        states = self.position_states(x)  # once per forward, handed to the blocks
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        for i, blk in enumerate(self.blocks):
+            x = checkpoint(blk, x, None, None, states[i], use_reentrant=False) if ckpt else blk(x, pos_state=states[i])
+        return x
+
+
+class SwinTransformer3D(TimmSurface, nn.Module):
+    """Video Swin Transformer with a pluggable position scheme (module docstring; timm's surface:
+    :class:`~vitrel.models.timm_surface.TimmSurface`).
+
+    Args:
+        img_size, num_frames: the frame size and clip length the model is built for (size window tables and
+            absolute embeddings only: any clip runs).
+        patch_size, tubelet_size: the tubelet's side in pixels and its length in frames (Video Swin: 4, 2).
+        window_size: ``(Wt, Wh, Ww)`` in tokens (or one int for all three); Video Swin-T on Kinetics: ``(8, 7, 7)``.
+        in_chans, num_classes, embed_dim, depths, num_heads, mlp_ratio, qkv_bias: as the image Swin.
+        global_pool: ``"avg"`` (mean over frames and space) or ``""`` (features ``[B, T, H, W, C]`` to the head).
+        pos, abs_pos, pos_share, attn_impl: as the image Swin; the scheme sees the window grid ``(Wt, Wh, Ww)``.
+        drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_eps: as the image Swin.
+        device, dtype: placement (keyword-only, not part of ``vitrel_cfg``).
+    """
+
+    trunk = "layers"
+    intermediate_fmts = ("NCTHW", "NTHWC")
+
+    @with_placement
+    def __init__(
+        self,
+        img_size: int | tuple[int, int] = 224,
+        num_frames: int = 32,
+        patch_size: int = 4,
+        tubelet_size: int = 2,
+        in_chans: int = 3,
+        num_classes: int = 1000,
+        global_pool: str = "avg",
+        embed_dim: int = 96,
+        depths: Sequence[int] = (2, 2, 6, 2),
+        num_heads: Sequence[int] = (3, 6, 12, 24),
+        window_size: int | Sequence[int] = (8, 7, 7),
+        mlp_ratio: float = 4.0,
+        qkv_bias: bool = True,
+        pos: PosArg = "none",
+        abs_pos: PosArg = None,
+        pos_share: bool = False,
+        attn_impl: str = "auto",
+        drop_rate: float = 0.0,
+        pos_drop_rate: float = 0.0,
+        proj_drop_rate: float = 0.0,
+        attn_drop_rate: float = 0.0,
+        drop_path_rate: float = 0.1,
+        norm_eps: float = 1e-5,
+    ) -> None:
+        super().__init__()
+        window = _triple("window_size", window_size)
+        check_swin_args({**locals(), "window_size": window[1:]})  # sizes checked first, errors name the argument
+        if global_pool not in ("", "avg"):
+            raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+        depths, num_heads = [int(d) for d in depths], [int(h) for h in num_heads]
+        if len(depths) != len(num_heads) or not depths:
+            raise ValueError(f"depths {depths} and num_heads {num_heads} must be non-empty and of equal length")
+        pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)
+        img_size = to_2tuple(img_size)
+        self.vitrel_cfg = constructor_config(
+            SwinTransformer3D, locals(), img_size=list(img_size), window_size=list(window)
+        )
+        rel, absolute = split_pos(pos, abs_pos)
+        n_stages = len(depths)
+        dims = [int(embed_dim * 2**i) for i in range(n_stages)]
+        for d, hd in zip(dims, num_heads):
+            if d % hd:
+                raise ValueError(f"stage width {d} is not divisible by its {hd} heads")
+        self.num_classes = num_classes
+        self.init_surface(in_chans, img_size, global_pool, None, None)
+        self.num_frames = num_frames
+        self.embed_dim = embed_dim
+        self.num_features = self.head_hidden_size = dims[-1]
+        self.num_prefix_tokens = 0
+        self.window_size = window
+
+        self.patch_embed = TubeletEmbed(
+            patch_size, tubelet_size, in_chans, dims[0], norm_layer=lambda d: nn.LayerNorm(d, eps=norm_eps),
+            flatten=False,
+        )  # fmt: skip
+        self.grid = self.patch_embed.grid_for(num_frames, img_size)
+        self.abs_pos = (
+            absolute.build(num_heads=num_heads[0], head_dim=dims[0] // num_heads[0], grid=self.grid)
+            if absolute is not None
+            else None
+        )
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        dpr = calculate_drop_path_rates(drop_path_rate, sum(depths))
+        stages, g = [], self.grid
+        for i in range(n_stages):
+            if i > 0:
+                g = Grid3(g.t, (g.h + 1) // 2, (g.w + 1) // 2)
+            stages.append(
+                Swin3DStage(
+                    dims[i - 1] if i > 0 else dims[0],
+                    dims[i],
+                    depths[i],
+                    num_heads[i],
+                    window,
+                    build_grid=g,
+                    downsample=i > 0,
+                    pos=rel,
+                    pos_share=pos_share,
+                    mlp_ratio=mlp_ratio,
+                    qkv_bias=qkv_bias,
+                    proj_drop=proj_drop_rate,
+                    attn_drop=attn_drop_rate,
+                    drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
+                    layers=(sum(depths[:i]), sum(depths)),
+                    norm_eps=norm_eps,
+                    attn_impl=attn_impl,
+                )
+            )
+        self.layers = nn.Sequential(*stages)
+        self.output_fmt = "NTHWC"
+        self.feature_info = [
+            dict(num_chs=dims[i], reduction=patch_size * 2**i, module=f"layers.{i}") for i in range(n_stages)
+        ]
+        self.norm = nn.LayerNorm(dims[-1], eps=norm_eps)
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    # ---------------------------------------------------------------------------- timm surface
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.layers:
+            stage.grad_checkpointing = enable
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        return any(s.grad_checkpointing for s in self.layers)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(
+            stem=r"^patch_embed|^abs_pos",
+            blocks=r"^layers\.(\d+)"
+            if coarse
+            else [(r"^layers\.(\d+)\.downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
+    # ---------------------------------------------------------------------------- forward
+    def embed(self, x: Tensor) -> Tensor:
+        """Clips ``[B, C, T, H, W]`` -> the tubelet map ``[B, T', H', W', C]`` (with the absolute embedding, if any)."""
+        x, grid = self.patch_embed(x)
+        if self.abs_pos is not None:
+            b, c = x.shape[0], x.shape[-1]
+            x = add_abs_pos(self.abs_pos, x.reshape(b, -1, c), grid, 0).view(x.shape)
+        return self.pos_drop(x)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Clips ``[B, C, T, H, W]`` -> normalised feature map ``[B, T', H'', W'', C]`` (NTHWC)."""
+        x = self.embed(x)
+        for stage in self.layers:
+            x = stage(x)
+        return self.norm(x)
+
+    def pool(self, x: Tensor) -> Tensor:
+        return x.mean(dim=(1, 2, 3)) if self.global_pool == "avg" else x
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Clips ``[B, C, T, H, W]`` -> logits ``[B, classes]``."""
+        return self.forward_head(self.forward_features(x))
+
+    # ---------------------------------------------------------------------------- intermediates (timm)
+    def forward_intermediates(
+        self,
+        x: Tensor,
+        indices: int | list[int] | None = None,
+        norm: bool = False,
+        stop_early: bool = False,
+        output_fmt: str = "NCTHW",
+        intermediates_only: bool = False,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        """timm's ``forward_intermediates``: the output maps of the stages in ``indices`` (the last ``n`` for an int,
+        all for None) as ``NCTHW`` (or ``NTHWC``), and the final normalised map ``[B, T, H, W, C]``. ``norm`` applies
+        the final norm to the last stage's map; ``stop_early`` skips the stages after the last one asked for."""
+        take, stages = self.intermediate_indices(indices, output_fmt, stop_early)
+        x = self.embed(x)
+        last = len(self.layers) - 1
+        feats = []
+        for i, stage in enumerate(stages):
+            x = stage(x)
+            if i in take:
+                y = self.norm(x) if norm and i == last else x
+                feats.append(y.permute(0, 4, 1, 2, 3).contiguous() if output_fmt == "NCTHW" else y)
+        if intermediates_only:
+            return feats
+        if len(stages) == len(self.layers):
+            x = self.norm(x)
+        return x, feats
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's ``prune_intermediate_layers``: drop the stages after the last of ``indices`` (the final norm and the
+        head go with them, or when asked); returns the absolute indices kept."""
+        n = len(self.layers)
+        take, max_index = self.prune_trunk(indices)
+        prune_end = max_index < n - 1
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        for key in ("depths", "num_heads"):
+            self.vitrel_cfg[key] = list(self.vitrel_cfg[key])[: max_index + 1]
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+        if prune_head or prune_end:
+            self.reset_classifier(0, "")
+        return take
+
+    @classmethod
+    def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:
+        """What ``vitrel.models.registry`` reads (see ``SwinTransformer.feature_defaults``). timm's ``pool_size`` is an
+        image map's: None here (the final map is ``[T', H'', W'']``)."""
+        why = "timm's feature wrappers take image maps (NCHW / NHWC); call forward_intermediates for [B, C, T, H, W]"
+        return dict(pool_size=None, output_fmt="NCTHW", module_fmt=None, no_flatten=why, features_only=why)

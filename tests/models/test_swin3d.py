@@ -12,6 +12,8 @@ import vitrel
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.models.swin3d import Swin3DBlock, SwinTransformer3D
 
+from .test_video_vit import assert_checkpoint_routes
+
 SWIN3D = sorted(n for n, (cls, _) in MODEL_ARGS.items() if cls is SwinTransformer3D)
 CPU = "vitrel_swin3d_tiny_patch122_window444_32"
 SMALL = dict(embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
@@ -85,12 +87,26 @@ def reference_block(blk: Swin3DBlock, x: torch.Tensor, bias=None) -> torch.Tenso
     ],
 )
 @pytest.mark.parametrize("shifted", [False, True])
-def test_windows_against_attention_written_from_scratch(sizes, window, shifted):
+@pytest.mark.parametrize("pos", ["none", "rel3d_full"])
+def test_windows_against_attention_written_from_scratch(sizes, window, shifted, pos):
     torch.manual_seed(0)
-    blk = Swin3DBlock(16, 2, window, shifted, pos="none", build_grid=sizes).double().eval()
+    blk = Swin3DBlock(16, 2, window, shifted, pos=pos, build_grid=sizes).double().eval()
+    bias = None
+    if pos == "rel3d_full":  # Video Swin's bias: table[dt + Wt-1, dh + Wh-1, dw + Ww-1, head] (the table's centre)
+        table = blk.attn.pos.table
+        with torch.no_grad():
+            table.normal_()
+
+        def bias(win):
+            t, h, w = torch.meshgrid(*(torch.arange(n) for n in win), indexing="ij")
+            t, h, w = t.reshape(-1), h.reshape(-1), w.reshape(-1)
+            c = [(s - 1) // 2 for s in table.shape[:3]]
+            d = [a[:, None] - a[None, :] + ci for a, ci in zip((t, h, w), c)]
+            return table[d[0], d[1], d[2]].permute(2, 0, 1)
+
     x = rand(2, *sizes, 16, dtype=torch.float64)
     with torch.no_grad():
-        torch.testing.assert_close(blk(x), reference_block(blk, x), rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(blk(x), reference_block(blk, x, bias), rtol=1e-10, atol=1e-10)
 
 
 def test_shifted_windows_keep_the_wrapped_tokens_apart():
@@ -190,18 +206,7 @@ def test_reset_classifier_pos_share_and_errors():
 
 
 def test_checkpoint_routes(tmp_path):
-    m = make(num_classes=3)
-    x = rand(2, 1, 8, 32, 32)
-    out = vitrel.models.save_pretrained(m, tmp_path / "export")
-    with torch.no_grad():
-        want = m(x)
-        for other in (
-            vitrel.load_model(out),
-            timm.create_model(f"local-dir:{out}", pretrained=True),
-            vitrel.create_model(CPU, checkpoint_path=str(out / "model.safetensors")),
-        ):
-            assert other.vitrel_cfg == m.vitrel_cfg
-            torch.testing.assert_close(other.eval()(x), want, rtol=0, atol=0)
+    assert_checkpoint_routes(make(num_classes=3), rand(2, 1, 8, 32, 32), tmp_path / "export")
 
 
 def test_export_static_and_dynamic_batch():

@@ -140,20 +140,23 @@ def test_pos_share_runs_one_scheme_for_every_block():
     assert m(clip(1, 1, 8, 32, 32)).shape == (1, 2)
 
 
-def test_checkpoint_routes(tmp_path):
+def assert_checkpoint_routes(m: torch.nn.Module, x: torch.Tensor, out_dir) -> None:
     """save_pretrained -> vitrel.load_model, timm's local-dir and create_model(checkpoint_path=): the same model."""
-    m = make(num_classes=3, class_token=True)
-    x = clip(2, 1, 8, 32, 32)
-    out = vitrel.models.save_pretrained(m, tmp_path / "export")
+    out = vitrel.models.save_pretrained(m, out_dir)
+    name = m.vitrel_cfg["architecture"]
     with torch.no_grad():
         want = m(x)
         for other in (
             vitrel.load_model(out),
             timm.create_model(f"local-dir:{out}", pretrained=True),
-            vitrel.create_model(CPU, checkpoint_path=str(out / "model.safetensors")),
+            vitrel.create_model(name, checkpoint_path=str(out / "model.safetensors")),
         ):
             assert other.vitrel_cfg == m.vitrel_cfg
             torch.testing.assert_close(other.eval()(x), want, rtol=0, atol=0)
+
+
+def test_checkpoint_routes(tmp_path):
+    assert_checkpoint_routes(make(num_classes=3, class_token=True), clip(2, 1, 8, 32, 32), tmp_path / "export")
 
 
 def test_export_any_clip_size():
@@ -170,3 +173,28 @@ def test_export_any_clip_size():
         for shape in ((2, 3, 4, 32, 48), (3, 3, 6, 48, 16), (1, 3, 2, 16, 32)):
             xi = clip(*shape)
             torch.testing.assert_close(ep.module()(xi), m(xi), rtol=1e-5, atol=1e-5)
+
+
+VIDEO_SCHEMES = [n for n in vitrel.list_pos() if vitrel.pos.get_pos_class(n).grid_dims in (3, None)]
+
+
+@pytest.mark.parametrize("pos", VIDEO_SCHEMES)
+@pytest.mark.parametrize("name", [CPU, "vitrel_swin3d_tiny_patch122_window444_32"])
+def test_every_video_scheme_forward_backward(name, pos):
+    """Each scheme that takes video grids trains in both video models: finite outputs, a gradient for every
+    parameter, at the native clip and a longer, larger one; a relative scheme sits in every attention layer, an
+    absolute one at the input."""
+    kw = SMALL if "_vit_" in name else dict(embed_dim=16, depths=(2, 2), num_heads=(2, 2))
+    torch.manual_seed(0)
+    m = vitrel.create_model(name, pos=pos, **kw)
+    for shape in ((1, 1, 8, 32, 32), (1, 1, 12, 40, 32)):
+        y = m(clip(*shape))
+        assert y.shape == (1, 2) and torch.isfinite(y).all()
+        y.square().sum().backward()
+        assert not [n for n, p in m.named_parameters() if p.grad is None]
+        m.zero_grad(set_to_none=True)
+    inside = {type(a.pos).name for a in m.modules() if isinstance(a, vitrel.Attention)}
+    if vitrel.pos.get_pos_class(pos).kind == "absolute":  # added to the tubelet tokens once, none in attention
+        assert type(m.abs_pos).name == pos and inside == {"none"}
+    else:
+        assert m.abs_pos is None and inside == {pos}

@@ -486,6 +486,24 @@ def test_kernels_on_a_video_grid_equal_sdpa(name, impl):
     assert get_kernel(impl).refuses(ref.pos) is None
 
 
+def test_triton_trains_on_a_video_grid():
+    """attn_impl="triton" (fused rotation, then attention) on a video grid: the gradients of the learned frequencies and
+    of the projections equal the float64 sdpa path's."""
+    torch.manual_seed(11)
+    grid = (2, 3, 4)
+    ref = _attn("rope3d_mixed", grid=grid)
+    with torch.no_grad():
+        ref.pos.freqs.add_(0.3 * torch.randn_like(ref.pos.freqs))
+    fused = Attention(32, 2, pos="rope3d_mixed", grid=grid, num_prefix_tokens=1, attn_impl="triton").float()
+    fused.load_state_dict(ref.state_dict())
+    x = torch.randn(2, 25, 32, dtype=torch.float64)
+    g_ref = torch.autograd.grad(ref(x, grid).square().sum(), list(ref.parameters()))
+    g = torch.autograd.grad(fused(x.float(), grid).square().sum(), list(fused.parameters()))
+    for (pname, _), a, b in zip(ref.named_parameters(), g, g_ref):
+        scale = max(b.abs().max().item(), 1e-2)
+        torch.testing.assert_close(a.double() / scale, b / scale, atol=2e-5, rtol=1e-4, msg=pname)
+
+
 @pytest.mark.parametrize("name", ["rope3d_axial", "rope3d_mixed"])
 def test_forward_is_plain_sdpa_on_rotated_qk(name):
     torch.manual_seed(10)

@@ -157,15 +157,15 @@ def _check_rope_axial(video_model: nn.Module, image_spec: Any) -> None:
             want = (0, d // 4, d // 4)
             if (
                 tuple(m.sections) != want
-                or m.layout != "sectioned"
-                or m.freqs != "per_axis"
+                or m.pair_layout != "sectioned"
+                or m.freq_rule != "per_axis"
                 or float(m.base) != img_base
                 or m.scaling is not None
             ):
                 raise ValueError(
                     f"rope2d_axial (base {img_base:g}) inflates to rope3d_axial with sections {list(want)}, layout "
                     f"sectioned, freqs per_axis, base {img_base:g} and no scaling; the video model's is sections "
-                    f"{list(m.sections)}, layout {m.layout}, freqs {m.freqs}, base {float(m.base):g}"
+                    f"{list(m.sections)}, layout {m.pair_layout}, freqs {m.freq_rule}, base {float(m.base):g}"
                 )
 
 

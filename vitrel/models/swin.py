@@ -23,13 +23,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import torch
-from timm.layers import calculate_drop_path_rates, to_2tuple
+from timm.layers import to_2tuple
 from torch import Tensor, nn
 
 from vitrel.layers.validate import check_swin_args
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout
 from vitrel.layout.windows import shifted_window_mask, window_and_shift, window_partition, window_reverse
+from vitrel.models.backbone import SwinBody
 from vitrel.models.blocks import add_abs_pos, constructor_config, with_placement
 from vitrel.models.input_size import check_grid_sizes, rebuild_position_schemes
 from vitrel.models.naflex import ModelInput, NaFlexBatch, embed_patches, input_form, read_input
@@ -77,7 +78,7 @@ class MixedMaps(NamedTuple):
         return image_maps(self.tokens[None], self.layout)
 
 
-class SwinTransformer(TimmSurface, nn.Module):
+class SwinTransformer(SwinBody, TimmSurface, nn.Module):
     """Swin Transformer with a pluggable position scheme (see the module docstring; timm's surface:
     :class:`~vitrel.models.timm_surface.TimmSurface`).
 
@@ -162,69 +163,11 @@ class SwinTransformer(TimmSurface, nn.Module):
             img_size=img_size if self.strict_img_size else None,
         )
         self.grid = self.patch_embed.grid_for(img_size)
-        self.abs_pos = (
-            absolute.build(num_heads=num_heads[0], head_dim=dims[0] // num_heads[0], grid=self.grid)
-            if absolute is not None
-            else None
-        )
-        self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = calculate_drop_path_rates(drop_path_rate, sum(depths))
-        stages = []
-        g = self.grid
-        for i in range(n_stages):
-            if i > 0:
-                g = Grid((g.h + 1) // 2, (g.w + 1) // 2)
-            stages.append(
-                SwinStage(
-                    dims[i - 1] if i > 0 else dims[0],
-                    dims[i],
-                    depths[i],
-                    num_heads[i],
-                    window,
-                    build_grid=g,
-                    downsample=i > 0,
-                    pos=rel,
-                    pos_share=pos_share,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
-                    layers=(sum(depths[:i]), sum(depths)),
-                    norm_eps=norm_eps,
-                    attn_impl=attn_impl,
-                )
-            )
-        self.layers = nn.Sequential(*stages)  # as timm's Swin (its FeatureDictNet flattens a Sequential)
-        # timm's feature metadata: one feature map per stage (NHWC from forward_features, as timm's Swin)
-        self.output_fmt = "NHWC"
-        self.feature_info = [
-            dict(num_chs=dims[i], reduction=patch_size * 2**i, module=f"layers.{i}") for i in range(n_stages)
-        ]
-        self.norm = nn.LayerNorm(dims[-1], eps=norm_eps)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
+        self.init_stages(SwinStage, rel, absolute, window, dims, locals())
+        self.output_fmt = "NHWC"  # of forward_features, as timm's Swin
         self.init_weights()
 
     # ---------------------------------------------------------------------------- timm surface
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for stage in self.layers:
-            stage.grad_checkpointing = enable
-
-    @property
-    def grad_checkpointing(self) -> bool:
-        return any(s.grad_checkpointing for s in self.layers)
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return dict(
-            stem=r"^patch_embed|^abs_pos",
-            blocks=r"^layers\.(\d+)"
-            if coarse
-            else [(r"^layers\.(\d+)\.downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))],
-        )
-
     def set_input_size(
         self,
         img_size: int | tuple[int, int] | None = None,
@@ -362,37 +305,7 @@ class SwinTransformer(TimmSurface, nn.Module):
         if input_form(x) != "images":
             raise ValueError("forward_intermediates takes a batch of images [B, C, H, W] (one size)")
         take, stages = self.intermediate_indices(indices, output_fmt, stop_early)
-        x = self.embed(x)
-        last = len(self.layers) - 1
-        feats = []
-        for i, stage in enumerate(stages):
-            x = stage(x)
-            if i in take:
-                y = self.norm(x) if norm and i == last else x
-                feats.append(y.permute(0, 3, 1, 2).contiguous() if output_fmt == "NCHW" else y)
-        if intermediates_only:
-            return feats
-        if len(stages) == len(self.layers):
-            x = self.norm(x)  # the final norm is sized for (and applied to) the last stage only
-        return x, feats
-
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """timm's ``prune_intermediate_layers``: drop the stages after the last of ``indices`` (the final norm
-        and the head go with them, or when asked); returns the absolute indices kept."""
-        n = len(self.layers)
-        take, max_index = self.prune_trunk(indices)
-        prune_end = max_index < n - 1
-        if prune_norm or prune_end:
-            self.norm = nn.Identity()
-        for key in ("depths", "num_heads"):
-            self.vitrel_cfg[key] = list(self.vitrel_cfg[key])[: max_index + 1]
-        if prune_end:
-            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
-        if prune_head or prune_end:
-            self.reset_classifier(0, "")
-        return take
+        return self.stage_intermediates(self.embed(x), take, stages, norm, output_fmt == "NCHW", intermediates_only)
 
     # ---------------------------------------------------------------------------- seams (viz, registry)
     @torch.no_grad()

@@ -16,23 +16,18 @@ The windows, their shift and mask are :mod:`vitrel.layout.windows3d` (the author
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
-import torch
-from timm.layers import calculate_drop_path_rates, register_notrace_function, to_2tuple
+from timm.layers import register_notrace_function, to_2tuple
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
-from vitrel.kernels import check_choice
-from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_swin_args
 from vitrel.layout.geometry import Grid3
 from vitrel.layout.windows3d import unwindow3, window_and_shift3, windows3
+from vitrel.models.backbone import SwinBody
 from vitrel.models.blocks import (
     Block,
-    BlockImpls,
     TubeletEmbed,
     add_abs_pos,
     constructor_config,
@@ -41,7 +36,7 @@ from vitrel.models.blocks import (
     prepare_states,
     with_placement,
 )
-from vitrel.models.swin_blocks import PatchMerging
+from vitrel.models.swin_blocks import PatchMerging, SwinStage
 from vitrel.models.timm_surface import TimmSurface
 from vitrel.pos.base import PosState
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
@@ -80,7 +75,7 @@ class Swin3DBlock(Block):
         num_heads: int,
         window_size: Window3,
         shifted: bool,
-        pos: PosArg = "none",
+        pos: PosArg = "rel3d_full",
         build_grid: tuple[int, int, int] = (8, 7, 7),
         norm_eps: float = 1e-5,
         **kwargs: Any,
@@ -119,67 +114,22 @@ class SpacePatchMerging(PatchMerging):
     """Video Swin's patch merging: the 2-D Swin's 2 x 2 merging (:class:`~vitrel.models.swin_blocks.PatchMerging`,
     same weights) on every frame, ``[B, T, H, W, C] -> [B, T, ceil(H/2), ceil(W/2), out]``."""
 
-    def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
+    def forward(self, x: Tensor, layout: None = None) -> Tensor:  # type: ignore[override]
+        if layout is not None:
+            raise ValueError("the Video Swin takes a batch of clips of one size (no packed layout)")
         b, t = x.shape[0], x.shape[1]
         y = super().forward(x.flatten(0, 1))
         return y.view(b, t, *y.shape[1:])
 
 
-class Swin3DStage(BlockImpls, nn.Module):
-    """Optional patch merging (space only), then ``depth`` blocks alternating plain and shifted 3-D windows."""
+class Swin3DStage(SwinStage):
+    """Optional patch merging (space only), then ``depth`` blocks alternating plain and shifted 3-D windows:
+    :class:`~vitrel.models.swin_blocks.SwinStage` with the 3-D window geometry (its arguments, ``window_size`` and
+    ``build_grid`` in ``(t, h, w)``), on maps ``[B, T, H, W, C]``."""
 
-    def __init__(
-        self,
-        dim: int,
-        out_dim: int,
-        depth: int,
-        num_heads: int,
-        window_size: Window3,
-        build_grid: Grid3,
-        downsample: bool,
-        pos: PosArg = "none",
-        pos_share: bool = False,
-        mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
-        proj_drop: float = 0.0,
-        attn_drop: float = 0.0,
-        drop_path: Sequence[float] = (),
-        norm_eps: float = 1e-5,
-        layers: tuple[int, int] | None = None,
-        attn_impl: str = "auto",
-    ) -> None:
-        super().__init__()
-        self.grad_checkpointing = False
-        self._attn_impl = attn_impl
-        self.downsample = SpacePatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
-        if not downsample and dim != out_dim:
-            raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
-        self.build_grid, self.window_size = build_grid, window_size
-        win, _ = window_and_shift3(build_grid, window_size, False)
-        pos = parse_pos(pos)
-        make_pos = functools.partial(pos.build, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win)
-        self.rel_pos = make_pos() if pos_share else None
-        check_choice(attn_impl, self.rel_pos)
-        self.blocks = nn.ModuleList(
-            [
-                Swin3DBlock(
-                    out_dim,
-                    num_heads,
-                    window_size,
-                    shifted=i % 2 == 1,
-                    pos=SHARED if pos_share else make_pos(layer=None if layers is None else (layers[0] + i, layers[1])),
-                    build_grid=build_grid,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    proj_drop=proj_drop,
-                    attn_drop=attn_drop,
-                    drop_path=drop_path[i] if len(drop_path) else 0.0,
-                    norm_eps=norm_eps,
-                    attn_impl=attn_impl,
-                )
-                for i in range(depth)
-            ]
-        )
+    block_cls = Swin3DBlock
+    merge_cls = SpacePatchMerging
+    window_and_shift = staticmethod(window_and_shift3)
 
     def position_state(self, x: Tensor) -> PosState | None:
         """The shared scheme's state for the windows of the map ``x [B, T, H, W, C]`` (None without ``pos_share``)."""
@@ -188,9 +138,11 @@ class Swin3DStage(BlockImpls, nn.Module):
         win = window_grid3(x, self.window_size)
         return prepare_state(self.rel_pos, win, 0, x, self.attn_impl, drops_weights(self.blocks))
 
-    def position_states(self, x: Tensor) -> list[PosState]:
+    def position_states(self, x: Tensor, layout: None = None) -> list[PosState]:  # type: ignore[override]
         """Each block's state for the windows of the map ``x``, once per forward: the shared scheme's for every block,
         or the blocks' own schemes prepared together."""
+        if layout is not None:
+            raise ValueError("the Video Swin takes a batch of clips of one size (no packed layout)")
         st = self.position_state(x)
         if st is not None:
             return [st] * len(self.blocks)
@@ -199,17 +151,8 @@ class Swin3DStage(BlockImpls, nn.Module):
         win = window_grid3(x, self.window_size)
         return prepare_states(schemes, win, 0, x, impls, drops_weights(self.blocks))
 
-    def forward(self, x: Tensor) -> Tensor:
-        """Maps ``[B, T, H, W, C]`` -> the stage's maps ``[B, T, H', W', C']``."""
-        x = self.downsample(x)
-        states = self.position_states(x)  # once per forward, handed to the blocks
-        ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
-        for i, blk in enumerate(self.blocks):
-            x = checkpoint(blk, x, None, None, states[i], use_reentrant=False) if ckpt else blk(x, pos_state=states[i])
-        return x
 
-
-class SwinTransformer3D(TimmSurface, nn.Module):
+class SwinTransformer3D(SwinBody, TimmSurface, nn.Module):
     """Video Swin Transformer with a pluggable position scheme (module docstring; timm's surface:
     :class:`~vitrel.models.timm_surface.TimmSurface`).
 
@@ -244,7 +187,7 @@ class SwinTransformer3D(TimmSurface, nn.Module):
         window_size: int | Sequence[int] = (8, 7, 7),
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
-        pos: PosArg = "none",
+        pos: PosArg = "rel3d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,
         attn_impl: str = "auto",
@@ -287,67 +230,11 @@ class SwinTransformer3D(TimmSurface, nn.Module):
             flatten=False,
         )  # fmt: skip
         self.grid = self.patch_embed.grid_for(num_frames, img_size)
-        self.abs_pos = (
-            absolute.build(num_heads=num_heads[0], head_dim=dims[0] // num_heads[0], grid=self.grid)
-            if absolute is not None
-            else None
-        )
-        self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = calculate_drop_path_rates(drop_path_rate, sum(depths))
-        stages, g = [], self.grid
-        for i in range(n_stages):
-            if i > 0:
-                g = Grid3(g.t, (g.h + 1) // 2, (g.w + 1) // 2)
-            stages.append(
-                Swin3DStage(
-                    dims[i - 1] if i > 0 else dims[0],
-                    dims[i],
-                    depths[i],
-                    num_heads[i],
-                    window,
-                    build_grid=g,
-                    downsample=i > 0,
-                    pos=rel,
-                    pos_share=pos_share,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
-                    layers=(sum(depths[:i]), sum(depths)),
-                    norm_eps=norm_eps,
-                    attn_impl=attn_impl,
-                )
-            )
-        self.layers = nn.Sequential(*stages)
+        self.init_stages(Swin3DStage, rel, absolute, window, dims, locals())
         self.output_fmt = "NTHWC"
-        self.feature_info = [
-            dict(num_chs=dims[i], reduction=patch_size * 2**i, module=f"layers.{i}") for i in range(n_stages)
-        ]
-        self.norm = nn.LayerNorm(dims[-1], eps=norm_eps)
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(dims[-1], num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
 
     # ---------------------------------------------------------------------------- timm surface
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        for stage in self.layers:
-            stage.grad_checkpointing = enable
-
-    @property
-    def grad_checkpointing(self) -> bool:
-        return any(s.grad_checkpointing for s in self.layers)
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return dict(
-            stem=r"^patch_embed|^abs_pos",
-            blocks=r"^layers\.(\d+)"
-            if coarse
-            else [(r"^layers\.(\d+)\.downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))],
-        )
-
     # ---------------------------------------------------------------------------- forward
     def embed(self, x: Tensor) -> Tensor:
         """Clips ``[B, C, T, H, W]`` -> the tubelet map ``[B, T', H', W', C]`` (with the absolute embedding, if any)."""
@@ -385,37 +272,7 @@ class SwinTransformer3D(TimmSurface, nn.Module):
         all for None) as ``NCTHW`` (or ``NTHWC``), and the final normalised map ``[B, T, H, W, C]``. ``norm`` applies
         the final norm to the last stage's map; ``stop_early`` skips the stages after the last one asked for."""
         take, stages = self.intermediate_indices(indices, output_fmt, stop_early)
-        x = self.embed(x)
-        last = len(self.layers) - 1
-        feats = []
-        for i, stage in enumerate(stages):
-            x = stage(x)
-            if i in take:
-                y = self.norm(x) if norm and i == last else x
-                feats.append(y.permute(0, 4, 1, 2, 3).contiguous() if output_fmt == "NCTHW" else y)
-        if intermediates_only:
-            return feats
-        if len(stages) == len(self.layers):
-            x = self.norm(x)
-        return x, feats
-
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """timm's ``prune_intermediate_layers``: drop the stages after the last of ``indices`` (the final norm and the
-        head go with them, or when asked); returns the absolute indices kept."""
-        n = len(self.layers)
-        take, max_index = self.prune_trunk(indices)
-        prune_end = max_index < n - 1
-        if prune_norm or prune_end:
-            self.norm = nn.Identity()
-        for key in ("depths", "num_heads"):
-            self.vitrel_cfg[key] = list(self.vitrel_cfg[key])[: max_index + 1]
-        if prune_end:
-            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
-        if prune_head or prune_end:
-            self.reset_classifier(0, "")
-        return take
+        return self.stage_intermediates(self.embed(x), take, stages, norm, output_fmt == "NCTHW", intermediates_only)
 
     @classmethod
     def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:

@@ -371,7 +371,14 @@ def merge_2x2(x: Tensor) -> Tensor:
 
 
 class SwinStage(BlockImpls, nn.Module):
-    """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows."""
+    """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows.
+
+    ``block_cls``, ``merge_cls`` and ``window_and_shift`` are the window geometry's (the Video Swin's stage sets its
+    3-D ones)."""
+
+    block_cls: type[nn.Module] = SwinBlock
+    merge_cls: type[nn.Module] = PatchMerging
+    window_and_shift = staticmethod(window_and_shift)
 
     def __init__(
         self,
@@ -397,19 +404,19 @@ class SwinStage(BlockImpls, nn.Module):
         self.grad_checkpointing = False
         self._attn_impl = attn_impl
         self.merges = downsample
-        self.downsample = PatchMerging(dim, out_dim, norm_eps) if downsample else nn.Identity()
+        self.downsample = self.merge_cls(dim, out_dim, norm_eps) if downsample else nn.Identity()
         if not downsample and dim != out_dim:
             raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
         self.build_grid = build_grid
         self.window_size = window_size
-        win, _ = window_and_shift(build_grid, window_size, False)
+        win, _ = self.window_and_shift(build_grid, window_size, False)
         pos = parse_pos(pos)
         make_pos = functools.partial(pos.build, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win)
         self.rel_pos = make_pos() if pos_share else None
         check_choice(attn_impl, self.rel_pos)  # (the blocks check their own schemes)
         self.blocks = nn.ModuleList(
             [
-                SwinBlock(
+                self.block_cls(
                     out_dim,
                     num_heads,
                     window_size,

@@ -18,25 +18,23 @@ use a 3-D one (``rel3d_full``, ``rope3d_axial``...) or ``none``.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
-from timm.layers import calculate_drop_path_rates, to_2tuple
+from timm.layers import to_2tuple
 from torch import Tensor, nn
 
-from vitrel.kernels import check_choice
-from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_vit_args
 from vitrel.layout.geometry import Grid3
-from vitrel.models.blocks import Block, BlockStack, TubeletEmbed, add_abs_pos, constructor_config, with_placement
+from vitrel.models.backbone import ViTBody
+from vitrel.models.blocks import TubeletEmbed, add_abs_pos, constructor_config, with_placement
 from vitrel.models.timm_surface import TimmSurface
-from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
+from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
 __all__ = ["VideoVisionTransformer"]
 
 
-class VideoVisionTransformer(BlockStack, TimmSurface, nn.Module):
+class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
     """Video ViT with a pluggable position scheme (module docstring; timm's surface:
     :class:`~vitrel.models.timm_surface.TimmSurface`).
 
@@ -55,7 +53,6 @@ class VideoVisionTransformer(BlockStack, TimmSurface, nn.Module):
 
     global_pools = ("avg", "token", "")
     intermediate_fmts = ("NCTHW", "NLC")
-    no_weight_decay_params = ("cls_token",)
 
     @with_placement
     def __init__(
@@ -75,7 +72,7 @@ class VideoVisionTransformer(BlockStack, TimmSurface, nn.Module):
         class_token: bool = False,
         init_values: float | None = None,
         fc_norm: bool | None = None,
-        pos: PosArg = "none",
+        pos: PosArg = "rel3d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,
         attn_impl: str = "auto",
@@ -108,68 +105,8 @@ class VideoVisionTransformer(BlockStack, TimmSurface, nn.Module):
         self.patch_embed = TubeletEmbed(patch_size, tubelet_size, in_chans, embed_dim)
         self.grid = self.patch_embed.grid_for(num_frames, img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        make_pos = functools.partial(
-            PosSpec.build,
-            num_heads=num_heads,
-            head_dim=embed_dim // num_heads,
-            grid=self.grid,
-            num_prefix_tokens=self.num_prefix_tokens,
-            embed_dim=embed_dim,
-        )
-        self.abs_pos = make_pos(absolute) if absolute is not None else None
-        self.pos_drop = nn.Dropout(pos_drop_rate)
-        self.rel_pos = make_pos(rel) if pos_share else None
-        check_choice(attn_impl, self.rel_pos)
-        dpr = calculate_drop_path_rates(drop_path_rate, depth)
-        self.blocks = nn.ModuleList(
-            [
-                Block(
-                    embed_dim,
-                    num_heads,
-                    pos=SHARED if pos_share else make_pos(rel, layer=(i, depth)),
-                    grid=self.grid,
-                    num_prefix_tokens=self.num_prefix_tokens,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    init_values=init_values,
-                    proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=dpr[i],
-                    norm_eps=norm_eps,
-                    attn_impl=attn_impl,
-                )
-                for i in range(depth)
-            ]
-        )
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
-        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
-        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if not use_fc_norm else nn.Identity()
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_body(rel, absolute, locals())
         self.init_weights()
-
-    def init_weights(self) -> None:
-        super().init_weights()
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
-
-    # ---------------------------------------------------------------------------- timm surface
-    def check_global_pool(self, global_pool: str) -> None:
-        super().check_global_pool(global_pool)
-        if global_pool == "token" and self.cls_token is None:
-            raise ValueError("global_pool='token' needs a class token")
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return dict(
-            stem=r"^cls_token|^abs_pos|^rel_pos|^patch_embed",
-            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],
-        )
 
     # ---------------------------------------------------------------------------- forward
     def embed(self, x: Tensor) -> tuple[Tensor, Grid3]:
@@ -183,20 +120,7 @@ class VideoVisionTransformer(BlockStack, TimmSurface, nn.Module):
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Clips ``[B, C, T, H, W]`` -> normalised tokens ``[B, P + T'H'W', C]`` (t-major)."""
-        x, grid = self.embed(x)
-        for y in self.run_blocks(x, self.position_states(grid, x)):  # the states once per forward, to every block
-            x = y
-        return self.norm(x)
-
-    def pool(self, x: Tensor) -> Tensor:
-        if self.global_pool == "token":
-            return x[:, 0]
-        if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)
-        return x
-
-    def pooled(self, x: Tensor) -> Tensor:
-        return self.fc_norm(self.pool(x))
+        return self.grid_features(x)
 
     def forward(self, x: Tensor) -> Tensor:
         """Clips ``[B, C, T, H, W]`` -> logits ``[B, classes]``."""
@@ -220,36 +144,7 @@ class VideoVisionTransformer(BlockStack, TimmSurface, nn.Module):
         the class token is dropped (``return_prefix_tokens=True``: pairs ``(tokens, prefix [B, P, C])``). ``norm``
         applies the final norm to each; ``stop_early`` skips the blocks after the last one asked for."""
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
-        x, grid = self.embed(x)
-        feats = []
-        for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, len(blocks)), len(blocks))):
-            x = y
-            if i in take:
-                feats.append(self.norm(x) if norm else x)
-        p = self.num_prefix_tokens
-        prefix = [y[:, :p] for y in feats]
-        feats = [y[:, p:] for y in feats]
-        if output_fmt == "NCTHW":
-            feats = [y.reshape(y.shape[0], *grid, -1).permute(0, 4, 1, 2, 3).contiguous() for y in feats]
-        if return_prefix_tokens and p:
-            feats = list(zip(feats, prefix))
-        if intermediates_only:
-            return feats
-        return self.norm(x), feats
-
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """timm's ``prune_intermediate_layers``: drop the blocks after the last of ``indices`` (and the final norm /
-        the head if asked); returns the absolute indices kept."""
-        take, _ = self.prune_trunk(indices)
-        self.vitrel_cfg["depth"] = len(self.blocks)
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "")
-        return take
+        return self.grid_intermediates(x, take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only)
 
     @classmethod
     def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:

@@ -17,22 +17,18 @@ every block has its own scheme.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from timm.layers import calculate_drop_path_rates, to_2tuple
+from timm.layers import to_2tuple
 from torch import Tensor, nn
 
-from vitrel.kernels import check_choice
-from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_vit_args
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout
+from vitrel.models.backbone import ViTBody
 from vitrel.models.blocks import (
-    Block,
-    BlockStack,
     PatchEmbed,
     add_abs_pos,
     constructor_config,
@@ -51,12 +47,12 @@ from vitrel.models.naflex import (
     with_prefix,
 )
 from vitrel.models.timm_surface import TimmSurface
-from vitrel.pos.registry import PosArg, PosSpec, parse_pos, split_pos
+from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
 __all__ = ["VisionTransformer"]
 
 
-class VisionTransformer(BlockStack, TimmSurface, nn.Module):
+class VisionTransformer(ViTBody, TimmSurface, nn.Module):
     """ViT with a pluggable position scheme (timm's surface: :class:`~vitrel.models.timm_surface.TimmSurface`).
 
     Args:
@@ -85,9 +81,7 @@ class VisionTransformer(BlockStack, TimmSurface, nn.Module):
             allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
 
-    global_pools = ("token", "avg", "")
     intermediate_fmts = ("NCHW", "NLC")
-    no_weight_decay_params = ("cls_token", "reg_token")
 
     @with_placement
     def __init__(
@@ -148,73 +142,10 @@ class VisionTransformer(BlockStack, TimmSurface, nn.Module):
         self.grid = self.patch_embed.grid_for(img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
-        # the schemes for this model's sizes; a block's own scheme also gets its (index, depth)
-        make_pos = functools.partial(
-            PosSpec.build,
-            num_heads=num_heads,
-            head_dim=embed_dim // num_heads,
-            grid=self.grid,
-            num_prefix_tokens=self.num_prefix_tokens,
-            embed_dim=embed_dim,
-        )
-        self.abs_pos = make_pos(absolute) if absolute is not None else None
-        self.pos_drop = nn.Dropout(pos_drop_rate)
-        self.rel_pos = make_pos(rel) if pos_share else None
-        check_choice(attn_impl, self.rel_pos)  # (the blocks check their own schemes)
-        dpr = calculate_drop_path_rates(drop_path_rate, depth)
-        self.blocks = nn.ModuleList(
-            [
-                Block(
-                    embed_dim,
-                    num_heads,
-                    pos=SHARED if pos_share else make_pos(rel, layer=(i, depth)),
-                    grid=self.grid,
-                    num_prefix_tokens=self.num_prefix_tokens,
-                    mlp_ratio=mlp_ratio,
-                    qkv_bias=qkv_bias,
-                    init_values=init_values,
-                    proj_drop=proj_drop_rate,
-                    attn_drop=attn_drop_rate,
-                    drop_path=dpr[i],
-                    norm_eps=norm_eps,
-                    attn_impl=attn_impl,
-                )
-                for i in range(depth)
-            ]
-        )
-        # timm's feature metadata: one feature per block, at the patch stride
-        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch_size) for i in range(depth)]
-        use_fc_norm = global_pool == "avg" if fc_norm is None else fc_norm
-        self.norm = nn.LayerNorm(embed_dim, eps=norm_eps) if not use_fc_norm else nn.Identity()
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=norm_eps) if use_fc_norm else nn.Identity()
-        self.head_drop = nn.Dropout(drop_rate)
-        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_body(rel, absolute, locals())
         self.init_weights()
 
-    def init_weights(self) -> None:
-        super().init_weights()
-        if self.cls_token is not None:
-            nn.init.normal_(self.cls_token, std=1e-6)
-        if self.reg_token is not None:
-            nn.init.normal_(self.reg_token, std=1e-6)
-
     # ---------------------------------------------------------------------------- timm surface
-    def check_global_pool(self, global_pool: str) -> None:
-        super().check_global_pool(global_pool)
-        if global_pool == "token" and self.cls_token is None:
-            raise ValueError("global_pool='token' needs a class token")
-
-    @torch.jit.ignore
-    def set_grad_checkpointing(self, enable: bool = True) -> None:
-        self.grad_checkpointing = enable
-
-    @torch.jit.ignore
-    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
-        return dict(
-            stem=r"^cls_token|^reg_token|^abs_pos|^rel_pos|^patch_embed",
-            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],  # (timm's: the final norm with the last block)
-        )
-
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:
         """timm's ``set_input_size``: the model is now built for ``img_size`` (learned tables and absolute
         embeddings resized as loading at that size does; ``vitrel_cfg`` follows). Changing the patch size
@@ -295,31 +226,14 @@ class VisionTransformer(BlockStack, TimmSurface, nn.Module):
         inp = self.read_input(x)
         if self._uses_layout(inp):
             return self._forward_layout(inp)[0]
-        return self._grid_features(inp.images)
-
-    def _grid_features(self, x: Tensor) -> Tensor:
-        """The fast path: images ``[B, C, H, W]`` of one grid -> normalised tokens ``[B, P + H'W', C]``."""
-        x, grid = self.embed(x)
-        for y in self.run_blocks(x, self.position_states(grid, x)):  # the states once per forward, to every block
-            x = y
-        return self.norm(x)
-
-    def pool(self, x: Tensor) -> Tensor:
-        if self.global_pool == "token":
-            return x[:, 0]
-        if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)
-        return x
-
-    def pooled(self, x: Tensor) -> Tensor:
-        return self.fc_norm(self.pool(x))
+        return self.grid_features(inp.images)
 
     def forward(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
         """Images ``[B, C, H, W]`` -> logits ``[B, classes]``; a NaFlex dict (packed or padded) or a list of images of
         any sizes -> one row of logits per image, ``[num_images, classes]`` (row-major over rows and segments)."""
         inp = self.read_input(x)
         if not self._uses_layout(inp):
-            return self.forward_head(self._grid_features(inp.images))
+            return self.forward_head(self.grid_features(inp.images))
         feats, layout, _, _ = self._forward_layout(inp)
         if not self.global_pool:
             return self.head(self.head_drop(self.fc_norm(feats)))
@@ -359,22 +273,9 @@ class VisionTransformer(BlockStack, TimmSurface, nn.Module):
                     "positions (output_fmt='NLC'), with no prefix tokens"
                 )
             return self._intermediates_layout(inp, take, len(blocks), norm, output_fmt, intermediates_only)
-        x, grid = self.embed(inp.images)
-        feats = []
-        for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, len(blocks)), len(blocks))):
-            x = y
-            if i in take:
-                feats.append(self.norm(x) if norm else x)
-        p = self.num_prefix_tokens
-        prefix = [y[:, :p] for y in feats]
-        feats = [y[:, p:] for y in feats]
-        if output_fmt == "NCHW":
-            feats = [y.reshape(y.shape[0], grid.h, grid.w, -1).permute(0, 3, 1, 2).contiguous() for y in feats]
-        if return_prefix_tokens and p:
-            feats = list(zip(feats, prefix))
-        if intermediates_only:
-            return feats
-        return self.norm(x), feats
+        return self.grid_intermediates(
+            inp.images, take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only
+        )
 
     def _intermediates_layout(
         self, x: ModelInput, take: list[int], depth: int, norm: bool, output_fmt: str, intermediates_only: bool
@@ -387,20 +288,6 @@ class VisionTransformer(BlockStack, TimmSurface, nn.Module):
         idx = dest[..., None].expand(-1, -1, final.shape[-1])
         feats = [(self.norm(outs[i]) if norm else outs[i]).gather(1, idx) for i in take]
         return feats if intermediates_only else (final, feats)
-
-    def prune_intermediate_layers(
-        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
-    ) -> list[int]:
-        """timm's ``prune_intermediate_layers``: drop the blocks after the last of ``indices`` (and the final
-        norm / the head if asked); returns the absolute indices kept."""
-        take, _ = self.prune_trunk(indices)
-        self.vitrel_cfg["depth"] = len(self.blocks)
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, "")
-        return take
 
     # ---------------------------------------------------------------------------- seams (viz, registry)
     @torch.no_grad()

@@ -108,7 +108,7 @@ class PositionScheme(nn.Module):
     #: from them, so the kernel skips the blocks no query of a block can see
     has_masked_offsets: ClassVar[bool] = False
     #: the grids the scheme reads: 2 (images, ``(H, W)``), 3 (video, ``(T, H, W)``; an image grid is one frame) or
-    #: None (any: the scheme reads no position)
+    #: None (any, as given: ``none`` reads no position, ``ape`` builds a table for either)
     grid_dims: ClassVar[int | None] = 2
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()

@@ -1,6 +1,7 @@
 """RoPE context extension for a grid larger than the one a model was built (trained) for.
 
-The ``scaling`` option of ``rope1d``, ``rope2d_axial`` and ``rope2d_mixed`` takes Hugging Face's
+The ``scaling`` option of ``rope1d``, ``rope2d_axial`` and ``rope2d_mixed`` (and of the video schemes
+``rope3d_axial`` / ``rope3d_mixed``, per axis ``t, h, w``: ``factor: [t, h, w]``) takes Hugging Face's
 ``rope_scaling`` vocabulary (``transformers.modeling_rope_utils``), applied per axis, with the
 *original extent* of an axis the built grid's (rows: its height, columns: its width; ``rope1d``:
 its number of patches ``H*W``, the raster index's range)::

@@ -14,6 +14,23 @@ left untouched. Inside attention these schemes do nothing (``kind == "absolute"`
 
   (per-axis ``[sin, cos]`` blocks as in MAE/MoCo v3; timm's ``build_sincos2d_pos_embed`` with
   ``interleave_sin_cos=True``), computed for any grid at call time.
+
+Video grids ``(T, H, W)`` (tokens t-major, ``index = (t * H + h) * W + w``):
+
+* ``ape`` built on a video grid is separable, as MAE-ST's ``sep_pos_embed`` (Feichtenhofer et al. 2022) and
+  TimeSformer's ``time_embed``: ``e(t, h, w) = pos_embed[h, w] + pos_embed_temporal[t]``, a spatial table
+  ``[1, H*W, C]`` (the image table's name and shape: an image checkpoint's table loads into it) and a temporal one
+  ``[1, T, C]``, both trunc-normal (std 0.02). Another video grid resamples the spatial table bicubically (as for
+  images) and the temporal one linearly (``align_corners=False``, no antialias), the separable resample of the
+  whole ``T x H x W`` table; an image grid is one frame. ``ape`` built on an image grid is the image table above and
+  refuses a video grid (it has no time).
+* ``sincos3d``: fixed 3-D sin-cos embedding, the channels split as in the video MAE of torchmultimodal
+  (facebookresearch/multimodal, ``models/masked_auto_encoder/position_embeddings.py``,
+  ``get_3d_sin_cos_embeddings``): time first on ``C/4`` channels, then columns and rows on ``3C/8`` each, each block
+  ``[sin(x omega), cos(x omega)]`` with ``omega_k = T^(-k/(n/2))`` over its ``n`` channels. That is its split for
+  ``C % 16 == 0`` (what its code runs); for other even ``C`` columns and rows get ``2 floor(3C/16)`` channels each and
+  time the rest (``C = 24``: 8, 8, 8). Unlike that code, the class token gets nothing added (vitrel's prefix tokens
+  are untouched).
 """
 
 from __future__ import annotations
@@ -24,18 +41,30 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.layout.geometry import Grid, as_grid, check_tokens, patch_coords
+from vitrel.layout.geometry import Grid, Grid3, as_grid, as_grid3, check_tokens, grid_str, patch_coords, patch_coords3
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import GridBuffers, concrete_grid
 from vitrel.pos.registry import register_pos
 from vitrel.pos.tables import warn_once
 
-__all__ = ["Ape", "Sincos2d", "add_patch_embed", "resample_pos_embed", "sincos2d_embed", "infer_grid"]
+__all__ = [
+    "Ape",
+    "Sincos2d",
+    "Sincos3d",
+    "add_patch_embed",
+    "resample_pos_embed",
+    "resample_time_embed",
+    "sincos2d_embed",
+    "sincos3d_embed",
+    "sincos3d_space_channels",
+    "infer_grid",
+]
 
 
 # ---------------------------------------------------------------------------- functional core
 def add_patch_embed(x: Tensor, pe: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-    """``x [B, P + H*W, C]`` plus ``pe [1 or B, H*W, C]`` on the patch tokens; prefix tokens unchanged."""
+    """``x [B, P + H*W, C]`` plus ``pe [1 or B, H*W, C]`` on the patch tokens (``T*H*W`` on a video grid); prefix
+    tokens unchanged."""
     grid = as_grid(grid)
     if x.dim() != 3:
         raise ValueError(f"expected tokens of shape [B, N, C], got {tuple(x.shape)}")
@@ -64,6 +93,16 @@ def resample_pos_embed(pe: Tensor, old_grid: Grid, new_grid: Grid) -> Tensor:
     img = pe.to(work).reshape(pe.shape[0], old_grid.h, old_grid.w, c).permute(0, 3, 1, 2)
     img = F.interpolate(img, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
     return img.permute(0, 2, 3, 1).reshape(pe.shape[0], new_grid.n, c).to(pe.dtype)
+
+
+def resample_time_embed(pe: Tensor, frames: int) -> Tensor:
+    """Linear resample of a temporal table ``[1, T, C]`` to ``[1, frames, C]`` (``align_corners=False``), computed in
+    float32 (float64 for float64 input), returned in ``pe``'s dtype. Differentiable."""
+    if isinstance(frames, int) and pe.shape[1] == frames:
+        return pe
+    work = torch.float64 if pe.dtype == torch.float64 else torch.float32
+    out = F.interpolate(pe.to(work).transpose(1, 2), size=frames, mode="linear", align_corners=False)
+    return out.transpose(1, 2).to(pe.dtype)
 
 
 def infer_grid(n: int, like: Grid) -> Grid:
@@ -101,35 +140,96 @@ def sincos2d_embed(
     return torch.cat((r.sin(), r.cos(), c.sin(), c.cos()), dim=-1)[None]
 
 
+def _sincos1d(x: Tensor, dim: int, temperature: float) -> Tensor:
+    """``[sin(x omega), cos(x omega)]``, ``omega_k = T^(-k/(dim/2))``: ``[len(x), dim]``."""
+    omega = temperature ** (-torch.arange(dim // 2, dtype=x.dtype) / (dim / 2))
+    a = x[:, None] * omega
+    return torch.cat((a.sin(), a.cos()), dim=-1)
+
+
+def sincos3d_space_channels(embed_dim: int) -> int:
+    """The channels of the column block and of the row block of :func:`sincos3d_embed`: ``2 floor(3C/16)``."""
+    space = 2 * (3 * embed_dim // 16)
+    if embed_dim % 2 or space == 0:
+        raise ValueError(f"sincos3d needs an even embed_dim of at least 6, got embed_dim={embed_dim}")
+    return space
+
+
+def sincos3d_embed(
+    grid: Grid3, embed_dim: int, temperature: float = 10000.0, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """``[1, T*H*W, C]`` with ``e(t, h, w) = [s(t; C - 2n), s(w; n), s(h; n)]``, ``n = 2 floor(3C/16)`` (``3C/8`` for
+    ``C % 16 == 0``), ``s(x; m)`` the ``m``-channel ``[sin, cos]`` block (see the module docstring)."""
+    space = sincos3d_space_channels(embed_dim)
+    grid = as_grid3(grid)
+    t, r, c = (a.to(dtype) for a in patch_coords3(grid))
+    time = _sincos1d(t, embed_dim - 2 * space, temperature)
+    parts = (time, _sincos1d(c, space, temperature), _sincos1d(r, space, temperature))
+    return torch.cat(parts, dim=-1)[None]
+
+
 # ---------------------------------------------------------------------------- modules
 @register_pos("ape")
 class Ape(PositionScheme):
-    """Learned absolute embedding ``pos_embed [1, H*W, C]`` for the grid it is built for.
+    """Learned absolute embedding ``pos_embed [1, H*W, C]`` for the grid it is built for; on a video grid
+    ``(T, H, W)`` plus ``pos_embed_temporal [1, T, C]`` (separable, see the module docstring).
 
-    On another grid at call time the table is bicubic-resampled; a checkpoint of another grid is
-    resampled to this module's grid when loaded (with a warning). A stored table's grid is inferred
-    from its length (see :func:`infer_grid`).
+    On another grid at call time the tables are resampled (bicubic in space, linear in time); a checkpoint of
+    another grid is resampled to this module's grid when loaded (with a warning). A stored spatial table's grid is
+    inferred from its length (see :func:`infer_grid`).
     """
 
     kind = "absolute"
     family = "absolute"
+    #: image grids (the image table) or video grids (a separable table)
+    grid_dims = None
     no_weight_decay_keys = ("pos_embed",)
 
     def __init__(self, *, init_std: float = 0.02, **kw) -> None:
         super().__init__(**kw)
         self.init_std = init_std
-        self.pos_embed = nn.Parameter(torch.zeros(1, self.grid.n, self.embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, self.space.n, self.embed_dim))
+        if self.video:
+            self.pos_embed_temporal = nn.Parameter(torch.zeros(1, self.grid.t, self.embed_dim))
         self.reset_parameters()
+
+    @property
+    def video(self) -> bool:
+        """Built on a video grid: the temporal table ``pos_embed_temporal`` exists."""
+        return isinstance(self.grid, Grid3)
+
+    @property
+    def space(self) -> Grid:
+        """The spatial table's grid."""
+        return self.grid.space if self.video else self.grid
 
     def reset_parameters(self) -> None:
         nn.init.trunc_normal_(self.pos_embed, std=self.init_std)
+        if self.video:
+            nn.init.trunc_normal_(self.pos_embed_temporal, std=self.init_std)
 
-    def embed(self, grid: Grid) -> Tensor:
-        """The table for ``grid`` ``[1, H*W, C]`` (the parameter itself on the built grid)."""
-        return resample_pos_embed(self.pos_embed, self.grid, as_grid(grid))
+    def _call_grid(self, grid: Grid | Grid3) -> Grid | Grid3:
+        g = as_grid(grid)
+        if self.video:
+            return as_grid3(g)
+        if isinstance(g, Grid3):
+            raise ValueError(
+                f"ape built on the image grid {grid_str(self.grid)} has no time: build it on a video grid (T, H, W) "
+                f"for the tokens of {grid_str(g)}"
+            )
+        return g
 
-    def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        return add_patch_embed(x, self.embed(grid), grid, num_prefix_tokens)
+    def embed(self, grid: Grid | Grid3) -> Tensor:
+        """The table for ``grid`` ``[1, H*W, C]`` or ``[1, T*H*W, C]`` (the parameter itself on a built image grid)."""
+        g = self._call_grid(grid)
+        if not self.video:
+            return resample_pos_embed(self.pos_embed, self.grid, g)
+        space = resample_pos_embed(self.pos_embed, self.space, g.space)
+        time = resample_time_embed(self.pos_embed_temporal, g.t)
+        return (time[:, :, None, :] + space[:, None, :, :]).flatten(1, 2)
+
+    def add_to_tokens(self, x: Tensor, grid: Grid | Grid3, num_prefix_tokens: int = 0) -> Tensor:
+        return add_patch_embed(x, self.embed(grid), self._call_grid(grid), num_prefix_tokens)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
         key = prefix + "pos_embed"
@@ -142,51 +242,84 @@ class Ape(PositionScheme):
             and src.shape[0] == 1
             and src.shape[-1] == dst.shape[-1]
         ):
-            old = infer_grid(src.shape[1], self.grid)
-            state_dict[key] = resample_pos_embed(src, old, self.grid)
+            old = infer_grid(src.shape[1], self.space)
+            state_dict[key] = resample_pos_embed(src, old, self.space)
             warn_once(
                 f"resampled absolute position embedding {key} from grid {old.h}x{old.w} to "
-                f"{self.grid.h}x{self.grid.w} (bicubic)"
+                f"{self.space.h}x{self.space.w} (bicubic)"
             )
+        key = prefix + "pos_embed_temporal"
+        src = state_dict.get(key)
+        if self.video and src is not None and src.dim() == 3 and src.shape[1] != self.grid.t:
+            state_dict[key] = resample_time_embed(src, self.grid.t)
+            warn_once(f"resampled {key} from {src.shape[1]} to {self.grid.t} frames (linear)")
         return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, embed_dim={self.embed_dim}"
 
 
-@register_pos("sincos2d")
-class Sincos2d(GridBuffers, PositionScheme):
-    """Fixed 2-D sin-cos embedding (rows in the first half of the channels, columns in the second)."""
+class _SincosEmbed(GridBuffers, PositionScheme):
+    """A fixed sin-cos embedding: the built grid's as a non-persistent buffer, any other computed at call time."""
 
     kind = "absolute"
     family = "absolute"
+    #: ``embed_dim`` must be a multiple of it
+    _divisor = 4
 
     def __init__(self, *, temperature: float = 10000.0, **kw) -> None:
         super().__init__(**kw)
-        if self.embed_dim % 4:
-            raise ValueError(f"sincos2d needs embed_dim divisible by 4, got embed_dim={self.embed_dim}")
+        if self.embed_dim % self._divisor:
+            raise ValueError(
+                f"{self.name} needs embed_dim divisible by {self._divisor}, got embed_dim={self.embed_dim}"
+            )
         if not temperature > 0:
-            raise ValueError(f"sincos2d needs temperature > 0, got {temperature}")
+            raise ValueError(f"{self.name} needs temperature > 0, got {temperature}")
         self.temperature = float(temperature)
         self.init_non_persistent_buffers()
+
+    def _table(self, grid: Grid | Grid3) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
 
     def _init_buffers(self) -> None:
         """``built_embed``: the embedding of the built grid (float32 unless the module was converted)."""
         like = self._like("built_embed") or {"dtype": torch.float32}
-        pe = sincos2d_embed(self.grid, self.embed_dim, self.temperature).to(**like)
-        self.register_buffer("built_embed", pe, persistent=False)
+        self.register_buffer("built_embed", self._table(self.grid).to(**like), persistent=False)
 
     def embed(self, grid: Grid, device: torch.device | None = None, dtype: torch.dtype = torch.float32) -> Tensor:
-        """``[1, H*W, C]`` for ``grid``, computed in float64 then cast."""
-        return sincos2d_embed(as_grid(grid), self.embed_dim, self.temperature).to(device=device, dtype=dtype)
+        """``[1, N, C]`` for ``grid``, computed in float64 then cast."""
+        return self._table(as_grid(grid)).to(device=device, dtype=dtype)
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         pe = self.built_embed
         if not (
             concrete_grid(grid) and tuple(grid) == tuple(self.grid) and pe.dtype == x.dtype and pe.device == x.device
         ):
-            pe = sincos2d_embed(grid, self.embed_dim, self.temperature).to(device=x.device, dtype=x.dtype)
+            pe = self._table(grid).to(device=x.device, dtype=x.dtype)
         return add_patch_embed(x, pe, grid, num_prefix_tokens)
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, embed_dim={self.embed_dim}, temperature={self.temperature}"
+
+
+@register_pos("sincos2d")
+class Sincos2d(_SincosEmbed):
+    """Fixed 2-D sin-cos embedding (rows in the first half of the channels, columns in the second)."""
+
+    def _table(self, grid: Grid) -> Tensor:
+        return sincos2d_embed(grid, self.embed_dim, self.temperature)
+
+
+@register_pos("sincos3d")
+class Sincos3d(_SincosEmbed):
+    """Fixed 3-D sin-cos embedding on video grids: time on the first quarter of the channels, then columns, then rows
+    (see the module docstring); an image grid is one frame. ``embed_dim`` even, at least 6."""
+
+    grid_dims = 3
+    _divisor = 2
+
+    def _table(self, grid: Grid3) -> Tensor:
+        return sincos3d_embed(grid, self.embed_dim, self.temperature)
+
+    def add_to_tokens(self, x: Tensor, grid: Grid | Grid3, num_prefix_tokens: int = 0) -> Tensor:
+        return super().add_to_tokens(x, self.check_grid(grid), num_prefix_tokens)

@@ -163,7 +163,7 @@ class Rope3dAxial(FixedRope):
         if freqs not in FREQS:
             raise ValueError(f"{self.name}: freqs must be one of {FREQS}, got {freqs!r}")
         self.sections = _check_sections(self.name, sections, self.head_dim)
-        self.layout, self.freqs = layout, freqs
+        self.pair_layout, self.freq_rule = layout, freqs  # (the options layout and freqs)
         self.axes = pair_axes(self.sections, layout)
         self.init_non_persistent_buffers()
 
@@ -173,14 +173,14 @@ class Rope3dAxial(FixedRope):
 
     def pair_omega(self, grid: Grid3, dtype: torch.dtype = torch.float64) -> Tensor:
         """``omega_j`` of each rotated pair ``[st + sh + sw]`` for a call on ``grid`` (``scaling`` applied)."""
-        axes = torch.tensor(self.axes)
         out = torch.zeros(len(self.axes), dtype=dtype)
         for a in range(3):
-            idx = (axes == a).nonzero()[:, 0]
-            if len(idx) == 0:
+            pairs = [j for j, axis in enumerate(self.axes) if axis == a]  # (python ints: no data-dependent shapes)
+            if not pairs:
                 continue
-            if self.freqs == "per_axis":  # k-th of the axis's s pairs at base^(-2k / 2s)
-                out[idx] = self._series(a, 2 * len(idx), grid, dtype)
+            idx = torch.tensor(pairs)
+            if self.freq_rule == "per_axis":  # k-th of the axis's s pairs at base^(-2k / 2s)
+                out[idx] = self._series(a, 2 * len(pairs), grid, dtype)
             else:  # one series over the head: pair j at base^(-2j / d)
                 out[idx] = self._series(a, self.head_dim, grid, dtype)[idx]
         return out
@@ -198,7 +198,9 @@ class Rope3dAxial(FixedRope):
         return F.pad(theta, (0, self.head_dim // 2 - len(self.axes)))
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, sections={list(self.sections)}, layout={self.layout}, freqs={self.freqs}"
+        return (
+            f"{super().extra_repr()}, sections={list(self.sections)}, layout={self.pair_layout}, freqs={self.freq_rule}"
+        )
 
 
 def init_mixed3_freqs(

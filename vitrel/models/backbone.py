@@ -1,0 +1,293 @@
+"""What the image and the video backbones share, written once: :class:`ViTBody` (the global-attention ViT over one
+token grid: :class:`~vitrel.models.VisionTransformer` and :class:`~vitrel.models.VideoVisionTransformer`) and
+:class:`SwinBody` (the stage stack: :class:`~vitrel.models.SwinTransformer` and
+:class:`~vitrel.models.SwinTransformer3D`).
+
+A grid is an image's ``(H, W)`` or a video's ``(T, H, W)``; maps are channels-last (``[B, *grid, C]``) and
+``forward_intermediates`` gives them channels-first (``NCHW`` / ``NCTHW``) unless asked for tokens (``NLC``) or the
+channels-last form (``NHWC`` / ``NTHWC``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from timm.layers import calculate_drop_path_rates
+from torch import Tensor, nn
+
+from vitrel.kernels import check_choice
+from vitrel.layers.attention import SHARED
+from vitrel.models.blocks import Block, BlockStack
+from vitrel.pos.registry import PosSpec
+
+__all__ = ["ViTBody", "SwinBody", "channels_first"]
+
+
+def channels_first(x: Tensor) -> Tensor:
+    """A channels-last map ``[B, *grid, C]`` -> ``[B, C, *grid]``."""
+    return x.movedim(-1, 1).contiguous()
+
+
+class ViTBody(BlockStack):
+    """The ViT after its embedding (the model sets ``patch_embed``, ``grid``, ``num_prefix_tokens``, ``cls_token``
+    and ``reg_token`` (None or absent: none), has ``embed(x) -> (tokens, grid)``, then calls :meth:`init_body`): the
+    blocks, the final norms and head, the prefix tokens' init, pooling, the intermediates and pruning."""
+
+    global_pools = ("token", "avg", "")
+    no_weight_decay_params = ("cls_token", "reg_token")
+    cls_token: nn.Parameter | None
+    global_pool: str
+    vitrel_cfg: dict[str, Any]
+
+    def init_body(self, rel: PosSpec | None, absolute: PosSpec | None, args: Mapping[str, Any]) -> None:
+        """From the constructor's arguments ``args`` (its ``locals()``), in this order: the absolute embedding (if any)
+        and its dropout, ``rel_pos`` (the scheme the blocks share, ``pos_share``), the ``depth`` blocks, timm's
+        ``feature_info``, the norms (``fc_norm`` after pooling: None means for ``"avg"``, as timm) and the head.
+        Schemes are built for the model's ``grid`` and prefix tokens; a block's own also gets its (index, depth)."""
+        embed_dim, heads, depth, impl = args["embed_dim"], args["num_heads"], args["depth"], args["attn_impl"]
+        make_pos = functools.partial(
+            PosSpec.build,
+            num_heads=heads,
+            head_dim=embed_dim // heads,
+            grid=self.grid,
+            num_prefix_tokens=self.num_prefix_tokens,
+            embed_dim=embed_dim,
+        )
+        self.abs_pos = make_pos(absolute) if absolute is not None else None
+        self.pos_drop = nn.Dropout(args["pos_drop_rate"])
+        self.rel_pos = make_pos(rel) if args["pos_share"] else None
+        check_choice(impl, self.rel_pos)  # (the blocks check their own schemes)
+        dpr = calculate_drop_path_rates(args["drop_path_rate"], depth)
+        self.blocks = nn.ModuleList(
+            [
+                Block(
+                    embed_dim,
+                    heads,
+                    pos=SHARED if args["pos_share"] else make_pos(rel, layer=(i, depth)),
+                    grid=self.grid,
+                    num_prefix_tokens=self.num_prefix_tokens,
+                    mlp_ratio=args["mlp_ratio"],
+                    qkv_bias=args["qkv_bias"],
+                    init_values=args["init_values"],
+                    proj_drop=args["proj_drop_rate"],
+                    attn_drop=args["attn_drop_rate"],
+                    drop_path=dpr[i],
+                    norm_eps=args["norm_eps"],
+                    attn_impl=impl,
+                )
+                for i in range(depth)
+            ]
+        )
+        # timm's feature metadata: one feature per block, at the patch stride
+        patch = args["patch_size"]
+        self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch) for i in range(depth)]
+        fc_norm, eps = args["fc_norm"], args["norm_eps"]
+        use_fc_norm = args["global_pool"] == "avg" if fc_norm is None else fc_norm
+        self.norm = nn.LayerNorm(embed_dim, eps=eps) if not use_fc_norm else nn.Identity()
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=eps) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(args["drop_rate"])
+        self.head = nn.Linear(embed_dim, args["num_classes"]) if args["num_classes"] > 0 else nn.Identity()
+
+    def init_weights(self) -> None:
+        super().init_weights()  # type: ignore[misc]
+        for tok in (self.cls_token, getattr(self, "reg_token", None)):
+            if tok is not None:
+                nn.init.normal_(tok, std=1e-6)
+
+    # ---------------------------------------------------------------------------- timm surface
+    def check_global_pool(self, global_pool: str) -> None:
+        super().check_global_pool(global_pool)  # type: ignore[misc]
+        if global_pool == "token" and self.cls_token is None:
+            raise ValueError("global_pool='token' needs a class token")
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(
+            stem=r"^cls_token|^reg_token|^abs_pos|^rel_pos|^patch_embed",
+            blocks=[(r"^blocks\.(\d+)", None), (r"^norm", (99999,))],  # (timm's: the final norm with the last block)
+        )
+
+    def pool(self, x: Tensor) -> Tensor:
+        if self.global_pool == "token":
+            return x[:, 0]
+        if self.global_pool == "avg":
+            return x[:, self.num_prefix_tokens :].mean(dim=1)
+        return x
+
+    def pooled(self, x: Tensor) -> Tensor:
+        return self.fc_norm(self.pool(x))
+
+    # ---------------------------------------------------------------------------- forward
+    def grid_features(self, x: Tensor) -> Tensor:
+        """Inputs of one grid -> normalised tokens ``[B, P + N, C]``: the embedding, the blocks (their states
+        prepared once per forward), the final norm."""
+        x, grid = self.embed(x)  # type: ignore[attr-defined]
+        for y in self.run_blocks(x, self.position_states(grid, x)):
+            x = y
+        return self.norm(x)
+
+    def grid_intermediates(
+        self,
+        x: Tensor,
+        take: list[int],
+        depth: int,
+        norm: bool,
+        output_fmt: str,
+        return_prefix_tokens: bool,
+        intermediates_only: bool,
+    ) -> list[Any] | tuple[Tensor, list[Any]]:
+        """``forward_intermediates`` on inputs of one grid: the outputs of blocks ``take`` of the first ``depth``
+        (normalised with ``norm``), patch tokens as maps ``[B, C, *grid]`` (``output_fmt`` other than ``"NLC"``) or
+        tokens, paired with the prefix tokens if asked; and the final normalised tokens."""
+        x, grid = self.embed(x)  # type: ignore[attr-defined]
+        feats = []
+        for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, depth), depth)):
+            x = y
+            if i in take:
+                feats.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix = [y[:, :p] for y in feats]
+        feats = [y[:, p:] for y in feats]
+        if output_fmt != "NLC":
+            feats = [channels_first(y.reshape(y.shape[0], *grid, y.shape[-1])) for y in feats]
+        if return_prefix_tokens and p:
+            feats = list(zip(feats, prefix))
+        if intermediates_only:
+            return feats
+        return self.norm(x), feats
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's ``prune_intermediate_layers``: drop the blocks after the last of ``indices`` (and the final
+        norm / the head if asked); returns the absolute indices kept."""
+        take, _ = self.prune_trunk(indices)  # type: ignore[attr-defined]
+        self.vitrel_cfg["depth"] = len(self.blocks)
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, "")  # type: ignore[attr-defined]
+        return take
+
+
+class SwinBody:
+    """The Swin's stage stack ``layers`` (each stage with ``grad_checkpointing``), its final ``norm`` and head:
+    gradient checkpointing, timm's layer groups, the stage intermediates and pruning (image and video Swin)."""
+
+    layers: nn.Sequential
+    norm: nn.Module
+    vitrel_cfg: dict[str, Any]
+    feature_info: list[dict[str, Any]]
+
+    def init_stages(
+        self, stage_cls: type[nn.Module], rel: PosSpec | None, absolute: PosSpec | None, window: tuple[int, ...],
+        dims: list[int], args: Mapping[str, Any],
+    ) -> None:  # fmt: skip
+        """From the constructor's arguments ``args`` (its ``locals()``), in this order: the absolute embedding (if any,
+        on the patch grid ``grid``) and its dropout, the stages (``stage_cls``: each but the first merging 2 x 2
+        patches in space, widths ``dims``), timm's ``feature_info``, the final norm and the head."""
+        depths, heads, eps = args["depths"], args["num_heads"], args["norm_eps"]
+        self.abs_pos = (
+            absolute.build(num_heads=heads[0], head_dim=dims[0] // heads[0], grid=self.grid)
+            if absolute is not None
+            else None
+        )
+        self.pos_drop = nn.Dropout(args["pos_drop_rate"])
+        dpr = calculate_drop_path_rates(args["drop_path_rate"], sum(depths))
+        stages, g = [], self.grid
+        for i in range(len(depths)):
+            if i > 0:
+                g = g._replace(h=(g.h + 1) // 2, w=(g.w + 1) // 2)  # (patch merging pads odd sides)
+            stages.append(
+                stage_cls(
+                    dims[i - 1] if i > 0 else dims[0],
+                    dims[i],
+                    depths[i],
+                    heads[i],
+                    window,
+                    build_grid=g,
+                    downsample=i > 0,
+                    pos=rel,
+                    pos_share=args["pos_share"],
+                    mlp_ratio=args["mlp_ratio"],
+                    qkv_bias=args["qkv_bias"],
+                    proj_drop=args["proj_drop_rate"],
+                    attn_drop=args["attn_drop_rate"],
+                    drop_path=dpr[sum(depths[:i]) : sum(depths[: i + 1])],
+                    layers=(sum(depths[:i]), sum(depths)),
+                    norm_eps=eps,
+                    attn_impl=args["attn_impl"],
+                )
+            )
+        self.layers = nn.Sequential(*stages)  # as timm's Swin (its FeatureDictNet flattens a Sequential)
+        patch = args["patch_size"]
+        self.feature_info = [
+            dict(num_chs=dims[i], reduction=patch * 2**i, module=f"layers.{i}") for i in range(len(depths))
+        ]
+        self.norm = nn.LayerNorm(dims[-1], eps=eps)
+        self.head_drop = nn.Dropout(args["drop_rate"])
+        self.head = nn.Linear(dims[-1], args["num_classes"]) if args["num_classes"] > 0 else nn.Identity()
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        for stage in self.layers:
+            stage.grad_checkpointing = enable
+
+    @property
+    def grad_checkpointing(self) -> bool:
+        return any(s.grad_checkpointing for s in self.layers)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        return dict(
+            stem=r"^patch_embed|^abs_pos",
+            blocks=r"^layers\.(\d+)"
+            if coarse
+            else [(r"^layers\.(\d+)\.downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))],
+        )
+
+    def stage_intermediates(
+        self, x: Tensor, take: list[int], stages: nn.Module, norm: bool, to_channels_first: bool,
+        intermediates_only: bool,
+    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:  # fmt: skip
+        """``forward_intermediates`` from the embedded map ``x``: the output maps of stages ``take`` (channels-first
+        if asked), ``norm`` applying the final norm to the last stage's (the only one it is sized for), and the final
+        normalised map when every stage ran."""
+        last = len(self.layers) - 1
+        feats = []
+        for i, stage in enumerate(stages):
+            x = stage(x)
+            if i in take:
+                y = self.norm(x) if norm and i == last else x
+                feats.append(channels_first(y) if to_channels_first else y)
+        if intermediates_only:
+            return feats
+        if len(stages) == len(self.layers):
+            x = self.norm(x)  # the final norm is sized for (and applied to) the last stage only
+        return x, feats
+
+    def prune_intermediate_layers(
+        self, indices: int | list[int] = 1, prune_norm: bool = False, prune_head: bool = True
+    ) -> list[int]:
+        """timm's ``prune_intermediate_layers``: drop the stages after the last of ``indices`` (the final norm
+        and the head go with them, or when asked); returns the absolute indices kept."""
+        n = len(self.layers)
+        take, max_index = self.prune_trunk(indices)  # type: ignore[attr-defined]
+        prune_end = max_index < n - 1
+        if prune_norm or prune_end:
+            self.norm = nn.Identity()
+        for key in ("depths", "num_heads"):
+            self.vitrel_cfg[key] = list(self.vitrel_cfg[key])[: max_index + 1]
+        if prune_end:
+            self.num_features = self.head_hidden_size = self.feature_info[max_index]["num_chs"]
+        if prune_head or prune_end:
+            self.reset_classifier(0, "")  # type: ignore[attr-defined]
+        return take

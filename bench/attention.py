@@ -6,10 +6,12 @@
     python bench/attention.py --schemes rel2d_factored rel2d_factored@fold   # an attn_impl (sdpa, flex, fold, eager)
     python bench/attention.py --inference --schemes lookhere lookhere@flex   # forward only (flex on CPU)
     python bench/attention.py --causal --inference --schemes alibi1d alibi1d@flex   # causal 1-D attention
+    python bench/attention.py --grid 8,14,14 --schemes rel3d_factored rel3d_factored@fold   # a video grid (T, H, W)
 
 One vitrel ``Attention`` layer (ViT-S: dim 384, 6 heads of 64) per scheme, on a square grid of N
-patches, batch chosen so batch * N is constant. Schemes are timed in alternation, round after
-round, and each is reported as the median of its rounds divided by the median of ``none`` (plain
+patches (or the grids of ``--grid``: ``H,W`` or a video's ``T,H,W``; default schemes: those that take the grids),
+batch chosen so batch * N is constant. Schemes are timed in alternation, round after round, and each
+is reported as the median of its rounds divided by the median of ``none`` (plain
 ``F.scaled_dot_product_attention``, no mask) measured in the same run. Memory: on CUDA the peak
 allocated during forward+backward; on CPU the peak of the allocations the profiler records, and
 the bytes saved for backward (activation memory) — both relative to ``none``. On CUDA also the kernels'
@@ -21,6 +23,7 @@ N = 196 can, its wall time is the host's, while in a model of many layers the ho
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -29,7 +32,7 @@ import torch
 
 from vitrel import Attention
 from vitrel.bench import alternate, busy_seconds, peak_bytes, saved_bytes
-from vitrel.pos import list_pos
+from vitrel.pos import get_pos_class, list_pos
 
 
 def scheme_spec(text: str) -> str | dict:
@@ -42,11 +45,35 @@ def scheme_spec(text: str) -> str | dict:
     return {"name": name, **{k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in opts.split(","))}}
 
 
+def square_grid(n: int) -> tuple[int, int]:
+    side = int(round(n**0.5))
+    if side * side != n:
+        raise SystemExit(f"--tokens must be square numbers, got {n}")
+    return side, side
+
+
+def grid_arg(text: str) -> tuple[int, ...]:
+    """``"8,14,14"`` -> ``(8, 14, 14)`` (two or three positive sides)."""
+    try:
+        sides = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        sides = ()
+    if len(sides) not in (2, 3) or min(sides) < 1:
+        raise SystemExit(f"--grid takes H,W or T,H,W (positive integers), got {text!r}")
+    return sides
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, nargs="+", default=[64, 196, 1024])
     ap.add_argument(
-        "--schemes", nargs="+", default=None, help="default: every relative scheme; name[:key=value,...] for options"
+        "--grid", nargs="+", default=None, metavar="T,H,W", help="grids instead of --tokens: H,W or a video's T,H,W"
+    )
+    ap.add_argument(
+        "--schemes",
+        nargs="+",
+        default=None,
+        help="default: every relative scheme that takes the grids; name[:key=value,...] for options",
     )
     ap.add_argument("--dim", type=int, default=384)
     ap.add_argument("--heads", type=int, default=6)
@@ -70,18 +97,19 @@ def main() -> None:
 
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
-    schemes = args.schemes or list_pos("relative")
+    grids = [grid_arg(g) for g in args.grid] if args.grid else [square_grid(n) for n in args.tokens]
+    video = any(len(g) == 3 for g in grids)
+    schemes = args.schemes or [
+        s for s in list_pos("relative") if get_pos_class(s).grid_dims in (None, 3 if video else 2)
+    ]
     if "none" in schemes:
         schemes.remove("none")
     schemes = ["none", *schemes]
     cuda = dev.type == "cuda"
 
     rows = []
-    for n in args.tokens:
-        side = int(round(n**0.5))
-        if side * side != n:
-            raise SystemExit(f"--tokens must be square numbers, got {n}")
-        grid = (side, side)
+    for grid in grids:
+        n = math.prod(grid)
         b = max(1, args.tokens_per_batch // n)
         layers = {
             s: Attention(
@@ -116,7 +144,7 @@ def main() -> None:
             t = statistics.median(times[s])
             rows.append(
                 dict(
-                    N=n,
+                    N=n if not args.grid else f"{n} ({'x'.join(map(str, grid))})",
                     batch=b,
                     scheme=s,
                     ms=1e3 * t,

@@ -14,9 +14,18 @@ def coords(h: int, w: int) -> list[tuple[int, int]]:
     return [(r, c) for r in range(h) for c in range(w)]
 
 
+def coords3(t: int, h: int, w: int) -> list[tuple[int, int, int]]:
+    """A video's tubelets t-major, as the layout defines them: ``index = (t * H + h) * W + w``."""
+    return [(a, b, c) for a in range(t) for b in range(h) for c in range(w)]
+
+
 def dense_bias(fn, heads: int, h: int, w: int, prefix: int) -> Tensor:
     """``[heads, N, N]`` with ``fn(head, (ri, ci), (rj, cj))`` between patches and 0 for prefix tokens."""
-    pts = coords(h, w)
+    return dense_bias_at(fn, heads, coords(h, w), prefix)
+
+
+def dense_bias_at(fn, heads: int, pts: list[tuple[int, ...]], prefix: int) -> Tensor:
+    """:func:`dense_bias` over the patches at ``pts`` (in token order), e.g. a video's :func:`coords3`."""
     n = prefix + len(pts)
     out = torch.zeros(heads, n, n, dtype=torch.float64)
     for hd in range(heads):

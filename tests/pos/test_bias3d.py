@@ -10,7 +10,7 @@ import warnings
 import pytest
 import torch
 
-from tests.reference import alibi_slopes_reference, reference_attention
+from tests.reference import alibi_slopes_reference, coords3, dense_bias_at, reference_attention
 from vitrel import Attention
 from vitrel.layout.geometry import Grid, Grid3
 from vitrel.layout.tokens import TokenLayout
@@ -20,21 +20,9 @@ HEADS, DIM = 3, 24
 GRIDS = [(2, 3, 4), (3, 2, 2)]
 
 
-def coords3(t: int, h: int, w: int) -> list[tuple[int, int, int]]:
-    """The tubelets t-major, as the issue defines them: index = (t * H + h) * W + w."""
-    return [(a, b, c) for a in range(t) for b in range(h) for c in range(w)]
-
-
 def dense_bias3(fn, heads: int, grid, prefix: int) -> torch.Tensor:
-    """``[heads, N, N]``: ``fn(head, p_i, p_j)`` between tubelets, 0 for pairs with a prefix token."""
-    pts = coords3(*grid)
-    n = prefix + len(pts)
-    out = torch.zeros(heads, n, n, dtype=torch.float64)
-    for hd in range(heads):
-        for a, pi in enumerate(pts):
-            for b, pj in enumerate(pts):
-                out[hd, prefix + a, prefix + b] = fn(hd, pi, pj)
-    return out
+    """``[heads, N, N]``: ``fn(head, p_i, p_j)`` between tubelets ``(t, row, col)``, 0 for pairs with a prefix token."""
+    return dense_bias_at(fn, heads, coords3(*grid), prefix)
 
 
 def _row(d: int, length: int) -> int:
@@ -323,3 +311,21 @@ def test_token_layouts_and_bad_options_are_refused():
         Attention(DIM, HEADS, pos={"name": "rel3d_factored", "extend": "stretch"}, grid=(2, 3, 3))
     with pytest.raises(ValueError, match="2x3x3 with 0 prefix token\\(s\\) needs 18 tokens"):
         a(torch.randn(1, 17, DIM), (2, 3, 3))
+
+
+def test_the_table_is_video_swins_flat_table_reshaped():
+    """Video Swin's ``WindowAttention3D`` (SwinTransformer/Video-Swin-Transformer, ``mmaction/models/backbones/
+    swin_transformer.py``) reads ``table[relative_position_index]`` from a flat ``[(2T-1)(2H-1)(2W-1), heads]`` table;
+    its index, rebuilt here as that code builds it, reads the same bias from ``attn.pos.table.reshape(-1, heads)``."""
+    window = (2, 3, 4)
+    a = _make("rel3d_full", window)
+    coords = torch.stack(torch.meshgrid(*(torch.arange(n) for n in window), indexing="ij")).flatten(1)
+    rel = (coords[:, :, None] - coords[:, None, :]).permute(1, 2, 0).contiguous()
+    for axis, n in enumerate(window):
+        rel[:, :, axis] += n - 1
+    rel[:, :, 0] *= (2 * window[1] - 1) * (2 * window[2] - 1)
+    rel[:, :, 1] *= 2 * window[2] - 1
+    index = rel.sum(-1)
+    flat = a.pos.table.reshape(-1, HEADS)
+    swin = flat[index.reshape(-1)].reshape(24, 24, HEADS).permute(2, 0, 1)
+    torch.testing.assert_close(a.bias(window), swin, rtol=0, atol=0)

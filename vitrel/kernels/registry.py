@@ -224,7 +224,10 @@ def select_kernel(
     """``attn_impl="auto"`` on the device named ``device`` (:func:`device_name`): the first :data:`AUTO` rule of that
     device that matches (``training``: gradients computed, default :func:`torch.is_grad_enabled`), if its kernel takes
     the scheme (and, with ``dropout``, attention dropout: ``takes_dropout``); else the first kernel that is the
-    scheme's own (:meth:`Kernel.default_for`); else ``sdpa``."""
+    scheme's own (:meth:`Kernel.default_for`); else ``sdpa``. A rule whose kernel refuses the scheme is passed over, so
+    ``auto`` never picks a kernel that cannot run it: the fused Triton kernel refuses the video schemes
+    (``grid_dims == 3``), which therefore get ``sdpa`` on every device until a rule names another kernel that takes
+    them (``flex``, ``fold``); on the CPU (``device`` None) every scheme gets ``sdpa`` or its own kernel."""
     training = torch.is_grad_enabled() if training is None else training
     for key, rules in AUTO.items():
         if device is not None and key in device:

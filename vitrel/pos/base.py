@@ -158,7 +158,8 @@ class PositionScheme(nn.Module):
     def offset_table(self, grid: Grid) -> Tensor | None:
         """``T [heads, 2H-1, 2W-1]`` with ``bias[h, i, j] = T[h, dh_ij + H - 1, dw_ij + W - 1]`` for patch pairs
         (``d = p_i - p_j``; pairs with a prefix token get 0), or None: the bias read by offset, so a kernel
-        (FlexAttention's ``score_mod``) needs no ``N x N`` tensor. Declared by ``has_offset_table``."""
+        (FlexAttention's ``score_mod``) needs no ``N x N`` tensor. Declared by ``has_offset_table``. A video scheme's
+        (``grid_dims == 3``) is ``T [heads, 2T-1, 2H-1, 2W-1]``, read at ``(dt + T - 1, dh + H - 1, dw + W - 1)``."""
         return None
 
     def bias_factors(self, grid: Grid, num_prefix_tokens: int = 0) -> tuple[Tensor, Tensor] | None:

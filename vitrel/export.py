@@ -113,11 +113,18 @@ def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, 
     """Refuse, with the reason and what to do instead, an export that cannot be made: ``dynamic`` sizes the model
     cannot serve in one program, (``onnx``) an attention kernel ONNX has no operator for or a missing ``onnx``
     / ``onnxscript`` package, (``pt2``) a program ``torch.export.save`` cannot write (FlexAttention's). Called before
-    anything is traced or written."""
+    anything is traced or written. A video model (clips) is refused: the programs are traced on images."""
     from vitrel.kernels import get_kernel
 
     if dynamic not in DYNAMIC:
         raise ValueError(f"dynamic must be one of {DYNAMIC}, got {dynamic!r}")
+    cfg = getattr(model, "vitrel_cfg", None) or {}
+    if cfg.get("num_frames") is not None:
+        raise ValueError(
+            f"{cfg.get('architecture')} takes clips [B, C, T, H, W]; the programs (--pt2, --onnx) are traced on images "
+            "[B, C, H, W]: export its weights (python -m vitrel.export CKPT OUT, without --pt2 / --onnx) and load "
+            "them with vitrel.load_model"
+        )
     kernels = _kernels(model)
     if onnx:
         bad = sorted(k for k in kernels if k == "flex" or not get_kernel(k).onnx)

@@ -332,6 +332,13 @@ def run_predict(cfg: Any) -> dict[str, Any]:
 
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     predictor = load_predictor(str(cfg.ckpt_path), device, cfg.get("ema", "auto"), overrides)
+    frames = predictor.data_config.get("num_frames")
+    if frames is not None:  # before any file is read or written
+        raise ValueError(
+            f"{cfg.ckpt_path} is a video model (clips of {frames} frames) and predict.py reads folders of images: "
+            f"score clips with eval.py, e.g. python eval.py ckpt_path={cfg.ckpt_path} data=video_folder "
+            "data.root=<root>/{train,val}/<class>/<clip>.mp4 (or data=moving_fmnist)"
+        )
     res = predict_folder(
         predictor,
         str(cfg.input),

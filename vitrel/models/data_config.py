@@ -1,7 +1,7 @@
 """Data configs stored with weights: the preprocessing a model was trained with (timm's ``input_size``, ``mean``,
-``std``, ``interpolation``, ``crop_pct``, ``crop_mode``, and the class names), read from a training checkpoint's
-``hyper_parameters["data_config"]`` or an export's metadata / ``pretrained_cfg``, and put into a model's
-``pretrained_cfg``, where ``timm.data.resolve_data_config(model=model)`` finds it."""
+``std``, ``interpolation``, ``crop_pct``, ``crop_mode``, a video model's ``num_frames``, and the class names), read
+from a training checkpoint's ``hyper_parameters["data_config"]`` or an export's metadata / ``pretrained_cfg``, and
+put into a model's ``pretrained_cfg``, where ``timm.data.resolve_data_config(model=model)`` finds it."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _reso
 __all__ = ["DATA_FIELDS", "data_config_for", "model_data_config", "pretrained_cfg_fields", "stored_data_config"]
 
 #: timm's ``pretrained_cfg`` fields of the preprocessing (a data config also holds ``class_names``)
-DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode")
+DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode", "num_frames")
 
 
 def _data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
@@ -65,7 +65,7 @@ def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
 
 def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The preprocessing of ``model``: ``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``,
-    ``crop_mode`` (and ``class_names`` when known), as timm's data config.
+    ``crop_mode`` (and ``num_frames`` for a video model, ``class_names`` when known), as timm's data config.
 
     ``stored`` (a data config stored with the weights) wins over the model's ``pretrained_cfg`` (where
     :func:`load_model` put the stored one already); the input size and channels are the model's (``vitrel_cfg``).
@@ -88,6 +88,9 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
     for key in ("mean", "std"):
         if len(out[key]) != in_chans:
             out[key] = [sum(out[key]) / len(out[key])] * in_chans
+    frames = cfg.get("num_frames", src.get("num_frames"))
+    if frames is not None:  # a video model: frames per clip (``input_size`` stays timm's ``[C, H, W]``)
+        out["num_frames"] = int(frames)
     if src.get("class_names"):
         out["class_names"] = list(src["class_names"])
     return out

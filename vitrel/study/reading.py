@@ -181,8 +181,21 @@ def markdown(state: dict) -> str:
     seeds = sorted({r["seed"] for r in state["runs"]})
     d = cfg["data"]
     ft = study.get("finetune")
+    if d.get("canvas_size"):
+        c = d["canvas_size"]
+        inputs = f"each image in a {c}x{c} canvas at an offset of the `{d['canvas_mode']}` region"
+    else:  # clips (or images at their size)
+        side = d.get("img_size") or d.get("size")
+        inputs = (
+            f"clips of {d['num_frames']} frames of {side}x{side}" if d.get("num_frames") else "images at their size"
+        )
+    what = study.get("eval_notes") or (
+        "`unseen` = at held-out offsets, `_patch` / `_subpatch` = whole-patch / sub-patch moves only; `resN` = the "
+        "test canvas resized to NxN, zero-shot"
+    )
+    items = "clips as in training" if d.get("num_frames") else "images at the training offsets"
     lines = [
-        f"# Position-scheme study on Fashion-MNIST (budget `{state['budget']}`)\n",
+        f"# Position-scheme study on {study.get('dataset') or 'Fashion-MNIST'} (budget `{state['budget']}`)\n",
         "- Commands: " + ", ".join(f"`{c}`" for c in state.get("commands") or [state["command"]]),
         f"- Machine: {machine['description']}; torch {machine['torch']}"
         + (f"; load average {state['load']}" if state.get("load") else ""),
@@ -190,15 +203,12 @@ def markdown(state: dict) -> str:
         "- Code and machine of the runs: " + _provenance(state["runs"]),
         f"- Recipe (resolved in the JSON): `conf/experiment/study_{state['budget']}.yaml`"
         + "".join(f" `{o}`" for o in rec["overrides"])
-        + f": {d['name']}, each image in a {d['canvas_size']}x{d['canvas_size']} canvas at an offset of the "
-        f"`{d['canvas_mode']}` region, {t['max_epochs']} epochs of {t['limit_train_batches'] or 'all'} batches of "
+        + f": {d['name']}, {inputs}, {t['max_epochs']} epochs of {t['limit_train_batches'] or 'all'} batches of "
         f"{d['batch_size']}, {t['precision']}, grad clip {t['gradient_clip_val']}, label smoothing "
         f"{cfg['module']['label_smoothing']}, no augmentation; "
         + ", ".join(f"{k} {v}" for k, v in opt.items() if k[0] != "_" and v is not None),
-        f"- Accuracy in %: mean [95 % interval] over seeds (Student's t), on {n['test_images']} test images at "
-        f"the training offsets (`test`) and {n['ood_images']} others (`study.evals`: `unseen` = at held-out "
-        "offsets, `_patch` / `_subpatch` = whole-patch / sub-patch moves only; `resN` = the test canvas resized "
-        "to NxN, zero-shot"
+        f"- Accuracy in %: mean [95 % interval] over seeds (Student's t), on {n['test_images']} test {items} "
+        f"(`test`) and {n['ood_images']} others (`study.evals`: {what}"
         + (
             f"; `ft_{ft['eval']}` = after a fine-tune at {ft['img_size']}x{ft['img_size']}: "
             + " ".join(f"`{o}`" for o in ft["overrides"])
@@ -267,6 +277,7 @@ def write_results(state: dict, out: Path, name: str) -> None:
         w.writerows({k: ("" if v is None else v) for k, v in r.items()} for r in state["summary"])
         atomic_write(out / f"{name}.csv", buf.getvalue())
         title = f"{name}: {state['machine']['description']}"
-        _save_png(plot_study(state["summary"], title=title, chance=0.1), out / f"{name}.png")
+        chance = state["recipe"]["study"].get("chance") or 0.1  # (Fashion-MNIST's ten classes)
+        _save_png(plot_study(state["summary"], title=title, chance=chance), out / f"{name}.png")
         if scales := state["recipe"]["study"].get("scales"):
             _save_png(plot_curves(state["summary"], scales, title=title), out / f"{name}_curves.png")

@@ -57,12 +57,23 @@ def eval_sets(study: dict, dm) -> dict[str, torch.utils.data.Dataset]:
     """``study.evals`` of the data module's test split: the in-distribution set (``test``: ``test_images``,
     seeded subset 1) and the others (the same ``ood_images`` test images each, seeded subset 2), each image
     in a black canvas at a seeded offset of the eval's region (``mode``, ``grid_step``, ``off_step``) and/or
-    resized."""
+    resized. Clips (a video data module): the same videos rendered or read with ``num_frames`` frames (default
+    the training clips') and/or at ``resize`` pixels a side (the data module's ``make_dataset``)."""
     from vitrel.data import ResizedDataset, TranslatedDataset
+    from vitrel.data.video import VideoDataModule
 
     out = {}
     for name, e in study["evals"].items():
-        ds, ood = dm.make_dataset("test"), name != "test"
+        ood = name != "test"
+        if isinstance(dm, VideoDataModule):
+            if "canvas" in e:
+                raise ValueError(f"study.evals.{name}: canvas places images; clips take num_frames and resize")
+            ds = dm.make_dataset("test", img_size=e.get("resize"), num_frames=e.get("num_frames"))
+            out[name] = _subset(ds, study["ood_images" if ood else "test_images"], seed=2 if ood else 1)
+            continue
+        if "num_frames" in e:
+            raise ValueError(f"study.evals.{name}: num_frames needs video data (data=moving_fmnist, video_folder)")
+        ds = dm.make_dataset("test")
         if "canvas" in e:
             c, mode = e["canvas"], e.get("mode", "random")
             ds = TranslatedDataset(

@@ -1,5 +1,8 @@
 """Score a checkpoint on a data set at any image size: ``python eval.py ckpt_path=... data.img_size=48``.
 
+A video checkpoint takes video data and any clip length: ``python eval.py ckpt_path=... data=moving_fmnist
+data.num_frames=16`` (the model rebuilt for 16 frames, as for another image size).
+
 With NaFlex data (``data.packing``, e.g. ``data=fashion_mnist_naflex``) every image is scored at its own size and
 aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eval_max_ratio=1``), packed into rows
 as in training.
@@ -24,9 +27,12 @@ from omegaconf import DictConfig
 
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import checkpoint_has_ema
+from vitrel.models.ckpt_files import stored_config
 from vitrel.train.module import ClassifierModule
 from vitrel.train.utils import (
     check_data_fits_model,
+    check_video_pairing,
+    is_video_data,
     plain,
     progress_bar_kind,
     progress_callbacks,
@@ -71,6 +77,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
+    arch = (stored_config(ckpt) or {}).get("architecture")
+    if arch is not None:  # clips for a video model, images for an image model: before the weights are read
+        check_video_pairing(str(arch), dm, str(ckpt))
+    if is_video_data(dm):  # the clips' length, as the images' size: learned tables resized on load
+        overrides.setdefault("num_frames", dm.num_frames)
     model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     if stored.get("num_classes") != dm.num_classes:
@@ -97,6 +108,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     res = trainer.test(module, dataloaders=loader, verbose=False)
     metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
     grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
+    if is_video_data(dm):  # (T, H, W) of the tubelets
+        grid.insert(0, dm.num_frames // stored.get("tubelet_size", 1))
     packing = getattr(dm, "packing", None)
     result = {
         "ckpt_path": str(ckpt),
@@ -117,7 +130,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         (out / "eval_metrics.json").write_text(json.dumps(result, indent=2))
         shown = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
         if packing is None:
-            where = f"at img_size {dm.img_size} (grid {grid[0]}x{grid[1]}{', EMA weights' if use_ema else ''})"
+            frames = f"{dm.num_frames} frames of " if is_video_data(dm) else ""
+            shape = "x".join(map(str, grid))
+            where = f"at {frames}img_size {dm.img_size} (grid {shape}{', EMA weights' if use_ema else ''})"
         else:  # NaFlex batches: each image at its own size and aspect ratio
             where = (
                 f"at native sizes (NaFlex {packing}, at most {dm.max_tokens} patches an image, rows of {dm.seq_len}"

@@ -13,7 +13,8 @@ from a mid-epoch checkpoint ends the epoch with the metrics of the uninterrupted
 Batches are ``(images [B, C, H, W], targets [B])`` or, with ``data.packing``, ``(NaFlex batch dict, targets
 [num_images])`` (:mod:`vitrel.data.packing`: rows packing several images; the model returns one row of logits per
 image, in the targets' order); losses and metrics count images, and a packed batch's ``padding_fraction`` is logged
-as ``train/padding``. timm's ``Mixup`` takes image tensors only: with NaFlex batches it is a clear error.
+as ``train/padding``. timm's ``Mixup`` takes image tensors only: with NaFlex batches it is a clear error. Video
+batches are ``(clips [B, C, T, H, W], targets [B])``; mixup / CutMix mixes whole clips (:func:`mix_clips`).
 
 Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy), the
 config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
@@ -54,7 +55,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitrel.models.naflex import input_form
 from vitrel.train.optim import param_groups
 
-__all__ = ["ClassifierModule", "data_config_of"]
+__all__ = ["ClassifierModule", "data_config_of", "mix_clips"]
 
 _EMA = "ema_model."
 
@@ -189,7 +190,7 @@ class ClassifierModule(L.LightningModule):
                     f"mixup/cutmix needs an even batch, got {x.shape[0]}: use an even data.batch_size "
                     "and data.drop_last=true"
                 )
-            x, target = self.mixup_fn(x, y)
+            x, target = mix_clips(self.mixup_fn, x, y)
             logits = self.step_model(x)
             loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         else:
@@ -320,7 +321,8 @@ class ClassifierModule(L.LightningModule):
 def data_config_of(dm: Any) -> dict[str, Any] | None:
     """The preprocessing a vitrel data module applies to evaluation images, in timm's data-config fields:
     ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode`` (resize the shorter
-    side to ``size / crop_pct``, centre crop), and ``class_names`` when it has them; plain types (a checkpoint is read
+    side to ``size / crop_pct``, centre crop), ``num_frames`` (``T``) of a video data module, and ``class_names`` when
+    it has them; plain types (a checkpoint is read
     with ``weights_only=True``). None for an object without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
     if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
         return None
@@ -334,10 +336,23 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
         "crop_pct": float(getattr(dm, "crop_pct", 1.0)),
         "crop_mode": "center",
     }
+    if getattr(dm, "num_frames", None) is not None:  # clips: the frames per clip (T)
+        out["num_frames"] = int(dm.num_frames)
     names = getattr(dm, "class_names", None)
     if names:
         out["class_names"] = [str(n) for n in names]
     return out
+
+
+def mix_clips(mixup: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """timm's ``Mixup`` / CutMix on images ``[B, C, H, W]``, or per clip on clips ``[B, C, T, H, W]``: the frames are
+    folded into the channels for the call, so a clip is mixed with one other clip and CutMix pastes one box, the same
+    for every frame (timm's call on the 5-D tensor would cut its box across time and height)."""
+    if x.dim() != 5:
+        return mixup(x, y)
+    b, c, t, h, w = x.shape
+    mixed, target = mixup(x.reshape(b, c * t, h, w), y)
+    return mixed.reshape(b, c, t, h, w), target
 
 
 def _num_images(x: Tensor | Mapping, y: Tensor) -> int:

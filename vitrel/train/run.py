@@ -35,16 +35,19 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
+from vitrel.models.ckpt_files import stored_config
 from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
     check_data_fits_model,
+    check_video_pairing,
     hydra_config,
     instantiate_callbacks,
     instantiate_loggers,
     is_multirun,
+    is_video_data,
     progress_bar_kind,
     progress_callbacks,
     route_lightning_logs,
@@ -56,9 +59,17 @@ __all__ = ["train", "build_model", "check_launch", "resolve_ckpt_path", "check_s
 
 
 def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Module:
-    """``instantiate(cfg.model)``; ``num_classes``, ``in_chans`` and ``img_size`` come from the
-    datamodule unless the node sets them."""
+    """``instantiate(cfg.model)``; ``num_classes``, ``in_chans`` and ``img_size`` (and a video data module's
+    ``num_frames``) come from the datamodule unless the node sets them. Video data with an image model (or the
+    reverse) is refused before anything is built (:func:`~vitrel.train.utils.check_video_pairing`)."""
+    arch = model_cfg.get("name") or model_cfg.get("architecture")
+    if arch is None and model_cfg.get("path") is not None:  # model=from_checkpoint: the stored architecture
+        arch = (stored_config(str(model_cfg.path)) or {}).get("architecture")
+    if arch is not None:
+        check_video_pairing(str(arch), dm)
     sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
+    if is_video_data(dm):
+        sized["num_frames"] = dm.num_frames
     return instantiate(model_cfg, **{k: v for k, v in sized.items() if model_cfg.get(k) is None})
 
 

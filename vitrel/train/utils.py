@@ -8,6 +8,7 @@ Every config node that builds an object has a ``_target_`` (``hydra.utils.instan
 
 from __future__ import annotations
 
+import inspect
 import logging
 import sys
 import warnings
@@ -32,6 +33,9 @@ __all__ = [
     "hydra_config",
     "is_multirun",
     "check_data_fits_model",
+    "is_video_data",
+    "is_video_architecture",
+    "check_video_pairing",
 ]
 
 
@@ -220,3 +224,51 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
                 f"data.size_choices={list(choices)}: {whose} takes only its img_size {img} (strict_img_size); "
                 "build it with dynamic_img_size=True (model.dynamic_img_size=true) for batches of other sizes"
             )
+
+
+# ------------------------------------------------------------------------------------------ video
+def is_video_data(dm: Any) -> bool:
+    """Whether the data module gives clips ``[B, C, T, H, W]`` (a :class:`vitrel.data.video.VideoDataModule`)."""
+    from vitrel.data.video.base import VideoDataModule
+
+    return isinstance(dm, VideoDataModule)
+
+
+def is_video_architecture(name: str) -> bool:
+    """Whether the vitrel architecture ``name`` takes clips: its class is built with ``num_frames``."""
+    from vitrel.models.registry import MODEL_ARGS, check_architecture
+
+    cls = MODEL_ARGS[check_architecture(name)][0]
+    return "num_frames" in inspect.signature(cls.__init__).parameters
+
+
+def _model_configs(video: bool) -> list[str]:
+    """The ``conf/model`` options whose architecture takes clips (``video``) or images."""
+    from vitrel.models.registry import MODEL_ARGS
+
+    out = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "conf" / "model").glob("*.yaml")):
+        name = OmegaConf.load(path).get("name")
+        if name in MODEL_ARGS and is_video_architecture(name) == video:
+            out.append(f"model={path.stem}")
+    return out
+
+
+def check_video_pairing(architecture: str, dm: Any, whose: str = "the model") -> None:
+    """Refuse, before anything is built, a video data module with an image architecture or image data with a video
+    architecture, naming the ``conf/model`` options that fit the data."""
+    video = is_video_data(dm)
+    if video == is_video_architecture(architecture):
+        return
+    data = type(dm).__name__
+    if video:
+        fits = ", ".join(_model_configs(True)) or "a vitrel_vit_video_* or vitrel_swin3d_* architecture"
+        raise ValueError(
+            f"{data} gives clips [B, C, T, H, W] but {whose} ({architecture}) is an image model "
+            f"(images [B, C, H, W]): use a video model: {fits}"
+        )
+    raise ValueError(
+        f"{data} gives images [B, C, H, W] but {whose} ({architecture}) is a video model (clips [B, C, T, H, W]): "
+        f"use an image model ({', '.join(_model_configs(False))}) or video data (data=moving_fmnist, "
+        "data=video_folder)"
+    )

@@ -1,0 +1,158 @@
+"""Training on video: clips through train.py, eval.py and predict.py, mixup per clip, the video / image pairing
+refused at once, and the checkpoint a video run writes."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from timm.data import Mixup
+
+import vitrel
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script
+from vitrel.data.moving_fmnist import MovingFMNISTDataModule
+from vitrel.models.data_config import data_config_for
+from vitrel.train.module import mix_clips
+from vitrel.train.run import train
+
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+SHORT += ["trainer.limit_test_batches=1", "logger=none"]
+# Moving Fashion-MNIST, small: 64 training and 32 test clips
+TINY_CLIPS = ["data=moving_fmnist", "data.train_images=32", "data.test_images=16", "data.batch_size=8"]
+# experiment=video with a one-block model
+TINY_VIDEO = ["experiment=video", "model.embed_dim=16", "model.depth=1", "model.num_heads=2", *TINY_CLIPS[1:]]
+TINY_VIDEO += ["data.val_fraction=0.0", *FAST[:1], *FAST[2:]]
+
+
+@pytest.fixture(scope="module")
+def video_sweep(tmp_path_factory) -> Path:
+    """``python train.py -m experiment=video pos=...`` (a sweep, as a user runs it), tiny: its first job's folder."""
+    sweep = tmp_path_factory.mktemp("video_sweep")
+    args = ["-m", *TINY_VIDEO, "pos=none", *SHORT[:1], f"hydra.sweep.dir={sweep}", "logger=none"]
+    r = run_script("train.py", args, cwd=sweep)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return sweep / "0"
+
+
+def test_video_run_writes_a_checkpoint_that_loads_as_the_video_model(video_sweep):
+    m = json.loads((video_sweep / "metrics.json").read_text())
+    assert (
+        m["status"] == "finished" and m["data"] == "moving_fmnist" and m["model"] == "vitrel_vit_video_tiny_patch4_32"
+    )
+    assert 0.0 <= m["metrics"]["test/acc1"] <= 1.0 and math.isfinite(m["metrics"]["test/loss"])
+    ckpt_file = video_sweep / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(ckpt_file, map_location="cpu", weights_only=True)
+    cfg = ckpt["vitrel_cfg"]
+    assert (cfg["architecture"], cfg["num_frames"], cfg["tubelet_size"], cfg["patch_size"]) == (
+        "vitrel_vit_video_tiny_patch4_32", 8, 1, 8,
+    )  # fmt: skip
+    dm = MovingFMNISTDataModule(train_images=32, test_images=16)
+    stored = ckpt["hyper_parameters"]["data_config"]
+    assert stored["num_frames"] == 8 and stored["input_size"] == [1, 32, 32]
+    assert stored["mean"] == pytest.approx(dm.mean) and stored["class_names"] == ["forward", "backward"]
+    model = vitrel.load_model(ckpt_file).eval()
+    assert data_config_for(ckpt_file, model)["num_frames"] == 8
+    x, _ = next(iter(torch.utils.data.DataLoader(dm.make_dataset("test"), batch_size=4)))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model(x.clone()))
+        assert model(x).shape == (4, 2)
+
+
+def test_eval_scores_a_video_checkpoint_at_twice_the_frames(video_sweep, tmp_path, capsys):
+    from vitrel.train.evaluate import evaluate
+
+    ckpt = video_sweep / "checkpoints" / "last.ckpt"
+    over = [f"ckpt_path={ckpt}", *TINY_CLIPS, "data.num_frames=16", *FAST[:1], *FAST[2:4]]
+    metrics = evaluate(compose(tmp_path, over, config_name="eval"))
+    res = json.loads((tmp_path / "eval_metrics.json").read_text())
+    assert res["grid"] == [16, 4, 4] and res["num_images"] == 32
+    assert "at 16 frames of img_size 32 (grid 16x4x4)" in capsys.readouterr().out
+    assert 0.0 <= metrics["test/acc1"] <= 1.0
+
+
+def test_eval_refuses_images_for_a_video_checkpoint(video_sweep, tmp_path):
+    from vitrel.train.evaluate import evaluate
+
+    ckpt = video_sweep / "checkpoints" / "last.ckpt"
+    cfg = compose(tmp_path, [f"ckpt_path={ckpt}", *FAST[:1], *FAST[2:4]], config_name="eval")
+    with pytest.raises(ValueError, match=r"gives images .* is a video model .*model=vit_tiny_fmnist"):
+        evaluate(cfg)
+    assert not (tmp_path / "eval_metrics.json").exists()
+
+
+def test_predict_refuses_a_video_checkpoint_naming_eval(video_sweep, tmp_path):
+    ckpt = video_sweep / "checkpoints" / "last.ckpt"
+    (tmp_path / "images").mkdir()
+    out = tmp_path / "predictions.csv"
+    r = run_script("predict.py", [f"ckpt_path={ckpt}", f"input={tmp_path / 'images'}", f"results_file={out}"], tmp_path)
+    assert r.returncode != 0 and "is a video model (clips of 8 frames)" in r.stderr and "eval.py" in r.stderr
+    assert not out.exists()
+
+
+def test_video_model_with_image_data_is_refused_before_anything_is_built(tmp_path):
+    video = ["model=vit_video_tiny_fmnist", "model.embed_dim=16", "model.depth=1", "model.num_heads=2"]
+    cfg = compose(tmp_path, [*video, *FAST, *SHORT])  # the default data: Fashion-MNIST images
+    with pytest.raises(ValueError, match=r"gives images .* is a video model .*model=vit_tiny_fmnist"):
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_mixup_and_cutmix_train_on_clips(tmp_path):
+    over = [*TINY_VIDEO, *SHORT, "pos=none", "module/mixup=default", "data.drop_last=true"]
+    metrics = train(compose(tmp_path, over))
+    assert math.isfinite(metrics["train/loss_epoch"])
+
+
+def test_image_model_with_video_data_is_refused_before_anything_is_built(tmp_path):
+    cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, *TINY_CLIPS])
+    with pytest.raises(ValueError, match=r"gives clips \[B, C, T, H, W\].*is an image model.*model=vitrel_vit_video"):
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
+def test_cutmix_pastes_one_box_on_every_frame_of_a_clip(mode):
+    """Each frame of the mixed clips is what timm's image CutMix makes of that frame alone (the same draw): one box,
+    the same for all the clip's frames and all its time steps mixed."""
+    b, c, t, h, w = 4, 2, 3, 16, 16
+    x = torch.randn(b, c, t, h, w, generator=torch.Generator().manual_seed(0))
+    y = torch.arange(b)
+    make = functools.partial(Mixup, mixup_alpha=0.0, cutmix_alpha=1.0, mode=mode, num_classes=b)
+    np.random.seed(3)
+    mixed, target = mix_clips(make(), x.clone(), y)
+    assert mixed.shape == x.shape
+    changed = (mixed != x).any(dim=1)  # [B, T, H, W]
+    assert changed.any(), "the draw pasted nothing: the test would not see a wrong box"
+    for k in range(t):
+        np.random.seed(3)
+        frame, frame_target = make()(x[:, :, k].clone(), y)  # timm on images: the reference
+        torch.testing.assert_close(mixed[:, :, k], frame, rtol=0, atol=0)
+        torch.testing.assert_close(target, frame_target, rtol=0, atol=0)
+        assert torch.equal(changed[:, k], changed[:, 0])
+
+
+def test_mixup_blends_whole_clips():
+    b = 4
+    x = torch.randn(b, 1, 3, 8, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    np.random.seed(0)
+    mixed, target = mix_clips(
+        Mixup(mixup_alpha=1.0, cutmix_alpha=0.0, label_smoothing=0.0, num_classes=b), x.clone(), torch.arange(b)
+    )
+    lam = float(target[0, 0])  # the first clip keeps lam of its own class
+    torch.testing.assert_close(mixed, lam * x + (1 - lam) * x.flip(0))
+
+
+def test_export_writes_a_video_models_weights_and_refuses_a_program(video_sweep, tmp_path, capsys):
+    from vitrel.export import main as export_main
+
+    ckpt = video_sweep / "checkpoints" / "last.ckpt"
+    assert export_main([str(ckpt), str(tmp_path / "prog"), "--pt2"]) == 2
+    assert "takes clips [B, C, T, H, W]" in capsys.readouterr().err and not (tmp_path / "prog").exists()
+    assert export_main([str(ckpt), str(tmp_path / "weights")]) == 0
+    model = vitrel.load_model(tmp_path / "weights")
+    assert model.vitrel_cfg["num_frames"] == 8 and model.pretrained_cfg["num_frames"] == 8

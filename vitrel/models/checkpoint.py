@@ -308,7 +308,8 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     save_file(tensors, str(out / WEIGHTS_NAME), metadata=meta)
     pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
     pcfg = filter_pretrained_cfg({k: v for k, v in pcfg.items() if k != "state_dict"}, remove_source=True)
-    pcfg.update({k: data_config[k] for k in DATA_FIELDS})
+    # (num_frames, a video model's, stays in the weights' data_config: timm's PretrainedCfg has no such field)
+    pcfg.update({k: data_config[k] for k in DATA_FIELDS if k in data_config and k != "num_frames"})
     if data_config.get("class_names"):
         pcfg["label_names"] = data_config["class_names"]
     pcfg.update(num_classes=model.num_classes, fixed_input_size=False, custom_load=False, pool_size=None)

@@ -2,8 +2,9 @@
 a single-process evaluation of the same checkpoint.
 
 Each rank runs the whole of ``train()``, as under plain ``ddp`` (Lightning re-runs ``python train.py`` for rank 1,
-which then reads its rank from the environment). Here both ranks are forked from the test process with that
-environment and the composed config, so no rank imports or composes again. The three loggers that write files run
+which then reads its rank from the environment). Here both ranks are spawned from the test process with that
+environment and the composed config, so no rank composes again (spawned, not forked: a fork fails once the test
+process has run autograd, as an earlier test in the same pytest worker may have). The three loggers that write files run
 together (``logger=[csv,tensorboard,wandb]``, one DDP run instead of three; each logger's files are checked), and
 ``logger=none`` alone.
 """
@@ -51,7 +52,7 @@ def _rank(rank: int, cfg, port: int) -> None:
 def _train_ddp(run_dir: Path, overrides: list[str]) -> dict:
     """Both ranks of ``train()``; rank 0's ``metrics.json``. A rank that raises ends the other (join)."""
     cfg = compose(run_dir, overrides)
-    torch.multiprocessing.start_processes(_rank, args=(cfg, _free_port()), nprocs=2, start_method="fork")
+    torch.multiprocessing.start_processes(_rank, args=(cfg, _free_port()), nprocs=2, start_method="spawn")
     return json.loads((run_dir / "metrics.json").read_text())
 
 

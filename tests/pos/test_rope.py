@@ -37,11 +37,11 @@ def ref_angle(name: str, scheme, h: int, row: int, col: int, grid: Grid, t: int,
     if name == "rope1d":
         p = row * grid.w + col
         return p * scheme.base ** (-2.0 * t / d)
-    if name == "rope2d_axial":
+    if name == "rope2d_axial":  # rows first: pairs t < d/4 the row, pairs d/4 + t the column
         q = d // 4
         if t < q:
-            return col * scheme.base ** (-4.0 * t / d)
-        return row * scheme.base ** (-4.0 * (t - q) / d)
+            return row * scheme.base ** (-4.0 * t / d)
+        return col * scheme.base ** (-4.0 * (t - q) / d)
     # mixed: learned frequencies (a tensor, so gradients reach them)
     return scheme.freqs[0, h, t] * col + scheme.freqs[1, h, t] * row
 

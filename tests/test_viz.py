@@ -74,8 +74,8 @@ def test_position_matrix_rope2d_axial_is_the_sum_of_cosines():
     m = viz.position_matrix(s, g)
     omega = [base ** (-4 * t / d) for t in range(d // 4)]
 
-    def angles(r, c):  # pairs t < d/4: column, pairs d/4 + t: row
-        return [c * w for w in omega] + [r * w for w in omega]
+    def angles(r, c):  # pairs t < d/4: row, pairs d/4 + t: column
+        return [r * w for w in omega] + [c * w for w in omega]
 
     for i in range(g.n):
         for j in range(g.n):

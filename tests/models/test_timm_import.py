@@ -64,7 +64,8 @@ def test_same_function(name):
 
 def test_dinov3_same_function_at_another_size_and_the_channel_order_matters():
     """DINOv3's normalised coordinates interpolate: equal at 96 px too (timm's dynamic size). Its RoPE
-    lays channels out rotate-half, rows first: without the q/k channel permutation the function differs."""
+    lays channels out rotate-half (rows first, as vitrel): without the q/k channel permutation the function
+    differs."""
     from vitrel.models import timm_import
 
     t = _timm("vit_small_patch16_dinov3")
@@ -72,8 +73,15 @@ def test_dinov3_same_function_at_another_size_and_the_channel_order_matters():
     x = torch.randn(2, 3, 96, 96, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(m(x), t(x), rtol=1e-8, atol=1e-8)
-    assert timm_import.rope_channel_order(t) is not None
-    assert timm_import.rope_channel_order(_timm("vit_small_patch16_rope_224")) is None  # timm's axial: same layout
+    d = t.blocks[0].attn.head_dim
+    half = torch.arange(d // 2)
+    # DINOv3 is rows first, as vitrel: only rotate-half's pairs (t, t + d/2) become vitrel's (2t, 2t + 1)
+    assert torch.equal(timm_import.rope_channel_order(t), torch.stack((half, half + d // 2), dim=-1).flatten())
+    # timm's RoPE-ViT port (grid_indexing "xy": columns first, interleaved pairs): the two halves swapped
+    axial = _timm("vit_small_patch16_rope_224")
+    d = axial.blocks[0].attn.head_dim
+    order = timm_import.rope_channel_order(axial)
+    assert torch.equal(order, torch.cat((torch.arange(d // 2, d), torch.arange(d // 2))))
     orig = timm_import.rope_channel_order
     try:
         timm_import.rope_channel_order = lambda _t: None

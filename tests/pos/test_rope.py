@@ -23,6 +23,7 @@ from vitrel.pos.schemes.rope import (
     apply_rope_complex,
     apply_rope_real,
     init_mixed_freqs,
+    rope2d_axial_angles,
     rope2d_mixed_angles,
 )
 
@@ -37,11 +38,11 @@ def ref_angle(name: str, scheme, h: int, row: int, col: int, grid: Grid, t: int,
     if name == "rope1d":
         p = row * grid.w + col
         return p * scheme.base ** (-2.0 * t / d)
-    if name == "rope2d_axial":
+    if name == "rope2d_axial":  # rows first: pairs t < d/4 the row, pairs d/4 + t the column
         q = d // 4
         if t < q:
-            return col * scheme.base ** (-4.0 * t / d)
-        return row * scheme.base ** (-4.0 * (t - q) / d)
+            return row * scheme.base ** (-4.0 * t / d)
+        return col * scheme.base ** (-4.0 * (t - q) / d)
     # mixed: learned frequencies (a tensor, so gradients reach them)
     return scheme.freqs[0, h, t] * col + scheme.freqs[1, h, t] * row
 
@@ -345,3 +346,78 @@ def test_real_and_complex_kernels_agree():
     yc, yr = apply_rope_complex(xb, c, s), apply_rope_real(xb, c, s)
     assert yc.dtype == yr.dtype == torch.bfloat16
     torch.testing.assert_close(yc.float(), yr.float(), rtol=1e-2, atol=1e-2)
+
+
+# ------------------------------------------------------------------------------ axial: the order of its axes
+@pytest.mark.parametrize("scaling", [None, {"rope_type": "linear", "factor": [2.0, 3.0]}])
+def test_rope2d_axial_rows_first_against_loops(scaling):
+    """Rows first: pair ``t < d/4`` rotates by ``row * base^(-4t/d)``, pair ``d/4 + t`` by ``col * base^(-4t/d)``
+    (with ``scaling: linear, factor [f_rows, f_cols]``: the row pairs' frequencies / f_rows, the columns' / f_cols)."""
+    d, base, grid = 16, 37.0, Grid(3, 5)
+    f_rows, f_cols = (1.0, 1.0) if scaling is None else scaling["factor"]
+    want = torch.zeros(grid.n, d // 2, dtype=torch.float64)
+    for row in range(grid.h):
+        for col in range(grid.w):
+            for t in range(d // 4):
+                omega = base ** (-4.0 * t / d)
+                want[row * grid.w + col, t] = row * omega / f_rows
+                want[row * grid.w + col, d // 4 + t] = col * omega / f_cols
+    opts = {"name": "rope2d_axial", "base": base} | ({"scaling": scaling} if scaling else {})
+    s = build_pos(opts, num_heads=2, head_dim=d, grid=(2, 2))  # called on another grid
+    torch.testing.assert_close(s.angles(grid), want, rtol=1e-13, atol=1e-13)
+    if scaling is None:
+        torch.testing.assert_close(rope2d_axial_angles(grid, d, base), want, rtol=1e-13, atol=1e-13)
+
+
+def ropevit_compute_axial_cis(dim: int, end_x: int, end_y: int, theta: float = 100.0) -> torch.Tensor:
+    """naver-ai/rope-vit ``models/vit_rope.py``: ``compute_axial_cis`` with its ``init_t_xy``, in float64:
+    ``[end_x * end_y, dim / 2]`` complex, the column (``t_x``) angles first, then the rows (``t_y``)."""
+    freqs_x = 1.0 / (theta ** (torch.arange(0, dim, 4)[: (dim // 4)].double() / dim))
+    freqs_y = 1.0 / (theta ** (torch.arange(0, dim, 4)[: (dim // 4)].double() / dim))
+    t = torch.arange(end_x * end_y, dtype=torch.float64)
+    t_x = t % end_x
+    t_y = torch.div(t, end_x, rounding_mode="floor")
+    freqs_x = torch.outer(t_x, freqs_x)
+    freqs_y = torch.outer(t_y, freqs_y)
+    freqs_cis_x = torch.polar(torch.ones_like(freqs_x), freqs_x)
+    freqs_cis_y = torch.polar(torch.ones_like(freqs_y), freqs_y)
+    return torch.cat([freqs_cis_x, freqs_cis_y], dim=-1)
+
+
+def ropevit_attention(attn: Attention, x: torch.Tensor, freqs_cis: torch.Tensor) -> torch.Tensor:
+    """RoPE-ViT's ``RoPEAttention.forward`` (its ``apply_rotary_emb`` on the tokens after the class token) with the
+    weights of ``attn``."""
+    b, n, c = x.shape
+    h = attn.num_heads
+    qkv = (x @ attn.qkv.weight.T + attn.qkv.bias).reshape(b, n, 3, h, c // h).permute(2, 0, 3, 1, 4)
+    q, k, v = qkv[0].clone(), qkv[1].clone(), qkv[2]
+    for t in (q, k):
+        xc = torch.view_as_complex(t[:, :, 1:].reshape(*t[:, :, 1:].shape[:-1], -1, 2).contiguous())
+        t[:, :, 1:] = torch.view_as_real(xc * freqs_cis).flatten(3)
+    a = ((q * attn.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+    return ((a @ v).transpose(1, 2).reshape(b, n, c)) @ attn.proj.weight.T + attn.proj.bias
+
+
+def test_ropevit_compute_axial_cis_is_rope2d_axial_with_halves_swapped():
+    """RoPE-ViT's ``compute_axial_cis`` puts the columns first: its table is vitrel's with the two halves of the pairs
+    exchanged, and its attention with weights ``W`` is vitrel's with ``W``'s q/k halves swapped per head
+    (:func:`vitrel.models.swap_rope_axial_halves`)."""
+    from vitrel.models import swap_rope_axial_halves
+
+    torch.manual_seed(7)
+    heads, d, grid = 2, 16, Grid(3, 5)
+    cis = ropevit_compute_axial_cis(d, end_x=grid.w, end_y=grid.h)
+    theta = make_scheme("rope2d_axial", head_dim=d).angles(grid)
+    swapped = torch.cat((theta[:, d // 4 :], theta[:, : d // 4]), dim=-1)
+    torch.testing.assert_close(torch.polar(torch.ones_like(swapped), swapped), cis, rtol=0, atol=1e-13)
+    assert (torch.polar(torch.ones_like(theta), theta) - cis).abs().max() > 1  # unswapped: another table
+
+    ref = Attention(heads * d, heads, pos="rope2d_axial", grid=(2, 2), num_prefix_tokens=1).double()
+    x = torch.randn(2, 1 + grid.n, heads * d, dtype=torch.float64)
+    want = ropevit_attention(ref, x, cis)
+    ours = Attention(heads * d, heads, pos={"name": "rope2d_axial", "base": 100.0}, grid=(2, 2), num_prefix_tokens=1)
+    ours = ours.double()
+    ours.load_state_dict(ref.state_dict())
+    assert (ours(x, grid) - want).abs().max() > 1e-3  # RoPE-ViT's weights as they are: another function
+    assert swap_rope_axial_halves(ours) is ours
+    torch.testing.assert_close(ours(x, grid), want, rtol=1e-12, atol=1e-12)

@@ -295,28 +295,30 @@ def test_translation_check_fails_for_angles_not_linear_in_position():
     assert offset_spread(logits, grid) > 1e-3
 
 
-@pytest.mark.parametrize("grid", [(3, 4), (1, 3, 4)])
+@pytest.mark.parametrize("grid", [(1, 3, 4), (3, 4)])
 @pytest.mark.parametrize("prefix", [0, 1])
-def test_axial_at_one_frame_is_rope2d_axial_with_halves_swapped(grid, prefix):
-    """``sections: [0, d/4, d/4]``, ``per_axis`` at T = 1 (or on an image grid) is ``rope2d_axial`` at the same base,
-    its rows' pairs first where rope2d_axial puts the columns first: the logits equal once the two halves of each
-    head's q and k projections are swapped."""
+@pytest.mark.parametrize("d", [D, 2 * D])
+def test_axial_at_one_frame_is_rope2d_axial(grid, prefix, d):
+    """The API contract: at T = 1 (or on an image grid) ``sections: [0, d/4, d/4]``, ``freqs: per_axis`` is
+    ``rope2d_axial`` at the same base, both rows first then columns: the same weights give the same logits and
+    outputs. (``rope2d_axial`` splits the pairs evenly, ``d/4`` per axis: an uneven ``[0, sh, sw]`` has no 2-D
+    counterpart.)"""
     torch.manual_seed(4)
-    a3 = _attn({"name": "rope3d_axial", "sections": [0, D // 4, D // 4], "base": 100.0}, grid=(2, 3, 4), prefix=prefix)
-    a2 = _attn("rope2d_axial", grid=(3, 4), prefix=prefix)
+    base, heads = 37.0, 2
+    pos3 = {"name": "rope3d_axial", "sections": [0, d // 4, d // 4], "freqs": "per_axis", "base": base}
+    a3 = _attn(pos3, grid=(1, 3, 4), prefix=prefix, heads=heads, d=d)
+    a2 = _attn({"name": "rope2d_axial", "base": base}, grid=(3, 4), prefix=prefix, heads=heads, d=d)
     a2.load_state_dict(a3.state_dict())
-    heads, c = 2, 2 * D
-    half = torch.cat((torch.arange(D // 2, D), torch.arange(D // 2)))  # swap the halves of one head
-    rows = torch.cat([torch.cat([part * c + h * D + half for h in range(heads)]) for part in (0, 1)])
-    rows = torch.cat((rows, torch.arange(2 * c, 3 * c)))  # q and k swapped, v as it is
+    x = torch.randn(2, prefix + 12, heads * d, dtype=torch.float64)
+    torch.testing.assert_close(a3.logits(x, grid), a2.logits(x, (3, 4)), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(a3(x, grid), a2(x, (3, 4)), rtol=1e-12, atol=1e-12)
+    # the comparison can fail: the two halves of each head's q and k swapped change the logits
+    half = torch.cat((torch.arange(d // 2, d), torch.arange(d // 2)))
+    rows = torch.cat([part * heads * d + h * d + half for part in (0, 1) for h in range(heads)])
+    rows = torch.cat((rows, torch.arange(2 * heads * d, 3 * heads * d)))
     with torch.no_grad():
         a2.qkv.weight.copy_(a3.qkv.weight[rows])
         a2.qkv.bias.copy_(a3.qkv.bias[rows])
-    x = torch.randn(2, prefix + 12, c, dtype=torch.float64)
-    torch.testing.assert_close(a3.logits(x, grid), a2.logits(x, (3, 4)), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(a3(x, grid), a2(x, (3, 4)), rtol=1e-12, atol=1e-12)
-    # without the swap they differ: the comparison can fail
-    a2.load_state_dict(a3.state_dict())
     assert (a3.logits(x, grid) - a2.logits(x, (3, 4))).abs().max() > 1e-3
 
 

@@ -41,7 +41,7 @@ def _naive_angles(s, grid: Grid, mode: str) -> torch.Tensor:
                     if s.name == "rope2d_axial":
                         q = D // 4
                         omega = s.base ** (-4 * (t % q) / D)
-                        out[h, 1 + r * grid.w + c, t] = (x if t < q else y) * omega
+                        out[h, 1 + r * grid.w + c, t] = (y if t < q else x) * omega  # rows first
                     else:
                         out[h, 1 + r * grid.w + c, t] = s.freqs[0, h, t] * x + s.freqs[1, h, t] * y
     return out

@@ -122,12 +122,12 @@ def test_rope2d_axial_per_axis(kind):
     base, (fr, fc) = 100.0, (2.0, 3.0)
     sc = scheme("rope2d_axial", grid=(4, 6), base=base, scaling={"rope_type": kind, "factor": [fr, fc]})
     call = vitrel.pos.as_grid((8, 20))
-    theta = sc.angles(call)  # [H*W, d/2]: [col * omega_c, row * omega_r]
+    theta = sc.angles(call)  # [H*W, d/2]: [row * omega_r, col * omega_c] (rows first)
     half = D // 2
     r, c = call.h, call.w
     # patch (row 1, col 0) carries the row frequencies, (0, 1) the column ones
-    omega_c = theta[1, : half // 2]
-    omega_r = theta[c, half // 2 :]
+    omega_r = theta[c, : half // 2]
+    omega_c = theta[1, half // 2 :]
     torch.testing.assert_close(omega_c, ref_inv_freq(kind, half, base, fc, 6, c), rtol=1e-12, atol=0)
     torch.testing.assert_close(omega_r, ref_inv_freq(kind, half, base, fr, 4, r), rtol=1e-12, atol=0)
     m = sc.attention_factor(call)
@@ -149,9 +149,10 @@ def test_factor_auto_follows_the_call_grid():
 
 
 @pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic", "yarn"])
-def test_rope2d_mixed_at_init_equals_axial(kind):
-    """Unrotated RoPE-Mixed starts as axial RoPE (f^x = [m, 0], f^y = [0, m]); scaled, its non-zero
-    components equal axial's scaled frequencies (YaRN with the continuous ramp, as learned frequencies
+def test_rope2d_mixed_at_init_equals_axial_with_halves_swapped(kind):
+    """Unrotated RoPE-Mixed starts as axial RoPE in RoPE-ViT's columns-first layout (f^x = [m, 0], f^y = [0, m]),
+    i.e. rope2d_axial (rows first) with the two halves of its pairs exchanged; scaled, its non-zero components
+    equal axial's scaled frequencies of the other half (YaRN with the continuous ramp, as learned frequencies
     have no whole dimension)."""
     opts = {"rope_type": kind, "factor": [2.0, 3.0], **({"truncate": False} if kind == "yarn" else {})}
     mixed = scheme("rope2d_mixed", grid=(4, 6), base=100.0, rotate=False, scaling=opts)
@@ -160,8 +161,9 @@ def test_rope2d_mixed_at_init_equals_axial(kind):
     f = mixed.scaled_freqs(mixed.freqs.double(), g)  # [2 (cols, rows), heads, d/2]
     q = D // 4
     theta = axial.angles(g)
-    torch.testing.assert_close(f[0, :, :q], theta[1, :q].expand(HEADS, q), rtol=1e-6, atol=1e-9)
-    torch.testing.assert_close(f[1, :, q:], theta[g.w, q:].expand(HEADS, q), rtol=1e-6, atol=1e-9)
+    # mixed's first quarter rotates with the column (axial's second), its second with the row (axial's first)
+    torch.testing.assert_close(f[0, :, :q], theta[1, q:].expand(HEADS, q), rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(f[1, :, q:], theta[g.w, :q].expand(HEADS, q), rtol=1e-6, atol=1e-9)
 
 
 def test_rope2d_mixed_prepare_many_equals_one_by_one():

@@ -40,11 +40,16 @@ def test_angles_equal_the_equation(K, same_theta):
     torch.testing.assert_close(s.angles(as_grid((5, 3))), ref_angles((5, 3), K, same_theta, 100.0))
 
 
-def test_two_directions_with_shared_frequencies_are_axial_rope():
+def test_two_directions_with_shared_frequencies_are_axial_rope_with_halves_swapped():
+    """Direction 0 is the column axis, 1 the row axis; rope2d_axial rotates the rows first: the same angles once
+    the two halves of the pairs are exchanged (what swapping the halves of each head's q and k channels does)."""
     spiral = scheme(directions=2, same_theta=True, base=100.0)
     axial = build_pos({"name": "rope2d_axial", "base": 100.0}, num_heads=HEADS, head_dim=D, grid=(3, 4))
     g = as_grid((6, 7))
-    torch.testing.assert_close(spiral.angles(g), axial.angles(g), rtol=0, atol=1e-12)
+    q = D // 4
+    swapped = torch.cat((axial.angles(g)[:, q:], axial.angles(g)[:, :q]), dim=-1)
+    torch.testing.assert_close(spiral.angles(g), swapped, rtol=0, atol=1e-12)
+    assert (spiral.angles(g) - axial.angles(g)).abs().max() > 1  # without the swap they differ
 
 
 def test_every_frequency_is_distinct_by_default():

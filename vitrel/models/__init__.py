@@ -8,6 +8,7 @@ from vitrel.models.checkpoint import CheckpointError, export_model, extract_mode
 from vitrel.models.factory import create_model
 from vitrel.models.inflate import inflate_image_model
 from vitrel.models.registry import build_from_cfg, list_models
+from vitrel.models.rope_layout import swap_rope_axial_halves
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.swin3d import SwinTransformer3D
 from vitrel.models.timm_import import TransferReport, UnsupportedTimmModel, from_timm, transfer_timm_weights
@@ -32,4 +33,5 @@ __all__ = [
     "list_models",
     "load_model",
     "save_pretrained",
+    "swap_rope_axial_halves",
 ]

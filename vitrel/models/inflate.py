@@ -12,9 +12,8 @@ time axis in the video model is inflated:
   ``[2T-1, 2H-1, 2W-1, heads]`` (Video Swin's ``inflate_weights``); ``rel2d_factored`` -> ``rel3d_factored``
   with the time table ``b_t = 0``;
 * RoPE, unchanged in space: ``rope2d_axial`` -> ``rope3d_axial`` with ``sections: [0, d/4, d/4]``, the same
-  ``base``, ``layout: sectioned``, ``freqs: per_axis`` (``rope2d_axial`` puts the columns first, ``rope3d_axial``
-  the rows: the two halves of each head's query and key channels are swapped in the ``qkv`` weights, which leaves
-  every logit as it was); ``rope2d_mixed`` -> ``rope3d_mixed`` with ``f^t = 0``, ``f^h = f^y``, ``f^w = f^x``;
+  ``base``, ``layout: sectioned``, ``freqs: per_axis`` (both rotate rows then columns, so the ``qkv`` weights are
+  carried as they are); ``rope2d_mixed`` -> ``rope3d_mixed`` with ``f^t = 0``, ``f^h = f^y``, ``f^w = f^x``;
 * ``pos="none"`` -> ``pos="none"``.
 
 Anything else is refused before any weight is written: another pairing of schemes (for instance a ``rope3d_axial``
@@ -46,7 +45,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrel.layers.attention import Attention
 from vitrel.models.checkpoint import CheckpointError, read_weights
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.models.swin import SwinTransformer
@@ -206,29 +204,6 @@ def _inflate_scheme(scheme: PositionScheme, src: dict[str, Tensor], dst: dict[st
     return {}
 
 
-def _swap_qk_halves(w: Tensor, heads: int) -> Tensor:
-    """``qkv`` weight / bias rows ``[3 C, ...]``: the two halves of each head's query and key channels swapped."""
-    c = w.shape[0] // 3
-    d = c // heads
-    idx = torch.arange(w.shape[0]).view(3, heads, d).clone()
-    idx[:2] = torch.cat([idx[:2, :, d // 2 :], idx[:2, :, : d // 2]], dim=-1)
-    return w[idx.reshape(-1)]
-
-
-def _rope_axial_attentions(model: nn.Module) -> list[tuple[str, Attention]]:
-    """The attention layers (by name) that rotate with ``rope3d_axial`` (their own scheme or their model's / stage's
-    shared one)."""
-    out = []
-    for name, m in model.named_modules():
-        owner = getattr(m, "rel_pos", None)
-        blocks = getattr(m, "blocks", None)
-        if isinstance(owner, PositionScheme) and owner.name == "rope3d_axial" and blocks is not None:
-            out += [(f"{name}.blocks.{i}.attn" if name else f"blocks.{i}.attn", b.attn) for i, b in enumerate(blocks)]
-        if isinstance(m, Attention) and m.pos is not None and m.pos.name == "rope3d_axial":
-            out.append((name, m))
-    return out
-
-
 def inflate_state_dict(
     image: Any,
     video_model: nn.Module,
@@ -296,11 +271,6 @@ def inflate_state_dict(
     if problems:
         hint = " (a head of another size: head=False keeps the video model's)" if any("head." in b for b in bad) else ""
         raise CheckpointError(f"cannot inflate into {type(video_model).__name__}: " + "; ".join(problems) + hint)
-    for name, attn in _rope_axial_attentions(video_model):
-        for p in ("weight", "bias"):
-            key = f"{name}.qkv.{p}"
-            if key in out:
-                out[key] = _swap_qk_halves(out[key], attn.num_heads)
     return out
 
 

@@ -14,8 +14,9 @@ and every tensor that fits is carried over. Supported sources:
 * timm ``Eva`` RoPE ViTs (``vit_*_patch16_rope_224`` = axial, ``..._rope_mixed_224``) ->
   ``rope2d_axial`` / ``rope2d_mixed`` (same function).
 * timm DINOv3 (``vit_*_patch16_dinov3*``: normalised coordinates, register tokens, layer scale) ->
-  ``rope2d_axial`` with ``coords="normalized"`` (same function); timm's rotate-half / rows-first
-  RoPE layout becomes vitrel's by permuting q and k channels alike (:func:`rope_channel_order`).
+  ``rope2d_axial`` with ``coords="normalized"`` (same function); timm's rotate-half (and, for
+  ``grid_indexing="xy"``, columns-first) RoPE layout becomes vitrel's by permuting q and k channels
+  alike (:func:`rope_channel_order`).
 
 With any other target scheme the position parts are freshly initialised and everything else is
 carried. A transfer report (carried, converted, newly initialised, dropped) is logged and returned by
@@ -211,8 +212,8 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
 def rope_channel_order(t: nn.Module) -> Tensor | None:
     """For a timm RoPE ViT, the channel of timm's head dimension behind each of vitrel's (None: the same).
 
-    vitrel rotates interleaved pairs ``(2u, 2u+1)``, the column angles first (``u < d/4``), then the
-    rows; timm lays its angles out by ``grid_indexing`` ('ij': rows first, 'xy': columns first) and
+    vitrel rotates interleaved pairs ``(2u, 2u+1)``, the row angles first (``u < d/4``), then the
+    columns; timm lays its angles out by ``grid_indexing`` ('ij': rows first, 'xy': columns first) and
     rotates pairs ``(t, t + d/2)`` when ``rotate_half``, else ``(2t, 2t+1)``. Permuting the channels
     of q and k alike (per head) leaves every ``q . k`` unchanged, so the permuted weights compute the
     same function under vitrel's layout.
@@ -225,8 +226,8 @@ def rope_channel_order(t: nn.Module) -> Tensor | None:
     rows_first = rope.grid_indexing == "ij"
     order = []
     for u in range(d // 2):
-        col, f = u < q, u % q
-        pair = (q if (col and rows_first) or (not col and not rows_first) else 0) + f
+        row, f = u < q, u % q
+        pair = (0 if row == rows_first else q) + f  # timm's pair with the same axis and frequency
         order += [pair, pair + d // 2] if rope.rotate_half else [2 * pair, 2 * pair + 1]
     order_t = torch.tensor(order)
     return None if torch.equal(order_t, torch.arange(d)) else order_t

@@ -16,9 +16,11 @@ pairs ``(2t, 2t+1)`` (RoPE-ViT's complex view, timm's ``rot``) and pair ``t`` is
 Angles, with ``r``/``c`` the row/column of the patch and ``p = r * W + c`` its raster index:
 
 * ``rope1d``:       ``theta_t = p * omega_t``, ``omega_t = base^(-2t/d)``, ``t < d/2`` (``d % 2 == 0``)
-* ``rope2d_axial``: RoPE-ViT axial (Heo et al. 2024): ``omega_t = base^(-4t/d)``, ``t < d/4``;
-  pairs ``t < d/4`` use the column, ``theta_t = c * omega_t``, pairs ``d/4 + t`` use the row,
-  ``theta_{d/4+t} = r * omega_t`` (``d % 4 == 0``)
+* ``rope2d_axial``: axial RoPE (Heo et al. 2024): ``omega_t = base^(-4t/d)``, ``t < d/4``;
+  pairs ``t < d/4`` use the row, ``theta_t = r * omega_t``, pairs ``d/4 + t`` use the column,
+  ``theta_{d/4+t} = c * omega_t`` (``d % 4 == 0``). Rows first, as timm, DINOv3 and V-JEPA 2 (and
+  ``rope3d_axial``); RoPE-ViT's ``compute_axial_cis`` puts the columns first: the same function once
+  the two halves of each head's ``q`` and ``k`` channels are swapped
 * ``rope2d_mixed``: RoPE-Mixed (Heo et al. 2024): learned per-head frequencies mixing both axes,
   ``theta_{h,t} = f^x_{h,t} * c + f^y_{h,t} * r``, ``freqs = [f^x, f^y]`` of ``[2, heads, d/2]``,
   initialised as in the paper: magnitudes ``base^(-4t/d)`` (``t < d/4``, twice) along a random
@@ -178,11 +180,11 @@ def rope2d_axial_angles(
     coords: str = "index",
     rc: tuple[Tensor, Tensor] | None = None,
 ) -> Tensor:
-    """``[c * omega, r * omega]`` with ``omega_t = base^(-4t/d)``, ``t < d/4``: ``[H*W, d/2]``
+    """``[r * omega, c * omega]`` (rows first) with ``omega_t = base^(-4t/d)``, ``t < d/4``: ``[H*W, d/2]``
     (``r, c`` from :func:`rope_coords`, or given as ``rc``)."""
     r, c = rc if rc is not None else rope_coords(grid, coords, None, dtype)
     omega = geometric_freqs(base, head_dim, 4, None, dtype)
-    return torch.cat((c.to(dtype)[:, None] * omega, r.to(dtype)[:, None] * omega), dim=-1)
+    return torch.cat((r.to(dtype)[:, None] * omega, c.to(dtype)[:, None] * omega), dim=-1)
 
 
 def rope2d_mixed_angles(freqs: Tensor, grid: Grid, rc: tuple[Tensor, Tensor] | None = None) -> Tensor:
@@ -482,7 +484,7 @@ class Rope1d(FixedRope):
 
 @register_pos("rope2d_axial")
 class Rope2dAxial(Rope2dOptions, FixedRope):
-    """RoPE-ViT axial: pairs ``t < d/4`` rotate by ``col * omega_t``, pairs ``d/4 + t`` by ``row * omega_t``
+    """Axial RoPE, rows first: pairs ``t < d/4`` rotate by ``row * omega_t``, pairs ``d/4 + t`` by ``col * omega_t``
     (options: ``coords``, ``shift``/``jitter``/``rescale``, ``basis``; see the module docstring)."""
 
     _divisor = 4
@@ -495,7 +497,7 @@ class Rope2dAxial(Rope2dOptions, FixedRope):
         r, c = rc
         half = self.head_dim // 2  # each axis's rotary width: omega_t = base^(-2t / half)
         omega_r, omega_c = (self.axis_omega(a, half, grid, torch.float64) for a in (0, 1))
-        return torch.cat((c[:, None] * omega_c, r[:, None] * omega_r), dim=-1)
+        return torch.cat((r[:, None] * omega_r, c[:, None] * omega_c), dim=-1)
 
 
 @register_pos("rope2d_mixed")

@@ -40,9 +40,8 @@ How this compares with the authors' code (the tests check the equalities on a vi
   is ``10^6``: set ``base``.
 
 At ``T = 1`` (an image) the time pairs have angle 0, so ``sections: [0, sh, sw]`` with ``per_axis`` rotates rows
-by ``sh`` pairs then columns by ``sw``. ``rope2d_axial`` puts the columns first (RoPE-ViT's
-``compute_axial_cis``), ``d/4`` pairs each: ``sections: [0, d/4, d/4]`` equals it with the two halves of each
-head's ``q`` and ``k`` channels swapped, at the same ``base`` (``rope2d_axial``'s default is 100).
+by ``sh`` pairs then columns by ``sw``. ``rope2d_axial`` rotates rows then columns, ``d/4`` pairs each:
+``sections: [0, d/4, d/4]`` is exactly ``rope2d_axial`` at the same ``base`` (``rope2d_axial``'s default is 100).
 
 **rope3d_mixed.** RoPE-Mixed (Heo et al. 2024, naver-ai/rope-vit) over three axes: learned frequencies per head
 and pair, ``theta_{h,j} = f^t_{h,j} t + f^h_{h,j} h + f^w_{h,j} w``, ``freqs [3, heads, d/2]`` (``t``, ``h``,

@@ -28,7 +28,9 @@ class SpiralRope(Rope2dOptions, FixedRope):
     Frequencies: ``same_theta: false`` (the authors' default) gives every direction its own frequencies,
     the ``d / 2`` distinct ``base^(-2t/d)`` dealt out round robin (direction ``k`` gets ``t = k, k + K,
     ...``); ``same_theta: true`` gives every direction the same ``base^(-2t / (d/K))``, ``t < d / (2K)``,
-    which for ``K = 2`` is exactly ``rope2d_axial``. The phases are exact projections computed per
+    which for ``K = 2`` is ``rope2d_axial`` with its two halves exchanged (direction 0 is the column axis,
+    ``rope2d_axial`` rotates the rows first): the same function once the two halves of each head's ``q`` and
+    ``k`` channels are swapped. The phases are exact projections computed per
     token; the authors' code (DiT-based) builds axial phase maps and rotates them with ``grid_sample``,
     which interpolates between grid points: here no interpolation error. Options as ``rope2d_axial``
     (``coords``, DINOv3 augmentation, STRING ``basis``); ``scaling`` takes ``rope_type: linear`` only

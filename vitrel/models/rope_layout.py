@@ -1,0 +1,67 @@
+"""Bring weights trained with ``rope2d_axial``'s earlier columns-first layout to its rows-first one.
+
+``rope2d_axial`` rotates pairs ``t < d/4`` with the patch's row and pairs ``d/4 + t`` with its column (timm's,
+DINOv3's and V-JEPA 2's order). It used to put the columns first (RoPE-ViT's ``compute_axial_cis``), and it has no
+stored state, so a checkpoint trained then loads without complaint and computes another function. Swapping the two
+halves of each head's query and key channels (a cyclic shift by ``d/2``) turns one layout into the other, exactly:
+:func:`swap_rope_axial_halves` does it on a built model after its weights are loaded::
+
+    model = vitrel.create_model(..., pos="rope2d_axial")
+    model.load_state_dict(old_state_dict)
+    vitrel.models.swap_rope_axial_halves(model)   # now computes what it computed when trained
+
+STRING's ``basis`` moves with the channels: ``cayley``'s parameter is permuted on both axes (``P -> S P S^T``);
+``circulant``'s is left as it is (a circulant matrix is unchanged by a cyclic shift of its rows and columns).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from vitrel.layers.attention import Attention
+from vitrel.models.timm_import import _permute_qk
+from vitrel.pos.base import PositionScheme
+
+__all__ = ["swap_rope_axial_halves", "half_swap_order"]
+
+
+def half_swap_order(head_dim: int) -> Tensor:
+    """The channel order ``[d/2, ..., d-1, 0, ..., d/2-1]``: the two halves of a head swapped (its own inverse)."""
+    return torch.cat((torch.arange(head_dim // 2, head_dim), torch.arange(head_dim // 2)))
+
+
+def _axial_attentions(model: nn.Module) -> list[tuple[Attention, PositionScheme]]:
+    """Every attention layer rotating with ``rope2d_axial`` and its scheme (its own, or its model's / stage's
+    shared ``rel_pos``)."""
+    out = []
+    for m in model.modules():
+        shared = getattr(m, "rel_pos", None)
+        if isinstance(shared, PositionScheme) and shared.name == "rope2d_axial":
+            out += [(b.attn, shared) for b in getattr(m, "blocks", ())]
+        if isinstance(m, Attention) and m.pos is not None and m.pos.name == "rope2d_axial":
+            out.append((m, m.pos))
+    return out
+
+
+def swap_rope_axial_halves(model: nn.Module) -> nn.Module:
+    """Convert, in place, a model (or one :class:`~vitrel.layers.Attention`) holding weights trained with
+    ``rope2d_axial`` in its columns-first layout: the two halves of each head's query and key channels are swapped in
+    every ``qkv`` rotating with ``rope2d_axial``, and a ``cayley`` STRING basis with them (module docstring).
+    Returns ``model``. Raises if no layer of ``model`` rotates with ``rope2d_axial``. Applied twice it undoes itself.
+    """
+    found = _axial_attentions(model)
+    if not found:
+        raise ValueError(f"{type(model).__name__} has no attention layer rotating with rope2d_axial: nothing to swap")
+    schemes = {id(s): s for _, s in found}
+    with torch.no_grad():
+        for attn, _ in found:
+            order = half_swap_order(attn.head_dim)
+            for p in (attn.qkv.weight, attn.qkv.bias):
+                if p is not None:
+                    p.copy_(_permute_qk(p, order, attn.num_heads))
+        for s in schemes.values():
+            if getattr(s, "basis_kind", "identity") == "cayley":
+                order = half_swap_order(s.head_dim)
+                s.string.copy_(s.string[:, order][:, :, order])
+    return model

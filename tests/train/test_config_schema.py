@@ -155,3 +155,27 @@ def test_train_and_evaluate_refuse_moved_keys_before_building_anything(tmp_path,
 
 def test_the_current_keys_pass():
     check_moved_keys(_compose(["module/mixup=default", "module/ema=default", "logger=[wandb,csv]"]))
+
+
+@pytest.mark.parametrize("name", _options("data_pos"))
+def test_every_data_pos_file_is_options_of_one_scheme_for_one_data_set(name):
+    """``conf/data_pos/<data>_<pos>.yaml`` is composed after the scheme when both are chosen: its name must be an
+    existing data set and scheme (else it is silently never used), its keys options that scheme takes."""
+    from vitrel.pos.registry import parse_pos
+
+    pairs = [(d, name[len(d) + 1 :]) for d in _options("data") if name.startswith(d + "_")]
+    pairs = [(d, p) for d, p in pairs if p in _options("pos")]
+    assert len(pairs) == 1, f"conf/data_pos/{name}.yaml names no <data>_<pos> pair of conf/data and conf/pos"
+    data, pos = pairs[0]
+    cfg = _compose([f"data={data}", f"pos={pos}"])
+    file = OmegaConf.load(CONF / "data_pos" / f"{name}.yaml")
+    assert file and all(cfg.pos[k] == v for k, v in file.items())  # it reached the scheme
+    parse_pos(OmegaConf.to_container(cfg.pos))  # options the scheme takes
+
+
+def test_data_pos_follows_the_chosen_pair_and_yields_to_the_command_line():
+    video = _compose(["experiment=video", "pos=rel3d_factored"])
+    assert video.pos.init_std == 1.0  # conf/data_pos/moving_fmnist_rel3d_factored.yaml
+    assert _compose(["experiment=video", "pos=rel3d_factored", "pos.init_std=0.05"]).pos.init_std == 0.05
+    assert _compose(["pos=rel3d_factored"]).pos.init_std == 0.02  # the scheme's own default on other data
+    assert "init_std" not in _compose(["experiment=video", "pos=rope3d_axial"]).pos

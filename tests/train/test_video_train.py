@@ -49,7 +49,7 @@ def test_video_run_writes_a_checkpoint_that_loads_as_the_video_model(video_sweep
     ckpt = torch.load(ckpt_file, map_location="cpu", weights_only=True)
     cfg = ckpt["vitrel_cfg"]
     assert (cfg["architecture"], cfg["num_frames"], cfg["tubelet_size"], cfg["patch_size"]) == (
-        "vitrel_vit_video_tiny_patch4_32", 8, 1, 8,
+        "vitrel_vit_video_tiny_patch4_32", 8, 1, 16,
     )  # fmt: skip
     dm = MovingFMNISTDataModule(train_images=32, test_images=16)
     stored = ckpt["hyper_parameters"]["data_config"]
@@ -70,8 +70,8 @@ def test_eval_scores_a_video_checkpoint_at_twice_the_frames(video_sweep, tmp_pat
     over = [f"ckpt_path={ckpt}", *TINY_CLIPS, "data.num_frames=16", *FAST[:1], *FAST[2:4]]
     metrics = evaluate(compose(tmp_path, over, config_name="eval"))
     res = json.loads((tmp_path / "eval_metrics.json").read_text())
-    assert res["grid"] == [16, 4, 4] and res["num_images"] == 32
-    assert "at 16 frames of img_size 32 (grid 16x4x4)" in capsys.readouterr().out
+    assert res["grid"] == [16, 2, 2] and res["num_images"] == 32
+    assert "at 16 frames of img_size 32 (grid 16x2x2)" in capsys.readouterr().out
     assert 0.0 <= metrics["test/acc1"] <= 1.0
 
 

@@ -6,9 +6,17 @@ import os
 if not os.path.exists("/dev/nvidia0") and "TRITON_INTERPRET" not in os.environ:
     os.environ["TRITON_INTERPRET"] = "1"
 
+# at most 2 torch (OpenMP) threads, and no more than the cores a test worker has: `make test`'s 2 workers on 2 cores
+# with 2 threads each made OpenMP's spinning threads wait on each other (a ViT-tiny step 6 s instead of 0.15 s); set
+# in the environment, so the scripts and notebooks the tests start get it too (a smaller OMP_NUM_THREADS is kept)
+_threads = max(1, min(2, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))))
+if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+    _threads = max(1, min(_threads, int(os.environ["OMP_NUM_THREADS"])))
+os.environ["OMP_NUM_THREADS"] = str(_threads)
+
 import torch  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
-torch.set_num_threads(max(1, min(2, torch.get_num_threads())))
+torch.set_num_threads(max(1, min(_threads, torch.get_num_threads())))  # (were torch imported before this file)

@@ -421,3 +421,51 @@ def test_ropevit_compute_axial_cis_is_rope2d_axial_with_halves_swapped():
     assert (ours(x, grid) - want).abs().max() > 1e-3  # RoPE-ViT's weights as they are: another function
     assert swap_rope_axial_halves(ours) is ours
     torch.testing.assert_close(ours(x, grid), want, rtol=1e-12, atol=1e-12)
+
+
+def test_rope2d_axial_checkpoints_written_columns_first_load_as_they_were(tmp_path):
+    """vitrel_format 4 (commit 5860b1a, tests/fixtures/make_v4_rope_axial.py) put rope2d_axial's columns first: its
+    files load with ``order: columns_first`` and give the outputs that code gave (checkpoint, export folder, timm's
+    local-dir, inflation refuses them by name); the same weights in the rows-first layout compute something else,
+    and ``swap_rope_axial_halves`` brings them there exactly."""
+    import timm
+
+    import vitrel
+    from vitrel.models import inflate_image_model, swap_rope_axial_halves
+
+    fix = Path(__file__).resolve().parents[1] / "fixtures"
+    ref = torch.load(fix / "v4_rope2d_axial_out.pt", weights_only=True)
+    vit = vitrel.load_model(fix / "v4_vit_rope2d_axial.pt").eval()
+    swin = vitrel.load_model(fix / "v4_swin_rope2d_axial").eval()
+    local = timm.create_model(f"local-dir:{fix / 'v4_swin_rope2d_axial'}", pretrained=True).eval()
+    assert all(b.attn.pos.order == "columns_first" for b in vit.blocks)
+    assert vit.vitrel_cfg["vitrel_format"] >= 5 and vit.vitrel_cfg["pos"]["order"] == "columns_first"
+    with torch.no_grad():
+        torch.testing.assert_close(vit(ref["x"]), ref["vit"])
+        torch.testing.assert_close(swin(ref["x"]), ref["swin"])
+        torch.testing.assert_close(local(ref["x"]), ref["swin"])
+        torch.save({"vitrel_cfg": vit.vitrel_cfg, "state_dict": vit.state_dict()}, tmp_path / "again.pt")
+        torch.testing.assert_close(vitrel.load_model(tmp_path / "again.pt").eval()(ref["x"]), ref["vit"])
+        new = vitrel.load_model(fix / "v4_vit_rope2d_axial.pt", pos="rope2d_axial").eval()
+        assert new.blocks[0].attn.pos.order == "rows_first" and not torch.allclose(new(ref["x"]), ref["vit"])
+        torch.testing.assert_close(swap_rope_axial_halves(new)(ref["x"]), ref["vit"])
+    with pytest.raises(ValueError, match="already rotates columns first"):
+        swap_rope_axial_halves(vit)
+    video = vitrel.create_model(
+        "vitrel_vit_video_tiny_patch4_32", pos={"name": "rope3d_axial", "sections": [0, 4, 4], "base": 100.0},
+        img_size=16, num_frames=2, tubelet_size=1, embed_dim=32, depth=2, num_heads=2,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="order.*columns_first.*swap_rope_axial_halves"):
+        inflate_image_model(fix / "v4_vit_rope2d_axial.pt", video)
+
+
+def test_rope2d_axial_order_option():
+    grid = Grid(3, 4)
+    rows = build_pos("rope2d_axial", num_heads=2, head_dim=16, grid=grid)
+    cols = build_pos({"name": "rope2d_axial", "order": "columns_first"}, num_heads=2, head_dim=16, grid=grid)
+    a, b = rows.angles(grid), cols.angles(grid)
+    torch.testing.assert_close(b, torch.cat((a[:, 4:], a[:, :4]), dim=-1), rtol=0, atol=0)
+    assert get_pos_class("rope2d_axial").legacy_options({"name": "rope2d_axial"}, 4)["order"] == "columns_first"
+    assert "order" not in get_pos_class("rope2d_axial").legacy_options({"name": "rope2d_axial"}, 5)
+    with pytest.raises(ValueError, match="order must be one of"):
+        build_pos({"name": "rope2d_axial", "order": "cols"}, num_heads=2, head_dim=16, grid=grid)

@@ -46,7 +46,7 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.models.checkpoint import CheckpointError, read_weights
-from vitrel.models.registry import MODEL_ARGS
+from vitrel.models.registry import MODEL_ARGS, upgraded_cfg
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.swin3d import SwinTransformer3D
 from vitrel.models.timm_import import from_timm
@@ -96,7 +96,7 @@ def _image_source(image: Any, video_model: nn.Module) -> tuple[dict[str, Tensor]
         return image.state_dict(), dict(cfg)
     if isinstance(image, (str, os.PathLike)):
         cfg, sd = read_weights(image)
-        return dict(sd), cfg
+        return dict(sd), (None if cfg is None else upgraded_cfg(cfg))  # its scheme specs as they are meant now
     if isinstance(image, Mapping):
         return dict(image), None
     raise TypeError(f"image must be a model, a checkpoint path or a state dict, got {type(image).__name__}")
@@ -145,10 +145,16 @@ def _check_rope_axial(video_model: nn.Module, image_spec: Any) -> None:
     """``rope3d_axial`` equals the image's ``rope2d_axial`` in space only as ``sections [0, d/4, d/4]``, sectioned,
     per_axis, at the image's base (``rope2d_axial``'s default base is 100), neither scaled."""
     img_base = float(image_spec.options.get("base", 100.0))
-    bad = {k: image_spec.options[k] for k in ("coords", "basis", "scaling") if image_spec.options.get(k) not in
-           (None, "index", "identity")}  # fmt: skip
+    bad = {k: image_spec.options[k] for k in ("coords", "basis", "scaling", "order") if image_spec.options.get(k) not in
+           (None, "index", "identity", "rows_first")}  # fmt: skip
     if bad:
-        raise ValueError(f"rope2d_axial with {bad} has no rope3d_axial counterpart")
+        hint = ""
+        if "order" in bad:  # a model from before vitrel_format 5
+            hint = (
+                ": build the image model with rope2d_axial's rows-first order, load its weights and convert them "
+                "with vitrel.models.swap_rope_axial_halves, then inflate that model"
+            )
+        raise ValueError(f"rope2d_axial with {bad} has no rope3d_axial counterpart{hint}")
     for m in video_model.modules():
         if isinstance(m, PositionScheme) and m.name == "rope3d_axial":
             d = m.head_dim

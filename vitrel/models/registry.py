@@ -11,7 +11,7 @@ checkpoint needs to rebuild it (:func:`build_from_cfg`). Reading and writing wei
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -34,10 +34,11 @@ from vitrel.pos.registry import get_pos_class
 
 #: ``vitrel_cfg["vitrel_format"]`` of the configurations written now (0.1's had none: format 1). 2: ALiBi's
 #: reference slopes; 3: LookHere's ``fov`` names the authors' head groups, ``global_slope`` 2; 4: ``liere`` is the
-#: LieRE authors' configuration (``preset: liere_authors``; before: ``comrope_baseline``).
-FORMAT = 4
+#: LieRE authors' configuration (``preset: liere_authors``; before: ``comrope_baseline``); 5: ``rope2d_axial`` rotates
+#: rows first (before: ``order: columns_first``).
+FORMAT = 5
 
-__all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg"]
+__all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg", "upgraded_cfg"]
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -304,6 +305,14 @@ def _upgrade(cfg: dict[str, Any], written_format: int) -> dict[str, Any]:
             if key in cfg:
                 cfg[key] = _legacy_pos(cfg[key], written_format)
     return cfg
+
+
+def upgraded_cfg(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored ``vitrel_cfg`` with its scheme specs as they are meant now (``legacy_options`` of the format it was
+    written under) and ``vitrel_format`` set to the current one."""
+    cfg = dict(cfg)
+    written = int(cfg.pop("vitrel_format", None) or 1)
+    return {**_upgrade(cfg, written), "vitrel_format": FORMAT}
 
 
 def build_from_cfg(cfg: dict[str, Any], **overrides: Any) -> nn.Module:

@@ -4,7 +4,8 @@
 DINOv3's and V-JEPA 2's order). It used to put the columns first (RoPE-ViT's ``compute_axial_cis``), and it has no
 stored state, so a checkpoint trained then loads without complaint and computes another function. Swapping the two
 halves of each head's query and key channels (a cyclic shift by ``d/2``) turns one layout into the other, exactly:
-:func:`swap_rope_axial_halves` does it on a built model after its weights are loaded::
+:func:`swap_rope_axial_halves` does it on a built model after its weights are loaded (a checkpoint whose
+``vitrel_cfg`` predates ``vitrel_format`` 5 needs none of this: it loads with ``order: columns_first``)::
 
     model = vitrel.create_model(..., pos="rope2d_axial")
     model.load_state_dict(old_state_dict)
@@ -54,6 +55,12 @@ def swap_rope_axial_halves(model: nn.Module) -> nn.Module:
     if not found:
         raise ValueError(f"{type(model).__name__} has no attention layer rotating with rope2d_axial: nothing to swap")
     schemes = {id(s): s for _, s in found}
+    old = [s for s in schemes.values() if getattr(s, "order", "rows_first") != "rows_first"]
+    if old:
+        raise ValueError(
+            "this model's rope2d_axial already rotates columns first (order='columns_first', as a checkpoint written "
+            "before vitrel_format 5 loads): its weights fit it as they are"
+        )
     with torch.no_grad():
         for attn, _ in found:
             order = half_swap_order(attn.head_dim)

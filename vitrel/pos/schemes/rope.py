@@ -70,6 +70,7 @@ from vitrel.pos.registry import register_pos
 from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
 
 __all__ = [
+    "AXIAL_ORDERS",
     "Rope1d",
     "Rope2dAxial",
     "Rope2dMixed",
@@ -136,6 +137,8 @@ def rope1d_angles(grid: Grid, head_dim: int, base: float, dtype: torch.dtype = t
 
 
 COORDS = ("index", "normalized")
+#: ``rope2d_axial``'s pair layouts: rows first (timm, DINOv3, V-JEPA 2; vitrel_format >= 5), columns first (RoPE-ViT)
+AXIAL_ORDERS = ("rows_first", "columns_first")
 
 
 def rope_coords(
@@ -485,19 +488,43 @@ class Rope1d(FixedRope):
 @register_pos("rope2d_axial")
 class Rope2dAxial(Rope2dOptions, FixedRope):
     """Axial RoPE, rows first: pairs ``t < d/4`` rotate by ``row * omega_t``, pairs ``d/4 + t`` by ``col * omega_t``
-    (options: ``coords``, ``shift``/``jitter``/``rescale``, ``basis``; see the module docstring)."""
+    (options: ``coords``, ``shift``/``jitter``/``rescale``, ``basis``; see the module docstring).
+
+    ``order="columns_first"`` swaps the two halves (RoPE-ViT's ``compute_axial_cis``): the layout ``rope2d_axial``
+    had before ``vitrel_format`` 5, which a configuration written then gets on loading (:meth:`legacy_options`),
+    so its weights compute what they computed when trained.
+    """
 
     _divisor = 4
     no_weight_decay_keys = ("string",)
 
+    def __init__(self, *, order: str = "rows_first", **kw) -> None:
+        if order not in AXIAL_ORDERS:
+            raise ValueError(f"rope2d_axial: order must be one of {AXIAL_ORDERS}, got {order!r}")
+        self.order = order  # before the options' __init__ makes the built grid's tables
+        super().__init__(**kw)
+
+    @classmethod
+    def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
+        """Before format 5 ``rope2d_axial`` put the columns first."""
+        return options if written_format >= 5 else {"order": "columns_first", **options}
+
     def angles(self, grid: Grid) -> Tensor:
         rc = self.patch_rc(grid, None, torch.float64)
         if self.scaling is None:
-            return rope2d_axial_angles(grid, self.head_dim, self.base, rc=rc)
-        r, c = rc
-        half = self.head_dim // 2  # each axis's rotary width: omega_t = base^(-2t / half)
-        omega_r, omega_c = (self.axis_omega(a, half, grid, torch.float64) for a in (0, 1))
-        return torch.cat((r[:, None] * omega_r, c[:, None] * omega_c), dim=-1)
+            theta = rope2d_axial_angles(grid, self.head_dim, self.base, rc=rc)
+        else:
+            r, c = rc
+            half = self.head_dim // 2  # each axis's rotary width: omega_t = base^(-2t / half)
+            omega_r, omega_c = (self.axis_omega(a, half, grid, torch.float64) for a in (0, 1))
+            theta = torch.cat((r[:, None] * omega_r, c[:, None] * omega_c), dim=-1)
+        if self.order == "columns_first":
+            q = theta.shape[-1] // 2
+            theta = torch.cat((theta[:, q:], theta[:, :q]), dim=-1)
+        return theta
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + ("" if self.order == "rows_first" else f", order={self.order}")
 
 
 @register_pos("rope2d_mixed")

@@ -77,7 +77,8 @@ from torch import Tensor, nn
 from vitrel.layout.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.registry import register_pos
-from vitrel.pos.schemes.rope import apply_rope, check_qk
+from vitrel.pos.rotation import apply_rope
+from vitrel.pos.schemes.rope import check_qk
 
 __all__ = ["Liere", "Comrope", "LIERE_PRESETS", "lie_positions", "block_rotations", "apply_block_rotation"]
 

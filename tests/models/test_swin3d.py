@@ -12,6 +12,7 @@ import vitrel
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.models.swin3d import Swin3DBlock, SwinTransformer3D
 
+from .test_contract import block_outputs
 from .test_video_vit import assert_checkpoint_routes
 
 SWIN3D = sorted(n for n, (cls, _) in MODEL_ARGS.items() if cls is SwinTransformer3D)
@@ -166,12 +167,8 @@ def test_timm_create_model_each_name(name):
 def test_forward_intermediates_and_prune():
     m = make()
     x = rand(2, 1, 8, 32, 24)
-    outs = []
-    hooks = [s.register_forward_hook(lambda _m, _i, o: outs.append(o)) for s in m.layers]
+    outs = block_outputs(m, x)
     with torch.no_grad():
-        m(x)
-        for h in hooks:
-            h.remove()
         final, feats = m.forward_intermediates(x)
         torch.testing.assert_close(final, m.forward_features(x), rtol=0, atol=0)
         assert [tuple(f.shape) for f in feats] == [(2, 16, 8, 16, 12), (2, 32, 8, 8, 6), (2, 64, 8, 4, 3),

@@ -12,6 +12,8 @@ from vitrel.layout.geometry import Grid3
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.models.video_vit import VideoVisionTransformer
 
+from .test_contract import block_outputs
+
 VIDEO_VITS = sorted(n for n, (cls, _) in MODEL_ARGS.items() if cls is VideoVisionTransformer)
 SMALL = dict(depth=2, embed_dim=32, num_heads=2)
 CPU = "vitrel_vit_video_tiny_patch4_32"
@@ -93,12 +95,8 @@ def test_bad_clips_refused_before_any_work():
 def test_forward_intermediates(class_token):
     m = make(class_token=class_token)
     x = clip(2, 1, 4, 16, 24)
-    outs = []
-    hooks = [b.register_forward_hook(lambda _m, _i, o: outs.append(o)) for b in m.blocks]
+    outs = block_outputs(m, x)
     with torch.no_grad():
-        m(x)
-        for h in hooks:
-            h.remove()
         p = m.num_prefix_tokens
         final, feats = m.forward_intermediates(x, output_fmt="NLC")
         torch.testing.assert_close(final, m.forward_features(x), rtol=0, atol=0)

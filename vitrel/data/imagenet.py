@@ -55,7 +55,7 @@ log = logging.getLogger(__name__)
 SHARD_PREFIXES = ("wds", "hfids", "hfds", "tfds")
 ITERABLE_PREFIXES = ("wds", "hfids", "tfds")
 
-__all__ = ["ImageNetDataModule", "FixedClassImageFolder", "locate_class_folders"]
+__all__ = ["ImageNetDataModule", "FixedClassImageFolder", "LazyClasses", "locate_class_folders"]
 
 
 class FixedClassImageFolder(ImageFolder):
@@ -128,7 +128,34 @@ def locate_class_folders(
     return classes
 
 
-class ImageNetDataModule(VisionDataModule):
+class LazyClasses:
+    """Mixin (before the ``VisionDataModule``): a data module's classes read by its ``_locate()`` on first use
+    (``classes``), so that the module can be built before its data is reachable; ``num_classes`` is then the
+    ``num_classes`` it was given (``_given_num_classes``, set by the subclass), or, when none was, ``_locate()``'s
+    ``DatasetNotFoundError``."""
+
+    _given_num_classes: int | None
+    _classes: list[str] | None = None
+
+    @property
+    def classes(self) -> list[str]:
+        """The class names, read by ``_locate()`` on first use."""
+        if self._classes is None:
+            self._classes = self._locate()
+        return self._classes
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes; the given ``num_classes`` while the classes cannot be reached."""
+        try:
+            return len(self.classes)
+        except DatasetNotFoundError:
+            if self._given_num_classes is None:
+                raise
+            return int(self._given_num_classes)
+
+
+class ImageNetDataModule(LazyClasses, VisionDataModule):
     """ImageNet-style class folders under ``root/train`` and ``root/val``.
 
     ``num_classes`` is inferred from the train folders; passing it checks it (and lets a model be
@@ -175,25 +202,13 @@ class ImageNetDataModule(VisionDataModule):
             if self.loader != "workers":
                 raise ValueError("source=... (shards) streams through DataLoader workers: use loader=workers")
         self._given_num_classes = num_classes
-        self._wnids: list[str] | None = None
         self.in_chans = 3
         self.mean, self.std = tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
 
-    # classes are read from disk lazily, so the module can be built before the data is reachable
     @property
     def wnids(self) -> list[str]:
-        if self._wnids is None:
-            self._wnids = self._locate()
-        return self._wnids
-
-    @property
-    def num_classes(self) -> int:
-        if self._wnids is None and self._given_num_classes is not None:
-            try:
-                self._wnids = self._locate()
-            except DatasetNotFoundError:
-                return self._given_num_classes
-        return len(self.wnids)
+        """The class names (ImageNet's WordNet ids), read on first use: ``classes``."""
+        return self.classes
 
     @property
     def class_names(self) -> list[str]:

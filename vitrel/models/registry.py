@@ -328,6 +328,4 @@ def build_from_cfg(cfg: dict[str, Any], **overrides: Any) -> nn.Module:
         raise ValueError("vitrel_cfg has no 'architecture'")
     if name not in MODEL_ARGS:
         raise ValueError(f"unknown vitrel model {name!r} in vitrel_cfg; known: {', '.join(list_models())}")
-    cfg = _upgrade(cfg, int(cfg.pop("vitrel_format", None) or 1))
-    cfg.update(overrides)
-    return build(name, **cfg)
+    return build(name, **{**upgraded_cfg(cfg), **overrides})  # (build: vitrel_format current, nothing to upgrade)

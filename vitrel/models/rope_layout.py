@@ -21,15 +21,30 @@ import torch
 from torch import Tensor, nn
 
 from vitrel.layers.attention import Attention
-from vitrel.models.timm_import import _permute_qk
 from vitrel.pos.base import PositionScheme
 
-__all__ = ["swap_rope_axial_halves", "half_swap_order"]
+__all__ = ["swap_rope_axial_halves", "half_swap_order", "permute_qk"]
 
 
 def half_swap_order(head_dim: int) -> Tensor:
     """The channel order ``[d/2, ..., d-1, 0, ..., d/2-1]``: the two halves of a head swapped (its own inverse)."""
     return torch.cat((torch.arange(head_dim // 2, head_dim), torch.arange(head_dim // 2)))
+
+
+def permute_qk(w: Tensor, order: Tensor, heads: int) -> Tensor:
+    """A ``qkv`` weight or bias ``[3 C, ...]`` (``C = heads * d``; q, k, v one after the other, heads in turn) with
+    the ``d`` channels of each head's query and key taken in ``order`` (a permutation of ``0 .. d-1``: new channel
+    ``i`` is old channel ``order[i]``); the values are unchanged. Permuting q and k alike leaves every ``q . k`` as
+    it was, so a RoPE model's weights move from one channel layout to another: timm's to vitrel's
+    (:func:`~vitrel.models.timm_import.rope_channel_order`), ``rope2d_axial``'s columns-first to rows-first
+    (:func:`half_swap_order`). Returns a new tensor."""
+    d = order.numel()
+    idx = torch.arange(w.shape[0])
+    for part in (0, 1):
+        for h in range(heads):
+            base = part * heads * d + h * d
+            idx[base : base + d] = base + order
+    return w[idx]
 
 
 def _axial_attentions(model: nn.Module) -> list[tuple[Attention, PositionScheme]]:
@@ -66,7 +81,7 @@ def swap_rope_axial_halves(model: nn.Module) -> nn.Module:
             order = half_swap_order(attn.head_dim)
             for p in (attn.qkv.weight, attn.qkv.bias):
                 if p is not None:
-                    p.copy_(_permute_qk(p, order, attn.num_heads))
+                    p.copy_(permute_qk(p, order, attn.num_heads))
         for s in schemes.values():
             if getattr(s, "basis_kind", "identity") == "cayley":
                 order = half_swap_order(s.head_dim)

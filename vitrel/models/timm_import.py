@@ -45,6 +45,7 @@ from torch import Tensor, nn
 
 from vitrel.models.checkpoint import CheckpointError, load_weights, read_weights
 from vitrel.models.registry import build
+from vitrel.models.rope_layout import permute_qk
 
 __all__ = [
     "from_timm",
@@ -233,17 +234,6 @@ def rope_channel_order(t: nn.Module) -> Tensor | None:
     return None if torch.equal(order_t, torch.arange(d)) else order_t
 
 
-def _permute_qk(w: Tensor, order: Tensor, heads: int) -> Tensor:
-    """``qkv`` weight or bias ``[3 C, ...]``: q and k channels reordered per head, v unchanged."""
-    d = order.numel()
-    idx = torch.arange(w.shape[0])
-    for part in (0, 1):
-        for h in range(heads):
-            base = part * heads * d + h * d
-            idx[base : base + d] = base + order
-    return w[idx]
-
-
 def _vit_arch(args: dict[str, Any]) -> str:
     size = {192: "tiny", 384: "small", 768: "base"}.get(args["embed_dim"], "base")
     return f"vitrel_vit_{size}_patch16_224"
@@ -317,13 +307,13 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                 k_bias = t.get_submodule(blk + ".attn").k_bias
                 v = torch.cat((v, k_bias.to(v), src.pop(blk + ".attn.v_bias")))
                 if order is not None:
-                    v = _permute_qk(v, order, t.blocks[0].attn.num_heads)
+                    v = permute_qk(v, order, t.blocks[0].attn.num_heads)
                 out[blk + ".attn.qkv.bias"] = v
                 rep.converted[blk + ".attn.qkv.bias"] = f"cat({k}, k_bias, {blk}.attn.v_bias)"
                 src.pop(k)
                 continue
             if order is not None and key.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
-                put(key, k, _permute_qk(v, order, t.blocks[0].attn.num_heads))  # timm's RoPE layout -> ours
+                put(key, k, permute_qk(v, order, t.blocks[0].attn.num_heads))  # timm's RoPE layout -> ours
                 continue
             if key == "rope.freqs":
                 if all(f"blocks.{i}.attn.pos.freqs" in own for i in range(len(t.blocks))) and v.shape[1] == len(

@@ -30,8 +30,7 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
-from vitrel.data.base import DatasetNotFoundError
-from vitrel.data.imagenet import FixedClassImageFolder, locate_class_folders
+from vitrel.data.imagenet import FixedClassImageFolder, LazyClasses, locate_class_folders
 from vitrel.data.video.base import VideoDataModule
 from vitrel.data.video.clips import VideoClips
 
@@ -58,7 +57,7 @@ def video_files(
     return ds
 
 
-class VideoFolderDataModule(VideoDataModule):
+class VideoFolderDataModule(LazyClasses, VideoDataModule):
     """Class folders of videos under ``root/train`` and ``root/val`` (see the module docstring).
 
     ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video.
@@ -91,30 +90,12 @@ class VideoFolderDataModule(VideoDataModule):
         self.stride, self.clips_per_video = int(stride), int(clips_per_video)
         self.extensions = tuple(extensions)
         self._given_num_classes = num_classes
-        self._classes: list[str] | None = None
         self.in_chans = 3
         self.mean, self.std = tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
 
     @property
-    def classes(self) -> list[str]:
-        """The sorted class folder names of ``root/train`` (read on first use)."""
-        if self._classes is None:
-            self._classes = self._locate()
-        return self._classes
-
-    @property
     def class_names(self) -> list[str]:
         return list(self.classes)
-
-    @property
-    def num_classes(self) -> int:
-        """The number of train class folders; the given ``num_classes`` while they cannot be reached."""
-        try:
-            return len(self.classes)
-        except DatasetNotFoundError:
-            if self._given_num_classes is None:
-                raise
-            return int(self._given_num_classes)
 
     def _how_to_get(self) -> list[str]:
         return [

@@ -47,6 +47,7 @@ def _rank(rank: int, cfg, port: int) -> None:
     os.environ.update(LOCAL_RANK=str(rank), WANDB_MODE="offline")
     rank_zero_only.rank = rank  # what Lightning reads from LOCAL_RANK when a re-launched process imports it
     train(cfg)
+    assert not torch.distributed.is_initialized(), "train() left its gloo group to the interpreter's exit"
 
 
 def _train_ddp(run_dir: Path, overrides: list[str]) -> dict:

@@ -241,11 +241,27 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     route_lightning_logs()
     run_dir = run_dir_of(cfg)
     check_launch(cfg.trainer)
-    if not is_launching_process():
-        return _train(cfg, callbacks, run_dir, t0)
-    with RunLock(run_dir):
-        write_held_back_record(run_dir, cfg)  # the folder was busy when Hydra started: its record, now ours
-        return _train(cfg, callbacks, run_dir, t0)
+    joined = torch.distributed.is_available() and torch.distributed.is_initialized()
+    try:
+        if not is_launching_process():
+            return _train(cfg, callbacks, run_dir, t0)
+        with RunLock(run_dir):
+            write_held_back_record(run_dir, cfg)  # the folder was busy when Hydra started: its record, now ours
+            return _train(cfg, callbacks, run_dir, t0)
+    finally:
+        if not joined:
+            _leave_process_group()
+
+
+def _leave_process_group() -> None:
+    """Destroy the process group the run's DDP strategy made, as PyTorch asks before exit.
+
+    Lightning does it at exit for NCCL only; a gloo group left to the interpreter's shutdown can abort the rank
+    ("terminate called without an active exception") after the run has finished. A group that existed before
+    ``train()`` is the caller's and stays.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: float) -> dict[str, float]:

@@ -5,13 +5,15 @@ Each exported program is checked against eager at the size it was traced at and 
 windows and shifted, and smaller than its window at the last stage). The whole matrix is ``slow``; a
 representative subset (the quick cases) runs by default. The quick cases use models of several blocks
 (ViT: 2; Swin: 2 stages of a plain and a shifted block), the other cases the fewest blocks that run the
-scheme's whole path (ViT: 1; Swin: 1 stage): a scheme's code does not depend on the number of blocks.
+scheme's whole path (ViT: 1, average-pooled; Swin: 1 stage): a scheme's code does not depend on the number
+of blocks. The matrices' models have weights that make every scheme show in the logits (:func:`case_model`).
 An ONNX case converts the program its torch.export check traced (as ``python -m vitrel.export`` does).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 
 import lightning  # noqa: F401  (wraps torch.compile, as in any training process: the same in every test order)
@@ -54,9 +56,25 @@ def other_sizes(arch: str, mode: str, stages: int = 2) -> list[tuple[int, ...]]:
     return [(3, 3, 12, 20)] if stages == 2 else [(3, 3, 12, 20), (3, 3, 6, 10)]
 
 
-def case_stages(quick: bool) -> int:
-    """Blocks (ViT) or stages (Swin) of a case's model: several for the quick cases, one for the others."""
-    return 2 if quick else 1
+def case_model(arch: str, pos: str, quick: bool) -> tuple[torch.nn.Module, int]:
+    """A matrix case's model and its blocks (ViT) or stages (Swin): several for the quick cases, one for the others
+    (a one-block ViT average-pools: its class token alone would see no bias between patches).
+
+    The weights are drawn at the scale of PyTorch's default init (``1 / sqrt(fan_in)``; biases, tables and scales
+    moved by N(0, 0.5^2); norms kept), not timm's (``trunc_normal(0.02)``, tables at zero), under which attention is
+    almost uniform: there a scheme changes these models' logits by less than the checks' tolerance (at 2 blocks
+    rel2d_full by 6e-6; at 1 block, alibi2d by 0), here by 1e-3 to 0.9, so a scheme dropped or computed
+    differently in a program shows."""
+    stages = 2 if quick else 1
+    m = small_model(arch, pos, stages=stages, **({} if quick or arch == "swin" else {"global_pool": "avg"}))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+            elif not name.rsplit(".", 1)[0].endswith(("norm", "norm1", "norm2")):
+                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return m, stages
 
 
 def supported(arch: str, pos: str, mode: str) -> bool:
@@ -153,8 +171,7 @@ ONNX_EXPORT = {(a, p, onnx_mode(a, p)) for a, p in ONNX_CASES}
     [c for c in matrix(QUICK_EXPORT, ARCHS, SCHEMES, MODES) if tuple(c.values) in EXPORT_CASES - ONNX_EXPORT],
 )
 def test_export_matrix(arch, pos, mode):
-    stages = case_stages((arch, pos, mode) in QUICK_EXPORT)
-    m = small_model(arch, pos, stages=stages)
+    m, stages = case_model(arch, pos, (arch, pos, mode) in QUICK_EXPORT)
     if not supported(arch, pos, mode):
         assert best_dynamic(m) == "batch"
         with pytest.raises(ValueError, match="window's extent"):
@@ -330,8 +347,7 @@ def check_onnx(arch: str, pos: str, tmp_path) -> None:
     equal to eager at the same sizes."""
     import numpy as np
 
-    stages = case_stages((arch, pos) in QUICK_ONNX)
-    m = small_model(arch, pos, stages=stages)
+    m, stages = case_model(arch, pos, (arch, pos) in QUICK_ONNX)
     dynamic = best_dynamic(m)
     assert dynamic == onnx_mode(arch, pos)
     ep = check_export(m, arch, dynamic, stages)

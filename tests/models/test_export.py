@@ -1,13 +1,19 @@
 """torch.export and ONNX for every model x position scheme, and the rule that a forward pass changes nothing.
 
-Each exported program is checked against eager at the size it was traced at and at another size
-(another batch, and for dynamic height/width another, non-square image whose grid is smaller than a
-Swin window at the last stage). The whole matrix is ``slow``; a representative subset runs by default.
+Each exported program is checked against eager at the size it was traced at and at other sizes
+(another batch, and for dynamic height/width other, non-square images: a Swin's grid padded to whole
+windows and shifted, and smaller than its window at the last stage). The whole matrix is ``slow``; a
+representative subset (the quick cases) runs by default. The quick cases use models of several blocks
+(ViT: 2; Swin: 2 stages of a plain and a shifted block), the other cases the fewest blocks that run the
+scheme's whole path (ViT: 1, average-pooled; Swin: 1 stage): a scheme's code does not depend on the number
+of blocks. The matrices' models have weights that make every scheme show in the logits (:func:`case_model`).
+An ONNX case converts the program its torch.export check traced (as ``python -m vitrel.export`` does).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 import warnings
 
 import lightning  # noqa: F401  (wraps torch.compile, as in any training process: the same in every test order)
@@ -15,7 +21,7 @@ import pytest
 import torch
 
 import vitrel
-from vitrel.export import best_dynamic, export_onnx, export_program
+from vitrel.export import best_dynamic, export_program, onnx_program
 
 SCHEMES = vitrel.list_pos()
 ARCHS = ("vit", "swin")
@@ -26,11 +32,11 @@ EXTENT = {n for n in SCHEMES if vitrel.pos.build_pos(n, num_heads=2, head_dim=16
 
 
 def small_model(arch: str, pos: str, stages: int = 2, **kw) -> torch.nn.Module:
-    """A few-block model of each kind (ViT: 2 blocks, 4 heads of 16; Swin: ``stages`` stages of a plain and a
-    shifted block)."""
+    """A few-block model of each kind (ViT: ``stages`` blocks, 4 heads of 16; Swin: ``stages`` stages of a plain
+    and a shifted block)."""
     torch.manual_seed(0)
     if arch == "vit":
-        m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, embed_dim=64, depth=2, num_heads=4, **kw)
+        m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, embed_dim=64, depth=stages, num_heads=4, **kw)
     else:
         m = vitrel.create_model(
             "vitrel_swin_tiny_patch2_window4_32", pos=pos, embed_dim=32, depths=(2,) * stages, num_heads=(2,) * stages,
@@ -39,29 +45,57 @@ def small_model(arch: str, pos: str, stages: int = 2, **kw) -> torch.nn.Module:
     return m.eval()
 
 
-def other_size(arch: str, mode: str) -> tuple[int, ...]:
-    if mode == "hw":  # another batch, non-square; the Swin's last stage grid (3 x 5) is smaller than its window
-        return (3, 3, 24, 36) if arch == "vit" else (3, 3, 12, 20)
-    return (3, 3, 32, 32) if mode == "batch" else (2, 3, 32, 32)
+def other_sizes(arch: str, mode: str, stages: int = 2) -> list[tuple[int, ...]]:
+    """Sizes other than the traced one (2 x 3 x 32 x 32) an exported program is checked at."""
+    if mode != "hw":
+        return [(3, 3, 32, 32) if mode == "batch" else (2, 3, 32, 32)]
+    if arch == "vit":
+        return [(3, 3, 24, 36)]  # another batch, non-square
+    # another batch, non-square: the first stage's grid (6 x 10) padded to whole windows and shifted, the last
+    # stage's grid (3 x 5) smaller than its window (4 x 4: it shrinks to 3 x 4 and shifts along the width only)
+    return [(3, 3, 12, 20)] if stages == 2 else [(3, 3, 12, 20), (3, 3, 6, 10)]
+
+
+def case_model(arch: str, pos: str, quick: bool) -> tuple[torch.nn.Module, int]:
+    """A matrix case's model and its blocks (ViT) or stages (Swin): several for the quick cases, one for the others
+    (a one-block ViT average-pools: its class token alone would see no bias between patches).
+
+    The weights are drawn at the scale of PyTorch's default init (``1 / sqrt(fan_in)``; biases, tables and scales
+    moved by N(0, 0.5^2); norms kept), not timm's (``trunc_normal(0.02)``, tables at zero), under which attention is
+    almost uniform: there a scheme changes these models' logits by less than the checks' tolerance (at 2 blocks
+    rel2d_full by 6e-6; at 1 block, alibi2d by 0), here by 1e-3 to 0.9, so a scheme dropped or computed
+    differently in a program shows."""
+    stages = 2 if quick else 1
+    m = small_model(arch, pos, stages=stages, **({} if quick or arch == "swin" else {"global_pool": "avg"}))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+            elif not name.rsplit(".", 1)[0].endswith(("norm", "norm1", "norm2")):
+                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return m, stages
 
 
 def supported(arch: str, pos: str, mode: str) -> bool:
     return not (arch == "swin" and mode == "hw" and pos in EXTENT)
 
 
-def check_export(arch: str, pos: str, mode: str) -> None:
-    m = small_model(arch, pos)
+def check_export(m: torch.nn.Module, arch: str, mode: str, stages: int) -> torch.export.ExportedProgram:
+    """``m``'s program (``mode`` sizes) equals ``m`` at the traced size and :func:`other_sizes`; tracing changed
+    nothing on ``m``. Returns the program."""
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         before = m(x)
     ep = export_program(m, x, dynamic=mode)
-    x2 = torch.randn(*other_size(arch, mode))
     with torch.no_grad():
-        for xi in (x, x2):
+        for shape in [x.shape, *other_sizes(arch, mode, stages)]:
+            xi = torch.randn(*shape)
             torch.testing.assert_close(ep.module()(xi), m(xi), rtol=1e-5, atol=1e-5)
         after = m(x)
     assert type(after) is torch.Tensor  # not a FakeTensor left behind by the trace
     torch.testing.assert_close(after, before, rtol=0, atol=0)
+    return ep
 
 
 def matrix(quick: set[tuple], *axes) -> list:
@@ -72,15 +106,16 @@ def matrix(quick: set[tuple], *axes) -> list:
     return [pytest.param(*c, marks=() if c in quick else pytest.mark.slow) for c in itertools.product(*axes)]
 
 
-QUICK_EXPORT = {
-    ("vit", "rel2d_full", "hw"),
-    ("vit", "rope2d_mixed", "hw"),
-    ("vit", "ape", "hw"),
-    ("vit", "alibi2d", "batch"),
-    ("swin", "rel2d_full", "hw"),
-    ("swin", "rel2d_cpb", "static"),
+#: quick ONNX cases (each with its torch.export check at best_dynamic's sizes: "hw" here)
+QUICK_ONNX = {
+    ("vit", "rel2d_factored"),
+    ("vit", "rope2d_mixed"),
+    ("vit", "shaw2d_factored"),
+    ("vit", "rel2d_full"),
+    ("vit", "ape"),
+    ("swin", "rel2d_full"),
 }
-QUICK_ONNX = {("vit", "rel2d_factored"), ("swin", "rel2d_full"), ("vit", "rope2d_mixed"), ("vit", "shaw2d_factored")}
+QUICK_EXPORT = {("vit", "alibi2d", "batch"), ("swin", "rel2d_cpb", "static")}
 
 
 def _own_path(name: str) -> bool:
@@ -107,6 +142,11 @@ def _built_buffers(name: str) -> bool:
     return any(n.startswith("built_") for n, _ in s.named_buffers())
 
 
+def onnx_mode(arch: str, pos: str) -> str:
+    """The sizes an ONNX case exports (``best_dynamic``: "batch" for a Swin with an extent-dependent scheme)."""
+    return "batch" if arch == "swin" and pos in EXTENT else "hw"
+
+
 #: the torch.export matrix keeps every scheme at dynamic resolution (both models). At a concrete grid (static and
 #: batch programs) a scheme runs the code it runs at a symbolic one (its caches are bypassed while tracing) but
 #: for the built grid's buffers, and only its own attend / augment meet the batch dimension, which a static
@@ -120,20 +160,24 @@ EXPORT_CASES = {
     or (m == "batch" and (p in SWIN_ONNX or (a == "vit" and _built_buffers(p))))
     or (m == "static" and p in FAMILY_CASES)
 } | QUICK_EXPORT
+ONNX_CASES = {(a, p) for a, p in itertools.product(ARCHS, SCHEMES) if a == "vit" or p in SWIN_ONNX}
+#: the torch.export checks the ONNX cases make (on the program they convert), left out of test_export_matrix
+ONNX_EXPORT = {(a, p, onnx_mode(a, p)) for a, p in ONNX_CASES}
 
 
 # ---------------------------------------------------------------------------- the export matrix
 @pytest.mark.parametrize(
-    ("arch", "pos", "mode"), [c for c in matrix(QUICK_EXPORT, ARCHS, SCHEMES, MODES) if tuple(c.values) in EXPORT_CASES]
+    ("arch", "pos", "mode"),
+    [c for c in matrix(QUICK_EXPORT, ARCHS, SCHEMES, MODES) if tuple(c.values) in EXPORT_CASES - ONNX_EXPORT],
 )
 def test_export_matrix(arch, pos, mode):
+    m, stages = case_model(arch, pos, (arch, pos, mode) in QUICK_EXPORT)
     if not supported(arch, pos, mode):
-        m = small_model(arch, pos)
         assert best_dynamic(m) == "batch"
         with pytest.raises(ValueError, match="window's extent"):
             export_program(m, torch.randn(2, 3, 32, 32), dynamic="hw")
         return
-    check_export(arch, pos, mode)
+    check_export(m, arch, mode, stages)
 
 
 def test_swin_extent_schemes_refuse_dynamic_resolution():
@@ -149,7 +193,7 @@ def test_shared_scheme_exports_at_any_size():
         m = small_model(arch, "rel2d_factored", pos_share=True)
         x = torch.randn(2, 3, 32, 32)
         ep = export_program(m, x, dynamic="hw")
-        x2 = torch.randn(*other_size(arch, "hw"))
+        x2 = torch.randn(*other_sizes(arch, "hw")[0])
         with torch.no_grad():
             torch.testing.assert_close(ep.module()(x2), m(x2), rtol=1e-5, atol=1e-5)
 
@@ -298,23 +342,23 @@ onnxruntime = pytest.importorskip("onnxruntime", reason="pip install vitrel[expo
 
 
 def check_onnx(arch: str, pos: str, tmp_path) -> None:
+    """The torch.export check (:func:`check_export`) at ``best_dynamic``'s sizes, then that program through ONNX
+    (:func:`onnx_program` with ``program=``, as the command converts the program it traced) and ONNX Runtime,
+    equal to eager at the same sizes."""
     import numpy as np
 
-    # a Swin of one stage (a plain and a shifted block) for each scheme, the quick case with patch merging too: the
-    # merging does not depend on the scheme, and the ONNX export's time grows with the graph
-    m = small_model(arch, pos, stages=2 if arch == "vit" or (arch, pos) in QUICK_ONNX else 1)
+    m, stages = case_model(arch, pos, (arch, pos) in QUICK_ONNX)
     dynamic = best_dynamic(m)
-    path = export_onnx(m, tmp_path / f"{arch}_{pos}.onnx", torch.randn(2, 3, 32, 32), dynamic=dynamic)
+    assert dynamic == onnx_mode(arch, pos)
+    ep = check_export(m, arch, dynamic, stages)
+    path = tmp_path / f"{arch}_{pos}.onnx"
+    onnx_program(m, dynamic=dynamic, program=ep).save(str(path))
     sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    shapes = [(2, 3, 32, 32), other_size(arch, dynamic)]
-    for shape in shapes:
+    for shape in [(2, 3, 32, 32), *other_sizes(arch, dynamic, stages)]:
         x = torch.randn(*shape)
         (out,) = sess.run(None, {"images": x.numpy()})
         with torch.no_grad():
             np.testing.assert_allclose(out, m(x).numpy(), rtol=1e-4, atol=1e-4)
-
-
-ONNX_CASES = {(a, p) for a, p in itertools.product(ARCHS, SCHEMES) if a == "vit" or p in SWIN_ONNX}
 
 
 @pytest.mark.parametrize(
@@ -325,15 +369,37 @@ def test_onnx_matrix(arch, pos, tmp_path):
 
 
 def test_reduced_matrices_cover_every_family_scheme_and_quick_case():
+    """What the reduced matrices keep: every scheme through torch.export at dynamic resolution on both models
+    (test_export_matrix, or the check an ONNX case makes on the program it converts), every scheme through ONNX
+    on the ViT, a scheme of each family and every scheme with its own path on the Swin; quick cases of several
+    blocks on both models, and a one-stage Swin checked where its window shrinks and where it pads and shifts."""
+    from vitrel.layout.geometry import Grid
+    from vitrel.layout.windows import window_and_shift
+
     families = {vitrel.pos.get_pos_class(n).family for n in SCHEMES}
     assert families == {vitrel.pos.get_pos_class(n).family for n in SWIN_ONNX}
     assert {p for a, p in QUICK_ONNX if a == "swin"} <= SWIN_ONNX
+    assert {p for a, p in ONNX_CASES if a == "vit"} == set(SCHEMES)
+    assert {a for a, p in QUICK_ONNX} == set(ARCHS) and QUICK_ONNX <= ONNX_CASES  # several blocks, both models
+    # each torch.export case runs once: in test_export_matrix, or in the ONNX case that converts its program
+    assert ONNX_EXPORT <= EXPORT_CASES and QUICK_EXPORT <= EXPORT_CASES - ONNX_EXPORT
     for arch in ARCHS:  # every scheme at dynamic resolution
         assert {p for a, p, m in EXPORT_CASES if (a, m) == (arch, "hw")} == set(SCHEMES), arch
     batch = {(a, p) for a, p, m in EXPORT_CASES if m == "batch"}  # every built buffer read, every own path
     assert {("vit", p) for p in SCHEMES if _built_buffers(p)} <= batch
     assert {(a, p) for a in ARCHS for p in SCHEMES if _own_path(p)} <= batch
     assert {(a, p) for a in ARCHS for p in FAMILY_CASES} <= {(a, p) for a, p, m in EXPORT_CASES if m == "static"}
+    # the Swins' shifted blocks (patch 2, window 4) at the other sizes: a stage grid padded to whole windows and
+    # shifted, and one smaller than the window (it shrinks), in the one-stage Swin as in the two-stage one
+    for stages in (1, 2):
+        seen = set()
+        for _, _, h, w in other_sizes("swin", "hw", stages):
+            for stage in range(stages):
+                grid = Grid(h // 2 >> stage, w // 2 >> stage)
+                win, shift = window_and_shift(grid, (4, 4), shifted=True)
+                padded = grid.h % win[0] or grid.w % win[1]
+                seen |= {"shrinks"} if win != (4, 4) else {"pads and shifts"} if padded and shift != (0, 0) else set()
+        assert seen == {"shrinks", "pads and shifts"}, stages
 
 
 # ---------------------------------------------------------------------------- the command's refusals

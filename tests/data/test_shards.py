@@ -232,13 +232,33 @@ def _in_own_group(target, *args) -> None:
     target(*args)
 
 
+def _in_turn(calls) -> None:
+    """``target(*args, port)`` for each ``(target, args)`` of ``calls`` in turn, a free port each (the ranks of one
+    are gone before the next forks its own)."""
+    for target, args in calls:
+        target(*args, free_port())
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(data, tmp_path_factory):
+    """The two multi-process bodies (``_fit``, then ``_iterate``) in one spawned process (one start of a fresh
+    interpreter for both), each writing to its own folder; the tests below read them (none writes there)."""
+    fit, iterate = tmp_path_factory.mktemp("ddp_fit"), tmp_path_factory.mktemp("ddp_iterate")
+    run_isolated(
+        _in_turn,
+        [(_fit, (str(data / "wds15"), "wds/imagenet", str(fit), 2)), (_iterate, (str(data), str(iterate)))],
+        timeout=480,
+    )
+    return fit, iterate
+
+
 @pytest.mark.slow
-def test_ddp_training_epochs_cover_every_sample_once(data, tmp_path):
+def test_ddp_training_epochs_cover_every_sample_once(ddp_runs):
     """Lightning, 2 ranks (gloo) x 2 workers, 4 shards of 15, batch 5, 2 epochs: each rank trains 6 steps
     an epoch, the 60 samples each seen exactly once an epoch, and the ranks' shares change with the epoch
     (timm's shard shuffle is seeded by seed + the trainer's epoch)."""
-    run_isolated(_fit, str(data / "wds15"), "wds/imagenet", str(tmp_path), 2, free_port())
-    seen = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    out = ddp_runs[0]
+    seen = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     for epoch in (0, 1):
         per_rank = [[rec for rec in s if rec[0] == epoch] for s in seen]
         assert [len(r) for r in per_rank] == [epoch_samples_per_rank(N, 2, 2, B) // B] * 2 == [6, 6]
@@ -250,13 +270,13 @@ def test_ddp_training_epochs_cover_every_sample_once(data, tmp_path):
 
 
 @pytest.mark.slow
-def test_ddp_uneven_shards_equal_batches_disjoint_workers(data, tmp_path):
+def test_ddp_uneven_shards_equal_batches_disjoint_workers(ddp_runs):
     """torch.distributed (gloo), 2 ranks x 2 workers iterating the training loader of 5 uneven shards (wds)
     and 5 parquet files (hfids): every rank the same number of batches, every worker 15 samples, and no
     sample in two workers' streams (a worker repeats its own shards to fill its share)."""
-    run_isolated(_iterate, str(data), str(tmp_path), free_port())
+    out = ddp_runs[1]
     for name in ("wds", "hfids"):
-        streams = json.loads((tmp_path / f"{name}.json").read_text())  # [rank][worker] -> ids
+        streams = json.loads((out / f"{name}.json").read_text())  # [rank][worker] -> ids
         assert [len(s) for rank in streams for s in rank] == [15] * 4, name
         distinct = [set(s) for rank in streams for s in rank]
         assert sum(len(s) for s in distinct) == len(set().union(*distinct)), name  # disjoint

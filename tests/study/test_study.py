@@ -347,21 +347,10 @@ def test_claims_are_decided_by_paired_intervals(study):
     assert "chain" not in {c["claim"] for c in study.claims(_state(accs, claims))}
 
 
-def test_jobs_pack_runs_into_worker_processes(study, tmp_path):
-    """--jobs 2: two worker processes share the to-do list; their runs and position tensors are merged."""
-    state = run(study, tmp_path, "--archs", "vit", "--jobs", "2", "--cost-rounds", "0")
-    assert sorted(r["scheme"] for r in state["runs"]) == ["none", "rel2d_full"]
-    assert not list(tmp_path.glob("*.shard*"))
-    from safetensors import safe_open
-
-    with safe_open(str(tmp_path / "study_smoke_pos.safetensors"), "pt") as f:
-        assert set(f.metadata()) == {"vit/none", "vit/rel2d_full"}
-    assert json.loads((tmp_path / "study_smoke.json").read_text())["runs"] == state["runs"]
-
-
-def test_jobs_give_the_results_of_one_process(study, tmp_path, monkeypatch):
-    """--jobs 2 (worker processes, each told its share of a GPU's memory) gives every run the accuracies and
-    final loss of --jobs 1 for the same seeds (CPU, one thread each: bitwise)."""
+@pytest.fixture(scope="module")
+def jobs2(study, tmp_path_factory):
+    """One ``--jobs 2`` study (the vit runs: 2 worker processes), shared by the tests that read it (none writes to
+    it): its state, its folder and the worker command lines it started."""
     import subprocess
 
     cmds = []
@@ -372,8 +361,30 @@ def test_jobs_give_the_results_of_one_process(study, tmp_path, monkeypatch):
                 cmds.append(list(cmd))
             super().__init__(cmd, *a, **k)
 
-    monkeypatch.setattr("vitrel.study.cli.subprocess.Popen", Recorded)
-    many = run(study, tmp_path / "jobs2", "--archs", "vit", "--jobs", "2", "--cost-rounds", "0")
+    out = tmp_path_factory.mktemp("jobs2")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("vitrel.study.cli.subprocess.Popen", Recorded)
+        state = run(study, out, "--archs", "vit", "--jobs", "2", "--cost-rounds", "0")
+    return state, out, cmds
+
+
+def test_jobs_pack_runs_into_worker_processes(jobs2):
+    """--jobs 2: two worker processes share the to-do list; their runs and position tensors are merged."""
+    state, out, cmds = jobs2
+    assert len(cmds) == 2
+    assert sorted(r["scheme"] for r in state["runs"]) == ["none", "rel2d_full"]
+    assert not list(out.glob("*.shard*"))
+    from safetensors import safe_open
+
+    with safe_open(str(out / "study_smoke_pos.safetensors"), "pt") as f:
+        assert set(f.metadata()) == {"vit/none", "vit/rel2d_full"}
+    assert json.loads((out / "study_smoke.json").read_text())["runs"] == state["runs"]
+
+
+def test_jobs_give_the_results_of_one_process(study, jobs2, tmp_path):
+    """--jobs 2 (worker processes, each told its share of a GPU's memory) gives every run the accuracies and
+    final loss of --jobs 1 for the same seeds (CPU, one thread each: bitwise)."""
+    many, _, cmds = jobs2
     one = run(study, tmp_path / "jobs1", "--archs", "vit", "--jobs", "1", "--cost-rounds", "0")
     assert len(cmds) == 2 and all(c[c.index("--memory-fraction") + 1] == "0.4750" for c in cmds)
     keys = [k for k in one["runs"][0] if k.endswith("_acc")] + ["final_train_loss", "steps", "params"]

@@ -194,18 +194,20 @@ def test_train_py_checkpoint_stores_its_data_config(trained):
 
 
 def test_predict_py_equals_the_lightning_model_on_a_train_py_checkpoint(trained, fmnist_test, tmp_path):
-    """predict.py on PNG files of test images: the probabilities of the trained LightningModule on the same images
-    normalised by the data module (what eval.py scores), so the same accuracy; the CSV names the classes."""
-    from tests.train_helpers import run_script
+    """predict.py's configuration and run (in-process: the command line is test_predict_script_on_a_folder's) on PNG
+    files of test images: the probabilities of the trained LightningModule on the same images normalised by the data
+    module (what eval.py scores), so the same accuracy; the CSV names the classes."""
+    from tests.train_helpers import compose
     from vitrel.data.fashion_mnist import FASHION_MNIST_CLASSES, FashionMNISTDataModule
     from vitrel.train.module import ClassifierModule
 
     root, arrays, labels = fmnist_test
     out = tmp_path / "pred.csv"
     args = [f"ckpt_path={trained}", f"input={root}", f"results_file={out}", "topk=3", "progress_bar=false"]
-    res = run_script("predict.py", [*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert "stores no data config" not in res.stderr
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_predict(compose(tmp_path / "run", args, config_name="predict"))
+    assert not [w for w in caught if "stores no data config" in str(w.message)]
     rows = _rows(out)
     assert len(rows) == len(labels)
 

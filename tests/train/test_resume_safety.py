@@ -21,7 +21,7 @@ import lightning as L
 import pytest
 import torch
 
-from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, script_env
+from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script, script_env
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.train.callbacks import LineProgress
 from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
@@ -198,17 +198,30 @@ def test_training_writes_last_ckpt_atomically_and_keeps_it_on_enospc(tmp_path, m
 # ------------------------------------------------------------------------------------------ item 3
 @pytest.mark.slow
 def test_second_run_in_a_busy_folder_is_refused_and_a_stale_lock_is_taken_over(tmp_path):
+    """A second run in a live run's folder is refused, in-process and as ``python train.py`` (whose Hydra no longer
+    rewrites the first run's ``.hydra/config.yaml`` / ``overrides.yaml`` / ``hydra.yaml`` with the refused run's),
+    touching none of the first run's files; once the first run is SIGKILLed, the next run takes the lock over."""
     run_dir, marker = tmp_path / "run", tmp_path / "hanging"
     first = _start(run_dir, ["logger=csv", _hang(4, marker)])
     try:
         _wait_for(marker, first)  # step 4 saved, its rows flushed
         files = {p: _digest(p) for p in (run_dir / "csv" / "metrics.csv", run_dir / "checkpoints" / "last.ckpt")}
+        record = {p: _digest(p) for p in (run_dir / ".hydra").iterdir()}
+        assert {"config.yaml", "overrides.yaml", "hydra.yaml"} <= {p.name for p in record}
         with pytest.raises(RunFolderBusy) as exc:
             train(compose(run_dir, [*COMMON, "logger=csv"]))
         msg = str(exc.value)
         assert f"pid {first.pid}" in msg and socket.gethostname() in msg and "started" in msg, msg
+        second = run_script(
+            "train.py", [*COMMON, "logger=csv", "pos=rope2d_mixed", f"hydra.run.dir={run_dir}"], tmp_path
+        )
+        assert second.returncode != 0
+        assert "another run is training in" in second.stdout + second.stderr, second.stderr[-3000:]
         assert first.poll() is None
         assert {p: _digest(p) for p in files} == files, "the second run touched the first run's files"
+        after = {p: _digest(p) for p in (run_dir / ".hydra").iterdir()}
+        assert after == record, "the refused run rewrote the running run's .hydra record"
+        assert "pos=rope2d_mixed" not in (run_dir / ".hydra" / "overrides.yaml").read_text()
         assert RunLock(run_dir).read().pid == first.pid
     finally:
         first.kill()

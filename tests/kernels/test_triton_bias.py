@@ -128,9 +128,10 @@ def _check(
 def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
     """Output and the gradients of q, k, v and the table, prefix 0 / 1 / registers, a head dim that is not a power of
     two, grids wider and taller than a tile, narrower and wider than a tile (4 x 8: tiles of 16 tokens are two grid
-    rows, so the bias tiles repeat; 4 x 24: they repeat by (q0 - k0, q0 mod 24), three phases, one batch element: the
-    other grids run two), the bias read as tiles or gathered per score."""
-    _check(device, 1 if grid == (4, 24) else 2, 2, d, grid, prefix, bias_read=bias_read)
+    rows, so the bias tiles repeat; 4 x 24: they repeat by (q0 - k0, q0 mod 24), three phases, in one batch element
+    and one head: the other grids run two of each), the bias read as tiles or gathered per score."""
+    b = h = 1 if grid == (4, 24) else 2
+    _check(device, b, h, d, grid, prefix, bias_read=bias_read)
 
 
 @interpreted
@@ -484,10 +485,11 @@ def test_table_grad_in_dq_equals_reference(device, grid, prefix, d, in_dq):
 def test_forward_tiles_wider_than_tall(grid, prefix, causal):
     """The forward with key tiles twice its query tiles (16 x 32 here, as 64 x 128 on a GPU at head dim 64; the
     backward's tiles stay square): its bias tiles repeat by ``(q0 - k0, q0 mod W)`` with ``gcd(BM, BN)`` steps, or are
-    each exact; causal masks within a tile that straddles the diagonal."""
+    each exact; causal masks within a tile that straddles the diagonal. One batch element (the batch's offsets do
+    not depend on the tile: :func:`test_kernel_equals_reference`)."""
     config = replace(INTERPRETER, fwd_tile=(16, 32))
     assert fused.plan(*(torch.zeros(1, 1, 41, 16),) * 3, None, (5, 8), 1, config=config)["fwd"].args["BN"] == 32
-    _check("cpu", 2, 2, 16, grid, prefix, causal=causal, bias_read="tiles", config=config)
+    _check("cpu", 1, 2, 16, grid, prefix, causal=causal, bias_read="tiles", config=config)
 
 
 _NOT_SQUARE = [
@@ -511,7 +513,8 @@ def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
     tiles; the others keep the square tile,
     so two sets of bias tiles: its tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no
     table; ``dq`` added by atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the
-    tiles it skips)."""
+    tiles it skips). One batch element, but for ``dbias``'s two shares (the batch's offsets do not depend on the
+    tile: :func:`test_kernel_equals_reference`)."""
     tile = {"dkdv": (16, 32), "dq": (32, 16), "dbias": (32, 16)}[kernel]
     own = {f"{kernel}_tile": tile}
     det = kernel != "dbias" and case != "atomic"  # (the dbias kernel's test: dq by atomics, so it runs)
@@ -525,7 +528,7 @@ def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
     assert launches[kernel].args["BT"].shape[-2:] == tile and tm == tw == other["BM"] == other["BN"]
     if case != "skip":
         settings = dict(table_on=case != "none", deterministic=det, bias_read="tiles", config=config)
-        _check("cpu", 2, 2, 16, grid, prefix, causal=causal, **settings)
+        _check("cpu", 2 if kernel == "dbias" else 1, 2, 16, grid, prefix, causal=causal, **settings)
         return
     q, k, v, table = _masked_table_case(grid, prefix)
     leaves = [t.requires_grad_() for t in (q, k, v, table)]

@@ -122,15 +122,16 @@ def _check(
         ((2, 9), 4, 16),
         ((6, 3), 1, 16),
         ((4, 8), 1, 16),
-        ((5, 24), 1, 16),
+        ((4, 24), 1, 16),
     ],
 )
 def test_kernel_equals_reference(device, grid, prefix, d, bias_read):
     """Output and the gradients of q, k, v and the table, prefix 0 / 1 / registers, a head dim that is not a power of
     two, grids wider and taller than a tile, narrower and wider than a tile (4 x 8: tiles of 16 tokens are two grid
-    rows, so the bias tiles repeat; 5 x 24: they repeat by (q0 - k0, q0 mod 24), three phases), the bias read as tiles
-    or gathered per score."""
-    _check(device, 2, 2, d, grid, prefix, bias_read=bias_read)
+    rows, so the bias tiles repeat; 4 x 24: they repeat by (q0 - k0, q0 mod 24), three phases, in one batch element
+    and one head: the other grids run two of each), the bias read as tiles or gathered per score."""
+    b = h = 1 if grid == (4, 24) else 2
+    _check(device, b, h, d, grid, prefix, bias_read=bias_read)
 
 
 @interpreted
@@ -453,26 +454,28 @@ def test_launch_configuration_by_head_dim_and_bias_read():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("grid", "prefix", "d", "in_dq"), [((5, 7), 0, 32, True), ((4, 6), 2, 24, True),
-                                                           ((6, 6), 1, 16, True), ((4, 8), 1, 16, False),
+@pytest.mark.parametrize(("grid", "prefix", "d", "in_dq"), [((3, 7), 0, 32, True), ((4, 6), 2, 24, True),
+                                                           ((5, 5), 1, 16, True), ((3, 8), 1, 16, False),
                                                            ((14, 14), 1, 16, True)])  # fmt: skip
 def test_table_grad_in_dq_equals_reference(device, grid, prefix, d, in_dq):
     """The bias tiles' gradient summed by the ``dq`` kernel (where each of its tiles is one pattern, so
     a program's tiles are the only ones of their patterns) instead of the ``dbias`` kernel: the table's gradient and
     q, k, v's against the float64 reference, with and without prefix tokens (their pairs are not the table's); the
-    launches asserted (no ``dbias`` launch), and where the ``dq`` kernel's tiles share patterns (4 x 8), the
+    launches asserted (no ``dbias`` launch), and where the ``dq`` kernel's tiles share patterns (3 x 8), the
     ``dbias`` kernel as before (patterns of several phases: :func:`test_dbias_kernel_equals_reference`);
     ViT-B/16's 197 tokens with a GPU's launches (its 64-token tiles, one pattern each too; four a side, the last of
-    5 tokens), in the interpreter too. A batch of 3, so a program sums two batch elements. Two runs bitwise equal
-    (the sums in a fixed order)."""
+    5 tokens), in the interpreter too (one head; the other grids two). A batch of 3, so a program sums two batch
+    elements. Two runs bitwise equal (the sums in a fixed order)."""
     n = prefix + grid[0] * grid[1]
     config = cuda_config(d) if grid == (14, 14) else None  # (the interpreter's 16-token tiles: the other grids)
-    q, k, v, table = (t.float() for t in _inputs(3, 2, n, d, grid))  # (3: a share of two, in the interpreter's 2)
+    h = 1 if grid == (14, 14) else 2
+    q, k, v, table = (t.float() for t in _inputs(3, h, n, d, grid))  # (3: a share of two, in the interpreter's 2)
     sms = None if device == "cpu" else 132
     launches = fused.plan(q, k, v, table, grid, prefix, bias_read="tiles", sms=sms, config=config)
     if device == "cpu" or grid == (14, 14):  # (a GPU's tiles: the others fit one tile, or one pattern a tile)
         assert (launches["dq"].args["TABLE_GRAD"] == 2) is in_dq and ("dbias" in launches) is not in_dq
-    runs = [_check(device, 3, 2, d, grid, prefix, bias_read="tiles", config=config) for _ in range(2)]
+        assert launches["dq"].grid[0] > 1  # (more than one query tile: the four kernels, not the one-tile one)
+    runs = [_check(device, 3, h, d, grid, prefix, bias_read="tiles", config=config) for _ in range(2)]
     (out, grads), (out2, grads2) = runs
     assert torch.equal(out, out2) and all(torch.equal(a, b) for a, b in zip(grads, grads2))
 
@@ -482,10 +485,11 @@ def test_table_grad_in_dq_equals_reference(device, grid, prefix, d, in_dq):
 def test_forward_tiles_wider_than_tall(grid, prefix, causal):
     """The forward with key tiles twice its query tiles (16 x 32 here, as 64 x 128 on a GPU at head dim 64; the
     backward's tiles stay square): its bias tiles repeat by ``(q0 - k0, q0 mod W)`` with ``gcd(BM, BN)`` steps, or are
-    each exact; causal masks within a tile that straddles the diagonal."""
+    each exact; causal masks within a tile that straddles the diagonal. One batch element (the batch's offsets do
+    not depend on the tile: :func:`test_kernel_equals_reference`)."""
     config = replace(INTERPRETER, fwd_tile=(16, 32))
     assert fused.plan(*(torch.zeros(1, 1, 41, 16),) * 3, None, (5, 8), 1, config=config)["fwd"].args["BN"] == 32
-    _check("cpu", 2, 2, 16, grid, prefix, causal=causal, bias_read="tiles", config=config)
+    _check("cpu", 1, 2, 16, grid, prefix, causal=causal, bias_read="tiles", config=config)
 
 
 _NOT_SQUARE = [
@@ -509,7 +513,8 @@ def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
     tiles; the others keep the square tile,
     so two sets of bias tiles: its tiles' bias repeats by ``(q0 - k0, q0 mod W)``, or each is exact; causal; no
     table; ``dq`` added by atomics; LookHere's ``-inf`` entries with the visible-tile flags pooled to its tile (the
-    tiles it skips)."""
+    tiles it skips). One batch element, but for ``dbias``'s two shares (the batch's offsets do not depend on the
+    tile: :func:`test_kernel_equals_reference`)."""
     tile = {"dkdv": (16, 32), "dq": (32, 16), "dbias": (32, 16)}[kernel]
     own = {f"{kernel}_tile": tile}
     det = kernel != "dbias" and case != "atomic"  # (the dbias kernel's test: dq by atomics, so it runs)
@@ -523,7 +528,7 @@ def test_backward_tiles_not_square(kernel, grid, prefix, causal, case):
     assert launches[kernel].args["BT"].shape[-2:] == tile and tm == tw == other["BM"] == other["BN"]
     if case != "skip":
         settings = dict(table_on=case != "none", deterministic=det, bias_read="tiles", config=config)
-        _check("cpu", 2, 2, 16, grid, prefix, causal=causal, **settings)
+        _check("cpu", 2 if kernel == "dbias" else 1, 2, 16, grid, prefix, causal=causal, **settings)
         return
     q, k, v, table = _masked_table_case(grid, prefix)
     leaves = [t.requires_grad_() for t in (q, k, v, table)]
@@ -646,19 +651,25 @@ def test_tma_reads_where_the_tensors_allow():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize(("grid", "prefix", "causal"), [((5, 24), 1, False), ((4, 6), 2, False), ((1, 37), 0, True)])
+@pytest.mark.parametrize(("grid", "prefix", "causal"), [((4, 24), 1, False), ((4, 6), 2, False), ((1, 37), 0, True)])
 def test_dbias_kernel_equals_reference(device, grid, prefix, causal):
     """The ``dbias`` kernel (the table's gradient per tile pattern: each tile of a pattern, then the program's share
-    of the batch) gives the table's gradient of the reference: patterns of many tiles (5 x 24) and of one (with
-    ``dq`` by atomics, where the ``dq`` kernel would sum them), prefix pairs, causal; 3 batch elements in shares of 2
-    and 1 (the interpreter's; on a GPU ``pytest -m cuda``, in bf16)."""
+    of the batch) gives the table's gradient of the reference: patterns of many tiles (4 x 24: three phases, up to
+    three tiles a pattern; one head, the others' two) and of one (with ``dq`` by atomics, where the ``dq`` kernel
+    would sum them), prefix pairs, causal; 3 batch elements in shares of 2 and 1 (the interpreter's; on a GPU
+    ``pytest -m cuda``, in bf16)."""
     config = four_kernels(device)  # (grids that fit one tile of a GPU's backward too)
-    det = grid == (5, 24)
-    q, k, v, table = (t.float() for t in _inputs(3, 2, prefix + grid[0] * grid[1], 16, grid))
+    det = grid == (4, 24)
+    h = 1 if det else 2
+    n = prefix + grid[0] * grid[1]
+    q, k, v, table = (t.float() for t in _inputs(3, h, n, 16, grid))
     launches = fused.plan(q, k, v, table, grid, prefix, bias_read="tiles", deterministic=det, sms=None,
                                 config=four_kernels("cpu"))  # fmt: skip
     assert "dbias" in launches and launches["dbias"].args["n_split"] == 2
-    _check(device, 3, 2, 16, grid, prefix, causal=causal, bias_read="tiles", deterministic=det, config=config)
+    if det:  # (the interpreter's 16-token tiles: 39 patterns of 49 tiles, in three phases of q0 mod 24)
+        n_pat, _, n_m = launches["dbias"].args["patterns"]
+        assert n_m == 3 and n_pat < (-(-n // 16)) ** 2
+    _check(device, 3, h, 16, grid, prefix, causal=causal, bias_read="tiles", deterministic=det, config=config)
 
 
 def _one_tile_regions():
@@ -1094,8 +1105,8 @@ def _check_layout(device, prefix, tokens=None, groups=3, grid=(4, 5), config=Non
 @interpreted
 def test_layout_table_gradient_is_deterministic():
     tokens, groups = packed_tokens(1, seed=3)
-    q, k, v = (torch.randn(2, 2, tokens.shape[-1], 16) for _ in range(3))
-    tables = torch.randn(groups, 2, 7, 9, requires_grad=True)
+    q, k, v = (torch.randn(2, 1, tokens.shape[-1], 16) for _ in range(3))  # (one head: the sums' order is per head)
+    tables = torch.randn(groups, 1, 7, 9, requires_grad=True)
     go = torch.randn_like(q)
     g1, g2 = (torch.autograd.grad(rel_bias_attention(q, k, v, tables, (4, 5), 1, tokens=tokens), tables, go)[0]
               for _ in range(2))  # fmt: skip
@@ -1111,7 +1122,8 @@ def test_vit_packed_images_and_dropped_tokens(pos):
     from tests.layout.test_tokens import alone, images, model, packed
 
     imgs = images(torch.float32)
-    tri, ref = model(pos, torch.float32, attn_impl="triton"), model(pos, torch.float32)
+    kw = dict(embed_dim=32, num_heads=2)  # (two heads of 16: the kernels' programs per head, not more of them)
+    tri, ref = model(pos, torch.float32, attn_impl="triton", **kw), model(pos, torch.float32, **kw)
     d = packed(imgs)
     out, each = tri(d), alone(ref, imgs)  # (one interpreted forward serves the output's check and the gradients)
     torch.testing.assert_close(out, each, rtol=0, atol=2e-5)
@@ -1195,7 +1207,8 @@ def test_lookhere_in_a_model_of_several_blocks(arch, impl):
     if arch == "vit":  # (each block its own scheme: pos_share off)
         states = m.position_states(vitrel.Grid(8, 8), torch.zeros(1))
         assert states[0].block_mask is states[1].block_mask and states[0].block_mask.dtype == torch.int32
-    x = torch.randn(2, 3, kw["img_size"], kw["img_size"])
+    x = torch.randn(1 if arch == "vit" else 2, 3, kw["img_size"], kw["img_size"])  # (ViT: one image, the blocks'
+    # shared flags need no batch)
     y_ref, y = ref(x), m(x)
     torch.testing.assert_close(y, y_ref, atol=1e-5, rtol=1e-4)
     params = [(n, p, q) for (n, p), q in zip(ref.named_parameters(), m.parameters()) if p.requires_grad]

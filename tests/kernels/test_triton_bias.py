@@ -32,6 +32,7 @@ triton = pytest.importorskip("triton")
 tl = triton.language
 from dataclasses import replace  # noqa: E402
 
+from tests.weights import lively  # noqa: E402
 from vitrel.kernels.triton import INTERPRETER, Warps, cuda_config, patterns  # noqa: E402
 from vitrel.kernels.triton._jit import _bias_tile  # noqa: E402
 from vitrel.kernels.triton.planning import fwd_launch  # noqa: E402
@@ -1201,7 +1202,7 @@ def test_lookhere_in_a_model_of_several_blocks(arch, impl):
     else:
         name = "vitrel_swin_tiny_patch2_window4_32"
         kw = dict(img_size=16, embed_dim=32, depths=(2,), num_heads=(2,), window_size=4, num_classes=3)
-    ref = vitrel.create_model(name, pos=pos, **kw)
+    ref = lively(vitrel.create_model(name, pos=pos, **kw))  # (timm's init: near-uniform attention, blind checks)
     m = vitrel.create_model(name, pos=pos, attn_impl=impl, **kw)
     m.load_state_dict(ref.state_dict())
     if arch == "vit":  # (each block its own scheme: pos_share off)

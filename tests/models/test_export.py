@@ -13,7 +13,6 @@ An ONNX case converts the program its torch.export check traced (as ``python -m 
 from __future__ import annotations
 
 import itertools
-import math
 import warnings
 
 import lightning  # noqa: F401  (wraps torch.compile, as in any training process: the same in every test order)
@@ -21,6 +20,7 @@ import pytest
 import torch
 
 import vitrel
+from tests.weights import lively
 from vitrel.export import best_dynamic, export_program, onnx_program
 
 SCHEMES = vitrel.list_pos()
@@ -60,20 +60,12 @@ def case_model(arch: str, pos: str, quick: bool) -> tuple[torch.nn.Module, int]:
     """A matrix case's model and its blocks (ViT) or stages (Swin): several for the quick cases, one for the others
     (a one-block ViT average-pools: its class token alone would see no bias between patches).
 
-    The weights are drawn at the scale of PyTorch's default init (``1 / sqrt(fan_in)``; biases, tables and scales
-    moved by N(0, 0.5^2); norms kept), not timm's (``trunc_normal(0.02)``, tables at zero), under which attention is
-    almost uniform: there a scheme changes these models' logits by less than the checks' tolerance (at 2 blocks
-    rel2d_full by 6e-6; at 1 block, alibi2d by 0), here by 1e-3 to 0.9, so a scheme dropped or computed
-    differently in a program shows."""
+    The weights are :func:`tests.weights.lively`'s, not timm's: under timm's init a scheme changes these models'
+    logits by less than the checks' tolerance (at 2 blocks rel2d_full by 6e-6; at 1 block, alibi2d by 0), so a scheme
+    dropped or computed differently in a program would not show."""
     stages = 2 if quick else 1
     m = small_model(arch, pos, stages=stages, **({} if quick or arch == "swin" else {"global_pool": "avg"}))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
-            elif not name.rsplit(".", 1)[0].endswith(("norm", "norm1", "norm2")):
-                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    lively(m)
     return m, stages
 
 
@@ -190,7 +182,7 @@ def test_swin_extent_schemes_refuse_dynamic_resolution():
 def test_shared_scheme_exports_at_any_size():
     """pos_share: the state is prepared once per forward (per stage in Swin) inside the program."""
     for arch in ARCHS:
-        m = small_model(arch, "rel2d_factored", pos_share=True)
+        m = lively(small_model(arch, "rel2d_factored", pos_share=True))
         x = torch.randn(2, 3, 32, 32)
         ep = export_program(m, x, dynamic="hw")
         x2 = torch.randn(*other_sizes(arch, "hw")[0])
@@ -256,7 +248,7 @@ def _same(a, b, where="") -> None:
 )
 def test_forward_export_compile_change_nothing(arch, pos):
     torch._dynamo.reset()
-    m = small_model(arch, pos)
+    m = lively(small_model(arch, pos))
     x, x_other = torch.randn(2, 3, 32, 32), torch.randn(1, 3, 24, 40)
     snap = _snapshot(m)
     with torch.no_grad():
@@ -453,14 +445,14 @@ def test_flex_exports_with_static_shapes(tmp_path):
     clear error; the weights export (no program) works."""
     from vitrel.export import main
 
-    m = small_model("vit", "rel2d_full", attn_impl="flex")
+    m = lively(small_model("vit", "rel2d_full", attn_impl="flex"))
     assert best_dynamic(m) == "static"
     with pytest.raises(ValueError, match="static shapes only"):
         export_program(m, dynamic="hw")
     x = torch.randn(2, 3, 32, 32)
     assert torch.is_grad_enabled()
     ep = export_program(m, x, dynamic="static")
-    ref = small_model("vit", "rel2d_full", attn_impl="sdpa")
+    ref = lively(small_model("vit", "rel2d_full", attn_impl="sdpa"))
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(x), ref(x), rtol=1e-5, atol=1e-5)
     assert main([str(_saved(tmp_path, attn_impl="flex")), str(tmp_path / "out")]) == 0

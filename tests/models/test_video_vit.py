@@ -147,6 +147,7 @@ def assert_checkpoint_routes(m: torch.nn.Module, x: torch.Tensor, out_dir) -> No
         for other in (
             vitrel.load_model(out),
             timm.create_model(f"local-dir:{out}", pretrained=True),
+            timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"))),
             vitrel.create_model(name, checkpoint_path=str(out / "model.safetensors")),
         ):
             assert other.vitrel_cfg == m.vitrel_cfg

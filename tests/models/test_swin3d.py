@@ -13,7 +13,7 @@ from vitrel.models.registry import MODEL_ARGS
 from vitrel.models.swin3d import Swin3DBlock, SwinTransformer3D
 
 from .test_contract import block_outputs
-from .test_video_vit import assert_checkpoint_routes
+from .test_video_vit import assert_checkpoint_routes, assert_feature_refusals, assert_features_load_pretrained
 
 SWIN3D = sorted(n for n, (cls, _) in MODEL_ARGS.items() if cls is SwinTransformer3D)
 CPU = "vitrel_swin3d_tiny_patch122_window444_32"
@@ -198,12 +198,45 @@ def test_reset_classifier_pos_share_and_errors():
         make(window_size=(4, 4))
     with pytest.raises(ValueError, match=r"rel2d_full.*video grid"):
         make(pos="rel2d_full")
-    with pytest.raises(ValueError, match="features_only"):
-        timm.create_model(CPU, features_only=True, **SMALL)
+    assert_feature_refusals(CPU, **SMALL)
 
 
 def test_checkpoint_routes(tmp_path):
     assert_checkpoint_routes(make(num_classes=3), rand(2, 1, 8, 32, 32), tmp_path / "export")
+
+
+def test_features_only_maps_are_the_stages_outputs():
+    """``timm.create_model(name, features_only=True)``: every stage (as timm's Swin), ``NCTHW``: each map is its
+    stage's output, the stages run by hand, channels first, at a clip other than the built one (6 frames of 24 x 40;
+    built: 8 of 32 x 32); ``feature_info``: the stages' widths, the spatial stride (merging halves each side, odd
+    sides padded) and the time stride beside it (no merging in time). ``NTHWC`` keeps the stages' own layout."""
+    ref = make()
+    f = timm.create_model(CPU, features_only=True, **SMALL).eval()
+    assert f.output_fmt == "NCTHW" and f.feature_info.out_indices == (0, 1, 2, 3)
+    assert f.feature_info.channels() == [16, 32, 64, 128] and f.feature_info.reduction() == [2, 4, 8, 16]
+    assert f.feature_info.get("time_reduction") == [1] * 4
+    assert not f.model.load_state_dict(ref.state_dict(), strict=False).missing_keys
+    x = rand(2, 1, 6, 24, 40)
+    with torch.no_grad():
+        m, by_hand = ref.embed(x), []
+        for stage in ref.layers:
+            m = stage(m)
+            by_hand.append(m)  # [B, T', H', W', C]
+        got = f(x)
+        for g, want, r in zip(got, by_hand, f.feature_info.reduction()):
+            assert g.shape[1:] == (want.shape[-1], 6, -(-24 // r), -(-40 // r))
+            torch.testing.assert_close(g, want.permute(0, 4, 1, 2, 3), rtol=0, atol=0)
+        for g, want in zip(got, ref.forward_intermediates(x, intermediates_only=True)):
+            torch.testing.assert_close(g, want, rtol=0, atol=0)
+        two = timm.create_model(CPU, features_only=True, output_fmt="NTHWC", out_indices=(0, 1), **SMALL).eval()
+        two.model.load_state_dict(ref.state_dict(), strict=False)
+        assert len(two.model.layers) == 2 and two.feature_info.channels() == [16, 32]  # pruned after stage 1
+        for g, want in zip(two(x), by_hand):
+            torch.testing.assert_close(g, want, rtol=0, atol=0)
+
+
+def test_features_only_loads_pretrained_weights(tmp_path):
+    assert_features_load_pretrained(make(num_classes=3), rand(1, 1, 4, 16, 16), tmp_path / "export", (1, 3))
 
 
 def test_export_static_and_dynamic_batch():

@@ -3,6 +3,8 @@ features / head / intermediates, reset_classifier, export), any clip size, check
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 import timm
 import torch
@@ -10,6 +12,7 @@ import torch
 import vitrel
 from vitrel.layout.geometry import Grid3
 from vitrel.models.registry import MODEL_ARGS
+from vitrel.models.video_features import ClipFeatureGetterNet
 from vitrel.models.video_vit import VideoVisionTransformer
 
 from .test_contract import block_outputs
@@ -87,8 +90,7 @@ def test_bad_clips_refused_before_any_work():
         v(torch.randn(1, 3, 4, 32, 40))
     with pytest.raises(ValueError, match=r"rel2d_full.*video grid 8x8x8"):
         vitrel.create_model(CPU, pos="rel2d_full", **SMALL)
-    with pytest.raises(ValueError, match="features_only"):
-        timm.create_model(CPU, features_only=True, **SMALL)
+    assert_feature_refusals(CPU, **SMALL)
 
 
 @pytest.mark.parametrize("class_token", [False, True])
@@ -147,6 +149,7 @@ def assert_checkpoint_routes(m: torch.nn.Module, x: torch.Tensor, out_dir) -> No
         for other in (
             vitrel.load_model(out),
             timm.create_model(f"local-dir:{out}", pretrained=True),
+            timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(out / "model.safetensors"))),
             vitrel.create_model(name, checkpoint_path=str(out / "model.safetensors")),
         ):
             assert other.vitrel_cfg == m.vitrel_cfg
@@ -155,6 +158,73 @@ def assert_checkpoint_routes(m: torch.nn.Module, x: torch.Tensor, out_dir) -> No
 
 def test_checkpoint_routes(tmp_path):
     assert_checkpoint_routes(make(num_classes=3, class_token=True), clip(2, 1, 8, 32, 32), tmp_path / "export")
+
+
+# ---------------------------------------------------------------------------- features_only (timm's getter, on clips)
+def test_features_only_maps_are_the_blocks_outputs():
+    """``timm.create_model(name, features_only=True)``: vitrel's getter over ``forward_intermediates``, the last 3
+    blocks (as timm's ViT), ``NCTHW``: each map is its block's output, the blocks run by hand, reshaped t-major to
+    ``[B, C, T', H', W']``, at a clip other than the built one (4 frames of 16 x 24; built: 8 of 32 x 32). ``NTHWC``
+    gives the same maps channels last; ``feature_info`` has the spatial stride and, beside it, the time stride."""
+    kw = dict(SMALL, depth=3)
+    ref = make(**kw)
+    f = timm.create_model(CPU, features_only=True, **kw).eval()
+    assert isinstance(f, ClipFeatureGetterNet) and f.output_fmt == "NCTHW" and f.feature_info.out_indices == (0, 1, 2)
+    assert f.feature_info.channels() == [32] * 3 and f.feature_info.reduction() == [4] * 3
+    assert f.feature_info.get("time_reduction") == [1] * 3
+    assert not f.model.load_state_dict(ref.state_dict(), strict=False).missing_keys
+    assert f.model.vitrel_cfg["architecture"] == CPU
+    x = clip(2, 1, 4, 16, 24)
+    with torch.no_grad():
+        tokens, grid = ref.embed(x)
+        by_hand = []
+        for blk in ref.blocks:
+            tokens = blk(tokens, grid)
+            by_hand.append(tokens.reshape(2, 4, 4, 6, 32))  # [B, T', H', W', C], t-major
+        got = f(x)
+        assert [tuple(g.shape) for g in got] == [(2, 32, 4, 4, 6)] * 3
+        for g, want in zip(got, by_hand):
+            torch.testing.assert_close(g, want.permute(0, 4, 1, 2, 3), rtol=0, atol=0)
+        for g, want in zip(got, ref.forward_intermediates(x, indices=3, intermediates_only=True)):
+            torch.testing.assert_close(g, want, rtol=0, atol=0)
+        last = timm.create_model(CPU, features_only=True, output_fmt="NTHWC", out_indices=(1,), **kw).eval()
+        last.model.load_state_dict(ref.state_dict(), strict=False)
+        assert len(last.model.blocks) == 2 and last.feature_info.channels() == [32]  # pruned after block 1
+        torch.testing.assert_close(last(x)[0], by_hand[1], rtol=0, atol=0)
+    tube = timm.create_model("vitrel_vit_video_tiny_patch16_224", features_only=True, out_indices=(0,), **SMALL)
+    assert tube.feature_info.reduction() == [16] and tube.feature_info.get("time_reduction") == [2]
+    assert tube(clip(1, 3, 4, 32, 48))[0].shape == (1, 32, 2, 2, 3)  # T' = 4 / 2
+
+
+def assert_features_load_pretrained(m: torch.nn.Module, x: torch.Tensor, out_dir, indices: tuple[int, ...]) -> None:
+    """Weights written by ``save_pretrained`` load into a ``features_only`` model through timm's builder
+    (``pretrained_cfg_overlay=dict(file=...)``): its maps are the saved model's ``forward_intermediates``."""
+    out = vitrel.models.save_pretrained(m, out_dir)
+    f = timm.create_model(
+        m.vitrel_cfg["architecture"], pretrained=True, features_only=True, out_indices=indices,
+        pretrained_cfg_overlay=dict(file=str(out / "model.safetensors")),
+    ).eval()  # fmt: skip
+    with torch.no_grad():
+        want = m.forward_intermediates(x, indices=list(indices), intermediates_only=True)
+        got = f(x)
+    assert len(got) == len(indices)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def assert_feature_refusals(name: str, **kw) -> None:
+    """timm's other feature wrappers and image layouts are refused before the model is built, naming the getter / the
+    clip layouts."""
+    with mock.patch.object(MODEL_ARGS[name][0], "init_weights", side_effect=AssertionError("the model was built")):
+        for cls in ("hook", "fx", "list", "dict"):
+            with pytest.raises(ValueError, match=f"feature_cls='{cls}' is not available.*use feature_cls='getter'"):
+                timm.create_model(name, features_only=True, feature_cls=cls, **kw)
+        with pytest.raises(ValueError, match="output_fmt must be 'NCTHW'.*or 'NTHWC'.*got 'NCHW'"):
+            timm.create_model(name, features_only=True, output_fmt="NCHW", **kw)
+
+
+def test_features_only_loads_pretrained_weights(tmp_path):
+    assert_features_load_pretrained(make(num_classes=3), clip(1, 1, 4, 16, 16), tmp_path / "export", (0, 1))
 
 
 def test_export_any_clip_size():

@@ -144,8 +144,9 @@ class ViTBody(BlockStack):
         intermediates_only: bool,
     ) -> list[Any] | tuple[Tensor, list[Any]]:
         """``forward_intermediates`` on inputs of one grid: the outputs of blocks ``take`` of the first ``depth``
-        (normalised with ``norm``), patch tokens as maps ``[B, C, *grid]`` (``output_fmt`` other than ``"NLC"``) or
-        tokens, paired with the prefix tokens if asked; and the final normalised tokens."""
+        (normalised with ``norm``), patch tokens as maps ``[B, C, *grid]`` (``NCHW`` / ``NCTHW``), ``[B, *grid, C]``
+        (``NHWC`` / ``NTHWC``) or tokens (``NLC``), paired with the prefix tokens if asked; and the final normalised
+        tokens."""
         x, grid = self.embed(x)  # type: ignore[attr-defined]
         feats = []
         for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, depth), depth)):
@@ -156,7 +157,9 @@ class ViTBody(BlockStack):
         prefix = [y[:, :p] for y in feats]
         feats = [y[:, p:] for y in feats]
         if output_fmt != "NLC":
-            feats = [channels_first(y.reshape(y.shape[0], *grid, y.shape[-1])) for y in feats]
+            feats = [y.reshape(y.shape[0], *grid, y.shape[-1]) for y in feats]
+            if output_fmt.startswith("NC"):
+                feats = [channels_first(y) for y in feats]
         if return_prefix_tokens and p:
             feats = list(zip(feats, prefix))
         if intermediates_only:

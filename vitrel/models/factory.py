@@ -65,7 +65,8 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
                 if size is not None and kwargs.get("in_chans") is not None:  # the model's, as load_model's
                     data_config["input_size"] = [kwargs["in_chans"], *((size, size) if isinstance(size, int) else size)]
                 for k, v in pretrained_cfg_fields(data_config).items():
-                    overlay.setdefault(k, v)
+                    if k != "num_frames":  # (timm's PretrainedCfg has no such field; the model takes the stored one)
+                        overlay.setdefault(k, v)
     return build(name, pretrained, pretrained_filter_fn=_strip_prefixes, pretrained_cfg_overlay=overlay, **kwargs)
 
 

@@ -28,6 +28,7 @@ from torch import nn
 
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.swin3d import SwinTransformer3D
+from vitrel.models.video_features import ClipFeatureGetterNet
 from vitrel.models.video_vit import VideoVisionTransformer
 from vitrel.models.vit import VisionTransformer
 from vitrel.pos.registry import get_pos_class
@@ -254,11 +255,13 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
     keyword arguments moved into it).
 
     Default: timm's ``FeatureGetterNet`` over ``forward_intermediates`` (every Swin stage; the ViT's last 3
-    blocks, as timm's ViT). Layout, as timm's Swin: the model's own ``output_fmt`` (Swin ``NHWC``; the ViT
-    ``NCHW``) unless ``output_fmt=`` says otherwise (the getter permutes). ``hook`` / ``fx`` / ``list`` /
-    ``dict`` return the stage outputs as they are (Swin: ``NHWC``, so another ``output_fmt`` is refused);
-    ``list`` / ``dict`` run the Swin's children in turn (timm's ``flatten_sequential``), which the ViT
-    (blocks take the grid) and a Swin with an absolute embedding (added by the model) do not allow.
+    blocks, as timm's ViT), or the model's own getter (``feature_defaults()["getter"]``: the video models'
+    ``ClipFeatureGetterNet``, maps ``NCTHW`` / ``NTHWC``) where timm's is asked for by name. Layout, as timm's
+    Swin: the model's own ``output_fmt`` (Swin ``NHWC``; the ViT ``NCHW``; video ``NCTHW``) unless ``output_fmt=``
+    says otherwise (the getter permutes). ``hook`` / ``fx`` / ``list`` / ``dict`` return the stage outputs as they
+    are (Swin: ``NHWC``, so another ``output_fmt`` is refused); ``list`` / ``dict`` run the Swin's children in turn
+    (timm's ``flatten_sequential``), which the ViT (blocks take the grid) and a Swin with an absolute embedding
+    (added by the model) do not allow; a model whose ``feature_defaults`` says ``getter_only`` refuses all four.
     """
     depths = kwargs.get("depths", defaults.get("depths"))
     cfg = {"out_indices": tuple(range(len(depths))) if depths is not None else 3, **(kwargs.get("feature_cfg") or {})}
@@ -267,10 +270,18 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
             cfg[key] = kwargs.pop(key)
     kind = _feature_kind(cfg.setdefault("feature_cls", "getter"))
     seam = cls.feature_defaults({**defaults, **kwargs})
-    if seam.get("features_only") is not None:
-        raise ValueError(f"features_only is not available for {cls.__name__}: {seam['features_only']}")
+    if kind != "getter" and seam.get("getter_only") is not None:
+        raise ValueError(
+            f"feature_cls={kind!r} is not available for {cls.__name__}: {seam['getter_only']}; "
+            "use feature_cls='getter' (the default)"
+        )
     if kind == "getter":
         cfg.setdefault("output_fmt", seam["output_fmt"])
+        named = isinstance(cfg["feature_cls"], str) or cfg["feature_cls"] is FeatureGetterNet
+        if named and seam.get("getter") is not None:
+            cfg["feature_cls"] = seam["getter"]
+        if isinstance(cfg["feature_cls"], type) and issubclass(cfg["feature_cls"], ClipFeatureGetterNet):
+            cfg["feature_cls"].check_output_fmt(cfg["output_fmt"])  # (before the model is built)
     elif seam["module_fmt"] is not None:
         if cfg.setdefault("output_fmt", seam["module_fmt"]) != seam["module_fmt"]:
             raise ValueError(

@@ -38,6 +38,7 @@ from vitrel.models.blocks import (
 )
 from vitrel.models.swin_blocks import PatchMerging, SwinStage
 from vitrel.models.timm_surface import TimmSurface
+from vitrel.models.video_features import CLIP_GETTER_ONLY, ClipFeatureGetterNet
 from vitrel.pos.base import PosState
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
@@ -231,6 +232,8 @@ class SwinTransformer3D(SwinBody, TimmSurface, nn.Module):
         )  # fmt: skip
         self.grid = self.patch_embed.grid_for(num_frames, img_size)
         self.init_stages(Swin3DStage, rel, absolute, window, dims, locals())
+        for info in self.feature_info:  # timm's reduction: the stride in space; in time (no merging) beside it
+            info["time_reduction"] = tubelet_size
         self.output_fmt = "NTHWC"
         self.init_weights()
 
@@ -276,7 +279,6 @@ class SwinTransformer3D(SwinBody, TimmSurface, nn.Module):
 
     @classmethod
     def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:
-        """What ``vitrel.models.registry`` reads (see ``SwinTransformer.feature_defaults``). timm's ``pool_size`` is an
-        image map's: None here (the final map is ``[T', H'', W'']``)."""
-        why = "timm's feature wrappers take image maps (NCHW / NHWC); call forward_intermediates for [B, C, T, H, W]"
-        return dict(pool_size=None, output_fmt="NCTHW", module_fmt=None, no_flatten=why, features_only=why)
+        """What ``vitrel.models.registry`` reads (see ``VideoVisionTransformer.feature_defaults``). timm's
+        ``pool_size`` is an image map's: None here (the final map is ``[T', H'', W'']``)."""
+        return dict(pool_size=None, output_fmt="NCTHW", getter=ClipFeatureGetterNet, getter_only=CLIP_GETTER_ONLY)

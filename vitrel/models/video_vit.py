@@ -29,6 +29,7 @@ from vitrel.layout.geometry import Grid3
 from vitrel.models.backbone import ViTBody
 from vitrel.models.blocks import TubeletEmbed, add_abs_pos, constructor_config, with_placement
 from vitrel.models.timm_surface import TimmSurface
+from vitrel.models.video_features import CLIP_GETTER_ONLY, ClipFeatureGetterNet
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
 __all__ = ["VideoVisionTransformer"]
@@ -52,7 +53,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
     """
 
     global_pools = ("avg", "token", "")
-    intermediate_fmts = ("NCTHW", "NLC")
+    intermediate_fmts = ("NCTHW", "NTHWC", "NLC")
 
     @with_placement
     def __init__(
@@ -106,6 +107,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.grid = self.patch_embed.grid_for(num_frames, img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.init_body(rel, absolute, locals())
+        for info in self.feature_info:  # timm's reduction: the stride in space (patch_size); in time beside it
+            info["time_reduction"] = tubelet_size
         self.init_weights()
 
     # ---------------------------------------------------------------------------- forward
@@ -140,15 +143,16 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         """timm's ``forward_intermediates``: the outputs of the blocks in ``indices`` (the last ``n`` for an int, all
         for None, negative indices from the end) and the final normalised tokens.
 
-        ``output_fmt``: ``"NCTHW"`` (tubelet tokens as ``[B, C, T', H', W']``) or ``"NLC"`` (``[B, T'H'W', C]``);
-        the class token is dropped (``return_prefix_tokens=True``: pairs ``(tokens, prefix [B, P, C])``). ``norm``
-        applies the final norm to each; ``stop_early`` skips the blocks after the last one asked for."""
+        ``output_fmt``: ``"NCTHW"`` (tubelet tokens as ``[B, C, T', H', W']``), ``"NTHWC"`` (``[B, T', H', W', C]``)
+        or ``"NLC"`` (``[B, T'H'W', C]``); the class token is dropped (``return_prefix_tokens=True``: pairs
+        ``(tokens, prefix [B, P, C])``). ``norm`` applies the final norm to each; ``stop_early`` skips the blocks
+        after the last one asked for."""
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
         return self.grid_intermediates(x, take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only)
 
     @classmethod
     def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:
-        """What ``vitrel.models.registry`` reads (see ``VisionTransformer.feature_defaults``); ``features_only``:
-        why timm's feature wrappers do not take the model (None: they do)."""
-        why = "timm's feature wrappers take image maps (NCHW / NHWC); call forward_intermediates for [B, C, T, H, W]"
-        return dict(pool_size=None, output_fmt="NCTHW", module_fmt=None, no_flatten=why, features_only=why)
+        """What ``vitrel.models.registry`` reads (see ``VisionTransformer.feature_defaults``): ``getter``, the
+        ``features_only`` wrapper over ``forward_intermediates`` (maps ``NCTHW`` or ``NTHWC``), and ``getter_only``,
+        why timm's other wrappers do not take the model."""
+        return dict(pool_size=None, output_fmt="NCTHW", getter=ClipFeatureGetterNet, getter_only=CLIP_GETTER_ONLY)

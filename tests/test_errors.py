@@ -175,6 +175,20 @@ def test_a_damaged_pt2_is_one_clear_error(tmp_path, pt2_bytes, capfd, kind, says
     assert "Traceback" not in capfd.readouterr().err  # torch.export.load logs one when it fails itself
 
 
+def test_an_onnx_file_is_refused_naming_onnx_runtime(tmp_path):
+    """An ONNX model given where a PyTorch one is read (predict.py, eval.py, vitrel.load_model) is one error naming
+    ONNX Runtime, not the unpickler's complaint about foreign bytes."""
+    from vitrel.inference import load_predictor
+    from vitrel.models.checkpoint import load_model
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(b"\x08\x08\x12\x07pytorch")  # (an ONNX ModelProto's first fields)
+    for load in (load_predictor, load_model):
+        with pytest.raises(CheckpointError, match="is an ONNX model, which runs in ONNX Runtime") as err:
+            load(path)
+        assert str(path) in str(err.value)
+
+
 def test_predict_py_on_a_truncated_pt2_prints_one_line(tmp_path, pt2_bytes):
     import subprocess
     import sys

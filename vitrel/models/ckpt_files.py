@@ -229,6 +229,12 @@ def _resolve(path: str | os.PathLike) -> Path:
         return cands[0]
     if not p.is_file():
         raise CheckpointError(f"no such checkpoint: {p}")
+    if p.suffix.lower() == ".onnx":
+        raise CheckpointError(
+            f"{p} is an ONNX model, which runs in ONNX Runtime (onnxruntime.InferenceSession: input 'images', output "
+            "'logits'; its preprocessing is in the config.json beside it), not in PyTorch: load the export folder or "
+            "the .ckpt it came from (predict.py also takes the folder's model.pt2)"
+        )
     return p
 
 

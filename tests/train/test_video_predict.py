@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 import vitrel
 from tests.data.test_video import write_video
@@ -23,12 +22,12 @@ from vitrel.train.run import train
 av = pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")
 
 CLASSES = ("archery", "bowling")
-# data=video_folder with the video ViT, tiny: 4 frames of 16 x 16, 2 training steps
+# data=video_folder with the video ViT, tiny: 4 frames of 16 x 16, 4 training steps at a high learning rate
 TINY = ["data=video_folder", "data.num_frames=4", "data.img_size=16", "data.crop_pct=0.875"]
 TINY += ["data.interpolation=bicubic", "data.pin_memory=false", "model=vitrel_vit_video_tiny_patch4_32"]
 TINY += ["pos=rel3d_factored", "+model.embed_dim=16", "+model.depth=1", "+model.num_heads=2", *FAST]
-TINY += ["data.batch_size=2", "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
-TINY += ["logger=none", "test=false"]
+TINY += ["data.batch_size=2", "trainer.max_epochs=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+TINY += ["module.optimizer.lr=0.01", "module.scheduler.warmup_epochs=0", "logger=none", "test=false"]
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +44,12 @@ def videos(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def runs(videos, tmp_path_factory) -> dict[int, Path]:
     """``last.ckpt`` of ``python train.py data=video_folder ...`` (in-process) with 1 clip per video (stride 3) and
-    with 2 (stride 2)."""
+    with 2 (stride 2, EMA weights kept)."""
     out = {}
-    for clips, stride in ((1, 3), (2, 2)):
+    for clips, stride, ema in ((1, 3, []), (2, 2, ["module/ema=default"])):
         run = tmp_path_factory.mktemp(f"run{clips}")
         over = [*TINY, f"data.root={videos}", f"data.stride={stride}", f"data.clips_per_video={clips}"]
+        over += ema
         train(compose(run, over))
         out[clips] = run / "checkpoints" / "last.ckpt"
     return out
@@ -65,10 +65,13 @@ def _predict(ckpt: Path, input_dir: Path, out: Path, *extra: str) -> dict:
     return run_predict(compose(out.parent / "run", args, config_name="predict"))
 
 
-def reference_probs(ckpt: Path, path: Path, frames: int, stride: int, clips: int) -> torch.Tensor:
+def reference_probs(
+    ckpt: Path, path: Path, frames: int, stride: int, clips: int, use_ema: bool | None = None, **overrides
+) -> torch.Tensor:
     """softmax(model(clip)) averaged over the clips, by hand in float64: every frame decoded with PyAV, the clips'
     frames picked by vitrel/data/video/clips.py's equations, each frame resized (shorter side to floor(16 / 0.875)),
-    centre-cropped to 16 x 16 and normalised with the training data's ImageNet statistics."""
+    centre-cropped to 16 x 16 and normalised with the training data's ImageNet statistics; the model's EMA weights
+    when the checkpoint has them (``use_ema``), rebuilt with ``overrides``."""
     import torchvision.transforms.functional as TF
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -79,7 +82,8 @@ def reference_probs(ckpt: Path, path: Path, frames: int, stride: int, clips: int
     starts = [delta // 2] if clips == 1 else [k * delta // (clips - 1) for k in range(clips)]
     mean = torch.tensor(IMAGENET_DEFAULT_MEAN, dtype=torch.float64)[:, None, None]
     std = torch.tensor(IMAGENET_DEFAULT_STD, dtype=torch.float64)[:, None, None]
-    model = vitrel.load_model(ckpt, use_ema=checkpoint_has_ema(ckpt)).double().eval()
+    ema = checkpoint_has_ema(ckpt) if use_ema is None else use_ema  # (predict.py's ema=auto)
+    model = vitrel.load_model(ckpt, use_ema=ema, **overrides).double().eval()
     probs = []
     for s in starts:
         picked = [decoded[min(s + t * stride, n - 1)] for t in range(frames)]
@@ -193,14 +197,22 @@ def test_a_video_program_is_refused_naming_what_is_read(runs, videos):
         predict_folder(program, videos / "val", progress=False)
 
 
-def test_ema_and_model_overrides_reach_the_video_model(runs, videos, tmp_path):
-    """``ema=false`` and ``model_overrides`` as for images: another kernel gives the same CSV."""
-    cfg = OmegaConf.create(dict(ckpt_path=str(runs[2]), input=str(videos / "val"), progress_bar=False, topk=2))
-    cfg.results_file, cfg.ema = str(tmp_path / "a.csv"), False
-    run_predict(cfg)
-    cfg.results_file, cfg.model_overrides = str(tmp_path / "b.csv"), {"attn_impl": "eager"}
-    run_predict(cfg)
-    a, b = _rows(tmp_path / "a.csv"), _rows(tmp_path / "b.csv")
-    assert [r["index_0"] for r in a] == [r["index_0"] for r in b]
-    assert max(abs(float(x["prob_0"]) - float(y["prob_0"])) for x, y in zip(a, b)) < 1e-5
-    assert load_predictor(runs[2], model_overrides={"attn_impl": "eager"}).model.attn_impl == "eager"
+def test_ema_and_model_overrides_as_for_images(runs, videos, tmp_path):
+    """The run with 2 clips kept EMA weights: ``ema=false`` scores the trained weights instead (another CSV);
+    ``+model_overrides.num_frames=8`` rebuilds the model for clips of 8 frames (learned tables resized on load, as
+    eval.py's data.num_frames) and predict.py samples clips of 8."""
+    ckpt = runs[2]
+    assert checkpoint_has_ema(ckpt)
+    _predict(ckpt, videos / "val", tmp_path / "ema.csv")
+    _predict(ckpt, videos / "val", tmp_path / "raw.csv", "ema=false")
+    _predict(ckpt, videos / "val", tmp_path / "t8.csv", "+model_overrides.num_frames=8")
+    ema, raw, t8 = (_rows(tmp_path / f"{name}.csv") for name in ("ema", "raw", "t8"))
+    for r_ema, r_raw, r_t8 in zip(ema, raw, t8, strict=True):
+        path = videos / "val" / r_ema["filename"]
+        for r, want in (
+            (r_ema, reference_probs(ckpt, path, 4, 2, 2, use_ema=True)),
+            (r_raw, reference_probs(ckpt, path, 4, 2, 2, use_ema=False)),
+            (r_t8, reference_probs(ckpt, path, 8, 2, 2, use_ema=True, num_frames=8)),
+        ):
+            assert int(r["index_0"]) == int(want.argmax()) and abs(float(r["prob_0"]) - float(want.max())) < 1e-5
+    assert [r["prob_0"] for r in ema] != [r["prob_0"] for r in raw]  # (the EMA weights are other weights)

@@ -1,4 +1,5 @@
-"""Inference on a folder of images, with timm's ``inference.py`` conventions (``predict.py`` runs it).
+"""Inference on a folder of images (of videos for a video model), with timm's ``inference.py`` conventions
+(``predict.py`` runs it).
 
 A model comes from a training checkpoint (``.ckpt``), an export folder (``model.safetensors`` +
 ``config.json``, or a folder holding only ``model.pt2``) or a ``torch.export`` program (``.pt2``); its
@@ -14,6 +15,15 @@ With ``seq_len`` (``predict.py seq_len=256``) every image is scored at its own s
 ``ResizeToSequence`` (within ``max_tokens`` patches, default ``seq_len``, never enlarged) and ``Patchify``, packed into
 rows of ``seq_len`` tokens (:class:`vitrel.data.packing.PackingCollator`), the path of ``data.packing`` in
 training; models that take timm's NaFlex dicts only (not ``.pt2`` programs).
+
+A video model (its data config has ``num_frames``) reads video files instead (:func:`predict_videos`; the extensions
+of :data:`vitrel.data.video.VIDEO_EXTENSIONS`, in a folder or in class folders): each video's evaluation clips,
+``clips_per_video`` evenly spaced clips of ``num_frames`` frames ``frame_stride`` apart (stored by ``train.py``;
+``data=video_folder``'s defaults and one warning for a checkpoint without them), decoded with PyAV, each through
+``ClipTransform(train=False)`` with the stored statistics (frames made grey as images are for a 1-channel model); a
+video's probabilities are the mean of its clips' softmax (multi-view testing). A file that does not decode is skipped
+with a warning and counted; a folder holding only images for a video model, or only videos for an image model, is
+one error naming what the model takes. A video model's ``.pt2`` program is refused.
 
 Output rows, as timm's ``inference.py --results-separate-col``: ``filename`` (relative to the input
 folder), then for each of the top ``k`` classes ``index_i``, ``label_i`` (the class name when the

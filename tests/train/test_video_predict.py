@@ -216,3 +216,20 @@ def test_ema_and_model_overrides_as_for_images(runs, videos, tmp_path):
         ):
             assert int(r["index_0"]) == int(want.argmax()) and abs(float(r["prob_0"]) - float(want.max())) < 1e-5
     assert [r["prob_0"] for r in ema] != [r["prob_0"] for r in raw]  # (the EMA weights are other weights)
+
+
+def test_an_export_folder_keeps_the_clip_sampling(runs, videos, tmp_path):
+    """``python -m vitrel.export CKPT OUT`` (weights and config): the same CSV rows as the checkpoint's, with no
+    warning (the clip sampling travels in the weights' data config)."""
+    from vitrel.export import main as export_main
+
+    assert export_main([str(runs[1]), str(tmp_path / "export")]) == 0
+    ref = predict_folder(load_predictor(runs[1]), videos / "val", topk=2, progress=False).rows
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        p = load_predictor(tmp_path / "export")
+        rows = predict_folder(p, videos / "val", topk=2, progress=False).rows
+    assert not [w for w in caught if "stores no" in str(w.message)]
+    assert (p.data_config["frame_stride"], p.data_config["clips_per_video"]) == (3, 1)
+    assert [r["index_0"] for r in rows] == [r["index_0"] for r in ref]
+    assert max(abs(a["prob_0"] - b["prob_0"]) for a, b in zip(rows, ref, strict=True)) < 1e-6

@@ -187,7 +187,7 @@ class _ImageFiles(torch.utils.data.Dataset):
                 img.load()
                 return i, self.transform(img), None
         except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, with its reason
-            return i, None, f"{type(e).__name__}: {e}"
+            return i, None, f"cannot read it as an image ({type(e).__name__}: {e})"
 
 
 def _collate(
@@ -261,10 +261,6 @@ def predict_folder(
     """Top-``k`` classes and probabilities of every image under ``input_dir`` (see the module docstring); with
     ``seq_len``, each image at its own size, packed (NaFlex). A video model's predictor scores the videos under
     ``input_dir`` instead (:func:`predict_videos`)."""
-    import time
-
-    from tqdm.auto import tqdm
-
     check_predict_args(
         topk=topk, batch_size=batch_size, num_workers=num_workers, seq_len=seq_len, max_tokens=max_tokens
     )
@@ -294,25 +290,43 @@ def predict_folder(
     loader = torch.utils.data.DataLoader(
         _ImageFiles(files, tf), batch_size=batch_size, num_workers=num_workers, collate_fn=collate
     )
-    names = class_names or predictor.class_names
+
+    def forward(x: Any) -> Tensor:
+        if isinstance(x, dict):  # (a packed NaFlex batch)
+            x = {k: v.to(predictor.device) if isinstance(v, Tensor) else v for k, v in x.items()}
+        return predictor.model(x if isinstance(x, dict) else x.to(predictor.device)).float().softmax(-1)
+
+    return _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress)
+
+
+def _score(
+    loader: Any,
+    forward: Callable[[Any], Tensor],
+    files: list[Path],
+    root: Path,
+    folders: list[str] | None,
+    names: list[str] | None,
+    topk: int,
+    progress: bool,
+) -> PredictResult:
+    """The loop of :func:`predict_folder` and :func:`predict_videos`: ``forward(batch)`` -> probabilities
+    ``[B, classes]`` of the batch's files; the files that did not read are warned about and counted."""
+    import time
+
+    from tqdm.auto import tqdm
+
     rows: list[tuple[int, dict[str, Any]]] = []
     skipped: list[tuple[str, str]] = []
     t0 = time.perf_counter()
     with torch.inference_mode():
-        bar = tqdm(loader, desc="predict", unit="batch", disable=not progress)
-        for idx, x, bad in bar:
+        for idx, x, bad in tqdm(loader, desc="predict", unit="batch", disable=not progress):
             for i, err in bad:
                 rel = str(files[i].relative_to(root))
-                warnings.warn(f"skipped {rel}: cannot read it as an image ({err})", stacklevel=2)
+                warnings.warn(f"skipped {rel}: {err}", stacklevel=3)
                 skipped.append((rel, err))
             if x is None:
                 continue
-            x = (
-                {k: v.to(predictor.device) if isinstance(v, Tensor) else v for k, v in x.items()}
-                if isinstance(x, dict)
-                else x.to(predictor.device)
-            )
-            probs = predictor.model(x).float().softmax(-1)
+            probs = forward(x)
             names = _label_names(names, folders, probs.shape[-1])
             rows += _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
     rows = [row for _, row in sorted(rows, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
@@ -444,10 +458,6 @@ def predict_videos(
     ``num_frames`` frames ``frame_stride`` apart), each resized, centre-cropped and normalised as in evaluation
     (``ClipTransform(train=False)`` with the stored statistics); a video's probabilities are the mean of its clips'
     softmax. ``batch_size`` counts videos (``batch_size * clips_per_video`` clips per forward)."""
-    import time
-
-    from tqdm.auto import tqdm
-
     from vitrel.data.video.clips import ClipTransform
 
     check_predict_args(topk=topk, batch_size=batch_size, num_workers=num_workers)
@@ -476,24 +486,13 @@ def predict_videos(
         num_workers=num_workers,
         collate_fn=_collate,
     )
-    names = class_names or predictor.class_names
-    rows: list[tuple[int, dict[str, Any]]] = []
-    skipped: list[tuple[str, str]] = []
-    t0 = time.perf_counter()
-    with torch.inference_mode():
-        for idx, x, bad in tqdm(loader, desc="predict", unit="batch", disable=not progress):
-            for i, err in bad:
-                rel = str(files[i].relative_to(root))
-                warnings.warn(f"skipped {rel}: {err}", stacklevel=2)
-                skipped.append((rel, err))
-            if x is None:
-                continue
-            b, k = x.shape[:2]  # [B, K, C, T, H, W]: the K clips of B videos in one forward
-            logits = predictor.model(x.flatten(0, 1).to(predictor.device))
-            probs = logits.float().softmax(-1).unflatten(0, (b, k)).mean(1)  # multi-view testing: mean of softmax
-            names = _label_names(names, folders, probs.shape[-1])
-            rows += _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
-    return PredictResult([row for _, row in rows], skipped, len(files), time.perf_counter() - t0)
+
+    def forward(x: Tensor) -> Tensor:  # [B, K, C, T, H, W]: the K clips of B videos in one call
+        b, k = x.shape[:2]
+        logits = predictor.model(x.flatten(0, 1).to(predictor.device))
+        return logits.float().softmax(-1).unflatten(0, (b, k)).mean(1)  # multi-view testing: the mean of softmax
+
+    return _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress)
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:

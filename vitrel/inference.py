@@ -474,6 +474,12 @@ def predict_videos(
         raise ValueError(
             f"{predictor.source} takes clips of {c} x {h} x {w} frames: predict.py reads square 1- or 3-channel clips"
         )
+    try:
+        import av  # noqa: F401 - the decoder, checked before any file is read
+    except ImportError:
+        raise ImportError(
+            "predict.py decodes videos with PyAV: pip install av (or pip install -e '.[video]')"
+        ) from None
     root = Path(input_dir)
     files, folders = _input_files(root, predictor)
     sampling = clip_sampling(dc, predictor.source)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import math
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -190,11 +191,14 @@ def test_wrong_kind_of_folder_is_one_error_before_anything_is_written(runs, vide
     assert not out.exists()
 
 
-def test_a_video_program_is_refused_naming_what_is_read(runs, videos):
+def test_a_video_program_or_no_decoder_is_refused_naming_what_is_needed(runs, videos, monkeypatch):
     p = load_predictor(runs[1])
     program = Predictor(p.model, p.data_config, "export/model.pt2")  # (export --pt2 refuses video models for now)
     with pytest.raises(ValueError, match=r"torch.export program of a video model.*\.ckpt.*export folder"):
         predict_folder(program, videos / "val", progress=False)
+    monkeypatch.setitem(sys.modules, "av", None)  # (import av fails, as without PyAV)
+    with pytest.raises(ImportError, match=r"decodes videos with PyAV: pip install av"):
+        predict_folder(p, videos / "val", progress=False)
 
 
 def test_ema_and_model_overrides_as_for_images(runs, videos, tmp_path):

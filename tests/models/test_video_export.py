@@ -139,7 +139,7 @@ def _video_vit_weights(tmp_path: Path, **kw) -> Path:
     [
         (dict(attn_impl="flex"), ["--pt2"], "cannot be saved as .pt2"),
         (dict(attn_impl="triton", pos="rope3d_axial"), ["--onnx"], "ONNX has no operator"),
-        ({}, ["--pt2", "--num-frames", "3"], "not a positive multiple of the tubelet size 2"),
+        ({}, ["--pt2", "--num-frames", "3"], "num_frames=3 is not a positive multiple of the tubelet size 2"),
     ],
 )
 def test_video_export_refuses_before_writing(tmp_path, capsys, built, args, said):

@@ -11,7 +11,9 @@ every second block on windows shifted by half a window along each axis (a cyclic
 The windows, their shift and mask are :mod:`vitrel.layout.windows3d` (the authors' ``get_window_size`` and
 ``compute_mask``, padding masked out as in vitrel's 2-D Swin). The position scheme sees the window's grid
 ``(Wt, Wh, Ww)``: one scheme state per stage and forward, shared by its windows (and by its blocks with
-``pos_share=True``). Any clip size runs: a window no smaller than the stage's grid shrinks to it, per axis.
+``pos_share=True``). Any clip size runs: a window no smaller than the stage's grid shrinks to it, per axis; at
+symbolic sizes (``torch.export`` with dynamic frames, height and width) the same function is one program
+(:func:`any_size_window_attention3`).
 """
 
 from __future__ import annotations

@@ -334,9 +334,12 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     predictor = load_predictor(str(cfg.ckpt_path), device, cfg.get("ema", "auto"), overrides)
     frames = predictor.data_config.get("num_frames")
     if frames is not None:  # before any file is read or written
+        weights = str(cfg.ckpt_path)
+        if weights.endswith(".pt2"):  # eval.py reads weights, not programs: those vitrel.export wrote beside it
+            weights = f"{Path(weights).parent} (eval.py reads the weights python -m vitrel.export wrote, not .pt2)"
         raise ValueError(
             f"{cfg.ckpt_path} is a video model (clips of {frames} frames) and predict.py reads folders of images: "
-            f"score clips with eval.py, e.g. python eval.py ckpt_path={cfg.ckpt_path} data=video_folder "
+            f"score clips with eval.py, e.g. python eval.py ckpt_path={weights} data=video_folder "
             "data.root=<root>/{train,val}/<class>/<clip>.mp4 (or data=moving_fmnist)"
         )
     res = predict_folder(

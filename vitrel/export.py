@@ -1,7 +1,8 @@
 """Models that leave Python: exported weights, ``torch.export`` programs and ONNX.
 
 ``python -m vitrel.export CKPT OUTDIR [--pt2] [--onnx] [--dynamic hw|batch|static]``: a training
-checkpoint (or exported weights) -> ``OUTDIR/model.safetensors`` + ``config.json``, and optionally
+checkpoint (or exported weights) of an image or a video model -> ``OUTDIR/model.safetensors`` + ``config.json``, and
+optionally
 
 * ``model.pt2``: a ``torch.export`` program (``torch.export.load``), with the preprocessing in its
   extra file ``vitrel_data_config.json``;
@@ -15,10 +16,12 @@ another attention kernel than the checkpoint's (it is recorded in ``config.json`
 with ``triton`` that is to run on any device, or go to ONNX.
 
 Dynamic sizes (``dynamic=``): ``"hw"`` (default) makes one program for every batch size and every
-image height and width that is a multiple of the patch size; ``"batch"`` only the batch; ``"static"``
-the example's shape. A Swin model with a scheme that depends on the window's extent (1-D raster
-schemes; see ``PositionScheme.depends_on_extent`` and ``docs/export.md``) has no ``"hw"`` program:
-:func:`best_dynamic` picks ``"batch"`` for it. A model with ``attn_impl="flex"`` exports with static shapes
+image height and width that is a multiple of the patch size (a video model: every clip, its frames a multiple of
+the tubelet size too); ``"batch"`` only the batch; ``"static"`` the example's shape. A video model's programs take
+clips ``[B, C, T, H, W]`` (the ONNX input is named ``clips``; ``--num-frames`` sets the example clip's length). A
+Swin model with a scheme that depends on the window's extent (1-D raster schemes; see
+``PositionScheme.depends_on_extent`` and ``docs/export.md``) has no ``"hw"`` program: :func:`best_dynamic` picks
+``"batch"`` for it. A model with ``attn_impl="flex"`` exports with static shapes
 only (torch.export cannot trace FlexAttention's block masks at symbolic sizes), and not to ONNX (no operator):
 :func:`best_dynamic` picks ``"static"``; ``--attn-impl sdpa`` exports the same weights at every size.
 
@@ -81,10 +84,17 @@ DATA_CONFIG_NAME = "vitrel_data_config.json"
 #: the ONNX opset written (ONNX Runtime 1.17+ runs it; Resize with antialias needs >= 18)
 ONNX_OPSET = 18
 MAX_SIDE = 4096
+MAX_FRAMES = 1024
 
 
 def _patch(model: nn.Module) -> int:
     return int(model.patch_embed.patch_size)
+
+
+def _frames(model: nn.Module) -> int | None:
+    """A video model's clip length (``vitrel_cfg["num_frames"]``); None for an image model."""
+    frames = (getattr(model, "vitrel_cfg", None) or {}).get("num_frames")
+    return None if frames is None else int(frames)
 
 
 def _kernels(model: nn.Module) -> set[str]:
@@ -113,18 +123,11 @@ def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, 
     """Refuse, with the reason and what to do instead, an export that cannot be made: ``dynamic`` sizes the model
     cannot serve in one program, (``onnx``) an attention kernel ONNX has no operator for or a missing ``onnx``
     / ``onnxscript`` package, (``pt2``) a program ``torch.export.save`` cannot write (FlexAttention's). Called before
-    anything is traced or written. A video model (clips) is refused: the programs are traced on images."""
+    anything is traced or written; the same rules for image and video models."""
     from vitrel.kernels import get_kernel
 
     if dynamic not in DYNAMIC:
         raise ValueError(f"dynamic must be one of {DYNAMIC}, got {dynamic!r}")
-    cfg = getattr(model, "vitrel_cfg", None) or {}
-    if cfg.get("num_frames") is not None:
-        raise ValueError(
-            f"{cfg.get('architecture')} takes clips [B, C, T, H, W]; the programs (--pt2, --onnx) are traced on images "
-            "[B, C, H, W]: export its weights (python -m vitrel.export CKPT OUT, without --pt2 / --onnx) and load "
-            "them with vitrel.load_model"
-        )
     kernels = _kernels(model)
     if onnx:
         bad = sorted(k for k in kernels if k == "flex" or not get_kernel(k).onnx)
@@ -160,35 +163,53 @@ def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, 
         )
 
 
-def example_input(model: nn.Module, batch: int = 2, img_size: Any = None) -> Tensor:
-    """Random images ``[batch, in_chans, H, W]`` at the model's built size (or ``img_size``)."""
+def example_input(model: nn.Module, batch: int = 2, img_size: Any = None, num_frames: int | None = None) -> Tensor:
+    """Random images ``[batch, in_chans, H, W]`` at the model's built size (or ``img_size``); for a video model, clips
+    ``[batch, in_chans, T, H, W]`` of its ``num_frames`` (or ``num_frames``: a positive multiple of the tubelet
+    size)."""
     cfg = getattr(model, "vitrel_cfg", {})
     size = img_size if img_size is not None else cfg.get("img_size", 224)
     h, w = (size, size) if isinstance(size, int) else tuple(size)
     p = next(model.parameters())
-    return torch.randn(batch, int(cfg.get("in_chans", 3)), int(h), int(w), device=p.device, dtype=p.dtype)
+    frames, shape = _frames(model), (batch, int(cfg.get("in_chans", 3)), int(h), int(w))
+    if frames is None:
+        if num_frames is not None:
+            raise ValueError(f"{cfg.get('architecture')} is an image model: num_frames is for video models")
+    else:
+        t, tubelet = int(num_frames if num_frames is not None else frames), int(model.patch_embed.tubelet_size)
+        if t < tubelet or t % tubelet:
+            raise ValueError(f"num_frames={t} is not a positive multiple of the tubelet size {tubelet}")
+        shape = (*shape[:2], t, *shape[2:])
+    return torch.randn(*shape, device=p.device, dtype=p.dtype)
 
 
-def dynamic_shapes(model: nn.Module, dynamic: str = "hw", max_side: int = MAX_SIDE) -> tuple | None:
-    """``torch.export`` dynamic shapes of a model's image input: batch and/or height/width in patches."""
+def dynamic_shapes(
+    model: nn.Module, dynamic: str = "hw", max_side: int = MAX_SIDE, max_frames: int = MAX_FRAMES
+) -> tuple | None:
+    """``torch.export`` dynamic shapes of a model's input: batch and/or height/width in patches (images ``[B, C, H,
+    W]``); for a video model's clips ``[B, C, T, H, W]``, ``"hw"`` makes the frames symbolic too, in tubelets."""
     if dynamic not in DYNAMIC:
         raise ValueError(f"dynamic must be one of {DYNAMIC}, got {dynamic!r}")
     if dynamic == "static":
         return None
     dims: dict[int, Any] = {0: torch.export.Dim("batch", min=1, max=1 << 16)}
     if dynamic == "hw":
-        p = _patch(model)
+        p, h = _patch(model), 2
+        if _frames(model) is not None:
+            t = int(model.patch_embed.tubelet_size)
+            dims[2] = t * torch.export.Dim("grid_t", min=1, max=max(1, max_frames // t))
+            h = 3
         n = max(1, max_side // p)
-        dims[2] = p * torch.export.Dim("grid_h", min=1, max=n)
-        dims[3] = p * torch.export.Dim("grid_w", min=1, max=n)
+        dims[h] = p * torch.export.Dim("grid_h", min=1, max=n)
+        dims[h + 1] = p * torch.export.Dim("grid_w", min=1, max=n)
     return (dims,)
 
 
 def export_program(
     model: nn.Module, example: Tensor | None = None, dynamic: str = "hw", max_side: int = MAX_SIDE
 ) -> torch.export.ExportedProgram:
-    """``torch.export`` of ``model`` (in eval mode, without gradients) on images ``example`` with the ``dynamic``
-    sizes (:func:`check_exportable` first).
+    """``torch.export`` of ``model`` (in eval mode, without gradients) on images (a video model: clips) ``example``
+    with the ``dynamic`` sizes (:func:`check_exportable` first).
 
     Sizes that can be 1 (a single window, a grid of one patch) are traced size-obliviously, so the
     program does not assume a side of at least 2 (torch's default for symbolic sizes); the model is
@@ -233,16 +254,18 @@ def onnx_program(
     program: torch.export.ExportedProgram | None = None,
 ) -> Any:
     """``model`` as an ONNX program in memory (``torch.onnx.ONNXProgram``; ``.save(path)`` writes it), via
-    :func:`export_program` (or its ``program``, already traced) and the dynamo exporter (input ``images``, output
-    ``logits``); needs ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel ONNX has no
-    operator for (a vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused: the same weights built with
-    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``)."""
+    :func:`export_program` (or its ``program``, already traced) and the dynamo exporter (input ``images``, a video
+    model's ``clips``; output ``logits``); needs ``pip install vitrel[export]`` (onnx, onnxscript). A model whose
+    attention kernel ONNX has no operator for (a vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused:
+    the same weights built with ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path,
+    attn_impl="sdpa")``)."""
     check_exportable(model, dynamic, onnx=True)
     ep = program if program is not None else export_program(model, example, dynamic, max_side)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        name = "images" if _frames(model) is None else "clips"
         return torch.onnx.export(
-            ep, input_names=["images"], output_names=["logits"], opset_version=opset, dynamo=True, verbose=False
+            ep, input_names=[name], output_names=["logits"], opset_version=opset, dynamo=True, verbose=False
         )
 
 
@@ -312,9 +335,15 @@ def main(argv: list[str] | None = None) -> int:
         "--dynamic",
         choices=DYNAMIC,
         default=None,
-        help="dynamic sizes of the program: hw (batch, height and width; the default where possible), batch, static",
+        help="dynamic sizes of the program: hw (batch, height and width, a video model's frames too; the default "
+        "where possible), batch, static",
     )
-    ap.add_argument("--img-size", type=int, nargs="+", default=None, help="example image size (default: the model's)")
+    ap.add_argument(
+        "--img-size", type=int, nargs="+", default=None, help="example image (video: frame) size (default: the model's)"
+    )
+    ap.add_argument(
+        "--num-frames", type=int, default=None, help="a video model's example clip length (default: the model's)"
+    )
     ap.add_argument("--opset", type=int, default=ONNX_OPSET)
     ap.add_argument(
         "--attn-impl",
@@ -337,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.dynamic is None and dynamic != "hw":
                 print(f"note: {_NOT_HW[dynamic]}; exporting dynamic={dynamic}")
             size = None if args.img_size is None else (args.img_size * 2)[:2]
-            example = example_input(model, img_size=size)
+            example = example_input(model, img_size=size, num_frames=args.num_frames)
             ep = export_program(model, example, dynamic)
             pt2 = program_bytes(ep, data_config) if args.pt2 else None
             if args.onnx:

@@ -180,12 +180,14 @@ def test_mixup_blends_whole_clips():
     torch.testing.assert_close(mixed, lam * x + (1 - lam) * x.flip(0))
 
 
-def test_export_writes_a_video_models_weights_and_refuses_a_program(video_sweep, tmp_path, capsys):
+def test_export_writes_a_video_models_weights_and_refuses_a_bad_clip(video_sweep, tmp_path, capsys):
     from vitrel.export import main as export_main
 
     ckpt = video_sweep / "checkpoints" / "last.ckpt"
-    assert export_main([str(ckpt), str(tmp_path / "prog"), "--pt2"]) == 2
-    assert "takes clips [B, C, T, H, W]" in capsys.readouterr().err and not (tmp_path / "prog").exists()
+    # a clip the model cannot take is refused before anything is written (its programs: test_video_export.py)
+    assert export_main([str(ckpt), str(tmp_path / "prog"), "--pt2", "--num-frames", "0"]) == 2
+    assert "not a positive multiple of the tubelet size 1" in capsys.readouterr().err
+    assert not (tmp_path / "prog").exists()
     assert export_main([str(ckpt), str(tmp_path / "weights")]) == 0
     model = vitrel.load_model(tmp_path / "weights")
     assert model.vitrel_cfg["num_frames"] == 8 and model.pretrained_cfg["num_frames"] == 8

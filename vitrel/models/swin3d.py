@@ -11,7 +11,9 @@ every second block on windows shifted by half a window along each axis (a cyclic
 The windows, their shift and mask are :mod:`vitrel.layout.windows3d` (the authors' ``get_window_size`` and
 ``compute_mask``, padding masked out as in vitrel's 2-D Swin). The position scheme sees the window's grid
 ``(Wt, Wh, Ww)``: one scheme state per stage and forward, shared by its windows (and by its blocks with
-``pos_share=True``). Any clip size runs: a window no smaller than the stage's grid shrinks to it, per axis.
+``pos_share=True``). Any clip size runs: a window no smaller than the stage's grid shrinks to it, per axis; at
+symbolic sizes (``torch.export`` with dynamic frames, height and width) the same function is one program
+(:func:`any_size_window_attention3`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+import torch.nn.functional as F
 from timm.layers import register_notrace_function, to_2tuple
 from torch import Tensor, nn
 
 from vitrel.layers.validate import check_swin_args
 from vitrel.layout.geometry import Grid3
+from vitrel.layout.windows import floor_mod
 from vitrel.layout.windows3d import unwindow3, window_and_shift3, windows3
 from vitrel.models.backbone import SwinBody
 from vitrel.models.blocks import (
@@ -60,10 +65,74 @@ def map_grid3(x: Tensor) -> Grid3:
     return Grid3(x.shape[1], x.shape[2], x.shape[3])
 
 
+def symbolic_map3(x: Tensor) -> bool:
+    """The map's frames, height or width is symbolic (``torch.export`` / ``torch.compile`` with dynamic sizes)."""
+    return not all(isinstance(s, int) for s in x.shape[1:4])
+
+
 @register_notrace_function
 def window_grid3(x: Tensor, window: Window3) -> Grid3:
-    """The window grid of the map ``x [B, T, H, W, C]``: the window, shrunk per axis to a smaller side."""
+    """The window grid of the map ``x [B, T, H, W, C]``: the window, shrunk per axis to a smaller side; the full window
+    when the sizes are symbolic (:func:`any_size_window_attention3`)."""
+    if symbolic_map3(x):
+        return Grid3(*window)
     return Grid3(*window_and_shift3(map_grid3(x), window, False)[0])
+
+
+def _on_axis(v: Tensor, axis: int) -> Tensor:
+    """``v [n, m]`` (window, slot of one axis) viewed on the window order ``[nT, nH, nW, Wt, Wh, Ww]``."""
+    shape = [1] * 6
+    shape[axis], shape[3 + axis] = v.shape
+    return v.view(shape)
+
+
+def any_size_window_attention3(block: Swin3DBlock, x: Tensor, pos_state: PosState) -> Tensor:
+    """``block``'s (shifted-)window attention on ``x [B, T, H, W, C]`` as one program for every clip size (used when
+    the sizes are symbolic): the 2-D Swin's ``_any_size_window_attention`` on three axes.
+
+    The eager rule (per axis, the window shrinks to a smaller side and that axis is not shifted) is written without
+    branching on sizes: the window is always ``Wt x Wh x Ww``, the map is padded to multiples of it and the padding
+    masked, and the shift (``W // 2`` where the side exceeds the window, else 0) is a tensor that indexes the map
+    instead of a ``roll``. Every token attends to the tokens it attends to eagerly, with the same offsets, so a scheme
+    whose terms depend on the offsets alone gives the eager result; one that depends on the window's extent
+    (``PositionScheme.depends_on_extent``) would not, and is refused."""
+    scheme = pos_state.scheme
+    if scheme.depends_on_extent:
+        raise NotImplementedError(
+            f"{scheme.name} depends on the window's extent, which the Video Swin shrinks to a smaller grid: an "
+            "exported Video Swin with this scheme cannot serve every clip size: export with dynamic='batch' or "
+            "'static'. See docs/export.md."
+        )
+    b, c, dev = x.shape[0], x.shape[-1], x.device
+    sides, win = x.shape[1:4], block.window_size
+    counts = [(g + m - 1) // m for g, m in zip(sides, win)]  # windows per axis, the map padded to counts * win
+    padded = [k * m for k, m in zip(counts, win)]
+    zero = torch.zeros((), dtype=torch.long, device=dev)
+    shifts = [
+        torch.where(torch.scalar_tensor(g, dtype=torch.long, device=dev) > m, m // 2, 0) if block.shifted else zero
+        for g, m in zip(sides, win)
+    ]
+    src, labels = [], []  # per axis [windows, slots]: the padded map's index each slot shows, and its label
+    for g, m, k, p, s in zip(sides, win, counts, padded, shifts):
+        rolled = torch.arange(p, device=dev)
+        shown = floor_mod(rolled + s, p)  # the roll by -shift, as an index
+        src.append(shown.view(k, m))  # labels as window_regions3: 2 padding, 1 wrapped around, 0 otherwise
+        labels.append(torch.where(shown >= g, 2, (rolled >= p - s).long()).view(k, m))
+    flat = (_on_axis(src[0], 0) * padded[1] + _on_axis(src[1], 1)) * padded[2] + _on_axis(src[2], 2)
+    lab = (_on_axis(labels[0], 0) * 3 + _on_axis(labels[1], 1)) * 3 + _on_axis(labels[2], 2)
+    n_win, n = counts[0] * counts[1] * counts[2], win[0] * win[1] * win[2]
+    lab = lab.reshape(n_win, n)
+    x = F.pad(x, (0, 0, 0, padded[2] - sides[2], 0, padded[1] - sides[1], 0, padded[0] - sides[0])).flatten(1, 3)
+    windows = x.index_select(1, flat.reshape(-1)).view(b * n_win, n, c)
+    mask = torch.zeros((), device=dev).masked_fill(lab[:, :, None] != lab[:, None, :], float("-inf"))
+    out = block.attn(windows, mask=mask, pos_state=pos_state)  # [B nW, n, C]
+    # map position g of an axis sits at rolled (g - shift) mod padded: gather the T x H x W positions back
+    q = [floor_mod(torch.arange(g, device=dev) - s, p) for g, s, p in zip(sides, shifts, padded)]
+    wi, si = [v // m for v, m in zip(q, win)], [v % m for v, m in zip(q, win)]
+    t_, h_, w_ = (slice(None), None, None), (None, slice(None), None), (None, None, slice(None))
+    window_id = (wi[0][t_] * counts[1] + wi[1][h_]) * counts[2] + wi[2][w_]
+    slot = ((window_id * win[0] + si[0][t_]) * win[1] + si[1][h_]) * win[2] + si[2][w_]
+    return out.reshape(b, n_win * n, c).index_select(1, slot.reshape(-1)).view(b, *sides, c)
 
 
 class Swin3DBlock(Block):
@@ -90,6 +159,8 @@ class Swin3DBlock(Block):
 
     def window_attention(self, x: Tensor, pos_state: PosState) -> Tensor:
         """The (shifted-)window attention on the normalised map ``x [B, T, H, W, C]`` -> ``[B, T, H, W, C]``."""
+        if symbolic_map3(x):
+            return any_size_window_attention3(self, x, pos_state)
         windows, grid, win, shift, mask = windows3(x, self.window_size, self.shifted)
         return unwindow3(self.attn(windows, mask=mask, pos_state=pos_state), grid, win, shift)
 

@@ -1,0 +1,157 @@
+"""``python -m vitrel.export CKPT OUT --pt2 --onnx`` for video models: a checkpoint written by train.py
+(``experiment=video``, the video ViT) and a Video Swin's weights, through the command in-process; the ``.pt2``
+program and the ONNX model against the eager model at the traced clip and at other frame counts and frame sizes;
+the data config in the program; predict.py refusing the program; the refusals, before anything is written."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import vitrel
+from tests.train.test_video_train import video_sweep  # noqa: F401  (the fixture: a tiny train.py video run)
+from vitrel.export import PT2_NAME, best_dynamic, check_exportable, load_program, main
+from vitrel.models.checkpoint import save_pretrained
+
+#: the command writes ONNX where its packages are installed (else --onnx is refused), ONNX Runtime checks it
+ONNX = all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript"))
+
+
+def exported(ckpt: Path, out: Path, *args: str) -> Path:
+    """``python -m vitrel.export ckpt out --pt2 [--onnx] args`` in-process; it succeeds."""
+    assert main([str(ckpt), str(out), "--pt2", *(["--onnx"] if ONNX else []), *args]) == 0
+    return out
+
+
+def assert_programs_match(model: torch.nn.Module, out: Path, shapes: list[tuple[int, ...]]) -> None:
+    """The ``.pt2`` program and (where ONNX Runtime is installed) the ONNX model in ``out`` equal ``model`` (eager) on
+    random clips of each shape."""
+    ep, _ = load_program(out / PT2_NAME)
+    sess = None
+    if ONNX and importlib.util.find_spec("onnxruntime") is not None:
+        import onnxruntime
+
+        sess = onnxruntime.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+        assert [i.name for i in sess.get_inputs()] == ["clips"]
+    g = torch.Generator().manual_seed(2)
+    for shape in shapes:
+        x = torch.randn(*shape, generator=g)
+        with torch.no_grad():
+            ref = model(x)
+            torch.testing.assert_close(ep.module()(x), ref, rtol=1e-5, atol=1e-5)
+        if sess is not None:
+            (onnx_out,) = sess.run(None, {"clips": x.numpy()})
+            torch.testing.assert_close(torch.from_numpy(onnx_out), ref, rtol=1e-4, atol=1e-4)
+
+
+# ---------------------------------------------------------------------------- a train.py checkpoint (video ViT)
+@pytest.fixture(scope="module")
+def trained_export(video_sweep, tmp_path_factory) -> Path:  # noqa: F811
+    """The export folder of the tiny ``experiment=video`` run's ``last.ckpt`` (8 frames of 32 x 32, tubelet 1,
+    patch 16)."""
+    return exported(video_sweep / "checkpoints" / "last.ckpt", tmp_path_factory.mktemp("video_export") / "out")
+
+
+def test_trained_video_model_exports_one_program_for_every_clip(video_sweep, trained_export):  # noqa: F811
+    """The program (and ONNX model) of a train.py checkpoint: the traced clip, another batch, fewer and more frames,
+    other (non-square) frame sizes; the program carries the run's data config, clip length included."""
+    model = vitrel.load_model(video_sweep / "checkpoints" / "last.ckpt").eval()
+    assert best_dynamic(model) == "hw"
+    assert_programs_match(model, trained_export, [(2, 1, 8, 32, 32), (3, 1, 3, 48, 16), (1, 1, 12, 16, 32)])
+    _, data_config = load_program(trained_export / PT2_NAME)
+    assert data_config["num_frames"] == 8 and data_config["input_size"] == [1, 32, 32]
+    assert data_config["mean"] == pytest.approx(vitrel.load_model(trained_export).pretrained_cfg["mean"])
+
+
+def test_predict_refuses_a_video_program_naming_eval(trained_export, tmp_path):
+    """predict.py reads images: a video model's ``.pt2`` is refused (its data config says clips) before anything is
+    read or written, naming eval.py on the export folder's weights (eval.py does not read programs)."""
+    from vitrel.inference import run_predict
+
+    (tmp_path / "images").mkdir()
+    out = tmp_path / "predictions.csv"
+    cfg = OmegaConf.create(dict(ckpt_path=str(trained_export / PT2_NAME), input=str(tmp_path / "images"),
+                                results_file=str(out), device="cpu"))  # fmt: skip
+    with pytest.raises(ValueError, match=r"is a video model \(clips of 8 frames\).*eval\.py") as e:
+        run_predict(cfg)
+    assert f"python eval.py ckpt_path={trained_export} (eval.py reads the weights" in str(e.value)
+    assert not out.exists()
+    assert vitrel.load_model(trained_export).vitrel_cfg["num_frames"] == 8  # what eval.py loads
+
+
+# ---------------------------------------------------------------------------- the Video Swin
+def video_swin() -> torch.nn.Module:
+    """A one-stage Video Swin (a plain and a shifted block; window 4 x 4 x 4, tubelets 1 x 2 x 2; the space-only
+    patch merging of later stages is the 2-D Swin's, exported at symbolic sides in test_export.py) built for 4 frames
+    of 16 x 16, with weights at PyTorch's default scale (timm's init leaves attention almost uniform and the
+    relative tables at zero, under which a wrong window, shift or mask would hardly show in the logits)."""
+    torch.manual_seed(0)
+    m = vitrel.create_model(
+        "vitrel_swin3d_tiny_patch122_window444_32", embed_dim=16, depths=(2,), num_heads=(2,), img_size=16,
+        num_frames=4, num_classes=3,
+    )  # fmt: skip
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if p.dim() >= 2:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
+            elif "norm" not in name:
+                p.add_(torch.randn(p.shape, generator=g) * 0.5)
+    return m.eval()
+
+
+def test_video_swin_exports_one_program_for_every_clip(tmp_path, capsys):
+    """Symbolic batch, frames, height and width: at the traced clip (grid 4 x 8 x 8: windows 4 x 4 x 4, the shifted
+    block shifted in space only) and at clips whose grid is padded to whole windows and shifted on all three axes
+    (6 x 6 x 10), and whose window shrinks in frames and height, padded and shifted in width (2 x 3 x 5)."""
+    m = video_swin()
+    assert best_dynamic(m) == "hw"
+    out = exported(save_pretrained(m, tmp_path / "weights"), tmp_path / "out")
+    assert "note:" not in capsys.readouterr().out
+    assert_programs_match(m, out, [(2, 1, 4, 16, 16), (3, 1, 6, 12, 20), (1, 1, 2, 6, 10)])
+    assert load_program(out / PT2_NAME)[1]["num_frames"] == 4
+
+
+def test_video_swin_with_an_extent_scheme_gets_a_batch_program(monkeypatch):
+    """A Video Swin whose scheme depends on the window's extent (none of the 3-D schemes does today: one is made so
+    here) gets no every-size program: ``best_dynamic`` picks ``"batch"``, ``"hw"`` is refused."""
+    m = video_swin()
+    monkeypatch.setattr(vitrel.pos.get_pos_class("rel3d_full"), "depends_on_extent", True)
+    assert best_dynamic(m) == "batch"
+    with pytest.raises(ValueError, match="window's extent"):
+        check_exportable(m, "hw")
+
+
+# ---------------------------------------------------------------------------- refusals, before anything is written
+def _video_vit_weights(tmp_path: Path, **kw) -> Path:
+    m = vitrel.create_model("vitrel_vit_video_tiny_patch16_224", embed_dim=16, depth=1, num_heads=2, img_size=32,
+                            num_frames=4, **kw)  # fmt: skip
+    return save_pretrained(m, tmp_path / "weights")
+
+
+@pytest.mark.parametrize(
+    ("built", "args", "said"),
+    [
+        (dict(attn_impl="flex"), ["--pt2"], "cannot be saved as .pt2"),
+        (dict(attn_impl="triton", pos="rope3d_axial"), ["--onnx"], "ONNX has no operator"),
+        ({}, ["--pt2", "--num-frames", "3"], "num_frames=3 is not a positive multiple of the tubelet size 2"),
+    ],
+)
+def test_video_export_refuses_before_writing(tmp_path, capsys, built, args, said):
+    out = tmp_path / "out"
+    assert main([str(_video_vit_weights(tmp_path, **built)), str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and said in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_num_frames_is_refused_for_an_image_model(tmp_path, capsys):
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", embed_dim=16, depth=1, num_heads=2)
+    out = tmp_path / "out"
+    assert main([str(save_pretrained(m, tmp_path / "weights")), str(out), "--pt2", "--num-frames", "4"]) == 2
+    assert "is an image model: num_frames is for video models" in capsys.readouterr().err and not out.exists()

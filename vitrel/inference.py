@@ -23,7 +23,7 @@ of :data:`vitrel.data.video.VIDEO_EXTENSIONS`, in a folder or in class folders):
 ``ClipTransform(train=False)`` with the stored statistics (frames made grey as images are for a 1-channel model); a
 video's probabilities are the mean of its clips' softmax (multi-view testing). A file that does not decode is skipped
 with a warning and counted; a folder holding only images for a video model, or only videos for an image model, is
-one error naming what the model takes. A video model's ``.pt2`` program is refused.
+one error naming what the model takes.
 
 Output rows, as timm's ``inference.py --results-separate-col``: ``filename`` (relative to the input
 folder), then for each of the top ``k`` classes ``index_i``, ``label_i`` (the class name when the
@@ -464,11 +464,6 @@ def predict_videos(
     dc = predictor.data_config
     if "num_frames" not in dc:
         raise ValueError(f"{predictor.source} is an image model: score images with predict_folder")
-    if Path(predictor.source).suffix == ".pt2":
-        raise ValueError(
-            f"{predictor.source} is a torch.export program of a video model, which predict.py does not read: give "
-            "the training checkpoint (.ckpt) or the export folder (model.safetensors + config.json)"
-        )
     c, h, w = dc["input_size"]
     if c not in (1, 3) or h != w:
         raise ValueError(

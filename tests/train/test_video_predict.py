@@ -16,7 +16,7 @@ import torch
 import vitrel
 from tests.data.test_video import write_video
 from tests.train_helpers import FAST, compose, run_script
-from vitrel.inference import NoVideosError, Predictor, load_predictor, predict_folder, run_predict
+from vitrel.inference import NoVideosError, load_predictor, predict_folder, run_predict
 from vitrel.models.checkpoint import checkpoint_has_ema
 from vitrel.train.run import train
 
@@ -191,11 +191,8 @@ def test_wrong_kind_of_folder_is_one_error_before_anything_is_written(runs, vide
     assert not out.exists()
 
 
-def test_a_video_program_or_no_decoder_is_refused_naming_what_is_needed(runs, videos, monkeypatch):
+def test_without_pyav_a_video_model_is_one_error_naming_pip_install(runs, videos, monkeypatch):
     p = load_predictor(runs[1])
-    program = Predictor(p.model, p.data_config, "export/model.pt2")  # (export --pt2 refuses video models for now)
-    with pytest.raises(ValueError, match=r"torch.export program of a video model.*\.ckpt.*export folder"):
-        predict_folder(program, videos / "val", progress=False)
     monkeypatch.setitem(sys.modules, "av", None)  # (import av fails, as without PyAV)
     with pytest.raises(ImportError, match=r"decodes videos with PyAV: pip install av"):
         predict_folder(p, videos / "val", progress=False)
@@ -222,18 +219,19 @@ def test_ema_and_model_overrides_as_for_images(runs, videos, tmp_path):
     assert [r["prob_0"] for r in ema] != [r["prob_0"] for r in raw]  # (the EMA weights are other weights)
 
 
-def test_an_export_folder_keeps_the_clip_sampling(runs, videos, tmp_path):
-    """``python -m vitrel.export CKPT OUT`` (weights and config): the same CSV rows as the checkpoint's, with no
-    warning (the clip sampling travels in the weights' data config)."""
+def test_an_export_folder_and_its_program_keep_the_clip_sampling(runs, videos, tmp_path):
+    """``python -m vitrel.export CKPT OUT --pt2 --ema`` of the run with 2 clips: the export folder and the ``.pt2``
+    program give the checkpoint's CSV rows, with no warning (the clip sampling travels in their data configs)."""
     from vitrel.export import main as export_main
 
-    assert export_main([str(runs[1]), str(tmp_path / "export")]) == 0
-    ref = predict_folder(load_predictor(runs[1]), videos / "val", topk=2, progress=False).rows
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        p = load_predictor(tmp_path / "export")
-        rows = predict_folder(p, videos / "val", topk=2, progress=False).rows
-    assert not [w for w in caught if "stores no" in str(w.message)]
-    assert (p.data_config["frame_stride"], p.data_config["clips_per_video"]) == (3, 1)
-    assert [r["index_0"] for r in rows] == [r["index_0"] for r in ref]
-    assert max(abs(a["prob_0"] - b["prob_0"]) for a, b in zip(rows, ref, strict=True)) < 1e-6
+    assert export_main([str(runs[2]), str(tmp_path / "export"), "--pt2", "--ema"]) == 0  # (predict's ema=auto)
+    ref = predict_folder(load_predictor(runs[2]), videos / "val", topk=2, batch_size=3, progress=False).rows
+    for src in (tmp_path / "export", tmp_path / "export" / "model.pt2"):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            p = load_predictor(src)
+            rows = predict_folder(p, videos / "val", topk=2, batch_size=3, progress=False).rows
+        assert not [w for w in caught if "stores no" in str(w.message)], src
+        assert (p.data_config["frame_stride"], p.data_config["clips_per_video"]) == (2, 2)
+        assert [r["index_0"] for r in rows] == [r["index_0"] for r in ref] and rows[0]["label_0"] in CLASSES
+        assert max(abs(a["prob_0"] - b["prob_0"]) for a, b in zip(rows, ref, strict=True)) < 1e-5, src

@@ -1,8 +1,10 @@
-"""Top-k predictions for a folder of images, as a CSV (timm ``inference.py`` conventions).
+"""Top-k predictions for a folder of images (of videos for a video model), as a CSV (timm ``inference.py``
+conventions).
 
 python predict.py ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt input=path/to/images
 python predict.py ckpt_path=<export folder | model.pt2> input=<ImageFolder tree> topk=3 device=cuda
 python predict.py ckpt_path=<...>.ckpt input=<folder> seq_len=256   # each image at its own size (NaFlex, packed)
+python predict.py ckpt_path=<video run>/checkpoints/last.ckpt input=<folder of videos>   # a video model's clips
 """
 
 import hydra

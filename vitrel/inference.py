@@ -1,4 +1,5 @@
-"""Inference on a folder of images, with timm's ``inference.py`` conventions (``predict.py`` runs it).
+"""Inference on a folder of images (of videos for a video model), with timm's ``inference.py`` conventions
+(``predict.py`` runs it).
 
 A model comes from a training checkpoint (``.ckpt``), an export folder (``model.safetensors`` +
 ``config.json``, or a folder holding only ``model.pt2``) or a ``torch.export`` program (``.pt2``); its
@@ -14,6 +15,15 @@ With ``seq_len`` (``predict.py seq_len=256``) every image is scored at its own s
 ``ResizeToSequence`` (within ``max_tokens`` patches, default ``seq_len``, never enlarged) and ``Patchify``, packed into
 rows of ``seq_len`` tokens (:class:`vitrel.data.packing.PackingCollator`), the path of ``data.packing`` in
 training; models that take timm's NaFlex dicts only (not ``.pt2`` programs).
+
+A video model (its data config has ``num_frames``) reads video files instead (:func:`predict_videos`; the extensions
+of :data:`vitrel.data.video.VIDEO_EXTENSIONS`, in a folder or in class folders): each video's evaluation clips,
+``clips_per_video`` evenly spaced clips of ``num_frames`` frames ``frame_stride`` apart (stored by ``train.py``;
+``data=video_folder``'s defaults and one warning for a checkpoint without them), decoded with PyAV, each through
+``ClipTransform(train=False)`` with the stored statistics (frames made grey as images are for a 1-channel model); a
+video's probabilities are the mean of its clips' softmax (multi-view testing). A file that does not decode is skipped
+with a warning and counted; a folder holding only images for a video model, or only videos for an image model, is
+one error naming what the model takes.
 
 Output rows, as timm's ``inference.py --results-separate-col``: ``filename`` (relative to the input
 folder), then for each of the top ``k`` classes ``index_i``, ``label_i`` (the class name when the
@@ -36,11 +46,15 @@ from torch import Tensor
 __all__ = [
     "IMG_EXTENSIONS",
     "NoImagesError",
+    "NoVideosError",
     "Predictor",
     "load_predictor",
     "find_images",
+    "find_videos",
     "eval_transform",
     "predict_folder",
+    "predict_videos",
+    "clip_sampling",
     "check_predict_args",
     "write_csv",
 ]
@@ -50,6 +64,10 @@ IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 
 class NoImagesError(FileNotFoundError):
     """The input folder holds no image files."""
+
+
+class NoVideosError(FileNotFoundError):
+    """The input folder holds no video files."""
 
 
 # ---------------------------------------------------------------------------- models and their preprocessing
@@ -103,19 +121,30 @@ def load_predictor(
 
 
 # ---------------------------------------------------------------------------- images
+def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]):
+    """Files under ``root`` with ``extensions`` (sorted), and the class folder names when ``root`` is a tree of class
+    folders (files only in its sub-folders), else None; ``error`` for none."""
+    if not root.is_dir():
+        raise NotADirectoryError(f"input must be a folder of {what} or a tree of class folders, got {root}")
+    files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in extensions)
+    if not files:
+        raise error(f"no {what} in {root} (looked for {', '.join(extensions)} in the folder and its sub-folders)")
+    tree = all(len(f.relative_to(root).parts) == 2 for f in files)
+    return files, (sorted(d.name for d in root.iterdir() if d.is_dir()) if tree else None)
+
+
 def find_images(root: str | Path) -> tuple[list[Path], list[str] | None]:
     """Image files under ``root`` (sorted), and the class folder names when ``root`` is an ``ImageFolder``
     tree (images only in its sub-folders), else None. Raises :class:`NoImagesError` for none."""
-    root = Path(root)
-    if not root.is_dir():
-        raise NotADirectoryError(f"input must be a folder of images or an ImageFolder tree, got {root}")
-    files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in IMG_EXTENSIONS)
-    if not files:
-        raise NoImagesError(
-            f"no images in {root} (looked for {', '.join(IMG_EXTENSIONS)} in the folder and its sub-folders)"
-        )
-    tree = all(len(f.relative_to(root).parts) == 2 for f in files)
-    return files, (sorted(d.name for d in root.iterdir() if d.is_dir()) if tree else None)
+    return _find_files(Path(root), IMG_EXTENSIONS, "images", NoImagesError)
+
+
+def find_videos(root: str | Path) -> tuple[list[Path], list[str] | None]:
+    """Video files under ``root`` (the extensions of :data:`vitrel.data.video.VIDEO_EXTENSIONS`), as
+    :func:`find_images`. Raises :class:`NoVideosError` for none."""
+    from vitrel.data.video.folder import VIDEO_EXTENSIONS
+
+    return _find_files(Path(root), VIDEO_EXTENSIONS, "videos", NoVideosError)
 
 
 def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
@@ -158,7 +187,7 @@ class _ImageFiles(torch.utils.data.Dataset):
                 img.load()
                 return i, self.transform(img), None
         except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, with its reason
-            return i, None, f"{type(e).__name__}: {e}"
+            return i, None, f"cannot read it as an image ({type(e).__name__}: {e})"
 
 
 def _collate(
@@ -230,16 +259,20 @@ def predict_folder(
     max_tokens: int | None = None,
 ) -> PredictResult:
     """Top-``k`` classes and probabilities of every image under ``input_dir`` (see the module docstring); with
-    ``seq_len``, each image at its own size, packed (NaFlex)."""
-    import time
-
-    from tqdm.auto import tqdm
-
+    ``seq_len``, each image at its own size, packed (NaFlex). A video model's predictor scores the videos under
+    ``input_dir`` instead (:func:`predict_videos`)."""
     check_predict_args(
         topk=topk, batch_size=batch_size, num_workers=num_workers, seq_len=seq_len, max_tokens=max_tokens
     )
+    if "num_frames" in predictor.data_config:
+        if seq_len is not None or max_tokens is not None:
+            raise ValueError(
+                f"seq_len / max_tokens score images at their own sizes; {predictor.source} is a video model: leave "
+                "them unset"
+            )
+        return predict_videos(predictor, input_dir, topk, batch_size, num_workers, progress, class_names)
     root = Path(input_dir)
-    files, folders = find_images(root)
+    files, folders = _input_files(root, predictor)
     if seq_len is None:
         tf, collate = eval_transform(predictor.data_config), _collate
     else:
@@ -257,41 +290,210 @@ def predict_folder(
     loader = torch.utils.data.DataLoader(
         _ImageFiles(files, tf), batch_size=batch_size, num_workers=num_workers, collate_fn=collate
     )
-    names = class_names or predictor.class_names
-    rows: list[Any] = []
+
+    def forward(x: Any) -> Tensor:
+        if isinstance(x, dict):  # (a packed NaFlex batch)
+            x = {k: v.to(predictor.device) if isinstance(v, Tensor) else v for k, v in x.items()}
+        return predictor.model(x if isinstance(x, dict) else x.to(predictor.device)).float().softmax(-1)
+
+    return _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress)
+
+
+def _score(
+    loader: Any,
+    forward: Callable[[Any], Tensor],
+    files: list[Path],
+    root: Path,
+    folders: list[str] | None,
+    names: list[str] | None,
+    topk: int,
+    progress: bool,
+) -> PredictResult:
+    """The loop of :func:`predict_folder` and :func:`predict_videos`: ``forward(batch)`` -> probabilities
+    ``[B, classes]`` of the batch's files; the files that did not read are warned about and counted."""
+    import time
+
+    from tqdm.auto import tqdm
+
+    rows: list[tuple[int, dict[str, Any]]] = []
     skipped: list[tuple[str, str]] = []
     t0 = time.perf_counter()
     with torch.inference_mode():
-        bar = tqdm(loader, desc="predict", unit="batch", disable=not progress)
-        for idx, x, bad in bar:
+        for idx, x, bad in tqdm(loader, desc="predict", unit="batch", disable=not progress):
             for i, err in bad:
                 rel = str(files[i].relative_to(root))
-                warnings.warn(f"skipped {rel}: cannot read it as an image ({err})", stacklevel=2)
+                warnings.warn(f"skipped {rel}: {err}", stacklevel=3)
                 skipped.append((rel, err))
             if x is None:
                 continue
-            x = (
-                {k: v.to(predictor.device) if isinstance(v, Tensor) else v for k, v in x.items()}
-                if isinstance(x, dict)
-                else x.to(predictor.device)
-            )
-            probs = predictor.model(x).float().softmax(-1)
-            n = probs.shape[-1]
-            if names is None and folders is not None and len(folders) == n:
-                names = folders  # an ImageFolder tree with one folder per class: the data set's names
-            k = min(topk, n)
-            p, c = probs.topk(k, dim=-1)
-            for j, i in enumerate(idx):
-                row: dict[str, Any] = {"filename": str(files[i].relative_to(root))}
-                for r in range(k):
-                    ci = int(c[j, r])
-                    sfx = f"_{r}" if k > 1 else ""
-                    row[f"index{sfx}"] = ci
-                    row[f"label{sfx}"] = names[ci] if names is not None and ci < len(names) else str(ci)
-                    row[f"prob{sfx}"] = round(float(p[j, r]), 6)
-                rows.append((i, row))
+            probs = forward(x)
+            names = _label_names(names, folders, probs.shape[-1])
+            rows += _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
     rows = [row for _, row in sorted(rows, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
     return PredictResult(rows, skipped, len(files), time.perf_counter() - t0)
+
+
+def _label_names(names: list[str] | None, folders: list[str] | None, n: int) -> list[str] | None:
+    """The class names: the stored ones, else those of a tree with one class folder per class."""
+    return names if names is not None or folders is None or len(folders) != n else folders
+
+
+def _top_rows(
+    probs: Tensor, idx: Sequence[int], filenames: Sequence[str], names: list[str] | None, topk: int
+) -> list[tuple[int, dict[str, Any]]]:
+    """``(file index, CSV row)`` of each row of ``probs`` ``[B, classes]``: its top ``k`` (timm's columns)."""
+    k = min(topk, probs.shape[-1])
+    p, c = probs.topk(k, dim=-1)
+    out = []
+    for j, (i, name) in enumerate(zip(idx, filenames, strict=True)):
+        row: dict[str, Any] = {"filename": name}
+        for r in range(k):
+            ci = int(c[j, r])
+            sfx = f"_{r}" if k > 1 else ""
+            row[f"index{sfx}"] = ci
+            row[f"label{sfx}"] = names[ci] if names is not None and ci < len(names) else str(ci)
+            row[f"prob{sfx}"] = round(float(p[j, r]), 6)
+        out.append((i, row))
+    return out
+
+
+def _input_files(root: Path, predictor: Predictor) -> tuple[list[Path], list[str] | None]:
+    """The files the predictor's model takes under ``root`` (:func:`find_videos` for a video model, else
+    :func:`find_images`); a folder holding only the other kind is one error naming what the model takes."""
+    video = "num_frames" in predictor.data_config
+    find, other = (find_videos, find_images) if video else (find_images, find_videos)
+    try:
+        return find(root)
+    except (NoImagesError, NoVideosError) as missing:
+        try:
+            found = other(root)[0]
+        except (NoImagesError, NoVideosError):
+            raise missing from None
+        from vitrel.data.video.folder import VIDEO_EXTENSIONS
+
+        held = f"{root} holds {'images' if video else 'videos'} ({len(found)} files, e.g. {found[0].name}, no others)"
+        if video:
+            takes = (
+                f"a video model: it takes clips of {predictor.data_config['num_frames']} frames from video files "
+                f"({', '.join(VIDEO_EXTENSIONS)}); give a folder of videos, or an image model"
+            )
+        else:
+            takes = f"an image model: it takes image files ({', '.join(IMG_EXTENSIONS)}); give a folder of images"
+            takes += ", or a video model (a checkpoint of data=video_folder or data=moving_fmnist)"
+        raise ValueError(f"{held} and {predictor.source} is {takes}") from None
+
+
+# ---------------------------------------------------------------------------- videos
+def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, int]:
+    """``(num_frames, frame_stride, clips_per_video)`` of a video model's data config (the evaluation clips of its
+    training data, which ``train.py`` stores). Keys it lacks (a checkpoint written before vitrel stored them) take
+    ``data=video_folder``'s defaults, with one warning naming them."""
+    import inspect
+
+    from vitrel.data.video.folder import VideoFolderDataModule
+    from vitrel.models.data_config import CLIP_FIELDS
+
+    params = inspect.signature(VideoFolderDataModule.__init__).parameters
+    defaults = {"frame_stride": params["stride"].default, "clips_per_video": params["clips_per_video"].default}
+    missing = [k for k in CLIP_FIELDS if k not in data_config]
+    if missing:
+        warnings.warn(
+            f"{source} stores no clip sampling ({', '.join(missing)}; checkpoints of vitrel.train store it in "
+            "hyper_parameters['data_config']): clips are sampled with data=video_folder's defaults, "
+            f"{', '.join(f'{k} {defaults[k]}' for k in missing)}, which need not be the model's evaluation clips",
+            stacklevel=3,
+        )
+    got = {**defaults, **{k: data_config[k] for k in CLIP_FIELDS if k in data_config}}
+    return int(data_config["num_frames"]), int(got["frame_stride"]), int(got["clips_per_video"])
+
+
+def _grey(frames: Tensor) -> Tensor:
+    """uint8 RGB ``[T, 3, H, W]`` -> ``[T, 1, H, W]`` by PIL's ``convert("L")``, as the image path converts."""
+    import numpy as np
+    from PIL import Image
+
+    grey = [np.asarray(Image.fromarray(f.permute(1, 2, 0).numpy()).convert("L")) for f in frames]
+    return torch.from_numpy(np.stack(grey))[:, None]
+
+
+class _VideoFiles(torch.utils.data.Dataset):
+    """Video ``i`` -> ``(i, clips [K, C, T, H, W], None)``: its ``K`` uniform clips
+    (:func:`vitrel.data.video.clips.uniform_starts`), decoded in one pass, each through ``transform``; a file that
+    does not decode gives ``(i, None, reason)`` (skipped and counted by the loop)."""
+
+    def __init__(self, files: Sequence[Path], sampling: tuple[int, int, int], transform: Any, grey: bool) -> None:
+        self.files, self.sampling, self.transform, self.grey = list(files), sampling, transform, grey
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[int, Tensor | None, str | None]:
+        from vitrel.data.video.clips import VideoDecodeError, clip_indices, read_clip, uniform_starts
+
+        t, stride, k = self.sampling
+
+        def choose(n: int) -> list[int]:  # the K clips' frames, one after the other
+            return [j for s in uniform_starts(n, t, stride, k) for j in clip_indices(n, t, stride, s).tolist()]
+
+        try:
+            frames = read_clip(self.files[i], choose)  # [K * T, 3, H, W]
+        except VideoDecodeError as e:
+            return i, None, str(e)
+        if self.grey:
+            frames = _grey(frames)
+        return i, torch.stack([self.transform(clip) for clip in frames.split(t)]), None
+
+
+def predict_videos(
+    predictor: Predictor,
+    input_dir: str | Path,
+    topk: int = 5,
+    batch_size: int = 64,
+    num_workers: int = 0,
+    progress: bool = True,
+    class_names: list[str] | None = None,
+) -> PredictResult:
+    """Top-``k`` classes and probabilities of every video under ``input_dir`` (a folder or a tree of class folders)
+    for a video model: its evaluation clips (:func:`clip_sampling`: ``clips_per_video`` evenly spaced clips of
+    ``num_frames`` frames ``frame_stride`` apart), each resized, centre-cropped and normalised as in evaluation
+    (``ClipTransform(train=False)`` with the stored statistics); a video's probabilities are the mean of its clips'
+    softmax. ``batch_size`` counts videos (``batch_size * clips_per_video`` clips per forward)."""
+    from vitrel.data.video.clips import ClipTransform
+
+    check_predict_args(topk=topk, batch_size=batch_size, num_workers=num_workers)
+    dc = predictor.data_config
+    if "num_frames" not in dc:
+        raise ValueError(f"{predictor.source} is an image model: score images with predict_folder")
+    c, h, w = dc["input_size"]
+    if c not in (1, 3) or h != w:
+        raise ValueError(
+            f"{predictor.source} takes clips of {c} x {h} x {w} frames: predict.py reads square 1- or 3-channel clips"
+        )
+    try:
+        import av  # noqa: F401 - the decoder, checked before any file is read
+    except ImportError:
+        raise ImportError(
+            "predict.py decodes videos with PyAV: pip install av (or pip install -e '.[video]')"
+        ) from None
+    root = Path(input_dir)
+    files, folders = _input_files(root, predictor)
+    sampling = clip_sampling(dc, predictor.source)
+    tf = ClipTransform(
+        h, dc["mean"], dc["std"], train=False, interpolation=dc["interpolation"], crop_pct=dc["crop_pct"]
+    )
+    loader = torch.utils.data.DataLoader(
+        _VideoFiles(files, sampling, tf, grey=c == 1),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        collate_fn=_collate,
+    )
+
+    def forward(x: Tensor) -> Tensor:  # [B, K, C, T, H, W]: the K clips of B videos in one call
+        b, k = x.shape[:2]
+        logits = predictor.model(x.flatten(0, 1).to(predictor.device))
+        return logits.float().softmax(-1).unflatten(0, (b, k)).mean(1)  # multi-view testing: the mean of softmax
+
+    return _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress)
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
@@ -332,16 +534,6 @@ def run_predict(cfg: Any) -> dict[str, Any]:
 
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     predictor = load_predictor(str(cfg.ckpt_path), device, cfg.get("ema", "auto"), overrides)
-    frames = predictor.data_config.get("num_frames")
-    if frames is not None:  # before any file is read or written
-        weights = str(cfg.ckpt_path)
-        if weights.endswith(".pt2"):  # eval.py reads weights, not programs: those vitrel.export wrote beside it
-            weights = f"{Path(weights).parent} (eval.py reads the weights python -m vitrel.export wrote, not .pt2)"
-        raise ValueError(
-            f"{cfg.ckpt_path} is a video model (clips of {frames} frames) and predict.py reads folders of images: "
-            f"score clips with eval.py, e.g. python eval.py ckpt_path={weights} data=video_folder "
-            "data.root=<root>/{train,val}/<class>/<clip>.mp4 (or data=moving_fmnist)"
-        )
     res = predict_folder(
         predictor,
         str(cfg.input),
@@ -353,19 +545,21 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         max_tokens=cfg.get("max_tokens"),
     )
     out = write_csv(res.rows, str(cfg.results_file))
+    kind = "videos" if "num_frames" in predictor.data_config else "images"
     summary = {
-        "images": len(res.rows),
+        kind: len(res.rows),
         "skipped": len(res.skipped),
         "found": res.found,
         "seconds": round(res.seconds, 3),
-        "images_per_s": round(len(res.rows) / res.seconds, 2) if res.seconds > 0 else None,
+        f"{kind}_per_s": round(len(res.rows) / res.seconds, 2) if res.seconds > 0 else None,
         "results_file": str(out),
         "model": predictor.source,
         "device": str(predictor.device),
     }
     skipped = f", skipped {len(res.skipped)} unreadable file(s)" if res.skipped else ""
     print(
-        f"predicted {len(res.rows)} of {res.found} image(s){skipped} in {res.seconds:.1f} s on {predictor.device}; "
+        f"predicted {len(res.rows)} of {res.found} {kind[:-1]}(s){skipped} in {res.seconds:.1f} s on "
+        f"{predictor.device}; "
         f"wrote {out}"
     )
     return summary

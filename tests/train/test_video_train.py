@@ -1,8 +1,9 @@
 """Training on video: clips through train.py, eval.py and predict.py, mixup per clip, the video / image pairing
-refused at once, and the checkpoint a video run writes."""
+refused at once, and the checkpoint a video run writes (predict.py on video_folder runs: test_video_predict.py)."""
 
 from __future__ import annotations
 
+import csv
 import functools
 import json
 import math
@@ -85,13 +86,45 @@ def test_eval_refuses_images_for_a_video_checkpoint(video_sweep, tmp_path):
     assert not (tmp_path / "eval_metrics.json").exists()
 
 
-def test_predict_refuses_a_video_checkpoint_naming_eval(video_sweep, tmp_path):
+def test_predict_scores_grey_video_files_with_the_moving_fmnist_checkpoint(video_sweep, tmp_path):
+    """predict.py (in-process) on lossless grey video files with the recipe's 1-channel model: the frames made grey as
+    images are (PIL's ``convert("L")``), the centre clip of 8 consecutive frames (``frame_stride`` 1, one clip: what
+    train.py stores for Moving Fashion-MNIST), against the frames write_video wrote, by hand in float64. An image
+    folder is refused naming what the model takes, before the CSV is written."""
+    pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")
+    from PIL import Image
+
+    from tests.data.test_video import frame_values, write_video
+    from vitrel.inference import run_predict
+
     ckpt = video_sweep / "checkpoints" / "last.ckpt"
-    (tmp_path / "images").mkdir()
+    dc = torch.load(ckpt, weights_only=True)["hyper_parameters"]["data_config"]
+    assert (dc["num_frames"], dc["frame_stride"], dc["clips_per_video"]) == (8, 1, 1)
+    lengths = {"a.mkv": 12, "b.mkv": 8}
+    for name, n in lengths.items():
+        write_video(tmp_path / "clips" / name, n, hw=(32, 32))  # FFV1, grey: lossless
     out = tmp_path / "predictions.csv"
-    r = run_script("predict.py", [f"ckpt_path={ckpt}", f"input={tmp_path / 'images'}", f"results_file={out}"], tmp_path)
-    assert r.returncode != 0 and "is a video model (clips of 8 frames)" in r.stderr and "eval.py" in r.stderr
+    (tmp_path / "images").mkdir()
+    Image.new("L", (32, 32)).save(tmp_path / "images" / "a.png")
+    args = [f"ckpt_path={ckpt}", f"results_file={out}", "progress_bar=false", "topk=2"]
+    with pytest.raises(ValueError, match=r"holds images .* is a video model: it takes clips of 8 frames"):
+        run_predict(compose(tmp_path / "run", [*args, f"input={tmp_path / 'images'}"], config_name="predict"))
     assert not out.exists()
+    run_predict(compose(tmp_path / "run", [*args, f"input={tmp_path / 'clips'}"], config_name="predict"))
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["filename"] for r in rows] == list(lengths)
+    model = vitrel.load_model(ckpt).double().eval()
+    for r, n in zip(rows, lengths.values(), strict=True):
+        start = (n - 8) // 2
+        frames = np.repeat(frame_values(n)[start : start + 8, None, None], 32, 1).repeat(32, 2).astype(np.float64)
+        frames[:, :3, :5] = 250  # (write_video's corner block)
+        clip = (torch.from_numpy(frames) / 255 - dc["mean"][0]) / dc["std"][0]
+        with torch.no_grad():
+            want = model(clip[None, None]).softmax(-1)[0]
+        got = torch.tensor([float(r["prob_0"]), float(r["prob_1"])], dtype=torch.float64)
+        torch.testing.assert_close(got, want.sort(descending=True).values, rtol=0, atol=1e-5)
+        assert r["label_0"] == ["forward", "backward"][int(want.argmax())]
 
 
 def test_video_model_with_image_data_is_refused_before_anything_is_built(tmp_path):

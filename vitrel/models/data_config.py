@@ -1,5 +1,6 @@
 """Data configs stored with weights: the preprocessing a model was trained with (timm's ``input_size``, ``mean``,
-``std``, ``interpolation``, ``crop_pct``, ``crop_mode``, a video model's ``num_frames``, and the class names), read
+``std``, ``interpolation``, ``crop_pct``, ``crop_mode``, a video model's ``num_frames`` and evaluation clip sampling
+(:data:`CLIP_FIELDS`), and the class names), read
 from a training checkpoint's ``hyper_parameters["data_config"]`` or an export's metadata / ``pretrained_cfg``, and
 put into a model's ``pretrained_cfg``, where ``timm.data.resolve_data_config(model=model)`` finds it."""
 
@@ -15,16 +16,26 @@ from torch import nn
 
 from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _resolve, _safetensors_metadata
 
-__all__ = ["DATA_FIELDS", "data_config_for", "model_data_config", "pretrained_cfg_fields", "stored_data_config"]
+__all__ = [
+    "CLIP_FIELDS",
+    "DATA_FIELDS",
+    "data_config_for",
+    "model_data_config",
+    "pretrained_cfg_fields",
+    "stored_data_config",
+]
 
 #: timm's ``pretrained_cfg`` fields of the preprocessing (a data config also holds ``class_names``)
 DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode", "num_frames")
+#: a video model's evaluation clips beside ``num_frames``: ``frame_stride`` (frames between a clip's frames) and
+#: ``clips_per_video`` (evenly spaced clips per video); not timm fields, so never in a timm ``pretrained_cfg`` overlay
+CLIP_FIELDS = ("frame_stride", "clips_per_video")
 
 
 def _data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
     """The data-config fields of ``src`` (a stored data config or a ``pretrained_cfg``: ``label_names`` are the class
     names; ``img_size``, the side or ``[H, W]``, as written by hand before ``input_size``)."""
-    out = {k: src[k] for k in (*DATA_FIELDS, "img_size") if src.get(k) is not None}
+    out = {k: src[k] for k in (*DATA_FIELDS, *CLIP_FIELDS, "img_size") if src.get(k) is not None}
     names = src.get("class_names") or src.get("label_names")
     if names:
         out["class_names"] = [str(n) for n in names]
@@ -65,7 +76,8 @@ def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
 
 def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The preprocessing of ``model``: ``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``,
-    ``crop_mode`` (and ``num_frames`` for a video model, ``class_names`` when known), as timm's data config.
+    ``crop_mode`` (and ``num_frames`` for a video model, with :data:`CLIP_FIELDS` when stored; ``class_names`` when
+    known), as timm's data config.
 
     ``stored`` (a data config stored with the weights) wins over the model's ``pretrained_cfg`` (where
     :func:`load_model` put the stored one already); the input size and channels are the model's (``vitrel_cfg``).
@@ -91,6 +103,7 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
     frames = cfg.get("num_frames", src.get("num_frames"))
     if frames is not None:  # a video model: frames per clip (``input_size`` stays timm's ``[C, H, W]``)
         out["num_frames"] = int(frames)
+        out.update({k: int(src[k]) for k in CLIP_FIELDS if k in src})
     if src.get("class_names"):
         out["class_names"] = list(src["class_names"])
     return out
@@ -123,8 +136,7 @@ def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def _set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
     """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
-    pcfg = {
-        **dict(getattr(model, "pretrained_cfg", None) or {}),
-        **pretrained_cfg_fields(model_data_config(model, data_config)),
-    }
+    dc = model_data_config(model, data_config)
+    pcfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), **pretrained_cfg_fields(dc)}
+    pcfg.update({k: dc[k] for k in CLIP_FIELDS if k in dc})  # (a video model's clip sampling: not timm's fields)
     model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)

@@ -321,7 +321,8 @@ class ClassifierModule(L.LightningModule):
 def data_config_of(dm: Any) -> dict[str, Any] | None:
     """The preprocessing a vitrel data module applies to evaluation images, in timm's data-config fields:
     ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode`` (resize the shorter
-    side to ``size / crop_pct``, centre crop), ``num_frames`` (``T``) of a video data module, and ``class_names`` when
+    side to ``size / crop_pct``, centre crop), ``num_frames`` (``T``), ``frame_stride`` and ``clips_per_video`` (its
+    uniform evaluation clips) of a video data module, and ``class_names`` when
     it has them; plain types (a checkpoint is read
     with ``weights_only=True``). None for an object without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
     if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
@@ -336,8 +337,10 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
         "crop_pct": float(getattr(dm, "crop_pct", 1.0)),
         "crop_mode": "center",
     }
-    if getattr(dm, "num_frames", None) is not None:  # clips: the frames per clip (T)
-        out["num_frames"] = int(dm.num_frames)
+    if getattr(dm, "num_frames", None) is not None:  # clips: the frames per clip (T), the evaluation clips
+        out["num_frames"] = int(dm.num_frames)  # (frames consecutive, one clip, where the module has no such option)
+        out["frame_stride"] = int(getattr(dm, "stride", 1))
+        out["clips_per_video"] = int(getattr(dm, "clips_per_video", 1))
     names = getattr(dm, "class_names", None)
     if names:
         out["class_names"] = [str(n) for n in names]

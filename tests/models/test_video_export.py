@@ -6,15 +6,16 @@ the data config in the program; predict.py refusing the program; the refusals, b
 from __future__ import annotations
 
 import importlib.util
-import math
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 from omegaconf import OmegaConf
 
 import vitrel
 from tests.train.test_video_train import video_sweep  # noqa: F401  (the fixture: a tiny train.py video run)
+from tests.weights import lively
 from vitrel.export import PT2_NAME, best_dynamic, check_exportable, load_program, main
 from vitrel.models.checkpoint import save_pretrained
 
@@ -65,44 +66,44 @@ def test_trained_video_model_exports_one_program_for_every_clip(video_sweep, tra
     assert_programs_match(model, trained_export, [(2, 1, 8, 32, 32), (3, 1, 3, 48, 16), (1, 1, 12, 16, 32)])
     _, data_config = load_program(trained_export / PT2_NAME)
     assert data_config["num_frames"] == 8 and data_config["input_size"] == [1, 32, 32]
-    assert data_config["mean"] == pytest.approx(vitrel.load_model(trained_export).pretrained_cfg["mean"])
+    loaded = vitrel.load_model(trained_export).eval()
+    assert data_config["mean"] == pytest.approx(loaded.pretrained_cfg["mean"])
+    # timm's own route to the folder (its config.json's pretrained_cfg holds timm's fields only)
+    via_timm = timm.create_model(f"local-dir:{trained_export}", pretrained=True).eval()
+    x = torch.randn(2, 1, 8, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(via_timm(x), loaded(x), rtol=0, atol=0)
 
 
-def test_predict_refuses_a_video_program_naming_eval(trained_export, tmp_path):
-    """predict.py reads images: a video model's ``.pt2`` is refused (its data config says clips) before anything is
-    read or written, naming eval.py on the export folder's weights (eval.py does not read programs)."""
+def test_predict_on_images_refuses_a_video_program(trained_export, tmp_path):
+    """A video model's ``.pt2`` carries its clip length: predict.py given a folder of images for it is one error naming
+    what the model takes, before anything is written (videos: tests/train/test_video_predict.py)."""
+    from PIL import Image
+
     from vitrel.inference import run_predict
 
     (tmp_path / "images").mkdir()
+    Image.new("L", (32, 32)).save(tmp_path / "images" / "a.png")
     out = tmp_path / "predictions.csv"
     cfg = OmegaConf.create(dict(ckpt_path=str(trained_export / PT2_NAME), input=str(tmp_path / "images"),
                                 results_file=str(out), device="cpu"))  # fmt: skip
-    with pytest.raises(ValueError, match=r"is a video model \(clips of 8 frames\).*eval\.py") as e:
+    with pytest.raises(ValueError, match=r"holds images .* is a video model: it takes clips of 8 frames"):
         run_predict(cfg)
-    assert f"python eval.py ckpt_path={trained_export} (eval.py reads the weights" in str(e.value)
     assert not out.exists()
-    assert vitrel.load_model(trained_export).vitrel_cfg["num_frames"] == 8  # what eval.py loads
 
 
 # ---------------------------------------------------------------------------- the Video Swin
 def video_swin() -> torch.nn.Module:
     """A one-stage Video Swin (a plain and a shifted block; window 4 x 4 x 4, tubelets 1 x 2 x 2; the space-only
     patch merging of later stages is the 2-D Swin's, exported at symbolic sides in test_export.py) built for 4 frames
-    of 16 x 16, with weights at PyTorch's default scale (timm's init leaves attention almost uniform and the
-    relative tables at zero, under which a wrong window, shift or mask would hardly show in the logits)."""
+    of 16 x 16, with :func:`tests.weights.lively` weights (under timm's init a wrong window, shift or mask would
+    hardly show in the logits)."""
     torch.manual_seed(0)
     m = vitrel.create_model(
         "vitrel_swin3d_tiny_patch122_window444_32", embed_dim=16, depths=(2,), num_heads=(2,), img_size=16,
         num_frames=4, num_classes=3,
     )  # fmt: skip
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in m.named_parameters():
-            if p.dim() >= 2:
-                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p[0].numel()))
-            elif "norm" not in name:
-                p.add_(torch.randn(p.shape, generator=g) * 0.5)
-    return m.eval()
+    return lively(m).eval()
 
 
 def test_video_swin_exports_one_program_for_every_clip(tmp_path, capsys):

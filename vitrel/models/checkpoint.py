@@ -22,6 +22,7 @@ architecture - raises :class:`CheckpointError` with the reason.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import warnings
@@ -32,7 +33,7 @@ from typing import Any
 import timm
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from timm.models import filter_pretrained_cfg
+from timm.models import PretrainedCfg, filter_pretrained_cfg
 from torch import Tensor, nn
 
 from vitrel.models.ckpt_files import (
@@ -79,6 +80,10 @@ __all__ = [
     "WEIGHTS_NAME",
     "CONFIG_NAME",
 ]
+
+
+#: the fields of timm's ``PretrainedCfg`` (what ``config.json``'s ``pretrained_cfg`` may hold)
+_TIMM_CFG_FIELDS = frozenset(f.name for f in dataclasses.fields(PretrainedCfg))
 
 
 def _load_safetensors(p: Path) -> dict[str, Tensor]:
@@ -308,8 +313,10 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     save_file(tensors, str(out / WEIGHTS_NAME), metadata=meta)
     pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
     pcfg = filter_pretrained_cfg({k: v for k, v in pcfg.items() if k != "state_dict"}, remove_source=True)
-    # (num_frames, a video model's, stays in the weights' data_config: timm's PretrainedCfg has no such field)
-    pcfg.update({k: data_config[k] for k in DATA_FIELDS if k in data_config and k != "num_frames"})
+    # timm's fields only (timm.create_model("local-dir:...") builds a PretrainedCfg of them): a video model's
+    # num_frames and clip sampling stay in the weights' data_config
+    pcfg = {k: v for k, v in pcfg.items() if k in _TIMM_CFG_FIELDS}
+    pcfg.update({k: data_config[k] for k in DATA_FIELDS if k in data_config and k in _TIMM_CFG_FIELDS})
     if data_config.get("class_names"):
         pcfg["label_names"] = data_config["class_names"]
     pcfg.update(num_classes=model.num_classes, fixed_input_size=False, custom_load=False, pool_size=None)

@@ -1,6 +1,6 @@
 """Models that leave Python: exported weights, ``torch.export`` programs and ONNX.
 
-``python -m vitrel.export CKPT OUTDIR [--pt2] [--onnx] [--dynamic hw|batch|static]``: a training
+``python -m vitrel.export CKPT OUTDIR [--pt2] [--onnx] [--dynamic hw|batch|static] [--ema auto|true|false]``: a training
 checkpoint (or exported weights) of an image or a video model -> ``OUTDIR/model.safetensors`` + ``config.json``, and
 optionally
 
@@ -50,6 +50,7 @@ from vitrel.models.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     CheckpointError,
+    checkpoint_has_ema,
     data_config_for,
     load_model,
     model_data_config,
@@ -328,7 +329,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vitrel.export", description=__doc__.splitlines()[0])
     ap.add_argument("ckpt", help="training checkpoint (.ckpt) or exported weights")
     ap.add_argument("out_dir", help=f"output directory (gets {WEIGHTS_NAME} and {CONFIG_NAME})")
-    ap.add_argument("--ema", action="store_true", help="export the EMA weights of the checkpoint")
+    ap.add_argument(
+        "--ema",
+        nargs="?",
+        const="true",
+        default="auto",
+        choices=("auto", "true", "false"),
+        help="auto (default; as eval.py and predict.py): the EMA weights when the checkpoint has them; --ema / "
+        "--ema true: the EMA weights; --ema false: the trained weights",
+    )
     ap.add_argument("--pt2", action="store_true", help=f"also write a torch.export program ({PT2_NAME})")
     ap.add_argument("--onnx", action="store_true", help=f"also write an ONNX model ({ONNX_NAME}, opset {ONNX_OPSET})")
     ap.add_argument(
@@ -357,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     dynamic = args.dynamic
     try:  # everything that can refuse, the traces included, before anything is written
         kernel = {} if args.attn_impl is None else {"attn_impl": args.attn_impl}
-        model = load_model(args.ckpt, use_ema=args.ema, **kernel).eval()
+        use_ema = checkpoint_has_ema(args.ckpt) if args.ema == "auto" else args.ema == "true"
+        model = load_model(args.ckpt, use_ema=use_ema, **kernel).eval()
         data_config = data_config_for(args.ckpt, model)
         pt2 = onnx = None
         if args.pt2 or args.onnx:
@@ -383,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     save_pretrained(model, out)
-    print(f"wrote {out / WEIGHTS_NAME} and {out / CONFIG_NAME}")
+    which = "the EMA weights" if use_ema else "the trained weights"
+    print(f"wrote {out / WEIGHTS_NAME} ({which}) and {out / CONFIG_NAME}")
     if pt2 is not None:
         (out / PT2_NAME).write_bytes(pt2)
         print(f"wrote {out / PT2_NAME} (torch.export, dynamic={dynamic})")

@@ -220,11 +220,12 @@ def test_ema_and_model_overrides_as_for_images(runs, videos, tmp_path):
 
 
 def test_an_export_folder_and_its_program_keep_the_clip_sampling(runs, videos, tmp_path):
-    """``python -m vitrel.export CKPT OUT --pt2 --ema`` of the run with 2 clips: the export folder and the ``.pt2``
-    program give the checkpoint's CSV rows, with no warning (the clip sampling travels in their data configs)."""
+    """``python -m vitrel.export CKPT OUT --pt2`` of the run with 2 clips (EMA weights): the export folder and the
+    ``.pt2`` program give the checkpoint's CSV rows (the export's ``--ema auto``, as predict's ``ema=auto``: the EMA
+    weights), with no warning (the clip sampling travels in their data configs)."""
     from vitrel.export import main as export_main
 
-    assert export_main([str(runs[2]), str(tmp_path / "export"), "--pt2", "--ema"]) == 0  # (predict's ema=auto)
+    assert export_main([str(runs[2]), str(tmp_path / "export"), "--pt2"]) == 0
     ref = predict_folder(load_predictor(runs[2]), videos / "val", topk=2, batch_size=3, progress=False).rows
     for src in (tmp_path / "export", tmp_path / "export" / "model.pt2"):
         with warnings.catch_warnings(record=True) as caught:
@@ -235,3 +236,8 @@ def test_an_export_folder_and_its_program_keep_the_clip_sampling(runs, videos, t
         assert (p.data_config["frame_stride"], p.data_config["clips_per_video"]) == (2, 2)
         assert [r["index_0"] for r in rows] == [r["index_0"] for r in ref] and rows[0]["label_0"] in CLASSES
         assert max(abs(a["prob_0"] - b["prob_0"]) for a, b in zip(rows, ref, strict=True)) < 1e-5, src
+    for flag, ema in ((["--ema"], True), (["--ema", "false"], False)):  # (a bare --ema: as before, the EMA weights)
+        assert export_main([str(runs[2]), str(tmp_path / f"export_{ema}"), *flag]) == 0
+        got = vitrel.load_model(tmp_path / f"export_{ema}").state_dict()
+        want = vitrel.load_model(runs[2], use_ema=ema).state_dict()
+        assert all(torch.equal(got[k], want[k]) for k in want), flag

@@ -20,3 +20,15 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
 torch.set_num_threads(max(1, min(_threads, torch.get_num_threads())))  # (were torch imported before this file)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def video_sweep(tmp_path_factory):
+    """A tiny ``python train.py -m experiment=video`` run, shared by the tests of a session (worker) that read its
+    folder (checkpoint, metrics): ``tests.train_helpers.train_video_sweep``."""
+    from tests.train_helpers import train_video_sweep
+
+    return train_video_sweep(tmp_path_factory.mktemp("video_sweep"))

@@ -36,6 +36,11 @@ FAST = [
     "progress_bar=none",
     "callbacks.pos_images=null",
 ]
+# Moving Fashion-MNIST, small: 64 training and 32 test clips
+TINY_CLIPS = ["data=moving_fmnist", "data.train_images=32", "data.test_images=16", "data.batch_size=8"]
+# experiment=video with a one-block model
+TINY_VIDEO = ["experiment=video", "model.embed_dim=16", "model.depth=1", "model.num_heads=2", *TINY_CLIPS[1:]]
+TINY_VIDEO += ["data.val_fraction=0.0", *FAST[:1], *FAST[2:]]
 
 
 def compose(tmp_path: Path, overrides: list[str], config_name: str = "train", multirun: bool = False):
@@ -84,6 +89,15 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 300):
         text=True,
         timeout=timeout,
     )
+
+
+def train_video_sweep(sweep: Path) -> Path:
+    """``python train.py -m experiment=video pos=none`` (a sweep, as a user runs it), tiny, one epoch, in ``sweep``:
+    its first job's folder (the ``video_sweep`` fixture of tests/conftest.py)."""
+    args = ["-m", *TINY_VIDEO, "pos=none", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}", "logger=none"]
+    r = run_script("train.py", args, cwd=sweep)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return sweep / "0"
 
 
 def start_hanging_run(args: list[str], marker: Path, cwd: Path, at_step: int, what: str = "the run"):

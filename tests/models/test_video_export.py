@@ -14,7 +14,6 @@ import torch
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train.test_video_train import video_sweep  # noqa: F401  (the fixture: a tiny train.py video run)
 from tests.weights import lively
 from vitrel.export import PT2_NAME, best_dynamic, check_exportable, load_program, main
 from vitrel.models.checkpoint import save_pretrained
@@ -52,13 +51,13 @@ def assert_programs_match(model: torch.nn.Module, out: Path, shapes: list[tuple[
 
 # ---------------------------------------------------------------------------- a train.py checkpoint (video ViT)
 @pytest.fixture(scope="module")
-def trained_export(video_sweep, tmp_path_factory) -> Path:  # noqa: F811
+def trained_export(video_sweep, tmp_path_factory) -> Path:
     """The export folder of the tiny ``experiment=video`` run's ``last.ckpt`` (8 frames of 32 x 32, tubelet 1,
     patch 16)."""
     return exported(video_sweep / "checkpoints" / "last.ckpt", tmp_path_factory.mktemp("video_export") / "out")
 
 
-def test_trained_video_model_exports_one_program_for_every_clip(video_sweep, trained_export):  # noqa: F811
+def test_trained_video_model_exports_one_program_for_every_clip(video_sweep, trained_export):
     """The program (and ONNX model) of a train.py checkpoint: the traced clip, another batch, fewer and more frames,
     other (non-square) frame sizes; the program carries the run's data config, clip length included."""
     model = vitrel.load_model(video_sweep / "checkpoints" / "last.ckpt").eval()

@@ -7,7 +7,6 @@ import csv
 import functools
 import json
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ import torch
 from timm.data import Mixup
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script
+from tests.train_helpers import FAST, TINY_CLIPS, TINY_VIDEO, TINY_VIT, compose
 from vitrel.data.moving_fmnist import MovingFMNISTDataModule
 from vitrel.models.data_config import data_config_for
 from vitrel.train.module import mix_clips
@@ -23,21 +22,6 @@ from vitrel.train.run import train
 
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
 SHORT += ["trainer.limit_test_batches=1", "logger=none"]
-# Moving Fashion-MNIST, small: 64 training and 32 test clips
-TINY_CLIPS = ["data=moving_fmnist", "data.train_images=32", "data.test_images=16", "data.batch_size=8"]
-# experiment=video with a one-block model
-TINY_VIDEO = ["experiment=video", "model.embed_dim=16", "model.depth=1", "model.num_heads=2", *TINY_CLIPS[1:]]
-TINY_VIDEO += ["data.val_fraction=0.0", *FAST[:1], *FAST[2:]]
-
-
-@pytest.fixture(scope="module")
-def video_sweep(tmp_path_factory) -> Path:
-    """``python train.py -m experiment=video pos=...`` (a sweep, as a user runs it), tiny: its first job's folder."""
-    sweep = tmp_path_factory.mktemp("video_sweep")
-    args = ["-m", *TINY_VIDEO, "pos=none", *SHORT[:1], f"hydra.sweep.dir={sweep}", "logger=none"]
-    r = run_script("train.py", args, cwd=sweep)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    return sweep / "0"
 
 
 def test_video_run_writes_a_checkpoint_that_loads_as_the_video_model(video_sweep):

@@ -22,7 +22,6 @@ architecture - raises :class:`CheckpointError` with the reason.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import warnings
@@ -33,7 +32,7 @@ from typing import Any
 import timm
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from timm.models import PretrainedCfg, filter_pretrained_cfg
+from timm.models import filter_pretrained_cfg
 from torch import Tensor, nn
 
 from vitrel.models.ckpt_files import (
@@ -54,6 +53,7 @@ from vitrel.models.ckpt_files import (
 )
 from vitrel.models.data_config import (
     DATA_FIELDS,
+    TIMM_CFG_FIELDS,
     _set_data_config,
     data_config_for,
     model_data_config,
@@ -80,10 +80,6 @@ __all__ = [
     "WEIGHTS_NAME",
     "CONFIG_NAME",
 ]
-
-
-#: the fields of timm's ``PretrainedCfg`` (what ``config.json``'s ``pretrained_cfg`` may hold)
-_TIMM_CFG_FIELDS = frozenset(f.name for f in dataclasses.fields(PretrainedCfg))
 
 
 def _load_safetensors(p: Path) -> dict[str, Tensor]:
@@ -315,8 +311,8 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     pcfg = filter_pretrained_cfg({k: v for k, v in pcfg.items() if k != "state_dict"}, remove_source=True)
     # timm's fields only (timm.create_model("local-dir:...") builds a PretrainedCfg of them): a video model's
     # num_frames and clip sampling stay in the weights' data_config
-    pcfg = {k: v for k, v in pcfg.items() if k in _TIMM_CFG_FIELDS}
-    pcfg.update({k: data_config[k] for k in DATA_FIELDS if k in data_config and k in _TIMM_CFG_FIELDS})
+    pcfg = {k: v for k, v in pcfg.items() if k in TIMM_CFG_FIELDS}
+    pcfg.update({k: data_config[k] for k in DATA_FIELDS if k in data_config and k in TIMM_CFG_FIELDS})
     if data_config.get("class_names"):
         pcfg["label_names"] = data_config["class_names"]
     pcfg.update(num_classes=model.num_classes, fixed_input_size=False, custom_load=False, pool_size=None)

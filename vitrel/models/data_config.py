@@ -6,12 +6,14 @@ put into a model's ``pretrained_cfg``, where ``timm.data.resolve_data_config(mod
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
+from timm.models import PretrainedCfg
 from torch import nn
 
 from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _resolve, _safetensors_metadata
@@ -19,12 +21,16 @@ from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _reso
 __all__ = [
     "CLIP_FIELDS",
     "DATA_FIELDS",
+    "TIMM_CFG_FIELDS",
     "data_config_for",
     "model_data_config",
     "pretrained_cfg_fields",
     "stored_data_config",
 ]
 
+#: the fields of timm's ``PretrainedCfg``: what a timm ``pretrained_cfg`` overlay or an export's ``config.json``
+#: may hold (``num_frames`` and :data:`CLIP_FIELDS` are not among them: they stay in vitrel's own data config)
+TIMM_CFG_FIELDS = frozenset(f.name for f in dataclasses.fields(PretrainedCfg))
 #: timm's ``pretrained_cfg`` fields of the preprocessing (a data config also holds ``class_names``)
 DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode", "num_frames")
 #: a video model's evaluation clips beside ``num_frames``: ``frame_stride`` (frames between a clip's frames) and

@@ -27,7 +27,7 @@ from timm.models import register_model
 from torch import nn
 
 from vitrel.models.checkpoint import CheckpointError, clean_state_dict, load_model, stored_config
-from vitrel.models.data_config import pretrained_cfg_fields, stored_data_config
+from vitrel.models.data_config import TIMM_CFG_FIELDS, pretrained_cfg_fields, stored_data_config
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models
 from vitrel.models.timm_import import from_timm
 
@@ -65,7 +65,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
                 if size is not None and kwargs.get("in_chans") is not None:  # the model's, as load_model's
                     data_config["input_size"] = [kwargs["in_chans"], *((size, size) if isinstance(size, int) else size)]
                 for k, v in pretrained_cfg_fields(data_config).items():
-                    if k != "num_frames":  # (timm's PretrainedCfg has no such field; the model takes the stored one)
+                    if k in TIMM_CFG_FIELDS:  # (num_frames is not: the model takes the stored one)
                         overlay.setdefault(k, v)
     return build(name, pretrained, pretrained_filter_fn=_strip_prefixes, pretrained_cfg_overlay=overlay, **kwargs)
 

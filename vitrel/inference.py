@@ -16,7 +16,7 @@ With ``seq_len`` (``predict.py seq_len=256``) every image is scored at its own s
 rows of ``seq_len`` tokens (:class:`vitrel.data.packing.PackingCollator`), the path of ``data.packing`` in
 training; models that take timm's NaFlex dicts only (not ``.pt2`` programs).
 
-A video model (its data config has ``num_frames``) reads video files instead (:func:`predict_videos`; the extensions
+A video model (its data config has ``num_frames``) reads video files instead (:func:`predict_folder`; the extensions
 of :data:`vitrel.data.video.VIDEO_EXTENSIONS`, in a folder or in class folders): each video's evaluation clips,
 ``clips_per_video`` evenly spaced clips of ``num_frames`` frames ``frame_stride`` apart (stored by ``train.py``;
 ``data=video_folder``'s defaults and one warning for a checkpoint without them), decoded with PyAV, each through
@@ -53,7 +53,6 @@ __all__ = [
     "find_videos",
     "eval_transform",
     "predict_folder",
-    "predict_videos",
     "clip_sampling",
     "check_predict_args",
     "write_csv",
@@ -260,7 +259,8 @@ def predict_folder(
 ) -> PredictResult:
     """Top-``k`` classes and probabilities of every image under ``input_dir`` (see the module docstring); with
     ``seq_len``, each image at its own size, packed (NaFlex). A video model's predictor scores the videos under
-    ``input_dir`` instead (:func:`predict_videos`)."""
+    ``input_dir`` instead: their evaluation clips (:func:`clip_sampling`), a video's probabilities the mean of its
+    clips' softmax; ``batch_size`` then counts videos (``batch_size * clips_per_video`` clips per forward)."""
     check_predict_args(
         topk=topk, batch_size=batch_size, num_workers=num_workers, seq_len=seq_len, max_tokens=max_tokens
     )
@@ -270,8 +270,9 @@ def predict_folder(
                 f"seq_len / max_tokens score images at their own sizes; {predictor.source} is a video model: leave "
                 "them unset"
             )
-        return predict_videos(predictor, input_dir, topk, batch_size, num_workers, progress, class_names)
     root = Path(input_dir)
+    if "num_frames" in predictor.data_config:
+        return _predict_videos(predictor, root, (topk, batch_size, num_workers), progress, class_names)
     files, folders = _input_files(root, predictor)
     if seq_len is None:
         tf, collate = eval_transform(predictor.data_config), _collate
@@ -309,7 +310,7 @@ def _score(
     topk: int,
     progress: bool,
 ) -> PredictResult:
-    """The loop of :func:`predict_folder` and :func:`predict_videos`: ``forward(batch)`` -> probabilities
+    """The loop of :func:`predict_folder` (images and videos): ``forward(batch)`` -> probabilities
     ``[B, classes]`` of the batch's files; the files that did not read are warned about and counted."""
     import time
 
@@ -444,26 +445,18 @@ class _VideoFiles(torch.utils.data.Dataset):
         return i, torch.stack([self.transform(clip) for clip in frames.split(t)]), None
 
 
-def predict_videos(
-    predictor: Predictor,
-    input_dir: str | Path,
-    topk: int = 5,
-    batch_size: int = 64,
-    num_workers: int = 0,
-    progress: bool = True,
-    class_names: list[str] | None = None,
+def _predict_videos(
+    predictor: Predictor, root: Path, counts: tuple[int, int, int], progress: bool, names: list[str] | None
 ) -> PredictResult:
-    """Top-``k`` classes and probabilities of every video under ``input_dir`` (a folder or a tree of class folders)
-    for a video model: its evaluation clips (:func:`clip_sampling`: ``clips_per_video`` evenly spaced clips of
-    ``num_frames`` frames ``frame_stride`` apart), each resized, centre-cropped and normalised as in evaluation
-    (``ClipTransform(train=False)`` with the stored statistics); a video's probabilities are the mean of its clips'
-    softmax. ``batch_size`` counts videos (``batch_size * clips_per_video`` clips per forward)."""
+    """:func:`predict_folder` for a video model (``counts``: its ``topk``, ``batch_size``, ``num_workers``): every video
+    under ``root`` (a folder or a tree of class folders), from its evaluation clips (:func:`clip_sampling`:
+    ``clips_per_video`` evenly spaced clips of ``num_frames`` frames ``frame_stride`` apart), each resized,
+    centre-cropped and normalised as in evaluation (``ClipTransform(train=False)`` with the stored statistics); a
+    video's probabilities are the mean of its clips' softmax."""
     from vitrel.data.video.clips import ClipTransform
 
-    check_predict_args(topk=topk, batch_size=batch_size, num_workers=num_workers)
+    topk, batch_size, num_workers = counts
     dc = predictor.data_config
-    if "num_frames" not in dc:
-        raise ValueError(f"{predictor.source} is an image model: score images with predict_folder")
     c, h, w = dc["input_size"]
     if c not in (1, 3) or h != w:
         raise ValueError(
@@ -475,7 +468,6 @@ def predict_videos(
         raise ImportError(
             "predict.py decodes videos with PyAV: pip install av (or pip install -e '.[video]')"
         ) from None
-    root = Path(input_dir)
     files, folders = _input_files(root, predictor)
     sampling = clip_sampling(dc, predictor.source)
     tf = ClipTransform(
@@ -493,7 +485,7 @@ def predict_videos(
         logits = predictor.model(x.flatten(0, 1).to(predictor.device))
         return logits.float().softmax(-1).unflatten(0, (b, k)).mean(1)  # multi-view testing: the mean of softmax
 
-    return _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress)
+    return _score(loader, forward, files, root, folders, names or predictor.class_names, topk, progress)
 
 
 def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:

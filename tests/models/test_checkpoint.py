@@ -164,6 +164,23 @@ def test_ema_weights(tmp_path):
         vitrel.load_model(_lightning_ckpt(m, tmp_path / "n.ckpt"), use_ema=True)
 
 
+def test_checkpoint_has_ema_reads_keys_not_tensors(tmp_path, monkeypatch):
+    """``checkpoint_has_ema`` (eval / predict / export with ``ema=auto``, before the weights are loaded) leaves a zip
+    checkpoint's tensors on disk (a second full read of a large checkpoint otherwise); a legacy (non-zip) file and
+    a file without EMA weights are answered too."""
+    from vitrel.models import checkpoint
+
+    sd = {"model.w": torch.ones(3), "ema_model.module.w": torch.ones(3)}
+    zipped, legacy, plain = tmp_path / "z.ckpt", tmp_path / "l.ckpt", tmp_path / "p.ckpt"
+    torch.save({"state_dict": sd}, zipped)
+    torch.save({"state_dict": sd}, legacy, _use_new_zipfile_serialization=False)
+    torch.save({"state_dict": {"model.w": torch.ones(3)}}, plain)
+    calls, load = [], torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **kw: calls.append(kw.get("mmap")) or load(*a, **kw))
+    assert [checkpoint.checkpoint_has_ema(p) for p in (zipped, legacy, plain)] == [True, True, False]
+    assert calls == [True, False, True]  # tensors mapped, not read (a legacy file cannot be mapped)
+
+
 def test_extract_model_state_contract():
     m = _model(VIT, pos="rel2d_full")
     sd = {"model." + k: v for k, v in m.state_dict().items()}

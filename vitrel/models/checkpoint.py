@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+import zipfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -162,11 +163,12 @@ def check_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def checkpoint_has_ema(path: str | os.PathLike) -> bool:
-    """Whether a training checkpoint holds EMA weights (read safely; False for exported weights)."""
+    """Whether a training checkpoint holds EMA weights (read safely; False for exported weights). Only the keys are
+    read: the tensors of a zip checkpoint (what ``torch.save`` and Lightning write) stay on disk (``mmap``)."""
     p = _resolve(path)
     if p.suffix == ".safetensors":
         return False
-    obj = _torch_load(p)
+    obj = _torch_load(p, mmap=zipfile.is_zipfile(p))
     sd = obj.get("state_dict", {}) if isinstance(obj, Mapping) else {}
     return isinstance(sd, Mapping) and any(k.startswith(_EMA_PREFIXES) for k in sd)
 

@@ -128,9 +128,10 @@ def _preview(keys: list, n: int = 8) -> str:
 
 
 # ---------------------------------------------------------------------------- reading files
-def _torch_load(path: Path) -> Any:
+def _torch_load(path: Path, mmap: bool = False) -> Any:
+    """``torch.load`` (weights only, on the CPU) with clear errors; ``mmap``: tensors stay on disk (zip files)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         raise CheckpointError(_unpickling_error(path, str(e))) from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, TypeError, SafetensorError) as e:

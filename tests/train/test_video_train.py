@@ -11,6 +11,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from timm.data import Mixup
 
 import vitrel
@@ -201,7 +202,7 @@ def folder_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("folder_run")
     model = ["model=vitrel_vit_video_tiny_patch4_32", "pos=rel3d_factored", "+model.embed_dim=16", "+model.depth=1"]
     over = [*FOLDER, f"data.root={root}", "data.clips_per_video=2", *model, "+model.num_heads=2"]
-    over += ["trainer.max_epochs=2", "module.optimizer.lr=0.01", "module.scheduler.warmup_epochs=0", "logger=none"]
+    over += ["trainer.max_epochs=2", "module.optimizer.lr=0.05", "module.scheduler.warmup_epochs=0", "logger=none"]
     metrics = train(compose(run, [*over, "test=false", "callbacks.pos_images=null"]))
     assert 0.0 <= metrics["val/acc1"] <= 1.0 and math.isfinite(metrics["val/loss"])
     return root, run / "checkpoints" / "last.ckpt"
@@ -255,7 +256,9 @@ def test_eval_py_scores_videos_by_their_clips_mean_softmax(folder_run, tmp_path,
     assert metrics["val/acc1"] == pytest.approx(want_acc, abs=1e-6)  # (a float32 ratio of counts)
     assert metrics["val/loss"] == pytest.approx(want_loss, rel=1e-5)
     assert metrics["val/acc2"] == 1.0
-    if clips == 2:  # the per-clip accuracy and loss are other numbers: the test sees which one is reported
+    if clips == 2:  # per clip, or with the logits averaged, other numbers: the test sees which one is reported
         per_clip_acc = (probs.argmax(-1) == labels[:, None]).double().mean().item()
         per_clip_loss = -probs[torch.arange(7), :, labels].log().mean().item()
-        assert abs(per_clip_acc - want_acc) > 0.05 and abs(per_clip_loss - want_loss) > 1e-3, (per_clip_acc, want_acc)
+        mean_logits_loss = F.cross_entropy(probs.log().mean(1), labels).item()  # (log-probs: the logits less a shift)
+        assert abs(per_clip_acc - want_acc) > 0.05, (per_clip_acc, want_acc)
+        assert min(abs(per_clip_loss - want_loss), abs(mean_logits_loss - want_loss)) > 5e-3 * want_loss

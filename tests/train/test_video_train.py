@@ -18,7 +18,7 @@ import vitrel
 from tests.train_helpers import FAST, TINY_CLIPS, TINY_VIDEO, TINY_VIT, compose
 from vitrel.data.moving_fmnist import MovingFMNISTDataModule
 from vitrel.models.data_config import data_config_for
-from vitrel.train.module import mix_clips
+from vitrel.train.module import mean_softmax_log, mix_clips
 from vitrel.train.run import train
 
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
@@ -235,6 +235,19 @@ def clip_probs_by_hand(ckpt, root, clips: int) -> tuple[torch.Tensor, torch.Tens
             probs.append(torch.stack(views))
             labels.append(c)
     return torch.stack(probs), torch.tensor(labels)
+
+
+def test_mean_softmax_log_is_the_log_of_the_clips_mean_softmax():
+    """Against the mean of softmax in float64 (video b's clips: rows b * K .. b * K + K - 1), and finite where a
+    class's probability underflows float32 in every clip (its logit 200 below the others)."""
+    logits = torch.randn(6, 5, generator=torch.Generator().manual_seed(0)) * 4  # 2 videos of 3 clips
+    want = logits.double().softmax(-1).reshape(2, 3, 5).mean(1).log()
+    torch.testing.assert_close(mean_softmax_log(logits, 3).double(), want, rtol=0, atol=1e-6)
+    far = torch.tensor([[0.0, 200.0], [0.0, 201.0]])  # class 0: probability e^-200 (float32's exp underflows)
+    got = mean_softmax_log(far, 2)
+    assert (
+        torch.isfinite(got).all() and abs(got[0, 0].item() - (-200.0 - math.log(2) + math.log(1 + math.e**-1))) < 1e-4
+    )
 
 
 @pytest.mark.parametrize("clips", [2, 1])

@@ -24,10 +24,10 @@ cannot be opened or decoded, or that holds no video stream, raises :class:`Video
 
 Transforms: a clip is a uint8 ``[T, C, H, W]`` tensor (torchvision's ``TCHW``); :class:`ClipTransform` gives the
 model's float ``[C, T, H, W]`` (VideoMAE's and PyTorchVideo's layout; a batch is ``[B, C, T, H, W]``), normalised.
-:class:`VideoClips` gives one sample per video: with ``K > 1`` uniform clips, the ``K`` transformed clips stacked,
-``[K, C, T, H, W]`` (a batch ``[B, K, C, T, H, W]``, scored per video by averaging its clips' softmax).
 Its random resized crop and flip are drawn once per clip (torchvision ``transforms.v2`` over a ``tv_tensors.Video``),
 so every frame of a clip gets the same crop and flip.
+:class:`VideoClips` gives one sample per video: with ``K > 1`` uniform clips, the ``K`` transformed clips stacked,
+``[K, C, T, H, W]`` (a batch ``[B, K, C, T, H, W]``, scored per video by averaging its clips' softmax).
 """
 
 from __future__ import annotations

@@ -126,8 +126,10 @@ def long_video(tmp_path_factory) -> Path:
 @needs_av
 def test_uniform_clips_decode_the_specified_frames(long_video):
     ds = VideoClips([(str(long_video), 0)], num_frames=4, stride=3, sampling="uniform", clips_per_video=3)
-    assert len(ds) == 3
-    assert [frame_ids(ds[k][0]) for k in range(3)] == [[0, 3, 6, 9], [5, 8, 11, 14], [10, 13, 16, 19]]
+    assert len(ds) == 1  # one sample per video: its 3 clips, uint8 [K, T, 3, H, W] without a transform
+    clips, label = ds[0]
+    assert clips.dtype == torch.uint8 and clips.shape == (3, 4, 3, 32, 48) and label == 0
+    assert [frame_ids(c) for c in clips] == [[0, 3, 6, 9], [5, 8, 11, 14], [10, 13, 16, 19]]
 
 
 @needs_av
@@ -156,7 +158,7 @@ def test_a_stream_shorter_than_its_header_is_sampled_from_what_decodes(long_vide
     monkeypatch.setattr(clips, "count_frames", lambda path: 26)  # the container overstates: 26 frames, 20 decode
     ds = VideoClips([(str(long_video), 0)], num_frames=4, stride=3, clips_per_video=2)
     with pytest.warns(UserWarning, match="twenty.mkv: the container states 26 frames but 20 decode"):
-        assert frame_ids(ds[1][0]) == [10, 13, 16, 19]  # the last clip of 20 frames (of 26: frames 16 .. 25)
+        assert frame_ids(ds[0][0][1]) == [10, 13, 16, 19]  # the last clip of 20 frames (of 26: frames 16 .. 25)
 
 
 # ------------------------------------------------------------------------------------------------ transforms
@@ -259,15 +261,54 @@ def test_video_folder_config_gives_clip_batches(video_root):
     assert (dm.num_classes, dm.class_names, dm.input_size) == (2, ["archery", "bowling"], (3, 4, 16, 16))
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (2, 3, 4, 16, 16) and x.dtype == torch.float32 and set(y.tolist()) <= {0, 1}
-    val = dm.dataset("val")
-    assert len(val) == 4 * 2 and [val[i][1] for i in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    val = dm.dataset("val")  # a sample per video: its 2 clips
+    assert len(val) == 4 and [val[i][1] for i in range(4)] == [0, 0, 1, 1]
     xs = torch.cat([b[0] for b in dm.val_dataloader()])
-    assert xs.shape == (8, 3, 4, 16, 16)
+    assert xs.shape == (4, 2, 3, 4, 16, 16)  # [videos, K, C, T, H, W]
     raw = VideoClips(dm.raw_dataset("val"), 4, stride=2, clips_per_video=2)  # undecorated: check the frames
-    assert [frame_ids(raw[i][0]) for i in range(2)] == [[0, 2, 4, 6], [0, 2, 4, 6]]  # 7 frames: both clips at 0
-    assert [frame_ids(raw[i][0]) for i in range(6, 8)] == [[0, 2, 4, 6], [3, 5, 7, 9]]  # 10 frames: starts 0, 3
+    assert [frame_ids(c) for c in raw[0][0]] == [[0, 2, 4, 6], [0, 2, 4, 6]]  # 7 frames: both clips at 0
+    assert [frame_ids(c) for c in raw[3][0]] == [[0, 2, 4, 6], [3, 5, 7, 9]]  # 10 frames: starts 0, 3
     longer = dm.make_dataset("test", num_frames=6)
-    assert longer[0][0].shape == (3, 6, 16, 16)
+    assert longer[0][0].shape == (2, 3, 6, 16, 16)
+    one = instantiate(data_config("video_folder", root=video_root, num_frames=4, stride=2, img_size=16))
+    one.setup("validate")  # one clip per video (the default): the clip itself, as training's
+    assert len(one.dataset("val")) == 4 and one.dataset("val")[3][0].shape == (3, 4, 16, 16)
+
+
+@needs_av
+def test_a_videos_sample_is_its_clips_decoded_and_transformed_by_hand(video_root):
+    """data=video_folder with 2 clips per video: sample i of val is video i's 2 uniform clips, each frame decoded
+    with PyAV, picked by the sampling equations (module docstring of vitrel/data/video/clips.py), resized (shorter
+    side to floor(16 / 0.8) = 20, bicubic), centre-cropped to 16 x 16 and normalised in float64, by hand."""
+    import torchvision.transforms.functional as TF
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    cfg = data_config("video_folder", root=video_root, num_frames=4, stride=2, clips_per_video=2, img_size=16)
+    cfg.crop_pct, cfg.interpolation = 0.8, "bicubic"
+    val = instantiate(cfg).make_dataset("val")
+    mean = torch.tensor(IMAGENET_DEFAULT_MEAN, dtype=torch.float64)[:, None, None]
+    std = torch.tensor(IMAGENET_DEFAULT_STD, dtype=torch.float64)[:, None, None]
+    paths = sorted((video_root / "val").rglob("*.avi"))
+    assert len(val) == len(paths) == 4
+    for i, path in enumerate(paths):
+        with av.open(str(path)) as container:
+            decoded = [
+                torch.from_numpy(f.to_ndarray(format="rgb24")).permute(2, 0, 1) for f in container.decode(video=0)
+            ]
+        n = len(decoded)
+        delta = max(n - 7, 0)  # span (4 - 1) * 2 + 1
+        want = []
+        for s in (0, delta):  # K = 2: the first clip at the start, the last at the end
+            frames = [decoded[min(s + 2 * t, n - 1)] for t in range(4)]
+            frames = [
+                TF.center_crop(TF.resize(f, [20], TF.InterpolationMode.BICUBIC, antialias=True), [16, 16])
+                for f in frames
+            ]
+            want.append(torch.stack([(f.double() / 255 - mean) / std for f in frames], 1))  # [C, T, H, W]
+        clips, label = val[i]
+        assert clips.shape == (2, 3, 4, 16, 16) and clips.dtype == torch.float32
+        assert label == int(path.parent.name == "bowling")
+        torch.testing.assert_close(clips.double(), torch.stack(want), rtol=0, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ moving FMNIST

@@ -11,13 +11,14 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from timm.data import Mixup
 
 import vitrel
 from tests.train_helpers import FAST, TINY_CLIPS, TINY_VIDEO, TINY_VIT, compose
 from vitrel.data.moving_fmnist import MovingFMNISTDataModule
 from vitrel.models.data_config import data_config_for
-from vitrel.train.module import mix_clips
+from vitrel.train.module import mean_softmax_log, mix_clips
 from vitrel.train.run import train
 
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
@@ -175,3 +176,102 @@ def test_export_writes_a_video_models_weights_and_refuses_a_bad_clip(video_sweep
     assert export_main([str(ckpt), str(tmp_path / "weights")]) == 0
     model = vitrel.load_model(tmp_path / "weights")
     assert model.vitrel_cfg["num_frames"] == 8 and model.pretrained_cfg["num_frames"] == 8
+
+
+# ------------------------------------------------------------------------------------------------ multi-view
+# data=video_folder with the video ViT, tiny: clips of 4 consecutive frames of 16 x 16 (the videos' size: no resize)
+FOLDER = ["data=video_folder", "data.num_frames=4", "data.stride=1", "data.img_size=16", "data.pin_memory=false"]
+FOLDER += ["data.num_workers=0", "data.batch_size=3", "trainer.accelerator=cpu", "progress_bar=none"]
+# val videos of 5 to 20 frames (frame i at brightness 8 + 12 i): a long video's first and last clips look different
+VAL_LENGTHS = {"archery": (20, 5, 14, 17), "bowling": (18, 9, 20)}
+
+
+@pytest.fixture(scope="module")
+def folder_run(tmp_path_factory):
+    """``(videos root, last.ckpt)``: train.py (in-process) on lossless grey 16 x 16 videos in class folders, 2
+    evaluation clips per video (its validation scores videos), a one-block model, 2 epochs."""
+    pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")
+    from tests.data.test_video import write_video
+
+    root = tmp_path_factory.mktemp("videos")
+    for c, (cls, lengths) in enumerate(VAL_LENGTHS.items()):
+        for k, n in enumerate(lengths):
+            write_video(root / "val" / cls / f"{cls}_{k}.mkv", n, hw=(16, 16))
+        for k in range(3):
+            write_video(root / "train" / cls / f"{cls}_{k}.mkv", 6 + 5 * k + c, hw=(16, 16))
+    run = tmp_path_factory.mktemp("folder_run")
+    model = ["model=vitrel_vit_video_tiny_patch4_32", "pos=rel3d_factored", "+model.embed_dim=16", "+model.depth=1"]
+    over = [*FOLDER, f"data.root={root}", "data.clips_per_video=2", *model, "+model.num_heads=2"]
+    over += ["trainer.max_epochs=2", "module.optimizer.lr=0.05", "module.scheduler.warmup_epochs=0", "logger=none"]
+    metrics = train(compose(run, [*over, "test=false", "callbacks.pos_images=null"]))
+    assert 0.0 <= metrics["val/acc1"] <= 1.0 and math.isfinite(metrics["val/loss"])
+    return root, run / "checkpoints" / "last.ckpt"
+
+
+def clip_probs_by_hand(ckpt, root, clips: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(probs [videos, clips, classes], labels [videos])`` in float64 over the val videos (sorted, class folders'
+    order): each clip's frames written out by hand (write_video's: brightness 8 + 12 i, the corner block at 250,
+    every channel), the clips' starts by docs/video.md's rule (K evenly spaced from the first frame to the last clip
+    that fits, the centre one when K = 1), normalised with ImageNet's statistics, softmax of the model in float64."""
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    from tests.data.test_video import frame_values
+
+    model = vitrel.load_model(ckpt).double().eval()
+    mean = torch.tensor(IMAGENET_DEFAULT_MEAN, dtype=torch.float64)[:, None, None, None]
+    std = torch.tensor(IMAGENET_DEFAULT_STD, dtype=torch.float64)[:, None, None, None]
+    probs, labels = [], []
+    for c, lengths in enumerate(VAL_LENGTHS.values()):
+        for n in lengths:  # (the files <class>_<k>.mkv sort as listed)
+            delta = n - 4
+            starts = [delta // 2] if clips == 1 else [k * delta // (clips - 1) for k in range(clips)]
+            views = []
+            for s in starts:
+                frames = np.repeat(frame_values(n)[s : s + 4, None, None], 16, 1).repeat(16, 2).astype(np.float64)
+                frames[:, :3, :5] = 250
+                clip = (torch.from_numpy(frames)[None].expand(3, -1, -1, -1) / 255 - mean) / std  # [C, T, H, W]
+                with torch.no_grad():
+                    views.append(model(clip[None]).softmax(-1)[0])
+            probs.append(torch.stack(views))
+            labels.append(c)
+    return torch.stack(probs), torch.tensor(labels)
+
+
+def test_mean_softmax_log_is_the_log_of_the_clips_mean_softmax():
+    """Against the mean of softmax in float64 (video b's clips: rows b * K .. b * K + K - 1), and finite where a
+    class's probability underflows float32 in every clip (its logit 200 below the others)."""
+    logits = torch.randn(6, 5, generator=torch.Generator().manual_seed(0)) * 4  # 2 videos of 3 clips
+    want = logits.double().softmax(-1).reshape(2, 3, 5).mean(1).log()
+    torch.testing.assert_close(mean_softmax_log(logits, 3).double(), want, rtol=0, atol=1e-6)
+    far = torch.tensor([[0.0, 200.0], [0.0, 201.0]])  # class 0: probability e^-200 (float32's exp underflows)
+    got = mean_softmax_log(far, 2)
+    assert (
+        torch.isfinite(got).all() and abs(got[0, 0].item() - (-200.0 - math.log(2) + math.log(1 + math.e**-1))) < 1e-4
+    )
+
+
+@pytest.mark.parametrize("clips", [2, 1])
+def test_eval_py_scores_videos_by_their_clips_mean_softmax(folder_run, tmp_path, clips):
+    """eval.py (in-process) on the val videos of a train.py checkpoint: with 2 clips per video, acc1 and loss are the
+    video's (argmax and -log of the mean of its clips' softmax, by hand in float64; the per-clip values differ), the
+    videos counted; with 1 clip, the centre clip's values, as before multi-view testing."""
+    from vitrel.train.evaluate import evaluate
+
+    root, ckpt = folder_run
+    over = [f"ckpt_path={ckpt}", *FOLDER, f"data.root={root}", f"data.clips_per_video={clips}", "split=val"]
+    metrics = evaluate(compose(tmp_path, over, config_name="eval"))
+    res = json.loads((tmp_path / "eval_metrics.json").read_text())
+    assert res["num_images"] == res["split_images"] == 7  # videos: 7, in batches of 3 (the last of 1)
+    probs, labels = clip_probs_by_hand(ckpt, root, clips)
+    video = probs.mean(1)  # [videos, classes]
+    want_acc = (video.argmax(-1) == labels).double().mean().item()
+    want_loss = -video[torch.arange(7), labels].log().mean().item()
+    assert metrics["val/acc1"] == pytest.approx(want_acc, abs=1e-6)  # (a float32 ratio of counts)
+    assert metrics["val/loss"] == pytest.approx(want_loss, rel=1e-5)
+    assert metrics["val/acc2"] == 1.0
+    if clips == 2:  # per clip, or with the logits averaged, other numbers: the test sees which one is reported
+        per_clip_acc = (probs.argmax(-1) == labels[:, None]).double().mean().item()
+        per_clip_loss = -probs[torch.arange(7), :, labels].log().mean().item()
+        mean_logits_loss = F.cross_entropy(probs.log().mean(1), labels).item()  # (log-probs: the logits less a shift)
+        assert abs(per_clip_acc - want_acc) > 0.05, (per_clip_acc, want_acc)
+        assert min(abs(per_clip_loss - want_loss), abs(mean_logits_loss - want_loss)) > 5e-3 * want_loss

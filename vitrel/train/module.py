@@ -14,7 +14,11 @@ Batches are ``(images [B, C, H, W], targets [B])`` or, with ``data.packing``, ``
 [num_images])`` (:mod:`vitrel.data.packing`: rows packing several images; the model returns one row of logits per
 image, in the targets' order); losses and metrics count images, and a packed batch's ``padding_fraction`` is logged
 as ``train/padding``. timm's ``Mixup`` takes image tensors only: with NaFlex batches it is a clear error. Video
-batches are ``(clips [B, C, T, H, W], targets [B])``; mixup / CutMix mixes whole clips (:func:`mix_clips`).
+batches are ``(clips [B, C, T, H, W], targets [B])``; mixup / CutMix mixes whole clips (:func:`mix_clips`). An
+evaluation batch ``(clips [B, K, C, T, H, W], targets [B])`` holds ``K`` clips (views) of each of ``B`` videos: the
+``B * K`` clips go through the network as one batch, a video's probabilities are the mean of its clips' softmax (as
+``predict.py``'s), accuracy is of those, and the loss is the negative log of the mean probability of the target
+(:func:`mean_softmax_log`); losses and metrics count videos.
 
 Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy), the
 config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
@@ -38,6 +42,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -55,7 +60,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitrel.models.naflex import input_form
 from vitrel.train.optim import param_groups
 
-__all__ = ["ClassifierModule", "data_config_of", "mix_clips"]
+__all__ = ["ClassifierModule", "data_config_of", "mean_softmax_log", "mix_clips"]
 
 _EMA = "ema_model."
 
@@ -222,9 +227,13 @@ class ClassifierModule(L.LightningModule):
         x, y = batch
         n = _num_images(x, y)
         self._step_begins()
-        net = self.eval_model
-        logits = _check_logits((self.step_model if net is self.model else net)(x), y)
-        loss = F.cross_entropy(logits.float(), y)
+        net = self.step_model if self.eval_model is self.model else self.eval_model
+        if isinstance(x, Tensor) and x.dim() == 6:  # [B, K, C, T, H, W]: K clips of B videos, scored per video
+            logits = mean_softmax_log(net(x.flatten(0, 1)), x.shape[1])  # log of the mean of the clips' softmax
+            loss = F.nll_loss(logits, y)
+        else:
+            logits = _check_logits(net(x), y)
+            loss = F.cross_entropy(logits.float(), y)
         acc1, acc5 = (self.val_acc1, self.val_acc5) if stage == "val" else (self.test_acc1, self.test_acc5)
         acc1(logits, y)
         acc5(logits, y)
@@ -356,6 +365,14 @@ def mix_clips(mixup: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tenso
     b, c, t, h, w = x.shape
     mixed, target = mixup(x.reshape(b, c * t, h, w), y)
     return mixed.reshape(b, c, t, h, w), target
+
+
+def mean_softmax_log(logits: Tensor, views: int) -> Tensor:
+    """Multi-view testing: ``logits [B * views, classes]``, each video's ``views`` rows consecutive ->
+    ``log(mean_k softmax(logits_k)) [B, classes]`` in float32 (``logsumexp`` of the log-softmax, less ``log(views)``:
+    finite where a class's probability underflows). Its ``exp`` is ``predict.py``'s probabilities of a video."""
+    log_p = F.log_softmax(logits.float(), dim=-1).unflatten(0, (-1, views))
+    return torch.logsumexp(log_p, dim=1) - math.log(views)
 
 
 def _num_images(x: Tensor | Mapping, y: Tensor) -> int:

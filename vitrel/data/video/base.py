@@ -4,7 +4,9 @@
 What changes from images:
 
 * samples are float ``[C, T, H, W]`` clips (batches ``[B, C, T, H, W]``, VideoMAE's layout); ``num_frames``
-  (``T``) joins ``img_size`` as a public attribute, and ``input_size`` is ``(C, T, H, W)``;
+  (``T``) joins ``img_size`` as a public attribute, and ``input_size`` is ``(C, T, H, W)``; an evaluation sample
+  of a module taking ``K > 1`` clips per video is the video's clips ``[K, C, T, H, W]`` (batches
+  ``[B, K, C, T, H, W]``, scored per video by :class:`~vitrel.train.module.ClassifierModule`);
 * the per-clip pipeline is :class:`vitrel.data.video.clips.ClipTransform`: training with ``augment`` a random
   resized crop and flip drawn once per clip (``augment_kwargs``: ``scale``, ``ratio``, ``hflip``), evaluation a
   resize of the shorter side to ``floor(img_size / crop_pct)`` and the centre crop, both normalised;
@@ -92,8 +94,9 @@ class VideoDataModule(VisionDataModule):
         **image_kwargs: Any,
     ) -> Dataset:
         """``(clip [C, T, H, W], label)`` of ``split`` with the evaluation pipeline (the training one with
-        ``training``); ``num_frames`` (default this module's) sets ``T``, ``transform`` replaces the pipeline (it
-        receives the uint8 clip ``[T, C, H, W]``)."""
+        ``training``), ``(clips [K, C, T, H, W], label)`` for a module evaluating ``K > 1`` clips per video;
+        ``num_frames`` (default this module's) sets ``T``, ``transform`` replaces the pipeline (it receives each
+        uint8 clip ``[T, C, H, W]``)."""
         if any(v is not None for v in image_kwargs.values()):
             raise ValueError(f"{sorted(image_kwargs)}: image options; video data takes none")
         if num_frames is not None and num_frames < 1:
@@ -106,7 +109,8 @@ class VideoDataModule(VisionDataModule):
         return self._clips(ds, transform, int(num_frames or self.num_frames), training)
 
     def _clips(self, videos: Dataset, transform: Any, num_frames: int, training: bool) -> Dataset:
-        """The data set of ``(transform(clip), label)`` over the split's ``videos`` (``_load_raw``'s items)."""
+        """The data set of ``(transform(clip), label)`` over the split's ``videos`` (``_load_raw``'s items), one
+        sample per video (its clips stacked when it has several)."""
         raise NotImplementedError
 
     def setup(self, stage: str | None = None) -> None:

@@ -26,6 +26,8 @@ Transforms: a clip is a uint8 ``[T, C, H, W]`` tensor (torchvision's ``TCHW``); 
 model's float ``[C, T, H, W]`` (VideoMAE's and PyTorchVideo's layout; a batch is ``[B, C, T, H, W]``), normalised.
 Its random resized crop and flip are drawn once per clip (torchvision ``transforms.v2`` over a ``tv_tensors.Video``),
 so every frame of a clip gets the same crop and flip.
+:class:`VideoClips` gives one sample per video: with ``K > 1`` uniform clips, the ``K`` transformed clips stacked,
+``[K, C, T, H, W]`` (a batch ``[B, K, C, T, H, W]``, scored per video by averaging its clips' softmax).
 """
 
 from __future__ import annotations
@@ -250,11 +252,12 @@ class ClipTransform:
 
 
 class VideoClips(Dataset):
-    """Clips of the videos of ``videos`` (a data set of ``(path, label)``) -> ``(transform(clip), label)``.
+    """The videos of ``videos`` (a data set of ``(path, label)``) -> ``(clips, label)``, one sample per video.
 
-    ``sampling="uniform"``: ``clips_per_video`` samples per video, sample ``i`` is clip ``i % K`` of video
-    ``i // K``; ``sampling="random"``: one sample per video, a random clip each time it is read.
-    ``transform`` receives the uint8 ``[T, 3, H, W]`` clip (None: returned as it is).
+    ``sampling="uniform"``: the video's ``K = clips_per_video`` evenly spaced clips, each through ``transform``
+    (it receives the uint8 ``[T, 3, H, W]`` clip; None: kept as it is), stacked: ``[K, C, T, H, W]`` (uint8
+    ``[K, T, 3, H, W]`` without a transform), or the one clip ``[C, T, H, W]`` when ``K = 1``. The ``K`` clips are
+    decoded in one pass. ``sampling="random"``: one random clip, a fresh start each time the video is read.
     """
 
     def __init__(
@@ -275,16 +278,20 @@ class VideoClips(Dataset):
         self.sampling, self.clips_per_video, self.transform = sampling, int(clips_per_video), transform
 
     def __len__(self) -> int:
-        return len(self.videos) * self.clips_per_video  # type: ignore[arg-type]
+        return len(self.videos)  # type: ignore[arg-type]
 
-    def starts(self, video_frames: int, clip: int = 0) -> int:
-        """The start of clip ``clip`` of a video of ``video_frames`` frames (a fresh draw when random)."""
+    def clip_starts(self, video_frames: int) -> list[int]:
+        """The starts of the clips of a video of ``video_frames`` frames (a fresh draw when random)."""
         if self.sampling == "random":
-            return random_start(video_frames, self.num_frames, self.stride)
-        return uniform_starts(video_frames, self.num_frames, self.stride, self.clips_per_video)[clip]
+            return [random_start(video_frames, self.num_frames, self.stride)]
+        return uniform_starts(video_frames, self.num_frames, self.stride, self.clips_per_video)
 
     def __getitem__(self, index: int) -> tuple[Any, int]:
-        video, clip = divmod(int(index), self.clips_per_video)
-        path, label = self.videos[video]
-        frames = read_clip(path, lambda n: clip_indices(n, self.num_frames, self.stride, self.starts(n, clip)).tolist())
-        return (self.transform(frames) if self.transform is not None else frames), int(label)
+        path, label = self.videos[int(index)]
+
+        def choose(n: int) -> list[int]:  # the clips' frames, one clip after the other
+            return [i for s in self.clip_starts(n) for i in clip_indices(n, self.num_frames, self.stride, s).tolist()]
+
+        frames = read_clip(path, choose)  # [K * T, 3, H, W]
+        clips = [self.transform(c) if self.transform is not None else c for c in frames.split(self.num_frames)]
+        return (clips[0] if len(clips) == 1 else torch.stack(clips)), int(label)

@@ -15,10 +15,12 @@ Decoding is PyAV's (:mod:`vitrel.data.video.clips`). PyAV rather than torchcodec
 and must match the installed torch, and on a machine without them (this project's CPU CI) it cannot decode at all.
 
 Training takes one random clip per video each time (``num_frames`` frames, ``stride`` apart, a fresh start every
-epoch); evaluation ``clips_per_video`` evenly spaced clips per video, each a sample (the accuracy logged is per
-clip; averaging a video's clips is left to the evaluation). Normalisation: timm's ImageNet mean and std (as
-VideoMAE's). A missing folder raises ``DatasetNotFoundError``, an empty class folder ``FileNotFoundError`` naming
-it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeError` naming the file.
+epoch); evaluation a video's ``clips_per_video`` evenly spaced clips as one sample, ``[K, C, T, H, W]`` when
+``K > 1`` (a batch ``[B, K, C, T, H, W]``: ``batch_size`` videos), so the accuracy logged is per video, of the mean
+of its clips' softmax (multi-view testing, as VideoMAE's and Video Swin's). Normalisation: timm's ImageNet mean
+and std (as VideoMAE's). A missing folder raises ``DatasetNotFoundError``, an empty class folder
+``FileNotFoundError`` naming it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeError`
+naming the file.
 """
 
 from __future__ import annotations
@@ -60,7 +62,8 @@ def video_files(
 class VideoFolderDataModule(LazyClasses, VideoDataModule):
     """Class folders of videos under ``root/train`` and ``root/val`` (see the module docstring).
 
-    ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video.
+    ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video (one
+    sample ``[K, C, T, H, W]`` when more than one).
     ``num_classes`` is inferred from the train folders; passing it checks it (and lets a model be built before the
     data is reachable). Other kwargs as :class:`~vitrel.data.video.base.VideoDataModule`.
     """

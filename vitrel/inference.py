@@ -454,6 +454,7 @@ def _predict_videos(
     centre-cropped and normalised as in evaluation (``ClipTransform(train=False)`` with the stored statistics); a
     video's probabilities are the mean of its clips' softmax."""
     from vitrel.data.video.clips import ClipTransform
+    from vitrel.train.module import mean_softmax_log
 
     topk, batch_size, num_workers = counts
     dc = predictor.data_config
@@ -481,9 +482,8 @@ def _predict_videos(
     )
 
     def forward(x: Tensor) -> Tensor:  # [B, K, C, T, H, W]: the K clips of B videos in one call
-        b, k = x.shape[:2]
         logits = predictor.model(x.flatten(0, 1).to(predictor.device))
-        return logits.float().softmax(-1).unflatten(0, (b, k)).mean(1)  # multi-view testing: the mean of softmax
+        return mean_softmax_log(logits, x.shape[1]).exp()  # multi-view testing: the mean of softmax, as eval.py's
 
     return _score(loader, forward, files, root, folders, names or predictor.class_names, topk, progress)
 

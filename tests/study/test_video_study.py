@@ -70,3 +70,26 @@ def test_video_study_runs_scores_every_set_and_reads_claims(study, tmp_path):
     assert (tmp_path / "study_video_extrapolation_curves.png").stat().st_size > 0
     data = json.loads((tmp_path / "study_video_extrapolation.json").read_text())
     assert data["summary"][0]["scheme"] == "none"
+
+
+def test_accuracy_scores_a_video_of_several_clips_by_their_mean_softmax():
+    """A study's accuracy on videos of K clips (data=video_folder, clips_per_video > 1) is eval.py's: the argmax of
+    the mean of the clips' softmax, here where it differs from averaging logits and from the first clip alone."""
+    from vitrel.study.runs import accuracy
+
+    class Lookup(torch.nn.Module):  # a clip [C, T, H, W] of one value v -> the logits row LOGITS[v]
+        def forward(self, x):
+            return LOGITS[x.flatten(1)[:, 0].long()]
+
+    # video 0 (clips 0, 1): the mean of softmax says class 1, the mean of logits class 0; video 1 (clips 2, 3): its
+    # first clip alone says class 0
+    LOGITS = torch.tensor([[2.0, 10.0, 0.0], [2.0, -20.0, 0.0], [1.0, 0.0, 0.0], [0.0, 5.0, 0.0]], dtype=torch.float64)
+    CLIPS = torch.tensor([[0, 1], [2, 3]])  # [videos, clips]: the clips' LOGITS rows
+    x = CLIPS.double()[:, :, None, None, None, None].expand(2, 2, 1, 2, 2, 2)
+    y = torch.tensor([1, 1])
+    probs = LOGITS.softmax(-1)[CLIPS].mean(1)  # [videos, classes], float64 by hand
+    assert probs.argmax(-1).tolist() == y.tolist()
+    assert LOGITS[CLIPS].mean(1).argmax(-1).tolist() == [0, 1]  # (averaged logits: video 0 missed)
+    assert LOGITS[CLIPS[:, 0]].argmax(-1).tolist() == [1, 0]  # (first clips alone: video 1 missed)
+    got = accuracy(Lookup(), x, y, torch.device("cpu"), batch=1, bf16=False)
+    assert got == 1.0

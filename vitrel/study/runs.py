@@ -92,10 +92,16 @@ def materialise(ds, batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
 
 @torch.inference_mode()
 def accuracy(model, x, y, device, batch: int, bf16: bool) -> float:
-    hits = 0
+    """Top-1 accuracy of ``model`` on images or clips ``x``; videos of ``K`` clips (``x [B, K, C, T, H, W]``) are
+    scored by the mean of their clips' softmax, as ``eval.py`` scores them."""
+    from vitrel.train.module import mean_softmax_log
+
+    hits, model = 0, model.eval()
     with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():
         for i in range(0, len(x), batch):
-            hits += int((model.eval()(x[i : i + batch].to(device)).argmax(-1).cpu() == y[i : i + batch]).sum())
+            xb = x[i : i + batch].to(device)
+            logits = mean_softmax_log(model(xb.flatten(0, 1)), xb.shape[1]) if xb.dim() == 6 else model(xb)
+            hits += int((logits.argmax(-1).cpu() == y[i : i + batch]).sum())
     return hits / len(x)
 
 
@@ -120,6 +126,7 @@ def run_one(
     metrics = train(cfg, callbacks=[probe])
     fit_s, model = time.perf_counter() - t0, probe.model.to(device)
     x, y = (t[: int(cfg.data.batch_size)] for t in data["test"])
+    x = x[:, 0] if x.dim() == 6 else x  # (videos of several clips: a training step takes one clip each)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else train_step_bytes(model, x, y)
     bf16 = str(cfg.trainer.precision).startswith("bf16")
     accs, eval_s = score(model, study, data, device, bf16)

@@ -1,0 +1,67 @@
+"""Triton's interpreter (``TRITON_INTERPRET=1``, the kernels' tests on a machine without a GPU), without the work it
+repeats at every call of a ``@triton.jit`` helper.
+
+A launch patches ``triton.language``'s builtins to their interpreted forms for its duration; Triton 3.8 then patches
+them again at every call of a jitted helper inside the kernel (``InterpretedFunction.__call__`` -> ``_patch_lang``:
+``inspect.getmembers`` over the language modules, per program instance and call), and never undoes those
+patches. In the fused kernels, whose tiles call helpers, that was about 40 % of the interpreter's time
+(``tests/kernels/test_triton_bias.py -k "equals_reference or tiles_not_square"``: 62 s -> 39 s, one process).
+
+:func:`skip_repeated_patching` makes a helper's call skip the patching when the running launch already patched
+every language module the helper sees (the same module objects: what it would patch is what is patched); a launch,
+and a helper that sees another language module, patch as before. The kernels run the same interpreted code.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+_INSTALLED = False
+
+
+def shim_over(original, scope_cls):
+    """``original`` (Triton's ``_patch_lang(fn) -> scope``) that a helper's call inside a launch skips (an empty
+    ``scope_cls()``) when the launch patched every language module the helper sees."""
+    langs_of_launch: list[set[int]] = []  # the language modules the running launch patched (ids)
+
+    def patch_lang(fn):
+        from triton.runtime.interpreter import tl
+
+        langs = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+        if langs_of_launch and langs <= langs_of_launch[0]:
+            return scope_cls()  # a helper inside the launch: nothing left to patch
+        scope = original(fn)
+        if langs_of_launch:
+            langs_of_launch[0] |= langs
+            return scope
+        langs_of_launch.append(langs)
+        restore = scope.restore
+
+        def restore_launch() -> None:
+            langs_of_launch.clear()
+            restore()
+
+        scope.restore = restore_launch
+        return scope
+
+    return patch_lang
+
+
+def skip_repeated_patching() -> bool:
+    """Install :func:`shim_over` Triton's ``triton.runtime.interpreter._patch_lang`` (once); False, with a warning,
+    where this Triton's interpreter has none (the tests then run at the interpreter's own speed)."""
+    global _INSTALLED
+    if _INSTALLED:
+        return True
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang", None)
+    scope_cls = getattr(interpreter, "_LangPatchScope", None)
+    if original is None or scope_cls is None:
+        warnings.warn("this Triton's interpreter has no _patch_lang: shim not installed", stacklevel=2)
+        return False
+    interpreter._patch_lang = shim_over(original, scope_cls)
+    interpreter._patch_lang.original = original
+    _INSTALLED = True
+    return True

@@ -55,7 +55,7 @@ from vitrel.train.utils import (
     scalars,
 )
 
-__all__ = ["train", "build_model", "check_launch", "resolve_ckpt_path", "check_same_model"]
+__all__ = ["train", "build_model", "check_launch", "check_pos_override", "resolve_ckpt_path", "check_same_model"]
 
 
 def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Module:
@@ -269,9 +269,10 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(str(cfg.get("matmul_precision", "high")))
 
+    check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
     dm = instantiate(cfg.data)
     model = build_model(cfg.model, dm)
-    check_data_fits_model(dm, model, f"the model ({_model_name(cfg)})")  # before a batch is made
+    check_data_fits_model(dm, model, f"the model ({_model_name(cfg, model)})")  # before a batch is made
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model)  # before the loggers open their files
@@ -287,11 +288,14 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         plugins=[*_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    if _loads_checkpoint(cfg.model):  # the scheme the model has (the file's), not the pos group's default
+        resolved["pos"] = _stored(model).get("pos", resolved.get("pos"))
     for lg in loggers:
         lg.log_hyperparams(resolved)
     n_params = sum(p.numel() for p in model.parameters())
     rank_zero_info(
-        f"run folder {run_dir}\nmodel {_model_name(cfg)} pos={cfg.pos.get('name')} ({n_params / 1e6:.2f}M params), "
+        f"run folder {run_dir}\nmodel {_model_name(cfg, model)} pos={_pos_name(cfg, model)} "
+        f"({n_params / 1e6:.2f}M params), "
         f"data {type(dm).__name__} img_size={dm.img_size} classes={dm.num_classes}"
     )
 
@@ -327,8 +331,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,
-        "model": _model_name(cfg),
-        "pos": cfg.pos.get("name"),
+        "model": _model_name(cfg, model),
+        "pos": _pos_name(cfg, model),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "overrides": _overrides(),
     }
@@ -353,9 +357,43 @@ def _plugins(trainer_cfg: DictConfig) -> list[Any]:
     return list(built) if isinstance(built, (list, tuple)) or OmegaConf.is_list(built) else [built]
 
 
-def _model_name(cfg: DictConfig) -> str:
-    """The architecture: ``model.name`` (create_model) or ``model.architecture`` (load_model)."""
-    return str(cfg.model.get("name") or cfg.model.get("architecture"))
+def _stored(model: torch.nn.Module) -> dict[str, Any]:
+    return getattr(model, "vitrel_cfg", None) or {}
+
+
+def _loads_checkpoint(model_cfg: DictConfig) -> bool:
+    """``model=from_checkpoint``: the network is ``vitrel.load_model(model.path)``, its scheme the file's."""
+    return model_cfg.get("path") is not None and "load_model" in str(model_cfg.get("_target_", ""))
+
+
+def _model_name(cfg: DictConfig, model: torch.nn.Module | None = None) -> str:
+    """The architecture the model has (its ``vitrel_cfg``), else ``model.name`` / ``model.architecture``."""
+    stored = _stored(model) if model is not None else {}
+    return str(stored.get("architecture") or cfg.model.get("name") or cfg.model.get("architecture"))
+
+
+def _pos_name(cfg: DictConfig, model: torch.nn.Module) -> str | None:
+    """The position scheme the model has: ``model=from_checkpoint`` builds the file's, whatever the pos group says."""
+    pos = _stored(model).get("pos") if _loads_checkpoint(cfg.model) else None
+    if isinstance(pos, Mapping):
+        return pos.get("name")
+    return pos if isinstance(pos, str) else cfg.pos.get("name")
+
+
+def check_pos_override(cfg: DictConfig) -> None:
+    """``model=from_checkpoint`` builds the position scheme stored in ``model.path``: a ``pos=`` / ``pos.<key>=``
+    override on the command line would have no effect, so it is refused, before anything is built."""
+    if not _loads_checkpoint(cfg.model):
+        return
+    given = [o for o in _overrides() if o.lstrip("+~").split("=")[0].split(".")[0] == "pos"]
+    if given:
+        stored = (stored_config(str(cfg.model.path)) or {}).get("pos")
+        name = stored.get("name") if isinstance(stored, Mapping) else stored
+        raise ValueError(
+            f"{' '.join(given)} has no effect with model=from_checkpoint: the model is {cfg.model.path}'s, with its "
+            f"position scheme ({name}). Drop {'it' if len(given) == 1 else 'them'} to fine-tune that model, or train "
+            "a new one with model=<architecture> pos=<scheme>."
+        )
 
 
 def _report(result: dict, wandb_where: str | None) -> str:

@@ -1,0 +1,46 @@
+"""What a new user runs in the first hour, checked for silent wrong answers: ``model=from_checkpoint`` reports the
+model it built, the closing line says how many test images it scored, progress lines count as the epoch line does,
+the errors give advice that works."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.train_helpers import FAST, TINY_VIT, compose
+from vitrel.train.run import train
+
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+SHORT += ["trainer.limit_test_batches=1", "logger=none"]
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory):
+    """A train.py run of the tiny ViT with ``pos=rope2d_mixed``: its folder."""
+    run = tmp_path_factory.mktemp("rope_run")
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "pos=rope2d_mixed"]))
+    return run
+
+
+def test_from_checkpoint_reports_the_model_it_built(rope_run, tmp_path, caplog):
+    """``model=from_checkpoint`` builds the file's architecture and scheme: metrics.json and the run's log say so,
+    not the pos group's default (rel2d_factored) and not ``None``."""
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    caplog.set_level("INFO")
+    train(compose(tmp_path, ["model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT]))
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert (saved["model"], saved["pos"]) == ("vitrel_vit_tiny_patch4_32", "rope2d_mixed")
+    assert "model vitrel_vit_tiny_patch4_32 pos=rope2d_mixed " in caplog.text
+
+
+@pytest.mark.parametrize("override", ["pos=alibi2d", "pos.extend=clip"])
+def test_from_checkpoint_refuses_a_pos_override_before_any_work(rope_run, tmp_path, override):
+    """A ``pos`` override would be silently ignored (the scheme is the file's): refused, naming the stored scheme,
+    before anything is written."""
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    run = tmp_path / "run"
+    cfg = compose(run, ["model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT, override])
+    with pytest.raises(ValueError, match=rf"{override} has no effect with model=from_checkpoint.*\(rope2d_mixed\)"):
+        train(cfg)
+    assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()

@@ -5,6 +5,7 @@ the errors give advice that works."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -44,3 +45,19 @@ def test_from_checkpoint_refuses_a_pos_override_before_any_work(rope_run, tmp_pa
     with pytest.raises(ValueError, match=rf"{override} has no effect with model=from_checkpoint.*\(rope2d_mixed\)"):
         train(cfg)
     assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
+
+
+def test_resume_of_another_model_advises_a_route_that_works(rope_run, tmp_path):
+    """Resuming a checkpoint with another ``pos=`` is refused; the advice it gives (start a new run from the
+    weights) is a command that runs: ``model=from_checkpoint model.path=<file>``."""
+    from vitrel.models.checkpoint import CheckpointError
+
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    cfg = compose(tmp_path / "resume", [*TINY_VIT, *FAST, *SHORT, "pos=alibi2d", f"ckpt_path={ckpt}"])
+    with pytest.raises(CheckpointError, match="holds another model") as err:
+        train(cfg)
+    advice = re.search(r"model=from_checkpoint model\.path=(\S+)", str(err.value))
+    assert advice is not None, str(err.value)
+    new = tmp_path / "new"
+    train(compose(new, ["model=from_checkpoint", f"model.path={advice.group(1)}", *FAST, *SHORT]))
+    assert json.loads((new / "metrics.json").read_text())["status"] == "finished"

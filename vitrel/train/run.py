@@ -116,7 +116,7 @@ def resolve_ckpt_path(
     if "global_step" not in ckpt:
         raise CheckpointError(
             f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
-            "from its weights use model.init_file, or vitrel.load_model"
+            f"from its weights use model=from_checkpoint model.path={path} (or vitrel.load_model)"
         )
     return path, int(ckpt["global_step"])
 
@@ -143,7 +143,8 @@ def check_same_model(ckpt: Mapping[str, Any], model: torch.nn.Module, where: str
         raise CheckpointError(
             f"{where} holds another model than the one configured ({', '.join(diff)} differ):\n{lines}\n"
             "Resume with the configuration it was trained with (its run folder's .hydra/config.yaml), or start a "
-            "new run from its weights (model.init_file / vitrel.load_model) instead of resuming it."
+            f"new run from its weights instead of resuming it: model=from_checkpoint model.path={where} (its "
+            "architecture and scheme) in a new run folder."
         )
 
 

@@ -61,3 +61,19 @@ def test_resume_of_another_model_advises_a_route_that_works(rope_run, tmp_path):
     new = tmp_path / "new"
     train(compose(new, ["model=from_checkpoint", f"model.path={advice.group(1)}", *FAST, *SHORT]))
     assert json.loads((new / "metrics.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.parametrize("limit", [1, None])
+def test_closing_line_says_when_the_test_score_is_of_part_of_the_split(tmp_path, capsys, limit):
+    """``trainer.limit_test_batches`` (and ``debug=fdr``) score a few batches of the test split: the closing
+    ``test accuracy`` line and metrics.json say how many images of how many; a full test says nothing more."""
+    over = [*TINY_VIT, *FAST, *SHORT, f"trainer.limit_test_batches={'null' if limit is None else limit}"]
+    train(compose(tmp_path, over))
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("test accuracy "))
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    if limit is None:
+        assert (saved["test_images"], saved["test_split_images"]) == (2000, 2000)
+        assert line.endswith(")") and " of the " not in line
+    else:  # FAST: batches of 16
+        assert (saved["test_images"], saved["test_split_images"]) == (16, 2000)
+        assert line.endswith(" on 16 of the 2000 test images (trainer.limit_test_batches)"), line

@@ -41,6 +41,7 @@ __all__ = [
     "NonFiniteLossError",
     "ExactResume",
     "LineProgress",
+    "CountTestImages",
     "PosImageLogger",
     "last_checkpoint_path",
     "last_checkpoint_file",
@@ -498,6 +499,23 @@ class LineProgress(Callback):
             f"epoch {trainer.current_epoch + 1}/{total}  {self._fmt(m, keys)}  ({time.monotonic() - self._t0:.1f} s)",
             flush=True,
         )
+
+
+class CountTestImages(Callback):
+    """The images the test loop scored (the targets of its batches: one per image, NaFlex batches too), summed
+    over the ranks: fewer than the split's under ``trainer.limit_test_batches`` or ``fast_dev_run``."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self.count = 0
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.count += int(batch[1].shape[0])
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self.count = int(trainer.strategy.reduce(torch.tensor(self.count, device=pl_module.device), reduce_op="sum"))
 
 
 # ------------------------------------------------------------------------------------------ position pictures

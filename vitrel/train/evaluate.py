@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 import lightning as L
-import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import checkpoint_has_ema
 from vitrel.models.ckpt_files import stored_config
+from vitrel.train.callbacks import CountTestImages
 from vitrel.train.module import ClassifierModule
 from vitrel.train.utils import (
     check_data_fits_model,
@@ -42,20 +42,6 @@ from vitrel.train.utils import (
 )
 
 __all__ = ["evaluate"]
-
-
-class _CountImages(L.Callback):
-    """The images the test loop scored (the targets of its batches: one per image, NaFlex batches too), summed
-    over the ranks."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self.count += int(batch[1].shape[0])
-
-    def on_test_end(self, trainer, pl_module) -> None:
-        self.count = int(trainer.strategy.reduce(torch.tensor(self.count, device=pl_module.device), reduce_op="sum"))
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -95,7 +81,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     module = ClassifierModule(model, num_classes=dm.num_classes)
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
-    counted = _CountImages()
+    counted = CountTestImages()
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,

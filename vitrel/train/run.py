@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import stored_config
-from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
+from vitrel.train.callbacks import CountTestImages, last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.rundir import RunLock, is_launching_process
@@ -281,10 +281,11 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
+    counted = CountTestImages()  # the closing line says when the test score is of part of the split
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=loggers or False,
-        callbacks=cbs + progress_callbacks(bar),
+        callbacks=cbs + progress_callbacks(bar) + [counted],
         enable_progress_bar=bar in ("rich", "tqdm"),
         plugins=[*_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
@@ -300,7 +301,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         f"data {type(dm).__name__} img_size={dm.img_size} classes={dm.num_classes}"
     )
 
-    status, wandb_where = "failed", None
+    status, wandb_where, tested = "failed", None, (None, None)
     try:
         t_fit = time.time()
         try:
@@ -313,6 +314,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             _adopt_csv_columns(loggers)
             for res in trainer.test(module, datamodule=dm, verbose=False):
                 metrics.update(scalars(res))
+            tested = (counted.count, _split_size(trainer.test_dataloaders))
         status = "finished"
         wandb_where = _wandb_where(loggers)
     finally:
@@ -332,6 +334,9 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,
+        "test_images": tested[0],  # scored: fewer than test_split_images under trainer.limit_test_batches
+        "test_split_images": tested[1],
+        "test_limited_by": _test_limit(cfg.trainer) if tested[0] != tested[1] else None,
         "model": _model_name(cfg, model),
         "pos": _pos_name(cfg, model),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
@@ -405,7 +410,11 @@ def _report(result: dict, wandb_where: str | None) -> str:
     if f"{stage}/acc1" in m:
         extra = [f"top-5 {100 * m[k]:.1f} %" for k in (f"{stage}/acc5",) if k in m]
         extra += [f"loss {m[k]:.3f}" for k in (f"{stage}/loss",) if k in m]
-        lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)})")
+        n, total = result["test_images"], result["test_split_images"]
+        part = ""
+        if stage == "test" and n is not None and total is not None and n != total:
+            part = f" on {n} of the {total} test images ({result['test_limited_by']})"
+        lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
     lines.append(
         f"training {result['fit_s']:.0f} s ({_plural(result['epochs'], 'epoch')}, "
         f"{_plural(result['global_step'], 'step')}); "
@@ -418,6 +427,22 @@ def _report(result: dict, wandb_where: str | None) -> str:
     if wandb_where:
         lines.append(f"W&B run     {wandb_where}")
     return "\n".join(lines)
+
+
+def _split_size(loaders: Any) -> int | None:
+    """The number of samples of the test loader's data set (None when it has no length: a stream)."""
+    loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _test_limit(trainer_cfg: DictConfig) -> str:
+    """The trainer setting that limits the test loop: ``fast_dev_run`` (``debug=fdr``) or ``limit_test_batches``."""
+    if trainer_cfg.get("fast_dev_run"):
+        return "trainer.fast_dev_run"
+    return "trainer.limit_test_batches"
 
 
 def _plural(n: int, word: str) -> str:

@@ -77,3 +77,14 @@ def test_closing_line_says_when_the_test_score_is_of_part_of_the_split(tmp_path,
     else:  # FAST: batches of 16
         assert (saved["test_images"], saved["test_split_images"]) == (16, 2000)
         assert line.endswith(" on 16 of the 2000 test images (trainer.limit_test_batches)"), line
+
+
+def test_progress_lines_count_epochs_from_one_and_cover_validation_and_test(tmp_path, capsys):
+    """Not on a terminal (logs, SLURM): the step lines name the epoch as the epoch lines do (``epoch 1/1``, not
+    ``epoch 0``), and validation and test (``eval.py``'s whole run) print their progress too."""
+    over = [*TINY_VIT, *FAST, *SHORT, "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
+    train(compose(tmp_path, [*over, "progress_bar=lines", "trainer.log_every_n_steps=1"]))
+    lines = [x.split("  (")[0] for x in capsys.readouterr().out.splitlines()]
+    assert [x for x in lines if x.startswith("epoch 1/1  step ")][0].startswith("epoch 1/1  step 1/2  ")
+    assert not any(x.startswith("epoch 0") for x in lines)
+    assert {"val batch 1/2", "val batch 2/2", "test batch 1/2", "test batch 2/2"} <= set(lines)

@@ -8,7 +8,8 @@ aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eva
 as in training.
 
 The network is rebuilt from the configuration stored with the weights (``vitrel.load_model``), at
-the data's image size: learned relative tables and absolute embeddings are resized on load, the
+``data.img_size``, by default (null) the size the model was trained at (timm's ``validate.py`` takes the model's
+input size too): learned relative tables and absolute embeddings are resized on load, the
 parameter-free and continuous schemes extend by themselves. Results go to stdout and to
 ``<run dir>/eval_metrics.json``, with the number of images scored (fewer than the split's with
 ``trainer.limit_test_batches``).
@@ -22,7 +23,8 @@ from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
+from timm.layers import to_2tuple
 
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import checkpoint_has_ema
@@ -44,6 +46,15 @@ from vitrel.train.utils import (
 __all__ = ["evaluate"]
 
 
+def _trained_size(saved: dict, data_cfg: DictConfig) -> int | None:
+    """The side the stored model was trained at, when ``data.img_size`` is not given (null) and the model takes
+    image tensors of a square size (not NaFlex batches, whose images keep their own sizes); else None."""
+    if data_cfg.get("img_size") is not None or data_cfg.get("packing") or saved.get("img_size") is None:
+        return None
+    h, w = to_2tuple(saved["img_size"])
+    return int(h) if h == w else None
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Load ``cfg.ckpt_path``, score it on ``cfg.split`` of ``cfg.data``; return the metrics."""
     import vitrel
@@ -61,9 +72,14 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ema = cfg.get("ema", "auto")
     use_ema = checkpoint_has_ema(ckpt) if ema == "auto" else bool(ema)
 
+    saved = stored_config(ckpt) or {}
+    trained_size = _trained_size(saved, cfg.data)
+    if trained_size is not None:  # data.img_size not given: the size the model was trained at, as timm's validate.py
+        with open_dict(cfg):
+            cfg.data.img_size = trained_size
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
-    arch = (stored_config(ckpt) or {}).get("architecture")
+    arch = saved.get("architecture")
     if arch is not None:  # clips for a video model, images for an image model: before the weights are read
         check_video_pairing(str(arch), dm, str(ckpt))
     if is_video_data(dm):  # the clips' length, as the images' size: learned tables resized on load
@@ -118,7 +134,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         if packing is None:
             frames = f"{dm.num_frames} frames of " if is_video_data(dm) else ""
             shape = "x".join(map(str, grid))
-            where = f"at {frames}img_size {dm.img_size} (grid {shape}{', EMA weights' if use_ema else ''})"
+            size = f"img_size {dm.img_size}{', its training size' if trained_size is not None else ''}"
+            where = f"at {frames}{size} (grid {shape}{', EMA weights' if use_ema else ''})"
         else:  # NaFlex batches: each image at its own size and aspect ratio
             where = (
                 f"at native sizes (NaFlex {packing}, at most {dm.max_tokens} patches an image, rows of {dm.seq_len}"

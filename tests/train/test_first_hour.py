@@ -109,3 +109,46 @@ def test_eval_scores_a_run_at_the_size_it_was_trained_at(tmp_path, capsys):
     # data.img_size given: that size
     evaluate(compose(tmp_path / "eval28", [f"ckpt_path={ckpt}", "data.img_size=28", *FAST[:1], *FAST[2:4]], "eval"))
     assert json.loads((tmp_path / "eval28" / "eval_metrics.json").read_text())["grid"] == [7, 7]
+
+
+def _class_folders(root, classes=3, per_class=4):
+    """An ImageNet-layout tree (``train/<wnid>/``, ``val/<wnid>/``) of small random RGB JPEGs."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in range(classes):
+            d = root / split / f"n{c:08d}"
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 255, (36, 36, 3), dtype=np.uint8)).save(d / f"{i}.JPEG")
+    return root
+
+
+def test_eval_on_other_data_names_the_data_the_run_trained_on(tmp_path):
+    """``python eval.py ckpt_path=<a run on ImageNet-layout folders>`` reads Fashion-MNIST unless told: refused before
+    the weights are read, with the run's own ``data=imagenet data.root=...``, which then works as given."""
+    from tests.train_helpers import run_script
+
+    tree = _class_folders(tmp_path / "tree")
+    run = tmp_path / "run"
+    args = ["data=imagenet", f"data.root={tree}", "data.img_size=32", "data.batch_size=4", *TINY_VIT, *FAST[:1]]
+    args += [*FAST[2:], *SHORT, f"hydra.run.dir={run}"]
+    r = run_script("train.py", args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    r = run_script("eval.py", [f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
+    assert r.returncode != 0
+    assert "classifies 3 classes but FashionMNISTDataModule has 10 (data=fashion_mnist)" in r.stderr
+    hint = re.search(r"trained on, (data=imagenet data\.root=\S+) \(its run's ", r.stderr)
+    assert hint is not None, r.stderr[-2000:]
+    assert hint.group(1) == f"data=imagenet data.root={tree}"
+    ev = tmp_path / "eval2"
+    r = run_script(
+        "eval.py",
+        [f"ckpt_path={ckpt}", *hint.group(1).split(), "data.num_workers=0", f"hydra.run.dir={ev}"],
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((ev / "eval_metrics.json").read_text())["num_images"] == 12

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from timm.layers import to_2tuple
 
 from vitrel.config import check_moved_keys
@@ -55,6 +55,30 @@ def _trained_size(saved: dict, data_cfg: DictConfig) -> int | None:
     return int(h) if h == w else None
 
 
+def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig) -> None:
+    """The data gives the model's classes and channels; else an error naming the data to give instead."""
+    if stored.get("num_classes") != dm.num_classes:
+        what = f"classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}"
+    elif stored.get("in_chans") != dm.in_chans:
+        what = f"takes {stored.get('in_chans')}-channel images but {type(dm).__name__} gives {dm.in_chans}"
+    else:
+        return
+    raise ValueError(
+        f"{ckpt} {what} (data={data_cfg.get('name')}): score it on the data it was trained on, {_trained_data(ckpt)}"
+    )
+
+
+def _trained_data(ckpt: Path) -> str:
+    """The ``data=`` of the train.py run that wrote ``ckpt`` (its folder's ``.hydra/config.yaml``), as overrides."""
+    run_cfg = ckpt.parent.parent / ".hydra" / "config.yaml"
+    data = OmegaConf.load(run_cfg).get("data") if run_cfg.is_file() else None
+    if not data or not data.get("name"):
+        return "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
+    root = OmegaConf.to_container(data, resolve=False).get("root")
+    given = f" data.root={root}" if isinstance(root, str) and "${" not in root else ""
+    return f"data={data.name}{given} (its run's {run_cfg})"
+
+
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Load ``cfg.ckpt_path``, score it on ``cfg.split`` of ``cfg.data``; return the metrics."""
     import vitrel
@@ -84,15 +108,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         check_video_pairing(str(arch), dm, str(ckpt))
     if is_video_data(dm):  # the clips' length, as the images' size: learned tables resized on load
         overrides.setdefault("num_frames", dm.num_frames)
+    if saved:  # classes and channels: before the weights are read
+        _check_data_matches(ckpt, {**saved, **overrides}, dm, cfg.data)
     model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
-    if stored.get("num_classes") != dm.num_classes:
-        raise ValueError(
-            f"{ckpt} classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}; "
-            "evaluate on the data set it was trained for"
-        )
-    if stored.get("in_chans") != dm.in_chans:
-        raise ValueError(f"{ckpt} takes {stored.get('in_chans')}-channel images, the data has {dm.in_chans}")
+    _check_data_matches(ckpt, stored, dm, cfg.data)
     check_data_fits_model(dm, model, str(ckpt))  # data.patch_size of NaFlex batches: before scoring
 
     module = ClassifierModule(model, num_classes=dm.num_classes)

@@ -152,3 +152,21 @@ def test_eval_on_other_data_names_the_data_the_run_trained_on(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((ev / "eval_metrics.json").read_text())["num_images"] == 12
+
+
+def test_cifar_errors_name_the_command_line_keys_that_fix_them(tmp_path):
+    """``python train.py data=cifar10 data.root=...`` on a converted copy (not the official md5s), or on a folder
+    without the files: the errors name ``data.verify=false`` / ``data.download=true``, and the first then runs."""
+    from tests.data.test_datamodules import make_cifar_files
+    from tests.train_helpers import run_script
+
+    make_cifar_files(tmp_path / "cifar", 10, n_per_batch=8)
+    args = ["data=cifar10", *TINY_VIT, *FAST[:1], *FAST[2:], *SHORT, "test=false"]
+    r = run_script("train.py", [*args, f"data.root={tmp_path / 'cifar'}", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    assert r.returncode != 0 and "(train.py and eval.py: data.verify=false)" in r.stderr, r.stderr[-2000:]
+    over = [f"data.root={tmp_path / 'cifar'}", "data.verify=false", f"hydra.run.dir={tmp_path / 'b'}"]
+    r = run_script("train.py", [*args, *over], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    over = [f"data.root={tmp_path / 'none'}", "data.download=false", f"hydra.run.dir={tmp_path / 'c'}"]
+    r = run_script("train.py", [*args, *over], tmp_path)
+    assert r.returncode != 0 and "download=True (train.py: data.download=true)" in r.stderr, r.stderr[-2000:]

@@ -170,3 +170,40 @@ def test_cifar_errors_name_the_command_line_keys_that_fix_them(tmp_path):
     over = [f"data.root={tmp_path / 'none'}", "data.download=false", f"hydra.run.dir={tmp_path / 'c'}"]
     r = run_script("train.py", [*args, *over], tmp_path)
     assert r.returncode != 0 and "download=True (train.py: data.download=true)" in r.stderr, r.stderr[-2000:]
+
+
+def _message_lines(stderr: str) -> list[str]:
+    """stderr without the log's timestamped lines and Python warnings."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("[") and "Warning" not in ln]
+
+
+def test_a_damaged_checkpoint_is_one_line_on_train_py_and_eval_py(tmp_path):
+    """A truncated ``last.ckpt`` (resumed by ``resume=auto``) and a damaged ``eval.py ckpt_path=``: the message alone,
+    ``<script>: CheckpointError: ...`` and exit code 1, as predict.py prints it; no traceback."""
+    from tests.train_helpers import run_script
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    r = run_script("train.py", [*TINY_VIT, *FAST[:1], *FAST[2:], *SHORT, f"hydra.run.dir={run}"], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = _message_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"train.py: CheckpointError: cannot read {run}"), r.stderr
+    args = [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={tmp_path / 'eval'}"]
+    r = run_script("eval.py", args, tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = _message_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"eval.py: CheckpointError: cannot read {run}"), r.stderr
+
+
+def test_one_line_errors_leave_a_sweep_job_failing_as_hydra_jobs_fail(tmp_path):
+    """Under ``-m`` the error is raised (the job fails, the sweep goes on), not turned into an exit of the process."""
+    from vitrel.models.checkpoint import CheckpointError
+    from vitrel.train.utils import one_line_errors
+
+    compose(tmp_path, [*TINY_VIT], multirun=True)
+    with pytest.raises(CheckpointError, match="bad file"), one_line_errors("train.py"):
+        raise CheckpointError("bad file")
+    compose(tmp_path, [*TINY_VIT])
+    with pytest.raises(SystemExit, match="train.py: CheckpointError: bad file"), one_line_errors("train.py"):
+        raise CheckpointError("bad file")

@@ -90,7 +90,7 @@ def test_progress_lines_count_epochs_from_one_and_cover_validation_and_test(tmp_
     assert {"val batch 1/2", "val batch 2/2", "test batch 1/2", "test batch 2/2"} <= set(lines)
 
 
-def test_eval_scores_a_run_at_the_size_it_was_trained_at(tmp_path, capsys):
+def test_eval_scores_a_run_at_the_size_it_was_trained_at(tmp_path):
     """``python train.py ... data.img_size=32`` then ``python eval.py ckpt_path=<its last.ckpt>``: eval.py scores the
     model at 32 px, the size it was trained at (as timm's validate.py), and gives train.py's test accuracy; not at
     the data config's native 28 px."""
@@ -103,12 +103,12 @@ def test_eval_scores_a_run_at_the_size_it_was_trained_at(tmp_path, capsys):
     ckpt = run / "checkpoints" / "last.ckpt"
     metrics = evaluate(compose(out, [f"ckpt_path={ckpt}", *FAST[:1], *FAST[2:4]], config_name="eval"))
     res = json.loads((out / "eval_metrics.json").read_text())
-    assert (res["img_size"], res["grid"], res["num_images"]) == (32, [8, 8], 2000)
-    assert "at img_size 32, its training size (grid 8x8)" in capsys.readouterr().out
+    assert (res["img_size"], res["img_size_from"], res["grid"], res["num_images"]) == (32, "checkpoint", [8, 8], 2000)
     assert abs(metrics["test/acc1"] - trained["test/acc1"]) <= 1 / 2000
     # data.img_size given: that size
     evaluate(compose(tmp_path / "eval28", [f"ckpt_path={ckpt}", "data.img_size=28", *FAST[:1], *FAST[2:4]], "eval"))
-    assert json.loads((tmp_path / "eval28" / "eval_metrics.json").read_text())["grid"] == [7, 7]
+    res = json.loads((tmp_path / "eval28" / "eval_metrics.json").read_text())
+    assert (res["grid"], res["img_size_from"]) == ([7, 7], "data")
 
 
 def _class_folders(root, classes=3, per_class=4):

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import lightning as L
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
 from timm.layers import to_2tuple
 
@@ -101,6 +102,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if trained_size is not None:  # data.img_size not given: the size the model was trained at, as timm's validate.py
         with open_dict(cfg):
             cfg.data.img_size = trained_size
+        rank_zero_info(
+            f"data.img_size={trained_size}: the size {ckpt.name} was trained at (data.img_size=<n> for another)"
+        )
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
@@ -138,6 +142,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "split": split,
         "img_size": dm.img_size,
+        "img_size_from": "checkpoint" if trained_size is not None else "data",  # data.img_size null: the trained size
         "grid": grid,
         "ema": use_ema,
         "packing": packing,
@@ -154,8 +159,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         if packing is None:
             frames = f"{dm.num_frames} frames of " if is_video_data(dm) else ""
             shape = "x".join(map(str, grid))
-            size = f"img_size {dm.img_size}{', its training size' if trained_size is not None else ''}"
-            where = f"at {frames}{size} (grid {shape}{', EMA weights' if use_ema else ''})"
+            where = f"at {frames}img_size {dm.img_size} (grid {shape}{', EMA weights' if use_ema else ''})"
         else:  # NaFlex batches: each image at its own size and aspect ratio
             where = (
                 f"at native sizes (NaFlex {packing}, at most {dm.max_tokens} patches an image, rows of {dm.seq_len}"

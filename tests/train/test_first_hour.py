@@ -80,13 +80,15 @@ def test_closing_line_says_when_the_test_score_is_of_part_of_the_split(tmp_path,
 
 
 def test_progress_lines_count_epochs_from_one_and_cover_validation_and_test(tmp_path, capsys):
-    """Not on a terminal (logs, SLURM): the step lines name the epoch as the epoch lines do (``epoch 1/1``, not
-    ``epoch 0``), and validation and test (``eval.py``'s whole run) print their progress too."""
+    """Not on a terminal (logs, SLURM): the step lines count epochs from 1 as the epoch lines do (``epoch 1 step 1/2``
+    then ``epoch 1/1 ...``, not ``epoch 0 step 1/2``), and validation and test (``eval.py``'s whole run) print their
+    progress too."""
     over = [*TINY_VIT, *FAST, *SHORT, "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
     train(compose(tmp_path, [*over, "progress_bar=lines", "trainer.log_every_n_steps=1"]))
     lines = [x.split("  (")[0] for x in capsys.readouterr().out.splitlines()]
-    assert [x for x in lines if x.startswith("epoch 1/1  step ")][0].startswith("epoch 1/1  step 1/2  ")
+    assert [x for x in lines if " step " in x][0].startswith("epoch 1 step 1/2  ")
     assert not any(x.startswith("epoch 0") for x in lines)
+    assert len([x for x in lines if x.startswith("epoch 1/1 ")]) == 1  # the epoch's line (step lines have no total)
     assert {"val batch 1/2", "val batch 2/2", "test batch 1/2", "test batch 2/2"} <= set(lines)
 
 

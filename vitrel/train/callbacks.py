@@ -494,8 +494,7 @@ class LineProgress(Callback):
             m = trainer.callback_metrics
             lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
             print(
-                f"epoch {trainer.current_epoch + 1}/{self._total(trainer)}  "
-                f"step {batch_idx + 1}/{trainer.num_training_batches}  "
+                f"epoch {trainer.current_epoch + 1} step {batch_idx + 1}/{trainer.num_training_batches}  "
                 f"{self._fmt(m, ['train/loss_step'])}  lr {lr:.3g}",
                 flush=True,
             )

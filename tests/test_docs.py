@@ -4,7 +4,8 @@ No prose paragraph in README.md or docs/*.md runs over 150 words (tables, code b
 docs/gpu.md is a guide of at most 300 lines; every place that lists the attention kernels names exactly the
 registered ones (:func:`vitrel.kernels.list_kernels`), README's scheme table has a row for every registered scheme
 (:func:`vitrel.list_pos`) and no other, docs/gpu.md's table of ``auto``'s rules is :data:`vitrel.kernels.AUTO`,
-and no file refers to a result by a name it no longer has (bench/results/README.md keeps the old names).
+and no file refers to a result by a name it no longer has (bench/results/README.md keeps the old names);
+docs/training.md's table of config groups names every file of each conf/ group and no other.
 """
 
 from __future__ import annotations
@@ -231,3 +232,31 @@ def test_referenced_results_exist():
             if not recorded_output(text[: m.start()]) and not (ROOT / "bench" / "results" / m.group(1)).exists():
                 missing.append(f"{path.relative_to(ROOT)}: {m.group(1)}")
     assert not missing, "references to result files that do not exist: " + "; ".join(missing[:20])
+
+
+def brace_names(cell: str) -> set[str]:
+    """The names a table cell lists in backticks, with shell-style braces expanded (`rel2d_{full,factored}`)."""
+    out: set[str] = set()
+    for token in re.findall(r"`([\w{},]+)`", cell):
+        names = [""]
+        for lit, alts in re.findall(r"([^{]*)(?:\{([^}]*)\})?", token):
+            names = [n + lit + a for n in names for a in (alts.split(",") if alts else [""])]
+        out.update(names)
+    return out
+
+
+def test_training_guide_config_groups_table_lists_every_option():
+    """docs/training.md's table of config groups names exactly the files of each group in conf/ (an option it names
+    that does not exist fails when composed; one it leaves out is never found)."""
+    rows = table_rows(read("docs/training.md"), "| group | options | what |")
+    listed = {row[0].strip("`"): brace_names(row[1]) for row in rows}
+    groups = {p.parent.relative_to(ROOT / "conf").as_posix() for p in (ROOT / "conf").glob("*/**/*.yaml")}
+    groups -= {"hydra", "paths", "data_pos"}  # Hydra's own settings, the folders, the data x scheme specialisations
+    assert groups <= set(listed), f"groups missing from the table: {sorted(groups - set(listed))}"
+    for group in sorted(groups):
+        files = {p.stem for p in (ROOT / "conf" / group).glob("*.yaml")}
+        extra = listed[group] - files - {"basic"}  # (hydra/launcher: Hydra's own launcher)
+        assert files <= listed[group] and not extra, (
+            f"docs/training.md lists for {group}: missing {sorted(files - listed[group])}, not in conf/{group}/: "
+            f"{sorted(extra)}"
+        )

@@ -129,7 +129,8 @@ class CIFARDataModule(VisionDataModule):
             self.dataset_name,
             searched,
             [
-                f"download=True (with root set): prepare_data() downloads it into <root>/{self._folder}",
+                f"download=True (train.py: data.download=true) with root set: prepare_data() downloads it into "
+                f"<root>/{self._folder}",
                 f"or extract the official python-version archive so that <root>/{self._folder}/ holds "
                 + ", ".join(name for name, _ in self._files()),
             ],
@@ -143,8 +144,9 @@ class CIFARDataModule(VisionDataModule):
         if bad:
             raise DatasetIntegrityError(
                 f"{self.dataset_name}: {', '.join(bad)} in {tv_root / self._folder} exist but do not match the md5 "
-                "of the official release. Delete the folder and re-download (download=True), or, for a "
-                "deliberately regenerated/converted copy in the same format, pass verify=False."
+                "of the official release. Delete the folder and re-download (download=True; train.py: "
+                "data.download=true), or, for a deliberately regenerated/converted copy in the same format, pass "
+                "verify=False (train.py and eval.py: data.verify=false)."
             )
         self._verified = True
 

@@ -123,9 +123,10 @@ def locate_fashion_mnist(root: str | Path | None) -> dict[str, tuple[Path, Path]
         dirs,
         [
             "apt-get install dataset-fashion-mnist  (Debian/Ubuntu: gz IDX files in /usr/share/datasets/fashion-mnist)",
-            "download=True with a root: prepare_data() downloads with torchvision into <root>/FashionMNIST/raw",
+            "download=True (train.py: data.download=true) with a root: prepare_data() downloads with torchvision into "
+            "<root>/FashionMNIST/raw",
             f"or put the raw IDX files ({names}) in root",
-            'or use subset="embedded" (10k/2k subset shipped with vitrel)',
+            'or use subset="embedded" (10k/2k subset shipped with vitrel; train.py: data=fashion_mnist)',
         ],
         detail="Each directory needs all four IDX files (plain or .gz).",
     )

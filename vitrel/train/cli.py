@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 __all__ = ["train_main", "eval_main", "conf_dir"]
 
@@ -18,6 +21,18 @@ def conf_dir() -> str:
     return str(d)
 
 
+def _one_line(task: Callable[[Any], Any], script: str) -> Callable[[Any], Any]:
+    """``task`` under :func:`~vitrel.train.utils.one_line_errors` (``functools.wraps``: Hydra sees ``task``)."""
+    from vitrel.train.utils import one_line_errors
+
+    @functools.wraps(task)
+    def run(cfg: Any) -> Any:
+        with one_line_errors(script):
+            return task(cfg)
+
+    return run
+
+
 def train_main() -> None:
     import hydra
 
@@ -26,7 +41,7 @@ def train_main() -> None:
     from vitrel.train.utils import quiet_third_party
 
     quiet_third_party()
-    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")(train)()
+    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")(_one_line(train, "vitrel-train"))()
 
 
 def eval_main() -> None:
@@ -37,4 +52,4 @@ def eval_main() -> None:
     from vitrel.train.utils import quiet_third_party
 
     quiet_third_party()
-    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")(evaluate)()
+    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")(_one_line(evaluate, "vitrel-eval"))()

@@ -8,7 +8,8 @@ aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eva
 as in training.
 
 The network is rebuilt from the configuration stored with the weights (``vitrel.load_model``), at
-the data's image size: learned relative tables and absolute embeddings are resized on load, the
+``data.img_size``, by default (null) the size the model was trained at (timm's ``validate.py`` takes the model's
+input size too): learned relative tables and absolute embeddings are resized on load, the
 parameter-free and continuous schemes extend by themselves. Results go to stdout and to
 ``<run dir>/eval_metrics.json``, with the number of images scored (fewer than the split's with
 ``trainer.limit_test_batches``).
@@ -21,13 +22,15 @@ import time
 from pathlib import Path
 
 import lightning as L
-import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from omegaconf import DictConfig, OmegaConf, open_dict
+from timm.layers import to_2tuple
 
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import checkpoint_has_ema
 from vitrel.models.ckpt_files import stored_config
+from vitrel.train.callbacks import CountTestImages
 from vitrel.train.module import ClassifierModule
 from vitrel.train.utils import (
     check_data_fits_model,
@@ -44,18 +47,37 @@ from vitrel.train.utils import (
 __all__ = ["evaluate"]
 
 
-class _CountImages(L.Callback):
-    """The images the test loop scored (the targets of its batches: one per image, NaFlex batches too), summed
-    over the ranks."""
+def _trained_size(saved: dict, data_cfg: DictConfig) -> int | None:
+    """The side the stored model was trained at, when ``data.img_size`` is not given (null) and the model takes
+    image tensors of a square size (not NaFlex batches, whose images keep their own sizes); else None."""
+    if data_cfg.get("img_size") is not None or data_cfg.get("packing") or saved.get("img_size") is None:
+        return None
+    h, w = to_2tuple(saved["img_size"])
+    return int(h) if h == w else None
 
-    def __init__(self) -> None:
-        self.count = 0
 
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self.count += int(batch[1].shape[0])
+def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig) -> None:
+    """The data gives the model's classes and channels; else an error naming the data to give instead."""
+    if stored.get("num_classes") != dm.num_classes:
+        what = f"classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}"
+    elif stored.get("in_chans") != dm.in_chans:
+        what = f"takes {stored.get('in_chans')}-channel images but {type(dm).__name__} gives {dm.in_chans}"
+    else:
+        return
+    raise ValueError(
+        f"{ckpt} {what} (data={data_cfg.get('name')}): score it on the data it was trained on, {_trained_data(ckpt)}"
+    )
 
-    def on_test_end(self, trainer, pl_module) -> None:
-        self.count = int(trainer.strategy.reduce(torch.tensor(self.count, device=pl_module.device), reduce_op="sum"))
+
+def _trained_data(ckpt: Path) -> str:
+    """The ``data=`` of the train.py run that wrote ``ckpt`` (its folder's ``.hydra/config.yaml``), as overrides."""
+    run_cfg = ckpt.parent.parent / ".hydra" / "config.yaml"
+    data = OmegaConf.load(run_cfg).get("data") if run_cfg.is_file() else None
+    if not data or not data.get("name"):
+        return "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
+    root = OmegaConf.to_container(data, resolve=False).get("root")
+    given = f" data.root={root}" if isinstance(root, str) and "${" not in root else ""
+    return f"data={data.name}{given} (its run's {run_cfg})"
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -75,27 +97,31 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ema = cfg.get("ema", "auto")
     use_ema = checkpoint_has_ema(ckpt) if ema == "auto" else bool(ema)
 
+    saved = stored_config(ckpt) or {}
+    trained_size = _trained_size(saved, cfg.data)
+    if trained_size is not None:  # data.img_size not given: the size the model was trained at, as timm's validate.py
+        with open_dict(cfg):
+            cfg.data.img_size = trained_size
+        rank_zero_info(
+            f"data.img_size={trained_size}: the size {ckpt.name} was trained at (data.img_size=<n> for another)"
+        )
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
-    arch = (stored_config(ckpt) or {}).get("architecture")
+    arch = saved.get("architecture")
     if arch is not None:  # clips for a video model, images for an image model: before the weights are read
         check_video_pairing(str(arch), dm, str(ckpt))
     if is_video_data(dm):  # the clips' length, as the images' size: learned tables resized on load
         overrides.setdefault("num_frames", dm.num_frames)
+    if saved:  # classes and channels: before the weights are read
+        _check_data_matches(ckpt, {**saved, **overrides}, dm, cfg.data)
     model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
-    if stored.get("num_classes") != dm.num_classes:
-        raise ValueError(
-            f"{ckpt} classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}; "
-            "evaluate on the data set it was trained for"
-        )
-    if stored.get("in_chans") != dm.in_chans:
-        raise ValueError(f"{ckpt} takes {stored.get('in_chans')}-channel images, the data has {dm.in_chans}")
+    _check_data_matches(ckpt, stored, dm, cfg.data)
     check_data_fits_model(dm, model, str(ckpt))  # data.patch_size of NaFlex batches: before scoring
 
     module = ClassifierModule(model, num_classes=dm.num_classes)
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
-    counted = _CountImages()
+    counted = CountTestImages()
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,
@@ -116,6 +142,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "split": split,
         "img_size": dm.img_size,
+        "img_size_from": "checkpoint" if trained_size is not None else "data",  # data.img_size null: the trained size
         "grid": grid,
         "ema": use_ema,
         "packing": packing,

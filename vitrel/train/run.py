@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import stored_config
-from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
+from vitrel.train.callbacks import CountTestImages, last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.rundir import RunLock, is_launching_process
@@ -55,7 +55,7 @@ from vitrel.train.utils import (
     scalars,
 )
 
-__all__ = ["train", "build_model", "check_launch", "resolve_ckpt_path", "check_same_model"]
+__all__ = ["train", "build_model", "check_launch", "check_pos_override", "resolve_ckpt_path", "check_same_model"]
 
 
 def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Module:
@@ -116,7 +116,7 @@ def resolve_ckpt_path(
     if "global_step" not in ckpt:
         raise CheckpointError(
             f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
-            "from its weights use model.init_file, or vitrel.load_model"
+            f"from its weights use model=from_checkpoint model.path={path} (or vitrel.load_model)"
         )
     return path, int(ckpt["global_step"])
 
@@ -143,7 +143,8 @@ def check_same_model(ckpt: Mapping[str, Any], model: torch.nn.Module, where: str
         raise CheckpointError(
             f"{where} holds another model than the one configured ({', '.join(diff)} differ):\n{lines}\n"
             "Resume with the configuration it was trained with (its run folder's .hydra/config.yaml), or start a "
-            "new run from its weights (model.init_file / vitrel.load_model) instead of resuming it."
+            f"new run from its weights instead of resuming it: model=from_checkpoint model.path={where} (its "
+            "architecture and scheme) in a new run folder."
         )
 
 
@@ -269,9 +270,10 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if torch.cuda.is_available():
         torch.set_float32_matmul_precision(str(cfg.get("matmul_precision", "high")))
 
+    check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
     dm = instantiate(cfg.data)
     model = build_model(cfg.model, dm)
-    check_data_fits_model(dm, model, f"the model ({_model_name(cfg)})")  # before a batch is made
+    check_data_fits_model(dm, model, f"the model ({_model_name(cfg, model)})")  # before a batch is made
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model)  # before the loggers open their files
@@ -279,23 +281,27 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
+    counted = CountTestImages()  # the closing line says when the test score is of part of the split
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=loggers or False,
-        callbacks=cbs + progress_callbacks(bar),
+        callbacks=cbs + progress_callbacks(bar) + [counted],
         enable_progress_bar=bar in ("rich", "tqdm"),
         plugins=[*_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    if _loads_checkpoint(cfg.model):  # the scheme the model has (the file's), not the pos group's default
+        resolved["pos"] = _stored(model).get("pos", resolved.get("pos"))
     for lg in loggers:
         lg.log_hyperparams(resolved)
     n_params = sum(p.numel() for p in model.parameters())
     rank_zero_info(
-        f"run folder {run_dir}\nmodel {_model_name(cfg)} pos={cfg.pos.get('name')} ({n_params / 1e6:.2f}M params), "
+        f"run folder {run_dir}\nmodel {_model_name(cfg, model)} pos={_pos_name(cfg, model)} "
+        f"({n_params / 1e6:.2f}M params), "
         f"data {type(dm).__name__} img_size={dm.img_size} classes={dm.num_classes}"
     )
 
-    status, wandb_where = "failed", None
+    status, wandb_where, tested = "failed", None, (None, None)
     try:
         t_fit = time.time()
         try:
@@ -308,6 +314,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             _adopt_csv_columns(loggers)
             for res in trainer.test(module, datamodule=dm, verbose=False):
                 metrics.update(scalars(res))
+            tested = (counted.count, _split_size(trainer.test_dataloaders))
         status = "finished"
         wandb_where = _wandb_where(loggers)
     finally:
@@ -327,8 +334,11 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,
-        "model": _model_name(cfg),
-        "pos": cfg.pos.get("name"),
+        "test_images": tested[0],  # scored: fewer than test_split_images under trainer.limit_test_batches
+        "test_split_images": tested[1],
+        "test_limited_by": _test_limit(cfg.trainer) if tested[0] != tested[1] else None,
+        "model": _model_name(cfg, model),
+        "pos": _pos_name(cfg, model),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "overrides": _overrides(),
     }
@@ -353,9 +363,43 @@ def _plugins(trainer_cfg: DictConfig) -> list[Any]:
     return list(built) if isinstance(built, (list, tuple)) or OmegaConf.is_list(built) else [built]
 
 
-def _model_name(cfg: DictConfig) -> str:
-    """The architecture: ``model.name`` (create_model) or ``model.architecture`` (load_model)."""
-    return str(cfg.model.get("name") or cfg.model.get("architecture"))
+def _stored(model: torch.nn.Module) -> dict[str, Any]:
+    return getattr(model, "vitrel_cfg", None) or {}
+
+
+def _loads_checkpoint(model_cfg: DictConfig) -> bool:
+    """``model=from_checkpoint``: the network is ``vitrel.load_model(model.path)``, its scheme the file's."""
+    return model_cfg.get("path") is not None and "load_model" in str(model_cfg.get("_target_", ""))
+
+
+def _model_name(cfg: DictConfig, model: torch.nn.Module | None = None) -> str:
+    """The architecture the model has (its ``vitrel_cfg``), else ``model.name`` / ``model.architecture``."""
+    stored = _stored(model) if model is not None else {}
+    return str(stored.get("architecture") or cfg.model.get("name") or cfg.model.get("architecture"))
+
+
+def _pos_name(cfg: DictConfig, model: torch.nn.Module) -> str | None:
+    """The position scheme the model has: ``model=from_checkpoint`` builds the file's, whatever the pos group says."""
+    pos = _stored(model).get("pos") if _loads_checkpoint(cfg.model) else None
+    if isinstance(pos, Mapping):
+        return pos.get("name")
+    return pos if isinstance(pos, str) else cfg.pos.get("name")
+
+
+def check_pos_override(cfg: DictConfig) -> None:
+    """``model=from_checkpoint`` builds the position scheme stored in ``model.path``: a ``pos=`` / ``pos.<key>=``
+    override on the command line would have no effect, so it is refused, before anything is built."""
+    if not _loads_checkpoint(cfg.model):
+        return
+    given = [o for o in _overrides() if o.lstrip("+~").split("=")[0].split(".")[0] == "pos"]
+    if given:
+        stored = (stored_config(str(cfg.model.path)) or {}).get("pos")
+        name = stored.get("name") if isinstance(stored, Mapping) else stored
+        raise ValueError(
+            f"{' '.join(given)} has no effect with model=from_checkpoint: the model is {cfg.model.path}'s, with its "
+            f"position scheme ({name}). Drop {'it' if len(given) == 1 else 'them'} to fine-tune that model, or train "
+            "a new one with model=<architecture> pos=<scheme>."
+        )
 
 
 def _report(result: dict, wandb_where: str | None) -> str:
@@ -366,7 +410,11 @@ def _report(result: dict, wandb_where: str | None) -> str:
     if f"{stage}/acc1" in m:
         extra = [f"top-5 {100 * m[k]:.1f} %" for k in (f"{stage}/acc5",) if k in m]
         extra += [f"loss {m[k]:.3f}" for k in (f"{stage}/loss",) if k in m]
-        lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)})")
+        n, total = result["test_images"], result["test_split_images"]
+        part = ""
+        if stage == "test" and n is not None and total is not None and n != total:
+            part = f" on {n} of the {total} test images ({result['test_limited_by']})"
+        lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
     lines.append(
         f"training {result['fit_s']:.0f} s ({_plural(result['epochs'], 'epoch')}, "
         f"{_plural(result['global_step'], 'step')}); "
@@ -379,6 +427,22 @@ def _report(result: dict, wandb_where: str | None) -> str:
     if wandb_where:
         lines.append(f"W&B run     {wandb_where}")
     return "\n".join(lines)
+
+
+def _split_size(loaders: Any) -> int | None:
+    """The number of samples of the test loader's data set (None when it has no length: a stream)."""
+    loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _test_limit(trainer_cfg: DictConfig) -> str:
+    """The trainer setting that limits the test loop: ``fast_dev_run`` (``debug=fdr``) or ``limit_test_batches``."""
+    if trainer_cfg.get("fast_dev_run"):
+        return "trainer.fast_dev_run"
+    return "trainer.limit_test_batches"
 
 
 def _plural(n: int, word: str) -> str:

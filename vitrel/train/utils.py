@@ -12,6 +12,8 @@ import inspect
 import logging
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +34,7 @@ __all__ = [
     "progress_callbacks",
     "hydra_config",
     "is_multirun",
+    "one_line_errors",
     "check_data_fits_model",
     "is_video_data",
     "is_video_architecture",
@@ -189,6 +192,25 @@ def is_multirun() -> bool:
 
     hc = hydra_config()
     return hc is not None and hc.mode == RunMode.MULTIRUN
+
+
+@contextmanager
+def one_line_errors(script: str) -> Iterator[None]:
+    """Errors about the user's files (an unreadable or mismatched checkpoint, a missing or altered data set, a busy run
+    folder, a data set over the memory budget) end a single run with their message alone, ``<script>: <message>``
+    (exit code 1), as ``predict.py`` does: the message says what to do, a traceback adds nothing. Under ``-m`` they
+    are raised, so that the job fails as Hydra's jobs fail and the sweep goes on."""
+    from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError
+    from vitrel.data.memory import MemoryBudgetError
+    from vitrel.models.ckpt_files import CheckpointError
+    from vitrel.train.rundir import RunFolderBusy
+
+    try:
+        yield
+    except (CheckpointError, DatasetNotFoundError, DatasetIntegrityError, RunFolderBusy, MemoryBudgetError) as e:
+        if is_multirun():
+            raise
+        raise SystemExit(f"{script}: {type(e).__name__}: {e}") from None
 
 
 def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the model") -> None:

@@ -1,0 +1,211 @@
+"""What a new user runs in the first hour, checked for silent wrong answers: ``model=from_checkpoint`` reports the
+model it built, the closing line says how many test images it scored, progress lines count as the epoch line does,
+the errors give advice that works."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from tests.train_helpers import FAST, TINY_VIT, compose
+from vitrel.train.run import train
+
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+SHORT += ["trainer.limit_test_batches=1", "logger=none"]
+
+
+@pytest.fixture(scope="module")
+def rope_run(tmp_path_factory):
+    """A train.py run of the tiny ViT with ``pos=rope2d_mixed``: its folder."""
+    run = tmp_path_factory.mktemp("rope_run")
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "pos=rope2d_mixed"]))
+    return run
+
+
+def test_from_checkpoint_reports_the_model_it_built(rope_run, tmp_path, caplog):
+    """``model=from_checkpoint`` builds the file's architecture and scheme: metrics.json and the run's log say so,
+    not the pos group's default (rel2d_factored) and not ``None``."""
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    caplog.set_level("INFO")
+    train(compose(tmp_path, ["model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT]))
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    assert (saved["model"], saved["pos"]) == ("vitrel_vit_tiny_patch4_32", "rope2d_mixed")
+    assert "model vitrel_vit_tiny_patch4_32 pos=rope2d_mixed " in caplog.text
+
+
+@pytest.mark.parametrize("override", ["pos=alibi2d", "pos.extend=clip"])
+def test_from_checkpoint_refuses_a_pos_override_before_any_work(rope_run, tmp_path, override):
+    """A ``pos`` override would be silently ignored (the scheme is the file's): refused, naming the stored scheme,
+    before anything is written."""
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    run = tmp_path / "run"
+    cfg = compose(run, ["model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT, override])
+    with pytest.raises(ValueError, match=rf"{override} has no effect with model=from_checkpoint.*\(rope2d_mixed\)"):
+        train(cfg)
+    assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
+
+
+def test_resume_of_another_model_advises_a_route_that_works(rope_run, tmp_path):
+    """Resuming a checkpoint with another ``pos=`` is refused; the advice it gives (start a new run from the
+    weights) is a command that runs: ``model=from_checkpoint model.path=<file>``."""
+    from vitrel.models.checkpoint import CheckpointError
+
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    cfg = compose(tmp_path / "resume", [*TINY_VIT, *FAST, *SHORT, "pos=alibi2d", f"ckpt_path={ckpt}"])
+    with pytest.raises(CheckpointError, match="holds another model") as err:
+        train(cfg)
+    advice = re.search(r"model=from_checkpoint model\.path=(\S+)", str(err.value))
+    assert advice is not None, str(err.value)
+    new = tmp_path / "new"
+    train(compose(new, ["model=from_checkpoint", f"model.path={advice.group(1)}", *FAST, *SHORT]))
+    assert json.loads((new / "metrics.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.parametrize("limit", [1, None])
+def test_closing_line_says_when_the_test_score_is_of_part_of_the_split(tmp_path, capsys, limit):
+    """``trainer.limit_test_batches`` (and ``debug=fdr``) score a few batches of the test split: the closing
+    ``test accuracy`` line and metrics.json say how many images of how many; a full test says nothing more."""
+    over = [*TINY_VIT, *FAST, *SHORT, f"trainer.limit_test_batches={'null' if limit is None else limit}"]
+    train(compose(tmp_path, over))
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("test accuracy "))
+    saved = json.loads((tmp_path / "metrics.json").read_text())
+    if limit is None:
+        assert (saved["test_images"], saved["test_split_images"]) == (2000, 2000)
+        assert line.endswith(")") and " of the " not in line
+    else:  # FAST: batches of 16
+        assert (saved["test_images"], saved["test_split_images"]) == (16, 2000)
+        assert line.endswith(" on 16 of the 2000 test images (trainer.limit_test_batches)"), line
+
+
+def test_progress_lines_count_epochs_from_one_and_cover_validation_and_test(tmp_path, capsys):
+    """Not on a terminal (logs, SLURM): the step lines count epochs from 1 as the epoch lines do (``epoch 1 step 1/2``
+    then ``epoch 1/1 ...``, not ``epoch 0 step 1/2``), and validation and test (``eval.py``'s whole run) print their
+    progress too."""
+    over = [*TINY_VIT, *FAST, *SHORT, "trainer.limit_val_batches=2", "trainer.limit_test_batches=2"]
+    train(compose(tmp_path, [*over, "progress_bar=lines", "trainer.log_every_n_steps=1"]))
+    lines = [x.split("  (")[0] for x in capsys.readouterr().out.splitlines()]
+    assert [x for x in lines if " step " in x][0].startswith("epoch 1 step 1/2  ")
+    assert not any(x.startswith("epoch 0") for x in lines)
+    assert len([x for x in lines if x.startswith("epoch 1/1 ")]) == 1  # the epoch's line (step lines have no total)
+    assert {"val batch 1/2", "val batch 2/2", "test batch 1/2", "test batch 2/2"} <= set(lines)
+
+
+def test_eval_scores_a_run_at_the_size_it_was_trained_at(tmp_path):
+    """``python train.py ... data.img_size=32`` then ``python eval.py ckpt_path=<its last.ckpt>``: eval.py scores the
+    model at 32 px, the size it was trained at (as timm's validate.py), and gives train.py's test accuracy; not at
+    the data config's native 28 px."""
+    from vitrel.train.evaluate import evaluate
+
+    run = tmp_path / "run"
+    over = [*TINY_VIT, *FAST, *SHORT, "data.img_size=32", "trainer.limit_test_batches=null", "data.eval_batch_size=500"]
+    trained = train(compose(run, over))
+    out = tmp_path / "eval"
+    ckpt = run / "checkpoints" / "last.ckpt"
+    metrics = evaluate(compose(out, [f"ckpt_path={ckpt}", *FAST[:1], *FAST[2:4]], config_name="eval"))
+    res = json.loads((out / "eval_metrics.json").read_text())
+    assert (res["img_size"], res["img_size_from"], res["grid"], res["num_images"]) == (32, "checkpoint", [8, 8], 2000)
+    assert abs(metrics["test/acc1"] - trained["test/acc1"]) <= 1 / 2000
+    # data.img_size given: that size
+    evaluate(compose(tmp_path / "eval28", [f"ckpt_path={ckpt}", "data.img_size=28", *FAST[:1], *FAST[2:4]], "eval"))
+    res = json.loads((tmp_path / "eval28" / "eval_metrics.json").read_text())
+    assert (res["grid"], res["img_size_from"]) == ([7, 7], "data")
+
+
+def _class_folders(root, classes=3, per_class=4):
+    """An ImageNet-layout tree (``train/<wnid>/``, ``val/<wnid>/``) of small random RGB JPEGs."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "val"):
+        for c in range(classes):
+            d = root / split / f"n{c:08d}"
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 255, (36, 36, 3), dtype=np.uint8)).save(d / f"{i}.JPEG")
+    return root
+
+
+def test_eval_on_other_data_names_the_data_the_run_trained_on(tmp_path):
+    """``python eval.py ckpt_path=<a run on ImageNet-layout folders>`` reads Fashion-MNIST unless told: refused before
+    the weights are read, with the run's own ``data=imagenet data.root=...``, which then works as given."""
+    from tests.train_helpers import run_script
+
+    tree = _class_folders(tmp_path / "tree")
+    run = tmp_path / "run"
+    args = ["data=imagenet", f"data.root={tree}", "data.img_size=32", "data.batch_size=4", *TINY_VIT, *FAST[:1]]
+    args += [*FAST[2:], *SHORT, f"hydra.run.dir={run}"]
+    r = run_script("train.py", args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    r = run_script("eval.py", [f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
+    assert r.returncode != 0
+    assert "classifies 3 classes but FashionMNISTDataModule has 10 (data=fashion_mnist)" in r.stderr
+    hint = re.search(r"trained on, (data=imagenet data\.root=\S+) \(its run's ", r.stderr)
+    assert hint is not None, r.stderr[-2000:]
+    assert hint.group(1) == f"data=imagenet data.root={tree}"
+    ev = tmp_path / "eval2"
+    r = run_script(
+        "eval.py",
+        [f"ckpt_path={ckpt}", *hint.group(1).split(), "data.num_workers=0", f"hydra.run.dir={ev}"],
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads((ev / "eval_metrics.json").read_text())["num_images"] == 12
+
+
+def test_cifar_errors_name_the_command_line_keys_that_fix_them(tmp_path):
+    """``python train.py data=cifar10 data.root=...`` on a converted copy (not the official md5s), or on a folder
+    without the files: the errors name ``data.verify=false`` / ``data.download=true``, and the first then runs."""
+    from tests.data.test_datamodules import make_cifar_files
+    from tests.train_helpers import run_script
+
+    make_cifar_files(tmp_path / "cifar", 10, n_per_batch=8)
+    args = ["data=cifar10", *TINY_VIT, *FAST[:1], *FAST[2:], *SHORT, "test=false"]
+    r = run_script("train.py", [*args, f"data.root={tmp_path / 'cifar'}", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    assert r.returncode != 0 and "(train.py and eval.py: data.verify=false)" in r.stderr, r.stderr[-2000:]
+    over = [f"data.root={tmp_path / 'cifar'}", "data.verify=false", f"hydra.run.dir={tmp_path / 'b'}"]
+    r = run_script("train.py", [*args, *over], tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    over = [f"data.root={tmp_path / 'none'}", "data.download=false", f"hydra.run.dir={tmp_path / 'c'}"]
+    r = run_script("train.py", [*args, *over], tmp_path)
+    assert r.returncode != 0 and "download=True (train.py: data.download=true)" in r.stderr, r.stderr[-2000:]
+
+
+def _message_lines(stderr: str) -> list[str]:
+    """stderr without the log's timestamped lines and Python warnings."""
+    return [ln for ln in stderr.splitlines() if ln.strip() and not ln.startswith("[") and "Warning" not in ln]
+
+
+def test_a_damaged_checkpoint_is_one_line_on_train_py_and_eval_py(tmp_path):
+    """A truncated ``last.ckpt`` (resumed by ``resume=auto``) and a damaged ``eval.py ckpt_path=``: the message alone,
+    ``<script>: CheckpointError: ...`` and exit code 1, as predict.py prints it; no traceback."""
+    from tests.train_helpers import run_script
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
+    r = run_script("train.py", [*TINY_VIT, *FAST[:1], *FAST[2:], *SHORT, f"hydra.run.dir={run}"], tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = _message_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"train.py: CheckpointError: cannot read {run}"), r.stderr
+    args = [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={tmp_path / 'eval'}"]
+    r = run_script("eval.py", args, tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    lines = _message_lines(r.stderr)
+    assert len(lines) == 1 and lines[0].startswith(f"eval.py: CheckpointError: cannot read {run}"), r.stderr
+
+
+def test_one_line_errors_leave_a_sweep_job_failing_as_hydra_jobs_fail(tmp_path):
+    """Under ``-m`` the error is raised (the job fails, the sweep goes on), not turned into an exit of the process."""
+    from vitrel.models.checkpoint import CheckpointError
+    from vitrel.train.utils import one_line_errors
+
+    compose(tmp_path, [*TINY_VIT], multirun=True)
+    with pytest.raises(CheckpointError, match="bad file"), one_line_errors("train.py"):
+        raise CheckpointError("bad file")
+    compose(tmp_path, [*TINY_VIT])
+    with pytest.raises(SystemExit, match="train.py: CheckpointError: bad file"), one_line_errors("train.py"):
+        raise CheckpointError("bad file")

@@ -336,7 +336,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "best_ckpt": best or None,
         "test_images": tested[0],  # scored: fewer than test_split_images under trainer.limit_test_batches
         "test_split_images": tested[1],
-        "test_limited_by": _test_limit(cfg.trainer) if tested[0] != tested[1] else None,
+        "test_limited_by": _test_limit(cfg.trainer) if _part(*tested) else None,
         "model": _model_name(cfg, model),
         "pos": _pos_name(cfg, model),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
@@ -412,7 +412,7 @@ def _report(result: dict, wandb_where: str | None) -> str:
         extra += [f"loss {m[k]:.3f}" for k in (f"{stage}/loss",) if k in m]
         n, total = result["test_images"], result["test_split_images"]
         part = ""
-        if stage == "test" and n is not None and total is not None and n != total:
+        if stage == "test" and _part(n, total):
             part = f" on {n} of the {total} test images ({result['test_limited_by']})"
         lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
     lines.append(
@@ -427,6 +427,11 @@ def _report(result: dict, wandb_where: str | None) -> str:
     if wandb_where:
         lines.append(f"W&B run     {wandb_where}")
     return "\n".join(lines)
+
+
+def _part(scored: int | None, split: int | None) -> bool:
+    """The test loop scored part of the split (not: all of it, or more, a DistributedSampler padding the ranks)."""
+    return scored is not None and split is not None and scored < split
 
 
 def _split_size(loaders: Any) -> int | None:

@@ -198,6 +198,17 @@ def test_a_damaged_checkpoint_is_one_line_on_train_py_and_eval_py(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(f"eval.py: CheckpointError: cannot read {run}"), r.stderr
 
 
+def test_eval_of_a_missing_checkpoint_is_a_checkpoint_error(tmp_path):
+    """``eval.py ckpt_path=<a path that is not there>``: a CheckpointError (one line from eval.py, as above), before
+    any data is read."""
+    from vitrel.models.checkpoint import CheckpointError
+    from vitrel.train.evaluate import evaluate
+
+    cfg = compose(tmp_path, [f"ckpt_path={tmp_path / 'nowhere.ckpt'}", "data.root=/nonexistent"], config_name="eval")
+    with pytest.raises(CheckpointError, match="nowhere.ckpt: no such file or folder"):
+        evaluate(cfg)
+
+
 def test_one_line_errors_leave_a_sweep_job_failing_as_hydra_jobs_fail(tmp_path):
     """Under ``-m`` the error is raised (the job fails, the sweep goes on), not turned into an exit of the process."""
     from vitrel.models.checkpoint import CheckpointError

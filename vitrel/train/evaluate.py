@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from timm.layers import to_2tuple
 
 from vitrel.config import check_moved_keys
-from vitrel.models.checkpoint import checkpoint_has_ema
+from vitrel.models.checkpoint import CheckpointError, checkpoint_has_ema
 from vitrel.models.ckpt_files import stored_config
 from vitrel.train.callbacks import CountTestImages
 from vitrel.train.module import ClassifierModule
@@ -90,7 +90,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.exists():
-        raise FileNotFoundError(f"ckpt_path={cfg.ckpt_path}: no such file or folder")
+        raise CheckpointError(f"ckpt_path={cfg.ckpt_path}: no such file or folder")
     split = str(cfg.get("split", "test"))
     if split not in ("test", "val"):
         raise ValueError(f"split must be test or val, got {split!r}")

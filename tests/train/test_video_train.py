@@ -61,6 +61,22 @@ def test_eval_scores_a_video_checkpoint_at_twice_the_frames(video_sweep, tmp_pat
     assert 0.0 <= metrics["test/acc1"] <= 1.0
 
 
+def test_eval_scores_a_video_checkpoint_at_the_clip_length_it_was_trained_at(tmp_path, caplog):
+    """A run trained on 4-frame clips, scored by eval.py without data.num_frames: at 4 frames (the data group's
+    default, 8, would rebuild the model for 8), saying so; data.num_frames on the command line still wins."""
+    from vitrel.train.evaluate import evaluate
+
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIDEO, "pos=rel3d_factored", "data.num_frames=4", "trainer.max_epochs=1", "logger=none"]))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert vitrel.load_model(ckpt).vitrel_cfg["num_frames"] == 4
+    for given, frames in (([], 4), (["data.num_frames=6"], 6)):
+        out = tmp_path / f"eval{frames}"
+        evaluate(compose(out, [f"ckpt_path={ckpt}", *TINY_CLIPS, *given, *FAST[:1], *FAST[2:4]], config_name="eval"))
+        assert json.loads((out / "eval_metrics.json").read_text())["grid"][0] == frames, given
+    assert "data.num_frames=4: the clip length last.ckpt was trained at" in caplog.text
+
+
 def test_eval_refuses_images_for_a_video_checkpoint(video_sweep, tmp_path):
     from vitrel.train.evaluate import evaluate
 

@@ -1,7 +1,8 @@
 """Score a checkpoint on a data set at any image size: ``python eval.py ckpt_path=... data.img_size=48``.
 
 A video checkpoint takes video data and any clip length: ``python eval.py ckpt_path=... data=moving_fmnist
-data.num_frames=16`` (the model rebuilt for 16 frames, as for another image size).
+data.num_frames=16`` (the model rebuilt for 16 frames, as for another image size); without ``data.num_frames``, the
+clip length it was trained at.
 
 With NaFlex data (``data.packing``, e.g. ``data=fashion_mnist_naflex``) every image is scored at its own size and
 aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eval_max_ratio=1``), packed into rows
@@ -35,6 +36,7 @@ from vitrel.train.module import ClassifierModule
 from vitrel.train.utils import (
     check_data_fits_model,
     check_video_pairing,
+    hydra_config,
     is_video_data,
     plain,
     progress_bar_kind,
@@ -54,6 +56,17 @@ def _trained_size(saved: dict, data_cfg: DictConfig) -> int | None:
         return None
     h, w = to_2tuple(saved["img_size"])
     return int(h) if h == w else None
+
+
+def _trained_frames(saved: dict, data_cfg: DictConfig) -> int | None:
+    """The clip length a stored video model was trained at, when video data is scored without ``data.num_frames`` on
+    the command line (the data group's default would otherwise rebuild the model for its own length); else None."""
+    frames = saved.get("num_frames")
+    if frames is None or "num_frames" not in data_cfg:
+        return None
+    hc = hydra_config()  # (outside Hydra, what was given cannot be told from a default: the config is kept)
+    given = [o.lstrip("+~").split("=")[0] for o in hc.overrides.task] if hc is not None else ["data.num_frames"]
+    return None if "data.num_frames" in given else int(frames)
 
 
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig) -> None:
@@ -104,6 +117,14 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             cfg.data.img_size = trained_size
         rank_zero_info(
             f"data.img_size={trained_size}: the size {ckpt.name} was trained at (data.img_size=<n> for another)"
+        )
+    trained_frames = _trained_frames(saved, cfg.data)
+    if trained_frames is not None:  # data.num_frames not given: the clip length the model was trained at
+        with open_dict(cfg):
+            cfg.data.num_frames = trained_frames
+        rank_zero_info(
+            f"data.num_frames={trained_frames}: the clip length {ckpt.name} was trained at "
+            "(data.num_frames=<n> for another)"
         )
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})

@@ -130,8 +130,10 @@ def _class_folders(root, classes=3, per_class=4):
 
 def test_eval_on_other_data_names_the_data_the_run_trained_on(tmp_path):
     """``python eval.py ckpt_path=<a run on ImageNet-layout folders>`` reads Fashion-MNIST unless told: refused before
-    the weights are read, with the run's own ``data=imagenet data.root=...``, which then works as given."""
+    the weights are read, with the run's own ``data=imagenet data.root=...`` (from the folder ``train.py`` wrote),
+    which then works as given."""
     from tests.train_helpers import run_script
+    from vitrel.train.evaluate import evaluate
 
     tree = _class_folders(tmp_path / "tree")
     run = tmp_path / "run"
@@ -140,19 +142,14 @@ def test_eval_on_other_data_names_the_data_the_run_trained_on(tmp_path):
     r = run_script("train.py", args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     ckpt = run / "checkpoints" / "last.ckpt"
-    r = run_script("eval.py", [f"ckpt_path={ckpt}", f"hydra.run.dir={tmp_path / 'eval'}"], cwd=tmp_path)
-    assert r.returncode != 0
-    assert "classifies 3 classes but FashionMNISTDataModule has 10 (data=fashion_mnist)" in r.stderr
-    hint = re.search(r"trained on, (data=imagenet data\.root=\S+) \(its run's ", r.stderr)
-    assert hint is not None, r.stderr[-2000:]
+    with pytest.raises(ValueError) as refused:  # (eval.py's evaluate(), in-process)
+        evaluate(compose(tmp_path / "eval", [f"ckpt_path={ckpt}"], config_name="eval"))
+    assert "classifies 3 classes but FashionMNISTDataModule has 10 (data=fashion_mnist)" in str(refused.value)
+    hint = re.search(r"trained on, (data=imagenet data\.root=\S+) \(its run's ", str(refused.value))
+    assert hint is not None, str(refused.value)
     assert hint.group(1) == f"data=imagenet data.root={tree}"
     ev = tmp_path / "eval2"
-    r = run_script(
-        "eval.py",
-        [f"ckpt_path={ckpt}", *hint.group(1).split(), "data.num_workers=0", f"hydra.run.dir={ev}"],
-        cwd=tmp_path,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    evaluate(compose(ev, [f"ckpt_path={ckpt}", *hint.group(1).split(), "data.num_workers=0"], config_name="eval"))
     assert json.loads((ev / "eval_metrics.json").read_text())["num_images"] == 12
 
 
@@ -160,18 +157,15 @@ def test_cifar_errors_name_the_command_line_keys_that_fix_them(tmp_path):
     """``python train.py data=cifar10 data.root=...`` on a converted copy (not the official md5s), or on a folder
     without the files: the errors name ``data.verify=false`` / ``data.download=true``, and the first then runs."""
     from tests.data.test_datamodules import make_cifar_files
-    from tests.train_helpers import run_script
+    from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError
 
     make_cifar_files(tmp_path / "cifar", 10, n_per_batch=8)
     args = ["data=cifar10", *TINY_VIT, *FAST[:1], *FAST[2:], *SHORT, "test=false"]
-    r = run_script("train.py", [*args, f"data.root={tmp_path / 'cifar'}", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
-    assert r.returncode != 0 and "(train.py and eval.py: data.verify=false)" in r.stderr, r.stderr[-2000:]
-    over = [f"data.root={tmp_path / 'cifar'}", "data.verify=false", f"hydra.run.dir={tmp_path / 'b'}"]
-    r = run_script("train.py", [*args, *over], tmp_path)
-    assert r.returncode == 0, r.stderr[-2000:]
-    over = [f"data.root={tmp_path / 'none'}", "data.download=false", f"hydra.run.dir={tmp_path / 'c'}"]
-    r = run_script("train.py", [*args, *over], tmp_path)
-    assert r.returncode != 0 and "download=True (train.py: data.download=true)" in r.stderr, r.stderr[-2000:]
+    with pytest.raises(DatasetIntegrityError, match=r"\(train.py and eval.py: data.verify=false\)"):
+        train(compose(tmp_path / "a", [*args, f"data.root={tmp_path / 'cifar'}"]))
+    assert train(compose(tmp_path / "b", [*args, f"data.root={tmp_path / 'cifar'}", "data.verify=false"]))
+    with pytest.raises(DatasetNotFoundError, match=r"download=True \(train.py: data.download=true\)"):
+        train(compose(tmp_path / "c", [*args, f"data.root={tmp_path / 'none'}", "data.download=false"]))
 
 
 def _message_lines(stderr: str) -> list[str]:

@@ -23,8 +23,8 @@ import torch
 
 from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script, script_env
 from vitrel.models.checkpoint import CheckpointError
-from vitrel.train.callbacks import LineProgress
 from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
+from vitrel.train.progress import LineProgress
 from vitrel.train.run import train
 from vitrel.train.rundir import LOCK_NAME, RunFolderBusy, RunLock
 

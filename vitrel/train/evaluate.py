@@ -31,8 +31,8 @@ from timm.layers import to_2tuple
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, checkpoint_has_ema
 from vitrel.models.ckpt_files import stored_config
-from vitrel.train.callbacks import CountTestImages
 from vitrel.train.module import ClassifierModule
+from vitrel.train.progress import CountTestImages
 from vitrel.train.utils import (
     check_data_fits_model,
     check_video_pairing,

@@ -36,9 +36,10 @@ from omegaconf import DictConfig, OmegaConf
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import stored_config
-from vitrel.train.callbacks import CountTestImages, last_checkpoint_file, last_checkpoint_path
+from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
+from vitrel.train.progress import CountTestImages
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
     check_data_fits_model,

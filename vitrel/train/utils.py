@@ -170,7 +170,7 @@ def progress_bar_kind(requested: str = "auto") -> str:
 def progress_callbacks(kind: str) -> list[Callback]:
     """The progress display for ``progress_bar_kind(...)``: a rich bar, plain lines, or nothing
     (``tqdm`` is Lightning's default bar, which needs no callback)."""
-    from vitrel.train.callbacks import LineProgress
+    from vitrel.train.progress import LineProgress
 
     if kind == "rich":
         return [RichProgressBar()]

@@ -1,0 +1,106 @@
+"""Progress for logs: :class:`LineProgress`, plain lines when stdout is not a terminal (training steps and epochs,
+validation and test batches), and :class:`CountTestImages`, the images a test loop scored (fewer than the split's
+under ``trainer.limit_test_batches`` or ``fast_dev_run``)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+__all__ = ["LineProgress", "CountTestImages"]
+
+
+class LineProgress(Callback):
+    """One plain line every ``every_n_steps`` training steps (default: the trainer's
+    ``log_every_n_steps``) and one per epoch (rank 0), for logs; validation and test (``eval.py``) print one
+    every ``every_n_steps`` of their batches. Epochs count from 1 on every line."""
+
+    def __init__(self, every_n_steps: int | None = None) -> None:
+        self.every_n_steps = every_n_steps
+        self._t0 = time.monotonic()
+        self._t_eval = time.monotonic()
+
+    def _every(self, trainer) -> int:
+        return self.every_n_steps if self.every_n_steps is not None else trainer.log_every_n_steps
+
+    @staticmethod
+    def _total(trainer) -> int | str:
+        return trainer.max_epochs if trainer.max_epochs and trainer.max_epochs > 0 else "?"
+
+    @staticmethod
+    def _fmt(metrics: dict, keys: Sequence[str]) -> str:
+        out = []
+        for k in keys:
+            if k in metrics:
+                out.append(f"{k} {float(metrics[k]):.4g}")
+        return "  ".join(out)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._t0 = time.monotonic()  # a run resumed mid-epoch starts without on_train_epoch_start
+
+    def on_train_epoch_start(self, trainer, pl_module) -> None:
+        self._t0 = time.monotonic()
+
+    @rank_zero_only
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        every = self._every(trainer)
+        if every > 0 and (batch_idx + 1) % every == 0:
+            m = trainer.callback_metrics
+            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+            print(
+                f"epoch {trainer.current_epoch + 1} step {batch_idx + 1}/{trainer.num_training_batches}  "
+                f"{self._fmt(m, ['train/loss_step'])}  lr {lr:.3g}",
+                flush=True,
+            )
+
+    @rank_zero_only
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        m = trainer.callback_metrics
+        keys = ["train/loss_epoch", "train/acc1", "val/loss", "val/acc1", "val/acc5"]
+        print(
+            f"epoch {trainer.current_epoch + 1}/{self._total(trainer)}  {self._fmt(m, keys)}  "
+            f"({time.monotonic() - self._t0:.1f} s)",
+            flush=True,
+        )
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._t_eval = time.monotonic()
+
+    def on_test_epoch_start(self, trainer, pl_module) -> None:
+        self._t_eval = time.monotonic()
+
+    def _eval_line(self, trainer, stage: str, totals, batch_idx: int, dataloader_idx: int) -> None:
+        every = self._every(trainer)
+        if every > 0 and (batch_idx + 1) % every == 0:
+            total = totals[dataloader_idx] if isinstance(totals, (list, tuple)) else totals
+            print(f"{stage} batch {batch_idx + 1}/{total}  ({time.monotonic() - self._t_eval:.1f} s)", flush=True)
+
+    @rank_zero_only
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if not trainer.sanity_checking:
+            self._eval_line(trainer, "val", trainer.num_val_batches, batch_idx, dataloader_idx)
+
+    @rank_zero_only
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._eval_line(trainer, "test", trainer.num_test_batches, batch_idx, dataloader_idx)
+
+
+class CountTestImages(Callback):
+    """The images the test loop scored (the targets of its batches: one per image, NaFlex batches too), summed
+    over the ranks: fewer than the split's under ``trainer.limit_test_batches`` or ``fast_dev_run``."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self.count = 0
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self.count += int(batch[1].shape[0])
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        self.count = int(trainer.strategy.reduce(torch.tensor(self.count, device=pl_module.device), reduce_op="sum"))

@@ -168,10 +168,18 @@ def test_another_recipe_is_refused(study, tmp_path):
 
 
 def test_bad_selection_is_refused(study, tmp_path):
+    """Refused with its reason; the logger levels and warning filters the study sets while it runs are restored (a
+    study called in-process left Lightning's INFO lines off for the rest of the process)."""
+    import logging
+    import warnings
+
+    names = ("lightning.pytorch", "lightning.fabric", "lightning", "vitrel")
+    levels, filters = {n: logging.getLogger(n).level for n in names}, list(warnings.filters)
     with pytest.raises(SystemExit, match="unknown scheme"):
         study.main(["--budget", "smoke", "--schemes", "rel3d", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="unknown architecture"):
         study.main(["--budget", "smoke", "--archs", "convnet", "--out", str(tmp_path)])
+    assert {n: logging.getLogger(n).level for n in names} == levels and warnings.filters == filters
 
 
 @pytest.mark.parametrize("args, says", [(["--jobs", "0"], "0"), (["--jobs", "-2"], "-2"), (["--threads", "0"], "0")])

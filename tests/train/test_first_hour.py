@@ -28,7 +28,7 @@ def test_from_checkpoint_reports_the_model_it_built(rope_run, tmp_path, caplog):
     """``model=from_checkpoint`` builds the file's architecture and scheme: metrics.json and the run's log say so,
     not the pos group's default (rel2d_factored) and not ``None``."""
     ckpt = rope_run / "checkpoints" / "last.ckpt"
-    caplog.set_level("INFO", logger="lightning.pytorch")  # (rank_zero_info's; a study run in-process quiets it)
+    caplog.set_level("INFO", logger="lightning.pytorch")  # (rank_zero_info's)
     train(compose(tmp_path, ["model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT]))
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert (saved["model"], saved["pos"]) == ("vitrel_vit_tiny_patch4_32", "rope2d_mixed")

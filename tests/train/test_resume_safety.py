@@ -290,7 +290,7 @@ def test_resume_with_more_epochs_follows_the_longer_schedule_and_keeps_the_best(
     """1 epoch of 4 steps, then resumed to 2 epochs: steps 4-7 at the rates of an uninterrupted 2-epoch run (not the
     1-epoch schedule's min_lr); the best checkpoint (``save_top_k=1``, ``monitor=epoch``, ``mode=min``: the first
     epoch stays best) is still the one file, with its score."""
-    # (Lightning's rank-zero logger at INFO: a study run in this process sets "lightning.pytorch" to WARNING)
+    # (Lightning's rank-zero logger at INFO, whatever an earlier test in this process set)
     caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
     run = tmp_path / "run"
     base = [*TINY_VIT, *FAST, "trainer.limit_train_batches=4", "trainer.limit_val_batches=1", "test=false"]

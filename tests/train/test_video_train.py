@@ -66,7 +66,7 @@ def test_eval_scores_a_video_checkpoint_at_the_clip_length_it_was_trained_at(tmp
     default, 8, would rebuild the model for 8), saying so; data.num_frames on the command line still wins."""
     from vitrel.train.evaluate import evaluate
 
-    caplog.set_level("INFO", logger="lightning.pytorch")  # (rank_zero_info's; a study run in-process quiets it)
+    caplog.set_level("INFO", logger="lightning.pytorch")  # (rank_zero_info's)
     run = tmp_path / "run"
     train(compose(run, [*TINY_VIDEO, "pos=rel3d_factored", "data.num_frames=4", "trainer.max_epochs=1", "logger=none"]))
     ckpt = run / "checkpoints" / "last.ckpt"

@@ -194,9 +194,31 @@ def run_jobs(args: argparse.Namespace, argv: list[str], jobs: int) -> None:
         raise SystemExit(f"study workers exited with {codes}; rerun the same command to resume")
 
 
+@contextlib.contextmanager
+def _quiet_training_logs():
+    """Lightning's and vitrel's INFO lines and the warnings every run repeats, silenced while the study runs (its
+    own progress lines say what a run did); the levels and warning filters are restored after."""
+    names = ("lightning.pytorch", "lightning.fabric", "lightning", "vitrel")
+    levels = {n: logging.getLogger(n).level for n in names}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*(does not have many workers|resampl|LeafSpec|val_dataloader).*")
+        for n in names:
+            logging.getLogger(n).setLevel(logging.WARNING)
+        try:
+            yield
+        finally:
+            for n, level in levels.items():
+                logging.getLogger(n).setLevel(level)
+
+
 def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> dict:
     """Run the study ``argv`` selects (``parse_args``); ``prog``: how the command is recorded. Returns its state
     (what the results JSON holds)."""
+    with _quiet_training_logs():
+        return _run(argv, prog)
+
+
+def _run(argv: list[str] | None, prog: str) -> dict:
     args, t_start = parse_args(argv), time.perf_counter()
     argv = sys.argv[1:] if argv is None else list(argv)
     getattr(sys.stdout, "reconfigure", lambda **_: None)(line_buffering=True)  # progress lines in logs at once
@@ -208,9 +230,6 @@ def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> 
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
     if args.memory_fraction is not None and device.type == "cuda":  # a --jobs worker: its share of the GPU
         torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device.index)
-    for lg in ("lightning.pytorch", "lightning.fabric", "lightning", "vitrel"):
-        logging.getLogger(lg).setLevel(logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*(does not have many workers|resampl|LeafSpec|val_dataloader).*")
     rec = recipe(args.budget, args.overrides)
     study, (schemes, archs, seeds) = rec["study"], select(args, rec["study"])
     command = f"{prog} " + " ".join(a for a in argv if a != "--restart")

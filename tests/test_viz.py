@@ -40,12 +40,57 @@ def test_heat_map_of_a_bias_is_the_bias_row(name, query):
     torch.testing.assert_close(viz.position_matrix(s, g), bias.float(), rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ["rel3d_full", "rel3d_factored", "alibi3d"])
+@pytest.mark.parametrize("query", [None, (0, 0, 0), (3, 2, 1), 37])
+def test_video_heat_map_of_a_bias_is_the_bias_row(name, query):
+    """On a video grid ``(T, H, W)`` (t-major tokens) the kernel is ``[heads, T, H, W]``; the query ``(frame, row,
+    col)`` or a raster index (default: the centre, ``(T//2, H//2, W//2)``)."""
+    s = build(name, grid=(4, 3, 5))
+    with torch.no_grad():
+        for p in s.parameters():
+            p.normal_()
+    g = vitrel.layout.geometry.Grid3(4, 3, 5)
+    bias = s.bias(g, 0).detach()
+    t, r, c = (2, 1, 2) if query is None else (37 // 15, 37 % 15 // 5, 37 % 5) if query == 37 else query
+    k = viz.position_kernel(s, g, query)
+    assert k.shape == (3, 4, 3, 5)
+    for h in range(3):
+        for tj in range(4):
+            for rj in range(3):
+                for cj in range(5):
+                    want = float(bias[h, (t * 3 + r) * 5 + c, (tj * 3 + rj) * 5 + cj])
+                    assert float(k[h, tj, rj, cj]) == pytest.approx(want, abs=1e-5)
+
+
+def test_plot_pos_scheme_of_a_video_grid_shows_every_frame_per_head():
+    """One strip per head: the ``T`` frames' ``H x W`` maps side by side, a blank column between frames."""
+    s = build("rel3d_factored", grid=(4, 3, 5))
+    with torch.no_grad():
+        s.table_t.normal_()
+    fig = viz.plot_pos_scheme(s, query=(1, 0, 4))
+    axes = panels(fig)
+    assert len(axes) == 3
+    kernel = viz.position_kernel(s, query=(1, 0, 4))
+    for h, ax in enumerate(axes):
+        strip = torch.as_tensor(ax.images[0].get_array().filled(float("nan")))
+        assert strip.shape == (3, 4 * 6 - 1)
+        for t in range(4):
+            torch.testing.assert_close(strip[:, 6 * t : 6 * t + 5].float(), kernel[h, t])
+        assert strip[:, 5::6].isnan().all()
+    assert viz.figure_to_array(fig).std() > 0
+
+
 def test_position_kernel_rejects_a_query_outside_the_grid():
     s = build("rel2d_full")
     with pytest.raises(ValueError, match="outside"):
         viz.position_kernel(s, (4, 5), (4, 0))
     with pytest.raises(ValueError, match="outside"):
         viz.position_kernel(s, (4, 5), 20)
+    with pytest.raises(ValueError, match=r"query \(1, 1, 1\) is outside the 4x5 grid"):
+        viz.position_kernel(s, (4, 5), (1, 1, 1))
+    v = build("rel3d_factored", grid=(2, 3, 4))
+    with pytest.raises(ValueError, match=r"query \(2, 0, 0\) is outside the 2x3x4 grid"):
+        viz.position_kernel(v, query=(2, 0, 0))
 
 
 def test_position_kernel_rel2d_full_reads_the_table_around_the_centre():

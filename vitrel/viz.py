@@ -19,7 +19,8 @@ similarity of the patches' embeddings ``e_i . e_j / (|e_i| |e_j|)`` (the usual V
 "head"). :func:`position_kernel` is one row of it (what one query patch sees) as an ``H x W`` map,
 and :func:`offset_profile` folds a matrix into a function of the offset ``(dh, dw)`` with
 ``dh = row_i - row_j``, ``dw = col_i - col_j`` (for a relative scheme every pair with the same
-offset has the same value, so the fold loses nothing).
+offset has the same value, so the fold loses nothing). On a video grid ``(T, H, W)`` (tokens t-major) the same
+numbers are ``[heads, T, H, W]`` per query, drawn as each head's ``T`` frames side by side.
 
 **RoPE's similarity.** :func:`rope_similarity` is the cosine similarity of the rotated probes,
 ``R_i u . R_j u / |u|^2 = (2/d) sum_t cos(theta_t(i) - theta_t(j))``, as a function of ``(dh, dw)``.
@@ -39,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.layout.geometry import Grid, as_grid
+from vitrel.layout.geometry import Grid, Grid3, as_grid, grid_str
 from vitrel.pos.base import FAMILIES, PositionScheme
 
 __all__ = [
@@ -87,23 +88,23 @@ def _probe(heads: int, n: int, d: int, device: torch.device) -> Tensor:
     return u
 
 
-def _query_index(grid: Grid, query: int | tuple[int, int] | None) -> int:
-    """Raster index of ``query`` (``(row, col)``, a raster index, or None for the centre patch)."""
-    if query is None:
-        return (grid.h // 2) * grid.w + grid.w // 2
+def _query_index(grid: Grid | Grid3, query: int | tuple[int, ...] | None) -> int:
+    """Raster index of ``query``: ``(row, col)`` (a video grid: ``(frame, row, col)``), a raster index, or None for
+    the centre patch."""
+    sides = tuple(grid)
     if isinstance(query, int):
         if not 0 <= query < grid.n:
-            raise ValueError(f"query index {query} is outside the {grid.h}x{grid.w} grid")
+            raise ValueError(f"query index {query} is outside the {grid_str(grid)} grid")
         return query
-    r, c = (int(v) for v in query)
-    if not (0 <= r < grid.h and 0 <= c < grid.w):
-        raise ValueError(f"query {(r, c)} is outside the {grid.h}x{grid.w} grid")
-    return r * grid.w + c
+    at = tuple(s // 2 for s in sides) if query is None else tuple(int(v) for v in query)
+    if len(at) != len(sides) or not all(0 <= a < s for a, s in zip(at, sides)):
+        raise ValueError(f"query {at} is outside the {grid_str(grid)} grid")
+    return int(np.ravel_multi_index(at, sides))
 
 
-def _query_rc(grid: Grid, query: int | tuple[int, int] | None) -> tuple[int, int]:
-    i = _query_index(grid, query)
-    return i // grid.w, i % grid.w
+def _query_at(grid: Grid | Grid3, query: int | tuple[int, ...] | None) -> tuple[int, ...]:
+    """``query``'s ``(row, col)`` (a video grid: ``(frame, row, col)``)."""
+    return tuple(int(v) for v in np.unravel_index(_query_index(grid, query), tuple(grid)))
 
 
 @torch.no_grad()
@@ -134,15 +135,16 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
     return out[0].cpu()
 
 
-def position_kernel(scheme: PositionScheme, grid: Any = None, query: int | tuple[int, int] | None = None) -> Tensor:
-    """``[heads, H, W]``: the row of :func:`position_matrix` of one query patch (default: the centre).
+def position_kernel(scheme: PositionScheme, grid: Any = None, query: int | tuple[int, ...] | None = None) -> Tensor:
+    """``[heads, H, W]`` (a video grid: ``[heads, T, H, W]``): the row of :func:`position_matrix` of one query patch
+    (default: the centre).
 
-    ``query`` is ``(row, col)`` or a raster index. Absolute schemes: ``[1, H, W]`` cosine similarity of
-    that patch's embedding with every patch's.
+    ``query`` is ``(row, col)`` (a video grid: ``(frame, row, col)``) or a raster index. Absolute schemes: one
+    "head", the cosine similarity of that patch's embedding with every patch's.
     """
     grid = as_grid(grid if grid is not None else scheme.grid)
     m = position_matrix(scheme, grid)
-    return m[:, _query_index(grid, query)].reshape(m.shape[0], grid.h, grid.w)
+    return m[:, _query_index(grid, query)].reshape(m.shape[0], *grid)
 
 
 def offset_profile(matrix: Tensor, grid: Any) -> Tensor:
@@ -246,10 +248,13 @@ def plot_pos_scheme(
 
     Row 1: :func:`position_kernel` as an ``H x W`` heat map per head (the query marked ``x``).
     Row 2 (schemes with learned 2-D RoPE frequencies): each head's frequency vectors ``(f^x_t, f^y_t)``.
+    A video grid ``(T, H, W)``: one row per head, its ``T`` frames' maps side by side (:func:`_plot_frames`).
     ``grid`` defaults to the grid the scheme was built for (its window, for windowed models).
     Used by the training callback that logs position pictures.
     """
     grid = as_grid(grid if grid is not None else scheme.grid)
+    if isinstance(grid, Grid3):
+        return _plot_frames(scheme, grid, title, max_heads, query)
     kernel = position_kernel(scheme, grid, query)[:max_heads].numpy()
     freqs = rope_freqs(scheme)
     panels = kernel.shape[0]
@@ -259,7 +264,7 @@ def plot_pos_scheme(
     absolute = scheme.kind == "absolute"
     lim = _sym_lim(kernel)
     cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
-    qy, qx = _query_rc(grid, query)
+    qy, qx = _query_at(grid, query)
     im = None
     for h in range(panels):
         ax = axes[0, h]
@@ -285,6 +290,36 @@ def plot_pos_scheme(
     where = "the centre query" if query is None else f"query {(qy, qx)}"
     what = "embedding similarity" if absolute else f"position term of {where}'s logits"
     fig.suptitle(title or f"{scheme.name} on {grid.h}x{grid.w}: {what}", fontsize=9)
+    return fig
+
+
+def _plot_frames(scheme: PositionScheme, grid: Grid3, title: str | None, max_heads: int, query) -> Any:
+    """:func:`plot_pos_scheme` on a video grid: per head (a row), the query's kernel over the ``T`` frames, each an
+    ``H x W`` map, side by side (a blank column between frames), one colour scale; the query marked ``x``."""
+    kernel = position_kernel(scheme, grid, query)[:max_heads].numpy()  # [heads, T, H, W]
+    heads, (qt, qy, qx) = kernel.shape[0], _query_at(grid, query)
+    strips = np.full((heads, grid.h, grid.t * (grid.w + 1) - 1), np.nan)
+    for t in range(grid.t):
+        strips[:, :, t * (grid.w + 1) : t * (grid.w + 1) + grid.w] = kernel[:, t]
+    absolute = scheme.kind == "absolute"
+    lim = _sym_lim(kernel)
+    cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
+    width = strips.shape[2] / grid.h  # each strip's aspect
+    fig = _figure(min(1.0 + 1.2 * width, 16.0), 0.5 + 1.3 * heads)
+    axes = fig.subplots(heads, 1, squeeze=False)[:, 0]
+    im = None
+    for h, ax in enumerate(axes):
+        im = ax.imshow(strips[h], cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+        ax.plot([qt * (grid.w + 1) + qx], [qy], marker="x", color="k", markersize=5)
+        ax.set_yticks([])
+        ax.set_xticks([t * (grid.w + 1) + (grid.w - 1) / 2 for t in range(grid.t)], [str(t) for t in range(grid.t)])
+        ax.tick_params(labelsize=6, length=0)
+        ax.set_ylabel("cos sim" if absolute else f"head {h}", fontsize=8)
+    axes[-1].set_xlabel(f"frame (the query's: {qt})", fontsize=8)
+    if im is not None:
+        fig.colorbar(im, ax=list(axes), shrink=0.8)
+    what = "embedding similarity" if absolute else f"position term of query {(qt, qy, qx)}'s logits"
+    fig.suptitle(title or f"{scheme.name} on {grid_str(grid)}: {what}", fontsize=9)
     return fig
 
 

@@ -15,7 +15,7 @@ import torch
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import CONF, FAST, TINY_SWIN, TINY_VIT, PoisonWeights, SendSignal, compose
+from tests.train_helpers import CONF, FAST, TINY_SWIN, TINY_VIDEO, TINY_VIT, PoisonWeights, SendSignal, compose
 from vitrel.data.base import EpochSampler
 from vitrel.train.callbacks import NonFiniteLossError
 from vitrel.train.run import check_launch, train
@@ -282,12 +282,15 @@ def test_exact_resume_makes_the_datamodule_loader_resumable(tmp_path, loader):
 
 
 # ------------------------------------------------------------------------------------------ pictures
-def test_pos_images_written_without_image_logger(tmp_path):
-    over = [*TINY_VIT, *FAST, *SHORT, "pos=rel2d_factored", "callbacks.pos_images.every_n_epochs=1"]
-    over = [o for o in over if o != "callbacks.pos_images=null"]
-    train(compose(tmp_path, over))
+@pytest.mark.parametrize("video", [False, True], ids=["image", "video"])
+def test_pos_images_written_without_image_logger(tmp_path, video):
+    """Each block's position picture at every epoch's end, as PNGs in the run folder; for a video model's 3-D
+    scheme too (its picture failed the run at the end of training)."""
+    base = [*TINY_VIDEO, "pos=rel3d_factored"] if video else [*TINY_VIT, *FAST, "pos=rel2d_factored"]
+    over = [*base, *SHORT, "callbacks.pos_images.every_n_epochs=1"]
+    train(compose(tmp_path, [o for o in over if o != "callbacks.pos_images=null"]))
     pngs = sorted(p.name for p in (tmp_path / "pos_images").glob("*.png"))
-    assert pngs == ["blocks_0_attn_pos_step0000004.png", "blocks_1_attn_pos_step0000004.png"]
+    assert pngs == [f"blocks_{i}_attn_pos_step0000004.png" for i in range(1 if video else 2)]
 
 
 def test_default_config_is_the_documented_recipe(tmp_path):

@@ -464,8 +464,8 @@ def position_schemes(model: torch.nn.Module) -> list[tuple[str, PositionScheme]]
 
 
 class PosImageLogger(Callback):
-    """Every ``every_n_epochs`` epochs (and at the end of training), a picture of each layer's
-    position scheme as seen from the centre query (``vitrel.viz.plot_pos_scheme``), logged to
+    """Every ``every_n_epochs`` epochs (and at the end of training), a picture of each layer's position scheme as
+    seen from the centre query (``vitrel.viz.plot_pos_scheme``; a video grid's frames side by side), logged to
     W&B / TensorBoard as images under ``pos/<module name>``; without such a logger the PNGs go to
     ``<run dir>/pos_images/``.
     """

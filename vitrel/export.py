@@ -377,9 +377,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"note: {_NOT_HW[dynamic]}; exporting dynamic={dynamic}")
             size = None if args.img_size is None else (args.img_size * 2)[:2]
             example = example_input(model, img_size=size, num_frames=args.num_frames)
+            print(f"tracing the model with torch.export (dynamic={dynamic}) ...", flush=True)
             ep = export_program(model, example, dynamic)
             pt2 = program_bytes(ep, data_config) if args.pt2 else None
             if args.onnx:
+                print(f"converting the program to ONNX (opset {args.opset}) ...", flush=True)
                 onnx = onnx_program(model, example, dynamic, args.opset, program=ep)
     except (CheckpointError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -214,3 +214,19 @@ def test_one_line_errors_leave_a_sweep_job_failing_as_hydra_jobs_fail(tmp_path):
     compose(tmp_path, [*TINY_VIT])
     with pytest.raises(SystemExit, match="train.py: CheckpointError: bad file"), one_line_errors("train.py"):
         raise CheckpointError("bad file")
+
+
+def test_a_video_scheme_on_an_image_model_warns_once_naming_the_image_scheme(tmp_path, caplog):
+    """``python train.py pos=rel3d_factored`` (an image model) ran as one frame without a word: one warning, when the
+    model is built (not at every forward), naming ``pos=rel2d_factored``; its checkpoint reloads with one warning."""
+    import vitrel
+
+    caplog.set_level("WARNING", logger="vitrel.models.backbone")
+    train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "pos=rel3d_factored"]))
+    said = [r.getMessage() for r in caplog.records if r.name == "vitrel.models.backbone"]
+    assert len(said) == 1, said
+    assert said[0].startswith("pos=rel3d_factored is a video scheme (grids T x H x W): VisionTransformer takes images")
+    assert "runs as one frame (T = 1)" in said[0] and "For images use pos=rel2d_factored;" in said[0]
+    caplog.clear()
+    vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
+    assert len([r for r in caplog.records if r.name == "vitrel.models.backbone"]) == 1

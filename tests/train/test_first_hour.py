@@ -230,3 +230,63 @@ def test_a_video_scheme_on_an_image_model_warns_once_naming_the_image_scheme(tmp
     caplog.clear()
     vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
     assert len([r for r in caplog.records if r.name == "vitrel.models.backbone"]) == 1
+
+
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        (
+            ["model=vitrel_vit_small_patch16_224"],
+            "28x28 (data.img_size), are not a whole number of the 16x16 patches of vitrel_vit_small_patch16_224: set "
+            "data.img_size=224 (the size vitrel_vit_small_patch16_224 is made for), or the nearest larger multiple of "
+            "16, data.img_size=32 (the images are resized to it)",
+        ),
+        (
+            ["model=vitrel_swin_tiny_patch4_window7_224", "data.img_size=30"],
+            "30x30 (data.img_size), are not a whole number of the 4x4 patches of vitrel_swin_tiny_patch4_window7_224: "
+            "set data.img_size=224 (the size vitrel_swin_tiny_patch4_window7_224 is made for), or the nearest larger "
+            "multiple of 4, data.img_size=32",
+        ),
+    ],
+    ids=["vit_small_patch16_224", "swin_tiny_patch4_at_30"],
+)
+def test_data_the_model_cannot_cut_into_patches_is_one_line_saying_what_to_set(tmp_path, model, says):
+    """``python train.py model=vitrel_vit_small_patch16_224`` on the default Fashion-MNIST (28 px, patches of 16)
+    failed inside Hydra's instantiation without advice: one line from train.py naming ``data.img_size`` (the
+    architecture's size, or the nearest multiple of the patch), before anything is built or written; the nearest
+    multiple then runs. (A Swin with patches of 4 takes 28 px as it is.)"""
+    from vitrel.train.utils import one_line_errors
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as said, one_line_errors("train.py"):
+        train(compose(run, [*model, *FAST, *SHORT]))
+    assert str(said.value).startswith("train.py: InputSizeError: FashionMNISTDataModule's images, "), said.value
+    assert says in str(said.value)
+    assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
+    if model[0] == "model=vitrel_vit_small_patch16_224":  # the advice runs (one block: the size is what is tested)
+        advice = re.search(r"nearest larger multiple of 16, (data\.img_size=\d+)", str(said.value)).group(1)
+        train(compose(tmp_path / "ok", [*model, "+model.depth=1", advice, *FAST, *SHORT]))
+        assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"
+
+
+def test_eval_and_from_checkpoint_at_a_size_that_is_not_whole_patches_say_what_to_set(rope_run, tmp_path):
+    """``eval.py ckpt_path=<run at 28 px, patches of 4> data.img_size=30`` was a CheckpointError ("cannot rebuild ...")
+    blaming the file: now one line naming the size it was trained at (eval.py's default) and the nearest multiple;
+    ``model=from_checkpoint`` at 30 px in train.py says the same, before any work."""
+    from vitrel.train.evaluate import evaluate
+    from vitrel.train.utils import one_line_errors
+
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as said, one_line_errors("eval.py"):
+        evaluate(compose(tmp_path / "eval", [f"ckpt_path={ckpt}", "data.img_size=30", *FAST[:1]], config_name="eval"))
+    assert str(said.value) == (
+        f"eval.py: InputSizeError: FashionMNISTDataModule's images, 30x30 (data.img_size), are not a whole number of "
+        f"the 4x4 patches of {ckpt} (vitrel_vit_tiny_patch4_32): set data.img_size=28 (the size it was trained at, "
+        "what eval.py takes without data.img_size), or the nearest larger multiple of 4, data.img_size=32 (the images "
+        "are resized to it)"
+    )
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit, match=r"set data.img_size=28 \(the size vitrel_vit_tiny_patch4_32 was trained at\)"):
+        with one_line_errors("train.py"):
+            train(compose(run, ["model=from_checkpoint", f"model.path={ckpt}", "data.img_size=30", *FAST, *SHORT]))
+    assert not (run / "checkpoints").exists()

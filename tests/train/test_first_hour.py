@@ -76,7 +76,7 @@ def test_closing_line_says_when_the_test_score_is_of_part_of_the_split(tmp_path,
         assert line.endswith(")") and " of the " not in line
     else:  # FAST: batches of 16
         assert (saved["test_images"], saved["test_split_images"]) == (16, 2000)
-        assert line.endswith(" on 16 of the 2000 test images (trainer.limit_test_batches)"), line
+        assert line.endswith(" on 16 of the 2000 test images, 9 of the 10 classes (trainer.limit_test_batches)"), line
 
 
 def test_progress_lines_count_epochs_from_one_and_cover_validation_and_test(tmp_path, capsys):
@@ -290,3 +290,25 @@ def test_eval_and_from_checkpoint_at_a_size_that_is_not_whole_patches_say_what_t
         with one_line_errors("train.py"):
             train(compose(run, ["model=from_checkpoint", f"model.path={ckpt}", "data.img_size=30", *FAST, *SHORT]))
     assert not (run / "checkpoints").exists()
+
+
+def test_a_part_of_a_split_sorted_by_class_says_which_classes_it_holds(tmp_path, capsys):
+    """An ImageFolder's test split is sorted by class: ``trainer.limit_test_batches=1`` scores the first class only.
+    Lightning's convention (the first batches) is kept, and the predictions keep the split's order; the closing lines
+    of train.py and eval.py say how many classes the part holds when that is fewer than the model's."""
+    from vitrel.train.evaluate import evaluate
+
+    tree = _class_folders(tmp_path / "tree")
+    data = ["data=imagenet", f"data.root={tree}", "data.img_size=32", "data.batch_size=4", "data.num_workers=0"]
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, *data]))  # (data.batch_size=4 after FAST's 16)
+    lines = capsys.readouterr().out.splitlines()
+    line = next(x for x in lines if x.startswith("test accuracy "))
+    assert line.endswith(" on 4 of the 12 test images, 1 of the 3 classes (trainer.limit_test_batches)"), line
+    ckpt = run / "checkpoints" / "last.ckpt"
+    for limit, says in [("1", "(4 of its 12 images, 1 of the 3 classes: trainer.limit_test_batches)"),
+                        ("null", "(12 images)")]:  # fmt: skip
+        over = [f"ckpt_path={ckpt}", *data, f"trainer.limit_test_batches={limit}", "progress_bar=none"]
+        evaluate(compose(tmp_path / f"eval{limit}", over, config_name="eval"))
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("last.ckpt on imagenet test "))
+        assert says in line, line

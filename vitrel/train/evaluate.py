@@ -202,6 +202,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                 f"{', EMA weights' if use_ema else ''})"
             )
         n, total = result["num_images"], result["split_images"]
-        images = f"{n} images" if n == total else f"{n} of its {total} images: trainer.limit_test_batches"
+        part = f"{n} of its {total} images{counted.classes_note()}: trainer.limit_test_batches"
+        images = f"{n} images" if n == total else part
         print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}: {shown}", flush=True)
     return metrics

@@ -374,7 +374,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
-        print(_report(result, wandb_where), flush=True)
+        print(_report(result, wandb_where, counted.classes_note()), flush=True)
     target = cfg.get("optimized_metric")
     if target:
         if target not in metrics:
@@ -431,8 +431,9 @@ def check_pos_override(cfg: DictConfig) -> None:
         )
 
 
-def _report(result: dict, wandb_where: str | None) -> str:
-    """The run's closing lines: accuracy, wall time, and where the run folder, checkpoints and W&B run are."""
+def _report(result: dict, wandb_where: str | None, classes: str = "") -> str:
+    """The run's closing lines: accuracy, wall time, and where the run folder, checkpoints and W&B run are.
+    ``classes``: :meth:`~vitrel.train.progress.CountTestImages.classes_note`, said of a test of part of the split."""
     m = result["metrics"]
     stage = "test" if "test/acc1" in m else "val"
     lines = []
@@ -442,7 +443,7 @@ def _report(result: dict, wandb_where: str | None) -> str:
         n, total = result["test_images"], result["test_split_images"]
         part = ""
         if stage == "test" and _part(n, total):
-            part = f" on {n} of the {total} test images ({result['test_limited_by']})"
+            part = f" on {n} of the {total} test images{classes} ({result['test_limited_by']})"
         lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
     lines.append(
         f"training {result['fit_s']:.0f} s ({_plural(result['epochs'], 'epoch')}, "

@@ -128,3 +128,38 @@ def test_timm_create_model():
     assert s(torch.randn(1, 3, 32, 32)).shape == (1, 10)
     with pytest.raises(RuntimeError, match="No pretrained weights"):
         timm.create_model("vitrel_vit_tiny_patch4_32", pretrained=True)
+
+
+TINY_SWIN = dict(embed_dim=16, depths=(1, 1), num_heads=(2, 2))
+VIT32, SWIN32 = ("vitrel_vit_tiny_patch4_32", SMALL), ("vitrel_swin_tiny_patch2_window4_32", TINY_SWIN)
+
+
+@pytest.mark.parametrize("create", [vitrel.create_model, timm.create_model], ids=["vitrel", "timm"])
+@pytest.mark.parametrize(
+    "arch, pos, abs_pos, image",
+    [
+        (VIT32, "rope3d_axial", None, {"pos": "rope2d_axial"}),
+        (VIT32, "sincos3d", None, {"pos": "sincos2d"}),
+        (SWIN32, "rel3d_full", None, {"pos": "rel2d_full"}),
+        (SWIN32, "alibi3d", "sincos3d", {"pos": "alibi2d", "abs_pos": "sincos2d"}),
+    ],
+    ids=["vit-rope3d_axial", "vit-sincos3d", "swin-rel3d_full", "swin-alibi3d+sincos3d"],
+)
+def test_a_video_scheme_on_an_image_model_is_one_warning_when_built(create, arch, pos, abs_pos, image, caplog):
+    """An image model built with a 3-D (video) scheme runs it as one frame (T = 1): one warning per scheme when it is
+    built (by vitrel's or timm's create_model), naming the image scheme to use; none at forward, none for a 2-D
+    scheme on images or a 3-D one on video."""
+    name, args = arch
+    caplog.set_level("WARNING", logger="vitrel.models.backbone")
+    m = create(name, pos=pos, abs_pos=abs_pos, **args)
+    said = [r.getMessage() for r in caplog.records if r.name == "vitrel.models.backbone"]
+    given = {"pos": pos, "abs_pos": abs_pos}
+    assert [s.split(" ")[0] for s in said] == [f"{k}={given[k]}" for k in image], said
+    for s, (key, instead) in zip(said, image.items()):
+        assert f"is a video scheme (grids T x H x W): {type(m).__name__} takes images, so it runs as one frame" in s
+        assert f"For images use {key}={instead};" in s
+    caplog.clear()
+    m(torch.randn(1, 3, 32, 32))
+    create(name, pos="rel2d_factored", **args)
+    create("vitrel_vit_video_tiny_patch4_32", pos=pos, **SMALL)
+    assert not [r for r in caplog.records if r.name == "vitrel.models.backbone"]

@@ -76,7 +76,7 @@ def test_closing_line_says_when_the_test_score_is_of_part_of_the_split(tmp_path,
         assert line.endswith(")") and " of the " not in line
     else:  # FAST: batches of 16
         assert (saved["test_images"], saved["test_split_images"]) == (16, 2000)
-        assert line.endswith(" on 16 of the 2000 test images (trainer.limit_test_batches)"), line
+        assert line.endswith(" on 16 of the 2000 test images, 9 of the 10 classes (trainer.limit_test_batches)"), line
 
 
 def test_progress_lines_count_epochs_from_one_and_cover_validation_and_test(tmp_path, capsys):
@@ -214,3 +214,101 @@ def test_one_line_errors_leave_a_sweep_job_failing_as_hydra_jobs_fail(tmp_path):
     compose(tmp_path, [*TINY_VIT])
     with pytest.raises(SystemExit, match="train.py: CheckpointError: bad file"), one_line_errors("train.py"):
         raise CheckpointError("bad file")
+
+
+def test_a_video_scheme_on_an_image_model_warns_once_naming_the_image_scheme(tmp_path, caplog):
+    """``python train.py pos=rel3d_factored`` (an image model) ran as one frame without a word: one warning, when the
+    model is built (not at every forward), naming ``pos=rel2d_factored``; its checkpoint reloads with one warning."""
+    import vitrel
+
+    caplog.set_level("WARNING", logger="vitrel.models.backbone")
+    train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "pos=rel3d_factored"]))
+    said = [r.getMessage() for r in caplog.records if r.name == "vitrel.models.backbone"]
+    assert len(said) == 1, said
+    assert said[0].startswith("pos=rel3d_factored is a video scheme (grids T x H x W): VisionTransformer takes images")
+    assert "runs as one frame (T = 1)" in said[0] and "For images use pos=rel2d_factored;" in said[0]
+    caplog.clear()
+    vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
+    assert len([r for r in caplog.records if r.name == "vitrel.models.backbone"]) == 1
+
+
+@pytest.mark.parametrize(
+    "model, says",
+    [
+        (
+            ["model=vitrel_vit_small_patch16_224"],
+            "28x28 (data.img_size), are not a whole number of the 16x16 patches of vitrel_vit_small_patch16_224: set "
+            "data.img_size=224 (the size vitrel_vit_small_patch16_224 is made for), or the nearest larger multiple of "
+            "16, data.img_size=32 (the images are resized to it)",
+        ),
+        (
+            ["model=vitrel_swin_tiny_patch4_window7_224", "data.img_size=30"],
+            "30x30 (data.img_size), are not a whole number of the 4x4 patches of vitrel_swin_tiny_patch4_window7_224: "
+            "set data.img_size=224 (the size vitrel_swin_tiny_patch4_window7_224 is made for), or the nearest larger "
+            "multiple of 4, data.img_size=32",
+        ),
+    ],
+    ids=["vit_small_patch16_224", "swin_tiny_patch4_at_30"],
+)
+def test_data_the_model_cannot_cut_into_patches_is_one_line_saying_what_to_set(tmp_path, model, says):
+    """``python train.py model=vitrel_vit_small_patch16_224`` on the default Fashion-MNIST (28 px, patches of 16)
+    failed inside Hydra's instantiation without advice: one line from train.py naming ``data.img_size`` (the
+    architecture's size, or the nearest multiple of the patch), before anything is built or written; the nearest
+    multiple then runs. (A Swin with patches of 4 takes 28 px as it is.)"""
+    from vitrel.train.utils import one_line_errors
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as said, one_line_errors("train.py"):
+        train(compose(run, [*model, *FAST, *SHORT]))
+    assert str(said.value).startswith("train.py: InputSizeError: FashionMNISTDataModule's images, "), said.value
+    assert says in str(said.value)
+    assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
+    if model[0] == "model=vitrel_vit_small_patch16_224":  # the advice runs (one block: the size is what is tested)
+        advice = re.search(r"nearest larger multiple of 16, (data\.img_size=\d+)", str(said.value)).group(1)
+        train(compose(tmp_path / "ok", [*model, "+model.depth=1", advice, *FAST, *SHORT]))
+        assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"
+
+
+def test_eval_and_from_checkpoint_at_a_size_that_is_not_whole_patches_say_what_to_set(rope_run, tmp_path):
+    """``eval.py ckpt_path=<run at 28 px, patches of 4> data.img_size=30`` was a CheckpointError ("cannot rebuild ...")
+    blaming the file: now one line naming the size it was trained at (eval.py's default) and the nearest multiple;
+    ``model=from_checkpoint`` at 30 px in train.py says the same, before any work."""
+    from vitrel.train.evaluate import evaluate
+    from vitrel.train.utils import one_line_errors
+
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    with pytest.raises(SystemExit) as said, one_line_errors("eval.py"):
+        evaluate(compose(tmp_path / "eval", [f"ckpt_path={ckpt}", "data.img_size=30", *FAST[:1]], config_name="eval"))
+    assert str(said.value) == (
+        f"eval.py: InputSizeError: FashionMNISTDataModule's images, 30x30 (data.img_size), are not a whole number of "
+        f"the 4x4 patches of {ckpt} (vitrel_vit_tiny_patch4_32): set data.img_size=28 (the size it was trained at, "
+        "what eval.py takes without data.img_size), or the nearest larger multiple of 4, data.img_size=32 (the images "
+        "are resized to it)"
+    )
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit, match=r"set data.img_size=28 \(the size vitrel_vit_tiny_patch4_32 was trained at\)"):
+        with one_line_errors("train.py"):
+            train(compose(run, ["model=from_checkpoint", f"model.path={ckpt}", "data.img_size=30", *FAST, *SHORT]))
+    assert not (run / "checkpoints").exists()
+
+
+def test_a_part_of_a_split_sorted_by_class_says_which_classes_it_holds(tmp_path, capsys):
+    """An ImageFolder's test split is sorted by class: ``trainer.limit_test_batches=1`` scores the first class only.
+    Lightning's convention (the first batches) is kept, and the predictions keep the split's order; the closing lines
+    of train.py and eval.py say how many classes the part holds when that is fewer than the model's."""
+    from vitrel.train.evaluate import evaluate
+
+    tree = _class_folders(tmp_path / "tree")
+    data = ["data=imagenet", f"data.root={tree}", "data.img_size=32", "data.batch_size=4", "data.num_workers=0"]
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, *data]))  # (data.batch_size=4 after FAST's 16)
+    lines = capsys.readouterr().out.splitlines()
+    line = next(x for x in lines if x.startswith("test accuracy "))
+    assert line.endswith(" on 4 of the 12 test images, 1 of the 3 classes (trainer.limit_test_batches)"), line
+    ckpt = run / "checkpoints" / "last.ckpt"
+    for limit, says in [("1", "(4 of its 12 images, 1 of the 3 classes: trainer.limit_test_batches)"),
+                        ("null", "(12 images)")]:  # fmt: skip
+        over = [f"ckpt_path={ckpt}", *data, f"trainer.limit_test_batches={limit}", "progress_bar=none"]
+        evaluate(compose(tmp_path / f"eval{limit}", over, config_name="eval"))
+        line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("last.ckpt on imagenet test "))
+        assert says in line, line

@@ -11,6 +11,7 @@ channels-last form (``NHWC`` / ``NTHWC``).
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,9 +22,29 @@ from torch import Tensor, nn
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.models.blocks import Block, BlockStack
-from vitrel.pos.registry import PosSpec
+from vitrel.pos.registry import PosSpec, image_scheme
 
-__all__ = ["ViTBody", "SwinBody", "channels_first"]
+__all__ = ["ViTBody", "SwinBody", "channels_first", "warn_video_scheme"]
+
+_logger = logging.getLogger(__name__)
+
+
+def warn_video_scheme(model: str, **specs: PosSpec | None) -> None:
+    """An image model (``model``, its class name) built with a video scheme (``grid_dims == 3``) as ``pos`` or
+    ``abs_pos`` (the keywords: the specs as given) runs it on one frame (T = 1), what the scheme gives the time axis
+    (its table, frequencies or channels) never used: a warning naming the image scheme to use instead, once, when the
+    model is built (timm's convention, a logged warning). Not an error: image and video co-training, or an image model
+    to start a video one from, runs a video scheme on one frame on purpose."""
+    for key, spec in specs.items():
+        if spec is None or spec.cls.grid_dims != 3:
+            continue
+        image = image_scheme(spec.cls)
+        instead = f"{key}={image}" if image else "a 2-D scheme"
+        _logger.warning(
+            f"{key}={spec.name} is a video scheme (grids T x H x W): {model} takes images, so it runs as one frame "
+            f"(T = 1) and what it gives the time axis is never used. For images use {instead}; keep {spec.name} "
+            "for image and video co-training, or to start a video model from this one."
+        )
 
 
 def channels_first(x: Tensor) -> Tensor:

@@ -28,7 +28,19 @@ from torch import Tensor, nn
 from vitrel.layout.geometry import Grid
 from vitrel.pos.base import PositionScheme
 
-__all__ = ["resolve_strict_img_size", "check_img_size", "check_grid_sizes", "rebuild_position_schemes"]
+__all__ = [
+    "InputSizeError",
+    "resolve_strict_img_size",
+    "check_img_size",
+    "check_grid_sizes",
+    "check_patches_fit",
+    "rebuild_position_schemes",
+]
+
+
+class InputSizeError(ValueError):
+    """Images of a size that a model cannot cut into its patches, refused before the model is built
+    (:func:`check_patches_fit`; ``train.py`` and ``eval.py`` print it as one line)."""
 
 
 def resolve_strict_img_size(dynamic_img_size: bool | None, strict_img_size: bool | None) -> bool:
@@ -59,6 +71,22 @@ def check_grid_sizes(grids: Sequence[Grid], patch_size: int, img_size: tuple[int
     (patches of ``patch_size``) must span ``img_size``."""
     for g in grids:
         check_img_size(torch.empty(g.h * patch_size, g.w * patch_size, device="meta"), img_size)
+
+
+def check_patches_fit(img_size: int, patch_size: int, data: str, whose: str, made_for: int, why: str) -> None:
+    """Refuse images of side ``img_size`` (``data.img_size``; ``data``: the data module's name) that ``whose`` (its
+    patches of side ``patch_size``) cannot cut into patches: an :class:`InputSizeError` saying what to set,
+    ``data.img_size=<made_for>`` (``why``: what that size is, e.g. ``the size vitrel_vit_small_patch16_224 is made
+    for``) or the nearest larger multiple of the patch. Square sizes, as ``data.img_size``."""
+    if img_size >= patch_size and img_size % patch_size == 0:
+        return
+    above = max(-(-img_size // patch_size), 1) * patch_size
+    near = f", or the nearest larger multiple of {patch_size}, data.img_size={above}" if above != made_for else ""
+    raise InputSizeError(
+        f"{data}'s images, {img_size}x{img_size} (data.img_size), are not a whole number of the "
+        f"{patch_size}x{patch_size} patches of {whose}: set data.img_size={made_for} ({why}){near} (the images are "
+        "resized to it)"
+    )
 
 
 def rebuild_position_schemes(model: nn.Module, **changes: Any) -> nn.Module:

@@ -30,7 +30,7 @@ from vitrel.layers.validate import check_swin_args
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout
 from vitrel.layout.windows import shifted_window_mask, window_and_shift, window_partition, window_reverse
-from vitrel.models.backbone import SwinBody
+from vitrel.models.backbone import SwinBody, warn_video_scheme
 from vitrel.models.blocks import add_abs_pos, constructor_config, with_placement
 from vitrel.models.input_size import check_grid_sizes, rebuild_position_schemes
 from vitrel.models.naflex import ModelInput, NaFlexBatch, embed_patches, input_form, read_input
@@ -138,6 +138,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         if len(depths) != len(num_heads) or not depths:
             raise ValueError(f"depths {depths} and num_heads {num_heads} must be non-empty and of equal length")
         pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)  # the one parse of the position specs
+        warn_video_scheme(type(self).__name__, pos=pos, abs_pos=abs_pos)  # a video scheme runs as one frame
         img_size, window = to_2tuple(img_size), to_2tuple(window_size)
         self.vitrel_cfg = constructor_config(
             SwinTransformer, locals(), img_size=list(img_size), window_size=list(window)

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from vitrel.layers.validate import check_vit_args
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout
-from vitrel.models.backbone import ViTBody
+from vitrel.models.backbone import ViTBody, warn_video_scheme
 from vitrel.models.blocks import (
     PatchEmbed,
     add_abs_pos,
@@ -123,6 +123,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         if reg_tokens < 0:
             raise ValueError(f"reg_tokens must be >= 0, got {reg_tokens}")
         pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)  # the one parse of the position specs
+        warn_video_scheme(type(self).__name__, pos=pos, abs_pos=abs_pos)  # a video scheme runs as one frame
         img_size = to_2tuple(img_size)
         token_drop = check_token_drop(token_drop)
         self.vitrel_cfg = constructor_config(VisionTransformer, locals(), img_size=list(img_size))

@@ -27,6 +27,7 @@ __all__ = [
     "UnknownSchemeError",
     "build_pos",
     "get_pos_class",
+    "image_scheme",
     "list_pos",
     "parse_pos",
     "register_pos",
@@ -71,6 +72,14 @@ def get_pos_class(name: str) -> type[PositionScheme]:
     if name not in _REGISTRY:
         raise UnknownSchemeError(f"unknown position scheme {name!r}; known schemes: {', '.join(list_pos())}")
     return _REGISTRY[name]
+
+
+def image_scheme(cls: type[PositionScheme]) -> str | None:
+    """The registered image scheme that a video scheme (``grid_dims == 3``) is on one frame: its name with ``3d`` read
+    as ``2d`` (``rel3d_factored`` -> ``rel2d_factored``, ``rope3d_mixed`` -> ``rope2d_mixed``, ``sincos3d`` ->
+    ``sincos2d``); None when no such scheme is registered."""
+    name = cls.name.replace("3d", "2d")
+    return name if name != cls.name and name in _REGISTRY and _REGISTRY[name].grid_dims == 2 else None
 
 
 def scheme_options(cls: type[PositionScheme]) -> set[str]:

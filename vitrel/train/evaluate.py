@@ -31,6 +31,7 @@ from timm.layers import to_2tuple
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, checkpoint_has_ema
 from vitrel.models.ckpt_files import stored_config
+from vitrel.models.input_size import check_patches_fit
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.utils import (
@@ -80,6 +81,19 @@ def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, dat
     raise ValueError(
         f"{ckpt} {what} (data={data_cfg.get('name')}): score it on the data it was trained on, {_trained_data(ckpt)}"
     )
+
+
+def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> None:
+    """The data's images are a whole number of the stored model's patches (NaFlex batches are cut by the data): else
+    an :class:`~vitrel.models.input_size.InputSizeError` naming the ``data.img_size`` to set."""
+    patch, trained = stored.get("patch_size"), stored.get("img_size")
+    if patch is None or trained is None or getattr(dm, "packing", None) or getattr(dm, "img_size", None) is None:
+        return
+    (ph, pw), (th, tw) = to_2tuple(patch), to_2tuple(trained)
+    if ph == pw and th == tw:  # (square patches and size, as data.img_size)
+        whose = f"{ckpt} ({stored.get('architecture')})"
+        why = "the size it was trained at, what eval.py takes without data.img_size"
+        check_patches_fit(int(dm.img_size), int(ph), type(dm).__name__, whose, int(th), why)
 
 
 def _trained_data(ckpt: Path) -> str:
@@ -133,8 +147,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         check_video_pairing(str(arch), dm, str(ckpt))
     if is_video_data(dm):  # the clips' length, as the images' size: learned tables resized on load
         overrides.setdefault("num_frames", dm.num_frames)
-    if saved:  # classes and channels: before the weights are read
+    if saved:  # classes and channels, and images the model can cut into patches: before the weights are read
         _check_data_matches(ckpt, {**saved, **overrides}, dm, cfg.data)
+        _check_patches_fit(ckpt, {**saved, **overrides}, dm)
     model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     _check_data_matches(ckpt, stored, dm, cfg.data)
@@ -187,6 +202,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
                 f"{', EMA weights' if use_ema else ''})"
             )
         n, total = result["num_images"], result["split_images"]
-        images = f"{n} images" if n == total else f"{n} of its {total} images: trainer.limit_test_batches"
+        part = f"{n} of its {total} images{counted.classes_note()}: trainer.limit_test_batches"
+        images = f"{n} images" if n == total else part
         print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}: {shown}", flush=True)
     return metrics

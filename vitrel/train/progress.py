@@ -90,17 +90,35 @@ class LineProgress(Callback):
 
 
 class CountTestImages(Callback):
-    """The images the test loop scored (the targets of its batches: one per image, NaFlex batches too), summed
-    over the ranks: fewer than the split's under ``trainer.limit_test_batches`` or ``fast_dev_run``."""
+    """The images the test loop scored (the targets of its batches: one per image, NaFlex batches too) and the classes
+    among them, summed over the ranks: fewer than the split's under ``trainer.limit_test_batches`` or ``fast_dev_run``,
+    whose first batches of a split sorted by class (an ImageFolder's) hold its first classes only."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.classes: int | None = None  # classes among the scored images (None: the module has no num_classes)
+        self.num_classes: int | None = None
+        self._seen: torch.Tensor | None = None
 
     def on_test_start(self, trainer, pl_module) -> None:
-        self.count = 0
+        self.count, self.classes = 0, None
+        self.num_classes = getattr(pl_module, "num_classes", None)
+        self._seen = torch.zeros(self.num_classes, device=pl_module.device) if self.num_classes else None
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        self.count += int(batch[1].shape[0])
+        y = batch[1]
+        self.count += int(y.shape[0])
+        if self._seen is not None and y.ndim == 1 and not y.is_floating_point():  # class indices
+            self._seen[y.to(self._seen.device)] = 1.0
 
     def on_test_end(self, trainer, pl_module) -> None:
         self.count = int(trainer.strategy.reduce(torch.tensor(self.count, device=pl_module.device), reduce_op="sum"))
+        if self._seen is not None:
+            self.classes = int((trainer.strategy.reduce(self._seen, reduce_op="sum") > 0).sum())
+
+    def classes_note(self) -> str:
+        """``", 2 of the 10 classes"`` when the scored images hold fewer classes than the model classifies (the part
+        of the split is then no sample of every class), else ``""``."""
+        if self.classes is None or self.num_classes is None or self.classes >= self.num_classes:
+            return ""
+        return f", {self.classes} of the {self.num_classes} classes"

@@ -17,6 +17,7 @@ from the checkpoint's step on (:mod:`vitrel.train.loggers`), so that a resumed r
 from __future__ import annotations
 
 import csv
+import inspect
 import json
 import signal
 import time
@@ -32,10 +33,13 @@ from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
+from timm.layers import to_2tuple
 
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import stored_config
+from vitrel.models.input_size import check_patches_fit
+from vitrel.models.registry import MODEL_ARGS
 from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
@@ -68,10 +72,34 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Mo
         arch = (stored_config(str(model_cfg.path)) or {}).get("architecture")
     if arch is not None:
         check_video_pairing(str(arch), dm)
+        _check_patches_fit(model_cfg, str(arch), dm)
     sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
     if is_video_data(dm):
         sized["num_frames"] = dm.num_frames
     return instantiate(model_cfg, **{k: v for k, v in sized.items() if model_cfg.get(k) is None})
+
+
+def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:
+    """The data's images are a whole number of the model's patches (a 224-px ViT-S/16 on Fashion-MNIST's 28 px is
+    not): else an :class:`~vitrel.models.input_size.InputSizeError` naming the ``data.img_size`` to set, before the
+    model is built. Not checked: NaFlex batches (patches cut by the data), timm architectures (``init_from``)."""
+    size = getattr(dm, "img_size", None)
+    if size is None or getattr(dm, "packing", None) or model_cfg.get("init_from"):
+        return
+    if _loads_checkpoint(model_cfg):  # model=from_checkpoint: the file's patches, and the size it was trained at
+        stored = stored_config(str(model_cfg.path)) or {}
+        patch, made_for, why = stored.get("patch_size"), stored.get("img_size"), f"the size {arch} was trained at"
+    else:
+        cls, args = MODEL_ARGS[arch]
+        defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
+        patch = model_cfg.get("patch_size") or args.get("patch_size", defaults.get("patch_size"))
+        made_for = model_cfg.get("img_size") or args.get("img_size", defaults.get("img_size"))
+        why = "model.img_size" if model_cfg.get("img_size") else f"the size {arch} is made for"
+    if patch is None or made_for is None:
+        return
+    (ph, pw), (mh, mw) = to_2tuple(patch), to_2tuple(made_for)
+    if ph == pw and mh == mw:  # (square patches and size, as data.img_size)
+        check_patches_fit(int(size), int(ph), type(dm).__name__, arch, int(mh), why)
 
 
 def check_launch(trainer_cfg: DictConfig | dict) -> None:
@@ -346,7 +374,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
-        print(_report(result, wandb_where), flush=True)
+        print(_report(result, wandb_where, counted.classes_note()), flush=True)
     target = cfg.get("optimized_metric")
     if target:
         if target not in metrics:
@@ -403,8 +431,9 @@ def check_pos_override(cfg: DictConfig) -> None:
         )
 
 
-def _report(result: dict, wandb_where: str | None) -> str:
-    """The run's closing lines: accuracy, wall time, and where the run folder, checkpoints and W&B run are."""
+def _report(result: dict, wandb_where: str | None, classes: str = "") -> str:
+    """The run's closing lines: accuracy, wall time, and where the run folder, checkpoints and W&B run are.
+    ``classes``: :meth:`~vitrel.train.progress.CountTestImages.classes_note`, said of a test of part of the split."""
     m = result["metrics"]
     stage = "test" if "test/acc1" in m else "val"
     lines = []
@@ -414,7 +443,7 @@ def _report(result: dict, wandb_where: str | None) -> str:
         n, total = result["test_images"], result["test_split_images"]
         part = ""
         if stage == "test" and _part(n, total):
-            part = f" on {n} of the {total} test images ({result['test_limited_by']})"
+            part = f" on {n} of the {total} test images{classes} ({result['test_limited_by']})"
         lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
     lines.append(
         f"training {result['fit_s']:.0f} s ({_plural(result['epochs'], 'epoch')}, "

@@ -196,18 +196,21 @@ def is_multirun() -> bool:
 
 @contextmanager
 def one_line_errors(script: str) -> Iterator[None]:
-    """Errors about the user's files (an unreadable or mismatched checkpoint, a missing or altered data set, a busy run
-    folder, a data set over the memory budget) end a single run with their message alone, ``<script>: <message>``
-    (exit code 1), as ``predict.py`` does: the message says what to do, a traceback adds nothing. Under ``-m`` they
-    are raised, so that the job fails as Hydra's jobs fail and the sweep goes on."""
+    """Errors about the user's files and sizes (an unreadable or mismatched checkpoint, a missing or altered data set, a
+    busy run folder, a data set over the memory budget, images the model cannot cut into patches) end a single run
+    with their message alone, ``<script>: <message>`` (exit code 1), as ``predict.py`` does: the message says what to
+    do, a traceback adds nothing. Under ``-m`` they are raised, so that the job fails as Hydra's jobs fail and the
+    sweep goes on."""
     from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError
     from vitrel.data.memory import MemoryBudgetError
     from vitrel.models.ckpt_files import CheckpointError
+    from vitrel.models.input_size import InputSizeError
     from vitrel.train.rundir import RunFolderBusy
 
+    user_errors = (CheckpointError, DatasetNotFoundError, DatasetIntegrityError, RunFolderBusy, MemoryBudgetError)
     try:
         yield
-    except (CheckpointError, DatasetNotFoundError, DatasetIntegrityError, RunFolderBusy, MemoryBudgetError) as e:
+    except (*user_errors, InputSizeError) as e:
         if is_multirun():
             raise
         raise SystemExit(f"{script}: {type(e).__name__}: {e}") from None

@@ -48,5 +48,24 @@ def test_a_clip_that_does_not_decode_is_one_line_naming_it(video_tree, tmp_path,
     assert "\n" not in message and "Traceback" not in message
 
 
+def test_a_train_class_folder_without_videos_is_one_line_naming_it(video_tree, tmp_path):
+    """Clips not moved into one of the train class folders (or of another extension): ``train.py`` ends with the
+    data set error alone, naming the folder and the extensions it reads, as for a missing folder; no traceback,
+    nothing written."""
+    from vitrel.train.utils import one_line_errors
+
+    for f in (video_tree / "train" / "b").iterdir():
+        f.rename(f.with_suffix(".mpg"))
+    over = [*FOLDER, f"data.root={video_tree}", "data.num_workers=0", *SHORT]
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        train(compose(tmp_path / "run", over))
+    message = str(stop.value)
+    assert message.startswith("train.py: DatasetNotFoundError: video folders not found. "), message
+    assert f"{video_tree / 'train'}: Found no valid file for the classes b." in message
+    assert "(video files: .mp4, .avi" in message and "Traceback" not in message
+    assert "train.py and eval.py: data.root=<the folder holding train/ and val/>" in message
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "-n", "0"]))

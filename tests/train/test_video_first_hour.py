@@ -4,6 +4,8 @@ videos, fewer clips than a batch). eval.py on a folder run: tests/train/test_vid
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.train_helpers import FAST, compose
@@ -65,6 +67,20 @@ def test_a_train_class_folder_without_videos_is_one_line_naming_it(video_tree, t
     assert "(video files: .mp4, .avi" in message and "Traceback" not in message
     assert "train.py and eval.py: data.root=<the folder holding train/ and val/>" in message
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_folder_smaller_than_a_batch_is_refused_with_advice_that_works(video_tree, tmp_path):
+    """A first folder of 4 training clips with train.py's default ``batch_size`` and data=video_folder's
+    ``drop_last``: no training batch at all. Refused naming both keys, not ``the schedule needs at least one
+    optimizer step``; the advice (``data.batch_size=4``) then trains."""
+    over = [*FOLDER, f"data.root={video_tree}", "data.num_workers=0", *SHORT, "data.drop_last=true"]
+    over = [o for o in over if not o.startswith("data.batch_size=")]
+    with pytest.raises(ValueError, match=r"data.batch_size=\d+ but the training split has 4 clips") as refused:
+        train(compose(tmp_path / "a", over))
+    assert "Set data.batch_size to at most 4, or data.drop_last=false" in str(refused.value)
+    assert not (tmp_path / "a" / "checkpoints").exists()
+    metrics = train(compose(tmp_path / "b", [*over, "data.batch_size=4"]))
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())["global_step"] == 1 and "test/acc1" in metrics
 
 
 if __name__ == "__main__":

@@ -292,3 +292,25 @@ def test_eval_py_scores_videos_by_their_clips_mean_softmax(folder_run, tmp_path,
         mean_logits_loss = F.cross_entropy(probs.log().mean(1), labels).item()  # (log-probs: the logits less a shift)
         assert abs(per_clip_acc - want_acc) > 0.05, (per_clip_acc, want_acc)
         assert min(abs(per_clip_loss - want_loss), abs(mean_logits_loss - want_loss)) > 5e-3 * want_loss
+
+
+def test_eval_py_scores_a_folder_run_with_the_clips_its_run_was_tested_on(folder_run, tmp_path, caplog):
+    """``python eval.py ckpt_path=<run>/last.ckpt data=video_folder data.root=...`` without ``data.stride`` or
+    ``data.clips_per_video``: the run's own evaluation clips (stride 1, 2 clips a video, as it stored them), so the
+    score is the run's (by hand in float64), not that of data=video_folder's defaults (stride 4, the centre clip);
+    it says so, and eval_metrics.json records the clips. Given on the command line, a key still wins."""
+    from vitrel.train.evaluate import evaluate
+
+    caplog.set_level("INFO", logger="lightning.pytorch")  # (rank_zero_info's; a study run in-process quiets it)
+    root, ckpt = folder_run
+    base = [f"ckpt_path={ckpt}", *[o for o in FOLDER if not o.startswith("data.stride=")], f"data.root={root}"]
+    metrics = evaluate(compose(tmp_path / "a", [*base, "split=val"], config_name="eval"))
+    probs, labels = clip_probs_by_hand(ckpt, root, 2)
+    want_loss = -probs.mean(1)[torch.arange(7), labels].log().mean().item()
+    assert metrics["val/loss"] == pytest.approx(want_loss, rel=1e-5)
+    res = json.loads((tmp_path / "a" / "eval_metrics.json").read_text())
+    assert (res["num_frames"], res["stride"], res["clips_per_video"]) == (4, 1, 2)
+    assert "data.stride=1 data.clips_per_video=2: the evaluation clips of last.ckpt's run" in caplog.text
+    evaluate(compose(tmp_path / "b", [*base, "split=val", "data.clips_per_video=1"], config_name="eval"))
+    res = json.loads((tmp_path / "b" / "eval_metrics.json").read_text())
+    assert (res["stride"], res["clips_per_video"]) == (1, 1)

@@ -2,7 +2,7 @@
 
 A video checkpoint takes video data and any clip length: ``python eval.py ckpt_path=... data=moving_fmnist
 data.num_frames=16`` (the model rebuilt for 16 frames, as for another image size); without ``data.num_frames``, the
-clip length it was trained at.
+clip length it was trained at, and without ``data.stride`` / ``data.clips_per_video`` the clips its run was tested on.
 
 With NaFlex data (``data.packing``, e.g. ``data=fashion_mnist_naflex``) every image is scored at its own size and
 aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eval_max_ratio=1``), packed into rows
@@ -31,6 +31,7 @@ from timm.layers import to_2tuple
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, checkpoint_has_ema
 from vitrel.models.ckpt_files import stored_config
+from vitrel.models.data_config import stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
@@ -63,11 +64,28 @@ def _trained_frames(saved: dict, data_cfg: DictConfig) -> int | None:
     """The clip length a stored video model was trained at, when video data is scored without ``data.num_frames`` on
     the command line (the data group's default would otherwise rebuild the model for its own length); else None."""
     frames = saved.get("num_frames")
-    if frames is None or "num_frames" not in data_cfg:
+    if frames is None or "num_frames" not in data_cfg or _given("data.num_frames"):
         return None
-    hc = hydra_config()  # (outside Hydra, what was given cannot be told from a default: the config is kept)
-    given = [o.lstrip("+~").split("=")[0] for o in hc.overrides.task] if hc is not None else ["data.num_frames"]
-    return None if "data.num_frames" in given else int(frames)
+    return int(frames)
+
+
+def _given(key: str) -> bool:
+    """Whether ``key`` is on the command line (outside Hydra, what was given cannot be told from a default: True)."""
+    hc = hydra_config()
+    return hc is None or key in [o.lstrip("+~").split("=")[0] for o in hc.overrides.task]
+
+
+#: a video folder's evaluation clips: the data key -> its name in the data config train.py stores
+_CLIP_KEYS = {"stride": "frame_stride", "clips_per_video": "clips_per_video"}
+
+
+def _trained_clips(ckpt: Path, data_cfg: DictConfig) -> dict[str, int]:
+    """The evaluation clips of the run that wrote ``ckpt`` (``data.stride``, ``data.clips_per_video``), for those of
+    the data's keys not on the command line: the data group's defaults would score other clips than the run's own
+    test did. Empty for data without them (images, Moving Fashion-MNIST) or a checkpoint that does not store them."""
+    keys = [k for k in _CLIP_KEYS if k in data_cfg and not _given(f"data.{k}")]
+    stored = (stored_data_config(ckpt) or {}) if keys else {}
+    return {k: int(stored[_CLIP_KEYS[k]]) for k in keys if stored.get(_CLIP_KEYS[k]) is not None}
 
 
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig) -> None:
@@ -140,6 +158,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             f"data.num_frames={trained_frames}: the clip length {ckpt.name} was trained at "
             "(data.num_frames=<n> for another)"
         )
+    trained_clips = _trained_clips(ckpt, cfg.data)
+    if trained_clips:  # data.stride / data.clips_per_video not given: the clips the run was scored on
+        with open_dict(cfg):
+            cfg.data.update(trained_clips)
+        shown = " ".join(f"data.{k}={v}" for k, v in trained_clips.items())
+        rank_zero_info(f"{shown}: the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)")
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
@@ -183,6 +207,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "ema": use_ema,
         "packing": packing,
         "metrics": metrics,
+        **({k: getattr(dm, k) for k in ("num_frames", *_CLIP_KEYS) if hasattr(dm, k)}),  # a video's clips
         "num_images": counted.count,  # scored: fewer than the split's with trainer.limit_test_batches
         "split_images": len(loader.dataset),
         "wall_s": round(time.time() - t0, 2),

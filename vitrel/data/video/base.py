@@ -116,6 +116,21 @@ class VideoDataModule(VisionDataModule):
     def setup(self, stage: str | None = None) -> None:
         for split in self._missing_splits(stage):
             self._datasets[split] = self.make_dataset(split, training=split == "train")
+            if split == "train":
+                self._check_train_batches()
+
+    def _check_train_batches(self) -> None:
+        """Refuse a training split that ``drop_last`` leaves without a batch (fewer clips a rank than
+        ``batch_size``), before a step is counted: a tiny folder with data=video_folder's ``batch_size`` 8."""
+        n, world = len(self._datasets["train"]), self._ranks()[0]  # type: ignore[arg-type]
+        per_rank = -(-n // world)
+        if self.drop_last and per_rank < self.batch_size:
+            ranks = f" over {world} ranks ({per_rank} a rank)" if world > 1 else ""
+            raise ValueError(
+                f"data.batch_size={self.batch_size} but the training split has {n} clips{ranks}, and data.drop_last="
+                f"true drops the incomplete batch: no training step is left. Set data.batch_size to at most "
+                f"{per_rank}, or data.drop_last=false"
+            )
 
     def __repr__(self) -> str:
         return (

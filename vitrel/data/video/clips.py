@@ -44,6 +44,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode
 
 from vitrel.data.augment import normalize, resize_crop
+from vitrel.data.datasets import DatasetIntegrityError
 
 __all__ = [
     "SAMPLINGS",
@@ -62,10 +63,20 @@ __all__ = [
 SAMPLINGS = ("uniform", "random")
 
 
-class VideoDecodeError(RuntimeError):
-    """A video file could not be read: not a video, damaged, or without a video stream. ``path`` is the file."""
+class VideoDecodeError(DatasetIntegrityError):
+    """A video file could not be read: not a video, damaged, or without a video stream. ``path`` is the file.
 
-    def __init__(self, path: str | Path, reason: str) -> None:
+    A data set error (``train.py`` and ``eval.py`` print its message alone). Raised in a DataLoader worker, it is
+    rebuilt in the main process by torch from its text alone (``VideoDecodeError(text)``, the worker's traceback
+    ending with this error's line): it keeps that line as its message (``path`` is then None).
+    """
+
+    def __init__(self, path: str | Path, reason: str | None = None) -> None:
+        if reason is None:  # torch re-raising a worker's error: "Caught ... Original Traceback ...\n...Name: msg"
+            text = str(path).rstrip()
+            self.path = None
+            super().__init__(text.splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1] if text else text)
+            return
         self.path = str(path)
         super().__init__(f"cannot read video {self.path}: {reason}")
 

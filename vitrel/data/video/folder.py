@@ -18,8 +18,8 @@ Training takes one random clip per video each time (``num_frames`` frames, ``str
 epoch); evaluation a video's ``clips_per_video`` evenly spaced clips as one sample, ``[K, C, T, H, W]`` when
 ``K > 1`` (a batch ``[B, K, C, T, H, W]``: ``batch_size`` videos), so the accuracy logged is per video, of the mean
 of its clips' softmax (multi-view testing, as VideoMAE's and Video Swin's). Normalisation: timm's ImageNet mean
-and std (as VideoMAE's). A missing folder raises ``DatasetNotFoundError``, an empty class folder
-``FileNotFoundError`` naming it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeError`
+and std (as VideoMAE's). A missing folder, or a train class folder without videos, raises ``DatasetNotFoundError``
+naming it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeError`
 naming the file.
 """
 
@@ -32,6 +32,7 @@ from typing import Any
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
+from vitrel.data.datasets import DatasetNotFoundError
 from vitrel.data.imagenet import FixedClassImageFolder, LazyClasses, locate_class_folders
 from vitrel.data.video.base import VideoDataModule
 from vitrel.data.video.clips import VideoClips
@@ -104,7 +105,8 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
         return [
             f"lay the clips out as <root>/{self.train_dir}/<class>/<clip>.mp4 and <root>/{self.val_dir}/<class>/...",
             "Kinetics: the train/ and val/ folders of a download; UCF-101: move each split list's clips into them",
-            "set root (config: VITREL_DATA_ROOT) to the folder holding them",
+            f"train.py and eval.py: data.root=<the folder holding {self.train_dir}/ and {self.val_dir}/> (by default "
+            "$VITREL_DATA_ROOT/videos, else data/videos)",
         ]
 
     def _locate(self) -> list[str]:
@@ -115,7 +117,10 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
 
     def _load_raw(self, split: str) -> Dataset:
         folder = self.root.absolute() / (self.train_dir if split == "train" else self.val_dir)  # type: ignore[union-attr]
-        return video_files(folder, self.classes, self.extensions, allow_empty=split != "train")  # (val may lack some)
+        try:  # (val may lack some classes)
+            return video_files(folder, self.classes, self.extensions, allow_empty=split != "train")
+        except FileNotFoundError as e:  # no videos in a class folder: a data set error (one line from train.py)
+            raise DatasetNotFoundError(self.dataset_name, [folder], self._how_to_get(), detail=str(e)) from None
 
     def _clips(self, videos: Dataset, transform: Any, num_frames: int, training: bool) -> Dataset:
         return VideoClips(

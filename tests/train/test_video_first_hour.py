@@ -1,0 +1,87 @@
+"""What a new user runs in the first hour on video (docs/video.md) with a first, small video folder: errors that
+stop train.py with a traceback or advice that does not work (a clip that does not decode, a class folder without
+videos, fewer clips than a batch). eval.py on a folder run: tests/train/test_video_train.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.train_helpers import FAST, compose
+from vitrel.train.run import train
+
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+SHORT += ["trainer.limit_test_batches=1", "logger=none"]
+# the video recipe's model, one block, with its groups given one by one as docs/video.md lists them
+VIDEO_MODEL = ["model=vit_video_tiny_fmnist", "model.embed_dim=16", "model.depth=1", "model.num_heads=2"]
+# data=video_folder at 2 frames of 16 x 16, one batch a split
+FOLDER = ["data=video_folder", "data.num_frames=2", "data.stride=1", "data.img_size=16", "data.pin_memory=false"]
+FOLDER += ["data.batch_size=8", "data.drop_last=false", *VIDEO_MODEL, "pos=rel3d_factored", *FAST[2:]]
+
+
+@pytest.fixture
+def video_tree(tmp_path):
+    """A video_folder tree of short lossless clips: train/<a, b>/ two each, val/<a, b>/ one each."""
+    pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")
+    from tests.data.test_video import write_video
+
+    for split, n in (("train", 2), ("val", 1)):
+        for cls in ("a", "b"):
+            for k in range(n):
+                write_video(tmp_path / "videos" / split / cls / f"{k}.mkv", 4, hw=(16, 16))
+    return tmp_path / "videos"
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_clip_that_does_not_decode_is_one_line_naming_it(video_tree, tmp_path, workers):
+    """A damaged file among the training clips stops ``python train.py data=video_folder ...`` with the message alone,
+    ``train.py: VideoDecodeError: cannot read video <file>: ...`` (as a missing data folder), also when a DataLoader
+    worker read it (data=video_folder's default: torch re-raises the worker's error from its text): no traceback."""
+    from vitrel.train.utils import one_line_errors
+
+    bad = video_tree / "train" / "a" / "2.mkv"
+    bad.write_bytes(b"not a video" * 50)
+    over = [*FOLDER, f"data.root={video_tree}", f"data.num_workers={workers}", *SHORT]
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        train(compose(tmp_path / "run", over))
+    message = str(stop.value)
+    assert message.startswith(f"train.py: VideoDecodeError: cannot read video {bad}: "), message
+    assert "\n" not in message and "Traceback" not in message
+
+
+def test_a_train_class_folder_without_videos_is_one_line_naming_it(video_tree, tmp_path):
+    """Clips not moved into one of the train class folders (or of another extension): ``train.py`` ends with the
+    data set error alone, naming the folder and the extensions it reads, as for a missing folder; no traceback,
+    nothing written."""
+    from vitrel.train.utils import one_line_errors
+
+    for f in (video_tree / "train" / "b").iterdir():
+        f.rename(f.with_suffix(".mpg"))
+    over = [*FOLDER, f"data.root={video_tree}", "data.num_workers=0", *SHORT]
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        train(compose(tmp_path / "run", over))
+    message = str(stop.value)
+    assert message.startswith("train.py: DatasetNotFoundError: video folders not found. "), message
+    assert f"{video_tree / 'train'}: Found no valid file for the classes b." in message
+    assert "(video files: .mp4, .avi" in message and "Traceback" not in message
+    assert "train.py and eval.py: data.root=<the folder holding train/ and val/>" in message
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_folder_smaller_than_a_batch_is_refused_with_advice_that_works(video_tree, tmp_path):
+    """A first folder of 4 training clips with train.py's default ``batch_size`` and data=video_folder's
+    ``drop_last``: no training batch at all. Refused naming both keys, not ``the schedule needs at least one
+    optimizer step``; the advice (``data.batch_size=4``) then trains."""
+    over = [*FOLDER, f"data.root={video_tree}", "data.num_workers=0", *SHORT, "data.drop_last=true"]
+    over = [o for o in over if not o.startswith("data.batch_size=")]
+    with pytest.raises(ValueError, match=r"data.batch_size=\d+ but the training split has 4 clips") as refused:
+        train(compose(tmp_path / "a", over))
+    assert "Set data.batch_size to at most 4, or data.drop_last=false" in str(refused.value)
+    assert not (tmp_path / "a" / "checkpoints").exists()
+    metrics = train(compose(tmp_path / "b", [*over, "data.batch_size=4"]))
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())["global_step"] == 1 and "test/acc1" in metrics
+
+
+if __name__ == "__main__":
+    raise SystemExit(pytest.main([__file__, "-q", "-n", "0"]))

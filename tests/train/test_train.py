@@ -293,6 +293,15 @@ def test_pos_images_written_without_image_logger(tmp_path, video):
     assert pngs == [f"blocks_{i}_attn_pos_step0000004.png" for i in range(1 if video else 2)]
 
 
+@pytest.mark.parametrize("data", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
+def test_each_data_group_trains_at_its_own_batch_size(tmp_path, data):
+    """``data=<group>`` trains at the group's ``batch_size`` (eval.py's too): the default recipe's 64 is
+    Fashion-MNIST's, not laid over every group (data=video_folder trained 64 videos a batch, not its file's 8)."""
+    own = compose(tmp_path / "eval", [f"data={data}"], config_name="eval").data.batch_size
+    assert compose(tmp_path / "train", [f"data={data}"]).data.batch_size == own
+    assert own == {"fashion_mnist": 64, "video_folder": 8, "cifar10": 128}.get(data, own)
+
+
 def test_default_config_is_the_documented_recipe(tmp_path):
     cfg = compose(tmp_path, [])
     assert cfg.model.name == "vitrel_vit_tiny_patch4_32" and cfg.pos.name == "rel2d_factored"

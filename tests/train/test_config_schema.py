@@ -180,4 +180,4 @@ def test_data_pos_follows_the_chosen_pair_and_yields_to_the_command_line():
     assert _compose(["pos=rel3d_factored"]).pos.init_std == 0.02  # the scheme's own default on other data
     assert "init_std" not in _compose(["experiment=video", "pos=rope3d_axial"]).pos
     plain = _compose(["experiment=video"])  # the recipe's own scheme, not the image default (refused on video)
-    assert plain.pos.name == "rel3d_factored" and plain.pos.init_std == 1.0
+    assert plain.pos.name == "rel3d_full" and plain.pos.init_std == 1.0  # (moving_fmnist_rel3d_full.yaml)

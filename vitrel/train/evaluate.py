@@ -168,7 +168,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
     if arch is not None:  # clips for a video model, images for an image model: before the weights are read
-        check_video_pairing(str(arch), dm, str(ckpt))
+        check_video_pairing(
+            str(arch), dm, str(ckpt), fix=f"score it on the data it was trained on, {_trained_data(ckpt)}"
+        )
     if is_video_data(dm):  # the clips' length, as the images' size: learned tables resized on load
         overrides.setdefault("num_frames", dm.num_frames)
     if saved:  # classes and channels, and images the model can cut into patches: before the weights are read

@@ -22,7 +22,8 @@ def main(cfg: DictConfig) -> dict:
     quiet_third_party()  # third-party notices that say nothing to a user
     try:
         return run_predict(cfg)
-    except CheckpointError as e:  # a damaged or foreign model file: its one-line reason, no traceback
+    # a damaged, foreign or missing model file, an input that is no folder of images (or videos): the reason alone
+    except (CheckpointError, FileNotFoundError, NotADirectoryError) as e:
         raise SystemExit(f"predict.py: {e}") from None
 
 

@@ -113,12 +113,29 @@ def test_imagefolder_tree_gives_class_names(tmp_path):
 
 
 def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
+    """``run_predict`` raises :class:`NoImagesError`; ``predict.py`` prints its reason alone (as for a bad checkpoint),
+    as for an input that is a file, or a checkpoint that is not there (tracebacks before)."""
+    import importlib.util
+
     empty = tmp_path / "empty"
     (empty / "sub").mkdir(parents=True)
     (empty / "readme.txt").write_text("no images here")
     cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(empty), results_file=str(tmp_path / "p.csv")))
     with pytest.raises(NoImagesError, match="no images in"):
         run_predict(cfg)
+    spec = importlib.util.spec_from_file_location("predict_script", ROOT / "predict.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    main = script.main.__wrapped__  # the script's body under hydra.main, given a config
+    for given, said in [
+        (dict(input=str(empty)), f"predict.py: no images in {empty} (looked for .png"),
+        (dict(input=str(empty / "readme.txt")), "predict.py: input must be a folder of images or a tree of class"),
+        (dict(ckpt_path=str(tmp_path / "gone.ckpt")), f"predict.py: no checkpoint at {tmp_path / 'gone.ckpt'}"),
+    ]:
+        with pytest.raises(SystemExit) as exit_:
+            main(OmegaConf.merge(cfg, given))
+        assert str(exit_.value.code).startswith(said), exit_.value.code
+    assert not (tmp_path / "p.csv").exists()
 
 
 def test_another_kernel_at_prediction_and_export(ckpt, images, tmp_path):

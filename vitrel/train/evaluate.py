@@ -40,6 +40,7 @@ from vitrel.train.utils import (
     check_video_pairing,
     hydra_config,
     is_video_data,
+    override_key,
     plain,
     progress_bar_kind,
     progress_callbacks,
@@ -72,7 +73,7 @@ def _trained_frames(saved: dict, data_cfg: DictConfig) -> int | None:
 def _given(key: str) -> bool:
     """Whether ``key`` is on the command line (outside Hydra, what was given cannot be told from a default: True)."""
     hc = hydra_config()
-    return hc is None or key in [o.lstrip("+~").split("=")[0] for o in hc.overrides.task]
+    return hc is None or key in [override_key(o) for o in hc.overrides.task]
 
 
 #: a video folder's evaluation clips: the data key -> its name in the data config train.py stores
@@ -86,6 +87,16 @@ def _trained_clips(ckpt: Path, data_cfg: DictConfig) -> dict[str, int]:
     keys = [k for k in _CLIP_KEYS if k in data_cfg and not _given(f"data.{k}")]
     stored = (stored_data_config(ckpt) or {}) if keys else {}
     return {k: int(stored[_CLIP_KEYS[k]]) for k in keys if stored.get(_CLIP_KEYS[k]) is not None}
+
+
+def _from_run(cfg: DictConfig, values: dict[str, int | None], what: str) -> None:
+    """Set the data keys of ``values`` that are not None (taken from the checkpoint's run) and log them, ``what``
+    saying what they are."""
+    values = {k: v for k, v in values.items() if v is not None}
+    if values:
+        with open_dict(cfg):
+            cfg.data.update(values)
+        rank_zero_info(" ".join(f"data.{k}={v}" for k, v in values.items()) + f": {what}")
 
 
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig) -> None:
@@ -143,27 +154,13 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     use_ema = checkpoint_has_ema(ckpt) if ema == "auto" else bool(ema)
 
     saved = stored_config(ckpt) or {}
-    trained_size = _trained_size(saved, cfg.data)
-    if trained_size is not None:  # data.img_size not given: the size the model was trained at, as timm's validate.py
-        with open_dict(cfg):
-            cfg.data.img_size = trained_size
-        rank_zero_info(
-            f"data.img_size={trained_size}: the size {ckpt.name} was trained at (data.img_size=<n> for another)"
-        )
-    trained_frames = _trained_frames(saved, cfg.data)
-    if trained_frames is not None:  # data.num_frames not given: the clip length the model was trained at
-        with open_dict(cfg):
-            cfg.data.num_frames = trained_frames
-        rank_zero_info(
-            f"data.num_frames={trained_frames}: the clip length {ckpt.name} was trained at "
-            "(data.num_frames=<n> for another)"
-        )
-    trained_clips = _trained_clips(ckpt, cfg.data)
-    if trained_clips:  # data.stride / data.clips_per_video not given: the clips the run was scored on
-        with open_dict(cfg):
-            cfg.data.update(trained_clips)
-        shown = " ".join(f"data.{k}={v}" for k, v in trained_clips.items())
-        rank_zero_info(f"{shown}: the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)")
+    # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged)
+    trained_size = _trained_size(saved, cfg.data)  # the size the model was trained at, as timm's validate.py
+    _from_run(cfg, {"img_size": trained_size}, f"the size {ckpt.name} was trained at (data.img_size=<n> for another)")
+    what = f"the clip length {ckpt.name} was trained at (data.num_frames=<n> for another)"
+    _from_run(cfg, {"num_frames": _trained_frames(saved, cfg.data)}, what)
+    what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
+    _from_run(cfg, _trained_clips(ckpt, cfg.data), what)
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
@@ -174,8 +171,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if is_video_data(dm):  # the clips' length, as the images' size: learned tables resized on load
         overrides.setdefault("num_frames", dm.num_frames)
     if saved:  # classes and channels, and images the model can cut into patches: before the weights are read
-        _check_data_matches(ckpt, {**saved, **overrides}, dm, cfg.data)
-        _check_patches_fit(ckpt, {**saved, **overrides}, dm)
+        built = {**saved, **overrides}
+        _check_data_matches(ckpt, built, dm, cfg.data)
+        _check_patches_fit(ckpt, built, dm)
     model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     _check_data_matches(ckpt, stored, dm, cfg.data)

@@ -53,6 +53,7 @@ from vitrel.train.utils import (
     instantiate_loggers,
     is_multirun,
     is_video_data,
+    override_key,
     progress_bar_kind,
     progress_callbacks,
     route_lightning_logs,
@@ -420,7 +421,7 @@ def check_pos_override(cfg: DictConfig) -> None:
     override on the command line would have no effect, so it is refused, before anything is built."""
     if not _loads_checkpoint(cfg.model):
         return
-    given = [o for o in _overrides() if o.lstrip("+~").split("=")[0].split(".")[0] == "pos"]
+    given = [o for o in _overrides() if override_key(o).split(".")[0] == "pos"]
     if given:
         stored = (stored_config(str(cfg.model.path)) or {}).get("pos")
         name = stored.get("name") if isinstance(stored, Mapping) else stored

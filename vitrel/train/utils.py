@@ -33,6 +33,7 @@ __all__ = [
     "progress_bar_kind",
     "progress_callbacks",
     "hydra_config",
+    "override_key",
     "is_multirun",
     "one_line_errors",
     "check_data_fits_model",
@@ -184,6 +185,11 @@ def hydra_config() -> Any | None:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def override_key(override: str) -> str:
+    """The key a command-line override sets: ``"data.img_size"`` for ``data.img_size=48``, ``+x.y=1``, ``~x.y``."""
+    return override.lstrip("+~").split("=")[0]
 
 
 def is_multirun() -> bool:

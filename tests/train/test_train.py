@@ -18,6 +18,7 @@ import vitrel
 from tests.train_helpers import CONF, FAST, TINY_SWIN, TINY_VIDEO, TINY_VIT, PoisonWeights, SendSignal, compose
 from vitrel.data.base import EpochSampler
 from vitrel.train.callbacks import NonFiniteLossError
+from vitrel.train.module import ClassifierModule
 from vitrel.train.run import check_launch, train
 
 POS_CONFIGS = sorted(p.stem for p in (CONF / "pos").glob("*.yaml"))
@@ -28,6 +29,39 @@ EMA = ["module/ema=default", "module.ema.decay=0.5", "module.ema.use_warmup=fals
 
 def test_every_registered_scheme_has_a_config():
     assert set(POS_CONFIGS) == set(vitrel.list_pos()), "conf/pos/ and the registry disagree"
+
+
+class _FixedLogits(torch.nn.Module):
+    """Logits given per batch index (the images are their index): a classifier whose scores are known."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("logits", logits)
+        self.w = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.logits[x.long()] + self.w
+
+
+@pytest.mark.parametrize("num_classes", [10, 6, 5, 2])
+def test_top5_counted_from_the_logits_and_absent_with_five_classes_or_fewer(num_classes):
+    """test/acc5: the share of images whose label is among the 5 highest logits, counted here in float64; with 5
+    classes or fewer every label is, so no acc5 (nor acc<n>) is logged."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(40, num_classes, generator=g, dtype=torch.float64)
+    labels = torch.randint(num_classes, (40,), generator=g)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.arange(40), labels), batch_size=16)
+    module = ClassifierModule(_FixedLogits(logits.float()), num_classes=num_classes)
+    trainer = L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    res = trainer.test(module, dataloaders=loader, verbose=False)[0]
+    acc = [k for k in res if k.startswith("test/acc")]
+    if num_classes <= 5:
+        assert acc == ["test/acc1"]
+        return
+    in_top5 = [labels[i].item() in logits[i].topk(5).indices.tolist() for i in range(40)]
+    assert sorted(acc) == ["test/acc1", "test/acc5"]
+    assert res["test/acc5"] == pytest.approx(sum(in_top5) / 40, abs=1e-6)
+    assert res["test/acc1"] == pytest.approx((logits.argmax(1) == labels).double().mean().item(), abs=1e-6)
 
 
 @pytest.mark.parametrize("arch", ["vit", "swin"])

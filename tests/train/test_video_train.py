@@ -287,7 +287,7 @@ def test_eval_py_scores_videos_by_their_clips_mean_softmax(folder_run, tmp_path,
     want_loss = -video[torch.arange(7), labels].log().mean().item()
     assert metrics["val/acc1"] == pytest.approx(want_acc, abs=1e-6)  # (a float32 ratio of counts)
     assert metrics["val/loss"] == pytest.approx(want_loss, rel=1e-5)
-    assert metrics["val/acc2"] == 1.0
+    assert set(metrics) == {"val/acc1", "val/loss"}  # no top-5 of 2 classes (always 1.0)
     if clips == 2:  # per clip, or with the logits averaged, other numbers: the test sees which one is reported
         per_clip_acc = (probs.argmax(-1) == labels[:, None]).double().mean().item()
         per_clip_loss = -probs[torch.arange(7), :, labels].log().mean().item()

@@ -143,17 +143,18 @@ class ClassifierModule(L.LightningModule):
         self._mark_steps = kw.get("mode") in ("reduce-overhead", "max-autotune")  # the modes with CUDA graphs
         self.sync_free = bool(sync_free)
 
-        k = min(5, num_classes)
-        self.top_k = k
+        # top-5 as timm's; with 5 classes or fewer every label is in the top 5 (always 1.0): not logged
+        self.top_k: int | None = 5 if num_classes > 5 else None
         self.train_loss = MeanMetric(nan_strategy="disable")  # NaNGuard stops on a non-finite loss
         # sync_free: no input checks (torchmetrics' read the targets back to the host)
         self.train_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=not self.sync_free)
         for m in self.train_metrics.values():
             m.persistent(True)  # running totals in checkpoints: a mid-epoch resume continues the epoch's
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.val_acc5 = MulticlassAccuracy(num_classes, top_k=k, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
-        self.test_acc5 = MulticlassAccuracy(num_classes, top_k=k, average="micro")
+        if self.top_k is not None:
+            self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+            self.test_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro")
 
     @property
     def train_metrics(self) -> dict[str, Metric]:
@@ -234,12 +235,14 @@ class ClassifierModule(L.LightningModule):
         else:
             logits = _check_logits(net(x), y)
             loss = F.cross_entropy(logits.float(), y)
-        acc1, acc5 = (self.val_acc1, self.val_acc5) if stage == "val" else (self.test_acc1, self.test_acc5)
+        acc1 = self.val_acc1 if stage == "val" else self.test_acc1
         acc1(logits, y)
-        acc5(logits, y)
         self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True, batch_size=n)
         self.log(f"{stage}/acc1", acc1, on_epoch=True, prog_bar=stage == "val", batch_size=n)
-        self.log(f"{stage}/acc{self.top_k}", acc5, on_epoch=True, batch_size=n)
+        if self.top_k is not None:
+            acc5 = self.val_acc5 if stage == "val" else self.test_acc5
+            acc5(logits, y)
+            self.log(f"{stage}/acc5", acc5, on_epoch=True, batch_size=n)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")

@@ -85,3 +85,27 @@ def test_a_folder_smaller_than_a_batch_is_refused_with_advice_that_works(video_t
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "-n", "0"]))
+
+
+def test_clips_that_are_not_whole_tubelets_are_one_line_naming_data_num_frames(tmp_path):
+    """``data.num_frames=7`` with tubelets of 2 failed inside Hydra's instantiation of the model ("7 frames are not
+    a positive multiple of the tubelet size 2", no config key): one line from train.py naming ``data.num_frames``
+    and the multiples either side, before anything is written; the advice runs."""
+    import re
+
+    from vitrel.train.utils import one_line_errors
+
+    base = ["data=moving_fmnist", "data.train_images=8", "data.test_images=8", *VIDEO_MODEL, "model.tubelet_size=2"]
+    base += ["pos=rel3d_factored", *FAST[2:], *SHORT]
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as said, one_line_errors("train.py"):
+        train(compose(run, [*base, "data.num_frames=7"]))
+    assert str(said.value) == (
+        "train.py: InputSizeError: MovingFMNISTDataModule's clips, 7 frames (data.num_frames), are not a whole "
+        "number of the 2-frame tubelets of vitrel_vit_video_tiny_patch4_32 (model.tubelet_size): set "
+        "data.num_frames=8 or 6"
+    )
+    assert not run.exists() or not any(run.iterdir())
+    advice = re.search(r"(data\.num_frames=\d+)", str(said.value).split("set ")[1]).group(1)
+    train(compose(tmp_path / "ok", [*base, advice]))
+    assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"

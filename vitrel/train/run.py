@@ -38,7 +38,7 @@ from timm.layers import to_2tuple
 from vitrel.config import check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import stored_config
-from vitrel.models.input_size import check_patches_fit
+from vitrel.models.input_size import InputSizeError, check_patches_fit
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
@@ -74,6 +74,7 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Mo
     if arch is not None:
         check_video_pairing(str(arch), dm)
         _check_patches_fit(model_cfg, str(arch), dm)
+        _check_frames_fit(model_cfg, str(arch), dm)
     sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
     if is_video_data(dm):
         sized["num_frames"] = dm.num_frames
@@ -87,20 +88,41 @@ def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModu
     size = getattr(dm, "img_size", None)
     if size is None or getattr(dm, "packing", None) or model_cfg.get("init_from"):
         return
+    patch, made_for = _model_arg(model_cfg, arch, "patch_size"), _model_arg(model_cfg, arch, "img_size")
     if _loads_checkpoint(model_cfg):  # model=from_checkpoint: the file's patches, and the size it was trained at
-        stored = stored_config(str(model_cfg.path)) or {}
-        patch, made_for, why = stored.get("patch_size"), stored.get("img_size"), f"the size {arch} was trained at"
+        why = f"the size {arch} was trained at"
     else:
-        cls, args = MODEL_ARGS[arch]
-        defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()}
-        patch = model_cfg.get("patch_size") or args.get("patch_size", defaults.get("patch_size"))
-        made_for = model_cfg.get("img_size") or args.get("img_size", defaults.get("img_size"))
         why = "model.img_size" if model_cfg.get("img_size") else f"the size {arch} is made for"
     if patch is None or made_for is None:
         return
     (ph, pw), (mh, mw) = to_2tuple(patch), to_2tuple(made_for)
     if ph == pw and mh == mw:  # (square patches and size, as data.img_size)
         check_patches_fit(int(size), int(ph), type(dm).__name__, arch, int(mh), why)
+
+
+def _check_frames_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:
+    """A video's clips are a whole number of the model's tubelets (7 frames are not of tubelets of 2): else an
+    :class:`~vitrel.models.input_size.InputSizeError` naming the ``data.num_frames`` to set, before the model is
+    built (the model's own error names no config key)."""
+    frames, tubelet = getattr(dm, "num_frames", None), _model_arg(model_cfg, arch, "tubelet_size")
+    if not is_video_data(dm) or frames is None or tubelet is None or (frames >= tubelet and frames % tubelet == 0):
+        return
+    above, below = max(-(-frames // tubelet), 1) * tubelet, frames // tubelet * tubelet
+    sizes = f"data.num_frames={above}" + (f" or {below}" if below else "")
+    raise InputSizeError(
+        f"{type(dm).__name__}'s clips, {frames} frames (data.num_frames), are not a whole number of the "
+        f"{tubelet}-frame tubelets of {arch} (model.tubelet_size): set {sizes}"
+    )
+
+
+def _model_arg(model_cfg: DictConfig, arch: str, name: str) -> Any:
+    """The constructor argument ``name`` the model will be built with: the node's, else the stored model's
+    (``model=from_checkpoint``), else the architecture's registered value or its class default; None if it has none."""
+    if _loads_checkpoint(model_cfg):
+        return (stored_config(str(model_cfg.path)) or {}).get(name)
+    cls, args = MODEL_ARGS[arch]
+    default = inspect.signature(cls.__init__).parameters.get(name)
+    return model_cfg.get(name) or args.get(name, None if default is None else default.default)
 
 
 def check_launch(trainer_cfg: DictConfig | dict) -> None:

@@ -21,11 +21,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import lightning as L
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
 from vitrel.config import check_moved_keys
@@ -89,14 +91,84 @@ def _trained_clips(ckpt: Path, data_cfg: DictConfig) -> dict[str, int]:
     return {k: int(stored[_CLIP_KEYS[k]]) for k in keys if stored.get(_CLIP_KEYS[k]) is not None}
 
 
-def _from_run(cfg: DictConfig, values: dict[str, int | None], what: str) -> None:
+#: The data keys eval.py takes from the run that wrote the checkpoint, unless given: those that say which samples are
+#: scored and how they are preprocessed, read from the run folder's record when the run's data is the data scored.
+#: ``img_size``, ``num_frames``, ``stride`` and ``clips_per_video`` come from the checkpoint itself (above; exports and
+#: moved checkpoints have them too). ``root`` is taken: the data the run read (its ``${paths.data_dir}`` default
+#: resolves to eval's own); a folder that is not there is an error naming it. Not taken: how the samples are loaded
+#: (batch_size, eval_batch_size, num_workers, pin_memory, loader, memory_budget_gb), training-only keys (augment,
+#: augment_kwargs, batch_augment, size_scale, size_choices, drop_last, num_samples), and the data's checks
+#: (download, verify, on_bad_sample: their errors name the key to set).
+RUN_DATA_KEYS = (
+    # which samples: where they are, the split (val: a seeded hold-out of train), how many
+    "root", "subset", "train_dir", "val_dir", "source", "train_split", "val_split", "dataset_kwargs", "extensions",
+    "num_classes", "seed", "val_fraction", "train_images", "test_images",
+    # Moving Fashion-MNIST's clips (with seed, the motions; train_images, the normalisation too)
+    "size", "object_size", "speeds", "orientations",
+    # preprocessing: channels, resize and crop, the translation canvas, NaFlex batches
+    "in_chans", "interpolation", "crop_pct", "canvas_size", "canvas_mode",
+    "packing", "seq_len", "patch_size", "max_tokens", "eval_max_ratio",
+)  # fmt: skip
+#: what a checkpoint without a run folder (moved, or an export) tells of its preprocessing: its stored data config's
+#: (timm's ``pretrained_cfg`` fields, which timm's ``validate.py`` takes unless given); null in a data config: the
+#: data set's default (``default_<key>`` of its module)
+STORED_PREPROCESSING = ("interpolation", "crop_pct")
+
+
+def _run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
+    """The record of the train.py run that wrote ``ckpt``, ``<run>/.hydra/config.yaml`` (as Hydra saves it: not
+    resolved), and its config; None without one."""
+    path = ckpt.parent.parent / ".hydra" / "config.yaml"
+    return path, OmegaConf.load(path) if path.is_file() else None
+
+
+def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
+    """``value`` of ``data.<key>`` as the data module uses it (a null interpolation or crop_pct: its default)."""
+    if value is None and key in STORED_PREPROCESSING and data_cfg.get("_target_"):
+        return getattr(get_class(str(data_cfg._target_)), f"default_{key}", None)
+    return value
+
+
+def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], str]:
+    """The data settings of the run that wrote ``ckpt`` (:data:`RUN_DATA_KEYS`) where they differ from ``data_cfg``'s
+    and are not on the command line, and where they come from. The run folder's record when there is one, for the
+    same data (``data.name``; other data keeps its group's defaults): its interpolations resolved against that
+    record, here (``${paths.data_dir}`` is eval's own data folder, as by default); a value that does not resolve is
+    an error naming the key to give. Without a record, the preprocessing stored with the weights."""
+    path, run = _run_record(ckpt)
+    if run is not None:
+        if run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
+            return {}, ""
+        keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
+    else:
+        node = stored_data_config(ckpt) or {}
+        keys, where = [k for k in STORED_PREPROCESSING if k in node], "the data config stored with it"
+    values = {}
+    for k in keys:
+        if k not in data_cfg or _given(f"data.{k}"):
+            continue
+        try:
+            value = plain(node[k])
+        except OmegaConfBaseException as e:
+            raw = OmegaConf.to_container(node, resolve=False)[k]
+            raise ValueError(f"data.{k}={raw} of {path} does not resolve here ({e}): give data.{k}=<the run's>") from e
+        if _as_used(data_cfg, k, value) != _as_used(data_cfg, k, plain(data_cfg[k])):
+            values[k] = value
+    if values.get("packing") and "loader" in data_cfg and not _given("data.loader"):
+        values["loader"] = "workers"  # (NaFlex batches are made per sample, by the workers loader only)
+    return values, where
+
+
+def _from_run(cfg: DictConfig, values: dict[str, Any], what: str) -> dict[str, Any]:
     """Set the data keys of ``values`` that are not None (taken from the checkpoint's run) and log them, ``what``
-    saying what they are."""
+    saying what they are; return them."""
     values = {k: v for k, v in values.items() if v is not None}
     if values:
         with open_dict(cfg):
             cfg.data.update(values)
-        rank_zero_info(" ".join(f"data.{k}={v}" for k, v in values.items()) + f": {what}")
+        shown = (f"[{','.join(map(str, v))}]" if isinstance(v, list) else v for v in values.values())
+        rank_zero_info(" ".join(f"data.{k}={v}" for k, v in zip(values, shown, strict=True)) + f": {what}")
+    return values
 
 
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig) -> None:
@@ -127,8 +199,8 @@ def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> N
 
 def _trained_data(ckpt: Path) -> str:
     """The ``data=`` of the train.py run that wrote ``ckpt`` (its folder's ``.hydra/config.yaml``), as overrides."""
-    run_cfg = ckpt.parent.parent / ".hydra" / "config.yaml"
-    data = OmegaConf.load(run_cfg).get("data") if run_cfg.is_file() else None
+    run_cfg, run = _run_record(ckpt)
+    data = run.get("data") if run is not None else None
     if not data or not data.get("name"):
         return "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
     root = OmegaConf.to_container(data, resolve=False).get("root")
@@ -154,13 +226,18 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     use_ema = checkpoint_has_ema(ckpt) if ema == "auto" else bool(ema)
 
     saved = stored_config(ckpt) or {}
-    # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged)
+    # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged):
+    # first which samples and how preprocessed (a canvas or NaFlex batches decide the size below)
+    settings, where = _run_settings(ckpt, cfg.data)
+    what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
+    taken = _from_run(cfg, settings, what)
     trained_size = _trained_size(saved, cfg.data)  # the size the model was trained at, as timm's validate.py
-    _from_run(cfg, {"img_size": trained_size}, f"the size {ckpt.name} was trained at (data.img_size=<n> for another)")
+    what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"
+    taken |= _from_run(cfg, {"img_size": trained_size}, what)
     what = f"the clip length {ckpt.name} was trained at (data.num_frames=<n> for another)"
-    _from_run(cfg, {"num_frames": _trained_frames(saved, cfg.data)}, what)
+    taken |= _from_run(cfg, {"num_frames": _trained_frames(saved, cfg.data)}, what)
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
-    _from_run(cfg, _trained_clips(ckpt, cfg.data), what)
+    taken |= _from_run(cfg, _trained_clips(ckpt, cfg.data), what)
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
@@ -203,6 +280,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "split": split,
         "img_size": dm.img_size,
         "img_size_from": "checkpoint" if trained_size is not None else "data",  # data.img_size null: the trained size
+        "data_from_run": taken,  # the data settings taken from the checkpoint or its run (not on the command line)
         "grid": grid,
         "ema": use_ema,
         "packing": packing,

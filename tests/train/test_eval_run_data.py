@@ -100,6 +100,26 @@ def test_a_moved_checkpoint_is_scored_with_its_stored_preprocessing(fmnist_run, 
     assert abs(plain["test/loss"] - trained["test/loss"]) > 1e-3 * trained["test/loss"]
 
 
+def test_a_run_setting_that_does_not_resolve_here_is_an_error_naming_the_key(fmnist_run, tmp_path, monkeypatch):
+    """A run whose ``data.seed`` read an environment variable that eval.py's environment lacks: one error naming the
+    key to give, before anything is scored or written (not the group's seed in silence)."""
+    run, _ = fmnist_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    record = copy / ".hydra" / "config.yaml"
+    record.write_text(record.read_text().replace("  seed: ${seed}", "  seed: ${oc.env:VITREL_TEST_RUN_SEED}", 1))
+    monkeypatch.delenv("VITREL_TEST_RUN_SEED", raising=False)
+    cfg = compose(tmp_path / "eval", [f"ckpt_path={copy / 'checkpoints' / 'last.ckpt'}", *EVAL], config_name="eval")
+    with pytest.raises(ValueError) as said:
+        evaluate(cfg)
+    assert str(said.value) == (
+        f"data.seed=${{oc.env:VITREL_TEST_RUN_SEED}} of {record} does not resolve here (KeyError raised while "
+        "resolving interpolation: \"Environment variable 'VITREL_TEST_RUN_SEED' not found\"): give data.seed=<the "
+        "run's>"
+    )
+    assert not (tmp_path / "eval" / "eval_metrics.json").exists()
+
+
 def test_other_data_takes_nothing_from_the_run(fmnist_run, tmp_path):
     """``eval.py ckpt_path=<the Fashion-MNIST run> data=fashion_mnist_naflex split=val``: that group's own split
     (10 % at seed 0) and preprocessing, not the run's."""

@@ -151,7 +151,10 @@ def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], str
             value = plain(node[k])
         except OmegaConfBaseException as e:
             raw = OmegaConf.to_container(node, resolve=False)[k]
-            raise ValueError(f"data.{k}={raw} of {path} does not resolve here ({e}): give data.{k}=<the run's>") from e
+            why = str(e).splitlines()[0]
+            raise ValueError(
+                f"data.{k}={raw} of {path} does not resolve here ({why}): give data.{k}=<the run's>"
+            ) from e
         if _as_used(data_cfg, k, value) != _as_used(data_cfg, k, plain(data_cfg[k])):
             values[k] = value
     if values.get("packing") and "loader" in data_cfg and not _given("data.loader"):

@@ -4,6 +4,14 @@ A video checkpoint takes video data and any clip length: ``python eval.py ckpt_p
 data.num_frames=16`` (the model rebuilt for 16 frames, as for another image size); without ``data.num_frames``, the
 clip length it was trained at, and without ``data.stride`` / ``data.clips_per_video`` the clips its run was tested on.
 
+It scores the samples the checkpoint's run was scored on: the data settings that say which samples and how they
+are preprocessed (the val split's ``data.seed`` and ``data.val_fraction``, the clips' motions, ``data.crop_pct``,
+... :data:`RUN_DATA_KEYS`) are the run's, read from its folder's ``.hydra/config.yaml`` when its data is the data
+scored, unless given on the command line; another ``data=`` keeps its group's defaults. A checkpoint without its
+run folder (moved, an export) gives its stored ``interpolation`` and ``crop_pct``, as timm's ``validate.py`` takes
+them from the model's ``pretrained_cfg``. What is taken is logged in one line and recorded in ``eval_metrics.json``
+(``data_from_run``).
+
 With NaFlex data (``data.packing``, e.g. ``data=fashion_mnist_naflex``) every image is scored at its own size and
 aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eval_max_ratio=1``), packed into rows
 as in training.

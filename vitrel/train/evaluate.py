@@ -62,22 +62,23 @@ from vitrel.train.utils import (
 __all__ = ["evaluate"]
 
 
-def _trained_size(saved: dict, data_cfg: DictConfig) -> int | None:
-    """The side the stored model was trained at, when ``data.img_size`` is not given (null) and the model takes
-    image tensors of a square size (not NaFlex batches, whose images keep their own sizes); else None."""
+def _trained_size(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
+    """``img_size``: the side the stored model was trained at, when ``data.img_size`` is not given (null) and the
+    model takes image tensors of a square size (not NaFlex batches, whose images keep their own sizes); else empty."""
     if data_cfg.get("img_size") is not None or data_cfg.get("packing") or saved.get("img_size") is None:
-        return None
+        return {}
     h, w = to_2tuple(saved["img_size"])
-    return int(h) if h == w else None
+    return {"img_size": int(h)} if h == w else {}
 
 
-def _trained_frames(saved: dict, data_cfg: DictConfig) -> int | None:
-    """The clip length a stored video model was trained at, when video data is scored without ``data.num_frames`` on
-    the command line (the data group's default would otherwise rebuild the model for its own length); else None."""
+def _trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
+    """``num_frames``: the clip length a stored video model was trained at, when video data is scored without
+    ``data.num_frames`` on the command line (the data group's default would otherwise rebuild the model for its own
+    length); else empty."""
     frames = saved.get("num_frames")
     if frames is None or "num_frames" not in data_cfg or _given("data.num_frames"):
-        return None
-    return int(frames)
+        return {}
+    return {"num_frames": int(frames)}
 
 
 def _given(key: str) -> bool:
@@ -170,15 +171,20 @@ def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], str
     return values, where
 
 
+def _override_text(value: Any) -> str:
+    """``value`` as a command-line override writes it (``null``, ``[1,2]``)."""
+    if isinstance(value, list):
+        return f"[{','.join(map(_override_text, value))}]"
+    return "null" if value is None else str(value)
+
+
 def _from_run(cfg: DictConfig, values: dict[str, Any], what: str) -> dict[str, Any]:
-    """Set the data keys of ``values`` that are not None (taken from the checkpoint's run) and log them, ``what``
-    saying what they are; return them."""
-    values = {k: v for k, v in values.items() if v is not None}
+    """Set the data keys of ``values`` (taken from the checkpoint or its run) and log them, ``what`` saying what they
+    are; return them."""
     if values:
         with open_dict(cfg):
             cfg.data.update(values)
-        shown = (f"[{','.join(map(str, v))}]" if isinstance(v, list) else v for v in values.values())
-        rank_zero_info(" ".join(f"data.{k}={v}" for k, v in zip(values, shown, strict=True)) + f": {what}")
+        rank_zero_info(" ".join(f"data.{k}={_override_text(v)}" for k, v in values.items()) + f": {what}")
     return values
 
 
@@ -242,11 +248,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     settings, where = _run_settings(ckpt, cfg.data)
     what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
     taken = _from_run(cfg, settings, what)
-    trained_size = _trained_size(saved, cfg.data)  # the size the model was trained at, as timm's validate.py
-    what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"
-    taken |= _from_run(cfg, {"img_size": trained_size}, what)
+    what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py
+    taken |= _from_run(cfg, _trained_size(saved, cfg.data), what)
     what = f"the clip length {ckpt.name} was trained at (data.num_frames=<n> for another)"
-    taken |= _from_run(cfg, {"num_frames": _trained_frames(saved, cfg.data)}, what)
+    taken |= _from_run(cfg, _trained_frames(saved, cfg.data), what)
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
     taken |= _from_run(cfg, _trained_clips(ckpt, cfg.data), what)
     dm = instantiate(cfg.data)
@@ -290,7 +295,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "split": split,
         "img_size": dm.img_size,
-        "img_size_from": "checkpoint" if trained_size is not None else "data",  # data.img_size null: the trained size
+        "img_size_from": "checkpoint" if "img_size" in taken else "data",  # data.img_size null: the trained size
         "data_from_run": taken,  # the data settings taken from the checkpoint or its run (not on the command line)
         "grid": grid,
         "ema": use_ema,

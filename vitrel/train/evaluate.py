@@ -4,6 +4,14 @@ A video checkpoint takes video data and any clip length: ``python eval.py ckpt_p
 data.num_frames=16`` (the model rebuilt for 16 frames, as for another image size); without ``data.num_frames``, the
 clip length it was trained at, and without ``data.stride`` / ``data.clips_per_video`` the clips its run was tested on.
 
+It scores the samples the checkpoint's run was scored on: the data settings that say which samples and how they
+are preprocessed (the val split's ``data.seed`` and ``data.val_fraction``, the clips' motions, ``data.crop_pct``,
+... :data:`RUN_DATA_KEYS`) are the run's, read from its folder's ``.hydra/config.yaml`` when its data is the data
+scored, unless given on the command line; another ``data=`` keeps its group's defaults. A checkpoint without its
+run folder (moved, an export) gives its stored ``interpolation`` and ``crop_pct``, as timm's ``validate.py`` takes
+them from the model's ``pretrained_cfg``. What is taken is logged in one line and recorded in ``eval_metrics.json``
+(``data_from_run``).
+
 With NaFlex data (``data.packing``, e.g. ``data=fashion_mnist_naflex``) every image is scored at its own size and
 aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eval_max_ratio=1``), packed into rows
 as in training.
@@ -21,11 +29,13 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import lightning as L
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
 from vitrel.config import check_moved_keys
@@ -52,22 +62,23 @@ from vitrel.train.utils import (
 __all__ = ["evaluate"]
 
 
-def _trained_size(saved: dict, data_cfg: DictConfig) -> int | None:
-    """The side the stored model was trained at, when ``data.img_size`` is not given (null) and the model takes
-    image tensors of a square size (not NaFlex batches, whose images keep their own sizes); else None."""
+def _trained_size(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
+    """``img_size``: the side the stored model was trained at, when ``data.img_size`` is not given (null) and the
+    model takes image tensors of a square size (not NaFlex batches, whose images keep their own sizes); else empty."""
     if data_cfg.get("img_size") is not None or data_cfg.get("packing") or saved.get("img_size") is None:
-        return None
+        return {}
     h, w = to_2tuple(saved["img_size"])
-    return int(h) if h == w else None
+    return {"img_size": int(h)} if h == w else {}
 
 
-def _trained_frames(saved: dict, data_cfg: DictConfig) -> int | None:
-    """The clip length a stored video model was trained at, when video data is scored without ``data.num_frames`` on
-    the command line (the data group's default would otherwise rebuild the model for its own length); else None."""
+def _trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
+    """``num_frames``: the clip length a stored video model was trained at, when video data is scored without
+    ``data.num_frames`` on the command line (the data group's default would otherwise rebuild the model for its own
+    length); else empty."""
     frames = saved.get("num_frames")
     if frames is None or "num_frames" not in data_cfg or _given("data.num_frames"):
-        return None
-    return int(frames)
+        return {}
+    return {"num_frames": int(frames)}
 
 
 def _given(key: str) -> bool:
@@ -89,14 +100,92 @@ def _trained_clips(ckpt: Path, data_cfg: DictConfig) -> dict[str, int]:
     return {k: int(stored[_CLIP_KEYS[k]]) for k in keys if stored.get(_CLIP_KEYS[k]) is not None}
 
 
-def _from_run(cfg: DictConfig, values: dict[str, int | None], what: str) -> None:
-    """Set the data keys of ``values`` that are not None (taken from the checkpoint's run) and log them, ``what``
-    saying what they are."""
-    values = {k: v for k, v in values.items() if v is not None}
+#: The data keys eval.py takes from the run that wrote the checkpoint, unless given: those that say which samples are
+#: scored and how they are preprocessed, read from the run folder's record when the run's data is the data scored.
+#: ``img_size``, ``num_frames``, ``stride`` and ``clips_per_video`` come from the checkpoint itself (above; exports and
+#: moved checkpoints have them too). ``root`` is taken: the data the run read (its ``${paths.data_dir}`` default
+#: resolves to eval's own); a folder that is not there is an error naming it. Not taken: how the samples are loaded
+#: (batch_size, eval_batch_size, num_workers, pin_memory, loader, memory_budget_gb), training-only keys (augment,
+#: augment_kwargs, batch_augment, size_scale, size_choices, drop_last, num_samples), and the data's checks
+#: (download, verify, on_bad_sample: their errors name the key to set).
+RUN_DATA_KEYS = (
+    # which samples: where they are, the split (val: a seeded hold-out of train), how many
+    "root", "subset", "train_dir", "val_dir", "source", "train_split", "val_split", "dataset_kwargs", "extensions",
+    "num_classes", "seed", "val_fraction", "train_images", "test_images",
+    # Moving Fashion-MNIST's clips (with seed, the motions; train_images, the normalisation too)
+    "size", "object_size", "speeds", "orientations",
+    # preprocessing: channels, resize and crop, the translation canvas, NaFlex batches
+    "in_chans", "interpolation", "crop_pct", "canvas_size", "canvas_mode",
+    "packing", "seq_len", "patch_size", "max_tokens", "eval_max_ratio",
+)  # fmt: skip
+#: what a checkpoint without a run folder (moved, or an export) tells of its preprocessing: its stored data config's
+#: (timm's ``pretrained_cfg`` fields, which timm's ``validate.py`` takes unless given); null in a data config: the
+#: data set's default (``default_<key>`` of its module)
+STORED_PREPROCESSING = ("interpolation", "crop_pct")
+
+
+def _run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
+    """The record of the train.py run that wrote ``ckpt``, ``<run>/.hydra/config.yaml`` (as Hydra saves it: not
+    resolved), and its config; None without one."""
+    path = ckpt.parent.parent / ".hydra" / "config.yaml"
+    return path, OmegaConf.load(path) if path.is_file() else None
+
+
+def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
+    """``value`` of ``data.<key>`` as the data module uses it (a null interpolation or crop_pct: its default)."""
+    if value is None and key in STORED_PREPROCESSING and data_cfg.get("_target_"):
+        return getattr(get_class(str(data_cfg._target_)), f"default_{key}", None)
+    return value
+
+
+def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], str]:
+    """The data settings of the run that wrote ``ckpt`` (:data:`RUN_DATA_KEYS`) where they differ from ``data_cfg``'s
+    and are not on the command line, and where they come from. The run folder's record when there is one, for the
+    same data (``data.name``; other data keeps its group's defaults): its interpolations resolved against that
+    record, here (``${paths.data_dir}`` is eval's own data folder, as by default); a value that does not resolve is
+    an error naming the key to give. Without a record, the preprocessing stored with the weights."""
+    path, run = _run_record(ckpt)
+    if run is not None:
+        if run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
+            return {}, ""
+        keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
+    else:
+        node = stored_data_config(ckpt) or {}
+        keys, where = [k for k in STORED_PREPROCESSING if k in node], "the data config stored with it"
+    values = {}
+    for k in keys:
+        if k not in data_cfg or _given(f"data.{k}"):
+            continue
+        try:
+            value = plain(node[k])
+        except OmegaConfBaseException as e:
+            raw = OmegaConf.to_container(node, resolve=False)[k]
+            why = str(e).splitlines()[0]
+            raise ValueError(
+                f"data.{k}={raw} of {path} does not resolve here ({why}): give data.{k}=<the run's>"
+            ) from e
+        if _as_used(data_cfg, k, value) != _as_used(data_cfg, k, plain(data_cfg[k])):
+            values[k] = value
+    if values.get("packing") and "loader" in data_cfg and not _given("data.loader"):
+        values["loader"] = "workers"  # (NaFlex batches are made per sample, by the workers loader only)
+    return values, where
+
+
+def _override_text(value: Any) -> str:
+    """``value`` as a command-line override writes it (``null``, ``[1,2]``)."""
+    if isinstance(value, list):
+        return f"[{','.join(map(_override_text, value))}]"
+    return "null" if value is None else str(value)
+
+
+def _from_run(cfg: DictConfig, values: dict[str, Any], what: str) -> dict[str, Any]:
+    """Set the data keys of ``values`` (taken from the checkpoint or its run) and log them, ``what`` saying what they
+    are; return them."""
     if values:
         with open_dict(cfg):
             cfg.data.update(values)
-        rank_zero_info(" ".join(f"data.{k}={v}" for k, v in values.items()) + f": {what}")
+        rank_zero_info(" ".join(f"data.{k}={_override_text(v)}" for k, v in values.items()) + f": {what}")
+    return values
 
 
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig) -> None:
@@ -127,8 +216,8 @@ def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> N
 
 def _trained_data(ckpt: Path) -> str:
     """The ``data=`` of the train.py run that wrote ``ckpt`` (its folder's ``.hydra/config.yaml``), as overrides."""
-    run_cfg = ckpt.parent.parent / ".hydra" / "config.yaml"
-    data = OmegaConf.load(run_cfg).get("data") if run_cfg.is_file() else None
+    run_cfg, run = _run_record(ckpt)
+    data = run.get("data") if run is not None else None
     if not data or not data.get("name"):
         return "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
     root = OmegaConf.to_container(data, resolve=False).get("root")
@@ -154,13 +243,17 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     use_ema = checkpoint_has_ema(ckpt) if ema == "auto" else bool(ema)
 
     saved = stored_config(ckpt) or {}
-    # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged)
-    trained_size = _trained_size(saved, cfg.data)  # the size the model was trained at, as timm's validate.py
-    _from_run(cfg, {"img_size": trained_size}, f"the size {ckpt.name} was trained at (data.img_size=<n> for another)")
+    # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged):
+    # first which samples and how preprocessed (a canvas or NaFlex batches decide the size below)
+    settings, where = _run_settings(ckpt, cfg.data)
+    what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
+    taken = _from_run(cfg, settings, what)
+    what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py
+    taken |= _from_run(cfg, _trained_size(saved, cfg.data), what)
     what = f"the clip length {ckpt.name} was trained at (data.num_frames=<n> for another)"
-    _from_run(cfg, {"num_frames": _trained_frames(saved, cfg.data)}, what)
+    taken |= _from_run(cfg, _trained_frames(saved, cfg.data), what)
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
-    _from_run(cfg, _trained_clips(ckpt, cfg.data), what)
+    taken |= _from_run(cfg, _trained_clips(ckpt, cfg.data), what)
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
@@ -202,7 +295,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "split": split,
         "img_size": dm.img_size,
-        "img_size_from": "checkpoint" if trained_size is not None else "data",  # data.img_size null: the trained size
+        "img_size_from": "checkpoint" if "img_size" in taken else "data",  # data.img_size null: the trained size
+        "data_from_run": taken,  # the data settings taken from the checkpoint or its run (not on the command line)
         "grid": grid,
         "ema": use_ema,
         "packing": packing,

@@ -1,0 +1,153 @@
+"""``python eval.py ckpt_path=<run>/checkpoints/last.ckpt`` scores the samples the run was scored on: the data settings
+of the run (its split, its clips, its preprocessing) are taken from its folder's record, or from the data config
+stored with the weights, unless given; other data keeps its group's defaults."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from tests.train_helpers import FAST, TINY_VIDEO, TINY_VIT, compose, run_script
+from vitrel.data.datasets import seeded_split
+from vitrel.train.evaluate import evaluate
+
+EVAL = [*FAST[:1], *FAST[2:4]]  # data.num_workers=0, on the CPU, no progress bar
+# the run: a seeded 20 % of train held out (data.seed by interpolation), resized bicubic with a 0.95 centre crop
+RUN_DATA = ["seed=1", "data.seed=${seed}", "data.val_fraction=0.2", "data.interpolation=bicubic", "data.crop_pct=0.95"]
+
+
+def _train_py(run, args: list[str]) -> dict:
+    """``python train.py <args>`` in ``run`` (its ``.hydra/config.yaml`` as Hydra writes it): its metrics.json."""
+    r = run_script("train.py", [*args, "trainer.max_epochs=1", "logger=none", f"hydra.run.dir={run}"], cwd=run.parent)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return json.loads((run / "metrics.json").read_text())["metrics"]
+
+
+@pytest.fixture(scope="module")
+def fmnist_run(tmp_path_factory):
+    """``(run folder, its metrics)``: the tiny ViT, 2 steps, validated on all 2,000 held-out images, tested on all
+    2,000 test images."""
+    run = tmp_path_factory.mktemp("fmnist") / "run"
+    return run, _train_py(run, [*TINY_VIT, *FAST, "trainer.limit_train_batches=2", *RUN_DATA])
+
+
+def _eval(tmp_path, name: str, ckpt, over: list[str]) -> tuple[dict, dict, OmegaConf]:
+    """``python eval.py ckpt_path=<ckpt> <over>`` in-process: ``(metrics, eval_metrics.json, its data config as
+    scored)``."""
+    cfg = compose(tmp_path / name, [f"ckpt_path={ckpt}", *over], config_name="eval")
+    metrics = evaluate(cfg)
+    return metrics, json.loads((tmp_path / name / "eval_metrics.json").read_text()), cfg.data
+
+
+def _split(data_cfg, split: str) -> np.ndarray:
+    """The indices into Fashion-MNIST's train images of ``split`` of the data module ``data_cfg`` builds."""
+    return np.asarray(instantiate(data_cfg).raw_dataset(split).indices)
+
+
+def test_eval_on_val_scores_the_runs_held_out_images(fmnist_run, tmp_path, caplog):
+    """After ``train.py data.val_fraction=0.2 data.seed=${seed} seed=1``, ``eval.py ckpt_path=... split=val`` held out
+    the group's 10 % at seed 0: 814 of its 1,000 images were training images, scored without a word. Now: the run's
+    2,000 held-out images (none of its training images), the run's preprocessing, the run's val scores; said in one
+    line and recorded."""
+    caplog.set_level("INFO", logger="lightning.pytorch")  # (rank_zero_info's)
+    run, trained = fmnist_run
+    metrics, res, data = _eval(tmp_path, "val", run / "checkpoints" / "last.ckpt", ["split=val", *EVAL])
+    want_train, want_val = seeded_split(10_000, 0.2, 1)
+    assert res["num_images"] == res["split_images"] == len(want_val) == 2000
+    assert np.array_equal(_split(data, "val"), want_val) and np.array_equal(_split(data, "train"), want_train)
+    assert res["data_from_run"] == {
+        "seed": 1, "val_fraction": 0.2, "interpolation": "bicubic", "crop_pct": 0.95, "img_size": 28,
+    }  # fmt: skip
+    run_data = OmegaConf.load(run / ".hydra" / "config.yaml").data
+    assert np.array_equal(_split(run_data, "val"), want_val)  # (the run's own data module, from its record)
+    assert abs(metrics["val/acc1"] - trained["val/acc1"]) <= 1 / 2000
+    assert metrics["val/loss"] == pytest.approx(trained["val/loss"], rel=1e-5)
+    record = run / ".hydra" / "config.yaml"
+    said = "data.seed=1 data.val_fraction=0.2 data.interpolation=bicubic data.crop_pct=0.95: the data settings of "
+    assert said + f"last.ckpt's run ({record}; data.<key>=<v> for others)" in caplog.text
+
+
+def test_a_command_line_key_wins_over_the_runs(fmnist_run, tmp_path, caplog):
+    """``eval.py ckpt_path=... split=val data.seed=0``: seed 0's hold-out of the run's 20 %; the rest from the run."""
+    caplog.set_level("INFO", logger="lightning.pytorch")
+    run, _ = fmnist_run
+    _, res, data = _eval(tmp_path, "seed0", run / "checkpoints" / "last.ckpt", ["split=val", "data.seed=0", *EVAL])
+    assert np.array_equal(_split(data, "val"), seeded_split(10_000, 0.2, 0)[1]) and res["split_images"] == 2000
+    assert res["data_from_run"] == {"val_fraction": 0.2, "interpolation": "bicubic", "crop_pct": 0.95, "img_size": 28}
+    assert "data.val_fraction=0.2 data.interpolation=bicubic data.crop_pct=0.95: the data settings" in caplog.text
+
+
+def test_a_moved_checkpoint_is_scored_with_its_stored_preprocessing(fmnist_run, tmp_path):
+    """A checkpoint copied out of its run folder (no record beside it): the interpolation and crop it was trained
+    with, from the data config stored with the weights (as timm's validate.py takes them from the model's
+    pretrained_cfg), so its test score is the run's; the group's bilinear full-image resize scores differently."""
+    run, trained = fmnist_run
+    moved = tmp_path / "moved" / "model.ckpt"
+    moved.parent.mkdir()
+    shutil.copy(run / "checkpoints" / "last.ckpt", moved)
+    metrics, res, _ = _eval(tmp_path, "moved", moved, EVAL)
+    assert res["num_images"] == 2000 and abs(metrics["test/acc1"] - trained["test/acc1"]) <= 1 / 2000
+    assert metrics["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-5)
+    assert res["data_from_run"] == {"interpolation": "bicubic", "crop_pct": 0.95, "img_size": 28}
+    plain, res, _ = _eval(tmp_path, "plain", moved, [*EVAL, "data.interpolation=bilinear", "data.crop_pct=1.0"])
+    assert res["data_from_run"] == {"img_size": 28}
+    assert abs(plain["test/loss"] - trained["test/loss"]) > 1e-3 * trained["test/loss"]
+
+
+def test_a_run_setting_that_does_not_resolve_here_is_an_error_naming_the_key(fmnist_run, tmp_path, monkeypatch):
+    """A run whose ``data.seed`` read an environment variable that eval.py's environment lacks: one error naming the
+    key to give, before anything is scored or written (not the group's seed in silence)."""
+    run, _ = fmnist_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    record = copy / ".hydra" / "config.yaml"
+    record.write_text(record.read_text().replace("  seed: ${seed}", "  seed: ${oc.env:VITREL_TEST_RUN_SEED}", 1))
+    monkeypatch.delenv("VITREL_TEST_RUN_SEED", raising=False)
+    cfg = compose(tmp_path / "eval", [f"ckpt_path={copy / 'checkpoints' / 'last.ckpt'}", *EVAL], config_name="eval")
+    with pytest.raises(ValueError) as said:
+        evaluate(cfg)
+    assert str(said.value) == (
+        f"data.seed=${{oc.env:VITREL_TEST_RUN_SEED}} of {record} does not resolve here (KeyError raised while "
+        "resolving interpolation: \"Environment variable 'VITREL_TEST_RUN_SEED' not found\"): give data.seed=<the "
+        "run's>"
+    )
+    assert not (tmp_path / "eval" / "eval_metrics.json").exists()
+
+
+def test_other_data_takes_nothing_from_the_run(fmnist_run, tmp_path):
+    """``eval.py ckpt_path=<the Fashion-MNIST run> data=fashion_mnist_naflex split=val``: that group's own split
+    (10 % at seed 0) and preprocessing, not the run's."""
+    run, _ = fmnist_run
+    over = ["data=fashion_mnist_naflex", "split=val", "trainer.limit_test_batches=1", *EVAL]
+    _, res, data = _eval(tmp_path, "naflex", run / "checkpoints" / "last.ckpt", over)
+    assert res["split_images"] == 1000 and res["data_from_run"] == {}
+    assert (data.seed, data.val_fraction, data.interpolation, data.crop_pct) == (0, 0.1, None, None)
+
+
+def test_eval_scores_the_clips_of_a_moving_fmnist_run(tmp_path):
+    """``train.py experiment=video data.speeds=[2] data.orientations=[90,135] data.seed=3`` (32 test images), then
+    ``eval.py ckpt_path=... data=moving_fmnist``: the run's 32 test clips (its motions, its images, as the data
+    module of the run's record renders them), not the group's 4,000 clips of other motions; the run's test score."""
+    run = tmp_path / "run"
+    motion = ["data.speeds=[2]", "data.orientations=[90,135]", "data.seed=3"]
+    trained = _train_py(run, [*TINY_VIDEO, "pos=none", *motion])
+    metrics, res, data = _eval(tmp_path, "eval", run / "checkpoints" / "last.ckpt", ["data=moving_fmnist", *EVAL])
+    assert res["num_images"] == res["split_images"] == 32
+    ours = instantiate(data).make_dataset("test")
+    theirs = instantiate(OmegaConf.load(run / ".hydra" / "config.yaml").data).make_dataset("test")
+    assert len(ours) == len(theirs) == 32
+    for i in range(32):
+        (x, y), (want_x, want_y) = ours[i], theirs[i]
+        assert y == want_y and torch.equal(x, want_x), i
+    assert abs(metrics["test/acc1"] - trained["test/acc1"]) <= 1 / 32
+    assert metrics["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-5)
+    assert res["data_from_run"] == {
+        "seed": 3, "train_images": 32, "test_images": 16, "speeds": [2], "orientations": [90, 135], "img_size": 32,
+        "num_frames": 8,
+    }  # fmt: skip

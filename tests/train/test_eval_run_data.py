@@ -17,7 +17,7 @@ from tests.train_helpers import FAST, TINY_VIDEO, TINY_VIT, compose, run_script
 from vitrel.data.datasets import seeded_split
 from vitrel.train.evaluate import evaluate
 
-EVAL = [*FAST[:1], *FAST[2:4]]  # data.num_workers=0, on the CPU, no progress bar
+EVAL = [*FAST[:1], *FAST[2:4], "data.eval_batch_size=500"]  # no workers, on the CPU, no progress bar, 4 batches
 # the run: a seeded 20 % of train held out (data.seed by interpolation), resized bicubic with a 0.95 centre crop
 RUN_DATA = ["seed=1", "data.seed=${seed}", "data.val_fraction=0.2", "data.interpolation=bicubic", "data.crop_pct=0.95"]
 
@@ -34,7 +34,8 @@ def fmnist_run(tmp_path_factory):
     """``(run folder, its metrics)``: the tiny ViT, 2 steps, validated on all 2,000 held-out images, tested on all
     2,000 test images."""
     run = tmp_path_factory.mktemp("fmnist") / "run"
-    return run, _train_py(run, [*TINY_VIT, *FAST, "trainer.limit_train_batches=2", *RUN_DATA])
+    fast = [*FAST, "trainer.limit_train_batches=2", "data.eval_batch_size=500"]  # (8 batches of val and test)
+    return run, _train_py(run, [*TINY_VIT, *fast, *RUN_DATA])
 
 
 def _eval(tmp_path, name: str, ckpt, over: list[str]) -> tuple[dict, dict, OmegaConf]:

@@ -187,24 +187,24 @@ def fill(command: str) -> list[str]:
     """The command with its placeholders filled: one command per combination of the values of :data:`PLACEHOLDERS`."""
     out = [command]
     for key, value in PLACEHOLDERS.items():
-        if key in command:
+        if any(key in c for c in out):
             values = [value] if isinstance(value, str) else value
             out = [c.replace(key, v) for c in out for v in values]
     return out
 
 
 def parse(command: str) -> tuple[str, list[str], bool, bool]:
-    """``(config name, overrides, -m, runs the task)`` of a filled command; ``--cfg`` / ``--help`` / ``--info`` only
-    compose (Hydra prints and stops). A whole-token ``[key=value]`` is an optional override, given."""
+    """``(config name, overrides, -m, runs the task)`` of a filled command; ``--cfg`` / ``--help`` only compose (Hydra
+    prints and stops). A whole-token ``[key=value]`` is an optional override, given."""
     tokens = shlex.split(command)
     assert tokens[0] == "python" and tokens[1] in SCRIPTS, command
     overrides, multirun, runs, args = [], False, True, iter(tokens[2:])
     for t in args:
         if t in ("-m", "--multirun"):
             multirun = True
-        elif t in ("--cfg", "-c", "--info", "-i"):
+        elif t in ("--cfg", "-c"):
             runs = False
-            next(args, None)  # the part: job | hydra | all, or the info kind
+            next(args)  # the part: job | hydra | all
         elif t in ("--help", "-h", "--hydra-help"):
             runs = False
         elif t.startswith("-"):

@@ -182,6 +182,15 @@ def doc_commands() -> dict[str, list[str]]:
 COMMANDS = doc_commands()
 
 
+def case_ids() -> list[str]:
+    """Each command's id: where it first appears (``file:line``; ``#2`` for a second command first seen on a line)."""
+    ids: list[str] = []
+    for where in COMMANDS.values():
+        n = sum(i.split("#")[0] == where[0] for i in ids)
+        ids.append(where[0] if n == 0 else f"{where[0]}#{n + 1}")
+    return ids
+
+
 # ------------------------------------------------------------------------------------------- composition
 def fill(command: str) -> list[str]:
     """The command with its placeholders filled: one command per combination of the values of :data:`PLACEHOLDERS`."""
@@ -289,7 +298,7 @@ def messages(e: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------------- tests
-@pytest.mark.parametrize("command", list(COMMANDS), ids=[where[0] for where in COMMANDS.values()])
+@pytest.mark.parametrize("command", list(COMMANDS), ids=case_ids())
 def test_doc_command_composes(command):
     where = ", ".join(COMMANDS[command])
     if command in SKIP:

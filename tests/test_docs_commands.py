@@ -59,7 +59,7 @@ BUDGETS = [b for b in BUDGETS if not b.startswith("base")]
 # order. Paths need not exist: nothing is read.
 PLACEHOLDERS: dict[str, str | list[str]] = {
     # the study's runs (vitrel/study/__init__.py writes the budget B): every budget; the architectures' overrides
-    # (study.archs) are composed for every budget by tests/study/test_study.py
+    # (study.archs) are composed for every budget by tests/study/ (vitrel.study.recipe)
     "<study.archs.<arch>>": "",
     "experiment=study_<budget>": [f"experiment=study_{b}" for b in BUDGETS],
     "experiment=study_B": [f"experiment=study_{b}" for b in BUDGETS],

@@ -12,13 +12,13 @@ any work do (moved keys, a ``pos=`` with ``model=from_checkpoint``, ``trainer=dd
 
 from __future__ import annotations
 
+import itertools
 import re
 import shlex
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -225,11 +225,16 @@ def parse(command: str) -> tuple[str, list[str], bool, bool]:
 
 def jobs(overrides: list[str], multirun: bool) -> list[list[str]]:
     """The overrides of each job: the one run, or every job of the ``-m`` sweep as Hydra's basic sweeper splits it
-    (comma lists, ``glob()``, ``range()``)."""
+    (comma lists, ``glob()``, ``range()``: the product of every override's values, as its ``split_arguments``)."""
     if not multirun:
         return [overrides]
     parser = OverridesParser.create(config_loader=GlobalHydra.instance().config_loader())
-    return BasicSweeper.split_arguments(parser.parse_overrides(overrides), max_batch_size=None)[0]
+    per_key = []
+    for o in parser.parse_overrides(overrides):
+        key = o.get_key_element()
+        values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
+        per_key.append([f"{key}={v}" for v in values])
+    return [list(job) for job in itertools.product(*per_key)]
 
 
 def compose_job(config_name: str, overrides: list[str], multirun: bool, num: int, runs: bool):

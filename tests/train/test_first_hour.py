@@ -312,3 +312,31 @@ def test_a_part_of_a_split_sorted_by_class_says_which_classes_it_holds(tmp_path,
         evaluate(compose(tmp_path / f"eval{limit}", over, config_name="eval"))
         line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("last.ckpt on imagenet test "))
         assert says in line, line
+
+
+def test_timm_weights_without_a_network_are_one_line_whose_advice_trains(tmp_path, monkeypatch):
+    """``model.init_from=timm:<name>`` on a machine without a network (compute nodes often have none) ended in the
+    Hub's ``LocalEntryNotFoundError`` wrapped by Hydra, after its retries: one line from train.py naming
+    ``model.init_file``, before any work; a file of the weights given that way trains."""
+    import huggingface_hub.constants
+    import timm
+    from safetensors.torch import save_file
+
+    from vitrel.train.utils import one_line_errors
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # (as HF_HUB_OFFLINE=1: no retries)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # an empty cache
+    name = "vit_tiny_patch16_224.augreg_in21k"
+    base = [f"model.init_from=timm:{name}", "pos=rel2d_factored", "data.img_size=32", *FAST, *SHORT]
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as said, one_line_errors("train.py"):
+        train(compose(run, base))
+    assert str(said.value).startswith(
+        f"train.py: CheckpointError: cannot fetch timm's pretrained weights of {name} (LocalEntryNotFoundError: "
+    ), said.value
+    assert "Without a network, give them as a file: model.init_file=<file or folder> (train.py)" in str(said.value)
+    assert not (run / "checkpoints").exists()
+    weights = tmp_path / "model.safetensors"  # what the advice asks for (here timm's init, not its trained weights)
+    save_file(timm.create_model(name, pretrained=False).state_dict(), str(weights))
+    train(compose(tmp_path / "ok", [*base, f"model.init_file={weights}"]))
+    assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"

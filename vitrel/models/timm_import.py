@@ -376,6 +376,23 @@ def load_timm_file(name: str, path: str | os.PathLike, **timm_kwargs: Any) -> nn
     return t
 
 
+def _create_timm(name: str, pretrained: bool, timm_kwargs: dict[str, Any]) -> nn.Module:
+    """``timm.create_model``; weights that cannot be fetched (no network, no cached copy: the Hub's
+    ``LocalEntryNotFoundError``, a failed URL) are a :class:`CheckpointError` saying how to give them as a file."""
+    try:
+        return timm.create_model(name, pretrained=pretrained, **timm_kwargs)
+    except OSError as e:  # the Hub's errors, urllib's URLError and a refused connection are OSErrors
+        if not pretrained:
+            raise
+        why = str(e).strip().split(". ")[0].rstrip(".")  # (the first sentence)
+        raise CheckpointError(
+            f"cannot fetch timm's pretrained weights of {name} ({type(e).__name__}: {why}). Without a network, "
+            f"give them as a file: model.init_file=<file or folder> (train.py), checkpoint_path= (vitrel.from_timm), "
+            f"e.g. the model.safetensors of {name} from a machine with one (timm.create_model('{name}', "
+            "pretrained=True) fills its Hugging Face cache, HF_HOME)"
+        ) from e
+
+
 def from_timm(
     model_or_name: nn.Module | str,
     pos: str | dict | None = None,
@@ -411,7 +428,7 @@ def from_timm(
     elif checkpoint_path is not None:
         t = load_timm_file(model_or_name, checkpoint_path, **timm_kwargs)
     else:
-        t = timm.create_model(model_or_name, pretrained=pretrained, **timm_kwargs)
+        t = _create_timm(model_or_name, pretrained, timm_kwargs)
     arch, args, native = timm_to_vitrel_args(t)
     if pos is None:
         if native == "__none__":

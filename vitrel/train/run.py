@@ -27,6 +27,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
@@ -78,7 +79,12 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Mo
     sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
     if is_video_data(dm):
         sized["num_frames"] = dm.num_frames
-    return instantiate(model_cfg, **{k: v for k, v in sized.items() if model_cfg.get(k) is None})
+    try:
+        return instantiate(model_cfg, **{k: v for k, v in sized.items() if model_cfg.get(k) is None})
+    except InstantiationException as e:  # weights that cannot be read or fetched: the error itself (one line)
+        if isinstance(e.__cause__, CheckpointError):
+            raise e.__cause__ from None
+        raise
 
 
 def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:

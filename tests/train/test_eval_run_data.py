@@ -75,13 +75,20 @@ def test_eval_on_val_scores_the_runs_held_out_images(fmnist_run, tmp_path, caplo
 
 
 def test_a_command_line_key_wins_over_the_runs(fmnist_run, tmp_path, caplog):
-    """``eval.py ckpt_path=... split=val data.seed=0``: seed 0's hold-out of the run's 20 %; the rest from the run."""
+    """``eval.py ckpt_path=... split=val data.seed=0``: seed 0's hold-out of the run's 20 %; the rest from the run. A
+    warning says it is not the run's val split (it holds images the run trained on: counted)."""
     caplog.set_level("INFO", logger="lightning.pytorch")
     run, _ = fmnist_run
     _, res, data = _eval(tmp_path, "seed0", run / "checkpoints" / "last.ckpt", ["split=val", "data.seed=0", *EVAL])
     assert np.array_equal(_split(data, "val"), seeded_split(10_000, 0.2, 0)[1]) and res["split_images"] == 2000
     assert res["data_from_run"] == {"val_fraction": 0.2, "interpolation": "bicubic", "crop_pct": 0.95, "img_size": 28}
     assert "data.val_fraction=0.2 data.interpolation=bicubic data.crop_pct=0.95: the data settings" in caplog.text
+    trained_on = np.intersect1d(_split(data, "val"), seeded_split(10_000, 0.2, 1)[0])  # the run's train (its seed 1)
+    assert len(trained_on) > 1000, len(trained_on)
+    assert (
+        "split=val with data.seed=0 (the run's: 1): not the val split last.ckpt's run held out of train; it may hold "
+        "images the run trained on (drop the override to score the run's)"
+    ) in caplog.text
 
 
 def test_a_moved_checkpoint_is_scored_with_its_stored_preprocessing(fmnist_run, tmp_path):

@@ -27,13 +27,14 @@ parameter-free and continuous schemes extend by themselves. Results go to stdout
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
 from hydra.utils import get_class, instantiate
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
@@ -60,6 +61,7 @@ from vitrel.train.utils import (
 )
 
 __all__ = ["evaluate"]
+log = logging.getLogger(__name__)
 
 
 def _trained_size(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
@@ -171,6 +173,31 @@ def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], str
     return values, where
 
 
+#: the keys that choose the val split of a data set whose val is a seeded hold-out of train
+VAL_SPLIT_KEYS = ("seed", "val_fraction")
+
+
+def _warn_other_val_split(ckpt: Path, data_cfg: DictConfig) -> None:
+    """``split=val`` with ``data.seed`` / ``data.val_fraction`` given unlike the run's (same data): that hold-out is not
+    the run's and may hold images the run trained on (with the run's ``val_fraction=0``, all of them): a warning."""
+    path, run = _run_record(ckpt)
+    if run is None or run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
+        return
+    other = []
+    for k in VAL_SPLIT_KEYS:
+        try:
+            theirs = plain(run.data[k]) if k in run.data else None
+        except OmegaConfBaseException:
+            continue
+        if k in data_cfg and _given(f"data.{k}") and theirs is not None and plain(data_cfg[k]) != theirs:
+            other.append(f"data.{k}={plain(data_cfg[k])} (the run's: {theirs})")
+    if other and rank_zero_only.rank == 0:
+        log.warning(
+            f"split=val with {', '.join(other)}: not the val split {ckpt.name}'s run held out of train; it may hold "
+            "images the run trained on (drop the override to score the run's)"
+        )
+
+
 def _override_text(value: Any) -> str:
     """``value`` as a command-line override writes it (``null``, ``[1,2]``)."""
     if isinstance(value, list):
@@ -246,6 +273,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged):
     # first which samples and how preprocessed (a canvas or NaFlex batches decide the size below)
     settings, where = _run_settings(ckpt, cfg.data)
+    if split == "val":
+        _warn_other_val_split(ckpt, cfg.data)
     what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
     taken = _from_run(cfg, settings, what)
     what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import re
+import traceback
 from pathlib import Path
 
 import lightning as L
@@ -212,10 +213,12 @@ def test_doc_snippets_run(file, workdir):
         try:
             values.update(run_block(file, line, code, namespace))
         except Exception as e:
-            pytest.fail(f"the example at {file}:{line} fails: {type(e).__name__}: {e}")
+            at = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == file]
+            pytest.fail(f"the example at {file}:{at[-1] if at else line} fails: {type(e).__name__}: {e}", pytrace=False)
     for where, (said, expected) in CLAIMS.items():
         f, n = where.split(":")
         if f == file:
+            assert int(n) in values, f"{where}: no statement of a block that ran starts there"
             got = shape_of(values[int(n)])
             assert matches(got, expected), f"{where}: the docs say {said}, it gives {got}"
 

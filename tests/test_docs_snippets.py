@@ -14,6 +14,7 @@ from __future__ import annotations
 import ast
 import re
 import traceback
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -160,7 +161,9 @@ def train_run(run: Path, pos: str) -> Path:
         enable_model_summary=False,
         default_root_dir=run,
     )
-    trainer.fit(module, data)
+    with warnings.catch_warnings():  # Lightning's notices on a run without validation data
+        warnings.simplefilter("ignore")
+        trainer.fit(module, data)
     ckpt = run / "checkpoints" / "last.ckpt"
     trainer.save_checkpoint(ckpt)
     return ckpt

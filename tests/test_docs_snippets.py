@@ -1,0 +1,255 @@
+"""Every Python example the docs give runs as written: the ```python blocks of README.md and docs/*.md.
+
+One case per file (its id: ``file:line`` of its first block): its blocks run in order in one namespace, as a reader
+runs them in one session (docs/video.md's later blocks use the first one's imports; README.md's last ones use
+``vitrel`` imported above). Each runs in a fresh working directory holding the files a user would have there
+(:func:`user_files`: a ``train.py``-style checkpoint, its export, timm weights); a path the docs write as a
+placeholder is replaced by :data:`PLACEHOLDERS`, a download by its offline form. A block that cannot run here is
+in :data:`SKIP` and only compiled. Where a comment states a result (``# [2, 10]``), :data:`CLAIMS` checks it.
+Statements run one at a time, compiled with the doc's file name and line numbers, so a failure points at the line.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import traceback
+import warnings
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+from safetensors.torch import save_file
+from torch.utils.data import DataLoader, TensorDataset
+
+import vitrel
+from vitrel.models.checkpoint import save_pretrained
+from vitrel.train.module import ClassifierModule
+
+ROOT = Path(__file__).resolve().parents[1]
+SOURCES = ["README.md", "docs/*.md", "notebooks/README.md"]
+RUN = "outputs/train/runs/2026-01-01_12-00-00"  # a run folder of train.py, as the fixture writes it
+VIDEO_RUN = "outputs/train/runs/2026-01-01_13-00-00"  # an image run whose scheme has a 3-D counterpart
+
+# (file, text as the docs write it) -> what runs here. Paths the docs write literally (`export_dir`, `last.ckpt`,
+# `export/model.safetensors`, `weights.safetensors`) are made by user_files() in the working directory instead.
+PLACEHOLDERS: dict[tuple[str, str], str] = {
+    # a run of train.py: vitrel_vit_tiny_patch4_32 with rel2d_factored (README's checkpoint_path= line names it)
+    ("README.md", "outputs/train/runs/<run>"): RUN,
+    # video.md inflates its image run (vitrel_vit_tiny_patch4_32, rope2d_mixed) into a rope3d_mixed video ViT
+    ("docs/video.md", "outputs/train/runs/<run>"): VIDEO_RUN,
+    # downloads from the Hugging Face hub (no network here): the same architectures, timm's random weights
+    ("README.md", 'from_timm("swin_tiny_patch4_window7_224.ms_in1k")'): (
+        'from_timm("swin_tiny_patch4_window7_224.ms_in1k", pretrained=False)'
+    ),
+    ("README.md", '"vit_small_patch16_224.augreg_in21k_ft_in1k", pos='): (
+        '"vit_small_patch16_224.augreg_in21k_ft_in1k", pretrained=False, pos='
+    ),
+    ("docs/video.md", 'create_model("vit_small_patch16_224", pretrained=True)'): (
+        'create_model("vit_small_patch16_224", pretrained=False)'
+    ),
+}
+
+# file:line of a block's first code line -> why it is only compiled
+SKIP = {
+    "README.md:189": "a summary with `...` for timm's NaFlex tensors and undefined images; docs/packing.md runs it",
+}
+
+# file:line of a statement -> (the result its comment states, as written; that result here). The statement's value
+# (an expression's, or the name it assigns) is compared: a tensor by its shape, `...` in a list skips elements.
+CLAIMS: dict[str, tuple[str, object]] = {
+    "README.md:34": ("[B, heads, N, N]", [2, 6, 197, 197]),
+    "README.md:35": ("[heads, N, N]", [6, 197, 197]),
+    "docs/packing.md:25": ("[2, 10]", [2, 10]),
+    "docs/swin.md:43": ("[3, 10]", [3, 10]),
+    "docs/video.md:84": ("[2, 2]", [2, 2]),
+    "docs/video.md:85": ("[2, 192, 16, 8, 8]", [2, 192, 16, 8, 8]),
+    "docs/video.md:115": ("[2, 8, 2, 2, 768]", [2, 8, 2, 2, 768]),
+    "docs/video.md:134": ("[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]", [[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]]),
+    "docs/video.md:135": ("[96, 192, 384, 768], [4, 8, 16, 32]", [[96, 192, 384, 768], [4, 8, 16, 32]]),
+    "docs/video.md:136": ("[2, 2, 2, 2]", [2, 2, 2, 2]),
+}
+
+# a package the dev extras install (pyproject.toml) that a file's examples import
+OPTIONAL = {"docs/dense.md": "segmentation_models_pytorch"}
+
+
+# ------------------------------------------------------------------------------------------- extraction
+def blocks(path: Path) -> list[tuple[int, str]]:
+    """``(line of the first code line, code)`` of every ```python block of ``path``."""
+    lines = path.read_text().splitlines()
+    out, start = [], None
+    for i, s in enumerate(lines):
+        if start is None and s.strip() == "```python":
+            start = i + 1
+        elif start is not None and s.strip().startswith("```"):
+            out.append((start + 1, "\n".join(lines[start:i]) + "\n"))
+            start = None
+    return out
+
+
+def doc_files() -> dict[str, list[tuple[int, str]]]:
+    files = sorted({p for pattern in SOURCES for p in ROOT.glob(pattern) if p.is_file()})
+    return {str(p.relative_to(ROOT)): b for p in files if (b := blocks(p))}
+
+
+FILES = doc_files()
+
+
+def filled(file: str, code: str) -> str:
+    for (where, text), value in PLACEHOLDERS.items():
+        if where == file:
+            code = code.replace(text, value)
+    return code
+
+
+def shape_of(value):
+    """A result as the docs write it: a tensor's or size's shape as a list, tuples and lists as lists."""
+    if isinstance(value, torch.Tensor):
+        return list(value.shape)
+    if isinstance(value, (torch.Size, tuple, list)):
+        return [shape_of(v) for v in value]
+    return value
+
+
+def matches(value, expected) -> bool:
+    """``value`` is ``expected``; ``...`` in an expected list stands for any elements (at least zero)."""
+    if isinstance(expected, list) and ... in expected:
+        i = expected.index(...)
+        head, tail = expected[:i], expected[i + 1 :]
+        return (
+            isinstance(value, list)
+            and len(value) >= len(head) + len(tail)
+            and matches(value[: len(head)], head)
+            and matches(value[len(value) - len(tail) :], tail)
+        )
+    return value == expected
+
+
+def run_block(file: str, line: int, code: str, namespace: dict) -> dict[int, object]:
+    """Run ``code`` (from ``file`` at ``line``) statement by statement in ``namespace``; the value of each expression
+    statement and single-name assignment by its line in the file."""
+    tree = ast.parse(code, filename=file)
+    ast.increment_lineno(tree, line - 1)
+    values: dict[int, object] = {}
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Expr):
+            values[stmt.lineno] = eval(compile(ast.Expression(stmt.value), file, "eval"), namespace)
+            continue
+        exec(compile(ast.Module([stmt], type_ignores=[]), file, "exec"), namespace)
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            values[stmt.lineno] = namespace[stmt.targets[0].id]
+    return values
+
+
+# ------------------------------------------------------------------------------------------- the user's files
+def train_run(run: Path, pos: str) -> Path:
+    """``run/checkpoints/last.ckpt`` as ``train.py`` writes it: Lightning's checkpoint of a :class:`ClassifierModule`
+    (weights, ``vitrel_cfg``, the data config) of vitrel_vit_tiny_patch4_32 after one training step."""
+    torch.manual_seed(0)
+    model = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, num_classes=10)
+    data_config = dict(input_size=[3, 32, 32], mean=[0.5] * 3, std=[0.25] * 3, crop_pct=1.0, crop_mode="center")
+    module = ClassifierModule(model, data_config=data_config)
+    data = DataLoader(TensorDataset(torch.randn(4, 3, 32, 32), torch.arange(4)), batch_size=4)
+    trainer = L.Trainer(
+        max_steps=1,
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=run,
+    )
+    with warnings.catch_warnings():  # Lightning's notices on a run without validation data
+        warnings.simplefilter("ignore")
+        trainer.fit(module, data)
+    ckpt = run / "checkpoints" / "last.ckpt"
+    trainer.save_checkpoint(ckpt)
+    return ckpt
+
+
+@pytest.fixture(scope="module")
+def user_files(tmp_path_factory) -> Path:
+    """A folder with what a user has where the docs run: two train.py runs, ``last.ckpt`` and ``export_dir`` (its
+    ``python -m vitrel.export``), ``export/`` (save_pretrained of a video ViT), timm weights ``weights.safetensors``."""
+    import shutil
+
+    import timm
+
+    from vitrel.export import main as export_main
+
+    root = tmp_path_factory.mktemp("user")
+    ckpt = train_run(root / RUN, "rel2d_factored")
+    train_run(root / VIDEO_RUN, "rope2d_mixed")
+    shutil.copy(ckpt, root / "last.ckpt")
+    assert export_main([str(ckpt), str(root / "export_dir")]) == 0
+    save_pretrained(vitrel.create_model("vitrel_vit_video_tiny_patch4_32"), root / "export")
+    timm_model = timm.create_model("vit_small_patch16_rope_mixed_224")  # a file from the hub, offline
+    save_file(timm_model.state_dict(), root / "weights.safetensors")
+    return root
+
+
+@pytest.fixture
+def workdir(user_files, tmp_path, monkeypatch) -> Path:
+    """A fresh working directory with the user's files (linked), no network, CPU only."""
+    for p in user_files.iterdir():
+        (tmp_path / p.name).symlink_to(p)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    return tmp_path
+
+
+# ------------------------------------------------------------------------------------------- tests
+@pytest.mark.parametrize("file", list(FILES), ids=[f"{f}:{b[0][0]}" for f, b in FILES.items()])
+def test_doc_snippets_run(file, workdir):
+    if file in OPTIONAL:
+        pytest.importorskip(OPTIONAL[file])
+    namespace: dict = {"__name__": "__docs__"}
+    values: dict[int, object] = {}
+    for line, code in FILES[file]:
+        code = filled(file, code)
+        if f"{file}:{line}" in SKIP:
+            compile(code, file, "exec")
+            continue
+        try:
+            values.update(run_block(file, line, code, namespace))
+        except Exception as e:
+            at = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == file]
+            pytest.fail(f"the example at {file}:{at[-1] if at else line} fails: {type(e).__name__}: {e}", pytrace=False)
+    for where, (said, expected) in CLAIMS.items():
+        f, n = where.split(":")
+        if f == file:
+            assert int(n) in values, f"{where}: no statement of a block that ran starts there"
+            got = shape_of(values[int(n)])
+            assert matches(got, expected), f"{where}: the docs say {said}, it gives {got}"
+
+
+def test_snippets_found():
+    """The extraction finds the blocks (a broken pattern would find none and pass)."""
+    assert sum(len(b) for b in FILES.values()) >= 15
+    for f in ("README.md", "docs/video.md", "docs/packing.md"):
+        assert f in FILES, f
+
+
+def test_tables_name_doc_snippets():
+    """Every entry of PLACEHOLDERS, SKIP, CLAIMS and OPTIONAL is still used: a table does not outlive its snippet."""
+    starts = {f"{f}:{line}" for f, b in FILES.items() for line, _ in b}
+    assert not set(SKIP) - starts, set(SKIP) - starts
+    assert not set(OPTIONAL) - set(FILES), set(OPTIONAL) - set(FILES)
+    for file, text in PLACEHOLDERS:
+        assert any(text in code for _, code in FILES.get(file, [])), (file, text)
+    for where, (said, _) in CLAIMS.items():
+        f, n = where.split(":")
+        line = (ROOT / f).read_text().splitlines()[int(n) - 1]
+        assert re.search(r"#.*" + re.escape(said), line), f"{where} no longer says {said}: {line}"
+        assert any(s <= int(n) < s + code.count("\n") for s, code in FILES[f]), f"{where} is not in a block"
+
+
+def test_matches():
+    assert matches([[1, 2], [3], [4, 5]], [[1, 2], ..., [4, 5]])
+    assert matches([[1, 2], [4, 5]], [[1, 2], ..., [4, 5]])
+    assert not matches([[1, 2], [3]], [[1, 2], ..., [4, 5]])
+    assert not matches([2, 10], [2, 11])
+    assert shape_of((torch.zeros(2, 3), torch.Size([4]))) == [[2, 3], [4]]

@@ -267,15 +267,3 @@ def test_parse_naflex_takes_timms_padded_dict_as_is():
     m = model("rope2d_mixed", torch.float32)
     with torch.no_grad():
         torch.testing.assert_close(m(batch), torch.cat([m(i[None]) for i in imgs]), rtol=0, atol=1e-5)
-
-
-def test_the_docs_example_runs():
-    """docs/packing.md's example, as written."""
-    import re
-    from pathlib import Path
-
-    text = (Path(__file__).resolve().parents[2] / "docs" / "packing.md").read_text()
-    code = re.findall(r"```python\n(.*?)```", text, re.S)[0]
-    scope: dict = {}
-    exec(compile(code, "docs/packing.md", "exec"), scope)
-    assert scope["logits"].shape == (2, 10)

@@ -94,7 +94,7 @@ def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModu
     size = getattr(dm, "img_size", None)
     if size is None or getattr(dm, "packing", None) or model_cfg.get("init_from"):
         return
-    patch, made_for = _model_arg(model_cfg, arch, "patch_size"), _model_arg(model_cfg, arch, "img_size")
+    patch, made_for = _model_args(model_cfg, arch, "patch_size", "img_size")
     if _loads_checkpoint(model_cfg):  # model=from_checkpoint: the file's patches, and the size it was trained at
         why = f"the size {arch} was trained at"
     else:
@@ -110,8 +110,11 @@ def _check_frames_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModul
     """A video's clips are a whole number of the model's tubelets (7 frames are not of tubelets of 2): else an
     :class:`~vitrel.models.input_size.InputSizeError` naming the ``data.num_frames`` to set, before the model is
     built (the model's own error names no config key)."""
-    frames, tubelet = getattr(dm, "num_frames", None), _model_arg(model_cfg, arch, "tubelet_size")
-    if not is_video_data(dm) or frames is None or tubelet is None or (frames >= tubelet and frames % tubelet == 0):
+    frames = getattr(dm, "num_frames", None)
+    if not is_video_data(dm) or frames is None:
+        return
+    (tubelet,) = _model_args(model_cfg, arch, "tubelet_size")
+    if tubelet is None or (frames >= tubelet and frames % tubelet == 0):
         return
     above, below = max(-(-frames // tubelet), 1) * tubelet, frames // tubelet * tubelet
     sizes = f"data.num_frames={above}" + (f" or {below}" if below else "")
@@ -121,14 +124,16 @@ def _check_frames_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModul
     )
 
 
-def _model_arg(model_cfg: DictConfig, arch: str, name: str) -> Any:
-    """The constructor argument ``name`` the model will be built with: the node's, else the stored model's
-    (``model=from_checkpoint``), else the architecture's registered value or its class default; None if it has none."""
+def _model_args(model_cfg: DictConfig, arch: str, *names: str) -> tuple[Any, ...]:
+    """The constructor arguments ``names`` the model will be built with: the stored model's (``model=from_checkpoint``,
+    the file read once), else the node's, else the architecture's registered value or its class default; None for
+    one it has none of."""
     if _loads_checkpoint(model_cfg):
-        return (stored_config(str(model_cfg.path)) or {}).get(name)
+        stored = stored_config(str(model_cfg.path)) or {}
+        return tuple(stored.get(n) for n in names)
     cls, args = MODEL_ARGS[arch]
-    default = inspect.signature(cls.__init__).parameters.get(name)
-    return model_cfg.get(name) or args.get(name, None if default is None else default.default)
+    params = inspect.signature(cls.__init__).parameters
+    return tuple(model_cfg.get(n) or args.get(n, params[n].default if n in params else None) for n in names)
 
 
 def check_launch(trainer_cfg: DictConfig | dict) -> None:

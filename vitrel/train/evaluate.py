@@ -140,57 +140,50 @@ def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
     return value
 
 
-def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], str]:
-    """The data settings of the run that wrote ``ckpt`` (:data:`RUN_DATA_KEYS`) where they differ from ``data_cfg``'s
-    and are not on the command line, and where they come from. The run folder's record when there is one, for the
-    same data (``data.name``; other data keeps its group's defaults): its interpolations resolved against that
-    record, here (``${paths.data_dir}`` is eval's own data folder, as by default); a value that does not resolve is
-    an error naming the key to give. Without a record, the preprocessing stored with the weights."""
+def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """``(taken, given, where)``: the data settings of the run that wrote ``ckpt`` (:data:`RUN_DATA_KEYS`) where they
+    differ from ``data_cfg``'s and are not on the command line; those on it whose run value differs (the run's value);
+    and where they come from. The run folder's record when there is one, for the same data (``data.name``; other
+    data keeps its group's defaults): its interpolations resolved against that record, here (``${paths.data_dir}`` is
+    eval's own data folder, as by default); a value that does not resolve is an error naming the key to give. Without
+    a record, the preprocessing stored with the weights."""
     path, run = _run_record(ckpt)
     if run is not None:
         if run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
-            return {}, ""
+            return {}, {}, ""
         keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
     else:
         node = stored_data_config(ckpt) or {}
         keys, where = [k for k in STORED_PREPROCESSING if k in node], "the data config stored with it"
-    values = {}
-    for k in keys:
-        if k not in data_cfg or _given(f"data.{k}"):
-            continue
+    taken, given = {}, {}
+    for k in (k for k in keys if k in data_cfg):
+        on_command_line = _given(f"data.{k}")
         try:
             value = plain(node[k])
         except OmegaConfBaseException as e:
+            if on_command_line:
+                continue
             raw = OmegaConf.to_container(node, resolve=False)[k]
             why = str(e).splitlines()[0]
             raise ValueError(
                 f"data.{k}={raw} of {path} does not resolve here ({why}): give data.{k}=<the run's>"
             ) from e
         if _as_used(data_cfg, k, value) != _as_used(data_cfg, k, plain(data_cfg[k])):
-            values[k] = value
-    if values.get("packing") and "loader" in data_cfg and not _given("data.loader"):
-        values["loader"] = "workers"  # (NaFlex batches are made per sample, by the workers loader only)
-    return values, where
+            (given if on_command_line else taken)[k] = value
+    if taken.get("packing") and "loader" in data_cfg and not _given("data.loader"):
+        taken["loader"] = "workers"  # (NaFlex batches are made per sample, by the workers loader only)
+    return taken, given, where
 
 
 #: the keys that choose the val split of a data set whose val is a seeded hold-out of train
 VAL_SPLIT_KEYS = ("seed", "val_fraction")
 
 
-def _warn_other_val_split(ckpt: Path, data_cfg: DictConfig) -> None:
-    """``split=val`` with ``data.seed`` / ``data.val_fraction`` given unlike the run's (same data): that hold-out is not
-    the run's and may hold images the run trained on (with the run's ``val_fraction=0``, all of them): a warning."""
-    path, run = _run_record(ckpt)
-    if run is None or run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
-        return
-    other = []
-    for k in VAL_SPLIT_KEYS:
-        try:
-            theirs = plain(run.data[k]) if k in run.data else None
-        except OmegaConfBaseException:
-            continue
-        if k in data_cfg and _given(f"data.{k}") and theirs is not None and plain(data_cfg[k]) != theirs:
-            other.append(f"data.{k}={plain(data_cfg[k])} (the run's: {theirs})")
+def _warn_other_val_split(ckpt: Path, data_cfg: DictConfig, given: dict[str, Any]) -> None:
+    """``split=val`` with ``data.seed`` / ``data.val_fraction`` given unlike the run's (``given``: the run's values
+    of the keys on the command line that differ): that hold-out is not the run's and may hold images the run trained
+    on (with the run's ``val_fraction=0``, all of them): a warning."""
+    other = [f"data.{k}={plain(data_cfg[k])} (the run's: {given[k]})" for k in VAL_SPLIT_KEYS if k in given]
     if other and rank_zero_only.rank == 0:
         log.warning(
             f"split=val with {', '.join(other)}: not the val split {ckpt.name}'s run held out of train; it may hold "
@@ -272,9 +265,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     saved = stored_config(ckpt) or {}
     # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged):
     # first which samples and how preprocessed (a canvas or NaFlex batches decide the size below)
-    settings, where = _run_settings(ckpt, cfg.data)
+    settings, given, where = _run_settings(ckpt, cfg.data)
     if split == "val":
-        _warn_other_val_split(ckpt, cfg.data)
+        _warn_other_val_split(ckpt, cfg.data, given)
     what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
     taken = _from_run(cfg, settings, what)
     what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py

@@ -145,8 +145,9 @@ def run_block(file: str, line: int, code: str, namespace: dict) -> dict[int, obj
 
 # ------------------------------------------------------------------------------------------- the user's files
 def train_run(run: Path, pos: str) -> Path:
-    """``run/checkpoints/last.ckpt`` as ``train.py`` writes it: Lightning's checkpoint of a :class:`ClassifierModule`
-    (weights, ``vitrel_cfg``, the data config) of vitrel_vit_tiny_patch4_32 after one training step."""
+    """``run/checkpoints/last.ckpt`` in the format ``train.py`` writes (Lightning's checkpoint of a
+    :class:`ClassifierModule`: weights, ``vitrel_cfg``, the data config), of vitrel_vit_tiny_patch4_32 at 3 x 32 x 32
+    after one step of a plain ``Trainer.fit``: not a ``train.py`` run, whose data would be 1-channel Fashion-MNIST."""
     torch.manual_seed(0)
     model = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, num_classes=10)
     data_config = dict(input_size=[3, 32, 32], mean=[0.5] * 3, std=[0.25] * 3, crop_pct=1.0, crop_mode="center")

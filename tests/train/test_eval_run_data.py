@@ -71,7 +71,25 @@ def test_eval_on_val_scores_the_runs_held_out_images(fmnist_run, tmp_path, caplo
     assert metrics["val/loss"] == pytest.approx(trained["val/loss"], rel=1e-5)
     record = run / ".hydra" / "config.yaml"
     said = "data.seed=1 data.val_fraction=0.2 data.interpolation=bicubic data.crop_pct=0.95: the data settings of "
-    assert said + f"last.ckpt's run ({record}; data.<key>=<v> for others)" in caplog.text
+    assert said + f"last.ckpt's run ({record} and the split stored in last.ckpt; data.<key>=<v> for others)" in (
+        caplog.text
+    )
+
+
+def test_the_split_comes_from_the_checkpoint_when_the_record_was_rewritten(fmnist_run, tmp_path):
+    """A resume refused for another ``data.seed`` leaves Hydra's record of that command in the run folder (Hydra
+    writes it before the run starts); ``eval.py split=val`` still scores the 2,000 images the weights were validated
+    on: the split the checkpoint holds wins over the record's."""
+    run, trained = fmnist_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    over = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "logger=none", *RUN_DATA[1:], "seed=2", f"hydra.run.dir={copy}"]
+    refused = run_script("train.py", over, cwd=tmp_path)
+    assert refused.returncode == 1 and "SplitMismatchError" in refused.stdout + refused.stderr
+    assert OmegaConf.load(copy / ".hydra" / "config.yaml").seed == 2  # the record now says seed 2
+    metrics, res, data = _eval(tmp_path, "val", copy / "checkpoints" / "last.ckpt", ["split=val", *EVAL])
+    assert np.array_equal(_split(data, "val"), seeded_split(10_000, 0.2, 1)[1]) and res["data_from_run"]["seed"] == 1
+    assert abs(metrics["val/acc1"] - trained["val/acc1"]) <= 1 / 2000
 
 
 def test_a_command_line_key_wins_over_the_runs(fmnist_run, tmp_path, caplog):
@@ -102,27 +120,30 @@ def test_a_moved_checkpoint_is_scored_with_its_stored_preprocessing(fmnist_run, 
     metrics, res, _ = _eval(tmp_path, "moved", moved, EVAL)
     assert res["num_images"] == 2000 and abs(metrics["test/acc1"] - trained["test/acc1"]) <= 1 / 2000
     assert metrics["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-5)
-    assert res["data_from_run"] == {"interpolation": "bicubic", "crop_pct": 0.95, "img_size": 28}
+    split = {"seed": 1, "val_fraction": 0.2}  # (the split it trained with: a moved checkpoint's val is the run's)
+    assert res["data_from_run"] == {"interpolation": "bicubic", "crop_pct": 0.95, **split, "img_size": 28}
     plain, res, _ = _eval(tmp_path, "plain", moved, [*EVAL, "data.interpolation=bilinear", "data.crop_pct=1.0"])
-    assert res["data_from_run"] == {"img_size": 28}
+    assert res["data_from_run"] == {**split, "img_size": 28}
     assert abs(plain["test/loss"] - trained["test/loss"]) > 1e-3 * trained["test/loss"]
 
 
 def test_a_run_setting_that_does_not_resolve_here_is_an_error_naming_the_key(fmnist_run, tmp_path, monkeypatch):
-    """A run whose ``data.seed`` read an environment variable that eval.py's environment lacks: one error naming the
-    key to give, before anything is scored or written (not the group's seed in silence)."""
+    """A run whose ``data.crop_pct`` read an environment variable that eval.py's environment lacks: one error naming
+    the key to give, before anything is scored or written (not the group's crop in silence)."""
     run, _ = fmnist_run
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     record = copy / ".hydra" / "config.yaml"
-    record.write_text(record.read_text().replace("  seed: ${seed}", "  seed: ${oc.env:VITREL_TEST_RUN_SEED}", 1))
-    monkeypatch.delenv("VITREL_TEST_RUN_SEED", raising=False)
+    text = record.read_text()
+    assert "  crop_pct: 0.95\n" in text
+    record.write_text(text.replace("  crop_pct: 0.95\n", "  crop_pct: ${oc.env:VITREL_TEST_RUN_CROP}\n", 1))
+    monkeypatch.delenv("VITREL_TEST_RUN_CROP", raising=False)
     cfg = compose(tmp_path / "eval", [f"ckpt_path={copy / 'checkpoints' / 'last.ckpt'}", *EVAL], config_name="eval")
     with pytest.raises(ValueError) as said:
         evaluate(cfg)
     assert str(said.value) == (
-        f"data.seed=${{oc.env:VITREL_TEST_RUN_SEED}} of {record} does not resolve here (KeyError raised while "
-        "resolving interpolation: \"Environment variable 'VITREL_TEST_RUN_SEED' not found\"): give data.seed=<the "
+        f"data.crop_pct=${{oc.env:VITREL_TEST_RUN_CROP}} of {record} does not resolve here (KeyError raised while "
+        "resolving interpolation: \"Environment variable 'VITREL_TEST_RUN_CROP' not found\"): give data.crop_pct=<the "
         "run's>"
     )
     assert not (tmp_path / "eval" / "eval_metrics.json").exists()

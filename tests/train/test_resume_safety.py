@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 
 from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script, script_env
+from vitrel.data import ArrayDataModule, SplitMismatchError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
 from vitrel.train.progress import LineProgress
@@ -314,3 +316,61 @@ def test_resume_with_more_epochs_follows_the_longer_schedule_and_keeps_the_best(
     best = next(v for k, v in state.items() if k.startswith("ModelCheckpoint"))
     assert best["best_model_path"] == str(ckpts / "best-epoch000.ckpt") and float(best["best_model_score"]) == 0.0
     assert list(best["best_k_models"]) == [str(ckpts / "best-epoch000.ckpt")]
+
+
+# ------------------------------------------------------------------------------------------ the resumed split
+def test_resume_with_another_validation_split_is_refused(tmp_path):
+    """A resume (resume=auto or ckpt_path) holds out the split its checkpoint trained with: another ``data.seed`` or
+    ``data.val_fraction`` would validate on images it trained on, so train.py refuses it in one line, naming the
+    checkpoint's values; the same settings resume."""
+    short = [*TINY_VIT, *FAST, "trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+    short += ["test=false", "logger=none", "callbacks.model_checkpoint=null"]
+    run = tmp_path / "run"
+    train(compose(run, [*short, "data.val_fraction=0.2", "data.seed=1", "logger=csv"]))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    logs = {p: _digest(p) for p in (run / "csv").iterdir()}
+    stored = torch.load(ckpt, map_location="cpu", weights_only=True)["FashionMNISTDataModule"]["split"]
+    assert {k: stored[k] for k in ("val_fraction", "seed", "pool")} == {"val_fraction": 0.2, "seed": 1, "pool": 10000}
+
+    proc = run_script(
+        "train.py",
+        [*short, "trainer.max_epochs=2", "data.val_fraction=0.2", "data.seed=2", "logger=csv", f"hydra.run.dir={run}"],
+        tmp_path,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert {p: _digest(p) for p in (run / "csv").iterdir()} == logs  # refused before the loggers open
+    last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    assert last.startswith(f"train.py: SplitMismatchError: {ckpt} was trained with another validation split"), last
+    assert "(data.seed: checkpoint 1, configured 2)" in last and "Resume with data.val_fraction=0.2 data.seed=1" in last
+    with pytest.raises(SplitMismatchError, match=r"data.val_fraction: checkpoint 0.2, configured 0.1\)"):
+        train(compose(tmp_path / "other", [*short, "data.val_fraction=0.1", "data.seed=1", f"ckpt_path={ckpt}"]))
+    with pytest.raises(SplitMismatchError, match=r"data.val_fraction: checkpoint 0.2, configured 0.0, data.seed"):
+        train(compose(run, [*short, "trainer.max_epochs=2", "data.val_fraction=0", "data.seed=1"]))
+    train(compose(run, [*short, "trainer.max_epochs=2", "data.val_fraction=0.2", "data.seed=1"]))  # the same: resumes
+
+
+def _arrays(n: int) -> ArrayDataModule:
+    x = np.zeros((n, 8, 8), np.uint8)
+    return ArrayDataModule(train=(x, np.arange(n) % 2), test=(x[:4], np.arange(4) % 2), val_fraction=0.25, seed=3)
+
+
+def test_split_check_names_a_changed_training_set_and_passes_old_checkpoints(monkeypatch):
+    """The same seed and fraction over another number of training images, or drawing other samples (another
+    permutation), is refused; a checkpoint without a split record, or with no held-out split either time, is not
+    checked. Lightning's restore (``load_state_dict``) checks as train.py does."""
+    state = _arrays(40).state_dict()
+    assert state["split"]["pool"] == 40 and len(state["split"]["val_digest"]) == 16
+    with pytest.raises(SplitMismatchError, match="split from 40 training samples then, 44 now"):
+        _arrays(44).load_state_dict(state)
+    _arrays(40).load_state_dict(state)
+    _arrays(44).check_split(None)  # a checkpoint from before the split record
+    x = np.zeros((8, 8, 8), np.uint8)
+    unsplit = ArrayDataModule(train=(x, np.arange(8) % 2), test=(x, np.arange(8) % 2))  # val is the test split
+    unsplit.check_split(unsplit.state_dict())
+    unsplit.check_split({"split": {"val_fraction": 0.0, "note": "another record of no split"}})
+
+    import vitrel.data.base as base
+
+    monkeypatch.setattr(base, "seeded_split", lambda n, f, s: (np.arange(10, n), np.arange(10)))
+    with pytest.raises(SplitMismatchError, match="the same settings hold out other samples here"):
+        _arrays(40).check_split(state, "x.ckpt")

@@ -14,6 +14,7 @@ from vitrel.data.base import (
     ArrayImageDataset,
     DatasetIntegrityError,
     DatasetNotFoundError,
+    SplitMismatchError,
     VisionDataModule,
     seeded_split,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "MemoryBudgetError",
     "MemoryLoader",
     "ResizedDataset",
+    "SplitMismatchError",
     "TensorImageDataset",
     "TranslateCanvas",
     "TranslatedDataset",

@@ -27,6 +27,7 @@ dataset of raw ``(PIL image, int label)`` pairs (the workers loader only).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from vitrel.data.augment import BatchAugment
-from vitrel.data.datasets import ArrayImageDataset, DatasetIntegrityError, DatasetNotFoundError, seeded_split
+from vitrel.data.datasets import (
+    ArrayImageDataset,
+    DatasetIntegrityError,
+    DatasetNotFoundError,
+    SplitMismatchError,
+    seeded_split,
+)
 from vitrel.data.memory import MemoryLoader, TensorImageDataset, check_budget, to_uint8_nchw
 from vitrel.data.packing import PackingCollator, naflex_transform, parse_packing
 from vitrel.data.sampling import EpochSampler, ResumableDataLoader
@@ -54,6 +61,7 @@ from vitrel.data.transforms import (
 __all__ = [
     "DatasetNotFoundError",
     "DatasetIntegrityError",
+    "SplitMismatchError",
     "ArrayImageDataset",
     "VisionDataModule",
     "seeded_split",
@@ -354,6 +362,53 @@ class VisionDataModule(L.LightningDataModule):
     def _source(self, split: str) -> tuple[Dataset, np.ndarray | None]:
         stored, idx = self._split_of(split)
         return self._raw_split(stored), idx
+
+    # ---- the split a run holds out, kept in its checkpoints -------------------------------------
+
+    def split_record(self) -> dict[str, Any]:
+        """What decides the validation split: ``val_fraction`` and, when it is > 0, the ``seed``, how many training
+        samples the split is drawn from (``pool``) and a digest of the held-out indices (``val_digest``). Reading it
+        sets up the split when it is not yet (loading or listing the training set)."""
+        record: dict[str, Any] = {"val_fraction": self.val_fraction}
+        if self.val_fraction > 0.0:
+            (_, val), (_, train) = self._split_of("val"), self._split_of("train")
+            digest = hashlib.sha1(np.sort(np.asarray(val, dtype="<i8")).tobytes()).hexdigest()[:16]
+            record.update(seed=self.seed, pool=len(train) + len(val), val_digest=digest)
+        return record
+
+    def state_dict(self) -> dict[str, Any]:
+        """Lightning keeps this in each checkpoint (under the class's name): the run's :meth:`split_record`."""
+        return {"split": self.split_record()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """A resumed fit checks that it holds out the split it was trained with (:meth:`check_split`)."""
+        self.check_split(state_dict)
+
+    def check_split(self, state: dict[str, Any] | None, where: str | Path | None = None) -> None:
+        """Refuse a resume whose validation split differs from the checkpoint's (``state``: :meth:`state_dict` as a
+        checkpoint ``where`` holds it): its val split would hold images the run trained on, or it would train on images
+        it validated on. A :class:`SplitMismatchError` naming the differing settings and their values; nothing when the
+        checkpoint has no split record (written before vitrel kept one) or neither run holds out a split."""
+        theirs = (state or {}).get("split")
+        if theirs is None or max(theirs.get("val_fraction", 0.0), self.val_fraction) <= 0.0:
+            return
+        mine = self.split_record()
+        if theirs == mine:
+            return
+        keys = [k for k in ("val_fraction", "seed") if theirs.get(k) != mine.get(k)]
+        if keys:
+            what = ", ".join(f"data.{k}: checkpoint {theirs.get(k)}, configured {mine.get(k)}" for k in keys)
+        elif theirs.get("pool") != mine.get("pool"):
+            what = f"split from {theirs.get('pool')} training samples then, {mine.get('pool')} now"
+        else:
+            what = "the same settings hold out other samples here"
+        advice = " ".join(f"data.{k}={theirs[k]}" for k in ("val_fraction", "seed") if k in theirs)
+        raise SplitMismatchError(
+            f"{f'{where} was' if where else 'the checkpoint was'} trained with another validation split ({what}): "
+            f"resumed with this one, it would validate on images it trained on. Resume with {advice} (the "
+            "checkpoint's), or start a new run in a new folder (model=from_checkpoint model.path=<checkpoint> to "
+            "start from its weights)."
+        )
 
     def train_transform(self, img_size: int | None = None) -> Callable:
         """Training pipeline (timm augmentation when ``augment``), including the canvas if configured; with

@@ -10,7 +10,7 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-__all__ = ["DatasetNotFoundError", "DatasetIntegrityError", "ArrayImageDataset", "seeded_split"]
+__all__ = ["DatasetNotFoundError", "DatasetIntegrityError", "SplitMismatchError", "ArrayImageDataset", "seeded_split"]
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -28,6 +28,10 @@ class DatasetNotFoundError(FileNotFoundError):
 
 class DatasetIntegrityError(RuntimeError):
     """The files exist but differ from the official release (checksum mismatch)."""
+
+
+class SplitMismatchError(ValueError):
+    """A resumed run would hold out another validation split than the one it trained with."""
 
 
 class ArrayImageDataset(Dataset):

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from hydra.utils import get_class, instantiate
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -124,6 +125,8 @@ RUN_DATA_KEYS = (
 #: (timm's ``pretrained_cfg`` fields, which timm's ``validate.py`` takes unless given); null in a data config: the
 #: data set's default (``default_<key>`` of its module)
 STORED_PREPROCESSING = ("interpolation", "crop_pct")
+#: the keys that choose the val split of a data set whose val is a seeded hold-out of train
+VAL_SPLIT_KEYS = ("seed", "val_fraction")
 
 
 def _run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
@@ -131,6 +134,18 @@ def _run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
     resolved), and its config; None without one."""
     path = ckpt.parent.parent / ".hydra" / "config.yaml"
     return path, OmegaConf.load(path) if path.is_file() else None
+
+
+def _stored_split(ckpt: Path, data_cfg: DictConfig) -> dict[str, Any]:
+    """``seed`` / ``val_fraction`` of the split the weights were trained with, as the checkpoint holds it (the data
+    module's state Lightning saves, ``VisionDataModule.state_dict``) when it was written by the data module of
+    ``data_cfg``: they win over the run folder's record, which a later command in that folder rewrites. Empty for
+    other files (exports, weights) and checkpoints written before vitrel kept the split."""
+    if ckpt.suffix != ".ckpt" or not ckpt.is_file() or not data_cfg.get("_target_"):
+        return {}
+    state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
+    record = (state.get(get_class(str(data_cfg._target_)).__qualname__) or {}).get("split") or {}
+    return {k: record[k] for k in VAL_SPLIT_KEYS if k in record}
 
 
 def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
@@ -146,7 +161,8 @@ def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], dic
     and where they come from. The run folder's record when there is one, for the same data (``data.name``; other
     data keeps its group's defaults): its interpolations resolved against that record, here (``${paths.data_dir}`` is
     eval's own data folder, as by default); a value that does not resolve is an error naming the key to give. Without
-    a record, the preprocessing stored with the weights."""
+    a record, the preprocessing stored with the weights. Either way the split the checkpoint holds
+    (:func:`_stored_split`) gives ``seed`` and ``val_fraction``."""
     path, run = _run_record(ckpt)
     if run is not None:
         if run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
@@ -155,11 +171,15 @@ def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], dic
     else:
         node = stored_data_config(ckpt) or {}
         keys, where = [k for k in STORED_PREPROCESSING if k in node], "the data config stored with it"
+    split = _stored_split(ckpt, data_cfg)
+    if split:
+        keys = [*keys, *(k for k in split if k not in keys)]
+        where += f"{' and ' if where else ''}the split stored in {ckpt.name}"
     taken, given = {}, {}
     for k in (k for k in keys if k in data_cfg):
         on_command_line = _given(f"data.{k}")
         try:
-            value = plain(node[k])
+            value = split[k] if k in split else plain(node[k])
         except OmegaConfBaseException as e:
             if on_command_line:
                 continue
@@ -173,10 +193,6 @@ def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], dic
     if taken.get("packing") and "loader" in data_cfg and not _given("data.loader"):
         taken["loader"] = "workers"  # (NaFlex batches are made per sample, by the workers loader only)
     return taken, given, where
-
-
-#: the keys that choose the val split of a data set whose val is a seeded hold-out of train
-VAL_SPLIT_KEYS = ("seed", "val_fraction")
 
 
 def _warn_other_val_split(ckpt: Path, data_cfg: DictConfig, given: dict[str, Any]) -> None:

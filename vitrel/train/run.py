@@ -159,7 +159,11 @@ def check_launch(trainer_cfg: DictConfig | dict) -> None:
 
 
 def resolve_ckpt_path(
-    cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, model: torch.nn.Module
+    cfg: DictConfig,
+    callbacks: Sequence[Callback],
+    run_dir: Path,
+    model: torch.nn.Module,
+    dm: L.LightningDataModule | None = None,
 ) -> tuple[str | None, int | None]:
     """``(checkpoint to resume, its global step)``, or ``(None, None)`` for a new run.
 
@@ -167,7 +171,9 @@ def resolve_ckpt_path(
     ``<run dir>/checkpoints/last.ckpt``; must exist); with ``resume=auto`` and no ``ckpt_path``, that
     ``last.ckpt`` is resumed when it exists. The file is checked first
     (``vitrel.models.checkpoint.check_checkpoint``: a truncated or foreign file is a clear
-    ``CheckpointError``), then its model configuration against ``model``'s (:func:`check_same_model`).
+    ``CheckpointError``), then its model configuration against ``model``'s (:func:`check_same_model`), then its
+    validation split against ``dm``'s (``VisionDataModule.check_split``: a resume with another ``data.seed`` or
+    ``data.val_fraction`` would validate on images it trained on).
     """
     root = cfg.trainer.get("default_root_dir") or run_dir
     path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir)
@@ -176,6 +182,8 @@ def resolve_ckpt_path(
     check_checkpoint(path)
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     check_same_model(ckpt, model, path)
+    if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
+        dm.check_split(ckpt.get(type(dm).__qualname__), path)
     if "global_step" not in ckpt:
         raise CheckpointError(
             f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
@@ -339,7 +347,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     check_data_fits_model(dm, model, f"the model ({_model_name(cfg, model)})")  # before a batch is made
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
-    ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model)  # before the loggers open their files
+    ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm)  # before the loggers open their files
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]

@@ -119,3 +119,15 @@ def test_set_input_size_windows_are_timms() -> None:
                 ours.get_parameter(n.replace("head.fc.", "head.")).copy_(p)
     x = torch.randn(2, 3, 48, 48, dtype=torch.float64)
     torch.testing.assert_close(ours(x), ref(x))
+
+
+@pytest.mark.parametrize("ratio", [0, -2])
+def test_set_input_size_refuses_a_window_ratio_below_one(ratio: int) -> None:
+    """A ratio below 1 has no window (timm asserts it positive): a ``ValueError`` naming it, the model unchanged
+    (-2 gave a 1 x 1 window without a word, 0 a ``ZeroDivisionError``)."""
+    m = _swin("rel2d_full")
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    with pytest.raises(ValueError, match=f"window_ratio must be an int >= 1 .*, got {ratio}$"):
+        m.set_input_size(window_ratio=ratio)
+    assert m.window_size == (4, 4) and m.vitrel_cfg["window_size"] == [4, 4]
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())

@@ -196,8 +196,8 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
             isinstance(window_size, int) or (len(window_size) == 2 and all(isinstance(w, int) for w in window_size))
         ):
             raise ValueError(f"window_size must be an int or (h, w) (one window for all stages), got {window_size}")
-        if window_ratio is not None and not isinstance(window_ratio, int):
-            raise ValueError(f"window_ratio must be an int (one window for all stages), got {window_ratio}")
+        if window_ratio is not None and not (isinstance(window_ratio, int) and window_ratio >= 1):
+            raise ValueError(f"window_ratio must be an int >= 1 (one window for all stages), got {window_ratio}")
         size = to_2tuple(img_size) if img_size is not None else self.img_size
         grid = self.patch_embed.grid_for(size)
         if window_size is not None:

@@ -12,7 +12,6 @@ import torch
 
 import vitrel
 from vitrel.layout.geometry import Grid
-from vitrel.layout.windows import window_and_shift
 from vitrel.models.swin_blocks import window_attention
 
 SWIN = "vitrel_swin_tiny_patch2_window4_32"
@@ -77,23 +76,37 @@ def _timm_windows(model) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     return [(tuple(b.window_size), tuple(b.shift_size)) for s in model.layers for b in s.blocks]
 
 
-def _our_windows(model) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """Each block's window and shift on the grid its stage sees at the model's size."""
-    g, out = model.grid, []
-    for i, stage in enumerate(model.layers):
-        if i > 0:
-            g = Grid((g.h + 1) // 2, (g.w + 1) // 2)
-        out += [window_and_shift(g, model.window_size, blk.shifted) for blk in stage.blocks]
-    return out
+def _our_windows(model, size: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Each block's window and shift in a forward pass on ``size x size`` images (what ``SwinBlock.windows`` used)."""
+    seen, blocks = [], [b for s in model.layers for b in s.blocks]
+    for blk in blocks:
+
+        def windows(x, _blk=blk):
+            out = type(_blk).windows(_blk, x)
+            seen.append((tuple(out[2]), tuple(out[3])))
+            return out
+
+        blk.windows = windows
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 3, size, size, dtype=torch.float64))
+    finally:
+        for blk in blocks:
+            del blk.windows
+    return seen
+
+
+def _timm_swin(**kw) -> torch.nn.Module:
+    args = dict(img_size=32, patch_size=2, window_size=4, embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
+    return timm.create_model("swin_tiny_patch4_window7_224", num_classes=5, drop_path_rate=0.0, **{**args, **kw})
 
 
 def test_set_input_size_windows_are_timms() -> None:
     """timm's rule: without ``window_size`` / ``window_ratio`` the window scales from the window and grid last set
     explicitly (at construction, or by a ``window_size`` / ``window_ratio``), so sizes there and back give the window
     back; the same windows and shifts as timm's Swin after every call, and then the same logits."""
-    args = dict(img_size=32, window_size=4, embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), num_classes=5)
-    ref = timm.create_model("swin_tiny_patch4_window7_224", patch_size=2, drop_path_rate=0.0, **args).double().eval()
-    ours = vitrel.create_model(SWIN, pos="rel2d_full", drop_path_rate=0.0, **args).double().eval()
+    ref = _timm_swin().double().eval()
+    ours = vitrel.create_model(SWIN, pos="rel2d_full", **{**ARGS, "num_heads": (1, 2, 2, 4)}).double().eval()
     calls = [
         dict(img_size=20),  # window 4 * 10 // 16 = 2
         dict(img_size=32),  # back: 4 (scaled from 2 at grid 10: 3)
@@ -108,17 +121,26 @@ def test_set_input_size_windows_are_timms() -> None:
         for kw in calls:
             ref.set_input_size(**kw)
             ours.set_input_size(**kw)
-            assert _our_windows(ours) == _timm_windows(ref), kw
-    with torch.no_grad():  # the same tables: the same logits (48: stage grids 24, 12, 6, 3 at window 6)
+            assert _our_windows(ours, ours.img_size[0]) == _timm_windows(ref), kw
+    with torch.no_grad():  # timm's weights (large tables, so a wrong offset shows): the same logits at 48
+        mine = dict(ours.named_parameters())
         for n, p in ref.named_parameters():
             if "relative_position_bias_table" in n:
                 p.normal_(0, 1.0)
-                mine = ours.get_parameter(n.replace("attn.relative_position_bias_table", "attn.pos.table"))
-                mine.copy_(p.view(mine.shape))
-            elif n.replace("head.fc.", "head.") in dict(ours.named_parameters()):
-                ours.get_parameter(n.replace("head.fc.", "head.")).copy_(p)
+                n = n.replace("attn.relative_position_bias_table", "attn.pos.table")
+            mine[n.replace("head.fc.", "head.")].copy_(p.view(mine[n.replace("head.fc.", "head.")].shape))
     x = torch.randn(2, 3, 48, 48, dtype=torch.float64)
     torch.testing.assert_close(ours(x), ref(x))
+
+
+def test_windows_at_a_call_size_are_timms_set_to_it() -> None:
+    """A model built at 32 and run at another size windows as timm's Swin set to that size with the model's
+    window (``set_input_size(img_size=s, window_size=4)``): the window shrunk to each stage's grid at that size."""
+    ours = _swin("rel2d_full")
+    for size in (16, 20, 36, 48, 64, 72):
+        ref = _timm_swin()
+        ref.set_input_size(img_size=size, window_size=4)
+        assert _our_windows(ours, size) == _timm_windows(ref), size
 
 
 @pytest.mark.parametrize("ratio", [0, -2])

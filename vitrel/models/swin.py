@@ -164,6 +164,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
             img_size=img_size if self.strict_img_size else None,
         )
         self.grid = self.patch_embed.grid_for(img_size)
+        self._ref_window, self._ref_grid = window, self.grid  # set_input_size scales the window from these (timm's)
         self.init_stages(SwinStage, rel, absolute, window, dims, locals())
         self.output_fmt = "NHWC"  # of forward_features, as timm's Swin
         self.init_weights()
@@ -180,11 +181,12 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         """timm's ``set_input_size``: the model is now built for ``img_size`` and ``window_size``.
 
         Without ``window_size`` / ``window_ratio`` the window scales with the patch grid (timm's rule,
-        ``max(1, window * new_grid // old_grid)`` per side), so calling at the current size changes
-        nothing; ``window_ratio``: the window is the patch grid divided by it. Window tables and absolute
-        embeddings are resized as loading at that size does; ``vitrel_cfg`` follows. vitrel's Swin has one
-        window for all stages (a per-stage list is a ``ValueError``), cannot change the patch size and
-        always shrinks the window to a smaller stage grid (``always_partition=True`` is a ``ValueError``).
+        ``max(1, window * new_grid // ref_grid)`` per side, from the window and patch grid the model was built with
+        or last given a ``window_size`` / ``window_ratio``), so calling at the current size changes nothing and a
+        size there and back gives the window back; ``window_ratio``: the window is the patch grid divided by it.
+        Window tables and absolute embeddings are resized as loading at that size does; ``vitrel_cfg`` follows.
+        vitrel's Swin has one window for all stages (a per-stage list is a ``ValueError``), cannot change the patch
+        size and always shrinks the window to a smaller stage grid (``always_partition=True`` is a ``ValueError``).
         """
         if patch_size is not None and to_2tuple(patch_size) != to_2tuple(self.patch_embed.patch_size):
             raise ValueError(f"set_input_size cannot change the patch size ({self.patch_embed.patch_size})")
@@ -194,8 +196,8 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
             isinstance(window_size, int) or (len(window_size) == 2 and all(isinstance(w, int) for w in window_size))
         ):
             raise ValueError(f"window_size must be an int or (h, w) (one window for all stages), got {window_size}")
-        if window_ratio is not None and not isinstance(window_ratio, int):
-            raise ValueError(f"window_ratio must be an int (one window for all stages), got {window_ratio}")
+        if window_ratio is not None and not (isinstance(window_ratio, int) and window_ratio >= 1):
+            raise ValueError(f"window_ratio must be an int >= 1 (one window for all stages), got {window_ratio}")
         size = to_2tuple(img_size) if img_size is not None else self.img_size
         grid = self.patch_embed.grid_for(size)
         if window_size is not None:
@@ -203,8 +205,10 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         elif window_ratio is not None:
             window = (max(1, grid.h // window_ratio), max(1, grid.w // window_ratio))
         else:
-            window = tuple(max(1, w * g // r) for w, g, r in zip(self.window_size, grid, self.grid))
+            window = tuple(max(1, w * g // r) for w, g, r in zip(self._ref_window, grid, self._ref_grid))
         fresh = rebuild_position_schemes(self, img_size=size, window_size=window)
+        if window_size is not None or window_ratio is not None:  # an explicit window: the new reference (timm's)
+            self._ref_window, self._ref_grid = window, grid
         self.img_size, self.grid, self.window_size = fresh.img_size, fresh.grid, fresh.window_size
         self.patch_embed.img_size = fresh.patch_embed.img_size
         for stage, new_stage in zip(self.layers, fresh.layers):

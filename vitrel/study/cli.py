@@ -281,7 +281,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
         for i, ((arch, trained, seed), labels) in enumerate(units.items()):
             cfg = run_cfg(arch, trained, seed)
             if not data:
-                data = {k: materialise(v) for k, v in eval_sets(study, instantiate(cfg.data)).items()}
+                data = {k: materialise(v) for k, v in eval_sets(study, instantiate(cfg.data), paired=True).items()}
                 print("evaluation sets:", ", ".join(f"{k} {tuple(v[0].shape)}" for k, v in data.items()))
             scored = [s for s in labels if s != trained]
             also = f" (scored as {', '.join(scored)} too)" if scored and trained in labels else ""

@@ -17,6 +17,7 @@ from typing import Any
 from vitrel.pos.base import FAMILIES
 from vitrel.pos.registry import UnknownSchemeError, get_pos_class
 from vitrel.stats import chain_verdict, mean_ci, paired_diff, verdict
+from vitrel.study.runs import TEST_ON_OOD, same_images
 
 
 def variant_parts(label: str, variants: Mapping[str, Any] | None = None) -> tuple[str, list[str], list[str]]:
@@ -65,14 +66,28 @@ def acc_metrics(study: dict) -> list[str]:
     return accs + list(study.get("derived") or {})
 
 
+def _on_test_images(study: dict, name: str) -> bool:
+    """Whether accuracy ``name`` (an eval, or ``ft_<eval>``) is scored on the ``test`` eval's images."""
+    ft = study.get("finetune")
+    return (ft["eval"] if ft and name == f"ft_{ft['eval']}" else name) == "test"
+
+
+def _acc_beside(r: dict, study: dict, m: str, other: str):
+    """Run ``r``'s accuracy ``m`` on the images accuracy ``other`` is scored on: ``test`` beside an eval on the
+    other images is ``<TEST_ON_OOD>_acc`` (None in a run without it, and for ``ft_test`` there)."""
+    if same_images(study) or not _on_test_images(study, m) or _on_test_images(study, other):
+        return r.get(f"{m}_acc")
+    return r.get(f"{TEST_ON_OOD}_acc") if m == "test" else None
+
+
 def with_derived(runs: list[dict], study: dict) -> list[dict]:
     """The runs with ``study.derived``'s within-run differences added (a position cost per model: the
-    same trained model on held-out offsets against the training offsets)."""
+    same trained model on held-out offsets against the training offsets), on the same images (``_acc_beside``)."""
     out = []
     for r in runs:
         r = dict(r)
         for name, (a, b) in (study.get("derived") or {}).items():
-            va, vb = r.get(f"{a}_acc"), r.get(f"{b}_acc")
+            va, vb = _acc_beside(r, study, a, b), _acc_beside(r, study, b, a)
             r[name] = None if va is None or vb is None else float(va) - float(vb)
         out.append(r)
     return out
@@ -97,7 +112,8 @@ def summarise(state: dict) -> list[dict]:
     cost, study = state.get("cost") or {}, state["recipe"]["study"]
     runs = with_derived(state["runs"], study)
     accs = acc_metrics(study)
-    metrics = accs + ["train_img_s", "peak_mem_mb", "fit_s"]
+    paired = [f"{TEST_ON_OOD}_acc"] * any(f"{TEST_ON_OOD}_acc" in r for r in runs)  # (the curves' 1x point)
+    metrics = accs + paired + ["train_img_s", "peak_mem_mb", "fit_s"]
     archs = list(study["archs"])
     variants = study.get("variants")
     key = lambda k: (archs.index(k[0]) if k[0] in archs else 99, scheme_key(k[1], variants))  # noqa: E731
@@ -222,6 +238,16 @@ def markdown(state: dict) -> str:
         + (cost if state.get("cost") else "over each run's training steps after warm-up")
         + f"; `peak MB` = {mem}.\n",
     ]
+    if derived := study.get("derived"):
+        lacking = 0 if same_images(study) else sum(r.get(f"{TEST_ON_OOD}_acc") is None for r in state["runs"])
+        lines[-1] = lines[-1].removesuffix("\n")
+        lines += [
+            "- Within-run differences in points, each on one set of images ("
+            + ", ".join(f"`{k}` = `{a}` - `{b}`" for k, (a, b) in derived.items())
+            + f"; `test` beside another set: its accuracy on that set's images, `{TEST_ON_OOD}_acc` in the JSON)"
+            + (f"; {lacking} run(s) recorded without it show `-`: rerun them (`--restart`)" if lacking else "")
+            + ".\n"
+        ]
     verdicts = claims(state)
     if verdicts:
         lines += ["## Published claims\n", "| claim | arch | verdict | deciding differences, pp [95 % interval] |",

@@ -427,3 +427,20 @@ def test_source_commit_is_dirty_for_code_not_for_results(tmp_path):
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")  # code
     assert source_commit(tmp_path / "pkg") == head + "+dirty"
     assert source_commit(tmp_path.parent / "no_such_checkout_here") is None
+
+
+def test_runs_of_an_interrupted_jobs_run_with_another_recipe_are_refused(study, tmp_path):
+    """A ``--jobs`` worker's shard file (``--shard i/N``: what the workers run) left by an interrupted study with
+    another recipe: its runs were merged into the next study, whatever its recipe (here 1 training step, not 3),
+    when no results file was there to refuse it. Refused now, naming the file; nothing merged or written."""
+    argv = ["--budget", "smoke", "--schemes", "none", "--archs", "vit", "--out", str(tmp_path), "--progress", "none"]
+    argv += ["--threads", "1", "--cost-rounds", "0"]
+    study.main([*argv, "--shard", "0/2", "trainer.limit_train_batches=1"])
+    shard = tmp_path / "study_smoke.shard0.json"
+    assert [r["steps"] for r in json.loads(shard.read_text())["runs"]] == [1]
+    with pytest.raises(SystemExit, match=r"study_smoke.shard0.json holds a study made with another recipe \(differs "
+                       r"in: overrides, runs\); rerun with --restart"):  # fmt: skip
+        study.main([*argv, "--max-runs", "0"])
+    assert shard.exists() and not (tmp_path / "study_smoke.json").exists()
+    state = study.main([*argv, "--max-runs", "0", "trainer.limit_train_batches=1"])  # its own recipe: merged
+    assert [r["steps"] for r in state["runs"]] == [1] and not shard.exists()

@@ -439,7 +439,8 @@ def test_runs_of_an_interrupted_jobs_run_with_another_recipe_are_refused(study, 
     shard = tmp_path / "study_smoke.shard0.json"
     assert [r["steps"] for r in json.loads(shard.read_text())["runs"]] == [1]
     with pytest.raises(SystemExit, match=r"study_smoke.shard0.json holds a study made with another recipe \(differs "
-                       r"in: overrides, runs\); rerun with --restart"):  # fmt: skip
+                       r"in: overrides, runs; it was made with the overrides \['trainer.limit_train_batches=1'\], "
+                       r"this command gives \[\]\); rerun with --restart"):  # fmt: skip
         study.main([*argv, "--max-runs", "0"])
     assert shard.exists() and not (tmp_path / "study_smoke.json").exists()
     state = study.main([*argv, "--max-runs", "0", "trainer.limit_train_batches=1"])  # its own recipe: merged

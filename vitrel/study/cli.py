@@ -119,8 +119,10 @@ def check_recipe(path: Path, old: dict, recipe: dict) -> None:
         if r.get("pos_overrides") is not None and variants.get(r["scheme"]) != r["pos_overrides"]
     ]
     if diff:
+        made, given = (old.get("recipe") or {}).get("overrides"), recipe["overrides"]
+        made = f"; it was made with the overrides {made}, this command gives {given}" if "overrides" in diff else ""
         raise SystemExit(
-            f"{path} holds a study made with another recipe (differs in: {', '.join(dict.fromkeys(diff))}); "
+            f"{path} holds a study made with another recipe (differs in: {', '.join(dict.fromkeys(diff))}{made}); "
             "rerun with --restart to discard it, or give another --name"
         )
 

@@ -235,7 +235,11 @@ def markdown(state: dict) -> str:
         "- Paired differences (percentage points, same seeds) against `none` and `ape` are in the CSV/JSON "
         "(`<eval>_acc_vs_<base>_{mean,lo,hi}`); the claims below are read from them.",
         "- Cost: `img/s` = training images per second (forward, backward, AdamW step), "
-        + (cost if state.get("cost") else "over each run's training steps after warm-up")
+        + (
+            f"{cost}; `*`: not timed so, over the runs' own training steps after warm-up"
+            if state.get("cost")
+            else "over each run's training steps after warm-up"
+        )
         + f"; `peak MB` = {mem}.\n",
     ]
     if derived := study.get("derived"):
@@ -264,8 +268,10 @@ def markdown(state: dict) -> str:
         lines.append("|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|")
         for r in sub:
             thr, mem = r.get("bench_img_s") or r.get("train_img_s_mean"), r.get("peak_mem_mb_mean")
+            own = "*" if state.get("cost") and not r.get("bench_img_s") else ""  # (not timed in alternation)
             cells = [r["scheme"], r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, key[e]) for e in evals)]
-            lines.append("| " + " | ".join([*cells, f"{thr:.0f}" if thr else "-", f"{mem:.0f}" if mem else "-"]) + " |")
+            cells += [f"{thr:.0f}{own}" if thr else "-", f"{mem:.0f}" if mem else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
         for base in ("none", "ape"):
             if not any(r["scheme"] == base for r in sub):
                 continue

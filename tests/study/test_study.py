@@ -295,6 +295,8 @@ def test_trained_budget_runs_at_a_tiny_size(study, tmp_path):
     assert [(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]] == [("vit", "none", 0)]
     assert {"test_acc", "unseen_acc", "res80_acc", "ft_res60_acc"} <= set(state["runs"][0])
     assert all((tmp_path / f"study_trained.{ext}").exists() for ext in ("json", "csv", "md"))
+    md = (tmp_path / "study_trained.md").read_text()  # the recipe's bf16 is for GPUs: the CPU ran 32-true
+    assert "batches of 16, bf16-mixed (every run on a CPU: 32-true), grad clip" in md
     again = study.main(argv)
     assert again["runs"] == state["runs"]  # skipped: nothing rerun
 

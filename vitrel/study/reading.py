@@ -195,6 +195,10 @@ def markdown(state: dict) -> str:
     mem = "weights + AdamW state + profiler peak of one training step's forward and backward (CPU)"
     mem = "CUDA max_memory_allocated over the fit" if machine["device"] == "cuda" else mem
     seeds = sorted({r["seed"] for r in state["runs"]})
+    precision, on_cpu = t["precision"], sum(r.get("device") == "cpu" for r in state["runs"])
+    if on_cpu and not str(precision).startswith("32"):  # the command trains in 32-true on a CPU
+        which = "every run" if on_cpu == len(state["runs"]) else f"{on_cpu} runs"
+        precision = f"{precision} ({which} on a CPU: 32-true)"
     d = cfg["data"]
     ft = study.get("finetune")
     if d.get("canvas_size"):
@@ -220,7 +224,7 @@ def markdown(state: dict) -> str:
         f"- Recipe (resolved in the JSON): `conf/experiment/study_{state['budget']}.yaml`"
         + "".join(f" `{o}`" for o in rec["overrides"])
         + f": {d['name']}, {inputs}, {t['max_epochs']} epochs of {t['limit_train_batches'] or 'all'} batches of "
-        f"{d['batch_size']}, {t['precision']}, grad clip {t['gradient_clip_val']}, label smoothing "
+        f"{d['batch_size']}, {precision}, grad clip {t['gradient_clip_val']}, label smoothing "
         f"{cfg['module']['label_smoothing']}, no augmentation; "
         + ", ".join(f"{k} {v}" for k, v in opt.items() if k[0] != "_" and v is not None),
         f"- Accuracy in %: mean [95 % interval] over seeds (Student's t), on {n['test_images']} test {items} "

@@ -323,6 +323,7 @@ def _state(accs: dict[tuple[str, str], list[float]], claims: dict) -> dict:
     study_cfg = dict(
         archs={"vit": []}, evals={"test": {}, "res80": {}}, claims=claims, derived={"drop": ["res80", "test"]}
     )
+    study_cfg["variants"] = {"rope2d_mixed_dinov3": ["pos=rope2d_mixed", "pos.coords=normalized"]}  # (as recipes)
     return dict(runs=runs, recipe=dict(study=study_cfg))
 
 
@@ -464,3 +465,16 @@ def test_throughput_not_timed_in_alternation_is_marked(study, tmp_path):
     ape_row = next(line for line in md.splitlines() if line.startswith("| ape |"))
     assert none_row.split(" | ")[-2] == f"{rows['none']['bench_img_s']:.0f}"
     assert ape_row.split(" | ")[-2] == f"{rows['ape']['train_img_s_mean']:.0f}*"
+
+
+def test_best_leaves_out_its_own_variants_only(study):
+    """``best: pape`` against every other scheme: ``pape_ri`` is another registered scheme (its name starts with
+    ``pape``, which left it out); a ``study.variants`` label of the scheme (trained or scored) is its own."""
+    accs = {("vit", s): [0.5, 0.6, 0.7] for s in ("pape", "pape_ri", "pape_interp", "pape_big", "none")}
+    state = _state(accs, {"best": dict(title="pape best", best="pape", eval="test")})
+    state["recipe"]["study"]["variants"] = {
+        "pape_interp": {"trained_as": "pape", "score_with": ["pos.x=1"]},
+        "pape_big": ["pos=pape", "pos.y=2"],
+    }
+    (claim,) = study.claims(state)
+    assert [x["b"] for x in claim["links"]] == ["none", "pape_ri"]

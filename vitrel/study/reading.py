@@ -150,9 +150,9 @@ def claims(state: dict) -> list[dict]:
             have = {r["scheme"] for r in runs if r["arch"] == arch}
             if "better" in c:
                 pairs = list(zip(c["better"][:-1], c["better"][1:]))
-            else:  # best: against every other scheme (not its own variants)
+            else:  # best: against every other scheme (not its own variants: study.variants of its scheme)
                 others = sorted(have, key=lambda x: scheme_key(x, study.get("variants")))
-                pairs = [(c["best"], x) for x in others if not x.startswith(c["best"])]
+                pairs = [(c["best"], x) for x in others if scheme_key(x, study.get("variants"))[1] != c["best"]]
             if not pairs or any(a not in have or b not in have for a, b in pairs):
                 continue
             links = []

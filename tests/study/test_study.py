@@ -167,7 +167,7 @@ def test_another_recipe_is_refused(study, tmp_path):
     assert len(state["runs"]) == 1
 
 
-def test_bad_selection_is_refused(study, tmp_path):
+def test_bad_selection_is_refused(study, tmp_path, capsys):
     """Refused with its reason; the logger levels and warning filters the study sets while it runs are restored (a
     study called in-process left Lightning's INFO lines off for the rest of the process)."""
     import logging
@@ -179,6 +179,8 @@ def test_bad_selection_is_refused(study, tmp_path):
         study.main(["--budget", "smoke", "--schemes", "rel3d", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="unknown architecture"):
         study.main(["--budget", "smoke", "--archs", "convnet", "--out", str(tmp_path)])
+    study.main(["--budget", "smoke", "--out", str(tmp_path / "empty"), "--max-runs", "0"])  # no runs: no files
+    assert "no runs of study_smoke in" in capsys.readouterr().out and not list((tmp_path / "empty").iterdir())
     assert {n: logging.getLogger(n).level for n in names} == levels and warnings.filters == filters
 
 

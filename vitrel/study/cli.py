@@ -348,7 +348,8 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     state["load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     if state["runs"] and (complete or not todo):
         write_results(state, out, name)
-    print(f"done in {time.perf_counter() - t_start:.0f} s (in all {state['wall_s'] / 60:.1f} min): {out}/{name}.*")
+    where = f"{out}/{name}.*" if state["runs"] else f"no runs of {name} in {out} yet, nothing written"
+    print(f"done in {time.perf_counter() - t_start:.0f} s (in all {state['wall_s'] / 60:.1f} min): {where}")
     for v in claims(state) if complete else ():
         print(f"  {v['arch']}: {v['title']}: {v['verdict']}")
     return state

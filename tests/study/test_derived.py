@@ -36,6 +36,7 @@ def test_a_model_blind_to_position_loses_nothing_to_whole_patch_moves(tmp_path):
     md = (tmp_path / "study_smoke.md").read_text()
     assert "`patch_move` = `unseen_patch` - `test`" in md and "show `-`" not in md
     assert json.loads((tmp_path / "study_smoke.json").read_text())["runs"][0] == run
+    assert not (tmp_path / "study_smoke_diffs.png").exists()  # none alone: no paired difference to draw
 
 
 def _study(**images) -> dict:

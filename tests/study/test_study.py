@@ -467,6 +467,7 @@ def test_throughput_not_timed_in_alternation_is_marked(study, tmp_path):
     ape_row = next(line for line in md.splitlines() if line.startswith("| ape |"))
     assert none_row.split(" | ")[-2] == f"{rows['none']['bench_img_s']:.0f}"
     assert ape_row.split(" | ")[-2] == f"{rows['ape']['train_img_s_mean']:.0f}*"
+    assert (tmp_path / "study_smoke_diffs.png").stat().st_size > 0  # none and another scheme: paired differences
 
 
 def test_best_leaves_out_its_own_variants_only(study):

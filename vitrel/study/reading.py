@@ -300,9 +300,10 @@ def _save_png(fig, path: Path) -> None:
 
 
 def write_results(state: dict, out: Path, name: str) -> None:
-    """JSON (everything), CSV (summary), Markdown and PNG, each written atomically; with ``study.scales``
-    (eval -> resolution factor) also ``<name>_curves.png``, accuracy against the factor."""
-    from vitrel.study.plots import plot_curves, plot_study
+    """JSON (everything), CSV (summary), Markdown and PNG, each written atomically; with ``none`` in the study also
+    ``<name>_diffs.png`` (the paired differences against it), with ``study.scales`` (eval -> resolution factor)
+    ``<name>_curves.png``, accuracy against the factor."""
+    from vitrel.study.plots import plot_curves, plot_study, plot_study_diffs
 
     state["summary"], state["claims"] = summarise(state), claims(state)
     atomic_write(out / f"{name}.json", json.dumps(state, indent=1))
@@ -315,5 +316,7 @@ def write_results(state: dict, out: Path, name: str) -> None:
         title = f"{name}: {state['machine']['description']}"
         chance = state["recipe"]["study"].get("chance") or 0.1  # (Fashion-MNIST's ten classes)
         _save_png(plot_study(state["summary"], title=title, chance=chance), out / f"{name}.png")
+        if {r["scheme"] for r in state["summary"]} > {"none"}:  # what the claims read: paired differences
+            _save_png(plot_study_diffs(state["summary"], base="none", title=title), out / f"{name}_diffs.png")
         if scales := state["recipe"]["study"].get("scales"):
             _save_png(plot_curves(state["summary"], scales, title=title), out / f"{name}_curves.png")

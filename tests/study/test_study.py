@@ -452,19 +452,20 @@ def test_runs_of_an_interrupted_jobs_run_with_another_recipe_are_refused(study, 
     assert [r["steps"] for r in state["runs"]] == [1] and not shard.exists()
 
 
-def test_throughput_not_timed_in_alternation_is_marked(study, tmp_path):
+def test_a_study_under_way_marks_what_its_rows_lack(study, tmp_path):
     """The report's img/s column: the alternating timing where a model had it, else its runs' own throughput, which
-    the header said was the alternating timing too. Such a cell is marked ``*`` and the header says so."""
+    the header said was the alternating timing too. Such a cell is marked ``*`` and the header says so. A row with
+    fewer seeds than the study's says how many (its interval looked like the others')."""
     argv = ["--budget", "smoke", "--archs", "vit", "--out", str(tmp_path), "--progress", "none", "--threads", "1"]
     argv += ["--cost-rounds", "1", "--cost-steps", "1"]
-    study.main([*argv, "--schemes", "none"])  # complete: timed in alternation
+    study.main([*argv, "--schemes", "none", "--seeds", "2"])  # complete: timed in alternation
     state = study.main([*argv, "--schemes", "ape", "--seeds", "2", "--max-runs", "1"])  # incomplete: not timed
     assert sorted(state["cost"]) == ["vit/none"]
     rows = {r["scheme"]: r for r in state["summary"]}
     md = (tmp_path / "study_smoke.md").read_text()
     assert "(1 rounds of 1 steps, median); `*`: not timed so, over the runs' own training steps" in md
     none_row = next(line for line in md.splitlines() if line.startswith("| none |"))
-    ape_row = next(line for line in md.splitlines() if line.startswith("| ape |"))
+    ape_row = next(line for line in md.splitlines() if line.startswith("| ape (1 of 2 seeds) |"))
     assert none_row.split(" | ")[-2] == f"{rows['none']['bench_img_s']:.0f}"
     assert ape_row.split(" | ")[-2] == f"{rows['ape']['train_img_s_mean']:.0f}*"
     assert (tmp_path / "study_smoke_diffs.png").stat().st_size > 0  # none and another scheme: paired differences

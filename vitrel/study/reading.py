@@ -273,7 +273,8 @@ def markdown(state: dict) -> str:
         for r in sub:
             thr, mem = r.get("bench_img_s") or r.get("train_img_s_mean"), r.get("peak_mem_mb_mean")
             own = "*" if state.get("cost") and not r.get("bench_img_s") else ""  # (not timed in alternation)
-            cells = [r["scheme"], r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, key[e]) for e in evals)]
+            few = f" ({r['seeds']} of {len(seeds)} seeds)" if r["seeds"] < len(seeds) else ""  # (a study under way)
+            cells = [r["scheme"] + few, r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, key[e]) for e in evals)]
             cells += [f"{thr:.0f}{own}" if thr else "-", f"{mem:.0f}" if mem else "-"]
             lines.append("| " + " | ".join(cells) + " |")
         for base in ("none", "ape"):

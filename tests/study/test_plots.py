@@ -90,3 +90,16 @@ def test_plot_curves_one_panel_per_family_one_line_per_scheme():
     assert [ax.get_title() for ax in axes] == ["none", "absolute", "learned bias"]
     (line,) = axes[2].get_lines()
     assert list(line.get_xdata()) == [1.0, 1.5, 2.0] and line.get_ydata()[0] == pytest.approx(82.0)
+
+
+def test_plot_curves_put_every_point_on_the_same_images():
+    """The 1x point is ``test`` on the larger sets' images (``test_on_ood_images_acc``), not ``test`` on its own
+    images; the other pictures leave that accuracy out by default (it is ``test`` again)."""
+    rows = [r for r in _summary() if r["arch"] == "vit"]
+    for r in rows:
+        r.update(test_on_ood_images_acc_mean=0.6, test_on_ood_images_acc_lo=0.55, test_on_ood_images_acc_hi=0.65)
+    (line,) = panels(plots.plot_curves(rows, {"test": 1.0, "resize56": 2.0}))[2].get_lines()
+    assert line.get_ydata()[0] == pytest.approx(60.0)
+    labels = [t.get_text() for t in plots.plot_study(rows).legends[0].get_texts()]
+    assert "test on ood images" not in labels and "test" in labels
+    assert len(panels(plots.plot_study_scatter(rows))) == 2  # translate44, resize56 against test

@@ -167,7 +167,7 @@ def test_another_recipe_is_refused(study, tmp_path):
     assert len(state["runs"]) == 1
 
 
-def test_bad_selection_is_refused(study, tmp_path):
+def test_bad_selection_is_refused(study, tmp_path, capsys):
     """Refused with its reason; the logger levels and warning filters the study sets while it runs are restored (a
     study called in-process left Lightning's INFO lines off for the rest of the process)."""
     import logging
@@ -179,6 +179,8 @@ def test_bad_selection_is_refused(study, tmp_path):
         study.main(["--budget", "smoke", "--schemes", "rel3d", "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="unknown architecture"):
         study.main(["--budget", "smoke", "--archs", "convnet", "--out", str(tmp_path)])
+    study.main(["--budget", "smoke", "--out", str(tmp_path / "empty"), "--max-runs", "0"])  # no runs: no files
+    assert "no runs of study_smoke in" in capsys.readouterr().out and not list((tmp_path / "empty").iterdir())
     assert {n: logging.getLogger(n).level for n in names} == levels and warnings.filters == filters
 
 
@@ -295,6 +297,8 @@ def test_trained_budget_runs_at_a_tiny_size(study, tmp_path):
     assert [(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]] == [("vit", "none", 0)]
     assert {"test_acc", "unseen_acc", "res80_acc", "ft_res60_acc"} <= set(state["runs"][0])
     assert all((tmp_path / f"study_trained.{ext}").exists() for ext in ("json", "csv", "md"))
+    md = (tmp_path / "study_trained.md").read_text()  # the recipe's bf16 is for GPUs: the CPU ran 32-true
+    assert "batches of 16, bf16-mixed (every run on a CPU: 32-true), grad clip" in md
     again = study.main(argv)
     assert again["runs"] == state["runs"]  # skipped: nothing rerun
 
@@ -321,6 +325,7 @@ def _state(accs: dict[tuple[str, str], list[float]], claims: dict) -> dict:
     study_cfg = dict(
         archs={"vit": []}, evals={"test": {}, "res80": {}}, claims=claims, derived={"drop": ["res80", "test"]}
     )
+    study_cfg["variants"] = {"rope2d_mixed_dinov3": ["pos=rope2d_mixed", "pos.coords=normalized"]}  # (as recipes)
     return dict(runs=runs, recipe=dict(study=study_cfg))
 
 
@@ -427,3 +432,53 @@ def test_source_commit_is_dirty_for_code_not_for_results(tmp_path):
     (tmp_path / "pkg" / "a.py").write_text("x = 2\n")  # code
     assert source_commit(tmp_path / "pkg") == head + "+dirty"
     assert source_commit(tmp_path.parent / "no_such_checkout_here") is None
+
+
+def test_runs_of_an_interrupted_jobs_run_with_another_recipe_are_refused(study, tmp_path):
+    """A ``--jobs`` worker's shard file (``--shard i/N``: what the workers run) left by an interrupted study with
+    another recipe: its runs were merged into the next study, whatever its recipe (here 1 training step, not 3),
+    when no results file was there to refuse it. Refused now, naming the file; nothing merged or written."""
+    argv = ["--budget", "smoke", "--schemes", "none", "--archs", "vit", "--out", str(tmp_path), "--progress", "none"]
+    argv += ["--threads", "1", "--cost-rounds", "0"]
+    study.main([*argv, "--shard", "0/2", "trainer.limit_train_batches=1"])
+    shard = tmp_path / "study_smoke.shard0.json"
+    assert [r["steps"] for r in json.loads(shard.read_text())["runs"]] == [1]
+    with pytest.raises(SystemExit, match=r"study_smoke.shard0.json holds a study made with another recipe \(differs "
+                       r"in: overrides, runs; it was made with the overrides \['trainer.limit_train_batches=1'\], "
+                       r"this command gives \[\]\); rerun with --restart"):  # fmt: skip
+        study.main([*argv, "--max-runs", "0"])
+    assert shard.exists() and not (tmp_path / "study_smoke.json").exists()
+    state = study.main([*argv, "--max-runs", "0", "trainer.limit_train_batches=1"])  # its own recipe: merged
+    assert [r["steps"] for r in state["runs"]] == [1] and not shard.exists()
+
+
+def test_a_study_under_way_marks_what_its_rows_lack(study, tmp_path):
+    """The report's img/s column: the alternating timing where a model had it, else its runs' own throughput, which
+    the header said was the alternating timing too. Such a cell is marked ``*`` and the header says so. A row with
+    fewer seeds than the study's says how many (its interval looked like the others')."""
+    argv = ["--budget", "smoke", "--archs", "vit", "--out", str(tmp_path), "--progress", "none", "--threads", "1"]
+    argv += ["--cost-rounds", "1", "--cost-steps", "1"]
+    study.main([*argv, "--schemes", "none", "--seeds", "2"])  # complete: timed in alternation
+    state = study.main([*argv, "--schemes", "ape", "--seeds", "2", "--max-runs", "1"])  # incomplete: not timed
+    assert sorted(state["cost"]) == ["vit/none"]
+    rows = {r["scheme"]: r for r in state["summary"]}
+    md = (tmp_path / "study_smoke.md").read_text()
+    assert "(1 rounds of 1 steps, median); `*`: not timed so, over the runs' own training steps" in md
+    none_row = next(line for line in md.splitlines() if line.startswith("| none |"))
+    ape_row = next(line for line in md.splitlines() if line.startswith("| ape (1 of 2 seeds) |"))
+    assert none_row.split(" | ")[-2] == f"{rows['none']['bench_img_s']:.0f}"
+    assert ape_row.split(" | ")[-2] == f"{rows['ape']['train_img_s_mean']:.0f}*"
+    assert (tmp_path / "study_smoke_diffs.png").stat().st_size > 0  # none and another scheme: paired differences
+
+
+def test_best_leaves_out_its_own_variants_only(study):
+    """``best: pape`` against every other scheme: ``pape_ri`` is another registered scheme (its name starts with
+    ``pape``, which left it out); a ``study.variants`` label of the scheme (trained or scored) is its own."""
+    accs = {("vit", s): [0.5, 0.6, 0.7] for s in ("pape", "pape_ri", "pape_interp", "pape_big", "none")}
+    state = _state(accs, {"best": dict(title="pape best", best="pape", eval="test")})
+    state["recipe"]["study"]["variants"] = {
+        "pape_interp": {"trained_as": "pape", "score_with": ["pos.x=1"]},
+        "pape_big": ["pos=pape", "pos.y=2"],
+    }
+    (claim,) = study.claims(state)
+    assert [x["b"] for x in claim["links"]] == ["none", "pape_ri"]

@@ -106,24 +106,32 @@ def _run_part(recipe: dict) -> dict:
     return {**recipe, "study": {k: v for k, v in (recipe.get("study") or {}).items() if k not in READING}}
 
 
+def check_recipe(path: Path, old: dict, recipe: dict) -> None:
+    """Refuse the runs of ``old`` (a results or ``--jobs`` shard file's state, read from ``path``) unless they were
+    made with ``recipe`` (less ``READING``; a variant's overrides checked per run)."""
+    new_part, old_part = _run_part(recipe), _run_part(old.get("recipe") or {})
+    diff = [k for k in new_part if old_part.get(k) != new_part[k]]
+    diff += [f"study.{k}" for k in new_part["study"] if old_part["study"].get(k) != new_part["study"][k]]
+    variants = recipe["study"].get("variants") or {}
+    diff += [
+        f"variant {r['scheme']}"
+        for r in old.get("runs", [])
+        if r.get("pos_overrides") is not None and variants.get(r["scheme"]) != r["pos_overrides"]
+    ]
+    if diff:
+        made, given = (old.get("recipe") or {}).get("overrides"), recipe["overrides"]
+        made = f"; it was made with the overrides {made}, this command gives {given}" if "overrides" in diff else ""
+        raise SystemExit(
+            f"{path} holds a study made with another recipe (differs in: {', '.join(dict.fromkeys(diff))}{made}); "
+            "rerun with --restart to discard it, or give another --name"
+        )
+
+
 def load_state(path: Path, state: dict, restart: bool) -> dict:
     """The earlier runs of this study (its recipe must be the same), or none with ``restart``."""
     if path.exists() and not restart:
         old = json.loads(path.read_text())
-        new_part, old_part = _run_part(state["recipe"]), _run_part(old.get("recipe") or {})
-        diff = [k for k in new_part if old_part.get(k) != new_part[k]]
-        diff += [f"study.{k}" for k in new_part["study"] if old_part["study"].get(k) != new_part["study"][k]]
-        variants = state["recipe"]["study"].get("variants") or {}
-        diff += [
-            f"variant {r['scheme']}"
-            for r in old.get("runs", [])
-            if r.get("pos_overrides") is not None and variants.get(r["scheme"]) != r["pos_overrides"]
-        ]
-        if diff:
-            raise SystemExit(
-                f"{path} holds a study made with another recipe (differs in: {', '.join(dict.fromkeys(diff))}); "
-                "rerun with --restart to discard it, or give another --name"
-            )
+        check_recipe(path, old, state["recipe"])
         keep = ("runs", "wall_s", "cost", "cost_rounds", "cost_steps", "commands")
         state.update({k: old[k] for k in keep if k in old})
     elif restart:
@@ -133,13 +141,17 @@ def load_state(path: Path, state: dict, restart: bool) -> dict:
 
 
 def merge_shards(out: Path, name: str, state: dict) -> None:
-    """Take the runs (and position tensors) of ``--jobs`` workers' shard files into ``state``; remove them."""
+    """Take the runs (and position tensors) of ``--jobs`` workers' shard files into ``state`` (made with its recipe,
+    else refused); remove them."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
-    for path in sorted(out.glob(f"{name}.shard*.json")):
-        for r in json.loads(path.read_text()).get("runs", []):
+    shards = {path: json.loads(path.read_text()) for path in sorted(out.glob(f"{name}.shard*.json"))}
+    for path, shard in shards.items():  # (a worker of an interrupted --jobs run had its recipe: check all first)
+        check_recipe(path, shard, state["recipe"])
+    for path, shard in shards.items():
+        for r in shard.get("runs", []):
             if (r["arch"], r["scheme"], r["seed"]) not in done:
                 state["runs"].append(r)
                 done.add((r["arch"], r["scheme"], r["seed"]))
@@ -281,7 +293,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
         for i, ((arch, trained, seed), labels) in enumerate(units.items()):
             cfg = run_cfg(arch, trained, seed)
             if not data:
-                data = {k: materialise(v) for k, v in eval_sets(study, instantiate(cfg.data)).items()}
+                data = {k: materialise(v) for k, v in eval_sets(study, instantiate(cfg.data), paired=True).items()}
                 print("evaluation sets:", ", ".join(f"{k} {tuple(v[0].shape)}" for k, v in data.items()))
             scored = [s for s in labels if s != trained]
             also = f" (scored as {', '.join(scored)} too)" if scored and trained in labels else ""
@@ -336,7 +348,8 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     state["load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     if state["runs"] and (complete or not todo):
         write_results(state, out, name)
-    print(f"done in {time.perf_counter() - t_start:.0f} s (in all {state['wall_s'] / 60:.1f} min): {out}/{name}.*")
+    where = f"{out}/{name}.*" if state["runs"] else f"no runs of {name} in {out} yet, nothing written"
+    print(f"done in {time.perf_counter() - t_start:.0f} s (in all {state['wall_s'] / 60:.1f} min): {where}")
     for v in claims(state) if complete else ():
         print(f"  {v['arch']}: {v['title']}: {v['verdict']}")
     return state

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from vitrel.pos.base import FAMILIES
+from vitrel.study.runs import TEST_ON_OOD
 
 __all__ = ["plot_study", "plot_study_diffs", "plot_study_scatter", "plot_curves"]
 
@@ -93,7 +94,7 @@ def plot_study(
     """
     archs = _archs(rows, archs, "plot_study")
     if metrics is None:
-        keys = [k for k in rows[0] if k.endswith("_acc_mean")]
+        keys = [k for k in rows[0] if k.endswith("_acc_mean") and k != f"{TEST_ON_OOD}_acc_mean"]
         metrics = sorted(keys, key=lambda k: (k != "test_acc_mean", keys.index(k)))
     n_schemes = max(sum(1 for r in rows if r["arch"] == a) for a in archs)
     fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
@@ -178,7 +179,8 @@ def plot_study_scatter(
     ``len(archs) * len(ys)`` axes.
     """
     archs = _archs(rows, archs, "plot_study_scatter")
-    ys = list(ys) if ys is not None else [k for k in rows[0] if k.endswith("_acc_mean") and k != x]
+    skip = (x, f"{TEST_ON_OOD}_acc_mean")
+    ys = list(ys) if ys is not None else [k for k in rows[0] if k.endswith("_acc_mean") and k not in skip]
     if not ys:
         raise ValueError(f"no metric to plot against {x}")
     fams = list(dict.fromkeys(r.get("family", "?") for r in rows))
@@ -211,7 +213,9 @@ def plot_study_scatter(
 
 def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], title: str | None = None):
     """Accuracy (mean, band = the 95 % interval over seeds) against the resolution factor per scheme, one panel
-    per family. ``scales``: eval name -> factor (``study.scales`` of the recipe; accuracies ``<eval>_acc_*``)."""
+    per family. ``scales``: eval name -> factor (``study.scales`` of the recipe; accuracies ``<eval>_acc_*``).
+    Every point on the same images: ``test`` is read from ``test_on_ood_images_acc_*`` where a row has it (the
+    ``test`` set's own images are others than those of the larger sets)."""
     families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
     evals = sorted(scales, key=scales.get)
     xs = [scales[e] for e in evals]
@@ -219,11 +223,12 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], 
     axes = fig.subplots(1, len(families), squeeze=False, sharey=True)
     for ax, fam in zip(axes[0], families):
         for r in (r for r in rows if r["family"] == fam):
-            ys = [r.get(f"{e}_acc_mean") for e in evals]
+            keys = [TEST_ON_OOD if e == "test" and r.get(f"{TEST_ON_OOD}_acc_mean") is not None else e for e in evals]
+            ys = [r.get(f"{k}_acc_mean") for k in keys]
             if any(y is None for y in ys):
                 continue
-            lo = [r.get(f"{e}_acc_lo") if r.get(f"{e}_acc_lo") is not None else y for e, y in zip(evals, ys)]
-            hi = [r.get(f"{e}_acc_hi") if r.get(f"{e}_acc_hi") is not None else y for e, y in zip(evals, ys)]
+            lo = [r.get(f"{k}_acc_lo") if r.get(f"{k}_acc_lo") is not None else y for k, y in zip(keys, ys)]
+            hi = [r.get(f"{k}_acc_hi") if r.get(f"{k}_acc_hi") is not None else y for k, y in zip(keys, ys)]
             (line,) = ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, label=r["scheme"])
             # an accuracy lies in [0, 100]: a wide t-interval (few seeds) is drawn clipped to that range
             lo, hi = [100 * max(v, 0.0) for v in lo], [100 * min(v, 1.0) for v in hi]

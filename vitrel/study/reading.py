@@ -17,6 +17,7 @@ from typing import Any
 from vitrel.pos.base import FAMILIES
 from vitrel.pos.registry import UnknownSchemeError, get_pos_class
 from vitrel.stats import chain_verdict, mean_ci, paired_diff, verdict
+from vitrel.study.runs import TEST_ON_OOD, same_images
 
 
 def variant_parts(label: str, variants: Mapping[str, Any] | None = None) -> tuple[str, list[str], list[str]]:
@@ -65,14 +66,28 @@ def acc_metrics(study: dict) -> list[str]:
     return accs + list(study.get("derived") or {})
 
 
+def _on_test_images(study: dict, name: str) -> bool:
+    """Whether accuracy ``name`` (an eval, or ``ft_<eval>``) is scored on the ``test`` eval's images."""
+    ft = study.get("finetune")
+    return (ft["eval"] if ft and name == f"ft_{ft['eval']}" else name) == "test"
+
+
+def _acc_beside(r: dict, study: dict, m: str, other: str):
+    """Run ``r``'s accuracy ``m`` on the images accuracy ``other`` is scored on: ``test`` beside an eval on the
+    other images is ``<TEST_ON_OOD>_acc`` (None in a run without it, and for ``ft_test`` there)."""
+    if same_images(study) or not _on_test_images(study, m) or _on_test_images(study, other):
+        return r.get(f"{m}_acc")
+    return r.get(f"{TEST_ON_OOD}_acc") if m == "test" else None
+
+
 def with_derived(runs: list[dict], study: dict) -> list[dict]:
     """The runs with ``study.derived``'s within-run differences added (a position cost per model: the
-    same trained model on held-out offsets against the training offsets)."""
+    same trained model on held-out offsets against the training offsets), on the same images (``_acc_beside``)."""
     out = []
     for r in runs:
         r = dict(r)
         for name, (a, b) in (study.get("derived") or {}).items():
-            va, vb = r.get(f"{a}_acc"), r.get(f"{b}_acc")
+            va, vb = _acc_beside(r, study, a, b), _acc_beside(r, study, b, a)
             r[name] = None if va is None or vb is None else float(va) - float(vb)
         out.append(r)
     return out
@@ -97,7 +112,8 @@ def summarise(state: dict) -> list[dict]:
     cost, study = state.get("cost") or {}, state["recipe"]["study"]
     runs = with_derived(state["runs"], study)
     accs = acc_metrics(study)
-    metrics = accs + ["train_img_s", "peak_mem_mb", "fit_s"]
+    paired = [f"{TEST_ON_OOD}_acc"] * any(f"{TEST_ON_OOD}_acc" in r for r in runs)  # (the curves' 1x point)
+    metrics = accs + paired + ["train_img_s", "peak_mem_mb", "fit_s"]
     archs = list(study["archs"])
     variants = study.get("variants")
     key = lambda k: (archs.index(k[0]) if k[0] in archs else 99, scheme_key(k[1], variants))  # noqa: E731
@@ -134,9 +150,9 @@ def claims(state: dict) -> list[dict]:
             have = {r["scheme"] for r in runs if r["arch"] == arch}
             if "better" in c:
                 pairs = list(zip(c["better"][:-1], c["better"][1:]))
-            else:  # best: against every other scheme (not its own variants)
+            else:  # best: against every other scheme (not its own variants: study.variants of its scheme)
                 others = sorted(have, key=lambda x: scheme_key(x, study.get("variants")))
-                pairs = [(c["best"], x) for x in others if not x.startswith(c["best"])]
+                pairs = [(c["best"], x) for x in others if scheme_key(x, study.get("variants"))[1] != c["best"]]
             if not pairs or any(a not in have or b not in have for a, b in pairs):
                 continue
             links = []
@@ -179,6 +195,10 @@ def markdown(state: dict) -> str:
     mem = "weights + AdamW state + profiler peak of one training step's forward and backward (CPU)"
     mem = "CUDA max_memory_allocated over the fit" if machine["device"] == "cuda" else mem
     seeds = sorted({r["seed"] for r in state["runs"]})
+    precision, on_cpu = t["precision"], sum(r.get("device") == "cpu" for r in state["runs"])
+    if on_cpu and not str(precision).startswith("32"):  # the command trains in 32-true on a CPU
+        which = "every run" if on_cpu == len(state["runs"]) else f"{on_cpu} runs"
+        precision = f"{precision} ({which} on a CPU: 32-true)"
     d = cfg["data"]
     ft = study.get("finetune")
     if d.get("canvas_size"):
@@ -204,7 +224,7 @@ def markdown(state: dict) -> str:
         f"- Recipe (resolved in the JSON): `conf/experiment/study_{state['budget']}.yaml`"
         + "".join(f" `{o}`" for o in rec["overrides"])
         + f": {d['name']}, {inputs}, {t['max_epochs']} epochs of {t['limit_train_batches'] or 'all'} batches of "
-        f"{d['batch_size']}, {t['precision']}, grad clip {t['gradient_clip_val']}, label smoothing "
+        f"{d['batch_size']}, {precision}, grad clip {t['gradient_clip_val']}, label smoothing "
         f"{cfg['module']['label_smoothing']}, no augmentation; "
         + ", ".join(f"{k} {v}" for k, v in opt.items() if k[0] != "_" and v is not None),
         f"- Accuracy in %: mean [95 % interval] over seeds (Student's t), on {n['test_images']} test {items} "
@@ -219,9 +239,23 @@ def markdown(state: dict) -> str:
         "- Paired differences (percentage points, same seeds) against `none` and `ape` are in the CSV/JSON "
         "(`<eval>_acc_vs_<base>_{mean,lo,hi}`); the claims below are read from them.",
         "- Cost: `img/s` = training images per second (forward, backward, AdamW step), "
-        + (cost if state.get("cost") else "over each run's training steps after warm-up")
+        + (
+            f"{cost}; `*`: not timed so, over the runs' own training steps after warm-up"
+            if state.get("cost")
+            else "over each run's training steps after warm-up"
+        )
         + f"; `peak MB` = {mem}.\n",
     ]
+    if derived := study.get("derived"):
+        lacking = 0 if same_images(study) else sum(r.get(f"{TEST_ON_OOD}_acc") is None for r in state["runs"])
+        lines[-1] = lines[-1].removesuffix("\n")
+        lines += [
+            "- Within-run differences in points, each on one set of images ("
+            + ", ".join(f"`{k}` = `{a}` - `{b}`" for k, (a, b) in derived.items())
+            + f"; `test` beside another set: its accuracy on that set's images, `{TEST_ON_OOD}_acc` in the JSON)"
+            + (f"; {lacking} run(s) recorded without it show `-`: rerun them (`--restart`)" if lacking else "")
+            + ".\n"
+        ]
     verdicts = claims(state)
     if verdicts:
         lines += ["## Published claims\n", "| claim | arch | verdict | deciding differences, pp [95 % interval] |",
@@ -238,8 +272,11 @@ def markdown(state: dict) -> str:
         lines.append("|" + "|".join(["---"] * 3 + ["---:"] * (len(head) - 3)) + "|")
         for r in sub:
             thr, mem = r.get("bench_img_s") or r.get("train_img_s_mean"), r.get("peak_mem_mb_mean")
-            cells = [r["scheme"], r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, key[e]) for e in evals)]
-            lines.append("| " + " | ".join([*cells, f"{thr:.0f}" if thr else "-", f"{mem:.0f}" if mem else "-"]) + " |")
+            own = "*" if state.get("cost") and not r.get("bench_img_s") else ""  # (not timed in alternation)
+            few = f" ({r['seeds']} of {len(seeds)} seeds)" if r["seeds"] < len(seeds) else ""  # (a study under way)
+            cells = [r["scheme"] + few, r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, key[e]) for e in evals)]
+            cells += [f"{thr:.0f}{own}" if thr else "-", f"{mem:.0f}" if mem else "-"]
+            lines.append("| " + " | ".join(cells) + " |")
         for base in ("none", "ape"):
             if not any(r["scheme"] == base for r in sub):
                 continue
@@ -264,9 +301,10 @@ def _save_png(fig, path: Path) -> None:
 
 
 def write_results(state: dict, out: Path, name: str) -> None:
-    """JSON (everything), CSV (summary), Markdown and PNG, each written atomically; with ``study.scales``
-    (eval -> resolution factor) also ``<name>_curves.png``, accuracy against the factor."""
-    from vitrel.study.plots import plot_curves, plot_study
+    """JSON (everything), CSV (summary), Markdown and PNG, each written atomically; with ``none`` in the study also
+    ``<name>_diffs.png`` (the paired differences against it), with ``study.scales`` (eval -> resolution factor)
+    ``<name>_curves.png``, accuracy against the factor."""
+    from vitrel.study.plots import plot_curves, plot_study, plot_study_diffs
 
     state["summary"], state["claims"] = summarise(state), claims(state)
     atomic_write(out / f"{name}.json", json.dumps(state, indent=1))
@@ -279,5 +317,7 @@ def write_results(state: dict, out: Path, name: str) -> None:
         title = f"{name}: {state['machine']['description']}"
         chance = state["recipe"]["study"].get("chance") or 0.1  # (Fashion-MNIST's ten classes)
         _save_png(plot_study(state["summary"], title=title, chance=chance), out / f"{name}.png")
+        if {r["scheme"] for r in state["summary"]} > {"none"}:  # what the claims read: paired differences
+            _save_png(plot_study_diffs(state["summary"], base="none", title=title), out / f"{name}_diffs.png")
         if scales := state["recipe"]["study"].get("scales"):
             _save_png(plot_curves(state["summary"], scales, title=title), out / f"{name}_curves.png")

@@ -48,29 +48,39 @@ def recipe(budget: str, extra: list[str] = ()) -> dict:
     return dict(budget=budget, overrides=list(extra), study=study, runs=runs)
 
 
+#: the ``test`` eval scored on the other evals' images (``ood_images``): a run records ``<TEST_ON_OOD>_acc``, what a
+#: within-run difference against an out-of-distribution set (``study.derived``) takes for ``test``
+TEST_ON_OOD = "test_on_ood_images"
+
+
+def same_images(study: dict) -> bool:
+    """Whether ``test`` scores the same images as the other evals (every test image for all: both counts null)."""
+    return study.get("test_images") is None and study.get("ood_images") is None
+
+
 def _subset(ds, n: int | None, seed: int):
     idx = torch.randperm(len(ds), generator=torch.Generator().manual_seed(seed))[:n]
     return ds if n is None or n >= len(ds) else torch.utils.data.Subset(ds, sorted(idx.tolist()))
 
 
-def eval_sets(study: dict, dm) -> dict[str, torch.utils.data.Dataset]:
+def eval_sets(study: dict, dm, paired: bool = False) -> dict[str, torch.utils.data.Dataset]:
     """``study.evals`` of the data module's test split: the in-distribution set (``test``: ``test_images``,
     seeded subset 1) and the others (the same ``ood_images`` test images each, seeded subset 2), each image
     in a black canvas at a seeded offset of the eval's region (``mode``, ``grid_step``, ``off_step``) and/or
     resized. Clips (a video data module): the same videos rendered or read with ``num_frames`` frames (default
-    the training clips') and/or at ``resize`` pixels a side (the data module's ``make_dataset``)."""
+    the training clips') and/or at ``resize`` pixels a side (the data module's ``make_dataset``).
+
+    ``paired``: also ``TEST_ON_OOD``, the ``test`` set made of the others' images (where they differ: not both
+    ``test_images`` and ``ood_images`` null), the base of a within-run difference on the same images."""
     from vitrel.data import ResizedDataset, TranslatedDataset
     from vitrel.data.video import VideoDataModule
 
-    out = {}
-    for name, e in study["evals"].items():
-        ood = name != "test"
+    def make(name: str, e: dict, ood: bool):
         if isinstance(dm, VideoDataModule):
             if "canvas" in e:
                 raise ValueError(f"study.evals.{name}: canvas places images; clips take num_frames and resize")
             ds = dm.make_dataset("test", img_size=e.get("resize"), num_frames=e.get("num_frames"))
-            out[name] = _subset(ds, study["ood_images" if ood else "test_images"], seed=2 if ood else 1)
-            continue
+            return _subset(ds, study["ood_images" if ood else "test_images"], seed=2 if ood else 1)
         if "num_frames" in e:
             raise ValueError(f"study.evals.{name}: num_frames needs video data (data=moving_fmnist, video_folder)")
         ds = dm.make_dataset("test")
@@ -81,7 +91,11 @@ def eval_sets(study: dict, dm) -> dict[str, torch.utils.data.Dataset]:
                 off_step=e.get("off_step", 1),
             )  # fmt: skip
         ds = _subset(ds, study["ood_images" if ood else "test_images"], seed=2 if ood else 1)
-        out[name] = ResizedDataset(ds, e["resize"]) if "resize" in e else ds
+        return ResizedDataset(ds, e["resize"]) if "resize" in e else ds
+
+    out = {name: make(name, e, ood=name != "test") for name, e in study["evals"].items()}
+    if paired and "test" in out and not same_images(study):
+        out[TEST_ON_OOD] = make("test", study["evals"]["test"], ood=True)
     return out
 
 

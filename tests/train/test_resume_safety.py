@@ -344,7 +344,7 @@ def test_resume_with_another_validation_split_is_refused(tmp_path):
     assert "(data.seed: checkpoint 1, configured 2)" in last and "Resume with data.val_fraction=0.2 data.seed=1" in last
     with pytest.raises(SplitMismatchError, match=r"data.val_fraction: checkpoint 0.2, configured 0.1\)"):
         train(compose(tmp_path / "other", [*short, "data.val_fraction=0.1", "data.seed=1", f"ckpt_path={ckpt}"]))
-    with pytest.raises(SplitMismatchError, match=r"data.val_fraction: checkpoint 0.2, configured 0.0, data.seed"):
+    with pytest.raises(SplitMismatchError, match=r"data.val_fraction: checkpoint 0.2, configured 0.0\)"):
         train(compose(run, [*short, "trainer.max_epochs=2", "data.val_fraction=0", "data.seed=1"]))
     train(compose(run, [*short, "trainer.max_epochs=2", "data.val_fraction=0.2", "data.seed=1"]))  # the same: resumes
 

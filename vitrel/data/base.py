@@ -395,7 +395,7 @@ class VisionDataModule(L.LightningDataModule):
         mine = self.split_record()
         if theirs == mine:
             return
-        keys = [k for k in ("val_fraction", "seed") if theirs.get(k) != mine.get(k)]
+        keys = [k for k in ("val_fraction", "seed") if k in theirs and k in mine and theirs[k] != mine[k]]
         if keys:
             what = ", ".join(f"data.{k}: checkpoint {theirs.get(k)}, configured {mine.get(k)}" for k in keys)
         elif theirs.get("pool") != mine.get("pool"):

@@ -119,6 +119,38 @@ def test_timm_patchify_dicts_accepted_as_is():
     assert sizes[0] == (7, 7) and all(h * w <= 49 for h, w in sizes)
 
 
+def test_naflex_training_transform_applies_timm_augment_kwargs():
+    """data.augment_kwargs beyond scale / ratio / hflip (color_jitter, re_prob, ...) are applied as timm's NaFlex
+    training pipeline applies them, not dropped; with none of them the images are exactly those of the crop alone;
+    an option the NaFlex transforms do not take is an error naming it, before any image is read."""
+    import random
+
+    from torchvision.transforms.functional import to_pil_image
+
+    pil = to_pil_image(torch.rand(1, 20, 36))
+    base = dict(train=True, patch_size=P, max_tokens=49, mean=(0.5,), std=(0.5,), augment=True, size_scale=(0.5, 1.0))
+
+    def draw(**kw) -> list[dict]:
+        tf, out = naflex_transform(**base, **kw), []
+        for seed in range(4):  # the same crop for each seed (the crop draws first)
+            random.seed(seed)
+            torch.manual_seed(seed)
+            out.append(tf(pil))
+        return out
+
+    plain = draw()
+    for kw in ({"color_jitter": 0.0}, {"re_prob": 0.0}):  # timm's "off" values: the very same images
+        assert all(torch.equal(a["patches"], b["patches"]) for a, b in zip(plain, draw(**kw)))
+    for kw in ({"color_jitter": 0.8}, {"re_prob": 1.0}, {"vflip": 1.0}):
+        other = draw(**kw)
+        assert [a["patch_coord"].tolist() for a in plain] == [b["patch_coord"].tolist() for b in other]  # same crops
+        assert not any(torch.equal(a["patches"], b["patches"]) for a, b in zip(plain, other)), kw
+    with pytest.raises(ValueError, match=r"data.augment_kwargs \['crop_pct'\] are not options of the NaFlex"):
+        naflex_transform(**base, crop_pct=0.9)
+    evaluation = naflex_transform(**{**base, "train": False}, color_jitter=0.8)  # evaluation: no augmentation
+    assert torch.equal(evaluation(pil)["patches"], naflex_transform(**{**base, "train": False})(pil)["patches"])
+
+
 # ------------------------------------------------------------------------------------------ errors
 def test_image_longer_than_seq_len_is_a_clear_error():
     batch = samples([torch.rand(C, 8 * P, 8 * P), torch.rand(C, 2 * P, 2 * P)])

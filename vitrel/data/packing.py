@@ -30,11 +30,34 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["PACKING_MODES", "PackingError", "PackingCollator", "first_fit", "naflex_transform", "parse_packing"]
+__all__ = [
+    "NAFLEX_AUGMENT_KEYS",
+    "PACKING_MODES",
+    "PackingError",
+    "PackingCollator",
+    "first_fit",
+    "naflex_transform",
+    "parse_packing",
+]
 
 #: ``data.packing``: None / False = the ordinary image tensors; "pad": NaFlex dicts, one image per row; "pack"
 #: (or True): NaFlex dicts, several images per row
 PACKING_MODES = ("pad", "pack")
+
+#: ``data.augment_kwargs`` the NaFlex training transforms take besides ``scale``, ``ratio`` and ``hflip``: the options
+#: of timm's ``transforms_imagenet_train`` after its crop
+NAFLEX_AUGMENT_KEYS = (
+    "vflip",
+    "color_jitter",
+    "color_jitter_prob",
+    "force_color_jitter",
+    "grayscale_prob",
+    "gaussian_blur_prob",
+    "auto_augment",
+    "re_prob",
+    "re_mode",
+    "re_count",
+)
 
 
 class PackingError(ValueError):
@@ -188,6 +211,7 @@ def naflex_transform(
     hflip: float = 0.5,
     size_scale: Sequence[float] | None = None,
     eval_max_ratio: float | None = 1.0,
+    **augment_kwargs: Any,
 ) -> Callable[[Any], dict[str, Tensor]]:
     """A PIL image -> timm's NaFlex per-image dict (module docstring), with timm's NaFlex transforms.
 
@@ -196,30 +220,78 @@ def naflex_transform(
     from ``size_scale`` (None: the largest that fits ``max_tokens``). Evaluation: ``ResizeToSequence`` (the whole
     image, aspect ratio kept, at most ``max_tokens``, scaled by at most ``eval_max_ratio``: 1.0 never enlarges, so
     an image within the budget keeps its native size, rounded up to whole patches; None fills the budget).
+
+    ``augment_kwargs``: timm's other training augmentations (:data:`NAFLEX_AUGMENT_KEYS`: ``color_jitter``,
+    ``auto_augment``, ``re_prob``, ...), applied with ``augment`` as ``timm.data.create_transform(naflex=True)``
+    applies them (after the crop and resize, at the image's final size; ``color_jitter`` 0 or None: none). Any other
+    key is a ``ValueError`` naming it.
     """
     from timm.data.naflex_transforms import Patchify, RandomResizedCropToSequence, ResizeToSequence
     from torchvision import transforms as T
 
     if patch_size < 1 or max_tokens < 1:
         raise ValueError(f"patch_size and max_tokens must be >= 1, got {patch_size}, {max_tokens}")
+    unknown = sorted(set(augment_kwargs) - set(NAFLEX_AUGMENT_KEYS))
+    if unknown:
+        raise ValueError(
+            f"data.augment_kwargs {unknown} are not options of the NaFlex (data.packing) training transforms: they "
+            f"take scale, ratio, hflip and {', '.join(NAFLEX_AUGMENT_KEYS)}"
+        )
     steps: list[Any] = []
     if train:
         crop = (tuple(scale), tuple(ratio)) if augment else ((1.0, 1.0), (1.0, 1.0))
-        steps.append(
-            RandomResizedCropToSequence(
-                patch_size=patch_size,
-                max_seq_len=max_tokens,
-                scale=crop[0],
-                ratio=crop[1],
-                interpolation=interpolation,
-                final_scale_range=None if size_scale is None else tuple(size_scale),
-            )
+        resize = RandomResizedCropToSequence(
+            patch_size=patch_size,
+            max_seq_len=max_tokens,
+            scale=crop[0],
+            ratio=crop[1],
+            interpolation=interpolation,
+            final_scale_range=None if size_scale is None else tuple(size_scale),
         )
-        if augment and hflip > 0:
-            steps.append(T.RandomHorizontalFlip(hflip))
+        if augment:  # timm's NaFlex training pipeline, its crop replaced by the one with size_scale
+            return _timm_naflex_train(resize, patch_size, max_tokens, mean, std, interpolation, hflip, augment_kwargs)
+        steps.append(resize)
     else:
         steps.append(
             ResizeToSequence(patch_size, max_seq_len=max_tokens, max_ratio=eval_max_ratio, interpolation=interpolation)
         )
     steps += [T.ToTensor(), T.Normalize(mean=list(mean), std=list(std)), Patchify(patch_size)]
     return T.Compose(steps)
+
+
+def _timm_naflex_train(
+    resize: Any,
+    patch_size: int,
+    max_tokens: int,
+    mean: Sequence[float],
+    std: Sequence[float],
+    interpolation: str,
+    hflip: float,
+    augment_kwargs: Mapping[str, Any],
+) -> Callable[[Any], dict[str, Tensor]]:
+    """timm's ``transforms_imagenet_train(naflex=True, patchify=True)`` with ``resize`` as its crop."""
+    import math
+
+    from timm.data.naflex_transforms import RandomResizedCropToSequence
+    from timm.data.transforms_factory import transforms_imagenet_train
+    from torchvision import transforms as T
+
+    kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in augment_kwargs.items()}
+    if not kw.get("color_jitter"):  # timm's default is 0.4; 0 adds a do-nothing ColorJitter
+        kw["color_jitter"] = None
+    primary, secondary, final = transforms_imagenet_train(
+        img_size=patch_size * math.isqrt(max_tokens),  # (auto_augment's translation: a square within the budget)
+        hflip=hflip,
+        interpolation=interpolation,
+        mean=tuple(mean),
+        std=tuple(std),
+        naflex=True,
+        patch_size=patch_size,
+        max_seq_len=max_tokens,
+        patchify=True,
+        separate=True,
+        **kw,
+    )
+    if not isinstance(primary.transforms[0], RandomResizedCropToSequence):
+        raise RuntimeError(f"timm's NaFlex training transforms start with {primary.transforms[0]!r}, not the crop")
+    return T.Compose([resize, *primary.transforms[1:], *secondary.transforms, *final.transforms])

@@ -22,6 +22,7 @@ are zeroed there: nothing a padding slot holds is ever read.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -105,13 +106,17 @@ def read_input(x: Any, proj: nn.Conv2d) -> ModelInput:
     (p, _), c = proj.kernel_size, proj.in_channels
     if form == "list":
         x = images_batch(list(x), p, c)
-    return ModelInput(None, parse_naflex(x, c * p * p, proj.weight.device))
+    return ModelInput(None, parse_naflex(x, (p, c), proj.weight.device))
 
 
-def parse_naflex(batch: Mapping[str, Any], patch_dim: int | None = None, device: Any = None) -> NaFlexBatch:
+def parse_naflex(
+    batch: Mapping[str, Any], patch_dim: int | tuple[int, int] | None = None, device: Any = None
+) -> NaFlexBatch:
     """Check a NaFlex batch dict (module docstring) and derive each token's image and each image's grid: every check
-    here, before any work, each error naming the key and the value. Numpy arrays are taken (as tensors on ``device``,
-    default the CPU); padding patches are zeroed (nothing a padding slot holds is ever read)."""
+    here, before any work, each error naming the key and the value. ``patch_dim``: the values per patch the model
+    takes (``P*P*C``), or its ``(P, C)`` (the error then says whether the patch size or the channels differ). Numpy
+    arrays are taken (as tensors on ``device``, default the CPU); padding patches are zeroed (nothing a padding slot
+    holds is ever read)."""
     if not isinstance(batch, Mapping):
         raise ValueError(f"a NaFlex batch is a dict of tensors, got {type(batch).__name__}")
     missing = [k for k in REQUIRED if k not in batch]
@@ -126,8 +131,8 @@ def parse_naflex(batch: Mapping[str, Any], patch_dim: int | None = None, device:
     b, n, d = patches.shape
     if b == 0 or n == 0:
         raise ValueError(f"the NaFlex batch holds no image: 'patches' is {tuple(patches.shape)} (no rows or no tokens)")
-    if patch_dim is not None and d != patch_dim:
-        raise ValueError(f"'patches' have {d} values per patch, the model's patch embedding takes {patch_dim} (P*P*C)")
+    if patch_dim is not None:
+        _check_patch_dim(d, patch_dim)
     if tuple(coord.shape) != (b, n, 2) or tuple(valid.shape) != (b, n):
         raise ValueError(
             f"'patch_coord' must be [B, N, 2] and 'patch_valid' [B, N] for patches {tuple(patches.shape)}, got "
@@ -160,6 +165,37 @@ def parse_naflex(batch: Mapping[str, Any], patch_dim: int | None = None, device:
     grids, image = _check_rows(seg.cpu(), coord.cpu(), valid.cpu())
     patches = patches.masked_fill(~valid[..., None], 0)  # padding is never read, whatever it held (NaN, 1e30)
     return NaFlexBatch(patches, coord, seg, image.to(device), grids)
+
+
+def _check_patch_dim(d: int, patch_dim: int | tuple[int, int]) -> None:
+    """``'patches'`` of ``d`` values each for a model taking ``patch_dim`` (``P*P*C`` or ``(P, C)``): an error saying,
+    where ``d`` tells, the patch size or the channels the data has."""
+    if isinstance(patch_dim, int):
+        if d != patch_dim:
+            raise ValueError(
+                f"'patches' have {d} values per patch, the model's patch embedding takes {patch_dim} (P*P*C)"
+            )
+        return
+    p, c = patch_dim
+    if d == p * p * c:
+        return
+    q = math.isqrt(d // c) if d % c == 0 else 0
+    if q * q * c == d:
+        why = (
+            f"the data's patches are {q}x{q} (of {c} channels), the model's {p}x{p}: cut the images into {p}x{p} "
+            f"patches (Patchify({p}); data.patch_size={p})"
+        )
+    elif d % (p * p) == 0:
+        why = (
+            f"the data's {p}x{p} patches have {d // (p * p)} channel(s), the model takes {c}: convert the images to "
+            f"{c} channel(s) before patchifying"
+        )
+    else:
+        why = f"the model takes {p}x{p} patches of {c} channels, flattened (P, P, C)"
+    raise ValueError(
+        f"'patches' have {d} values per patch, the model's patch embedding takes {p * p * c} (P*P*C = {p}*{p}*{c}): "
+        f"{why}"
+    )
 
 
 def _as_tensor(key: str, value: Any, device: Any) -> Tensor:

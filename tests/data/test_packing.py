@@ -193,6 +193,26 @@ def test_datamodule_packing_errors():
         dm(size_scale=[0.5, 2.0])
 
 
+def test_datamodule_passes_timms_augment_options_to_the_naflex_transforms():
+    """``data.augment_kwargs`` beyond scale / ratio / hflip reach the NaFlex training transforms of the data module
+    (``+data.augment_kwargs.re_prob=1`` erases, as on the image path), and one they do not take is refused naming
+    it; the data set's own defaults (Fashion-MNIST's ``color_jitter: 0.0``) pass."""
+    import random
+
+    img, _ = dm().raw_dataset("train")[0]
+
+    def patches(d: FashionMNISTDataModule) -> torch.Tensor:
+        random.seed(0)
+        torch.manual_seed(0)
+        return d.naflex_transform(train=True)(img)["patches"]
+
+    plain, erased = patches(dm(augment=True)), patches(dm(augment=True, augment_kwargs={"re_prob": 1.0}))
+    assert plain.shape == erased.shape and not torch.equal(plain, erased)
+    assert torch.equal(plain, patches(dm(augment=True, augment_kwargs={"re_prob": 0.0})))
+    with pytest.raises(ValueError, match=r"data.augment_kwargs \['crop_pct'\] are not options"):
+        dm(augment=True, augment_kwargs={"crop_pct": 0.9}).naflex_transform(train=True)
+
+
 # ------------------------------------------------------------------------------------------ DataModule
 def test_datamodule_naflex_batches():
     """Training: mixed sizes (random per-image scale within the budget) packed into rows; evaluation: every

@@ -293,6 +293,7 @@ class VisionDataModule(L.LightningDataModule):
             hflip=float(kw.get("hflip", 0.5)),
             size_scale=self.size_scale,
             eval_max_ratio=self.eval_max_ratio,
+            **{k: v for k, v in kw.items() if k not in ("scale", "ratio", "hflip")},  # timm's others (re_prob, ...)
         )
 
     @property

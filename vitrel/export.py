@@ -50,7 +50,7 @@ from vitrel.models.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     CheckpointError,
-    checkpoint_has_ema,
+    checkpoint_scores_ema,
     data_config_for,
     load_model,
     model_data_config,
@@ -335,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
         const="true",
         default="auto",
         choices=("auto", "true", "false"),
-        help="auto (default; as eval.py and predict.py): the EMA weights when the checkpoint has them; --ema / "
+        help="auto (default; as eval.py and predict.py): the weights the run tested, the EMA copy when the checkpoint "
+        "has one unless the run set module.ema_eval=false; --ema / "
         "--ema true: the EMA weights; --ema false: the trained weights",
     )
     ap.add_argument("--pt2", action="store_true", help=f"also write a torch.export program ({PT2_NAME})")
@@ -366,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     dynamic = args.dynamic
     try:  # everything that can refuse, the traces included, before anything is written
         kernel = {} if args.attn_impl is None else {"attn_impl": args.attn_impl}
-        use_ema = checkpoint_has_ema(args.ckpt) if args.ema == "auto" else args.ema == "true"
+        use_ema = checkpoint_scores_ema(args.ckpt) if args.ema == "auto" else args.ema == "true"
         model = load_model(args.ckpt, use_ema=use_ema, **kernel).eval()
         data_config = data_config_for(args.ckpt, model)
         pt2 = onnx = None

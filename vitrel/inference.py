@@ -91,7 +91,7 @@ def load_predictor(
     ``model_overrides``: arguments for :func:`vitrel.load_model` (e.g. ``{"attn_impl": "sdpa"}`` for a model trained
     with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed."""
     from vitrel.export import PT2_NAME, load_program
-    from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_has_ema, data_config_for, load_model
+    from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_scores_ema, data_config_for, load_model
 
     p = Path(path)
     device = torch.device(device)
@@ -113,7 +113,7 @@ def load_predictor(
             ep = move_to_device_pass(ep, device)
         module = ep.module()
         return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
-    ema = checkpoint_has_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
+    ema = checkpoint_scores_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
     model = load_model(p, use_ema=ema, **(model_overrides or {})).eval().to(device)
     data_config = data_config_for(p, model)
     return Predictor(model, data_config, str(p), data_config.get("class_names"), device)

@@ -179,6 +179,10 @@ def test_checkpoint_has_ema_reads_keys_not_tensors(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, "load", lambda *a, **kw: calls.append(kw.get("mmap")) or load(*a, **kw))
     assert [checkpoint.checkpoint_has_ema(p) for p in (zipped, legacy, plain)] == [True, True, False]
     assert calls == [True, False, True]  # tensors mapped, not read (a legacy file cannot be mapped)
+    # ema=auto: the EMA weights where the run validated with them (ema_eval; not stored before: the default, True)
+    raw = tmp_path / "raw.ckpt"
+    torch.save({"state_dict": sd, "hyper_parameters": {"ema_eval": False}}, raw)
+    assert [checkpoint.checkpoint_scores_ema(p) for p in (zipped, legacy, plain, raw)] == [True, True, False, False]
 
 
 def test_extract_model_state_contract():

@@ -180,3 +180,32 @@ def test_eval_scores_the_clips_of_a_moving_fmnist_run(tmp_path):
         "seed": 3, "train_images": 32, "test_images": 16, "speeds": [2], "orientations": [90, 135], "img_size": 32,
         "num_frames": 8,
     }  # fmt: skip
+
+
+def test_ema_auto_scores_the_weights_the_run_tested(tmp_path):
+    """A run with an EMA that validates and tests its trained weights (``module.ema_eval=false``): ``eval.py``'s
+    ``ema=auto`` scores those, so its test score is the run's (it took the EMA copy the checkpoint holds, another
+    model); with the default ``ema_eval`` it scores the EMA copy, as the run did."""
+    from vitrel.train.run import train
+
+    ema = ["module/ema=default", "module.ema.decay=0.5", "module.ema.use_warmup=false"]
+    short = [
+        *TINY_VIT,
+        *FAST,
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=4",
+        "logger=none",
+        *ema,
+    ]  # (timm's first EMA updates copy)
+    short += ["data.eval_batch_size=500", "callbacks.pos_images=null"]
+    for name, eval_ema in (("raw", False), ("ema", True)):
+        run = tmp_path / name
+        trained = train(compose(run, [*short, f"module.ema_eval={str(eval_ema).lower()}"]))
+        metrics, res, _ = _eval(tmp_path, f"eval_{name}", run / "checkpoints" / "last.ckpt", EVAL)
+        assert res["ema"] is eval_ema and res["num_images"] == 2000
+        assert abs(metrics["test/acc1"] - trained["test/acc1"]) <= 1 / 2000
+        assert metrics["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-5)
+        other, _, _ = _eval(
+            tmp_path, f"other_{name}", run / "checkpoints" / "last.ckpt", [*EVAL, f"ema={not eval_ema}"]
+        )
+        assert other["test/loss"] != pytest.approx(trained["test/loss"], rel=1e-3)  # (the other weights score apart)

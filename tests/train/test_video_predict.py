@@ -17,7 +17,7 @@ import vitrel
 from tests.data.test_video import write_video
 from tests.train_helpers import FAST, compose, run_script
 from vitrel.inference import NoVideosError, load_predictor, predict_folder, run_predict
-from vitrel.models.checkpoint import checkpoint_has_ema
+from vitrel.models.checkpoint import checkpoint_has_ema, checkpoint_scores_ema
 from vitrel.train.run import train
 
 av = pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")
@@ -83,7 +83,7 @@ def reference_probs(
     starts = [delta // 2] if clips == 1 else [k * delta // (clips - 1) for k in range(clips)]
     mean = torch.tensor(IMAGENET_DEFAULT_MEAN, dtype=torch.float64)[:, None, None]
     std = torch.tensor(IMAGENET_DEFAULT_STD, dtype=torch.float64)[:, None, None]
-    ema = checkpoint_has_ema(ckpt) if use_ema is None else use_ema  # (predict.py's ema=auto)
+    ema = checkpoint_scores_ema(ckpt) if use_ema is None else use_ema  # (predict.py's ema=auto)
     model = vitrel.load_model(ckpt, use_ema=ema, **overrides).double().eval()
     probs = []
     for s in starts:

@@ -70,6 +70,7 @@ __all__ = [
     "read_weights",
     "check_checkpoint",
     "checkpoint_has_ema",
+    "checkpoint_scores_ema",
     "stored_config",
     "stored_data_config",
     "model_data_config",
@@ -162,15 +163,32 @@ def check_checkpoint(path: str | os.PathLike) -> Path:
     return p
 
 
+def _read_keys(path: str | os.PathLike) -> Any:
+    """A checkpoint as ``torch.load`` reads it safely, its tensors left on disk (``mmap``) when it is a zip file (what
+    ``torch.save`` and Lightning write); None for exported weights (safetensors)."""
+    p = _resolve(path)
+    return None if p.suffix == ".safetensors" else _torch_load(p, mmap=zipfile.is_zipfile(p))
+
+
+def _holds_ema(obj: Any) -> bool:
+    sd = obj.get("state_dict", {}) if isinstance(obj, Mapping) else {}
+    return isinstance(sd, Mapping) and any(k.startswith(_EMA_PREFIXES) for k in sd)
+
+
 def checkpoint_has_ema(path: str | os.PathLike) -> bool:
     """Whether a training checkpoint holds EMA weights (read safely; False for exported weights). Only the keys are
     read: the tensors of a zip checkpoint (what ``torch.save`` and Lightning write) stay on disk (``mmap``)."""
-    p = _resolve(path)
-    if p.suffix == ".safetensors":
-        return False
-    obj = _torch_load(p, mmap=zipfile.is_zipfile(p))
-    sd = obj.get("state_dict", {}) if isinstance(obj, Mapping) else {}
-    return isinstance(sd, Mapping) and any(k.startswith(_EMA_PREFIXES) for k in sd)
+    return _holds_ema(_read_keys(path))
+
+
+def checkpoint_scores_ema(path: str | os.PathLike) -> bool:
+    """``ema=auto`` of ``eval.py``, ``predict.py`` and the export: whether the run that wrote a training checkpoint
+    validated and tested with its EMA weights, so that they score the weights its own test scored. True when the
+    checkpoint holds EMA weights and its module's ``ema_eval`` (``hyper_parameters``; checkpoints that do not store it
+    had the default, True) is not False; False for exported weights."""
+    obj = _read_keys(path)
+    hparams = (obj.get("hyper_parameters") if isinstance(obj, Mapping) else None) or {}
+    return _holds_ema(obj) and hparams.get("ema_eval", True) is not False
 
 
 def _keys(obj: Any) -> str:

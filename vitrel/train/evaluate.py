@@ -41,7 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
 from vitrel.config import check_moved_keys
-from vitrel.models.checkpoint import CheckpointError, checkpoint_has_ema
+from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.data_config import stored_data_config
 from vitrel.models.input_size import check_patches_fit
@@ -276,7 +276,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if split not in ("test", "val"):
         raise ValueError(f"split must be test or val, got {split!r}")
     ema = cfg.get("ema", "auto")
-    use_ema = checkpoint_has_ema(ckpt) if ema == "auto" else bool(ema)
+    use_ema = checkpoint_scores_ema(ckpt) if ema == "auto" else bool(ema)
 
     saved = stored_config(ckpt) or {}
     # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged):

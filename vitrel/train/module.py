@@ -120,6 +120,7 @@ class ClassifierModule(L.LightningModule):
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         hparams = {"num_classes": num_classes, "label_smoothing": float(label_smoothing)}
         hparams["data_config"] = None if data_config is None else dict(data_config)
+        hparams["ema_eval"] = bool(ema_eval)  # the weights val and test score: eval.py's ema=auto scores the same
         self.save_hyperparameters(hparams, logger=False)
         self.model = model
         self.num_classes = num_classes

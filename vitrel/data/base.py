@@ -27,7 +27,6 @@ dataset of raw ``(PIL image, int label)`` pairs (the workers loader only).
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -44,10 +43,12 @@ from vitrel.data.datasets import (
     DatasetIntegrityError,
     DatasetNotFoundError,
     SplitMismatchError,
+    check_same_split,
     seeded_split,
+    split_record,
 )
 from vitrel.data.memory import MemoryLoader, TensorImageDataset, check_budget, to_uint8_nchw
-from vitrel.data.packing import PackingCollator, naflex_transform, parse_packing
+from vitrel.data.packing import PackingCollator, check_packing, naflex_transform, parse_packing
 from vitrel.data.sampling import EpochSampler, ResumableDataLoader
 from vitrel.data.transforms import (
     CANVAS_MODES,
@@ -230,7 +231,10 @@ class VisionDataModule(L.LightningDataModule):
         self.size_scale = None if size_scale is None else tuple(float(v) for v in size_scale)
         self.eval_max_ratio = None if eval_max_ratio is None else float(eval_max_ratio)
         if self.packing is not None:
-            self._check_packing()
+            self.max_tokens = check_packing(
+                self.packing, self.seq_len, self.patch_size, self.max_tokens, self.size_scale, self.eval_max_ratio,
+                self.loader, self.canvas_size,
+            )  # fmt: skip
         self.size_choices = None if size_choices is None else tuple(int(v) for v in size_choices)
         if self.size_choices is not None:
             if not self.size_choices or min(self.size_choices) < 1:
@@ -248,34 +252,6 @@ class VisionDataModule(L.LightningDataModule):
         self._split_idx: tuple[np.ndarray, np.ndarray] | None = None
         self._datasets: dict[str, Dataset] = {}
         # set by subclasses: num_classes, in_chans, mean, std, class_names
-
-    def _check_packing(self) -> None:
-        if self.seq_len is None or self.patch_size is None:
-            raise ValueError(
-                f"data.packing={self.packing} needs data.seq_len (tokens per row) and data.patch_size (the model's), "
-                f"got seq_len={self.seq_len}, patch_size={self.patch_size}"
-            )
-        if self.seq_len < 1 or self.patch_size < 1:
-            raise ValueError(f"data.seq_len and data.patch_size must be >= 1, got {self.seq_len}, {self.patch_size}")
-        if self.max_tokens is None:
-            self.max_tokens = self.seq_len
-        if not 1 <= self.max_tokens <= self.seq_len:
-            raise ValueError(
-                f"data.max_tokens={self.max_tokens} (patches of one image) must be in [1, "
-                f"data.seq_len={self.seq_len}]: a row holds at most seq_len tokens"
-            )
-        scale = self.size_scale
-        if scale is not None and not (len(scale) == 2 and 0 < scale[0] <= scale[1] <= 1):
-            raise ValueError(f"data.size_scale must be [lo, hi] with 0 < lo <= hi <= 1, got {list(self.size_scale)}")
-        if self.eval_max_ratio is not None and self.eval_max_ratio <= 0:
-            raise ValueError(f"data.eval_max_ratio must be > 0 (or null), got {self.eval_max_ratio}")
-        if self.loader == "memory":
-            raise ValueError(
-                f"data.packing={self.packing} makes NaFlex batches (images of their own sizes) per sample: use "
-                "data.loader=workers (the memory loader holds one image size)"
-            )
-        if self.canvas_size is not None:
-            raise ValueError("data.packing and data.canvas_size (the translation canvas) do not combine")
 
     def naflex_transform(self, train: bool) -> Callable:
         """The per-sample pipeline of ``packing``: a PIL image -> timm's NaFlex per-image dict."""
@@ -367,15 +343,11 @@ class VisionDataModule(L.LightningDataModule):
     # ---- the split a run holds out, kept in its checkpoints -------------------------------------
 
     def split_record(self) -> dict[str, Any]:
-        """What decides the validation split: ``val_fraction`` and, when it is > 0, the ``seed``, how many training
-        samples the split is drawn from (``pool``) and a digest of the held-out indices (``val_digest``). Reading it
-        sets up the split when it is not yet (loading or listing the training set)."""
-        record: dict[str, Any] = {"val_fraction": self.val_fraction}
-        if self.val_fraction > 0.0:
-            (_, val), (_, train) = self._split_of("val"), self._split_of("train")
-            digest = hashlib.sha1(np.sort(np.asarray(val, dtype="<i8")).tobytes()).hexdigest()[:16]
-            record.update(seed=self.seed, pool=len(train) + len(val), val_digest=digest)
-        return record
+        """:func:`~vitrel.data.datasets.split_record` of this module's split (set up when it is not yet)."""
+        if self.val_fraction <= 0.0:
+            return split_record(self.val_fraction, self.seed, None, None)
+        (_, val), (_, train) = self._split_of("val"), self._split_of("train")
+        return split_record(self.val_fraction, self.seed, train, val)
 
     def state_dict(self) -> dict[str, Any]:
         """Lightning keeps this in each checkpoint (under the class's name): the run's :meth:`split_record`."""
@@ -386,30 +358,13 @@ class VisionDataModule(L.LightningDataModule):
         self.check_split(state_dict)
 
     def check_split(self, state: dict[str, Any] | None, where: str | Path | None = None) -> None:
-        """Refuse a resume whose validation split differs from the checkpoint's (``state``: :meth:`state_dict` as a
-        checkpoint ``where`` holds it): its val split would hold images the run trained on, or it would train on images
-        it validated on. A :class:`SplitMismatchError` naming the differing settings and their values; nothing when the
-        checkpoint has no split record (written before vitrel kept one) or neither run holds out a split."""
+        """Refuse a resume whose validation split differs from the one a checkpoint (``where``) kept in ``state``
+        (:meth:`state_dict`): its val split would hold images the run trained on (a
+        :class:`~vitrel.data.datasets.SplitMismatchError`). Not checked: a checkpoint without a split record (written
+        before vitrel kept one), or no held-out split either time."""
         theirs = (state or {}).get("split")
-        if theirs is None or max(theirs.get("val_fraction", 0.0), self.val_fraction) <= 0.0:
-            return
-        mine = self.split_record()
-        if theirs == mine:
-            return
-        keys = [k for k in ("val_fraction", "seed") if k in theirs and k in mine and theirs[k] != mine[k]]
-        if keys:
-            what = ", ".join(f"data.{k}: checkpoint {theirs.get(k)}, configured {mine.get(k)}" for k in keys)
-        elif theirs.get("pool") != mine.get("pool"):
-            what = f"split from {theirs.get('pool')} training samples then, {mine.get('pool')} now"
-        else:
-            what = "the same settings hold out other samples here"
-        advice = " ".join(f"data.{k}={theirs[k]}" for k in ("val_fraction", "seed") if k in theirs)
-        raise SplitMismatchError(
-            f"{f'{where} was' if where else 'the checkpoint was'} trained with another validation split ({what}): "
-            f"resumed with this one, it would validate on images it trained on. Resume with {advice} (the "
-            "checkpoint's), or start a new run in a new folder (model=from_checkpoint model.path=<checkpoint> to "
-            "start from its weights)."
-        )
+        if theirs is not None and max(theirs.get("val_fraction", 0.0), self.val_fraction) > 0.0:
+            check_same_split(theirs, self.split_record(), where)
 
     def train_transform(self, img_size: int | None = None) -> Callable:
         """Training pipeline (timm augmentation when ``augment``), including the canvas if configured; with

@@ -3,14 +3,24 @@ the seeded train / val split (:mod:`vitrel.data.base` re-exports them)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-__all__ = ["DatasetNotFoundError", "DatasetIntegrityError", "SplitMismatchError", "ArrayImageDataset", "seeded_split"]
+__all__ = [
+    "DatasetNotFoundError",
+    "DatasetIntegrityError",
+    "SplitMismatchError",
+    "ArrayImageDataset",
+    "seeded_split",
+    "split_record",
+    "check_same_split",
+]
 
 
 class DatasetNotFoundError(FileNotFoundError):
@@ -68,3 +78,34 @@ def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.nda
         raise ValueError(f"val_fraction={fraction} of {n} samples leaves an empty train or val split")
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
+def split_record(val_fraction: float, seed: int, train: np.ndarray | None, val: np.ndarray | None) -> dict[str, Any]:
+    """What decides a validation split held out of train: ``val_fraction`` and, when it is > 0, the ``seed``, how
+    many training samples it is drawn from (``pool``: ``train`` and ``val`` indices together) and a digest of the
+    held-out indices (``val_digest``)."""
+    if val_fraction <= 0.0 or train is None or val is None:
+        return {"val_fraction": float(val_fraction)}
+    digest = hashlib.sha1(np.sort(np.asarray(val, dtype="<i8")).tobytes()).hexdigest()[:16]
+    return {"val_fraction": float(val_fraction), "seed": int(seed), "pool": len(train) + len(val), "val_digest": digest}
+
+
+def check_same_split(theirs: Mapping[str, Any], mine: Mapping[str, Any], where: str | Path | None = None) -> None:
+    """A :class:`SplitMismatchError` when a checkpoint's split record ``theirs`` (read from ``where``) is not the
+    configured one, ``mine`` (:func:`split_record`), naming the differing settings with both values."""
+    if theirs == mine:
+        return
+    keys = [k for k in ("val_fraction", "seed") if k in theirs and k in mine and theirs[k] != mine[k]]
+    if keys:
+        what = ", ".join(f"data.{k}: checkpoint {theirs.get(k)}, configured {mine.get(k)}" for k in keys)
+    elif theirs.get("pool") != mine.get("pool"):
+        what = f"split from {theirs.get('pool')} training samples then, {mine.get('pool')} now"
+    else:
+        what = "the same settings hold out other samples here"
+    advice = " ".join(f"data.{k}={theirs[k]}" for k in ("val_fraction", "seed") if k in theirs)
+    raise SplitMismatchError(
+        f"{f'{where} was' if where else 'the checkpoint was'} trained with another validation split ({what}): "
+        f"resumed with this one, it would validate on images it trained on. Resume with {advice} (the "
+        "checkpoint's), or start a new run in a new folder (model=from_checkpoint model.path=<checkpoint> to "
+        "start from its weights)."
+    )

@@ -35,6 +35,7 @@ __all__ = [
     "PACKING_MODES",
     "PackingError",
     "PackingCollator",
+    "check_packing",
     "first_fit",
     "naflex_transform",
     "parse_packing",
@@ -195,6 +196,46 @@ class PackingCollator:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(seq_len={self.seq_len}, mode={self.mode!r}, decreasing={self.decreasing})"
+
+
+def check_packing(
+    packing: str,
+    seq_len: int | None,
+    patch_size: int | None,
+    max_tokens: int | None,
+    size_scale: Sequence[float] | None,
+    eval_max_ratio: float | None,
+    loader: str,
+    canvas_size: int | None,
+) -> int:
+    """Refuse data settings NaFlex batches (``data.packing``) cannot take, each error naming the key; return
+    ``max_tokens`` (None: ``seq_len``)."""
+    if seq_len is None or patch_size is None:
+        raise ValueError(
+            f"data.packing={packing} needs data.seq_len (tokens per row) and data.patch_size (the model's), "
+            f"got seq_len={seq_len}, patch_size={patch_size}"
+        )
+    if seq_len < 1 or patch_size < 1:
+        raise ValueError(f"data.seq_len and data.patch_size must be >= 1, got {seq_len}, {patch_size}")
+    if max_tokens is None:
+        max_tokens = seq_len
+    if not 1 <= max_tokens <= seq_len:
+        raise ValueError(
+            f"data.max_tokens={max_tokens} (patches of one image) must be in [1, "
+            f"data.seq_len={seq_len}]: a row holds at most seq_len tokens"
+        )
+    if size_scale is not None and not (len(size_scale) == 2 and 0 < size_scale[0] <= size_scale[1] <= 1):
+        raise ValueError(f"data.size_scale must be [lo, hi] with 0 < lo <= hi <= 1, got {list(size_scale)}")
+    if eval_max_ratio is not None and eval_max_ratio <= 0:
+        raise ValueError(f"data.eval_max_ratio must be > 0 (or null), got {eval_max_ratio}")
+    if loader == "memory":
+        raise ValueError(
+            f"data.packing={packing} makes NaFlex batches (images of their own sizes) per sample: use "
+            "data.loader=workers (the memory loader holds one image size)"
+        )
+    if canvas_size is not None:
+        raise ValueError("data.packing and data.canvas_size (the translation canvas) do not combine")
+    return max_tokens
 
 
 def naflex_transform(

@@ -343,9 +343,8 @@ class VisionDataModule(L.LightningDataModule):
     # ---- the split a run holds out, kept in its checkpoints -------------------------------------
 
     def split_record(self) -> dict[str, Any]:
-        """:func:`~vitrel.data.datasets.split_record` of this module's split (set up when it is not yet)."""
-        if self.val_fraction <= 0.0:
-            return split_record(self.val_fraction, self.seed, None, None)
+        """:func:`~vitrel.data.datasets.split_record` of this module's split (set up when it is not yet; without a
+        held-out split ``_split_of`` gives no indices and reads nothing)."""
         (_, val), (_, train) = self._split_of("val"), self._split_of("train")
         return split_record(self.val_fraction, self.seed, train, val)
 

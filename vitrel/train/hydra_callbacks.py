@@ -3,8 +3,10 @@ printed at the end of a sweep (``python train.py -m ...``).
 
 Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.run.train``);
 :class:`SweepSummary` reads them all when the sweep ends (in the launching process, whatever the
-launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder. It also
-writes the two files as each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end.
+launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder (with a ``seed=``
+sweep, each setting's mean ± standard deviation over its seeds, also ``summary_seeds.csv``). It also writes them as
+each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end. A sweep run again in its folder
+is told from the earlier one by the id each sweep writes (``.sweep_id``, in the sweep's and its jobs' folders).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
-"""The sweep summary as a researcher comparing position schemes reads it: ``python train.py -m pos=... seed=...``
-(mean ± standard deviation over seeds per scheme, the test images scored), then the same sweep folder run again
-with another sweep (an earlier sweep's jobs left out, a job that fails now shown failed with its error, not with
-its earlier run's metrics)."""
+"""A sweep as a researcher comparing position schemes runs it: ``python train.py -m pos=... seed=...`` (each job its
+own folder and W&B run, one W&B group; the summary's mean ± standard deviation over seeds per scheme, the test images
+scored), then the same sweep folder run again with another sweep (an earlier sweep's jobs left out, a job that fails
+now shown failed with its error, not with its earlier run's metrics)."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ import statistics
 
 import pytest
 
-from tests.train_helpers import FAST, TINY_VIT, run_script
+from tests.train_helpers import FAST, TINY_VIT, run_script, wandb_contents
 
 pytestmark = pytest.mark.slow
 
-TINY = [*TINY_VIT, *FAST, "logger=none", "trainer.max_epochs=1", "trainer.limit_train_batches=2"]
-TINY += ["trainer.limit_val_batches=1", "trainer.limit_test_batches=2"]
+TINY = [*TINY_VIT, *(a for a in FAST if a != "progress_bar=none"), "trainer.max_epochs=1"]
+TINY += ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=2"]
 
 
 def _metrics(job) -> dict:
@@ -25,9 +25,22 @@ def _metrics(job) -> dict:
 
 def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", "pos=rel2d_full,rope2d_mixed", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}"]
-    r = run_script("train.py", args, cwd=tmp_path)
+    args = ["-m", "pos=rel2d_full,rope2d_mixed", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}", "logger=wandb"]
+    r = run_script("train.py", args + ["trainer.log_every_n_steps=1"], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    groups = set()
+    for job, pos in enumerate(("rel2d_full", "rel2d_full", "rope2d_mixed", "rope2d_mixed")):
+        m = _metrics(sweep / str(job))
+        assert m["status"] == "finished" and m["pos"] == pos and m["overrides"][0] == f"pos={pos}"
+        runs = list((sweep / str(job) / "wandb").glob("offline-run-*/run-*.wandb"))
+        assert len(runs) == 1, f"job {job} should have exactly one W&B run"
+        config, history, run = wandb_contents(runs[0])
+        assert config["pos"]["name"] == pos and config["trainer"]["limit_train_batches"] == 2
+        assert history["test/acc1"] == pytest.approx(m["metrics"]["test/acc1"])
+        assert any(k.startswith("lr-AdamW") for k in history) and "train/loss_step" in history, sorted(history)
+        groups.add(run.run_group)
+    assert groups == {f"train-{sweep.name}"}, "one W&B group per sweep"
+    assert "epoch 1/1" in r.stdout, "not a terminal: plain progress lines, no progress bar"
     # jobs 0, 1: rel2d_full seeds 0, 1; jobs 2, 3: rope2d_mixed
     acc = {j: _metrics(sweep / str(j))["metrics"]["test/acc1"] for j in range(4)}
     means = list(csv.DictReader((sweep / "summary_seeds.csv").open()))
@@ -44,7 +57,7 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     # the folder again, job 0 alone, whose checkpoint is now damaged: its resume fails; jobs 1-3 are the earlier sweep's
     ckpt = sweep / "0" / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:1000])
-    args = ["-m", "pos=rel2d_full", "seed=0", *TINY, f"hydra.sweep.dir={sweep}"]
+    args = ["-m", "pos=rel2d_full", "seed=0", *TINY, f"hydra.sweep.dir={sweep}", "logger=none"]
     r = run_script("train.py", args, cwd=tmp_path)
     assert r.returncode != 0 and "CheckpointError" in r.stderr, r.stderr[-4000:]
     md = (sweep / "summary.md").read_text()

@@ -54,7 +54,8 @@ def _job_key(p: Path) -> tuple[int, str]:
 
 #: what a job's columns are: the heading of the summary
 ABOUT = (
-    "test/*: the last weights (EMA ones under module.ema) on the test split (test_images: scored / split size); "
+    "test/*: the last weights (the EMA copy with module/ema=default, unless module.ema_eval=false) on the test split "
+    "(test_images: scored / split size); "
     "val/*: the last validation (the test split when data.val_fraction=0); accuracies as fractions"
 )
 

@@ -1,5 +1,5 @@
-"""Training framework through ``python train.py`` subprocesses: a 2-job sweep with its W&B runs and
-summary table, 2-process DDP against 1 process, SIGKILL mid-epoch then resume, bad configs."""
+"""Training framework through ``python train.py`` subprocesses (sweeps: tests/train/test_sweep_summary.py): 2-process
+DDP against 1 process, SIGKILL mid-epoch then resume, bad configs."""
 
 from __future__ import annotations
 
@@ -20,43 +20,12 @@ from tests.train_helpers import (
     run_script,
     script_env,
     start_hanging_run,
-    wandb_contents,
 )
 from vitrel.train.run import train
 
 pytestmark = pytest.mark.slow
 
 SMALL = [*TINY_VIT, "data.num_workers=0", "trainer.accelerator=cpu", "callbacks.pos_images=null"]
-
-
-def test_sweep_two_jobs_own_folders_own_wandb_runs_and_summary(tmp_path):
-    sweep = tmp_path / "sweep"
-    args = ["-m", "pos=rel2d_full,alibi2d", *SMALL, "data.batch_size=16", "trainer.max_epochs=1"]
-    args += ["trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
-    args += ["trainer.log_every_n_steps=1", "logger=wandb", f"hydra.sweep.dir={sweep}"]
-    r = run_script("train.py", args, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
-    groups = set()
-    for job, pos in (("0", "rel2d_full"), ("1", "alibi2d")):
-        m = json.loads((sweep / job / "metrics.json").read_text())
-        assert m["status"] == "finished" and m["pos"] == pos and m["overrides"][0] == f"pos={pos}"
-        runs = list((sweep / job / "wandb").glob("offline-run-*/run-*.wandb"))
-        assert len(runs) == 1, f"job {job} should have exactly one W&B run"
-        config, history, run = wandb_contents(runs[0])
-        assert config["pos"]["name"] == pos and config["trainer"]["limit_train_batches"] == 3
-        assert history["test/acc1"] == pytest.approx(m["metrics"]["test/acc1"])
-        assert any(k.startswith("lr-AdamW") for k in history) and "train/loss_step" in history, sorted(history)
-        groups.add(run.run_group)
-    assert groups == {f"train-{sweep.name}"}, "one W&B group per sweep"
-    # the summary table, printed at the end and saved beside the jobs
-    out = r.stdout
-    assert "Sweep summary (2 jobs" in out
-    table = out[out.index("Sweep summary") :].splitlines()
-    assert any(line.startswith("0 ") and "pos=rel2d_full" in line and "finished" in line for line in table)
-    assert any(line.startswith("1 ") and "pos=alibi2d" in line and "finished" in line for line in table)
-    assert (sweep / "summary.csv").read_text().count("\n") == 3
-    # not a terminal: plain progress lines, no progress bar
-    assert "epoch 1/1" in out
 
 
 # the memory loader with its batch augmentation on (drawn per position of the epoch's order), the workers

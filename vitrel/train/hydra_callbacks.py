@@ -3,17 +3,21 @@ printed at the end of a sweep (``python train.py -m ...``).
 
 Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.run.train``);
 :class:`SweepSummary` reads them all when the sweep ends (in the launching process, whatever the
-launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder. It also
-writes the two files as each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end.
+launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder (with a ``seed=``
+sweep, each setting's mean ± standard deviation over its seeds, also ``summary_seeds.csv``). It also writes them as
+each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end. A sweep run again in its folder
+is told from the earlier one by the id each sweep writes (``.sweep_id``, in the sweep's and its jobs' folders).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import logging
 import os
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,35 +25,72 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["SweepSummary", "TakeRunFolder", "write_held_back_record", "collect_sweep", "format_table", "split_common"]
+__all__ = [
+    "SweepSummary",
+    "TakeRunFolder",
+    "write_held_back_record",
+    "collect_sweep",
+    "format_table",
+    "format_means",
+    "seed_means",
+    "split_common",
+]
 
 log = logging.getLogger(__name__)
+
+
+#: the files :class:`SweepSummary` keeps: the sweep's id (in the sweep folder and in each of its jobs' folders),
+#: a failed job's error, and a job's ``metrics.json`` of an earlier run in its folder (moved aside as the job starts)
+SWEEP_ID, ERROR, PREVIOUS = ".sweep_id", "error.txt", "metrics.previous.json"
+
+
+def _read(p: Path) -> str | None:
+    return p.read_text().strip() if p.exists() else None
 
 
 def _job_key(p: Path) -> tuple[int, str]:
     return (int(p.name), p.name) if p.name.isdigit() else (10**9, p.name)
 
 
+#: what a job's columns are: the heading of the summary
+ABOUT = (
+    "test/*: the last weights (the EMA copy with module/ema=default, unless module.ema_eval=false) on the test split "
+    "(test_images: scored / split size); "
+    "val/*: the last validation (the test split when data.val_fraction=0); accuracies as fractions"
+)
+
+
 def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per job folder of ``sweep_dir`` (those with a ``.hydra`` folder or a ``metrics.json``)."""
+    """One row per job folder of ``sweep_dir`` (those with a ``.hydra`` folder or a ``metrics.json``).
+
+    A job folder whose ``.sweep_id`` is not the sweep folder's (:class:`SweepSummary` writes them as the sweep and
+    each job start) is of an earlier sweep in the same folder, not yet run again by this one: its row has
+    ``earlier=True``. A ``metrics.json`` of other overrides than the job's ``.hydra/overrides.yaml`` is an earlier
+    run's: the job shows as failed. A failed job's error (written as the job ends) is the row's ``error``.
+    """
+    sweep_dir = Path(sweep_dir)
+    sweep_id = _read(sweep_dir / SWEEP_ID)
     rows = []
-    for d in sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=_job_key):
-        mfile = d / "metrics.json"
+    for d in sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=_job_key):
+        mfile, ofile = d / "metrics.json", d / ".hydra" / "overrides.yaml"
         if not mfile.exists() and not (d / ".hydra").exists():
             continue
-        row: dict[str, Any] = {"job": d.name}
-        if mfile.exists():
-            data = json.loads(mfile.read_text())
-            row["overrides"] = list(data.get("overrides", []))
+        row: dict[str, Any] = {"job": d.name, "earlier": sweep_id is not None and _read(d / SWEEP_ID) != sweep_id}
+        data = json.loads(mfile.read_text()) if mfile.exists() else None
+        overrides = [str(o) for o in OmegaConf.load(ofile)] if ofile.exists() else None
+        if data is not None and overrides is not None and list(data.get("overrides", [])) != overrides:
+            data = None  # an earlier run's
+        row["overrides"] = overrides if overrides is not None else list((data or {}).get("overrides", []))
+        if data is not None:
             row["status"] = data.get("status", "?")
             for m in metrics:
                 row[m] = data.get("metrics", {}).get(m)
             row["epochs"] = data.get("epochs")
             row["wall_s"] = data.get("wall_s")
+            row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
         else:
-            ov = d / ".hydra" / "overrides.yaml"
-            row["overrides"] = [str(o) for o in OmegaConf.load(ov)] if ov.exists() else []
-            row["status"] = "failed (no metrics.json)"
+            row["error"] = _read(d / ERROR)
+            row["status"] = f"failed ({row['error'].split(':', 1)[0]})" if row["error"] else "failed (no metrics.json)"
         rows.append(row)
     return rows
 
@@ -63,64 +104,170 @@ def split_common(rows: list[dict[str, Any]]) -> list[str]:
     return common
 
 
-def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
-    """Plain fixed-width table (readable in any log)."""
-    cols = ["job", "overrides", *metrics, "epochs", "wall_s", "status"]
+def _is_seed(override: str) -> bool:
+    return override.split("=", 1)[0].lstrip("+~") == "seed"
 
-    def cell(c: str, v: Any) -> str:
-        if v is None:
-            return "-"
-        if isinstance(v, float):
-            return f"{v:.0f}" if c == "wall_s" else f"{v:.4f}"
-        return str(v)
 
-    table = [[cell(c, r.get(c)) for c in cols] for r in rows]
+def seed_means(rows: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows of jobs that differ only in ``seed=`` as one row each: ``n`` finished of ``jobs``, the mean and the
+    sample standard deviation of each metric over the finished ones (``rows`` with their override lists, before
+    :func:`split_common`). Empty when the sweep does not vary the seed."""
+    if len({tuple(o for o in r["overrides"] if _is_seed(o)) for r in rows}) < 2:
+        return []
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(o for o in r["overrides"] if not _is_seed(o)), []).append(r)
+    out = []
+    for key, members in groups.items():
+        done = [r for r in members if r["status"] == "finished"]
+        row: dict[str, Any] = {"overrides": list(key), "n": len(done), "jobs": len(members)}
+        for m in metrics:
+            vals = [float(r[m]) for r in done if r.get(m) is not None]
+            mean = sum(vals) / len(vals) if vals else None
+            std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+            row[f"{m} mean"], row[f"{m} std"] = mean, std
+        out.append(row)
+    return out
+
+
+def _cell(c: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.0f}" if c == "wall_s" else f"{v:.4f}"
+    return str(v)
+
+
+def _fixed_width(cols: Sequence[str], table: list[list[str]]) -> str:
     widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c) for i, c in enumerate(cols)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in table]
     return "\n".join(lines)
 
 
+def _test_images(r: dict[str, Any]) -> Any:
+    n, of = r.get("test_images"), r.get("test_split_images")
+    return f"{n}/{of}" if n is not None and of is not None and n != of else (of if of is not None else n)
+
+
+def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
+    """Plain fixed-width table (readable in any log)."""
+    cols = ["job", "overrides", *metrics, "epochs", "wall_s", "test_images", "status"]
+    shown = [dict(r, test_images=_test_images(r)) for r in rows]
+    return _fixed_width(cols, [[_cell(c, r.get(c)) for c in cols] for r in shown])
+
+
+def format_means(means: list[dict[str, Any]], metrics: Sequence[str]) -> str:
+    """The :func:`seed_means` table: ``mean ± std`` per metric, ``n`` finished seeds (``of`` jobs)."""
+
+    def pm(r: dict[str, Any], m: str) -> str:
+        mean, std = r[f"{m} mean"], r[f"{m} std"]
+        return "-" if mean is None else f"{mean:.4f}" + (f" ± {std:.4f}" if std is not None else "")
+
+    cols = ["overrides", "seeds", *metrics]
+    table = [[r["overrides"], f"{r['n']}" + (f" of {r['jobs']}" if r["n"] != r["jobs"] else "")] for r in means]
+    for t, r in zip(table, means):
+        t += [pm(r, m) for m in metrics]
+    return _fixed_width(cols, table)
+
+
 class SweepSummary(Callback):
-    """Print (and save) a table of every job's final metrics when a multirun ends."""
+    """Print (and save) a table of every job's final metrics when a multirun ends; with a ``seed=`` sweep, a second
+    table of each setting's mean ± standard deviation over its seeds."""
 
     def __init__(self, metrics: Sequence[str] = ("test/acc1", "test/acc5", "test/loss", "val/acc1")) -> None:
         self.metrics = list(metrics)
 
-    def on_job_end(self, config: DictConfig, **kwargs: Any) -> None:
-        """The summary so far, written as each job of a sweep ends: Hydra's sweeper raises when a job has failed
-        (after the rest of its batch has run), and the sweep's end, :meth:`on_multirun_end`, never comes."""
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """A new id for the sweep folder: job folders of an earlier sweep there (which this sweep has not run again)
+        keep theirs and are left out of the summary."""
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        (sweep_dir / SWEEP_ID).write_text(uuid.uuid4().hex + "\n")
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        """The job folder takes the sweep's id; an earlier run's ``metrics.json`` there (a sweep run again in its
+        folder) is moved aside to ``metrics.previous.json`` and its error removed, so that a job that fails now
+        shows as failed, not with the earlier run's metrics."""
         from hydra.types import RunMode
 
-        if config.hydra.mode == RunMode.MULTIRUN:
-            self._summarize(Path(str(config.hydra.sweep.dir)), show=False)
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        job_dir = Path(str(config.hydra.runtime.output_dir))
+        sweep_id = _read(Path(str(config.hydra.sweep.dir)) / SWEEP_ID)
+        if sweep_id is not None:
+            (job_dir / SWEEP_ID).write_text(sweep_id + "\n")
+        if (job_dir / "metrics.json").exists():
+            os.replace(job_dir / "metrics.json", job_dir / PREVIOUS)
+        (job_dir / ERROR).unlink(missing_ok=True)
+
+    def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
+        """The summary so far, written as each job of a sweep ends: Hydra's sweeper raises when a job has failed
+        (after the rest of its batch has run), and the sweep's end, :meth:`on_multirun_end`, never comes. A failed
+        job's error goes to ``<job>/error.txt`` for the summary (only the first failed job's is printed by Hydra)."""
+        from hydra.core.utils import JobStatus
+        from hydra.types import RunMode
+
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        if job_return is not None and job_return.status == JobStatus.FAILED:
+            try:
+                with contextlib.redirect_stderr(io.StringIO()):  # (Hydra's "Error executing job" line comes later)
+                    job_return.return_value  # noqa: B018  (raises the job's exception)
+            except Exception as e:  # noqa: BLE001  (whatever the job raised is its error)
+                out = Path(str(config.hydra.runtime.output_dir))
+                (out / ERROR).write_text(f"{type(e).__name__}: {e}\n")
+        self._summarize(Path(str(config.hydra.sweep.dir)), show=False)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._summarize(Path(str(config.hydra.sweep.dir)), show=True)
 
     def _summarize(self, sweep_dir: Path, show: bool) -> None:
-        """Write ``summary.md`` / ``summary.csv`` of the job folders in ``sweep_dir`` (each file replaced whole: jobs
-        of a parallel launcher end at once) and, with ``show``, print the table."""
+        """Write ``summary.md`` / ``summary.csv`` (and ``summary_seeds.csv`` for a seed sweep) of the job folders in
+        ``sweep_dir`` (each file replaced whole: jobs of a parallel launcher end at once) and, with ``show``, print
+        the tables."""
         if not sweep_dir.exists():
             return
         rows = collect_sweep(sweep_dir, self.metrics)
+        earlier = [r["job"] for r in rows if r["earlier"]]
+        rows = [r for r in rows if not r["earlier"]]
         if not rows:
             return
+        means = seed_means(rows, self.metrics)
         common = split_common(rows)
-        table = format_table(rows, self.metrics)
+        for r in means:
+            r["overrides"] = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
         head = f"Sweep summary ({len(rows)} jobs, {sweep_dir})" + (f"; all jobs: {' '.join(common)}" if common else "")
+        head += f"\n{ABOUT}"
+        if earlier:
+            head += f"\njob folders {', '.join(earlier)}: of an earlier sweep in this folder, left out"
+        text = f"{head}\n\n{format_table(rows, self.metrics)}\n"
+        failed = [f"job {r['job']} {r['overrides']}: {r['error']}" for r in rows if r.get("error")]
+        if failed:
+            text += "\nfailed:\n" + "\n".join(failed) + "\n"
+        if means:
+            text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, self.metrics)}\n"
         if show:
-            print(f"\n{head}:\n{table}\n", flush=True)
-        fields = ["job", "overrides", *self.metrics, "epochs", "wall_s", "status"]
-        with io.StringIO(newline="") as f:
-            w = csv.DictWriter(f, fieldnames=fields)
-            w.writeheader()
-            w.writerows({k: r.get(k) for k in fields} for r in rows)
-            text = f.getvalue()
-        for name, content in (("summary.md", f"{head}\n\n{table}\n"), ("summary.csv", text)):
+            print(f"\n{text}", flush=True)
+        fields = ["job", "overrides", *self.metrics, "epochs", "wall_s", "test_images", "test_split_images"]
+        files = {"summary.md": text, "summary.csv": _csv([*fields, "status", "error"], rows)}
+        mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in self.metrics for s in ("mean", "std"))]
+        files["summary_seeds.csv"] = _csv(mfields, means) if means else None
+        for name, content in files.items():
+            if content is None:
+                (sweep_dir / name).unlink(missing_ok=True)  # (an earlier sweep's)
+                continue
             part = sweep_dir / f".{name}.{os.getpid()}"
             part.write_text(content, newline="")
             os.replace(part, sweep_dir / name)
+
+
+def _csv(fields: Sequence[str], rows: list[dict[str, Any]]) -> str:
+    with io.StringIO(newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows({k: r.get(k) for k in fields} for r in rows)
+        return f.getvalue()
 
 
 class TakeRunFolder(Callback):

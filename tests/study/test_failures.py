@@ -100,3 +100,18 @@ def test_jobs_workers_record_failures_and_the_study_merges_them(tmp_path, capsys
     assert [(f["scheme"], f["error"]) for f in data["failed"]] == [("broken", WHY)]
     assert not list(tmp_path.glob("*.shard*")) and "| broken (failed) |" in (tmp_path / "study_smoke.md").read_text()
     assert "vit broken seed 0: " + WHY in capsys.readouterr().out
+
+
+def test_a_nan_loss_is_a_failed_run_and_sigterm_stops_the_study(tmp_path):
+    """The variants train with a callback of the training tests: ``nan`` poisons a weight (NaNGuard ends the run,
+    recorded as failed), ``term`` sends this process SIGTERM (the study stops at once: ``rel2d_full`` is not run;
+    the runs and failures so far are kept)."""
+    nan = "+study.variants.nan=['pos=ape','+callbacks.poison={_target_:tests.train_helpers.PoisonWeights,at_step:1}']"
+    term = "+study.variants.term=['pos=ape','+callbacks.sig={_target_:tests.train_helpers.SendSignal,at_step:1}']"
+    with pytest.raises(SystemExit) as stopped:
+        study_main(tmp_path, "nan,none,term,rel2d_full", nan, term)
+    assert stopped.value.code == 128 + 15  # (SIGTERM's, not the failures' exit)
+    data = json.loads((tmp_path / "study_smoke.json").read_text())
+    assert [r["scheme"] for r in data["runs"]] == ["none"]
+    ((failure),) = data["failed"]
+    assert failure["scheme"] == "nan" and failure["error"].startswith("NonFiniteLossError: non-finite training loss")

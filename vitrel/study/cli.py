@@ -281,7 +281,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     todo = [(a, s, seed) for seed in seeds for a in archs for s in schemes if (a, s, seed) not in done]
     todo = todo[: args.max_runs] if args.max_runs is not None else todo
     skipped = len(seeds) * len(archs) * len(schemes) - len(todo)
-    retried = sum(_key(f) in set(todo) for f in state.get("failed", []))
+    retried = len({_key(f) for f in state.get("failed", [])} & set(todo))
     if shard is not None:
         state_name, state["runs"], state["failed"] = f"{name}.shard{shard[0]}", [], []
     print(

@@ -102,7 +102,11 @@ def test_scored_variants_are_checked(extrapolation, tmp_path):
     bad = "+study.variants.x={trained_as:no_such_scheme,score_with:[]}"
     with pytest.raises(SystemExit, match="unknown entry: x"):
         extrapolation.main(["--schemes", "x", *argv, *TOY, bad])
-    # options that change the parameters are not a scored variant: refused, not silently reinitialised
+    # options that change the parameters are not a scored variant: refused, not silently reinitialised (the run
+    # recorded as failed with the reason, the study exits nonzero)
     bad = "+study.variants.y={trained_as:rel2d_full,score_with:['pos=alibi2d']}"
-    with pytest.raises(ValueError, match="must have the trained entry's parameters"):
+    with pytest.raises(SystemExit, match="1 run.s. of study_extrapolation failed"):
         extrapolation.main(["--schemes", "y", *argv, *TOY, bad])
+    ((failed),) = json.loads((tmp_path / "study_extrapolation.json").read_text())["failed"]
+    assert failed["scheme"] == "y" and failed["error"].startswith("ValueError: a scored study variant")
+    assert "must have the trained entry's parameters" in failed["error"]

@@ -16,10 +16,12 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 import warnings
 from pathlib import Path
 
 import torch
+from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -132,7 +134,7 @@ def load_state(path: Path, state: dict, restart: bool) -> dict:
     if path.exists() and not restart:
         old = json.loads(path.read_text())
         check_recipe(path, old, state["recipe"])
-        keep = ("runs", "wall_s", "cost", "cost_rounds", "cost_steps", "commands")
+        keep = ("runs", "failed", "wall_s", "cost", "cost_rounds", "cost_steps", "commands")
         state.update({k: old[k] for k in keep if k in old})
     elif restart:
         for p in path.parent.glob(f"{path.stem}*"):
@@ -155,7 +157,10 @@ def merge_shards(out: Path, name: str, state: dict) -> None:
             if (r["arch"], r["scheme"], r["seed"]) not in done:
                 state["runs"].append(r)
                 done.add((r["arch"], r["scheme"], r["seed"]))
+        for f in shard.get("failed", []):
+            set_failed(state, f)
         path.unlink()
+    state["failed"] = [f for f in state.get("failed", []) if _key(f) not in done]  # (a retry that succeeded)
     main_pos = out / f"{name}_pos.safetensors"
     for path in sorted(out.glob(f"{name}_pos.shard*.safetensors")):
         tensors, meta = {}, {}
@@ -167,6 +172,27 @@ def merge_shards(out: Path, name: str, state: dict) -> None:
         save_file(tensors, str(main_pos.with_name(f".{main_pos.name}.tmp")), metadata=meta)
         os.replace(main_pos.with_name(f".{main_pos.name}.tmp"), main_pos)
         path.unlink()
+
+
+def _key(run: dict) -> tuple[str, str, int]:
+    return run["arch"], run["scheme"], run["seed"]
+
+
+def set_failed(state: dict, failure: dict) -> None:
+    """Record ``failure`` (a run that raised) in ``state["failed"]``, in place of an earlier one of the same run."""
+    state["failed"] = [f for f in state.get("failed", []) if _key(f) != _key(failure)] + [failure]
+
+
+def record_failure(state: dict, log: Path, run: dict, exc: Exception) -> str:
+    """Record the run ``run`` (arch, scheme, seed, ...) as failed with ``exc``: its one-line message in the state,
+    its traceback in ``log``. Returns the message."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+    why = exc.__cause__ if isinstance(exc, InstantiationException) and exc.__cause__ else exc  # (Hydra's wrapper)
+    first = next((line.strip() for line in str(why).splitlines() if line.strip()), "")
+    error = f"{type(why).__name__}: {first}" if first else type(why).__name__
+    set_failed(state, {**run, "error": error, "log": str(log), "finished": time.strftime("%Y-%m-%d %H:%M:%S")})
+    return error
 
 
 def run_jobs(args: argparse.Namespace, argv: list[str], jobs: int) -> None:
@@ -255,10 +281,12 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     todo = [(a, s, seed) for seed in seeds for a in archs for s in schemes if (a, s, seed) not in done]
     todo = todo[: args.max_runs] if args.max_runs is not None else todo
     skipped = len(seeds) * len(archs) * len(schemes) - len(todo)
+    retried = len({_key(f) for f in state.get("failed", [])} & set(todo))
     if shard is not None:
-        state_name, state["runs"] = f"{name}.shard{shard[0]}", []
+        state_name, state["runs"], state["failed"] = f"{name}.shard{shard[0]}", [], []
     print(
-        f"{name}: {len(todo)} runs to do ({skipped} of the selection already done or deferred) on",
+        f"{name}: {len(todo)} runs to do" + f" ({retried} of them failed before: retried)" * bool(retried),
+        f"({skipped} of the selection already done or deferred) on",
         state["machine"]["description"],
     )
     work = out / f"{name}_work" / hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()[:10]
@@ -289,9 +317,31 @@ def _run(argv: list[str] | None, prog: str) -> dict:
         units = {}
     data: dict = {}
     commit = source_commit()  # the code this process runs (read once: a checkout changed meanwhile is not it)
+
+    def save() -> None:
+        if shard is not None:
+            atomic_write(out / f"{state_name}.json", json.dumps(state, indent=1))
+        else:
+            write_results(state, out, name)
+
+    def failed(arch: str, labels: list[str], seed: int, exc: Exception) -> None:
+        """Record runs ``labels`` as failed with ``exc`` (not KeyboardInterrupt, SystemExit: those stop the study)."""
+        for scheme in labels:
+            log = out / f"{name}_failed" / f"{arch}_{scheme}_seed{seed}.log"
+            run = dict(arch=arch, scheme=scheme, seed=seed, commit=commit, machine=state["machine"]["description"])
+            print(f"    {scheme}: FAILED {record_failure(state, log, run, exc)} (traceback: {log})")
+        state["wall_s"] = wall_before + time.perf_counter() - t_start
+        save()
+        if device.type == "cuda":  # (an out-of-memory run: free what it held for the next)
+            torch.cuda.empty_cache()
+
     try:
         for i, ((arch, trained, seed), labels) in enumerate(units.items()):
-            cfg = run_cfg(arch, trained, seed)
+            try:
+                cfg = run_cfg(arch, trained, seed)
+            except Exception as e:  # (a run's own overrides that do not compose)
+                failed(arch, labels, seed, e)
+                continue
             if not data:
                 data = {k: materialise(v) for k, v in eval_sets(study, instantiate(cfg.data), paired=True).items()}
                 print("evaluation sets:", ", ".join(f"{k} {tuple(v[0].shape)}" for k, v in data.items()))
@@ -300,28 +350,34 @@ def _run(argv: list[str] | None, prog: str) -> dict:
             also = f" (trained for {', '.join(scored)})" if trained not in labels else also
             print(f"[{i + 1}/{len(units)}] {arch} {trained} seed {seed}{also}")
             resumed = (Path(cfg.paths.output_dir) / "checkpoints" / "last.ckpt").exists()
-            ft_cfg = finetune_cfg(cfg, study, run_overrides(arch, trained, seed), args.budget)
-            record, model = run_one(cfg, study, data, device, ft_cfg)
+            try:
+                ft_cfg = finetune_cfg(cfg, study, run_overrides(arch, trained, seed), args.budget)
+                record, model = run_one(cfg, study, data, device, ft_cfg)
+            except Exception as e:  # this run's failure (build, NaN loss, out of memory): record it, go on
+                failed(arch, labels, seed, e)
+                continue
             for scheme in labels:
                 if scheme == trained:
                     rec, m = record, model
                 else:  # the same weights, rebuilt with score_with
-                    m = rebuilt(run_cfg(arch, scheme, seed), model, device)
-                    accs, eval_s = score(m, study, data, device, str(cfg.trainer.precision).startswith("bf16"))
+                    try:
+                        m = rebuilt(run_cfg(arch, scheme, seed), model, device)
+                        accs, eval_s = score(m, study, data, device, str(cfg.trainer.precision).startswith("bf16"))
+                    except Exception as e:
+                        failed(arch, [scheme], seed, e)
+                        continue
                     rec = {**record, **accs, "eval_s": eval_s, "trained_as": trained}
                 family = get_pos_class(cfg.pos.name).family
                 run = dict(arch=arch, scheme=scheme, seed=seed, family=family, pos_overrides=variants.get(scheme))
                 run.update(commit=commit, machine=state["machine"]["description"])  # which code, where: per run
                 state["runs"].append({**run, **rec, "resumed": resumed})
+                state["failed"] = [f for f in state.get("failed", []) if _key(f) != _key(run)]  # (a retry)
+                (out / f"{name}_failed" / f"{arch}_{scheme}_seed{seed}.log").unlink(missing_ok=True)
                 state["wall_s"] = wall_before + time.perf_counter() - t_start
-                if shard is not None:
-                    if seed == seeds[0]:
-                        save_pos(out / f"{name}_pos.shard{shard[0]}.safetensors", f"{arch}/{scheme}", m)
-                    atomic_write(out / f"{state_name}.json", json.dumps(state, indent=1))
-                else:
-                    if seed == seeds[0]:
-                        save_pos(out / f"{name}_pos.safetensors", f"{arch}/{scheme}", m)
-                    write_results(state, out, name)
+                if seed == seeds[0]:
+                    pos = f"{name}_pos.shard{shard[0]}" if shard is not None else f"{name}_pos"
+                    save_pos(out / f"{pos}.safetensors", f"{arch}/{scheme}", m)
+                save()
                 accs = "  ".join(f"{k[:-4]} {100 * v:.1f}%" for k, v in rec.items() if k.endswith("_acc"))
                 who = f"{scheme}: " if len(labels) > 1 or scheme != trained else ""
                 speed = f"{record['train_img_s'] or math.nan:.0f} img/s, {record['peak_mem_mb']:.0f} MB"
@@ -330,7 +386,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
                 if d:
                     shutil.rmtree(d, ignore_errors=True)
     finally:
-        for d in (work, work.parent):
+        for d in (work, work.parent, out / f"{name}_failed"):
             with contextlib.suppress(OSError):
                 d.rmdir()
     if shard is not None:
@@ -346,10 +402,20 @@ def _run(argv: list[str] | None, prog: str) -> dict:
         state.update(cost={**state.get("cost", {}), **cost}, cost_rounds=args.cost_rounds, cost_steps=args.cost_steps)
     state["wall_s"] = wall_before + time.perf_counter() - t_start
     state["load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
-    if state["runs"] and (complete or not todo):
+    if state["runs"] or state.get("failed"):  # (also what --jobs workers did, merged)
         write_results(state, out, name)
-    where = f"{out}/{name}.*" if state["runs"] else f"no runs of {name} in {out} yet, nothing written"
+    where = (
+        f"{out}/{name}.*"
+        if state["runs"] or state.get("failed")
+        else f"no runs of {name} in {out} yet, nothing written"
+    )
     print(f"done in {time.perf_counter() - t_start:.0f} s (in all {state['wall_s'] / 60:.1f} min): {where}")
     for v in claims(state) if complete else ():
         print(f"  {v['arch']}: {v['title']}: {v['verdict']}")
+    selected = {(a, s, seed) for a, s in wanted for seed in seeds}
+    if bad := [f for f in state.get("failed", []) if _key(f) in selected]:
+        print(f"{len(bad)} of {len(selected)} runs failed (in {out}/{name}.json and .md):")
+        for f in bad:
+            print(f"  {f['arch']} {f['scheme']} seed {f['seed']}: {f['error']} (traceback: {f['log']})")
+        raise SystemExit(f"{len(bad)} run(s) of {name} failed; rerun the same command to retry them")
     return state

@@ -58,6 +58,15 @@ def scheme_key(label: str, variants: Mapping[str, Any] | None = None) -> tuple:
     return family, base, label != base, label
 
 
+def _family(label: str, variants: Mapping[str, Any] | None = None) -> str:
+    """The family of a study entry's scheme (``-`` for a name the registry does not know)."""
+    base = next((o.split("=", 1)[1] for o in variant_parts(label, variants)[1] if o.startswith("pos=")), label)
+    try:
+        return get_pos_class(base).family
+    except UnknownSchemeError:
+        return "-"
+
+
 def acc_metrics(study: dict) -> list[str]:
     """The accuracy columns of a study: every evaluation set, the fine-tuned one, then the differences
     ``study.derived`` (``name: [a, b]``: ``a``'s accuracy minus ``b``'s, within each run)."""
@@ -194,7 +203,8 @@ def markdown(state: dict) -> str:
     cost = f"the models taking turns ({state.get('cost_rounds')} rounds of {state.get('cost_steps')} steps, median)"
     mem = "weights + AdamW state + profiler peak of one training step's forward and backward (CPU)"
     mem = "CUDA max_memory_allocated over the fit" if machine["device"] == "cuda" else mem
-    seeds = sorted({r["seed"] for r in state["runs"]})
+    failed = state.get("failed") or []
+    seeds = sorted({r["seed"] for r in [*state["runs"], *failed]})
     precision, on_cpu = t["precision"], sum(r.get("device") == "cpu" for r in state["runs"])
     if on_cpu and not str(precision).startswith("32"):  # the command trains in 32-true on a CPU
         which = "every run" if on_cpu == len(state["runs"]) else f"{on_cpu} runs"
@@ -219,7 +229,8 @@ def markdown(state: dict) -> str:
         "- Commands: " + ", ".join(f"`{c}`" for c in state.get("commands") or [state["command"]]),
         f"- Machine: {machine['description']}; torch {machine['torch']}"
         + (f"; load average {state['load']}" if state.get("load") else ""),
-        f"- Wall time: {state['wall_s'] / 60:.1f} min in all ({len(state['runs'])} runs, seeds {seeds})",
+        f"- Wall time: {state['wall_s'] / 60:.1f} min in all ({len(state['runs'])} runs, seeds {seeds})"
+        + (f"; **{len(failed)} failed** (below)" if failed else ""),
         "- Code and machine of the runs: " + _provenance(state["runs"]),
         f"- Recipe (resolved in the JSON): `conf/experiment/study_{state['budget']}.yaml`"
         + "".join(f" `{o}`" for o in rec["overrides"])
@@ -264,8 +275,16 @@ def markdown(state: dict) -> str:
             links = "; ".join(f"{x['a']} - {x['b']} {_pp(x['mean'], x['lo'], x['hi'])}" for x in v["links"])
             lines.append(f"| {v['title']} (`{v['eval']}`) | {v['arch']} | **{v['verdict']}** | {links} |")
         lines.append("")
-    for arch in dict.fromkeys(r["arch"] for r in rows):
+    if failed:
+        lines += ["## Failed runs\n", "A rerun of the command retries them.\n",
+                  "| arch | scheme | seed | error | traceback |", "|---|---|---:|---|---|"]  # fmt: skip
+        for f in failed:
+            error = f["error"].replace("|", "\\|")
+            lines.append(f"| {f['arch']} | {f['scheme']} | {f['seed']} | {error} | `{f['log']}` |")
+        lines.append("")
+    for arch in dict.fromkeys(r["arch"] for r in [*rows, *failed]):
         sub = [r for r in rows if r["arch"] == arch]
+        failed_seeds = Counter(f["scheme"] for f in failed if f["arch"] == arch)
         model = ", ".join(f"{k}={v}" for k, v in rec["runs"][arch]["model"].items() if k[0] != "_")
         head = ["scheme", "family", "params", *evals, "img/s", "peak MB"]
         lines += [f"## {arch}: {model}", "", "| " + " | ".join(head) + " |"]
@@ -273,10 +292,16 @@ def markdown(state: dict) -> str:
         for r in sub:
             thr, mem = r.get("bench_img_s") or r.get("train_img_s_mean"), r.get("peak_mem_mb_mean")
             own = "*" if state.get("cost") and not r.get("bench_img_s") else ""  # (not timed in alternation)
-            few = f" ({r['seeds']} of {len(seeds)} seeds)" if r["seeds"] < len(seeds) else ""  # (a study under way)
+            few = f" ({r['seeds']} of {len(seeds)} seeds" if r["seeds"] < len(seeds) else ""  # (a study under way)
+            few += f", {failed_seeds[r['scheme']]} failed" * bool(few and failed_seeds[r["scheme"]]) + ")" * bool(few)
             cells = [r["scheme"] + few, r["family"], f"{r['params'] / 1e3:.1f}k", *(_pct(r, key[e]) for e in evals)]
             cells += [f"{thr:.0f}{own}" if thr else "-", f"{mem:.0f}" if mem else "-"]
             lines.append("| " + " | ".join(cells) + " |")
+        for scheme in [s for s in failed_seeds if s not in {r["scheme"] for r in sub}]:  # every seed failed
+            family = _family(scheme, study.get("variants"))
+            lines.append(
+                f"| {scheme} (failed) | {family} | - | " + " | ".join(["**failed**"] * len(evals)) + " | - | - |"
+            )
         for base in ("none", "ape"):
             if not any(r["scheme"] == base for r in sub):
                 continue

@@ -1,0 +1,111 @@
+"""A study run that fails (here a scheme the recipe cannot build, a run out of memory) is recorded and the sweep goes
+on: the results file and the report name it, the command exits nonzero, a rerun retries it; an interrupt still stops
+the study at once. In one process and with ``--jobs`` workers (smoke budget)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+#: a study variant that always fails at build for any recipe (rel2d_full takes extend grow / clip / interpolate)
+BROKEN = "+study.variants.broken=['pos=rel2d_full','pos.extend=bogus']"
+WHY = "ValueError: rel2d_full: extend must be one of ('grow', 'clip', 'interpolate'), got 'bogus'"
+
+
+def study_main(out: Path, schemes: str, *extra: str) -> dict:
+    import vitrel.study
+
+    argv = ["--budget", "smoke", "--schemes", schemes, "--archs", "vit", "--out", str(out), "--progress", "none"]
+    return vitrel.study.main([*argv, "--threads", "1", "--cost-rounds", "0", *extra])
+
+
+def test_a_failing_run_is_recorded_the_others_finish_and_a_rerun_retries_it(tmp_path, capsys):
+    with pytest.raises(SystemExit, match=r"^1 run\(s\) of study_smoke failed; rerun the same command to retry them$"):
+        study_main(tmp_path, "broken,none", BROKEN)
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "study_smoke.json").read_text())
+    assert [r["scheme"] for r in data["runs"]] == ["none"]  # the run after the failed one too
+    ((failure),) = data["failed"]
+    log = tmp_path / "study_smoke_failed" / "vit_broken_seed0.log"
+    assert {k: failure[k] for k in ("arch", "scheme", "seed", "error", "log")} == {
+        "arch": "vit", "scheme": "broken", "seed": 0, "error": WHY, "log": str(log),
+    }  # fmt: skip
+    assert "Traceback" in log.read_text() and WHY in log.read_text()
+    assert f"1 of 2 runs failed (in {tmp_path}/study_smoke.json and .md):\n  vit broken seed 0: {WHY}" in out
+    md = (tmp_path / "study_smoke.md").read_text()
+    assert "; **1 failed** (below)" in md and f"| vit | broken | 0 | {WHY} | `{log}` |" in md
+    assert "| broken (failed) | learned bias | - | **failed** | **failed** |" in md  # the cell: failed, not missing
+    assert "| none | none |" in md
+
+    with pytest.raises(SystemExit, match="1 run.s. of study_smoke failed"):  # the same command: retried, fails again
+        study_main(tmp_path, "broken,none", BROKEN)
+    assert "1 runs to do (1 of them failed before: retried)" in capsys.readouterr().out
+    again = json.loads((tmp_path / "study_smoke.json").read_text())
+    assert again["runs"] == data["runs"] and [f["scheme"] for f in again["failed"]] == ["broken"]
+
+
+def _failing(schemes: dict[str, BaseException]):
+    """``run_one`` that raises ``schemes[<scheme>]`` for those schemes, else trains."""
+    from vitrel.study import cli
+
+    real = cli.run_one
+
+    def run_one(cfg, *a, **k):
+        if cfg.pos.name in schemes:
+            raise schemes[cfg.pos.name]
+        return real(cfg, *a, **k)
+
+    return run_one
+
+
+def test_an_interrupt_stops_the_study_and_a_retried_run_that_succeeds_clears_its_failure(tmp_path, monkeypatch):
+    """Ctrl-C (Lightning turns it into SystemExit) stops the sweep at once: a failure (here out of memory) is recorded
+    and the sweep goes on, an interrupt is not a failure; the runs and failures so far are kept. The rerun trains
+    the failed run, and its failure is gone."""
+    oom = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    with monkeypatch.context() as mp:
+        mp.setattr("vitrel.study.cli.run_one", _failing({"rel2d_full": oom, "ape": KeyboardInterrupt()}))
+        with pytest.raises(KeyboardInterrupt):
+            study_main(tmp_path, "none,rel2d_full,ape,alibi2d")
+    data = json.loads((tmp_path / "study_smoke.json").read_text())
+    assert [r["scheme"] for r in data["runs"]] == ["none"]  # alibi2d (after the interrupt) not run
+    assert [(f["scheme"], f["error"]) for f in data["failed"]] == [
+        ("rel2d_full", "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+    ]
+    state = study_main(tmp_path, "none,rel2d_full")  # the rerun: it trains now, the failure is gone
+    assert [r["scheme"] for r in state["runs"]] == ["none", "rel2d_full"] and state["failed"] == []
+    assert not (tmp_path / "study_smoke_failed").exists()
+    assert "failed" not in (tmp_path / "study_smoke.md").read_text()
+
+
+def test_jobs_workers_record_failures_and_the_study_merges_them(tmp_path):
+    """A ``--jobs`` worker (``--shard i/N``, run here in this process; the spawned workers: test_study.py's
+    ``jobs2``) whose run fails records it in its shard and ends well; the study merges the shard's failures with its
+    own runs (a failing worker stopped the study before, its shard and the other's left unmerged)."""
+    study_main(tmp_path, "broken,none", BROKEN, "--shard", "0/2")  # worker 0 of 2: broken; ends without raising
+    assert [f["scheme"] for f in json.loads((tmp_path / "study_smoke.shard0.json").read_text())["failed"]] == ["broken"]
+    study_main(tmp_path, "none", BROKEN)  # the study (worker 1's share, here itself) merges worker 0's shard
+    data = json.loads((tmp_path / "study_smoke.json").read_text())
+    assert [r["scheme"] for r in data["runs"]] == ["none"]
+    assert [(f["scheme"], f["error"]) for f in data["failed"]] == [("broken", WHY)]
+    assert not list(tmp_path.glob("*.shard*")) and "| broken (failed) |" in (tmp_path / "study_smoke.md").read_text()
+
+
+def test_a_nan_loss_is_a_failed_run_and_sigterm_stops_the_study(tmp_path):
+    """The variants train with a callback of the training tests: ``nan`` poisons a weight (NaNGuard ends the run,
+    recorded as failed), ``term`` sends this process SIGTERM (the study stops at once: ``rel2d_full`` is not run;
+    the runs and failures so far are kept)."""
+    nan = "+study.variants.nan=['pos=ape','+callbacks.poison={_target_:tests.train_helpers.PoisonWeights,at_step:1}']"
+    term = "+study.variants.term=['pos=ape','+callbacks.sig={_target_:tests.train_helpers.SendSignal,at_step:1}']"
+    with pytest.raises(SystemExit) as stopped:
+        study_main(tmp_path, "nan,none,term,rel2d_full", nan, term)
+    assert stopped.value.code == 128 + 15  # (SIGTERM's, not the failures' exit)
+    data = json.loads((tmp_path / "study_smoke.json").read_text())
+    assert [r["scheme"] for r in data["runs"]] == ["none"]
+    ((failure),) = data["failed"]
+    assert failure["scheme"] == "nan" and failure["error"].startswith("NonFiniteLossError: non-finite training loss")

@@ -109,3 +109,21 @@ def test_a_nan_loss_is_a_failed_run_and_sigterm_stops_the_study(tmp_path):
     assert [r["scheme"] for r in data["runs"]] == ["none"]
     ((failure),) = data["failed"]
     assert failure["scheme"] == "nan" and failure["error"].startswith("NonFiniteLossError: non-finite training loss")
+
+
+def test_a_crash_while_merging_shards_loses_no_run(tmp_path, monkeypatch):
+    """The study writes the runs it merged from ``--jobs`` shards before it removes the shards: a crash between the
+    two (here at the removal) leaves them in ``<name>.json``."""
+    study_main(tmp_path, "none", "--shard", "0/2")
+    shard = tmp_path / "study_smoke.shard0.json"
+    real = Path.unlink
+
+    def crash(self, *a, **k):
+        if self == shard:
+            raise RuntimeError("crash")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "unlink", crash)
+    with pytest.raises(RuntimeError, match="crash"):
+        study_main(tmp_path, "none", "--max-runs", "0")
+    assert [r["scheme"] for r in json.loads((tmp_path / "study_smoke.json").read_text())["runs"]] == ["none"]

@@ -143,8 +143,8 @@ def load_state(path: Path, state: dict, restart: bool) -> dict:
 
 
 def merge_shards(out: Path, name: str, state: dict) -> None:
-    """Take the runs (and position tensors) of ``--jobs`` workers' shard files into ``state`` (made with its recipe,
-    else refused); remove them."""
+    """Take the runs, failures and position tensors of ``--jobs`` workers' shard files into ``state`` (made with its
+    recipe, else refused); remove each shard once ``<name>.json`` (and the position file) hold what it held."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -152,15 +152,18 @@ def merge_shards(out: Path, name: str, state: dict) -> None:
     shards = {path: json.loads(path.read_text()) for path in sorted(out.glob(f"{name}.shard*.json"))}
     for path, shard in shards.items():  # (a worker of an interrupted --jobs run had its recipe: check all first)
         check_recipe(path, shard, state["recipe"])
-    for path, shard in shards.items():
+    for shard in shards.values():
         for r in shard.get("runs", []):
             if (r["arch"], r["scheme"], r["seed"]) not in done:
                 state["runs"].append(r)
                 done.add((r["arch"], r["scheme"], r["seed"]))
         for f in shard.get("failed", []):
             set_failed(state, f)
-        path.unlink()
     state["failed"] = [f for f in state.get("failed", []) if _key(f) not in done]  # (a retry that succeeded)
+    if shards:  # the merged runs on disk before their shards go (a crash in between loses nothing)
+        atomic_write(out / f"{name}.json", json.dumps(state, indent=1))
+    for path in shards:
+        path.unlink()
     main_pos = out / f"{name}_pos.safetensors"
     for path in sorted(out.glob(f"{name}_pos.shard*.safetensors")):
         tensors, meta = {}, {}

@@ -202,15 +202,17 @@ def is_multirun() -> bool:
 
 @contextmanager
 def one_line_errors(script: str) -> Iterator[None]:
-    """Errors about the user's files and sizes (an unreadable or mismatched checkpoint, a missing or altered data set, a
-    busy run folder, a data set over the memory budget, images the model cannot cut into patches, a resume with another
-    validation split) end a single run with their message alone, ``<script>: <message>`` (exit code 1), as
-    ``predict.py`` does: the message says what to do, a traceback adds nothing. Under ``-m`` they are raised, so that
-    the job fails as Hydra's jobs fail and the sweep goes on."""
+    """Errors about the user's files and sizes (an unreadable or mismatched checkpoint, a missing or altered
+    data set, a busy run folder, a data set over the memory budget, images the model cannot cut into patches, a resume
+    with another validation split, or mid-epoch with another batch size or number of processes) end a single run with
+    their message alone, ``<script>: <message>`` (exit code 1), as ``predict.py`` does: the message says what to do, a
+    traceback adds nothing. Under ``-m`` they are raised, so that the job fails as Hydra's jobs fail and the sweep
+    goes on."""
     from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
     from vitrel.data.memory import MemoryBudgetError
     from vitrel.models.ckpt_files import CheckpointError
     from vitrel.models.input_size import InputSizeError
+    from vitrel.train.callbacks import ResumePositionError
     from vitrel.train.rundir import RunFolderBusy
 
     user_errors = (
@@ -220,6 +222,7 @@ def one_line_errors(script: str) -> Iterator[None]:
         SplitMismatchError,
         RunFolderBusy,
         MemoryBudgetError,
+        ResumePositionError,
     )
     try:
         yield

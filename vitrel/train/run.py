@@ -47,6 +47,7 @@ from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.progress import CountTestImages
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
+    check_accelerator,
     check_data_fits_model,
     check_video_pairing,
     hydra_config,
@@ -347,6 +348,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     (:class:`~vitrel.train.rundir.RunLock`, by the process of global rank 0).
     """
     check_moved_keys(cfg)  # +optim.lr=... (vitrel 0.1) would be composed and ignored
+    check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()
     run_dir = run_dir_of(cfg)

@@ -245,7 +245,7 @@ def test_memory_loader_resumes_the_epoch_with_its_augmentation():
     for _ in range(5):
         next(it)
     state = first.state_dict()
-    assert state == {"epoch": 2, "batches": 5}
+    assert state == {"epoch": 2, "batches": 5, "batch_size": 256, "num_replicas": 1}
     resumed = dm.train_dataloader()  # a new process: a new loader
     resumed.load_state_dict(state)
     resumed.sampler.set_epoch(2)

@@ -279,7 +279,7 @@ def test_resumable_loader_continues_the_epoch_where_it_stopped():
     it = iter(first)
     done = [next(it).tolist() for _ in range(3)]
     state = first.state_dict()
-    assert state == {"epoch": 1, "batches": 3} and done == whole[:3]
+    assert state == {"epoch": 1, "batches": 3, "batch_size": 4, "num_replicas": 1} and done == whole[:3]
     resumed = loader()
     resumed.load_state_dict(state)
     resumed.sampler.set_epoch(1)  # as Lightning does at the start of the (resumed) epoch

@@ -13,8 +13,8 @@ and values) at the native size and with the canvas (``canvas_size``; the evaluat
 :class:`~vitrel.data.TranslatedDataset`); a resize to another ``img_size`` uses torchvision's tensor
 resize where the worker path resizes PIL images (close, not bit-equal).
 
-The loader is resumable mid-epoch (``state_dict``: ``{"epoch", "batches"}``); the augmentation of an
-epoch is drawn from ``(seed, epoch)``, so a resumed epoch gets the parameters it would have had.
+The loader is resumable mid-epoch (``state_dict``: ``{"epoch", "batches", "batch_size", "num_replicas"}``); the
+augmentation of an epoch is drawn from ``(seed, epoch)``, so a resumed epoch gets the parameters it would have had.
 """
 
 from __future__ import annotations
@@ -47,8 +47,10 @@ class MemoryBudgetError(MemoryError):
 
 class ResumableLoader:
     """What :class:`~vitrel.train.callbacks.ExactResume` needs of a training loader: ``state_dict()``
-    (``{"epoch", "batches"}``: its position in the epoch) and ``load_state_dict(state)`` (the next
-    iteration of that epoch starts after those batches)."""
+    (``{"epoch", "batches", "batch_size", "num_replicas"}``: its position in the epoch, counted in batches of
+    ``batch_size`` samples of each of ``num_replicas`` ranks) and ``load_state_dict(state)`` (the next iteration of
+    that epoch starts after those batches). A position means the same samples only at the same batch size and number
+    of ranks (:func:`~vitrel.train.callbacks.check_resume_position`)."""
 
     def state_dict(self) -> dict[str, int]:
         raise NotImplementedError
@@ -325,7 +327,12 @@ class MemoryLoader(ResumableLoader):
     def state_dict(self) -> dict[str, int]:
         if not self.train:
             return {}
-        return {"epoch": self.epoch, "batches": int(self.batches_yielded)}
+        return {
+            "epoch": self.epoch,
+            "batches": int(self.batches_yielded),
+            "batch_size": self.batch_size,
+            "num_replicas": self.num_replicas,
+        }
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         if state_dict and self.train:

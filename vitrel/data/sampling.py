@@ -35,7 +35,8 @@ class EpochSampler(DistributedSampler):
 class ResumableDataLoader(ResumableLoader, DataLoader):
     """A ``DataLoader`` over an :class:`EpochSampler` that can resume mid-epoch.
 
-    ``state_dict()`` is ``{"epoch", "batches"}`` (the sampler's epoch, batches yielded in it so far);
+    ``state_dict()`` is ``{"epoch", "batches", "batch_size", "num_replicas"}`` (the sampler's epoch, batches of
+    ``batch_size`` yielded in it so far, the sampler's number of ranks);
     after ``load_state_dict(state)`` the iteration of that epoch starts after those batches (an
     iteration of another epoch starts at its beginning). Lightning keeps the state of such stateful
     loaders in its checkpoints and restores it on resume. Under DDP Lightning leaves the sampler (a
@@ -62,7 +63,12 @@ class ResumableDataLoader(ResumableLoader, DataLoader):
     def state_dict(self) -> dict[str, int]:
         if not isinstance(self.sampler, EpochSampler):
             return {}
-        return {"epoch": int(self.sampler.epoch), "batches": int(self.batches_yielded)}
+        return {
+            "epoch": int(self.sampler.epoch),
+            "batches": int(self.batches_yielded),
+            "batch_size": int(self.batch_size or 1),
+            "num_replicas": int(self.sampler.num_replicas),
+        }
 
     def load_state_dict(self, state_dict: dict[str, int]) -> None:
         if state_dict and isinstance(self.sampler, EpochSampler):

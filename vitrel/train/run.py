@@ -41,12 +41,13 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.input_size import InputSizeError, check_patches_fit
 from vitrel.models.registry import MODEL_ARGS
-from vitrel.train.callbacks import last_checkpoint_file, last_checkpoint_path
+from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.progress import CountTestImages
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
+    check_accelerator,
     check_data_fits_model,
     check_video_pairing,
     hydra_config,
@@ -62,7 +63,15 @@ from vitrel.train.utils import (
     scalars,
 )
 
-__all__ = ["train", "build_model", "check_launch", "check_pos_override", "resolve_ckpt_path", "check_same_model"]
+__all__ = [
+    "train",
+    "build_model",
+    "check_launch",
+    "check_pos_override",
+    "resolve_ckpt_path",
+    "check_same_model",
+    "world_size",
+]
 
 
 def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Module:
@@ -173,7 +182,9 @@ def resolve_ckpt_path(
     (``vitrel.models.checkpoint.check_checkpoint``: a truncated or foreign file is a clear
     ``CheckpointError``), then its model configuration against ``model``'s (:func:`check_same_model`), then its
     validation split against ``dm``'s (``VisionDataModule.check_split``: a resume with another ``data.seed`` or
-    ``data.val_fraction`` would validate on images it trained on).
+    ``data.val_fraction`` would validate on images it trained on), and a position mid-epoch against ``dm``'s batch
+    size and the trainer's processes (:func:`~vitrel.train.callbacks.check_resume_position`: another would train on
+    some of the epoch's images twice and skip others).
     """
     root = cfg.trainer.get("default_root_dir") or run_dir
     path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir)
@@ -184,12 +195,40 @@ def resolve_ckpt_path(
     check_same_model(ckpt, model, path)
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
+    position = (ckpt.get("callbacks") or {}).get(ExactResume.__qualname__)
+    check_resume_position(position, getattr(dm, "batch_size", None), world_size(cfg.trainer), path)
     if "global_step" not in ckpt:
         raise CheckpointError(
             f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
             f"from its weights use model=from_checkpoint model.path={path} (or vitrel.load_model)"
         )
     return path, int(ckpt["global_step"])
+
+
+def world_size(trainer_cfg: DictConfig) -> int | None:
+    """The processes (devices x nodes) the trainer of ``trainer_cfg`` will train with, as Lightning counts them, known
+    before it is built; None where the cluster decides (SLURM, torchrun) or for accelerators other than the CPU and
+    CUDA (the trainer's own ``world_size`` is checked again when training starts: :class:`ExactResume`)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
+        return None
+    accelerator = str(trainer_cfg.get("accelerator", "auto")).lower()
+    if accelerator in ("auto", "gpu") and CUDAAccelerator.is_available():
+        accelerator = "cuda"
+    elif accelerator == "auto":
+        accelerator = "cpu"  # (Lightning's choice without CUDA, unless another accelerator is there: MPS, TPU)
+    kind = {"cpu": CPUAccelerator, "cuda": CUDAAccelerator}.get(accelerator)
+    devices, nodes = trainer_cfg.get("devices", "auto"), int(trainer_cfg.get("num_nodes", 1) or 1)
+    if kind is None:
+        return None
+    try:
+        parsed = kind.auto_device_count() if devices == "auto" else kind.parse_devices(devices)
+    except (MisconfigurationException, TypeError, ValueError):  # devices the trainer refuses itself, with its message
+        return None
+    return nodes * (len(parsed) if isinstance(parsed, (list, tuple)) else int(parsed))
 
 
 # settings that change training, not the parameters: a resume may change them
@@ -309,6 +348,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     (:class:`~vitrel.train.rundir.RunLock`, by the process of global rank 0).
     """
     check_moved_keys(cfg)  # +optim.lr=... (vitrel 0.1) would be composed and ignored
+    check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()
     run_dir = run_dir_of(cfg)

@@ -36,6 +36,8 @@ __all__ = [
     "override_key",
     "is_multirun",
     "one_line_errors",
+    "AcceleratorUnavailableError",
+    "check_accelerator",
     "check_data_fits_model",
     "is_video_data",
     "is_video_architecture",
@@ -200,17 +202,52 @@ def is_multirun() -> bool:
     return hc is not None and hc.mode == RunMode.MULTIRUN
 
 
+class AcceleratorUnavailableError(RuntimeError):
+    """The trainer asks for an accelerator this machine does not have (a GPU where PyTorch sees none)."""
+
+
+def check_accelerator(trainer_cfg: DictConfig) -> None:
+    """``trainer.accelerator`` gpu / cuda / mps on a machine without one: an :class:`AcceleratorUnavailableError`
+    naming the trainer option and accelerator asked for and the CPU settings to use instead, before anything is built
+    (Lightning's own error, inside Hydra's traceback, names neither)."""
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
+
+    acc = str(trainer_cfg.get("accelerator", "auto"))
+    kinds = {"gpu": (CUDAAccelerator, MPSAccelerator), "cuda": (CUDAAccelerator,), "mps": (MPSAccelerator,)}
+    if acc.lower() not in kinds or any(kind.is_available() for kind in kinds[acc.lower()]):
+        return
+    hc = hydra_config()
+    choice = hc.runtime.choices.get("trainer") if hc is not None else None
+    named = choice not in (None, "default", "cpu")
+    asked = f"trainer={choice} (trainer.accelerator={acc})" if named else f"trainer.accelerator={acc}"
+    device = {"cuda": "a CUDA GPU", "mps": "an Apple GPU (MPS)"}.get(acc.lower(), "a GPU")
+    built = "" if torch.version.cuda else "; this PyTorch is built without CUDA"
+    if str(trainer_cfg.get("strategy", "auto")).startswith("ddp"):
+        fix = (
+            "for DDP on the CPU add trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true (2 processes), "
+            "or train in one process with trainer=cpu"
+        )
+    elif named:
+        kept = "bf16 autocast and compiled step, minutes of compiling on a CPU" if choice == "gpu" else "other settings"
+        fix = f"train on the CPU with trainer=cpu (trainer.accelerator=cpu alone keeps trainer={choice}'s {kept})"
+    else:
+        fix = "train on the CPU with trainer.accelerator=cpu (or auto: a GPU where there is one), or trainer=cpu"
+    raise AcceleratorUnavailableError(f"{asked} asks for {device}, and PyTorch sees none on this machine{built}: {fix}")
+
+
 @contextmanager
 def one_line_errors(script: str) -> Iterator[None]:
-    """Errors about the user's files and sizes (an unreadable or mismatched checkpoint, a missing or altered data set, a
-    busy run folder, a data set over the memory budget, images the model cannot cut into patches, a resume with another
-    validation split) end a single run with their message alone, ``<script>: <message>`` (exit code 1), as
+    """Errors about the user's files, sizes and machine (an unreadable or mismatched checkpoint, a missing or altered
+    data set, a busy run folder, a data set over the memory budget, images the model cannot cut into patches, a resume
+    with another validation split, or mid-epoch with another batch size or number of processes, a GPU trainer on a
+    machine without one) end a single run with their message alone, ``<script>: <message>`` (exit code 1), as
     ``predict.py`` does: the message says what to do, a traceback adds nothing. Under ``-m`` they are raised, so that
     the job fails as Hydra's jobs fail and the sweep goes on."""
     from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
     from vitrel.data.memory import MemoryBudgetError
     from vitrel.models.ckpt_files import CheckpointError
     from vitrel.models.input_size import InputSizeError
+    from vitrel.train.callbacks import ResumePositionError
     from vitrel.train.rundir import RunFolderBusy
 
     user_errors = (
@@ -220,6 +257,8 @@ def one_line_errors(script: str) -> Iterator[None]:
         SplitMismatchError,
         RunFolderBusy,
         MemoryBudgetError,
+        ResumePositionError,
+        AcceleratorUnavailableError,
     )
     try:
         yield

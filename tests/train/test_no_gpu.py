@@ -56,3 +56,13 @@ def _accelerator(path: Path) -> str | None:
         return node.accelerator
     parents = [d for d in node.get("defaults", []) if isinstance(d, str) and d != "_self_"]
     return _accelerator(path.with_name(f"{parents[-1]}.yaml")) if parents else None
+
+
+def test_eval_with_a_gpu_trainer_says_what_to_run(tmp_path):
+    """``eval.py trainer=gpu`` (conf/eval.yaml has the same trainer group): the same error, before the checkpoint is
+    read (here there is none)."""
+    from vitrel.train.evaluate import evaluate
+
+    cfg = compose(tmp_path / "eval", [f"ckpt_path={tmp_path / 'none.ckpt'}", "trainer=gpu"], config_name="eval")
+    with pytest.raises(AcceleratorUnavailableError, match=r"^trainer=gpu \(trainer.accelerator=gpu\) asks for a GPU"):
+        evaluate(cfg)

@@ -48,6 +48,7 @@ from vitrel.models.input_size import check_patches_fit
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.utils import (
+    check_accelerator,
     check_data_fits_model,
     check_video_pairing,
     hydra_config,
@@ -266,6 +267,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     import vitrel
 
     check_moved_keys(cfg)
+    check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()
     L.seed_everything(int(cfg.seed), workers=True)

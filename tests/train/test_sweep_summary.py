@@ -11,6 +11,7 @@ import statistics
 
 import pytest
 
+import vitrel
 from tests.train_helpers import FAST, TINY_VIT, run_script, wandb_contents
 
 pytestmark = pytest.mark.slow
@@ -53,6 +54,11 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     assert "32/2000" in out, "the test images scored of the split's (trainer.limit_test_batches)"
     rows = list(csv.DictReader((sweep / "summary.csv").open()))
     assert [(x["test_images"], x["test_split_images"]) for x in rows] == [("32", "2000")] * 4
+    # each job's parameters, as the checkpoint it wrote holds them (the schemes' own parameters differ)
+    params = [sum(p.numel() for p in vitrel.load_model(sweep / str(j) / "checkpoints" / "last.ckpt").parameters())
+              for j in range(4)]  # fmt: skip
+    assert [int(x["params"]) for x in rows] == params and params[0] != params[2]
+    assert f"{params[0] / 1e3:.1f}k" in out
 
     # the folder again, job 0 alone, whose checkpoint is now damaged: its resume fails; jobs 1-3 are the earlier sweep's
     ckpt = sweep / "0" / "checkpoints" / "last.ckpt"

@@ -55,7 +55,7 @@ def _job_key(p: Path) -> tuple[int, str]:
 #: what a job's columns are: the heading of the summary
 ABOUT = (
     "test/*: the last weights (the EMA copy with module/ema=default, unless module.ema_eval=false) on the test split "
-    "(test_images: scored / split size); "
+    "(test_images: scored / split size); params: the model's parameters; "
     "val/*: the last validation (the test split when data.val_fraction=0); accuracies as fractions"
 )
 
@@ -85,6 +85,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             row["status"] = data.get("status", "?")
             for m in metrics:
                 row[m] = data.get("metrics", {}).get(m)
+            row["params"] = data.get("params")
             row["epochs"] = data.get("epochs")
             row["wall_s"] = data.get("wall_s")
             row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
@@ -133,6 +134,8 @@ def seed_means(rows: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[
 def _cell(c: str, v: Any) -> str:
     if v is None:
         return "-"
+    if c == "params":  # (timm's param_count: millions, or thousands for the tiny models of tests and studies)
+        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k"
     if isinstance(v, float):
         return f"{v:.0f}" if c == "wall_s" else f"{v:.4f}"
     return str(v)
@@ -152,7 +155,7 @@ def _test_images(r: dict[str, Any]) -> Any:
 
 def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     """Plain fixed-width table (readable in any log)."""
-    cols = ["job", "overrides", *metrics, "epochs", "wall_s", "test_images", "status"]
+    cols = ["job", "overrides", *metrics, "params", "epochs", "wall_s", "test_images", "status"]
     shown = [dict(r, test_images=_test_images(r)) for r in rows]
     return _fixed_width(cols, [[_cell(c, r.get(c)) for c in cols] for r in shown])
 
@@ -249,7 +252,7 @@ class SweepSummary(Callback):
             text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, self.metrics)}\n"
         if show:
             print(f"\n{text}", flush=True)
-        fields = ["job", "overrides", *self.metrics, "epochs", "wall_s", "test_images", "test_split_images"]
+        fields = ["job", "overrides", *self.metrics, "params", "epochs", "wall_s", "test_images", "test_split_images"]
         files = {"summary.md": text, "summary.csv": _csv([*fields, "status", "error"], rows)}
         mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in self.metrics for s in ("mean", "std"))]
         files["summary_seeds.csv"] = _csv(mfields, means) if means else None

@@ -449,6 +449,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "test_split_images": tested[1],
         "test_limited_by": _test_limit(cfg.trainer) if _part(*tested) else None,
         "model": _model_name(cfg, model),
+        "params": sum(p.numel() for p in model.parameters()),  # (timm's param_count, not in millions)
         "pos": _pos_name(cfg, model),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "overrides": _overrides(),

@@ -1307,33 +1307,64 @@ def test_clear_errors(monkeypatch):
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 
 
-def _compiled_for_hopper(code: str) -> str:
-    """The last line ``code`` prints, run in a fresh process with the interpreter off (the kernels must be JIT
-    functions); skips where Triton has no CUDA backend."""
+#: the snippets compiled for sm_90 (each prints one line: what its test reads), run in one process (``hopper``)
+HOPPER: dict[str, str] = {}
+
+#: runs HOPPER's snippets (JSON on stdin), each with its own globals and stdout; prints ``{name: {"line" | "error"}}``
+_RUNNER = r"""
+import contextlib, io, json, sys, traceback
+snippets, out = json.loads(sys.stdin.read()), {}
+for name, code in snippets.items():
+    buf = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(code, name, "exec"), {"__name__": name})
+        out[name] = {"line": buf.getvalue().strip().splitlines()[-1]}
+    except Exception:
+        out[name] = {"error": traceback.format_exc()}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def hopper() -> dict[str, dict[str, str]]:
+    """Every :data:`HOPPER` snippet's result, run in one fresh process with the interpreter off (the kernels must be
+    JIT functions; one process, not one a test: starting one takes ~6 s of the suite)."""
+    import json
     import subprocess
     import sys
 
-    env = {**os.environ, "TRITON_INTERPRET": "0"}
-    code = f"import sys; sys.path.insert(0, {str(BENCH)!r}); " + code  # (bench/triton_aot.py: the compiler's tools)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
-    if out.returncode and "backend" in out.stderr.lower() and "cuda" not in out.stderr.lower():
-        pytest.skip("Triton has no CUDA backend here")
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": os.pathsep.join([str(BENCH), *sys.path])}
+    out = subprocess.run([sys.executable, "-c", _RUNNER], input=json.dumps(HOPPER), capture_output=True, text=True,
+                         env=env, timeout=900)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
-    return out.stdout.strip().splitlines()[-1]
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_kernels_compile_for_hopper():
+def _compiled_for_hopper(hopper: dict[str, dict[str, str]], name: str) -> str:
+    """The last line snippet ``name`` printed; skips where Triton has no CUDA backend."""
+    result = hopper[name]
+    error = result.get("error", "")
+    if error and "backend" in error.lower() and "cuda" not in error.lower():
+        pytest.skip("Triton has no CUDA backend here")
+    assert not error, error[-3000:]
+    return result["line"]
+
+
+HOPPER["kernels"] = (
+    "import json; from triton_aot import compile_bias_kernels as compile_for; "
+    "print(json.dumps({f'{k}{v}': s for v in ('', '_layout', '_regions', '_atomic') for k, s in compile_for(90, "
+    "64, layout=v == '_layout', regions=v == '_regions', deterministic=v != '_atomic').items()}))"
+)
+
+
+def test_kernels_compile_for_hopper(hopper):
     """The kernels (full grid, token layout, windows' regions, ``dq`` by atomics; the bias tiles' gradient where they
     are read) compile ahead of time for an H100 / H200 (sm_90) with the launch configuration used there, in bf16,
     within its shared memory (232,448 bytes): what the interpreter cannot check."""
     import json
 
-    code = (
-        "import json; from triton_aot import compile_bias_kernels as compile_for; "
-        "print(json.dumps({f'{k}{v}': s for v in ('', '_layout', '_regions', '_atomic') for k, s in compile_for(90, "
-        "64, layout=v == '_layout', regions=v == '_regions', deterministic=v != '_atomic').items()}))"
-    )
-    shared = json.loads(_compiled_for_hopper(code))
+    shared = json.loads(_compiled_for_hopper(hopper, "kernels"))
     names = {f"{k}{v}" for k in ("fwd", "delta", "dkdv", "dq") for v in ("", "_layout")}
     names |= {"dbias", "fwd_atomic", "delta_atomic", "dkdv_atomic", "dbias_atomic"}  # (no dq kernel)
     names |= {"fwd_regions", "tile_regions"}  # (windows of 49 tokens: the one-tile backward)
@@ -1352,41 +1383,60 @@ attrs = [re.search("%" + re.escape(a) + r": [^{\n]*?(\{[^}]*\})?\s*loc", ir) for
 wide = re.search(r"ld\.global(\.\w+)*\.v4\.b32|cp\.async[^;]*, 16;", ptx) is not None
 print(json.dumps([m.group(1) if m else "constant" for m in attrs] + [wide]))
 """
+HOPPER["specialized"] = _SPECIALIZED
 
 
-def test_compile_launch_specializes_like_the_jit():
+def test_compile_launch_specializes_like_the_jit(hopper):
     """``compile_launch`` compiles a call's launch as Triton's JIT does: addresses and integers divisible by 16 declared
     so (``tt.divisibility``: the head dim's stride, 64), others not (65 tokens), integers equal to 1 constants (one
     mask row); so the key and value rows load 16 bytes at a time, as on a GPU (without the declarations: 2)."""
     import json
 
-    q_attr, stride_attr, n_attr, mask_rows, wide = json.loads(_compiled_for_hopper(_SPECIALIZED))
+    q_attr, stride_attr, n_attr, mask_rows, wide = json.loads(_compiled_for_hopper(hopper, "specialized"))
     assert "tt.divisibility = 16" in q_attr and "tt.divisibility = 16" in stride_attr
     assert n_attr is None and mask_rows == "constant" and wide
 
 
-def test_dkdv_products_take_registers_as_they_stand():
+HOPPER["dkdv"] = (
+    "import re, torch, triton_aot as aot; from dataclasses import replace; "
+    "from vitrel.kernels import triton as tb; "
+    "q = torch.randn(2, 2, 65, 64).bfloat16(); t = torch.randn(2, 15, 15); "
+    "wide = replace(tb.cuda_config(64), dkdv_tile=(64, 128), wide=tb.Warps(8, 2)); "
+    "irs = [aot.compile_launch(tb.plan(q, q, q, t, (8, 8), 1, bias_read='tiles', **kw)['dkdv']).asm['ttgir'] "
+    "for kw in ({}, {'config': wide})]; "
+    "print(*(f\"{len(re.findall(r'tt.trans .*: tensor<[^>]*#mma> ->', ir))},{ir.count('ttg.memdesc_trans ')},"
+    "{ir.count('warp_group_dot ')}\" for ir in irs))"
+)
+
+
+def test_dkdv_products_take_registers_as_they_stand(hopper):
     """The ``dkdv`` kernel computes its tiles transposed (keys by queries, as Triton's tutorial), so ``p^T`` and
     ``dS^T``, the left operands of the ``dv`` and ``dk`` products, are used as they stand in registers: compiled for
     sm_90, its code holds no transpose of a register tensor (each went through shared memory: a store, a barrier and
     a load a tile), only transposed views of the tiles in shared memory (``q``, ``do^T``); the square tile and the
     wide one (64 x 128, head dim 128's ``dkdv_tile``)."""
-    code = (
-        "import re, torch, triton_aot as aot; from dataclasses import replace; "
-        "from vitrel.kernels import triton as tb; "
-        "q = torch.randn(2, 2, 65, 64).bfloat16(); t = torch.randn(2, 15, 15); "
-        "wide = replace(tb.cuda_config(64), dkdv_tile=(64, 128), wide=tb.Warps(8, 2)); "
-        "irs = [aot.compile_launch(tb.plan(q, q, q, t, (8, 8), 1, bias_read='tiles', **kw)['dkdv']).asm['ttgir'] "
-        "for kw in ({}, {'config': wide})]; "
-        "print(*(f\"{len(re.findall(r'tt.trans .*: tensor<[^>]*#mma> ->', ir))},{ir.count('ttg.memdesc_trans ')},"
-        "{ir.count('warp_group_dot ')}\" for ir in irs))"
-    )
-    for counts in _compiled_for_hopper(code).split():
+    for counts in _compiled_for_hopper(hopper, "dkdv").split():
         products_transposed, view_transposes, products = map(int, counts.split(","))
         assert products_transposed == 0 and view_transposes >= 2 and products == 4, counts
 
 
-def test_tensor_core_products_not_serialized_on_hopper():
+HOPPER["serialized"] = (
+    "import json, torch, vitrel.layout.geometry, triton_aot as aot; from vitrel.kernels import triton as tb; "
+    "q = torch.randn(2, 6, 4097, 64).bfloat16(); t = torch.randn(6, 127, 127); "
+    "w = torch.randn(4, 3, 49, 32).bfloat16(); r = torch.arange(49).remainder(3).expand(2, 49); "
+    "b = t.clone(); b[:, :48] = b[:, 80:] = float('-inf'); "
+    "blk = tb.visible_tiles(b, vitrel.layout.geometry.Grid(64, 64), 1); "
+    "calls = dict(tiles=tb.plan(q, q, q, t, (64, 64), 1), none=tb.plan(q, q, q, None, (64, 64), 1), "
+    "atomic=tb.plan(q, q, q, t, (64, 64), 1, deterministic=False), "
+    "flags=tb.plan(q, q, q, b, (64, 64), 1, blocks=blk), "
+    "regions=tb.plan(w, w, w, torch.randn(3, 13, 13), (7, 7), regions=r), "
+    "d128=tb.plan(*(torch.randn(1, 3, 4097, 128).bfloat16(),) * 3, t[:3], (64, 64), 1)); "
+    "print(json.dumps({f'{c}/{k}': aot.serialized_products(aot.compile_launch(x)) "
+    "for c, ls in calls.items() for k, x in ls.items()}))"
+)
+
+
+def test_tensor_core_products_not_serialized_on_hopper(hopper):
     """Compiled for sm_90 as the JIT compiles them, no kernel of the layer's calls has its tensor-core products
     serialized by ptxas (its note C7515: each product waiting for the one before, where they overlap the softmax):
     the table read as bias tiles (what a full grid takes), no table, ``dq`` by atomics, a table with ``-inf`` entries
@@ -1397,40 +1447,28 @@ def test_tensor_core_products_not_serialized_on_hopper():
     one."""
     import json
 
-    code = (
-        "import json, torch, vitrel.layout.geometry, triton_aot as aot; from vitrel.kernels import triton as tb; "
-        "q = torch.randn(2, 6, 4097, 64).bfloat16(); t = torch.randn(6, 127, 127); "
-        "w = torch.randn(4, 3, 49, 32).bfloat16(); r = torch.arange(49).remainder(3).expand(2, 49); "
-        "b = t.clone(); b[:, :48] = b[:, 80:] = float('-inf'); "
-        "blk = tb.visible_tiles(b, vitrel.layout.geometry.Grid(64, 64), 1); "
-        "calls = dict(tiles=tb.plan(q, q, q, t, (64, 64), 1), none=tb.plan(q, q, q, None, (64, 64), 1), "
-        "atomic=tb.plan(q, q, q, t, (64, 64), 1, deterministic=False), "
-        "flags=tb.plan(q, q, q, b, (64, 64), 1, blocks=blk), "
-        "regions=tb.plan(w, w, w, torch.randn(3, 13, 13), (7, 7), regions=r), "
-        "d128=tb.plan(*(torch.randn(1, 3, 4097, 128).bfloat16(),) * 3, t[:3], (64, 64), 1)); "
-        "print(json.dumps({f'{c}/{k}': aot.serialized_products(aot.compile_launch(x)) "
-        "for c, ls in calls.items() for k, x in ls.items()}))"
-    )
-    serialized = json.loads(_compiled_for_hopper(code))
+    serialized = json.loads(_compiled_for_hopper(hopper, "serialized"))
     assert len(serialized) == 25 and not any(serialized.values()), serialized
     assert "regions/tile" in serialized  # (the windows' backward: one kernel)
 
 
-def test_table_grad_in_dq_compiles_for_hopper():
+HOPPER["dq"] = (
+    "import json, torch, triton_aot as aot; from vitrel.kernels import triton as tb; "
+    "q = torch.zeros(2, 12, 197, 64, dtype=torch.bfloat16); "
+    "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
+    "c = aot.compile_launch(ls['dq']); "
+    "sums = ls['dq'].args['TABLE_GRAD'] == 2; "
+    "print(json.dumps([sorted(ls), sums, c.metadata.shared, aot.serialized_products(c)]))"
+)
+
+
+def test_table_grad_in_dq_compiles_for_hopper(hopper):
     """Compiled for sm_90 as the JIT compiles it (ViT-B/16's call: 197 tokens, a class token, 12 heads of 64, bias
     tiles), the ``dq`` kernel that sums the bias tiles' gradient keeps its products
     unserialized, within the shared memory, and the call plans no ``dbias`` launch."""
     import json
 
-    code = (
-        "import json, torch, triton_aot as aot; from vitrel.kernels import triton as tb; "
-        "q = torch.zeros(2, 12, 197, 64, dtype=torch.bfloat16); "
-        "ls = tb.plan(q, q, q, torch.zeros(12, 27, 27), (14, 14), 1, bias_read='tiles'); "
-        "c = aot.compile_launch(ls['dq']); "
-        "sums = ls['dq'].args['TABLE_GRAD'] == 2; "
-        "print(json.dumps([sorted(ls), sums, c.metadata.shared, aot.serialized_products(c)]))"
-    )
-    names, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(code))
+    names, tile_grad, shared, serialized = json.loads(_compiled_for_hopper(hopper, "dq"))
     assert names == ["delta", "dkdv", "dq", "fwd"] and tile_grad and 0 < shared <= 232448 and not serialized
 
 

@@ -12,7 +12,8 @@ import statistics
 import pytest
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, run_script, wandb_contents
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script, wandb_contents
+from vitrel.train.run import train
 
 pytestmark = pytest.mark.slow
 
@@ -60,17 +61,42 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     assert [int(x["params"]) for x in rows] == params and params[0] != params[2]
     assert f"{params[0] / 1e3:.1f}k" in out
 
-    # the folder again, job 0 alone, whose checkpoint is now damaged: its resume fails; jobs 1-3 are the earlier sweep's
+    # the folder again, jobs 0 and 1 (the documented retry): job 0's checkpoint is now damaged, its resume fails; job 1
+    # resumes finished (nothing left to train) and keeps its run's record; jobs 2, 3 are the earlier sweep's
     ckpt = sweep / "0" / "checkpoints" / "last.ckpt"
     ckpt.write_bytes(ckpt.read_bytes()[:1000])
-    args = ["-m", "pos=rel2d_full", "seed=0", *TINY, f"hydra.sweep.dir={sweep}", "logger=none"]
+    first = _metrics(sweep / "1")
+    args = ["-m", "pos=rel2d_full", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}", "logger=none"]
     r = run_script("train.py", args, cwd=tmp_path)
     assert r.returncode != 0 and "CheckpointError" in r.stderr, r.stderr[-4000:]
     md = (sweep / "summary.md").read_text()
-    assert md.startswith("Sweep summary (1 jobs") and "job folders 1, 2, 3: of an earlier sweep" in md, md
+    assert md.startswith("Sweep summary (2 jobs") and "job folders 2, 3: of an earlier sweep" in md, md
     rows = list(csv.DictReader((sweep / "summary.csv").open()))
-    assert len(rows) == 1 and rows[0]["status"] == "failed (CheckpointError)", rows
+    assert len(rows) == 2 and rows[0]["status"] == "failed (CheckpointError)", rows
     assert rows[0]["test/acc1"] == "" and "last.ckpt" in rows[0]["error"], rows
-    assert "job 0 (none): CheckpointError:" in md and "finished" not in md, md
+    assert "job 0 seed=0: CheckpointError:" in md, md
+    again = _metrics(sweep / "1")  # the finished run's validation, epochs and times, not the rerun's
+    assert again["resumed_finished"] is True and "resumed_finished" not in first
+    assert again["metrics"]["val/acc1"] == first["metrics"]["val/acc1"] and again["metrics"]["test/acc1"] == acc[1]
+    assert [again[k] for k in ("epochs", "global_step", "wall_s", "fit_s")] == [
+        first[k] for k in ("epochs", "global_step", "wall_s", "fit_s")
+    ]
+    assert rows[1]["val/acc1"] == str(first["metrics"]["val/acc1"]) and rows[1]["wall_s"] == str(first["wall_s"])
     assert json.loads((sweep / "0" / "metrics.previous.json").read_text())["metrics"]["test/acc1"] == acc[0]
-    assert not (sweep / "summary_seeds.csv").exists(), "an earlier sweep's means are not this sweep's"
+    means = list(csv.DictReader((sweep / "summary_seeds.csv").open()))  # this sweep's: job 1 alone finished
+    assert [(m["n"], m["jobs"], float(m["test/acc1 mean"])) for m in means] == [("1", "2", acc[1])], means
+
+    # job 1's folder run again as a single run (its metrics.json, no metrics.previous.json): the record kept again;
+    # then with no record of the finished run at all: its times unknown, not the rerun's
+    (sweep / "1" / "metrics.previous.json").unlink()
+    cfg = compose(sweep / "1", ["pos=rel2d_full", "seed=1", *TINY, "logger=none"])
+    assert train(cfg)["val/acc1"] == first["metrics"]["val/acc1"]
+    single = _metrics(sweep / "1")
+    assert single["resumed_finished"] is True and [single[k] for k in ("epochs", "wall_s", "fit_s")] == [
+        first[k] for k in ("epochs", "wall_s", "fit_s")
+    ]
+    (sweep / "1" / "metrics.json").unlink()
+    train(cfg)
+    unknown = _metrics(sweep / "1")
+    assert unknown["resumed_finished"] is True and unknown["wall_s"] is None and unknown["fit_s"] is None
+    assert "val/acc1" not in unknown["metrics"] and unknown["metrics"]["test/acc1"] == acc[1]

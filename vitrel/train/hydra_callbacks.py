@@ -29,6 +29,7 @@ __all__ = [
     "SweepSummary",
     "TakeRunFolder",
     "write_held_back_record",
+    "finished_record",
     "collect_sweep",
     "format_table",
     "format_means",
@@ -42,6 +43,22 @@ log = logging.getLogger(__name__)
 #: the files :class:`SweepSummary` keeps: the sweep's id (in the sweep folder and in each of its jobs' folders),
 #: a failed job's error, and a job's ``metrics.json`` of an earlier run in its folder (moved aside as the job starts)
 SWEEP_ID, ERROR, PREVIOUS = ".sweep_id", "error.txt", "metrics.previous.json"
+
+
+def finished_record(run_dir: str | Path, global_step: int) -> dict[str, Any] | None:
+    """The ``metrics.json`` record of the finished run that wrote the checkpoint of ``global_step`` in ``run_dir``:
+    the folder's ``metrics.json`` (a single run run again in its folder), else its ``metrics.previous.json`` (a sweep
+    run again: :class:`SweepSummary` moved it aside as the job started); None when neither is that run's (a run
+    stopped before it wrote its record, or one of another step)."""
+    for name in ("metrics.json", PREVIOUS):
+        p = Path(run_dir) / name
+        try:
+            data = json.loads(p.read_text()) if p.exists() else None
+        except json.JSONDecodeError:
+            continue  # (a damaged record is no record of the run)
+        if isinstance(data, dict) and data.get("status") == "finished" and data.get("global_step") == global_step:
+            return data
+    return None
 
 
 def _read(p: Path) -> str | None:

@@ -43,7 +43,7 @@ from vitrel.models.input_size import InputSizeError, check_patches_fit
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
-from vitrel.train.hydra_callbacks import write_held_back_record
+from vitrel.train.hydra_callbacks import finished_record, write_held_back_record
 from vitrel.train.progress import CountTestImages
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
@@ -454,6 +454,9 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "overrides": _overrides(),
     }
+    if status == "finished" and resume_step is not None and trainer.global_step == resume_step:
+        result = _resumed_finished(result, run_dir)
+        metrics = result["metrics"]  # (optimized_metric: val/acc1 is the finished run's)
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
@@ -464,6 +467,19 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
     return metrics
+
+
+def _resumed_finished(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The record of a run that resumed a checkpoint with nothing left to train (a finished run, or a finished job of
+    a sweep, run again in its folder): the finished run's validation metrics, epochs and times
+    (:func:`~vitrel.train.hydra_callbacks.finished_record`), this pass's test metrics (the same weights), and
+    ``resumed_finished: true``. Without the finished run's record, its times are unknown (None), not this pass's."""
+    earlier = finished_record(run_dir, result["global_step"])
+    if earlier is None:
+        rank_zero_info(f"resumed a finished run with no record of it in {run_dir}: its validation and times unknown")
+        return {**result, "wall_s": None, "fit_s": None, "resumed_finished": True}
+    kept = {k: earlier[k] for k in ("epochs", "wall_s", "fit_s") if k in earlier}
+    return {**result, **kept, "metrics": {**earlier.get("metrics", {}), **result["metrics"]}, "resumed_finished": True}
 
 
 def _plugins(trainer_cfg: DictConfig) -> list[Any]:
@@ -528,10 +544,11 @@ def _report(result: dict, wandb_where: str | None, classes: str = "") -> str:
         if stage == "test" and _part(n, total):
             part = f" on {n} of the {total} test images{classes} ({result['test_limited_by']})"
         lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
+    fit_s, wall_s = (f"{result[k]:.0f} s" if result[k] is not None else "(unknown)" for k in ("fit_s", "wall_s"))
+    again = "; resumed finished: nothing left to train, tested again" if result.get("resumed_finished") else ""
     lines.append(
-        f"training {result['fit_s']:.0f} s ({_plural(result['epochs'], 'epoch')}, "
-        f"{_plural(result['global_step'], 'step')}); "
-        f"whole run {result['wall_s']:.0f} s"
+        f"training {fit_s} ({_plural(result['epochs'], 'epoch')}, {_plural(result['global_step'], 'step')}); "
+        f"whole run {wall_s}{again}"
     )
     lines.append(f"run folder  {result['run_dir']}")
     if result["last_ckpt"] or result["best_ckpt"]:

@@ -334,12 +334,16 @@ NAFLEX_RUN = {"packing": "pack", "seq_len": 128, "max_tokens": 64, "eval_max_rat
 @pytest.fixture(scope="module")
 def naflex_trained(tmp_path_factory) -> Path:
     """``last.ckpt`` of two steps of ``train.py experiment=fmnist_naflex`` (packed rows of 128 tokens, at most 64
-    patches an image, native sizes at evaluation), with its run record (``.hydra/config.yaml``)."""
-    from tests.train_helpers import run_script
+    patches an image, native sizes at evaluation), in-process, with its run record as Hydra saves it (the composed
+    config, unresolved, in ``.hydra/config.yaml``)."""
+    from tests.train_helpers import compose
+    from vitrel.train.run import train
 
     run = tmp_path_factory.mktemp("naflex")
-    res = run_script("train.py", [*NAFLEX, f"hydra.run.dir={run}"], cwd=run)
-    assert res.returncode == 0, res.stderr[-3000:]
+    cfg = compose(run, NAFLEX)
+    train(cfg)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
     return run / "checkpoints" / "last.ckpt"
 
 
@@ -409,10 +413,10 @@ def test_predict_scores_a_naflex_run_as_eval_py_does(naflex_trained, odd_sizes, 
         ("seq_len", ["seq_len=128"], {k: v for k, v in NAFLEX_RUN.items() if k != "seq_len"}),
     ]:
         summary, rows = predict(name, *over)
-        assert summary["naflex_from_run"] == taken
         index, probs = _probs(rows)
         assert index == top_i[:, 0].tolist()
         torch.testing.assert_close(probs, top_p, rtol=0, atol=2e-6)  # (the CSV rounds to 6 decimals)
+        assert summary["naflex_from_run"] == taken
     said = [r.getMessage() for r in caplog.records if "NaFlex evaluation of last.ckpt's run" in r.getMessage()]
     assert len(said) == 2 and said[0].startswith("packing=pack seq_len=128 max_tokens=64 eval_max_ratio=1.0: ")
     assert str(naflex_trained.parents[1] / ".hydra" / "config.yaml") in said[0]
@@ -423,7 +427,7 @@ def test_predict_scores_a_naflex_run_as_eval_py_does(naflex_trained, odd_sizes, 
     assert (_probs(rows)[1] - top_p).abs().max() > 1e-4  # (what predict.py scored before)
 
 
-def test_predict_takes_the_runs_eval_max_ratio(naflex_trained, odd_sizes, tmp_path):
+def test_predict_takes_a_naflex_runs_eval_max_ratio(naflex_trained, odd_sizes, tmp_path):
     """A run that scored its images enlarged to fill the budget (``data.eval_max_ratio=null``): predict.py too."""
     import shutil
 
@@ -440,7 +444,7 @@ def test_predict_takes_the_runs_eval_max_ratio(naflex_trained, odd_sizes, tmp_pa
     out = tmp_path / "p.csv"
     args = [f"ckpt_path={ckpt}", f"input={odd_sizes}", "topk=3", "progress_bar=false", f"results_file={out}"]
     summary = run_predict(compose(tmp_path / "predict", args, config_name="predict"))
-    assert summary["naflex_from_run"] == {**NAFLEX_RUN, "eval_max_ratio": None}
     index, probs = _probs(_rows(out))
     assert index == top_i[:, 0].tolist()
     torch.testing.assert_close(probs, top_p, rtol=0, atol=2e-6)
+    assert summary["naflex_from_run"] == {**NAFLEX_RUN, "eval_max_ratio": None}

@@ -324,3 +324,127 @@ def test_timm_checkpoint_path_on_a_train_py_checkpoint_and_its_export(trained, t
         resolved = resolve_data_config(model=m)
         assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and resolved["std"] == pytest.approx((FMNIST_STD,))
         assert tuple(resolved["input_size"]) == (1, 28, 28)
+
+
+# ---------------------------------------------------------------------------- a checkpoint of a NaFlex run
+NAFLEX = ["experiment=fmnist_naflex", *(o for o in TRAIN if "limit_train" not in o), "trainer.limit_train_batches=2"]
+NAFLEX_RUN = {"packing": "pack", "seq_len": 128, "max_tokens": 64, "eval_max_ratio": 1.0}
+
+
+@pytest.fixture(scope="module")
+def naflex_trained(tmp_path_factory) -> Path:
+    """``last.ckpt`` of two steps of ``train.py experiment=fmnist_naflex`` (packed rows of 128 tokens, at most 64
+    patches an image, native sizes at evaluation), in-process, with its run record as Hydra saves it (the composed
+    config, unresolved, in ``.hydra/config.yaml``)."""
+    from tests.train_helpers import compose
+    from vitrel.train.run import train
+
+    run = tmp_path_factory.mktemp("naflex")
+    cfg = compose(run, NAFLEX)
+    train(cfg)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    return run / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def odd_sizes(fmnist_test, tmp_path_factory) -> Path:
+    """Twelve of the test images as PNG files of several sizes and aspect ratios (28 x 28, wide, tall, larger than
+    the run's 64-patch budget)."""
+    _, arrays, _ = fmnist_test
+    root = tmp_path_factory.mktemp("odd_sizes")
+    for i, a in enumerate(arrays[:12]):
+        w, h = [(28, 28), (40, 20), (16, 36), (48, 48)][i % 4]
+        Image.fromarray(a).resize((w, h), Image.BILINEAR).save(root / f"{i:02d}.png")
+    return root
+
+
+def _eval_way(ckpt: Path, files: list[Path], tmp_path: Path) -> torch.Tensor:
+    """Probabilities of ``files`` (in order) from the model ``eval.py`` scores, on the NaFlex batch its data module
+    makes with the settings eval.py takes from the run (``data=fashion_mnist_naflex``, vitrel.train.evaluate)."""
+    from hydra.utils import instantiate
+    from omegaconf import open_dict
+
+    from tests.train_helpers import compose
+    from vitrel.models.checkpoint import checkpoint_scores_ema
+    from vitrel.train.evaluate import _run_settings
+
+    cfg = compose(tmp_path / "eval", [f"ckpt_path={ckpt}", "data=fashion_mnist_naflex"], config_name="eval")
+    taken, _, _ = _run_settings(ckpt, cfg.data)
+    with open_dict(cfg):
+        cfg.data.update(taken)
+    dm = instantiate(cfg.data)
+    model = vitrel.load_model(ckpt, use_ema=checkpoint_scores_ema(ckpt)).eval()
+    tf = dm.naflex_transform(train=False)
+    samples = []
+    for i, f in enumerate(files):
+        with Image.open(f) as img:
+            samples.append((tf(img.convert("L")), i))
+    x, order = dm.collate_fn(samples)
+    with torch.no_grad():
+        probs = model(x).softmax(-1)
+    return probs[order.argsort()]
+
+
+def _probs(rows: list[dict[str, str]]) -> tuple[list[int], torch.Tensor]:
+    return [int(r["index_0"]) for r in rows], torch.tensor([[float(r[f"prob_{k}"]) for k in range(3)] for r in rows])
+
+
+def test_predict_scores_a_naflex_run_as_eval_py_does(naflex_trained, odd_sizes, tmp_path, caplog):
+    """``predict.py ckpt_path=<a NaFlex run's checkpoint>``: each image at its own size within the run's
+    ``data.max_tokens``, in rows of its ``data.seq_len`` (taken from the run, said in one line): the probabilities of
+    the model on the NaFlex batch eval.py's data module builds. Before, every image was resized and centre-cropped to
+    28 x 28 (and with ``seq_len`` given, ``max_tokens`` was ``seq_len``, not the run's). ``seq_len=null``: fixed
+    size."""
+    from tests.train_helpers import compose
+
+    files = sorted(odd_sizes.glob("*.png"))
+    top_p, top_i = _eval_way(naflex_trained, files, tmp_path).topk(3, dim=-1)
+    base = [f"ckpt_path={naflex_trained}", f"input={odd_sizes}", "topk=3", "progress_bar=false"]
+
+    def predict(name: str, *over: str) -> tuple[dict, list[dict[str, str]]]:
+        out = tmp_path / f"{name}.csv"
+        summary = run_predict(compose(tmp_path / name, [*base, f"results_file={out}", *over], config_name="predict"))
+        return summary, _rows(out)
+
+    caplog.set_level("INFO", logger="vitrel.inference")
+    for name, over, taken in [
+        ("default", [], NAFLEX_RUN),
+        ("seq_len", ["seq_len=128"], {k: v for k, v in NAFLEX_RUN.items() if k != "seq_len"}),
+    ]:
+        summary, rows = predict(name, *over)
+        index, probs = _probs(rows)
+        assert index == top_i[:, 0].tolist()
+        torch.testing.assert_close(probs, top_p, rtol=0, atol=2e-6)  # (the CSV rounds to 6 decimals)
+        assert summary["naflex_from_run"] == taken
+    said = [r.getMessage() for r in caplog.records if "NaFlex evaluation of last.ckpt's run" in r.getMessage()]
+    assert len(said) == 2 and said[0].startswith("packing=pack seq_len=128 max_tokens=64 eval_max_ratio=1.0: ")
+    assert str(naflex_trained.parents[1] / ".hydra" / "config.yaml") in said[0]
+
+    summary, rows = predict("fixed", "seq_len=null")  # the opt-out: resized and centre-cropped to 28 x 28
+    fixed = predict_folder(load_predictor(naflex_trained), odd_sizes, topk=3, progress=False).rows
+    assert summary["naflex_from_run"] == {} and _probs(rows)[0] == [r["index_0"] for r in fixed]
+    assert (_probs(rows)[1] - top_p).abs().max() > 1e-4  # (what predict.py scored before)
+
+
+def test_predict_takes_a_naflex_runs_eval_max_ratio(naflex_trained, odd_sizes, tmp_path):
+    """A run that scored its images enlarged to fill the budget (``data.eval_max_ratio=null``): predict.py too."""
+    import shutil
+
+    from tests.train_helpers import compose
+
+    run = tmp_path / "run"
+    shutil.copytree(naflex_trained.parents[1], run)
+    record = OmegaConf.load(run / ".hydra" / "config.yaml")
+    record.data.eval_max_ratio = None
+    OmegaConf.save(record, run / ".hydra" / "config.yaml")
+    ckpt = run / "checkpoints" / "last.ckpt"
+    files = sorted(odd_sizes.glob("*.png"))
+    top_p, top_i = _eval_way(ckpt, files, tmp_path).topk(3, dim=-1)
+    out = tmp_path / "p.csv"
+    args = [f"ckpt_path={ckpt}", f"input={odd_sizes}", "topk=3", "progress_bar=false", f"results_file={out}"]
+    summary = run_predict(compose(tmp_path / "predict", args, config_name="predict"))
+    index, probs = _probs(_rows(out))
+    assert index == top_i[:, 0].tolist()
+    torch.testing.assert_close(probs, top_p, rtol=0, atol=2e-6)
+    assert summary["naflex_from_run"] == {**NAFLEX_RUN, "eval_max_ratio": None}

@@ -4,8 +4,8 @@ conventions).
 python predict.py ckpt_path=outputs/train/runs/<run>/checkpoints/last.ckpt input=path/to/images
 python predict.py ckpt_path=<export folder | model.pt2> input=<ImageFolder tree> topk=3 device=cuda
 python predict.py ckpt_path=<...>.ckpt input=<folder> seq_len=256   # each image at its own size (NaFlex, packed)
-python predict.py ckpt_path=<NaFlex run>/checkpoints/last.ckpt input=<folder>   # the run's seq_len, max_tokens, ...
-python predict.py ckpt_path=<NaFlex run>/checkpoints/last.ckpt input=<folder> seq_len=null   # fixed-size instead
+python predict.py ckpt_path=<run>/checkpoints/last.ckpt input=<folder>   # a NaFlex run: its seq_len, max_tokens, ...
+python predict.py ckpt_path=<run>/checkpoints/last.ckpt input=<folder> seq_len=null   # a NaFlex run at fixed size
 python predict.py ckpt_path=<video run>/checkpoints/last.ckpt input=<folder of videos>   # a video model's clips
 """
 

@@ -542,10 +542,10 @@ def naflex_of_run(ckpt_path: str | Path) -> tuple[dict[str, Any], str]:
     from omegaconf.errors import OmegaConfBaseException
 
     from vitrel.data.packing import parse_packing
-    from vitrel.train.evaluate import _run_record
+    from vitrel.train.evaluate import run_record
 
     p = Path(ckpt_path)
-    record, run = _run_record(p) if p.suffix == ".ckpt" else (p, None)
+    record, run = run_record(p) if p.suffix == ".ckpt" else (p, None)
     data = run.get("data") if run is not None else None
     if not data:
         return {}, ""

@@ -62,7 +62,7 @@ from vitrel.train.utils import (
     scalars,
 )
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "run_record"]
 log = logging.getLogger(__name__)
 
 
@@ -130,7 +130,7 @@ STORED_PREPROCESSING = ("interpolation", "crop_pct")
 VAL_SPLIT_KEYS = ("seed", "val_fraction")
 
 
-def _run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
+def run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
     """The record of the train.py run that wrote ``ckpt``, ``<run>/.hydra/config.yaml`` (as Hydra saves it: not
     resolved), and its config; None without one."""
     path = ckpt.parent.parent / ".hydra" / "config.yaml"
@@ -164,7 +164,7 @@ def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], dic
     eval's own data folder, as by default); a value that does not resolve is an error naming the key to give. Without
     a record, the preprocessing stored with the weights. Either way the split the checkpoint holds
     (:func:`_stored_split`) gives ``seed`` and ``val_fraction``."""
-    path, run = _run_record(ckpt)
+    path, run = run_record(ckpt)
     if run is not None:
         if run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
             return {}, {}, ""
@@ -253,7 +253,7 @@ def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> N
 
 def _trained_data(ckpt: Path) -> str:
     """The ``data=`` of the train.py run that wrote ``ckpt`` (its folder's ``.hydra/config.yaml``), as overrides."""
-    run_cfg, run = _run_record(ckpt)
+    run_cfg, run = run_record(ckpt)
     data = run.get("data") if run is not None else None
     if not data or not data.get("name"):
         return "data=<that data set> (eval.py reads data=fashion_mnist unless told)"

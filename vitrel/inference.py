@@ -288,6 +288,11 @@ def predict_folder(
         return _predict_videos(predictor, root, (topk, batch_size, num_workers), progress, class_names)
     files, folders = _input_files(root, predictor)
     if seq_len is None:
+        if max_tokens is not None:  # (it bounds the patches of an image scored at its own size, which seq_len asks)
+            raise ValueError(
+                f"max_tokens={max_tokens} needs seq_len (images at their own sizes, packed): give seq_len=<n> (at "
+                f"least {max_tokens}), or leave max_tokens unset for fixed-size images"
+            )
         tf, collate = eval_transform(predictor.data_config), _collate
     else:
         patch = (getattr(predictor.model, "vitrel_cfg", None) or {}).get("patch_size")

@@ -112,6 +112,13 @@ def test_imagefolder_tree_gives_class_names(tmp_path):
     assert all(r["label"] == f"c{r['index']}" for r in res.rows)
 
 
+def test_max_tokens_without_seq_len_is_refused(ckpt, images):
+    """``max_tokens`` bounds the patches of an image scored at its own size, which only ``seq_len`` asks for: alone (a
+    run without packing) it was ignored without a word."""
+    with pytest.raises(ValueError, match=r"max_tokens=64 needs seq_len .*: give seq_len=<n> \(at least 64\)"):
+        predict_folder(load_predictor(ckpt), images, max_tokens=64, progress=False)
+
+
 def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
     """``run_predict`` raises :class:`NoImagesError`; ``predict.py`` prints its reason alone (as for a bad checkpoint),
     as for an input that is a file, or a checkpoint that is not there (tracebacks before)."""

@@ -17,8 +17,8 @@ import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, b
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> dict:
-    from vitrel.inference import run_predict
     from vitrel.models.checkpoint import CheckpointError
+    from vitrel.train.predict import run_predict
     from vitrel.train.utils import quiet_third_party
 
     quiet_third_party()  # third-party notices that say nothing to a user

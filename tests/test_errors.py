@@ -316,7 +316,7 @@ def test_predict_refuses_counts_out_of_range_before_loading(tmp_path, key, value
     """``predict.py topk=0`` wrote a CSV with only a filename column; ``topk=-1`` failed in torch.topk. Both are
     refused from the composed config, before the checkpoint is read (here there is none)."""
     from tests.train_helpers import compose
-    from vitrel.inference import run_predict
+    from vitrel.train.predict import run_predict
 
     cfg = compose(tmp_path, [f"ckpt_path={tmp_path / 'absent.ckpt'}", f"input={tmp_path}", f"{key}={value}"], "predict")
     with pytest.raises(

@@ -79,7 +79,7 @@ def test_predict_on_images_refuses_a_video_program(trained_export, tmp_path):
     what the model takes, before anything is written (videos: tests/train/test_video_predict.py)."""
     from PIL import Image
 
-    from vitrel.inference import run_predict
+    from vitrel.train.predict import run_predict
 
     (tmp_path / "images").mkdir()
     Image.new("L", (32, 32)).save(tmp_path / "images" / "a.png")

@@ -16,8 +16,9 @@ from PIL import Image
 
 import vitrel
 from vitrel.export import main as export_main
-from vitrel.inference import NoImagesError, load_predictor, predict_folder, run_predict
+from vitrel.inference import NoImagesError, load_predictor, predict_folder
 from vitrel.models.checkpoint import save_pretrained
+from vitrel.train.predict import run_predict
 
 ROOT = Path(__file__).resolve().parents[2]
 NAMES = [f"class_{i}" for i in range(10)]
@@ -414,7 +415,7 @@ def test_predict_scores_a_naflex_run_as_eval_py_does(naflex_trained, odd_sizes, 
         summary = run_predict(compose(tmp_path / name, [*base, f"results_file={out}", *over], config_name="predict"))
         return summary, _rows(out)
 
-    caplog.set_level("INFO", logger="vitrel.inference")
+    caplog.set_level("INFO", logger="vitrel.train.predict")
     for name, over, taken in [
         ("default", [], NAFLEX_RUN),
         ("seq_len", ["seq_len=128"], {k: v for k, v in NAFLEX_RUN.items() if k != "seq_len"}),

@@ -16,8 +16,9 @@ import torch
 import vitrel
 from tests.data.test_video import write_video
 from tests.train_helpers import FAST, compose, run_script
-from vitrel.inference import NoVideosError, load_predictor, predict_folder, run_predict
+from vitrel.inference import NoVideosError, load_predictor, predict_folder
 from vitrel.models.checkpoint import checkpoint_has_ema, checkpoint_scores_ema
+from vitrel.train.predict import run_predict
 from vitrel.train.run import train
 
 av = pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")

@@ -99,7 +99,7 @@ def test_predict_scores_grey_video_files_with_the_moving_fmnist_checkpoint(video
     from PIL import Image
 
     from tests.data.test_video import frame_values, write_video
-    from vitrel.inference import run_predict
+    from vitrel.train.predict import run_predict
 
     ckpt = video_sweep / "checkpoints" / "last.ckpt"
     dc = torch.load(ckpt, weights_only=True)["hyper_parameters"]["data_config"]

@@ -1,0 +1,124 @@
+"""``predict.py``'s body (:func:`run_predict`): its settings checked, the model loaded, a folder scored
+(:mod:`vitrel.inference`), the CSV written and a summary printed. A ``.ckpt`` whose ``train.py`` run trained with NaFlex
+batches (``data.packing``) scores its images as the run's test and ``eval.py`` did, with the run's ``seq_len``,
+``max_tokens``, ``eval_max_ratio`` and packing (:func:`naflex_of_run`) unless given."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from vitrel.inference import check_predict_args, load_predictor, predict_folder, write_csv
+
+__all__ = ["NAFLEX_RUN_KEYS", "naflex_of_run", "run_predict"]
+
+log = logging.getLogger(__name__)
+
+
+#: the data keys of a NaFlex run that decide how its images are scored, and their defaults (data.fashion_mnist's)
+NAFLEX_RUN_KEYS = {"packing": None, "seq_len": None, "max_tokens": None, "eval_max_ratio": 1.0}
+
+
+def naflex_of_run(ckpt_path: str | Path) -> tuple[dict[str, Any], str]:
+    """``(settings, record)``: how the ``train.py`` run that wrote ``ckpt_path`` (a ``.ckpt`` in
+    ``<run>/checkpoints/``) scored images when it trained with ``data.packing``: its ``data.packing`` (``"pack"`` /
+    ``"pad"``), ``data.seq_len``, ``data.max_tokens`` (null: ``seq_len``) and ``data.eval_max_ratio``, from its folder's
+    ``.hydra/config.yaml`` (the record ``eval.py`` reads), and that record's path. ``({}, "")`` for a run without
+    packing and for a model without its run record (moved, an export, a ``.pt2``)."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from vitrel.data.packing import parse_packing
+    from vitrel.train.evaluate import run_record
+
+    p = Path(ckpt_path)
+    record, run = run_record(p) if p.suffix == ".ckpt" else (p, None)
+    data = run.get("data") if run is not None else None
+    if not data:
+        return {}, ""
+    out = {}
+    for key, default in NAFLEX_RUN_KEYS.items():
+        try:
+            out[key] = data.get(key, default)
+        except OmegaConfBaseException as e:
+            why = str(e).splitlines()[0]
+            fix = f"give {key}=<the run's>" if key in ("seq_len", "max_tokens") else "give seq_len=null (fixed size)"
+            raise ValueError(f"data.{key} of {record} does not resolve here ({why}): {fix}") from e
+    out["packing"] = parse_packing(out["packing"])
+    if out["packing"] is None:
+        return {}, ""
+    out["max_tokens"] = out["max_tokens"] if out["max_tokens"] is not None else out["seq_len"]
+    return out, str(record)
+
+
+def _naflex_settings(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(predict_folder's NaFlex arguments, those taken from the checkpoint's run)``: the run's
+    (:func:`naflex_of_run`) but for the keys given, a value or on Hydra's command line (outside Hydra: any key ``cfg``
+    holds); logged in one line. ``seq_len=null`` given: fixed-size images, nothing taken."""
+    from vitrel.train.utils import hydra_config, override_key
+
+    hc, args = hydra_config(), {"seq_len": cfg.get("seq_len"), "max_tokens": cfg.get("max_tokens")}
+    on_line = {override_key(o) for o in hc.overrides.task} if hc is not None else set(cfg)
+    given = {k for k, v in args.items() if v is not None or k in on_line}
+    if "seq_len" in given and args["seq_len"] is None:
+        return args, {}
+    run, record = naflex_of_run(str(cfg.ckpt_path))
+    taken = {k: v for k, v in run.items() if k not in given}
+    args |= taken
+    if "max_tokens" in taken and "seq_len" in given and taken["max_tokens"] > args["seq_len"]:
+        raise ValueError(
+            f"seq_len={args['seq_len']} is shorter than the run's max_tokens={taken['max_tokens']} ({record}): give "
+            f"max_tokens=<at most {args['seq_len']}> or seq_len=<at least {taken['max_tokens']}>"
+        )
+    if taken:
+        log.info(
+            " ".join(f"{k}={'null' if v is None else v}" for k, v in taken.items())
+            + f": the NaFlex evaluation of {Path(str(cfg.ckpt_path)).name}'s run (its data.* in {record}; "
+            "seq_len=<n> / max_tokens=<n> for others, seq_len=null for fixed-size images)"
+        )
+    return args, taken
+
+
+def run_predict(cfg: Any) -> dict[str, Any]:
+    """``predict.py``'s body: check the settings, load, predict, write the CSV, print a summary; returns the summary."""
+    check_predict_args(**{k: cfg.get(k, d) for k, d in (("topk", 5), ("batch_size", 64), ("num_workers", 0))})
+    check_predict_args(seq_len=cfg.get("seq_len"), max_tokens=cfg.get("max_tokens"))
+    device = str(cfg.get("device", "auto"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    from vitrel.train.utils import plain  # (predict.py's configuration is Hydra's)
+
+    overrides = dict(plain(cfg.get("model_overrides")) or {})
+    naflex, taken = _naflex_settings(cfg)  # (a NaFlex run's checkpoint: its images scored as its test scored them)
+    predictor = load_predictor(str(cfg.ckpt_path), device, cfg.get("ema", "auto"), overrides)
+    res = predict_folder(
+        predictor,
+        str(cfg.input),
+        topk=int(cfg.get("topk", 5)),
+        batch_size=int(cfg.get("batch_size", 64)),
+        num_workers=int(cfg.get("num_workers", 0)),
+        progress=bool(cfg.get("progress_bar", True)),
+        **naflex,
+    )
+    out = write_csv(res.rows, str(cfg.results_file))
+    kind = "videos" if "num_frames" in predictor.data_config else "images"
+    summary = {
+        kind: len(res.rows),
+        "skipped": len(res.skipped),
+        "found": res.found,
+        "seconds": round(res.seconds, 3),
+        f"{kind}_per_s": round(len(res.rows) / res.seconds, 2) if res.seconds > 0 else None,
+        "results_file": str(out),
+        "model": predictor.source,
+        "device": str(predictor.device),
+        "naflex_from_run": taken,  # the NaFlex settings taken from the checkpoint's run (not given)
+    }
+    skipped = f", skipped {len(res.skipped)} unreadable file(s)" if res.skipped else ""
+    print(
+        f"predicted {len(res.rows)} of {res.found} {kind[:-1]}(s){skipped} in {res.seconds:.1f} s on "
+        f"{predictor.device}; "
+        f"wrote {out}"
+    )
+    return summary

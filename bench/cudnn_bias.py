@@ -19,13 +19,14 @@ bf16, ``--heads`` 6 x ``--head-dim`` 64, ``--tokens`` 65,536 per batch (batch = 
 1. **Check** (small sizes, ``--check-sizes``): the frontend's output, dq / dk / dv and dBias, and the table's gradient
    (dBias summed into the table), each against an fp32 PyTorch reference (explicit ``softmax(q k^T scale + bias) v``
    with autograd); SDPA's cuDNN backend with the bias (no grad) too.
-2. **Time** per N: plain SDPA (no mask; default backends, then cuDNN and flash forced) with the kernels the profiler
-   names; SDPA with a ``[1, H, N, N]`` bf16 bias that needs no grad (default backends, and under
-   ``sdpa_kernel(CUDNN_ATTENTION)``: a refusal is a row); the frontend's graphs without bias, with bias, with bias and
+2. **Time** per N: plain SDPA (no mask; default backends, then cuDNN and flash forced); SDPA with a ``[1, H, N, N]``
+   bf16 bias that needs no grad (default backends, and under ``sdpa_kernel(CUDNN_ATTENTION)``: a refusal is a row)
+   and with one that does (vitrel's ``sdpa`` path today); the frontend's graphs without bias, with bias, with bias and
    dBias (deterministic off and on), and the whole path a kernel would take (the table gathered into the bias, the
-   graphs, dBias summed back into the table). Each row: median ms of ``--rounds`` rounds of ``--repeat`` calls between
-   two CUDA events (after ``--warmup`` calls), peak memory above the inputs (``max_memory_allocated`` after a reset:
-   torch's allocator only, the frontend's workspaces included), whether outputs are finite and repeat bitwise.
+   graphs, dBias summed back into the table). Each row: the kernels the profiler names, median ms of ``--rounds``
+   rounds of ``--repeat`` calls between two CUDA events (after ``--warmup`` calls), peak memory above the inputs
+   (``max_memory_allocated`` after a reset: torch's allocator only, the frontend's workspaces included), whether
+   outputs are finite and repeat bitwise.
 3. **Table** per N: the gather of ``T[H, 2Hg-1, 2Wg-1]`` into the ``[1, H, N, N]`` bias (``T[h, dh + Hg - 1,
    dw + Wg - 1]``, dh = query row - key row) and the sum of dBias back into the table two ways: ``index_add_``
    (atomics on CUDA: order not fixed) and :func:`scatter_diagonal` (plain sums over diagonals: deterministic).
@@ -193,7 +194,7 @@ def kernel_kinds(fn: Callable, dev: torch.device) -> str:
             continue
         if kind not in kinds:
             kinds.append(kind)
-        if len(names) < 2:
+        if len(names) < 3:
             names.append(f"`{name[:60]}` {ms:.2f} ms")
     return f"{'+'.join(kinds) or 'none found'}: {'; '.join(names)}".replace("|", "/")
 
@@ -314,19 +315,24 @@ def frontend_call(fe: Frontend, fwd, bwd, q, k, v, do, bias, want_dbias: bool) -
     return call
 
 
-def sdpa_call(q, k, v, do, bias=None, backend=None) -> Callable:
-    """SDPA forward + backward (q, k, v; the bias needs no grad) under ``sdpa_kernel(backend)`` where given."""
+def sdpa_call(q, k, v, do, bias=None, backend=None, bias_grad: bool = False) -> Callable:
+    """SDPA forward + backward of q, k, v (and of the bias where ``bias_grad``) under ``sdpa_kernel(backend)`` where
+    given."""
     from torch.nn.attention import sdpa_kernel
 
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    if bias_grad:
+        bias = bias.detach().requires_grad_()
+
+    def run():
+        o = F.scaled_dot_product_attention(*leaves, attn_mask=bias)
+        return (o, *torch.autograd.grad(o, [*leaves, *([bias] if bias_grad else [])], do))
 
     def call():
         if backend is None:
-            o = F.scaled_dot_product_attention(*leaves, attn_mask=bias)
-            return (o, *torch.autograd.grad(o, leaves, do))
+            return run()
         with sdpa_kernel([backend]):
-            o = F.scaled_dot_product_attention(*leaves, attn_mask=bias)
-            return (o, *torch.autograd.grad(o, leaves, do))
+            return run()
 
     return call
 
@@ -497,21 +503,22 @@ def time_size(rep: Report, fe, fe_err: str | None, n: int, args, results: dict) 
         return make
 
     rows_spec = [
-        ("SDPA, no mask (default backends)", lambda: sdpa_call(q, k, v, do), True),
-        ("SDPA, no mask [CUDNN_ATTENTION]", lambda: sdpa_call(q, k, v, do, None, SDPBackend.CUDNN_ATTENTION), True),
-        ("SDPA, no mask [FLASH_ATTENTION]", lambda: sdpa_call(q, k, v, do, None, SDPBackend.FLASH_ATTENTION), True),
-        ("SDPA + bias (no grad), default backends", lambda: sdpa_call(q, k, v, do, bias), True),
+        ("SDPA, no mask (default backends)", lambda: sdpa_call(q, k, v, do), False),
+        ("SDPA, no mask [CUDNN_ATTENTION]", lambda: sdpa_call(q, k, v, do, None, SDPBackend.CUDNN_ATTENTION), False),
+        ("SDPA, no mask [FLASH_ATTENTION]", lambda: sdpa_call(q, k, v, do, None, SDPBackend.FLASH_ATTENTION), False),
+        ("SDPA + bias (no grad), default backends", lambda: sdpa_call(q, k, v, do, bias), False),
+        ("SDPA + bias with grad (vitrel's `sdpa` today)", lambda: sdpa_call(q, k, v, do, bias, bias_grad=True), False),
         (
             "SDPA + bias (no grad) [CUDNN_ATTENTION]",
             lambda: sdpa_call(q, k, v, do, bias, SDPBackend.CUDNN_ATTENTION),
-            True,
+            False,
         ),
-        ("frontend, no bias", fe_row(False, False, False), False),
-        ("frontend, bias, no dBias", fe_row(True, False, False), False),
-        ("frontend, bias + dBias, deterministic off", fe_row(True, True, False), False),
-        ("frontend, bias + dBias, deterministic on", fe_row(True, True, True), False),
-        ("path: gather + frontend dBias (det. off) + `index_add_`", full_path(False, False), False),
-        ("path: gather + frontend dBias (det. on) + `scatter_diagonal`", full_path(True, True), False),
+        ("frontend, no bias", fe_row(False, False, False), True),
+        ("frontend, bias, no dBias", fe_row(True, False, False), True),
+        ("frontend, bias + dBias, deterministic off", fe_row(True, True, False), True),
+        ("frontend, bias + dBias, deterministic on", fe_row(True, True, True), True),
+        ("path: gather + frontend dBias (det. off) + `index_add_`", full_path(False, False), True),
+        ("path: gather + frontend dBias (det. on) + `scatter_diagonal`", full_path(True, True), True),
     ]
     rep.add(
         [
@@ -522,7 +529,7 @@ def time_size(rep: Report, fe, fe_err: str | None, n: int, args, results: dict) 
         ]
     )
     ref_ms = ref_mb = None
-    for name, make, profile in rows_spec:
+    for name, make, frontend in rows_spec:
         if rep.over():
             rep.add([f"| {name} | - | - | - | - | - | - | - | - | skipped: past --budget {rep.budget:.0f} s |"])
             continue
@@ -531,7 +538,7 @@ def time_size(rep: Report, fe, fe_err: str | None, n: int, args, results: dict) 
             t_build = time.monotonic()
             fn = make()
             build_s = time.monotonic() - t_build
-            kinds = kernel_kinds(fn, args.dev) if profile else "cudnn-frontend graphs"
+            kinds = kernel_kinds(fn, args.dev)
             ms = time_ms(fn, args.warmup, args.rounds, args.repeat, args.dev)
             mb = peak_mb(fn, args.dev)
             a = fn()
@@ -545,8 +552,8 @@ def time_size(rep: Report, fe, fe_err: str | None, n: int, args, results: dict) 
             continue
         if ref_ms is None and name.startswith("SDPA, no mask (default"):
             ref_ms, ref_mb = ms, mb
-        ws = "-" if profile else "{:.0f} / {:.0f}".format(*workspace["MiB"])
-        note = f"graphs built in {build_s:.1f} s" if not profile and build_s > 0.05 else ""
+        ws = "{:.0f} / {:.0f}".format(*workspace["MiB"]) if frontend else "-"
+        note = f"graphs built in {build_s:.1f} s" if frontend and build_s > 0.05 else ""
         rx = f"{ms / ref_ms:.2f}x" if ref_ms else "-"
         rm = f"{mb / ref_mb:.2f}x" if ref_mb else "-"
         rep.add(

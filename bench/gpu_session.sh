@@ -28,10 +28,13 @@
 #                                                              # to its end) is `three`'s, where 5 minutes are left
 #   on GPU:  bash bench/gpu_session.sh rest "$OUT"             # tune (at most 150 s), then the sections the
 #                                                              # pass's budget leaves (bench/gpu.py REST, 3 minutes)
-# The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md; commit
-# them under bench/results/ with the device named.
+#   on GPU:  bash bench/gpu_session.sh cudnn "$OUT"            # issue 58's measurement, bench/cudnn_bias.py: cuDNN's
+#                                                              # attention with a bias and dBias against plain SDPA
+#                                                              # (no row starts after 400 s; stopped at 500 s)
+# The tables land in $OUT (the device tool returns that folder) as gpu_<device>.md, triton_tune_<device>.md,
+# cudnn_bias_<device>.md; commit them under bench/results/ with the device named.
 set -uo pipefail
-part=${1:?pass, tune, one, two, three, four or rest}
+part=${1:?pass, tune, one, two, three, four, rest or cudnn}
 out=${2:-bench/results}
 cd "$(dirname "$0")/.."
 mkdir -p "$out"
@@ -57,5 +60,6 @@ case $part in
   rest) timeout 150 python3 bench/triton_tune.py --out "$out/triton_tune_$gpu.md"
         python3 bench/gpu.py --sections $(python3 -c "import bench.gpu as g; print(*g.REST)") --budget 180 \
           --out "$out/gpu_${gpu}_rest.md" ;;
-  *) echo "bench/gpu_session.sh: pass, tune, one, two, three, four or rest, not $part" >&2; exit 2 ;;
+  cudnn) timeout 500 python3 bench/cudnn_bias.py --budget 400 --out "$out/cudnn_bias_$gpu.md" ;;
+  *) echo "bench/gpu_session.sh: pass, tune, one, two, three, four, rest or cudnn, not $part" >&2; exit 2 ;;
 esac

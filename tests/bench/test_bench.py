@@ -423,8 +423,8 @@ def test_host_ops_counts_a_step_by_source(tmp_path):
 
 def test_gpu_session_commands_name_what_exists():
     """bench/gpu_session.sh's parts (a lease's commands, run where no mistake can be fixed in time) name only
-    bench/gpu.py's sections and bench/triton_tune.py's options, and each part's budgets fit the device tool's
-    10-minute limit a command, with the start's half minute."""
+    bench/gpu.py's sections and bench/triton_tune.py's and bench/cudnn_bias.py's options, and each part's budgets fit
+    the device tool's 10-minute limit a command, with the start's half minute."""
     import importlib.util
     import shlex
     from pathlib import Path
@@ -434,9 +434,10 @@ def test_gpu_session_commands_name_what_exists():
     gpu = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu)
     tune_src = (root / "bench" / "triton_tune.py").read_text()
+    cudnn_src = (root / "bench" / "cudnn_bias.py").read_text()
     script = (root / "bench" / "gpu_session.sh").read_text().replace("\\\n", " ")
     parts = re.findall(r"^\s+(\w+)\)\s(.*?);;", script, flags=re.M | re.S)
-    assert {p for p, _ in parts} >= {"pass", "tune", "one", "two", "three", "four", "rest"}, parts
+    assert {p for p, _ in parts} >= {"pass", "tune", "one", "two", "three", "four", "rest", "cudnn"}, parts
     for part, body in parts:
         seconds = 0.0
         for command in body.splitlines():
@@ -452,6 +453,12 @@ def test_gpu_session_commands_name_what_exists():
                 flags = [w for w in words[words.index("bench/triton_tune.py") + 1 :] if w.startswith("--")]
                 assert all(f'"{f}"' in tune_src for f in flags), (part, flags)
                 seconds += float(words[words.index("timeout") + 1]) if "timeout" in words else 200
+            if "bench/cudnn_bias.py" in words:  # stopped by its timeout; its --budget (rows started) below it
+                flags = [w for w in words[words.index("bench/cudnn_bias.py") + 1 :] if w.startswith("--")]
+                assert all(f'"{f}"' in cudnn_src for f in flags), (part, flags)
+                limit = float(words[words.index("timeout") + 1])
+                assert float(words[words.index("--budget") + 1]) + 60 <= limit, (part, words)
+                seconds += limit
         # (the device tool stops a command at 600 s; the wheels' install, the device's name and the imports before
         # bench/gpu.py's budget starts take about 20-30 s of it)
         assert 0 < seconds <= 570, (part, seconds)

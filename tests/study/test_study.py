@@ -394,6 +394,23 @@ def test_jobs_pack_runs_into_worker_processes(jobs2):
     assert json.loads((out / "study_smoke.json").read_text())["runs"] == state["runs"]
 
 
+def test_jobs_workers_take_the_next_run_not_a_fixed_share(study, jobs2, tmp_path):
+    """A --jobs worker takes whichever run no worker has taken yet (a file in the parent's ``taken`` folder), so a
+    worker that finishes early goes on with the rest; a fixed share (runs ``i::N``) left one idle while the other
+    ran the slow entries. Here worker 1 of 2, alone, takes both runs (a fixed share: rel2d_full only); then
+    worker 0, with both taken, runs nothing. The parent removes the folder after its workers."""
+    _, out, cmds = jobs2
+    assert all(c[c.index("--taken") + 1] == str(cmds[0][cmds[0].index("--taken") + 1]) for c in cmds)
+    assert not list(out.rglob("taken"))
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    one = run(study, tmp_path, "--archs", "vit", "--shard", "1/2", "--taken", str(taken), "--cost-rounds", "0")
+    assert [r["scheme"] for r in one["runs"]] == ["none", "rel2d_full"]
+    assert sorted(p.name for p in taken.iterdir()) == ["vit_none_0", "vit_rel2d_full_0"]
+    zero = run(study, tmp_path, "--archs", "vit", "--shard", "0/2", "--taken", str(taken), "--cost-rounds", "0")
+    assert zero["runs"] == []
+
+
 def test_jobs_give_the_results_of_one_process(study, jobs2, tmp_path):
     """--jobs 2 (worker processes, each told its share of a GPU's memory) gives every run the accuracies and
     final loss of --jobs 1 for the same seeds (CPU, one thread each: bitwise)."""

@@ -27,8 +27,8 @@ Written after every run: ``<out>/<name>.json`` (recipe, machine, runs, summary, 
 finished runs (claims and unused variants may change meanwhile); an interrupted run resumes from its last
 checkpoint in ``<out>/<name>_work/``. A run that raises (it does not build, a non-finite loss, out of memory) is
 recorded (``failed``: its one-line error, its traceback in ``<out>/<name>_failed/``) and the others go on; the command
-then lists the failures and exits 1, and a rerun retries them. ``--jobs N`` runs N worker processes (``--shard i/N``)
-that share the to-do list and are merged into the same files.
+then lists the failures and exits 1, and a rerun retries them. ``--jobs N`` runs N worker processes (``--shard i/N``),
+each taking the next run no worker has taken, merged into the same files.
 
 Modules: ``runs`` (a run's config, training, scores, fine-tune, throughput timing), ``reading`` (summary,
 claims, report, files), ``plots`` (the study's pictures, also for notebook 03), ``cli`` (the command).

@@ -76,6 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--jobs", type=positive_int, default=1, help="runs at once, one process each (pack a GPU)")
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/N: a --jobs worker's share
     ap.add_argument("--memory-fraction", type=float, default=None, help=argparse.SUPPRESS)  # a worker's GPU share
+    ap.add_argument("--taken", default=None, help=argparse.SUPPRESS)  # a --jobs worker: the folder of taken runs
     ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (part of the recipe)")
     return ap.parse_args(argv)
 
@@ -198,18 +199,30 @@ def record_failure(state: dict, log: Path, run: dict, exc: Exception) -> str:
     return error
 
 
-def run_jobs(args: argparse.Namespace, argv: list[str], jobs: int) -> None:
-    """``jobs`` worker processes of this command (``python -m vitrel.study``, this vitrel first on the path),
-    worker ``i`` running runs ``i::jobs`` of the to-do list (``--shard i/jobs``) with ``cores / jobs`` threads and, on
-    a GPU, ``0.95 / jobs`` of its memory (``--memory-fraction``: ``torch.cuda.set_per_process_memory_fraction``);
-    their output is prefixed ``[i]``. Waits for all."""
+def take(taken: Path, unit: tuple[str, str, int]) -> bool:
+    """Whether this worker takes ``unit`` (``(arch, trained entry, seed)``): the first to create its file in
+    ``taken`` does (``O_EXCL``: one winner across processes). A fixed share of the list left one worker idle while
+    the other ran the slow entries (the extrapolation study: LieRE, the scored RoPE variants)."""
+    try:
+        os.close(os.open(taken / "_".join(map(str, unit)), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def run_jobs(args: argparse.Namespace, argv: list[str], jobs: int, taken: Path) -> None:
+    """``jobs`` worker processes of this command (``python -m vitrel.study``, this vitrel first on the path), each
+    taking the next run of the to-do list no worker has taken (:func:`take`, in the folder ``taken``; worker ``i``
+    writes ``--shard i/jobs``'s files) with ``cores / jobs`` threads and, on a GPU, ``0.95 / jobs`` of its memory
+    (``--memory-fraction``: ``torch.cuda.set_per_process_memory_fraction``); their output is prefixed ``[i]``. Waits
+    for all."""
     threads = max(1, (args.threads or os.cpu_count() or 1) // jobs)
     base = [a for a in argv if a != "--restart"]
     path = os.pathsep.join(p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH")) if p)
     procs = []
     for i in range(jobs):
         cmd = [sys.executable, "-u", "-m", "vitrel.study", *base, "--jobs", "1", "--shard", f"{i}/{jobs}"]
-        cmd += ["--threads", str(threads), "--memory-fraction", f"{0.95 / jobs:.4f}"]
+        cmd += ["--threads", str(threads), "--memory-fraction", f"{0.95 / jobs:.4f}", "--taken", str(taken)]
         procs.append(
             subprocess.Popen(
                 cmd,
@@ -312,10 +325,16 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     units: dict[tuple[str, str, int], list[str]] = {}
     for arch, scheme, seed in todo:
         units.setdefault((arch, parts[scheme][0], seed), []).append(scheme)
-    if shard is not None:
+    if shard is not None and args.taken is None:  # (a worker run by hand: a fixed share)
         units = dict(list(units.items())[shard[0] :: shard[1]])
     if args.jobs > 1 and shard is None and len(units) > 1:
-        run_jobs(args, argv, min(args.jobs, len(units)))
+        taken = work / "taken"
+        shutil.rmtree(taken, ignore_errors=True)  # (an interrupted run's: its unfinished runs are to do again)
+        taken.mkdir(parents=True)
+        try:
+            run_jobs(args, argv, min(args.jobs, len(units)), taken)
+        finally:
+            shutil.rmtree(taken, ignore_errors=True)
         merge_shards(out, name, state)
         units = {}
     data: dict = {}
@@ -340,6 +359,8 @@ def _run(argv: list[str] | None, prog: str) -> dict:
 
     try:
         for i, ((arch, trained, seed), labels) in enumerate(units.items()):
+            if args.taken is not None and not take(Path(args.taken), (arch, trained, seed)):
+                continue  # another worker's
             try:
                 cfg = run_cfg(arch, trained, seed)
             except Exception as e:  # (a run's own overrides that do not compose)

@@ -1,21 +1,24 @@
 """A sweep as a researcher comparing position schemes runs it: ``python train.py -m pos=... seed=...`` (each job its
 own folder and W&B run, one W&B group; the summary's mean ± standard deviation over seeds per scheme, the test images
 scored), then the same sweep folder run again with another sweep (an earlier sweep's jobs left out, a job that fails
-now shown failed with its error, not with its earlier run's metrics)."""
+now shown failed with its error, not with its earlier run's metrics); and the summary's picture, ``summary.png``,
+from fabricated job folders."""
 
 from __future__ import annotations
 
 import csv
 import json
+import logging
 import statistics
 
 import pytest
+from omegaconf import OmegaConf
 
 import vitrel
 from tests.train_helpers import FAST, TINY_VIT, compose, run_script, wandb_contents
+from vitrel.train.hydra_callbacks import SweepSummary, summary_rows
 from vitrel.train.run import train
-
-pytestmark = pytest.mark.slow
+from vitrel.train.sweep_plot import plot_rows
 
 TINY = [*TINY_VIT, *(a for a in FAST if a != "progress_bar=none"), "trainer.max_epochs=1"]
 TINY += ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=2"]
@@ -25,6 +28,7 @@ def _metrics(job) -> dict:
     return json.loads((job / "metrics.json").read_text())
 
 
+@pytest.mark.slow
 def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "pos=rel2d_full,rope2d_mixed", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}", "logger=wandb"]
@@ -42,6 +46,10 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
         assert any(k.startswith("lr-AdamW") for k in history) and "train/loss_step" in history, sorted(history)
         groups.add(run.run_group)
     assert groups == {f"train-{sweep.name}"}, "one W&B group per sweep"
+    from PIL import Image
+
+    with Image.open(sweep / "summary.png") as im:  # two settings: a figure a few inches high, at 110 dpi
+        assert im.format == "PNG" and im.size[0] == 880 and 200 < im.size[1] < 400, im.size
     assert "epoch 1/1" in r.stdout, "not a terminal: plain progress lines, no progress bar"
     # jobs 0, 1: rel2d_full seeds 0, 1; jobs 2, 3: rope2d_mixed
     acc = {j: _metrics(sweep / str(j))["metrics"]["test/acc1"] for j in range(4)}
@@ -100,3 +108,106 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     unknown = _metrics(sweep / "1")
     assert unknown["resumed_finished"] is True and unknown["wall_s"] is None and unknown["fit_s"] is None
     assert "val/acc1" not in unknown["metrics"] and unknown["metrics"]["test/acc1"] == acc[1]
+
+
+# ---------------------------------------------------------------------------------------- summary.png, fabricated jobs
+def _job(sweep, job, overrides, metrics=None, status="finished", sweep_id="s1"):
+    """A job folder as a sweep leaves it: ``.hydra/overrides.yaml``, ``.sweep_id`` and (unless it failed before
+    writing one) ``metrics.json`` with ``metrics``."""
+    d = sweep / str(job)
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    (d / ".sweep_id").write_text(sweep_id + "\n")
+    if metrics is not None:
+        record = {"status": status, "metrics": metrics, "overrides": overrides, "params": 1000, "epochs": 1}
+        (d / "metrics.json").write_text(json.dumps(record))
+
+
+def _summarize(sweep):
+    SweepSummary().on_multirun_end(OmegaConf.create({"hydra": {"sweep": {"dir": str(sweep)}}}))
+
+
+def _plot(sweep):
+    rows, means, *_ = summary_rows(sweep, SweepSummary().metrics)
+    return plot_rows(rows, means)
+
+
+def test_summary_png_one_bar_per_job_a_failed_job_a_row_val_without_test(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / ".sweep_id").write_text("s1\n")
+    _job(sweep, 0, ["pos=rel2d_full", "lr=1e-3"], {"test/acc1": 0.8125, "val/acc1": 0.79})
+    _job(sweep, 1, ["pos=rope2d_mixed", "lr=1e-3"])  # failed before writing metrics.json
+    (sweep / "1" / "error.txt").write_text("RuntimeError: out of memory\n")
+    _job(sweep, 2, ["pos=shaw2d_factored", "lr=1e-3"], {"val/acc1": 0.6})  # run with test=false
+    _job(sweep, 3, ["pos=none", "lr=1e-3"], {"test/acc1": 0.5})
+    data = _plot(sweep)
+    assert data.labels == ["0: pos=rel2d_full", "1: pos=rope2d_mixed", "2: pos=shaw2d_factored", "3: pos=none"]
+    assert data.values == [pytest.approx(81.25), None, pytest.approx(60.0), pytest.approx(50.0)]
+    assert data.metrics == ["test/acc1", None, "val/acc1", "test/acc1"]
+    assert data.notes == ["", "failed (RuntimeError)", "", ""] and data.errors == [None] * 4
+    assert (data.jobs, data.finished, data.seeds) == (4, 3, False)
+    assert "[val/acc1]" in data.xlabel() and "test/acc1" in data.xlabel()
+    _summarize(sweep)
+    from PIL import Image
+
+    with Image.open(sweep / "summary.png") as im:
+        assert im.format == "PNG" and im.size[0] == 880 and 200 < im.size[1] < 400, im.size
+    assert (sweep / "summary.md").exists()
+
+    only_val = tmp_path / "val"  # every job without a test metric: the axis says validation
+    only_val.mkdir()
+    _job(only_val, 0, ["seed=0"], {"val/acc1": 0.25}, sweep_id="x")
+    _job(only_val, 1, ["seed=1"], {"val/acc1": 0.75}, sweep_id="x")
+    data = _plot(only_val)
+    assert data.metrics == ["val/acc1"] and data.values == [pytest.approx(50.0)]
+    assert data.xlabel().startswith("validation top-1 accuracy (%)")
+
+
+def test_summary_png_seed_sweep_mean_sample_std_and_each_seed(tmp_path):
+    sweep = tmp_path / "sweep"
+    acc = {"rel2d_full": [0.61, 0.64, 0.70], "rope2d_mixed": [0.55, None, 0.58], "none": [None, None, None]}
+    job = 0
+    for pos, values in acc.items():
+        for seed, v in enumerate(values):
+            _job(sweep, job, [f"pos={pos}", f"seed={seed}"], None if v is None else {"test/acc1": v, "val/acc1": 0.1})
+            job += 1
+    data = _plot(sweep)
+    assert data.seeds and (data.jobs, data.finished) == (9, 5)
+    assert data.labels == ["pos=rel2d_full (3 seeds)", "pos=rope2d_mixed (2 seeds of 3)", "pos=none (0 seeds of 3)"]
+    for i, values in enumerate(acc.values()):
+        pct = [100 * v for v in values if v is not None]
+        assert data.points[i] == pytest.approx(pct)
+        if pct:
+            assert data.values[i] == pytest.approx(statistics.mean(pct))
+            assert data.errors[i] == pytest.approx(statistics.stdev(pct)), "± the sample standard deviation"
+    assert data.values[2] is None and data.notes[2] == "failed" and data.points[2] == []
+    assert data.metrics == ["test/acc1", "test/acc1", None]
+    _summarize(sweep)
+    seeds = list(csv.DictReader((sweep / "summary_seeds.csv").read_text().splitlines()))  # the table's numbers
+    assert [100 * float(r["test/acc1 std"]) for r in seeds[:2]] == pytest.approx(data.errors[:2])
+    assert (sweep / "summary.png").stat().st_size > 0
+
+
+def test_summary_png_failing_to_draw_is_a_warning(tmp_path, monkeypatch, caplog):
+    from matplotlib.figure import Figure
+
+    sweep = tmp_path / "sweep"
+    _job(sweep, 0, ["pos=rel2d_full"], {"test/acc1": 0.5})
+    _job(sweep, 1, ["pos=none"], {"test/acc1": 0.4})
+    _summarize(sweep)
+    assert (sweep / "summary.png").exists()
+
+    def broken(self, *args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Figure, "savefig", broken)
+    (sweep / "summary.md").unlink()
+    with caplog.at_level(logging.WARNING, logger="vitrel.train.hydra_callbacks"):
+        _summarize(sweep)
+    assert (sweep / "summary.md").read_text().startswith("Sweep summary (2 jobs")
+    assert (sweep / "summary.csv").exists()
+    assert not (sweep / "summary.png").exists(), "no earlier picture left to be taken for this summary"
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(str(sweep / "summary.png") in w and "OSError: disk full" in w for w in warned), warned
+    assert not list(sweep.glob(".summary.png.*")), "no partial file left"

@@ -4,7 +4,8 @@ printed at the end of a sweep (``python train.py -m ...``).
 Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.run.train``);
 :class:`SweepSummary` reads them all when the sweep ends (in the launching process, whatever the
 launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder (with a ``seed=``
-sweep, each setting's mean ± standard deviation over its seeds, also ``summary_seeds.csv``). It also writes them as
+sweep, each setting's mean ± standard deviation over its seeds, also ``summary_seeds.csv``), and draws them as
+``summary.png`` (:mod:`vitrel.train.sweep_plot`; a failure to draw is a warning). It also writes them as
 each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end. A sweep run again in its folder
 is told from the earlier one by the id each sweep writes (``.sweep_id``, in the sweep's and its jobs' folders).
 """
@@ -35,6 +36,7 @@ __all__ = [
     "format_means",
     "seed_means",
     "split_common",
+    "summary_rows",
 ]
 
 log = logging.getLogger(__name__)
@@ -129,7 +131,7 @@ def _is_seed(override: str) -> bool:
 def seed_means(rows: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
     """Rows of jobs that differ only in ``seed=`` as one row each: ``n`` finished of ``jobs``, the mean and the
     sample standard deviation of each metric over the finished ones (``rows`` with their override lists, before
-    :func:`split_common`). Empty when the sweep does not vary the seed."""
+    :func:`split_common`; ``members``: the setting's job folders). Empty when the sweep does not vary the seed."""
     if len({tuple(o for o in r["overrides"] if _is_seed(o)) for r in rows}) < 2:
         return []
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -139,6 +141,7 @@ def seed_means(rows: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[
     for key, members in groups.items():
         done = [r for r in members if r["status"] == "finished"]
         row: dict[str, Any] = {"overrides": list(key), "n": len(done), "jobs": len(members)}
+        row["members"] = [r["job"] for r in members]
         for m in metrics:
             vals = [float(r[m]) for r in done if r.get(m) is not None]
             mean = sum(vals) / len(vals) if vals else None
@@ -248,15 +251,10 @@ class SweepSummary(Callback):
         the tables."""
         if not sweep_dir.exists():
             return
-        rows = collect_sweep(sweep_dir, self.metrics)
-        earlier = [r["job"] for r in rows if r["earlier"]]
-        rows = [r for r in rows if not r["earlier"]]
-        if not rows:
+        summary = summary_rows(sweep_dir, self.metrics)
+        if summary is None:
             return
-        means = seed_means(rows, self.metrics)
-        common = split_common(rows)
-        for r in means:
-            r["overrides"] = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
+        rows, means, common, earlier = summary
         head = f"Sweep summary ({len(rows)} jobs, {sweep_dir})" + (f"; all jobs: {' '.join(common)}" if common else "")
         head += f"\n{ABOUT}"
         if earlier:
@@ -280,6 +278,41 @@ class SweepSummary(Callback):
             part = sweep_dir / f".{name}.{os.getpid()}"
             part.write_text(content, newline="")
             os.replace(part, sweep_dir / name)
+        _draw(sweep_dir, rows, means)
+
+
+def summary_rows(
+    sweep_dir: Path, metrics: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], list[str]] | None:
+    """The summary of ``sweep_dir``'s jobs: the rows of this sweep's jobs (:func:`collect_sweep`, each ``overrides``
+    the string of those not shared), the :func:`seed_means` rows, the shared overrides and the job folders of an
+    earlier sweep (left out); None when no job of this sweep has a folder. The rows and means also hold the
+    accuracies the picture shows (:data:`vitrel.train.sweep_plot.ACCURACY`) when ``metrics`` does not name them."""
+    wanted = [*metrics, *(m for m in ("test/acc1", "val/acc1") if m not in metrics)]
+    rows = collect_sweep(sweep_dir, wanted)
+    earlier = [r["job"] for r in rows if r["earlier"]]
+    rows = [r for r in rows if not r["earlier"]]
+    if not rows:
+        return None
+    means = seed_means(rows, wanted)
+    common = split_common(rows)
+    for r in means:
+        r["overrides"] = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
+    return rows, means, common, earlier
+
+
+def _draw(sweep_dir: Path, rows: list[dict[str, Any]], means: list[dict[str, Any]]) -> None:
+    """``summary.png``; drawing never fails the sweep: an error is a warning, and an earlier picture (of fewer
+    jobs) is removed rather than left to be taken for this one."""
+    png = sweep_dir / "summary.png"
+    try:
+        from vitrel.train.sweep_plot import plot_rows, plot_sweep, save_png
+
+        save_png(plot_sweep(plot_rows(rows, means), sweep_dir.name), png)
+    except Exception as e:  # noqa: BLE001  (the tables are written; the picture is a convenience)
+        log.warning("sweep summary: could not draw %s (%s: %s); summary.md and summary.csv are written", png,
+                    type(e).__name__, e)  # fmt: skip
+        png.unlink(missing_ok=True)
 
 
 def _csv(fields: Sequence[str], rows: list[dict[str, Any]]) -> str:

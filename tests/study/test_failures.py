@@ -88,9 +88,12 @@ def test_jobs_workers_record_failures_and_the_study_merges_them(tmp_path):
     ``jobs2``) whose run fails records it in its shard and ends well; the study merges the shard's failures with its
     own runs (a failing worker stopped the study before, its shard and the other's left unmerged)."""
     study_main(tmp_path, "broken,none", BROKEN, "--shard", "0/2")  # worker 0 of 2: broken; ends without raising
-    assert [f["scheme"] for f in json.loads((tmp_path / "study_smoke.shard0.json").read_text())["failed"]] == ["broken"]
+    shard = tmp_path / "study_smoke.shard0.json"
+    assert [f["scheme"] for f in json.loads(shard.read_text())["failed"]] == ["broken"]
+    shard.write_text(json.dumps({**json.loads(shard.read_text()), "wall_s": 1000.0}))  # (a worker of 1000 s)
     study_main(tmp_path, "none", BROKEN)  # the study (worker 1's share, here itself) merges worker 0's shard
     data = json.loads((tmp_path / "study_smoke.json").read_text())
+    assert 1000.0 < data["wall_s"] < 1300.0  # the interrupted run's time, then this one's
     assert [r["scheme"] for r in data["runs"]] == ["none"]
     assert [(f["scheme"], f["error"]) for f in data["failed"]] == [("broken", WHY)]
     assert not list(tmp_path.glob("*.shard*")) and "| broken (failed) |" in (tmp_path / "study_smoke.md").read_text()

@@ -145,7 +145,8 @@ def load_state(path: Path, state: dict, restart: bool) -> dict:
 
 def merge_shards(out: Path, name: str, state: dict) -> None:
     """Take the runs, failures and position tensors of ``--jobs`` workers' shard files into ``state`` (made with its
-    recipe, else refused); remove each shard once ``<name>.json`` (and the position file) hold what it held."""
+    recipe, else refused); remove each shard once ``<name>.json`` (and the position file) hold what it held. The wall
+    time is the longest worker's (each counts from the results' own): an interrupted run's parent recorded none."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -160,6 +161,7 @@ def merge_shards(out: Path, name: str, state: dict) -> None:
                 done.add((r["arch"], r["scheme"], r["seed"]))
         for f in shard.get("failed", []):
             set_failed(state, f)
+        state["wall_s"] = max(state.get("wall_s", 0.0), shard.get("wall_s", 0.0))
     state["failed"] = [f for f in state.get("failed", []) if _key(f) not in done]  # (a retry that succeeded)
     if shards:  # the merged runs on disk before their shards go (a crash in between loses nothing)
         atomic_write(out / f"{name}.json", json.dumps(state, indent=1))

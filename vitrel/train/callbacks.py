@@ -116,14 +116,15 @@ class LastCheckpoint(Checkpoint):
         """The file, for a trainer whose ``default_root_dir`` is ``root_dir``."""
         return Path(self.dirpath or Path(root_dir) / "checkpoints") / self.filename
 
-    def save(self, trainer: L.Trainer) -> None:
-        """Write ``last.ckpt`` now (all ranks call this; rank 0 writes), unless this step is saved already."""
+    def save(self, trainer: L.Trainer) -> bool:
+        """Write ``last.ckpt`` now (all ranks call this; rank 0 writes), unless this step is saved already: written?"""
         if trainer.fast_dev_run or trainer.sanity_checking or self._last_step == trainer.global_step:
-            return
+            return False
         save_checkpoint(trainer, self.path(trainer))
         self._last_step = trainer.global_step
         self._last_time = time.monotonic()
         self._flush_pending = True
+        return True
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if stage == "fit":  # behind the other checkpoint callbacks (a new list: the hook's loop runs on the old one)

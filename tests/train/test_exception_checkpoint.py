@@ -1,6 +1,7 @@
 """An exception mid-epoch (a loader error, an out-of-memory in a forward, Ctrl-C) leaves ``last.ckpt`` at the last
-completed step (``ExceptionCheckpoint``), and ``resume=auto`` from it ends as the uninterrupted run: the same weights,
-bit for bit, and the same ``metrics.csv``. No save after a non-finite loss or with no step since the last save."""
+completed step (``ExceptionCheckpoint``): the training state of the uninterrupted run's checkpoint at that step (loops,
+RNG states, loader position), and ``resume=auto`` from it ends as the uninterrupted run: the same weights, bit for bit,
+and the same ``metrics.csv``. No save after a non-finite loss or with no step since the last save."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import pytest
@@ -35,18 +37,48 @@ def _rows(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+class _SaveAt(L.Callback):
+    """A checkpoint at the end of the batch of step ``step``, where LastCheckpoint writes its step checkpoints."""
+
+    def __init__(self, step: int, path: Path) -> None:
+        self.step, self.path = step, path
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.step:
+            trainer.save_checkpoint(self.path, weights_only=False)
+
+
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory) -> tuple[dict, list[dict[str, str]]]:
-    """The final state dict and metrics rows of the run without an exception."""
+def uninterrupted(tmp_path_factory) -> tuple[dict, list[dict[str, str]], dict]:
+    """The final state dict and metrics rows of the run without an exception, and its checkpoint at step 5."""
     run = tmp_path_factory.mktemp("straight")
-    train(compose(run, COMMON))
-    return _ckpt(run)["state_dict"], _rows(run)
+    train(compose(run, COMMON), callbacks=[_SaveAt(5, run / "step5.ckpt")])
+    step5 = torch.load(run / "step5.ckpt", map_location="cpu", weights_only=True)
+    return _ckpt(run)["state_dict"], _rows(run), step5
+
+
+def _differences(got: Any, want: Any, at: str = "") -> list[str]:
+    """Where two checkpoint parts differ (tensors bit for bit)."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        if got.keys() != want.keys():
+            return [f"{at}: keys {sorted(map(str, got))} != {sorted(map(str, want))}"]
+        return [d for k in want for d in _differences(got[k], want[k], f"{at}/{k}")]
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)) and len(got) == len(want):
+        return [d for i, (g, w) in enumerate(zip(got, want)) for d in _differences(g, w, f"{at}[{i}]")]
+    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor):
+        return [] if torch.equal(got, want) else [at]
+    return [] if got == want else [f"{at}: {got!r} != {want!r}"]
 
 
 def _resume_matches(run: Path, uninterrupted) -> None:
-    assert _ckpt(run)["global_step"] == 5  # epoch 1, 1 of its 4 batches done
+    want_sd, want_rows, step5 = uninterrupted
+    saved = _ckpt(run)
+    assert saved["global_step"] == 5  # epoch 1, 1 of its 4 batches done
+    # the file a save at the end of step 5's batch writes: loops, RNG states and loader position (ExactResume) included
+    parts = ["epoch", "global_step", "loops", "callbacks", "state_dict", "optimizer_states", "lr_schedulers"]
+    differ = _differences({k: saved[k] for k in parts}, {k: step5[k] for k in parts})
+    assert not differ, f"last.ckpt differs from the uninterrupted run's checkpoint at step 5: {differ[:5]}"
     train(compose(run, COMMON))  # resume=auto
-    want_sd, want_rows = uninterrupted
     got_sd = _ckpt(run)["state_dict"]
     assert got_sd.keys() == want_sd.keys()
     differ = [k for k in want_sd if not torch.equal(got_sd[k], want_sd[k])]

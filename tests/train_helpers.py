@@ -185,6 +185,39 @@ class PoisonWeights(Callback):
                 next(pl_module.model.parameters()).fill_(float("nan"))
 
 
+class RaiseOnFetch(Callback):
+    """After training step ``at_step``, the memory loader's data set raises on the next batch it makes (as a corrupt
+    image would, while the loader fetches the batch of step ``at_step + 1``)."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+            dataset = trainer.train_dataloader.dataset
+
+            def corrupt(*args, **kwargs):
+                raise OSError(f"image file is truncated (test: fetching the batch after step {self.at_step})")
+
+            dataset.batch = corrupt
+
+
+class RaiseInForward(Callback):
+    """In the forward of the batch of step ``at_step + 1``: the network's last block raises (as an out-of-memory
+    would), after the blocks before it ran (and drew their dropout)."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == self.at_step:
+
+            def oom(module, args):
+                raise torch.OutOfMemoryError(f"CUDA out of memory (test: forward after step {self.at_step})")
+
+            pl_module.model.blocks[-1].register_forward_pre_hook(oom)
+
+
 # ------------------------------------------------------------------------------------------ W&B files
 def wandb_records(path: Path) -> list:
     """Records of a W&B offline run file (``run-<id>.wandb``: LevelDB-log framing of protobuf records)."""

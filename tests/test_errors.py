@@ -502,4 +502,5 @@ def test_sweep_summary_is_written_as_each_job_ends(tmp_path):
     assert "Sweep summary (2 jobs" in md and "finished" in md and "failed (no metrics.json)" in md, md
     rows = (sweep / "summary.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[1].startswith("0,+model.attn_impl=sdpa,0.5") and "failed" in rows[2], rows
-    assert sorted(p.name for p in sweep.iterdir()) == ["0", "1", "summary.csv", "summary.md"]  # (no part files left)
+    files = sorted(p.name for p in sweep.iterdir())
+    assert files == ["0", "1", "summary.csv", "summary.md", "summary.png"]  # (no part files left)

@@ -26,6 +26,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from vitrel.train.sweep_plot import ACCURACY  # (the module imports matplotlib only when it draws)
+
 __all__ = [
     "SweepSummary",
     "TakeRunFolder",
@@ -287,8 +289,8 @@ def summary_rows(
     """The summary of ``sweep_dir``'s jobs: the rows of this sweep's jobs (:func:`collect_sweep`, each ``overrides``
     the string of those not shared), the :func:`seed_means` rows, the shared overrides and the job folders of an
     earlier sweep (left out); None when no job of this sweep has a folder. The rows and means also hold the
-    accuracies the picture shows (:data:`vitrel.train.sweep_plot.ACCURACY`) when ``metrics`` does not name them."""
-    wanted = [*metrics, *(m for m in ("test/acc1", "val/acc1") if m not in metrics)]
+    accuracies the picture shows (:data:`~vitrel.train.sweep_plot.ACCURACY`) when ``metrics`` does not name them."""
+    wanted = [*metrics, *(m for m in ACCURACY if m not in metrics)]
     rows = collect_sweep(sweep_dir, wanted)
     earlier = [r["job"] for r in rows if r["earlier"]]
     rows = [r for r in rows if not r["earlier"]]

@@ -333,6 +333,33 @@ def test_one_buffer_mechanism():
 onnxruntime = pytest.importorskip("onnxruntime", reason="pip install vitrel[export]")
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_torchlib_registry():
+    """torch.onnx.export's operator registry built once for the module's ONNX cases, not at every export
+    (tests/onnx_registry.py)."""
+    from tests.onnx_registry import share_torchlib_registry
+
+    with pytest.MonkeyPatch.context() as mp:
+        share_torchlib_registry(mp)
+        yield
+
+
+def test_shared_registry_is_a_fresh_one_of_its_own():
+    """The module's registry (:func:`_one_torchlib_registry`) holds what a fresh one holds, at each call a copy: what
+    one call registers (a ``custom_translation_table``) is not in the next call's."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    from vitrel.export import ONNX_OPSET
+
+    assert hasattr(ONNXRegistry.from_torchlib, "original")  # (installed)
+    fresh = ONNXRegistry.from_torchlib.original(ONNXRegistry, opset_version=ONNX_OPSET)
+    one, two = (ONNXRegistry.from_torchlib(opset_version=ONNX_OPSET) for _ in range(2))
+    assert one.opset_version == fresh.opset_version == ONNX_OPSET and one.functions == fresh.functions
+    one.register_op(torch.ops.aten.relu.default, lambda x: x)
+    assert one.functions != fresh.functions and two.functions == fresh.functions
+    assert ONNXRegistry.from_torchlib(opset_version=ONNX_OPSET).functions == fresh.functions
+
+
 def check_onnx(arch: str, pos: str, tmp_path) -> None:
     """The torch.export check (:func:`check_export`) at ``best_dynamic``'s sizes, then that program through ONNX
     (:func:`onnx_program` with ``program=``, as the command converts the program it traced) and ONNX Runtime,

@@ -80,10 +80,11 @@ def check_export(m: torch.nn.Module, arch: str, mode: str, stages: int) -> torch
     with torch.no_grad():
         before = m(x)
     ep = export_program(m, x, dynamic=mode)
+    program = ep.module()  # (one module called at every size, as a loaded program is)
     with torch.no_grad():
         for shape in [x.shape, *other_sizes(arch, mode, stages)]:
             xi = torch.randn(*shape)
-            torch.testing.assert_close(ep.module()(xi), m(xi), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(program(xi), m(xi), rtol=1e-5, atol=1e-5)
         after = m(x)
     assert type(after) is torch.Tensor  # not a FakeTensor left behind by the trace
     torch.testing.assert_close(after, before, rtol=0, atol=0)

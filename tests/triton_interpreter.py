@@ -9,7 +9,9 @@ patches. In the fused kernels, whose tiles call helpers, that was about 40 % of 
 
 :func:`skip_repeated_patching` makes a helper's call skip the patching when the running launch already patched
 every language module the helper sees (the same module objects: what it would patch is what is patched); a launch,
-and a helper that sees another language module, patch as before. The kernels run the same interpreted code.
+and a helper that sees another language module, patch as before. The kernels run the same interpreted code. Which
+language modules a helper sees is looked up once a helper (again when its module's globals change in number), not at
+every call: that lookup over the module's globals was 6-10 % of the interpreter's time.
 
 The interpreter's options also have ``sanitize_overflow`` on and ``debug`` off: at every integer ``+``, ``-``, ``*`` of
 a kernel, Triton computes the operation again in int64 and its comparison with the int32 range, then hands that to
@@ -32,18 +34,27 @@ def shim_over(original, scope_cls):
     """``original`` (Triton's ``_patch_lang(fn) -> scope``) that a helper's call inside a launch skips (an empty
     ``scope_cls()``) when the launch patched every language module the helper sees."""
     langs_of_launch: list[set[int]] = []  # the language modules the running launch patched (ids)
+    seen: dict = {}  # fn -> (how many globals it had, the language modules among them): looked at again if that changes
+
+    def langs_of(fn) -> frozenset[int]:
+        names = fn.__globals__
+        known = seen.get(fn)
+        if known is None or known[0] != len(names):
+            from triton.runtime.interpreter import tl
+
+            langs = frozenset(id(v) for v in names.values() if inspect.ismodule(v) and v in (tl, tl.core))
+            known = seen[fn] = (len(names), langs)
+        return known[1]
 
     def patch_lang(fn):
-        from triton.runtime.interpreter import tl
-
-        langs = {id(v) for v in fn.__globals__.values() if inspect.ismodule(v) and v in (tl, tl.core)}
+        langs = langs_of(fn)
         if langs_of_launch and langs <= langs_of_launch[0]:
             return scope_cls()  # a helper inside the launch: nothing left to patch
         scope = original(fn)
         if langs_of_launch:
             langs_of_launch[0] |= langs
             return scope
-        langs_of_launch.append(langs)
+        langs_of_launch.append(set(langs))
         restore = scope.restore
 
         def restore_launch() -> None:

@@ -21,11 +21,12 @@ os.environ.setdefault("WANDB_SILENT", "true")
 os.environ.setdefault("MPLBACKEND", "Agg")
 torch.set_num_threads(max(1, min(_threads, torch.get_num_threads())))  # (were torch imported before this file)
 
-# the interpreter without its repeated patching (tests/triton_interpreter.py)
+# the interpreter without its repeated patching and its discarded overflow checks (tests/triton_interpreter.py)
 if os.environ.get("TRITON_INTERPRET") == "1":
-    from tests.triton_interpreter import skip_repeated_patching
+    from tests.triton_interpreter import skip_discarded_overflow_checks, skip_repeated_patching
 
     skip_repeated_patching()
+    skip_discarded_overflow_checks()
 
 
 import pytest  # noqa: E402

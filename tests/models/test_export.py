@@ -80,10 +80,11 @@ def check_export(m: torch.nn.Module, arch: str, mode: str, stages: int) -> torch
     with torch.no_grad():
         before = m(x)
     ep = export_program(m, x, dynamic=mode)
+    program = ep.module()  # (one module called at every size, as a loaded program is)
     with torch.no_grad():
         for shape in [x.shape, *other_sizes(arch, mode, stages)]:
             xi = torch.randn(*shape)
-            torch.testing.assert_close(ep.module()(xi), m(xi), rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(program(xi), m(xi), rtol=1e-5, atol=1e-5)
         after = m(x)
     assert type(after) is torch.Tensor  # not a FakeTensor left behind by the trace
     torch.testing.assert_close(after, before, rtol=0, atol=0)
@@ -331,6 +332,33 @@ def test_one_buffer_mechanism():
 
 # ---------------------------------------------------------------------------- ONNX
 onnxruntime = pytest.importorskip("onnxruntime", reason="pip install vitrel[export]")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_torchlib_registry():
+    """torch.onnx.export's operator registry built once for the module's ONNX cases, not at every export
+    (tests/onnx_registry.py)."""
+    from tests.onnx_registry import share_torchlib_registry
+
+    with pytest.MonkeyPatch.context() as mp:
+        share_torchlib_registry(mp)
+        yield
+
+
+def test_shared_registry_is_a_fresh_one_of_its_own():
+    """The module's registry (:func:`_one_torchlib_registry`) holds what a fresh one holds, at each call a copy: what
+    one call registers (a ``custom_translation_table``) is not in the next call's."""
+    from torch.onnx._internal.exporter._registration import ONNXRegistry
+
+    from vitrel.export import ONNX_OPSET
+
+    assert hasattr(ONNXRegistry.from_torchlib, "original")  # (installed)
+    fresh = ONNXRegistry.from_torchlib.original(ONNXRegistry, opset_version=ONNX_OPSET)
+    one, two = (ONNXRegistry.from_torchlib(opset_version=ONNX_OPSET) for _ in range(2))
+    assert one.opset_version == fresh.opset_version == ONNX_OPSET and one.functions == fresh.functions
+    one.register_op(torch.ops.aten.relu.default, lambda x: x)
+    assert one.functions != fresh.functions and two.functions == fresh.functions
+    assert ONNXRegistry.from_torchlib(opset_version=ONNX_OPSET).functions == fresh.functions
 
 
 def check_onnx(arch: str, pos: str, tmp_path) -> None:

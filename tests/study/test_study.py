@@ -469,7 +469,7 @@ def test_runs_of_an_interrupted_jobs_run_with_another_recipe_are_refused(study, 
     assert [r["steps"] for r in state["runs"]] == [1] and not shard.exists()
 
 
-def test_a_study_under_way_marks_what_its_rows_lack(study, tmp_path):
+def test_a_study_under_way_marks_what_its_rows_lack(study, tmp_path, capsys):
     """The report's img/s column: the alternating timing where a model had it, else its runs' own throughput, which
     the header said was the alternating timing too. Such a cell is marked ``*`` and the header says so. A row with
     fewer seeds than the study's says how many (its interval looked like the others')."""
@@ -480,12 +480,23 @@ def test_a_study_under_way_marks_what_its_rows_lack(study, tmp_path):
     assert sorted(state["cost"]) == ["vit/none"]
     rows = {r["scheme"]: r for r in state["summary"]}
     md = (tmp_path / "study_smoke.md").read_text()
-    assert "(1 rounds of 1 steps, median); `*`: not timed so, over the runs' own training steps" in md
+    assert "(1 rounds of 1 steps, median; load average " in md
+    assert " before the last timing); `*`: not timed so, over the runs' own training steps" in md
     none_row = next(line for line in md.splitlines() if line.startswith("| none |"))
     ape_row = next(line for line in md.splitlines() if line.startswith("| ape (1 of 2 seeds) |"))
     assert none_row.split(" | ")[-2] == f"{rows['none']['bench_img_s']:.0f}"
     assert ape_row.split(" | ")[-2] == f"{rows['ape']['train_img_s_mean']:.0f}*"
     assert (tmp_path / "study_smoke_diffs.png").stat().st_size > 0  # none and another scheme: paired differences
+
+    # --recost: the file's timed model and the now complete selection's, in one alternation; nothing trained again
+    before, _ = state["cost"]["vit/none"]["rounds"], capsys.readouterr()
+    state = study.main([*argv, "--schemes", "ape", "--seeds", "1", "--recost"])
+    out = capsys.readouterr().out
+    assert "0 runs to do" in out and "cost: timing 2 models in alternation (1 rounds)" in out, out
+    assert sorted(state["cost"]) == ["vit/ape", "vit/none"] and state["cost"]["vit/none"]["rounds"] != before
+    assert len(state["runs"]) == 3
+    with pytest.raises(SystemExit, match=r"--recost: nothing to time in .*other\.json \(no model timed before"):
+        study.main([*argv, "--schemes", "ape", "--seeds", "2", "--name", "other", "--recost", "--max-runs", "0"])
 
 
 def test_best_leaves_out_its_own_variants_only(study):

@@ -16,7 +16,8 @@ offset from the ``seen`` block in training; the trained model is scored on ``stu
 the held-out ``unseen`` ones, whole-patch / sub-patch moves, the canvas resized 1.5x / 2x), then fine-tuned
 at the larger size (``study.finetune``; the model ``conf/model/from_checkpoint.yaml``: ``vitrel.load_model``
 of its last checkpoint) and scored again. Cost per run: parameters, training images/s, peak memory; once the
-selection is complete, every model's throughput again, the models taking turns (``vitrel.bench.alternate``).
+selection is complete, every model's throughput again, the models taking turns (``vitrel.bench.alternate``;
+``--recost``: every model of the results file again, in one alternation).
 
 Reading (``vitrel.stats``): mean and 95 % interval over seeds per cell, paired differences against ``none``
 and ``ape``, and a verdict on each of ``study.claims`` (reproduced / contradicted / not resolved).

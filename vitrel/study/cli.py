@@ -73,6 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--progress", choices=["auto", "rich", "lines", "none"], default="auto")
     ap.add_argument("--cost-rounds", type=int, default=5, help="rounds of the alternating throughput timing")
     ap.add_argument("--cost-steps", type=int, default=10, help="training steps per model and round")
+    ap.add_argument(
+        "--recost",
+        action="store_true",
+        help="time every model of the results file again (one alternation; after a timing on busy cores)",
+    )
     ap.add_argument("--jobs", type=positive_int, default=1, help="runs at once, one process each (pack a GPU)")
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/N: a --jobs worker's share
     ap.add_argument("--memory-fraction", type=float, default=None, help=argparse.SUPPRESS)  # a worker's GPU share
@@ -135,7 +140,7 @@ def load_state(path: Path, state: dict, restart: bool) -> dict:
     if path.exists() and not restart:
         old = json.loads(path.read_text())
         check_recipe(path, old, state["recipe"])
-        keep = ("runs", "failed", "wall_s", "cost", "cost_rounds", "cost_steps", "commands")
+        keep = ("runs", "failed", "wall_s", "cost", "cost_rounds", "cost_steps", "cost_load", "commands")
         state.update({k: old[k] for k in keep if k in old})
     elif restart:
         for p in path.parent.glob(f"{path.stem}*"):
@@ -421,11 +426,23 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     finished = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     wanted = [(a, s) for a in archs for s in schemes]
     complete = all((a, s, seed) in finished for a, s in wanted for seed in seeds)
-    if complete and args.cost_rounds > 0 and any(f"{a}/{s}" not in state.get("cost", {}) for a, s in wanted):
-        print(f"cost: timing {len(wanted)} models in alternation ({args.cost_rounds} rounds)")
-        cfgs = {f"{a}/{s}": run_cfg(a, s, 0) for a, s in wanted}
+    timed = [f"{a}/{s}" for a, s in wanted] if complete else []
+    if args.recost:  # every model timed before, with the selection's: one alternation, replacing the old figures
+        timed = list(dict.fromkeys([*state.get("cost", {}), *timed]))
+    elif all(k in state.get("cost", {}) for k in timed):
+        timed = []
+    if timed and args.cost_rounds > 0:
+        state["cost_load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())  # (busy cores before the timing)
+        print(f"cost: timing {len(timed)} models in alternation ({args.cost_rounds} rounds)")
+        cfgs = {k: run_cfg(*k.split("/"), 0) for k in timed}
         cost = measure_cost(cfgs, device, args.cost_rounds, args.cost_steps)
         state.update(cost={**state.get("cost", {}), **cost}, cost_rounds=args.cost_rounds, cost_steps=args.cost_steps)
+    elif args.recost:
+        raise SystemExit(
+            f"--recost: nothing to time in {out}/{name}.json (no model timed before, the selection not complete)"
+            if args.cost_rounds > 0
+            else "--recost with --cost-rounds 0 times nothing"
+        )
     state["wall_s"] = wall_before + time.perf_counter() - t_start
     state["load"] = " ".join(f"{x:.1f}" for x in os.getloadavg())
     if state["runs"] or state.get("failed"):  # (also what --jobs workers did, merged)

@@ -200,7 +200,8 @@ def markdown(state: dict) -> str:
     t = cfg["trainer"]
     opt = {**cfg["module"]["optimizer"], **(cfg["module"]["scheduler"] or {})}
     n = {k: "all" if study[k] is None else f"{study[k]:,}" for k in ("test_images", "ood_images")}
-    cost = f"the models taking turns ({state.get('cost_rounds')} rounds of {state.get('cost_steps')} steps, median)"
+    cost = f"the models taking turns ({state.get('cost_rounds')} rounds of {state.get('cost_steps')} steps, median"
+    cost += f"; load average {state['cost_load']} before the last timing)" if state.get("cost_load") else ")"
     mem = "weights + AdamW state + profiler peak of one training step's forward and backward (CPU)"
     mem = "CUDA max_memory_allocated over the fit" if machine["device"] == "cuda" else mem
     failed = state.get("failed") or []

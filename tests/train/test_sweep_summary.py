@@ -1,7 +1,7 @@
 """A sweep as a researcher comparing position schemes runs it: ``python train.py -m pos=... seed=...`` (each job its
 own folder and W&B run, one W&B group; the summary's mean ± standard deviation over seeds per scheme, the test images
 scored), then the same sweep folder run again with another sweep (an earlier sweep's jobs left out, a job that fails
-now shown failed with its error, not with its earlier run's metrics); and the summary's picture, ``summary.png``,
+now shown failed with its error, not with its earlier run's metrics, the table printed though the sweep fails); and the summary's picture, ``summary.png``,
 from fabricated job folders."""
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     with Image.open(sweep / "summary.png") as im:  # two settings: a figure a few inches high, at 110 dpi
         assert im.format == "PNG" and im.size[0] == 880 and 200 < im.size[1] < 400, im.size
     assert "epoch 1/1" in r.stdout, "not a terminal: plain progress lines, no progress bar"
+    assert r.stdout.count("Sweep summary (4 jobs") == 1 and "stopped before its end" not in r.stdout
     # jobs 0, 1: rel2d_full seeds 0, 1; jobs 2, 3: rope2d_mixed
     acc = {j: _metrics(sweep / str(j))["metrics"]["test/acc1"] for j in range(4)}
     means = list(csv.DictReader((sweep / "summary_seeds.csv").open()))
@@ -77,6 +78,8 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     args = ["-m", "pos=rel2d_full", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}", "logger=none"]
     r = run_script("train.py", args, cwd=tmp_path)
     assert r.returncode != 0 and "CheckpointError" in r.stderr, r.stderr[-4000:]
+    out = r.stdout[r.stdout.index("The sweep stopped before its end") :]  # the table so far, printed at exit
+    assert "Sweep summary (2 jobs" in out and "job 0 seed=0: CheckpointError:" in out, out
     md = (sweep / "summary.md").read_text()
     assert md.startswith("Sweep summary (2 jobs") and "job folders 2, 3: of an earlier sweep" in md, md
     rows = list(csv.DictReader((sweep / "summary.csv").open()))

@@ -6,12 +6,14 @@ Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.ru
 launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder (with a ``seed=``
 sweep, each setting's mean ± standard deviation over its seeds, also ``summary_seeds.csv``), and draws them as
 ``summary.png`` (:mod:`vitrel.train.sweep_plot`; a failure to draw is a warning). It also writes them as
-each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end. A sweep run again in its folder
+each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end; the table so far is then
+printed as the process exits, after Hydra's error (likewise after Ctrl-C). A sweep run again in its folder
 is told from the earlier one by the id each sweep writes (``.sweep_id``, in the sweep's and its jobs' folders).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import csv
 import io
@@ -202,13 +204,17 @@ class SweepSummary(Callback):
 
     def __init__(self, metrics: Sequence[str] = ("test/acc1", "test/acc5", "test/loss", "val/acc1")) -> None:
         self.metrics = list(metrics)
+        self._unended: Path | None = None  # the sweep folder from the sweep's start to its end
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A new id for the sweep folder: job folders of an earlier sweep there (which this sweep has not run again)
-        keep theirs and are left out of the summary."""
+        keep theirs and are left out of the summary. Until the sweep's end, the process prints the table so far
+        when it exits (:meth:`_at_exit`)."""
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
         (sweep_dir / SWEEP_ID).write_text(uuid.uuid4().hex + "\n")
+        self._unended = sweep_dir
+        atexit.register(self._at_exit)
 
     def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
         """The job folder takes the sweep's id; an earlier run's ``metrics.json`` there (a sweep run again in its
@@ -245,7 +251,21 @@ class SweepSummary(Callback):
         self._summarize(Path(str(config.hydra.sweep.dir)), show=False)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        self._unended = None
+        atexit.unregister(self._at_exit)
         self._summarize(Path(str(config.hydra.sweep.dir)), show=True)
+
+    def _at_exit(self) -> None:
+        """The table so far of a sweep that never reached its end: Hydra's sweeper raised on a failed job (its
+        error is printed first), or Ctrl-C. Never raises: the process is exiting."""
+        sweep_dir, self._unended = self._unended, None
+        if sweep_dir is None:
+            return
+        try:
+            print("\nThe sweep stopped before its end (a failed job or an interruption): its jobs so far", flush=True)
+            self._summarize(sweep_dir, show=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"sweep summary: could not print the table of {sweep_dir} ({type(e).__name__}: {e})", flush=True)
 
     def _summarize(self, sweep_dir: Path, show: bool) -> None:
         """Write ``summary.md`` / ``summary.csv`` (and ``summary_seeds.csv`` for a seed sweep) of the job folders in

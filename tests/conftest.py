@@ -1,4 +1,5 @@
 import os
+import sys
 
 # Triton's interpreter for the fused kernels' tests (tests/kernels/test_triton_bias.py) on a machine without a GPU: it
 # must be on before anything imports triton.language (torch.export / inductor do), so it is set before torch is
@@ -39,3 +40,15 @@ def video_sweep(tmp_path_factory):
     from tests.train_helpers import train_video_sweep
 
     return train_video_sweep(tmp_path_factory.mktemp("video_sweep"))
+
+
+@pytest.fixture(autouse=True)
+def _no_hydra_runtime_config_left():
+    """``tests.train_helpers.compose`` registers Hydra's runtime config, as ``python train.py`` has it; left set, a
+    later test in the same worker read that test's command-line overrides (the study's ``train()`` refused a
+    ``pos=rel2d_full`` it was never given). Cleared after each test."""
+    yield
+    if "hydra.core.hydra_config" in sys.modules:
+        from hydra.core.hydra_config import HydraConfig
+
+        HydraConfig.instance().cfg = None

@@ -1,8 +1,8 @@
 """A sweep as a researcher comparing position schemes runs it: ``python train.py -m pos=... seed=...`` (each job its
 own folder and W&B run, one W&B group; the summary's mean ± standard deviation over seeds per scheme, the test images
 scored), then the same sweep folder run again with another sweep (an earlier sweep's jobs left out, a job that fails
-now shown failed with its error, not with its earlier run's metrics, the table printed though the sweep fails); and the summary's picture, ``summary.png``,
-from fabricated job folders."""
+now shown failed with its error, not with its earlier run's metrics, the table printed though the sweep fails); and
+the summary's picture, ``summary.png``, from fabricated job folders."""
 
 from __future__ import annotations
 

@@ -36,6 +36,7 @@ and ``prob_i`` (softmax probability).
 from __future__ import annotations
 
 import csv
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = [
@@ -58,6 +60,7 @@ __all__ = [
     "clip_sampling",
     "check_predict_args",
     "write_csv",
+    "mean_softmax_log",
 ]
 
 IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
@@ -460,6 +463,15 @@ class _VideoFiles(torch.utils.data.Dataset):
         return i, torch.stack([self.transform(clip) for clip in frames.split(t)]), None
 
 
+def mean_softmax_log(logits: Tensor, views: int) -> Tensor:
+    """Multi-view testing: ``logits [B * views, classes]``, each video's ``views`` rows consecutive ->
+    ``log(mean_k softmax(logits_k)) [B, classes]`` in float32 (``logsumexp`` of the log-softmax, less ``log(views)``:
+    finite where a class's probability underflows). Its ``exp`` is ``predict.py``'s probabilities of a video;
+    ``eval.py``'s loss and accuracy read it."""
+    log_p = F.log_softmax(logits.float(), dim=-1).unflatten(0, (-1, views))
+    return torch.logsumexp(log_p, dim=1) - math.log(views)
+
+
 def _predict_videos(
     predictor: Predictor, root: Path, counts: tuple[int, int, int], progress: bool, names: list[str] | None
 ) -> PredictResult:
@@ -469,7 +481,6 @@ def _predict_videos(
     centre-cropped and normalised as in evaluation (``ClipTransform(train=False)`` with the stored statistics); a
     video's probabilities are the mean of its clips' softmax."""
     from vitrel.data.video.clips import ClipTransform
-    from vitrel.train.module import mean_softmax_log
 
     topk, batch_size, num_workers = counts
     dc = predictor.data_config

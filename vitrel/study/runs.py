@@ -108,7 +108,7 @@ def materialise(ds, batch: int = 1000) -> tuple[torch.Tensor, torch.Tensor]:
 def accuracy(model, x, y, device, batch: int, bf16: bool) -> float:
     """Top-1 accuracy of ``model`` on images or clips ``x``; videos of ``K`` clips (``x [B, K, C, T, H, W]``) are
     scored by the mean of their clips' softmax, as ``eval.py`` scores them."""
-    from vitrel.train.module import mean_softmax_log
+    from vitrel.inference import mean_softmax_log
 
     hits, model = 0, model.eval()
     with torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext():

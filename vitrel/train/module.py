@@ -18,7 +18,7 @@ batches are ``(clips [B, C, T, H, W], targets [B])``; mixup / CutMix mixes whole
 evaluation batch ``(clips [B, K, C, T, H, W], targets [B])`` holds ``K`` clips (views) of each of ``B`` videos: the
 ``B * K`` clips go through the network as one batch, a video's probabilities are the mean of its clips' softmax (as
 ``predict.py``'s), accuracy is of those, and the loss is the negative log of the mean probability of the target
-(:func:`mean_softmax_log`); losses and metrics count videos.
+(:func:`vitrel.inference.mean_softmax_log`); losses and metrics count videos.
 
 Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy), the
 config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
@@ -42,7 +42,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -57,10 +56,11 @@ from torch.optim import Optimizer
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitrel.inference import mean_softmax_log
 from vitrel.models.naflex import input_form
 from vitrel.train.optim import param_groups
 
-__all__ = ["ClassifierModule", "data_config_of", "mean_softmax_log", "mix_clips"]
+__all__ = ["ClassifierModule", "data_config_of", "mix_clips"]
 
 _EMA = "ema_model."
 
@@ -369,14 +369,6 @@ def mix_clips(mixup: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tenso
     b, c, t, h, w = x.shape
     mixed, target = mixup(x.reshape(b, c * t, h, w), y)
     return mixed.reshape(b, c, t, h, w), target
-
-
-def mean_softmax_log(logits: Tensor, views: int) -> Tensor:
-    """Multi-view testing: ``logits [B * views, classes]``, each video's ``views`` rows consecutive ->
-    ``log(mean_k softmax(logits_k)) [B, classes]`` in float32 (``logsumexp`` of the log-softmax, less ``log(views)``:
-    finite where a class's probability underflows). Its ``exp`` is ``predict.py``'s probabilities of a video."""
-    log_p = F.log_softmax(logits.float(), dim=-1).unflatten(0, (-1, views))
-    return torch.logsumexp(log_p, dim=1) - math.log(views)
 
 
 def _num_images(x: Tensor | Mapping, y: Tensor) -> int:

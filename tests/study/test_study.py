@@ -496,7 +496,8 @@ def test_a_study_under_way_marks_what_its_rows_lack(study, tmp_path, capsys):
     assert sorted(state["cost"]) == ["vit/ape", "vit/none"] and state["cost"]["vit/none"]["rounds"] != before
     assert len(state["runs"]) == 3
     with pytest.raises(SystemExit, match=r"--recost: nothing to time in .*other\.json \(no model timed before"):
-        study.main([*argv, "--schemes", "ape", "--seeds", "2", "--name", "other", "--recost", "--max-runs", "0"])
+        study.main([*argv, "--schemes", "ape", "--seeds", "2", "--name", "other", "--recost"])  # (and no run)
+    assert not (tmp_path / "other.json").exists()
 
 
 def test_best_leaves_out_its_own_variants_only(study):

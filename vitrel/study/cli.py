@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument(
         "--recost",
         action="store_true",
-        help="time every model of the results file again (one alternation; after a timing on busy cores)",
+        help="train nothing; time every model of the results file again (one alternation; after busy cores)",
     )
     ap.add_argument("--jobs", type=positive_int, default=1, help="runs at once, one process each (pack a GPU)")
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/N: a --jobs worker's share
@@ -303,6 +303,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     todo = [(a, s, seed) for seed in seeds for a in archs for s in schemes if (a, s, seed) not in done]
     todo = todo[: args.max_runs] if args.max_runs is not None else todo
+    todo = [] if args.recost else todo  # (a timing only)
     skipped = len(seeds) * len(archs) * len(schemes) - len(todo)
     retried = len({_key(f) for f in state.get("failed", [])} & set(todo))
     if shard is not None:

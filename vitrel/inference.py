@@ -118,10 +118,26 @@ def load_predictor(
             ep = move_to_device_pass(ep, device)
         module = ep.module()
         return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
+    _check_head_kept(p, model_overrides or {})
     ema = checkpoint_scores_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
     model = load_model(p, use_ema=ema, **(model_overrides or {})).eval().to(device)
     data_config = data_config_for(p, model)
     return Predictor(model, data_config, str(p), data_config.get("class_names"), device)
+
+
+def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
+    """A ``num_classes`` override unlike the stored one would predict with a fresh, untrained head (``load_model``
+    resets it for fine-tuning): refused, naming it."""
+    from vitrel.models.ckpt_files import stored_config
+
+    n = model_overrides.get("num_classes")
+    stored = (stored_config(path) or {}).get("num_classes") if n is not None else None
+    if stored is not None and n != stored:
+        raise ValueError(
+            f"model_overrides num_classes={n} would replace the trained head of {stored} classes of {path} by an "
+            "untrained one: predictions come from the trained head; drop the override (labels are the stored class "
+            "names, or the folder names of a tree of class folders)"
+        )
 
 
 # ---------------------------------------------------------------------------- images

@@ -172,6 +172,17 @@ def test_another_kernel_at_prediction_and_export(ckpt, images, tmp_path):
     assert len(_rows(tmp_path / "p.csv")) == len(ref)
 
 
+def test_a_num_classes_override_that_resets_the_trained_head_is_refused(ckpt, images):
+    """``+model_overrides.num_classes=5`` (the classes of one's folder, say) rebuilt the model with a fresh random
+    head and predicted with it, labelled with the checkpoint's class names, with a warning only. Refused now, naming
+    the override; the stored count is accepted."""
+    with pytest.raises(ValueError, match=r"num_classes=5 .* trained head of 10 classes .* untrained one"):
+        load_predictor(ckpt, model_overrides={"num_classes": 5})
+    ref = predict_folder(load_predictor(ckpt), images, topk=2, progress=False).rows
+    same = load_predictor(ckpt, model_overrides={"num_classes": 10})
+    assert predict_folder(same, images, topk=2, progress=False).rows == ref
+
+
 # ---------------------------------------------------------------------------- a checkpoint train.py wrote
 TRAIN = ["model.embed_dim=32", "model.depth=2", "model.num_heads=2", "data.num_workers=0", "data.batch_size=16"]
 TRAIN += ["trainer.accelerator=cpu", "progress_bar=none", "callbacks.pos_images=null", "logger=none", "test=false"]

@@ -146,6 +146,25 @@ def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
     assert not (tmp_path / "p.csv").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_a_gpu_is_one_line_naming_device_cpu(ckpt, images, tmp_path):
+    """``predict.py device=cuda`` on a machine without a GPU ended in torch's traceback ("Found no NVIDIA driver"),
+    after the checkpoint was read; ``device=gpu`` in torch's list of device types. Now one line each, first thing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("predict_script", ROOT / "predict.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(images), results_file=str(tmp_path / "p.csv")))
+    with pytest.raises(SystemExit) as exit_:
+        script.main.__wrapped__(OmegaConf.merge(cfg, dict(device="cuda")))
+    said = "predict.py: device=cuda asks for a CUDA GPU, and PyTorch sees none on this "
+    assert str(exit_.value.code).startswith(said) and "device=cpu" in str(exit_.value.code), exit_.value.code
+    with pytest.raises(ValueError, match=r"device=gpu is not a device: auto, cpu, cuda, cuda:<n>"):
+        run_predict(OmegaConf.merge(cfg, dict(device="gpu")))
+    assert not (tmp_path / "p.csv").exists()
+
+
 def test_another_kernel_at_prediction_and_export(ckpt, images, tmp_path):
     """A model trained with a kernel of its own (``triton``) is scored and exported with another: ``predict.py``'s
     ``model_overrides`` and ``python -m vitrel.export --attn-impl`` (recorded in the export's ``config.json``), the

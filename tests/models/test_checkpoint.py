@@ -259,6 +259,26 @@ def test_other_num_classes_resets_head(tmp_path):
     assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
 
 
+@pytest.mark.parametrize("name", [VIT, SWIN, "vitrel_vit_video_tiny_patch4_32"])
+def test_other_in_chans_adapts_the_patch_embedding(tmp_path, name):
+    """``load_model(path, in_chans=3)`` of a grey model (``model=from_checkpoint`` on RGB data takes the data's
+    channels) failed with "the weights do not fit this architecture". The patch embedding is adapted as timm adapts
+    pretrained weights (``adapt_input_conv``: repeated and scaled, or summed for one channel), so a grey image given
+    as three equal channels scores as before, both ways."""
+    video = "video" in name
+    kw = dict(depth=1, embed_dim=32, num_heads=2) if video else {}
+    for stored, wanted in ((1, 3), (3, 1)):
+        torch.manual_seed(0)
+        m = (vitrel.create_model(name, in_chans=stored, **kw) if video else _model(name, in_chans=stored)).eval()
+        ckpt = _lightning_ckpt(m, tmp_path / f"c{stored}.ckpt")
+        with pytest.warns(UserWarning, match=f"patch embedding adapted from {stored} to {wanted} input channels"):
+            r = vitrel.load_model(ckpt, in_chans=wanted).eval()
+        grey = torch.randn(2, 1, *((m.vitrel_cfg["num_frames"],) if video else ()), 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(r(grey.expand(-1, wanted, *grey.shape[2:])),
+                                       m(grey.expand(-1, stored, *grey.shape[2:])))  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- refusals
 class _Evil:
     def __init__(self, sentinel: str):

@@ -112,6 +112,7 @@ def load_predictor(
                 "--pt2 --attn-impl ... exports another program)"
             )
         ep, data_config = load_program(p)
+        data_config = _program_size(p, ep, data_config)
         if device.type != "cpu":
             from torch.export.passes import move_to_device_pass
 
@@ -123,6 +124,23 @@ def load_predictor(
     model = load_model(p, use_ema=ema, **(model_overrides or {})).eval().to(device)
     data_config = data_config_for(p, model)
     return Predictor(model, data_config, str(p), data_config.get("class_names"), device)
+
+
+def _program_size(path: Path, ep: Any, data_config: dict[str, Any]) -> dict[str, Any]:
+    """The data config of a ``.pt2`` with the image size its program fixes (``--dynamic batch --img-size 48``: 48,
+    whatever size the model was trained at); a program of a fixed batch (``--dynamic static``) is refused: images
+    come in batches of any size."""
+    from vitrel.export import program_input_shape
+
+    shape = program_input_shape(ep)
+    if shape[0] is not None:
+        raise ValueError(
+            f"{path} takes a fixed batch of {shape[0]} (exported with --dynamic static), predict.py batches of any "
+            "size: export with --dynamic hw or batch (python -m vitrel.export CKPT OUT --pt2 --dynamic batch)"
+        )
+    if None in shape[-2:] or list(shape[-2:]) == list(data_config["input_size"][-2:]):
+        return data_config
+    return {**data_config, "input_size": [*data_config["input_size"][:-2], *shape[-2:]]}
 
 
 def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:

@@ -98,6 +98,24 @@ def test_same_predictions_from_ckpt_export_folder_and_pt2(ckpt, images, tmp_path
     assert a[0]["label_0"] in NAMES and c[0]["label_0"] in NAMES  # the .pt2 keeps the data configuration
 
 
+def test_a_program_of_one_size_is_fed_that_size_and_one_of_one_batch_is_refused(ckpt, images, tmp_path):
+    """``python -m vitrel.export CKPT OUT --pt2 --dynamic batch --img-size 48``: a program of 48 px images, whose stored
+    data config says the trained 32; ``predict.py`` fed it 32 px images and failed in torch's "Guard failed:
+    x.size()[2] == 48". Now it resizes to the program's size (as the .ckpt at ``img_size=48``); a ``--dynamic static``
+    program (a fixed batch of 2) is refused, naming the export options that work."""
+    out = tmp_path / "b48"
+    assert export_main([str(ckpt), str(out), "--pt2", "--dynamic", "batch", "--img-size", "48"]) == 0
+    got = predict_folder(load_predictor(out / "model.pt2"), images, topk=2, batch_size=4, progress=False).rows
+    ref = load_predictor(ckpt, model_overrides={"img_size": 48})
+    ref = predict_folder(ref, images, topk=2, batch_size=4, progress=False).rows
+    assert [r["index_0"] for r in got] == [r["index_0"] for r in ref] and len(got) == 5
+    assert max(abs(a["prob_0"] - b["prob_0"]) for a, b in zip(got, ref)) < 1e-4
+    out = tmp_path / "static"
+    assert export_main([str(ckpt), str(out), "--pt2", "--dynamic", "static"]) == 0
+    with pytest.raises(ValueError, match=r"model.pt2 takes a fixed batch of 2 .*: export with --dynamic hw or batch"):
+        load_predictor(out / "model.pt2")
+
+
 def test_imagefolder_tree_gives_class_names(tmp_path):
     """Without stored names, an ImageFolder tree with one folder per class names the classes."""
     m = _model()

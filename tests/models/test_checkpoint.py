@@ -288,6 +288,23 @@ class _Evil:
         return (os.system, (f"touch {self.sentinel}",))
 
 
+def test_a_run_folder_or_its_checkpoints_folder_names_the_file_to_give(tmp_path):
+    """``eval.py ckpt_path=<run folder>`` (or its ``checkpoints/``, two .ckpt files) said "has no model.safetensors
+    (and no single ... file)"; the error now names ``last.ckpt``, or the files to choose from."""
+    m = _model(VIT, pos="rel2d_full")
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    _lightning_ckpt(m, ckpts / "last.ckpt")
+    _lightning_ckpt(m, ckpts / "best-epoch000.ckpt")
+    for folder in (tmp_path / "run", ckpts):
+        with pytest.raises(CheckpointError, match=f"a train.py run's checkpoints: give {ckpts / 'last.ckpt'} "):
+            vitrel.load_model(folder)
+    (ckpts / "last.ckpt").unlink()
+    (ckpts / "other.ckpt").write_bytes((ckpts / "best-epoch000.ckpt").read_bytes())
+    with pytest.raises(CheckpointError, match=r"2 candidates: best-epoch000.ckpt, other.ckpt: give one"):
+        vitrel.load_model(ckpts)
+
+
 def test_malicious_pickle_is_refused(tmp_path):
     sentinel = tmp_path / "pwned"
     m = _model(VIT, pos="rel2d_full")

@@ -19,13 +19,14 @@ import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, b
 def main(cfg: DictConfig) -> dict:
     from vitrel.models.checkpoint import CheckpointError
     from vitrel.train.predict import run_predict
-    from vitrel.train.utils import quiet_third_party
+    from vitrel.train.utils import AcceleratorUnavailableError, quiet_third_party
 
     quiet_third_party()  # third-party notices that say nothing to a user
     try:
         return run_predict(cfg)
-    # a damaged, foreign or missing model file, an input that is no folder of images (or videos): the reason alone
-    except (CheckpointError, FileNotFoundError, NotADirectoryError) as e:
+    # a damaged, foreign or missing model file, an input that is no folder of images (or videos), a GPU this machine
+    # does not have: the reason alone
+    except (CheckpointError, FileNotFoundError, NotADirectoryError, AcceleratorUnavailableError) as e:
         raise SystemExit(f"predict.py: {e}") from None
 
 

@@ -318,6 +318,14 @@ def load_program(path: str | Path) -> tuple[torch.export.ExportedProgram, dict[s
     return ep, json.loads(extra[DATA_CONFIG_NAME])
 
 
+def program_input_shape(ep: torch.export.ExportedProgram) -> tuple[int | None, ...]:
+    """The shape of the program's input (images or clips), each size an ``int`` where the program fixes it, None
+    where it is dynamic."""
+    name = ep.graph_signature.user_inputs[0]
+    node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == name)
+    return tuple(s if isinstance(s, int) else None for s in node.meta["val"].shape)
+
+
 #: why :func:`best_dynamic` chose less than ``"hw"`` (the command's note)
 _NOT_HW = {
     "batch": "this model's scheme cannot serve every resolution in one program",

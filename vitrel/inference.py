@@ -112,16 +112,50 @@ def load_predictor(
                 "--pt2 --attn-impl ... exports another program)"
             )
         ep, data_config = load_program(p)
+        data_config = _program_size(p, ep, data_config)
         if device.type != "cpu":
             from torch.export.passes import move_to_device_pass
 
             ep = move_to_device_pass(ep, device)
         module = ep.module()
         return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
+    _check_head_kept(p, model_overrides or {})
     ema = checkpoint_scores_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
     model = load_model(p, use_ema=ema, **(model_overrides or {})).eval().to(device)
     data_config = data_config_for(p, model)
     return Predictor(model, data_config, str(p), data_config.get("class_names"), device)
+
+
+def _program_size(path: Path, ep: Any, data_config: dict[str, Any]) -> dict[str, Any]:
+    """The data config of a ``.pt2`` with the image size its program fixes (``--dynamic batch --img-size 48``: 48,
+    whatever size the model was trained at); a program of a fixed batch (``--dynamic static``) is refused: images
+    come in batches of any size."""
+    from vitrel.export import program_input_shape
+
+    shape = program_input_shape(ep)
+    if shape[0] is not None:
+        raise ValueError(
+            f"{path} takes a fixed batch of {shape[0]} (exported with --dynamic static), predict.py batches of any "
+            "size: export with --dynamic hw or batch (python -m vitrel.export CKPT OUT --pt2 --dynamic batch)"
+        )
+    if None in shape[-2:] or list(shape[-2:]) == list(data_config["input_size"][-2:]):
+        return data_config
+    return {**data_config, "input_size": [*data_config["input_size"][:-2], *shape[-2:]]}
+
+
+def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
+    """A ``num_classes`` override unlike the stored one would predict with a fresh, untrained head (``load_model``
+    resets it for fine-tuning): refused, naming it."""
+    from vitrel.models.ckpt_files import stored_config
+
+    n = model_overrides.get("num_classes")
+    stored = (stored_config(path) or {}).get("num_classes") if n is not None else None
+    if stored is not None and n != stored:
+        raise ValueError(
+            f"model_overrides num_classes={n} would replace the trained head of {stored} classes of {path} by an "
+            "untrained one: predictions come from the trained head; drop the override (labels are the stored class "
+            "names, or the folder names of a tree of class folders)"
+        )
 
 
 # ---------------------------------------------------------------------------- images

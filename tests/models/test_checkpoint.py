@@ -259,6 +259,26 @@ def test_other_num_classes_resets_head(tmp_path):
     assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
 
 
+@pytest.mark.parametrize("name", [VIT, SWIN, "vitrel_vit_video_tiny_patch4_32"])
+def test_other_in_chans_adapts_the_patch_embedding(tmp_path, name):
+    """``load_model(path, in_chans=3)`` of a grey model (``model=from_checkpoint`` on RGB data takes the data's
+    channels) failed with "the weights do not fit this architecture". The patch embedding is adapted as timm adapts
+    pretrained weights (``adapt_input_conv``: repeated and scaled, or summed for one channel), so a grey image given
+    as three equal channels scores as before, both ways."""
+    video = "video" in name
+    kw = dict(depth=1, embed_dim=32, num_heads=2) if video else {}
+    for stored, wanted in ((1, 3), (3, 1)):
+        torch.manual_seed(0)
+        m = (vitrel.create_model(name, in_chans=stored, **kw) if video else _model(name, in_chans=stored)).eval()
+        ckpt = _lightning_ckpt(m, tmp_path / f"c{stored}.ckpt")
+        with pytest.warns(UserWarning, match=f"patch embedding adapted from {stored} to {wanted} input channels"):
+            r = vitrel.load_model(ckpt, in_chans=wanted).eval()
+        grey = torch.randn(2, 1, *((m.vitrel_cfg["num_frames"],) if video else ()), 32, 32)
+        with torch.no_grad():
+            torch.testing.assert_close(r(grey.expand(-1, wanted, *grey.shape[2:])),
+                                       m(grey.expand(-1, stored, *grey.shape[2:])))  # fmt: skip
+
+
 # ---------------------------------------------------------------------------- refusals
 class _Evil:
     def __init__(self, sentinel: str):
@@ -266,6 +286,23 @@ class _Evil:
 
     def __reduce__(self):
         return (os.system, (f"touch {self.sentinel}",))
+
+
+def test_a_run_folder_or_its_checkpoints_folder_names_the_file_to_give(tmp_path):
+    """``eval.py ckpt_path=<run folder>`` (or its ``checkpoints/``, two .ckpt files) said "has no model.safetensors
+    (and no single ... file)"; the error now names ``last.ckpt``, or the files to choose from."""
+    m = _model(VIT, pos="rel2d_full")
+    ckpts = tmp_path / "run" / "checkpoints"
+    ckpts.mkdir(parents=True)
+    _lightning_ckpt(m, ckpts / "last.ckpt")
+    _lightning_ckpt(m, ckpts / "best-epoch000.ckpt")
+    for folder in (tmp_path / "run", ckpts):
+        with pytest.raises(CheckpointError, match=f"a train.py run's checkpoints: give {ckpts / 'last.ckpt'} "):
+            vitrel.load_model(folder)
+    (ckpts / "last.ckpt").unlink()
+    (ckpts / "other.ckpt").write_bytes((ckpts / "best-epoch000.ckpt").read_bytes())
+    with pytest.raises(CheckpointError, match=r"2 candidates: best-epoch000.ckpt, other.ckpt: give one"):
+        vitrel.load_model(ckpts)
 
 
 def test_malicious_pickle_is_refused(tmp_path):

@@ -109,6 +109,24 @@ def test_a_command_line_key_wins_over_the_runs(fmnist_run, tmp_path, caplog):
     ) in caplog.text
 
 
+def test_val_of_weights_that_record_no_split_warns_that_it_may_hold_training_images(fmnist_run, tmp_path, caplog):
+    """``eval.py ckpt_path=<export folder> split=val``: an export records no val split, so the group's hold-out (seed
+    0, 10 %) is scored, here 814 of its 1,000 images the run (seed 1, 20 %) trained on; it was scored without a
+    word. Now a warning names the keys to give; with them given, none."""
+    from vitrel.models.checkpoint import export_model
+
+    caplog.set_level("INFO", logger="lightning.pytorch")
+    run, _ = fmnist_run
+    export = export_model(run / "checkpoints" / "last.ckpt", tmp_path / "export")
+    _, res, data = _eval(tmp_path, "export", export, ["split=val", *EVAL])
+    assert len(np.intersect1d(_split(data, "val"), seeded_split(10_000, 0.2, 1)[0])) > 500
+    said = "split=val: export records no val split (a .ckpt does): scored the hold-out of data.seed=0"
+    assert said in caplog.text and "give the run's data.seed and data.val_fraction" in caplog.text
+    caplog.clear()
+    _eval(tmp_path, "given", export, ["split=val", "data.seed=1", "data.val_fraction=0.2", *EVAL])
+    assert "records no val split" not in caplog.text
+
+
 def test_a_moved_checkpoint_is_scored_with_its_stored_preprocessing(fmnist_run, tmp_path):
     """A checkpoint copied out of its run folder (no record beside it): the interpolation and crop it was trained
     with, from the data config stored with the weights (as timm's validate.py takes them from the model's

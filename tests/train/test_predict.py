@@ -98,6 +98,24 @@ def test_same_predictions_from_ckpt_export_folder_and_pt2(ckpt, images, tmp_path
     assert a[0]["label_0"] in NAMES and c[0]["label_0"] in NAMES  # the .pt2 keeps the data configuration
 
 
+def test_a_program_of_one_size_is_fed_that_size_and_one_of_one_batch_is_refused(ckpt, images, tmp_path):
+    """``python -m vitrel.export CKPT OUT --pt2 --dynamic batch --img-size 48``: a program of 48 px images, whose stored
+    data config says the trained 32; ``predict.py`` fed it 32 px images and failed in torch's "Guard failed:
+    x.size()[2] == 48". Now it resizes to the program's size (as the .ckpt at ``img_size=48``); a ``--dynamic static``
+    program (a fixed batch of 2) is refused, naming the export options that work."""
+    out = tmp_path / "b48"
+    assert export_main([str(ckpt), str(out), "--pt2", "--dynamic", "batch", "--img-size", "48"]) == 0
+    got = predict_folder(load_predictor(out / "model.pt2"), images, topk=2, batch_size=4, progress=False).rows
+    ref = load_predictor(ckpt, model_overrides={"img_size": 48})
+    ref = predict_folder(ref, images, topk=2, batch_size=4, progress=False).rows
+    assert [r["index_0"] for r in got] == [r["index_0"] for r in ref] and len(got) == 5
+    assert max(abs(a["prob_0"] - b["prob_0"]) for a, b in zip(got, ref)) < 1e-4
+    out = tmp_path / "static"
+    assert export_main([str(ckpt), str(out), "--pt2", "--dynamic", "static"]) == 0
+    with pytest.raises(ValueError, match=r"model.pt2 takes a fixed batch of 2 .*: export with --dynamic hw or batch"):
+        load_predictor(out / "model.pt2")
+
+
 def test_imagefolder_tree_gives_class_names(tmp_path):
     """Without stored names, an ImageFolder tree with one folder per class names the classes."""
     m = _model()
@@ -146,6 +164,25 @@ def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
     assert not (tmp_path / "p.csv").exists()
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_device_cuda_without_a_gpu_is_one_line_naming_device_cpu(ckpt, images, tmp_path):
+    """``predict.py device=cuda`` on a machine without a GPU ended in torch's traceback ("Found no NVIDIA driver"),
+    after the checkpoint was read; ``device=gpu`` in torch's list of device types. Now one line each, first thing."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("predict_script", ROOT / "predict.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(images), results_file=str(tmp_path / "p.csv")))
+    with pytest.raises(SystemExit) as exit_:
+        script.main.__wrapped__(OmegaConf.merge(cfg, dict(device="cuda")))
+    said = "predict.py: device=cuda asks for a CUDA GPU, and PyTorch sees none on this "
+    assert str(exit_.value.code).startswith(said) and "device=cpu" in str(exit_.value.code), exit_.value.code
+    with pytest.raises(ValueError, match=r"device=gpu is not a device: auto, cpu, cuda, cuda:<n>"):
+        run_predict(OmegaConf.merge(cfg, dict(device="gpu")))
+    assert not (tmp_path / "p.csv").exists()
+
+
 def test_another_kernel_at_prediction_and_export(ckpt, images, tmp_path):
     """A model trained with a kernel of its own (``triton``) is scored and exported with another: ``predict.py``'s
     ``model_overrides`` and ``python -m vitrel.export --attn-impl`` (recorded in the export's ``config.json``), the
@@ -170,6 +207,17 @@ def test_another_kernel_at_prediction_and_export(ckpt, images, tmp_path):
     cfg.topk, cfg.progress_bar, cfg.model_overrides = 2, False, {"attn_impl": "sdpa"}
     run_predict(cfg)
     assert len(_rows(tmp_path / "p.csv")) == len(ref)
+
+
+def test_a_num_classes_override_that_resets_the_trained_head_is_refused(ckpt, images):
+    """``+model_overrides.num_classes=5`` (the classes of one's folder, say) rebuilt the model with a fresh random
+    head and predicted with it, labelled with the checkpoint's class names, with a warning only. Refused now, naming
+    the override; the stored count is accepted."""
+    with pytest.raises(ValueError, match=r"num_classes=5 .* trained head of 10 classes .* untrained one"):
+        load_predictor(ckpt, model_overrides={"num_classes": 5})
+    ref = predict_folder(load_predictor(ckpt), images, topk=2, progress=False).rows
+    same = load_predictor(ckpt, model_overrides={"num_classes": 10})
+    assert predict_folder(same, images, topk=2, progress=False).rows == ref
 
 
 # ---------------------------------------------------------------------------- a checkpoint train.py wrote

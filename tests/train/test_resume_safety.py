@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import errno
 import hashlib
+import json
 import logging
 import math
 import os
@@ -316,6 +317,27 @@ def test_resume_with_more_epochs_follows_the_longer_schedule_and_keeps_the_best(
     best = next(v for k, v in state.items() if k.startswith("ModelCheckpoint"))
     assert best["best_model_path"] == str(ckpts / "best-epoch000.ckpt") and float(best["best_model_score"]) == 0.0
     assert list(best["best_k_models"]) == [str(ckpts / "best-epoch000.ckpt")]
+
+
+def test_a_moved_run_folder_resumes_keeping_its_best_checkpoint_and_score(tmp_path):
+    """A run folder moved (or copied) and resumed there: Lightning's ``ModelCheckpoint`` reloads no best score when
+    its folder changed, so the next epoch became "best" whatever its score (a second best file beside the first, and
+    the summary naming it: epoch 4 at val/acc1 0.25 over epoch 1's 0.28), or a copy kept naming the other folder's
+    file. The state now follows the folder: the best file and score are the moved run's."""
+    import shutil
+
+    base = [*TINY_VIT, *FAST, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false"]
+    base += ["logger=none", "callbacks.model_checkpoint.monitor=epoch", "callbacks.model_checkpoint.mode=min"]
+    train(compose(tmp_path / "a", [*base, "trainer.max_epochs=1"]))
+    shutil.move(tmp_path / "a", tmp_path / "b")
+    train(compose(tmp_path / "b", [*base, "trainer.max_epochs=2"]))  # resume=auto, epoch 1 not better
+    ckpts = tmp_path / "b" / "checkpoints"
+    assert sorted(p.name for p in ckpts.glob("best-*")) == ["best-epoch000.ckpt"], "save_top_k=1 across the move"
+    res = json.loads((tmp_path / "b" / "metrics.json").read_text())
+    assert res["best_ckpt"] == str(ckpts / "best-epoch000.ckpt") and res["epochs"] == 2
+    state = torch.load(ckpts / "last.ckpt", map_location="cpu", weights_only=True)["callbacks"]
+    best = next(v for k, v in state.items() if k.startswith("ModelCheckpoint"))
+    assert best["best_model_path"] == str(ckpts / "best-epoch000.ckpt") and float(best["best_model_score"]) == 0.0
 
 
 # ------------------------------------------------------------------------------------------ the resumed split

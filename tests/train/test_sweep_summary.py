@@ -214,3 +214,15 @@ def test_summary_png_failing_to_draw_is_a_warning(tmp_path, monkeypatch, caplog)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert any(str(sweep / "summary.png") in w and "OSError: disk full" in w for w in warned), warned
     assert not list(sweep.glob(".summary.png.*")), "no partial file left"
+
+
+def test_a_sweep_stopped_before_any_job_says_so_not_an_empty_table(tmp_path, capsys):
+    """``train.py -m pos=rel2d_full,typo``: Hydra refuses the sweep before its first job, and the exit hook printed
+    "its jobs so far" over nothing. Now one line saying no job ran."""
+    hook = SweepSummary()
+    (tmp_path / ".sweep_id").write_text("abc\n")  # (on_multirun_start's; no job folder yet)
+    hook._unended = tmp_path
+    hook._at_exit()
+    out = capsys.readouterr().out
+    assert "The sweep stopped before any job ran" in out and "its jobs so far" not in out, out
+    assert not (tmp_path / "summary.md").exists()

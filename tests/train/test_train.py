@@ -192,8 +192,15 @@ def test_nan_loss_stops_with_clear_message_and_keeps_good_checkpoint(tmp_path):
 
 
 def test_ckpt_path_last_without_checkpoint_is_a_clear_error(tmp_path):
+    """A missing ``ckpt_path`` (``last`` in a new folder, or a file that is not there) is a ``CheckpointError``, which
+    ``train.py`` prints as one line, as ``eval.py`` does (a FileNotFoundError came with Hydra's traceback)."""
+    from vitrel.models.checkpoint import CheckpointError
+
     cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "ckpt_path=last"])
-    with pytest.raises(FileNotFoundError, match="ckpt_path=last: there is no .*last.ckpt"):
+    with pytest.raises(CheckpointError, match="ckpt_path=last: there is no .*last.ckpt"):
+        train(cfg)
+    cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, f"ckpt_path={tmp_path / 'gone.ckpt'}"])
+    with pytest.raises(CheckpointError, match="gone.ckpt: no such file or folder"):
         train(cfg)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import timm
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
-from timm.models import filter_pretrained_cfg
+from timm.models import adapt_input_conv, filter_pretrained_cfg
 from torch import Tensor, nn
 
 from vitrel.models.ckpt_files import (
@@ -249,6 +249,20 @@ def _check_dtypes(sd: Mapping[str, Tensor], expected: Mapping[str, Tensor]) -> N
         )
 
 
+def _adapt_in_chans(sd: dict[str, Tensor], stored: int | None, wanted: int | None) -> dict[str, Tensor]:
+    """The patch embedding of ``stored`` input channels adapted to ``wanted`` (an ``in_chans`` override) with timm's
+    ``adapt_input_conv``, as timm loads pretrained weights: repeated and scaled, or summed for one channel (a video
+    model's kernel: time and rows as one axis); with a warning."""
+    w = sd.get("patch_embed.proj.weight")
+    if stored is None or wanted is None or stored == wanted or not isinstance(w, Tensor) or w.dim() not in (4, 5):
+        return sd
+    flat = adapt_input_conv(wanted, w.reshape(w.shape[0], w.shape[1], w.shape[2], -1), base_chans=stored)
+    warnings.warn(
+        f"patch embedding adapted from {stored} to {wanted} input channels (timm's adapt_input_conv)", stacklevel=3
+    )
+    return {**sd, "patch_embed.proj.weight": flat.reshape(w.shape[0], wanted, *w.shape[2:])}
+
+
 def load_model(
     path: str | os.PathLike,
     architecture: str | None = None,
@@ -261,7 +275,8 @@ def load_model(
     or in a ``config.json`` beside it), a torch file or an export directory. The architecture and every
     constructor argument (position scheme included) come from the stored ``vitrel_cfg``; ``overrides``
     replace some, e.g. ``img_size=48`` (learned tables / absolute embeddings are resized, with a
-    warning) or ``num_classes=5`` (the head is reset). ``architecture``, when given, must match the
+    warning), ``num_classes=5`` (the head is reset) or ``in_chans=3`` (the patch embedding adapted as timm adapts
+    pretrained weights, with a warning). ``architecture``, when given, must match the
     stored one. A plain state dict (no stored configuration, timm's ``checkpoint_path`` convention) is
     loaded into ``architecture`` built from ``overrides``. Raises :class:`CheckpointError` for anything
     that cannot be loaded safely and exactly. The model comes back in training mode, as from
@@ -297,6 +312,7 @@ def load_model(
         model = build_from_cfg(cfg, **overrides)
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"cannot rebuild {arch} from the configuration stored in {path}: {e}") from None
+    sd = _adapt_in_chans(sd, cfg.get("in_chans"), model.vitrel_cfg.get("in_chans"))
     load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
     data_config = stored_data_config(path)
     if data_config is not None:

@@ -226,7 +226,12 @@ def _resolve(path: str | os.PathLike) -> Path:
         cands = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.ckpt"))
         cands = cands or sorted(p.glob("*.bin")) or sorted(p.glob("*.pth")) or sorted(p.glob("*.pt"))
         if len(cands) != 1:
-            raise CheckpointError(f"{p} has no {WEIGHTS_NAME} (and no single .safetensors / .ckpt / .bin / .pth file)")
+            last = next((f for f in (p / "last.ckpt", p / "checkpoints" / "last.ckpt") if f.is_file()), None)
+            hint = f"; {len(cands)} candidates: {', '.join(f.name for f in cands)}: give one" if cands else ""
+            hint = f": a train.py run's checkpoints: give {last} (or its best-epochNNN.ckpt)" if last else hint
+            raise CheckpointError(
+                f"{p} has no {WEIGHTS_NAME} (and no single .safetensors / .ckpt / .bin / .pth file){hint}"
+            )
         return cands[0]
     if not p.is_file():
         raise CheckpointError(f"no such checkpoint: {p}")

@@ -208,6 +208,23 @@ def _warn_other_val_split(ckpt: Path, data_cfg: DictConfig, given: dict[str, Any
         )
 
 
+def _warn_unknown_val_split(ckpt: Path, data_cfg: DictConfig) -> None:
+    """``split=val`` of weights that record no val split (an export folder, a weights file, an old checkpoint out of
+    its run folder), on data whose val is a seeded hold-out of train: the group's hold-out is scored, which holds
+    images the run trained on unless its ``data.seed`` / ``data.val_fraction`` were the run's: a warning naming them,
+    unless both are on the command line."""
+    if not data_cfg.get("val_fraction") or all(_given(f"data.{k}") for k in VAL_SPLIT_KEYS):
+        return
+    if _stored_split(ckpt, data_cfg) or run_record(ckpt)[1] is not None or rank_zero_only.rank != 0:
+        return
+    held = " ".join(f"data.{k}={plain(data_cfg.get(k))}" for k in VAL_SPLIT_KEYS)
+    log.warning(
+        f"split=val: {ckpt.name} records no val split (a .ckpt does): scored the hold-out of {held}, which holds "
+        "images the run trained on unless those were its values; give the run's data.seed and data.val_fraction, "
+        "or score split=test"
+    )
+
+
 def _override_text(value: Any) -> str:
     """``value`` as a command-line override writes it (``null``, ``[1,2]``)."""
     if isinstance(value, list):
@@ -286,6 +303,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     settings, given, where = _run_settings(ckpt, cfg.data)
     if split == "val":
         _warn_other_val_split(ckpt, cfg.data, given)
+        _warn_unknown_val_split(ckpt, cfg.data)
     what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
     taken = _from_run(cfg, settings, what)
     what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py

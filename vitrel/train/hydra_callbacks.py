@@ -262,6 +262,9 @@ class SweepSummary(Callback):
         if sweep_dir is None:
             return
         try:
+            if summary_rows(sweep_dir, self.metrics) is None:  # (Hydra refused an override before the first job)
+                print("\nThe sweep stopped before any job ran (its error is above): no table", flush=True)
+                return
             print("\nThe sweep stopped before its end (a failed job or an interruption): its jobs so far", flush=True)
             self._summarize(sweep_dir, show=True)
         except Exception as e:  # noqa: BLE001

@@ -81,13 +81,34 @@ def _naflex_settings(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return args, taken
 
 
+def _device(device: str) -> str:
+    """``device=`` as torch names it (``auto``: cuda when there is one); a malformed name, or a GPU this machine does
+    not have, an error naming what to give (torch's own comes as a traceback once the checkpoint is read)."""
+    from vitrel.train.utils import AcceleratorUnavailableError
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise ValueError(f"device={device} is not a device: auto, cpu, cuda, cuda:<n>, mps ...") from None
+    missing = {
+        "cuda": ("a CUDA GPU", torch.cuda.is_available),
+        "mps": ("an Apple GPU (MPS)", torch.backends.mps.is_available),
+    }
+    if kind in missing and not missing[kind][1]():
+        raise AcceleratorUnavailableError(
+            f"device={device} asks for {missing[kind][0]}, and PyTorch sees none on this machine: predict on the CPU "
+            "with device=cpu (or device=auto: a GPU where there is one)"
+        )
+    return device
+
+
 def run_predict(cfg: Any) -> dict[str, Any]:
     """``predict.py``'s body: check the settings, load, predict, write the CSV, print a summary; returns the summary."""
     check_predict_args(**{k: cfg.get(k, d) for k, d in (("topk", 5), ("batch_size", 64), ("num_workers", 0))})
     check_predict_args(seq_len=cfg.get("seq_len"), max_tokens=cfg.get("max_tokens"))
-    device = str(cfg.get("device", "auto"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = _device(str(cfg.get("device", "auto")))
     from vitrel.train.utils import plain  # (predict.py's configuration is Hydra's)
 
     overrides = dict(plain(cfg.get("model_overrides")) or {})

@@ -282,7 +282,7 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path) -> str | None:
     ck = cfg.get("ckpt_path")
     if ck == "last":
         if not last.exists():
-            raise FileNotFoundError(
+            raise CheckpointError(
                 f"ckpt_path=last: there is no {last}. `last` is the last checkpoint of this run's folder ({run_dir}); "
                 "to resume an earlier run, run in its folder (hydra.run.dir=<that folder>) or give ckpt_path=<file>."
             )
@@ -290,7 +290,7 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path) -> str | None:
     if ck:
         p = Path(str(ck)).expanduser()
         if not p.exists():
-            raise FileNotFoundError(f"ckpt_path={ck}: no such file")
+            raise CheckpointError(f"ckpt_path={ck}: no such file or folder")
         return str(p)
     resume = cfg.get("resume", "auto")
     if resume not in ("auto", False, "never", None):

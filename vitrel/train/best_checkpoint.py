@@ -1,0 +1,49 @@
+"""The best checkpoint by the monitored metric (``callbacks.model_checkpoint``): Lightning's ``ModelCheckpoint``,
+whose state follows a run folder that was moved or copied.
+
+Lightning reloads the best score, the top-k files and the last path only when the checkpoint's ``dirpath`` is the
+callback's: resumed in a moved folder, the next validation became "best" whatever its score (a second best file
+beside the first) and a copy kept naming the other folder's file. When the checkpoint's files are in the new folder
+under the same names, the state is read with its paths there; otherwise Lightning's own rule applies (its warning).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+
+class BestCheckpoint(ModelCheckpoint):
+    """``ModelCheckpoint`` that resumes in a moved or copied run folder with its best file and score."""
+
+    def _generate_state_key(self, **kwargs: Any) -> str:
+        """``ModelCheckpoint``'s key (``ModelCheckpoint{...}``), so checkpoints written with it resume with this."""
+        return f"ModelCheckpoint{kwargs!r}"
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        old, new = state_dict.get("dirpath"), self.dirpath
+        if old and new and old != new:
+            state_dict = moved_state(state_dict, str(old), str(new))
+        super().load_state_dict(state_dict)
+
+
+def moved_state(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """``state`` (a ``ModelCheckpoint``'s) with its paths under ``old`` read under ``new``, when the best file is there
+    under the same name; else ``state`` unchanged. A file the new folder lacks is dropped from the state."""
+
+    def moved(path: str) -> str | None:
+        rel = os.path.relpath(path, old) if path else ".."
+        there = os.path.join(new, rel)
+        return there if not rel.startswith("..") and os.path.isfile(there) else None
+
+    best = state.get("best_model_path") or ""
+    if best and moved(best) is None:
+        return state
+    out = dict(state, dirpath=new, best_model_path=moved(best) or "")
+    out["best_k_models"] = {moved(k): v for k, v in (state.get("best_k_models") or {}).items() if moved(k)}
+    for key in ("kth_best_model_path", "last_model_path"):
+        if key in state:
+            out[key] = moved(state[key] or "") or ""
+    return out

@@ -153,7 +153,7 @@ def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
     if stored is not None and n != stored:
         raise ValueError(
             f"model_overrides num_classes={n} would replace the trained head of {stored} classes of {path} by an "
-            "untrained one: predictions come from the trained head; drop the override (labels are the stored class "
+            "untrained one: predict.py predicts with the trained head; drop the override (labels are the stored class "
             "names, or the folder names of a tree of class folders)"
         )
 

@@ -187,8 +187,11 @@ def find_videos(root: str | Path) -> tuple[list[Path], list[str] | None]:
 
 def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
     """PIL image -> normalised ``[C, H, W]`` tensor: timm's eval transform (resize shorter side to
-    ``size / crop_pct``, centre crop, normalise) after converting to the model's channels."""
+    ``size / crop_pct``, centre crop, normalise) after converting to the model's channels (a 16-bit image scaled to
+    8 bits: :func:`~vitrel.data.datasets.to_8bit`)."""
     from timm.data import create_transform
+
+    from vitrel.data.datasets import to_8bit
 
     c, h, w = data_config["input_size"]
     tf = create_transform(
@@ -203,7 +206,7 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
     mode = "L" if c == 1 else "RGB"
 
     def apply(img: Any) -> Tensor:
-        return tf(img.convert(mode))
+        return tf(to_8bit(img).convert(mode))  # (a 16-bit image scaled: PIL's convert clips it)
 
     return apply
 
@@ -257,7 +260,8 @@ def naflex_eval_transform(
     data_config: dict[str, Any], patch_size: int, max_tokens: int, eval_max_ratio: float | None = 1.0
 ) -> Callable[[Any], Any]:
     """PIL image -> timm's NaFlex per-image dict at the image's own aspect ratio within ``max_tokens`` patches (scaled
-    by at most ``eval_max_ratio``: 1.0 never enlarges), after converting to the model's channels."""
+    by at most ``eval_max_ratio``: 1.0 never enlarges), after converting to the model's channels (16-bit scaled)."""
+    from vitrel.data.datasets import to_8bit
     from vitrel.data.packing import naflex_transform
 
     c = data_config["input_size"][0]
@@ -273,7 +277,7 @@ def naflex_eval_transform(
     mode = "L" if c == 1 else "RGB"
 
     def apply(img: Any) -> Any:
-        return tf(img.convert(mode))
+        return tf(to_8bit(img).convert(mode))
 
     return apply
 

@@ -368,6 +368,37 @@ def test_unreadable_files_are_named(tmp_path):
         ImageNetDataModule(root=tmp_path / "i", img_size=32, num_workers=0).setup("fit")
 
 
+def test_16bit_images_are_scaled_to_8_bits_not_clipped(tmp_path):
+    """PIL's ``convert("L" / "RGB")`` clips a 16-bit grey image at 255 (a mid-grey picture turned white):
+    ``to_8bit`` scales it by 255 / 65535 (each value against the formula, rounded), in the image-folder loader too;
+    a 32-bit or float image outside 0-255 has no agreed scale and is refused."""
+    from vitrel.data.datasets import load_rgb, to_8bit
+
+    v = np.arange(0, 65536, 97, dtype=np.uint16)[: 26 * 26].reshape(26, 26)
+    want = np.array([[round(int(x) * 255 / 65535) for x in row] for row in v], dtype=np.uint8)
+    Image.fromarray(v).save(tmp_path / "g16.png")
+    with Image.open(tmp_path / "g16.png") as img:
+        assert img.mode.startswith("I")  # (I;16 here; older Pillow opens it as I)
+        np.testing.assert_array_equal(np.asarray(to_8bit(img)), want)
+    np.testing.assert_array_equal(np.asarray(load_rgb(str(tmp_path / "g16.png"))), np.repeat(want[..., None], 3, 2))
+    rgb = Image.fromarray(np.full((4, 4, 3), 7, dtype=np.uint8))
+    assert to_8bit(rgb) is rgb and to_8bit(Image.fromarray(np.full((4, 4), 200.0, np.float32))).mode == "F"
+    with pytest.raises(ValueError, match=r"floating-point image \(PIL mode F\) with values 0.0 to 300.0"):
+        to_8bit(Image.fromarray(np.array([[0.0, 300.0]], np.float32)))
+    make_imagenet_tree(tmp_path / "i", per_class=1)
+    grey = sorted((tmp_path / "i" / "val" / "n0001").iterdir())[0]
+    Image.fromarray(v).save(grey.with_suffix(".png"))
+    grey.unlink()
+    dm = ImageNetDataModule(root=tmp_path / "i", img_size=26, batch_size=4, num_workers=0, crop_pct=1.0)
+    dm.setup("fit")
+    ds = dm.dataset("val")  # (the evaluation transform: a 26x26 image at img_size 26 is not resampled)
+    x = ds[[Path(f).name for f, _ in ds.dataset.samples].index(grey.with_suffix(".png").name)][0]
+    mean, std = torch.tensor(dm.mean)[:, None, None], torch.tensor(dm.std)[:, None, None]
+    torch.testing.assert_close(
+        x * std + mean, torch.from_numpy(want).float().div(255).expand(3, -1, -1), atol=1e-5, rtol=0
+    )
+
+
 # ---------------------------------------------------------------------------------------------------
 # ImageNet
 

@@ -116,6 +116,19 @@ def test_a_program_of_one_size_is_fed_that_size_and_one_of_one_batch_is_refused(
         load_predictor(out / "model.pt2")
 
 
+def test_a_16bit_image_is_predicted_as_its_8bit_scaling(ckpt, tmp_path):
+    """A 16-bit grey PNG (medical, microscopy) was clipped to white by PIL's ``convert`` (99.6 % of a ramp's pixels at
+    255): it is predicted as the same picture saved with 8 bits, ``round(v * 255 / 65535)``."""
+    v = np.arange(0, 65536, 64, dtype=np.uint16)[: 32 * 32].reshape(32, 32)
+    Image.fromarray(v).save(tmp_path / "a16.png")
+    Image.fromarray(np.rint(v * (255 / 65535)).astype(np.uint8), mode="L").save(tmp_path / "b8.png")
+    rows = predict_folder(load_predictor(ckpt), tmp_path, topk=10, batch_size=2, progress=False).rows
+    assert [r["filename"] for r in rows] == ["a16.png", "b8.png"]
+    a, b = rows
+    assert [a[f"index_{i}"] for i in range(10)] == [b[f"index_{i}"] for i in range(10)]
+    assert [a[f"prob_{i}"] for i in range(10)] == pytest.approx([b[f"prob_{i}"] for i in range(10)], abs=1e-6)
+
+
 def test_imagefolder_tree_gives_class_names(tmp_path):
     """Without stored names, an ImageFolder tree with one folder per class names the classes."""
     m = _model()

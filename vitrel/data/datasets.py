@@ -20,7 +20,40 @@ __all__ = [
     "seeded_split",
     "split_record",
     "check_same_split",
+    "to_8bit",
+    "load_rgb",
 ]
+
+#: PIL's modes of a 16-bit grey image (a 16-bit PNG or TIFF): ``convert("L" / "RGB")`` clips them at 255
+MODES_16BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def to_8bit(img: Image.Image) -> Image.Image:
+    """``img`` with 8-bit values, for ``convert("L" / "RGB")``. PIL's ``convert`` clips a 16-bit grey image at 255 (a
+    mid-grey picture turns white); such an image (mode ``I;16*``, or ``I`` read from a PNG, whose integers are at
+    most 16-bit) is scaled by 255 / 65535 to mode ``L``. An ``I`` or ``F`` image of another format with values
+    outside 0-255 has no agreed scale: a ``ValueError`` naming its range. Other images are returned as they are."""
+    sixteen = img.mode in MODES_16BIT or (img.mode == "I" and img.format == "PNG")
+    if sixteen:
+        scaled = np.rint(np.asarray(img).astype(np.float64) * (255 / 65535))
+        return Image.fromarray(scaled.astype(np.uint8), mode="L")
+    if img.mode in ("I", "F"):
+        lo, hi = img.getextrema()
+        if lo < 0 or hi > 255:
+            kind = "32-bit integer" if img.mode == "I" else "floating-point"
+            raise ValueError(
+                f"a {kind} image (PIL mode {img.mode}) with values {lo} to {hi}: no agreed scale to 8 bits "
+                "(save it as an 8- or 16-bit image)"
+            )
+    return img
+
+
+def load_rgb(path: str) -> Image.Image:
+    """torchvision's ``pil_loader`` (the file as an RGB image), 16-bit images scaled, not clipped (:func:`to_8bit`)."""
+    with open(path, "rb") as f:
+        img = Image.open(f)
+        img.load()
+        return to_8bit(img).convert("RGB")
 
 
 class DatasetNotFoundError(FileNotFoundError):

@@ -47,6 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
+from vitrel.data.datasets import load_rgb
 from vitrel.data.shards import ON_BAD_SAMPLE, ShardLoader, guard_bad_samples
 
 log = logging.getLogger(__name__)
@@ -60,9 +61,11 @@ __all__ = ["ImageNetDataModule", "FixedClassImageFolder", "LazyClasses", "locate
 
 class FixedClassImageFolder(ImageFolder):
     """``ImageFolder`` with a given class list (so val uses train's class indices); a file that cannot be read
-    raises with its path (PIL's error for a truncated JPEG names none)."""
+    raises with its path (PIL's error for a truncated JPEG names none). Images load as RGB with 16-bit ones scaled to
+    8 bits (:func:`~vitrel.data.datasets.load_rgb`; torchvision's loader clips them) unless ``loader`` is given."""
 
     def __init__(self, root: str | Path, classes: list[str], **kwargs) -> None:
+        kwargs.setdefault("loader", load_rgb)
         self._fixed_classes = list(classes)
         try:
             super().__init__(str(root), **kwargs)

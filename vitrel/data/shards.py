@@ -79,9 +79,11 @@ def _image_bytes(path: Path) -> tuple[bytes, str]:
         return path.read_bytes(), ext
     from PIL import Image
 
+    from vitrel.data.datasets import to_8bit
+
     with Image.open(path) as img:
         buf = io.BytesIO()
-        img.convert("RGB").save(buf, format="PNG")
+        to_8bit(img).convert("RGB").save(buf, format="PNG")  # (16-bit scaled, not clipped)
     return buf.getvalue(), "png"
 
 

@@ -66,3 +66,6 @@ def test_eval_with_a_gpu_trainer_says_what_to_run(tmp_path):
     cfg = compose(tmp_path / "eval", [f"ckpt_path={tmp_path / 'none.ckpt'}", "trainer=gpu"], config_name="eval")
     with pytest.raises(AcceleratorUnavailableError, match=r"^trainer=gpu \(trainer.accelerator=gpu\) asks for a GPU"):
         evaluate(cfg)
+    cfg = compose(tmp_path / "eval", [f"ckpt_path={tmp_path / 'none.ckpt'}", "trainer.accelerator=gpu"], "eval")
+    with pytest.raises(AcceleratorUnavailableError, match=r"none on this machine.*: evaluate on the CPU with trainer"):
+        evaluate(cfg)  # (not "train on the CPU")

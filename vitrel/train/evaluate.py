@@ -284,7 +284,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     import vitrel
 
     check_moved_keys(cfg)
-    check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
+    check_accelerator(cfg.trainer, "evaluate")  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()
     L.seed_everything(int(cfg.seed), workers=True)

@@ -206,10 +206,10 @@ class AcceleratorUnavailableError(RuntimeError):
     """The trainer asks for an accelerator this machine does not have (a GPU where PyTorch sees none)."""
 
 
-def check_accelerator(trainer_cfg: DictConfig) -> None:
+def check_accelerator(trainer_cfg: DictConfig, task: str = "train") -> None:
     """``trainer.accelerator`` gpu / cuda / mps on a machine without one: an :class:`AcceleratorUnavailableError`
-    naming the trainer option and accelerator asked for and the CPU settings to use instead, before anything is built
-    (Lightning's own error, inside Hydra's traceback, names neither)."""
+    naming the trainer option and accelerator asked for and the CPU settings to ``task`` with instead (``"train"``,
+    ``"evaluate"``), before anything is built (Lightning's own error, inside Hydra's traceback, names neither)."""
     from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 
     acc = str(trainer_cfg.get("accelerator", "auto"))
@@ -225,13 +225,13 @@ def check_accelerator(trainer_cfg: DictConfig) -> None:
     if str(trainer_cfg.get("strategy", "auto")).startswith("ddp"):
         fix = (
             "for DDP on the CPU add trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true (2 processes), "
-            "or train in one process with trainer=cpu"
+            f"or {task} in one process with trainer=cpu"
         )
     elif named:
         kept = "bf16 autocast and compiled step, minutes of compiling on a CPU" if choice == "gpu" else "other settings"
-        fix = f"train on the CPU with trainer=cpu (trainer.accelerator=cpu alone keeps trainer={choice}'s {kept})"
+        fix = f"{task} on the CPU with trainer=cpu (trainer.accelerator=cpu alone keeps trainer={choice}'s {kept})"
     else:
-        fix = "train on the CPU with trainer.accelerator=cpu (or auto: a GPU where there is one), or trainer=cpu"
+        fix = f"{task} on the CPU with trainer.accelerator=cpu (or auto: a GPU where there is one), or trainer=cpu"
     raise AcceleratorUnavailableError(f"{asked} asks for {device}, and PyTorch sees none on this machine{built}: {fix}")
 
 

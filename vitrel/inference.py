@@ -51,6 +51,7 @@ __all__ = [
     "IMG_EXTENSIONS",
     "NoImagesError",
     "NoVideosError",
+    "PredictSettingsError",
     "Predictor",
     "load_predictor",
     "find_images",
@@ -72,6 +73,11 @@ class NoImagesError(FileNotFoundError):
 
 class NoVideosError(FileNotFoundError):
     """The input folder holds no video files."""
+
+
+class PredictSettingsError(ValueError):
+    """A prediction setting that cannot be honoured (a count out of range, an override the model file cannot take,
+    inputs the model does not read): the message names it and what to give instead."""
 
 
 # ---------------------------------------------------------------------------- models and their preprocessing
@@ -106,7 +112,7 @@ def load_predictor(
         p = p / PT2_NAME
     if p.suffix == ".pt2":
         if model_overrides:
-            raise ValueError(
+            raise PredictSettingsError(
                 f"{p} is a torch.export program, fixed when it was exported: model_overrides "
                 f"{sorted(model_overrides)} apply to a .ckpt or an export folder (python -m vitrel.export CKPT OUT "
                 "--pt2 --attn-impl ... exports another program)"
@@ -134,7 +140,7 @@ def _program_size(path: Path, ep: Any, data_config: dict[str, Any]) -> dict[str,
 
     shape = program_input_shape(ep)
     if shape[0] is not None:
-        raise ValueError(
+        raise PredictSettingsError(
             f"{path} takes a fixed batch of {shape[0]} (exported with --dynamic static), predict.py batches of any "
             "size: export with --dynamic hw or batch (python -m vitrel.export CKPT OUT --pt2 --dynamic batch)"
         )
@@ -151,7 +157,7 @@ def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
     n = model_overrides.get("num_classes")
     stored = (stored_config(path) or {}).get("num_classes") if n is not None else None
     if stored is not None and n != stored:
-        raise ValueError(
+        raise PredictSettingsError(
             f"model_overrides num_classes={n} would replace the trained head of {stored} classes of {path} by an "
             "untrained one: predict.py predicts with the trained head; drop the override (labels are the stored class "
             "names, or the folder names of a tree of class folders)"
@@ -316,7 +322,7 @@ def predict_folder(
     )
     if "num_frames" in predictor.data_config:
         if seq_len is not None or max_tokens is not None:
-            raise ValueError(
+            raise PredictSettingsError(
                 f"seq_len / max_tokens score images at their own sizes; {predictor.source} is a video model: leave "
                 "them unset"
             )
@@ -326,7 +332,7 @@ def predict_folder(
     files, folders = _input_files(root, predictor)
     if seq_len is None:
         if max_tokens is not None:  # (it bounds the patches of an image scored at its own size, which seq_len asks)
-            raise ValueError(
+            raise PredictSettingsError(
                 f"max_tokens={max_tokens} needs seq_len (images at their own sizes, packed): give seq_len=<n> (at "
                 f"least {max_tokens}), or leave max_tokens unset for fixed-size images"
             )
@@ -334,14 +340,14 @@ def predict_folder(
     else:
         patch = (getattr(predictor.model, "vitrel_cfg", None) or {}).get("patch_size")
         if patch is None:
-            raise ValueError(
+            raise PredictSettingsError(
                 f"seq_len={seq_len}: scoring images at their own sizes needs a vitrel model that takes timm's NaFlex "
                 f"dicts (a .ckpt or an export folder); {predictor.source} is not one (an exported .pt2 program takes "
                 "fixed-size images): leave seq_len unset"
             )
         max_tokens = int(max_tokens or seq_len)
         if not 1 <= max_tokens <= seq_len:
-            raise ValueError(f"max_tokens={max_tokens} must be in [1, seq_len={seq_len}]")
+            raise PredictSettingsError(f"max_tokens={max_tokens} must be in [1, seq_len={seq_len}]")
         tf = naflex_eval_transform(predictor.data_config, int(patch), max_tokens, eval_max_ratio)
         collate = _PackedCollate(seq_len, packing)
     loader = torch.utils.data.DataLoader(
@@ -437,7 +443,7 @@ def _input_files(root: Path, predictor: Predictor) -> tuple[list[Path], list[str
         else:
             takes = f"an image model: it takes image files ({', '.join(IMG_EXTENSIONS)}); give a folder of images"
             takes += ", or a video model (a checkpoint of data=video_folder or data=moving_fmnist)"
-        raise ValueError(f"{held} and {predictor.source} is {takes}") from None
+        raise PredictSettingsError(f"{held} and {predictor.source} is {takes}") from None
 
 
 # ---------------------------------------------------------------------------- videos
@@ -524,7 +530,7 @@ def _predict_videos(
     dc = predictor.data_config
     c, h, w = dc["input_size"]
     if c not in (1, 3) or h != w:
-        raise ValueError(
+        raise PredictSettingsError(
             f"{predictor.source} takes clips of {c} x {h} x {w} frames: predict.py reads square 1- or 3-channel clips"
         )
     try:
@@ -576,4 +582,4 @@ def check_predict_args(**args: Any) -> None:
             continue
         least = _LEAST[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ValueError(f"{key} must be an integer >= {least}, got {value!r}")
+            raise PredictSettingsError(f"{key} must be an integer >= {least}, got {value!r}")

@@ -170,6 +170,7 @@ def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
         (dict(input=str(empty)), f"predict.py: no images in {empty} (looked for .png"),
         (dict(input=str(empty / "readme.txt")), "predict.py: input must be a folder of images or a tree of class"),
         (dict(ckpt_path=str(tmp_path / "gone.ckpt")), f"predict.py: no checkpoint at {tmp_path / 'gone.ckpt'}"),
+        (dict(topk=0), "predict.py: topk must be an integer >= 1, got 0"),  # (a setting: no traceback either)
     ]:
         with pytest.raises(SystemExit) as exit_:
             main(OmegaConf.merge(cfg, given))

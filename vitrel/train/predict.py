@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from vitrel.inference import check_predict_args, load_predictor, predict_folder, write_csv
+from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder, write_csv
 
 __all__ = ["NAFLEX_RUN_KEYS", "naflex_of_run", "run_predict"]
 
@@ -45,7 +45,7 @@ def naflex_of_run(ckpt_path: str | Path) -> tuple[dict[str, Any], str]:
         except OmegaConfBaseException as e:
             why = str(e).splitlines()[0]
             fix = f"give {key}=<the run's>" if key in ("seq_len", "max_tokens") else "give seq_len=null (fixed size)"
-            raise ValueError(f"data.{key} of {record} does not resolve here ({why}): {fix}") from e
+            raise PredictSettingsError(f"data.{key} of {record} does not resolve here ({why}): {fix}") from e
     out["packing"] = parse_packing(out["packing"])
     if out["packing"] is None:
         return {}, ""
@@ -68,7 +68,7 @@ def _naflex_settings(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     taken = {k: v for k, v in run.items() if k not in given}
     args |= taken
     if "max_tokens" in taken and "seq_len" in given and taken["max_tokens"] > args["seq_len"]:
-        raise ValueError(
+        raise PredictSettingsError(
             f"seq_len={args['seq_len']} is shorter than the run's max_tokens={taken['max_tokens']} ({record}): give "
             f"max_tokens=<at most {args['seq_len']}> or seq_len=<at least {taken['max_tokens']}>"
         )
@@ -91,7 +91,7 @@ def _device(device: str) -> str:
     try:
         kind = torch.device(device).type
     except RuntimeError:
-        raise ValueError(f"device={device} is not a device: auto, cpu, cuda, cuda:<n>, mps ...") from None
+        raise PredictSettingsError(f"device={device} is not a device: auto, cpu, cuda, cuda:<n>, mps ...") from None
     missing = {
         "cuda": ("a CUDA GPU", torch.cuda.is_available),
         "mps": ("an Apple GPU (MPS)", torch.backends.mps.is_available),

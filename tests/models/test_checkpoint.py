@@ -259,6 +259,31 @@ def test_other_num_classes_resets_head(tmp_path):
     assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
 
 
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_overlay_file_plain_state_dict_keeps_its_head(tmp_path, suffix):
+    """``pretrained=True, pretrained_cfg_overlay=dict(file=<plain state dict>)`` with the file's ``num_classes`` (7,
+    not the architecture's default 10) dropped the file's head (timm drops it when ``num_classes`` differs from
+    ``pretrained_cfg``'s) and loaded the rest non-strictly: other logits, no error, and another scheme's weights
+    loaded too. The file's head gives ``pretrained_cfg``'s ``num_classes``."""
+    from safetensors.torch import save_file
+
+    m = _model(VIT, pos="rel2d_cpb", num_classes=7)
+    with torch.no_grad():
+        m.head.bias.add_(torch.randn(7))
+    f = tmp_path / f"w{suffix}"
+    save_file(m.state_dict(), f) if suffix == ".safetensors" else torch.save(m.state_dict(), f)
+    load = dict(pretrained=True, pretrained_cfg_overlay=dict(file=str(f)), **SMALL[VIT])
+    t = timm.create_model(VIT, pos="rel2d_cpb", num_classes=7, **load).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(t(x), m(x))
+    assert t.pretrained_cfg["num_classes"] == 7
+    with pytest.raises(CheckpointError, match="do not fit"):  # another scheme: strict, as with checkpoint_path=
+        timm.create_model(VIT, pos="rel2d_full", num_classes=7, **load)
+    t = timm.create_model(VIT, pos="rel2d_cpb", num_classes=3, **load)  # another head: reset, as timm resets it
+    assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
+
+
 @pytest.mark.parametrize("name", [VIT, SWIN, "vitrel_vit_video_tiny_patch4_32"])
 def test_other_in_chans_adapts_the_patch_embedding(tmp_path, name):
     """``load_model(path, in_chans=3)`` of a grey model (``model=from_checkpoint`` on RGB data takes the data's

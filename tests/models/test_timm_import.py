@@ -165,6 +165,15 @@ def test_unsupported_sources_are_clear_errors(tmp_path):
         )
 
 
+def test_an_instance_with_a_checkpoint_path_is_an_error(tmp_path):
+    """``from_timm(instance, checkpoint_path=f)`` returned the instance's own weights and ignored ``f``."""
+    path = tmp_path / "vit.safetensors"
+    save_file(_timm("vit_small_patch16_224").float().state_dict(), path)
+    t = timm.create_model("vit_small_patch16_224", **SOURCES["vit_small_patch16_224"][0])
+    with pytest.raises(ValueError, match="timm model instance.*checkpoint_path.*name"):
+        vitrel.from_timm(t, checkpoint_path=path)
+
+
 # ---------------------------------------------------------------------------- checkpoint_path convention
 CASES = [
     (

@@ -424,6 +424,12 @@ def from_timm(
     """
     timm_kwargs = dict(timm_kwargs or {})
     if isinstance(model_or_name, nn.Module):
+        if checkpoint_path is not None:
+            raise ValueError(
+                "from_timm got a timm model instance and checkpoint_path: the instance's weights would be used and the "
+                "file ignored; give the model's name with checkpoint_path (and its arguments as timm_kwargs=), or load "
+                "the file into the instance first"
+            )
         t = model_or_name
     elif checkpoint_path is not None:
         t = load_timm_file(model_or_name, checkpoint_path, **timm_kwargs)

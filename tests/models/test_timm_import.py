@@ -174,6 +174,17 @@ def test_an_instance_with_a_checkpoint_path_is_an_error(tmp_path):
         vitrel.from_timm(t, checkpoint_path=path)
 
 
+def test_a_file_of_another_variant_is_a_checkpoint_error(tmp_path):
+    """A file of another variant of the architecture (here without a class token) failed inside timm's checkpoint
+    filter with a bare ``RuntimeError: shape '[1, 4, 4, -1]' is invalid``."""
+    path = tmp_path / "vit.safetensors"
+    kw = {**SOURCES["vit_small_patch16_224"][0], "class_token": False, "global_pool": "avg"}
+    torch.manual_seed(0)
+    save_file(timm.create_model("vit_small_patch16_224", **kw).state_dict(), path)
+    with pytest.raises(CheckpointError, match="does not fit timm's vit_small_patch16_224.*timm_kwargs"):
+        load_timm_file("vit_small_patch16_224", path, **SOURCES["vit_small_patch16_224"][0])
+
+
 # ---------------------------------------------------------------------------- checkpoint_path convention
 CASES = [
     (

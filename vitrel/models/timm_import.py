@@ -367,12 +367,13 @@ def load_timm_file(name: str, path: str | os.PathLike, **timm_kwargs: Any) -> nn
     _, sd = read_weights(p)
     t = timm.create_model(name, pretrained=False, **timm_kwargs)
     filt = getattr(sys.modules[type(t).__module__], "checkpoint_filter_fn", None)
-    if filt is not None:
-        sd = filt(sd, t)
-    try:
-        t.load_state_dict(sd, strict=True)
+    try:  # timm's filter fails on some misfits (an embedding of another token count) before load_state_dict does
+        t.load_state_dict(filt(sd, t) if filt is not None else sd, strict=True)
     except RuntimeError as e:
-        raise CheckpointError(f"{p} does not fit timm's {name} {timm_kwargs or ''}: {e}") from None
+        raise CheckpointError(
+            f"{p} does not fit timm's {name} {timm_kwargs or ''} (give the file's architecture arguments as "
+            f"timm_kwargs=, e.g. num_classes, class_token, global_pool, img_size): {e}"
+        ) from None
     return t
 
 

@@ -259,6 +259,21 @@ def test_other_num_classes_resets_head(tmp_path):
     assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
 
 
+def test_a_headless_model_gets_a_new_head(tmp_path):
+    """Weights without a head (``num_classes=0``: a backbone, timm's DINOv3) loaded with ``num_classes=5`` failed
+    with "the weights do not fit this architecture: missing keys: head.weight, head.bias"; the head is new, as for
+    a head of another size."""
+    m = _model(VIT, pos="rel2d_full", num_classes=0)
+    ckpt = _lightning_ckpt(m, tmp_path / "b.ckpt")
+    with pytest.warns(UserWarning, match="head is reset"):
+        r = vitrel.load_model(ckpt, num_classes=5)
+    assert r.num_classes == 5 and torch.equal(r.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
+    t = timm.create_model("vit_small_patch16_224", img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2,
+                          num_classes=0)  # fmt: skip
+    r = vitrel.from_timm(t, num_classes=5)
+    assert r.num_classes == 5 and torch.equal(r.blocks[0].attn.qkv.weight, t.blocks[0].attn.qkv.weight)
+
+
 @pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
 def test_overlay_file_plain_state_dict_keeps_its_head(tmp_path, suffix):
     """``pretrained=True, pretrained_cfg_overlay=dict(file=<plain state dict>)`` with the file's ``num_classes`` (7,

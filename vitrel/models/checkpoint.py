@@ -209,10 +209,9 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
     """
     sd = dict(state_dict)
     expected = model.state_dict()
-    reset_head: list[str] = []
-    if num_classes_stored is not None and num_classes_stored != getattr(model, "num_classes", None):
-        reset_head = [k for k in list(sd) if k.startswith("head.")]
-        for k in reset_head:
+    reset_head = num_classes_stored is not None and num_classes_stored != getattr(model, "num_classes", None)
+    if reset_head:  # (weights of num_classes=0 have no head to drop)
+        for k in [k for k in sd if k.startswith("head.")]:
             del sd[k]
         warnings.warn(
             f"checkpoint head has {num_classes_stored} classes, the model {model.num_classes}: the head is reset",

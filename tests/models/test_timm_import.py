@@ -165,6 +165,21 @@ def test_unsupported_sources_are_clear_errors(tmp_path):
         )
 
 
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "vit_small_patch16_dinov3", "swin_tiny_patch4_window7_224"])
+def test_the_source_preprocessing_is_the_model_data_config(name):
+    """The model took the vitrel architecture's ``pretrained_cfg``, so ``timm.data.resolve_data_config(model=m)``
+    normalised a ``vit_*_224`` (augreg: mean = std = 0.5) with ImageNet's statistics, and a DINOv3 (256 px, crop 1.0)
+    at 224 px with crop 0.9. The source's preprocessing is now the model's, at the model's input size."""
+    t = timm.create_model(name, **SOURCES[name][0])
+    want = timm.data.resolve_data_config(model=t)
+    for kw in ({}, {"pos": "rel2d_factored", "num_classes": 3}):
+        got = timm.data.resolve_data_config(model=vitrel.from_timm(t, **kw))
+        assert {k: v for k, v in got.items() if k != "input_size"} == {
+            k: v for k, v in want.items() if k != "input_size"
+        }
+        assert got["input_size"] == (3, 64, 64)  # the model's (timm keeps its 224 for a model built at 64 px)
+
+
 def test_an_instance_with_a_checkpoint_path_is_an_error(tmp_path):
     """``from_timm(instance, checkpoint_path=f)`` returned the instance's own weights and ignored ``f``."""
     path = tmp_path / "vit.safetensors"

@@ -395,6 +395,17 @@ def test_truncated_files(tmp_path):
         vitrel.load_model(tmp_path / "missing.ckpt")
 
 
+def test_random_bytes_that_break_the_unpickler_are_a_checkpoint_error(tmp_path):
+    """Some random bytes (torch's generator, seed 12) make torch's weights-only unpickler raise a bare ``IndexError:
+    list index out of range`` rather than an ``UnpicklingError``; it escaped the routes' one ``CheckpointError``
+    (``test_bad_files_give_one_clear_error_on_every_route`` failed whenever the global seed drew such bytes)."""
+    g = torch.Generator().manual_seed(12)
+    path = tmp_path / "random.ckpt"
+    path.write_bytes(bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=g).tolist()))
+    with pytest.raises(CheckpointError, match="random.ckpt"):
+        vitrel.load_model(path)
+
+
 def test_weights_of_another_architecture(tmp_path):
     vit, swin = _model(VIT, pos="rel2d_full"), _model(SWIN, pos="rel2d_full")
     # vit configuration, swin weights

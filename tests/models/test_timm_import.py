@@ -238,6 +238,20 @@ def test_create_model_checkpoint_path_with_a_plain_state_dict(tmp_path, arch, kw
             vitrel.create_model(arch, pos=other, num_classes=4, checkpoint_path=path, **kw)
 
 
+@pytest.mark.parametrize(
+    "name", ["vit_small_patch16_224", "swin_tiny_patch4_window7_224", "vit_small_patch16_rope_mixed_224"]
+)
+def test_create_model_checkpoint_path_with_a_timm_file_names_from_timm(tmp_path, name):
+    """A timm model's state dict given to ``vitrel.create_model(..., checkpoint_path=...)`` said "give
+    num_classes=5" and then "the weights do not fit this architecture (another model?)": it names
+    ``vitrel.from_timm``, which maps timm's layout."""
+    path = tmp_path / "timm.pth"
+    torch.save(_timm(name).float().state_dict(), path)
+    arch = "vitrel_swin_tiny_patch4_window7_224" if "swin" in name else "vitrel_vit_small_patch16_224"
+    with pytest.raises(CheckpointError, match=r"a timm model's weights.*vitrel\.from_timm\("):
+        vitrel.create_model(arch, pos="rel2d_full", checkpoint_path=path)
+
+
 # ---------------------------------------------------------------------------- the Hydra route
 def test_finetune_fast_dev_run_from_a_local_timm_export(tmp_path):
     """``train.py model.init_from=timm:<name> model.init_file=<folder> pos=...``: one batch of each stage."""

@@ -259,6 +259,46 @@ def test_other_num_classes_resets_head(tmp_path):
     assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
 
 
+def test_a_headless_model_gets_a_new_head(tmp_path):
+    """Weights without a head (``num_classes=0``: a backbone, timm's DINOv3) loaded with ``num_classes=5`` failed
+    with "the weights do not fit this architecture: missing keys: head.weight, head.bias"; the head is new, as for
+    a head of another size."""
+    m = _model(VIT, pos="rel2d_full", num_classes=0)
+    ckpt = _lightning_ckpt(m, tmp_path / "b.ckpt")
+    with pytest.warns(UserWarning, match="head is reset"):
+        r = vitrel.load_model(ckpt, num_classes=5)
+    assert r.num_classes == 5 and torch.equal(r.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
+    t = timm.create_model("vit_small_patch16_224", img_size=32, patch_size=8, depth=1, embed_dim=32, num_heads=2,
+                          num_classes=0)  # fmt: skip
+    r = vitrel.from_timm(t, num_classes=5)
+    assert r.num_classes == 5 and torch.equal(r.blocks[0].attn.qkv.weight, t.blocks[0].attn.qkv.weight)
+
+
+@pytest.mark.parametrize("suffix", [".safetensors", ".pth"])
+def test_overlay_file_plain_state_dict_keeps_its_head(tmp_path, suffix):
+    """``pretrained=True, pretrained_cfg_overlay=dict(file=<plain state dict>)`` with the file's ``num_classes`` (7,
+    not the architecture's default 10) dropped the file's head (timm drops it when ``num_classes`` differs from
+    ``pretrained_cfg``'s) and loaded the rest non-strictly: other logits, no error, and another scheme's weights
+    loaded too. The file's head gives ``pretrained_cfg``'s ``num_classes``."""
+    from safetensors.torch import save_file
+
+    m = _model(VIT, pos="rel2d_cpb", num_classes=7)
+    with torch.no_grad():
+        m.head.bias.add_(torch.randn(7))
+    f = tmp_path / f"w{suffix}"
+    save_file(m.state_dict(), f) if suffix == ".safetensors" else torch.save(m.state_dict(), f)
+    load = dict(pretrained=True, pretrained_cfg_overlay=dict(file=str(f)), **SMALL[VIT])
+    t = timm.create_model(VIT, pos="rel2d_cpb", num_classes=7, **load).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(t(x), m(x))
+    assert t.pretrained_cfg["num_classes"] == 7
+    with pytest.raises(CheckpointError, match="do not fit"):  # another scheme: strict, as with checkpoint_path=
+        timm.create_model(VIT, pos="rel2d_full", num_classes=7, **load)
+    t = timm.create_model(VIT, pos="rel2d_cpb", num_classes=3, **load)  # another head: reset, as timm resets it
+    assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
+
+
 @pytest.mark.parametrize("name", [VIT, SWIN, "vitrel_vit_video_tiny_patch4_32"])
 def test_other_in_chans_adapts_the_patch_embedding(tmp_path, name):
     """``load_model(path, in_chans=3)`` of a grey model (``model=from_checkpoint`` on RGB data takes the data's
@@ -353,6 +393,17 @@ def test_truncated_files(tmp_path):
             vitrel.load_model(out)
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         vitrel.load_model(tmp_path / "missing.ckpt")
+
+
+def test_random_bytes_that_break_the_unpickler_are_a_checkpoint_error(tmp_path):
+    """Some random bytes (torch's generator, seed 12) make torch's weights-only unpickler raise a bare ``IndexError:
+    list index out of range`` rather than an ``UnpicklingError``; it escaped the routes' one ``CheckpointError``
+    (``test_bad_files_give_one_clear_error_on_every_route`` failed whenever the global seed drew such bytes)."""
+    g = torch.Generator().manual_seed(12)
+    path = tmp_path / "random.ckpt"
+    path.write_bytes(bytes(torch.randint(0, 256, (4096,), dtype=torch.uint8, generator=g).tolist()))
+    with pytest.raises(CheckpointError, match="random.ckpt"):
+        vitrel.load_model(path)
 
 
 def test_weights_of_another_architecture(tmp_path):

@@ -165,6 +165,41 @@ def test_unsupported_sources_are_clear_errors(tmp_path):
         )
 
 
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "vit_small_patch16_dinov3", "swin_tiny_patch4_window7_224"])
+def test_the_source_preprocessing_is_the_model_data_config(name):
+    """The model took the vitrel architecture's ``pretrained_cfg``, so ``timm.data.resolve_data_config(model=m)``
+    normalised a ``vit_*_224`` (augreg: mean = std = 0.5) with ImageNet's statistics, and a DINOv3 (256 px, crop 1.0)
+    at 224 px with crop 0.9. The source's preprocessing is now the model's, at the model's input size."""
+    t = timm.create_model(name, **SOURCES[name][0])
+    want = timm.data.resolve_data_config(model=t)
+    for kw in ({}, {"pos": "rel2d_factored", "num_classes": 3}):
+        got = timm.data.resolve_data_config(model=vitrel.from_timm(t, **kw))
+        assert {k: v for k, v in got.items() if k != "input_size"} == {
+            k: v for k, v in want.items() if k != "input_size"
+        }
+        assert got["input_size"] == (3, 64, 64)  # the model's (timm keeps its 224 for a model built at 64 px)
+
+
+def test_an_instance_with_a_checkpoint_path_is_an_error(tmp_path):
+    """``from_timm(instance, checkpoint_path=f)`` returned the instance's own weights and ignored ``f``."""
+    path = tmp_path / "vit.safetensors"
+    save_file(_timm("vit_small_patch16_224").float().state_dict(), path)
+    t = timm.create_model("vit_small_patch16_224", **SOURCES["vit_small_patch16_224"][0])
+    with pytest.raises(ValueError, match="timm model instance.*checkpoint_path.*name"):
+        vitrel.from_timm(t, checkpoint_path=path)
+
+
+def test_a_file_of_another_variant_is_a_checkpoint_error(tmp_path):
+    """A file of another variant of the architecture (here without a class token) failed inside timm's checkpoint
+    filter with a bare ``RuntimeError: shape '[1, 4, 4, -1]' is invalid``."""
+    path = tmp_path / "vit.safetensors"
+    kw = {**SOURCES["vit_small_patch16_224"][0], "class_token": False, "global_pool": "avg"}
+    torch.manual_seed(0)
+    save_file(timm.create_model("vit_small_patch16_224", **kw).state_dict(), path)
+    with pytest.raises(CheckpointError, match="does not fit timm's vit_small_patch16_224.*timm_kwargs"):
+        load_timm_file("vit_small_patch16_224", path, **SOURCES["vit_small_patch16_224"][0])
+
+
 # ---------------------------------------------------------------------------- checkpoint_path convention
 CASES = [
     (
@@ -201,6 +236,20 @@ def test_create_model_checkpoint_path_with_a_plain_state_dict(tmp_path, arch, kw
         other = "rel2d_bucket" if pos != "rel2d_bucket" else "rel2d_full"
         with pytest.raises(CheckpointError, match="do not fit"):
             vitrel.create_model(arch, pos=other, num_classes=4, checkpoint_path=path, **kw)
+
+
+@pytest.mark.parametrize(
+    "name", ["vit_small_patch16_224", "swin_tiny_patch4_window7_224", "vit_small_patch16_rope_mixed_224"]
+)
+def test_create_model_checkpoint_path_with_a_timm_file_names_from_timm(tmp_path, name):
+    """A timm model's state dict given to ``vitrel.create_model(..., checkpoint_path=...)`` said "give
+    num_classes=5" and then "the weights do not fit this architecture (another model?)": it names
+    ``vitrel.from_timm``, which maps timm's layout."""
+    path = tmp_path / "timm.pth"
+    torch.save(_timm(name).float().state_dict(), path)
+    arch = "vitrel_swin_tiny_patch4_window7_224" if "swin" in name else "vitrel_vit_small_patch16_224"
+    with pytest.raises(CheckpointError, match=r"a timm model's weights.*vitrel\.from_timm\("):
+        vitrel.create_model(arch, pos="rel2d_full", checkpoint_path=path)
 
 
 # ---------------------------------------------------------------------------- the Hydra route

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import warnings
 import zipfile
 from collections.abc import Mapping
@@ -196,6 +197,12 @@ def _keys(obj: Any) -> str:
 
 
 # ---------------------------------------------------------------------------- loading into a model
+# keys of timm's ViT / Swin / EVA (RoPE) / relpos ViT layouts that no vitrel model has
+_TIMM_ONLY_KEY = re.compile(
+    r"^pos_embed$|^rope\.|relative_position_(bias_table|index)$|\.attn\.rel_pos\.|\.gamma_[12]$"
+)
+
+
 def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes_stored: int | None = None) -> None:
     """Load ``state_dict`` into ``model`` strictly, with two adaptations and clear errors otherwise.
 
@@ -209,10 +216,9 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
     """
     sd = dict(state_dict)
     expected = model.state_dict()
-    reset_head: list[str] = []
-    if num_classes_stored is not None and num_classes_stored != getattr(model, "num_classes", None):
-        reset_head = [k for k in list(sd) if k.startswith("head.")]
-        for k in reset_head:
+    reset_head = num_classes_stored is not None and num_classes_stored != getattr(model, "num_classes", None)
+    if reset_head:  # (weights of num_classes=0 have no head to drop)
+        for k in [k for k in sd if k.startswith("head.")]:
             del sd[k]
         warnings.warn(
             f"checkpoint head has {num_classes_stored} classes, the model {model.num_classes}: the head is reset",
@@ -292,6 +298,13 @@ def load_model(
             model = build(architecture, **overrides)
         except (TypeError, ValueError, KeyError) as e:
             raise CheckpointError(f"cannot build {architecture} from the arguments given: {e}") from None
+        timm_keys = [k for k in sd if _TIMM_ONLY_KEY.search(k)]
+        if timm_keys:
+            raise CheckpointError(
+                f"{path} holds a timm model's weights ({_preview(timm_keys, 2)}), whose layout is not vitrel's: load "
+                f"them with vitrel.from_timm('<timm model name>', checkpoint_path='{path}', pos=...) (README: Start "
+                "from timm's weights)"
+            )
         head = sd.get("head.weight")
         n = getattr(model, "num_classes", None)
         if isinstance(head, Tensor) and head.dim() == 2 and n is not None and head.shape[0] != n:

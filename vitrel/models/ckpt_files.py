@@ -134,7 +134,17 @@ def _torch_load(path: Path, mmap: bool = False) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as e:
         raise CheckpointError(_unpickling_error(path, str(e))) from None
-    except (RuntimeError, EOFError, OSError, ValueError, KeyError, AttributeError, TypeError, SafetensorError) as e:
+    except (
+        RuntimeError,
+        EOFError,
+        OSError,
+        ValueError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        TypeError,
+        SafetensorError,
+    ) as e:
         raise CheckpointError(f"cannot read {path}: truncated or not a torch checkpoint ({_first_line(e)})") from None
 
 

@@ -26,7 +26,7 @@ from typing import Any
 from timm.models import register_model
 from torch import nn
 
-from vitrel.models.checkpoint import CheckpointError, clean_state_dict, load_model, stored_config
+from vitrel.models.checkpoint import CheckpointError, clean_state_dict, load_model, read_weights, stored_config
 from vitrel.models.data_config import TIMM_CFG_FIELDS, pretrained_cfg_fields, stored_data_config
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models
 from vitrel.models.timm_import import from_timm
@@ -67,6 +67,11 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
                 for k, v in pretrained_cfg_fields(data_config).items():
                     if k in TIMM_CFG_FIELDS:  # (num_frames is not: the model takes the stored one)
                         overlay.setdefault(k, v)
+        else:  # a plain state dict: pretrained_cfg's num_classes is its head's (timm drops a head whose num_classes
+            # differs from pretrained_cfg's and then loads the rest non-strictly)
+            head = read_weights(overlay["file"])[1].get("head.weight")
+            if head is not None:
+                overlay.setdefault("num_classes", head.shape[0])
     return build(name, pretrained, pretrained_filter_fn=_strip_prefixes, pretrained_cfg_overlay=overlay, **kwargs)
 
 

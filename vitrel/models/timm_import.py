@@ -44,6 +44,7 @@ from timm.models.vision_transformer_relpos import VisionTransformerRelPos as Tim
 from torch import Tensor, nn
 
 from vitrel.models.checkpoint import CheckpointError, load_weights, read_weights
+from vitrel.models.data_config import _data_fields, _set_data_config
 from vitrel.models.registry import build
 from vitrel.models.rope_layout import permute_qk
 
@@ -367,12 +368,13 @@ def load_timm_file(name: str, path: str | os.PathLike, **timm_kwargs: Any) -> nn
     _, sd = read_weights(p)
     t = timm.create_model(name, pretrained=False, **timm_kwargs)
     filt = getattr(sys.modules[type(t).__module__], "checkpoint_filter_fn", None)
-    if filt is not None:
-        sd = filt(sd, t)
-    try:
-        t.load_state_dict(sd, strict=True)
+    try:  # timm's filter fails on some misfits (an embedding of another token count) before load_state_dict does
+        t.load_state_dict(filt(sd, t) if filt is not None else sd, strict=True)
     except RuntimeError as e:
-        raise CheckpointError(f"{p} does not fit timm's {name} {timm_kwargs or ''}: {e}") from None
+        raise CheckpointError(
+            f"{p} does not fit timm's {name} {timm_kwargs or ''} (give the file's architecture arguments as "
+            f"timm_kwargs=, e.g. num_classes, class_token, global_pool, img_size): {e}"
+        ) from None
     return t
 
 
@@ -424,6 +426,12 @@ def from_timm(
     """
     timm_kwargs = dict(timm_kwargs or {})
     if isinstance(model_or_name, nn.Module):
+        if checkpoint_path is not None:
+            raise ValueError(
+                "from_timm got a timm model instance and checkpoint_path: the instance's weights would be used and the "
+                "file ignored; give the model's name with checkpoint_path (and its arguments as timm_kwargs=), or load "
+                "the file into the instance first"
+            )
         t = model_or_name
     elif checkpoint_path is not None:
         t = load_timm_file(model_or_name, checkpoint_path, **timm_kwargs)
@@ -449,7 +457,11 @@ def from_timm(
     rep = transfer_timm_weights(t, ours)
     if any(later.get(k) != args.get(k) for k in later):
         ours = _rebuild(ours, arch, pos, args, later)
-    name = (getattr(t, "pretrained_cfg", None) or {}).get("architecture", type(t).__name__)
+    src_cfg = dict(getattr(t, "pretrained_cfg", None) or {})
+    if ours.num_classes != t.num_classes:  # a new head: not the source's class names
+        src_cfg.pop("label_names", None)
+    _set_data_config(ours, _data_fields(src_cfg))  # the source's preprocessing, at the model's input size
+    name = src_cfg.get("architecture", type(t).__name__)
     log.info(f"from_timm({name}) -> {arch} pos={pos}: {rep.summary()}")
     return ours
 

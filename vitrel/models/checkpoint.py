@@ -56,9 +56,9 @@ from vitrel.models.ckpt_files import (
 from vitrel.models.data_config import (
     DATA_FIELDS,
     TIMM_CFG_FIELDS,
-    _set_data_config,
     data_config_for,
     model_data_config,
+    set_data_config,
     stored_data_config,
 )
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
@@ -331,7 +331,7 @@ def load_model(
     if data_config is not None:
         if model.num_classes != cfg.get("num_classes"):  # a new head: the stored names are another head's
             data_config.pop("class_names", None)
-        _set_data_config(model, data_config)
+        set_data_config(model, data_config)
     return model
 
 

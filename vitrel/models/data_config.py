@@ -23,8 +23,10 @@ __all__ = [
     "DATA_FIELDS",
     "TIMM_CFG_FIELDS",
     "data_config_for",
+    "data_fields",
     "model_data_config",
     "pretrained_cfg_fields",
+    "set_data_config",
     "stored_data_config",
 ]
 
@@ -38,7 +40,7 @@ DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_m
 CLIP_FIELDS = ("frame_stride", "clips_per_video")
 
 
-def _data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
+def data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
     """The data-config fields of ``src`` (a stored data config or a ``pretrained_cfg``: ``label_names`` are the class
     names; ``img_size``, the side or ``[H, W]``, as written by hand before ``input_size``)."""
     out = {k: src[k] for k in (*DATA_FIELDS, *CLIP_FIELDS, "img_size") if src.get(k) is not None}
@@ -60,12 +62,12 @@ def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
     if p.suffix == ".safetensors":
         meta = _safetensors_metadata(p)
         if "data_config" in meta:
-            return _data_fields(_parse_meta(meta["data_config"], p, "data_config")) or None
+            return data_fields(_parse_meta(meta["data_config"], p, "data_config")) or None
         cj = p.parent / CONFIG_NAME
         if not cj.is_file():
             return None
         pcfg = _read_json(cj).get("pretrained_cfg")
-        return (_data_fields(pcfg) or None) if isinstance(pcfg, Mapping) and "mean" in pcfg else None
+        return (data_fields(pcfg) or None) if isinstance(pcfg, Mapping) and "mean" in pcfg else None
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     except Exception:  # noqa: BLE001 - an unreadable file is reported by the weights' reader, with its reason
@@ -76,7 +78,7 @@ def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
     hp = hp if isinstance(hp, Mapping) else {}
     for cand in (hp.get("data_config"), hp.get("data"), ckpt.get("datamodule_hyper_parameters")):
         if isinstance(cand, Mapping) and any(k in cand for k in ("mean", "std", "input_size", "img_size")):
-            return _data_fields(cand)
+            return data_fields(cand)
     return None
 
 
@@ -90,7 +92,7 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
     Means and standard deviations of another channel count are averaged to the model's channels (a grey model
     with the RGB statistics of its architecture's defaults).
     """
-    src = {**_data_fields(getattr(model, "pretrained_cfg", None) or {}), **_data_fields(stored or {})}
+    src = {**data_fields(getattr(model, "pretrained_cfg", None) or {}), **data_fields(stored or {})}
     cfg = getattr(model, "vitrel_cfg", None) or {}
     in_chans = int(cfg.get("in_chans", src.get("input_size", (3,))[0]))
     size = cfg.get("img_size", src.get("input_size", (3, 224, 224))[1:])
@@ -140,7 +142,7 @@ def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
+def set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
     """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
     dc = model_data_config(model, data_config)
     pcfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), **pretrained_cfg_fields(dc)}

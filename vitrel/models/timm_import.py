@@ -44,7 +44,7 @@ from timm.models.vision_transformer_relpos import VisionTransformerRelPos as Tim
 from torch import Tensor, nn
 
 from vitrel.models.checkpoint import CheckpointError, load_weights, read_weights
-from vitrel.models.data_config import _data_fields, _set_data_config
+from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import build
 from vitrel.models.rope_layout import permute_qk
 
@@ -460,7 +460,7 @@ def from_timm(
     src_cfg = dict(getattr(t, "pretrained_cfg", None) or {})
     if ours.num_classes != t.num_classes:  # a new head: not the source's class names
         src_cfg.pop("label_names", None)
-    _set_data_config(ours, _data_fields(src_cfg))  # the source's preprocessing, at the model's input size
+    set_data_config(ours, data_fields(src_cfg))  # the source's preprocessing, at the model's input size
     name = src_cfg.get("architecture", type(t).__name__)
     log.info(f"from_timm({name}) -> {arch} pos={pos}: {rep.summary()}")
     return ours

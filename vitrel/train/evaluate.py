@@ -291,6 +291,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.exists():
         raise CheckpointError(f"ckpt_path={cfg.ckpt_path}: no such file or folder")
+    if ckpt.is_file() and ckpt.suffix.lower() == ".pt2":  # (torch.load would call it a damaged checkpoint)
+        weights = ckpt.parent if (ckpt.parent / "config.json").is_file() else "<the .ckpt it came from>"
+        raise CheckpointError(
+            f"{ckpt} is a torch.export program: eval.py rebuilds the model from its weights and does not read "
+            f"programs (predict.py does): give ckpt_path={weights}"
+        )
     split = str(cfg.get("split", "test"))
     if split not in ("test", "val"):
         raise ValueError(f"split must be test or val, got {split!r}")

@@ -331,3 +331,21 @@ def test_eval_py_scores_a_folder_run_with_the_clips_its_run_was_tested_on(folder
     evaluate(compose(tmp_path / "b", [*base, "split=val", "data.clips_per_video=1"], config_name="eval"))
     res = json.loads((tmp_path / "b" / "eval_metrics.json").read_text())
     assert (res["stride"], res["clips_per_video"]) == (1, 1)
+
+
+def test_eval_warns_when_the_folders_classes_are_not_the_checkpoints(folder_run, tmp_path):
+    """The same videos with one class folder renamed so that it sorts first (bowling -> a_bowling): label 0 is now
+    bowling's, the model's output 0 archery's, so the accuracy is 1 - the true one. eval.py says which names differ
+    (it scores by index, as the folders sort)."""
+    import shutil
+
+    from vitrel.train.evaluate import evaluate
+
+    root, ckpt = folder_run
+    moved = tmp_path / "videos"
+    shutil.copytree(root, moved)
+    for split in ("train", "val"):
+        (moved / split / "bowling").rename(moved / split / "a_bowling")
+    over = [f"ckpt_path={ckpt}", *FOLDER, f"data.root={moved}", "data.clips_per_video=2"]
+    with pytest.warns(UserWarning, match=r"class 0 is 'a_bowling' here but 'archery' in last\.ckpt.*by index"):
+        evaluate(compose(tmp_path / "eval", over, config_name="eval"))

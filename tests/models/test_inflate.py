@@ -36,8 +36,8 @@ def image_vit(pos, **kw):
 
 def video_vit(pos, frames=4, tubelet=2, **kw):
     torch.manual_seed(1)
-    m = vitrel.create_model("vitrel_vit_video_tiny_patch16_224", pos=pos, img_size=32, num_frames=frames,
-                            tubelet_size=tubelet, num_classes=5, **{**VIT, **kw})  # fmt: skip
+    m = vitrel.create_model("vitrel_vit_video_tiny_patch16_224", pos=pos, num_frames=frames, tubelet_size=tubelet,
+                            num_classes=5, **{"img_size": 32, **VIT, **kw})  # fmt: skip
     return m.double().eval()
 
 
@@ -157,6 +157,16 @@ def test_checkpoint_file(tmp_path):
         torch.testing.assert_close(vid(static_clip(frame, 4)), img(frame), rtol=1e-10, atol=1e-10)
     with pytest.raises(ValueError, match="does not inflate"):
         inflate_image_model(out, video_vit("none"))
+
+
+def test_tables_of_another_grid_are_refused_naming_both_sizes():
+    """An image model trained at another size (Fashion-MNIST's 28 px into a 32-px video model): the refusal gives the
+    image's table beside the video's and says what to match."""
+    img = image_vit("rel2d_factored").float()  # 32 px, 16-px patches: tables (3, heads)
+    with pytest.raises(ValueError, match=r"table_h \(5, 2\) needs .* got \(3, 2\).*img_size"):
+        inflate_image_model(img, video_vit("rel3d_factored", img_size=48).float())
+    with pytest.raises(ValueError, match=r"got \(3, 3, 2\).*img_size"):
+        inflate_image_model(image_vit("rel2d_full").float(), video_vit("rel3d_full", img_size=48).float())
 
 
 def test_refusals_before_any_weight_is_written():

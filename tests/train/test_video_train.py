@@ -198,6 +198,20 @@ def test_export_writes_a_video_models_weights_and_refuses_a_bad_clip(video_sweep
     assert model.vitrel_cfg["num_frames"] == 8 and model.pretrained_cfg["num_frames"] == 8
 
 
+def test_eval_refuses_a_torch_export_program_naming_the_export_folder(video_sweep, tmp_path):
+    """eval.py rebuilds the model from weights: a ``.pt2`` program (which predict.py takes) is refused saying so and
+    naming the weights beside it, not called a damaged checkpoint."""
+    from vitrel.export import main as export_main
+    from vitrel.models import CheckpointError
+    from vitrel.train.evaluate import evaluate
+
+    assert export_main([str(video_sweep / "checkpoints" / "last.ckpt"), str(tmp_path / "export"), "--pt2"]) == 0
+    prog = tmp_path / "export" / "model.pt2"
+    cfg = compose(tmp_path / "eval", [f"ckpt_path={prog}", *TINY_CLIPS, *FAST[:1], *FAST[2:4]], config_name="eval")
+    with pytest.raises(CheckpointError, match=r"model\.pt2 is a torch\.export program.*ckpt_path=.*export$"):
+        evaluate(cfg)
+
+
 # ------------------------------------------------------------------------------------------------ multi-view
 # data=video_folder with the video ViT, tiny: clips of 4 consecutive frames of 16 x 16 (the videos' size: no resize)
 FOLDER = ["data=video_folder", "data.num_frames=4", "data.stride=1", "data.img_size=16", "data.pin_memory=false"]
@@ -317,3 +331,21 @@ def test_eval_py_scores_a_folder_run_with_the_clips_its_run_was_tested_on(folder
     evaluate(compose(tmp_path / "b", [*base, "split=val", "data.clips_per_video=1"], config_name="eval"))
     res = json.loads((tmp_path / "b" / "eval_metrics.json").read_text())
     assert (res["stride"], res["clips_per_video"]) == (1, 1)
+
+
+def test_eval_warns_when_the_folders_classes_are_not_the_checkpoints(folder_run, tmp_path):
+    """The same videos with one class folder renamed so that it sorts first (bowling -> a_bowling): label 0 is now
+    bowling's, the model's output 0 archery's, so the accuracy is 1 - the true one. eval.py says which names differ
+    (it scores by index, as the folders sort)."""
+    import shutil
+
+    from vitrel.train.evaluate import evaluate
+
+    root, ckpt = folder_run
+    moved = tmp_path / "videos"
+    shutil.copytree(root, moved)
+    for split in ("train", "val"):
+        (moved / split / "bowling").rename(moved / split / "a_bowling")
+    over = [f"ckpt_path={ckpt}", *FOLDER, f"data.root={moved}", "data.clips_per_video=2"]
+    with pytest.warns(UserWarning, match=r"class 0 is 'a_bowling' here but 'archery' in last\.ckpt.*by index"):
+        evaluate(compose(tmp_path / "eval", over, config_name="eval"))

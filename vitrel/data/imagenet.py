@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
-from vitrel.data.datasets import load_rgb
+from vitrel.data.datasets import DatasetIntegrityError, load_rgb
 from vitrel.data.shards import ON_BAD_SAMPLE, ShardLoader, guard_bad_samples
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,13 @@ log = logging.getLogger(__name__)
 SHARD_PREFIXES = ("wds", "hfids", "hfds", "tfds")
 ITERABLE_PREFIXES = ("wds", "hfids", "tfds")
 
-__all__ = ["ImageNetDataModule", "FixedClassImageFolder", "LazyClasses", "locate_class_folders"]
+__all__ = [
+    "ImageNetDataModule",
+    "FixedClassImageFolder",
+    "LazyClasses",
+    "locate_class_folders",
+    "ClassFoldersMismatchError",
+]
 
 
 class FixedClassImageFolder(ImageFolder):
@@ -95,6 +101,11 @@ def _subdirs(path: Path) -> list[str]:
     return sorted(e.name for e in os.scandir(path) if e.is_dir())
 
 
+class ClassFoldersMismatchError(DatasetIntegrityError, ValueError):
+    """The class folders of a split disagree with train's, or with ``num_classes``: a data set error (``train.py``
+    and ``eval.py`` print its message alone)."""
+
+
 def locate_class_folders(
     name: str,
     root: Path | None,
@@ -104,7 +115,8 @@ def locate_class_folders(
     num_classes: int | None = None,
 ) -> list[str]:
     """Check that ``root/train_dir`` and ``root/val_dir`` hold class folders, val's among train's (and as many as
-    ``num_classes`` when given); return train's sorted names. Raises ``DatasetNotFoundError`` with ``how_to_get``."""
+    ``num_classes`` when given); return train's sorted names. Raises ``DatasetNotFoundError`` with ``how_to_get``
+    (a folder missing or empty), :class:`ClassFoldersMismatchError` (classes that disagree)."""
     if root is None:
         raise DatasetNotFoundError(name, [], how_to_get, detail="No root given.")
     root = root.absolute()
@@ -125,9 +137,11 @@ def locate_class_folders(
         )
     extra = sorted(set(val_classes) - set(classes))
     if extra:
-        raise ValueError(f"{val} has class folders not in {train}: {extra[:5]}{' ...' if len(extra) > 5 else ''}")
+        raise ClassFoldersMismatchError(
+            f"{val} has class folders not in {train}: {extra[:5]}{' ...' if len(extra) > 5 else ''}"
+        )
     if num_classes is not None and num_classes != len(classes):
-        raise ValueError(f"num_classes={num_classes} but {train} has {len(classes)} class folders")
+        raise ClassFoldersMismatchError(f"num_classes={num_classes} but {train} has {len(classes)} class folders")
     return classes
 
 

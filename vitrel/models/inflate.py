@@ -177,6 +177,9 @@ def _scheme_prefixes(model: nn.Module) -> dict[str, PositionScheme]:
     return {name + ".": m for name, m in model.named_modules() if isinstance(m, PositionScheme)}
 
 
+_SAME_GRID = ": build the video model at the image model's img_size and patch_size (Swin: window_size)"
+
+
 def _inflate_scheme(scheme: PositionScheme, src: dict[str, Tensor], dst: dict[str, Tensor]) -> dict[str, Tensor]:
     """The video scheme's parameters (``dst``: their current values, by name) from the image scheme's (``src``)."""
     name = scheme.name
@@ -185,7 +188,7 @@ def _inflate_scheme(scheme: PositionScheme, src: dict[str, Tensor], dst: dict[st
         if t2 is None or t2.dim() != 3 or tuple(t2.shape) != tuple(t3.shape[1:]):
             raise ValueError(
                 f"rel3d_full's table {tuple(t3.shape)} needs an image table {tuple(t3.shape[1:])} (rel2d_full of the "
-                f"same grid or window in space), got {None if t2 is None else tuple(t2.shape)}"
+                f"same grid or window in space), got {None if t2 is None else tuple(t2.shape)}{_SAME_GRID}"
             )
         return {"table": t2[None].expand_as(t3).clone()}
     if name == "rel3d_factored":
@@ -193,7 +196,11 @@ def _inflate_scheme(scheme: PositionScheme, src: dict[str, Tensor], dst: dict[st
         for key, value in dst.items():
             if key in ("table_h", "table_w"):
                 if key not in src or src[key].shape != value.shape:
-                    raise ValueError(f"rel3d_factored's {key} {tuple(value.shape)} needs rel2d_factored's of that size")
+                    got = tuple(src[key].shape) if key in src else None
+                    raise ValueError(
+                        f"rel3d_factored's {key} {tuple(value.shape)} needs rel2d_factored's of that size, got {got}"
+                        + _SAME_GRID
+                    )
                 out[key] = src[key].clone()
             elif key == "table_t":
                 out[key] = torch.zeros_like(value)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,24 @@ def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, dat
     )
 
 
+def _warn_other_class_names(ckpt: Path, dm: L.LightningDataModule) -> None:
+    """The data's class names where they differ from those stored with the weights: labels are compared with the
+    model's outputs by index, so a class folder renamed (or sorting elsewhere) scores against another class."""
+    stored = (stored_data_config(ckpt) or {}).get("class_names")
+    names = getattr(dm, "class_names", None)
+    if not stored or not names or len(stored) != len(names):
+        return
+    diff = [(i, str(a), str(b)) for i, (a, b) in enumerate(zip(stored, names)) if str(a) != str(b)]
+    if diff:
+        shown = "; ".join(f"class {i} is {b!r} here but {a!r} in {ckpt.name}" for i, a, b in diff[:3])
+        more = f" ({len(diff)} classes differ)" if len(diff) > 3 else ""
+        warnings.warn(
+            f"{shown}{more}: eval.py scores the model's output i against the data's class i (by index), so these "
+            "classes are scored against others; give the data the checkpoint was trained on",
+            stacklevel=2,
+        )
+
+
 def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> None:
     """The data's images are a whole number of the stored model's patches (NaFlex batches are cut by the data): else
     an :class:`~vitrel.models.input_size.InputSizeError` naming the ``data.img_size`` to set."""
@@ -291,6 +310,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.exists():
         raise CheckpointError(f"ckpt_path={cfg.ckpt_path}: no such file or folder")
+    if ckpt.is_file() and ckpt.suffix.lower() == ".pt2":  # (torch.load would call it a damaged checkpoint)
+        weights = ckpt.parent if (ckpt.parent / "config.json").is_file() else "<the .ckpt it came from>"
+        raise CheckpointError(
+            f"{ckpt} is a torch.export program: eval.py rebuilds the model from its weights and does not read "
+            f"programs (predict.py does): give ckpt_path={weights}"
+        )
     split = str(cfg.get("split", "test"))
     if split not in ("test", "val"):
         raise ValueError(f"split must be test or val, got {split!r}")
@@ -328,6 +353,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     _check_data_matches(ckpt, stored, dm, cfg.data)
+    _warn_other_class_names(ckpt, dm)
     check_data_fits_model(dm, model, str(ckpt))  # data.patch_size of NaFlex batches: before scoring
 
     module = ClassifierModule(model, num_classes=dm.num_classes)

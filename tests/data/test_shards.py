@@ -415,3 +415,39 @@ def test_skip_leaves_the_sample_out_and_reports_it_at_the_end_of_the_epoch(bad_s
 def test_on_bad_sample_is_checked(bad_shards):
     with pytest.raises(ValueError, match="on_bad_sample must be one of"):
         module(bad_shards[0] / "wds", "wds/imagenet", on_bad_sample="ignore")
+
+
+# ---------------------------------------------------------------------------------------------------
+# 16-bit images in shards: scaled to 8 bits as in class folders, not clipped by the readers' convert("RGB")
+
+
+@pytest.mark.parametrize("source", ["wds/imagenet", "hfids/{root}", "hfds/{root}"])
+def test_16_bit_images_in_shards_are_scaled_not_clipped(tmp_path, source):
+    """A 16-bit grey PNG (microscopy, medical) at 32768 of 65535 is mid-grey: timm's readers decoded it with
+    ``convert("RGB")``, which clips at 255 (white); the batch's pixels are ``round(v * 255 / 65535)`` = 128, as
+    ``data=imagenet`` folders give (:func:`vitrel.data.datasets.to_8bit`). Checked on every pixel of a
+    16-px image, through the module's eval pipeline (resize to the same size: the values stay)."""
+    import numpy as np
+
+    from vitrel.data.shards import write_hf, write_wds
+
+    tree = tmp_path / "tree"
+    for split in ("train", "val"):
+        for c, name in enumerate(CLASSES[:2]):
+            (tree / split / name).mkdir(parents=True)
+            for k in range(2):
+                v = 32768 if c == 0 else 1000 * (k + 1)
+                Image.fromarray(np.full((SIZE, SIZE), v, dtype=np.uint16)).save(tree / split / name / f"{name}_{k}.png")
+    assert Image.open(tree / "val" / CLASSES[0] / f"{CLASSES[0]}_0.png").mode in ("I;16", "I")
+    root = tmp_path / "shards"
+    (write_wds if source.startswith("wds") else write_hf)(tree, root, shard_size=4, seed=None)
+    dm = module(root, source.format(root=root), num_workers=0, batch_size=2)
+    dm.setup("test")
+    xs, ys = zip(*[(x, y) for x, y in dm.test_dataloader()])
+    x, y = torch.cat(xs), torch.cat(ys)
+    mean, std = torch.tensor(dm.mean)[:, None, None], torch.tensor(dm.std)[:, None, None]
+    pixels = (x * std + mean) * 255
+    want = {0: [128.0], 1: [round(1000 * 255 / 65535), round(2000 * 255 / 65535)]}
+    for img, label in zip(pixels, y.tolist()):
+        assert (img - img.flatten()[0]).abs().max() < 0.01, "one value per image"
+        assert any(abs(float(img.flatten()[0]) - w) < 0.01 for w in want[label]), (label, float(img.flatten()[0]))

@@ -279,7 +279,8 @@ def test_overlay_file_plain_state_dict_keeps_its_head(tmp_path, suffix):
     """``pretrained=True, pretrained_cfg_overlay=dict(file=<plain state dict>)`` with the file's ``num_classes`` (7,
     not the architecture's default 10) dropped the file's head (timm drops it when ``num_classes`` differs from
     ``pretrained_cfg``'s) and loaded the rest non-strictly: other logits, no error, and another scheme's weights
-    loaded too. The file's head gives ``pretrained_cfg``'s ``num_classes``."""
+    loaded too. The file's head gives ``pretrained_cfg``'s ``num_classes``, and the model's when none is given (it
+    was the architecture's 10, the file's head dropped without a word)."""
     from safetensors.torch import save_file
 
     m = _model(VIT, pos="rel2d_cpb", num_classes=7)
@@ -293,6 +294,9 @@ def test_overlay_file_plain_state_dict_keeps_its_head(tmp_path, suffix):
     with torch.no_grad():
         torch.testing.assert_close(t(x), m(x))
     assert t.pretrained_cfg["num_classes"] == 7
+    t = timm.create_model(VIT, pos="rel2d_cpb", **load).eval()  # no num_classes: the file's, not the default 10
+    with torch.no_grad():
+        torch.testing.assert_close(t(x), m(x))
     with pytest.raises(CheckpointError, match="do not fit"):  # another scheme: strict, as with checkpoint_path=
         timm.create_model(VIT, pos="rel2d_full", num_classes=7, **load)
     t = timm.create_model(VIT, pos="rel2d_cpb", num_classes=3, **load)  # another head: reset, as timm resets it

@@ -269,6 +269,27 @@ def test_data_the_model_cannot_cut_into_patches_is_one_line_saying_what_to_set(t
         assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"
 
 
+@pytest.mark.parametrize("chans", [3, 2])
+def test_a_model_in_chans_the_data_does_not_give_is_one_line_naming_the_keys(tmp_path, chans):
+    """``+model.in_chans=3`` on grey Fashion-MNIST ended at the first step in the patch embedding's "expected images
+    [B, 3, H, W], got (64, 1, 28, 28)" under a traceback: now one line before anything is written, naming
+    ``data.in_chans=3`` where the data repeats its channel; that advice trains."""
+    from vitrel.train.utils import one_line_errors
+
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as said, one_line_errors("train.py"):
+        train(compose(run, [f"+model.in_chans={chans}", *FAST, *SHORT]))
+    data = "data.in_chans=3 or " if chans == 3 else ""
+    assert str(said.value) == (
+        f"train.py: InputSizeError: model.in_chans={chans} but FashionMNISTDataModule gives 1-channel images: set "
+        f"{data}leave model.in_chans unset (the data sets it)"
+    )
+    assert not (run / "checkpoints").exists()
+    if chans == 3:
+        train(compose(tmp_path / "ok", ["+model.in_chans=3", "data.in_chans=3", *FAST, *SHORT]))
+        assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"
+
+
 def test_eval_and_from_checkpoint_at_a_size_that_is_not_whole_patches_say_what_to_set(rope_run, tmp_path):
     """``eval.py ckpt_path=<run at 28 px, patches of 4> data.img_size=30`` was a CheckpointError ("cannot rebuild ...")
     blaming the file: now one line naming the size it was trained at (eval.py's default) and the nearest multiple;

@@ -22,6 +22,7 @@ __all__ = [
     "check_same_split",
     "to_8bit",
     "load_rgb",
+    "rgb_8bit",
 ]
 
 #: PIL's modes of a 16-bit grey image (a 16-bit PNG or TIFF): ``convert("L" / "RGB")`` clips them at 255
@@ -48,12 +49,17 @@ def to_8bit(img: Image.Image) -> Image.Image:
     return img
 
 
+def rgb_8bit(img: Image.Image) -> Image.Image:
+    """``img.convert("RGB")`` with 16-bit images scaled, not clipped (:func:`to_8bit`)."""
+    return to_8bit(img).convert("RGB")
+
+
 def load_rgb(path: str) -> Image.Image:
     """torchvision's ``pil_loader`` (the file as an RGB image), 16-bit images scaled, not clipped (:func:`to_8bit`)."""
     with open(path, "rb") as f:
         img = Image.open(f)
         img.load()
-        return to_8bit(img).convert("RGB")
+        return rgb_8bit(img)
 
 
 class DatasetNotFoundError(FileNotFoundError):

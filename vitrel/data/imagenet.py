@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
-from vitrel.data.datasets import DatasetIntegrityError, load_rgb
+from vitrel.data.datasets import DatasetIntegrityError, load_rgb, rgb_8bit
 from vitrel.data.shards import ON_BAD_SAMPLE, ShardLoader, guard_bad_samples
 
 log = logging.getLogger(__name__)
@@ -307,6 +307,17 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
     def _split_name(self, split: str) -> str:
         return self.train_split if split == "train" else self.val_split
 
+    def _reader_kwargs(self) -> dict[str, Any]:
+        """``dataset_kwargs`` for ``timm.data.create_dataset``. timm's readers convert each image with
+        ``convert("RGB")``, which clips a 16-bit image at 255; unless ``input_img_mode`` is given, wds / hf readers
+        hand over the image as decoded (``input_img_mode=""``: no conversion; ``None`` is dropped for timm's default)
+        and :func:`~vitrel.data.datasets.rgb_8bit` makes it RGB, scaled, as class folders do (TFDS decodes to 8 bits
+        itself)."""
+        kwargs = dict(self.dataset_kwargs)
+        if self.prefix != "tfds":
+            kwargs.setdefault("input_img_mode", "")
+        return kwargs
+
     def make_shard_dataset(self, split: str, transform=None, training: bool | None = None) -> Dataset:
         """``timm.data.create_dataset(self.source, ...)`` for ``split`` (``train`` or ``val``/``test``) with
         ``transform`` (default: this module's train / eval pipeline). The iterable ones take the rank and
@@ -320,7 +331,11 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
         train = split == "train" if training is None else training
         if transform is None:
             transform = self.train_transform() if split == "train" else self.eval_transform()
-        kwargs = dict(self.dataset_kwargs)
+        kwargs = self._reader_kwargs()
+        if kwargs.get("input_img_mode") == "":  # the images as decoded, made RGB here
+            from torchvision.transforms import Compose
+
+            transform = Compose([rgb_8bit, transform])
         kwargs.update(
             is_training=train,
             batch_size=self.batch_size if train else self.eval_batch_size,
@@ -424,8 +439,10 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
             from timm.data import create_dataset
 
             self.wnids  # noqa: B018
-            name, split_name = self.source, self._split_name(split)
-            return create_dataset(name, root=self._root_str(), split=split_name, **self.dataset_kwargs)
+            name, split_name, kwargs = self.source, self._split_name(split), self._reader_kwargs()
+            if kwargs.get("input_img_mode") == "":
+                kwargs["transform"] = rgb_8bit
+            return create_dataset(name, root=self._root_str(), split=split_name, **kwargs)
         wnids = self.wnids
         folder = self.root.absolute() / (self.train_dir if split == "train" else self.val_dir)  # type: ignore[union-attr]
         return FixedClassImageFolder(folder, wnids, allow_empty=split != "train")

@@ -107,10 +107,13 @@ def _plain_state(obj: Any, p: Path, use_ema: bool) -> dict[str, Tensor]:
     return clean_state_dict(obj)
 
 
-def read_weights(path: str | os.PathLike, use_ema: bool = False) -> tuple[dict[str, Any] | None, dict[str, Tensor]]:
+def read_weights(
+    path: str | os.PathLike, use_ema: bool = False, lazy: bool = False
+) -> tuple[dict[str, Any] | None, dict[str, Tensor]]:
     """``(vitrel_cfg or None, state_dict)`` from a ``.ckpt``, a ``.safetensors`` file (configuration in its
     metadata or a ``config.json`` beside it), a torch file (``.pth``, ``.bin``, ``.pt``) or an export
-    directory. The configuration is None for a plain state dict (timm's ``checkpoint_path`` files)."""
+    directory. The configuration is None for a plain state dict (timm's ``checkpoint_path`` files). ``lazy``: the
+    tensors of a zip torch file stay on disk (``mmap``), for reading the keys and shapes only."""
     p = _resolve(path)
     if p.suffix == ".safetensors":
         meta = _safetensors_metadata(p)
@@ -122,7 +125,7 @@ def read_weights(path: str | os.PathLike, use_ema: bool = False) -> tuple[dict[s
         if use_ema:
             raise CheckpointError(f"{p} holds exported weights only; use_ema applies to training checkpoints")
         return cfg, clean_state_dict(_load_safetensors(p), prefix="")
-    obj = _torch_load(p)
+    obj = _torch_load(p, mmap=lazy and zipfile.is_zipfile(p))
     try:
         return extract_model_state(obj, use_ema=use_ema)
     except CheckpointError:

@@ -264,7 +264,7 @@ def stored_config(path: str | os.PathLike) -> dict[str, Any] | None:
             return _parse_meta(meta["vitrel_cfg"], p)
         cj = p.parent / CONFIG_NAME
         return _cfg_from_config_json(_read_json(cj), cj) if cj.is_file() else None
-    ckpt = _torch_load(p)
+    ckpt = _torch_load(p, mmap=zipfile.is_zipfile(p))  # only the configuration is read: tensors stay on disk
     try:
         return extract_model_state(ckpt)[0]
     except CheckpointError:

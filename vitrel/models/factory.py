@@ -69,9 +69,10 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
                         overlay.setdefault(k, v)
         else:  # a plain state dict: pretrained_cfg's num_classes is its head's (timm drops a head whose num_classes
             # differs from pretrained_cfg's and then loads the rest non-strictly)
-            head = read_weights(overlay["file"])[1].get("head.weight")
-            if head is not None:
+            head = read_weights(overlay["file"], lazy=True)[1].get("head.weight")  # its shape: the rest stays on disk
+            if head is not None:  # (and the model's when none is given, as timm takes pretrained_cfg's)
                 overlay.setdefault("num_classes", head.shape[0])
+                kwargs.setdefault("num_classes", overlay["num_classes"])
     return build(name, pretrained, pretrained_filter_fn=_strip_prefixes, pretrained_cfg_overlay=overlay, **kwargs)
 
 

@@ -48,6 +48,7 @@ from vitrel.train.progress import CountTestImages
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
     check_accelerator,
+    check_channels_fit,
     check_data_fits_model,
     check_video_pairing,
     hydra_config,
@@ -85,6 +86,7 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Mo
         check_video_pairing(str(arch), dm)
         _check_patches_fit(model_cfg, str(arch), dm)
         _check_frames_fit(model_cfg, str(arch), dm)
+    check_channels_fit(model_cfg, dm)
     sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
     if is_video_data(dm):
         sized["num_frames"] = dm.num_frames

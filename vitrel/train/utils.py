@@ -350,3 +350,21 @@ def check_video_pairing(architecture: str, dm: Any, whose: str = "the model", fi
         f"{data} gives images [B, C, H, W] but {whose} ({architecture}) is a video model (clips [B, C, T, H, W]): "
         f"{fix or f'use an image model ({models}) or video data (data=moving_fmnist, data=video_folder)'}"
     )
+
+
+def check_channels_fit(model_cfg: DictConfig, dm: Any) -> None:
+    """A ``model.in_chans`` set on the command line that the data's images do not have (``+model.in_chans=1`` on
+    RGB data) is refused before the model is built, naming the keys; the model's own error came at the first step,
+    under a traceback. Not checked: ``model=from_checkpoint`` (its first layer is adapted to the data's channels)."""
+    from vitrel.models.input_size import InputSizeError
+
+    want, have = model_cfg.get("in_chans"), getattr(dm, "in_chans", None)
+    if want is None or have is None or int(want) == int(have) or model_cfg.get("path") is not None:
+        return
+    # grey data that repeats its channel on request (Fashion-MNIST, Moving Fashion-MNIST: data.in_chans=3)
+    takes = int(want) == 3 and "in_chans" in inspect.signature(type(dm).__init__).parameters
+    data = "data.in_chans=3 or " if takes else ""
+    raise InputSizeError(
+        f"model.in_chans={want} but {type(dm).__name__} gives {have}-channel images: set {data}leave model.in_chans "
+        "unset (the data sets it)"
+    )

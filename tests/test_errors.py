@@ -389,6 +389,26 @@ def test_size_choices_of_a_strict_model_are_refused():
     check_data_fits_model(SimpleNamespace(packing=None, patch_size=None, size_choices=(32,)), m)
 
 
+@pytest.mark.parametrize(
+    ("data", "said"),
+    [
+        (dict(packing="pack", patch_size=8, size_choices=None), "data.patch_size=8 but the model"),
+        (dict(packing=None, patch_size=None, size_choices=(28, 30)), "data.size_choices=[28, 30]: 30 is not"),
+    ],
+)
+def test_data_the_model_cannot_cut_is_one_line(data, said):
+    """``train.py experiment=fmnist_naflex data.patch_size=8`` (or ``data.size_choices`` off the patch) ended with a
+    traceback through run.py; it is an ``InputSizeError``, one line as ``data.img_size``'s, naming the key to set."""
+    from types import SimpleNamespace
+
+    from vitrel.train.utils import check_data_fits_model, one_line_errors
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", **TINY_VIT)
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        check_data_fits_model(SimpleNamespace(**data), m)
+    assert str(stop.value).startswith(f"train.py: InputSizeError: {said}"), stop.value
+
+
 def test_eval_refuses_a_naflex_patch_size_other_than_the_checkpoints(tmp_path, monkeypatch):
     """``eval.py data.patch_size=8`` on a patch-4 NaFlex checkpoint failed inside trainer.test (evaluate.py had the
     right check, but after it): now refused before scoring."""

@@ -62,6 +62,7 @@ from vitrel.models.data_config import (
     stored_data_config,
 )
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
+from vitrel.pos.reference import ReferenceGrid, fill_reference_grids
 
 __all__ = [
     "CheckpointError",
@@ -217,7 +218,7 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
     Missing or unexpected keys, shapes that do not match and cannot be resized, or integer weights where
     the model has floating ones raise :class:`CheckpointError`.
     """
-    sd = dict(state_dict)
+    sd = fill_reference_grids(model, state_dict)  # (weights stored without a scheme's training grid: the built one)
     expected = model.state_dict()
     reset_head = num_classes_stored is not None and num_classes_stored != getattr(model, "num_classes", None)
     if reset_head:  # (weights of num_classes=0 have no head to drop)
@@ -329,6 +330,7 @@ def load_model(
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"cannot rebuild {arch} from the configuration stored in {path}: {e}") from None
     sd = _adapt_in_chans(sd, cfg.get("in_chans"), model.vitrel_cfg.get("in_chans"))
+    sd = _stored_reference_grids(model, sd, cfg, overrides)
     load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
     data_config = stored_data_config(path)
     if data_config is not None:
@@ -336,6 +338,18 @@ def load_model(
             data_config.pop("class_names", None)
         set_data_config(model, data_config)
     return model
+
+
+def _stored_reference_grids(model: nn.Module, sd: dict[str, Tensor], cfg: dict[str, Any], overrides: dict) -> dict:
+    """Weights without the ``ref_grid`` of a scheme measured from its training grid (:mod:`vitrel.pos.reference`;
+    written before it was stored) loaded at another ``img_size`` / ``window_size``: the scheme's grid at the
+    stored size (the model rebuilt there, on the meta device), not the new one."""
+    resized = {k: v for k, v in overrides.items() if k in ("img_size", "window_size")}
+    needs = any(isinstance(m, ReferenceGrid) and m.keeps_reference for m in model.modules())
+    if not resized or not needs:
+        return sd
+    stored = build_from_cfg(cfg, **{k: v for k, v in overrides.items() if k not in resized}, device="meta")
+    return fill_reference_grids(model, sd, lambda name: stored.get_submodule(name).ref)
 
 
 # ---------------------------------------------------------------------------- export

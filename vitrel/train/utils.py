@@ -272,9 +272,12 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
     """Refuse, before any batch is made, data settings that the model ``model`` cannot take, naming the key and its
     value: ``data.patch_size`` (NaFlex batches, ``data.packing``) other than the model's patch size, and a side of
     ``data.size_choices`` that is not a positive multiple of it (or, for a model built with a strict input size, not
-    its ``img_size``). ``whose`` names the model in the message (``evaluate``: the checkpoint). Models without a
-    ``vitrel_cfg`` patch size are not checked."""
+    its ``img_size``), as an :class:`~vitrel.models.input_size.InputSizeError` (one line from ``train.py``).
+    ``whose`` names the model in the message (``evaluate``: the checkpoint). Models without a ``vitrel_cfg`` patch
+    size are not checked."""
     from timm.layers import to_2tuple
+
+    from vitrel.models.input_size import InputSizeError
 
     patch = (getattr(model, "vitrel_cfg", None) or {}).get("patch_size")
     if patch is None:
@@ -282,7 +285,7 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
     ph, pw = (int(v) for v in to_2tuple(patch))
     shown = ph if ph == pw else f"{ph}x{pw}"
     if getattr(dm, "packing", None) is not None and dm.patch_size is not None and (dm.patch_size,) * 2 != (ph, pw):
-        raise ValueError(
+        raise InputSizeError(
             f"data.patch_size={dm.patch_size} but {whose} has patches of {shown}: NaFlex batches (data.packing="
             f"{dm.packing}) are cut into the model's patches; set data.patch_size={shown}"
         )
@@ -290,14 +293,14 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
     if choices:
         bad = [s for s in choices if s < max(ph, pw) or s % ph or s % pw]
         if bad:
-            raise ValueError(
+            raise InputSizeError(
                 f"data.size_choices={list(choices)}: {', '.join(map(str, bad))} "
                 f"{'is' if len(bad) == 1 else 'are'} not a positive multiple of the patch size {shown} of {whose}"
             )
         img = tuple(getattr(model, "img_size", ()) or ())
         fixed = [s for s in choices if (s, s) != img] if getattr(model, "strict_img_size", False) else []
         if fixed:
-            raise ValueError(
+            raise InputSizeError(
                 f"data.size_choices={list(choices)}: {whose} takes only its img_size {img} (strict_img_size); "
                 "build it with dynamic_img_size=True (model.dynamic_img_size=true) for batches of other sizes"
             )

@@ -76,6 +76,7 @@ from torch import Tensor, nn
 
 from vitrel.layout.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.base import PositionScheme, PosState
+from vitrel.pos.reference import ReferenceGrid
 from vitrel.pos.registry import register_pos
 from vitrel.pos.rotation import apply_rope
 from vitrel.pos.schemes.rope import check_qk
@@ -171,7 +172,7 @@ def apply_block_rotation(x: Tensor, rot: Tensor) -> Tensor:
     return torch.einsum("hnmij,zhnmj->zhnmi", r, xb).flatten(-2)
 
 
-class _LieRotation(PositionScheme):
+class _LieRotation(ReferenceGrid, PositionScheme):
     """Shared by LieRE and ComRoPE: positions, the block rotations (``prepare``) and ``rotate``."""
 
     family = "rotary"
@@ -211,6 +212,7 @@ class _LieRotation(PositionScheme):
         self.block_size, self.num_blocks = block_size, self.head_dim // block_size
         self.init_std, self.coords = float(init_std), coords
         self.cls_position = None if cls_position is None else float(cls_position)
+        self.init_reference(coords == "linspace")  # positions 0 .. 1 at the training grid
 
     @property
     def depends_on_extent(self) -> bool:  # type: ignore[override]
@@ -220,7 +222,7 @@ class _LieRotation(PositionScheme):
     def depends_on_built_grid(self) -> bool:
         """The positions depend on the grid the scheme was built for (``coords: linspace``, ``0 .. 1`` there): the
         same weights built for another grid give other logits at a given grid, as the LieRE authors' model built
-        for another image size."""
+        for another image size, unless loaded with their ``ref_grid`` (:mod:`vitrel.pos.reference`)."""
         return self.coords == "linspace"
 
     def generators(self) -> Tensor:  # pragma: no cover - overridden
@@ -228,7 +230,7 @@ class _LieRotation(PositionScheme):
         raise NotImplementedError
 
     def positions(self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype) -> Tensor:
-        return lie_positions(grid, num_prefix_tokens, self.coords, self.cls_position, device, dtype, self.grid)
+        return lie_positions(grid, num_prefix_tokens, self.coords, self.cls_position, device, dtype, self.ref)
 
     def rotation(
         self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype | None

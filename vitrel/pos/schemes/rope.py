@@ -66,6 +66,7 @@ from torch import Tensor, nn
 from vitrel.layout.geometry import Grid, as_grid, patch_coords
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
+from vitrel.pos.reference import ReferenceGrid
 from vitrel.pos.registry import register_pos
 from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
 from vitrel.pos.rotation import apply_rope, apply_rope_complex, apply_rope_real
@@ -232,7 +233,7 @@ def _table_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 # ---------------------------------------------------------------------------- modules
-class _Rope(PositionScheme):
+class _Rope(ReferenceGrid, PositionScheme):
     """RoPE: ``rotation`` gives ``(cos, sin)`` (``prepare`` puts them into the state), ``rotate`` applies them."""
 
     family = "rotary"
@@ -245,6 +246,7 @@ class _Rope(PositionScheme):
     def __init__(self, *, scaling: dict | None = None, **kw) -> None:
         super().__init__(**kw)
         self.scaling: RopeScaling | None = parse_scaling(scaling, self._axes, self.name)
+        self.init_reference(self.scaling is not None and self.grid_dims == 2)  # scaling reads the training grid
 
     def _set_base(self, base: float) -> None:
         """Check ``head_dim`` (a multiple of ``_divisor``) and the frequency base ``base > 0``; keep ``base``."""
@@ -259,8 +261,8 @@ class _Rope(PositionScheme):
         if self.scaling is None:
             return (1.0,) * self._axes
         if self._axes == 1:
-            return self.scaling.factors((self.grid.n,), (grid.n,))
-        return self.scaling.factors(tuple(self.grid), tuple(grid))
+            return self.scaling.factors((self.ref.n,), (grid.n,))
+        return self.scaling.factors(tuple(self.ref), tuple(grid))
 
     def attention_factor(self, grid: Grid) -> float:
         """YaRN's factor on ``cos`` and ``sin`` (1 without ``scaling: {rope_type: yarn}``)."""
@@ -270,7 +272,7 @@ class _Rope(PositionScheme):
         """``base^(-2t/dim)`` of axis ``axis`` (0: rows or the raster index, 1: columns), scaled by ``scaling``."""
         if self.scaling is None:
             return geometric_freqs(self.base, dim, 2, None, dtype)
-        built, call = (self.grid.n, grid.n) if self._axes == 1 else (self.grid[axis], grid[axis])
+        built, call = (self.ref.n, grid.n) if self._axes == 1 else (self.ref[axis], grid[axis])
         factor = self.scaling_factors(grid)[axis]
         return scale_geometric(self.scaling, dim, self.base, factor, built, call, dtype)
 
@@ -536,8 +538,8 @@ class Rope2dMixed(Rope2dOptions):
             return freqs
         fr, fc = self.scaling_factors(grid)
         half = self.head_dim // 2
-        col = scale_learned(self.scaling, freqs[0], half, self.base, fc, self.grid.w, grid.w)
-        row = scale_learned(self.scaling, freqs[1], half, self.base, fr, self.grid.h, grid.h)
+        col = scale_learned(self.scaling, freqs[0], half, self.base, fc, self.ref.w, grid.w)
+        row = scale_learned(self.scaling, freqs[1], half, self.base, fr, self.ref.h, grid.h)
         return torch.stack((col, row), dim=0)
 
     def _cos_sin_of(self, theta: Tensor, grid: Grid) -> tuple[Tensor, Tensor]:

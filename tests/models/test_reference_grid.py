@@ -95,3 +95,29 @@ def test_swin_at_another_size_keeps_each_stage_reference(tmp_path):
     m = _model(SWIN, "liere")
     save_pretrained(m, tmp_path)
     _close(_load(tmp_path, img_size=64), m, 64)
+
+
+VIDEO = "vitrel_vit_video_tiny_patch4_32"
+
+
+@pytest.mark.parametrize("pos", [
+    {"name": "rope3d_mixed", "scaling": {"rope_type": "yarn", "factor": "auto"}},
+    {"name": "rope3d_axial", "scaling": {"rope_type": "ntk", "factor": "auto"}},
+], ids=lambda p: f"{p['name']}-{p['scaling']['rope_type']}")  # fmt: skip
+def test_a_video_model_at_more_frames_and_pixels_keeps_the_trained_function(tmp_path, pos):
+    """3-D RoPE with ``scaling`` reads its training grid ``(T, H, W)`` as the 2-D schemes do: a video model loaded
+    with more frames and pixels (``eval.py data.num_frames=16 data.img_size=48``) scaled nothing, and at the trained
+    size gave other logits."""
+    torch.manual_seed(0)
+    m = vitrel.create_model(VIDEO, pos=pos, embed_dim=32, depth=2, num_heads=2, num_classes=5, num_frames=8).eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(0.3 * torch.randn_like(p))
+    save_pretrained(m, tmp_path)
+    big = _load(tmp_path, img_size=48, num_frames=16)
+    trained, built = m.blocks[0].attn.pos.grid, big.blocks[0].attn.pos.grid
+    assert big.state_dict()["blocks.0.attn.pos.ref_grid"].tolist() == list(trained) != list(built)
+    for frames, size in ((16, 48), (8, 32)):
+        x = torch.randn(2, 1, frames, size, size, generator=torch.Generator().manual_seed(size))
+        with torch.no_grad():
+            torch.testing.assert_close(big(x), m(x), rtol=0, atol=1e-5)

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrel.layout.geometry import Grid
+from vitrel.layout.geometry import Grid, Grid3
 
 __all__ = ["ReferenceGrid", "fill_reference_grids"]
 
@@ -31,16 +31,17 @@ KEY = "ref_grid"
 
 
 class ReferenceGrid:
-    """Mixin for a 2-D position scheme whose function depends on the grid it was trained at (``self.ref``)."""
+    """Mixin for a position scheme whose function depends on the grid it was trained at (``self.ref``: an image's
+    ``Grid`` or a video's ``Grid3``)."""
 
     grid: Any
-    ref: Grid
+    ref: Grid | Grid3
 
     def init_reference(self, needed: bool) -> None:
         """``self.ref`` is the built grid; ``needed``: keep it with the weights (buffer ``ref_grid``)."""
         self.ref = self.grid
         if needed:
-            self.register_buffer(KEY, torch.tensor([self.grid.h, self.grid.w]), persistent=True)  # type: ignore[attr-defined]
+            self.register_buffer(KEY, torch.tensor(list(self.grid)), persistent=True)  # type: ignore[attr-defined]
 
     @property
     def keeps_reference(self) -> bool:
@@ -54,8 +55,8 @@ class ReferenceGrid:
             state_dict[key] = getattr(self, KEY).clone()  # stored without it: the built grid
         else:
             ref = state_dict[key]
-            if isinstance(ref, Tensor) and ref.shape == (2,) and not ref.is_meta:
-                new = Grid(int(ref[0]), int(ref[1]))
+            if isinstance(ref, Tensor) and ref.shape == (len(self.grid),) and not ref.is_meta:
+                new = type(self.grid)(*(int(v) for v in ref))  # (h, w), or a video's (t, h, w)
         out = super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)  # type: ignore[misc]
         if new is not None and new != self.ref:
             self.ref = new
@@ -66,7 +67,7 @@ class ReferenceGrid:
 
 
 def fill_reference_grids(
-    model: nn.Module, state_dict: Mapping[str, Tensor], reference: Callable[[str], Grid] | None = None
+    model: nn.Module, state_dict: Mapping[str, Tensor], reference: Callable[[str], Grid | Grid3] | None = None
 ) -> dict[str, Tensor]:
     """``state_dict`` with the ``ref_grid`` of every scheme of ``model`` that keeps one and lacks it there (taken
     from ``reference(module name)``, by default the scheme's own), and without those the model's schemes keep
@@ -80,5 +81,5 @@ def fill_reference_grids(
             sd.pop(key, None)
         elif key not in sd:
             grid = mod.ref if reference is None else reference(name)
-            sd[key] = torch.tensor([grid.h, grid.w])
+            sd[key] = torch.tensor(list(grid))
     return sd

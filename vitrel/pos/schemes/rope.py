@@ -246,7 +246,7 @@ class _Rope(ReferenceGrid, PositionScheme):
     def __init__(self, *, scaling: dict | None = None, **kw) -> None:
         super().__init__(**kw)
         self.scaling: RopeScaling | None = parse_scaling(scaling, self._axes, self.name)
-        self.init_reference(self.scaling is not None and self.grid_dims == 2)  # scaling reads the training grid
+        self.init_reference(self.scaling is not None)  # scaling reads the training grid
 
     def _set_base(self, base: float) -> None:
         """Check ``head_dim`` (a multiple of ``_divisor``) and the frequency base ``base > 0``; keep ``base``."""

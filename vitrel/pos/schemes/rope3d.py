@@ -252,7 +252,7 @@ class Rope3dMixed(_Rope):
         factors, half = self.scaling_factors(grid), self.head_dim // 2
         return torch.stack(
             [
-                scale_learned(self.scaling, freqs[a], half, self.base, factors[a], self.grid[a], grid[a])
+                scale_learned(self.scaling, freqs[a], half, self.base, factors[a], self.ref[a], grid[a])
                 for a in range(3)
             ],
             dim=0,

@@ -13,6 +13,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
+import vitrel
 from tests.train_helpers import FAST, TINY_VIDEO, TINY_VIT, compose, run_script
 from vitrel.data.datasets import seeded_split
 from vitrel.train.evaluate import evaluate
@@ -227,3 +228,30 @@ def test_ema_auto_scores_the_weights_the_run_tested(tmp_path):
             tmp_path, f"other_{name}", run / "checkpoints" / "last.ckpt", [*EVAL, f"ema={not eval_ema}"]
         )
         assert other["test/loss"] != pytest.approx(trained["test/loss"], rel=1e-3)  # (the other weights score apart)
+
+
+def test_eval_at_one_of_the_runs_size_choices_scores_the_model_as_trained(tmp_path):
+    """A run with ``data.size_choices=[28,36]`` trained its 36-px batches on the model built at 28 px: offsets past
+    its 13x13 table read the table's edge. ``eval.py data.img_size=36`` rebuilt the model at 36 px, interpolating
+    those offsets instead: another function than the one trained at 36. At a size the run trained at, eval.py runs
+    the stored model as trained (said in the log); checked against a forward by hand. Another size is rebuilt."""
+    import torch.nn.functional as F
+
+    run = tmp_path / "run"
+    _train_py(run, [*TINY_VIT, *FAST, "trainer.limit_train_batches=4", "pos=rel2d_full", "data.size_choices=[28,36]"])
+    ckpt = run / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    for k, v in state["state_dict"].items():  # a table whose edge differs from its inside, as a longer run's
+        if k.endswith("attn.pos.table"):
+            v[0], v[-1], v[:, 0], v[:, -1] = 8.0, -8.0, 6.0, -6.0
+    torch.save(state, ckpt)
+    metrics, scored, data_cfg = _eval(tmp_path, "eval", ckpt, [*EVAL, "data.img_size=36"])
+    assert scored["img_size"] == 36
+    dm = instantiate(data_cfg)
+    dm.setup("test")
+    model = vitrel.load_model(ckpt).eval()  # built at 28 px, as trained
+    with torch.no_grad():
+        loss = [F.cross_entropy(model(x), y, reduction="none") for x, y in list(dm.test_dataloader())[:4]]
+    assert metrics["test/loss"] == pytest.approx(torch.cat(loss).mean().item(), abs=1e-5)
+    other, _, _ = _eval(tmp_path, "eval44", ckpt, [*EVAL, "data.img_size=44"])  # not trained at: rebuilt (runs)
+    assert other["test/loss"] != metrics["test/loss"]

@@ -76,6 +76,18 @@ def _trained_size(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
     return {"img_size": int(h)} if h == w else {}
 
 
+def _size_choice_of_the_run(ckpt: Path, saved: dict, dm: Any) -> bool:
+    """Whether the data's ``img_size`` is one of the ``data.size_choices`` of the run that wrote ``ckpt`` (its record):
+    the run trained the stored model on batches of that size as built, its learned tables read at their edge past
+    their offsets. Rebuilding the model at that size would interpolate those offsets instead, so it is loaded as
+    stored and called at that size."""
+    size, (_, run) = getattr(dm, "img_size", None), run_record(ckpt)
+    if size is None or saved.get("img_size") is None or run is None or getattr(dm, "packing", None):
+        return False
+    choices = (run.get("data") or {}).get("size_choices") or []
+    return int(size) in [int(s) for s in choices]
+
+
 def _trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
     """``num_frames``: the clip length a stored video model was trained at, when video data is scored without
     ``data.num_frames`` on the command line (the data group's default would otherwise rebuild the model for its own
@@ -350,7 +362,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         built = {**saved, **overrides}
         _check_data_matches(ckpt, built, dm, cfg.data)
         _check_patches_fit(ckpt, built, dm)
-    model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=dm.img_size, **overrides)
+    as_trained = _size_choice_of_the_run(ckpt, saved, dm)
+    if as_trained:
+        log.info("data.img_size=%s is one of the run's data.size_choices: the model runs as trained", dm.img_size)
+    size = saved["img_size"] if as_trained else dm.img_size
+    model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     _check_data_matches(ckpt, stored, dm, cfg.data)
     _warn_other_class_names(ckpt, dm)

@@ -151,11 +151,18 @@ class LastCheckpoint(Checkpoint):
             due = trainer.global_step > 0 and trainer.global_step % self.every_n_train_steps == 0
         else:
             due = False
-        if due:
+        if due and not mid_window(trainer):  # (a window's end is due as well: the time or step count holds)
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save(trainer)
+
+
+def mid_window(trainer: L.Trainer) -> bool:
+    """In ``on_train_batch_end``: the batch only accumulated its gradient (``trainer.accumulate_grad_batches``), the
+    window's optimizer step is still to come. A checkpoint there would lose that gradient (none holds it): the resumed
+    run would step on the window's later batches alone. Lightning's own decision, of its training epoch loop."""
+    return trainer.accumulate_grad_batches > 1 and trainer.fit_loop.epoch_loop._should_accumulate()
 
 
 def flush_loggers(trainer: L.Trainer) -> None:
@@ -189,8 +196,8 @@ class SignalCheckpoint(Callback):
     Lightning handles that signal itself (its SLURM auto-requeue on SIGUSR1: it saves an ``hpc_ckpt``
     and requeues the job).
 
-    The save happens at ``on_train_batch_end`` (a consistent state, the same point where step
-    checkpoints are written), agreed on by all ranks (a signal that reached one rank stops them all).
+    The save happens at ``on_train_batch_end`` of a batch that ran an optimizer step (with gradient accumulation, the
+    window's last: :func:`mid_window`), agreed on by all ranks (a signal that reached one rank stops them all).
     The exit follows at the next hook after Lightning has logged that batch's metrics (the next batch's
     start, the start of validation, the next epoch's start or the end of training), so the metrics of
     the saved step reach the loggers, which the resumed run does not log again. Then, for SIGUSR1/2, a
@@ -254,6 +261,10 @@ class SignalCheckpoint(Callback):
         if self._exit_signal is not None:
             return
         pending = self._pending(trainer)
+        if mid_window(trainer):  # (the same on every rank) saved at the window's end, after its optimizer step
+            if pending == signal.SIGTERM and trainer.received_sigterm:  # Lightning would exit after this batch
+                self.received, trainer._signal_connector.received_sigterm = pending, False
+            return
         if not _any_rank(trainer, pending is not None):
             return
         signum = int(pending or signal.SIGTERM)

@@ -68,3 +68,22 @@ class _StopAfterBatch(SendSignal):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if batch_idx == self.batches:
             raise SystemExit(3)
+
+
+def test_a_run_shorter_than_its_warmup_logs_the_configured_warmup_rates(tmp_path, caplog):
+    """``trainer.max_steps=6`` of a recipe whose warmup is half an epoch of 20 steps (10 steps): the logged rate at step
+    k is ``warmup_lr + (lr - warmup_lr) * k / 10``, the configured ramp, and the log says the run ends inside it.
+    Clipped to the run's 6 steps, the ramp was steeper than configured (step 5: 0.83 lr, not 0.5 lr), and a resume
+    with a longer run went back down it."""
+    import csv
+
+    run = [*TINY_VIT, *FAST, "trainer.max_steps=6", "trainer.limit_train_batches=20", "trainer.limit_val_batches=1"]
+    run += ["trainer.limit_test_batches=1", "logger=csv", "trainer.log_every_n_steps=1", "test=false"]
+    run += ["module.optimizer.lr=1e-3", "module.scheduler.warmup_epochs=0.5", "module.scheduler.warmup_lr=0.0"]
+    with caplog.at_level("INFO"):
+        train(compose(tmp_path, run))
+    rows = list(csv.DictReader(open(tmp_path / "csv" / "metrics.csv")))
+    logged = {int(r["step"]): float(r["lr-AdamW/pg1"]) for r in rows if r.get("lr-AdamW/pg1")}
+    assert sorted(logged) == list(range(6))
+    assert all(logged[k] == pytest.approx(1e-3 * k / 10) for k in logged)
+    assert "ends inside its warmup" in caplog.text

@@ -87,3 +87,21 @@ def test_a_run_shorter_than_its_warmup_logs_the_configured_warmup_rates(tmp_path
     assert sorted(logged) == list(range(6))
     assert all(logged[k] == pytest.approx(1e-3 * k / 10) for k in logged)
     assert "ends inside its warmup" in caplog.text
+
+
+def test_a_mid_epoch_resume_with_another_seed_is_refused_naming_the_seed(tmp_path):
+    """The epoch's order is drawn from ``seed``: a run of ``seed=3`` stopped mid-epoch and resumed as docs/training.md
+    shows (``hydra.run.dir=<run> ckpt_path=last``, the ``seed=3`` override not repeated) continued the epoch in
+    ``seed=0``'s order, training on some of its images twice and skipping others, without a word. It is a
+    ``ResumePositionError`` naming both seeds; with ``seed=3`` it resumes; at an epoch's end any seed does."""
+    from vitrel.train.callbacks import ResumePositionError
+
+    run = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "trainer.limit_train_batches=5", "trainer.limit_val_batches=1"]
+    run += ["logger=none", "test=false", "callbacks.model_checkpoint=null"]
+    with pytest.raises(SystemExit):
+        train(compose(tmp_path, [*run, "seed=3"]), callbacks=[SendSignal(at_step=2, signum=signal.SIGTERM)])
+    with pytest.raises(ResumePositionError, match=r"seed=0 \(checkpoint: 3\).* Resume with .*seed=3"):
+        train(compose(tmp_path, [*run, "ckpt_path=last"]))
+    with pytest.raises(SystemExit):  # the same seed: resumes, and stops at the epoch's end (step 5)
+        train(compose(tmp_path, [*run, "seed=3"]), callbacks=[SendSignal(at_step=4, signum=signal.SIGTERM)])
+    assert train(compose(tmp_path, [*run, "seed=1"]))  # an epoch's end: the next epoch in seed=1's order

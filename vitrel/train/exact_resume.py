@@ -75,6 +75,7 @@ class ExactResume(Callback):
         self._epoch_batches: int | None = None  # the training batches of this epoch (trainer.num_training_batches)
         self._pending: dict | None = None  # the loader position to resume at
         self._pending_epoch_batches: int | None = None
+        self._pending_seed: int | None = None
         self._pending_rng: dict | None = None
         self._dm: Any = None
         self._dm_seed: int | None = None
@@ -96,13 +97,14 @@ class ExactResume(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         loader = self._loader.state_dict() if self._loader is not None else {}
-        return {"loader": loader, "epoch_batches": self._epoch_batches, "rng": _rng_state()}
+        return {"loader": loader, "epoch_batches": self._epoch_batches, "rng": _rng_state(), "seed": self.seed}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending_rng = state_dict.get("rng")
         # vitrel 0.1.0 kept the loader position at the top level
         self._pending = state_dict.get("loader", {k: state_dict[k] for k in ("epoch", "batches") if k in state_dict})
         self._pending_epoch_batches = state_dict.get("epoch_batches")
+        self._pending_seed = state_dict.get("seed")
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         loader = trainer.train_dataloader
@@ -112,8 +114,8 @@ class ExactResume(Callback):
             # train() refuses this before anything is built; here for a world size only the trainer knows (SLURM,
             # torchrun, devices=auto) and for trainer.fit(ckpt_path=...) outside train()
             now = self._loader.state_dict()
-            saved = {"loader": self._pending, "epoch_batches": self._pending_epoch_batches}
-            check_resume_position(saved, now.get("batch_size"), now.get("num_replicas"), trainer.ckpt_path)
+            saved = {"loader": self._pending, "epoch_batches": self._pending_epoch_batches, "seed": self._pending_seed}
+            check_resume_position(saved, now.get("batch_size"), now.get("num_replicas"), trainer.ckpt_path, self.seed)
             self._loader.load_state_dict(self._pending)
         self._pending = None
 
@@ -137,10 +139,14 @@ class ResumePositionError(ValueError):
 
 
 def check_resume_position(
-    state: dict[str, Any] | None, batch_size: int | None, world_size: int | None, where: Any = "the checkpoint"
+    state: dict[str, Any] | None,
+    batch_size: int | None,
+    world_size: int | None,
+    where: Any = "the checkpoint",
+    seed: int | None = None,
 ) -> None:
-    """Refuse to resume :class:`ExactResume`'s ``state`` (as a checkpoint keeps it) mid-epoch with a ``batch_size`` or
-    ``world_size`` (processes: devices x nodes) other than the ones it was saved with: a
+    """Refuse to resume :class:`ExactResume`'s ``state`` (as a checkpoint keeps it) mid-epoch with a ``batch_size``,
+    ``world_size`` (processes: devices x nodes) or order ``seed`` (``seed=``) other than the ones it was saved with: a
     :class:`ResumePositionError` naming the checkpoint ``where``, both values and the fixes. Allowed: a checkpoint at
     an epoch's end (its epoch done: the next one starts from its beginning at any size), or one written before the
     loaders kept their batch size (not checked). ``None``: not known, not compared."""
@@ -155,13 +161,18 @@ def check_resume_position(
         changed.append(f"data.batch_size={batch_size} (checkpoint: {old_bs})")
     if world_size is not None and int(world_size) != old_world:
         changed.append(f"{_processes(world_size)} (trainer.devices x trainer.num_nodes; checkpoint: {old_world})")
+    old_seed = state.get("seed")  # (None: a checkpoint of vitrel before it kept the order's seed)
+    reseeded = seed is not None and old_seed is not None and int(seed) != int(old_seed)
+    if reseeded:  # the rest of the epoch would follow another order
+        changed.append(f"seed={seed} (checkpoint: {old_seed})")
     if not changed:
         return
     of = f" of {total}" if total is not None else ""
     raise ResumePositionError(
         f"{where} was saved mid-epoch (epoch {loader.get('epoch')}, {done}{of} batches of {old_bs} samples on each "
         f"of {_processes(old_world)}): resuming it with {' and '.join(changed)} would train on some of that epoch's "
-        f"samples twice and skip others. Resume with data.batch_size={old_bs} on {_processes(old_world)}, or from a "
+        f"samples twice and skip others. Resume with data.batch_size={old_bs} on {_processes(old_world)}"
+        f"{f' with seed={old_seed}' if reseeded else ''}, or from a "
         f"checkpoint written at an epoch's end, or start a new run from its weights: model=from_checkpoint "
         f"model.path={where}"
     )

@@ -196,7 +196,8 @@ def resolve_ckpt_path(
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
     position = (ckpt.get("callbacks") or {}).get(ExactResume.__qualname__)
-    check_resume_position(position, getattr(dm, "batch_size", None), world_size(cfg.trainer), path)
+    seed = next((cb.seed for cb in callbacks if isinstance(cb, ExactResume)), None)  # the epoch order's
+    check_resume_position(position, getattr(dm, "batch_size", None), world_size(cfg.trainer), path, seed)
     if "global_step" not in ckpt:
         raise CheckpointError(
             f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "

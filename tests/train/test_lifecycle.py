@@ -105,3 +105,13 @@ def test_a_mid_epoch_resume_with_another_seed_is_refused_naming_the_seed(tmp_pat
     with pytest.raises(SystemExit):  # the same seed: resumes, and stops at the epoch's end (step 5)
         train(compose(tmp_path, [*run, "seed=3"]), callbacks=[SendSignal(at_step=4, signum=signal.SIGTERM)])
     assert train(compose(tmp_path, [*run, "seed=1"]))  # an epoch's end: the next epoch in seed=1's order
+
+
+def test_debug_overfit_trains_on_the_default_memory_loader_data(tmp_path):
+    """``debug=overfit`` on Fashion-MNIST (whose loader is ``memory``): Lightning's ``overfit_batches`` swaps the
+    training loader's sampler, which only a DataLoader has; it failed with a traceback ending in "needs to subclass
+    `torch.utils.data.DataLoader`". The debug config takes the workers loader."""
+    run = [*TINY_VIT, *FAST, "debug=overfit", "trainer.max_epochs=2", "trainer.limit_test_batches=1", "logger=none"]
+    result = train(compose(tmp_path, run))
+    assert result["test/acc1"] >= 0.0
+    assert (tmp_path / "checkpoints" / "last.ckpt").exists()

@@ -115,3 +115,16 @@ def test_debug_overfit_trains_on_the_default_memory_loader_data(tmp_path):
     result = train(compose(tmp_path, run))
     assert result["test/acc1"] >= 0.0
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
+
+
+@pytest.mark.parametrize("value", ["true", "yes"])
+def test_a_resume_value_it_does_not_take_is_one_line_naming_the_choices(tmp_path, value):
+    """``resume=true`` (a user who wants the run to resume) ended in a traceback, after the data and the model were
+    built: one line, naming what ``resume`` takes and ``ckpt_path=last``."""
+    from tests.train_helpers import run_script
+
+    proc = run_script("train.py", [*TINY_VIT, *FAST, f"resume={value}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    out = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    last = out.splitlines()[-1]
+    assert last.startswith("train.py: ConfigError: resume=") and "auto" in last and "ckpt_path=last" in last, last

@@ -37,6 +37,8 @@ __all__ = [
     "PredictConfig",
     "MOVED_KEYS",
     "check_moved_keys",
+    "check_resume",
+    "ConfigError",
     "register_configs",
 ]
 
@@ -309,8 +311,23 @@ MOVED_KEYS: dict[str, str] = {
 _ABSENT = object()
 
 
+class ConfigError(ValueError):
+    """A setting the run cannot take, named with what to set instead (``train.py`` prints it as one line)."""
+
+
+def check_resume(cfg: DictConfig) -> Any:
+    """``cfg.resume``: ``auto`` or false (``None`` and ``never`` are false), else a :class:`ConfigError` saying so."""
+    resume = cfg.get("resume", "auto")
+    if resume not in ("auto", False, "never", None):
+        raise ConfigError(
+            f"resume={resume}: resume takes auto (the default: resume from the run folder's checkpoints/last.ckpt when "
+            "there is one) or false (start over); ckpt_path=last resumes and stops when there is no last.ckpt"
+        )
+    return resume
+
+
 def check_moved_keys(cfg: DictConfig) -> None:
-    """Raise ``ValueError`` naming the new key when ``cfg`` sets one of vitrel 0.1's keys (``+optim.lr=...``)."""
+    """A :class:`ConfigError` naming the new key when ``cfg`` sets one of vitrel 0.1's keys (``+optim.lr=...``)."""
     found = [
         f"{old} moved to {new}"
         for old, new in MOVED_KEYS.items()
@@ -329,6 +346,6 @@ def check_moved_keys(cfg: DictConfig) -> None:
         kept = [n for n in logger if n not in empty]
         found += [f"logger.{n}={{}} (adding a logger) moved to logger='[{','.join([*kept, n])}]'" for n in empty]
     if found:
-        raise ValueError(
+        raise ConfigError(
             "keys of vitrel 0.1 that moved (docs/training.md lists them): " + "; ".join(found) + ". Use the new keys."
         )

@@ -66,7 +66,9 @@ def test_warmup_cosine_schedule():
     assert s.lr_at(110) == pytest.approx(1e-5)
     assert s(60) == pytest.approx(s.lr_at(60) / 1e-3)
     with pytest.raises(ValueError, match="warmup_steps"):
-        WarmupCosine(total_steps=5, warmup_steps=6, lr=1e-3)
+        WarmupCosine(total_steps=5, warmup_steps=-1, lr=1e-3)
+    longer = WarmupCosine(total_steps=5, warmup_steps=10, lr=1e-3)  # a run shorter than its warmup: the same ramp
+    assert [longer.lr_at(k) for k in range(5)] == pytest.approx([1e-4 * k for k in range(5)])
 
 
 def test_warmup_cosine_scheduler_factory():

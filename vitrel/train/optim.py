@@ -78,8 +78,8 @@ class WarmupCosine:
     def __init__(self, total_steps: int, warmup_steps: int, lr: float, min_lr: float = 0.0, warmup_lr: float = 0.0):
         if total_steps < 1:
             raise ValueError(f"the schedule needs at least one optimizer step, got total_steps={total_steps}")
-        if not 0 <= warmup_steps <= total_steps:
-            raise ValueError(f"warmup_steps must be in [0, total_steps={total_steps}], got {warmup_steps}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
         self.total_steps = int(total_steps)
@@ -141,9 +141,15 @@ def warmup_cosine(
 ) -> LambdaLR:
     """Linear warmup then cosine to ``min_lr`` over ``total_steps`` optimizer steps (:class:`WarmupCosineLR`, a
     ``LambdaLR`` of :class:`WarmupCosine`; the peak is the optimizer's ``lr``). The warmup lasts ``warmup_steps``
-    steps, or ``round(warmup_epochs * steps_per_epoch)`` when ``warmup_steps`` is None. Restored from a
+    steps, or ``round(warmup_epochs * steps_per_epoch)`` when ``warmup_steps`` is None, also when that is longer
+    than the run (a short debugging run then ends inside the configured ramp, as the log says). Restored from a
     checkpoint, it keeps these lengths (see the module docstring)."""
     warmup = int(warmup_steps) if warmup_steps is not None else int(round(warmup_epochs * steps_per_epoch))
-    warmup = min(warmup, int(total_steps))
     lr = float(optimizer.defaults["lr"])
-    return WarmupCosineLR(optimizer, WarmupCosine(int(total_steps), warmup, lr, min_lr=min_lr, warmup_lr=warmup_lr))
+    schedule = WarmupCosine(int(total_steps), warmup, lr, min_lr=min_lr, warmup_lr=warmup_lr)
+    if warmup > total_steps:  # the configured ramp (as timm's schedulers), not one squeezed into the run
+        rank_zero_info(
+            f"learning-rate schedule: the run ({total_steps} steps) ends inside its warmup ({warmup} steps): the rate "
+            f"rises to {schedule.lr_at(int(total_steps) - 1):.4g} of lr={lr:.4g}, with no cosine decay"
+        )
+    return WarmupCosineLR(optimizer, schedule)

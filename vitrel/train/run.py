@@ -36,7 +36,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from timm.layers import to_2tuple
 
-from vitrel.config import check_moved_keys
+from vitrel.config import check_moved_keys, check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.input_size import InputSizeError, check_patches_fit
@@ -198,7 +198,8 @@ def resolve_ckpt_path(
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
     position = (ckpt.get("callbacks") or {}).get(ExactResume.__qualname__)
-    check_resume_position(position, getattr(dm, "batch_size", None), world_size(cfg.trainer), path)
+    seed = next((cb.seed for cb in callbacks if isinstance(cb, ExactResume)), None)  # the epoch order's
+    check_resume_position(position, getattr(dm, "batch_size", None), world_size(cfg.trainer), path, seed)
     if "global_step" not in ckpt:
         raise CheckpointError(
             f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
@@ -294,9 +295,7 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path) -> str | None:
         if not p.exists():
             raise CheckpointError(f"ckpt_path={ck}: no such file or folder")
         return str(p)
-    resume = cfg.get("resume", "auto")
-    if resume not in ("auto", False, "never", None):
-        raise ValueError(f"resume must be 'auto' or false, got {resume!r}")
+    resume = check_resume(cfg)
     if resume == "auto" and last.exists():
         rank_zero_info(f"resume=auto: resuming from {last} (set resume=false to start over in this folder)")
         return str(last)
@@ -350,6 +349,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     (:class:`~vitrel.train.rundir.RunLock`, by the process of global rank 0).
     """
     check_moved_keys(cfg)  # +optim.lr=... (vitrel 0.1) would be composed and ignored
+    check_resume(cfg)  # resume=true: before anything is built
     check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()

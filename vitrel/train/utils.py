@@ -243,6 +243,7 @@ def one_line_errors(script: str) -> Iterator[None]:
     machine without one) end a single run with their message alone, ``<script>: <message>`` (exit code 1), as
     ``predict.py`` does: the message says what to do, a traceback adds nothing. Under ``-m`` they are raised, so that
     the job fails as Hydra's jobs fail and the sweep goes on."""
+    from vitrel.config import ConfigError
     from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
     from vitrel.data.memory import MemoryBudgetError
     from vitrel.models.ckpt_files import CheckpointError
@@ -259,6 +260,7 @@ def one_line_errors(script: str) -> Iterator[None]:
         MemoryBudgetError,
         ResumePositionError,
         AcceleratorUnavailableError,
+        ConfigError,
     )
     try:
         yield

@@ -207,6 +207,22 @@ def test_rope_similarity_of_rope2d_mixed_uses_its_learned_frequencies():
         viz.rope_similarity(build("rel2d_full"))
 
 
+@pytest.mark.parametrize("name", ["rope2d_axial", "rope2d_mixed", "spiral_rope"])
+def test_pictures_of_a_scheme_in_training_mode_show_its_evaluation_positions(name):
+    # build_pos and load_model return schemes in training mode, where DINOv3's coordinate augmentation moves the
+    # patches at random: the pictures must show the positions the model is evaluated at, draw no random numbers
+    # (the training callback draws them mid-run) and leave the mode as it was
+    s = build(name, heads=2, head_dim=16, coords="normalized", shift=0.5, jitter=2.0, rescale=2.0)
+    s.eval()
+    want_m, want_s = viz.position_matrix(s), viz.rope_similarity(s)
+    s.train()
+    rng = torch.get_rng_state()
+    torch.testing.assert_close(viz.position_matrix(s), want_m, rtol=0, atol=0)
+    torch.testing.assert_close(viz.rope_similarity(s), want_s, rtol=0, atol=0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert s.training
+
+
 def test_group_by_declared_family():
     want = {
         "none": "none",

@@ -1,38 +1,37 @@
 """Pictures of position schemes and attention maps (the study's plots: ``vitrel.study.plots``).
 
-Every plotting function returns a ``matplotlib.figure.Figure`` built without pyplot (no GUI
-backend), so the same code draws in notebooks, in headless scripts and in the training callbacks
-that log images to W&B / TensorBoard (:func:`figure_to_array`).
+Every plotting function returns a ``matplotlib.figure.Figure`` built without pyplot (no GUI backend): it draws in
+notebooks, headless scripts and the training callbacks that log images to W&B / TensorBoard (:func:`figure_to_array`).
 
-**The position term of the logits.** For a scheme on an ``H x W`` grid, :func:`position_matrix`
-returns the position-dependent part of the attention logit between every query patch ``i`` and
-every key patch ``j``, for a fixed probe content ``u`` (the same vector at every position, pairs
-``(1, 0)``, so every RoPE pair is a unit-length "real" number)::
+**The position term of the logits.** For a scheme on an ``H x W`` grid, :func:`position_matrix` returns the
+position-dependent part of the attention logit between every query patch ``i`` and every key patch ``j``, for a fixed
+probe content ``u`` (the same vector at every position, pairs ``(1, 0)``, so every RoPE pair is a unit-length "real"
+number), with the scheme in eval mode (its mode restored after: the positions the model is evaluated at)::
 
     P_h[i, j] = A_h(u, u)[i, j] - A_h^none(u, u)[i, j]
               = ( R_i u . R_j u + u . r^K_ij - u . u ) / sqrt(d) + bias_h[i, j]
 
 so a bias scheme shows exactly its bias ``b_h[i, j]``, RoPE its sum-of-cosines pattern
-``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K_ij``.
-Absolute schemes act on the tokens, not on the logits; for them the matrix is the cosine
-similarity of the patches' embeddings ``e_i . e_j / (|e_i| |e_j|)`` (the usual ViT picture, one
-"head"). :func:`position_kernel` is one row of it (what one query patch sees) as an ``H x W`` map,
-and :func:`offset_profile` folds a matrix into a function of the offset ``(dh, dw)`` with
-``dh = row_i - row_j``, ``dw = col_i - col_j`` (for a relative scheme every pair with the same
-offset has the same value, so the fold loses nothing). On a video grid ``(T, H, W)`` (tokens t-major) the same
-numbers are ``[heads, T, H, W]`` per query, drawn as each head's ``T`` frames side by side.
+``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K_ij``. Absolute schemes act on
+the tokens, not on the logits; for them the matrix is the cosine similarity of the patches' embeddings
+``e_i . e_j / (|e_i| |e_j|)`` (the usual ViT picture, one "head"). :func:`position_kernel` is one row of it (what one
+query patch sees) as an ``H x W`` map, and :func:`offset_profile` folds a matrix into a function of the offset
+``(dh, dw)`` with ``dh = row_i - row_j``, ``dw = col_i - col_j`` (for a relative scheme every pair with the same offset
+has the same value, so the fold loses nothing). On a video grid ``(T, H, W)`` (tokens t-major) the same numbers are
+``[heads, T, H, W]`` per query, drawn as each head's ``T`` frames side by side.
 
 **RoPE's similarity.** :func:`rope_similarity` is the cosine similarity of the rotated probes,
 ``R_i u . R_j u / |u|^2 = (2/d) sum_t cos(theta_t(i) - theta_t(j))``, as a function of ``(dh, dw)``.
 
-**Shaw's tables.** :func:`content_tables` returns the learned key/value tables of a scheme with
-content terms (``r^K``, ``r^V``); :func:`plot_content_tables` draws 1-D tables ``[2K+1, d]`` as
-offset x channel images and 2-D tables ``[2Kh+1, 2Kw+1, d]`` as the norm ``|r[dh, dw]|``.
+**Shaw's tables.** :func:`content_tables` returns the learned key/value tables of a scheme with content terms
+(``r^K``, ``r^V``); :func:`plot_content_tables` draws 1-D tables ``[2K+1, d]`` as offset x channel images and 2-D
+tables ``[2Kh+1, 2Kw+1, d]`` as the norm ``|r[dh, dw]|``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -81,6 +80,16 @@ def _device(module: nn.Module) -> torch.device:
     return ref.device if ref is not None else torch.device("cpu")
 
 
+@contextmanager
+def _evaluated(scheme: PositionScheme) -> Iterator[None]:
+    """``scheme`` in eval mode, then its mode restored: no random draw of training-time coordinate augmentation."""
+    was_training, _ = scheme.training, scheme.eval()
+    try:
+        yield
+    finally:
+        scheme.train(was_training)
+
+
 def _probe(heads: int, n: int, d: int, device: torch.device) -> Tensor:
     """``[1, heads, n, d]`` with every rotation pair ``(1, 0)``."""
     u = torch.zeros(1, heads, n, d, device=device)
@@ -122,10 +131,11 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
         return (e @ e.t())[None].cpu()
     heads, d = scheme.num_heads, scheme.head_dim
     u = _probe(heads, n, d, device)
-    st = scheme.prepare(grid, 0, device, u.dtype)
-    q, k = scheme.rotate(u, u.clone(), st)
+    with _evaluated(scheme):
+        st = scheme.prepare(grid, 0, device, u.dtype)
+        q, k = scheme.rotate(u, u.clone(), st)
+        extra = scheme.content_logits(q, st)
     logit = q.float() @ k.float().transpose(-2, -1)  # [1, heads, n, n]
-    extra = scheme.content_logits(q, st)
     if extra is not None:
         logit = logit + extra.float()
     out = (logit - d / 2) * d**-0.5  # u . u = d / 2: the logit without position
@@ -179,7 +189,8 @@ def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
     grid = as_grid(grid if grid is not None else scheme.grid)
     d = scheme.head_dim
     u = _probe(scheme.num_heads, grid.n, d, _device(scheme))
-    q, k = scheme.rotate(u, u.clone(), scheme.prepare(grid, 0, u.device, u.dtype))
+    with _evaluated(scheme):
+        q, k = scheme.rotate(u, u.clone(), scheme.prepare(grid, 0, u.device, u.dtype))
     sim = (q.float() @ k.float().transpose(-2, -1))[0] / (d / 2)
     return offset_profile(sim.cpu(), grid)
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -335,6 +337,29 @@ def test_plot_pos_scheme_query():
     assert len(axes) == 3
     img = torch.as_tensor(axes[2].images[0].get_array())
     torch.testing.assert_close(img, s.bias(Grid(4, 5), 0).detach()[2, 4].reshape(4, 5).float())
+
+
+@pytest.mark.parametrize("plot", ["plot_pos_scheme", "plot_schemes"])
+def test_keys_a_head_cannot_see_are_drawn_apart_from_the_finite_scale(plot):
+    # LookHere's -inf (outside a head's view) made the colour scale infinite: every key in view drew at the bottom of
+    # the scale and the keys out of view drew blank, the colour of a zero term
+    import matplotlib.colors
+
+    s = build("lookhere", grid=(7, 7), heads=4, head_dim=8)
+    m = viz.position_matrix(s)
+    finite = m[torch.isfinite(m)]
+    assert (m == float("-inf")).any() and finite.min() < finite.max()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "invalid value encountered" on an infinite scale
+        fig = getattr(viz, plot)({"lookhere": s}) if plot == "plot_schemes" else viz.plot_pos_scheme(s)
+        viz.figure_to_array(fig)
+    images = [im for ax in panels(fig) for im in ax.images]
+    shown = np.concatenate([np.ma.getdata(im.get_array()).ravel() for im in images])
+    for im in images:  # one scale for the figure: the largest finite term drawn
+        assert math.isfinite(im.norm.vmin) and math.isfinite(im.norm.vmax)
+        assert im.norm.vmax == pytest.approx(float(np.abs(shown[np.isfinite(shown)]).max()))
+        bad = matplotlib.colors.to_rgba(im.cmap.get_bad())
+        assert bad[3] == 1.0 and bad[:3] != (1.0, 1.0, 1.0)  # opaque, not white (a zero on RdBu)
 
 
 @pytest.mark.parametrize("pos", ["rel2d_factored", "rope2d_mixed", "sincos2d", "shaw2d_factored", "alibi2d"])

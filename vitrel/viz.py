@@ -244,8 +244,18 @@ def _off(ax) -> None:
 
 
 def _sym_lim(a: np.ndarray) -> float:
-    lim = float(np.abs(a).max()) if a.size else 0.0
+    a = np.abs(a[np.isfinite(a)])  # LookHere's -inf (keys out of a head's view): grey in _scale's colour map
+    lim = float(a.max()) if a.size else 0.0
     return lim if lim > 0 else 1.0
+
+
+def _scale(a: np.ndarray, absolute: bool) -> tuple[Any, float, float]:
+    """Colour map and limits of a heat map: on ``[-1, 1]`` for absolute schemes' similarities, else symmetric about 0
+    over the finite values, ``-inf`` (a key a head cannot see) in grey, not in the white of a zero term."""
+    from matplotlib import colormaps
+
+    lim = _sym_lim(a)
+    return ("viridis", -1.0, 1.0) if absolute else (colormaps["RdBu_r"].with_extremes(bad="0.4"), -lim, lim)
 
 
 def plot_pos_scheme(
@@ -273,8 +283,7 @@ def plot_pos_scheme(
     fig = _figure(1.9 * panels + 0.8, 2.0 * rows + 0.4)
     axes = np.atleast_2d(fig.subplots(rows, panels, squeeze=False))
     absolute = scheme.kind == "absolute"
-    lim = _sym_lim(kernel)
-    cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
+    cmap, vmin, vmax = _scale(kernel, absolute)
     qy, qx = _query_at(grid, query)
     im = None
     for h in range(panels):
@@ -313,7 +322,7 @@ def _plot_frames(scheme: PositionScheme, grid: Grid3, title: str | None, max_hea
     for t in range(grid.t):
         strips[:, :, t * (grid.w + 1) : t * (grid.w + 1) + grid.w] = kernel[:, t]
     absolute = scheme.kind == "absolute"
-    lim = _sym_lim(kernel)
+    lim = _sym_lim(kernel)  # (not _scale: the NaN gaps between frames stay blank)
     cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
     width = strips.shape[2] / grid.h  # each strip's aspect
     fig = _figure(min(1.0 + 1.2 * width, 16.0), 0.5 + 1.3 * heads)
@@ -357,8 +366,7 @@ def plot_schemes(
         g = as_grid(grid if grid is not None else s.grid)
         m = position_matrix(s, g)
         absolute = s.kind == "absolute"
-        lim = _sym_lim(m.numpy())
-        cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
+        cmap, vmin, vmax = _scale(m.numpy(), absolute)
         ax = axes[r, 0]
         im = ax.imshow(m[0].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
         _off(ax)

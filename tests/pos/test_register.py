@@ -3,12 +3,20 @@ the registry refuses a class whose hooks and declarations disagree (the kernels 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
+import timm
 import torch
 from torch import nn
 
+import vitrel
 import vitrel.pos.registry as registry
-from vitrel.layout.geometry import pad_prefix, rel_offsets
+from tests.train_helpers import FAST, ROOT, TINY_VIT, script_env
+from vitrel.layout.geometry import Grid, pad_prefix, rel_offsets
+from vitrel.models.checkpoint import CheckpointError
 from vitrel.pos import PositionScheme, list_pos, register_pos
 
 
@@ -78,3 +86,59 @@ def test_a_declared_bias_scheme_registers_and_builds(unregister):
     assert "mine" in list_pos("relative")
     s = registry.build_pos({"name": "mine", "init_width": 0.5}, num_heads=2, head_dim=8, grid=(3, 3))
     assert torch.equal(s.width, torch.full((2,), 0.5))
+
+
+# ------------------------------------------------------------------ README's "Adding a position scheme", as written
+def readme_howto() -> tuple[str, str]:
+    """The section's Python block (the scheme) and the launcher its bash block writes."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("### Adding a position scheme") :]
+    section = section[: section.index("\n## ")]
+    code = section[section.index("```python\n") + 10 :]
+    code = code[: code.index("\n```")]
+    launcher = section[section.index("<<'EOF'\n") + 8 :]
+    return code, launcher[: launcher.index("\nEOF\n")]
+
+
+def test_readme_gauss2d_is_the_bias_it_states(unregister):
+    code, _ = readme_howto()
+    ns: dict = {}
+    exec(compile(code, "README.md", "exec"), ns)
+    model = ns["model"]
+    pos = model.blocks[0].attn.pos
+    assert pos.name == "gauss2d" and torch.equal(pos.width.detach(), torch.full((pos.num_heads,), 0.5))
+    assert model.vitrel_cfg["pos"] == {"name": "gauss2d", "init_width": 0.5}
+    g = Grid(3, 4)
+    b = pos.bias(g, 1).detach()
+    for i in range(g.n):
+        for j in range(g.n):
+            d2 = (i // 4 - j // 4) ** 2 + (i % 4 - j % 4) ** 2
+            torch.testing.assert_close(b[:, 1 + i, 1 + j], -0.5 * d2 * torch.ones(pos.num_heads))
+    assert b[:, 0].abs().sum() == 0 and b[:, :, 0].abs().sum() == 0
+
+
+def test_readme_launcher_trains_a_scheme_from_outside_the_package(tmp_path, unregister):
+    code, launcher = readme_howto()
+    (tmp_path / "my_schemes.py").write_text(code, encoding="utf-8")
+    (tmp_path / "my_train.py").write_text(launcher, encoding="utf-8")
+    (tmp_path / "my_conf" / "pos").mkdir(parents=True)
+    (tmp_path / "my_conf" / "pos" / "gauss2d.yaml").write_text("name: gauss2d\ninit_width: 0.1\n", encoding="utf-8")
+    run = tmp_path / "run"
+    args = ["pos=gauss2d", "pos.init_width=0.5", f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", *TINY_VIT]
+    args += [*FAST, "trainer.max_steps=1", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
+    args += ["logger=none", f"hydra.run.dir={run}"]
+    env = script_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env["PYTHONPATH"]])
+    r = subprocess.run(
+        [sys.executable, "my_train.py", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    ckpt = run / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointError, match="unknown position scheme 'gauss2d'.*once the module that registers"):
+        vitrel.load_model(ckpt)  # this process has not imported it yet
+    exec(compile(code, "README.md", "exec"), {})  # import my_schemes, as the README says
+    model = vitrel.load_model(ckpt)
+    assert model.vitrel_cfg["pos"] == {"name": "gauss2d", "init_width": 0.5}
+    assert not torch.equal(model.blocks[0].attn.pos.width.detach(), torch.full((2,), 0.5))  # trained one step
+    t = timm.create_model("vitrel_vit_tiny_patch4_32", pos="gauss2d", num_classes=3)
+    assert t.blocks[0].attn.pos.name == "gauss2d"

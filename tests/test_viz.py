@@ -171,6 +171,27 @@ def test_position_matrix_sincos2d_is_the_cosine_similarity_of_the_embeddings():
             assert m[0, i, j] == pytest.approx(float(a @ b / (a.norm() * b.norm())), abs=1e-5)
 
 
+@pytest.mark.parametrize("name", ["pape", "pape_ri"])
+def test_position_matrix_of_pape_is_its_term_for_a_zero_input_token(name):
+    # PaPE's term comes from augment(x, q, k), which position_matrix did not call: every picture of it was blank
+    h, w, heads, d = 3, 4, 2, 8
+    s = build(name, grid=(h, w), heads=heads, head_dim=d).double()
+    with torch.no_grad():
+        for p in s.parameters():
+            p.normal_(0.0, 0.5)
+    want = torch.zeros(heads, h * w, h * w, dtype=torch.float64)
+    curv = math.log(2.0)  # softplus(A 0)
+    for i in range(h * w):
+        for j in range(h * w):
+            dp = torch.tensor([i % w - j % w, i // w - j // w], dtype=torch.float64)  # (x, y) = (col, row) offsets
+            if name == "pape":  # sum_p -a (u_ip - u_jp)^2 + b (u_ip - u_jp), b = B 0 = 0
+                du = s.position.weight.view(heads, s.parabolas, 2) @ dp
+                want[:, i, j] = -curv * (du**2).sum(-1)
+            else:  # -a s_h^2 |p_i - p_j|^2
+                want[:, i, j] = -curv * s.position_scales.view(heads) ** 2 * (dp**2).sum()
+    torch.testing.assert_close(viz.position_matrix(s).double(), want / math.sqrt(d), rtol=1e-5, atol=1e-5)
+
+
 def test_none_has_no_position_term():
     s = build("none")
     assert viz.position_matrix(s, (4, 5)).abs().max() == 0

@@ -12,7 +12,8 @@ number), with the scheme in eval mode (its mode restored after: the positions th
               = ( R_i u . R_j u + u . r^K_ij - u . u ) / sqrt(d) + bias_h[i, j]
 
 so a bias scheme shows exactly its bias ``b_h[i, j]``, RoPE its sum-of-cosines pattern
-``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K_ij``. Absolute schemes act on
+``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K_ij``. PaPE's term depends on
+the layer's input token: it is drawn for the zero token (curvature ``softplus(0)``, slope 0). Absolute schemes act on
 the tokens, not on the logits; for them the matrix is the cosine similarity of the patches' embeddings
 ``e_i . e_j / (|e_i| |e_j|)`` (the usual ViT picture, one "head"). :func:`position_kernel` is one row of it (what one
 query patch sees) as an ``H x W`` map, and :func:`offset_profile` folds a matrix into a function of the offset
@@ -134,6 +135,9 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
     with _evaluated(scheme):
         st = scheme.prepare(grid, 0, device, u.dtype)
         q, k = scheme.rotate(u, u.clone(), st)
+        if scheme.has_token_terms:  # PaPE: the term of a zero input token (module docstring)
+            x = torch.zeros(1, n, scheme.embed_dim, device=device, dtype=next(scheme.parameters()).dtype)
+            q, k = scheme.augment(x, q, k, st)
         extra = scheme.content_logits(q, st)
     logit = q.float() @ k.float().transpose(-2, -1)  # [1, heads, n, n]
     if extra is not None:

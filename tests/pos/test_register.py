@@ -142,3 +142,19 @@ def test_readme_launcher_trains_a_scheme_from_outside_the_package(tmp_path, unre
     assert not torch.equal(model.blocks[0].attn.pos.width.detach(), torch.full((2,), 0.5))  # trained one step
     t = timm.create_model("vitrel_vit_tiny_patch4_32", pos="gauss2d", num_classes=3)
     assert t.blocks[0].attn.pos.name == "gauss2d"
+
+
+@pytest.mark.parametrize("name", list_pos())
+def test_grid_hooks_take_a_plain_tuple(name):
+    # scheme.bias((7, 7)) (as Attention.bias takes it) raised "'tuple' object has no attribute 'h'" in most schemes
+    cls = registry.get_pos_class(name)
+    sides = (2, 3, 3) if cls.grid_dims == 3 else (3, 4)
+    s = registry.build_pos(name, num_heads=2, head_dim=24, grid=sides)
+    g = s.check_grid(sides)
+    calls = {"bias": (1,), "offset_table": (), "bias_factors": (1,), "rotation": (1, None, None)}
+    for hook, args in calls.items():
+        if getattr(cls, hook) is getattr(PositionScheme, hook):
+            continue
+        want, got = getattr(s, hook)(g, *args), getattr(s, hook)(sides, *args)
+        for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (want, got))):
+            torch.testing.assert_close(a, b)

@@ -53,7 +53,8 @@ PLACEHOLDERS: dict[tuple[str, str], str] = {
 
 # file:line of a block's first code line -> why it is only compiled
 SKIP = {
-    "README.md:189": "a summary with `...` for timm's NaFlex tensors and undefined images; docs/packing.md runs it",
+    "README.md:138": "registers a scheme in the global registry: tests/pos/test_register.py runs it, then restores it",
+    "README.md:248": "a summary with `...` for timm's NaFlex tensors and undefined images; docs/packing.md runs it",
 }
 
 # file:line of a statement -> (the result its comment states, as written; that result here). The statement's value

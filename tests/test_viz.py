@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import warnings
 
+import numpy as np
 import pytest
 import torch
 
@@ -169,6 +171,27 @@ def test_position_matrix_sincos2d_is_the_cosine_similarity_of_the_embeddings():
             assert m[0, i, j] == pytest.approx(float(a @ b / (a.norm() * b.norm())), abs=1e-5)
 
 
+@pytest.mark.parametrize("name", ["pape", "pape_ri"])
+def test_position_matrix_of_pape_is_its_term_for_a_zero_input_token(name):
+    # PaPE's term comes from augment(x, q, k), which position_matrix did not call: every picture of it was blank
+    h, w, heads, d = 3, 4, 2, 8
+    s = build(name, grid=(h, w), heads=heads, head_dim=d).double()
+    with torch.no_grad():
+        for p in s.parameters():
+            p.normal_(0.0, 0.5)
+    want = torch.zeros(heads, h * w, h * w, dtype=torch.float64)
+    curv = math.log(2.0)  # softplus(A 0)
+    for i in range(h * w):
+        for j in range(h * w):
+            dp = torch.tensor([i % w - j % w, i // w - j // w], dtype=torch.float64)  # (x, y) = (col, row) offsets
+            if name == "pape":  # sum_p -a (u_ip - u_jp)^2 + b (u_ip - u_jp), b = B 0 = 0
+                du = s.position.weight.view(heads, s.parabolas, 2) @ dp
+                want[:, i, j] = -curv * (du**2).sum(-1)
+            else:  # -a s_h^2 |p_i - p_j|^2
+                want[:, i, j] = -curv * s.position_scales.view(heads) ** 2 * (dp**2).sum()
+    torch.testing.assert_close(viz.position_matrix(s).double(), want / math.sqrt(d), rtol=1e-5, atol=1e-5)
+
+
 def test_none_has_no_position_term():
     s = build("none")
     assert viz.position_matrix(s, (4, 5)).abs().max() == 0
@@ -205,6 +228,22 @@ def test_rope_similarity_of_rope2d_mixed_uses_its_learned_frequencies():
     assert torch.allclose(sim[:, 3, 4], torch.ones(2))
     with pytest.raises(ValueError, match="rotary"):
         viz.rope_similarity(build("rel2d_full"))
+
+
+@pytest.mark.parametrize("name", ["rope2d_axial", "rope2d_mixed", "spiral_rope"])
+def test_pictures_of_a_scheme_in_training_mode_show_its_evaluation_positions(name):
+    # build_pos and load_model return schemes in training mode, where DINOv3's coordinate augmentation moves the
+    # patches at random: the pictures must show the positions the model is evaluated at, draw no random numbers
+    # (the training callback draws them mid-run) and leave the mode as it was
+    s = build(name, heads=2, head_dim=16, coords="normalized", shift=0.5, jitter=2.0, rescale=2.0)
+    s.eval()
+    want_m, want_s = viz.position_matrix(s), viz.rope_similarity(s)
+    s.train()
+    rng = torch.get_rng_state()
+    torch.testing.assert_close(viz.position_matrix(s), want_m, rtol=0, atol=0)
+    torch.testing.assert_close(viz.rope_similarity(s), want_s, rtol=0, atol=0)
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert s.training
 
 
 def test_group_by_declared_family():
@@ -319,6 +358,29 @@ def test_plot_pos_scheme_query():
     assert len(axes) == 3
     img = torch.as_tensor(axes[2].images[0].get_array())
     torch.testing.assert_close(img, s.bias(Grid(4, 5), 0).detach()[2, 4].reshape(4, 5).float())
+
+
+@pytest.mark.parametrize("plot", ["plot_pos_scheme", "plot_schemes"])
+def test_keys_a_head_cannot_see_are_drawn_apart_from_the_finite_scale(plot):
+    # LookHere's -inf (outside a head's view) made the colour scale infinite: every key in view drew at the bottom of
+    # the scale and the keys out of view drew blank, the colour of a zero term
+    import matplotlib.colors
+
+    s = build("lookhere", grid=(7, 7), heads=4, head_dim=8)
+    m = viz.position_matrix(s)
+    finite = m[torch.isfinite(m)]
+    assert (m == float("-inf")).any() and finite.min() < finite.max()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "invalid value encountered" on an infinite scale
+        fig = getattr(viz, plot)({"lookhere": s}) if plot == "plot_schemes" else viz.plot_pos_scheme(s)
+        viz.figure_to_array(fig)
+    images = [im for ax in panels(fig) for im in ax.images]
+    shown = np.concatenate([np.ma.getdata(im.get_array()).ravel() for im in images])
+    for im in images:  # one scale for the figure: the largest finite term drawn
+        assert math.isfinite(im.norm.vmin) and math.isfinite(im.norm.vmax)
+        assert im.norm.vmax == pytest.approx(float(np.abs(shown[np.isfinite(shown)]).max()))
+        bad = matplotlib.colors.to_rgba(im.cmap.get_bad())
+        assert bad[3] == 1.0 and bad[:3] != (1.0, 1.0, 1.0)  # opaque, not white (a zero on RdBu)
 
 
 @pytest.mark.parametrize("pos", ["rel2d_factored", "rope2d_mixed", "sincos2d", "shaw2d_factored", "alibi2d"])

@@ -1,38 +1,38 @@
 """Pictures of position schemes and attention maps (the study's plots: ``vitrel.study.plots``).
 
-Every plotting function returns a ``matplotlib.figure.Figure`` built without pyplot (no GUI
-backend), so the same code draws in notebooks, in headless scripts and in the training callbacks
-that log images to W&B / TensorBoard (:func:`figure_to_array`).
+Every plotting function returns a ``matplotlib.figure.Figure`` built without pyplot (no GUI backend): it draws in
+notebooks, headless scripts and the training callbacks that log images to W&B / TensorBoard (:func:`figure_to_array`).
 
-**The position term of the logits.** For a scheme on an ``H x W`` grid, :func:`position_matrix`
-returns the position-dependent part of the attention logit between every query patch ``i`` and
-every key patch ``j``, for a fixed probe content ``u`` (the same vector at every position, pairs
-``(1, 0)``, so every RoPE pair is a unit-length "real" number)::
+**The position term of the logits.** For a scheme on an ``H x W`` grid, :func:`position_matrix` returns the
+position-dependent part of the attention logit between every query patch ``i`` and every key patch ``j``, for a fixed
+probe content ``u`` (the same vector at every position, pairs ``(1, 0)``, so every RoPE pair is a unit-length "real"
+number), with the scheme in eval mode (its mode restored after: the positions the model is evaluated at)::
 
     P_h[i, j] = A_h(u, u)[i, j] - A_h^none(u, u)[i, j]
               = ( R_i u . R_j u + u . r^K_ij - u . u ) / sqrt(d) + bias_h[i, j]
 
 so a bias scheme shows exactly its bias ``b_h[i, j]``, RoPE its sum-of-cosines pattern
-``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K_ij``.
-Absolute schemes act on the tokens, not on the logits; for them the matrix is the cosine
-similarity of the patches' embeddings ``e_i . e_j / (|e_i| |e_j|)`` (the usual ViT picture, one
-"head"). :func:`position_kernel` is one row of it (what one query patch sees) as an ``H x W`` map,
-and :func:`offset_profile` folds a matrix into a function of the offset ``(dh, dw)`` with
-``dh = row_i - row_j``, ``dw = col_i - col_j`` (for a relative scheme every pair with the same
-offset has the same value, so the fold loses nothing). On a video grid ``(T, H, W)`` (tokens t-major) the same
-numbers are ``[heads, T, H, W]`` per query, drawn as each head's ``T`` frames side by side.
+``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K_ij``. PaPE's term depends on
+the layer's input token: it is drawn for the zero token (curvature ``softplus(0)``, slope 0). Absolute schemes act on
+the tokens, not on the logits; for them the matrix is the cosine similarity of the patches' embeddings
+``e_i . e_j / (|e_i| |e_j|)`` (the usual ViT picture, one "head"). :func:`position_kernel` is one row of it (what one
+query patch sees) as an ``H x W`` map, and :func:`offset_profile` folds a matrix into a function of the offset
+``(dh, dw)`` with ``dh = row_i - row_j``, ``dw = col_i - col_j`` (for a relative scheme every pair with the same offset
+has the same value, so the fold loses nothing). On a video grid ``(T, H, W)`` (tokens t-major) the same numbers are
+``[heads, T, H, W]`` per query, drawn as each head's ``T`` frames side by side.
 
 **RoPE's similarity.** :func:`rope_similarity` is the cosine similarity of the rotated probes,
 ``R_i u . R_j u / |u|^2 = (2/d) sum_t cos(theta_t(i) - theta_t(j))``, as a function of ``(dh, dw)``.
 
-**Shaw's tables.** :func:`content_tables` returns the learned key/value tables of a scheme with
-content terms (``r^K``, ``r^V``); :func:`plot_content_tables` draws 1-D tables ``[2K+1, d]`` as
-offset x channel images and 2-D tables ``[2Kh+1, 2Kw+1, d]`` as the norm ``|r[dh, dw]|``.
+**Shaw's tables.** :func:`content_tables` returns the learned key/value tables of a scheme with content terms
+(``r^K``, ``r^V``); :func:`plot_content_tables` draws 1-D tables ``[2K+1, d]`` as offset x channel images and 2-D
+tables ``[2Kh+1, 2Kw+1, d]`` as the norm ``|r[dh, dw]|``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -57,7 +57,7 @@ __all__ = [
     "plot_rope_similarity",
     "plot_content_tables",
     "plot_attention_maps",
-    "plot_packed_batch",
+    "plot_packed_batch",  # noqa: F822 (vitrel.viz_packing, through __getattr__)
     "plot_swin_windows",
     "figure_to_array",
 ]
@@ -79,6 +79,16 @@ def _device(module: nn.Module) -> torch.device:
     if ref is None:
         ref = next(iter(module.buffers()), None)
     return ref.device if ref is not None else torch.device("cpu")
+
+
+@contextmanager
+def _evaluated(scheme: PositionScheme) -> Iterator[None]:
+    """``scheme`` in eval mode, then its mode restored: no random draw of training-time coordinate augmentation."""
+    was_training, _ = scheme.training, scheme.eval()
+    try:
+        yield
+    finally:
+        scheme.train(was_training)
 
 
 def _probe(heads: int, n: int, d: int, device: torch.device) -> Tensor:
@@ -122,10 +132,14 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
         return (e @ e.t())[None].cpu()
     heads, d = scheme.num_heads, scheme.head_dim
     u = _probe(heads, n, d, device)
-    st = scheme.prepare(grid, 0, device, u.dtype)
-    q, k = scheme.rotate(u, u.clone(), st)
+    with _evaluated(scheme):
+        st = scheme.prepare(grid, 0, device, u.dtype)
+        q, k = scheme.rotate(u, u.clone(), st)
+        if scheme.has_token_terms:  # PaPE: the term of a zero input token (module docstring)
+            x = torch.zeros(1, n, scheme.embed_dim, device=device, dtype=next(scheme.parameters()).dtype)
+            q, k = scheme.augment(x, q, k, st)
+        extra = scheme.content_logits(q, st)
     logit = q.float() @ k.float().transpose(-2, -1)  # [1, heads, n, n]
-    extra = scheme.content_logits(q, st)
     if extra is not None:
         logit = logit + extra.float()
     out = (logit - d / 2) * d**-0.5  # u . u = d / 2: the logit without position
@@ -179,7 +193,8 @@ def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
     grid = as_grid(grid if grid is not None else scheme.grid)
     d = scheme.head_dim
     u = _probe(scheme.num_heads, grid.n, d, _device(scheme))
-    q, k = scheme.rotate(u, u.clone(), scheme.prepare(grid, 0, u.device, u.dtype))
+    with _evaluated(scheme):
+        q, k = scheme.rotate(u, u.clone(), scheme.prepare(grid, 0, u.device, u.dtype))
     sim = (q.float() @ k.float().transpose(-2, -1))[0] / (d / 2)
     return offset_profile(sim.cpu(), grid)
 
@@ -233,8 +248,18 @@ def _off(ax) -> None:
 
 
 def _sym_lim(a: np.ndarray) -> float:
-    lim = float(np.abs(a).max()) if a.size else 0.0
+    a = np.abs(a[np.isfinite(a)])  # LookHere's -inf (keys out of a head's view): grey in _scale's colour map
+    lim = float(a.max()) if a.size else 0.0
     return lim if lim > 0 else 1.0
+
+
+def _scale(a: np.ndarray, absolute: bool) -> tuple[Any, float, float]:
+    """Colour map and limits of a heat map: on ``[-1, 1]`` for absolute schemes' similarities, else symmetric about 0
+    over the finite values, ``-inf`` (a key a head cannot see) in grey, not in the white of a zero term."""
+    from matplotlib import colormaps
+
+    lim = _sym_lim(a)
+    return ("viridis", -1.0, 1.0) if absolute else (colormaps["RdBu_r"].with_extremes(bad="0.4"), -lim, lim)
 
 
 def plot_pos_scheme(
@@ -262,8 +287,7 @@ def plot_pos_scheme(
     fig = _figure(1.9 * panels + 0.8, 2.0 * rows + 0.4)
     axes = np.atleast_2d(fig.subplots(rows, panels, squeeze=False))
     absolute = scheme.kind == "absolute"
-    lim = _sym_lim(kernel)
-    cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
+    cmap, vmin, vmax = _scale(kernel, absolute)
     qy, qx = _query_at(grid, query)
     im = None
     for h in range(panels):
@@ -302,7 +326,7 @@ def _plot_frames(scheme: PositionScheme, grid: Grid3, title: str | None, max_hea
     for t in range(grid.t):
         strips[:, :, t * (grid.w + 1) : t * (grid.w + 1) + grid.w] = kernel[:, t]
     absolute = scheme.kind == "absolute"
-    lim = _sym_lim(kernel)
+    lim = _sym_lim(kernel)  # (not _scale: the NaN gaps between frames stay blank)
     cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
     width = strips.shape[2] / grid.h  # each strip's aspect
     fig = _figure(min(1.0 + 1.2 * width, 16.0), 0.5 + 1.3 * heads)
@@ -346,8 +370,7 @@ def plot_schemes(
         g = as_grid(grid if grid is not None else s.grid)
         m = position_matrix(s, g)
         absolute = s.kind == "absolute"
-        lim = _sym_lim(m.numpy())
-        cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
+        cmap, vmin, vmax = _scale(m.numpy(), absolute)
         ax = axes[r, 0]
         im = ax.imshow(m[0].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
         _off(ax)
@@ -506,77 +529,12 @@ def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
     return fig
 
 
-def plot_packed_batch(
-    batch: Mapping[str, Tensor],
-    scheme: PositionScheme | None = None,
-    num_prefix_tokens: int = 1,
-    row: int = 0,
-    patch_size: int | None = None,
-    title: str | None = None,
-):
-    """A packed NaFlex batch (timm's dict with ``segment_ids``) and its attention: each row's tokens coloured by
-    image (prefix tokens darker, padding grey), the images of row ``row`` put back together from their patches (with
-    ``patch_size``, else skipped), and row ``row``'s attention mask (a block per image; padding sees padding) or, with
-    a ``scheme`` (built with ``num_prefix_tokens``), its bias inside the mask, head-mean."""
-    from matplotlib.colors import ListedColormap
+def __getattr__(name: str) -> Any:  # the NaFlex batch picture lives in vitrel.viz_packing
+    if name == "plot_packed_batch":
+        from vitrel.viz_packing import plot_packed_batch
 
-    from vitrel.layout.tokens import segment_mask
-    from vitrel.models.naflex import parse_naflex, with_prefix
-
-    nb = parse_naflex(batch)
-    zeros = nb.patches.new_zeros(*nb.patches.shape[:2], 1)
-    _, layout, _ = with_prefix(zeros, nb, zeros.new_zeros(num_prefix_tokens, 1) if num_prefix_tokens else None)
-    img = layout.image.cpu().numpy()
-    shown = np.where(img < 0, 0, 2 + img % 5)  # grey padding, a colour per image
-    shown[~layout.is_patch.cpu().numpy() & (img >= 0)] = 1  # prefix tokens: black
-    mask = segment_mask(layout, torch.float32)[row, 0]
-    what = "mask (white: attends)"
-    if scheme is not None and scheme.has_bias:  # (a scheme with no bias adds nothing to the mask)
-        st = scheme.prepare(layout, num_prefix_tokens, None, torch.float32)
-        mask = (st.bias[row].mean(0) if st.bias.shape[1] > 1 else st.bias[row, 0]).detach()
-        what = f"{scheme.name} bias, head mean"
-    in_row = [i for i in range(nb.num_images) if bool((nb.image[row] == i).any())]
-    draw_images = patch_size is not None and in_row
-    fig = _figure(9.0, 3.2)
-    axes = fig.subplots(1, 3 if draw_images else 2, width_ratios=[2, 1, 1.2] if draw_images else [2, 1.2])
-    palette = ListedColormap(["#bbbbbb", "#111111", "#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3"])
-    axes[0].imshow(shown, cmap=palette, vmin=0, vmax=palette.N - 1, aspect="auto", interpolation="nearest")
-    for r in range(1, shown.shape[0]):
-        axes[0].axhline(r - 0.5, color="white", linewidth=2)
-    axes[0].set_yticks(range(shown.shape[0]))
-    axes[0].set_xlabel("token", fontsize=7)
-    axes[0].set_ylabel("row", fontsize=7)
-    axes[0].set_title(f"{nb.num_images} images in {shown.shape[0]} rows (black: prefix, grey: padding)", fontsize=8)
-    if draw_images:
-        ax = axes[1]
-        pieces = []
-        for i in in_row:
-            g, sel = nb.image_grids[i], nb.image[row] == i
-            c = nb.patches.shape[-1] // patch_size**2
-            canvas = torch.zeros(g.h * patch_size, g.w * patch_size, c)
-            for (r, col), p in zip(nb.coords[row, sel].tolist(), nb.patches[row, sel].float().cpu()):
-                ps = patch_size
-                canvas[r * ps : (r + 1) * ps, col * ps : (col + 1) * ps] = p.reshape(ps, ps, c)
-            pieces.append(_as_image(canvas.permute(2, 0, 1)))
-        h = max(p.shape[0] for p in pieces)
-        gap = np.ones((h, 2) + pieces[0].shape[2:])
-        strip = np.concatenate(
-            [x for p in pieces for x in (np.pad(p, [(0, h - p.shape[0])] + [(0, 0)] * (p.ndim - 1)), gap)], 1
-        )
-        ax.imshow(strip, cmap="gray" if strip.ndim == 2 else None)
-        ax.set_title(f"row {row}: its images at their own sizes", fontsize=8)
-        _off(ax)
-    ax = axes[-1]
-    m = mask.float().cpu().numpy()
-    if scheme is None:
-        ax.imshow(np.where(np.isinf(m), 0.0, 1.0), cmap="gray", vmin=0, vmax=1, interpolation="nearest")
-    else:
-        ax.imshow(np.where(np.isinf(m), np.nan, m), cmap="viridis", interpolation="nearest")
-    ax.set_facecolor("black")
-    ax.set_title(f"row {row}: {what}", fontsize=8)
-    _off(ax)
-    fig.suptitle(title or "a packed batch: tokens carry their image and coordinates", fontsize=9)
-    return fig
+        return plot_packed_batch
+    raise AttributeError(f"module 'vitrel.viz' has no attribute {name!r}")
 
 
 def figure_to_array(fig) -> np.ndarray:

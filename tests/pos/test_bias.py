@@ -251,6 +251,13 @@ def test_cpb_extends_to_any_grid_without_parameters_change():
     torch.testing.assert_close(a.bias((7, 5)), ref)
 
 
+@pytest.mark.parametrize("hidden_dim", [0, -4])
+def test_cpb_without_hidden_units_is_refused(hidden_dim):
+    # an MLP of no hidden units gives 16 sigmoid(0) = 8 for every offset: no position at all, trained silently
+    with pytest.raises(ValueError, match=rf"rel2d_cpb: hidden_dim must be a positive integer, got {hidden_dim}"):
+        build_pos({"name": "rel2d_cpb", "hidden_dim": hidden_dim}, num_heads=2, head_dim=8, grid=(3, 3))
+
+
 @pytest.mark.parametrize("n", [7, 200])
 def test_rel1d_bucket_under_causal_attention_uses_t5_one_directional_buckets(n):
     """Beyond max_distance too (n = 200 > 128): the bias equals T5's decoder mapping, and the output

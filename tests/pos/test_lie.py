@@ -188,6 +188,17 @@ def test_bad_options_are_one_clear_error(name, opts, match):
         attn(name, **opts)
 
 
+def test_liere_init_std_without_the_normal_init_is_refused():
+    # the liere_authors preset initialises U[0, 2 pi): a pos.init_std sweep gave the same run for every value
+    with pytest.raises(ValueError, match=r"liere: init_std \(3.0\) is the spread of init: normal; .*uniform_triu"):
+        attn("liere", init_std=3.0)
+    torch.manual_seed(0)
+    a = attn("liere", init="normal", init_std=3.0)
+    assert a.pos.init == "normal" and 2.0 < a.pos.generator.std() < 4.0
+    assert attn("liere", preset="comrope_baseline", init_std=3.0).pos.init == "normal"
+    assert attn("liere").pos.init == "uniform_triu"  # the default init_std (conf/pos/liere.yaml's) builds
+
+
 @pytest.mark.parametrize("name", ["liere", "comrope"])
 @pytest.mark.parametrize("bad", ["centre", "nan", "0.5", float("nan"), float("inf"), -math.inf])
 def test_cls_position_must_be_a_finite_number_or_null(name, bad):

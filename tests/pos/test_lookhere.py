@@ -97,6 +97,15 @@ def test_fov_picks_the_head_groups_and_prefix_tokens_are_unrestricted():
         assert torch.equal(b[:, 0], torch.zeros_like(b[:, 0])) and torch.equal(b[:, :, 0], torch.zeros_like(b[:, 0]))
     with pytest.raises(ValueError, match="fov must be one of"):
         build_pos({"name": "lookhere", "fov": 120}, num_heads=4, head_dim=8, grid=(3, 3))
+
+
+@pytest.mark.parametrize("fov", [90, 45])
+def test_fov_with_directions_is_refused(fov):
+    # directions set the head groups themselves: fov was ignored, so a pos.fov sweep trained one model
+    with pytest.raises(ValueError, match=rf"lookhere: fov={fov} .* and directions=.*give one of the two"):
+        build_pos({"name": "lookhere", "fov": fov, "directions": "halves"}, num_heads=4, head_dim=8, grid=(3, 3))
+    s = build_pos({"name": "lookhere", "fov": 180, "directions": "quadrants"}, num_heads=4, head_dim=8, grid=(3, 3))
+    assert s.groups == [("quadrants", 4)]  # fov 180 (the config file's) with directions: the directions
     with pytest.raises(ValueError, match="directions must be one of"):
         build_pos({"name": "lookhere", "directions": "spiral"}, num_heads=4, head_dim=8, grid=(3, 3))
 

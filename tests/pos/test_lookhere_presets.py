@@ -267,12 +267,12 @@ def test_configs_written_now_keep_the_presets(tmp_path):
     assert back.directions == ("halves", "diagonals", "none") and back.global_slope == 2.0
     assert LookHere.legacy_options({"name": "lookhere", "fov": 45}, 2) == {
         "name": "lookhere",
-        "fov": 45,
         "directions": "eighths",
         "global_slope": 1.0,
     }
     kept = {"name": "lookhere", "directions": ["halves", "none"], "global_slope": 3.0}
     assert LookHere.legacy_options(kept, 2) == kept
+    assert LookHere.legacy_options({**kept, "fov": 90}, 2) == kept  # fov beside directions: ignored then, dropped
     alibi = get_pos_class("alibi2d")  # format 2 already meant ALiBi's reference slopes; 0.1 (1) the geometric
     assert alibi.legacy_options({"name": "alibi2d"}, 2) == {"name": "alibi2d"}
     assert alibi.legacy_options({"name": "alibi2d"}, 1) == {"slopes": "geometric", "name": "alibi2d"}

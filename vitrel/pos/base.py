@@ -50,7 +50,8 @@ imports none).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import torch
@@ -84,6 +85,18 @@ class KernelLike(Protocol):
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p: float
     ) -> Tensor: ...
+
+
+#: The hooks whose first argument is a grid.
+GRID_HOOKS = ("bias", "offset_table", "bias_factors", "rotation")
+
+
+def _plain_grid(hook: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(hook)
+    def run(self: PositionScheme, grid: Any, *args: Any, **kwargs: Any) -> Any:
+        return hook(self, self.check_grid(grid) if type(grid) in (tuple, list, int) else grid, *args, **kwargs)
+
+    return run
 
 
 class PositionScheme(nn.Module):
@@ -151,6 +164,15 @@ class PositionScheme(nn.Module):
         self.embed_dim = embed_dim if embed_dim is not None else num_heads * head_dim
         # (index, number of layers) of the block this scheme serves; None for a scheme shared by all blocks
         self.layer = None if layer is None else (int(layer[0]), int(layer[1]))
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """The hooks that take a grid first (:data:`GRID_HOOKS`) also take it as a user writes it, ``(7, 7)``:
+        a plain tuple, list or int becomes the scheme's grid (:meth:`check_grid`); the model's ``Grid``, ``Grid3``
+        and ``TokenLayout`` pass as they are."""
+        super().__init_subclass__(**kwargs)
+        for name in GRID_HOOKS:
+            if name in cls.__dict__:
+                setattr(cls, name, _plain_grid(cls.__dict__[name]))
 
     @classmethod
     def check_grid(cls, grid: Any) -> Grid | Grid3:

@@ -50,12 +50,49 @@ PosArg = str | Mapping[str, Any] | None
 SIZES = ("num_heads", "head_dim", "grid", "num_prefix_tokens", "embed_dim")
 
 
+#: Each hook and the declaration the kernels read before calling it (a hook without its declaration is never called
+#: by some of them: a ``bias`` without ``has_bias`` is dropped by flex, triton and packed batches, kept by sdpa).
+HOOK_FLAGS = {
+    "bias": "has_bias",
+    "offset_table": "has_offset_table",
+    "bias_factors": "has_bias_factors",
+    "rotation": "has_rotation",
+    "rotate": "has_rotation",
+    "content_logits": "has_content_terms",
+    "content_values": "has_content_terms",
+    "augment": "has_token_terms",
+}
+
+
+def check_declarations(cls: type[PositionScheme]) -> None:
+    """Refuse a scheme class whose hooks and declared capabilities disagree (:data:`HOOK_FLAGS`; ``add_to_tokens`` is
+    for ``kind = 'absolute'``), naming the line to add."""
+    defined = {h for h in (*HOOK_FLAGS, "add_to_tokens") if getattr(cls, h) is not getattr(PositionScheme, h)}
+    for hook, flag in HOOK_FLAGS.items():
+        if hook in defined and not getattr(cls, flag):
+            raise TypeError(
+                f"{cls.__name__} defines {hook}() but declares {flag} = False: set {flag} = True in the class, or "
+                "the kernels that read the declaration never call it"
+            )
+    for flag in dict.fromkeys(HOOK_FLAGS.values()):
+        hooks = [h for h, f in HOOK_FLAGS.items() if f == flag]
+        if getattr(cls, flag) and not defined & set(hooks):
+            raise TypeError(f"{cls.__name__} declares {flag} = True but defines no {' / '.join(hooks)}()")
+    if "add_to_tokens" in defined and cls.kind != "absolute":
+        raise TypeError(
+            f"{cls.__name__} defines add_to_tokens() (an embedding added to the tokens) but is kind = {cls.kind!r}: "
+            "set kind = 'absolute'"
+        )
+
+
 def register_pos(name: str) -> Callable[[type[PositionScheme]], type[PositionScheme]]:
-    """Class decorator: make a scheme buildable as ``pos=name``."""
+    """Class decorator: make a scheme buildable as ``pos=name``. The class's hooks must match its declared
+    capabilities (:func:`check_declarations`)."""
 
     def deco(cls: type[PositionScheme]) -> type[PositionScheme]:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
             raise ValueError(f"position scheme {name!r} is registered twice")
+        check_declarations(cls)
         _REGISTRY[name] = cls
         cls.name = name
         return cls
@@ -70,7 +107,10 @@ def list_pos(kind: str | None = None) -> list[str]:
 
 def get_pos_class(name: str) -> type[PositionScheme]:
     if name not in _REGISTRY:
-        raise UnknownSchemeError(f"unknown position scheme {name!r}; known schemes: {', '.join(list_pos())}")
+        raise UnknownSchemeError(
+            f"unknown position scheme {name!r}; known schemes: {', '.join(list_pos())}. A scheme registered outside "
+            "vitrel is known once the module that registers it is imported (README: Adding a position scheme)"
+        )
     return _REGISTRY[name]
 
 

@@ -55,6 +55,8 @@ class Rel2dCpb(PositionScheme):
     has_bias = True
 
     def __init__(self, *, hidden_dim: int = 512, **kw) -> None:
+        if hidden_dim < 1:  # no hidden unit: the same bias for every offset
+            raise ValueError(f"rel2d_cpb: hidden_dim must be a positive integer, got {hidden_dim}")
         super().__init__(**kw)
         self.mlp = nn.Sequential(
             nn.Linear(2, hidden_dim, bias=True),

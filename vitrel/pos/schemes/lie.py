@@ -309,6 +309,11 @@ class Liere(_LieRotation):
         init = opts.pop("init")
         if init not in INITS:
             raise ValueError(f"liere: init must be one of {INITS}, got {init!r}")
+        if init != "normal" and kw.get("init_std", 1.0) != 1.0:  # (1.0: the default, which conf/pos/liere.yaml sets)
+            raise ValueError(
+                f"liere: init_std ({kw['init_std']}) is the spread of init: normal; this one initialises {init} "
+                f"(preset {preset}): set init: normal too, or leave init_std"
+            )
         super().__init__(**opts, **kw)
         self.preset, self.init = preset, init
         shape = (self.num_heads, 2, self.num_blocks, self.block_size, self.block_size)

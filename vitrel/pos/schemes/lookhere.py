@@ -225,6 +225,11 @@ class LookHere(GridBuffers, PositionScheme):
             if fov not in FOV_PRESETS:
                 raise ValueError(f"lookhere: fov must be one of {sorted(FOV_PRESETS)}, got {fov!r}")
             groups = FOV_PRESETS[fov]
+        elif fov != 180:  # (180: the default, which conf/pos/lookhere.yaml sets beside directions)
+            raise ValueError(
+                f"lookhere: fov={fov} picks the authors' head groups and directions={directions!r} sets its own: give "
+                "one of the two (fov applies with directions: null)"
+            )
         else:
             groups = parse_directions(directions)
         ls = [float(v) for v in layer_slopes]
@@ -246,8 +251,10 @@ class LookHere(GridBuffers, PositionScheme):
         if written_format >= 3:
             return options
         out = dict(options)
-        if out.get("directions") is None and out.get("fov", 180) in LEGACY_FOV_SETS:
-            out["directions"] = LEGACY_FOV_SETS[out.get("fov", 180)]
+        if out.get("fov", 180) in LEGACY_FOV_SETS:  # fov is then said by directions (or was ignored beside them)
+            fov = out.pop("fov", 180)
+            if out.get("directions") is None:
+                out["directions"] = LEGACY_FOV_SETS[fov]
         out.setdefault("global_slope", 1.0)
         return out
 

@@ -382,3 +382,21 @@ def test_linspace_unit_is_their_scale_0_to_1_branch(grid):
     lin = build_pos("liere", num_heads=2, head_dim=16, grid=(3, 4))
     if grid == (3, 4):
         torch.testing.assert_close(lin.positions(Grid(*grid), 1, None, torch.float64), got, rtol=0, atol=0)
+
+
+def test_a_checkpoint_with_the_init_std_liere_ignored_loads(tmp_path):
+    """``init_std`` beside the authors' uniform init was ignored before ``vitrel_format`` 6 and is refused now: a
+    checkpoint written then with ``pos.init_std=0.5`` (a sweep over it) loads, the option dropped, the same model."""
+    import vitrel
+
+    torch.manual_seed(0)
+    old = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="liere", embed_dim=32, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match="init_std"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", pos={"name": "liere", "init_std": 0.5})
+    cfg = {**old.vitrel_cfg, "vitrel_format": 5, "pos": {"name": "liere", "init_std": 0.5}}
+    state = {"model." + k: v for k, v in old.state_dict().items()}
+    torch.save({"state_dict": state, "vitrel_cfg": cfg}, tmp_path / "o.ckpt")
+    back = vitrel.load_model(tmp_path / "o.ckpt").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), old.eval()(x))

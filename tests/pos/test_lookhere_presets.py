@@ -276,3 +276,20 @@ def test_configs_written_now_keep_the_presets(tmp_path):
     alibi = get_pos_class("alibi2d")  # format 2 already meant ALiBi's reference slopes; 0.1 (1) the geometric
     assert alibi.legacy_options({"name": "alibi2d"}, 2) == {"name": "alibi2d"}
     assert alibi.legacy_options({"name": "alibi2d"}, 1) == {"slopes": "geometric", "name": "alibi2d"}
+
+
+def test_a_checkpoint_with_the_fov_lookhere_ignored_loads(tmp_path):
+    """``fov`` beside ``directions`` was ignored before ``vitrel_format`` 6 and is refused now: a checkpoint written
+    then with both (``pos.directions=halves pos.fov=90``) loads, ``fov`` dropped, the same model."""
+    torch.manual_seed(0)
+    spec = {"name": "lookhere", "directions": "halves"}
+    old = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=spec, embed_dim=32, depth=1, num_heads=2)
+    with pytest.raises(ValueError, match="give one of the two"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", pos={**spec, "fov": 90})
+    cfg = {**old.vitrel_cfg, "vitrel_format": 5, "pos": {**spec, "fov": 90}}
+    state = {"model." + k: v for k, v in old.state_dict().items()}
+    torch.save({"state_dict": state, "vitrel_cfg": cfg}, tmp_path / "o.ckpt")
+    back = vitrel.load_model(tmp_path / "o.ckpt").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), old.eval()(x))

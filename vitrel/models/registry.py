@@ -36,8 +36,9 @@ from vitrel.pos.registry import get_pos_class
 #: ``vitrel_cfg["vitrel_format"]`` of the configurations written now (0.1's had none: format 1). 2: ALiBi's
 #: reference slopes; 3: LookHere's ``fov`` names the authors' head groups, ``global_slope`` 2; 4: ``liere`` is the
 #: LieRE authors' configuration (``preset: liere_authors``; before: ``comrope_baseline``); 5: ``rope2d_axial`` rotates
-#: rows first (before: ``order: columns_first``).
-FORMAT = 5
+#: rows first (before: ``order: columns_first``); 6: ``liere``'s ``init_std`` beside another init and LookHere's ``fov``
+#: beside ``directions`` are refused (stored specs, where they were ignored, drop them).
+FORMAT = 6
 
 __all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg", "upgraded_cfg"]
 

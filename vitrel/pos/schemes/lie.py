@@ -324,8 +324,19 @@ class Liere(_LieRotation):
 
     @classmethod
     def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
-        """Before format 4, ``liere`` was the LieRE baseline of the ComRoPE code: a stored spec keeps it."""
-        return options if written_format >= 4 else {**options, "preset": options.get("preset", "comrope_baseline")}
+        """Before format 4, ``liere`` was the LieRE baseline of the ComRoPE code: a stored spec keeps it. Before
+        format 6, ``init_std`` beside an init other than ``normal`` was ignored (refused since): a stored spec drops
+        it (it only ever set the initialisation, which the stored weights replace)."""
+        out = dict(options)
+        if written_format < 4:
+            out["preset"] = out.get("preset", "comrope_baseline")
+        if written_format < 6:
+            init = out.get("init", PRESET)
+            if init == PRESET:
+                init = LIERE_PRESETS.get(out.get("preset", "liere_authors"), {}).get("init")
+            if init != "normal":
+                out.pop("init_std", None)
+        return out
 
     def generators(self) -> Tensor:
         if self.init == "normal":

@@ -247,10 +247,15 @@ class LookHere(GridBuffers, PositionScheme):
     @classmethod
     def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
         """Before format 3, ``fov`` meant one set for every head (180 ``halves``, 90 ``quadrants``, 45
-        ``eighths``) and ``global_slope`` defaulted to 1: a stored spec keeps that model."""
-        if written_format >= 3:
+        ``eighths``) and ``global_slope`` defaulted to 1: a stored spec keeps that model. Before format 6, ``fov``
+        beside ``directions`` was ignored (refused since): a stored spec drops it."""
+        if written_format >= 6:
             return options
         out = dict(options)
+        if written_format >= 3:
+            if out.get("directions") is not None:
+                out.pop("fov", None)
+            return out
         if out.get("fov", 180) in LEGACY_FOV_SETS:  # fov is then said by directions (or was ignored beside them)
             fov = out.pop("fov", 180)
             if out.get("directions") is None:

@@ -293,3 +293,19 @@ def test_a_checkpoint_with_the_fov_lookhere_ignored_loads(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(back(x), old.eval()(x))
+
+
+@pytest.mark.parametrize("arch", ["vitrel_vit_tiny_patch4_32", "vitrel_swin_tiny_patch2_window4_32"])
+def test_a_lookhere_shared_by_the_blocks_says_its_slope_is_the_first_blocks(arch, recwarn):
+    """``pos_share=True`` builds one LookHere for no block: its ``layer_slopes`` (1.5 at the first block to 0.5 at the
+    last) became 1.5 for every block without a word. It warns, saying so (and the slope is that); one value for all
+    blocks is no warning."""
+    kw = dict(embed_dim=32, depth=2, num_heads=2) if "vit_" in arch else {}
+    with pytest.warns(UserWarning, match=r"layer_slopes \[1.5, 0.5\] set a slope per block: every block takes the f"):
+        m = vitrel.create_model(arch, pos="lookhere", pos_share=True, **kw)
+    shared = next(mod for mod in m.modules() if isinstance(mod, LookHere))
+    assert shared.slope == shared.global_slope * 1.5
+    recwarn.clear()
+    vitrel.create_model(arch, pos={"name": "lookhere", "layer_slopes": [1.0, 1.0]}, pos_share=True, **kw)
+    vitrel.create_model(arch, pos="lookhere", **kw)
+    assert not [w for w in recwarn if "pos_share" in str(w.message)]

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
-from vitrel.models.blocks import Block, BlockStack
+from vitrel.models.blocks import Block, BlockStack, check_shared
 from vitrel.pos.registry import PosSpec, image_scheme
 
 __all__ = ["ViTBody", "SwinBody", "channels_first", "warn_video_scheme"]
@@ -80,6 +80,7 @@ class ViTBody(BlockStack):
         self.abs_pos = make_pos(absolute) if absolute is not None else None
         self.pos_drop = nn.Dropout(args["pos_drop_rate"])
         self.rel_pos = make_pos(rel) if args["pos_share"] else None
+        check_shared(self.rel_pos)
         check_choice(impl, self.rel_pos)  # (the blocks check their own schemes)
         dpr = calculate_drop_path_rates(args["drop_path_rate"], depth)
         self.blocks = nn.ModuleList(

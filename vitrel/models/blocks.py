@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import nullcontext
 from typing import Any
@@ -60,6 +61,18 @@ def constructor_config(cls: type, args: Mapping[str, Any], **normalised: Any) ->
     names = [n for n in inspect.signature(cls.__init__).parameters if n not in ("self", "device", "dtype")]
     out = {n: normalised[n] if n in normalised else args[n] for n in names}
     return {n: v.plain if isinstance(v, PosSpec) else v for n, v in out.items()}
+
+
+def check_shared(pos: PositionScheme | None) -> None:
+    """Warn when a scheme shared by all blocks (``pos_share=True``) would vary from block to block: the shared one is
+    built for no block (LookHere's ``layer_slopes``: every block takes the first slope)."""
+    why = None if pos is None else pos.layer_dependence()
+    if why:
+        warnings.warn(
+            f"pos_share=True shares one {pos.name} among the blocks but its {why}: every block takes the first "
+            "block's (give one value for all, or pos_share=False)",
+            stacklevel=3,
+        )
 
 
 def scheme_no_weight_decay(model: nn.Module) -> set[str]:

@@ -36,7 +36,16 @@ from vitrel.layout.windows import (
     window_positions,
     window_regions,
 )
-from vitrel.models.blocks import Block, BlockImpls, PatchEmbed, drops_weights, patch_grid, prepare_state, prepare_states
+from vitrel.models.blocks import (
+    Block,
+    BlockImpls,
+    PatchEmbed,
+    check_shared,
+    drops_weights,
+    patch_grid,
+    prepare_state,
+    prepare_states,
+)
 from vitrel.models.input_size import check_img_size
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import NonPersistentBuffers
@@ -413,6 +422,7 @@ class SwinStage(BlockImpls, nn.Module):
         pos = parse_pos(pos)
         make_pos = functools.partial(pos.build, num_heads=num_heads, head_dim=out_dim // num_heads, grid=win)
         self.rel_pos = make_pos() if pos_share else None
+        check_shared(self.rel_pos)
         check_choice(attn_impl, self.rel_pos)  # (the blocks check their own schemes)
         self.blocks = nn.ModuleList(
             [

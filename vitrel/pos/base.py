@@ -174,6 +174,11 @@ class PositionScheme(nn.Module):
             if name in cls.__dict__:
                 setattr(cls, name, _plain_grid(cls.__dict__[name]))
 
+    def layer_dependence(self) -> str | None:
+        """What makes the scheme's terms differ from block to block (the ``layer`` it is built for), as a phrase;
+        None when nothing does. One scheme shared by all blocks (``pos_share=True``) is built for none."""
+        return None
+
     @classmethod
     def check_grid(cls, grid: Any) -> Grid | Grid3:
         """``grid`` as the scheme reads it (:attr:`grid_dims`): a video grid given to an image scheme is refused,

@@ -269,6 +269,10 @@ class LookHere(GridBuffers, PositionScheme):
         self.register_buffer("head_slopes", head.to(**self._like("head_slopes")), persistent=False)
         self.register_buffer("built_bias", self._bias(self.grid, self.num_prefix_tokens), persistent=False)
 
+    def layer_dependence(self) -> str | None:
+        first, last = self.layer_slopes
+        return None if first == last else f"layer_slopes {[first, last]} set a slope per block"
+
     def layer_slope(self) -> float:
         """``s_l``: linear from ``layer_slopes[0]`` to ``[1]`` over the blocks (``torch.linspace``'s points)."""
         first, last = self.layer_slopes

@@ -1,6 +1,7 @@
 """Progress for logs: :class:`LineProgress`, plain lines when stdout is not a terminal (training steps and epochs,
-validation and test batches), and :class:`CountTestImages`, the images a test loop scored (fewer than the split's
-under ``trainer.limit_test_batches`` or ``fast_dev_run``)."""
+validation and test batches), :class:`StepLearningRateMonitor`, the rate of each optimizer step to the loggers, and
+:class:`CountTestImages`, the images a test loop scored (fewer than the split's under ``trainer.limit_test_batches``
+or ``fast_dev_run``)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,29 @@ import time
 from collections.abc import Sequence
 
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-__all__ = ["LineProgress", "CountTestImages"]
+__all__ = ["LineProgress", "StepLearningRateMonitor", "CountTestImages"]
+
+
+def _lr(trainer) -> float:
+    return trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+
+
+class StepLearningRateMonitor(LearningRateMonitor):
+    """Lightning's ``LearningRateMonitor`` logging once per optimizer step: the rate that step uses, read as its first
+    batch starts (Lightning's logs it at every batch, so each step's row came ``accumulate_grad_batches`` times)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._logged_step: int | None = None
+
+    def on_train_batch_start(self, trainer, *args, **kwargs) -> None:
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # (the step Lightning logs the rate at)
+        if step != self._logged_step:
+            self._logged_step = step
+            super().on_train_batch_start(trainer, *args, **kwargs)
 
 
 class LineProgress(Callback):
@@ -50,7 +70,7 @@ class LineProgress(Callback):
         every = self._every(trainer)
         if every > 0 and (batch_idx + 1) % every == 0:
             m = trainer.callback_metrics
-            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+            lr = _lr(trainer)
             print(
                 f"epoch {trainer.current_epoch + 1} step {batch_idx + 1}/{trainer.num_training_batches}  "
                 f"{self._fmt(m, ['train/loss_step'])}  lr {lr:.3g}",

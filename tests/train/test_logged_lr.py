@@ -1,8 +1,10 @@
-"""The learning rate a run logs: one ``metrics.csv`` row per optimizer step (gradient accumulation too)."""
+"""The learning rate a run logs: one ``metrics.csv`` row per optimizer step (gradient accumulation too), and the plain
+progress line showing the rate the step used, as the CSV does."""
 
 from __future__ import annotations
 
 import csv
+import re
 
 from tests.train_helpers import FAST, TINY_VIT, compose
 from vitrel.train.run import train
@@ -24,3 +26,13 @@ def test_one_lr_row_per_optimizer_step_with_accumulation(tmp_path):
     rows = _lr_rows(tmp_path)
     assert [s for s, _ in rows] == [0, 1, 2, 3], rows  # (Lightning's monitor wrote each step's row twice)
     assert len({lr for _, lr in rows}) == 4, rows  # the warmup: a new rate each step
+
+
+def test_progress_line_shows_the_rate_the_step_used(tmp_path, capsys):
+    train(compose(tmp_path, [*RUN, "progress_bar=lines"]))
+    csv_lr = dict(_lr_rows(tmp_path))
+    lines = re.findall(r"^epoch 1 step (\d+)/\d+ .* lr (\S+)$", capsys.readouterr().out, flags=re.M)
+    assert len(lines) == 8, lines  # a line per batch (log_every_n_steps=1)
+    for batch, lr in lines:
+        step = (int(batch) - 1) // 2  # the optimizer step the batch's window makes
+        assert lr == f"{csv_lr[step]:.3g}", (batch, lr, csv_lr)

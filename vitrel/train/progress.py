@@ -37,10 +37,13 @@ class StepLearningRateMonitor(LearningRateMonitor):
 class LineProgress(Callback):
     """One plain line every ``every_n_steps`` training steps (default: the trainer's
     ``log_every_n_steps``) and one per epoch (rank 0), for logs; validation and test (``eval.py``) print one
-    every ``every_n_steps`` of their batches. Epochs count from 1 on every line."""
+    every ``every_n_steps`` of their batches. Epochs count from 1 on every line. A step line's ``lr`` is the rate of
+    the optimizer step the batch is part of (read as the batch starts: the scheduler moves it after the step), as the
+    loggers' ``lr-*`` rows have it."""
 
     def __init__(self, every_n_steps: int | None = None) -> None:
         self.every_n_steps = every_n_steps
+        self._lr = float("nan")
         self._t0 = time.monotonic()
         self._t_eval = time.monotonic()
 
@@ -65,15 +68,17 @@ class LineProgress(Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._t0 = time.monotonic()
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._lr = _lr(trainer)
+
     @rank_zero_only
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         every = self._every(trainer)
         if every > 0 and (batch_idx + 1) % every == 0:
             m = trainer.callback_metrics
-            lr = _lr(trainer)
             print(
                 f"epoch {trainer.current_epoch + 1} step {batch_idx + 1}/{trainer.num_training_batches}  "
-                f"{self._fmt(m, ['train/loss_step'])}  lr {lr:.3g}",
+                f"{self._fmt(m, ['train/loss_step'])}  lr {self._lr:.3g}",
                 flush=True,
             )
 

@@ -36,7 +36,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from timm.layers import to_2tuple
 
-from vitrel.config import check_moved_keys, check_resume
+from vitrel.config import ConfigError, check_moved_keys, check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.input_size import InputSizeError, check_patches_fit
@@ -518,14 +518,14 @@ def _pos_name(cfg: DictConfig, model: torch.nn.Module) -> str | None:
 
 def check_pos_override(cfg: DictConfig) -> None:
     """``model=from_checkpoint`` builds the position scheme stored in ``model.path``: a ``pos=`` / ``pos.<key>=``
-    override on the command line would have no effect, so it is refused, before anything is built."""
+    override on the command line would have no effect, so it is refused (ConfigError), before anything is built."""
     if not _loads_checkpoint(cfg.model):
         return
     given = [o for o in _overrides() if override_key(o).split(".")[0] == "pos"]
     if given:
         stored = (stored_config(str(cfg.model.path)) or {}).get("pos")
         name = stored.get("name") if isinstance(stored, Mapping) else stored
-        raise ValueError(
+        raise ConfigError(
             f"{' '.join(given)} has no effect with model=from_checkpoint: the model is {cfg.model.path}'s, with its "
             f"position scheme ({name}). Drop {'it' if len(given) == 1 else 'them'} to fine-tune that model, or train "
             "a new one with model=<architecture> pos=<scheme>."

@@ -1,7 +1,7 @@
 """Progress for logs: :class:`LineProgress`, plain lines when stdout is not a terminal (training steps and epochs,
 validation and test batches), :class:`StepLearningRateMonitor`, the rate of each optimizer step to the loggers, and
 :class:`CountTestImages`, the images a test loop scored (fewer than the split's under ``trainer.limit_test_batches``
-or ``fast_dev_run``)."""
+or ``fast_dev_run``), and :class:`CountValidations`, the validations a fit ran."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-__all__ = ["LineProgress", "StepLearningRateMonitor", "CountTestImages"]
+__all__ = ["LineProgress", "StepLearningRateMonitor", "CountTestImages", "CountValidations"]
 
 
 def _lr(trainer) -> float:
@@ -147,3 +147,15 @@ class CountTestImages(Callback):
         if self.classes is None or self.num_classes is None or self.classes >= self.num_classes:
             return ""
         return f", {self.classes} of the {self.num_classes} classes"
+
+
+class CountValidations(Callback):
+    """The validation passes a fit ran, the sanity check not counted: 0 when ``trainer.max_steps`` ends the fit within
+    its first epoch (Lightning then skips the epoch's validation), so a run with no ``val/*`` metric says why."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.count += 1

@@ -26,4 +26,6 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    from vitrel.train.cli import with_pos_hint
+
+    with_pos_hint(main, "train.py")  # pos.<typo>=...: Hydra's refusal, then the scheme's options

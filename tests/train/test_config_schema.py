@@ -181,3 +181,32 @@ def test_data_pos_follows_the_chosen_pair_and_yields_to_the_command_line():
     assert "init_std" not in _compose(["experiment=video", "pos=rope3d_axial"]).pos
     plain = _compose(["experiment=video"])  # the recipe's own scheme, not the image default (refused on video)
     assert plain.pos.name == "rel3d_full" and plain.pos.init_std == 1.0  # (moving_fmnist_rel3d_full.yaml)
+
+
+def test_unknown_pos_key_error_names_the_schemes_options(tmp_path):
+    """``pos.typo=1`` (no ``+``): Hydra still refuses it at composition ("not in struct"), and the same run's error
+    names the chosen scheme's options, so one run tells what to set (before, only ``+pos.typo=1`` did)."""
+    from tests.train_helpers import run_script
+
+    r = run_script("train.py", ["pos=shaw2d_factored", "pos.typo=1", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
+    assert r.returncode == 1
+    assert "Key 'typo' is not in struct" in r.stderr, r.stderr[-2000:]
+    want = "train.py: pos.typo=1: position scheme 'shaw2d_factored' has no option 'typo'; its options: clip_distance,"
+    assert want in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "r").exists()  # refused before the run
+
+
+def test_pos_hint_for_an_option_the_conf_file_does_not_set():
+    from vitrel.train.cli import pos_option_hint
+
+    hint = pos_option_hint(["pos=rel2d_factored", "pos.extend=clip", "pos.typo=2", "trainer.max_epochs=1"])
+    assert hint == (
+        "pos.typo=2: position scheme 'rel2d_factored' has no option 'typo'; its options: extend, init_std"
+    ), hint
+    assert pos_option_hint(["pos=rel2d_factored", "pos.extend=clip"]) is None  # a key the file sets: no hint
+    unset = pos_option_hint(["pos=shaw2d_factored", "pos.max_distance=4"])  # an option conf/pos does not set
+    assert (
+        unset == "pos.max_distance=4: shaw2d_factored's conf/pos file does not set max_distance; add it with "
+        "+pos.max_distance=4"
+    ), unset
+    assert pos_option_hint(["-m", "pos=rel2d_full,ape", "pos.typo=1"]) is None  # a sweep: Hydra's message alone

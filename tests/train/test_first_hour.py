@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.train_helpers import FAST, TINY_VIT, compose
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script
 from vitrel.train.run import train
 
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
@@ -45,6 +45,18 @@ def test_from_checkpoint_refuses_a_pos_override_before_any_work(rope_run, tmp_pa
     with pytest.raises(ValueError, match=rf"{override} has no effect with model=from_checkpoint.*\(rope2d_mixed\)"):
         train(cfg)
     assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
+
+
+def test_from_checkpoint_pos_refusal_is_one_line_from_train_py(rope_run, tmp_path):
+    """``python train.py model=from_checkpoint ... pos=<another>`` ends with its message alone, as train.py's other
+    refusals (``one_line_errors``): no traceback."""
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    args = ["model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT, "pos=alibi2d", f"hydra.run.dir={tmp_path}/r"]
+    r = run_script("train.py", args, cwd=tmp_path)
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "Error executing job" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("train.py: ConfigError: pos=alibi2d has no effect with model=from_checkpoint"), last
 
 
 def test_resume_of_another_model_advises_a_route_that_works(rope_run, tmp_path):

@@ -226,3 +226,20 @@ def test_a_sweep_stopped_before_any_job_says_so_not_an_empty_table(tmp_path, cap
     out = capsys.readouterr().out
     assert "The sweep stopped before any job ran" in out and "its jobs so far" not in out, out
     assert not (tmp_path / "summary.md").exists()
+
+
+def test_a_job_stopped_before_its_first_validation_says_so_in_the_table(tmp_path):
+    """``trainer.max_steps`` within the first epoch: Lightning ends the fit before the epoch's validation (the sanity
+    check is no validation), so the job has no ``val/acc1``; its ``metrics.json`` counts the validations that ran (0)
+    and the table says why the cell is empty, where a job that validated shows its value."""
+    from vitrel.train.hydra_callbacks import collect_sweep, format_table
+
+    quick = [*TINY, "test=false", "logger=none", "progress_bar=none"]
+    train(compose(tmp_path / "0", [*quick, "trainer.max_steps=1"]))
+    train(compose(tmp_path / "1", quick))
+    assert [_metrics(tmp_path / j).get("val_runs") for j in "01"] == [0, 1]
+    assert "val/acc1" not in _metrics(tmp_path / "0")["metrics"]
+    rows = collect_sweep(tmp_path, ["val/acc1"])
+    table = format_table(rows, ["val/acc1"]).splitlines()
+    assert "no validation ran" in table[2] and "no validation ran" not in table[3], table
+    assert f"{_metrics(tmp_path / '1')['metrics']['val/acc1']:.4f}" in table[3], table

@@ -1,13 +1,16 @@
-"""Console entry points (``vitrel-train``, ``vitrel-eval``): ``train.py`` / ``eval.py`` with the repository conf/."""
+"""Console entry points (``vitrel-train``, ``vitrel-eval``): ``train.py`` / ``eval.py`` with the repository conf/; and
+:func:`with_pos_hint`, which adds the position scheme's options to Hydra's refusal of an unknown ``pos.<key>=``."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import re
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["train_main", "eval_main", "conf_dir"]
+__all__ = ["train_main", "eval_main", "conf_dir", "pos_option_hint", "with_pos_hint"]
 
 
 def conf_dir() -> str:
@@ -19,6 +22,55 @@ def conf_dir() -> str:
             "otherwise run train.py from the repository"
         )
     return str(d)
+
+
+def pos_option_hint(args: Sequence[str], config_name: str = "train") -> str | None:
+    """What to set instead of a ``pos.<key>=<value>`` override (no ``+``) of a key the composed ``pos`` node lacks,
+    which Hydra refuses (``Key '<key>' is not in struct``) without naming the scheme's options: the scheme's options,
+    or the ``+pos.<key>=`` to add an option its ``conf/pos`` file does not set. None when no such override is in
+    ``args`` (a command line's overrides) or the rest of them does not compose (a sweep's ``pos=a,b``, another
+    error: Hydra's message stands alone)."""
+    bad = [a for a in args if re.match(r"pos\.[A-Za-z_]\w*=", a)]
+    if not bad:
+        return None
+    try:
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        import vitrel.config  # noqa: F401  (the schemas conf/ names)
+        from vitrel.pos.registry import get_pos_class, scheme_options
+
+        rest = [a for a in args if "=" in a and not a.startswith("-") and a not in bad]
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(conf_dir(), version_base="1.3"):
+            pos = compose(config_name, overrides=rest).pos
+        name = str(pos.name)
+        options = sorted(scheme_options(get_pos_class(name)))
+    except Exception:  # noqa: BLE001  (no hint: Hydra's own error is the answer)
+        return None
+    lines = []
+    for a in bad:
+        key, value = a.split("=", 1)[0].split(".", 1)[1], a.split("=", 1)[1]
+        if key in pos:
+            continue
+        if key in options:
+            lines.append(f"{a}: {name}'s conf/pos file does not set {key}; add it with +pos.{key}={value}")
+        else:
+            lines.append(f"{a}: position scheme {name!r} has no option {key!r}; its options: {', '.join(options)}")
+    return "\n".join(lines) or None
+
+
+def with_pos_hint(main: Callable[[], Any], script: str) -> Any:
+    """``main()`` (a ``hydra.main`` function); when Hydra exits with an error, the :func:`pos_option_hint` of the
+    command line after it, ``<script>: <hint>``. Hydra's strictness stays: the run is refused as before."""
+    try:
+        return main()
+    except SystemExit as e:
+        if e.code == 1:
+            hint = pos_option_hint(sys.argv[1:])
+            if hint:
+                print("\n".join(f"{script}: {h}" for h in hint.splitlines()), file=sys.stderr, flush=True)
+        raise
 
 
 def _one_line(task: Callable[[Any], Any], script: str) -> Callable[[Any], Any]:
@@ -41,7 +93,8 @@ def train_main() -> None:
     from vitrel.train.utils import quiet_third_party
 
     quiet_third_party()
-    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")(_one_line(train, "vitrel-train"))()
+    main = hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")(_one_line(train, "vitrel-train"))
+    with_pos_hint(main, "vitrel-train")
 
 
 def eval_main() -> None:

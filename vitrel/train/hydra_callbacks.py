@@ -79,7 +79,8 @@ def _job_key(p: Path) -> tuple[int, str]:
 ABOUT = (
     "test/*: the last weights (the EMA copy with module/ema=default, unless module.ema_eval=false) on the test split "
     "(test_images: scored / split size); params: the model's parameters; "
-    "val/*: the last validation (the test split when data.val_fraction=0); accuracies as fractions"
+    "val/*: the last validation (the test split when data.val_fraction=0; 'no validation ran': the job ended before "
+    "its first, e.g. trainer.max_steps within the first epoch); accuracies as fractions"
 )
 
 
@@ -109,7 +110,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             for m in metrics:
                 row[m] = data.get("metrics", {}).get(m)
             row["params"] = data.get("params")
-            row["epochs"] = data.get("epochs")
+            row["epochs"], row["val_runs"] = data.get("epochs"), data.get("val_runs")
             row["wall_s"] = data.get("wall_s")
             row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
         else:
@@ -177,10 +178,16 @@ def _test_images(r: dict[str, Any]) -> Any:
     return f"{n}/{of}" if n is not None and of is not None and n != of else (of if of is not None else n)
 
 
+#: a ``val/*`` cell of a job whose fit ran no validation (its ``metrics.json``'s ``val_runs`` is 0)
+NO_VAL = "no validation ran"
+
+
 def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     """Plain fixed-width table (readable in any log)."""
     cols = ["job", "overrides", *metrics, "params", "epochs", "wall_s", "test_images", "status"]
     shown = [dict(r, test_images=_test_images(r)) for r in rows]
+    for r in shown:  # (an empty val/* cell of a job that ran no validation: said, not left blank)
+        r.update({m: NO_VAL for m in metrics if m.startswith("val/") and r.get(m) is None and r.get("val_runs") == 0})
     return _fixed_width(cols, [[_cell(c, r.get(c)) for c in cols] for r in shown])
 
 
@@ -292,7 +299,8 @@ class SweepSummary(Callback):
             text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, self.metrics)}\n"
         if show:
             print(f"\n{text}", flush=True)
-        fields = ["job", "overrides", *self.metrics, "params", "epochs", "wall_s", "test_images", "test_split_images"]
+        fields = ["job", "overrides", *self.metrics, "params", "epochs", "val_runs", "wall_s", "test_images"]
+        fields.append("test_split_images")
         files = {"summary.md": text, "summary.csv": _csv([*fields, "status", "error"], rows)}
         mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in self.metrics for s in ("mean", "std"))]
         files["summary_seeds.csv"] = _csv(mfields, means) if means else None

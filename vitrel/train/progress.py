@@ -1,6 +1,7 @@
 """Progress for logs: :class:`LineProgress`, plain lines when stdout is not a terminal (training steps and epochs,
-validation and test batches), and :class:`CountTestImages`, the images a test loop scored (fewer than the split's
-under ``trainer.limit_test_batches`` or ``fast_dev_run``)."""
+validation and test batches), :class:`StepLearningRateMonitor`, the rate of each optimizer step to the loggers, and
+:class:`CountTestImages`, the images a test loop scored (fewer than the split's under ``trainer.limit_test_batches``
+or ``fast_dev_run``), and :class:`CountValidations`, the validations a fit ran."""
 
 from __future__ import annotations
 
@@ -8,19 +9,41 @@ import time
 from collections.abc import Sequence
 
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
-__all__ = ["LineProgress", "CountTestImages"]
+__all__ = ["LineProgress", "StepLearningRateMonitor", "CountTestImages", "CountValidations"]
+
+
+def _lr(trainer) -> float:
+    return trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+
+
+class StepLearningRateMonitor(LearningRateMonitor):
+    """Lightning's ``LearningRateMonitor`` logging once per optimizer step: the rate that step uses, read as its first
+    batch starts (Lightning's logs it at every batch, so each step's row came ``accumulate_grad_batches`` times)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._logged_step: int | None = None
+
+    def on_train_batch_start(self, trainer, *args, **kwargs) -> None:
+        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # (the step Lightning logs the rate at)
+        if step != self._logged_step:
+            self._logged_step = step
+            super().on_train_batch_start(trainer, *args, **kwargs)
 
 
 class LineProgress(Callback):
     """One plain line every ``every_n_steps`` training steps (default: the trainer's
     ``log_every_n_steps``) and one per epoch (rank 0), for logs; validation and test (``eval.py``) print one
-    every ``every_n_steps`` of their batches. Epochs count from 1 on every line."""
+    every ``every_n_steps`` of their batches. Epochs count from 1 on every line. A step line's ``lr`` is the rate of
+    the optimizer step the batch is part of (read as the batch starts: the scheduler moves it after the step), as the
+    loggers' ``lr-*`` rows have it."""
 
     def __init__(self, every_n_steps: int | None = None) -> None:
         self.every_n_steps = every_n_steps
+        self._lr = float("nan")
         self._t0 = time.monotonic()
         self._t_eval = time.monotonic()
 
@@ -45,15 +68,17 @@ class LineProgress(Callback):
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._t0 = time.monotonic()
 
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._lr = _lr(trainer)
+
     @rank_zero_only
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         every = self._every(trainer)
         if every > 0 and (batch_idx + 1) % every == 0:
             m = trainer.callback_metrics
-            lr = trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
             print(
                 f"epoch {trainer.current_epoch + 1} step {batch_idx + 1}/{trainer.num_training_batches}  "
-                f"{self._fmt(m, ['train/loss_step'])}  lr {lr:.3g}",
+                f"{self._fmt(m, ['train/loss_step'])}  lr {self._lr:.3g}",
                 flush=True,
             )
 
@@ -122,3 +147,15 @@ class CountTestImages(Callback):
         if self.classes is None or self.num_classes is None or self.classes >= self.num_classes:
             return ""
         return f", {self.classes} of the {self.num_classes} classes"
+
+
+class CountValidations(Callback):
+    """The validation passes a fit ran, the sanity check not counted: 0 when ``trainer.max_steps`` ends the fit within
+    its first epoch (Lightning then skips the epoch's validation), so a run with no ``val/*`` metric says why."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.count += 1

@@ -36,7 +36,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 from timm.layers import to_2tuple
 
-from vitrel.config import check_moved_keys, check_resume
+from vitrel.config import ConfigError, check_moved_keys, check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.input_size import InputSizeError, check_patches_fit
@@ -44,7 +44,7 @@ from vitrel.models.registry import MODEL_ARGS
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import finished_record, write_held_back_record
-from vitrel.train.progress import CountTestImages
+from vitrel.train.progress import CountTestImages, CountValidations
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.utils import (
     check_accelerator,
@@ -394,11 +394,11 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
-    counted = CountTestImages()  # the closing line says when the test score is of part of the split
+    counted, validated = CountTestImages(), CountValidations()  # the test images scored, the validations run
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=loggers or False,
-        callbacks=cbs + progress_callbacks(bar) + [counted],
+        callbacks=cbs + progress_callbacks(bar) + [counted, validated],
         enable_progress_bar=bar in ("rich", "tqdm"),
         plugins=[*_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
@@ -441,6 +441,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "status": status,
         "metrics": metrics,
         "epochs": trainer.current_epoch,
+        "val_runs": validated.count,  # 0: trainer.max_steps ended the fit before its first validation
         "global_step": trainer.global_step,
         "wall_s": round(time.time() - t0, 2),
         "fit_s": round(fit_s, 2),
@@ -480,7 +481,7 @@ def _resumed_finished(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     if earlier is None:
         rank_zero_info(f"resumed a finished run with no record of it in {run_dir}: its validation and times unknown")
         return {**result, "wall_s": None, "fit_s": None, "resumed_finished": True}
-    kept = {k: earlier[k] for k in ("epochs", "wall_s", "fit_s") if k in earlier}
+    kept = {k: earlier[k] for k in ("epochs", "val_runs", "wall_s", "fit_s") if k in earlier}
     return {**result, **kept, "metrics": {**earlier.get("metrics", {}), **result["metrics"]}, "resumed_finished": True}
 
 
@@ -518,14 +519,14 @@ def _pos_name(cfg: DictConfig, model: torch.nn.Module) -> str | None:
 
 def check_pos_override(cfg: DictConfig) -> None:
     """``model=from_checkpoint`` builds the position scheme stored in ``model.path``: a ``pos=`` / ``pos.<key>=``
-    override on the command line would have no effect, so it is refused, before anything is built."""
+    override on the command line would have no effect, so it is refused (ConfigError), before anything is built."""
     if not _loads_checkpoint(cfg.model):
         return
     given = [o for o in _overrides() if override_key(o).split(".")[0] == "pos"]
     if given:
         stored = (stored_config(str(cfg.model.path)) or {}).get("pos")
         name = stored.get("name") if isinstance(stored, Mapping) else stored
-        raise ValueError(
+        raise ConfigError(
             f"{' '.join(given)} has no effect with model=from_checkpoint: the model is {cfg.model.path}'s, with its "
             f"position scheme ({name}). Drop {'it' if len(given) == 1 else 'them'} to fine-tune that model, or train "
             "a new one with model=<architecture> pos=<scheme>."

@@ -1,0 +1,38 @@
+"""The learning rate a run logs: one ``metrics.csv`` row per optimizer step (gradient accumulation too), and the plain
+progress line showing the rate the step used, as the CSV does."""
+
+from __future__ import annotations
+
+import csv
+import re
+
+from tests.train_helpers import FAST, TINY_VIT, compose
+from vitrel.train.run import train
+
+# 8 batches in windows of 2 (4 optimizer steps), a warmup over them so the rate changes every step, a row per step
+RUN = [*TINY_VIT, *FAST, "trainer.max_steps=4", "trainer.limit_train_batches=8", "trainer.limit_val_batches=1"]
+RUN += ["trainer.accumulate_grad_batches=2", "trainer.log_every_n_steps=1", "module.scheduler.warmup_steps=4"]
+RUN += ["logger=csv", "test=false", "callbacks.model_checkpoint=null"]
+LR = "lr-AdamW/pg1"
+
+
+def _lr_rows(run_dir) -> list[tuple[int, float]]:
+    with open(run_dir / "csv" / "metrics.csv", newline="") as f:
+        return [(int(r["step"]), float(r[LR])) for r in csv.DictReader(f) if r.get(LR)]
+
+
+def test_one_lr_row_per_optimizer_step_with_accumulation(tmp_path):
+    train(compose(tmp_path, RUN))
+    rows = _lr_rows(tmp_path)
+    assert [s for s, _ in rows] == [0, 1, 2, 3], rows  # (Lightning's monitor wrote each step's row twice)
+    assert len({lr for _, lr in rows}) == 4, rows  # the warmup: a new rate each step
+
+
+def test_progress_line_shows_the_rate_the_step_used(tmp_path, capsys):
+    train(compose(tmp_path, [*RUN, "progress_bar=lines"]))
+    csv_lr = dict(_lr_rows(tmp_path))
+    lines = re.findall(r"^epoch 1 step (\d+)/\d+ .* lr (\S+)$", capsys.readouterr().out, flags=re.M)
+    assert len(lines) == 8, lines  # a line per batch (log_every_n_steps=1)
+    for batch, lr in lines:
+        step = (int(batch) - 1) // 2  # the optimizer step the batch's window makes
+        assert lr == f"{csv_lr[step]:.3g}", (batch, lr, csv_lr)

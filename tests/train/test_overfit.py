@@ -1,0 +1,18 @@
+"""``debug=overfit`` does what docs/training.md says: the default model drives the training loss of its 4 batches to
+about zero."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.train_helpers import compose
+from vitrel.train.run import train
+
+
+@pytest.mark.slow
+def test_debug_overfit_drives_the_default_models_loss_to_about_zero(tmp_path):
+    metrics = train(
+        compose(tmp_path, ["debug=overfit", "progress_bar=none", "callbacks.pos_images=null", "test=false"])
+    )
+    assert metrics["train/loss_epoch"] < 0.05, metrics
+    assert metrics["train/acc1"] == 1.0, metrics

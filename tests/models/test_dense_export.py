@@ -1,0 +1,51 @@
+"""Dense backbones (timm's ``features_only`` wrappers around vitrel models) through ``vitrel.export`` and
+``vitrel.load_model``: what a segmentation or detection user deploys (docs/dense.md)."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+from vitrel.export import best_dynamic, export_program
+
+VIT = dict(name="vitrel_vit_tiny_patch4_32", embed_dim=32, depth=3, num_heads=2, pos="rel2d_factored")
+SWIN = dict(
+    name="vitrel_swin_tiny_patch2_window4_32", embed_dim=16, depths=(2, 2), num_heads=(1, 2), pos="rel2d_factored"
+)
+
+
+def features(spec: dict, **kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    spec = dict(spec)
+    return timm.create_model(spec.pop("name"), features_only=True, **{**spec, **kw}).eval()
+
+
+@pytest.mark.parametrize(
+    "spec,kw",
+    [(VIT, {}), (VIT, dict(feature_cls="hook")), (SWIN, dict(output_fmt="NCHW"))],
+    ids=["vit", "vit-hook", "swin"],
+)
+def test_features_only_backbone_exports_at_every_size(spec, kw):
+    """One ``dynamic="hw"`` program of a ``features_only`` backbone gives eager's maps (exactly, float32 on CPU) at
+    the traced size and at other batches and sides."""
+    f = features(spec, **kw)
+    assert best_dynamic(f) == "hw"
+    ep = export_program(f, example=torch.randn(2, 3, 32, 32), dynamic="hw")
+    for shape in [(2, 3, 32, 32), (1, 3, 24, 40), (3, 3, 16, 8)]:
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            want, got = f(x), ep.module()(x)
+        assert len(got) == len(want)
+        for a, b in zip(want, got):
+            assert a.shape == b.shape
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+
+
+def test_features_only_swin_with_extent_scheme_gets_batch():
+    """A wrapped Swin whose scheme depends on the window's extent is seen as the bare model is: ``best_dynamic``
+    says ``"batch"`` and ``dynamic="hw"`` is refused before tracing, with the reason."""
+    f = features(SWIN, pos="rope1d")
+    assert best_dynamic(f) == best_dynamic(f.model) == "batch"
+    with pytest.raises(ValueError, match="window's extent"):
+        export_program(f, example=torch.randn(1, 3, 32, 32), dynamic="hw")

@@ -100,7 +100,8 @@ def _embed(model: nn.Module) -> nn.Module:
 
 
 def _patch(model: nn.Module) -> int:
-    return int(_embed(model).patch_size)
+    embed = _embed(model)  # (timm's fx wrapper rebuilds it as a plain module: its convolution's stride)
+    return int(getattr(embed, "patch_size", None) or embed.proj.stride[-1])
 
 
 def _frames(model: nn.Module) -> int | None:
@@ -270,17 +271,20 @@ def onnx_program(
 ) -> Any:
     """``model`` as an ONNX program in memory (``torch.onnx.ONNXProgram``; ``.save(path)`` writes it), via
     :func:`export_program` (or its ``program``, already traced) and the dynamo exporter (input ``images``, a video
-    model's ``clips``; output ``logits``); needs ``pip install vitrel[export]`` (onnx, onnxscript). A model whose
-    attention kernel ONNX has no operator for (a vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused:
-    the same weights built with ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path,
-    attn_impl="sdpa")``)."""
+    model's ``clips``; output ``logits``, a ``features_only`` backbone's ``features_0``, ``features_1`` ...); needs
+    ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel ONNX has no operator for (a
+    vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused: the same weights built with
+    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``)."""
     check_exportable(model, dynamic, onnx=True)
     ep = program if program is not None else export_program(model, example, dynamic, max_side)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         name = "images" if _frames(model) is None else "clips"
+        outputs = ["logits"]  # a features_only backbone (timm's wrapper: no head): its maps, in order
+        if not hasattr(model, "forward_head"):
+            outputs = [f"features_{i}" for i in range(len(ep.graph_signature.user_outputs))]
         return torch.onnx.export(
-            ep, input_names=[name], output_names=["logits"], opset_version=opset, dynamo=True, verbose=False
+            ep, input_names=[name], output_names=outputs, opset_version=opset, dynamo=True, verbose=False
         )
 
 

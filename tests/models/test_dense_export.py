@@ -49,3 +49,25 @@ def test_features_only_swin_with_extent_scheme_gets_batch():
     assert best_dynamic(f) == best_dynamic(f.model) == "batch"
     with pytest.raises(ValueError, match="window's extent"):
         export_program(f, example=torch.randn(1, 3, 32, 32), dynamic="hw")
+
+
+@pytest.mark.parametrize(
+    "kw", [dict(output_fmt="NCHW"), dict(feature_cls="fx", out_indices=(1,))], ids=["getter", "fx"]
+)
+def test_features_only_onnx_names_the_maps(tmp_path, kw):
+    """The ONNX model of a backbone names its outputs ``features_<i>`` (not ``logits``) and equals eager in ONNX
+    Runtime (max difference <= 1e-4) at the traced size and at another."""
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    from vitrel.export import export_onnx
+
+    f = features(SWIN, **kw)
+    path = export_onnx(f, tmp_path / "f.onnx", example=torch.randn(2, 3, 32, 32))
+    sess = ort.InferenceSession(str(path))
+    assert [o.name for o in sess.get_outputs()] == [f"features_{i}" for i in range(len(f.feature_info.out_indices))]
+    for shape in [(2, 3, 32, 32), (1, 3, 24, 40)]:
+        x = torch.randn(*shape)
+        with torch.no_grad():
+            want = f(x)
+        for a, b in zip(want, sess.run(None, {"images": x.numpy()})):
+            torch.testing.assert_close(torch.from_numpy(b), a, rtol=1e-4, atol=1e-4)

@@ -71,3 +71,29 @@ def test_features_only_onnx_names_the_maps(tmp_path, kw):
             want = f(x)
         for a, b in zip(want, sess.run(None, {"images": x.numpy()})):
             torch.testing.assert_close(torch.from_numpy(b), a, rtol=1e-4, atol=1e-4)
+
+
+def test_load_model_features_only_names_the_route(tmp_path):
+    """``vitrel.load_model(path, features_only=True)`` is one ``CheckpointError`` naming timm's route, and that route
+    gives the stored model's intermediates."""
+    import vitrel
+    from vitrel.models import save_pretrained
+
+    torch.manual_seed(0)
+    spec = dict(VIT)
+    model = vitrel.create_model(spec.pop("name"), **spec).eval()
+    save_pretrained(model, tmp_path / "export")
+    with pytest.raises(vitrel.CheckpointError, match="pretrained_cfg_overlay") as err:
+        vitrel.load_model(tmp_path / "export", features_only=True)
+    assert "\n" not in str(err.value)
+    f = timm.create_model(
+        VIT["name"],
+        pretrained=True,
+        pretrained_cfg_overlay=dict(file=str(tmp_path / "export" / "model.safetensors")),
+        features_only=True,
+        out_indices=(0, 2),
+    ).eval()
+    x = torch.randn(2, 3, 24, 32)
+    with torch.no_grad():
+        for a, b in zip(f(x), model.forward_intermediates(x, indices=[0, 2], intermediates_only=True)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -37,6 +37,7 @@ VIDEO_RUN = "outputs/train/runs/2026-01-01_13-00-00"  # an image run whose schem
 PLACEHOLDERS: dict[tuple[str, str], str] = {
     # a run of train.py: vitrel_vit_tiny_patch4_32 with rel2d_factored (README's checkpoint_path= line names it)
     ("README.md", "outputs/train/runs/<run>"): RUN,
+    ("docs/dense.md", "outputs/train/runs/<run>"): RUN,  # its trained weights as a features_only backbone
     # video.md inflates its image run (vitrel_vit_tiny_patch4_32, rope2d_mixed) into a rope3d_mixed video ViT
     ("docs/video.md", "outputs/train/runs/<run>"): VIDEO_RUN,
     # downloads from the Hugging Face hub (no network here): the same architectures, timm's random weights

@@ -88,13 +88,25 @@ MAX_SIDE = 4096
 MAX_FRAMES = 1024
 
 
+def _network(model: nn.Module) -> nn.Module:
+    """The vitrel network of ``model``: itself, or the one inside timm's ``features_only`` wrapper (the getter's
+    ``.model``, the hook wrapper's body; the fx / list / dict wrappers' rebuilt network: the wrapper itself)."""
+    return next((m for m in model.modules() if getattr(m, "vitrel_cfg", None) is not None), model)
+
+
+def _embed(model: nn.Module) -> nn.Module:
+    """The patch embedding of ``model`` (or of the network inside a ``features_only`` wrapper)."""
+    return next(m for m in model.modules() if hasattr(m, "patch_embed")).patch_embed
+
+
 def _patch(model: nn.Module) -> int:
-    return int(model.patch_embed.patch_size)
+    embed = _embed(model)  # (timm's fx wrapper rebuilds it as a plain module: its convolution's stride)
+    return int(getattr(embed, "patch_size", None) or embed.proj.stride[-1])
 
 
 def _frames(model: nn.Module) -> int | None:
     """A video model's clip length (``vitrel_cfg["num_frames"]``); None for an image model."""
-    frames = (getattr(model, "vitrel_cfg", None) or {}).get("num_frames")
+    frames = (getattr(_network(model), "vitrel_cfg", None) or {}).get("num_frames")
     return None if frames is None else int(frames)
 
 
@@ -102,12 +114,15 @@ def _kernels(model: nn.Module) -> set[str]:
     """The attention kernels a model names: its own ``attn_impl`` and its stages' and layers' (``vitrel_cfg``'s
     when none is set on a module)."""
     found = {m.attn_impl for m in model.modules() if isinstance(getattr(m, "attn_impl", None), str)}
-    return found or {str((getattr(model, "vitrel_cfg", None) or {}).get("attn_impl", "auto"))}
+    return found or {str((getattr(_network(model), "vitrel_cfg", None) or {}).get("attn_impl", "auto"))}
 
 
 def _extent_dependent(model: nn.Module) -> bool:
-    """A Swin (windowed) model with a scheme that depends on the window's extent (not on offsets only)."""
-    return hasattr(model, "layers") and any(
+    """A Swin (windowed) model with a scheme that depends on the window's extent (not on offsets only); a
+    ``features_only`` wrapper's network counts (its stages, in whichever wrapper)."""
+    from vitrel.models.swin_blocks import SwinStage
+
+    return any(isinstance(m, SwinStage) for m in model.modules()) and any(
         getattr(m, "depends_on_extent", False) and getattr(m, "kind", "") == "relative" for m in model.modules()
     )
 
@@ -168,7 +183,7 @@ def example_input(model: nn.Module, batch: int = 2, img_size: Any = None, num_fr
     """Random images ``[batch, in_chans, H, W]`` at the model's built size (or ``img_size``); for a video model, clips
     ``[batch, in_chans, T, H, W]`` of its ``num_frames`` (or ``num_frames``: a positive multiple of the tubelet
     size)."""
-    cfg = getattr(model, "vitrel_cfg", {})
+    cfg = getattr(_network(model), "vitrel_cfg", None) or {}
     size = img_size if img_size is not None else cfg.get("img_size", 224)
     h, w = (size, size) if isinstance(size, int) else tuple(size)
     p = next(model.parameters())
@@ -177,7 +192,7 @@ def example_input(model: nn.Module, batch: int = 2, img_size: Any = None, num_fr
         if num_frames is not None:
             raise ValueError(f"{cfg.get('architecture')} is an image model: num_frames is for video models")
     else:
-        t, tubelet = int(num_frames if num_frames is not None else frames), int(model.patch_embed.tubelet_size)
+        t, tubelet = int(num_frames if num_frames is not None else frames), int(_embed(model).tubelet_size)
         if t < tubelet or t % tubelet:
             raise ValueError(f"num_frames={t} is not a positive multiple of the tubelet size {tubelet}")
         shape = (*shape[:2], t, *shape[2:])
@@ -197,7 +212,7 @@ def dynamic_shapes(
     if dynamic == "hw":
         p, h = _patch(model), 2
         if _frames(model) is not None:
-            t = int(model.patch_embed.tubelet_size)
+            t = int(_embed(model).tubelet_size)
             dims[2] = t * torch.export.Dim("grid_t", min=1, max=max(1, max_frames // t))
             h = 3
         n = max(1, max_side // p)
@@ -256,17 +271,20 @@ def onnx_program(
 ) -> Any:
     """``model`` as an ONNX program in memory (``torch.onnx.ONNXProgram``; ``.save(path)`` writes it), via
     :func:`export_program` (or its ``program``, already traced) and the dynamo exporter (input ``images``, a video
-    model's ``clips``; output ``logits``); needs ``pip install vitrel[export]`` (onnx, onnxscript). A model whose
-    attention kernel ONNX has no operator for (a vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused:
-    the same weights built with ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path,
-    attn_impl="sdpa")``)."""
+    model's ``clips``; output ``logits``, a ``features_only`` backbone's ``features_0``, ``features_1`` ...); needs
+    ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel ONNX has no operator for (a
+    vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused: the same weights built with
+    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``)."""
     check_exportable(model, dynamic, onnx=True)
     ep = program if program is not None else export_program(model, example, dynamic, max_side)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         name = "images" if _frames(model) is None else "clips"
+        outputs = ["logits"]  # a features_only backbone (timm's wrapper: no head): its maps, in order
+        if not hasattr(model, "forward_head"):
+            outputs = [f"features_{i}" for i in range(len(ep.graph_signature.user_outputs))]
         return torch.onnx.export(
-            ep, input_names=[name], output_names=["logits"], opset_version=opset, dynamo=True, verbose=False
+            ep, input_names=[name], output_names=outputs, opset_version=opset, dynamo=True, verbose=False
         )
 
 

@@ -178,10 +178,12 @@ class ViTBody(BlockStack):
         p = self.num_prefix_tokens
         prefix = [y[:, :p] for y in feats]
         feats = [y[:, p:] for y in feats]
-        if output_fmt != "NLC":
+        # channels first by transposing the tokens before the reshape: a reshape of the sliced tokens to the grid
+        # makes torch.export assume a batch (and sides) of at least 2, so a program would refuse a single image
+        if output_fmt.startswith("NC"):
+            feats = [y.transpose(1, 2).reshape(y.shape[0], y.shape[-1], *grid) for y in feats]
+        elif output_fmt != "NLC":
             feats = [y.reshape(y.shape[0], *grid, y.shape[-1]) for y in feats]
-            if output_fmt.startswith("NC"):
-                feats = [channels_first(y) for y in feats]
         if return_prefix_tokens and p:
             feats = list(zip(feats, prefix))
         if intermediates_only:

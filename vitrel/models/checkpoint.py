@@ -294,6 +294,13 @@ def load_model(
     of the training data, see the module docstring) is in the model's ``pretrained_cfg``; without one it holds the
     architecture's defaults.
     """
+    if overrides.get("features_only"):
+        raise CheckpointError(
+            "load_model builds the whole classifier; timm wraps a features_only backbone around the weights it "
+            f"loads: timm.create_model('<architecture>', pretrained=True, pretrained_cfg_overlay=dict(file='{path}' "
+            "(an export folder: its model.safetensors)), features_only=True, out_indices=...), or call "
+            "forward_intermediates on the loaded model (docs/dense.md)"
+        )
     cfg, sd = read_weights(path, use_ema=use_ema)
     if cfg is None:  # a plain state dict: the model is what the arguments say (timm's checkpoint_path)
         if architecture is None:

@@ -369,3 +369,22 @@ def test_swin_windows_vitrel_cannot_reproduce_are_refused(kw):
         vitrel.from_timm(t)
     with pytest.raises(UnsupportedTimmModel, match="one window for all stages"):
         vitrel.from_timm(t, pos="rel2d_factored")  # the windows are wrong whatever the scheme
+
+
+def test_refused_architecture_named_before_its_weights_are_fetched(monkeypatch):
+    """``from_timm("swin_s3_tiny_224")`` is refused for its windows before timm fetches its weights: offline it
+    was a ``CheckpointError`` saying to give the weights as a file (after the Hub's retries), which then failed."""
+    real = timm.create_model
+
+    def offline(name, pretrained=False, **kw):
+        if pretrained:
+            raise OSError("no network")
+        return real(name, pretrained=False, **kw)
+
+    monkeypatch.setattr(timm, "create_model", offline)
+    with pytest.raises(UnsupportedTimmModel, match="one window for all stages"):
+        vitrel.from_timm("swin_s3_tiny_224.ms_in1k")
+    with pytest.raises(UnsupportedTimmModel, match="takes timm VisionTransformer"):
+        vitrel.from_timm("resnet18", checkpoint_path="resnet18.safetensors")  # refused before the file is read
+    with pytest.raises(CheckpointError, match="cannot fetch timm's pretrained weights"):
+        vitrel.from_timm("swin_tiny_patch4_window7_224")  # a supported one still fetches its weights

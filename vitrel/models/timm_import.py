@@ -419,6 +419,18 @@ def _create_timm(name: str, pretrained: bool, timm_kwargs: dict[str, Any]) -> nn
         ) from e
 
 
+def _refuse_before_weights(name: str, timm_kwargs: dict[str, Any]) -> None:
+    """Raise :class:`UnsupportedTimmModel` for an architecture ``from_timm`` refuses before its weights are fetched or
+    read: the timm model built on the meta device (no weights, no memory) and read as :func:`timm_to_vitrel_args`
+    reads it. An architecture that does not build there is read after its weights, as before."""
+    try:
+        with torch.device("meta"):
+            t = timm.create_model(name, pretrained=False, **timm_kwargs)
+    except Exception:  # (the weighted build below raises its own error, or reads the model)
+        return
+    timm_to_vitrel_args(t)
+
+
 def from_timm(
     model_or_name: nn.Module | str,
     pos: str | dict | None = None,
@@ -457,10 +469,12 @@ def from_timm(
                 "the file into the instance first"
             )
         t = model_or_name
-    elif checkpoint_path is not None:
-        t = load_timm_file(model_or_name, checkpoint_path, **timm_kwargs)
     else:
-        t = _create_timm(model_or_name, pretrained, timm_kwargs)
+        _refuse_before_weights(model_or_name, timm_kwargs)
+        if checkpoint_path is not None:
+            t = load_timm_file(model_or_name, checkpoint_path, **timm_kwargs)
+        else:
+            t = _create_timm(model_or_name, pretrained, timm_kwargs)
     arch, args, native = timm_to_vitrel_args(t)
     if pos is None:
         if native == "__none__":

@@ -247,3 +247,22 @@ def test_export_static_and_dynamic_batch():
         ep = torch.export.export(m, (x,), dynamic_shapes={"x": {0: torch.export.Dim("b", max=64)}})
         for xi in (x, rand(3, 1, 8, 32, 32)):
             torch.testing.assert_close(ep.module()(xi), m(xi), rtol=1e-5, atol=1e-5)
+
+
+def test_train_config_builds_the_video_swin_on_moving_fmnist(tmp_path):
+    """``model=vitrel_swin3d_tiny_patch122_window444_32 data=moving_fmnist`` (the Video Swin the README names for
+    Moving Fashion-MNIST) composes and builds at the data's clip size; an image model on that data names it."""
+    from hydra.utils import instantiate
+
+    from tests.train_helpers import compose
+    from vitrel.train.run import build_model
+
+    name = "vitrel_swin3d_tiny_patch122_window444_32"
+    cfg = compose(tmp_path, [f"model={name}", "data=moving_fmnist", "pos=rel3d_full", "data.num_frames=4"])
+    dm = instantiate(cfg.data)
+    m = build_model(cfg.model, dm)
+    assert isinstance(m, SwinTransformer3D) and m.num_classes == 2
+    assert m(torch.randn(1, 1, 4, 32, 32)).shape == (1, 2)
+    cfg = compose(tmp_path, ["model=vitrel_swin_tiny_patch2_window4_32", "data=moving_fmnist"])
+    with pytest.raises(ValueError, match=f"model={name}"):
+        build_model(cfg.model, instantiate(cfg.data))

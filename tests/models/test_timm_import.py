@@ -349,3 +349,42 @@ def test_bad_files_give_one_clear_error_on_every_route(tmp_path, route):
         if kind == "pickle_that_runs_code":
             assert "refused" in msg and "could run code" in msg
         assert not (tmp_path / "PWNED").exists(), "the pickle's code ran"
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(img_size=128, window_size=(4, 4, 8, 4)),  # a window per stage, as swin_s3_*: (7, 7, 14, 7)
+        dict(window_size=4, always_partition=True),  # windows larger than a stage's grid (8, 4, 2 at 64)
+    ],
+    ids=["per_stage", "always_partition"],
+)
+def test_swin_windows_vitrel_cannot_reproduce_are_refused(kw):
+    """vitrel's Swin has one window for all stages, shrunk to a smaller grid. A timm Swin with a window per stage
+    (``swin_s3_*``) or unshrunk windows used to be built with stage 0's window: the tables of the other windows
+    dropped (as if the target were not ``rel2d_full``) and another function, without an error."""
+    args = dict(img_size=64, embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), num_classes=7)
+    t = timm.create_model("swin_tiny_patch4_window7_224", **{**args, **kw})
+    with pytest.raises(UnsupportedTimmModel, match="one window for all stages"):
+        vitrel.from_timm(t)
+    with pytest.raises(UnsupportedTimmModel, match="one window for all stages"):
+        vitrel.from_timm(t, pos="rel2d_factored")  # the windows are wrong whatever the scheme
+
+
+def test_refused_architecture_named_before_its_weights_are_fetched(monkeypatch):
+    """``from_timm("swin_s3_tiny_224")`` is refused for its windows before timm fetches its weights: offline it
+    was a ``CheckpointError`` saying to give the weights as a file (after the Hub's retries), which then failed."""
+    real = timm.create_model
+
+    def offline(name, pretrained=False, **kw):
+        if pretrained:
+            raise OSError("no network")
+        return real(name, pretrained=False, **kw)
+
+    monkeypatch.setattr(timm, "create_model", offline)
+    with pytest.raises(UnsupportedTimmModel, match="one window for all stages"):
+        vitrel.from_timm("swin_s3_tiny_224.ms_in1k")
+    with pytest.raises(UnsupportedTimmModel, match="takes timm VisionTransformer"):
+        vitrel.from_timm("resnet18", checkpoint_path="resnet18.safetensors")  # refused before the file is read
+    with pytest.raises(CheckpointError, match="cannot fetch timm's pretrained weights"):
+        vitrel.from_timm("swin_tiny_patch4_window7_224")  # a supported one still fetches its weights

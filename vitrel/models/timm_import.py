@@ -10,7 +10,8 @@ and every tensor that fits is carried over. Supported sources:
   no relative scheme: the same function as the source.
 * timm ``VisionTransformerRelPos`` with ``rel_pos_type="bias"`` -> ``rel2d_full`` (same function).
 * timm ``SwinTransformer`` (``swin_*``) -> vitrel Swin with ``rel2d_full`` (same function at sizes
-  that are a multiple of the window; vitrel masks the padding timm attends to otherwise).
+  that are a multiple of the window; vitrel masks the padding timm attends to otherwise). One window for all
+  stages only: a window per stage (``swin_s3_*``) or ``always_partition=True`` is refused.
 * timm ``Eva`` RoPE ViTs (``vit_*_patch16_rope_224`` = axial, ``..._rope_mixed_224``) ->
   ``rope2d_axial`` / ``rope2d_mixed`` (same function).
 * timm DINOv3 (``vit_*_patch16_dinov3*``: normalised coordinates, register tokens, layer scale) ->
@@ -43,6 +44,8 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer_relpos import VisionTransformerRelPos as TimmRelPos
 from torch import Tensor, nn
 
+from vitrel.layout.geometry import Grid
+from vitrel.layout.windows import window_and_shift
 from vitrel.models.checkpoint import CheckpointError, load_weights, read_weights
 from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import build
@@ -146,6 +149,26 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     )
 
 
+_SWIN_WINDOWS = (
+    "its blocks' windows and shifts are not one window for all stages shrunk to a smaller stage grid (a window per "
+    "stage, as swin_s3_*, or always_partition=True)"
+)
+
+
+def _swin_windows(t: nn.Module, window: tuple[int, int] | None = None) -> list[tuple[tuple[int, ...], ...]]:
+    """Each block's ``(window, shift)`` in a timm Swin; with ``window``: those vitrel's Swin gives its grids with that
+    one window for all stages (:func:`~vitrel.layout.windows.window_and_shift`)."""
+    out = []
+    for stage in t.layers:
+        for j, blk in enumerate(stage.blocks):
+            if window is None:
+                out.append((tuple(blk.window_size), tuple(blk.shift_size)))
+            else:
+                win, shift = window_and_shift(Grid(*blk.input_resolution), window, j % 2 == 1)
+                out.append((tuple(win), tuple(shift)))
+    return out
+
+
 def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, Any] | str]:
     """``(vitrel architecture, constructor arguments, the scheme that computes the source's function)``."""
     fam = _family(t)
@@ -153,6 +176,7 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         blk = t.layers[0].blocks[0]
         ws = blk.window_size
         _refuse(not hasattr(blk.attn, "relative_position_bias_table"), "a position bias other than Swin V1's", t)
+        _refuse(_swin_windows(t) != _swin_windows(t, (int(ws[0]), int(ws[1]))), _SWIN_WINDOWS, t)
         args = dict(
             img_size=list(t.patch_embed.img_size),
             patch_size=int(t.patch_embed.patch_size[0]),
@@ -395,6 +419,18 @@ def _create_timm(name: str, pretrained: bool, timm_kwargs: dict[str, Any]) -> nn
         ) from e
 
 
+def _refuse_before_weights(name: str, timm_kwargs: dict[str, Any]) -> None:
+    """Raise :class:`UnsupportedTimmModel` for an architecture ``from_timm`` refuses before its weights are fetched or
+    read: the timm model built on the meta device (no weights, no memory) and read as :func:`timm_to_vitrel_args`
+    reads it. An architecture that does not build there is read after its weights, as before."""
+    try:
+        with torch.device("meta"):
+            t = timm.create_model(name, pretrained=False, **timm_kwargs)
+    except Exception:  # (the weighted build below raises its own error, or reads the model)
+        return
+    timm_to_vitrel_args(t)
+
+
 def from_timm(
     model_or_name: nn.Module | str,
     pos: str | dict | None = None,
@@ -433,10 +469,12 @@ def from_timm(
                 "the file into the instance first"
             )
         t = model_or_name
-    elif checkpoint_path is not None:
-        t = load_timm_file(model_or_name, checkpoint_path, **timm_kwargs)
     else:
-        t = _create_timm(model_or_name, pretrained, timm_kwargs)
+        _refuse_before_weights(model_or_name, timm_kwargs)
+        if checkpoint_path is not None:
+            t = load_timm_file(model_or_name, checkpoint_path, **timm_kwargs)
+        else:
+            t = _create_timm(model_or_name, pretrained, timm_kwargs)
     arch, args, native = timm_to_vitrel_args(t)
     if pos is None:
         if native == "__none__":

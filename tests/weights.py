@@ -23,3 +23,13 @@ def lively(model: nn.Module, seed: int = 1) -> nn.Module:
             elif not name.rsplit(".", 1)[0].endswith(("norm", "norm1", "norm2")):
                 p.add_(torch.randn(p.shape, generator=g) * 0.5)
     return model
+
+
+def reloaded_as_written(model: nn.Module, path, **stored) -> nn.Module:
+    """``model``'s weights in a training checkpoint at ``path`` whose stored ``vitrel_cfg`` has ``stored`` over the
+    model's (``vitrel_format=5, pos={...}``: as an older vitrel wrote it), loaded back by ``vitrel.load_model``."""
+    import vitrel
+
+    cfg = {**model.vitrel_cfg, **stored}
+    torch.save({"state_dict": {"model." + k: v for k, v in model.state_dict().items()}, "vitrel_cfg": cfg}, path)
+    return vitrel.load_model(path).eval()

@@ -17,6 +17,7 @@ import pytest
 import scipy.linalg
 import torch
 
+from tests.weights import reloaded_as_written
 from vitrel import Attention
 from vitrel.pos import Grid, build_pos
 
@@ -393,10 +394,7 @@ def test_a_checkpoint_with_the_init_std_liere_ignored_loads(tmp_path):
     old = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="liere", embed_dim=32, depth=1, num_heads=2)
     with pytest.raises(ValueError, match="init_std"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", pos={"name": "liere", "init_std": 0.5})
-    cfg = {**old.vitrel_cfg, "vitrel_format": 5, "pos": {"name": "liere", "init_std": 0.5}}
-    state = {"model." + k: v for k, v in old.state_dict().items()}
-    torch.save({"state_dict": state, "vitrel_cfg": cfg}, tmp_path / "o.ckpt")
-    back = vitrel.load_model(tmp_path / "o.ckpt").eval()
+    back = reloaded_as_written(old, tmp_path / "o.ckpt", vitrel_format=5, pos={"name": "liere", "init_std": 0.5})
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(back(x), old.eval()(x))

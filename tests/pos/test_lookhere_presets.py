@@ -27,6 +27,7 @@ import timm
 import torch
 
 import vitrel
+from tests.weights import reloaded_as_written
 from vitrel.kernels import get_kernel
 from vitrel.pos import Grid, build_pos
 from vitrel.pos.registry import get_pos_class
@@ -286,10 +287,7 @@ def test_a_checkpoint_with_the_fov_lookhere_ignored_loads(tmp_path):
     old = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=spec, embed_dim=32, depth=1, num_heads=2)
     with pytest.raises(ValueError, match="give one of the two"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", pos={**spec, "fov": 90})
-    cfg = {**old.vitrel_cfg, "vitrel_format": 5, "pos": {**spec, "fov": 90}}
-    state = {"model." + k: v for k, v in old.state_dict().items()}
-    torch.save({"state_dict": state, "vitrel_cfg": cfg}, tmp_path / "o.ckpt")
-    back = vitrel.load_model(tmp_path / "o.ckpt").eval()
+    back = reloaded_as_written(old, tmp_path / "o.ckpt", vitrel_format=5, pos={**spec, "fov": 90})
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         torch.testing.assert_close(back(x), old.eval()(x))

@@ -28,7 +28,7 @@ class StepLearningRateMonitor(LearningRateMonitor):
         self._logged_step: int | None = None
 
     def on_train_batch_start(self, trainer, *args, **kwargs) -> None:
-        step = trainer.fit_loop.epoch_loop._batches_that_stepped  # (the step Lightning logs the rate at)
+        step = trainer.global_step  # (the optimizer steps taken: the step Lightning logs the rate at)
         if step != self._logged_step:
             self._logged_step = step
             super().on_train_batch_start(trainer, *args, **kwargs)

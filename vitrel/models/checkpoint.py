@@ -51,6 +51,7 @@ from vitrel.models.ckpt_files import (
     _torch_load,
     clean_state_dict,
     extract_model_state,
+    follow_umask,
     stored_config,
 )
 from vitrel.models.data_config import (
@@ -380,6 +381,7 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta = {"format": "pt", "vitrel_cfg": cfg_json, "data_config": json.dumps(data_config)}
     save_file(tensors, str(out / WEIGHTS_NAME), metadata=meta)
+    follow_umask(out / WEIGHTS_NAME)  # (safetensors writes 0600)
     pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
     pcfg = filter_pretrained_cfg({k: v for k, v in pcfg.items() if k != "state_dict"}, remove_source=True)
     # timm's fields only (timm.create_model("local-dir:...") builds a PretrainedCfg of them): a video model's

@@ -24,6 +24,7 @@ __all__ = [
     "WEIGHTS_NAME",
     "clean_state_dict",
     "extract_model_state",
+    "follow_umask",
     "stored_config",
 ]
 
@@ -35,6 +36,27 @@ _STRIP = ("_orig_mod.", "module.")
 
 class CheckpointError(RuntimeError):
     """A checkpoint that cannot be loaded: unsafe, truncated/corrupt, or not matching the model."""
+
+
+# ---------------------------------------------------------------------------- writing
+def _umask() -> int:
+    """The process's umask, read without changing it where the OS says it (Linux ``/proc``); else set and restored."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def follow_umask(path: str | os.PathLike) -> None:
+    """Give a file the permissions ``open()`` would have (``0o666`` less the umask: ``0644`` under umask 022); for
+    files written by a library that creates them ``0600`` (safetensors' ``save_file``, ``tempfile.mkstemp``)."""
+    os.chmod(path, 0o666 & ~_umask())
 
 
 # ---------------------------------------------------------------------------- state dicts

@@ -26,8 +26,10 @@ from timm.models import (
 from timm.models._features import FeatureGetterNet
 from torch import nn
 
+from vitrel.models.features import FeatureGetter
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.swin3d import SwinTransformer3D
+from vitrel.models.timm_surface import take_indices
 from vitrel.models.video_features import ClipFeatureGetterNet
 from vitrel.models.video_vit import VideoVisionTransformer
 from vitrel.models.vit import VisionTransformer
@@ -255,9 +257,12 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
     """timm's ``feature_cfg`` for ``features_only`` (``out_indices``, ``feature_cls`` and ``output_fmt``
     keyword arguments moved into it).
 
-    Default: timm's ``FeatureGetterNet`` over ``forward_intermediates`` (every Swin stage; the ViT's last 3
-    blocks, as timm's ViT), or the model's own getter (``feature_defaults()["getter"]``: the video models'
-    ``ClipFeatureGetterNet``, maps ``NCTHW`` / ``NTHWC``) where timm's is asked for by name. Layout, as timm's
+    Default: vitrel's :class:`~vitrel.models.features.FeatureGetter` (timm's ``FeatureGetterNet`` with
+    ``set_grad_checkpointing`` and a ``load_state_dict`` that takes the whole network's weights) over
+    ``forward_intermediates`` (every Swin stage; the ViT's last 3 blocks, as timm's ViT, or all of a shallower one;
+    ``out_indices`` the model does not have: a ``ValueError``), or the model's own getter
+    (``feature_defaults()["getter"]``: the video models' ``ClipFeatureGetterNet``, maps ``NCTHW`` / ``NTHWC``)
+    where timm's is asked for by name. Layout, as timm's
     Swin: the model's own ``output_fmt`` (Swin ``NHWC``; the ViT ``NCHW``; video ``NCTHW``) unless ``output_fmt=``
     says otherwise (the getter permutes). ``hook`` / ``fx`` / ``list`` / ``dict`` return the stage outputs as they
     are (Swin: ``NHWC``, so another ``output_fmt`` is refused); ``list`` / ``dict`` run the Swin's children in turn
@@ -265,10 +270,12 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
     (added by the model) do not allow; a model whose ``feature_defaults`` says ``getter_only`` refuses all four.
     """
     depths = kwargs.get("depths", defaults.get("depths"))
-    cfg = {"out_indices": tuple(range(len(depths))) if depths is not None else 3, **(kwargs.get("feature_cfg") or {})}
+    n = len(depths) if depths is not None else int(kwargs.get("depth", defaults.get("depth", 3)))
+    cfg = {"out_indices": tuple(range(n)) if depths is not None else min(3, n), **(kwargs.get("feature_cfg") or {})}
     for key in ("out_indices", "feature_cls", "output_fmt"):
         if key in kwargs:
             cfg[key] = kwargs.pop(key)
+    take_indices(n, cfg["out_indices"], "stages" if depths is not None else "blocks")  # (timm's: an assertion)
     kind = _feature_kind(cfg.setdefault("feature_cls", "getter"))
     seam = cls.feature_defaults({**defaults, **kwargs})
     if kind != "getter" and seam.get("getter_only") is not None:
@@ -278,9 +285,8 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
         )
     if kind == "getter":
         cfg.setdefault("output_fmt", seam["output_fmt"])
-        named = isinstance(cfg["feature_cls"], str) or cfg["feature_cls"] is FeatureGetterNet
-        if named and seam.get("getter") is not None:
-            cfg["feature_cls"] = seam["getter"]
+        if isinstance(cfg["feature_cls"], str) or cfg["feature_cls"] is FeatureGetterNet:  # timm's, by name: ours
+            cfg["feature_cls"] = seam.get("getter") or FeatureGetter
         if isinstance(cfg["feature_cls"], type) and issubclass(cfg["feature_cls"], ClipFeatureGetterNet):
             cfg["feature_cls"].check_output_fmt(cfg["output_fmt"])  # (before the model is built)
     elif seam["module_fmt"] is not None:

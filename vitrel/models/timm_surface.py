@@ -29,12 +29,24 @@ from vitrel.models.blocks import init_weights_, scheme_no_weight_decay
 from vitrel.models.ckpt_files import CheckpointError, clean_state_dict
 from vitrel.models.input_size import resolve_strict_img_size
 
-__all__ = ["TimmSurface"]
+__all__ = ["TimmSurface", "take_indices"]
 
 
 def _alternatives(values: tuple[str, ...]) -> str:
     """``('a', 'b', '')`` -> ``"'a', 'b' or ''"``."""
     return f"{', '.join(map(repr, values[:-1]))} or {values[-1]!r}" if len(values) > 1 else repr(values[0])
+
+
+def take_indices(n: int, indices: Any, what: str = "blocks") -> tuple[list[int], int]:
+    """timm's ``feature_take_indices`` (the indices asked for, the last of them) with a ``ValueError`` naming what a
+    model of ``n`` blocks / stages takes for indices it does not have (timm's: an ``AssertionError``)."""
+    try:
+        return feature_take_indices(n, indices)
+    except (AssertionError, TypeError) as e:
+        raise ValueError(
+            f"indices {indices!r} do not fit a model of {n} {what}: give the last k (an int, 1 to {n}) or a list of "
+            f"indices from {-n} to {n - 1}{f' ({e})' if str(e) else ''}"
+        ) from None
 
 
 class TimmSurface:
@@ -156,14 +168,14 @@ class TimmSurface:
         if output_fmt not in self.intermediate_fmts:
             raise ValueError(f"output_fmt must be {_alternatives(self.intermediate_fmts)}, got {output_fmt!r}")
         seq = getattr(self, self.trunk)
-        take, max_index = feature_take_indices(len(seq), indices)
+        take, max_index = take_indices(len(seq), indices, "stages" if self.trunk == "layers" else "blocks")
         return take, seq[: max_index + 1] if stop_early else seq
 
     def prune_trunk(self, indices: int | list[int]) -> tuple[list[int], int]:
         """``prune_intermediate_layers``' plumbing: keep the trunk entries up to the last of ``indices`` (and
         their ``feature_info``); returns the absolute indices asked for and the last one kept."""
         seq = getattr(self, self.trunk)
-        take, max_index = feature_take_indices(len(seq), indices)
+        take, max_index = take_indices(len(seq), indices, "stages" if self.trunk == "layers" else "blocks")
         setattr(self, self.trunk, seq[: max_index + 1])
         self.feature_info = self.feature_info[: max_index + 1]
         return take, max_index

@@ -2,16 +2,19 @@
 :class:`~vitrel.models.SwinTransformer3D`).
 
 timm's ``FeatureGetterNet`` hands ``model.forward_intermediates`` its ``output_fmt`` as a ``timm.layers.Format``,
-which names image layouts only (``NCHW``, ``NHWC``, ``NCL``, ``NLC``). :class:`ClipFeatureGetterNet` is that getter
-(pruning, ``feature_info``, ``norm`` unchanged) with the clip layouts ``NCTHW`` (default) and ``NTHWC`` instead.
+which names image layouts only (``NCHW``, ``NHWC``, ``NCL``, ``NLC``). :class:`ClipFeatureGetterNet` is vitrel's
+getter (:class:`~vitrel.models.features.FeatureGetter`: pruning, ``feature_info``, ``norm``, weights and gradient
+checkpointing unchanged) with the clip layouts ``NCTHW`` (default) and ``NTHWC`` instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from timm.models._features import FeatureGetterNet, OutIndicesT
+from timm.models._features import OutIndicesT
 from torch import nn
+
+from vitrel.models.features import FeatureGetter
 
 __all__ = ["ClipFeatureGetterNet", "CLIP_GETTER_ONLY"]
 
@@ -22,8 +25,8 @@ CLIP_GETTER_ONLY = (
 )
 
 
-class ClipFeatureGetterNet(FeatureGetterNet):
-    """timm's ``FeatureGetterNet`` for clips ``[B, C, T, H, W]``: ``forward(x)`` is
+class ClipFeatureGetterNet(FeatureGetter):
+    """vitrel's ``FeatureGetter`` (timm's ``FeatureGetterNet``) for clips ``[B, C, T, H, W]``: ``forward(x)`` is
     ``model.forward_intermediates(x, indices=out_indices, norm=norm, output_fmt=output_fmt, intermediates_only=True)``,
     a list of maps ``[B, C, T', H', W']`` (``output_fmt="NCTHW"``) or ``[B, T', H', W', C]`` (``"NTHWC"``)."""
 

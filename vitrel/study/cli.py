@@ -155,6 +155,8 @@ def merge_shards(out: Path, name: str, state: dict) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from vitrel.models.ckpt_files import follow_umask
+
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     shards = {path: json.loads(path.read_text()) for path in sorted(out.glob(f"{name}.shard*.json"))}
     for path, shard in shards.items():  # (a worker of an interrupted --jobs run had its recipe: check all first)
@@ -181,6 +183,7 @@ def merge_shards(out: Path, name: str, state: dict) -> None:
                     tensors.update({k: f.get_tensor(k) for k in f.keys()})
                     meta.update(f.metadata() or {})
         save_file(tensors, str(main_pos.with_name(f".{main_pos.name}.tmp")), metadata=meta)
+        follow_umask(main_pos.with_name(f".{main_pos.name}.tmp"))  # (safetensors writes 0600)
         os.replace(main_pos.with_name(f".{main_pos.name}.tmp"), main_pos)
         path.unlink()
 

@@ -220,6 +220,8 @@ def save_pos(path: Path, key: str, model: torch.nn.Module) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
+    from vitrel.models.ckpt_files import follow_umask
+
     tensors, meta = {}, {}
     if path.exists():
         with safe_open(str(path), "pt") as f:
@@ -230,4 +232,5 @@ def save_pos(path: Path, key: str, model: torch.nn.Module) -> None:
             tensors[f"{key}/{name}.{k}"] = v.detach().float().cpu().contiguous()
     meta[key] = json.dumps(model.vitrel_cfg)
     save_file(tensors, str(path.with_name(f".{path.name}.tmp")), metadata=meta)
+    follow_umask(path.with_name(f".{path.name}.tmp"))  # (safetensors writes 0600)
     os.replace(path.with_name(f".{path.name}.tmp"), path)

@@ -30,6 +30,8 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from vitrel.models.ckpt_files import follow_umask
+
 __all__ = ["AtomicCheckpointIO", "atomic_write"]
 
 
@@ -46,6 +48,7 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        follow_umask(tmp)  # (mkstemp creates 0600: the checkpoint gets a file's usual permissions)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -1,0 +1,152 @@
+"""vitrel models under timm's public API as a timm user calls it: ``features_only`` with ``checkpoint_path``, gradient
+checkpointing of a ``features_only`` backbone, a shallow ViT's default ``out_indices``, indices a model does not have,
+and the permissions of the files vitrel writes."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import stat
+from unittest import mock
+
+import pytest
+import timm
+import torch
+from timm.utils import ModelEmaV3
+
+import vitrel.models.blocks
+import vitrel.models.swin_blocks
+from tests.weights import lively
+from vitrel.models import CheckpointError, save_pretrained
+from vitrel.train.ckpt_io import atomic_write
+from vitrel.train.module import ClassifierModule
+
+VIT = dict(name="vitrel_vit_tiny_patch4_32", embed_dim=32, depth=4, num_heads=2, num_classes=10)
+SWIN = dict(name="vitrel_swin_tiny_patch2_window4_32", embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4))
+SPECS = pytest.mark.parametrize("spec", [VIT, SWIN], ids=["vit", "swin"])
+
+
+def make(spec: dict, **kw) -> torch.nn.Module:
+    spec = dict(spec)
+    return timm.create_model(spec.pop("name"), pos="rel2d_full", **{**spec, **kw})
+
+
+def train_checkpoint(model: torch.nn.Module, path) -> None:
+    """A checkpoint as train.py writes it: the Lightning module's state dict (the network under ``model.*``, its EMA
+    copy with other weights under ``ema_model.module.*``, the metrics' totals) and ``vitrel_cfg``."""
+    module = ClassifierModule(model, ema=functools.partial(ModelEmaV3, decay=0.9))
+    with torch.no_grad():
+        for p in module.ema_model.parameters():
+            p.add_(1.0)  # (not the live weights: those are the ones to load)
+    torch.save({"state_dict": module.state_dict(), "vitrel_cfg": model.vitrel_cfg}, path)
+
+
+# ---------------------------------------------------------------------------- features_only + checkpoint_path
+@SPECS
+@pytest.mark.parametrize("fmt", ["ckpt", "safetensors"])
+@pytest.mark.parametrize("out_indices", [None, (0, 1)], ids=["default", "pruned"])
+def test_features_only_loads_checkpoint_path(spec, fmt, out_indices, tmp_path):
+    """``timm.create_model(name, features_only=True, checkpoint_path=...)`` with a training checkpoint or an export's
+    ``model.safetensors``: the backbone gives the trained network's intermediates (the blocks, norm and head the
+    wrapper pruned are left out of the load); weights of another architecture: one ``CheckpointError``."""
+    torch.manual_seed(0)
+    net = lively(make(spec)).eval()
+    if fmt == "ckpt":
+        path = tmp_path / "last.ckpt"
+        train_checkpoint(net, path)
+    else:
+        path = save_pretrained(net, tmp_path / "export") / "model.safetensors"
+    kw = {} if out_indices is None else dict(out_indices=out_indices)
+    torch.manual_seed(1)
+    fb = make(spec, features_only=True, checkpoint_path=str(path), **kw).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = net.forward_intermediates(x, indices=fb.out_indices, output_fmt=str(fb.output_fmt.value))[1]
+        got = fb(x)
+    assert len(got) == len(want) == len(fb.feature_info.channels())
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with pytest.raises(CheckpointError, match="do not fit"):
+        make(spec, features_only=True, checkpoint_path=str(path), embed_dim=64, **kw)
+
+
+def test_features_only_load_state_dict_names_keys_as_the_wrapper():
+    """The wrapper's own state dict loads back; what does not fit (non-strict) is named under the wrapper's keys."""
+    fb = make(VIT, features_only=True)
+    assert not any(fb.load_state_dict(fb.state_dict()))
+    sd = {k: v for k, v in fb.state_dict().items() if k != "model.cls_token"}
+    assert fb.load_state_dict(sd, strict=False).missing_keys == ["model.cls_token"]
+
+
+# ---------------------------------------------------------------------------- gradient checkpointing
+@SPECS
+def test_features_only_grad_checkpointing(spec):
+    """``set_grad_checkpointing`` on a ``features_only`` backbone (timm's clients call it): every block runs under
+    ``torch.utils.checkpoint``, and the gradients are those without it."""
+    torch.manual_seed(0)
+    plain = lively(make(spec, features_only=True)).train()
+    ckpt = make(spec, features_only=True).train()
+    ckpt.load_state_dict(plain.state_dict())
+    ckpt.set_grad_checkpointing(True)
+    x = torch.randn(2, 3, 32, 32)
+    grads = []
+    for model in (plain, ckpt):
+        with contextlib.ExitStack() as stack:
+            calls = [
+                stack.enter_context(mock.patch.object(mod, "checkpoint", wraps=mod.checkpoint))
+                for mod in (vitrel.models.blocks, vitrel.models.swin_blocks)
+            ]
+            torch.manual_seed(2)  # (the same drop-path draws)
+            sum(o.square().mean() for o in model(x)).backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        n_blocks = sum(1 for n, _ in model.named_modules() if n.count(".blocks.") == 1 and n.split(".")[-1].isdigit())
+        assert sum(c.call_count for c in calls) == (n_blocks if model is ckpt else 0)
+    assert grads[0].keys() == grads[1].keys() and grads[0]
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], msg=n)
+
+
+# ---------------------------------------------------------------------------- out_indices / indices
+def test_shallow_vit_features_only_default_out_indices():
+    """timm's ViT default is the last 3 blocks; a ViT of fewer blocks gives all of them (timm: an assertion), and
+    indices it does not have are one ``ValueError`` naming the range (features_only and forward_intermediates)."""
+    fb = make(VIT, depth=2, features_only=True).eval()
+    assert fb.feature_info.out_indices == (0, 1)
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        want = fb.model.forward_intermediates(x, indices=2, intermediates_only=True)
+        assert [torch.equal(a, b) for a, b in zip(fb(x), want)] == [True, True]
+    assert make(VIT, depth=5, features_only=True).feature_info.out_indices == (2, 3, 4)
+    with pytest.raises(ValueError, match="2 blocks: give the last k"):
+        make(VIT, depth=2, features_only=True, out_indices=3)
+    with pytest.raises(ValueError, match="4 stages"):
+        make(SWIN, features_only=True, out_indices=(0, 4))
+    with pytest.raises(ValueError, match="2 blocks"):
+        make(VIT, depth=2).forward_intermediates(x, indices=[2])
+
+
+# ---------------------------------------------------------------------------- file permissions
+@contextlib.contextmanager
+def umask(mask: int):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_written_weights_follow_the_umask(mask, tmp_path):
+    """``model.safetensors`` (safetensors writes 0600), the trainer's checkpoints (a ``mkstemp`` file renamed) and
+    the study's position file get the permissions of any file the user writes: 0666 less the umask."""
+    from vitrel.study.runs import save_pos
+
+    want = 0o666 & ~mask
+    with umask(mask):
+        out = save_pretrained(make(VIT), tmp_path / "export")
+        atomic_write(tmp_path / "last.ckpt", lambda f: torch.save({}, f))
+        save_pos(tmp_path / "pos.safetensors", "vit", make(VIT))
+        (tmp_path / "plain.txt").write_text("")
+    for p in (out / "model.safetensors", out / "config.json", tmp_path / "last.ckpt", tmp_path / "pos.safetensors"):
+        assert stat.S_IMODE(p.stat().st_mode) == want == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode), p

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from vitrel.figures import as_image, figure_to_array, hide_ticks, new_figure
 from vitrel.layout.geometry import Grid, Grid3, as_grid, grid_str
 from vitrel.pos.base import FAMILIES, PositionScheme
 
@@ -59,7 +60,7 @@ __all__ = [
     "plot_attention_maps",
     "plot_packed_batch",  # noqa: F822 (vitrel.viz_packing, through __getattr__)
     "plot_swin_windows",
-    "figure_to_array",
+    "figure_to_array",  # vitrel.figures
 ]
 
 
@@ -236,17 +237,6 @@ def attention_maps(model: nn.Module, images: Tensor, block: int = -1, stage: int
 
 
 # ------------------------------------------------------------------------------------------ figures
-def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
-
-
-def _off(ax) -> None:
-    ax.set_xticks([])
-    ax.set_yticks([])
-
-
 def _sym_lim(a: np.ndarray) -> float:
     a = np.abs(a[np.isfinite(a)])  # LookHere's -inf (keys out of a head's view): grey in _scale's colour map
     lim = float(a.max()) if a.size else 0.0
@@ -284,7 +274,7 @@ def plot_pos_scheme(
     freqs = rope_freqs(scheme)
     panels = kernel.shape[0]
     rows = 2 if freqs is not None else 1
-    fig = _figure(1.9 * panels + 0.8, 2.0 * rows + 0.4)
+    fig = new_figure(1.9 * panels + 0.8, 2.0 * rows + 0.4)
     axes = np.atleast_2d(fig.subplots(rows, panels, squeeze=False))
     absolute = scheme.kind == "absolute"
     cmap, vmin, vmax = _scale(kernel, absolute)
@@ -294,7 +284,7 @@ def plot_pos_scheme(
         ax = axes[0, h]
         im = ax.imshow(kernel[h], cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
         ax.plot([qx], [qy], marker="x", color="k", markersize=5)
-        _off(ax)
+        hide_ticks(ax)
         ax.set_title("cos sim to query" if absolute else f"head {h}", fontsize=8)
     if im is not None:
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
@@ -329,7 +319,7 @@ def _plot_frames(scheme: PositionScheme, grid: Grid3, title: str | None, max_hea
     lim = _sym_lim(kernel)  # (not _scale: the NaN gaps between frames stay blank)
     cmap, vmin, vmax = ("viridis", -1.0, 1.0) if absolute else ("RdBu_r", -lim, lim)
     width = strips.shape[2] / grid.h  # each strip's aspect
-    fig = _figure(min(1.0 + 1.2 * width, 16.0), 0.5 + 1.3 * heads)
+    fig = new_figure(min(1.0 + 1.2 * width, 16.0), 0.5 + 1.3 * heads)
     axes = fig.subplots(heads, 1, squeeze=False)[:, 0]
     im = None
     for h, ax in enumerate(axes):
@@ -364,7 +354,7 @@ def plot_schemes(
     if not schemes:
         raise ValueError("plot_schemes needs at least one scheme")
     cols = 1 + max_heads
-    fig = _figure(1.55 * cols + 0.6, 1.6 * len(schemes) + 0.5)
+    fig = new_figure(1.55 * cols + 0.6, 1.6 * len(schemes) + 0.5)
     axes = np.atleast_2d(fig.subplots(len(schemes), cols, squeeze=False))
     for r, (name, s) in enumerate(schemes.items()):
         g = as_grid(grid if grid is not None else s.grid)
@@ -373,7 +363,7 @@ def plot_schemes(
         cmap, vmin, vmax = _scale(m.numpy(), absolute)
         ax = axes[r, 0]
         im = ax.imshow(m[0].numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-        _off(ax)
+        hide_ticks(ax)
         ax.set_title(f"{name}: {g.n}x{g.n}" + ("" if absolute else ", head 0"), fontsize=7)
         qi = _query_index(g, query)
         qy, qx = qi // g.w, qi % g.w
@@ -384,7 +374,7 @@ def plot_schemes(
                 continue
             ax.imshow(m[h, qi].reshape(g.h, g.w).numpy(), cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
             ax.plot([qx], [qy], marker="x", color="k", markersize=4)
-            _off(ax)
+            hide_ticks(ax)
             ax.set_title("cos sim from query" if absolute else f"head {h} from query", fontsize=7)
         fig.colorbar(im, ax=list(axes[r]), shrink=0.8, pad=0.01)
     fig.suptitle(title or "position term of the logits", fontsize=9)
@@ -400,7 +390,7 @@ def plot_rope_similarity(
     """
     if not schemes:
         raise ValueError("plot_rope_similarity needs at least one scheme")
-    fig = _figure(1.9 * max_heads + 0.6, 1.8 * len(schemes) + 0.5)
+    fig = new_figure(1.9 * max_heads + 0.6, 1.8 * len(schemes) + 0.5)
     axes = np.atleast_2d(fig.subplots(len(schemes), max_heads, squeeze=False))
     im = None
     for r, (name, s) in enumerate(schemes.items()):
@@ -431,7 +421,7 @@ def plot_content_tables(scheme: PositionScheme, title: str | None = None):
     2-D tables ``[2Kh+1, 2Kw+1, d]``: the norm ``|r[dh, dw]|`` over the channels.
     """
     tables = content_tables(scheme)
-    fig = _figure(2.4 * len(tables) + 0.6, 2.4)
+    fig = new_figure(2.4 * len(tables) + 0.6, 2.4)
     axes = np.atleast_1d(fig.subplots(1, len(tables), squeeze=False)[0])
     for ax, (name, t) in zip(axes, tables.items()):
         if t.dim() == 2:
@@ -459,13 +449,6 @@ def plot_content_tables(scheme: PositionScheme, title: str | None = None):
     return fig
 
 
-def _as_image(x: Tensor) -> np.ndarray:
-    """``[C, H, W]`` -> ``[H, W]`` or ``[H, W, 3]`` in ``[0, 1]`` (min-max per image)."""
-    a = x.detach().float().cpu()
-    a = (a - a.min()) / (a.max() - a.min()).clamp_min(1e-8)
-    return a[0].numpy() if a.shape[0] == 1 else a[:3].permute(1, 2, 0).numpy()
-
-
 def plot_attention_maps(
     images: Tensor,
     maps: Tensor,
@@ -482,12 +465,12 @@ def plot_attention_maps(
         raise ValueError(f"expected images [B, C, H, W] and maps [B, heads, h, w], got {images.shape}, {maps.shape}")
     b, heads = maps.shape[0], min(maps.shape[1], max_heads)
     cols = 2 + heads
-    fig = _figure(1.5 * cols + 0.4, 1.55 * b + 0.4)
+    fig = new_figure(1.5 * cols + 0.4, 1.55 * b + 0.4)
     axes = np.atleast_2d(fig.subplots(b, cols, squeeze=False))
     ih, iw = images.shape[-2:]
     ext = (-0.5, iw - 0.5, ih - 0.5, -0.5)
     for i in range(b):
-        img = _as_image(images[i])
+        img = as_image(images[i])
         m = maps[i].float().cpu().numpy()
         axes[i, 0].imshow(img, cmap="gray" if img.ndim == 2 else None)
         axes[i, 0].set_title(labels[i] if labels is not None else f"image {i}", fontsize=7)
@@ -498,7 +481,7 @@ def plot_attention_maps(
             axes[i, 2 + h].imshow(m[h], cmap="inferno", interpolation="nearest")
             axes[i, 2 + h].set_title(f"head {h}", fontsize=7)
         for ax in axes[i]:
-            _off(ax)
+            hide_ticks(ax)
     fig.suptitle(title or "attention over the patch grid", fontsize=9)
     return fig
 
@@ -513,7 +496,7 @@ def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
 
     grid = as_grid(grid)
     window = (window, window) if isinstance(window, int) else tuple(window)
-    fig = _figure(7.0, 3.4 * grid.h / max(grid.w, 1) + 0.6)
+    fig = new_figure(7.0, 3.4 * grid.h / max(grid.w, 1) + 0.6)
     for ax, shifted in zip(fig.subplots(1, 2), (False, True)):
         groups = window_groups(grid, window, shifted)
         win, shift = window_and_shift(grid, window, shifted)
@@ -522,7 +505,7 @@ def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
             ax.axhline(r - 0.5, color="k", lw=1.5)
         for c in range(shift[1] % win[1] or win[1], grid.w, win[1]):
             ax.axvline(c - 0.5, color="k", lw=1.5)
-        _off(ax)
+        hide_ticks(ax)
         kind = f"shifted by {shift}" if shifted else "plain"
         ax.set_title(f"{kind}: {int(groups.max()) + 1} groups", fontsize=8)
     fig.suptitle(title or f"Swin windows {window[0]}x{window[1]} on a {grid.h}x{grid.w} map", fontsize=9)
@@ -535,12 +518,3 @@ def __getattr__(name: str) -> Any:  # the NaFlex batch picture lives in vitrel.v
 
         return plot_packed_batch
     raise AttributeError(f"module 'vitrel.viz' has no attribute {name!r}")
-
-
-def figure_to_array(fig) -> np.ndarray:
-    """Render a Figure to an ``[H, W, 3]`` uint8 array (for loggers that take images)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = FigureCanvasAgg(fig)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from vitrel.figures import as_image, hide_ticks, new_figure
 from vitrel.pos.base import PositionScheme
-from vitrel.viz import _as_image, _figure, _off
 
 __all__ = ["plot_packed_batch"]
 
@@ -46,7 +46,7 @@ def plot_packed_batch(
         what = f"{scheme.name} bias, head mean"
     in_row = [i for i in range(nb.num_images) if bool((nb.image[row] == i).any())]
     draw_images = patch_size is not None and in_row
-    fig = _figure(9.0, 3.2)
+    fig = new_figure(9.0, 3.2)
     axes = fig.subplots(1, 3 if draw_images else 2, width_ratios=[2, 1, 1.2] if draw_images else [2, 1.2])
     palette = ListedColormap(["#bbbbbb", "#111111", "#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3"])
     axes[0].imshow(shown, cmap=palette, vmin=0, vmax=palette.N - 1, aspect="auto", interpolation="nearest")
@@ -66,7 +66,7 @@ def plot_packed_batch(
             for (r, col), p in zip(nb.coords[row, sel].tolist(), nb.patches[row, sel].float().cpu()):
                 ps = patch_size
                 canvas[r * ps : (r + 1) * ps, col * ps : (col + 1) * ps] = p.reshape(ps, ps, c)
-            pieces.append(_as_image(canvas.permute(2, 0, 1)))
+            pieces.append(as_image(canvas.permute(2, 0, 1)))
         h = max(p.shape[0] for p in pieces)
         gap = np.ones((h, 2) + pieces[0].shape[2:])
         strip = np.concatenate(
@@ -74,7 +74,7 @@ def plot_packed_batch(
         )
         ax.imshow(strip, cmap="gray" if strip.ndim == 2 else None)
         ax.set_title(f"row {row}: its images at their own sizes", fontsize=8)
-        _off(ax)
+        hide_ticks(ax)
     ax = axes[-1]
     m = mask.float().cpu().numpy()
     if scheme is None:
@@ -83,6 +83,6 @@ def plot_packed_batch(
         ax.imshow(np.where(np.isinf(m), np.nan, m), cmap="viridis", interpolation="nearest")
     ax.set_facecolor("black")
     ax.set_title(f"row {row}: {what}", fontsize=8)
-    _off(ax)
+    hide_ticks(ax)
     fig.suptitle(title or "a packed batch: tokens carry their image and coordinates", fontsize=9)
     return fig

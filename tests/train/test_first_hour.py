@@ -104,6 +104,13 @@ def test_progress_lines_count_epochs_from_one_and_cover_validation_and_test(tmp_
     assert {"val batch 1/2", "val batch 2/2", "test batch 1/2", "test batch 2/2"} <= set(lines)
 
 
+def test_progress_bar_false_turns_the_progress_off_as_lightning_enable_progress_bar(tmp_path, capsys):
+    """``progress_bar=false`` (Lightning's ``enable_progress_bar=False`` spelling) is ``progress_bar=none``, not a
+    ValueError about the spelling after the data was read."""
+    train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "progress_bar=false", "trainer.log_every_n_steps=1"]))
+    assert " step " not in capsys.readouterr().out
+
+
 def test_eval_scores_a_run_at_the_size_it_was_trained_at(tmp_path):
     """``python train.py ... data.img_size=32`` then ``python eval.py ckpt_path=<its last.ckpt>``: eval.py scores the
     model at 32 px, the size it was trained at (as timm's validate.py), and gives train.py's test accuracy; not at

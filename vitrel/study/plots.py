@@ -13,16 +13,11 @@ from typing import Any
 
 import numpy as np
 
+from vitrel.figures import new_figure
 from vitrel.pos.base import FAMILIES
 from vitrel.study.runs import TEST_ON_OOD
 
 __all__ = ["plot_study", "plot_study_diffs", "plot_study_scatter", "plot_curves"]
-
-
-def _figure(width: float, height: float):
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(width, height), layout="constrained")
 
 
 def _titled(fig, title: str | None):
@@ -97,7 +92,7 @@ def plot_study(
         keys = [k for k in rows[0] if k.endswith("_acc_mean") and k != f"{TEST_ON_OOD}_acc_mean"]
         metrics = sorted(keys, key=lambda k: (k != "test_acc_mean", keys.index(k)))
     n_schemes = max(sum(1 for r in rows if r["arch"] == a) for a in archs)
-    fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
+    fig = new_figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
     axes = np.atleast_2d(fig.subplots(len(archs), 2, squeeze=False, width_ratios=[3, 1]))
     for a_i, arch in enumerate(archs):
         sub = [r for r in rows if r["arch"] == arch]
@@ -149,7 +144,7 @@ def plot_study_diffs(
     if not metrics:
         raise ValueError(f"the rows have no paired differences against {base!r} (columns *{suffix})")
     n_schemes = max(sum(1 for r in rows if r["arch"] == a and r["scheme"] != base) for a in archs)
-    fig = _figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
+    fig = new_figure(11.0, 0.28 * n_schemes * len(archs) + 1.2 * len(archs) + 0.6)
     axes = np.atleast_1d(fig.subplots(len(archs), 1, squeeze=False)[:, 0])
     for ax, arch in zip(axes, archs):
         sub = [r for r in rows if r["arch"] == arch and r["scheme"] != base]
@@ -186,7 +181,7 @@ def plot_study_scatter(
     fams = list(dict.fromkeys(r.get("family", "?") for r in rows))
     fams.sort(key=lambda f: FAMILIES.index(f) if f in FAMILIES else len(FAMILIES))
     colours = {f: f"C{i}" for i, f in enumerate(fams)}
-    fig = _figure(4.2 * len(ys) + 0.4, 3.6 * len(archs) + 0.4)
+    fig = new_figure(4.2 * len(ys) + 0.4, 3.6 * len(archs) + 0.4)
     axes = np.atleast_2d(fig.subplots(len(archs), len(ys), squeeze=False))
     for a_i, arch in enumerate(archs):
         sub = [r for r in rows if r["arch"] == arch]
@@ -219,7 +214,7 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], 
     families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
     evals = sorted(scales, key=scales.get)
     xs = [scales[e] for e in evals]
-    fig = _figure(4.2 * len(families), 3.6)
+    fig = new_figure(4.2 * len(families), 3.6)
     axes = fig.subplots(1, len(families), squeeze=False, sharey=True)
     for ax, fam in zip(axes[0], families):
         for r in (r for r in rows if r["family"] == fam):

@@ -161,8 +161,10 @@ def quiet_third_party() -> None:
         shown.add(f"{prefix} {_WANDB_ANONYMOUS}")
 
 
-def progress_bar_kind(requested: str = "auto") -> str:
-    """``auto``: ``rich`` on a terminal, ``lines`` (plain lines) when stdout is not a TTY."""
+def progress_bar_kind(requested: str | bool = "auto") -> str:
+    """``auto``: ``rich`` on a terminal, ``lines`` (plain lines) when stdout is not a TTY. ``false`` is ``none`` and
+    ``true`` is ``auto``, as Lightning's ``enable_progress_bar`` (``progress_bar=false`` reaches here as "False")."""
+    requested = {"false": "none", "true": "auto"}.get(str(requested).lower(), str(requested))
     if requested not in ("auto", "rich", "tqdm", "lines", "none"):
         raise ValueError(f"progress_bar must be auto, rich, tqdm, lines or none, got {requested!r}")
     if requested == "auto":

@@ -21,6 +21,7 @@ from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _reso
 __all__ = [
     "CLIP_FIELDS",
     "DATA_FIELDS",
+    "TRAIN_FIELDS",
     "TIMM_CFG_FIELDS",
     "data_config_for",
     "data_fields",
@@ -38,12 +39,15 @@ DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_m
 #: a video model's evaluation clips beside ``num_frames``: ``frame_stride`` (frames between a clip's frames) and
 #: ``clips_per_video`` (evenly spaced clips per video); not timm fields, so never in a timm ``pretrained_cfg`` overlay
 CLIP_FIELDS = ("frame_stride", "clips_per_video")
+#: the sides training batches were drawn at (``data.size_choices``): ``eval.py`` runs the stored model as trained at
+#: one of them; not a timm field either
+TRAIN_FIELDS = ("size_choices",)
 
 
 def data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
     """The data-config fields of ``src`` (a stored data config or a ``pretrained_cfg``: ``label_names`` are the class
     names; ``img_size``, the side or ``[H, W]``, as written by hand before ``input_size``)."""
-    out = {k: src[k] for k in (*DATA_FIELDS, *CLIP_FIELDS, "img_size") if src.get(k) is not None}
+    out = {k: src[k] for k in (*DATA_FIELDS, *CLIP_FIELDS, *TRAIN_FIELDS, "img_size") if src.get(k) is not None}
     names = src.get("class_names") or src.get("label_names")
     if names:
         out["class_names"] = [str(n) for n in names]
@@ -112,6 +116,8 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
     if frames is not None:  # a video model: frames per clip (``input_size`` stays timm's ``[C, H, W]``)
         out["num_frames"] = int(frames)
         out.update({k: int(src[k]) for k in CLIP_FIELDS if k in src})
+    if src.get("size_choices"):
+        out["size_choices"] = [int(v) for v in src["size_choices"]]
     if src.get("class_names"):
         out["class_names"] = list(src["class_names"])
     return out
@@ -146,5 +152,5 @@ def set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
     """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
     dc = model_data_config(model, data_config)
     pcfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), **pretrained_cfg_fields(dc)}
-    pcfg.update({k: dc[k] for k in CLIP_FIELDS if k in dc})  # (a video model's clip sampling: not timm's fields)
+    pcfg.update({k: dc[k] for k in (*CLIP_FIELDS, *TRAIN_FIELDS) if k in dc})  # (vitrel's fields, not timm's)
     model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)

@@ -41,7 +41,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
-from vitrel.config import check_moved_keys
+from vitrel.config import ConfigError, check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.data_config import stored_data_config
@@ -67,25 +67,41 @@ __all__ = ["evaluate", "run_record"]
 log = logging.getLogger(__name__)
 
 
-def _trained_size(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
-    """``img_size``: the side the stored model was trained at, when ``data.img_size`` is not given (null) and the
-    model takes image tensors of a square size (not NaFlex batches, whose images keep their own sizes); else empty."""
+def _non_square(saved: dict) -> bool:
+    """Whether the stored model was built at a non-square ``img_size`` (``(H, W)``, H != W)."""
+    return saved.get("img_size") is not None and len(set(to_2tuple(saved["img_size"]))) > 1
+
+
+def _trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
+    """``img_size``, when ``data.img_size`` is not given (null) and the model takes image tensors (not NaFlex
+    batches, whose images keep their own sizes): the side the stored model was built at when square; for a model
+    built at a non-square ``(H, W)`` (kept as built), the side of the images it was trained on (its stored data
+    config's ``input_size``); else empty."""
     if data_cfg.get("img_size") is not None or data_cfg.get("packing") or saved.get("img_size") is None:
         return {}
     h, w = to_2tuple(saved["img_size"])
-    return {"img_size": int(h)} if h == w else {}
+    if h == w:
+        return {"img_size": int(h)}
+    fed = list(stored_data.get("input_size") or [])[-2:]
+    return {"img_size": int(fed[0])} if len(fed) == 2 and fed[0] == fed[1] else {}
 
 
-def _size_choice_of_the_run(ckpt: Path, saved: dict, dm: Any) -> bool:
-    """Whether the data's ``img_size`` is one of the ``data.size_choices`` of the run that wrote ``ckpt`` (its record):
-    the run trained the stored model on batches of that size as built, its learned tables read at their edge past
-    their offsets. Rebuilding the model at that size would interpolate those offsets instead, so it is loaded as
-    stored and called at that size."""
-    size, (_, run) = getattr(dm, "img_size", None), run_record(ckpt)
-    if size is None or saved.get("img_size") is None or run is None or getattr(dm, "packing", None):
+def _size_choices(stored_data: dict, run: DictConfig | None) -> list[int]:
+    """The ``data.size_choices`` the stored model was trained at: those stored with it (its data config), else (a
+    checkpoint written before vitrel stored them) its run folder's record ``run``."""
+    choices = stored_data.get("size_choices") or ((run.get("data") or {}).get("size_choices") if run else None)
+    return [int(s) for s in choices or []]
+
+
+def _size_choice_of_the_run(saved: dict, choices: list[int], dm: Any) -> bool:
+    """Whether the data's ``img_size`` is one of the ``choices`` (:func:`_size_choices`): the run trained the stored
+    model on batches of that size as built, its learned tables read at their edge past their offsets. Rebuilding
+    the model at that size would interpolate those offsets instead, so it is loaded as stored and called at that
+    size."""
+    size = getattr(dm, "img_size", None)
+    if size is None or saved.get("img_size") is None or getattr(dm, "packing", None):
         return False
-    choices = (run.get("data") or {}).get("size_choices") or []
-    return int(size) in [int(s) for s in choices]
+    return int(size) in choices
 
 
 def _trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
@@ -108,13 +124,12 @@ def _given(key: str) -> bool:
 _CLIP_KEYS = {"stride": "frame_stride", "clips_per_video": "clips_per_video"}
 
 
-def _trained_clips(ckpt: Path, data_cfg: DictConfig) -> dict[str, int]:
+def _trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
     """The evaluation clips of the run that wrote ``ckpt`` (``data.stride``, ``data.clips_per_video``), for those of
     the data's keys not on the command line: the data group's defaults would score other clips than the run's own
     test did. Empty for data without them (images, Moving Fashion-MNIST) or a checkpoint that does not store them."""
     keys = [k for k in _CLIP_KEYS if k in data_cfg and not _given(f"data.{k}")]
-    stored = (stored_data_config(ckpt) or {}) if keys else {}
-    return {k: int(stored[_CLIP_KEYS[k]]) for k in keys if stored.get(_CLIP_KEYS[k]) is not None}
+    return {k: int(stored_data[_CLIP_KEYS[k]]) for k in keys if stored_data.get(_CLIP_KEYS[k]) is not None}
 
 
 #: The data keys eval.py takes from the run that wrote the checkpoint, unless given: those that say which samples are
@@ -169,23 +184,24 @@ def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
     return value
 
 
-def _run_settings(ckpt: Path, data_cfg: DictConfig) -> tuple[dict[str, Any], dict[str, Any], str]:
+def _run_settings(
+    ckpt: Path, record: tuple[Path, DictConfig | None], stored_data: dict, split: dict[str, Any], data_cfg: DictConfig
+) -> tuple[dict[str, Any], dict[str, Any], str]:
     """``(taken, given, where)``: the data settings of the run that wrote ``ckpt`` (:data:`RUN_DATA_KEYS`) where they
     differ from ``data_cfg``'s and are not on the command line; those on it whose run value differs (the run's value);
     and where they come from. The run folder's record when there is one, for the same data (``data.name``; other
     data keeps its group's defaults): its interpolations resolved against that record, here (``${paths.data_dir}`` is
     eval's own data folder, as by default); a value that does not resolve is an error naming the key to give. Without
-    a record, the preprocessing stored with the weights. Either way the split the checkpoint holds
-    (:func:`_stored_split`) gives ``seed`` and ``val_fraction``."""
-    path, run = run_record(ckpt)
+    a record, the preprocessing stored with the weights (``stored_data``). Either way the split the checkpoint holds
+    (``split``, :func:`_stored_split`) gives ``seed`` and ``val_fraction``. ``record``: :func:`run_record`."""
+    path, run = record
     if run is not None:
         if run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
             return {}, {}, ""
         keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
     else:
-        node = stored_data_config(ckpt) or {}
+        node = stored_data
         keys, where = [k for k in STORED_PREPROCESSING if k in node], "the data config stored with it"
-    split = _stored_split(ckpt, data_cfg)
     if split:
         keys = [*keys, *(k for k in split if k not in keys)]
         where += f"{' and ' if where else ''}the split stored in {ckpt.name}"
@@ -221,14 +237,14 @@ def _warn_other_val_split(ckpt: Path, data_cfg: DictConfig, given: dict[str, Any
         )
 
 
-def _warn_unknown_val_split(ckpt: Path, data_cfg: DictConfig) -> None:
+def _warn_unknown_val_split(ckpt: Path, data_cfg: DictConfig, split: dict[str, Any], run: DictConfig | None) -> None:
     """``split=val`` of weights that record no val split (an export folder, a weights file, an old checkpoint out of
     its run folder), on data whose val is a seeded hold-out of train: the group's hold-out is scored, which holds
     images the run trained on unless its ``data.seed`` / ``data.val_fraction`` were the run's: a warning naming them,
-    unless both are on the command line."""
+    unless both are on the command line. ``split``: the split stored in ``ckpt``; ``run``: its run's record."""
     if not data_cfg.get("val_fraction") or all(_given(f"data.{k}") for k in VAL_SPLIT_KEYS):
         return
-    if _stored_split(ckpt, data_cfg) or run_record(ckpt)[1] is not None or rank_zero_only.rank != 0:
+    if split or run is not None or rank_zero_only.rank != 0:
         return
     held = " ".join(f"data.{k}={plain(data_cfg.get(k))}" for k in VAL_SPLIT_KEYS)
     log.warning(
@@ -255,23 +271,22 @@ def _from_run(cfg: DictConfig, values: dict[str, Any], what: str) -> dict[str, A
     return values
 
 
-def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig) -> None:
-    """The data gives the model's classes and channels; else an error naming the data to give instead."""
+def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig, fix: str) -> None:
+    """The data gives the model's classes and channels; else a :class:`ConfigError` naming the data to give instead
+    (``fix``: :func:`_trained_data`)."""
     if stored.get("num_classes") != dm.num_classes:
         what = f"classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}"
     elif stored.get("in_chans") != dm.in_chans:
         what = f"takes {stored.get('in_chans')}-channel images but {type(dm).__name__} gives {dm.in_chans}"
     else:
         return
-    raise ValueError(
-        f"{ckpt} {what} (data={data_cfg.get('name')}): score it on the data it was trained on, {_trained_data(ckpt)}"
-    )
+    raise ConfigError(f"{ckpt} {what} (data={data_cfg.get('name')}): {fix}")
 
 
-def _warn_other_class_names(ckpt: Path, dm: L.LightningDataModule) -> None:
+def _warn_other_class_names(ckpt: Path, stored_data: dict, dm: L.LightningDataModule) -> None:
     """The data's class names where they differ from those stored with the weights: labels are compared with the
     model's outputs by index, so a class folder renamed (or sorting elsewhere) scores against another class."""
-    stored = (stored_data_config(ckpt) or {}).get("class_names")
+    stored = stored_data.get("class_names")
     names = getattr(dm, "class_names", None)
     if not stored or not names or len(stored) != len(names):
         return
@@ -299,15 +314,48 @@ def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> N
         check_patches_fit(int(dm.img_size), int(ph), type(dm).__name__, whose, int(th), why)
 
 
-def _trained_data(ckpt: Path) -> str:
-    """The ``data=`` of the train.py run that wrote ``ckpt`` (its folder's ``.hydra/config.yaml``), as overrides."""
-    run_cfg, run = run_record(ckpt)
+def _trained_data(record: tuple[Path, DictConfig | None]) -> str:
+    """What to do about data that does not fit the checkpoint: score it on the ``data=`` of the train.py run that
+    wrote it (``record``, :func:`run_record`), as overrides."""
+    run_cfg, run = record
     data = run.get("data") if run is not None else None
     if not data or not data.get("name"):
-        return "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
-    root = OmegaConf.to_container(data, resolve=False).get("root")
-    given = f" data.root={root}" if isinstance(root, str) and "${" not in root else ""
-    return f"data={data.name}{given} (its run's {run_cfg})"
+        what = "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
+    else:
+        root = OmegaConf.to_container(data, resolve=False).get("root")
+        given = f" data.root={root}" if isinstance(root, str) and "${" not in root else ""
+        what = f"data={data.name}{given} (its run's {run_cfg})"
+    return f"score it on the data it was trained on, {what}"
+
+
+def _naflex_size(dm: Any, patch: Any) -> list[int] | None:
+    """``[H, W]`` every image of a NaFlex evaluation is scored at, for data whose images share one size (timm's
+    ``ResizeToSequence`` rule, as the data module's eval transform applies it); None for images of many sizes."""
+    from timm.data.naflex_transforms import get_image_size_for_seq
+
+    native = getattr(dm, "native_size", 0)
+    if not getattr(dm, "fixed_size", False) or not native or patch is None:
+        return None
+    _, hw = get_image_size_for_seq((native, native), to_2tuple(patch), int(dm.max_tokens), max_ratio=dm.eval_max_ratio)
+    return [int(hw[0]), int(hw[1])]
+
+
+def _naflex_where(dm: Any, size: list[int] | None, patch: Any) -> str:
+    """What a NaFlex evaluation ran at, for the closing line (its ``)`` left to the caller): the size images of one
+    size were scored at (native or resized), else the rule of ``data.eval_max_ratio``."""
+    rows = f"NaFlex {dm.packing}, at most {dm.max_tokens} patches an image, rows of {dm.seq_len}"
+    if size is not None:
+        grid = "x".join(str(s // p) for s, p in zip(size, to_2tuple(patch)))
+        native = size == [dm.native_size] * 2
+        return f"at {'the images' + chr(39) + ' native ' if native else ''}{size[0]}x{size[1]} (grid {grid}, {rows}"
+    ratio = dm.eval_max_ratio
+    if ratio is None:
+        how = "each image resized to fill the patch budget (data.eval_max_ratio=null)"
+    elif ratio == 1:
+        how = "each image at its native size (rounded up to whole patches; larger ones scaled down)"
+    else:
+        how = f"each image enlarged up to {ratio:g}x its native size (data.eval_max_ratio)"
+    return f"with {how} ({rows}"
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -335,41 +383,48 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     use_ema = checkpoint_scores_ema(ckpt) if ema == "auto" else bool(ema)
 
     saved = stored_config(ckpt) or {}
+    # what the checkpoint and its run folder tell, read once: the run's record, the data config and split stored
+    record, stored_data = run_record(ckpt), stored_data_config(ckpt) or {}
+    held = _stored_split(ckpt, cfg.data)
+    fix = _trained_data(record)
     # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged):
     # first which samples and how preprocessed (a canvas or NaFlex batches decide the size below)
-    settings, given, where = _run_settings(ckpt, cfg.data)
+    settings, given, where = _run_settings(ckpt, record, stored_data, held, cfg.data)
     if split == "val":
         _warn_other_val_split(ckpt, cfg.data, given)
-        _warn_unknown_val_split(ckpt, cfg.data)
+        _warn_unknown_val_split(ckpt, cfg.data, held, record[1])
     what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
     taken = _from_run(cfg, settings, what)
+    # a model built at a non-square (H, W) stays so unless data.img_size is given (the data's images are square)
+    keep_shape = _non_square(saved) and cfg.data.get("img_size") is None and not cfg.data.get("packing")
     what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py
-    taken |= _from_run(cfg, _trained_size(saved, cfg.data), what)
+    if keep_shape:
+        shape = "x".join(map(str, to_2tuple(saved["img_size"])))
+        what = f"the size of the images {ckpt.name} was trained on, its model kept at {shape} (data.img_size=<n>)"
+    taken |= _from_run(cfg, _trained_size(saved, stored_data, cfg.data), what)
     what = f"the clip length {ckpt.name} was trained at (data.num_frames=<n> for another)"
     taken |= _from_run(cfg, _trained_frames(saved, cfg.data), what)
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
-    taken |= _from_run(cfg, _trained_clips(ckpt, cfg.data), what)
+    taken |= _from_run(cfg, _trained_clips(stored_data, cfg.data), what)
     dm = instantiate(cfg.data)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
     if arch is not None:  # clips for a video model, images for an image model: before the weights are read
-        check_video_pairing(
-            str(arch), dm, str(ckpt), fix=f"score it on the data it was trained on, {_trained_data(ckpt)}"
-        )
+        check_video_pairing(str(arch), dm, str(ckpt), fix=fix)
     if is_video_data(dm):  # the clips' length, as the images' size: learned tables resized on load
         overrides.setdefault("num_frames", dm.num_frames)
     if saved:  # classes and channels, and images the model can cut into patches: before the weights are read
         built = {**saved, **overrides}
-        _check_data_matches(ckpt, built, dm, cfg.data)
+        _check_data_matches(ckpt, built, dm, cfg.data, fix)
         _check_patches_fit(ckpt, built, dm)
-    as_trained = _size_choice_of_the_run(ckpt, saved, dm)
+    as_trained = _size_choice_of_the_run(saved, _size_choices(stored_data, record[1]), dm)
     if as_trained:
         log.info("data.img_size=%s is one of the run's data.size_choices: the model runs as trained", dm.img_size)
-    size = saved["img_size"] if as_trained else dm.img_size
+    size = saved["img_size"] if as_trained or keep_shape else dm.img_size
     model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
-    _check_data_matches(ckpt, stored, dm, cfg.data)
-    _warn_other_class_names(ckpt, dm)
+    _check_data_matches(ckpt, stored, dm, cfg.data, fix)
+    _warn_other_class_names(ckpt, stored_data, dm)
     check_data_fits_model(dm, model, str(ckpt))  # data.patch_size of NaFlex batches: before scoring
 
     module = ClassifierModule(model, num_classes=dm.num_classes)
@@ -390,6 +445,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if is_video_data(dm):  # (T, H, W) of the tubelets
         grid.insert(0, dm.num_frames // stored.get("tubelet_size", 1))
     packing = getattr(dm, "packing", None)
+    naflex = _naflex_size(dm, stored.get("patch_size")) if packing is not None else None
     result = {
         "ckpt_path": str(ckpt),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
@@ -398,6 +454,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "img_size_from": "checkpoint" if "img_size" in taken else "data",  # data.img_size null: the trained size
         "data_from_run": taken,  # the data settings taken from the checkpoint or its run (not on the command line)
         "grid": grid,
+        "model_img_size": list(to_2tuple(stored["img_size"])) if stored.get("img_size") is not None else None,
+        "naflex_size": naflex,  # NaFlex of images of one size: the size each was scored at
         "ema": use_ema,
         "packing": packing,
         "metrics": metrics,
@@ -411,15 +469,15 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         out.mkdir(parents=True, exist_ok=True)
         (out / "eval_metrics.json").write_text(json.dumps(result, indent=2))
         shown = "  ".join(f"{k} {v:.4f}" for k, v in sorted(metrics.items()))
+        ema_note = ", EMA weights" if use_ema else ""
         if packing is None:
             frames = f"{dm.num_frames} frames of " if is_video_data(dm) else ""
             shape = "x".join(map(str, grid))
-            where = f"at {frames}img_size {dm.img_size} (grid {shape}{', EMA weights' if use_ema else ''})"
-        else:  # NaFlex batches: each image at its own size and aspect ratio
-            where = (
-                f"at native sizes (NaFlex {packing}, at most {dm.max_tokens} patches an image, rows of {dm.seq_len}"
-                f"{', EMA weights' if use_ema else ''})"
-            )
+            model_hw = result["model_img_size"]
+            built = f", model built at {'x'.join(map(str, model_hw))}" if model_hw and len(set(model_hw)) > 1 else ""
+            where = f"at {frames}img_size {dm.img_size} (grid {shape}{built}{ema_note})"
+        else:
+            where = _naflex_where(dm, naflex, stored.get("patch_size")) + f"{ema_note})"
         n, total = result["num_images"], result["split_images"]
         part = f"{n} of its {total} images{counted.classes_note()}: trainer.limit_test_batches"
         images = f"{n} images" if n == total else part

@@ -335,8 +335,8 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
     """The preprocessing a vitrel data module applies to evaluation images, in timm's data-config fields:
     ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode`` (resize the shorter
     side to ``size / crop_pct``, centre crop), ``num_frames`` (``T``), ``frame_stride`` and ``clips_per_video`` (its
-    uniform evaluation clips) of a video data module, and ``class_names`` when
-    it has them; plain types (a checkpoint is read
+    uniform evaluation clips) of a video data module, ``size_choices`` (the sides it trained batches at, read by
+    ``eval.py``) when set, and ``class_names`` when it has them; plain types (a checkpoint is read
     with ``weights_only=True``). None for an object without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
     if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
         return None
@@ -354,6 +354,8 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
         out["num_frames"] = int(dm.num_frames)  # (frames consecutive, one clip, where the module has no such option)
         out["frame_stride"] = int(getattr(dm, "stride", 1))
         out["clips_per_video"] = int(getattr(dm, "clips_per_video", 1))
+    if getattr(dm, "size_choices", None):  # (eval.py runs the model as trained at one of these sides)
+        out["size_choices"] = [int(v) for v in dm.size_choices]
     names = getattr(dm, "class_names", None)
     if names:
         out["class_names"] = [str(n) for n in names]

@@ -340,20 +340,22 @@ def _model_configs(video: bool) -> list[str]:
 
 def check_video_pairing(architecture: str, dm: Any, whose: str = "the model", fix: str | None = None) -> None:
     """Refuse, before anything is built, a video data module with an image architecture or image data with a video
-    architecture, naming the ``conf/model`` options that fit the data (``fix``: the advice instead, e.g. eval.py's
-    data to score a checkpoint on)."""
+    architecture (a :class:`~vitrel.config.ConfigError`), naming the ``conf/model`` options that fit the data
+    (``fix``: the advice instead, e.g. eval.py's data to score a checkpoint on)."""
     video = is_video_data(dm)
     if video == is_video_architecture(architecture):
         return
+    from vitrel.config import ConfigError  # (a ValueError: train.py and eval.py print it as one line)
+
     data = type(dm).__name__
     if video:
         fits = ", ".join(_model_configs(True)) or "a vitrel_vit_video_* or vitrel_swin3d_* architecture"
-        raise ValueError(
+        raise ConfigError(
             f"{data} gives clips [B, C, T, H, W] but {whose} ({architecture}) is an image model "
             f"(images [B, C, H, W]): {fix or 'use a video model: ' + fits}"
         )
     models = ", ".join(_model_configs(False))
-    raise ValueError(
+    raise ConfigError(
         f"{data} gives images [B, C, H, W] but {whose} ({architecture}) is a video model (clips [B, C, T, H, W]): "
         f"{fix or f'use an image model ({models}) or video data (data=moving_fmnist, data=video_folder)'}"
     )

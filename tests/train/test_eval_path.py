@@ -1,0 +1,117 @@
+"""eval.py walked through after a first small run: a video checkpoint without ``data=``, a checkpoint moved out of
+its run folder, a model of a non-square size, NaFlex at a size that is not the images' own, and the run folder's
+record read once per evaluation."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra.utils import instantiate
+
+import vitrel
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script
+from vitrel.train.evaluate import evaluate
+from vitrel.train.run import train
+
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "logger=none"]
+EVAL = [*FAST[:1], *FAST[2:4], "data.eval_batch_size=500"]  # no workers, on the CPU, no progress bar
+
+
+def _eval(out, ckpt, over: list[str]) -> tuple[dict, dict, object]:
+    """``eval.py ckpt_path=<ckpt> <over>`` in-process: ``(metrics, eval_metrics.json, the data config scored)``."""
+    cfg = compose(out, [f"ckpt_path={ckpt}", *over], config_name="eval")
+    metrics = evaluate(cfg)
+    return metrics, json.loads((out / "eval_metrics.json").read_text()), cfg.data
+
+
+def _loss_by_hand(model, data_cfg, batches: int) -> float:
+    """The mean cross-entropy of ``model`` over the first ``batches`` test batches of ``data_cfg``'s data module."""
+    dm = instantiate(data_cfg)
+    dm.setup("test")
+    with torch.no_grad():
+        loss = [F.cross_entropy(model(x), y, reduction="none") for x, y in list(dm.test_dataloader())[:batches]]
+    return torch.cat(loss).mean().item()
+
+
+def test_eval_py_on_a_video_checkpoint_without_data_is_one_line_whose_advice_runs(video_sweep, tmp_path):
+    """``python eval.py ckpt_path=<a video run's last.ckpt>`` (no ``data=``: eval.py reads Fashion-MNIST) ended in a
+    ValueError traceback. Now one line naming the run's data; that advice then scores the run's clips."""
+    ckpt = video_sweep / "checkpoints" / "last.ckpt"
+    r = run_script("eval.py", [f"ckpt_path={ckpt}", *EVAL, f"hydra.run.dir={tmp_path}/e"], cwd=tmp_path)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "Error executing job" not in r.stderr, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("eval.py: ConfigError: FashionMNISTDataModule gives images"), last
+    advice = last.split("score it on the data it was trained on, ")[1].split(" (its run's")[0]
+    assert advice == "data=moving_fmnist", last
+    _, res, _ = _eval(tmp_path / "ok", ckpt, [advice, *FAST[:1], *FAST[2:4]])
+    assert res["num_frames"] == 8 and res["data_from_run"]["train_images"] == 32 and res["num_images"] == 32
+
+
+def test_size_choices_travel_with_a_checkpoint_moved_out_of_its_run(tmp_path, caplog):
+    """A run with ``data.size_choices=[28,36]``: its last.ckpt copied elsewhere (no run folder) and scored at 36 px was
+    rebuilt at 36 (its table's offsets interpolated); the run folder's record was the only place the choices were
+    kept. The checkpoint now stores them: the copy runs as trained, as by hand."""
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "pos=rel2d_full", "data.size_choices=[28,36]", "test=false"]))
+    moved = tmp_path / "elsewhere" / "model.ckpt"
+    moved.parent.mkdir()
+    state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["hyper_parameters"]["data_config"]["size_choices"] == [28, 36]
+    for k, v in state["state_dict"].items():  # a table whose edge differs from its inside, as a longer run's
+        if k.endswith("attn.pos.table"):
+            v[0], v[-1], v[:, 0], v[:, -1] = 8.0, -8.0, 6.0, -6.0
+    torch.save(state, moved)
+    caplog.set_level("INFO")
+    metrics, res, data_cfg = _eval(tmp_path / "e", moved, [*EVAL, "data.img_size=36", "trainer.limit_test_batches=1"])
+    assert res["img_size"] == 36 and "is one of the run's data.size_choices" in caplog.text
+    model = vitrel.load_model(moved).eval()  # built at 28 px, as trained
+    assert metrics["test/loss"] == pytest.approx(_loss_by_hand(model, data_cfg, 1), abs=1e-5)
+
+
+def test_eval_keeps_the_non_square_size_a_model_was_trained_at(tmp_path):
+    """``train.py +model.img_size=[32,48]`` trains the 8x12-patch model on 28-px images; ``eval.py`` rebuilt it at
+    28x28 (its learned table resized to 7x7 patches): another function. Now the model stays 32x48 and is fed the
+    run's 28-px images, as trained (by hand); eval_metrics.json and the line say both sizes."""
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "+model.img_size=[32,48]", "test=false"]))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    metrics, res, data_cfg = _eval(tmp_path / "e", ckpt, [*EVAL, "trainer.limit_test_batches=1"])
+    assert (res["img_size"], res["model_img_size"]) == (28, [32, 48])
+    model = vitrel.load_model(ckpt).eval()
+    assert list(model.vitrel_cfg["img_size"]) == [32, 48]
+    assert metrics["test/loss"] == pytest.approx(_loss_by_hand(model, data_cfg, 1), abs=1e-5)
+
+
+def test_naflex_eval_filling_the_budget_says_the_size_it_ran(tmp_path, capsys):
+    """``eval.py data=fashion_mnist_naflex data.eval_max_ratio=null`` scales every 28x28 image to fill 64 patches,
+    32x32: the line said "at native sizes". It now says the size scored (and native when it is)."""
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "data=fashion_mnist_naflex", "data.batch_size=8", "test=false"]))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    over = ["data=fashion_mnist_naflex", "data.num_workers=0", *FAST[2:4], "trainer.limit_test_batches=1"]
+    capsys.readouterr()
+    _, res, _ = _eval(tmp_path / "fill", ckpt, [*over, "data.eval_max_ratio=null"])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "native" not in line and "at 32x32 (grid 8x8, NaFlex pack" in line, line
+    assert res["naflex_size"] == [32, 32]
+    _eval(tmp_path / "native", ckpt, over)
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "at the images' native 28x28 (grid 7x7, NaFlex pack" in line, line
+
+
+def test_an_evaluation_reads_the_run_record_once(tmp_path, monkeypatch):
+    """vitrel/train/evaluate.py read the run folder's ``.hydra/config.yaml`` in four places of one evaluation (another
+    command rewriting it between reads would mix two records): once now, passed down."""
+    import vitrel.train.evaluate as ev
+
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "test=false"]))
+    reads = []
+    real = ev.run_record
+    monkeypatch.setattr(ev, "run_record", lambda ckpt: reads.append(ckpt) or real(ckpt))
+    _eval(tmp_path / "e", run / "checkpoints" / "last.ckpt", [*EVAL, "trainer.limit_test_batches=1", "split=val"])
+    assert len(reads) == 1, reads

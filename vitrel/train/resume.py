@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from vitrel.config import check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
+from vitrel.models.registry import upgraded_cfg
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
 
 __all__ = ["resolve_ckpt_path", "check_same_model", "world_size"]
@@ -100,7 +101,7 @@ def check_same_model(ckpt: Mapping[str, Any], model: torch.nn.Module, where: str
     mine = getattr(model, "vitrel_cfg", None)
     if mine is None:
         return
-    theirs = extract_model_state(ckpt)[0]
+    theirs = upgraded_cfg(extract_model_state(ckpt)[0])  # (written by an older vitrel: its specs as meant now)
     a, b = _flat(theirs), _flat(mine)
     diff = sorted(k for k in a.keys() | b.keys() if k.split(".")[0] not in _TRAINING_ONLY and a.get(k) != b.get(k))
     if diff:

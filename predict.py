@@ -17,19 +17,13 @@ import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, b
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="predict")
 def main(cfg: DictConfig) -> dict:
-    from vitrel.inference import PredictSettingsError
-    from vitrel.models.checkpoint import CheckpointError
-    from vitrel.train.predict import run_predict
-    from vitrel.train.utils import AcceleratorUnavailableError, quiet_third_party
+    from vitrel.train.cli import predict_task
+    from vitrel.train.utils import quiet_third_party
 
     quiet_third_party()  # third-party notices that say nothing to a user
-    refusals = (CheckpointError, FileNotFoundError, NotADirectoryError, AcceleratorUnavailableError)
-    try:
-        return run_predict(cfg)
     # a damaged, foreign or missing model file, an input that is no folder of images (or videos), a GPU this machine
     # does not have, a setting it cannot honour (topk=0, seq_len for a video model...): the reason alone
-    except (*refusals, PredictSettingsError) as e:
-        raise SystemExit(f"predict.py: {e}") from None
+    return predict_task("predict.py")(cfg)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The learning rate a run logs: one ``metrics.csv`` row per optimizer step (gradient accumulation too), and the plain
-progress line showing the rate the step used, as the CSV does."""
+progress line: one per optimizer step, showing the rate the step used, as the CSV does."""
 
 from __future__ import annotations
 
 import csv
+import json
 import re
 
 from tests.train_helpers import FAST, TINY_VIT, compose
@@ -28,11 +29,13 @@ def test_one_lr_row_per_optimizer_step_with_accumulation(tmp_path):
     assert len({lr for _, lr in rows}) == 4, rows  # the warmup: a new rate each step
 
 
-def test_progress_line_shows_the_rate_the_step_used(tmp_path, capsys):
+def test_progress_line_counts_optimizer_steps_and_shows_the_rate_each_used(tmp_path, capsys):
+    """Under accumulate_grad_batches=2 a step line is an optimizer step (trainer.global_step as it ends, of the fit's
+    4), not a batch: the 8 batches make 4 lines, step N being the loggers' row N - 1."""
     train(compose(tmp_path, [*RUN, "progress_bar=lines"]))
     csv_lr = dict(_lr_rows(tmp_path))
-    lines = re.findall(r"^epoch 1 step (\d+)/\d+ .* lr (\S+)$", capsys.readouterr().out, flags=re.M)
-    assert len(lines) == 8, lines  # a line per batch (log_every_n_steps=1)
-    for batch, lr in lines:
-        step = (int(batch) - 1) // 2  # the optimizer step the batch's window makes
-        assert lr == f"{csv_lr[step]:.3g}", (batch, lr, csv_lr)
+    lines = re.findall(r"^epoch 1 step (\d+)/(\S+) .* lr (\S+)$", capsys.readouterr().out, flags=re.M)
+    assert [(int(n), total) for n, total, _ in lines] == [(1, "4"), (2, "4"), (3, "4"), (4, "4")], lines
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 4  # the last line's step
+    for n, _, lr in lines:
+        assert lr == f"{csv_lr[int(n) - 1]:.3g}", (n, lr, csv_lr)

@@ -39,8 +39,9 @@ from vitrel.pos.registry import get_pos_class
 #: reference slopes; 3: LookHere's ``fov`` names the authors' head groups, ``global_slope`` 2; 4: ``liere`` is the
 #: LieRE authors' configuration (``preset: liere_authors``; before: ``comrope_baseline``); 5: ``rope2d_axial`` rotates
 #: rows first (before: ``order: columns_first``); 6: ``liere``'s ``init_std`` beside another init and LookHere's ``fov``
-#: beside ``directions`` are refused (stored specs, where they were ignored, drop them).
-FORMAT = 6
+#: beside ``directions`` are refused (stored specs, where they were ignored, drop them); 7: a learned table's negative
+#: ``init_std`` is refused (stored specs drop it: it only set the initial values, which the stored weights replace).
+FORMAT = 7
 
 __all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg", "upgraded_cfg"]
 

@@ -418,7 +418,12 @@ class PositionScheme(nn.Module):
     def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
         """The options that reproduce what a scheme config written under ``vitrel_format``
         ``written_format`` meant (1: vitrel 0.1, which wrote none) where a default or an option's meaning
-        changed since; ``vitrel.models.registry`` applies it to stored configs older than its ``FORMAT``."""
+        changed since; ``vitrel.models.registry`` applies it to stored configs older than its ``FORMAT``. Before
+        format 7 a negative ``init_std`` was taken (refused since): it is dropped, the stored weights replace the
+        initial values it set."""
+        std = options.get("init_std")
+        if written_format < 7 and isinstance(std, (int, float)) and std < 0:
+            return {k: v for k, v in options.items() if k != "init_std"}
         return options
 
     def extra_repr(self) -> str:

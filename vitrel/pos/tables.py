@@ -53,6 +53,7 @@ __all__ = [
     "caller_stacklevel",
     "take_renamed",
     "ResizeOnLoad",
+    "check_init_std",
 ]
 
 _WARNED: set[str] = set()
@@ -77,6 +78,14 @@ def caller_stacklevel() -> int:
     while frame is not None and frame.f_code.co_filename.startswith(dirs):
         frame, level = frame.f_back, level + 1
     return 1 if frame is None else level
+
+
+def check_init_std(scheme: str, init_std: float) -> float:
+    """``init_std`` of a learned table (its initial values ``~ N(0, init_std)``, truncated), refused unless positive:
+    ``trunc_normal_`` would draw with a negative one silently (and divide by a zero one)."""
+    if not init_std > 0:
+        raise ValueError(f"{scheme}: init_std is the spread of the table's initial values, > 0; got {init_std}")
+    return float(init_std)
 
 
 def take_renamed(kwargs: dict, old: str, new: str, value, scheme: str):

@@ -168,7 +168,7 @@ def rebuilt(cfg: DictConfig, trained: torch.nn.Module, device) -> torch.nn.Modul
     """``cfg``'s model (a scored variant: the trained entry's options plus ``score_with``) holding ``trained``'s
     weights; refuses a variant whose parameters differ (``load_state_dict`` strict: its options must act at call
     time only)."""
-    from vitrel.train.run import build_model
+    from vitrel.train.build import build_model
 
     model = build_model(cfg.model, instantiate(cfg.data))
     try:
@@ -199,7 +199,7 @@ def finetune_cfg(cfg: DictConfig, study: dict, overrides: list[str], budget: str
 def measure_cost(cfgs: dict[str, DictConfig], device, rounds: int, steps: int) -> dict[str, dict]:
     """Training images/s of every ``"arch/scheme"`` config (seed-0 initialisation, the recipe's batch of random
     images): ``steps`` training steps per model and round, the models taking turns; the median of the rounds."""
-    from vitrel.train.run import build_model
+    from vitrel.train.build import build_model
 
     fns, bs = {}, 0
     for key, cfg in cfgs.items():

@@ -1,4 +1,6 @@
-"""Console entry points (``vitrel-train``, ``vitrel-eval``): ``train.py`` / ``eval.py`` with the repository conf/; and
+"""Console entry points (``vitrel-train``, ``vitrel-eval``, ``vitrel-predict``): ``train.py`` / ``eval.py`` /
+``predict.py`` with the repository conf/, also for a launcher that first imports a module of its own (a position
+scheme registered outside the package); and
 :func:`with_pos_hint`, which adds the position scheme's options to Hydra's refusal of an unknown ``pos.<key>=``."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["train_main", "eval_main", "conf_dir", "pos_option_hint", "with_pos_hint"]
+__all__ = ["train_main", "eval_main", "predict_main", "predict_task", "conf_dir", "pos_option_hint", "with_pos_hint"]
 
 
 def conf_dir() -> str:
@@ -106,3 +108,34 @@ def eval_main() -> None:
 
     quiet_third_party()
     hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")(_one_line(evaluate, "vitrel-eval"))()
+
+
+def predict_task(script: str) -> Callable[[Any], Any]:
+    """``run_predict`` with its refusals as one line ``<script>: <reason>`` (exit 1): a damaged, foreign or missing
+    model file, an input that is no folder of images (or videos), a GPU this machine does not have, a setting it
+    cannot honour (``topk=0``, ``seq_len`` for a video model...)."""
+    from vitrel.inference import PredictSettingsError
+    from vitrel.models.checkpoint import CheckpointError
+    from vitrel.train.predict import run_predict
+    from vitrel.train.utils import AcceleratorUnavailableError
+
+    refusals = (CheckpointError, FileNotFoundError, NotADirectoryError, AcceleratorUnavailableError)
+
+    @functools.wraps(run_predict)
+    def run(cfg: Any) -> Any:
+        try:
+            return run_predict(cfg)
+        except (*refusals, PredictSettingsError) as e:
+            raise SystemExit(f"{script}: {e}") from None
+
+    return run
+
+
+def predict_main() -> None:
+    import hydra
+
+    import vitrel.config  # noqa: F401
+    from vitrel.train.utils import quiet_third_party
+
+    quiet_third_party()
+    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="predict")(predict_task("vitrel-predict"))()

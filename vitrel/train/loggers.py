@@ -14,6 +14,9 @@ to each logger node that has a ``resume_step`` entry (``conf/logger/*.yaml``):
   needs: the mode is picked from the environment (``auto``), a run folder keeps one W&B run across
   resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with
   ``resume="allow"``), and the jobs of a ``-m`` sweep share a group named after the sweep.
+
+While the run goes on: :func:`adopt_csv_columns` before its test (``ddp_spawn``), :func:`wandb_where` and
+:func:`finish_wandb` at its end.
 """
 
 from __future__ import annotations
@@ -23,16 +26,25 @@ import netrc
 import os
 import secrets
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from vitrel.train.utils import hydra_config, is_multirun
 
-__all__ = ["csv_logger", "tensorboard_logger", "wandb_logger", "wandb_mode"]
+__all__ = [
+    "csv_logger",
+    "tensorboard_logger",
+    "wandb_logger",
+    "wandb_mode",
+    "adopt_csv_columns",
+    "wandb_where",
+    "finish_wandb",
+]
 
 
 # ------------------------------------------------------------------------------------------ CSV
@@ -157,3 +169,42 @@ def wandb_logger(
         log_model=log_model if mode == "online" else False,
         **kwargs,
     )
+
+
+@rank_zero_only
+def adopt_csv_columns(loggers: Sequence[Logger]) -> None:
+    """Let each CSV logger's writer know the columns already in its ``metrics.csv``.
+
+    Under ``ddp_spawn`` the fit runs in spawned processes, which write ``metrics.csv``; the writer of
+    the main process (created before) would then rewrite the file for the test metrics with only the
+    columns it knows, which fails. Adopting the file's header first keeps every row. Rank 0 only, the
+    rank that writes the file (on the others ``logger.experiment`` is Lightning's dummy).
+    """
+    for lg in loggers:
+        if isinstance(lg, CSVLogger):
+            w = lg.experiment
+            path = Path(w.metrics_file_path)
+            if path.exists():
+                with open(path, newline="") as f:
+                    header = next(csv.reader(f), [])
+                w.metrics_keys = sorted(set(w.metrics_keys) | set(header))
+
+
+def wandb_where(loggers: Sequence[Logger]) -> str | None:
+    """Where the W&B run is: its offline folder (and how to upload it), or its URL; None without W&B."""
+    for lg in loggers:
+        if isinstance(lg, WandbLogger) and rank_zero_only.rank == 0:
+            run = lg.experiment
+            folder = Path(run.dir).parent  # <save_dir>/wandb/<offline-run-...>/files
+            if getattr(run.settings, "_offline", False) or run.settings.mode == "offline":
+                return f"{folder} (offline; upload with: wandb sync {folder})"
+            return str(run.url or folder)
+    return None
+
+
+def finish_wandb(loggers: Sequence[Logger], exit_code: int) -> None:
+    if any(isinstance(lg, WandbLogger) for lg in loggers) and rank_zero_only.rank == 0:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.finish(exit_code=exit_code)

@@ -35,15 +35,18 @@ class StepLearningRateMonitor(LearningRateMonitor):
 
 
 class LineProgress(Callback):
-    """One plain line every ``every_n_steps`` training steps (default: the trainer's
-    ``log_every_n_steps``) and one per epoch (rank 0), for logs; validation and test (``eval.py``) print one
-    every ``every_n_steps`` of their batches. Epochs count from 1 on every line. A step line's ``lr`` is the rate of
-    the optimizer step the batch is part of (read as the batch starts: the scheduler moves it after the step), as the
-    loggers' ``lr-*`` rows have it."""
+    """One plain line every ``every_n_steps`` optimizer steps (default: the trainer's ``log_every_n_steps``) and one
+    per epoch (rank 0), for logs; validation and test (``eval.py``) print one every ``every_n_steps`` of their batches.
+    Epochs count from 1 on every line. A step line ``step N/total`` is printed as optimizer step ``N`` ends:
+    ``N`` is ``trainer.global_step`` then (under ``accumulate_grad_batches`` a step is several batches), ``total`` the
+    fit's ``trainer.estimated_stepping_batches``; the loggers index that step ``N - 1``. Its ``lr`` is the rate the
+    step used (read as its batches start: the scheduler moves it after the step), as the loggers' ``lr-*`` rows have
+    it."""
 
     def __init__(self, every_n_steps: int | None = None) -> None:
         self.every_n_steps = every_n_steps
         self._lr = float("nan")
+        self._step_before = 0  # trainer.global_step as the batch started: the batch ended a step when it moved
         self._t0 = time.monotonic()
         self._t_eval = time.monotonic()
 
@@ -70,14 +73,16 @@ class LineProgress(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._lr = _lr(trainer)
+        self._step_before = trainer.global_step
 
     @rank_zero_only
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        every = self._every(trainer)
-        if every > 0 and (batch_idx + 1) % every == 0:
+        step, every = trainer.global_step, self._every(trainer)
+        if every > 0 and step != self._step_before and step % every == 0:
+            total = trainer.estimated_stepping_batches
             m = trainer.callback_metrics
             print(
-                f"epoch {trainer.current_epoch + 1} step {batch_idx + 1}/{trainer.num_training_batches}  "
+                f"epoch {trainer.current_epoch + 1} step {step}/{total if total != float('inf') else '?'}  "
                 f"{self._fmt(m, ['train/loss_step'])}  lr {self._lr:.3g}",
                 flush=True,
             )

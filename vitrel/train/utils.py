@@ -34,6 +34,7 @@ __all__ = [
     "progress_callbacks",
     "hydra_config",
     "override_key",
+    "task_overrides",
     "is_multirun",
     "one_line_errors",
     "AcceleratorUnavailableError",
@@ -189,6 +190,12 @@ def hydra_config() -> Any | None:
     from hydra.core.hydra_config import HydraConfig
 
     return HydraConfig.get() if HydraConfig.initialized() else None
+
+
+def task_overrides() -> list[str]:
+    """The command line's overrides of this Hydra job (``hydra.overrides.task``); ``[]`` outside Hydra."""
+    hc = hydra_config()
+    return list(hc.overrides.task) if hc is not None else []
 
 
 def override_key(override: str) -> str:

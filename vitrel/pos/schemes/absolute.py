@@ -45,7 +45,7 @@ from vitrel.layout.geometry import Grid, Grid3, as_grid, as_grid3, check_tokens,
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import GridBuffers, concrete_grid
 from vitrel.pos.registry import register_pos
-from vitrel.pos.tables import warn_once
+from vitrel.pos.tables import check_init_std, warn_once
 
 __all__ = [
     "Ape",
@@ -187,7 +187,7 @@ class Ape(PositionScheme):
 
     def __init__(self, *, init_std: float = 0.02, **kw) -> None:
         super().__init__(**kw)
-        self.init_std = init_std
+        self.init_std = check_init_std(self.name, init_std)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.space.n, self.embed_dim))
         if self.video:
             self.pos_embed_temporal = nn.Parameter(torch.zeros(1, self.grid.t, self.embed_dim))

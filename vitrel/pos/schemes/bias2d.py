@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from vitrel.layout.geometry import Grid, axis_factors, pad_prefix
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.registry import register_pos
-from vitrel.pos.tables import ResizeOnLoad, cover_grid, offset_index, take_offsets
+from vitrel.pos.tables import ResizeOnLoad, check_init_std, cover_grid, offset_index, take_offsets
 
 __all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
 
@@ -63,6 +63,7 @@ class Rel2dFull(ResizeOnLoad, PositionScheme):
 
     def __init__(self, *, init_std: float = 0.02, **kw) -> None:
         super().__init__(**kw)
+        check_init_std(self.name, init_std)
         g = self.grid
         self.table = nn.Parameter(torch.zeros(2 * g.h - 1, 2 * g.w - 1, self.num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)
@@ -94,6 +95,7 @@ class Rel2dFactored(ResizeOnLoad, PositionScheme):
 
     def __init__(self, *, init_std: float = 0.02, **kw) -> None:
         super().__init__(**kw)
+        check_init_std(self.name, init_std)
         g = self.grid
         self.table_h = nn.Parameter(torch.zeros(2 * g.h - 1, self.num_heads))
         self.table_w = nn.Parameter(torch.zeros(2 * g.w - 1, self.num_heads))

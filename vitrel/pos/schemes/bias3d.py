@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from vitrel.layout.geometry import Grid, Grid3, as_grid3, axis_factors3, pad_prefix
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.registry import register_pos
-from vitrel.pos.tables import ResizeOnLoad, cover_grid, cover_grid3, offset_index, take_offsets
+from vitrel.pos.tables import ResizeOnLoad, check_init_std, cover_grid, cover_grid3, offset_index, take_offsets
 
 __all__ = ["Rel3dFull", "Rel3dFactored", "full_bias3d", "factored_bias3d"]
 
@@ -83,6 +83,7 @@ class Rel3dFull(_Bias3d):
 
     def __init__(self, *, init_std: float = 0.02, **kw) -> None:
         super().__init__(**kw)
+        check_init_std(self.name, init_std)
         g = self.grid
         self.table = self._table(2 * g.t - 1, 2 * g.h - 1, 2 * g.w - 1, init_std=init_std)
 
@@ -113,6 +114,7 @@ class Rel3dFactored(_Bias3d):
 
     def __init__(self, *, init_std: float = 0.02, **kw) -> None:
         super().__init__(**kw)
+        check_init_std(self.name, init_std)
         g = self.grid
         self.table_t = self._table(2 * g.t - 1, init_std=init_std)
         self.table_h = self._table(2 * g.h - 1, init_std=init_std)

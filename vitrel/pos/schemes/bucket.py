@@ -25,6 +25,7 @@ from vitrel.device_cache import per_device
 from vitrel.layout.geometry import Grid, axis_factors, axis_offsets, pad_prefix
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.registry import register_pos
+from vitrel.pos.tables import check_init_std
 
 __all__ = ["t5_bucket", "Rel1dBucket", "Rel2dBucket"]
 
@@ -77,7 +78,7 @@ class _BucketBase(PositionScheme):
             raise ValueError(f"max_distance must exceed num_buckets/4 = {num_buckets // 4}, got {max_distance}")
         self.num_buckets = num_buckets
         self.max_distance = max_distance
-        self._init_std = init_std
+        self._init_std = check_init_std(self.name, init_std)
 
     def _bucket(self, rel: Tensor) -> Tensor:
         return t5_bucket(rel, self.num_buckets, self.max_distance, bidirectional=True)

@@ -52,7 +52,7 @@ from vitrel.layout.heads import sdpa_width
 from vitrel.pos.base import PosState
 from vitrel.pos.registry import register_pos
 from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, query_spans, skew, unskew
-from vitrel.pos.tables import offset_index, offset_rows, take_renamed
+from vitrel.pos.tables import check_init_std, offset_index, offset_rows, take_renamed
 
 __all__ = [
     "gather_1d_table",
@@ -372,6 +372,7 @@ class Shaw2dFactored(ShawScheme):
     def __init__(self, *, clip_distance: int | tuple[int, int] | None = None, init_std: float = 0.02, **kw) -> None:
         clip_distance = take_renamed(kw, "max_distance", "clip_distance", clip_distance, self.name)
         super().__init__(**kw)
+        check_init_std(self.name, init_std)
         kh, kw_ = _halves(clip_distance, self.grid)
         d = self.head_dim
         self.rel_kh = nn.Parameter(torch.zeros(2 * kh + 1, d))
@@ -426,6 +427,7 @@ class Shaw2dFull(ShawScheme):
     ) -> None:
         clip_distance = take_renamed(kw, "max_distance", "clip_distance", clip_distance, self.name)
         super().__init__(**kw)
+        check_init_std(self.name, init_std)
         kh, kw_ = _halves(clip_distance, self.grid)
         if block_queries is not None and block_queries < 1:
             raise ValueError(f"{self.name}: block_queries must be a positive number or None, got {block_queries}")

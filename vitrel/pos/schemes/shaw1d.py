@@ -37,7 +37,7 @@ from vitrel.layout.geometry import Grid, check_tokens, pad_prefix
 from vitrel.pos.base import PosState
 from vitrel.pos.registry import register_pos
 from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, query_spans, skew, unskew
-from vitrel.pos.tables import take_renamed
+from vitrel.pos.tables import check_init_std, take_renamed
 
 __all__ = [
     "offset_range",
@@ -187,6 +187,7 @@ class Shaw1d(ShawScheme):
     ) -> None:
         clip_distance = take_renamed(kw, "max_distance", "clip_distance", clip_distance, self.name)
         super().__init__(**kw)
+        check_init_std(self.name, init_std)
         if clip_distance is None:
             clip_distance = self.grid.n - 1
         if clip_distance < 0:

@@ -1,0 +1,156 @@
+"""Which checkpoint a training run resumes, and whether it may: :func:`resolve_ckpt_path` (``ckpt_path`` /
+``resume=auto``), the checkpoint's model against the configured one (:func:`check_same_model`), its validation split
+and its position mid-epoch against the data and processes (:func:`world_size`). The position itself, and the training
+order it continues, are :mod:`vitrel.train.exact_resume`'s."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from omegaconf import DictConfig
+
+from vitrel.config import check_resume
+from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
+from vitrel.models.registry import upgraded_cfg
+from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
+
+__all__ = ["resolve_ckpt_path", "check_same_model", "world_size"]
+
+
+def resolve_ckpt_path(
+    cfg: DictConfig,
+    callbacks: Sequence[Callback],
+    run_dir: Path,
+    model: torch.nn.Module,
+    dm: L.LightningDataModule | None = None,
+) -> tuple[str | None, int | None]:
+    """``(checkpoint to resume, its global step)``, or ``(None, None)`` for a new run.
+
+    ``ckpt_path``: a file, or ``last`` (= the ``last.ckpt`` that ``callbacks`` write, by default
+    ``<run dir>/checkpoints/last.ckpt``; must exist); with ``resume=auto`` and no ``ckpt_path``, that
+    ``last.ckpt`` is resumed when it exists. The file is checked first
+    (``vitrel.models.checkpoint.check_checkpoint``: a truncated or foreign file is a clear
+    ``CheckpointError``), then its model configuration against ``model``'s (:func:`check_same_model`), then its
+    validation split against ``dm``'s (``VisionDataModule.check_split``: a resume with another ``data.seed`` or
+    ``data.val_fraction`` would validate on images it trained on), and a position mid-epoch against ``dm``'s batch
+    size and the trainer's processes (:func:`~vitrel.train.callbacks.check_resume_position`: another would train on
+    some of the epoch's images twice and skip others).
+    """
+    root = cfg.trainer.get("default_root_dir") or run_dir
+    path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir)
+    if path is None:
+        return None, None
+    check_checkpoint(path)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    check_same_model(ckpt, model, path)
+    if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
+        dm.check_split(ckpt.get(type(dm).__qualname__), path)
+    position = (ckpt.get("callbacks") or {}).get(ExactResume.__qualname__)
+    seed = next((cb.seed for cb in callbacks if isinstance(cb, ExactResume)), None)  # the epoch order's
+    check_resume_position(position, getattr(dm, "batch_size", None), world_size(cfg.trainer), path, seed)
+    if "global_step" not in ckpt:
+        raise CheckpointError(
+            f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
+            f"from its weights use model=from_checkpoint model.path={path} (or vitrel.load_model)"
+        )
+    return path, int(ckpt["global_step"])
+
+
+def world_size(trainer_cfg: DictConfig) -> int | None:
+    """The processes (devices x nodes) the trainer of ``trainer_cfg`` will train with, as Lightning counts them, known
+    before it is built; None where the cluster decides (SLURM, torchrun) or for accelerators other than the CPU and
+    CUDA (the trainer's own ``world_size`` is checked again when training starts: :class:`ExactResume`)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
+    from lightning.pytorch.accelerators import CPUAccelerator, CUDAAccelerator
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    if SLURMEnvironment.detect() or TorchElasticEnvironment.detect():
+        return None
+    accelerator = str(trainer_cfg.get("accelerator", "auto")).lower()
+    if accelerator in ("auto", "gpu") and CUDAAccelerator.is_available():
+        accelerator = "cuda"
+    elif accelerator == "auto":
+        accelerator = "cpu"  # (Lightning's choice without CUDA, unless another accelerator is there: MPS, TPU)
+    kind = {"cpu": CPUAccelerator, "cuda": CUDAAccelerator}.get(accelerator)
+    devices, nodes = trainer_cfg.get("devices", "auto"), int(trainer_cfg.get("num_nodes", 1) or 1)
+    if kind is None:
+        return None
+    try:
+        parsed = kind.auto_device_count() if devices == "auto" else kind.parse_devices(devices)
+    except (MisconfigurationException, TypeError, ValueError):  # devices the trainer refuses itself, with its message
+        return None
+    return nodes * (len(parsed) if isinstance(parsed, (list, tuple)) else int(parsed))
+
+
+# settings that change training, not the parameters: a resume may change them
+_TRAINING_ONLY = ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate", "attn_impl")
+
+
+def check_same_model(ckpt: Mapping[str, Any], model: torch.nn.Module, where: str | Path) -> None:
+    """The checkpoint ``ckpt`` (loaded from ``where``) holds ``model``'s architecture: its stored
+    ``vitrel_cfg`` equals ``model.vitrel_cfg`` except for training-only settings (dropout rates, the
+    attention implementation). Otherwise a :class:`~vitrel.models.checkpoint.CheckpointError` naming the
+    differing keys with both values. Models without a ``vitrel_cfg`` are not checked (Lightning's strict
+    loading is)."""
+    mine = getattr(model, "vitrel_cfg", None)
+    if mine is None:
+        return
+    theirs = upgraded_cfg(extract_model_state(ckpt)[0])  # (written by an older vitrel: its specs as meant now)
+    a, b = _flat(theirs), _flat(mine)
+    diff = sorted(k for k in a.keys() | b.keys() if k.split(".")[0] not in _TRAINING_ONLY and a.get(k) != b.get(k))
+    if diff:
+        absent = "(absent)"
+        lines = "\n".join(f"  {k}: checkpoint {a.get(k, absent)!r}, configured {b.get(k, absent)!r}" for k in diff)
+        raise CheckpointError(
+            f"{where} holds another model than the one configured ({', '.join(diff)} differ):\n{lines}\n"
+            "Resume with the configuration it was trained with (its run folder's .hydra/config.yaml), or start a "
+            f"new run from its weights instead of resuming it: model=from_checkpoint model.path={where} (its "
+            "architecture and scheme) in a new run folder."
+        )
+
+
+def _flat(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested dicts as ``{"a.b": value}``, values as plain lists (a stored config may hold tuples)."""
+    out: dict[str, Any] = {}
+    for k, v in cfg.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = _plain(v)
+    return out
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    return v
+
+
+def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path) -> str | None:
+    last = last or run_dir / "checkpoints" / "last.ckpt"
+    ck = cfg.get("ckpt_path")
+    if ck == "last":
+        if not last.exists():
+            raise CheckpointError(
+                f"ckpt_path=last: there is no {last}. `last` is the last checkpoint of this run's folder ({run_dir}); "
+                "to resume an earlier run, run in its folder (hydra.run.dir=<that folder>) or give ckpt_path=<file>."
+            )
+        return str(last)
+    if ck:
+        p = Path(str(ck)).expanduser()
+        if not p.exists():
+            raise CheckpointError(f"ckpt_path={ck}: no such file or folder")
+        return str(p)
+    resume = check_resume(cfg)
+    if resume == "auto" and last.exists():
+        rank_zero_info(f"resume=auto: resuming from {last} (set resume=false to start over in this folder)")
+        return str(last)
+    return None

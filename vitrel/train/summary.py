@@ -1,0 +1,82 @@
+"""The closing lines a training run prints (:func:`report`: accuracy, times, where its folder, checkpoints and W&B
+run are) and the parts of its ``metrics.json`` record that need a reading: a test of part of the split, a resumed run
+that had nothing left to train (:func:`resumed_finished`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from omegaconf import DictConfig
+
+from vitrel.train.hydra_callbacks import finished_record
+
+__all__ = ["report", "resumed_finished", "tested_part", "split_size", "test_limit"]
+
+
+def report(result: dict, wandb_where: str | None, classes: str = "") -> str:
+    """The run's closing lines: accuracy, wall time, and where the run folder, checkpoints and W&B run are.
+    ``classes``: :meth:`~vitrel.train.progress.CountTestImages.classes_note`, said of a test of part of the split."""
+    m = result["metrics"]
+    stage = "test" if "test/acc1" in m else "val"
+    lines = []
+    if f"{stage}/acc1" in m:
+        extra = [f"top-5 {100 * m[k]:.1f} %" for k in (f"{stage}/acc5",) if k in m]
+        extra += [f"loss {m[k]:.3f}" for k in (f"{stage}/loss",) if k in m]
+        n, total = result["test_images"], result["test_split_images"]
+        part = ""
+        if stage == "test" and tested_part(n, total):
+            part = f" on {n} of the {total} test images{classes} ({result['test_limited_by']})"
+        lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
+    fit_s, wall_s = (f"{result[k]:.0f} s" if result[k] is not None else "(unknown)" for k in ("fit_s", "wall_s"))
+    again = "; resumed finished: nothing left to train, tested again" if result.get("resumed_finished") else ""
+    lines.append(
+        f"training {fit_s} ({_plural(result['epochs'], 'epoch')}, {_plural(result['global_step'], 'step')}); "
+        f"whole run {wall_s}{again}"
+    )
+    lines.append(f"run folder  {result['run_dir']}")
+    if result["last_ckpt"] or result["best_ckpt"]:
+        best = f"  (best val/acc1: {result['best_ckpt']})" if result["best_ckpt"] else ""
+        lines.append(f"checkpoint  {result['last_ckpt'] or result['best_ckpt']}{best}")
+    if wandb_where:
+        lines.append(f"W&B run     {wandb_where}")
+    return "\n".join(lines)
+
+
+def tested_part(scored: int | None, split: int | None) -> bool:
+    """The test loop scored part of the split (not: all of it, or more, a DistributedSampler padding the ranks)."""
+    return scored is not None and split is not None and scored < split
+
+
+def split_size(loaders: Any) -> int | None:
+    """The number of samples of the test loader's data set (None when it has no length: a stream)."""
+    loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return None
+
+
+def test_limit(trainer_cfg: DictConfig) -> str:
+    """The trainer setting that limits the test loop: ``fast_dev_run`` (``debug=fdr``) or ``limit_test_batches``."""
+    if trainer_cfg.get("fast_dev_run"):
+        return "trainer.fast_dev_run"
+    return "trainer.limit_test_batches"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def resumed_finished(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """The record of a run that resumed a checkpoint with nothing left to train (a finished run, or a finished job of
+    a sweep, run again in its folder): the finished run's validation metrics, epochs and times
+    (:func:`~vitrel.train.hydra_callbacks.finished_record`), this pass's test metrics (the same weights), and
+    ``resumed_finished: true``. Without the finished run's record, its times are unknown (None), not this pass's."""
+    earlier = finished_record(run_dir, result["global_step"])
+    if earlier is None:
+        rank_zero_info(f"resumed a finished run with no record of it in {run_dir}: its validation and times unknown")
+        return {**result, "wall_s": None, "fit_s": None, "resumed_finished": True}
+    kept = {k: earlier[k] for k in ("epochs", "val_runs", "wall_s", "fit_s") if k in earlier}
+    return {**result, **kept, "metrics": {**earlier.get("metrics", {}), **result["metrics"]}, "resumed_finished": True}

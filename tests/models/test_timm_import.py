@@ -159,7 +159,7 @@ def test_unsupported_sources_are_clear_errors(tmp_path):
     m = vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", img_size=32, depth=1), pos="rel2d_cpb")
     assert m.vitrel_cfg["pos"] == "rel2d_cpb"
     torch.save(_timm("vit_small_patch16_224").state_dict(), tmp_path / "vit.pth")
-    with pytest.raises(CheckpointError, match="does not fit timm's swin"):
+    with pytest.raises(CheckpointError, match="holds the weights of another architecture than timm's swin"):
         load_timm_file(
             "swin_tiny_patch4_window7_224", tmp_path / "vit.pth", **SOURCES["swin_tiny_patch4_window7_224"][0]
         )
@@ -198,6 +198,64 @@ def test_a_file_of_another_variant_is_a_checkpoint_error(tmp_path):
     save_file(timm.create_model("vit_small_patch16_224", **kw).state_dict(), path)
     with pytest.raises(CheckpointError, match="does not fit timm's vit_small_patch16_224.*timm_kwargs"):
         load_timm_file("vit_small_patch16_224", path, **SOURCES["vit_small_patch16_224"][0])
+
+
+def test_a_reset_head_is_reported_as_new(caplog):
+    """``num_classes=`` resets the head, but the transfer report counted it as carried (and listed no new head)."""
+    t = _timm("vit_small_patch16_224").float()
+    with caplog.at_level(logging.INFO, logger="vitrel.models.timm_import"), pytest.warns(UserWarning, match="reset"):
+        vitrel.from_timm(t, pos="rel2d_factored", num_classes=3)
+    (text,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("from_timm(")]
+    assert "  new        head.weight" in text and "  new        head.bias" in text, text
+    carried = len(t.state_dict()) - 3  # all but pos_embed (dropped) and the head
+    assert f"carried {carried} tensors, converted 0, newly initialised 6," in text, text  # 2 blocks x 2 tables + head
+
+
+def test_layer_decay_puts_a_swin_stage_shared_table_with_its_stage():
+    """With ``pos_share=True`` a Swin stage's table (``layers.<i>.rel_pos``) matched no group of ``group_matcher`` and
+    took the head's rate (the top one) under ``module.layer_decay``; it is now its stage's first block's rate."""
+    from vitrel.train.optim import param_groups
+
+    m = vitrel.create_model(
+        "vitrel_swin_tiny_patch2_window4_32", pos="rel2d_factored", pos_share=True, embed_dim=16, depths=(1, 1),
+        num_heads=(1, 2),
+    )  # fmt: skip
+    rate = {
+        n: g["lr"]
+        for g in param_groups(m, 0.5, 1.0)
+        for n, p in m.named_parameters()
+        if any(p is q for q in g["params"])
+    }
+    for i in (0, 1):
+        assert rate[f"layers.{i}.rel_pos.table_h"] == rate[f"layers.{i}.blocks.0.attn.qkv.weight"], rate
+    assert rate["layers.0.rel_pos.table_h"] < rate["head.weight"]
+
+
+def test_init_files_missing_or_of_another_architecture(tmp_path):
+    """A missing ``init_file`` said only "no such checkpoint"; one of another architecture was an 11 kB message (every
+    key of timm's ``load_state_dict`` error) that asked for ``timm_kwargs=``, which ``train.py`` did not take."""
+    vit = tmp_path / "vit.safetensors"
+    save_file(_timm("vit_small_patch16_224").float().state_dict(), str(vit))
+    with pytest.raises(CheckpointError, match=r"no such file or folder: .*nope.*model\.init_file="):
+        vitrel.create_model("x", init_from="timm:vit_small_patch16_224", init_file=str(tmp_path / "nope"))
+    with pytest.raises(CheckpointError, match="another architecture than timm's swin.*init_from=timm:<name>") as e:
+        vitrel.create_model("x", init_from="timm:swin_tiny_patch4_window7_224", init_file=str(vit), pos="rel2d_full")
+    assert len(str(e.value)) < 600, str(e.value)
+    kw = SOURCES["vit_small_patch16_224"][0]
+    with pytest.raises(CheckpointError, match=r"does not fit .*missing .*timm_kwargs") as e:
+        vitrel.create_model(
+            "x", init_from="timm:vit_small_patch16_224", init_file=str(vit), timm_kwargs={**kw, "depth": 3}
+        )
+    assert len(str(e.value)) < 600, str(e.value)
+    vit_small = dict(init_from="timm:vit_small_patch16_224", init_file=str(vit))
+    with pytest.raises(CheckpointError, match=r"does not fit .*unexpected .*timm_kwargs"):  # a file deeper than asked
+        vitrel.create_model("x", **vit_small, timm_kwargs={**kw, "depth": 1})
+    with pytest.raises(CheckpointError, match=r"does not fit .*missing .*timm_kwargs"):  # the registered default
+        vitrel.create_model("x", **vit_small)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (timm_kwargs is used, not warned as ignored)
+        m = vitrel.create_model("x", init_from="timm:vit_small_patch16_224", init_file=str(vit), timm_kwargs=kw)
+    assert m.vitrel_cfg["depth"] == 2
 
 
 # ---------------------------------------------------------------------------- checkpoint_path convention

@@ -278,7 +278,11 @@ class SwinBody:
             stem=r"^patch_embed|^abs_pos",
             blocks=r"^layers\.(\d+)"
             if coarse
-            else [(r"^layers\.(\d+)\.downsample", (0,)), (r"^layers\.(\d+)\.\w+\.(\d+)", None), (r"^norm", (99999,))],
+            else [
+                (r"^layers\.(\d+)\.(?:downsample|rel_pos)", (0,)),  # (a stage's shared scheme: with its first block)
+                (r"^layers\.(\d+)\.\w+\.(\d+)", None),
+                (r"^norm", (99999,)),
+            ],
         )
 
     def stage_intermediates(

@@ -125,7 +125,9 @@ def create_model(
             ``pos``, ``num_classes``, ``img_size``, ``in_chans``, ``abs_pos``, ``pos_share`` and the
             dropout / drop-path rates apply.
         init_file: a local file or folder in timm's on-disk formats holding ``init_from``'s weights
-            (``.safetensors``, ``.pth``, ``.bin``, a timm / Hugging Face export folder).
+            (``.safetensors``, ``.pth``, ``.bin``, a timm / Hugging Face export folder). With ``init_from``, a
+            ``timm_kwargs`` dict in ``**kwargs`` is passed to ``timm.create_model`` (the file's architecture
+            arguments, e.g. ``depth``, ``img_size``: ``+model.timm_kwargs={depth: 2}`` in ``train.py``).
         **kwargs: any other constructor argument (``depth``, ``pos_share``, ``abs_pos``...).
     """
     if init_from is not None or init_file is not None:
@@ -171,14 +173,14 @@ def _from_timm_route(
     if not str(init_from).startswith("timm:") or len(str(init_from)) <= 5:
         raise ValueError(f"init_from must be 'timm:<model name>[.<tag>]', got {init_from!r}")
     timm_name = str(init_from)[5:]
-    ignored = sorted(k for k, v in kwargs.items() if k not in _TRANSFERABLE and v is not None)
+    ignored = sorted(k for k, v in kwargs.items() if k not in (*_TRANSFERABLE, "timm_kwargs") and v is not None)
     if ignored:
         warnings.warn(
             f"init_from={init_from}: the architecture is {timm_name}'s, so {name} and "
             f"{', '.join(f'{k}={kwargs[k]!r}' for k in ignored)} are not used",
             stacklevel=3,
         )
-    extra = {k: kwargs[k] for k in _TRANSFERABLE if kwargs.get(k) is not None}
+    extra = {k: kwargs[k] for k in (*_TRANSFERABLE, "timm_kwargs") if kwargs.get(k) is not None}
     for k, v in (("num_classes", num_classes), ("img_size", img_size), ("in_chans", in_chans)):
         if v is not None:
             extra[k] = v

@@ -382,6 +382,11 @@ def load_timm_file(name: str, path: str | os.PathLike, **timm_kwargs: Any) -> nn
     (``weights_only``), passed through the model module's ``checkpoint_filter_fn`` (as timm does for
     pretrained weights) and loaded strictly: :class:`~vitrel.CheckpointError` when it does not fit."""
     p = Path(path)
+    if not p.exists():
+        raise CheckpointError(
+            f"no such file or folder: {p} (the weights of timm's {name}: model.init_file= in train.py, "
+            "checkpoint_path= in vitrel.from_timm)"
+        )
     cfg_file = p / "config.json" if p.is_dir() else None
     if cfg_file is not None and cfg_file.is_file():
         cfg = json.loads(cfg_file.read_text())
@@ -395,11 +400,39 @@ def load_timm_file(name: str, path: str | os.PathLike, **timm_kwargs: Any) -> nn
     try:  # timm's filter fails on some misfits (an embedding of another token count) before load_state_dict does
         t.load_state_dict(filt(sd, t) if filt is not None else sd, strict=True)
     except RuntimeError as e:
-        raise CheckpointError(
-            f"{p} does not fit timm's {name} {timm_kwargs or ''} (give the file's architecture arguments as "
-            f"timm_kwargs=, e.g. num_classes, class_token, global_pool, img_size): {e}"
-        ) from None
+        raise CheckpointError(_misfit(p, name, timm_kwargs, sd, t, e)) from None
     return t
+
+
+def _misfit(p: Path, name: str, timm_kwargs: dict[str, Any], sd: dict[str, Tensor], t: nn.Module, e: Exception) -> str:
+    """One short message for a file that does not fit timm's ``name``: weights of another architecture (few of the
+    file's tensor names are the model's), or of another variant of it (the arguments to give, and the first
+    differences; timm's full list of keys is hundreds of lines)."""
+    own = t.state_dict()
+    shared = [k for k in sd if k in own]
+    kw = f" {timm_kwargs}" if timm_kwargs else ""
+    if 2 * len(shared) < min(len(sd), len(own)):  # (a shallower or deeper variant shares most of the smaller)
+        theirs = ", ".join(list(sd)[:3])
+        mine = ", ".join(list(own)[:3])
+        return (
+            f"{p} holds the weights of another architecture than timm's {name}{kw}: {len(shared)} of its "
+            f"{len(sd)} tensor names are the model's {len(own)} (the file's: {theirs}, ...; {name}'s: {mine}, ...). "
+            "Give the timm name the file was saved from: model.init_from=timm:<name> (train.py), from_timm('<name>')"
+        )
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    shapes = [f"{k} {tuple(sd[k].shape)} (model {tuple(own[k].shape)})" for k in shared if sd[k].shape != own[k].shape]
+    diffs = [
+        f"{what} {len(keys)}: {', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''}"
+        for what, keys in (("missing", missing), ("unexpected", unexpected), ("other shapes", shapes))
+        if keys
+    ] or [str(e).splitlines()[0][:300]]
+    return (
+        f"{p} does not fit timm's {name}{kw} ({'; '.join(diffs)}): give the file's architecture arguments "
+        "(e.g. depth, img_size, patch_size, num_classes, class_token, global_pool) as +model.timm_kwargs={...} "
+        "(train.py) or timm_kwargs= (vitrel.from_timm), or save the file with timm's save_for_hf (its config.json "
+        "holds them)"
+    )
 
 
 def _create_timm(name: str, pretrained: bool, timm_kwargs: dict[str, Any]) -> nn.Module:
@@ -495,6 +528,8 @@ def from_timm(
     rep = transfer_timm_weights(t, ours)
     if any(later.get(k) != args.get(k) for k in later):
         ours = _rebuild(ours, arch, pos, args, later)
+        if ours.num_classes != t.num_classes:  # the head was reset: say so in the report, not "carried"
+            _report_new_head(rep, [k for k in ours.state_dict() if k.startswith("head.")])
     src_cfg = dict(getattr(t, "pretrained_cfg", None) or {})
     if ours.num_classes != t.num_classes:  # a new head: not the source's class names
         src_cfg.pop("label_names", None)
@@ -502,6 +537,14 @@ def from_timm(
     name = src_cfg.get("architecture", type(t).__name__)
     log.info(f"from_timm({name}) -> {arch} pos={pos}: {rep.summary()}")
     return ours
+
+
+def _report_new_head(rep: TransferReport, keys: list[str]) -> None:
+    """Move a reset head's tensors from carried / converted to newly initialised."""
+    rep.carried = [k for k in rep.carried if k not in keys]
+    for k in keys:
+        rep.converted.pop(k, None)
+    rep.initialised += [k for k in keys if k not in rep.initialised]
 
 
 def _rebuild(ours: nn.Module, arch: str, pos: Any, args: dict, changes: dict[str, Any]) -> nn.Module:

@@ -191,6 +191,20 @@ def test_nan_loss_stops_with_clear_message_and_keeps_good_checkpoint(tmp_path):
     assert all(torch.isfinite(v).all() for v in ckpt["state_dict"].values() if v.is_floating_point())
 
 
+def test_a_learning_rate_that_diverges_stops_train_py_with_one_line(tmp_path):
+    """``module.optimizer.lr=1e3``: the loss turns NaN within a few steps and train.py stops there with the NaN
+    guard's message alone (what happened, the advice to lower the rate), no traceback, no epoch logging nan."""
+    from vitrel.train.utils import one_line_errors
+
+    over = [*TINY_VIT, *FAST, *SHORT, "trainer.limit_train_batches=40", "module.optimizer.lr=1e3"]
+    over += ["module.scheduler=null"]
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        train(compose(tmp_path, over))
+    message = str(stop.value)
+    assert message.startswith("train.py: NonFiniteLossError: non-finite training loss (nan) at epoch 0"), message
+    assert "Try a lower module.optimizer.lr" in message and "\n" not in message
+
+
 def test_ckpt_path_last_without_checkpoint_is_a_clear_error(tmp_path):
     """A missing ``ckpt_path`` (``last`` in a new folder, or a file that is not there) is a ``CheckpointError``, which
     ``train.py`` prints as one line, as ``eval.py`` does (a FileNotFoundError came with Hydra's traceback)."""

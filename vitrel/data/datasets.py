@@ -16,6 +16,8 @@ __all__ = [
     "DatasetNotFoundError",
     "DatasetIntegrityError",
     "SplitMismatchError",
+    "BadSampleError",
+    "ON_BAD_SAMPLE",
     "ArrayImageDataset",
     "seeded_split",
     "split_record",
@@ -77,6 +79,23 @@ class DatasetNotFoundError(FileNotFoundError):
 
 class DatasetIntegrityError(RuntimeError):
     """The files exist but differ from the official release (checksum mismatch)."""
+
+
+#: what a data set does with a sample it cannot read (``data.on_bad_sample``): stop the run, or leave it out
+ON_BAD_SAMPLE = ("raise", "skip")
+
+
+class BadSampleError(DatasetIntegrityError):
+    """A sample that cannot be read or decoded (``on_bad_sample: raise``), named by its file (class folders) or its
+    shard and key. A data set error (``train.py`` and ``eval.py`` print its message alone). Raised in a DataLoader
+    worker, torch rebuilds it in the main process from the worker's whole traceback text: it keeps that text's last
+    line, the message."""
+
+    def __init__(self, message: str) -> None:
+        text = str(message).rstrip()
+        if "Original Traceback" in text:  # torch re-raising a worker's error: "Caught ... Original Traceback ...
+            text = text.splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1]  # ...\n<module>.Name: msg"
+        super().__init__(text)
 
 
 class SplitMismatchError(ValueError):

@@ -46,6 +46,8 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
+from vitrel.data.datasets import ON_BAD_SAMPLE, BadSampleError
+
 __all__ = [
     "write_wds",
     "write_hf",
@@ -212,14 +214,6 @@ class ShardLoader(DataLoader):
             epoch, self.epoch = self.epoch, self.epoch + 1
         self.dataset.set_epoch(int(epoch))
         return super().__iter__()
-
-
-#: what a guarded shard data set does with a sample it cannot decode
-ON_BAD_SAMPLE = ("raise", "skip")
-
-
-class BadSampleError(RuntimeError):
-    """A shard's sample that cannot be decoded (``on_bad_sample: raise``), named by its shard and key."""
 
 
 class _Skips:

@@ -249,15 +249,15 @@ def one_line_errors(script: str) -> Iterator[None]:
     """Errors about the user's files, sizes and machine (an unreadable or mismatched checkpoint, a missing or altered
     data set, a busy run folder, a data set over the memory budget, images the model cannot cut into patches, a resume
     with another validation split, or mid-epoch with another batch size or number of processes, a GPU trainer on a
-    machine without one) end a single run with their message alone, ``<script>: <message>`` (exit code 1), as
-    ``predict.py`` does: the message says what to do, a traceback adds nothing. Under ``-m`` they are raised, so that
-    the job fails as Hydra's jobs fail and the sweep goes on."""
+    machine without one, a non-finite training loss) end a single run with their message alone,
+    ``<script>: <message>`` (exit code 1), as ``predict.py`` does: the message says what to do, a traceback adds
+    nothing. Under ``-m`` they are raised, so that the job fails as Hydra's jobs fail and the sweep goes on."""
     from vitrel.config import ConfigError
     from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
     from vitrel.data.memory import MemoryBudgetError
     from vitrel.models.ckpt_files import CheckpointError
     from vitrel.models.input_size import InputSizeError
-    from vitrel.train.callbacks import ResumePositionError
+    from vitrel.train.callbacks import NonFiniteLossError, ResumePositionError
     from vitrel.train.rundir import RunFolderBusy
 
     user_errors = (
@@ -270,6 +270,7 @@ def one_line_errors(script: str) -> Iterator[None]:
         ResumePositionError,
         AcceleratorUnavailableError,
         ConfigError,
+        NonFiniteLossError,
     )
     try:
         yield

@@ -1,0 +1,125 @@
+"""A first ImageNet-style folder of one's own (``data=imagenet data.root=...``) with the files such folders hold: a
+truncated JPEG, a 0-byte file, a file that is not an image, an empty class folder. Each stops the run with one line
+naming the file (and ``data.on_bad_sample=skip``), or, skipped, is named and counted: never a worker traceback."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.data.test_datamodules import make_imagenet_tree
+from vitrel.data import ImageNetDataModule
+from vitrel.data.shards import BadSampleError
+from vitrel.train.utils import one_line_errors
+
+
+def spoil(root: Path) -> dict[str, Path]:
+    """Add to ``root/train/n0001`` a truncated JPEG, an empty file and a file that is not an image (``.jpg``)."""
+    folder = root / "train" / "n0001"
+    whole = (folder / "n0001_0.JPEG").read_bytes()
+    bad = {"truncated": folder / "cut.JPEG", "empty": folder / "zero.jpg", "not an image": folder / "notes.jpg"}
+    bad["truncated"].write_bytes(whole[: len(whole) // 2])
+    bad["empty"].write_bytes(b"")
+    bad["not an image"].write_bytes(b"these are my notes, not a picture" * 4)
+    return bad
+
+
+def module(root: Path, **kwargs) -> ImageNetDataModule:
+    kwargs = {"img_size": 16, "augment": False, "batch_size": 4, "num_workers": 0, "pin_memory": False, **kwargs}
+    dm = ImageNetDataModule(root=root, **kwargs)
+    dm.setup("fit")
+    return dm
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+@pytest.mark.parametrize("kind, says", [
+    ("truncated", "OSError: image file is truncated"), ("empty", "an empty file"),
+    ("not an image", "not an image file PIL can identify"),
+])  # fmt: skip
+def test_an_unreadable_image_is_one_line_naming_it_and_the_option_that_skips(tmp_path, workers, kind, says):
+    """One bad file among good ones: ``train.py: BadSampleError: cannot read <file> (...); data.on_bad_sample=skip
+    ...``, also from a DataLoader worker (torch re-raises its whole traceback as the error's text): no traceback."""
+    make_imagenet_tree(tmp_path)
+    bad = spoil(tmp_path)
+    for other in set(bad.values()) - {bad[kind]}:
+        other.unlink()
+    dm = module(tmp_path, num_workers=workers)
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        for _ in dm.train_dataloader():
+            pass
+    message = str(stop.value)
+    assert message.startswith(f"train.py: BadSampleError: cannot read {bad[kind]} ({says}"), message
+    assert "data.on_bad_sample=skip" in message and "\n" not in message and "Traceback" not in message
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_skip_names_each_unreadable_image_counts_them_and_keeps_every_label(tmp_path, workers, caplog):
+    """``on_bad_sample=skip``: every pass still yields a sample per file; a bad file's place is taken by the next
+    readable file with that file's own label (never the bad file's class on another class's image); the files are
+    named (in the process that read them) and the count logged with the pass's last batch."""
+    make_imagenet_tree(tmp_path)
+    bad = spoil(tmp_path)
+    for c in ("n0002", "n0003"):  # one colour per class: an image's class can be read off its pixels
+        for f in (tmp_path / "train" / c).iterdir():
+            Image.fromarray(np.full((8, 8, 3), 60 * int(c[-1]), np.uint8)).save(f, quality=100)
+    dm = module(tmp_path, num_workers=workers, on_bad_sample="skip", drop_last=False)
+    with caplog.at_level(logging.WARNING, logger="vitrel.data.imagenet"):
+        for _epoch in range(2):  # (Lightning takes len(loader) batches, never asking the iterator for one more)
+            loader = dm.train_dataloader()
+            xs, ys = zip(*itertools.islice(iter(loader), len(loader)))
+    x, y = torch.cat(xs), torch.cat(ys)
+    assert len(y) == 9 + 3  # 3 classes x 3 good files, and the 3 bad ones' places
+    count = "skipped 3 unreadable image file(s) in this pass over train (data.on_bad_sample=skip"
+    assert caplog.text.count(count) == 2, caplog.text  # once a pass
+    if workers == 0:  # (a worker's own warnings go to its console)
+        for path in bad.values():
+            assert f"skipped {path}: cannot read it" in caplog.text
+    mean = x.mean(dim=(1, 2, 3))
+    for c in (1, 2):  # n0002 and n0003 are flat images of their own colour: each sample labelled c looks like c
+        assert torch.allclose(mean[y == c], mean[y == c][0]) and (y == c).sum() >= 3
+    # sorted, n0001 is cut.JPEG, n0001_{0,1,2}.JPEG, notes.jpg, zero.jpg: cut.JPEG's place goes to n0001_0.JPEG, the
+    # other two's to n0002's first file, with its label
+    assert (y == 0).sum() == 3 + 1 and (y == 1).sum() == 3 + 2
+
+
+def test_a_train_class_folder_without_images_is_one_line_naming_it(tmp_path):
+    """An empty class folder in train/ (or one of files of other extensions only): a class the model could never
+    learn. One line naming the folder, not torchvision's traceback."""
+    make_imagenet_tree(tmp_path)
+    (tmp_path / "train" / "n0004").mkdir()
+    (tmp_path / "train" / "n0004" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        module(tmp_path)
+    message = str(stop.value)
+    assert message.startswith(f"train.py: ClassFoldersMismatchError: {tmp_path / 'train'}: Found no valid file for")
+    assert "n0004" in message and "remove the empty one(s) or put their images in" in message and "\n" not in message
+
+
+def test_files_that_are_not_images_and_a_linked_class_folder(tmp_path):
+    """.DS_Store, Thumbs.db, a .txt in class folders are not samples; a symlinked class folder is a class; a val
+    folder missing a class keeps train's class indices."""
+    make_imagenet_tree(tmp_path, val_classes=("n0001", "n0003"))
+    for junk in (".DS_Store", "Thumbs.db", "notes.txt"):
+        (tmp_path / "train" / "n0002" / junk).write_bytes(b"junk")
+    (tmp_path / "train" / "n0003").rename(tmp_path / "n0003_elsewhere")
+    (tmp_path / "train" / "n0003").symlink_to(tmp_path / "n0003_elsewhere", target_is_directory=True)
+    dm = module(tmp_path)
+    assert dm.classes == ["n0001", "n0002", "n0003"]
+    assert [y for _, y in dm.raw_dataset("train").samples] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [y for _, y in dm.raw_dataset("val").samples] == [0, 0, 2, 2]
+
+
+def test_an_unreadable_image_raises_bad_sample_error_in_python(tmp_path):
+    make_imagenet_tree(tmp_path)
+    bad = spoil(tmp_path)["empty"]
+    ds = module(tmp_path).raw_dataset("train")
+    with pytest.raises(BadSampleError, match=f"cannot read {bad} "):
+        ds[[p for p, _ in ds.samples].index(str(bad))]
+    with pytest.raises(ValueError, match="on_bad_sample must be one of"):
+        ImageNetDataModule(root=tmp_path, on_bad_sample="ignore")

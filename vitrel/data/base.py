@@ -49,7 +49,7 @@ from vitrel.data.datasets import (
 )
 from vitrel.data.memory import MemoryLoader, TensorImageDataset, check_budget, to_uint8_nchw
 from vitrel.data.packing import PackingCollator, check_packing, naflex_transform, parse_packing
-from vitrel.data.sampling import EpochSampler, ResumableDataLoader
+from vitrel.data.sampling import EpochSampler, EvalSampler, ResumableDataLoader
 from vitrel.data.transforms import (
     CANVAS_MODES,
     MappedDataset,
@@ -568,6 +568,8 @@ class VisionDataModule(L.LightningDataModule):
             # resumed run makes its first evaluation's iterator where the run it resumes made it in the sanity check,
             # and the draw shifted every random number of training after it: dropout, drop-path, mixup)
             kwargs["generator"] = torch.Generator().manual_seed(int(self.seed))
+            if world > 1:  # each image once over the ranks (Lightning's DistributedSampler repeats some)
+                return DataLoader(ds, sampler=EvalSampler(ds, num_replicas=world, rank=rank), **kwargs)
         return DataLoader(ds, shuffle=train, **kwargs)
 
     def train_dataloader(self) -> DataLoader | MemoryLoader:

@@ -36,15 +36,12 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import get_class, instantiate
-from lightning.pytorch.utilities.data import _update_dataloader
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
-from torch.utils.data import DataLoader, SequentialSampler
 
 from vitrel.config import ConfigError, check_moved_keys
-from vitrel.data.sampling import EvalSampler
 from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.data_config import stored_data_config
@@ -73,9 +70,8 @@ log = logging.getLogger(__name__)
 class _SplitData(L.LightningDataModule):
     """``split`` of ``dm`` as the test loader, made once the test has started, so that under several processes
     (``trainer.devices=2``) each rank scores its part of the split and every image is scored once: made before, every
-    rank would score all of it (the ranks unknown), and a workers ``DataLoader`` would get Lightning's
-    ``DistributedSampler``, which repeats images to even out the ranks (:class:`~vitrel.data.sampling.EvalSampler`
-    instead)."""
+    rank would score all of it (the ranks unknown). The data module gives each rank its part
+    (:class:`~vitrel.data.sampling.EvalSampler`: not Lightning's ``DistributedSampler``, which repeats images)."""
 
     def __init__(self, dm: L.LightningDataModule, split: str) -> None:
         super().__init__()
@@ -83,12 +79,8 @@ class _SplitData(L.LightningDataModule):
 
     def test_dataloader(self) -> Any:
         self.dm.trainer = self.trainer  # (a vitrel data module reads the ranks and the device from its trainer)
-        loader = self.dm.test_dataloader() if self.split == "test" else self.dm.val_dataloader()
-        world, rank = self.trainer.world_size, self.trainer.global_rank
-        if world > 1 and isinstance(loader, DataLoader) and isinstance(loader.sampler, SequentialSampler):
-            loader = _update_dataloader(loader, EvalSampler(loader.dataset, num_replicas=world, rank=rank))
-        self.loader = loader
-        return loader
+        self.loader = self.dm.test_dataloader() if self.split == "test" else self.dm.val_dataloader()
+        return self.loader
 
 
 def _non_square(saved: dict) -> bool:

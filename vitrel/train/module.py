@@ -60,24 +60,16 @@ from vitrel.inference import mean_softmax_log
 from vitrel.models.naflex import input_form
 from vitrel.train.optim import param_groups
 
-__all__ = ["ClassifierModule", "WeightedMean", "data_config_of", "mix_clips"]
+__all__ = ["ClassifierModule", "data_config_of", "mix_clips"]
 
 _EMA = "ema_model."
 
 
-class WeightedMean(MeanMetric):
-    """torchmetrics' ``MeanMetric`` weighted by ``weight`` (images) that passes a NaN through: its own
-    ``nan_strategy="disable"`` (torchmetrics 1.9) sets every weight to 1, a mean over batches, not images."""
-
-    def __init__(self) -> None:
-        super().__init__(nan_strategy="disable")
-
-    def _cast_and_nan_check_input(
-        self, x: Tensor | float, weight: Tensor | float | None = None
-    ) -> tuple[Tensor, Tensor]:
-        x = torch.as_tensor(x, dtype=self.dtype, device=self.device)
-        w = torch.ones_like(x) if weight is None else torch.as_tensor(weight, dtype=self.dtype, device=self.device)
-        return x, w
+def _loss_mean() -> MeanMetric:
+    """An epoch's mean loss over images (``update(loss, weight=images)``) that keeps a NaN: ``nan_strategy`` a float
+    puts that value (NaN) in a NaN's place and keeps the weights (torchmetrics 1.9's ``"disable"`` sets every weight
+    to 1: a mean over batches)."""
+    return MeanMetric(nan_strategy=float("nan"))
 
 
 class ClassifierModule(L.LightningModule):
@@ -161,7 +153,7 @@ class ClassifierModule(L.LightningModule):
 
         # top-5 as timm's; with 5 classes or fewer every label is in the top 5 (always 1.0): not logged
         self.top_k: int | None = 5 if num_classes > 5 else None
-        self.train_loss = WeightedMean()  # NaNGuard stops on a non-finite loss
+        self.train_loss = _loss_mean()  # NaNGuard stops on a non-finite loss
         # sync_free: no input checks (torchmetrics' read the targets back to the host)
         self.train_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=not self.sync_free)
         for m in self.train_metrics.values():
@@ -169,8 +161,8 @@ class ClassifierModule(L.LightningModule):
         # the evaluation losses' epoch means as metrics (float sums of loss x images and of images, summed over the
         # ranks): Lightning's sync_dist mean of a logged tensor divides the summed image count (an integer tensor) by
         # the ranks with integer truncation under gloo, so an odd total made val/loss N / (N - 1) times too large
-        self.val_loss = WeightedMean()
-        self.test_loss = WeightedMean()
+        self.val_loss = _loss_mean()
+        self.test_loss = _loss_mean()
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         if self.top_k is not None:

@@ -18,6 +18,7 @@ import atexit
 import contextlib
 import csv
 import io
+import itertools
 import json
 import logging
 import os
@@ -145,10 +146,14 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
     args = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     args += [str(o) for o in config.hydra.overrides.task]
     loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    parsed = OverridesParser.create(config_loader=loader).parse_overrides(args)
-    return [job for batch in BasicSweeper.split_arguments(parsed, None) for job in batch]
+    choices: dict[str, list[str]] = {}  # the basic sweeper's rule: a key's last override wins, keys in first order
+    for o in OverridesParser.create(config_loader=loader).parse_overrides(args):
+        key = o.get_key_element()
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            raise ValueError(f"{key}: the basic sweeper takes discrete sweeps only")
+        values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
+        choices[key] = [f"{key}={v}" for v in values]
+    return [list(job) for job in itertools.product(*choices.values())]
 
 
 def _planned(sweep_dir: Path, sweep_id: str | None) -> list[list[str]] | None:

@@ -22,7 +22,7 @@ from vitrel.config import ConfigError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.data_config import data_fields, stored_data_config
-from vitrel.models.factory import _TRANSFERABLE
+from vitrel.models.factory import TRANSFERABLE
 from vitrel.models.input_size import InputSizeError, check_patches_fit
 from vitrel.models.registry import MODEL_ARGS, build_from_cfg
 from vitrel.train.utils import (
@@ -88,7 +88,7 @@ def _resumed_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str
     check_channels_fit(model_cfg, dm)
     node = plain(model_cfg)
     if model_cfg.get("init_from"):
-        over = {k: node[k] for k in _TRANSFERABLE if node.get(k) is not None}
+        over = {k: node[k] for k in TRANSFERABLE if node.get(k) is not None}
         if node.get("pos") is not None:
             over["pos"] = node["pos"]
         source = f"model.init_from={model_cfg.init_from}" + (

@@ -58,7 +58,9 @@ class DataConfig:
     img_size: int | None = None
     augment: bool = False
     augment_kwargs: dict[str, Any] = field(default_factory=dict)
-    interpolation: str | None = None
+    interpolation: str | None = None  # null: the data set's (with pretrained weights: theirs)
+    mean: list[float] | None = None  # per-channel normalisation; null: the data set's (with pretrained weights: theirs)
+    std: list[float] | None = None
     crop_pct: float | None = None
     pin_memory: bool = False
     drop_last: bool = False

@@ -25,17 +25,17 @@ of :data:`vitrel.data.video.VIDEO_EXTENSIONS`, in a folder or in class folders):
 ``ClipTransform(train=False)`` with the stored statistics (frames made grey as images are for a 1-channel model); a
 video's probabilities are the mean of its clips' softmax (multi-view testing). A file that does not decode is skipped
 with a warning and counted; a folder holding only images for a video model, or only videos for an image model, is
-one error naming what the model takes.
+one error naming what the model takes. The input may be one file (its row named by its file name); the other files of
+a folder (not images, or not videos) are passed over and counted (:attr:`PredictResult.passed_over`).
 
 Output rows, as timm's ``inference.py --results-separate-col``: ``filename`` (relative to the input
 folder), then for each of the top ``k`` classes ``index_i``, ``label_i`` (the class name when the
 checkpoint stores class names, or the ``ImageFolder`` tree has one folder per class; else the index)
-and ``prob_i`` (softmax probability).
+and ``prob_i`` (softmax probability); a ``topk`` above the number of classes gives all of them, with one warning.
 """
 
 from __future__ import annotations
 
-import csv
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -60,7 +60,6 @@ __all__ = [
     "predict_folder",
     "clip_sampling",
     "check_predict_args",
-    "write_csv",
     "mean_softmax_log",
 ]
 
@@ -166,10 +165,16 @@ def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
 
 # ---------------------------------------------------------------------------- images
 def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]):
-    """Files under ``root`` with ``extensions`` (sorted), and the class folder names when ``root`` is a tree of class
-    folders (files only in its sub-folders), else None; ``error`` for none."""
-    if not root.is_dir():
-        raise NotADirectoryError(f"input must be a folder of {what} or a tree of class folders, got {root}")
+    """Files under ``root`` with ``extensions`` (sorted; ``root`` alone when it is one such file), and the class folder
+    names when ``root`` is a tree of class folders (files only in its sub-folders), else None; ``error`` for none."""
+    if not root.exists():
+        raise FileNotFoundError(
+            f"input {root} does not exist: give a folder of {what}, a tree of class folders or a file"
+        )
+    if root.is_file():
+        if root.suffix.lower() not in extensions:
+            raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")
+        return [root], None
     files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in extensions)
     if not files:
         raise error(f"no {what} in {root} (looked for {', '.join(extensions)} in the folder and its sub-folders)")
@@ -178,8 +183,9 @@ def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[Fi
 
 
 def find_images(root: str | Path) -> tuple[list[Path], list[str] | None]:
-    """Image files under ``root`` (sorted), and the class folder names when ``root`` is an ``ImageFolder``
-    tree (images only in its sub-folders), else None. Raises :class:`NoImagesError` for none."""
+    """Image files under ``root`` (sorted; ``root`` alone when it is an image file), and the class folder names when
+    ``root`` is an ``ImageFolder`` tree (images only in its sub-folders), else None. Raises :class:`NoImagesError` for
+    none."""
     return _find_files(Path(root), IMG_EXTENSIONS, "images", NoImagesError)
 
 
@@ -290,12 +296,14 @@ def naflex_eval_transform(
 
 @dataclass
 class PredictResult:
-    """CSV rows, the files skipped (name, reason), the number of image files found, the wall time."""
+    """CSV rows, the files skipped (name, reason), the number of image files found, the wall time, and the other
+    files under the input that were passed over (not images, or not videos for a video model)."""
 
     rows: list[dict[str, Any]]
     skipped: list[tuple[str, str]]
     found: int
     seconds: float
+    passed_over: int = 0
 
 
 def predict_folder(
@@ -380,6 +388,8 @@ def _score(
 
     rows: list[tuple[int, dict[str, Any]]] = []
     skipped: list[tuple[str, str]] = []
+    one_file = root.is_file()
+    root = root.parent if one_file else root  # (one file given: named by its name)
     t0 = time.perf_counter()
     with torch.inference_mode():
         for idx, x, bad in tqdm(loader, desc="predict", unit="batch", disable=not progress):
@@ -390,10 +400,14 @@ def _score(
             if x is None:
                 continue
             probs = forward(x)
+            if not rows and topk > probs.shape[-1]:
+                n = probs.shape[-1]
+                warnings.warn(f"topk={topk} is more than the model's {n} classes: each row has all {n}", stacklevel=3)
             names = _label_names(names, folders, probs.shape[-1])
             rows += _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
     rows = [row for _, row in sorted(rows, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
-    return PredictResult(rows, skipped, len(files), time.perf_counter() - t0)
+    others = 0 if one_file else sum(f.is_file() for f in root.rglob("*")) - len(files)
+    return PredictResult(rows, skipped, len(files), time.perf_counter() - t0, others)
 
 
 def _label_names(names: list[str] | None, folders: list[str] | None, n: int) -> list[str] | None:
@@ -435,6 +449,7 @@ def _input_files(root: Path, predictor: Predictor) -> tuple[list[Path], list[str
         from vitrel.data.video.folder import VIDEO_EXTENSIONS
 
         held = f"{root} holds {'images' if video else 'videos'} ({len(found)} files, e.g. {found[0].name}, no others)"
+        held = f"{root} is {'an image' if video else 'a video'}" if root.is_file() else held
         if video:
             takes = (
                 f"a video model: it takes clips of {predictor.data_config['num_frames']} frames from video files "
@@ -556,17 +571,6 @@ def _predict_videos(
         return mean_softmax_log(logits, x.shape[1]).exp()  # multi-view testing: the mean of softmax, as eval.py's
 
     return _score(loader, forward, files, root, folders, names or predictor.class_names, topk, progress)
-
-
-def write_csv(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fields = list(rows[0]) if rows else ["filename"]
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
-    return path
 
 
 #: predict's counts and their least values (``seq_len`` / ``max_tokens``: when set)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import subprocess
 import sys
 import warnings
@@ -168,7 +169,7 @@ def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
     main = script.main.__wrapped__  # the script's body under hydra.main, given a config
     for given, said in [
         (dict(input=str(empty)), f"predict.py: no images in {empty} (looked for .png"),
-        (dict(input=str(empty / "readme.txt")), "predict.py: input must be a folder of images or a tree of class"),
+        (dict(input=str(empty / "readme.txt")), f"predict.py: input {empty / 'readme.txt'} is not one of the images"),
         (dict(ckpt_path=str(tmp_path / "gone.ckpt")), f"predict.py: no checkpoint at {tmp_path / 'gone.ckpt'}"),
         (dict(topk=0), "predict.py: topk must be an integer >= 1, got 0"),  # (a setting: no traceback either)
     ]:
@@ -232,6 +233,71 @@ def test_a_num_classes_override_that_resets_the_trained_head_is_refused(ckpt, im
     ref = predict_folder(load_predictor(ckpt), images, topk=2, progress=False).rows
     same = load_predictor(ckpt, model_overrides={"num_classes": 10})
     assert predict_folder(same, images, topk=2, progress=False).rows == ref
+
+
+def test_one_file_is_predicted_by_its_name_and_other_files_are_counted(ckpt, images, tmp_path):
+    """``input=<one image>`` was refused ("input must be a folder"): it is the one row, named by its file name, equal
+    to its row from the folder. The files of a folder that are not images (``notes.txt``) were passed over without a
+    word: counted in the result, the summary and the printed line."""
+    p = load_predictor(ckpt)
+    folder = predict_folder(p, images, topk=3, progress=False)
+    assert folder.passed_over == 1  # notes.txt (broken.jpg is an image file: skipped, not passed over)
+    one = predict_folder(p, images / "rgb_1.png", topk=3, progress=False)
+    assert one.rows == [r for r in folder.rows if r["filename"] == "rgb_1.png"] and one.found == 1
+    assert one.passed_over == 0
+    cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(images), results_file=str(tmp_path / "p.csv")))
+    cfg.progress_bar = False
+    summary = run_predict(cfg)
+    assert summary["passed_over"] == 1 and summary["images"] == 5
+    summary = run_predict(OmegaConf.merge(cfg, dict(input=str(images / "rgb_1.png"))))
+    assert [r["filename"] for r in _rows(tmp_path / "p.csv")] == ["rgb_1.png"] and summary["passed_over"] == 0
+    with pytest.raises(NoImagesError, match=r"notes.txt is not one of the images the model takes \(.png"):
+        predict_folder(p, images / "notes.txt", progress=False)
+    with pytest.raises(FileNotFoundError, match=r"input .*gone does not exist"):
+        predict_folder(p, images / "gone", progress=False)
+
+
+def test_topk_above_the_number_of_classes_gives_all_with_one_warning(ckpt, images):
+    """``topk=20`` for a model of 10 classes wrote 10 columns of each without a word: now one warning says so."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = predict_folder(load_predictor(ckpt), images, topk=20, batch_size=2, progress=False).rows
+    said = [str(w.message) for w in caught if "topk=" in str(w.message)]
+    assert said == ["topk=20 is more than the model's 10 classes: each row has all 10"]
+    assert list(rows[0]) == ["filename"] + [f"{c}_{i}" for i in range(10) for c in ("index", "label", "prob")]
+
+
+def test_results_file_json_folder_and_other_suffixes(ckpt, images, tmp_path, monkeypatch):
+    """``results_file=p.json`` got CSV text; ``results_file=<a folder>`` ended, after every image was scored, in
+    IsADirectoryError's traceback. Now JSON is written for ``.json`` (the CSV's rows, numbers as numbers), a folder or
+    another suffix is one line before the model is read, and a write that fails leaves the previous file whole."""
+    import json
+
+    import vitrel.train.predict as vp
+
+    cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(images), results_file=str(tmp_path / "p.csv")))
+    cfg.progress_bar, cfg.topk = False, 2
+    run_predict(cfg)
+    before = (tmp_path / "p.csv").read_text()
+    run_predict(OmegaConf.merge(cfg, dict(results_file=str(tmp_path / "p.json"))))
+    got = json.loads((tmp_path / "p.json").read_text())
+    assert [{k: str(v) for k, v in r.items()} for r in got] == _rows(tmp_path / "p.csv")
+    assert isinstance(got[0]["prob_0"], float) and isinstance(got[0]["index_0"], int)
+    for given, said in [
+        (tmp_path, f"results_file={tmp_path} is a folder: give a file in it, e.g. results_file="),
+        (tmp_path / "p.txt", f"results_file={tmp_path / 'p.txt'}: predict.py writes .csv (CSV), .json"),
+    ]:
+        late = OmegaConf.merge(cfg, dict(results_file=str(given), ckpt_path=str(tmp_path / "absent.ckpt")))
+        with pytest.raises(ValueError, match="^" + re.escape(said)):  # (before the absent checkpoint is read)
+            run_predict(late)
+
+    def fail(self, rows):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", fail)
+    with pytest.raises(OSError, match="disk full"):
+        vp.write_results([{"filename": "a.png", "index": 1}], tmp_path / "p.csv")
+    assert (tmp_path / "p.csv").read_text() == before and sorted(f.name for f in tmp_path.glob(".p.csv*")) == []
 
 
 # ---------------------------------------------------------------------------- a checkpoint train.py wrote
@@ -436,11 +502,12 @@ def _eval_way(ckpt: Path, files: list[Path], tmp_path: Path) -> torch.Tensor:
     from omegaconf import open_dict
 
     from tests.train_helpers import compose
-    from vitrel.models.checkpoint import checkpoint_scores_ema
-    from vitrel.train.evaluate import _run_settings
+    from vitrel.models.checkpoint import checkpoint_scores_ema, stored_data_config
+    from vitrel.train.evaluate import _run_settings, _stored_split, run_record
 
     cfg = compose(tmp_path / "eval", [f"ckpt_path={ckpt}", "data=fashion_mnist_naflex"], config_name="eval")
-    taken, _, _ = _run_settings(ckpt, cfg.data)
+    held = _stored_split(ckpt, cfg.data)  # (as evaluate reads the checkpoint and its run folder)
+    taken, _, _ = _run_settings(ckpt, run_record(ckpt), stored_data_config(ckpt) or {}, held, cfg.data)
     with open_dict(cfg):
         cfg.data.update(taken)
     dm = instantiate(cfg.data)

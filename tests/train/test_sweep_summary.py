@@ -118,7 +118,7 @@ def _job(sweep, job, overrides, metrics=None, status="finished", sweep_id="s1"):
     """A job folder as a sweep leaves it: ``.hydra/overrides.yaml``, ``.sweep_id`` and (unless it failed before
     writing one) ``metrics.json`` with ``metrics``."""
     d = sweep / str(job)
-    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra").mkdir(parents=True, exist_ok=True)
     (d / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
     (d / ".sweep_id").write_text(sweep_id + "\n")
     if metrics is not None:
@@ -243,3 +243,67 @@ def test_a_job_stopped_before_its_first_validation_says_so_in_the_table(tmp_path
     table = format_table(rows, ["val/acc1"]).splitlines()
     assert "no validation ran" in table[2] and "no validation ran" not in table[3], table
     assert f"{_metrics(tmp_path / '1')['metrics']['val/acc1']:.4f}" in table[3], table
+
+
+def _sweep_cfg(sweep, task, job=None):
+    """The Hydra config a :class:`SweepSummary` hook sees: the sweep's (``job=None``) or that of its job ``job``."""
+    from hydra.types import RunMode
+
+    hydra = {
+        "mode": RunMode.MULTIRUN,
+        "sweeper": {"_target_": "hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "params": None},
+        "sweep": {"dir": str(sweep), "subdir": "${hydra.job.num}"},
+        "overrides": {"task": task},
+        "runtime": {"output_dir": str(sweep / str(job or 0))},
+    }
+    return OmegaConf.create({"hydra": hydra})
+
+
+def test_an_interrupted_sweep_shows_the_job_it_stopped_and_those_it_never_ran(tmp_path, capsys):
+    """``train.py -m pos=rel2d_full,rope2d_mixed seed=0,1`` stopped by SIGTERM (or Ctrl-C) in job 1: the job leaves
+    through ``SystemExit``, Hydra calls no ``on_job_end``, and the table printed at exit said job 1 "failed (no
+    metrics.json)", left out jobs 2 and 3, named ``pos=rel2d_full`` as every job's setting and gave a mean row
+    "(none)". Now job 1 is interrupted (its last.ckpt kept), jobs 2, 3 are rows "not run" with their overrides, the
+    means are per scheme over finished seeds only, and the table says how to finish the sweep in its folder."""
+    sweep = tmp_path / "sweep"
+    task = ["pos=rel2d_full,rope2d_mixed", "seed=0,1", "trainer.max_epochs=1"]
+    jobs = [[f"pos={p}", f"seed={s}", "trainer.max_epochs=1"] for p in ("rel2d_full", "rope2d_mixed") for s in (0, 1)]
+    hook = SweepSummary()
+    hook.on_multirun_start(_sweep_cfg(sweep, task))
+    sid = (sweep / ".sweep_id").read_text().strip()
+    _job(sweep, 0, jobs[0], sweep_id=sid)  # (the folder Hydra makes)
+    hook.on_job_start(_sweep_cfg(sweep, task, 0))
+    _job(sweep, 0, jobs[0], {"test/acc1": 0.5}, sweep_id=sid)
+    hook.on_job_end(_sweep_cfg(sweep, task, 0))
+    _job(sweep, 1, jobs[1], sweep_id=sid)
+    hook.on_job_start(_sweep_cfg(sweep, task, 1))
+    (sweep / "1" / "checkpoints").mkdir()  # SIGTERM: last.ckpt saved, no metrics.json, no on_job_end
+    (sweep / "1" / "checkpoints" / "last.ckpt").write_bytes(b"ckpt")
+    hook._at_exit()
+    out = capsys.readouterr().out
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [(r["job"], r["overrides"], r["status"]) for r in rows] == [
+        ("0", "pos=rel2d_full seed=0", "finished"),
+        ("1", "pos=rel2d_full seed=1", "interrupted"),
+        ("2", "pos=rope2d_mixed seed=0", "not run"),
+        ("3", "pos=rope2d_mixed seed=1", "not run"),
+    ], rows
+    assert "last.ckpt kept" in rows[1]["error"] and "failed" not in out[out.index("Sweep summary") :], out
+    assert "Sweep summary (4 jobs" in out and "all jobs: trainer.max_epochs=1\n" in out, out
+    means = list(csv.DictReader((sweep / "summary_seeds.csv").open()))
+    assert [(m["overrides"], m["n"], m["jobs"], m["test/acc1 mean"]) for m in means] == [
+        ("pos=rel2d_full", "1", "2", "0.5"),
+        ("pos=rope2d_mixed", "0", "2", ""),
+    ], means
+    assert f"run the same command again with hydra.sweep.dir={sweep}" in out, out
+    data = _plot(sweep)
+    assert data.notes == ["", "not run"] and data.values[0] == pytest.approx(50.0), data
+
+    # the same command in the folder: job 1 runs again, its mark of the interruption goes
+    again = SweepSummary()
+    again.on_multirun_start(_sweep_cfg(sweep, task))
+    again.on_job_start(_sweep_cfg(sweep, task, 1))
+    assert not (sweep / "1" / "interrupted.txt").exists()
+    import atexit
+
+    atexit.unregister(again._at_exit)  # (its sweep never ends here: no table at pytest's exit)

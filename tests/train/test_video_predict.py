@@ -189,7 +189,17 @@ def test_wrong_kind_of_folder_is_one_error_before_anything_is_written(runs, vide
         _predict(runs[1], empty, out)
     with pytest.raises(ValueError, match="seq_len / max_tokens score images"):
         _predict(runs[1], videos / "val", out, "seq_len=64")
+    with pytest.raises(ValueError, match=r"a.png is an image and .* is a video model: it takes clips of 4 frames"):
+        _predict(runs[1], images / "a.png", out)  # (one file of the other kind)
     assert not out.exists()
+
+
+def test_one_video_file_is_its_row_of_the_folder(runs, videos):
+    """``input=<one video>``: its row of the folder's, named by its file name (was: "input must be a folder")."""
+    p = load_predictor(runs[2])
+    folder = predict_folder(p, videos / "val", topk=2, progress=False).rows
+    one = predict_folder(p, videos / "val" / "bowling" / "bowling_1.avi", topk=2, progress=False).rows
+    assert one == [{**r, "filename": "bowling_1.avi"} for r in folder if r["filename"] == "bowling/bowling_1.avi"]
 
 
 def test_without_pyav_a_video_model_is_one_error_naming_pip_install(runs, videos, monkeypatch):

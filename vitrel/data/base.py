@@ -48,6 +48,7 @@ from vitrel.data.datasets import (
     split_record,
 )
 from vitrel.data.memory import MemoryLoader, TensorImageDataset, check_budget, to_uint8_nchw
+from vitrel.data.normalisation import Normalisation
 from vitrel.data.packing import PackingCollator, check_packing, naflex_transform, parse_packing
 from vitrel.data.sampling import EpochSampler, EvalSampler, ResumableDataLoader
 from vitrel.data.transforms import (
@@ -74,7 +75,7 @@ SPLITS = ("train", "val", "test")
 LOADERS = ("memory", "workers")
 
 
-class VisionDataModule(L.LightningDataModule):
+class VisionDataModule(Normalisation, L.LightningDataModule):
     """Base class. See the module docstring for the contract.
 
     Args:
@@ -93,6 +94,7 @@ class VisionDataModule(L.LightningDataModule):
         eval_batch_size: batch size of val/test loaders (default ``batch_size``).
         drop_last: drop the last incomplete training batch.
         interpolation: resize interpolation (default per data set).
+        mean, std: per-channel normalisation (None: the data set's own statistics; :mod:`vitrel.data.normalisation`).
         crop_pct: eval resize-then-centre-crop ratio (default per data set: 1.0 small sets, 0.875 ImageNet).
         augment_kwargs: overrides of the data set's default timm augmentation kwargs (``scale``,
             ``hflip``, ``color_jitter``, ``auto_augment``, ``re_prob``, ...): the workers loader's.
@@ -168,6 +170,8 @@ class VisionDataModule(L.LightningDataModule):
         size_scale: Sequence[float] | None = None,
         eval_max_ratio: float | None = 1.0,
         size_choices: Sequence[int] | None = None,
+        mean: Sequence[float] | None = None,
+        std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
@@ -217,6 +221,7 @@ class VisionDataModule(L.LightningDataModule):
         self.download = bool(download)
         self.drop_last = bool(drop_last)
         self.interpolation = interpolation or self.default_interpolation
+        self.normalise_with(mean, std)
         self.crop_pct = float(crop_pct if crop_pct is not None else self.default_crop_pct)
         self.augment_kwargs = {**self.default_augment_kwargs, **dict(augment_kwargs or {})}
         self.canvas_size = None if canvas_size is None else int(canvas_size)

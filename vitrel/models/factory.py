@@ -32,7 +32,7 @@ from vitrel.models.registry import MODEL_ARGS, build, check_architecture, defaul
 from vitrel.models.timm_import import from_timm
 
 # timm's register_model reads the pretrained configs from the entry point's module as `default_cfgs`
-__all__ = ["create_model", "list_models", "default_cfgs"]
+__all__ = ["create_model", "list_models", "default_cfgs", "TRANSFERABLE"]
 
 
 def _strip_prefixes(state_dict: dict, model: nn.Module) -> dict:
@@ -144,7 +144,8 @@ def create_model(
     return _build(name, pretrained=pretrained, **given)
 
 
-_TRANSFERABLE = (
+#: the settings ``create_model(init_from=...)`` passes over the pretrained architecture (``vitrel.from_timm``'s)
+TRANSFERABLE = (
     "abs_pos",
     "pos_share",
     "drop_rate",
@@ -173,14 +174,14 @@ def _from_timm_route(
     if not str(init_from).startswith("timm:") or len(str(init_from)) <= 5:
         raise ValueError(f"init_from must be 'timm:<model name>[.<tag>]', got {init_from!r}")
     timm_name = str(init_from)[5:]
-    ignored = sorted(k for k, v in kwargs.items() if k not in (*_TRANSFERABLE, "timm_kwargs") and v is not None)
+    ignored = sorted(k for k, v in kwargs.items() if k not in (*TRANSFERABLE, "timm_kwargs") and v is not None)
     if ignored:
         warnings.warn(
             f"init_from={init_from}: the architecture is {timm_name}'s, so {name} and "
             f"{', '.join(f'{k}={kwargs[k]!r}' for k in ignored)} are not used",
             stacklevel=3,
         )
-    extra = {k: kwargs[k] for k in (*_TRANSFERABLE, "timm_kwargs") if kwargs.get(k) is not None}
+    extra = {k: kwargs[k] for k in (*TRANSFERABLE, "timm_kwargs") if kwargs.get(k) is not None}
     for k, v in (("num_classes", num_classes), ("img_size", img_size), ("in_chans", in_chans)):
         if v is not None:
             extra[k] = v

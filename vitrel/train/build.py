@@ -1,35 +1,42 @@
 """What a training run is built from, before the trainer: the network (:func:`build_model`, sized by the datamodule
-and checked against its images and clips), the trainer's plugins, and the names the run reports for the model and its
-position scheme (those of a ``model=from_checkpoint`` file, whatever the ``pos`` group says)."""
+and checked against its images and clips; a resumed fine-tune's from the checkpoint it resumes), the normalisation of
+pretrained weights (:func:`adopt_normalisation`), the trainer's plugins, and the names the run reports for the model and
+its position scheme (those of a ``model=from_checkpoint`` file, whatever the ``pos`` group says)."""
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import lightning as L
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 from timm.layers import to_2tuple
 
 from vitrel.config import ConfigError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.ckpt_files import stored_config
+from vitrel.models.data_config import data_fields, stored_data_config
+from vitrel.models.factory import TRANSFERABLE
 from vitrel.models.input_size import InputSizeError, check_patches_fit
-from vitrel.models.registry import MODEL_ARGS
+from vitrel.models.registry import MODEL_ARGS, build_from_cfg
 from vitrel.train.utils import (
     check_channels_fit,
     check_video_pairing,
     is_video_data,
     override_key,
+    plain,
     task_overrides,
 )
 
 __all__ = [
     "build_model",
+    "adopt_normalisation",
     "check_pos_override",
     "trainer_plugins",
     "loads_checkpoint",
@@ -39,10 +46,18 @@ __all__ = [
 ]
 
 
-def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Module:
+def build_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str | None = None) -> torch.nn.Module:
     """``instantiate(cfg.model)``; ``num_classes``, ``in_chans`` and ``img_size`` (and a video data module's
     ``num_frames``) come from the datamodule unless the node sets them. Video data with an image model (or the
-    reverse) is refused before anything is built (:func:`~vitrel.train.utils.check_video_pairing`)."""
+    reverse) is refused before anything is built (:func:`~vitrel.train.utils.check_video_pairing`).
+
+    ``resume``: the checkpoint the run resumes. A model of pretrained weights (``model.init_from``,
+    ``model=from_checkpoint``) is then built from the configuration stored in it (:func:`_resumed_model`), without
+    reading the pretrained weights (``model.init_file``, a download, ``model.path``), which its weights replace."""
+    if resume is not None and (model_cfg.get("init_from") or loads_checkpoint(model_cfg)):
+        stored = stored_config(resume)
+        if stored:  # (a checkpoint of vitrel.train always has one)
+            return _resumed_model(model_cfg, dm, resume, stored)
     arch = model_cfg.get("name") or model_cfg.get("architecture")
     if arch is None and model_cfg.get("path") is not None:  # model=from_checkpoint: the stored architecture
         arch = (stored_config(str(model_cfg.path)) or {}).get("architecture")
@@ -60,6 +75,93 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule) -> torch.nn.Mo
         if isinstance(e.__cause__, CheckpointError):
             raise e.__cause__ from None
         raise
+
+
+def _resumed_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str, stored: dict) -> torch.nn.Module:
+    """The model of ``stored`` (the ``vitrel_cfg`` of the checkpoint ``resume``) with what the node sets that the route
+    of its weights would apply over the architecture (``init_from``: the position scheme and the transferable
+    settings, as :func:`vitrel.from_timm` takes them; ``model=from_checkpoint``: ``vitrel.load_model``'s overrides) and
+    the sizes of the data, so that :func:`~vitrel.train.resume.check_same_model` still refuses a changed setting.
+    Logged in one line."""
+    arch = str(stored.get("architecture"))
+    check_video_pairing(arch, dm)
+    check_channels_fit(model_cfg, dm)
+    node = plain(model_cfg)
+    if model_cfg.get("init_from"):
+        over = {k: node[k] for k in TRANSFERABLE if node.get(k) is not None}
+        if node.get("pos") is not None:
+            over["pos"] = node["pos"]
+        source = f"model.init_from={model_cfg.init_from}" + (
+            f" (model.init_file={model_cfg.init_file})" if model_cfg.get("init_file") else ""
+        )
+    else:
+        over = {k: v for k, v in node.items() if k not in ("_target_", "_convert_", "path", "architecture", "use_ema")}
+        source = f"model.path={model_cfg.path}"
+    sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
+    if is_video_data(dm):
+        sized["num_frames"] = dm.num_frames
+    over.update({k: v for k, v in sized.items() if over.get(k) is None})
+    rank_zero_info(
+        f"resuming {resume}: the model ({arch}) is built from the configuration stored in it; the weights of "
+        f"{source} are not read (the checkpoint's replace them)"
+    )
+    return build_from_cfg(stored, **over)
+
+
+#: the data keys of the preprocessing pretrained weights were trained with (:func:`adopt_normalisation`)
+NORMALISATION_KEYS = ("mean", "std", "interpolation")
+
+
+def adopt_normalisation(
+    data_cfg: DictConfig, model_cfg: DictConfig, dm: L.LightningDataModule, model: torch.nn.Module, resume: str | None
+) -> dict[str, Any]:
+    """Normalise as the weights expect, for the keys of :data:`NORMALISATION_KEYS` the config leaves null (a
+    ``data.mean=...`` given wins): with ``resume``, as the checkpoint was trained (its stored data config); with
+    ``model.init_from``, as the pretrained weights were (the built model's ``pretrained_cfg``: timm's convention,
+    ``timm.data.resolve_data_config(model=model)``); with ``model=from_checkpoint``, as that file's run (its stored data
+    config). Set on ``dm`` before its pipelines are built, so the checkpoints store them too; logged in one line with
+    the data set's own (always with ``init_from``, else where they differ). Returns the values taken (empty for none,
+    or a data module without :meth:`~vitrel.data.normalisation.Normalisation.normalise_with`)."""
+    keys = [k for k in NORMALISATION_KEYS if data_cfg.get(k) is None]
+    if not keys or not hasattr(dm, "normalise_with"):
+        return {}
+    if resume is not None:
+        source, whose = stored_data_config(resume), f"those {Path(resume).name} was trained with"
+    elif model_cfg.get("init_from"):
+        pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
+        source = data_fields(pcfg) if "mean" in pcfg and "std" in pcfg else None
+        whose = f"the pretrained weights' (model.init_from={model_cfg.init_from}: their pretrained_cfg)"
+    elif loads_checkpoint(model_cfg):
+        source, whose = stored_data_config(str(model_cfg.path)), f"those {model_cfg.path} was trained with"
+    else:
+        return {}
+    own = {"mean": list(dm.mean), "std": list(dm.std), "interpolation": dm.interpolation}
+    taken = {k: _per_channel(source[k], dm.in_chans) if k != "interpolation" else str(source[k])
+             for k in keys if (source or {}).get(k) is not None}  # fmt: skip
+    if not taken or (all(_same(taken[k], own[k]) for k in taken) and not model_cfg.get("init_from")):
+        return {}
+    dm.normalise_with(taken.get("mean"), taken.get("std"))
+    dm.interpolation = taken.get("interpolation", dm.interpolation)
+    given = " ".join(f"data.{k}={_short(v)}" for k, v in taken.items())
+    mine = ", ".join(f"{k} {_short(own[k])}" for k in taken)
+    rank_zero_info(f"{given}: {whose}; {type(dm).__name__}'s own: {mine} (data.<key>=<v> for others)")
+    return taken
+
+
+def _per_channel(values: Any, chans: int) -> list[float]:
+    """``values`` as floats, one per channel (averaged for another channel count, as timm adapts a patch embedding)."""
+    out = [float(v) for v in values]
+    return out if len(out) == chans else [sum(out) / len(out)] * chans
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(abs(x - y) < 1e-6 for x, y in zip(a, b))
+    return a == b
+
+
+def _short(v: Any) -> str:
+    return f"[{','.join(f'{x:.4g}' for x in v)}]" if isinstance(v, list) else str(v)
 
 
 def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:

@@ -287,6 +287,33 @@ def _from_run(cfg: DictConfig, values: dict[str, Any], what: str) -> dict[str, A
     return values
 
 
+def _trained_normalisation(
+    ckpt: Path, stored_data: dict, run: DictConfig | None, cfg: DictConfig, dm: L.LightningDataModule
+) -> dict[str, Any]:
+    """``data.mean`` / ``data.std`` / ``data.interpolation`` as ``ckpt`` was trained with (its stored data config,
+    what train.py normalised with: a fine-tune takes the pretrained weights', which its run record leaves null), where
+    the config leaves them null and the data set's own differ; set on ``dm`` and logged. Not for other data than
+    the run's (which keeps its group's defaults, as :data:`RUN_DATA_KEYS`)."""
+    if run is not None and (run.get("data") is None or run.data.get("name") != cfg.data.get("name")):
+        return {}
+    if not hasattr(dm, "normalise_with"):
+        return {}
+    own = {"mean": list(dm.mean), "std": list(dm.std), "interpolation": dm.interpolation}
+    taken = {k: stored_data[k] for k in own if cfg.data.get(k) is None and stored_data.get(k) is not None}
+    taken = {k: v for k, v in taken.items() if (str(v) if k == "interpolation" else [float(x) for x in v]) != own[k]}
+    if not taken:
+        return {}
+    dm.normalise_with(taken.get("mean"), taken.get("std"))
+    dm.interpolation = str(taken.get("interpolation", dm.interpolation))
+    with open_dict(cfg):
+        cfg.data.update(taken)
+    rank_zero_info(
+        " ".join(f"data.{k}={_override_text(v)}" for k, v in taken.items())
+        + f": the normalisation {ckpt.name} was trained with (its stored data config; data.<key>=<v> for others)"
+    )
+    return taken
+
+
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig, fix: str) -> None:
     """The data gives the model's classes and channels; else a :class:`ConfigError` naming the data to give instead
     (``fix``: :func:`_trained_data`)."""
@@ -423,6 +450,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
     taken |= _from_run(cfg, _trained_clips(stored_data, cfg.data), what)
     dm = instantiate(cfg.data)
+    taken |= _trained_normalisation(ckpt, stored_data, record[1], cfg, dm)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
     if arch is not None:  # clips for a video model, images for an image model: before the weights are read

@@ -7,7 +7,8 @@ launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` in
 sweep, each setting's mean ± standard deviation over its seeds, also ``summary_seeds.csv``), and draws them as
 ``summary.png`` (:mod:`vitrel.train.sweep_plot`; a failure to draw is a warning). It also writes them as
 each job ends: Hydra's sweeper raises when a job has failed, before the sweep's end; the table so far is then
-printed as the process exits, after Hydra's error (likewise after Ctrl-C). A sweep run again in its folder
+printed as the process exits, after Hydra's error (likewise after Ctrl-C, where the job it stopped shows as
+interrupted and, for Hydra's basic sweeper, the jobs it never started as not run). A sweep run again in its folder
 is told from the earlier one by the id each sweep writes (``.sweep_id``, in the sweep's and its jobs' folders).
 """
 
@@ -17,6 +18,7 @@ import atexit
 import contextlib
 import csv
 import io
+import itertools
 import json
 import logging
 import os
@@ -49,6 +51,10 @@ log = logging.getLogger(__name__)
 #: the files :class:`SweepSummary` keeps: the sweep's id (in the sweep folder and in each of its jobs' folders),
 #: a failed job's error, and a job's ``metrics.json`` of an earlier run in its folder (moved aside as the job starts)
 SWEEP_ID, ERROR, PREVIOUS = ".sweep_id", "error.txt", "metrics.previous.json"
+#: the sweep's jobs as its sweeper lays them out (sweep folder), and what stopped a job the sweep ended in (job folder)
+PLANNED, STOPPED = ".sweep_jobs.json", "interrupted.txt"
+#: the status of a job a stopped sweep never started, and of one it stopped while it ran
+NOT_RUN, INTERRUPTED = "not run", "interrupted"
 
 
 def finished_record(run_dir: str | Path, global_step: int) -> dict[str, Any] | None:
@@ -90,7 +96,8 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
     A job folder whose ``.sweep_id`` is not the sweep folder's (:class:`SweepSummary` writes them as the sweep and
     each job start) is of an earlier sweep in the same folder, not yet run again by this one: its row has
     ``earlier=True``. A ``metrics.json`` of other overrides than the job's ``.hydra/overrides.yaml`` is an earlier
-    run's: the job shows as failed. A failed job's error (written as the job ends) is the row's ``error``.
+    run's: the job shows as failed. A failed job's error (written as the job ends) is the row's ``error``; a job the
+    sweep stopped while it ran (Ctrl-C, SIGTERM: its ``interrupted.txt``) is ``interrupted``, that text its ``error``.
     """
     sweep_dir = Path(sweep_dir)
     sweep_id = _read(sweep_dir / SWEEP_ID)
@@ -113,11 +120,48 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             row["epochs"], row["val_runs"] = data.get("epochs"), data.get("val_runs")
             row["wall_s"] = data.get("wall_s")
             row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
+        elif (d / STOPPED).exists() and not (d / ERROR).exists():
+            row["status"], row["error"] = INTERRUPTED, _read(d / STOPPED)
         else:
             row["error"] = _read(d / ERROR)
             row["status"] = f"failed ({row['error'].split(':', 1)[0]})" if row["error"] else "failed (no metrics.json)"
         rows.append(row)
     return rows
+
+
+_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def planned_jobs(config: DictConfig) -> list[list[str]] | None:
+    """Each job's overrides, in job-number order, as Hydra's basic sweeper will run them (its ``params`` and the
+    command line's sweep overrides, their product); None for another sweeper (its jobs are not known in advance) or
+    job folders not named by job number (``hydra.sweep.subdir``)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    sweeper = config.hydra.get("sweeper") or {}
+    subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
+    if sweeper.get("_target_") != _BASIC_SWEEPER or subdir != "${hydra.job.num}":
+        return None
+    args = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
+    args += [str(o) for o in config.hydra.overrides.task]
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    choices: dict[str, list[str]] = {}  # the basic sweeper's rule: a key's last override wins, keys in first order
+    for o in OverridesParser.create(config_loader=loader).parse_overrides(args):
+        key = o.get_key_element()
+        if o.is_sweep_override() and not o.is_discrete_sweep():
+            raise ValueError(f"{key}: the basic sweeper takes discrete sweeps only")
+        values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
+        choices[key] = [f"{key}={v}" for v in values]
+    return [list(job) for job in itertools.product(*choices.values())]
+
+
+def _planned(sweep_dir: Path, sweep_id: str | None) -> list[list[str]] | None:
+    try:
+        data = json.loads((sweep_dir / PLANNED).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return data["jobs"] if isinstance(data, dict) and data.get("sweep_id") == sweep_id else None
 
 
 def split_common(rows: list[dict[str, Any]]) -> list[str]:
@@ -212,6 +256,7 @@ class SweepSummary(Callback):
     def __init__(self, metrics: Sequence[str] = ("test/acc1", "test/acc5", "test/loss", "val/acc1")) -> None:
         self.metrics = list(metrics)
         self._unended: Path | None = None  # the sweep folder from the sweep's start to its end
+        self._running: Path | None = None  # the folder of the job between its start and its end
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A new id for the sweep folder: job folders of an earlier sweep there (which this sweep has not run again)
@@ -219,7 +264,17 @@ class SweepSummary(Callback):
         when it exits (:meth:`_at_exit`)."""
         sweep_dir = Path(str(config.hydra.sweep.dir))
         sweep_dir.mkdir(parents=True, exist_ok=True)
-        (sweep_dir / SWEEP_ID).write_text(uuid.uuid4().hex + "\n")
+        sweep_id = uuid.uuid4().hex
+        (sweep_dir / SWEEP_ID).write_text(sweep_id + "\n")
+        try:
+            jobs = planned_jobs(config)
+        except Exception as e:  # noqa: BLE001  (Hydra refuses such a sweep itself, with its own message)
+            log.warning("sweep summary: the sweep's jobs are not known in advance (%s: %s); the table lists only "
+                        "those that started", type(e).__name__, e)  # fmt: skip
+            jobs = None
+        (sweep_dir / PLANNED).unlink(missing_ok=True)  # (an earlier sweep's)
+        if jobs is not None:
+            (sweep_dir / PLANNED).write_text(json.dumps({"sweep_id": sweep_id, "jobs": jobs}))
         self._unended = sweep_dir
         atexit.register(self._at_exit)
 
@@ -238,6 +293,8 @@ class SweepSummary(Callback):
         if (job_dir / "metrics.json").exists():
             os.replace(job_dir / "metrics.json", job_dir / PREVIOUS)
         (job_dir / ERROR).unlink(missing_ok=True)
+        (job_dir / STOPPED).unlink(missing_ok=True)
+        self._running = job_dir
 
     def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         """The summary so far, written as each job of a sweep ends: Hydra's sweeper raises when a job has failed
@@ -248,6 +305,7 @@ class SweepSummary(Callback):
 
         if config.hydra.mode != RunMode.MULTIRUN:
             return
+        self._running = None
         if job_return is not None and job_return.status == JobStatus.FAILED:
             try:
                 with contextlib.redirect_stderr(io.StringIO()):  # (Hydra's "Error executing job" line comes later)
@@ -269,15 +327,20 @@ class SweepSummary(Callback):
         if sweep_dir is None:
             return
         try:
+            job, self._running = self._running, None
+            if job is not None and not (job / "metrics.json").exists():  # Ctrl-C, SIGTERM: no on_job_end
+                ckpt = job / "checkpoints" / "last.ckpt"
+                kept = f"{ckpt.relative_to(job)} kept" if ckpt.exists() else "no last.ckpt"
+                (job / STOPPED).write_text(f"the sweep stopped while the job ran (Ctrl-C, SIGTERM, exit); {kept}\n")
             if summary_rows(sweep_dir, self.metrics) is None:  # (Hydra refused an override before the first job)
                 print("\nThe sweep stopped before any job ran (its error is above): no table", flush=True)
                 return
             print("\nThe sweep stopped before its end (a failed job or an interruption): its jobs so far", flush=True)
-            self._summarize(sweep_dir, show=True)
+            self._summarize(sweep_dir, show=True, stopped=True)
         except Exception as e:  # noqa: BLE001
             print(f"sweep summary: could not print the table of {sweep_dir} ({type(e).__name__}: {e})", flush=True)
 
-    def _summarize(self, sweep_dir: Path, show: bool) -> None:
+    def _summarize(self, sweep_dir: Path, show: bool, stopped: bool = False) -> None:
         """Write ``summary.md`` / ``summary.csv`` (and ``summary_seeds.csv`` for a seed sweep) of the job folders in
         ``sweep_dir`` (each file replaced whole: jobs of a parallel launcher end at once) and, with ``show``, print
         the tables."""
@@ -292,12 +355,19 @@ class SweepSummary(Callback):
         if earlier:
             head += f"\njob folders {', '.join(earlier)}: of an earlier sweep in this folder, left out"
         text = f"{head}\n\n{format_table(rows, self.metrics)}\n"
-        failed = [f"job {r['job']} {r['overrides']}: {r['error']}" for r in rows if r.get("error")]
-        if failed:
-            text += "\nfailed:\n" + "\n".join(failed) + "\n"
+        for what in ("failed", INTERRUPTED):
+            said = [f"job {r['job']} {r['overrides']}: {r['error']}" for r in rows if r.get("error")
+                    and r["status"].startswith(what)]  # fmt: skip
+            if said:
+                text += f"\n{what}:\n" + "\n".join(said) + "\n"
         if means:
             text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, self.metrics)}\n"
         if show:
+            left = [r["job"] for r in rows if r["status"] in (INTERRUPTED, NOT_RUN)]
+            if left and stopped:
+                text += (f"\njobs {', '.join(left)} not finished: run the same command again with "
+                         f"hydra.sweep.dir={sweep_dir} to finish them (an interrupted job resumes from its last.ckpt, "
+                         "a finished one only tests again and keeps its row)\n")  # fmt: skip
             print(f"\n{text}", flush=True)
         fields = ["job", "overrides", *self.metrics, "params", "epochs", "val_runs", "wall_s", "test_images"]
         fields.append("test_split_images")
@@ -327,6 +397,12 @@ def summary_rows(
     rows = [r for r in rows if not r["earlier"]]
     if not rows:
         return None
+    planned = _planned(sweep_dir, _read(sweep_dir / SWEEP_ID))
+    if planned is not None:  # the jobs this sweep has not started (yet): rows saying so, with their overrides
+        have = {r["job"] for r in rows}
+        rows += [{"job": str(i), "earlier": False, "overrides": [str(o) for o in job], "status": NOT_RUN}
+                 for i, job in enumerate(planned) if str(i) not in have]  # fmt: skip
+        rows.sort(key=lambda r: _job_key(Path(r["job"])))
     means = seed_means(rows, wanted)
     common = split_common(rows)
     for r in means:

@@ -1,19 +1,23 @@
 """``predict.py``'s body (:func:`run_predict`): its settings checked, the model loaded, a folder scored
 (:mod:`vitrel.inference`), the CSV written and a summary printed. A ``.ckpt`` whose ``train.py`` run trained with NaFlex
 batches (``data.packing``) scores its images as the run's test and ``eval.py`` did, with the run's ``seq_len``,
-``max_tokens``, ``eval_max_ratio`` and packing (:func:`naflex_of_run`) unless given."""
+``max_tokens``, ``eval_max_ratio`` and packing (:func:`naflex_of_run`) unless given. The rows are written as CSV, or
+as JSON for a ``results_file`` ending in ``.json`` (:func:`write_results`)."""
 
 from __future__ import annotations
 
+import csv
+import json
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder, write_csv
+from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder
 
-__all__ = ["NAFLEX_RUN_KEYS", "naflex_of_run", "run_predict"]
+__all__ = ["NAFLEX_RUN_KEYS", "naflex_of_run", "run_predict", "check_results_file", "write_results"]
 
 log = logging.getLogger(__name__)
 
@@ -104,10 +108,51 @@ def _device(device: str) -> str:
     return device
 
 
+#: the formats of ``results_file``, by its suffix
+RESULTS_FORMATS = {".csv": "CSV", ".json": "JSON (a list of rows)"}
+
+
+def check_results_file(path: str | Path) -> Path:
+    """``results_file`` checked before anything is loaded: a file ending in ``.csv`` or ``.json``, not a folder."""
+    p = Path(path)
+    if p.is_dir():
+        raise PredictSettingsError(
+            f"results_file={p} is a folder: give a file in it, e.g. results_file={p / 'predictions.csv'}"
+        )
+    if p.suffix.lower() not in RESULTS_FORMATS:
+        kinds = ", ".join(f"{k} ({v})" for k, v in RESULTS_FORMATS.items())
+        raise PredictSettingsError(f"results_file={p}: predict.py writes {kinds}; give a file name ending in one")
+    return p
+
+
+def write_results(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """The rows as CSV (timm's separate columns), or for a ``.json`` path as a JSON list of the same rows (numbers as
+    numbers), written to a temporary file beside ``path`` and renamed onto it: an interrupted write leaves no partial
+    file (a previous one stays whole)."""
+    path = check_results_file(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")  # (open's permissions, as the file's would be)
+    try:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
+            if path.suffix.lower() == ".json":
+                json.dump(rows, f, indent=1)
+                f.write("\n")
+            else:
+                w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["filename"])
+                w.writeheader()
+                w.writerows(rows)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
 def run_predict(cfg: Any) -> dict[str, Any]:
     """``predict.py``'s body: check the settings, load, predict, write the CSV, print a summary; returns the summary."""
     check_predict_args(**{k: cfg.get(k, d) for k, d in (("topk", 5), ("batch_size", 64), ("num_workers", 0))})
     check_predict_args(seq_len=cfg.get("seq_len"), max_tokens=cfg.get("max_tokens"))
+    check_results_file(str(cfg.results_file))
     device = _device(str(cfg.get("device", "auto")))
     from vitrel.train.utils import plain  # (predict.py's configuration is Hydra's)
 
@@ -123,12 +168,13 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         progress=bool(cfg.get("progress_bar", True)),
         **naflex,
     )
-    out = write_csv(res.rows, str(cfg.results_file))
+    out = write_results(res.rows, str(cfg.results_file))
     kind = "videos" if "num_frames" in predictor.data_config else "images"
     summary = {
         kind: len(res.rows),
         "skipped": len(res.skipped),
         "found": res.found,
+        "passed_over": res.passed_over,  # the other files under input (not images / videos)
         "seconds": round(res.seconds, 3),
         f"{kind}_per_s": round(len(res.rows) / res.seconds, 2) if res.seconds > 0 else None,
         "results_file": str(out),
@@ -137,6 +183,8 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         "naflex_from_run": taken,  # the NaFlex settings taken from the checkpoint's run (not given)
     }
     skipped = f", skipped {len(res.skipped)} unreadable file(s)" if res.skipped else ""
+    if res.passed_over:
+        skipped += f", passed over {res.passed_over} other file(s) (not {kind})"
     print(
         f"predicted {len(res.rows)} of {res.found} {kind[:-1]}(s){skipped} in {res.seconds:.1f} s on "
         f"{predictor.device}; "

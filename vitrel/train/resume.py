@@ -20,7 +20,19 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
 
-__all__ = ["resolve_ckpt_path", "check_same_model", "world_size"]
+__all__ = ["resume_path", "resolve_ckpt_path", "check_same_model", "world_size"]
+_UNRESOLVED: Any = object()
+
+
+def resume_path(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path) -> str | None:
+    """The checkpoint the run resumes (``ckpt_path`` / ``resume=auto``, see :func:`resolve_ckpt_path`), checked to be
+    a readable checkpoint; None for a new run. Known before the model is built: a resumed fine-tune is built from it
+    (:func:`~vitrel.train.build.build_model`)."""
+    root = cfg.trainer.get("default_root_dir") or run_dir
+    path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir)
+    if path is not None:
+        check_checkpoint(path)
+    return path
 
 
 def resolve_ckpt_path(
@@ -29,6 +41,7 @@ def resolve_ckpt_path(
     run_dir: Path,
     model: torch.nn.Module,
     dm: L.LightningDataModule | None = None,
+    path: str | None = _UNRESOLVED,
 ) -> tuple[str | None, int | None]:
     """``(checkpoint to resume, its global step)``, or ``(None, None)`` for a new run.
 
@@ -40,13 +53,12 @@ def resolve_ckpt_path(
     validation split against ``dm``'s (``VisionDataModule.check_split``: a resume with another ``data.seed`` or
     ``data.val_fraction`` would validate on images it trained on), and a position mid-epoch against ``dm``'s batch
     size and the trainer's processes (:func:`~vitrel.train.callbacks.check_resume_position`: another would train on
-    some of the epoch's images twice and skip others).
+    some of the epoch's images twice and skip others). ``path``: :func:`resume_path`'s answer, when it was asked first.
     """
-    root = cfg.trainer.get("default_root_dir") or run_dir
-    path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir)
+    if path is _UNRESOLVED:
+        path = resume_path(cfg, callbacks, run_dir)
     if path is None:
         return None, None
-    check_checkpoint(path)
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     check_same_model(ckpt, model, path)
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)

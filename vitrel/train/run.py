@@ -1,10 +1,12 @@
 """A training run's lifecycle: ``train(cfg)`` is what ``python train.py`` calls.
 
 It locks the run folder (:class:`~vitrel.train.rundir.RunLock`: a second run in a folder whose run is still going
-stops before it touches anything), builds the datamodule (``cfg.data``), the network
-(:func:`~vitrel.train.build.build_model`), the :class:`~vitrel.train.module.ClassifierModule` (``cfg.module``), the
-callbacks, then resolves the checkpoint to resume (:func:`~vitrel.train.resume.resolve_ckpt_path`, checked against the
-configured model), and only then builds the loggers, from the checkpoint's step on (:mod:`vitrel.train.loggers`), so
+stops before it touches anything), builds the datamodule (``cfg.data``), the callbacks, finds the checkpoint to resume
+(:func:`~vitrel.train.resume.resume_path`), builds the network (:func:`~vitrel.train.build.build_model`; a resumed
+fine-tune's from that checkpoint) and takes its pretrained weights' normalisation
+(:func:`~vitrel.train.build.adopt_normalisation`), the :class:`~vitrel.train.module.ClassifierModule` (``cfg.module``),
+checks the checkpoint against the model (:func:`~vitrel.train.resume.resolve_ckpt_path`), and only then builds the
+loggers, from the checkpoint's step on (:mod:`vitrel.train.loggers`), so
 that a resumed run continues its logs; then the trainer (``cfg.trainer``, with
 :class:`~vitrel.train.ckpt_io.AtomicCheckpointIO`). It fits, tests, writes ``<run dir>/metrics.json`` (which the
 sweep summary reads) and prints the closing lines (:mod:`vitrel.train.summary`).
@@ -28,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitrel.config import check_moved_keys, check_resume
 from vitrel.train.build import (
+    adopt_normalisation,
     build_model,
     check_pos_override,
     loads_checkpoint,
@@ -41,7 +44,7 @@ from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.progress import CountTestImages, CountValidations
-from vitrel.train.resume import check_same_model, resolve_ckpt_path, world_size
+from vitrel.train.resume import check_same_model, resolve_ckpt_path, resume_path, world_size
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, split_size, test_limit, tested_part
 from vitrel.train.utils import (
@@ -136,11 +139,13 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
 
     check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
     dm = instantiate(cfg.data)
-    model = build_model(cfg.model, dm)
+    cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
+    resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
+    model = build_model(cfg.model, dm, resume)
+    normalised = adopt_normalisation(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std
     check_data_fits_model(dm, model, f"the model ({model_name(cfg, model)})")  # before a batch is made
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
-    cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
-    ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm)  # before the loggers open their files
+    ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume)  # before the loggers open their files
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
@@ -154,6 +159,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         plugins=[*trainer_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
     resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["data"].update(normalised)  # (what the run normalises with, where pretrained weights gave it)
     if loads_checkpoint(cfg.model):  # the scheme the model has (the file's), not the pos group's default
         resolved["pos"] = stored_cfg(model).get("pos", resolved.get("pos"))
     for lg in loggers:

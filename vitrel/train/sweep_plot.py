@@ -1,7 +1,8 @@
 """The sweep summary's picture, ``summary.png`` (:class:`vitrel.train.hydra_callbacks.SweepSummary`): one
 horizontal bar per job, its top-1 accuracy in %, in the table's order; with a ``seed=`` sweep one bar per setting
 at the mean over its finished seeds, an error bar of ± the sample standard deviation (``summary_seeds.csv``'s) and
-each seed's value as a dot. A failed job (a setting with no finished seed) is an empty row saying so.
+each seed's value as a dot. A job (a setting with no finished seed) that failed, was interrupted or was not run is
+an empty row saying which.
 
 :func:`plot_rows` is the data the picture shows; :func:`plot_sweep` draws it as a ``matplotlib.figure.Figure``
 built without pyplot, as ``vitrel.viz``'s are; :func:`save_png` writes it with the Agg canvas.
@@ -82,7 +83,8 @@ def plot_rows(rows: list[dict[str, Any]], means: list[dict[str, Any]]) -> PlotRo
         done = [r for r in members if r["status"] == "finished" and metric and r.get(metric) is not None]
         out.points.append([100.0 * float(r[metric]) for r in done])
         out.metrics.append(metric)
-        out.notes.append("" if metric else ("failed" if s["n"] == 0 else "no accuracy"))
+        why = ", ".join(sorted({r["status"].split(" (")[0] for r in members if r["status"] != "finished"}))
+        out.notes.append("" if metric else (why or "no accuracy"))
     return out
 
 

@@ -1,0 +1,105 @@
+"""Fine-tuning timm weights with ``train.py model.init_from=timm:<name> model.init_file=<file>``, checked for silent
+wrong answers: the images are normalised as the pretrained weights expect (their ``pretrained_cfg``, not the data
+set's statistics), the checkpoints, ``eval.py`` and ``model=from_checkpoint`` keep that, and a resume is built from
+the checkpoint, not from the pretrained file (which may have moved)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from tests.data.test_datamodules import make_cifar_files
+from tests.train_helpers import FAST, compose
+from vitrel.models.checkpoint import CheckpointError
+from vitrel.models.data_config import stored_data_config
+from vitrel.train.evaluate import evaluate
+from vitrel.train.run import train
+
+SHORT = ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
+SHORT += ["logger=none", "test=false"]
+TIMM = "vit_tiny_patch16_224"  # pretrained_cfg: mean = std = 0.5, bicubic (CIFAR-10's: 0.4914 ..., bilinear)
+HALF = [0.5, 0.5, 0.5]
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Fake CIFAR-10 in its on-disk format and a small timm ViT's weights as safetensors: the overrides of a run."""
+    import timm
+    from safetensors.torch import save_file
+
+    root = tmp_path_factory.mktemp("finetune")
+    make_cifar_files(root / "cifar", 10, n_per_batch=8)
+    weights = root / "vit.safetensors"
+    save_file(timm.create_model(TIMM, img_size=32, patch_size=4, depth=2).state_dict(), str(weights))
+    data = ["data=cifar10", f"data.root={root / 'cifar'}", "data.verify=false", "data.val_fraction=0.0"]
+    model = [f"model.init_from=timm:{TIMM}", f"model.init_file={weights}", "pos=rel2d_factored"]
+    model += ["+model.timm_kwargs={img_size: 32, patch_size: 4, depth: 2}"]
+    return root, weights, [*data, *model, *FAST, *SHORT]
+
+
+def _run(run, args, caplog):
+    """``train.py args`` in ``run`` with its ``.hydra/config.yaml`` record (as Hydra writes it; eval.py reads it)."""
+    cfg = compose(run, args)
+    (run / ".hydra").mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")
+    with caplog.at_level(logging.INFO):
+        train(cfg)
+    return run / "checkpoints" / "last.ckpt"
+
+
+def test_a_finetune_normalises_as_the_pretrained_weights_and_eval_scores_so(sources, tmp_path, caplog):
+    """Without ``data.mean`` / ``data.std`` / ``data.interpolation`` the run takes the pretrained weights' (timm's
+    convention) and says so with the data set's own; the checkpoint stores them and eval.py normalises with them
+    though the run record says null; a ``data.mean`` given wins."""
+    _, _, args = sources
+    ckpt = _run(tmp_path / "run", [*args, "trainer.max_epochs=1"], caplog)
+    said = [r.getMessage() for r in caplog.records if "data.mean=" in r.getMessage()]
+    assert len(said) == 1 and "data.std=[0.5,0.5,0.5] data.interpolation=bicubic" in said[0], said
+    assert "CIFARDataModule's own: mean [0.4914,0.4822,0.4465]" in said[0] and "bilinear" in said[0], said
+    stored = stored_data_config(ckpt)
+    assert stored["mean"] == HALF and stored["std"] == HALF and stored["interpolation"] == "bicubic", stored
+
+    ev = tmp_path / "eval"
+    evaluate(compose(ev, [f"ckpt_path={ckpt}", *args[:4]], config_name="eval"))
+    taken = json.loads((ev / "eval_metrics.json").read_text())["data_from_run"]
+    assert taken["mean"] == HALF and taken["std"] == HALF and taken["interpolation"] == "bicubic", taken
+
+    ckpt = _run(tmp_path / "given", [*args, "trainer.max_epochs=1", "data.mean=[0.4,0.4,0.4]"], caplog)
+    stored = stored_data_config(ckpt)
+    assert stored["mean"] == pytest.approx([0.4] * 3) and stored["std"] == HALF, stored
+
+
+def test_from_checkpoint_of_a_finetune_keeps_its_normalisation(sources, tmp_path, caplog):
+    """``model=from_checkpoint`` of a fine-tuned run normalises as that run did (its stored data config), not with
+    the data set's statistics."""
+    _, _, args = sources
+    ckpt = _run(tmp_path / "run", [*args, "trainer.max_epochs=1"], caplog)
+    again = [*args[:4], "model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT, "trainer.max_epochs=1"]
+    stored = stored_data_config(_run(tmp_path / "again", again, caplog))
+    assert stored["mean"] == HALF and stored["interpolation"] == "bicubic", stored
+
+
+def test_a_resumed_finetune_is_built_from_its_checkpoint_not_from_init_file(sources, tmp_path, caplog):
+    """A resume of a fine-tune re-read ``model.init_file`` before the checkpoint's weights replaced it: with the file
+    moved it failed (``CheckpointError: no such file or folder``). It is built from the checkpoint's stored
+    configuration, said in one line, keeps the run's normalisation, and a changed model setting is still refused."""
+    root, weights, args = sources
+    run = tmp_path / "run"
+    moved = root / "moved.safetensors"
+    _run(run, [*args, "trainer.max_epochs=1"], caplog)
+    weights.rename(moved)
+    try:
+        caplog.clear()
+        ckpt = _run(run, [*args, "trainer.max_epochs=2"], caplog)
+    finally:
+        moved.rename(weights)
+    said = [r.getMessage() for r in caplog.records if "is built from the configuration stored in it" in r.getMessage()]
+    assert len(said) == 1 and f"model.init_file={weights}) are not read" in said[0], said
+    assert torch.load(ckpt, map_location="cpu", weights_only=True)["epoch"] == 1  # (the second epoch ran)
+    assert stored_data_config(ckpt)["mean"] == HALF
+    with pytest.raises(CheckpointError, match="holds another model than the one configured"):
+        _run(run, [*args, "trainer.max_epochs=3", "pos=rope2d_axial"], caplog)

@@ -569,12 +569,11 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
         if train and self.train_order_seed is not None:
             sampler = EpochSampler(ds, shuffle=True, seed=int(self.train_order_seed), num_replicas=world, rank=rank)
             return ResumableDataLoader(ds, sampler=sampler, **kwargs)
-        if not train:  # (an iterator's workers' base seed from a generator of its own, not torch's global one: a
-            # resumed run makes its first evaluation's iterator where the run it resumes made it in the sanity check,
-            # and the draw shifted every random number of training after it: dropout, drop-path, mixup)
+        if not train:  # workers' base seed from a generator of its own, not torch's global one (a resumed run makes
+            # its first evaluation iterator where the run it resumes did not: the draw shifted dropout, mixup...)
             kwargs["generator"] = torch.Generator().manual_seed(int(self.seed))
-            if world > 1:  # each image once over the ranks (Lightning's DistributedSampler repeats some)
-                return DataLoader(ds, sampler=EvalSampler(ds, num_replicas=world, rank=rank), **kwargs)
+            # each image once over the ranks (Lightning's own DistributedSampler repeats some to even them out)
+            kwargs["sampler"] = EvalSampler(ds, num_replicas=world, rank=rank) if world > 1 else None
         return DataLoader(ds, shuffle=train, **kwargs)
 
     def train_dataloader(self) -> DataLoader | MemoryLoader:

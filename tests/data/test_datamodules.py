@@ -26,6 +26,8 @@ from vitrel.data import (
     read_idx,
     translate_canvas,
 )
+from vitrel.data.datasets import BadSampleError
+from vitrel.data.imagenet import ClassFoldersMismatchError
 from vitrel.data.make_subset import main as make_subset_main
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "data"
@@ -359,12 +361,12 @@ def test_unreadable_files_are_named(tmp_path):
     dm = ImageNetDataModule(root=tmp_path / "i", img_size=32, batch_size=4, num_workers=0)
     dm.setup("fit")
     ds = dm.dataset("train")
-    with pytest.raises(OSError, match=jpeg.name):
+    with pytest.raises(BadSampleError, match=jpeg.name):  # (and data.on_bad_sample=skip: tests/data/test_bad_files.py)
         [ds[i] for i in range(len(ds))]
     jpeg.unlink()
     for f in (tmp_path / "i" / "train" / "n0003").iterdir():
         f.unlink()
-    with pytest.raises(FileNotFoundError, match=str(tmp_path / "i" / "train")):
+    with pytest.raises(ClassFoldersMismatchError, match=str(tmp_path / "i" / "train")):
         ImageNetDataModule(root=tmp_path / "i", img_size=32, num_workers=0).setup("fit")
 
 

@@ -103,3 +103,51 @@ def test_ddp_fit_test_and_resume_with_every_logger(tmp_path, loggers):
     runs = sorted((run / "wandb").glob("offline-run-*/run-*.wandb"), key=lambda p: p.stat().st_mtime)
     assert len(runs) == 2, "one W&B run file per train() of rank 0: the first run, the resume"
     assert wandb_contents(runs[-1])[1]["test/acc1"] == pytest.approx(single["test/acc1"])
+
+
+def _eval_rank(rank: int, cfgs: list, port: int) -> None:
+    """One rank of ``eval.py trainer.devices=2`` for each config in turn (one gloo group)."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    from vitrel.train.evaluate import evaluate
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0")
+    os.environ.update(LOCAL_RANK=str(rank))
+    rank_zero_only.rank = rank
+    for cfg in cfgs:
+        evaluate(cfg)
+
+
+def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
+    """33 validation images (rank 0: 17 in 2 batches of 16, rank 1: 16 in 1): under DDP ``val/loss`` and ``val/acc1``
+    are those of one process over the 33 (Lightning's synced mean of a logged loss divided by 16 images, not 16.5), and
+    ``eval.py trainer.devices=2`` scores each once, with either loader (the memory loader's ranks were unknown when the
+    loader was made: each rank scored all 33; a workers loader got Lightning's padding DistributedSampler: 34)."""
+    val = ["data.val_fraction=0.0033", "data.num_workers=0", "data.batch_size=16", "progress_bar=none"]
+    run = tmp_path / "run"
+    fit = _train_ddp(run, [*TINY_VIT, *FAST, *DDP, *val, "trainer.limit_train_batches=2", "trainer.max_epochs=1"])
+    ckpt = run / "checkpoints" / "last.ckpt"
+    over = [f"ckpt_path={ckpt}", "split=val", *val, "trainer.accelerator=cpu"]
+    single = evaluate_split(compose(tmp_path / "one", over, config_name="eval"))
+    outs = {loader: tmp_path / f"ddp_{loader}" for loader in ("memory", "workers")}
+    cfgs = [
+        compose(out, [*over, *DDP[1:], "trainer.strategy=ddp", f"data.loader={lo}"], "eval") for lo, out in outs.items()
+    ]
+    torch.multiprocessing.start_processes(_eval_rank, args=(cfgs, _free_port()), nprocs=2, start_method="spawn")
+
+    assert single["num_images"] == 33
+    assert fit["metrics"]["val/acc1"] == single["metrics"]["val/acc1"]
+    assert fit["metrics"]["val/loss"] == pytest.approx(single["metrics"]["val/loss"], rel=1e-5)
+    for loader, out in outs.items():
+        ddp = json.loads((out / "eval_metrics.json").read_text())
+        assert ddp["num_images"] == 33, loader
+        assert ddp["metrics"]["val/acc1"] == single["metrics"]["val/acc1"], loader
+        assert ddp["metrics"]["val/loss"] == pytest.approx(single["metrics"]["val/loss"], rel=1e-5), loader
+
+
+def evaluate_split(cfg) -> dict:
+    """One process's ``eval.py``: its ``eval_metrics.json`` record."""
+    from vitrel.train.evaluate import evaluate
+
+    evaluate(cfg)
+    return json.loads((Path(cfg.paths.output_dir) / "eval_metrics.json").read_text())

@@ -50,7 +50,7 @@ from vitrel.data.datasets import (
 from vitrel.data.memory import MemoryLoader, TensorImageDataset, check_budget, to_uint8_nchw
 from vitrel.data.normalisation import Normalisation
 from vitrel.data.packing import PackingCollator, check_packing, naflex_transform, parse_packing
-from vitrel.data.sampling import EpochSampler, ResumableDataLoader
+from vitrel.data.sampling import EpochSampler, EvalSampler, ResumableDataLoader
 from vitrel.data.transforms import (
     CANVAS_MODES,
     MappedDataset,
@@ -569,10 +569,11 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
         if train and self.train_order_seed is not None:
             sampler = EpochSampler(ds, shuffle=True, seed=int(self.train_order_seed), num_replicas=world, rank=rank)
             return ResumableDataLoader(ds, sampler=sampler, **kwargs)
-        if not train:  # (an iterator's workers' base seed from a generator of its own, not torch's global one: a
-            # resumed run makes its first evaluation's iterator where the run it resumes made it in the sanity check,
-            # and the draw shifted every random number of training after it: dropout, drop-path, mixup)
+        if not train:  # workers' base seed from a generator of its own, not torch's global one (a resumed run makes
+            # its first evaluation iterator where the run it resumes did not: the draw shifted dropout, mixup...)
             kwargs["generator"] = torch.Generator().manual_seed(int(self.seed))
+            # each image once over the ranks (Lightning's own DistributedSampler repeats some to even them out)
+            kwargs["sampler"] = EvalSampler(ds, num_replicas=world, rank=rank) if world > 1 else None
         return DataLoader(ds, shuffle=train, **kwargs)
 
     def train_dataloader(self) -> DataLoader | MemoryLoader:

@@ -1,5 +1,6 @@
 """The training order of the workers loader: an epoch's seeded order per rank (:class:`EpochSampler`) and a
-``DataLoader`` that resumes mid-epoch (:class:`ResumableDataLoader`); :mod:`vitrel.data.base` re-exports them."""
+``DataLoader`` that resumes mid-epoch (:class:`ResumableDataLoader`); :mod:`vitrel.data.base` re-exports them. The
+evaluation order over ranks, each sample once (:class:`EvalSampler`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from vitrel.data.memory import ResumableLoader
 
-__all__ = ["EpochSampler", "ResumableDataLoader"]
+__all__ = ["EpochSampler", "EvalSampler", "ResumableDataLoader"]
 
 
 class EpochSampler(DistributedSampler):
@@ -30,6 +31,24 @@ class EpochSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         skip, self.skip = self.skip, 0
         return itertools.islice(self.indices(), skip, None)
+
+
+class EvalSampler(DistributedSampler):
+    """Evaluation order over ``num_replicas`` ranks: ``0..N-1``, rank ``r`` taking ``r::num_replicas``, not padded
+    (the ranks' lengths differ by at most one), so a metric summed over the ranks counts each sample once; Lightning's
+    own ``DistributedSampler`` pads the last ranks with repeated samples. A ``DistributedSampler``: Lightning keeps it.
+    """
+
+    def __init__(self, dataset, *, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=False, drop_last=False)
+        self.total_size = len(dataset)
+        self.num_samples = len(range(rank, self.total_size, num_replicas))
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.total_size, self.num_replicas))
+
+    def __len__(self) -> int:
+        return self.num_samples
 
 
 class ResumableDataLoader(ResumableLoader, DataLoader):

@@ -67,6 +67,22 @@ __all__ = ["evaluate", "run_record"]
 log = logging.getLogger(__name__)
 
 
+class _SplitData(L.LightningDataModule):
+    """``split`` of ``dm`` as the test loader, made once the test has started, so that under several processes
+    (``trainer.devices=2``) each rank scores its part of the split and every image is scored once: made before, every
+    rank would score all of it (the ranks unknown). The data module gives each rank its part
+    (:class:`~vitrel.data.sampling.EvalSampler`: not Lightning's ``DistributedSampler``, which repeats images)."""
+
+    def __init__(self, dm: L.LightningDataModule, split: str) -> None:
+        super().__init__()
+        self.dm, self.split, self.loader = dm, split, None
+
+    def test_dataloader(self) -> Any:
+        self.dm.trainer = self.trainer  # (a vitrel data module reads the ranks and the device from its trainer)
+        self.loader = self.dm.test_dataloader() if self.split == "test" else self.dm.val_dataloader()
+        return self.loader
+
+
 def _non_square(saved: dict) -> bool:
     """Whether the stored model was built at a non-square ``img_size`` (``(H, W)``, H != W)."""
     return saved.get("img_size") is not None and len(set(to_2tuple(saved["img_size"]))) > 1
@@ -466,8 +482,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         enable_checkpointing=False,
     )
     dm.setup("test" if split == "test" else "validate")
-    loader = dm.test_dataloader() if split == "test" else dm.val_dataloader()
-    res = trainer.test(module, dataloaders=loader, verbose=False)
+    scored = _SplitData(dm, split)
+    res = trainer.test(module, datamodule=scored, verbose=False)
+    loader = scored.loader
     metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
     grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
     if is_video_data(dm):  # (T, H, W) of the tubelets

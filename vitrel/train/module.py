@@ -6,7 +6,7 @@ cross-entropy on the mixed, smoothed targets. Optimizer and schedule: given as f
 groups (no weight decay on position tables, RoPE frequencies, embeddings, tokens, norms and biases:
 :func:`vitrel.train.optim.param_groups`) and the run's length. Optional EMA of the weights (timm
 ``ModelEmaV3`` as ``ema_model``), used for validation and test when ``ema_eval``. Metrics: top-1 /
-top-5 accuracy (torchmetrics); the training loss's epoch mean is a torchmetrics ``MeanMetric`` too.
+top-5 accuracy (torchmetrics); the losses' epoch means are torchmetrics ``MeanMetric`` objects too (exact over ranks).
 The training metrics' running totals are part of the state dict (``persistent``), so a run resumed
 from a mid-epoch checkpoint ends the epoch with the metrics of the uninterrupted run.
 
@@ -63,6 +63,13 @@ from vitrel.train.optim import param_groups
 __all__ = ["ClassifierModule", "data_config_of", "mix_clips"]
 
 _EMA = "ema_model."
+
+
+def _loss_mean() -> MeanMetric:
+    """An epoch's mean loss over images (``update(loss, weight=images)``) that keeps a NaN: ``nan_strategy`` a float
+    puts that value (NaN) in a NaN's place and keeps the weights (torchmetrics 1.9's ``"disable"`` sets every weight
+    to 1: a mean over batches)."""
+    return MeanMetric(nan_strategy=float("nan"))
 
 
 class ClassifierModule(L.LightningModule):
@@ -146,11 +153,16 @@ class ClassifierModule(L.LightningModule):
 
         # top-5 as timm's; with 5 classes or fewer every label is in the top 5 (always 1.0): not logged
         self.top_k: int | None = 5 if num_classes > 5 else None
-        self.train_loss = MeanMetric(nan_strategy="disable")  # NaNGuard stops on a non-finite loss
+        self.train_loss = _loss_mean()  # NaNGuard stops on a non-finite loss
         # sync_free: no input checks (torchmetrics' read the targets back to the host)
         self.train_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=not self.sync_free)
         for m in self.train_metrics.values():
             m.persistent(True)  # running totals in checkpoints: a mid-epoch resume continues the epoch's
+        # the evaluation losses' epoch means as metrics (float sums of loss x images and of images, summed over the
+        # ranks): Lightning's sync_dist mean of a logged tensor divides the summed image count (an integer tensor) by
+        # the ranks with integer truncation under gloo, so an odd total made val/loss N / (N - 1) times too large
+        self.val_loss = _loss_mean()
+        self.test_loss = _loss_mean()
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         if self.top_k is not None:
@@ -238,7 +250,9 @@ class ClassifierModule(L.LightningModule):
             loss = F.cross_entropy(logits.float(), y)
         acc1 = self.val_acc1 if stage == "val" else self.test_acc1
         acc1(logits, y)
-        self.log(f"{stage}/loss", loss, on_epoch=True, prog_bar=stage == "val", sync_dist=True, batch_size=n)
+        mean_loss = self.val_loss if stage == "val" else self.test_loss
+        mean_loss.update(loss.detach(), weight=n)  # (update: no per-batch value computed)
+        self.log(f"{stage}/loss", mean_loss, on_epoch=True, prog_bar=stage == "val", batch_size=n)
         self.log(f"{stage}/acc1", acc1, on_epoch=True, prog_bar=stage == "val", batch_size=n)
         if self.top_k is not None:
             acc5 = self.val_acc5 if stage == "val" else self.test_acc5

@@ -158,8 +158,10 @@ def test_ema_weights(tmp_path):
         for p in ema.parameters():
             p.mul_(0.5)
     ckpt = _lightning_ckpt(m, tmp_path / "e.ckpt", ema=ema)
-    _same(m, vitrel.load_model(ckpt))
+    _same(m, vitrel.load_model(ckpt, use_ema=False))
     _same(ema, vitrel.load_model(ckpt, use_ema=True))
+    _same(ema, vitrel.load_model(ckpt))  # "auto": the EMA weights a run with EMA validated and tested with
+    _same(m, vitrel.load_model(_lightning_ckpt(m, tmp_path / "n.ckpt")))  # "auto" without EMA weights
     with pytest.raises(CheckpointError, match="no EMA"):
         vitrel.load_model(_lightning_ckpt(m, tmp_path / "n.ckpt"), use_ema=True)
 

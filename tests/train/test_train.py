@@ -91,9 +91,12 @@ def test_checkpoint_contents_compile_and_reload(tmp_path):
     assert any(k.startswith("model.") for k in keys) and any(k.startswith("ema_model.module.") for k in keys)
     assert ckpt["vitrel_cfg"]["architecture"] == "vitrel_vit_tiny_patch4_32"
     assert ckpt["vitrel_cfg"]["pos"]["name"] == "rope2d_mixed"
-    live = vitrel.load_model(ckpt_file)
+    live = vitrel.load_model(ckpt_file, use_ema=False)
     ema = vitrel.load_model(ckpt_file, use_ema=True)
+    default = vitrel.load_model(ckpt_file)  # (use_ema="auto": the weights the run validated and tested, as eval.py)
     sd = ckpt["state_dict"]
+    for k, v in default.state_dict().items():
+        torch.testing.assert_close(v, sd[f"ema_model.module.{k}"], rtol=0, atol=0)
     for k, v in live.state_dict().items():
         torch.testing.assert_close(v, sd[f"model.{k}"], rtol=0, atol=0)
         torch.testing.assert_close(ema.state_dict()[k], sd[f"ema_model.module.{k}"], rtol=0, atol=0)

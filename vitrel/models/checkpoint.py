@@ -277,7 +277,7 @@ def _adapt_in_chans(sd: dict[str, Tensor], stored: int | None, wanted: int | Non
 def load_model(
     path: str | os.PathLike,
     architecture: str | None = None,
-    use_ema: bool = False,
+    use_ema: bool | str = "auto",
     **overrides: Any,
 ) -> nn.Module:
     """Rebuild the model stored at ``path`` and load its weights.
@@ -294,7 +294,16 @@ def load_model(
     ``create_model``; call ``.eval()`` for inference. The data config stored with the weights (the preprocessing
     of the training data, see the module docstring) is in the model's ``pretrained_cfg``; without one it holds the
     architecture's defaults.
+
+    ``use_ema``: ``"auto"`` (default) loads the weights the run validated and tested with, as ``eval.py`` and
+    ``predict.py`` do: the EMA copy of a training checkpoint of a run with ``module/ema`` (unless it ran with
+    ``module.ema_eval=false``), else the trained weights (:func:`checkpoint_scores_ema`; timm's ``load_checkpoint``
+    takes a checkpoint's EMA too). ``True``: the EMA copy (an error when there is none); ``False``: the trained ones.
     """
+    if use_ema == "auto":
+        use_ema = checkpoint_scores_ema(path)
+    elif not isinstance(use_ema, bool):
+        raise ValueError(f"use_ema must be 'auto', True or False, got {use_ema!r}")
     if overrides.get("features_only"):
         raise CheckpointError(
             "load_model builds the whole classifier; timm wraps a features_only backbone around the weights it "
@@ -406,7 +415,7 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     return out
 
 
-def export_model(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, use_ema: bool = False) -> Path:
+def export_model(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, use_ema: bool | str = "auto") -> Path:
     """Training checkpoint -> ``out_dir/model.safetensors`` + ``out_dir/config.json`` (validated by
     rebuilding the model and loading the weights strictly first)."""
     model = load_model(ckpt_path, use_ema=use_ema)

@@ -115,6 +115,7 @@ class VideoFolderDataConfig(DataConfig):
     stride: int = 4
     clips_per_video: int = 1
     extensions: list[str] = field(default_factory=lambda: [".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v"])
+    on_bad_sample: str = "raise"  # raise | skip a video that does not decode (named; the next one in its place)
 
 
 @dataclass

@@ -37,6 +37,14 @@ def module(root: Path, **kwargs) -> ImageNetDataModule:
     return dm
 
 
+def stopping_line(dm) -> str:
+    """What ``train.py`` prints when a pass over ``dm``'s training batches stops on a data set error."""
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        for _ in dm.train_dataloader():
+            pass
+    return str(stop.value)
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 @pytest.mark.parametrize("kind, says", [
     ("truncated", "OSError: image file is truncated"), ("empty", "an empty file"),
@@ -49,11 +57,7 @@ def test_an_unreadable_image_is_one_line_naming_it_and_the_option_that_skips(tmp
     bad = spoil(tmp_path)
     for other in set(bad.values()) - {bad[kind]}:
         other.unlink()
-    dm = module(tmp_path, num_workers=workers)
-    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
-        for _ in dm.train_dataloader():
-            pass
-    message = str(stop.value)
+    message = stopping_line(module(tmp_path, num_workers=workers))
     assert message.startswith(f"train.py: BadSampleError: cannot read {bad[kind]} ({says}"), message
     assert "data.on_bad_sample=skip" in message and "\n" not in message and "Traceback" not in message
 

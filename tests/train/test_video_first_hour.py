@@ -47,6 +47,7 @@ def test_a_clip_that_does_not_decode_is_one_line_naming_it(video_tree, tmp_path,
         train(compose(tmp_path / "run", over))
     message = str(stop.value)
     assert message.startswith(f"train.py: VideoDecodeError: cannot read video {bad}: "), message
+    assert "; data.on_bad_sample=skip leaves such files out" in message, message
     assert "\n" not in message and "Traceback" not in message
 
 

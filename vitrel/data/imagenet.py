@@ -42,14 +42,20 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
-from vitrel.data.datasets import ON_BAD_SAMPLE, BadSampleError, DatasetIntegrityError, load_rgb, rgb_8bit
+from vitrel.data.datasets import (
+    ON_BAD_SAMPLE,
+    DatasetIntegrityError,
+    SkipUnreadable,
+    count_skips,
+    load_rgb,
+    rgb_8bit,
+)
 from vitrel.data.shards import ShardLoader, guard_bad_samples
 
 log = logging.getLogger(__name__)
@@ -67,30 +73,26 @@ __all__ = [
 ]
 
 
-#: consecutive unreadable files after which ``on_bad_sample="skip"`` gives up (timm's ``ImageDataset`` retries 50)
-MAX_CONSECUTIVE_SKIPS = 50
 #: what a file that cannot be read may raise while it is loaded (PIL: ``OSError`` for a truncated or unknown file,
 #: ``SyntaxError`` for some broken PNGs, ``DecompressionBombError``; :func:`load_rgb`: ``ValueError``)
 READ_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError)
 
 
-class FixedClassImageFolder(ImageFolder):
+class FixedClassImageFolder(SkipUnreadable, ImageFolder):
     """``ImageFolder`` with a given class list (so val uses train's class indices). Images load as RGB with 16-bit
     ones scaled to 8 bits (:func:`~vitrel.data.datasets.load_rgb`; torchvision's loader clips them) unless ``loader``
     is given. A file that cannot be read (truncated, empty, not an image) raises a :class:`BadSampleError` naming
-    it and ``data.on_bad_sample=skip`` (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name (once a
-    process) and the next readable file of the split, with its own label, is returned in its place, as timm's
-    ``ImageDataset`` does; ``skipped`` counts the samples so replaced (shared with the DataLoader workers: slot 0
-    the main process, ``1 + id`` worker ``id``'s)."""
+    it and ``data.on_bad_sample=skip`` (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the
+    next readable file of the split, with its own label, is returned in its place
+    (:class:`~vitrel.data.datasets.SkipUnreadable`; ``skipped`` counts them)."""
+
+    noun = "image file"
+    read_errors = READ_ERRORS
 
     def __init__(self, root: str | Path, classes: list[str], on_bad_sample: str = "raise", **kwargs) -> None:
-        if on_bad_sample not in ON_BAD_SAMPLE:
-            raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
+        self.init_skips(on_bad_sample)
         kwargs.setdefault("loader", load_rgb)
         self._fixed_classes = list(classes)
-        self.on_bad_sample = on_bad_sample
-        self.skipped = torch.zeros(65, dtype=torch.int64).share_memory_()
-        self._warned: set[str] = set()
         try:
             super().__init__(str(root), **kwargs)
         except FileNotFoundError as e:  # (an empty class folder: torchvision names the class, not the folder)
@@ -99,78 +101,22 @@ class FixedClassImageFolder(ImageFolder):
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         return self._fixed_classes, {c: i for i, c in enumerate(self._fixed_classes)}
 
-    def _bad(self, path: str, err: Exception, skips: int) -> None:
-        """Raise, or (``skip``) log ``path`` the first time this process meets it and count it when it is the file
-        asked for (``skips == 1``; the files after it tried in its place are counted when they are asked for)."""
+    def bad_reason(self, path: str, err: BaseException) -> str:
         if isinstance(err, UnidentifiedImageError):  # (PIL's text names a file object, not the file)
-            reason = "an empty file" if os.path.getsize(path) == 0 else "not an image file PIL can identify"
-        else:
-            reason = f"{type(err).__name__}: {err}".replace(f"{path}: ", "")
-        if self.on_bad_sample == "raise":
-            raise BadSampleError(
-                f"cannot read {path} ({reason}); data.on_bad_sample=skip leaves such files out (each logged by name, "
-                "the next readable file taken in its place, a count at the end of each pass)"
-            ) from err
-        if skips >= MAX_CONSECUTIVE_SKIPS:
-            raise BadSampleError(
-                f"{skips} files in a row cannot be read, the last {path} ({reason}): is {self.root} a folder of images?"
-            ) from err
-        if skips == 1:
-            info = get_worker_info()
-            self.skipped[0 if info is None else 1 + info.id % 64] += 1
-        if path not in self._warned:
-            self._warned.add(path)
-            log.warning("skipped %s: cannot read it (%s); the next readable file is taken in its place", path, reason)
+            return "an empty file" if os.path.getsize(path) == 0 else "not an image file PIL can identify"
+        return super().bad_reason(path, err)
 
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        for skips in range(MAX_CONSECUTIVE_SKIPS + 1):
-            path, target = self.samples[(int(index) + skips) % len(self.samples)]
-            try:
-                sample = self.loader(path)
-            except READ_ERRORS as e:
-                self._bad(path, e, skips + 1)
-                continue
-            if self.transform is not None:
-                sample = self.transform(sample)
-            if self.target_transform is not None:
-                target = self.target_transform(target)
-            return sample, target
-        raise AssertionError("unreachable")  # (_bad raises after MAX_CONSECUTIVE_SKIPS)
+        def read(i: int) -> tuple[Any, int]:
+            path, target = self.samples[i]
+            return self.loader(path), target
 
-
-def _count_skips(loader: Any, split: str) -> Any:
-    """``loader`` (a ``DataLoader``) logging, at the end of each pass, how many files its data set skipped in it,
-    when that data set is (or wraps) a :class:`FixedClassImageFolder` with ``on_bad_sample="skip"`` (each file was
-    named when it was skipped)."""
-    ds = loader.dataset
-    while not isinstance(ds, FixedClassImageFolder) and hasattr(ds, "dataset"):
-        ds = ds.dataset
-    if not isinstance(ds, FixedClassImageFolder) or ds.on_bad_sample != "skip":
-        return loader
-    base, counts = type(loader), ds.skipped
-
-    def report(before: int) -> None:
-        n = int(counts.sum()) - before
-        if n:
-            log.warning(
-                "skipped %d unreadable image file(s) in this pass over %s (data.on_bad_sample=skip, each named when "
-                "first met), each replaced by the next readable file",
-                n,
-                split,
-            )
-
-    def __iter__(self):  # noqa: N807  (Lightning stops after len(loader) batches: the count comes with the last)
-        before, last, reported = int(counts.sum()), len(self), False
-        for i, batch in enumerate(base.__iter__(self), 1):
-            if getattr(self, "batches_yielded", i) == last:
-                report(before)
-                reported = True
-            yield batch
-        if not reported:
-            report(before)
-
-    loader.__class__ = type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__})
-    return loader
+        sample, target = self.read_or_skip(index, len(self.samples), lambda i: self.samples[i][0], read)
+        if self.transform is not None:
+            sample = self.transform(sample)
+        if self.target_transform is not None:
+            target = self.target_transform(target)
+        return sample, target
 
 
 def _reader_ranks(ds: Dataset) -> tuple[int, int]:
@@ -180,7 +126,16 @@ def _reader_ranks(ds: Dataset) -> tuple[int, int]:
 
 
 def _subdirs(path: Path) -> list[str]:
-    return sorted(e.name for e in os.scandir(path) if e.is_dir())
+    """The folders in ``path`` (links to folders included), sorted; a link to nothing is named in a warning."""
+    names = []
+    for e in os.scandir(path):
+        if e.is_dir():
+            names.append(e.name)
+        elif e.is_symlink() and not os.path.exists(e.path):
+            log.warning(
+                "%s is a link to %s, which does not exist: not a class folder (passed over)", e.path, os.readlink(e)
+            )
+    return sorted(names)
 
 
 class ClassFoldersMismatchError(DatasetIntegrityError, ValueError):
@@ -457,7 +412,7 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
 
     def _loader(self, split: str) -> DataLoader:
         if not self.iterable:
-            return _count_skips(super()._loader(split), split)
+            return count_skips(super()._loader(split), split)
         train = split == "train"
         world, rank = self._ranks()
         ds = self._datasets.get(split)

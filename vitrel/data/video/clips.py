@@ -6,7 +6,8 @@ spanning ``span = (T - 1) * stride + 1`` frames. A clip starting at frame ``s`` 
     index_t = min(s + t * stride, N - 1),   t = 0 .. T-1
 
 so a video shorter than the span is padded by repeating its last frame (as V-JEPA 2's loader does; torchvision's
-``VideoClips`` drops such videos instead). With ``delta = max(N - span, 0)``:
+``VideoClips`` drops such videos instead; :class:`VideoClips` names one of fewer than ``span / 2`` frames in a
+warning). With ``delta = max(N - span, 0)``:
 
 * ``uniform`` (evaluation): ``K = clips_per_video`` clips with evenly spaced starts ``s_k = floor(k * delta / (K - 1))``
   (the first clip at the start, the last at the end), or the centre ``s = floor(delta / 2)`` when ``K = 1``
@@ -32,6 +33,7 @@ so every frame of a clip gets the same crop and flip.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -44,7 +46,7 @@ from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode
 
 from vitrel.data.augment import normalize, resize_crop
-from vitrel.data.datasets import DatasetIntegrityError
+from vitrel.data.datasets import SKIP_HINT, BadSampleError, SkipUnreadable
 
 __all__ = [
     "SAMPLINGS",
@@ -62,20 +64,23 @@ __all__ = [
 
 SAMPLINGS = ("uniform", "random")
 
+log = logging.getLogger(__name__)
 
-class VideoDecodeError(DatasetIntegrityError):
-    """A video file could not be read: not a video, damaged, or without a video stream. ``path`` is the file.
+
+class VideoDecodeError(BadSampleError):
+    """A video file could not be read: not a video, damaged, or without a video stream. ``path`` is the file,
+    ``reason`` what went wrong.
 
     A data set error (``train.py`` and ``eval.py`` print its message alone). Raised in a DataLoader worker, it is
     rebuilt in the main process by torch from its text alone (``VideoDecodeError(text)``, the worker's traceback
-    ending with this error's line): it keeps that line as its message (``path`` is then None).
+    ending with this error's line): it keeps that line as its message (``path`` and ``reason`` are then None).
     """
 
     def __init__(self, path: str | Path, reason: str | None = None) -> None:
-        if reason is None:  # torch re-raising a worker's error: "Caught ... Original Traceback ...\n...Name: msg"
-            text = str(path).rstrip()
+        self.reason = reason
+        if reason is None:  # torch re-raising a worker's error (BadSampleError keeps its last line)
             self.path = None
-            super().__init__(text.splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1] if text else text)
+            super().__init__(str(path))
             return
         self.path = str(path)
         super().__init__(f"cannot read video {self.path}: {reason}")
@@ -262,14 +267,23 @@ class ClipTransform:
         return f"ClipTransform(size={self.size}, {kind})"
 
 
-class VideoClips(Dataset):
+class VideoClips(SkipUnreadable, Dataset):
     """The videos of ``videos`` (a data set of ``(path, label)``) -> ``(clips, label)``, one sample per video.
 
     ``sampling="uniform"``: the video's ``K = clips_per_video`` evenly spaced clips, each through ``transform``
     (it receives the uint8 ``[T, 3, H, W]`` clip; None: kept as it is), stacked: ``[K, C, T, H, W]`` (uint8
     ``[K, T, 3, H, W]`` without a transform), or the one clip ``[C, T, H, W]`` when ``K = 1``. The ``K`` clips are
     decoded in one pass. ``sampling="random"``: one random clip, a fresh start each time the video is read.
+
+    A video that does not decode raises :class:`VideoDecodeError` naming it and ``data.on_bad_sample=skip``
+    (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the next video that decodes, with its
+    own label, is read in its place (:class:`~vitrel.data.datasets.SkipUnreadable`; ``skipped`` counts them). A
+    video with fewer than half the frames a clip spans (:func:`clip_span`) is named in one warning (once per video,
+    the DataLoader workers included): its clips are mostly its last frame repeated.
     """
+
+    noun = "video file"
+    read_errors = (VideoDecodeError,)
 
     def __init__(
         self,
@@ -279,17 +293,26 @@ class VideoClips(Dataset):
         sampling: str = "uniform",
         clips_per_video: int = 1,
         transform: Callable[[Tensor], Any] | None = None,
+        on_bad_sample: str = "raise",
     ) -> None:
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         _check_clip(num_frames, stride)
         if clips_per_video < 1 or (sampling == "random" and clips_per_video != 1):
             raise ValueError(f"clips_per_video must be >= 1 (1 with random sampling), got {clips_per_video}")
+        self.init_skips(on_bad_sample)
         self.videos, self.num_frames, self.stride = videos, int(num_frames), int(stride)
         self.sampling, self.clips_per_video, self.transform = sampling, int(clips_per_video), transform
+        self._named_short = torch.zeros(len(self), dtype=torch.bool).share_memory_()  # (shared with the workers)
 
     def __len__(self) -> int:
         return len(self.videos)  # type: ignore[arg-type]
+
+    def bad_reason(self, path: str, err: BaseException) -> str:
+        return getattr(err, "reason", None) or str(err)
+
+    def bad_sample_error(self, path: str, reason: str) -> Exception:
+        return VideoDecodeError(path, f"{reason}; {SKIP_HINT}")
 
     def clip_starts(self, video_frames: int) -> list[int]:
         """The starts of the clips of a video of ``video_frames`` frames (a fresh draw when random)."""
@@ -297,12 +320,28 @@ class VideoClips(Dataset):
             return [random_start(video_frames, self.num_frames, self.stride)]
         return uniform_starts(video_frames, self.num_frames, self.stride, self.clips_per_video)
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        path, label = self.videos[int(index)]
+    def _read(self, index: int) -> tuple[Tensor, int]:
+        """Video ``index``'s frames, uint8 ``[K * T, 3, H, W]``, and its label."""
+        path, label = self.videos[index]
+        span = clip_span(self.num_frames, self.stride)
 
         def choose(n: int) -> list[int]:  # the clips' frames, one clip after the other
+            if 2 * n < span and not self._named_short[index]:
+                self._named_short[index] = True
+                log.warning(
+                    "%s has %d frame(s), fewer than half the %d a clip of %d frames %d apart spans: its clips repeat "
+                    "its last frame (data.num_frames, data.stride)",
+                    path,
+                    n,
+                    span,
+                    self.num_frames,
+                    self.stride,
+                )
             return [i for s in self.clip_starts(n) for i in clip_indices(n, self.num_frames, self.stride, s).tolist()]
 
-        frames = read_clip(path, choose)  # [K * T, 3, H, W]
+        return read_clip(path, choose), int(label)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        frames, label = self.read_or_skip(index, len(self), lambda i: str(self.videos[i][0]), self._read)
         clips = [self.transform(c) if self.transform is not None else c for c in frames.split(self.num_frames)]
-        return (clips[0] if len(clips) == 1 else torch.stack(clips)), int(label)
+        return (clips[0] if len(clips) == 1 else torch.stack(clips)), label

@@ -19,8 +19,10 @@ epoch); evaluation a video's ``clips_per_video`` evenly spaced clips as one samp
 ``K > 1`` (a batch ``[B, K, C, T, H, W]``: ``batch_size`` videos), so the accuracy logged is per video, of the mean
 of its clips' softmax (multi-view testing, as VideoMAE's and Video Swin's). Normalisation: timm's ImageNet mean
 and std (as VideoMAE's). A missing folder, or a train class folder without videos, raises ``DatasetNotFoundError``
-naming it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeError`
-naming the file.
+naming it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeError` naming the file and
+``data.on_bad_sample=skip``; with ``on_bad_sample="skip"`` such a file is logged by name, the next video that decodes
+(with its own label) is read in its place, and the count comes with each pass's last batch, as for image folders.
+A class folder that is a link to nothing is named in a warning and passed over.
 """
 
 from __future__ import annotations
@@ -30,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
-from vitrel.data.datasets import DatasetNotFoundError
+from vitrel.data.datasets import ON_BAD_SAMPLE, DatasetNotFoundError, count_skips
 from vitrel.data.imagenet import FixedClassImageFolder, LazyClasses, locate_class_folders
 from vitrel.data.video.base import VideoDataModule
 from vitrel.data.video.clips import VideoClips
@@ -64,7 +66,8 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
     """Class folders of videos under ``root/train`` and ``root/val`` (see the module docstring).
 
     ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video (one
-    sample ``[K, C, T, H, W]`` when more than one).
+    sample ``[K, C, T, H, W]`` when more than one); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a video that does
+    not decode (:class:`~vitrel.data.video.clips.VideoClips`).
     ``num_classes`` is inferred from the train folders; passing it checks it (and lets a model be built before the
     data is reachable). Other kwargs as :class:`~vitrel.data.video.base.VideoDataModule`.
     """
@@ -83,8 +86,11 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
         stride: int = 4,
         clips_per_video: int = 1,
         extensions: Sequence[str] = VIDEO_EXTENSIONS,
+        on_bad_sample: str = "raise",
         **kwargs: Any,
     ) -> None:
+        if on_bad_sample not in ON_BAD_SAMPLE:
+            raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
         if int(stride) < 1 or int(clips_per_video) < 1:
             raise ValueError(f"stride and clips_per_video must be >= 1, got {stride}, {clips_per_video}")
         if not extensions:
@@ -93,6 +99,7 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
         self.train_dir, self.val_dir = train_dir, val_dir
         self.stride, self.clips_per_video = int(stride), int(clips_per_video)
         self.extensions = tuple(extensions)
+        self.on_bad_sample = on_bad_sample
         self._given_num_classes = num_classes
         self.in_chans = 3
         self.mean, self.std = tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
@@ -130,4 +137,8 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
             sampling="random" if training else "uniform",
             clips_per_video=1 if training else self.clips_per_video,
             transform=transform,
+            on_bad_sample=self.on_bad_sample,
         )
+
+    def _loader(self, split: str) -> DataLoader:
+        return count_skips(super()._loader(split), split)  # (skip: the count of each pass)

@@ -102,11 +102,13 @@ def load_predictor(
     with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed."""
     from vitrel.export import PT2_NAME, load_program
     from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_scores_ema, data_config_for, load_model
+    from vitrel.models.ckpt_files import run_checkpoint
 
     p = Path(path)
     device = torch.device(device)
     if not p.exists():
         raise FileNotFoundError(f"no checkpoint at {p}")
+    p = run_checkpoint(p)  # a train.py run folder: the checkpoint its test scored (logged)
     if p.is_dir() and not (p / WEIGHTS_NAME).is_file() and (p / PT2_NAME).is_file():
         p = p / PT2_NAME
     if p.suffix == ".pt2":

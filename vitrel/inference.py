@@ -9,7 +9,7 @@ checkpoints; an export's ``pretrained_cfg``); the input size and channels are th
 one (written before vitrel stored it, or by hand) is read with its architecture's defaults, with one warning
 naming them. Images are read from a flat folder or an ``ImageFolder`` tree (sub-folders of
 images), resized (shorter side to ``size / crop_pct``), centre-cropped, normalised, converted to the
-model's channels (grey or RGB). A file that cannot be read is skipped with a warning and counted.
+model's channels (grey or RGB). A file that cannot be read is skipped, logged in one line and counted.
 
 With ``seq_len`` (``predict.py seq_len=256``) every image is scored at its own size and aspect ratio instead: timm's
 ``ResizeToSequence`` (within ``max_tokens`` patches, default ``seq_len``, never enlarged) and ``Patchify``, packed into
@@ -24,18 +24,19 @@ of :data:`vitrel.data.video.VIDEO_EXTENSIONS`, in a folder or in class folders):
 ``data=video_folder``'s defaults and one warning for a checkpoint without them), decoded with PyAV, each through
 ``ClipTransform(train=False)`` with the stored statistics (frames made grey as images are for a 1-channel model); a
 video's probabilities are the mean of its clips' softmax (multi-view testing). A file that does not decode is skipped
-with a warning and counted; a folder holding only images for a video model, or only videos for an image model, is
+(one logged line) and counted; a folder holding only images for a video model, or only videos for an image model, is
 one error naming what the model takes. The input may be one file (its row named by its file name); the other files of
 a folder (not images, or not videos) are passed over and counted (:attr:`PredictResult.passed_over`).
 
 Output rows, as timm's ``inference.py --results-separate-col``: ``filename`` (relative to the input
 folder), then for each of the top ``k`` classes ``index_i``, ``label_i`` (the class name when the
 checkpoint stores class names, or the ``ImageFolder`` tree has one folder per class; else the index)
-and ``prob_i`` (softmax probability); a ``topk`` above the number of classes gives all of them, with one warning.
+and ``prob_i`` (softmax probability); a ``topk`` above the number of classes gives all of them, with one logged line.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 from collections.abc import Callable, Sequence
@@ -62,6 +63,8 @@ __all__ = [
     "check_predict_args",
     "mean_softmax_log",
 ]
+
+log = logging.getLogger(__name__)
 
 IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
@@ -102,11 +105,13 @@ def load_predictor(
     with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed."""
     from vitrel.export import PT2_NAME, load_program
     from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_scores_ema, data_config_for, load_model
+    from vitrel.models.ckpt_files import run_checkpoint
 
     p = Path(path)
     device = torch.device(device)
     if not p.exists():
         raise FileNotFoundError(f"no checkpoint at {p}")
+    p = run_checkpoint(p)  # a train.py run folder: the checkpoint its test scored (logged)
     if p.is_dir() and not (p / WEIGHTS_NAME).is_file() and (p / PT2_NAME).is_file():
         p = p / PT2_NAME
     if p.suffix == ".pt2":
@@ -381,7 +386,7 @@ def _score(
     progress: bool,
 ) -> PredictResult:
     """The loop of :func:`predict_folder` (images and videos): ``forward(batch)`` -> probabilities
-    ``[B, classes]`` of the batch's files; the files that did not read are warned about and counted."""
+    ``[B, classes]`` of the batch's files; the files that did not read are logged (one line each) and counted."""
     import time
 
     from tqdm.auto import tqdm
@@ -395,14 +400,14 @@ def _score(
         for idx, x, bad in tqdm(loader, desc="predict", unit="batch", disable=not progress):
             for i, err in bad:
                 rel = str(files[i].relative_to(root))
-                warnings.warn(f"skipped {rel}: {err}", stacklevel=3)
+                log.warning(f"skipped {rel}: {err}")  # (one line a file; the count is the summary's)
                 skipped.append((rel, err))
             if x is None:
                 continue
             probs = forward(x)
             if not rows and topk > probs.shape[-1]:
                 n = probs.shape[-1]
-                warnings.warn(f"topk={topk} is more than the model's {n} classes: each row has all {n}", stacklevel=3)
+                log.warning(f"topk={topk} is more than the model's {n} classes: each row has all {n}")
             names = _label_names(names, folders, probs.shape[-1])
             rows += _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
     rows = [row for _, row in sorted(rows, key=lambda ir: ir[0])]  # file order (packing reorders a batch)

@@ -334,21 +334,48 @@ class _Evil:
         return (os.system, (f"touch {self.sentinel}",))
 
 
-def test_a_run_folder_or_its_checkpoints_folder_names_the_file_to_give(tmp_path):
-    """``eval.py ckpt_path=<run folder>`` (or its ``checkpoints/``, two .ckpt files) said "has no model.safetensors
-    (and no single ... file)"; the error now names ``last.ckpt``, or the files to choose from."""
-    m = _model(VIT, pos="rel2d_full")
-    ckpts = tmp_path / "run" / "checkpoints"
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_a_run_folder_loads_the_checkpoint_its_test_scored(tmp_path, caplog):
+    """``vitrel.load_model(<run folder>)`` (or its ``checkpoints/``) was refused with a line naming ``last.ckpt``: it
+    loads ``last.ckpt``, the final weights train.py's own test scored (not the best-epoch file), and says so in one
+    line; without ``last.ckpt``, the one ``best-epoch*.ckpt``. An export folder and a folder of one weights file load
+    as before; a folder of several is one error naming them."""
+    caplog.set_level("INFO", logger="vitrel.models.ckpt_files")
+    last_m, best_m = _model(VIT, pos="rel2d_full"), _model(VIT, pos="rel2d_full")
+    with torch.no_grad():
+        best_m.head.weight.add_(1.0)  # (another epoch's weights)
+    run = tmp_path / "run"
+    ckpts = run / "checkpoints"
     ckpts.mkdir(parents=True)
-    _lightning_ckpt(m, ckpts / "last.ckpt")
-    _lightning_ckpt(m, ckpts / "best-epoch000.ckpt")
-    for folder in (tmp_path / "run", ckpts):
-        with pytest.raises(CheckpointError, match=f"a train.py run's checkpoints: give {ckpts / 'last.ckpt'} "):
-            vitrel.load_model(folder)
+    _lightning_ckpt(last_m, ckpts / "last.ckpt")
+    _lightning_ckpt(best_m, ckpts / "best-epoch000.ckpt")
+    for folder, name in ((run, "checkpoints/last.ckpt"), (ckpts, "last.ckpt")):
+        caplog.clear()
+        assert _same_weights(vitrel.load_model(folder), last_m)
+        said = [r.getMessage() for r in caplog.records if "train.py run folder" in r.getMessage()]
+        assert said == [
+            f"{folder} is a train.py run folder: taking {name}, the run's final weights, which its own test scored; "
+            "best-epoch000.ckpt: the best validation epoch's, give it for that"
+        ]
     (ckpts / "last.ckpt").unlink()
-    (ckpts / "other.ckpt").write_bytes((ckpts / "best-epoch000.ckpt").read_bytes())
-    with pytest.raises(CheckpointError, match=r"2 candidates: best-epoch000.ckpt, other.ckpt: give one"):
-        vitrel.load_model(ckpts)
+    caplog.clear()
+    assert _same_weights(vitrel.load_model(run), best_m)
+    said = f"{run} is a train.py run folder: taking checkpoints/best-epoch000.ckpt, the best validation epoch's; no "
+    assert said + "last.ckpt (the final weights the run's test scored) is there" in caplog.text
+    _lightning_ckpt(best_m, ckpts / "best-epoch001.ckpt")
+    with pytest.raises(CheckpointError, match=r"no last.ckpt and 2 best-epoch files: best-epoch000.ckpt, best-ep"):
+        vitrel.load_model(run)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _lightning_ckpt(last_m, plain / "a.ckpt")
+    assert _same_weights(vitrel.load_model(plain), last_m)  # (a folder of one weights file)
+    _lightning_ckpt(best_m, plain / "b.ckpt")
+    with pytest.raises(CheckpointError, match=r"2 candidates: a.ckpt, b.ckpt: give one"):
+        vitrel.load_model(plain)
 
 
 def test_malicious_pickle_is_refused(tmp_path):

@@ -73,7 +73,10 @@ def test_predict_script_on_a_folder(ckpt, images, tmp_path):
     res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "predicted 5 of 6 image(s), skipped 1 unreadable file(s)" in res.stdout
-    assert "skipped broken.jpg" in res.stderr
+    # one logged line for the skipped file, not a Python warning with its source line under it
+    said = [line for line in res.stdout.splitlines() if "broken.jpg" in line]
+    assert len(said) == 1 and "] skipped broken.jpg: " in said[0], res.stdout[-3000:]
+    assert "broken.jpg" not in res.stderr and "warnings.warn" not in res.stderr, res.stderr[-3000:]
     rows = _rows(out)
     assert [r["filename"] for r in rows] == ["grey.png", "photo.jpg", "rgb_0.png", "rgb_1.png", "rgb_2.png"]
     assert list(rows[0]) == ["filename"] + [f"{c}_{i}" for i in range(3) for c in ("index", "label", "prob")]
@@ -257,13 +260,17 @@ def test_one_file_is_predicted_by_its_name_and_other_files_are_counted(ckpt, ima
         predict_folder(p, images / "gone", progress=False)
 
 
-def test_topk_above_the_number_of_classes_gives_all_with_one_warning(ckpt, images):
-    """``topk=20`` for a model of 10 classes wrote 10 columns of each without a word: now one warning says so."""
+def test_topk_above_the_number_of_classes_gives_all_with_one_logged_line(ckpt, images, caplog):
+    """``topk=20`` for a model of 10 classes wrote 10 columns of each without a word: now one logged line says so
+    (a line of predict.py's log, not a Python warning)."""
+    caplog.set_level("WARNING", logger="vitrel.inference")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         rows = predict_folder(load_predictor(ckpt), images, topk=20, batch_size=2, progress=False).rows
-    said = [str(w.message) for w in caught if "topk=" in str(w.message)]
+    assert not [w for w in caught if "topk=" in str(w.message) or "skipped" in str(w.message)]
+    said = [r.getMessage() for r in caplog.records if "topk=" in r.getMessage()]
     assert said == ["topk=20 is more than the model's 10 classes: each row has all 10"]
+    assert [r.getMessage()[:19] for r in caplog.records if "skipped" in r.getMessage()] == ["skipped broken.jpg:"]
     assert list(rows[0]) == ["filename"] + [f"{c}_{i}" for i in range(10) for c in ("index", "label", "prob")]
 
 

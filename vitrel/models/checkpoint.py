@@ -52,6 +52,7 @@ from vitrel.models.ckpt_files import (
     clean_state_dict,
     extract_model_state,
     follow_umask,
+    run_checkpoint,
     stored_config,
 )
 from vitrel.models.data_config import (
@@ -283,7 +284,9 @@ def load_model(
     """Rebuild the model stored at ``path`` and load its weights.
 
     ``path``: a training checkpoint (``.ckpt``), a ``.safetensors`` file (configuration in its metadata
-    or in a ``config.json`` beside it), a torch file or an export directory. The architecture and every
+    or in a ``config.json`` beside it), a torch file, an export directory or a ``train.py`` run folder (its
+    ``checkpoints/last.ckpt``, the weights its test scored; else its ``best-epoch*.ckpt``; logged:
+    :func:`~vitrel.models.ckpt_files.run_checkpoint`). The architecture and every
     constructor argument (position scheme included) come from the stored ``vitrel_cfg``; ``overrides``
     replace some, e.g. ``img_size=48`` (learned tables / absolute embeddings are resized, with a
     warning), ``num_classes=5`` (the head is reset) or ``in_chans=3`` (the patch embedding adapted as timm adapts
@@ -300,6 +303,7 @@ def load_model(
     ``module.ema_eval=false``), else the trained weights (:func:`checkpoint_scores_ema`; timm's ``load_checkpoint``
     takes a checkpoint's EMA too). ``True``: the EMA copy (an error when there is none); ``False``: the trained ones.
     """
+    path = run_checkpoint(path)  # a run folder: the checkpoint its test scored, said in one line
     if use_ema == "auto":
         use_ema = checkpoint_scores_ema(path)
     elif not isinstance(use_ema, bool):

@@ -5,6 +5,7 @@ their metadata, exported ``config.json``; every failure a :class:`CheckpointErro
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pickle
 import pickletools
@@ -25,6 +26,7 @@ __all__ = [
     "clean_state_dict",
     "extract_model_state",
     "follow_umask",
+    "run_checkpoint",
     "stored_config",
 ]
 
@@ -32,6 +34,9 @@ WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 _EMA_PREFIXES = ("ema_model.", "model_ema.", "ema.")
 _STRIP = ("_orig_mod.", "module.")
+_LAST, _BEST = "last.ckpt", "best-epoch*.ckpt"  # what train.py's callbacks write in <run folder>/checkpoints/
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):
@@ -249,8 +254,36 @@ def _safetensors_metadata(path: Path) -> dict[str, str]:
         raise CheckpointError(f"cannot read {path}: truncated or not a safetensors file ({e})") from None
 
 
-def _resolve(path: str | os.PathLike) -> Path:
+def run_checkpoint(path: str | os.PathLike, say: bool = True) -> Path:
+    """The checkpoint to load for ``path``: ``path`` itself unless it is the folder of a ``train.py`` run (one with a
+    ``checkpoints/`` folder, or that folder: holding ``last.ckpt`` or ``best-epoch*.ckpt``; not an export folder).
+    There it is ``last.ckpt``, the final weights, which the run's own test scored (``train.py`` tests the weights it
+    ends with, not the best-epoch file); without one, the single ``best-epoch*.ckpt``. ``say``: log one line naming
+    the file taken and why."""
     p = Path(path)
+    if not p.is_dir() or (p / WEIGHTS_NAME).is_file():
+        return p
+    folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    last, best = folder / _LAST, sorted(folder.glob(_BEST))
+    if folder is p and not (last.is_file() or best):
+        return p  # no run's checkpoints: an export or weights folder
+    if last.is_file():
+        chosen = last
+        other = f"; {', '.join(f.name for f in best)}: the best validation epoch's, give it for that" if best else ""
+        why = f"the run's final weights, which its own test scored{other}"
+    elif len(best) == 1:
+        chosen = best[0]
+        why = f"the best validation epoch's; no {_LAST} (the final weights the run's test scored) is there"
+    else:
+        found = f"{len(best)} best-epoch files: {', '.join(f.name for f in best)}" if best else "no .ckpt"
+        raise CheckpointError(f"{p} is a train.py run folder but {folder} has no {_LAST} and {found}: give the file")
+    if say:
+        log.info(f"{p} is a train.py run folder: taking {chosen.relative_to(p)}, {why}")
+    return chosen
+
+
+def _resolve(path: str | os.PathLike) -> Path:
+    p = run_checkpoint(path, say=False)
     if p.is_dir():
         w = p / WEIGHTS_NAME
         if w.is_file():
@@ -258,9 +291,7 @@ def _resolve(path: str | os.PathLike) -> Path:
         cands = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.ckpt"))
         cands = cands or sorted(p.glob("*.bin")) or sorted(p.glob("*.pth")) or sorted(p.glob("*.pt"))
         if len(cands) != 1:
-            last = next((f for f in (p / "last.ckpt", p / "checkpoints" / "last.ckpt") if f.is_file()), None)
             hint = f"; {len(cands)} candidates: {', '.join(f.name for f in cands)}: give one" if cands else ""
-            hint = f": a train.py run's checkpoints: give {last} (or its best-epochNNN.ckpt)" if last else hint
             raise CheckpointError(
                 f"{p} has no {WEIGHTS_NAME} (and no single .safetensors / .ckpt / .bin / .pth file){hint}"
             )

@@ -43,7 +43,7 @@ from timm.layers import to_2tuple
 
 from vitrel.config import ConfigError, check_moved_keys
 from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
-from vitrel.models.ckpt_files import stored_config
+from vitrel.models.ckpt_files import run_checkpoint, stored_config
 from vitrel.models.data_config import stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.train.module import ClassifierModule
@@ -413,6 +413,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.exists():
         raise CheckpointError(f"ckpt_path={cfg.ckpt_path}: no such file or folder")
+    ckpt = run_checkpoint(ckpt)  # a train.py run folder: the checkpoint its test scored (logged)
     if ckpt.is_file() and ckpt.suffix.lower() == ".pt2":  # (torch.load would call it a damaged checkpoint)
         weights = ckpt.parent if (ckpt.parent / "config.json").is_file() else "<the .ckpt it came from>"
         raise CheckpointError(

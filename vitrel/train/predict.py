@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder
+from vitrel.models.ckpt_files import run_checkpoint
 
 __all__ = ["NAFLEX_RUN_KEYS", "naflex_of_run", "run_predict", "check_results_file", "write_results"]
 
@@ -57,8 +58,8 @@ def naflex_of_run(ckpt_path: str | Path) -> tuple[dict[str, Any], str]:
     return out, str(record)
 
 
-def _naflex_settings(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``(predict_folder's NaFlex arguments, those taken from the checkpoint's run)``: the run's
+def _naflex_settings(cfg: Any, ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(predict_folder's NaFlex arguments, those taken from the run of the checkpoint ckpt)``: the run's
     (:func:`naflex_of_run`) but for the keys given, a value or on Hydra's command line (outside Hydra: any key ``cfg``
     holds); logged in one line. ``seq_len=null`` given: fixed-size images, nothing taken."""
     from vitrel.train.utils import hydra_config, override_key
@@ -68,7 +69,7 @@ def _naflex_settings(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     given = {k for k, v in args.items() if v is not None or k in on_line}
     if "seq_len" in given and args["seq_len"] is None:
         return args, {}
-    run, record = naflex_of_run(str(cfg.ckpt_path))
+    run, record = naflex_of_run(ckpt)
     taken = {k: v for k, v in run.items() if k not in given}
     args |= taken
     if "max_tokens" in taken and "seq_len" in given and taken["max_tokens"] > args["seq_len"]:
@@ -79,7 +80,7 @@ def _naflex_settings(cfg: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     if taken:
         log.info(
             " ".join(f"{k}={'null' if v is None else v}" for k, v in taken.items())
-            + f": the NaFlex evaluation of {Path(str(cfg.ckpt_path)).name}'s run (its data.* in {record}; "
+            + f": the NaFlex evaluation of {ckpt.name}'s run (its data.* in {record}; "
             "seq_len=<n> / max_tokens=<n> for others, seq_len=null for fixed-size images)"
         )
     return args, taken
@@ -157,8 +158,9 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     from vitrel.train.utils import plain  # (predict.py's configuration is Hydra's)
 
     overrides = dict(plain(cfg.get("model_overrides")) or {})
-    naflex, taken = _naflex_settings(cfg)  # (a NaFlex run's checkpoint: its images scored as its test scored them)
-    predictor = load_predictor(str(cfg.ckpt_path), device, cfg.get("ema", "auto"), overrides)
+    ckpt = run_checkpoint(str(cfg.ckpt_path))  # a train.py run folder: the checkpoint its test scored (logged)
+    naflex, taken = _naflex_settings(cfg, ckpt)  # (a NaFlex run's checkpoint: its images scored as its test did)
+    predictor = load_predictor(ckpt, device, cfg.get("ema", "auto"), overrides)
     res = predict_folder(
         predictor,
         str(cfg.input),

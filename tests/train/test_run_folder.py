@@ -1,0 +1,70 @@
+"""``eval.py ckpt_path=<run folder>`` and ``predict.py ckpt_path=<run folder>`` were refused with one line naming
+``checkpoints/last.ckpt``: they take the checkpoint the run's own test scored (the final weights, ``last.ckpt``; not
+the best-epoch file) and say so in one line."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from PIL import Image
+
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script
+from vitrel.train.evaluate import evaluate
+from vitrel.train.predict import run_predict
+
+# two epochs of 2 steps; the "best" file kept by the lowest epoch (Lightning's monitor candidate): epoch 0's weights
+RUN = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=2"]
+RUN += ["trainer.limit_test_batches=2", "data.eval_batch_size=64", "logger=none"]
+RUN += ["callbacks.model_checkpoint.monitor=epoch", "callbacks.model_checkpoint.mode=min"]
+EVAL = [*FAST[:1], *FAST[2:4], "trainer.limit_test_batches=2", "data.eval_batch_size=64"]
+SAID = "is a train.py run folder: taking checkpoints/last.ckpt, the run's final weights, which its own test scored"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """``(run folder, its metrics)`` of ``python train.py`` with a best-epoch file of epoch 0 beside ``last.ckpt``."""
+    folder = tmp_path_factory.mktemp("run") / "run"
+    r = run_script("train.py", [*RUN, f"hydra.run.dir={folder}"], cwd=folder.parent)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    return folder, json.loads((folder / "metrics.json").read_text())["metrics"]
+
+
+def _eval(tmp_path, name: str, ckpt) -> tuple[dict, dict]:
+    cfg = compose(tmp_path / name, [f"ckpt_path={ckpt}", *EVAL], config_name="eval")
+    return evaluate(cfg), json.loads((tmp_path / name / "eval_metrics.json").read_text())
+
+
+def test_eval_of_a_run_folder_scores_what_the_runs_test_scored(run, tmp_path, caplog):
+    caplog.set_level("INFO", logger="vitrel.models.ckpt_files")
+    folder, trained = run
+    assert sorted(f.name for f in (folder / "checkpoints").glob("*.ckpt")) == ["best-epoch000.ckpt", "last.ckpt"]
+    metrics, res = _eval(tmp_path, "folder", folder)
+    assert res["ckpt_path"] == str(folder / "checkpoints" / "last.ckpt")
+    assert metrics["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-5)
+    said = [r.getMessage() for r in caplog.records if "train.py run folder" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{folder} {SAID}; best-epoch000.ckpt: the best validation epoch")
+    best, _ = _eval(tmp_path, "best", folder / "checkpoints" / "best-epoch000.ckpt")  # (not what the run tested)
+    assert best["test/loss"] != pytest.approx(trained["test/loss"], rel=1e-5)
+
+
+def test_predict_on_a_run_folder_uses_its_last_ckpt(run, tmp_path, caplog):
+    caplog.set_level("INFO", logger="vitrel.models.ckpt_files")
+    folder, _ = run
+    images = tmp_path / "images"
+    images.mkdir()
+    for i in range(3):
+        Image.fromarray(np.random.default_rng(i).integers(0, 256, (28, 28), dtype=np.uint8)).save(images / f"{i}.png")
+    rows = {}
+    for name, ckpt in (("folder", folder), ("last", folder / "checkpoints" / "last.ckpt")):
+        cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(images), results_file=str(tmp_path / f"{name}.csv")))
+        cfg.progress_bar = False
+        summary = run_predict(cfg)
+        rows[name] = (tmp_path / f"{name}.csv").read_text()
+        if name == "folder":
+            assert summary["model"] == str(folder / "checkpoints" / "last.ckpt")
+    assert rows["folder"] == rows["last"]
+    said = [r.getMessage() for r in caplog.records if "train.py run folder" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"{folder} {SAID}")

@@ -103,7 +103,7 @@ class ImageNetDataConfig(DataConfig):
     val_split: str = "validation"
     num_samples: int | None = None
     dataset_kwargs: dict[str, Any] = field(default_factory=dict)
-    on_bad_sample: str = "raise"  # shards: raise | skip a sample that cannot be decoded (named by shard and key)
+    on_bad_sample: str = "raise"  # raise | skip a file (class folders) or sample (shards) that cannot be read
 
 
 @dataclass

@@ -55,7 +55,7 @@ PLACEHOLDERS: dict[tuple[str, str], str] = {
 # file:line of a block's first code line -> why it is only compiled
 SKIP = {
     "README.md:138": "registers a scheme in the global registry: tests/pos/test_register.py runs it, then restores it",
-    "README.md:248": "a summary with `...` for timm's NaFlex tensors and undefined images; docs/packing.md runs it",
+    "README.md:249": "a summary with `...` for timm's NaFlex tensors and undefined images; docs/packing.md runs it",
 }
 
 # file:line of a statement -> (the result its comment states, as written; that result here). The statement's value
@@ -65,12 +65,12 @@ CLAIMS: dict[str, tuple[str, object]] = {
     "README.md:35": ("[heads, N, N]", [6, 197, 197]),
     "docs/packing.md:25": ("[2, 10]", [2, 10]),
     "docs/swin.md:43": ("[3, 10]", [3, 10]),
-    "docs/video.md:86": ("[2, 2]", [2, 2]),
-    "docs/video.md:87": ("[2, 192, 16, 8, 8]", [2, 192, 16, 8, 8]),
-    "docs/video.md:117": ("[2, 8, 2, 2, 768]", [2, 8, 2, 2, 768]),
-    "docs/video.md:136": ("[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]", [[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]]),
-    "docs/video.md:137": ("[96, 192, 384, 768], [4, 8, 16, 32]", [[96, 192, 384, 768], [4, 8, 16, 32]]),
-    "docs/video.md:138": ("[2, 2, 2, 2]", [2, 2, 2, 2]),
+    "docs/video.md:93": ("[2, 2]", [2, 2]),
+    "docs/video.md:94": ("[2, 192, 16, 8, 8]", [2, 192, 16, 8, 8]),
+    "docs/video.md:124": ("[2, 8, 2, 2, 768]", [2, 8, 2, 2, 768]),
+    "docs/video.md:143": ("[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]", [[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]]),
+    "docs/video.md:144": ("[96, 192, 384, 768], [4, 8, 16, 32]", [[96, 192, 384, 768], [4, 8, 16, 32]]),
+    "docs/video.md:145": ("[2, 2, 2, 2]", [2, 2, 2, 2]),
 }
 
 # a package the dev extras install (pyproject.toml) that a file's examples import

@@ -60,16 +60,28 @@ from vitrel.inference import mean_softmax_log
 from vitrel.models.naflex import input_form
 from vitrel.train.optim import param_groups
 
-__all__ = ["ClassifierModule", "data_config_of", "mix_clips"]
+__all__ = ["ClassifierModule", "ImageMean", "data_config_of", "mix_clips"]
 
 _EMA = "ema_model."
 
 
-def _loss_mean() -> MeanMetric:
-    """An epoch's mean loss over images (``update(loss, weight=images)``) that keeps a NaN: ``nan_strategy`` a float
-    puts that value (NaN) in a NaN's place and keeps the weights (torchmetrics 1.9's ``"disable"`` sets every weight
-    to 1: a mean over batches)."""
-    return MeanMetric(nan_strategy=float("nan"))
+class ImageMean(MeanMetric):
+    """torchmetrics' ``MeanMetric`` of a per-batch value weighted by the batch's images (``update(loss, weight=n)``),
+    with a NaN passed through (``NaNGuard`` stops on it) and no read-back: ``MeanMetric``'s own NaN strategies either
+    test the values on the host every step (``.any()``: a sync, which ``step=fast`` avoids) or, ``"disable"``, set
+    every weight to 1 (torchmetrics 1.9: a mean over batches, a short last batch counting as a full one)."""
+
+    def __init__(self) -> None:
+        super().__init__(nan_strategy="disable")
+
+    def update(self, value: Tensor | float, weight: Tensor | float | None = None) -> None:
+        value = torch.as_tensor(value, dtype=self.dtype, device=self.device)
+        weight = (
+            torch.ones_like(value) if weight is None else torch.as_tensor(weight, dtype=self.dtype, device=self.device)
+        )
+        weight = torch.broadcast_to(weight, value.shape)
+        self.mean_value += (value * weight).sum()
+        self.weight += weight.sum()
 
 
 class ClassifierModule(L.LightningModule):
@@ -153,7 +165,7 @@ class ClassifierModule(L.LightningModule):
 
         # top-5 as timm's; with 5 classes or fewer every label is in the top 5 (always 1.0): not logged
         self.top_k: int | None = 5 if num_classes > 5 else None
-        self.train_loss = _loss_mean()  # NaNGuard stops on a non-finite loss
+        self.train_loss = ImageMean()  # NaNGuard stops on a non-finite loss
         # sync_free: no input checks (torchmetrics' read the targets back to the host)
         self.train_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=not self.sync_free)
         for m in self.train_metrics.values():
@@ -161,8 +173,8 @@ class ClassifierModule(L.LightningModule):
         # the evaluation losses' epoch means as metrics (float sums of loss x images and of images, summed over the
         # ranks): Lightning's sync_dist mean of a logged tensor divides the summed image count (an integer tensor) by
         # the ranks with integer truncation under gloo, so an odd total made val/loss N / (N - 1) times too large
-        self.val_loss = _loss_mean()
-        self.test_loss = _loss_mean()
+        self.val_loss = ImageMean()
+        self.test_loss = ImageMean()
         self.val_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         self.test_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro")
         if self.top_k is not None:

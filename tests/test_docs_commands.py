@@ -80,7 +80,7 @@ PLACEHOLDERS: dict[str, str | list[str]] = {
     "outputs/train/runs/<folder>": RUN,
     "<run>": RUN,
     # predict.py's input and data roots
-    "<folder of images or ImageFolder tree>": "path/to/images",
+    "<folder, ImageFolder tree or one file>": "path/to/images",
     "<ImageFolder tree>": "path/to/images",
     "<folder of videos>": "path/to/videos",
     "<folder>": "path/to/images",

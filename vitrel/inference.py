@@ -490,43 +490,6 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
     return int(data_config["num_frames"]), int(got["frame_stride"]), int(got["clips_per_video"])
 
 
-def _grey(frames: Tensor) -> Tensor:
-    """uint8 RGB ``[T, 3, H, W]`` -> ``[T, 1, H, W]`` by PIL's ``convert("L")``, as the image path converts."""
-    import numpy as np
-    from PIL import Image
-
-    grey = [np.asarray(Image.fromarray(f.permute(1, 2, 0).numpy()).convert("L")) for f in frames]
-    return torch.from_numpy(np.stack(grey))[:, None]
-
-
-class _VideoFiles(torch.utils.data.Dataset):
-    """Video ``i`` -> ``(i, clips [K, C, T, H, W], None)``: its ``K`` uniform clips
-    (:func:`vitrel.data.video.clips.uniform_starts`), decoded in one pass, each through ``transform``; a file that
-    does not decode gives ``(i, None, reason)`` (skipped and counted by the loop)."""
-
-    def __init__(self, files: Sequence[Path], sampling: tuple[int, int, int], transform: Any, grey: bool) -> None:
-        self.files, self.sampling, self.transform, self.grey = list(files), sampling, transform, grey
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> tuple[int, Tensor | None, str | None]:
-        from vitrel.data.video.clips import VideoDecodeError, clip_indices, read_clip, uniform_starts
-
-        t, stride, k = self.sampling
-
-        def choose(n: int) -> list[int]:  # the K clips' frames, one after the other
-            return [j for s in uniform_starts(n, t, stride, k) for j in clip_indices(n, t, stride, s).tolist()]
-
-        try:
-            frames = read_clip(self.files[i], choose)  # [K * T, 3, H, W]
-        except VideoDecodeError as e:
-            return i, None, str(e)
-        if self.grey:
-            frames = _grey(frames)
-        return i, torch.stack([self.transform(clip) for clip in frames.split(t)]), None
-
-
 def mean_softmax_log(logits: Tensor, views: int) -> Tensor:
     """Multi-view testing: ``logits [B * views, classes]``, each video's ``views`` rows consecutive ->
     ``log(mean_k softmax(logits_k)) [B, classes]`` in float32 (``logsumexp`` of the log-softmax, less ``log(views)``:
@@ -544,7 +507,7 @@ def _predict_videos(
     ``clips_per_video`` evenly spaced clips of ``num_frames`` frames ``frame_stride`` apart), each resized,
     centre-cropped and normalised as in evaluation (``ClipTransform(train=False)`` with the stored statistics); a
     video's probabilities are the mean of its clips' softmax."""
-    from vitrel.data.video.clips import ClipTransform
+    from vitrel.data.video.clips import ClipTransform, VideoFileClips
 
     topk, batch_size, num_workers = counts
     dc = predictor.data_config
@@ -565,7 +528,7 @@ def _predict_videos(
         h, dc["mean"], dc["std"], train=False, interpolation=dc["interpolation"], crop_pct=dc["crop_pct"]
     )
     loader = torch.utils.data.DataLoader(
-        _VideoFiles(files, sampling, tf, grey=c == 1),
+        VideoFileClips(files, sampling, tf, grey=c == 1),
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=_collate,

@@ -4,18 +4,22 @@ naming the file (and ``data.on_bad_sample=skip``), or, skipped, is named and cou
 
 from __future__ import annotations
 
-import itertools
 import logging
 from pathlib import Path
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torch.utils.data import DataLoader
 
 from tests.data.test_datamodules import make_imagenet_tree
 from vitrel.data import ImageNetDataModule
+from vitrel.data.datasets import load_rgb
+from vitrel.data.sampling import EvalSampler
 from vitrel.data.shards import BadSampleError
+from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.utils import one_line_errors
 
 
@@ -62,25 +66,67 @@ def test_an_unreadable_image_is_one_line_naming_it_and_the_option_that_skips(tmp
     assert "data.on_bad_sample=skip" in message and "\n" not in message and "Traceback" not in message
 
 
+class Recorder(L.LightningModule):
+    """Keeps the batches of each loop (``None``: a batch whose every file was left out); learns nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(()))
+        self.seen: dict[str, list] = {"train": [], "val": [], "test": []}
+
+    def training_step(self, batch, batch_idx):
+        self.seen["train"].append(batch)
+        return self.w * 0.0
+
+    def validation_step(self, batch, batch_idx):
+        self.seen["val"].append(batch)
+
+    def test_step(self, batch, batch_idx):
+        self.seen["test"].append(batch)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def lightning_passes(dm, epochs: int = 2, test: bool = False) -> Recorder:
+    """``epochs`` training epochs (each with its validation) and, with ``test``, a test, through a Lightning trainer
+    with :class:`ReportUnreadable` (as train.py's): the batches each loop got."""
+    rec = Recorder()
+    trainer = L.Trainer(
+        max_epochs=epochs, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        callbacks=[ReportUnreadable()],
+    )  # fmt: skip
+    trainer.fit(rec, datamodule=dm)
+    if test:
+        trainer.test(rec, datamodule=dm, verbose=False)
+    return rec
+
+
+def batches(seen: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The images and labels of a loop's batches, the batches of files left out only (``None``) less."""
+    xs, ys = zip(*[b for b in seen if b is not None])
+    return torch.cat(xs), torch.cat(ys)
+
+
 @pytest.mark.parametrize("workers", [0, 1])
 def test_skip_names_each_unreadable_image_counts_them_and_keeps_every_label(tmp_path, workers, caplog):
-    """``on_bad_sample=skip``: every pass still yields a sample per file; a bad file's place is taken by the next
-    readable file with that file's own label (never the bad file's class on another class's image); the files are
-    named (in the process that read them) and the count logged with the pass's last batch."""
+    """``on_bad_sample=skip`` in training: every pass still yields a sample per file; a bad file's place is taken by
+    the next readable file with that file's own label (never the bad file's class on another class's image); the
+    files are named (in the process that read them) and the count logged at the end of each epoch."""
     make_imagenet_tree(tmp_path)
     bad = spoil(tmp_path)
     for c in ("n0002", "n0003"):  # one colour per class: an image's class can be read off its pixels
         for f in (tmp_path / "train" / c).iterdir():
             Image.fromarray(np.full((8, 8, 3), 60 * int(c[-1]), np.uint8)).save(f, quality=100)
     dm = module(tmp_path, num_workers=workers, on_bad_sample="skip", drop_last=False)
-    with caplog.at_level(logging.WARNING, logger="vitrel.data.imagenet"):
-        for _epoch in range(2):  # (Lightning takes len(loader) batches, never asking the iterator for one more)
-            loader = dm.train_dataloader()
-            xs, ys = zip(*itertools.islice(iter(loader), len(loader)))
-    x, y = torch.cat(xs), torch.cat(ys)
+    with caplog.at_level(logging.WARNING):
+        seen = lightning_passes(dm, epochs=2).seen["train"]
+    x, y = batches(seen[: len(seen) // 2])  # the first epoch
     assert len(y) == 9 + 3  # 3 classes x 3 good files, and the 3 bad ones' places
     count = "skipped 3 unreadable image file(s) in this pass over train (data.on_bad_sample=skip"
     assert caplog.text.count(count) == 2, caplog.text  # once a pass
+    assert "left out" not in caplog.text  # (the val folder's files all read)
     if workers == 0:  # (a worker's own warnings go to its console)
         for path in bad.values():
             assert f"skipped {path}: cannot read it" in caplog.text
@@ -90,6 +136,54 @@ def test_skip_names_each_unreadable_image_counts_them_and_keeps_every_label(tmp_
     # sorted, n0001 is cut.JPEG, n0001_{0,1,2}.JPEG, notes.jpg, zero.jpg: cut.JPEG's place goes to n0001_0.JPEG, the
     # other two's to n0002's first file, with its label
     assert (y == 0).sum() == 3 + 1 and (y == 1).sum() == 3 + 2
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_evaluation_scores_each_readable_image_once_and_names_the_unreadable(tmp_path, workers, caplog):
+    """``on_bad_sample=skip`` in validation and test: each readable file of the split is scored once and the
+    unreadable ones not at all (a replacement would score its image twice and shift top-1); one line a pass names
+    them. Batches of 2 over val/ sorted (n0001_0, n0001_1, n0002_0, n0002_1, n0003_0, n0003_1): the second batch is
+    the two unreadable files, none left (``None``, passed over by the module)."""
+    make_imagenet_tree(tmp_path)
+    val = tmp_path / "val"
+    readable = [val / "n0001" / "n0001_0.JPEG", val / "n0001" / "n0001_1.JPEG"]
+    readable += [val / "n0003" / "n0003_0.JPEG", val / "n0003" / "n0003_1.JPEG"]
+    cut, empty = val / "n0002" / "n0002_0.JPEG", val / "n0002" / "n0002_1.JPEG"
+    cut.write_bytes(cut.read_bytes()[:200])
+    empty.write_bytes(b"")
+    dm = module(tmp_path, num_workers=workers, on_bad_sample="skip", batch_size=2)
+    with caplog.at_level(logging.WARNING):
+        rec = lightning_passes(dm, epochs=1, test=True)
+    tf = dm.eval_transform()
+    expected = torch.stack([tf(load_rgb(str(p))) for p in readable])
+    for stage in ("val", "test"):
+        assert [b is None for b in rec.seen[stage]] == [False, True, False]
+        x, y = batches(rec.seen[stage])
+        assert y.tolist() == [0, 0, 2, 2]
+        torch.testing.assert_close(x, expected)  # each readable image once, in the split's order
+        line = (
+            f"{stage}: 2 unreadable image file(s) left out of 6 in {val} (data.on_bad_sample=skip; the others each "
+            "scored once): n0002/n0002_0.JPEG, n0002/n0002_1.JPEG"
+        )
+        assert caplog.text.count(line) == 1, caplog.text
+    assert "skipped" not in caplog.text  # (the training files all read)
+
+
+def test_eval_sampler_over_ranks_scores_each_readable_image_once(tmp_path):
+    """DDP's :class:`EvalSampler` gives each file to one rank (``r::ranks``, no padding) and the collate drops what a
+    rank could not read: over 2 and 3 ranks the readable files are scored once each and the files left out are
+    counted once (the callback sums the ranks' counts)."""
+    make_imagenet_tree(tmp_path)
+    (tmp_path / "val" / "n0002" / "n0002_1.JPEG").write_bytes(b"")
+    dm = module(tmp_path, on_bad_sample="skip", batch_size=2)
+    for ranks in (2, 3):
+        ys, left = [], torch.zeros(6, dtype=torch.int32)
+        for rank in range(ranks):
+            ds = dm.make_dataset("val")  # (each rank's process: a data set of its own)
+            loader = DataLoader(ds, 2, sampler=EvalSampler(ds, num_replicas=ranks, rank=rank), collate_fn=dm.collate_fn)
+            ys += [y for b in loader if b is not None for y in b[1].tolist()]
+            left += ds.dataset.take_pass()[1]
+        assert sorted(ys) == [0, 0, 1, 2, 2] and left.tolist() == [0, 0, 0, 1, 0, 0]
 
 
 def test_a_train_class_folder_without_images_is_one_line_naming_it(tmp_path):

@@ -6,14 +6,12 @@ broken class link are each named in one warning."""
 
 from __future__ import annotations
 
-import itertools
 import logging
 from pathlib import Path
 
 import pytest
-import torch
 
-from tests.data.test_bad_files import stopping_line
+from tests.data.test_bad_files import batches, lightning_passes, stopping_line
 from tests.data.test_datamodules import make_imagenet_tree
 from tests.data.test_video import needs_av, write_video
 from vitrel.data import ImageNetDataModule
@@ -56,24 +54,40 @@ def test_an_undecodable_video_is_one_line_naming_it_and_the_option_that_skips(tm
 @needs_av
 @pytest.mark.parametrize("workers", [0, 1])
 def test_skip_names_an_undecodable_video_counts_it_and_keeps_every_label(tmp_path, workers, caplog):
-    """``on_bad_sample=skip``: every pass yields a sample per file, the bad file's place taken by the next video
-    that decodes, with that video's own label; the file is named (in the process that read it), the count logged
-    once a pass."""
+    """``on_bad_sample=skip`` in training: every pass yields a sample per file, the bad file's place taken by the
+    next video that decodes, with that video's own label; the file is named (in the process that read it), the count
+    logged at the end of each epoch."""
     bad = video_tree(tmp_path)
     dm = module(tmp_path, num_workers=workers, on_bad_sample="skip")
     with caplog.at_level(logging.WARNING):
-        for _epoch in range(2):  # (Lightning takes len(loader) batches, never asking the iterator for one more)
-            loader = dm.train_dataloader()
-            ys = [y for _, y in itertools.islice(iter(loader), len(loader))]
-    assert sorted(torch.cat(ys).tolist()) == [0, 0, 1, 1, 1]  # train/b/0.mkv twice, as itself
+        seen = lightning_passes(dm, epochs=2).seen["train"]
+    assert sorted(batches(seen[: len(seen) // 2])[1].tolist()) == [0, 0, 1, 1, 1]  # train/b/0.mkv twice, as itself
     count = "skipped 1 unreadable video file(s) in this pass over train (data.on_bad_sample=skip"
     assert caplog.text.count(count) == 2, caplog.text
     if workers == 0:  # (a worker's own warnings go to its console)
         assert caplog.text.count(f"skipped {bad}: cannot read it") == 1, caplog.text
-    raw = dm.make_dataset("train", transform=lambda clip: clip)  # uint8 [T, 3, H, W], the file's own width
+    raw = dm.make_dataset("train", transform=lambda clip: clip, training=True)  # uint8 [T, 3, H, W], its own width
     samples = [raw[i] for i in range(len(raw))]
     assert [y for _, y in samples] == [0, 0, 1, 1, 1]
     assert all(clip.shape[-1] == WIDTH[y] for clip, y in samples)
+
+
+@needs_av
+@pytest.mark.parametrize("workers", [0, 1])
+def test_evaluation_scores_each_video_that_decodes_once(tmp_path, workers, caplog):
+    """``on_bad_sample=skip`` in validation and test: val/a/0.mkv does not decode; it is left out, named in one line
+    a pass, and the videos that decode are scored once each (the old replacement scored val/a/1.mkv twice)."""
+    video_tree(tmp_path)
+    write_video(tmp_path / "val" / "a" / "1.mkv", 5, hw=(16, WIDTH[0]))
+    (tmp_path / "val" / "a" / "0.mkv").write_bytes(b"not a video" * 50)
+    dm = module(tmp_path, num_workers=workers, on_bad_sample="skip", train_dir="val")  # (train/ has its own bad file)
+    with caplog.at_level(logging.WARNING):
+        rec = lightning_passes(dm, epochs=1, test=True)
+    for stage in ("val", "test"):
+        assert batches(rec.seen[stage])[1].tolist() == [0, 1]  # val/a/1.mkv, val/b/0.mkv
+        line = f"{stage}: 1 unreadable video file(s) left out of 3 in {tmp_path / 'val'} (data.on_bad_sample=skip; "
+        assert caplog.text.count(line + "the others each scored once): a/0.mkv") == 1, caplog.text
+    assert sorted(batches(rec.seen["train"])[1].tolist()) == [0, 0, 1]  # (training, the same files: a/1.mkv twice)
 
 
 @needs_av

@@ -252,3 +252,18 @@ def test_an_export_folder_and_its_program_keep_the_clip_sampling(runs, videos, t
         got = vitrel.load_model(tmp_path / f"export_{ema}").state_dict()
         want = vitrel.load_model(runs[2], use_ema=ema).state_dict()
         assert all(torch.equal(got[k], want[k]) for k in want), flag
+
+
+def test_predict_names_a_video_far_shorter_than_a_clip(runs, tmp_path, caplog):
+    """A clip of 4 frames 3 apart spans 10 frames: predict.py names a video of fewer than half of them (2 frames) in
+    the warning train.py and eval.py give (``warn_short_video``), and passes a 6-frame one in silence."""
+    import logging
+
+    write_video(tmp_path / "in" / "short.avi", 2, "ffv1", "yuv420p", hw=(30, 40))
+    write_video(tmp_path / "in" / "long.avi", 6, "ffv1", "yuv420p", hw=(30, 40))
+    with caplog.at_level(logging.WARNING):
+        res = predict_folder(load_predictor(runs[1]), tmp_path / "in", topk=1, progress=False)
+    assert len(res.rows) == 2
+    line = f"{tmp_path / 'in' / 'short.avi'} has 2 frame(s), fewer than half the 10 a clip of 4 frames 3 apart spans"
+    assert caplog.text.count(line) == 1, caplog.text
+    assert "long.avi" not in caplog.text

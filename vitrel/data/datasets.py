@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
-from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data import Dataset
 
 log = logging.getLogger(__name__)
 
@@ -22,8 +21,6 @@ __all__ = [
     "SplitMismatchError",
     "BadSampleError",
     "ON_BAD_SAMPLE",
-    "SkipUnreadable",
-    "count_skips",
     "ArrayImageDataset",
     "seeded_split",
     "split_record",
@@ -102,109 +99,6 @@ class BadSampleError(DatasetIntegrityError):
         if "Original Traceback" in text:  # torch re-raising a worker's error: "Caught ... Original Traceback ...
             text = text.splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1]  # ...\n<module>.Name: msg"
         super().__init__(text)
-
-
-#: consecutive unreadable files after which ``on_bad_sample="skip"`` gives up (timm's ``ImageDataset`` retries 50)
-MAX_CONSECUTIVE_SKIPS = 50
-#: what a ``BadSampleError`` of a class-folder data set says after the file's name
-SKIP_HINT = (
-    "data.on_bad_sample=skip leaves such files out (each logged by name, the next readable file taken in its place, "
-    "a count at the end of each pass)"
-)
-
-
-class SkipUnreadable:
-    """Mixin of a class-folder data set: what it does with a file it cannot read (``on_bad_sample``). ``"raise"``:
-    :meth:`bad_sample_error` (a :class:`BadSampleError` naming the file and ``data.on_bad_sample=skip``);
-    ``"skip"``: the file is logged by name (once a process) and the next readable file of the data set, with its
-    own label, is returned in its place, as timm's ``ImageDataset`` does; ``skipped`` counts the samples so replaced
-    (shared with the DataLoader workers: slot 0 the main process, ``1 + id`` worker ``id``'s; :func:`count_skips`
-    logs it once a pass). A subclass calls :meth:`init_skips`, reads through :meth:`read_or_skip` and may set
-    ``noun`` and ``read_errors`` and override :meth:`bad_reason` and :meth:`bad_sample_error`."""
-
-    noun = "file"  #: what a sample is read from, in the messages ("image file", "video file")
-    read_errors: tuple[type[BaseException], ...] = (OSError,)  #: what a file that cannot be read raises
-
-    def init_skips(self, on_bad_sample: str) -> None:
-        if on_bad_sample not in ON_BAD_SAMPLE:
-            raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
-        self.on_bad_sample = on_bad_sample
-        self.skipped = torch.zeros(65, dtype=torch.int64).share_memory_()
-        self._warned: set[str] = set()
-
-    def bad_reason(self, path: str, err: BaseException) -> str:
-        """Why ``path`` cannot be read, in a few words (the error, less the path it repeats)."""
-        return f"{type(err).__name__}: {err}".replace(f"{path}: ", "")
-
-    def bad_sample_error(self, path: str, reason: str) -> Exception:
-        """The error ``on_bad_sample="raise"`` raises for ``path``."""
-        return BadSampleError(f"cannot read {path} ({reason}); {SKIP_HINT}")
-
-    def read_or_skip(self, index: int, size: int, path_of: Callable[[int], str], read: Callable[[int], Any]) -> Any:
-        """``read(index)``, or, when it raises one of ``read_errors`` and ``on_bad_sample`` is ``"skip"``, the first
-        of ``read(index + 1)``, ``read(index + 2)``, ... (modulo ``size``) that does not; ``path_of(i)`` names the
-        file of sample ``i``. Gives up after :data:`MAX_CONSECUTIVE_SKIPS` unreadable files in a row."""
-        for skips in range(1, MAX_CONSECUTIVE_SKIPS + 1):
-            i = (int(index) + skips - 1) % size
-            try:
-                return read(i)
-            except self.read_errors as err:
-                self._bad(path_of(i), err, skips)
-        raise AssertionError("unreachable")  # (_bad raises at MAX_CONSECUTIVE_SKIPS)
-
-    def _bad(self, path: str, err: BaseException, skips: int) -> None:
-        """Raise, or (``skip``) log ``path`` the first time this process meets it and count it when it is the file
-        asked for (``skips == 1``; the files after it tried in its place are counted when they are asked for)."""
-        reason = self.bad_reason(path, err)
-        if self.on_bad_sample == "raise":
-            raise self.bad_sample_error(path, reason) from err
-        if skips >= MAX_CONSECUTIVE_SKIPS:
-            raise BadSampleError(
-                f"{skips} files in a row cannot be read, the last {path} ({reason}): is {Path(path).parent.parent} "
-                f"a folder of class folders of {self.noun}s?"
-            ) from err
-        if skips == 1:
-            info = get_worker_info()
-            self.skipped[0 if info is None else 1 + info.id % 64] += 1
-        if path not in self._warned:
-            self._warned.add(path)
-            log.warning("skipped %s: cannot read it (%s); the next readable file is taken in its place", path, reason)
-
-
-def count_skips(loader: Any, split: str) -> Any:
-    """``loader`` (a ``DataLoader``) logging, at the end of each pass, how many files its data set skipped in it,
-    when that data set is (or wraps) a :class:`SkipUnreadable` with ``on_bad_sample="skip"`` (each file was named
-    when it was skipped)."""
-    ds = loader.dataset
-    while not isinstance(ds, SkipUnreadable) and hasattr(ds, "dataset"):
-        ds = ds.dataset
-    if not isinstance(ds, SkipUnreadable) or ds.on_bad_sample != "skip":
-        return loader
-    base, counts, noun = type(loader), ds.skipped, ds.noun
-
-    def report(before: int) -> None:
-        n = int(counts.sum()) - before
-        if n:
-            log.warning(
-                "skipped %d unreadable %s(s) in this pass over %s (data.on_bad_sample=skip, each named when first "
-                "met), each replaced by the next readable file",
-                n,
-                noun,
-                split,
-            )
-
-    def __iter__(self):  # noqa: N807  (Lightning stops after len(loader) batches: the count comes with the last)
-        before, last, reported = int(counts.sum()), len(self), False
-        for i, batch in enumerate(base.__iter__(self), 1):
-            if getattr(self, "batches_yielded", i) == last:
-                report(before)
-                reported = True
-            yield batch
-        if not reported:
-            report(before)
-
-    loader.__class__ = type(base.__name__, (base,), {"__iter__": __iter__, "__module__": base.__module__})
-    return loader
 
 
 class SplitMismatchError(ValueError):

@@ -48,15 +48,9 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
-from vitrel.data.datasets import (
-    ON_BAD_SAMPLE,
-    DatasetIntegrityError,
-    SkipUnreadable,
-    count_skips,
-    load_rgb,
-    rgb_8bit,
-)
+from vitrel.data.datasets import ON_BAD_SAMPLE, DatasetIntegrityError, load_rgb, rgb_8bit
 from vitrel.data.shards import ShardLoader, guard_bad_samples
+from vitrel.data.unreadable import LeaveOutCollate, SkipUnreadable
 
 log = logging.getLogger(__name__)
 
@@ -83,8 +77,9 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
     ones scaled to 8 bits (:func:`~vitrel.data.datasets.load_rgb`; torchvision's loader clips them) unless ``loader``
     is given. A file that cannot be read (truncated, empty, not an image) raises a :class:`BadSampleError` naming
     it and ``data.on_bad_sample=skip`` (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the
-    next readable file of the split, with its own label, is returned in its place
-    (:class:`~vitrel.data.datasets.SkipUnreadable`; ``skipped`` counts them)."""
+    next readable file of the split, with its own label, is returned in its place; in a
+    :meth:`~vitrel.data.unreadable.SkipUnreadable.leaving_out` copy (evaluation), the sample is ``None`` (left out)
+    (:class:`~vitrel.data.unreadable.SkipUnreadable` counts them)."""
 
     noun = "image file"
     read_errors = READ_ERRORS
@@ -106,12 +101,18 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
             return "an empty file" if os.path.getsize(path) == 0 else "not an image file PIL can identify"
         return super().bad_reason(path, err)
 
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
+    def sample_path(self, index: int) -> str:
+        return self.samples[index][0]
+
+    def __getitem__(self, index: int) -> tuple[Any, Any] | None:
         def read(i: int) -> tuple[Any, int]:
             path, target = self.samples[i]
             return self.loader(path), target
 
-        sample, target = self.read_or_skip(index, len(self.samples), lambda i: self.samples[i][0], read)
+        item = self.read_or_skip(index, read)
+        if item is None:  # (left out: evaluation)
+            return None
+        sample, target = item
         if self.transform is not None:
             sample = self.transform(sample)
         if self.target_transform is not None:
@@ -410,9 +411,21 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
             return dist.get_world_size(), dist.get_rank()
         return super()._ranks()
 
+    def _source(self, split: str) -> tuple[Dataset, Any]:
+        """The split's files; an evaluation split's leave out what cannot be read (``on_bad_sample="skip"``: each
+        file scored once, :class:`~vitrel.data.unreadable.SkipUnreadable`), where training reads the next file."""
+        ds, idx = super()._source(split)
+        return (ds.leaving_out() if split != "train" and isinstance(ds, SkipUnreadable) else ds), idx
+
+    @property
+    def collate_fn(self) -> Any:
+        """The base collate, dropping the samples an evaluation split left out (``on_bad_sample="skip"``)."""
+        collate = super().collate_fn
+        return LeaveOutCollate(collate) if self.on_bad_sample == "skip" else collate
+
     def _loader(self, split: str) -> DataLoader:
         if not self.iterable:
-            return count_skips(super()._loader(split), split)
+            return super()._loader(split)
         train = split == "train"
         world, rank = self._ranks()
         ds = self._datasets.get(split)

@@ -225,7 +225,8 @@ class TranslateCanvas:
 
 
 class MappedDataset(Dataset):
-    """``(x, y) -> (transform(x), y)`` over a dataset of raw ``(image, label)`` pairs."""
+    """``(x, y) -> (transform(x), y)`` over a dataset of raw ``(image, label)`` pairs; ``None`` (a file an evaluation
+    split left out: :mod:`vitrel.data.unreadable`) stays ``None``."""
 
     def __init__(self, dataset: Dataset, transform: Callable | None = None) -> None:
         self.dataset = dataset
@@ -234,8 +235,11 @@ class MappedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
-        x, y = self.dataset[index]
+    def __getitem__(self, index: int) -> tuple[Any, Any] | None:
+        item = self.dataset[index]
+        if item is None:
+            return None
+        x, y = item
         return (self.transform(x) if self.transform is not None else x), y
 
 

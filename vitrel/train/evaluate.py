@@ -42,6 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
 from vitrel.config import ConfigError, check_moved_keys
+from vitrel.data.unreadable import ReportUnreadable
 from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import run_checkpoint, stored_config
 from vitrel.models.data_config import stored_data_config
@@ -474,18 +475,18 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
 
     module = ClassifierModule(model, num_classes=dm.num_classes)
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
-    counted = CountTestImages()
+    counted, unreadable = CountTestImages(), ReportUnreadable(test_split=split)  # (unreadable: on_bad_sample=skip)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,
-        callbacks=[*progress_callbacks(bar), counted],
+        callbacks=[*progress_callbacks(bar), counted, unreadable],
         enable_progress_bar=bar in ("rich", "tqdm"),
         enable_checkpointing=False,
     )
     dm.setup("test" if split == "test" else "validate")
     scored = _SplitData(dm, split)
     res = trainer.test(module, datamodule=scored, verbose=False)
-    loader = scored.loader
+    loader, left_out = scored.loader, unreadable.left_out.get(split, [])
     metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
     grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
     if is_video_data(dm):  # (T, H, W) of the tubelets
@@ -507,7 +508,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "metrics": metrics,
         **({k: getattr(dm, k) for k in ("num_frames", *_CLIP_KEYS) if hasattr(dm, k)}),  # a video's clips
         "num_images": counted.count,  # scored: fewer than the split's with trainer.limit_test_batches
-        "split_images": len(loader.dataset),
+        "split_images": len(loader.dataset) - len(left_out),  # the readable ones
+        "unreadable": left_out,  # left out (data.on_bad_sample=skip), each named in the test's log line
         "wall_s": round(time.time() - t0, 2),
     }
     if trainer.is_global_zero:
@@ -527,5 +529,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         n, total = result["num_images"], result["split_images"]
         part = f"{n} of its {total} images{counted.classes_note()}: trainer.limit_test_batches"
         images = f"{n} images" if n == total else part
+        images += f", {len(left_out)} unreadable files left out" if left_out else ""
         print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}: {shown}", flush=True)
     return metrics

@@ -249,7 +249,9 @@ class ClassifierModule(L.LightningModule):
             for m in self.train_metrics.values():
                 m.reset()
 
-    def _eval_step(self, batch: tuple[Tensor | dict, Tensor], stage: str) -> None:
+    def _eval_step(self, batch: tuple[Tensor | dict, Tensor] | None, stage: str) -> None:
+        if batch is None:  # every file of the batch unreadable, left out (data.on_bad_sample=skip)
+            return
         x, y = batch
         n = _num_images(x, y)
         self._step_begins()

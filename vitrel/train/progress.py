@@ -136,6 +136,8 @@ class CountTestImages(Callback):
         self._seen = torch.zeros(self.num_classes, device=pl_module.device) if self.num_classes else None
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        if batch is None:  # (unreadable files only, left out: vitrel.data.unreadable)
+            return
         y = batch[1]
         self.count += int(y.shape[0])
         if self._seen is not None and y.ndim == 1 and not y.is_floating_point():  # class indices

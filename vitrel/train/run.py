@@ -29,6 +29,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
 from vitrel.config import check_moved_keys, check_resume
+from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.build import (
     adopt_normalisation,
     build_model,
@@ -151,10 +152,11 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
     counted, validated = CountTestImages(), CountValidations()  # the test images scored, the validations run
+    unreadable = ReportUnreadable()  # (data.on_bad_sample=skip: each pass's files replaced or left out, logged)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=loggers or False,
-        callbacks=cbs + progress_callbacks(bar) + [counted, validated],
+        callbacks=cbs + progress_callbacks(bar) + [counted, validated, unreadable],
         enable_progress_bar=bar in ("rich", "tqdm"),
         plugins=[*trainer_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
@@ -184,7 +186,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             adopt_csv_columns(loggers)
             for res in trainer.test(module, datamodule=dm, verbose=False):
                 metrics.update(scalars(res))
-            tested = (counted.count, split_size(trainer.test_dataloaders))
+            tested = (counted.count, split_size(trainer.test_dataloaders, unreadable.left_out.get("test", ())))
         status = "finished"
         wandb_run = wandb_where(loggers)
     finally:

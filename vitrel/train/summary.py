@@ -4,6 +4,7 @@ that had nothing left to train (:func:`resumed_finished`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +50,12 @@ def tested_part(scored: int | None, split: int | None) -> bool:
     return scored is not None and split is not None and scored < split
 
 
-def split_size(loaders: Any) -> int | None:
-    """The number of samples of the test loader's data set (None when it has no length: a stream)."""
+def split_size(loaders: Any, left_out: Sequence[str] = ()) -> int | None:
+    """The number of samples of the test loader's data set, less the unreadable files ``left_out`` of it
+    (:class:`~vitrel.data.unreadable.ReportUnreadable`); None when it has no length (a stream)."""
     loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
     try:
-        return len(loader.dataset)
+        return len(loader.dataset) - len(left_out)
     except (AttributeError, TypeError):
         return None
 

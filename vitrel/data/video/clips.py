@@ -46,12 +46,15 @@ from torch.utils.data import Dataset
 from torchvision.transforms import InterpolationMode
 
 from vitrel.data.augment import normalize, resize_crop
-from vitrel.data.datasets import SKIP_HINT, BadSampleError, SkipUnreadable
+from vitrel.data.datasets import BadSampleError
+from vitrel.data.unreadable import SKIP_HINT, SkipUnreadable
 
 __all__ = [
     "SAMPLINGS",
     "VideoDecodeError",
     "clip_span",
+    "warn_short_video",
+    "VideoFileClips",
     "clip_indices",
     "uniform_starts",
     "random_start",
@@ -120,6 +123,24 @@ def random_start(video_frames: int, num_frames: int, stride: int, generator: tor
     """A start drawn uniformly from ``0 .. max(video_frames - span, 0)`` (torch's generator, or ``generator``)."""
     delta = max(video_frames - clip_span(num_frames, stride), 0)
     return int(torch.randint(delta + 1, (), generator=generator))
+
+
+def warn_short_video(path: str | Path, video_frames: int, num_frames: int, stride: int) -> bool:
+    """Whether video ``path`` of ``video_frames`` frames has fewer than half the frames a clip spans
+    (:func:`clip_span`); if so, one warning names it: its clips are mostly its last frame repeated."""
+    span = clip_span(num_frames, stride)
+    if 2 * video_frames >= span:
+        return False
+    log.warning(
+        "%s has %d frame(s), fewer than half the %d a clip of %d frames %d apart spans: its clips repeat its last "
+        "frame (data.num_frames, data.stride)",
+        path,
+        video_frames,
+        span,
+        num_frames,
+        stride,
+    )
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -277,9 +298,9 @@ class VideoClips(SkipUnreadable, Dataset):
 
     A video that does not decode raises :class:`VideoDecodeError` naming it and ``data.on_bad_sample=skip``
     (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the next video that decodes, with its
-    own label, is read in its place (:class:`~vitrel.data.datasets.SkipUnreadable`; ``skipped`` counts them). A
-    video with fewer than half the frames a clip spans (:func:`clip_span`) is named in one warning (once per video,
-    the DataLoader workers included): its clips are mostly its last frame repeated.
+    own label, is read in its place; with ``leave_out`` too (evaluation), the sample is ``None``, left out
+    (:class:`~vitrel.data.unreadable.SkipUnreadable` counts them). A video with fewer than half the frames a clip
+    spans is named in one warning (:func:`warn_short_video`; once per video, the DataLoader workers included).
     """
 
     noun = "video file"
@@ -294,15 +315,16 @@ class VideoClips(SkipUnreadable, Dataset):
         clips_per_video: int = 1,
         transform: Callable[[Tensor], Any] | None = None,
         on_bad_sample: str = "raise",
+        leave_out: bool = False,
     ) -> None:
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         _check_clip(num_frames, stride)
         if clips_per_video < 1 or (sampling == "random" and clips_per_video != 1):
             raise ValueError(f"clips_per_video must be >= 1 (1 with random sampling), got {clips_per_video}")
-        self.init_skips(on_bad_sample)
         self.videos, self.num_frames, self.stride = videos, int(num_frames), int(stride)
         self.sampling, self.clips_per_video, self.transform = sampling, int(clips_per_video), transform
+        self.init_skips(on_bad_sample, leave_out)
         self._named_short = torch.zeros(len(self), dtype=torch.bool).share_memory_()  # (shared with the workers)
 
     def __len__(self) -> int:
@@ -320,28 +342,61 @@ class VideoClips(SkipUnreadable, Dataset):
             return [random_start(video_frames, self.num_frames, self.stride)]
         return uniform_starts(video_frames, self.num_frames, self.stride, self.clips_per_video)
 
+    def sample_path(self, index: int) -> str:
+        return str(self.videos[index][0])
+
     def _read(self, index: int) -> tuple[Tensor, int]:
         """Video ``index``'s frames, uint8 ``[K * T, 3, H, W]``, and its label."""
         path, label = self.videos[index]
-        span = clip_span(self.num_frames, self.stride)
 
         def choose(n: int) -> list[int]:  # the clips' frames, one clip after the other
-            if 2 * n < span and not self._named_short[index]:
+            if not self._named_short[index] and warn_short_video(path, n, self.num_frames, self.stride):
                 self._named_short[index] = True
-                log.warning(
-                    "%s has %d frame(s), fewer than half the %d a clip of %d frames %d apart spans: its clips repeat "
-                    "its last frame (data.num_frames, data.stride)",
-                    path,
-                    n,
-                    span,
-                    self.num_frames,
-                    self.stride,
-                )
             return [i for s in self.clip_starts(n) for i in clip_indices(n, self.num_frames, self.stride, s).tolist()]
 
         return read_clip(path, choose), int(label)
 
-    def __getitem__(self, index: int) -> tuple[Any, int]:
-        frames, label = self.read_or_skip(index, len(self), lambda i: str(self.videos[i][0]), self._read)
+    def __getitem__(self, index: int) -> tuple[Any, int] | None:
+        item = self.read_or_skip(index, self._read)
+        if item is None:  # (left out: evaluation)
+            return None
+        frames, label = item
         clips = [self.transform(c) if self.transform is not None else c for c in frames.split(self.num_frames)]
         return (clips[0] if len(clips) == 1 else torch.stack(clips)), label
+
+
+def _grey(frames: Tensor) -> Tensor:
+    """uint8 RGB ``[T, 3, H, W]`` -> ``[T, 1, H, W]`` by PIL's ``convert("L")``, as the image path converts."""
+    from PIL import Image
+
+    grey = [np.asarray(Image.fromarray(f.permute(1, 2, 0).numpy()).convert("L")) for f in frames]
+    return torch.from_numpy(np.stack(grey))[:, None]
+
+
+class VideoFileClips(Dataset):
+    """``predict.py``'s videos: ``files[i]`` -> ``(i, clips [K, C, T, H, W], None)``, its ``K`` uniform clips
+    (``sampling``: ``(num_frames, stride, K)``, :func:`uniform_starts`), decoded in one pass, each through
+    ``transform`` (``grey``: converted to one channel first); a file that does not decode gives ``(i, None, reason)``
+    (skipped and counted by predict's loop). A video far shorter than a clip is named in one warning
+    (:func:`warn_short_video`, as in training and evaluation)."""
+
+    def __init__(self, files: Sequence[Path], sampling: tuple[int, int, int], transform: Any, grey: bool) -> None:
+        self.files, self.sampling, self.transform, self.grey = list(files), sampling, transform, grey
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int) -> tuple[int, Tensor | None, str | None]:
+        t, stride, k = self.sampling
+
+        def choose(n: int) -> list[int]:  # the K clips' frames, one after the other
+            warn_short_video(self.files[i], n, t, stride)
+            return [j for s in uniform_starts(n, t, stride, k) for j in clip_indices(n, t, stride, s).tolist()]
+
+        try:
+            frames = read_clip(self.files[i], choose)  # [K * T, 3, H, W]
+        except VideoDecodeError as e:
+            return i, None, str(e)
+        if self.grey:
+            frames = _grey(frames)
+        return i, torch.stack([self.transform(clip) for clip in frames.split(t)]), None

@@ -20,8 +20,9 @@ epoch); evaluation a video's ``clips_per_video`` evenly spaced clips as one samp
 of its clips' softmax (multi-view testing, as VideoMAE's and Video Swin's). Normalisation: timm's ImageNet mean
 and std (as VideoMAE's). A missing folder, or a train class folder without videos, raises ``DatasetNotFoundError``
 naming it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDecodeError` naming the file and
-``data.on_bad_sample=skip``; with ``on_bad_sample="skip"`` such a file is logged by name, the next video that decodes
-(with its own label) is read in its place, and the count comes with each pass's last batch, as for image folders.
+``data.on_bad_sample=skip``; with ``on_bad_sample="skip"`` such a file is logged by name and, in training, the next
+video that decodes (with its own label) is read in its place; in evaluation it is left out (each video that decodes
+scored once); a count at the end of each pass, as for image folders (:mod:`vitrel.data.unreadable`).
 A class folder that is a link to nothing is named in a warning and passed over.
 """
 
@@ -32,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from vitrel.data.datasets import ON_BAD_SAMPLE, DatasetNotFoundError, count_skips
+from vitrel.data.datasets import ON_BAD_SAMPLE, DatasetNotFoundError
 from vitrel.data.imagenet import FixedClassImageFolder, LazyClasses, locate_class_folders
+from vitrel.data.unreadable import LeaveOutCollate
 from vitrel.data.video.base import VideoDataModule
 from vitrel.data.video.clips import VideoClips
 
@@ -138,7 +140,11 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
             clips_per_video=1 if training else self.clips_per_video,
             transform=transform,
             on_bad_sample=self.on_bad_sample,
+            leave_out=not training,  # (evaluation: each video that decodes scored once, the others left out)
         )
 
-    def _loader(self, split: str) -> DataLoader:
-        return count_skips(super()._loader(split), split)  # (skip: the count of each pass)
+    @property
+    def collate_fn(self) -> Any:
+        """The base collate, dropping the videos an evaluation split left out (``on_bad_sample="skip"``)."""
+        collate = super().collate_fn
+        return LeaveOutCollate(collate) if self.on_bad_sample == "skip" else collate

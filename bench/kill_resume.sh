@@ -3,6 +3,7 @@
 # the user's path (train.py, its checkpoints, its CSV log), not the test suite's. Prints, per column of metrics.csv,
 # the largest difference between the two runs, and the largest difference of the last checkpoints' weights.
 #   bash bench/kill_resume.sh [OUT_DIR] [extra train.py overrides...]     (two runs of the recipe: ~10 min each, 2 cores)
+#   DDP on CPU: bash bench/kill_resume.sh OUT trainer=ddp trainer.accelerator=cpu trainer.devices=2 trainer.precision=32-true
 # The kill comes once last.ckpt holds step 30 (a step checkpoint every 15 steps; epochs of 141 steps).
 set -euo pipefail
 out=${1:-/tmp/vitrel_kill_resume}; shift || true
@@ -10,15 +11,15 @@ args=(experiment=fmnist_quick logger=csv trainer.max_epochs=2 callbacks.last_che
       progress_bar=lines "$@")
 rm -rf "$out" && mkdir -p "$out"
 python train.py "${args[@]}" hydra.run.dir="$out/uninterrupted" > "$out/uninterrupted.log" 2>&1
-python train.py "${args[@]}" hydra.run.dir="$out/killed" > "$out/killed.log" 2>&1 &
-pid=$!
+setsid python train.py "${args[@]}" hydra.run.dir="$out/killed" > "$out/killed.log" 2>&1 &
+pid=$!  # its own process group: a DDP run's other ranks are killed with it, as a node dies
 step_of_last() {  # the global step of <run>/checkpoints/last.ckpt, or -1
   python -c "import sys, torch
 try: print(torch.load(sys.argv[1], map_location='cpu', weights_only=False)['global_step'])
 except Exception: print(-1)" "$out/killed/checkpoints/last.ckpt"
 }
 until [ "$(step_of_last)" -ge 30 ]; do sleep 1; done
-kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+kill -9 -- -"$pid"; wait "$pid" 2>/dev/null || true
 echo "killed after the checkpoint of step $(step_of_last)"
 python train.py "${args[@]}" hydra.run.dir="$out/killed" > "$out/resumed.log" 2>&1
 python - "$out" <<'PY'

@@ -8,7 +8,8 @@ groups (no weight decay on position tables, RoPE frequencies, embeddings, tokens
 ``ModelEmaV3`` as ``ema_model``), used for validation and test when ``ema_eval``. Metrics: top-1 /
 top-5 accuracy (torchmetrics); the losses' epoch means are torchmetrics ``MeanMetric`` objects too (exact over ranks).
 The training metrics' running totals are part of the state dict (``persistent``), so a run resumed
-from a mid-epoch checkpoint ends the epoch with the metrics of the uninterrupted run.
+from a mid-epoch checkpoint ends the epoch with the metrics of the uninterrupted run; under DDP a checkpoint holds
+their sums over the ranks, and a resume gives them to rank 0 (the other ranks start from zero).
 
 Batches are ``(images [B, C, H, W], targets [B])`` or, with ``data.packing``, ``(NaFlex batch dict, targets
 [num_images])`` (:mod:`vitrel.data.packing`: rows packing several images; the model returns one row of logits per
@@ -326,21 +327,30 @@ class ClassifierModule(L.LightningModule):
             self.hparams["data_config"] = data_config_of(getattr(self.trainer, "datamodule", None))
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """The model's config; under DDP the training metrics' running totals summed over the ranks (each process
+        holds its own share; Lightning calls this on every rank and writes rank 0's dict)."""
         cfg = getattr(self.model, "vitrel_cfg", None)
         if cfg is not None:
             checkpoint["vitrel_cfg"] = copy.deepcopy(cfg)
+        sd = checkpoint.get("state_dict")
+        if isinstance(sd, dict) and _world() > 1:
+            for name, metric in self.train_metrics.items():
+                with metric.sync_context():  # the ranks' totals reduced as compute() would; the own ones after
+                    sd.update({k: v.clone() for k, v in metric.state_dict(prefix=f"{name}.").items()})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Resume from checkpoints of vitrel 0.1 (EMA weights under ``ema_model.*``, now
         ``ema_model.module.*``); a checkpoint without EMA weights starts the EMA from its weights; one
-        without the training metrics' totals (vitrel <= 0.2) starts them from zero."""
+        without the training metrics' totals (vitrel <= 0.2) starts them from zero. The totals are the whole run's
+        (summed over its ranks): under DDP rank 0 takes them and the other ranks start from zero, so that the epoch's
+        sum over the ranks counts each batch once, whatever the number of ranks before."""
         sd = checkpoint.get("state_dict")
         if not isinstance(sd, dict):
             return
         for name, metric in self.train_metrics.items():
             metric.reset()
             zero = metric.state_dict(prefix=f"{name}.")
-            if not any(k in sd for k in zero):
+            if _rank() > 0 or not any(k in sd for k in zero):
                 sd.update({k: v.clone() for k, v in zero.items()})
         ema_keys = [k for k in sd if k.startswith(_EMA)]
         if ema_keys and self.ema_model is None:
@@ -357,6 +367,18 @@ class ClassifierModule(L.LightningModule):
         elif not any(k.startswith(f"{_EMA}module.") for k in ema_keys):  # vitrel 0.1 layout
             for k in ema_keys:
                 sd[f"{_EMA}module.{k[len(_EMA) :]}"] = sd.pop(k)
+
+
+def _world() -> int:
+    """The processes of the default process group (1 without one)."""
+    dist = torch.distributed
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _rank() -> int:
+    """This process's rank in the default process group (0 without one)."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def data_config_of(dm: Any) -> dict[str, Any] | None:

@@ -64,9 +64,14 @@ def test_a_finetune_normalises_as_the_pretrained_weights_and_eval_scores_so(sour
     assert stored["mean"] == HALF and stored["std"] == HALF and stored["interpolation"] == "bicubic", stored
 
     ev = tmp_path / "eval"
-    evaluate(compose(ev, [f"ckpt_path={ckpt}", *args[:4]], config_name="eval"))
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        evaluate(compose(ev, [f"ckpt_path={ckpt}", *args[:4]], config_name="eval"))
     taken = json.loads((ev / "eval_metrics.json").read_text())["data_from_run"]
     assert taken["mean"] == HALF and taken["std"] == HALF and taken["interpolation"] == "bicubic", taken
+    said = [r.getMessage() for r in caplog.records if "data.mean=" in r.getMessage()]  # train.py's line, in its form
+    assert len(said) == 1 and "data.std=[0.5,0.5,0.5] data.interpolation=bicubic: those last.ckpt was" in said[0]
+    assert "CIFARDataModule's own: mean [0.4914,0.4822,0.4465]" in said[0], said
 
     ckpt = _run(tmp_path / "given", [*args, "trainer.max_epochs=1", "data.mean=[0.4,0.4,0.4]"], caplog)
     stored = stored_data_config(ckpt)

@@ -23,22 +23,24 @@ def _grey(**kwargs) -> ArrayDataModule:
 
 def test_adopt_takes_the_null_keys_per_channel_sets_and_logs_them(caplog):
     dm = _grey(std=[0.25])
-    offered = {"mean": [0.2, 0.4, 0.6], "std": [0.5, 0.5, 0.5], "interpolation": "bicubic", "input_size": [3, 9, 9]}
+    offered = {"mean": [0.2, 0.4, 0.6], "std": [0.5, 0.5, 0.5], "interpolation": "bicubic", "crop_pct": 0.9}
+    offered["input_size"] = [3, 9, 9]
     with caplog.at_level(logging.INFO):
         taken = dm.adopt(offered, "the weights'", {**NULL, "std": [0.25]})
     # the RGB mean averaged to the grey channel; data.std given: kept; what is not preprocessing: not taken
-    assert taken == {"mean": [pytest.approx(0.4)], "interpolation": "bicubic"}, taken
+    assert taken == {"mean": [pytest.approx(0.4)], "interpolation": "bicubic", "crop_pct": 0.9}, taken
     assert dm.mean == pytest.approx((0.4,)) and dm.std == (0.25,) and dm.interpolation == "bicubic"
+    assert dm.crop_pct == 0.9 and dm.eval_transform(32).transforms[0].scale == 35  # floor(32 / 0.9)
     said = [r.getMessage() for r in caplog.records if "data.mean=" in r.getMessage()]
     assert len(said) == 1, said
-    assert said[0].startswith("data.mean=[0.4") and "data.interpolation=bicubic: the weights'; " in said[0], said
-    own = f"ArrayDataModule's own: mean [{dm.dataset_mean[0]:.4g}], interpolation bilinear"
+    assert said[0].startswith("data.mean=[0.4] data.interpolation=bicubic data.crop_pct=0.9: the weights'; "), said
+    own = f"ArrayDataModule's own: mean [{dm.dataset_mean[0]:.4g}], interpolation bilinear, crop_pct 1"
     assert f"{own} (data.<key>=<v> for others)" in said[0], said
 
 
 def test_adopt_takes_only_what_differs_unless_always(caplog):
     dm = _grey()
-    same = {"mean": list(dm.mean), "std": list(dm.std), "interpolation": dm.interpolation}
+    same = {"mean": list(dm.mean), "std": list(dm.std), "interpolation": dm.interpolation, "crop_pct": dm.crop_pct}
     with caplog.at_level(logging.INFO):
         assert dm.adopt(same, "the checkpoint's", NULL) == {}
     assert not [r for r in caplog.records if "data.mean=" in r.getMessage()]  # nothing taken: nothing said
@@ -46,4 +48,5 @@ def test_adopt_takes_only_what_differs_unless_always(caplog):
     taken = dm.adopt({**same, "interpolation": "bicubic"}, "the checkpoint's", NULL)
     assert taken == {"interpolation": "bicubic"} and dm.interpolation == "bicubic"
     assert dm.adopt(same, "the weights'", NULL, always=True) == {**same, "interpolation": "bilinear"}
-    assert dm.adopt(same, "the weights'", {**NULL, "mean": [0.1], "std": [0.2], "interpolation": "nearest"}) == {}
+    given = {"mean": [0.1], "std": [0.2], "interpolation": "nearest", "crop_pct": 0.8}
+    assert dm.adopt({**same, "crop_pct": 0.95}, "the weights'", given) == {}

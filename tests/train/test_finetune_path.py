@@ -21,7 +21,7 @@ from vitrel.train.run import train
 
 SHORT = ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
 SHORT += ["logger=none", "test=false"]
-TIMM = "vit_tiny_patch16_224"  # pretrained_cfg: mean = std = 0.5, bicubic (CIFAR-10's: 0.4914 ..., bilinear)
+TIMM = "vit_tiny_patch16_224"  # pretrained_cfg: mean = std = 0.5, bicubic, crop_pct 0.9 (CIFAR-10's: bilinear, 1.0)
 HALF = [0.5, 0.5, 0.5]
 
 
@@ -52,16 +52,17 @@ def _run(run, args, caplog):
 
 
 def test_a_finetune_normalises_as_the_pretrained_weights_and_eval_scores_so(sources, tmp_path, caplog):
-    """Without ``data.mean`` / ``data.std`` / ``data.interpolation`` the run takes the pretrained weights' (timm's
-    convention) and says so with the data set's own; the checkpoint stores them and eval.py normalises with them
-    though the run record says null; a ``data.mean`` given wins."""
+    """Without ``data.mean`` / ``data.std`` / ``data.interpolation`` / ``data.crop_pct`` the run takes the pretrained
+    weights' (timm's convention) and says so with the data set's own; the checkpoint stores them and eval.py
+    preprocesses with them though the run record says null; a value given wins."""
     _, _, args = sources
     ckpt = _run(tmp_path / "run", [*args, "trainer.max_epochs=1"], caplog)
     said = [r.getMessage() for r in caplog.records if "data.mean=" in r.getMessage()]
-    assert len(said) == 1 and "data.std=[0.5,0.5,0.5] data.interpolation=bicubic" in said[0], said
-    assert "CIFARDataModule's own: mean [0.4914,0.4822,0.4465]" in said[0] and "bilinear" in said[0], said
+    assert len(said) == 1 and "data.std=[0.5,0.5,0.5] data.interpolation=bicubic data.crop_pct=0.9:" in said[0], said
+    assert "CIFARDataModule's own: mean [0.4914,0.4822,0.4465]" in said[0] and "bilinear, crop_pct 1 " in said[0]
     stored = stored_data_config(ckpt)
     assert stored["mean"] == HALF and stored["std"] == HALF and stored["interpolation"] == "bicubic", stored
+    assert stored["crop_pct"] == 0.9, stored  # the evaluation crop of timm's resolve_data_config(model=model)
 
     ev = tmp_path / "eval"
     caplog.clear()
@@ -69,13 +70,14 @@ def test_a_finetune_normalises_as_the_pretrained_weights_and_eval_scores_so(sour
         evaluate(compose(ev, [f"ckpt_path={ckpt}", *args[:4]], config_name="eval"))
     taken = json.loads((ev / "eval_metrics.json").read_text())["data_from_run"]
     assert taken["mean"] == HALF and taken["std"] == HALF and taken["interpolation"] == "bicubic", taken
+    assert taken["crop_pct"] == 0.9, taken
     said = [r.getMessage() for r in caplog.records if "data.mean=" in r.getMessage()]  # train.py's line, in its form
-    assert len(said) == 1 and "data.std=[0.5,0.5,0.5] data.interpolation=bicubic: those last.ckpt was" in said[0]
+    assert len(said) == 1 and "data.interpolation=bicubic data.crop_pct=0.9: those last.ckpt was" in said[0]
     assert "CIFARDataModule's own: mean [0.4914,0.4822,0.4465]" in said[0], said
 
-    ckpt = _run(tmp_path / "given", [*args, "trainer.max_epochs=1", "data.mean=[0.4,0.4,0.4]"], caplog)
-    stored = stored_data_config(ckpt)
-    assert stored["mean"] == pytest.approx([0.4] * 3) and stored["std"] == HALF, stored
+    given = ["data.mean=[0.4,0.4,0.4]", "data.crop_pct=1.0"]
+    stored = stored_data_config(_run(tmp_path / "given", [*args, "trainer.max_epochs=1", *given], caplog))
+    assert stored["mean"] == pytest.approx([0.4] * 3) and stored["std"] == HALF and stored["crop_pct"] == 1.0, stored
 
 
 def test_from_checkpoint_of_a_finetune_keeps_its_normalisation(sources, tmp_path, caplog):

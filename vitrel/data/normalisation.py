@@ -18,7 +18,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info
 __all__ = ["ADOPTED", "Normalisation"]
 
 #: the data keys :meth:`Normalisation.adopt` takes from weights: the preprocessing they expect (timm's data config)
-ADOPTED = ("mean", "std", "interpolation")
+ADOPTED = ("mean", "std", "interpolation", "crop_pct")
 
 
 def _floats(values: Sequence[float], key: str) -> tuple[float, ...]:
@@ -39,6 +39,7 @@ class Normalisation:
     given_mean: tuple[float, ...] | None = None
     given_std: tuple[float, ...] | None = None
     interpolation: str  # (set by the data module)
+    crop_pct: float
 
     @property
     def mean(self) -> tuple[float, ...]:
@@ -67,13 +68,15 @@ class Normalisation:
             self.given_std = _floats(std, "data.std")
 
     def adopt(self, values: Mapping[str, Any], whose: str, config: Mapping[str, Any], always: bool = False) -> dict:
-        """Preprocess as weights expect: of ``values`` (a data config: ``mean``, ``std``, ``interpolation``, the keys
-        of :data:`ADOPTED`), take those ``config`` (the ``data`` node) leaves null, means and standard deviations as
-        one value per channel of this module (averaged for another channel count, as timm adapts a patch embedding).
-        Those that differ from this module's own (``always``: all) are set, before the data is set up, and logged in
-        one line with the module's own; ``whose``: whose values they are. Returns the values set."""
+        """Preprocess as weights expect: of ``values`` (a data config: ``mean``, ``std``, ``interpolation``,
+        ``crop_pct``, the keys of :data:`ADOPTED`), take those ``config`` (the ``data`` node) leaves null, means and
+        standard deviations as one value per channel of this module (averaged for another channel count, as timm
+        adapts a patch embedding). Those that differ from this module's own (``always``: all) are set, before the data
+        is set up, and logged in one line with the module's own; ``whose``: whose values they are. Returns the values
+        set."""
         chans = getattr(self, "in_chans", None)
         own = {"mean": list(self.mean), "std": list(self.std), "interpolation": self.interpolation}
+        own["crop_pct"] = self.crop_pct
         keys = [k for k in ADOPTED if config.get(k) is None and values.get(k) is not None]
         offered = {k: _value(k, values[k], chans) for k in keys}
         taken = {k: v for k, v in offered.items() if always or not _same(v, own[k])}
@@ -81,7 +84,8 @@ class Normalisation:
             return {}
         self.normalise_with(taken.get("mean"), taken.get("std"))
         self.interpolation = taken.get("interpolation", self.interpolation)
-        given = " ".join(f"data.{k}={_text(v)}" for k, v in taken.items())
+        self.crop_pct = taken.get("crop_pct", self.crop_pct)
+        given = " ".join(f"data.{k}={_text(v, 8)}" for k, v in taken.items())
         mine = ", ".join(f"{k} {_text(own[k], 4)}" for k in taken)
         rank_zero_info(f"{given}: {whose}; {type(self).__name__}'s own: {mine} (data.<key>=<v> for others)")
         return taken
@@ -103,9 +107,11 @@ class Normalisation:
 
 def _value(key: str, value: Any, chans: int | None) -> Any:
     """``value`` of ``data.<key>`` as a data module takes it: ``mean`` / ``std`` one float per channel (averaged for
-    another channel count; ``chans`` None: as given), ``interpolation`` a string."""
+    another channel count; ``chans`` None: as given), ``interpolation`` a string, ``crop_pct`` a float."""
     if key == "interpolation":
         return str(value)
+    if key == "crop_pct":
+        return float(value)
     out = [float(v) for v in value]
     return out if chans is None or len(out) == chans else [sum(out) / len(out)] * int(chans)
 
@@ -116,8 +122,8 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
-def _text(v: Any, digits: int | None = None) -> str:
-    """``v`` as a command-line override writes it (``digits``: significant digits of floats, else all)."""
+def _text(v: Any, digits: int) -> str:
+    """``v`` as a command-line override writes it, floats to ``digits`` significant digits."""
     if isinstance(v, list):
         return f"[{','.join(_text(x, digits) for x in v)}]"
-    return f"{v:.{digits}g}" if digits and isinstance(v, float) else str(v)
+    return f"{v:.{digits}g}" if isinstance(v, float) else str(v)

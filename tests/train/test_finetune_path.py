@@ -1,7 +1,7 @@
 """Fine-tuning timm weights with ``train.py model.init_from=timm:<name> model.init_file=<file>``, checked for silent
 wrong answers: the images are normalised as the pretrained weights expect (their ``pretrained_cfg``, not the data
 set's statistics), the checkpoints, ``eval.py`` and ``model=from_checkpoint`` keep that, and a resume is built from
-the checkpoint, not from the pretrained file (which may have moved)."""
+the checkpoint, not from the pretrained file (which may have moved), and refused with other pretrained weights."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.data.test_datamodules import make_cifar_files
-from tests.train_helpers import FAST, compose
+from tests.train_helpers import FAST, compose, run_script
+from vitrel.config import ConfigError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.data_config import stored_data_config
 from vitrel.train.evaluate import evaluate
@@ -110,3 +111,39 @@ def test_a_resumed_finetune_is_built_from_its_checkpoint_not_from_init_file(sour
     assert stored_data_config(ckpt)["mean"] == HALF
     with pytest.raises(CheckpointError, match="holds another model than the one configured"):
         _run(run, [*args, "trainer.max_epochs=3", "pos=rope2d_axial"], caplog)
+
+
+def test_a_resume_from_other_pretrained_weights_is_refused_naming_both(sources, tmp_path, caplog):
+    """The checkpoints record the weights the run started from (``model.init_from`` / ``model.init_file``); a resume
+    configured with others (another tag of the architecture, another file) would go on training the checkpoint's
+    run under their name: ``train.py`` refuses it in one line naming both, before the loggers open, and the run's
+    own weights still resume. A checkpoint that records none (vitrel 0.1's) is not checked."""
+    root, weights, args = sources
+    run = tmp_path / "run"
+    ckpt = _run(run, [*args, "trainer.max_epochs=1"], caplog)
+    recorded = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["started_from"]
+    assert recorded == {"model.init_from": f"timm:{TIMM}", "model.init_file": str(weights)}, recorded
+
+    tagged = [a.replace(f"timm:{TIMM}", f"timm:{TIMM}.augreg_in21k") for a in args]
+    proc = run_script("train.py", [*tagged, "trainer.max_epochs=2", f"hydra.run.dir={run}"], tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    assert last.startswith(f"train.py: ConfigError: {ckpt} was trained from other weights than the configured"), last
+    assert f"(model.init_from: checkpoint timm:{TIMM}, configured timm:{TIMM}.augreg_in21k)" in last, last
+    assert f"Resume with the weights it started from (model.init_from=timm:{TIMM} model.init_file={weights};" in last
+
+    other = root / "other.safetensors"
+    other.write_bytes(weights.read_bytes())
+    with pytest.raises(ConfigError, match=f"model.init_file: checkpoint {weights}, configured {other}"):
+        _run(run, [*[a.replace(str(weights), str(other)) for a in args], "trainer.max_epochs=2"], caplog)
+    assert torch.load(_run(run, [*args, "trainer.max_epochs=2"], caplog), weights_only=True)["epoch"] == 1
+
+
+def test_a_checkpoint_that_records_no_pretrained_weights_is_not_checked():
+    from tests.train.test_compat_train import CKPT
+    from vitrel.train.resume import check_same_start
+
+    old = torch.load(CKPT, map_location="cpu", weights_only=True)  # (vitrel 0.1.0's: no started_from)
+    check_same_start(old, {"model.init_from": f"timm:{TIMM}"}, CKPT)
+    with pytest.raises(ConfigError, match=r"\(model.init_from: checkpoint \(none\), configured timm:.*from scratch"):
+        check_same_start({"hyper_parameters": {"started_from": {}}}, {"model.init_from": f"timm:{TIMM}"}, "x.ckpt")

@@ -6,6 +6,7 @@ its position scheme (those of a ``model=from_checkpoint`` file, whatever the ``p
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ __all__ = [
     "check_pos_override",
     "trainer_plugins",
     "loads_checkpoint",
+    "weights_source",
     "stored_cfg",
     "model_name",
     "pos_name",
@@ -215,6 +217,20 @@ def stored_cfg(model: torch.nn.Module) -> dict[str, Any]:
 def loads_checkpoint(model_cfg: DictConfig) -> bool:
     """``model=from_checkpoint``: the network is ``vitrel.load_model(model.path)``, its scheme the file's."""
     return model_cfg.get("path") is not None and "load_model" in str(model_cfg.get("_target_", ""))
+
+
+def weights_source(model_cfg: DictConfig) -> dict[str, str]:
+    """The pretrained weights a run of ``model_cfg`` starts from, as ``{config key: value}``: ``model.init_from`` and
+    ``model.init_file`` (a timm name and the file of its weights), or ``model.path`` (``model=from_checkpoint``);
+    files as absolute paths. Empty for a run from scratch. Kept in the checkpoints (the module's ``started_from``)."""
+    if model_cfg.get("init_from"):
+        keys = ("init_from", "init_file")
+    elif loads_checkpoint(model_cfg):
+        keys = ("path",)
+    else:
+        return {}
+    out = {f"model.{k}": str(model_cfg[k]) for k in keys if model_cfg.get(k)}
+    return {k: v if k == "model.init_from" else os.path.abspath(os.path.expanduser(v)) for k, v in out.items()}
 
 
 def model_name(cfg: DictConfig, model: torch.nn.Module | None = None) -> str:

@@ -38,6 +38,7 @@ from vitrel.train.build import (
     pos_name,
     stored_cfg,
     trainer_plugins,
+    weights_source,
 )
 from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
@@ -144,7 +145,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     model = build_model(cfg.model, dm, resume)
     normalised = adopt_preprocessing(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std
     check_data_fits_model(dm, model, f"the model ({model_name(cfg, model)})")  # before a batch is made
-    module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
+    started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
+    module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume)  # before the loggers open their files
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger

@@ -5,6 +5,7 @@ the checkpoint, not from the pretrained file (which may have moved), and refused
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 
@@ -122,7 +123,9 @@ def test_a_resume_from_other_pretrained_weights_is_refused_naming_both(sources, 
     run = tmp_path / "run"
     ckpt = _run(run, [*args, "trainer.max_epochs=1"], caplog)
     recorded = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["started_from"]
-    assert recorded == {"model.init_from": f"timm:{TIMM}", "model.init_file": str(weights)}, recorded
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    expected = {"model.init_from": f"timm:{TIMM}", "model.init_file": str(weights), "model.init_file sha256": digest}
+    assert recorded == expected, recorded
 
     tagged = [a.replace(f"timm:{TIMM}", f"timm:{TIMM}.augreg_in21k") for a in args]
     proc = run_script("train.py", [*tagged, "trainer.max_epochs=2", f"hydra.run.dir={run}"], tmp_path)
@@ -133,10 +136,19 @@ def test_a_resume_from_other_pretrained_weights_is_refused_naming_both(sources, 
     assert f"Resume with the weights it started from (model.init_from=timm:{TIMM} model.init_file={weights};" in last
 
     other = root / "other.safetensors"
-    other.write_bytes(weights.read_bytes())
+    other.write_bytes(weights.read_bytes() + b" ")  # (other bytes: not read, the refusal comes first)
     with pytest.raises(ConfigError, match=f"model.init_file: checkpoint {weights}, configured {other}"):
         _run(run, [*[a.replace(str(weights), str(other)) for a in args], "trainer.max_epochs=2"], caplog)
     assert torch.load(_run(run, [*args, "trainer.max_epochs=2"], caplog), weights_only=True)["epoch"] == 1
+
+    moved = root / "moved" / "weights.safetensors"  # the same file at another path: known by its content
+    moved.parent.mkdir()
+    moved.write_bytes(weights.read_bytes())
+    at_moved = [a.replace(str(weights), str(moved)) for a in args]
+    assert torch.load(_run(run, [*at_moved, "trainer.max_epochs=3"], caplog), weights_only=True)["epoch"] == 2
+    gone = [a.replace(str(weights), str(root / "gone.safetensors")) for a in args]
+    with pytest.warns(UserWarning, match=f"model.init_file={moved}; the configured .* is not there to compare"):
+        assert torch.load(_run(run, [*gone, "trainer.max_epochs=4"], caplog), weights_only=True)["epoch"] == 3
 
 
 def test_a_checkpoint_that_records_no_pretrained_weights_is_not_checked():

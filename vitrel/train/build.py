@@ -5,8 +5,8 @@ its position scheme (those of a ``model=from_checkpoint`` file, whatever the ``p
 
 from __future__ import annotations
 
+import hashlib
 import inspect
-import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ __all__ = [
     "trainer_plugins",
     "loads_checkpoint",
     "weights_source",
+    "WEIGHT_FILES",
     "stored_cfg",
     "model_name",
     "pos_name",
@@ -222,7 +223,8 @@ def loads_checkpoint(model_cfg: DictConfig) -> bool:
 def weights_source(model_cfg: DictConfig) -> dict[str, str]:
     """The pretrained weights a run of ``model_cfg`` starts from, as ``{config key: value}``: ``model.init_from`` and
     ``model.init_file`` (a timm name and the file of its weights), or ``model.path`` (``model=from_checkpoint``);
-    files as absolute paths. Empty for a run from scratch. Kept in the checkpoints (the module's ``started_from``)."""
+    files as absolute paths, each with its content's SHA-256 under ``"<key> sha256"`` where it exists (a moved file is
+    known as the same). Empty for a run from scratch. Kept in the checkpoints (the module's ``started_from``)."""
     if model_cfg.get("init_from"):
         keys = ("init_from", "init_file")
     elif loads_checkpoint(model_cfg):
@@ -230,7 +232,28 @@ def weights_source(model_cfg: DictConfig) -> dict[str, str]:
     else:
         return {}
     out = {f"model.{k}": str(model_cfg[k]) for k in keys if model_cfg.get(k)}
-    return {k: v if k == "model.init_from" else os.path.abspath(os.path.expanduser(v)) for k, v in out.items()}
+    for k in [k for k in out if k in WEIGHT_FILES]:
+        path = Path(out[k]).expanduser().absolute()
+        out[k] = str(path)
+        if path.exists():
+            out[f"{k} sha256"] = _sha256(path)
+    return out
+
+
+#: the keys of :func:`weights_source` that name files (the others name weights: ``model.init_from``)
+WEIGHT_FILES = ("model.init_file", "model.path")
+
+
+def _sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, or of a folder's files (their names relative to it, then their bytes)."""
+    digest = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+        if path.is_dir():
+            digest.update(str(f.relative_to(path)).encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def model_name(cfg: DictConfig, model: torch.nn.Module | None = None) -> str:

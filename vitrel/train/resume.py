@@ -13,13 +13,13 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig
 
 from vitrel.config import ConfigError, check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.registry import upgraded_cfg
-from vitrel.train.build import weights_source
+from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
 
 __all__ = ["resume_path", "resolve_ckpt_path", "check_same_model", "check_same_start", "world_size"]
@@ -135,21 +135,36 @@ def check_same_start(ckpt: Mapping[str, Any], configured: Mapping[str, str], whe
     """The checkpoint ``ckpt`` (loaded from ``where``) started from the weights the configuration names
     (``configured``: :func:`~vitrel.train.build.weights_source`), as it records them: otherwise a
     :class:`~vitrel.config.ConfigError` naming both. The resumed run does not read those weights (the checkpoint's
-    replace them), so another source would go on training the checkpoint's run under the other one's name. Not
-    checked: a checkpoint that records none (written before vitrel recorded it, or by a module of one's own)."""
+    replace them), so another source would go on training the checkpoint's run under the other one's name. A weights
+    file at another path with the same content (moved) is the same; one that is not there cannot be compared: a
+    warning. Not checked: a checkpoint that records none (written before vitrel recorded it, or by a module of one's
+    own)."""
     hp = ckpt.get("hyper_parameters")
     theirs = hp.get("started_from") if isinstance(hp, Mapping) else None
-    if theirs is None or dict(theirs) == dict(configured):
+    if theirs is None:
         return
-    keys = [k for k in (*theirs, *(k for k in configured if k not in theirs)) if theirs.get(k) != configured.get(k)]
+    names = [k for k in (*theirs, *configured) if not k.endswith(" sha256")]
+    differ = list(dict.fromkeys(k for k in names if theirs.get(k) != configured.get(k)))
+    unchecked = [k for k in differ if k in WEIGHT_FILES and k in theirs and k in configured]
+    moved = [k for k in unchecked if theirs.get(f"{k} sha256") == configured.get(f"{k} sha256") is not None]
+    unchecked = [k for k in unchecked if k not in moved and configured.get(f"{k} sha256") is None]
+    differ = [k for k in differ if k not in moved and k not in unchecked]
+    for k in unchecked:
+        rank_zero_warn(
+            f"{where} was trained from {k}={theirs[k]}; the configured {configured[k]} is not there to compare "
+            "(not read: the checkpoint's weights continue)"
+        )
+    if not differ:
+        return
     none = "(none)"
-    what = ", ".join(f"{k}: checkpoint {theirs.get(k, none)}, configured {configured.get(k, none)}" for k in keys)
-    run = " ".join(f"{k}={v}" for k, v in theirs.items()) or "none: its run started from scratch"
+    what = ", ".join(f"{k}: checkpoint {theirs.get(k, none)}, configured {configured.get(k, none)}" for k in differ)
+    run = " ".join(f"{k}={v}" for k, v in theirs.items() if not k.endswith(" sha256"))
     raise ConfigError(
         f"{where} was trained from other weights than the configured ones ({what}): resumed, it would go on "
         "training its own run, which does not read them. Resume with the weights it started from "
-        f"({run}; not read again: the checkpoint's weights replace them), or start a new run from the configured "
-        "weights in a new folder (resume=false starts over in this one)."
+        f"({run or 'none: its run started from scratch'}; not read again: the checkpoint's weights replace them; a "
+        "file moved since is known by its content), or start a new run from the configured weights in a new folder "
+        "(resume=false starts over in this one)."
     )
 
 

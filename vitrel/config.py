@@ -61,7 +61,7 @@ class DataConfig:
     interpolation: str | None = None  # null: the data set's (with pretrained weights: theirs)
     mean: list[float] | None = None  # per-channel normalisation; null: the data set's (with pretrained weights: theirs)
     std: list[float] | None = None
-    crop_pct: float | None = None
+    crop_pct: float | None = None  # eval resize / centre crop; null: the data set's (pretrained weights: theirs)
     pin_memory: bool = False
     drop_last: bool = False
     seed: int = 0

@@ -1,10 +1,11 @@
 """What a training run is built from, before the trainer: the network (:func:`build_model`, sized by the datamodule
 and checked against its images and clips; a resumed fine-tune's from the checkpoint it resumes), the normalisation of
-pretrained weights (:func:`adopt_normalisation`), the trainer's plugins, and the names the run reports for the model and
+pretrained weights (:func:`adopt_preprocessing`), the trainer's plugins, and the names the run reports for the model and
 its position scheme (those of a ``model=from_checkpoint`` file, whatever the ``pos`` group says)."""
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from timm.layers import to_2tuple
 
 from vitrel.config import ConfigError
+from vitrel.data.normalisation import Normalisation
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.ckpt_files import stored_config
 from vitrel.models.data_config import data_fields, stored_data_config
@@ -36,10 +38,12 @@ from vitrel.train.utils import (
 
 __all__ = [
     "build_model",
-    "adopt_normalisation",
+    "adopt_preprocessing",
     "check_pos_override",
     "trainer_plugins",
     "loads_checkpoint",
+    "weights_source",
+    "WEIGHT_FILES",
     "stored_cfg",
     "model_name",
     "pos_name",
@@ -108,22 +112,17 @@ def _resumed_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str
     return build_from_cfg(stored, **over)
 
 
-#: the data keys of the preprocessing pretrained weights were trained with (:func:`adopt_normalisation`)
-NORMALISATION_KEYS = ("mean", "std", "interpolation")
-
-
-def adopt_normalisation(
+def adopt_preprocessing(
     data_cfg: DictConfig, model_cfg: DictConfig, dm: L.LightningDataModule, model: torch.nn.Module, resume: str | None
 ) -> dict[str, Any]:
-    """Normalise as the weights expect, for the keys of :data:`NORMALISATION_KEYS` the config leaves null (a
-    ``data.mean=...`` given wins): with ``resume``, as the checkpoint was trained (its stored data config); with
-    ``model.init_from``, as the pretrained weights were (the built model's ``pretrained_cfg``: timm's convention,
-    ``timm.data.resolve_data_config(model=model)``); with ``model=from_checkpoint``, as that file's run (its stored data
-    config). Set on ``dm`` before its pipelines are built, so the checkpoints store them too; logged in one line with
-    the data set's own (always with ``init_from``, else where they differ). Returns the values taken (empty for none,
-    or a data module without :meth:`~vitrel.data.normalisation.Normalisation.normalise_with`)."""
-    keys = [k for k in NORMALISATION_KEYS if data_cfg.get(k) is None]
-    if not keys or not hasattr(dm, "normalise_with"):
+    """Preprocess as the weights expect where the config leaves it null (a ``data.mean=...`` given wins;
+    :meth:`~vitrel.data.normalisation.Normalisation.adopt` takes, sets and logs them): with ``resume``, as the
+    checkpoint was trained (its stored data config); with ``model.init_from``, as the pretrained weights were (the
+    built model's ``pretrained_cfg``: timm's convention, ``timm.data.resolve_data_config(model=model)``; logged even
+    where they are the data set's own); with ``model=from_checkpoint``, as that file's run (its stored data config).
+    Set on ``dm`` before its pipelines are built, so the checkpoints store them too. Returns the values taken (empty
+    for none, or a data module that is not a :class:`~vitrel.data.normalisation.Normalisation`)."""
+    if not isinstance(dm, Normalisation):
         return {}
     if resume is not None:
         source, whose = stored_data_config(resume), f"those {Path(resume).name} was trained with"
@@ -135,33 +134,7 @@ def adopt_normalisation(
         source, whose = stored_data_config(str(model_cfg.path)), f"those {model_cfg.path} was trained with"
     else:
         return {}
-    own = {"mean": list(dm.mean), "std": list(dm.std), "interpolation": dm.interpolation}
-    taken = {k: _per_channel(source[k], dm.in_chans) if k != "interpolation" else str(source[k])
-             for k in keys if (source or {}).get(k) is not None}  # fmt: skip
-    if not taken or (all(_same(taken[k], own[k]) for k in taken) and not model_cfg.get("init_from")):
-        return {}
-    dm.normalise_with(taken.get("mean"), taken.get("std"))
-    dm.interpolation = taken.get("interpolation", dm.interpolation)
-    given = " ".join(f"data.{k}={_short(v)}" for k, v in taken.items())
-    mine = ", ".join(f"{k} {_short(own[k])}" for k in taken)
-    rank_zero_info(f"{given}: {whose}; {type(dm).__name__}'s own: {mine} (data.<key>=<v> for others)")
-    return taken
-
-
-def _per_channel(values: Any, chans: int) -> list[float]:
-    """``values`` as floats, one per channel (averaged for another channel count, as timm adapts a patch embedding)."""
-    out = [float(v) for v in values]
-    return out if len(out) == chans else [sum(out) / len(out)] * chans
-
-
-def _same(a: Any, b: Any) -> bool:
-    if isinstance(a, list) and isinstance(b, list):
-        return len(a) == len(b) and all(abs(x - y) < 1e-6 for x, y in zip(a, b))
-    return a == b
-
-
-def _short(v: Any) -> str:
-    return f"[{','.join(f'{x:.4g}' for x in v)}]" if isinstance(v, list) else str(v)
+    return dm.adopt(source or {}, whose, data_cfg, always=bool(model_cfg.get("init_from")))
 
 
 def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:
@@ -245,6 +218,42 @@ def stored_cfg(model: torch.nn.Module) -> dict[str, Any]:
 def loads_checkpoint(model_cfg: DictConfig) -> bool:
     """``model=from_checkpoint``: the network is ``vitrel.load_model(model.path)``, its scheme the file's."""
     return model_cfg.get("path") is not None and "load_model" in str(model_cfg.get("_target_", ""))
+
+
+def weights_source(model_cfg: DictConfig) -> dict[str, str]:
+    """The pretrained weights a run of ``model_cfg`` starts from, as ``{config key: value}``: ``model.init_from`` and
+    ``model.init_file`` (a timm name and the file of its weights), or ``model.path`` (``model=from_checkpoint``);
+    files as absolute paths, each with its content's SHA-256 under ``"<key> sha256"`` where it exists (a moved file is
+    known as the same). Empty for a run from scratch. Kept in the checkpoints (the module's ``started_from``)."""
+    if model_cfg.get("init_from"):
+        keys = ("init_from", "init_file")
+    elif loads_checkpoint(model_cfg):
+        keys = ("path",)
+    else:
+        return {}
+    out = {f"model.{k}": str(model_cfg[k]) for k in keys if model_cfg.get(k)}
+    for k in [k for k in out if k in WEIGHT_FILES]:
+        path = Path(out[k]).expanduser().absolute()
+        out[k] = str(path)
+        if path.exists():
+            out[f"{k} sha256"] = _sha256(path)
+    return out
+
+
+#: the keys of :func:`weights_source` that name files (the others name weights: ``model.init_from``)
+WEIGHT_FILES = ("model.init_file", "model.path")
+
+
+def _sha256(path: Path) -> str:
+    """The SHA-256 of a file's bytes, or of a folder's files (their names relative to it, then their bytes)."""
+    digest = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]:
+        if path.is_dir():
+            digest.update(str(f.relative_to(path)).encode())
+        with open(f, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def model_name(cfg: DictConfig, model: torch.nn.Module | None = None) -> str:

@@ -42,6 +42,7 @@ from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
 from vitrel.config import ConfigError, check_moved_keys
+from vitrel.data.normalisation import Normalisation
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import run_checkpoint, stored_config
@@ -288,30 +289,20 @@ def _from_run(cfg: DictConfig, values: dict[str, Any], what: str) -> dict[str, A
     return values
 
 
-def _trained_normalisation(
+def _trained_preprocessing(
     ckpt: Path, stored_data: dict, run: DictConfig | None, cfg: DictConfig, dm: L.LightningDataModule
 ) -> dict[str, Any]:
-    """``data.mean`` / ``data.std`` / ``data.interpolation`` as ``ckpt`` was trained with (its stored data config,
-    what train.py normalised with: a fine-tune takes the pretrained weights', which its run record leaves null), where
-    the config leaves them null and the data set's own differ; set on ``dm`` and logged. Not for other data than
-    the run's (which keeps its group's defaults, as :data:`RUN_DATA_KEYS`)."""
+    """The preprocessing ``ckpt`` was trained with (its stored data config, what train.py used: a fine-tune takes
+    the pretrained weights', which its run record leaves null) where the config leaves it null and the data set's
+    own differs (:meth:`~vitrel.data.normalisation.Normalisation.adopt`: set on ``dm``, logged), put into
+    ``cfg.data``. Not for other data than the run's (which keeps its group's defaults, as :data:`RUN_DATA_KEYS`)."""
     if run is not None and (run.get("data") is None or run.data.get("name") != cfg.data.get("name")):
         return {}
-    if not hasattr(dm, "normalise_with"):
+    if not isinstance(dm, Normalisation):
         return {}
-    own = {"mean": list(dm.mean), "std": list(dm.std), "interpolation": dm.interpolation}
-    taken = {k: stored_data[k] for k in own if cfg.data.get(k) is None and stored_data.get(k) is not None}
-    taken = {k: v for k, v in taken.items() if (str(v) if k == "interpolation" else [float(x) for x in v]) != own[k]}
-    if not taken:
-        return {}
-    dm.normalise_with(taken.get("mean"), taken.get("std"))
-    dm.interpolation = str(taken.get("interpolation", dm.interpolation))
+    taken = dm.adopt(stored_data, f"those {ckpt.name} was trained with (its stored data config)", cfg.data)
     with open_dict(cfg):
         cfg.data.update(taken)
-    rank_zero_info(
-        " ".join(f"data.{k}={_override_text(v)}" for k, v in taken.items())
-        + f": the normalisation {ckpt.name} was trained with (its stored data config; data.<key>=<v> for others)"
-    )
     return taken
 
 
@@ -452,7 +443,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
     taken |= _from_run(cfg, _trained_clips(stored_data, cfg.data), what)
     dm = instantiate(cfg.data)
-    taken |= _trained_normalisation(ckpt, stored_data, record[1], cfg, dm)
+    taken |= _trained_preprocessing(ckpt, stored_data, record[1], cfg, dm)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
     if arch is not None:  # clips for a video model, images for an image model: before the weights are read

@@ -114,6 +114,10 @@ class ClassifierModule(L.LightningModule):
             layers of ``model.group_matcher()`` get ``lr * layer_decay ** depth_from_top``.
         data_config: the preprocessing of the data (:func:`data_config_of`), stored in the checkpoints'
             ``hyper_parameters``; None: taken from the trainer's data module at ``setup`` (a vitrel data module).
+        started_from: the pretrained weights the run started from, as its config names them
+            (:func:`~vitrel.train.build.weights_source`; empty: none), stored in the checkpoints'
+            ``hyper_parameters``: a resume from other weights is refused
+            (:func:`~vitrel.train.resume.check_same_start`). None: not recorded, not checked.
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class ClassifierModule(L.LightningModule):
         layer_decay: float | None = None,
         sync_free: bool = False,
         data_config: Mapping[str, Any] | None = None,
+        started_from: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__()
         num_classes = int(num_classes if num_classes is not None else getattr(model, "num_classes", 0))
@@ -140,6 +145,7 @@ class ClassifierModule(L.LightningModule):
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         hparams = {"num_classes": num_classes, "label_smoothing": float(label_smoothing)}
         hparams["data_config"] = None if data_config is None else dict(data_config)
+        hparams["started_from"] = None if started_from is None else dict(started_from)
         hparams["ema_eval"] = bool(ema_eval)  # the weights val and test score: eval.py's ema=auto scores the same
         self.save_hyperparameters(hparams, logger=False)
         self.model = model

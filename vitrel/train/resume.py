@@ -1,5 +1,6 @@
 """Which checkpoint a training run resumes, and whether it may: :func:`resolve_ckpt_path` (``ckpt_path`` /
-``resume=auto``), the checkpoint's model against the configured one (:func:`check_same_model`), its validation split
+``resume=auto``), the checkpoint's model and the weights it started from against the configured ones
+(:func:`check_same_model`, :func:`check_same_start`), its validation split
 and its position mid-epoch against the data and processes (:func:`world_size`). The position itself, and the training
 order it continues, are :mod:`vitrel.train.exact_resume`'s."""
 
@@ -12,15 +13,16 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig
 
-from vitrel.config import check_resume
+from vitrel.config import ConfigError, check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.registry import upgraded_cfg
+from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
 
-__all__ = ["resume_path", "resolve_ckpt_path", "check_same_model", "world_size"]
+__all__ = ["resume_path", "resolve_ckpt_path", "check_same_model", "check_same_start", "world_size"]
 _UNRESOLVED: Any = object()
 
 
@@ -49,7 +51,8 @@ def resolve_ckpt_path(
     ``<run dir>/checkpoints/last.ckpt``; must exist); with ``resume=auto`` and no ``ckpt_path``, that
     ``last.ckpt`` is resumed when it exists. The file is checked first
     (``vitrel.models.checkpoint.check_checkpoint``: a truncated or foreign file is a clear
-    ``CheckpointError``), then its model configuration against ``model``'s (:func:`check_same_model`), then its
+    ``CheckpointError``), then the weights it started from against ``cfg.model``'s (:func:`check_same_start`), its
+    model configuration against ``model``'s (:func:`check_same_model`), then its
     validation split against ``dm``'s (``VisionDataModule.check_split``: a resume with another ``data.seed`` or
     ``data.val_fraction`` would validate on images it trained on), and a position mid-epoch against ``dm``'s batch
     size and the trainer's processes (:func:`~vitrel.train.callbacks.check_resume_position`: another would train on
@@ -60,6 +63,7 @@ def resolve_ckpt_path(
     if path is None:
         return None, None
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
+    check_same_start(ckpt, weights_source(cfg.model), path)
     check_same_model(ckpt, model, path)
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
@@ -125,6 +129,43 @@ def check_same_model(ckpt: Mapping[str, Any], model: torch.nn.Module, where: str
             f"new run from its weights instead of resuming it: model=from_checkpoint model.path={where} (its "
             "architecture and scheme) in a new run folder."
         )
+
+
+def check_same_start(ckpt: Mapping[str, Any], configured: Mapping[str, str], where: str | Path) -> None:
+    """The checkpoint ``ckpt`` (loaded from ``where``) started from the weights the configuration names
+    (``configured``: :func:`~vitrel.train.build.weights_source`), as it records them: otherwise a
+    :class:`~vitrel.config.ConfigError` naming both. The resumed run does not read those weights (the checkpoint's
+    replace them), so another source would go on training the checkpoint's run under the other one's name. A weights
+    file at another path with the same content (moved) is the same; one that is not there cannot be compared: a
+    warning. Not checked: a checkpoint that records none (written before vitrel recorded it, or by a module of one's
+    own)."""
+    hp = ckpt.get("hyper_parameters")
+    theirs = hp.get("started_from") if isinstance(hp, Mapping) else None
+    if theirs is None:
+        return
+    names = [k for k in (*theirs, *configured) if not k.endswith(" sha256")]
+    differ = list(dict.fromkeys(k for k in names if theirs.get(k) != configured.get(k)))
+    unchecked = [k for k in differ if k in WEIGHT_FILES and k in theirs and k in configured]
+    moved = [k for k in unchecked if theirs.get(f"{k} sha256") == configured.get(f"{k} sha256") is not None]
+    unchecked = [k for k in unchecked if k not in moved and configured.get(f"{k} sha256") is None]
+    differ = [k for k in differ if k not in moved and k not in unchecked]
+    for k in unchecked:
+        rank_zero_warn(
+            f"{where} was trained from {k}={theirs[k]}; the configured {configured[k]} is not there to compare "
+            "(not read: the checkpoint's weights continue)"
+        )
+    if not differ:
+        return
+    none = "(none)"
+    what = ", ".join(f"{k}: checkpoint {theirs.get(k, none)}, configured {configured.get(k, none)}" for k in differ)
+    run = " ".join(f"{k}={v}" for k, v in theirs.items() if not k.endswith(" sha256"))
+    raise ConfigError(
+        f"{where} was trained from other weights than the configured ones ({what}): resumed, it would go on "
+        "training its own run, which does not read them. Resume with the weights it started from "
+        f"({run or 'none: its run started from scratch'}; not read again: the checkpoint's weights replace them; a "
+        "file moved since is known by its content), or start a new run from the configured weights in a new folder "
+        "(resume=false starts over in this one)."
+    )
 
 
 def _flat(cfg: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

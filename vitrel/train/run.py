@@ -4,7 +4,7 @@ It locks the run folder (:class:`~vitrel.train.rundir.RunLock`: a second run in 
 stops before it touches anything), builds the datamodule (``cfg.data``), the callbacks, finds the checkpoint to resume
 (:func:`~vitrel.train.resume.resume_path`), builds the network (:func:`~vitrel.train.build.build_model`; a resumed
 fine-tune's from that checkpoint) and takes its pretrained weights' normalisation
-(:func:`~vitrel.train.build.adopt_normalisation`), the :class:`~vitrel.train.module.ClassifierModule` (``cfg.module``),
+(:func:`~vitrel.train.build.adopt_preprocessing`), the :class:`~vitrel.train.module.ClassifierModule` (``cfg.module``),
 checks the checkpoint against the model (:func:`~vitrel.train.resume.resolve_ckpt_path`), and only then builds the
 loggers, from the checkpoint's step on (:mod:`vitrel.train.loggers`), so
 that a resumed run continues its logs; then the trainer (``cfg.trainer``, with
@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from vitrel.config import check_moved_keys, check_resume
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.build import (
-    adopt_normalisation,
+    adopt_preprocessing,
     build_model,
     check_pos_override,
     loads_checkpoint,
@@ -39,6 +39,7 @@ from vitrel.train.build import (
     pos_name,
     stored_cfg,
     trainer_plugins,
+    weights_source,
 )
 from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
@@ -143,9 +144,10 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
     model = build_model(cfg.model, dm, resume)
-    normalised = adopt_normalisation(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std
+    normalised = adopt_preprocessing(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std
     check_data_fits_model(dm, model, f"the model ({model_name(cfg, model)})")  # before a batch is made
-    module = instantiate(cfg.module, model=model, num_classes=dm.num_classes)
+    started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
+    module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume)  # before the loggers open their files
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger

@@ -151,3 +151,49 @@ def evaluate_split(cfg) -> dict:
 
     evaluate(cfg)
     return json.loads((Path(cfg.paths.output_dir) / "eval_metrics.json").read_text())
+
+
+def test_sigterm_stops_a_ddp_run_with_its_checkpoint(tmp_path):
+    """``python train.py trainer.devices=2`` (Lightning starts rank 1 by re-running train.py), each rank sent SIGTERM
+    as step 3 starts, as a kill of the process group or SLURM's ``scancel`` does: ``last.ckpt`` is saved after step 4
+    and both processes end, rank 0 with ``128 + SIGTERM``. With Lightning's own SIGTERM handler in charge, rank 0
+    passed the signal on to rank 1 (which so had it twice) and each call of the handler ran a collective from inside
+    it: the ranks' collectives went out of step, and the run hung."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.train_helpers import ROOT, script_env
+
+    run = tmp_path / "run"
+    args = [*TINY_VIT, *FAST, *DDP, "trainer.limit_train_batches=10", "trainer.limit_val_batches=1"]
+    args += ["trainer.max_epochs=1", "test=false", "logger=none", f"hydra.run.dir={run}"]
+    args += ["+callbacks.sig={_target_: train_helpers.SendSignal, at_step: 3}"]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=tmp_path,
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # rank 1 is in rank 0's process group: both are killed below if they hang
+    )
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the DDP run did not end within 240 s of its start:\n{proc.communicate()[0][-4000:]}")
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 60:  # rank 1 ends on its own, at about the time rank 0 does
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.5)
+    else:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("rank 1 was still running 60 s after rank 0 ended")
+    assert proc.returncode == 128 + signal.SIGTERM, out[-4000:]
+    ckpt = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 4

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import signal
 
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback
 
 from tests.train_helpers import FAST, TINY_VIT, SaveWeights, SendSignal, compose
+from vitrel.train.callbacks import mid_window
 from vitrel.train.run import train
 
 ACCUMULATE = [
@@ -68,6 +71,62 @@ class _StopAfterBatch(SendSignal):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if batch_idx == self.batches:
             raise SystemExit(3)
+
+
+class _Windows(Callback):
+    """Per training batch: (epoch, batch_idx, ``mid_window`` at its end, no optimizer step in it)."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, int, bool, bool]] = []
+        self._step = -1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step = trainer.global_step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        no_step = trainer.global_step == self._step
+        self.rows.append((trainer.current_epoch, batch_idx, mid_window(trainer, batch_idx), no_step))
+
+
+def test_mid_window_is_where_lightning_does_not_step(tmp_path):
+    """``mid_window`` (no step or signal checkpoint there) against the optimizer steps Lightning takes, windows of 3
+    batches in epochs of 8: steps after batches 3, 6 and 8, the epoch's last (its window cut short), in both epochs."""
+    run = [o for o in ACCUMULATE if not o.startswith(("trainer.accumulate_grad_batches", "trainer.max_epochs"))]
+    windows = _Windows()
+    train(compose(tmp_path, [*run, "trainer.accumulate_grad_batches=3", "trainer.max_epochs=2"]), callbacks=[windows])
+    assert [(e, i) for e, i, mid, _ in windows.rows if not mid] == [(e, i) for e in (0, 1) for i in (2, 5, 7)]
+    assert all(mid == no_step for *_, mid, no_step in windows.rows)
+
+
+class _SigtermInValidation(Callback):
+    """SIGTERM to this process as batch ``at`` of the first validation starts; the validation batches started."""
+
+    def __init__(self, at: int) -> None:
+        self.at = at
+        self.started: list[int] = []
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        self.started.append(batch_idx)
+        if trainer.current_epoch == 0 and batch_idx == self.at:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+@pytest.mark.parametrize("at", [1, 3])
+def test_sigterm_during_validation_stops_as_lightning_does(tmp_path, at):
+    """SIGTERM during validation (4 batches, at the end of epoch 0 of 4 steps): at batch 1, the run stops as batch 1
+    ends, without a checkpoint; at the last batch, after the epoch's end, its ``last.ckpt`` (step 4) saved."""
+    run = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=4"]
+    run += ["logger=none", "test=false"]
+    stop = _SigtermInValidation(at)
+    with pytest.raises(SystemExit) as exc:
+        train(compose(tmp_path, run), callbacks=[stop])
+    assert exc.value.code == 128 + signal.SIGTERM
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    if at == 1:
+        assert stop.started == [0, 1] and not last.exists()
+    else:
+        assert stop.started == [0, 1, 2, 3]
+        assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == 4
 
 
 def test_a_run_shorter_than_its_warmup_logs_the_configured_warmup_rates(tmp_path, caplog):

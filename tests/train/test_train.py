@@ -156,6 +156,27 @@ def test_sigterm_saves_checkpoint_then_exits(tmp_path):
     assert signal.getsignal(signal.SIGTERM) == before  # handlers restored
 
 
+def test_sigterm_calls_the_handler_installed_before_the_run(tmp_path):
+    """A SIGTERM handler of the caller's, installed before ``train()``, is called when SIGTERM comes (as the signal
+    comes, before the checkpoint), as Lightning's own handler would; the run still saves and exits."""
+    cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "trainer.limit_train_batches=10"])
+    calls = []
+
+    def callers(signum, frame):
+        calls.append((signum, (tmp_path / "checkpoints" / "last.ckpt").exists()))
+
+    before = signal.signal(signal.SIGTERM, callers)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            train(cfg, callbacks=[SendSignal(at_step=3, signum=signal.SIGTERM)])
+        assert signal.getsignal(signal.SIGTERM) == callers  # put back
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert calls == [(signal.SIGTERM, False)] and exc.value.code == 128 + signal.SIGTERM
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert ckpt["global_step"] == 4
+
+
 def test_sigusr2_saves_checkpoint_then_hands_over_to_the_previous_handler(tmp_path):
     """submitit signals a time-out with SIGUSR2 and requeues in its handler: it runs after the save."""
     cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "trainer.limit_train_batches=10"])

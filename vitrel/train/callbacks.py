@@ -149,18 +149,26 @@ class LastCheckpoint(Checkpoint):
             due = trainer.global_step > 0 and trainer.global_step % self.every_n_train_steps == 0
         else:
             due = False
-        if due and not mid_window(trainer):  # (a window's end is due as well: the time or step count holds)
+        if due and not mid_window(trainer, batch_idx):  # (a window's end is due as well: the time or step count holds)
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save(trainer)
 
 
-def mid_window(trainer: L.Trainer) -> bool:
-    """In ``on_train_batch_end``: the batch only accumulated its gradient (``trainer.accumulate_grad_batches``), the
-    window's optimizer step is still to come. A checkpoint there would lose that gradient (none holds it): the resumed
-    run would step on the window's later batches alone. Lightning's own decision, of its training epoch loop."""
-    return trainer.accumulate_grad_batches > 1 and trainer.fit_loop.epoch_loop._should_accumulate()
+def mid_window(trainer: L.Trainer, batch_idx: int) -> bool:
+    """In ``on_train_batch_end`` of batch ``batch_idx``: the batch only accumulated its gradient
+    (``trainer.accumulate_grad_batches``), the window's optimizer step is still to come. A checkpoint there would lose
+    that gradient (none holds it): the resumed run would step on the window's later batches alone.
+
+    Lightning's rule: a step at every ``accumulate_grad_batches``-th batch of the epoch and at its last batch (unless
+    the strategy accumulates itself, as DeepSpeed does). The last batch is known from ``trainer.num_training_batches``:
+    with a training loader without a length, an epoch's last, partial window counts as unfinished here (no step or
+    signal checkpoint at its end; the epoch's end saves it)."""
+    n = trainer.accumulate_grad_batches
+    if n <= 1 or (batch_idx + 1) % n == 0:
+        return False
+    return trainer.strategy.handles_gradient_accumulation or batch_idx + 1 < trainer.num_training_batches
 
 
 def flush_loggers(trainer: L.Trainer) -> None:
@@ -188,11 +196,12 @@ def _any_rank(trainer: L.Trainer, flag: bool) -> bool:
 class SignalCheckpoint(Callback):
     """On SIGTERM / SIGUSR1 / SIGUSR2: save ``last.ckpt`` at the end of the current batch, then exit.
 
-    SIGTERM is Lightning's to catch: its handler sets ``trainer.received_sigterm`` (and calls a
-    handler that was there before); this callback adds the checkpoint. SIGUSR1 / SIGUSR2 (submitit
-    signals preemption and time-outs with SIGUSR2) get a handler that records the signal, unless
-    Lightning handles that signal itself (its SLURM auto-requeue on SIGUSR1: it saves an ``hpc_ckpt``
-    and requeues the job).
+    While fitting, each signal gets a handler that only records it (installed as the sanity check or training
+    starts, the handlers before put back as training ends): SIGTERM's replaces Lightning's (which would end the run
+    after the batch, at a window's first batch too, and under DDP calls a collective from inside the signal handler,
+    which hangs when the ranks take the signal at different points) and calls the handler that was there before
+    Lightning's, as Lightning's does. SIGUSR1 is left to Lightning where it handles it (its SLURM auto-requeue: it
+    saves an ``hpc_ckpt`` and requeues the job); submitit signals preemption and time-outs with SIGUSR2.
 
     The save happens at ``on_train_batch_end`` of a batch that ran an optimizer step (with gradient accumulation, the
     window's last: :func:`mid_window`), agreed on by all ranks (a signal that reached one rank stops them all).
@@ -201,6 +210,11 @@ class SignalCheckpoint(Callback):
     the saved step reach the loggers, which the resumed run does not log again. Then, for SIGUSR1/2, a
     handler installed before that is not Lightning's (submitit's requeue handler) is called; otherwise
     the run exits with ``128 + signum`` through Lightning's ``SIGTERMException``.
+
+    SIGTERM outside the training batches ends the run as Lightning's own handling would: during validation at the
+    next validation batch, without a checkpoint (not after a loader's last batch: training goes on to its next
+    stop); at an epoch's end (its last validation batch, the epoch-end hooks) once ``last.ckpt`` is saved there.
+    Under DDP validation runs to its end first (the ranks' validation batches may differ in number).
     """
 
     def __init__(self, signals: Sequence[str] = ("SIGTERM", "SIGUSR1", "SIGUSR2")) -> None:
@@ -213,6 +227,8 @@ class SignalCheckpoint(Callback):
         self.received: int | None = None
         self.saved_path: Path | None = None
         self._previous: dict[int, Any] = {}
+        self._before_lightning: Any = None  # SIGTERM's handler before Lightning's, called on SIGTERM as Lightning does
+        self._active = False  # the handlers are installed
         self._exit_signal: int | None = None  # saved; exit at the next hook
 
     # ---- handler management
@@ -220,18 +236,22 @@ class SignalCheckpoint(Callback):
         if self.received is None:
             self.received = signum
             log.warning(f"received {signal.Signals(signum).name}: saving a checkpoint at the end of this batch")
+        before = self._before_lightning
+        if signum == signal.SIGTERM and callable(before) and not self._is_lightnings(before):
+            before(signum, frame)
 
     @staticmethod
     def _is_lightnings(handler: Any) -> bool:
         return callable(handler) and type(handler).__module__.startswith("lightning")
 
     def _install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
+        if self._active or threading.current_thread() is not threading.main_thread():
             return
+        self._active = True
         for sig in self.signals:
             current = signal.getsignal(sig)
-            if sig == signal.SIGTERM or self._is_lightnings(current):
-                continue  # Lightning's: SIGTERM always, SIGUSR1 under SLURM auto-requeue
+            if sig != signal.SIGTERM and self._is_lightnings(current):
+                continue  # Lightning's SIGUSR1, under SLURM auto-requeue
             self._previous[sig] = current
             signal.signal(sig, self._handler)
 
@@ -242,26 +262,32 @@ class SignalCheckpoint(Callback):
             if signal.getsignal(sig) == self._handler:
                 signal.signal(sig, prev if prev is not None else signal.SIG_DFL)
         self._previous = {}
+        self._active = False
 
     def _pending(self, trainer: L.Trainer) -> int | None:
         if self.received is not None:
             return self.received
+        # Lightning's handler caught it before this one was installed (it then also ends the run after this batch)
         if signal.SIGTERM in self.signals and trainer.received_sigterm:
             return int(signal.SIGTERM)
         return None
 
-    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.received = None
         self._exit_signal = None
+        self._before_lightning = signal.getsignal(signal.SIGTERM)  # (Lightning installs its handler after this hook)
+
+    def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install()
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._install()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if self._exit_signal is not None:
             return
         pending = self._pending(trainer)
-        if mid_window(trainer):  # (the same on every rank) saved at the window's end, after its optimizer step
-            if pending == signal.SIGTERM and trainer.received_sigterm:  # Lightning would exit after this batch
-                self.received, trainer._signal_connector.received_sigterm = pending, False
+        if mid_window(trainer, batch_idx):  # (the same on every rank) saved at the window's end, after its step
             return
         if not _any_rank(trainer, pending is not None):
             return
@@ -274,6 +300,22 @@ class SignalCheckpoint(Callback):
             f"{signal.Signals(signum).name}: saved {path} at epoch {trainer.current_epoch}, "
             f"step {trainer.global_step}; resume with ckpt_path=last (same run folder)"
         )
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        # one process only: under DDP the ranks may run different numbers of validation batches (no collective per
+        # batch), and a rank stopping alone would leave the others waiting; validation ends, the next stop saves
+        if not self._active or self._exit_signal is not None or trainer.world_size > 1:
+            return
+        batches = trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches
+        if self.received == signal.SIGTERM and batch_idx + 1 < batches[dataloader_idx]:  # (last: on to the next stop)
+            rank_zero_info("SIGTERM during validation: stopping without a checkpoint (last.ckpt is the last saved)")
+            self._exit_signal = int(signal.SIGTERM)
+            self._exit()
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # (before LastCheckpoint's epoch-end save: checkpoint callbacks run last; the exit comes at the next hook)
+        if self._active and self._exit_signal is None and _any_rank(trainer, self.received == signal.SIGTERM):
+            self._exit_signal = int(signal.SIGTERM)
 
     def _exit(self) -> None:
         signum = self._exit_signal

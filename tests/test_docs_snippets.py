@@ -1,12 +1,14 @@
 """Every Python example the docs give runs as written: the ```python blocks of README.md and docs/*.md.
 
-One case per file (its id: ``file:line`` of its first block): its blocks run in order in one namespace, as a reader
+One case per file (its id: the file): its blocks run in order in one namespace, as a reader
 runs them in one session (docs/video.md's later blocks use the first one's imports; README.md's last ones use
 ``vitrel`` imported above). Each runs in a fresh working directory holding the files a user would have there
 (:func:`user_files`: a ``train.py``-style checkpoint, its export, timm weights); a path the docs write as a
 placeholder is replaced by :data:`PLACEHOLDERS`, a download by its offline form. A block that cannot run here is
 in :data:`SKIP` and only compiled. Where a comment states a result (``# [2, 10]``), :data:`CLAIMS` checks it.
 Statements run one at a time, compiled with the doc's file name and line numbers, so a failure points at the line.
+SKIP and CLAIMS name a block or statement by the text the docs write (not its line, which prose above it moves): a key
+that names no block or statement of its file, or more than one, is an error that names it.
 """
 
 from __future__ import annotations
@@ -52,25 +54,42 @@ PLACEHOLDERS: dict[tuple[str, str], str] = {
     ),
 }
 
-# file:line of a block's first code line -> why it is only compiled
-SKIP = {
-    "README.md:138": "registers a scheme in the global registry: tests/pos/test_register.py runs it, then restores it",
-    "README.md:249": "a summary with `...` for timm's NaFlex tensors and undefined images; docs/packing.md runs it",
+# (file, text only one of its blocks contains) -> why that block is only compiled
+SKIP: dict[tuple[str, str], str] = {
+    ("README.md", '@register_pos("gauss2d")'): (
+        "registers a scheme in the global registry: tests/pos/test_register.py runs it, then restores it"
+    ),
+    ("README.md", '"segment_ids": ...}  # timm\'s NaFlex format'): (
+        "a summary with `...` for timm's NaFlex tensors and undefined images; docs/packing.md runs it"
+    ),
 }
 
-# file:line of a statement -> (the result its comment states, as written; that result here). The statement's value
-# (an expression's, or the name it assigns) is compared: a tensor by its shape, `...` in a list skips elements.
-CLAIMS: dict[str, tuple[str, object]] = {
-    "README.md:34": ("[B, heads, N, N]", [2, 6, 197, 197]),
-    "README.md:35": ("[heads, N, N]", [6, 197, 197]),
-    "docs/packing.md:25": ("[2, 10]", [2, 10]),
-    "docs/swin.md:43": ("[3, 10]", [3, 10]),
-    "docs/video.md:94": ("[2, 2]", [2, 2]),
-    "docs/video.md:95": ("[2, 192, 16, 8, 8]", [2, 192, 16, 8, 8]),
-    "docs/video.md:125": ("[2, 8, 2, 2, 768]", [2, 8, 2, 2, 768]),
-    "docs/video.md:144": ("[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]", [[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]]),
-    "docs/video.md:145": ("[96, 192, 384, 768], [4, 8, 16, 32]", [[96, 192, 384, 768], [4, 8, 16, 32]]),
-    "docs/video.md:146": ("[2, 2, 2, 2]", [2, 2, 2, 2]),
+# (file, a statement of its blocks as written, less its comment) -> (the result its comment states, as written; that
+# result here). The statement's value (an expression's, or the name it assigns) is compared: a tensor by its shape,
+# `...` in a list skips elements. The statement must be a top-level one of exactly one block of the file.
+CLAIMS: dict[tuple[str, str], tuple[str, object]] = {
+    ("README.md", "logits = attn.logits(x, grid=(14, 14))"): ("[B, heads, N, N]", [2, 6, 197, 197]),
+    ("README.md", "bias = attn.bias((14, 14))"): ("[heads, N, N]", [6, 197, 197]),
+    ("docs/packing.md", "logits = model(batch)"): ("[2, 10]", [2, 10]),
+    ("docs/swin.md", "logits = m(images)"): ("[3, 10]", [3, 10]),
+    ("docs/video.md", "m(torch.randn(2, 1, 8, 32, 32)).shape"): ("[2, 2]", [2, 2]),
+    ("docs/video.md", "m.forward_intermediates(torch.randn(2, 1, 16, 32, 32), indices=1)[1][0].shape"): (
+        "[2, 192, 16, 8, 8]",
+        [2, 192, 16, 8, 8],
+    ),
+    ("docs/video.md", "s.forward_features(torch.randn(2, 1, 8, 32, 32)).shape"): (
+        "[2, 8, 2, 2, 768]",
+        [2, 8, 2, 2, 768],
+    ),
+    ("docs/video.md", "[o.shape for o in f(torch.randn(1, 3, 8, 128, 128))]"): (
+        "[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]",
+        [[1, 96, 4, 32, 32], ..., [1, 768, 4, 4, 4]],
+    ),
+    ("docs/video.md", "f.feature_info.channels(), f.feature_info.reduction()"): (
+        "[96, 192, 384, 768], [4, 8, 16, 32]",
+        [[96, 192, 384, 768], [4, 8, 16, 32]],
+    ),
+    ("docs/video.md", 'f.feature_info.get("time_reduction")'): ("[2, 2, 2, 2]", [2, 2, 2, 2]),
 }
 
 # a package the dev extras install (pyproject.toml) that a file's examples import
@@ -97,6 +116,32 @@ def doc_files() -> dict[str, list[tuple[int, str]]]:
 
 
 FILES = doc_files()
+
+
+def skipped_block(file: str, text: str) -> int:
+    """The first code line of the one block of ``file`` that contains ``text`` (a :data:`SKIP` key); an error
+    naming the key where no block or several do."""
+    found = [line for line, code in FILES.get(file, []) if text in code]
+    if len(found) != 1:
+        raise LookupError(f"SKIP key ({file!r}, {text!r}) is in {len(found)} blocks of {file} (lines {found}), not 1")
+    return found[0]
+
+
+def claimed_statement(file: str, text: str, said: str) -> int:
+    """The line of the one top-level statement of ``file``'s blocks written as ``text`` (a :data:`CLAIMS` key), whose
+    comment still says ``said``; an error naming the key where no statement or several match, or it says otherwise."""
+    found = []
+    for line, code in FILES.get(file, []):
+        for stmt in ast.parse(code).body:
+            if ast.get_source_segment(code, stmt) == text:
+                found.append((line + stmt.lineno - 1, line + stmt.end_lineno - 1))
+    if len(found) != 1:
+        raise LookupError(f"CLAIMS key ({file!r}, {text!r}) is {len(found)} statements of {file}, not 1: {found}")
+    start, end = found[0]
+    written = (ROOT / file).read_text().splitlines()[start - 1 : end]
+    if not any(re.search(r"#.*" + re.escape(said), s) for s in written):
+        raise LookupError(f"{file}:{start} ({text}) no longer says {said}: {' '.join(s.strip() for s in written)}")
+    return start
 
 
 def filled(file: str, code: str) -> str:
@@ -205,15 +250,21 @@ def workdir(user_files, tmp_path, monkeypatch) -> Path:
 
 
 # ------------------------------------------------------------------------------------------- tests
-@pytest.mark.parametrize("file", list(FILES), ids=[f"{f}:{b[0][0]}" for f, b in FILES.items()])
+@pytest.mark.parametrize("file", list(FILES))
 def test_doc_snippets_run(file, workdir):
     if file in OPTIONAL:
         pytest.importorskip(OPTIONAL[file])
+    skip = {skipped_block(f, text) for f, text in SKIP if f == file}
+    claims = {
+        claimed_statement(f, text, said): (said, expected)
+        for (f, text), (said, expected) in CLAIMS.items()
+        if f == file
+    }
     namespace: dict = {"__name__": "__docs__"}
     values: dict[int, object] = {}
     for line, code in FILES[file]:
         code = filled(file, code)
-        if f"{file}:{line}" in SKIP:
+        if line in skip:
             compile(code, file, "exec")
             continue
         try:
@@ -221,12 +272,10 @@ def test_doc_snippets_run(file, workdir):
         except Exception as e:
             at = [f.lineno for f in traceback.extract_tb(e.__traceback__) if f.filename == file]
             pytest.fail(f"the example at {file}:{at[-1] if at else line} fails: {type(e).__name__}: {e}", pytrace=False)
-    for where, (said, expected) in CLAIMS.items():
-        f, n = where.split(":")
-        if f == file:
-            assert int(n) in values, f"{where}: no statement of a block that ran starts there"
-            got = shape_of(values[int(n)])
-            assert matches(got, expected), f"{where}: the docs say {said}, it gives {got}"
+    for n, (said, expected) in claims.items():
+        assert n in values, f"{file}:{n}: the claimed statement did not run (a skipped block?)"
+        got = shape_of(values[n])
+        assert matches(got, expected), f"{file}:{n}: the docs say {said}, it gives {got}"
 
 
 def test_snippets_found():
@@ -237,17 +286,36 @@ def test_snippets_found():
 
 
 def test_tables_name_doc_snippets():
-    """Every entry of PLACEHOLDERS, SKIP, CLAIMS and OPTIONAL is still used: a table does not outlive its snippet."""
-    starts = {f"{f}:{line}" for f, b in FILES.items() for line, _ in b}
-    assert not set(SKIP) - starts, set(SKIP) - starts
+    """Every entry of PLACEHOLDERS, SKIP, CLAIMS and OPTIONAL is still used: a table does not outlive its snippet.
+    A SKIP or CLAIMS key names exactly one block or statement, and a claim's comment still says what it states."""
     assert not set(OPTIONAL) - set(FILES), set(OPTIONAL) - set(FILES)
     for file, text in PLACEHOLDERS:
         assert any(text in code for _, code in FILES.get(file, [])), (file, text)
-    for where, (said, _) in CLAIMS.items():
-        f, n = where.split(":")
-        line = (ROOT / f).read_text().splitlines()[int(n) - 1]
-        assert re.search(r"#.*" + re.escape(said), line), f"{where} no longer says {said}: {line}"
-        assert any(s <= int(n) < s + code.count("\n") for s, code in FILES[f]), f"{where} is not in a block"
+    errors = []
+    for file, text in SKIP:
+        try:
+            skipped_block(file, text)
+        except LookupError as e:
+            errors.append(str(e))
+    for (file, text), (said, _) in CLAIMS.items():
+        try:
+            claimed_statement(file, text, said)
+        except LookupError as e:
+            errors.append(str(e))
+    assert not errors, "\n".join(errors)
+
+
+def test_table_keys_are_exact(monkeypatch):
+    """A key that names no block or statement, or several, is an error naming it; so is a changed comment."""
+    monkeypatch.setitem(FILES, "x.md", [(3, "a = 1  # [1]\nb = 2\n"), (9, "a = 1  # [2]\nc = 3\n")])
+    assert skipped_block("x.md", "c = 3") == 9
+    for text in ("a = 1", "d = 4"):
+        with pytest.raises(LookupError, match=re.escape(repr(text))):
+            skipped_block("x.md", text)
+        with pytest.raises(LookupError, match=re.escape(repr(text))):
+            claimed_statement("x.md", text, "[1]")
+    with pytest.raises(LookupError, match="no longer says"):
+        claimed_statement("docs/video.md", 'f.feature_info.get("time_reduction")', "[2, 3]")
 
 
 def test_matches():

@@ -6,7 +6,7 @@ which then reads its rank from the environment). Here both ranks are spawned fro
 environment and the composed config, so no rank composes again (spawned, not forked: a fork fails once the test
 process has run autograd, as an earlier test in the same pytest worker may have). The three loggers that write files run
 together (``logger=[csv,tensorboard,wandb]``, one DDP run instead of three; each logger's files are checked), and
-``logger=none`` alone (a fit and its test phase: no logger's folder).
+``logger=none`` alone in the validation test's fit (a fit and its test phase: no logger's folder).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ pytestmark = pytest.mark.slow
 DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
 RUN = [*TINY_VIT, *FAST, *DDP, "trainer.limit_train_batches=3", "trainer.limit_val_batches=1"]
 RUN += ["trainer.limit_test_batches=4", "trainer.log_every_n_steps=1"]
-LOGGERS = {"csv+tensorboard+wandb": "[csv,tensorboard,wandb]", "none": "none"}
 
 
 def _free_port() -> int:
@@ -67,18 +66,14 @@ def _evaluate(ckpt: Path, out: Path) -> dict:
     return metrics
 
 
-@pytest.mark.parametrize("loggers", list(LOGGERS))
-def test_ddp_fit_test_and_resume_with_every_logger(tmp_path, loggers):
-    logger = LOGGERS[loggers]
-    if "wandb" in logger:
-        import wandb  # noqa: F401  (imported once here, not in each rank)
+def test_ddp_fit_test_and_resume_with_every_logger(tmp_path):
+    """The loggers that write files, together; ``logger=none``: test_ddp_validation_and_eval_score_each_image_once."""
+    logger = "[csv,tensorboard,wandb]"
+    import wandb  # noqa: F401  (imported once here, not in each rank)
+
     run = tmp_path / "run"
     first = _train_ddp(run, [*RUN, f"logger={logger}", "trainer.max_epochs=1"])
     assert first["status"] == "finished" and first["global_step"] == 3
-    if logger == "none":  # (the resume and the test phase, whatever the logger: the other case)
-        assert not {"csv", "tensorboard", "wandb"} & {p.name for p in run.iterdir()}
-        assert first["metrics"]["test/acc1"] >= 0
-        return
     resumed = _train_ddp(run, [*RUN, f"logger={logger}", "trainer.max_epochs=2", "ckpt_path=last"])
     assert resumed["status"] == "finished" and resumed["global_step"] == 6 and resumed["epochs"] == 2
 
@@ -122,10 +117,15 @@ def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
     """33 validation images (rank 0: 17 in 2 batches of 16, rank 1: 16 in 1): under DDP ``val/loss`` and ``val/acc1``
     are those of one process over the 33 (Lightning's synced mean of a logged loss divided by 16 images, not 16.5), and
     ``eval.py trainer.devices=2`` scores each once, with either loader (the memory loader's ranks were unknown when the
-    loader was made: each rank scored all 33; a workers loader got Lightning's padding DistributedSampler: 34)."""
+    loader was made: each rank scored all 33; a workers loader got Lightning's padding DistributedSampler: 34).
+    The fit runs with ``logger=none``, its test phase on 4 batches a rank: no logger's folder is made."""
     val = ["data.val_fraction=0.0033", "data.num_workers=0", "data.batch_size=16", "progress_bar=none"]
     run = tmp_path / "run"
-    fit = _train_ddp(run, [*TINY_VIT, *FAST, *DDP, *val, "trainer.limit_train_batches=2", "trainer.max_epochs=1"])
+    over = [*TINY_VIT, *FAST, *DDP, *val, "trainer.limit_train_batches=2", "trainer.max_epochs=1", "logger=none"]
+    fit = _train_ddp(run, [*over, "trainer.limit_test_batches=4"])
+    assert fit["status"] == "finished" and fit["global_step"] == 2
+    assert not {"csv", "tensorboard", "wandb"} & {p.name for p in run.iterdir()}
+    assert fit["metrics"]["test/acc1"] >= 0
     ckpt = run / "checkpoints" / "last.ckpt"
     over = [f"ckpt_path={ckpt}", "split=val", *val, "trainer.accelerator=cpu"]
     single = evaluate_split(compose(tmp_path / "one", over, config_name="eval"))

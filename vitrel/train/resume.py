@@ -21,7 +21,7 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
-from vitrel.train.hydra_callbacks import SWEEP_ID, _planned, _read
+from vitrel.train.hydra_callbacks import sweep_plan
 from vitrel.train.utils import hydra_config, is_multirun, override_key, task_overrides
 
 __all__ = [
@@ -102,7 +102,7 @@ def sweep_job() -> dict[str, list[str]] | None:
         return None
     sweep_dir = Path(str(hydra_config().sweep.dir))
     values: dict[str, set[str]] = {}
-    for job in _planned(sweep_dir, _read(sweep_dir / SWEEP_ID)) or []:
+    for job in sweep_plan(sweep_dir) or []:
         for o in job:
             values.setdefault(override_key(o), set()).add(o)
     return {"overrides": task_overrides(), "swept": sorted(k for k, v in values.items() if len(v) > 1)}

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 
 import vitrel
 from tests.train_helpers import FAST, TINY_VIT, compose, run_script
@@ -49,6 +50,27 @@ def test_eval_py_on_a_video_checkpoint_without_data_is_one_line_whose_advice_run
     assert advice == "data=moving_fmnist", last
     _, res, _ = _eval(tmp_path / "ok", ckpt, [advice, *FAST[:1], *FAST[2:4]])
     assert res["num_frames"] == 8 and res["data_from_run"]["train_images"] == 32 and res["num_images"] == 32
+
+
+def test_eval_advice_for_a_run_on_a_regenerated_cifar_copy_runs(tmp_path):
+    """A run on a CIFAR-10 copy in torchvision's format that is not the official release (``data.verify=false``),
+    scored by ``eval.py ckpt_path=<run>`` without ``data=``: the one-line advice named ``data=cifar10 data.root=...``,
+    which then stopped on the md5 check the run had switched off. The advice carries the run's ``data.verify=false``."""
+    from tests.data.test_datamodules import make_cifar_files
+
+    make_cifar_files(tmp_path / "cifar", 10, n_per_batch=20)
+    run = tmp_path / "run"
+    data = ["data=cifar10", f"data.root={tmp_path / 'cifar'}", "data.verify=false", "data.download=false"]
+    cfg = compose(run, [*TINY_VIT, *FAST, *SHORT, *data, "test=false"])
+    train(cfg)
+    (run / ".hydra").mkdir()
+    OmegaConf.save(cfg, run / ".hydra" / "config.yaml")  # (the record Hydra writes into the run folder)
+    with pytest.raises(ValueError, match="score it on the data it was trained on") as err:
+        _eval(tmp_path / "e", run, EVAL)
+    advice = str(err.value).split("score it on the data it was trained on, ")[1].split(" (its run's")[0]
+    assert advice == f"data=cifar10 data.root={tmp_path / 'cifar'} data.verify=false", advice
+    _, res, _ = _eval(tmp_path / "ok", run, [*advice.split(), *EVAL])
+    assert res["data"] == "cifar10" and res["num_images"] == 20
 
 
 def test_size_choices_travel_with_a_checkpoint_moved_out_of_its_run(tmp_path, caplog):

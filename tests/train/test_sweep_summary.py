@@ -113,6 +113,26 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     assert "val/acc1" not in unknown["metrics"] and unknown["metrics"]["test/acc1"] == acc[1]
 
 
+@pytest.mark.slow
+def test_a_sweep_run_again_with_other_lists_refuses_the_folder_of_another_job(tmp_path):
+    """Hydra gives a sweep's jobs their folders by job number: run again in its folder with other lists (here only
+    the seed to retry), job 0 is ``seed=1`` while folder 0 holds ``seed=0``'s finished run. Resumed, it reported
+    seed 0's weights as seed 1's (its summary row and metrics.json said ``seed=1``); it is refused, naming both."""
+    sweep = tmp_path / "sweep"
+    args = [*TINY, f"hydra.sweep.dir={sweep}", "logger=none"]
+    r = run_script("train.py", ["-m", "pos=rel2d_full", "seed=0,1", *args], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    first = _metrics(sweep / "0")
+    assert first["overrides"][:2] == ["pos=rel2d_full", "seed=0"]
+    r = run_script("train.py", ["-m", "pos=rel2d_full", "seed=1", *args], cwd=tmp_path)
+    assert r.returncode != 0 and "ConfigError" in r.stderr, r.stdout[-2000:] + r.stderr[-4000:]
+    assert "seed: checkpoint seed=0, this job seed=1" in r.stderr, r.stderr[-4000:]
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [(x["status"], x["test/acc1"]) for x in rows] == [("failed (ConfigError)", "")], rows
+    kept = json.loads((sweep / "0" / "metrics.previous.json").read_text())
+    assert kept["metrics"]["test/acc1"] == first["metrics"]["test/acc1"] and kept["overrides"] == first["overrides"]
+
+
 # ---------------------------------------------------------------------------------------- summary.png, fabricated jobs
 def _job(sweep, job, overrides, metrics=None, status="finished", sweep_id="s1"):
     """A job folder as a sweep leaves it: ``.hydra/overrides.yaml``, ``.sweep_id`` and (unless it failed before

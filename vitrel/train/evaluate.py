@@ -351,7 +351,8 @@ def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> N
 
 def _trained_data(record: tuple[Path, DictConfig | None]) -> str:
     """What to do about data that does not fit the checkpoint: score it on the ``data=`` of the train.py run that
-    wrote it (``record``, :func:`run_record`), as overrides."""
+    wrote it (``record``, :func:`run_record`), as overrides: its ``data.root`` and, for a copy the run did not check
+    against the official md5s, ``data.verify=false`` (not taken from the run: :data:`RUN_DATA_KEYS`)."""
     run_cfg, run = record
     data = run.get("data") if run is not None else None
     if not data or not data.get("name"):
@@ -359,6 +360,8 @@ def _trained_data(record: tuple[Path, DictConfig | None]) -> str:
     else:
         root = OmegaConf.to_container(data, resolve=False).get("root")
         given = f" data.root={root}" if isinstance(root, str) and "${" not in root else ""
+        if data.get("verify") is False:  # a copy not checked against the official md5s: checked, it would stop here
+            given += " data.verify=false"
         what = f"data={data.name}{given} (its run's {run_cfg})"
     return f"score it on the data it was trained on, {what}"
 

@@ -34,6 +34,7 @@ from vitrel.train.sweep_plot import ACCURACY  # (the module imports matplotlib o
 
 __all__ = [
     "SweepSummary",
+    "sweep_plan",
     "TakeRunFolder",
     "write_held_back_record",
     "finished_record",
@@ -154,6 +155,12 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
         values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
         choices[key] = [f"{key}={v}" for v in values]
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
+    """Each job's overrides, as this sweep's ``SweepSummary`` recorded them when it started (:func:`planned_jobs`);
+    None for a sweeper other than Hydra's basic one, or a record of an earlier sweep in the same folder."""
+    return _planned(sweep_dir, _read(sweep_dir / SWEEP_ID))
 
 
 def _planned(sweep_dir: Path, sweep_id: str | None) -> list[list[str]] | None:
@@ -397,7 +404,7 @@ def summary_rows(
     rows = [r for r in rows if not r["earlier"]]
     if not rows:
         return None
-    planned = _planned(sweep_dir, _read(sweep_dir / SWEEP_ID))
+    planned = sweep_plan(sweep_dir)
     if planned is not None:  # the jobs this sweep has not started (yet): rows saying so, with their overrides
         have = {r["job"] for r in rows}
         rows += [{"job": str(i), "earlier": False, "overrides": [str(o) for o in job], "status": NOT_RUN}

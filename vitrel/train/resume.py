@@ -1,8 +1,8 @@
 """Which checkpoint a training run resumes, and whether it may: :func:`resolve_ckpt_path` (``ckpt_path`` /
 ``resume=auto``), the checkpoint's model and the weights it started from against the configured ones
-(:func:`check_same_model`, :func:`check_same_start`), its validation split
-and its position mid-epoch against the data and processes (:func:`world_size`). The position itself, and the training
-order it continues, are :mod:`vitrel.train.exact_resume`'s."""
+(:func:`check_same_model`, :func:`check_same_start`), a sweep job's folder against the job (:func:`sweep_job`), its
+validation split and its position mid-epoch against the data and processes (:func:`world_size`). The position
+itself, and the training order it continues, are :mod:`vitrel.train.exact_resume`'s."""
 
 from __future__ import annotations
 
@@ -21,8 +21,19 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
+from vitrel.train.hydra_callbacks import sweep_plan
+from vitrel.train.utils import hydra_config, is_multirun, override_key, task_overrides
 
-__all__ = ["resume_path", "resolve_ckpt_path", "check_same_model", "check_same_start", "world_size"]
+__all__ = [
+    "resume_path",
+    "resolve_ckpt_path",
+    "check_same_model",
+    "check_same_start",
+    "check_same_sweep_job",
+    "sweep_job",
+    "SweepJobRecord",
+    "world_size",
+]
 _UNRESOLVED: Any = object()
 
 
@@ -64,6 +75,8 @@ def resolve_ckpt_path(
         return None, None
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     check_same_start(ckpt, weights_source(cfg.model), path)
+    if cfg.get("ckpt_path") in (None, "", "last"):  # the folder's own: Hydra chose a sweep job's folder
+        check_same_sweep_job(ckpt, sweep_job(), path)
     check_same_model(ckpt, model, path)
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
@@ -76,6 +89,59 @@ def resolve_ckpt_path(
             f"from its weights use model=from_checkpoint model.path={path} (or vitrel.load_model)"
         )
     return path, int(ckpt["global_step"])
+
+
+#: the checkpoint key of the sweep job that wrote it (:class:`SweepJobRecord`)
+SWEEP_JOB = "vitrel_sweep_job"
+
+
+def sweep_job() -> dict[str, list[str]] | None:
+    """This ``-m`` job's ``overrides`` and the keys its sweep varies (``swept``: those with several values among the
+    jobs Hydra's basic sweeper planned; none known for another sweeper); None outside a sweep."""
+    if not is_multirun():
+        return None
+    sweep_dir = Path(str(hydra_config().sweep.dir))
+    values: dict[str, set[str]] = {}
+    for job in sweep_plan(sweep_dir) or []:
+        for o in job:
+            values.setdefault(override_key(o), set()).add(o)
+    return {"overrides": task_overrides(), "swept": sorted(k for k, v in values.items() if len(v) > 1)}
+
+
+def check_same_sweep_job(ckpt: Mapping[str, Any], job: Mapping[str, Any] | None, where: str | Path) -> None:
+    """The checkpoint ``ckpt`` (loaded from ``where``, the job folder's own) was written by the sweep job ``job``
+    (:func:`sweep_job`): the same value of every key that its sweep or this one varies. Hydra names a sweep's job
+    folders by job number, so a sweep run again in its folder with other lists gives a folder to another job, which
+    resumed would report the folder's run as its own: a :class:`~vitrel.config.ConfigError` naming both. Not checked
+    outside a sweep (a single run may resume with other settings) or for checkpoints that record no sweep job."""
+    theirs = ckpt.get(SWEEP_JOB)
+    if job is None or not isinstance(theirs, Mapping):
+        return
+    keys = set(theirs.get("swept") or ()) | set(job["swept"])
+    a = {override_key(o): o for o in theirs.get("overrides") or ()}
+    b = {override_key(o): o for o in job["overrides"]}
+    differ = sorted(k for k in keys if a.get(k) != b.get(k))
+    if not differ:
+        return
+    none = "(not set)"
+    what = "; ".join(f"{k}: checkpoint {a.get(k, none)}, this job {b.get(k, none)}" for k in differ)
+    raise ConfigError(
+        f"{where} was written by another job of a sweep ({what}; its job: {' '.join(theirs.get('overrides') or ())}):"
+        " Hydra gives a sweep's jobs their folders by job number, so a sweep run again in its folder with other lists"
+        " would resume another job's run under this job's name. Run the sweep again with the lists it was run with "
+        "(a job's failed ones are retried, its finished ones only tested again), or in a new sweep folder (the "
+        "default); resume=false starts this job over in this folder."
+    )
+
+
+class SweepJobRecord(Callback):
+    """Writes the sweep job (:func:`sweep_job`) into every checkpoint of the run, for :func:`check_same_sweep_job`."""
+
+    def __init__(self, job: Mapping[str, list[str]]) -> None:
+        self.job = {k: list(v) for k, v in job.items()}
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        checkpoint[SWEEP_JOB] = {k: list(v) for k, v in self.job.items()}
 
 
 def world_size(trainer_cfg: DictConfig) -> int | None:

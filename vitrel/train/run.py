@@ -46,7 +46,14 @@ from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.progress import CountTestImages, CountValidations
-from vitrel.train.resume import check_same_model, resolve_ckpt_path, resume_path, world_size
+from vitrel.train.resume import (
+    SweepJobRecord,
+    check_same_model,
+    resolve_ckpt_path,
+    resume_path,
+    sweep_job,
+    world_size,
+)
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, split_size, test_limit, tested_part
 from vitrel.train.utils import (
@@ -142,6 +149,9 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
     dm = instantiate(cfg.data)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
+    job = sweep_job()  # (a -m job: kept in its checkpoints, so a sweep run again resumes its own jobs' folders only)
+    if job is not None:
+        cbs.append(SweepJobRecord(job))
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
     model = build_model(cfg.model, dm, resume)
     normalised = adopt_preprocessing(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std

@@ -9,16 +9,25 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
 import os
 from pathlib import Path
 from typing import Any
 
 import torch
+from timm.layers import to_2tuple
 
 from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder
 from vitrel.models.ckpt_files import run_checkpoint
 
-__all__ = ["NAFLEX_RUN_KEYS", "naflex_of_run", "run_predict", "check_results_file", "write_results"]
+__all__ = [
+    "NAFLEX_RUN_KEYS",
+    "naflex_of_run",
+    "nominal_size_warning",
+    "run_predict",
+    "check_results_file",
+    "write_results",
+]
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +65,28 @@ def naflex_of_run(ckpt_path: str | Path) -> tuple[dict[str, Any], str]:
         return {}, ""
     out["max_tokens"] = out["max_tokens"] if out["max_tokens"] is not None else out["seq_len"]
     return out, str(record)
+
+
+def nominal_size_warning(ckpt_path: str | Path, side: int, patch: int, fix: str, key: str) -> str | None:
+    """The warning for scoring ``ckpt_path`` on fixed ``side x side`` images (patches of ``patch`` px) when its run
+    trained on NaFlex batches (:func:`naflex_of_run`) and that grid holds more patches than the run's ``max_tokens``:
+    the size its model was built at (the data group's ``img_size``), which training never fed it. ``fix``: the
+    other way, ``key``: the size to give. None otherwise (a run without packing, no run record, a size within the
+    budget)."""
+    try:
+        run, record = naflex_of_run(ckpt_path)
+    except PredictSettingsError:
+        return None
+    n = (side // patch) ** 2
+    if not run or n <= run["max_tokens"]:
+        return None
+    fits = math.isqrt(run["max_tokens"]) * patch
+    return (
+        f"{Path(ckpt_path).name}'s run trained on NaFlex batches (data.packing={run['packing']}, at most "
+        f"{run['max_tokens']} patches an image; {record}): the fixed size {side}x{side} ({n} patches of {patch} px) is "
+        f"the size its model was built at, not one it trained at: {fix}, or give {key}=<n> (at most {fits} for a "
+        "square within its budget)"
+    )
 
 
 def _naflex_settings(cfg: Any, ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -161,6 +192,13 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     ckpt = run_checkpoint(str(cfg.ckpt_path))  # a train.py run folder: the checkpoint its test scored (logged)
     naflex, taken = _naflex_settings(cfg, ckpt)  # (a NaFlex run's checkpoint: its images scored as its test did)
     predictor = load_predictor(ckpt, device, cfg.get("ema", "auto"), overrides)
+    patch = (getattr(predictor.model, "vitrel_cfg", None) or {}).get("patch_size")
+    h, w = predictor.data_config["input_size"][-2:]
+    if naflex.get("seq_len") is None and patch is not None and h == w and "num_frames" not in predictor.data_config:
+        fix = "leave seq_len unset to score its images as the run did"
+        warning = nominal_size_warning(ckpt, int(h), int(to_2tuple(patch)[0]), fix, "+model_overrides.img_size")
+        if warning:
+            log.warning(warning)
     res = predict_folder(
         predictor,
         str(cfg.input),

@@ -266,7 +266,7 @@ class PredictConfig:
     device: str = "auto"
     ema: Any = "auto"  # "auto" | true | false
     model_overrides: dict[str, Any] = field(default_factory=dict)
-    progress_bar: bool = True
+    progress_bar: str = "auto"  # auto | tqdm | lines | none (true and false as auto and none)
     seq_len: int | None = None  # NaFlex: each image at its own size, packed into rows of seq_len tokens
     max_tokens: int | None = None  # NaFlex: most patches of one image (null: seq_len)
     paths: Any = MISSING

@@ -317,7 +317,7 @@ def predict_folder(
     topk: int = 5,
     batch_size: int = 64,
     num_workers: int = 0,
-    progress: bool = True,
+    progress: bool | str = True,
     class_names: list[str] | None = None,
     seq_len: int | None = None,
     max_tokens: int | None = None,
@@ -383,10 +383,11 @@ def _score(
     folders: list[str] | None,
     names: list[str] | None,
     topk: int,
-    progress: bool,
+    progress: bool | str,
 ) -> PredictResult:
     """The loop of :func:`predict_folder` (images and videos): ``forward(batch)`` -> probabilities
-    ``[B, classes]`` of the batch's files; the files that did not read are logged (one line each) and counted."""
+    ``[B, classes]`` of the batch's files; the files that did not read are logged (one line each) and counted.
+    ``progress``: True a tqdm bar, ``"lines"`` a logged line at each tenth of the batches (for logs), False none."""
     import time
 
     from tqdm.auto import tqdm
@@ -397,7 +398,10 @@ def _score(
     root = root.parent if one_file else root  # (one file given: named by its name)
     t0 = time.perf_counter()
     with torch.inference_mode():
-        for idx, x, bad in tqdm(loader, desc="predict", unit="batch", disable=not progress):
+        every = max(1, len(loader) // 10)
+        for b, (idx, x, bad) in enumerate(tqdm(loader, desc="predict", unit="batch", disable=progress is not True), 1):
+            if progress == "lines" and (b % every == 0 or b == len(loader)):
+                log.info(f"predict: batch {b}/{len(loader)}")
             for i, err in bad:
                 rel = str(files[i].relative_to(root))
                 log.warning(f"skipped {rel}: {err}")  # (one line a file; the count is the summary's)
@@ -500,7 +504,7 @@ def mean_softmax_log(logits: Tensor, views: int) -> Tensor:
 
 
 def _predict_videos(
-    predictor: Predictor, root: Path, counts: tuple[int, int, int], progress: bool, names: list[str] | None
+    predictor: Predictor, root: Path, counts: tuple[int, int, int], progress: bool | str, names: list[str] | None
 ) -> PredictResult:
     """:func:`predict_folder` for a video model (``counts``: its ``topk``, ``batch_size``, ``num_workers``): every video
     under ``root`` (a folder or a tree of class folders), from its evaluation clips (:func:`clip_sampling`:

@@ -77,6 +77,8 @@ def test_predict_script_on_a_folder(ckpt, images, tmp_path):
     said = [line for line in res.stdout.splitlines() if "broken.jpg" in line]
     assert len(said) == 1 and "] skipped broken.jpg: " in said[0], res.stdout[-3000:]
     assert "broken.jpg" not in res.stderr and "warnings.warn" not in res.stderr, res.stderr[-3000:]
+    # not a terminal: progress as log lines (a tqdm bar's carriage returns garble a log), as train.py's and eval.py's
+    assert "\r" not in res.stderr and "] predict: batch 3/3" in res.stdout, res.stdout[-3000:] + res.stderr[-3000:]
     rows = _rows(out)
     assert [r["filename"] for r in rows] == ["grey.png", "photo.jpg", "rgb_0.png", "rgb_1.png", "rgb_2.png"]
     assert list(rows[0]) == ["filename"] + [f"{c}_{i}" for i in range(3) for c in ("index", "label", "prob")]

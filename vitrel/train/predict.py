@@ -19,6 +19,7 @@ from timm.layers import to_2tuple
 
 from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder
 from vitrel.models.ckpt_files import run_checkpoint
+from vitrel.train.utils import progress_bar_kind
 
 __all__ = [
     "NAFLEX_RUN_KEYS",
@@ -205,7 +206,7 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         topk=int(cfg.get("topk", 5)),
         batch_size=int(cfg.get("batch_size", 64)),
         num_workers=int(cfg.get("num_workers", 0)),
-        progress=bool(cfg.get("progress_bar", True)),
+        progress={"lines": "lines", "none": False}.get(progress_bar_kind(cfg.get("progress_bar", "auto")), True),
         **naflex,
     )
     out = write_results(res.rows, str(cfg.results_file))

@@ -11,6 +11,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler
 
 from vitrel.data.memory import ResumableLoader
+from vitrel.data.transforms import MappedDataset, SampleKey
 
 __all__ = ["EpochSampler", "EvalSampler", "ResumableDataLoader"]
 
@@ -18,11 +19,17 @@ __all__ = ["EpochSampler", "EvalSampler", "ResumableDataLoader"]
 class EpochSampler(DistributedSampler):
     """Order of epoch ``e``: a permutation seeded by ``seed + e`` (or ``0..N-1``), rank ``r`` taking
     ``order[r::num_replicas]`` (padded to equal length, as ``DistributedSampler``); the next
-    iteration starts ``skip`` samples in (a resumed epoch)."""
+    iteration starts ``skip`` samples in (a resumed epoch). ``keyed``: it yields each index as a
+    :class:`~vitrel.data.transforms.SampleKey` ``(index, epoch, seed)``, drawn here in the main process at the epoch
+    Lightning set (``set_epoch``), so a :class:`~vitrel.data.transforms.MappedDataset` seeds the sample's
+    augmentation from it in whichever worker reads it."""
 
-    def __init__(self, dataset, *, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+    def __init__(
+        self, dataset, *, shuffle: bool, seed: int, num_replicas: int = 1, rank: int = 0, keyed: bool = False
+    ) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed, drop_last=False)
         self.skip = 0
+        self.keyed = keyed
 
     def indices(self) -> list[int]:
         """This rank's whole order for the current epoch (``skip`` not applied)."""
@@ -30,7 +37,11 @@ class EpochSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         skip, self.skip = self.skip, 0
-        return itertools.islice(self.indices(), skip, None)
+        order = itertools.islice(self.indices(), skip, None)
+        if self.keyed:
+            epoch, seed = int(self.epoch), int(self.seed)
+            return (SampleKey(i, epoch, seed) for i in order)
+        return order
 
 
 class EvalSampler(DistributedSampler):
@@ -59,11 +70,15 @@ class ResumableDataLoader(ResumableLoader, DataLoader):
     after ``load_state_dict(state)`` the iteration of that epoch starts after those batches (an
     iteration of another epoch starts at its beginning). Lightning keeps the state of such stateful
     loaders in its checkpoints and restores it on resume. Under DDP Lightning leaves the sampler (a
-    ``DistributedSampler``) as it is.
+    ``DistributedSampler``) as it is. Over a :class:`~vitrel.data.transforms.MappedDataset` the sampler is made
+    ``keyed``: each sample's random transform is drawn from ``(seed, epoch, index)``, the same after a resume and
+    with any number of workers.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if isinstance(self.sampler, EpochSampler) and isinstance(self.dataset, MappedDataset):
+            self.sampler.keyed = True
         self.batches_yielded = 0
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches done)
 

@@ -39,8 +39,10 @@ normalising gives the same tensor (up to float rounding).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+import random
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -61,6 +63,8 @@ __all__ = [
     "TranslatedDataset",
     "ResizedDataset",
     "MappedDataset",
+    "SampleKey",
+    "seeded_draws",
     "build_transform",
     "plain_transform",
     "augment_transform",
@@ -224,9 +228,38 @@ class TranslateCanvas:
         return f"{type(self).__name__}(canvas_size={self.canvas_size}, offset={self.offset!r})"
 
 
+class SampleKey(NamedTuple):
+    """A training sample's index with the run's order ``seed`` and the ``epoch`` (what a keyed
+    :class:`~vitrel.data.sampling.EpochSampler` yields): :class:`MappedDataset` draws its random transform from them."""
+
+    index: int
+    epoch: int
+    seed: int
+
+
+@contextmanager
+def seeded_draws(seed: int, epoch: int, index: int) -> Iterator[None]:
+    """Within: torch's (CPU), Python's ``random`` and numpy's global generators seeded from a hash of
+    ``(seed, epoch, index)``; after: all three as they were. A transform drawing from them inside gives the same
+    result for the same key in any process, DataLoader worker or batch position."""
+    words = np.random.SeedSequence([int(seed) % 2**64, int(epoch), int(index)]).generate_state(4)
+    py, nps = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(int(words[0]) << 32 | int(words[1]))
+            random.seed(int(words[2]))
+            np.random.seed(int(words[3]))
+            yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(nps)
+
+
 class MappedDataset(Dataset):
     """``(x, y) -> (transform(x), y)`` over a dataset of raw ``(image, label)`` pairs; ``None`` (a file an evaluation
-    split left out: :mod:`vitrel.data.unreadable`) stays ``None``."""
+    split left out: :mod:`vitrel.data.unreadable`) stays ``None``. Indexed by a :class:`SampleKey` (the training
+    loader's), the read and the transform draw from :func:`seeded_draws` of the key: a sample's augmentation depends
+    on ``(seed, epoch, index)`` only."""
 
     def __init__(self, dataset: Dataset, transform: Callable | None = None) -> None:
         self.dataset = dataset
@@ -235,7 +268,13 @@ class MappedDataset(Dataset):
     def __len__(self) -> int:
         return len(self.dataset)  # type: ignore[arg-type]
 
-    def __getitem__(self, index: int) -> tuple[Any, Any] | None:
+    def __getitem__(self, index: int | SampleKey) -> tuple[Any, Any] | None:
+        if isinstance(index, SampleKey):
+            with seeded_draws(index.seed, index.epoch, index.index):
+                return self._item(index.index)
+        return self._item(index)
+
+    def _item(self, index: int) -> tuple[Any, Any] | None:
         item = self.dataset[index]
         if item is None:
             return None

@@ -53,10 +53,9 @@ class ExactResume(Callback):
     python); on resume the loader continues where it stopped and the RNG states are put back just
     before the first resumed batch, so a killed and resumed run ends with the same weights as an
     uninterrupted one (and, with :class:`~vitrel.train.module.ClassifierModule`, whose training metrics
-    keep their running totals in the checkpoint, with the same epoch metrics). The memory loader's batch
-    augmentation is drawn from ``(seed, epoch)`` and comes back too; random augmentation inside
-    the workers loader is not replayed exactly after a resume, mid-epoch or at an epoch's end (its RNG streams
-    restart with the loader, with ``num_workers=0`` too; a warning says so).
+    keep their running totals in the checkpoint, with the same epoch metrics). The augmentation comes back too: the
+    memory loader's batch augmentation is drawn from ``(seed, epoch)``, the workers loader's per-sample one from
+    ``(seed, epoch, index)`` (:class:`~vitrel.data.transforms.MappedDataset`), in any worker.
 
     A position mid-epoch resumes only at the batch size and number of processes it was saved with: another is a
     :class:`ResumePositionError` (:func:`check_resume_position`; ``train()`` checks it before anything is built, this
@@ -117,8 +116,6 @@ class ExactResume(Callback):
             saved = {"loader": self._pending, "epoch_batches": self._pending_epoch_batches, "seed": self._pending_seed}
             check_resume_position(saved, now.get("batch_size"), now.get("num_replicas"), trainer.ckpt_path, self.seed)
             self._loader.load_state_dict(self._pending)
-        if trainer.ckpt_path and self._loader is not None:
-            _warn_loader_augmentation(self._loader, self._dm, trainer.ckpt_path)
         self._pending = None
 
     def on_train_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -132,28 +129,6 @@ class ExactResume(Callback):
         if self._pending_rng is not None:
             _set_rng_state(self._pending_rng)
             self._pending_rng = None
-
-
-def _warn_loader_augmentation(loader: ResumableLoader, dm: Any, ckpt_path: str) -> None:
-    """A resume whose training images are augmented per sample by a ``DataLoader`` (the workers path: ``augment``, or
-    NaFlex's random sizes ``size_scale``): its random streams restart, so the augmentation from here on is not the
-    uninterrupted run's, at an epoch's end as mid-epoch (the order, weights and main RNG states are): one warning."""
-    from vitrel.data.sampling import ResumableDataLoader
-
-    if not isinstance(loader, ResumableDataLoader) or dm is None:
-        return
-    if not (getattr(dm, "augment", False) or getattr(dm, "size_scale", None)):
-        return
-    n = int(loader.num_workers)
-    log.warning(
-        "resumed from %s: the training augmentation is drawn per sample in the loader (data.loader=workers, "
-        "data.augment, data.size_scale; %d DataLoader worker%s), whose random streams restart: from here on it "
-        "differs from an uninterrupted run's (the order, the weights and the other RNG states do not); "
-        "data.augment=false or data.loader=memory (batch augmentation) resume exactly",
-        ckpt_path,
-        n,
-        "" if n == 1 else "s",
-    )
 
 
 class ResumePositionError(ValueError):

@@ -104,16 +104,19 @@ def _trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[
     return {"img_size": int(fed[0])} if len(fed) == 2 and fed[0] == fed[1] else {}
 
 
-def _nominal_size(ckpt: Path, saved: dict, trained: dict[str, int]) -> str | None:
+def _nominal_size(
+    ckpt: Path, saved: dict, trained: dict[str, int], record: tuple[Path, DictConfig | None]
+) -> str | None:
     """The warning when the fixed size ``trained`` taken from the checkpoint is only the size a NaFlex run built its
-    model at (:func:`vitrel.train.predict.nominal_size_warning`); None otherwise."""
+    model at (:func:`vitrel.train.predict.nominal_size_warning`; ``record``: the run record, read once); None
+    otherwise."""
     from vitrel.train.predict import nominal_size_warning
 
     if "img_size" not in trained or saved.get("patch_size") is None or ckpt.suffix != ".ckpt":
         return None
     fix = "leave data.packing as the run's to score its images as it did"
     patch = int(to_2tuple(saved["patch_size"])[0])
-    return nominal_size_warning(ckpt, trained["img_size"], patch, fix, "data.img_size")
+    return nominal_size_warning(ckpt, trained["img_size"], patch, fix, "data.img_size", record)
 
 
 def _size_choices(stored_data: dict, run: DictConfig | None) -> list[int]:
@@ -453,7 +456,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         shape = "x".join(map(str, to_2tuple(saved["img_size"])))
         what = f"the size of the images {ckpt.name} was trained on, its model kept at {shape} (data.img_size=<n>)"
     trained = _trained_size(saved, stored_data, cfg.data)
-    nominal = _nominal_size(ckpt, saved, trained)
+    nominal = _nominal_size(ckpt, saved, trained, record)
     if nominal:  # a NaFlex run's model size, which its training never fed it
         what = f"the size {ckpt.name}'s model was built at (data.img_size=<n> for another)"
     taken |= _from_run(cfg, trained, what)

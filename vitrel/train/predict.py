@@ -37,19 +37,20 @@ log = logging.getLogger(__name__)
 NAFLEX_RUN_KEYS = {"packing": None, "seq_len": None, "max_tokens": None, "eval_max_ratio": 1.0}
 
 
-def naflex_of_run(ckpt_path: str | Path) -> tuple[dict[str, Any], str]:
+def naflex_of_run(ckpt_path: str | Path, run_rec: tuple[Path, Any] | None = None) -> tuple[dict[str, Any], str]:
     """``(settings, record)``: how the ``train.py`` run that wrote ``ckpt_path`` (a ``.ckpt`` in
     ``<run>/checkpoints/``) scored images when it trained with ``data.packing``: its ``data.packing`` (``"pack"`` /
     ``"pad"``), ``data.seq_len``, ``data.max_tokens`` (null: ``seq_len``) and ``data.eval_max_ratio``, from its folder's
     ``.hydra/config.yaml`` (the record ``eval.py`` reads), and that record's path. ``({}, "")`` for a run without
-    packing and for a model without its run record (moved, an export, a ``.pt2``)."""
+    packing and for a model without its run record (moved, an export, a ``.pt2``). ``run_rec``: that record as
+    :func:`~vitrel.train.evaluate.run_record` read it already (read here when None)."""
     from omegaconf.errors import OmegaConfBaseException
 
     from vitrel.data.packing import parse_packing
     from vitrel.train.evaluate import run_record
 
     p = Path(ckpt_path)
-    record, run = run_record(p) if p.suffix == ".ckpt" else (p, None)
+    record, run = run_rec if run_rec is not None else run_record(p) if p.suffix == ".ckpt" else (p, None)
     data = run.get("data") if run is not None else None
     if not data:
         return {}, ""
@@ -68,14 +69,16 @@ def naflex_of_run(ckpt_path: str | Path) -> tuple[dict[str, Any], str]:
     return out, str(record)
 
 
-def nominal_size_warning(ckpt_path: str | Path, side: int, patch: int, fix: str, key: str) -> str | None:
+def nominal_size_warning(
+    ckpt_path: str | Path, side: int, patch: int, fix: str, key: str, run_rec: tuple[Path, Any] | None = None
+) -> str | None:
     """The warning for scoring ``ckpt_path`` on fixed ``side x side`` images (patches of ``patch`` px) when its run
     trained on NaFlex batches (:func:`naflex_of_run`) and that grid holds more patches than the run's ``max_tokens``:
     the size its model was built at (the data group's ``img_size``), which training never fed it. ``fix``: the
-    other way, ``key``: the size to give. None otherwise (a run without packing, no run record, a size within the
-    budget)."""
+    other way, ``key``: the size to give; ``run_rec``: the run record, if read already. None otherwise (a run without
+    packing, no run record, a size within the budget)."""
     try:
-        run, record = naflex_of_run(ckpt_path)
+        run, record = naflex_of_run(ckpt_path, run_rec)
     except PredictSettingsError:
         return None
     n = (side // patch) ** 2

@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 from torchvision import transforms as T
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
@@ -240,19 +240,23 @@ class SampleKey(NamedTuple):
 @contextmanager
 def seeded_draws(seed: int, epoch: int, index: int) -> Iterator[None]:
     """Within: torch's (CPU), Python's ``random`` and numpy's global generators seeded from a hash of
-    ``(seed, epoch, index)``; after: all three as they were. A transform drawing from them inside gives the same
-    result for the same key in any process, DataLoader worker or batch position."""
+    ``(seed, epoch, index)``. A transform drawing from them inside gives the same result for the same key in any
+    process, DataLoader worker or batch position. After: in the main process (``num_workers=0``) all three as they
+    were; in a worker they are left as seeded (the worker's own streams: only its collate draws from them between
+    samples, then as repeatably), since putting numpy's back costs ~0.2 ms a sample, more than a small image's
+    transform."""
     words = np.random.SeedSequence([int(seed) % 2**64, int(epoch), int(index)]).generate_state(4)
-    py, nps = random.getstate(), np.random.get_state()
+    saved = (torch.get_rng_state(), random.getstate(), np.random.get_state()) if get_worker_info() is None else None
+    torch.default_generator.manual_seed(int(words[0]) << 32 | int(words[1]))
+    random.seed(int(words[2]))
+    np.random.seed(int(words[3]))
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(int(words[0]) << 32 | int(words[1]))
-            random.seed(int(words[2]))
-            np.random.seed(int(words[3]))
-            yield
+        yield
     finally:
-        random.setstate(py)
-        np.random.set_state(nps)
+        if saved is not None:
+            torch.set_rng_state(saved[0])
+            random.setstate(saved[1])
+            np.random.set_state(saved[2])
 
 
 class MappedDataset(Dataset):

@@ -55,8 +55,10 @@ def resolve_ckpt_path(
     model: torch.nn.Module,
     dm: L.LightningDataModule | None = None,
     path: str | None = _UNRESOLVED,
+    started_from: Mapping[str, str] | None = None,
 ) -> tuple[str | None, int | None]:
-    """``(checkpoint to resume, its global step)``, or ``(None, None)`` for a new run.
+    """``(checkpoint to resume, its global step)``, or ``(None, None)`` for a new run. ``started_from``: the
+    configured weights' :func:`~vitrel.train.build.weights_source`, when the caller has it (files hashed once).
 
     ``ckpt_path``: a file, or ``last`` (= the ``last.ckpt`` that ``callbacks`` write, by default
     ``<run dir>/checkpoints/last.ckpt``; must exist); with ``resume=auto`` and no ``ckpt_path``, that
@@ -74,7 +76,7 @@ def resolve_ckpt_path(
     if path is None:
         return None, None
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
-    check_same_start(ckpt, weights_source(cfg.model), path)
+    check_same_start(ckpt, started_from if started_from is not None else weights_source(cfg.model), path)
     if cfg.get("ckpt_path") in (None, "", "last"):  # the folder's own: Hydra chose a sweep job's folder
         check_same_sweep_job(ckpt, sweep_job(), path)
     check_same_model(ckpt, model, path)

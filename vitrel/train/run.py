@@ -158,7 +158,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     check_data_fits_model(dm, model, f"the model ({model_name(cfg, model)})")  # before a batch is made
     started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
-    ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume)  # before the loggers open their files
+    ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume, started)  # before the loggers open
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]

@@ -50,6 +50,7 @@ from vitrel.models.data_config import stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
+from vitrel.train.record import nominal_size_warning, run_record
 from vitrel.train.utils import (
     check_accelerator,
     check_data_fits_model,
@@ -65,7 +66,7 @@ from vitrel.train.utils import (
     scalars,
 )
 
-__all__ = ["evaluate", "run_record"]
+__all__ = ["evaluate"]
 log = logging.getLogger(__name__)
 
 
@@ -108,10 +109,8 @@ def _nominal_size(
     ckpt: Path, saved: dict, trained: dict[str, int], record: tuple[Path, DictConfig | None]
 ) -> str | None:
     """The warning when the fixed size ``trained`` taken from the checkpoint is only the size a NaFlex run built its
-    model at (:func:`vitrel.train.predict.nominal_size_warning`; ``record``: the run record, read once); None
+    model at (:func:`~vitrel.train.record.nominal_size_warning`; ``record``: the run record, read once); None
     otherwise."""
-    from vitrel.train.predict import nominal_size_warning
-
     if "img_size" not in trained or saved.get("patch_size") is None or ckpt.suffix != ".ckpt":
         return None
     fix = "leave data.packing as the run's to score its images as it did"
@@ -189,13 +188,6 @@ RUN_DATA_KEYS = (
 STORED_PREPROCESSING = ("interpolation", "crop_pct")
 #: the keys that choose the val split of a data set whose val is a seeded hold-out of train
 VAL_SPLIT_KEYS = ("seed", "val_fraction")
-
-
-def run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
-    """The record of the train.py run that wrote ``ckpt``, ``<run>/.hydra/config.yaml`` (as Hydra saves it: not
-    resolved), and its config; None without one."""
-    path = ckpt.parent.parent / ".hydra" / "config.yaml"
-    return path, OmegaConf.load(path) if path.is_file() else None
 
 
 def _stored_split(ckpt: Path, data_cfg: DictConfig) -> dict[str, Any]:

@@ -339,7 +339,7 @@ class ClassifierModule(L.LightningModule):
         if cfg is not None:
             checkpoint["vitrel_cfg"] = copy.deepcopy(cfg)
         sd = checkpoint.get("state_dict")
-        if isinstance(sd, dict) and _world() > 1:
+        if isinstance(sd, dict):  # (one process: sync_context leaves the totals as they are)
             for name, metric in self.train_metrics.items():
                 with metric.sync_context():  # the ranks' totals reduced as compute() would; the own ones after
                     sd.update({k: v.clone() for k, v in metric.state_dict(prefix=f"{name}.").items()})
@@ -375,14 +375,9 @@ class ClassifierModule(L.LightningModule):
                 sd[f"{_EMA}module.{k[len(_EMA) :]}"] = sd.pop(k)
 
 
-def _world() -> int:
-    """The processes of the default process group (1 without one)."""
-    dist = torch.distributed
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
 def _rank() -> int:
-    """This process's rank in the default process group (0 without one)."""
+    """This process's rank in the default process group (0 without one; ``LightningModule.global_rank`` is 0 until a
+    trainer is attached, and the hooks also run without one)."""
     dist = torch.distributed
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 

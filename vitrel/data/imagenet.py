@@ -75,9 +75,10 @@ READ_ERRORS = (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBo
 class FixedClassImageFolder(SkipUnreadable, ImageFolder):
     """``ImageFolder`` with a given class list (so val uses train's class indices). Images load as RGB with 16-bit
     ones scaled to 8 bits (:func:`~vitrel.data.datasets.load_rgb`; torchvision's loader clips them) unless ``loader``
-    is given. A file that cannot be read (truncated, empty, not an image) raises a :class:`BadSampleError` naming
-    it and ``data.on_bad_sample=skip`` (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the
-    next readable file of the split, with its own label, is returned in its place; in a
+    is given. A file that cannot be read (truncated, empty, not an image) raises a
+    :class:`~vitrel.data.datasets.BadSampleError` naming it and ``data.on_bad_sample=skip`` (``on_bad_sample="raise"``),
+    or, with ``"skip"``, is logged by name and the next readable file of the split, with its own label, is returned in
+    its place; in a
     :meth:`~vitrel.data.unreadable.SkipUnreadable.leaving_out` copy (evaluation), the sample is ``None`` (left out)
     (:class:`~vitrel.data.unreadable.SkipUnreadable` counts them)."""
 

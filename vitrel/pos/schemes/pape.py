@@ -38,7 +38,8 @@ are 2-D, so the ``P`` parabolas of a head sum to one quadratic in ``pos_i - pos_
 parameters, the logits and the gradients are the authors' (equal up to rounding, checked in float64), the
 ``N x N`` products cost ``head_dim + 6`` channels instead of ``head_dim + 3P + 2`` (216 for ViT-B: 3.4x).
 ``Attention.logits`` (``attn_impl="eager"``) is ``q' k'^T * scale``, the authors' ``return_attention_maps``
-path; ``forward`` the same in one SDPA call (``v`` zero-padded to the width of ``q'``, see :meth:`attend`).
+path; ``forward`` the same in one SDPA call (``v`` zero-padded to the width of ``q'``,
+:func:`~vitrel.kernels.common.sdpa_padded`).
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def _compact(a: Tensor, beta: Tensor, w: Tensor, pos: Tensor) -> tuple[Tensor, T
 
 
 class _Parabolic(PositionScheme):
-    """What PaPE and PaPE-RI share: the token augmentation and its one-SDPA ``attend``."""
+    """What PaPE and PaPE-RI share: the token augmentation and its one-SDPA path."""
 
     kind = "relative"
     family = "content bias"

@@ -1,7 +1,7 @@
 """Every Python example the docs give runs as written: the ```python blocks of README.md and docs/*.md.
 
 One case per file (its id: the file): its blocks run in order in one namespace, as a reader
-runs them in one session (docs/video.md's later blocks use the first one's imports; README.md's last ones use
+runs them in one session (docs/video.md's later blocks use the first one's imports; docs/models.md's last one uses
 ``vitrel`` imported above). Each runs in a fresh working directory holding the files a user would have there
 (:func:`user_files`: a ``train.py``-style checkpoint, its export, timm weights); a path the docs write as a
 placeholder is replaced by :data:`PLACEHOLDERS`, a download by its offline form. A block that cannot run here is
@@ -37,16 +37,16 @@ VIDEO_RUN = "outputs/train/runs/2026-01-01_13-00-00"  # an image run whose schem
 # (file, text as the docs write it) -> what runs here. Paths the docs write literally (`export_dir`, `last.ckpt`,
 # `export/model.safetensors`, `weights.safetensors`) are made by user_files() in the working directory instead.
 PLACEHOLDERS: dict[tuple[str, str], str] = {
-    # a run of train.py: vitrel_vit_tiny_patch4_32 with rel2d_factored (README's checkpoint_path= line names it)
+    # a run of train.py: vitrel_vit_tiny_patch4_32 with rel2d_factored (docs/models.md's checkpoint_path= line names it)
     ("README.md", "outputs/train/runs/<run>"): RUN,
     ("docs/dense.md", "outputs/train/runs/<run>"): RUN,  # its trained weights as a features_only backbone
     # video.md inflates its image run (vitrel_vit_tiny_patch4_32, rope2d_mixed) into a rope3d_mixed video ViT
     ("docs/video.md", "outputs/train/runs/<run>"): VIDEO_RUN,
     # downloads from the Hugging Face hub (no network here): the same architectures, timm's random weights
-    ("README.md", 'from_timm("swin_tiny_patch4_window7_224.ms_in1k")'): (
+    ("docs/models.md", 'from_timm("swin_tiny_patch4_window7_224.ms_in1k")'): (
         'from_timm("swin_tiny_patch4_window7_224.ms_in1k", pretrained=False)'
     ),
-    ("README.md", '"vit_small_patch16_224.augreg_in21k_ft_in1k", pos='): (
+    ("docs/models.md", '"vit_small_patch16_224.augreg_in21k_ft_in1k", pos='): (
         '"vit_small_patch16_224.augreg_in21k_ft_in1k", pretrained=False, pos='
     ),
     ("docs/video.md", 'create_model("vit_small_patch16_224", pretrained=True)'): (
@@ -56,11 +56,8 @@ PLACEHOLDERS: dict[tuple[str, str], str] = {
 
 # (file, text only one of its blocks contains) -> why that block is only compiled
 SKIP: dict[tuple[str, str], str] = {
-    ("README.md", '@register_pos("gauss2d")'): (
+    ("docs/schemes.md", '@register_pos("gauss2d")'): (
         "registers a scheme in the global registry: tests/pos/test_register.py runs it, then restores it"
-    ),
-    ("README.md", '"segment_ids": ...}  # timm\'s NaFlex format'): (
-        "a summary with `...` for timm's NaFlex tensors and undefined images; docs/packing.md runs it"
     ),
 }
 
@@ -68,8 +65,8 @@ SKIP: dict[tuple[str, str], str] = {
 # result here). The statement's value (an expression's, or the name it assigns) is compared: a tensor by its shape,
 # `...` in a list skips elements. The statement must be a top-level one of exactly one block of the file.
 CLAIMS: dict[tuple[str, str], tuple[str, object]] = {
-    ("README.md", "logits = attn.logits(x, grid=(14, 14))"): ("[B, heads, N, N]", [2, 6, 197, 197]),
-    ("README.md", "bias = attn.bias((14, 14))"): ("[heads, N, N]", [6, 197, 197]),
+    ("docs/schemes.md", "logits = attn.logits(x, grid=(14, 14))"): ("[B, heads, N, N]", [2, 6, 197, 197]),
+    ("docs/schemes.md", "bias = attn.bias((14, 14))"): ("[heads, N, N]", [6, 197, 197]),
     ("docs/packing.md", "logits = model(batch)"): ("[2, 10]", [2, 10]),
     ("docs/swin.md", "logits = m(images)"): ("[3, 10]", [3, 10]),
     ("docs/video.md", "m(torch.randn(2, 1, 8, 32, 32)).shape"): ("[2, 2]", [2, 2]),

@@ -250,7 +250,7 @@ def test_export_static_and_dynamic_batch():
 
 
 def test_train_config_builds_the_video_swin_on_moving_fmnist(tmp_path):
-    """``model=vitrel_swin3d_tiny_patch122_window444_32 data=moving_fmnist`` (the Video Swin the README names for
+    """``model=vitrel_swin3d_tiny_patch122_window444_32 data=moving_fmnist`` (the Video Swin docs/video.md names for
     Moving Fashion-MNIST) composes and builds at the data's clip size; an image model on that data names it."""
     from hydra.utils import instantiate
 

@@ -88,22 +88,26 @@ def test_a_declared_bias_scheme_registers_and_builds(unregister):
     assert torch.equal(s.width, torch.full((2,), 0.5))
 
 
-# ------------------------------------------------------------------ README's "Adding a position scheme", as written
-def readme_howto() -> tuple[str, str]:
+# ------------------------------------------------------ docs/schemes.md's "Adding a position scheme", as written
+HOWTO = "docs/schemes.md"
+
+
+def scheme_howto() -> tuple[str, str]:
     """The section's Python block (the scheme) and the launcher its bash block writes."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = text[text.index("### Adding a position scheme") :]
-    section = section[: section.index("\n## ")]
+    text = (ROOT / HOWTO).read_text(encoding="utf-8")
+    section = text[text.index("\n## Adding a position scheme\n") + 1 :]
+    end = section.find("\n## ")
+    section = section if end < 0 else section[:end]
     code = section[section.index("```python\n") + 10 :]
     code = code[: code.index("\n```")]
     launcher = section[section.index("<<'EOF'\n") + 8 :]
     return code, launcher[: launcher.index("\nEOF\n")]
 
 
-def test_readme_gauss2d_is_the_bias_it_states(unregister):
-    code, _ = readme_howto()
+def test_howto_gauss2d_is_the_bias_it_states(unregister):
+    code, _ = scheme_howto()
     ns: dict = {}
-    exec(compile(code, "README.md", "exec"), ns)
+    exec(compile(code, HOWTO, "exec"), ns)
     model = ns["model"]
     pos = model.blocks[0].attn.pos
     assert pos.name == "gauss2d" and torch.equal(pos.width.detach(), torch.full((pos.num_heads,), 0.5))
@@ -117,8 +121,8 @@ def test_readme_gauss2d_is_the_bias_it_states(unregister):
     assert b[:, 0].abs().sum() == 0 and b[:, :, 0].abs().sum() == 0
 
 
-def test_readme_launcher_trains_a_scheme_from_outside_the_package(tmp_path, unregister):
-    code, launcher = readme_howto()
+def test_howto_launcher_trains_a_scheme_from_outside_the_package(tmp_path, unregister):
+    code, launcher = scheme_howto()
     (tmp_path / "my_schemes.py").write_text(code, encoding="utf-8")
     (tmp_path / "my_train.py").write_text(launcher, encoding="utf-8")
     (tmp_path / "my_conf" / "pos").mkdir(parents=True)
@@ -136,7 +140,7 @@ def test_readme_launcher_trains_a_scheme_from_outside_the_package(tmp_path, unre
     ckpt = run / "checkpoints" / "last.ckpt"
     with pytest.raises(CheckpointError, match="unknown position scheme 'gauss2d'.*once the module that registers"):
         vitrel.load_model(ckpt)  # this process has not imported it yet
-    exec(compile(code, "README.md", "exec"), {})  # import my_schemes, as the README says
+    exec(compile(code, HOWTO, "exec"), {})  # import my_schemes, as the how-to says
     model = vitrel.load_model(ckpt)
     assert model.vitrel_cfg["pos"] == {"name": "gauss2d", "init_width": 0.5}
     assert not torch.equal(model.blocks[0].attn.pos.width.detach(), torch.full((2,), 0.5))  # trained one step

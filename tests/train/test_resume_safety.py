@@ -271,7 +271,7 @@ def test_resuming_a_checkpoint_of_another_model_is_a_checkpoint_error(tmp_path):
     msg = str(exc.value)
     assert "pos.name: checkpoint 'rel2d_factored', configured 'rope2d_axial'" in msg, msg
     assert "state_dict" not in msg
-    # ckpt_path=<another model's checkpoint> (README: a CheckpointError on this route)
+    # ckpt_path=<another model's checkpoint> (docs/models.md: a CheckpointError on this route)
     with pytest.raises(CheckpointError, match="embed_dim: checkpoint 32, configured 48"):
         train(compose(tmp_path / "other", [*short, "model.embed_dim=48", f"ckpt_path={ckpt}"]))
     # training-only settings may change on resume

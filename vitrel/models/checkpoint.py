@@ -327,8 +327,8 @@ def load_model(
         if timm_keys:
             raise CheckpointError(
                 f"{path} holds a timm model's weights ({_preview(timm_keys, 2)}), whose layout is not vitrel's: load "
-                f"them with vitrel.from_timm('<timm model name>', checkpoint_path='{path}', pos=...) (README: Start "
-                "from timm's weights)"
+                f"them with vitrel.from_timm('<timm model name>', checkpoint_path='{path}', pos=...) (docs/models.md: "
+                "Start from timm's weights)"
             )
         head = sd.get("head.weight")
         n = getattr(model, "num_classes", None)

@@ -109,7 +109,7 @@ def get_pos_class(name: str) -> type[PositionScheme]:
     if name not in _REGISTRY:
         raise UnknownSchemeError(
             f"unknown position scheme {name!r}; known schemes: {', '.join(list_pos())}. A scheme registered outside "
-            "vitrel is known once the module that registers it is imported (README: Adding a position scheme)"
+            "vitrel is known once the module that registers it is imported (docs/schemes.md: Adding a position scheme)"
         )
     return _REGISTRY[name]
 

@@ -76,6 +76,9 @@ def _resume_matches(run: Path, uninterrupted) -> None:
     assert saved["global_step"] == 5  # epoch 1, 1 of its 4 batches done
     # the file a save at the end of step 5's batch writes: loops, RNG states and loader position (ExactResume) included
     parts = ["epoch", "global_step", "loops", "callbacks", "state_dict", "optimizer_states", "lr_schedulers"]
+    step5 = {**step5, "callbacks": dict(step5["callbacks"])}  # (the fixture's, shared: left as it is)
+    times = [saved["callbacks"].pop("RunTimes"), step5["callbacks"].pop("RunTimes")]  # (each run's own: they differ)
+    assert [t["processes"] for t in times] == [1, 1] and times[0]["fit_s"] > 0
     differ = _differences({k: saved[k] for k in parts}, {k: step5[k] for k in parts})
     assert not differ, f"last.ckpt differs from the uninterrupted run's checkpoint at step 5: {differ[:5]}"
     train(compose(run, COMMON))  # resume=auto

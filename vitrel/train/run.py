@@ -9,7 +9,8 @@ checks the checkpoint against the model (:func:`~vitrel.train.resume.resolve_ckp
 loggers, from the checkpoint's step on (:mod:`vitrel.train.loggers`), so
 that a resumed run continues its logs; then the trainer (``cfg.trainer``, with
 :class:`~vitrel.train.ckpt_io.AtomicCheckpointIO`). It fits, tests, writes ``<run dir>/metrics.json`` (which the
-sweep summary reads) and prints the closing lines (:mod:`vitrel.train.summary`).
+sweep summary reads; its times the whole run's, over the processes a resume continued:
+:class:`~vitrel.train.run_times.RunTimes`) and prints the closing lines (:mod:`vitrel.train.summary`).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from vitrel.train.resume import (
     sweep_job,
     world_size,
 )
+from vitrel.train.run_times import RunTimes
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, split_size, test_limit, tested_part
 from vitrel.train.utils import (
@@ -152,6 +154,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     job = sweep_job()  # (a -m job: kept in its checkpoints, so a sweep run again resumes its own jobs' folders only)
     if job is not None:
         cbs.append(SweepJobRecord(job))
+    clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)
+    cbs.append(clock)
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
     model = build_model(cfg.model, dm, resume)
     normalised = adopt_preprocessing(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std
@@ -187,7 +191,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
 
     status, wandb_run, tested = "failed", None, (None, None)
     try:
-        t_fit = time.time()
+        t_fit = clock.fit_started = time.time()
         try:
             trainer.fit(module, datamodule=dm, ckpt_path=ckpt, weights_only=True)  # tensors and containers only
         except SIGTERMException as e:  # Lightning's SIGTERM exit carries no code: report the signal
@@ -214,8 +218,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "epochs": trainer.current_epoch,
         "val_runs": validated.count,  # 0: trainer.max_steps ended the fit before its first validation
         "global_step": trainer.global_step,
-        "wall_s": round(time.time() - t0, 2),
-        "fit_s": round(fit_s, 2),
+        **clock.times(fit_s, time.time() - t0),  # the whole run's fit_s and wall_s, and their part before a resume
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,

@@ -13,7 +13,10 @@ from omegaconf import DictConfig
 
 from vitrel.train.hydra_callbacks import finished_record
 
-__all__ = ["report", "resumed_finished", "tested_part", "split_size", "test_limit"]
+__all__ = ["report", "resumed_finished", "tested_part", "split_size", "test_limit", "BEFORE_RESUME"]
+
+#: the record's part of its times spent before the (last) resume (:meth:`~vitrel.train.run_times.RunTimes.times`)
+BEFORE_RESUME = ("fit_s_before_resume", "wall_s_before_resume", "resumes")
 
 
 def report(result: dict, wandb_where: str | None, classes: str = "") -> str:
@@ -32,9 +35,10 @@ def report(result: dict, wandb_where: str | None, classes: str = "") -> str:
         lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
     fit_s, wall_s = (f"{result[k]:.0f} s" if result[k] is not None else "(unknown)" for k in ("fit_s", "wall_s"))
     again = "; resumed finished: nothing left to train, tested again" if result.get("resumed_finished") else ""
+    fit_before, wall_before = _before_resume(result)
     lines.append(
-        f"training {fit_s} ({_plural(result['epochs'], 'epoch')}, {_plural(result['global_step'], 'step')}); "
-        f"whole run {wall_s}{again}"
+        f"training {fit_s} ({_plural(result['epochs'], 'epoch')}, {_plural(result['global_step'], 'step')}"
+        f"{fit_before}); whole run {wall_s}{wall_before}{again}"
     )
     lines.append(f"run folder  {result['run_dir']}")
     if result["last_ckpt"] or result["best_ckpt"]:
@@ -67,6 +71,20 @@ def test_limit(trainer_cfg: DictConfig) -> str:
     return "trainer.limit_test_batches"
 
 
+def _before_resume(result: dict) -> tuple[str, str]:
+    """What the closing line adds to the training and whole-run times of a resumed run: the part of each before the
+    (last) resume (:class:`~vitrel.train.run_times.RunTimes`), or that it is unknown."""
+    if "resumes" not in result:  # (a finished run's record written before vitrel kept the part: resumed_finished)
+        return "", ""
+    n = result["resumes"]
+    if n is None:
+        return "; the time before the resume is not in its checkpoint", ""
+    if n == 0:
+        return "", ""
+    when = "before the resume" if n == 1 else f"before the last of {n} resumes"
+    return f"; {result['fit_s_before_resume']:.0f} s {when}", f" ({result['wall_s_before_resume']:.0f} s {when})"
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -77,8 +95,9 @@ def resumed_finished(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     (:func:`~vitrel.train.hydra_callbacks.finished_record`), this pass's test metrics (the same weights), and
     ``resumed_finished: true``. Without the finished run's record, its times are unknown (None), not this pass's."""
     earlier = finished_record(run_dir, result["global_step"])
+    result = {k: v for k, v in result.items() if k not in BEFORE_RESUME}  # (this pass's: the finished run's, if kept)
     if earlier is None:
         rank_zero_info(f"resumed a finished run with no record of it in {run_dir}: its validation and times unknown")
         return {**result, "wall_s": None, "fit_s": None, "resumed_finished": True}
-    kept = {k: earlier[k] for k in ("epochs", "val_runs", "wall_s", "fit_s") if k in earlier}
+    kept = {k: earlier[k] for k in ("epochs", "val_runs", "wall_s", "fit_s", *BEFORE_RESUME) if k in earlier}
     return {**result, **kept, "metrics": {**earlier.get("metrics", {}), **result["metrics"]}, "resumed_finished": True}

@@ -1,12 +1,13 @@
 """``trainer=ddp`` with every logger: fit, test and a resume under two gloo CPU processes, the test metrics equal to
-a single-process evaluation of the same checkpoint.
+a single-process evaluation of the same checkpoint; ``trainer=ddp_spawn``'s record of its fit and test.
 
 Each rank runs the whole of ``train()``, as under plain ``ddp`` (Lightning re-runs ``python train.py`` for rank 1,
 which then reads its rank from the environment). Here both ranks are spawned from the test process with that
 environment and the composed config, so no rank composes again (spawned, not forked: a fork fails once the test
 process has run autograd, as an earlier test in the same pytest worker may have). The three loggers that write files run
 together (``logger=[csv,tensorboard,wandb]``, one DDP run instead of three; each logger's files are checked), and
-``logger=none`` alone in the validation test's fit (a fit and its test phase: no logger's folder).
+``logger=none`` alone in the validation test's fit (a fit and its test phase: no logger's folder), which runs under
+``trainer=ddp_spawn`` instead: ``train()`` in the test process, Lightning spawning the ranks for the fit and the test.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.slow
 # 2 ranks x batch 16: 3 steps an epoch, one val batch a rank, 4 test batches a rank: the test split's first 128
 # images (rank r takes images r, r + 2, ...), the first 8 batches of one process
 DDP = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+SPAWN = ["trainer=ddp_spawn", *DDP[1:]]
 RUN = [*TINY_VIT, *FAST, *DDP, "trainer.limit_train_batches=3", "trainer.limit_val_batches=1"]
 RUN += ["trainer.limit_test_batches=4", "trainer.log_every_n_steps=1"]
 
@@ -53,6 +55,12 @@ def _train_ddp(run_dir: Path, overrides: list[str]) -> dict:
     """Both ranks of ``train()``; rank 0's ``metrics.json``. A rank that raises ends the other (join)."""
     cfg = compose(run_dir, overrides)
     torch.multiprocessing.start_processes(_rank, args=(cfg, _free_port()), nprocs=2, start_method="spawn")
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def train_record(run_dir: Path, overrides: list[str]) -> dict:
+    """``train()`` in this process (``trainer=ddp_spawn``: it spawns the ranks); its ``metrics.json``."""
+    train(compose(run_dir, overrides))
     return json.loads((run_dir / "metrics.json").read_text())
 
 
@@ -118,13 +126,24 @@ def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
     are those of one process over the 33 (Lightning's synced mean of a logged loss divided by 16 images, not 16.5), and
     ``eval.py trainer.devices=2`` scores each once, with either loader (the memory loader's ranks were unknown when the
     loader was made: each rank scored all 33; a workers loader got Lightning's padding DistributedSampler: 34).
-    The fit runs with ``logger=none``, its test phase on 4 batches a rank: no logger's folder is made."""
+    The fit runs under ``trainer=ddp_spawn`` (``train()`` in this process, the fit and the test in two processes it
+    spawns) with ``logger=none``, its test phase on 4 batches a rank: no logger's folder is made, and ``metrics.json``
+    has the figures of the spawned processes' fit and test (were they the calling process's trainer's and callbacks':
+    0 epochs, 0 steps, 0 validations, 0 test images, no split size)."""
     val = ["data.val_fraction=0.0033", "data.num_workers=0", "data.batch_size=16", "progress_bar=none"]
     run = tmp_path / "run"
-    over = [*TINY_VIT, *FAST, *DDP, *val, "trainer.limit_train_batches=2", "trainer.max_epochs=1", "logger=none"]
-    fit = _train_ddp(run, [*over, "trainer.limit_test_batches=4"])
-    assert fit["status"] == "finished" and fit["global_step"] == 2
-    assert not {"csv", "tensorboard", "wandb"} & {p.name for p in run.iterdir()}
+    over = [*TINY_VIT, *FAST, *SPAWN, *val, "trainer.limit_train_batches=2", "trainer.max_epochs=1", "logger=none"]
+    fit = train_record(run, [*over, "trainer.limit_test_batches=4"])
+    assert fit["status"] == "finished" and not {"csv", "tensorboard", "wandb"} & {p.name for p in run.iterdir()}
+    figures = ("epochs", "global_step", "val_runs", "test_images", "test_split_images", "test_limited_by")
+    assert {k: fit[k] for k in figures} == {
+        "epochs": 1,
+        "global_step": 2,  # trainer.limit_train_batches
+        "val_runs": 1,
+        "test_images": 4 * 16 * 2,  # limit_test_batches x batch_size x ranks
+        "test_split_images": 2000,  # the embedded subset's test split
+        "test_limited_by": "trainer.limit_test_batches",
+    }, fit
     assert fit["metrics"]["test/acc1"] >= 0
     ckpt = run / "checkpoints" / "last.ckpt"
     over = [f"ckpt_path={ckpt}", "split=val", *val, "trainer.accelerator=cpu"]

@@ -1,6 +1,6 @@
 """A run stopped by SIGTERM mid-epoch and resumed: its ``metrics.json``, its closing line and the sweep table's row
 give the whole run's times (the stopped process's up to its checkpoint, then the resumed one's), not the resumed
-process's alone."""
+process's alone, and its ``val_runs`` counts the validations of both."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from vitrel.train.hydra_callbacks import format_table, summary_rows
 from vitrel.train.run import train
 from vitrel.train.run_times import RunTimes
 
-# 2 epochs of 4 steps; SIGTERM at step 2 saves last.ckpt after step 3 and exits
+# 2 epochs of 4 steps; SIGTERM at step 5 saves last.ckpt after step 6 (epoch 2, after epoch 1's validation), exits
 ARGS = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1"]
 ARGS += ["test=false", "callbacks.model_checkpoint=null", "logger=none"]
 
@@ -32,22 +32,23 @@ class Peek(Callback):
         self.before = dict(next(cb for cb in trainer.callbacks if isinstance(cb, RunTimes)).before)
 
 
-def _carried(ckpt) -> dict:
-    return torch.load(ckpt, map_location="cpu", weights_only=True)["callbacks"]["RunTimes"]
+def _carried(ckpt, callback: str = "RunTimes") -> dict:
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["callbacks"][callback]
 
 
 def test_a_resumed_run_records_the_whole_runs_times(tmp_path, capsys):
     job = tmp_path / "sweep" / "0"  # (a sweep's job folder: the table below reads it)
     with pytest.raises(SystemExit) as stop:
-        train(compose(job, ARGS), callbacks=[SendSignal(at_step=2)])
+        train(compose(job, ARGS), callbacks=[SendSignal(at_step=5)])
     assert stop.value.code == 128 + signal.SIGTERM and not (job / "metrics.json").exists()
     ckpt = job / "checkpoints" / "last.ckpt"
-    first = _carried(ckpt)  # the stopped process's times up to its checkpoint (after step 3)
+    first = _carried(ckpt)  # the stopped process's times up to its checkpoint (after step 6)
+    assert _carried(ckpt, "CountValidations") == {"count": 1}  # epoch 1's validation
     assert first["processes"] == 1 and 0 < first["fit_s"] < first["wall_s"], first
     old = tmp_path / "old" / "checkpoints"  # the same checkpoint as one written before vitrel kept the times
     old.mkdir(parents=True)
     state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    del state["callbacks"]["RunTimes"]
+    del state["callbacks"]["RunTimes"], state["callbacks"]["CountValidations"]
     torch.save(state, old / "last.ckpt")
 
     capsys.readouterr()
@@ -57,6 +58,7 @@ def test_a_resumed_run_records_the_whole_runs_times(tmp_path, capsys):
     took = time.time() - t
     m = json.loads((job / "metrics.json").read_text())
     assert m["status"] == "finished" and m["global_step"] == 8 and m["epochs"] == 2
+    assert m["val_runs"] == 2, "the validation of the stopped process's first epoch not counted"
     assert m["resumes"] == 1 and peek.before == first, (m, peek.before)
     assert [m["fit_s_before_resume"], m["wall_s_before_resume"]] == [round(first[k], 2) for k in ("fit_s", "wall_s")]
     assert m["fit_s"] >= first["fit_s"] and m["wall_s"] >= first["wall_s"]  # the first part is in
@@ -82,5 +84,6 @@ def test_a_resumed_run_records_the_whole_runs_times(tmp_path, capsys):
     m = json.loads((old.parent / "metrics.json").read_text())
     assert m["global_step"] == 8 and m["status"] == "finished"
     assert [m[k] for k in ("fit_s", "wall_s", "fit_s_before_resume", "wall_s_before_resume", "resumes")] == [None] * 5
+    assert m["val_runs"] is None  # (the validations before the checkpoint: unknown)
     assert "; the time before the resume is not in its checkpoint); whole run (unknown)" in capsys.readouterr().out
     assert _carried(old / "last.ckpt") == {"fit_s": None, "wall_s": None, "processes": None}

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
@@ -158,11 +159,25 @@ class CountTestImages(Callback):
 
 class CountValidations(Callback):
     """The validation passes a fit ran, the sanity check not counted: 0 when ``trainer.max_steps`` ends the fit within
-    its first epoch (Lightning then skips the epoch's validation), so a run with no ``val/*`` metric says why."""
+    its first epoch (Lightning then skips the epoch's validation), so a run with no ``val/*`` metric says why.
+
+    The count is kept in the checkpoints: a resumed fit counts the validations of the processes before it up to its
+    checkpoint. Resumed from a checkpoint written before vitrel kept it, the count is unknown (None)."""
 
     def __init__(self) -> None:
-        self.count = 0
+        self.count: int | None = 0
+        self._loaded = False  # a checkpoint's count was loaded
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.count, self._loaded = state_dict.get("count"), True
+
+    def on_fit_start(self, trainer, pl_module) -> None:  # (after Lightning loaded the checkpoint's callback states)
+        if trainer.ckpt_path is not None and not self._loaded:
+            self.count = None
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        if not trainer.sanity_checking:
+        if not trainer.sanity_checking and self.count is not None:
             self.count += 1

@@ -10,7 +10,8 @@ loggers, from the checkpoint's step on (:mod:`vitrel.train.loggers`), so
 that a resumed run continues its logs; then the trainer (``cfg.trainer``, with
 :class:`~vitrel.train.ckpt_io.AtomicCheckpointIO`). It fits, tests, writes ``<run dir>/metrics.json`` (which the
 sweep summary reads; its times the whole run's, over the processes a resume continued:
-:class:`~vitrel.train.run_times.RunTimes`) and prints the closing lines (:mod:`vitrel.train.summary`).
+:class:`~vitrel.train.run_times.RunTimes`; its fit's and test's figures read where they ran, ``ddp_spawn``'s processes
+too: :class:`~vitrel.train.run_figures.RunFigures`) and prints the closing lines (:mod:`vitrel.train.summary`).
 """
 
 from __future__ import annotations
@@ -55,9 +56,10 @@ from vitrel.train.resume import (
     sweep_job,
     world_size,
 )
+from vitrel.train.run_figures import RunFigures
 from vitrel.train.run_times import RunTimes
 from vitrel.train.rundir import RunLock, is_launching_process
-from vitrel.train.summary import report, resumed_finished, split_size, test_limit, tested_part
+from vitrel.train.summary import report, resumed_finished, test_limit, tested_part
 from vitrel.train.utils import (
     check_accelerator,
     check_data_fits_model,
@@ -169,10 +171,11 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
     counted, validated = CountTestImages(), CountValidations()  # the test images scored, the validations run
     unreadable = ReportUnreadable()  # (data.on_bad_sample=skip: each pass's files replaced or left out, logged)
+    figures = RunFigures(validated, counted, unreadable)  # (read where the fit and test ran: ddp_spawn's processes)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=loggers or False,
-        callbacks=cbs + progress_callbacks(bar) + [counted, validated, unreadable],
+        callbacks=cbs + progress_callbacks(bar) + [counted, validated, unreadable, figures],
         enable_progress_bar=bar in ("rich", "tqdm"),
         plugins=[*trainer_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
@@ -189,7 +192,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         f"data {type(dm).__name__} img_size={dm.img_size} classes={dm.num_classes}"
     )
 
-    status, wandb_run, tested = "failed", None, (None, None)
+    status, wandb_run = "failed", None
+    tested: dict = {"test_images": None, "test_split_images": None, "classes_note": ""}
     try:
         t_fit = clock.fit_started = time.time()
         try:
@@ -197,12 +201,13 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         except SIGTERMException as e:  # Lightning's SIGTERM exit carries no code: report the signal
             raise SystemExit(e.code if e.code is not None else 128 + signal.SIGTERM) from None
         fit_s = time.time() - t_fit
+        fitted = figures.take(trainer, "fit")  # epochs, global_step, val_runs
         metrics = scalars(trainer.callback_metrics)
         if cfg.get("test", True):
             adopt_csv_columns(loggers)
             for res in trainer.test(module, datamodule=dm, verbose=False):
                 metrics.update(scalars(res))
-            tested = (counted.count, split_size(trainer.test_dataloaders, unreadable.left_out.get("test", ())))
+            tested = figures.take(trainer, "test")
         status = "finished"
         wandb_run = wandb_where(loggers)
     finally:
@@ -212,32 +217,33 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     best = (
         trainer.checkpoint_callback.best_model_path if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else ""
     )
+    n_tested, n_split = tested["test_images"], tested["test_split_images"]
     result = {
         "status": status,
         "metrics": metrics,
-        "epochs": trainer.current_epoch,
-        "val_runs": validated.count,  # 0: trainer.max_steps ended the fit before its first validation
-        "global_step": trainer.global_step,
+        "epochs": fitted["epochs"],
+        "val_runs": fitted["val_runs"],  # 0: trainer.max_steps ended the fit before its first validation
+        "global_step": fitted["global_step"],
         **clock.times(fit_s, time.time() - t0),  # the whole run's fit_s and wall_s, and their part before a resume
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,
-        "test_images": tested[0],  # scored: fewer than test_split_images under trainer.limit_test_batches
-        "test_split_images": tested[1],
-        "test_limited_by": test_limit(cfg.trainer) if tested_part(*tested) else None,
+        "test_images": n_tested,  # scored: fewer than test_split_images under trainer.limit_test_batches
+        "test_split_images": n_split,
+        "test_limited_by": test_limit(cfg.trainer) if tested_part(n_tested, n_split) else None,
         "model": model_name(cfg, model),
         "params": sum(p.numel() for p in model.parameters()),  # (timm's param_count, not in millions)
         "pos": pos_name(cfg, model),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "overrides": task_overrides(),
     }
-    if status == "finished" and resume_step is not None and trainer.global_step == resume_step:
+    if status == "finished" and resume_step is not None and fitted["global_step"] == resume_step:
         result = resumed_finished(result, run_dir)
         metrics = result["metrics"]  # (optimized_metric: val/acc1 is the finished run's)
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
-        print(report(result, wandb_run, counted.classes_note()), flush=True)
+        print(report(result, wandb_run, tested["classes_note"]), flush=True)
     target = cfg.get("optimized_metric")
     if target:
         if target not in metrics:

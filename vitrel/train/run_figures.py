@@ -1,0 +1,55 @@
+"""The figures of a fit and of a test that a run's ``metrics.json`` records, read where the fit and the test ran:
+:class:`RunFigures`, which brings them back to the process that writes the record under any strategy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+from vitrel.data.unreadable import ReportUnreadable
+from vitrel.train.progress import CountTestImages, CountValidations
+from vitrel.train.summary import split_size
+
+__all__ = ["RunFigures"]
+
+
+class RunFigures(Callback):
+    """At the end of a fit (``epochs``, ``global_step``, ``val_runs``) and of a test (``test_images``,
+    ``test_split_images``, ``classes_note``), puts those figures into ``trainer.callback_metrics`` under one key;
+    :meth:`take` removes them there, in the process that called ``trainer.fit`` / ``trainer.test``.
+
+    Under ``ddp_spawn`` Lightning fits and tests in spawned processes and sends back only their rank 0's
+    ``callback_metrics``, best checkpoint path and weights: the calling process's trainer keeps ``global_step`` and
+    ``current_epoch`` at 0, and its callbacks (``validated``, ``counted``, ``unreadable``) their counts untouched. The
+    figures travel in the ``callback_metrics`` sent back; under other strategies they are taken from the same dict in
+    the same process. Add it after the callbacks it reads: their ``on_test_end`` (the test images summed over the
+    ranks) runs before its own.
+    """
+
+    KEY = "vitrel/run_figures"  # (a dict, not a metric: scalars() and the loggers leave it out)
+
+    def __init__(self, validated: CountValidations, counted: CountTestImages, unreadable: ReportUnreadable) -> None:
+        self.validated, self.counted, self.unreadable = validated, counted, unreadable
+
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        figures = {"epochs": trainer.current_epoch, "global_step": trainer.global_step}
+        trainer.callback_metrics[self.KEY] = {"stage": "fit", **figures, "val_runs": self.validated.count}
+
+    def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        split = split_size(trainer.test_dataloaders, self.unreadable.left_out.get("test", ()))
+        trainer.callback_metrics[self.KEY] = {
+            "stage": "test",
+            "test_images": self.counted.count,
+            "test_split_images": split,
+            "classes_note": self.counted.classes_note(),
+        }
+
+    def take(self, trainer: L.Trainer, stage: str) -> dict[str, Any]:
+        """The figures of the ``stage`` (``"fit"``, ``"test"``) the trainer ran last, removed from its
+        ``callback_metrics``."""
+        figures = trainer.callback_metrics.pop(self.KEY, None)
+        if not isinstance(figures, dict) or figures.get("stage") != stage:
+            raise RuntimeError(f"the {stage} ended without RunFigures' record of it in trainer.callback_metrics")
+        return {k: v for k, v in figures.items() if k != "stage"}

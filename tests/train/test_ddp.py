@@ -125,7 +125,9 @@ def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
     """33 validation images (rank 0: 17 in 2 batches of 16, rank 1: 16 in 1): under DDP ``val/loss`` and ``val/acc1``
     are those of one process over the 33 (Lightning's synced mean of a logged loss divided by 16 images, not 16.5), and
     ``eval.py trainer.devices=2`` scores each once, with either loader (the memory loader's ranks were unknown when the
-    loader was made: each rank scored all 33; a workers loader got Lightning's padding DistributedSampler: 34).
+    loader was made: each rank scored all 33; a workers loader got Lightning's padding DistributedSampler: 34); the
+    workers case under ``ddp_spawn`` (its record's counts are the spawned processes': in the calling process ``eval.py``
+    failed reading the loader it never made).
     The fit runs under ``trainer=ddp_spawn`` (``train()`` in this process, the fit and the test in two processes it
     spawns) with ``logger=none``, its test phase on 4 batches a rank: no logger's folder is made, and ``metrics.json``
     has the figures of the spawned processes' fit and test (were they the calling process's trainer's and callbacks':
@@ -149,10 +151,11 @@ def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
     over = [f"ckpt_path={ckpt}", "split=val", *val, "trainer.accelerator=cpu"]
     single = evaluate_split(compose(tmp_path / "one", over, config_name="eval"))
     outs = {loader: tmp_path / f"ddp_{loader}" for loader in ("memory", "workers")}
-    cfgs = [
-        compose(out, [*over, *DDP[1:], "trainer.strategy=ddp", f"data.loader={lo}"], "eval") for lo, out in outs.items()
-    ]
-    torch.multiprocessing.start_processes(_eval_rank, args=(cfgs, _free_port()), nprocs=2, start_method="spawn")
+    cfg = compose(outs["memory"], [*over, *DDP[1:], "trainer.strategy=ddp", "data.loader=memory"], "eval")
+    torch.multiprocessing.start_processes(_eval_rank, args=([cfg], _free_port()), nprocs=2, start_method="spawn")
+    evaluate_split(
+        compose(outs["workers"], [*over, *SPAWN[1:], "trainer.strategy=ddp_spawn", "data.loader=workers"], "eval")
+    )
 
     assert single["num_images"] == 33
     assert fit["metrics"]["val/acc1"] == single["metrics"]["val/acc1"]

@@ -51,6 +51,7 @@ from vitrel.models.input_size import check_patches_fit
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.record import nominal_size_warning, run_record
+from vitrel.train.run_figures import RunFigures
 from vitrel.train.utils import (
     check_accelerator,
     check_data_fits_model,
@@ -78,12 +79,11 @@ class _SplitData(L.LightningDataModule):
 
     def __init__(self, dm: L.LightningDataModule, split: str) -> None:
         super().__init__()
-        self.dm, self.split, self.loader = dm, split, None
+        self.dm, self.split = dm, split
 
     def test_dataloader(self) -> Any:
         self.dm.trainer = self.trainer  # (a vitrel data module reads the ranks and the device from its trainer)
-        self.loader = self.dm.test_dataloader() if self.split == "test" else self.dm.val_dataloader()
-        return self.loader
+        return self.dm.test_dataloader() if self.split == "test" else self.dm.val_dataloader()
 
 
 def _non_square(saved: dict) -> bool:
@@ -483,17 +483,19 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     module = ClassifierModule(model, num_classes=dm.num_classes)
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
     counted, unreadable = CountTestImages(), ReportUnreadable(test_split=split)  # (unreadable: on_bad_sample=skip)
+    figures = RunFigures(counted, unreadable)  # (read where the test ran: ddp_spawn's processes too)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,
-        callbacks=[*progress_callbacks(bar), counted, unreadable],
+        callbacks=[*progress_callbacks(bar), counted, unreadable, figures],
         enable_progress_bar=bar in ("rich", "tqdm"),
         enable_checkpointing=False,
     )
     dm.setup("test" if split == "test" else "validate")
     scored = _SplitData(dm, split)
     res = trainer.test(module, datamodule=scored, verbose=False)
-    loader, left_out = scored.loader, unreadable.left_out.get(split, [])
+    tested = figures.take(trainer, "test")
+    left_out = tested["unreadable"]
     metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
     grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
     if is_video_data(dm):  # (T, H, W) of the tubelets
@@ -514,8 +516,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "packing": packing,
         "metrics": metrics,
         **({k: getattr(dm, k) for k in ("num_frames", *_CLIP_KEYS) if hasattr(dm, k)}),  # a video's clips
-        "num_images": counted.count,  # scored: fewer than the split's with trainer.limit_test_batches
-        "split_images": len(loader.dataset) - len(left_out),  # the readable ones
+        "num_images": tested["test_images"],  # scored: fewer than the split's with trainer.limit_test_batches
+        "split_images": tested["test_split_images"],  # the readable ones
         "unreadable": left_out,  # left out (data.on_bad_sample=skip), each named in the test's log line
         "wall_s": round(time.time() - t0, 2),
     }
@@ -534,7 +536,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         else:
             where = _naflex_where(dm, naflex, stored.get("patch_size")) + f"{ema_note})"
         n, total = result["num_images"], result["split_images"]
-        part = f"{n} of its {total} images{counted.classes_note()}: trainer.limit_test_batches"
+        part = f"{n} of its {total} images{tested['classes_note']}: trainer.limit_test_batches"
         images = f"{n} images" if n == total else part
         images += f", {len(left_out)} unreadable files left out" if left_out else ""
         print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}: {shown}", flush=True)

@@ -171,7 +171,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
     counted, validated = CountTestImages(), CountValidations()  # the test images scored, the validations run
     unreadable = ReportUnreadable()  # (data.on_bad_sample=skip: each pass's files replaced or left out, logged)
-    figures = RunFigures(validated, counted, unreadable)  # (read where the fit and test ran: ddp_spawn's processes)
+    figures = RunFigures(counted, unreadable, validated)  # (read where the fit and test ran: ddp_spawn's processes)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=loggers or False,

@@ -30,19 +30,23 @@ class RunFigures(Callback):
 
     KEY = "vitrel/run_figures"  # (a dict, not a metric: scalars() and the loggers leave it out)
 
-    def __init__(self, validated: CountValidations, counted: CountTestImages, unreadable: ReportUnreadable) -> None:
-        self.validated, self.counted, self.unreadable = validated, counted, unreadable
+    def __init__(
+        self, counted: CountTestImages, unreadable: ReportUnreadable, validated: CountValidations | None = None
+    ) -> None:
+        self.counted, self.unreadable, self.validated = counted, unreadable, validated
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         figures = {"epochs": trainer.current_epoch, "global_step": trainer.global_step}
-        trainer.callback_metrics[self.KEY] = {"stage": "fit", **figures, "val_runs": self.validated.count}
+        val_runs = self.validated.count if self.validated is not None else None
+        trainer.callback_metrics[self.KEY] = {"stage": "fit", **figures, "val_runs": val_runs}
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        split = split_size(trainer.test_dataloaders, self.unreadable.left_out.get("test", ()))
+        left_out = list(self.unreadable.left_out.get(self.unreadable.test_split, ()))
         trainer.callback_metrics[self.KEY] = {
             "stage": "test",
             "test_images": self.counted.count,
-            "test_split_images": split,
+            "test_split_images": split_size(trainer.test_dataloaders, left_out),
+            "unreadable": left_out,
             "classes_note": self.counted.classes_note(),
         }
 

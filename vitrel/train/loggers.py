@@ -10,8 +10,8 @@ to each logger node that has a ``resume_step`` entry (``conf/logger/*.yaml``):
 * :func:`tensorboard_logger` (``logger=tensorboard``): the event files of ``<run folder>/tensorboard``;
   a resumed run adds its own file with ``purge_step=resume_step`` (``SummaryWriter``), so TensorBoard
   hides the interrupted run's events from that step on instead of showing them twice.
-* :func:`wandb_logger` (``logger=wandb``): Lightning's ``WandbLogger`` plus what a sweep on a cluster
-  needs: the mode is picked from the environment (``auto``), a run folder keeps one W&B run across
+* :func:`wandb_logger` (``logger=wandb``): Lightning's ``WandbLogger`` (:class:`RunFolderWandbLogger`) plus what a
+  sweep on a cluster needs: the mode is picked from the environment (``auto``), a run folder keeps one W&B run across
   resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with
   ``resume="allow"``), and the jobs of a ``-m`` sweep share a group named after the sweep.
 
@@ -40,6 +40,7 @@ __all__ = [
     "csv_logger",
     "tensorboard_logger",
     "wandb_logger",
+    "RunFolderWandbLogger",
     "wandb_mode",
     "adopt_csv_columns",
     "wandb_where",
@@ -158,7 +159,7 @@ def wandb_logger(
         if rank_zero_only.rank == 0:
             run_dir.mkdir(parents=True, exist_ok=True)
             id_file.write_text(run_id)
-    return WandbLogger(
+    return RunFolderWandbLogger(
         save_dir=str(run_dir),
         project=project,
         name=name,
@@ -169,6 +170,20 @@ def wandb_logger(
         log_model=log_model if mode == "online" else False,
         **kwargs,
     )
+
+
+class RunFolderWandbLogger(WandbLogger):
+    """Lightning's ``WandbLogger`` whose copies in the processes Lightning spawns (``trainer=ddp_spawn``) write the
+    run's files into its folder. Lightning pickles the logger for them and each attaches to the W&B run with its
+    own process's settings: W&B's directory the working directory's ``./wandb``, where the media logged there (the
+    position-scheme pictures) went, outside the run folder that ``wandb sync`` uploads. Unpickled, the copy sets
+    ``WANDB_DIR`` of its process (a spawned worker of this run) to the run folder, as the main process's
+    ``wandb.init(dir=save_dir)`` has it."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._save_dir is not None:
+            os.environ["WANDB_DIR"] = str(Path(self._save_dir).resolve())
 
 
 @rank_zero_only

@@ -299,7 +299,8 @@ def kernel_checks(dev: torch.device, quick: bool) -> list[str]:
 
 def widened_backends(dev: torch.device) -> list[str]:
     """Which SDPA backends take the widened heads of Shaw's factored path and PaPE at the attention section's shapes
-    (``torch.backends.cuda.can_use_*``, bf16, heads of 64), and the pytest check that flash runs them."""
+    (``torch.backends.cuda.can_use_*``, bf16, heads of 64), and the pytest check that flash runs them (PaPE's call
+    runs in float32 under autocast, on the memory-efficient kernel: the check runs it there)."""
     from tests.kernels.test_shaw import WIDENED
 
     lines = ["| scheme | grid | head dim | flash | cuDNN | memory-efficient |", "|---|---|---:|---|---|---|"]

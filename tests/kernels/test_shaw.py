@@ -2,7 +2,8 @@
 the widened SDPA (shaw2d_factored, PaPE) at a head dim SDPA's fused kernels take.
 
 Each block size is checked against the dense float64 reference of tests/pos/test_shaw.py (forward and the gradients
-of the input and every table); on CUDA (``-m cuda``), that the flash backend runs the widened shapes of the GPU pass.
+of the input and every table); on CUDA (``-m cuda``), that the flash backend runs the widened shapes of the GPU pass
+(PaPE's, float32 under autocast: the memory-efficient backend).
 """
 
 from __future__ import annotations
@@ -182,18 +183,22 @@ def test_widened_sdpa_head_dims(pos, side, width, monkeypatch):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize(("pos", "side", "width"), WIDENED)
 def test_widened_sdpa_runs_on_flash_cuda(pos, side, width, monkeypatch):
-    """On CUDA in bf16 the widened call is one SDPA backends' check says flash takes
+    """On CUDA under bf16 autocast the widened call is one SDPA backends' check says flash takes
     (``torch.backends.cuda.can_use_flash_attention``, its reasons warned otherwise), and forward and backward run
-    with flash the only backend allowed (``sdpa_kernel``: SDPA raises when flash cannot run it)."""
+    with flash the only backend allowed (``sdpa_kernel``: SDPA raises when flash cannot run it). PaPE's call runs in
+    float32 there (its channels cancel in bf16, vitrel/pos/schemes/pape.py): the memory-efficient backend's, alone."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     m = Attention(384, 6, pos=pos, grid=(side, side)).cuda()
     x = torch.randn(2, side * side, 384, device="cuda", requires_grad=True)
     sdpa = _Sdpa(monkeypatch)
-    with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+    bf16 = m.pos.name == "shaw2d_factored"
+    backend = SDPBackend.FLASH_ATTENTION if bf16 else SDPBackend.EFFICIENT_ATTENTION
+    with torch.autocast("cuda", dtype=torch.bfloat16), sdpa_kernel([backend]):
         y = m(x, (side, side))
     y.float().square().mean().backward()
     q, k, v, mask, p = sdpa.calls[0]
-    assert q.dtype == torch.bfloat16 and q.shape[-1] == width
+    assert q.dtype == v.dtype == (torch.bfloat16 if bf16 else torch.float32) and q.shape[-1] == width
     params = torch.backends.cuda.SDPAParams(q, k, v, mask, p, False, False)
-    assert torch.backends.cuda.can_use_flash_attention(params, debug=True)
+    check = torch.backends.cuda.can_use_flash_attention if bf16 else torch.backends.cuda.can_use_efficient_attention
+    assert check(params, debug=True)

@@ -9,6 +9,8 @@ positions: ``(col, row)`` from 1, the class token at ``(0, 0)``) and ``pape/conf
 
 from __future__ import annotations
 
+import copy
+import functools
 import math
 from pathlib import Path
 
@@ -307,3 +309,66 @@ def test_rotation_invariance_of_pape_ri_only(name, invariant):
     perm = torch.tensor([(n - 1 - c) * n + r for r in range(n) for c in range(n)])
     same = torch.allclose(ta, tb[:, :, perm][..., perm], rtol=1e-10, atol=1e-10)
     assert same == invariant
+
+
+# ------------------------------------------------------------------------ (5) mixed precision
+AMP_GRID = (32, 32)  # positions up to 33: their squares cancel in bfloat16 products (module docstring of pape.py)
+
+
+def amp_errors(pos, dtype: torch.dtype, attn_impl: str = "sdpa", model_dtype: bool = False) -> dict[str, float]:
+    """Relative errors against float64 (norm of the difference over the reference's) of one layer at ``AMP_GRID``
+    under ``torch.autocast(dtype)`` (or, ``model_dtype``, the layer and its input cast to ``dtype``): output,
+    gradients (input and parameters), attention map."""
+    torch.manual_seed(0)
+    a = Attention(DIM, HEADS, pos=pos, grid=AMP_GRID, num_prefix_tokens=1, attn_impl=attn_impl)
+    a64 = copy.deepcopy(a).double()
+    x = torch.randn(1, 1 + AMP_GRID[0] * AMP_GRID[1], DIM)
+    x64 = x.double().requires_grad_()
+    ref = a64(x64, AMP_GRID)
+    g = torch.randn_like(ref)
+    (ref * g).sum().backward()
+    if model_dtype:
+        a, x = a.to(dtype), x.to(dtype)
+    x.requires_grad_()
+    with torch.autocast("cpu", dtype=dtype, enabled=not model_dtype):
+        out = a(x, AMP_GRID)
+        with torch.no_grad():
+            probs = a.attention_map(x, AMP_GRID)
+    assert out.dtype == dtype
+    (out.double() * g).sum().backward()
+
+    def rel(got, want):
+        return ((got.double() - want).norm() / want.norm()).item()
+
+    grads = [torch.cat([t.grad.flatten() for t in (xx, *m.parameters())]) for xx, m in ((x, a), (x64, a64))]
+    with torch.no_grad():
+        return {
+            "out": rel(out.detach(), ref.detach()),
+            "grad": rel(*grads),
+            "probs": rel(probs, a64.attention_map(x64, AMP_GRID)),
+        }
+
+
+@functools.cache
+def no_position_errors(dtype: torch.dtype, attn_impl: str, model_dtype: bool) -> dict[str, float]:
+    return amp_errors("none", dtype, attn_impl, model_dtype)
+
+
+@pytest.mark.parametrize(
+    ("pos", "dtype", "attn_impl", "model_dtype"),
+    [
+        ("pape", torch.bfloat16, "sdpa", False),
+        ({"name": "pape", "channels": "parabolas", "parabolas": 8}, torch.bfloat16, "sdpa", False),
+        ("pape_ri", torch.bfloat16, "sdpa", False),
+        ("pape", torch.float16, "eager", False),
+        ("pape", torch.bfloat16, "sdpa", True),
+    ],
+)
+def test_mixed_precision_errors_are_those_of_no_position(pos, dtype, attn_impl, model_dtype):
+    """At a 32 x 32 grid under autocast (or a bfloat16 layer), output, gradients and attention map are as far from
+    float64 as with no position at all (within 2x): q', k' and the attention are float32 there, no bfloat16 product
+    of squared positions cancels."""
+    got = amp_errors(pos, dtype, attn_impl, model_dtype)
+    base = no_position_errors(dtype, attn_impl, model_dtype)
+    for k, v in got.items():
+        assert v < 2 * base[k], (k, got, base)

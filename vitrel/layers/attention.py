@@ -38,6 +38,7 @@ from vitrel.kernels.common import eager_logits, merge_masks
 from vitrel.kernels.triton.rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
 from vitrel.layout.geometry import as_grid
+from vitrel.layout.heads import widened_precision
 from vitrel.layout.tokens import TokenLayout, isolate_images, poison, segment_mask
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.registry import parse_pos
@@ -281,9 +282,10 @@ class Attention(nn.Module):
     ) -> Tensor:
         """Pre-softmax logits ``[B, heads, N, N]``, computed eagerly (for inspection)."""
         st = self._state(x, grid, pos_state)
-        q, k, _ = self._qkv(x, st)
+        q, k, v = self._qkv(x, st)
         m = merge_masks(st.full_bias(), self._mask(mask, x.shape[0], x.shape[1], q.dtype, q.device), q.dtype)
-        return eager_logits(q, k, m, self.scale, st)
+        with widened_precision(q, v):  # in float32 where the scheme widened q, k in it (PaPE under autocast)
+            return eager_logits(q, k, m, self.scale, st)
 
     def attention_map(
         self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None

@@ -2,9 +2,10 @@
 a single-process evaluation of the same checkpoint.
 
 Each rank runs the whole of ``train()``, as under plain ``ddp`` (Lightning re-runs ``python train.py`` for rank 1,
-which then reads its rank from the environment). Here both ranks are spawned from the test process with that
-environment and the composed config, so no rank composes again (spawned, not forked: a fork fails once the test
-process has run autograd, as an earlier test in the same pytest worker may have). The three loggers that write files run
+which then reads its rank from the environment). Here both ranks are started from the test process with that
+environment and the composed config, so no rank composes again: fresh processes forked from a server that imported
+the training stack once (tests/preloaded.py), not forks of the test process (a fork fails once the test process has
+run autograd, as an earlier test in the same pytest worker may have). The three loggers that write files run
 together (``logger=[csv,tensorboard,wandb]``, one DDP run instead of three; each logger's files are checked), and
 ``logger=none`` alone in the validation test's fit (a fit and its test phase: no logger's folder).
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.preloaded import preloaded
 from tests.train_helpers import FAST, TINY_VIT, compose, wandb_contents
 from vitrel.train.run import train
 
@@ -52,7 +54,7 @@ def _rank(rank: int, cfg, port: int) -> None:
 def _train_ddp(run_dir: Path, overrides: list[str]) -> dict:
     """Both ranks of ``train()``; rank 0's ``metrics.json``. A rank that raises ends the other (join)."""
     cfg = compose(run_dir, overrides)
-    torch.multiprocessing.start_processes(_rank, args=(cfg, _free_port()), nprocs=2, start_method="spawn")
+    torch.multiprocessing.start_processes(_rank, args=(cfg, _free_port()), nprocs=2, start_method=preloaded())
     return json.loads((run_dir / "metrics.json").read_text())
 
 
@@ -133,7 +135,7 @@ def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
     cfgs = [
         compose(out, [*over, *DDP[1:], "trainer.strategy=ddp", f"data.loader={lo}"], "eval") for lo, out in outs.items()
     ]
-    torch.multiprocessing.start_processes(_eval_rank, args=(cfgs, _free_port()), nprocs=2, start_method="spawn")
+    torch.multiprocessing.start_processes(_eval_rank, args=(cfgs, _free_port()), nprocs=2, start_method=preloaded())
 
     assert single["num_images"] == 33
     assert fit["metrics"]["val/acc1"] == single["metrics"]["val/acc1"]

@@ -23,6 +23,7 @@ import pytest
 import torch
 from PIL import Image
 
+from tests.preloaded import preloaded
 from vitrel.data import ImageNetDataModule
 from vitrel.data.base import ResumableDataLoader
 from vitrel.data.shards import ShardLoader, epoch_samples_per_rank, main, write_hf, write_wds
@@ -212,11 +213,11 @@ def free_port() -> int:
 
 
 def run_isolated(target, *args, timeout: float = 240) -> None:
-    """``target(*args)`` in a fresh (spawned) process, in its own process group: it forks the ranks and their
-    loader workers, which a pytest worker that has already run autograd must not do (torch refuses autograd in
-    a child forked after its threads started); killed with them if it runs past ``timeout`` s: a hang fails the
-    test instead of blocking."""
-    ctx = multiprocessing.get_context("spawn")
+    """``target(*args)`` in a fresh process (forked from a server that has run no test: tests/preloaded.py), in its
+    own process group: it forks the ranks and their loader workers, which a pytest worker that has already run
+    autograd must not do (torch refuses autograd in a child forked after its threads started); killed with them if
+    it runs past ``timeout`` s: a hang fails the test instead of blocking."""
+    ctx = multiprocessing.get_context(preloaded())
     proc = ctx.Process(target=_in_own_group, args=(target, *args))
     proc.start()
     proc.join(timeout)
@@ -241,8 +242,8 @@ def _in_turn(calls) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_runs(data, tmp_path_factory):
-    """The two multi-process bodies (``_fit``, then ``_iterate``) in one spawned process (one start of a fresh
-    interpreter for both), each writing to its own folder; the tests below read them (none writes there)."""
+    """The two multi-process bodies (``_fit``, then ``_iterate``) in one fresh process (:func:`run_isolated`, one for
+    both), each writing to its own folder; the tests below read them (none writes there)."""
     fit, iterate = tmp_path_factory.mktemp("ddp_fit"), tmp_path_factory.mktemp("ddp_iterate")
     run_isolated(
         _in_turn,

@@ -13,6 +13,9 @@ VIT = dict(name="vitrel_vit_tiny_patch4_32", embed_dim=32, depth=3, num_heads=2,
 SWIN = dict(
     name="vitrel_swin_tiny_patch2_window4_32", embed_dim=16, depths=(2, 2), num_heads=(1, 2), pos="rel2d_factored"
 )
+#: the ONNX test's backbone: two stages (two maps) of one block each; the shifted blocks' windows and masks through
+#: ONNX are tests/models/test_export.py's (every Swin case there has them), at every size here through torch.export
+SWIN_ONNX = dict(SWIN, depths=(1, 1))
 
 
 def features(spec: dict, **kw) -> torch.nn.Module:
@@ -61,7 +64,7 @@ def test_features_only_onnx_names_the_maps(tmp_path, kw):
     ort = pytest.importorskip("onnxruntime")
     from vitrel.export import export_onnx
 
-    f = features(SWIN, **kw)
+    f = features(SWIN_ONNX, **kw)
     path = export_onnx(f, tmp_path / "f.onnx", example=torch.randn(2, 3, 32, 32))
     sess = ort.InferenceSession(str(path))
     assert [o.name for o in sess.get_outputs()] == [f"features_{i}" for i in range(len(f.feature_info.out_indices))]

@@ -2,9 +2,10 @@
 a single-process evaluation of the same checkpoint; ``trainer=ddp_spawn``'s record of its fit and test.
 
 Each rank runs the whole of ``train()``, as under plain ``ddp`` (Lightning re-runs ``python train.py`` for rank 1,
-which then reads its rank from the environment). Here both ranks are spawned from the test process with that
-environment and the composed config, so no rank composes again (spawned, not forked: a fork fails once the test
-process has run autograd, as an earlier test in the same pytest worker may have). The three loggers that write files run
+which then reads its rank from the environment). Here both ranks are started from the test process with that
+environment and the composed config, so no rank composes again: fresh processes forked from a server that imported
+the training stack once (tests/preloaded.py), not forks of the test process (a fork fails once the test process has
+run autograd, as an earlier test in the same pytest worker may have). The three loggers that write files run
 together (``logger=[csv,tensorboard,wandb]``, one DDP run instead of three; each logger's files are checked), and
 ``logger=none`` alone in the validation test's fit (a fit and its test phase: no logger's folder), which runs under
 ``trainer=ddp_spawn`` instead: ``train()`` in the test process, Lightning spawning the ranks for the fit and the test.
@@ -21,6 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.preloaded import preloaded
 from tests.train_helpers import FAST, TINY_VIT, compose, wandb_contents
 from vitrel.train.run import train
 
@@ -54,7 +56,7 @@ def _rank(rank: int, cfg, port: int) -> None:
 def _train_ddp(run_dir: Path, overrides: list[str]) -> dict:
     """Both ranks of ``train()``; rank 0's ``metrics.json``. A rank that raises ends the other (join)."""
     cfg = compose(run_dir, overrides)
-    torch.multiprocessing.start_processes(_rank, args=(cfg, _free_port()), nprocs=2, start_method="spawn")
+    torch.multiprocessing.start_processes(_rank, args=(cfg, _free_port()), nprocs=2, start_method=preloaded())
     return json.loads((run_dir / "metrics.json").read_text())
 
 
@@ -152,7 +154,7 @@ def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
     single = evaluate_split(compose(tmp_path / "one", over, config_name="eval"))
     outs = {loader: tmp_path / f"ddp_{loader}" for loader in ("memory", "workers")}
     cfg = compose(outs["memory"], [*over, *DDP[1:], "trainer.strategy=ddp", "data.loader=memory"], "eval")
-    torch.multiprocessing.start_processes(_eval_rank, args=([cfg], _free_port()), nprocs=2, start_method="spawn")
+    torch.multiprocessing.start_processes(_eval_rank, args=([cfg], _free_port()), nprocs=2, start_method=preloaded())
     evaluate_split(
         compose(outs["workers"], [*over, *SPAWN[1:], "trainer.strategy=ddp_spawn", "data.loader=workers"], "eval")
     )

@@ -234,11 +234,15 @@ def test_eval_at_one_of_the_runs_size_choices_scores_the_model_as_trained(tmp_pa
     """A run with ``data.size_choices=[28,36]`` trained its 36-px batches on the model built at 28 px: offsets past
     its 13x13 table read the table's edge. ``eval.py data.img_size=36`` rebuilt the model at 36 px, interpolating
     those offsets instead: another function than the one trained at 36. At a size the run trained at, eval.py runs
-    the stored model as trained (said in the log); checked against a forward by hand. Another size is rebuilt."""
+    the stored model as trained (said in the log); checked against a forward by hand. Another size is rebuilt. (The
+    run trains in-process: eval.py takes the size choices stored with the weights; its own scores are not read.)"""
     import torch.nn.functional as F
 
+    from vitrel.train.run import train
+
     run = tmp_path / "run"
-    _train_py(run, [*TINY_VIT, *FAST, "trainer.limit_train_batches=4", "pos=rel2d_full", "data.size_choices=[28,36]"])
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1", "test=false"]
+    train(compose(run, [*TINY_VIT, *FAST, *short, "logger=none", "pos=rel2d_full", "data.size_choices=[28,36]"]))
     ckpt = run / "checkpoints" / "last.ckpt"
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
     for k, v in state["state_dict"].items():  # a table whose edge differs from its inside, as a longer run's

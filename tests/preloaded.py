@@ -1,0 +1,26 @@
+"""Fresh processes for the multi-process tests (DDP ranks, an isolated fit), without importing the training stack in
+each.
+
+A process spawned as a fresh interpreter imports torch, Lightning and vitrel again: about 8 s of CPU, most of what a
+test of two tiny DDP ranks costs. Multiprocessing's ``forkserver`` start method starts one fresh interpreter (the
+server) that imports :data:`PRELOAD` once; each process is then forked from it. Such a process starts as a spawned
+one does, from an interpreter that has run no test (no autograd threads, which a fork of the pytest worker would
+inherit in a bad state), with the modules already imported. The server lives as long as the pytest process.
+
+A process gets the server's environment, taken when the first call in the pytest process started it, not the test
+process's at the call: the tests' processes set what they need themselves (``MASTER_ADDR``, ``LOCAL_RANK`` ...).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+
+#: what the server imports once (the tests' own modules then import quickly in each process)
+PRELOAD = ["vitrel.train.run", "tests.train_helpers"]
+
+
+def preloaded() -> str:
+    """The start method for ``torch.multiprocessing.start_processes`` (``multiprocessing.get_context``): the
+    forkserver, set to import :data:`PRELOAD` when it starts."""
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    return "forkserver"

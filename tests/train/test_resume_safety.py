@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests import preloaded
 from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script, script_env
 from vitrel.data import ArrayDataModule, SplitMismatchError
 from vitrel.models.checkpoint import CheckpointError
@@ -147,25 +148,41 @@ def test_atomic_write_keeps_the_previous_file_when_the_disk_is_full(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "temporary file left behind"
 
 
+def _write_slowly(target: str, marker: str, tmpdir: str) -> None:
+    """``atomic_write`` of a new ``target`` that writes 1 MB, says so in ``marker`` and sleeps (to be killed there),
+    with ``TMPDIR=tmpdir`` (in a process of its own: tests/preloaded.py)."""
+    import tempfile
+
+    os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = None  # (looked up again from TMPDIR, as in a process started with it)
+
+    def slow(f):
+        f.write(b"y" * 1_000_000)
+        f.flush()
+        Path(marker).write_text("1")
+        time.sleep(600)
+
+    atomic_write(target, slow)
+
+
 @pytest.mark.slow
 def test_sigkill_mid_write_keeps_the_previous_file(tmp_path):
     """A process killed while writing the new checkpoint leaves the old one whole (and its temporary
     file beside it, never under the checkpoint's name); TMPDIR on another filesystem changes nothing."""
     target, marker = tmp_path / "last.ckpt", tmp_path / "writing"
     target.write_bytes(b"previous checkpoint")
-    script = (
-        "import sys, time\nfrom pathlib import Path\nfrom vitrel.train.ckpt_io import atomic_write\n"
-        "def slow(f):\n    f.write(b'y' * 1_000_000); f.flush(); Path(sys.argv[2]).write_text('1'); time.sleep(600)\n"
-        "atomic_write(sys.argv[1], slow)\n"
-    )
-    env = {**script_env(), "TMPDIR": "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", script, str(target), str(marker)], env=env)
+    tmpdir = "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp_path)
+    proc = preloaded.start(_write_slowly, str(target), str(marker), tmpdir)
     try:
-        _wait_for(marker, proc)
+        t0 = time.time()
+        while not marker.exists():
+            assert proc.is_alive(), f"the writer ended (exit code {proc.exitcode}) before it wrote"
+            assert time.time() - t0 < 240, f"timed out waiting for {marker}"
+            time.sleep(0.2)
         proc.kill()
-        proc.wait(timeout=30)
+        proc.join(30)
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             proc.kill()
     assert target.read_bytes() == b"previous checkpoint"
     (tmp,) = [p for p in tmp_path.iterdir() if p.name.startswith(".last.ckpt.")]

@@ -100,24 +100,23 @@ def train_video_sweep(sweep: Path) -> Path:
     return sweep / "0"
 
 
-def start_hanging_run(args: list[str], marker: Path, cwd: Path, at_step: int, what: str = "the run"):
-    """``python train.py <args>`` in the background with a :class:`Hang` callback at ``at_step``: returns the
-    running process once it hangs there (``marker`` written). The caller kills it."""
-    import subprocess
+def _train_with_hang(cfg, at_step: int, marker: str) -> None:
+    from vitrel.train.run import train
 
-    hang = f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: {at_step}, marker: '{marker}'}}"
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, hang],
-        cwd=cwd,
-        env=script_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    train(cfg, callbacks=[Hang(at_step, marker)])
+
+
+def start_hanging_run(cfg, marker: Path, at_step: int, what: str = "the run"):
+    """``train(cfg)`` in a process of its own (forked from tests/preloaded.py's server) with a :class:`Hang` callback
+    at ``at_step``: returns the running process (a ``multiprocessing.Process``) once it hangs there (``marker``
+    written). The caller kills it."""
+    from tests import preloaded
+
+    proc = preloaded.start(_train_with_hang, cfg, at_step, str(marker))
     t0 = time.time()
     while not marker.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"{what} ended before step {at_step}:\n{proc.stdout.read()[-4000:]}")
+        if not proc.is_alive():
+            raise AssertionError(f"{what} ended before step {at_step} (exit code {proc.exitcode}; its error is above)")
         if time.time() - t0 > 240:
             proc.kill()
             raise AssertionError(f"timed out waiting for {what} to reach step {at_step}")

@@ -1,5 +1,6 @@
-"""Training framework through ``python train.py`` subprocesses (sweeps: tests/train/test_sweep_summary.py): 2-process
-DDP against 1 process, SIGKILL mid-epoch then resume, bad configs."""
+"""Training framework in processes of its own (sweeps: tests/train/test_sweep_summary.py): 2-process DDP through
+``python train.py`` against 1 process, a run SIGKILLed mid-epoch (``train()`` in a process of its own) then resumed,
+bad configs as ``python train.py`` prints them."""
 
 from __future__ import annotations
 
@@ -78,14 +79,14 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(tmp_path, loader):
 
     killed = tmp_path / "killed"
     marker = tmp_path / "hanging"
-    proc = start_hanging_run([*common, f"hydra.run.dir={killed}"], marker, tmp_path, at_step=8)
+    proc = start_hanging_run(compose(killed, common), marker, at_step=8)
     try:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.join(30)
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             proc.kill()
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.exitcode == -signal.SIGKILL
     last = torch.load(killed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 8 and last["epoch"] == 1  # mid-epoch: 2 of epoch 1's 6 batches done
 

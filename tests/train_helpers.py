@@ -91,11 +91,53 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 300):
     )
 
 
+def _script_here(script: str, args: list[str], cwd: str, log: str) -> None:
+    """``python <script> <args>`` in this process (one forked by :func:`run_script_forked`): the script run as
+    ``__main__`` with its ``sys.argv`` and ``sys.path`` (its folder, then ``script_env``'s tests/), output in
+    ``log``; then the ``atexit`` functions, as the interpreter runs them at its exit (a forked process ends without)."""
+    import atexit
+    import runpy
+
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    os.chdir(cwd)
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    sys.argv = [str(ROOT / script), *args]
+    try:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()
+
+
+def run_script_forked(script: str, args: list[str], cwd: Path, timeout: float = 300):
+    """``python <script> <args>`` as :func:`run_script`, in a process forked from tests/preloaded.py's server (which
+    imported vitrel once) instead of a fresh interpreter (about 8 s of CPU to import): for a run whose folder a test
+    reads. Returns a CompletedProcess whose ``stderr`` holds the output (stdout and stderr together), for failure
+    messages; a test of what a script prints, or of how it starts, uses :func:`run_script`."""
+    import subprocess
+    import tempfile
+
+    from tests import preloaded
+
+    with tempfile.TemporaryDirectory() as d:
+        log = Path(d) / "output.txt"
+        proc = preloaded.start(_script_here, script, list(args), str(cwd), str(log))
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            raise AssertionError(f"python {script} {' '.join(args)} did not end within {timeout} s")
+        out = log.read_text() if log.exists() else ""
+    return subprocess.CompletedProcess([script, *args], proc.exitcode, stdout="", stderr=out)
+
+
 def train_video_sweep(sweep: Path) -> Path:
     """``python train.py -m experiment=video pos=none`` (a sweep, as a user runs it), tiny, one epoch, in ``sweep``:
     its first job's folder (the ``video_sweep`` fixture of tests/conftest.py)."""
     args = ["-m", *TINY_VIDEO, "pos=none", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}", "logger=none"]
-    r = run_script("train.py", args, cwd=sweep)
+    r = run_script_forked("train.py", args, cwd=sweep)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return sweep / "0"
 

@@ -151,14 +151,14 @@ def test_eval_on_other_data_names_the_data_the_run_trained_on(tmp_path):
     """``python eval.py ckpt_path=<a run on ImageNet-layout folders>`` reads Fashion-MNIST unless told: refused before
     the weights are read, with the run's own ``data=imagenet data.root=...`` (from the folder ``train.py`` wrote),
     which then works as given."""
-    from tests.train_helpers import run_script
+    from tests.train_helpers import run_script_forked
     from vitrel.train.evaluate import evaluate
 
     tree = _class_folders(tmp_path / "tree")
     run = tmp_path / "run"
     args = ["data=imagenet", f"data.root={tree}", "data.img_size=32", "data.batch_size=4", *TINY_VIT, *FAST[:1]]
     args += [*FAST[2:], *SHORT, f"hydra.run.dir={run}"]
-    r = run_script("train.py", args, cwd=tmp_path)
+    r = run_script_forked("train.py", args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     ckpt = run / "checkpoints" / "last.ckpt"
     with pytest.raises(ValueError) as refused:  # (eval.py's evaluate(), in-process)

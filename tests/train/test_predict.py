@@ -318,11 +318,12 @@ FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """``last.ckpt`` of a few steps of the default recipe (Fashion-MNIST, grey 28 x 28), written by ``train.py``."""
-    from tests.train_helpers import run_script
+    """``last.ckpt`` of a few steps of the default recipe (Fashion-MNIST, grey 28 x 28), written by ``train.py`` (forked
+    from the preloaded server: :func:`tests.train_helpers.run_script_forked`)."""
+    from tests.train_helpers import run_script_forked
 
     run = tmp_path_factory.mktemp("train")
-    res = run_script("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd=run)
+    res = run_script_forked("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd=run)
     assert res.returncode == 0, res.stderr[-3000:]
     return run / "checkpoints" / "last.ckpt"
 

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script, wandb_contents
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script, run_script_forked, wandb_contents
 from vitrel.train.hydra_callbacks import SweepSummary, summary_rows
 from vitrel.train.run import train
 from vitrel.train.sweep_plot import plot_rows
@@ -120,7 +120,7 @@ def test_a_sweep_run_again_with_other_lists_refuses_the_folder_of_another_job(tm
     seed 0's weights as seed 1's (its summary row and metrics.json said ``seed=1``); it is refused, naming both."""
     sweep = tmp_path / "sweep"
     args = [*TINY, f"hydra.sweep.dir={sweep}", "logger=none"]
-    r = run_script("train.py", ["-m", "pos=rel2d_full", "seed=0,1", *args], cwd=tmp_path)
+    r = run_script_forked("train.py", ["-m", "pos=rel2d_full", "seed=0,1", *args], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     first = _metrics(sweep / "0")
     assert first["overrides"][:2] == ["pos=rel2d_full", "seed=0"]

@@ -91,46 +91,58 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 300):
     )
 
 
-def _script_here(script: str, args: list[str], cwd: str, log: str) -> None:
-    """``python <script> <args>`` in this process (one forked by :func:`run_script_forked`): the script run as
-    ``__main__`` with its ``sys.argv`` and ``sys.path`` (its folder, then ``script_env``'s tests/), output in
-    ``log``; then the ``atexit`` functions, as the interpreter runs them at its exit (a forked process ends without)."""
+def _script_here(script: str, args: list[str], cwd: str, out: str, err: str) -> None:
+    """``python <script> <args>`` in this process (one forked by :func:`run_script_forked`), ending as the interpreter
+    ends: the script run as ``__main__`` with its ``sys.argv`` and ``sys.path`` (its folder, then ``script_env``'s
+    tests/), stdout and stderr to the files ``out`` and ``err``; an uncaught exception's traceback or a ``SystemExit``
+    message printed, then the ``atexit`` functions (a forked process ends without them), then the exit code."""
     import atexit
     import runpy
+    import traceback
 
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
     os.chdir(cwd)
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     sys.argv = [str(ROOT / script), *args]
+    code = 0
     try:
         runpy.run_path(str(ROOT / script), run_name="__main__")
-    finally:
-        atexit._run_exitfuncs()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.exit(code)
 
 
 def run_script_forked(script: str, args: list[str], cwd: Path, timeout: float = 300):
-    """``python <script> <args>`` as :func:`run_script`, in a process forked from tests/preloaded.py's server (which
-    imported vitrel once) instead of a fresh interpreter (about 8 s of CPU to import): for a run whose folder a test
-    reads. Returns a CompletedProcess whose ``stderr`` holds the output (stdout and stderr together), for failure
-    messages; a test of what a script prints, or of how it starts, uses :func:`run_script`."""
+    """``python <script> <args>`` as :func:`run_script` (its CompletedProcess: exit code, stdout, stderr), run in a
+    process forked from tests/preloaded.py's server, which imported vitrel once, instead of a fresh interpreter (about
+    8 s of CPU to import). The script's own code runs as under ``python``; what differs is that the imports happened
+    before it: a test of what importing prints, or of how a script starts, uses :func:`run_script`."""
     import subprocess
     import tempfile
 
     from tests import preloaded
 
     with tempfile.TemporaryDirectory() as d:
-        log = Path(d) / "output.txt"
-        proc = preloaded.start(_script_here, script, list(args), str(cwd), str(log))
+        out, err = Path(d) / "stdout", Path(d) / "stderr"
+        proc = preloaded.start(_script_here, script, list(args), str(cwd), str(out), str(err))
         proc.join(timeout)
         if proc.is_alive():
             proc.kill()
             proc.join()
-            raise AssertionError(f"python {script} {' '.join(args)} did not end within {timeout} s")
-        out = log.read_text() if log.exists() else ""
-    return subprocess.CompletedProcess([script, *args], proc.exitcode, stdout="", stderr=out)
+            raise subprocess.TimeoutExpired([script, *args], timeout)
+        texts = [p.read_text() if p.exists() else "" for p in (out, err)]
+    return subprocess.CompletedProcess([script, *args], proc.exitcode, stdout=texts[0], stderr=texts[1])
 
 
 def train_video_sweep(sweep: Path) -> Path:

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIDEO, TINY_VIT, compose, run_script, run_script_forked
+from tests.train_helpers import FAST, TINY_VIDEO, TINY_VIT, compose, run_script_forked
 from vitrel.data.datasets import seeded_split
 from vitrel.train.evaluate import evaluate
 
@@ -87,7 +87,7 @@ def test_the_split_comes_from_the_checkpoint_when_the_record_was_rewritten(fmnis
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     over = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "logger=none", *RUN_DATA[1:], "seed=2", f"hydra.run.dir={copy}"]
-    refused = run_script("train.py", over, cwd=tmp_path)
+    refused = run_script_forked("train.py", over, cwd=tmp_path)
     assert refused.returncode == 1 and "SplitMismatchError" in refused.stdout + refused.stderr
     assert OmegaConf.load(copy / ".hydra" / "config.yaml").seed == 2  # the record now says seed 2
     metrics, res, data = _eval(tmp_path, "val", copy / "checkpoints" / "last.ckpt", ["split=val", *EVAL])

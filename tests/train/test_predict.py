@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -68,9 +66,10 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 def test_predict_script_on_a_folder(ckpt, images, tmp_path):
     out = tmp_path / "pred.csv"
-    cmd = [sys.executable, str(ROOT / "predict.py"), f"ckpt_path={ckpt}", f"input={images}", f"results_file={out}"]
-    cmd += ["topk=3", "batch_size=2", f"hydra.run.dir={tmp_path / 'run'}"]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    from tests.train_helpers import run_script_forked
+
+    args = [f"ckpt_path={ckpt}", f"input={images}", f"results_file={out}", "topk=3", "batch_size=2"]
+    res = run_script_forked("predict.py", [*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "predicted 5 of 6 image(s), skipped 1 unreadable file(s)" in res.stdout
     # one logged line for the skipped file, not a Python warning with its source line under it

@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from tests import preloaded
-from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script, script_env
+from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script_forked, script_env
 from vitrel.data import ArrayDataModule, SplitMismatchError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
@@ -232,7 +232,7 @@ def test_second_run_in_a_busy_folder_is_refused_and_a_stale_lock_is_taken_over(t
             train(compose(run_dir, [*COMMON, "logger=csv"]))
         msg = str(exc.value)
         assert f"pid {first.pid}" in msg and socket.gethostname() in msg and "started" in msg, msg
-        second = run_script(
+        second = run_script_forked(
             "train.py", [*COMMON, "logger=csv", "pos=rope2d_mixed", f"hydra.run.dir={run_dir}"], tmp_path
         )
         assert second.returncode != 0
@@ -371,7 +371,7 @@ def test_resume_with_another_validation_split_is_refused(tmp_path):
     stored = torch.load(ckpt, map_location="cpu", weights_only=True)["FashionMNISTDataModule"]["split"]
     assert {k: stored[k] for k in ("val_fraction", "seed", "pool")} == {"val_fraction": 0.2, "seed": 1, "pool": 10000}
 
-    proc = run_script(
+    proc = run_script_forked(
         "train.py",
         [*short, "trainer.max_epochs=2", "data.val_fraction=0.2", "data.seed=2", "logger=csv", f"hydra.run.dir={run}"],
         tmp_path,

@@ -24,3 +24,22 @@ def preloaded() -> str:
     forkserver, set to import :data:`PRELOAD` when it starts."""
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     return "forkserver"
+
+
+def start(target, *args) -> multiprocessing.Process:
+    """``target(*args)`` in a process forked from the server, started (the caller waits for it, or kills it)."""
+    proc = multiprocessing.get_context(preloaded()).Process(target=target, args=args)
+    proc.start()
+    return proc
+
+
+def run(target, *args, timeout: float = 300) -> None:
+    """``target(*args)`` in a process forked from the server, waited for: it must end, with exit code 0, within
+    ``timeout`` s (else it is killed and the test fails)."""
+    proc = start(target, *args)
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        raise AssertionError(f"{target.__name__}{args} did not end within {timeout} s")
+    assert proc.exitcode == 0, f"{target.__name__}{args} failed (exit code {proc.exitcode}; its error is above)"

@@ -91,33 +91,86 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 300):
     )
 
 
+def _script_here(script: str, args: list[str], cwd: str, out: str, err: str) -> None:
+    """``python <script> <args>`` in this process (one forked by :func:`run_script_forked`), ending as the interpreter
+    ends: the script run as ``__main__`` with its ``sys.argv`` and ``sys.path`` (its folder, then ``script_env``'s
+    tests/), stdout and stderr to the files ``out`` and ``err``; an uncaught exception's traceback or a ``SystemExit``
+    message printed, then the ``atexit`` functions (a forked process ends without them), then the exit code."""
+    import atexit
+    import runpy
+    import traceback
+
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    os.chdir(cwd)
+    sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+    sys.argv = [str(ROOT / script), *args]
+    code = 0
+    try:
+        runpy.run_path(str(ROOT / script), run_name="__main__")
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else 1
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    sys.exit(code)
+
+
+def run_script_forked(script: str, args: list[str], cwd: Path, timeout: float = 300):
+    """``python <script> <args>`` as :func:`run_script` (its CompletedProcess: exit code, stdout, stderr), run in a
+    process forked from tests/preloaded.py's server, which imported vitrel once, instead of a fresh interpreter (about
+    8 s of CPU to import). The script's own code runs as under ``python``; what differs is that the imports happened
+    before it: a test of what importing prints, or of how a script starts, uses :func:`run_script`."""
+    import subprocess
+    import tempfile
+
+    from tests import preloaded
+
+    with tempfile.TemporaryDirectory() as d:
+        out, err = Path(d) / "stdout", Path(d) / "stderr"
+        proc = preloaded.start(_script_here, script, list(args), str(cwd), str(out), str(err))
+        proc.join(timeout)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+            raise subprocess.TimeoutExpired([script, *args], timeout)
+        texts = [p.read_text() if p.exists() else "" for p in (out, err)]
+    return subprocess.CompletedProcess([script, *args], proc.exitcode, stdout=texts[0], stderr=texts[1])
+
+
 def train_video_sweep(sweep: Path) -> Path:
     """``python train.py -m experiment=video pos=none`` (a sweep, as a user runs it), tiny, one epoch, in ``sweep``:
     its first job's folder (the ``video_sweep`` fixture of tests/conftest.py)."""
     args = ["-m", *TINY_VIDEO, "pos=none", "trainer.max_epochs=1", f"hydra.sweep.dir={sweep}", "logger=none"]
-    r = run_script("train.py", args, cwd=sweep)
+    r = run_script_forked("train.py", args, cwd=sweep)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return sweep / "0"
 
 
-def start_hanging_run(args: list[str], marker: Path, cwd: Path, at_step: int, what: str = "the run"):
-    """``python train.py <args>`` in the background with a :class:`Hang` callback at ``at_step``: returns the
-    running process once it hangs there (``marker`` written). The caller kills it."""
-    import subprocess
+def _train_with_hang(cfg, at_step: int, marker: str) -> None:
+    from vitrel.train.run import train
 
-    hang = f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: {at_step}, marker: '{marker}'}}"
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *args, hang],
-        cwd=cwd,
-        env=script_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    train(cfg, callbacks=[Hang(at_step, marker)])
+
+
+def start_hanging_run(cfg, marker: Path, at_step: int, what: str = "the run"):
+    """``train(cfg)`` in a process of its own (forked from tests/preloaded.py's server) with a :class:`Hang` callback
+    at ``at_step``: returns the running process (a ``multiprocessing.Process``) once it hangs there (``marker``
+    written). The caller kills it."""
+    from tests import preloaded
+
+    proc = preloaded.start(_train_with_hang, cfg, at_step, str(marker))
     t0 = time.time()
     while not marker.exists():
-        if proc.poll() is not None:
-            raise AssertionError(f"{what} ended before step {at_step}:\n{proc.stdout.read()[-4000:]}")
+        if not proc.is_alive():
+            raise AssertionError(f"{what} ended before step {at_step} (exit code {proc.exitcode}; its error is above)")
         if time.time() - t0 > 240:
             proc.kill()
             raise AssertionError(f"timed out waiting for {what} to reach step {at_step}")

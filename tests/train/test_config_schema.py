@@ -186,9 +186,11 @@ def test_data_pos_follows_the_chosen_pair_and_yields_to_the_command_line():
 def test_unknown_pos_key_error_names_the_schemes_options(tmp_path):
     """``pos.typo=1`` (no ``+``): Hydra still refuses it at composition ("not in struct"), and the same run's error
     names the chosen scheme's options, so one run tells what to set (before, only ``+pos.typo=1`` did)."""
-    from tests.train_helpers import run_script
+    from tests.train_helpers import run_script_forked
 
-    r = run_script("train.py", ["pos=shaw2d_factored", "pos.typo=1", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
+    r = run_script_forked(
+        "train.py", ["pos=shaw2d_factored", "pos.typo=1", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path
+    )
     assert r.returncode == 1
     assert "Key 'typo' is not in struct" in r.stderr, r.stderr[-2000:]
     want = "train.py: pos.typo=1: position scheme 'shaw2d_factored' has no option 'typo'; its options: clip_distance,"

@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
 from vitrel.train.evaluate import evaluate
 from vitrel.train.run import train
 
@@ -41,7 +41,7 @@ def test_eval_py_on_a_video_checkpoint_without_data_is_one_line_whose_advice_run
     """``python eval.py ckpt_path=<a video run's last.ckpt>`` (no ``data=``: eval.py reads Fashion-MNIST) ended in a
     ValueError traceback. Now one line naming the run's data; that advice then scores the run's clips."""
     ckpt = video_sweep / "checkpoints" / "last.ckpt"
-    r = run_script("eval.py", [f"ckpt_path={ckpt}", *EVAL, f"hydra.run.dir={tmp_path}/e"], cwd=tmp_path)
+    r = run_script_forked("eval.py", [f"ckpt_path={ckpt}", *EVAL, f"hydra.run.dir={tmp_path}/e"], cwd=tmp_path)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "Error executing job" not in r.stderr, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]

@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIDEO, TINY_VIT, compose, run_script
+from tests.train_helpers import FAST, TINY_VIDEO, TINY_VIT, compose, run_script_forked
 from vitrel.data.datasets import seeded_split
 from vitrel.train.evaluate import evaluate
 
@@ -24,8 +24,10 @@ RUN_DATA = ["seed=1", "data.seed=${seed}", "data.val_fraction=0.2", "data.interp
 
 
 def _train_py(run, args: list[str]) -> dict:
-    """``python train.py <args>`` in ``run`` (its ``.hydra/config.yaml`` as Hydra writes it): its metrics.json."""
-    r = run_script("train.py", [*args, "trainer.max_epochs=1", "logger=none", f"hydra.run.dir={run}"], cwd=run.parent)
+    """``python train.py <args>`` in ``run`` (its ``.hydra/config.yaml`` as Hydra writes it; forked from the preloaded
+    server: :func:`tests.train_helpers.run_script_forked`): its metrics.json."""
+    args = [*args, "trainer.max_epochs=1", "logger=none", f"hydra.run.dir={run}"]
+    r = run_script_forked("train.py", args, cwd=run.parent)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return json.loads((run / "metrics.json").read_text())["metrics"]
 
@@ -85,7 +87,7 @@ def test_the_split_comes_from_the_checkpoint_when_the_record_was_rewritten(fmnis
     copy = tmp_path / "run"
     shutil.copytree(run, copy)
     over = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "logger=none", *RUN_DATA[1:], "seed=2", f"hydra.run.dir={copy}"]
-    refused = run_script("train.py", over, cwd=tmp_path)
+    refused = run_script_forked("train.py", over, cwd=tmp_path)
     assert refused.returncode == 1 and "SplitMismatchError" in refused.stdout + refused.stderr
     assert OmegaConf.load(copy / ".hydra" / "config.yaml").seed == 2  # the record now says seed 2
     metrics, res, data = _eval(tmp_path, "val", copy / "checkpoints" / "last.ckpt", ["split=val", *EVAL])

@@ -16,7 +16,7 @@ import lightning as L
 import pytest
 import torch
 
-from tests.train_helpers import FAST, TINY_VIT, PoisonWeights, RaiseInForward, SendSignal, compose, run_script
+from tests.train_helpers import FAST, TINY_VIT, PoisonWeights, RaiseInForward, SendSignal, compose, run_script_forked
 from vitrel.train.callbacks import NonFiniteLossError
 from vitrel.train.run import train
 
@@ -94,7 +94,7 @@ def _resume_matches(run: Path, uninterrupted) -> None:
 def test_loader_error_saves_the_last_step_and_resumes_exactly(tmp_path, uninterrupted):
     """``python train.py``: the data set raises making the batch of step 6; last.ckpt holds step 5."""
     crash = "+callbacks.crash={_target_: train_helpers.RaiseOnFetch, at_step: 5}"
-    proc = run_script("train.py", [*COMMON, crash, f"hydra.run.dir={tmp_path}"], tmp_path.parent)
+    proc = run_script_forked("train.py", [*COMMON, crash, f"hydra.run.dir={tmp_path}"], tmp_path.parent)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "OSError: image file is truncated" in out, out[-3000:]
     assert SAVED in out, out[-3000:]

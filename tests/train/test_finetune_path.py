@@ -14,7 +14,7 @@ import torch
 from omegaconf import OmegaConf
 
 from tests.data.test_datamodules import make_cifar_files
-from tests.train_helpers import FAST, compose, run_script
+from tests.train_helpers import FAST, compose, run_script_forked
 from vitrel.config import ConfigError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.data_config import stored_data_config
@@ -128,7 +128,7 @@ def test_a_resume_from_other_pretrained_weights_is_refused_naming_both(sources, 
     assert recorded == expected, recorded
 
     tagged = [a.replace(f"timm:{TIMM}", f"timm:{TIMM}.augreg_in21k") for a in args]
-    proc = run_script("train.py", [*tagged, "trainer.max_epochs=2", f"hydra.run.dir={run}"], tmp_path)
+    proc = run_script_forked("train.py", [*tagged, "trainer.max_epochs=2", f"hydra.run.dir={run}"], tmp_path)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
     assert last.startswith(f"train.py: ConfigError: {ckpt} was trained from other weights than the configured"), last

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
 from vitrel.train.run import train
 
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
@@ -52,7 +52,7 @@ def test_from_checkpoint_pos_refusal_is_one_line_from_train_py(rope_run, tmp_pat
     refusals (``one_line_errors``): no traceback."""
     ckpt = rope_run / "checkpoints" / "last.ckpt"
     args = ["model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT, "pos=alibi2d", f"hydra.run.dir={tmp_path}/r"]
-    r = run_script("train.py", args, cwd=tmp_path)
+    r = run_script_forked("train.py", args, cwd=tmp_path)
     assert r.returncode == 1, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and "Error executing job" not in r.stderr, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
@@ -151,14 +151,14 @@ def test_eval_on_other_data_names_the_data_the_run_trained_on(tmp_path):
     """``python eval.py ckpt_path=<a run on ImageNet-layout folders>`` reads Fashion-MNIST unless told: refused before
     the weights are read, with the run's own ``data=imagenet data.root=...`` (from the folder ``train.py`` wrote),
     which then works as given."""
-    from tests.train_helpers import run_script
+    from tests.train_helpers import run_script_forked
     from vitrel.train.evaluate import evaluate
 
     tree = _class_folders(tmp_path / "tree")
     run = tmp_path / "run"
     args = ["data=imagenet", f"data.root={tree}", "data.img_size=32", "data.batch_size=4", *TINY_VIT, *FAST[:1]]
     args += [*FAST[2:], *SHORT, f"hydra.run.dir={run}"]
-    r = run_script("train.py", args, cwd=tmp_path)
+    r = run_script_forked("train.py", args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     ckpt = run / "checkpoints" / "last.ckpt"
     with pytest.raises(ValueError) as refused:  # (eval.py's evaluate(), in-process)
@@ -195,17 +195,17 @@ def _message_lines(stderr: str) -> list[str]:
 def test_a_damaged_checkpoint_is_one_line_on_train_py_and_eval_py(tmp_path):
     """A truncated ``last.ckpt`` (resumed by ``resume=auto``) and a damaged ``eval.py ckpt_path=``: the message alone,
     ``<script>: CheckpointError: ...`` and exit code 1, as predict.py prints it; no traceback."""
-    from tests.train_helpers import run_script
+    from tests.train_helpers import run_script_forked
 
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
-    r = run_script("train.py", [*TINY_VIT, *FAST[:1], *FAST[2:], *SHORT, f"hydra.run.dir={run}"], tmp_path)
+    r = run_script_forked("train.py", [*TINY_VIT, *FAST[:1], *FAST[2:], *SHORT, f"hydra.run.dir={run}"], tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     lines = _message_lines(r.stderr)
     assert len(lines) == 1 and lines[0].startswith(f"train.py: CheckpointError: cannot read {run}"), r.stderr
     args = [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={tmp_path / 'eval'}"]
-    r = run_script("eval.py", args, tmp_path)
+    r = run_script_forked("eval.py", args, tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     lines = _message_lines(r.stderr)
     assert len(lines) == 1 and lines[0].startswith(f"eval.py: CheckpointError: cannot read {run}"), r.stderr

@@ -1,24 +1,22 @@
-"""Training framework through ``python train.py`` subprocesses (sweeps: tests/train/test_sweep_summary.py): 2-process
-DDP against 1 process, SIGKILL mid-epoch then resume, bad configs."""
+"""Training framework in processes of its own (sweeps: tests/train/test_sweep_summary.py): 2-process DDP through
+``python train.py`` against 1 process, a run SIGKILLed mid-epoch (``train()`` in a process of its own) then resumed,
+bad configs as ``python train.py`` prints them."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from tests.train_helpers import (
-    ROOT,
     TINY_VIT,
     SaveWeights,
     compose,
     run_script,
-    script_env,
+    run_script_forked,
     start_hanging_run,
 )
 from vitrel.train.run import train
@@ -78,14 +76,14 @@ def test_sigkill_mid_epoch_then_resume_equals_uninterrupted(tmp_path, loader):
 
     killed = tmp_path / "killed"
     marker = tmp_path / "hanging"
-    proc = start_hanging_run([*common, f"hydra.run.dir={killed}"], marker, tmp_path, at_step=8)
+    proc = start_hanging_run(compose(killed, common), marker, at_step=8)
     try:
         os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
+        proc.join(30)
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             proc.kill()
-    assert proc.returncode == -signal.SIGKILL
+    assert proc.exitcode == -signal.SIGKILL
     last = torch.load(killed / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert last["global_step"] == 8 and last["epoch"] == 1  # mid-epoch: 2 of epoch 1's 6 batches done
 
@@ -111,28 +109,14 @@ def test_bad_configs_fail_with_clear_messages(tmp_path):
             ["not found", str(tmp_path / "nowhere")],
         ),
     }
-    procs = {
-        name: subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "train.py"),
-                *base,
-                *extra,
-                f"hydra.run.dir={tmp_path / name.replace(' ', '_')}",
-            ],
-            cwd=tmp_path,
-            env=script_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+    for name, (extra, expected) in cases.items():
+        r = run_script_forked(
+            "train.py", [*base, *extra, f"hydra.run.dir={tmp_path / name.replace(' ', '_')}"], tmp_path
         )
-        for name, (extra, _) in cases.items()
-    }
-    for name, p in procs.items():
-        out, _ = p.communicate(timeout=300)
-        assert p.returncode != 0, f"{name}: should fail\n{out[-2000:]}"
-        for expected in cases[name][1]:
-            assert expected in out, f"{name}: {expected!r} missing from the output:\n{out[-3000:]}"
+        out = r.stdout + r.stderr
+        assert r.returncode != 0, f"{name}: should fail\n{out[-2000:]}"
+        for said in expected:
+            assert said in out, f"{name}: {said!r} missing from the output:\n{out[-3000:]}"
     from vitrel.models.input_size import InputSizeError  # raised before the model is built, saying what to set
 
     with pytest.raises(InputSizeError, match=r"30x30 \(data.img_size\), are not a whole number of the 4x4 patches"):

@@ -180,9 +180,11 @@ def test_debug_overfit_trains_on_the_default_memory_loader_data(tmp_path):
 def test_a_resume_value_it_does_not_take_is_one_line_naming_the_choices(tmp_path, value):
     """``resume=true`` (a user who wants the run to resume) ended in a traceback, after the data and the model were
     built: one line, naming what ``resume`` takes and ``ckpt_path=last``."""
-    from tests.train_helpers import run_script
+    from tests.train_helpers import run_script_forked
 
-    proc = run_script("train.py", [*TINY_VIT, *FAST, f"resume={value}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    proc = run_script_forked(
+        "train.py", [*TINY_VIT, *FAST, f"resume={value}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path
+    )
     out = (proc.stdout + proc.stderr).strip()
     assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
     last = out.splitlines()[-1]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from tests.train_helpers import CONF, TINY_VIT, compose, run_script
+from tests.train_helpers import CONF, TINY_VIT, compose, run_script_forked
 from vitrel.train.run import train
 from vitrel.train.utils import AcceleratorUnavailableError, check_accelerator
 
@@ -20,7 +20,7 @@ SHORT = [*TINY_VIT, "logger=none", "progress_bar=none", "trainer.max_epochs=1"]
 
 def test_trainer_gpu_without_a_gpu_is_one_line(tmp_path):
     """``python train.py trainer=gpu``: one line, before the run folder gets anything."""
-    proc = run_script("train.py", [*SHORT, "trainer=gpu", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    proc = run_script_forked("train.py", [*SHORT, "trainer=gpu", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-4000:]
     out = (proc.stdout + proc.stderr).strip()
     assert "Traceback" not in out and "MisconfigurationException" not in out, out[-3000:]

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import csv
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -68,9 +66,10 @@ def _rows(path: Path) -> list[dict[str, str]]:
 
 def test_predict_script_on_a_folder(ckpt, images, tmp_path):
     out = tmp_path / "pred.csv"
-    cmd = [sys.executable, str(ROOT / "predict.py"), f"ckpt_path={ckpt}", f"input={images}", f"results_file={out}"]
-    cmd += ["topk=3", "batch_size=2", f"hydra.run.dir={tmp_path / 'run'}"]
-    res = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    from tests.train_helpers import run_script_forked
+
+    args = [f"ckpt_path={ckpt}", f"input={images}", f"results_file={out}", "topk=3", "batch_size=2"]
+    res = run_script_forked("predict.py", [*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "predicted 5 of 6 image(s), skipped 1 unreadable file(s)" in res.stdout
     # one logged line for the skipped file, not a Python warning with its source line under it
@@ -318,11 +317,12 @@ FMNIST_MEAN, FMNIST_STD = 0.2860, 0.3530
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> Path:
-    """``last.ckpt`` of a few steps of the default recipe (Fashion-MNIST, grey 28 x 28), written by ``train.py``."""
-    from tests.train_helpers import run_script
+    """``last.ckpt`` of a few steps of the default recipe (Fashion-MNIST, grey 28 x 28), written by ``train.py`` (forked
+    from the preloaded server: :func:`tests.train_helpers.run_script_forked`)."""
+    from tests.train_helpers import run_script_forked
 
     run = tmp_path_factory.mktemp("train")
-    res = run_script("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd=run)
+    res = run_script_forked("train.py", [*TRAIN, f"hydra.run.dir={run}"], cwd=run)
     assert res.returncode == 0, res.stderr[-3000:]
     return run / "checkpoints" / "last.ckpt"
 

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from tests import preloaded
 from tests.train_helpers import script_env
 
 SCHEME = textwrap.dedent(
@@ -38,12 +39,19 @@ SCHEME = textwrap.dedent(
             return pad_prefix(-self.width[:, None, None] * d2, num_prefix_tokens)
     """
 )
-MAKE = (
-    "import sys, torch, my_schemes, vitrel; m = vitrel.create_model('vitrel_vit_tiny_patch4_32', "
-    "pos={'name': 'user_gauss2d', 'init_width': 0.5}, num_classes=3); torch.save({'vitrel_cfg': m.vitrel_cfg, "
-    "'state_dict': {'model.' + k: v for k, v in m.state_dict().items()}}, sys.argv[1])"
-)
 LAUNCHER = "import my_schemes\nfrom vitrel.train.cli import predict_main\n\npredict_main()\n"
+
+
+def _make(folder: str, ckpt: str) -> None:
+    """The user's checkpoint of a model with their scheme, made in another process (tests/preloaded.py) that imports
+    their module from ``folder``: the test process's registry stays without the scheme."""
+    sys.path.insert(0, folder)
+    import my_schemes  # noqa: F401  (registers user_gauss2d)
+
+    import vitrel
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos={"name": "user_gauss2d", "init_width": 0.5}, num_classes=3)
+    torch.save({"vitrel_cfg": m.vitrel_cfg, "state_dict": {"model." + k: v for k, v in m.state_dict().items()}}, ckpt)
 
 
 def test_predict_main_after_a_user_module_predicts_with_its_scheme(tmp_path):
@@ -52,7 +60,7 @@ def test_predict_main_after_a_user_module_predicts_with_its_scheme(tmp_path):
     env = script_env()
     env["PYTHONPATH"] = f"{tmp_path}:{env['PYTHONPATH']}"
     ckpt = tmp_path / "user.ckpt"
-    subprocess.run([sys.executable, "-c", MAKE, str(ckpt)], env=env, cwd=tmp_path, check=True, timeout=300)
+    preloaded.run(_make, str(tmp_path), str(ckpt))
     assert torch.load(ckpt, weights_only=True)["vitrel_cfg"]["pos"]["name"] == "user_gauss2d"
     images = tmp_path / "images"
     images.mkdir()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import vitrel.train.resume as resume_module
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
 from vitrel.train.callbacks import ResumePositionError
 from vitrel.train.run import train
 
@@ -31,7 +31,7 @@ def killed_mid_epoch(tmp_path_factory) -> Path:
     """The run folder of ``python train.py`` (batch 16, one process) stopped by SIGTERM after step 4 of epoch 0's 5."""
     run = tmp_path_factory.mktemp("resume_batch") / "run"
     sig = "+callbacks.sig={_target_: train_helpers.SendSignal, at_step: 3}"
-    proc = run_script("train.py", [*SHORT, "logger=csv", sig, f"hydra.run.dir={run}"], run.parent)
+    proc = run_script_forked("train.py", [*SHORT, "logger=csv", sig, f"hydra.run.dir={run}"], run.parent)
     assert proc.returncode == 128 + signal.SIGTERM, proc.stdout[-2000:] + proc.stderr[-4000:]
     state = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert state["global_step"] == 4 and state["epoch"] == 0
@@ -46,7 +46,7 @@ def test_mid_epoch_resume_with_another_batch_size_is_one_line(killed_mid_epoch, 
     the fixes, before the loggers touch the run's files."""
     run = killed_mid_epoch
     ckpt, before = run / "checkpoints" / "last.ckpt", _files(run / "csv")
-    proc = run_script("train.py", [*SHORT, "logger=csv", "data.batch_size=32", f"hydra.run.dir={run}"], tmp_path)
+    proc = run_script_forked("train.py", [*SHORT, "logger=csv", "data.batch_size=32", f"hydra.run.dir={run}"], tmp_path)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-4000:]
     last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
     assert last.startswith(f"train.py: ResumePositionError: {ckpt} was saved mid-epoch (epoch 0, 4 of 5 batches"), last

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script, script_env
+from tests import preloaded
+from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script_forked, script_env
 from vitrel.data import ArrayDataModule, SplitMismatchError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
@@ -147,25 +148,41 @@ def test_atomic_write_keeps_the_previous_file_when_the_disk_is_full(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt"], "temporary file left behind"
 
 
+def _write_slowly(target: str, marker: str, tmpdir: str) -> None:
+    """``atomic_write`` of a new ``target`` that writes 1 MB, says so in ``marker`` and sleeps (to be killed there),
+    with ``TMPDIR=tmpdir`` (in a process of its own: tests/preloaded.py)."""
+    import tempfile
+
+    os.environ["TMPDIR"] = tmpdir
+    tempfile.tempdir = None  # (looked up again from TMPDIR, as in a process started with it)
+
+    def slow(f):
+        f.write(b"y" * 1_000_000)
+        f.flush()
+        Path(marker).write_text("1")
+        time.sleep(600)
+
+    atomic_write(target, slow)
+
+
 @pytest.mark.slow
 def test_sigkill_mid_write_keeps_the_previous_file(tmp_path):
     """A process killed while writing the new checkpoint leaves the old one whole (and its temporary
     file beside it, never under the checkpoint's name); TMPDIR on another filesystem changes nothing."""
     target, marker = tmp_path / "last.ckpt", tmp_path / "writing"
     target.write_bytes(b"previous checkpoint")
-    script = (
-        "import sys, time\nfrom pathlib import Path\nfrom vitrel.train.ckpt_io import atomic_write\n"
-        "def slow(f):\n    f.write(b'y' * 1_000_000); f.flush(); Path(sys.argv[2]).write_text('1'); time.sleep(600)\n"
-        "atomic_write(sys.argv[1], slow)\n"
-    )
-    env = {**script_env(), "TMPDIR": "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp_path)}
-    proc = subprocess.Popen([sys.executable, "-c", script, str(target), str(marker)], env=env)
+    tmpdir = "/dev/shm" if Path("/dev/shm").is_dir() else str(tmp_path)
+    proc = preloaded.start(_write_slowly, str(target), str(marker), tmpdir)
     try:
-        _wait_for(marker, proc)
+        t0 = time.time()
+        while not marker.exists():
+            assert proc.is_alive(), f"the writer ended (exit code {proc.exitcode}) before it wrote"
+            assert time.time() - t0 < 240, f"timed out waiting for {marker}"
+            time.sleep(0.2)
         proc.kill()
-        proc.wait(timeout=30)
+        proc.join(30)
     finally:
-        if proc.poll() is None:
+        if proc.is_alive():
             proc.kill()
     assert target.read_bytes() == b"previous checkpoint"
     (tmp,) = [p for p in tmp_path.iterdir() if p.name.startswith(".last.ckpt.")]
@@ -215,7 +232,7 @@ def test_second_run_in_a_busy_folder_is_refused_and_a_stale_lock_is_taken_over(t
             train(compose(run_dir, [*COMMON, "logger=csv"]))
         msg = str(exc.value)
         assert f"pid {first.pid}" in msg and socket.gethostname() in msg and "started" in msg, msg
-        second = run_script(
+        second = run_script_forked(
             "train.py", [*COMMON, "logger=csv", "pos=rope2d_mixed", f"hydra.run.dir={run_dir}"], tmp_path
         )
         assert second.returncode != 0
@@ -354,7 +371,7 @@ def test_resume_with_another_validation_split_is_refused(tmp_path):
     stored = torch.load(ckpt, map_location="cpu", weights_only=True)["FashionMNISTDataModule"]["split"]
     assert {k: stored[k] for k in ("val_fraction", "seed", "pool")} == {"val_fraction": 0.2, "seed": 1, "pool": 10000}
 
-    proc = run_script(
+    proc = run_script_forked(
         "train.py",
         [*short, "trainer.max_epochs=2", "data.val_fraction=0.2", "data.seed=2", "logger=csv", f"hydra.run.dir={run}"],
         tmp_path,

@@ -11,7 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 from PIL import Image
 
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
 from vitrel.train.evaluate import evaluate
 from vitrel.train.predict import run_predict
 
@@ -27,7 +27,7 @@ SAID = "is a train.py run folder: taking checkpoints/last.ckpt, the run's final 
 def run(tmp_path_factory):
     """``(run folder, its metrics)`` of ``python train.py`` with a best-epoch file of epoch 0 beside ``last.ckpt``."""
     folder = tmp_path_factory.mktemp("run") / "run"
-    r = run_script("train.py", [*RUN, f"hydra.run.dir={folder}"], cwd=folder.parent)
+    r = run_script_forked("train.py", [*RUN, f"hydra.run.dir={folder}"], cwd=folder.parent)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return folder, json.loads((folder / "metrics.json").read_text())["metrics"]
 

@@ -15,7 +15,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script, wandb_contents
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked, wandb_contents
 from vitrel.train.hydra_callbacks import SweepSummary, summary_rows
 from vitrel.train.run import train
 from vitrel.train.sweep_plot import plot_rows
@@ -32,7 +32,7 @@ def _metrics(job) -> dict:
 def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     sweep = tmp_path / "sweep"
     args = ["-m", "pos=rel2d_full,rope2d_mixed", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}", "logger=wandb"]
-    r = run_script("train.py", args + ["trainer.log_every_n_steps=1"], cwd=tmp_path)
+    r = run_script_forked("train.py", args + ["trainer.log_every_n_steps=1"], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     groups = set()
     for job, pos in enumerate(("rel2d_full", "rel2d_full", "rope2d_mixed", "rope2d_mixed")):
@@ -76,7 +76,7 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     ckpt.write_bytes(ckpt.read_bytes()[:1000])
     first = _metrics(sweep / "1")
     args = ["-m", "pos=rel2d_full", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}", "logger=none"]
-    r = run_script("train.py", args, cwd=tmp_path)
+    r = run_script_forked("train.py", args, cwd=tmp_path)
     assert r.returncode != 0 and "CheckpointError" in r.stderr, r.stderr[-4000:]
     out = r.stdout[r.stdout.index("The sweep stopped before its end") :]  # the table so far, printed at exit
     assert "Sweep summary (2 jobs" in out and "job 0 seed=0: CheckpointError:" in out, out
@@ -120,11 +120,11 @@ def test_a_sweep_run_again_with_other_lists_refuses_the_folder_of_another_job(tm
     seed 0's weights as seed 1's (its summary row and metrics.json said ``seed=1``); it is refused, naming both."""
     sweep = tmp_path / "sweep"
     args = [*TINY, f"hydra.sweep.dir={sweep}", "logger=none"]
-    r = run_script("train.py", ["-m", "pos=rel2d_full", "seed=0,1", *args], cwd=tmp_path)
+    r = run_script_forked("train.py", ["-m", "pos=rel2d_full", "seed=0,1", *args], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     first = _metrics(sweep / "0")
     assert first["overrides"][:2] == ["pos=rel2d_full", "seed=0"]
-    r = run_script("train.py", ["-m", "pos=rel2d_full", "seed=1", *args], cwd=tmp_path)
+    r = run_script_forked("train.py", ["-m", "pos=rel2d_full", "seed=1", *args], cwd=tmp_path)
     assert r.returncode != 0 and "ConfigError" in r.stderr, r.stdout[-2000:] + r.stderr[-4000:]
     assert "seed: checkpoint seed=0, this job seed=1" in r.stderr, r.stderr[-4000:]
     rows = list(csv.DictReader((sweep / "summary.csv").open()))

@@ -15,7 +15,7 @@ import torch
 
 import vitrel
 from tests.data.test_video import write_video
-from tests.train_helpers import FAST, compose, run_script
+from tests.train_helpers import FAST, compose, run_script_forked
 from vitrel.inference import NoVideosError, load_predictor, predict_folder
 from vitrel.models.checkpoint import checkpoint_has_ema, checkpoint_scores_ema
 from vitrel.train.predict import run_predict
@@ -159,7 +159,7 @@ def test_predict_script_on_a_folder_of_videos_skips_what_does_not_decode(runs, v
     (flat / "notes.txt").write_text("not a video")
     out = tmp_path / "pred.csv"
     args = [f"ckpt_path={runs[2]}", f"input={flat}", f"results_file={out}", "topk=1", f"hydra.run.dir={tmp_path}"]
-    r = run_script("predict.py", args, cwd=tmp_path)
+    r = run_script_forked("predict.py", args, cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "predicted 3 of 4 video(s), skipped 1 unreadable file(s)" in r.stdout
     assert "skipped broken.mp4: cannot read video" in r.stdout and "broken.mp4" not in r.stderr  # (one logged line)

@@ -98,6 +98,49 @@ def test_decoded_frames_are_the_written_ones_in_order(tmp_path, name, codec, pix
     assert frame_ids(clip) == list(range(9))
 
 
+def _write_oriented(path: Path, rotation: int, hflip: bool, vflip: bool) -> Path:
+    """Four frames with a bright block top-left, H.264 in MP4, with a display matrix (None: none written)."""
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("libx264", rate=25)
+        stream.height, stream.width, stream.pix_fmt = 32, 48, "yuv420p"
+        if rotation is not None:
+            stream.set_display_rotation(rotation, hflip=hflip, vflip=vflip)
+        for i in range(4):
+            img = np.full((32, 48, 3), 20 + 30 * i, np.uint8)
+            img[:6, :10] = 250
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@needs_av
+@pytest.mark.skipif(
+    av is None or not hasattr(av.video.stream.VideoStream, "set_display_rotation"), reason="PyAV writes no matrix"
+)
+@pytest.mark.parametrize(
+    "rotation, hflip, vflip, upright",  # upright: what ffmpeg's autorotation (and a player) shows, on [H, W, ...]
+    [
+        (-90, False, False, lambda x: np.rot90(x, -1)),  # a phone held upright: transpose=clock
+        (90, False, False, lambda x: np.rot90(x, 1)),  # transpose=cclock
+        (180, False, False, lambda x: x[::-1, ::-1]),  # hflip, vflip
+        (0, True, False, lambda x: x[:, ::-1]),  # hflip (a mirrored front camera)
+        (0, False, True, lambda x: x[::-1]),  # vflip
+        (90, True, False, lambda x: np.rot90(x, -1)[::-1]),  # transpose=clock_flip
+    ],
+)
+def test_frames_are_turned_upright_by_the_display_matrix(tmp_path, rotation, hflip, vflip, upright):
+    """Phones store portrait video as landscape frames plus a display matrix; players and ffmpeg turn the frames
+    by it, and so must the clips (else a portrait video trains and predicts on its side)."""
+    plain = _write_oriented(tmp_path / "plain.mp4", None, False, False)  # the same frames, the same bytes coded
+    turned = _write_oriented(tmp_path / "turned.mp4", rotation, hflip, vflip)
+    raw = VideoClips([(str(plain), 0)], num_frames=4, stride=1)[0][0].permute(2, 3, 0, 1).numpy()  # [H, W, T, C]
+    clip = VideoClips([(str(turned), 0)], num_frames=4, stride=1)[0][0]
+    want = torch.from_numpy(np.ascontiguousarray(upright(raw))).permute(2, 3, 0, 1)
+    assert clip.shape == want.shape and torch.equal(clip, want)
+
+
 # ------------------------------------------------------------------------------------------------ sampling
 def test_clip_indices_and_padding():
     assert clip_indices(20, 4, 3, 5).tolist() == [5, 8, 11, 14]

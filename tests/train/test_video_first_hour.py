@@ -108,6 +108,29 @@ def test_clips_that_are_not_whole_tubelets_are_one_line_naming_data_num_frames(t
     assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"
 
 
+def test_a_video_model_with_an_image_scheme_is_one_line_naming_the_video_schemes(tmp_path):
+    """``train.py data=moving_fmnist model=<a video model>`` without ``pos=`` (train.yaml's default, an image scheme)
+    failed in Hydra's instantiation of the model, a stack of "Error executing job" / "Error in call to target"
+    lines: one line from train.py naming the scheme, the model and the ``pos=`` that take clips, before anything is
+    written (also for ``pos=rel2d_full`` given); the advice runs."""
+    from vitrel.train.utils import one_line_errors
+
+    base = ["data=moving_fmnist", "data.train_images=8", "data.test_images=8", *VIDEO_MODEL, *FAST[2:], *SHORT]
+    for i, pos in enumerate([[], ["pos=rel2d_full"]]):
+        run = tmp_path / f"run{i}"
+        with pytest.raises(SystemExit) as said, one_line_errors("train.py"):
+            train(compose(run, [*base, *pos]))
+        name = pos[0].split("=")[1] if pos else compose(tmp_path / "c", base).pos.name
+        assert str(said.value) == (
+            f"train.py: ConfigError: pos={name} takes image grids (H, W), but vitrel_vit_video_tiny_patch4_32 "
+            "attends over a clip's (T, H, W): set pos= one that takes clips: alibi3d, ape, none, rel3d_factored, "
+            "rel3d_full, rope3d_axial, rope3d_mixed, sincos3d"
+        )
+        assert not run.exists() or not any(run.iterdir())
+    train(compose(tmp_path / "ok", [*base, "pos=rope3d_axial"]))
+    assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"
+
+
 def test_the_video_recipe_takes_a_video_folder(video_tree, tmp_path):
     """``experiment=video data=video_folder``, the recipe on one's own clips as docs/video.md names both, stopped at
     composition on "Key 'train_images' not in 'VideoFolderDataConfig'": the recipe's Moving Fashion-MNIST sizes

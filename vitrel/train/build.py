@@ -69,6 +69,7 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str | 
         check_video_pairing(str(arch), dm)
         _check_patches_fit(model_cfg, str(arch), dm)
         _check_frames_fit(model_cfg, str(arch), dm)
+        _check_schemes_take_clips(model_cfg, str(arch), dm)
     check_channels_fit(model_cfg, dm)
     sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
     if is_video_data(dm):
@@ -172,6 +173,27 @@ def _check_frames_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModul
         f"{type(dm).__name__}'s clips, {frames} frames (data.num_frames), are not a whole number of the "
         f"{tubelet}-frame tubelets of {arch} (model.tubelet_size): set {sizes}"
     )
+
+
+def _check_schemes_take_clips(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:
+    """A video model's ``pos`` (and ``abs_pos``) take its clips' grid ``(T, H, W)``: an image scheme (train.yaml's
+    default ``pos``, ``rel2d_factored``) is a :class:`~vitrel.config.ConfigError` naming the ``pos=`` that do, before
+    the model is built (its own error came wrapped in Hydra's instantiation messages)."""
+    from vitrel.pos.registry import get_pos_class, list_pos
+
+    if not is_video_data(dm):
+        return
+    for key, spec in zip(("pos", "model.abs_pos"), _model_args(model_cfg, arch, "pos", "abs_pos")):
+        name = spec.get("name") if isinstance(spec, Mapping) else spec
+        if not isinstance(name, str) or name not in list_pos() or get_pos_class(name).grid_dims != 2:
+            continue  # (an unknown name: the model's own error names the known ones)
+        video = [n for n in list_pos() if get_pos_class(n).grid_dims in (3, None)]
+        if key != "pos":  # (an absolute embedding beside the scheme)
+            video = [n for n in video if get_pos_class(n).kind == "absolute"]
+        raise ConfigError(
+            f"{key}={name} takes image grids (H, W), but {arch} attends over a clip's (T, H, W): set {key}= one "
+            f"that takes clips: {', '.join(video)}"
+        )
 
 
 def _model_args(model_cfg: DictConfig, arch: str, *names: str) -> tuple[Any, ...]:

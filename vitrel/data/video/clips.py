@@ -20,8 +20,9 @@ Decoding: PyAV (FFmpeg's libraries, bundled in its wheels: ``pip install av``, n
 frame count ``N`` is the container's (``stream.frames``), or, where the container states none (WebM, Matroska),
 the number of video packets; the frames are decoded from the start of the file up to the clip's last one (no
 seeking: fine for clips of seconds, as UCF-101's and Kinetics', slow for long videos). A stream that ends before
-the stated count is sampled again from the frames that decoded, with a warning naming the file. A file that
-cannot be opened or decoded, or that holds no video stream, raises :class:`VideoDecodeError` naming it.
+the stated count is sampled again from the frames that decoded, with a warning naming the file. Each frame is turned
+upright by its display matrix (phones' portrait video: :func:`upright`), as players show it. A file that cannot be
+opened or decoded, or that holds no video stream, raises :class:`VideoDecodeError` naming it.
 
 Transforms: a clip is a uint8 ``[T, C, H, W]`` tensor (torchvision's ``TCHW``); :class:`ClipTransform` gives the
 model's float ``[C, T, H, W]`` (VideoMAE's and PyTorchVideo's layout; a batch is ``[B, C, T, H, W]``), normalised.
@@ -178,8 +179,36 @@ def count_frames(path: str | Path) -> int:
     return n
 
 
+def upright(frame: Any, image: np.ndarray, path: str | Path) -> np.ndarray:
+    """``image`` (``frame`` as ``[H, W, C]``) turned as its display matrix says, as players and ffmpeg show it.
+
+    Phones store portrait video as landscape frames with a matrix (``ffprobe``: "displaymatrix: rotation of -90.00
+    degrees"). The matrix ``[[a, b], [c, d]]`` maps a pixel at column ``p``, row ``q`` to ``(a p + c q, b p + d q)``
+    (``libavutil/display.h``): a quarter turn or a flip, ffmpeg's ``transpose`` / ``hflip`` / ``vflip``. A matrix
+    that is neither (a turn by another angle) raises :class:`VideoDecodeError` naming the file.
+    """
+    from av.sidedata.sidedata import Type
+
+    side = frame.side_data.get(Type.DISPLAYMATRIX)
+    if side is None:
+        return image
+    m = np.frombuffer(bytes(side), dtype=np.int32)[[0, 1, 3, 4]].astype(np.float64)
+    if not m.any():  # a singular matrix (ffmpeg ignores it too)
+        return image
+    m /= np.abs(m).max()
+    a, b, c, d = r = np.rint(m).astype(int)
+    if np.abs(m - r).max() < 1e-3:
+        if a and d and not b and not c:  # a flip (or none): p' = a p, q' = d q
+            return image[::d, ::a]
+        if b and c and not a and not d:  # a quarter turn: p' = c q, q' = b p, the image transposed then flipped
+            return image.transpose(1, 0, 2)[::b, ::c]
+    angle = float(np.degrees(np.arctan2(m[1], m[0])))
+    raise VideoDecodeError(path, f"its display matrix turns it by {-angle:.1f} degrees, not a quarter turn or a flip")
+
+
 def read_frames(path: str | Path, indices: Sequence[int]) -> tuple[Tensor | None, int]:
-    """Decode the frames ``indices`` (any order, repeats allowed) as uint8 RGB ``[len(indices), 3, H, W]``.
+    """Decode the frames ``indices`` (any order, repeats allowed) as uint8 RGB ``[len(indices), 3, H, W]``, each
+    turned upright by its display matrix (:func:`upright`).
 
     Returns ``(frames, decoded)``: ``frames`` is None when the stream ended before ``max(indices)``; ``decoded`` is
     the number of frames decoded (all of them when it ended early).
@@ -195,7 +224,7 @@ def read_frames(path: str | Path, indices: Sequence[int]) -> tuple[Tensor | None
         for i, frame in enumerate(container.decode(stream)):
             decoded = i + 1
             if i in wanted:
-                got[i] = frame.to_ndarray(format="rgb24")  # [H, W, 3]
+                got[i] = upright(frame, frame.to_ndarray(format="rgb24"), path)  # [H, W, 3]
             if i == last:
                 break
     except av.error.FFmpegError as e:

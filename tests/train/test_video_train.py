@@ -58,7 +58,8 @@ def test_eval_scores_a_video_checkpoint_at_twice_the_frames(video_sweep, tmp_pat
     metrics = evaluate(compose(tmp_path, over, config_name="eval"))
     res = json.loads((tmp_path / "eval_metrics.json").read_text())
     assert res["grid"] == [16, 2, 2] and res["num_images"] == 32
-    assert "at 16 frames of img_size 32 (grid 16x2x2)" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "at 16 frames of img_size 32 (grid 16x2x2)" in said and "(32 videos)" in said, said  # (not "images")
     assert 0.0 <= metrics["test/acc1"] <= 1.0
 
 
@@ -349,3 +350,13 @@ def test_eval_warns_when_the_folders_classes_are_not_the_checkpoints(folder_run,
     over = [f"ckpt_path={ckpt}", *FOLDER, f"data.root={moved}", "data.clips_per_video=2"]
     with pytest.warns(UserWarning, match=r"class 0 is 'a_bowling' here but 'archery' in last\.ckpt.*by index"):
         evaluate(compose(tmp_path / "eval", over, config_name="eval"))
+
+
+def test_the_closing_line_of_a_partly_tested_video_run_counts_videos():
+    from vitrel.train.summary import report
+
+    result = {"metrics": {"test/acc1": 0.5}, "test_images": 4, "test_split_images": 12, "fit_s": 3.0, "wall_s": 4.0}
+    result |= {"test_limited_by": "trainer.limit_test_batches", "epochs": 1, "global_step": 2, "run_dir": "r"}
+    result |= {"last_ckpt": None, "best_ckpt": None}
+    line = report(result, None, noun="videos").splitlines()[0]
+    assert line.endswith(" on 4 of the 12 test videos (trainer.limit_test_batches)"), line

@@ -536,8 +536,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         else:
             where = _naflex_where(dm, naflex, stored.get("patch_size")) + f"{ema_note})"
         n, total = result["num_images"], result["split_images"]
-        part = f"{n} of its {total} images{tested['classes_note']}: trainer.limit_test_batches"
-        images = f"{n} images" if n == total else part
+        noun = "videos" if is_video_data(dm) else "images"
+        part = f"{n} of its {total} {noun}{tested['classes_note']}: trainer.limit_test_batches"
+        images = f"{n} {noun}" if n == total else part
         images += f", {len(left_out)} unreadable files left out" if left_out else ""
         print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}: {shown}", flush=True)
     return metrics

@@ -67,6 +67,7 @@ from vitrel.train.utils import (
     instantiate_callbacks,
     instantiate_loggers,
     is_multirun,
+    is_video_data,
     progress_bar_kind,
     progress_callbacks,
     route_lightning_logs,
@@ -243,7 +244,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if trainer.is_global_zero:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "metrics.json").write_text(json.dumps(result, indent=2))
-        print(report(result, wandb_run, tested["classes_note"]), flush=True)
+        noun = "videos" if is_video_data(dm) else "images"
+        print(report(result, wandb_run, tested["classes_note"], noun), flush=True)
     target = cfg.get("optimized_metric")
     if target:
         if target not in metrics:

@@ -19,9 +19,10 @@ __all__ = ["report", "resumed_finished", "tested_part", "split_size", "test_limi
 BEFORE_RESUME = ("fit_s_before_resume", "wall_s_before_resume", "resumes")
 
 
-def report(result: dict, wandb_where: str | None, classes: str = "") -> str:
+def report(result: dict, wandb_where: str | None, classes: str = "", noun: str = "images") -> str:
     """The run's closing lines: accuracy, wall time, and where the run folder, checkpoints and W&B run are.
-    ``classes``: :meth:`~vitrel.train.progress.CountTestImages.classes_note`, said of a test of part of the split."""
+    ``classes``: :meth:`~vitrel.train.progress.CountTestImages.classes_note`, said of a test of part of the split;
+    ``noun``: what the split holds ("videos" for a video data set)."""
     m = result["metrics"]
     stage = "test" if "test/acc1" in m else "val"
     lines = []
@@ -31,7 +32,7 @@ def report(result: dict, wandb_where: str | None, classes: str = "") -> str:
         n, total = result["test_images"], result["test_split_images"]
         part = ""
         if stage == "test" and tested_part(n, total):
-            part = f" on {n} of the {total} test images{classes} ({result['test_limited_by']})"
+            part = f" on {n} of the {total} test {noun}{classes} ({result['test_limited_by']})"
         lines.append(f"{stage} accuracy {100 * m[f'{stage}/acc1']:.2f} % ({', '.join(extra)}){part}")
     fit_s, wall_s = (f"{result[k]:.0f} s" if result[k] is not None else "(unknown)" for k in ("fit_s", "wall_s"))
     again = "; resumed finished: nothing left to train, tested again" if result.get("resumed_finished") else ""

@@ -255,6 +255,34 @@ def test_second_run_in_a_busy_folder_is_refused_and_a_stale_lock_is_taken_over(t
     assert steps == list(range(10)), steps
 
 
+def test_a_refused_run_leaves_no_lock(tmp_path):
+    """``python train.py`` refused with its one-line error (a SystemExit: Hydra then calls no ``on_run_end``) leaves
+    no lock in its folder, whether refused before ``train()`` holds the folder (``resume=yes``) or while it does
+    (``ckpt_path=last`` without a checkpoint). The two runs go at once, to keep the test short."""
+    refusals = {"config": (["resume=yes"], "ConfigError"), "no_ckpt": (["ckpt_path=last"], "CheckpointError")}
+    procs = {name: _start(tmp_path / name, extra) for name, (extra, _) in refusals.items()}
+    for name, proc in procs.items():
+        out = proc.communicate(timeout=300)[0]
+        assert proc.returncode == 1 and f"train.py: {refusals[name][1]}" in out, out[-3000:]
+        assert (tmp_path / name / ".hydra" / "config.yaml").exists()  # (TakeRunFolder took the folder first)
+        assert not (tmp_path / name / LOCK_NAME).exists(), f"the refused run ({name}) left its lock"
+
+
+def test_a_forked_child_leaves_its_parents_lock(tmp_path):
+    """A forked child that releases the lock it inherited (an ``atexit`` handler run at its exit) leaves the file to
+    the process that took it."""
+    lock = RunLock(tmp_path)
+    lock.acquire()
+    pid = os.fork()
+    if pid == 0:
+        lock.release()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert (tmp_path / LOCK_NAME).exists()
+    lock.release()
+    assert not (tmp_path / LOCK_NAME).exists()
+
+
 def test_lock_is_left_to_rank_zero(tmp_path, monkeypatch):
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 

@@ -79,8 +79,10 @@ def test_a_resumed_run_records_the_whole_runs_times(tmp_path, capsys):
 
     # resumed from the checkpoint without them: the earlier part, and so the whole run's times, unknown (not this
     # process's), said in the closing line; its own checkpoints keep them unknown
-    with pytest.warns(UserWarning, match="holds no record of the time the run took before it"):
+    with pytest.warns(UserWarning, match="holds no record of the time the run took before it") as warned:
         train(compose(old.parent, ARGS))
+    said = [str(w.message) for w in warned if "holds no record" in str(w.message)]
+    assert len(said) == 1 and "(val_runs)" in said[0], said  # one warning, naming every unknown figure
     m = json.loads((old.parent / "metrics.json").read_text())
     assert m["global_step"] == 8 and m["status"] == "finished"
     assert [m[k] for k in ("fit_s", "wall_s", "fit_s_before_resume", "wall_s_before_resume", "resumes")] == [None] * 5

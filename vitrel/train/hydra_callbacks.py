@@ -448,7 +448,11 @@ class TakeRunFolder(Callback):
     When another run holds the folder, Hydra (which only warns about a callback's error) is told not to write the
     record (``hydra.output_subdir`` set to null for this run), so the running run's record stays as it was, and
     ``train()`` refuses the run (:class:`~vitrel.train.rundir.RunFolderBusy`). Should that run end in between and
-    ``train()`` take the folder, it writes the held-back record itself (:func:`write_held_back_record`)."""
+    ``train()`` take the folder, it writes the held-back record itself (:func:`write_held_back_record`).
+
+    The lock goes however the run ends: Hydra calls ``on_run_end`` only after a run that returned or raised an
+    ``Exception``, so after a run refused with ``SystemExit`` (``train.py``'s one-line errors) or stopped by Ctrl-C
+    it goes when the interpreter exits (``atexit``)."""
 
     def __init__(self) -> None:
         self.lock: Any = None
@@ -472,8 +476,13 @@ class TakeRunFolder(Callback):
             _HELD_BACK = (run_dir.resolve(), str(subdir))
             return
         self.lock = lock
+        atexit.register(self._release)  # (a run ended by SystemExit or KeyboardInterrupt gets no on_run_end)
 
     def on_run_end(self, config: DictConfig, **kwargs: Any) -> None:
+        atexit.unregister(self._release)
+        self._release()
+
+    def _release(self) -> None:
         if self.lock is not None:
             self.lock.release()
             self.lock = None

@@ -162,21 +162,19 @@ class CountValidations(Callback):
     its first epoch (Lightning then skips the epoch's validation), so a run with no ``val/*`` metric says why.
 
     The count is kept in the checkpoints: a resumed fit counts the validations of the processes before it up to its
-    checkpoint. Resumed from a checkpoint written before vitrel kept it, the count is unknown (None)."""
+    checkpoint. ``train()`` loads it from the checkpoint it resumes, as :class:`~vitrel.train.run_times.RunTimes`'
+    times (:func:`~vitrel.train.resume.resolve_ckpt_path`): from a checkpoint written before vitrel kept it, the count
+    is unknown (None)."""
 
     def __init__(self) -> None:
         self.count: int | None = 0
-        self._loaded = False  # a checkpoint's count was loaded
 
     def state_dict(self) -> dict[str, Any]:
         return {"count": self.count}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.count, self._loaded = state_dict.get("count"), True
-
-    def on_fit_start(self, trainer, pl_module) -> None:  # (after Lightning loaded the checkpoint's callback states)
-        if trainer.ckpt_path is not None and not self._loaded:
-            self.count = None
+        """The checkpoint's count (``{}``: a checkpoint written before vitrel kept one, the count unknown)."""
+        self.count = state_dict.get("count")
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and self.count is not None:

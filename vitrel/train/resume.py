@@ -22,6 +22,7 @@ from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
 from vitrel.train.hydra_callbacks import sweep_plan
+from vitrel.train.progress import CountValidations
 from vitrel.train.run_times import RunTimes
 from vitrel.train.utils import hydra_config, is_multirun, override_key, task_overrides
 
@@ -71,8 +72,7 @@ def resolve_ckpt_path(
     ``data.val_fraction`` would validate on images it trained on), and a position mid-epoch against ``dm``'s batch
     size and the trainer's processes (:func:`~vitrel.train.callbacks.check_resume_position`: another would train on
     some of the epoch's images twice and skip others). ``path``: :func:`resume_path`'s answer, when it was asked first.
-    The times of the processes that trained the checkpoint go to the run's
-    :class:`~vitrel.train.run_times.RunTimes`, when ``callbacks`` hold one.
+    The figures the checkpoint carries for the record go to the run's callbacks that keep them (:func:`_take_carried`).
     """
     if path is _UNRESOLVED:
         path = resume_path(cfg, callbacks, run_dir)
@@ -93,21 +93,34 @@ def resolve_ckpt_path(
             f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
             f"from its weights use model=from_checkpoint model.path={path} (or vitrel.load_model)"
         )
-    _take_times(ckpt, callbacks, path)
+    _take_carried(ckpt, callbacks, path)
     return path, int(ckpt["global_step"])
 
 
-def _take_times(ckpt: Mapping[str, Any], callbacks: Sequence[Callback], where: str | Path) -> None:
-    """The times of the processes before the checkpoint, to the run's :class:`~vitrel.train.run_times.RunTimes` (in
-    this process: under ``ddp_spawn`` Lightning loads them in the spawned processes only)."""
-    clock = next((cb for cb in callbacks if isinstance(cb, RunTimes)), None)
-    if clock is None:
-        return
-    clock.load_state_dict((ckpt.get("callbacks") or {}).get(clock.state_key) or {})
-    if clock.before is None:
+#: the callbacks that carry figures of the run's record in its checkpoints, and what one without them leaves unknown
+CARRIED: dict[type[Callback], str] = {
+    RunTimes: "the time the run took before it (fit_s and wall_s)",
+    CountValidations: "the validations run before it (val_runs)",
+}
+
+
+def _take_carried(ckpt: Mapping[str, Any], callbacks: Sequence[Callback], where: str | Path) -> None:
+    """The figures of the processes before the checkpoint, to the run's callbacks that carry them in the checkpoints
+    (:class:`~vitrel.train.run_times.RunTimes`: the times; :class:`~vitrel.train.progress.CountValidations`: the
+    validations), loaded here, before the fit: under ``ddp_spawn`` Lightning loads callback states in the spawned
+    processes only (which get these callbacks as loaded here), and only those the checkpoint has. A checkpoint
+    written before vitrel kept a figure leaves it unknown (null in ``metrics.json``): one warning names them all."""
+    states = ckpt.get("callbacks") or {}
+    unknown = []
+    for cb in callbacks:
+        if type(cb) in CARRIED:
+            cb.load_state_dict(states.get(cb.state_key) or {})
+            if None in cb.state_dict().values():  # (their state's None: unknown)
+                unknown.append(CARRIED[type(cb)])
+    if unknown:
         rank_zero_warn(
-            f"{where} holds no record of the time the run took before it (written before vitrel kept one): the run's "
-            "fit_s and wall_s in metrics.json are unknown (null)"
+            f"{where} holds no record of {' nor of '.join(unknown)}, written before vitrel kept it: those figures in "
+            "metrics.json are unknown (null)"
         )
 
 

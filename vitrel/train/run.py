@@ -158,7 +158,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if job is not None:
         cbs.append(SweepJobRecord(job))
     clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)
-    cbs.append(clock)
+    validated = CountValidations()  # the validations run (kept in the checkpoints too)
+    cbs += [clock, validated]
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
     model = build_model(cfg.model, dm, resume)
     normalised = adopt_preprocessing(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std
@@ -170,13 +171,13 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
-    counted, validated = CountTestImages(), CountValidations()  # the test images scored, the validations run
+    counted = CountTestImages()  # the test images scored
     unreadable = ReportUnreadable()  # (data.on_bad_sample=skip: each pass's files replaced or left out, logged)
     figures = RunFigures(counted, unreadable, validated)  # (read where the fit and test ran: ddp_spawn's processes)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=loggers or False,
-        callbacks=cbs + progress_callbacks(bar) + [counted, validated, unreadable, figures],
+        callbacks=cbs + progress_callbacks(bar) + [counted, unreadable, figures],
         enable_progress_bar=bar in ("rich", "tqdm"),
         plugins=[*trainer_plugins(cfg.trainer), AtomicCheckpointIO()],
     )

@@ -156,7 +156,10 @@ class RunLock:
         )
 
     def release(self) -> None:
-        if self.owner is None:
+        """Give the lock up: the file goes with its last holder in this process, and only while it still names
+        this holder (never another process's lock, nor, in a forked child, its parent's)."""
+        if self.owner is None or self.owner.pid != os.getpid():
+            self.owner = None
             return
         held = _HELD.get(self._key)
         if held is not None and held[0] == self.owner and held[1] > 1:

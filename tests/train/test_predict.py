@@ -595,3 +595,23 @@ def test_predict_takes_a_naflex_runs_eval_max_ratio(naflex_trained, odd_sizes, t
     assert index == top_i[:, 0].tolist()
     torch.testing.assert_close(probs, top_p, rtol=0, atol=2e-6)
     assert summary["naflex_from_run"] == {**NAFLEX_RUN, "eval_max_ratio": None}
+
+
+def test_a_symlinked_class_folder_is_predicted_and_a_dead_link_counted(ckpt, tmp_path):
+    """``data=imagenet`` reads a symlinked class folder as a class; ``predict.py`` on the same tree left its images out
+    without a word (``Path.rglob`` does not enter links to folders: "predicted 7 of 7" of 11 images), and a link to
+    nothing named ``*.jpg`` was neither skipped nor counted."""
+    store, tree = tmp_path / "store", tmp_path / "tree"
+    (store / "zebra").mkdir(parents=True)
+    (tree / "apple" / "nested").mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (32, 32), (200, 10 * i, 10)).save(store / "zebra" / f"z{i}.png")
+    Image.new("RGB", (32, 32), (10, 200, 10)).save(tree / "apple" / "A.JPG")
+    Image.new("RGB", (40, 30), (10, 190, 10)).save(tree / "apple" / "nested" / "b.png")
+    (tree / "zebra").symlink_to(store / "zebra", target_is_directory=True)
+    (tree / "apple" / "loop").symlink_to(tree, target_is_directory=True)  # (a link back up: entered once)
+    (tree / "apple" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    res = predict_folder(load_predictor(ckpt), tree, topk=1, progress=False)
+    names = [r["filename"] for r in res.rows]
+    assert names == ["apple/A.JPG", "apple/nested/b.png", "zebra/z0.png", "zebra/z1.png", "zebra/z2.png"]
+    assert res.found == 6 and [s[0] for s in res.skipped] == ["apple/gone.jpg"]

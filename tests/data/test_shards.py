@@ -14,6 +14,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -26,6 +27,7 @@ from PIL import Image
 from tests.preloaded import preloaded
 from vitrel.data import ImageNetDataModule
 from vitrel.data.base import ResumableDataLoader
+from vitrel.data.imagenet import ClassFoldersMismatchError
 from vitrel.data.shards import ShardLoader, epoch_samples_per_rank, main, write_hf, write_wds
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,6 +111,27 @@ def test_write_hf_reads_offline_map_style_and_streamed(data, tmp_path):
     dm.train_order_seed = 1
     loader = dm.train_dataloader()
     assert isinstance(loader, ResumableDataLoader) and len(loader.dataset) == N and dm.class_names == list(CLASSES)
+
+
+def test_writers_refuse_class_folders_the_folder_path_refuses(tmp_path, capsys):
+    """A val class folder that train lacks was left out of the shards without a word (13 val images, 12 written), and an
+    empty train class folder became a class no sample has; ``data=imagenet`` refuses both trees. So do the writers
+    now, ``python -m vitrel.data.shards`` with the message alone."""
+    tree = tmp_path / "tree"
+    for split, name in (("train", "a"), ("train", "b"), ("val", "a"), ("val", "kiwi")):
+        (tree / split / name).mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (SIZE, SIZE), (9, 9, 9)).save(tree / split / name / "x.png")
+    for write in (write_wds, write_hf):
+        with pytest.raises(ClassFoldersMismatchError, match=r"val has class folders not in .*train: \['kiwi'\]"):
+            write(tree, tmp_path / "out", shard_size=4)
+    with pytest.raises(SystemExit, match=r"^python -m vitrel.data.shards: ClassFoldersMismatchError: .*'kiwi'"):
+        main(["write-wds", str(tree), str(tmp_path / "out")])
+    shutil.rmtree(tree / "val" / "kiwi")
+    (tree / "train" / "b" / "x.png").rename(tree / "train" / "b" / "x.txt")
+    with pytest.raises(ClassFoldersMismatchError, match=r"train has class folders without image files: \['b'\]"):
+        write_wds(tree, tmp_path / "out", shard_size=4)
+    (tree / "train" / "b" / "x.txt").rename(tree / "train" / "b" / "x.png")
+    assert write_wds(tree, tmp_path / "out", shard_size=4)["splits"]["validation"]["num_samples"] == 1
 
 
 # ---------------------------------------------------------------------------------------------------

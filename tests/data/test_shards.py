@@ -134,6 +134,27 @@ def test_writers_refuse_class_folders_the_folder_path_refuses(tmp_path, capsys):
     assert write_wds(tree, tmp_path / "out", shard_size=4)["splits"]["validation"]["num_samples"] == 1
 
 
+def test_vitrel_data_leaves_the_shards_module_to_python_m():
+    """``python -m vitrel.data.shards`` printed "RuntimeWarning: 'vitrel.data.shards' found in sys.modules after import
+    of package 'vitrel.data' ... may result in unpredictable behaviour": importing ``vitrel.data`` (which Python does
+    before it runs the module as ``__main__``) imported it, through ``imagenet.py``."""
+    import importlib
+    import sys
+
+    saved = {k: v for k, v in sys.modules.items() if k == "vitrel.data" or k.startswith("vitrel.data.")}
+    try:
+        for k in saved:
+            del sys.modules[k]
+        importlib.import_module("vitrel.data")
+        assert "vitrel.data.shards" not in sys.modules
+    finally:
+        for k in [k for k in sys.modules if k == "vitrel.data" or k.startswith("vitrel.data.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        sys.modules["vitrel"].data = saved["vitrel.data"]  # (the import set the new one on the package)
+        importlib.import_module("vitrel.data.timm_compat").patch_posterize()  # (timm's op table: the kept module's)
+
+
 # ---------------------------------------------------------------------------------------------------
 # the datamodule
 

@@ -222,7 +222,9 @@ def find_videos(root: str | Path) -> tuple[list[Path], list[str] | None]:
 def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
     """PIL image -> normalised ``[C, H, W]`` tensor: timm's eval transform (resize shorter side to
     ``size / crop_pct``, centre crop, normalise) after converting to the model's channels (a 16-bit image scaled to
-    8 bits: :func:`~vitrel.data.datasets.to_8bit`)."""
+    8 bits: :func:`~vitrel.data.datasets.to_8bit`); for a model trained on a canvas (``canvas_size`` in the data
+    config), the image at ``canvas_image_size`` pasted in the middle of it first
+    (:func:`~vitrel.data.transforms.canvas_transform`)."""
     from timm.data import create_transform
 
     from vitrel.data.datasets import to_8bit
@@ -238,6 +240,13 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
         crop_mode=data_config.get("crop_mode", "center"),
     )
     mode = "L" if c == 1 else "RGB"
+    if data_config.get("canvas_size"):  # trained on images pasted into a black canvas: pasted the same way first
+        from torchvision.transforms import Compose
+
+        from vitrel.data.transforms import canvas_transform
+
+        side, interp = int(data_config["canvas_image_size"]), data_config.get("interpolation", "bicubic")
+        tf = Compose([canvas_transform(side, int(data_config["canvas_size"]), interp), tf])
 
     def apply(img: Any) -> Tensor:
         return tf(to_8bit(img).convert(mode))  # (a 16-bit image scaled: PIL's convert clips it)

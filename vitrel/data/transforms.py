@@ -394,6 +394,14 @@ def plain_transform(
     )
 
 
+def canvas_transform(image_size: int, canvas_size: int, interpolation: str = "bilinear") -> Callable:
+    """An image at ``image_size`` (shorter side resized, centre-cropped; as it is at that size) in the middle of a black
+    ``canvas_size`` canvas (``TranslateCanvas(canvas_size, "center")``): ``predict.py``'s images for a model trained
+    on a canvas (``data.canvas_size``; ``"center"`` lies in every training region but ``unseen``)."""
+    resize = _ResizeCrop(image_size, image_size, InterpolationMode(interpolation))
+    return T.Compose([resize, TranslateCanvas(canvas_size, "center")])
+
+
 class _ResizeCrop:
     def __init__(self, size: int, scale: int, interpolation: InterpolationMode) -> None:
         self.size, self.scale, self.interpolation = size, scale, interpolation

@@ -22,7 +22,6 @@ from vitrel.data.cifar import CIFARDataModule
 from vitrel.data.fashion_mnist import FashionMNISTDataModule, read_idx, write_idx
 from vitrel.data.imagenet import ImageNetDataModule
 from vitrel.data.memory import MemoryBudgetError, MemoryLoader, TensorImageDataset
-from vitrel.data.timm_compat import patch_posterize
 from vitrel.data.transforms import (
     MappedDataset,
     ResizedDataset,
@@ -32,8 +31,6 @@ from vitrel.data.transforms import (
     canvas_offset,
     translate_canvas,
 )
-
-patch_posterize()  # timm's RandAugment / AutoAugment posterize with 0 bits kept, under Pillow 13 (timm_compat)
 
 __all__ = [
     "ArrayDataModule",

@@ -6,8 +6,8 @@ image (TensorFlow's AutoAugment, timm's note "This results in black image with T
 ``PIL.ImageOps.posterize(img, 0)`` gave before Pillow 13. Pillow 13 refuses ``bits`` outside 1..8 with a
 ``ValueError``, so a run with ``data.augment_kwargs.auto_augment=rand-m9-mstd0.5-inc1`` (``experiment=cifar10_vit``,
 ``cifar100_swin``, ``imagenet_vit_small``) stopped in a loader worker after a few hundred images.
-:func:`patch_posterize` (run when :mod:`vitrel.data` is imported) points timm's ops at :func:`posterize`, which
-gives that black image for 0 bits and is timm's function otherwise.
+:func:`black_posterize` points the posterize ops of a pipeline vitrel built at :func:`posterize`, which gives that
+black image for 0 bits and is timm's function otherwise; timm itself is left as it is.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from PIL import Image, ImageOps
 
-__all__ = ["posterize", "patch_posterize"]
+__all__ = ["posterize", "black_posterize"]
 
 
 def posterize(img: Image.Image, bits_to_keep: int, **__: Any) -> Image.Image:
@@ -29,15 +29,23 @@ def posterize(img: Image.Image, bits_to_keep: int, **__: Any) -> Image.Image:
     return ImageOps.posterize(img, bits_to_keep)
 
 
-def patch_posterize() -> None:
-    """Point timm's ``auto_augment.posterize`` and the ops that use it (``NAME_TO_OP``) at :func:`posterize`
-    (idempotent; ops built before keep timm's)."""
-    from timm.data import auto_augment
+def black_posterize(transform: Any) -> Any:
+    """``transform`` (a torchvision ``Compose`` of timm's pipeline) with the posterize ops of its RandAugment /
+    AutoAugment / AugMix (``ops``, or ``policy``'s sub-policies) calling :func:`posterize`; returned for chaining."""
+    from timm.data.auto_augment import AugmentOp
+    from timm.data.auto_augment import posterize as timms
 
-    original = auto_augment.posterize
-    if original is posterize:
-        return
-    auto_augment.posterize = posterize
-    for name, op in list(auto_augment.NAME_TO_OP.items()):
-        if op is original:
-            auto_augment.NAME_TO_OP[name] = posterize
+    def walk(t: Any) -> None:
+        if isinstance(t, AugmentOp):
+            if t.aug_fn is timms:
+                t.aug_fn = posterize
+        elif isinstance(t, list | tuple):
+            for u in t:
+                walk(u)
+        else:
+            for attr in ("transforms", "ops", "policy"):
+                if isinstance(getattr(t, attr, None), list | tuple):
+                    walk(getattr(t, attr))
+
+    walk(transform)
+    return transform

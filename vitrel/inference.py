@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -169,9 +170,25 @@ def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- images
+def _walk(root: Path) -> list[Path]:
+    """Every file under ``root``, through links to folders (a symlinked class folder is read, as the class-folder data
+    sets read it: ``os.walk(followlinks=True)``), each folder once (a link back up is not followed round); a link to
+    nothing is listed, so that a name with an image extension is counted as a file that cannot be read."""
+    out, seen = [], set()
+    for top, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        out += [Path(top) / n for n in names]
+    return out
+
+
 def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]):
-    """Files under ``root`` with ``extensions`` (sorted; ``root`` alone when it is one such file), and the class folder
-    names when ``root`` is a tree of class folders (files only in its sub-folders), else None; ``error`` for none."""
+    """Files under ``root`` with ``extensions`` (sorted; ``root`` alone when it is one such file; links to folders
+    followed, links to nothing kept: :func:`_walk`), and the class folder names when ``root`` is a tree of class
+    folders (files only in its sub-folders), else None; ``error`` for none."""
     if not root.exists():
         raise FileNotFoundError(
             f"input {root} does not exist: give a folder of {what}, a tree of class folders or a file"
@@ -180,7 +197,7 @@ def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[Fi
         if root.suffix.lower() not in extensions:
             raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")
         return [root], None
-    files = sorted(f for f in root.rglob("*") if f.is_file() and f.suffix.lower() in extensions)
+    files = sorted(f for f in _walk(root) if f.suffix.lower() in extensions)
     if not files:
         raise error(f"no {what} in {root} (looked for {', '.join(extensions)} in the folder and its sub-folders)")
     tree = all(len(f.relative_to(root).parts) == 2 for f in files)
@@ -205,7 +222,9 @@ def find_videos(root: str | Path) -> tuple[list[Path], list[str] | None]:
 def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
     """PIL image -> normalised ``[C, H, W]`` tensor: timm's eval transform (resize shorter side to
     ``size / crop_pct``, centre crop, normalise) after converting to the model's channels (a 16-bit image scaled to
-    8 bits: :func:`~vitrel.data.datasets.to_8bit`)."""
+    8 bits: :func:`~vitrel.data.datasets.to_8bit`); for a model trained on a canvas (``canvas_size`` in the data
+    config), the image at ``canvas_image_size`` pasted in the middle of it first
+    (:func:`~vitrel.data.transforms.canvas_transform`)."""
     from timm.data import create_transform
 
     from vitrel.data.datasets import to_8bit
@@ -221,6 +240,13 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
         crop_mode=data_config.get("crop_mode", "center"),
     )
     mode = "L" if c == 1 else "RGB"
+    if data_config.get("canvas_size"):  # trained on images pasted into a black canvas: pasted the same way first
+        from torchvision.transforms import Compose
+
+        from vitrel.data.transforms import canvas_transform
+
+        side, interp = int(data_config["canvas_image_size"]), data_config.get("interpolation", "bicubic")
+        tf = Compose([canvas_transform(side, int(data_config["canvas_size"]), interp), tf])
 
     def apply(img: Any) -> Tensor:
         return tf(to_8bit(img).convert(mode))  # (a 16-bit image scaled: PIL's convert clips it)
@@ -415,7 +441,7 @@ def _score(
             names = _label_names(names, folders, probs.shape[-1])
             rows += _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
     rows = [row for _, row in sorted(rows, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
-    others = 0 if one_file else sum(f.is_file() for f in root.rglob("*")) - len(files)
+    others = 0 if one_file else len(_walk(root)) - len(files)
     return PredictResult(rows, skipped, len(files), time.perf_counter() - t0, others)
 
 

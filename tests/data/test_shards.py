@@ -14,6 +14,7 @@ import json
 import logging
 import multiprocessing
 import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -26,6 +27,7 @@ from PIL import Image
 from tests.preloaded import preloaded
 from vitrel.data import ImageNetDataModule
 from vitrel.data.base import ResumableDataLoader
+from vitrel.data.imagenet import ClassFoldersMismatchError
 from vitrel.data.shards import ShardLoader, epoch_samples_per_rank, main, write_hf, write_wds
 
 REPO = Path(__file__).resolve().parents[2]
@@ -109,6 +111,48 @@ def test_write_hf_reads_offline_map_style_and_streamed(data, tmp_path):
     dm.train_order_seed = 1
     loader = dm.train_dataloader()
     assert isinstance(loader, ResumableDataLoader) and len(loader.dataset) == N and dm.class_names == list(CLASSES)
+
+
+def test_writers_refuse_class_folders_the_folder_path_refuses(tmp_path, capsys):
+    """A val class folder that train lacks was left out of the shards without a word (13 val images, 12 written), and an
+    empty train class folder became a class no sample has; ``data=imagenet`` refuses both trees. So do the writers
+    now, ``python -m vitrel.data.shards`` with the message alone."""
+    tree = tmp_path / "tree"
+    for split, name in (("train", "a"), ("train", "b"), ("val", "a"), ("val", "kiwi")):
+        (tree / split / name).mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (SIZE, SIZE), (9, 9, 9)).save(tree / split / name / "x.png")
+    for write in (write_wds, write_hf):
+        with pytest.raises(ClassFoldersMismatchError, match=r"val has class folders not in .*train: \['kiwi'\]"):
+            write(tree, tmp_path / "out", shard_size=4)
+    with pytest.raises(SystemExit, match=r"^python -m vitrel.data.shards: ClassFoldersMismatchError: .*'kiwi'"):
+        main(["write-wds", str(tree), str(tmp_path / "out")])
+    shutil.rmtree(tree / "val" / "kiwi")
+    (tree / "train" / "b" / "x.png").rename(tree / "train" / "b" / "x.txt")
+    with pytest.raises(ClassFoldersMismatchError, match=r"train has class folders without image files: \['b'\]"):
+        write_wds(tree, tmp_path / "out", shard_size=4)
+    (tree / "train" / "b" / "x.txt").rename(tree / "train" / "b" / "x.png")
+    assert write_wds(tree, tmp_path / "out", shard_size=4)["splits"]["validation"]["num_samples"] == 1
+
+
+def test_vitrel_data_leaves_the_shards_module_to_python_m():
+    """``python -m vitrel.data.shards`` printed "RuntimeWarning: 'vitrel.data.shards' found in sys.modules after import
+    of package 'vitrel.data' ... may result in unpredictable behaviour": importing ``vitrel.data`` (which Python does
+    before it runs the module as ``__main__``) imported it, through ``imagenet.py``."""
+    import importlib
+    import sys
+
+    saved = {k: v for k, v in sys.modules.items() if k == "vitrel.data" or k.startswith("vitrel.data.")}
+    try:
+        for k in saved:
+            del sys.modules[k]
+        importlib.import_module("vitrel.data")
+        assert "vitrel.data.shards" not in sys.modules
+    finally:
+        for k in [k for k in sys.modules if k == "vitrel.data" or k.startswith("vitrel.data.")]:
+            del sys.modules[k]
+        sys.modules.update(saved)
+        sys.modules["vitrel"].data = saved["vitrel.data"]  # (the import set the new one on the package)
+        importlib.import_module("vitrel.data.timm_compat").patch_posterize()  # (timm's op table: the kept module's)
 
 
 # ---------------------------------------------------------------------------------------------------

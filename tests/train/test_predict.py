@@ -595,3 +595,53 @@ def test_predict_takes_a_naflex_runs_eval_max_ratio(naflex_trained, odd_sizes, t
     assert index == top_i[:, 0].tolist()
     torch.testing.assert_close(probs, top_p, rtol=0, atol=2e-6)
     assert summary["naflex_from_run"] == {**NAFLEX_RUN, "eval_max_ratio": None}
+
+
+def test_a_symlinked_class_folder_is_predicted_and_a_dead_link_counted(ckpt, tmp_path):
+    """``data=imagenet`` reads a symlinked class folder as a class; ``predict.py`` on the same tree left its images out
+    without a word (``Path.rglob`` does not enter links to folders: "predicted 7 of 7" of 11 images), and a link to
+    nothing named ``*.jpg`` was neither skipped nor counted."""
+    store, tree = tmp_path / "store", tmp_path / "tree"
+    (store / "zebra").mkdir(parents=True)
+    (tree / "apple" / "nested").mkdir(parents=True)
+    for i in range(3):
+        Image.new("RGB", (32, 32), (200, 10 * i, 10)).save(store / "zebra" / f"z{i}.png")
+    Image.new("RGB", (32, 32), (10, 200, 10)).save(tree / "apple" / "A.JPG")
+    Image.new("RGB", (40, 30), (10, 190, 10)).save(tree / "apple" / "nested" / "b.png")
+    (tree / "zebra").symlink_to(store / "zebra", target_is_directory=True)
+    (tree / "apple" / "loop").symlink_to(tree, target_is_directory=True)  # (a link back up: entered once)
+    (tree / "apple" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
+    res = predict_folder(load_predictor(ckpt), tree, topk=1, progress=False)
+    names = [r["filename"] for r in res.rows]
+    assert names == ["apple/A.JPG", "apple/nested/b.png", "zebra/z0.png", "zebra/z1.png", "zebra/z2.png"]
+    assert res.found == 6 and [s[0] for s in res.skipped] == ["apple/gone.jpg"]
+
+
+def test_a_canvas_run_is_predicted_on_its_canvas_as_its_test_scored(tmp_path):
+    """A run trained with ``data.canvas_size=40`` (28 x 28 garments pasted into a black 40 x 40 canvas) stored only
+    ``input_size`` 40: ``predict.py`` stretched each 28 x 28 image to 40 x 40, which the model never saw (a tiny run:
+    11 % where its test scored 34 %). The data config now keeps the canvas, and each image is pasted in its middle, as
+    the data module's ``canvas_mode=center`` evaluation pastes it."""
+    from vitrel.data import FashionMNISTDataModule
+    from vitrel.train.module import data_config_of
+
+    dm = FashionMNISTDataModule(canvas_size=40, canvas_mode="center", val_fraction=0.0)
+    data = data_config_of(dm)
+    assert data["canvas_size"] == 40 and data["canvas_image_size"] == 28 and data["input_size"] == [1, 40, 40]
+    torch.manual_seed(0)
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", embed_dim=32, depth=1, num_heads=2,
+                            in_chans=1, img_size=40, num_classes=10)  # fmt: skip
+    path = tmp_path / "last.ckpt"
+    state = {f"model.{k}": v for k, v in m.state_dict().items()}
+    hp = {"num_classes": 10, "data_config": data}
+    torch.save({"vitrel_cfg": m.vitrel_cfg, "state_dict": state, "hyper_parameters": hp}, path)
+    ds, folder = dm.make_dataset("test"), tmp_path / "images"
+    folder.mkdir()
+    for i in range(6):
+        dm.raw_dataset("test")[i][0].save(folder / f"{i}.png")
+    with torch.no_grad():
+        want = m.eval()(torch.stack([ds[i][0] for i in range(6)])).softmax(-1)
+    rows = predict_folder(load_predictor(path), folder, topk=10, progress=False).rows
+    got = torch.tensor([[r[f"prob_{k}"] for k in range(10)] for r in rows])
+    order = torch.tensor([[r[f"index_{k}"] for k in range(10)] for r in rows])
+    torch.testing.assert_close(got, want.gather(1, order), atol=2e-6, rtol=0)

@@ -49,7 +49,6 @@ from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
 from vitrel.data.datasets import ON_BAD_SAMPLE, DatasetIntegrityError, load_rgb, rgb_8bit
-from vitrel.data.shards import ShardLoader, guard_bad_samples
 from vitrel.data.unreadable import LeaveOutCollate, SkipUnreadable
 
 log = logging.getLogger(__name__)
@@ -364,6 +363,8 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
         loaders do)."""
         from timm.data import create_dataset
 
+        from vitrel.data.shards import guard_bad_samples
+
         if not self.iterable:
             raise ValueError(f"{self.source} is map-style: use make_dataset / raw_dataset")
         self.wnids  # noqa: B018 (checks the data set and num_classes)
@@ -427,6 +428,8 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
     def _loader(self, split: str) -> DataLoader:
         if not self.iterable:
             return super()._loader(split)
+        from vitrel.data.shards import ShardLoader  # (here: `python -m vitrel.data.shards` runs that module alone)
+
         train = split == "train"
         world, rank = self._ranks()
         ds = self._datasets.get(split)

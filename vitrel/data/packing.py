@@ -335,4 +335,6 @@ def _timm_naflex_train(
     )
     if not isinstance(primary.transforms[0], RandomResizedCropToSequence):
         raise RuntimeError(f"timm's NaFlex training transforms start with {primary.transforms[0]!r}, not the crop")
-    return T.Compose([resize, *primary.transforms[1:], *secondary.transforms, *final.transforms])
+    from vitrel.data.timm_compat import black_posterize
+
+    return black_posterize(T.Compose([resize, *primary.transforms[1:], *secondary.transforms, *final.transforms]))

@@ -89,15 +89,35 @@ def _image_bytes(path: Path) -> tuple[bytes, str]:
     return buf.getvalue(), "png"
 
 
-def _splits(root: Path) -> tuple[list[str], dict[str, Path]]:
-    """The class names (train's folders) and the split folders present under ``root``."""
+def _splits(root: Path) -> tuple[list[str], dict[str, tuple[Path, list[tuple[Path, int]]]]]:
+    """The class names (train's folders), and the folder and samples (:func:`folder_samples`) of each split present
+    under ``root``, checked as ``data=imagenet`` checks its folders: a val class folder that train lacks, or a train
+    class folder without image files, is a :class:`~vitrel.data.imagenet.ClassFoldersMismatchError` (the writer would
+    drop that val folder's images, or write a class no sample has)."""
+    from vitrel.data.imagenet import ClassFoldersMismatchError
+
     folders = {name: root / d for d, name in SPLIT_NAMES.items() if (root / d).is_dir()}
     if "train" not in folders:
         raise FileNotFoundError(f"{root} has no train/ folder (the classes are train's class folders)")
     classes = sorted(e.name for e in os.scandir(folders["train"]) if e.is_dir())
     if not classes:
         raise FileNotFoundError(f"{folders['train']} has no class folders")
-    return classes, folders
+    if "validation" in folders:
+        extra = sorted({e.name for e in os.scandir(folders["validation"]) if e.is_dir()} - set(classes))
+        if extra:
+            raise ClassFoldersMismatchError(
+                f"{folders['validation']} has class folders not in {folders['train']}: {extra[:5]}"
+                f"{' ...' if len(extra) > 5 else ''} (their images would be left out of the shards)"
+            )
+    samples = {split: (folder, folder_samples(folder, classes)) for split, folder in folders.items()}
+    have = {t for _, t in samples["train"][1]}
+    empty = [c for i, c in enumerate(classes) if i not in have]
+    if empty:
+        raise ClassFoldersMismatchError(
+            f"{folders['train']} has class folders without image files: {empty[:5]}{' ...' if len(empty) > 5 else ''}: "
+            "every folder of train is a class; remove the empty one(s) or put their images in"
+        )
+    return classes, samples
 
 
 def _ordered(samples: list[tuple[Path, int]], seed: int | None) -> list[tuple[Path, int]]:
@@ -127,8 +147,8 @@ def write_wds(
     info = json.loads(info_path.read_text()) if info_path.exists() else {}
     info.update(name=prefix, classes=classes)
     info.setdefault("splits", {})
-    for split, folder in folders.items():
-        samples = _ordered(folder_samples(folder, classes), seed)
+    for split, (folder, found) in folders.items():
+        samples = _ordered(found, seed)
         pattern = str(out / f"{prefix}-{split}-%06d.tar")
         with wds.ShardWriter(pattern, maxcount=shard_size, verbose=0) as sink:
             for i, (path, label) in enumerate(samples):
@@ -163,8 +183,8 @@ def write_hf(root: str | Path, out: str | Path, shard_size: int = 1000, seed: in
     features = Features({"image": HFImage(), "label": ClassLabel(names=classes)})
     (out / "data").mkdir(parents=True, exist_ok=True)
     sizes, splits = {}, SplitDict()
-    for split, folder in folders.items():
-        samples = _ordered(folder_samples(folder, classes), seed)
+    for split, (_, found) in folders.items():
+        samples = _ordered(found, seed)
         n_files = max(1, math.ceil(len(samples) / shard_size))
         for k in range(n_files):
             part = samples[k * shard_size : (k + 1) * shard_size]
@@ -376,6 +396,18 @@ def main(argv: Sequence[str] | None = None) -> None:
             s.add_argument("--prefix", default="imagenet", help="shard names: <prefix>-<split>-%%06d.tar")
     args = p.parse_args(argv)
     seed = None if args.seed < 0 else args.seed
+    from vitrel.data.imagenet import ClassFoldersMismatchError
+
+    try:
+        _write(args, seed)
+    except (
+        FileNotFoundError,
+        ClassFoldersMismatchError,
+    ) as e:  # (a folder missing or unlike train's: the reason alone)
+        raise SystemExit(f"{p.prog}: {type(e).__name__}: {e}") from None
+
+
+def _write(args: argparse.Namespace, seed: int | None) -> None:
     if args.cmd == "write-wds":
         info = write_wds(args.root, args.out, args.shard_size, args.prefix, seed)
         for split, s in info["splits"].items():

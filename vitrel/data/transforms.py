@@ -394,6 +394,14 @@ def plain_transform(
     )
 
 
+def canvas_transform(image_size: int, canvas_size: int, interpolation: str = "bilinear") -> Callable:
+    """An image at ``image_size`` (shorter side resized, centre-cropped; as it is at that size) in the middle of a black
+    ``canvas_size`` canvas (``TranslateCanvas(canvas_size, "center")``): ``predict.py``'s images for a model trained
+    on a canvas (``data.canvas_size``; ``"center"`` lies in every training region but ``unseen``)."""
+    resize = _ResizeCrop(image_size, image_size, InterpolationMode(interpolation))
+    return T.Compose([resize, TranslateCanvas(canvas_size, "center")])
+
+
 class _ResizeCrop:
     def __init__(self, size: int, scale: int, interpolation: InterpolationMode) -> None:
         self.size, self.scale, self.interpolation = size, scale, interpolation
@@ -411,13 +419,17 @@ class _ResizeCrop:
 def augment_transform(
     img_size: int, mean: Sequence[float], std: Sequence[float], interpolation: str = "bilinear", **timm_kwargs: Any
 ) -> Callable:
-    """timm's training pipeline: ``timm.data.create_transform(img_size, is_training=True, ...)``."""
+    """timm's training pipeline: ``timm.data.create_transform(img_size, is_training=True, ...)``, its posterize
+    keeping 0 bits a black image under any Pillow (:func:`~vitrel.data.timm_compat.black_posterize`)."""
     from timm.data import create_transform
 
+    from vitrel.data.timm_compat import black_posterize
+
     kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in timm_kwargs.items()}
-    return create_transform(
+    tf = create_transform(
         img_size, is_training=True, mean=tuple(mean), std=tuple(std), interpolation=interpolation, **kw
     )
+    return black_posterize(tf)  # (0 bits kept: a black image, as before Pillow 13)
 
 
 def build_transform(

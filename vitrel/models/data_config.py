@@ -19,6 +19,7 @@ from torch import nn
 from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _resolve, _safetensors_metadata
 
 __all__ = [
+    "CANVAS_FIELDS",
     "CLIP_FIELDS",
     "DATA_FIELDS",
     "TRAIN_FIELDS",
@@ -42,12 +43,17 @@ CLIP_FIELDS = ("frame_stride", "clips_per_video")
 #: the sides training batches were drawn at (``data.size_choices``): ``eval.py`` runs the stored model as trained at
 #: one of them; not a timm field either
 TRAIN_FIELDS = ("size_choices",)
+#: a model trained on images pasted into a black canvas (``data.canvas_size``, the translation study): the canvas side
+#: and the side of the images pasted into it, so that ``predict.py`` pastes an image as the data module did (not
+#: timm's fields either)
+CANVAS_FIELDS = ("canvas_size", "canvas_image_size")
 
 
 def data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
     """The data-config fields of ``src`` (a stored data config or a ``pretrained_cfg``: ``label_names`` are the class
     names; ``img_size``, the side or ``[H, W]``, as written by hand before ``input_size``)."""
-    out = {k: src[k] for k in (*DATA_FIELDS, *CLIP_FIELDS, *TRAIN_FIELDS, "img_size") if src.get(k) is not None}
+    keys = (*DATA_FIELDS, *CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS, "img_size")
+    out = {k: src[k] for k in keys if src.get(k) is not None}
     names = src.get("class_names") or src.get("label_names")
     if names:
         out["class_names"] = [str(n) for n in names]
@@ -118,6 +124,7 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
         out.update({k: int(src[k]) for k in CLIP_FIELDS if k in src})
     if src.get("size_choices"):
         out["size_choices"] = [int(v) for v in src["size_choices"]]
+    out.update({k: int(src[k]) for k in CANVAS_FIELDS if k in src})
     if src.get("class_names"):
         out["class_names"] = list(src["class_names"])
     return out
@@ -152,5 +159,5 @@ def set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
     """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
     dc = model_data_config(model, data_config)
     pcfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), **pretrained_cfg_fields(dc)}
-    pcfg.update({k: dc[k] for k in (*CLIP_FIELDS, *TRAIN_FIELDS) if k in dc})  # (vitrel's fields, not timm's)
+    pcfg.update({k: dc[k] for k in (*CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS) if k in dc})  # (vitrel's, not timm's)
     model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)

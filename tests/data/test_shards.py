@@ -152,7 +152,6 @@ def test_vitrel_data_leaves_the_shards_module_to_python_m():
             del sys.modules[k]
         sys.modules.update(saved)
         sys.modules["vitrel"].data = saved["vitrel.data"]  # (the import set the new one on the package)
-        importlib.import_module("vitrel.data.timm_compat").patch_posterize()  # (timm's op table: the kept module's)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import timm
 import torch
 from timm.utils import ModelEmaV3
 
+import vitrel
 import vitrel.models.blocks
 import vitrel.models.swin_blocks
 from tests.weights import lively
@@ -150,3 +151,29 @@ def test_written_weights_follow_the_umask(mask, tmp_path):
         (tmp_path / "plain.txt").write_text("")
     for p in (out / "model.safetensors", out / "config.json", tmp_path / "last.ckpt", tmp_path / "pos.safetensors"):
         assert stat.S_IMODE(p.stat().st_mode) == want == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode), p
+
+
+# ---------------------------------------------------------------------------- timm's save_for_hf / push_to_hf_hub
+@SPECS
+def test_timm_save_for_hf_records_every_argument(spec, tmp_path):
+    """timm's ``save_for_hf`` (``push_to_hf_hub``'s writer) stores ``timm.models.get_model_args(model)`` as
+    ``config.json``'s ``model_args``. A model built by vitrel (not through ``timm.create_model``, which records the
+    keyword arguments it was given) and changed since (``reset_classifier``; a Swin's ``set_input_size`` with a new
+    window) gets every constructor argument as it is now, so ``local-dir:`` (and ``hf-hub:``) rebuild the same
+    function: here a scheme option that leaves the weights' shapes alone (``extend: interpolate``) and changes what
+    a larger grid computes."""
+    from timm.models import save_for_hf
+
+    spec = dict(spec)
+    name = spec.pop("name")
+    torch.manual_seed(0)
+    model = lively(vitrel.create_model(name, pos={"name": "rel2d_full", "extend": "interpolate"}, **spec)).eval()
+    model.reset_classifier(3)
+    if "depths" in spec:
+        model.set_input_size(img_size=32, window_size=8)
+    save_for_hf(model, tmp_path / "hf")
+    back = timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True).eval()
+    assert back.vitrel_cfg == model.vitrel_cfg
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)

@@ -18,6 +18,7 @@ A backbone says what differs in a few class attributes and hooks:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -84,6 +85,17 @@ class TimmSurface:
     def check_global_pool(self, global_pool: str) -> None:
         if global_pool not in self.global_pools:
             raise ValueError(f"global_pool must be {_alternatives(self.global_pools)}, got {global_pool!r}")
+
+    @property
+    def _model_args(self) -> dict[str, Any]:
+        """timm's record of the constructor arguments (``timm.models.get_model_args``, which ``save_for_hf`` and
+        ``push_to_hf_hub`` write as ``config.json``'s ``model_args`` for ``local-dir:`` / ``hf-hub:``): every one, as
+        ``vitrel_cfg`` holds it now (after ``reset_classifier``, ``set_input_size`` ...), with its ``vitrel_format``."""
+        return copy.deepcopy({k: v for k, v in self.vitrel_cfg.items() if k != "architecture"})
+
+    @_model_args.setter
+    def _model_args(self, value: Mapping[str, Any]) -> None:
+        """timm's factory records the keyword arguments it was given here; ``vitrel_cfg`` holds them all already."""
 
     def init_weights(self) -> None:
         """timm's ViT initialisation (:func:`~vitrel.models.blocks.init_weights_`), e.g. after ``to_empty()``."""

@@ -177,3 +177,51 @@ def test_timm_save_for_hf_records_every_argument(spec, tmp_path):
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- the stored preprocessing, every route
+ROUTE_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "label_names")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, dict(num_classes=4), dict(img_size=48), dict(in_chans=3), dict(pretrained_cfg_overlay=dict(crop_pct=0.5))],
+    ids=["stored", "new_head", "img_size", "in_chans", "overlay"],
+)
+def test_every_loading_route_puts_the_same_preprocessing_in_pretrained_cfg(kw, tmp_path):
+    """The data config stored with an export (a grey model's mean / std, interpolation, crop, class names) reaches
+    ``pretrained_cfg`` (what ``timm.data.resolve_data_config(model=m)`` reads) alike on the four loading routes, with
+    the same arguments: a new head drops the class names (another head's), ``img_size`` / ``in_chans`` make the
+    input size the model's (the statistics follow the channels), a ``pretrained_cfg_overlay`` entry wins. Before,
+    ``local-dir:`` kept the stored names and size, the file route refused ``in_chans`` and ``load_model`` /
+    ``create_model(checkpoint_path=)`` dropped the overlay."""
+    from vitrel.models.data_config import set_data_config
+
+    spec = dict(VIT)
+    name = spec.pop("name")
+    net = vitrel.create_model(name, pos="rel2d_full", in_chans=1, **spec)
+    names = [f"class {i}" for i in range(10)]
+    set_data_config(net, dict(mean=[0.3], std=[0.4], interpolation="bilinear", crop_pct=0.8, class_names=names))
+    out = save_pretrained(net, tmp_path / "export")
+    overlay = kw.get("pretrained_cfg_overlay", {})
+    args = {k: v for k, v in kw.items() if k != "pretrained_cfg_overlay"}
+    file = dict(file=str(out / "model.safetensors"))
+    routes = {
+        "load_model": vitrel.load_model(out, **kw),
+        "create_model": vitrel.create_model(name, checkpoint_path=str(out), **kw),
+        "file": timm.create_model(name, pretrained=True, pretrained_cfg_overlay={**file, **overlay}, **args),
+        "local-dir": timm.create_model(f"local-dir:{out}", pretrained=True, **kw),
+    }
+    chans, side = kw.get("in_chans", 1), kw.get("img_size", 32)
+    want = {
+        "input_size": (chans, side, side),
+        "mean": (0.3,) * chans,
+        "std": (0.4,) * chans,
+        "interpolation": "bilinear",
+        "crop_pct": overlay.get("crop_pct", 0.8),
+        "label_names": None if "num_classes" in kw else tuple(names),
+    }
+    for route, m in routes.items():
+        got = {f: tuple(v) if isinstance(v, list) else v for f in ROUTE_FIELDS for v in [m.pretrained_cfg.get(f)]}
+        assert got == want, (route, got)
+        assert timm.data.resolve_data_config(model=m)["input_size"] == want["input_size"], route

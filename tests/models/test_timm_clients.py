@@ -225,3 +225,24 @@ def test_every_loading_route_puts_the_same_preprocessing_in_pretrained_cfg(kw, t
         got = {f: tuple(v) if isinstance(v, list) else v for f in ROUTE_FIELDS for v in [m.pretrained_cfg.get(f)]}
         assert got == want, (route, got)
         assert timm.data.resolve_data_config(model=m)["input_size"] == want["input_size"], route
+
+
+# ---------------------------------------------------------------------------- the EMA copy of a training checkpoint
+@pytest.mark.parametrize("ema_eval", [True, False])
+def test_timm_file_route_takes_the_weights_load_model_takes(ema_eval, tmp_path):
+    """``pretrained_cfg_overlay=dict(file=<.ckpt>)`` of a run with an EMA copy: the weights ``vitrel.load_model``,
+    ``eval.py`` and ``predict.py`` score (``use_ema="auto"``: the EMA copy unless the run validated without it,
+    ``module.ema_eval=false``). It took the live weights, so the same file scored otherwise through timm."""
+    torch.manual_seed(0)
+    net = lively(make(VIT)).eval()
+    path = tmp_path / "last.ckpt"
+    train_checkpoint(net, path)
+    ckpt = torch.load(path, weights_only=True)
+    torch.save({**ckpt, "hyper_parameters": {"ema_eval": ema_eval}}, path)
+    name = VIT["name"]
+    ref = vitrel.load_model(path).eval()
+    via_timm = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path))).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(via_timm(x), ref(x))
+        assert torch.equal(ref(x), net(x)) is (not ema_eval)  # (the EMA copy's weights are not the live ones)

@@ -26,7 +26,15 @@ from typing import Any
 from timm.models import register_model
 from torch import nn
 
-from vitrel.models.checkpoint import CheckpointError, clean_state_dict, load_model, read_weights, stored_config
+from vitrel.models.checkpoint import (
+    CheckpointError,
+    checkpoint_scores_ema,
+    clean_state_dict,
+    load_model,
+    read_weights,
+    stored_config,
+)
+from vitrel.models.ckpt_files import ema_state_dict
 from vitrel.models.data_config import (
     TIMM_CFG_FIELDS,
     data_fields,
@@ -48,6 +56,11 @@ def _strip_prefixes(state_dict: dict, model: nn.Module) -> dict:
     return clean_state_dict(state_dict)
 
 
+def _take_ema(state_dict: dict, model: nn.Module) -> dict:
+    """:func:`_strip_prefixes` for a training checkpoint whose run scored its EMA copy: that copy's weights."""
+    return ema_state_dict(state_dict)
+
+
 def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """timm's route: ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` takes the
     architecture's stored arguments from the file as defaults. The stored preprocessing (that route's, or the
@@ -56,6 +69,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     given = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
     overlay = dict(given)
     stored_data = stored_classes = None
+    weights = _strip_prefixes
     if pretrained and overlay.get("file"):
         stored = stored_config(overlay["file"])
         if stored is not None:
@@ -65,6 +79,8 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             for k, v in stored.items():
                 if k != "architecture":
                     kwargs.setdefault(k, v)
+            if checkpoint_scores_ema(overlay["file"]):  # the weights load_model, eval.py and predict.py score
+                weights = _take_ema
             stored_classes = stored.get("num_classes")
             if stored_classes is not None:
                 overlay.setdefault("num_classes", stored_classes)
@@ -83,7 +99,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         # timm's local-dir: / hf-hub: route (a config.json's pretrained_cfg and model_args)
         stored_data = data_fields(kwargs["pretrained_cfg"]) or None
         stored_classes = kwargs["pretrained_model_args"].get("num_classes", kwargs["pretrained_cfg"].get("num_classes"))
-    model = build(name, pretrained, pretrained_filter_fn=_strip_prefixes, pretrained_cfg_overlay=overlay, **kwargs)
+    model = build(name, pretrained, pretrained_filter_fn=weights, pretrained_cfg_overlay=overlay, **kwargs)
     if stored_data is not None:
         fit_data_config(model, stored_data, stored_classes, given)
     return model

@@ -136,9 +136,11 @@ class TimmSurface:
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``, reading vitrel's files as timm's ``load_checkpoint`` hands them over
         (``timm.create_model(name, checkpoint_path=...)``): a training checkpoint's state dict (the network under
-        ``model.*``, beside the EMA copy and the metrics) loads its ``model.*`` weights (the live ones, as
-        ``vitrel.load_model``); weights that do not fit this model (built from other arguments than the stored
-        ones) are one ``CheckpointError`` naming the routes that rebuild the model from its stored arguments."""
+        ``model.*``, beside the EMA copy and the metrics) loads its ``model.*`` weights: the live ones, also of a run
+        that scored its EMA copy (timm hands over the state dict only, not the run's ``ema_eval``; ``vitrel.load_model``
+        and the ``pretrained_cfg_overlay=dict(file=...)`` route read it); weights that do not fit this model (built
+        from other arguments than the stored ones) are one ``CheckpointError`` naming the routes that rebuild the model
+        from its stored arguments."""
         own = nn.Module.state_dict(self)  # type: ignore[arg-type]
         if any(k.startswith("model.") for k in state_dict) and not any(k.startswith("model.") for k in own):
             state_dict = clean_state_dict(state_dict, "model.")

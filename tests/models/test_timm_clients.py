@@ -15,6 +15,7 @@ import timm
 import torch
 from timm.utils import ModelEmaV3
 
+import vitrel
 import vitrel.models.blocks
 import vitrel.models.swin_blocks
 from tests.weights import lively
@@ -150,3 +151,98 @@ def test_written_weights_follow_the_umask(mask, tmp_path):
         (tmp_path / "plain.txt").write_text("")
     for p in (out / "model.safetensors", out / "config.json", tmp_path / "last.ckpt", tmp_path / "pos.safetensors"):
         assert stat.S_IMODE(p.stat().st_mode) == want == stat.S_IMODE((tmp_path / "plain.txt").stat().st_mode), p
+
+
+# ---------------------------------------------------------------------------- timm's save_for_hf / push_to_hf_hub
+@SPECS
+def test_timm_save_for_hf_records_every_argument(spec, tmp_path):
+    """timm's ``save_for_hf`` (``push_to_hf_hub``'s writer) stores ``timm.models.get_model_args(model)`` as
+    ``config.json``'s ``model_args``. A model built by vitrel (not through ``timm.create_model``, which records the
+    keyword arguments it was given) and changed since (``reset_classifier``; a Swin's ``set_input_size`` with a new
+    window) gets every constructor argument as it is now, so ``local-dir:`` (and ``hf-hub:``) rebuild the same
+    function: here a scheme option that leaves the weights' shapes alone (``extend: interpolate``) and changes what
+    a larger grid computes."""
+    from timm.models import save_for_hf
+
+    spec = dict(spec)
+    name = spec.pop("name")
+    torch.manual_seed(0)
+    model = lively(vitrel.create_model(name, pos={"name": "rel2d_full", "extend": "interpolate"}, **spec)).eval()
+    model.reset_classifier(3)
+    if "depths" in spec:
+        model.set_input_size(img_size=32, window_size=8)
+    save_for_hf(model, tmp_path / "hf")
+    back = timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True).eval()
+    assert back.vitrel_cfg == model.vitrel_cfg
+    x = torch.randn(2, 3, 64, 64)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------- the stored preprocessing, every route
+ROUTE_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "label_names")
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, dict(num_classes=4), dict(img_size=48), dict(in_chans=3), dict(pretrained_cfg_overlay=dict(crop_pct=0.5))],
+    ids=["stored", "new_head", "img_size", "in_chans", "overlay"],
+)
+def test_every_loading_route_puts_the_same_preprocessing_in_pretrained_cfg(kw, tmp_path):
+    """The data config stored with an export (a grey model's mean / std, interpolation, crop, class names) reaches
+    ``pretrained_cfg`` (what ``timm.data.resolve_data_config(model=m)`` reads) alike on the four loading routes, with
+    the same arguments: a new head drops the class names (another head's), ``img_size`` / ``in_chans`` make the
+    input size the model's (the statistics follow the channels), a ``pretrained_cfg_overlay`` entry wins. Before,
+    ``local-dir:`` kept the stored names and size, the file route refused ``in_chans`` and ``load_model`` /
+    ``create_model(checkpoint_path=)`` dropped the overlay."""
+    from vitrel.models.data_config import set_data_config
+
+    spec = dict(VIT)
+    name = spec.pop("name")
+    net = vitrel.create_model(name, pos="rel2d_full", in_chans=1, **spec)
+    names = [f"class {i}" for i in range(10)]
+    set_data_config(net, dict(mean=[0.3], std=[0.4], interpolation="bilinear", crop_pct=0.8, class_names=names))
+    out = save_pretrained(net, tmp_path / "export")
+    overlay = kw.get("pretrained_cfg_overlay", {})
+    args = {k: v for k, v in kw.items() if k != "pretrained_cfg_overlay"}
+    file = dict(file=str(out / "model.safetensors"))
+    routes = {
+        "load_model": vitrel.load_model(out, **kw),
+        "create_model": vitrel.create_model(name, checkpoint_path=str(out), **kw),
+        "file": timm.create_model(name, pretrained=True, pretrained_cfg_overlay={**file, **overlay}, **args),
+        "local-dir": timm.create_model(f"local-dir:{out}", pretrained=True, **kw),
+    }
+    chans, side = kw.get("in_chans", 1), kw.get("img_size", 32)
+    want = {
+        "input_size": (chans, side, side),
+        "mean": (0.3,) * chans,
+        "std": (0.4,) * chans,
+        "interpolation": "bilinear",
+        "crop_pct": overlay.get("crop_pct", 0.8),
+        "label_names": None if "num_classes" in kw else tuple(names),
+    }
+    for route, m in routes.items():
+        got = {f: tuple(v) if isinstance(v, list) else v for f in ROUTE_FIELDS for v in [m.pretrained_cfg.get(f)]}
+        assert got == want, (route, got)
+        assert timm.data.resolve_data_config(model=m)["input_size"] == want["input_size"], route
+
+
+# ---------------------------------------------------------------------------- the EMA copy of a training checkpoint
+@pytest.mark.parametrize("ema_eval", [True, False])
+def test_timm_file_route_takes_the_weights_load_model_takes(ema_eval, tmp_path):
+    """``pretrained_cfg_overlay=dict(file=<.ckpt>)`` of a run with an EMA copy: the weights ``vitrel.load_model``,
+    ``eval.py`` and ``predict.py`` score (``use_ema="auto"``: the EMA copy unless the run validated without it,
+    ``module.ema_eval=false``). It took the live weights, so the same file scored otherwise through timm."""
+    torch.manual_seed(0)
+    net = lively(make(VIT)).eval()
+    path = tmp_path / "last.ckpt"
+    train_checkpoint(net, path)
+    ckpt = torch.load(path, weights_only=True)
+    torch.save({**ckpt, "hyper_parameters": {"ema_eval": ema_eval}}, path)
+    name = VIT["name"]
+    ref = vitrel.load_model(path).eval()
+    via_timm = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(path))).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(via_timm(x), ref(x))
+        assert torch.equal(ref(x), net(x)) is (not ema_eval)  # (the EMA copy's weights are not the live ones)

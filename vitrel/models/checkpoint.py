@@ -59,8 +59,8 @@ from vitrel.models.data_config import (
     DATA_FIELDS,
     TIMM_CFG_FIELDS,
     data_config_for,
+    fit_data_config,
     model_data_config,
-    set_data_config,
     stored_data_config,
 )
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
@@ -355,9 +355,7 @@ def load_model(
     load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
     data_config = stored_data_config(path)
     if data_config is not None:
-        if model.num_classes != cfg.get("num_classes"):  # a new head: the stored names are another head's
-            data_config.pop("class_names", None)
-        set_data_config(model, data_config)
+        fit_data_config(model, data_config, cfg.get("num_classes"), overrides.get("pretrained_cfg_overlay"))
     return model
 
 

@@ -139,14 +139,16 @@ def extract_model_state(ckpt: Mapping[str, Any], use_ema: bool = False) -> tuple
     sd = ckpt.get("state_dict")
     if not isinstance(sd, Mapping):
         raise CheckpointError(f"the checkpoint has no 'state_dict' dict (top-level keys: {_preview(list(ckpt))})")
-    if use_ema:
-        prefix = next((p for p in _EMA_PREFIXES if any(k.startswith(p) for k in sd)), None)
-        if prefix is None:
-            raise CheckpointError(f"use_ema=True but the checkpoint holds no EMA weights (prefixes {_EMA_PREFIXES})")
-        state = clean_state_dict(sd, prefix)
-    else:
-        state = clean_state_dict(sd)
-    return dict(cfg), state
+    return dict(cfg), ema_state_dict(sd) if use_ema else clean_state_dict(sd)
+
+
+def ema_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Tensor]:
+    """The EMA copy's weights in a training module's state dict (under ``ema_model.`` / ``model_ema.`` / ``ema.``,
+    then :func:`clean_state_dict`); a :class:`CheckpointError` when it holds none."""
+    prefix = next((p for p in _EMA_PREFIXES if any(k.startswith(p) for k in state_dict)), None)
+    if prefix is None:
+        raise CheckpointError(f"use_ema=True but the checkpoint holds no EMA weights (prefixes {_EMA_PREFIXES})")
+    return clean_state_dict(state_dict, prefix)
 
 
 def _preview(keys: list, n: int = 8) -> str:

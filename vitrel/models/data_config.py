@@ -26,6 +26,7 @@ __all__ = [
     "TIMM_CFG_FIELDS",
     "data_config_for",
     "data_fields",
+    "fit_data_config",
     "model_data_config",
     "pretrained_cfg_fields",
     "set_data_config",
@@ -161,3 +162,32 @@ def set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
     pcfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), **pretrained_cfg_fields(dc)}
     pcfg.update({k: dc[k] for k in (*CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS) if k in dc})  # (vitrel's, not timm's)
     model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)
+
+
+def fit_data_config(
+    model: nn.Module,
+    data_config: Mapping[str, Any],
+    stored_num_classes: int | None,
+    overlay: Mapping[str, Any] | None = None,
+) -> None:
+    """Put the data config stored with loaded weights into ``model.pretrained_cfg`` as every loading route does
+    (``load_model``, timm's ``pretrained_cfg_overlay=dict(file=...)`` and ``local-dir:``): the input size and channels
+    the model's (:func:`model_data_config`), no class names beside a head of another size than the stored one
+    (``stored_num_classes``), then the caller's ``pretrained_cfg_overlay`` entries over it all.
+
+    ``model`` may be timm's feature wrapper around the network (its ``pretrained_cfg`` then follows the network's,
+    without the classifier's fields, as timm's builder writes it); one that rebuilt the network from its parts
+    (``fx`` / ``list`` / ``dict``: no ``vitrel_cfg``) keeps what timm gave it."""
+    net = next((m for m in model.modules() if isinstance(getattr(m, "vitrel_cfg", None), dict)), None)
+    if net is None:
+        return
+    data_config = dict(data_config)
+    if getattr(net, "num_classes", None) != stored_num_classes:  # a new head: the stored names are another head's
+        data_config.pop("class_names", None)
+        net.pretrained_cfg = {k: v for k, v in (net.pretrained_cfg or {}).items() if k != "label_names"}
+    set_data_config(net, data_config)
+    net.pretrained_cfg = net.default_cfg = {**net.pretrained_cfg, **(overlay or {})}
+    if model is not net:
+        from timm.models._builder import pretrained_cfg_for_features
+
+        model.pretrained_cfg = model.default_cfg = pretrained_cfg_for_features(net.pretrained_cfg)

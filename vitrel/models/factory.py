@@ -26,8 +26,22 @@ from typing import Any
 from timm.models import register_model
 from torch import nn
 
-from vitrel.models.checkpoint import CheckpointError, clean_state_dict, load_model, read_weights, stored_config
-from vitrel.models.data_config import TIMM_CFG_FIELDS, pretrained_cfg_fields, stored_data_config
+from vitrel.models.checkpoint import (
+    CheckpointError,
+    checkpoint_scores_ema,
+    clean_state_dict,
+    load_model,
+    read_weights,
+    stored_config,
+)
+from vitrel.models.ckpt_files import ema_state_dict
+from vitrel.models.data_config import (
+    TIMM_CFG_FIELDS,
+    data_fields,
+    fit_data_config,
+    pretrained_cfg_fields,
+    stored_data_config,
+)
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models
 from vitrel.models.timm_import import from_timm
 
@@ -42,10 +56,20 @@ def _strip_prefixes(state_dict: dict, model: nn.Module) -> dict:
     return clean_state_dict(state_dict)
 
 
+def _take_ema(state_dict: dict, model: nn.Module) -> dict:
+    """:func:`_strip_prefixes` for a training checkpoint whose run scored its EMA copy: that copy's weights."""
+    return ema_state_dict(state_dict)
+
+
 def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """timm's route: ``pretrained=True`` with ``pretrained_cfg_overlay=dict(file=...)`` takes the
-    architecture's stored arguments from the file as defaults."""
-    overlay = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
+    architecture's stored arguments from the file as defaults. The stored preprocessing (that route's, or the
+    ``pretrained_cfg`` of timm's ``local-dir:`` / ``hf-hub:`` routes) goes into the model's ``pretrained_cfg`` as
+    ``load_model`` puts it (:func:`~vitrel.models.data_config.fit_data_config`)."""
+    given = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
+    overlay = dict(given)
+    stored_data = stored_classes = None
+    weights = _strip_prefixes
     if pretrained and overlay.get("file"):
         stored = stored_config(overlay["file"])
         if stored is not None:
@@ -55,16 +79,14 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             for k, v in stored.items():
                 if k != "architecture":
                     kwargs.setdefault(k, v)
-            if "num_classes" in stored:
-                overlay.setdefault("num_classes", stored["num_classes"])
-            data_config = stored_data_config(overlay["file"])  # the training data's preprocessing: pretrained_cfg
-            if data_config is not None:
-                if kwargs.get("num_classes") != stored.get("num_classes"):  # a new head: not the stored names
-                    data_config.pop("class_names", None)
-                size = kwargs.get("img_size")
-                if size is not None and kwargs.get("in_chans") is not None:  # the model's, as load_model's
-                    data_config["input_size"] = [kwargs["in_chans"], *((size, size) if isinstance(size, int) else size)]
-                for k, v in pretrained_cfg_fields(data_config).items():
+            if checkpoint_scores_ema(overlay["file"]):  # the weights load_model, eval.py and predict.py score
+                weights = _take_ema
+            stored_classes = stored.get("num_classes")
+            if stored_classes is not None:
+                overlay.setdefault("num_classes", stored_classes)
+            stored_data = stored_data_config(overlay["file"])  # the training data's preprocessing: pretrained_cfg
+            if stored_data is not None:  # (the source's input size as stored: timm adapts in_chans from it)
+                for k, v in pretrained_cfg_fields(stored_data).items():
                     if k in TIMM_CFG_FIELDS:  # (num_frames is not: the model takes the stored one)
                         overlay.setdefault(k, v)
         else:  # a plain state dict: pretrained_cfg's num_classes is its head's (timm drops a head whose num_classes
@@ -73,7 +95,14 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             if head is not None:  # (and the model's when none is given, as timm takes pretrained_cfg's)
                 overlay.setdefault("num_classes", head.shape[0])
                 kwargs.setdefault("num_classes", overlay["num_classes"])
-    return build(name, pretrained, pretrained_filter_fn=_strip_prefixes, pretrained_cfg_overlay=overlay, **kwargs)
+    elif isinstance(kwargs.get("pretrained_cfg"), dict) and kwargs.get("pretrained_model_args"):
+        # timm's local-dir: / hf-hub: route (a config.json's pretrained_cfg and model_args)
+        stored_data = data_fields(kwargs["pretrained_cfg"]) or None
+        stored_classes = kwargs["pretrained_model_args"].get("num_classes", kwargs["pretrained_cfg"].get("num_classes"))
+    model = build(name, pretrained, pretrained_filter_fn=weights, pretrained_cfg_overlay=overlay, **kwargs)
+    if stored_data is not None:
+        fit_data_config(model, stored_data, stored_classes, given)
+    return model
 
 
 def _make_entrypoint(name: str) -> Callable[..., nn.Module]:

@@ -18,6 +18,7 @@ A backbone says what differs in a few class attributes and hooks:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,6 +86,17 @@ class TimmSurface:
         if global_pool not in self.global_pools:
             raise ValueError(f"global_pool must be {_alternatives(self.global_pools)}, got {global_pool!r}")
 
+    @property
+    def _model_args(self) -> dict[str, Any]:
+        """timm's record of the constructor arguments (``timm.models.get_model_args``, which ``save_for_hf`` and
+        ``push_to_hf_hub`` write as ``config.json``'s ``model_args`` for ``local-dir:`` / ``hf-hub:``): every one, as
+        ``vitrel_cfg`` holds it now (after ``reset_classifier``, ``set_input_size`` ...), with its ``vitrel_format``."""
+        return copy.deepcopy({k: v for k, v in self.vitrel_cfg.items() if k != "architecture"})
+
+    @_model_args.setter
+    def _model_args(self, value: Mapping[str, Any]) -> None:
+        """timm's factory records the keyword arguments it was given here; ``vitrel_cfg`` holds them all already."""
+
     def init_weights(self) -> None:
         """timm's ViT initialisation (:func:`~vitrel.models.blocks.init_weights_`), e.g. after ``to_empty()``."""
         init_weights_(self)  # type: ignore[arg-type]
@@ -124,9 +136,11 @@ class TimmSurface:
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``, reading vitrel's files as timm's ``load_checkpoint`` hands them over
         (``timm.create_model(name, checkpoint_path=...)``): a training checkpoint's state dict (the network under
-        ``model.*``, beside the EMA copy and the metrics) loads its ``model.*`` weights (the live ones, as
-        ``vitrel.load_model``); weights that do not fit this model (built from other arguments than the stored
-        ones) are one ``CheckpointError`` naming the routes that rebuild the model from its stored arguments."""
+        ``model.*``, beside the EMA copy and the metrics) loads its ``model.*`` weights: the live ones, also of a run
+        that scored its EMA copy (timm hands over the state dict only, not the run's ``ema_eval``; ``vitrel.load_model``
+        and the ``pretrained_cfg_overlay=dict(file=...)`` route read it); weights that do not fit this model (built
+        from other arguments than the stored ones) are one ``CheckpointError`` naming the routes that rebuild the model
+        from its stored arguments."""
         own = nn.Module.state_dict(self)  # type: ignore[arg-type]
         if any(k.startswith("model.") for k in state_dict) and not any(k.startswith("model.") for k in own):
             state_dict = clean_state_dict(state_dict, "model.")

@@ -124,6 +124,12 @@ def take_offsets(table: Tensor, dim: int, n: int, half: int) -> Tensor:
 EXTEND_RULES = ("grow", "clip", "interpolate")
 
 
+def _work_dtype(table: Tensor) -> torch.dtype:
+    """The dtype a table is resized in: float64 for a float64 table (exact to its precision: kept offsets keep their
+    values), else float32 (bicubic interpolation of half / bfloat16 tables)."""
+    return torch.float64 if table.dtype == torch.float64 else torch.float32
+
+
 def extend_table(table: Tensor, new_size: tuple[int, int], rule: str = "grow") -> Tensor:
     """A 2-D offset table ``[2H-1, 2W-1, C]`` at ``[2H'-1, 2W'-1, C]`` by an extension rule (module docstring)."""
     if rule not in EXTEND_RULES:
@@ -142,7 +148,7 @@ def extend_table(table: Tensor, new_size: tuple[int, int], rule: str = "grow") -
 
     chw = table.permute(2, 0, 1)
     window = ((new_h + 1) // 2, (new_w + 1) // 2)
-    out = resize_rel_pos_bias_table_simple(chw.float(), window, (c, new_h, new_w))
+    out = resize_rel_pos_bias_table_simple(chw.to(_work_dtype(table)), window, (c, new_h, new_w))
     return out.permute(1, 2, 0).to(table.dtype)
 
 
@@ -200,7 +206,8 @@ def resize_rel_table(table: Tensor, new_size: tuple[int, int], mode: str = "keep
         return table
     if old_h % 2 == 0 or old_w % 2 == 0 or new_h % 2 == 0 or new_w % 2 == 0:
         raise ValueError(f"offset tables have odd sides, got {(old_h, old_w)} -> {(new_h, new_w)}")
-    src = table.permute(2, 0, 1)[None].float()  # [1, C, h, w]
+    work = _work_dtype(table)
+    src = table.permute(2, 0, 1)[None].to(work)  # [1, C, h, w]
     out = F.interpolate(src, size=(new_h, new_w), mode="bicubic", align_corners=True)
     out = out[0].permute(1, 2, 0)
     if mode == "keep":
@@ -209,7 +216,7 @@ def resize_rel_table(table: Tensor, new_size: tuple[int, int], mode: str = "keep
         oh, ow = (old_h - ch) // 2, (old_w - cw) // 2
         nh, nw = (new_h - ch) // 2, (new_w - cw) // 2
         out = out.clone()
-        out[nh : nh + ch, nw : nw + cw] = table[oh : oh + ch, ow : ow + cw].float()
+        out[nh : nh + ch, nw : nw + cw] = table[oh : oh + ch, ow : ow + cw].to(work)
     return out.to(table.dtype).contiguous()
 
 

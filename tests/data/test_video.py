@@ -44,14 +44,23 @@ def write_video(path: Path, n: int, codec: str = "ffv1", pix_fmt: str = "gray", 
     """``n`` frames of ``hw`` grey pixels, frame ``i`` at brightness ``frame_values(n)[i]`` except for a bright
     3 x 5 block in the top-left corner (so an orientation or flip mistake shows)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    images = [np.full(hw, v, np.uint8) for v in frame_values(n)]
+    for img in images:
+        img[:3, :5] = 250
+    return _encode(path, images, codec, pix_fmt, "gray")
+
+
+def _encode(path: Path, images, codec: str, pix_fmt: str, fmt: str, turn=None) -> Path:
+    """``images`` (``[H, W]`` or ``[H, W, 3]`` uint8, PyAV's ``fmt``) coded with ``codec`` into ``path``; ``turn``:
+    ``stream.set_display_rotation``'s ``(rotation, hflip, vflip)``, a display matrix (None: none written)."""
     with av.open(str(path), "w") as container:
         stream = container.add_stream(codec, rate=25)
-        stream.height, stream.width = hw
+        stream.height, stream.width = images[0].shape[:2]
         stream.pix_fmt = pix_fmt
-        for v in frame_values(n):
-            img = np.full(hw, v, np.uint8)
-            img[:3, :5] = 250
-            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="gray")):
+        if turn is not None:
+            stream.set_display_rotation(turn[0], hflip=turn[1], vflip=turn[2])
+        for img in images:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format=fmt)):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
@@ -100,19 +109,11 @@ def test_decoded_frames_are_the_written_ones_in_order(tmp_path, name, codec, pix
 
 def _write_oriented(path: Path, rotation: int, hflip: bool, vflip: bool) -> Path:
     """Four frames with a bright block top-left, H.264 in MP4, with a display matrix (None: none written)."""
-    with av.open(str(path), "w") as container:
-        stream = container.add_stream("libx264", rate=25)
-        stream.height, stream.width, stream.pix_fmt = 32, 48, "yuv420p"
-        if rotation is not None:
-            stream.set_display_rotation(rotation, hflip=hflip, vflip=vflip)
-        for i in range(4):
-            img = np.full((32, 48, 3), 20 + 30 * i, np.uint8)
-            img[:6, :10] = 250
-            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
-                container.mux(packet)
-        for packet in stream.encode():
-            container.mux(packet)
-    return path
+    images = [np.full((32, 48, 3), 20 + 30 * i, np.uint8) for i in range(4)]
+    for img in images:
+        img[:6, :10] = 250
+    turn = None if rotation is None else (rotation, hflip, vflip)
+    return _encode(path, images, "libx264", "yuv420p", "rgb24", turn)
 
 
 @needs_av

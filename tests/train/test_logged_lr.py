@@ -39,3 +39,17 @@ def test_progress_line_counts_optimizer_steps_and_shows_the_rate_each_used(tmp_p
     assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 4  # the last line's step
     for n, _, lr in lines:
         assert lr == f"{csv_lr[int(n) - 1]:.3g}", (n, lr, csv_lr)
+
+
+def test_progress_line_shows_the_top_layers_rate_under_layer_decay(tmp_path, capsys):
+    """Under ``module.layer_decay`` each layer's group has its own rate (``lr-AdamW/pg1`` the stem's, the lowest); the
+    step line shows the largest, the rate the schedule gives ``module.optimizer.lr`` (the head's), not the stem's."""
+    train(compose(tmp_path, [*RUN, "progress_bar=lines", "module.layer_decay=0.5"]))
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r.get(LR)]
+    top = {int(r["step"]): max(float(v) for k, v in r.items() if k.startswith("lr-") and v) for r in rows}
+    assert all(top[int(r["step"])] >= 7.9 * float(r[LR]) for r in rows)  # 2 blocks: the stem at 0.5 ** 3 of the head
+    lines = re.findall(r"^epoch 1 step (\d+)/\S+ .* lr (\S+)$", capsys.readouterr().out, flags=re.M)
+    assert len(lines) == 4, lines
+    for n, lr in lines:
+        assert lr == f"{top[int(n) - 1]:.3g}", (n, lr, top)

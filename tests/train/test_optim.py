@@ -71,6 +71,30 @@ def test_warmup_cosine_schedule():
     assert [longer.lr_at(k) for k in range(5)] == pytest.approx([1e-4 * k for k in range(5)])
 
 
+def test_a_schedule_whose_ends_are_above_lr_is_refused():
+    """``module.optimizer.lr=5e-6`` under the default ``min_lr=1e-5``: the "decay" would raise the rate from 5e-6 to
+    1e-5 over the run (and a ``warmup_lr`` above ``lr`` would ramp it down); refused, naming the keys."""
+    from vitrel.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"min_lr=1e-05 is above lr=5e-06.*module\.scheduler\.min_lr"):
+        WarmupCosine(total_steps=10, warmup_steps=2, lr=5e-6, min_lr=1e-5, warmup_lr=1e-6)
+    with pytest.raises(ConfigError, match=r"warmup_lr=1e-06 is above lr=5e-07.*module\.scheduler\.warmup_lr"):
+        WarmupCosine(total_steps=10, warmup_steps=2, lr=5e-7, min_lr=0.0, warmup_lr=1e-6)
+    WarmupCosine(total_steps=10, warmup_steps=0, lr=5e-7, min_lr=0.0, warmup_lr=1e-6)  # no warmup: its rate unused
+    flat = WarmupCosine(total_steps=10, warmup_steps=2, lr=1e-5, min_lr=1e-5, warmup_lr=1e-5)  # a constant rate
+    assert {flat.lr_at(k) for k in range(11)} == {1e-5}
+
+
+def test_train_refuses_a_rate_below_the_default_min_lr(tmp_path):
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.config import ConfigError
+    from vitrel.train.run import train
+
+    run = [*TINY_VIT, *FAST, "logger=none", "trainer.max_steps=2", "module.optimizer.lr=5e-6"]
+    with pytest.raises(ConfigError, match="module.scheduler.min_lr"):
+        train(compose(tmp_path, run))
+
+
 def test_warmup_cosine_scheduler_factory():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=2e-3)
     sched = warmup_cosine(opt, total_steps=40, steps_per_epoch=8, warmup_epochs=0.5, min_lr=1e-5, warmup_lr=0.0)

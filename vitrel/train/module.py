@@ -104,7 +104,8 @@ class ClassifierModule(L.LightningModule):
             per-device batch (``data.drop_last=true``).
         ema: None, or ``ema(model)`` -> timm ``ModelEmaV3``, e.g.
             ``functools.partial(timm.utils.ModelEmaV3, decay=0.9998, use_warmup=True)``; updated after
-            every optimizer step with the step count.
+            every optimizer step with the count of steps taken, that one included (1 at the first: timm's
+            ``train.py``'s ``num_updates``; the first update copies the weights).
         ema_eval: validate / test with the EMA weights (when ``ema`` is given).
         compile: False, True or a dict of ``torch.compile`` kwargs (``{"backend": "eager"}``,
             ``{"mode": "reduce-overhead", "dynamic": False}``): the steps' network (``step_model``).
@@ -289,8 +290,8 @@ class ClassifierModule(L.LightningModule):
     # ------------------------------------------------------------------------------ EMA
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
-        if self.ema_model is not None:
-            self.ema_model.update(self.model, step=self.global_step)
+        if self.ema_model is not None:  # step: the updates so far, this one included, as timm's train.py counts them
+            self.ema_model.update(self.model, step=self.global_step + 1)  # (global_step counts it once this returns)
 
     # ------------------------------------------------------------------------------ optimizer
     def configure_gradient_clipping(

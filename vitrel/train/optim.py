@@ -32,6 +32,8 @@ from torch import nn
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from vitrel.config import ConfigError
+
 __all__ = ["param_groups", "WarmupCosine", "WarmupCosineLR", "warmup_cosine"]
 
 
@@ -82,6 +84,18 @@ class WarmupCosine:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
         if lr <= 0:
             raise ValueError(f"lr must be > 0, got {lr}")
+        # a cosine "decay" up to a min_lr above lr, or a warmup down from above it, is no one's intent: refused
+        if min_lr > lr:
+            raise ConfigError(
+                f"min_lr={min_lr:g} is above lr={lr:g}: the cosine would raise the rate from lr to min_lr over the "
+                f"run; set module.scheduler.min_lr at most module.optimizer.lr (e.g. module.scheduler.min_lr="
+                f"{lr / 100:g})"
+            )
+        if warmup_steps > 0 and warmup_lr > lr:
+            raise ConfigError(
+                f"warmup_lr={warmup_lr:g} is above lr={lr:g}: the warmup would lower the rate to lr; set "
+                f"module.scheduler.warmup_lr at most module.optimizer.lr (e.g. module.scheduler.warmup_lr=0)"
+            )
         self.total_steps = int(total_steps)
         self.warmup_steps = int(warmup_steps)
         self.lr = float(lr)

@@ -17,7 +17,8 @@ __all__ = ["LineProgress", "StepLearningRateMonitor", "CountTestImages", "CountV
 
 
 def _lr(trainer) -> float:
-    return trainer.optimizers[0].param_groups[0]["lr"] if trainer.optimizers else float("nan")
+    """The first optimizer's largest group rate: the schedule's (``module.layer_decay`` gives the lower layers less)."""
+    return max(g["lr"] for g in trainer.optimizers[0].param_groups) if trainer.optimizers else float("nan")
 
 
 class StepLearningRateMonitor(LearningRateMonitor):
@@ -42,7 +43,7 @@ class LineProgress(Callback):
     ``N`` is ``trainer.global_step`` then (under ``accumulate_grad_batches`` a step is several batches), ``total`` the
     fit's ``trainer.estimated_stepping_batches``; the loggers index that step ``N - 1``. Its ``lr`` is the rate the
     step used (read as its batches start: the scheduler moves it after the step), as the loggers' ``lr-*`` rows have
-    it."""
+    it; under ``module.layer_decay`` the largest group's (the top layer's: the schedule's rate)."""
 
     def __init__(self, every_n_steps: int | None = None) -> None:
         self.every_n_steps = every_n_steps

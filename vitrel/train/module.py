@@ -194,6 +194,15 @@ class ClassifierModule(L.LightningModule):
         """The metrics accumulated over a training epoch (kept in checkpoints)."""
         return {"train_loss": self.train_loss, "train_acc1": self.train_acc1}
 
+    def metric_names(self, test: bool = True) -> list[str]:
+        """The names a fit of this module (and, with ``test``, its test) may put in ``trainer.callback_metrics``,
+        what ``train.py``'s ``optimized_metric`` may name (checked before the fit); Lightning names a value logged
+        per step and per epoch also with ``_step`` / ``_epoch``. A subclass that logs more extends the list."""
+        names = [f"train/{m}{end}" for m in ("loss", "padding") for end in ("", "_step", "_epoch")] + ["train/acc1"]
+        for stage in ("val", "test") if test else ("val",):
+            names += [f"{stage}/loss", f"{stage}/acc1"] + ([f"{stage}/acc5"] if self.top_k is not None else [])
+        return names
+
     # ------------------------------------------------------------------------------ forward
     @property
     def eval_model(self) -> nn.Module:

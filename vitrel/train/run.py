@@ -30,7 +30,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 
-from vitrel.config import check_moved_keys, check_resume
+from vitrel.config import ConfigError, check_moved_keys, check_resume
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.build import (
     adopt_preprocessing,
@@ -166,6 +166,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     check_data_fits_model(dm, model, f"the model ({model_name(cfg, model)})")  # before a batch is made
     started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
+    check_optimized_metric(cfg, module)  # (a misspelled name: refused now, not after the run or the sweep's jobs)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume, started)  # before the loggers open
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger
@@ -249,7 +250,21 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         print(report(result, wandb_run, tested["classes_note"], noun), flush=True)
     target = cfg.get("optimized_metric")
     if target:
-        if target not in metrics:
+        if target not in metrics:  # (a metric named by metric_names that this run did not log, e.g. acc1 with mixup)
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
     return metrics
+
+
+def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
+    """``optimized_metric`` (what ``train()`` returns to a Hydra sweeper) is one of the metrics ``module`` logs
+    (``metric_names``; test metrics with ``test=true``), else a :class:`~vitrel.config.ConfigError` naming them,
+    before the run trains."""
+    target, names = cfg.get("optimized_metric"), getattr(module, "metric_names", None)
+    if not target or names is None:
+        return
+    known = names(test=bool(cfg.get("test", True)))
+    if target not in known:
+        no_test = " (test=false: no test/ metrics)" if str(target).startswith("test/") else ""
+        said = f"optimized_metric={target} is not a metric this run logs{no_test}"
+        raise ConfigError(f"{said}: one of {', '.join(known)}")

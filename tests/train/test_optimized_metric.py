@@ -1,0 +1,38 @@
+"""``optimized_metric`` (what ``train()`` returns to a Hydra sweeper): checked against the module's metric names
+before the run trains, and the names a run logs are among them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from torch import nn
+
+from tests.train_helpers import FAST, TINY_VIT, compose
+from vitrel.config import ConfigError
+from vitrel.train.module import ClassifierModule
+from vitrel.train.run import train
+
+RUN = [*TINY_VIT, *FAST, "logger=none", "trainer.max_steps=2", "trainer.limit_val_batches=1"]
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["optimized_metric=val/acc"], "optimized_metric=val/acc is not a metric this run logs: one of "),
+        (["optimized_metric=test/acc1", "test=false"], "test/acc1 is not a metric this run logs (test=false"),
+    ],
+)
+def test_a_metric_the_run_does_not_log_is_refused_before_it_trains(tmp_path, extra, said):
+    with pytest.raises(ConfigError, match=r"val/acc1, val/acc5") as e:
+        train(compose(tmp_path, [*RUN, *extra]))
+    assert said in str(e.value)
+    assert not (tmp_path / "checkpoints").exists()  # nothing trained
+
+
+def test_the_metrics_a_run_logs_are_among_the_names_and_the_named_one_is_returned(tmp_path):
+    got = train(compose(tmp_path, [*RUN, "trainer.limit_test_batches=1", "optimized_metric=test/acc1"]))
+    logged = json.loads((tmp_path / "metrics.json").read_text())["metrics"]
+    assert got == logged["test/acc1"]
+    names = ClassifierModule(nn.Linear(2, 10), num_classes=10).metric_names()
+    assert set(logged) - {"epoch", "step"} <= set(names), sorted(set(logged) - set(names))

@@ -241,6 +241,25 @@ def test_train_at_32_load_at_48(tmp_path, monkeypatch, name):
         torch.testing.assert_close(t_new, t_old, rtol=0, atol=0)
 
 
+def test_scheme_options_given_on_load_keep_the_stored_ones(tmp_path):
+    """``load_model(path, pos={...})`` (``eval.py +model_overrides.pos.scaling=...``) with the stored scheme's options
+    changes those and keeps the rest: a model trained with ``base: 10``, columns first, scored with RoPE scaling keeps
+    them (it reset them to the defaults, silently: other logits at the trained size, where ``factor: auto`` is 1).
+    Another scheme, or a name alone, replaces the spec."""
+    m = _model(VIT, pos={"name": "rope2d_axial", "base": 10.0, "order": "columns_first"})
+    ckpt = _lightning_ckpt(m, tmp_path / "t.ckpt")
+    scaling = {"rope_type": "linear", "factor": "auto"}
+    x = torch.randn(2, 3, 32, 32)
+    for pos in ({"scaling": scaling}, {"name": "rope2d_axial", "scaling": scaling}):
+        scaled = vitrel.load_model(ckpt, pos=pos).eval()
+        assert scaled.vitrel_cfg["pos"] == {"name": "rope2d_axial", "base": 10.0, "order": "columns_first", **pos}
+        with torch.no_grad():
+            torch.testing.assert_close(scaled(x), m(x), rtol=0, atol=0)
+    assert vitrel.load_model(ckpt, pos="rope2d_axial").vitrel_cfg["pos"] == "rope2d_axial"
+    with pytest.raises(CheckpointError, match="missing keys: .*pos.freqs"):
+        vitrel.load_model(ckpt, pos={"name": "rope2d_mixed", "base": 10.0})
+
+
 def test_other_num_classes_resets_head(tmp_path):
     m = _model(VIT, pos="rel2d_full", num_classes=10)
     ckpt = _lightning_ckpt(m, tmp_path / "h.ckpt")

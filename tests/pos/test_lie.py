@@ -127,6 +127,17 @@ def test_comrope_is_exactly_relative_and_liere_approximately(variant):
     assert lie2.pos.exactly_relative and shift_violation(lie2) < 1e-9
 
 
+def test_comrope_block_size_head_is_one_generator_over_the_head():
+    """``block_size: head`` (conf/pos/comrope.yaml: ``head: b = d``), as ``liere`` takes it: one ``d x d`` block,
+    still exactly relative (``ld``'s generators are multiples of one matrix); ``ap`` cannot split one block
+    between the axes and says so."""
+    com = attn("comrope", grid=(5, 6), prefix=0, block_size="head")
+    assert (com.pos.block_size, com.pos.num_blocks) == (HD, 1)
+    assert shift_violation(com) < 1e-9
+    with pytest.raises(ValueError, match=f"block_size must divide {HD // 2}, got block_size={HD}"):
+        attn("comrope", variant="ap", block_size="head")
+
+
 @pytest.mark.parametrize("name, opts", [("liere", {"block_size": 4}), ("comrope", {"variant": "ld"})])
 def test_gradients_reach_the_generators(name, opts):
     a = attn(name, grid=(2, 2), prefix=1, **opts)

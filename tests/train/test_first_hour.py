@@ -380,3 +380,41 @@ def test_timm_weights_without_a_network_are_one_line_whose_advice_trains(tmp_pat
     save_file(timm.create_model(name, pretrained=False).state_dict(), str(weights))
     train(compose(tmp_path / "ok", [*base, f"model.init_file={weights}"]))
     assert json.loads((tmp_path / "ok" / "metrics.json").read_text())["status"] == "finished"
+
+
+@pytest.mark.parametrize(
+    "over, given",
+    [
+        (["experiment=fmnist_naflex", "pos=rel3d_full"], "data.packing=pack (NaFlex batches)"),
+        ([*TINY_VIT, "pos=rope3d_mixed", "model.token_drop=0.25"], "model.token_drop=0.25"),
+    ],
+)
+def test_a_video_scheme_fed_token_layouts_is_refused_before_any_batch(tmp_path, over, given):
+    """A video scheme on an image model runs as one frame, but not on token layouts: NaFlex batches or token dropping
+    failed at the first forward, a traceback through Lightning's sanity check. One ConfigError naming the image form."""
+    from vitrel.config import ConfigError
+
+    cfg = compose(tmp_path, [*over, "model.embed_dim=32", "model.depth=1", "model.num_heads=2", *FAST, *SHORT])
+    name = cfg.pos.name
+    with pytest.raises(ConfigError) as err:
+        train(cfg)
+    image = name.replace("3d", "2d")
+    assert str(err.value) == (
+        f"pos={name} takes full video grids (T, H, W), and {given} gives the attention packed or token-dropped images, "
+        f"which video schemes do not take: use pos={image}, the same scheme on images"
+    )
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_eval_of_a_video_scheme_on_naflex_batches_is_refused(tmp_path):
+    """A model trained on images with a video scheme (one frame) scored on NaFlex data: the same refusal from eval.py;
+    on plain images it scores (its stored token_drop is the training's)."""
+    from vitrel.config import ConfigError
+    from vitrel.train.evaluate import evaluate
+
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "pos=rel3d_factored", "test=false"]))
+    ev = [f"ckpt_path={run}", *FAST[:1], *FAST[2:4], "trainer.limit_test_batches=1"]
+    with pytest.raises(ConfigError, match=r"^pos=rel3d_factored takes full video grids .*data\.packing=pack"):
+        evaluate(compose(tmp_path / "naflex", [*ev, "data=fashion_mnist_naflex"], config_name="eval"))
+    assert evaluate(compose(tmp_path / "images", ev, config_name="eval"))["test/acc1"] >= 0

@@ -283,20 +283,20 @@ def load_model(
 ) -> nn.Module:
     """Rebuild the model stored at ``path`` and load its weights.
 
-    ``path``: a training checkpoint (``.ckpt``), a ``.safetensors`` file (configuration in its metadata
-    or in a ``config.json`` beside it), a torch file, an export directory or a ``train.py`` run folder (its
+    ``path``: a training checkpoint (``.ckpt``), a ``.safetensors`` file (configuration in its metadata or in a
+    ``config.json`` beside it), a torch file, an export directory or a ``train.py`` run folder (its
     ``checkpoints/last.ckpt``, the weights its test scored; else its ``best-epoch*.ckpt``; logged:
-    :func:`~vitrel.models.ckpt_files.run_checkpoint`). The architecture and every
-    constructor argument (position scheme included) come from the stored ``vitrel_cfg``; ``overrides``
-    replace some, e.g. ``img_size=48`` (learned tables / absolute embeddings are resized, with a
-    warning), ``num_classes=5`` (the head is reset) or ``in_chans=3`` (the patch embedding adapted as timm adapts
-    pretrained weights, with a warning). ``architecture``, when given, must match the
-    stored one. A plain state dict (no stored configuration, timm's ``checkpoint_path`` convention) is
-    loaded into ``architecture`` built from ``overrides``. Raises :class:`CheckpointError` for anything
-    that cannot be loaded safely and exactly. The model comes back in training mode, as from
-    ``create_model``; call ``.eval()`` for inference. The data config stored with the weights (the preprocessing
-    of the training data, see the module docstring) is in the model's ``pretrained_cfg``; without one it holds the
-    architecture's defaults.
+    :func:`~vitrel.models.ckpt_files.run_checkpoint`). The architecture and every constructor argument (position
+    scheme included) come from the stored ``vitrel_cfg``; ``overrides`` replace some, e.g. ``img_size=48`` (learned
+    tables / absolute embeddings are resized, with a warning), ``num_classes=5`` (the head is reset) or
+    ``in_chans=3`` (the patch embedding adapted as timm adapts pretrained weights, with a warning);
+    ``pos={"scaling": {...}}`` (a mapping without a name, or with the stored scheme's) changes those options of the
+    stored scheme and keeps its others, a name or another scheme replaces it. ``architecture``, when given, must
+    match the stored one. A plain state dict (no stored configuration, timm's ``checkpoint_path`` convention) is
+    loaded into ``architecture`` built from ``overrides``. Raises :class:`CheckpointError` for anything that cannot
+    be loaded safely and exactly. The model comes back in training mode, as from ``create_model``; call ``.eval()``
+    for inference. The data config stored with the weights (the preprocessing of the training data, see the module
+    docstring) is in the model's ``pretrained_cfg``; without one it holds the architecture's defaults.
 
     ``use_ema``: ``"auto"`` (default) loads the weights the run validated and tested with, as ``eval.py`` and
     ``predict.py`` do: the EMA copy of a training checkpoint of a run with ``module/ema`` (unless it ran with

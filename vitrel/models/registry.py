@@ -334,12 +334,26 @@ def upgraded_cfg(cfg: Mapping[str, Any]) -> dict[str, Any]:
     return {**_upgrade(cfg, written), "vitrel_format": FORMAT}
 
 
+def scheme_override(stored: Any, given: Any) -> Any:
+    """A scheme override (``pos=`` / ``abs_pos=`` of :func:`build_from_cfg`) onto the stored spec: a mapping without a
+    ``name``, or with the stored scheme's, sets the options it gives and keeps the others (a model trained with
+    ``base: 10`` keeps it when rebuilt with ``{"scaling": {...}}``); another scheme's, or a name alone, replaces it."""
+    if not isinstance(given, Mapping):
+        return given
+    if isinstance(stored, str):
+        stored = {"name": stored}
+    if not isinstance(stored, Mapping) or given.get("name", stored.get("name")) != stored.get("name"):
+        return given
+    return {**stored, **given}
+
+
 def build_from_cfg(cfg: dict[str, Any], **overrides: Any) -> nn.Module:
     """Rebuild a model from its ``vitrel_cfg`` (architecture + constructor arguments), with overrides.
 
     A configuration with an older ``vitrel_format`` (none: vitrel 0.1, format 1) gets, in its scheme specs,
     the options that keep their meaning where a default changed since (``legacy_options``; e.g. ALiBi's
-    slope rule, LookHere's ``fov``) before the overrides apply.
+    slope rule, LookHere's ``fov``) before the overrides apply. A scheme's options given as a mapping change
+    those options of the stored scheme (:func:`scheme_override`).
     """
     cfg = dict(cfg)
     name = cfg.pop("architecture", None)
@@ -347,4 +361,6 @@ def build_from_cfg(cfg: dict[str, Any], **overrides: Any) -> nn.Module:
         raise ValueError("vitrel_cfg has no 'architecture'")
     if name not in MODEL_ARGS:
         raise ValueError(f"unknown vitrel model {name!r} in vitrel_cfg; known: {', '.join(list_models())}")
-    return build(name, **{**upgraded_cfg(cfg), **overrides})  # (build: vitrel_format current, nothing to upgrade)
+    cfg = upgraded_cfg(cfg)
+    overrides = {k: scheme_override(cfg.get(k), v) if k in ("pos", "abs_pos") else v for k, v in overrides.items()}
+    return build(name, **{**cfg, **overrides})  # (build: vitrel_format current, nothing to upgrade)

@@ -478,7 +478,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     stored = getattr(model, "vitrel_cfg", {})
     _check_data_matches(ckpt, stored, dm, cfg.data, fix)
     _warn_other_class_names(ckpt, stored_data, dm)
-    check_data_fits_model(dm, model, str(ckpt))  # data.patch_size of NaFlex batches: before scoring
+    check_data_fits_model(dm, model, str(ckpt), training=False)  # data.patch_size of NaFlex batches: before scoring
 
     module = ClassifierModule(model, num_classes=dm.num_classes)
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))

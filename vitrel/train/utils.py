@@ -280,17 +280,19 @@ def one_line_errors(script: str) -> Iterator[None]:
         raise SystemExit(f"{script}: {type(e).__name__}: {e}") from None
 
 
-def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the model") -> None:
+def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the model", training: bool = True) -> None:
     """Refuse, before any batch is made, data settings that the model ``model`` cannot take, naming the key and its
     value: ``data.patch_size`` (NaFlex batches, ``data.packing``) other than the model's patch size, and a side of
     ``data.size_choices`` that is not a positive multiple of it (or, for a model built with a strict input size, not
     its ``img_size``), as an :class:`~vitrel.models.input_size.InputSizeError` (one line from ``train.py``).
     ``whose`` names the model in the message (``evaluate``: the checkpoint). Models without a ``vitrel_cfg`` patch
-    size are not checked."""
+    size are not checked. A video scheme fed token layouts (NaFlex batches; ``model.token_drop`` when ``training``) is
+    a :class:`~vitrel.config.ConfigError`."""
     from timm.layers import to_2tuple
 
     from vitrel.models.input_size import InputSizeError
 
+    _check_schemes_take_layouts(dm, model, training)
     patch = (getattr(model, "vitrel_cfg", None) or {}).get("patch_size")
     if patch is None:
         return
@@ -315,6 +317,29 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
             raise InputSizeError(
                 f"data.size_choices={list(choices)}: {whose} takes only its img_size {img} (strict_img_size); "
                 "build it with dynamic_img_size=True (model.dynamic_img_size=true) for batches of other sizes"
+            )
+
+
+def _check_schemes_take_layouts(dm: Any, model: torch.nn.Module, training: bool) -> None:
+    """NaFlex batches (``data.packing``) and token dropping (``model.token_drop``) give the attention token layouts,
+    which a video scheme inside it (``rel3d_full`` on an image model: one frame) does not take: a
+    :class:`~vitrel.config.ConfigError` naming its image form, before any batch (it came from the first forward, a
+    traceback through Lightning's sanity check)."""
+    from vitrel.config import ConfigError
+    from vitrel.pos.base import PositionScheme
+    from vitrel.pos.registry import image_scheme
+
+    packing, drop = getattr(dm, "packing", None), getattr(model, "token_drop", 0) if training else 0
+    if packing is None and not drop:
+        return
+    for m in model.modules():
+        if isinstance(m, PositionScheme) and m.kind != "absolute" and m.grid_dims == 3:
+            given = f"data.packing={packing} (NaFlex batches)" if packing is not None else f"model.token_drop={drop}"
+            image = image_scheme(type(m))
+            raise ConfigError(
+                f"pos={m.name} takes full video grids (T, H, W), and {given} gives the attention packed or "
+                "token-dropped images, which video schemes do not take"
+                + (f": use pos={image}, the same scheme on images" if image else "")
             )
 
 

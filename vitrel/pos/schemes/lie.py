@@ -182,7 +182,7 @@ class _LieRotation(ReferenceGrid, PositionScheme):
     def __init__(
         self,
         *,
-        block_size: int = 2,
+        block_size: int | str = 2,
         init_std: float = 1.0,
         coords: str = "normalized",
         cls_position: float | None = 0.5,

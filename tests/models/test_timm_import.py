@@ -429,6 +429,17 @@ def test_swin_windows_vitrel_cannot_reproduce_are_refused(kw):
         vitrel.from_timm(t, pos="rel2d_factored")  # the windows are wrong whatever the scheme
 
 
+def test_a_swin_pooling_vitrel_has_not_is_refused_as_the_vit_s_is():
+    """A timm Swin with ``global_pool='max'`` was a bare ``ValueError`` from vitrel's Swin constructor, not the
+    :class:`UnsupportedTimmModel` naming the setting that a ViT's unknown pooling gives."""
+    t = timm.create_model(
+        "swin_tiny_patch4_window7_224", img_size=32, patch_size=2, window_size=4, embed_dim=16, depths=(1, 1),
+        num_heads=(1, 1), global_pool="max",
+    )  # fmt: skip
+    with pytest.raises(UnsupportedTimmModel, match="global_pool='max'; vitrel's backbones have no equivalent"):
+        vitrel.from_timm(t)
+
+
 def test_refused_architecture_named_before_its_weights_are_fetched(monkeypatch):
     """``from_timm("swin_s3_tiny_224")`` is refused for its windows before timm fetches its weights: offline it
     was a ``CheckpointError`` saying to give the weights as a file (after the Hub's retries), which then failed."""

@@ -177,12 +177,14 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         ws = blk.window_size
         _refuse(not hasattr(blk.attn, "relative_position_bias_table"), "a position bias other than Swin V1's", t)
         _refuse(_swin_windows(t) != _swin_windows(t, (int(ws[0]), int(ws[1]))), _SWIN_WINDOWS, t)
+        gp = t.head.global_pool.pool_type if hasattr(t.head, "global_pool") else "avg"
+        _refuse(gp not in ("avg", ""), f"global_pool={gp!r}", t)
         args = dict(
             img_size=list(t.patch_embed.img_size),
             patch_size=int(t.patch_embed.patch_size[0]),
             in_chans=int(t.patch_embed.proj.in_channels),
             num_classes=int(t.num_classes),
-            global_pool=t.head.global_pool.pool_type if hasattr(t.head, "global_pool") else "avg",
+            global_pool=gp,
             embed_dim=int(t.embed_dim),
             depths=[len(s.blocks) for s in t.layers],
             num_heads=[int(s.blocks[0].attn.num_heads) for s in t.layers],

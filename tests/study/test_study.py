@@ -511,3 +511,38 @@ def test_best_leaves_out_its_own_variants_only(study):
     }
     (claim,) = study.claims(state)
     assert [x["b"] for x in claim["links"]] == ["none", "pape_ri"]
+
+
+def test_best_is_not_reproduced_while_a_competitor_failed(study):
+    """``best: A`` is A against every other scheme of the study: a scheme whose runs all failed is one of them (its
+    link has no seeds: not resolved), not left out so that A is declared best without it."""
+    accs = {("vit", "none"): [0.70, 0.72, 0.71], ("vit", "rope2d_mixed"): [0.80, 0.83, 0.81]}
+    state = _state(accs, {"best": dict(title="rope best", best="rope2d_mixed", eval="test")})
+    (claim,) = study.claims(state)
+    assert claim["verdict"] == "reproduced"  # rope - none: 0.10, 0.11, 0.10
+    state["failed"] = [dict(arch="vit", scheme="rel2d_full", seed=k, error="E") for k in range(3)]
+    state["failed"].append(dict(arch="swin", scheme="ape", seed=0, error="E"))  # another architecture's: not this one's
+    (claim,) = study.claims(state)
+    links = {x["b"]: (x["n"], x["verdict"]) for x in claim["links"]}
+    assert links == {"none": (3, "reproduced"), "rel2d_full": (0, "not resolved")}
+    assert claim["verdict"] == "not resolved"
+
+
+def test_report_marks_claim_links_with_fewer_seeds_or_none(study):
+    """The report's claims table: a link decided on fewer seeds than the study's says so, and a link to a scheme
+    whose runs all failed says it has no shared seeds (not a bare ``-``)."""
+    from vitrel.bench import machine_info
+    from vitrel.study.reading import markdown, summarise
+    from vitrel.study.runs import recipe
+
+    rec = recipe("smoke")
+    rec["study"]["claims"] = {"best": dict(title="rope best", best="rope2d_mixed", eval="test")}
+    accs = {("vit", "none"): [0.70, 0.72, 0.71], ("vit", "rope2d_mixed"): [0.80, 0.83]}  # rope: 2 of 3 seeds
+    runs = _state(accs, {})["runs"]
+    for r in runs:
+        r.update({f"{e}_acc": r["test_acc"] for e in rec["study"]["evals"]}, peak_mem_mb=1.0, train_img_s=1.0)
+    failed = [dict(arch="vit", scheme="rel2d_full", seed=k, error="E", log="x.log") for k in range(3)]
+    state = dict(budget="smoke", recipe=rec, command="c", wall_s=1.0, runs=runs, failed=failed)
+    state.update(machine=machine_info(), summary=summarise(state))
+    md = markdown(state)
+    assert "rope2d_mixed - none +10.5 [" in md and "] (2 of 3 seeds); rope2d_mixed - rel2d_full no shared seeds |" in md

@@ -546,3 +546,21 @@ def test_report_marks_claim_links_with_fewer_seeds_or_none(study):
     state.update(machine=machine_info(), summary=summarise(state))
     md = markdown(state)
     assert "rope2d_mixed - none +10.5 [" in md and "] (2 of 3 seeds); rope2d_mixed - rel2d_full no shared seeds |" in md
+
+
+def test_restart_discards_this_study_only(tmp_path, capsys):
+    """``--restart`` (``load_state(..., restart=True)``) removes the study's own files, not another study's whose name
+    starts with this one's (``--budget extrapolation --restart`` beside ``study_extrapolation_trained.*``)."""
+    from vitrel.study.cli import load_state
+
+    ours = ["s.json", "s.csv", "s.md", "s.png", "s_diffs.png", "s_curves.png", "s_pos.safetensors", "s.shard1.json"]
+    ours += ["s_pos.shard0.safetensors", ".s.json.tmp"]
+    theirs = ["s_trained.json", "s_trained.md", "s_trained_pos.safetensors", "s2.json", "s2_diffs.png", "other.json"]
+    for f in ours + theirs:
+        (tmp_path / f).write_text("{}")
+    for d in ("s_work", "s_failed", "s_trained_work", "s_trained_failed"):
+        (tmp_path / d / "x").mkdir(parents=True)
+    load_state(tmp_path / "s.json", {}, restart=True)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(theirs + ["s_trained_work", "s_trained_failed"])
+    assert capsys.readouterr().out.startswith(f"--restart: removed 12 file(s) of s in {tmp_path}: s.json, s.csv,")

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import hashlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -143,9 +145,23 @@ def load_state(path: Path, state: dict, restart: bool) -> dict:
         keep = ("runs", "failed", "wall_s", "cost", "cost_rounds", "cost_steps", "cost_load", "commands")
         state.update({k: old[k] for k in keep if k in old})
     elif restart:
-        for p in path.parent.glob(f"{path.stem}*"):
+        if gone := study_files(path.parent, path.stem):
+            names = ", ".join(p.name for p in gone)
+            print(f"--restart: removed {len(gone)} file(s) of {path.stem} in {path.parent}: {names}")
+        for p in gone:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     return state
+
+
+def study_files(out: Path, name: str) -> list[Path]:
+    """The files and folders study ``name`` writes in ``out`` (results, pictures, positions, work and failure
+    folders, ``--jobs`` shards, unfinished atomic writes), not another study's whose name starts with ``name``."""
+    own = [f"{name}.{e}" for e in ("json", "csv", "md", "png")]
+    own += [f"{name}_{e}" for e in ("diffs.png", "curves.png", "pos.safetensors", "work", "failed")]
+    paths = [out / f for f in own] + [out / f".{f}.tmp" for f in own]
+    shard = re.compile(rf"{re.escape(name)}(_pos)?\.shard\d+\.(json|safetensors)")
+    paths += [p for p in out.glob(f"{glob.escape(name)}*.shard*") if shard.fullmatch(p.name)]
+    return [p for p in paths if p.exists()]
 
 
 def merge_shards(out: Path, name: str, state: dict) -> None:

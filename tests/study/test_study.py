@@ -564,3 +564,20 @@ def test_restart_discards_this_study_only(tmp_path, capsys):
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted(theirs + ["s_trained_work", "s_trained_failed"])
     assert capsys.readouterr().out.startswith(f"--restart: removed 12 file(s) of s in {tmp_path}: s.json, s.csv,")
+
+
+def test_notebook_03_claims_cell_reads_a_link_without_seeds():
+    """notebooks/03_study_results.ipynb's claims table (its second code cell) on a results file whose claim has a link
+    to a scheme whose runs all failed (mean None): the report's words, not a TypeError on ``100 * None``."""
+    nb = json.loads((ROOT / "notebooks" / "03_study_results.ipynb").read_text())
+    cell = "".join([c for c in nb["cells"] if c["cell_type"] == "code"][1]["source"])
+    link = lambda b, n, m: dict(a="rope2d_mixed", b=b, n=n, mean=m, lo=m and m - 0.01, hi=m and m + 0.01)  # noqa: E731
+    claim = dict(title="rope best", eval="test", arch="vit", verdict="not resolved")
+    claim["links"] = [link("none", 2, 0.1), link("rel2d_full", 0, None)]
+    runs = [dict(seed=k) for k in range(2)]
+    shown = []
+    studies = {"study_x": dict(claims=[claim], runs=runs, failed=[dict(seed=2)])}
+    exec(cell, dict(studies=studies, display=shown.append, Markdown=str))  # noqa: S102
+    assert (
+        "rope2d_mixed - none +10.0 [+9.0, +11.0] (2 of 3 seeds); rope2d_mixed - rel2d_full no shared seeds" in shown[0]
+    )

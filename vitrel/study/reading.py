@@ -200,6 +200,17 @@ def _pp(mean, lo, hi) -> str:
     return f"{100 * mean:+.1f}" + ("" if lo is None else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]")
 
 
+def claim_links(claim: dict, seeds: int) -> str:
+    """A claim's links (``claims()``) in words: ``A - B`` in points with its interval, ``(k of n seeds)`` for a link
+    decided on fewer than the study's ``seeds``, ``no shared seeds`` for one without any."""
+    return "; ".join(
+        f"{x['a']} - {x['b']} "
+        + (_pp(x["mean"], x["lo"], x["hi"]) if x["n"] else "no shared seeds")
+        + (f" ({x['n']} of {seeds} seeds)" if 0 < x["n"] < seeds else "")
+        for x in claim["links"]
+    )
+
+
 def markdown(state: dict) -> str:
     rec, rows, study, machine = state["recipe"], state["summary"], state["recipe"]["study"], state["machine"]
     evals, cfg = [m.removesuffix("_acc") for m in acc_metrics(study)], next(iter(rec["runs"].values()))
@@ -280,12 +291,7 @@ def markdown(state: dict) -> str:
         lines += ["## Published claims\n", "| claim | arch | verdict | deciding differences, pp [95 % interval] |",
                   "|---|---|---|---|"]  # fmt: skip
         for v in verdicts:
-            links = "; ".join(
-                f"{x['a']} - {x['b']} "
-                + (_pp(x["mean"], x["lo"], x["hi"]) if x["n"] else "no shared seeds")
-                + (f" ({x['n']} of {len(seeds)} seeds)" if 0 < x["n"] < len(seeds) else "")
-                for x in v["links"]
-            )
+            links = claim_links(v, len(seeds))
             lines.append(f"| {v['title']} (`{v['eval']}`) | {v['arch']} | **{v['verdict']}** | {links} |")
         lines.append("")
     if failed:

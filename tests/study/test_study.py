@@ -581,3 +581,14 @@ def test_notebook_03_claims_cell_reads_a_link_without_seeds():
     assert (
         "rope2d_mixed - none +10.0 [+9.0, +11.0] (2 of 3 seeds); rope2d_mixed - rel2d_full no shared seeds" in shown[0]
     )
+
+
+def test_start_line_tells_done_runs_from_deferred_ones(study, tmp_path, capsys):
+    """The study's first line separates the runs a results file already holds from those ``--max-runs`` leaves for a
+    later run (it said "N already done or deferred" for both)."""
+    argv = ["--budget", "smoke", "--schemes", "none,rel2d_full", "--out", str(tmp_path), "--cost-rounds", "0"]
+    study.main([*argv, "--max-runs", "0", "--progress", "none"])
+    assert (
+        "study_smoke: 0 runs to do (4 of the selection left for a later run by --max-runs) on"
+        in capsys.readouterr().out
+    )

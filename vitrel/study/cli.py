@@ -321,15 +321,18 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     wall_before, state["machine"] = state["wall_s"], machine_info(device)
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     todo = [(a, s, seed) for seed in seeds for a in archs for s in schemes if (a, s, seed) not in done]
+    held, left = len(seeds) * len(archs) * len(schemes) - len(todo), len(todo)
     todo = todo[: args.max_runs] if args.max_runs is not None else todo
     todo = [] if args.recost else todo  # (a timing only)
-    skipped = len(seeds) * len(archs) * len(schemes) - len(todo)
+    why = "--recost" if args.recost else "--max-runs"
+    skipped = [f"{held} of the selection already done"] * bool(held or left == len(todo))
+    skipped += [f"{left - len(todo)} of the selection left for a later run by {why}"] * (left > len(todo))
     retried = len({_key(f) for f in state.get("failed", [])} & set(todo))
     if shard is not None:
         state_name, state["runs"], state["failed"] = f"{name}.shard{shard[0]}", [], []
     print(
         f"{name}: {len(todo)} runs to do" + f" ({retried} of them failed before: retried)" * bool(retried),
-        f"({skipped} of the selection already done or deferred) on",
+        f"({', '.join(skipped)}) on",
         state["machine"]["description"],
     )
     work = out / f"{name}_work" / hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()[:10]

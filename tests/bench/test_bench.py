@@ -485,3 +485,18 @@ def test_packing_bench_refuses_options_it_cannot_run_with_its_own_names(argv, sa
     spec.loader.exec_module(packing)
     with pytest.raises(SystemExit, match=re.escape(says)):
         packing.main(["--images", "32", "--batch", "32", "--depth", "1", "--schemes", "none", *argv])
+
+
+def test_no_rounds_is_refused_before_anything_runs(monkeypatch):
+    """``alternate`` with ``rounds`` or ``repeat`` below 1 (a bench's ``--rounds 0``) times nothing: refused at once,
+    not statistics' "no median for empty data" after the warm-up; bench/attention.py names its option."""
+    import runpy
+    import sys
+
+    calls: list[str] = []
+    with pytest.raises(ValueError, match="rounds and repeat must be at least 1, got rounds=0, repeat=1"):
+        bench.alternate({"a": lambda: calls.append("a")}, 0)
+    assert calls == []
+    monkeypatch.setattr(sys, "argv", ["bench/attention.py", "--rounds", "0", "--tokens", "16", "--schemes", "none"])
+    with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
+        runpy.run_path("bench/attention.py", run_name="__main__")

@@ -184,7 +184,10 @@ def test_bad_selection_is_refused(study, tmp_path, capsys):
     assert {n: logging.getLogger(n).level for n in names} == levels and warnings.filters == filters
 
 
-@pytest.mark.parametrize("args, says", [(["--jobs", "0"], "0"), (["--jobs", "-2"], "-2"), (["--threads", "0"], "0")])
+@pytest.mark.parametrize(
+    "args, says",
+    [(["--jobs", "0"], "0"), (["--jobs", "-2"], "-2"), (["--threads", "0"], "0"), (["--cost-steps", "0"], "0")],
+)
 def test_counts_below_one_are_refused(study, tmp_path, capsys, args, says):
     """``--jobs 0`` / ``-2`` ran as one job without a word: argparse's error, naming the option, before any work."""
     with pytest.raises(SystemExit) as exit_:

@@ -74,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--restart", action="store_true", help="discard earlier results of this study")
     ap.add_argument("--progress", choices=["auto", "rich", "lines", "none"], default="auto")
     ap.add_argument("--cost-rounds", type=int, default=5, help="rounds of the alternating throughput timing")
-    ap.add_argument("--cost-steps", type=int, default=10, help="training steps per model and round")
+    ap.add_argument("--cost-steps", type=positive_int, default=10, help="training steps per model and round")
     ap.add_argument(
         "--recost",
         action="store_true",

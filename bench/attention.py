@@ -94,6 +94,8 @@ def main() -> None:
         help="causal attention (every layer, `none` too: SDPA with the causal float mask; flex: a BlockMask)",
     )
     args = ap.parse_args()
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
 
     dev = torch.device(args.device)
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32

@@ -103,8 +103,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--figure", type=Path, default=None)
     args = ap.parse_args(argv)
     scales = tuple(float(v) for v in args.scales.split(","))
+    if args.rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {args.rounds}")
+    if args.images < args.batch:
+        raise SystemExit(f"--images {args.images} makes no batch of --batch {args.batch}: give at least that many")
     imgs, labels = mixed_images(args.images, scales, args.seed)
     tokens = [i.shape[1] * i.shape[2] // PATCH**2 for i in imgs]
+    if max(tokens) > args.seq_len:  # (a packed row holds whole images)
+        raise SystemExit(
+            f"--seq-len {args.seq_len} is shorter than the largest image ({max(tokens)} tokens at --scales "
+            f"{args.scales}): give --seq-len {max(tokens)} or more, or smaller --scales"
+        )
     fixed = max(2, round(math.sqrt(statistics.mean(tokens)))) * PATCH
     data = batches(imgs, labels, args.batch, args.seq_len, fixed)
     pads = {k: statistics.mean(float(b[0]["padding_fraction"]) for b in data[k]) for k in ("packed", "padded")}

@@ -66,6 +66,8 @@ def alternate(
     turns), then ``rounds`` rounds in which each callable runs ``repeat`` times in a row. ``zigzag``
     reverses the order every second round (for two variants: neither always runs first).
     Returns ``{name: [seconds per call, one per round]}``."""
+    if rounds < 1 or repeat < 1:  # (nothing to take a median of)
+        raise ValueError(f"rounds and repeat must be at least 1, got rounds={rounds}, repeat={repeat}")
     names = list(fns)
     for _ in range(warmup):
         for k in names:

@@ -462,3 +462,41 @@ def test_gpu_session_commands_name_what_exists():
         # (the device tool stops a command at 600 s; the wheels' install, the device's name and the imports before
         # bench/gpu.py's budget starts take about 20-30 s of it)
         assert 0 < seconds <= 570, (part, seconds)
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--seq-len", "64"], "--seq-len 64 is shorter than the largest image"),
+        (["--images", "16", "--batch", "32"], "--images 16 makes no batch of --batch 32"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+    ],
+)
+def test_packing_bench_refuses_options_it_cannot_run_with_its_own_names(argv, says):
+    """bench/packing.py with a --seq-len below the largest image, fewer --images than one --batch, or no rounds: one
+    line naming the bench's own option, before any model is built (not a PackingError about `data.seq_len` from the
+    collator, nor statistics' "mean requires at least one data point")."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "packing.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_packing", path)
+    packing = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(packing)
+    with pytest.raises(SystemExit, match=re.escape(says)):
+        packing.main(["--images", "32", "--batch", "32", "--depth", "1", "--schemes", "none", *argv])
+
+
+def test_no_rounds_is_refused_before_anything_runs(monkeypatch):
+    """``alternate`` with ``rounds`` or ``repeat`` below 1 (a bench's ``--rounds 0``) times nothing: refused at once,
+    not statistics' "no median for empty data" after the warm-up; bench/attention.py names its option."""
+    import runpy
+    import sys
+
+    calls: list[str] = []
+    with pytest.raises(ValueError, match="rounds and repeat must be at least 1, got rounds=0, repeat=1"):
+        bench.alternate({"a": lambda: calls.append("a")}, 0)
+    assert calls == []
+    monkeypatch.setattr(sys, "argv", ["bench/attention.py", "--rounds", "0", "--tokens", "16", "--schemes", "none"])
+    with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
+        runpy.run_path("bench/attention.py", run_name="__main__")

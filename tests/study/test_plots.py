@@ -103,3 +103,17 @@ def test_plot_curves_put_every_point_on_the_same_images():
     labels = [t.get_text() for t in plots.plot_study(rows).legends[0].get_texts()]
     assert "test on ood images" not in labels and "test" in labels
     assert len(panels(plots.plot_study_scatter(rows))) == 2  # translate44, resize56 against test
+
+
+def test_study_plots_mark_rows_with_fewer_seeds():
+    """A cell with fewer seeds than the study's others (a failed or not yet run seed) has no interval to draw: its
+    row's name says how many seeds it has, in both pictures, instead of passing for a tight estimate."""
+    rows = _summary()
+    for r in rows:
+        r.update(seeds=3, test_acc_lo=0.7, test_acc_hi=0.9, test_acc_vs_none_mean=0.01)
+        r.update(test_acc_vs_none_lo=0.0, test_acc_vs_none_hi=0.02)
+    rows[1].update(seeds=1, test_acc_lo=None, test_acc_hi=None, test_acc_vs_none_lo=None, test_acc_vs_none_hi=None)
+    names = [t.get_text() for t in panels(plots.plot_study(rows, metrics=["test_acc_mean"]))[0].get_yticklabels()]
+    assert names == ["none", "ape (1 of 3 seeds)", "rel2d_full"]
+    names = [t.get_text() for t in panels(plots.plot_study_diffs(rows, metrics=["test_acc"]))[0].get_yticklabels()]
+    assert names == ["ape (1 of 3 seeds)", "rel2d_full"]

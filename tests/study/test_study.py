@@ -184,7 +184,10 @@ def test_bad_selection_is_refused(study, tmp_path, capsys):
     assert {n: logging.getLogger(n).level for n in names} == levels and warnings.filters == filters
 
 
-@pytest.mark.parametrize("args, says", [(["--jobs", "0"], "0"), (["--jobs", "-2"], "-2"), (["--threads", "0"], "0")])
+@pytest.mark.parametrize(
+    "args, says",
+    [(["--jobs", "0"], "0"), (["--jobs", "-2"], "-2"), (["--threads", "0"], "0"), (["--cost-steps", "0"], "0")],
+)
 def test_counts_below_one_are_refused(study, tmp_path, capsys, args, says):
     """``--jobs 0`` / ``-2`` ran as one job without a word: argparse's error, naming the option, before any work."""
     with pytest.raises(SystemExit) as exit_:
@@ -511,3 +514,84 @@ def test_best_leaves_out_its_own_variants_only(study):
     }
     (claim,) = study.claims(state)
     assert [x["b"] for x in claim["links"]] == ["none", "pape_ri"]
+
+
+def test_best_is_not_reproduced_while_a_competitor_failed(study):
+    """``best: A`` is A against every other scheme of the study: a scheme whose runs all failed is one of them (its
+    link has no seeds: not resolved), not left out so that A is declared best without it."""
+    accs = {("vit", "none"): [0.70, 0.72, 0.71], ("vit", "rope2d_mixed"): [0.80, 0.83, 0.81]}
+    state = _state(accs, {"best": dict(title="rope best", best="rope2d_mixed", eval="test")})
+    (claim,) = study.claims(state)
+    assert claim["verdict"] == "reproduced"  # rope - none: 0.10, 0.11, 0.10
+    state["failed"] = [dict(arch="vit", scheme="rel2d_full", seed=k, error="E") for k in range(3)]
+    state["failed"].append(dict(arch="swin", scheme="ape", seed=0, error="E"))  # another architecture's: not this one's
+    (claim,) = study.claims(state)
+    links = {x["b"]: (x["n"], x["verdict"]) for x in claim["links"]}
+    assert links == {"none": (3, "reproduced"), "rel2d_full": (0, "not resolved")}
+    assert claim["verdict"] == "not resolved"
+
+
+def test_report_marks_claim_links_with_fewer_seeds_or_none(study):
+    """The report's claims table: a link decided on fewer seeds than the study's says so, and a link to a scheme
+    whose runs all failed says it has no shared seeds (not a bare ``-``)."""
+    from vitrel.bench import machine_info
+    from vitrel.study.reading import markdown, summarise
+    from vitrel.study.runs import recipe
+
+    rec = recipe("smoke")
+    rec["study"]["claims"] = {"best": dict(title="rope best", best="rope2d_mixed", eval="test")}
+    accs = {("vit", "none"): [0.70, 0.72, 0.71], ("vit", "rope2d_mixed"): [0.80, 0.83]}  # rope: 2 of 3 seeds
+    runs = _state(accs, {})["runs"]
+    for r in runs:
+        r.update({f"{e}_acc": r["test_acc"] for e in rec["study"]["evals"]}, peak_mem_mb=1.0, train_img_s=1.0)
+    failed = [dict(arch="vit", scheme="rel2d_full", seed=k, error="E", log="x.log") for k in range(3)]
+    state = dict(budget="smoke", recipe=rec, command="c", wall_s=1.0, runs=runs, failed=failed)
+    state.update(machine=machine_info(), summary=summarise(state))
+    md = markdown(state)
+    assert "rope2d_mixed - none +10.5 [" in md and "] (2 of 3 seeds); rope2d_mixed - rel2d_full no shared seeds |" in md
+
+
+def test_restart_discards_this_study_only(tmp_path, capsys):
+    """``--restart`` (``load_state(..., restart=True)``) removes the study's own files, not another study's whose name
+    starts with this one's (``--budget extrapolation --restart`` beside ``study_extrapolation_trained.*``)."""
+    from vitrel.study.cli import load_state
+
+    ours = ["s.json", "s.csv", "s.md", "s.png", "s_diffs.png", "s_curves.png", "s_pos.safetensors", "s.shard1.json"]
+    ours += ["s_pos.shard0.safetensors", ".s.json.tmp"]
+    theirs = ["s_trained.json", "s_trained.md", "s_trained_pos.safetensors", "s2.json", "s2_diffs.png", "other.json"]
+    for f in ours + theirs:
+        (tmp_path / f).write_text("{}")
+    for d in ("s_work", "s_failed", "s_trained_work", "s_trained_failed"):
+        (tmp_path / d / "x").mkdir(parents=True)
+    load_state(tmp_path / "s.json", {}, restart=True)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(theirs + ["s_trained_work", "s_trained_failed"])
+    assert capsys.readouterr().out.startswith(f"--restart: removed 12 file(s) of s in {tmp_path}: s.json, s.csv,")
+
+
+def test_notebook_03_claims_cell_reads_a_link_without_seeds():
+    """notebooks/03_study_results.ipynb's claims table (its second code cell) on a results file whose claim has a link
+    to a scheme whose runs all failed (mean None): the report's words, not a TypeError on ``100 * None``."""
+    nb = json.loads((ROOT / "notebooks" / "03_study_results.ipynb").read_text())
+    cell = "".join([c for c in nb["cells"] if c["cell_type"] == "code"][1]["source"])
+    link = lambda b, n, m: dict(a="rope2d_mixed", b=b, n=n, mean=m, lo=m and m - 0.01, hi=m and m + 0.01)  # noqa: E731
+    claim = dict(title="rope best", eval="test", arch="vit", verdict="not resolved")
+    claim["links"] = [link("none", 2, 0.1), link("rel2d_full", 0, None)]
+    runs = [dict(seed=k) for k in range(2)]
+    shown = []
+    studies = {"study_x": dict(claims=[claim], runs=runs, failed=[dict(seed=2)])}
+    exec(cell, dict(studies=studies, display=shown.append, Markdown=str))  # noqa: S102
+    assert (
+        "rope2d_mixed - none +10.0 [+9.0, +11.0] (2 of 3 seeds); rope2d_mixed - rel2d_full no shared seeds" in shown[0]
+    )
+
+
+def test_start_line_tells_done_runs_from_deferred_ones(study, tmp_path, capsys):
+    """The study's first line separates the runs a results file already holds from those ``--max-runs`` leaves for a
+    later run (it said "N already done or deferred" for both)."""
+    argv = ["--budget", "smoke", "--schemes", "none,rel2d_full", "--out", str(tmp_path), "--cost-rounds", "0"]
+    study.main([*argv, "--max-runs", "0", "--progress", "none"])
+    assert (
+        "study_smoke: 0 runs to do (4 of the selection left for a later run by --max-runs) on"
+        in capsys.readouterr().out
+    )

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import hashlib
 import json
 import logging
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -72,7 +74,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--restart", action="store_true", help="discard earlier results of this study")
     ap.add_argument("--progress", choices=["auto", "rich", "lines", "none"], default="auto")
     ap.add_argument("--cost-rounds", type=int, default=5, help="rounds of the alternating throughput timing")
-    ap.add_argument("--cost-steps", type=int, default=10, help="training steps per model and round")
+    ap.add_argument("--cost-steps", type=positive_int, default=10, help="training steps per model and round")
     ap.add_argument(
         "--recost",
         action="store_true",
@@ -143,9 +145,23 @@ def load_state(path: Path, state: dict, restart: bool) -> dict:
         keep = ("runs", "failed", "wall_s", "cost", "cost_rounds", "cost_steps", "cost_load", "commands")
         state.update({k: old[k] for k in keep if k in old})
     elif restart:
-        for p in path.parent.glob(f"{path.stem}*"):
+        if gone := study_files(path.parent, path.stem):
+            names = ", ".join(p.name for p in gone)
+            print(f"--restart: removed {len(gone)} file(s) of {path.stem} in {path.parent}: {names}")
+        for p in gone:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     return state
+
+
+def study_files(out: Path, name: str) -> list[Path]:
+    """The files and folders study ``name`` writes in ``out`` (results, pictures, positions, work and failure
+    folders, ``--jobs`` shards, unfinished atomic writes), not another study's whose name starts with ``name``."""
+    own = [f"{name}.{e}" for e in ("json", "csv", "md", "png")]
+    own += [f"{name}_{e}" for e in ("diffs.png", "curves.png", "pos.safetensors", "work", "failed")]
+    paths = [out / f for f in own] + [out / f".{f}.tmp" for f in own]
+    shard = re.compile(rf"{re.escape(name)}(_pos)?\.shard\d+\.(json|safetensors)")
+    paths += [p for p in out.glob(f"{glob.escape(name)}*.shard*") if shard.fullmatch(p.name)]
+    return [p for p in paths if p.exists()]
 
 
 def merge_shards(out: Path, name: str, state: dict) -> None:
@@ -305,15 +321,18 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     wall_before, state["machine"] = state["wall_s"], machine_info(device)
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     todo = [(a, s, seed) for seed in seeds for a in archs for s in schemes if (a, s, seed) not in done]
+    held, left = len(seeds) * len(archs) * len(schemes) - len(todo), len(todo)
     todo = todo[: args.max_runs] if args.max_runs is not None else todo
     todo = [] if args.recost else todo  # (a timing only)
-    skipped = len(seeds) * len(archs) * len(schemes) - len(todo)
+    why = "--recost" if args.recost else "--max-runs"
+    skipped = [f"{held} of the selection already done"] * bool(held or left == len(todo))
+    skipped += [f"{left - len(todo)} of the selection left for a later run by {why}"] * (left > len(todo))
     retried = len({_key(f) for f in state.get("failed", [])} & set(todo))
     if shard is not None:
         state_name, state["runs"], state["failed"] = f"{name}.shard{shard[0]}", [], []
     print(
         f"{name}: {len(todo)} runs to do" + f" ({retried} of them failed before: retried)" * bool(retried),
-        f"({skipped} of the selection already done or deferred) on",
+        f"({', '.join(skipped)}) on",
         state["machine"]["description"],
     )
     work = out / f"{name}_work" / hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()[:10]

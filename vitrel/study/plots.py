@@ -53,6 +53,13 @@ def _interval(rows: Sequence[Mapping[str, Any]], mean: str, lo: str, hi: str) ->
     return m, np.stack([m - _percent(rows, lo, m), _percent(rows, hi, m) - m])
 
 
+def _names(sub: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The rows' schemes, ``(k of n seeds)`` added where a row has fewer seeds than the most of ``rows`` (no bar)."""
+    most = max((r.get("seeds") or 0 for r in rows), default=0)
+    few = lambda r: f" ({r['seeds']} of {most} seeds)" if (r.get("seeds") or most) < most else ""  # noqa: E731
+    return [r["scheme"] + few(r) for r in sub]
+
+
 def _dot_axis(ax, names: Sequence[str], series: Sequence[tuple[str, np.ndarray, np.ndarray]], xlabel: str, title: str):
     """A horizontal dot plot on ``ax``: one row per name, and per series ``(label, values, error bars)`` a dot in
     each row (the series side by side within the row) with its bars (``[n]`` symmetric or ``[2, n]`` below / above)."""
@@ -107,7 +114,7 @@ def plot_study(
                 mean, err = _percent(sub, m), _percent(sub, f"{base}_std", 0.0)
             series.append((_metric_label(m), mean, err))
         bar = "95 % interval" if with_ci else "std"
-        names = [r["scheme"] for r in sub]
+        names = _names(sub, rows)
         _dot_axis(ax, names, series, "accuracy (%)", f"{arch}: accuracy (mean, bar = {bar} over seeds)")
         y = np.arange(len(sub))
         if chance is not None:
@@ -154,7 +161,7 @@ def plot_study_diffs(
             series.append((_metric_label(m.removesuffix("_acc") + "_acc_mean"), mean, err))
         xlabel = f"accuracy minus {base}'s, same seeds (percentage points)"
         title_ax = f"{arch}: paired difference against {base} (mean, bar = 95 % interval)"
-        _dot_axis(ax, [r["scheme"] for r in sub], series, xlabel, title_ax)
+        _dot_axis(ax, _names(sub, rows), series, xlabel, title_ax)
         ax.axvline(0.0, color="0.3", lw=1)
     fig.legend(*axes[0].get_legend_handles_labels(), fontsize=7, ncol=len(metrics), loc="outside lower center")
     return _titled(fig, title)

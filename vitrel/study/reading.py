@@ -148,7 +148,8 @@ def claims(state: dict) -> list[dict]:
     """The verdict on each of ``study.claims`` per architecture, from paired differences (``vitrel.stats``).
 
     ``better: [A, B, C]``: the links ``A - B`` and ``B - C``; ``best: A``: ``A - X`` for every other scheme
-    ``X`` of the study. A claim needs all its schemes; links with fewer than 2 shared seeds are not resolved.
+    ``X`` of the study (one whose runs all failed too). A ``better`` claim needs all its schemes, a ``best`` claim its
+    ``A``; links with fewer than 2 shared seeds are not resolved.
     """
     study = state["recipe"]["study"]
     runs = with_derived(state["runs"], study)
@@ -159,10 +160,16 @@ def claims(state: dict) -> list[dict]:
             have = {r["scheme"] for r in runs if r["arch"] == arch}
             if "better" in c:
                 pairs = list(zip(c["better"][:-1], c["better"][1:]))
-            else:  # best: against every other scheme (not its own variants: study.variants of its scheme)
-                others = sorted(have, key=lambda x: scheme_key(x, study.get("variants")))
+                if any(a not in have or b not in have for a, b in pairs):
+                    continue
+            else:  # best: against every other scheme (not its own variants: study.variants of its scheme), those
+                # whose runs all failed too (a link without seeds: not resolved, never a scheme left out)
+                lost = {f["scheme"] for f in state.get("failed") or [] if f["arch"] == arch}
+                others = sorted(have | lost, key=lambda x: scheme_key(x, study.get("variants")))
                 pairs = [(c["best"], x) for x in others if scheme_key(x, study.get("variants"))[1] != c["best"]]
-            if not pairs or any(a not in have or b not in have for a, b in pairs):
+                if c["best"] not in have:
+                    continue
+            if not pairs:
                 continue
             links = []
             for a, b in pairs:
@@ -191,6 +198,17 @@ def _pp(mean, lo, hi) -> str:
     if mean is None:
         return "-"
     return f"{100 * mean:+.1f}" + ("" if lo is None else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+
+
+def claim_links(claim: dict, seeds: int) -> str:
+    """A claim's links (``claims()``) in words: ``A - B`` in points with its interval, ``(k of n seeds)`` for a link
+    decided on fewer than the study's ``seeds``, ``no shared seeds`` for one without any."""
+    return "; ".join(
+        f"{x['a']} - {x['b']} "
+        + (_pp(x["mean"], x["lo"], x["hi"]) if x["n"] else "no shared seeds")
+        + (f" ({x['n']} of {seeds} seeds)" if 0 < x["n"] < seeds else "")
+        for x in claim["links"]
+    )
 
 
 def markdown(state: dict) -> str:
@@ -273,7 +291,7 @@ def markdown(state: dict) -> str:
         lines += ["## Published claims\n", "| claim | arch | verdict | deciding differences, pp [95 % interval] |",
                   "|---|---|---|---|"]  # fmt: skip
         for v in verdicts:
-            links = "; ".join(f"{x['a']} - {x['b']} {_pp(x['mean'], x['lo'], x['hi'])}" for x in v["links"])
+            links = claim_links(v, len(seeds))
             lines.append(f"| {v['title']} (`{v['eval']}`) | {v['arch']} | **{v['verdict']}** | {links} |")
         lines.append("")
     if failed:

@@ -280,6 +280,18 @@ def test_other_num_classes_resets_head(tmp_path):
     assert t.num_classes == 3 and torch.equal(t.blocks[0].attn.qkv.weight, m.blocks[0].attn.qkv.weight)
 
 
+def test_pretrained_cfg_num_classes_is_the_stored_heads(tmp_path):
+    """``load_model`` of a 7-class checkpoint gave ``pretrained_cfg["num_classes"]`` the architecture's default (10
+    here; 1000 for a fine-tune of timm's ``vit_*_224``) beside 7 class names, where timm's ``pretrained_cfg_overlay``
+    route gives the stored head's 7, as timm's convention has it (the weights' classes, also under a reset head)."""
+    m = _model(VIT, pos="rel2d_full", num_classes=7)
+    ckpt = _lightning_ckpt(m, tmp_path / "c.ckpt")
+    t = timm.create_model(VIT, pretrained=True, pretrained_cfg_overlay=dict(file=str(ckpt)), **SMALL[VIT])
+    assert vitrel.load_model(ckpt).pretrained_cfg["num_classes"] == t.pretrained_cfg["num_classes"] == 7
+    with pytest.warns(UserWarning, match="head is reset"):
+        assert vitrel.load_model(ckpt, num_classes=5).pretrained_cfg["num_classes"] == 7
+
+
 def test_a_headless_model_gets_a_new_head(tmp_path):
     """Weights without a head (``num_classes=0``: a backbone, timm's DINOv3) loaded with ``num_classes=5`` failed
     with "the weights do not fit this architecture: missing keys: head.weight, head.bias"; the head is new, as for

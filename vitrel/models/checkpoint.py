@@ -353,6 +353,8 @@ def load_model(
     sd = _adapt_in_chans(sd, cfg.get("in_chans"), model.vitrel_cfg.get("in_chans"))
     sd = _stored_reference_grids(model, sd, cfg, overrides)
     load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
+    if cfg.get("num_classes") is not None:  # timm's convention (and its overlay route's): the weights' classes
+        model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, "num_classes": cfg["num_classes"]}
     data_config = stored_data_config(path)
     if data_config is not None:
         fit_data_config(model, data_config, cfg.get("num_classes"), overrides.get("pretrained_cfg_overlay"))

@@ -63,6 +63,7 @@ __all__ = [
     "LazyClasses",
     "locate_class_folders",
     "ClassFoldersMismatchError",
+    "check_val_classes",
 ]
 
 
@@ -144,6 +145,15 @@ class ClassFoldersMismatchError(DatasetIntegrityError, ValueError):
     and ``eval.py`` print its message alone)."""
 
 
+def check_val_classes(train: Path, val: Path, classes: list[str], val_classes: list[str], why: str = "") -> None:
+    """A :class:`ClassFoldersMismatchError` when ``val_classes`` (``val``'s folders) hold one that ``classes``
+    (``train``'s) lack, ``why`` added to its message."""
+    extra = sorted(set(val_classes) - set(classes))
+    if extra:
+        more = " ..." if len(extra) > 5 else ""
+        raise ClassFoldersMismatchError(f"{val} has class folders not in {train}: {extra[:5]}{more}{why}")
+
+
 def locate_class_folders(
     name: str,
     root: Path | None,
@@ -173,11 +183,7 @@ def locate_class_folders(
             how_to_get,
             detail=f"{val} has no class folders (a flat val/ must be sorted into one folder per class).",
         )
-    extra = sorted(set(val_classes) - set(classes))
-    if extra:
-        raise ClassFoldersMismatchError(
-            f"{val} has class folders not in {train}: {extra[:5]}{' ...' if len(extra) > 5 else ''}"
-        )
+    check_val_classes(train, val, classes, val_classes)
     if num_classes is not None and num_classes != len(classes):
         raise ClassFoldersMismatchError(f"num_classes={num_classes} but {train} has {len(classes)} class folders")
     return classes

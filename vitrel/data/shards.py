@@ -94,7 +94,7 @@ def _splits(root: Path) -> tuple[list[str], dict[str, tuple[Path, list[tuple[Pat
     under ``root``, checked as ``data=imagenet`` checks its folders: a val class folder that train lacks, or a train
     class folder without image files, is a :class:`~vitrel.data.imagenet.ClassFoldersMismatchError` (the writer would
     drop that val folder's images, or write a class no sample has)."""
-    from vitrel.data.imagenet import ClassFoldersMismatchError
+    from vitrel.data.imagenet import ClassFoldersMismatchError, check_val_classes
 
     folders = {name: root / d for d, name in SPLIT_NAMES.items() if (root / d).is_dir()}
     if "train" not in folders:
@@ -103,12 +103,9 @@ def _splits(root: Path) -> tuple[list[str], dict[str, tuple[Path, list[tuple[Pat
     if not classes:
         raise FileNotFoundError(f"{folders['train']} has no class folders")
     if "validation" in folders:
-        extra = sorted({e.name for e in os.scandir(folders["validation"]) if e.is_dir()} - set(classes))
-        if extra:
-            raise ClassFoldersMismatchError(
-                f"{folders['validation']} has class folders not in {folders['train']}: {extra[:5]}"
-                f"{' ...' if len(extra) > 5 else ''} (their images would be left out of the shards)"
-            )
+        val_classes = [e.name for e in os.scandir(folders["validation"]) if e.is_dir()]
+        why = " (their images would be left out of the shards)"
+        check_val_classes(folders["train"], folders["validation"], classes, val_classes, why)
     samples = {split: (folder, folder_samples(folder, classes)) for split, folder in folders.items()}
     have = {t for _, t in samples["train"][1]}
     empty = [c for i, c in enumerate(classes) if i not in have]
@@ -400,10 +397,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         _write(args, seed)
-    except (
-        FileNotFoundError,
-        ClassFoldersMismatchError,
-    ) as e:  # (a folder missing or unlike train's: the reason alone)
+    except (FileNotFoundError, ClassFoldersMismatchError) as e:  # (a folder missing or unlike train's: the reason)
         raise SystemExit(f"{p.prog}: {type(e).__name__}: {e}") from None
 
 

@@ -150,3 +150,80 @@ def test_module_without_scheduler_keeps_the_rate():
     module = ClassifierModule(model, functools.partial(torch.optim.SGD, lr=0.1), num_classes=3)
     trainer = _fit(module, epochs=1)
     assert trainer.optimizers[0].param_groups[0]["lr"] == 0.1 and not trainer.lr_scheduler_configs
+
+
+def _swin_v2_authors_no_decay(model, skip_keywords) -> set[str]:
+    """microsoft/Swin-Transformer ``optimizer.py`` ``set_weight_decay``, as written there: no decay for 1-D
+    parameters, ``.bias`` names and names containing one of ``skip_keywords`` (``SwinTransformerV2``'s
+    ``no_weight_decay_keywords()``: ``cpb_mlp``, ``logit_scale``, ``relative_position_bias_table``)."""
+    return {
+        n
+        for n, p in model.named_parameters()
+        if len(p.shape) == 1 or n.endswith(".bias") or any(k in n for k in skip_keywords)
+    }
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin"])
+def test_rel2d_cpb_mlp_gets_no_weight_decay_as_the_swin_v2_authors(arch):
+    """The Swin V2 authors' training code exempts the CPB MLP (``cpb_mlp``) from weight decay by keyword; vitrel's
+    ``rel2d_cpb`` is its ``pos.mlp``. ``mlp_weight_decay: true`` decays its weight matrices (before format 8)."""
+    kw = (
+        dict(depth=1, embed_dim=32, num_heads=2)
+        if arch == "vit"
+        else dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2])
+    )
+    name = "vitrel_vit_tiny_patch4_32" if arch == "vit" else "vitrel_swin_tiny_patch2_window4_32"
+    m = vitrel.create_model(name, pos="rel2d_cpb", **kw)
+    groups = param_groups(m)
+    no_decay = _names(m, groups[1])
+    assert no_decay == _swin_v2_authors_no_decay(m, ("pos.mlp", "cls_token"))
+    assert any(n.endswith("pos.mlp.0.weight") for n in no_decay) and any(
+        n.endswith("pos.mlp.2.weight") for n in no_decay
+    )
+    old = vitrel.create_model(name, pos={"name": "rel2d_cpb", "mlp_weight_decay": True}, **kw)
+    decay_old = _names(old, param_groups(old)[0])
+    assert {n for n in decay_old if ".pos.mlp." in n} == {
+        n for n, p in old.named_parameters() if ".pos.mlp." in n and p.ndim == 2
+    }
+    with pytest.raises(ValueError, match="mlp_weight_decay must be true or false"):
+        vitrel.create_model(name, pos={"name": "rel2d_cpb", "mlp_weight_decay": "no"}, **kw)
+
+
+def test_timm_swin_v2_exempts_its_cpb_mlp_too():
+    """What vitrel follows: timm's SwinTransformerV2 with timm's ``param_groups_weight_decay`` leaves every
+    ``cpb_mlp`` parameter undecayed."""
+    import timm
+    from timm.optim import param_groups_weight_decay
+
+    t = timm.create_model(
+        "swinv2_tiny_window8_256",
+        img_size=32,
+        patch_size=2,
+        window_size=4,
+        embed_dim=16,
+        depths=(1, 1),
+        num_heads=(2, 2),
+    )
+    groups = param_groups_weight_decay(t, weight_decay=1.0, no_weight_decay_list=t.no_weight_decay())
+    decayed = {n for g in groups if g["weight_decay"] for n in _names(t, g)}
+    cpb = {n for n, _ in t.named_parameters() if "cpb_mlp" in n}
+    assert cpb and not cpb & decayed
+
+
+def test_a_rel2d_cpb_checkpoint_of_format_7_keeps_its_weight_decay(tmp_path):
+    """A stored ``rel2d_cpb`` spec of format 7 (its MLP weight-decayed) loads with ``mlp_weight_decay: true``; a
+    resume under today's default is refused naming the override that resumes it."""
+    from tests.weights import reloaded_as_written
+    from vitrel.models.checkpoint import CheckpointError
+    from vitrel.train.resume import check_same_model
+
+    model = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_cpb", depth=1).eval()
+    back = reloaded_as_written(model, tmp_path / "old.ckpt", vitrel_format=7, pos={"name": "rel2d_cpb"})
+    assert back.vitrel_cfg["pos"]["mlp_weight_decay"] is True
+    assert not any(".pos.mlp." in n for n in back.no_weight_decay())
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+    ckpt = torch.load(tmp_path / "old.ckpt", weights_only=True)
+    with pytest.raises(CheckpointError, match=r"(?s)pos.mlp_weight_decay: checkpoint True.*pos.mlp_weight_decay=true"):
+        check_same_model(ckpt, model, "old.ckpt")
+    check_same_model(ckpt, back, "old.ckpt")

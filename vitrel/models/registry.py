@@ -40,8 +40,9 @@ from vitrel.pos.registry import get_pos_class
 #: LieRE authors' configuration (``preset: liere_authors``; before: ``comrope_baseline``); 5: ``rope2d_axial`` rotates
 #: rows first (before: ``order: columns_first``); 6: ``liere``'s ``init_std`` beside another init and LookHere's ``fov``
 #: beside ``directions`` are refused (stored specs, where they were ignored, drop them); 7: a learned table's negative
-#: ``init_std`` is refused (stored specs drop it: it only set the initial values, which the stored weights replace).
-FORMAT = 7
+#: ``init_std`` is refused (stored specs drop it: it only set the initial values, which the stored weights replace);
+#: 8: ``rel2d_cpb``'s MLP gets no weight decay (before: ``mlp_weight_decay: true``).
+FORMAT = 8
 
 __all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg", "upgraded_cfg"]
 

@@ -216,12 +216,21 @@ def check_same_model(ckpt: Mapping[str, Any], model: torch.nn.Module, where: str
     mine = getattr(model, "vitrel_cfg", None)
     if mine is None:
         return
-    theirs = upgraded_cfg(extract_model_state(ckpt)[0])  # (written by an older vitrel: its specs as meant now)
-    a, b = _flat(theirs), _flat(mine)
+    stored = extract_model_state(ckpt)[0]
+    theirs = upgraded_cfg(stored)  # (written by an older vitrel: its specs as meant now)
+    a, b, raw = _flat(theirs), _flat(mine), _flat(stored)
     diff = sorted(k for k in a.keys() | b.keys() if k.split(".")[0] not in _TRAINING_ONLY and a.get(k) != b.get(k))
     if diff:
         absent = "(absent)"
         lines = "\n".join(f"  {k}: checkpoint {a.get(k, absent)!r}, configured {b.get(k, absent)!r}" for k in diff)
+        # an option the checkpoint's format meant without storing it (a default changed since): name the override
+        meant = [k for k in diff if k in a and raw.get(k, absent) != a[k]]
+        if meant:
+            written = stored.get("vitrel_format") or 1
+            sets = " ".join(f"{k}={str(a[k]).lower() if isinstance(a[k], bool) else a[k]}" for k in meant)
+            lines += (
+                f"\n  (the checkpoint's vitrel_format {written} meant {', '.join(meant)} without storing it: {sets})"
+            )
         raise CheckpointError(
             f"{where} holds another model than the one configured ({', '.join(diff)} differ):\n{lines}\n"
             "Resume with the configuration it was trained with (its run folder's .hydra/config.yaml), or start a "

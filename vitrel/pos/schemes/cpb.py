@@ -7,11 +7,18 @@ window", kept in the state dict as ``ref_grid``), log-spaced, and mapped to one 
     A_ij = q_i . k_j / sqrt(d) + 16 * sigmoid(MLP(x'_ij))_h
 
 Being a function of the offset, it extends to any grid with no resizing.
+
+Weight decay: none on the MLP, as the authors' training code (microsoft/Swin-Transformer ``optimizer.py``
+``set_weight_decay`` with ``SwinTransformerV2.no_weight_decay_keywords()``, which names ``cpb_mlp``) and timm's
+``SwinTransformerV2.no_weight_decay()``. ``mlp_weight_decay: true`` decays its weight matrices as any ``Linear``'s:
+what vitrel did before ``vitrel_format`` 8, which a configuration written then keeps (:meth:`Rel2dCpb.legacy_options`:
+its optimizer state fits only that layout).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -54,10 +61,15 @@ class Rel2dCpb(PositionScheme):
     family = "learned bias"
     has_bias = True
 
-    def __init__(self, *, hidden_dim: int = 512, **kw) -> None:
+    def __init__(self, *, hidden_dim: int = 512, mlp_weight_decay: bool = False, **kw) -> None:
         if hidden_dim < 1:  # no hidden unit: the same bias for every offset
             raise ValueError(f"rel2d_cpb: hidden_dim must be a positive integer, got {hidden_dim}")
+        if not isinstance(mlp_weight_decay, bool):
+            raise ValueError(f"rel2d_cpb: mlp_weight_decay must be true or false, got {mlp_weight_decay!r}")
         super().__init__(**kw)
+        self.mlp_weight_decay = mlp_weight_decay
+        # (an instance's: the class's () is the option's true)
+        self.no_weight_decay_keys = () if mlp_weight_decay else ("mlp",)  # type: ignore[misc]
         self.mlp = nn.Sequential(
             nn.Linear(2, hidden_dim, bias=True),
             nn.ReLU(inplace=True),
@@ -73,6 +85,15 @@ class Rel2dCpb(PositionScheme):
         if isinstance(ref, torch.Tensor) and ref.shape == (2,):
             self._ref = Grid(int(ref[0]), int(ref[1]))
         return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @classmethod
+    def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
+        """Before format 8 the MLP's weight matrices were weight-decayed."""
+        options = super().legacy_options(options, written_format)
+        return options if written_format >= 8 else {"mlp_weight_decay": True, **options}
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, mlp_weight_decay={self.mlp_weight_decay}"
 
     def table(self, grid: Grid) -> Tensor:
         """The ``[2H-1, 2W-1, heads]`` bias table of ``grid``."""

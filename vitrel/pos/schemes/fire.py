@@ -57,8 +57,8 @@ __all__ = ["Fire1d", "Fire2d"]
 class _FireBase(PositionScheme):
     family = "learned bias"
     has_bias = True
-    # As rel2d_cpb: the MLP's weights are decayed like any Linear; c and L_multiplier are 0-d / 1-d tensors,
-    # which timm's param_groups_weight_decay leaves undecayed (with the MLP's biases) already.
+    # The MLP's weights are decayed like any Linear's (timm's rule; no training code of the authors to follow, unlike
+    # rel2d_cpb); c and L_multiplier are 0-d / 1-d tensors, which timm's param_groups_weight_decay leaves undecayed.
     no_weight_decay_keys = ()
 
     #: inputs of the MLP (1: the raster distance; 2: one per axis)

@@ -20,6 +20,8 @@ __all__ = [
     "DatasetIntegrityError",
     "SplitMismatchError",
     "BadSampleError",
+    "ClassFoldersMismatchError",
+    "check_val_classes",
     "ON_BAD_SAMPLE",
     "ArrayImageDataset",
     "seeded_split",
@@ -99,6 +101,20 @@ class BadSampleError(DatasetIntegrityError):
         if "Original Traceback" in text:  # torch re-raising a worker's error: "Caught ... Original Traceback ...
             text = text.splitlines()[-1].split(f"{type(self).__name__}: ", 1)[-1]  # ...\n<module>.Name: msg"
         super().__init__(text)
+
+
+class ClassFoldersMismatchError(DatasetIntegrityError, ValueError):
+    """The class folders of a split disagree with train's, or with ``num_classes``: a data set error (``train.py``
+    and ``eval.py`` print its message alone)."""
+
+
+def check_val_classes(train: Path, val: Path, classes: list[str], val_classes: list[str], why: str = "") -> None:
+    """A :class:`ClassFoldersMismatchError` when ``val_classes`` (``val``'s folders) hold one that ``classes``
+    (``train``'s) lack, ``why`` added to its message."""
+    extra = sorted(set(val_classes) - set(classes))
+    if extra:
+        more = " ..." if len(extra) > 5 else ""
+        raise ClassFoldersMismatchError(f"{val} has class folders not in {train}: {extra[:5]}{more}{why}")
 
 
 class SplitMismatchError(ValueError):

@@ -48,7 +48,13 @@ from torch.utils.data import DataLoader, Dataset
 from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
-from vitrel.data.datasets import ON_BAD_SAMPLE, DatasetIntegrityError, load_rgb, rgb_8bit
+from vitrel.data.datasets import (
+    ON_BAD_SAMPLE,
+    ClassFoldersMismatchError,
+    check_val_classes,
+    load_rgb,
+    rgb_8bit,
+)
 from vitrel.data.unreadable import LeaveOutCollate, SkipUnreadable
 
 log = logging.getLogger(__name__)
@@ -138,20 +144,6 @@ def _subdirs(path: Path) -> list[str]:
                 "%s is a link to %s, which does not exist: not a class folder (passed over)", e.path, os.readlink(e)
             )
     return sorted(names)
-
-
-class ClassFoldersMismatchError(DatasetIntegrityError, ValueError):
-    """The class folders of a split disagree with train's, or with ``num_classes``: a data set error (``train.py``
-    and ``eval.py`` print its message alone)."""
-
-
-def check_val_classes(train: Path, val: Path, classes: list[str], val_classes: list[str], why: str = "") -> None:
-    """A :class:`ClassFoldersMismatchError` when ``val_classes`` (``val``'s folders) hold one that ``classes``
-    (``train``'s) lack, ``why`` added to its message."""
-    extra = sorted(set(val_classes) - set(classes))
-    if extra:
-        more = " ..." if len(extra) > 5 else ""
-        raise ClassFoldersMismatchError(f"{val} has class folders not in {train}: {extra[:5]}{more}{why}")
 
 
 def locate_class_folders(

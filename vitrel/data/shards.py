@@ -46,7 +46,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
-from vitrel.data.datasets import ON_BAD_SAMPLE, BadSampleError
+from vitrel.data.datasets import ON_BAD_SAMPLE, BadSampleError, ClassFoldersMismatchError, check_val_classes
 
 __all__ = [
     "write_wds",
@@ -92,9 +92,8 @@ def _image_bytes(path: Path) -> tuple[bytes, str]:
 def _splits(root: Path) -> tuple[list[str], dict[str, tuple[Path, list[tuple[Path, int]]]]]:
     """The class names (train's folders), and the folder and samples (:func:`folder_samples`) of each split present
     under ``root``, checked as ``data=imagenet`` checks its folders: a val class folder that train lacks, or a train
-    class folder without image files, is a :class:`~vitrel.data.imagenet.ClassFoldersMismatchError` (the writer would
+    class folder without image files, is a :class:`~vitrel.data.datasets.ClassFoldersMismatchError` (the writer would
     drop that val folder's images, or write a class no sample has)."""
-    from vitrel.data.imagenet import ClassFoldersMismatchError, check_val_classes
 
     folders = {name: root / d for d, name in SPLIT_NAMES.items() if (root / d).is_dir()}
     if "train" not in folders:
@@ -393,7 +392,6 @@ def main(argv: Sequence[str] | None = None) -> None:
             s.add_argument("--prefix", default="imagenet", help="shard names: <prefix>-<split>-%%06d.tar")
     args = p.parse_args(argv)
     seed = None if args.seed < 0 else args.seed
-    from vitrel.data.imagenet import ClassFoldersMismatchError
 
     try:
         _write(args, seed)

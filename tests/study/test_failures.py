@@ -130,3 +130,19 @@ def test_a_crash_while_merging_shards_loses_no_run(tmp_path, monkeypatch):
     with pytest.raises(RuntimeError, match="crash"):
         study_main(tmp_path, "none", "--max-runs", "0")
     assert [r["scheme"] for r in json.loads((tmp_path / "study_smoke.json").read_text())["runs"]] == ["none"]
+
+
+def test_overrides_that_do_not_compose_are_one_line_with_the_form_that_does(tmp_path):
+    """``pos.<key>=`` of a key the recipe's default scheme lacks: Hydra's reason in one line (not a traceback) and the
+    ``++`` form, which sets the key on every run's scheme; nothing is written."""
+    out = tmp_path / "o"
+    msg = (
+        r"^python bench/study.py: pos.mlp_weight_decay=true does not compose with experiment=study_smoke: Could not "
+        r"override 'pos.mlp_weight_decay'; every run takes the overrides, so set a scheme option with "
+        r"\+\+pos.mlp_weight_decay=true \("
+    )
+    with pytest.raises(SystemExit, match=msg):
+        study_main(out, "rel2d_cpb", "pos.mlp_weight_decay=true")
+    with pytest.raises(SystemExit, match=r"lrr=1 does not compose .*: Could not override 'module.optimizer.lrr'; To"):
+        study_main(out, "none", "module.optimizer.lrr=1")
+    assert not any(out.iterdir())

@@ -23,7 +23,7 @@ import warnings
 from pathlib import Path
 
 import torch
-from hydra.errors import InstantiationException
+from hydra.errors import HydraException, InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig
 
@@ -291,6 +291,24 @@ def _quiet_training_logs():
                 logging.getLogger(n).setLevel(level)
 
 
+def _override_error(prog: str, budget: str, overrides: list[str], e: Exception) -> str:
+    """One message for overrides that do not compose with the recipe: Hydra's reason, and for a ``pos.<key>=`` the
+    ``++`` form (every run takes the overrides, over each scheme's ``conf/pos`` file, with or without the key)."""
+    pos = [o.split("=", 1) for o in overrides if re.match(r"\+?pos\.\w+=", o)]
+    drop = ("hydra.cc", "To append") if pos else ("hydra.cc",)
+    reason = [line.strip().rstrip(".") for line in str(e).splitlines() if line.strip()]
+    msg = f"{prog}: {' '.join(overrides)} does not compose with experiment=study_{budget}: " + "; ".join(
+        line for line in reason if not any(d in line for d in drop)
+    )
+    if pos:
+        msg += (
+            "; every run takes the overrides, so set a scheme option with "
+            + ", ".join(f"++pos.{k.lstrip('+').split('.', 1)[1]}={v}" for k, v in pos)
+            + " (its value whether or not a scheme's conf/pos file has the key; --schemes those that take it)"
+        )
+    return msg
+
+
 def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> dict:
     """Run the study ``argv`` selects (``parse_args``); ``prog``: how the command is recorded. Returns its state
     (what the results JSON holds)."""
@@ -310,7 +328,10 @@ def _run(argv: list[str] | None, prog: str) -> dict:
         torch.set_num_threads(args.threads or os.cpu_count() or 1)
     if args.memory_fraction is not None and device.type == "cuda":  # a --jobs worker: its share of the GPU
         torch.cuda.set_per_process_memory_fraction(args.memory_fraction, device.index)
-    rec = recipe(args.budget, args.overrides)
+    try:
+        rec = recipe(args.budget, args.overrides)
+    except HydraException as e:  # (a Hydra traceback otherwise)
+        raise SystemExit(_override_error(prog, args.budget, args.overrides, e)) from None
     study, (schemes, archs, seeds) = rec["study"], select(args, rec["study"])
     command = f"{prog} " + " ".join(a for a in argv if a != "--restart")
     state = dict(budget=args.budget, recipe=rec, command=command, wall_s=0.0, runs=[])

@@ -1,4 +1,5 @@
-"""What the loggers write for a run that Lightning runs without loggers (``trainer.fast_dev_run``)."""
+"""What the loggers write for a run that Lightning runs without loggers (``trainer.fast_dev_run``), and what the closing
+line says of the W&B run: none when W&B is disabled, every offline part of a resumed run in the upload command."""
 
 from __future__ import annotations
 
@@ -20,3 +21,26 @@ def test_fast_dev_run_opens_no_logger_run(tmp_path, capsys, monkeypatch):
     assert not list(tmp_path.glob("wandb/*run-*")), sorted(p.name for p in (tmp_path / "wandb").iterdir())
     assert not (tmp_path / "csv" / "hparams.yaml").exists() and not list(tmp_path.glob("tensorboard/events.*"))
     assert "W&B run" not in out
+
+
+def test_disabled_wandb_names_no_run_folder(tmp_path, capsys, monkeypatch):
+    """``WANDB_MODE=disabled``: W&B writes nothing, so the closing lines name no W&B run (not a folder that does not
+    exist)."""
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "logger=wandb"]))
+    out = capsys.readouterr().out
+    assert "test accuracy" in out and "W&B run" not in out, out[-600:]
+
+
+def test_resumed_offline_run_uploads_every_part(tmp_path, capsys, monkeypatch):
+    """An offline run resumed in its folder is one W&B run (one id) in two offline folders: the closing line's upload
+    command names both, in the order they ran (``wandb sync`` syncs the parts of one run in that order)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    over = [*TINY_VIT, *FAST, *SHORT, "logger=wandb"]
+    train(compose(tmp_path, over))
+    capsys.readouterr()
+    train(compose(tmp_path, [*over, "trainer.max_epochs=2"]))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    parts = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(parts) == 2 and len({p.name.rsplit("-", 1)[1] for p in parts}) == 1, parts  # one id, two folders
+    assert last == f"W&B run     {parts[1]} (offline, 2 parts; upload with: wandb sync {parts[0]} {parts[1]})"

@@ -22,6 +22,7 @@ While the run goes on: :func:`adopt_csv_columns` before its test (``ddp_spawn``)
 from __future__ import annotations
 
 import csv
+import glob
 import netrc
 import os
 import secrets
@@ -206,13 +207,23 @@ def adopt_csv_columns(loggers: Sequence[Logger]) -> None:
 
 
 def wandb_where(loggers: Sequence[Logger]) -> str | None:
-    """Where the W&B run is: its offline folder (and how to upload it), or its URL; None without W&B."""
+    """Where the W&B run is: its offline folder (and how to upload it), or its URL; None without W&B or with W&B
+    disabled (``mode=disabled``: nothing written).
+
+    A run resumed offline in its folder is one W&B run (one id) written to one ``offline-run-<time>-<id>`` folder per
+    process: the upload command names them all, oldest first (``wandb sync`` syncs the parts of a run in that order),
+    not only this process's part."""
     for lg in loggers:
         if isinstance(lg, WandbLogger) and rank_zero_only.rank == 0:
             run = lg.experiment
+            if getattr(run.settings, "_noop", False) or run.settings.mode == "disabled":
+                return None
             folder = Path(run.dir).parent  # <save_dir>/wandb/<offline-run-...>/files
             if getattr(run.settings, "_offline", False) or run.settings.mode == "offline":
-                return f"{folder} (offline; upload with: wandb sync {folder})"
+                # (offline-run-<YYYYMMDD_HHMMSS>-<id>: sorted by name is oldest first)
+                parts = sorted(folder.parent.glob(f"offline-run-*-{glob.escape(run.id)}")) or [folder]
+                counted = f", {len(parts)} parts" if len(parts) > 1 else ""
+                return f"{folder} (offline{counted}; upload with: wandb sync {' '.join(map(str, parts))})"
             return str(run.url or folder)
     return None
 

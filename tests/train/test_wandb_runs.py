@@ -44,3 +44,17 @@ def test_resumed_offline_run_uploads_every_part(tmp_path, capsys, monkeypatch):
     parts = sorted((tmp_path / "wandb").glob("offline-run-*"))
     assert len(parts) == 2 and len({p.name.rsplit("-", 1)[1] for p in parts}) == 1, parts  # one id, two folders
     assert last == f"W&B run     {parts[1]} (offline, 2 parts; upload with: wandb sync {parts[0]} {parts[1]})"
+
+
+def test_run_started_over_in_its_folder_is_a_new_wandb_run(tmp_path, monkeypatch):
+    """``resume=false`` in a folder with a checkpoint starts over, and so does a run whose folder has no checkpoint yet
+    (an attempt that failed before its first): a new W&B run, not more history in the earlier run's (whose steps would
+    show twice), as ``metrics.csv`` starts over. A resume keeps the folder's W&B run."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    over = [*TINY_VIT, *FAST, *SHORT, "logger=[wandb,csv]"]
+    ids = []
+    for extra in ([], ["resume=false"], ["trainer.max_epochs=2"]):
+        train(compose(tmp_path, [*over, *extra]))
+        ids.append((tmp_path / "wandb_run_id").read_text())
+        assert (tmp_path / "wandb" / "latest-run").resolve().name.endswith(f"-{ids[-1]}")
+    assert ids[0] != ids[1] and ids[2] == ids[1], ids  # started over: a new run; resumed: the same

@@ -12,8 +12,9 @@ to each logger node that has a ``resume_step`` entry (``conf/logger/*.yaml``):
   hides the interrupted run's events from that step on instead of showing them twice.
 * :func:`wandb_logger` (``logger=wandb``): Lightning's ``WandbLogger`` (:class:`RunFolderWandbLogger`) plus what a
   sweep on a cluster needs: the mode is picked from the environment (``auto``), a run folder keeps one W&B run across
-  resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with
-  ``resume="allow"``), and the jobs of a ``-m`` sweep share a group named after the sweep.
+  resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with ``resume="allow"``; a run that
+  starts over in the folder, ``resume_step`` None, gets a new one), and the jobs of a ``-m`` sweep share a group named
+  after the sweep.
 
 While the run goes on: :func:`adopt_csv_columns` before its test (``ddp_spawn``), :func:`wandb_where` and
 :func:`finish_wandb` at its end.
@@ -136,14 +137,17 @@ def wandb_logger(
     mode: str = "auto",
     log_model: bool = True,
     task_name: str = "train",
+    resume_step: int | None = None,
     **kwargs: Any,
 ) -> WandbLogger:
     """A ``WandbLogger`` writing under ``save_dir`` (the run folder).
 
     ``name`` defaults to the run folder's name (under ``-m``: ``<sweep>/<job>:<overrides>``), ``group``
-    under ``-m`` to ``<task_name>-<sweep folder>``; ``id`` to the one kept in ``save_dir/wandb_run_id``
-    (a new one is written there), so a resumed run continues its W&B run. ``log_model`` applies online
-    only (artifacts need a server). Other keyword arguments go to ``WandbLogger`` (``entity``, ``tags``).
+    under ``-m`` to ``<task_name>-<sweep folder>``. ``id``: a run that resumes a checkpoint (``resume_step``, its
+    global step) continues the W&B run kept in ``save_dir/wandb_run_id``; a run that starts at step 0 (None: a new
+    folder, ``resume=false``, or a folder whose earlier attempt left no checkpoint) gets a new one, written there, as
+    its ``metrics.csv`` starts over. ``log_model`` applies online only (artifacts need a server). Other keyword
+    arguments go to ``WandbLogger`` (``entity``, ``tags``).
     """
     run_dir = Path(save_dir)
     mode = wandb_mode(mode)
@@ -154,7 +158,8 @@ def wandb_logger(
         name = name or f"{sweep}/{hc.job.num}:{hc.job.override_dirname or 'defaults'}"
     name = name or run_dir.name
     id_file = run_dir / "wandb_run_id"
-    run_id = id or (id_file.read_text().strip() if id_file.exists() else None)
+    kept = id_file.read_text().strip() if resume_step is not None and id_file.exists() else None
+    run_id = id or kept
     if run_id is None:
         run_id = secrets.token_hex(4)
         if rank_zero_only.rank == 0:

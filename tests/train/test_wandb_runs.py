@@ -58,3 +58,23 @@ def test_run_started_over_in_its_folder_is_a_new_wandb_run(tmp_path, monkeypatch
         ids.append((tmp_path / "wandb_run_id").read_text())
         assert (tmp_path / "wandb" / "latest-run").resolve().name.endswith(f"-{ids[-1]}")
     assert ids[0] != ids[1] and ids[2] == ids[1], ids  # started over: a new run; resumed: the same
+
+
+def test_run_started_over_in_its_folder_hides_the_earlier_tensorboard_events(tmp_path):
+    """``resume=false`` over a finished run: TensorBoard shows the new run's scalars only, each step once (the
+    earlier run's event files stay in the folder, hidden by the new file's ``purge_step=0``), as ``metrics.csv``
+    starts over."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    over = [*TINY_VIT, *FAST, *SHORT, "logger=[csv,tensorboard]", "trainer.log_every_n_steps=1"]
+    train(compose(tmp_path, over))
+    train(compose(tmp_path, [*over, "resume=false", "seed=1"]))
+    ea = EventAccumulator(str(tmp_path / "tensorboard"))
+    ea.Reload()
+    csv_rows = (tmp_path / "csv" / "metrics.csv").read_text().splitlines()
+    header = csv_rows[0].split(",")
+    col, step = header.index("train/loss_step"), header.index("step")
+    want = [(int(r.split(",")[step]), float(r.split(",")[col])) for r in csv_rows[1:] if r.split(",")[col]]
+    got = [(e.step, e.value) for e in ea.Scalars("train/loss_step")]
+    assert [s for s, _ in got] == [0, 1] and [s for s, _ in want] == [0, 1], (got, want)
+    assert all(abs(g - w) < 1e-6 for (_, g), (_, w) in zip(got, want)), (got, want)  # the second run's, not the first's

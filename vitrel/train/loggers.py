@@ -9,7 +9,8 @@ to each logger node that has a ``resume_step`` entry (``conf/logger/*.yaml``):
   run logs those steps again. No row from before the checkpoint is lost, no step appears twice.
 * :func:`tensorboard_logger` (``logger=tensorboard``): the event files of ``<run folder>/tensorboard``;
   a resumed run adds its own file with ``purge_step=resume_step`` (``SummaryWriter``), so TensorBoard
-  hides the interrupted run's events from that step on instead of showing them twice.
+  hides the interrupted run's events from that step on instead of showing them twice (a run that starts over in
+  the folder: from step 0).
 * :func:`wandb_logger` (``logger=wandb``): Lightning's ``WandbLogger`` (:class:`RunFolderWandbLogger`) plus what a
   sweep on a cluster needs: the mode is picked from the environment (``auto``), a run folder keeps one W&B run across
   resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with ``resume="allow"``; a run that
@@ -96,10 +97,13 @@ def tensorboard_logger(
     save_dir: str, name: str = "tensorboard", resume_step: int | None = None, **kwargs: Any
 ) -> TensorBoardLogger:
     """Lightning's ``TensorBoardLogger`` writing into ``<save_dir>/<name>`` (no version folder); a resumed
-    run (``resume_step``) passes ``purge_step=resume_step`` to its ``SummaryWriter``. Other keyword
-    arguments go to ``TensorBoardLogger``."""
+    run (``resume_step``) passes ``purge_step=resume_step`` to its ``SummaryWriter``, a run that starts over in a
+    folder holding event files (``resume=false``) ``purge_step=0``: TensorBoard hides the earlier run's events, as
+    ``metrics.csv`` starts over. Other keyword arguments go to ``TensorBoardLogger``."""
     if resume_step is not None:
         kwargs["purge_step"] = int(resume_step)
+    elif any(Path(save_dir, name).glob("events.out.tfevents.*")):
+        kwargs["purge_step"] = 0
     return TensorBoardLogger(save_dir, name=name, version="", **kwargs)
 
 

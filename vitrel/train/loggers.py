@@ -9,11 +9,13 @@ to each logger node that has a ``resume_step`` entry (``conf/logger/*.yaml``):
   run logs those steps again. No row from before the checkpoint is lost, no step appears twice.
 * :func:`tensorboard_logger` (``logger=tensorboard``): the event files of ``<run folder>/tensorboard``;
   a resumed run adds its own file with ``purge_step=resume_step`` (``SummaryWriter``), so TensorBoard
-  hides the interrupted run's events from that step on instead of showing them twice.
+  hides the interrupted run's events from that step on instead of showing them twice (a run that starts over in
+  the folder: from step 0).
 * :func:`wandb_logger` (``logger=wandb``): Lightning's ``WandbLogger`` (:class:`RunFolderWandbLogger`) plus what a
   sweep on a cluster needs: the mode is picked from the environment (``auto``), a run folder keeps one W&B run across
-  resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with
-  ``resume="allow"``), and the jobs of a ``-m`` sweep share a group named after the sweep.
+  resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with ``resume="allow"``; a run that
+  starts over in the folder, ``resume_step`` None, gets a new one), and the jobs of a ``-m`` sweep share a group named
+  after the sweep.
 
 While the run goes on: :func:`adopt_csv_columns` before its test (``ddp_spawn``), :func:`wandb_where` and
 :func:`finish_wandb` at its end.
@@ -22,6 +24,7 @@ While the run goes on: :func:`adopt_csv_columns` before its test (``ddp_spawn``)
 from __future__ import annotations
 
 import csv
+import glob
 import netrc
 import os
 import secrets
@@ -94,10 +97,13 @@ def tensorboard_logger(
     save_dir: str, name: str = "tensorboard", resume_step: int | None = None, **kwargs: Any
 ) -> TensorBoardLogger:
     """Lightning's ``TensorBoardLogger`` writing into ``<save_dir>/<name>`` (no version folder); a resumed
-    run (``resume_step``) passes ``purge_step=resume_step`` to its ``SummaryWriter``. Other keyword
-    arguments go to ``TensorBoardLogger``."""
+    run (``resume_step``) passes ``purge_step=resume_step`` to its ``SummaryWriter``, a run that starts over in a
+    folder holding event files (``resume=false``) ``purge_step=0``: TensorBoard hides the earlier run's events, as
+    ``metrics.csv`` starts over. Other keyword arguments go to ``TensorBoardLogger``."""
     if resume_step is not None:
         kwargs["purge_step"] = int(resume_step)
+    elif any(Path(save_dir, name).glob("events.out.tfevents.*")):
+        kwargs["purge_step"] = 0
     return TensorBoardLogger(save_dir, name=name, version="", **kwargs)
 
 
@@ -135,14 +141,17 @@ def wandb_logger(
     mode: str = "auto",
     log_model: bool = True,
     task_name: str = "train",
+    resume_step: int | None = None,
     **kwargs: Any,
 ) -> WandbLogger:
     """A ``WandbLogger`` writing under ``save_dir`` (the run folder).
 
     ``name`` defaults to the run folder's name (under ``-m``: ``<sweep>/<job>:<overrides>``), ``group``
-    under ``-m`` to ``<task_name>-<sweep folder>``; ``id`` to the one kept in ``save_dir/wandb_run_id``
-    (a new one is written there), so a resumed run continues its W&B run. ``log_model`` applies online
-    only (artifacts need a server). Other keyword arguments go to ``WandbLogger`` (``entity``, ``tags``).
+    under ``-m`` to ``<task_name>-<sweep folder>``. ``id``: a run that resumes a checkpoint (``resume_step``, its
+    global step) continues the W&B run kept in ``save_dir/wandb_run_id``; a run that starts at step 0 (None: a new
+    folder, ``resume=false``, or a folder whose earlier attempt left no checkpoint) gets a new one, written there, as
+    its ``metrics.csv`` starts over. ``log_model`` applies online only (artifacts need a server). Other keyword
+    arguments go to ``WandbLogger`` (``entity``, ``tags``).
     """
     run_dir = Path(save_dir)
     mode = wandb_mode(mode)
@@ -153,7 +162,8 @@ def wandb_logger(
         name = name or f"{sweep}/{hc.job.num}:{hc.job.override_dirname or 'defaults'}"
     name = name or run_dir.name
     id_file = run_dir / "wandb_run_id"
-    run_id = id or (id_file.read_text().strip() if id_file.exists() else None)
+    kept = id_file.read_text().strip() if resume_step is not None and id_file.exists() else None
+    run_id = id or kept
     if run_id is None:
         run_id = secrets.token_hex(4)
         if rank_zero_only.rank == 0:
@@ -206,13 +216,23 @@ def adopt_csv_columns(loggers: Sequence[Logger]) -> None:
 
 
 def wandb_where(loggers: Sequence[Logger]) -> str | None:
-    """Where the W&B run is: its offline folder (and how to upload it), or its URL; None without W&B."""
+    """Where the W&B run is: its offline folder (and how to upload it), or its URL; None without W&B or with W&B
+    disabled (``mode=disabled``: nothing written).
+
+    A run resumed offline in its folder is one W&B run (one id) written to one ``offline-run-<time>-<id>`` folder per
+    process: the upload command names them all, oldest first (``wandb sync`` syncs the parts of a run in that order),
+    not only this process's part."""
     for lg in loggers:
         if isinstance(lg, WandbLogger) and rank_zero_only.rank == 0:
             run = lg.experiment
+            if getattr(run.settings, "_noop", False) or run.settings.mode == "disabled":
+                return None
             folder = Path(run.dir).parent  # <save_dir>/wandb/<offline-run-...>/files
             if getattr(run.settings, "_offline", False) or run.settings.mode == "offline":
-                return f"{folder} (offline; upload with: wandb sync {folder})"
+                # (offline-run-<YYYYMMDD_HHMMSS>-<id>: sorted by name is oldest first)
+                parts = sorted(folder.parent.glob(f"offline-run-*-{glob.escape(run.id)}")) or [folder]
+                counted = f", {len(parts)} parts" if len(parts) > 1 else ""
+                return f"{folder} (offline{counted}; upload with: wandb sync {' '.join(map(str, parts))})"
             return str(run.url or folder)
     return None
 

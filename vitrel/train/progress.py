@@ -38,7 +38,8 @@ class StepLearningRateMonitor(LearningRateMonitor):
 
 class LineProgress(Callback):
     """One plain line every ``every_n_steps`` optimizer steps (default: the trainer's ``log_every_n_steps``) and one
-    per epoch (rank 0), for logs; validation and test (``eval.py``) print one every ``every_n_steps`` of their batches.
+    per epoch (rank 0; its ``val/*`` when the epoch validated), for logs; validation and test (``eval.py``) print one
+    every ``every_n_steps`` of their batches.
     Epochs count from 1 on every line. A step line ``step N/total`` is printed as optimizer step ``N`` ends:
     ``N`` is ``trainer.global_step`` then (under ``accumulate_grad_batches`` a step is several batches), ``total`` the
     fit's ``trainer.estimated_stepping_batches``; the loggers index that step ``N - 1``. Its ``lr`` is the rate the
@@ -49,6 +50,7 @@ class LineProgress(Callback):
         self.every_n_steps = every_n_steps
         self._lr = float("nan")
         self._step_before = 0  # trainer.global_step as the batch started: the batch ended a step when it moved
+        self._validated = False  # a validation ran in this training epoch (its val/* are this epoch's)
         self._t0 = time.monotonic()
         self._t_eval = time.monotonic()
 
@@ -69,9 +71,11 @@ class LineProgress(Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._t0 = time.monotonic()  # a run resumed mid-epoch starts without on_train_epoch_start
+        self._validated = False
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._t0 = time.monotonic()
+        self._validated = False
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._lr = _lr(trainer)
@@ -92,7 +96,9 @@ class LineProgress(Callback):
     @rank_zero_only
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         m = trainer.callback_metrics
-        keys = ["train/loss_epoch", "train/acc1", "val/loss", "val/acc1", "val/acc5"]
+        keys = ["train/loss_epoch", "train/acc1"]
+        if self._validated:  # (else m's val/* are an earlier epoch's: check_val_every_n_epoch > 1)
+            keys += ["val/loss", "val/acc1", "val/acc5"]
         print(
             f"epoch {trainer.current_epoch + 1}/{self._total(trainer)}  {self._fmt(m, keys)}  "
             f"({time.monotonic() - self._t0:.1f} s)",
@@ -101,6 +107,9 @@ class LineProgress(Callback):
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:
         self._t_eval = time.monotonic()
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        self._validated = self._validated or not trainer.sanity_checking
 
     def on_test_epoch_start(self, trainer, pl_module) -> None:
         self._t_eval = time.monotonic()

@@ -186,7 +186,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     resolved["data"].update(normalised)  # (what the run normalises with, where pretrained weights gave it)
     if loads_checkpoint(cfg.model):  # the scheme the model has (the file's), not the pos group's default
         resolved["pos"] = stored_cfg(model).get("pos", resolved.get("pos"))
-    for lg in loggers:
+    for lg in trainer.loggers:  # (Lightning's: a dummy under fast_dev_run, which opens no logger's run)
         lg.log_hyperparams(resolved)
     n_params = sum(p.numel() for p in model.parameters())
     rank_zero_info(
@@ -207,14 +207,14 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         fitted = figures.take(trainer, "fit")  # epochs, global_step, val_runs
         metrics = scalars(trainer.callback_metrics)
         if cfg.get("test", True):
-            adopt_csv_columns(loggers)
+            adopt_csv_columns(trainer.loggers)
             for res in trainer.test(module, datamodule=dm, verbose=False):
                 metrics.update(scalars(res))
             tested = figures.take(trainer, "test")
         status = "finished"
-        wandb_run = wandb_where(loggers)
+        wandb_run = wandb_where(trainer.loggers)
     finally:
-        finish_wandb(loggers, 0 if status == "finished" else 1)
+        finish_wandb(trainer.loggers, 0 if status == "finished" else 1)
 
     last = last_checkpoint_path(trainer)
     best = (

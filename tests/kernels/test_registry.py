@@ -440,3 +440,34 @@ def test_attn_impl_set_on_a_built_layer_is_checked_at_the_assignment(arch):
         owner.attn_impl = "fold"
     assert attn.attn_impl == owner.attn_impl == "auto"  # nothing changed by a refused assignment
     assert {a.attn_impl for a in _layers(m)} == {"auto"}
+
+
+SWINS = {
+    "swin": ARCHS["swin"],
+    "swin3d": ("vitrel_swin3d_tiny_patch122_window444_32", dict(embed_dim=16, depths=[2, 2], num_heads=[2, 2])),
+}
+
+
+@pytest.mark.parametrize("arch", list(SWINS))
+def test_attn_impl_set_on_a_swin_model_is_what_every_layer_runs(monkeypatch, arch):
+    """``swin.attn_impl = impl`` sets every stage's and layer's, as on the ViT (it was a plain attribute nothing
+    read: the model kept running ``auto``), and a kernel one layer cannot run changes none."""
+    name, kw = SWINS[arch]
+    pos = "rel3d_factored" if arch == "swin3d" else "rel2d_factored"
+    torch.manual_seed(0)
+    m = vitrel.create_model(name, pos=pos, **{"drop_path_rate": 0.0, **kw}).double().eval()
+    x = torch.randn(1, 1, 4, 32, 32) if arch == "swin3d" else torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        ref = m(x.double())
+    assert m.attn_impl == "auto"
+    m.attn_impl = "eager"
+    assert m.attn_impl == "eager" and {a.attn_impl for a in _layers(m)} == {"eager"}
+    calls = _spy_kernels(monkeypatch)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x.double()), ref, rtol=1e-10, atol=1e-12)
+    assert set(calls) == {"eager"} and len(calls) == len(_layers(m)), calls
+    m.layers[1].blocks[0].attn.pos = build_pos("rel2d_full" if arch == "swin" else "rel3d_full", num_heads=2,
+                                               head_dim=16, grid=m.layers[1].blocks[0].attn.pos.grid)  # fmt: skip
+    with pytest.raises(ValueError, match="attn_impl='fold' folds a bias that factors"):
+        m.attn_impl = "fold"  # the last stage has a layer fold cannot run: nothing changes
+    assert m.attn_impl == "eager" and {a.attn_impl for a in _layers(m)} == {"eager"}

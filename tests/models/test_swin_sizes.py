@@ -155,3 +155,55 @@ def test_set_input_size_refuses_a_window_ratio_below_one(ratio: int) -> None:
         m.set_input_size(window_ratio=ratio)
     assert m.window_size == (4, 4) and m.vitrel_cfg["window_size"] == [4, 4]
     assert all(torch.equal(before[k], v) for k, v in m.state_dict().items())
+
+
+def _equation_block(blk, x: torch.Tensor) -> torch.Tensor:
+    """A ``rel2d_full`` block from Swin's equations over the whole map: token ``(r, c)`` attends to the tokens of its
+    group ``floor((r - s) / M)`` on both axes with ``q.k / sqrt(d) + B[dr, dc]``, ``B`` the block's table read at the
+    offset (clamped to its edge); then the MLP."""
+    b, h, w, c = x.shape
+    xn = blk.norm1(x)
+    wh, ww = min(blk.window_size[0], h), min(blk.window_size[1], w)
+    sh = wh // 2 if blk.shifted and h > wh else 0
+    sw = ww // 2 if blk.shifted and w > ww else 0
+    r, col = torch.arange(h).repeat_interleave(w), torch.arange(w).repeat(h)
+    gr, gc = torch.tensor(_groups(h, sh, wh))[r], torch.tensor(_groups(w, sw, ww))[col]
+    same = (gr[:, None] == gr[None]) & (gc[:, None] == gc[None])
+    a, table = blk.attn, blk.attn.pos.table
+    th, tw = (table.shape[0] - 1) // 2, (table.shape[1] - 1) // 2
+    bias = table[(r[:, None] - r[None]).clamp(-th, th) + th, (col[:, None] - col[None]).clamp(-tw, tw) + tw]
+    q, k, v = a.qkv(xn.reshape(b, h * w, c)).reshape(b, h * w, 3, a.num_heads, a.head_dim).permute(2, 0, 3, 1, 4)
+    logits = (q @ k.transpose(-1, -2) * a.scale + bias.permute(2, 0, 1)).masked_fill(~same, float("-inf"))
+    x = x + a.proj((logits.softmax(-1) @ v).transpose(1, 2).reshape(b, h * w, c)).view(b, h, w, c)
+    return x + blk.mlp(blk.norm2(x))
+
+
+def _equation_swin(m, images: torch.Tensor) -> torch.Tensor:
+    """The whole Swin from its equations: patch embedding, 2 x 2 merging of zero-padded odd sides (timm's channel
+    order), the blocks (:func:`_equation_block`), the final norm, mean pooling and the head."""
+    x = m.patch_embed.norm(m.patch_embed.proj(images).permute(0, 2, 3, 1))
+    for stage in m.layers:
+        if stage.merges:
+            x = torch.nn.functional.pad(x, (0, 0, 0, x.shape[2] % 2, 0, x.shape[1] % 2))
+            parts = [x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]]
+            x = stage.downsample.reduction(stage.downsample.norm(torch.cat(parts, -1)))
+        for blk in stage.blocks:
+            x = _equation_block(blk, x)
+    return m.head(m.norm(x).mean((1, 2)))
+
+
+def test_whole_model_at_other_sizes_follows_swins_equations() -> None:
+    """The model end to end, at sizes that are not multiples of the window (padding), smaller than it (shrunk) and
+    larger than built, then set to a larger window (its tables grown): equal to :func:`_equation_swin` in float64."""
+    m = _swin("rel2d_full", depths=(2, 2, 2), num_heads=(2, 2, 4), strict_img_size=False)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for size in [(32, 32), (20, 20), (22, 30), (14, 10), (6, 18), (44, 44)]:
+            x = torch.randn(2, 3, *size, generator=g, dtype=torch.float64)
+            torch.testing.assert_close(m(x), _equation_swin(m, x), rtol=0, atol=1e-12, msg=f"{size}")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # resized tables
+            m.set_input_size(img_size=48)  # window 4 * 24 // 16 = 6
+        assert m.window_size == (6, 6)
+        x = torch.randn(2, 3, 44, 36, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(m(x), _equation_swin(m, x), rtol=0, atol=1e-12)

@@ -119,10 +119,11 @@ def test_naflex_eval_filling_the_budget_says_the_size_it_ran(tmp_path, capsys):
     _, res, _ = _eval(tmp_path / "fill", ckpt, [*over, "data.eval_max_ratio=null"])
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "native" not in line and "at 32x32 (grid 8x8, NaFlex pack" in line, line
-    assert res["naflex_size"] == [32, 32]
-    _eval(tmp_path / "native", ckpt, over)
+    assert res["naflex_size"] == [32, 32] and res["grid"] == [8, 8]  # (the grid was data.img_size's, 7x7)
+    _, res, _ = _eval(tmp_path / "native", ckpt, over)
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert "at the images' native 28x28 (grid 7x7, NaFlex pack" in line, line
+    assert res["naflex_size"] == [28, 28] and res["grid"] == [7, 7]
 
 
 def test_an_evaluation_reads_the_run_record_once(tmp_path, monkeypatch):

@@ -222,6 +222,7 @@ class SwinBody:
         on the patch grid ``grid``) and its dropout, the stages (``stage_cls``: each but the first merging 2 x 2
         patches in space, widths ``dims``), timm's ``feature_info``, the final norm and the head."""
         depths, heads, eps = args["depths"], args["num_heads"], args["norm_eps"]
+        self._attn_impl = args["attn_impl"]
         self.abs_pos = (
             absolute.build(num_heads=heads[0], head_dim=dims[0] // heads[0], grid=self.grid)
             if absolute is not None
@@ -262,6 +263,22 @@ class SwinBody:
         self.norm = nn.LayerNorm(dims[-1], eps=eps)
         self.head_drop = nn.Dropout(args["drop_rate"])
         self.head = nn.Linear(dims[-1], args["num_classes"]) if args["num_classes"] > 0 else nn.Identity()
+
+    @property
+    def attn_impl(self) -> str:
+        """The model's kernel: setting it sets every stage's (:class:`~vitrel.models.blocks.BlockImpls`), every layer
+        checked before any is changed, as the ViT's."""
+        return self._attn_impl
+
+    @attn_impl.setter
+    def attn_impl(self, impl: str) -> None:
+        for stage in self.layers:
+            check_choice(impl, stage.rel_pos)
+            for blk in stage.blocks:
+                check_choice(impl, blk.attn.pos, blk.attn.attn_drop)
+        for stage in self.layers:
+            stage.attn_impl = impl
+        self._attn_impl = impl
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -502,6 +502,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         grid.insert(0, dm.num_frames // stored.get("tubelet_size", 1))
     packing = getattr(dm, "packing", None)
     naflex = _naflex_size(dm, stored.get("patch_size")) if packing is not None else None
+    if packing is not None:  # NaFlex: the grid of the size scored (images of one size), none for many sizes
+        grid = None if naflex is None else [s // p for s, p in zip(naflex, to_2tuple(stored["patch_size"]))]
     result = {
         "ckpt_path": str(ckpt),
         "data": cfg.data.get("name", cfg.data.get("_target_")),

@@ -5,7 +5,8 @@ docs/gpu.md is a guide of at most 300 lines; every place that lists the attentio
 registered ones (:func:`vitrel.kernels.list_kernels`), README's scheme table has a row for every registered scheme
 (:func:`vitrel.list_pos`) and no other, docs/gpu.md's table of ``auto``'s rules is :data:`vitrel.kernels.AUTO`,
 and no file refers to a result by a name it no longer has (bench/results/README.md keeps the old names);
-docs/training.md's table of config groups names every file of each conf/ group and no other.
+docs/training.md's table of config groups names every file of each conf/ group and no other; a signature the docs
+spell out in full is the code's.
 """
 
 from __future__ import annotations
@@ -261,3 +262,34 @@ def test_training_guide_config_groups_table_lists_every_option():
             f"docs/training.md lists for {group}: missing {sorted(files - listed[group])}, not in conf/{group}/: "
             f"{sorted(extra)}"
         )
+
+
+def plain_signature(obj) -> str:
+    """``obj``'s signature as the docs write it: no annotations, ``self`` left out, strings in double quotes."""
+    import inspect
+
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in inspect.signature(obj).parameters.values()]
+    params = [p for p in params if p.name != "self"]
+    text = str(inspect.Signature(params))
+    return re.sub(r"'([^']*)'", r'"\1"', text)
+
+
+def documented_signatures() -> list[tuple[str, str, object]]:
+    from vitrel.models.swin import SwinTransformer
+    from vitrel.train.module import ClassifierModule
+
+    # (doc, the name the doc writes before the signature, the code it documents)
+    return [
+        ("docs/training.md", "vitrel.train.module.ClassifierModule", ClassifierModule),
+        ("docs/export.md", "forward_intermediates", SwinTransformer.forward_intermediates),
+        ("docs/export.md", "prune_intermediate_layers", SwinTransformer.prune_intermediate_layers),
+    ]
+
+
+@pytest.mark.parametrize("doc,name,obj", documented_signatures(), ids=lambda v: v if isinstance(v, str) else "")
+def test_documented_signatures_match_the_code(doc, name, obj):
+    """A signature the docs spell out in full (in inline code: ``name(arg, arg=default, ...)``) is the code's."""
+    text = " ".join(read(doc).split())
+    m = re.search(r"`" + re.escape(name) + r"(\([^`]*\))`", text)
+    assert m, f"{doc}: no `{name}(...)` signature"
+    assert m.group(1) == plain_signature(obj), f"{doc}: {name}{m.group(1)} is not the code's {plain_signature(obj)}"

@@ -293,3 +293,23 @@ def test_documented_signatures_match_the_code(doc, name, obj):
     m = re.search(r"`" + re.escape(name) + r"(\([^`]*\))`", text)
     assert m, f"{doc}: no `{name}(...)` signature"
     assert m.group(1) == plain_signature(obj), f"{doc}: {name}{m.group(1)} is not the code's {plain_signature(obj)}"
+
+
+def test_video_guide_states_the_video_recipes_training_clips():
+    """docs/video.md's counts of ``experiment=video``'s training clips and batches are the recipe's (its
+    ``val_fraction`` holds out pairs of the 8,000: the run trains on fewer)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+
+    import vitrel.config  # noqa: F401  (the schemas conf/ names)
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=["experiment=video"])
+    GlobalHydra.instance().clear()
+    dm = instantiate(cfg.data)
+    dm.setup("fit")
+    clips, batches = len(dm.dataset("train")), len(dm.train_dataloader())
+    text = " ".join(read("docs/video.md").split())
+    assert f"{clips:,} clips, {batches} batches of {cfg.data.batch_size} an epoch" in text, (clips, batches)

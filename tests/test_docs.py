@@ -295,9 +295,17 @@ def test_documented_signatures_match_the_code(doc, name, obj):
     assert m.group(1) == plain_signature(obj), f"{doc}: {name}{m.group(1)} is not the code's {plain_signature(obj)}"
 
 
-def test_video_guide_states_the_video_recipes_training_clips():
-    """docs/video.md's counts of ``experiment=video``'s training clips and batches are the recipe's (its
-    ``val_fraction`` holds out pairs of the 8,000: the run trains on fewer)."""
+#: (guide, experiment, the guide's words for its training samples and batches an epoch)
+RECIPE_COUNTS = [
+    ("docs/video.md", "video", "{n:,} clips, {b} batches of 64 an epoch"),
+    ("docs/training.md", "fmnist_naflex", "4 epochs of {b} steps ({n:,} training images"),
+]
+
+
+@pytest.mark.parametrize("doc,experiment,words", RECIPE_COUNTS, ids=[e for _, e, _ in RECIPE_COUNTS])
+def test_guides_state_the_recipes_training_samples(doc, experiment, words):
+    """The counts of a recipe's training samples and batches a guide states are the recipe's (its ``val_fraction``
+    holds out part of the training set: the run trains on fewer)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.utils import instantiate
@@ -306,10 +314,10 @@ def test_video_guide_states_the_video_recipes_training_clips():
 
     GlobalHydra.instance().clear()
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("train", overrides=["experiment=video"])
+        cfg = compose("train", overrides=[f"experiment={experiment}"])
     GlobalHydra.instance().clear()
     dm = instantiate(cfg.data)
     dm.setup("fit")
-    clips, batches = len(dm.dataset("train")), len(dm.train_dataloader())
-    text = " ".join(read("docs/video.md").split())
-    assert f"{clips:,} clips, {batches} batches of {cfg.data.batch_size} an epoch" in text, (clips, batches)
+    n, b = len(dm.raw_dataset("train")), len(dm.train_dataloader())
+    text = " ".join(read(doc).split())
+    assert words.format(n=n, b=b) in text, (n, b)

@@ -6,7 +6,7 @@ registered ones (:func:`vitrel.kernels.list_kernels`), README's scheme table has
 (:func:`vitrel.list_pos`) and no other, docs/gpu.md's table of ``auto``'s rules is :data:`vitrel.kernels.AUTO`,
 and no file refers to a result by a name it no longer has (bench/results/README.md keeps the old names);
 docs/training.md's table of config groups names every file of each conf/ group and no other; a signature the docs
-spell out in full is the code's.
+spell out in full is the code's; every relative Markdown link names a file and heading that exist.
 """
 
 from __future__ import annotations
@@ -321,3 +321,35 @@ def test_guides_state_the_recipes_training_samples(doc, experiment, words):
     n, b = len(dm.raw_dataset("train")), len(dm.train_dataloader())
     text = " ".join(read(doc).split())
     assert words.format(n=n, b=b) in text, (n, b)
+
+
+LINKED_DOCS = [*DOCS, ROOT / "notebooks" / "README.md", ROOT / "bench" / "results" / "README.md"]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors of a Markdown text's headings (outside code fences): lower case, punctuation but ``-`` and
+    ``_`` dropped, spaces as ``-``."""
+    out, fence = set(), False
+    for line in text.splitlines():
+        if re.match(r"\s*(```|~~~)", line):
+            fence = not fence
+        elif not fence and line.startswith("#"):
+            out.add(re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-"))
+    return out
+
+
+@pytest.mark.parametrize("path", LINKED_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_markdown_links_name_files_and_anchors_that_exist(path):
+    """Every relative link ``[...](file#anchor)`` of the guides names a file that exists and, in a Markdown file, a
+    heading it has."""
+    bad = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if re.match(r"[a-z]+:", link):
+            continue
+        file, _, anchor = link.partition("#")
+        target = (path.parent / file) if file else path
+        if not target.exists():
+            bad.append(f"{link}: no such file")
+        elif anchor and target.suffix == ".md" and anchor not in heading_anchors(target.read_text()):
+            bad.append(f"{link}: no such heading")
+    assert not bad, f"{path.relative_to(ROOT)}: {bad}"

@@ -22,4 +22,6 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    main()
+    from vitrel.train.cli import with_override_hints
+
+    with_override_hints(main, "eval.py", "eval")  # optim.lr=...: Hydra's refusal, then the new key

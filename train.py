@@ -26,6 +26,6 @@ def main(cfg: DictConfig):
 
 
 if __name__ == "__main__":
-    from vitrel.train.cli import with_pos_hint
+    from vitrel.train.cli import with_override_hints
 
-    with_pos_hint(main, "train.py")  # pos.<typo>=...: Hydra's refusal, then the scheme's options
+    with_override_hints(main, "train.py")  # pos.<typo>=, optim.lr=: Hydra's refusal, then what to set instead

@@ -5,7 +5,8 @@ docs/gpu.md is a guide of at most 300 lines; every place that lists the attentio
 registered ones (:func:`vitrel.kernels.list_kernels`), README's scheme table has a row for every registered scheme
 (:func:`vitrel.list_pos`) and no other, docs/gpu.md's table of ``auto``'s rules is :data:`vitrel.kernels.AUTO`,
 and no file refers to a result by a name it no longer has (bench/results/README.md keeps the old names);
-docs/training.md's table of config groups names every file of each conf/ group and no other.
+docs/training.md's table of config groups names every file of each conf/ group and no other; a signature the docs
+spell out in full is the code's; every relative Markdown link names a file and heading that exist.
 """
 
 from __future__ import annotations
@@ -261,3 +262,94 @@ def test_training_guide_config_groups_table_lists_every_option():
             f"docs/training.md lists for {group}: missing {sorted(files - listed[group])}, not in conf/{group}/: "
             f"{sorted(extra)}"
         )
+
+
+def plain_signature(obj) -> str:
+    """``obj``'s signature as the docs write it: no annotations, ``self`` left out, strings in double quotes."""
+    import inspect
+
+    params = [p.replace(annotation=inspect.Parameter.empty) for p in inspect.signature(obj).parameters.values()]
+    params = [p for p in params if p.name != "self"]
+    text = str(inspect.Signature(params))
+    return re.sub(r"'([^']*)'", r'"\1"', text)
+
+
+def documented_signatures() -> list[tuple[str, str, object]]:
+    from vitrel.models.swin import SwinTransformer
+    from vitrel.train.module import ClassifierModule
+
+    # (doc, the name the doc writes before the signature, the code it documents)
+    return [
+        ("docs/training.md", "vitrel.train.module.ClassifierModule", ClassifierModule),
+        ("docs/export.md", "forward_intermediates", SwinTransformer.forward_intermediates),
+        ("docs/export.md", "prune_intermediate_layers", SwinTransformer.prune_intermediate_layers),
+    ]
+
+
+@pytest.mark.parametrize("doc,name,obj", documented_signatures(), ids=lambda v: v if isinstance(v, str) else "")
+def test_documented_signatures_match_the_code(doc, name, obj):
+    """A signature the docs spell out in full (in inline code: ``name(arg, arg=default, ...)``) is the code's."""
+    text = " ".join(read(doc).split())
+    m = re.search(r"`" + re.escape(name) + r"(\([^`]*\))`", text)
+    assert m, f"{doc}: no `{name}(...)` signature"
+    assert m.group(1) == plain_signature(obj), f"{doc}: {name}{m.group(1)} is not the code's {plain_signature(obj)}"
+
+
+#: (guide, experiment, the guide's words for its training samples and batches an epoch)
+RECIPE_COUNTS = [
+    ("docs/video.md", "video", "{n:,} clips, {b} batches of 64 an epoch"),
+    ("docs/training.md", "fmnist_naflex", "4 epochs of {b} steps ({n:,} training images"),
+]
+
+
+@pytest.mark.parametrize("doc,experiment,words", RECIPE_COUNTS, ids=[e for _, e, _ in RECIPE_COUNTS])
+def test_guides_state_the_recipes_training_samples(doc, experiment, words):
+    """The counts of a recipe's training samples and batches a guide states are the recipe's (its ``val_fraction``
+    holds out part of the training set: the run trains on fewer)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.utils import instantiate
+
+    import vitrel.config  # noqa: F401  (the schemas conf/ names)
+
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("train", overrides=[f"experiment={experiment}"])
+    GlobalHydra.instance().clear()
+    dm = instantiate(cfg.data)
+    dm.setup("fit")
+    n, b = len(dm.raw_dataset("train")), len(dm.train_dataloader())
+    text = " ".join(read(doc).split())
+    assert words.format(n=n, b=b) in text, (n, b)
+
+
+LINKED_DOCS = [*DOCS, ROOT / "notebooks" / "README.md", ROOT / "bench" / "results" / "README.md"]
+
+
+def heading_anchors(text: str) -> set[str]:
+    """GitHub's anchors of a Markdown text's headings (outside code fences): lower case, punctuation but ``-`` and
+    ``_`` dropped, spaces as ``-``."""
+    out, fence = set(), False
+    for line in text.splitlines():
+        if re.match(r"\s*(```|~~~)", line):
+            fence = not fence
+        elif not fence and line.startswith("#"):
+            out.add(re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-"))
+    return out
+
+
+@pytest.mark.parametrize("path", LINKED_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_markdown_links_name_files_and_anchors_that_exist(path):
+    """Every relative link ``[...](file#anchor)`` of the guides names a file that exists and, in a Markdown file, a
+    heading it has."""
+    bad = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+        if re.match(r"[a-z]+:", link):
+            continue
+        file, _, anchor = link.partition("#")
+        target = (path.parent / file) if file else path
+        if not target.exists():
+            bad.append(f"{link}: no such file")
+        elif anchor and target.suffix == ".md" and anchor not in heading_anchors(target.read_text()):
+            bad.append(f"{link}: no such heading")
+    assert not bad, f"{path.relative_to(ROOT)}: {bad}"

@@ -153,6 +153,32 @@ def test_train_and_evaluate_refuse_moved_keys_before_building_anything(tmp_path,
         evaluate(_compose(["ckpt_path=x", "+optim.lr=1e9", f"paths.output_dir={tmp_path}"], "eval"))
 
 
+def test_moved_key_hint_names_the_new_key_of_a_plain_override():
+    from vitrel.train.cli import moved_key_hint
+
+    hint = moved_key_hint(["optim.lr=1e-3", "compile=true", "+optim.lr=1", "optim.foo=2", "trainer.max_epochs=1"])
+    assert hint.splitlines() == [
+        "optim.lr=1e-3: optim.lr moved to module.optimizer.lr",
+        "compile=true: compile moved to module.compile",
+        "optim.foo=2: optim.foo moved to module.optimizer / module.scheduler",
+    ]  # +optim.lr composes: check_moved_keys names it in train() / evaluate()
+    assert moved_key_hint(["pos=rope2d_mixed", "module.optimizer.lr=1e-3"]) is None
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_a_moved_key_without_plus_is_refused_with_the_new_key(script, tmp_path):
+    """``optim.lr=1e-3`` as vitrel 0.1 took it (no ``+``): Hydra refuses it at composition (``Key 'optim' not in``),
+    before ``check_moved_keys`` runs, and the same run's error names the new key (docs/training.md)."""
+    from tests.train_helpers import run_script_forked
+
+    args = ["optim.lr=1e-3", f"hydra.run.dir={tmp_path}/r"] + (["ckpt_path=x"] if script == "eval.py" else [])
+    r = run_script_forked(script, args, cwd=tmp_path)
+    assert r.returncode == 1
+    assert "Key 'optim' not in" in r.stderr, r.stderr[-2000:]
+    assert f"{script}: optim.lr=1e-3: optim.lr moved to module.optimizer.lr" in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "r").exists()  # refused before the run
+
+
 def test_the_current_keys_pass():
     check_moved_keys(_compose(["module/mixup=default", "module/ema=default", "logger=[wandb,csv]"]))
 

@@ -38,6 +38,8 @@ def test_train_then_eval_at_another_size_print_no_noise_and_log_to_the_run_folde
     # the run's log: vitrel's and Lightning's messages (Lightning's loggers no longer bypass the log file)
     log = (run / "train.log").read_text()
     assert f"run folder {run}" in log and "Seed set to 0" in log and "`Trainer.fit` stopped" in log, log
+    # the closing summary is the console's (docs/training.md)
+    assert "test accuracy" in r.stdout and "test accuracy" not in log, log
 
     # 7x7 -> 10x10 patches: each block's two tables grow (4 tables), one warning
     ev = tmp_path / "eval"

@@ -1,7 +1,8 @@
 """Console entry points (``vitrel-train``, ``vitrel-eval``, ``vitrel-predict``): ``train.py`` / ``eval.py`` /
 ``predict.py`` with the repository conf/, also for a launcher that first imports a module of its own (a position
 scheme registered outside the package); and
-:func:`with_pos_hint`, which adds the position scheme's options to Hydra's refusal of an unknown ``pos.<key>=``."""
+:func:`with_override_hints`, which adds to Hydra's refusal of an override what to set instead: the position scheme's
+options for an unknown ``pos.<key>=``, the new key for one of vitrel 0.1's (``optim.lr=``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["train_main", "eval_main", "predict_main", "predict_task", "conf_dir", "pos_option_hint", "with_pos_hint"]
+__all__ = [
+    "train_main",
+    "eval_main",
+    "predict_main",
+    "predict_task",
+    "conf_dir",
+    "pos_option_hint",
+    "moved_key_hint",
+    "with_override_hints",
+]
 
 
 def conf_dir() -> str:
@@ -62,16 +72,38 @@ def pos_option_hint(args: Sequence[str], config_name: str = "train") -> str | No
     return "\n".join(lines) or None
 
 
-def with_pos_hint(main: Callable[[], Any], script: str) -> Any:
-    """``main()`` (a ``hydra.main`` function); when Hydra exits with an error, the :func:`pos_option_hint` of the
-    command line after it, ``<script>: <hint>``. Hydra's strictness stays: the run is refused as before."""
+def moved_key_hint(args: Sequence[str]) -> str | None:
+    """The new key of each of vitrel 0.1's keys set without ``+`` in ``args`` (``optim.lr=1e-3``, ``compile=true``):
+    Hydra refuses those at composition (``Key 'optim' not in 'TrainConfig'``), before
+    :func:`~vitrel.config.check_moved_keys` can name the new key. With ``+`` they compose and that check names it.
+    None when ``args`` sets none."""
+    from vitrel.config import MOVED_KEYS
+
+    lines = []
+    for a in args:
+        m = re.match(r"([A-Za-z_][\w.]*)=", a)
+        if not m:
+            continue
+        key = m.group(1)
+        if key in MOVED_KEYS:
+            lines.append(f"{a}: {key} moved to {MOVED_KEYS[key]}")
+        elif key == "optim" or key.startswith("optim."):
+            lines.append(f"{a}: {key} moved to module.optimizer / module.scheduler")
+    return "\n".join(lines) or None
+
+
+def with_override_hints(main: Callable[[], Any], script: str, config_name: str = "train") -> Any:
+    """``main()`` (a ``hydra.main`` function); when Hydra exits with an error, what to set instead after it, one
+    ``<script>: <hint>`` line each: :func:`moved_key_hint` and :func:`pos_option_hint` of the command line. Hydra's
+    strictness stays: the run is refused as before."""
     try:
         return main()
     except SystemExit as e:
         if e.code == 1:
-            hint = pos_option_hint(sys.argv[1:])
-            if hint:
-                print("\n".join(f"{script}: {h}" for h in hint.splitlines()), file=sys.stderr, flush=True)
+            args = sys.argv[1:]
+            hints = [h for h in (moved_key_hint(args), pos_option_hint(args, config_name)) if h]
+            if hints:
+                print("\n".join(f"{script}: {h}" for h in "\n".join(hints).splitlines()), file=sys.stderr, flush=True)
         raise
 
 
@@ -96,7 +128,7 @@ def train_main() -> None:
 
     quiet_third_party()
     main = hydra.main(version_base="1.3", config_path=conf_dir(), config_name="train")(_one_line(train, "vitrel-train"))
-    with_pos_hint(main, "vitrel-train")
+    with_override_hints(main, "vitrel-train")
 
 
 def eval_main() -> None:
@@ -107,7 +139,9 @@ def eval_main() -> None:
     from vitrel.train.utils import quiet_third_party
 
     quiet_third_party()
-    hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")(_one_line(evaluate, "vitrel-eval"))()
+    run = _one_line(evaluate, "vitrel-eval")
+    main = hydra.main(version_base="1.3", config_path=conf_dir(), config_name="eval")(run)
+    with_override_hints(main, "vitrel-eval", "eval")
 
 
 def predict_task(script: str) -> Callable[[Any], Any]:

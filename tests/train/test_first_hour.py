@@ -406,6 +406,19 @@ def test_a_video_scheme_fed_token_layouts_is_refused_before_any_batch(tmp_path, 
     assert not (tmp_path / "checkpoints").exists()
 
 
+def test_mixup_with_naflex_batches_is_refused_before_any_batch(tmp_path):
+    """timm's Mixup mixes equal-size image tensors: with ``data.packing`` the module refused it at the first training
+    step, a traceback through Lightning; now one ConfigError before the run trains, naming the override that fixes it.
+    """
+    from vitrel.config import ConfigError
+
+    over = ["experiment=fmnist_naflex", "module/mixup=default", "model.embed_dim=32", "model.depth=1"]
+    cfg = compose(tmp_path, [*over, "model.num_heads=2", *FAST, *SHORT])
+    with pytest.raises(ConfigError, match=r"^module.mixup \(timm Mixup\) .*data.packing \(module.mixup=null\)$"):
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+
+
 def test_eval_of_a_video_scheme_on_naflex_batches_is_refused(tmp_path):
     """A model trained on images with a video scheme (one frame) scored on NaFlex data: the same refusal from eval.py;
     on plain images it scores (its stored token_drop is the training's)."""

@@ -85,6 +85,13 @@ class ImageMean(MeanMetric):
         self.weight += weight.sum()
 
 
+#: why timm's Mixup and NaFlex batches do not go together (``train()`` refuses the pair before training)
+MIXUP_NAFLEX = (
+    "module.mixup (timm Mixup) mixes batches of equal-size image tensors; NaFlex batches (data.packing) hold images "
+    "of many sizes as patches: turn it off with data.packing (module.mixup=null)"
+)
+
+
 class ClassifierModule(L.LightningModule):
     """Train / evaluate an image classifier ``model`` (any ``nn.Module`` mapping images to logits).
 
@@ -229,10 +236,7 @@ class ClassifierModule(L.LightningModule):
         self._step_begins()
         if self.mixup_fn is not None:
             if input_form(x) == "naflex":
-                raise ValueError(
-                    "module.mixup (timm Mixup) mixes batches of equal-size image tensors; NaFlex batches "
-                    "(data.packing) hold images of many sizes as patches: turn module.mixup off with data.packing"
-                )
+                raise ValueError(MIXUP_NAFLEX)
             if x.shape[0] % 2:
                 raise ValueError(
                     f"mixup/cutmix needs an even batch, got {x.shape[0]}: use an even data.batch_size "

@@ -47,6 +47,7 @@ from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
+from vitrel.train.module import MIXUP_NAFLEX
 from vitrel.train.progress import CountTestImages, CountValidations
 from vitrel.train.resume import (
     SweepJobRecord,
@@ -167,6 +168,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
     check_optimized_metric(cfg, module)  # (a misspelled name: refused now, not after the run or the sweep's jobs)
+    check_mixup_takes_batches(module, dm)  # (else the module's own check, at the first step, in a traceback)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume, started)  # before the loggers open
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger
@@ -254,6 +256,13 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
     return metrics
+
+
+def check_mixup_takes_batches(module: L.LightningModule, dm: L.LightningDataModule) -> None:
+    """timm's ``Mixup`` (``module.mixup``) mixes equal-size image tensors: with NaFlex batches (``data.packing``) a
+    :class:`~vitrel.config.ConfigError` before the run trains."""
+    if getattr(module, "mixup_fn", None) is not None and getattr(dm, "packing", None) is not None:
+        raise ConfigError(MIXUP_NAFLEX)
 
 
 def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:

@@ -25,7 +25,7 @@ has the same value, so the fold loses nothing). On a video grid ``(T, H, W)`` (t
 ``R_i u . R_j u / |u|^2 = (2/d) sum_t cos(theta_t(i) - theta_t(j))``, as a function of ``(dh, dw)``.
 
 **Shaw's tables.** :func:`content_tables` returns the learned key/value tables of a scheme with content terms
-(``r^K``, ``r^V``); :func:`plot_content_tables` draws 1-D tables ``[2K+1, d]`` as offset x channel images and 2-D
+(``r^K``, ``r^V``); :func:`plot_content_tables` draws 1-D tables ``[2K+1, d]`` as channel x offset images and 2-D
 tables ``[2Kh+1, 2Kw+1, d]`` as the norm ``|r[dh, dw]|``.
 """
 

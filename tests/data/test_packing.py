@@ -354,3 +354,33 @@ def test_predict_at_native_sizes_puts_packed_predictions_back_in_file_order(tmp_
         assert row["index_0"] == int(p.argmax()) and row["prob_0"] == pytest.approx(float(p.max()), abs=1e-5)
     with pytest.raises(ValueError, match="max_tokens=80 must be in"):
         predict_folder(Predictor(model, cfg, "t"), tmp_path, progress=False, seq_len=64, max_tokens=80)
+
+
+def test_a_run_resumed_mid_epoch_logs_the_whole_epochs_padding(tmp_path):
+    """``train/padding_epoch`` of an epoch resumed mid-way is the share over all of its batches, as in the run that was
+    not stopped: it was Lightning's mean of logged values, which no checkpoint keeps, so the resumed batches' only
+    (``bench/kill_resume.sh``, NaFlex under ``trainer.devices=2``: 0.085287 against 0.085381)."""
+    import csv
+
+    from tests.train_helpers import FAST, TINY_VIT, RaiseInForward, compose
+    from vitrel.train.run import train
+
+    over = ["experiment=fmnist_naflex", *TINY_VIT, *FAST, "trainer.max_epochs=1", "trainer.limit_train_batches=4"]
+    over += ["trainer.limit_val_batches=1", "trainer.log_every_n_steps=1", "test=false", "logger=csv"]
+    straight, mid = tmp_path / "straight", tmp_path / "mid"
+    train(compose(straight, over))
+    with pytest.raises(torch.OutOfMemoryError):  # in step 3's forward: last.ckpt of step 2, mid-epoch
+        train(compose(mid, over), callbacks=[RaiseInForward(at_step=2)])
+    assert torch.load(mid / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+    train(compose(mid, over))
+
+    def padding(run):
+        with open(run / "csv" / "metrics.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+        return [float(r["train/padding_step"]) for r in rows if r["train/padding_step"]], [
+            float(r["train/padding_epoch"]) for r in rows if r["train/padding_epoch"]
+        ]
+
+    (steps, [want]), (resumed_steps, [got]) = padding(straight), padding(mid)
+    assert resumed_steps == steps and len(steps) == 4 and len(set(steps)) > 1
+    assert got == want

@@ -19,6 +19,7 @@ import os
 import socket
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 
@@ -51,6 +52,36 @@ def _rank(rank: int, cfg, port: int) -> None:
     rank_zero_only.rank = rank  # what Lightning reads from LOCAL_RANK when a re-launched process imports it
     train(cfg)
     assert not torch.distributed.is_initialized(), "train() left its gloo group to the interpreter's exit"
+
+
+class NaNLogitsOnOneRank(L.Callback):
+    """The logits of global rank ``rank``'s training batch at global step ``at_step`` made NaN (the other ranks'
+    losses stay finite), as one rank's bad batch would."""
+
+    def __init__(self, rank: int, at_step: int) -> None:
+        self.rank, self.at_step, self._hook = rank, at_step, None
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.at_step:
+            self._hook = pl_module.model.register_forward_hook(lambda module, args, out: out * float("nan"))
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+
+
+def _nan_rank(rank: int, cfg, port: int, out: str) -> None:
+    """One rank of plain ``ddp`` with rank 1's loss NaN at step 2: the NaN guard's message, to ``out/rank<r>.txt``."""
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    from vitrel.train.callbacks import NonFiniteLossError
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0")
+    os.environ.update(LOCAL_RANK=str(rank))
+    rank_zero_only.rank = rank
+    with pytest.raises(NonFiniteLossError) as err:
+        train(cfg, callbacks=[NaNLogitsOnOneRank(rank=1, at_step=2)])
+    Path(out, f"rank{rank}.txt").write_text(str(err.value))
 
 
 def _train_ddp(run_dir: Path, overrides: list[str]) -> dict:
@@ -108,6 +139,21 @@ def test_ddp_fit_test_and_resume_with_every_logger(tmp_path):
     runs = sorted((run / "wandb").glob("offline-run-*/run-*.wandb"), key=lambda p: p.stat().st_mtime)
     assert len(runs) == 2, "one W&B run file per train() of rank 0: the first run, the resume"
     assert wandb_contents(runs[-1])[1]["test/acc1"] == pytest.approx(single["test/acc1"])
+
+
+def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_it(tmp_path):
+    """Rank 1's loss NaN, rank 0's finite: both stop before the step, and each says which process had which loss
+    (rank 0's message gave its own finite loss as the non-finite one: ``non-finite training loss (2.26)``)."""
+    cfg = compose(tmp_path / "run", [*RUN, "logger=none", "trainer.max_epochs=1", "test=false"])
+    torch.multiprocessing.start_processes(
+        _nan_rank, args=(cfg, _free_port(), str(tmp_path)), nprocs=2, start_method=preloaded()
+    )
+    for rank in (0, 1):
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert message.startswith("non-finite training loss (nan on process 1 of 2) at epoch 0, global step 2:"), (
+            rank,
+            message,
+        )
 
 
 def _eval_rank(rank: int, cfgs: list, port: int) -> None:

@@ -16,10 +16,11 @@ from omegaconf import OmegaConf
 
 import vitrel
 from tests.train_helpers import CONF, FAST, TINY_SWIN, TINY_VIDEO, TINY_VIT, PoisonWeights, SendSignal, compose
+from vitrel.config import ConfigError
 from vitrel.data.base import EpochSampler
 from vitrel.train.callbacks import NonFiniteLossError
 from vitrel.train.module import ClassifierModule
-from vitrel.train.run import check_launch, train
+from vitrel.train.run import check_launch, check_spawn_ema, train
 
 POS_CONFIGS = sorted(p.stem for p in (CONF / "pos").glob("*.yaml"))
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1"]
@@ -403,7 +404,24 @@ def test_plain_ddp_under_multirun_is_refused_with_the_fix(tmp_path):
     cfg = compose(tmp_path, over, multirun=True)
     with pytest.raises(ValueError, match="cannot run under -m .* use trainer=ddp_spawn, or hydra/launcher=slurm"):
         train(cfg)
-    check_launch({"strategy": "ddp_spawn", "devices": 2, "num_nodes": 1})  # spawn is fine under -m
+    for strategy in ("ddp_spawn", "ddp_fork", "ddp_notebook"):  # processes started in the job: fine under -m
+        check_launch({"strategy": strategy, "devices": 2, "num_nodes": 1})
+
+
+def test_ema_under_a_spawning_strategy_is_refused_with_the_ways_that_work(tmp_path):
+    """timm's ModelEmaV3 holds a torch.Generator, which PyTorch cannot send to a spawned process
+    (pytorch/pytorch#146828): ``trainer=ddp_spawn module/ema=default`` died as each rank started, with
+    ``RuntimeError: unable to resize file``. It is refused before anything is built; fork and plain ddp are not."""
+    over = [*TINY_VIT, *FAST, "trainer=ddp_spawn", "trainer.accelerator=cpu", "trainer.devices=2", "logger=none"]
+    cfg = compose(tmp_path, [*over, "module/ema=default"])
+    with pytest.raises(ConfigError, match=r"module.ema cannot go with trainer.strategy=ddp_spawn: .*#146828"):
+        train(cfg)
+    assert not (tmp_path / "checkpoints").exists()
+    spawn = "trainer.strategy={_target_: lightning.pytorch.strategies.DDPStrategy, start_method: spawn}"
+    with pytest.raises(ConfigError, match=r"trainer.strategy.start_method=spawn"):
+        check_spawn_ema(compose(tmp_path, [*over, "module/ema=default", spawn]))
+    for fine in (["module/ema=default", "trainer.strategy=ddp_fork"], ["module/ema=default", "trainer=ddp"], []):
+        check_spawn_ema(compose(tmp_path, [*over, *fine]))
 
 
 def test_slurm_launcher_config_and_sweep_folder_survives_requeue(tmp_path):

@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -382,7 +383,7 @@ class NaNGuard(Callback):
         if not _any_rank(trainer, bad):
             return
         raise NonFiniteLossError(
-            f"non-finite training loss ({loss.detach().float().item()}) at epoch {trainer.current_epoch}, "
+            f"non-finite training loss ({self._bad_losses(trainer, loss)}) at epoch {trainer.current_epoch}, "
             f"global step {trainer.global_step}: training stopped before this step updated the weights; "
             f"{self._kept(trainer)}. {self._hint}"
         )
@@ -410,6 +411,16 @@ class NaNGuard(Callback):
             f"training stopped, the steps since it updated the weights; {self._kept(trainer)}. {self._hint} "
             "callbacks.nan_guard.every_n_steps=1 stops before the step (a synchronisation per step)."
         )
+
+    @staticmethod
+    def _bad_losses(trainer: L.Trainer, loss: torch.Tensor) -> str:
+        """The loss (one process), or each non-finite one with its process (every rank: the same words), e.g.
+        ``nan on process 1 of 2``: the ranks that stop with a finite loss of their own name the one that did not."""
+        value = loss.detach().float().reshape(())
+        if trainer.world_size == 1:
+            return f"{value.item()}"
+        every = trainer.strategy.all_gather(value).reshape(-1).tolist()  # a collective: every rank is here
+        return ", ".join(f"{v} on process {r} of {len(every)}" for r, v in enumerate(every) if not math.isfinite(v))
 
     _hint = "Try a lower module.optimizer.lr, clipping (trainer.gradient_clip_val) or bf16-mixed instead of 16-mixed."
 

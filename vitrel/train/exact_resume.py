@@ -76,6 +76,7 @@ class ExactResume(Callback):
         self._pending_epoch_batches: int | None = None
         self._pending_seed: int | None = None
         self._pending_rng: dict | None = None
+        self._pending_rng_ranks: list[dict] | None = None  # under DDP: each rank's RNG states, by global rank
         self._dm: Any = None
         self._dm_seed: int | None = None
 
@@ -98,8 +99,19 @@ class ExactResume(Callback):
         loader = self._loader.state_dict() if self._loader is not None else {}
         return {"loader": loader, "epoch_batches": self._epoch_batches, "rng": _rng_state(), "seed": self.seed}
 
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
+        """Under DDP, every rank's RNG states beside rank 0's (``rng_ranks``, by global rank): the ranks' streams part
+        when they draw different amounts (drop-path over a NaFlex batch's rows, which differ by rank), so each resumes
+        its own. Lightning calls this on every rank (its collective is theirs together) and writes rank 0's dict."""
+        state = checkpoint.get("callbacks", {}).get(self.state_key)
+        if trainer.world_size > 1 and state is not None:
+            ranks: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(ranks, state["rng"])
+            state["rng_ranks"] = ranks
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._pending_rng = state_dict.get("rng")
+        self._pending_rng_ranks = state_dict.get("rng_ranks")
         # vitrel 0.1.0 kept the loader position at the top level
         self._pending = state_dict.get("loader", {k: state_dict[k] for k in ("epoch", "batches") if k in state_dict})
         self._pending_epoch_batches = state_dict.get("epoch_batches")
@@ -127,8 +139,10 @@ class ExactResume(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._pending_rng is not None:
-            _set_rng_state(self._pending_rng)
-            self._pending_rng = None
+            ranks = self._pending_rng_ranks  # (a checkpoint of another number of processes: at an epoch's end)
+            own = ranks is not None and len(ranks) == trainer.world_size
+            _set_rng_state(ranks[trainer.global_rank] if own else self._pending_rng)
+            self._pending_rng = self._pending_rng_ranks = None
 
 
 class ResumePositionError(ValueError):

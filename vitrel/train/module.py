@@ -183,6 +183,7 @@ class ClassifierModule(L.LightningModule):
         self.train_loss = ImageMean()  # NaNGuard stops on a non-finite loss
         # sync_free: no input checks (torchmetrics' read the targets back to the host)
         self.train_acc1 = MulticlassAccuracy(num_classes, top_k=1, average="micro", validate_args=not self.sync_free)
+        self.train_padding = ImageMean()  # NaFlex batches: the epoch's share of padding tokens, per image
         for m in self.train_metrics.values():
             m.persistent(True)  # running totals in checkpoints: a mid-epoch resume continues the epoch's
         # the evaluation losses' epoch means as metrics (float sums of loss x images and of images, summed over the
@@ -199,7 +200,7 @@ class ClassifierModule(L.LightningModule):
     @property
     def train_metrics(self) -> dict[str, Metric]:
         """The metrics accumulated over a training epoch (kept in checkpoints)."""
-        return {"train_loss": self.train_loss, "train_acc1": self.train_acc1}
+        return {"train_loss": self.train_loss, "train_acc1": self.train_acc1, "train_padding": self.train_padding}
 
     def metric_names(self, test: bool = True) -> list[str]:
         """The names a fit of this module (and, with ``test``, its test) may put in ``trainer.callback_metrics``,
@@ -260,7 +261,14 @@ class ClassifierModule(L.LightningModule):
             self.train_loss(loss.detach(), weight=n)  # the epoch value: the mean over samples
             self.log("train/loss", self.train_loss, on_step=True, on_epoch=True, prog_bar=True, batch_size=n)
         if input_form(x) == "naflex" and "padding_fraction" in x:  # NaFlex batches: the share of padding tokens
-            self.log("train/padding", x["padding_fraction"].float(), on_step=True, on_epoch=True, batch_size=n)
+            padding = x["padding_fraction"].float()  # the epoch's mean a metric: over the ranks, kept in checkpoints
+            if self.sync_free:
+                self.train_padding.update(padding, weight=padding.new_full((), n))
+                self.log("train/padding_step", padding, on_step=True, on_epoch=False, batch_size=n)
+                self.log("train/padding_epoch", self.train_padding, on_step=False, on_epoch=True, batch_size=n)
+            else:
+                self.train_padding(padding, weight=n)
+                self.log("train/padding", self.train_padding, on_step=True, on_epoch=True, batch_size=n)
         return loss
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:

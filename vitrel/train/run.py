@@ -102,13 +102,33 @@ def check_launch(trainer_cfg: DictConfig | dict) -> None:
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     managed = SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
-    if multi and strategy.startswith("ddp") and "spawn" not in strategy and not managed and "submitit" not in launcher:
+    in_process = any(w in strategy for w in ("spawn", "fork", "notebook"))  # multiprocessing: nothing re-run
+    if multi and strategy.startswith("ddp") and not in_process and not managed and "submitit" not in launcher:
         raise ValueError(
             f"trainer.strategy={strategy} with {devices} devices cannot run under -m with Hydra's local launcher: "
             "Lightning re-launches `python train.py <same arguments>` for each extra process, so every child would "
             "run the whole sweep. Under -m use trainer=ddp_spawn, or hydra/launcher=slurm (one SLURM job per sweep "
             "point, one task per device); or run the sweep points one by one without -m."
         )
+
+
+def check_spawn_ema(cfg: DictConfig) -> None:
+    """``module.ema`` (timm's ``ModelEmaV3``) under a strategy that spawns its processes (``trainer=ddp_spawn``): the
+    EMA holds a ``torch.Generator``, which PyTorch fails to send to a spawned process (pytorch/pytorch#146828), so every
+    rank would die as it starts with ``unable to resize file``. Refuse it with the ways that work."""
+    strategy = cfg.trainer.get("strategy", "auto")
+    if isinstance(strategy, DictConfig):  # a Lightning strategy object, e.g. DDPStrategy(start_method=...)
+        method = strategy.get("start_method")
+        shown = f"trainer.strategy.start_method={method}"
+    else:
+        method, shown = ("spawn" if "spawn" in str(strategy) else None), f"trainer.strategy={strategy}"
+    if method not in ("spawn", "forkserver") or cfg.module.get("ema") is None:
+        return
+    raise ConfigError(
+        f"module.ema cannot go with {shown}: timm's ModelEmaV3 holds a torch.Generator, which PyTorch fails to send "
+        "to a spawned process (pytorch/pytorch#146828: each rank would stop at start with 'unable to resize file'); "
+        "use trainer=ddp for a single run, trainer.strategy=ddp_fork on CPU, or hydra/launcher=slurm under -m"
+    )
 
 
 def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, float]:
@@ -120,6 +140,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     check_moved_keys(cfg)  # +optim.lr=... (vitrel 0.1) would be composed and ignored
     check_resume(cfg)  # resume=true: before anything is built
     check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
+    check_spawn_ema(cfg)  # trainer=ddp_spawn module/ema=default: every rank would die as it starts
     t0 = time.time()
     route_lightning_logs()
     run_dir = run_dir_of(cfg)

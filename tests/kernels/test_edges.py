@@ -1,0 +1,81 @@
+"""Every kernel the CPU runs, through the attention layer, against the float64 equation written out:
+``proj(softmax(q k^T * scale + bias + mask) v)`` (dense, autograd for the gradients of the input and every
+parameter, the scheme's tables included), at the edges a user hits: key padding masks (NaFlex) of the documented
+shape ``[B, 1, 1, N]``."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():  # before the kernels are first imported
+    os.environ["TRITON_INTERPRET"] = "1"
+
+from vitrel import Attention  # noqa: E402
+from vitrel.kernels import get_kernel  # noqa: E402
+from vitrel.kernels.triton import interpreter_on  # noqa: E402
+
+TRITON = [pytest.param(k, marks=pytest.mark.skipif(not interpreter_on(), reason="Triton's interpreter is off"))
+          for k in ("triton", "triton_atomic")]  # fmt: skip
+
+
+def reference(layer: Attention, x: torch.Tensor, grid, mask: torch.Tensor | None) -> torch.Tensor:
+    """The layer's function in float64 from the equation (the scheme's rotation and dense bias)."""
+    b, n, c = x.shape
+    h, d = layer.num_heads, layer.head_dim
+    q, k, v = (x @ layer.qkv.weight.T + layer.qkv.bias).reshape(b, n, 3, h, d).permute(2, 0, 3, 1, 4).unbind(0)
+    st = layer.pos.prepare(grid, layer.num_prefix_tokens, x.device, x.dtype, get_kernel("eager"))
+    q, k = layer.pos.rotate(q, k, st)
+    logits = q @ k.transpose(-1, -2) * layer.scale
+    if layer.pos.has_bias:
+        logits = logits + layer.pos.bias(grid, layer.num_prefix_tokens)
+    if mask is not None:
+        logits = logits + mask
+    out = (logits.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c)
+    return out @ layer.proj.weight.T + layer.proj.bias
+
+
+def check_layer(impl, pos, grid, prefix, b, mask=None, d=8, heads=2):
+    """The layer (float32, ``impl``) against :func:`reference`: output and every gradient, relative to the
+    largest reference entry (at least 1e-2: a gradient that is zero in exact arithmetic is not divided by noise)."""
+    torch.manual_seed(0)
+    layer = Attention(d * heads, heads, pos=pos, grid=grid, num_prefix_tokens=prefix, attn_impl=impl)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    ref = copy.deepcopy(layer).double()
+    n = prefix + grid[0] * grid[1]
+    x, go = torch.randn(2, b, n, d * heads, dtype=torch.float64)
+    x64 = x.clone().requires_grad_()
+    m64 = mask
+    if mask is not None and mask.dtype == torch.bool:
+        m64 = torch.zeros(mask.shape, dtype=torch.float64).masked_fill(~mask, float("-inf"))
+    want = reference(ref, x64, grid, m64)
+    (want * go).sum().backward()
+    x32 = x.float().requires_grad_()
+    got = layer(x32, grid, mask if mask is None or mask.dtype == torch.bool else mask.float())
+    (got * go.float()).sum().backward()
+    pairs = [("out", got, want), ("dx", x32.grad, x64.grad)]
+    pairs += [(nm, p.grad, r.grad) for (nm, p), r in zip(layer.named_parameters(), ref.parameters())]
+    for name, a, r in pairs:
+        assert (a is None) == (r is None), name
+        if r is not None:
+            err = ((a.double() - r).abs().max() / r.abs().max().clamp_min(1e-2)).item()
+            assert err < 2e-5, f"{impl} {pos} {name}: {err:.2e}"
+
+
+@pytest.mark.parametrize("impl", ["eager", "sdpa", *TRITON])
+@pytest.mark.parametrize("as_bool", [False, True])
+@pytest.mark.parametrize(("grid", "prefix", "b"), [((3, 5), 1, 3), ((1, 7), 0, 1)])
+def test_key_padding_mask_equals_the_equation(impl, as_bool, grid, prefix, b):
+    """A key padding mask ``[B, 1, 1, N]`` (NaFlex: each image's padding keys masked for every query), float
+    ``-inf`` or boolean (True: attend), is the equation's for every kernel that takes masks, the fused Triton kernel
+    included (which read it as a full ``[B, N, N]`` mask before and failed on the reshape)."""
+    n = prefix + grid[0] * grid[1]
+    keep = torch.rand(b, n, generator=torch.Generator().manual_seed(1)) > 0.3
+    keep[:, 0] = True
+    mask = keep[:, None, None] if as_bool else torch.zeros(b, 1, 1, n).masked_fill(~keep[:, None, None], -torch.inf)
+    check_layer(impl, "rel2d_full", grid, prefix, b, mask)

@@ -18,6 +18,7 @@ import inspect
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from vitrel.kernels.triton.config import INTERPRETER, KernelConfig, cuda_config, default_config
 from vitrel.kernels.triton.device import check_device
@@ -162,6 +163,7 @@ class _Eager(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the kernels' gradients are not differentiated: an error, not a silently wrong second order
     def backward(ctx, dout):
         q, k, v, table, mask, tokens, blocks, out, lse = ctx.saved_tensors
         need_t = table is not None and ctx.needs_input_grad[3]

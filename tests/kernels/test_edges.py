@@ -92,3 +92,30 @@ def test_fused_kernel_refuses_a_second_derivative(impl):
     (gx,) = torch.autograd.grad(layer(x, (3, 5)).square().sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         gx.square().sum().backward()
+
+
+@pytest.mark.parametrize("impl", TRITON)
+def test_fused_kernel_refuses_float64(impl):
+    """The fused kernel computes in float32: float64 tokens came out at float32's precision (a 2e-8 output and a
+    4e-6 ``dx`` error against the float64 equation, where SDPA's are 3e-15 and 9e-15) in a float64 tensor. Now a
+    clear error, as FlexAttention's."""
+    layer = Attention(16, 2, pos="rel2d_full", grid=(3, 5), num_prefix_tokens=1, attn_impl=impl).double()
+    with pytest.raises(ValueError, match="float64"):
+        layer(torch.randn(2, 16, 16, dtype=torch.float64), (3, 5))
+
+
+def test_auto_passes_over_kernels_without_float64(monkeypatch):
+    """``auto`` on a device whose rule picks the fused kernel takes SDPA for float64 tokens (a layer, and a model's
+    shared states), the rule's kernel for float32."""
+    import vitrel
+    from vitrel.kernels import AUTO, AutoRule, registry
+    from vitrel.layout.geometry import Grid
+
+    monkeypatch.setattr(registry, "device_name", lambda device: "Test GPU")
+    monkeypatch.setitem(AUTO, "Test GPU", [AutoRule(frozenset({"rel2d_full"}), 0, "triton", training=True)])
+    layer = Attention(16, 2, pos="rel2d_full", grid=(3, 4), attn_impl="auto")
+    for dtype, want in ((torch.float32, "triton"), (torch.float64, "sdpa")):
+        x = torch.randn(1, 12, 16, dtype=dtype)
+        assert layer._state(x, (3, 4), None).impl == want
+        m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_full", img_size=16, depth=2, pos_share=True)
+        assert {st.impl for st in m.to(dtype).position_states(Grid(4, 4), x)} == {want}

@@ -52,6 +52,7 @@ class OffsetTableKernel(Kernel):
     reads = frozenset({"table", "block_mask"})
     takes_dropout = False
     native_causal = True
+    float64 = False
 
     @classmethod
     def refuses(cls, scheme):

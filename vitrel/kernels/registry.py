@@ -124,6 +124,8 @@ class Kernel:
     window_layouts: ClassVar[bool] = False
     #: ``torch.onnx`` can translate what it runs (a custom op cannot be)
     onnx: ClassVar[bool] = True
+    #: float64 inputs computed in float64 (flex and triton take float32, float16 and bfloat16 only)
+    float64: ClassVar[bool] = True
     #: rotary schemes' ``state.rope`` applied by :func:`vitrel.kernels.triton.rope.rope_rotate` (one launch for q and k)
     fused_rotation: ClassVar[bool] = False
 
@@ -219,11 +221,17 @@ def device_name(device: torch.device | str | None) -> str | None:
 
 
 def select_kernel(
-    scheme: PositionScheme, n_tokens: int, device: str | None, training: bool | None = None, dropout: bool = False
+    scheme: PositionScheme,
+    n_tokens: int,
+    device: str | None,
+    training: bool | None = None,
+    dropout: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> str:
     """``attn_impl="auto"`` on the device named ``device`` (:func:`device_name`): the first :data:`AUTO` rule of that
     device that matches (``training``: gradients computed, default :func:`torch.is_grad_enabled`), if its kernel takes
-    the scheme (and, with ``dropout``, attention dropout: ``takes_dropout``); else the first kernel that is the
+    the scheme (and, with ``dropout``, attention dropout: ``takes_dropout``; for ``dtype`` float64, float64:
+    ``Kernel.float64``); else the first kernel that is the
     scheme's own (:meth:`Kernel.default_for`); else ``sdpa``. A rule whose kernel refuses the scheme is passed over, so
     ``auto`` never picks a kernel that cannot run it: the fused Triton kernel refuses the video schemes
     (``grid_dims == 3``), which therefore get ``sdpa`` on every device until a rule names another kernel that takes
@@ -234,16 +242,23 @@ def select_kernel(
             for rule in rules:
                 if scheme.name in rule.schemes and n_tokens >= rule.fewest and (training or not rule.training):
                     kernel = _KERNELS[rule.kernel]
-                    if kernel.refuses(scheme) is None and (kernel.takes_dropout or not dropout):
+                    fits = (kernel.takes_dropout or not dropout) and (kernel.float64 or dtype != torch.float64)
+                    if kernel.refuses(scheme) is None and fits:
                         return rule.kernel
     return next((name for name, k in _KERNELS.items() if k.default_for(scheme)), "sdpa")
 
 
 def resolve(
-    impl: str, scheme: PositionScheme, n_tokens: int, device: torch.device | None, dropout: bool = False
+    impl: str,
+    scheme: PositionScheme,
+    n_tokens: int,
+    device: torch.device | None,
+    dropout: bool = False,
+    dtype: torch.dtype | None = None,
 ) -> type[Kernel]:
-    """The kernel ``impl`` names (``auto``: :func:`select_kernel`; ``dropout``: the layer drops attention weights),
-    checked against ``scheme``: a clear error naming both when the kernel cannot run it."""
+    """The kernel ``impl`` names (``auto``: :func:`select_kernel`; ``dropout``: the layer drops attention weights;
+    ``dtype``: the tokens'), checked against ``scheme``: a clear error naming both when the kernel cannot run it."""
     check_impl(impl)
-    name = select_kernel(scheme, n_tokens, device_name(device), dropout=dropout) if impl == "auto" else impl
+    auto = impl == "auto"
+    name = select_kernel(scheme, n_tokens, device_name(device), dropout=dropout, dtype=dtype) if auto else impl
     return _KERNELS[check_choice(name, scheme)]

@@ -148,10 +148,13 @@ class Attention(nn.Module):
     def attn_impl(self, impl: str) -> None:
         self._attn_impl = check_choice(impl, self.pos, self.attn_drop)
 
-    def choose_kernel(self, scheme: PositionScheme, n_tokens: int, device: torch.device | None) -> type[Kernel]:
-        """The kernel this layer runs for ``scheme`` on ``n_tokens`` tokens of ``device`` (its ``attn_impl``;
-        ``auto``: :func:`vitrel.kernels.resolve`'s choice), chosen once per forward and handed to the scheme."""
-        return resolve(self.attn_impl, scheme, n_tokens, device, self.drops_weights)
+    def choose_kernel(
+        self, scheme: PositionScheme, n_tokens: int, device: torch.device | None, dtype: torch.dtype | None = None
+    ) -> type[Kernel]:
+        """The kernel this layer runs for ``scheme`` on ``n_tokens`` tokens of ``device`` and ``dtype`` (its
+        ``attn_impl``; ``auto``: :func:`vitrel.kernels.resolve`'s choice), chosen once per forward and handed to the
+        scheme."""
+        return resolve(self.attn_impl, scheme, n_tokens, device, self.drops_weights, dtype)
 
     # ------------------------------------------------------------------------------ internals
     def _check_scheme(self, scheme: PositionScheme) -> None:
@@ -181,7 +184,7 @@ class Attention(nn.Module):
                 if pos_state.layout is not None
                 else pos_state.num_prefix_tokens + pos_state.grid.n
             )
-            kernel = self.choose_kernel(pos_state.scheme, n, x.device)
+            kernel = self.choose_kernel(pos_state.scheme, n, x.device, x.dtype)
             return pos_state.scheme.bind(pos_state, kernel, x.device, x.dtype)
         if self.pos is None:
             raise ValueError(
@@ -195,7 +198,7 @@ class Attention(nn.Module):
         else:
             grid = as_grid(grid)
             n = self.num_prefix_tokens + grid.n
-        kernel = self.choose_kernel(self.pos, n, x.device)
+        kernel = self.choose_kernel(self.pos, n, x.device, x.dtype)
         return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, kernel)
 
     def _qkv(self, x: Tensor, st: PosState) -> tuple[Tensor, Tensor, Tensor]:

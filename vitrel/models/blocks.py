@@ -289,7 +289,7 @@ def prepare_state(
     """``scheme.prepare`` for tokens like ``like`` (their device and dtype) and the kernel of ``attn_impl`` ``impl``
     (:func:`vitrel.kernels.resolve`; ``dropout``: the attention drops weights). ``grid``: a grid or a
     :class:`~vitrel.layout.tokens.TokenLayout`."""
-    kernel = resolve(impl, scheme, _num_tokens(grid, num_prefix_tokens), like.device, dropout)
+    kernel = resolve(impl, scheme, _num_tokens(grid, num_prefix_tokens), like.device, dropout, like.dtype)
     return scheme.prepare(grid, num_prefix_tokens, like.device, like.dtype, kernel)
 
 
@@ -302,7 +302,7 @@ def prepare_states(
     (:meth:`PositionScheme.prepare_all`: runs of schemes of one class and kernel prepared together, RoPE-Mixed computes
     every block's cos/sin in one product). ``grid``: a grid or a :class:`~vitrel.layout.tokens.TokenLayout`."""
     n = _num_tokens(grid, num_prefix_tokens)
-    kernels = [resolve(impl, s, n, like.device, dropout) for s, impl in zip(schemes, impls, strict=True)]
+    kernels = [resolve(impl, s, n, like.device, dropout, like.dtype) for s, impl in zip(schemes, impls, strict=True)]
     return PositionScheme.prepare_all(schemes, grid, num_prefix_tokens, like.device, like.dtype, kernels)
 
 

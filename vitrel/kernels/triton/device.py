@@ -17,7 +17,13 @@ def interpreter_on() -> bool:
 
 def check_device(device: torch.device, dtype: torch.dtype | None = None) -> None:
     """Raise unless the Triton kernels can run on ``device``: CUDA, or CPU with ``TRITON_INTERPRET=1`` where ``dtype``
-    (the inputs', for kernels with products) is not bfloat16, whose ``tl.dot`` the interpreter computes wrongly."""
+    (the inputs', for kernels with products) is not bfloat16, whose ``tl.dot`` the interpreter computes wrongly; never
+    float64 ``dtype``, which the kernels would compute in float32."""
+    if dtype == torch.float64:
+        raise ValueError(
+            "attn_impl='triton' computes in float32 (its products and softmax), not float64: use attn_impl='sdpa' or "
+            "'eager' for float64, or 'auto', which picks one of them"
+        )
     if device.type == "cuda":
         return
     if device.type == "cpu" and interpreter_on():

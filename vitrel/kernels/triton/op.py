@@ -18,6 +18,7 @@ import inspect
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from vitrel.kernels.triton.config import INTERPRETER, KernelConfig, cuda_config, default_config
 from vitrel.kernels.triton.device import check_device
@@ -162,6 +163,7 @@ class _Eager(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # the kernels' gradients are not differentiated: an error, not a silently wrong second order
     def backward(ctx, dout):
         q, k, v, table, mask, tokens, blocks, out, lse = ctx.saved_tensors
         need_t = table is not None and ctx.needs_input_grad[3]
@@ -192,8 +194,9 @@ def rel_bias_attention(
 
     ``table`` ``[heads, 2 GH - 1, 2 GW - 1]`` (any float dtype: read and differentiated in float32; ``-inf`` entries
     mask their pairs) or None; ``grid`` ``(GH, GW)`` with ``N = num_prefix_tokens + GH GW``; ``mask`` ``[Mb, N, N]``
-    additive, or ``regions`` ``[Mb, N]`` integer region ids (a token sees the tokens of its region only: a batch of
-    windows' layout, :meth:`~vitrel.layout.tokens.TokenLayout.windows`); batch ``b`` reads row ``b % Mb``.
+    additive (``[Mb, 1, N]``: a key mask, the same for every query), or ``regions`` ``[Mb, N]`` integer region ids
+    (a token sees the tokens of its region only: a batch of windows' layout,
+    :meth:`~vitrel.layout.tokens.TokenLayout.windows`); batch ``b`` reads row ``b % Mb``.
 
     ``tokens`` ``[B, 4, N]`` (integers: each token's segment, row, column and table group; :func:`layout_tokens`)
     lays out packed images instead (a token layout, :mod:`vitrel.layout.tokens`): a token attends to the tokens of its
@@ -261,7 +264,9 @@ def _op_args(
     if mask is not None and regions is not None:
         raise ValueError("rel_bias_attention: pass a float mask or regions, not both")
     if mask is not None:
-        mask = mask.reshape(-1, n, n).float().contiguous()
+        if mask.dim() < 2 or mask.shape[-1] != n or mask.shape[-2] not in (1, n):
+            raise ValueError(f"rel_bias_attention: mask must be [Mb, N | 1, N] for N = {n}, got {tuple(mask.shape)}")
+        mask = mask.expand(*mask.shape[:-2], n, n).reshape(-1, n, n).float().contiguous()  # a key mask to its rows
     elif regions is not None:
         if regions.dim() != 2 or regions.shape[1] != n or regions.is_floating_point():
             raise ValueError(f"rel_bias_attention: regions must be integers [Mb, {n}], got {tuple(regions.shape)}")

@@ -43,3 +43,16 @@ def run(target, *args, timeout: float = 300) -> None:
         proc.join()
         raise AssertionError(f"{target.__name__}{args} did not end within {timeout} s")
     assert proc.exitcode == 0, f"{target.__name__}{args} failed (exit code {proc.exitcode}; its error is above)"
+
+
+def run_ranks(target, *args, nprocs: int = 2) -> None:
+    """``target(rank, port, *args)`` in ``nprocs`` processes forked from the server (``torch.multiprocessing``), with a
+    free local port for their process group (``MASTER_PORT``), waited for."""
+    import socket
+
+    import torch.multiprocessing
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torch.multiprocessing.start_processes(target, args=(port, *args), nprocs=nprocs, start_method=preloaded())

@@ -10,13 +10,12 @@ checks the whole path (``train.py`` killed and resumed)."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from tests.preloaded import preloaded
+from tests.preloaded import run_ranks
 from vitrel.train.module import ClassifierModule
 
 # each rank's batches of one epoch: (loss, logits, targets); the checkpoint falls after the first two
@@ -59,11 +58,8 @@ def _rank(rank: int, port: int, ckpt: str, out: str) -> None:
 
 
 def test_a_ddp_resume_ends_the_epoch_with_the_uninterrupted_metrics(tmp_path: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ckpt, out = tmp_path / "last.ckpt", tmp_path / "metrics.pt"
-    torch.multiprocessing.start_processes(_rank, args=(port, str(ckpt), str(out)), nprocs=2, start_method=preloaded())
+    run_ranks(_rank, str(ckpt), str(out))
     loss, acc1 = torch.load(out)
 
     # the uninterrupted epoch, from the equation: image-weighted mean loss and top-1 over every batch of both ranks

@@ -11,13 +11,12 @@ as the first resumed batch starts)."""
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-from tests.preloaded import preloaded
+from tests.preloaded import run_ranks
 from vitrel.train.exact_resume import ExactResume
 
 
@@ -46,11 +45,8 @@ def _rank(rank: int, port: int, ckpt: str, out: str) -> None:
 
 
 def test_each_ddp_rank_resumes_its_own_rng_states(tmp_path: Path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     ckpt, out = tmp_path / "last.ckpt", tmp_path / "draws.pt"
-    torch.multiprocessing.start_processes(_rank, args=(port, str(ckpt), str(out)), nprocs=2, start_method=preloaded())
+    run_ranks(_rank, str(ckpt), str(out))
     for rank in (0, 1):
         draws = torch.load(f"{out}.{rank}")
         assert torch.equal(draws["resumed"], draws["uninterrupted"]), rank

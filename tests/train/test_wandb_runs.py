@@ -4,6 +4,7 @@ line says of the W&B run: none when W&B is disabled, every offline part of a res
 from __future__ import annotations
 
 from tests.train_helpers import FAST, TINY_VIT, compose
+from vitrel.train.loggers import offline_parts
 from vitrel.train.run import train
 
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
@@ -41,8 +42,8 @@ def test_resumed_offline_run_uploads_every_part(tmp_path, capsys, monkeypatch):
     capsys.readouterr()
     train(compose(tmp_path, [*over, "trainer.max_epochs=2"]))
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    parts = sorted((tmp_path / "wandb").glob("offline-run-*"))
-    assert len(parts) == 2 and len({p.name.rsplit("-", 1)[1] for p in parts}) == 1, parts  # one id, two folders
+    parts = offline_parts(tmp_path / "wandb", (tmp_path / "wandb_run_id").read_text())
+    assert len(parts) == 2 and sorted((tmp_path / "wandb").glob("offline-run-*")) == sorted(parts), parts
     assert last == f"W&B run     {parts[1]} (offline, 2 parts; upload with: wandb sync {parts[0]} {parts[1]})"
 
 
@@ -56,7 +57,7 @@ def test_run_started_over_in_its_folder_is_a_new_wandb_run(tmp_path, monkeypatch
     for extra in ([], ["resume=false"], ["trainer.max_epochs=2"]):
         train(compose(tmp_path, [*over, *extra]))
         ids.append((tmp_path / "wandb_run_id").read_text())
-        assert (tmp_path / "wandb" / "latest-run").resolve().name.endswith(f"-{ids[-1]}")
+        assert (tmp_path / "wandb" / "latest-run").resolve() in offline_parts(tmp_path / "wandb", ids[-1])
     assert ids[0] != ids[1] and ids[2] == ids[1], ids  # started over: a new run; resumed: the same
 
 
@@ -78,3 +79,14 @@ def test_run_started_over_in_its_folder_hides_the_earlier_tensorboard_events(tmp
     got = [(e.step, e.value) for e in ea.Scalars("train/loss_step")]
     assert [s for s, _ in got] == [0, 1] and [s for s, _ in want] == [0, 1], (got, want)
     assert all(abs(g - w) < 1e-6 for (_, g), (_, w) in zip(got, want)), (got, want)  # the second run's, not the first's
+
+
+def test_offline_parts_of_one_second_are_all_found_in_order(tmp_path):
+    """W&B names a second offline folder of a run started within the same second ``offline-run-<time>-<id>-1``: a
+    resume that fast (the CI machine) is still one run's parts, oldest first; another id is not."""
+    names = ["20261201_112534-abc", "20261201_112534-abc-1", "20261201_112533-abc", "20261201_112534-abcd"]
+    names += ["20261201_112534-abc-10", "20261201_112534-abc-2"]
+    for n in names:
+        (tmp_path / f"offline-run-{n}").mkdir()
+    got = [p.name[len("offline-run-") :] for p in offline_parts(tmp_path, "abc")]
+    assert got == ["20261201_112533-abc", "20261201_112534-abc", *(f"20261201_112534-abc-{k}" for k in (1, 2, 10))]

@@ -24,9 +24,9 @@ While the run goes on: :func:`adopt_csv_columns` before its test (``ddp_spawn``)
 from __future__ import annotations
 
 import csv
-import glob
 import netrc
 import os
+import re
 import secrets
 import warnings
 from collections.abc import Sequence
@@ -43,6 +43,7 @@ __all__ = [
     "csv_logger",
     "tensorboard_logger",
     "wandb_logger",
+    "offline_parts",
     "RunFolderWandbLogger",
     "wandb_mode",
     "adopt_csv_columns",
@@ -215,6 +216,15 @@ def adopt_csv_columns(loggers: Sequence[Logger]) -> None:
                 w.metrics_keys = sorted(set(w.metrics_keys) | set(header))
 
 
+def offline_parts(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The offline folders of W&B run ``run_id`` under ``wandb_dir``, oldest first: ``offline-run-<time>-<id>``
+    (``<time>``: ``YYYYMMDD_HHMMSS``), and ``-<id>-<k>`` for the k-th more that started within the same second (W&B's
+    name for it)."""
+    name = re.compile(rf"offline-run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?")
+    found = [(m, p) for p in wandb_dir.glob("offline-run-*") if (m := name.fullmatch(p.name))]
+    return [p for m, p in sorted(found, key=lambda mp: (mp[0][1], int(mp[0][2] or 0)))]
+
+
 def wandb_where(loggers: Sequence[Logger]) -> str | None:
     """Where the W&B run is: its offline folder (and how to upload it), or its URL; None without W&B or with W&B
     disabled (``mode=disabled``: nothing written).
@@ -229,8 +239,7 @@ def wandb_where(loggers: Sequence[Logger]) -> str | None:
                 return None
             folder = Path(run.dir).parent  # <save_dir>/wandb/<offline-run-...>/files
             if getattr(run.settings, "_offline", False) or run.settings.mode == "offline":
-                # (offline-run-<YYYYMMDD_HHMMSS>-<id>: sorted by name is oldest first)
-                parts = sorted(folder.parent.glob(f"offline-run-*-{glob.escape(run.id)}")) or [folder]
+                parts = offline_parts(folder.parent, run.id) or [folder]
                 counted = f", {len(parts)} parts" if len(parts) > 1 else ""
                 return f"{folder} (offline{counted}; upload with: wandb sync {' '.join(map(str, parts))})"
             return str(run.url or folder)

@@ -272,10 +272,8 @@ class SwinBody:
 
     @attn_impl.setter
     def attn_impl(self, impl: str) -> None:
-        for stage in self.layers:
-            check_choice(impl, stage.rel_pos)
-            for blk in stage.blocks:
-                check_choice(impl, blk.attn.pos, blk.attn.attn_drop)
+        for stage in self.layers:  # every stage checked before any is changed
+            stage.check_attn_impl(impl)
         for stage in self.layers:
             stage.attn_impl = impl
         self._attn_impl = impl

@@ -316,11 +316,15 @@ class BlockImpls:
     def attn_impl(self) -> str:
         return self._attn_impl
 
+    def check_attn_impl(self, impl: str) -> None:
+        """Raise unless the shared scheme and every block can run kernel ``impl`` (nothing is changed)."""
+        check_choice(impl, self.rel_pos)
+        for blk in self.blocks:
+            check_choice(impl, blk.attn.pos, blk.attn.attn_drop)
+
     @attn_impl.setter
     def attn_impl(self, impl: str) -> None:
-        check_choice(impl, self.rel_pos)
-        for blk in self.blocks:  # every block checked before any is changed
-            check_choice(impl, blk.attn.pos, blk.attn.attn_drop)
+        self.check_attn_impl(impl)  # every block checked before any is changed
         for blk in self.blocks:
             blk.attn.attn_impl = impl
         self._attn_impl = impl

@@ -7,13 +7,14 @@ it), so the GPUs' choices are enumerated here without one; nothing runs at the s
 from __future__ import annotations
 
 import itertools
+import re
 
 import pytest
 import torch
 
 from vitrel import Attention
-from vitrel.kernels import AUTO, get_kernel
-from vitrel.kernels.registry import select_kernel, takes_call
+from vitrel.kernels import AUTO, get_kernel, list_kernels
+from vitrel.kernels.registry import check_choice, select_kernel, takes_call
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout
 from vitrel.pos import build_pos, get_pos_class, list_pos
@@ -179,6 +180,53 @@ def test_a_kernel_refuses_exactly_the_calls_it_declares(impl):
             ref = Attention(HEADS * HEAD_DIM, HEADS, attn_impl="eager", **kw)
             ref.load_state_dict(a.state_dict())
             torch.testing.assert_close(out, ref(x, grid, mask), rtol=1e-4, atol=1e-5, msg=str(where))
+
+
+# ---- a named kernel's refusals: one line, naming kernels that take the call
+def _named(message: str) -> list[str]:
+    """The kernels (and ``auto``) a refusal tells the user to use: the quoted names after its last ``use``."""
+    tail = message.rsplit("use ", 1)[-1]
+    return [n for n in re.findall(r"'(\w+)'", tail) if n == "auto" or n in list_kernels()]
+
+
+def _check_message(message: str, s, **case) -> None:
+    assert "\n" not in message and message.startswith("attn_impl="), message
+    names = _named(message)
+    assert names, message
+    for name in names:
+        if name == "auto":
+            picks = [select_kernel(s, n, d, t, **case) for n in SIZES for d in DEVICES for t in (False, True)]
+            assert all(takes_call(get_kernel(p), s, **case) for p in picks), (message, picks)
+        else:
+            assert takes_call(get_kernel(name), s, **case), (message, name)
+
+
+@pytest.mark.parametrize("impl", list_kernels())
+def test_a_named_kernels_refusal_is_one_line_naming_kernels_that_take_the_call(impl):
+    """For every scheme: the kernel's refusal of the scheme, of attention dropout and of the call's inputs (a mask per
+    head, causal attention on a layout) is one line, and every kernel it names (``auto`` on every device) takes the
+    call."""
+    kernel = get_kernel(impl)
+    head = _mask("head", 2, 12, torch.float32)
+    for name, s in SCHEMES.items():
+        why = kernel.refuses(s)
+        if why is not None:
+            assert name in why, why
+            _check_message(why, s)
+            continue
+        if not kernel.takes_dropout:
+            with pytest.raises(ValueError) as err:
+                check_choice(impl, s, attn_drop=0.1)
+            _check_message(str(err.value), s, dropout=True)
+        for case in (dict(mask=head), dict(causal=True, layout=True)):
+            why = kernel.refuses_inputs(**case)
+            if why is not None:
+                _check_message(why, s, **case)
+    if not kernel.float64:  # (said where it runs: the fused kernel's device check, FlexAttention's call)
+        a = Attention(HEADS * HEAD_DIM, HEADS, pos="rel2d_full", grid=GRID, attn_impl=impl).double()
+        with pytest.raises(ValueError) as err, torch.no_grad():
+            a(torch.randn(1, GRID.n, HEADS * HEAD_DIM, dtype=torch.float64), GRID)
+        _check_message(str(err.value), SCHEMES["rel2d_full"], dtype=torch.float64)
 
 
 def test_a_layer_under_auto_chooses_for_the_call_it_is_given(monkeypatch):

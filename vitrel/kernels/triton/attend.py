@@ -34,7 +34,7 @@ class TritonKernel(OffsetTableKernel):
     @classmethod
     def refuses(cls, scheme):
         if scheme.grid_dims == 3 and scheme.has_bias:  # (rotary video schemes run: no table, a (T*H) x W raster)
-            return video_refusal(cls.name, f"the video scheme {scheme.name}")
+            return video_refusal(cls.name, f"the video scheme {scheme.name}", scheme)
         if scheme.head_dim > MAX_HEAD_DIM:
             return (
                 f"attn_impl={cls.name!r} takes head dims up to {MAX_HEAD_DIM}, {scheme.name} is built for "
@@ -62,7 +62,7 @@ class TritonKernel(OffsetTableKernel):
     @classmethod
     def inputs(cls, scheme, grid, num_prefix_tokens):
         if isinstance(grid, Grid3) and scheme.has_bias:
-            raise ValueError(video_refusal(cls.name, f"the video grid {grid_str(grid)}"))
+            raise ValueError(video_refusal(cls.name, f"the video grid {grid_str(grid)}", scheme))
         return super().inputs(scheme, grid, num_prefix_tokens)
 
     @classmethod

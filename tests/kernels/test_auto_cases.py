@@ -203,12 +203,13 @@ def _check_message(message: str, s, **case) -> None:
 
 @pytest.mark.parametrize("impl", list_kernels())
 def test_a_named_kernels_refusal_is_one_line_naming_kernels_that_take_the_call(impl):
-    """For every scheme: the kernel's refusal of the scheme, of attention dropout and of the call's inputs (a mask per
-    head, causal attention on a layout) is one line, and every kernel it names (``auto`` on every device) takes the
-    call."""
+    """For every scheme (at head dim 8, and at 256, above the fused kernel's): the kernel's refusal of the scheme, of
+    attention dropout and of the call's inputs (a mask per head, causal attention on a layout) is one line, and every
+    kernel it names (``auto`` on every device) takes the call."""
     kernel = get_kernel(impl)
     head = _mask("head", 2, 12, torch.float32)
-    for name, s in SCHEMES.items():
+    wide = {n: build_pos(n, num_heads=HEADS, head_dim=256, grid=s.grid) for n, s in SCHEMES.items()}
+    for name, s in [*SCHEMES.items(), *wide.items()]:
         why = kernel.refuses(s)
         if why is not None:
             assert name in why, why

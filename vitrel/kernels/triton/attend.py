@@ -35,12 +35,13 @@ class TritonKernel(OffsetTableKernel):
     def refuses(cls, scheme):
         if scheme.grid_dims == 3 and scheme.has_bias:  # (rotary video schemes run: no table, a (T*H) x W raster)
             return video_refusal(cls.name, f"the video scheme {scheme.name}", scheme)
-        if scheme.head_dim > MAX_HEAD_DIM:
-            return (
+        reason = super().refuses(scheme)  # (first: what it names, sdpa, refuses Shaw's schemes)
+        if reason is None and scheme.head_dim > MAX_HEAD_DIM:
+            reason = (
                 f"attn_impl={cls.name!r} takes head dims up to {MAX_HEAD_DIM}, {scheme.name} is built for "
-                f"{scheme.head_dim}: use attn_impl='sdpa'"
+                f"{scheme.head_dim}: use attn_impl='sdpa' or 'auto'"
             )
-        return super().refuses(scheme)
+        return reason
 
     @classmethod
     def refuses_inputs(cls, mask=None, causal=False, layout=False):

@@ -122,10 +122,11 @@ def test_triton_refuses_video_schemes_and_grids_before_any_work(monkeypatch, nam
         raise AssertionError("the fused kernel ran")
 
     monkeypatch.setattr(attend, "rel_bias_attention", no_work)
-    pattern = r"attn_impl='triton' takes biases on image grids \(H, W\) only.*'sdpa', 'flex', or 'fold'"
+    pattern = r"attn_impl='triton' takes biases on image grids \(H, W\) only.*'sdpa', 'flex'"
     with pytest.raises(ValueError, match=pattern) as err:
         Attention(24, 3, pos=name, grid=GRID, attn_impl="triton")
     assert f"the video scheme {name}" in str(err.value)
+    assert ("'fold'" in str(err.value)) == (name == "rel3d_factored")  # (the one that factors)
     s = build_pos(name, num_heads=3, head_dim=8, grid=GRID)
     for impl in ("triton", "triton_atomic"):
         with pytest.raises(ValueError, match=f"attn_impl='{impl}' takes biases on image grids"):

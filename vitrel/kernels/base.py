@@ -10,7 +10,7 @@ from vitrel.kernels.registry import Kernel
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout, stack_tables
 
-__all__ = ["OffsetTableKernel", "table_refusal", "token_terms_refusal", "video_refusal"]
+__all__ = ["OffsetTableKernel", "content_refusal", "table_refusal", "token_terms_refusal", "video_refusal"]
 
 
 def token_terms_refusal(kernel: str, scheme, lacks: str) -> str | None:
@@ -25,22 +25,34 @@ def token_terms_refusal(kernel: str, scheme, lacks: str) -> str | None:
     )
 
 
-def video_refusal(kernel: str, what: str) -> str:
-    """Why a kernel that reads 2-D offset tables only (triton) cannot run ``what`` (a video bias scheme or grid)."""
+def video_refusal(kernel: str, what: str, scheme) -> str:
+    """Why a kernel that reads 2-D offset tables only (triton) cannot run ``what`` (``scheme``, a video bias scheme,
+    or a video grid of it)."""
+    fold = ", 'fold'" if scheme.has_bias_factors else ""
     return (
         f"attn_impl={kernel!r} takes biases on image grids (H, W) only (its fused kernel reads a 2-D offset table), "
-        f"not {what}: "
-        "use attn_impl='sdpa', 'flex', or 'fold' (rel3d_factored), or 'auto'"
+        f"not {what}: use attn_impl='sdpa', 'flex'{fold} or 'auto'"
+    )
+
+
+def content_refusal(kernel: str, scheme, lacks: str) -> str | None:
+    """Why a kernel cannot run ``scheme`` when the scheme has content terms (Shaw's, which only ``shaw`` and ``eager``
+    compute), or None. ``lacks``: what such a scheme has none of, e.g. ``"no such table"``."""
+    if not scheme.has_content_terms:
+        return None
+    return (
+        f"attn_impl={kernel!r}: {scheme.name} has {lacks} (its content terms q_i . r_ij, sum_j a_ij r_ij are "
+        "computed by Shaw's own kernel): use attn_impl='shaw' (what 'auto' picks) or 'eager'"
     )
 
 
 def table_refusal(kernel: str, scheme) -> str | None:
     """Why a kernel that reads the bias by offset cannot run ``scheme`` (flex, triton), or None."""
-    refusal = token_terms_refusal(kernel, scheme, "no offset table")
-    if refusal is None and (scheme.has_content_terms or (scheme.has_bias and not scheme.has_offset_table)):
+    refusal = token_terms_refusal(kernel, scheme, "no offset table") or content_refusal(kernel, scheme, "no such table")
+    if refusal is None and scheme.has_bias and not scheme.has_offset_table:
         refusal = (
             f"attn_impl={kernel!r} reads the bias by offset from the scheme's table; {scheme.name} has no such "
-            "table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa'"
+            "table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa' or 'auto'"
         )
     return refusal
 

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
 
-from vitrel.kernels.base import OffsetTableKernel, token_terms_refusal  # noqa: F401 (re-exported: fold)
+from vitrel.kernels.base import OffsetTableKernel
 from vitrel.kernels.registry import register_kernel
 from vitrel.layout.geometry import Grid, Grid3
 from vitrel.layout.tokens import TokenLayout

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitrel.kernels.base import content_refusal, token_terms_refusal
 from vitrel.kernels.common import merge_masks, sdpa_padded
-from vitrel.kernels.flex import token_terms_refusal
 from vitrel.kernels.registry import Kernel, register_kernel
 from vitrel.layout.tokens import gather_tokens
 
@@ -34,6 +34,7 @@ class FoldKernel(Kernel):
     @classmethod
     def refuses(cls, scheme):
         refusal = token_terms_refusal(cls.name, scheme, "no fixed factors")
+        refusal = refusal or content_refusal(cls.name, scheme, "no such bias")
         if refusal is None and not scheme.has_bias_factors:
             refusal = (
                 f"attn_impl='fold' folds a bias that factors into the queries and keys; {scheme.name} has no such "

@@ -15,6 +15,8 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
   mask it lowers to, repeated to the batch), ``onnx`` (what it runs translates to ONNX), ``fused_rotation`` (a rotary
   scheme's queries and keys are rotated by the fused Triton rotation, :mod:`vitrel.kernels.triton.rope`, instead of
   the scheme's torch ops);
+* which inputs of a call it takes beyond the scheme: :meth:`Kernel.refuses_inputs` (the mask a layer is called with,
+  causal attention on a token layout);
 * how it attends: :meth:`Kernel.attend`.
 
 ``attn_impl`` is a kernel's name or ``auto``: :func:`select_kernel` reads :data:`AUTO` (per device, decided by
@@ -49,6 +51,7 @@ __all__ = [
     "register_kernel",
     "resolve",
     "select_kernel",
+    "takes_call",
 ]
 
 _KERNELS: dict[str, type[Kernel]] = {}
@@ -132,6 +135,15 @@ class Kernel:
     @classmethod
     def refuses(cls, scheme: PositionScheme) -> str | None:
         """Why this kernel cannot run ``scheme`` (a sentence naming both, and what to use instead), or None."""
+        return None
+
+    @classmethod
+    def refuses_inputs(
+        cls, mask: Tensor | TokenLayout | None = None, causal: bool = False, layout: bool = False
+    ) -> str | None:
+        """Why this kernel cannot take a call's ``mask`` (what a layer is called with: a tensor broadcastable to
+        ``[B, heads, N, N]``, a window mask ``[nW, N, N]``, the windows' layout) or causal attention (``causal``) on a
+        token layout (``layout``: packed or token-dropped images): a sentence naming the kernels that can, or None."""
         return None
 
     @classmethod
@@ -220,6 +232,27 @@ def device_name(device: torch.device | str | None) -> str | None:
     return torch.cuda.get_device_properties(device).name
 
 
+def takes_call(
+    kernel: type[Kernel],
+    scheme: PositionScheme,
+    dropout: bool = False,
+    dtype: torch.dtype | None = None,
+    mask: Tensor | TokenLayout | None = None,
+    causal: bool = False,
+    layout: bool = False,
+) -> bool:
+    """Whether ``kernel`` runs this call, by what it declares: the scheme (:meth:`Kernel.refuses`), attention dropout
+    (``takes_dropout``), float64 tokens (``Kernel.float64``), a token layout (``takes_layout``) and the call's other
+    inputs (:meth:`Kernel.refuses_inputs`)."""
+    return (
+        kernel.refuses(scheme) is None
+        and (kernel.takes_dropout or not dropout)
+        and (kernel.float64 or dtype != torch.float64)
+        and (kernel.takes_layout or not layout)
+        and kernel.refuses_inputs(mask, causal, layout) is None
+    )
+
+
 def select_kernel(
     scheme: PositionScheme,
     n_tokens: int,
@@ -227,23 +260,25 @@ def select_kernel(
     training: bool | None = None,
     dropout: bool = False,
     dtype: torch.dtype | None = None,
+    mask: Tensor | TokenLayout | None = None,
+    causal: bool = False,
+    layout: bool = False,
 ) -> str:
     """``attn_impl="auto"`` on the device named ``device`` (:func:`device_name`): the first :data:`AUTO` rule of that
     device that matches (``training``: gradients computed, default :func:`torch.is_grad_enabled`), if its kernel takes
-    the scheme (and, with ``dropout``, attention dropout: ``takes_dropout``; for ``dtype`` float64, float64:
-    ``Kernel.float64``); else the first kernel that is the
-    scheme's own (:meth:`Kernel.default_for`); else ``sdpa``. A rule whose kernel refuses the scheme is passed over, so
-    ``auto`` never picks a kernel that cannot run it: the fused Triton kernel refuses the video schemes
+    the call (:func:`takes_call`: the scheme; with ``dropout``, attention dropout; tokens of ``dtype``; the ``mask``
+    the layer is called with; ``causal`` attention; a token ``layout``); else the first kernel that is the scheme's
+    own (:meth:`Kernel.default_for`); else ``sdpa``. A rule whose kernel cannot take the call is passed over, so
+    ``auto`` never picks a kernel that refuses it: the fused Triton kernel refuses the video schemes
     (``grid_dims == 3``), which therefore get ``sdpa`` on every device until a rule names another kernel that takes
-    them (``flex``, ``fold``); on the CPU (``device`` None) every scheme gets ``sdpa`` or its own kernel."""
+    them (``flex``, ``fold``), and masks that differ per head, which get ``sdpa`` (or ``fold``) instead; on the CPU
+    (``device`` None) every scheme gets ``sdpa`` or its own kernel."""
     training = torch.is_grad_enabled() if training is None else training
     for key, rules in AUTO.items():
         if device is not None and key in device:
             for rule in rules:
                 if scheme.name in rule.schemes and n_tokens >= rule.fewest and (training or not rule.training):
-                    kernel = _KERNELS[rule.kernel]
-                    fits = (kernel.takes_dropout or not dropout) and (kernel.float64 or dtype != torch.float64)
-                    if kernel.refuses(scheme) is None and fits:
+                    if takes_call(_KERNELS[rule.kernel], scheme, dropout, dtype, mask, causal, layout):
                         return rule.kernel
     return next((name for name, k in _KERNELS.items() if k.default_for(scheme)), "sdpa")
 
@@ -255,10 +290,19 @@ def resolve(
     device: torch.device | None,
     dropout: bool = False,
     dtype: torch.dtype | None = None,
+    mask: Tensor | TokenLayout | None = None,
+    causal: bool = False,
+    layout: bool = False,
 ) -> type[Kernel]:
     """The kernel ``impl`` names (``auto``: :func:`select_kernel`; ``dropout``: the layer drops attention weights;
-    ``dtype``: the tokens'), checked against ``scheme``: a clear error naming both when the kernel cannot run it."""
+    ``dtype``: the tokens'; ``mask``, ``causal``, ``layout``: the call's, :meth:`Kernel.refuses_inputs`), checked
+    against ``scheme`` and the call's inputs: a clear error naming the kernels that can run them when it cannot."""
     check_impl(impl)
     auto = impl == "auto"
-    name = select_kernel(scheme, n_tokens, device_name(device), dropout=dropout, dtype=dtype) if auto else impl
-    return _KERNELS[check_choice(name, scheme)]
+    case = dict(dropout=dropout, dtype=dtype, mask=mask, causal=causal, layout=layout)
+    name = select_kernel(scheme, n_tokens, device_name(device), **case) if auto else impl
+    kernel = _KERNELS[check_choice(name, scheme)]
+    reason = kernel.refuses_inputs(mask, causal, layout)
+    if reason is not None:
+        raise ValueError(reason)
+    return kernel

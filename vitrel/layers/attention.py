@@ -149,12 +149,19 @@ class Attention(nn.Module):
         self._attn_impl = check_choice(impl, self.pos, self.attn_drop)
 
     def choose_kernel(
-        self, scheme: PositionScheme, n_tokens: int, device: torch.device | None, dtype: torch.dtype | None = None
+        self,
+        scheme: PositionScheme,
+        n_tokens: int,
+        device: torch.device | None,
+        dtype: torch.dtype | None = None,
+        mask: Tensor | TokenLayout | None = None,
+        layout: bool = False,
     ) -> type[Kernel]:
-        """The kernel this layer runs for ``scheme`` on ``n_tokens`` tokens of ``device`` and ``dtype`` (its
-        ``attn_impl``; ``auto``: :func:`vitrel.kernels.resolve`'s choice), chosen once per forward and handed to the
-        scheme."""
-        return resolve(self.attn_impl, scheme, n_tokens, device, self.drops_weights, dtype)
+        """The kernel this layer runs for ``scheme`` on ``n_tokens`` tokens of ``device`` and ``dtype``, called with
+        ``mask``, on a token ``layout`` or not (its ``attn_impl``; ``auto``: :func:`vitrel.kernels.resolve`'s choice,
+        a kernel that takes them), chosen once per forward and handed to the scheme."""
+        case = dict(mask=mask, causal=self.causal, layout=layout)
+        return resolve(self.attn_impl, scheme, n_tokens, device, self.drops_weights, dtype, **case)
 
     # ------------------------------------------------------------------------------ internals
     def _check_scheme(self, scheme: PositionScheme) -> None:
@@ -170,9 +177,11 @@ class Attention(nn.Module):
         with attention dropout (:meth:`~vitrel.pos.base.PositionScheme.prepare`'s ``dropout``)."""
         return self.training and self.attn_drop > 0
 
-    def _state(self, x: Tensor, grid: Any, pos_state: PosState | None) -> PosState:
+    def _state(
+        self, x: Tensor, grid: Any, pos_state: PosState | None, mask: Tensor | TokenLayout | None = None
+    ) -> PosState:
         """``pos_state`` as given (it carries the grid and prefix count it was prepared for), or this layer's
-        scheme prepared for ``grid``."""
+        scheme prepared for ``grid``; for a kernel that takes ``mask`` (the forward's)."""
         if pos_state is not None:
             if grid is not None:
                 raise ValueError(
@@ -184,7 +193,7 @@ class Attention(nn.Module):
                 if pos_state.layout is not None
                 else pos_state.num_prefix_tokens + pos_state.grid.n
             )
-            kernel = self.choose_kernel(pos_state.scheme, n, x.device, x.dtype)
+            kernel = self.choose_kernel(pos_state.scheme, n, x.device, x.dtype, mask, pos_state.layout is not None)
             return pos_state.scheme.bind(pos_state, kernel, x.device, x.dtype)
         if self.pos is None:
             raise ValueError(
@@ -198,7 +207,7 @@ class Attention(nn.Module):
         else:
             grid = as_grid(grid)
             n = self.num_prefix_tokens + grid.n
-        kernel = self.choose_kernel(self.pos, n, x.device, x.dtype)
+        kernel = self.choose_kernel(self.pos, n, x.device, x.dtype, mask, isinstance(grid, TokenLayout))
         return self.pos.prepare(grid, self.num_prefix_tokens, x.device, x.dtype, kernel)
 
     def _qkv(self, x: Tensor, st: PosState) -> tuple[Tensor, Tensor, Tensor]:
@@ -260,7 +269,7 @@ class Attention(nn.Module):
         this layer's or its shared scheme) was prepared for. ``mask``: the windows' layout
         (:meth:`~vitrel.layout.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a float mask broadcastable
         to ``[B, heads, N, N]``."""
-        st = self._state(x, grid, pos_state)
+        st = self._state(x, grid, pos_state, mask)
         q, k, v = self._qkv(x, st)
         if st.layout is not None:  # packed images: no image reads another's values (vitrel.layout.tokens)
             (q, k, v), bad = isolate_images(st.layout, q, k, v)

@@ -34,18 +34,36 @@ class TritonKernel(OffsetTableKernel):
     @classmethod
     def refuses(cls, scheme):
         if scheme.grid_dims == 3 and scheme.has_bias:  # (rotary video schemes run: no table, a (T*H) x W raster)
-            return video_refusal(cls.name, f"the video scheme {scheme.name}")
-        if scheme.head_dim > MAX_HEAD_DIM:
-            return (
+            return video_refusal(cls.name, f"the video scheme {scheme.name}", scheme)
+        reason = super().refuses(scheme)  # (first: what it names, sdpa, refuses Shaw's schemes)
+        if reason is None and scheme.head_dim > MAX_HEAD_DIM:
+            reason = (
                 f"attn_impl={cls.name!r} takes head dims up to {MAX_HEAD_DIM}, {scheme.name} is built for "
-                f"{scheme.head_dim}: use attn_impl='sdpa'"
+                f"{scheme.head_dim}: use attn_impl='sdpa' or 'auto'"
             )
-        return super().refuses(scheme)
+        return reason
+
+    @classmethod
+    def refuses_inputs(cls, mask=None, causal=False, layout=False):
+        if isinstance(mask, torch.Tensor) and (
+            mask.dim() not in (2, 3, 4) or (mask.dim() == 4 and mask.shape[1] != 1) or mask.shape[-1] == 1
+        ):
+            return (
+                f"attn_impl={cls.name!r} takes a mask shared by the heads, over the keys ([N | 1, N], "
+                f"[B | nW, N | 1, N], [B, 1, N | 1, N]), not one of shape {list(mask.shape)}: use attn_impl='sdpa' "
+                "or 'auto'"
+            )
+        if causal and layout:
+            return (
+                f"attn_impl={cls.name!r} has no causal attention on a token layout (packed or token-dropped images): "
+                "use attn_impl='sdpa' or 'auto'"
+            )
+        return None
 
     @classmethod
     def inputs(cls, scheme, grid, num_prefix_tokens):
         if isinstance(grid, Grid3) and scheme.has_bias:
-            raise ValueError(video_refusal(cls.name, f"the video grid {grid_str(grid)}"))
+            raise ValueError(video_refusal(cls.name, f"the video grid {grid_str(grid)}", scheme))
         return super().inputs(scheme, grid, num_prefix_tokens)
 
     @classmethod
@@ -56,12 +74,13 @@ class TritonKernel(OffsetTableKernel):
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
         if dropout_p > 0.0:
             raise ValueError(f"attn_impl={cls.name!r} has no attention dropout: use attn_impl='sdpa' for attn_drop > 0")
+        reason = cls.refuses_inputs(mask, state.causal, state.layout is not None)
+        if reason is not None:
+            raise ValueError(reason)
         regions = None
         if isinstance(mask, TokenLayout):  # a batch of windows' layout: its regions masked in the kernel
             mask, regions = None, mask.segment
         if mask is not None and mask.dim() == 4:
-            if mask.shape[1] != 1:
-                raise ValueError(f"attn_impl={cls.name!r} takes a mask shared by the heads ([B | nW, N, N])")
             mask = mask[:, 0]
         if mask is not None and mask.dtype == torch.bool:
             mask = torch.zeros(mask.shape, device=mask.device).masked_fill(~mask, float("-inf"))

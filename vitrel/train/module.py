@@ -31,7 +31,9 @@ on them, and the preprocessing of the data it was trained on under ``hyper_param
 through ``torch.compile(model)``, held outside the module tree: the state-dict keys stay ``model.*`` and
 ``self.model`` stays the eager network for everything else (prediction, export, the study's scoring at other
 sizes). With ``mode="reduce-overhead"`` (CUDA graphs) every step starts with
-``torch.compiler.cudagraph_mark_step_begin``.
+``torch.compiler.cudagraph_mark_step_begin``. NaFlex batches (and lists of images) run the eager network, with a
+warning the first time: each image's grid is Python data the graph specialises on, so every new layout would be a new
+graph (a compile per batch, until torch's ``recompile_limit`` made the model eager anyway, unsaid).
 
 ``sync_free=True`` keeps the host from waiting on the device in the training step (``conf/step/fast.yaml``): the
 training loss and accuracy are accumulated on the device (torchmetrics ``update``, without the per-batch value
@@ -89,6 +91,14 @@ class ImageMean(MeanMetric):
 MIXUP_NAFLEX = (
     "module.mixup (timm Mixup) mixes batches of equal-size image tensors; NaFlex batches (data.packing) hold images "
     "of many sizes as patches: turn it off with data.packing (module.mixup=null)"
+)
+
+
+#: why compile leaves NaFlex batches to the eager network (warned once per module)
+COMPILE_LAYOUT = (
+    "module.compile: NaFlex batches (data.packing) run the eager network: each batch's layout of image sizes would be "
+    "a new graph (a recompile per batch, until torch's recompile_limit makes it eager anyway); image batches stay "
+    "compiled. module.compile=false runs everything eager without this warning"
 )
 
 
@@ -175,6 +185,7 @@ class ClassifierModule(L.LightningModule):
         kw = {} if compile is True else dict(compile or {})
         # a tuple, not an attribute holding a module: not registered, so the state-dict keys stay model.*
         self._compiled: tuple[nn.Module, ...] = (torch.compile(self.model, **kw),) if compile else ()
+        self._warned_layout = False  # COMPILE_LAYOUT said (once)
         self._mark_steps = kw.get("mode") in ("reduce-overhead", "max-autotune")  # the modes with CUDA graphs
         self.sync_free = bool(sync_free)
 
@@ -223,6 +234,16 @@ class ClassifierModule(L.LightningModule):
         else ``self.model`` (the same parameters either way)."""
         return self._compiled[0] if self._compiled else self.model
 
+    def _net_for(self, x: Tensor | dict | list) -> nn.Module:
+        """:attr:`step_model`, except for a NaFlex dict or a list of images under ``compile``: the eager network
+        (:data:`COMPILE_LAYOUT`, warned once)."""
+        if not self._compiled or input_form(x) == "images":
+            return self.step_model
+        if not self._warned_layout:
+            self._warned_layout = True
+            rank_zero_warn(COMPILE_LAYOUT)
+        return self.model
+
     def forward(self, x: Tensor | dict) -> Tensor:
         return self.model(x)
 
@@ -244,10 +265,10 @@ class ClassifierModule(L.LightningModule):
                     "and data.drop_last=true"
                 )
             x, target = mix_clips(self.mixup_fn, x, y)
-            logits = self.step_model(x)
+            logits = self._net_for(x)(x)
             loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         else:
-            logits = _check_logits(self.step_model(x), y)
+            logits = _check_logits(self._net_for(x)(x), y)
             loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)
             if self.sync_free:  # update only: the metric's forward computes (and logging reads) a per-batch value
                 self.train_acc1.update(logits, y)
@@ -284,7 +305,7 @@ class ClassifierModule(L.LightningModule):
         x, y = batch
         n = _num_images(x, y)
         self._step_begins()
-        net = self.step_model if self.eval_model is self.model else self.eval_model
+        net = self._net_for(x) if self.eval_model is self.model else self.eval_model
         if isinstance(x, Tensor) and x.dim() == 6:  # [B, K, C, T, H, W]: K clips of B videos, scored per video
             logits = mean_softmax_log(net(x.flatten(0, 1)), x.shape[1])  # log of the mean of the clips' softmax
             loss = F.nll_loss(logits, y)

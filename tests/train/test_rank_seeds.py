@@ -1,5 +1,6 @@
 """The randomness of a run by rank: under DDP the draws of the training step (drop-path masks, token-drop choices,
-dropout, mixup's lambda) differ from rank to rank while rank 0 keeps the stream it had.
+dropout, mixup's lambda) differ from rank to rank while rank 0 keeps the stream it had; the epoch's order is shared
+(each image once over the ranks); one process is bitwise repeatable for a seed, with workers.
 
 Two gloo CPU ranks of ``train()``, forked from the preloaded server (tests/preloaded.py), as in tests/train/test_ddp.py.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
 from pathlib import Path
 
 import lightning as L
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 from tests.preloaded import run_ranks
-from tests.train_helpers import FAST, TINY_VIT, compose
+from tests.train_helpers import FAST, TINY_VIT, SaveWeights, compose
 from vitrel.layout.geometry import Grid
 from vitrel.models.naflex import drop_tokens, grid_batch, token_drop_rates
 from vitrel.train.run import train
@@ -118,3 +120,51 @@ def test_ddp_ranks_draw_apart_and_rank_0_keeps_its_stream(tmp_path):
         assert a["drop_path"].keys() == b["drop_path"].keys() != set()
         masks = [torch.stack(list(s["drop_path"].values())) for s in (a, b)]
         assert not torch.equal(*masks), f"step {step}: both ranks dropped the same paths"
+
+
+class RecordImages(L.Callback):
+    """Every image of the training batches of this rank (its pixels' bytes), saved to ``<dir>/rank<r>.pt``."""
+
+    def __init__(self, dir: str) -> None:
+        self.dir, self.images = dir, []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.images += [x.numpy().tobytes() for x in batch[0]]
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        Path(self.dir).mkdir(parents=True, exist_ok=True)
+        torch.save(self.images, Path(self.dir) / f"rank{trainer.global_rank}.pt")
+
+
+@pytest.mark.parametrize("loader", ["memory", "workers"])
+def test_ddp_epoch_shows_each_image_once_over_the_ranks(tmp_path, loader):
+    """A whole epoch on 2 gloo ranks (the ranks seeded apart): the images the two ranks trained on are those of one
+    process's epoch, each once (the epoch's order seeded alike on every rank, each rank taking its share)."""
+    run = [*TINY_VIT, *FAST, f"data.loader={loader}", "data.batch_size=500", "trainer.max_epochs=1"]
+    run += ["trainer.limit_val_batches=0", "test=false", "logger=none", "callbacks.model_checkpoint=null"]
+    run += ["callbacks.last_checkpoint=null", "model.drop_path_rate=0.5"]
+    run_ranks(_rank, compose(tmp_path / "ddp", [*run, *DDP]), [RecordImages(str(tmp_path / "ddp_images"))])
+    train(compose(tmp_path / "one", run), callbacks=[RecordImages(str(tmp_path / "one_images"))])
+    r0, r1, one = (torch.load(tmp_path / p, weights_only=False) for p in ("ddp_images/rank0.pt", "ddp_images/rank1.pt",
+                                                                          "one_images/rank0.pt"))  # fmt: skip
+    assert len(one) == 9000 and len(r0) == len(r1) == 4500
+    seen, epoch = Counter(r0 + r1), Counter(one)
+    twice, missed = sum((seen - epoch).values()), sum((epoch - seen).values())
+    assert twice == missed == 0, f"the ranks trained on {twice} images twice and missed {missed} of the epoch"
+
+
+def _weights(tmp_path: Path, name: str, seed: int) -> dict:
+    run = [*RUN, f"seed={seed}", "data.loader=workers", "data.num_workers=2", "data.augment=true", "logger=csv"]
+    train(compose(tmp_path / name, run), callbacks=[SaveWeights(str(tmp_path / f"{name}_weights"))])
+    return torch.load(tmp_path / f"{name}_weights" / "rank0.pt", weights_only=True)
+
+
+def test_one_process_same_seed_same_weights_with_workers(tmp_path):
+    """One process, 2 workers with random augmentation, every random op of the model and mixup, 3 steps: the same
+    seed twice gives bitwise the same weights, another seed other weights; the run's logged config holds its seed."""
+    a, b, c = _weights(tmp_path, "a", 5), _weights(tmp_path, "b", 5), _weights(tmp_path, "c", 6)
+    assert all(torch.equal(a[k], b[k]) for k in a), "the same seed gave other weights"
+    assert not all(torch.equal(a[k], c[k]) for k in a), "another seed gave the same weights"
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.load(next((tmp_path / "c").rglob("hparams.yaml"))).seed == 6

@@ -52,3 +52,21 @@ def test_each_ddp_rank_resumes_its_own_rng_states(tmp_path: Path):
         assert torch.equal(draws["resumed"], draws["uninterrupted"]), rank
     held = torch.load(ckpt, weights_only=True)["callbacks"]
     assert len(next(iter(held.values()))["rng_ranks"]) == 2
+
+
+def test_ranks_resuming_rank_0s_states_only_part_again():
+    """A checkpoint with rank 0's RNG states only (written by one process, resumed on two at an epoch's end): rank 0
+    takes them, rank 1 a stream of its own from ``(seed, rank, step)``, the same on every resume of that checkpoint."""
+    torch.manual_seed(3)
+    state = ExactResume(seed=7).state_dict()  # what one process's checkpoint holds (no rng_ranks)
+    draws = []
+    for rank in (0, 1, 1):
+        torch.manual_seed(99)  # the state before the resume is of no account
+        resumed = ExactResume(seed=7)
+        resumed.load_state_dict(state)
+        resumed.on_train_batch_start(SimpleNamespace(world_size=2, global_rank=rank, global_step=40), None, None, 0)
+        draws.append(torch.rand(5))
+    torch.set_rng_state(state["rng"]["torch"])
+    assert torch.equal(draws[0], torch.rand(5)), "rank 0 did not resume the checkpoint's states"
+    assert not torch.equal(draws[1], draws[0]), "rank 1 resumed rank 0's stream"
+    assert torch.equal(draws[1], draws[2]), "rank 1's stream is not the same on each resume"

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from vitrel.data.memory import ResumableLoader
+from vitrel.train.rank_seed import seed_rank
 
 __all__ = ["ExactResume", "ResumePositionError", "check_resume_position"]
 
@@ -142,6 +143,8 @@ class ExactResume(Callback):
             ranks = self._pending_rng_ranks  # (a checkpoint of another number of processes: at an epoch's end)
             own = ranks is not None and len(ranks) == trainer.world_size
             _set_rng_state(ranks[trainer.global_rank] if own else self._pending_rng)
+            if not own and trainer.global_rank > 0:  # rank 0's states only: each other rank its own stream
+                seed_rank(self.seed, trainer.global_rank, trainer.global_step)
             self._pending_rng = self._pending_rng_ranks = None
 
 

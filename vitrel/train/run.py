@@ -49,6 +49,7 @@ from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.module import MIXUP_NAFLEX
 from vitrel.train.progress import CountTestImages, CountValidations
+from vitrel.train.rank_seed import SeedRanks
 from vitrel.train.resume import (
     SweepJobRecord,
     check_same_model,
@@ -181,7 +182,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         cbs.append(SweepJobRecord(job))
     clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)
     validated = CountValidations()  # the validations run (kept in the checkpoints too)
-    cbs += [clock, validated]
+    cbs += [clock, validated, SeedRanks(int(cfg.seed))]  # (each DDP rank's own draws in the training step)
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
     model = build_model(cfg.model, dm, resume)
     normalised = adopt_preprocessing(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std

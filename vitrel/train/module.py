@@ -33,7 +33,9 @@ through ``torch.compile(model)``, held outside the module tree: the state-dict k
 sizes). With ``mode="reduce-overhead"`` (CUDA graphs) every step starts with
 ``torch.compiler.cudagraph_mark_step_begin``. NaFlex batches (and lists of images) run the eager network, with a
 warning the first time: each image's grid is Python data the graph specialises on, so every new layout would be a new
-graph (a compile per batch, until torch's ``recompile_limit`` made the model eager anyway, unsaid).
+graph (a compile per batch, until torch's ``recompile_limit`` made the model eager anyway, unsaid). With the data's
+``size_choices`` (``data_config``) it compiles with ``dynamic=False`` unless ``compile`` names ``dynamic``: a static
+graph per size (:meth:`ClassifierModule.compile_kwargs`).
 
 ``sync_free=True`` keeps the host from waiting on the device in the training step (``conf/step/fast.yaml``): the
 training loss and accuracy are accumulated on the device (torchmetrics ``update``, without the per-batch value
@@ -125,7 +127,8 @@ class ClassifierModule(L.LightningModule):
             ``train.py``'s ``num_updates``; the first update copies the weights).
         ema_eval: validate / test with the EMA weights (when ``ema`` is given).
         compile: False, True or a dict of ``torch.compile`` kwargs (``{"backend": "eager"}``,
-            ``{"mode": "reduce-overhead", "dynamic": False}``): the steps' network (``step_model``).
+            ``{"mode": "reduce-overhead", "dynamic": False}``): the steps' network (``step_model``), compiled
+            with ``dynamic=False`` under the data's ``size_choices`` unless they name ``dynamic``.
         sync_free: no host synchronisation in the training step: training metrics updated on the device
             and logged at epoch end only (see the module's docstring).
         layer_decay: None, or timm's layer-wise learning-rate decay for fine-tuning (e.g. 0.65): the
@@ -183,8 +186,10 @@ class ClassifierModule(L.LightningModule):
         self.ema_eval = bool(ema_eval)
 
         kw = {} if compile is True else dict(compile or {})
-        # a tuple, not an attribute holding a module: not registered, so the state-dict keys stay model.*
-        self._compiled: tuple[nn.Module, ...] = (torch.compile(self.model, **kw),) if compile else ()
+        self._compile_kw: dict[str, Any] | None = kw if compile else None
+        # a tuple, not an attribute holding a module: not registered, so the state-dict keys stay model.*; built at
+        # the first step (after setup, which may fill in the data's size choices: compile_kwargs)
+        self._compiled: tuple[nn.Module, ...] = ()
         self._warned_layout = False  # COMPILE_LAYOUT said (once)
         self._mark_steps = kw.get("mode") in ("reduce-overhead", "max-autotune")  # the modes with CUDA graphs
         self.sync_free = bool(sync_free)
@@ -232,12 +237,36 @@ class ClassifierModule(L.LightningModule):
     def step_model(self) -> nn.Module:
         """The network the training and evaluation steps call: ``torch.compile(self.model)`` with ``compile``,
         else ``self.model`` (the same parameters either way)."""
-        return self._compiled[0] if self._compiled else self.model
+        if self._compile_kw is None:
+            return self.model
+        if not self._compiled:
+            self._compiled = (torch.compile(self.model, **self.compile_kwargs()),)
+        return self._compiled[0]
+
+    def compile_kwargs(self) -> dict[str, Any]:
+        """The ``torch.compile`` kwargs of :attr:`step_model`: ``compile``'s, with ``dynamic=False`` when the data has
+        ``size_choices`` (``data_config``) and they do not name ``dynamic``: a graph per size, bounded by the number
+        of choices, where torch's automatic dynamic shapes (``dynamic=None``) recompiled the second size with symbolic
+        sizes (a tiny Swin: not done in 5 min; each static size: seconds). Warns once when the choices and the
+        evaluation size are more graphs than torch's ``recompile_limit``."""
+        kw = dict(self._compile_kw or {})
+        choices = (self.hparams.get("data_config") or {}).get("size_choices")
+        if not choices or "dynamic" in kw:
+            return kw
+        graphs = len(set(choices)) + 1  # a graph per training size, one for evaluation
+        limit = torch._dynamo.config.recompile_limit
+        if graphs > limit:
+            rank_zero_warn(
+                f"module.compile: data.size_choices={list(choices)} compile a graph per size ({graphs} with "
+                f"evaluation's), over torch._dynamo.config.recompile_limit={limit}: past it the steps run eager; "
+                f"raise the limit, or set module.compile.dynamic"
+            )
+        return {**kw, "dynamic": False}
 
     def _net_for(self, x: Tensor | dict | list) -> nn.Module:
         """:attr:`step_model`, except for a NaFlex dict or a list of images under ``compile``: the eager network
         (:data:`COMPILE_LAYOUT`, warned once)."""
-        if not self._compiled or input_form(x) == "images":
+        if self._compile_kw is None or input_form(x) == "images":
             return self.step_model
         if not self._warned_layout:
             self._warned_layout = True

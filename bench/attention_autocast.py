@@ -11,14 +11,15 @@ difference over the norm of the reference) of:
 - ``dx``: the gradient of the layer's input;
 - ``dpos``: the gradient of each of the scheme's parameters (the worst of them, named in ``worst``).
 
-``/none``: the ratio to ``pos=none``'s error (plain attention under the same autocast). The row
-``rel2d_cpb:mlp-autocast`` is ``rel2d_cpb`` with its MLP run under autocast as before its table was computed in
-float32 (its ``_flat_table`` replaced on that one instance). ``--time``: instead, the time of a forward and backward
-of the layer under autocast (batch 8) for ``none``, ``rel2d_cpb`` and ``rel2d_cpb:mlp-autocast``, median of
-``--rounds`` rounds taken in turns::
+``/none``: the ratio to ``pos=none``'s error (plain attention under the same autocast). The rows
+``<scheme>:mlp-autocast`` (``rel2d_cpb``, ``fire1d``, ``fire2d``) are the scheme with its MLP run under autocast, as
+before it ran in float32 (the method computing its table or bias replaced on that one instance). ``--time``: instead,
+the time of a forward and backward of the layer under autocast (batch 8) for ``none``, each of ``--schemes`` (default
+``rel2d_cpb``) and its ``:mlp-autocast``, median of ``--rounds`` rounds taken in turns::
 
     OMP_NUM_THREADS=2 PYTHONPATH=. python bench/attention_autocast.py --grids 14 --out /tmp/autocast.md
     OMP_NUM_THREADS=2 PYTHONPATH=. python bench/attention_autocast.py --time --grids 8 14 32 --dtypes bf16
+    OMP_NUM_THREADS=2 PYTHONPATH=. python bench/attention_autocast.py --time --schemes fire1d fire2d --grids 14
 """
 
 from __future__ import annotations
@@ -38,10 +39,10 @@ def rel(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-300)).item()
 
 
-OLD_CPB = "rel2d_cpb:mlp-autocast"
+OLD = ":mlp-autocast"
 
 
-def _table_under_autocast(self, grid):
+def _cpb_table_under_autocast(self, grid):
     """``Rel2dCpb._flat_table`` as it was: the MLP under the caller's autocast."""
     from vitrel.pos.schemes.cpb import _flat_coords
 
@@ -49,15 +50,42 @@ def _table_under_autocast(self, grid):
     return 16.0 * torch.sigmoid(self.mlp(_flat_coords(grid, self._ref, w.device, w.dtype)))
 
 
+def _fire1d_bias_under_autocast(self, grid, num_prefix_tokens=0):
+    """``Fire1d.bias`` as it was: the MLP under the caller's autocast."""
+    from vitrel.layout.geometry import pad_prefix
+
+    b = self.mlp(self.normalized_distances(grid.n).unsqueeze(-1)).permute(2, 0, 1)
+    return pad_prefix(b.tril() if self.causal else b, num_prefix_tokens)
+
+
+def _fire2d_table_under_autocast(self, grid):
+    """``Fire2d._table_flat`` as it was: the MLP under the caller's autocast."""
+    from vitrel.pos.schemes.fire import _signed_offsets
+
+    w = self.mlp[0].weight
+    sign, size = _signed_offsets(grid.h, grid.w, w.dtype, w.device)
+    return self.mlp(sign * self.psi(size) / (self.psi(self.threshold()) + self.eps)).t()
+
+
+#: scheme -> (method replaced, its version with the MLP under autocast)
+OLD_METHODS = {
+    "rel2d_cpb": ("_flat_table", _cpb_table_under_autocast),
+    "fire1d": ("bias", _fire1d_bias_under_autocast),
+    "fire2d": ("_table_flat", _fire2d_table_under_autocast),
+}
+
+
 def layer(pos: str, grid: tuple[int, ...], perturb: float):
     import types
 
     from vitrel import Attention
 
+    name = pos.removesuffix(OLD)
     torch.manual_seed(0)
-    a = Attention(192, 3, pos="rel2d_cpb" if pos == OLD_CPB else pos, grid=grid, num_prefix_tokens=1)
-    if pos == OLD_CPB:
-        a.pos._flat_table = types.MethodType(_table_under_autocast, a.pos)
+    a = Attention(192, 3, pos=name, grid=grid, num_prefix_tokens=1)
+    if pos.endswith(OLD):
+        method, fn = OLD_METHODS[name]
+        setattr(a.pos, method, types.MethodType(fn, a.pos))
     with torch.no_grad():
         for p in a.pos.parameters():
             if perturb and not p.any():
@@ -107,13 +135,13 @@ def errors(pos: str, grid: tuple[int, ...], dtype: torch.dtype, perturb: float) 
     return e
 
 
-def times(side: int, dtype: torch.dtype, rounds: int) -> dict[str, float]:
+def times(scheme: str, side: int, dtype: torch.dtype, rounds: int) -> dict[str, float]:
     import statistics
 
     from vitrel.bench import alternate
 
     grid = (side, side)
-    layers = {s: layer(s, grid, 0.02).train() for s in ("none", "rel2d_cpb", OLD_CPB)}
+    layers = {s: layer(s, grid, 0.02).train() for s in ("none", scheme, scheme + OLD)}
     torch.manual_seed(1)
     x = torch.randn(8, 1 + side * side, 192)
 
@@ -150,26 +178,29 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--grids", type=int, nargs="+", default=[14], help="square image grids (video: T=4 frames)")
     ap.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    ap.add_argument("--schemes", nargs="+", default=None, help="default: every relative scheme")
+    ap.add_argument("--schemes", nargs="+", default=None, help="default: every relative scheme (--time: rel2d_cpb)")
     ap.add_argument("--perturb", type=float, default=0.02, help="std given to all-zero scheme parameters (0: none)")
     ap.add_argument("--out", help="write the table here (markdown)")
-    ap.add_argument("--time", action="store_true", help="time none, rel2d_cpb and its MLP under autocast instead")
+    ap.add_argument("--time", action="store_true", help="time none, --schemes and their MLP under autocast instead")
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()
     if args.time:
         from vitrel.bench import machine_info
 
         lines = [
-            "| grid | dtype | none ms | rel2d_cpb ms | mlp-autocast ms | rel2d_cpb / mlp-autocast |",
-            "|---|---|---:|---:|---:|---:|",
+            "| grid | dtype | scheme | none ms | scheme ms | mlp-autocast ms | scheme / mlp-autocast |",
+            "|---|---|---|---:|---:|---:|---:|",
         ]
-        for side in args.grids:
-            for d in args.dtypes:
-                t = times(side, DTYPES[d], args.rounds)
-                lines.append(
-                    f"| {side}x{side} | {d} | {t['none']:.1f} | {t['rel2d_cpb']:.1f} | {t[OLD_CPB]:.1f} | "
-                    f"{t['rel2d_cpb'] / t[OLD_CPB]:.3f}x |"
-                )
+        for s in args.schemes or ["rel2d_cpb"]:
+            if s not in OLD_METHODS:
+                ap.error(f"--time: no {OLD} variant of {s!r} (one of {sorted(OLD_METHODS)})")
+            for side in args.grids:
+                for d in args.dtypes:
+                    t = times(s, side, DTYPES[d], args.rounds)
+                    lines.append(
+                        f"| {side}x{side} | {d} | {s} | {t['none']:.1f} | {t[s]:.1f} | {t[s + OLD]:.1f} | "
+                        f"{t[s] / t[s + OLD]:.3f}x |"
+                    )
                 print(lines[-1], file=sys.stderr, flush=True)
         text = f"{machine_info()['description']}, torch {torch.__version__}; median of {args.rounds} rounds\n\n"
         text += "\n".join(lines) + "\n"
@@ -179,8 +210,9 @@ def main() -> None:
         return
     schemes = args.schemes or list_pos("relative")
     schemes = ["none", *[s for s in schemes if s != "none"]]
-    if "rel2d_cpb" in schemes:
-        schemes.insert(schemes.index("rel2d_cpb") + 1, OLD_CPB)
+    for s in OLD_METHODS:
+        if s in schemes:
+            schemes.insert(schemes.index(s) + 1, s + OLD)
     rows = []
     for side in args.grids:
         for d in args.dtypes:

@@ -38,6 +38,14 @@ and is the same on every grid (not ``depends_on_extent``). (2) The sign keeps th
 left / right), which ``|i - j|`` loses in a bidirectional ViT; Swin V2's CPB feeds signed offsets too.
 (3) Two inputs, not two MLPs summed, so the bias need not factor into rows plus columns (as Swin's table
 and CPB). Offsets larger than ``L_a`` give inputs beyond 1 (extrapolation, where FIRE would interpolate).
+
+Mixed precision: the MLP and what feeds it (``psi``, the threshold) run in the weights' dtype with autocast off;
+the kernel still casts the bias to the attention's dtype. Under autocast the MLP's inputs and the gradient of every
+pair (fire1d) or offset (fire2d) are rounded to bfloat16 / float16 before the sums over the pairs that make the
+parameters' gradients: at a 32 x 32 grid the worst of them (the first layer's) was then 41x to 169x the error of
+plain attention's q, k, v gradients; in float32, 4x to 9x (``bench/results/attention_autocast_cpu.md``), mostly the
+last layer's: its bias's gradient is the kernel's bias gradient summed over every pair, a sum that cancels.
+fire1d's hidden activations, ``[N^2, mlp_width]``, take twice bfloat16's memory.
 """
 
 from __future__ import annotations
@@ -124,7 +132,8 @@ class Fire1d(_FireBase):
         return self.psi(d) / norm[:, None]
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
-        b = self.mlp(self.normalized_distances(grid.n).unsqueeze(-1)).permute(2, 0, 1)  # [heads, n, n]
+        with torch.autocast(self.mlp[0].weight.device.type, enabled=False):  # see the module docstring
+            b = self.mlp(self.normalized_distances(grid.n).unsqueeze(-1)).permute(2, 0, 1)  # [heads, n, n]
         if self.causal:
             b = b.tril()
         return pad_prefix(b, num_prefix_tokens)
@@ -149,11 +158,13 @@ class Fire2d(_FireBase):
     _axes = 2
 
     def _table_flat(self, grid: Grid) -> Tensor:
-        """The bias of every offset, ``[heads, (2H-1) (2W-1)]`` row-major (built flat: any symbolic size)."""
+        """The bias of every offset, ``[heads, (2H-1) (2W-1)]`` row-major (built flat: any symbolic size), in the MLP's
+        dtype with autocast off (see the module docstring)."""
         w = self.mlp[0].weight
         sign, size = _signed_offsets(grid.h, grid.w, w.dtype, w.device)
-        s = sign * self.psi(size) / (self.psi(self.threshold()) + self.eps)
-        return self.mlp(s).t()
+        with torch.autocast(w.device.type, enabled=False):
+            s = sign * self.psi(size) / (self.psi(self.threshold()) + self.eps)
+            return self.mlp(s).t()
 
     def offset_table(self, grid: Grid) -> Tensor:
         return self._table_flat(grid).reshape(self.num_heads, 2 * grid.h - 1, 2 * grid.w - 1)

@@ -149,3 +149,21 @@ def shaw_attention(
         logits = logits.masked_fill(future, float("-inf"))
     attn = logits.softmax(dim=-1)
     return attn @ v + shaw_values(attn, rel_v, q_offset=q_offset, causal=causal, clip_distance=clip_distance)
+
+
+def autocast_param_errors(attn, grid: tuple[int, int], dtype: torch.dtype = torch.float16) -> dict[str, float]:
+    """Each scheme parameter's gradient of ``<attn(x), g>`` under CPU autocast in ``dtype``, against the same layer in
+    float64: ``|grad - grad64| / |grad64|`` by name (one random ``x`` with a prefix token; the caller seeds)."""
+    import copy
+
+    a64 = copy.deepcopy(attn).double()
+    x = torch.randn(2, 1 + grid[0] * grid[1], attn.qkv.in_features)
+    g = torch.randn(*x.shape, dtype=torch.float64)
+    (a64(x.double(), grid) * g).sum().backward()
+    with torch.autocast("cpu", dtype=dtype):
+        out = attn(x, grid)
+    (out.double() * g).sum().backward()
+    ref = dict(a64.pos.named_parameters())
+    return {
+        n: ((p.grad.double() - ref[n].grad).norm() / ref[n].grad.norm()).item() for n, p in attn.pos.named_parameters()
+    }

@@ -3,13 +3,18 @@ alibi2d) against naive float64 references: bias, logits, outputs and gradients."
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
 import torch
 
-from tests.reference import alibi_slopes_reference, dense_bias, reference_attention, t5_bucket_scalar
+from tests.reference import (
+    alibi_slopes_reference,
+    autocast_param_errors,
+    dense_bias,
+    reference_attention,
+    t5_bucket_scalar,
+)
 from vitrel import Attention
 from vitrel.pos import Grid, build_pos
 
@@ -274,16 +279,7 @@ def test_cpb_mlp_gradients_under_autocast_are_those_of_float32_mlp():
     grid = (14, 14)
     torch.manual_seed(0)
     a = Attention(48, 3, pos="rel2d_cpb", grid=grid, num_prefix_tokens=1, hidden_dim=64)
-    a64 = copy.deepcopy(a).double()
-    x = torch.randn(2, 1 + 14 * 14, 48)
-    g = torch.randn(2, 1 + 14 * 14, 48, dtype=torch.float64)
-    (a64(x.double(), grid) * g).sum().backward()
-    with torch.autocast("cpu", dtype=torch.float16):
-        out = a(x, grid)
-    (out.double() * g).sum().backward()
-    ref = dict(a64.pos.named_parameters())
-    for n, p in a.pos.named_parameters():
-        err = ((p.grad.double() - ref[n].grad).norm() / ref[n].grad.norm()).item()
+    for n, err in autocast_param_errors(a, grid).items():
         assert err < 5e-3, (n, err)
 
 

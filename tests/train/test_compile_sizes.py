@@ -9,20 +9,10 @@ import warnings
 import torch
 
 import vitrel
+from tests.train.test_compile_layout import CountingBackend
 from vitrel.train.module import ClassifierModule
 
 CHOICES = [24, 28, 32]
-
-
-class CountingBackend:
-    """A torch.compile backend that counts the graphs it is given and runs them as traced."""
-
-    def __init__(self) -> None:
-        self.graphs = 0
-
-    def __call__(self, gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        self.graphs += 1
-        return gm.forward
 
 
 def module(compile: object, choices: list[int] | None = CHOICES) -> ClassifierModule:

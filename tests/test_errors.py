@@ -71,6 +71,11 @@ def test_every_float_precision_loads(tmp_path, dtype):
         (SWIN, dict(depths=[1, 1], num_heads=[2, 3]), r"stage 1's width\) 32 is not divisible by num_heads\[1\] 3"),
         (SWIN, dict(depths=[1], num_heads=[2, 2]), "one entry per stage"),
         (SWIN, dict(patch_size=0), "patch_size must be >= 1"),
+        (VIT, dict(in_chans=0), "in_chans must be >= 1, got 0"),  # built a model no image fits
+        (VIT, dict(in_chans=True), "in_chans must be an integer >= 1, got True"),  # built a 1-channel model
+        (SWIN, dict(in_chans=0), "in_chans must be >= 1, got 0"),
+        (SWIN, dict(in_chans=-1), "in_chans must be >= 1, got -1"),  # torch's "negative dimension -1: [16, -1, 4, 4]"
+        (SWIN, dict(in_chans=3.0), r"in_chans must be an integer >= 1, got 3.0 \(float\)"),
     ],
 )
 def test_impossible_sizes_name_the_argument(arch, kwargs, named):

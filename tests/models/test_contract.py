@@ -181,6 +181,31 @@ def test_meta_device_construction(spec, pos):
         torch.testing.assert_close(d(x.double()).float(), ref(x), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "spec,pos,kw",
+    [(SWIN, "rel2d_cpb", {}), (SWIN, "rel2d_full", {"abs_pos": "ape"}), (VIT, "rope2d_mixed", {}), (VIT, "fire2d", {})],
+)
+def test_init_weights_after_to_empty_initialises_everything(spec, pos, kw):
+    """timm's route for a model built on the meta device: ``to_empty()`` (parameters and persistent buffers undefined),
+    then ``init_weights()``. It re-initialised only the linear layers and norms outside the schemes: the patch
+    embedding, position tables and MLPs, absolute embeddings and ``rel2d_cpb``'s ``ref_grid`` (garbage such as
+    ``[326417514500, 55834574948]``, saved with the weights: a reload normalised the offsets by it) stayed as the
+    memory was. Now every tensor is what the constructor makes, drawn alike (the same seed: the same model)."""
+    ref = make(spec, pos, **kw)
+    m = make(spec, pos, create=timm.create_model, device="meta", **kw).to_empty(device="cpu")
+    persistent = m.state_dict()
+    with torch.no_grad():  # what to_empty leaves: any values (here NaN, or -1 for integers)
+        for t in persistent.values():
+            t.fill_(float("nan") if t.is_floating_point() else -1)
+    torch.manual_seed(0)
+    m.init_weights()
+    for k, v in m.state_dict().items():
+        torch.testing.assert_close(v, ref.state_dict()[k], rtol=0, atol=0, msg=k)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), ref(x), rtol=0, atol=0)
+
+
 def test_timm_create_model_device_dtype():
     m = timm.create_model("vitrel_vit_tiny_patch4_32", device="meta", dtype=torch.bfloat16, depth=2)
     assert all(p.is_meta and p.dtype == torch.bfloat16 for p in m.parameters())

@@ -457,3 +457,25 @@ def test_refused_architecture_named_before_its_weights_are_fetched(monkeypatch):
         vitrel.from_timm("resnet18", checkpoint_path="resnet18.safetensors")  # refused before the file is read
     with pytest.raises(CheckpointError, match="cannot fetch timm's pretrained weights"):
         vitrel.from_timm("swin_tiny_patch4_window7_224")  # a supported one still fetches its weights
+
+
+def test_a_swin_that_pads_its_own_grids_warns_that_the_logits_differ():
+    """At a timm Swin's own size a stage grid that is not a multiple of its window is padded by timm, whose tokens
+    attend to the zeros; vitrel masks the padding. ``from_timm`` gave that other function without a word (logits 0.1
+    apart at 64 x 96, window 4: stage 2's 4 x 6 grid); it now warns, naming the grids. At a window multiple: silent,
+    equal."""
+    args = dict(embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=4, num_classes=7)
+    torch.manual_seed(0)
+    t = timm.create_model("swin_tiny_patch4_window7_224", img_size=(64, 96), **args).double().eval()
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    with pytest.warns(UserWarning, match=r"pads the stage grids 4x6 \(window 4x4\) of its img_size \(64, 96\)"):
+        m = vitrel.from_timm(t)
+    x = torch.randn(2, 3, 64, 96, dtype=torch.float64)
+    with torch.no_grad():
+        assert (m(x) - t(x)).abs().max() > 1e-2
+    t = _timm("swin_tiny_patch4_window7_224")  # 64 x 64: grids 16, 8, 4, 2 (window shrunk to 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vitrel.from_timm(t)

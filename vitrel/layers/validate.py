@@ -75,6 +75,7 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     """``VisionTransformer``'s sizes (its ``locals()``): positive, ``embed_dim`` divisible by ``num_heads``,
     the image a whole number of patches."""
     patch = _positive_int("patch_size", args["patch_size"])
+    _positive_int("in_chans", args["in_chans"])
     dim, heads = _positive_int("embed_dim", args["embed_dim"]), _positive_int("num_heads", args["num_heads"])
     _divisible("embed_dim", dim, "num_heads", heads)
     _positive_int("depth", args["depth"])
@@ -86,6 +87,7 @@ def check_swin_args(args: Mapping[str, Any]) -> None:
     """``SwinTransformer``'s sizes (its ``locals()``): positive, one head count per stage, each stage's
     width (``embed_dim`` doubled per stage) divisible by its heads, the image a whole number of patches."""
     patch = _positive_int("patch_size", args["patch_size"])
+    _positive_int("in_chans", args["in_chans"])
     dim = _positive_int("embed_dim", args["embed_dim"])
     depths, heads = _positive_ints("depths", args["depths"]), _positive_ints("num_heads", args["num_heads"])
     if len(depths) != len(heads):

@@ -113,8 +113,10 @@ class ViTBody(BlockStack):
         self.head_drop = nn.Dropout(args["drop_rate"])
         self.head = nn.Linear(embed_dim, args["num_classes"]) if args["num_classes"] > 0 else nn.Identity()
 
-    def init_weights(self) -> None:
-        super().init_weights()  # type: ignore[misc]
+    def init_weights(self, mode: str = "", needs_reset: bool = True) -> None:
+        super().init_weights(mode, needs_reset)  # type: ignore[misc]
+        if needs_reset:  # (copied from a model built afresh, tokens included)
+            return
         for tok in (self.cls_token, getattr(self, "reg_token", None)):
             if tok is not None:
                 nn.init.normal_(tok, std=1e-6)

@@ -167,7 +167,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         self._ref_window, self._ref_grid = window, self.grid  # set_input_size scales the window from these (timm's)
         self.init_stages(SwinStage, rel, absolute, window, dims, locals())
         self.output_fmt = "NHWC"  # of forward_features, as timm's Swin
-        self.init_weights()
+        self.init_weights(needs_reset=False)  # the modules initialised themselves (timm's)
 
     # ---------------------------------------------------------------------------- timm surface
     def set_input_size(

@@ -306,7 +306,7 @@ class SwinTransformer3D(SwinBody, TimmSurface, nn.Module):
         for info in self.feature_info:  # timm's reduction: the stride in space; in time (no merging) beside it
             info["time_reduction"] = tubelet_size
         self.output_fmt = "NTHWC"
-        self.init_weights()
+        self.init_weights(needs_reset=False)  # the modules initialised themselves (timm's)
 
     # ---------------------------------------------------------------------------- timm surface
     # ---------------------------------------------------------------------------- forward

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import sys
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -167,6 +168,21 @@ def _swin_windows(t: nn.Module, window: tuple[int, int] | None = None) -> list[t
                 win, shift = window_and_shift(Grid(*blk.input_resolution), window, j % 2 == 1)
                 out.append((tuple(win), tuple(shift)))
     return out
+
+
+def _warn_swin_padding(t: nn.Module, name: str) -> None:
+    """Warn when a timm Swin pads a stage grid to its window at its own size: timm lets tokens attend to the zero
+    padding there, vitrel masks it, so the two give other logits (equal where every grid is a window multiple)."""
+    pads = {(tuple(b.input_resolution), tuple(b.window_size)) for s in t.layers for b in s.blocks
+            if any(int(r) % int(w) for r, w in zip(b.input_resolution, b.window_size))}  # fmt: skip
+    if pads:
+        grids = ", ".join(f"{g[0]}x{g[1]} (window {w[0]}x{w[1]})" for g, w in sorted(pads))
+        warnings.warn(
+            f"from_timm({name}): timm's Swin pads the stage grids {grids} of its img_size "
+            f"{tuple(t.patch_embed.img_size)} to whole windows and attends to the zero padding; vitrel masks the "
+            "padding, so the logits differ (they are equal at sizes whose stage grids are multiples of the window)",
+            stacklevel=3,
+        )
 
 
 def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, Any] | str]:
@@ -537,6 +553,8 @@ def from_timm(
         src_cfg.pop("label_names", None)
     set_data_config(ours, data_fields(src_cfg))  # the source's preprocessing, at the model's input size
     name = src_cfg.get("architecture", type(t).__name__)
+    if isinstance(t, TimmSwin):
+        _warn_swin_padding(t, name)
     log.info(f"from_timm({name}) -> {arch} pos={pos}: {rep.summary()}")
     return ours
 

@@ -97,9 +97,25 @@ class TimmSurface:
     def _model_args(self, value: Mapping[str, Any]) -> None:
         """timm's factory records the keyword arguments it was given here; ``vitrel_cfg`` holds them all already."""
 
-    def init_weights(self) -> None:
-        """timm's ViT initialisation (:func:`~vitrel.models.blocks.init_weights_`), e.g. after ``to_empty()``."""
-        init_weights_(self)  # type: ignore[arg-type]
+    def init_weights(self, mode: str = "", needs_reset: bool = True) -> None:
+        """timm's ``init_weights``. ``needs_reset=True`` (timm's default, for after ``to_empty()``, which leaves every
+        parameter and persistent buffer undefined): all of them as the constructor makes them (position tables and
+        MLPs, ``rel2d_cpb``'s ``ref_grid``, the patch and absolute embeddings), copied from a model built from
+        ``vitrel_cfg`` on this one's device and dtype. ``needs_reset=False`` (the constructor's): timm's ViT
+        initialisation of the linear layers and norms outside the schemes (:func:`~vitrel.models.blocks.init_weights_`).
+        ``mode``: timm's ``""`` only."""
+        if mode:
+            raise ValueError(f"init_weights takes timm's default mode '' only, got {mode!r}")
+        if not needs_reset:
+            init_weights_(self)  # type: ignore[arg-type]
+            return
+        from vitrel.models.registry import build_from_cfg  # (the registry imports the backbones)
+
+        ref = next(self.parameters())  # type: ignore[attr-defined]
+        fresh = build_from_cfg(self.vitrel_cfg, device=ref.device, dtype=ref.dtype)  # type: ignore[attr-defined]
+        missing = self.load_state_dict(fresh.state_dict(), strict=False).missing_keys  # type: ignore[attr-defined]
+        if missing:
+            raise ValueError(f"init_weights: vitrel_cfg builds no {missing[:4]} ({len(missing)} in all)")
 
     # ---------------------------------------------------------------------------- classifier
     @torch.jit.ignore

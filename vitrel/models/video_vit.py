@@ -109,7 +109,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.init_body(rel, absolute, locals())
         for info in self.feature_info:  # timm's reduction: the stride in space (patch_size); in time beside it
             info["time_reduction"] = tubelet_size
-        self.init_weights()
+        self.init_weights(needs_reset=False)  # the modules initialised themselves (timm's)
 
     # ---------------------------------------------------------------------------- forward
     def embed(self, x: Tensor) -> tuple[Tensor, Grid3]:

@@ -144,7 +144,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         self.init_body(rel, absolute, locals())
-        self.init_weights()
+        self.init_weights(needs_reset=False)  # the modules initialised themselves (timm's)
 
     # ---------------------------------------------------------------------------- timm surface
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:

@@ -20,10 +20,11 @@ image height and width that is a multiple of the patch size (a video model: ever
 the tubelet size too); ``"batch"`` only the batch; ``"static"`` the example's shape. A video model's programs take
 clips ``[B, C, T, H, W]`` (the ONNX input is named ``clips``; ``--num-frames`` sets the example clip's length). A
 Swin model with a scheme that depends on the window's extent (1-D raster schemes; see
-``PositionScheme.depends_on_extent`` and ``docs/export.md``) has no ``"hw"`` program: :func:`best_dynamic` picks
-``"batch"`` for it. A model with ``attn_impl="flex"`` exports with static shapes
-only (torch.export cannot trace FlexAttention's block masks at symbolic sizes), and not to ONNX (no operator):
-:func:`best_dynamic` picks ``"static"``; ``--attn-impl sdpa`` exports the same weights at every size.
+``PositionScheme.depends_on_extent`` and ``docs/export.md``), and a ViT whose scheme compares the grid with the built
+one (``PositionScheme.size_branches``), have no ``"hw"`` program: :func:`best_dynamic` picks ``"batch"`` for them.
+A model with ``attn_impl="flex"`` exports with static shapes only (torch.export cannot trace FlexAttention's block
+masks at symbolic sizes), and not to ONNX (no operator): :func:`best_dynamic` picks ``"static"``; ``--attn-impl
+sdpa`` exports the same weights at every size.
 
 Programs are traced in eval mode without gradients (export is not training). Every refusal (an attention kernel
 ONNX has no operator for, sizes a model cannot serve, a missing ``onnx`` package, a trace that fails) comes before
@@ -127,12 +128,25 @@ def _extent_dependent(model: nn.Module) -> bool:
     )
 
 
+def _size_branching(model: nn.Module) -> list[str]:
+    """The schemes of a model without windows whose function is chosen by comparing the call's grid with the built
+    one (``PositionScheme.size_branches``: ``extend: interpolate`` tables, RoPE ``scaling.factor: auto``): a program
+    traced at one grid holds only at the sizes of the branch it took, and ONNX keeps no check of that. A Swin's
+    program always calls its schemes on whole windows, so they take one branch at every size."""
+    from vitrel.models.swin_blocks import SwinStage
+
+    if any(isinstance(m, SwinStage) for m in model.modules()):
+        return []
+    return sorted({m.name for m in model.modules() if getattr(m, "size_branches", False)})
+
+
 def best_dynamic(model: nn.Module) -> str:
-    """``"hw"`` when one program can serve every size, else ``"batch"`` (Swin with an extent-dependent scheme), or
-    ``"static"`` (``attn_impl="flex"``: FlexAttention traces at fixed sizes only)."""
+    """``"hw"`` when one program can serve every size, else ``"batch"`` (Swin with an extent-dependent scheme; a ViT
+    whose scheme branches on the grid's size), or ``"static"`` (``attn_impl="flex"``: FlexAttention traces at fixed
+    sizes only)."""
     if "flex" in _kernels(model):
         return "static"
-    return "batch" if _extent_dependent(model) else "hw"
+    return "batch" if _extent_dependent(model) or _size_branching(model) else "hw"
 
 
 def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, pt2: bool = False) -> None:
@@ -176,6 +190,12 @@ def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, 
         raise ValueError(
             "this Swin model's position scheme depends on the window's extent (a 1-D raster order): one program "
             "cannot serve every resolution (docs/export.md); export with dynamic='batch' or 'static'"
+        )
+    if dynamic == "hw" and _size_branching(model):
+        raise ValueError(
+            f"{', '.join(_size_branching(model))} here compares the image's grid with the built one (extend: "
+            "interpolate, or RoPE scaling.factor: auto): a program traced at one size would hold only on one side of "
+            "that comparison (docs/export.md); export with dynamic='batch' or 'static' (one program per resolution)"
         )
 
 

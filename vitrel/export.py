@@ -6,7 +6,9 @@ optionally
 
 * ``model.pt2``: a ``torch.export`` program (``torch.export.load``), with the preprocessing in its
   extra file ``vitrel_data_config.json``;
-* ``model.onnx``: the same program through the dynamo ONNX exporter (opset 18), for ONNX Runtime.
+* ``model.onnx``: the same program through the dynamo ONNX exporter (opset 18), for ONNX Runtime, with the same
+  preprocessing and the weights taken (``ema`` / ``trained``) in its metadata (:data:`ONNX_DATA_CONFIG_KEY`,
+  :data:`ONNX_WEIGHTS_KEY`).
 
 The weights folder loads with ``vitrel.load_model(OUTDIR)``, ``timm.create_model("local-dir:OUTDIR",
 pretrained=True)`` (without ``pretrained=True``, timm builds the architecture with new weights) or
@@ -64,6 +66,8 @@ __all__ = [
     "PT2_NAME",
     "ONNX_NAME",
     "DATA_CONFIG_NAME",
+    "ONNX_DATA_CONFIG_KEY",
+    "ONNX_WEIGHTS_KEY",
     "best_dynamic",
     "dynamic_shapes",
     "example_input",
@@ -83,6 +87,10 @@ DYNAMIC = ("hw", "batch", "static")
 PT2_NAME = "model.pt2"
 ONNX_NAME = "model.onnx"
 DATA_CONFIG_NAME = "vitrel_data_config.json"
+#: the ONNX model's metadata (``metadata_props``; ONNX Runtime's ``get_modelmeta().custom_metadata_map``): the
+#: preprocessing (JSON, the ``.pt2``'s :data:`DATA_CONFIG_NAME`), and which weights ``python -m vitrel.export`` took
+ONNX_DATA_CONFIG_KEY = "vitrel_data_config"
+ONNX_WEIGHTS_KEY = "vitrel_weights"
 #: the ONNX opset written (ONNX Runtime 1.17+ runs it; Resize with antialias needs >= 18)
 ONNX_OPSET = 18
 MAX_SIDE = 4096
@@ -272,9 +280,10 @@ def export_onnx(
     dynamic: str = "hw",
     opset: int = ONNX_OPSET,
     max_side: int = MAX_SIDE,
+    data_config: dict[str, Any] | None = None,
 ) -> Path:
     """``model`` -> ONNX file ``path`` (:func:`onnx_program`, then saved)."""
-    program = onnx_program(model, example, dynamic, opset, max_side)
+    program = onnx_program(model, example, dynamic, opset, max_side, data_config=data_config)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path))
@@ -288,13 +297,15 @@ def onnx_program(
     opset: int = ONNX_OPSET,
     max_side: int = MAX_SIDE,
     program: torch.export.ExportedProgram | None = None,
+    data_config: dict[str, Any] | None = None,
 ) -> Any:
     """``model`` as an ONNX program in memory (``torch.onnx.ONNXProgram``; ``.save(path)`` writes it), via
     :func:`export_program` (or its ``program``, already traced) and the dynamo exporter (input ``images``, a video
     model's ``clips``; output ``logits``, a ``features_only`` backbone's ``features_0``, ``features_1`` ...); needs
     ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel ONNX has no operator for (a
     vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused: the same weights built with
-    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``)."""
+    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``). Its metadata
+    :data:`ONNX_DATA_CONFIG_KEY` is the preprocessing, ``data_config`` or :func:`model_data_config` of the model."""
     check_exportable(model, dynamic, onnx=True)
     ep = program if program is not None else export_program(model, example, dynamic, max_side)
     with warnings.catch_warnings():
@@ -303,9 +314,12 @@ def onnx_program(
         outputs = ["logits"]  # a features_only backbone (timm's wrapper: no head): its maps, in order
         if not hasattr(model, "forward_head"):
             outputs = [f"features_{i}" for i in range(len(ep.graph_signature.user_outputs))]
-        return torch.onnx.export(
+        onnx = torch.onnx.export(
             ep, input_names=[name], output_names=outputs, opset_version=opset, dynamo=True, verbose=False
         )
+    preprocessing = data_config if data_config is not None else model_data_config(_network(model))
+    onnx.model.metadata_props[ONNX_DATA_CONFIG_KEY] = json.dumps(preprocessing)
+    return onnx
 
 
 def save_program(ep: torch.export.ExportedProgram, path: str | Path, data_config: dict[str, Any]) -> Path:
@@ -429,7 +443,8 @@ def main(argv: list[str] | None = None) -> int:
             pt2 = program_bytes(ep, data_config) if args.pt2 else None
             if args.onnx:
                 print(f"converting the program to ONNX (opset {args.opset}) ...", flush=True)
-                onnx = onnx_program(model, example, dynamic, args.opset, program=ep)
+                onnx = onnx_program(model, example, dynamic, args.opset, program=ep, data_config=data_config)
+                onnx.model.metadata_props[ONNX_WEIGHTS_KEY] = "ema" if use_ema else "trained"
     except (CheckpointError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

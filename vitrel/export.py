@@ -385,6 +385,30 @@ _NOT_HW = {
 }
 
 
+def _naflex_note(ckpt: str, model: nn.Module, data_config: dict[str, Any]) -> str | None:
+    """The warning for exporting a ``.ckpt`` whose run trained and tested on NaFlex batches (``data.packing``, each
+    image at its own size within ``data.max_tokens`` patches) when the recorded fixed size holds more patches than
+    that: the export's preprocessing scores every image at a size its training never fed it. None otherwise."""
+    if Path(ckpt).suffix != ".ckpt":
+        return None
+    from vitrel.train.record import naflex_of_run
+
+    try:
+        run, record = naflex_of_run(ckpt)
+    except ValueError:  # (a record that does not resolve here: predict.py says so when it reads it)
+        return None
+    (h, w), patch = data_config["input_size"][-2:], _patch(model)
+    if not run or (h // patch) * (w // patch) <= run["max_tokens"]:
+        return None
+    return (
+        f"{Path(ckpt).name}'s run trained and tested on NaFlex batches (data.packing={run['packing']}: each image at "
+        f"its own size, at most {run['max_tokens']} patches; {record}); the export records fixed {h}x{w} images "
+        f"({(h // patch) * (w // patch)} patches of {patch} px), its model's built size, which training never fed "
+        "it: predict.py on the .ckpt scores images as the run did; a dynamic=hw program takes each image at its own "
+        "size (docs/export.md)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vitrel.export", description=__doc__.splitlines()[0])
     ap.add_argument("ckpt", help="training checkpoint (.ckpt) or exported weights")
@@ -430,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         use_ema = checkpoint_scores_ema(args.ckpt) if args.ema == "auto" else args.ema == "true"
         model = load_model(args.ckpt, use_ema=use_ema, **kernel).eval()
         data_config = data_config_for(args.ckpt, model)
+        naflex = _naflex_note(args.ckpt, model, data_config)
         pt2 = onnx = None
         if args.pt2 or args.onnx:
             dynamic = args.dynamic or best_dynamic(model)
@@ -456,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if naflex:
+        print(f"warning: {naflex}", file=sys.stderr)
     save_pretrained(model, out)
     which = "the EMA weights" if use_ema else "the trained weights"
     print(f"wrote {out / WEIGHTS_NAME} ({which}) and {out / CONFIG_NAME}")

@@ -6,7 +6,9 @@ optionally
 
 * ``model.pt2``: a ``torch.export`` program (``torch.export.load``), with the preprocessing in its
   extra file ``vitrel_data_config.json``;
-* ``model.onnx``: the same program through the dynamo ONNX exporter (opset 18), for ONNX Runtime.
+* ``model.onnx``: the same program through the dynamo ONNX exporter (opset 18), for ONNX Runtime, with the same
+  preprocessing and the weights taken (``ema`` / ``trained``) in its metadata (:data:`ONNX_DATA_CONFIG_KEY`,
+  :data:`ONNX_WEIGHTS_KEY`).
 
 The weights folder loads with ``vitrel.load_model(OUTDIR)``, ``timm.create_model("local-dir:OUTDIR",
 pretrained=True)`` (without ``pretrained=True``, timm builds the architecture with new weights) or
@@ -20,10 +22,11 @@ image height and width that is a multiple of the patch size (a video model: ever
 the tubelet size too); ``"batch"`` only the batch; ``"static"`` the example's shape. A video model's programs take
 clips ``[B, C, T, H, W]`` (the ONNX input is named ``clips``; ``--num-frames`` sets the example clip's length). A
 Swin model with a scheme that depends on the window's extent (1-D raster schemes; see
-``PositionScheme.depends_on_extent`` and ``docs/export.md``) has no ``"hw"`` program: :func:`best_dynamic` picks
-``"batch"`` for it. A model with ``attn_impl="flex"`` exports with static shapes
-only (torch.export cannot trace FlexAttention's block masks at symbolic sizes), and not to ONNX (no operator):
-:func:`best_dynamic` picks ``"static"``; ``--attn-impl sdpa`` exports the same weights at every size.
+``PositionScheme.depends_on_extent`` and ``docs/export.md``), and a ViT whose scheme compares the grid with the built
+one (``PositionScheme.size_branches``), have no ``"hw"`` program: :func:`best_dynamic` picks ``"batch"`` for them.
+A model with ``attn_impl="flex"`` exports with static shapes only (torch.export cannot trace FlexAttention's block
+masks at symbolic sizes), and not to ONNX (no operator): :func:`best_dynamic` picks ``"static"``; ``--attn-impl
+sdpa`` exports the same weights at every size.
 
 Programs are traced in eval mode without gradients (export is not training). Every refusal (an attention kernel
 ONNX has no operator for, sizes a model cannot serve, a missing ``onnx`` package, a trace that fails) comes before
@@ -63,6 +66,8 @@ __all__ = [
     "PT2_NAME",
     "ONNX_NAME",
     "DATA_CONFIG_NAME",
+    "ONNX_DATA_CONFIG_KEY",
+    "ONNX_WEIGHTS_KEY",
     "best_dynamic",
     "dynamic_shapes",
     "example_input",
@@ -82,6 +87,10 @@ DYNAMIC = ("hw", "batch", "static")
 PT2_NAME = "model.pt2"
 ONNX_NAME = "model.onnx"
 DATA_CONFIG_NAME = "vitrel_data_config.json"
+#: the ONNX model's metadata (``metadata_props``; ONNX Runtime's ``get_modelmeta().custom_metadata_map``): the
+#: preprocessing (JSON, the ``.pt2``'s :data:`DATA_CONFIG_NAME`), and which weights ``python -m vitrel.export`` took
+ONNX_DATA_CONFIG_KEY = "vitrel_data_config"
+ONNX_WEIGHTS_KEY = "vitrel_weights"
 #: the ONNX opset written (ONNX Runtime 1.17+ runs it; Resize with antialias needs >= 18)
 ONNX_OPSET = 18
 MAX_SIDE = 4096
@@ -127,12 +136,25 @@ def _extent_dependent(model: nn.Module) -> bool:
     )
 
 
+def _size_branching(model: nn.Module) -> list[str]:
+    """The schemes of a model without windows whose function is chosen by comparing the call's grid with the built
+    one (``PositionScheme.size_branches``: ``extend: interpolate`` tables, RoPE ``scaling.factor: auto``): a program
+    traced at one grid holds only at the sizes of the branch it took, and ONNX keeps no check of that. A Swin's
+    program always calls its schemes on whole windows, so they take one branch at every size."""
+    from vitrel.models.swin_blocks import SwinStage
+
+    if any(isinstance(m, SwinStage) for m in model.modules()):
+        return []
+    return sorted({m.name for m in model.modules() if getattr(m, "size_branches", False)})
+
+
 def best_dynamic(model: nn.Module) -> str:
-    """``"hw"`` when one program can serve every size, else ``"batch"`` (Swin with an extent-dependent scheme), or
-    ``"static"`` (``attn_impl="flex"``: FlexAttention traces at fixed sizes only)."""
+    """``"hw"`` when one program can serve every size, else ``"batch"`` (Swin with an extent-dependent scheme; a ViT
+    whose scheme branches on the grid's size), or ``"static"`` (``attn_impl="flex"``: FlexAttention traces at fixed
+    sizes only)."""
     if "flex" in _kernels(model):
         return "static"
-    return "batch" if _extent_dependent(model) else "hw"
+    return "batch" if _extent_dependent(model) or _size_branching(model) else "hw"
 
 
 def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, pt2: bool = False) -> None:
@@ -176,6 +198,12 @@ def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, 
         raise ValueError(
             "this Swin model's position scheme depends on the window's extent (a 1-D raster order): one program "
             "cannot serve every resolution (docs/export.md); export with dynamic='batch' or 'static'"
+        )
+    if dynamic == "hw" and _size_branching(model):
+        raise ValueError(
+            f"{', '.join(_size_branching(model))} here compares the image's grid with the built one (extend: "
+            "interpolate, or RoPE scaling.factor: auto): a program traced at one size would hold only on one side of "
+            "that comparison (docs/export.md); export with dynamic='batch' or 'static' (one program per resolution)"
         )
 
 
@@ -252,9 +280,10 @@ def export_onnx(
     dynamic: str = "hw",
     opset: int = ONNX_OPSET,
     max_side: int = MAX_SIDE,
+    data_config: dict[str, Any] | None = None,
 ) -> Path:
     """``model`` -> ONNX file ``path`` (:func:`onnx_program`, then saved)."""
-    program = onnx_program(model, example, dynamic, opset, max_side)
+    program = onnx_program(model, example, dynamic, opset, max_side, data_config=data_config)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     program.save(str(path))
@@ -268,13 +297,15 @@ def onnx_program(
     opset: int = ONNX_OPSET,
     max_side: int = MAX_SIDE,
     program: torch.export.ExportedProgram | None = None,
+    data_config: dict[str, Any] | None = None,
 ) -> Any:
     """``model`` as an ONNX program in memory (``torch.onnx.ONNXProgram``; ``.save(path)`` writes it), via
     :func:`export_program` (or its ``program``, already traced) and the dynamo exporter (input ``images``, a video
     model's ``clips``; output ``logits``, a ``features_only`` backbone's ``features_0``, ``features_1`` ...); needs
     ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel ONNX has no operator for (a
     vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused: the same weights built with
-    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``)."""
+    ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``). Its metadata
+    :data:`ONNX_DATA_CONFIG_KEY` is the preprocessing, ``data_config`` or :func:`model_data_config` of the model."""
     check_exportable(model, dynamic, onnx=True)
     ep = program if program is not None else export_program(model, example, dynamic, max_side)
     with warnings.catch_warnings():
@@ -283,9 +314,12 @@ def onnx_program(
         outputs = ["logits"]  # a features_only backbone (timm's wrapper: no head): its maps, in order
         if not hasattr(model, "forward_head"):
             outputs = [f"features_{i}" for i in range(len(ep.graph_signature.user_outputs))]
-        return torch.onnx.export(
+        onnx = torch.onnx.export(
             ep, input_names=[name], output_names=outputs, opset_version=opset, dynamo=True, verbose=False
         )
+    preprocessing = data_config if data_config is not None else model_data_config(_network(model))
+    onnx.model.metadata_props[ONNX_DATA_CONFIG_KEY] = json.dumps(preprocessing)
+    return onnx
 
 
 def save_program(ep: torch.export.ExportedProgram, path: str | Path, data_config: dict[str, Any]) -> Path:
@@ -351,6 +385,30 @@ _NOT_HW = {
 }
 
 
+def _naflex_note(ckpt: str, model: nn.Module, data_config: dict[str, Any]) -> str | None:
+    """The warning for exporting a ``.ckpt`` whose run trained and tested on NaFlex batches (``data.packing``, each
+    image at its own size within ``data.max_tokens`` patches) when the recorded fixed size holds more patches than
+    that: the export's preprocessing scores every image at a size its training never fed it. None otherwise."""
+    if Path(ckpt).suffix != ".ckpt":
+        return None
+    from vitrel.train.record import naflex_of_run
+
+    try:
+        run, record = naflex_of_run(ckpt)
+    except ValueError:  # (a record that does not resolve here: predict.py says so when it reads it)
+        return None
+    (h, w), patch = data_config["input_size"][-2:], _patch(model)
+    if not run or (h // patch) * (w // patch) <= run["max_tokens"]:
+        return None
+    return (
+        f"{Path(ckpt).name}'s run trained and tested on NaFlex batches (data.packing={run['packing']}: each image at "
+        f"its own size, at most {run['max_tokens']} patches; {record}); the export records fixed {h}x{w} images "
+        f"({(h // patch) * (w // patch)} patches of {patch} px), its model's built size, which training never fed "
+        "it: predict.py on the .ckpt scores images as the run did; a dynamic=hw program takes each image at its own "
+        "size (docs/export.md)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vitrel.export", description=__doc__.splitlines()[0])
     ap.add_argument("ckpt", help="training checkpoint (.ckpt) or exported weights")
@@ -396,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
         use_ema = checkpoint_scores_ema(args.ckpt) if args.ema == "auto" else args.ema == "true"
         model = load_model(args.ckpt, use_ema=use_ema, **kernel).eval()
         data_config = data_config_for(args.ckpt, model)
+        naflex = _naflex_note(args.ckpt, model, data_config)
         pt2 = onnx = None
         if args.pt2 or args.onnx:
             dynamic = args.dynamic or best_dynamic(model)
@@ -409,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
             pt2 = program_bytes(ep, data_config) if args.pt2 else None
             if args.onnx:
                 print(f"converting the program to ONNX (opset {args.opset}) ...", flush=True)
-                onnx = onnx_program(model, example, dynamic, args.opset, program=ep)
+                onnx = onnx_program(model, example, dynamic, args.opset, program=ep, data_config=data_config)
+                onnx.model.metadata_props[ONNX_WEIGHTS_KEY] = "ema" if use_ema else "trained"
     except (CheckpointError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -421,6 +481,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if naflex:
+        print(f"warning: {naflex}", file=sys.stderr)
     save_pretrained(model, out)
     which = "the EMA weights" if use_ema else "the trained weights"
     print(f"wrote {out / WEIGHTS_NAME} ({which}) and {out / CONFIG_NAME}")

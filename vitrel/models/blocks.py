@@ -182,7 +182,7 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Grid]:
         grid = patch_grid(x, self.patch_size, self.proj.in_channels)
-        x = self.proj(x)  # [B, C, H', W']
+        x = self.proj(whole_cells(x, grid, (self.patch_size,) * 2))  # [B, C, H', W']
         x = x.flatten(2).transpose(1, 2) if self.flatten else x.permute(0, 2, 3, 1)  # [B, H' W', C] or [B, H', W', C]
         return self.norm(x), grid
 
@@ -220,9 +220,19 @@ class TubeletEmbed(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Grid3]:
         grid = clip_grid(x, self.tubelet_size, self.patch_size, self.proj.in_channels)
-        x = self.proj(x)  # [B, C, T', H', W']
+        x = self.proj(whole_cells(x, grid, (self.tubelet_size, self.patch_size, self.patch_size)))
         x = x.flatten(2).transpose(1, 2) if self.flatten else x.permute(0, 2, 3, 4, 1)  # t-major tokens, or the map
         return self.norm(x), grid
+
+
+@register_notrace_function  # (torch.fx: the grid is a proxy there, and nothing is exported)
+def whole_cells(x: Tensor, grid: tuple[int, ...], cells: tuple[int, ...]) -> Tensor:
+    """``x [B, C, *sides]`` as it is; under ``torch.export`` split into ``grid`` cells of ``cells`` and merged back,
+    so that a runtime that keeps none of the program's guards (ONNX Runtime) refuses sides that are not whole cells
+    (a strided convolution would drop the remainder) where eager and the ``.pt2`` refuse them."""
+    if not torch.compiler.is_exporting():
+        return x
+    return x.reshape(*x.shape[:2], *(v for g, c in zip(tuple(grid), cells) for v in (g, c))).reshape(x.shape)
 
 
 def _clip_grid_for(num_frames: int, img_size: tuple[int, int], t: int, p: int) -> Grid3:

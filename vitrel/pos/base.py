@@ -127,6 +127,10 @@ class PositionScheme(nn.Module):
     #: the terms between two patches depend on the grid's extent, not only on their offsets (or, for
     #: RoPE, their row and column): raster-order 1-D schemes (``p = row * W + col``), normalised coordinates
     depends_on_extent: ClassVar[bool] = False
+    #: the function at a call's grid is chosen by comparing that grid with the built one (a table resized only on
+    #: a larger grid, a RoPE factor ``max(1, L' / L)``): a ``torch.export`` program of a ViT traced at one grid
+    #: holds only at the sizes of that branch, so ``vitrel.export.best_dynamic`` gives it ``"batch"``
+    size_branches: ClassVar[bool] = False
     #: a ``relative`` scheme whose patch<->patch terms depend on the offset only approximately (LieRE's
     #: non-commuting generators); the translation test measures, and documents, the violation instead
     exactly_relative: ClassVar[bool] = True

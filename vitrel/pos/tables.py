@@ -229,6 +229,13 @@ class ResizeOnLoad:
     """
 
     _rel_tables: dict[str, str] = {}
+    #: a call on a grid larger than the tables reads them through :func:`cover_grid` (the bias schemes)
+    _covers_grid: bool = False
+
+    @property
+    def size_branches(self) -> bool:
+        """``extend: interpolate`` of a bias table: resized at call time only when the grid outgrows it."""
+        return self._covers_grid and self.extend == "interpolate"
 
     def __init__(self, *, extend: str = "grow", **kw) -> None:
         super().__init__(**kw)  # type: ignore[call-arg]

@@ -58,6 +58,7 @@ class Rel2dFull(ResizeOnLoad, PositionScheme):
 
     family = "learned bias"
     has_bias = True
+    _covers_grid = True
     _rel_tables = {"table": "2d"}
     no_weight_decay_keys = ("table",)
 
@@ -89,6 +90,7 @@ class Rel2dFactored(ResizeOnLoad, PositionScheme):
 
     family = "learned bias"
     has_bias = True
+    _covers_grid = True
     has_bias_factors = True
     _rel_tables = {"table_h": "1d", "table_w": "1d"}
     no_weight_decay_keys = ("table_h", "table_w")

@@ -65,6 +65,7 @@ def factored_bias3d(table_t: Tensor, table_h: Tensor, table_w: Tensor, grid: Gri
 class _Bias3d(ResizeOnLoad, PositionScheme):
     family = "learned bias"
     has_bias = True
+    _covers_grid = True
     has_offset_table = True
     grid_dims = 3
 

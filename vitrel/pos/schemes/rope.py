@@ -256,6 +256,11 @@ class _Rope(ReferenceGrid, PositionScheme):
             raise ValueError(f"{self.name} needs base > 0, got {base}")
         self.base = float(base)
 
+    @property
+    def size_branches(self) -> bool:  # type: ignore[override]
+        """``scaling.factor: auto``: ``max(1, L' / L)`` of the call's grid, a comparison of sizes."""
+        return self.scaling is not None and self.scaling.factor == "auto"
+
     def scaling_factors(self, grid: Grid) -> tuple[float, ...]:
         """The ``scaling`` factor of each axis (rows, columns; or the raster index) for a call on ``grid``."""
         if self.scaling is None:

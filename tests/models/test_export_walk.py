@@ -1,0 +1,130 @@
+"""The export path as a user walks it (docs/export.md): what the exported files compute, at which sizes, and what they
+record. Small and quick; the scheme matrix is tests/models/test_export.py."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import vitrel
+from vitrel.export import best_dynamic, check_exportable
+
+
+def _vit(pos: dict, depth: int = 2) -> torch.nn.Module:
+    """A two-block ViT of 28 px grey images (a 7 x 7 grid, as the default recipe's), average-pooled (so every
+    patch's attention reaches the logits), its parameters moved off their initial values."""
+    torch.manual_seed(0)
+    m = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", img_size=28, in_chans=1, num_classes=10, embed_dim=32, depth=depth, num_heads=2,
+        global_pool="avg", pos=pos,
+    )  # fmt: skip
+    with torch.no_grad():
+        for p in m.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return m.eval()
+
+
+@pytest.mark.parametrize(
+    "pos",
+    [
+        {"name": "rel2d_factored", "extend": "interpolate"},
+        {"name": "rel2d_full", "extend": "interpolate"},
+        {"name": "rope2d_axial", "scaling": {"rope_type": "yarn", "factor": "auto"}},
+        {"name": "rope2d_mixed", "scaling": {"rope_type": "linear", "factor": "auto"}},
+    ],
+    ids=lambda p: f"{p['name']}-{p.get('extend') or p['scaling']['rope_type']}",
+)
+def test_a_vit_whose_scheme_compares_grids_gets_no_hw_program(pos):
+    """``extend: interpolate`` resizes a bias table only when the call's grid outgrows it, RoPE's ``factor: auto`` is
+    ``max(1, L' / L)``: both compare the grid with the built one, so a program traced at 28 px holds on one side of
+    that comparison only. With ``dynamic="hw"`` the ``.pt2`` failed a guard at 56 px and the ONNX model (no guards)
+    returned logits 3.3e-3 (rel2d_factored) and 8.3e-4 (rel2d_full) away from eager there. Now such a ViT gets
+    ``"batch"`` and ``"hw"`` is refused with the reason."""
+    m = _vit(pos, depth=1)
+    assert best_dynamic(m) == "batch"
+    with pytest.raises(ValueError, match=r"compares the image's grid with the built one .* dynamic='batch'"):
+        check_exportable(m, "hw")
+
+
+def test_a_swin_keeps_hw_with_an_interpolating_table():
+    """A Swin calls its schemes on whole windows at every size in the symbolic program: no size comparison."""
+    torch.manual_seed(0)
+    m = vitrel.create_model(
+        "vitrel_swin_tiny_patch2_window4_32", pos={"name": "rel2d_full", "extend": "interpolate"}, embed_dim=16,
+        depths=(1, 1), num_heads=(2, 2),
+    )  # fmt: skip
+    assert best_dynamic(m) == "hw"
+
+
+NAMES = [f"class_{i}" for i in range(10)]
+
+
+@pytest.fixture(scope="module")
+def ema_ckpt(tmp_path_factory):
+    """A training checkpoint as ``train.py`` writes it with ``module/ema=default``: trained and EMA weights (apart),
+    the module's ``ema_eval`` and the data config (grey 28 px, the run's statistics, class names)."""
+    m, ema = _vit({"name": "rel2d_factored"}, depth=1), _vit({"name": "rel2d_factored"}, depth=1)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    data = dict(input_size=[1, 28, 28], mean=[0.286], std=[0.353], interpolation="bilinear", crop_pct=1.0)
+    state = {f"model.{k}": v for k, v in m.state_dict().items()}
+    state |= {f"ema_model.module.{k}": v for k, v in ema.state_dict().items()}
+    hp = {"num_classes": 10, "ema_eval": True, "data_config": {**data, "class_names": NAMES}}
+    path = tmp_path_factory.mktemp("ckpt") / "last.ckpt"
+    torch.save({"vitrel_cfg": m.vitrel_cfg, "state_dict": state, "hyper_parameters": hp}, path)
+    return path
+
+
+def test_onnx_file_alone_reproduces_predict(ema_ckpt, tmp_path, capsys):
+    """``python -m vitrel.export CKPT OUT --pt2 --onnx`` then ONNX Runtime on image files, preprocessed from what the
+    ONNX file records: predict.py's probabilities on the checkpoint. The ``.pt2`` carried the preprocessing, the ONNX
+    file nothing (``metadata_props`` empty: mean / std / size / class names only in config.json beside it), nor which
+    weights it holds. Now its metadata has the ``.pt2``'s data config and ``vitrel_weights`` (here ``ema``: the
+    weights the run validated with, which the ``wrote`` line names)."""
+    ort = pytest.importorskip("onnxruntime")
+    from PIL import Image
+
+    from vitrel.export import ONNX_DATA_CONFIG_KEY, ONNX_WEIGHTS_KEY, load_program, main
+    from vitrel.inference import eval_transform, load_predictor, predict_folder
+
+    out = tmp_path / "export"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([str(ema_ckpt), str(out), "--pt2", "--onnx"]) == 0
+    assert "(the EMA weights)" in capsys.readouterr().out
+    sess = ort.InferenceSession(str(out / "model.onnx"))
+    meta = sess.get_modelmeta().custom_metadata_map
+    assert meta[ONNX_WEIGHTS_KEY] == "ema"
+    cfg = json.loads(meta[ONNX_DATA_CONFIG_KEY])
+    assert cfg == load_program(out / "model.pt2")[1] and cfg["class_names"] == NAMES
+    rng = np.random.default_rng(0)
+    images = tmp_path / "images"
+    images.mkdir()
+    for i, (h, w, mode) in enumerate([(28, 28, "L"), (56, 40, "RGB"), (33, 33, "RGB")]):
+        a = rng.integers(0, 255, (h, w, 3), dtype=np.uint8)
+        Image.fromarray(a).convert(mode).save(images / f"{i}.png")
+    rows = predict_folder(load_predictor(ema_ckpt), images, topk=10, batch_size=4, progress=False).rows
+    tf = eval_transform(cfg)
+    for row in rows:
+        x = tf(Image.open(images / row["filename"]))[None].numpy()
+        logits = torch.from_numpy(sess.run(None, {"images": x})[0])
+        probs = logits.softmax(-1)[0]
+        assert cfg["class_names"][int(probs.argmax())] == row["label_0"]
+        want = [row[f"prob_{i}"] for i in range(10)]
+        assert max(abs(float(probs[row[f"index_{i}"]]) - want[i]) for i in range(10)) < 1e-5
+    # other sizes (dynamic=hw): eager's logits at whole patches; sides that are not whole patches, which eager and the
+    # .pt2 refuse, were taken (30 x 28 px: the logits of the top-left 28 x 28 px, max difference 0, the strided
+    # convolution dropping the rest); the exported patch embedding now splits the image into whole patches, a reshape
+    # that ONNX Runtime refuses for other sides
+    model = vitrel.load_model(ema_ckpt, use_ema=True).eval()
+    x = torch.randn(3, 1, 56, 40)
+    with torch.no_grad():
+        assert np.abs(sess.run(None, {"images": x.numpy()})[0] - model(x).numpy()).max() < 1e-5
+    for h, w in ((30, 28), (28, 29)):
+        with pytest.raises(Exception, match="(?i)reshape"):
+            sess.run(None, {"images": np.zeros((1, 1, h, w), np.float32)})

@@ -190,6 +190,7 @@ class ClassifierModule(L.LightningModule):
         # a tuple, not an attribute holding a module: not registered, so the state-dict keys stay model.*; built at
         # the first step (after setup, which may fill in the data's size choices: compile_kwargs)
         self._compiled: tuple[nn.Module, ...] = ()
+        self._ema_cast: tuple[nn.Module, ...] = ()  # the EMA in the weights' dtype for an evaluation epoch (*-true)
         self._warned_layout = False  # COMPILE_LAYOUT said (once)
         self._mark_steps = kw.get("mode") in ("reduce-overhead", "max-autotune")  # the modes with CUDA graphs
         self.sync_free = bool(sync_free)
@@ -334,7 +335,7 @@ class ClassifierModule(L.LightningModule):
         x, y = batch
         n = _num_images(x, y)
         self._step_begins()
-        net = self._net_for(x) if self.eval_model is self.model else self.eval_model
+        net = self._net_for(x) if self.eval_model is self.model else (self._ema_cast or (self.eval_model,))[0]
         if isinstance(x, Tensor) and x.dim() == 6:  # [B, K, C, T, H, W]: K clips of B videos, scored per video
             logits = mean_softmax_log(net(x.flatten(0, 1)), x.shape[1])  # log of the mean of the clips' softmax
             loss = F.nll_loss(logits, y)
@@ -359,6 +360,45 @@ class ClassifierModule(L.LightningModule):
         self._eval_step(batch, "test")
 
     # ------------------------------------------------------------------------------ EMA
+    def to(self, *args: Any, **kwargs: Any) -> ClassifierModule:
+        """``nn.Module.to``, except that a cast below float32 leaves the EMA copy's dtype (it moves with the device):
+        Lightning's ``trainer.precision=bf16-true`` / ``16-true`` cast the module so, and an update
+        ``(1 - decay) * (w - ema)`` of a decay near 1 is below bfloat16's resolution (timm rounds it stochastically:
+        200 steps at 0.9998 left the EMA 31 % off a float64 EMA of the same weights) and float16's (zero). The EMA
+        then averages in float32, and validation and test score a copy cast to the weights' dtype."""
+        if self.ema_model is None:
+            return super().to(*args, **kwargs)
+        ema, before = self.ema_model, self.dtype
+        self.ema_model = None  # (its slot emptied for the cast: the rest of the module casts as nn.Module's)
+        try:
+            super().to(*args, **kwargs)
+        finally:
+            self.ema_model = ema
+        widened = self.dtype != before and self.dtype.itemsize >= 4  # (64-true: the EMA in float64 too)
+        ema.to(device=self.device, dtype=self.dtype if widened else None)
+        return self
+
+    def _cast_ema(self) -> tuple[nn.Module, ...]:
+        """The EMA copy in the weights' dtype, when it is scored and kept wider (:meth:`to`), else none."""
+        if self.eval_model is self.model:
+            return ()
+        weights = next(self.model.parameters()).dtype
+        if next(self.ema_model.parameters()).dtype == weights:
+            return ()
+        return (copy.deepcopy(self.ema_model.module).to(dtype=weights),)
+
+    def on_validation_epoch_start(self) -> None:
+        self._ema_cast = self._cast_ema()
+
+    def on_test_epoch_start(self) -> None:
+        self._ema_cast = self._cast_ema()
+
+    def on_validation_epoch_end(self) -> None:
+        self._ema_cast = ()
+
+    def on_test_epoch_end(self) -> None:
+        self._ema_cast = ()
+
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
         if self.ema_model is not None:  # step: the updates so far, this one included, as timm's train.py counts them

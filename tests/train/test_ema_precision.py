@@ -1,6 +1,7 @@
-"""The EMA under ``trainer.precision=bf16-true``: Lightning casts the whole module to bfloat16, and an EMA update
-``(1 - decay) * (w - ema)`` is below bfloat16's resolution, so the EMA copy averages in float32 (checkpointed so,
-resumed so) and validation scores a copy of it in the weights' dtype."""
+"""The EMA and the epoch means under ``trainer.precision=bf16-true``: Lightning casts the whole module to bfloat16, and
+an EMA update ``(1 - decay) * (w - ema)`` is below bfloat16's resolution, so the EMA copy averages in float32
+(checkpointed so, resumed so) and validation scores a copy of it in the weights' dtype; the metrics' running totals of
+losses and images stay float32 too."""
 
 from __future__ import annotations
 
@@ -92,3 +93,26 @@ def test_a_cast_below_float32_leaves_the_ema_and_a_wider_one_takes_it():
     assert module.ema_model.module[0].weight.dtype == torch.float64
     module.on_test_epoch_start()
     assert module._ema_cast == ()
+
+
+class Losses(Callback):
+    def __init__(self) -> None:
+        self.steps: list[tuple[float, int]] = []
+        self.logged = float("nan")
+        self.dtypes: set[torch.dtype] = set()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.steps.append((float(outputs["loss"]), len(batch[1])))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.logged = float(trainer.callback_metrics["train/loss_epoch"])
+        self.dtypes = {m.mean_value.dtype for m in (pl_module.train_loss, pl_module.val_loss)}
+
+
+def test_bf16_true_epoch_loss_is_the_mean_of_the_steps_losses(tmp_path):
+    seen = Losses()
+    run = [*RUN[:-3], "trainer.max_epochs=1", "trainer.limit_train_batches=24", "data.batch_size=32"]
+    train(compose(tmp_path, run), callbacks=[seen])
+    mean = sum(loss * n for loss, n in seen.steps) / sum(n for _, n in seen.steps)  # (float64)
+    assert len(seen.steps) == 24 and abs(seen.logged - mean) / mean < 1e-5, (seen.logged, mean)
+    assert seen.dtypes == {torch.float32}

@@ -80,10 +80,11 @@ class ImageMean(MeanMetric):
         super().__init__(nan_strategy="disable")
 
     def update(self, value: Tensor | float, weight: Tensor | float | None = None) -> None:
-        value = torch.as_tensor(value, dtype=self.dtype, device=self.device)
-        weight = (
-            torch.ones_like(value) if weight is None else torch.as_tensor(weight, dtype=self.dtype, device=self.device)
-        )
+        # in the totals' dtype: the metric's own (self.dtype) follows a move made under Lightning's *-true precision
+        # (which sets the default dtype in the steps) to bfloat16, and the values were rounded to it
+        dtype = self.mean_value.dtype
+        value = torch.as_tensor(value, dtype=dtype, device=self.device)
+        weight = torch.ones_like(value) if weight is None else torch.as_tensor(weight, dtype=dtype, device=self.device)
         weight = torch.broadcast_to(weight, value.shape)
         self.mean_value += (value * weight).sum()
         self.weight += weight.sum()
@@ -361,21 +362,25 @@ class ClassifierModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------ EMA
     def to(self, *args: Any, **kwargs: Any) -> ClassifierModule:
-        """``nn.Module.to``, except that a cast below float32 leaves the EMA copy's dtype (it moves with the device):
-        Lightning's ``trainer.precision=bf16-true`` / ``16-true`` cast the module so, and an update
-        ``(1 - decay) * (w - ema)`` of a decay near 1 is below bfloat16's resolution (timm rounds it stochastically:
-        200 steps at 0.9998 left the EMA 31 % off a float64 EMA of the same weights) and float16's (zero). The EMA
-        then averages in float32, and validation and test score a copy cast to the weights' dtype."""
-        if self.ema_model is None:
-            return super().to(*args, **kwargs)
-        ema, before = self.ema_model, self.dtype
-        self.ema_model = None  # (its slot emptied for the cast: the rest of the module casts as nn.Module's)
+        """``nn.Module.to``, except that a cast below float32 leaves the dtype of the EMA copy and of the metrics'
+        running totals (they move with the device): Lightning's ``trainer.precision=bf16-true`` / ``16-true`` cast the
+        module so. An EMA update ``(1 - decay) * (w - ema)`` of a decay near 1 is below bfloat16's resolution (timm
+        rounds it stochastically: 200 steps at 0.9998 left the EMA 31 % off a float64 EMA of the same weights) and
+        float16's (zero), and a bfloat16 sum of losses and image counts drifts (9000 images counted as 9024, the
+        epoch's loss 3 % off). They stay in float32; validation and test score a copy of the EMA cast to the weights'
+        dtype."""
+        kept = {name: m for name, m in self.named_children() if m is self.ema_model or isinstance(m, Metric)}
+        before = self.dtype
+        for name in kept:  # (their slots emptied for the cast: the rest of the module casts as nn.Module's)
+            setattr(self, name, None)
         try:
             super().to(*args, **kwargs)
         finally:
-            self.ema_model = ema
-        widened = self.dtype != before and self.dtype.itemsize >= 4  # (64-true: the EMA in float64 too)
-        ema.to(device=self.device, dtype=self.dtype if widened else None)
+            for name, m in kept.items():
+                setattr(self, name, m)
+        widened = self.dtype != before and self.dtype.itemsize >= 4  # (64-true: in float64 too)
+        for m in kept.values():
+            m.to(device=self.device, dtype=self.dtype if widened else None)
         return self
 
     def _cast_ema(self) -> tuple[nn.Module, ...]:

@@ -264,6 +264,7 @@ class PredictConfig:
     batch_size: int = 64
     num_workers: int = 0
     device: str = "auto"
+    precision: str = "32-true"  # 32-true | bf16-mixed | 16-mixed (torch.autocast)
     ema: Any = "auto"  # "auto" | true | false
     model_overrides: dict[str, Any] = field(default_factory=dict)
     progress_bar: str = "auto"  # auto | tqdm | lines | none (true and false as auto and none)

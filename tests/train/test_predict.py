@@ -14,8 +14,9 @@ from omegaconf import OmegaConf
 from PIL import Image
 
 import vitrel
+import vitrel.train.predict as predict_module
 from vitrel.export import main as export_main
-from vitrel.inference import NoImagesError, load_predictor, predict_folder
+from vitrel.inference import NoImagesError, PredictSettingsError, load_predictor, predict_folder
 from vitrel.models.checkpoint import save_pretrained
 from vitrel.train.predict import run_predict
 
@@ -645,3 +646,35 @@ def test_a_canvas_run_is_predicted_on_its_canvas_as_its_test_scored(tmp_path):
     got = torch.tensor([[r[f"prob_{k}"] for k in range(10)] for r in rows])
     order = torch.tensor([[r[f"index_{k}"] for k in range(10)] for r in rows])
     torch.testing.assert_close(got, want.gather(1, order), atol=2e-6, rtol=0)
+
+
+def _seen(model: torch.nn.Module, log: list) -> torch.nn.Module:
+    """``model``, noting in ``log`` the autocast dtype each forward runs under (None: off)."""
+
+    def hook(module, args):
+        log.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+
+    model.register_forward_pre_hook(hook)
+    return model
+
+
+def test_predict_py_precision_runs_the_forward_under_autocast(ckpt, images, tmp_path, monkeypatch):
+    """``precision=bf16-mixed``: the forward under autocast; the default, 32-true, as before: float32, no autocast."""
+    log = []
+    monkeypatch.setattr(predict_module, "load_predictor", lambda *a, **k: _with_log(load_predictor(*a, **k), log))
+    cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(images), results_file=str(tmp_path / "p.csv")))
+    cfg.progress_bar, cfg.device = False, "cpu"
+    summary = predict_module.run_predict(cfg)
+    assert summary["precision"] == "32-true" and log and set(log) == {None}
+    by_hand = predict_folder(load_predictor(ckpt, "cpu"), images, progress=False).rows  # float32, no autocast
+    assert _rows(tmp_path / "p.csv") == [{k: str(v) for k, v in r.items()} for r in by_hand]
+    log.clear()
+    predict_module.run_predict(OmegaConf.merge(cfg, dict(precision="bf16-mixed")))
+    assert log and set(log) == {torch.bfloat16}
+    with pytest.raises(PredictSettingsError, match=r"^precision=bf16 is not one predict.py runs: 32-true, bf16-mixed"):
+        predict_module.run_predict(OmegaConf.merge(cfg, dict(precision="bf16")))
+
+
+def _with_log(predictor, log):
+    _seen(predictor.model, log)
+    return predictor

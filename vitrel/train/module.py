@@ -80,10 +80,11 @@ class ImageMean(MeanMetric):
         super().__init__(nan_strategy="disable")
 
     def update(self, value: Tensor | float, weight: Tensor | float | None = None) -> None:
-        value = torch.as_tensor(value, dtype=self.dtype, device=self.device)
-        weight = (
-            torch.ones_like(value) if weight is None else torch.as_tensor(weight, dtype=self.dtype, device=self.device)
-        )
+        # in the totals' dtype: the metric's own (self.dtype) follows a move made under Lightning's *-true precision
+        # (which sets the default dtype in the steps) to bfloat16, and the values were rounded to it
+        dtype = self.mean_value.dtype
+        value = torch.as_tensor(value, dtype=dtype, device=self.device)
+        weight = torch.ones_like(value) if weight is None else torch.as_tensor(weight, dtype=dtype, device=self.device)
         weight = torch.broadcast_to(weight, value.shape)
         self.mean_value += (value * weight).sum()
         self.weight += weight.sum()
@@ -190,6 +191,7 @@ class ClassifierModule(L.LightningModule):
         # a tuple, not an attribute holding a module: not registered, so the state-dict keys stay model.*; built at
         # the first step (after setup, which may fill in the data's size choices: compile_kwargs)
         self._compiled: tuple[nn.Module, ...] = ()
+        self._ema_cast: tuple[nn.Module, ...] = ()  # the EMA in the weights' dtype for an evaluation epoch (*-true)
         self._warned_layout = False  # COMPILE_LAYOUT said (once)
         self._mark_steps = kw.get("mode") in ("reduce-overhead", "max-autotune")  # the modes with CUDA graphs
         self.sync_free = bool(sync_free)
@@ -334,7 +336,7 @@ class ClassifierModule(L.LightningModule):
         x, y = batch
         n = _num_images(x, y)
         self._step_begins()
-        net = self._net_for(x) if self.eval_model is self.model else self.eval_model
+        net = self._net_for(x) if self.eval_model is self.model else (self._ema_cast or (self.eval_model,))[0]
         if isinstance(x, Tensor) and x.dim() == 6:  # [B, K, C, T, H, W]: K clips of B videos, scored per video
             logits = mean_softmax_log(net(x.flatten(0, 1)), x.shape[1])  # log of the mean of the clips' softmax
             loss = F.nll_loss(logits, y)
@@ -359,6 +361,49 @@ class ClassifierModule(L.LightningModule):
         self._eval_step(batch, "test")
 
     # ------------------------------------------------------------------------------ EMA
+    def to(self, *args: Any, **kwargs: Any) -> ClassifierModule:
+        """``nn.Module.to``, except that a cast below float32 leaves the dtype of the EMA copy and of the metrics'
+        running totals (they move with the device): Lightning's ``trainer.precision=bf16-true`` / ``16-true`` cast the
+        module so. An EMA update ``(1 - decay) * (w - ema)`` of a decay near 1 is below bfloat16's resolution (timm
+        rounds it stochastically: 200 steps at 0.9998 left the EMA 31 % off a float64 EMA of the same weights) and
+        float16's (zero), and a bfloat16 sum of losses and image counts drifts (9000 images counted as 9024, the
+        epoch's loss 3 % off). They stay in float32; validation and test score a copy of the EMA cast to the weights'
+        dtype."""
+        kept = {name: m for name, m in self.named_children() if m is self.ema_model or isinstance(m, Metric)}
+        before = self.dtype
+        for name in kept:  # (their slots emptied for the cast: the rest of the module casts as nn.Module's)
+            setattr(self, name, None)
+        try:
+            super().to(*args, **kwargs)
+        finally:
+            for name, m in kept.items():
+                setattr(self, name, m)
+        widened = self.dtype != before and self.dtype.itemsize >= 4  # (64-true: in float64 too)
+        for m in kept.values():
+            m.to(device=self.device, dtype=self.dtype if widened else None)
+        return self
+
+    def _cast_ema(self) -> tuple[nn.Module, ...]:
+        """The EMA copy in the weights' dtype, when it is scored and kept wider (:meth:`to`), else none."""
+        if self.eval_model is self.model:
+            return ()
+        weights = next(self.model.parameters()).dtype
+        if next(self.ema_model.parameters()).dtype == weights:
+            return ()
+        return (copy.deepcopy(self.ema_model.module).to(dtype=weights),)
+
+    def on_validation_epoch_start(self) -> None:
+        self._ema_cast = self._cast_ema()
+
+    def on_test_epoch_start(self) -> None:
+        self._ema_cast = self._cast_ema()
+
+    def on_validation_epoch_end(self) -> None:
+        self._ema_cast = ()
+
+    def on_test_epoch_end(self) -> None:
+        self._ema_cast = ()
+
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)
         if self.ema_model is not None:  # step: the updates so far, this one included, as timm's train.py counts them

@@ -6,6 +6,7 @@ as JSON for a ``results_file`` ending in ``.json`` (:func:`write_results`)."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import logging
@@ -28,6 +29,19 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: ``precision=``: Lightning's ``trainer.precision`` names (``eval.py``'s), and the dtype each runs the forward under
+#: ``torch.autocast`` in (none: float32)
+AUTOCAST = {"32-true": None, "bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
+
+
+def _precision(precision: str) -> torch.dtype | None:
+    if precision not in AUTOCAST:
+        raise PredictSettingsError(
+            f"precision={precision} is not one predict.py runs: 32-true, bf16-mixed or 16-mixed (torch.autocast), "
+            "as Lightning's trainer.precision names them"
+        )
+    return AUTOCAST[precision]
 
 
 def _naflex_settings(cfg: Any, ckpt: Path) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -127,6 +141,7 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     check_predict_args(seq_len=cfg.get("seq_len"), max_tokens=cfg.get("max_tokens"))
     check_results_file(str(cfg.results_file))
     device = _device(str(cfg.get("device", "auto")))
+    autocast = _precision(str(cfg.get("precision", "32-true")))
     from vitrel.train.utils import plain  # (predict.py's configuration is Hydra's)
 
     overrides = dict(plain(cfg.get("model_overrides")) or {})
@@ -140,15 +155,17 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         warning = nominal_size_warning(ckpt, int(h), int(to_2tuple(patch)[0]), fix, "+model_overrides.img_size")
         if warning:
             log.warning(warning)
-    res = predict_folder(
-        predictor,
-        str(cfg.input),
-        topk=int(cfg.get("topk", 5)),
-        batch_size=int(cfg.get("batch_size", 64)),
-        num_workers=int(cfg.get("num_workers", 0)),
-        progress={"lines": "lines", "none": False}.get(progress_bar_kind(cfg.get("progress_bar", "auto")), True),
-        **naflex,
-    )
+    mixed = torch.autocast(predictor.device.type, dtype=autocast) if autocast else contextlib.nullcontext()
+    with mixed:  # (the forward's ops: the images are read and normalised in float32, in workers or not)
+        res = predict_folder(
+            predictor,
+            str(cfg.input),
+            topk=int(cfg.get("topk", 5)),
+            batch_size=int(cfg.get("batch_size", 64)),
+            num_workers=int(cfg.get("num_workers", 0)),
+            progress={"lines": "lines", "none": False}.get(progress_bar_kind(cfg.get("progress_bar", "auto")), True),
+            **naflex,
+        )
     out = write_results(res.rows, str(cfg.results_file))
     kind = "videos" if "num_frames" in predictor.data_config else "images"
     summary = {
@@ -161,6 +178,7 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         "results_file": str(out),
         "model": predictor.source,
         "device": str(predictor.device),
+        "precision": str(cfg.get("precision", "32-true")),
         "naflex_from_run": taken,  # the NaFlex settings taken from the checkpoint's run (not given)
     }
     skipped = f", skipped {len(res.skipped)} unreadable file(s)" if res.skipped else ""

@@ -100,8 +100,8 @@ class TimmSurface:
     def init_weights(self, mode: str = "", needs_reset: bool = True) -> None:
         """timm's ``init_weights``. ``needs_reset=True`` (timm's default, for after ``to_empty()``, which leaves every
         parameter and persistent buffer undefined): all of them as the constructor makes them (position tables and
-        MLPs, ``rel2d_cpb``'s ``ref_grid``, the patch and absolute embeddings), copied from a model built from
-        ``vitrel_cfg`` on this one's device and dtype. ``needs_reset=False`` (the constructor's): timm's ViT
+        MLPs, ``rel2d_cpb``'s ``ref_grid``, the patch and absolute embeddings), copied from a model of this class built
+        from ``vitrel_cfg`` on this one's device and dtype. ``needs_reset=False`` (the constructor's): timm's ViT
         initialisation of the linear layers and norms outside the schemes (:func:`~vitrel.models.blocks.init_weights_`).
         ``mode``: timm's ``""`` only."""
         if mode:
@@ -109,10 +109,9 @@ class TimmSurface:
         if not needs_reset:
             init_weights_(self)  # type: ignore[arg-type]
             return
-        from vitrel.models.registry import build_from_cfg  # (the registry imports the backbones)
-
         ref = next(self.parameters())  # type: ignore[attr-defined]
-        fresh = build_from_cfg(self.vitrel_cfg, device=ref.device, dtype=ref.dtype)  # type: ignore[attr-defined]
+        args = {k: v for k, v in self.vitrel_cfg.items() if k not in ("architecture", "vitrel_format")}  # type: ignore[attr-defined]
+        fresh = type(self)(**args, device=ref.device, dtype=ref.dtype)  # (this class's own, current-format arguments)
         missing = self.load_state_dict(fresh.state_dict(), strict=False).missing_keys  # type: ignore[attr-defined]
         if missing:
             raise ValueError(f"init_weights: vitrel_cfg builds no {missing[:4]} ({len(missing)} in all)")

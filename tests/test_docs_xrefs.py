@@ -17,7 +17,7 @@ SOURCES = sorted((ROOT / "vitrel").rglob("*.py")) + sorted((ROOT / "docs").glob(
 
 
 def _resolve(dotted: str) -> bool:
-    """``dotted`` imports as a module followed by attributes (``vitrel.train.record.run_record``)."""
+    """``dotted`` imports as a module followed by attributes (``vitrel.models.run_record.run_record``)."""
     parts = dotted.split(".")
     for i in range(len(parts), 0, -1):
         try:
@@ -70,7 +70,7 @@ def test_cross_references_name_what_exists(path: Path):
 def test_the_check_sees_a_stale_reference():
     """References to a moved function and to a method no class of the file has fail; the live ones pass."""
     text = (
-        ":data:`vitrel.train.predict.NAFLEX_RUN_KEYS` :meth:`attend` :data:`~vitrel.train.record.NAFLEX_RUN_KEYS` "
+        ":data:`vitrel.train.predict.NAFLEX_RUN_KEYS` :meth:`attend` :data:`~vitrel.models.run_record.NAFLEX_RUN_KEYS` "
         ":func:`run_predict` :meth:`sizes`\n    def sizes(self): ..."
     )
     assert unresolved(text, "vitrel.train.predict") == ["attend", "vitrel.train.predict.NAFLEX_RUN_KEYS"]

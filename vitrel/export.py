@@ -60,6 +60,7 @@ from vitrel.models.checkpoint import (
     save_pretrained,
     stored_data_config,
 )
+from vitrel.models.run_record import naflex_of_run
 
 __all__ = [
     "DYNAMIC",
@@ -391,8 +392,6 @@ def _naflex_note(ckpt: str, model: nn.Module, data_config: dict[str, Any]) -> st
     that: the export's preprocessing scores every image at a size its training never fed it. None otherwise."""
     if Path(ckpt).suffix != ".ckpt":
         return None
-    from vitrel.train.record import naflex_of_run
-
     try:
         run, record = naflex_of_run(ckpt)
     except ValueError:  # (a record that does not resolve here: predict.py says so when it reads it)

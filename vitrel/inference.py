@@ -16,7 +16,7 @@ With ``seq_len`` (``predict.py seq_len=256``) every image is scored at its own s
 rows of ``seq_len`` tokens (:class:`vitrel.data.packing.PackingCollator`), the path of ``data.packing`` in
 training; models that take timm's NaFlex dicts only (not ``.pt2`` programs). ``predict.py`` on a ``.ckpt`` whose
 ``train.py`` run trained with ``data.packing`` scores this way by default, as ``eval.py`` and the run's test did
-(:func:`vitrel.train.record.naflex_of_run`).
+(:func:`vitrel.models.run_record.naflex_of_run`).
 
 A video model (its data config has ``num_frames``) reads video files instead (:func:`predict_folder`; the extensions
 of :data:`vitrel.data.video.VIDEO_EXTENSIONS`, in a folder or in class folders): each video's evaluation clips,
@@ -49,6 +49,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitrel.models.run_record import PredictSettingsError
+
 __all__ = [
     "IMG_EXTENSIONS",
     "NoImagesError",
@@ -76,11 +78,6 @@ class NoImagesError(FileNotFoundError):
 
 class NoVideosError(FileNotFoundError):
     """The input folder holds no video files."""
-
-
-class PredictSettingsError(ValueError):
-    """A prediction setting that cannot be honoured (a count out of range, an override the model file cannot take,
-    inputs the model does not read): the message names it and what to give instead."""
 
 
 # ---------------------------------------------------------------------------- models and their preprocessing

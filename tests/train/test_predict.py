@@ -513,8 +513,8 @@ def _eval_way(ckpt: Path, files: list[Path], tmp_path: Path) -> torch.Tensor:
 
     from tests.train_helpers import compose
     from vitrel.models.checkpoint import checkpoint_scores_ema, stored_data_config
+    from vitrel.models.run_record import run_record
     from vitrel.train.evaluate import _run_settings, _stored_split
-    from vitrel.train.record import run_record
 
     cfg = compose(tmp_path / "eval", [f"ckpt_path={ckpt}", "data=fashion_mnist_naflex"], config_name="eval")
     held = _stored_split(ckpt, cfg.data)  # (as evaluate reads the checkpoint and its run folder)

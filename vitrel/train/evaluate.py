@@ -48,9 +48,9 @@ from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import run_checkpoint, stored_config
 from vitrel.models.data_config import stored_data_config
 from vitrel.models.input_size import check_patches_fit
+from vitrel.models.run_record import nominal_size_warning, run_record
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
-from vitrel.train.record import nominal_size_warning, run_record
 from vitrel.train.run_figures import RunFigures
 from vitrel.train.utils import (
     check_accelerator,
@@ -109,7 +109,7 @@ def _nominal_size(
     ckpt: Path, saved: dict, trained: dict[str, int], record: tuple[Path, DictConfig | None]
 ) -> str | None:
     """The warning when the fixed size ``trained`` taken from the checkpoint is only the size a NaFlex run built its
-    model at (:func:`~vitrel.train.record.nominal_size_warning`; ``record``: the run record, read once); None
+    model at (:func:`~vitrel.models.run_record.nominal_size_warning`; ``record``: the run record, read once); None
     otherwise."""
     if "img_size" not in trained or saved.get("patch_size") is None or ckpt.suffix != ".ckpt":
         return None

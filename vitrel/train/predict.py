@@ -19,7 +19,7 @@ from timm.layers import to_2tuple
 
 from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder
 from vitrel.models.ckpt_files import run_checkpoint
-from vitrel.train.record import naflex_of_run, nominal_size_warning
+from vitrel.models.run_record import naflex_of_run, nominal_size_warning
 from vitrel.train.utils import progress_bar_kind
 
 __all__ = [

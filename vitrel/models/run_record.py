@@ -7,20 +7,27 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
-
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from typing import TYPE_CHECKING, Any
 
 from vitrel.data.packing import parse_packing
-from vitrel.inference import PredictSettingsError
 
-__all__ = ["NAFLEX_RUN_KEYS", "naflex_of_run", "nominal_size_warning", "run_record"]
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+__all__ = ["NAFLEX_RUN_KEYS", "PredictSettingsError", "naflex_of_run", "nominal_size_warning", "run_record"]
+
+
+class PredictSettingsError(ValueError):
+    """A prediction setting that cannot be honoured (a count out of range, an override the model file cannot take,
+    inputs the model does not read, a run record that does not resolve): the message names it and what to give
+    instead. Defined here, below ``vitrel.export`` and ``vitrel.inference`` (which re-exports it)."""
 
 
 def run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
     """The record of the train.py run that wrote ``ckpt``, ``<run>/.hydra/config.yaml`` (as Hydra saves it: not
     resolved), and its config; None without one."""
+    from omegaconf import OmegaConf  # (here: reading a model file needs no omegaconf)
+
     path = ckpt.parent.parent / ".hydra" / "config.yaml"
     return path, OmegaConf.load(path) if path.is_file() else None
 
@@ -41,6 +48,8 @@ def naflex_of_run(ckpt_path: str | Path, run_rec: tuple[Path, Any] | None = None
     data = run.get("data") if run is not None else None
     if not data:
         return {}, ""
+    from omegaconf.errors import OmegaConfBaseException
+
     out = {}
     for key, default in NAFLEX_RUN_KEYS.items():
         try:

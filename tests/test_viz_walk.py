@@ -52,6 +52,16 @@ def test_kernel_of_a_loaded_run_is_its_table_read_at_query_minus_key(run):
     assert fig.axes[0].lines[0].get_xydata().tolist() == [[qj, qi]]  # the x at column 5, row 1
 
 
+def test_callback_draws_the_weights_the_run_scores_and_says_so(run):
+    folder, drawn = run
+    title, kernel = [d for d in drawn if d[0].startswith("blocks.0.attn.pos:")][-1]  # at the end of training
+    raw = vitrel.load_model(folder, use_ema=False).blocks[0].attn.pos
+    loaded = vitrel.load_model(folder).blocks[0].attn.pos  # the EMA copy: what the run validated with
+    assert not torch.allclose(viz.position_kernel(raw), viz.position_kernel(loaded))
+    torch.testing.assert_close(kernel, viz.position_kernel(loaded))
+    assert "EMA weights" in title, title
+
+
 def _swin():
     return vitrel.create_model(
         "vitrel_swin_tiny_patch2_window4_32", embed_dim=16, depths=(1, 1), num_heads=(2, 2), num_classes=10

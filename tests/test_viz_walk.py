@@ -119,3 +119,23 @@ def test_offset_profile_axes_are_query_minus_key():
             m[0, i, (r + 1) * 4 + c + 2] = 1.0
     prof = viz.offset_profile(m, (3, 4))[0].numpy()
     assert np.argwhere(prof > 0).tolist() == [[-1 + 2, -2 + 3]]
+
+
+def test_offset_axes_of_the_table_pictures_say_query_minus_key():
+    """Shaw's key term at query (1, 3) peaks on the key one row below and two columns left, offset (dh, dw) =
+    (-1, 2): the table picture puts the peak at y = -1, x = 2 and its axes say the offset is query minus key."""
+    s = vitrel.build_pos("shaw2d_full", num_heads=1, head_dim=4, grid=(4, 5))
+    with torch.no_grad():
+        s.rel_k.zero_()
+        s.rel_k[-1 + 3, 2 + 4] = 1.0  # [dh + Kh, dw + Kw]
+    kernel = viz.position_kernel(s, query=(1, 3))[0]
+    assert np.argwhere(kernel.numpy() > 0).tolist() == [[2, 1]]
+    ax = viz.plot_content_tables(s).axes[0]
+    img = ax.images[0]
+    row, col = np.unravel_index(np.argmax(img.get_array()), img.get_array().shape)
+    left, _, _, top = img.get_extent()
+    assert (top + 0.5 + row, left + 0.5 + col) == (-1, 2)
+    assert (ax.get_ylabel(), ax.get_xlabel()) == ("dh = row_q - row_k", "dw = col_q - col_k")
+    rope = vitrel.build_pos("rope2d_axial", num_heads=1, head_dim=8, grid=(3, 3))
+    ax = viz.plot_rope_similarity({"r": rope}, max_heads=1).axes[0]
+    assert (ax.get_ylabel(), ax.get_xlabel()) == ("dh = row_q - row_k", "dw = col_q - col_k")

@@ -258,6 +258,9 @@ def attention_maps(model: nn.Module, images: Tensor, block: int = -1, stage: int
 
 
 # ------------------------------------------------------------------------------------------ figures
+_DH, _DW = "dh = row_q - row_k", "dw = col_q - col_k"  # the offset axes: query minus key, as offset_profile
+
+
 def _sym_lim(a: np.ndarray) -> float:
     a = np.abs(a[np.isfinite(a)])  # LookHere's -inf (keys out of a head's view): grey in _scale's colour map
     lim = float(a.max()) if a.size else 0.0
@@ -432,8 +435,8 @@ def plot_rope_similarity(
             ax.tick_params(labelsize=6)
             ax.set_title(f"{name}, head {h}", fontsize=7)
             if h == 0:
-                ax.set_ylabel("dh", fontsize=7)
-            ax.set_xlabel("dw", fontsize=7)
+                ax.set_ylabel(_DH, fontsize=7)
+            ax.set_xlabel(_DW, fontsize=7)
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
     fig.suptitle(title or "RoPE: cosine similarity of rotated q and k vs offset (dh, dw)", fontsize=9)
@@ -444,7 +447,8 @@ def plot_content_tables(scheme: PositionScheme, title: str | None = None):
     """One panel per learned table of a content scheme (:func:`content_tables`).
 
     1-D tables ``[2K+1, d]``: an image of channel x offset (offset ``-K .. K`` on the x axis).
-    2-D tables ``[2Kh+1, 2Kw+1, d]``: the norm ``|r[dh, dw]|`` over the channels.
+    2-D tables ``[2Kh+1, 2Kw+1, d]``: the norm ``|r[dh, dw]|`` over the channels. Offsets are query minus key
+    (``dh = row_q - row_k``), as the tables are read and as :func:`offset_profile` folds.
     """
     _check_scheme(scheme, "plot_content_tables")
     tables = content_tables(scheme)
@@ -458,15 +462,15 @@ def plot_content_tables(scheme: PositionScheme, title: str | None = None):
             im = ax.imshow(
                 a, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", extent=(-k - 0.5, k + 0.5, a.shape[0] - 0.5, -0.5)
             )
-            ax.set_xlabel("offset", fontsize=7)
+            ax.set_xlabel("offset (query - key)", fontsize=7)
             ax.set_ylabel("channel", fontsize=7)
         elif t.dim() == 3:
             kh, kw = (t.shape[0] - 1) // 2, (t.shape[1] - 1) // 2
             im = ax.imshow(
                 t.norm(dim=-1).numpy(), cmap="magma", extent=(-kw - 0.5, kw + 0.5, kh + 0.5, -kh - 0.5), aspect="equal"
             )
-            ax.set_xlabel("dw", fontsize=7)
-            ax.set_ylabel("dh", fontsize=7)
+            ax.set_xlabel(_DW, fontsize=7)
+            ax.set_ylabel(_DH, fontsize=7)
         else:
             raise ValueError(f"{name}: cannot draw a table of shape {tuple(t.shape)}")
         ax.tick_params(labelsize=6)

@@ -82,6 +82,22 @@ def _device(module: nn.Module) -> torch.device:
     return ref.device if ref is not None else torch.device("cpu")
 
 
+def _check_scheme(obj: Any, fn: str) -> None:
+    """Refuse in one line anything but a position scheme (a model or an attention layer: name one of its schemes)."""
+    if isinstance(obj, PositionScheme):
+        return
+    inner = [n for n, m in obj.named_modules() if isinstance(m, PositionScheme)] if isinstance(obj, nn.Module) else []
+    hint = f": pass one of its {len(inner)} scheme(s), e.g. .get_submodule({inner[0]!r})" if inner else ""
+    raise TypeError(f"{fn} draws a position scheme (vitrel.pos.PositionScheme), got {type(obj).__name__}{hint}")
+
+
+def _image_grid(grid: Grid | Grid3, fn: str) -> Grid:
+    """``grid`` if it is an image grid, else one line (a video grid: :func:`plot_pos_scheme` draws its frames)."""
+    if isinstance(grid, Grid3):
+        raise ValueError(f"{fn} takes an image grid (H, W), not the video grid {grid_str(grid)}: use plot_pos_scheme")
+    return grid
+
+
 @contextmanager
 def _evaluated(scheme: PositionScheme) -> Iterator[None]:
     """``scheme`` in eval mode, then its mode restored: no random draw of training-time coordinate augmentation."""
@@ -125,6 +141,7 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
     Absolute schemes: ``[1, N, N]`` cosine similarity of the patch embeddings. ``grid`` defaults to
     the grid the scheme was built for. Float32, on the CPU.
     """
+    _check_scheme(scheme, "position_matrix")
     grid = as_grid(grid if grid is not None else scheme.grid)
     n, device = grid.n, _device(scheme)
     if scheme.kind == "absolute":
@@ -157,6 +174,7 @@ def position_kernel(scheme: PositionScheme, grid: Any = None, query: int | tuple
     ``query`` is ``(row, col)`` (a video grid: ``(frame, row, col)``) or a raster index. Absolute schemes: one
     "head", the cosine similarity of that patch's embedding with every patch's.
     """
+    _check_scheme(scheme, "position_kernel")
     grid = as_grid(grid if grid is not None else scheme.grid)
     m = position_matrix(scheme, grid)
     return m[:, _query_index(grid, query)].reshape(m.shape[0], *grid)
@@ -168,7 +186,7 @@ def offset_profile(matrix: Tensor, grid: Any) -> Tensor:
     Entry ``[dh + H - 1, dw + W - 1]`` is the mean of ``matrix[..., i, j]`` over the pairs with
     ``row_i - row_j = dh`` and ``col_i - col_j = dw``.
     """
-    grid = as_grid(grid)
+    grid = _image_grid(as_grid(grid), "offset_profile")
     if matrix.shape[-2:] != (grid.n, grid.n):
         raise ValueError(f"expected [..., {grid.n}, {grid.n}] for grid {tuple(grid)}, got {tuple(matrix.shape)}")
     r = torch.arange(grid.h).repeat_interleave(grid.w)
@@ -189,9 +207,10 @@ def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
     The cosine similarity of the rotated probes of two patches at offset ``(dh, dw)`` on ``grid``
     (default: the scheme's grid; a larger grid shows the offsets a model never saw in training).
     """
+    _check_scheme(scheme, "rope_similarity")
     if not scheme.has_rotation:
         raise ValueError(f"{scheme.name} does not rotate queries and keys; rope_similarity needs a rotary scheme")
-    grid = as_grid(grid if grid is not None else scheme.grid)
+    grid = _image_grid(as_grid(grid if grid is not None else scheme.grid), "rope_similarity")
     d = scheme.head_dim
     u = _probe(scheme.num_heads, grid.n, d, _device(scheme))
     with _evaluated(scheme):
@@ -202,6 +221,7 @@ def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
 
 def rope_freqs(scheme: PositionScheme) -> Tensor | None:
     """Learned 2-D RoPE frequencies ``[2, heads, d/2]`` (``f^x, f^y``) of a scheme, or None."""
+    _check_scheme(scheme, "rope_freqs")
     f = getattr(scheme, "freqs", None)
     if isinstance(f, Tensor) and f.dim() == 3 and f.shape[0] == 2 and f.shape[1] == scheme.num_heads:
         return f.detach().float().cpu()
@@ -210,6 +230,7 @@ def rope_freqs(scheme: PositionScheme) -> Tensor | None:
 
 def content_tables(scheme: PositionScheme) -> dict[str, Tensor]:
     """The learned tables of a scheme with content terms (Shaw's ``r^K``, ``r^V``), by parameter name."""
+    _check_scheme(scheme, "content_tables")
     if not scheme.has_content_terms:
         raise ValueError(f"{scheme.name} has no content terms (no key/value tables)")
     return {n: p.detach().float().cpu() for n, p in scheme.named_parameters()}
@@ -237,6 +258,9 @@ def attention_maps(model: nn.Module, images: Tensor, block: int = -1, stage: int
 
 
 # ------------------------------------------------------------------------------------------ figures
+_DH, _DW = "dh = row_q - row_k", "dw = col_q - col_k"  # the offset axes: query minus key, as offset_profile
+
+
 def _sym_lim(a: np.ndarray) -> float:
     a = np.abs(a[np.isfinite(a)])  # LookHere's -inf (keys out of a head's view): grey in _scale's colour map
     lim = float(a.max()) if a.size else 0.0
@@ -267,6 +291,7 @@ def plot_pos_scheme(
     ``grid`` defaults to the grid the scheme was built for (its window, for windowed models).
     Used by the training callback that logs position pictures.
     """
+    _check_scheme(scheme, "plot_pos_scheme")
     grid = as_grid(grid if grid is not None else scheme.grid)
     if isinstance(grid, Grid3):
         return _plot_frames(scheme, grid, title, max_heads, query)
@@ -353,11 +378,13 @@ def plot_schemes(
     """
     if not schemes:
         raise ValueError("plot_schemes needs at least one scheme")
+    for s in schemes.values():
+        _check_scheme(s, "plot_schemes")
     cols = 1 + max_heads
     fig = new_figure(1.55 * cols + 0.6, 1.6 * len(schemes) + 0.5)
     axes = np.atleast_2d(fig.subplots(len(schemes), cols, squeeze=False))
     for r, (name, s) in enumerate(schemes.items()):
-        g = as_grid(grid if grid is not None else s.grid)
+        g = _image_grid(as_grid(grid if grid is not None else s.grid), "plot_schemes")
         m = position_matrix(s, g)
         absolute = s.kind == "absolute"
         cmap, vmin, vmax = _scale(m.numpy(), absolute)
@@ -390,6 +417,8 @@ def plot_rope_similarity(
     """
     if not schemes:
         raise ValueError("plot_rope_similarity needs at least one scheme")
+    for s in schemes.values():
+        _check_scheme(s, "plot_rope_similarity")
     fig = new_figure(1.9 * max_heads + 0.6, 1.8 * len(schemes) + 0.5)
     axes = np.atleast_2d(fig.subplots(len(schemes), max_heads, squeeze=False))
     im = None
@@ -406,8 +435,8 @@ def plot_rope_similarity(
             ax.tick_params(labelsize=6)
             ax.set_title(f"{name}, head {h}", fontsize=7)
             if h == 0:
-                ax.set_ylabel("dh", fontsize=7)
-            ax.set_xlabel("dw", fontsize=7)
+                ax.set_ylabel(_DH, fontsize=7)
+            ax.set_xlabel(_DW, fontsize=7)
     if im is not None:
         fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8)
     fig.suptitle(title or "RoPE: cosine similarity of rotated q and k vs offset (dh, dw)", fontsize=9)
@@ -418,8 +447,10 @@ def plot_content_tables(scheme: PositionScheme, title: str | None = None):
     """One panel per learned table of a content scheme (:func:`content_tables`).
 
     1-D tables ``[2K+1, d]``: an image of channel x offset (offset ``-K .. K`` on the x axis).
-    2-D tables ``[2Kh+1, 2Kw+1, d]``: the norm ``|r[dh, dw]|`` over the channels.
+    2-D tables ``[2Kh+1, 2Kw+1, d]``: the norm ``|r[dh, dw]|`` over the channels. Offsets are query minus key
+    (``dh = row_q - row_k``), as the tables are read and as :func:`offset_profile` folds.
     """
+    _check_scheme(scheme, "plot_content_tables")
     tables = content_tables(scheme)
     fig = new_figure(2.4 * len(tables) + 0.6, 2.4)
     axes = np.atleast_1d(fig.subplots(1, len(tables), squeeze=False)[0])
@@ -431,15 +462,15 @@ def plot_content_tables(scheme: PositionScheme, title: str | None = None):
             im = ax.imshow(
                 a, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", extent=(-k - 0.5, k + 0.5, a.shape[0] - 0.5, -0.5)
             )
-            ax.set_xlabel("offset", fontsize=7)
+            ax.set_xlabel("offset (query - key)", fontsize=7)
             ax.set_ylabel("channel", fontsize=7)
         elif t.dim() == 3:
             kh, kw = (t.shape[0] - 1) // 2, (t.shape[1] - 1) // 2
             im = ax.imshow(
                 t.norm(dim=-1).numpy(), cmap="magma", extent=(-kw - 0.5, kw + 0.5, kh + 0.5, -kh - 0.5), aspect="equal"
             )
-            ax.set_xlabel("dw", fontsize=7)
-            ax.set_ylabel("dh", fontsize=7)
+            ax.set_xlabel(_DW, fontsize=7)
+            ax.set_ylabel(_DH, fontsize=7)
         else:
             raise ValueError(f"{name}: cannot draw a table of shape {tuple(t.shape)}")
         ax.tick_params(labelsize=6)
@@ -494,6 +525,8 @@ def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
     other; a map that is not a multiple of the window is padded at the bottom and right."""
     from vitrel.layout.windows import window_and_shift, window_groups
 
+    if isinstance(grid, nn.Module):  # (not its repr in as_grid's message)
+        raise TypeError(f"plot_swin_windows takes a map size (H, W) and a window, got a {type(grid).__name__}")
     grid = as_grid(grid)
     window = (window, window) if isinstance(window, int) else tuple(window)
     fig = new_figure(7.0, 3.4 * grid.h / max(grid.w, 1) + 0.6)

@@ -447,7 +447,8 @@ class PosImageLogger(Callback):
     """Every ``every_n_epochs`` epochs (and at the end of training), a picture of each layer's position scheme as
     seen from the centre query (``vitrel.viz.plot_pos_scheme``; a video grid's frames side by side), logged to
     W&B / TensorBoard as images under ``pos/<module name>``; without such a logger the PNGs go to
-    ``<run dir>/pos_images/``.
+    ``<run dir>/pos_images/``. Drawn from the weights validation scores (the EMA copy under ``module/ema`` unless
+    ``module.ema_eval=false``, as ``vitrel.load_model`` loads a run), the title says which.
     """
 
     def __init__(self, every_n_epochs: int = 5, max_layers: int | None = None, save_dir: str | None = None) -> None:
@@ -471,13 +472,18 @@ class PosImageLogger(Callback):
         if trainer.sanity_checking or trainer.fast_dev_run:
             return
         self._last_logged_step = trainer.global_step
-        model = getattr(pl_module, "model", pl_module)
+        model = getattr(pl_module, "eval_model", None)  # the weights val / test score and load_model loads
+        model = getattr(pl_module, "model", pl_module) if model is None else model
+        has_ema = getattr(pl_module, "ema_model", None) is not None
+        ema = has_ema and model is pl_module.ema_model
+        model = getattr(model, "module", model) if ema else model  # timm's ModelEmaV3 holds its copy as .module
         schemes = position_schemes(model)[: self.max_layers]
         loggers = [lg for lg in trainer.loggers if isinstance(lg, (WandbLogger, TensorBoardLogger))]
         step, epoch = trainer.global_step, trainer.current_epoch
         images = {}
         for name, scheme in schemes:
-            fig = plot_pos_scheme(scheme, title=f"{name}: {scheme.name} (step {step})")
+            weights = ("EMA weights, " if ema else "raw weights, ") if has_ema else ""
+            fig = plot_pos_scheme(scheme, title=f"{name}: {scheme.name} ({weights}step {step})")
             images[f"pos/{name}"] = figure_to_array(fig)
             if not loggers:
                 out = Path(self.save_dir or trainer.default_root_dir) / "pos_images"

@@ -76,6 +76,11 @@ def test_every_float_precision_loads(tmp_path, dtype):
         (SWIN, dict(in_chans=0), "in_chans must be >= 1, got 0"),
         (SWIN, dict(in_chans=-1), "in_chans must be >= 1, got -1"),  # torch's "negative dimension -1: [16, -1, 4, 4]"
         (SWIN, dict(in_chans=3.0), r"in_chans must be an integer >= 1, got 3.0 \(float\)"),
+        (VIT, dict(num_classes=-1), r"num_classes must be >= 0 \(0 for no head\), got -1"),  # built a headless model
+        (VIT, dict(num_classes=False), "num_classes must be an integer >= 0 .*got False"),  # the same
+        (VIT, dict(num_classes=10.0), r"num_classes must be an integer >= 0 .*got 10.0 \(float\)"),  # torch's empty()
+        (SWIN, dict(num_classes=-5), r"num_classes must be >= 0 \(0 for no head\), got -5"),
+        (SWIN, dict(num_classes=True), "num_classes must be an integer >= 0 .*got True"),
     ],
 )
 def test_impossible_sizes_name_the_argument(arch, kwargs, named):
@@ -83,6 +88,17 @@ def test_impossible_sizes_name_the_argument(arch, kwargs, named):
     base.pop("depth", None) if arch == SWIN else None
     with pytest.raises((ValueError, TypeError), match=named):
         vitrel.create_model(arch, **{**base, **kwargs})
+
+
+@pytest.mark.parametrize("arch", [VIT, SWIN])
+def test_num_classes_zero_is_no_head_and_reset_classifier_is_checked(arch):
+    base = dict(TINY) if arch == VIT else dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2], img_size=8)
+    base.pop("depth", None) if arch == SWIN else None
+    m = vitrel.create_model(arch, **{**base, "num_classes": 0})  # timm's headless model stays allowed
+    assert isinstance(m.head, torch.nn.Identity) and m(torch.randn(1, 3, 8, 8)).shape == (1, m.num_features)
+    with pytest.raises(ValueError, match=r"num_classes must be >= 0 \(0 for no head\), got -1"):
+        m.reset_classifier(-1)
+    assert m.num_classes == 0 and m.vitrel_cfg["num_classes"] == 0  # left as it was
 
 
 def test_attention_heads_are_checked():

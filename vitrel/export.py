@@ -81,6 +81,8 @@ __all__ = [
     "save_program",
     "program_bytes",
     "load_program",
+    "program_input_shape",
+    "SizeCheckedProgram",
     "main",
 ]
 
@@ -377,6 +379,32 @@ def program_input_shape(ep: torch.export.ExportedProgram) -> tuple[int | None, .
     name = ep.graph_signature.user_inputs[0]
     node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == name)
     return tuple(s if isinstance(s, int) else None for s in node.meta["val"].shape)
+
+
+class SizeCheckedProgram(nn.Module):
+    """A loaded ``.pt2``'s module (``ep.module()``) that checks its input against the sizes the program fixes
+    (:func:`program_input_shape`) before running it: another image size than a ``"batch"`` / ``"static"`` program's is
+    one ``ValueError`` naming both sizes and the fix, not torch's ``Guard failed: x.size()[2] == 28``. What
+    :func:`vitrel.inference.load_predictor` returns for a ``.pt2``; torch's own module is left as it is."""
+
+    def __init__(self, module: nn.Module, shape: tuple[int | None, ...], source: str) -> None:
+        super().__init__()
+        self.program, self.shape, self.source = module, tuple(shape), source
+
+    def forward(self, x: Tensor) -> Tensor:
+        want, got = self.shape, tuple(x.shape)
+        fits = len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got))
+        if not fits and len(got) == len(want) and all(w is None or w == g for w, g in zip(want[:-2], got[:-2])):
+            (h, w), (gh, gw) = want[-2:], got[-2:]
+            raise ValueError(
+                f"{self.source} takes {h}x{w} images (a program of one image size), got {gh}x{gw}: resize them to "
+                f"{h}x{w} (the predictor's data_config does), or export again with --dynamic hw where the model "
+                "allows it (vitrel.export.best_dynamic)"
+            )
+        if not fits:
+            shown = ", ".join("any" if w is None else str(w) for w in want)
+            raise ValueError(f"{self.source} takes input of shape [{shown}], got {list(got)}")
+        return self.program(x)
 
 
 #: why :func:`best_dynamic` chose less than ``"hw"`` (the command's note)

@@ -128,3 +128,25 @@ def test_onnx_file_alone_reproduces_predict(ema_ckpt, tmp_path, capsys):
     for h, w in ((30, 28), (28, 29)):
         with pytest.raises(Exception, match="(?i)reshape"):
             sess.run(None, {"images": np.zeros((1, 1, h, w), np.float32)})
+
+
+def test_a_one_size_pt2_run_by_vitrel_names_both_sizes(tmp_path):
+    """A ``.pt2`` of one image size (``dynamic="batch"``, traced at 28 px) called at 32 px through
+    ``vitrel.inference.load_predictor`` raised torch's bare ``Guard failed: x.size()[2] == 28``; it now names both
+    sizes and the fix. torch's own ``torch.export.load(...).module()`` is left as it is."""
+    from vitrel.export import export_program, save_program
+    from vitrel.inference import load_predictor
+
+    m = _vit({"name": "rel2d_full"}, depth=1)
+    config = {"input_size": [1, 28, 28], "mean": [0.5], "std": [0.5], "crop_pct": 1.0, "interpolation": "bilinear"}
+    path = save_program(export_program(m, torch.randn(2, 1, 28, 28), dynamic="batch"), tmp_path / "m.pt2", config)
+    model = load_predictor(path).model
+    x = torch.randn(3, 1, 28, 28)
+    torch.testing.assert_close(model(x), m(x), rtol=1e-5, atol=1e-5)  # the program's own size runs as before
+    fix = r"m\.pt2 takes 28x28 images \(a program of one image size\), got 32x32: resize them to 28x28 .*--dynamic hw"
+    with pytest.raises(ValueError, match=fix):
+        model(torch.randn(3, 1, 32, 32))
+    with pytest.raises(ValueError, match=r"takes input of shape \[any, 1, 28, 28\], got \[3, 3, 28, 28\]"):
+        model(torch.randn(3, 3, 28, 28))
+    with pytest.raises(AssertionError, match="Guard failed"):  # torch's module, called directly: unchanged
+        torch.export.load(str(path)).module()(torch.randn(3, 1, 32, 32))

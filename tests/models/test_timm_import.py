@@ -440,6 +440,20 @@ def test_a_swin_pooling_vitrel_has_not_is_refused_as_the_vit_s_is():
         vitrel.from_timm(t)
 
 
+@pytest.mark.parametrize(
+    "name, kw",
+    [("swinv2_tiny_window8_256", dict(depths=(1, 1), num_heads=(3, 6))), ("swinv2_cr_tiny_ns_224", {})],
+)
+def test_swin_v2_refusal_says_why_and_points_to_rel2d_cpb(name, kw):
+    """A timm Swin V2 got the generic "from_timm takes timm VisionTransformer ..." list; the refusal now names the
+    model, what vitrel's Swin lacks and the route to Swin V2's bias (a Swin V1 with ``pos='rel2d_cpb'``)."""
+    why = rf"{name} is a Swin V2 \(scaled cosine attention, post-norm blocks\).*pos='rel2d_cpb'"
+    with pytest.raises(UnsupportedTimmModel, match=why):
+        vitrel.from_timm(timm.create_model(name, pretrained=False, **kw))
+    with pytest.raises(UnsupportedTimmModel, match=why):
+        vitrel.from_timm(name, pretrained=False, timm_kwargs=kw)
+
+
 def test_refused_architecture_named_before_its_weights_are_fetched(monkeypatch):
     """``from_timm("swin_s3_tiny_224")`` is refused for its windows before timm fetches its weights: offline it
     was a ``CheckpointError`` saying to give the weights as a file (after the Hub's retries), which then failed."""

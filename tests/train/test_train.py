@@ -230,6 +230,30 @@ def test_a_learning_rate_that_diverges_stops_train_py_with_one_line(tmp_path):
     assert "Try a lower module.optimizer.lr" in message and "\n" not in message
 
 
+def test_16_true_diverging_at_step_1_gets_advice_for_16_true(tmp_path):
+    """``trainer.precision=16-true`` (float16 weights and AdamW state): AdamW's eps=1e-8 rounds to 0 in float16, a
+    small gradient squares to 0 and the loss is NaN at step 1. The advice said "bf16-mixed instead of 16-mixed", a
+    precision the run did not use; it now names 16-true, its alternatives and the eps."""
+    run = [*TINY_VIT, *FAST, *SHORT, "trainer.precision=16-true", "test=false"]
+    with pytest.raises(NonFiniteLossError, match=r"global step 1:") as stop:
+        train(compose(tmp_path, run))
+    message = str(stop.value)
+    assert "trainer.precision=16-mixed, bf16-mixed or bf16-true instead of 16-true" in message, message
+    assert "eps=1e-08 rounds to 0 in float16 (module.optimizer.eps=1e-4 does not)" in message
+    assert "instead of 16-mixed" not in message
+
+
+@pytest.mark.parametrize(
+    "precision, advice",
+    [("bf16-true", ", or trainer.precision=bf16-mixed instead of bf16-true (float32 weights)."), ("32-true", ".")],
+)
+def test_nan_advice_names_only_the_precision_in_use(tmp_path, precision, advice):
+    run = [*TINY_VIT, *FAST, *SHORT, f"trainer.precision={precision}", "test=false"]
+    with pytest.raises(NonFiniteLossError) as stop:
+        train(compose(tmp_path, run), callbacks=[PoisonWeights(at_step=1)])
+    assert str(stop.value).endswith(f"Try a lower module.optimizer.lr or clipping (trainer.gradient_clip_val){advice}")
+
+
 def test_ckpt_path_last_without_checkpoint_is_a_clear_error(tmp_path):
     """A missing ``ckpt_path`` (``last`` in a new folder, or a file that is not there) is a ``CheckpointError``, which
     ``train.py`` prints as one line, as ``eval.py`` does (a FileNotFoundError came with Hydra's traceback)."""

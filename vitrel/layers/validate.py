@@ -13,7 +13,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_attention_args", "check_swin_args", "check_vit_args"]
+__all__ = ["check_attention_args", "check_num_classes", "check_swin_args", "check_vit_args"]
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -26,6 +26,22 @@ def _positive_int(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be an integer >= 1, got {value!r} ({type(value).__name__})") from None
     if v < 1:
         raise ValueError(f"{name} must be >= 1, got {v}")
+    return v
+
+
+def check_num_classes(value: Any) -> int:
+    """``num_classes`` as an int >= 0 (0: no head, as timm); a negative count, a float or a bool is refused
+    (``-1`` and ``False`` built a headless model, ``2.0`` and ``True`` failed inside ``nn.Linear``)."""
+    if isinstance(value, bool):
+        raise TypeError(f"num_classes must be an integer >= 0 (0 for no head), got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(
+            f"num_classes must be an integer >= 0 (0 for no head), got {value!r} ({type(value).__name__})"
+        ) from None
+    if v < 0:
+        raise ValueError(f"num_classes must be >= 0 (0 for no head), got {v}")
     return v
 
 
@@ -76,6 +92,7 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     the image a whole number of patches."""
     patch = _positive_int("patch_size", args["patch_size"])
     _positive_int("in_chans", args["in_chans"])
+    check_num_classes(args["num_classes"])
     dim, heads = _positive_int("embed_dim", args["embed_dim"]), _positive_int("num_heads", args["num_heads"])
     _divisible("embed_dim", dim, "num_heads", heads)
     _positive_int("depth", args["depth"])
@@ -88,6 +105,7 @@ def check_swin_args(args: Mapping[str, Any]) -> None:
     width (``embed_dim`` doubled per stage) divisible by its heads, the image a whole number of patches."""
     patch = _positive_int("patch_size", args["patch_size"])
     _positive_int("in_chans", args["in_chans"])
+    check_num_classes(args["num_classes"])
     dim = _positive_int("embed_dim", args["embed_dim"])
     depths, heads = _positive_ints("depths", args["depths"]), _positive_ints("num_heads", args["num_heads"])
     if len(depths) != len(heads):

@@ -41,6 +41,8 @@ from timm.layers import LayerScale
 from timm.models import adapt_input_conv
 from timm.models.eva import Eva
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
+from timm.models.swin_transformer_v2 import SwinTransformerV2 as TimmSwinV2
+from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr as TimmSwinV2Cr
 from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer_relpos import VisionTransformerRelPos as TimmRelPos
 from torch import Tensor, nn
@@ -100,6 +102,13 @@ def _family(t: nn.Module) -> str:
         return "eva"
     if isinstance(t, TimmSwin):
         return "swin"
+    if isinstance(t, (TimmSwinV2, TimmSwinV2Cr)):
+        name = (getattr(t, "pretrained_cfg", None) or {}).get("architecture", type(t).__name__)
+        raise UnsupportedTimmModel(
+            f"{name} is a Swin V2 (scaled cosine attention, post-norm blocks), which vitrel's Swin is not, so its "
+            f"weights do not carry; for Swin V2's continuous position bias take a Swin V1 with pos='rel2d_cpb', "
+            f"e.g. vitrel.from_timm('swin_tiny_patch4_window7_224.ms_in1k', pos='rel2d_cpb')"
+        )
     raise UnsupportedTimmModel(
         f"from_timm takes timm VisionTransformer (vit_*, deit_*), VisionTransformerRelPos (vit_relpos_*), "
         f"Eva RoPE ViTs (vit_*_rope_*) and SwinTransformer (swin_*) models, got {type(t).__name__}"

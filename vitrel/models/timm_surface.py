@@ -26,6 +26,7 @@ import torch
 from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
+from vitrel.layers.validate import check_num_classes
 from vitrel.models.blocks import init_weights_, scheme_no_weight_decay
 from vitrel.models.ckpt_files import CheckpointError, clean_state_dict
 from vitrel.models.input_size import resolve_strict_img_size
@@ -133,6 +134,7 @@ class TimmSurface:
         """A new head for ``num_classes`` (none for 0), on the device and in the dtype of the model's weights and in
         its mode (``training``, as timm's models: a model in eval mode gets a head in eval mode), and a new
         ``global_pool`` if given; ``vitrel_cfg`` follows."""
+        num_classes = check_num_classes(num_classes)
         if global_pool is not None:
             self.check_global_pool(global_pool)
             self.global_pool = global_pool

@@ -385,7 +385,7 @@ class NaNGuard(Callback):
         raise NonFiniteLossError(
             f"non-finite training loss ({self._bad_losses(trainer, loss)}) at epoch {trainer.current_epoch}, "
             f"global step {trainer.global_step}: training stopped before this step updated the weights; "
-            f"{self._kept(trainer)}. {self._hint}"
+            f"{self._kept(trainer)}. {self._hint(trainer)}"
         )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -408,7 +408,7 @@ class NaNGuard(Callback):
         raise NonFiniteLossError(
             f"non-finite training loss {where} (checked every {self.every_n_steps or 'epoch'} steps, at epoch ends "
             f"and before checkpoints; now at epoch {trainer.current_epoch}, global step {trainer.global_step}): "
-            f"training stopped, the steps since it updated the weights; {self._kept(trainer)}. {self._hint} "
+            f"training stopped, the steps since it updated the weights; {self._kept(trainer)}. {self._hint(trainer)} "
             "callbacks.nan_guard.every_n_steps=1 stops before the step (a synchronisation per step)."
         )
 
@@ -422,7 +422,24 @@ class NaNGuard(Callback):
         every = trainer.strategy.all_gather(value).reshape(-1).tolist()  # a collective: every rank is here
         return ", ".join(f"{v} on process {r} of {len(every)}" for r, v in enumerate(every) if not math.isfinite(v))
 
-    _hint = "Try a lower module.optimizer.lr, clipping (trainer.gradient_clip_val) or bf16-mixed instead of 16-mixed."
+    @staticmethod
+    def _hint(trainer: L.Trainer) -> str:
+        """The advice for the run's ``trainer.precision``: float16 advice only where float16 is in use."""
+        precision = str(trainer.precision)
+        tried = "Try a lower module.optimizer.lr or clipping (trainer.gradient_clip_val)"
+        if precision == "16-mixed":
+            return f"{tried}, or trainer.precision=bf16-mixed instead of 16-mixed."
+        if precision == "16-true":  # float16 weights and optimizer state: AdamW's eps=1e-8 rounds to 0 there
+            eps = [g["eps"] for o in trainer.optimizers for g in o.param_groups if isinstance(g.get("eps"), float)]
+            zero = bool(eps) and float(torch.tensor(min(eps), dtype=torch.float16)) == 0.0
+            small = f"; the optimizer's eps={min(eps):g} rounds to 0 in float16 (module.optimizer.eps=1e-4 does not)"
+            return (
+                f"{tried}, or trainer.precision=16-mixed, bf16-mixed or bf16-true instead of 16-true (float16 weights "
+                f"and optimizer state){small if zero else ''}."
+            )
+        if precision == "bf16-true":
+            return f"{tried}, or trainer.precision=bf16-mixed instead of bf16-true (float32 weights)."
+        return f"{tried}."
 
     @staticmethod
     def _kept(trainer: L.Trainer) -> str:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import vitrel
+from tests.layout.test_tokens import IMAGES, images, packed
 from vitrel.layout.geometry import Grid
 from vitrel.models.naflex import token_drop_rates
 from vitrel.pos.registry import get_pos_class, list_pos
@@ -121,12 +122,15 @@ def test_token_drop_equals_a_naive_forward_of_the_kept_tokens():
 @pytest.mark.parametrize("prefix", list(PREFIXES))
 @pytest.mark.parametrize("pos", IMAGE_SCHEMES + list(VARIANTS))
 def test_token_drop_equals_the_masked_full_grid(pos, prefix):
-    """Forward and every parameter's gradient; a grid (6x5) larger than the 4x4 tables, unequal counts."""
+    """Forward, and every parameter's gradient (with registers); a grid (5x4) larger than the 4x4 tables, unequal
+    counts."""
     m = model(VARIANTS.get(pos, pos), token_drop=(0.1, 0.9), **PREFIXES[prefix])
-    x = torch.randn(3, 3, 24, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(3, 3, 20, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     got, kept = drawn(m, x, seed=5)
     ref = masked_reference(m, x, kept, seed=5)
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    if prefix == "prefix0":
+        return
     w = torch.randn(got.shape, dtype=torch.float64)
     torch.manual_seed(5)
     g_got = grads(m, m(x), w)
@@ -163,3 +167,33 @@ def test_every_kernel_gives_the_same_dropped_forward(pos):
     first = next(iter(outs.values()))
     for impl, out in outs.items():
         torch.testing.assert_close(out, first, rtol=0, atol=1e-5, msg=impl)
+
+
+@pytest.mark.parametrize("form", ["packed", "list"])
+@pytest.mark.parametrize("pos", ["rel2d_full", "rope2d_mixed", "alibi1d", "shaw2d_full", "ape", "lookhere"])
+def test_token_drop_of_naflex_inputs_equals_each_image_alone_masked(pos, form):
+    """Images of other grids (3x4, 2x2, 6x5) packed two to a row, or a list: each image's logits are its own grid's
+    with its dropped patches removed."""
+    m = model(pos, token_drop=(0.2, 0.7), reg_tokens=1)
+    imgs = images()
+    x = packed(imgs) if form == "packed" else imgs
+    torch.manual_seed(4)
+    got = m(x)
+    torch.manual_seed(4)
+    _, layout, _, _ = m.forward_layout(x)
+    for i, (h, w) in enumerate(IMAGES):
+        grid = Grid(h // 4, w // 4)
+        rc = layout.coords[layout.is_patch & (layout.image == i)]
+        kept = torch.zeros(1, grid.n, dtype=torch.bool)
+        kept[0, rc[:, 0] * grid.w + rc[:, 1]] = True
+        assert 1 <= rc.shape[0] < grid.n  # some dropped, at least one kept
+        p = m.num_prefix_tokens
+        keep = F.pad(kept, (p, 0), value=True)
+        mask = torch.zeros(1, 1, p + grid.n, p + grid.n, dtype=torch.float64).masked_fill(
+            ~keep[:, None, None], -torch.inf
+        )
+        y, g = m.embed(imgs[i][None])
+        for blk, st in zip(m.blocks, m.position_states(g, y)):
+            y = blk(y, mask=mask, pos_state=st)
+        ref = m.head(m.fc_norm(m.norm(y)[:, 0]))
+        torch.testing.assert_close(got[i : i + 1], ref, rtol=0, atol=1e-12)

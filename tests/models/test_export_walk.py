@@ -150,3 +150,33 @@ def test_a_one_size_pt2_run_by_vitrel_names_both_sizes(tmp_path):
         model(torch.randn(3, 3, 28, 28))
     with pytest.raises(AssertionError, match="Guard failed"):  # torch's module, called directly: unchanged
         torch.export.load(str(path)).module()(torch.randn(3, 1, 32, 32))
+
+
+@pytest.mark.parametrize("img_size, warned", [(64, True), (28, False)])
+def test_export_of_a_naflex_run_says_its_fixed_size_was_never_trained(tmp_path, capsys, img_size, warned):
+    """A run trained and tested on NaFlex batches (``data.packing``, at most ``data.max_tokens`` = 64 patches an image):
+    its export records the model's built size as the fixed input, 64 px = 256 patches here (``data=imagenet``'s 224 =
+    3136 in a real run), which training never fed it. predict.py on the export folder then scored every image there,
+    in silence (tiny run: top-1 probability 2e-3 off predict.py on the .ckpt, which scores as the run did). Now the
+    command warns, naming the run's budget and the two ways that score images as the run did; a size within the
+    budget (28 px: 49 patches, Fashion-MNIST's) says nothing."""
+    from vitrel.export import main
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / ".hydra").mkdir()
+    (run / ".hydra" / "config.yaml").write_text("data:\n  packing: pack\n  seq_len: 64\n  max_tokens: 64\n")
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", img_size=img_size, embed_dim=16, depth=1, num_heads=2)
+    state = {f"model.{k}": v for k, v in m.state_dict().items()}
+    torch.save({"vitrel_cfg": m.vitrel_cfg, "state_dict": state, "hyper_parameters": {"num_classes": 1000}},
+               run / "checkpoints" / "last.ckpt")  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no data config stored: the architecture's statistics, warned)
+        assert main([str(run / "checkpoints" / "last.ckpt"), str(tmp_path / "out")]) == 0
+    err = capsys.readouterr().err
+    if warned:
+        assert "warning: last.ckpt's run trained and tested on NaFlex batches" in err, err
+        assert "at most 64 patches" in err and "fixed 64x64 images (256 patches of 4 px)" in err, err
+        assert "predict.py on the .ckpt" in err and "dynamic=hw program" in err, err
+    else:
+        assert "NaFlex" not in err, err

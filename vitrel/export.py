@@ -60,7 +60,7 @@ from vitrel.models.checkpoint import (
     save_pretrained,
     stored_data_config,
 )
-from vitrel.models.run_record import naflex_of_run
+from vitrel.models.run_record import naflex_over_budget
 
 __all__ = [
     "DYNAMIC",
@@ -420,13 +420,14 @@ def _naflex_note(ckpt: str, model: nn.Module, data_config: dict[str, Any]) -> st
     that: the export's preprocessing scores every image at a size its training never fed it. None otherwise."""
     if Path(ckpt).suffix != ".ckpt":
         return None
-    try:
-        run, record = naflex_of_run(ckpt)
-    except ValueError:  # (a record that does not resolve here: predict.py says so when it reads it)
-        return None
     (h, w), patch = data_config["input_size"][-2:], _patch(model)
-    if not run or (h // patch) * (w // patch) <= run["max_tokens"]:
+    try:
+        over = naflex_over_budget(ckpt, (h // patch) * (w // patch))
+    except ValueError:  # (a packing setting that does not parse: predict.py says so when it reads it)
         return None
+    if over is None:
+        return None
+    run, record = over
     return (
         f"{Path(ckpt).name}'s run trained and tested on NaFlex batches (data.packing={run['packing']}: each image at "
         f"its own size, at most {run['max_tokens']} patches; {record}); the export records fixed {h}x{w} images "

@@ -14,7 +14,14 @@ from vitrel.data.packing import parse_packing
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["NAFLEX_RUN_KEYS", "PredictSettingsError", "naflex_of_run", "nominal_size_warning", "run_record"]
+__all__ = [
+    "NAFLEX_RUN_KEYS",
+    "PredictSettingsError",
+    "naflex_of_run",
+    "naflex_over_budget",
+    "nominal_size_warning",
+    "run_record",
+]
 
 
 class PredictSettingsError(ValueError):
@@ -65,6 +72,19 @@ def naflex_of_run(ckpt_path: str | Path, run_rec: tuple[Path, Any] | None = None
     return out, str(record)
 
 
+def naflex_over_budget(
+    ckpt_path: str | Path, patches: int, run_rec: tuple[Path, Any] | None = None
+) -> tuple[dict[str, Any], str] | None:
+    """:func:`naflex_of_run`'s ``(settings, record)`` when that run trained on NaFlex batches and ``patches`` is more
+    than its ``max_tokens`` (a fixed size its training never fed the model); None otherwise, and for a run record that
+    does not resolve here (predict.py says so when it reads it)."""
+    try:
+        run, record = naflex_of_run(ckpt_path, run_rec)
+    except PredictSettingsError:
+        return None
+    return (run, record) if run and patches > run["max_tokens"] else None
+
+
 def nominal_size_warning(
     ckpt_path: str | Path, side: int, patch: int, fix: str, key: str, run_rec: tuple[Path, Any] | None = None
 ) -> str | None:
@@ -73,13 +93,11 @@ def nominal_size_warning(
     the size its model was built at (the data group's ``img_size``), which training never fed it. ``fix``: the
     other way, ``key``: the size to give; ``run_rec``: the run record, if read already. None otherwise (a run without
     packing, no run record, a size within the budget)."""
-    try:
-        run, record = naflex_of_run(ckpt_path, run_rec)
-    except PredictSettingsError:
-        return None
     n = (side // patch) ** 2
-    if not run or n <= run["max_tokens"]:
+    over = naflex_over_budget(ckpt_path, n, run_rec)
+    if over is None:
         return None
+    run, record = over
     fits = math.isqrt(run["max_tokens"]) * patch
     return (
         f"{Path(ckpt_path).name}'s run trained on NaFlex batches (data.packing={run['packing']}, at most "

@@ -9,7 +9,9 @@ checkpoints; an export's ``pretrained_cfg``); the input size and channels are th
 one (written before vitrel stored it, or by hand) is read with its architecture's defaults, with one warning
 naming them. Images are read from a flat folder or an ``ImageFolder`` tree (sub-folders of
 images), resized (shorter side to ``size / crop_pct``), centre-cropped, normalised, converted to the
-model's channels (grey or RGB). A file that cannot be read is skipped, logged in one line and counted.
+model's channels (grey or RGB). A file that cannot be read is skipped, logged in one line and counted. A photo stored
+turned (EXIF orientation 2-8) is scored as stored, as the training data sets read it, and counted in one warning;
+``apply_exif_orientation`` turns it upright first (:class:`vitrel.data.image_files.ImageFiles`).
 
 With ``seq_len`` (``predict.py seq_len=256``) every image is scored at its own size and aspect ratio instead: timm's
 ``ResizeToSequence`` (within ``max_tokens`` patches, default ``seq_len``, never enlarged) and ``Patchify``, packed into

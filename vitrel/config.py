@@ -270,6 +270,7 @@ class PredictConfig:
     progress_bar: str = "auto"  # auto | tqdm | lines | none (true and false as auto and none)
     seq_len: int | None = None  # NaFlex: each image at its own size, packed into rows of seq_len tokens
     max_tokens: int | None = None  # NaFlex: most patches of one image (null: seq_len)
+    apply_exif_orientation: bool = False  # phone photos turned upright by their EXIF orientation first
     paths: Any = MISSING
 
 

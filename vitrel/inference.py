@@ -9,7 +9,9 @@ checkpoints; an export's ``pretrained_cfg``); the input size and channels are th
 one (written before vitrel stored it, or by hand) is read with its architecture's defaults, with one warning
 naming them. Images are read from a flat folder or an ``ImageFolder`` tree (sub-folders of
 images), resized (shorter side to ``size / crop_pct``), centre-cropped, normalised, converted to the
-model's channels (grey or RGB). A file that cannot be read is skipped, logged in one line and counted.
+model's channels (grey or RGB). A file that cannot be read is skipped, logged in one line and counted. A photo stored
+turned (EXIF orientation 2-8) is scored as stored, as the training data sets read it, and counted in one warning;
+``apply_exif_orientation`` turns it upright first (:class:`vitrel.data.image_files.ImageFiles`).
 
 With ``seq_len`` (``predict.py seq_len=256``) every image is scored at its own size and aspect ratio instead: timm's
 ``ResizeToSequence`` (within ``max_tokens`` patches, default ``seq_len``, never enlarged) and ``Patchify``, packed into
@@ -251,51 +253,6 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
     return apply
 
 
-class _ImageFiles(torch.utils.data.Dataset):
-    """Images that fail to open give ``None`` (skipped and counted by the loop)."""
-
-    def __init__(self, files: Sequence[Path], transform: Callable[[Any], Tensor]) -> None:
-        self.files, self.transform = list(files), transform
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i: int) -> tuple[int, Tensor | None, str | None]:
-        from PIL import Image
-
-        try:
-            with Image.open(self.files[i]) as img:
-                img.load()
-                return i, self.transform(img), None
-        except Exception as e:  # noqa: BLE001 - any unreadable file is skipped, with its reason
-            return i, None, f"cannot read it as an image ({type(e).__name__}: {e})"
-
-
-def _collate(
-    batch: list[tuple[int, Tensor | None, str | None]],
-) -> tuple[list[int], Tensor | None, list[tuple[int, str]]]:
-    ok = [(i, x) for i, x, _ in batch if x is not None]
-    bad = [(i, err) for i, x, err in batch if x is None]
-    return [i for i, _ in ok], (torch.stack([x for _, x in ok]) if ok else None), bad
-
-
-class _PackedCollate:
-    """NaFlex per-image dicts -> a packed batch dict; the file indices in the order of the model's logits."""
-
-    def __init__(self, seq_len: int, mode: str = "pack") -> None:
-        from vitrel.data.packing import PackingCollator
-
-        self.collator = PackingCollator(seq_len, mode)
-
-    def __call__(self, batch: list[tuple[int, Any, str | None]]) -> tuple[list[int], Any, list[tuple[int, str]]]:
-        ok = [(i, x) for i, x, _ in batch if x is not None]
-        bad = [(i, err) for i, x, err in batch if x is None]
-        if not ok:
-            return [], None, bad
-        x, order = self.collator([(x, i) for i, x in ok])
-        return order.tolist(), x, bad
-
-
 def naflex_eval_transform(
     data_config: dict[str, Any], patch_size: int, max_tokens: int, eval_max_ratio: float | None = 1.0
 ) -> Callable[[Any], Any]:
@@ -324,14 +281,16 @@ def naflex_eval_transform(
 
 @dataclass
 class PredictResult:
-    """CSV rows, the files skipped (name, reason), the number of image files found, the wall time, and the other
-    files under the input that were passed over (not images, or not videos for a video model)."""
+    """CSV rows, the files skipped (name, reason), the number of image files found, the wall time, the other
+    files under the input that were passed over (not images, or not videos for a video model), and the photos stored
+    turned (name, EXIF orientation)."""
 
     rows: list[dict[str, Any]]
     skipped: list[tuple[str, str]]
     found: int
     seconds: float
     passed_over: int = 0
+    turned: list[tuple[str, int]] = field(default_factory=list)
 
 
 def predict_folder(
@@ -346,22 +305,27 @@ def predict_folder(
     max_tokens: int | None = None,
     eval_max_ratio: float | None = 1.0,
     packing: str = "pack",
+    apply_exif_orientation: bool = False,
 ) -> PredictResult:
     """Top-``k`` classes and probabilities of every image under ``input_dir`` (see the module docstring); with
     ``seq_len``, each image at its own size (NaFlex: ``max_tokens``, ``eval_max_ratio``), in rows as ``packing``
     (``"pack"`` or ``"pad"``, :class:`~vitrel.data.packing.PackingCollator`'s modes). A video model's predictor
     scores the videos under ``input_dir`` instead: their evaluation clips (:func:`clip_sampling`), a video's
     probabilities the mean of its clips' softmax; ``batch_size`` then counts videos (``batch_size * clips_per_video``
-    clips per forward)."""
+    clips per forward). ``apply_exif_orientation``: photos stored turned (EXIF orientation 2-8) are turned upright, as
+    a photo viewer shows them, before they are scored; else (the training data sets' way, timm's and torchvision's
+    default) scored as stored, and counted in one logged line."""
     check_predict_args(
         topk=topk, batch_size=batch_size, num_workers=num_workers, seq_len=seq_len, max_tokens=max_tokens
     )
     if "num_frames" in predictor.data_config:
-        if seq_len is not None or max_tokens is not None:
+        if seq_len is not None or max_tokens is not None or apply_exif_orientation:
             raise PredictSettingsError(
-                f"seq_len / max_tokens score images at their own sizes; {predictor.source} is a video model: leave "
-                "them unset"
+                f"seq_len / max_tokens / apply_exif_orientation are for images; {predictor.source} is a video model: "
+                "leave them unset"
             )
+    from vitrel.data.image_files import ImageFiles, PackedCollateFiles, collate_files
+
     root = Path(input_dir)
     if "num_frames" in predictor.data_config:
         return _predict_videos(predictor, root, (topk, batch_size, num_workers), progress, class_names)
@@ -372,7 +336,7 @@ def predict_folder(
                 f"max_tokens={max_tokens} needs seq_len (images at their own sizes, packed): give seq_len=<n> (at "
                 f"least {max_tokens}), or leave max_tokens unset for fixed-size images"
             )
-        tf, collate = eval_transform(predictor.data_config), _collate
+        tf, collate = eval_transform(predictor.data_config), collate_files
     else:
         patch = (getattr(predictor.model, "vitrel_cfg", None) or {}).get("patch_size")
         if patch is None:
@@ -385,9 +349,12 @@ def predict_folder(
         if not 1 <= max_tokens <= seq_len:
             raise PredictSettingsError(f"max_tokens={max_tokens} must be in [1, seq_len={seq_len}]")
         tf = naflex_eval_transform(predictor.data_config, int(patch), max_tokens, eval_max_ratio)
-        collate = _PackedCollate(seq_len, packing)
+        collate = PackedCollateFiles(seq_len, packing)
     loader = torch.utils.data.DataLoader(
-        _ImageFiles(files, tf), batch_size=batch_size, num_workers=num_workers, collate_fn=collate
+        ImageFiles(files, tf, apply_exif_orientation),
+        batch_size=batch_size,
+        num_workers=num_workers,
+        collate_fn=collate,
     )
 
     def forward(x: Any) -> Tensor:
@@ -395,7 +362,19 @@ def predict_folder(
             x = {k: v.to(predictor.device) if isinstance(v, Tensor) else v for k, v in x.items()}
         return predictor.model(x if isinstance(x, dict) else x.to(predictor.device)).float().softmax(-1)
 
-    return _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress)
+    res = _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress)
+    if res.turned:  # (a phone photo: its pixels stored sideways or upside down, its EXIF saying how to show them)
+        (n, (name, o)), did = (len(res.turned), res.turned[0]), apply_exif_orientation
+        log.warning(
+            f"{n} image(s) stored turned, with an EXIF orientation (e.g. {name}: {o}): "
+            + (
+                "turned upright first (apply_exif_orientation)"
+                if did
+                else "scored as stored, as the training data sets "
+                "read images; apply_exif_orientation=true turns them upright first, as a photo viewer shows them"
+            )
+        )
+    return res
 
 
 def _score(
@@ -417,18 +396,22 @@ def _score(
 
     rows: list[tuple[int, dict[str, Any]]] = []
     skipped: list[tuple[str, str]] = []
+    turned: list[tuple[int, int]] = []
     one_file = root.is_file()
     root = root.parent if one_file else root  # (one file given: named by its name)
     t0 = time.perf_counter()
     with torch.inference_mode():
         every = max(1, len(loader) // 10)
-        for b, (idx, x, bad) in enumerate(tqdm(loader, desc="predict", unit="batch", disable=progress is not True), 1):
+        for b, (idx, x, bad, turns) in enumerate(
+            tqdm(loader, desc="predict", unit="batch", disable=progress is not True), 1
+        ):
             if progress == "lines" and (b % every == 0 or b == len(loader)):
                 log.info(f"predict: batch {b}/{len(loader)}")
             for i, err in bad:
                 rel = str(files[i].relative_to(root))
                 log.warning(f"skipped {rel}: {err}")  # (one line a file; the count is the summary's)
                 skipped.append((rel, err))
+            turned += turns
             if x is None:
                 continue
             probs = forward(x)
@@ -439,7 +422,8 @@ def _score(
             rows += _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
     rows = [row for _, row in sorted(rows, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
     others = 0 if one_file else len(_walk(root)) - len(files)
-    return PredictResult(rows, skipped, len(files), time.perf_counter() - t0, others)
+    turns = [(str(files[i].relative_to(root)), o) for i, o in sorted(turned)]
+    return PredictResult(rows, skipped, len(files), time.perf_counter() - t0, others, turns)
 
 
 def _label_names(names: list[str] | None, folders: list[str] | None, n: int) -> list[str] | None:
@@ -534,6 +518,7 @@ def _predict_videos(
     ``clips_per_video`` evenly spaced clips of ``num_frames`` frames ``frame_stride`` apart), each resized,
     centre-cropped and normalised as in evaluation (``ClipTransform(train=False)`` with the stored statistics); a
     video's probabilities are the mean of its clips' softmax."""
+    from vitrel.data.image_files import collate_files
     from vitrel.data.video.clips import ClipTransform, VideoFileClips
 
     topk, batch_size, num_workers = counts
@@ -558,7 +543,7 @@ def _predict_videos(
         VideoFileClips(files, sampling, tf, grey=c == 1),
         batch_size=batch_size,
         num_workers=num_workers,
-        collate_fn=_collate,
+        collate_fn=collate_files,
     )
 
     def forward(x: Tensor) -> Tensor:  # [B, K, C, T, H, W]: the K clips of B videos in one call

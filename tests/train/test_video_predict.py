@@ -187,8 +187,9 @@ def test_wrong_kind_of_folder_is_one_error_before_anything_is_written(runs, vide
         _predict(image_model, videos / "val", out)
     with pytest.raises(NoVideosError, match=r"no videos in .*\.mp4, \.avi"):
         _predict(runs[1], empty, out)
-    with pytest.raises(ValueError, match="seq_len / max_tokens score images"):
-        _predict(runs[1], videos / "val", out, "seq_len=64")
+    for images_only in ("seq_len=64", "apply_exif_orientation=true"):
+        with pytest.raises(ValueError, match="seq_len / max_tokens / apply_exif_orientation are for images"):
+            _predict(runs[1], videos / "val", out, images_only)
     with pytest.raises(ValueError, match=r"a.png is an image and .* is a video model: it takes clips of 4 frames"):
         _predict(runs[1], images / "a.png", out)  # (one file of the other kind)
     assert not out.exists()

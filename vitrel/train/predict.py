@@ -164,6 +164,7 @@ def run_predict(cfg: Any) -> dict[str, Any]:
             batch_size=int(cfg.get("batch_size", 64)),
             num_workers=int(cfg.get("num_workers", 0)),
             progress={"lines": "lines", "none": False}.get(progress_bar_kind(cfg.get("progress_bar", "auto")), True),
+            apply_exif_orientation=bool(cfg.get("apply_exif_orientation", False)),
             **naflex,
         )
     out = write_results(res.rows, str(cfg.results_file))
@@ -173,6 +174,7 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         "skipped": len(res.skipped),
         "found": res.found,
         "passed_over": res.passed_over,  # the other files under input (not images / videos)
+        "exif_turned": len(res.turned),  # photos stored turned (EXIF orientation 2-8)
         "seconds": round(res.seconds, 3),
         f"{kind}_per_s": round(len(res.rows) / res.seconds, 2) if res.seconds > 0 else None,
         "results_file": str(out),

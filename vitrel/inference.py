@@ -103,7 +103,7 @@ def load_predictor(
     """The model and preprocessing of a ``.ckpt``, an export folder or a ``.pt2`` program (see the module docstring);
     ``model_overrides``: arguments for :func:`vitrel.load_model` (e.g. ``{"attn_impl": "sdpa"}`` for a model trained
     with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed."""
-    from vitrel.export import PT2_NAME, SizeCheckedProgram, load_program, program_input_shape
+    from vitrel.export import PT2_NAME, SizeCheckedProgram, load_program, program_input_sizes
     from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_scores_ema, data_config_for, load_model
     from vitrel.models.ckpt_files import run_checkpoint
 
@@ -127,7 +127,7 @@ def load_predictor(
             from torch.export.passes import move_to_device_pass
 
             ep = move_to_device_pass(ep, device)
-        module = SizeCheckedProgram(ep.module(), program_input_shape(ep), str(p))  # torch's Guard failed, named
+        module = SizeCheckedProgram(ep.module(), program_input_sizes(ep), str(p))  # torch's Guard failed, named
         return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
     _check_head_kept(p, model_overrides or {})
     ema = checkpoint_scores_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)

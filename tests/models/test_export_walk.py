@@ -146,10 +146,47 @@ def test_a_one_size_pt2_run_by_vitrel_names_both_sizes(tmp_path):
     fix = r"m\.pt2 takes 28x28 images \(a program of one image size\), got 32x32: resize them to 28x28 .*--dynamic hw"
     with pytest.raises(ValueError, match=fix):
         model(torch.randn(3, 1, 32, 32))
-    with pytest.raises(ValueError, match=r"takes input of shape \[any, 1, 28, 28\], got \[3, 3, 28, 28\]"):
+    with pytest.raises(ValueError, match=r"takes input of shape \[1\.\.65536, 1, 28, 28\], got \[3, 3, 28, 28\]"):
         model(torch.randn(3, 3, 28, 28))
     with pytest.raises(AssertionError, match="Guard failed"):  # torch's module, called directly: unchanged
         torch.export.load(str(path)).module()(torch.randn(3, 1, 32, 32))
+
+
+@pytest.mark.parametrize("arch", ["vit", "swin"])
+def test_a_dynamic_pt2_run_by_vitrel_names_the_patch_and_the_sizes_it_takes(tmp_path, arch):
+    """A ``.pt2`` of dynamic height and width (``dynamic="hw"``) called through ``vitrel.inference.load_predictor`` at a
+    side that is not whole patches raised torch's bare ``Guard failed: x.size()[2] % 4 == 0``; it now names the size,
+    the patch and the sizes the program takes (export's ``patch * Dim``: 4 px for the ViT, 2 px for the Swin, up to
+    MAX_SIDE = 4096 px)."""
+    from vitrel.export import export_program, program_input_sizes, save_program
+    from vitrel.inference import load_predictor
+
+    if arch == "vit":
+        m, patch = _vit({"name": "rope2d_axial"}, depth=1), 4
+    else:
+        m = vitrel.create_model(
+            "vitrel_swin_tiny_patch2_window4_32", img_size=28, in_chans=1, num_classes=10, embed_dim=16, depths=[1, 1],
+            num_heads=[2, 2],
+        ).eval()  # fmt: skip
+        patch = 2
+    config = {"input_size": [1, 28, 28], "mean": [0.5], "std": [0.5], "crop_pct": 1.0, "interpolation": "bilinear"}
+    ep = export_program(m, torch.randn(2, 1, 28, 28), dynamic="hw")
+    sides = range(patch, 4097, patch)
+    assert program_input_sizes(ep) == (range(1, 65537), 1, sides, sides)
+    model = load_predictor(save_program(ep, tmp_path / "m.pt2", config)).model
+    x = torch.randn(3, 1, 8 * patch, 12 * patch)
+    torch.testing.assert_close(model(x), m(x), rtol=1e-5, atol=1e-5)  # whole patches of another size run as before
+    fix = (
+        rf"m\.pt2 takes images whose sides are whole patches of {patch} px \({patch}\.\.4096 in steps of {patch} px "
+        rf"high, {patch}\.\.4096 in steps of {patch} px wide\), got 29x{8 * patch}: resize or crop them to whole "
+        rf"patches, e.g. {29 // patch * patch}x{8 * patch} "
+    )
+    with pytest.raises(ValueError, match=fix):
+        model(torch.randn(1, 1, 29, 8 * patch))
+    with pytest.raises(ValueError, match=r"takes input of shape \[1\.\.65536, 1, .*\], got \[1, 3, 28, 28\]"):
+        model(torch.randn(1, 3, 28, 28))
+    with pytest.raises(AssertionError, match="Guard failed"):  # torch's module, called directly: unchanged
+        ep.module()(torch.randn(1, 1, 29, 8 * patch))
 
 
 @pytest.mark.parametrize("img_size, warned", [(64, True), (28, False)])

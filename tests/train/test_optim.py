@@ -11,8 +11,16 @@ import pytest
 import torch
 
 import vitrel
+from vitrel.config import ConfigError
 from vitrel.train.module import ClassifierModule
-from vitrel.train.optim import WarmupCosine, param_groups, warmup_cosine
+from vitrel.train.optim import (
+    EPS_IN_WEIGHT_DTYPE,
+    FLOAT16_EPS,
+    WarmupCosine,
+    check_float16_eps,
+    param_groups,
+    warmup_cosine,
+)
 
 POS = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "conf" / "pos").glob("*.yaml"))
 
@@ -227,3 +235,39 @@ def test_a_rel2d_cpb_checkpoint_of_format_7_keeps_its_weight_decay(tmp_path):
     with pytest.raises(CheckpointError, match=r"(?s)pos.mlp_weight_decay: checkpoint True.*pos.mlp_weight_decay=true"):
         check_same_model(ckpt, model, "old.ckpt")
     check_same_model(ckpt, back, "old.ckpt")
+
+
+def _float16_steps(cls: type, steps: int = 10, **kw) -> torch.Tensor:
+    """A float16 weight after ``steps`` of ``cls`` (lr 1e-3) on fixed gradients of scale 3e-3, one of them 0."""
+    g = torch.randn(16, 16, generator=torch.Generator().manual_seed(0)) * 3e-3
+    g[0, 0] = 0.0
+    p = torch.nn.Parameter(torch.full((16, 16), 0.05, dtype=torch.float16))
+    opt = cls([p], lr=1e-3, **kw)
+    for _ in range(steps):
+        p.grad = g.half()
+        opt.step()
+    return p.detach()
+
+
+@pytest.mark.parametrize("cls", EPS_IN_WEIGHT_DTYPE, ids=lambda c: f"{c.__module__}.{c.__name__}")
+def test_adam_type_optimizers_on_float16_weights_need_an_eps_float16_holds(cls):
+    """Each optimizer the check knows: at its default eps (1e-8 to 1e-15, 0 in float16) its float16 weight turns inf or
+    NaN within 10 steps (the square of a gradient below 5e-3 underflows, m / (0 + 0)), and it is refused before a
+    step; at the suggested eps it stays finite and passes."""
+    assert not torch.isfinite(_float16_steps(cls)).all()
+    p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+    with pytest.raises(ConfigError, match=r"eps=1e-\d+ rounds to 0 in float16.*module\.optimizer\.eps=0\.0001"):
+        check_float16_eps(cls([p]))
+    assert torch.isfinite(_float16_steps(cls, eps=FLOAT16_EPS)).all()
+    check_float16_eps(cls([p], eps=FLOAT16_EPS))
+    check_float16_eps(cls([torch.nn.Parameter(torch.zeros(2))]))  # float32 weights (16-mixed): the default is fine
+
+
+@pytest.mark.parametrize("name", ["Lamb", "Lars", "Adafactor", "SGDP", "NvNovoGrad"])
+def test_optimizers_that_step_in_float32_are_not_refused(name):
+    """timm optimizers whose float16 step stays finite at their default eps (0 in float16 or not): not refused."""
+    import timm.optim
+
+    cls = getattr(timm.optim, name)
+    assert torch.isfinite(_float16_steps(cls)).all()
+    check_float16_eps(cls([torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))], lr=1e-3))

@@ -230,17 +230,35 @@ def test_a_learning_rate_that_diverges_stops_train_py_with_one_line(tmp_path):
     assert "Try a lower module.optimizer.lr" in message and "\n" not in message
 
 
-def test_16_true_diverging_at_step_1_gets_advice_for_16_true(tmp_path):
-    """``trainer.precision=16-true`` (float16 weights and AdamW state): AdamW's eps=1e-8 rounds to 0 in float16, a
-    small gradient squares to 0 and the loss is NaN at step 1. The advice said "bf16-mixed instead of 16-mixed", a
-    precision the run did not use; it now names 16-true, its alternatives and the eps."""
+def test_16_true_with_adamw_eps_0_in_float16_is_refused_before_step_1(tmp_path):
+    """``trainer.precision=16-true`` (float16 weights and AdamW state) with AdamW's default eps=1e-8, 0 in float16:
+    the loss was NaN at step 1 (m / (0 + 0) where a gradient's square underflows) and the NaN guard explained it after
+    the fact. It is now refused before the first step, naming 16-mixed and an eps float16 holds; with that eps the
+    run trains (60 steps: train loss 2.125, 2.107 in 32-true)."""
     run = [*TINY_VIT, *FAST, *SHORT, "trainer.precision=16-true", "test=false"]
-    with pytest.raises(NonFiniteLossError, match=r"global step 1:") as stop:
+    with pytest.raises(ConfigError, match=r"AdamW's eps=1e-08 rounds to 0 in float16.*16-mixed") as stop:
         train(compose(tmp_path, run))
+    assert str(stop.value).endswith("module.optimizer.eps=0.0001"), stop.value
+    assert not list(tmp_path.rglob("*.ckpt"))
+    metrics = train(compose(tmp_path / "eps", [*run, "module.optimizer.eps=1e-4"]))
+    assert math.isfinite(metrics["train/loss"]), metrics
+
+
+@pytest.mark.parametrize("eps, note", [("1e-4", ""), ("1e-6", "; the optimizer's eps=1e-06 is small in float16")])
+def test_16_true_diverging_gets_advice_for_16_true(tmp_path, eps, note):
+    """The NaN guard's advice under 16-true names 16-true and its alternatives, not "bf16-mixed instead of 16-mixed",
+    a precision the run did not use; and an eps below 1e-4, which float16 holds but which NaN'd a tiny run within 7
+    steps (1e-6; 1e-7: 3 steps), as too small."""
+    run = [*TINY_VIT, *FAST, *SHORT, "trainer.precision=16-true", f"module.optimizer.eps={eps}", "test=false"]
+    with pytest.raises(NonFiniteLossError) as stop:
+        train(compose(tmp_path, run), callbacks=[PoisonWeights(at_step=1)])
     message = str(stop.value)
-    assert "trainer.precision=16-mixed, bf16-mixed or bf16-true instead of 16-true" in message, message
-    assert "eps=1e-08 rounds to 0 in float16 (module.optimizer.eps=1e-4 does not)" in message
+    assert (
+        "trainer.precision=16-mixed, bf16-mixed or bf16-true instead of 16-true (float16 weights and optimizer "
+        f"state){note}" in message
+    ), message
     assert "instead of 16-mixed" not in message
+    assert ("module.optimizer.eps=0.0001 trains" in message) == bool(note)
 
 
 @pytest.mark.parametrize(

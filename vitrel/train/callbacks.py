@@ -32,6 +32,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from vitrel.pos.base import PositionScheme
 from vitrel.train.exact_resume import ExactResume, ResumePositionError, check_resume_position
+from vitrel.train.optim import FLOAT16_EPS
 
 __all__ = [
     "SignalCheckpoint",
@@ -429,13 +430,14 @@ class NaNGuard(Callback):
         tried = "Try a lower module.optimizer.lr or clipping (trainer.gradient_clip_val)"
         if precision == "16-mixed":
             return f"{tried}, or trainer.precision=bf16-mixed instead of 16-mixed."
-        if precision == "16-true":  # float16 weights and optimizer state: AdamW's eps=1e-8 rounds to 0 there
+        if precision == "16-true":  # float16 weights and optimizer state: a small eps is 0 or too small there
             eps = [g["eps"] for o in trainer.optimizers for g in o.param_groups if isinstance(g.get("eps"), float)]
             zero = bool(eps) and float(torch.tensor(min(eps), dtype=torch.float16)) == 0.0
-            small = f"; the optimizer's eps={min(eps):g} rounds to 0 in float16 (module.optimizer.eps=1e-4 does not)"
+            how = "rounds to 0" if zero else "is small"  # 1e-6 and 1e-7 NaN'd within 7 steps of a tiny run, 1e-5 not
+            small = f"; the optimizer's eps={min(eps):g} {how} in float16 (module.optimizer.eps={FLOAT16_EPS:g} trains)"
             return (
                 f"{tried}, or trainer.precision=16-mixed, bf16-mixed or bf16-true instead of 16-true (float16 weights "
-                f"and optimizer state){small if zero else ''}."
+                f"and optimizer state){small if eps and min(eps) < FLOAT16_EPS else ''}."
             )
         if precision == "bf16-true":
             return f"{tried}, or trainer.precision=bf16-mixed instead of bf16-true (float32 weights)."

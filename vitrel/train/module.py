@@ -63,7 +63,7 @@ from torchmetrics.classification import MulticlassAccuracy
 
 from vitrel.inference import mean_softmax_log
 from vitrel.models.naflex import input_form
-from vitrel.train.optim import param_groups
+from vitrel.train.optim import check_float16_eps, param_groups
 
 __all__ = ["ClassifierModule", "ImageMean", "data_config_of", "mix_clips"]
 
@@ -427,6 +427,7 @@ class ClassifierModule(L.LightningModule):
     def configure_optimizers(self) -> Optimizer | dict:
         base_lr = getattr(self.make_optimizer, "keywords", {}).get("lr")
         opt = self.make_optimizer(params=param_groups(self.model, self.layer_decay, base_lr))
+        check_float16_eps(opt)  # 16-true: AdamW's eps=1e-8 is 0 in float16, refused before a NaN at step 1
         if self.make_scheduler is None:
             return opt
         total = self.trainer.estimated_stepping_batches

@@ -85,7 +85,7 @@ def test_head_of_features_is_forward_on_layouts(cfg, form):
     torch.testing.assert_close(m.forward_head(**f), want, rtol=0, atol=1e-12)  # timm's forward: forward_head(**f)
 
 
-@pytest.mark.parametrize("cfg", list(CONFIGS))
+@pytest.mark.parametrize("cfg", ["token", "avg_no_fc_norm", "registers_avg"])
 @pytest.mark.parametrize("rate", [0.4, (0.1, 0.7)])
 @pytest.mark.parametrize("form", ["images", "padded", "packed"])
 def test_head_of_features_is_forward_with_token_drop(cfg, rate, form):

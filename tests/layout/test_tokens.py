@@ -124,7 +124,8 @@ def test_pos_share_and_intermediates_per_token():
         solo = m.forward_intermediates(imgs[2][None], indices=[1], output_fmt="NLC", intermediates_only=True)[0]
         k = solo.shape[1]
         torch.testing.assert_close(feats[1][1, :k], solo[0], rtol=0, atol=1e-10)
-        assert m.forward_features(d).shape == (2, n + 2, m.embed_dim)  # one class token per image, two images in row 0
+        f = m.forward_features(d)  # timm's NaFlexVit dict, with the layout (a packed dict: no patch_valid)
+        assert f["patches"].shape == (2, n + 2, m.embed_dim)  # one class token per image, two images in row 0
         with pytest.raises(ValueError, match="NLC"):
             m.forward_intermediates(d, output_fmt="NCHW")
 

@@ -136,8 +136,8 @@ def test_features_only_backbone_with_token_drop_gives_full_grid_maps_in_training
 
 def test_forward_intermediates_nlc_still_drops_tokens_in_training():
     m = model("rel2d_full", torch.float32, token_drop=0.5).train()
-    feats = m.forward_intermediates(torch.randn(2, 3, 16, 16), output_fmt="NLC", intermediates_only=True)
-    assert feats[0].shape[1] == 8  # half of the 4 x 4 patches
+    d = m.forward_intermediates(torch.randn(2, 3, 16, 16), output_fmt="NLC", intermediates_only=True, output_dict=True)
+    assert d["image_intermediates"][0].shape[1] == 8 and d["patch_coord"].shape == (2, 8, 2)  # half of the 4 x 4
 
 
 # 10 ---------------------------------------------------------------------------------- collator without labels

@@ -47,6 +47,8 @@ __all__ = [
     "embed_patches",
     "with_prefix",
     "pool_images",
+    "LayoutFeatures",
+    "layout_features",
     "drop_tokens",
     "token_drop_rates",
     "check_token_drop",
@@ -389,6 +391,47 @@ def pool_images(x: Tensor, layout: TokenLayout, how: str) -> Tensor:
         count = torch.bincount(layout.image[patch], minlength=layout.num_images).clamp(min=1)
         return out / count[:, None].to(x.dtype)
     raise ValueError(f"pooling per image is 'token' or 'avg', got {how!r}")
+
+
+class LayoutFeatures(dict):
+    """``forward_features``' output for a token layout, timm's NaFlexVit dict: ``patches [B, N', C]`` (the normalised
+    tokens), ``patch_valid [B, N' - P]`` (bool, the patch slots after the first ``P`` prefix tokens that hold a
+    patch: timm's patch-only validity) and vitrel's ``layout`` (the :class:`TokenLayout`, which pools each image of
+    any row). A packed batch (``segment_ids``: several images per row) has no ``patch_valid`` (no mask over a row
+    pools its images apart): looking it up is a ``KeyError`` saying to pass the dict whole."""
+
+    def __missing__(self, key: str) -> Any:
+        if key == "patch_valid":
+            raise KeyError(
+                "'patch_valid': a packed batch (segment_ids) holds several images per row, which no patch mask pools "
+                "apart: pass the features whole, forward_head(features) (or forward_head(**features))"
+            )
+        raise KeyError(key)
+
+
+def layout_features(x: Tensor, layout: TokenLayout, packed: bool) -> LayoutFeatures:
+    """Tokens ``x [B, N', C]`` on ``layout`` as :class:`LayoutFeatures` (``packed``: without ``patch_valid``)."""
+    out = LayoutFeatures(patches=x, layout=layout)
+    if not packed:  # one image per row: its prefix tokens first, then its patches, then padding (with_prefix)
+        out["patch_valid"] = layout.valid[:, layout.num_prefix_tokens :]
+    return out
+
+
+def pool_valid(x: Tensor, patch_valid: Tensor, how: str, num_prefix_tokens: int) -> Tensor:
+    """timm's ``global_pool_naflex`` for vitrel's pools: tokens ``x [B, P + N, C]`` with ``patch_valid [B, N]`` (the
+    patch slots holding a patch) -> ``[B, C]``: ``"token"`` the class token, ``"avg"`` the mean of the valid
+    patches; ``""`` the tokens as they are."""
+    p = num_prefix_tokens
+    b, n = x.shape[0], x.shape[1] - p
+    if tuple(patch_valid.shape) != (b, n):
+        raise ValueError(
+            f"patch_valid must be [B, N - P] = [{b}, {n}] for tokens {tuple(x.shape)} with {p} prefix token(s) (the "
+            f"patch slots, as forward_features returns it), got {tuple(patch_valid.shape)}"
+        )
+    if how == "avg":
+        valid = patch_valid.to(x.dtype)[..., None]
+        return (x[:, p:] * valid).sum(1) / valid.sum(1).clamp(min=1)
+    return x[:, 0] if how == "token" else x
 
 
 def drop_tokens(batch: NaFlexBatch, rate: Tensor, generator: torch.Generator | None = None) -> NaFlexBatch:

@@ -36,12 +36,15 @@ from vitrel.models.blocks import (
 )
 from vitrel.models.input_size import check_grid_sizes, check_img_size, rebuild_position_schemes
 from vitrel.models.naflex import (
+    LayoutFeatures,
     ModelInput,
     check_token_drop,
     drop_tokens,
     embed_patches,
     grid_batch,
+    layout_features,
     pool_images,
+    pool_valid,
     read_input,
     token_drop_rates,
     with_prefix,
@@ -221,13 +224,51 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         outs = list(self.run_blocks(x, self.position_states(layout, x, depth), depth))
         return self.norm(outs[-1] if outs else x), layout, dest, outs
 
-    def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
-        """Images -> normalised tokens ``[B, P + H'W', C]``; a NaFlex dict or a list of images (or dropped tokens) ->
-        ``[B, N', C]``, each image's prefix tokens ahead of its patches (:meth:`embed_tokens`)."""
+    def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor | LayoutFeatures:
+        """Images -> normalised tokens ``[B, P + H'W', C]`` (a tensor, as timm's ViT). A token layout -- a NaFlex dict,
+        a list of images, or images whose tokens are dropped (``token_drop``, training) by a range of rates -> timm's
+        NaFlexVit dict (:class:`~vitrel.models.naflex.LayoutFeatures`): ``patches [B, N', C]`` (each image's prefix
+        tokens ahead of its patches, :meth:`embed_tokens`), ``patch_valid`` (not for a packed dict) and ``layout``;
+        :meth:`forward_head` takes it whole and pools each image's own tokens. Images with one ``token_drop`` rate
+        keep a tensor (every image keeps as many tokens: no padding)."""
         inp = self.read_input(x)
-        if self._uses_layout(inp):
-            return self._forward_layout(inp)[0]
-        return self.grid_features(inp.images)
+        if not self._uses_layout(inp):
+            return self.grid_features(inp.images)
+        feats, layout, _, _ = self._forward_layout(inp)
+        return self._layout_features(x, inp, feats, layout)
+
+    def _layout_features(self, x: Any, inp: ModelInput, feats: Tensor, layout: TokenLayout) -> Tensor | LayoutFeatures:
+        """:meth:`forward_features`' answer for tokens ``feats`` on the layout of input ``x`` (``inp``, read)."""
+        if inp.batch is None and not isinstance(self.token_drop, list):  # images, one drop rate: no padding
+            return feats
+        return layout_features(feats, layout, packed=isinstance(x, Mapping) and x.get("segment_ids") is not None)
+
+    def forward_head(
+        self,
+        patches: Tensor | Mapping[str, Any],
+        pre_logits: bool = False,
+        patch_valid: Tensor | None = None,
+        layout: TokenLayout | None = None,
+    ) -> Tensor:
+        """Features -> logits (``pre_logits``: the pooled, ``fc_norm``-ed features). ``patches``: the tokens of
+        :meth:`forward_features` or its dict whole (``forward_head(f)`` or timm's ``forward_head(**f)``): one row per
+        image. timm's NaFlexVit form ``forward_head(f['patches'], patch_valid=f['patch_valid'])`` pools a padded batch
+        (one image per row) over its valid patches. A bare tensor pools every row as one image."""
+        if isinstance(patches, Mapping):
+            if patch_valid is not None or layout is not None:
+                raise ValueError(
+                    "forward_head takes forward_features' dict whole (it holds the layout and patch_valid) or its "
+                    "'patches' with patch_valid=..., not both"
+                )
+            patches, patch_valid, layout = patches["patches"], patches.get("patch_valid"), patches.get("layout")
+        if layout is not None:
+            x = pool_images(patches, layout, self.global_pool) if self.global_pool else patches
+        elif patch_valid is not None:
+            x = pool_valid(patches, patch_valid.bool(), self.global_pool, self.num_prefix_tokens)
+        else:
+            x = self.pool(patches)
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
         """Images ``[B, C, H, W]`` -> logits ``[B, classes]``; a NaFlex dict (packed or padded) or a list of images of
@@ -250,17 +291,22 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         stop_early: bool = False,
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
-    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
+        output_dict: bool = False,
+    ) -> list[Tensor] | tuple[Any, list[Tensor]] | dict[str, Any]:
         """timm's ``forward_intermediates``: the outputs of the blocks in ``indices`` (the last ``n`` for an
-        int, all for None, negative indices from the end) and the final normalised tokens.
+        int, all for None, negative indices from the end) and the final features (:meth:`forward_features`').
 
         ``output_fmt``: ``"NCHW"`` (patch tokens as ``[B, C, H', W']``) or ``"NLC"`` (``[B, H'W', C]``);
         prefix tokens are dropped (``return_prefix_tokens=True``: pairs ``(patches, prefix [B, P, C])``).
         ``norm`` applies the final norm to each intermediate; ``stop_early`` skips the blocks after the
-        last one asked for; ``intermediates_only`` returns the list alone.
+        last one asked for; ``intermediates_only`` returns the list alone. ``output_dict`` (timm's NaFlexVit):
+        a dict of ``image_intermediates``, ``image_features`` (unless ``intermediates_only``), and for a token layout
+        the returned tokens' ``patch_coord``, ``patch_valid`` and ``segment_ids`` (the NaFlex dict's keys).
 
-        ``token_drop`` (in training) drops tokens for ``"NLC"`` only; ``"NCHW"`` maps of an image batch (a
-        ``features_only`` backbone's output) are always the full grid.
+        A token layout (a NaFlex dict, a list of images) gives ``"NLC"`` at the input's patch positions. ``token_drop``
+        (in training) drops tokens for ``"NLC"`` only, which are then the kept tokens, not the input's positions:
+        that takes ``output_dict=True`` (their coordinates), as timm's NaFlexVit with patch dropout. ``"NCHW"`` maps of
+        an image batch (a ``features_only`` backbone's output) are always the full grid.
         """
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
         # token dropping (training) applies to tokens (NLC); a map of an image batch (NCHW, what a features_only
@@ -273,22 +319,56 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
                     "list of images or dropped tokens (token_drop, training) are the patch tokens at the input's "
                     "positions (output_fmt='NLC'), with no prefix tokens"
                 )
-            return self._intermediates_layout(inp, take, len(blocks), norm, output_fmt, intermediates_only)
-        return self.grid_intermediates(
+            if output_fmt != "NLC":
+                raise ValueError("a NaFlex dict or a list of images has no common patch grid: use output_fmt='NLC'")
+            if self.training and self.token_drop and not output_dict:
+                raise ValueError(
+                    "forward_intermediates in training with token_drop returns the kept tokens, not the input's "
+                    "positions: pass output_dict=True for them with their 'patch_coord', 'patch_valid' and "
+                    "'segment_ids' (or call model.eval() for every token)"
+                )
+            return self._intermediates_layout(x, inp, take, len(blocks), norm, intermediates_only, output_dict)
+        out = self.grid_intermediates(
             inp.images, take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only
         )
+        if not output_dict:
+            return out
+        feats = out if intermediates_only else out[1]
+        res: dict[str, Any] = {"image_intermediates": feats}
+        if return_prefix_tokens and self.num_prefix_tokens:
+            res = {"image_intermediates": [f for f, _ in feats], "image_intermediates_prefix": [p for _, p in feats]}
+        if not intermediates_only:
+            res["image_features"] = out[0]
+        return res
 
     def _intermediates_layout(
-        self, x: ModelInput, take: list[int], depth: int, norm: bool, output_fmt: str, intermediates_only: bool
-    ) -> list[Tensor] | tuple[Tensor, list[Tensor]]:
-        """``forward_intermediates`` of a NaFlex dict or a list of images: per token (``NLC``), each intermediate
-        ``[B, N, C]`` at the input's patch positions (padding positions hold padding tokens)."""
-        if output_fmt != "NLC":
-            raise ValueError("a NaFlex dict or a list of images has no common patch grid: use output_fmt='NLC'")
-        final, _, dest, outs = self._forward_layout(x, depth)
+        self,
+        x: Any,
+        inp: ModelInput,
+        take: list[int],
+        depth: int,
+        norm: bool,
+        intermediates_only: bool,
+        output_dict: bool,
+    ) -> list[Tensor] | tuple[Any, list[Tensor]] | dict[str, Any]:
+        """``forward_intermediates`` on a token layout: each intermediate ``[B, N, C]`` at the patch positions of the
+        input (after token dropping: of the kept tokens; padding positions hold padding tokens)."""
+        final, layout, dest, outs = self._forward_layout(inp, depth)
         idx = dest[..., None].expand(-1, -1, final.shape[-1])
         feats = [(self.norm(outs[i]) if norm else outs[i]).gather(1, idx) for i in take]
-        return feats if intermediates_only else (final, feats)
+        fin = self._layout_features(x, inp, final, layout)
+        if not output_dict:
+            return feats if intermediates_only else (fin, feats)
+        segment = layout.segment.gather(1, dest)
+        res: dict[str, Any] = {
+            "image_intermediates": feats,
+            "patch_coord": layout.coords.gather(1, dest[..., None].expand(-1, -1, 2)),
+            "patch_valid": segment >= 0,
+            "segment_ids": segment,
+        }
+        if not intermediates_only:
+            res["image_features"] = fin
+        return res
 
     # ---------------------------------------------------------------------------- seams (viz, registry)
     @torch.no_grad()

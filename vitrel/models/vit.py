@@ -43,6 +43,7 @@ from vitrel.models.naflex import (
     grid_batch,
     pool_images,
     read_input,
+    token_drop_keep_max,
     token_drop_rates,
     with_prefix,
 )
@@ -201,7 +202,14 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
                 check_grid_sizes(x.batch.image_grids, pe.patch_size, self.img_size)
             batch = x.batch._replace(patches=pe.norm(embed_patches(pe.proj, x.batch.patches)))
         if self.training and self.token_drop:
-            batch = drop_tokens(batch, token_drop_rates(self.token_drop, batch.num_images, batch.patches.device))
+            rates = token_drop_rates(self.token_drop, batch.num_images, batch.patches.device)
+            # a batch of images: rows of the length the lowest rate keeps (one shape per size under torch.compile)
+            length = (
+                None
+                if x.batch is not None
+                else token_drop_keep_max(self.token_drop, batch.patches.shape[1], rates.dtype)
+            )
+            batch = drop_tokens(batch, rates, length=length)
         prefix = [t[0] for t in (self.cls_token, self.reg_token) if t is not None]
         x, layout, dest = with_prefix(batch.patches, batch, torch.cat(prefix) if prefix else None)
         if self.abs_pos is not None:

@@ -86,7 +86,7 @@ def test_head_of_features_is_forward_on_layouts(cfg, form):
 
 
 @pytest.mark.parametrize("cfg", ["token", "avg_no_fc_norm", "registers_avg"])
-@pytest.mark.parametrize("rate", [0.4, (0.1, 0.7)])
+@pytest.mark.parametrize("rate", [0.4, 0.125, (0.1, 0.7)])  # 0.125: 12 * 0.875 = 10.5, rounded to 10 (even)
 @pytest.mark.parametrize("form", ["images", "padded", "packed"])
 def test_head_of_features_is_forward_with_token_drop(cfg, rate, form):
     m, imgs = model(token_drop=rate, **CONFIGS[cfg]).train(), images()
@@ -161,7 +161,7 @@ def test_global_pool_none_on_a_layout():
 
 
 # ----------------------------------------------------------------------------------- forward_intermediates
-@pytest.mark.parametrize("rate", [0.4, (0.1, 0.7)])
+@pytest.mark.parametrize("rate", [0.4, 0.125, (0.1, 0.7)])  # 0.125: 12 * 0.875 = 10.5, rounded to 10 (even)
 @pytest.mark.parametrize("form", ["images", "packed"])
 def test_intermediates_of_dropped_tokens_come_with_their_coordinates(rate, form):
     """In training with ``token_drop`` the NLC intermediates are the kept tokens: ``output_dict=True`` gives their

@@ -51,6 +51,7 @@ __all__ = [
     "layout_features",
     "drop_tokens",
     "token_drop_rates",
+    "token_drop_keep_max",
     "check_token_drop",
 ]
 
@@ -338,6 +339,17 @@ def token_drop_rates(spec: float | Sequence[float], num_images: int, device: Any
     return lo + (hi - lo) * torch.rand(num_images, device=device)
 
 
+def token_drop_keep_max(spec: float | Sequence[float], num_tokens: int, dtype: torch.dtype = torch.float32) -> int:
+    """The most tokens ``token_drop`` keeps of an image of ``num_tokens`` (:func:`drop_tokens` at rates of ``dtype``,
+    :func:`token_drop_rates`'): ``round((1 - low) * n)`` (at least 1) at its lowest rate, rounded up where ``low``
+    in ``dtype`` may keep one more. A Python int of the config and the grid alone, so a compiled step's rows have one
+    length per image size (:func:`drop_tokens`' ``length``), not one per draw of the rates."""
+    low = float(spec) if isinstance(spec, (int, float)) else float(spec[0])
+    # a rate drawn in dtype is at least low rounded to it: below low by at most eps * low
+    slack = num_tokens * torch.finfo(dtype).eps
+    return min(num_tokens, max(1, math.floor((1 - low) * num_tokens + 0.5 + slack)))
+
+
 def embed_patches(proj: nn.Conv2d, patches: Tensor) -> Tensor:
     """The patch embedding's convolution applied to flattened ``(P, P, C)`` patches ``[B, N, P*P*C]`` -> ``[B, N, D]``:
     the same weights as a matrix (timm's NaFlex ``Linear`` form of a conv patch embedding)."""
@@ -382,14 +394,18 @@ def with_prefix(x: Tensor, batch: NaFlexBatch, prefix: Tensor | None) -> tuple[T
 def pool_images(x: Tensor, layout: TokenLayout, how: str) -> Tensor:
     """One row per image (``[num_images, C]``, row-major over rows and segments) from tokens ``x [B, N, C]``:
     ``"token"`` its class token (prefix slot 0), ``"avg"`` the mean of its patch tokens."""
+    # shapes of the layout's sizes alone (no boolean indexing, whose size is the data's): one graph under compile
     if how == "token":
-        cls = layout.valid & ~layout.is_patch & (layout.index == 0)
-        return x[cls]  # row-major order = image order
+        cls = (layout.valid & ~layout.is_patch & (layout.index == 0)).flatten()
+        at = torch.argsort((~cls).to(torch.int8), stable=True)[: layout.num_images]  # row-major order = image order
+        return x.flatten(0, 1)[at]
     if how == "avg":
-        patch = layout.is_patch
-        out = x.new_zeros(layout.num_images, x.shape[-1]).index_add_(0, layout.image[patch], x[patch])
-        count = torch.bincount(layout.image[patch], minlength=layout.num_images).clamp(min=1)
-        return out / count[:, None].to(x.dtype)
+        patch = layout.is_patch.flatten()
+        image = torch.where(patch, layout.image.flatten(), 0)
+        feats = torch.where(patch[:, None], x.flatten(0, 1), 0)  # other tokens add exact zeros
+        out = x.new_zeros(layout.num_images, x.shape[-1]).index_add_(0, image, feats)
+        count = x.new_zeros(layout.num_images).index_add_(0, image, patch.to(x.dtype)).clamp(min=1)
+        return out / count[:, None]
     raise ValueError(f"pooling per image is 'token' or 'avg', got {how!r}")
 
 
@@ -434,10 +450,15 @@ def pool_valid(x: Tensor, patch_valid: Tensor, how: str, num_prefix_tokens: int)
     return x[:, 0] if how == "token" else x
 
 
-def drop_tokens(batch: NaFlexBatch, rate: Tensor, generator: torch.Generator | None = None) -> NaFlexBatch:
+def drop_tokens(
+    batch: NaFlexBatch, rate: Tensor, generator: torch.Generator | None = None, length: int | None = None
+) -> NaFlexBatch:
     """NaViT's token dropping: keep ``round((1 - rate_i) * n_i)`` (at least 1) of the ``n_i`` tokens of image ``i``
     (``rate [num_images]``), chosen uniformly, the kept tokens keeping their coordinates; the rows compacted (kept
-    tokens first, in their order) and cut to their longest."""
+    tokens first, in their order) and cut to their longest, or to ``length`` tokens (padding after the kept ones):
+    a length fixed by the configuration (:func:`token_drop_keep_max`), so that ``torch.compile`` sees one shape,
+    not one per draw. ``length`` must be at least the longest row's kept tokens (one image per row, the batch of a
+    grid: :func:`token_drop_keep_max` of its rates)."""
     seg, image = batch.segment, batch.image
     valid = image >= 0
     counts = torch.bincount(image[valid], minlength=batch.num_images)
@@ -454,8 +475,7 @@ def drop_tokens(batch: NaFlexBatch, rate: Tensor, generator: torch.Generator | N
     kept = valid & (rank < keep_n[image.clamp(min=0)])
     # compact: kept tokens first, in their order
     idx = torch.argsort((~kept).to(torch.int8), dim=1, stable=True)
-    m = int(kept.sum(1).max())
-    idx = idx[:, :m]
+    idx = idx[:, : int(kept.sum(1).max()) if length is None else length]
     take = kept.gather(1, idx)
 
     def pick(t: Tensor, fill: int) -> Tensor:

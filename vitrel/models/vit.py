@@ -46,6 +46,7 @@ from vitrel.models.naflex import (
     pool_images,
     pool_valid,
     read_input,
+    token_drop_keep_max,
     token_drop_rates,
     with_prefix,
 )
@@ -204,7 +205,12 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
                 check_grid_sizes(x.batch.image_grids, pe.patch_size, self.img_size)
             batch = x.batch._replace(patches=pe.norm(embed_patches(pe.proj, x.batch.patches)))
         if self.training and self.token_drop:
-            batch = drop_tokens(batch, token_drop_rates(self.token_drop, batch.num_images, batch.patches.device))
+            rates = token_drop_rates(self.token_drop, batch.num_images, batch.patches.device)
+            # images with a range of rates: rows of the length the lowest rate keeps (one shape per size under
+            # torch.compile); one rate keeps as many tokens of every image (no padding, forward_features' tensor)
+            ranged = x.batch is None and isinstance(self.token_drop, list)
+            length = token_drop_keep_max(self.token_drop, batch.patches.shape[1], rates.dtype) if ranged else None
+            batch = drop_tokens(batch, rates, length=length)
         prefix = [t[0] for t in (self.cls_token, self.reg_token) if t is not None]
         x, layout, dest = with_prefix(batch.patches, batch, torch.cat(prefix) if prefix else None)
         if self.abs_pos is not None:

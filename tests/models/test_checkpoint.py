@@ -193,7 +193,7 @@ def test_extract_model_state_contract():
     cfg, state = extract_model_state({"state_dict": sd, "hyper_parameters": {"vitrel_cfg": m.vitrel_cfg}})
     assert cfg == m.vitrel_cfg and state.keys() == m.state_dict().keys()
     cfg2, state2 = extract_model_state({"state_dict": m.state_dict(), "vitrel_cfg": m.vitrel_cfg})  # plain
-    assert state2.keys() == m.state_dict().keys()
+    assert cfg2 == m.vitrel_cfg and state2.keys() == m.state_dict().keys()
     with pytest.raises(CheckpointError, match="no model configuration"):
         extract_model_state({"state_dict": sd})
     with pytest.raises(CheckpointError, match="state_dict"):

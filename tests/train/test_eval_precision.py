@@ -42,3 +42,28 @@ def test_eval_py_scores_in_the_trainers_precision(tmp_path, monkeypatch):
     with torch.no_grad():
         acc = (model(x).argmax(-1) == y).float().mean().item()
     assert default["test/acc1"] == pytest.approx(acc, abs=1e-6)
+
+
+def test_eval_py_applies_matmul_precision_on_cuda_machines(tmp_path, monkeypatch):
+    """``eval.py matmul_precision=...`` sets ``torch.set_float32_matmul_precision`` before the forward, as ``train.py``
+    does (CUDA machines only: a CPU's float32 matmuls stay exact), rather than being a key nothing reads."""
+    run = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "logger=none"]
+    train(compose(tmp_path / "run", [*TINY_VIT, *FAST, *run, "test=false"]))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    seen, load = [], vitrel.load_model
+
+    def watched(*a, **k):
+        model = load(*a, **k)
+        model.register_forward_pre_hook(lambda m, args: seen.append(torch.get_float32_matmul_precision()))
+        return model
+
+    monkeypatch.setattr(vitrel, "load_model", watched)
+    over = [f"ckpt_path={ckpt}", *FAST[:4], "trainer.limit_test_batches=1", "matmul_precision=medium"]
+    cfg = compose(tmp_path / "eval", over, config_name="eval")
+    before = torch.get_float32_matmul_precision()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # (the trainer stays on the CPU: FAST)
+    try:
+        evaluate(cfg)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert seen and set(seen) == {"medium"}

@@ -192,12 +192,12 @@ def canvas_offset(
 
 
 def fixed_canvas_offsets(
-    n: int, img_hw: tuple[int, int], canvas_size: int | Sequence[int], seed: int, mode: str = "random", step: int = 1
+    n: int, img_hw: tuple[int, int], canvas_size: int | Sequence[int], seed: int, mode: str = "random"
 ) -> np.ndarray:
     """``[n, 2]`` int64 ``(top, left)`` of samples ``0..n-1``: sample ``i``'s from
     ``numpy.random.default_rng([seed, i])``, as :class:`TranslatedDataset` gives them."""
     return np.array(
-        [canvas_offset(img_hw, canvas_size, mode, np.random.default_rng([seed, i]), step) for i in range(n)],
+        [canvas_offset(img_hw, canvas_size, mode, np.random.default_rng([seed, i])) for i in range(n)],
         dtype=np.int64,
     ).reshape(n, 2)
 

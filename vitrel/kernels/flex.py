@@ -58,14 +58,15 @@ def _compiled_flex() -> Callable[..., Tensor]:
 CPU_KEY_SLACK_ROWS = 64
 
 
-def _keys_with_slack(k: Tensor, rows: int = CPU_KEY_SLACK_ROWS) -> Tensor:
-    """``k`` copied into a contiguous buffer followed by ``rows`` zero rows (storage only, not in the shape).
+def _keys_with_slack(k: Tensor) -> Tensor:
+    """``k`` copied into a contiguous buffer followed by ``CPU_KEY_SLACK_ROWS`` zero rows (storage only, not in the
+    shape).
 
     torch 2.14's compiled CPU FlexAttention reads keys past the end of their storage at short sequences (seen at
     8 and 24 keys, head dim 16): the last batch x head slice then gets wrong rows, NaN or finite, differently from
     run to run (``tests/kernels/test_flex.py::test_cpu_flex_short_sequences_equal_sdpa``). Zeros there make whatever it
     reads harmless; 64 rows cover what was seen (256 elements fixed head dim 16, 64 did not)."""
-    buf = k.new_zeros(k.numel() + rows * k.shape[-1])
+    buf = k.new_zeros(k.numel() + CPU_KEY_SLACK_ROWS * k.shape[-1])
     out = buf[: k.numel()].view(k.shape)
     out.copy_(k)
     return out

@@ -166,10 +166,6 @@ def _window_tokens(nw: int, wh: int, ww: int, num_regions: int, device) -> tuple
     return coords, t.expand(nw, wh * ww), torch.zeros(nw, wh * ww, dtype=torch.long, device=device), first
 
 
-def _token_counts(grids: Sequence[Grid], p: int) -> list[int]:
-    return [p + g.h * g.w for g in grids]
-
-
 def gather_tokens(per_grid: Sequence[Tensor], layout: TokenLayout, axis: int = -2) -> Tensor:
     """Per-token tensors, one per distinct grid (``per_grid[g]`` has its image's ``P + h w`` tokens on ``axis``, e.g.
     RoPE's ``cos [N, d]`` or ``[heads, N, d]``) -> one tensor for the layout's tokens, shaped to broadcast against

@@ -227,7 +227,6 @@ class SignalCheckpoint(Callback):
                 raise ValueError(f"unknown signal {name!r} in SignalCheckpoint(signals=...)")
             self.signals.append(sig)
         self.received: int | None = None
-        self.saved_path: Path | None = None
         self._previous: dict[int, Any] = {}
         self._before_lightning: Any = None  # SIGTERM's handler before Lightning's, called on SIGTERM as Lightning does
         self._active = False  # the handlers are installed
@@ -296,7 +295,6 @@ class SignalCheckpoint(Callback):
         signum = int(pending or signal.SIGTERM)
         path = last_checkpoint_path(trainer) or Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         save_checkpoint(trainer, path)
-        self.saved_path = path
         self._exit_signal = signum
         rank_zero_info(
             f"{signal.Signals(signum).name}: saved {path} at epoch {trainer.current_epoch}, "

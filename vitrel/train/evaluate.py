@@ -53,6 +53,7 @@ from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.run_figures import RunFigures
 from vitrel.train.utils import (
+    apply_matmul_precision,
     check_accelerator,
     check_data_fits_model,
     check_video_pairing,
@@ -412,6 +413,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     t0 = time.time()
     route_lightning_logs()
     L.seed_everything(int(cfg.seed), workers=True)
+    apply_matmul_precision(cfg)
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.exists():
         raise CheckpointError(f"ckpt_path={cfg.ckpt_path}: no such file or folder")

@@ -63,6 +63,7 @@ from vitrel.train.run_times import RunTimes
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, test_limit, tested_part
 from vitrel.train.utils import (
+    apply_matmul_precision,
     check_accelerator,
     check_data_fits_model,
     hydra_config,
@@ -171,8 +172,7 @@ def _leave_process_group() -> None:
 
 def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: float) -> dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
-    if torch.cuda.is_available():
-        torch.set_float32_matmul_precision(str(cfg.get("matmul_precision", "high")))
+    apply_matmul_precision(cfg)
 
     check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
     dm = instantiate(cfg.data)

@@ -103,6 +103,13 @@ def run_dir_of(cfg: DictConfig) -> Path:
     return Path(str(cfg.paths.output_dir)).resolve()
 
 
+def apply_matmul_precision(cfg: DictConfig) -> None:
+    """``torch.set_float32_matmul_precision(cfg.matmul_precision)`` on a CUDA machine (train.py, eval.py); a CPU's
+    float32 matmuls stay exact."""
+    if torch.cuda.is_available():
+        torch.set_float32_matmul_precision(str(cfg.get("matmul_precision", "high")))
+
+
 def route_lightning_logs() -> None:
     """Under Hydra (the root logger has handlers) let Lightning's messages go through them only, so that they
     reach the run's log file (``<run folder>/<task>.log``: ``train.log``, ``eval.log``) as well as the console.

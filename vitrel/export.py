@@ -394,11 +394,20 @@ class SizeCheckedProgram(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         want, got = self.shape, tuple(x.shape)
         fits = len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got))
+        others = [i for i in range(len(want)) if i != 2]
+        if not fits and len(got) == len(want) == 5 and all(want[i] in (None, got[i]) for i in others):
+            raise ValueError(  # a video program of one clip length (its scheme compares the grid with the built one)
+                f"{self.source} takes clips of {want[2]} frames (a program of one clip length), got {got[2]}: give it "
+                f"{want[2]}-frame clips (the predictor's data_config does), or export again with --num-frames "
+                f"{got[2]} (one program per clip length) or with --dynamic hw where the model allows it "
+                "(vitrel.export.best_dynamic)"
+            )
         if not fits and len(got) == len(want) and all(w is None or w == g for w, g in zip(want[:-2], got[:-2])):
             (h, w), (gh, gw) = want[-2:], got[-2:]
+            kind = "frames" if len(want) == 5 else "images"  # (a video program: [B, C, T, H, W])
             raise ValueError(
-                f"{self.source} takes {h}x{w} images (a program of one image size), got {gh}x{gw}: resize them to "
-                f"{h}x{w} (the predictor's data_config does), or export again with --dynamic hw where the model "
+                f"{self.source} takes {h}x{w} {kind} (a program of one {kind[:-1]} size), got {gh}x{gw}: resize them "
+                f"to {h}x{w} (the predictor's data_config does), or export again with --dynamic hw where the model "
                 "allows it (vitrel.export.best_dynamic)"
             )
         if not fits:
@@ -488,7 +497,11 @@ def main(argv: list[str] | None = None) -> int:
             dynamic = args.dynamic or best_dynamic(model)
             check_exportable(model, dynamic, onnx=args.onnx, pt2=args.pt2)
             if args.dynamic is None and dynamic != "hw":
-                print(f"note: {_NOT_HW[dynamic]}; exporting dynamic={dynamic}")
+                what = _NOT_HW[dynamic]
+                frames = model.vitrel_cfg.get("num_frames") if args.num_frames is None else args.num_frames
+                if frames is not None:  # a video program of one clip length: say which, and how to get another
+                    what = f"{what.replace('resolution', 'clip size')} (this one: {frames} frames; --num-frames)"
+                print(f"note: {what}; exporting dynamic={dynamic}")
             size = None if args.img_size is None else (args.img_size * 2)[:2]
             example = example_input(model, img_size=size, num_frames=args.num_frames)
             print(f"tracing the model with torch.export (dynamic={dynamic}) ...", flush=True)

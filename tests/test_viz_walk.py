@@ -97,6 +97,15 @@ def test_plot_swin_windows_refuses_a_model_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("grid,window", [((4, 8, 8), (2, 4, 4)), ((4, 8, 8), 4), ((8, 8), (2, 4, 4))])
+def test_plot_swin_windows_refuses_a_video_swins_map_in_one_line(grid, window):
+    """A Video Swin's map ``(T, H, W)`` and window ``(Wt, Wh, Ww)`` drew a 2-D picture titled ``Swin windows 2x4 on a
+    8x8 map``: the time window taken as the height. Refused, naming one frame's call that draws its spatial windows."""
+    with pytest.raises(ValueError, match=r"^plot_swin_windows draws an image map \(H, W\) and window \(Wh, Ww\)") as e:
+        viz.plot_swin_windows(grid, window)
+    assert "\n" not in str(e.value) and "plot_swin_windows((8, 8), (4, 4))" in str(e.value)
+
+
 @pytest.mark.parametrize("fn", ["plot_schemes", "rope_similarity", "offset_profile"])
 def test_image_only_pictures_refuse_a_video_grid_in_one_line(fn):
     s = vitrel.build_pos("rope3d_axial", num_heads=2, head_dim=12, grid=(2, 3, 4))

@@ -529,6 +529,14 @@ def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
         raise TypeError(f"plot_swin_windows takes a map size (H, W) and a window, got a {type(grid).__name__}")
     grid = as_grid(grid)
     window = (window, window) if isinstance(window, int) else tuple(window)
+    if isinstance(grid, Grid3) or len(window) != 2:  # a Video Swin's (T, H, W) map or (Wt, Wh, Ww) window
+        h, w = grid[-2:]
+        wh, ww = window[-2:]
+        raise ValueError(
+            f"plot_swin_windows draws an image map (H, W) and window (Wh, Ww), got {tuple(grid)} and {window}: a Video "
+            f"Swin's windows cut every frame alike in space: draw one frame's, plot_swin_windows(({h}, {w}), "
+            f"({wh}, {ww}))"
+        )
     fig = new_figure(7.0, 3.4 * grid.h / max(grid.w, 1) + 0.6)
     for ax, shifted in zip(fig.subplots(1, 2), (False, True)):
         groups = window_groups(grid, window, shifted)

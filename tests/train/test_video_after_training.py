@@ -21,10 +21,11 @@ SHORT += ["trainer.limit_test_batches=1", "logger=none"]
 
 @pytest.fixture(scope="module")
 def image_run(tmp_path_factory):
-    """``python train.py model=vit_tiny_fmnist +model.class_token=false pos=rel2d_full`` (tiny, two steps): its
-    ``last.ckpt``."""
+    """``python train.py model=vit_tiny_fmnist +model.class_token=false pos=rel2d_full module/ema=default`` (tiny, two
+    steps): its ``last.ckpt``, whose tested weights are the EMA copy."""
     out = tmp_path_factory.mktemp("image_run")
-    train(compose(out, [*TINY_VIT, "+model.class_token=false", "pos=rel2d_full", *FAST, *SHORT]))
+    over = [*TINY_VIT, "+model.class_token=false", "pos=rel2d_full", "module/ema=default", *FAST, *SHORT]
+    train(compose(out, over))
     return out / "checkpoints" / "last.ckpt"
 
 
@@ -40,7 +41,9 @@ def test_an_inflated_model_keeps_the_image_runs_preprocessing(image_run, source)
     """The image run normalised Fashion-MNIST with its own mean and std: the inflated video model carries them (and
     the class names, with the head) in ``pretrained_cfg``, as ``vitrel.load_model`` of the checkpoint does, so that a
     fine-tune or ``predict.py`` normalises frames as the image model saw them, not with the architecture's 0.5 / 0.5.
-    On a clip of identical frames the inflated model then gives the image model's logits (float64)."""
+    On a clip of identical frames the inflated model then gives the image model's logits (float64): from the checkpoint
+    too, whose weights are read as ``vitrel.load_model``, ``eval.py`` and ``predict.py`` read them, the EMA copy the run
+    tested (not the raw weights, which differ from it)."""
     image = vitrel.load_model(image_run).eval()
     stored = stored_data_config(image_run)
     vid = inflate_image_model(image_run if source == "checkpoint" else image, _video_of(image.vitrel_cfg))

@@ -49,7 +49,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrel.models.checkpoint import CheckpointError, read_weights
+from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema, read_weights
 from vitrel.models.data_config import data_fields, set_data_config, stored_data_config
 from vitrel.models.registry import MODEL_ARGS, upgraded_cfg
 from vitrel.models.swin import SwinTransformer
@@ -99,8 +99,8 @@ def _image_source(image: Any, video_model: nn.Module) -> tuple[dict[str, Tensor]
             image = from_timm(image, pos=_image_spec(pos, video_model))
             cfg = image.vitrel_cfg
         return image.state_dict(), dict(cfg)
-    if isinstance(image, (str, os.PathLike)):
-        cfg, sd = read_weights(image)
+    if isinstance(image, (str, os.PathLike)):  # the weights its run tested (EMA where it scored them), as load_model
+        cfg, sd = read_weights(image, use_ema=checkpoint_scores_ema(image))
         return dict(sd), (None if cfg is None else upgraded_cfg(cfg))  # its scheme specs as they are meant now
     if isinstance(image, Mapping):
         return dict(image), None
@@ -305,7 +305,8 @@ def inflate_image_model(
     Args:
         image: the image model (a vitrel ``VisionTransformer`` / ``SwinTransformer``, or a timm ViT / Swin, converted
             by :func:`vitrel.from_timm` with the image counterpart of the video model's scheme), a vitrel checkpoint
-            or export (a path), or a state dict (vitrel's keys; a timm ViT's state dict has the same keys but for
+            or export (a path; a training checkpoint gives the weights its run tested, the EMA copy where it scored
+            that, as :func:`vitrel.load_model`), or a state dict (vitrel's keys; a timm ViT's state dict has the same keys but for
             ``pos_embed``, which ``drop=("pos_embed",)`` leaves out).
         video_model: a :class:`~vitrel.models.VideoVisionTransformer` or :class:`~vitrel.models.SwinTransformer3D`
             (``vitrel.create_model("vitrel_vit_video_...", pos="rel3d_full", ...)``), built with the image model's

@@ -306,8 +306,8 @@ def inflate_image_model(
         image: the image model (a vitrel ``VisionTransformer`` / ``SwinTransformer``, or a timm ViT / Swin, converted
             by :func:`vitrel.from_timm` with the image counterpart of the video model's scheme), a vitrel checkpoint
             or export (a path; a training checkpoint gives the weights its run tested, the EMA copy where it scored
-            that, as :func:`vitrel.load_model`), or a state dict (vitrel's keys; a timm ViT's state dict has the same keys but for
-            ``pos_embed``, which ``drop=("pos_embed",)`` leaves out).
+            that, as :func:`vitrel.load_model`), or a state dict (vitrel's keys; a timm ViT's state dict has the same
+            keys but for ``pos_embed``, which ``drop=("pos_embed",)`` leaves out).
         video_model: a :class:`~vitrel.models.VideoVisionTransformer` or :class:`~vitrel.models.SwinTransformer3D`
             (``vitrel.create_model("vitrel_vit_video_...", pos="rel3d_full", ...)``), built with the image model's
             widths, depths and heads, and the 3-D counterpart of its scheme (:data:`COUNTERPARTS`).

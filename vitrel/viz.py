@@ -82,6 +82,15 @@ def _device(module: nn.Module) -> torch.device:
     return ref.device if ref is not None else torch.device("cpu")
 
 
+def _check_mapping(schemes: Any, fn: str) -> None:
+    """Refuse in one line a lone scheme (or anything but a mapping) where ``{name: scheme}`` is taken."""
+    if not isinstance(schemes, Mapping):
+        name = getattr(schemes, "name", None) or "name"
+        raise TypeError(
+            f"{fn} takes a mapping {{name: scheme}}, got {type(schemes).__name__}: {fn}({{{name!r}: scheme}})"
+        )
+
+
 def _check_scheme(obj: Any, fn: str) -> None:
     """Refuse in one line anything but a position scheme (a model or an attention layer: name one of its schemes)."""
     if isinstance(obj, PositionScheme):
@@ -376,6 +385,7 @@ def plot_schemes(
     similarity of their embeddings on ``[-1, 1]`` (one panel). ``grid`` defaults to each scheme's own.
     Returns a Figure with ``len(schemes) * (1 + max_heads)`` axes.
     """
+    _check_mapping(schemes, "plot_schemes")
     if not schemes:
         raise ValueError("plot_schemes needs at least one scheme")
     for s in schemes.values():
@@ -415,6 +425,7 @@ def plot_rope_similarity(
 
     Returns a Figure with ``len(schemes) * max_heads`` axes.
     """
+    _check_mapping(schemes, "plot_rope_similarity")
     if not schemes:
         raise ValueError("plot_rope_similarity needs at least one scheme")
     for s in schemes.values():

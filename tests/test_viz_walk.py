@@ -97,6 +97,15 @@ def test_plot_swin_windows_refuses_a_model_in_one_line():
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("grid,window", [((4, 8, 8), (2, 4, 4)), ((4, 8, 8), 4), ((8, 8), (2, 4, 4))])
+def test_plot_swin_windows_refuses_a_video_swins_map_in_one_line(grid, window):
+    """A Video Swin's map ``(T, H, W)`` and window ``(Wt, Wh, Ww)`` drew a 2-D picture titled ``Swin windows 2x4 on a
+    8x8 map``: the time window taken as the height. Refused, naming one frame's call that draws its spatial windows."""
+    with pytest.raises(ValueError, match=r"^plot_swin_windows draws an image map \(H, W\) and window \(Wh, Ww\)") as e:
+        viz.plot_swin_windows(grid, window)
+    assert "\n" not in str(e.value) and "plot_swin_windows((8, 8), (4, 4))" in str(e.value)
+
+
 @pytest.mark.parametrize("fn", ["plot_schemes", "rope_similarity", "offset_profile"])
 def test_image_only_pictures_refuse_a_video_grid_in_one_line(fn):
     s = vitrel.build_pos("rope3d_axial", num_heads=2, head_dim=12, grid=(2, 3, 4))
@@ -139,3 +148,14 @@ def test_offset_axes_of_the_table_pictures_say_query_minus_key():
     rope = vitrel.build_pos("rope2d_axial", num_heads=1, head_dim=8, grid=(3, 3))
     ax = viz.plot_rope_similarity({"r": rope}, max_heads=1).axes[0]
     assert (ax.get_ylabel(), ax.get_xlabel()) == ("dh = row_q - row_k", "dw = col_q - col_k")
+
+
+@pytest.mark.parametrize("fn", ["plot_schemes", "plot_rope_similarity"])
+def test_one_scheme_where_a_mapping_is_taken_is_one_line(fn):
+    """``plot_rope_similarity(scheme)`` (a 3-D RoPE's own scheme, say) raised ``AttributeError: 'Rope3dAxial' object has
+    no attribute 'values'``; now one line that names the mapping to pass."""
+    scheme = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", pos="rope3d_axial").blocks[0].attn.pos
+    said = rf"^{fn} takes a mapping {{name: scheme}}, got Rope3dAxial: {fn}\({{'rope3d_axial': scheme}}\)"
+    with pytest.raises(TypeError, match=said) as e:
+        getattr(viz, fn)(scheme)
+    assert "\n" not in str(e.value)

@@ -427,14 +427,23 @@ class SizeCheckedProgram(nn.Module):
         ok = [w is None or (g in w if isinstance(w, range) else g == w) for w, g in zip(want, got)]
         if len(got) == len(want) and all(ok):
             return self.program(x)
+        same_rank = len(got) == len(want)
+        if same_rank and len(want) == 5 and isinstance(want[2], int) and all(ok[:2] + ok[3:]):
+            raise ValueError(  # a video program of one clip length (its scheme compares the grid with the built one)
+                f"{self.source} takes clips of {want[2]} frames (a program of one clip length), got {got[2]}: give it "
+                f"{want[2]}-frame clips (the predictor's data_config does), or export again with --num-frames "
+                f"{got[2]} (one program per clip length) or with --dynamic hw where the model allows it "
+                "(vitrel.export.best_dynamic)"
+            )
         (h, w), (gh, gw) = want[-2:], got[-2:]
-        if len(got) == len(want) and all(ok[:-2]) and isinstance(h, int) and isinstance(w, int):
+        if same_rank and all(ok[:-2]) and isinstance(h, int) and isinstance(w, int):
+            kind = "frames" if len(want) == 5 else "images"  # (a video program: [B, C, T, H, W])
             raise ValueError(
-                f"{self.source} takes {h}x{w} images (a program of one image size), got {gh}x{gw}: resize them to "
-                f"{h}x{w} (the predictor's data_config does), or export again with --dynamic hw where the model "
+                f"{self.source} takes {h}x{w} {kind} (a program of one {kind[:-1]} size), got {gh}x{gw}: resize them "
+                f"to {h}x{w} (the predictor's data_config does), or export again with --dynamic hw where the model "
                 "allows it (vitrel.export.best_dynamic)"
             )
-        if len(got) == len(want) and all(ok[:-2]) and isinstance(h, range) and isinstance(w, range):
+        if same_rank and all(ok[:-2]) and isinstance(h, range) and isinstance(w, range):
             near = "x".join(str(min(max(g // r.step * r.step, r.start), r[-1])) for g, r in ((gh, h), (gw, w)))
             raise ValueError(
                 f"{self.source} takes images whose sides are whole patches of {h.step} px ({_sizes(h)} px high, "
@@ -526,7 +535,11 @@ def main(argv: list[str] | None = None) -> int:
             dynamic = args.dynamic or best_dynamic(model)
             check_exportable(model, dynamic, onnx=args.onnx, pt2=args.pt2)
             if args.dynamic is None and dynamic != "hw":
-                print(f"note: {_NOT_HW[dynamic]}; exporting dynamic={dynamic}")
+                what = _NOT_HW[dynamic]
+                frames = model.vitrel_cfg.get("num_frames") if args.num_frames is None else args.num_frames
+                if frames is not None:  # a video program of one clip length: say which, and how to get another
+                    what = f"{what.replace('resolution', 'clip size')} (this one: {frames} frames; --num-frames)"
+                print(f"note: {what}; exporting dynamic={dynamic}")
             size = None if args.img_size is None else (args.img_size * 2)[:2]
             example = example_input(model, img_size=size, num_frames=args.num_frames)
             print(f"tracing the model with torch.export (dynamic={dynamic}) ...", flush=True)

@@ -82,6 +82,15 @@ def _device(module: nn.Module) -> torch.device:
     return ref.device if ref is not None else torch.device("cpu")
 
 
+def _check_mapping(schemes: Any, fn: str) -> None:
+    """Refuse in one line a lone scheme (or anything but a mapping) where ``{name: scheme}`` is taken."""
+    if not isinstance(schemes, Mapping):
+        name = getattr(schemes, "name", None) or "name"
+        raise TypeError(
+            f"{fn} takes a mapping {{name: scheme}}, got {type(schemes).__name__}: {fn}({{{name!r}: scheme}})"
+        )
+
+
 def _check_scheme(obj: Any, fn: str) -> None:
     """Refuse in one line anything but a position scheme (a model or an attention layer: name one of its schemes)."""
     if isinstance(obj, PositionScheme):
@@ -376,6 +385,7 @@ def plot_schemes(
     similarity of their embeddings on ``[-1, 1]`` (one panel). ``grid`` defaults to each scheme's own.
     Returns a Figure with ``len(schemes) * (1 + max_heads)`` axes.
     """
+    _check_mapping(schemes, "plot_schemes")
     if not schemes:
         raise ValueError("plot_schemes needs at least one scheme")
     for s in schemes.values():
@@ -415,6 +425,7 @@ def plot_rope_similarity(
 
     Returns a Figure with ``len(schemes) * max_heads`` axes.
     """
+    _check_mapping(schemes, "plot_rope_similarity")
     if not schemes:
         raise ValueError("plot_rope_similarity needs at least one scheme")
     for s in schemes.values():
@@ -529,6 +540,14 @@ def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
         raise TypeError(f"plot_swin_windows takes a map size (H, W) and a window, got a {type(grid).__name__}")
     grid = as_grid(grid)
     window = (window, window) if isinstance(window, int) else tuple(window)
+    if isinstance(grid, Grid3) or len(window) != 2:  # a Video Swin's (T, H, W) map or (Wt, Wh, Ww) window
+        h, w = grid[-2:]
+        wh, ww = window[-2:]
+        raise ValueError(
+            f"plot_swin_windows draws an image map (H, W) and window (Wh, Ww), got {tuple(grid)} and {window}: a Video "
+            f"Swin's windows cut every frame alike in space: draw one frame's, plot_swin_windows(({h}, {w}), "
+            f"({wh}, {ww}))"
+        )
     fig = new_figure(7.0, 3.4 * grid.h / max(grid.w, 1) + 0.6)
     for ax, shifted in zip(fig.subplots(1, 2), (False, True)):
         groups = window_groups(grid, window, shifted)

@@ -165,3 +165,12 @@ def test_every_kernel_says_whether_it_takes_the_video_schemes():
         takes = {k for k in list_kernels() if get_kernel(k).refuses(s) is None}
         want = {"sdpa", "eager", "flex"} | ({"fold"} if name == "rel3d_factored" else set())
         assert takes == want, name
+
+
+@pytest.mark.parametrize("name", ["rel3d_full", "alibi3d"])
+def test_fold_names_the_video_scheme_it_takes(name):
+    """``attn_impl='fold'`` on a video scheme without factors names the factored tables it folds, the video one
+    among them (``rel3d_factored``), not only the 2-D ones, which refuse a video grid."""
+    with pytest.raises(ValueError, match=r"folds a bias that factors .*rel3d_factored") as err:
+        Attention(24, 3, pos=name, grid=GRID, attn_impl="fold")
+    assert "\n" not in str(err.value)

@@ -160,3 +160,21 @@ def test_num_frames_is_refused_for_an_image_model(tmp_path, capsys):
     out = tmp_path / "out"
     assert main([str(save_pretrained(m, tmp_path / "weights")), str(out), "--pt2", "--num-frames", "4"]) == 2
     assert "is an image model: num_frames is for video models" in capsys.readouterr().err and not out.exists()
+
+
+def test_a_program_of_one_clip_length_names_it(tmp_path, capsys):
+    """A scheme that compares the grid with the built one (``extend: interpolate``) exports a program of one clip
+    length: the command says which, and the program as ``predict.py`` loads it refuses another clip length, or frame
+    size, in one line naming both and the export that takes it (not torch's ``Guard failed: x.size()[2] == 4``)."""
+    from vitrel.inference import load_predictor
+
+    weights = _video_vit_weights(tmp_path, pos={"name": "rel3d_full", "extend": "interpolate"})
+    assert main([str(weights), str(tmp_path / "out"), "--pt2"]) == 0
+    said = capsys.readouterr().out
+    assert "cannot serve every clip size in one program (this one: 4 frames; --num-frames)" in said, said
+    program = load_predictor(tmp_path / "out" / PT2_NAME).model
+    assert program(torch.randn(2, 3, 4, 32, 32)).shape == (2, 1000)
+    with pytest.raises(ValueError, match=r"takes clips of 4 frames .*, got 8: .* export again with --num-frames 8"):
+        program(torch.randn(1, 3, 8, 32, 32))
+    with pytest.raises(ValueError, match=r"takes 32x32 frames \(a program of one frame size\), got 48x48"):
+        program(torch.randn(1, 3, 4, 48, 48))

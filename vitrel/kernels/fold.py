@@ -36,9 +36,12 @@ class FoldKernel(Kernel):
         refusal = token_terms_refusal(cls.name, scheme, "no fixed factors")
         refusal = refusal or content_refusal(cls.name, scheme, "no such bias")
         if refusal is None and not scheme.has_bias_factors:
+            from vitrel.pos import get_pos_class, list_pos
+
+            takes = ", ".join(n for n in list_pos() if getattr(get_pos_class(n), "has_bias_factors", False) is True)
             refusal = (
                 f"attn_impl='fold' folds a bias that factors into the queries and keys; {scheme.name} has no such "
-                "bias (the factored tables rel2d_factored and rel2d_bucket do): use attn_impl='sdpa' or 'auto'"
+                f"bias (the factored tables {takes} do): use attn_impl='sdpa' or 'auto'"
             )
         return refusal
 

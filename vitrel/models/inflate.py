@@ -16,6 +16,10 @@ time axis in the video model is inflated:
   carried as they are); ``rope2d_mixed`` -> ``rope3d_mixed`` with ``f^t = 0``, ``f^h = f^y``, ``f^w = f^x``;
 * ``pos="none"`` -> ``pos="none"``.
 
+The image model's preprocessing (``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``; its class names
+with its head) goes into the video model's ``pretrained_cfg``, from the model's ``pretrained_cfg`` or the data config
+a checkpoint or export stores, so that a fine-tune or ``predict.py`` normalises frames as the image model saw them.
+
 Anything else is refused before any weight is written: another pairing of schemes (for instance a ``rope3d_axial``
 with time sections: its rotation has no image counterpart), absolute embeddings (not inflated), register tokens
 (the video ViT has none), a class token on one side only, or tables of another size (build the video model for the
@@ -45,7 +49,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from vitrel.models.checkpoint import CheckpointError, read_weights
+from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema, read_weights
+from vitrel.models.data_config import data_fields, set_data_config, stored_data_config
 from vitrel.models.registry import MODEL_ARGS, upgraded_cfg
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.swin3d import SwinTransformer3D
@@ -94,8 +99,8 @@ def _image_source(image: Any, video_model: nn.Module) -> tuple[dict[str, Tensor]
             image = from_timm(image, pos=_image_spec(pos, video_model))
             cfg = image.vitrel_cfg
         return image.state_dict(), dict(cfg)
-    if isinstance(image, (str, os.PathLike)):
-        cfg, sd = read_weights(image)
+    if isinstance(image, (str, os.PathLike)):  # the weights its run tested (EMA where it scored them), as load_model
+        cfg, sd = read_weights(image, use_ema=checkpoint_scores_ema(image))
         return dict(sd), (None if cfg is None else upgraded_cfg(cfg))  # its scheme specs as they are meant now
     if isinstance(image, Mapping):
         return dict(image), None
@@ -300,8 +305,9 @@ def inflate_image_model(
     Args:
         image: the image model (a vitrel ``VisionTransformer`` / ``SwinTransformer``, or a timm ViT / Swin, converted
             by :func:`vitrel.from_timm` with the image counterpart of the video model's scheme), a vitrel checkpoint
-            or export (a path), or a state dict (vitrel's keys; a timm ViT's state dict has the same keys but for
-            ``pos_embed``, which ``drop=("pos_embed",)`` leaves out).
+            or export (a path; a training checkpoint gives the weights its run tested, the EMA copy where it scored
+            that, as :func:`vitrel.load_model`), or a state dict (vitrel's keys; a timm ViT's state dict has the same
+            keys but for ``pos_embed``, which ``drop=("pos_embed",)`` leaves out).
         video_model: a :class:`~vitrel.models.VideoVisionTransformer` or :class:`~vitrel.models.SwinTransformer3D`
             (``vitrel.create_model("vitrel_vit_video_...", pos="rel3d_full", ...)``), built with the image model's
             widths, depths and heads, and the 3-D counterpart of its scheme (:data:`COUNTERPARTS`).
@@ -313,4 +319,25 @@ def inflate_image_model(
     """
     sd = inflate_state_dict(image, video_model, patch_inflation, head, drop, image_pos)
     video_model.load_state_dict(sd, strict=True)
+    _carry_preprocessing(image, video_model, head)
     return video_model
+
+
+#: the preprocessing an inflated model keeps from its image model (the input size and clip are the video model's)
+_PREPROCESSING = ("mean", "std", "interpolation", "crop_pct", "crop_mode")
+
+
+def _carry_preprocessing(image: Any, video_model: nn.Module, head: bool) -> None:
+    """The image model's normalisation, resize and crop (and its class names, with its head) into
+    ``video_model.pretrained_cfg``: a model's ``pretrained_cfg`` (``vitrel.load_model``'s, timm's), a checkpoint's or
+    export's stored data config; a bare state dict has none (the video model's stay)."""
+    if isinstance(image, nn.Module):
+        src = data_fields(getattr(image, "pretrained_cfg", None) or {})
+    elif isinstance(image, (str, os.PathLike)):
+        src = stored_data_config(image) or {}
+    else:
+        return
+    carried = {k: src[k] for k in _PREPROCESSING if k in src}
+    names = src.get("class_names") if head else None  # (head=False: the video model's head, not the image's)
+    if carried or names:
+        set_data_config(video_model, {**carried, **({"class_names": names} if names else {})})

@@ -117,11 +117,11 @@ def test_naflex_eval_filling_the_budget_says_the_size_it_ran(tmp_path, capsys):
     over = ["data=fashion_mnist_naflex", "data.num_workers=0", *FAST[2:4], "trainer.limit_test_batches=1"]
     capsys.readouterr()
     _, res, _ = _eval(tmp_path / "fill", ckpt, [*over, "data.eval_max_ratio=null"])
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    line = capsys.readouterr().out.strip().splitlines()[-2]  # (the last: the file it wrote)
     assert "native" not in line and "at 32x32 (grid 8x8, NaFlex pack" in line, line
     assert res["naflex_size"] == [32, 32] and res["grid"] == [8, 8]  # (the grid was data.img_size's, 7x7)
     _, res, _ = _eval(tmp_path / "native", ckpt, over)
-    line = capsys.readouterr().out.strip().splitlines()[-1]
+    line = capsys.readouterr().out.strip().splitlines()[-2]
     assert "at the images' native 28x28 (grid 7x7, NaFlex pack" in line, line
     assert res["naflex_size"] == [28, 28] and res["grid"] == [7, 7]
 

@@ -132,6 +132,19 @@ def test_eval_scores_a_run_at_the_size_it_was_trained_at(tmp_path):
     assert (res["grid"], res["img_size_from"]) == ([7, 7], "data")
 
 
+def test_eval_names_the_file_it_wrote(rope_run, tmp_path, capsys):
+    """``python eval.py`` ends with the path of its ``eval_metrics.json``, as ``predict.py`` names its CSV and
+    ``train.py`` its run folder: a newcomer learns where the scores went without the docs."""
+    from vitrel.train.evaluate import evaluate
+
+    out = tmp_path / "eval"
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    evaluate(compose(out, [f"ckpt_path={ckpt}", *FAST[:1], *FAST[2:4], "trainer.limit_test_batches=1"], "eval"))
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"wrote {out.resolve() / 'eval_metrics.json'}", last
+    assert (out / "eval_metrics.json").is_file()
+
+
 def _class_folders(root, classes=3, per_class=4):
     """An ImageNet-layout tree (``train/<wnid>/``, ``val/<wnid>/``) of small random RGB JPEGs."""
     import numpy as np

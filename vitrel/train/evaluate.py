@@ -545,4 +545,5 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         images = f"{n} {noun}" if n == total else part
         images += f", {len(left_out)} unreadable files left out" if left_out else ""
         print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}: {shown}", flush=True)
+        print(f"wrote {out / 'eval_metrics.json'}", flush=True)  # (as predict.py names its CSV)
     return metrics

@@ -8,7 +8,93 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+import torch
+
+import vitrel.pos.registry as registry
 from tests.train_helpers import ROOT, script_env
+from vitrel.layers import Attention
+from vitrel.layout.geometry import patch_coords
+from vitrel.pos import PositionScheme, register_pos
+
+
+@pytest.fixture
+def unregister():
+    """Names registered by a test are removed after it (the registry is global: other tests list every scheme)."""
+    before = set(registry._REGISTRY)
+    yield
+    for name in set(registry._REGISTRY) - before:
+        del registry._REGISTRY[name]
+
+
+def _angles(self, grid, num_prefix_tokens, device, dtype):
+    """Angles ``(row + 2 col) f_t`` per token and pair, prefix tokens unrotated: ``(cos, sin) [N, d/2]``."""
+    r, c = patch_coords(self.check_grid(grid), device)
+    f = 0.7 ** torch.arange(self.head_dim // 2, device=device, dtype=torch.float64)
+    th = torch.nn.functional.pad((r + 2 * c).double()[:, None] * f, (0, 0, num_prefix_tokens, 0))
+    return th.cos(), th.sin()
+
+
+def _halves(self, q, k, state):
+    """The pairs ``(x_t, x_t+d/2)`` turned (GPT-NeoX's layout), not the interleaved ``(x_2t, x_2t+1)``."""
+    cos, sin = (t.to(q.dtype) for t in state.rope)
+
+    def turn(x):
+        a, b = x.chunk(2, -1)
+        return torch.cat([a * cos - b * sin, a * sin + b * cos], -1)
+
+    return turn(q), turn(k)
+
+
+def _attend(pos, impl, x, grid=(3, 4)):
+    torch.manual_seed(0)
+    attn = Attention(16, 2, pos=pos, grid=grid, num_prefix_tokens=1, attn_impl=impl).eval()
+    with torch.no_grad():
+        attn.qkv.weight.normal_(0.0, 1.0)  # logits of order 1: a wrong rotation shows
+        return attn(x, grid)
+
+
+def _naive_rope(x, cos, sin):
+    """Interleaved pairs turned, written out in float64."""
+    out = x.double().clone()
+    for t in range(x.shape[-1] // 2):
+        a, b = x[..., 2 * t].double(), x[..., 2 * t + 1].double()
+        out[..., 2 * t], out[..., 2 * t + 1] = a * cos[:, t] - b * sin[:, t], a * sin[:, t] + b * cos[:, t]
+    return out
+
+
+def test_a_rotary_scheme_needs_only_rotation(unregister):
+    # rotation() alone (has_rotation = True) was prepared and then never applied: the default rotate() returned q, k
+    # unchanged, so the model equalled pos=none exactly under sdpa / eager / flex, while triton (which applies
+    # state.rope itself) rotated
+    register_pos("toy_rotation")(type("ToyRotation", (PositionScheme,), {"has_rotation": True, "rotation": _angles}))
+    s = registry.build_pos("toy_rotation", num_heads=2, head_dim=8, grid=(3, 4))
+    q, k = torch.randn(2, 2, 13, 8, dtype=torch.float64), torch.randn(2, 2, 13, 8, dtype=torch.float64)
+    state = s.prepare((3, 4), 1)
+    qr, kr = s.rotate(q, k, state)
+    cos, sin = state.rope
+    torch.testing.assert_close(qr, _naive_rope(q, cos, sin))
+    torch.testing.assert_close(kr, _naive_rope(k, cos, sin))
+    x = torch.randn(2, 13, 16)
+    ref = _attend("toy_rotation", "eager", x)
+    assert (ref - _attend("none", "eager", x)).abs().max() > 1e-2
+    for impl in ("sdpa", "flex", "triton"):
+        torch.testing.assert_close(_attend("toy_rotation", impl, x), ref, atol=1e-4, rtol=1e-4)
+
+
+def test_a_scheme_with_its_own_rotate_is_rotated_by_it_under_every_kernel(unregister):
+    # attn_impl='triton' applied state.rope as interleaved pairs in place of the scheme's rotate(): with GPT-NeoX's
+    # halves it gave another function, silently (max |out - eager| 8.7 on a ViT-tiny block)
+    attrs = {"has_rotation": True, "rotation": _angles, "rotate": _halves}
+    register_pos("toy_halves")(type("ToyHalves", (PositionScheme,), attrs))
+    x = torch.randn(2, 13, 16)
+    ref = _attend("toy_halves", "eager", x)
+    for impl in ("sdpa", "flex", "triton"):
+        torch.testing.assert_close(_attend("toy_halves", impl, x), ref, atol=1e-4, rtol=1e-4)
+    halves, shipped = registry.get_pos_class("toy_halves"), registry.get_pos_class("rope2d_axial")
+    assert not halves.fusable_rotation() and shipped.fusable_rotation()  # vitrel's rotary schemes stay fused
+    shipped = [c for c in map(registry.get_pos_class, registry.list_pos()) if c.__module__.startswith("vitrel.")]
+    assert all(c.fusable_rotation() for c in shipped if c.has_rotation)
 
 
 def test_the_docs_import_line_works_in_a_module_of_the_schemes_package():

@@ -11,8 +11,9 @@ import textwrap
 import pytest
 import torch
 
+import vitrel
 import vitrel.pos.registry as registry
-from tests.train_helpers import ROOT, script_env
+from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, script_env
 from vitrel.layers import Attention
 from vitrel.layout.geometry import patch_coords
 from vitrel.pos import PositionScheme, register_pos
@@ -119,3 +120,59 @@ def test_the_docs_import_line_works_in_a_module_of_the_schemes_package():
     )
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=script_env(), capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# A learned bias over the bucketed Euclidean distance, written as the how-to says: one file, bias() only.
+TOY_BUCKET = """
+import torch
+from torch import nn
+
+from vitrel.layout.geometry import pad_prefix, rel_offsets
+from vitrel.pos import PositionScheme, register_pos
+
+
+@register_pos("toy_bucket")
+class ToyBucket(PositionScheme):
+    family = "learned bias"
+    has_bias = True
+
+    def __init__(self, *, num_buckets: int = 4, **kw) -> None:
+        super().__init__(**kw)
+        self.num_buckets = num_buckets
+        self.table = nn.Parameter(torch.randn(self.num_heads, num_buckets))
+
+    def bias(self, grid, num_prefix_tokens=0):
+        dh, dw = rel_offsets(self.check_grid(grid), self.table.device)
+        d = (dh**2 + dw**2).double().sqrt().floor().long().clamp(max=self.num_buckets - 1)
+        return pad_prefix(self.table[:, d], num_prefix_tokens)
+"""
+
+
+def test_a_toy_bias_scheme_reaches_the_registry_study_kernels_and_training(tmp_path, monkeypatch, unregister):
+    (tmp_path / "toy_schemes.py").write_text(TOY_BUCKET, encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "toy_schemes", raising=False)
+    import toy_schemes  # noqa: F401  (registers pos=toy_bucket)
+
+    assert "toy_bucket" in vitrel.list_pos("relative")
+    import vitrel.study as study
+
+    rec = study.recipe("gpu")
+    schemes, _, _ = study.select(study.parse_args(["--budget", "gpu"]), rec["study"])
+    assert "toy_bucket" in schemes  # the study takes it, with no list to edit
+
+    x = torch.randn(2, 13, 16)
+    ref = _attend("toy_bucket", "eager", x)
+    torch.testing.assert_close(_attend("toy_bucket", "sdpa", x), ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(_attend("toy_bucket", "auto", x), ref, atol=1e-5, rtol=1e-5)
+    # the kernels that read another form of the bias refuse it, naming the hook and declaration that would add it
+    for impl, hook in [("flex", "offset_table"), ("triton", "offset_table"), ("fold", "bias_factors")]:
+        flag = "has_" + hook
+        with pytest.raises(ValueError, match=rf"toy_bucket has no such .*defining {hook}\(\) and {flag} = True"):
+            Attention(16, 2, pos="toy_bucket", grid=(3, 4), attn_impl=impl)
+
+    from vitrel.train.run import train
+
+    cfg = compose(tmp_path, [*TINY_VIT, *FAST, "pos=none", "pos.name=toy_bucket", "+pos.num_buckets=3", "debug=fdr"])
+    metrics = train(cfg)
+    assert metrics["test/loss"] == metrics["test/loss"]  # finite: one training step, validation and test ran

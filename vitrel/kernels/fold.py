@@ -38,7 +38,8 @@ class FoldKernel(Kernel):
         if refusal is None and not scheme.has_bias_factors:
             refusal = (
                 f"attn_impl='fold' folds a bias that factors into the queries and keys; {scheme.name} has no such "
-                "bias (the factored tables rel2d_factored and rel2d_bucket do): use attn_impl='sdpa' or 'auto'"
+                "bias (rel2d_factored and rel2d_bucket do; a scheme gets one by defining bias_factors() and "
+                "has_bias_factors = True): use attn_impl='sdpa' or 'auto'"
             )
         return refusal
 

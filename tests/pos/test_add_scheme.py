@@ -176,3 +176,25 @@ def test_a_toy_bias_scheme_reaches_the_registry_study_kernels_and_training(tmp_p
     cfg = compose(tmp_path, [*TINY_VIT, *FAST, "pos=none", "pos.name=toy_bucket", "+pos.num_buckets=3", "debug=fdr"])
     metrics = train(cfg)
     assert metrics["test/loss"] == metrics["test/loss"]  # finite: one training step, validation and test ran
+
+
+def test_howto_rotary_example_rotates_under_every_kernel_that_takes_it(unregister):
+    """docs/schemes.md's rotary example (rotation() only) as written: its rotation is the interleaved one of its
+    (cos, sin), and sdpa, flex and triton compute what eager does."""
+    text = (ROOT / "docs" / "schemes.md").read_text(encoding="utf-8")
+    section = text[text.index("\n## Adding a position scheme\n") :]
+    blocks = section.split("```python\n")[1:3]
+    head, code = blocks[0][: blocks[0].index("@register_pos")], blocks[1][: blocks[1].index("\n```")]
+    ns: dict = {}
+    exec(compile(head + "from vitrel.layout.geometry import patch_coords\n" + code, "docs/schemes.md", "exec"), ns)
+    s = registry.build_pos("rope_random", num_heads=2, head_dim=8, grid=(3, 4)).double()
+    q, k = torch.randn(2, 2, 13, 8, dtype=torch.float64), torch.randn(2, 2, 13, 8, dtype=torch.float64)
+    state = s.prepare((3, 4), 1)
+    qr, _ = s.rotate(q, k, state)
+    for h in range(2):
+        torch.testing.assert_close(qr[:, h], _naive_rope(q[:, h], state.rope[0][h], state.rope[1][h]))
+    x = torch.randn(2, 13, 16)
+    ref = _attend("rope_random", "eager", x)
+    assert (ref - _attend("none", "eager", x)).abs().max() > 1e-2
+    for impl in ("sdpa", "flex", "triton"):
+        torch.testing.assert_close(_attend("rope_random", impl, x), ref, atol=1e-4, rtol=1e-4)

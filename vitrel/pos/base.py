@@ -6,7 +6,8 @@ a no-op by default, so the attention module never knows a scheme by name:
 * ``bias(grid, num_prefix_tokens) -> [heads, N, N] | None``: an additive logit term that depends
   only on the two tokens' positions (Swin tables, factored tables, CPB, buckets, ALiBi).
 * ``rotation(grid, num_prefix_tokens, device, dtype) -> (cos, sin) | None`` and
-  ``rotate(q, k, state) -> (q, k)``: a rotation of queries and keys (RoPE).
+  ``rotate(q, k, state) -> (q, k)``: a rotation of queries and keys (RoPE); the default ``rotate`` turns the
+  interleaved pairs by ``rotation``'s ``(cos, sin)``.
 * ``content_logits(q, state) -> [B, heads, N, N] | None`` and
   ``content_values(attn, state) -> [B, heads, N, head_dim] | None``: the content-aware terms of Shaw
   et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``.
@@ -43,7 +44,8 @@ patch tokens in raster order. Prefix tokens carry no position: every relative te
 prefix token and any other token is zero and RoPE leaves them unrotated.
 
 Adding a scheme is one file in ``vitrel/pos/schemes/`` with a class decorated by ``@register_pos(name)``
-(:mod:`vitrel.pos.registry`), one YAML file in ``conf/pos/`` and one test file. The grid geometry lives
+(:mod:`vitrel.pos.registry`), one YAML file in ``conf/pos/``, one test file and a row in the README's table
+(docs/schemes.md). The grid geometry lives
 in :mod:`vitrel.layout.geometry`, the attention kernels in :mod:`vitrel.kernels` (a layer above: this package
 imports none).
 """

@@ -52,7 +52,8 @@ def table_refusal(kernel: str, scheme) -> str | None:
     if refusal is None and scheme.has_bias and not scheme.has_offset_table:
         refusal = (
             f"attn_impl={kernel!r} reads the bias by offset from the scheme's table; {scheme.name} has no such "
-            "table (every relative bias scheme but Shaw's content terms does): use attn_impl='sdpa' or 'auto'"
+            "table (a scheme gets one by defining offset_table() and has_offset_table = True): use attn_impl='sdpa' "
+            "or 'auto'"
         )
     return refusal
 

@@ -41,7 +41,8 @@ class FoldKernel(Kernel):
             takes = ", ".join(n for n in list_pos() if getattr(get_pos_class(n), "has_bias_factors", False) is True)
             refusal = (
                 f"attn_impl='fold' folds a bias that factors into the queries and keys; {scheme.name} has no such "
-                f"bias (the factored tables {takes} do): use attn_impl='sdpa' or 'auto'"
+                f"bias (the factored tables {takes} do; a scheme gets one by defining bias_factors() and "
+                "has_bias_factors = True): use attn_impl='sdpa' or 'auto'"
             )
         return refusal
 

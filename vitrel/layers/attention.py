@@ -218,7 +218,7 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
-        if st.scheme.has_rotation and st.kernel.fused_rotation:  # every rotary scheme's state.rope, fused
+        if st.kernel.fused_rotation and st.scheme.fusable_rotation():  # state.rope as rotate() applies it, fused
             q, k = rope_rotate(q, k, st.rope)
         else:
             q, k = st.scheme.rotate(q, k, st)

@@ -6,7 +6,8 @@ a no-op by default, so the attention module never knows a scheme by name:
 * ``bias(grid, num_prefix_tokens) -> [heads, N, N] | None``: an additive logit term that depends
   only on the two tokens' positions (Swin tables, factored tables, CPB, buckets, ALiBi).
 * ``rotation(grid, num_prefix_tokens, device, dtype) -> (cos, sin) | None`` and
-  ``rotate(q, k, state) -> (q, k)``: a rotation of queries and keys (RoPE).
+  ``rotate(q, k, state) -> (q, k)``: a rotation of queries and keys (RoPE); the default ``rotate`` turns the
+  interleaved pairs by ``rotation``'s ``(cos, sin)``.
 * ``content_logits(q, state) -> [B, heads, N, N] | None`` and
   ``content_values(attn, state) -> [B, heads, N, head_dim] | None``: the content-aware terms of Shaw
   et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``.
@@ -43,7 +44,8 @@ patch tokens in raster order. Prefix tokens carry no position: every relative te
 prefix token and any other token is zero and RoPE leaves them unrotated.
 
 Adding a scheme is one file in ``vitrel/pos/schemes/`` with a class decorated by ``@register_pos(name)``
-(:mod:`vitrel.pos.registry`), one YAML file in ``conf/pos/`` and one test file. The grid geometry lives
+(:mod:`vitrel.pos.registry`), one YAML file in ``conf/pos/``, one test file and a row in the README's table
+(docs/schemes.md). The grid geometry lives
 in :mod:`vitrel.layout.geometry`, the attention kernels in :mod:`vitrel.kernels` (a layer above: this package
 imports none).
 """
@@ -59,6 +61,7 @@ from torch import Tensor, nn
 
 from vitrel.layout.geometry import Grid, Grid3, as_grid, as_grid3, check_tokens, expand_offset_table, grid_str
 from vitrel.layout.tokens import TokenLayout, gather_pairs, gather_tokens, segment_mask
+from vitrel.pos.rotation import apply_rope
 
 __all__ = ["FAMILIES", "KernelLike", "PositionScheme", "PosState"]
 
@@ -115,6 +118,10 @@ class PositionScheme(nn.Module):
     has_bias: ClassVar[bool] = False
     #: ``rotate`` rotates queries and keys
     has_rotation: ClassVar[bool] = False
+    #: ``rotate`` applies ``state.rope`` as the default ``rotate`` and the fused rotation of ``attn_impl="triton"``
+    #: read it (``(cos, sin)`` of interleaved pairs; also ``(cos, sin, P)``, ``(R,)``: ``vitrel.kernels.triton.rope``),
+    #: so such a kernel may apply it in its place; a scheme that keeps the default ``rotate`` needs not declare it
+    standard_rotation: ClassVar[bool] = False
     #: ``content_logits`` / ``content_values`` return tensors (Shaw)
     has_content_terms: ClassVar[bool] = False
     #: ``augment`` appends channels computed from the layer's input tokens to q and k (PaPE)
@@ -224,8 +231,24 @@ class PositionScheme(nn.Module):
         return None
 
     def rotate(self, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
-        """``q, k [B, heads, N, d]`` rotated by the state's ``rope`` (``has_rotation``), or ``(q, k)``."""
-        return q, k
+        """``q, k [B, heads, N, d]`` rotated by the state's ``rope`` (``has_rotation``), or ``(q, k)`` without one. The
+        default turns the interleaved pairs ``(x_2t, x_2t+1)`` by ``rotation``'s ``(cos, sin)``, each ``[N, d/2]`` or
+        ``[heads, N, d/2]`` (:func:`~vitrel.pos.rotation.apply_rope`); a scheme with another rotation overrides it."""
+        if state.rope is None:
+            return q, k
+        if len(state.rope) != 2:
+            raise ValueError(
+                f"{self.name}: the default rotate() applies rotation()'s (cos, sin), got {len(state.rope)} tensors: "
+                "define rotate() for another rotation"
+            )
+        cos, sin = (t.to(q.device) for t in state.rope)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    @classmethod
+    def fusable_rotation(cls) -> bool:
+        """Whether a kernel that applies ``state.rope`` itself (``fused_rotation``) computes this scheme's ``rotate``:
+        the default ``rotate``, or one declared ``standard_rotation``."""
+        return cls.has_rotation and (cls.standard_rotation or cls.rotate is PositionScheme.rotate)
 
     def content_logits(self, q: Tensor, state: PosState) -> Tensor | None:
         """Unscaled content-position logits ``[B, heads, N, N]`` (added to ``q k^T``), or None."""

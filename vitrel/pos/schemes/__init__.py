@@ -1,5 +1,6 @@
 """The position schemes, one file each, registered by name (:func:`vitrel.pos.registry.register_pos`). Every module in
-this package is imported, so a new scheme is one new file (and its config in ``conf/pos/`` and its test)."""
+this package is imported, so a new scheme is one new file (and its config in ``conf/pos/``, its test and its
+README row)."""
 
 import importlib
 import pkgutil

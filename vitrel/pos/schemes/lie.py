@@ -177,6 +177,7 @@ class _LieRotation(ReferenceGrid, PositionScheme):
 
     family = "rotary"
     has_rotation = True
+    standard_rotation = True  # (rotate() applies state.rope as the fused rotation does)
     no_weight_decay_keys = ("generator", "multiplier")
 
     def __init__(

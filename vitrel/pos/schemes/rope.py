@@ -238,6 +238,7 @@ class _Rope(ReferenceGrid, PositionScheme):
 
     family = "rotary"
     has_rotation = True
+    standard_rotation = True  # (rotate() applies state.rope as the fused rotation does)
     #: axes of the position: 1 (raster index) or 2 (row, column), for ``scaling``
     _axes: int = 2
     #: ``head_dim`` must be a multiple of it: the rotated pairs (2), split between rows and columns (4)

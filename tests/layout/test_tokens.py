@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from timm.data.naflex_transforms import patchify_image
 
 import vitrel
+from tests.naflex_inputs import packed
 from vitrel.layers.attention import Attention
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout, gather_pairs, segment_mask
@@ -32,23 +31,6 @@ PREFIXES = {"prefix0": dict(class_token=False, global_pool="avg"), "prefix1": {}
 def images(dtype=torch.float64, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randn(3, h, w, generator=g, dtype=dtype) for h, w in IMAGES]
-
-
-def packed(imgs: list[torch.Tensor], rows=ROWS, pad: int = 3) -> dict[str, torch.Tensor]:
-    """The NaFlex dict of ``rows`` made by timm's own ``patchify_image``, with ``segment_ids`` and ``pad`` padding."""
-    per_row = []
-    for r in rows:
-        parts = [patchify_image(imgs[i], (4, 4)) for i in r]
-        seg = torch.cat([torch.full((p[0].shape[0],), s) for s, p in enumerate(parts)])
-        per_row.append([torch.cat([p[k] for p in parts]) for k in range(3)] + [seg])
-    n = max(r[0].shape[0] for r in per_row) + pad
-
-    def stack(k: int) -> torch.Tensor:
-        return torch.stack(
-            [F.pad(r[k], (0, 0, 0, n - r[k].shape[0]) if r[k].dim() == 2 else (0, n - r[k].shape[0])) for r in per_row]
-        )
-
-    return {"patches": stack(0), "patch_coord": stack(1), "patch_valid": stack(2), "segment_ids": stack(3)}
 
 
 def model(pos: str, dtype=torch.float64, **kw) -> torch.nn.Module:

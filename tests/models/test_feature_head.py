@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
-from timm.data.naflex_transforms import patchify_image
 from timm.models.naflexvit import global_pool_naflex
 
 import vitrel
+from tests.naflex_inputs import packed
 from vitrel.models.naflex import images_batch
 
 SIZES = [(12, 16), (8, 8), (24, 20)]  # patch 4: grids 3x4, 2x2, 6x5
@@ -38,22 +37,6 @@ def model(**kw) -> torch.nn.Module:
 def images() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(0)
     return [torch.randn(3, h, w, generator=g, dtype=torch.float64) for h, w in SIZES]
-
-
-def packed(imgs: list[torch.Tensor], rows=((0, 1), (2,)), pad: int = 3) -> dict[str, torch.Tensor]:
-    """timm's NaFlex dict with ``segment_ids``: images 0 and 1 in row 0, image 2 in row 1, then padding."""
-    per_row = []
-    for r in rows:
-        parts = [patchify_image(imgs[i], (4, 4)) for i in r]
-        seg = torch.cat([torch.full((p[0].shape[0],), s) for s, p in enumerate(parts)])
-        per_row.append([torch.cat([p[k] for p in parts]) for k in range(3)] + [seg])
-    n = max(r[0].shape[0] for r in per_row) + pad
-
-    def stack(k: int) -> torch.Tensor:
-        pads = [(0, 0, 0, n - r[k].shape[0]) if r[k].dim() == 2 else (0, n - r[k].shape[0]) for r in per_row]
-        return torch.stack([F.pad(r[k], p) for r, p in zip(per_row, pads)])
-
-    return {"patches": stack(0), "patch_coord": stack(1), "patch_valid": stack(2), "segment_ids": stack(3)}
 
 
 def alone(m, imgs) -> torch.Tensor:

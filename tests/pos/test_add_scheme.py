@@ -19,15 +19,6 @@ from vitrel.layout.geometry import patch_coords
 from vitrel.pos import PositionScheme, register_pos
 
 
-@pytest.fixture
-def unregister():
-    """Names registered by a test are removed after it (the registry is global: other tests list every scheme)."""
-    before = set(registry._REGISTRY)
-    yield
-    for name in set(registry._REGISTRY) - before:
-        del registry._REGISTRY[name]
-
-
 def _angles(self, grid, num_prefix_tokens, device, dtype):
     """Angles ``(row + 2 col) f_t`` per token and pair, prefix tokens unrotated: ``(cos, sin) [N, d/2]``."""
     r, c = patch_coords(self.check_grid(grid), device)

@@ -20,15 +20,6 @@ from vitrel.models.checkpoint import CheckpointError
 from vitrel.pos import PositionScheme, list_pos, register_pos
 
 
-@pytest.fixture
-def unregister():
-    """Names registered by a test are removed after it (the registry is global: other tests list every scheme)."""
-    before = set(registry._REGISTRY)
-    yield
-    for name in set(registry._REGISTRY) - before:
-        del registry._REGISTRY[name]
-
-
 def _distance_bias(width_attr: str = "width"):
     def bias(self, grid, num_prefix_tokens=0):
         w = getattr(self, width_attr)

@@ -65,7 +65,7 @@ from vitrel.inference import mean_softmax_log
 from vitrel.models.naflex import input_form
 from vitrel.train.optim import check_float16_eps, param_groups
 
-__all__ = ["ClassifierModule", "ImageMean", "data_config_of", "mix_clips"]
+__all__ = ["ClassifierModule", "ImageMean", "data_config_of", "example_input", "mix_clips"]
 
 _EMA = "ema_model."
 
@@ -446,9 +446,25 @@ class ClassifierModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------ checkpoints
     def setup(self, stage: str) -> None:
-        """The data module's preprocessing into the hyper-parameters (so into every checkpoint), unless given."""
+        """The data module's preprocessing into the hyper-parameters (so into every checkpoint), unless given, and
+        one sample of its shape as Lightning's ``example_input_array`` (:func:`example_input`: the model summary's
+        FLOPs and sizes), unless set."""
         if self.hparams.get("data_config") is None:
             self.hparams["data_config"] = data_config_of(getattr(self.trainer, "datamodule", None))
+        if self._example_input_array is None:
+            self.example_input_array = example_input(self.hparams["data_config"])
+
+    @property
+    def example_input_array(self) -> Tensor | None:
+        """Lightning's example input, in the network's floating dtype (a ``*-true`` precision casts the weights
+        after ``setup``)."""
+        x = self._example_input_array
+        p = next((p for p in self.model.parameters() if p.is_floating_point()), None)
+        return x.to(p.dtype) if isinstance(x, Tensor) and p is not None else x
+
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """The model's config; under DDP the training metrics' running totals summed over the ranks (each process
@@ -532,6 +548,17 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
     if names:
         out["class_names"] = [str(n) for n in names]
     return out
+
+
+def example_input(data_config: Mapping[str, Any] | None) -> Tensor | None:
+    """One sample of the data's shape (``data_config``: :func:`data_config_of`), zeros: an image ``[1, C, H, W]`` at
+    its ``input_size`` (with NaFlex batches, ``data.packing``, too: one image at the evaluation size), or a clip
+    ``[1, C, T, H, W]`` of ``num_frames``. None without a data config."""
+    if not data_config:
+        return None
+    c, h, w = (int(v) for v in data_config["input_size"])
+    t = data_config.get("num_frames")
+    return torch.zeros(1, c, h, w) if t is None else torch.zeros(1, c, int(t), h, w)
 
 
 def mix_clips(mixup: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

@@ -82,3 +82,18 @@ def test_clip_example_and_true_precision():
     assert summarize(module).total_flops > 0
     module.to(torch.bfloat16)
     assert module.example_input_array.dtype == torch.bfloat16
+
+
+def test_flex_attention_gets_no_example_and_says_why(caplog):
+    """Compiled FlexAttention does not run under torch's FlopCounterMode (a TypeError): a model with
+    ``attn_impl="flex"`` gets no example input, so the summary runs without FLOPs, and one line says why."""
+    import logging
+
+    from vitrel.train.module import SUMMARY_FLEX
+
+    module = ClassifierModule(_vit("flex"), data_config={"input_size": [1, 28, 28]})
+    with caplog.at_level(logging.INFO):
+        module.setup("fit")
+    assert summarize(module).total_flops == 0  # (with an example: TypeError from flex_attention)
+    assert module.example_input_array is None
+    assert SUMMARY_FLEX in caplog.text

@@ -55,17 +55,18 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitrel.inference import mean_softmax_log
+from vitrel.models.data_config import example_input
 from vitrel.models.naflex import input_form
 from vitrel.train.optim import check_float16_eps, param_groups
 
-__all__ = ["ClassifierModule", "ImageMean", "data_config_of", "example_input", "mix_clips"]
+__all__ = ["ClassifierModule", "ImageMean", "data_config_of", "mix_clips"]
 
 _EMA = "ema_model."
 
@@ -102,6 +103,13 @@ COMPILE_LAYOUT = (
     "module.compile: NaFlex batches (data.packing) run the eager network: each batch's layout of image sizes would be "
     "a new graph (a recompile per batch, until torch's recompile_limit makes it eager anyway); image batches stay "
     "compiled. module.compile=false runs everything eager without this warning"
+)
+
+
+#: why a model with FlexAttention gets no example input (so no FLOPs in Lightning's model summary)
+SUMMARY_FLEX = (
+    "model summary: no FLOPs counted: attn_impl='flex' (compiled FlexAttention) does not run under torch's "
+    "FlopCounterMode, which counts them"
 )
 
 
@@ -447,12 +455,17 @@ class ClassifierModule(L.LightningModule):
     # ------------------------------------------------------------------------------ checkpoints
     def setup(self, stage: str) -> None:
         """The data module's preprocessing into the hyper-parameters (so into every checkpoint), unless given, and
-        one sample of its shape as Lightning's ``example_input_array`` (:func:`example_input`: the model summary's
-        FLOPs and sizes), unless set."""
+        one sample of its shape (:func:`~vitrel.models.data_config.example_input`) as Lightning's
+        ``example_input_array`` (the model summary's FLOPs and sizes), unless set; none with ``attn_impl="flex"``
+        (:data:`SUMMARY_FLEX`)."""
         if self.hparams.get("data_config") is None:
             self.hparams["data_config"] = data_config_of(getattr(self.trainer, "datamodule", None))
-        if self._example_input_array is None:
-            self.example_input_array = example_input(self.hparams["data_config"])
+        if self._example_input_array is not None:
+            return
+        if any(getattr(m, "attn_impl", None) == "flex" for m in self.model.modules()):
+            rank_zero_info(SUMMARY_FLEX)
+            return
+        self.example_input_array = example_input(self.hparams["data_config"])
 
     @property
     def example_input_array(self) -> Tensor | None:
@@ -548,17 +561,6 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
     if names:
         out["class_names"] = [str(n) for n in names]
     return out
-
-
-def example_input(data_config: Mapping[str, Any] | None) -> Tensor | None:
-    """One sample of the data's shape (``data_config``: :func:`data_config_of`), zeros: an image ``[1, C, H, W]`` at
-    its ``input_size`` (with NaFlex batches, ``data.packing``, too: one image at the evaluation size), or a clip
-    ``[1, C, T, H, W]`` of ``num_frames``. None without a data config."""
-    if not data_config:
-        return None
-    c, h, w = (int(v) for v in data_config["input_size"])
-    t = data_config.get("num_frames")
-    return torch.zeros(1, c, h, w) if t is None else torch.zeros(1, c, int(t), h, w)
 
 
 def mix_clips(mixup: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

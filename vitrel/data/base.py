@@ -455,9 +455,10 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
 
     def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Per-batch resolution (``size_choices``): a training batch resized on its device to the side drawn for
-        this step; every other batch as it came."""
+        this step; every other batch as it came, and a bare tensor (the model summary's ``example_input_array``, one
+        sample at ``img_size``) too."""
         trainer = self.trainer
-        if self.size_choices is None or trainer is None or not trainer.training:
+        if self.size_choices is None or trainer is None or not trainer.training or isinstance(batch, torch.Tensor):
             return batch
         side = self.batch_side(trainer.global_step)
         x, *rest = batch

@@ -19,6 +19,7 @@ from torch import nn
 from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _resolve, _safetensors_metadata
 
 __all__ = [
+    "example_input",
     "CANVAS_FIELDS",
     "CLIP_FIELDS",
     "DATA_FIELDS",
@@ -191,3 +192,15 @@ def fit_data_config(
         from timm.models._builder import pretrained_cfg_for_features
 
         model.pretrained_cfg = model.default_cfg = pretrained_cfg_for_features(net.pretrained_cfg)
+
+
+def example_input(data_config: Mapping[str, Any] | None) -> torch.Tensor | None:
+    """One sample, zeros, of the shape of the data ``data_config`` describes (a checkpoint's
+    ``hyper_parameters["data_config"]``): an image ``[1, C, H, W]`` at its ``input_size`` (with NaFlex batches,
+    ``data.packing``, too: one image at the evaluation size), or a clip ``[1, C, T, H, W]`` of ``num_frames``. None
+    without a data config. Lightning's model summary runs it (``ClassifierModule.example_input_array``)."""
+    if not data_config:
+        return None
+    c, h, w = (int(v) for v in data_config["input_size"])
+    t = data_config.get("num_frames")
+    return torch.zeros(1, c, h, w) if t is None else torch.zeros(1, c, int(t), h, w)

@@ -55,14 +55,16 @@ import torch
 import torch.nn.functional as F
 from lightning.pytorch.plugins.precision import MixedPrecision, Precision
 from lightning.pytorch.utilities import GradClipAlgorithmType
-from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import Tensor, nn
 from torch.optim import Optimizer
 from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitrel.inference import mean_softmax_log
+from vitrel.models.data_config import example_input
 from vitrel.models.naflex import input_form
+from vitrel.train.flops import count_cpu_attention
 from vitrel.train.optim import check_float16_eps, param_groups
 
 __all__ = ["ClassifierModule", "ImageMean", "data_config_of", "mix_clips"]
@@ -102,6 +104,13 @@ COMPILE_LAYOUT = (
     "module.compile: NaFlex batches (data.packing) run the eager network: each batch's layout of image sizes would be "
     "a new graph (a recompile per batch, until torch's recompile_limit makes it eager anyway); image batches stay "
     "compiled. module.compile=false runs everything eager without this warning"
+)
+
+
+#: why a model with FlexAttention gets no example input (so no FLOPs in Lightning's model summary)
+SUMMARY_FLEX = (
+    "model summary: no FLOPs counted: attn_impl='flex' (compiled FlexAttention) does not run under torch's "
+    "FlopCounterMode, which counts them"
 )
 
 
@@ -446,9 +455,31 @@ class ClassifierModule(L.LightningModule):
 
     # ------------------------------------------------------------------------------ checkpoints
     def setup(self, stage: str) -> None:
-        """The data module's preprocessing into the hyper-parameters (so into every checkpoint), unless given."""
+        """The data module's preprocessing into the hyper-parameters (so into every checkpoint), unless given, and
+        one sample of its shape (:func:`~vitrel.models.data_config.example_input`) as Lightning's
+        ``example_input_array`` (the model summary's FLOPs and sizes), unless set; none with ``attn_impl="flex"``
+        (:data:`SUMMARY_FLEX`)."""
         if self.hparams.get("data_config") is None:
             self.hparams["data_config"] = data_config_of(getattr(self.trainer, "datamodule", None))
+        if self._example_input_array is not None:
+            return
+        if any(getattr(m, "attn_impl", None) == "flex" for m in self.model.modules()):
+            rank_zero_info(SUMMARY_FLEX)
+            return
+        count_cpu_attention()  # (torch counts sdpa's CUDA kernels only)
+        self.example_input_array = example_input(self.hparams["data_config"])
+
+    @property
+    def example_input_array(self) -> Tensor | None:
+        """Lightning's example input, in the network's floating dtype (a ``*-true`` precision casts the weights
+        after ``setup``)."""
+        x = self._example_input_array
+        p = next((p for p in self.model.parameters() if p.is_floating_point()), None)
+        return x.to(p.dtype) if isinstance(x, Tensor) and p is not None else x
+
+    @example_input_array.setter
+    def example_input_array(self, example: Any) -> None:
+        self._example_input_array = example
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """The model's config; under DDP the training metrics' running totals summed over the ranks (each process

@@ -509,6 +509,7 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
 
     from vitrel.data.video.folder import VideoFolderDataModule
     from vitrel.models.data_config import CLIP_FIELDS
+    from vitrel.pos.tables import caller_stacklevel
 
     params = inspect.signature(VideoFolderDataModule.__init__).parameters
     defaults = {"frame_stride": params["stride"].default, "clips_per_video": params["clips_per_video"].default}
@@ -518,7 +519,7 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
             f"{source} stores no clip sampling ({', '.join(missing)}; checkpoints of vitrel.train store it in "
             "hyper_parameters['data_config']): clips are sampled with data=video_folder's defaults, "
             f"{', '.join(f'{k} {defaults[k]}' for k in missing)}, which need not be the model's evaluation clips",
-            stacklevel=3,
+            stacklevel=caller_stacklevel(),  # (the caller of predict_folder: a script, predict.py)
         )
     got = {**defaults, **{k: data_config[k] for k in CLIP_FIELDS if k in data_config}}
     return int(data_config["num_frames"]), int(got["frame_stride"]), int(got["clips_per_video"])

@@ -65,6 +65,7 @@ from vitrel.models.data_config import (
 )
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
 from vitrel.pos.reference import ReferenceGrid, fill_reference_grids
+from vitrel.pos.tables import caller_stacklevel
 
 __all__ = [
     "CheckpointError",
@@ -269,8 +270,9 @@ def _adapt_in_chans(sd: dict[str, Tensor], stored: int | None, wanted: int | Non
     if stored is None or wanted is None or stored == wanted or not isinstance(w, Tensor) or w.dim() not in (4, 5):
         return sd
     flat = adapt_input_conv(wanted, w.reshape(w.shape[0], w.shape[1], w.shape[2], -1), base_chans=stored)
-    warnings.warn(
-        f"patch embedding adapted from {stored} to {wanted} input channels (timm's adapt_input_conv)", stacklevel=3
+    warnings.warn(  # (attributed to the first frame outside vitrel: load_model's caller, a script, eval.py)
+        f"patch embedding adapted from {stored} to {wanted} input channels (timm's adapt_input_conv)",
+        stacklevel=caller_stacklevel(),
     )
     return {**sd, "patch_embed.proj.weight": flat.reshape(w.shape[0], wanted, *w.shape[2:])}
 

@@ -229,7 +229,7 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
             del sd[k]
         warnings.warn(
             f"checkpoint head has {num_classes_stored} classes, the model {model.num_classes}: the head is reset",
-            stacklevel=3,
+            stacklevel=caller_stacklevel(),  # (the first frame outside vitrel: not factory.py's load_model call)
         )
     missing = [k for k in expected if k not in sd and not (reset_head and k.startswith("head."))]
     unexpected = [k for k in sd if k not in expected]

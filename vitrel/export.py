@@ -84,6 +84,7 @@ __all__ = [
     "program_input_shape",
     "program_input_sizes",
     "SizeCheckedProgram",
+    "describe_sizes",
     "main",
 ]
 
@@ -403,7 +404,8 @@ def program_input_sizes(ep: torch.export.ExportedProgram) -> tuple[int | range, 
     return tuple(out)
 
 
-def _sizes(r: int | range | None) -> str:
+def describe_sizes(r: int | range | None) -> str:
+    """One dimension of :func:`program_input_sizes` in words: ``4``, ``2..1024 in steps of 2``, ``any``."""
     if r is None or isinstance(r, int):
         return "any" if r is None else str(r)
     top = "" if r.stop > sys.maxsize else f"..{r[-1]}"
@@ -446,11 +448,11 @@ class SizeCheckedProgram(nn.Module):
         if same_rank and all(ok[:-2]) and isinstance(h, range) and isinstance(w, range):
             near = "x".join(str(min(max(g // r.step * r.step, r.start), r[-1])) for g, r in ((gh, h), (gw, w)))
             raise ValueError(
-                f"{self.source} takes images whose sides are whole patches of {h.step} px ({_sizes(h)} px high, "
-                f"{_sizes(w)} px wide), got {gh}x{gw}: resize or crop them to whole patches, e.g. {near} (the "
-                "predictor's data_config resizes to its input_size)"
+                f"{self.source} takes images whose sides are whole patches of {h.step} px ({describe_sizes(h)} px "
+                f"high, {describe_sizes(w)} px wide), got {gh}x{gw}: resize or crop them to whole patches, e.g. {near} "
+                "(the predictor's data_config resizes to its input_size)"
             )
-        shown = ", ".join(_sizes(w) for w in want)
+        shown = ", ".join(describe_sizes(w) for w in want)
         raise ValueError(f"{self.source} takes input of shape [{shown}], got {list(got)}")
 
 

@@ -102,7 +102,8 @@ def load_predictor(
 ) -> Predictor:
     """The model and preprocessing of a ``.ckpt``, an export folder or a ``.pt2`` program (see the module docstring);
     ``model_overrides``: arguments for :func:`vitrel.load_model` (e.g. ``{"attn_impl": "sdpa"}`` for a model trained
-    with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed."""
+    with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed: of those, only a video program's
+    ``num_frames`` (the clip length sampled), where the program takes it."""
     from vitrel.export import PT2_NAME, SizeCheckedProgram, load_program, program_input_sizes
     from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_scores_ema, data_config_for, load_model
     from vitrel.models.ckpt_files import run_checkpoint
@@ -115,14 +116,17 @@ def load_predictor(
     if p.is_dir() and not (p / WEIGHTS_NAME).is_file() and (p / PT2_NAME).is_file():
         p = p / PT2_NAME
     if p.suffix == ".pt2":
-        if model_overrides:
+        fixed = sorted(k for k in model_overrides or {} if k != "num_frames")
+        if fixed:
             raise PredictSettingsError(
-                f"{p} is a torch.export program, fixed when it was exported: model_overrides "
-                f"{sorted(model_overrides)} apply to a .ckpt or an export folder (python -m vitrel.export CKPT OUT "
-                "--pt2 --attn-impl ... exports another program)"
+                f"{p} is a torch.export program, fixed when it was exported: model_overrides {fixed} apply to a "
+                ".ckpt or an export folder (python -m vitrel.export CKPT OUT --pt2 --attn-impl ... exports another "
+                "program)"
             )
         ep, data_config = load_program(p)
         data_config = _program_size(p, ep, data_config)
+        if (model_overrides or {}).get("num_frames") is not None:
+            data_config = _program_frames(p, program_input_sizes(ep), data_config, model_overrides["num_frames"])
         if device.type != "cpu":
             from torch.export.passes import move_to_device_pass
 
@@ -151,6 +155,25 @@ def _program_size(path: Path, ep: Any, data_config: dict[str, Any]) -> dict[str,
     if None in shape[-2:] or list(shape[-2:]) == list(data_config["input_size"][-2:]):
         return data_config
     return {**data_config, "input_size": [*data_config["input_size"][:-2], *shape[-2:]]}
+
+
+def _program_frames(path: Path, sizes: tuple, data_config: dict[str, Any], frames: Any) -> dict[str, Any]:
+    """The data config of a video ``.pt2`` sampling clips of ``frames`` frames (``model_overrides num_frames``), when
+    its program takes that clip length (``sizes``: :func:`~vitrel.export.program_input_sizes`, a program exported for
+    every clip length takes whole tubelets); else a :class:`PredictSettingsError` naming the lengths it takes."""
+    from vitrel.export import describe_sizes
+
+    if "num_frames" not in data_config or len(sizes) != 5:
+        raise PredictSettingsError(
+            f"{path} is an image model's program: model_overrides num_frames is for video models"
+        )
+    takes = sizes[2] if isinstance(sizes[2], range) else range(sizes[2], sizes[2] + 1)
+    if type(frames) is not int or frames not in takes:
+        fix = "give one of those" if len(takes) > 1 else f"export again with --num-frames {frames} (one per length)"
+        raise PredictSettingsError(
+            f"{path} takes clips of {describe_sizes(sizes[2])} frames, not num_frames={frames} (model_overrides): {fix}"
+        )
+    return {**data_config, "num_frames": frames}
 
 
 def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
@@ -486,6 +509,7 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
 
     from vitrel.data.video.folder import VideoFolderDataModule
     from vitrel.models.data_config import CLIP_FIELDS
+    from vitrel.pos.tables import caller_stacklevel
 
     params = inspect.signature(VideoFolderDataModule.__init__).parameters
     defaults = {"frame_stride": params["stride"].default, "clips_per_video": params["clips_per_video"].default}
@@ -495,7 +519,7 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
             f"{source} stores no clip sampling ({', '.join(missing)}; checkpoints of vitrel.train store it in "
             "hyper_parameters['data_config']): clips are sampled with data=video_folder's defaults, "
             f"{', '.join(f'{k} {defaults[k]}' for k in missing)}, which need not be the model's evaluation clips",
-            stacklevel=3,
+            stacklevel=caller_stacklevel(),  # (the caller of predict_folder: a script, predict.py)
         )
     got = {**defaults, **{k: data_config[k] for k in CLIP_FIELDS if k in data_config}}
     return int(data_config["num_frames"]), int(got["frame_stride"]), int(got["clips_per_video"])

@@ -501,3 +501,20 @@ def test_weights_of_another_architecture(tmp_path):
         vitrel.create_model(SWIN, checkpoint_path=ok)
     cfg, _ = read_checkpoint(ok)
     assert cfg == vit.vitrel_cfg
+
+
+def test_the_head_reset_warning_names_the_caller_not_vitrel(tmp_path):
+    """``vitrel.create_model(name, checkpoint_path=..., num_classes=5)`` (fine-tuning weights of 10 classes): the
+    head-reset warning was attributed to ``vitrel/models/factory.py`` (``return load_model(...)``), a line of vitrel's;
+    now to the caller's line, as with ``vitrel.load_model`` itself."""
+    import warnings
+
+    from vitrel.models.checkpoint import save_pretrained
+
+    weights = save_pretrained(_model(num_classes=10), tmp_path / "w") / "model.safetensors"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vitrel.create_model(VIT, checkpoint_path=str(weights), num_classes=5)
+        vitrel.load_model(weights.parent, num_classes=5)
+    said = [w for w in caught if "the head is reset" in str(w.message)]
+    assert [w.filename for w in said] == [__file__] * 2, [(w.filename, w.lineno) for w in said]

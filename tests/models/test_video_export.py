@@ -178,3 +178,34 @@ def test_a_program_of_one_clip_length_names_it(tmp_path, capsys):
         program(torch.randn(1, 3, 8, 32, 32))
     with pytest.raises(ValueError, match=r"takes 32x32 frames \(a program of one frame size\), got 48x48"):
         program(torch.randn(1, 3, 4, 48, 48))
+
+
+def test_a_program_of_every_clip_length_takes_a_num_frames_override(tmp_path):
+    """``predict.py ckpt_path=<model.pt2> +model_overrides.num_frames=8`` was refused for every program ("fixed when
+    it was exported"), though a program exported for every clip length takes 8 frames. Now the predictor samples
+    clips of 8 frames from it (its data config), and the program scores them as the eager model does; a frame count
+    the program does not take, and a program of one clip length, are refused naming the frame counts it takes."""
+    from vitrel.inference import load_predictor
+
+    weights = _video_vit_weights(tmp_path)
+    assert main([str(weights), str(tmp_path / "out"), "--pt2"]) == 0
+    p = load_predictor(tmp_path / "out" / PT2_NAME, model_overrides={"num_frames": 8})
+    assert p.data_config["num_frames"] == 8
+    x = torch.randn(2, 3, 8, 32, 32)
+    eager = vitrel.load_model(weights).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(p.model(x), eager(x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match=r"takes clips of 2\.\.1024 in steps of 2 frames, not num_frames=3"):
+        load_predictor(tmp_path / "out" / PT2_NAME, model_overrides={"num_frames": 3})
+    with pytest.raises(ValueError, match=r"torch.export program, fixed .* \['attn_impl'\]"):
+        load_predictor(tmp_path / "out" / PT2_NAME, model_overrides={"num_frames": 8, "attn_impl": "sdpa"})
+    one = _video_vit_weights(tmp_path / "one", pos={"name": "rel3d_full", "extend": "interpolate"})
+    assert main([str(one), str(tmp_path / "one_out"), "--pt2"]) == 0
+    assert (
+        load_predictor(tmp_path / "one_out" / PT2_NAME, model_overrides={"num_frames": 4}).data_config["num_frames"]
+        == 4
+    )
+    with pytest.raises(
+        ValueError, match=r"takes clips of 4 frames, not num_frames=8 \(model_overrides\): .*--num-frames 8"
+    ):
+        load_predictor(tmp_path / "one_out" / PT2_NAME, model_overrides={"num_frames": 8})

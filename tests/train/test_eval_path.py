@@ -5,6 +5,7 @@ record read once per evaluation."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -138,3 +139,20 @@ def test_an_evaluation_reads_the_run_record_once(tmp_path, monkeypatch):
     monkeypatch.setattr(ev, "run_record", lambda ckpt: reads.append(ckpt) or real(ckpt))
     _eval(tmp_path / "e", run / "checkpoints" / "last.ckpt", [*EVAL, "trainer.limit_test_batches=1", "split=val"])
     assert len(reads) == 1, reads
+
+
+def test_other_class_names_are_a_log_warning_of_eval(tmp_path, caplog):
+    """Class names unlike the checkpoint's: a ``warnings.warn`` attributed to a line of vitrel's own
+    (``vitrel/train/evaluate.py: _warn_other_class_names(...)``), outside ``eval.log``. Now a log warning, as
+    eval.py's other warnings (another val split, a NaFlex run's nominal size): on the console and in ``eval.log``."""
+    from types import SimpleNamespace
+
+    from vitrel.train.evaluate import _warn_other_class_names
+
+    dm = SimpleNamespace(class_names=["cat", "dog", "fox"])
+    caplog.set_level("WARNING", logger="vitrel.train.evaluate")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no Python warning)
+        _warn_other_class_names(tmp_path / "last.ckpt", {"class_names": ["cat", "fox", "dog"]}, dm)
+    said = [r.getMessage() for r in caplog.records if r.name == "vitrel.train.evaluate"]
+    assert len(said) == 1 and said[0].startswith("class 1 is 'dog' here but 'fox' in last.ckpt; class 2 is"), said

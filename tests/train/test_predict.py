@@ -732,3 +732,27 @@ def test_predict_py_precision_runs_the_forward_under_autocast(ckpt, images, tmp_
 def _with_log(predictor, log):
     _seen(predictor.model, log)
     return predictor
+
+
+def test_the_no_data_config_warning_names_the_caller_not_vitrel(tmp_path):
+    """A checkpoint without a data config: its warning was attributed to ``vitrel/inference.py``
+    (``data_config = data_config_for(p, model)``), a line of vitrel's; now to the line that called
+    ``load_predictor`` (the first frame outside vitrel, torch and timm, as the table-resize warning)."""
+    m = _model()
+    path = tmp_path / "old.ckpt"
+    torch.save({"vitrel_cfg": m.vitrel_cfg, "state_dict": {f"model.{k}": v for k, v in m.state_dict().items()}}, path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_predictor(path)
+    said = [w for w in caught if "stores no data config" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__, [(w.filename, w.lineno) for w in said]
+
+
+def test_the_in_chans_warning_names_the_caller_not_vitrel(ckpt):
+    """``model_overrides={"in_chans": 1}`` for a 3-channel model: the patch embedding's adaptation
+    warning was attributed to ``vitrel/inference.py`` (``model = load_model(...)``); now to the caller's line."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_predictor(ckpt, model_overrides={"in_chans": 1})
+    said = [w for w in caught if "input channels (timm's adapt_input_conv)" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__, [(w.filename, w.lineno) for w in said]

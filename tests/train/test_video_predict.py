@@ -268,3 +268,18 @@ def test_predict_names_a_video_far_shorter_than_a_clip(runs, tmp_path, caplog):
     line = f"{tmp_path / 'in' / 'short.avi'} has 2 frame(s), fewer than half the 10 a clip of 4 frames 3 apart spans"
     assert caplog.text.count(line) == 1, caplog.text
     assert "long.avi" not in caplog.text
+
+
+def test_the_clip_sampling_warning_names_the_caller_not_vitrel(videos, tmp_path):
+    """Weights without the clip sampling (``save_pretrained`` of a model built in Python): its one warning was
+    attributed to ``vitrel/inference.py`` (``return _predict_videos(...)``), a line of vitrel's; now to the line that
+    called ``predict_folder``, as the table-resize warning is (``vitrel.pos.tables.caller_stacklevel``)."""
+    from vitrel.models.checkpoint import save_pretrained
+
+    m = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", embed_dim=16, depth=1, num_heads=2, img_size=16)
+    p = load_predictor(save_pretrained(m, tmp_path / "weights"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        predict_folder(p, videos / "val", topk=1, progress=False)
+    said = [w for w in caught if "stores no clip sampling" in str(w.message)]
+    assert len(said) == 1 and said[0].filename == __file__, [(w.filename, w.lineno) for w in said]

@@ -65,6 +65,7 @@ from vitrel.models.data_config import (
 )
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
 from vitrel.pos.reference import ReferenceGrid, fill_reference_grids
+from vitrel.pos.tables import caller_stacklevel
 
 __all__ = [
     "CheckpointError",
@@ -228,7 +229,7 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Tensor], num_classes
             del sd[k]
         warnings.warn(
             f"checkpoint head has {num_classes_stored} classes, the model {model.num_classes}: the head is reset",
-            stacklevel=3,
+            stacklevel=caller_stacklevel(),  # (the first frame outside vitrel: not factory.py's load_model call)
         )
     missing = [k for k in expected if k not in sd and not (reset_head and k.startswith("head."))]
     unexpected = [k for k in sd if k not in expected]
@@ -269,8 +270,9 @@ def _adapt_in_chans(sd: dict[str, Tensor], stored: int | None, wanted: int | Non
     if stored is None or wanted is None or stored == wanted or not isinstance(w, Tensor) or w.dim() not in (4, 5):
         return sd
     flat = adapt_input_conv(wanted, w.reshape(w.shape[0], w.shape[1], w.shape[2], -1), base_chans=stored)
-    warnings.warn(
-        f"patch embedding adapted from {stored} to {wanted} input channels (timm's adapt_input_conv)", stacklevel=3
+    warnings.warn(  # (attributed to the first frame outside vitrel: load_model's caller, a script, eval.py)
+        f"patch embedding adapted from {stored} to {wanted} input channels (timm's adapt_input_conv)",
+        stacklevel=caller_stacklevel(),
     )
     return {**sd, "patch_embed.proj.weight": flat.reshape(w.shape[0], wanted, *w.shape[2:])}
 

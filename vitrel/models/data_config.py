@@ -136,6 +136,8 @@ def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]
     """:func:`model_data_config` of ``model`` loaded from ``path``, with one warning, naming the statistics used,
     when ``path`` stores no data config (a checkpoint written before vitrel stored one, or by hand): they are then
     the architecture's defaults, which need not be the training data's."""
+    from vitrel.pos.tables import caller_stacklevel
+
     stored = stored_data_config(path)
     out = model_data_config(model, stored)
     if stored is None:
@@ -144,7 +146,7 @@ def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]
             f"{path} stores no data config (the preprocessing of its training data; checkpoints of vitrel.train "
             f"store it in hyper_parameters['data_config']): images are normalised with {stats}, the architecture's "
             "defaults, which need not be the statistics the model was trained with",
-            stacklevel=2,
+            stacklevel=caller_stacklevel(),  # (the caller of load_predictor or the export: a script, predict.py)
         )
     return out
 

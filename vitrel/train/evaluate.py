@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -334,13 +333,12 @@ def _warn_other_class_names(ckpt: Path, stored_data: dict, dm: L.LightningDataMo
     if not stored or not names or len(stored) != len(names):
         return
     diff = [(i, str(a), str(b)) for i, (a, b) in enumerate(zip(stored, names)) if str(a) != str(b)]
-    if diff:
+    if diff and rank_zero_only.rank == 0:  # (a log warning, as eval.py's others: on the console and in eval.log)
         shown = "; ".join(f"class {i} is {b!r} here but {a!r} in {ckpt.name}" for i, a, b in diff[:3])
         more = f" ({len(diff)} classes differ)" if len(diff) > 3 else ""
-        warnings.warn(
+        log.warning(
             f"{shown}{more}: eval.py scores the model's output i against the data's class i (by index), so these "
-            "classes are scored against others; give the data the checkpoint was trained on",
-            stacklevel=2,
+            "classes are scored against others; give the data the checkpoint was trained on"
         )
 
 

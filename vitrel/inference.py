@@ -51,6 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from vitrel.caller import caller_stacklevel
 from vitrel.models.run_record import PredictSettingsError
 
 __all__ = [
@@ -509,7 +510,6 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
 
     from vitrel.data.video.folder import VideoFolderDataModule
     from vitrel.models.data_config import CLIP_FIELDS
-    from vitrel.pos.tables import caller_stacklevel
 
     params = inspect.signature(VideoFolderDataModule.__init__).parameters
     defaults = {"frame_stride": params["stride"].default, "clips_per_video": params["clips_per_video"].default}

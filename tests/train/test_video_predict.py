@@ -273,7 +273,7 @@ def test_predict_names_a_video_far_shorter_than_a_clip(runs, tmp_path, caplog):
 def test_the_clip_sampling_warning_names_the_caller_not_vitrel(videos, tmp_path):
     """Weights without the clip sampling (``save_pretrained`` of a model built in Python): its one warning was
     attributed to ``vitrel/inference.py`` (``return _predict_videos(...)``), a line of vitrel's; now to the line that
-    called ``predict_folder``, as the table-resize warning is (``vitrel.pos.tables.caller_stacklevel``)."""
+    called ``predict_folder``, as the table-resize warning is (``vitrel.caller.caller_stacklevel``)."""
     from vitrel.models.checkpoint import save_pretrained
 
     m = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", embed_dim=16, depth=1, num_heads=2, img_size=16)

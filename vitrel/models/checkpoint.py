@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from timm.models import adapt_input_conv, filter_pretrained_cfg
 from torch import Tensor, nn
 
+from vitrel.caller import caller_stacklevel
 from vitrel.models.ckpt_files import (
     _EMA_PREFIXES,
     CONFIG_NAME,
@@ -65,7 +66,6 @@ from vitrel.models.data_config import (
 )
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
 from vitrel.pos.reference import ReferenceGrid, fill_reference_grids
-from vitrel.pos.tables import caller_stacklevel
 
 __all__ = [
     "CheckpointError",

@@ -16,6 +16,7 @@ import torch
 from timm.models import PretrainedCfg
 from torch import nn
 
+from vitrel.caller import caller_stacklevel
 from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _resolve, _safetensors_metadata
 
 __all__ = [
@@ -136,8 +137,6 @@ def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]
     """:func:`model_data_config` of ``model`` loaded from ``path``, with one warning, naming the statistics used,
     when ``path`` stores no data config (a checkpoint written before vitrel stored one, or by hand): they are then
     the architecture's defaults, which need not be the training data's."""
-    from vitrel.pos.tables import caller_stacklevel
-
     stored = stored_data_config(path)
     out = model_data_config(model, stored)
     if stored is None:

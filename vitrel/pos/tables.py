@@ -31,13 +31,13 @@ the code that called into vitrel), not once per table.
 
 from __future__ import annotations
 
-import os
-import sys
 import warnings
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from vitrel.caller import caller_stacklevel
 
 __all__ = [
     "EXTEND_RULES",
@@ -50,7 +50,6 @@ __all__ = [
     "resize_rel_table",
     "resize_1d_table",
     "warn_once",
-    "caller_stacklevel",
     "take_renamed",
     "ResizeOnLoad",
     "check_init_std",
@@ -63,21 +62,6 @@ def warn_once(msg: str) -> None:
     if msg not in _WARNED:
         _WARNED.add(msg)
         warnings.warn(msg, stacklevel=3)
-
-
-def caller_stacklevel() -> int:
-    """``warnings.warn``'s ``stacklevel``, for a call made in the function that calls this one, that attributes the
-    warning to the first frame outside vitrel, torch and timm: the user's code (a script, a notebook cell) rather
-    than ``torch/nn/modules/module.py``. 1 (that function) when every frame is theirs."""
-    dirs = tuple(
-        os.path.dirname(m.__file__) + os.sep
-        for m in (sys.modules.get(n) for n in ("vitrel", "torch", "timm"))
-        if m is not None and getattr(m, "__file__", None)
-    )
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_code.co_filename.startswith(dirs):
-        frame, level = frame.f_back, level + 1
-    return 1 if frame is None else level
 
 
 def check_init_std(scheme: str, init_std: float) -> float:

@@ -283,9 +283,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         if not self._uses_layout(inp):
             return self.forward_head(self.grid_features(inp.images))
         feats, layout, _, _ = self._forward_layout(inp)
-        if not self.global_pool:
-            return self.head(self.head_drop(self.fc_norm(feats)))
-        return self.head(self.head_drop(self.fc_norm(pool_images(feats, layout, self.global_pool))))
+        return self.forward_head(feats, layout=layout)  # (each image's own tokens pooled)
 
     # ---------------------------------------------------------------------------- intermediates (timm)
     def forward_intermediates(

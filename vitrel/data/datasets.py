@@ -40,17 +40,20 @@ def to_8bit(img: Image.Image) -> Image.Image:
     """``img`` with 8-bit values, for ``convert("L" / "RGB")``. PIL's ``convert`` clips a 16-bit grey image at 255 (a
     mid-grey picture turns white); such an image (mode ``I;16*``, or ``I`` read from a PNG, whose integers are at
     most 16-bit) is scaled by 255 / 65535 to mode ``L``. An ``I`` or ``F`` image of another format with values
-    outside 0-255 has no agreed scale: a ``ValueError`` naming its range. Other images are returned as they are."""
+    outside 0-255, or within 0-1 (not all 0: a float TIFF's 0-1 scale, which ``convert`` turns black), has no agreed
+    scale: a ``ValueError`` naming its range. Other images are returned as they are."""
     sixteen = img.mode in MODES_16BIT or (img.mode == "I" and img.format == "PNG")
     if sixteen:
         scaled = np.rint(np.asarray(img).astype(np.float64) * (255 / 65535))
         return Image.fromarray(scaled.astype(np.uint8), mode="L")
     if img.mode in ("I", "F"):
         lo, hi = img.getextrema()
-        if lo < 0 or hi > 255:
+        unit = 0 <= lo and 0 < hi <= 1  # (a 0-1 image, e.g. a float TIFF: read as 0-255 it would be black)
+        if lo < 0 or hi > 255 or unit:
             kind = "32-bit integer" if img.mode == "I" else "floating-point"
+            black = ", 0-1 or 0-255: as 0-255 it is a black image" if unit else ""
             raise ValueError(
-                f"a {kind} image (PIL mode {img.mode}) with values {lo} to {hi}: no agreed scale to 8 bits "
+                f"a {kind} image (PIL mode {img.mode}) with values {lo} to {hi}: no agreed scale to 8 bits{black} "
                 "(save it as an 8- or 16-bit image)"
             )
     return img

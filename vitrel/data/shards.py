@@ -83,9 +83,12 @@ def _image_bytes(path: Path) -> tuple[bytes, str]:
 
     from vitrel.data.datasets import to_8bit
 
-    with Image.open(path) as img:
-        buf = io.BytesIO()
-        to_8bit(img).convert("RGB").save(buf, format="PNG")  # (16-bit scaled, not clipped)
+    buf = io.BytesIO()
+    try:
+        with Image.open(path) as img:
+            to_8bit(img).convert("RGB").save(buf, format="PNG")  # (16-bit scaled, not clipped)
+    except (OSError, ValueError, SyntaxError) as e:  # (not an image, truncated, no scale to 8 bits: one line)
+        raise BadSampleError(f"cannot re-encode {path} as PNG ({type(e).__name__}: {e})") from e
     return buf.getvalue(), "png"
 
 
@@ -395,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         _write(args, seed)
-    except (FileNotFoundError, ClassFoldersMismatchError) as e:  # (a folder missing or unlike train's: the reason)
+    except (FileNotFoundError, ClassFoldersMismatchError, BadSampleError) as e:  # (a folder, a file: the reason)
         raise SystemExit(f"{p.prog}: {type(e).__name__}: {e}") from None
 
 

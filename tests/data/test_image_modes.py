@@ -12,7 +12,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
 from tests.data.test_datamodules import make_imagenet_tree
 from vitrel.data import ImageNetDataModule
-from vitrel.data.datasets import BadSampleError, load_rgb
+from vitrel.data.datasets import BadSampleError, ClassFoldersMismatchError, load_rgb
 from vitrel.data.image_files import ImageFiles
 from vitrel.inference import eval_transform
 
@@ -73,3 +73,36 @@ def test_the_shards_writer_names_a_file_it_cannot_re_encode(tmp_path):
         main(["write-wds", str(tmp_path / "tree"), str(tmp_path / "wds")])
     assert str(stop.value).startswith(f"python -m vitrel.data.shards: BadSampleError: cannot re-encode {bad} as PNG")
     assert "0-1 or 0-255" in str(stop.value)
+
+
+#: what macOS's AppleDouble file ``._<name>`` holds (copied from a Mac by zip, tar or a network drive): no image
+APPLE_DOUBLE = b"\x00\x05\x16\x07\x00\x02\x00\x00Mac OS X        " + bytes(64)
+
+
+def test_macos_metadata_files_are_passed_over_not_counted_as_images(tmp_path):
+    """A folder copied from a Mac holds ``._<name>.jpg`` beside each ``<name>.jpg``: macOS's metadata, with the
+    image's extension. Counted as images (9 train samples read as 18), they stopped a run with ``cannot read
+    ._n0001_0.JPEG``, or, skipped, were replaced or left out one by one, and predict.py skipped each with a warning:
+    they are passed over as ``.DS_Store`` is, by class folders, the shards writer and predict.py."""
+    from vitrel.data.shards import folder_samples
+    from vitrel.inference import find_images
+
+    make_imagenet_tree(tmp_path)
+    for f in sorted((tmp_path / "train").rglob("*.JPEG")) + sorted((tmp_path / "val").rglob("*.JPEG")):
+        (f.parent / f"._{f.name}").write_bytes(APPLE_DOUBLE)
+    (tmp_path / "train" / "n0004").mkdir()  # (a class folder of metadata alone: no images, refused as empty)
+    (tmp_path / "train" / "n0004" / "._x.jpg").write_bytes(APPLE_DOUBLE)
+    refused = r"no valid file for the classes n0004. Supported extensions are: .jpg"
+    with pytest.raises(ClassFoldersMismatchError, match=refused):
+        ImageNetDataModule(root=tmp_path, img_size=16, num_workers=0).raw_dataset("train")
+    (tmp_path / "train" / "n0004" / "._x.jpg").unlink()
+    (tmp_path / "train" / "n0004").rmdir()
+
+    dm = ImageNetDataModule(root=tmp_path, img_size=16, augment=False, batch_size=4, num_workers=0)
+    dm.setup("fit")
+    assert len(dm.dataset("train")) == 9 and len(dm.dataset("val")) == 6
+    assert sum(len(y) for _, y in dm.train_dataloader()) == 9  # (every file read: none stops the run)
+    assert len(folder_samples(tmp_path / "train", dm.classes)) == 9
+    files, folders = find_images(tmp_path / "val")
+    assert len(files) == 6 and folders == ["n0001", "n0002", "n0003"]
+

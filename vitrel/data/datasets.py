@@ -30,10 +30,17 @@ __all__ = [
     "to_8bit",
     "load_rgb",
     "rgb_8bit",
+    "is_apple_double",
 ]
 
 #: PIL's modes of a 16-bit grey image (a 16-bit PNG or TIFF): ``convert("L" / "RGB")`` clips them at 255
 MODES_16BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def is_apple_double(path: str | Path) -> bool:
+    """Whether ``path`` is macOS's AppleDouble file ``._<name>``: the metadata of ``<name>`` that a copy from a Mac
+    (zip, tar, a FAT or network drive) leaves beside it, with ``<name>``'s extension but never an image or a video."""
+    return Path(path).name.startswith("._")
 
 
 def to_8bit(img: Image.Image) -> Image.Image:

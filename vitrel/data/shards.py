@@ -67,11 +67,15 @@ _KEEP_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 
 
 def folder_samples(folder: str | Path, classes: Sequence[str]) -> list[tuple[Path, int]]:
-    """``(file, class index)`` of every image under ``folder/<class>/`` (torchvision's ImageFolder scan)."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+    """``(file, class index)`` of every image under ``folder/<class>/`` (the scan of ``data=imagenet``'s
+    :class:`~vitrel.data.imagenet.FixedClassImageFolder`)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    from vitrel.data.imagenet import FixedClassImageFolder
 
     index = {c: i for i, c in enumerate(classes)}
-    return [(Path(p), int(t)) for p, t in make_dataset(str(folder), index, IMG_EXTENSIONS, allow_empty=True)]
+    found = FixedClassImageFolder.make_dataset(str(folder), index, IMG_EXTENSIONS, allow_empty=True)
+    return [(Path(p), int(t)) for p, t in found]
 
 
 def _image_bytes(path: Path) -> tuple[bytes, str]:

@@ -106,3 +106,24 @@ def test_macos_metadata_files_are_passed_over_not_counted_as_images(tmp_path):
     files, folders = find_images(tmp_path / "val")
     assert len(files) == 6 and folders == ["n0001", "n0002", "n0003"]
 
+
+def test_a_palette_image_with_transparency_reads_as_timm_reads_it_without_pils_warning(tmp_path):
+    """A palette PNG whose ``tRNS`` gives several entries an alpha: PIL's ``convert("RGB")`` warned ``Palette images
+    with Transparency expressed in bytes should be converted to RGBA images`` (once a loader worker, naming no file,
+    asking the user for a conversion that changes no pixel). The pixels are timm's, in RGB and grey, with no warning."""
+    import warnings
+
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 256, (16, 16), dtype=np.uint8), mode="P")
+    img.putpalette(rng.integers(0, 256, 768, dtype=np.uint8).tobytes())
+    img.save(tmp_path / "p.png", transparency=bytes(rng.integers(0, 256, 200, dtype=np.uint8)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Image.open(tmp_path / "p.png") as im:
+            timm_rgb, timm_grey = np.asarray(im.convert("RGB")), np.asarray(im.convert("L"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_array_equal(np.asarray(load_rgb(str(tmp_path / "p.png"))), timm_rgb)
+        rgb, grey = (ImageFiles([tmp_path / "p.png"], predict_transform(c))[0][1] for c in (3, 1))
+    np.testing.assert_allclose(((rgb * STD + MEAN) * 255).numpy(), timm_rgb.transpose(2, 0, 1), atol=1e-3)
+    np.testing.assert_allclose(((grey[0] * 0.5 + 0.5) * 255).numpy(), timm_grey, atol=1e-3)

@@ -48,7 +48,10 @@ def to_8bit(img: Image.Image) -> Image.Image:
     mid-grey picture turns white); such an image (mode ``I;16*``, or ``I`` read from a PNG, whose integers are at
     most 16-bit) is scaled by 255 / 65535 to mode ``L``. An ``I`` or ``F`` image of another format with values
     outside 0-255, or within 0-1 (not all 0: a float TIFF's 0-1 scale, which ``convert`` turns black), has no agreed
-    scale: a ``ValueError`` naming its range. Other images are returned as they are."""
+    scale: a ``ValueError`` naming its range. A palette image with per-entry transparency is made ``RGBA`` (the pixels
+    ``convert`` gives, without its warning). Other images are returned as they are."""
+    if img.mode == "P" and isinstance(img.info.get("transparency"), bytes):
+        return img.convert("RGBA")  # (what convert("RGB")'s warning asks for; the same pixels)
     sixteen = img.mode in MODES_16BIT or (img.mode == "I" and img.format == "PNG")
     if sixteen:
         scaled = np.rint(np.asarray(img).astype(np.float64) * (255 / 65535))

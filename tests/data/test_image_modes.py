@@ -4,6 +4,8 @@ silently black, white or colour-inverted tensor, and never macOS's metadata file
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -85,7 +87,8 @@ def test_macos_metadata_files_are_passed_over_not_counted_as_images(tmp_path):
     ._n0001_0.JPEG``, or, skipped, were replaced or left out one by one, and predict.py skipped each with a warning:
     they are passed over as ``.DS_Store`` is, by class folders, the shards writer and predict.py."""
     from vitrel.data.shards import folder_samples
-    from vitrel.inference import find_images
+    from vitrel.data.video import video_files
+    from vitrel.inference import find_images, find_videos
 
     make_imagenet_tree(tmp_path)
     for f in sorted((tmp_path / "train").rglob("*.JPEG")) + sorted((tmp_path / "val").rglob("*.JPEG")):
@@ -105,6 +108,11 @@ def test_macos_metadata_files_are_passed_over_not_counted_as_images(tmp_path):
     assert len(folder_samples(tmp_path / "train", dm.classes)) == 9
     files, folders = find_images(tmp_path / "val")
     assert len(files) == 6 and folders == ["n0001", "n0002", "n0003"]
+    (tmp_path / "videos" / "a").mkdir(parents=True)  # (video class folders: listed, not decoded, here)
+    for name in ("clip.mp4", "._clip.mp4"):
+        (tmp_path / "videos" / "a" / name).write_bytes(b"\x00" * 64)
+    assert [Path(p).name for p, _ in video_files(tmp_path / "videos", ["a"]).samples] == ["clip.mp4"]
+    assert [f.name for f in find_videos(tmp_path / "videos")[0]] == ["clip.mp4"]
 
 
 def test_a_palette_image_with_transparency_reads_as_timm_reads_it_without_pils_warning(tmp_path):

@@ -110,6 +110,8 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
         :func:`~vitrel.data.datasets.is_apple_double`) as it passes over ``.DS_Store``."""
         from torchvision.datasets.folder import has_file_allowed_extension
 
+        if (extensions is None) == (is_valid_file is None):  # (neither or both: torchvision's error)
+            return ImageFolder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
         valid = is_valid_file or (lambda p: has_file_allowed_extension(p, extensions))
         try:
             return ImageFolder.make_dataset(

@@ -220,7 +220,9 @@ def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[Fi
         if root.suffix.lower() not in extensions:
             raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")
         return [root], None
-    files = sorted(f for f in _walk(root) if f.suffix.lower() in extensions)
+    from vitrel.data.datasets import is_apple_double  # (macOS's ._<name>.jpg: passed over, as .DS_Store)
+
+    files = sorted(f for f in _walk(root) if f.suffix.lower() in extensions and not is_apple_double(f))
     if not files:
         raise error(f"no {what} in {root} (looked for {', '.join(extensions)} in the folder and its sub-folders)")
     tree = all(len(f.relative_to(root).parts) == 2 for f in files)

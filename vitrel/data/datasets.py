@@ -30,27 +30,40 @@ __all__ = [
     "to_8bit",
     "load_rgb",
     "rgb_8bit",
+    "is_apple_double",
 ]
 
 #: PIL's modes of a 16-bit grey image (a 16-bit PNG or TIFF): ``convert("L" / "RGB")`` clips them at 255
 MODES_16BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
+def is_apple_double(path: str | Path) -> bool:
+    """Whether ``path`` is macOS's AppleDouble file ``._<name>``: the metadata of ``<name>`` that a copy from a Mac
+    (zip, tar, a FAT or network drive) leaves beside it, with ``<name>``'s extension but never an image or a video."""
+    return Path(path).name.startswith("._")
+
+
 def to_8bit(img: Image.Image) -> Image.Image:
     """``img`` with 8-bit values, for ``convert("L" / "RGB")``. PIL's ``convert`` clips a 16-bit grey image at 255 (a
     mid-grey picture turns white); such an image (mode ``I;16*``, or ``I`` read from a PNG, whose integers are at
     most 16-bit) is scaled by 255 / 65535 to mode ``L``. An ``I`` or ``F`` image of another format with values
-    outside 0-255 has no agreed scale: a ``ValueError`` naming its range. Other images are returned as they are."""
+    outside 0-255, or within 0-1 (not all 0: a float TIFF's 0-1 scale, which ``convert`` turns black), has no agreed
+    scale: a ``ValueError`` naming its range. A palette image with per-entry transparency is made ``RGBA`` (the pixels
+    ``convert`` gives, without its warning). Other images are returned as they are."""
+    if img.mode == "P" and isinstance(img.info.get("transparency"), bytes):
+        return img.convert("RGBA")  # (what convert("RGB")'s warning asks for; the same pixels)
     sixteen = img.mode in MODES_16BIT or (img.mode == "I" and img.format == "PNG")
     if sixteen:
         scaled = np.rint(np.asarray(img).astype(np.float64) * (255 / 65535))
         return Image.fromarray(scaled.astype(np.uint8), mode="L")
     if img.mode in ("I", "F"):
         lo, hi = img.getextrema()
-        if lo < 0 or hi > 255:
+        unit = 0 <= lo and 0 < hi <= 1  # (a 0-1 image, e.g. a float TIFF: read as 0-255 it would be black)
+        if lo < 0 or hi > 255 or unit:
             kind = "32-bit integer" if img.mode == "I" else "floating-point"
+            black = ", 0-1 or 0-255: as 0-255 it is a black image" if unit else ""
             raise ValueError(
-                f"a {kind} image (PIL mode {img.mode}) with values {lo} to {hi}: no agreed scale to 8 bits "
+                f"a {kind} image (PIL mode {img.mode}) with values {lo} to {hi}: no agreed scale to 8 bits{black} "
                 "(save it as an 8- or 16-bit image)"
             )
     return img

@@ -52,6 +52,7 @@ from vitrel.data.datasets import (
     ON_BAD_SAMPLE,
     ClassFoldersMismatchError,
     check_val_classes,
+    is_apple_double,
     load_rgb,
     rgb_8bit,
 )
@@ -102,6 +103,24 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         return self._fixed_classes, {c: i for i, c in enumerate(self._fixed_classes)}
+
+    @staticmethod
+    def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
+        """torchvision's walk, passing over macOS's AppleDouble files (``._<name>.jpg``, not images:
+        :func:`~vitrel.data.datasets.is_apple_double`) as it passes over ``.DS_Store``."""
+        from torchvision.datasets.folder import has_file_allowed_extension
+
+        if (extensions is None) == (is_valid_file is None):  # (neither or both: torchvision's error)
+            return ImageFolder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
+        valid = is_valid_file or (lambda p: has_file_allowed_extension(p, extensions))
+        try:
+            return ImageFolder.make_dataset(
+                directory, class_to_idx, None, lambda p: valid(p) and not is_apple_double(p), allow_empty
+            )
+        except FileNotFoundError as e:  # (an empty class folder: torchvision names the extensions it looked for)
+            if extensions is None:
+                raise
+            raise FileNotFoundError(f"{e}Supported extensions are: {', '.join(extensions)}") from None
 
     def bad_reason(self, path: str, err: BaseException) -> str:
         if isinstance(err, UnidentifiedImageError):  # (PIL's text names a file object, not the file)

@@ -67,11 +67,15 @@ _KEEP_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 
 
 def folder_samples(folder: str | Path, classes: Sequence[str]) -> list[tuple[Path, int]]:
-    """``(file, class index)`` of every image under ``folder/<class>/`` (torchvision's ImageFolder scan)."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+    """``(file, class index)`` of every image under ``folder/<class>/`` (the scan of ``data=imagenet``'s
+    :class:`~vitrel.data.imagenet.FixedClassImageFolder`)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS
+
+    from vitrel.data.imagenet import FixedClassImageFolder
 
     index = {c: i for i, c in enumerate(classes)}
-    return [(Path(p), int(t)) for p, t in make_dataset(str(folder), index, IMG_EXTENSIONS, allow_empty=True)]
+    found = FixedClassImageFolder.make_dataset(str(folder), index, IMG_EXTENSIONS, allow_empty=True)
+    return [(Path(p), int(t)) for p, t in found]
 
 
 def _image_bytes(path: Path) -> tuple[bytes, str]:
@@ -83,9 +87,12 @@ def _image_bytes(path: Path) -> tuple[bytes, str]:
 
     from vitrel.data.datasets import to_8bit
 
-    with Image.open(path) as img:
-        buf = io.BytesIO()
-        to_8bit(img).convert("RGB").save(buf, format="PNG")  # (16-bit scaled, not clipped)
+    buf = io.BytesIO()
+    try:
+        with Image.open(path) as img:
+            to_8bit(img).convert("RGB").save(buf, format="PNG")  # (16-bit scaled, not clipped)
+    except (OSError, ValueError, SyntaxError) as e:  # (not an image, truncated, no scale to 8 bits: one line)
+        raise BadSampleError(f"cannot re-encode {path} as PNG ({type(e).__name__}: {e})") from e
     return buf.getvalue(), "png"
 
 
@@ -395,7 +402,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     try:
         _write(args, seed)
-    except (FileNotFoundError, ClassFoldersMismatchError) as e:  # (a folder missing or unlike train's: the reason)
+    except (FileNotFoundError, ClassFoldersMismatchError, BadSampleError) as e:  # (a folder, a file: the reason)
         raise SystemExit(f"{p.prog}: {type(e).__name__}: {e}") from None
 
 

@@ -141,3 +141,11 @@ def test_checkpointing_under_torch_compile():
     plain = _saved_bytes(m, x, net)
     m.set_grad_checkpointing()
     assert _saved_bytes(m, x, net) < 0.3 * plain
+
+
+@pytest.mark.parametrize("arch", list(NAMES))
+def test_a_constructor_argument_names_the_switch(arch):
+    """``+model.grad_checkpointing=true`` (a constructor argument, as no timm model takes) names the method and
+    train.py's key."""
+    with pytest.raises(TypeError, match=r"grad_checkpointing=True \(not built in: model.set_grad_checkpointing\(\)"):
+        vitrel.create_model(NAMES[arch], grad_checkpointing=True)

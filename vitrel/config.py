@@ -171,6 +171,7 @@ class ModuleConfig:
     layer_decay: float | None = None
     compile: Any = False  # false | true | {torch.compile kwargs}
     sync_free: bool = False  # no host synchronisation in the training step (training metrics at epoch end)
+    grad_checkpointing: bool = False  # model.set_grad_checkpointing(): recompute activations in backward (memory)
 
 
 # ------------------------------------------------------------------------------------------- trainer

@@ -132,8 +132,11 @@ def with_placement(init: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-#: why an argument of one backbone is not one of another
+#: why an argument of one backbone is not one of another (or not a constructor's)
 _OTHER_BACKBONE = {
+    "grad_checkpointing": (
+        "not built in: model.set_grad_checkpointing() as timm's; train.py: module.grad_checkpointing=true"
+    ),
     "token_drop": "NaViT token dropping is the ViT's: the Swin needs every image's full grid",
     "class_token": "the ViT's",
     "reg_tokens": "the ViT's",

@@ -141,6 +141,8 @@ class ClassifierModule(L.LightningModule):
             with ``dynamic=False`` under the data's ``size_choices`` unless they name ``dynamic``.
         sync_free: no host synchronisation in the training step: training metrics updated on the device
             and logged at epoch end only (see the module's docstring).
+        grad_checkpointing: recompute each block's activations in the backward pass instead of storing them
+            (timm's ``model.set_grad_checkpointing()``, as timm's ``train.py --grad-checkpointing``): less memory.
         layer_decay: None, or timm's layer-wise learning-rate decay for fine-tuning (e.g. 0.65): the
             layers of ``model.group_matcher()`` get ``lr * layer_decay ** depth_from_top``.
         data_config: the preprocessing of the data (:func:`data_config_of`), stored in the checkpoints'
@@ -165,6 +167,7 @@ class ClassifierModule(L.LightningModule):
         compile: bool | dict = False,
         layer_decay: float | None = None,
         sync_free: bool = False,
+        grad_checkpointing: bool = False,
         data_config: Mapping[str, Any] | None = None,
         started_from: Mapping[str, str] | None = None,
     ) -> None:
@@ -179,6 +182,8 @@ class ClassifierModule(L.LightningModule):
         hparams["started_from"] = None if started_from is None else dict(started_from)
         hparams["ema_eval"] = bool(ema_eval)  # the weights val and test score: eval.py's ema=auto scores the same
         self.save_hyperparameters(hparams, logger=False)
+        if grad_checkpointing:
+            model.set_grad_checkpointing(True)  # (an nn.Module without it: AttributeError naming the method)
         self.model = model
         self.num_classes = num_classes
         self.label_smoothing = float(label_smoothing)

@@ -27,7 +27,7 @@ def test_every_kernel_is_registered_and_declared():
         register_kernel("sdpa")(type("Again", (Kernel,), {}))
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager", "fold", "flex", "triton", "shaw"])
+@pytest.mark.parametrize("impl", list_kernels())
 @pytest.mark.parametrize("name", RELATIVE)
 def test_prepare_builds_only_what_the_kernel_reads(impl, name):
     """A state carries the inputs its kernel reads and none of the others; a kernel that cannot run the scheme says

@@ -198,6 +198,24 @@ def test_layout_refused_by_a_kernel_that_does_not_take_it(monkeypatch):
         m([torch.randn(3, 16, 16), torch.randn(3, 8, 16)])
 
 
+def test_onnx_export_refuses_exactly_the_kernels_that_declare_no_onnx():
+    """``--onnx`` is refused by what a kernel declares (``Kernel.onnx``), for every registered kernel: ``flex``
+    declared ``onnx = True`` and was refused by its name in vitrel/export.py, so ``get_kernel("flex").onnx`` was
+    wrong and the declaration was read for every kernel but the one that needed it."""
+    from torch import nn
+
+    from vitrel.export import check_exportable
+
+    for name in list_kernels():
+        m = nn.Module()
+        m.attn_impl = name
+        if get_kernel(name).onnx:
+            check_exportable(m, "static", onnx=True)
+        else:
+            with pytest.raises(ValueError, match=f"attn_impl={name!r} runs a kernel that ONNX has no operator for"):
+                check_exportable(m, "static", onnx=True)
+
+
 # ---- attn_impl: sdpa (bias as a float mask), fold (a factored bias folded into q and k), eager.
 GRIDS = [(4, 5), (6, 3)]  # the built grid, then another one (tables clamp at their edge)
 

@@ -4,6 +4,7 @@ it takes, every call it takes); kernels whose declarations claim more than they 
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 import pytest
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 import tests.kernels.test_auto_cases as auto_cases
 import vitrel
 import vitrel.kernels.registry as registry
-from tests.kernels.test_conformance import check_schemes
+from tests.kernels.test_conformance import check_onnx, check_schemes
 from tests.train_helpers import FAST, ROOT, TINY_VIT, compose
 from vitrel.kernels import attn_impls, get_kernel, list_kernels, register_kernel
 from vitrel.kernels.base import content_refusal
@@ -43,7 +44,7 @@ def howto_kernel() -> type:
     return kernel
 
 
-def test_the_howto_kernel_passes_the_shared_kernel_tests(unregister_kernels):
+def test_the_howto_kernel_passes_the_shared_kernel_tests(tmp_path, unregister_kernels):
     kernel = howto_kernel()
     assert kernel.name == "chunked" and "chunked" in list_kernels() and "chunked" in attn_impls()
     assert kernel.reads == {"bias"}
@@ -54,6 +55,8 @@ def test_the_howto_kernel_passes_the_shared_kernel_tests(unregister_kernels):
     auto_cases.test_a_named_kernels_refusal_is_one_line_naming_kernels_that_take_the_call("chunked")
     with pytest.raises(ValueError, match="attn_impl='chunked': shaw2d_full has terms no block"):
         vitrel.Attention(16, 2, pos="shaw2d_full", grid=(3, 4), attn_impl="chunked")
+    if importlib.util.find_spec("onnxruntime") is not None:  # (vitrel[export])
+        check_onnx("chunked", tmp_path / "m.onnx")  # it declares onnx (the default)
 
 
 def test_the_howto_kernel_runs_in_models_and_training(tmp_path, unregister_kernels):
@@ -163,3 +166,31 @@ def test_a_kernel_that_declares_more_than_it_does_fails_the_shared_tests(name, u
     check = check_schemes if caught_by == "schemes" else lambda impl: auto_cases.check_calls(impl, "rel2d_full")
     with pytest.raises(AssertionError, match=re.escape(says)):
         check(name)
+
+
+@torch.library.custom_op("vitrel_test::opaque_softmax", mutates_args=())
+def opaque_softmax(x: torch.Tensor) -> torch.Tensor:
+    """A softmax ONNX has no operator for (a custom op, as the fused Triton kernel is)."""
+    return x.softmax(-1)
+
+
+@opaque_softmax.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_a_kernel_that_declares_onnx_and_runs_a_custom_op_fails_the_shared_onnx_check(tmp_path, unregister_kernels):
+    """``onnx`` (the default) declared by a kernel that runs a custom op: ``python -m vitrel.export --onnx`` would let
+    it through to the exporter's error; :func:`~tests.kernels.test_conformance.check_onnx` says which kernel."""
+    pytest.importorskip("onnxruntime", reason="pip install vitrel[export]")
+
+    def attend(q, k, v, mask, scale, st, p):
+        m = full_mask(st.bias, mask, q)
+        logits = q @ k.transpose(-2, -1) * scale
+        return opaque_softmax(logits if m is None else logits + m) @ v
+
+    register_kernel("opaque")(
+        type("Opaque", (registry.Kernel,), {"reads": frozenset({"bias"}), "attend": _attend(attend)})
+    )
+    with pytest.raises(AssertionError, match="attn_impl='opaque' declares onnx and does not export to ONNX"):
+        check_onnx("opaque", tmp_path / "m.onnx")

@@ -4,8 +4,8 @@ parameter, against ``softmax((q k^T + content_logits) * scale + bias) v + conten
 scheme's hooks in float64. A kernel that computes in float64 (``Kernel.float64``) is held to 1e-10 in float64, the
 others to 1e-4 in float32. A new kernel is checked unasked (the cases are read from :func:`list_kernels`);
 tests/kernels/test_add_kernel.py runs :func:`check_schemes` on kernels registered inside a test, wrong ones included.
-The calls a kernel takes (masks, windows, layouts, causal attention, dropout) are checked by
-tests/kernels/test_auto_cases.py."""
+A kernel that declares ``onnx`` exports a ViT through ONNX Runtime (:func:`check_onnx`). The calls a kernel takes
+(masks, windows, layouts, causal attention, dropout) are checked by tests/kernels/test_auto_cases.py."""
 
 from __future__ import annotations
 
@@ -83,17 +83,57 @@ def check_scheme(impl: str, name: str) -> None:
             assert err <= rtol * size + 1e-6 * rtol, f"{where}: {err:.2e} of {size:.2e}"
 
 
-def check_schemes(impl: str) -> list[str]:
-    """:func:`check_scheme` for every scheme ``impl`` does not refuse; the names checked."""
+def taken(impl: str) -> list[str]:
+    """The schemes ``impl`` does not refuse."""
     kernel = get_kernel(impl)
-    taken = [
+    return [
         n for n in SCHEMES if kernel.refuses(build_pos(n, num_heads=HEADS, head_dim=HEAD_DIM, grid=_grid(n))) is None
     ]
-    for name in taken:
+
+
+def check_schemes(impl: str) -> list[str]:
+    """:func:`check_scheme` for every scheme ``impl`` does not refuse; the names checked."""
+    names = taken(impl)
+    for name in names:
         check_scheme(impl, name)
-    return taken
+    return names
 
 
 @pytest.mark.parametrize("impl", [k for k in list_kernels() if k not in SLOW])
 def test_every_kernel_computes_every_scheme_it_takes(impl):
     assert check_schemes(impl), f"attn_impl={impl!r} takes no scheme"
+
+
+def check_onnx(impl: str, path) -> None:
+    """A one-block ViT with ``impl`` through :func:`vitrel.export.onnx_program` and ONNX Runtime, equal to the model:
+    what ``Kernel.onnx`` declares (an AssertionError naming the kernel where the export fails)."""
+    import warnings
+
+    import numpy as np
+    import onnxruntime
+
+    from vitrel.export import onnx_program
+    from vitrel.models import create_model
+
+    images = [n for n in taken(impl) if _grid(n) == GRIDS[2]]
+    pos = "rel2d_full" if "rel2d_full" in images else images[0]
+    torch.manual_seed(0)
+    m = create_model("vitrel_vit_tiny_patch4_32", pos=pos, attn_impl=impl, img_size=16, embed_dim=16, depth=1,
+                     num_heads=HEADS).eval()  # fmt: skip
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            onnx_program(m, dynamic="static").save(str(path))
+    except Exception as e:  # (the exporter's own errors)
+        raise AssertionError(f"attn_impl={impl!r} declares onnx and does not export to ONNX: {e}") from e
+    sess = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = torch.randn(2, 3, 16, 16)
+    (out,) = sess.run(None, {"images": x.numpy()})
+    with torch.no_grad():
+        np.testing.assert_allclose(out, m(x).numpy(), rtol=1e-4, atol=1e-4, err_msg=impl)
+
+
+@pytest.mark.parametrize("impl", [k for k in list_kernels() if get_kernel(k).onnx])
+def test_a_kernel_that_declares_onnx_exports_to_onnx(impl, tmp_path):
+    pytest.importorskip("onnxruntime", reason="pip install vitrel[export]")
+    check_onnx(impl, tmp_path / "m.onnx")

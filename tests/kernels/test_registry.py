@@ -27,6 +27,25 @@ def test_every_kernel_is_registered_and_declared():
         register_kernel("sdpa")(type("Again", (Kernel,), {}))
 
 
+def test_register_kernel_refuses_a_kernel_that_declares_no_reads_or_no_attend(monkeypatch):
+    """A kernel without ``reads`` (the base's empty default) was prepared states without the bias it read, and ran
+    without it, silently (docs/gpu.md's example kernel less its ``reads`` line: 0.28 off eager's output of 0.60 on
+    ``rel2d_full``); now registering it raises, naming the declaration. So does a read no state holds, and no
+    ``attend``."""
+    from vitrel.kernels import registry
+    from vitrel.kernels.eager import EagerKernel
+
+    monkeypatch.setattr(registry, "_KERNELS", dict(registry._KERNELS))  # (restored after)
+    with pytest.raises(TypeError, match=r"NoReads declares reads = frozenset\(\): declare the state fields"):
+        register_kernel("no_reads")(type("NoReads", (Kernel,), {"attend": EagerKernel.attend}))
+    with pytest.raises(TypeError, match="declares reads = {'mask'}"):
+        register_kernel("mask")(type("Mask", (Kernel,), {"reads": frozenset({"mask"}), "attend": EagerKernel.attend}))
+    with pytest.raises(TypeError, match="NoAttend defines no attend"):
+        register_kernel("no_attend")(type("NoAttend", (Kernel,), {"reads": frozenset({"bias"})}))
+    assert register_kernel("again")(type("Again", (EagerKernel,), {})).name == "again"
+    assert not {"no_reads", "mask", "no_attend"} & set(registry._KERNELS)
+
+
 @pytest.mark.parametrize("impl", list_kernels())
 @pytest.mark.parametrize("name", RELATIVE)
 def test_prepare_builds_only_what_the_kernel_reads(impl, name):

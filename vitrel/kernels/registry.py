@@ -21,8 +21,9 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
 
 ``attn_impl`` is a kernel's name or ``auto``: :func:`select_kernel` reads :data:`AUTO` (per device, decided by
 measurement: ``bench/gpu.py``), then takes the kernel that declares itself a scheme's own path
-(:meth:`Kernel.default_for`: Shaw's), and falls back to ``sdpa`` where nothing better is known. A new kernel is one file
-and one test; nothing else names it.
+(:meth:`Kernel.default_for`: Shaw's), and falls back to ``sdpa`` where nothing better is known. A new kernel is one
+file, one test and a row of docs/gpu.md's table of kernels (docs/gpu.md, "Adding a kernel"); the shared tests
+(tests/kernels/test_conformance.py, test_auto_cases.py) check what it declares against what it computes.
 """
 
 from __future__ import annotations

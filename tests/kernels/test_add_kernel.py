@@ -134,7 +134,7 @@ WRONG = {
     # Shaw's schemes not refused (the default refuses nothing), their content terms never added: 0.97 off (of 4.7)
     "no_content_terms": ({}, _howto, "schemes", "pos='shaw1d', out: "),
     # native_causal declared, state.causal never read: every key seen
-    "causal_ignored": ({"native_causal": True}, _howto, "calls", "'none', 'full', True"),
+    "causal_ignored": ({"native_causal": True}, _howto, "calls", "', True)"),
     # a mask per head read as the first head's (refuses_inputs declares none refused)
     "first_head_mask": (
         {},

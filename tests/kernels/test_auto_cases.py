@@ -169,8 +169,16 @@ def check_calls(impl: str, pos: str, interpreted: bool = False) -> None:
     it is built. ``interpreted``: boolean and ``[N, N]`` masks left out (they reach the kernel as the float masks of
     ``shared`` and ``key``: Triton's interpreter's time)."""
     kernel = get_kernel(impl)
-    cases = [(m, lay, c) for m in RUN_MASKS for lay in ("full", "packed", "drop") for c in (False, True)]
-    cases += [("none", "windows", c) for c in (False, True)]
+    if kernel.takes_dropout:
+        torch.manual_seed(0)
+        a = Attention(HEADS * HEAD_DIM, HEADS, pos=pos, grid=GRID, attn_impl=impl, attn_drop=0.5)
+        x = torch.randn(2, GRID.n, HEADS * HEAD_DIM)
+        with torch.no_grad():
+            kept, dropped = a.eval()(x, GRID), a.train()(x, GRID)
+        assert (dropped - kept).abs().max() > 1e-3, f"attn_impl={impl!r} declares takes_dropout and dropped nothing"
+    # (else refused where it is built: test_a_named_kernels_refusal_is_one_line_naming_kernels_that_take_the_call)
+    cases = [("none", "windows", c) for c in (False, True)]
+    cases += [(m, lay, c) for m in RUN_MASKS for lay in ("full", "packed", "drop") for c in (False, True)]
     for mask_kind, layout, causal in cases:
         if interpreted and (mask_kind.endswith("_bool") or mask_kind == "square"):
             continue
@@ -196,15 +204,6 @@ def check_calls(impl: str, pos: str, interpreted: bool = False) -> None:
             ref = Attention(HEADS * HEAD_DIM, HEADS, attn_impl="eager", **kw)
             ref.load_state_dict(a.state_dict())
             torch.testing.assert_close(out, ref(x, grid, mask), rtol=1e-4, atol=1e-5, msg=str(where))
-    if not kernel.takes_dropout:
-        return  # (refused where it is built: test_a_named_kernels_refusal_is_one_line_naming_kernels_that_take...)
-    torch.manual_seed(0)
-    a = Attention(HEADS * HEAD_DIM, HEADS, pos=pos, grid=GRID, attn_impl=impl, attn_drop=0.5)
-    x = torch.randn(2, GRID.n, HEADS * HEAD_DIM)
-    with torch.no_grad():
-        kept = a.eval()(x, GRID)
-        dropped = a.train()(x, GRID)
-    assert (dropped - kept).abs().max() > 1e-3, f"attn_impl={impl!r} declares takes_dropout and dropped nothing"
 
 
 @pytest.mark.parametrize("impl", [k for k in list_kernels() if k not in NOT_RUN])

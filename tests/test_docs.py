@@ -1,12 +1,12 @@
 """The docs stay readable and agree with the registries.
 
 No prose paragraph in README.md or docs/*.md runs over 150 words (tables, code blocks and headings aside);
-docs/gpu.md is a guide of at most 300 lines; every place that lists the attention kernels names exactly the
-registered ones (:func:`vitrel.kernels.list_kernels`), README's scheme table has a row for every registered scheme
-(:func:`vitrel.list_pos`) and no other, docs/gpu.md's table of ``auto``'s rules is :data:`vitrel.kernels.AUTO`,
-and no file refers to a result by a name it no longer has (bench/results/README.md keeps the old names);
-docs/training.md's table of config groups names every file of each conf/ group and no other; a signature the docs
-spell out in full is the code's; every relative Markdown link names a file and heading that exist.
+docs/gpu.md is a guide of at most 300 lines; its table of attention kernels names exactly the registered ones
+(:func:`vitrel.kernels.list_kernels`) and no other place names one that is not; README's scheme table has a row for
+every registered scheme (:func:`vitrel.list_pos`) and no other, docs/gpu.md's table of ``auto``'s rules is
+:data:`vitrel.kernels.AUTO`, and no file refers to a result by a name it no longer has (bench/results/README.md keeps
+the old names); docs/training.md's table of config groups names every file of each conf/ group and no other; a
+signature the docs spell out in full is the code's; every relative Markdown link names a file and heading that exist.
 """
 
 from __future__ import annotations
@@ -132,13 +132,11 @@ def read(rel: str) -> str:
     return (ROOT / rel).read_text()
 
 
-#: every place that lists the kernels, and how to read the names it lists
+#: the place that lists every kernel: a new kernel is one file, one test and one row here
+KERNEL_TABLE = "docs/gpu.md (table)"
+#: every place that names kernels, and how to read the names it names; only KERNEL_TABLE must name them all
 KERNEL_LISTS = {
-    "vitrel/models/vit.py": lambda: pipe_list(arg_doc(ROOT / "vitrel/models/vit.py", "attn_impl")),
-    "vitrel/models/swin.py": lambda: pipe_list(arg_doc(ROOT / "vitrel/models/swin.py", "attn_impl")),
-    "vitrel/layers/attention.py": lambda: pipe_list(arg_doc(ROOT / "vitrel/layers/attention.py", "attn_impl")),
-    "vitrel/kernels/__init__.py": lambda: pipe_list(read("vitrel/kernels/__init__.py").split('"""')[1]),
-    "docs/gpu.md (table)": lambda: first_cell_names(table_rows(read("docs/gpu.md"), "| `attn_impl` |")),
+    KERNEL_TABLE: lambda: first_cell_names(table_rows(read("docs/gpu.md"), "| `attn_impl` |")),
     "docs/gpu.md (sections)": lambda: set(re.findall(r"^### `(\w+)`$", read("docs/gpu.md"), flags=re.M)),
     "README.md": lambda: first_cell_names(table_rows(read("README.md"), "| `attn_impl` |")),
 }
@@ -148,10 +146,19 @@ KERNEL_LISTS = {
 def test_kernel_lists_name_the_registered_kernels(place):
     named = KERNEL_LISTS[place]() - {"auto"}
     registered = set(list_kernels())
-    assert named == registered, (
+    stale, missing = named - registered, registered - named if place == KERNEL_TABLE else set()
+    assert not stale and not missing, (
         f"{place} lists the kernels {sorted(named)}; registered: {sorted(registered)} "
-        f"(missing {sorted(registered - named)}, not registered {sorted(named - registered)})"
+        f"(missing {sorted(missing)}, not registered {sorted(stale)})"
     )
+
+
+def test_no_docstring_lists_the_kernels():
+    """The code's docstrings point at :func:`vitrel.kernels.list_kernels` and docs/gpu.md instead of listing the
+    kernels: a list there was one more file a new kernel had to edit (seven places in five files did)."""
+    for path in ["vitrel/models/vit.py", "vitrel/models/swin.py", "vitrel/layers/attention.py"]:
+        assert len(pipe_list(arg_doc(ROOT / path, "attn_impl"))) < 2, path
+    assert len(pipe_list(read("vitrel/kernels/__init__.py").split('"""')[1])) < 2
 
 
 def test_readme_scheme_table_has_a_row_per_registered_scheme():

@@ -62,6 +62,9 @@ SKIP: dict[tuple[str, str], str] = {
     ("docs/schemes.md", '@register_pos("rope_random")'): (
         "registers a scheme in the global registry: tests/pos/test_add_scheme.py runs it, then restores it"
     ),
+    ("docs/gpu.md", '@register_kernel("chunked")'): (
+        "registers a kernel in the global registry: tests/kernels/test_add_kernel.py runs it, then restores it"
+    ),
 }
 
 # (file, a statement of its blocks as written, less its comment) -> (the result its comment states, as written; that

@@ -173,7 +173,7 @@ def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, 
         raise ValueError(f"dynamic must be one of {DYNAMIC}, got {dynamic!r}")
     kernels = _kernels(model)
     if onnx:
-        bad = sorted(k for k in kernels if k == "flex" or not get_kernel(k).onnx)
+        bad = sorted(k for k in kernels if not get_kernel(k).onnx)
         if bad:
             raise ValueError(
                 f"attn_impl={bad[0]!r} runs a kernel that ONNX has no operator for (a vitrel custom op, or "

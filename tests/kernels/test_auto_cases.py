@@ -143,43 +143,74 @@ def _call(kind: str, mask_kind: str, prefix: int):
     return x, GRID if kind == "full" else layout, mask
 
 
-#: a scheme each kernel run here takes (``triton`` through Triton's interpreter; ``flex`` is left out: compiled per
-#: shape, slow on the CPU, and no AUTO rule names it)
+#: a scheme each kernel run here takes (another kernel: the first of :data:`SCHEMES` it takes on an image grid)
 RUNS = {"sdpa": "rel2d_full", "eager": "shaw2d_full", "fold": "rel2d_bucket", "shaw": "shaw2d_factored",
         "triton": "rel2d_cpb"}  # fmt: skip
+#: kernels left out here, and why
+NOT_RUN = {
+    "flex": "compiled per shape, slow on the CPU, and no AUTO rule names it: tests/kernels/test_flex.py",
+    "triton_atomic": "triton's forward, which is all this runs",
+}
 RUN_MASKS = ["none", "key", "key_bool", "head", "head_bool", "shared", "shared_bool", "query", "square"]
 
 
-@pytest.mark.parametrize("impl", list(RUNS))
-def test_a_kernel_refuses_exactly_the_calls_it_declares(impl):
-    """Each mask (float and boolean) x layout (full grid with a prefix token, packed, token-dropped, windows) x causal,
-    run forward by the named kernel: it refuses, with the declared sentence, exactly the calls
-    :meth:`~vitrel.kernels.Kernel.refuses_inputs` declares, and computes the others as ``eager`` does (the reference:
-    every case). The measured rules' kernels run forward here only: ``triton``'s backward, through the interpreter, is
-    ``tests/kernels/test_triton_bias.py``'s."""
+def run_scheme(impl: str) -> str:
+    """The scheme :func:`check_calls` runs ``impl`` with."""
     kernel = get_kernel(impl)
-    cases = [(m, lay, c) for m in RUN_MASKS for lay in ("full", "packed", "drop") for c in (False, True)]
-    cases += [("none", "windows", c) for c in (False, True)]
+    takes = [n for n, s in SCHEMES.items() if s.grid_dims != 3 and kernel.refuses(s) is None]
+    return RUNS.get(impl) or next(n for n in ["rel2d_full", *takes] if n in takes)
+
+
+def check_calls(impl: str, pos: str, interpreted: bool = False) -> None:
+    """Each mask (float and boolean) x layout (full grid with a prefix token, packed, token-dropped, windows) x
+    causal, run forward by ``impl`` on ``pos``: it refuses, with the declared sentence, exactly the calls
+    :meth:`~vitrel.kernels.Kernel.refuses_inputs` and ``takes_layout`` declare, and computes the others as ``eager``
+    does (the reference: every case); with attention dropout it drops weights (``takes_dropout``) or is refused where
+    it is built. ``interpreted``: boolean and ``[N, N]`` masks left out (they reach the kernel as the float masks of
+    ``shared`` and ``key``: Triton's interpreter's time)."""
+    kernel = get_kernel(impl)
+    if kernel.takes_dropout:
+        torch.manual_seed(0)
+        a = Attention(HEADS * HEAD_DIM, HEADS, pos=pos, grid=GRID, attn_impl=impl, attn_drop=0.5)
+        x = torch.randn(2, GRID.n, HEADS * HEAD_DIM)
+        with torch.no_grad():
+            kept, dropped = a.eval()(x, GRID), a.train()(x, GRID)
+        assert (dropped - kept).abs().max() > 1e-3, f"attn_impl={impl!r} declares takes_dropout and dropped nothing"
+    # (else refused where it is built: test_a_named_kernels_refusal_is_one_line_naming_kernels_that_take_the_call)
+    cases = [("none", "windows", c) for c in (False, True)]
+    cases += [(m, lay, c) for m in RUN_MASKS for lay in ("full", "packed", "drop") for c in (False, True)]
     for mask_kind, layout, causal in cases:
-        if impl == "triton" and (mask_kind.endswith("_bool") or mask_kind == "square"):
-            continue  # (the interpreter's time: these reach the kernel as the float masks of "shared" and "key")
+        if interpreted and (mask_kind.endswith("_bool") or mask_kind == "square"):
+            continue
         prefix = 0 if layout == "windows" else 1
         torch.manual_seed(0)
         x, grid, mask = _call(layout, mask_kind, prefix)
-        kw = dict(pos=RUNS[impl], grid=GRID, num_prefix_tokens=prefix if layout == "full" else 0, causal=causal)
+        kw = dict(pos=pos, grid=GRID, num_prefix_tokens=prefix if layout == "full" else 0, causal=causal)
         a = Attention(HEADS * HEAD_DIM, HEADS, attn_impl=impl, **kw)
-        declared = kernel.refuses_inputs(mask, causal, layout in ("packed", "drop"))
+        tokens = layout in ("packed", "drop")
+        declared = kernel.refuses_inputs(mask, causal, tokens)
+        no_layout = tokens and not kernel.takes_layout
         where = (impl, mask_kind, layout, causal)
         with torch.no_grad():
             try:
                 out = a(x, grid, mask)
             except ValueError as e:
-                assert str(e) == declared, (where, str(e))
+                assert str(e) == declared or (declared is None and no_layout and "does not take packed" in str(e)), (
+                    where,
+                    str(e),
+                )
                 continue
-            assert declared is None, (where, declared)
+            assert declared is None and not no_layout, (where, declared)
             ref = Attention(HEADS * HEAD_DIM, HEADS, attn_impl="eager", **kw)
             ref.load_state_dict(a.state_dict())
             torch.testing.assert_close(out, ref(x, grid, mask), rtol=1e-4, atol=1e-5, msg=str(where))
+
+
+@pytest.mark.parametrize("impl", [k for k in list_kernels() if k not in NOT_RUN])
+def test_a_kernel_refuses_exactly_the_calls_it_declares(impl):
+    """:func:`check_calls` for every kernel. The measured rules' kernels run forward here only: ``triton``'s
+    backward, through the interpreter, is ``tests/kernels/test_triton_bias.py``'s."""
+    check_calls(impl, run_scheme(impl), interpreted=impl == "triton")
 
 
 # ---- a named kernel's refusals: one line, naming kernels that take the call

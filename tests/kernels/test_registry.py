@@ -27,7 +27,26 @@ def test_every_kernel_is_registered_and_declared():
         register_kernel("sdpa")(type("Again", (Kernel,), {}))
 
 
-@pytest.mark.parametrize("impl", ["sdpa", "eager", "fold", "flex", "triton", "shaw"])
+def test_register_kernel_refuses_a_kernel_that_declares_no_reads_or_no_attend(monkeypatch):
+    """A kernel without ``reads`` (the base's empty default) was prepared states without the bias it read, and ran
+    without it, silently (docs/gpu.md's example kernel less its ``reads`` line: 0.28 off eager's output of 0.60 on
+    ``rel2d_full``); now registering it raises, naming the declaration. So does a read no state holds, and no
+    ``attend``."""
+    from vitrel.kernels import registry
+    from vitrel.kernels.eager import EagerKernel
+
+    monkeypatch.setattr(registry, "_KERNELS", dict(registry._KERNELS))  # (restored after)
+    with pytest.raises(TypeError, match=r"NoReads declares reads = frozenset\(\): declare the state fields"):
+        register_kernel("no_reads")(type("NoReads", (Kernel,), {"attend": EagerKernel.attend}))
+    with pytest.raises(TypeError, match="declares reads = {'mask'}"):
+        register_kernel("mask")(type("Mask", (Kernel,), {"reads": frozenset({"mask"}), "attend": EagerKernel.attend}))
+    with pytest.raises(TypeError, match="NoAttend defines no attend"):
+        register_kernel("no_attend")(type("NoAttend", (Kernel,), {"reads": frozenset({"bias"})}))
+    assert register_kernel("again")(type("Again", (EagerKernel,), {})).name == "again"
+    assert not {"no_reads", "mask", "no_attend"} & set(registry._KERNELS)
+
+
+@pytest.mark.parametrize("impl", list_kernels())
 @pytest.mark.parametrize("name", RELATIVE)
 def test_prepare_builds_only_what_the_kernel_reads(impl, name):
     """A state carries the inputs its kernel reads and none of the others; a kernel that cannot run the scheme says
@@ -196,6 +215,24 @@ def test_layout_refused_by_a_kernel_that_does_not_take_it(monkeypatch):
     )
     with pytest.raises(ValueError, match="does not take packed"):
         m([torch.randn(3, 16, 16), torch.randn(3, 8, 16)])
+
+
+def test_onnx_export_refuses_exactly_the_kernels_that_declare_no_onnx():
+    """``--onnx`` is refused by what a kernel declares (``Kernel.onnx``), for every registered kernel: ``flex``
+    declared ``onnx = True`` and was refused by its name in vitrel/export.py, so ``get_kernel("flex").onnx`` was
+    wrong and the declaration was read for every kernel but the one that needed it."""
+    from torch import nn
+
+    from vitrel.export import check_exportable
+
+    for name in list_kernels():
+        m = nn.Module()
+        m.attn_impl = name
+        if get_kernel(name).onnx:
+            check_exportable(m, "static", onnx=True)
+        else:
+            with pytest.raises(ValueError, match=f"attn_impl={name!r} runs a kernel that ONNX has no operator for"):
+                check_exportable(m, "static", onnx=True)
 
 
 # ---- attn_impl: sdpa (bias as a float mask), fold (a factored bias folded into q and k), eager.

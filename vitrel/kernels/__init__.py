@@ -1,6 +1,6 @@
-"""Attention kernels, one file each, behind one registry (:mod:`vitrel.kernels.registry`): ``sdpa`` | ``eager`` |
-``fold`` | ``flex`` | ``triton`` (the fused Triton kernel) | ``triton_atomic`` | ``shaw``. Every module here that does
-not start with ``_`` is imported, so a new kernel is one new file (and its test)."""
+"""Attention kernels, one file each, behind one registry (:mod:`vitrel.kernels.registry`; :func:`list_kernels` names
+them, docs/gpu.md describes them). Every module here that does not start with ``_`` is imported, so a new kernel is
+one new file, its test and its row in docs/gpu.md's table (docs/gpu.md, "Adding a kernel")."""
 
 import importlib
 import pkgutil

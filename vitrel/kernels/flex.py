@@ -223,6 +223,7 @@ def with_causal_blocks(block_mask: Any, heads: int, n: int, device: torch.device
 @register_kernel("flex")
 class FlexKernel(OffsetTableKernel):
     window_layouts = True
+    onnx = False  # (ONNX has no FlexAttention operator)
 
     @classmethod
     def skip_blocks(cls, table, grid, num_prefix_tokens):

@@ -21,8 +21,9 @@ A kernel computes ``dropout(softmax(q k^T * scale + bias + mask)) v`` for ``[B, 
 
 ``attn_impl`` is a kernel's name or ``auto``: :func:`select_kernel` reads :data:`AUTO` (per device, decided by
 measurement: ``bench/gpu.py``), then takes the kernel that declares itself a scheme's own path
-(:meth:`Kernel.default_for`: Shaw's), and falls back to ``sdpa`` where nothing better is known. A new kernel is one file
-and one test; nothing else names it.
+(:meth:`Kernel.default_for`: Shaw's), and falls back to ``sdpa`` where nothing better is known. A new kernel is one
+file, one test and a row of docs/gpu.md's table of kernels (docs/gpu.md, "Adding a kernel"); the shared tests
+(tests/kernels/test_conformance.py, test_auto_cases.py) check what it declares against what it computes.
 """
 
 from __future__ import annotations
@@ -170,10 +171,24 @@ class Kernel:
         raise NotImplementedError
 
 
+#: the :class:`~vitrel.pos.base.PosState` fields a kernel may read (``Kernel.reads``)
+READS = frozenset({"bias", "factors", "table", "block_mask"})
+
+
 def register_kernel(name: str) -> Callable[[type[Kernel]], type[Kernel]]:
+    """Class decorator: make a kernel runnable as ``attn_impl=name``. The class must declare what it reads
+    (``reads``, some of :data:`READS`: a state holds only those) and define ``attend``."""
+
     def deco(cls: type[Kernel]) -> type[Kernel]:
         if name in _KERNELS or name == "auto":
             raise ValueError(f"attention kernel {name!r} is registered already")
+        if not cls.reads or not cls.reads <= READS:
+            raise TypeError(
+                f"{cls.__name__} declares reads = {set(cls.reads) or 'frozenset()'}: declare the state fields attend "
+                f"reads, some of {sorted(READS)} (a state holds only those; e.g. reads = frozenset({{'bias'}}))"
+            )
+        if cls.attend.__func__ is Kernel.attend.__func__:
+            raise TypeError(f"{cls.__name__} defines no attend()")
         cls.name = name
         _KERNELS[name] = cls
         return cls

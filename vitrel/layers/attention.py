@@ -67,13 +67,8 @@ class Attention(nn.Module):
         causal: add a causal mask (1-D sequences).
         layer: ``(index, number of layers)`` of the block, handed to a scheme built here from a name or
             config (per-layer schedules); a model builds its blocks' schemes itself and passes them as modules.
-        attn_impl: ``auto`` or a registered kernel (:mod:`vitrel.kernels`): ``sdpa`` (the bias as SDPA's float
-            mask) | ``fold`` (a factored bias folded into the queries and keys, no mask; ``rel2d_factored``,
-            ``rel2d_bucket``) | ``flex`` (FlexAttention reading the bias by offset; inference on CPU) | ``triton``
-            (the fused Triton kernel reading the offset table, with its gradient; rotary schemes' q and k rotated by
-            the fused rotation, :mod:`vitrel.kernels.triton.rope`; CUDA, or CPU under ``TRITON_INTERPRET=1``) |
-            ``triton_atomic`` (``triton`` with ``dq`` by atomics) | ``shaw`` (Shaw's schemes) | ``eager`` (softmax
-            written out). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
+        attn_impl: ``auto`` or a registered kernel (:func:`vitrel.kernels.list_kernels`; what each does and when to
+            pick it: docs/gpu.md). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
             else ``sdpa``. May be set on a built layer (``model.blocks[0].attn.attn_impl = "eager"``): checked at
             the assignment (an unknown name, or a kernel that cannot run the layer's scheme, raises there), then
             honoured: that layer runs the named kernel, also on the states its model prepares for all its blocks

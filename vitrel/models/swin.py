@@ -91,8 +91,8 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
             embedding (at the input, on the patch grid) and no relative scheme.
         abs_pos: an absolute scheme added to the relative one (Swin's ``ape``).
         pos_share: one relative scheme per stage shared by its blocks (True), or one per block.
-        attn_impl: attention kernel, ``auto`` or a registered one: ``sdpa`` | ``eager`` | ``fold`` | ``flex`` |
-            ``triton`` | ``triton_atomic`` | ``shaw`` (what each does and when to pick it: docs/gpu.md).
+        attn_impl: attention kernel, ``auto`` or a registered one (:func:`vitrel.kernels.list_kernels`; what each
+            does and when to pick it: docs/gpu.md).
         dynamic_img_size, strict_img_size: timm's input-size arguments (None: not given). The model reads the
             grid from the input, so by default any size runs; ``strict_img_size=True`` refuses inputs other
             than ``img_size`` (see :mod:`vitrel.models.input_size`).

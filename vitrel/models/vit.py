@@ -73,8 +73,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         pos_share: one relative scheme shared by all blocks (True) or one per block (False).
         token_drop: NaViT's token dropping in training: the fraction of each image's patch tokens dropped (the kept
             ones keep their coordinates), or ``(low, high)`` to draw each image's fraction uniformly; 0: none.
-        attn_impl: attention kernel, ``auto`` or a registered one: ``sdpa`` | ``eager`` | ``fold`` | ``flex`` |
-            ``triton`` | ``triton_atomic`` | ``shaw`` (what each does and when to pick it: docs/gpu.md).
+        attn_impl: attention kernel, ``auto`` or a registered one (:func:`vitrel.kernels.list_kernels`; what each
+            does and when to pick it: docs/gpu.md).
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: dropouts / stochastic depth.
         norm_eps: LayerNorm epsilon.
         dynamic_img_size, strict_img_size: timm's input-size arguments (None: not given). The model reads the

@@ -468,8 +468,9 @@ def test_fmnist_naflex_experiment_trains_a_swin(tmp_path):
     assert "token_drop" not in cfg.model
     metrics = train(cfg, callbacks=[Batches()])
     assert seen == [True, True] and 0.0 <= metrics["val/acc1"] <= 1.0
-    with pytest.raises(TypeError, match="token_drop=0.25 \\(NaViT token dropping is the ViT's"):
-        vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", token_drop=0.25)
+    for name in ("vitrel_swin_tiny_patch2_window4_32", "vitrel_vit_video_tiny_patch4_32"):
+        with pytest.raises(TypeError, match=r"token_drop=0.25 \(NaViT token dropping is the image ViT's"):
+            vitrel.create_model(name, token_drop=0.25)
 
 
 # ------------------------------------------------------------------------------------------ item 21

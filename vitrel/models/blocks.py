@@ -137,7 +137,7 @@ _OTHER_BACKBONE = {
     "grad_checkpointing": (
         "not built in: model.set_grad_checkpointing() as timm's; train.py: module.grad_checkpointing=true"
     ),
-    "token_drop": "NaViT token dropping is the ViT's: the Swin needs every image's full grid",
+    "token_drop": "NaViT token dropping is the image ViT's (vitrel_vit_*): this model attends over every token",
     "class_token": "the ViT's",
     "reg_tokens": "the ViT's",
     "depth": "the ViT's (the Swin takes depths per stage)",

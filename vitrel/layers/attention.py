@@ -13,7 +13,8 @@ float mask, or the scheme's own kernel; attention dropout goes into the same cal
 returns ``A`` eagerly for inspection (:func:`~vitrel.kernels.common.eager_logits`, the expression the
 eager path of schemes with content terms also uses).
 
-Position state: a layer called with a grid prepares its scheme for it (``attn(x, grid)``). A model
+Position state: a layer called with a grid prepares its scheme for it (``attn(x, grid)``); called without one, for
+the grid it was built for (``attn(x)``, as timm's ``Block`` calls its ``attn``). A model
 prepares every block's state once per forward and passes it instead (``attn(x, pos_state=state)``): the
 state carries the grid and prefix count it was prepared for. A layer built with ``pos="shared"`` owns no
 scheme and always takes its model's state.
@@ -37,7 +38,7 @@ from vitrel.kernels import Kernel, check_choice, resolve
 from vitrel.kernels.common import eager_logits, merge_masks
 from vitrel.kernels.triton.rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
-from vitrel.layout.geometry import as_grid
+from vitrel.layout.geometry import as_grid, grid_str
 from vitrel.layout.heads import widened_precision
 from vitrel.layout.tokens import TokenLayout, isolate_images, poison, segment_mask
 from vitrel.pos.base import PositionScheme, PosState
@@ -200,8 +201,14 @@ class Attention(nn.Module):
                 "this attention layer uses its model's shared position scheme (pos='shared'): pass "
                 "pos_state=scheme.prepare(grid, num_prefix_tokens, x.device, x.dtype)"
             )
-        if grid is None:
-            raise ValueError("pass the tokens' grid (H, W), or a pos_state prepared for it")
+        if grid is None:  # the grid the layer was built for, as timm's layers (a timm Block passes no grid)
+            grid = self.pos.grid
+            if x.dim() == 3 and x.shape[1] != self.num_prefix_tokens + grid.n:
+                raise ValueError(
+                    f"this layer was built for grid {grid_str(grid)} with {self.num_prefix_tokens} prefix token(s), "
+                    f"{self.num_prefix_tokens + grid.n} tokens, but the input has {x.shape[1]}: pass the tokens' "
+                    "grid=(H, W) to the forward (or build the layer with their grid and num_prefix_tokens)"
+                )
         if isinstance(grid, TokenLayout):
             n = grid.num_tokens
         else:
@@ -263,12 +270,22 @@ class Attention(nn.Module):
 
     # ------------------------------------------------------------------------------- public
     def forward(
-        self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None
+        self,
+        x: Tensor,
+        grid: Any = None,
+        mask: Tensor | TokenLayout | None = None,
+        pos_state: PosState | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
     ) -> Tensor:
-        """``x [B, N, C]`` -> ``[B, N, C]``, the tokens on ``grid`` or on the grid ``pos_state`` (a model's state of
-        this layer's or its shared scheme) was prepared for. ``mask``: the windows' layout
-        (:meth:`~vitrel.layout.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a float mask broadcastable
-        to ``[B, heads, N, N]``."""
+        """``x [B, N, C]`` -> ``[B, N, C]``, the tokens on ``grid`` (default: the grid the layer was built for) or on
+        the grid ``pos_state`` (a model's state of this layer's or its shared scheme) was prepared for. ``mask``: the
+        windows' layout (:meth:`~vitrel.layout.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a bool
+        (True: attend) or float mask broadcastable to ``[B, heads, N, N]``. ``attn_mask`` and ``is_causal`` are timm's
+        ``Attention.forward`` arguments (what timm's ``Block`` passes): ``attn_mask`` is ``mask``; ``is_causal=True``
+        needs a layer built with ``causal=True``."""
+        mask = self._timm_args(mask, attn_mask, is_causal)
         st = self._state(x, grid, pos_state, mask)
         q, k, v = self._qkv(x, st)
         if st.layout is not None:  # packed images: no image reads another's values (vitrel.layout.tokens)
@@ -288,6 +305,16 @@ class Attention(nn.Module):
             out = out.clone(memory_format=torch.contiguous_format)
         out = out.reshape(b, n, c)
         return self.proj_drop(self.proj(out))
+
+    def _timm_args(self, mask: Any, attn_mask: Tensor | None, is_causal: bool) -> Any:
+        """The mask from ``mask`` or timm's ``attn_mask``; timm's ``is_causal`` checked against the layer's."""
+        if is_causal and not self.causal:
+            raise ValueError("is_causal=True: this layer was built without a causal mask; build it with causal=True")
+        if attn_mask is None:
+            return mask
+        if mask is not None:
+            raise ValueError("pass the mask as mask or attn_mask (timm's name), not both")
+        return attn_mask
 
     def logits(
         self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None

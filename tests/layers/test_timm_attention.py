@@ -1,0 +1,83 @@
+"""``vitrel.Attention`` in a model of the user's own: as a drop-in for the ``attn`` of timm's ViT blocks.
+
+timm's ``Block`` calls ``self.attn(x, attn_mask=..., is_causal=...)`` and no grid: the layer then attends on the grid
+it was built for, takes timm's mask, and refuses what it cannot honour in one line naming the fix.
+"""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+
+from vitrel import Attention
+
+GRID = (4, 6)  # H != W: a grid inferred from the token count alone would be wrong
+
+
+def timm_pair(pos: str = "none", **kw):
+    """A timm ViT (float64, eval) and a copy of it whose blocks' ``attn`` are vitrel layers with ``pos``."""
+    torch.manual_seed(0)
+    args = dict(pretrained=False, depth=2, img_size=(GRID[0] * 16, GRID[1] * 16), **kw)
+    ref = timm.create_model("vit_tiny_patch16_224", **args).double().eval()
+    m = timm.create_model("vit_tiny_patch16_224", **args).double().eval()
+    for blk in m.blocks:
+        blk.attn = Attention(192, 3, pos=pos, grid=GRID, num_prefix_tokens=m.num_prefix_tokens).double()
+    missing, unexpected = m.load_state_dict(ref.state_dict(), strict=False)  # timm's names: qkv, proj
+    assert not unexpected
+    return ref, m, missing
+
+
+def test_no_position_reproduces_timm_vit():
+    ref, m, missing = timm_pair("none")
+    assert not missing
+    x = torch.randn(2, 3, GRID[0] * 16, GRID[1] * 16, dtype=torch.float64)
+    torch.testing.assert_close(m(x), ref(x), rtol=1e-12, atol=1e-12)
+
+
+def test_registers_and_timm_weights_with_a_learned_table():
+    ref, m, missing = timm_pair("rel2d_full", reg_tokens=2)
+    assert sorted(missing) == ["blocks.0.attn.pos.table", "blocks.1.attn.pos.table"]
+    x = torch.randn(2, 3, GRID[0] * 16, GRID[1] * 16, dtype=torch.float64)
+    with torch.no_grad():
+        m.blocks[0].attn.pos.table.normal_()
+    assert (m(x) - ref(x)).abs().max() > 1e-3  # the scheme acts
+    with torch.no_grad():
+        for blk in m.blocks:
+            blk.attn.pos.table.zero_()
+    torch.testing.assert_close(m(x), ref(x), rtol=1e-12, atol=1e-12)  # a zero table: timm's function
+
+
+def test_without_a_grid_the_layer_attends_on_its_built_grid():
+    torch.manual_seed(0)
+    a = Attention(24, 3, pos="rel2d_full", grid=GRID, num_prefix_tokens=1).double()
+    with torch.no_grad():
+        a.pos.table.normal_()
+    x = torch.randn(2, 1 + GRID[0] * GRID[1], 24, dtype=torch.float64)
+    torch.testing.assert_close(a(x), a(x, grid=GRID), rtol=0, atol=0)
+    with pytest.raises(ValueError, match=r"built for .*4x6.* 25 tokens.*has 31.*grid=\(H, W\)"):
+        a(torch.randn(2, 31, 24, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_timm_attn_mask_is_the_mask(kind):
+    torch.manual_seed(0)
+    a = Attention(24, 3, pos="alibi2d", grid=GRID, num_prefix_tokens=1).double()
+    n = 1 + GRID[0] * GRID[1]
+    x = torch.randn(2, n, 24, dtype=torch.float64)
+    keep = torch.ones(2, 1, 1, n, dtype=torch.bool)
+    keep[1, ..., 20:] = False
+    mask = keep if kind == "bool" else torch.zeros(keep.shape, dtype=x.dtype).masked_fill(~keep, float("-inf"))
+    torch.testing.assert_close(a(x, attn_mask=mask), a(x, GRID, mask), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="mask or attn_mask"):
+        a(x, mask=mask, attn_mask=mask)
+
+
+def test_is_causal_on_a_layer_built_without_it_is_refused():
+    a = Attention(24, 3, pos="alibi2d", grid=GRID)
+    x = torch.randn(2, GRID[0] * GRID[1], 24)
+    with pytest.raises(ValueError, match=r"is_causal=True.*causal=True"):
+        a(x, is_causal=True)
+    c = Attention(24, 3, pos="alibi1d", grid=GRID, causal=True)
+    torch.testing.assert_close(c(x, is_causal=True), c(x, grid=GRID))
+

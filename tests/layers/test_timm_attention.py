@@ -81,3 +81,11 @@ def test_is_causal_on_a_layer_built_without_it_is_refused():
     c = Attention(24, 3, pos="alibi1d", grid=GRID, causal=True)
     torch.testing.assert_close(c(x, is_causal=True), c(x, grid=GRID))
 
+
+def test_a_key_padding_mask_of_the_wrong_rank_is_one_line():
+    a = Attention(24, 3, pos="alibi2d", grid=GRID, num_prefix_tokens=1)
+    x = torch.randn(2, 1 + GRID[0] * GRID[1], 24)
+    keep = torch.ones(2, x.shape[1], dtype=torch.bool)
+    with pytest.raises(ValueError, match=r"\[2, 25\].*\[B, heads, N, N\].*mask\[:, None, None, :\]"):
+        a(x, GRID, keep)
+    torch.testing.assert_close(a(x, GRID, keep[:, None, None, :]), a(x, GRID))

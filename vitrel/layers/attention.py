@@ -263,10 +263,22 @@ class Attention(nn.Module):
                     raise ValueError(f"batch {b} is not a multiple of the {nw} windows of the mask")
                 if not per_window:
                     mask = mask.to(dtype).repeat(b // nw, 1, 1)[:, None]  # [B, 1, n, n]
+            if mask.dim() != 3:
+                self._check_mask_shape(mask, b, n)
         if self.causal and causal:
             c = torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
             mask = c if mask is None else mask + c
         return mask
+
+    def _check_mask_shape(self, mask: Tensor, b: int, n: int) -> None:
+        """A mask that does not broadcast to ``[B, heads, N, N]`` is one line naming the shapes (a key padding mask
+        ``[B, N]`` failed inside the kernel with a broadcasting error)."""
+        want = (b, self.num_heads, n, n)
+        if mask.dim() > 4 or any(s not in (1, w) for s, w in zip(reversed(mask.shape), reversed(want))):
+            raise ValueError(
+                f"mask of shape {list(mask.shape)} does not broadcast to [B, heads, N, N] = {list(want)}: "
+                "a key padding mask [B, N] is mask[:, None, None, :]"
+            )
 
     # ------------------------------------------------------------------------------- public
     def forward(

@@ -11,6 +11,7 @@ import timm
 import torch
 
 from vitrel import Attention
+from vitrel.pos import build_pos
 
 GRID = (4, 6)  # H != W: a grid inferred from the token count alone would be wrong
 
@@ -57,6 +58,10 @@ def test_without_a_grid_the_layer_attends_on_its_built_grid():
     torch.testing.assert_close(a(x), a(x, grid=GRID), rtol=0, atol=0)
     with pytest.raises(ValueError, match=r"built for .*4x6.* 25 tokens.*has 31.*grid=\(H, W\)"):
         a(torch.randn(2, 31, 24, dtype=torch.float64))
+    # a scheme built elsewhere for another grid: the layer's grid is the forward's, the scheme's sizes its table
+    b = Attention(24, 3, pos=build_pos("rel2d_full", num_heads=3, head_dim=8, grid=(2, 2)), grid=GRID).double()
+    x = torch.randn(2, GRID[0] * GRID[1], 24, dtype=torch.float64)
+    torch.testing.assert_close(b(x), b(x, grid=GRID), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("kind", ["bool", "float"])

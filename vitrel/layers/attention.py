@@ -62,7 +62,8 @@ class Attention(nn.Module):
             (``forward(..., pos_state=...)``). Absolute schemes (``ape``, ``sincos2d``) act at the
             input of the network, not inside attention: they are refused here (give them to a
             model as ``abs_pos=``).
-        grid: the grid (or window) the scheme is built for; sizes learned tables.
+        grid: the grid (or window) the scheme is built for (sizes learned tables), and the forward's grid when it is
+            given none.
         num_prefix_tokens: class/register tokens ahead of the patch tokens.
         qkv_bias, attn_drop, proj_drop: as in timm.
         causal: add a causal mask (1-D sequences).
@@ -112,6 +113,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.pos: PositionScheme | None = None
+        self.grid = as_grid(grid)  # the forward's grid when it is given none
         if pos == SHARED:
             if pos_options:
                 raise ValueError(f"pos='shared' takes no scheme options, got {sorted(pos_options)}")
@@ -202,7 +204,7 @@ class Attention(nn.Module):
                 "pos_state=scheme.prepare(grid, num_prefix_tokens, x.device, x.dtype)"
             )
         if grid is None:  # the grid the layer was built for, as timm's layers (a timm Block passes no grid)
-            grid = self.pos.grid
+            grid = self.grid
             if x.dim() == 3 and x.shape[1] != self.num_prefix_tokens + grid.n:
                 raise ValueError(
                     f"this layer was built for grid {grid_str(grid)} with {self.num_prefix_tokens} prefix token(s), "

@@ -42,7 +42,7 @@ from vitrel.layout.geometry import as_grid, grid_str
 from vitrel.layout.heads import widened_precision
 from vitrel.layout.tokens import TokenLayout, isolate_images, poison, segment_mask
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.registry import parse_pos
+from vitrel.pos.registry import parse_pos, scheme_options
 
 __all__ = ["Attention", "SHARED"]
 
@@ -119,6 +119,7 @@ class Attention(nn.Module):
                 raise ValueError(f"pos='shared' takes no scheme options, got {sorted(pos_options)}")
             return
         if not isinstance(pos, PositionScheme):  # a name or config: parsed once, built with this layer's arguments
+            self._check_keywords(parse_pos("none" if pos is None else pos).cls, pos_options)
             pos = parse_pos("none" if pos is None else pos, **pos_options).build(
                 num_heads=num_heads,
                 head_dim=self.head_dim,
@@ -129,7 +130,10 @@ class Attention(nn.Module):
                 causal=causal,  # e.g. T5's one-directional buckets under a causal mask
             )
         elif pos_options:
-            raise ValueError(f"scheme options {sorted(pos_options)} given with a built scheme ({pos.name})")
+            raise TypeError(
+                f"Attention() got unexpected keyword argument(s) {sorted(pos_options)}: not its own arguments, and a "
+                f"built scheme ({pos.name}) takes its options where it is built"
+            )
         if pos.kind == "absolute":
             raise ValueError(
                 f"{pos.name!r} is an absolute position scheme: it adds an embedding to the tokens at the input of the "
@@ -167,6 +171,17 @@ class Attention(nn.Module):
         return resolve(self.attn_impl, scheme, n_tokens, device, self.drops_weights, dtype, **case)
 
     # ------------------------------------------------------------------------------ internals
+    @staticmethod
+    def _check_keywords(cls: type[PositionScheme], pos_options: dict[str, Any]) -> None:
+        """Keywords that are not the scheme's options are refused as the layer's own, as Python refuses them (timm's
+        ``qk_norm=``, ``norm_layer=`` were reported as options the scheme lacks)."""
+        unknown = sorted(set(pos_options) - scheme_options(cls))
+        if unknown:
+            raise TypeError(
+                f"Attention() got unexpected keyword argument(s) {unknown}: neither its own arguments nor options of "
+                f"the position scheme {cls.name!r} (its options: {sorted(scheme_options(cls))})"
+            )
+
     def _check_scheme(self, scheme: PositionScheme) -> None:
         if scheme.num_heads != self.num_heads or scheme.head_dim != self.head_dim:
             raise ValueError(

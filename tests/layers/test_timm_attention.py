@@ -11,7 +11,8 @@ import timm
 import torch
 
 from vitrel import Attention
-from vitrel.pos import build_pos
+from vitrel.layout.tokens import TokenLayout
+from vitrel.pos import Grid, build_pos
 
 GRID = (4, 6)  # H != W: a grid inferred from the token count alone would be wrong
 
@@ -108,3 +109,19 @@ def test_timm_only_keywords_are_refused_as_the_layers(pos):
         Attention(24, 3, pos=pos, grid=GRID, qk_norm=False, norm_layer=torch.nn.LayerNorm)
     with pytest.raises(TypeError, match=r"'extnd'.*rel2d_full.*\['extend', 'init_std'\]"):  # a typo names the options
         Attention(24, 3, pos="rel2d_full", grid=GRID, extnd="clip")
+
+
+def test_a_token_layout_with_another_prefix_count_is_refused():
+    """Variable-size images packed in one row (``grid=TokenLayout.packed(...)``): each image equals itself alone; a
+    layout whose prefix count is not the layer's is refused (it took the layout's silently)."""
+    torch.manual_seed(0)
+    a = Attention(24, 3, pos="rel2d_full", grid=(3, 4), num_prefix_tokens=1).double()
+    with torch.no_grad():
+        a.pos.table.normal_()
+    layout = TokenLayout.packed([Grid(3, 4), Grid(2, 5)], num_prefix_tokens=1)
+    x = torch.randn(1, layout.num_tokens, 24, dtype=torch.float64)
+    alone = torch.cat([a(x[:, :13], grid=(3, 4)), a(x[:, 13:], grid=(2, 5))], 1)
+    torch.testing.assert_close(a(x, grid=layout), alone, rtol=1e-12, atol=1e-12)
+    layout = TokenLayout.packed([Grid(3, 4), Grid(2, 5)], num_prefix_tokens=0)
+    with pytest.raises(ValueError, match="layout has 0 prefix token.*num_prefix_tokens=1"):
+        a(torch.randn(1, layout.num_tokens, 24, dtype=torch.float64), grid=layout)

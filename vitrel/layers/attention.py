@@ -227,6 +227,11 @@ class Attention(nn.Module):
                     "grid=(H, W) to the forward (or build the layer with their grid and num_prefix_tokens)"
                 )
         if isinstance(grid, TokenLayout):
+            if grid.num_prefix_tokens != self.num_prefix_tokens:
+                raise ValueError(
+                    f"the token layout has {grid.num_prefix_tokens} prefix token(s) per image, this layer was built "
+                    f"with num_prefix_tokens={self.num_prefix_tokens}"
+                )
             n = grid.num_tokens
         else:
             grid = as_grid(grid)

@@ -125,3 +125,13 @@ def test_a_token_layout_with_another_prefix_count_is_refused():
     layout = TokenLayout.packed([Grid(3, 4), Grid(2, 5)], num_prefix_tokens=0)
     with pytest.raises(ValueError, match="layout has 0 prefix token.*num_prefix_tokens=1"):
         a(torch.randn(1, layout.num_tokens, 24, dtype=torch.float64), grid=layout)
+
+
+def test_layer_with_a_built_scheme_is_not_ignored():
+    """``layer=`` sets a scheme's per-layer schedule (LookHere's slopes) when the layer builds it; with a scheme built
+    elsewhere it was dropped without a word."""
+    lh = build_pos("lookhere", num_heads=4, head_dim=8, grid=GRID)  # built for no layer
+    with pytest.raises(ValueError, match=r"layer=\(3, 4\) with a built scheme \(lookhere, built for layer None\)"):
+        Attention(32, 4, pos=lh, grid=GRID, layer=(3, 4))
+    built = build_pos("lookhere", num_heads=4, head_dim=8, grid=GRID, layer=(3, 4))
+    Attention(32, 4, pos=built, grid=GRID, layer=(3, 4))  # the same layer: fine

@@ -134,6 +134,11 @@ class Attention(nn.Module):
                 f"Attention() got unexpected keyword argument(s) {sorted(pos_options)}: not its own arguments, and a "
                 f"built scheme ({pos.name}) takes its options where it is built"
             )
+        elif layer is not None and tuple(layer) != pos.layer:  # only a scheme built here reads it
+            raise ValueError(
+                f"layer={tuple(layer)} with a built scheme ({pos.name}, built for layer {pos.layer}): give layer= "
+                "where the scheme is built (vitrel.pos.build_pos(..., layer=...)), or pos by name"
+            )
         if pos.kind == "absolute":
             raise ValueError(
                 f"{pos.name!r} is an absolute position scheme: it adds an embedding to the tokens at the input of the "

@@ -166,7 +166,7 @@ def test_a_kernel_refuses_exactly_the_calls_it_declares(impl):
         prefix = 0 if layout == "windows" else 1
         torch.manual_seed(0)
         x, grid, mask = _call(layout, mask_kind, prefix)
-        kw = dict(pos=RUNS[impl], grid=GRID, num_prefix_tokens=prefix if layout == "full" else 0, causal=causal)
+        kw = dict(pos=RUNS[impl], grid=GRID, num_prefix_tokens=prefix, causal=causal)  # (a layout: its own count)
         a = Attention(HEADS * HEAD_DIM, HEADS, attn_impl=impl, **kw)
         declared = kernel.refuses_inputs(mask, causal, layout in ("packed", "drop"))
         where = (impl, mask_kind, layout, causal)

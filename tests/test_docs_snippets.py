@@ -73,6 +73,10 @@ SKIP: dict[tuple[str, str], str] = {
 CLAIMS: dict[tuple[str, str], tuple[str, object]] = {
     ("docs/schemes.md", "logits = attn.logits(x, grid=(14, 14))"): ("[B, heads, N, N]", [2, 6, 197, 197]),
     ("docs/schemes.md", "bias = attn.bias((14, 14))"): ("[heads, N, N]", [6, 197, 197]),
+    ("docs/schemes.md", "y = blk(torch.randn(1, packed.num_tokens, 192), grid=packed)"): (
+        "[1, 134, 192]",
+        [1, 134, 192],
+    ),
     ("docs/packing.md", "logits = model(batch)"): ("[2, 10]", [2, 10]),
     ("docs/swin.md", "logits = m(images)"): ("[3, 10]", [3, 10]),
     ("docs/video.md", "m(torch.randn(2, 1, 8, 32, 32)).shape"): ("[2, 2]", [2, 2]),

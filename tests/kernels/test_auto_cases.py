@@ -185,7 +185,7 @@ def check_calls(impl: str, pos: str, interpreted: bool = False) -> None:
         prefix = 0 if layout == "windows" else 1
         torch.manual_seed(0)
         x, grid, mask = _call(layout, mask_kind, prefix)
-        kw = dict(pos=pos, grid=GRID, num_prefix_tokens=prefix if layout == "full" else 0, causal=causal)
+        kw = dict(pos=pos, grid=GRID, num_prefix_tokens=prefix, causal=causal)  # (a layout: its own count)
         a = Attention(HEADS * HEAD_DIM, HEADS, attn_impl=impl, **kw)
         tokens = layout in ("packed", "drop")
         declared = kernel.refuses_inputs(mask, causal, tokens)

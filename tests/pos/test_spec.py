@@ -68,5 +68,6 @@ def test_hooks_take_the_state_and_attention_takes_a_grid_or_a_state():
         a(x, (3, 3), pos_state=st)
     with pytest.raises(ValueError, match="needs 9 tokens, but the input has 10"):  # the state decides
         a(x, pos_state=a.pos.prepare(Grid(3, 3), 0, x.device, x.dtype))
-    with pytest.raises(ValueError, match="grid"):
-        a(x)
+    torch.testing.assert_close(a(x), a(x, (3, 3)))  # no grid: the layer's own, as timm's Block calls its attn
+    with pytest.raises(ValueError, match=r"built for grid 3x3.*pass the tokens' grid"):
+        a(x[:, :5])

@@ -13,7 +13,8 @@ float mask, or the scheme's own kernel; attention dropout goes into the same cal
 returns ``A`` eagerly for inspection (:func:`~vitrel.kernels.common.eager_logits`, the expression the
 eager path of schemes with content terms also uses).
 
-Position state: a layer called with a grid prepares its scheme for it (``attn(x, grid)``). A model
+Position state: a layer called with a grid prepares its scheme for it (``attn(x, grid)``); called without one, for
+the grid it was built for (``attn(x)``, as timm's ``Block`` calls its ``attn``). A model
 prepares every block's state once per forward and passes it instead (``attn(x, pos_state=state)``): the
 state carries the grid and prefix count it was prepared for. A layer built with ``pos="shared"`` owns no
 scheme and always takes its model's state.
@@ -37,11 +38,11 @@ from vitrel.kernels import Kernel, check_choice, resolve
 from vitrel.kernels.common import eager_logits, merge_masks
 from vitrel.kernels.triton.rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
-from vitrel.layout.geometry import as_grid
+from vitrel.layout.geometry import as_grid, grid_str
 from vitrel.layout.heads import widened_precision
 from vitrel.layout.tokens import TokenLayout, isolate_images, poison, segment_mask
 from vitrel.pos.base import PositionScheme, PosState
-from vitrel.pos.registry import parse_pos
+from vitrel.pos.registry import parse_pos, scheme_options
 
 __all__ = ["Attention", "SHARED"]
 
@@ -61,7 +62,8 @@ class Attention(nn.Module):
             (``forward(..., pos_state=...)``). Absolute schemes (``ape``, ``sincos2d``) act at the
             input of the network, not inside attention: they are refused here (give them to a
             model as ``abs_pos=``).
-        grid: the grid (or window) the scheme is built for; sizes learned tables.
+        grid: the grid (or window) the scheme is built for (sizes learned tables), and the forward's grid when it is
+            given none.
         num_prefix_tokens: class/register tokens ahead of the patch tokens.
         qkv_bias, attn_drop, proj_drop: as in timm.
         causal: add a causal mask (1-D sequences).
@@ -106,11 +108,13 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.pos: PositionScheme | None = None
+        self.grid = as_grid(grid)  # the forward's grid when it is given none
         if pos == SHARED:
             if pos_options:
                 raise ValueError(f"pos='shared' takes no scheme options, got {sorted(pos_options)}")
             return
         if not isinstance(pos, PositionScheme):  # a name or config: parsed once, built with this layer's arguments
+            self._check_keywords(parse_pos("none" if pos is None else pos).cls, pos_options)
             pos = parse_pos("none" if pos is None else pos, **pos_options).build(
                 num_heads=num_heads,
                 head_dim=self.head_dim,
@@ -121,7 +125,15 @@ class Attention(nn.Module):
                 causal=causal,  # e.g. T5's one-directional buckets under a causal mask
             )
         elif pos_options:
-            raise ValueError(f"scheme options {sorted(pos_options)} given with a built scheme ({pos.name})")
+            raise TypeError(
+                f"Attention() got unexpected keyword argument(s) {sorted(pos_options)}: not its own arguments, and a "
+                f"built scheme ({pos.name}) takes its options where it is built"
+            )
+        elif layer is not None and tuple(layer) != pos.layer:  # only a scheme built here reads it
+            raise ValueError(
+                f"layer={tuple(layer)} with a built scheme ({pos.name}, built for layer {pos.layer}): give layer= "
+                "where the scheme is built (vitrel.pos.build_pos(..., layer=...)), or pos by name"
+            )
         if pos.kind == "absolute":
             raise ValueError(
                 f"{pos.name!r} is an absolute position scheme: it adds an embedding to the tokens at the input of the "
@@ -159,6 +171,17 @@ class Attention(nn.Module):
         return resolve(self.attn_impl, scheme, n_tokens, device, self.drops_weights, dtype, **case)
 
     # ------------------------------------------------------------------------------ internals
+    @staticmethod
+    def _check_keywords(cls: type[PositionScheme], pos_options: dict[str, Any]) -> None:
+        """Keywords that are not the scheme's options are refused as the layer's own, as Python refuses them (timm's
+        ``qk_norm=``, ``norm_layer=`` were reported as options the scheme lacks)."""
+        unknown = sorted(set(pos_options) - scheme_options(cls))
+        if unknown:
+            raise TypeError(
+                f"Attention() got unexpected keyword argument(s) {unknown}: neither its own arguments nor options of "
+                f"the position scheme {cls.name!r} (its options: {sorted(scheme_options(cls))})"
+            )
+
     def _check_scheme(self, scheme: PositionScheme) -> None:
         if scheme.num_heads != self.num_heads or scheme.head_dim != self.head_dim:
             raise ValueError(
@@ -195,9 +218,20 @@ class Attention(nn.Module):
                 "this attention layer uses its model's shared position scheme (pos='shared'): pass "
                 "pos_state=scheme.prepare(grid, num_prefix_tokens, x.device, x.dtype)"
             )
-        if grid is None:
-            raise ValueError("pass the tokens' grid (H, W), or a pos_state prepared for it")
+        if grid is None:  # the grid the layer was built for, as timm's layers (a timm Block passes no grid)
+            grid = self.grid
+            if x.dim() == 3 and x.shape[1] != self.num_prefix_tokens + grid.n:
+                raise ValueError(
+                    f"this layer was built for grid {grid_str(grid)} with {self.num_prefix_tokens} prefix token(s), "
+                    f"{self.num_prefix_tokens + grid.n} tokens, but the input has {x.shape[1]}: pass the tokens' "
+                    "grid=(H, W) to the forward (or build the layer with their grid and num_prefix_tokens)"
+                )
         if isinstance(grid, TokenLayout):
+            if grid.num_prefix_tokens != self.num_prefix_tokens:
+                raise ValueError(
+                    f"the token layout has {grid.num_prefix_tokens} prefix token(s) per image, this layer was built "
+                    f"with num_prefix_tokens={self.num_prefix_tokens}"
+                )
             n = grid.num_tokens
         else:
             grid = as_grid(grid)
@@ -251,19 +285,41 @@ class Attention(nn.Module):
                     raise ValueError(f"batch {b} is not a multiple of the {nw} windows of the mask")
                 if not per_window:
                     mask = mask.to(dtype).repeat(b // nw, 1, 1)[:, None]  # [B, 1, n, n]
+            if mask.dim() != 3:
+                self._check_mask_shape(mask, b, n)
         if self.causal and causal:
             c = torch.full((n, n), float("-inf"), dtype=dtype, device=device).triu(1)
             mask = c if mask is None else mask + c
         return mask
 
+    def _check_mask_shape(self, mask: Tensor, b: int, n: int) -> None:
+        """A mask that does not broadcast to ``[B, heads, N, N]`` is one line naming the shapes (a key padding mask
+        ``[B, N]`` failed inside the kernel with a broadcasting error)."""
+        want = (b, self.num_heads, n, n)
+        if mask.dim() > 4 or any(s not in (1, w) for s, w in zip(reversed(mask.shape), reversed(want))):
+            raise ValueError(
+                f"mask of shape {list(mask.shape)} does not broadcast to [B, heads, N, N] = {list(want)}: "
+                "a key padding mask [B, N] is mask[:, None, None, :]"
+            )
+
     # ------------------------------------------------------------------------------- public
     def forward(
-        self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None
+        self,
+        x: Tensor,
+        grid: Any = None,
+        mask: Tensor | TokenLayout | None = None,
+        pos_state: PosState | None = None,
+        *,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
     ) -> Tensor:
-        """``x [B, N, C]`` -> ``[B, N, C]``, the tokens on ``grid`` or on the grid ``pos_state`` (a model's state of
-        this layer's or its shared scheme) was prepared for. ``mask``: the windows' layout
-        (:meth:`~vitrel.layout.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a float mask broadcastable
-        to ``[B, heads, N, N]``."""
+        """``x [B, N, C]`` -> ``[B, N, C]``, the tokens on ``grid`` (default: the grid the layer was built for) or on
+        the grid ``pos_state`` (a model's state of this layer's or its shared scheme) was prepared for. ``mask``: the
+        windows' layout (:meth:`~vitrel.layout.tokens.TokenLayout.windows`), a ``[nW, n, n]`` window mask or a bool
+        (True: attend) or float mask broadcastable to ``[B, heads, N, N]``. ``attn_mask`` and ``is_causal`` are timm's
+        ``Attention.forward`` arguments (what timm's ``Block`` passes): ``attn_mask`` is ``mask``; ``is_causal=True``
+        needs a layer built with ``causal=True``."""
+        mask = self._timm_args(mask, attn_mask, is_causal)
         st = self._state(x, grid, pos_state, mask)
         q, k, v = self._qkv(x, st)
         if st.layout is not None:  # packed images: no image reads another's values (vitrel.layout.tokens)
@@ -283,6 +339,16 @@ class Attention(nn.Module):
             out = out.clone(memory_format=torch.contiguous_format)
         out = out.reshape(b, n, c)
         return self.proj_drop(self.proj(out))
+
+    def _timm_args(self, mask: Any, attn_mask: Tensor | None, is_causal: bool) -> Any:
+        """The mask from ``mask`` or timm's ``attn_mask``; timm's ``is_causal`` checked against the layer's."""
+        if is_causal and not self.causal:
+            raise ValueError("is_causal=True: this layer was built without a causal mask; build it with causal=True")
+        if attn_mask is None:
+            return mask
+        if mask is not None:
+            raise ValueError("pass the mask as mask or attn_mask (timm's name), not both")
+        return attn_mask
 
     def logits(
         self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None

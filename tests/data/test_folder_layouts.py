@@ -122,3 +122,24 @@ def test_a_subset_of_linked_files_and_linked_class_folders_is_read(tmp_path):
     assert dm.classes == ["a", "b", "c"]
     assert [t for _, t in dm.raw_dataset("train").samples] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
     assert [t for _, t in dm.raw_dataset("val").samples] == [0, 0, 1, 1, 2, 2]
+
+
+@pytest.mark.parametrize("layout", ["train.zip", "root/train/train", "root=train"])
+def test_a_root_one_level_off_or_an_archive_is_named_in_the_refusal(tmp_path, layout):
+    """Before: 'No folder <root>/train.' (or val) and the generic how-to; now the line says what is likely wrong."""
+    from vitrel.data.datasets import DatasetNotFoundError
+
+    if layout == "train.zip":
+        make_imagenet_tree(tmp_path / "x")
+        (tmp_path / "train.zip").write_bytes(b"PK\x05\x06" + bytes(18))
+        (tmp_path / "x" / "val").rename(tmp_path / "val")
+        root, said = tmp_path, f"{tmp_path / 'train.zip'} is an archive: extract it"
+    elif layout == "root/train/train":
+        make_imagenet_tree(tmp_path / "train")
+        root, said = tmp_path, f"{tmp_path / 'train'} holds a train/ folder: data.root={tmp_path / 'train'}?"
+    else:
+        make_imagenet_tree(tmp_path)
+        root, said = tmp_path / "train", "data.root is a train/ folder itself: give the folder holding train/ and val/"
+    with pytest.raises(DatasetNotFoundError, match="No folder") as e:
+        ImageNetDataModule(root=root, img_size=16).classes  # noqa: B018
+    assert said in str(e.value)

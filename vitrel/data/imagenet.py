@@ -190,6 +190,21 @@ def _subdirs(path: Path) -> list[str]:
     return sorted(names)
 
 
+ARCHIVES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".7z")
+
+
+def _layout_hint(root: Path, missing: Path, train_dir: str, val_dir: str) -> str:
+    """What a missing split folder most likely means: an archive not extracted, or ``root`` one level off."""
+    archives = [missing.name + a for a in ARCHIVES if (root / (missing.name + a)).is_file()]
+    if archives:
+        return f" {root / archives[0]} is an archive: extract it (class folders are read, not archives)."
+    if (root / train_dir / train_dir).is_dir():
+        return f" {root / train_dir} holds a {train_dir}/ folder: data.root={root / train_dir}?"
+    if root.name == train_dir:
+        return f" data.root is a {train_dir}/ folder itself: give the folder holding {train_dir}/ and {val_dir}/."
+    return ""
+
+
 def locate_class_folders(
     name: str,
     root: Path | None,
@@ -208,7 +223,8 @@ def locate_class_folders(
     searched = [train, val]
     for d in (train, val):
         if not d.is_dir():
-            raise DatasetNotFoundError(name, searched, how_to_get, detail=f"No folder {d}.")
+            hint = _layout_hint(root, d, train_dir, val_dir)
+            raise DatasetNotFoundError(name, searched, how_to_get, detail=f"No folder {d}.{hint}")
     classes, val_classes = _subdirs(train), _subdirs(val)
     if not classes:
         raise DatasetNotFoundError(name, searched, how_to_get, detail=f"{train} has no class folders.")

@@ -193,10 +193,14 @@ def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
 
 
 # ---------------------------------------------------------------------------- images
-def _walk(root: Path) -> list[Path]:
+def _walk(root: Path, passed: list[Path] | None = None) -> list[Path]:
     """Every file under ``root``, through links to folders (a symlinked class folder is read, as the class-folder data
-    sets read it: ``os.walk(followlinks=True)``), each folder once (a link back up is not followed round); a link to
-    nothing is listed, so that a name with an image extension is counted as a file that cannot be read."""
+    sets read it: ``os.walk(followlinks=True)``), each folder once (a link back up is not followed round), but for
+    those in hidden and system folders (``.ipynb_checkpoints``, ``@eaDir``: added to ``passed``, as the data sets
+    pass them over, :func:`~vitrel.data.datasets.is_system_folder`); a link to nothing is listed, so that a name with
+    an image extension is counted as a file that cannot be read."""
+    from vitrel.data.datasets import is_system_folder
+
     out, seen = [], set()
     for top, dirs, names in os.walk(root, followlinks=True):
         real = os.path.realpath(top)
@@ -204,6 +208,9 @@ def _walk(root: Path) -> list[Path]:
             dirs[:] = []
             continue
         seen.add(real)
+        if passed is not None:
+            passed += [Path(top) / d for d in dirs if is_system_folder(d)]
+        dirs[:] = [d for d in dirs if not is_system_folder(d)]
         out += [Path(top) / n for n in names]
     return out
 
@@ -220,13 +227,19 @@ def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[Fi
         if root.suffix.lower() not in extensions:
             raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")
         return [root], None
-    from vitrel.data.datasets import is_apple_double  # (macOS's ._<name>.jpg: passed over, as .DS_Store)
+    from vitrel.data.datasets import is_apple_double, is_system_folder  # (macOS's ._<name>.jpg, as .DS_Store)
 
-    files = sorted(f for f in _walk(root) if f.suffix.lower() in extensions and not is_apple_double(f))
+    passed: list[Path] = []
+    files = sorted(f for f in _walk(root, passed) if f.suffix.lower() in extensions and not is_apple_double(f))
+    if passed:
+        more = " ..." if len(passed) > 5 else ""
+        names = ", ".join(str(p.relative_to(root)) for p in sorted(passed)[:5])
+        log.warning(f"passed over {len(passed)} hidden or system folder(s) in {root}: {names}{more}")
     if not files:
         raise error(f"no {what} in {root} (looked for {', '.join(extensions)} in the folder and its sub-folders)")
     tree = all(len(f.relative_to(root).parts) == 2 for f in files)
-    return files, (sorted(d.name for d in root.iterdir() if d.is_dir()) if tree else None)
+    folders = sorted(d.name for d in root.iterdir() if d.is_dir() and not is_system_folder(d.name))
+    return files, (folders if tree else None)
 
 
 def find_images(root: str | Path) -> tuple[list[Path], list[str] | None]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ __all__ = [
     "load_rgb",
     "rgb_8bit",
     "is_apple_double",
+    "SYSTEM_FOLDERS",
+    "is_system_folder",
+    "walk_files",
 ]
 
 #: PIL's modes of a 16-bit grey image (a 16-bit PNG or TIFF): ``convert("L" / "RGB")`` clips them at 255
@@ -41,6 +45,44 @@ def is_apple_double(path: str | Path) -> bool:
     """Whether ``path`` is macOS's AppleDouble file ``._<name>``: the metadata of ``<name>`` that a copy from a Mac
     (zip, tar, a FAT or network drive) leaves beside it, with ``<name>``'s extension but never an image or a video."""
     return Path(path).name.startswith("._")
+
+
+#: folders other tools leave in a data tree, never classes nor samples (besides any whose name starts with ``.``:
+#: ``.ipynb_checkpoints``, ``.git``, ``.Trash-1000``): a Mac's zip's ``__MACOSX`` (metadata files ``._<name>``) and
+#: a Synology drive's ``@eaDir`` (thumbnails ``SYNOPHOTO_THUMB_*.jpg`` of each image, in every folder)
+SYSTEM_FOLDERS = ("__MACOSX", "@eaDir")
+
+
+def is_system_folder(name: str) -> bool:
+    """Whether a folder named ``name`` is a hidden one (``.<name>``) or one of :data:`SYSTEM_FOLDERS`: passed over by
+    the class-folder data sets, the shards writers and ``predict.py``, where torchvision's ``ImageFolder`` makes it a
+    class (``.ipynb_checkpoints`` with images in it) or reads its files as samples (``@eaDir``'s thumbnails)."""
+    return name.startswith(".") or name in SYSTEM_FOLDERS
+
+
+def walk_files(top: str) -> tuple[list[tuple[str, list[str]]], list[str], list[str]]:
+    """torchvision's ``ImageFolder`` walk of one class folder (``os.walk(followlinks=True)``, sorted), passing over
+    the folders :func:`is_system_folder` names and not following a link to a folder it is in, or one holding such a
+    folder (a link back up, which ``os.walk`` follows round until the path is too long: each file, the other classes'
+    too, read again under this class).
+    Returns the ``(folder, sorted file names)``, the folders passed over and the links not followed."""
+    out, passed, loops = [], [], []
+    inside = {top: (os.path.realpath(top),)}  # (a folder -> the real paths of it and of the folders it is in)
+    for root, dirs, names in os.walk(top, followlinks=True):
+        keep = []
+        for d in dirs:
+            path = os.path.join(root, d)
+            real = os.path.realpath(path)
+            if is_system_folder(d):
+                passed.append(path)
+            elif any(r == real or r.startswith(real.rstrip(os.sep) + os.sep) for r in inside[root]):
+                loops.append(path)
+            else:
+                inside[path] = (*inside[root], real)
+                keep.append(d)
+        dirs[:] = keep
+        out.append((root, sorted(names)))
+    return sorted(out), sorted(passed), sorted(loops)
 
 
 def to_8bit(img: Image.Image) -> Image.Image:

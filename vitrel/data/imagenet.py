@@ -53,8 +53,10 @@ from vitrel.data.datasets import (
     ClassFoldersMismatchError,
     check_val_classes,
     is_apple_double,
+    is_system_folder,
     load_rgb,
     rgb_8bit,
+    walk_files,
 )
 from vitrel.data.unreadable import LeaveOutCollate, SkipUnreadable
 
@@ -106,21 +108,38 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
 
     @staticmethod
     def make_dataset(directory, class_to_idx, extensions=None, is_valid_file=None, allow_empty=False):
-        """torchvision's walk, passing over macOS's AppleDouble files (``._<name>.jpg``, not images:
-        :func:`~vitrel.data.datasets.is_apple_double`) as it passes over ``.DS_Store``."""
+        """torchvision's walk (:func:`~vitrel.data.datasets.walk_files`), passing over macOS's AppleDouble files
+        (``._<name>.jpg``, not images: :func:`~vitrel.data.datasets.is_apple_double`) as it passes over
+        ``.DS_Store``, hidden and system folders in the class folders (``.ipynb_checkpoints``, ``@eaDir``'s
+        thumbnails: one warning names them) and links back up to a folder the walk is in (a warning each)."""
         from torchvision.datasets.folder import has_file_allowed_extension
 
         if (extensions is None) == (is_valid_file is None):  # (neither or both: torchvision's error)
             return ImageFolder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
         valid = is_valid_file or (lambda p: has_file_allowed_extension(p, extensions))
-        try:
-            return ImageFolder.make_dataset(
-                directory, class_to_idx, None, lambda p: valid(p) and not is_apple_double(p), allow_empty
-            )
-        except FileNotFoundError as e:  # (an empty class folder: torchvision names the extensions it looked for)
-            if extensions is None:
-                raise
-            raise FileNotFoundError(f"{e}Supported extensions are: {', '.join(extensions)}") from None
+        samples, passed = [], []
+        for c in sorted(class_to_idx):
+            top = os.path.join(os.path.expanduser(directory), c)
+            if not os.path.isdir(top):
+                continue
+            folders, skipped, loops = walk_files(top)
+            passed += skipped
+            for link in loops:
+                log.warning("%s links back up to %s, a folder it is in: not followed", link, os.path.realpath(link))
+            for root, names in folders:
+                paths = (os.path.join(root, n) for n in names)
+                samples += [(p, class_to_idx[c]) for p in paths if valid(p) and not is_apple_double(p)]
+        if passed:
+            more = " ..." if len(passed) > 5 else ""
+            log.warning(
+                "passed over %d hidden or system folder(s) in the class folders of %s (not images of the class): %s%s",
+                len(passed), directory, ", ".join(os.path.relpath(p, directory) for p in passed[:5]), more,
+            )  # fmt: skip
+        empty = sorted(set(class_to_idx) - {c for c, i in class_to_idx.items() if i in {t for _, t in samples}})
+        if empty and not allow_empty:  # (torchvision's message; it names the extensions it looked for)
+            exts = f"Supported extensions are: {', '.join(extensions)}" if extensions is not None else ""
+            raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}. {exts}")
+        return samples
 
     def bad_reason(self, path: str, err: BaseException) -> str:
         if isinstance(err, UnidentifiedImageError):  # (PIL's text names a file object, not the file)
@@ -153,16 +172,37 @@ def _reader_ranks(ds: Dataset) -> tuple[int, int]:
 
 
 def _subdirs(path: Path) -> list[str]:
-    """The folders in ``path`` (links to folders included), sorted; a link to nothing is named in a warning."""
-    names = []
+    """The folders in ``path`` (links to folders included), sorted; a link to nothing is named in a warning, and so
+    are the hidden and system folders passed over (``.ipynb_checkpoints``, ``__MACOSX``: not classes,
+    :func:`~vitrel.data.datasets.is_system_folder`)."""
+    names, passed = [], []
     for e in os.scandir(path):
-        if e.is_dir():
+        if e.is_dir() and is_system_folder(e.name):
+            passed.append(e.name)
+        elif e.is_dir():
             names.append(e.name)
         elif e.is_symlink() and not os.path.exists(e.path):
             log.warning(
                 "%s is a link to %s, which does not exist: not a class folder (passed over)", e.path, os.readlink(e)
             )
+    if passed:
+        log.warning("%s: passed over %s (hidden or system folders, not classes)", path, ", ".join(sorted(passed)))
     return sorted(names)
+
+
+ARCHIVES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".7z")
+
+
+def _layout_hint(root: Path, missing: Path, train_dir: str, val_dir: str) -> str:
+    """What a missing split folder most likely means: an archive not extracted, or ``root`` one level off."""
+    archives = [missing.name + a for a in ARCHIVES if (root / (missing.name + a)).is_file()]
+    if archives:
+        return f" {root / archives[0]} is an archive: extract it (class folders are read, not archives)."
+    if (root / train_dir / train_dir).is_dir():
+        return f" {root / train_dir} holds a {train_dir}/ folder: data.root={root / train_dir}?"
+    if root.name == train_dir:
+        return f" data.root is a {train_dir}/ folder itself: give the folder holding {train_dir}/ and {val_dir}/."
+    return ""
 
 
 def locate_class_folders(
@@ -183,7 +223,8 @@ def locate_class_folders(
     searched = [train, val]
     for d in (train, val):
         if not d.is_dir():
-            raise DatasetNotFoundError(name, searched, how_to_get, detail=f"No folder {d}.")
+            hint = _layout_hint(root, d, train_dir, val_dir)
+            raise DatasetNotFoundError(name, searched, how_to_get, detail=f"No folder {d}.{hint}")
     classes, val_classes = _subdirs(train), _subdirs(val)
     if not classes:
         raise DatasetNotFoundError(name, searched, how_to_get, detail=f"{train} has no class folders.")

@@ -73,6 +73,7 @@ __all__ = [
     "locate_class_folders",
     "ClassFoldersMismatchError",
     "check_val_classes",
+    "class_folders",
 ]
 
 
@@ -135,7 +136,8 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
                 "passed over %d hidden or system folder(s) in the class folders of %s (not images of the class): %s%s",
                 len(passed), directory, ", ".join(os.path.relpath(p, directory) for p in passed[:5]), more,
             )  # fmt: skip
-        empty = sorted(set(class_to_idx) - {c for c, i in class_to_idx.items() if i in {t for _, t in samples}})
+        found = {t for _, t in samples}
+        empty = sorted(c for c, i in class_to_idx.items() if i not in found)
         if empty and not allow_empty:  # (torchvision's message; it names the extensions it looked for)
             exts = f"Supported extensions are: {', '.join(extensions)}" if extensions is not None else ""
             raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}. {exts}")
@@ -171,7 +173,7 @@ def _reader_ranks(ds: Dataset) -> tuple[int, int]:
     return getattr(reader, "dist_num_replicas", 1), getattr(reader, "dist_rank", 0)
 
 
-def _subdirs(path: Path) -> list[str]:
+def class_folders(path: Path) -> list[str]:
     """The folders in ``path`` (links to folders included), sorted; a link to nothing is named in a warning, and so
     are the hidden and system folders passed over (``.ipynb_checkpoints``, ``__MACOSX``: not classes,
     :func:`~vitrel.data.datasets.is_system_folder`)."""
@@ -225,7 +227,7 @@ def locate_class_folders(
         if not d.is_dir():
             hint = _layout_hint(root, d, train_dir, val_dir)
             raise DatasetNotFoundError(name, searched, how_to_get, detail=f"No folder {d}.{hint}")
-    classes, val_classes = _subdirs(train), _subdirs(val)
+    classes, val_classes = class_folders(train), class_folders(val)
     if not classes:
         raise DatasetNotFoundError(name, searched, how_to_get, detail=f"{train} has no class folders.")
     if not val_classes:

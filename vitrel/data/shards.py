@@ -104,13 +104,13 @@ def _splits(root: Path) -> tuple[list[str], dict[str, tuple[Path, list[tuple[Pat
     folders = {name: root / d for d, name in SPLIT_NAMES.items() if (root / d).is_dir()}
     if "train" not in folders:
         raise FileNotFoundError(f"{root} has no train/ folder (the classes are train's class folders)")
-    from vitrel.data.imagenet import _subdirs  # (hidden and system folders passed over, as data=imagenet does)
+    from vitrel.data.imagenet import class_folders  # (hidden and system folders passed over, as data=imagenet does)
 
-    classes = _subdirs(folders["train"])
+    classes = class_folders(folders["train"])
     if not classes:
         raise FileNotFoundError(f"{folders['train']} has no class folders")
     if "validation" in folders:
-        val_classes = _subdirs(folders["validation"])
+        val_classes = class_folders(folders["validation"])
         why = " (their images would be left out of the shards)"
         check_val_classes(folders["train"], folders["validation"], classes, val_classes, why)
     samples = {split: (folder, folder_samples(folder, classes)) for split, folder in folders.items()}

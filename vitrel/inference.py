@@ -463,15 +463,16 @@ def _top_rows(
     """``(file index, CSV row)`` of each row of ``probs`` ``[B, classes]``: its top ``k`` (timm's columns)."""
     k = min(topk, probs.shape[-1])
     p, c = probs.topk(k, dim=-1)
+    p, c = p.cpu().tolist(), c.cpu().tolist()  # one copy a batch (an element read from a GPU tensor syncs it)
     out = []
     for j, (i, name) in enumerate(zip(idx, filenames, strict=True)):
         row: dict[str, Any] = {"filename": name}
         for r in range(k):
-            ci = int(c[j, r])
+            ci = c[j][r]
             sfx = f"_{r}" if k > 1 else ""
             row[f"index{sfx}"] = ci
             row[f"label{sfx}"] = names[ci] if names is not None and ci < len(names) else str(ci)
-            row[f"prob{sfx}"] = round(float(p[j, r]), 6)
+            row[f"prob{sfx}"] = round(p[j][r], 6)
         out.append((i, row))
     return out
 

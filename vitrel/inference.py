@@ -41,6 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -345,6 +346,7 @@ def predict_folder(
     eval_max_ratio: float | None = 1.0,
     packing: str = "pack",
     apply_exif_orientation: bool = False,
+    on_rows: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> PredictResult:
     """Top-``k`` classes and probabilities of every image under ``input_dir`` (see the module docstring); with
     ``seq_len``, each image at its own size (NaFlex: ``max_tokens``, ``eval_max_ratio``), in rows as ``packing``
@@ -353,7 +355,7 @@ def predict_folder(
     probabilities the mean of its clips' softmax; ``batch_size`` then counts videos (``batch_size * clips_per_video``
     clips per forward). ``apply_exif_orientation``: photos stored turned (EXIF orientation 2-8) are turned upright, as
     a photo viewer shows them, before they are scored; else (the training data sets' way, timm's and torchvision's
-    default) scored as stored, and counted in one logged line."""
+    default) scored as stored, and counted in one logged line. ``on_rows(rows)``: each batch's rows, once predicted."""
     check_predict_args(
         topk=topk, batch_size=batch_size, num_workers=num_workers, seq_len=seq_len, max_tokens=max_tokens
     )
@@ -367,7 +369,7 @@ def predict_folder(
 
     root = Path(input_dir)
     if "num_frames" in predictor.data_config:
-        return _predict_videos(predictor, root, (topk, batch_size, num_workers), progress, class_names)
+        return _predict_videos(predictor, root, (topk, batch_size, num_workers), progress, (class_names, on_rows))
     files, folders = _input_files(root, predictor)
     if seq_len is None:
         if max_tokens is not None:  # (it bounds the patches of an image scored at its own size, which seq_len asks)
@@ -401,7 +403,7 @@ def predict_folder(
             x = {k: v.to(predictor.device) if isinstance(v, Tensor) else v for k, v in x.items()}
         return predictor.model(x if isinstance(x, dict) else x.to(predictor.device)).float().softmax(-1)
 
-    res = _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress)
+    res = _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress, on_rows)
     if res.turned:  # (a phone photo: its pixels stored sideways or upside down, its EXIF saying how to show them)
         (n, (name, o)), did = (len(res.turned), res.turned[0]), apply_exif_orientation
         log.warning(
@@ -425,15 +427,14 @@ def _score(
     names: list[str] | None,
     topk: int,
     progress: bool | str,
+    on_rows: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> PredictResult:
     """The loop of :func:`predict_folder` (images and videos): ``forward(batch)`` -> probabilities
     ``[B, classes]`` of the batch's files; the files that did not read are logged (one line each) and counted.
     ``progress``: True a tqdm bar, ``"lines"`` a logged line at each tenth of the batches (for logs), False none."""
-    import time
-
     from tqdm.auto import tqdm
 
-    rows: list[tuple[int, dict[str, Any]]] = []
+    rows: list[dict[str, Any]] = []
     skipped: list[tuple[str, str]] = []
     turned: list[tuple[int, int]] = []
     one_file = root.is_file()
@@ -458,8 +459,10 @@ def _score(
                 n = probs.shape[-1]
                 log.warning(f"topk={topk} is more than the model's {n} classes: each row has all {n}")
             names = _label_names(names, folders, probs.shape[-1])
-            rows += _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
-    rows = [row for _, row in sorted(rows, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
+            new = _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
+            rows += [row for _, row in sorted(new, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
+            if on_rows is not None:  # (the batch's rows as soon as they are predicted: batches come in file order)
+                on_rows(rows[-len(new) :])
     others = 0 if one_file else len(_walk(root)) - len(files)
     turns = [(str(files[i].relative_to(root)), o) for i, o in sorted(turned)]
     return PredictResult(rows, skipped, len(files), time.perf_counter() - t0, others, turns)
@@ -476,15 +479,16 @@ def _top_rows(
     """``(file index, CSV row)`` of each row of ``probs`` ``[B, classes]``: its top ``k`` (timm's columns)."""
     k = min(topk, probs.shape[-1])
     p, c = probs.topk(k, dim=-1)
+    p, c = p.cpu().tolist(), c.cpu().tolist()  # one copy a batch (an element read from a GPU tensor syncs it)
     out = []
     for j, (i, name) in enumerate(zip(idx, filenames, strict=True)):
         row: dict[str, Any] = {"filename": name}
         for r in range(k):
-            ci = int(c[j, r])
+            ci = c[j][r]
             sfx = f"_{r}" if k > 1 else ""
             row[f"index{sfx}"] = ci
             row[f"label{sfx}"] = names[ci] if names is not None and ci < len(names) else str(ci)
-            row[f"prob{sfx}"] = round(float(p[j, r]), 6)
+            row[f"prob{sfx}"] = round(p[j][r], 6)
         out.append((i, row))
     return out
 
@@ -550,17 +554,17 @@ def mean_softmax_log(logits: Tensor, views: int) -> Tensor:
 
 
 def _predict_videos(
-    predictor: Predictor, root: Path, counts: tuple[int, int, int], progress: bool | str, names: list[str] | None
+    predictor: Predictor, root: Path, counts: tuple[int, int, int], progress: bool | str, names: tuple[list | None, Any]
 ) -> PredictResult:
-    """:func:`predict_folder` for a video model (``counts``: its ``topk``, ``batch_size``, ``num_workers``): every video
-    under ``root`` (a folder or a tree of class folders), from its evaluation clips (:func:`clip_sampling`:
-    ``clips_per_video`` evenly spaced clips of ``num_frames`` frames ``frame_stride`` apart), each resized,
-    centre-cropped and normalised as in evaluation (``ClipTransform(train=False)`` with the stored statistics); a
-    video's probabilities are the mean of its clips' softmax."""
+    """:func:`predict_folder` for a video model (``counts``: its ``topk``, ``batch_size``, ``num_workers``; ``names``:
+    its ``class_names``, ``on_rows``): every video under ``root`` (a folder or class folders), from its evaluation clips
+    (:func:`clip_sampling`: ``clips_per_video`` clips of ``num_frames`` frames ``frame_stride`` apart, evenly spaced),
+    each resized, centre-cropped, normalised as in evaluation (``ClipTransform(train=False)``, the stored statistics);
+    a video's probabilities are the mean of its clips' softmax."""
     from vitrel.data.image_files import collate_files
     from vitrel.data.video.clips import ClipTransform, VideoFileClips
 
-    topk, batch_size, num_workers = counts
+    (topk, batch_size, num_workers), (names, on_rows) = counts, names
     dc = predictor.data_config
     c, h, w = dc["input_size"]
     if c not in (1, 3) or h != w:
@@ -589,7 +593,7 @@ def _predict_videos(
         logits = predictor.model(x.flatten(0, 1).to(predictor.device))
         return mean_softmax_log(logits, x.shape[1]).exp()  # multi-view testing: the mean of softmax, as eval.py's
 
-    return _score(loader, forward, files, root, folders, names or predictor.class_names, topk, progress)
+    return _score(loader, forward, files, root, folders, names or predictor.class_names, topk, progress, on_rows)
 
 
 #: predict's counts and their least values (``seq_len`` / ``max_tokens``: when set)

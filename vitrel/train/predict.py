@@ -2,7 +2,7 @@
 (:mod:`vitrel.inference`), the CSV written and a summary printed. A ``.ckpt`` whose ``train.py`` run trained with NaFlex
 batches (``data.packing``) scores its images as the run's test and ``eval.py`` did, with the run's ``seq_len``,
 ``max_tokens``, ``eval_max_ratio`` and packing (:func:`naflex_of_run`) unless given. The rows are written as CSV, or
-as JSON for a ``results_file`` ending in ``.json`` (:func:`write_results`)."""
+as JSON for a ``results_file`` ending in ``.json``, a batch at a time as they are predicted (:class:`ResultsWriter`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import csv
 import json
 import logging
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ __all__ = [
     "run_predict",
     "check_results_file",
     "write_results",
+    "ResultsWriter",
 ]
 
 log = logging.getLogger(__name__)
@@ -112,27 +114,53 @@ def check_results_file(path: str | Path) -> Path:
     return p
 
 
+class ResultsWriter:
+    """The rows of ``results_file`` written as they are predicted (:meth:`write`, a batch at a time, flushed) to
+    ``<name>.partial<suffix>`` beside it, renamed onto it when the run ends: a run stopped part way (Ctrl-C, an error,
+    a kill) leaves the rows predicted so far in the partial file, and a previous ``results_file`` whole. CSV as timm's
+    separate columns, or for ``.json`` a JSON list of the same rows (numbers as numbers; closed, valid, unless
+    killed)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = check_results_file(path)
+        self.partial = self.path.with_name(f"{self.path.stem}.partial{self.path.suffix}")
+        self.json, self.count, self._csv = self.path.suffix.lower() == ".json", 0, None
+
+    def __enter__(self) -> ResultsWriter:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.partial, "w", newline="", encoding="utf-8")  # noqa: SIM115 - closed by __exit__
+        return self
+
+    def write(self, rows: list[dict[str, Any]]) -> None:
+        if self.json:
+            for row in rows:
+                self._f.write(("[\n" if self.count == 0 else ",\n") + textwrap.indent(json.dumps(row, indent=1), " "))
+                self.count += 1
+        elif rows:
+            if self._csv is None:
+                self._csv = csv.DictWriter(self._f, fieldnames=list(rows[0]))
+                self._csv.writeheader()
+            self._csv.writerows(rows)
+            self.count += len(rows)
+        self._f.flush()
+
+    def __exit__(self, kind: Any, *_: Any) -> None:
+        with self._f:
+            if self.json:
+                self._f.write("\n]\n" if self.count else "[]\n")  # (json.dump's indent=1 layout)
+            elif self._csv is None:
+                csv.DictWriter(self._f, fieldnames=["filename"]).writeheader()
+        if kind is None:
+            os.replace(self.partial, self.path)
+        elif self.count == 0:  # (stopped before a row: nothing to keep)
+            self.partial.unlink(missing_ok=True)
+
+
 def write_results(rows: list[dict[str, Any]], path: str | Path) -> Path:
-    """The rows as CSV (timm's separate columns), or for a ``.json`` path as a JSON list of the same rows (numbers as
-    numbers), written to a temporary file beside ``path`` and renamed onto it: an interrupted write leaves no partial
-    file (a previous one stays whole)."""
-    path = check_results_file(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")  # (open's permissions, as the file's would be)
-    try:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            if path.suffix.lower() == ".json":
-                json.dump(rows, f, indent=1)
-                f.write("\n")
-            else:
-                w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["filename"])
-                w.writeheader()
-                w.writerows(rows)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    """The rows written to ``path`` as CSV, or for a ``.json`` path as a JSON list (:class:`ResultsWriter`)."""
+    with ResultsWriter(path) as out:
+        out.write(rows)
+    return out.path
 
 
 def run_predict(cfg: Any) -> dict[str, Any]:
@@ -156,18 +184,27 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         if warning:
             log.warning(warning)
     mixed = torch.autocast(predictor.device.type, dtype=autocast) if autocast else contextlib.nullcontext()
-    with mixed:  # (the forward's ops: the images are read and normalised in float32, in workers or not)
-        res = predict_folder(
-            predictor,
-            str(cfg.input),
-            topk=int(cfg.get("topk", 5)),
-            batch_size=int(cfg.get("batch_size", 64)),
-            num_workers=int(cfg.get("num_workers", 0)),
-            progress={"lines": "lines", "none": False}.get(progress_bar_kind(cfg.get("progress_bar", "auto")), True),
-            apply_exif_orientation=bool(cfg.get("apply_exif_orientation", False)),
-            **naflex,
-        )
-    out = write_results(res.rows, str(cfg.results_file))
+    writer = ResultsWriter(str(cfg.results_file))
+    try:
+        with writer, mixed:  # (the forward's ops: the images are read and normalised in float32, in workers or not)
+            res = predict_folder(
+                predictor,
+                str(cfg.input),
+                topk=int(cfg.get("topk", 5)),
+                batch_size=int(cfg.get("batch_size", 64)),
+                num_workers=int(cfg.get("num_workers", 0)),
+                progress={"lines": "lines", "none": False}.get(
+                    progress_bar_kind(cfg.get("progress_bar", "auto")), True
+                ),
+                apply_exif_orientation=bool(cfg.get("apply_exif_orientation", False)),
+                on_rows=writer.write,
+                **naflex,
+            )
+    except BaseException:
+        if writer.count:
+            log.warning(f"stopped after {writer.count} prediction(s): they are in {writer.partial}")
+        raise
+    out = writer.path
     kind = "videos" if "num_frames" in predictor.data_config else "images"
     summary = {
         kind: len(res.rows),

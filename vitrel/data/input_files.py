@@ -1,0 +1,86 @@
+"""The files ``predict.py`` scores (:func:`vitrel.inference.predict_folder`): the images or videos under a folder, a
+tree of class folders or one file, found as the class-folder data sets find theirs (links to folders followed once,
+hidden and system folders and macOS's ``._<name>`` files passed over)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from vitrel.data.datasets import is_apple_double, is_system_folder
+
+__all__ = ["IMG_EXTENSIONS", "NoImagesError", "NoVideosError", "walk_input", "find_images", "find_videos"]
+
+log = logging.getLogger(__name__)
+
+IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+
+
+class NoImagesError(FileNotFoundError):
+    """The input folder holds no image files."""
+
+
+class NoVideosError(FileNotFoundError):
+    """The input folder holds no video files."""
+
+
+def walk_input(root: Path, passed: list[Path] | None = None) -> list[Path]:
+    """Every file under ``root``, through links to folders (a symlinked class folder is read, as the class-folder data
+    sets read it: ``os.walk(followlinks=True)``), each folder once (a link back up is not followed round), but for
+    those in hidden and system folders (``.ipynb_checkpoints``, ``@eaDir``: added to ``passed``, as the data sets
+    pass them over, :func:`~vitrel.data.datasets.is_system_folder`); a link to nothing is listed, so that a name with
+    an image extension is counted as a file that cannot be read."""
+    out, seen = [], set()
+    for top, dirs, names in os.walk(root, followlinks=True):
+        real = os.path.realpath(top)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
+        if passed is not None:
+            passed += [Path(top) / d for d in dirs if is_system_folder(d)]
+        dirs[:] = [d for d in dirs if not is_system_folder(d)]
+        out += [Path(top) / n for n in names]
+    return out
+
+
+def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]):
+    """Files under ``root`` with ``extensions`` (sorted; ``root`` alone when it is one such file; links to folders
+    followed, links to nothing kept: :func:`walk_input`), and the class folder names when ``root`` is a tree of class
+    folders (files only in its sub-folders), else None; ``error`` for none."""
+    if not root.exists():
+        raise FileNotFoundError(
+            f"input {root} does not exist: give a folder of {what}, a tree of class folders or a file"
+        )
+    if root.is_file():
+        if root.suffix.lower() not in extensions:
+            raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")
+        return [root], None
+    passed: list[Path] = []
+    files = sorted(f for f in walk_input(root, passed) if f.suffix.lower() in extensions and not is_apple_double(f))
+    if passed:
+        more = " ..." if len(passed) > 5 else ""
+        names = ", ".join(str(p.relative_to(root)) for p in sorted(passed)[:5])
+        log.warning(f"passed over {len(passed)} hidden or system folder(s) in {root}: {names}{more}")
+    if not files:
+        raise error(f"no {what} in {root} (looked for {', '.join(extensions)} in the folder and its sub-folders)")
+    tree = all(len(f.relative_to(root).parts) == 2 for f in files)
+    folders = sorted(d.name for d in root.iterdir() if d.is_dir() and not is_system_folder(d.name))
+    return files, (folders if tree else None)
+
+
+def find_images(root: str | Path) -> tuple[list[Path], list[str] | None]:
+    """Image files under ``root`` (sorted; ``root`` alone when it is an image file), and the class folder names when
+    ``root`` is an ``ImageFolder`` tree (images only in its sub-folders), else None. Raises :class:`NoImagesError` for
+    none."""
+    return _find_files(Path(root), IMG_EXTENSIONS, "images", NoImagesError)
+
+
+def find_videos(root: str | Path) -> tuple[list[Path], list[str] | None]:
+    """Video files under ``root`` (the extensions of :data:`vitrel.data.video.VIDEO_EXTENSIONS`), as
+    :func:`find_images`. Raises :class:`NoVideosError` for none."""
+    from vitrel.data.video.folder import VIDEO_EXTENSIONS
+
+    return _find_files(Path(root), VIDEO_EXTENSIONS, "videos", NoVideosError)

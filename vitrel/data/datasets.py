@@ -35,6 +35,8 @@ __all__ = [
     "SYSTEM_FOLDERS",
     "is_system_folder",
     "walk_files",
+    "class_folder_samples",
+    "class_folders",
 ]
 
 #: PIL's modes of a 16-bit grey image (a 16-bit PNG or TIFF): ``convert("L" / "RGB")`` clips them at 255
@@ -83,6 +85,61 @@ def walk_files(top: str) -> tuple[list[tuple[str, list[str]]], list[str], list[s
         dirs[:] = keep
         out.append((root, sorted(names)))
     return sorted(out), sorted(passed), sorted(loops)
+
+
+def class_folder_samples(
+    directory: str, class_to_idx: dict[str, int], extensions=None, is_valid_file=None, allow_empty: bool = False
+) -> list[tuple[str, int]]:
+    """torchvision's ``make_dataset`` of class folders (``(path, class index)``, classes and files sorted) through
+    :func:`walk_files`: macOS's AppleDouble files (``._<name>.jpg``, not images: :func:`is_apple_double`) passed over
+    as ``.DS_Store`` is, hidden and system folders in the class folders (``.ipynb_checkpoints``, ``@eaDir``'s
+    thumbnails: one warning names them) and links back up to a folder the walk is in (a warning each)."""
+    from torchvision.datasets.folder import has_file_allowed_extension
+
+    valid = is_valid_file or (lambda p: has_file_allowed_extension(p, extensions))
+    samples, passed = [], []
+    for c in sorted(class_to_idx):
+        top = os.path.join(os.path.expanduser(directory), c)
+        if not os.path.isdir(top):
+            continue
+        folders, skipped, loops = walk_files(top)
+        passed += skipped
+        for link in loops:
+            log.warning("%s links back up to %s, a folder it is in: not followed", link, os.path.realpath(link))
+        for root, names in folders:
+            paths = (os.path.join(root, n) for n in names)
+            samples += [(p, class_to_idx[c]) for p in paths if valid(p) and not is_apple_double(p)]
+    if passed:
+        more = " ..." if len(passed) > 5 else ""
+        log.warning(
+            "passed over %d hidden or system folder(s) in the class folders of %s (not images of the class): %s%s",
+            len(passed), directory, ", ".join(os.path.relpath(p, directory) for p in passed[:5]), more,
+        )  # fmt: skip
+    found = {t for _, t in samples}
+    empty = sorted(c for c, i in class_to_idx.items() if i not in found)
+    if empty and not allow_empty:  # (torchvision's message; it names the extensions it looked for)
+        exts = f"Supported extensions are: {', '.join(extensions)}" if extensions is not None else ""
+        raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}. {exts}")
+    return samples
+
+
+def class_folders(path: Path) -> list[str]:
+    """The folders in ``path`` (links to folders included), sorted; a link to nothing is named in a warning, and so
+    are the hidden and system folders passed over (``.ipynb_checkpoints``, ``__MACOSX``: not classes,
+    :func:`~vitrel.data.datasets.is_system_folder`)."""
+    names, passed = [], []
+    for e in os.scandir(path):
+        if e.is_dir() and is_system_folder(e.name):
+            passed.append(e.name)
+        elif e.is_dir():
+            names.append(e.name)
+        elif e.is_symlink() and not os.path.exists(e.path):
+            log.warning(
+                "%s is a link to %s, which does not exist: not a class folder (passed over)", e.path, os.readlink(e)
+            )
+    if passed:
+        log.warning("%s: passed over %s (hidden or system folders, not classes)", path, ", ".join(sorted(passed)))
+    return sorted(names)
 
 
 def to_8bit(img: Image.Image) -> Image.Image:

@@ -52,11 +52,10 @@ from vitrel.data.datasets import (
     ON_BAD_SAMPLE,
     ClassFoldersMismatchError,
     check_val_classes,
-    is_apple_double,
-    is_system_folder,
+    class_folder_samples,
+    class_folders,
     load_rgb,
     rgb_8bit,
-    walk_files,
 )
 from vitrel.data.unreadable import LeaveOutCollate, SkipUnreadable
 
@@ -73,7 +72,6 @@ __all__ = [
     "locate_class_folders",
     "ClassFoldersMismatchError",
     "check_val_classes",
-    "class_folders",
 ]
 
 
@@ -113,35 +111,9 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
         (``._<name>.jpg``, not images: :func:`~vitrel.data.datasets.is_apple_double`) as it passes over
         ``.DS_Store``, hidden and system folders in the class folders (``.ipynb_checkpoints``, ``@eaDir``'s
         thumbnails: one warning names them) and links back up to a folder the walk is in (a warning each)."""
-        from torchvision.datasets.folder import has_file_allowed_extension
-
         if (extensions is None) == (is_valid_file is None):  # (neither or both: torchvision's error)
             return ImageFolder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
-        valid = is_valid_file or (lambda p: has_file_allowed_extension(p, extensions))
-        samples, passed = [], []
-        for c in sorted(class_to_idx):
-            top = os.path.join(os.path.expanduser(directory), c)
-            if not os.path.isdir(top):
-                continue
-            folders, skipped, loops = walk_files(top)
-            passed += skipped
-            for link in loops:
-                log.warning("%s links back up to %s, a folder it is in: not followed", link, os.path.realpath(link))
-            for root, names in folders:
-                paths = (os.path.join(root, n) for n in names)
-                samples += [(p, class_to_idx[c]) for p in paths if valid(p) and not is_apple_double(p)]
-        if passed:
-            more = " ..." if len(passed) > 5 else ""
-            log.warning(
-                "passed over %d hidden or system folder(s) in the class folders of %s (not images of the class): %s%s",
-                len(passed), directory, ", ".join(os.path.relpath(p, directory) for p in passed[:5]), more,
-            )  # fmt: skip
-        found = {t for _, t in samples}
-        empty = sorted(c for c, i in class_to_idx.items() if i not in found)
-        if empty and not allow_empty:  # (torchvision's message; it names the extensions it looked for)
-            exts = f"Supported extensions are: {', '.join(extensions)}" if extensions is not None else ""
-            raise FileNotFoundError(f"Found no valid file for the classes {', '.join(empty)}. {exts}")
-        return samples
+        return class_folder_samples(directory, class_to_idx, extensions, is_valid_file, allow_empty)
 
     def bad_reason(self, path: str, err: BaseException) -> str:
         if isinstance(err, UnidentifiedImageError):  # (PIL's text names a file object, not the file)
@@ -171,25 +143,6 @@ def _reader_ranks(ds: Dataset) -> tuple[int, int]:
     """``(world size, rank)`` a timm iterable data set's reader splits its shards by."""
     reader = ds.reader  # type: ignore[attr-defined]
     return getattr(reader, "dist_num_replicas", 1), getattr(reader, "dist_rank", 0)
-
-
-def class_folders(path: Path) -> list[str]:
-    """The folders in ``path`` (links to folders included), sorted; a link to nothing is named in a warning, and so
-    are the hidden and system folders passed over (``.ipynb_checkpoints``, ``__MACOSX``: not classes,
-    :func:`~vitrel.data.datasets.is_system_folder`)."""
-    names, passed = [], []
-    for e in os.scandir(path):
-        if e.is_dir() and is_system_folder(e.name):
-            passed.append(e.name)
-        elif e.is_dir():
-            names.append(e.name)
-        elif e.is_symlink() and not os.path.exists(e.path):
-            log.warning(
-                "%s is a link to %s, which does not exist: not a class folder (passed over)", e.path, os.readlink(e)
-            )
-    if passed:
-        log.warning("%s: passed over %s (hidden or system folders, not classes)", path, ", ".join(sorted(passed)))
-    return sorted(names)
 
 
 ARCHIVES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".7z")

@@ -45,7 +45,14 @@ from typing import Any
 import numpy as np
 from torch.utils.data import DataLoader
 
-from vitrel.data.datasets import ON_BAD_SAMPLE, BadSampleError, ClassFoldersMismatchError, check_val_classes
+from vitrel.data.datasets import (
+    ON_BAD_SAMPLE,
+    BadSampleError,
+    ClassFoldersMismatchError,
+    check_val_classes,
+    class_folder_samples,
+    class_folders,
+)
 
 __all__ = [
     "write_wds",
@@ -67,13 +74,11 @@ _KEEP_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 
 def folder_samples(folder: str | Path, classes: Sequence[str]) -> list[tuple[Path, int]]:
     """``(file, class index)`` of every image under ``folder/<class>/`` (the scan of ``data=imagenet``'s
-    :class:`~vitrel.data.imagenet.FixedClassImageFolder`)."""
+    :class:`~vitrel.data.imagenet.FixedClassImageFolder`: :func:`~vitrel.data.datasets.class_folder_samples`)."""
     from torchvision.datasets.folder import IMG_EXTENSIONS
 
-    from vitrel.data.imagenet import FixedClassImageFolder
-
     index = {c: i for i, c in enumerate(classes)}
-    found = FixedClassImageFolder.make_dataset(str(folder), index, IMG_EXTENSIONS, allow_empty=True)
+    found = class_folder_samples(str(folder), index, IMG_EXTENSIONS, allow_empty=True)
     return [(Path(p), int(t)) for p, t in found]
 
 
@@ -104,8 +109,6 @@ def _splits(root: Path) -> tuple[list[str], dict[str, tuple[Path, list[tuple[Pat
     folders = {name: root / d for d, name in SPLIT_NAMES.items() if (root / d).is_dir()}
     if "train" not in folders:
         raise FileNotFoundError(f"{root} has no train/ folder (the classes are train's class folders)")
-    from vitrel.data.imagenet import class_folders  # (hidden and system folders passed over, as data=imagenet does)
-
     classes = class_folders(folders["train"])
     if not classes:
         raise FileNotFoundError(f"{folders['train']} has no class folders")

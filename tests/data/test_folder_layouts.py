@@ -124,6 +124,27 @@ def test_a_subset_of_linked_files_and_linked_class_folders_is_read(tmp_path):
     assert [t for _, t in dm.raw_dataset("val").samples] == [0, 0, 1, 1, 2, 2]
 
 
+def test_predict_finds_the_files_the_data_set_reads(tmp_path, caplog):
+    """``predict.py`` walked a tree once per real folder: of two class folders linking to one folder, the second's
+    images were left out, and a link back up was passed over with no word. ``data=imagenet`` followed a link to the
+    split folder from inside a *linked* class folder (its real path is elsewhere): 10 ``val`` samples for 6, class
+    ``b``'s and ``c``'s images labelled ``a`` too. One walk now: the same 6 files, and one warning."""
+    from vitrel.data.input_files import find_images
+
+    make_imagenet_tree(tmp_path / "pool")
+    for split in ("train", "val"):
+        (tmp_path / "sub" / split).mkdir(parents=True)
+        for name, target in (("a", "n0001"), ("b", "n0002"), ("c", "n0002")):
+            (tmp_path / "sub" / split / name).symlink_to(tmp_path / "pool" / split / target, target_is_directory=True)
+    val = tmp_path / "sub" / "val"
+    (tmp_path / "pool" / "val" / "n0001" / "up").symlink_to(val, target_is_directory=True)
+    with caplog.at_level(logging.WARNING):
+        files, folders = find_images(val)
+    read = ImageNetDataModule(root=tmp_path / "sub", img_size=16, num_workers=0).raw_dataset("val").samples
+    assert [str(f) for f in files] == [p for p, _ in read] and folders == ["a", "b", "c"]
+    assert f"{val / 'a' / 'up'} links back up to {val}, a folder it is in: not followed" in warnings(caplog)
+
+
 @pytest.mark.parametrize("layout", ["train.zip", "root/train/train", "root=train"])
 def test_a_root_one_level_off_or_an_archive_is_named_in_the_refusal(tmp_path, layout):
     """Before: 'No folder <root>/train.' (or val) and the generic how-to; now the line says what is likely wrong."""

@@ -664,7 +664,7 @@ def test_a_symlinked_class_folder_is_predicted_and_a_dead_link_counted(ckpt, tmp
     Image.new("RGB", (32, 32), (10, 200, 10)).save(tree / "apple" / "A.JPG")
     Image.new("RGB", (40, 30), (10, 190, 10)).save(tree / "apple" / "nested" / "b.png")
     (tree / "zebra").symlink_to(store / "zebra", target_is_directory=True)
-    (tree / "apple" / "loop").symlink_to(tree, target_is_directory=True)  # (a link back up: entered once)
+    (tree / "apple" / "loop").symlink_to(tree, target_is_directory=True)  # (a link back up: not followed)
     (tree / "apple" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
     res = predict_folder(load_predictor(ckpt), tree, topk=1, progress=False)
     names = [r["filename"] for r in res.rows]

@@ -62,14 +62,19 @@ def is_system_folder(name: str) -> bool:
     return name.startswith(".") or name in SYSTEM_FOLDERS
 
 
-def walk_files(top: str) -> tuple[list[tuple[str, list[str]]], list[str], list[str]]:
-    """torchvision's ``ImageFolder`` walk of one class folder (``os.walk(followlinks=True)``, sorted), passing over
-    the folders :func:`is_system_folder` names and not following a link to a folder it is in, or one holding such a
-    folder (a link back up, which ``os.walk`` follows round until the path is too long: each file, the other classes'
-    too, read again under this class).
-    Returns the ``(folder, sorted file names)``, the folders passed over and the links not followed."""
-    out, passed, loops = [], [], []
-    inside = {top: (os.path.realpath(top),)}  # (a folder -> the real paths of it and of the folders it is in)
+def walk_files(top: str | Path, within: str | Path | None = None) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """torchvision's ``ImageFolder`` walk of a folder (``os.walk(followlinks=True)``, sorted): the one walk of the
+    class-folder data sets, the shards writers and ``predict.py``. It passes over the folders
+    :func:`is_system_folder` names and does not follow a link to a folder it is in, or to one holding such a folder (a
+    link back up, which ``os.walk`` follows round until the path is too long: each file, the other classes' too, read
+    again under this class; a warning names it). Any other link to a folder is followed: two links to one folder read
+    its files twice, as a subset built of links needs. A link to nothing is listed with the files. ``within``: the
+    folder ``top`` is in (a class folder's split folder: a link to it from inside a linked class folder leads back up).
+    Returns the ``(folder, sorted file names)`` and the folders passed over."""
+    out, passed = [], []
+    top = str(top)
+    outer = () if within is None else (os.path.realpath(within),)
+    inside = {top: (*outer, os.path.realpath(top))}  # (a folder -> the real paths of it and of the folders it is in)
     for root, dirs, names in os.walk(top, followlinks=True):
         keep = []
         for d in dirs:
@@ -78,13 +83,13 @@ def walk_files(top: str) -> tuple[list[tuple[str, list[str]]], list[str], list[s
             if is_system_folder(d):
                 passed.append(path)
             elif any(r == real or r.startswith(real.rstrip(os.sep) + os.sep) for r in inside[root]):
-                loops.append(path)
+                log.warning("%s links back up to %s, a folder it is in: not followed", path, real)
             else:
                 inside[path] = (*inside[root], real)
                 keep.append(d)
         dirs[:] = keep
         out.append((root, sorted(names)))
-    return sorted(out), sorted(passed), sorted(loops)
+    return sorted(out), sorted(passed)
 
 
 def class_folder_samples(
@@ -102,10 +107,8 @@ def class_folder_samples(
         top = os.path.join(os.path.expanduser(directory), c)
         if not os.path.isdir(top):
             continue
-        folders, skipped, loops = walk_files(top)
+        folders, skipped = walk_files(top, within=os.path.expanduser(directory))
         passed += skipped
-        for link in loops:
-            log.warning("%s links back up to %s, a folder it is in: not followed", link, os.path.realpath(link))
         for root, names in folders:
             paths = (os.path.join(root, n) for n in names)
             samples += [(p, class_to_idx[c]) for p in paths if valid(p) and not is_apple_double(p)]

@@ -1,15 +1,14 @@
 """The files ``predict.py`` scores (:func:`vitrel.inference.predict_folder`): the images or videos under a folder, a
-tree of class folders or one file, found as the class-folder data sets find theirs (links to folders followed once,
-hidden and system folders and macOS's ``._<name>`` files passed over)."""
+tree of class folders or one file, found as the class-folder data sets find theirs (one walk, links to folders followed
+unless they lead back up, hidden and system folders and macOS's ``._<name>`` files passed over)."""
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from vitrel.data.datasets import is_apple_double, is_system_folder
+from vitrel.data.datasets import is_apple_double, is_system_folder, walk_files
 
 __all__ = ["IMG_EXTENSIONS", "NoImagesError", "NoVideosError", "walk_input", "find_images", "find_videos"]
 
@@ -27,23 +26,14 @@ class NoVideosError(FileNotFoundError):
 
 
 def walk_input(root: Path, passed: list[Path] | None = None) -> list[Path]:
-    """Every file under ``root``, through links to folders (a symlinked class folder is read, as the class-folder data
-    sets read it: ``os.walk(followlinks=True)``), each folder once (a link back up is not followed round), but for
-    those in hidden and system folders (``.ipynb_checkpoints``, ``@eaDir``: added to ``passed``, as the data sets
-    pass them over, :func:`~vitrel.data.datasets.is_system_folder`); a link to nothing is listed, so that a name with
-    an image extension is counted as a file that cannot be read."""
-    out, seen = [], set()
-    for top, dirs, names in os.walk(root, followlinks=True):
-        real = os.path.realpath(top)
-        if real in seen:
-            dirs[:] = []
-            continue
-        seen.add(real)
-        if passed is not None:
-            passed += [Path(top) / d for d in dirs if is_system_folder(d)]
-        dirs[:] = [d for d in dirs if not is_system_folder(d)]
-        out += [Path(top) / n for n in names]
-    return out
+    """Every file under ``root``, found by the class-folder data sets' walk
+    (:func:`~vitrel.data.datasets.walk_files`: links to folders followed unless they lead back up, a link to nothing
+    listed, so that a name with an image extension is counted as a file that cannot be read); the hidden and system
+    folders it passes over (``.ipynb_checkpoints``, ``@eaDir``) are added to ``passed``."""
+    folders, skipped = walk_files(root)
+    if passed is not None:
+        passed += [Path(p) for p in skipped]
+    return [Path(folder) / n for folder, names in folders for n in names]
 
 
 def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]):

@@ -20,6 +20,7 @@ from typing import Any
 from torch import nn
 
 from vitrel.pos.base import PositionScheme
+from vitrel.pos.init_stream import own_stream
 
 __all__ = [
     "PosArg",
@@ -159,14 +160,19 @@ class PosSpec:
         """The scheme for ``sizes``, keywords of :class:`~vitrel.pos.base.PositionScheme`'s constructor (which declares
         them and their defaults): ``num_heads``, ``head_dim``, ``grid``, ``num_prefix_tokens``, ``embed_dim`` and
         ``layer``, ``(index, number of layers)`` of the block it serves (per-layer schedules). ``causal``: given to a
-        ``causal_aware`` scheme whose spec does not set it."""
+        ``causal_aware`` scheme whose spec does not set it. The scheme draws its initial values from a stream of its
+        own (:func:`~vitrel.pos.init_stream.own_stream`): torch's global generators are left as they were, so the
+        layers a model builds around its schemes start alike whatever the scheme."""
         unknown = sorted(set(sizes) - {*SIZES, "layer"})
         if unknown:
             raise TypeError(f"PosSpec.build takes the sizes {SIZES} and 'layer', got {unknown}")
         kwargs = dict(self.options)
         if causal is not None and self.cls.causal_aware:
             kwargs.setdefault("causal", causal)
-        return self.cls(**sizes, **kwargs)
+        # (an absolute and a relative scheme built in a row draw apart; one scheme's variants, and a video scheme and
+        # its image one, draw alike)
+        with own_stream(f"{self.kind} {sizes.get('layer')}"):
+            return self.cls(**sizes, **kwargs)
 
 
 def parse_pos(pos: Any, **options: Any) -> PosSpec | None:

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import pytest
@@ -38,6 +39,8 @@ def test_train_then_eval_at_another_size_print_no_noise_and_log_to_the_run_folde
     # the run's log: vitrel's and Lightning's messages (Lightning's loggers no longer bypass the log file)
     log = (run / "train.log").read_text()
     assert f"run folder {run}" in log and "Seed set to 0" in log and "`Trainer.fit` stopped" in log, log
+    params = json.loads((run / "metrics.json").read_text())["params"]  # (exact: "0.02M" for every tiny scheme)
+    assert f"({params:,} parameters), data " in log, log
     # the closing summary is the console's (docs/training.md)
     assert "test accuracy" in r.stdout and "test accuracy" not in log, log
 

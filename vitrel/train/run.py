@@ -215,7 +215,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     n_params = sum(p.numel() for p in model.parameters())
     rank_zero_info(
         f"run folder {run_dir}\nmodel {model_name(cfg, model)} pos={pos_name(cfg, model)} "
-        f"({n_params / 1e6:.2f}M params), "
+        f"({n_params:,} parameters), "  # (exact: schemes differ by a few thousand)
         f"data {type(dm).__name__} img_size={dm.img_size} classes={dm.num_classes}"
     )
 
@@ -259,7 +259,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "test_split_images": n_split,
         "test_limited_by": test_limit(cfg.trainer) if tested_part(n_tested, n_split) else None,
         "model": model_name(cfg, model),
-        "params": sum(p.numel() for p in model.parameters()),  # (timm's param_count, not in millions)
+        "params": n_params,  # (timm's param_count, not in millions)
         "pos": pos_name(cfg, model),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "overrides": task_overrides(),

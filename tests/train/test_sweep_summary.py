@@ -10,6 +10,7 @@ import csv
 import json
 import logging
 import statistics
+import warnings
 
 import pytest
 from omegaconf import OmegaConf
@@ -327,3 +328,20 @@ def test_an_interrupted_sweep_shows_the_job_it_stopped_and_those_it_never_ran(tm
     import atexit
 
     atexit.unregister(again._at_exit)  # (its sweep never ends here: no table at pytest's exit)
+
+
+def test_a_sweep_run_again_with_another_setting_warns_naming_it():
+    """A sweep run again in its folder with a setting neither sweep varies changed (``module.optimizer.lr``): each
+    job resumed its folder's run without a word, a finished one only tested again, so the summary gave the first
+    sweep's scores under the new setting. It warns, naming the key; a longer run (``trainer.max_epochs``) does not."""
+    from vitrel.train.resume import SWEEP_JOB, check_same_sweep_job
+
+    theirs = ["pos=rel2d_full", "seed=0", "module.optimizer.lr=0.001", "trainer.max_epochs=1"]
+    ckpt = {SWEEP_JOB: {"overrides": theirs, "swept": ["seed"]}}
+    mine = ["pos=rel2d_full", "seed=0", "module.optimizer.lr=0.003", "trainer.max_epochs=1"]
+    with pytest.warns(UserWarning, match=r"lr: checkpoint module\.optimizer\.lr=0\.001, this job"):
+        check_same_sweep_job(ckpt, {"overrides": mine, "swept": ["seed"]}, "sweep/0/checkpoints/last.ckpt")
+    longer = [*theirs[:3], "trainer.max_epochs=5"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_same_sweep_job(ckpt, {"overrides": longer, "swept": ["seed"]}, "sweep/0/checkpoints/last.ckpt")

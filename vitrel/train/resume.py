@@ -126,6 +126,11 @@ def _take_carried(ckpt: Mapping[str, Any], callbacks: Sequence[Callback], where:
 
 #: the checkpoint key of the sweep job that wrote it (:class:`SweepJobRecord`)
 SWEEP_JOB = "vitrel_sweep_job"
+#: overrides a sweep run again in its folder may change without a word: how long, where and how it runs and logs
+MAY_DIFFER = frozenset({
+    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.devices", "trainer.accelerator",
+    "data.num_workers", "progress_bar", "logger", "test", "resume", "ckpt_path",
+})  # fmt: skip
 
 
 def sweep_job() -> dict[str, list[str]] | None:
@@ -146,17 +151,27 @@ def check_same_sweep_job(ckpt: Mapping[str, Any], job: Mapping[str, Any] | None,
     (:func:`sweep_job`): the same value of every key that its sweep or this one varies. Hydra names a sweep's job
     folders by job number, so a sweep run again in its folder with other lists gives a folder to another job, which
     resumed would report the folder's run as its own: a :class:`~vitrel.config.ConfigError` naming both. Not checked
-    outside a sweep (a single run may resume with other settings) or for checkpoints that record no sweep job."""
+    outside a sweep (a single run may resume with other settings) or for checkpoints that record no sweep job. Another
+    value of a key neither sweep varies (the sweep run again with another ``module.optimizer.lr``) is a warning naming
+    it, unless the key is one of :data:`MAY_DIFFER`."""
     theirs = ckpt.get(SWEEP_JOB)
     if job is None or not isinstance(theirs, Mapping):
         return
     keys = set(theirs.get("swept") or ()) | set(job["swept"])
     a = {override_key(o): o for o in theirs.get("overrides") or ()}
     b = {override_key(o): o for o in job["overrides"]}
+    none = "(not set)"
     differ = sorted(k for k in keys if a.get(k) != b.get(k))
+    others = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in keys and k not in MAY_DIFFER)
+    if others and not differ:  # (a sweep run again with another setting than its lists: e.g. another lr)
+        what = "; ".join(f"{k}: checkpoint {a.get(k, none)}, this job {b.get(k, none)}" for k in others)
+        rank_zero_warn(
+            f"resuming {where}, which this job's folder holds from a sweep run with other settings ({what}): the "
+            "resumed run keeps the checkpoint's weights, optimizer and rates, and a finished one is only tested "
+            "again. resume=false starts this job over in this folder; a new sweep folder (the default) starts all."
+        )
     if not differ:
         return
-    none = "(not set)"
     what = "; ".join(f"{k}: checkpoint {a.get(k, none)}, this job {b.get(k, none)}" for k in differ)
     raise ConfigError(
         f"{where} was written by another job of a sweep ({what}; its job: {' '.join(theirs.get('overrides') or ())}):"

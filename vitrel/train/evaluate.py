@@ -182,7 +182,7 @@ def _trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
 #: (download, verify, on_bad_sample: their errors name the key to set).
 RUN_DATA_KEYS = (
     # which samples: where they are, the split (val: a seeded hold-out of train), how many
-    "root", "subset", "train_dir", "val_dir", "source", "train_split", "val_split", "dataset_kwargs",
+    "root", "path", "subset", "train_dir", "val_dir", "source", "train_split", "val_split", "dataset_kwargs",
     "extensions", "num_classes", "seed", "val_fraction", "train_images", "test_images",
     # Moving Fashion-MNIST's clips (with seed, the motions; train_images, the normalisation too)
     "size", "object_size", "speeds", "orientations",

@@ -28,10 +28,22 @@ NAMES = ["dark", "mid", "bright"]
 class GreyData(L.LightningDataModule):
     """A user's own data module: grey images (1 channel) of ``size`` (H, W) as float tensors in 0-1, class ``c`` of
     brightness ``c / 2``, labels ``c + offset`` of ``dtype``; ``mean``, ``std`` (0 and 1: none applied) and
-    ``class_names`` unless ``plain``; ``sized=False``: without ``num_classes`` / ``in_chans`` / ``img_size``. No
-    ``img_size`` argument: its images are of its own size."""
+    ``class_names`` (``names``, else three) unless ``plain``; ``said``: an ``img_size`` other than its images';
+    ``sized=False``: without ``num_classes`` / ``in_chans`` / ``img_size``. No ``img_size`` argument: its images are
+    of its own size."""
 
-    def __init__(self, size=(16, 16), offset=0, dtype="int64", plain=False, sized=True, n=48, batch_size=16):
+    def __init__(
+        self,
+        size=(16, 16),
+        offset=0,
+        dtype="int64",
+        plain=False,
+        sized=True,
+        said=None,
+        names=None,
+        n=48,
+        batch_size=16,
+    ):
         super().__init__()
         g = torch.Generator().manual_seed(0)
         y = torch.arange(n) % 3
@@ -41,8 +53,9 @@ class GreyData(L.LightningDataModule):
         if sized:
             self.num_classes, self.in_chans = 3, 1
             self.img_size = size[0] if size[0] == size[1] else list(size)  # (a side, or [H, W])
+            self.img_size = self.img_size if said is None else said  # (said: another size than its images')
         if not plain:
-            self.mean, self.std, self.class_names = (0.0,), (1.0,), NAMES
+            self.mean, self.std, self.class_names = (0.0,), (1.0,), list(names or NAMES)
 
     def _loader(self, shuffle=False):
         return DataLoader(TensorDataset(self.x, self.y), batch_size=self.batch_size, shuffle=shuffle)
@@ -142,3 +155,26 @@ def test_a_data_module_without_mean_and_std_is_warned_of(conf, tmp_path):
     architecture's defaults; ``train.py`` says so (it said nothing)."""
     with pytest.warns(UserWarning, match="GreyData has no mean and std: the checkpoints store no preprocessing"):
         _train(tmp_path, conf, (16, 16), plain=True)
+
+
+def test_images_of_another_size_than_the_data_module_says_are_refused(conf, tmp_path):
+    """Images of 32 px from a data module whose ``img_size`` says 16: the model (built at 16, run on any grid) trained
+    on them silently, and its checkpoints said 16 (``predict.py`` resized files to 16, ``eval.py`` reported 16).
+    Refused at the first batch, naming both."""
+    from vitrel.models.input_size import InputSizeError
+
+    with pytest.raises(InputSizeError, match=r"GreyData's (train|val) images are 1x32x32 .* say 1x16x16"):
+        _train(tmp_path, conf, (32, 32), said=16)
+
+
+def test_class_names_of_another_number_than_the_classes_are_refused(conf, tmp_path):
+    """Two ``class_names`` for three classes: stored as they were, so ``predict.py`` labelled the third class ``2``;
+    refused before the run, as ``ArrayDataModule`` now refuses them."""
+    from vitrel.config import ConfigError
+    from vitrel.data import ArrayDataModule
+
+    with pytest.raises(ConfigError, match="GreyData has 2 class_names for its 3 classes"):
+        _train(tmp_path, conf, (16, 16), names="[dark,mid]")
+    x, y = np.zeros((6, 8, 8), np.uint8), np.arange(6) % 3
+    with pytest.raises(ValueError, match="2 class_names for 3 classes"):
+        ArrayDataModule(train=(x, y), test=(x, y), class_names=["a", "b"])

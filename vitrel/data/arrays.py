@@ -70,6 +70,8 @@ class ArrayDataModule(VisionDataModule):
         pixels = x.reshape(len(x), self.native_size**2, self.in_chans).astype(np.float64) / 255.0
         self.mean = tuple(float(m) for m in (mean if mean is not None else pixels.mean((0, 1))))
         self.std = tuple(float(s) for s in (std if std is not None else pixels.std((0, 1))))
+        if class_names is not None and len(class_names) != self.num_classes:  # (predict.py would label by index)
+            raise ValueError(f"{len(class_names)} class_names for {self.num_classes} classes: {list(class_names)}")
         self.class_names = list(class_names) if class_names is not None else [str(i) for i in range(self.num_classes)]
 
     @staticmethod

@@ -48,7 +48,7 @@ from vitrel.models.ckpt_files import run_checkpoint, stored_config
 from vitrel.models.data_config import stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
-from vitrel.train.data_contract import check_data_module
+from vitrel.train.data_contract import CheckOwnBatches, check_data_module
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.run_figures import RunFigures
@@ -496,7 +496,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,
-        callbacks=[*progress_callbacks(bar), counted, unreadable, figures],
+        callbacks=[*progress_callbacks(bar), counted, unreadable, figures, CheckOwnBatches(dm)],
         enable_progress_bar=bar in ("rich", "tqdm"),
         enable_checkpointing=False,
     )

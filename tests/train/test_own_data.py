@@ -178,3 +178,12 @@ def test_class_names_of_another_number_than_the_classes_are_refused(conf, tmp_pa
     x, y = np.zeros((6, 8, 8), np.uint8), np.arange(6) % 3
     with pytest.raises(ValueError, match="2 class_names for 3 classes"):
         ArrayDataModule(train=(x, y), test=(x, y), class_names=["a", "b"])
+
+
+def test_names_as_targets_are_refused_saying_what_to_do():
+    """A data set that returns class names as labels: the default collate gives a list of str, which
+    ``F.cross_entropy`` refused with ``TypeError: cross_entropy_loss(): argument 'target' must be Tensor, not list``."""
+    from vitrel.train.data_contract import TargetError, check_targets
+
+    with pytest.raises(TargetError, match=r"targets are a list of str, not a tensor of class indices 0..2: map"):
+        check_targets(["cat", "dog"], 3)

@@ -74,9 +74,15 @@ def warn_no_preprocessing(dm: Any) -> None:
         )
 
 
-def check_targets(y: Tensor, num_classes: int) -> None:
+def check_targets(y: Any, num_classes: int) -> None:
     """The targets of a batch are integer class indices in ``0..num_classes-1``: else a :class:`TargetError` naming
     what was found (one read of the device: their smallest and largest value)."""
+    if not isinstance(y, Tensor):  # (class names as labels: the default collate gives a list of str)
+        raise TargetError(
+            f"the batch's targets are a {type(y).__name__} of {type(y[0]).__name__ if len(y) else 'nothing'}, not a "
+            f"tensor of class indices 0..{num_classes - 1}: map each label to its index in the data set (and give "
+            f"the data module class_names) ({GUIDE})"
+        )
     if y.dtype not in (torch.int64, torch.uint8):
         kind = "float" if y.is_floating_point() else str(y.dtype).removeprefix("torch.")
         raise TargetError(

@@ -41,11 +41,12 @@ class GreyData(L.LightningDataModule):
         sized=True,
         said=None,
         names=None,
+        seed=0,
         n=48,
         batch_size=16,
     ):
         super().__init__()
-        g = torch.Generator().manual_seed(0)
+        g = torch.Generator().manual_seed(seed)
         y = torch.arange(n) % 3
         self.x = (y.float()[:, None, None, None] / 2 + 0.05 * torch.randn(n, 1, *size, generator=g)).clamp(0, 1)
         self.y = (y + offset).to(getattr(torch, dtype))
@@ -187,3 +188,20 @@ def test_names_as_targets_are_refused_saying_what_to_do():
 
     with pytest.raises(TargetError, match=r"targets are a list of str, not a tensor of class indices 0..2: map"):
         check_targets(["cat", "dog"], 3)
+
+
+def test_eval_on_another_file_of_ones_own_takes_none_of_the_runs_data_settings(conf, tmp_path):
+    """Two data files of one's own without a ``name`` (the set trained on, and another with ``seed: 7``): ``eval.py``
+    on the second took the run's ``data.seed=0`` as "the data settings of last.ckpt's run" and scored the first set,
+    silently. Without a name it takes none of them."""
+    folder = tmp_path / "conf"
+    (folder / "data").mkdir(parents=True)
+    for name, seed in (("a", 0), ("b", 7)):
+        (folder / "data" / f"{name}.yaml").write_text(f"_target_: {__name__}.GreyData\nseed: {seed}\n")
+    search = f"hydra.searchpath=[file://{folder}]"
+    args = [*TINY_VIT, *FAST[2:4], *SHORT, search, "data=a", f"hydra.run.dir={tmp_path / 'run'}"]
+    r = run_script_forked("train.py", args, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    evaluate(compose(tmp_path / "eval", [f"ckpt_path={tmp_path / 'run'}", search, "data=b"], "eval"))
+    saved = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
+    assert saved["data_from_run"] == {}, saved["data_from_run"]

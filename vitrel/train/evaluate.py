@@ -217,6 +217,14 @@ def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
     return value
 
 
+def _same_data(run: DictConfig, data_cfg: DictConfig) -> bool:
+    """Whether the run's record ``run`` is of the data scored: the same ``data.name``. Configs of one's own without a
+    name are not known as the same (two such files, of two data sets, would pass the run's ``root`` or ``seed`` to
+    the other)."""
+    name = run.data.get("name") if run.get("data") is not None else None
+    return name is not None and name == data_cfg.get("name")
+
+
 def _run_settings(
     ckpt: Path, record: tuple[Path, DictConfig | None], stored_data: dict, split: dict[str, Any], data_cfg: DictConfig
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -229,7 +237,7 @@ def _run_settings(
     (``split``, :func:`_stored_split`) gives ``seed`` and ``val_fraction``. ``record``: :func:`run_record`."""
     path, run = record
     if run is not None:
-        if run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
+        if not _same_data(run, data_cfg):
             return {}, {}, ""
         keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
     else:
@@ -311,7 +319,7 @@ def _trained_preprocessing(
     the pretrained weights', which its run record leaves null) where the config leaves it null and the data set's
     own differs (:meth:`~vitrel.data.normalisation.Normalisation.adopt`: set on ``dm``, logged), put into
     ``cfg.data``. Not for other data than the run's (which keeps its group's defaults, as :data:`RUN_DATA_KEYS`)."""
-    if run is not None and (run.get("data") is None or run.data.get("name") != cfg.data.get("name")):
+    if run is not None and not _same_data(run, cfg.data):
         return {}
     if not isinstance(dm, Normalisation):
         return {}

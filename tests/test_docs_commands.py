@@ -88,6 +88,8 @@ PLACEHOLDERS: dict[str, str | list[str]] = {
     # a SLURM partition; a data group ([data=...] in conf/eval.yaml)
     "<p>": "gpu",
     "data=...": "data=cifar10",
+    # docs/training.md's config folder of one's own data module (my_conf/data/mine.yaml): tests/fixtures' copy
+    "file://my_conf": f"file://{ROOT}/tests/fixtures/my_conf",
     # a trailing `...`: "and any other overrides"
     " ...": "",
 }

@@ -130,6 +130,15 @@ class MovingFMNISTDataConfig(DataConfig):
     in_chans: int = 1
 
 
+@dataclass
+class ArraysDataConfig(DataConfig):
+    """``data=arrays``: one's own uint8 arrays in an ``.npz`` file (``vitrel.data.ArrayDataModule``)."""
+
+    path: str | None = None
+    num_classes: int | None = None
+    class_names: list[str] | None = None
+
+
 # -------------------------------------------------------------------------------------------- module
 @dataclass
 class AdamWConfig:
@@ -286,6 +295,7 @@ def register_configs() -> None:
     cs.store(group="data", name="imagenet_schema", node=ImageNetDataConfig)
     cs.store(group="data", name="video_folder_schema", node=VideoFolderDataConfig)
     cs.store(group="data", name="moving_fmnist_schema", node=MovingFMNISTDataConfig)
+    cs.store(group="data", name="arrays_schema", node=ArraysDataConfig)
     cs.store(group="module", name="classifier_schema", node=ModuleConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
 
@@ -60,15 +61,28 @@ class ArrayDataModule(VisionDataModule):
         self.num_classes = int(num_classes if num_classes is not None else labels.max() + 1)
         if labels.min() < 0 or labels.max() >= self.num_classes:
             raise ValueError(f"labels must be in [0, {self.num_classes}), found {labels.min()}..{labels.max()}")
+        if num_classes is None and labels.min() > 0:  # (labels 1..C: a class 0 that no image has)
+            rank_zero_warn(
+                f"labels are {labels.min()}..{labels.max()}: num_classes={self.num_classes} (the largest label + 1), "
+                f"classes 0..{labels.min() - 1} with no image; labels 1..C? subtract 1 (or give num_classes)"
+            )
         self.in_chans = 1 if x.ndim == 3 else int(x.shape[3])
         pixels = x.reshape(len(x), self.native_size**2, self.in_chans).astype(np.float64) / 255.0
         self.mean = tuple(float(m) for m in (mean if mean is not None else pixels.mean((0, 1))))
         self.std = tuple(float(s) for s in (std if std is not None else pixels.std((0, 1))))
+        if class_names is not None and len(class_names) != self.num_classes:  # (predict.py would label by index)
+            raise ValueError(f"{len(class_names)} class_names for {self.num_classes} classes: {list(class_names)}")
         self.class_names = list(class_names) if class_names is not None else [str(i) for i in range(self.num_classes)]
 
     @staticmethod
     def _check(images: np.ndarray, labels: np.ndarray, split: str) -> Arrays:
-        images, labels = np.asarray(images), np.asarray(labels).astype(np.int64)
+        images, labels = np.asarray(images), np.asarray(labels)
+        if labels.dtype.kind not in "iu":  # (astype would truncate 1.5 to 1, and read "3" as 3)
+            raise ValueError(
+                f"{split} labels must be integer class indices 0..num_classes-1, got {labels.dtype}: map names to "
+                "indices (and give their names as class_names), or cast whole numbers with labels.astype(int)"
+            )
+        labels = labels.astype(np.int64)
         if images.dtype != np.uint8 or images.ndim not in (3, 4):
             raise ValueError(f"{split} images must be uint8 [N, H, W(, C)], got {images.dtype} {images.shape}")
         if len(images) != len(labels):

@@ -27,6 +27,7 @@ from vitrel.models.data_config import data_fields, stored_data_config
 from vitrel.models.factory import TRANSFERABLE
 from vitrel.models.input_size import InputSizeError, check_patches_fit
 from vitrel.models.registry import MODEL_ARGS, build_from_cfg
+from vitrel.train.data_contract import check_data_module
 from vitrel.train.utils import (
     check_channels_fit,
     check_video_pairing,
@@ -57,7 +58,11 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str | 
 
     ``resume``: the checkpoint the run resumes. A model of pretrained weights (``model.init_from``,
     ``model=from_checkpoint``) is then built from the configuration stored in it (:func:`_resumed_model`), without
-    reading the pretrained weights (``model.init_file``, a download, ``model.path``), which its weights replace."""
+    reading the pretrained weights (``model.init_file``, a download, ``model.path``), which its weights replace.
+
+    A data module without ``num_classes``, ``in_chans`` or ``img_size`` (one of the user's own) is refused first,
+    naming them (:func:`~vitrel.train.data_contract.check_data_module`)."""
+    check_data_module(dm)
     if resume is not None and (model_cfg.get("init_from") or loads_checkpoint(model_cfg)):
         stored = stored_config(resume)
         if stored:  # (a checkpoint of vitrel.train always has one)
@@ -152,9 +157,14 @@ def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModu
         why = "model.img_size" if model_cfg.get("img_size") else f"the size {arch} is made for"
     if patch is None or made_for is None:
         return
-    (ph, pw), (mh, mw) = to_2tuple(patch), to_2tuple(made_for)
-    if ph == pw and mh == mw:  # (square patches and size, as data.img_size)
-        check_patches_fit(int(size), int(ph), type(dm).__name__, arch, int(mh), why)
+    (ph, pw), (mh, mw), (sh, sw) = to_2tuple(patch), to_2tuple(made_for), to_2tuple(size)
+    if ph == pw and mh == mw and sh == sw:  # (square patches and size, as data.img_size)
+        check_patches_fit(int(sh), int(ph), type(dm).__name__, arch, int(mh), why)
+    elif sh % ph or sw % pw or sh < ph or sw < pw:  # (a data module's [H, W] images: no data.img_size to name)
+        raise InputSizeError(
+            f"{type(dm).__name__}'s images, {sh}x{sw} (its img_size), are not a whole number of the {ph}x{pw} patches "
+            f"of {arch}: give it images whose sides are multiples of the patch"
+        )
 
 
 def _check_frames_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:

@@ -48,6 +48,7 @@ from vitrel.models.ckpt_files import run_checkpoint, stored_config
 from vitrel.models.data_config import stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
+from vitrel.train.data_contract import CheckOwnBatches, check_data_module
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.run_figures import RunFigures
@@ -95,8 +96,14 @@ def _trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[
     """``img_size``, when ``data.img_size`` is not given (null) and the model takes image tensors (not NaFlex
     batches, whose images keep their own sizes): the side the stored model was built at when square; for a model
     built at a non-square ``(H, W)`` (kept as built), the side of the images it was trained on (its stored data
-    config's ``input_size``); else empty."""
-    if data_cfg.get("img_size") is not None or data_cfg.get("packing") or saved.get("img_size") is None:
+    config's ``input_size``); else empty, and for a data module without an ``img_size`` argument (one of the user's
+    own, whose images are of its own size: the model is built at its ``img_size`` attribute)."""
+    if (
+        "img_size" not in data_cfg
+        or data_cfg.get("img_size") is not None
+        or data_cfg.get("packing")
+        or saved.get("img_size") is None
+    ):
         return {}
     h, w = to_2tuple(saved["img_size"])
     if h == w:
@@ -133,7 +140,8 @@ def _size_choice_of_the_run(saved: dict, choices: list[int], dm: Any) -> bool:
     size = getattr(dm, "img_size", None)
     if size is None or saved.get("img_size") is None or getattr(dm, "packing", None):
         return False
-    return int(size) in choices
+    h, w = to_2tuple(size)  # (a data module of the user's own may give [H, W]; choices are square sides)
+    return h == w and int(h) in choices
 
 
 def _trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
@@ -174,8 +182,8 @@ def _trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
 #: (download, verify, on_bad_sample: their errors name the key to set).
 RUN_DATA_KEYS = (
     # which samples: where they are, the split (val: a seeded hold-out of train), how many
-    "root", "subset", "train_dir", "val_dir", "source", "train_split", "val_split", "dataset_kwargs", "extensions",
-    "num_classes", "seed", "val_fraction", "train_images", "test_images",
+    "root", "path", "subset", "train_dir", "val_dir", "source", "train_split", "val_split", "dataset_kwargs",
+    "extensions", "num_classes", "seed", "val_fraction", "train_images", "test_images",
     # Moving Fashion-MNIST's clips (with seed, the motions; train_images, the normalisation too)
     "size", "object_size", "speeds", "orientations",
     # preprocessing: channels, resize and crop, the translation canvas, NaFlex batches
@@ -209,6 +217,14 @@ def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
     return value
 
 
+def _same_data(run: DictConfig, data_cfg: DictConfig) -> bool:
+    """Whether the run's record ``run`` is of the data scored: the same ``data.name``. Configs of one's own without a
+    name are not known as the same (two such files, of two data sets, would pass the run's ``root`` or ``seed`` to
+    the other)."""
+    name = run.data.get("name") if run.get("data") is not None else None
+    return name is not None and name == data_cfg.get("name")
+
+
 def _run_settings(
     ckpt: Path, record: tuple[Path, DictConfig | None], stored_data: dict, split: dict[str, Any], data_cfg: DictConfig
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
@@ -221,7 +237,7 @@ def _run_settings(
     (``split``, :func:`_stored_split`) gives ``seed`` and ``val_fraction``. ``record``: :func:`run_record`."""
     path, run = record
     if run is not None:
-        if run.get("data") is None or run.data.get("name") != data_cfg.get("name"):
+        if not _same_data(run, data_cfg):
             return {}, {}, ""
         keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
     else:
@@ -303,7 +319,7 @@ def _trained_preprocessing(
     the pretrained weights', which its run record leaves null) where the config leaves it null and the data set's
     own differs (:meth:`~vitrel.data.normalisation.Normalisation.adopt`: set on ``dm``, logged), put into
     ``cfg.data``. Not for other data than the run's (which keeps its group's defaults, as :data:`RUN_DATA_KEYS`)."""
-    if run is not None and (run.get("data") is None or run.data.get("name") != cfg.data.get("name")):
+    if run is not None and not _same_data(run, cfg.data):
         return {}
     if not isinstance(dm, Normalisation):
         return {}
@@ -348,11 +364,11 @@ def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> N
     patch, trained = stored.get("patch_size"), stored.get("img_size")
     if patch is None or trained is None or getattr(dm, "packing", None) or getattr(dm, "img_size", None) is None:
         return
-    (ph, pw), (th, tw) = to_2tuple(patch), to_2tuple(trained)
-    if ph == pw and th == tw:  # (square patches and size, as data.img_size)
+    (ph, pw), (th, tw), (sh, sw) = to_2tuple(patch), to_2tuple(trained), to_2tuple(dm.img_size)
+    if ph == pw and th == tw and sh == sw:  # (square patches and size, as data.img_size; [H, W] of one's own data)
         whose = f"{ckpt} ({stored.get('architecture')})"
         why = "the size it was trained at, what eval.py takes without data.img_size"
-        check_patches_fit(int(dm.img_size), int(ph), type(dm).__name__, whose, int(th), why)
+        check_patches_fit(int(sh), int(ph), type(dm).__name__, whose, int(th), why)
 
 
 def _trained_data(record: tuple[Path, DictConfig | None]) -> str:
@@ -459,6 +475,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
     taken |= _from_run(cfg, _trained_clips(stored_data, cfg.data), what)
     dm = instantiate(cfg.data)
+    check_data_module(dm)  # (one of the user's own without num_classes, in_chans, img_size: named)
     taken |= _trained_preprocessing(ckpt, stored_data, record[1], cfg, dm)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
@@ -487,7 +504,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,
-        callbacks=[*progress_callbacks(bar), counted, unreadable, figures],
+        callbacks=[*progress_callbacks(bar), counted, unreadable, figures, CheckOwnBatches(dm)],
         enable_progress_bar=bar in ("rich", "tqdm"),
         enable_checkpointing=False,
     )
@@ -497,7 +514,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     tested = figures.take(trainer, "test")
     left_out = tested["unreadable"]
     metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
-    grid = [s // stored.get("patch_size", 1) for s in (dm.img_size, dm.img_size)]
+    grid = [s // p for s, p in zip(to_2tuple(dm.img_size), to_2tuple(stored.get("patch_size", 1)))]
     if is_video_data(dm):  # (T, H, W) of the tubelets
         grid.insert(0, dm.num_frames // stored.get("tubelet_size", 1))
     packing = getattr(dm, "packing", None)

@@ -64,6 +64,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitrel.inference import mean_softmax_log
 from vitrel.models.data_config import example_input
 from vitrel.models.naflex import input_form
+from vitrel.train.data_contract import check_targets
 from vitrel.train.flops import count_cpu_attention
 from vitrel.train.optim import check_float16_eps, param_groups
 
@@ -300,6 +301,8 @@ class ClassifierModule(L.LightningModule):
     def training_step(self, batch: tuple[Tensor | dict, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         n = _num_images(x, y)
+        if not self.sync_free:  # (the eager step reads the device anyway: its metrics check their inputs)
+            check_targets(y, self.num_classes)
         self._step_begins()
         if self.mixup_fn is not None:
             if input_form(x) == "naflex":
@@ -349,6 +352,7 @@ class ClassifierModule(L.LightningModule):
             return
         x, y = batch
         n = _num_images(x, y)
+        check_targets(y, self.num_classes)
         self._step_begins()
         net = self._net_for(x) if self.eval_model is self.model else (self._ema_cast or (self.eval_model,))[0]
         if isinstance(x, Tensor) and x.dim() == 6:  # [B, K, C, T, H, W]: K clips of B videos, scored per video

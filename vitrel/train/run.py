@@ -45,6 +45,7 @@ from vitrel.train.build import (
 )
 from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
+from vitrel.train.data_contract import CheckOwnBatches, warn_no_preprocessing
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.module import MIXUP_NAFLEX
@@ -183,8 +184,10 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)
     validated = CountValidations()  # the validations run (kept in the checkpoints too)
     cbs += [clock, validated, SeedRanks(int(cfg.seed))]  # (each DDP rank's own draws in the training step)
+    cbs.append(CheckOwnBatches(dm))  # (a data module of one's own: its first images as its attributes say)
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
-    model = build_model(cfg.model, dm, resume)
+    model = build_model(cfg.model, dm, resume)  # (a data module without num_classes, in_chans, img_size: refused)
+    warn_no_preprocessing(dm)  # (no mean, std: the checkpoints could not tell predict.py how to normalise)
     normalised = adopt_preprocessing(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std
     check_data_fits_model(dm, model, f"the model ({model_name(cfg, model)})")  # before a batch is made
     started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)

@@ -265,6 +265,7 @@ def one_line_errors(script: str) -> Iterator[None]:
     from vitrel.models.ckpt_files import CheckpointError
     from vitrel.models.input_size import InputSizeError
     from vitrel.train.callbacks import NonFiniteLossError, ResumePositionError
+    from vitrel.train.data_contract import TargetError
     from vitrel.train.rundir import RunFolderBusy
 
     user_errors = (
@@ -278,6 +279,7 @@ def one_line_errors(script: str) -> Iterator[None]:
         AcceleratorUnavailableError,
         ConfigError,
         NonFiniteLossError,
+        TargetError,
     )
     try:
         yield

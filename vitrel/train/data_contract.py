@@ -1,0 +1,140 @@
+"""What ``train.py`` and ``eval.py`` read from a data module, checked where a data module of the user's own (any
+``LightningDataModule`` named by ``data._target_``) could lack it: the attributes the model is sized by
+(:func:`check_data_module`), the preprocessing the checkpoints store for ``predict.py`` and ``vitrel.load_model``
+(:func:`warn_no_preprocessing`), the images of the first batch of each stage (:class:`CheckOwnBatches`: of the
+channels and size those attributes say, which the model is built at and the checkpoints tell ``predict.py`` to resize
+files to), and the targets of every batch (:func:`check_targets`: class indices ``0..num_classes-1``, where
+``F.cross_entropy`` would stop with an index error deep in torch). docs/training.md, "Your own data"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from timm.layers import to_2tuple
+from torch import Tensor
+
+from vitrel.config import ConfigError
+from vitrel.models.input_size import InputSizeError
+
+__all__ = [
+    "SIZED_BY",
+    "CheckOwnBatches",
+    "TargetError",
+    "check_data_module",
+    "check_targets",
+    "warn_no_preprocessing",
+]
+
+#: the attributes of a data module the model is built from (``train.py``) or checked against (``eval.py``)
+SIZED_BY = ("num_classes", "in_chans", "img_size")
+#: the guide's section on a data module of one's own
+GUIDE = 'docs/training.md, "Your own data"'
+
+
+class TargetError(ValueError):
+    """A batch whose targets are not class indices of the model (``train.py`` and ``eval.py`` print it as one
+    line)."""
+
+
+def check_data_module(dm: Any) -> None:
+    """``dm`` has an ``num_classes``, ``in_chans`` and ``img_size`` (:data:`SIZED_BY`), not None, and (one of the
+    user's own) as many ``class_names`` as classes, if any: else a :class:`~vitrel.config.ConfigError` naming what
+    is wrong, before anything is built."""
+    from vitrel.data.base import VisionDataModule
+
+    missing = [k for k in SIZED_BY if getattr(dm, k, None) is None]
+    names = None if missing or isinstance(dm, VisionDataModule) else getattr(dm, "class_names", None)
+    if names is not None and len(names) != int(dm.num_classes):  # (predict.py would label classes past them by index)
+        raise ConfigError(
+            f"{type(dm).__name__} has {len(names)} class_names for its {dm.num_classes} classes (num_classes): give "
+            f"one name per class index 0..{int(dm.num_classes) - 1} ({GUIDE})"
+        )
+    if not missing:
+        return
+    raise ConfigError(
+        f"{type(dm).__name__} has no {', '.join(missing)}: the model is built from the data module's num_classes "
+        "(an int), in_chans (1 for grey images) and img_size (the side of its square images, or [H, W]); set them "
+        f"as attributes in its __init__ ({GUIDE})"
+    )
+
+
+def warn_no_preprocessing(dm: Any) -> None:
+    """A warning when ``dm`` has no ``mean`` / ``std``: the checkpoints then store no preprocessing, and
+    ``predict.py`` and ``vitrel.load_model`` would normalise images with the architecture's defaults."""
+    missing = [k for k in ("mean", "std") if getattr(dm, k, None) is None]
+    if missing:
+        rank_zero_warn(
+            f"{type(dm).__name__} has no {' and '.join(missing)}: the checkpoints store no preprocessing, so "
+            "predict.py and vitrel.load_model will normalise images with the architecture's defaults, not as this "
+            "data module's loaders do; set mean and std (per channel, of images scaled to 0-1) to what they apply, "
+            f"and class_names for predict.py's labels ({GUIDE})"
+        )
+
+
+def check_targets(y: Any, num_classes: int) -> None:
+    """The targets of a batch are integer class indices in ``0..num_classes-1``: else a :class:`TargetError` naming
+    what was found (one read of the device: their smallest and largest value)."""
+    if not isinstance(y, Tensor):  # (class names as labels: the default collate gives a list of str)
+        raise TargetError(
+            f"the batch's targets are a {type(y).__name__} of {type(y[0]).__name__ if len(y) else 'nothing'}, not a "
+            f"tensor of class indices 0..{num_classes - 1}: map each label to its index in the data set (and give "
+            f"the data module class_names) ({GUIDE})"
+        )
+    if y.dtype not in (torch.int64, torch.uint8):
+        kind = "float" if y.is_floating_point() else str(y.dtype).removeprefix("torch.")
+        raise TargetError(
+            f"the batch's targets are {kind} ({y.dtype}): a classifier takes class indices 0..{num_classes - 1} as "
+            "torch.long (int64); return them so from the data set"
+        )
+    if y.numel() == 0:
+        return
+    lo, hi = (int(v) for v in torch.aminmax(y))
+    if lo >= 0 and hi < num_classes:
+        return
+    hint = f"; labels 1..{num_classes}? subtract 1" if lo >= 1 and hi == num_classes else ""
+    raise TargetError(
+        f"the batch holds targets {lo}..{hi}, but the model has {num_classes} classes (the data module's "
+        f"num_classes): targets must be class indices 0..{num_classes - 1}{hint} ({GUIDE})"
+    )
+
+
+class CheckOwnBatches(Callback):
+    """The first image batch of each stage from a data module of the user's own (not a ``VisionDataModule``) has its
+    ``in_chans`` channels and ``img_size`` side (or ``[H, W]``): else an
+    :class:`~vitrel.models.input_size.InputSizeError` naming both. A model of vitrel runs on any grid, so images of
+    32 px from a data module that says 16 trained, silently, a model whose checkpoints say 16: ``predict.py`` resized
+    files to 16 and ``eval.py`` reported 16. Not checked: training batches with ``size_choices``, NaFlex dicts,
+    clips."""
+
+    def __init__(self, dm: Any) -> None:
+        self.dm, self.seen = dm, set()
+
+    def _check(self, batch: Any, stage: str) -> None:
+        from vitrel.data.base import VisionDataModule
+
+        if stage in self.seen or isinstance(self.dm, VisionDataModule):
+            return
+        self.seen.add(stage)
+        x = batch[0] if isinstance(batch, (tuple, list)) and batch else None
+        if not isinstance(x, Tensor) or x.dim() != 4 or (stage == "train" and getattr(self.dm, "size_choices", None)):
+            return
+        want = (int(self.dm.in_chans), *(int(v) for v in to_2tuple(self.dm.img_size)))
+        if tuple(x.shape[1:]) != want:
+            raise InputSizeError(
+                f"{type(self.dm).__name__}'s {stage} images are {'x'.join(map(str, x.shape[1:]))} (channels x height "
+                f"x width), but its in_chans and img_size say {'x'.join(map(str, want))}: the model is built at those, "
+                "and its checkpoints tell predict.py to resize files to them; set them to what its loaders give "
+                f"({GUIDE})"
+            )
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self._check(batch, "train")
+
+    def on_validation_batch_start(self, trainer: Any, pl_module: Any, batch: Any, *args: Any) -> None:
+        self._check(batch, "val")
+
+    def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, *args: Any) -> None:
+        self._check(batch, "test")

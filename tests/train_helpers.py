@@ -93,9 +93,10 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 300):
 
 def _script_here(script: str, args: list[str], cwd: str, out: str, err: str) -> None:
     """``python <script> <args>`` in this process (one forked by :func:`run_script_forked`), ending as the interpreter
-    ends: the script run as ``__main__`` with its ``sys.argv`` and ``sys.path`` (its folder, then ``script_env``'s
-    tests/), stdout and stderr to the files ``out`` and ``err``; an uncaught exception's traceback or a ``SystemExit``
-    message printed, then the ``atexit`` functions (a forked process ends without them), then the exit code."""
+    ends: the script run as ``__main__`` with its ``sys.argv``, ``sys.path`` (its folder, then ``script_env``'s
+    tests/) and ``script_env``'s environment (that of the processes it starts: Lightning's DDP ranks), stdout and
+    stderr to the files ``out`` and ``err``; an uncaught exception's traceback or a ``SystemExit`` message printed,
+    then the ``atexit`` functions (a forked process ends without them), then the exit code."""
     import atexit
     import runpy
     import traceback
@@ -105,6 +106,7 @@ def _script_here(script: str, args: list[str], cwd: str, out: str, err: str) -> 
         os.dup2(f, fd)
         os.close(f)
     os.chdir(cwd)
+    os.environ.update(script_env())
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     sys.argv = [str(ROOT / script), *args]
     code = 0

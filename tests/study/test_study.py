@@ -60,10 +60,11 @@ def run(study, out: Path, *extra: str) -> dict:
 
 
 def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
-    state = run(study, tmp_path, "--max-runs", "1")  # as if the study died after its first run
+    cost = ["--cost-rounds", "2", "--cost-steps", "2"]  # (the timing's code at 16 steps, not 5 x 10 x 4 models)
+    state = run(study, tmp_path, *cost, "--max-runs", "1")  # as if the study died after its first run
     assert len(state["runs"]) == 1
     first = dict(state["runs"][0])
-    state = run(study, tmp_path)
+    state = run(study, tmp_path, *cost)
     out = capsys.readouterr().out
     assert "3 runs to do (1 of the selection already done" in out
     assert "cost: timing 4 models in alternation" in out  # once the selection is complete
@@ -135,11 +136,11 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
     assert json.loads(meta["swin/rel2d_full"])["pos"] == {"name": "rel2d_full", "init_std": 0.02, "extend": "grow"}
 
     assert sorted(data["cost"]) == ["swin/none", "swin/rel2d_full", "vit/none", "vit/rel2d_full"]
-    assert all(len(c["rounds"]) == 5 and c["img_s"] > 0 for c in data["cost"].values())
+    assert all(len(c["rounds"]) == 2 and c["img_s"] > 0 for c in data["cost"].values())
     assert float(rows[0]["bench_img_s"]) == pytest.approx(data["cost"]["vit/none"]["img_s"])
 
     # nothing left to do: a rerun only rewrites the files (the throughput timing is kept)
-    state = run(study, tmp_path)
+    state = run(study, tmp_path, *cost)
     assert len(state["runs"]) == 4 and state["cost"] == data["cost"]
     out = capsys.readouterr().out
     assert "0 runs to do" in out and "cost: timing" not in out

@@ -12,14 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from tests.preloaded import preloaded
-
 wandb = pytest.importorskip("wandb")
 
 
 def _log_a_picture(rank: int, pickled: bytes, cwd: str) -> None:
     os.chdir(cwd)  # (a spawned worker starts where the run was launched: not the run folder)
-    os.environ.pop("WANDB_DIR", None)  # (as in the test process)
     logger = pickle.loads(pickled)
     logger.log_metrics({"pos/blocks.0": wandb.Image(np.zeros((8, 8, 3), dtype=np.uint8))}, step=1)
 
@@ -34,9 +31,9 @@ def test_a_spawned_process_logs_its_media_into_the_run_folder(tmp_path: Path, mo
     launched.mkdir()
     logger = wandb_logger(save_dir=str(run), mode="offline")
     pickled = pickle.dumps(logger)  # (as Lightning's spawn launcher does: the main process opens the run)
-    try:  # a process forked from tests/preloaded.py's server (its environment: the server's, without this run's)
+    try:
         torch.multiprocessing.start_processes(
-            _log_a_picture, args=(pickled, str(launched)), nprocs=1, start_method=preloaded()
+            _log_a_picture, args=(pickled, str(launched)), nprocs=1, start_method="spawn"
         )
     finally:
         wandb.finish()

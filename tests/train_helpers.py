@@ -93,18 +93,24 @@ def run_script(script: str, args: list[str], cwd: Path, timeout: float = 300):
 
 def _script_here(script: str, args: list[str], cwd: str, out: str, err: str) -> None:
     """``python <script> <args>`` in this process (one forked by :func:`run_script_forked`), ending as the interpreter
-    ends: the script run as ``__main__`` with its ``sys.argv`` and ``sys.path`` (its folder, then ``script_env``'s
-    tests/), stdout and stderr to the files ``out`` and ``err``; an uncaught exception's traceback or a ``SystemExit``
-    message printed, then the ``atexit`` functions (a forked process ends without them), then the exit code."""
+    ends: the script run as ``__main__`` with its ``sys.argv``, ``sys.path`` (its folder, then ``script_env``'s
+    tests/) and ``script_env``'s environment (that of the processes it starts: Lightning's DDP ranks), stdout and
+    stderr to the files ``out`` and ``err`` (one file if the same); an uncaught exception's traceback or a
+    ``SystemExit`` message printed, then the ``atexit`` functions (a forked process ends without them), then the
+    exit code."""
     import atexit
     import runpy
     import traceback
 
     for fd, path in ((1, out), (2, err)):
+        if fd == 2 and err == out:  # both to one file, in the order written
+            os.dup2(1, 2)
+            continue
         f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(f, fd)
         os.close(f)
     os.chdir(cwd)
+    os.environ.update(script_env())
     sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
     sys.argv = [str(ROOT / script), *args]
     code = 0
@@ -143,6 +149,48 @@ def run_script_forked(script: str, args: list[str], cwd: Path, timeout: float = 
             raise subprocess.TimeoutExpired([script, *args], timeout)
         texts = [p.read_text() if p.exists() else "" for p in (out, err)]
     return subprocess.CompletedProcess([script, *args], proc.exitcode, stdout=texts[0], stderr=texts[1])
+
+
+class ForkedScript:
+    """``python <script> <args>`` started as :func:`run_script_forked` runs it (its stdout and stderr together in the
+    file ``out``), not waited for: the methods of ``subprocess.Popen`` the tests use (``pid``, ``poll``, ``wait``,
+    ``communicate``, ``send_signal``, ``kill``, ``returncode``) on the ``multiprocessing.Process`` it runs in."""
+
+    def __init__(self, script: str, args: list[str], cwd: Path, out: Path) -> None:
+        from tests import preloaded
+
+        self.args, self.out = [script, *args], out
+        self.proc = preloaded.start(_script_here, script, list(args), str(cwd), str(out), str(out))
+        self.pid = self.proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.exitcode
+
+    def poll(self) -> int | None:
+        return self.proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        self.proc.join(timeout)
+        if self.proc.exitcode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.proc.exitcode
+
+    def output(self) -> str:
+        """What the script wrote so far (stdout and stderr)."""
+        return self.out.read_text() if self.out.exists() else ""
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        self.wait(timeout)
+        return self.output(), None
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.proc.kill()
 
 
 def train_video_sweep(sweep: Path) -> Path:

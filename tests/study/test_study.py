@@ -26,6 +26,22 @@ def study():
     return vitrel.study
 
 
+@pytest.fixture(scope="module")
+def recipe(study):
+    """``study.recipe(budget)``, composed once a budget for the module's tests (a copy each call: about 3 Hydra
+    compositions a budget, 17 calls of 6 budgets)."""
+    import copy
+
+    made = {}
+
+    def get(budget: str) -> dict:
+        if budget not in made:
+            made[budget] = study.recipe(budget)
+        return copy.deepcopy(made[budget])
+
+    return get
+
+
 def test_bench_study_is_the_framework_command():
     """bench/study.py (the documented command) runs vitrel.study's main: one way to run the study."""
     import vitrel.study
@@ -36,13 +52,13 @@ def test_bench_study_is_the_framework_command():
     assert mod.main is vitrel.study.main
 
 
-def test_schemes_default_to_the_registry_ordered_by_family(study):
+def test_schemes_default_to_the_registry_ordered_by_family(study, recipe):
     """A registered scheme is in the default selection, placed by its family, with no list to edit."""
     import vitrel
     from vitrel.pos.base import FAMILIES
     from vitrel.pos.registry import get_pos_class
 
-    rec = study.recipe("gpu")  # default_schemes: null
+    rec = recipe("gpu")  # default_schemes: null
     schemes, _, _ = study.select(study.parse_args(["--budget", "gpu"]), rec["study"])
     assert set(vitrel.list_pos()) <= set(schemes) and set(rec["study"]["variants"]) <= set(schemes)
     fams = [FAMILIES.index(get_pos_class(s).family) for s in schemes if s in vitrel.list_pos()]
@@ -59,11 +75,12 @@ def run(study, out: Path, *extra: str) -> dict:
     return study.main([*argv, "--threads", "1", *extra])
 
 
-def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
-    state = run(study, tmp_path, "--max-runs", "1")  # as if the study died after its first run
+def test_smoke_study_writes_every_file_and_resumes(study, recipe, tmp_path, capsys):
+    cost = ["--cost-rounds", "2", "--cost-steps", "2"]  # (the timing's code at 16 steps, not 5 x 10 x 4 models)
+    state = run(study, tmp_path, *cost, "--max-runs", "1")  # as if the study died after its first run
     assert len(state["runs"]) == 1
     first = dict(state["runs"][0])
-    state = run(study, tmp_path)
+    state = run(study, tmp_path, *cost)
     out = capsys.readouterr().out
     assert "3 runs to do (1 of the selection already done" in out
     assert "cost: timing 4 models in alternation" in out  # once the selection is complete
@@ -80,7 +97,7 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
     assert not (tmp_path / f"{name}_work").exists()  # per-run checkpoints are removed once recorded
 
     data = json.loads((tmp_path / f"{name}.json").read_text())
-    assert data["recipe"] == json.loads(json.dumps(study.recipe("smoke")))
+    assert data["recipe"] == json.loads(json.dumps(recipe("smoke")))
     assert data["recipe"]["runs"]["swin"]["model"]["depths"] == [1, 1]  # the architecture's overrides
     assert data["machine"]["device"] == "cpu" and "CPU" in data["machine"]["description"]
     assert data["wall_s"] > 0 and data["command"].startswith("python bench/study.py --budget smoke")
@@ -135,11 +152,11 @@ def test_smoke_study_writes_every_file_and_resumes(study, tmp_path, capsys):
     assert json.loads(meta["swin/rel2d_full"])["pos"] == {"name": "rel2d_full", "init_std": 0.02, "extend": "grow"}
 
     assert sorted(data["cost"]) == ["swin/none", "swin/rel2d_full", "vit/none", "vit/rel2d_full"]
-    assert all(len(c["rounds"]) == 5 and c["img_s"] > 0 for c in data["cost"].values())
+    assert all(len(c["rounds"]) == 2 and c["img_s"] > 0 for c in data["cost"].values())
     assert float(rows[0]["bench_img_s"]) == pytest.approx(data["cost"]["vit/none"]["img_s"])
 
     # nothing left to do: a rerun only rewrites the files (the throughput timing is kept)
-    state = run(study, tmp_path)
+    state = run(study, tmp_path, *cost)
     assert len(state["runs"]) == 4 and state["cost"] == data["cost"]
     out = capsys.readouterr().out
     assert "0 runs to do" in out and "cost: timing" not in out
@@ -250,40 +267,40 @@ def test_fixed_canvas_split_puts_train_and_test_offsets_in_disjoint_regions(stud
         assert data[k][1].tolist() == data["unseen"][1].tolist()
 
 
-def test_recipes_compose_as_train_py_does(study):
+def test_recipes_compose_as_train_py_does(study, recipe):
     """Every budget composes; the runs are train.py's configs (experiment=study_<budget>) with the study's overrides."""
     assert study.BUDGETS == [
         "cpu", "extrapolation", "extrapolation_trained", "gpu", "smoke", "trained", "video_extrapolation",
     ]  # fmt: skip
     for budget in study.BUDGETS[:-1]:  # the image budgets (video_extrapolation: tests/study/test_video_study.py)
-        rec = study.recipe(budget)
+        rec = recipe(budget)
         archs = {"vit"} if budget.startswith("extrapolation") else {"vit", "swin"}  # Swin's windows: a fixed window
         assert set(rec["runs"]) == archs and rec["study"]["evals"]["test"] == {"canvas": 40, "mode": "seen"}
         for cfg in rec["runs"].values():
             assert cfg["model"]["_target_"] == "vitrel.create_model" and cfg["test"] is False
             assert cfg["callbacks"]["model_checkpoint"] is None and cfg["logger"] == {}
             assert (cfg["data"]["canvas_size"], cfg["data"]["canvas_mode"]) == (40, "seen")
-    cpu = study.recipe("cpu")
+    cpu = recipe("cpu")
     assert cpu["runs"]["swin"]["model"]["patch_size"] == 4 and cpu["runs"]["vit"]["data"]["subset"] == "full"
     assert cpu["study"]["seeds"] == 3 and len(cpu["study"]["default_schemes"]) == 8
-    assert study.recipe("gpu")["study"]["default_schemes"] is None  # every scheme and variant
+    assert recipe("gpu")["study"]["default_schemes"] is None  # every scheme and variant
 
 
-def test_trained_budgets_compose_with_the_fast_step(study):
+def test_trained_budgets_compose_with_the_fast_step(recipe):
     """The GPU budgets at a trained size (study_trained.yaml, study_extrapolation_trained.yaml): all 60k images,
     8 epochs of 256, bf16, the fast step; the extrapolation one keeps its recipe's entries, evals and claims."""
     for budget in ("trained", "extrapolation_trained"):
-        run = next(iter(study.recipe(budget)["runs"].values()))
+        run = next(iter(recipe(budget)["runs"].values()))
         assert run["data"]["subset"] == "full" and run["data"]["batch_size"] == 256 and run["data"]["drop_last"]
         assert run["trainer"]["max_epochs"] == 8 and run["trainer"]["limit_train_batches"] is None
         assert run["trainer"]["precision"] == "bf16-mixed" and run["module"]["sync_free"]
         assert run["module"]["compile"] == {"mode": "reduce-overhead", "dynamic": False}
         assert run["model"]["embed_dim"] == 128 and run["model"]["depth"] == 6
-    base, trained = study.recipe("extrapolation")["study"], study.recipe("extrapolation_trained")["study"]
+    base, trained = recipe("extrapolation")["study"], recipe("extrapolation_trained")["study"]
     assert trained["claims"] == base["claims"] and trained["default_schemes"] == base["default_schemes"]
     assert trained["evals"] == base["evals"] and trained["test_images"] is None
-    needed = {s for c in study.recipe("trained")["study"]["claims"].values() for s in c.get("better", [c.get("best")])}
-    assert needed <= set(study.recipe("trained")["study"]["default_schemes"])
+    needed = {s for c in recipe("trained")["study"]["claims"].values() for s in c.get("better", [c.get("best")])}
+    assert needed <= set(recipe("trained")["study"]["default_schemes"])
 
 
 def test_trained_budget_runs_at_a_tiny_size(study, tmp_path):
@@ -306,9 +323,9 @@ def test_trained_budget_runs_at_a_tiny_size(study, tmp_path):
     assert again["runs"] == state["runs"]  # skipped: nothing rerun
 
 
-def test_variants_are_schemes_with_options(study, tmp_path):
+def test_variants_are_schemes_with_options(study, recipe, tmp_path):
     """A variant label runs its scheme with the options it names (DINOv3 coordinates, average pooling)."""
-    rec = study.recipe("smoke")
+    rec = recipe("smoke")
     args = study.parse_args(["--budget", "smoke", "--schemes", "rope2d_mixed_dinov3,none"])
     schemes, archs, seeds = study.select(args, rec["study"])
     assert schemes == ["rope2d_mixed_dinov3", "none"] and seeds == [0]

@@ -15,7 +15,6 @@ from tests.train_helpers import (
     TINY_VIT,
     SaveWeights,
     compose,
-    run_script,
     run_script_forked,
     start_hanging_run,
 )
@@ -46,7 +45,7 @@ def test_ddp_two_processes_equal_one_process(tmp_path, loader):
     args = [*common, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
     args += ["data.batch_size=8", f"hydra.run.dir={tmp_path / 'ddp_run'}"]
     args += [f"+callbacks.dump={{_target_: train_helpers.SaveWeights, dir: '{ddp}'}}"]
-    r = run_script("train.py", args, cwd=tmp_path)
+    r = run_script_forked("train.py", args, cwd=tmp_path)  # rank 0; Lightning starts rank 1 as `python train.py`
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     single = tmp_path / "single"
     train(compose(tmp_path / "single_run", [*common, "data.batch_size=16"]), callbacks=[SaveWeights(str(single))])

@@ -13,8 +13,6 @@ import math
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -24,7 +22,7 @@ import pytest
 import torch
 
 from tests import preloaded
-from tests.train_helpers import FAST, ROOT, TINY_VIT, compose, run_script_forked, script_env
+from tests.train_helpers import FAST, TINY_VIT, ForkedScript, compose, run_script_forked
 from vitrel.data import ArrayDataModule, SplitMismatchError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
@@ -38,25 +36,21 @@ COMMON += ["trainer.log_every_n_steps=1", "test=false", "callbacks.model_checkpo
 COMMON += ["callbacks.last_checkpoint.every_n_train_steps=4"]
 
 
-def _start(run_dir: Path, extra: list[str]) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, str(ROOT / "train.py"), *COMMON, *extra, f"hydra.run.dir={run_dir}"],
-        cwd=run_dir.parent,
-        env=script_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+def _start(run_dir: Path, extra: list[str]) -> ForkedScript:
+    """``python train.py <COMMON> <extra>`` in ``run_dir``, running (forked from tests/preloaded.py's server); its
+    output to ``<run_dir>.out``."""
+    args = [*COMMON, *extra, f"hydra.run.dir={run_dir}"]
+    return ForkedScript("train.py", args, run_dir.parent, run_dir.parent / f"{run_dir.name}.out")
 
 
 def _hang(at_step: int, marker: Path) -> str:
     return f"+callbacks.hang={{_target_: train_helpers.Hang, at_step: {at_step}, marker: '{marker}'}}"
 
 
-def _wait_for(marker: Path, proc: subprocess.Popen, timeout: float = 240) -> None:
+def _wait_for(marker: Path, proc: ForkedScript, timeout: float = 240) -> None:
     t0 = time.time()
     while not marker.exists():
-        assert proc.poll() is None, f"the run ended too early:\n{proc.stdout.read()[-4000:]}"
+        assert proc.poll() is None, f"the run ended too early:\n{proc.output()[-4000:]}"
         assert time.time() - t0 < timeout, f"timed out waiting for {marker}"
         time.sleep(0.2)
 

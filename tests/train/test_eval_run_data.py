@@ -145,7 +145,9 @@ def test_a_moved_checkpoint_is_scored_with_its_stored_preprocessing(fmnist_run, 
     assert res["data_from_run"] == {"interpolation": "bicubic", "crop_pct": 0.95, **split, "img_size": 28}
     plain, res, _ = _eval(tmp_path, "plain", moved, [*EVAL, "data.interpolation=bilinear", "data.crop_pct=1.0"])
     assert res["data_from_run"] == {**split, "img_size": 28}
-    assert abs(plain["test/loss"] - trained["test/loss"]) > 1e-3 * trained["test/loss"]
+    # (another score than the run's, beyond the 1e-5 the same preprocessing is held to above: the tiny run is near
+    # chance, so the loss moves by about 1e-4)
+    assert plain["test/loss"] != pytest.approx(trained["test/loss"], rel=1e-5)
 
 
 def test_a_run_setting_that_does_not_resolve_here_is_an_error_naming_the_key(fmnist_run, tmp_path, monkeypatch):

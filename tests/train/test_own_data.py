@@ -33,18 +33,9 @@ class GreyData(L.LightningDataModule):
     of its own size."""
 
     def __init__(
-        self,
-        size=(16, 16),
-        offset=0,
-        dtype="int64",
-        plain=False,
-        sized=True,
-        said=None,
-        names=None,
-        seed=0,
-        n=48,
+        self, size=(16, 16), offset=0, dtype="int64", plain=False, sized=True, said=None, names=None, seed=0, n=48,
         batch_size=16,
-    ):
+    ):  # fmt: skip
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         y = torch.arange(n) % 3

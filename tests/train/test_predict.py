@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import logging
 import re
 import warnings
 from pathlib import Path
@@ -652,7 +653,7 @@ def test_predict_takes_a_naflex_runs_eval_max_ratio(naflex_trained, odd_sizes, t
     assert summary["naflex_from_run"] == {**NAFLEX_RUN, "eval_max_ratio": None}
 
 
-def test_a_symlinked_class_folder_is_predicted_and_a_dead_link_counted(ckpt, tmp_path):
+def test_a_symlinked_class_folder_is_predicted_and_a_dead_link_counted(ckpt, tmp_path, caplog):
     """``data=imagenet`` reads a symlinked class folder as a class; ``predict.py`` on the same tree left its images out
     without a word (``Path.rglob`` does not enter links to folders: "predicted 7 of 7" of 11 images), and a link to
     nothing named ``*.jpg`` was neither skipped nor counted."""
@@ -666,9 +667,12 @@ def test_a_symlinked_class_folder_is_predicted_and_a_dead_link_counted(ckpt, tmp
     (tree / "zebra").symlink_to(store / "zebra", target_is_directory=True)
     (tree / "apple" / "loop").symlink_to(tree, target_is_directory=True)  # (a link back up: not followed)
     (tree / "apple" / "gone.jpg").symlink_to(tmp_path / "nowhere.jpg")
-    res = predict_folder(load_predictor(ckpt), tree, topk=1, progress=False)
+    with caplog.at_level(logging.WARNING):
+        res = predict_folder(load_predictor(ckpt), tree, topk=1, progress=False)
     names = [r["filename"] for r in res.rows]
     assert names == ["apple/A.JPG", "apple/nested/b.png", "zebra/z0.png", "zebra/z1.png", "zebra/z2.png"]
+    said = [r.getMessage() for r in caplog.records if "links back up" in r.getMessage()]
+    assert said == [f"{tree / 'apple' / 'loop'} links back up to {tree}, a folder it is in: not followed"], said
     assert res.found == 6 and [s[0] for s in res.skipped] == ["apple/gone.jpg"]
 
 

@@ -62,16 +62,18 @@ def is_system_folder(name: str) -> bool:
     return name.startswith(".") or name in SYSTEM_FOLDERS
 
 
-def walk_files(top: str | Path, within: str | Path | None = None) -> tuple[list[tuple[str, list[str]]], list[str]]:
+def walk_files(
+    top: str | Path, within: str | Path | None = None
+) -> tuple[list[tuple[str, list[str]]], list[str], list[str]]:
     """torchvision's ``ImageFolder`` walk of a folder (``os.walk(followlinks=True)``, sorted): the one walk of the
     class-folder data sets, the shards writers and ``predict.py``. It passes over the folders
     :func:`is_system_folder` names and does not follow a link to a folder it is in, or to one holding such a folder (a
     link back up, which ``os.walk`` follows round until the path is too long: each file, the other classes' too, read
-    again under this class; a warning names it). Any other link to a folder is followed: two links to one folder read
+    again under this class). Any other link to a folder is followed: two links to one folder read
     its files twice, as a subset built of links needs. A link to nothing is listed with the files. ``within``: the
     folder ``top`` is in (a class folder's split folder: a link to it from inside a linked class folder leads back up).
-    Returns the ``(folder, sorted file names)`` and the folders passed over."""
-    out, passed = [], []
+    Returns the ``(folder, sorted file names)``, the folders passed over and the links not followed."""
+    out, passed, loops = [], [], []
     top = str(top)
     outer = () if within is None else (os.path.realpath(within),)
     inside = {top: (*outer, os.path.realpath(top))}  # (a folder -> the real paths of it and of the folders it is in)
@@ -83,13 +85,19 @@ def walk_files(top: str | Path, within: str | Path | None = None) -> tuple[list[
             if is_system_folder(d):
                 passed.append(path)
             elif any(r == real or r.startswith(real.rstrip(os.sep) + os.sep) for r in inside[root]):
-                log.warning("%s links back up to %s, a folder it is in: not followed", path, real)
+                loops.append(path)
             else:
                 inside[path] = (*inside[root], real)
                 keep.append(d)
         dirs[:] = keep
         out.append((root, sorted(names)))
-    return sorted(out), sorted(passed)
+    return sorted(out), sorted(passed), sorted(loops)
+
+
+def warn_loops(loops: list[str]) -> None:
+    """One warning for each link back up that :func:`walk_files` did not follow."""
+    for link in loops:
+        log.warning("%s links back up to %s, a folder it is in: not followed", link, os.path.realpath(link))
 
 
 def class_folder_samples(
@@ -107,8 +115,9 @@ def class_folder_samples(
         top = os.path.join(os.path.expanduser(directory), c)
         if not os.path.isdir(top):
             continue
-        folders, skipped = walk_files(top, within=os.path.expanduser(directory))
+        folders, skipped, loops = walk_files(top, within=os.path.expanduser(directory))
         passed += skipped
+        warn_loops(loops)
         for root, names in folders:
             paths = (os.path.join(root, n) for n in names)
             samples += [(p, class_to_idx[c]) for p in paths if valid(p) and not is_apple_double(p)]

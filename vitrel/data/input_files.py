@@ -8,7 +8,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
-from vitrel.data.datasets import is_apple_double, is_system_folder, walk_files
+from vitrel.data.datasets import is_apple_double, is_system_folder, walk_files, warn_loops
 
 __all__ = ["IMG_EXTENSIONS", "NoImagesError", "NoVideosError", "walk_input", "find_images", "find_videos"]
 
@@ -25,14 +25,17 @@ class NoVideosError(FileNotFoundError):
     """The input folder holds no video files."""
 
 
-def walk_input(root: Path, passed: list[Path] | None = None) -> list[Path]:
+def walk_input(root: Path, passed: list[Path] | None = None, loops: list[str] | None = None) -> list[Path]:
     """Every file under ``root``, found by the class-folder data sets' walk
     (:func:`~vitrel.data.datasets.walk_files`: links to folders followed unless they lead back up, a link to nothing
     listed, so that a name with an image extension is counted as a file that cannot be read); the hidden and system
-    folders it passes over (``.ipynb_checkpoints``, ``@eaDir``) are added to ``passed``."""
-    folders, skipped = walk_files(root)
+    folders it passes over (``.ipynb_checkpoints``, ``@eaDir``) are added to ``passed``, the links back up it does
+    not follow to ``loops``."""
+    folders, skipped, not_followed = walk_files(root)
     if passed is not None:
         passed += [Path(p) for p in skipped]
+    if loops is not None:
+        loops += not_followed
     return [Path(folder) / n for folder, names in folders for n in names]
 
 
@@ -49,7 +52,11 @@ def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[Fi
             raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")
         return [root], None
     passed: list[Path] = []
-    files = sorted(f for f in walk_input(root, passed) if f.suffix.lower() in extensions and not is_apple_double(f))
+    loops: list[str] = []
+    files = sorted(
+        f for f in walk_input(root, passed, loops) if f.suffix.lower() in extensions and not is_apple_double(f)
+    )
+    warn_loops(loops)
     if passed:
         more = " ..." if len(passed) > 5 else ""
         names = ", ".join(str(p.relative_to(root)) for p in sorted(passed)[:5])

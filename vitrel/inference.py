@@ -52,7 +52,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vitrel.caller import caller_stacklevel
-from vitrel.data.input_files import IMG_EXTENSIONS, NoImagesError, NoVideosError, find_images, find_videos, walk_input
+from vitrel.data.input_files import (
+    IMG_EXTENSIONS,
+    FoundFiles,
+    NoImagesError,
+    NoVideosError,
+    find_files,
+    find_images,
+    find_videos,
+)
 from vitrel.models.run_record import PredictSettingsError
 
 __all__ = [
@@ -296,7 +304,8 @@ def predict_folder(
     root = Path(input_dir)
     if "num_frames" in predictor.data_config:
         return _predict_videos(predictor, root, (topk, batch_size, num_workers), progress, (class_names, on_rows))
-    files, folders = _input_files(root, predictor)
+    found = _input_files(root, predictor)
+    files = found.files
     if seq_len is None:
         if max_tokens is not None:  # (it bounds the patches of an image scored at its own size, which seq_len asks)
             raise PredictSettingsError(
@@ -329,7 +338,7 @@ def predict_folder(
             x = {k: v.to(predictor.device) if isinstance(v, Tensor) else v for k, v in x.items()}
         return predictor.model(x if isinstance(x, dict) else x.to(predictor.device)).float().softmax(-1)
 
-    res = _score(loader, forward, files, root, folders, class_names or predictor.class_names, topk, progress, on_rows)
+    res = _score(loader, forward, found, root, class_names or predictor.class_names, topk, progress, on_rows)
     if res.turned:  # (a phone photo: its pixels stored sideways or upside down, its EXIF saying how to show them)
         (n, (name, o)), did = (len(res.turned), res.turned[0]), apply_exif_orientation
         log.warning(
@@ -347,9 +356,8 @@ def predict_folder(
 def _score(
     loader: Any,
     forward: Callable[[Any], Tensor],
-    files: list[Path],
+    found: FoundFiles,
     root: Path,
-    folders: list[str] | None,
     names: list[str] | None,
     topk: int,
     progress: bool | str,
@@ -360,11 +368,11 @@ def _score(
     ``progress``: True a tqdm bar, ``"lines"`` a logged line at each tenth of the batches (for logs), False none."""
     from tqdm.auto import tqdm
 
+    files, folders = found.files, found.folders
     rows: list[dict[str, Any]] = []
     skipped: list[tuple[str, str]] = []
     turned: list[tuple[int, int]] = []
-    one_file = root.is_file()
-    root = root.parent if one_file else root  # (one file given: named by its name)
+    root = root.parent if root.is_file() else root  # (one file given: named by its name)
     t0 = time.perf_counter()
     with torch.inference_mode():
         every = max(1, len(loader) // 10)
@@ -389,9 +397,8 @@ def _score(
             rows += [row for _, row in sorted(new, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
             if on_rows is not None:  # (the batch's rows as soon as they are predicted: batches come in file order)
                 on_rows(rows[-len(new) :])
-    others = 0 if one_file else len(walk_input(root)) - len(files)
     turns = [(str(files[i].relative_to(root)), o) for i, o in sorted(turned)]
-    return PredictResult(rows, skipped, len(files), time.perf_counter() - t0, others, turns)
+    return PredictResult(rows, skipped, len(files), time.perf_counter() - t0, found.others, turns)
 
 
 def _label_names(names: list[str] | None, folders: list[str] | None, n: int) -> list[str] | None:
@@ -419,19 +426,22 @@ def _top_rows(
     return out
 
 
-def _input_files(root: Path, predictor: Predictor) -> tuple[list[Path], list[str] | None]:
-    """The files the predictor's model takes under ``root`` (:func:`find_videos` for a video model, else
-    :func:`find_images`); a folder holding only the other kind is one error naming what the model takes."""
+def _input_files(root: Path, predictor: Predictor) -> FoundFiles:
+    """The files the predictor's model takes under ``root`` (videos for a video model, else images), in one walk
+    (:func:`~vitrel.data.input_files.find_files`); a folder holding only the other kind is one error naming what the
+    model takes."""
+    from vitrel.data.video.folder import VIDEO_EXTENSIONS
+
     video = "num_frames" in predictor.data_config
-    find, other = (find_videos, find_images) if video else (find_images, find_videos)
+    kinds = [(IMG_EXTENSIONS, "images", NoImagesError), (VIDEO_EXTENSIONS, "videos", NoVideosError)]
+    find, other = kinds[::-1] if video else kinds
     try:
-        return find(root)
+        return find_files(root, *find)
     except (NoImagesError, NoVideosError) as missing:
         try:
-            found = other(root)[0]
+            found = find_files(root, *other).files
         except (NoImagesError, NoVideosError):
             raise missing from None
-        from vitrel.data.video.folder import VIDEO_EXTENSIONS
 
         held = f"{root} holds {'images' if video else 'videos'} ({len(found)} files, e.g. {found[0].name}, no others)"
         held = f"{root} is {'an image' if video else 'a video'}" if root.is_file() else held
@@ -503,13 +513,13 @@ def _predict_videos(
         raise ImportError(
             "predict.py decodes videos with PyAV: pip install av (or pip install -e '.[video]')"
         ) from None
-    files, folders = _input_files(root, predictor)
+    found = _input_files(root, predictor)
     sampling = clip_sampling(dc, predictor.source)
     tf = ClipTransform(
         h, dc["mean"], dc["std"], train=False, interpolation=dc["interpolation"], crop_pct=dc["crop_pct"]
     )
     loader = torch.utils.data.DataLoader(
-        VideoFileClips(files, sampling, tf, grey=c == 1),
+        VideoFileClips(found.files, sampling, tf, grey=c == 1),
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=collate_files,
@@ -519,7 +529,7 @@ def _predict_videos(
         logits = predictor.model(x.flatten(0, 1).to(predictor.device))
         return mean_softmax_log(logits, x.shape[1]).exp()  # multi-view testing: the mean of softmax, as eval.py's
 
-    return _score(loader, forward, files, root, folders, names or predictor.class_names, topk, progress, on_rows)
+    return _score(loader, forward, found, root, names or predictor.class_names, topk, progress, on_rows)
 
 
 #: predict's counts and their least values (``seq_len`` / ``max_tokens``: when set)

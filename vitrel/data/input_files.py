@@ -7,10 +7,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from vitrel.data.datasets import is_apple_double, is_system_folder, walk_files, warn_loops
 
-__all__ = ["IMG_EXTENSIONS", "NoImagesError", "NoVideosError", "walk_input", "find_images", "find_videos"]
+__all__ = [
+    "IMG_EXTENSIONS",
+    "NoImagesError",
+    "NoVideosError",
+    "FoundFiles",
+    "walk_input",
+    "find_files",
+    "find_images",
+    "find_videos",
+]
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +49,19 @@ def walk_input(root: Path, passed: list[Path] | None = None, loops: list[str] | 
     return [Path(folder) / n for folder, names in folders for n in names]
 
 
-def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]):
+class FoundFiles(NamedTuple):
+    """What :func:`find_files` found under a folder, in one walk."""
+
+    files: list[Path]  #: the files with the extensions asked, sorted
+    folders: list[str] | None  #: the class folder names when the folder is a tree of class folders, else None
+    others: int  #: the files of other kinds under the folder (0 when the input is one file)
+
+
+def find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]) -> FoundFiles:
     """Files under ``root`` with ``extensions`` (sorted; ``root`` alone when it is one such file; links to folders
-    followed, links to nothing kept: :func:`walk_input`), and the class folder names when ``root`` is a tree of class
-    folders (files only in its sub-folders), else None; ``error`` for none."""
+    followed, links to nothing kept: :func:`walk_input`), the class folder names when ``root`` is a tree of class
+    folders (files only in its sub-folders), else None, and the count of the other files; ``error`` (named ``what``)
+    for none."""
     if not root.exists():
         raise FileNotFoundError(
             f"input {root} does not exist: give a folder of {what}, a tree of class folders or a file"
@@ -50,12 +69,11 @@ def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[Fi
     if root.is_file():
         if root.suffix.lower() not in extensions:
             raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")
-        return [root], None
+        return FoundFiles([root], None, 0)
     passed: list[Path] = []
     loops: list[str] = []
-    files = sorted(
-        f for f in walk_input(root, passed, loops) if f.suffix.lower() in extensions and not is_apple_double(f)
-    )
+    walked = walk_input(root, passed, loops)
+    files = sorted(f for f in walked if f.suffix.lower() in extensions and not is_apple_double(f))
     warn_loops(loops)
     if passed:
         more = " ..." if len(passed) > 5 else ""
@@ -65,14 +83,14 @@ def _find_files(root: Path, extensions: Sequence[str], what: str, error: type[Fi
         raise error(f"no {what} in {root} (looked for {', '.join(extensions)} in the folder and its sub-folders)")
     tree = all(len(f.relative_to(root).parts) == 2 for f in files)
     folders = sorted(d.name for d in root.iterdir() if d.is_dir() and not is_system_folder(d.name))
-    return files, (folders if tree else None)
+    return FoundFiles(files, folders if tree else None, len(walked) - len(files))
 
 
 def find_images(root: str | Path) -> tuple[list[Path], list[str] | None]:
     """Image files under ``root`` (sorted; ``root`` alone when it is an image file), and the class folder names when
     ``root`` is an ``ImageFolder`` tree (images only in its sub-folders), else None. Raises :class:`NoImagesError` for
     none."""
-    return _find_files(Path(root), IMG_EXTENSIONS, "images", NoImagesError)
+    return find_files(Path(root), IMG_EXTENSIONS, "images", NoImagesError)[:2]
 
 
 def find_videos(root: str | Path) -> tuple[list[Path], list[str] | None]:
@@ -80,4 +98,4 @@ def find_videos(root: str | Path) -> tuple[list[Path], list[str] | None]:
     :func:`find_images`. Raises :class:`NoVideosError` for none."""
     from vitrel.data.video.folder import VIDEO_EXTENSIONS
 
-    return _find_files(Path(root), VIDEO_EXTENSIONS, "videos", NoVideosError)
+    return find_files(Path(root), VIDEO_EXTENSIONS, "videos", NoVideosError)[:2]

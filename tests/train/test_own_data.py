@@ -132,6 +132,17 @@ def test_float_targets_and_the_ignore_index_are_refused(conf, tmp_path, offset, 
         _train(tmp_path, conf, (16, 16), offset=offset, dtype=dtype)
 
 
+def test_the_fast_step_refuses_float_targets_without_reading_the_device():
+    """The fast step (``sync_free``) skipped the target check (its range reads the device): float labels were torch's
+    ``RuntimeError: expected target dtype to be Long or Byte``. Their type and dtype need no read: refused by name."""
+    from vitrel.train.data_contract import TargetError
+    from vitrel.train.module import ClassifierModule
+
+    module = ClassifierModule(torch.nn.Linear(4, 3), num_classes=3, sync_free=True)
+    with pytest.raises(TargetError, match=r"targets are float \(torch.float32\)"):
+        module.training_step((torch.zeros(2, 4), torch.tensor([0.0, 2.0])), 0)
+
+
 def test_eval_refuses_targets_out_of_range(conf, tmp_path):
     """``eval.py`` on data whose labels are shifted (1..C) from those the model was trained on: refused, not an
     index error."""

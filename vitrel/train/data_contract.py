@@ -74,9 +74,10 @@ def warn_no_preprocessing(dm: Any) -> None:
         )
 
 
-def check_targets(y: Any, num_classes: int) -> None:
+def check_targets(y: Any, num_classes: int, values: bool = True) -> None:
     """The targets of a batch are integer class indices in ``0..num_classes-1``: else a :class:`TargetError` naming
-    what was found (one read of the device: their smallest and largest value)."""
+    what was found. ``values``: their range too (one read of the device: their smallest and largest value); else
+    only their type and dtype (no read: the fast step's)."""
     if not isinstance(y, Tensor):  # (class names as labels: the default collate gives a list of str)
         raise TargetError(
             f"the batch's targets are a {type(y).__name__} of {type(y[0]).__name__ if len(y) else 'nothing'}, not a "
@@ -89,7 +90,7 @@ def check_targets(y: Any, num_classes: int) -> None:
             f"the batch's targets are {kind} ({y.dtype}): a classifier takes class indices 0..{num_classes - 1} as "
             "torch.long (int64); return them so from the data set"
         )
-    if y.numel() == 0:
+    if not values or y.numel() == 0:
         return
     lo, hi = (int(v) for v in torch.aminmax(y))
     if lo >= 0 and hi < num_classes:

@@ -301,8 +301,8 @@ class ClassifierModule(L.LightningModule):
     def training_step(self, batch: tuple[Tensor | dict, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
         n = _num_images(x, y)
-        if not self.sync_free:  # (the eager step reads the device anyway: its metrics check their inputs)
-            check_targets(y, self.num_classes)
+        # their range: a read of the device (the eager step reads it anyway: its metrics check their inputs)
+        check_targets(y, self.num_classes, values=not self.sync_free)
         self._step_begins()
         if self.mixup_fn is not None:
             if input_form(x) == "naflex":

@@ -24,6 +24,28 @@ def test_v0_training_checkpoint_live_and_ema_weights():
             torch.testing.assert_close(m(ref["x"]), ref[key])
 
 
+def test_v0_checkpoint_without_data_config_warns_once_where_it_loads():
+    """A checkpoint written before vitrel stored its data config: ``vitrel.load_model`` and timm's overlay route
+    (``pretrained_cfg_overlay=dict(file=...)``) gave the architecture's default statistics (CIFAR's) in the model's
+    ``pretrained_cfg`` without a word (``predict.py`` and the exports warned). One warning each now, naming the
+    statistics, attributed to the caller's line."""
+    import timm
+
+    from vitrel.models.data_config import NoDataConfigWarning
+
+    path = FIX / "v0_vit_rel2d_factored_ema.ckpt"
+    for load in (
+        lambda: vitrel.load_model(path),
+        lambda: timm.create_model("vitrel_vit_tiny_patch4_32", pretrained=True, pretrained_cfg_overlay={"file": path}),
+    ):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            load()
+        said = [w for w in caught if w.category is NoDataConfigWarning]
+        assert len(said) == 1 and said[0].filename == __file__, [(w.filename, str(w.message)) for w in caught]
+        assert "stores no data config" in str(said[0].message) and "mean [0.47336" in str(said[0].message)
+
+
 def test_v0_export_folder():
     ref = torch.load(FIX / "v0_swin_shaw2d_factored_out.pt", weights_only=True)
     m = vitrel.load_model(FIX / "v0_swin_shaw2d_factored").eval()

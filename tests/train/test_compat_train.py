@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import lightning as L
@@ -50,8 +51,15 @@ def _accuracy(model: torch.nn.Module, loader, batches: int) -> float:
 
 
 def test_evaluate_reads_the_old_checkpoint_with_its_ema_weights(tmp_path):
+    """(It stores no data config: ``eval.py`` normalises with the run's data settings, so ``load_model``'s warning
+    that the model's statistics are the architecture's defaults is not given here.)"""
+    from vitrel.models.data_config import NoDataConfigWarning
+
     assert checkpoint_has_ema(CKPT)
-    metrics = evaluate(compose(tmp_path, [f"ckpt_path={CKPT}", *EVAL], config_name="eval"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = evaluate(compose(tmp_path, [f"ckpt_path={CKPT}", *EVAL], config_name="eval"))
+    assert not [w for w in caught if w.category is NoDataConfigWarning]
     res = json.loads((tmp_path / "eval_metrics.json").read_text())
     assert res["ema"] is True and res["img_size"] == 28 and res["grid"] == [7, 7]
     assert math.isfinite(metrics["test/loss"])
@@ -150,3 +158,20 @@ def test_resume_without_ema_weights_starts_the_ema_from_the_checkpoint(tmp_path)
         resumed.fit(_module(ema=True), _loader(), ckpt_path=str(tmp_path / "plain.ckpt"))
     for k, v in seen.items():
         torch.testing.assert_close(v, sd[f"model.{k}"], rtol=0, atol=0)
+
+
+def test_fine_tuning_from_the_old_checkpoint_gives_no_data_config_warning(tmp_path):
+    """``model=from_checkpoint`` of a checkpoint without a data config: the run normalises with its data's own
+    statistics (and its checkpoints store them), so ``load_model``'s warning about the architecture's defaults is not
+    given."""
+    from tests.train_helpers import FAST
+    from vitrel.models.data_config import NoDataConfigWarning
+    from vitrel.train.run import train
+
+    short = ["trainer.max_epochs=1", "trainer.limit_train_batches=1", "trainer.limit_val_batches=1"]
+    short += ["trainer.limit_test_batches=1", "logger=none"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(compose(tmp_path, ["model=from_checkpoint", f"model.path={CKPT}", *FAST, *short]))
+    assert not [w for w in caught if w.category is NoDataConfigWarning]
+    assert "data_config" in torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["hyper_parameters"]

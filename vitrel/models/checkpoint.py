@@ -63,6 +63,7 @@ from vitrel.models.data_config import (
     fit_data_config,
     model_data_config,
     stored_data_config,
+    warn_no_data_config,
 )
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
 from vitrel.pos.reference import ReferenceGrid, fill_reference_grids
@@ -298,7 +299,8 @@ def load_model(
     loaded into ``architecture`` built from ``overrides``. Raises :class:`CheckpointError` for anything that cannot
     be loaded safely and exactly. The model comes back in training mode, as from ``create_model``; call ``.eval()``
     for inference. The data config stored with the weights (the preprocessing of the training data, see the module
-    docstring) is in the model's ``pretrained_cfg``; without one it holds the architecture's defaults.
+    docstring) is in the model's ``pretrained_cfg``; without one it holds the architecture's defaults, with a
+    :class:`~vitrel.models.data_config.NoDataConfigWarning`.
 
     ``use_ema``: ``"auto"`` (default) loads the weights the run validated and tested with, as ``eval.py`` and
     ``predict.py`` do: the EMA copy of a training checkpoint of a run with ``module/ema`` (unless it ran with
@@ -360,6 +362,8 @@ def load_model(
     data_config = stored_data_config(path)
     if data_config is not None:
         fit_data_config(model, data_config, cfg.get("num_classes"), overrides.get("pretrained_cfg_overlay"))
+    else:
+        warn_no_data_config(path, model)
     return model
 
 

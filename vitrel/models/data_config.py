@@ -22,6 +22,7 @@ from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _reso
 __all__ = [
     "example_input",
     "CANVAS_FIELDS",
+    "NoDataConfigWarning",
     "CLIP_FIELDS",
     "DATA_FIELDS",
     "TRAIN_FIELDS",
@@ -33,6 +34,7 @@ __all__ = [
     "pretrained_cfg_fields",
     "set_data_config",
     "stored_data_config",
+    "warn_no_data_config",
 ]
 
 #: the fields of timm's ``PretrainedCfg``: what a timm ``pretrained_cfg`` overlay or an export's ``config.json``
@@ -133,21 +135,31 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
     return out
 
 
+class NoDataConfigWarning(UserWarning):
+    """Weights with a stored model configuration but no data config: the model's preprocessing is the architecture's
+    defaults (:func:`warn_no_data_config`)."""
+
+
+def warn_no_data_config(path: str | os.PathLike, model: nn.Module) -> None:
+    """One :class:`NoDataConfigWarning` for ``model``, loaded from ``path``, which stores no data config (a
+    checkpoint written before vitrel stored one, or by hand), naming the statistics the model's ``pretrained_cfg``
+    then holds: the architecture's defaults, which need not be the training data's."""
+    out = model_data_config(model)
+    stats = ", ".join(f"{k} {out[k]}" for k in ("mean", "std", "interpolation", "crop_pct"))
+    warnings.warn(
+        f"{path} stores no data config (the preprocessing of its training data; checkpoints of vitrel.train store it "
+        f"in hyper_parameters['data_config']): images are normalised with {stats}, the architecture's defaults (as "
+        "in the model's pretrained_cfg, which timm.data.resolve_data_config reads; predict.py and the exports use "
+        "them), which need not be the statistics the model was trained with",
+        NoDataConfigWarning,
+        stacklevel=caller_stacklevel(),  # (the caller of load_model or load_predictor: a script, predict.py)
+    )
+
+
 def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
-    """:func:`model_data_config` of ``model`` loaded from ``path``, with one warning, naming the statistics used,
-    when ``path`` stores no data config (a checkpoint written before vitrel stored one, or by hand): they are then
-    the architecture's defaults, which need not be the training data's."""
-    stored = stored_data_config(path)
-    out = model_data_config(model, stored)
-    if stored is None:
-        stats = ", ".join(f"{k} {out[k]}" for k in ("mean", "std", "interpolation", "crop_pct"))
-        warnings.warn(
-            f"{path} stores no data config (the preprocessing of its training data; checkpoints of vitrel.train "
-            f"store it in hyper_parameters['data_config']): images are normalised with {stats}, the architecture's "
-            "defaults, which need not be the statistics the model was trained with",
-            stacklevel=caller_stacklevel(),  # (the caller of load_predictor or the export: a script, predict.py)
-        )
-    return out
+    """:func:`model_data_config` of ``model`` loaded from ``path`` (by :func:`~vitrel.models.checkpoint.load_model`,
+    which warned when ``path`` stores no data config)."""
+    return model_data_config(model, stored_data_config(path))
 
 
 def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:

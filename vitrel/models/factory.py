@@ -41,6 +41,7 @@ from vitrel.models.data_config import (
     fit_data_config,
     pretrained_cfg_fields,
     stored_data_config,
+    warn_no_data_config,
 )
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models
 from vitrel.models.timm_import import from_timm
@@ -68,7 +69,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     ``load_model`` puts it (:func:`~vitrel.models.data_config.fit_data_config`)."""
     given = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
     overlay = dict(given)
-    stored_data = stored_classes = None
+    stored_data = stored_classes = no_data = None
     weights = _strip_prefixes
     if pretrained and overlay.get("file"):
         stored = stored_config(overlay["file"])
@@ -85,6 +86,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             if stored_classes is not None:
                 overlay.setdefault("num_classes", stored_classes)
             stored_data = stored_data_config(overlay["file"])  # the training data's preprocessing: pretrained_cfg
+            no_data = overlay["file"] if stored_data is None else None
             if stored_data is not None:  # (the source's input size as stored: timm adapts in_chans from it)
                 for k, v in pretrained_cfg_fields(stored_data).items():
                     if k in TIMM_CFG_FIELDS:  # (num_frames is not: the model takes the stored one)
@@ -102,6 +104,8 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     model = build(name, pretrained, pretrained_filter_fn=weights, pretrained_cfg_overlay=overlay, **kwargs)
     if stored_data is not None:
         fit_data_config(model, stored_data, stored_classes, given)
+    if no_data is not None:
+        warn_no_data_config(no_data, model)
     return model
 
 

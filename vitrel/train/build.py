@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from vitrel.config import ConfigError
 from vitrel.data.normalisation import Normalisation
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.ckpt_files import stored_config
-from vitrel.models.data_config import data_fields, stored_data_config
+from vitrel.models.data_config import NoDataConfigWarning, data_fields, stored_data_config
 from vitrel.models.factory import TRANSFERABLE
 from vitrel.models.input_size import InputSizeError, check_patches_fit
 from vitrel.models.registry import MODEL_ARGS, build_from_cfg
@@ -80,7 +81,9 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str | 
     if is_video_data(dm):
         sized["num_frames"] = dm.num_frames
     try:
-        return instantiate(model_cfg, **{k: v for k, v in sized.items() if model_cfg.get(k) is None})
+        with warnings.catch_warnings():  # (the data's own statistics normalise: the checkpoint's defaults do not)
+            warnings.simplefilter("ignore", NoDataConfigWarning)
+            return instantiate(model_cfg, **{k: v for k, v in sized.items() if model_cfg.get(k) is None})
     except InstantiationException as e:  # weights that cannot be read or fetched: the error itself (one line)
         if isinstance(e.__cause__, CheckpointError):
             raise e.__cause__ from None

@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,7 @@ from vitrel.data.normalisation import Normalisation
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import run_checkpoint, stored_config
-from vitrel.models.data_config import stored_data_config
+from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
 from vitrel.train.data_contract import CheckOwnBatches, check_data_module
@@ -491,7 +492,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if as_trained:
         log.info("data.img_size=%s is one of the run's data.size_choices: the model runs as trained", dm.img_size)
     size = saved["img_size"] if as_trained or keep_shape else dm.img_size
-    model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=size, **overrides)
+    with warnings.catch_warnings():  # (the data config of the run normalises here, not the checkpoint's defaults)
+        warnings.simplefilter("ignore", NoDataConfigWarning)
+        model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     _check_data_matches(ckpt, stored, dm, cfg.data, fix)
     _warn_other_class_names(ckpt, stored_data, dm)

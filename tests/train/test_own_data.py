@@ -170,6 +170,28 @@ def test_images_of_another_size_than_the_data_module_says_are_refused(conf, tmp_
         _train(tmp_path, conf, (32, 32), said=16)
 
 
+def test_a_subclass_of_vitrels_data_modules_is_checked_as_ones_own():
+    """A data module of one's own written as a subclass of one of vitrel's (here ``ArrayDataModule``, whose
+    loaders give 32 px, saying 16) was taken for vitrel's and its batches not checked."""
+    from vitrel.data import ArrayDataModule
+    from vitrel.models.input_size import InputSizeError
+    from vitrel.train.data_contract import CheckOwnBatches
+
+    class Mine(ArrayDataModule):
+        def setup(self, stage: str | None = None) -> None:
+            super().setup(stage)
+            self.img_size = 16  # (a bug of one's own: the loaders give 32 px)
+
+    x, y = np.zeros((6, 32, 32), np.uint8), np.arange(6) % 3
+    mine = Mine(train=(x, y), test=(x, y))
+    mine.setup("fit")
+    check = CheckOwnBatches(mine)
+    with pytest.raises(InputSizeError, match=r"Mine's train images are 1x32x32 .* say 1x16x16"):
+        check.on_train_batch_start(None, None, (torch.zeros(2, 1, 32, 32), torch.zeros(2)), 0)
+    ours = CheckOwnBatches(ArrayDataModule(train=(x, y), test=(x, y)))
+    ours.on_train_batch_start(None, None, (torch.zeros(2, 1, 16, 16), torch.zeros(2)), 0)  # (vitrel's: not checked)
+
+
 def test_class_names_of_another_number_than_the_classes_are_refused(conf, tmp_path):
     """Two ``class_names`` for three classes: stored as they were, so ``predict.py`` labelled the third class ``2``;
     refused before the run, as ``ArrayDataModule`` now refuses them."""

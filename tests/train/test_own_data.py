@@ -172,10 +172,11 @@ def test_images_of_another_size_than_the_data_module_says_are_refused(conf, tmp_
 
 def test_a_subclass_of_vitrels_data_modules_is_checked_as_ones_own():
     """A data module of one's own written as a subclass of one of vitrel's (here ``ArrayDataModule``, whose
-    loaders give 32 px, saying 16) was taken for vitrel's and its batches not checked."""
+    loaders give 32 px, saying 16) was taken for vitrel's: its batches and its class names were not checked."""
+    from vitrel.config import ConfigError
     from vitrel.data import ArrayDataModule
     from vitrel.models.input_size import InputSizeError
-    from vitrel.train.data_contract import CheckOwnBatches
+    from vitrel.train.data_contract import CheckOwnBatches, check_data_module
 
     class Mine(ArrayDataModule):
         def setup(self, stage: str | None = None) -> None:
@@ -188,6 +189,9 @@ def test_a_subclass_of_vitrels_data_modules_is_checked_as_ones_own():
     check = CheckOwnBatches(mine)
     with pytest.raises(InputSizeError, match=r"Mine's train images are 1x32x32 .* say 1x16x16"):
         check.on_train_batch_start(None, None, (torch.zeros(2, 1, 32, 32), torch.zeros(2)), 0)
+    mine.class_names = ["a", "b"]  # (for 3 classes: refused as any data module's own)
+    with pytest.raises(ConfigError, match="Mine has 2 class_names for its 3 classes"):
+        check_data_module(mine)
     ours = CheckOwnBatches(ArrayDataModule(train=(x, y), test=(x, y)))
     ours.on_train_batch_start(None, None, (torch.zeros(2, 1, 16, 16), torch.zeros(2)), 0)  # (vitrel's: not checked)
 

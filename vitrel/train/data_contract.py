@@ -25,6 +25,7 @@ __all__ = [
     "TargetError",
     "check_data_module",
     "check_targets",
+    "is_vitrels",
     "warn_no_preprocessing",
 ]
 
@@ -39,14 +40,18 @@ class TargetError(ValueError):
     line)."""
 
 
+def is_vitrels(dm: Any) -> bool:
+    """``dm`` is one of vitrel's data modules (checked by vitrel's tests), not one of the user's own (a subclass of
+    one of vitrel's included)."""
+    return type(dm).__module__.split(".")[0] == "vitrel"
+
+
 def check_data_module(dm: Any) -> None:
     """``dm`` has an ``num_classes``, ``in_chans`` and ``img_size`` (:data:`SIZED_BY`), not None, and (one of the
     user's own) as many ``class_names`` as classes, if any: else a :class:`~vitrel.config.ConfigError` naming what
     is wrong, before anything is built."""
-    from vitrel.data.base import VisionDataModule
-
     missing = [k for k in SIZED_BY if getattr(dm, k, None) is None]
-    names = None if missing or isinstance(dm, VisionDataModule) else getattr(dm, "class_names", None)
+    names = None if missing or is_vitrels(dm) else getattr(dm, "class_names", None)
     if names is not None and len(names) != int(dm.num_classes):  # (predict.py would label classes past them by index)
         raise ConfigError(
             f"{type(dm).__name__} has {len(names)} class_names for its {dm.num_classes} classes (num_classes): give "
@@ -113,7 +118,7 @@ class CheckOwnBatches(Callback):
 
     def __init__(self, dm: Any) -> None:
         self.dm, self.seen = dm, set()
-        if type(dm).__module__.split(".")[0] == "vitrel":  # (vitrel's own: nothing to check, at any batch)
+        if is_vitrels(dm):  # (nothing to check, at any batch)
             self.seen = {"train", "val", "test"}
 
     def _check(self, batch: Any, stage: str) -> None:

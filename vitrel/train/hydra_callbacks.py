@@ -130,7 +130,8 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
     return rows
 
 
-_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+#: the ``_target_`` of Hydra's own sweeper (``hydra/sweeper=basic``), whose jobs are known before they run
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def planned_jobs(config: DictConfig) -> list[list[str]] | None:
@@ -142,7 +143,7 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
 
     sweeper = config.hydra.get("sweeper") or {}
     subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
-    if sweeper.get("_target_") != _BASIC_SWEEPER or subdir != "${hydra.job.num}":
+    if sweeper.get("_target_") != BASIC_SWEEPER or subdir != "${hydra.job.num}":
         return None
     args = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     args += [str(o) for o in config.hydra.overrides.task]

@@ -294,7 +294,7 @@ def check_mixup_takes_batches(module: L.LightningModule, dm: L.LightningDataModu
 def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
     """``optimized_metric`` (what ``train()`` returns to a Hydra sweeper) is one of the metrics ``module`` logs
     (``metric_names``; test metrics with ``test=true``), else a :class:`~vitrel.config.ConfigError` naming them,
-    before the run trains."""
+    before the run trains; under ``-m``, the sweeper's ``direction`` goes with it (:func:`check_direction`)."""
     target, names = cfg.get("optimized_metric"), getattr(module, "metric_names", None)
     if not target or names is None:
         return

@@ -1,8 +1,8 @@
 """A hyperparameter search as a researcher runs it with Hydra's Optuna sweeper (``hparams_search=fmnist_optuna``, as
 lightning-hydra-template's ``hparams_search/mnist_optuna.yaml``): the value each trial returns is its job's
-``optimized_metric``, Optuna's best is the best job's; the study run again in its folder resumes its own trials, and
-another study there (other drawn values in the same job folders) is refused, not reported with the old trials'
-scores."""
+``optimized_metric``, Optuna's best is the best job's (named below the summary table); the study run again in its
+folder resumes its own trials, and another study there (other drawn values in the same job folders) is refused, not
+reported with the old trials' scores."""
 
 from __future__ import annotations
 
@@ -40,7 +40,9 @@ def test_an_optuna_study_its_best_trial_and_another_study_in_its_folder(tmp_path
     acc = [j["metrics"]["val/acc1"] for j in jobs]  # each trial's value: its last validation (optimized_metric)
     best = max(range(2), key=lambda i: (acc[i], -i))  # direction maximize (a tie: the first trial)
     assert result["best_value"] == pytest.approx(acc[best]) and result["best_params"] == drawn[best], (result, acc)
-    assert "Sweep summary (2 jobs" in r.stdout
+    said = f"Optuna's best trial (maximize val/acc1): job {best}, {acc[best]:.4f}, module.optimizer.lr="
+    out = r.stdout[r.stdout.index("Sweep summary (2 jobs") :]
+    assert said in out and said in (sweep / "summary.md").read_text(), out
 
     # another study (another sampler seed) in the folder: its trial 0 lands in trial 0's folder with other values
     r = _study(sweep, 2, tmp_path)

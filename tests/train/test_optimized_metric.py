@@ -36,3 +36,19 @@ def test_the_metrics_a_run_logs_are_among_the_names_and_the_named_one_is_returne
     assert got == logged["test/acc1"]
     names = ClassifierModule(nn.Linear(2, 10), num_classes=10).metric_names()
     assert set(logged) - {"epoch", "step"} <= set(names), sorted(set(logged) - set(names))
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["hparams_search=fmnist_optuna", "optimized_metric=val/loss"], "direction maximize: the search would seek"),
+        (["hydra/sweeper=optuna", "optimized_metric=val/acc1"], "direction minimize: the search would seek"),
+    ],
+)
+def test_a_sweeper_direction_against_the_metric_is_refused_before_it_trains(tmp_path, extra, said):
+    """Optuna's sweeper maximising a loss, or minimising an accuracy (its default direction is ``minimize``): each
+    trial returned its metric and the study sought the worst runs. A job of such a sweep stops before it trains."""
+    with pytest.raises(ConfigError, match=r"set hydra\.sweeper\.direction=(max|min)imize") as e:
+        train(compose(tmp_path, [*RUN, *extra], multirun=True))
+    assert said in str(e.value)
+    assert not (tmp_path / "checkpoints").exists()  # nothing trained

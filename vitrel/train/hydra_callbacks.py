@@ -44,6 +44,7 @@ __all__ = [
     "seed_means",
     "split_common",
     "summary_rows",
+    "optuna_best",
 ]
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
     return rows
 
 
-_BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+#: the ``_target_`` of Hydra's own sweeper (``hydra/sweeper=basic``), whose jobs are known before they run
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
 def planned_jobs(config: DictConfig) -> list[list[str]] | None:
@@ -142,7 +144,7 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
 
     sweeper = config.hydra.get("sweeper") or {}
     subdir = OmegaConf.to_container(config.hydra.sweep, resolve=False).get("subdir")
-    if sweeper.get("_target_") != _BASIC_SWEEPER or subdir != "${hydra.job.num}":
+    if sweeper.get("_target_") != BASIC_SWEEPER or subdir != "${hydra.job.num}":
         return None
     args = [f"{k}={v}" for k, v in (sweeper.get("params") or {}).items()]
     args += [str(o) for o in config.hydra.overrides.task]
@@ -325,7 +327,7 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._unended = None
         atexit.unregister(self._at_exit)
-        self._summarize(Path(str(config.hydra.sweep.dir)), show=True)
+        self._summarize(Path(str(config.hydra.sweep.dir)), show=True, config=config)
 
     def _at_exit(self) -> None:
         """The table so far of a sweep that never reached its end: Hydra's sweeper raised on a failed job (its
@@ -347,10 +349,10 @@ class SweepSummary(Callback):
         except Exception as e:  # noqa: BLE001
             print(f"sweep summary: could not print the table of {sweep_dir} ({type(e).__name__}: {e})", flush=True)
 
-    def _summarize(self, sweep_dir: Path, show: bool, stopped: bool = False) -> None:
+    def _summarize(self, sweep_dir: Path, show: bool, stopped: bool = False, config: DictConfig | None = None) -> None:
         """Write ``summary.md`` / ``summary.csv`` (and ``summary_seeds.csv`` for a seed sweep) of the job folders in
         ``sweep_dir`` (each file replaced whole: jobs of a parallel launcher end at once) and, with ``show``, print
-        the tables."""
+        the tables; at the sweep's end (``config``), an Optuna study's best trial below them (:func:`optuna_best`)."""
         if not sweep_dir.exists():
             return
         summary = summary_rows(sweep_dir, self.metrics)
@@ -369,6 +371,9 @@ class SweepSummary(Callback):
                 text += f"\n{what}:\n" + "\n".join(said) + "\n"
         if means:
             text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, self.metrics)}\n"
+        best = optuna_best(config, sweep_dir, rows, common) if config is not None else None
+        if best:
+            text += f"\n{best}\n"
         if show:
             left = [r["job"] for r in rows if r["status"] in (INTERRUPTED, NOT_RUN)]
             if left and stopped:
@@ -389,6 +394,28 @@ class SweepSummary(Callback):
             part.write_text(content, newline="")
             os.replace(part, sweep_dir / name)
         _draw(sweep_dir, rows, means)
+
+
+def optuna_best(config: DictConfig, sweep_dir: Path, rows: list[dict[str, Any]], common: list[str]) -> str | None:
+    """The best trial of the sweep's Optuna study, as Hydra's Optuna sweeper wrote it to the sweep folder's
+    ``optimization_results.yaml`` as the sweep ended, named by its job (``rows`` and ``common``:
+    :func:`summary_rows`'); None for another sweeper, a study of several objectives, or no job of its values."""
+    sweeper = config.hydra.get("sweeper") or {}
+    path = sweep_dir / "optimization_results.yaml"
+    if "optuna" not in str(sweeper.get("_target_", "")).lower() or not path.exists():
+        return None
+    result = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(result, dict) or "best_params" not in result:
+        return None
+    params = [f"{k}={v}" for k, v in result["best_params"].items()]
+    job = next((r["job"] for r in rows if set(params) <= {*r["overrides"].split(), *common}), None)
+    if job is None:
+        return None
+    direction = getattr(sweeper.get("direction"), "name", sweeper.get("direction"))
+    return (
+        f"Optuna's best trial ({direction} {config.get('optimized_metric')}): job {job}, {result['best_value']:.4f}, "
+        + (" ".join(params) or "(no parameters)")
+    )
 
 
 def summary_rows(

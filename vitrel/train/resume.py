@@ -21,7 +21,7 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
-from vitrel.train.hydra_callbacks import sweep_plan
+from vitrel.train.hydra_callbacks import BASIC_SWEEPER, sweep_plan
 from vitrel.train.progress import CountValidations
 from vitrel.train.run_times import RunTimes
 from vitrel.train.utils import hydra_config, is_multirun, override_key, task_overrides
@@ -134,16 +134,21 @@ MAY_DIFFER = frozenset({
 
 
 def sweep_job() -> dict[str, list[str]] | None:
-    """This ``-m`` job's ``overrides`` and the keys its sweep varies (``swept``: those with several values among the
-    jobs Hydra's basic sweeper planned; none known for another sweeper); None outside a sweep."""
+    """This ``-m`` job's ``overrides`` and the keys its sweep varies (``swept``): for Hydra's basic sweeper those with
+    several values among the jobs it planned; for another (Optuna, Ax, Nevergrad: values drawn as the sweep goes, from
+    a search space that a function of one's own may extend) every key the job sets except :data:`MAY_DIFFER`. None
+    outside a sweep."""
     if not is_multirun():
         return None
-    sweep_dir = Path(str(hydra_config().sweep.dir))
+    hc = hydra_config()
+    overrides = task_overrides()
+    if hc.sweeper.get("_target_") != BASIC_SWEEPER:
+        return {"overrides": overrides, "swept": sorted({override_key(o) for o in overrides} - MAY_DIFFER)}
     values: dict[str, set[str]] = {}
-    for job in sweep_plan(sweep_dir) or []:
+    for job in sweep_plan(Path(str(hc.sweep.dir))) or []:
         for o in job:
             values.setdefault(override_key(o), set()).add(o)
-    return {"overrides": task_overrides(), "swept": sorted(k for k, v in values.items() if len(v) > 1)}
+    return {"overrides": overrides, "swept": sorted(k for k, v in values.items() if len(v) > 1)}
 
 
 def check_same_sweep_job(ckpt: Mapping[str, Any], job: Mapping[str, Any] | None, where: str | Path) -> None:
@@ -177,8 +182,9 @@ def check_same_sweep_job(ckpt: Mapping[str, Any], job: Mapping[str, Any] | None,
         f"{where} was written by another job of a sweep ({what}; its job: {' '.join(theirs.get('overrides') or ())}):"
         " Hydra gives a sweep's jobs their folders by job number, so a sweep run again in its folder with other lists"
         " would resume another job's run under this job's name. Run the sweep again with the lists it was run with "
-        "(a job's failed ones are retried, its finished ones only tested again), or in a new sweep folder (the "
-        "default); resume=false starts this job over in this folder."
+        "(an Optuna study: its sampler seed and search space, so that its trials draw the same values; a job's failed"
+        " ones are retried, its finished ones only tested again), or in a new sweep folder (the default); "
+        "resume=false starts this job over in this folder."
     )
 
 

@@ -21,6 +21,7 @@ import signal
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import lightning as L
 import torch
@@ -28,7 +29,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from vitrel.config import ConfigError, check_moved_keys, check_resume
 from vitrel.data.unreadable import ReportUnreadable
@@ -293,7 +294,7 @@ def check_mixup_takes_batches(module: L.LightningModule, dm: L.LightningDataModu
 def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
     """``optimized_metric`` (what ``train()`` returns to a Hydra sweeper) is one of the metrics ``module`` logs
     (``metric_names``; test metrics with ``test=true``), else a :class:`~vitrel.config.ConfigError` naming them,
-    before the run trains."""
+    before the run trains; under ``-m``, the sweeper's ``direction`` goes with it (:func:`check_direction`)."""
     target, names = cfg.get("optimized_metric"), getattr(module, "metric_names", None)
     if not target or names is None:
         return
@@ -302,3 +303,23 @@ def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
         no_test = " (test=false: no test/ metrics)" if str(target).startswith("test/") else ""
         said = f"optimized_metric={target} is not a metric this run logs{no_test}"
         raise ConfigError(f"{said}: one of {', '.join(known)}")
+    hc = hydra_config()
+    if is_multirun() and hc.sweeper.get("direction") is not None:
+        check_direction(str(target), hc.sweeper.direction)
+
+
+def check_direction(target: str, direction: Any) -> None:
+    """A sweeper's single ``direction`` (Optuna's ``maximize`` / ``minimize``; its default is ``minimize``) that goes
+    against ``optimized_metric`` (an accuracy minimised, a loss maximised: the search would seek the worst runs) is a
+    :class:`~vitrel.config.ConfigError`, before the run trains. Several directions, or a metric of neither kind: not
+    checked."""
+    if isinstance(direction, (list, tuple, ListConfig)):
+        return
+    direction = str(getattr(direction, "name", direction)).lower()
+    name = target.rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
+    want = "maximize" if name.startswith("acc") else "minimize" if name == "loss" else None
+    if want is not None and direction in ("maximize", "minimize") and direction != want:
+        raise ConfigError(
+            f"optimized_metric={target} with the sweeper's direction {direction}: the search would seek the worst "
+            f"runs; set hydra.sweeper.direction={want} (Optuna's default is minimize)"
+        )

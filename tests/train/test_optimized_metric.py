@@ -4,6 +4,7 @@ before the run trains, and the names a run logs are among them."""
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 from torch import nn
@@ -52,3 +53,16 @@ def test_a_sweeper_direction_against_the_metric_is_refused_before_it_trains(tmp_
         train(compose(tmp_path, [*RUN, *extra], multirun=True))
     assert said in str(e.value)
     assert not (tmp_path / "checkpoints").exists()  # nothing trained
+
+
+def test_a_search_on_the_test_split_is_warned_of(tmp_path):
+    """``optimized_metric=test/acc1`` under Optuna's sweeper chose its trials by the test split's score without a word:
+    the best trial's test score is then no fair estimate. A warning names the val/ metric to search on; Hydra's basic
+    sweeper reads no value (no warning)."""
+    over = [*RUN, "hydra/sweeper=optuna", "hydra.sweeper.direction=maximize", "optimized_metric=test/acc1"]
+    with pytest.warns(UserWarning, match=r"optimized_metric=test/acc1: the sweeper chooses .* search on a val/ metric"):
+        train(compose(tmp_path / "optuna", over, multirun=True))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(compose(tmp_path / "basic", [*RUN, "optimized_metric=test/acc1"], multirun=True))
+    assert not [w for w in caught if "the sweeper chooses" in str(w.message)]

@@ -28,7 +28,7 @@ import torch
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
-from lightning.pytorch.utilities.rank_zero import rank_zero_info
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from vitrel.config import ConfigError, check_moved_keys, check_resume
@@ -47,7 +47,7 @@ from vitrel.train.build import (
 from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.data_contract import CheckOwnBatches, warn_no_preprocessing
-from vitrel.train.hydra_callbacks import write_held_back_record
+from vitrel.train.hydra_callbacks import BASIC_SWEEPER, write_held_back_record
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.module import MIXUP_NAFLEX
 from vitrel.train.progress import CountTestImages, CountValidations
@@ -304,8 +304,16 @@ def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
         said = f"optimized_metric={target} is not a metric this run logs{no_test}"
         raise ConfigError(f"{said}: one of {', '.join(known)}")
     hc = hydra_config()
-    if is_multirun() and hc.sweeper.get("direction") is not None:
+    if not is_multirun():
+        return
+    if hc.sweeper.get("direction") is not None:
         check_direction(str(target), hc.sweeper.direction)
+    if str(target).startswith("test/") and hc.sweeper.get("_target_") != BASIC_SWEEPER:
+        rank_zero_warn(  # (Hydra's basic sweeper reads no value: there it only names the figure the job returns)
+            f"optimized_metric={target}: the sweeper chooses its trials by the test split's score, so the best one's "
+            "test score is no longer a fair estimate of new data (it was picked on it); search on a val/ metric "
+            "(val/acc1) and report the chosen run's test score"
+        )
 
 
 def check_direction(target: str, direction: Any) -> None:

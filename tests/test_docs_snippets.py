@@ -98,6 +98,7 @@ CLAIMS: dict[tuple[str, str], tuple[str, object]] = {
     ),
     ("docs/video.md", 'f.feature_info.get("time_reduction")'): ("[2, 2, 2, 2]", [2, 2, 2, 2]),
     ("docs/training.md", "sizes = (dm.num_classes, dm.in_chans, dm.img_size)"): ("[4, 1, 32]", [4, 1, 32]),
+    ("docs/training.md", "ema.module.eval()(x).shape"): ("[8, 10]", [8, 10]),
     ("docs/training.md", "batch = next(iter(MyDataModule().train_dataloader()))"): (
         "images [64, 1, 16, 24], targets [64]",
         [[64, 1, 16, 24], [64]],

@@ -518,3 +518,22 @@ def test_the_head_reset_warning_names_the_caller_not_vitrel(tmp_path):
         vitrel.load_model(weights.parent, num_classes=5)
     said = [w for w in caught if "the head is reset" in str(w.message)]
     assert [w.filename for w in said] == [__file__] * 2, [(w.filename, w.lineno) for w in said]
+
+
+@pytest.mark.parametrize("ema_key", ["state_dict_ema", "model_ema"])
+def test_timm_train_checkpoint_loads_its_ema_as_timm_does(tmp_path, ema_key):
+    """A checkpoint of timm's train script / ``timm.utils.CheckpointSaver`` (``state_dict`` and an EMA copy beside it):
+    ``vitrel.create_model(..., checkpoint_path=)`` loads the EMA copy, as ``timm.create_model(..., checkpoint_path=)``
+    (timm's ``load_checkpoint(use_ema=True)``); ``load_model(use_ema=False)`` the live weights."""
+    kw = dict(SMALL[VIT], pos="rel2d_cpb", num_classes=10)
+    live, ema = _model(**kw), _model(**kw)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in ema.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    path = tmp_path / "model_best.pth.tar"
+    torch.save({"epoch": 3, "arch": VIT, "state_dict": live.state_dict(), ema_key: ema.state_dict()}, path)
+    _same(vitrel.create_model(VIT, checkpoint_path=str(path), **kw), ema)
+    _same(timm.create_model(VIT, checkpoint_path=str(path), **kw), ema)  # (timm's own route, the reference)
+    _same(vitrel.load_model(path, architecture=VIT, use_ema=False, **kw), live)
+    _same(vitrel.load_model(path, architecture=VIT, use_ema=True, **kw), ema)

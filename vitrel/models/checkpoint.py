@@ -97,14 +97,24 @@ def _load_safetensors(p: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"cannot read {p}: truncated or not a safetensors file ({e})") from None
 
 
+def _timm_ema_key(obj: Any) -> str | None:
+    """The key of the EMA copy in a checkpoint of timm's train script (``state_dict_ema``) or DeiT's (``model_ema``),
+    in the order timm's ``load_state_dict`` takes them; None when it has none."""
+    for key in ("state_dict_ema", "model_ema"):
+        if isinstance(obj, Mapping) and isinstance(obj.get(key), Mapping):
+            return key
+    return None
+
+
 def _plain_state(obj: Any, p: Path, use_ema: bool) -> dict[str, Tensor]:
     """The weights of a torch file without a vitrel configuration: a plain state dict, or a dict with
     ``state_dict`` (Lightning, timm's train script; ``state_dict_ema`` with ``use_ema``) or ``model`` (DeiT)."""
     if not isinstance(obj, Mapping):
         raise CheckpointError(f"{p} holds a {type(obj).__name__}, not a state dict")
     if use_ema:
-        if isinstance(obj.get("state_dict_ema"), Mapping):
-            return clean_state_dict(obj["state_dict_ema"])
+        key = _timm_ema_key(obj)
+        if key is not None:
+            return clean_state_dict(obj[key])
         return extract_model_state(obj, use_ema=True)[1] if isinstance(obj.get("state_dict"), Mapping) else {}
     for key in ("state_dict", "model"):
         if isinstance(obj.get(key), Mapping):
@@ -304,12 +314,13 @@ def load_model(
 
     ``use_ema``: ``"auto"`` (default) loads the weights the run validated and tested with, as ``eval.py`` and
     ``predict.py`` do: the EMA copy of a training checkpoint of a run with ``module/ema`` (unless it ran with
-    ``module.ema_eval=false``), else the trained weights (:func:`checkpoint_scores_ema`; timm's ``load_checkpoint``
-    takes a checkpoint's EMA too). ``True``: the EMA copy (an error when there is none); ``False``: the trained ones.
+    ``module.ema_eval=false``) or the EMA copy beside the weights in a checkpoint of timm's train script
+    (``state_dict_ema``, as timm's ``load_checkpoint`` takes it), else the trained weights
+    (:func:`checkpoint_scores_ema`). ``True``: the EMA copy (an error when there is none); ``False``: the trained ones.
     """
     path = run_checkpoint(path)  # a run folder: the checkpoint its test scored, said in one line
-    if use_ema == "auto":
-        use_ema = checkpoint_scores_ema(path)
+    if use_ema == "auto":  # (a checkpoint of timm's train script: its EMA copy, as timm's load_checkpoint takes)
+        use_ema = checkpoint_scores_ema(path) or _timm_ema_key(_read_keys(path)) is not None
     elif not isinstance(use_ema, bool):
         raise ValueError(f"use_ema must be 'auto', True or False, got {use_ema!r}")
     if overrides.get("features_only"):

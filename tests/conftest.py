@@ -42,6 +42,18 @@ def video_sweep(tmp_path_factory):
     return train_video_sweep(tmp_path_factory.mktemp("video_sweep"))
 
 
+@pytest.fixture(scope="session")
+def one_torchlib_registry():
+    """``torch.onnx.export``'s operator registry built once for the session's (worker's) ONNX exports, each call
+    handed a copy of its own (tests/onnx_registry.py): about 1 s of every export otherwise. The ONNX tests' modules
+    use it."""
+    from tests.onnx_registry import share_torchlib_registry
+
+    with pytest.MonkeyPatch.context() as mp:
+        share_torchlib_registry(mp)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _no_hydra_runtime_config_left():
     """``tests.train_helpers.compose`` registers Hydra's runtime config, as ``python train.py`` has it; left set, a

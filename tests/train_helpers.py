@@ -96,11 +96,16 @@ def _script_here(script: str, args: list[str], cwd: str, out: str, err: str) -> 
     ends: the script run as ``__main__`` with its ``sys.argv``, ``sys.path`` (its folder, then ``script_env``'s
     tests/) and ``script_env``'s environment (that of the processes it starts: Lightning's DDP ranks), stdout and
     stderr to the files ``out`` and ``err`` (one file if the same); an uncaught exception's traceback or a
-    ``SystemExit`` message printed, then the ``atexit`` functions (a forked process ends without them), then the
-    exit code."""
+    ``SystemExit`` message printed, then the ``atexit`` functions the script registered and logging's shutdown (a
+    forked process ends without them), then the exit code. The server's own ``atexit`` functions are not run: what
+    they clean up is the server's, shared by every process forked from it (wandb's media folder, which
+    ``wandb.Image`` writes into: a later forked process found it gone)."""
     import atexit
+    import logging
     import runpy
     import traceback
+
+    atexit._clear()  # (those the server registered when it imported the modules)
 
     for fd, path in ((1, out), (2, err)):
         if fd == 2 and err == out:  # both to one file, in the order written
@@ -126,6 +131,7 @@ def _script_here(script: str, args: list[str], cwd: str, out: str, err: str) -> 
     sys.stdout.flush()
     sys.stderr.flush()
     atexit._run_exitfuncs()
+    logging.shutdown()  # (registered at exit by the server's import of logging: the script's handlers flushed)
     sys.exit(code)
 
 

@@ -48,9 +48,19 @@ def both(make, **kw):
 # the memory path gives the workers path's batches (augmentation off)
 
 
+@pytest.fixture(scope="module")
+def fmnist_root(tmp_path_factory):
+    """Fashion-MNIST IDX files (``subset="full"``) of 1250 training and 250 test images: batches of 200 give several
+    full ones and a last partial one in each split (the embedded subset's 10,000 images, two epochs through the
+    workers path's per-image transforms, took most of the tests' time, for the same property)."""
+    root = tmp_path_factory.mktemp("fmnist")
+    make_fmnist_files(root / "FashionMNIST" / "raw", n_train=1250, n_test=250, gz=False)
+    return root
+
+
 @pytest.mark.parametrize("kw", [{}, {"in_chans": 3}, {"val_fraction": 0.1}, {"canvas_size": 36}], ids=str)
-def test_memory_and_workers_give_the_same_batches(kw):
-    mem, work = both(FashionMNISTDataModule, batch_size=500, **kw)
+def test_memory_and_workers_give_the_same_batches(kw, fmnist_root):
+    mem, work = both(FashionMNISTDataModule, root=fmnist_root, subset="full", download=False, batch_size=200, **kw)
     for dm in (mem, work):
         dm.train_order_seed = 3  # the seeded order (ExactResume sets it)
     assert isinstance(mem.train_dataloader(), MemoryLoader) and isinstance(mem.dataset("test"), TensorImageDataset)

@@ -44,6 +44,7 @@ def howto_kernel() -> type:
     return kernel
 
 
+@pytest.mark.usefixtures("one_torchlib_registry")  # (tests/conftest.py)
 def test_the_howto_kernel_passes_the_shared_kernel_tests(tmp_path, unregister_kernels):
     kernel = howto_kernel()
     assert kernel.name == "chunked" and "chunked" in list_kernels() and "chunked" in attn_impls()
@@ -179,6 +180,7 @@ def _(x):
     return torch.empty_like(x)
 
 
+@pytest.mark.usefixtures("one_torchlib_registry")  # (tests/conftest.py)
 def test_a_kernel_that_declares_onnx_and_runs_a_custom_op_fails_the_shared_onnx_check(tmp_path, unregister_kernels):
     """``onnx`` (the default) declared by a kernel that runs a custom op: ``python -m vitrel.export --onnx`` would let
     it through to the exporter's error; :func:`~tests.kernels.test_conformance.check_onnx` says which kernel."""

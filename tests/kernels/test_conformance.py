@@ -133,6 +133,7 @@ def check_onnx(impl: str, path) -> None:
         np.testing.assert_allclose(out, m(x).numpy(), rtol=1e-4, atol=1e-4, err_msg=impl)
 
 
+@pytest.mark.usefixtures("one_torchlib_registry")  # (tests/conftest.py)
 @pytest.mark.parametrize("impl", [k for k in list_kernels() if get_kernel(k).onnx])
 def test_a_kernel_that_declares_onnx_exports_to_onnx(impl, tmp_path):
     pytest.importorskip("onnxruntime", reason="pip install vitrel[export]")

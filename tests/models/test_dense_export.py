@@ -54,6 +54,7 @@ def test_features_only_swin_with_extent_scheme_gets_batch():
         export_program(f, example=torch.randn(1, 3, 32, 32), dynamic="hw")
 
 
+@pytest.mark.usefixtures("one_torchlib_registry")  # (tests/conftest.py)
 @pytest.mark.parametrize(
     "kw", [dict(output_fmt="NCHW"), dict(feature_cls="fx", out_indices=(1,))], ids=["getter", "fx"]
 )

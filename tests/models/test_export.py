@@ -339,18 +339,13 @@ onnxruntime = pytest.importorskip("onnxruntime", reason="pip install vitrel[expo
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_torchlib_registry():
-    """torch.onnx.export's operator registry built once for the module's ONNX cases, not at every export
-    (tests/onnx_registry.py)."""
-    from tests.onnx_registry import share_torchlib_registry
-
-    with pytest.MonkeyPatch.context() as mp:
-        share_torchlib_registry(mp)
-        yield
+def _one_torchlib_registry(one_torchlib_registry):
+    """torch.onnx.export's operator registry built once for the ONNX cases, not at every export
+    (tests/conftest.py's ``one_torchlib_registry``)."""
 
 
 def test_shared_registry_is_a_fresh_one_of_its_own():
-    """The module's registry (:func:`_one_torchlib_registry`) holds what a fresh one holds, at each call a copy: what
+    """The shared registry (:func:`_one_torchlib_registry`) holds what a fresh one holds, at each call a copy: what
     one call registers (a ``custom_translation_table``) is not in the next call's."""
     from torch.onnx._internal.exporter._registration import ONNXRegistry
 

@@ -80,6 +80,7 @@ def ema_ckpt(tmp_path_factory):
     return path
 
 
+@pytest.mark.usefixtures("one_torchlib_registry")  # (tests/conftest.py)
 def test_onnx_file_alone_reproduces_predict(ema_ckpt, tmp_path, capsys):
     """``python -m vitrel.export CKPT OUT --pt2 --onnx`` then ONNX Runtime on image files, preprocessed from what the
     ONNX file records: predict.py's probabilities on the checkpoint. The ``.pt2`` carried the preprocessing, the ONNX

@@ -20,6 +20,7 @@ from vitrel.models.checkpoint import save_pretrained
 
 #: the command writes ONNX where its packages are installed (else --onnx is refused), ONNX Runtime checks it
 ONNX = all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript"))
+pytestmark = pytest.mark.usefixtures("one_torchlib_registry")  # (tests/conftest.py: its exports)
 
 
 def exported(ckpt: Path, out: Path, *args: str) -> Path:

@@ -75,13 +75,29 @@ def run(study, out: Path, *extra: str) -> dict:
     return study.main([*argv, "--threads", "1", *extra])
 
 
-def test_smoke_study_writes_every_file_and_resumes(study, recipe, tmp_path, capsys):
-    cost = ["--cost-rounds", "2", "--cost-steps", "2"]  # (the timing's code at 16 steps, not 5 x 10 x 4 models)
-    state = run(study, tmp_path, *cost, "--max-runs", "1")  # as if the study died after its first run
-    assert len(state["runs"]) == 1
-    first = dict(state["runs"][0])
-    state = run(study, tmp_path, *cost)
-    out = capsys.readouterr().out
+#: the smoke study's timing: the timing's code at 16 steps, not 5 x 10 x 4 models
+COST = ["--cost-rounds", "2", "--cost-steps", "2"]
+
+
+@pytest.fixture(scope="module")
+def smoke(study, tmp_path_factory):
+    """The smoke study run in two goes, as if it died after its first run (``--max-runs 1``), then resumed: its
+    folder, the first go's run, the second go's state and what the second go printed. Shared by the tests that read
+    it (test_jobs_give_the_results_of_one_process: its ViT runs are those of one process)."""
+    import contextlib
+    import io
+
+    out = tmp_path_factory.mktemp("smoke")
+    first = run(study, out, *COST, "--max-runs", "1")["runs"]
+    with contextlib.redirect_stdout(io.StringIO()) as printed:
+        state = run(study, out, *COST)
+    return out, first, state, printed.getvalue()
+
+
+def test_smoke_study_writes_every_file_and_resumes(study, recipe, smoke, capsys):
+    tmp_path, first, state, out = smoke
+    assert len(first) == 1
+    first = dict(first[0])
     assert "3 runs to do (1 of the selection already done" in out
     assert "cost: timing 4 models in alternation" in out  # once the selection is complete
     assert len(state["runs"]) == 4
@@ -156,7 +172,8 @@ def test_smoke_study_writes_every_file_and_resumes(study, recipe, tmp_path, caps
     assert float(rows[0]["bench_img_s"]) == pytest.approx(data["cost"]["vit/none"]["img_s"])
 
     # nothing left to do: a rerun only rewrites the files (the throughput timing is kept)
-    state = run(study, tmp_path, *cost)
+    capsys.readouterr()
+    state = run(study, tmp_path, *COST)
     assert len(state["runs"]) == 4 and state["cost"] == data["cost"]
     out = capsys.readouterr().out
     assert "0 runs to do" in out and "cost: timing" not in out
@@ -431,11 +448,12 @@ def test_jobs_workers_take_the_next_run_not_a_fixed_share(study, jobs2, tmp_path
     assert zero["runs"] == []
 
 
-def test_jobs_give_the_results_of_one_process(study, jobs2, tmp_path):
+def test_jobs_give_the_results_of_one_process(jobs2, smoke):
     """--jobs 2 (worker processes, each told its share of a GPU's memory) gives every run the accuracies and
-    final loss of --jobs 1 for the same seeds (CPU, one thread each: bitwise)."""
+    final loss of --jobs 1 (the smoke study's ViT runs) for the same seeds (CPU, one thread each: bitwise)."""
     many, _, cmds = jobs2
-    one = run(study, tmp_path / "jobs1", "--archs", "vit", "--jobs", "1", "--cost-rounds", "0")
+    one = dict(runs=[r for r in smoke[2]["runs"] if r["arch"] == "vit"])
+    assert sorted(r["scheme"] for r in one["runs"]) == ["none", "rel2d_full"]
     assert len(cmds) == 2 and all(c[c.index("--memory-fraction") + 1] == "0.4750" for c in cmds)
     keys = [k for k in one["runs"][0] if k.endswith("_acc")] + ["final_train_loss", "steps", "params"]
     assert len(keys) > 5

@@ -40,3 +40,20 @@ def test_a_spawned_process_logs_its_media_into_the_run_folder(tmp_path: Path, mo
     pictures = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.png"))
     assert pictures and all(p.startswith("run/wandb/offline-run-") for p in pictures), pictures
     assert not (launched / "wandb").exists()
+
+
+#: a script that stages a picture as the W&B logger does (``wandb.Image`` writes it into wandb's media folder)
+_PICTURE = "import numpy as np, wandb\nwandb.Image(np.zeros((8, 8, 3), dtype=np.uint8))\nprint('staged')\n"
+
+
+def test_forked_scripts_one_after_another_stage_media(tmp_path: Path):
+    """Two scripts run one after the other in processes forked from tests/preloaded.py's server (which imported
+    wandb, and made its media folder, once): each stages a ``wandb.Image``. The first one's end removed the server's
+    media folder (it ran the server's exit functions), so the second failed with FileNotFoundError."""
+    from tests.train_helpers import run_script_forked
+
+    script = tmp_path / "picture.py"
+    script.write_text(_PICTURE)
+    for i in range(2):
+        r = run_script_forked(str(script), [], tmp_path)
+        assert (r.returncode, r.stdout) == (0, "staged\n"), (i, r.stderr[-2000:])

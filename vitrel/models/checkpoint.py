@@ -205,7 +205,11 @@ def checkpoint_scores_ema(path: str | os.PathLike) -> bool:
     validated and tested with its EMA weights, so that they score the weights its own test scored. True when the
     checkpoint holds EMA weights and its module's ``ema_eval`` (``hyper_parameters``; checkpoints that do not store it
     had the default, True) is not False; False for exported weights."""
-    obj = _read_keys(path)
+    return _scores_ema(_read_keys(path))
+
+
+def _scores_ema(obj: Any) -> bool:
+    """:func:`checkpoint_scores_ema` of a checkpoint as :func:`_read_keys` read it."""
     hparams = (obj.get("hyper_parameters") if isinstance(obj, Mapping) else None) or {}
     return _holds_ema(obj) and hparams.get("ema_eval", True) is not False
 
@@ -320,7 +324,8 @@ def load_model(
     """
     path = run_checkpoint(path)  # a run folder: the checkpoint its test scored, said in one line
     if use_ema == "auto":  # (a checkpoint of timm's train script: its EMA copy, as timm's load_checkpoint takes)
-        use_ema = checkpoint_scores_ema(path) or _timm_ema_key(_read_keys(path)) is not None
+        obj = _read_keys(path)  # (read once for both)
+        use_ema = _scores_ema(obj) or _timm_ema_key(obj) is not None
     elif not isinstance(use_ema, bool):
         raise ValueError(f"use_ema must be 'auto', True or False, got {use_ema!r}")
     if overrides.get("features_only"):

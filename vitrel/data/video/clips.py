@@ -28,13 +28,20 @@ Transforms: a clip is a uint8 ``[T, C, H, W]`` tensor (torchvision's ``TCHW``); 
 model's float ``[C, T, H, W]`` (VideoMAE's and PyTorchVideo's layout; a batch is ``[B, C, T, H, W]``), normalised.
 Its random resized crop and flip are drawn once per clip (torchvision ``transforms.v2`` over a ``tv_tensors.Video``),
 so every frame of a clip gets the same crop and flip.
+DataLoader workers: a worker forked from a process that had decoded video (a clip looked at before training, an
+error kept with its traceback) inherits PyAV objects waiting for the garbage collector; they own FFmpeg threads that
+do not exist in the fork, so collecting one there waits forever. The data sets here call :func:`leave_inherited` on
+their first sample in each worker, which freezes what the worker inherited (``gc.freeze()``, Python's advice for
+forked children).
 :class:`VideoClips` gives one sample per video: with ``K > 1`` uniform clips, the ``K`` transformed clips stacked,
 ``[K, C, T, H, W]`` (a batch ``[B, K, C, T, H, W]``, scored per video by averaging its clips' softmax).
 """
 
 from __future__ import annotations
 
+import gc
 import logging
+import os
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -43,7 +50,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 from torchvision.transforms import InterpolationMode
 
 from vitrel.data.augment import normalize, resize_crop
@@ -62,6 +69,7 @@ __all__ = [
     "count_frames",
     "read_frames",
     "read_clip",
+    "leave_inherited",
     "ClipTransform",
     "VideoClips",
 ]
@@ -145,6 +153,18 @@ def warn_short_video(path: str | Path, video_frames: int, num_frames: int, strid
 
 
 # ---------------------------------------------------------------------------------------------- decoding
+_LEFT_IN: int | None = None  # (the worker process whose inherited objects are frozen)
+
+
+def leave_inherited() -> None:
+    """In a DataLoader worker, once per process: ``gc.freeze()``, so its garbage collector never frees what the
+    worker inherited from the process it was forked from (see above). Elsewhere nothing."""
+    global _LEFT_IN
+    if _LEFT_IN != os.getpid() and get_worker_info() is not None:
+        gc.freeze()
+        _LEFT_IN = os.getpid()
+
+
 def _open(path: str | Path):
     import av
 
@@ -386,6 +406,7 @@ class VideoClips(SkipUnreadable, Dataset):
         return read_clip(path, choose), int(label)
 
     def __getitem__(self, index: int) -> tuple[Any, int] | None:
+        leave_inherited()
         item = self.read_or_skip(index, self._read)
         if item is None:  # (left out: evaluation)
             return None
@@ -416,6 +437,7 @@ class VideoFileClips(Dataset):
         return len(self.files)
 
     def __getitem__(self, i: int) -> tuple[int, Tensor | None, str | None]:
+        leave_inherited()
         t, stride, k = self.sampling
 
         def choose(n: int) -> list[int]:  # the K clips' frames, one after the other

@@ -80,6 +80,22 @@ OLD_SHAPES = {
 }
 
 
+def earlier_state_dict(m: torch.nn.Module, name: str) -> dict[str, torch.Tensor]:
+    """``m``'s state dict with the parameters of its ``name`` schemes in their earlier shapes."""
+    old, changed = {}, 0
+    schemes = {n + ".": s for n, s in m.named_modules() if getattr(s, "name", None) == name}
+    for key, value in m.state_dict().items():
+        prefix, _, leaf = key.rpartition(".")
+        scheme = schemes.get(prefix + ".")
+        if scheme is not None and leaf in OLD_SHAPES[name]:
+            shape = OLD_SHAPES[name][leaf](scheme)
+            assert value.dim() not in (4, 5) and value.numel() == torch.Size(shape).numel()
+            value, changed = value.reshape(shape), changed + 1
+        old[key] = value.clone()
+    assert changed >= len(schemes) >= 1  # (every block's scheme)
+    return old
+
+
 @pytest.mark.parametrize(
     ("arch", "pos"),
     [
@@ -95,19 +111,35 @@ OLD_SHAPES = {
 def test_earlier_stored_shapes_load(arch, pos):
     """A state dict with the earlier shapes loads strictly into a fresh model, which then gives the same outputs."""
     m, x, _ = build(arch, pos)
-    name = pos if isinstance(pos, str) else pos["name"]
-    old, changed = {}, 0
-    schemes = {n + ".": s for n, s in m.named_modules() if getattr(s, "name", None) == name}
-    for key, value in m.state_dict().items():
-        prefix, _, leaf = key.rpartition(".")
-        scheme = schemes.get(prefix + ".")
-        if scheme is not None and leaf in OLD_SHAPES[name]:
-            shape = OLD_SHAPES[name][leaf](scheme)
-            assert value.dim() not in (4, 5) and value.numel() == torch.Size(shape).numel()
-            value, changed = value.reshape(shape), changed + 1
-        old[key] = value.clone()
-    assert changed >= len(schemes) >= 1  # (every block's scheme)
     fresh, _, _ = build(arch, pos)
-    fresh.load_state_dict(old)
+    fresh.load_state_dict(earlier_state_dict(m, pos if isinstance(pos, str) else pos["name"]))
     with torch.no_grad():
         torch.testing.assert_close(fresh(x), m(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("arch", "pos"), [("vitrel_vit_tiny_patch4_32", "comrope"), ("vitrel_vit_video_tiny_patch4_32", "rel3d_full")]
+)
+def test_a_training_checkpoint_with_the_earlier_shapes_loads(arch, pos, tmp_path):
+    """``vitrel.load_model`` and timm's ``pretrained_cfg_overlay=dict(file=...)`` on a training checkpoint whose
+    scheme parameters have the earlier shapes: the same model."""
+    import timm
+
+    m, x, _ = build(arch, pos)
+    sd = {"model." + k: v for k, v in earlier_state_dict(m, pos).items()}
+    torch.save({"state_dict": sd, "vitrel_cfg": m.vitrel_cfg}, tmp_path / "old.ckpt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (no data config stored)
+        loaded = [
+            vitrel.load_model(tmp_path / "old.ckpt"),
+            timm.create_model(
+                arch,
+                pretrained=True,
+                pretrained_cfg_overlay={"file": str(tmp_path / "old.ckpt")},
+                **(VIDEO if arch in VIDEO else IMAGE)[arch],
+                pos=pos,
+            ),
+        ]
+    with torch.no_grad():
+        for got in loaded:
+            torch.testing.assert_close(got.eval()(x), m(x), rtol=0, atol=0)

@@ -113,7 +113,8 @@ def test_tables_and_kernels_as_documented():
     img = image_vit("rel2d_full")
     vid = video_vit("rel3d_full")
     sd = inflate_state_dict(img, vid)
-    t2, t3 = img.blocks[0].attn.pos.table, sd["blocks.0.attn.pos.table"]
+    t2, t3 = img.blocks[0].attn.pos.table, sd["blocks.0.attn.pos.table"]  # t3: [2T-1, 2H-1, (2W-1) heads]
+    t3 = t3.reshape(*t3.shape[:2], -1, t2.shape[-1])
     assert t3.shape == (3, *t2.shape) and all(torch.equal(t3[i], t2) for i in range(3))  # repeated over dt
     k = torch.randn(4, 3, 2, 2)
     avg, ctr = inflate_patch_kernel(k, 3, "average"), inflate_patch_kernel(k, 3, "center")

@@ -94,9 +94,9 @@ def test_windows_against_attention_written_from_scratch(sizes, window, shifted, 
     blk = Swin3DBlock(16, 2, window, shifted, pos=pos, build_grid=sizes).double().eval()
     bias = None
     if pos == "rel3d_full":  # Video Swin's bias: table[dt + Wt-1, dh + Wh-1, dw + Ww-1, head] (the table's centre)
-        table = blk.attn.pos.table
         with torch.no_grad():
-            table.normal_()
+            blk.attn.pos.table.normal_()
+        table = blk.attn.pos.table_4d()
 
         def bias(win):
             t, h, w = torch.meshgrid(*(torch.arange(n) for n in win), indexing="ij")

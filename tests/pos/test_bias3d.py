@@ -40,7 +40,7 @@ def full_index(table_shape, pi, pj) -> tuple[int, int, int]:
 
 
 def ref_full(pos):
-    t = pos.table.detach().double()
+    t = pos.table_4d().detach().double()
     return lambda h, pi, pj: t[(*full_index(t.shape, pi, pj), h)]
 
 
@@ -80,7 +80,9 @@ def _make(name, grid, prefix=0, seed=1, **kw):
 
 def test_shapes_and_declarations():
     a = _make("rel3d_full", (2, 3, 4))
-    assert a.pos.table.shape == (3, 5, 7, HEADS) and a.pos.grid == Grid3(2, 3, 4)
+    assert a.pos.table.shape == (3, 5, 7 * HEADS) and a.pos.grid == Grid3(2, 3, 4)  # (3-D: see test_channels_last)
+    assert a.pos.table_4d().shape == (3, 5, 7, HEADS)
+    torch.testing.assert_close(a.pos.table_4d()[1, 2, 3], a.pos.table[1, 2, 3 * HEADS : 4 * HEADS], rtol=0, atol=0)
     f = _make("rel3d_factored", (2, 3, 4)).pos
     assert (f.table_t.shape, f.table_h.shape, f.table_w.shape) == ((3, HEADS), (5, HEADS), (7, HEADS))
     assert sum(p.numel() for p in _make("alibi3d", (2, 3, 4)).pos.parameters()) == 0
@@ -109,6 +111,8 @@ def _table_grad_reference(pos, g_bias: torch.Tensor, grid, prefix: int) -> dict[
     entries its bias reads (loops)."""
     pts = coords3(*grid)
     grads = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in pos.named_parameters()}
+    if "table" in grads:  # stored [2T-1, 2H-1, (2W-1) heads]: a view of it as [2T-1, 2H-1, 2W-1, heads]
+        grads["table"] = grads["table"].view(*grads["table"].shape[:2], -1, pos.num_heads)
     for h in range(pos.num_heads):
         for a, pi in enumerate(pts):
             for b, pj in enumerate(pts):
@@ -144,7 +148,7 @@ def test_logits_output_and_table_gradients_match_reference(name, kw, prefix):
     ref = _table_grad_reference(a.pos, g_bias, grid, prefix)
     assert set(ref) == set(params)
     for (pname, _), got in zip(params.items(), grads[1:]):
-        torch.testing.assert_close(got, ref[pname], msg=pname)
+        torch.testing.assert_close(got, ref[pname].reshape(got.shape), msg=pname)
 
 
 @pytest.mark.parametrize("name", list(REFS))
@@ -183,7 +187,7 @@ def test_at_one_frame_the_schemes_are_their_2d_counterparts(prefix):
     fac3 = _make("rel3d_factored", (3, *space), prefix)
     fac2 = _make("rel2d_factored", space, prefix, seed=7)
     with torch.no_grad():
-        full2.pos.table.copy_(full3.pos.table[2])  # dt = 0: row T - 1
+        full2.pos.table.copy_(full3.pos.table_4d()[2])  # dt = 0: row T - 1
         fac2.pos.table_h.copy_(fac3.pos.table_h + fac3.pos.table_t[2])
         fac2.pos.table_w.copy_(fac3.pos.table_w)
     pairs = [(full3, full2), (fac3, fac2), (_make("alibi3d", (3, *space), prefix), _make("alibi2d", space, prefix))]
@@ -195,7 +199,7 @@ def test_at_one_frame_the_schemes_are_their_2d_counterparts(prefix):
             torch.testing.assert_close(a3.bias(g3), a2.bias(space), rtol=0, atol=0)
             torch.testing.assert_close(a3(x, g3), a2(x, space), rtol=1e-12, atol=1e-12)
     with torch.no_grad():  # the test can fail: any other slice differs
-        full2.pos.table.copy_(full3.pos.table[1])
+        full2.pos.table.copy_(full3.pos.table_4d()[1])
     assert (full3.bias((1, *space)) - full2.bias(space)).abs().max() > 1e-2
 
 
@@ -247,7 +251,7 @@ def test_a_call_grid_larger_than_the_table(name, extend, prefix):
         return
     sizes = [2 * n - 1 for n in big]
     if name == "rel3d_full":
-        t = a.pos.table.detach().double()
+        t = a.pos.table_4d().detach().double()
         for axis, n in enumerate(sizes):
             t = resize_axis(t, axis, n)
         fn = lambda h, pi, pj: t[(*full_index(t.shape, pi, pj), h)]  # noqa: E731
@@ -272,7 +276,12 @@ def test_a_checkpoint_loads_at_another_size(extend):
     b = _make("rel3d_full", big, 1, seed=5, extend=extend)
     with pytest.warns(UserWarning, match=r"rel3d_full: resized .*\(3, 3, 5, 3\) -> \(5, 7, 5, 3\)"):
         b.load_state_dict(a.state_dict())
-    old, new = a.pos.table.detach(), b.pos.table.detach()
+    old, new = a.pos.table_4d().detach(), b.pos.table_4d().detach()
+    earlier = {**a.state_dict(), "pos.table": old.clone()}  # stored 4-D, the earlier shape: resized the same
+    c = _make("rel3d_full", big, 1, seed=5, extend=extend)
+    with pytest.warns(UserWarning, match=r"rel3d_full: resized .*\(3, 3, 5, 3\) -> \(5, 7, 5, 3\)"):
+        c.load_state_dict(earlier)
+    torch.testing.assert_close(c.pos.table, b.pos.table, rtol=0, atol=0)
     x = torch.randn(2, 1 + 12, DIM, dtype=torch.float64)
     if extend in ("grow", "clip"):
         torch.testing.assert_close(new[1:4, 2:5, :], old)  # the offsets it had, exactly

@@ -35,10 +35,10 @@ def authors_generators(scheme) -> np.ndarray:
     """``[heads, 2, d, d]``: each axis's generator as the full block-diagonal matrix, built as the authors'
     ``get_exponent_matrix`` (skew = F - F^T; ld: times the per-axis multiplier; ap: round-robin mask)."""
     b, m = scheme.block_size, scheme.num_blocks
-    f = scheme.generator.detach().double().numpy()
+    f = scheme.generator.detach().double().reshape(scheme.num_heads, -1, m, b, b).numpy()  # stored [heads, (2,) m b b]
     skew = f - np.swapaxes(f, -1, -2)  # [heads, axes or 1, m, b, b]
     if scheme.name == "comrope" and scheme.variant == "ld":
-        skew = skew * scheme.multiplier.detach().double().numpy()
+        skew = skew * scheme.multiplier.detach().double().numpy()[None, :, :, None, None]  # stored [axes, m]
     elif scheme.name == "comrope":
         mask = np.zeros((2, m))
         for i in range(2):
@@ -278,10 +278,11 @@ def liere_authors_logits(q: torch.Tensor, k: torch.Tensor, transforms: torch.Ten
 
 
 def as_authors_raw(scheme) -> torch.Tensor:
-    """vitrel's ``generator [heads, 2, m, b, b]`` as their ``generator_raw_params [2, 1, heads * m, b, b]`` (their
+    """vitrel's ``generator [heads, 2, m b b]`` as their ``generator_raw_params [2, 1, heads * m, b, b]`` (their
     generator ``h * m + j`` serves head ``h``, block ``j``: ``view(1, N, heads, num_rotators, g, g)``)."""
-    f = scheme.generator.detach().double()
-    return f.permute(1, 0, 2, 3, 4).reshape(2, 1, -1, scheme.block_size, scheme.block_size)
+    b = scheme.block_size
+    f = scheme.generator.detach().double().reshape(scheme.num_heads, 2, -1, b, b)
+    return f.permute(1, 0, 2, 3, 4).reshape(2, 1, -1, b, b)
 
 
 LIERE_DIM, LIERE_HEADS, PATCH = 128, 2, 4  # 64-channel heads: the authors' FlexibleAttention asserts dim_head 64
@@ -322,7 +323,8 @@ def test_liere_authors_init_and_presets():
     torch.manual_seed(0)
     lie = build_pos("liere", num_heads=4, head_dim=16, grid=(5, 5))
     f, a = lie.generator.detach(), lie.generators().detach()
-    assert f.shape == (4, 2, 1, 16, 16) and 0 <= f.min() and f.max() < 2 * math.pi
+    assert f.shape == (4, 2, 16 * 16) and 0 <= f.min() and f.max() < 2 * math.pi  # [heads, axes, m b b], m = 1
+    f = f.reshape(4, 2, 1, 16, 16)
     iu = torch.triu_indices(16, 16, offset=1)
     torch.testing.assert_close(a[..., iu[0], iu[1]], f[..., iu[0], iu[1]], rtol=0, atol=0)
     torch.testing.assert_close(a, -a.transpose(-1, -2), rtol=0, atol=0)

@@ -123,6 +123,6 @@ def test_twice_the_frames_through_eval_pys_rebuild_match_the_equations(tmp_path,
         torch.testing.assert_close(logits, trained(clip), rtol=1e-12, atol=1e-12)
         t, h, w = torch.meshgrid(torch.arange(8), torch.arange(2), torch.arange(2), indexing="ij")
         coords = torch.stack([t.reshape(-1), h.reshape(-1), w.reshape(-1)], 1)
-        table = trained.blocks[0].attn.pos.table.double() if pos["name"] == "rel3d_full" else None
+        table = trained.blocks[0].attn.pos.table_4d().double() if pos["name"] == "rel3d_full" else None
         ref = _naive_attention(rebuilt.blocks[0].attn, seen["x"], coords, pos["name"], table)
     torch.testing.assert_close(seen["out"], ref, rtol=1e-10, atol=1e-10)

@@ -189,13 +189,14 @@ def _inflate_scheme(scheme: PositionScheme, src: dict[str, Tensor], dst: dict[st
     """The video scheme's parameters (``dst``: their current values, by name) from the image scheme's (``src``)."""
     name = scheme.name
     if name == "rel3d_full":
-        t2, t3 = src.get("table"), dst["table"]
-        if t2 is None or t2.dim() != 3 or tuple(t2.shape) != tuple(t3.shape[1:]):
+        t2, t3 = src.get("table"), dst["table"]  # [2H-1, 2W-1, heads] and [2T-1, 2H-1, (2W-1) heads]
+        want = (t3.shape[1], t3.shape[2] // scheme.num_heads, scheme.num_heads)
+        if t2 is None or tuple(t2.shape) != want:
             raise ValueError(
-                f"rel3d_full's table {tuple(t3.shape)} needs an image table {tuple(t3.shape[1:])} (rel2d_full of the "
+                f"rel3d_full's table {(t3.shape[0], *want)} needs an image table {want} (rel2d_full of the "
                 f"same grid or window in space), got {None if t2 is None else tuple(t2.shape)}{_SAME_GRID}"
             )
-        return {"table": t2[None].expand_as(t3).clone()}
+        return {"table": t2.flatten(1)[None].expand_as(t3).clone()}
     if name == "rel3d_factored":
         out = {}
         for key, value in dst.items():

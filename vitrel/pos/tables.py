@@ -209,7 +209,8 @@ class ResizeOnLoad:
     scheme's extension rule (option ``extend``: ``grow`` | ``clip`` | ``interpolate``, module docstring).
 
     ``_rel_tables`` maps a parameter name to ``"2d"`` (``[2H-1, 2W-1, C]``), ``"1d"`` (``[2L-1, C]``) or ``"3d"``
-    (``[2T-1, 2H-1, 2W-1, C]``).
+    (stored ``[2T-1, 2H-1, (2W-1) C]``, ``C`` the scheme's ``num_heads``; a state dict's ``[2T-1, 2H-1, 2W-1, C]``,
+    the earlier shape, loads too).
     """
 
     _rel_tables: dict[str, str] = {}
@@ -234,12 +235,18 @@ class ResizeOnLoad:
                 continue
             src = state_dict[key]
             dst = getattr(self, name)
+            if kind == "3d":  # as [2T-1, 2H-1, 2W-1, C] (stored with the last two axes merged)
+                heads = self.num_heads  # type: ignore[attr-defined]
+                if isinstance(src, Tensor) and src.dim() == 4 and src.shape[-1] == heads:
+                    state_dict[key] = src = src.reshape(*src.shape[:2], -1)  # the earlier shape: same order
+                if isinstance(src, Tensor) and src.dim() == 3 and src.shape[-1] % heads == 0:
+                    src, dst = src.reshape(*src.shape[:2], -1, heads), dst.reshape(*dst.shape[:2], -1, heads)
             if src.shape == dst.shape or src.dim() != dst.dim() or src.shape[-1] != dst.shape[-1]:
                 continue  # same size, or not a resizable mismatch: let torch report it
             if kind == "1d":
                 state_dict[key] = extend_table(src[:, None, :], (dst.shape[0], 1), self.extend)[:, 0, :]
             elif kind == "3d":
-                state_dict[key] = extend_table3(src, tuple(dst.shape[:3]), self.extend)
+                state_dict[key] = extend_table3(src, tuple(dst.shape[:3]), self.extend).flatten(2)
             else:
                 state_dict[key] = extend_table(src, (dst.shape[0], dst.shape[1]), self.extend)
             how = {

@@ -6,7 +6,9 @@ minus key, ``dt_ij = t_i - t_j`` (and ``dh``, ``dw`` as in 2-D). Prefix tokens g
 ``rel3d_full`` (Liu et al., Video Swin Transformer, 2022: the relative position bias of ``WindowAttention3D`` in
 SwinTransformer/Video-Swin-Transformer ``mmaction/models/backbones/swin_transformer.py``, whose flat table
 ``[(2T-1)(2H-1)(2W-1), heads]`` is this one reshaped, dt-major), one table ``B in R^{(2T-1) x (2H-1) x (2W-1)}`` per
-head, ``attn.pos.table`` of shape ``[2T-1, 2H-1, 2W-1, heads]``::
+head, stored as ``attn.pos.table`` of shape ``[2T-1, 2H-1, (2W-1) heads]`` (``table_4d()``: ``[2T-1, 2H-1, 2W-1,
+heads]``; 3-D, so that ``model.to(memory_format=torch.channels_last_3d)`` leaves it; weights stored 4-D, the earlier
+shape, load as they are)::
 
     A_ij = q_i . k_j / sqrt(d) + B_h[dt_ij + T - 1, dh_ij + H - 1, dw_ij + W - 1]
 
@@ -69,8 +71,11 @@ class _Bias3d(ResizeOnLoad, PositionScheme):
     has_offset_table = True
     grid_dims = 3
 
-    def _table(self, *shape: int, init_std: float) -> nn.Parameter:
-        t = nn.Parameter(torch.zeros(*shape, self.num_heads))
+    def _table(self, *shape: int, init_std: float, merge: bool = False) -> nn.Parameter:
+        """``[*shape, heads]`` drawn from ``N(0, init_std)``, truncated; ``merge``: its last two axes as one."""
+        t = nn.Parameter(
+            torch.zeros(*shape[:-1], shape[-1] * self.num_heads) if merge else torch.zeros(*shape, self.num_heads)
+        )
         nn.init.trunc_normal_(t, std=init_std)
         return t
 
@@ -86,11 +91,16 @@ class Rel3dFull(_Bias3d):
         super().__init__(**kw)
         check_init_std(self.name, init_std)
         g = self.grid
-        self.table = self._table(2 * g.t - 1, 2 * g.h - 1, 2 * g.w - 1, init_std=init_std)
+        self.table = self._table(2 * g.t - 1, 2 * g.h - 1, 2 * g.w - 1, init_std=init_std, merge=True)
+
+    def table_4d(self) -> Tensor:
+        """The stored table ``[2T-1, 2H-1, (2W-1) heads]`` as ``[2T-1, 2H-1, 2W-1, heads]``."""
+        return self.table.reshape(*self.table.shape[:2], -1, self.num_heads)
 
     def table_for(self, grid: Grid | Grid3) -> Tensor:
-        """The table a call on ``grid`` reads (resized by ``extend: interpolate`` when the grid outgrows it)."""
-        return cover_grid3(self.table, as_grid3(grid), self.extend)
+        """The table ``[2T-1, 2H-1, 2W-1, heads]`` a call on ``grid`` reads (resized by ``extend: interpolate`` when
+        the grid outgrows it)."""
+        return cover_grid3(self.table_4d(), as_grid3(grid), self.extend)
 
     def bias(self, grid: Grid | Grid3, num_prefix_tokens: int = 0) -> Tensor:
         g = as_grid3(grid)

@@ -64,6 +64,11 @@ lines 106-121) replaces the transforms by layer 0's at the first block and so gi
 rotations: in effect one scheme shared by all blocks (vitrel's model option ``pos_share=True``; vitrel's default
 gives each block its own). The rotations are computed once per forward and grid (``prepare``), as ``[heads, N,
 d / b, b, b]``.
+
+Stored shapes: ``liere``'s ``generator`` ``[heads, 2, (d / b) b b]``, ``comrope``'s ``[heads, (d / b) b b]`` and its
+``multiplier`` ``[2, d / b]``: no 4-D or 5-D parameters, which ``model.to(memory_format=torch.channels_last)``
+would convert (and refuse, 5-D). Weights stored in the earlier shapes, ``[heads, 2 or 1, d / b, b, b]`` and ``[1, 2,
+d / b, 1, 1]``, load as they are (:meth:`_LieRotation._load_from_state_dict`).
 """
 
 from __future__ import annotations
@@ -230,6 +235,21 @@ class _LieRotation(ReferenceGrid, PositionScheme):
         """The skew-symmetric generators ``[heads, 2, d / b, b, b]`` (row axis first)."""
         raise NotImplementedError
 
+    def _blocks(self, t: Tensor, axes: int) -> Tensor:
+        """A stored ``[heads, (axes,) m b b]`` parameter as ``[heads, axes, m, b, b]``."""
+        return t.reshape(self.num_heads, axes, self.num_blocks, self.block_size, self.block_size)
+
+    def stored_shapes(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+        """``{name: (earlier stored shape, shape now)}`` of the parameters stored in another shape before."""
+        raise NotImplementedError  # pragma: no cover - overridden
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[no-untyped-def]
+        for name, (old, new) in self.stored_shapes().items():
+            value = state_dict.get(prefix + name)
+            if isinstance(value, Tensor) and tuple(value.shape) == old:  # the same values in the same order
+                state_dict[prefix + name] = value.reshape(new)
+        return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def positions(self, grid: Grid, num_prefix_tokens: int, device: torch.device | None, dtype: torch.dtype) -> Tensor:
         return lie_positions(grid, num_prefix_tokens, self.coords, self.cls_position, device, dtype, self.ref)
 
@@ -317,7 +337,7 @@ class Liere(_LieRotation):
             )
         super().__init__(**opts, **kw)
         self.preset, self.init = preset, init
-        shape = (self.num_heads, 2, self.num_blocks, self.block_size, self.block_size)
+        shape = (self.num_heads, 2, self.num_blocks * self.block_size**2)  # [heads, axes, m b b]: see stored_shapes
         if init == "normal":
             self.generator = nn.Parameter(torch.randn(shape) * self.init_std)
         else:  # the LieRE authors': torch.rand(...) * 2 pi, of which the strict upper triangle is used
@@ -339,10 +359,15 @@ class Liere(_LieRotation):
                 out.pop("init_std", None)
         return out
 
+    def stored_shapes(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+        h, m, b = self.num_heads, self.num_blocks, self.block_size
+        return {"generator": ((h, 2, m, b, b), (h, 2, m * b * b))}
+
     def generators(self) -> Tensor:
+        f = self._blocks(self.generator, 2)
         if self.init == "normal":
-            return _skew(self.generator)
-        return _skew(torch.triu(self.generator, diagonal=1))
+            return _skew(f)
+        return _skew(torch.triu(f, diagonal=1))
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, preset={self.preset}, init={self.init}"
@@ -366,14 +391,19 @@ class Comrope(_LieRotation):
                 f"{self.name}: variant ap splits the head dim ({self.head_dim}) between 2 axes, so block_size must "
                 f"divide {self.head_dim // 2}, got block_size={b}"
             )
-        self.generator = nn.Parameter(torch.randn(self.num_heads, 1, m, b, b) * self.init_std)
+        # [heads, m b b] and [axes, m]: see stored_shapes
+        self.generator = nn.Parameter(torch.randn(self.num_heads, m * b * b) * self.init_std)
         if variant == "ld":
-            self.multiplier = nn.Parameter(torch.randn(1, 2, m, 1, 1))
+            self.multiplier = nn.Parameter(torch.randn(2, m))
+
+    def stored_shapes(self) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+        h, m, b = self.num_heads, self.num_blocks, self.block_size
+        return {"generator": ((h, 1, m, b, b), (h, m * b * b)), "multiplier": ((1, 2, m, 1, 1), (2, m))}
 
     def generators(self) -> Tensor:
-        s = _skew(self.generator)  # [heads, 1, m, b, b]
+        s = _skew(self._blocks(self.generator, 1))  # [heads, 1, m, b, b]
         if self.variant == "ld":
-            return s * self.multiplier
+            return s * self.multiplier.reshape(1, 2, self.num_blocks, 1, 1)
         blocks = torch.arange(self.num_blocks, device=s.device)
         mask = blocks[None, :] % 2 == torch.arange(2, device=s.device)[:, None]  # block j serves axis j mod 2
         return s * mask.to(s.dtype)[None, :, :, None, None]

@@ -51,13 +51,25 @@ def assert_close_scaled(got: torch.Tensor, want: torch.Tensor, what: str, floor:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * scale, msg=lambda m: f"{what}: {m}")
 
 
+#: the schemes whose outputs and gradients are compared whatever the conversion touched: those that stored 4-D or
+#: 5-D tensors before, and a plain one (the patch convolution converted alone)
+NUMBERS = ("liere", "comrope", "rel3d_full", "rel2d_full")
+
+
 @pytest.mark.parametrize(("arch", "pos"), CASES)
 def test_memory_format_conversion_keeps_the_model(arch, pos):
+    """Every scheme's model converts and keeps its state dict's shapes. Where the conversion touched a tensor
+    besides the patch convolution (or for :data:`NUMBERS`), the converted model computes what the contiguous one
+    does; elsewhere the two hold the same tensors but for the patch convolution, which ``NUMBERS`` check."""
     ref, x, fmt = build(arch, pos)
     m = copy.deepcopy(ref)
     m.to(memory_format=fmt)
-    shapes = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
-    assert {k: tuple(v.shape) for k, v in m.state_dict().items()} == shapes
+    before, after = ref.state_dict(), m.state_dict()
+    assert {k: tuple(v.shape) for k, v in after.items()} == {k: tuple(v.shape) for k, v in before.items()}
+    touched = [k for k, v in before.items() if after[k].stride() != v.stride()]
+    assert touched, "the patch convolution converts"
+    if pos not in NUMBERS and all(k.startswith("patch_embed.") for k in touched):
+        return
     y = m(x.contiguous(memory_format=fmt))
     y.square().sum().backward()
     want = ref(x)

@@ -450,6 +450,19 @@ def test_plain_ddp_under_multirun_is_refused_with_the_fix(tmp_path):
         check_launch({"strategy": strategy, "devices": 2, "num_nodes": 1})
 
 
+def test_plain_ddp_under_submitit_local_is_refused_as_under_the_basic_launcher(tmp_path):
+    """``-m hydra/launcher=submitit_local trainer=ddp trainer.devices=2`` passed the check (any submitit launcher did),
+    but submitit's local jobs are no SLURM tasks: Lightning re-ran the job's command, ``python -m
+    submitit.core._submit <folder> hydra.run.dir=...``, whose parser stopped the second rank (``_submit.py: error:
+    unrecognized arguments``), and the job ended with no metrics. Only the SLURM launcher starts the ranks itself."""
+    over = [*TINY_VIT, *FAST, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=none"]
+    cfg = compose(tmp_path, [*over, "hydra/launcher=submitit_local"], multirun=True)
+    with pytest.raises(ValueError, match="cannot run under -m with hydra/launcher=submitit_local"):
+        check_launch(cfg.trainer)
+    compose(tmp_path, [*over, "hydra/launcher=slurm"], multirun=True)
+    check_launch(cfg.trainer)  # (one SLURM task per device: nothing re-launched)
+
+
 def test_ema_under_a_spawning_strategy_is_refused_with_the_ways_that_work(tmp_path):
     """timm's ModelEmaV3 holds a torch.Generator, which PyTorch cannot send to a spawned process
     (pytorch/pytorch#146828): ``trainer=ddp_spawn module/ema=default`` died as each rank started, with

@@ -55,6 +55,7 @@ from vitrel.train.rank_seed import SeedRanks
 from vitrel.train.resume import (
     SweepJobRecord,
     check_same_model,
+    drop_requeue_checkpoints,
     resolve_ckpt_path,
     resume_path,
     sweep_job,
@@ -238,6 +239,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             raise SystemExit(e.code if e.code is not None else 128 + signal.SIGTERM) from None
         fit_s = time.time() - t_fit
         fitted = figures.take(trainer, "fit")  # epochs, global_step, val_runs
+        drop_requeue_checkpoints(trainer)  # (under SLURM, trainer.test would load them)
         metrics = scalars(trainer.callback_metrics)
         if cfg.get("test", True):
             adopt_csv_columns(trainer.loggers)

@@ -330,6 +330,48 @@ def test_an_interrupted_sweep_shows_the_job_it_stopped_and_those_it_never_ran(tm
     atexit.unregister(again._at_exit)  # (its sweep never ends here: no table at pytest's exit)
 
 
+def test_a_sweep_stopped_shows_its_jobs_of_other_processes_interrupted(tmp_path, capsys):
+    """``hydra/launcher=joblib`` (or ``submitit_local``): the jobs run in processes of their own, with copies of the
+    callback. Job 0 was SIGTERMed (its last.ckpt saved, its lock released), job 1 killed by the launcher as the sweep
+    stopped (its lock left behind): the launching process's table said both "failed (no metrics.json)", with no way
+    to finish the sweep, since only the process that ran a job knew it had started. Job 2 still runs (a live lock of
+    another process) and is left as it is."""
+    import os
+    import pickle
+    import socket
+    import subprocess
+    import sys
+    from dataclasses import asdict
+
+    from vitrel.train.rundir import LOCK_NAME, LockOwner
+
+    sweep = tmp_path / "sweep"
+    task = ["seed=0,1,2"]
+    hook = SweepSummary()
+    hook.on_multirun_start(_sweep_cfg(sweep, task))
+    sid = (sweep / ".sweep_id").read_text().strip()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    for job, pid in ((0, None), (1, int(gone.stdout)), (2, os.getppid())):
+        _job(sweep, job, [f"seed={job}"], sweep_id=sid)
+        pickle.loads(pickle.dumps(hook)).on_job_start(_sweep_cfg(sweep, task, job))  # (in the job's process)
+        (sweep / str(job) / "checkpoints").mkdir()
+        if job == 0:
+            (sweep / str(job) / "checkpoints" / "last.ckpt").write_bytes(b"ckpt")
+        if pid is not None:
+            owner = LockOwner(pid=pid, host=socket.gethostname(), started="2026-12-02T06:00:00")
+            (sweep / str(job) / LOCK_NAME).write_text(json.dumps(asdict(owner)))
+    hook._at_exit()
+    out = capsys.readouterr().out
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [(r["job"], r["status"]) for r in rows] == [
+        ("0", "interrupted"),
+        ("1", "interrupted"),
+        ("2", "failed (no metrics.json)"),
+    ], rows
+    assert "last.ckpt kept" in rows[0]["error"] and "no last.ckpt" in rows[1]["error"], rows
+    assert f"jobs 0, 1 not finished: run the same command again with hydra.sweep.dir={sweep}" in out, out
+
+
 def test_a_sweep_run_again_with_another_setting_warns_naming_it():
     """A sweep run again in its folder with a setting neither sweep varies changed (``module.optimizer.lr``): each
     job resumed its folder's run without a word, a finished one only tested again, so the summary gave the first

@@ -450,6 +450,42 @@ def test_plain_ddp_under_multirun_is_refused_with_the_fix(tmp_path):
         check_launch({"strategy": strategy, "devices": 2, "num_nodes": 1})
 
 
+def test_plain_ddp_under_submitit_local_is_refused_as_under_the_basic_launcher(tmp_path):
+    """``-m hydra/launcher=submitit_local trainer=ddp trainer.devices=2`` passed the check (any submitit launcher did),
+    but submitit's local jobs are no SLURM tasks: Lightning re-ran the job's command, ``python -m
+    submitit.core._submit <folder> hydra.run.dir=...``, whose parser stopped the second rank (``_submit.py: error:
+    unrecognized arguments``), and the job ended with no metrics. Only the SLURM launcher starts the ranks itself."""
+    over = [*TINY_VIT, *FAST, "trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "logger=none"]
+    cfg = compose(tmp_path, [*over, "hydra/launcher=submitit_local"], multirun=True)
+    with pytest.raises(ValueError, match="cannot run under -m with hydra/launcher=submitit_local"):
+        check_launch(cfg.trainer)
+    compose(tmp_path, [*over, "hydra/launcher=slurm"], multirun=True)
+    check_launch(cfg.trainer)  # (one SLURM task per device: nothing re-launched)
+
+
+class SaveRequeueCheckpoint(L.Callback):
+    """What Lightning's SLURM handler does on SIGUSR1 (``hpc_ckpt_1.ckpt`` in ``default_root_dir``), at step 2."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.global_step == 2 and not list(Path(trainer.default_root_dir).glob("hpc_ckpt_*.ckpt")):
+            trainer.save_checkpoint(Path(trainer.default_root_dir) / "hpc_ckpt_1.ckpt")
+
+
+def test_under_slurm_a_requeue_checkpoint_is_not_what_the_test_scores(tmp_path, monkeypatch):
+    """Under SLURM with ``--signal=SIGUSR1``, Lightning saves ``hpc_ckpt_<n>.ckpt`` in the run folder and, with
+    ``ckpt_path=None``, loads the newest in any ``trainer.test(module)``: a run signalled at step 21 of 80 (requeue
+    refused) reported test/acc1 0.2891, the step-21 weights', where the uninterrupted run's was 0.3438. The finished
+    fit removes them; the test scores the fitted weights, as outside SLURM."""
+    over = [*TINY_VIT, *FAST, "trainer.max_epochs=1", "trainer.limit_train_batches=6", "trainer.limit_val_batches=1"]
+    over += ["trainer.limit_test_batches=2", "logger=none", "callbacks.model_checkpoint=null"]
+    plain = train(compose(tmp_path / "plain", over))
+    for k, v in {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "vitrel", "SLURM_PROCID": "0"}.items():
+        monkeypatch.setenv(k, v)
+    slurm = train(compose(tmp_path / "slurm", over), callbacks=[SaveRequeueCheckpoint()])
+    assert slurm["test/loss"] == plain["test/loss"] and slurm["test/acc1"] == plain["test/acc1"], (slurm, plain)
+    assert not list((tmp_path / "slurm").glob("hpc_ckpt_*.ckpt"))
+
+
 def test_ema_under_a_spawning_strategy_is_refused_with_the_ways_that_work(tmp_path):
     """timm's ModelEmaV3 holds a torch.Generator, which PyTorch cannot send to a spawned process
     (pytorch/pytorch#146828): ``trainer=ddp_spawn module/ema=default`` died as each rank started, with

@@ -35,6 +35,7 @@ from vitrel.train.sweep_plot import ACCURACY  # (the module imports matplotlib o
 __all__ = [
     "SweepSummary",
     "sweep_plan",
+    "stopped_jobs",
     "TakeRunFolder",
     "write_held_back_record",
     "finished_record",
@@ -258,6 +259,27 @@ def format_means(means: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     return _fixed_width(cols, table)
 
 
+def stopped_jobs(sweep_dir: Path) -> list[Path]:
+    """The job folders this sweep started (its ``.sweep_id``) that neither ended (no ``metrics.json``, no error) nor
+    still run: no run lock, or that of a process gone or of this one. Hydra's basic launcher runs the jobs in this
+    process; joblib's and submitit's in others, whose job ends without a word when a signal stops it (Lightning
+    leaves through ``SystemExit``, which Hydra does not catch) or the launcher kills it. A job whose lock is of a live
+    process, or of one on another host (a SLURM job that goes on after its launcher), is left as it is."""
+    from vitrel.train.rundir import RunLock
+
+    sweep_id, out = _read(sweep_dir / SWEEP_ID), []
+    for job in sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=_job_key):
+        if sweep_id is None or _read(job / SWEEP_ID) != sweep_id:
+            continue
+        if any((job / name).exists() for name in ("metrics.json", ERROR, STOPPED)):
+            continue
+        owner = RunLock(job).read()
+        alive = owner.alive() if owner is not None else False
+        if alive is False or (alive and owner.pid == os.getpid()):
+            out.append(job)
+    return out
+
+
 class SweepSummary(Callback):
     """Print (and save) a table of every job's final metrics when a multirun ends; with a ``seed=`` sweep, a second
     table of each setting's mean ± standard deviation over its seeds."""
@@ -265,7 +287,6 @@ class SweepSummary(Callback):
     def __init__(self, metrics: Sequence[str] = ("test/acc1", "test/acc5", "test/loss", "val/acc1")) -> None:
         self.metrics = list(metrics)
         self._unended: Path | None = None  # the sweep folder from the sweep's start to its end
-        self._running: Path | None = None  # the folder of the job between its start and its end
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         """A new id for the sweep folder: job folders of an earlier sweep there (which this sweep has not run again)
@@ -303,7 +324,6 @@ class SweepSummary(Callback):
             os.replace(job_dir / "metrics.json", job_dir / PREVIOUS)
         (job_dir / ERROR).unlink(missing_ok=True)
         (job_dir / STOPPED).unlink(missing_ok=True)
-        self._running = job_dir
 
     def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         """The summary so far, written as each job of a sweep ends: Hydra's sweeper raises when a job has failed
@@ -314,7 +334,6 @@ class SweepSummary(Callback):
 
         if config.hydra.mode != RunMode.MULTIRUN:
             return
-        self._running = None
         if job_return is not None and job_return.status == JobStatus.FAILED:
             try:
                 with contextlib.redirect_stderr(io.StringIO()):  # (Hydra's "Error executing job" line comes later)
@@ -336,8 +355,7 @@ class SweepSummary(Callback):
         if sweep_dir is None:
             return
         try:
-            job, self._running = self._running, None
-            if job is not None and not (job / "metrics.json").exists():  # Ctrl-C, SIGTERM: no on_job_end
+            for job in stopped_jobs(sweep_dir):  # Ctrl-C, SIGTERM: no on_job_end
                 ckpt = job / "checkpoints" / "last.ckpt"
                 kept = f"{ckpt.relative_to(job)} kept" if ckpt.exists() else "no last.ckpt"
                 (job / STOPPED).write_text(f"the sweep stopped while the job ran (Ctrl-C, SIGTERM, exit); {kept}\n")

@@ -32,6 +32,7 @@ __all__ = [
     "check_same_model",
     "check_same_start",
     "check_same_sweep_job",
+    "drop_requeue_checkpoints",
     "sweep_job",
     "SweepJobRecord",
     "world_size",
@@ -336,3 +337,27 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path) -> str | None:
         rank_zero_info(f"resume=auto: resuming from {last} (set resume=false to start over in this folder)")
         return str(last)
     return None
+
+
+def drop_requeue_checkpoints(trainer: L.Trainer) -> list[Path]:
+    """Remove Lightning's SLURM requeue checkpoints (``hpc_ckpt_<n>.ckpt``, written on ``SIGUSR1`` in the trainer's
+    ``default_root_dir``) once the fit has finished, and return them. Under SLURM Lightning loads the newest of them
+    in any ``trainer.test(module)`` (``ckpt_path=None`` means ``"hpc"`` there), so the test scored the weights of the
+    signal's step, not the fitted ones, and so did a run resumed in the folder later. Rank 0 removes them; every rank
+    waits for it, so that all test the same weights."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    if not SLURMEnvironment.detect():
+        return []
+    root = Path(str(trainer.default_root_dir))
+    found = sorted(root.glob("hpc_ckpt_*.ckpt")) if root.is_dir() else []
+    trainer.strategy.barrier("vitrel_hpc_ckpt_seen")  # (every rank has looked before rank 0 removes them)
+    if found and trainer.is_global_zero:
+        for p in found:
+            p.unlink(missing_ok=True)
+        rank_zero_info(
+            f"removed Lightning's SLURM requeue checkpoint(s) {', '.join(p.name for p in found)}: the finished fit "
+            "supersedes them (under SLURM trainer.test would load them in place of the fitted weights)"
+        )
+    trainer.strategy.barrier("vitrel_hpc_ckpt_removed")
+    return found

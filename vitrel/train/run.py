@@ -55,6 +55,7 @@ from vitrel.train.rank_seed import SeedRanks
 from vitrel.train.resume import (
     SweepJobRecord,
     check_same_model,
+    drop_requeue_checkpoints,
     resolve_ckpt_path,
     resume_path,
     sweep_job,
@@ -95,21 +96,26 @@ __all__ = [
 
 def check_launch(trainer_cfg: DictConfig | dict) -> None:
     """Lightning's plain ``ddp`` re-runs ``sys.argv`` for the extra processes: under ``-m`` with
-    Hydra's in-process launcher every child would run the whole sweep. Refuse it with the fix."""
+    Hydra's in-process launcher every child would run the whole sweep (joblib's: its workers' command; submitit's
+    local one: ``python -m submitit.core._submit <folder>``, which takes no overrides). Refuse it with the fix; only
+    the SLURM launcher starts the ranks itself."""
     if not is_multirun():
         return
     strategy = str(trainer_cfg.get("strategy", "auto"))
     devices = trainer_cfg.get("devices", 1)
     nodes = int(trainer_cfg.get("num_nodes", 1) or 1)
     multi = nodes > 1 or devices not in (1, "1", [0], "auto")
-    launcher = str(hydra_config().launcher.get("_target_", ""))
+    hc = hydra_config()
+    launcher = str(hc.launcher.get("_target_", ""))
+    choice = (hc.runtime.get("choices") or {}).get("hydra/launcher") or "basic"
     from lightning.fabric.plugins.environments import SLURMEnvironment, TorchElasticEnvironment
 
     managed = SLURMEnvironment.detect() or TorchElasticEnvironment.detect()
     in_process = any(w in strategy for w in ("spawn", "fork", "notebook"))  # multiprocessing: nothing re-run
-    if multi and strategy.startswith("ddp") and not in_process and not managed and "submitit" not in launcher:
+    slurm_jobs = launcher.endswith("SlurmLauncher")  # (submitit's; its local launcher starts no ranks)
+    if multi and strategy.startswith("ddp") and not in_process and not managed and not slurm_jobs:
         raise ValueError(
-            f"trainer.strategy={strategy} with {devices} devices cannot run under -m with Hydra's local launcher: "
+            f"trainer.strategy={strategy} with {devices} devices cannot run under -m with hydra/launcher={choice}: "
             "Lightning re-launches `python train.py <same arguments>` for each extra process, so every child would "
             "run the whole sweep. Under -m use trainer=ddp_spawn, or hydra/launcher=slurm (one SLURM job per sweep "
             "point, one task per device); or run the sweep points one by one without -m."
@@ -233,6 +239,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             raise SystemExit(e.code if e.code is not None else 128 + signal.SIGTERM) from None
         fit_s = time.time() - t_fit
         fitted = figures.take(trainer, "fit")  # epochs, global_step, val_runs
+        drop_requeue_checkpoints(trainer)  # (under SLURM, trainer.test would load them)
         metrics = scalars(trainer.callback_metrics)
         if cfg.get("test", True):
             adopt_csv_columns(trainer.loggers)

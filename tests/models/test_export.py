@@ -3,10 +3,11 @@
 Each exported program is checked against eager at the size it was traced at and at other sizes
 (another batch, and for dynamic height/width other, non-square images: a Swin's grid padded to whole
 windows and shifted, and smaller than its window at the last stage). The whole matrix is ``slow``; a
-representative subset (the quick cases) runs by default. The quick cases use models of several blocks
-(ViT: 2; Swin: 2 stages of a plain and a shifted block), the other cases the fewest blocks that run the
-scheme's whole path (ViT: 1, average-pooled; Swin: 1 stage): a scheme's code does not depend on the number
-of blocks. The matrices' models have weights that make every scheme show in the logits (:func:`case_model`).
+representative subset (the quick cases) runs by default. The quick Swin cases use models of several stages
+(2 of a plain and a shifted block), and so do the quick ViT cases whose scheme prepares its blocks' states together
+(2 blocks: :func:`by_blocks`); the other cases use the fewest blocks that run the scheme's whole path (ViT: 1,
+average-pooled; Swin: 1 stage): no other scheme's code depends on the number of blocks. The matrices' models have
+weights that make every scheme show in the logits (:func:`case_model`).
 An ONNX case converts the program its torch.export check traced (as ``python -m vitrel.export`` does).
 """
 
@@ -56,15 +57,23 @@ def other_sizes(arch: str, mode: str, stages: int = 2) -> list[tuple[int, ...]]:
     return [(3, 3, 12, 20)] if stages == 2 else [(3, 3, 12, 20), (3, 3, 6, 10)]
 
 
+def by_blocks(pos: str) -> bool:
+    """The scheme's class prepares its blocks' states together (its own ``prepare_many``: RoPE-Mixed, LookHere), so
+    its path differs with more than one block; every other scheme's blocks each run the same code on their own state."""
+    owner = next(c for c in vitrel.pos.get_pos_class(pos).__mro__ if "prepare_many" in vars(c))
+    return owner is not vitrel.pos.PositionScheme
+
+
 def case_model(arch: str, pos: str, quick: bool) -> tuple[torch.nn.Module, int]:
-    """A matrix case's model and its blocks (ViT) or stages (Swin): several for the quick cases, one for the others
-    (a one-block ViT average-pools: its class token alone would see no bias between patches).
+    """A matrix case's model and its blocks (ViT) or stages (Swin): several for the quick Swin cases and the quick ViT
+    cases of a scheme whose path depends on the number of blocks (:func:`by_blocks`), one for the others (a one-block
+    ViT average-pools: its class token alone would see no bias between patches).
 
     The weights are :func:`tests.weights.lively`'s, not timm's: under timm's init a scheme changes these models'
     logits by less than the checks' tolerance (at 2 blocks rel2d_full by 6e-6; at 1 block, alibi2d by 0), so a scheme
     dropped or computed differently in a program would not show."""
-    stages = 2 if quick else 1
-    m = small_model(arch, pos, stages=stages, **({} if quick or arch == "swin" else {"global_pool": "avg"}))
+    stages = 2 if quick and (arch == "swin" or by_blocks(pos)) else 1
+    m = small_model(arch, pos, stages=stages, **({} if stages == 2 or arch == "swin" else {"global_pool": "avg"}))
     lively(m)
     return m, stages
 
@@ -399,7 +408,8 @@ def test_reduced_matrices_cover_every_family_scheme_and_quick_case():
     assert families == {vitrel.pos.get_pos_class(n).family for n in SWIN_ONNX}
     assert {p for a, p in QUICK_ONNX if a == "swin"} <= SWIN_ONNX
     assert {p for a, p in ONNX_CASES if a == "vit"} == set(SCHEMES)
-    assert {a for a, p in QUICK_ONNX} == set(ARCHS) and QUICK_ONNX <= ONNX_CASES  # several blocks, both models
+    assert {a for a, p in QUICK_ONNX} == set(ARCHS) and QUICK_ONNX <= ONNX_CASES
+    assert {a for a, p in QUICK_ONNX if a == "swin" or by_blocks(p)} == set(ARCHS)  # several blocks, both models
     # each torch.export case runs once: in test_export_matrix, or in the ONNX case that converts its program
     assert ONNX_EXPORT <= EXPORT_CASES and QUICK_EXPORT <= EXPORT_CASES - ONNX_EXPORT
     for arch in ARCHS:  # every scheme at dynamic resolution

@@ -269,7 +269,8 @@ class Hang(Callback):
 
 
 class SendSignal(Callback):
-    """Send ``signum`` to this process at the start of training step ``at_step``."""
+    """Send ``signum`` to this process at the start of training step ``at_step`` (to this thread, so that it is
+    taken at once, whatever other threads the process runs)."""
 
     def __init__(self, at_step: int, signum: int = signal.SIGTERM) -> None:
         self.at_step = at_step
@@ -277,7 +278,7 @@ class SendSignal(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if trainer.global_step == self.at_step:
-            os.kill(os.getpid(), self.signum)
+            signal.raise_signal(self.signum)
 
 
 class PoisonWeights(Callback):

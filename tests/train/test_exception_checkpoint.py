@@ -112,7 +112,7 @@ def test_out_of_memory_in_a_forward_saves_the_last_step_and_resumes_exactly(tmp_
 def test_ctrl_c_saves_the_last_step_and_resumes_exactly(tmp_path, uninterrupted, caplog):
     """Ctrl-C (SIGINT) as the batch of step 6 starts: Lightning ends the run (exit 1) after the callbacks'
     ``on_exception``; last.ckpt holds step 5."""
-    before = signal.getsignal(signal.SIGINT)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a terminal's Ctrl-C, whatever ran before)
     try:
         with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as exc:
             train(compose(tmp_path, COMMON), callbacks=[SendSignal(at_step=5, signum=signal.SIGINT)])

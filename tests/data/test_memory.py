@@ -166,6 +166,51 @@ def test_place_pastes_into_a_canvas_and_cuts():
     assert torch.equal(out[2, 0], want2)
 
 
+class _Replay:
+    """Python's ``random`` for timm's ``get_params``, drawing the given uniforms (``uniform`` from ``attempts``,
+    ``randint`` from ``offsets``) as vitrel's batch draws map a uniform ``u``: ``lo + (hi - lo) u`` and
+    ``lo + floor(u (hi - lo + 1))``."""
+
+    def __init__(self, attempts: list[float], offsets: list[float]) -> None:
+        self.attempts, self.offsets = attempts, offsets
+
+    def uniform(self, lo: float, hi: float) -> float:
+        return lo + (hi - lo) * self.attempts.pop(0)
+
+    def randint(self, lo: int, hi: int) -> int:
+        return lo + min(int(np.floor(self.offsets.pop(0) * (hi - lo + 1))), hi - lo)
+
+
+@pytest.mark.parametrize(
+    ("hw", "scale", "ratio"),
+    [
+        ((32, 32), (0.08, 1.0), (3 / 4, 4 / 3)),
+        ((28, 40), (0.35, 1.0), (3 / 4, 4 / 3)),
+        ((8, 64), (0.9, 1.0), (3 / 4, 4 / 3)),
+    ],
+)
+def test_batch_crop_boxes_are_timms_random_resized_crop(monkeypatch, hw, scale, ratio):
+    """The memory loader's crop boxes are timm's ``RandomResizedCropAndInterpolation.get_params`` fed the same
+    uniforms: its 10 attempts (area, log aspect ratio), the first that fits, the offsets, and the central fallback
+    (an 8 x 64 image at scale 0.9: no attempt fits). The batch draws the attempts of all samples first, then the
+    offsets."""
+    import timm.data.transforms as timm_transforms
+    from PIL import Image
+
+    from vitrel.data.augment import _crop_boxes
+
+    n = 300
+    boxes = _crop_boxes(n, hw, scale, ratio, torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    area, log_r, top, left = (torch.rand(*s, generator=g, dtype=torch.float64) for s in [(n, 10), (n, 10), (n,), (n,)])
+    img = Image.new("L", hw[::-1])
+    for i in range(n):
+        attempts = [u.item() for pair in zip(area[i], log_r[i]) for u in pair]
+        monkeypatch.setattr(timm_transforms, "random", _Replay(attempts, [top[i].item(), left[i].item()]))
+        want = timm_transforms.RandomResizedCropAndInterpolation.get_params(img, scale, ratio)
+        assert tuple(boxes[i].tolist()) == want, i
+
+
 def test_flip_erase_crop_shapes_ranges_and_per_sample_randomness():
     aug = BatchAugment(translate=2, hflip=0.5, scale=(0.3, 1.0), re_prob=0.7, re_mode="rand", re_count=2)
     n = 64

@@ -30,7 +30,7 @@ def test_adopt_takes_the_null_keys_per_channel_sets_and_logs_them(caplog):
     # the RGB mean averaged to the grey channel; data.std given: kept; what is not preprocessing: not taken
     assert taken == {"mean": [pytest.approx(0.4)], "interpolation": "bicubic", "crop_pct": 0.9}, taken
     assert dm.mean == pytest.approx((0.4,)) and dm.std == (0.25,) and dm.interpolation == "bicubic"
-    assert dm.crop_pct == 0.9 and dm.eval_transform(32).transforms[0].scale == 35  # floor(32 / 0.9)
+    assert dm.crop_pct == 0.9 and dm.eval_transform(32).transforms[0].size == 35  # floor(32 / 0.9)
     said = [r.getMessage() for r in caplog.records if "data.mean=" in r.getMessage()]
     assert len(said) == 1, said
     assert said[0].startswith("data.mean=[0.4] data.interpolation=bicubic data.crop_pct=0.9: the weights'; "), said

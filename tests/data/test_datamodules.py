@@ -490,6 +490,30 @@ def test_augment_uses_timm_and_eval_stays_plain():
     assert not torch.equal(tds[0][0], tds[0][0]) or not torch.equal(tds[1][0], tds[1][0])  # random crops
 
 
+@pytest.mark.parametrize("crop_pct", [1.0, 0.875])
+@pytest.mark.parametrize("interpolation", ["bilinear", "bicubic"])
+def test_eval_transform_is_timms_and_keeps_native_pixels(crop_pct, interpolation):
+    """A data module's evaluation pipeline is timm's (``create_transform(is_training=False)``, what ``predict.py`` and
+    timm's own evaluation take) on images of every shape, and an image at the model's size with ``crop_pct=1`` keeps
+    its pixels exactly (no resampling)."""
+    from timm.data import create_transform
+
+    rng = np.random.default_rng(0)
+    dm = ImageNetDataModule(root=".", img_size=32, interpolation=interpolation, crop_pct=crop_pct)
+    ours = dm.eval_transform()
+    kw = dict(mean=tuple(dm.mean), std=tuple(dm.std), interpolation=interpolation, crop_pct=crop_pct)
+    theirs = create_transform(32, is_training=False, **kw)
+    for h, w in [(32, 32), (40, 33), (20, 50), (224, 300)]:
+        img = Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        torch.testing.assert_close(ours(img), theirs(img), rtol=0, atol=0)
+    img = rng.integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    plain = (torch.from_numpy(img).permute(2, 0, 1) / 255 - torch.tensor(dm.mean)[:, None, None]) / torch.tensor(
+        dm.std
+    )[:, None, None]
+    if crop_pct == 1.0:
+        torch.testing.assert_close(ours(Image.fromarray(img)), plain, rtol=0, atol=1e-6)
+
+
 def test_hydra_configs(tmp_path, monkeypatch):
     monkeypatch.setenv("VITREL_DATA_ROOT", str(tmp_path))
     monkeypatch.setattr(fm, "DEBIAN_DIR", tmp_path / "no_debian")

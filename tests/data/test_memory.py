@@ -166,6 +166,102 @@ def test_place_pastes_into_a_canvas_and_cuts():
     assert torch.equal(out[2, 0], want2)
 
 
+class _Replay:
+    """Python's ``random`` for timm's ``get_params``, drawing the given uniforms (``uniform`` from ``attempts``,
+    ``randint`` from ``offsets``) as vitrel's batch draws map a uniform ``u``: ``lo + (hi - lo) u`` and
+    ``lo + floor(u (hi - lo + 1))``."""
+
+    def __init__(self, attempts: list[float], offsets: list[float]) -> None:
+        self.attempts, self.offsets = attempts, offsets
+
+    def uniform(self, lo: float, hi: float) -> float:
+        return lo + (hi - lo) * self.attempts.pop(0)
+
+    def randint(self, lo: int, hi: int) -> int:
+        return lo + min(int(np.floor(self.offsets.pop(0) * (hi - lo + 1))), hi - lo)
+
+
+@pytest.mark.parametrize(
+    ("hw", "scale", "ratio"),
+    [
+        ((32, 32), (0.08, 1.0), (3 / 4, 4 / 3)),
+        ((28, 40), (0.35, 1.0), (3 / 4, 4 / 3)),
+        ((8, 64), (0.9, 1.0), (3 / 4, 4 / 3)),
+    ],
+)
+def test_batch_crop_boxes_are_timms_random_resized_crop(monkeypatch, hw, scale, ratio):
+    """The memory loader's crop boxes are timm's ``RandomResizedCropAndInterpolation.get_params`` fed the same
+    uniforms: its 10 attempts (area, log aspect ratio), the first that fits, the offsets, and the central fallback
+    (an 8 x 64 image at scale 0.9: no attempt fits). The batch draws the attempts of all samples first, then the
+    offsets."""
+    import timm.data.transforms as timm_transforms
+    from PIL import Image
+
+    from vitrel.data.augment import _crop_boxes
+
+    n = 300
+    boxes = _crop_boxes(n, hw, scale, ratio, torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    area, log_r, top, left = (torch.rand(*s, generator=g, dtype=torch.float64) for s in [(n, 10), (n, 10), (n,), (n,)])
+    img = Image.new("L", hw[::-1])
+    for i in range(n):
+        attempts = [u.item() for pair in zip(area[i], log_r[i]) for u in pair]
+        monkeypatch.setattr(timm_transforms, "random", _Replay(attempts, [top[i].item(), left[i].item()]))
+        want = timm_transforms.RandomResizedCropAndInterpolation.get_params(img, scale, ratio)
+        assert tuple(boxes[i].tolist()) == want, i
+
+
+class _EraseReplay:
+    """Python's ``random`` for timm's ``RandomErasing._erase`` of one sample, drawing the uniforms vitrel's batch drew:
+    ``random()`` the on/off draw, the first ``randint`` the box count (when ``count > 1``), then box by box its
+    attempts (``uniform``) until one fits and that box's two offsets (``randint``, as :class:`_Replay`)."""
+
+    def __init__(self, on: float, k: int | None, attempts: list[list[float]], offsets: list[list[float]]) -> None:
+        self.on, self.k, self.attempts, self.offsets, self.box = on, k, attempts, offsets, 0
+
+    def random(self) -> float:
+        return self.on
+
+    def uniform(self, lo: float, hi: float) -> float:
+        if not self.attempts[self.box]:  # (no attempt of the box fitted: timm goes on to the next box)
+            self.box += 1
+        return lo + (hi - lo) * self.attempts[self.box].pop(0)
+
+    def randint(self, lo: int, hi: int) -> int:
+        if self.k is not None:
+            k, self.k = self.k, None
+            return k
+        u = self.offsets[self.box].pop(0)
+        self.box += not self.offsets[self.box]
+        return lo + min(int(np.floor(u * (hi - lo + 1))), hi - lo)
+
+
+@pytest.mark.parametrize(("hw", "prob", "count"), [((32, 32), 0.5, 1), ((28, 40), 0.9, 3), ((8, 64), 1.0, 2)])
+def test_batch_erasing_is_timms_random_erasing(monkeypatch, hw, prob, count):
+    """The memory loader's random erasing boxes are timm's ``RandomErasing`` (``re_count`` boxes at most, sharing the
+    area, 10 attempts each) fed the same uniforms: the same pixels erased, sample by sample."""
+    import timm.data.random_erasing as timm_erasing
+
+    from vitrel.data.augment import _erase_boxes, erase
+
+    n, (h, w) = 200, hw
+    boxes, used = _erase_boxes(n, hw, prob, count, torch.Generator().manual_seed(0))
+    ours = erase(torch.ones(n, 3, h, w), boxes, used) == 0
+    g = torch.Generator().manual_seed(0)
+    on, k = torch.rand(n, generator=g), torch.randint(1, count + 1, (n,), generator=g)
+    area, ar = (torch.rand(n, count, 10, generator=g, dtype=torch.float64) for _ in range(2))
+    top, left = (torch.rand(n, count, generator=g, dtype=torch.float64) for _ in range(2))
+    theirs = timm_erasing.RandomErasing(probability=prob, mode="const", max_count=count, device="cpu")
+    for i in range(n):
+        attempts = [[u.item() for pair in zip(area[i, j], ar[i, j]) for u in pair] for j in range(count)]
+        offsets = [[top[i, j].item(), left[i, j].item()] for j in range(count)]
+        replay = _EraseReplay(on[i].item(), int(k[i]) if count > 1 else None, attempts, offsets)
+        monkeypatch.setattr(timm_erasing, "random", replay)
+        img = torch.ones(3, h, w)
+        theirs(img)  # (in place)
+        assert torch.equal(img == 0, ours[i]), i
+
+
 def test_flip_erase_crop_shapes_ranges_and_per_sample_randomness():
     aug = BatchAugment(translate=2, hflip=0.5, scale=(0.3, 1.0), re_prob=0.7, re_mode="rand", re_count=2)
     n = 64

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from vitrel import Attention
 from vitrel.layout.geometry import as_grid
 from vitrel.pos.registry import build_pos
-from vitrel.pos.tables import extend_table
+from vitrel.pos.tables import extend_table, resize_1d_table, resize_rel_table
 
 HEADS, D = 3, 8
 
@@ -46,6 +46,21 @@ def test_interpolate_is_swin_v1_and_timm():
     t = torch.randn(7, 5, HEADS, dtype=torch.float64)
     got = extend_table(t, (11, 9), "interpolate")
     torch.testing.assert_close(got, swin_v1_interpolate(t, (11, 9)), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("new_hw", [(11, 9), (3, 5)])
+def test_stretch_is_timms_resize(new_hw):
+    """``resize_rel_table(mode="stretch")``, said to be timm's resize, was a bicubic resize with ``align_corners=True``:
+    0.83 off timm's ``resize_rel_pos_bias_table_simple`` on a unit-normal 7 x 5 table grown to 11 x 9, 2.03 shrunk to
+    3 x 5."""
+    from timm.layers import resize_rel_pos_bias_table_simple
+
+    t = torch.randn(7, 5, HEADS, dtype=torch.float64)
+    window = ((new_hw[0] + 1) // 2, (new_hw[1] + 1) // 2)
+    want = resize_rel_pos_bias_table_simple(t.permute(2, 0, 1), window, (HEADS, *new_hw)).permute(1, 2, 0)
+    torch.testing.assert_close(resize_rel_table(t, new_hw, mode="stretch"), want, rtol=1e-12, atol=1e-12)
+    want = resize_rel_pos_bias_table_simple(t[:, 0].T[:, :, None], (window[0], 1), (HEADS, new_hw[0], 1))[:, :, 0].T
+    torch.testing.assert_close(resize_1d_table(t[:, 0], new_hw[0], mode="stretch"), want, rtol=1e-12, atol=1e-12)
 
 
 def test_clip_takes_edge_values_and_grow_keeps_offsets():

@@ -79,6 +79,31 @@ def test_warmup_cosine_schedule():
     assert [longer.lr_at(k) for k in range(5)] == pytest.approx([1e-4 * k for k in range(5)])
 
 
+@pytest.mark.parametrize(
+    ("total", "warmup", "min_lr", "warmup_lr"), [(110, 10, 1e-5, 1e-6), (50, 0, 0.0, 0.0), (7, 3, 1e-2, 0.0)]
+)
+def test_warmup_cosine_is_timms_cosine_scheduler(total, warmup, min_lr, warmup_lr):
+    """The schedule, stepped as Lightning steps it, is timm's ``CosineLRScheduler`` per update with the warmup before
+    the cosine (``warmup_prefix=True``, ``t_initial = total - warmup``), float64 rates. Kept as vitrel's own for a torch
+    ``LRScheduler`` (Lightning steps those; timm's need ``lr_scheduler_step`` overridden), ``LambdaLR``'s state dict
+    in the checkpoints, and the resumed run's length (:class:`~vitrel.train.optim.WarmupCosineLR`)."""
+    from timm.scheduler import CosineLRScheduler
+
+    def optimizer():
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))], lr=0.5)
+
+    ours_opt, timm_opt = optimizer(), optimizer()
+    ours = warmup_cosine(ours_opt, total, warmup_steps=warmup, min_lr=min_lr, warmup_lr=warmup_lr)
+    theirs = CosineLRScheduler(
+        timm_opt, t_initial=total - warmup, lr_min=min_lr, warmup_t=warmup, warmup_lr_init=warmup_lr,
+        warmup_prefix=True, t_in_epochs=False, cycle_limit=1,
+    )  # fmt: skip
+    for step in range(total + 3):
+        theirs.step_update(num_updates=step)
+        assert ours_opt.param_groups[0]["lr"] == pytest.approx(timm_opt.param_groups[0]["lr"], rel=1e-12, abs=1e-15)
+        ours_opt.step(), ours.step()
+
+
 def test_a_schedule_whose_ends_are_above_lr_is_refused():
     """``module.optimizer.lr=5e-6`` under the default ``min_lr=1e-5``: the "decay" would raise the rate from 5e-6 to
     1e-5 over the run (and a ``warmup_lr`` above ``lr`` would ramp it down); refused, naming the keys."""

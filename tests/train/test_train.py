@@ -110,6 +110,29 @@ def test_mixup_cutmix_trains(tmp_path):
     assert math.isfinite(metrics["train/loss_epoch"])
 
 
+def test_mixup_loss_is_timms_soft_target_cross_entropy():
+    """The loss of a mixed batch (CutMix or Mixup, smoothed targets) is timm's ``SoftTargetCrossEntropy``, the loss
+    timm's ``train.py`` takes with its ``Mixup``, on the logits in float32 as the module scores them."""
+    import functools
+
+    from timm.data import Mixup
+    from timm.loss import SoftTargetCrossEntropy
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(48, 5)).double()
+    mixup = functools.partial(Mixup, mixup_alpha=0.8, cutmix_alpha=1.0)
+    module = ClassifierModule(model, num_classes=5, label_smoothing=0.1, mixup=mixup)
+    x, y = torch.randn(4, 3, 4, 4, dtype=torch.float64), torch.tensor([0, 3, 1, 4])
+    for seed in range(4):  # (numpy draws Mixup's lambda and its choice of CutMix)
+        np.random.seed(seed)
+        with pytest.warns(UserWarning, match="self.log"):  # (no trainer to log to)
+            loss = module.training_step((x.clone(), y), 0)
+        np.random.seed(seed)
+        mixed, target = module.mixup_fn(x.clone(), y)
+        want = SoftTargetCrossEntropy()(model(mixed).float(), target)
+        torch.testing.assert_close(loss, want, rtol=1e-6, atol=0)
+
+
 def test_every_object_node_has_a_target(tmp_path):
     """One convention: data, model, module (and its optimizer, scheduler, mixup, EMA), trainer, every
     callback and logger are built from a ``_target_``; checkpoint folders come by interpolation."""

@@ -4,8 +4,8 @@ Pipelines (``build_transform``):
 
 * training with ``augment=True``: ``timm.data.create_transform(is_training=True, ...)``
   (RandomResizedCrop, flip, optional colour jitter / RandAugment / random erasing, normalise);
-* everything else: ``[Resize(floor(S / crop_pct)), CenterCrop(S)]`` (skipped when the image already is
-  ``S x S`` and ``crop_pct == 1``), ``ToTensor`` (uint8 -> [0, 1]), ``Normalize(mean, std)``.
+* everything else: ``timm.data.create_transform(is_training=False, ...)``: ``[Resize(floor(S / crop_pct)),
+  CenterCrop(S)]``, ``ToTensor`` (uint8 -> [0, 1]), ``Normalize(mean, std)``.
 
 Translation canvas (position-scheme study, translation generalisation). An ``h x w`` image is pasted
 at offset ``(top, left)`` into an ``H_c x W_c`` canvas of zeros (black, pixel value 0)::
@@ -38,7 +38,6 @@ normalising gives the same tensor (up to float rounding).
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -377,21 +376,15 @@ def plain_transform(
     interpolation: str = "bilinear",
     crop_pct: float = 1.0,
 ) -> Callable:
-    """Resize (shorter side to ``floor(img_size / crop_pct)``), centre-crop ``img_size``, to tensor, normalise.
+    """timm's evaluation pipeline (``create_transform(is_training=False)``): shorter side resized to
+    ``floor(img_size / crop_pct)``, centre ``img_size`` crop, to tensor, normalise. An image already
+    ``img_size x img_size`` at ``crop_pct == 1`` keeps its pixels (the resize to its own size is a copy)."""
+    from timm.data import create_transform
 
-    The resize/crop steps check the input size at call time and do nothing when the image already is
-    ``img_size x img_size`` and ``crop_pct == 1`` (native-size evaluation stays pixel-exact).
-    """
     if not 0.0 < crop_pct <= 1.0:
         raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
-    scale = int(math.floor(img_size / crop_pct))
-    return T.Compose(
-        [
-            _ResizeCrop(img_size, scale, InterpolationMode(interpolation)),
-            T.ToTensor(),
-            T.Normalize(mean=list(mean), std=list(std)),
-        ]
-    )
+    kw = dict(mean=tuple(mean), std=tuple(std), interpolation=interpolation, crop_pct=crop_pct)
+    return create_transform(img_size, is_training=False, **kw)
 
 
 def canvas_transform(image_size: int, canvas_size: int, interpolation: str = "bilinear") -> Callable:

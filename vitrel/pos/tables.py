@@ -178,9 +178,10 @@ def resize_rel_table(table: Tensor, new_size: tuple[int, int], mode: str = "keep
     """Resize a 2-D offset table ``[2H-1, 2W-1, C]`` to ``[2H'-1, 2W'-1, C]``.
 
     ``mode="keep"``: offsets present in the old table keep their values exactly; offsets that are
-    new are taken from a bicubic stretch of the old table (so the edges continue smoothly).
-    ``mode="stretch"``: plain bicubic stretch of the whole table (timm's behaviour).
-    Shrinking always crops the centre (a smaller grid never sees the outer offsets).
+    new are taken from a bicubic stretch of the old table (``align_corners=True``: the edges continue smoothly);
+    shrinking crops the centre (a smaller grid never sees the outer offsets).
+    ``mode="stretch"``: bicubic resize of the whole table, growing or shrinking: timm's
+    ``resize_rel_pos_bias_table_simple`` (:func:`extend_table`'s ``interpolate``).
     """
     if mode not in ("keep", "stretch"):
         raise ValueError(f"mode must be 'keep' or 'stretch', got {mode!r}")
@@ -190,17 +191,17 @@ def resize_rel_table(table: Tensor, new_size: tuple[int, int], mode: str = "keep
         return table
     if old_h % 2 == 0 or old_w % 2 == 0 or new_h % 2 == 0 or new_w % 2 == 0:
         raise ValueError(f"offset tables have odd sides, got {(old_h, old_w)} -> {(new_h, new_w)}")
+    if mode == "stretch":
+        return extend_table(table, new_size, "interpolate")
     work = _work_dtype(table)
     src = table.permute(2, 0, 1)[None].to(work)  # [1, C, h, w]
     out = F.interpolate(src, size=(new_h, new_w), mode="bicubic", align_corners=True)
-    out = out[0].permute(1, 2, 0)
-    if mode == "keep":
-        # copy every offset both tables have, exactly
-        ch, cw = min(old_h, new_h), min(old_w, new_w)
-        oh, ow = (old_h - ch) // 2, (old_w - cw) // 2
-        nh, nw = (new_h - ch) // 2, (new_w - cw) // 2
-        out = out.clone()
-        out[nh : nh + ch, nw : nw + cw] = table[oh : oh + ch, ow : ow + cw].to(work)
+    out = out[0].permute(1, 2, 0).clone()
+    # copy every offset both tables have, exactly
+    ch, cw = min(old_h, new_h), min(old_w, new_w)
+    oh, ow = (old_h - ch) // 2, (old_w - cw) // 2
+    nh, nw = (new_h - ch) // 2, (new_w - cw) // 2
+    out[nh : nh + ch, nw : nw + cw] = table[oh : oh + ch, ow : ow + cw].to(work)
     return out.to(table.dtype).contiguous()
 
 

@@ -312,9 +312,9 @@ class ClassifierModule(L.LightningModule):
                     f"mixup/cutmix needs an even batch, got {x.shape[0]}: use an even data.batch_size "
                     "and data.drop_last=true"
                 )
-            x, target = mix_clips(self.mixup_fn, x, y)
+            x, target = mix_clips(self.mixup_fn, x, y)  # soft targets, smoothed by the Mixup
             logits = self._net_for(x)(x)
-            loss = torch.sum(-target * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
+            loss = F.cross_entropy(logits.float(), target)  # = timm's SoftTargetCrossEntropy
         else:
             logits = _check_logits(self._net_for(x)(x), y)
             loss = F.cross_entropy(logits.float(), y, label_smoothing=self.label_smoothing)

@@ -41,7 +41,8 @@ def launch(tmp_path_factory) -> Path:
 def test_train_py_relative_paths_under_chdir_single_run_and_sweep(launch):
     """``hydra.job.chdir=true data.path=fm.npz ckpt_path=runs/a/checkpoints/last.ckpt``: both were looked up in the
     run folder (``FileNotFoundError`` naming ``<run folder>/fm.npz``). Now the launch folder's, as without chdir, in
-    a single run (resuming ``runs/a``'s checkpoint for one more epoch) and in a job of ``-m``."""
+    a single run (resuming ``runs/a``'s checkpoint for one more epoch) and in a job of ``-m``, whose sweep summary
+    (``hydra.sweep.dir=sweep``, relative as the default ``outputs/...``) was looked for in the job's folder: none."""
     resume = ["ckpt_path=runs/a/checkpoints/last.ckpt", "trainer.max_epochs=2"]
     args = [*TINY_VIT, *FAST[2:], *SHORT, *DATA, CHDIR]
     r = run_script_forked("train.py", [*args, *resume, "hydra.run.dir=runs/b"], cwd=launch)
@@ -51,6 +52,8 @@ def test_train_py_relative_paths_under_chdir_single_run_and_sweep(launch):
     r = run_script_forked("train.py", ["-m", *args, "seed=1", "hydra.sweep.dir=sweep"], cwd=launch)
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads((launch / "sweep" / "0" / "metrics.json").read_text())["status"] == "finished"
+    rows = list(csv.DictReader((launch / "sweep" / "summary.csv").open()))  # (the sweep folder's, not sweep/0/sweep)
+    assert [(r["job"], r["status"]) for r in rows] == [("0", "finished")], rows
 
 
 def test_eval_py_relative_paths_under_chdir(launch, tmp_path):

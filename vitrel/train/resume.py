@@ -21,7 +21,7 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
-from vitrel.train.hydra_callbacks import BASIC_SWEEPER, sweep_plan
+from vitrel.train.hydra_callbacks import BASIC_SWEEPER, sweep_folder, sweep_plan
 from vitrel.train.progress import CountValidations
 from vitrel.train.run_times import RunTimes
 from vitrel.train.utils import hydra_config, is_multirun, override_key, task_overrides
@@ -148,7 +148,7 @@ def sweep_job() -> dict[str, list[str]] | None:
     if hc.sweeper.get("_target_") != BASIC_SWEEPER:
         return {"overrides": overrides, "swept": sorted({override_key(o) for o in overrides} - MAY_DIFFER)}
     values: dict[str, set[str]] = {}
-    for job in sweep_plan(Path(str(hc.sweep.dir))) or []:
+    for job in sweep_plan(sweep_folder(hc)) or []:
         for o in job:
             values.setdefault(override_key(o), set()).add(o)
     return {"overrides": overrides, "swept": sorted(k for k, v in values.items() if len(v) > 1)}

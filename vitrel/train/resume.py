@@ -6,6 +6,7 @@ itself, and the training order it continues, are :mod:`vitrel.train.exact_resume
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,8 @@ _UNRESOLVED: Any = object()
 def resume_path(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path) -> str | None:
     """The checkpoint the run resumes (``ckpt_path`` / ``resume=auto``, see :func:`resolve_ckpt_path`), checked to be
     a readable checkpoint; None for a new run. Known before the model is built: a resumed fine-tune is built from it
-    (:func:`~vitrel.train.build.build_model`)."""
+    (:func:`~vitrel.train.build.build_model`). A run that starts over (``resume=false``) removes the SLURM requeue
+    checkpoints of its folder first, which Lightning would load into it."""
     root = cfg.trainer.get("default_root_dir") or run_dir
     path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir, Path(root))
     if path is not None:
@@ -365,7 +367,7 @@ def newest_checkpoint(last: Path, root: str | Path) -> Path | None:
 
 def _global_step(path: Path) -> int:
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception:
         check_checkpoint(path)  # (a truncated or foreign file: its CheckpointError)
         raise

@@ -50,6 +50,7 @@ from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
 from vitrel.train.data_contract import CheckOwnBatches, check_data_module
+from vitrel.train.launch_paths import EVAL_PATHS, launch_path, launch_paths
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.run_figures import RunFigures
@@ -252,6 +253,7 @@ def _run_settings(
         on_command_line = _given(f"data.{k}")
         try:
             value = split[k] if k in split else plain(node[k])
+            value = launch_path(value) if k in ("root", "path") else value  # (as eval's own: the launch folder's)
         except OmegaConfBaseException as e:
             if on_command_line:
                 continue
@@ -424,6 +426,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     import vitrel
 
     check_moved_keys(cfg)
+    launch_paths(cfg, EVAL_PATHS)  # ckpt_path=runs/a: the launch folder's, also under hydra.job.chdir=true
     check_accelerator(cfg.trainer, "evaluate")  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()

@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
+from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
 from vitrel.train.sweep_plot import ACCURACY  # (the module imports matplotlib only when it draws)
 
 __all__ = [
     "SweepSummary",
+    "sweep_folder",
     "sweep_plan",
     "stopped_jobs",
     "TakeRunFolder",
@@ -158,6 +160,13 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
         values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
         choices[key] = [f"{key}={v}" for v in values]
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def sweep_folder(hydra_cfg: Any) -> Path:
+    """The sweep folder, ``hydra.sweep.dir`` of ``hydra_cfg`` (the ``hydra`` node) from the launch folder (Hydra's
+    ``to_absolute_path``): a job under ``hydra.job.chdir=true`` runs in its own folder, where the default
+    ``outputs/...`` would name another."""
+    return Path(to_absolute_path(str(hydra_cfg.sweep.dir)))
 
 
 def sweep_plan(sweep_dir: Path) -> list[list[str]] | None:
@@ -292,7 +301,7 @@ class SweepSummary(Callback):
         """A new id for the sweep folder: job folders of an earlier sweep there (which this sweep has not run again)
         keep theirs and are left out of the summary. Until the sweep's end, the process prints the table so far
         when it exits (:meth:`_at_exit`)."""
-        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir = sweep_folder(config.hydra)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         sweep_id = uuid.uuid4().hex
         (sweep_dir / SWEEP_ID).write_text(sweep_id + "\n")
@@ -317,7 +326,7 @@ class SweepSummary(Callback):
         if config.hydra.mode != RunMode.MULTIRUN:
             return
         job_dir = Path(str(config.hydra.runtime.output_dir))
-        sweep_id = _read(Path(str(config.hydra.sweep.dir)) / SWEEP_ID)
+        sweep_id = _read(sweep_folder(config.hydra) / SWEEP_ID)
         if sweep_id is not None:
             (job_dir / SWEEP_ID).write_text(sweep_id + "\n")
         if (job_dir / "metrics.json").exists():
@@ -341,12 +350,12 @@ class SweepSummary(Callback):
             except Exception as e:  # noqa: BLE001  (whatever the job raised is its error)
                 out = Path(str(config.hydra.runtime.output_dir))
                 (out / ERROR).write_text(f"{type(e).__name__}: {e}\n")
-        self._summarize(Path(str(config.hydra.sweep.dir)), show=False)
+        self._summarize(sweep_folder(config.hydra), show=False)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         self._unended = None
         atexit.unregister(self._at_exit)
-        self._summarize(Path(str(config.hydra.sweep.dir)), show=True, config=config)
+        self._summarize(sweep_folder(config.hydra), show=True, config=config)
 
     def _at_exit(self) -> None:
         """The table so far of a sweep that never reached its end: Hydra's sweeper raised on a failed job (its

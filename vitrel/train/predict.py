@@ -21,6 +21,7 @@ from timm.layers import to_2tuple
 from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder
 from vitrel.models.ckpt_files import run_checkpoint
 from vitrel.models.run_record import naflex_of_run, nominal_size_warning
+from vitrel.train.launch_paths import PREDICT_PATHS, launch_paths
 from vitrel.train.utils import progress_bar_kind
 
 __all__ = [
@@ -165,6 +166,7 @@ def write_results(rows: list[dict[str, Any]], path: str | Path) -> Path:
 
 def run_predict(cfg: Any) -> dict[str, Any]:
     """``predict.py``'s body: check the settings, load, predict, write the CSV, print a summary; returns the summary."""
+    launch_paths(cfg, PREDICT_PATHS)  # input=images: the launch folder's, also under hydra.job.chdir=true
     check_predict_args(**{k: cfg.get(k, d) for k, d in (("topk", 5), ("batch_size", 64), ("num_workers", 0))})
     check_predict_args(seq_len=cfg.get("seq_len"), max_tokens=cfg.get("max_tokens"))
     check_results_file(str(cfg.results_file))

@@ -6,6 +6,7 @@ itself, and the training order it continues, are :mod:`vitrel.train.exact_resume
 
 from __future__ import annotations
 
+import zipfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
-from vitrel.train.hydra_callbacks import BASIC_SWEEPER, sweep_plan
+from vitrel.train.hydra_callbacks import BASIC_SWEEPER, sweep_folder, sweep_plan
 from vitrel.train.progress import CountValidations
 from vitrel.train.run_times import RunTimes
 from vitrel.train.utils import hydra_config, is_multirun, override_key, task_overrides
@@ -33,6 +34,8 @@ __all__ = [
     "check_same_start",
     "check_same_sweep_job",
     "drop_requeue_checkpoints",
+    "newest_checkpoint",
+    "requeue_checkpoints",
     "sweep_job",
     "SweepJobRecord",
     "world_size",
@@ -43,9 +46,10 @@ _UNRESOLVED: Any = object()
 def resume_path(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path) -> str | None:
     """The checkpoint the run resumes (``ckpt_path`` / ``resume=auto``, see :func:`resolve_ckpt_path`), checked to be
     a readable checkpoint; None for a new run. Known before the model is built: a resumed fine-tune is built from it
-    (:func:`~vitrel.train.build.build_model`)."""
+    (:func:`~vitrel.train.build.build_model`). A run that starts over (``resume=false``) removes the SLURM requeue
+    checkpoints of its folder first, which Lightning would load into it."""
     root = cfg.trainer.get("default_root_dir") or run_dir
-    path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir)
+    path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir, Path(root))
     if path is not None:
         check_checkpoint(path)
     return path
@@ -64,8 +68,8 @@ def resolve_ckpt_path(
     configured weights' :func:`~vitrel.train.build.weights_source`, when the caller has it (files hashed once).
 
     ``ckpt_path``: a file, or ``last`` (= the ``last.ckpt`` that ``callbacks`` write, by default
-    ``<run dir>/checkpoints/last.ckpt``; must exist); with ``resume=auto`` and no ``ckpt_path``, that
-    ``last.ckpt`` is resumed when it exists. The file is checked first
+    ``<run dir>/checkpoints/last.ckpt``, or a newer SLURM requeue checkpoint: :func:`newest_checkpoint`; must exist);
+    with ``resume=auto`` and no ``ckpt_path``, that checkpoint is resumed when there is one. The file is checked first
     (``vitrel.models.checkpoint.check_checkpoint``: a truncated or foreign file is a clear
     ``CheckpointError``), then the weights it started from against ``cfg.model``'s (:func:`check_same_start`), its
     model configuration against ``model``'s (:func:`check_same_model`), then its
@@ -146,7 +150,7 @@ def sweep_job() -> dict[str, list[str]] | None:
     if hc.sweeper.get("_target_") != BASIC_SWEEPER:
         return {"overrides": overrides, "swept": sorted({override_key(o) for o in overrides} - MAY_DIFFER)}
     values: dict[str, set[str]] = {}
-    for job in sweep_plan(Path(str(hc.sweep.dir))) or []:
+    for job in sweep_plan(sweep_folder(hc)) or []:
         for o in job:
             values.setdefault(override_key(o), set()).add(o)
     return {"overrides": overrides, "swept": sorted(k for k, v in values.items() if len(v) > 1)}
@@ -317,26 +321,69 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path) -> str | None:
+def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path, root: Path) -> str | None:
     last = last or run_dir / "checkpoints" / "last.ckpt"
     ck = cfg.get("ckpt_path")
     if ck == "last":
-        if not last.exists():
+        newest = newest_checkpoint(last, root)
+        if newest is None:
             raise CheckpointError(
                 f"ckpt_path=last: there is no {last}. `last` is the last checkpoint of this run's folder ({run_dir}); "
                 "to resume an earlier run, run in its folder (hydra.run.dir=<that folder>) or give ckpt_path=<file>."
             )
-        return str(last)
+        return str(newest)
     if ck:
         p = Path(str(ck)).expanduser()
         if not p.exists():
             raise CheckpointError(f"ckpt_path={ck}: no such file or folder")
         return str(p)
     resume = check_resume(cfg)
-    if resume == "auto" and last.exists():
-        rank_zero_info(f"resume=auto: resuming from {last} (set resume=false to start over in this folder)")
-        return str(last)
+    newest = newest_checkpoint(last, root) if resume == "auto" else None
+    if newest is not None:
+        rank_zero_info(f"resume=auto: resuming from {newest} (set resume=false to start over in this folder)")
+        return str(newest)
+    _drop_requeue_files(root, "this run starts over (resume=false)")
     return None
+
+
+def requeue_checkpoints(root: str | Path) -> list[Path]:
+    """Lightning's SLURM requeue checkpoints, ``hpc_ckpt_<n>.ckpt`` in ``root`` (the trainer's
+    ``default_root_dir``, where its ``SIGUSR1`` handler saves them), by ``n``."""
+    root = Path(root)
+    found = root.glob("hpc_ckpt_*.ckpt") if root.is_dir() else ()
+    return sorted((p for p in found if p.stem[9:].isdigit()), key=lambda p: int(p.stem[9:]))
+
+
+def newest_checkpoint(last: Path, root: str | Path) -> Path | None:
+    """The run folder's checkpoint a resume continues: the newest by global step of ``last`` (its ``last.ckpt``) and
+    Lightning's requeue checkpoints in ``root`` (:func:`requeue_checkpoints`), a tie to ``last.ckpt``; None without
+    any. Lightning loads the newest requeue file itself only when no checkpoint is passed to the fit, and then
+    without comparing it with ``last.ckpt`` and without vitrel's checks: passed here, it gets them."""
+    found = [p for p in (last, *reversed(requeue_checkpoints(root))) if p.is_file()]
+    if len(found) < 2:
+        return found[0] if found else None
+    return max(found, key=_global_step)  # (the first of equals: last.ckpt, then the higher n)
+
+
+def _global_step(path: Path) -> int:
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
+    except Exception:
+        check_checkpoint(path)  # (a truncated or foreign file: its CheckpointError)
+        raise
+    return int(ckpt.get("global_step", -1)) if isinstance(ckpt, Mapping) else -1
+
+
+def _drop_requeue_files(root: str | Path, why: str) -> list[Path]:
+    """Remove the requeue checkpoints in ``root``, logged with ``why``: under SLURM Lightning would load the newest
+    into any fit or test given no checkpoint, and a later resume would take one newer than the run's own. Every rank
+    removes them (the same files: none is needed by any)."""
+    found = requeue_checkpoints(root)
+    for p in found:
+        p.unlink(missing_ok=True)
+    if found:
+        rank_zero_info(f"removed Lightning's SLURM requeue checkpoint(s) {', '.join(p.name for p in found)}: {why}")
+    return found
 
 
 def drop_requeue_checkpoints(trainer: L.Trainer) -> list[Path]:

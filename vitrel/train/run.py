@@ -48,6 +48,7 @@ from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.data_contract import CheckOwnBatches, warn_no_preprocessing
 from vitrel.train.hydra_callbacks import BASIC_SWEEPER, write_held_back_record
+from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.module import MIXUP_NAFLEX
 from vitrel.train.progress import CountTestImages, CountValidations
@@ -151,6 +152,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     check_resume(cfg)  # resume=true: before anything is built
     check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     check_spawn_ema(cfg)  # trainer=ddp_spawn module/ema=default: every rank would die as it starts
+    launch_paths(cfg, TRAIN_PATHS)  # data.path=fm.npz: the launch folder's, also under hydra.job.chdir=true
     t0 = time.time()
     route_lightning_logs()
     run_dir = run_dir_of(cfg)

@@ -1,0 +1,90 @@
+"""Under SLURM, Lightning's requeue checkpoints (``hpc_ckpt_<n>.ckpt``, saved on ``SIGUSR1`` in the run folder) are
+among the run folder's own checkpoints: a requeued job resumes the newest of them and ``last.ckpt`` (by global step),
+through vitrel's resume checks, and a run that starts over (``resume=false``) is not seeded from them."""
+
+from __future__ import annotations
+
+import shutil
+
+import lightning as L
+import pytest
+
+from tests.train_helpers import FAST, TINY_VIT, compose
+from vitrel.models.checkpoint import CheckpointError
+from vitrel.train.resume import newest_checkpoint
+from vitrel.train.run import train
+
+OVER = [*TINY_VIT, *FAST, "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "logger=none", "test=false"]
+SLURM = {"SLURM_JOB_ID": "4242", "SLURM_NTASKS": "1", "SLURM_JOB_NAME": "vitrel", "SLURM_PROCID": "0"}
+
+
+class StartStep(L.Callback):
+    """The global step the fit started at (that of the checkpoint it loaded)."""
+
+    step: int | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.step = trainer.global_step
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    """``last.ckpt`` of one run at steps 3 and 6 (epochs 1 and 2), without SLURM."""
+    run = tmp_path_factory.mktemp("source")
+    out = {}
+    for epochs in (1, 2):
+        train(compose(run, [*OVER, f"trainer.max_epochs={epochs}"]))
+        out[3 * epochs] = tmp_path_factory.mktemp(f"step{3 * epochs}") / "last.ckpt"
+        shutil.copy(run / "checkpoints" / "last.ckpt", out[3 * epochs])
+    return out
+
+
+def _folder(path, last=None, hpc=None):
+    """A run folder holding ``last`` as its ``last.ckpt`` and ``hpc`` as ``hpc_ckpt_1.ckpt`` (either may be None)."""
+    (path / "checkpoints").mkdir(parents=True)
+    if last is not None:
+        shutil.copy(last, path / "checkpoints" / "last.ckpt")
+    if hpc is not None:
+        shutil.copy(hpc, path / "hpc_ckpt_1.ckpt")
+    return path
+
+
+def _fit(path, over, monkeypatch) -> int:
+    for k, v in SLURM.items():
+        monkeypatch.setenv(k, v)
+    start = StartStep()
+    train(compose(path, [*OVER, *over]), callbacks=[start])
+    return start.step
+
+
+def test_a_requeued_job_resumes_the_newest_of_last_and_the_requeue_checkpoint(steps, tmp_path, monkeypatch):
+    """``last.ckpt`` at step 3, Lightning's ``hpc_ckpt_1.ckpt`` at step 6 (``SIGUSR1`` came after the epoch's save):
+    the requeued job (``resume=auto``) resumed ``last.ckpt`` and trained steps 4-6 again, since vitrel passed it to
+    the fit and Lightning then looks at no requeue file. Now the newest: step 6; with ``last.ckpt`` the newer, it; at
+    the same step ``last.ckpt``, then the requeue file of the highest number."""
+    assert _fit(_folder(tmp_path / "a", last=steps[3], hpc=steps[6]), ["trainer.max_epochs=3"], monkeypatch) == 6
+    assert _fit(_folder(tmp_path / "b", last=steps[6], hpc=steps[3]), ["trainer.max_epochs=3"], monkeypatch) == 6
+    assert _fit(_folder(tmp_path / "c", hpc=steps[3]), ["trainer.max_epochs=2"], monkeypatch) == 3
+    tie = _folder(tmp_path / "d", last=steps[6], hpc=steps[6])
+    shutil.copy(steps[6], tie / "hpc_ckpt_2.ckpt")
+    assert newest_checkpoint(tie / "checkpoints" / "last.ckpt", tie) == tie / "checkpoints" / "last.ckpt"
+    (tie / "checkpoints" / "last.ckpt").unlink()
+    assert newest_checkpoint(tie / "checkpoints" / "last.ckpt", tie) == tie / "hpc_ckpt_2.ckpt"  # (as Lightning)
+
+
+def test_a_run_started_over_is_not_seeded_from_a_requeue_checkpoint(steps, tmp_path, monkeypatch):
+    """``resume=false`` in a folder with an ``hpc_ckpt_1.ckpt`` (step 3): vitrel passed no checkpoint, so Lightning
+    loaded the requeue file, and the run that was to start over continued at step 3. Now it starts at 0, and the
+    file is removed (logged), so that a later requeue does not resume the abandoned run from it."""
+    run = _folder(tmp_path / "a", hpc=steps[3])
+    assert _fit(run, ["trainer.max_epochs=2", "resume=false"], monkeypatch) == 0
+    assert not list(run.glob("hpc_ckpt_*.ckpt"))
+
+
+def test_a_requeue_checkpoint_passes_the_resume_checks(steps, tmp_path, monkeypatch):
+    """An ``hpc_ckpt_1.ckpt`` of another model (a folder run again with ``model.depth=1``): Lightning loaded it with
+    none of vitrel's resume checks, and its strict load failed (``Unexpected key(s)``). Now the check that refuses
+    any other checkpoint of another model: a ``CheckpointError`` naming the key."""
+    run = _folder(tmp_path / "a", hpc=steps[3])
+    with pytest.raises(CheckpointError, match=r"hpc_ckpt_1.ckpt holds another model than the one configured \(depth"):
+        _fit(run, ["trainer.max_epochs=2", "model.depth=1"], monkeypatch)

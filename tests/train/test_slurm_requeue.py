@@ -112,6 +112,8 @@ def test_a_requeued_job_started_from_a_file_continues_its_own_checkpoints(steps,
     assert _fit(run, start, monkeypatch) == 5
     said = f"resume=auto: continuing from {run / 'checkpoints' / 'last.ckpt'}, which this folder's run wrote after "
     assert caplog.text.count(said + f"starting from ckpt_path={steps[3]} (resume=false starts from") == 1
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True, mmap=True)
+    assert last["global_step"] == 9 and last["vitrel_start_ckpt"] == str(steps[3].resolve())  # (carried over)
     shutil.copy(stopped, run / "hpc_ckpt_1.ckpt")
     assert _fit(run, [*start, "resume=false"], monkeypatch) == 3 and not list(run.glob("hpc_ckpt_*.ckpt"))
     assert _fit(_folder(tmp_path / "hpc", hpc=stopped), start, monkeypatch) == 5  # (a SIGUSR1 requeue's file)

@@ -106,7 +106,7 @@ def resolve_ckpt_path(
     _take_carried(ckpt, callbacks, path)
     for cb in callbacks:
         if isinstance(cb, StartRecord):  # the start the folder's checkpoint carries, or the file given
-            cb.start = ckpt.get(START_CKPT) if own else str(Path(path).resolve())
+            cb.start = ckpt.get(START_CKPT, _UNRESOLVED) if own else str(Path(path).resolve())
     return path, int(ckpt["global_step"])
 
 
@@ -217,15 +217,16 @@ START_CKPT = "vitrel_start_ckpt"
 
 class StartRecord(Callback):
     """Writes into every checkpoint of the run the file it started from (``start``: the ``ckpt_path=<file>`` it was
-    given, or the one the folder's checkpoint it resumed records; None without), set by :func:`resolve_ckpt_path`: a
-    requeued job given the same ``ckpt_path`` continues the folder's newer checkpoints of that start
-    (:func:`_continued`)."""
+    given, or the one the folder's checkpoint it resumed records; None without; none written when that checkpoint
+    records none), set by :func:`resolve_ckpt_path`: a requeued job given the same ``ckpt_path`` continues the
+    folder's newer checkpoints of that start (:func:`_continued`)."""
 
     def __init__(self) -> None:
-        self.start: str | None = None
+        self.start: Any = None
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
-        checkpoint[START_CKPT] = self.start
+        if self.start is not _UNRESOLVED:  # (resumed from a checkpoint written before vitrel recorded it: unknown)
+            checkpoint[START_CKPT] = self.start
 
 
 def world_size(trainer_cfg: DictConfig) -> int | None:

@@ -105,3 +105,22 @@ def test_only_relative_paths_change(tmp_path, monkeypatch):
     assert kept["callbacks"]["last"]["dirpath"] == "${paths.log_dir}/ckpt"
     assert (out.ckpt_path, out.model.path) == ("last", "hf-hub:timm/vit_tiny")
     assert out.logger.csv.save_dir == "s3://bucket/logs"
+
+
+def test_eval_py_takes_the_runs_relative_data_path_from_the_runs_launch_folder(launch, tmp_path):
+    """``eval.py ckpt_path=<launch>/runs/a data=arrays`` launched from another folder that has an ``fm.npz`` of its
+    own (32 test images; the run's has 64): the run's ``data.path=fm.npz`` (as its ``.hydra/config.yaml`` records it)
+    was taken relative to eval's launch folder, so eval scored that other file's 32 images as the run's data. Now the
+    run's launch folder's (``hydra.runtime.cwd`` of its ``hydra.yaml``): its 64. ``data.path`` given to eval stays
+    eval's launch folder's."""
+    other = tmp_path / "other"
+    other.mkdir()
+    with np.load(launch / "fm.npz") as z:
+        np.savez(other / "fm.npz", **{k: z[k][:32] for k in z.files})
+    args = [f"ckpt_path={launch / 'runs' / 'a'}", *DATA[:1], *FAST[:4]]
+    for name, given, images in (("run", [], 64), ("given", ["data.path=fm.npz"], 32)):
+        r = run_script_forked("eval.py", [*args, *given, f"hydra.run.dir={tmp_path / name}"], cwd=other)
+        assert r.returncode == 0, r.stderr[-3000:]
+        res = json.loads((tmp_path / name / "eval_metrics.json").read_text())
+        assert res["num_images"] == images, (name, res)
+        assert res["data_from_run"].get("path") == (str(launch / "fm.npz") if not given else None), res

@@ -8,8 +8,10 @@ import shutil
 
 import lightning as L
 import pytest
+import torch
 
-from tests.train_helpers import FAST, TINY_VIT, compose
+from tests.train_helpers import FAST, TINY_VIT, SendSignal, compose
+from vitrel.config import ConfigError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.train.resume import newest_checkpoint
 from vitrel.train.run import train
@@ -88,3 +90,43 @@ def test_a_requeue_checkpoint_passes_the_resume_checks(steps, tmp_path, monkeypa
     run = _folder(tmp_path / "a", hpc=steps[3])
     with pytest.raises(CheckpointError, match=r"hpc_ckpt_1.ckpt holds another model than the one configured \(depth"):
         _fit(run, ["trainer.max_epochs=2", "model.depth=1"], monkeypatch)
+
+
+def _step(path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=True, mmap=True)["global_step"]
+
+
+def test_a_requeued_job_started_from_a_file_continues_its_own_checkpoints(steps, tmp_path, monkeypatch, caplog):
+    """``ckpt_path=<file of step 3>`` (to continue an earlier run in a new folder), stopped at step 5 (``last.ckpt``),
+    then requeued with the same command in the same folder: it started from the file again, at step 3, and the steps
+    the run had trained were lost. Now it continues the folder's newest checkpoint of that start (step 5: its
+    ``last.ckpt``, or a requeue file); ``resume=false`` still starts from the file and drops the requeue files."""
+    run, start = tmp_path / "run", [f"ckpt_path={steps[3]}", "trainer.max_epochs=3"]
+    for k, v in SLURM.items():
+        monkeypatch.setenv(k, v)
+    with pytest.raises(SystemExit):  # (SIGTERM: last.ckpt saved at the end of step 5)
+        train(compose(run, [*OVER, *start]), callbacks=[SendSignal(at_step=4)])
+    stopped = shutil.copy(run / "checkpoints" / "last.ckpt", tmp_path / "stopped.ckpt")
+    assert _step(stopped) == 5
+    caplog.set_level("INFO", logger="lightning.pytorch")  # (rank_zero_info's)
+    assert _fit(run, start, monkeypatch) == 5
+    said = f"resume=auto: continuing from {run / 'checkpoints' / 'last.ckpt'}, which this folder's run wrote after "
+    assert caplog.text.count(said + f"starting from ckpt_path={steps[3]} (resume=false starts from") == 1
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True, mmap=True)
+    assert last["global_step"] == 9 and last["vitrel_start_ckpt"] == str(steps[3].resolve())  # (carried over)
+    shutil.copy(stopped, run / "hpc_ckpt_1.ckpt")
+    assert _fit(run, [*start, "resume=false"], monkeypatch) == 3 and not list(run.glob("hpc_ckpt_*.ckpt"))
+    assert _fit(_folder(tmp_path / "hpc", hpc=stopped), start, monkeypatch) == 5  # (a SIGUSR1 requeue's file)
+
+
+def test_a_folder_of_another_start_is_not_mixed_with_a_file_given(steps, tmp_path, monkeypatch):
+    """A folder holding another run's ``last.ckpt`` (step 6, started without ``ckpt_path``) given
+    ``ckpt_path=<file of step 3>``: it started from the file and wrote its checkpoints over the other run's. Now a
+    ``ConfigError`` saying what to give: ``resume=false`` starts from the file; the folder's own file named as
+    ``ckpt_path`` goes on from it, as before."""
+    run = _folder(tmp_path / "a", last=steps[6])
+    with pytest.raises(ConfigError, match=r"holds another run's checkpoints \(.*last.ckpt, of a run started without"):
+        _fit(run, [f"ckpt_path={steps[3]}", "trainer.max_epochs=3"], monkeypatch)
+    own = [f"ckpt_path={run / 'checkpoints' / 'last.ckpt'}", "trainer.max_epochs=3"]
+    assert _fit(run, own, monkeypatch) == 6
+    assert _fit(run, [f"ckpt_path={steps[3]}", "trainer.max_epochs=2", "resume=false"], monkeypatch) == 3

@@ -50,7 +50,7 @@ from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
 from vitrel.train.data_contract import CheckOwnBatches, check_data_module
-from vitrel.train.launch_paths import EVAL_PATHS, launch_path, launch_paths
+from vitrel.train.launch_paths import EVAL_PATHS, launch_path, launch_paths, recorded_launch_folder
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.run_figures import RunFigures
@@ -234,14 +234,18 @@ def _run_settings(
     differ from ``data_cfg``'s and are not on the command line; those on it whose run value differs (the run's value);
     and where they come from. The run folder's record when there is one, for the same data (``data.name``; other
     data keeps its group's defaults): its interpolations resolved against that record, here (``${paths.data_dir}`` is
-    eval's own data folder, as by default); a value that does not resolve is an error naming the key to give. Without
+    eval's own data folder, as by default), a relative ``root`` / ``path`` the run was given against the folder it
+    was launched from (:func:`~vitrel.train.launch_paths.recorded_launch_folder`; eval's own without its
+    ``hydra.yaml``); a value that does not resolve is an error naming the key to give. Without
     a record, the preprocessing stored with the weights (``stored_data``). Either way the split the checkpoint holds
     (``split``, :func:`_stored_split`) gives ``seed`` and ``val_fraction``. ``record``: :func:`run_record`."""
     path, run = record
+    base, raw = None, {}
     if run is not None:
         if not _same_data(run, data_cfg):
             return {}, {}, ""
         keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
+        base, raw = recorded_launch_folder(path), OmegaConf.to_container(node, resolve=False)
     else:
         node = stored_data
         keys, where = [k for k in STORED_PREPROCESSING if k in node], "the data config stored with it"
@@ -253,14 +257,14 @@ def _run_settings(
         on_command_line = _given(f"data.{k}")
         try:
             value = split[k] if k in split else plain(node[k])
-            value = launch_path(value) if k in ("root", "path") else value  # (as eval's own: the launch folder's)
+            literal = isinstance(raw.get(k), str) and "${" not in raw[k]  # (not ${paths.data_dir}: eval's own)
+            value = launch_path(value, base if literal else None) if k in ("root", "path") else value
         except OmegaConfBaseException as e:
             if on_command_line:
                 continue
-            raw = OmegaConf.to_container(node, resolve=False)[k]
             why = str(e).splitlines()[0]
             raise ValueError(
-                f"data.{k}={raw} of {path} does not resolve here ({why}): give data.{k}=<the run's>"
+                f"data.{k}={raw.get(k)} of {path} does not resolve here ({why}): give data.{k}=<the run's>"
             ) from e
         if _as_used(data_cfg, k, value) != _as_used(data_cfg, k, plain(data_cfg[k])):
             (given if on_command_line else taken)[k] = value
@@ -384,6 +388,8 @@ def _trained_data(record: tuple[Path, DictConfig | None]) -> str:
         what = "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
     else:
         root = OmegaConf.to_container(data, resolve=False).get("root")
+        base = recorded_launch_folder(run_cfg)  # (a relative root: the run's launch folder's)
+        root = launch_path(root, base) if base is not None and isinstance(root, str) and "${" not in root else root
         given = f" data.root={root}" if isinstance(root, str) and "${" not in root else ""
         if data.get("verify") is False:  # a copy not checked against the official md5s: checked, it would stop here
             given += " data.verify=false"

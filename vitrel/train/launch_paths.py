@@ -17,7 +17,7 @@ from typing import Any
 from hydra.utils import to_absolute_path
 from omegaconf import DictConfig, OmegaConf
 
-__all__ = ["launch_paths", "launch_path", "TRAIN_PATHS", "EVAL_PATHS", "PREDICT_PATHS"]
+__all__ = ["launch_paths", "launch_path", "recorded_launch_folder", "TRAIN_PATHS", "EVAL_PATHS", "PREDICT_PATHS"]
 
 #: keys naming files or folders; ``group.*.key``: that key of each entry of the group, ``group.*``: each of its values.
 #: ``paths.*`` first: the keys that interpolate them (``data.root: ${paths.data_dir}``) then resolve to absolute paths
@@ -30,12 +30,23 @@ PREDICT_PATHS = ("paths.*", "ckpt_path", "input", "results_file")
 _NOT_A_PATH = re.compile(r"^(last|[A-Za-z][\w+.-]+:.*)$")
 
 
-def launch_path(value: Any) -> Any:
-    """``value`` made absolute against the launch folder (:func:`hydra.utils.to_absolute_path`) when it is a relative
-    path; an absolute path, ``~/...``, ``last``, a URL or id (``s3://``, ``hf-hub:``), or no string: as given."""
+def launch_path(value: Any, base: str | Path | None = None) -> Any:
+    """``value`` made absolute against the launch folder (:func:`hydra.utils.to_absolute_path`; ``base``: another
+    run's, :func:`recorded_launch_folder`) when it is a relative path; an absolute path, ``~/...``, ``last``, a URL or
+    id (``s3://``, ``hf-hub:``), or no string: as given."""
     if not isinstance(value, str) or not value or _NOT_A_PATH.match(value) or Path(value).expanduser().is_absolute():
         return value
-    return to_absolute_path(value)
+    return to_absolute_path(value) if base is None else str(Path(base) / value)
+
+
+def recorded_launch_folder(record: Path) -> Path | None:
+    """The folder the run of the Hydra record ``record`` (``<run>/.hydra/config.yaml``) was launched from, its relative
+    paths' base: ``hydra.runtime.cwd`` of the ``hydra.yaml`` beside it; None without one."""
+    hydra_yaml = Path(record).parent / "hydra.yaml"
+    if not hydra_yaml.is_file():
+        return None
+    cwd = OmegaConf.select(OmegaConf.load(hydra_yaml), "hydra.runtime.cwd", default=None, throw_on_missing=False)
+    return Path(cwd) if isinstance(cwd, str) and Path(cwd).is_absolute() else None
 
 
 def launch_paths(cfg: Any, keys: Iterable[str]) -> None:

@@ -37,6 +37,7 @@ __all__ = [
     "newest_checkpoint",
     "requeue_checkpoints",
     "sweep_job",
+    "StartRecord",
     "SweepJobRecord",
     "world_size",
 ]
@@ -47,7 +48,9 @@ def resume_path(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path) -
     """The checkpoint the run resumes (``ckpt_path`` / ``resume=auto``, see :func:`resolve_ckpt_path`), checked to be
     a readable checkpoint; None for a new run. Known before the model is built: a resumed fine-tune is built from it
     (:func:`~vitrel.train.build.build_model`). A run that starts over (``resume=false``) removes the SLURM requeue
-    checkpoints of its folder first, which Lightning would load into it."""
+    checkpoints of its folder first, which Lightning would load into it. Given ``ckpt_path=<file>`` with
+    ``resume=auto``, the folder's newer checkpoints of a run that started from that file (a requeued job: same command,
+    same folder) are continued instead (:func:`_continued`)."""
     root = cfg.trainer.get("default_root_dir") or run_dir
     path = _ckpt_path(cfg, last_checkpoint_file(callbacks, root), run_dir, Path(root))
     if path is not None:
@@ -85,7 +88,9 @@ def resolve_ckpt_path(
         return None, None
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     check_same_start(ckpt, started_from if started_from is not None else weights_source(cfg.model), path)
-    if cfg.get("ckpt_path") in (None, "", "last"):  # the folder's own: Hydra chose a sweep job's folder
+    given = cfg.get("ckpt_path")
+    own = given in (None, "", "last") or not _same_file(path, given)  # (a requeued job's: _continued)
+    if own:  # the folder's own: Hydra chose a sweep job's folder
         check_same_sweep_job(ckpt, sweep_job(), path)
     check_same_model(ckpt, model, path)
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
@@ -99,6 +104,9 @@ def resolve_ckpt_path(
             f"from its weights use model=from_checkpoint model.path={path} (or vitrel.load_model)"
         )
     _take_carried(ckpt, callbacks, path)
+    for cb in callbacks:
+        if isinstance(cb, StartRecord):  # the start the folder's checkpoint carries, or the file given
+            cb.start = ckpt.get(START_CKPT, _UNRESOLVED) if own else str(Path(path).resolve())
     return path, int(ckpt["global_step"])
 
 
@@ -201,6 +209,24 @@ class SweepJobRecord(Callback):
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
         checkpoint[SWEEP_JOB] = {k: list(v) for k, v in self.job.items()}
+
+
+#: the checkpoint key of the file the folder's run started from (``ckpt_path=<file>``; None: no ``ckpt_path``)
+START_CKPT = "vitrel_start_ckpt"
+
+
+class StartRecord(Callback):
+    """Writes into every checkpoint of the run the file it started from (``start``: the ``ckpt_path=<file>`` it was
+    given, or the one the folder's checkpoint it resumed records; None without; none written when that checkpoint
+    records none), set by :func:`resolve_ckpt_path`: a requeued job given the same ``ckpt_path`` continues the
+    folder's newer checkpoints of that start (:func:`_continued`)."""
+
+    def __init__(self) -> None:
+        self.start: Any = None
+
+    def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict) -> None:
+        if self.start is not _UNRESOLVED:  # (resumed from a checkpoint written before vitrel recorded it: unknown)
+            checkpoint[START_CKPT] = self.start
 
 
 def world_size(trainer_cfg: DictConfig) -> int | None:
@@ -336,6 +362,9 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path, root: Path) ->
         p = Path(str(ck)).expanduser()
         if not p.exists():
             raise CheckpointError(f"ckpt_path={ck}: no such file or folder")
+        if check_resume(cfg) == "auto":
+            return str(_continued(p, last, run_dir, root))
+        _drop_requeue_files(root, f"this run starts from ckpt_path={ck} (resume=false)", keep=p)
         return str(p)
     resume = check_resume(cfg)
     newest = newest_checkpoint(last, root) if resume == "auto" else None
@@ -344,6 +373,41 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path, root: Path) ->
         return str(newest)
     _drop_requeue_files(root, "this run starts over (resume=false)")
     return None
+
+
+def _continued(given: Path, last: Path, run_dir: Path, root: Path) -> Path:
+    """The checkpoint a run given ``ckpt_path=<given>`` resumes under ``resume=auto``: the folder's newest
+    (:func:`newest_checkpoint`) when its run started from ``given`` (:class:`StartRecord`: a job requeued, by SLURM or
+    submitit, with the same command in the same folder), else ``given``. A folder whose newest checkpoint is of
+    another start (none, another file, not recorded) is a :class:`~vitrel.config.ConfigError`, unless ``given`` is
+    one of the folder's own files: starting from ``given`` there would mix two runs' checkpoints in one folder."""
+    newest = newest_checkpoint(last, root)
+    if newest is None or _same_file(newest, given):
+        return given
+    theirs = _load(newest).get(START_CKPT, _UNRESOLVED)
+    if theirs is not _UNRESOLVED and theirs is not None and _same_file(theirs, given):
+        rank_zero_info(
+            f"resume=auto: continuing from {newest}, which this folder's run wrote after starting from "
+            f"ckpt_path={given} (resume=false starts from {given} again)"
+        )
+        return newest
+    if any(given.resolve().is_relative_to(d.resolve()) for d in (run_dir, root, last.parent)):
+        return given  # (one of the folder's own checkpoints, named: it goes on from there)
+    what = (
+        "that records no start: written before vitrel recorded it" if theirs is _UNRESOLVED
+        else "of a run started without ckpt_path" if theirs is None
+        else f"of a run started from ckpt_path={theirs}"
+    )  # fmt: skip
+    raise ConfigError(
+        f"ckpt_path={given}: this run folder holds another run's checkpoints ({newest}, {what}), which a run "
+        f"started from {given} here would mix with its own. resume=false starts from {given} in this folder (its "
+        "requeue checkpoints removed, its others replaced as the run saves); ckpt_path=last continues the folder's "
+        "run; or give a new run folder."
+    )
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    return Path(a).expanduser().resolve() == Path(b).expanduser().resolve()
 
 
 def requeue_checkpoints(root: str | Path) -> list[Path]:
@@ -366,19 +430,24 @@ def newest_checkpoint(last: Path, root: str | Path) -> Path | None:
 
 
 def _global_step(path: Path) -> int:
+    return int(_load(path).get("global_step", -1))
+
+
+def _load(path: Path) -> Mapping[str, Any]:
+    """The checkpoint at ``path``, its tensors left on disk where it can (a zip file); ``{}`` for no mapping."""
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(path))
     except Exception:
         check_checkpoint(path)  # (a truncated or foreign file: its CheckpointError)
         raise
-    return int(ckpt.get("global_step", -1)) if isinstance(ckpt, Mapping) else -1
+    return ckpt if isinstance(ckpt, Mapping) else {}
 
 
-def _drop_requeue_files(root: str | Path, why: str) -> list[Path]:
-    """Remove the requeue checkpoints in ``root``, logged with ``why``: under SLURM Lightning would load the newest
-    into any fit or test given no checkpoint, and a later resume would take one newer than the run's own. Every rank
-    removes them (the same files: none is needed by any)."""
-    found = requeue_checkpoints(root)
+def _drop_requeue_files(root: str | Path, why: str, keep: Path | None = None) -> list[Path]:
+    """Remove the requeue checkpoints in ``root`` (but ``keep``, the one the run starts from), logged with ``why``:
+    under SLURM Lightning would load the newest into any fit or test given no checkpoint, and a later resume would
+    take one newer than the run's own. Every rank removes them (the same files: none is needed by any)."""
+    found = [p for p in requeue_checkpoints(root) if keep is None or not _same_file(p, keep)]
     for p in found:
         p.unlink(missing_ok=True)
     if found:

@@ -54,6 +54,7 @@ from vitrel.train.module import MIXUP_NAFLEX
 from vitrel.train.progress import CountTestImages, CountValidations
 from vitrel.train.rank_seed import SeedRanks
 from vitrel.train.resume import (
+    StartRecord,
     SweepJobRecord,
     check_same_model,
     drop_requeue_checkpoints,
@@ -193,6 +194,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)
     validated = CountValidations()  # the validations run (kept in the checkpoints too)
     cbs += [clock, validated, SeedRanks(int(cfg.seed))]  # (each DDP rank's own draws in the training step)
+    cbs.append(StartRecord())  # the ckpt_path=<file> the folder's run started from (a requeued job continues it)
     cbs.append(CheckOwnBatches(dm))  # (a data module of one's own: its first images as its attributes say)
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
     model = build_model(cfg.model, dm, resume)  # (a data module without num_classes, in_chans, img_size: refused)

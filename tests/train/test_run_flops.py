@@ -97,6 +97,13 @@ def test_flex_and_custom_operators_are_not_counted_and_say_why(caplog):
     ]
 
 
+def test_a_forward_that_fails_under_the_counter_is_a_warning_and_null():
+    """A trained run keeps its record: the count's own failure is null and a warning naming the error (a module without
+    a vitrel config gets a 224 x 224 RGB sample, which a 3-feature linear layer cannot take)."""
+    with pytest.warns(UserWarning, match=r"gflops not counted \(null in metrics.json\): the forward .* raised"):
+        assert run_gflops(torch.nn.Linear(3, 2)) is None
+
+
 def test_the_run_records_its_gflops_and_the_count_changes_nothing_else(tmp_path, monkeypatch):
     """``metrics.json``'s ``gflops`` is the hand count / 10^9 (TINY_VIT, pos=none: the same network); a run without
     the count (its figure stubbed to null) has the same metrics, steps and weights."""

@@ -1,4 +1,5 @@
-"""FLOPs of sdpa's CPU kernel for torch's ``FlopCounterMode`` (Lightning's model summary counts with it).
+"""FLOPs as torch's ``FlopCounterMode`` counts them: a rule for sdpa's CPU kernel (Lightning's model summary counts
+with it) and a network's forward on one sample (a run's ``gflops``).
 
 torch counts the CUDA kernels of ``scaled_dot_product_attention`` (flash, memory-efficient, cuDNN) but has no formula
 for the CPU one, ``aten._scaled_dot_product_flash_attention_for_cpu``: a CPU run's summary left the attention's

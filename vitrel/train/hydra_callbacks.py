@@ -89,7 +89,8 @@ def _job_key(p: Path) -> tuple[int, str]:
 #: what a job's columns are: the heading of the summary
 ABOUT = (
     "test/*: the last weights (the EMA copy with module/ema=default, unless module.ema_eval=false) on the test split "
-    "(test_images: scored / split size); params: the model's parameters; "
+    "(test_images: scored / split size); params: the model's parameters; gflops: its forward on one image at its "
+    "img_size, 10^9 FLOPs (2 per multiply-add); "
     "val/*: the last validation (the test split when data.val_fraction=0; 'no validation ran': the job ended before "
     "its first, e.g. trainer.max_steps within the first epoch); accuracies as fractions"
 )
@@ -121,7 +122,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             row["status"] = data.get("status", "?")
             for m in metrics:
                 row[m] = data.get("metrics", {}).get(m)
-            row["params"] = data.get("params")
+            row["params"], row["gflops"] = data.get("params"), data.get("gflops")
             row["epochs"], row["val_runs"] = data.get("epochs"), data.get("val_runs")
             row["wall_s"] = data.get("wall_s")
             row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
@@ -224,6 +225,8 @@ def _cell(c: str, v: Any) -> str:
         return "-"
     if c == "params":  # (timm's param_count: millions, or thousands for the tiny models of tests and studies)
         return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k"
+    if c == "gflops":  # (4 digits: schemes that add work to the same network differ in the third or fourth)
+        return f"{v:.4g}"
     if isinstance(v, float):
         return f"{v:.0f}" if c == "wall_s" else f"{v:.4f}"
     return str(v)
@@ -247,7 +250,7 @@ NO_VAL = "no validation ran"
 
 def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     """Plain fixed-width table (readable in any log)."""
-    cols = ["job", "overrides", *metrics, "params", "epochs", "wall_s", "test_images", "status"]
+    cols = ["job", "overrides", *metrics, "params", "gflops", "epochs", "wall_s", "test_images", "status"]
     shown = [dict(r, test_images=_test_images(r)) for r in rows]
     for r in shown:  # (an empty val/* cell of a job that ran no validation: said, not left blank)
         r.update({m: NO_VAL for m in metrics if m.startswith("val/") and r.get(m) is None and r.get("val_runs") == 0})
@@ -408,7 +411,7 @@ class SweepSummary(Callback):
                          f"hydra.sweep.dir={sweep_dir} to finish them (an interrupted job resumes from its last.ckpt, "
                          "a finished one only tests again and keeps its row)\n")  # fmt: skip
             print(f"\n{text}", flush=True)
-        fields = ["job", "overrides", *self.metrics, "params", "epochs", "val_runs", "wall_s", "test_images"]
+        fields = ["job", "overrides", *self.metrics, "params", "gflops", "epochs", "val_runs", "wall_s", "test_images"]
         fields.append("test_split_images")
         files = {"summary.md": text, "summary.csv": _csv([*fields, "status", "error"], rows)}
         mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in self.metrics for s in ("mean", "std"))]

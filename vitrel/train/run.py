@@ -47,6 +47,7 @@ from vitrel.train.build import (
 from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.data_contract import CheckOwnBatches, warn_no_preprocessing
+from vitrel.train.flops import run_gflops
 from vitrel.train.hydra_callbacks import BASIC_SWEEPER, write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
@@ -275,6 +276,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "test_limited_by": test_limit(cfg.trainer) if tested_part(n_tested, n_split) else None,
         "model": model_name(cfg, model),
         "params": n_params,  # (timm's param_count, not in millions)
+        "gflops": run_gflops(model) if trainer.is_global_zero else None,  # one forward, one image at its img_size
         "pos": pos_name(cfg, model),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "overrides": task_overrides(),

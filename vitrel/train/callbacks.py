@@ -73,7 +73,8 @@ def last_checkpoint_file(callbacks: Sequence[Callback], root_dir: str | Path) ->
 class LastCheckpoint(Checkpoint):
     """``<dirpath>/last.ckpt`` (always overwritten): at the end of every training epoch (after
     validation), and optionally every ``every_n_train_steps`` optimizer steps or every
-    ``every_n_minutes`` of training, mid-epoch. ``dirpath`` defaults to ``<default_root_dir>/checkpoints``.
+    ``every_n_minutes`` of training, mid-epoch, and at the step a stop is asked for mid-epoch
+    (``trainer.max_time``, ``trainer.should_stop``). ``dirpath`` defaults to ``<default_root_dir>/checkpoints``.
 
     A Lightning ``Checkpoint``: Lightning calls checkpoint callbacks last, in their list order, and at the end
     of an epoch after the LightningModule's own hook. This one moves itself behind every other checkpoint
@@ -151,6 +152,10 @@ class LastCheckpoint(Checkpoint):
             due = trainer.global_step > 0 and trainer.global_step % self.every_n_train_steps == 0
         else:
             due = False
+        # a stop asked for mid-epoch (trainer.max_time, a callback's trainer.should_stop): this step's checkpoint,
+        # so that a resume trains the epoch's remaining batches (Lightning then runs the epoch's end hooks early: a
+        # file written there would resume at the next epoch); the epoch's end keeps it (same step)
+        due = due or (trainer.should_stop and batch_idx + 1 < trainer.num_training_batches)
         if due and not mid_window(trainer, batch_idx):  # (a window's end is due as well: the time or step count holds)
             self.save(trainer)
 

@@ -1,0 +1,39 @@
+"""Lightning's own callbacks and trainer features added to a vitrel run (``+callbacks.<name>=...``,
+``trainer.<arg>=...``): each one's figures right, or a one-line refusal."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from tests.train_helpers import FAST, TINY_VIT, compose
+from vitrel.train.run import train
+
+QUICK = [*TINY_VIT, *FAST, "logger=none", "trainer.limit_val_batches=1", "trainer.limit_test_batches=1"]
+
+
+class SlowSteps(Callback):
+    """Each training batch takes ``seconds`` longer (a wall clock for ``trainer.max_time`` to run out on)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args) -> None:
+        time.sleep(self.seconds)
+
+
+def test_max_time_stop_mid_epoch_resumes_the_rest_of_the_epoch(tmp_path):
+    """``trainer.max_time`` stops the fit mid-epoch; ``last.ckpt`` is that step's, so the resumed run trains the
+    epoch's remaining batches: 2 epochs of 6 batches end at step 12 as without the stop (Lightning's epoch-end hooks
+    run at the stop, and a ``last.ckpt`` written there resumed at the next epoch: step 9 of 12)."""
+    run = [*QUICK, "trainer.max_epochs=2", "trainer.limit_train_batches=6"]
+    train(compose(tmp_path, [*run, "trainer.max_time=00:00:00:01"]), callbacks=[SlowSteps(0.4)])
+    stopped = json.loads((tmp_path / "metrics.json").read_text())["global_step"]
+    assert 0 < stopped < 6, stopped  # (mid-epoch 0)
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert ckpt["global_step"] == stopped
+    train(compose(tmp_path, run))
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 12

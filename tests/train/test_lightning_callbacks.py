@@ -37,3 +37,26 @@ def test_max_time_stop_mid_epoch_resumes_the_rest_of_the_epoch(tmp_path):
     assert ckpt["global_step"] == stopped
     train(compose(tmp_path, run))
     assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 12
+
+
+def test_lightning_arguments_given_as_mappings_and_lists_reach_lightning_as_python_ones(tmp_path):
+    """``trainer.max_time={minutes: 5}`` and ``Timer(duration={...})`` (Lightning: ``timedelta(**dict)``) and
+    ``StochasticWeightAveraging(swa_lrs=[...])`` are built from plain dicts and lists: OmegaConf's containers failed
+    in Lightning's checks ("Missing key total_seconds"; "swa_lrs should a positive float, or a list of positive
+    floats" for a list of one)."""
+    from datetime import timedelta
+
+    from hydra.utils import instantiate
+    from lightning.pytorch.callbacks import StochasticWeightAveraging, Timer
+
+    from vitrel.train.utils import instantiate_callbacks
+
+    swa = "+callbacks.swa={_target_: lightning.pytorch.callbacks.StochasticWeightAveraging, swa_lrs: [0.001]}"
+    timer = "+callbacks.timer={_target_: lightning.pytorch.callbacks.Timer, duration: {minutes: 5}}"
+    cfg = compose(tmp_path, [*QUICK, swa, timer, "trainer.max_time={minutes: 5}"])
+    built = {type(cb): cb for cb in instantiate_callbacks(cfg.callbacks)}
+    assert built[StochasticWeightAveraging]._swa_lrs == [0.001]
+    assert built[Timer]._duration == 300.0
+    trainer = instantiate(cfg.trainer, logger=False, enable_progress_bar=False)
+    timers = [cb for cb in trainer.callbacks if isinstance(cb, Timer)]
+    assert timers[0]._duration == timedelta(minutes=5).total_seconds()

@@ -62,7 +62,10 @@ def _instantiate_named(group: str, node: DictConfig | None, **declared: Any) -> 
                 f"{group}.{name} has no _target_: each entry of `{group}` builds an object, "
                 f"e.g. +{group}.{name}={{_target_: <class>, ...}}; set {group}.{name}=null to switch one off"
             )
-        out.append(instantiate(entry, **{k: v for k, v in declared.items() if k in entry}))
+        kwargs = {k: v for k, v in declared.items() if k in entry}
+        if group == "callbacks" and "_convert_" not in entry:  # plain dicts and lists, as Lightning's take them
+            kwargs["_convert_"] = "all"  # (StochasticWeightAveraging(swa_lrs=[...]), Timer(duration={...}))
+        out.append(instantiate(entry, **kwargs))
     return out
 
 

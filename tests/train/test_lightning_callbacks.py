@@ -60,3 +60,24 @@ def test_lightning_arguments_given_as_mappings_and_lists_reach_lightning_as_pyth
     trainer = instantiate(cfg.trainer, logger=False, enable_progress_bar=False)
     timers = [cb for cb in trainer.callbacks if isinstance(cb, Timer)]
     assert timers[0]._duration == timedelta(minutes=5).total_seconds()
+
+
+class WeightsTested(Callback):
+    """The network's weights as the test phase starts (``self.state``)."""
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self.state = {k: v.detach().clone() for k, v in pl_module.model.state_dict().items()}
+
+
+def test_swa_last_checkpoint_holds_the_averaged_weights_the_test_scored(tmp_path):
+    """``StochasticWeightAveraging`` puts its average into the network when the fit ends, after the last epoch's
+    ``last.ckpt``: that file (which ``eval.py``, ``predict.py`` and ``vitrel.load_model`` take) held the last step's
+    weights, up to 0.006 off the averaged ones the run's test scored; now it holds those."""
+    swa = "+callbacks.swa={_target_: lightning.pytorch.callbacks.StochasticWeightAveraging, swa_lrs: 1e-3,"
+    swa += " swa_epoch_start: 1}"
+    tested = WeightsTested()
+    train(compose(tmp_path, [*QUICK, "trainer.max_epochs=2", "trainer.limit_train_batches=2", swa]), [tested])
+    ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    saved = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
+    assert saved.keys() == tested.state.keys()
+    assert max((saved[k] - v).abs().max().item() for k, v in tested.state.items()) == 0.0

@@ -25,7 +25,7 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint, StochasticWeightAveraging
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
@@ -109,6 +109,7 @@ class LastCheckpoint(Checkpoint):
         self._last_step = -1
         self._last_time = time.monotonic()
         self._flush_pending = False
+        self._stopped = False  # a stop was asked for mid-epoch (its step saved)
 
     def path(self, trainer: L.Trainer) -> Path:
         return self.path_in(trainer.default_root_dir)
@@ -155,12 +156,30 @@ class LastCheckpoint(Checkpoint):
         # a stop asked for mid-epoch (trainer.max_time, a callback's trainer.should_stop): this step's checkpoint,
         # so that a resume trains the epoch's remaining batches (Lightning then runs the epoch's end hooks early: a
         # file written there would resume at the next epoch); the epoch's end keeps it (same step)
-        due = due or (trainer.should_stop and batch_idx + 1 < trainer.num_training_batches)
+        self._stopped = trainer.should_stop and batch_idx + 1 < trainer.num_training_batches
+        due = due or self._stopped
         if due and not mid_window(trainer, batch_idx):  # (a window's end is due as well: the time or step count holds)
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning's StochasticWeightAveraging copies its average into the network now, after the last epoch's save
+        # (a network without BatchNorm; with it, an extra epoch updates the statistics and its end saves): again, so
+        # last.ckpt holds the weights the test scores
+        # (not over a stop's mid-epoch file, which a resume needs)
+        if not self._stopped and any(swa_averaged_at_end(cb, trainer, pl_module) for cb in trainer.callbacks):
+            self._last_step = -1
+            self.save(trainer)
+
+
+def swa_averaged_at_end(cb: Callback, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+    """``cb`` is a ``StochasticWeightAveraging`` that puts its average into ``pl_module`` in this ``on_train_end``
+    (Lightning's rule: the fit ran to its last SWA epoch, and no BatchNorm layer needed an extra epoch)."""
+    if not isinstance(cb, StochasticWeightAveraging) or cb.pl_module_contains_batch_norm(pl_module):
+        return False
+    return trainer.current_epoch - 1 == cb.swa_end or trainer.max_epochs == -1
 
 
 def mid_window(trainer: L.Trainer, batch_idx: int) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
@@ -25,18 +26,21 @@ class SlowSteps(Callback):
         time.sleep(self.seconds)
 
 
-def test_max_time_stop_mid_epoch_resumes_the_rest_of_the_epoch(tmp_path):
-    """``trainer.max_time`` stops the fit mid-epoch; ``last.ckpt`` is that step's, so the resumed run trains the
-    epoch's remaining batches: 2 epochs of 6 batches end at step 12 as without the stop (Lightning's epoch-end hooks
-    run at the stop, and a ``last.ckpt`` written there resumed at the next epoch: step 9 of 12)."""
+@pytest.mark.parametrize("stop", ["trainer.max_time=00:00:00:01", "trainer.max_steps=3"])
+def test_a_stop_mid_epoch_resumes_the_rest_of_the_epoch(tmp_path, stop):
+    """``trainer.max_time`` or ``trainer.max_steps`` stops the fit mid-epoch; ``last.ckpt`` is that step's, so the
+    resumed run trains the epoch's remaining batches: 2 epochs of 6 batches end at step 12 after 2 validations, as
+    without the stop (Lightning runs the epoch-end hooks at the stop, and a ``last.ckpt`` written there resumed at
+    the next epoch: step 9 of 12; with max_steps epoch 0 was never validated)."""
     run = [*QUICK, "trainer.max_epochs=2", "trainer.limit_train_batches=6"]
-    train(compose(tmp_path, [*run, "trainer.max_time=00:00:00:01"]), callbacks=[SlowSteps(0.4)])
+    train(compose(tmp_path, [*run, stop]), callbacks=[SlowSteps(0.4 if "max_time" in stop else 0.0)])
     stopped = json.loads((tmp_path / "metrics.json").read_text())["global_step"]
     assert 0 < stopped < 6, stopped  # (mid-epoch 0)
     ckpt = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
     assert ckpt["global_step"] == stopped
     train(compose(tmp_path, run))
-    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 12
+    resumed = json.loads((tmp_path / "metrics.json").read_text())
+    assert (resumed["global_step"], resumed["val_runs"]) == (12, 2)
 
 
 def test_lightning_arguments_given_as_mappings_and_lists_reach_lightning_as_python_ones(tmp_path):

@@ -73,8 +73,9 @@ def last_checkpoint_file(callbacks: Sequence[Callback], root_dir: str | Path) ->
 class LastCheckpoint(Checkpoint):
     """``<dirpath>/last.ckpt`` (always overwritten): at the end of every training epoch (after
     validation), and optionally every ``every_n_train_steps`` optimizer steps or every
-    ``every_n_minutes`` of training, mid-epoch, and at the step a stop is asked for mid-epoch
-    (``trainer.max_time``, ``trainer.should_stop``). ``dirpath`` defaults to ``<default_root_dir>/checkpoints``.
+    ``every_n_minutes`` of training, mid-epoch, and at the step the fit stops mid-epoch
+    (``trainer.max_steps``, ``trainer.max_time``, ``trainer.should_stop``). ``dirpath`` defaults to
+    ``<default_root_dir>/checkpoints``.
 
     A Lightning ``Checkpoint``: Lightning calls checkpoint callbacks last, in their list order, and at the end
     of an epoch after the LightningModule's own hook. This one moves itself behind every other checkpoint
@@ -153,10 +154,11 @@ class LastCheckpoint(Checkpoint):
             due = trainer.global_step > 0 and trainer.global_step % self.every_n_train_steps == 0
         else:
             due = False
-        # a stop asked for mid-epoch (trainer.max_time, a callback's trainer.should_stop): this step's checkpoint,
-        # so that a resume trains the epoch's remaining batches (Lightning then runs the epoch's end hooks early: a
-        # file written there would resume at the next epoch); the epoch's end keeps it (same step)
-        self._stopped = trainer.should_stop and batch_idx + 1 < trainer.num_training_batches
+        # the fit stops mid-epoch (trainer.max_steps reached, trainer.max_time, a callback's trainer.should_stop):
+        # this step's checkpoint, so that a resume trains the epoch's remaining batches (Lightning then runs the
+        # epoch's end hooks early: a file written there would resume at the next epoch); the epoch's end keeps it
+        steps_done = trainer.max_steps not in (-1, None) and trainer.global_step >= trainer.max_steps
+        self._stopped = (trainer.should_stop or steps_done) and batch_idx + 1 < trainer.num_training_batches
         due = due or self._stopped
         if due and not mid_window(trainer, batch_idx):  # (a window's end is due as well: the time or step count holds)
             self.save(trainer)

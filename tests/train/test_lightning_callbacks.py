@@ -85,3 +85,35 @@ def test_swa_last_checkpoint_holds_the_averaged_weights_the_test_scored(tmp_path
     saved = {k.removeprefix("model."): v for k, v in ckpt["state_dict"].items() if k.startswith("model.")}
     assert saved.keys() == tested.state.keys()
     assert max((saved[k] - v).abs().max().item() for k, v in tested.state.items()) == 0.0
+
+
+RICH = "+callbacks.bar={_target_: lightning.pytorch.callbacks.RichProgressBar, leave: true}"
+
+
+def test_a_progress_bar_callback_of_ones_own_is_the_display(tmp_path):
+    """``+callbacks.bar={_target_: ...RichProgressBar, leave: true}`` (Lightning's way to set a bar up) is the run's
+    display: it stopped the run before training with Lightning's "configured with `enable_progress_bar=False` but
+    found `RichProgressBar`" (``progress_bar=auto`` off a terminal: plain lines)."""
+    from lightning.pytorch.callbacks import ProgressBar, RichProgressBar
+
+    seen = []
+
+    class Bars(Callback):
+        def on_train_start(self, trainer, pl_module) -> None:
+            seen.extend(cb for cb in trainer.callbacks if isinstance(cb, ProgressBar))
+
+    run = [a for a in QUICK if a != "progress_bar=none"]
+    train(compose(tmp_path, [*run, "trainer.max_epochs=1", "trainer.limit_train_batches=1", RICH]), [Bars()])
+    assert len(seen) == 1 and isinstance(seen[0], RichProgressBar) and seen[0]._leave
+    assert json.loads((tmp_path / "metrics.json").read_text())["status"] == "finished"
+
+
+def test_a_progress_bar_callback_with_another_progress_bar_setting_is_refused(tmp_path):
+    """``progress_bar=none`` (or ``lines``, ``tqdm``, ``rich``) with a bar among the callbacks asks for two displays:
+    one line naming both, before anything is built."""
+    from vitrel.config import ConfigError
+
+    cfg = compose(tmp_path / "run", [*QUICK, RICH])  # (QUICK: progress_bar=none)
+    with pytest.raises(ConfigError, match=r"progress_bar=none with a progress bar among the callbacks \(callbacks.bar"):
+        train(cfg)
+    assert not (tmp_path / "run" / "checkpoints").exists()

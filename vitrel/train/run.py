@@ -76,8 +76,8 @@ from vitrel.train.utils import (
     instantiate_loggers,
     is_multirun,
     is_video_data,
-    progress_bar_kind,
     progress_callbacks,
+    progress_display,
     route_lightning_logs,
     run_dir_of,
     scalars,
@@ -188,6 +188,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
     dm = instantiate(cfg.data)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
+    bar = progress_display(cfg.get("progress_bar", "auto"), cfg.get("callbacks"), cbs)  # (own: a bar among cbs)
     job = sweep_job()  # (a -m job: kept in its checkpoints, so a sweep run again resumes its own jobs' folders only)
     if job is not None:
         cbs.append(SweepJobRecord(job))
@@ -209,7 +210,6 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
-    bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
     counted = CountTestImages()  # the test images scored
     unreadable = ReportUnreadable()  # (data.on_bad_sample=skip: each pass's files replaced or left out, logged)
     figures = RunFigures(counted, unreadable, validated)  # (read where the fit and test ran: ddp_spawn's processes)
@@ -217,7 +217,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         cfg.trainer,
         logger=loggers or False,
         callbacks=cbs + progress_callbacks(bar) + [counted, unreadable, figures],
-        enable_progress_bar=bar in ("rich", "tqdm"),
+        enable_progress_bar=bar in ("rich", "tqdm", "own"),
         plugins=[*trainer_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
     resolved = OmegaConf.to_container(cfg, resolve=True)

@@ -117,3 +117,23 @@ def test_a_progress_bar_callback_with_another_progress_bar_setting_is_refused(tm
     with pytest.raises(ConfigError, match=r"progress_bar=none with a progress bar among the callbacks \(callbacks.bar"):
         train(cfg)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("target", "said"),
+    [
+        ("LearningRateFinder", "no lr attribute to set.*module.optimizer.lr"),
+        ("BatchSizeFinder", "after the learning-rate schedule.*data.batch_size"),
+    ],
+)
+def test_lightnings_tuner_callbacks_are_refused_before_the_run(tmp_path, target, said):
+    """``LearningRateFinder`` stopped in its search with Lightning's ``AttributeError`` (the module has no ``lr``:
+    ``module.optimizer.lr`` is built into the optimizer); ``BatchSizeFinder`` trained at another batch size than the
+    schedule was planned for, and its trial restores counted as 2 resumes in ``metrics.json`` of a new run. Both: one
+    line naming the callback and the setting to use instead, before anything is built."""
+    from vitrel.config import ConfigError
+
+    cb = f"+callbacks.tune={{_target_: lightning.pytorch.callbacks.{target}}}"
+    with pytest.raises(ConfigError, match=rf"callbacks\.tune \({target}\).*{said}"):
+        train(compose(tmp_path / "run", [*QUICK, cb]))
+    assert not (tmp_path / "run" / "checkpoints").exists()

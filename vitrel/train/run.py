@@ -189,6 +189,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     dm = instantiate(cfg.data)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     bar = progress_display(cfg.get("progress_bar", "auto"), cfg.get("callbacks"), cbs)  # (own: a bar among cbs)
+    check_tuner_callbacks(cfg.get("callbacks"))  # Lightning's LearningRateFinder, BatchSizeFinder: refused
     job = sweep_job()  # (a -m job: kept in its checkpoints, so a sweep run again resumes its own jobs' folders only)
     if job is not None:
         cbs.append(SweepJobRecord(job))
@@ -293,6 +294,24 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
     return metrics
+
+
+#: Lightning's tuner callbacks, and why a vitrel run cannot take them
+TUNERS = {
+    "LearningRateFinder": "the module has no lr attribute to set (module.optimizer.lr is built into the optimizer); "
+    "search module.optimizer.lr with a sweep instead (-m module.optimizer.lr=1e-3,2e-3,4e-3, or hparams_search=...)",
+    "BatchSizeFinder": "it changes the batch size after the learning-rate schedule is planned from it, and its trial "
+    "restores count as resumes in metrics.json; set data.batch_size (per device) instead",
+}
+
+
+def check_tuner_callbacks(callbacks_cfg: DictConfig | None) -> None:
+    """Lightning's ``LearningRateFinder`` and ``BatchSizeFinder`` among ``cfg.callbacks``: a
+    :class:`~vitrel.config.ConfigError` naming the entry and what to set instead (:data:`TUNERS`)."""
+    for name, entry in (callbacks_cfg or {}).items():
+        cls = str(entry.get("_target_", "")).rsplit(".", 1)[-1] if entry is not None else ""
+        if cls in TUNERS:
+            raise ConfigError(f"callbacks.{name} ({cls}) cannot go with a vitrel run: {TUNERS[cls]}")
 
 
 def check_mixup_takes_batches(module: L.LightningModule, dm: L.LightningDataModule) -> None:

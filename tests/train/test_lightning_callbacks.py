@@ -137,3 +137,13 @@ def test_lightnings_tuner_callbacks_are_refused_before_the_run(tmp_path, target,
     with pytest.raises(ConfigError, match=rf"callbacks\.tune \({target}\).*{said}"):
         train(compose(tmp_path / "run", [*QUICK, cb]))
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_closing_line_names_the_metric_the_best_checkpoint_is_chosen_by(tmp_path, capsys):
+    """``callbacks.model_checkpoint.monitor=val/loss mode=min``: the closing line said ``(best val/acc1: ...)`` of a
+    file chosen by the lowest ``val/loss``; it names the monitored metric, which ``metrics.json`` keeps too."""
+    mon = ["callbacks.model_checkpoint.monitor=val/loss", "callbacks.model_checkpoint.mode=min"]
+    train(compose(tmp_path, [*QUICK, "trainer.max_epochs=1", "trainer.limit_train_batches=1", *mon]))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("checkpoint  "))
+    assert "  (best val/loss: " in line, line
+    assert json.loads((tmp_path / "metrics.json").read_text())["best_monitor"] == "val/loss"

@@ -257,9 +257,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         finish_wandb(trainer.loggers, 0 if status == "finished" else 1)
 
     last = last_checkpoint_path(trainer)
-    best = (
-        trainer.checkpoint_callback.best_model_path if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else ""
-    )
+    chosen = trainer.checkpoint_callback if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else None
+    best = chosen.best_model_path if chosen is not None else ""
     n_tested, n_split = tested["test_images"], tested["test_split_images"]
     result = {
         "status": status,
@@ -271,6 +270,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,
+        "best_monitor": chosen.monitor if best else None,  # (the metric best_ckpt is chosen by; None: the newest)
         "test_images": n_tested,  # scored: fewer than test_split_images under trainer.limit_test_batches
         "test_split_images": n_split,
         "test_limited_by": test_limit(cfg.trainer) if tested_part(n_tested, n_split) else None,

@@ -147,3 +147,19 @@ def test_closing_line_names_the_metric_the_best_checkpoint_is_chosen_by(tmp_path
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("checkpoint  "))
     assert "  (best val/loss: " in line, line
     assert json.loads((tmp_path / "metrics.json").read_text())["best_monitor"] == "val/loss"
+
+
+def test_a_run_early_stopping_stopped_run_again_in_its_folder_trains_nothing(tmp_path):
+    """A run ``EarlyStopping`` stopped (epoch 3 of 10), run again in its folder (a requeued job, a sweep run again:
+    ``resume=auto``), resumed ``last.ckpt`` and trained one more epoch each time (3 -> 4 epochs, the test score
+    changed): Lightning keeps the callback's state, not the trainer's stop. It stops before training, as a run that
+    reached ``max_epochs`` does."""
+    es = "+callbacks.early_stop={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/acc1, mode: max,"
+    es += " patience: 2, min_delta: 2.0}"  # (no accuracy gains 2.0: stops after epoch 0 and 2 more)
+    run = [*QUICK, "trainer.max_epochs=10", "trainer.limit_train_batches=1", es]
+    train(compose(tmp_path, run))
+    first = json.loads((tmp_path / "metrics.json").read_text())
+    assert (first["epochs"], first["global_step"]) == (3, 3)
+    train(compose(tmp_path, run))
+    again = json.loads((tmp_path / "metrics.json").read_text())
+    assert (again["epochs"], again["global_step"], again["resumed_finished"]) == (3, 3, True)

@@ -25,7 +25,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint, StochasticWeightAveraging
+from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint, StochasticWeightAveraging
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
@@ -45,6 +46,7 @@ __all__ = [
     "last_checkpoint_path",
     "last_checkpoint_file",
     "LastCheckpoint",
+    "KeepEarlyStop",
     "save_checkpoint",
     "flush_loggers",
 ]
@@ -174,6 +176,23 @@ class LastCheckpoint(Checkpoint):
         if not self._stopped and any(swa_averaged_at_end(cb, trainer, pl_module) for cb in trainer.callbacks):
             self._last_step = -1
             self.save(trainer)
+
+
+class KeepEarlyStop(Callback):
+    """A run resumed from a checkpoint of a run that Lightning's ``EarlyStopping`` stopped stops again before it trains,
+    as a run resumed at ``max_epochs`` does: Lightning keeps the callback's state but not the trainer's stop, so a run
+    again in its folder (a requeued job, a sweep run again) trained one more epoch each time. Resume without the
+    ``EarlyStopping`` callback to train such a run on."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for cb in trainer.callbacks:
+            if isinstance(cb, EarlyStopping) and cb.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+                trainer.should_stop = True
+                rank_zero_info(
+                    f"EarlyStopping stopped this run at epoch {cb.stopped_epoch} ({cb.stopping_reason_message}): "
+                    "nothing left to train (to train on, resume without the EarlyStopping callback)"
+                )
+                return
 
 
 def swa_averaged_at_end(cb: Callback, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:

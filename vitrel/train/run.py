@@ -44,7 +44,7 @@ from vitrel.train.build import (
     trainer_plugins,
     weights_source,
 )
-from vitrel.train.callbacks import last_checkpoint_path
+from vitrel.train.callbacks import KeepEarlyStop, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.data_contract import CheckOwnBatches, warn_no_preprocessing
 from vitrel.train.hydra_callbacks import BASIC_SWEEPER, write_held_back_record
@@ -196,6 +196,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)
     validated = CountValidations()  # the validations run (kept in the checkpoints too)
     cbs += [clock, validated, SeedRanks(int(cfg.seed))]  # (each DDP rank's own draws in the training step)
+    cbs.append(KeepEarlyStop())  # (a resumed run that EarlyStopping stopped trains no further)
     cbs.append(StartRecord())  # the ckpt_path=<file> the folder's run started from (a requeued job continues it)
     cbs.append(CheckOwnBatches(dm))  # (a data module of one's own: its first images as its attributes say)
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights

@@ -163,3 +163,22 @@ def test_a_run_early_stopping_stopped_run_again_in_its_folder_trains_nothing(tmp
     train(compose(tmp_path, run))
     again = json.loads((tmp_path / "metrics.json").read_text())
     assert (again["epochs"], again["global_step"], again["resumed_finished"]) == (3, 3, True)
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "+callbacks.es={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/acc, mode: max}",
+        "callbacks.model_checkpoint.monitor=val/acc",
+    ],
+)
+def test_a_monitored_metric_the_run_does_not_log_is_refused_before_training(tmp_path, override):
+    """``EarlyStopping`` / ``ModelCheckpoint`` monitoring ``val/acc`` (no such metric: ``val/acc1``) stopped with
+    Lightning's error only at the end of the first epoch, its training lost (no ``last.ckpt``: the error comes before
+    the epoch's save). Refused before training, naming the metrics the run logs, as ``optimized_metric`` is."""
+    from vitrel.config import ConfigError
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=r"monitor=val/acc\b.*not a metric this run logs: .*val/acc1"):
+        train(compose(run, [*QUICK, "trainer.max_epochs=1", "trainer.limit_train_batches=1", override]))
+    assert not (run / "checkpoints").exists()

@@ -26,7 +26,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -207,6 +207,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
     check_optimized_metric(cfg, module)  # (a misspelled name: refused now, not after the run or the sweep's jobs)
+    check_monitors(cbs, module)  # (EarlyStopping(monitor=val/acc): refused now, not after the first epoch)
     check_mixup_takes_batches(module, dm)  # (else the module's own check, at the first step, in a traceback)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume, started)  # before the loggers open
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
@@ -345,6 +346,23 @@ def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
             "test score is no longer a fair estimate of new data (it was picked on it); search on a val/ metric "
             "(val/acc1) and report the chosen run's test score"
         )
+
+
+def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> None:
+    """The ``monitor`` of each ``EarlyStopping`` (``strict``) and ``ModelCheckpoint`` among ``callbacks`` is a metric
+    the fit logs (``module.metric_names(test=False)``), else a :class:`~vitrel.config.ConfigError` naming them, before
+    the run trains (Lightning's own error comes at the first epoch's end, after its training)."""
+    names = getattr(module, "metric_names", None)
+    if names is None:
+        return
+    known = names(test=False)
+    for cb in callbacks:
+        ckpt = isinstance(cb, ModelCheckpoint)  # (which also offers the epoch and step counters)
+        logged = [*known, "epoch", "step"] if ckpt else known
+        if (ckpt or (isinstance(cb, EarlyStopping) and cb.strict)) and cb.monitor not in (None, *logged):
+            raise ConfigError(
+                f"{type(cb).__name__}(monitor={cb.monitor}) is not a metric this run logs: one of {', '.join(logged)}"
+            )
 
 
 def check_direction(target: str, direction: Any) -> None:

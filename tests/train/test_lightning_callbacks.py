@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -31,7 +32,9 @@ def test_a_stop_mid_epoch_resumes_the_rest_of_the_epoch(tmp_path, stop):
     """``trainer.max_time`` or ``trainer.max_steps`` stops the fit mid-epoch; ``last.ckpt`` is that step's, so the
     resumed run trains the epoch's remaining batches: 2 epochs of 6 batches end at step 12 after 2 validations, as
     without the stop (Lightning runs the epoch-end hooks at the stop, and a ``last.ckpt`` written there resumed at
-    the next epoch: step 9 of 12; with max_steps epoch 0 was never validated)."""
+    the next epoch: step 9 of 12; with max_steps epoch 0 was never validated). The validation Lightning runs at a
+    ``max_time`` stop is logged but writes no best file: the resumed run's state is of before it, and its file stayed
+    beside the resumed run's best."""
     run = [*QUICK, "trainer.max_epochs=2", "trainer.limit_train_batches=6"]
     train(compose(tmp_path, [*run, stop]), callbacks=[SlowSteps(0.4 if "max_time" in stop else 0.0)])
     stopped = json.loads((tmp_path / "metrics.json").read_text())["global_step"]
@@ -41,6 +44,8 @@ def test_a_stop_mid_epoch_resumes_the_rest_of_the_epoch(tmp_path, stop):
     train(compose(tmp_path, run))
     resumed = json.loads((tmp_path / "metrics.json").read_text())
     assert (resumed["global_step"], resumed["val_runs"]) == (12, 2)
+    best = sorted(p.name for p in (tmp_path / "checkpoints").glob("best-*.ckpt"))
+    assert best == [Path(resumed["best_ckpt"]).name], best  # (save_top_k=1: no file of the stop's validation left)
 
 
 def test_lightning_arguments_given_as_mappings_and_lists_reach_lightning_as_python_ones(tmp_path):

@@ -122,6 +122,11 @@ class LastCheckpoint(Checkpoint):
         return Path(self.dirpath or Path(root_dir) / "checkpoints") / self.filename
 
     @property
+    def stopped_mid_epoch(self) -> bool:
+        """``last.ckpt`` was written at the step the fit stopped on mid-epoch (its epoch's end hooks come early)."""
+        return self._stopped
+
+    @property
     def last_saved_step(self) -> int | None:
         """The global step of the last ``last.ckpt`` written by this callback in this process (None: none yet)."""
         return self._last_step if self._last_step >= 0 else None

@@ -44,6 +44,10 @@ def test_a_stop_mid_epoch_resumes_the_rest_of_the_epoch(tmp_path, stop):
     train(compose(tmp_path, run))
     resumed = json.loads((tmp_path / "metrics.json").read_text())
     assert (resumed["global_step"], resumed["val_runs"]) == (12, 2)
+    train(compose(tmp_path / "whole", run))  # the same run, not stopped: the same weights
+    whole = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    ended = torch.load(tmp_path / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert max((ended["state_dict"][k] - v).abs().max().item() for k, v in whole["state_dict"].items()) == 0.0
     best = sorted(p.name for p in (tmp_path / "checkpoints").glob("best-*.ckpt"))
     assert best == [Path(resumed["best_ckpt"]).name], best  # (save_top_k=1: no file of the stop's validation left)
 

@@ -191,3 +191,22 @@ def test_a_monitored_metric_the_run_does_not_log_is_refused_before_training(tmp_
     with pytest.raises(ConfigError, match=r"monitor=val/acc\b.*not a metric this run logs: .*val/acc1"):
         train(compose(run, [*QUICK, "trainer.max_epochs=1", "trainer.limit_train_batches=1", override]))
     assert not (run / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [  # EarlyStopping's default mode is min; the config's model_checkpoint says max (for val/acc1)
+        ("+callbacks.es={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/acc1}", "mode=max"),
+        ("callbacks.model_checkpoint.monitor=val/loss", "mode=min"),
+    ],
+)
+def test_a_monitor_mode_against_its_metric_is_refused_before_training(tmp_path, override, said):
+    """``EarlyStopping(monitor=val/acc1)`` without ``mode`` (Lightning's default ``min``) stopped a run whose accuracy
+    kept rising; ``callbacks.model_checkpoint.monitor=val/loss`` kept the config's ``mode: max``, so the "best" file
+    was the epoch of the highest validation loss. Refused before training, naming the mode to set."""
+    from vitrel.config import ConfigError
+
+    run = tmp_path / "run"
+    with pytest.raises(ConfigError, match=rf"would keep the worst.*set .*{said}"):
+        train(compose(run, [*QUICK, "trainer.max_epochs=1", "trainer.limit_train_batches=1", override]))
+    assert not (run / "checkpoints").exists()

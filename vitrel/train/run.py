@@ -351,7 +351,9 @@ def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
 def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> None:
     """The ``monitor`` of each ``EarlyStopping`` (``strict``) and ``ModelCheckpoint`` among ``callbacks`` is a metric
     the fit logs (``module.metric_names(test=False)``), else a :class:`~vitrel.config.ConfigError` naming them, before
-    the run trains (Lightning's own error comes at the first epoch's end, after its training)."""
+    the run trains (Lightning's own error comes at the first epoch's end, after its training); an accuracy's ``mode``
+    is ``max``, a loss's ``min`` (EarlyStopping's default ``min`` for ``val/acc1`` stops a run that keeps improving).
+    """
     names = getattr(module, "metric_names", None)
     if names is None:
         return
@@ -363,6 +365,18 @@ def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> 
             raise ConfigError(
                 f"{type(cb).__name__}(monitor={cb.monitor}) is not a metric this run logs: one of {', '.join(logged)}"
             )
+        want = _better(cb.monitor) if ckpt or isinstance(cb, EarlyStopping) else None
+        if want is not None and cb.mode != want:
+            raise ConfigError(
+                f"{type(cb).__name__}(monitor={cb.monitor}, mode={cb.mode}) would keep the worst value as the best; "
+                f"set its mode={want}"
+            )
+
+
+def _better(metric: str | None) -> str | None:
+    """``max`` for an accuracy, ``min`` for a loss, None for a metric of neither kind (or none)."""
+    name = str(metric).rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
+    return "max" if name.startswith("acc") else "min" if name == "loss" and metric is not None else None
 
 
 def check_direction(target: str, direction: Any) -> None:

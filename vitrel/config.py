@@ -209,7 +209,8 @@ def _trainer_config() -> type:
     from lightning.pytorch import Trainer
 
     hints = get_type_hints(Trainer.__init__)
-    fields = [("_target_", str, "lightning.pytorch.Trainer")]
+    # (_convert_: plain dicts and lists, as Lightning takes them: max_time={hours: 1} is timedelta(**dict))
+    fields = [("_target_", str, "lightning.pytorch.Trainer"), ("_convert_", str, field(default="all"))]
     for name, p in inspect.signature(Trainer.__init__).parameters.items():
         if name != "self" and name not in _TRAINER_SET_BY_TRAIN:
             fields.append((name, _TRAINER_SPELLED.get(name) or _schema_type(hints[name]), field(default=p.default)))

@@ -108,7 +108,7 @@ def test_the_trainer_schema_is_lightnings_signature():
 
     params = inspect.signature(Trainer.__init__).parameters
     for f in dataclasses.fields(schema.TrainerConfig):
-        if f.name == "_target_":
+        if f.name in ("_target_", "_convert_"):
             continue
         assert f.name in params, f.name
         assert f.default == params[f.name].default, (f.name, f.default, params[f.name].default)

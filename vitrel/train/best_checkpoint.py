@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 
@@ -22,11 +23,28 @@ class BestCheckpoint(ModelCheckpoint):
         """``ModelCheckpoint``'s key (``ModelCheckpoint{...}``), so checkpoints written with it resume with this."""
         return f"ModelCheckpoint{kwargs!r}"
 
+    # a validation Lightning runs as the fit stops mid-epoch (trainer.max_time) comes after last.ckpt, written at the
+    # stopping step: a resume, whose state is of before it, would keep its file beside the next best one
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not _stopped_mid_epoch(trainer):
+            super().on_validation_end(trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not _stopped_mid_epoch(trainer):
+            super().on_train_epoch_end(trainer, pl_module)
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         old, new = state_dict.get("dirpath"), self.dirpath
         if old and new and old != new:
             state_dict = moved_state(state_dict, str(old), str(new))
         super().load_state_dict(state_dict)
+
+
+def _stopped_mid_epoch(trainer: L.Trainer) -> bool:
+    """The run's ``last.ckpt`` is of the step the fit stopped on mid-epoch (``LastCheckpoint.stopped_mid_epoch``)."""
+    from vitrel.train.callbacks import LastCheckpoint
+
+    return any(isinstance(cb, LastCheckpoint) and cb.stopped_mid_epoch for cb in trainer.callbacks)
 
 
 def moved_state(state: dict[str, Any], old: str, new: str) -> dict[str, Any]:

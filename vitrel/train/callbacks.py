@@ -25,7 +25,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Callback, Checkpoint, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint, StochasticWeightAveraging
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
@@ -45,6 +46,7 @@ __all__ = [
     "last_checkpoint_path",
     "last_checkpoint_file",
     "LastCheckpoint",
+    "KeepEarlyStop",
     "save_checkpoint",
     "flush_loggers",
 ]
@@ -73,7 +75,9 @@ def last_checkpoint_file(callbacks: Sequence[Callback], root_dir: str | Path) ->
 class LastCheckpoint(Checkpoint):
     """``<dirpath>/last.ckpt`` (always overwritten): at the end of every training epoch (after
     validation), and optionally every ``every_n_train_steps`` optimizer steps or every
-    ``every_n_minutes`` of training, mid-epoch. ``dirpath`` defaults to ``<default_root_dir>/checkpoints``.
+    ``every_n_minutes`` of training, mid-epoch, and at the step the fit stops mid-epoch
+    (``trainer.max_steps``, ``trainer.max_time``, ``trainer.should_stop``). ``dirpath`` defaults to
+    ``<default_root_dir>/checkpoints``.
 
     A Lightning ``Checkpoint``: Lightning calls checkpoint callbacks last, in their list order, and at the end
     of an epoch after the LightningModule's own hook. This one moves itself behind every other checkpoint
@@ -108,6 +112,7 @@ class LastCheckpoint(Checkpoint):
         self._last_step = -1
         self._last_time = time.monotonic()
         self._flush_pending = False
+        self._stopped = False  # a stop was asked for mid-epoch (its step saved)
 
     def path(self, trainer: L.Trainer) -> Path:
         return self.path_in(trainer.default_root_dir)
@@ -115,6 +120,11 @@ class LastCheckpoint(Checkpoint):
     def path_in(self, root_dir: str | Path) -> Path:
         """The file, for a trainer whose ``default_root_dir`` is ``root_dir``."""
         return Path(self.dirpath or Path(root_dir) / "checkpoints") / self.filename
+
+    @property
+    def stopped_mid_epoch(self) -> bool:
+        """``last.ckpt`` was written at the step the fit stopped on mid-epoch (its epoch's end hooks come early)."""
+        return self._stopped
 
     @property
     def last_saved_step(self) -> int | None:
@@ -151,11 +161,51 @@ class LastCheckpoint(Checkpoint):
             due = trainer.global_step > 0 and trainer.global_step % self.every_n_train_steps == 0
         else:
             due = False
+        # the fit stops mid-epoch (trainer.max_steps reached, trainer.max_time, a callback's trainer.should_stop):
+        # this step's checkpoint, so that a resume trains the epoch's remaining batches (Lightning then runs the
+        # epoch's end hooks early: a file written there would resume at the next epoch); the epoch's end keeps it
+        steps_done = trainer.max_steps not in (-1, None) and trainer.global_step >= trainer.max_steps
+        self._stopped = (trainer.should_stop or steps_done) and batch_idx + 1 < trainer.num_training_batches
+        due = due or self._stopped
         if due and not mid_window(trainer, batch_idx):  # (a window's end is due as well: the time or step count holds)
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        # Lightning's StochasticWeightAveraging copies its average into the network now, after the last epoch's save
+        # (a network without BatchNorm; with it, an extra epoch updates the statistics and its end saves): again, so
+        # last.ckpt holds the weights the test scores
+        # (not over a stop's mid-epoch file, which a resume needs)
+        if not self._stopped and any(swa_averaged_at_end(cb, trainer, pl_module) for cb in trainer.callbacks):
+            self._last_step = -1
+            self.save(trainer)
+
+
+class KeepEarlyStop(Callback):
+    """A run resumed from a checkpoint of a run that Lightning's ``EarlyStopping`` stopped stops again before it trains,
+    as a run resumed at ``max_epochs`` does: Lightning keeps the callback's state but not the trainer's stop, so a run
+    again in its folder (a requeued job, a sweep run again) trained one more epoch each time. Resume without the
+    ``EarlyStopping`` callback to train such a run on."""
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for cb in trainer.callbacks:
+            if isinstance(cb, EarlyStopping) and cb.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+                trainer.should_stop = True
+                rank_zero_info(
+                    f"EarlyStopping stopped this run at epoch {cb.stopped_epoch} ({cb.stopping_reason_message}): "
+                    "nothing left to train (to train on, resume without the EarlyStopping callback)"
+                )
+                return
+
+
+def swa_averaged_at_end(cb: Callback, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
+    """``cb`` is a ``StochasticWeightAveraging`` that puts its average into ``pl_module`` in this ``on_train_end``
+    (Lightning's rule: the fit ran to its last SWA epoch, and no BatchNorm layer needed an extra epoch)."""
+    if not isinstance(cb, StochasticWeightAveraging) or cb.pl_module_contains_batch_norm(pl_module):
+        return False
+    return trainer.current_epoch - 1 == cb.swa_end or trainer.max_epochs == -1
 
 
 def mid_window(trainer: L.Trainer, batch_idx: int) -> bool:

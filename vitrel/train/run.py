@@ -26,7 +26,7 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -44,7 +44,7 @@ from vitrel.train.build import (
     trainer_plugins,
     weights_source,
 )
-from vitrel.train.callbacks import last_checkpoint_path
+from vitrel.train.callbacks import KeepEarlyStop, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.data_contract import CheckOwnBatches, warn_no_preprocessing
 from vitrel.train.flops import run_gflops
@@ -77,8 +77,8 @@ from vitrel.train.utils import (
     instantiate_loggers,
     is_multirun,
     is_video_data,
-    progress_bar_kind,
     progress_callbacks,
+    progress_display,
     route_lightning_logs,
     run_dir_of,
     scalars,
@@ -189,12 +189,15 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
     dm = instantiate(cfg.data)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
+    bar = progress_display(cfg.get("progress_bar", "auto"), cfg.get("callbacks"), cbs)  # (own: a bar among cbs)
+    check_tuner_callbacks(cfg.get("callbacks"))  # Lightning's LearningRateFinder, BatchSizeFinder: refused
     job = sweep_job()  # (a -m job: kept in its checkpoints, so a sweep run again resumes its own jobs' folders only)
     if job is not None:
         cbs.append(SweepJobRecord(job))
     clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)
     validated = CountValidations()  # the validations run (kept in the checkpoints too)
     cbs += [clock, validated, SeedRanks(int(cfg.seed))]  # (each DDP rank's own draws in the training step)
+    cbs.append(KeepEarlyStop())  # (a resumed run that EarlyStopping stopped trains no further)
     cbs.append(StartRecord())  # the ckpt_path=<file> the folder's run started from (a requeued job continues it)
     cbs.append(CheckOwnBatches(dm))  # (a data module of one's own: its first images as its attributes say)
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
@@ -205,12 +208,12 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
     check_optimized_metric(cfg, module)  # (a misspelled name: refused now, not after the run or the sweep's jobs)
+    check_monitors(cbs, module)  # (EarlyStopping(monitor=val/acc): refused now, not after the first epoch)
     check_mixup_takes_batches(module, dm)  # (else the module's own check, at the first step, in a traceback)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume, started)  # before the loggers open
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger
         cbs = [cb for cb in cbs if not isinstance(cb, LearningRateMonitor)]
-    bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
     counted = CountTestImages()  # the test images scored
     unreadable = ReportUnreadable()  # (data.on_bad_sample=skip: each pass's files replaced or left out, logged)
     figures = RunFigures(counted, unreadable, validated)  # (read where the fit and test ran: ddp_spawn's processes)
@@ -218,7 +221,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         cfg.trainer,
         logger=loggers or False,
         callbacks=cbs + progress_callbacks(bar) + [counted, unreadable, figures],
-        enable_progress_bar=bar in ("rich", "tqdm"),
+        enable_progress_bar=bar in ("rich", "tqdm", "own"),
         plugins=[*trainer_plugins(cfg.trainer), AtomicCheckpointIO()],
     )
     resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -257,9 +260,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         finish_wandb(trainer.loggers, 0 if status == "finished" else 1)
 
     last = last_checkpoint_path(trainer)
-    best = (
-        trainer.checkpoint_callback.best_model_path if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else ""
-    )
+    chosen = trainer.checkpoint_callback if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else None
+    best = chosen.best_model_path if chosen is not None else ""
     n_tested, n_split = tested["test_images"], tested["test_split_images"]
     result = {
         "status": status,
@@ -271,6 +273,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,
         "best_ckpt": best or None,
+        "best_monitor": chosen.monitor if best else None,  # (the metric best_ckpt is chosen by; None: the newest)
         "test_images": n_tested,  # scored: fewer than test_split_images under trainer.limit_test_batches
         "test_split_images": n_split,
         "test_limited_by": test_limit(cfg.trainer) if tested_part(n_tested, n_split) else None,
@@ -295,6 +298,24 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
     return metrics
+
+
+#: Lightning's tuner callbacks, and why a vitrel run cannot take them
+TUNERS = {
+    "LearningRateFinder": "the module has no lr attribute to set (module.optimizer.lr is built into the optimizer); "
+    "search module.optimizer.lr with a sweep instead (-m module.optimizer.lr=1e-3,2e-3,4e-3, or hparams_search=...)",
+    "BatchSizeFinder": "it changes the batch size after the learning-rate schedule is planned from it, and its trial "
+    "restores count as resumes in metrics.json; set data.batch_size (per device) instead",
+}
+
+
+def check_tuner_callbacks(callbacks_cfg: DictConfig | None) -> None:
+    """Lightning's ``LearningRateFinder`` and ``BatchSizeFinder`` among ``cfg.callbacks``: a
+    :class:`~vitrel.config.ConfigError` naming the entry and what to set instead (:data:`TUNERS`)."""
+    for name, entry in (callbacks_cfg or {}).items():
+        cls = str(entry.get("_target_", "")).rsplit(".", 1)[-1] if entry is not None else ""
+        if cls in TUNERS:
+            raise ConfigError(f"callbacks.{name} ({cls}) cannot go with a vitrel run: {TUNERS[cls]}")
 
 
 def check_mixup_takes_batches(module: L.LightningModule, dm: L.LightningDataModule) -> None:
@@ -327,6 +348,37 @@ def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
             "test score is no longer a fair estimate of new data (it was picked on it); search on a val/ metric "
             "(val/acc1) and report the chosen run's test score"
         )
+
+
+def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> None:
+    """The ``monitor`` of each ``EarlyStopping`` (``strict``) and ``ModelCheckpoint`` among ``callbacks`` is a metric
+    the fit logs (``module.metric_names(test=False)``), else a :class:`~vitrel.config.ConfigError` naming them, before
+    the run trains (Lightning's own error comes at the first epoch's end, after its training); an accuracy's ``mode``
+    is ``max``, a loss's ``min`` (EarlyStopping's default ``min`` for ``val/acc1`` stops a run that keeps improving).
+    """
+    names = getattr(module, "metric_names", None)
+    if names is None:
+        return
+    known = names(test=False)
+    for cb in callbacks:
+        ckpt = isinstance(cb, ModelCheckpoint)  # (which also offers the epoch and step counters)
+        logged = [*known, "epoch", "step"] if ckpt else known
+        if (ckpt or (isinstance(cb, EarlyStopping) and cb.strict)) and cb.monitor not in (None, *logged):
+            raise ConfigError(
+                f"{type(cb).__name__}(monitor={cb.monitor}) is not a metric this run logs: one of {', '.join(logged)}"
+            )
+        want = _better(cb.monitor) if ckpt or isinstance(cb, EarlyStopping) else None
+        if want is not None and cb.mode != want:
+            raise ConfigError(
+                f"{type(cb).__name__}(monitor={cb.monitor}, mode={cb.mode}) would keep the worst value as the best; "
+                f"set its mode={want}"
+            )
+
+
+def _better(metric: str | None) -> str | None:
+    """``max`` for an accuracy, ``min`` for a loss, None for a metric of neither kind (or none)."""
+    name = str(metric).rsplit("/", 1)[-1].removesuffix("_step").removesuffix("_epoch")
+    return "max" if name.startswith("acc") else "min" if name == "loss" and metric is not None else None
 
 
 def check_direction(target: str, direction: Any) -> None:

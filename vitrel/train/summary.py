@@ -43,7 +43,8 @@ def report(result: dict, wandb_where: str | None, classes: str = "", noun: str =
     )
     lines.append(f"run folder  {result['run_dir']}")
     if result["last_ckpt"] or result["best_ckpt"]:
-        best = f"  (best val/acc1: {result['best_ckpt']})" if result["best_ckpt"] else ""
+        by = result.get("best_monitor", "val/acc1")  # (a metrics.json of before vitrel kept it: val/acc1)
+        best = f"  ({f'best {by}' if by else 'newest kept'}: {result['best_ckpt']})" if result["best_ckpt"] else ""
         lines.append(f"checkpoint  {result['last_ckpt'] or result['best_ckpt']}{best}")
     if wandb_where:
         lines.append(f"W&B run     {wandb_where}")

@@ -62,7 +62,10 @@ def _instantiate_named(group: str, node: DictConfig | None, **declared: Any) -> 
                 f"{group}.{name} has no _target_: each entry of `{group}` builds an object, "
                 f"e.g. +{group}.{name}={{_target_: <class>, ...}}; set {group}.{name}=null to switch one off"
             )
-        out.append(instantiate(entry, **{k: v for k, v in declared.items() if k in entry}))
+        kwargs = {k: v for k, v in declared.items() if k in entry}
+        if group == "callbacks" and "_convert_" not in entry:  # plain dicts and lists, as Lightning's take them
+            kwargs["_convert_"] = "all"  # (StochasticWeightAveraging(swa_lrs=[...]), Timer(duration={...}))
+        out.append(instantiate(entry, **kwargs))
     return out
 
 
@@ -180,9 +183,32 @@ def progress_bar_kind(requested: str | bool = "auto") -> str:
     return requested
 
 
+def progress_display(requested: str | bool, callbacks_cfg: DictConfig | None, callbacks: list[Callback]) -> str:
+    """:func:`progress_bar_kind`, or ``own`` when ``callbacks`` hold a Lightning progress bar of one's own
+    (``+callbacks.bar={_target_: ...RichProgressBar, leave: true}``): that is the display, with ``progress_bar=auto``;
+    another ``progress_bar`` is a :class:`~vitrel.config.ConfigError` naming the callback."""
+    from lightning.pytorch.callbacks import ProgressBar
+
+    from vitrel.config import ConfigError
+
+    own = [type(cb).__name__ for cb in callbacks if isinstance(cb, ProgressBar)]
+    if not own:
+        return progress_bar_kind(requested)
+    requested = {"false": "none", "true": "auto"}.get(str(requested).lower(), str(requested))
+    if requested != "auto":
+        entries = (callbacks_cfg or {}).items()
+        names = [n for n, e in entries if e is not None and str(e.get("_target_", "")).endswith(f".{own[0]}")]
+        raise ConfigError(
+            f"progress_bar={requested} with a progress bar among the callbacks "
+            f"({f'callbacks.{names[0]}: ' if names else ''}{own[0]}), which is the display: leave progress_bar=auto, "
+            "or drop the callback"
+        )
+    return "own"
+
+
 def progress_callbacks(kind: str) -> list[Callback]:
     """The progress display for ``progress_bar_kind(...)``: a rich bar, plain lines, or nothing
-    (``tqdm`` is Lightning's default bar, which needs no callback)."""
+    (``tqdm`` is Lightning's default bar, which needs no callback; ``own``: a callback of one's own)."""
     from vitrel.train.progress import LineProgress
 
     if kind == "rich":

@@ -20,8 +20,8 @@ ARGS += ["callbacks.model_checkpoint=null", "logger=csv"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def _records(ckpt) -> list[dict]:
-    return torch.load(ckpt, map_location="cpu", weights_only=True)["callbacks"]["TrainingCurves"]["records"]
+def _records(ckpt, key: str = "TrainingCurves") -> list[dict]:
+    return torch.load(ckpt, map_location="cpu", weights_only=True)["callbacks"][key]["records"]
 
 
 def _csv_epoch_values(run_dir) -> list[tuple[str, int, int, str, float]]:
@@ -81,9 +81,59 @@ def test_a_stop_inside_the_first_epoch_without_validation_draws_what_it_has(tmp_
     assert _png(tmp_path / "curves.png")
 
 
+def test_a_validation_inside_the_epoch_is_placed_at_its_share_of_the_epoch(tmp_path):
+    args = [*ARGS, "trainer.max_epochs=1", "trainer.val_check_interval=0.5", "test=false"]
+    train(compose(tmp_path, args))
+    records = _records(tmp_path / "checkpoints" / "last.ckpt")
+    assert [(r["stage"], r["step"], r["x"]) for r in records] == [("val", 2, 0.5), ("val", 4, 1.0), ("train", 4, 1.0)]
+    assert _flat(records) == _csv_epoch_values(tmp_path)
+    assert _png(tmp_path / "curves.png")
+
+
 def test_switched_off_and_drawn_with_nothing(tmp_path):
     train(compose(tmp_path, [*ARGS, "trainer.max_steps=1", "callbacks.curves=null", "test=false"]))
     assert not (tmp_path / "curves.png").exists()
     fig = plot_curves([], "nothing")  # (a figure, not an error)
     assert len(fig.axes) == 2
     assert TrainingCurves(tmp_path).records == []
+
+
+class _RankCurves(TrainingCurves):
+    """TrainingCurves that notes each draw in ``<save_dir>/drawn-rank<r>``."""
+
+    def __init__(self, save_dir, rank: int) -> None:
+        super().__init__(save_dir)
+        self.rank = rank
+
+    def draw(self, pl_module) -> None:
+        super().draw(pl_module)
+        with open(self.path.with_name(f"drawn-rank{self.rank}"), "a") as f:
+            f.write("drawn\n")
+
+
+def _curves_rank(rank: int, cfg, port: int) -> None:
+    """One rank of plain ``ddp`` (tests/train/test_ddp.py's ``_rank``) with :class:`_RankCurves`."""
+    import os
+
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0")
+    os.environ.update(LOCAL_RANK=str(rank))
+    rank_zero_only.rank = rank
+    train(cfg, callbacks=[_RankCurves(cfg.paths.output_dir, rank)])
+
+
+@pytest.mark.slow
+def test_ddp_draws_on_rank_zero_the_synced_values(tmp_path):
+    from tests.preloaded import preloaded
+    from tests.train.test_ddp import DDP, _free_port
+
+    args = [*ARGS, *DDP, "trainer.limit_train_batches=3", "test=false", "callbacks.curves=null"]
+    cfg = compose(tmp_path, args)
+    torch.multiprocessing.start_processes(_curves_rank, args=(cfg, _free_port()), nprocs=2, start_method=preloaded())
+    assert (tmp_path / "drawn-rank0").read_text().count("drawn") == 2  # one a training epoch
+    assert not (tmp_path / "drawn-rank1").exists()
+    records = _records(tmp_path / "checkpoints" / "last.ckpt", "_RankCurves")
+    assert [(r["stage"], r["epoch"]) for r in records] == [("val", 0), ("train", 0), ("val", 1), ("train", 1)]
+    assert _flat(records) == _csv_epoch_values(tmp_path)  # (rank 0's CSV: the values synced over the ranks)
+    assert _png(tmp_path / "curves.png")

@@ -105,8 +105,11 @@ class TrainingCurves(Callback):
         return " ".join(parts) or type(getattr(pl_module, "model", pl_module)).__name__
 
     def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not trainer.is_global_zero or not self.records:
-            return
+        if trainer.is_global_zero and self.records:
+            self.draw(pl_module)
+
+    def draw(self, pl_module: L.LightningModule) -> None:
+        """The records as ``self.path``, replaced whole (the hooks call it on global rank 0 only)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         save_png(plot_curves(self.records, self.title(pl_module)), self.path)
 

@@ -73,6 +73,22 @@ def test_a_resumed_run_draws_the_whole_run(tmp_path):
     assert _png(tmp_path / "curves.png")
 
 
+def test_a_checkpoint_without_records_says_the_earlier_values_are_unknown(tmp_path):
+    with pytest.raises(SystemExit):
+        train(compose(tmp_path, [*ARGS, "test=false", "logger=none"]), callbacks=[SendSignal(at_step=5)])
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    state = torch.load(ckpt, map_location="cpu", weights_only=True)
+    del state["callbacks"]["TrainingCurves"]  # (as one written before the curves were kept)
+    torch.save(state, ckpt)
+    curves = TrainingCurves(tmp_path / "own")
+    train(compose(tmp_path, [*ARGS, "test=false", "logger=none", "callbacks.curves=null"]), callbacks=[curves])
+    assert curves.unknown_before == 6 and [(r["stage"], r["epoch"]) for r in curves.records] == [
+        ("val", 1), ("train", 1)
+    ]  # fmt: skip
+    assert _records(ckpt) == curves.records and _png(tmp_path / "own" / "curves.png")
+    assert torch.load(ckpt, weights_only=True)["callbacks"]["TrainingCurves"]["unknown_before"] == 6  # carried on
+
+
 def test_a_stop_inside_the_first_epoch_without_validation_draws_what_it_has(tmp_path):
     args = [*ARGS, "trainer.max_steps=3", "trainer.limit_val_batches=0", "test=false", "logger=none"]
     train(compose(tmp_path, args))

@@ -43,12 +43,15 @@ class TrainingCurves(Callback):
 
     A record's ``x`` is the epochs trained when it was logged: ``current_epoch`` plus the share of the epoch's
     batches done (1.0 at an epoch's end; less for a validation inside an epoch or a ``trainer.max_steps`` stop). The
-    records are the callback's state in the checkpoints: a resumed run keeps those up to its checkpoint.
+    records are the callback's state in the checkpoints: a resumed run keeps those up to its checkpoint. One resumed
+    from a checkpoint written without them (``unknown_before``: its step) says so in the picture's title.
     """
 
     def __init__(self, save_dir: str | Path, filename: str = "curves.png") -> None:
         self.path = Path(save_dir) / filename
         self.records: list[dict[str, Any]] = []  # {"stage", "epoch", "step", "x", <key>: value, ...}
+        self.loaded = False  # records taken from a checkpoint
+        self.unknown_before: int | None = None  # the step of a resumed checkpoint written without records
 
     # ------------------------------------------------------------------------------ recording
     def _record(self, trainer: L.Trainer, stage: str) -> bool:
@@ -73,6 +76,10 @@ class TrainingCurves(Callback):
             return 1.0
         return min(done / total, 1.0)
 
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.global_step > 0 and not self.loaded:  # (resumed from a checkpoint written before the records)
+            self.unknown_before = trainer.global_step
+
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._record(trainer, "train")
         self._draw(trainer, pl_module)
@@ -88,10 +95,12 @@ class TrainingCurves(Callback):
             self._draw(trainer, pl_module)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"records": [dict(r) for r in self.records if r["stage"] != "test"]}
+        kept = [dict(r) for r in self.records if r["stage"] != "test"]
+        return {"records": kept, "unknown_before": self.unknown_before}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.records = [dict(r) for r in state_dict.get("records", [])]
+        self.unknown_before, self.loaded = state_dict.get("unknown_before"), True
 
     # ------------------------------------------------------------------------------ drawing
     def title(self, pl_module: L.LightningModule) -> str:
@@ -111,7 +120,10 @@ class TrainingCurves(Callback):
     def draw(self, pl_module: L.LightningModule) -> None:
         """The records as ``self.path``, replaced whole (the hooks call it on global rank 0 only)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        save_png(plot_curves(self.records, self.title(pl_module)), self.path)
+        title = self.title(pl_module)
+        if self.unknown_before is not None:
+            title += f" (values before step {self.unknown_before} unknown: not in the checkpoint resumed)"
+        save_png(plot_curves(self.records, title), self.path)
 
 
 def plot_curves(records: list[dict[str, Any]], title: str):
@@ -149,7 +161,8 @@ def plot_curves(records: list[dict[str, Any]], title: str):
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
         else:
-            ax.text(0.5, 0.5, "nothing logged yet", transform=ax.transAxes, ha="center", color="0.5", fontsize=8)
+            what = label.split(" (")[0]
+            ax.text(0.5, 0.5, f"no {what} logged", transform=ax.transAxes, ha="center", color="0.5", fontsize=8)
     step = max((r["step"] for r in trained), default=0)
     fig.suptitle(f"{title}: {last:.3g} epochs, {step} steps", fontsize=9)
     return fig

@@ -115,16 +115,14 @@ def test_switched_off_and_drawn_with_nothing(tmp_path):
 
 
 class _RankCurves(TrainingCurves):
-    """TrainingCurves that notes each draw in ``<save_dir>/drawn-rank<r>``."""
-
-    def __init__(self, save_dir, rank: int) -> None:
-        super().__init__(save_dir)
-        self.rank = rank
+    """TrainingCurves that notes each draw in ``<save_dir>/drawn-rank<r>``: the training epochs drawn, whether the
+    test's line is in."""
 
     def draw(self, pl_module) -> None:
         super().draw(pl_module)
-        with open(self.path.with_name(f"drawn-rank{self.rank}"), "a") as f:
-            f.write("drawn\n")
+        fit = sum(r["stage"] == "train" for r in self.records)
+        with open(self.path.with_name(f"drawn-rank{pl_module.global_rank}"), "a") as f:
+            f.write(f"{fit} {any(r['stage'] == 'test' for r in self.records)}\n")
 
 
 def _curves_rank(rank: int, cfg, port: int) -> None:
@@ -136,7 +134,7 @@ def _curves_rank(rank: int, cfg, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0")
     os.environ.update(LOCAL_RANK=str(rank))
     rank_zero_only.rank = rank
-    train(cfg, callbacks=[_RankCurves(cfg.paths.output_dir, rank)])
+    train(cfg, callbacks=[_RankCurves(cfg.paths.output_dir)])
 
 
 @pytest.mark.slow
@@ -147,9 +145,23 @@ def test_ddp_draws_on_rank_zero_the_synced_values(tmp_path):
     args = [*ARGS, *DDP, "trainer.limit_train_batches=3", "test=false", "callbacks.curves=null"]
     cfg = compose(tmp_path, args)
     torch.multiprocessing.start_processes(_curves_rank, args=(cfg, _free_port()), nprocs=2, start_method=preloaded())
-    assert (tmp_path / "drawn-rank0").read_text().count("drawn") == 2  # one a training epoch
+    assert (tmp_path / "drawn-rank0").read_text().split("\n") == ["1 False", "2 False", ""]  # one a training epoch
     assert not (tmp_path / "drawn-rank1").exists()
     records = _records(tmp_path / "checkpoints" / "last.ckpt", "_RankCurves")
     assert [(r["stage"], r["epoch"]) for r in records] == [("val", 0), ("train", 0), ("val", 1), ("train", 1)]
     assert _flat(records) == _csv_epoch_values(tmp_path)  # (rank 0's CSV: the values synced over the ranks)
     assert _png(tmp_path / "curves.png")
+
+
+@pytest.mark.slow
+def test_ddp_spawn_draws_the_test_with_the_fit(tmp_path):
+    """Under ``ddp_spawn`` the test runs in processes given the callback without the fit's records: its draw takes
+    them from last.ckpt (the test's line alone replaced the fit's picture)."""
+    from tests.preloaded import preloaded
+    from tests.train.test_ddp import SPAWN
+
+    preloaded()
+    args = [*ARGS, *SPAWN, "trainer.limit_train_batches=2", "trainer.limit_test_batches=1", "logger=none"]
+    train(compose(tmp_path, [*args, "callbacks.curves=null"]), callbacks=[_RankCurves(tmp_path)])
+    assert (tmp_path / "drawn-rank0").read_text().split("\n") == ["1 False", "2 False", "2 True", ""]
+    assert not (tmp_path / "drawn-rank1").exists() and _png(tmp_path / "curves.png")

@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback
 
+from vitrel.train.callbacks import last_checkpoint_path
 from vitrel.train.sweep_plot import save_png
 
 __all__ = ["TrainingCurves", "plot_curves"]
@@ -45,6 +47,9 @@ class TrainingCurves(Callback):
     batches done (1.0 at an epoch's end; less for a validation inside an epoch or a ``trainer.max_steps`` stop). The
     records are the callback's state in the checkpoints: a resumed run keeps those up to its checkpoint. One resumed
     from a checkpoint written without them (``unknown_before``: its step) says so in the picture's title.
+
+    Under ``ddp_spawn`` the fit and the test run in different spawned processes, each given the callback as the
+    calling process has it (no records): the test's draw takes the fit's from ``last.ckpt``.
     """
 
     def __init__(self, save_dir: str | Path, filename: str = "curves.png") -> None:
@@ -91,8 +96,21 @@ class TrainingCurves(Callback):
             self._draw(trainer, pl_module)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not any(r["stage"] != "test" for r in self.records):  # ddp_spawn: the fit's records, in last.ckpt
+            self._records_of_last_checkpoint(trainer)
+            if not any(r["stage"] != "test" for r in self.records) and self.path.exists():
+                return  # (no last.ckpt: the fit's picture kept, not replaced by the test's line alone)
         if self._record(trainer, "test"):
             self._draw(trainer, pl_module)
+
+    def _records_of_last_checkpoint(self, trainer: L.Trainer) -> None:
+        last = last_checkpoint_path(trainer)
+        if last is None or not last.is_file():
+            return
+        ckpt = torch.load(last, map_location="cpu", weights_only=True, mmap=True)  # (mmap: the weights left unread)
+        state = (ckpt.get("callbacks") or {}).get(self.state_key)
+        if state is not None:
+            self.load_state_dict(state)
 
     def state_dict(self) -> dict[str, Any]:
         kept = [dict(r) for r in self.records if r["stage"] != "test"]

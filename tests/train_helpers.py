@@ -35,6 +35,7 @@ FAST = [
     "trainer.accelerator=cpu",
     "progress_bar=none",
     "callbacks.pos_images=null",
+    "callbacks.curves=null",  # (tests/train/test_curves.py draws them; 0.2-0.3 s a draw, each epoch)
 ]
 # Moving Fashion-MNIST, small: 64 training and 32 test clips
 TINY_CLIPS = ["data=moving_fmnist", "data.train_images=32", "data.test_images=16", "data.batch_size=8"]

@@ -466,14 +466,13 @@ def drop_requeue_checkpoints(trainer: L.Trainer) -> list[Path]:
     if not SLURMEnvironment.detect():
         return []
     root = Path(str(trainer.default_root_dir))
-    found = sorted(root.glob("hpc_ckpt_*.ckpt")) if root.is_dir() else []
+    found = requeue_checkpoints(root)
     trainer.strategy.barrier("vitrel_hpc_ckpt_seen")  # (every rank has looked before rank 0 removes them)
-    if found and trainer.is_global_zero:
-        for p in found:
-            p.unlink(missing_ok=True)
-        rank_zero_info(
-            f"removed Lightning's SLURM requeue checkpoint(s) {', '.join(p.name for p in found)}: the finished fit "
-            "supersedes them (under SLURM trainer.test would load them in place of the fitted weights)"
+    if trainer.is_global_zero:
+        _drop_requeue_files(
+            root,
+            "the finished fit supersedes them (under SLURM trainer.test would load them in place of the fitted "
+            "weights)",
         )
     trainer.strategy.barrier("vitrel_hpc_ckpt_removed")
     return found

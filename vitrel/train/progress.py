@@ -44,7 +44,9 @@ class LineProgress(Callback):
     ``N`` is ``trainer.global_step`` then (under ``accumulate_grad_batches`` a step is several batches), ``total`` the
     fit's ``trainer.estimated_stepping_batches``; the loggers index that step ``N - 1``. Its ``lr`` is the rate the
     step used (read as its batches start: the scheduler moves it after the step), as the loggers' ``lr-*`` rows have
-    it; under ``module.layer_decay`` the largest group's (the top layer's: the schedule's rate)."""
+    it; under ``module.layer_decay`` the largest group's (the top layer's: the schedule's rate). Its ``img/s`` is the
+    training images per second since the previous step line, over all processes (rank 0's count times the world
+    size, timm's train.py convention), validation time left out; ``eta`` the fit's remaining steps at that pace."""
 
     def __init__(self, every_n_steps: int | None = None) -> None:
         self.every_n_steps = every_n_steps
@@ -53,6 +55,7 @@ class LineProgress(Callback):
         self._validated = False  # a validation ran in this training epoch (its val/* are this epoch's)
         self._t0 = time.monotonic()
         self._t_eval = time.monotonic()
+        self._window = _Window()  # the training images and time since the previous step line
 
     def _every(self, trainer) -> int:
         return self.every_n_steps if self.every_n_steps is not None else trainer.log_every_n_steps
@@ -72,6 +75,7 @@ class LineProgress(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self._t0 = time.monotonic()  # a run resumed mid-epoch starts without on_train_epoch_start
         self._validated = False
+        self._window = _Window(step=trainer.global_step)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._t0 = time.monotonic()
@@ -84,12 +88,16 @@ class LineProgress(Callback):
     @rank_zero_only
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step, every = trainer.global_step, self._every(trainer)
+        if isinstance(batch, (list, tuple)) and len(batch) > 1 and hasattr(batch[1], "shape"):
+            self._window.images += int(batch[1].shape[0])  # (the targets: one per image, NaFlex batches too)
         if every > 0 and step != self._step_before and step % every == 0:
             total = trainer.estimated_stepping_batches
             m = trainer.callback_metrics
+            pace = self._window.pace(step, total, trainer.world_size)
+            self._window = _Window(step=step)
             print(
                 f"epoch {trainer.current_epoch + 1} step {step}/{total if total != float('inf') else '?'}  "
-                f"{self._fmt(m, ['train/loss_step'])}  lr {self._lr:.3g}",
+                f"{self._fmt(m, ['train/loss_step'])}  lr {self._lr:.3g}{pace}",
                 flush=True,
             )
 
@@ -110,6 +118,7 @@ class LineProgress(Callback):
 
     def on_validation_end(self, trainer, pl_module) -> None:
         self._validated = self._validated or not trainer.sanity_checking
+        self._window.paused += time.monotonic() - self._t_eval  # (not training time: the pace leaves it out)
 
     def on_test_epoch_start(self, trainer, pl_module) -> None:
         self._t_eval = time.monotonic()
@@ -128,6 +137,25 @@ class LineProgress(Callback):
     @rank_zero_only
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         self._eval_line(trainer, "test", trainer.num_test_batches, batch_idx, dataloader_idx)
+
+
+class _Window:
+    """The training images and wall time since the previous step line (from ``step``), validation time apart."""
+
+    def __init__(self, step: int = 0) -> None:
+        self.step, self.images, self.paused, self.started = step, 0, 0.0, time.monotonic()
+
+    def pace(self, step: int, total: float, world_size: int) -> str:
+        """``"  412 img/s  eta 1:02:03"``: all processes' images per second in the window and the time the fit's
+        remaining steps take at that pace (``""`` for a window of no steps, images or time)."""
+        seconds = time.monotonic() - self.started - self.paused
+        if step <= self.step or self.images == 0 or seconds <= 0:
+            return ""
+        out = f"  {self.images * world_size / seconds:.0f} img/s"
+        if total != float("inf"):
+            left = max(0.0, (total - step) * seconds / (step - self.step))
+            out += f"  eta {int(left // 3600)}:{int(left % 3600 // 60):02d}:{int(left % 60):02d}"
+        return out
 
 
 class CountTestImages(Callback):

@@ -59,6 +59,8 @@ __all__ = [
     "plot_content_tables",
     "plot_attention_maps",
     "plot_packed_batch",  # noqa: F822 (vitrel.viz_packing, through __getattr__)
+    "attention_distance",  # noqa: F822 (vitrel.viz_distance, through __getattr__)
+    "plot_attention_distance",  # noqa: F822 (vitrel.viz_distance, through __getattr__)
     "plot_swin_windows",
     "figure_to_array",  # vitrel.figures
 ]
@@ -564,9 +566,13 @@ def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
     return fig
 
 
-def __getattr__(name: str) -> Any:  # the NaFlex batch picture lives in vitrel.viz_packing
+def __getattr__(name: str) -> Any:  # the NaFlex batch picture: vitrel.viz_packing; attention distance: viz_distance
     if name == "plot_packed_batch":
         from vitrel.viz_packing import plot_packed_batch
 
         return plot_packed_batch
+    if name in ("attention_distance", "plot_attention_distance"):
+        from vitrel import viz_distance
+
+        return getattr(viz_distance, name)
     raise AttributeError(f"module 'vitrel.viz' has no attribute {name!r}")

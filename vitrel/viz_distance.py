@@ -81,11 +81,11 @@ def plot_attention_distance(distances: Tensor | Mapping[str, Tensor], title: str
     for k, (name, d) in enumerate(runs.items()):
         d = d.detach().double().cpu().numpy()
         depth, heads = d.shape
-        x = np.arange(1, depth + 1)[:, None] + (k - (len(runs) - 1) / 2) * width + np.zeros((1, heads))
+        x = np.arange(depth)[:, None] + (k - (len(runs) - 1) / 2) * width + np.zeros((1, heads))
         ax.scatter(x.ravel(), d.ravel(), s=10, color=f"C{k}", label=name or None, alpha=0.8)
-    ax.set_xlabel("block")
+    ax.set_xlabel("block (from 0, as model.blocks[i])")
     ax.set_ylabel("mean attention distance (pixels)")
-    ax.set_xticks(np.arange(1, max(d.shape[0] for d in runs.values()) + 1))
+    ax.set_xticks(np.arange(max(d.shape[0] for d in runs.values())))
     ax.set_ylim(bottom=0)
     if len(runs) > 1 or next(iter(runs)):
         ax.legend(fontsize=7, frameon=False)

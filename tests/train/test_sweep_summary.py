@@ -32,7 +32,8 @@ def _metrics(job) -> dict:
 @pytest.mark.slow
 def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
     sweep = tmp_path / "sweep"
-    args = ["-m", "pos=rel2d_full,rope2d_mixed", "seed=0,1", *TINY, f"hydra.sweep.dir={sweep}", "logger=wandb"]
+    tiny = [a for a in TINY if not a.startswith("callbacks.attention_distance")]  # (its sweep picture drawn)
+    args = ["-m", "pos=rel2d_full,rope2d_mixed", "seed=0,1", *tiny, f"hydra.sweep.dir={sweep}", "logger=wandb"]
     r = run_script_forked("train.py", args + ["trainer.log_every_n_steps=1"], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     groups = set()
@@ -51,6 +52,7 @@ def test_seed_sweep_means_and_a_sweep_run_again_in_its_folder(tmp_path):
 
     with Image.open(sweep / "summary.png") as im:  # two settings: a figure a few inches high, at 110 dpi
         assert im.format == "PNG" and im.size[0] == 880 and 200 < im.size[1] < 400, im.size
+    assert (sweep / "attention_distance.png").stat().st_size > 0  # every job's heads, a colour per scheme
     assert "epoch 1/1" in r.stdout, "not a terminal: plain progress lines, no progress bar"
     assert r.stdout.count("Sweep summary (4 jobs") == 1 and "stopped before its end" not in r.stdout
     # jobs 0, 1: rel2d_full seeds 0, 1; jobs 2, 3: rope2d_mixed

@@ -486,6 +486,26 @@ def _draw(sweep_dir: Path, rows: list[dict[str, Any]], means: list[dict[str, Any
         log.warning("sweep summary: could not draw %s (%s: %s); summary.md and summary.csv are written", png,
                     type(e).__name__, e)  # fmt: skip
         png.unlink(missing_ok=True)
+    _draw_distances(sweep_dir, rows)
+
+
+def _draw_distances(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """``attention_distance.png``: the finished jobs' mean attention distances in one picture, a colour per setting
+    (its seeds' heads together); none (an earlier one removed) when no job wrote ``attention_distance.csv``."""
+    png = sweep_dir / "attention_distance.png"
+    try:
+        from vitrel.train.attention_distance import sweep_distances
+        from vitrel.train.sweep_plot import save_png
+        from vitrel.viz import plot_attention_distance
+
+        runs = sweep_distances(sweep_dir, rows)
+        if not runs:
+            png.unlink(missing_ok=True)
+            return
+        save_png(plot_attention_distance(runs, f"{sweep_dir.name}: mean attention distance per head"), png)
+    except Exception as e:  # noqa: BLE001  (the tables are written; the picture is a convenience)
+        log.warning("sweep summary: could not draw %s (%s: %s)", png, type(e).__name__, e)
+        png.unlink(missing_ok=True)
 
 
 def _csv(fields: Sequence[str], rows: list[dict[str, Any]]) -> str:

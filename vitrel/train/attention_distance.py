@@ -1,0 +1,102 @@
+"""How far each head of a trained ViT looks: :class:`AttentionDistance` writes ``attention_distance.csv`` and
+``attention_distance.png`` in the run folder after the test (:func:`vitrel.viz.attention_distance`, the mean
+attention distance per block and head in input pixels, on the test's first images), and :func:`read_distances`
+reads the CSV back (the sweep summary draws every job's in one picture)."""
+
+from __future__ import annotations
+
+import csv
+import logging
+import re
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+
+__all__ = ["AttentionDistance", "CSV", "PNG", "read_distances", "sweep_distances", "write_distances"]
+
+log = logging.getLogger(__name__)
+
+CSV, PNG = "attention_distance.csv", "attention_distance.png"
+
+
+def write_distances(path: str | Path, distances: Tensor) -> None:
+    """``distances [depth, heads]`` as rows ``block,head,distance_px`` (both from 0, as ``model.blocks[i]``)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["block", "head", "distance_px"])
+        for (block, head), v in zip(torch.cartesian_prod(*map(torch.arange, distances.shape)).tolist(),
+                                    distances.flatten().tolist()):  # fmt: skip
+            w.writerow([block, head, repr(float(v))])
+
+
+def read_distances(path: str | Path) -> Tensor:
+    """The ``[depth, heads]`` tensor (float64) of a CSV :func:`write_distances` wrote."""
+    with open(path, newline="") as f:
+        rows = [(int(r["block"]), int(r["head"]), float(r["distance_px"])) for r in csv.DictReader(f)]
+    out = torch.full((max(r[0] for r in rows) + 1, max(r[1] for r in rows) + 1), float("nan"), dtype=torch.float64)
+    for block, head, v in rows:
+        out[block, head] = v
+    return out
+
+
+def sweep_distances(sweep_dir: Path, rows: list[dict]) -> dict[str, Tensor]:
+    """The finished jobs' distances by setting: each row's ``overrides`` (the sweep summary's string of the
+    overrides not shared by every job) without its ``seed=``, the setting's seeds' heads side by side
+    ``[depth, heads x seeds]``."""
+    runs: dict[str, list[Tensor]] = {}
+    for r in rows:
+        f = Path(sweep_dir) / r["job"] / CSV
+        if r.get("status") == "finished" and f.exists():
+            label = re.sub(r"(^|\s)[+~]?seed=\S+", "", str(r["overrides"])).strip() or "(none)"
+            runs.setdefault(label, []).append(read_distances(f))
+    return {label: torch.cat(ds, dim=1) for label, ds in runs.items()}
+
+
+class AttentionDistance(Callback):
+    """After the test: the mean attention distance of the weights the test scored (the EMA copy under
+    ``module.ema_eval``) on the test's first ``images`` images of process 0, written to ``save_dir`` as
+    ``attention_distance.csv`` (rows ``block,head,distance_px``) and ``attention_distance.png`` (one dot per head
+    against depth). A global ViT on image batches only: for a Swin (windowed attention), a video model or NaFlex
+    batches, one log line says it was left out."""
+
+    def __init__(self, save_dir: str | Path, images: int = 64) -> None:
+        if images < 1:
+            raise ValueError(f"callbacks.attention_distance.images must be at least 1, got {images}")
+        self.save_dir, self.images = Path(save_dir), int(images)
+        self._kept: list[Tensor] = []
+        self._why_not: str | None = None
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._kept, self._why_not = [], None
+        model = pl_module.eval_model
+        if not all(hasattr(model, k) for k in ("blocks", "embed", "position_states")):
+            self._why_not = f"{type(model).__name__} is not a global ViT (a Swin attends within windows)"
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        have = sum(len(x) for x in self._kept)
+        if self._why_not is not None or have >= self.images or batch is None or trainer.global_rank != 0:
+            return
+        x = batch[0]
+        if not isinstance(x, Tensor) or x.dim() != 4:
+            self._why_not = "the test batches are not images [B, C, H, W] (NaFlex dicts or video clips)"
+            return
+        self._kept.append(x[: self.images - have].detach())
+
+    def on_test_end(self, trainer, pl_module) -> None:
+        if trainer.global_rank != 0:
+            return
+        if self._why_not is not None or not self._kept:
+            log.info("attention distance: left out (%s)", self._why_not or "no test images")
+            return
+        from vitrel.train.sweep_plot import save_png
+        from vitrel.viz import attention_distance, plot_attention_distance
+
+        d = attention_distance(pl_module.eval_model, torch.cat(self._kept))
+        self._kept = []
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        write_distances(self.save_dir / CSV, d)
+        n = f"{d.shape[0]} blocks x {d.shape[1]} heads"
+        save_png(plot_attention_distance(d, f"mean attention distance ({n}, test images)"), self.save_dir / PNG)
+        log.info("attention distance: %s and %s (%s)", CSV, PNG, n)

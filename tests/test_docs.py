@@ -84,6 +84,16 @@ def test_gpu_guide_is_short():
     )
 
 
+#: the first read of the training pages, and its limit in lines (the rest: data.md, checkpoints.md, sweeps.md)
+MAX_FIRST_READ_LINES = 400
+
+
+def test_training_guide_is_a_first_read():
+    """docs/training.md stays a first read: topics past the first run get a page of their own, history the journal."""
+    n = len((ROOT / "docs" / "training.md").read_text().splitlines())
+    assert n <= MAX_FIRST_READ_LINES, f"docs/training.md has {n} lines (at most {MAX_FIRST_READ_LINES})"
+
+
 # --- lists of kernels and schemes ------------------------------------------------------------------------------
 
 
@@ -317,7 +327,7 @@ def test_documented_signatures_match_the_code(doc, name, obj):
 #: (guide, experiment, the guide's words for its training samples and batches an epoch)
 RECIPE_COUNTS = [
     ("docs/video.md", "video", "{n:,} clips, {b} batches of 64 an epoch"),
-    ("docs/training.md", "fmnist_naflex", "4 epochs of {b} steps ({n:,} training images"),
+    ("docs/data.md", "fmnist_naflex", "4 epochs of {b} steps ({n:,} training images"),
 ]
 
 

@@ -88,7 +88,7 @@ PLACEHOLDERS: dict[str, str | list[str]] = {
     # a SLURM partition; a data group ([data=...] in conf/eval.yaml)
     "<p>": "gpu",
     "data=...": "data=cifar10",
-    # docs/training.md's config folder of one's own data module (my_conf/data/mine.yaml): tests/fixtures' copy
+    # docs/data.md's config folder of one's own data module (my_conf/data/mine.yaml): tests/fixtures' copy
     "file://my_conf": f"file://{ROOT}/tests/fixtures/my_conf",
     # a trailing `...`: "and any other overrides"
     " ...": "",
@@ -102,7 +102,7 @@ SKIP = {
     # the scripts named in prose: eval.py and predict.py need ckpt_path (and input)
     "python eval.py": "names the script (ckpt_path is required)",
     "python predict.py": "names the script (ckpt_path and input are required)",
-    # what Lightning re-runs for plain DDP (docs/training.md, conf/trainer/ddp.yaml, the error of check_launch)
+    # what Lightning re-runs for plain DDP (docs/sweeps.md, conf/trainer/ddp.yaml, the error of check_launch)
     "python train.py <same arguments>": "describes Lightning's re-launch of a command",
 }
 
@@ -324,7 +324,8 @@ def test_doc_command_composes(command):
 def test_commands_found():
     """The extraction finds the commands of each kind of source (a broken pattern would find none and pass)."""
     where = [w.split(":")[0] for ws in COMMANDS.values() for w in ws]
-    for source in ("README.md", "docs/training.md", "docs/video.md", "conf/experiment/video.yaml", "train.py"):
+    docs = ("README.md", "docs/training.md", "docs/data.md", "docs/checkpoints.md", "docs/sweeps.md", "docs/video.md")
+    for source in (*docs, "conf/experiment/video.yaml", "train.py"):
         assert source in where, f"no command found in {source}"
     assert len(COMMANDS) >= 50, len(COMMANDS)
     assert any(" -m " in c for c in COMMANDS) and any("--cfg job" in c for c in COMMANDS)

@@ -97,9 +97,9 @@ CLAIMS: dict[tuple[str, str], tuple[str, object]] = {
         [[96, 192, 384, 768], [4, 8, 16, 32]],
     ),
     ("docs/video.md", 'f.feature_info.get("time_reduction")'): ("[2, 2, 2, 2]", [2, 2, 2, 2]),
-    ("docs/training.md", "sizes = (dm.num_classes, dm.in_chans, dm.img_size)"): ("[4, 1, 32]", [4, 1, 32]),
+    ("docs/data.md", "sizes = (dm.num_classes, dm.in_chans, dm.img_size)"): ("[4, 1, 32]", [4, 1, 32]),
     ("docs/training.md", "ema.module.eval()(x).shape"): ("[8, 10]", [8, 10]),
-    ("docs/training.md", "batch = next(iter(MyDataModule().train_dataloader()))"): (
+    ("docs/data.md", "batch = next(iter(MyDataModule().train_dataloader()))"): (
         "images [64, 1, 16, 24], targets [64]",
         [[64, 1, 16, 24], [64]],
     ),
@@ -294,7 +294,7 @@ def test_doc_snippets_run(file, workdir):
 def test_snippets_found():
     """The extraction finds the blocks (a broken pattern would find none and pass)."""
     assert sum(len(b) for b in FILES.values()) >= 15
-    for f in ("README.md", "docs/video.md", "docs/packing.md"):
+    for f in ("README.md", "docs/video.md", "docs/packing.md", "docs/training.md", "docs/data.md"):
         assert f in FILES, f
 
 

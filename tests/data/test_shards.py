@@ -222,7 +222,7 @@ def test_resume_is_stated_not_exact(data, caplog):
 
 @pytest.mark.slow
 def test_mid_epoch_resume_restarts_the_epoch_stream_as_documented(data, tmp_path):
-    """What docs/training.md says a mid-epoch resume does on shards: Lightning warns, the interrupted epoch's
+    """What docs/data.md says a mid-epoch resume does on shards: Lightning warns, the interrupted epoch's
     stream starts again from its beginning and the epoch ends after the batches it still owed (8 of 12
     after a checkpoint at step 4), so its first 20 samples are seen twice and 20 others not at all."""
     from lightning.pytorch.callbacks import ModelCheckpoint

@@ -1,6 +1,6 @@
 """``python train.py -m pos=none,rel2d_full,rope2d_mixed,ape seed=0`` as a researcher comparing schemes runs it: every
 job starts from the same patch embedding, blocks, norms and head (the weights at the start of training, each job's
-own), only the schemes' own parameters differ (docs/training.md, "Sweeps")."""
+own), only the schemes' own parameters differ (docs/sweeps.md)."""
 
 from __future__ import annotations
 

@@ -149,9 +149,9 @@ def test_a_run_shorter_than_its_warmup_logs_the_configured_warmup_rates(tmp_path
 
 
 def test_a_mid_epoch_resume_with_another_seed_is_refused_naming_the_seed(tmp_path):
-    """The epoch's order is drawn from ``seed``: a run of ``seed=3`` stopped mid-epoch and resumed as docs/training.md
-    shows (``hydra.run.dir=<run> ckpt_path=last``, the ``seed=3`` override not repeated) continued the epoch in
-    ``seed=0``'s order, training on some of its images twice and skipping others, without a word. It is a
+    """The epoch's order is drawn from ``seed``: a run of ``seed=3`` stopped mid-epoch and resumed as
+    docs/checkpoints.md shows (``hydra.run.dir=<run> ckpt_path=last``, the ``seed=3`` override not repeated) continued
+    the epoch in ``seed=0``'s order, training on some of its images twice and skipping others, without a word. It is a
     ``ResumePositionError`` naming both seeds; with ``seed=3`` it resumes; at an epoch's end any seed does."""
     from vitrel.train.callbacks import ResumePositionError
 

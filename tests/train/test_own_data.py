@@ -1,5 +1,5 @@
 """A researcher's own data set in the first hour: a ``LightningDataModule`` of their own named by a ``conf/data``
-file (``hydra.searchpath``), as docs/training.md's "Your own data" has it, trained with ``train.py``, then its
+file (``hydra.searchpath``), as docs/data.md's "Your own data" has it, trained with ``train.py``, then its
 checkpoint scored by ``eval.py``, predicted by ``predict.py`` and loaded by ``vitrel.load_model``. What it lacks or
 gets wrong (its sizes, labels 1..C, float labels, no normalisation) is said in one line, not a traceback deep in
 torch or a silent default."""
@@ -118,7 +118,7 @@ def test_labels_1_to_c_are_one_line_saying_so(conf, tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("train.py: TargetError: the batch holds targets 1..3, but the model has 3 classes"), last
-    assert last.endswith('labels 1..3? subtract 1 (docs/training.md, "Your own data")'), last
+    assert last.endswith('labels 1..3? subtract 1 (docs/data.md, "Your own data")'), last
 
 
 @pytest.mark.parametrize(("offset", "dtype"), [(0, "float32"), (-100, "int64")])

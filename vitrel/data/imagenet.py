@@ -31,7 +31,7 @@ rounded up to a whole number of batches, repeating its own shards if they hold f
 they hold more, so every rank has the same number of batches
 (:func:`vitrel.data.shards.epoch_samples_per_rank`). ``wds`` needs at least ``ranks * workers`` shards
 (else a worker would get none and its rank fewer batches: refused). Mid-epoch resume is not exact for them
-(a warning says so; see docs/training.md).
+(a warning says so; see docs/data.md).
 """
 
 from __future__ import annotations
@@ -471,7 +471,7 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
             log.warning(
                 "%s is an iterable (streamed) data set: train_order_seed (ExactResume) does not apply and a run "
                 "resumed mid-epoch is not exact: the interrupted epoch restarts from its beginning and stops at the "
-                "number of batches it still owed (see docs/training.md, ImageNet from shards)",
+                "number of batches it still owed (see docs/data.md, ImageNet from shards)",
                 self.source,
             )
         return ShardLoader(

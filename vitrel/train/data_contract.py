@@ -4,7 +4,7 @@
 (:func:`warn_no_preprocessing`), the images of the first batch of each stage (:class:`CheckOwnBatches`: of the
 channels and size those attributes say, which the model is built at and the checkpoints tell ``predict.py`` to resize
 files to), and the targets of every batch (:func:`check_targets`: class indices ``0..num_classes-1``, where
-``F.cross_entropy`` would stop with an index error deep in torch). docs/training.md, "Your own data"."""
+``F.cross_entropy`` would stop with an index error deep in torch). docs/data.md, "Your own data"."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ __all__ = [
 #: the attributes of a data module the model is built from (``train.py``) or checked against (``eval.py``)
 SIZED_BY = ("num_classes", "in_chans", "img_size")
 #: the guide's section on a data module of one's own
-GUIDE = 'docs/training.md, "Your own data"'
+GUIDE = 'docs/data.md, "Your own data"'
 
 
 class TargetError(ValueError):

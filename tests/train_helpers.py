@@ -37,6 +37,7 @@ FAST = [
     "callbacks.pos_images=null",
     "callbacks.curves=null",  # (tests/train/test_curves.py draws them; 0.2-0.3 s a draw, each epoch)
     "callbacks.attention_distance=null",  # (tests/train/test_attention_distance.py writes them)
+    "callbacks.per_class.max_png_classes=0",  # (its CSVs only: tests/train/test_per_class.py draws confusion.png)
 ]
 # Moving Fashion-MNIST, small: 64 training and 32 test clips
 TINY_CLIPS = ["data=moving_fmnist", "data.train_images=32", "data.test_images=16", "data.batch_size=8"]

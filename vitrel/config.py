@@ -257,6 +257,7 @@ class EvalConfig:
     ema: Any = "auto"  # "auto" | true | false
     model_overrides: dict[str, Any] = field(default_factory=dict)
     progress_bar: str = "auto"
+    per_class: Any = None  # the PerClassReport callback's node (conf/eval.yaml); null: no per-class report
     matmul_precision: str = "high"
     data: Any = MISSING
     trainer: Any = MISSING

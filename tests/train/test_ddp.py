@@ -202,6 +202,8 @@ def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
         "test_limited_by": "trainer.limit_test_batches",
     }, fit
     assert fit["metrics"]["test/acc1"] >= 0
+    # the per-class report's counts are the two ranks' (torchmetrics' sync), each image once
+    assert _per_class_total(run) == 4 * 16 * 2
     ckpt = run / "checkpoints" / "last.ckpt"
     over = [f"ckpt_path={ckpt}", "split=val", *val, "trainer.accelerator=cpu"]
     single = evaluate_split(compose(tmp_path / "one", over, config_name="eval"))
@@ -218,6 +220,14 @@ def test_ddp_validation_and_eval_score_each_image_once(tmp_path):
         assert ddp["num_images"] == 33, loader
         assert ddp["metrics"]["val/acc1"] == single["metrics"]["val/acc1"], loader
         assert ddp["metrics"]["val/loss"] == pytest.approx(single["metrics"]["val/loss"], rel=1e-5), loader
+        assert _per_class_total(out) == 33, loader
+        assert (out / "confusion.csv").read_text() == (tmp_path / "one" / "confusion.csv").read_text(), loader
+
+
+def _per_class_total(folder: Path) -> int:
+    """The images ``<folder>/per_class.csv`` counts (its supports' sum)."""
+    with (folder / "per_class.csv").open(newline="") as f:
+        return sum(int(r["support"]) for r in csv.DictReader(f))
 
 
 def evaluate_split(cfg) -> dict:

@@ -14,10 +14,12 @@ from vitrel.train.run import train
 
 
 def _seen(model: torch.nn.Module, log: list) -> torch.nn.Module:
-    """``model``, noting in ``log`` the autocast dtype each forward runs under (None: off)."""
+    """``model``, noting in ``log`` the autocast dtype each forward of a batch runs under (None: off); not the forward
+    of one image that counts ``gflops`` for ``eval_metrics.json``, after the test."""
 
     def hook(module, args):
-        log.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        if args[0].shape[0] > 1:
+            log.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
 
     model.register_forward_pre_hook(hook)
     return model

@@ -50,6 +50,7 @@ from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
 from vitrel.train.data_contract import CheckOwnBatches, check_data_module
+from vitrel.train.flops import run_gflops
 from vitrel.train.launch_paths import EVAL_PATHS, launch_path, launch_paths, recorded_launch_folder
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
@@ -87,6 +88,11 @@ class _SplitData(L.LightningDataModule):
     def test_dataloader(self) -> Any:
         self.dm.trainer = self.trainer  # (a vitrel data module reads the ranks and the device from its trainer)
         return self.dm.test_dataloader() if self.split == "test" else self.dm.val_dataloader()
+
+    @property
+    def class_names(self) -> list[str] | None:
+        """The data module's (the per-class report names the classes by them)."""
+        return getattr(self.dm, "class_names", None)
 
 
 def _non_square(saved: dict) -> bool:
@@ -219,6 +225,18 @@ def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
     return value
 
 
+def _literal_run_path(raw: Any, record: Path) -> str | None:
+    """A ``root`` / ``path`` of the run's record ``record`` (``<run>/.hydra/config.yaml``) as written there (``raw``,
+    unresolved) when it is a literal path, not an interpolation (``${paths.data_dir}`` is eval's own, resolved here):
+    a relative one made absolute against the folder the run was launched from
+    (:func:`~vitrel.train.launch_paths.recorded_launch_folder`), or, where the record has no ``hydra.yaml`` beside it
+    to say which, against eval's own launch folder; None for an interpolation or no string. One rule for the settings
+    taken from the run (:func:`_run_settings`) and the ``data.root`` the advice of :func:`_trained_data` names."""
+    if not isinstance(raw, str) or "${" in raw:
+        return None
+    return launch_path(raw, recorded_launch_folder(record))
+
+
 def _same_data(run: DictConfig, data_cfg: DictConfig) -> bool:
     """Whether the run's record ``run`` is of the data scored: the same ``data.name``. Configs of one's own without a
     name are not known as the same (two such files, of two data sets, would pass the run's ``root`` or ``seed`` to
@@ -235,17 +253,17 @@ def _run_settings(
     and where they come from. The run folder's record when there is one, for the same data (``data.name``; other
     data keeps its group's defaults): its interpolations resolved against that record, here (``${paths.data_dir}`` is
     eval's own data folder, as by default), a relative ``root`` / ``path`` the run was given against the folder it
-    was launched from (:func:`~vitrel.train.launch_paths.recorded_launch_folder`; eval's own without its
-    ``hydra.yaml``); a value that does not resolve is an error naming the key to give. Without
+    was launched from (:func:`_literal_run_path`); a value that does not resolve is an error naming the key to give.
+    Without
     a record, the preprocessing stored with the weights (``stored_data``). Either way the split the checkpoint holds
     (``split``, :func:`_stored_split`) gives ``seed`` and ``val_fraction``. ``record``: :func:`run_record`."""
     path, run = record
-    base, raw = None, {}
+    raw = {}
     if run is not None:
         if not _same_data(run, data_cfg):
             return {}, {}, ""
         keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
-        base, raw = recorded_launch_folder(path), OmegaConf.to_container(node, resolve=False)
+        raw = OmegaConf.to_container(node, resolve=False)
     else:
         node = stored_data
         keys, where = [k for k in STORED_PREPROCESSING if k in node], "the data config stored with it"
@@ -257,8 +275,9 @@ def _run_settings(
         on_command_line = _given(f"data.{k}")
         try:
             value = split[k] if k in split else plain(node[k])
-            literal = isinstance(raw.get(k), str) and "${" not in raw[k]  # (not ${paths.data_dir}: eval's own)
-            value = launch_path(value, base if literal else None) if k in ("root", "path") else value
+            if k in ("root", "path"):  # (not ${paths.data_dir}: eval's own, resolved here)
+                literal = _literal_run_path(raw.get(k), path)
+                value = literal if literal is not None else launch_path(value)
         except OmegaConfBaseException as e:
             if on_command_line:
                 continue
@@ -387,10 +406,8 @@ def _trained_data(record: tuple[Path, DictConfig | None]) -> str:
     if not data or not data.get("name"):
         what = "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
     else:
-        root = OmegaConf.to_container(data, resolve=False).get("root")
-        base = recorded_launch_folder(run_cfg)  # (a relative root: the run's launch folder's)
-        root = launch_path(root, base) if base is not None and isinstance(root, str) and "${" not in root else root
-        given = f" data.root={root}" if isinstance(root, str) and "${" not in root else ""
+        root = _literal_run_path(OmegaConf.to_container(data, resolve=False).get("root"), run_cfg)
+        given = f" data.root={root}" if root is not None else ""
         if data.get("verify") is False:  # a copy not checked against the official md5s: checked, it would stop here
             given += " data.verify=false"
         what = f"data={data.name}{given} (its run's {run_cfg})"
@@ -425,6 +442,19 @@ def _naflex_where(dm: Any, size: list[int] | None, patch: Any) -> str:
     else:
         how = f"each image enlarged up to {ratio:g}x its native size (data.eval_max_ratio)"
     return f"with {how} ({rows}"
+
+
+def _eval_gflops(model: torch.nn.Module, dm: Any) -> float | None:
+    """``gflops`` of one forward of one sample at the size scored (:func:`~vitrel.train.flops.run_gflops`, as train.py's
+    ``metrics.json`` counts it at the size trained): ``data.img_size`` (a video's ``data.num_frames``); NaFlex
+    batches, whose images keep their own sizes: one image at the model's nominal size."""
+    example = None
+    if not getattr(dm, "packing", None) and getattr(dm, "img_size", None) is not None:
+        c, (h, w) = int(dm.in_chans), to_2tuple(dm.img_size)
+        example = torch.zeros(1, c, int(dm.num_frames), h, w) if is_video_data(dm) else torch.zeros(1, c, h, w)
+        p = next((p for p in model.parameters() if p.is_floating_point()), None)
+        example = example.to(device=p.device, dtype=p.dtype) if p is not None else example
+    return run_gflops(model, example, record="eval_metrics.json")
 
 
 def evaluate(cfg: DictConfig) -> dict[str, float]:
@@ -513,10 +543,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
     counted, unreadable = CountTestImages(), ReportUnreadable(test_split=split)  # (unreadable: on_bad_sample=skip)
     figures = RunFigures(counted, unreadable)  # (read where the test ran: ddp_spawn's processes too)
+    per_class = [instantiate(cfg.per_class)] if cfg.get("per_class") is not None else []  # (per_class=null: none)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,
-        callbacks=[*progress_callbacks(bar), counted, unreadable, figures, CheckOwnBatches(dm)],
+        callbacks=[*progress_callbacks(bar), counted, unreadable, figures, CheckOwnBatches(dm), *per_class],
         enable_progress_bar=bar in ("rich", "tqdm"),
         enable_checkpointing=False,
     )
@@ -550,6 +581,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "num_images": tested["test_images"],  # scored: fewer than the split's with trainer.limit_test_batches
         "split_images": tested["test_split_images"],  # the readable ones
         "unreadable": left_out,  # left out (data.on_bad_sample=skip), each named in the test's log line
+        "gflops": _eval_gflops(model, dm) if trainer.is_global_zero else None,  # one sample at the size scored
         "wall_s": round(time.time() - t0, 2),
     }
     if trainer.is_global_zero:

@@ -110,14 +110,14 @@ def forward_flops(model: nn.Module, example: Tensor | None = None) -> int:
     return int(counter.get_total_flops())
 
 
-def run_gflops(model: nn.Module) -> float | None:
-    """A run's ``gflops``: :func:`forward_flops` of ``model`` at its nominal size, in units of 10^9; None, said in
-    one log line, where it cannot be counted (:class:`UncountedError`, or a forward that failed under the counter:
-    a warning naming the error, so that the run's record is still written)."""
+def run_gflops(model: nn.Module, example: Tensor | None = None, record: str = "metrics.json") -> float | None:
+    """A run's ``gflops``: :func:`forward_flops` of ``model`` on ``example`` (default: at its nominal size), in units of
+    10^9; None, said in one log line, where it cannot be counted (:class:`UncountedError`, or a forward that failed
+    under the counter: a warning naming the error, so that the run's ``record`` is still written)."""
     try:
-        return forward_flops(model) / 1e9
+        return forward_flops(model, example) / 1e9
     except UncountedError as e:
-        rank_zero_info(f"gflops not counted (null in metrics.json): {e}")
+        rank_zero_info(f"gflops not counted (null in {record}): {e}")
     except Exception as e:  # noqa: BLE001 - a run that trained keeps its record; the count's failure is said
-        rank_zero_warn(f"gflops not counted (null in metrics.json): the forward under FlopCounterMode raised {e!r}")
+        rank_zero_warn(f"gflops not counted (null in {record}): the forward under FlopCounterMode raised {e!r}")
     return None

@@ -347,9 +347,9 @@ class ClassifierModule(L.LightningModule):
             for m in self.train_metrics.values():
                 m.reset()
 
-    def _eval_step(self, batch: tuple[Tensor | dict, Tensor] | None, stage: str) -> None:
+    def _eval_step(self, batch: tuple[Tensor | dict, Tensor] | None, stage: str) -> dict[str, Tensor] | None:
         if batch is None:  # every file of the batch unreadable, left out (data.on_bad_sample=skip)
-            return
+            return None
         x, y = batch
         n = _num_images(x, y)
         check_targets(y, self.num_classes)
@@ -371,12 +371,13 @@ class ClassifierModule(L.LightningModule):
             acc5 = self.val_acc5 if stage == "val" else self.test_acc5
             acc5(logits, y)
             self.log(f"{stage}/acc5", acc5, on_epoch=True, batch_size=n)
+        return {"logits": logits.detach(), "target": y}  # (the test's: callbacks' on_test_batch_end, per_class)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")
 
-    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
-        self._eval_step(batch, "test")
+    def test_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> dict[str, Tensor] | None:
+        return self._eval_step(batch, "test")
 
     # ------------------------------------------------------------------------------ EMA
     def to(self, *args: Any, **kwargs: Any) -> ClassifierModule:

@@ -258,6 +258,7 @@ class EvalConfig:
     model_overrides: dict[str, Any] = field(default_factory=dict)
     progress_bar: str = "auto"
     per_class: Any = None  # the PerClassReport callback's node (conf/eval.yaml); null: no per-class report
+    attention_distance: Any = None  # the AttentionDistance callback's node (conf/eval.yaml); null: none
     matmul_precision: str = "high"
     data: Any = MISSING
     trainer: Any = MISSING

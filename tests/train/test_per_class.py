@@ -17,9 +17,10 @@ from lightning.pytorch.callbacks import Callback
 from omegaconf import OmegaConf
 
 from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
+from vitrel.train.attention_distance import CSV, read_distances
 from vitrel.train.evaluate import _run_settings, _trained_data, evaluate
 
-RUN_FAST = [a for a in FAST if "per_class" not in a]  # (FAST leaves confusion.png out; these runs draw it)
+RUN_FAST = [a for a in FAST if "per_class" not in a and "attention_distance" not in a]  # (FAST leaves them out)
 EVAL = [*FAST[:1], *FAST[2:4], "data.eval_batch_size=500"]  # no workers, on the CPU, no progress bar, 4 batches
 TEST_IMAGES = 2000  # the embedded Fashion-MNIST subset's test split
 
@@ -113,6 +114,8 @@ def test_eval_py_writes_the_same_report_and_gflops(tested_run, tmp_path):
     assert sum(int(r["support"]) for r in _rows(out / "per_class.csv")) == TEST_IMAGES
     assert (out / "confusion.png").is_file()
     assert record["gflops"] > 0 and result["gflops"] == pytest.approx(record["gflops"], rel=1e-9)
+    # the same weights, size and first 64 test images: the run's attention distances
+    torch.testing.assert_close(read_distances(out / CSV), read_distances(run / CSV), rtol=1e-9, atol=1e-9)
 
 
 def test_eval_at_another_size_counts_its_gflops_and_leaves_out_a_picture_of_too_many_classes(
@@ -127,14 +130,18 @@ def test_eval_at_another_size_counts_its_gflops_and_leaves_out_a_picture_of_too_
         evaluate(compose(tmp_path / "big", over, config_name="eval"))
     result = json.loads((tmp_path / "big" / "eval_metrics.json").read_text())
     assert result["gflops"] > 4 * record["gflops"]
+    # twice the grid's side in patches, the patch kept: (the 2-step model's near-uniform) heads look about twice as far
+    ratio = read_distances(tmp_path / "big" / CSV).mean() / read_distances(run / CSV).mean()
+    assert 1.8 < ratio < 2.2, ratio
     assert sum(int(r["support"]) for r in _rows(tmp_path / "big" / "per_class.csv")) == result["num_images"] == 500
     assert not (tmp_path / "big" / "confusion.png").exists()
     (line,) = [m for m in caplog.messages if "no confusion.png" in m]
     assert str(tmp_path / "big" / "per_class.csv") in line and "10 classes, above max_png_classes=5" in line
 
-    evaluate(compose(tmp_path / "none", [ckpt, *EVAL, "trainer.limit_test_batches=1", "per_class=null"], "eval"))
+    nulls = ["per_class=null", "attention_distance=null"]
+    evaluate(compose(tmp_path / "none", [ckpt, *EVAL, "trainer.limit_test_batches=1", *nulls], "eval"))
     assert (tmp_path / "none" / "eval_metrics.json").is_file()
-    assert not {"per_class.csv", "confusion.csv", "confusion.png"} & set(os.listdir(tmp_path / "none"))
+    assert not {"per_class.csv", "confusion.csv", "confusion.png", CSV} & set(os.listdir(tmp_path / "none"))
 
 
 def test_a_relative_root_of_a_run_without_its_hydra_yaml_is_evals_launch_folders_in_both_uses(tmp_path, monkeypatch):

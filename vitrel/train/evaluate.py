@@ -543,11 +543,11 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     bar = progress_bar_kind(str(cfg.get("progress_bar", "auto")))
     counted, unreadable = CountTestImages(), ReportUnreadable(test_split=split)  # (unreadable: on_bad_sample=skip)
     figures = RunFigures(counted, unreadable)  # (read where the test ran: ddp_spawn's processes too)
-    per_class = [instantiate(cfg.per_class)] if cfg.get("per_class") is not None else []  # (per_class=null: none)
+    reports = [instantiate(cfg[k]) for k in ("per_class", "attention_distance") if cfg.get(k) is not None]  # null: none
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=False,
-        callbacks=[*progress_callbacks(bar), counted, unreadable, figures, CheckOwnBatches(dm), *per_class],
+        callbacks=[*progress_callbacks(bar), counted, unreadable, figures, CheckOwnBatches(dm), *reports],
         enable_progress_bar=bar in ("rich", "tqdm"),
         enable_checkpointing=False,
     )

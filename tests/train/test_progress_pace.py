@@ -31,8 +31,15 @@ def test_pace_without_a_known_total_or_a_step_says_what_it_can(monkeypatch):
 def test_step_lines_of_a_run_give_the_pace_and_the_time_left(tmp_path, capsys):
     over = [*TINY_VIT, *FAST, *SHORT, "progress_bar=lines", "trainer.log_every_n_steps=1"]
     train(compose(tmp_path, over))
-    steps = [x for x in capsys.readouterr().out.splitlines() if " step " in x]
+    out = capsys.readouterr().out.splitlines()
+    steps = [x for x in out if " step " in x]
     assert steps, "no step lines"
     for line in steps:
         assert re.search(r"  lr \S+  \d+ img/s  eta \d+:\d\d:\d\d$", line), line
     assert steps[-1].endswith("eta 0:00:00")  # the fit's last step: none left
+    (test,) = [x for x in out if x.startswith("test batch")]  # validation and test lines: the time left too
+    assert re.fullmatch(r"test batch 1/1  \(\d+\.\d s, eta 0:00:00\)", test), test
+
+
+def test_clock():
+    assert (progress._clock(3723.9), progress._clock(59.99), progress._clock(-1)) == ("1:02:03", "0:00:59", "0:00:00")

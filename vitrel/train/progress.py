@@ -127,7 +127,9 @@ class LineProgress(Callback):
         every = self._every(trainer)
         if every > 0 and (batch_idx + 1) % every == 0:
             total = totals[dataloader_idx] if isinstance(totals, (list, tuple)) else totals
-            print(f"{stage} batch {batch_idx + 1}/{total}  ({time.monotonic() - self._t_eval:.1f} s)", flush=True)
+            spent = time.monotonic() - self._t_eval
+            left = _clock(spent / (batch_idx + 1) * (total - batch_idx - 1)) if total != float("inf") else "?"
+            print(f"{stage} batch {batch_idx + 1}/{total}  ({spent:.1f} s, eta {left})", flush=True)
 
     @rank_zero_only
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
@@ -153,9 +155,14 @@ class _Window:
             return ""
         out = f"  {self.images * world_size / seconds:.0f} img/s"
         if total != float("inf"):
-            left = max(0.0, (total - step) * seconds / (step - self.step))
-            out += f"  eta {int(left // 3600)}:{int(left % 3600 // 60):02d}:{int(left % 60):02d}"
+            out += f"  eta {_clock((total - step) * seconds / (step - self.step))}"
         return out
+
+
+def _clock(seconds: float) -> str:
+    """``3723.9`` -> ``"1:02:03"``."""
+    s = int(max(0.0, seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 
 class CountTestImages(Callback):

@@ -266,7 +266,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     result = {
         "status": status,
         "metrics": metrics,
-        "epochs": fitted["epochs"],
+        "epochs": fitted["epochs"],  # completed; a stop's unfinished one: partial_epoch_steps
+        "partial_epoch_steps": fitted["partial_epoch_steps"],  # 0: the last epoch ran to its end
         "val_runs": fitted["val_runs"],  # 0: trainer.max_steps ended the fit before its first validation
         "global_step": fitted["global_step"],
         **clock.times(fit_s, time.time() - t0),  # the whole run's fit_s and wall_s, and their part before a resume

@@ -12,13 +12,24 @@ from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.progress import CountTestImages, CountValidations
 from vitrel.train.summary import split_size
 
-__all__ = ["RunFigures"]
+__all__ = ["RunFigures", "partial_epoch_steps"]
+
+
+def partial_epoch_steps(trainer: L.Trainer) -> int:
+    """At the end of a fit: the optimizer steps of the epoch it stopped in part-way (``trainer.max_steps``,
+    ``trainer.max_time``, a callback's ``trainer.should_stop``), 0 when its last epoch ran to its end. Lightning's
+    own count: the epoch loop's batches, restored across a resume, one step per ``accumulate_grad_batches``."""
+    progress = trainer.fit_loop.epoch_loop.batch_progress
+    done = progress.current.completed
+    if done == 0 or progress.is_last_batch:
+        return 0
+    return done // max(1, trainer.accumulate_grad_batches)
 
 
 class RunFigures(Callback):
-    """At the end of a fit (``epochs``, ``global_step``, ``val_runs``) and of a test (``test_images``,
-    ``test_split_images``, ``classes_note``), puts those figures into ``trainer.callback_metrics`` under one key;
-    :meth:`take` removes them there, in the process that called ``trainer.fit`` / ``trainer.test``.
+    """At the end of a fit (``epochs``: completed; ``partial_epoch_steps``, ``global_step``, ``val_runs``) and of a test
+    (``test_images``, ``test_split_images``, ``classes_note``), puts those figures into ``trainer.callback_metrics``
+    under one key; :meth:`take` removes them there, in the process that called ``trainer.fit`` / ``trainer.test``.
 
     Under ``ddp_spawn`` Lightning fits and tests in spawned processes and sends back only their rank 0's
     ``callback_metrics``, best checkpoint path and weights: the calling process's trainer keeps ``global_step`` and
@@ -36,7 +47,9 @@ class RunFigures(Callback):
         self.counted, self.unreadable, self.validated = counted, unreadable, validated
 
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        figures = {"epochs": trainer.current_epoch, "global_step": trainer.global_step}
+        steps = partial_epoch_steps(trainer)
+        epochs = trainer.current_epoch - (1 if steps else 0)  # (Lightning counts an epoch a stop ended as done)
+        figures = {"epochs": epochs, "partial_epoch_steps": steps, "global_step": trainer.global_step}
         val_runs = self.validated.count if self.validated is not None else None
         trainer.callback_metrics[self.KEY] = {"stage": "fit", **figures, "val_runs": val_runs}
 

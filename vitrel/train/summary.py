@@ -38,7 +38,7 @@ def report(result: dict, wandb_where: str | None, classes: str = "", noun: str =
     again = "; resumed finished: nothing left to train, tested again" if result.get("resumed_finished") else ""
     fit_before, wall_before = _before_resume(result)
     lines.append(
-        f"training {fit_s} ({_plural(result['epochs'], 'epoch')}, {_plural(result['global_step'], 'step')}"
+        f"training {fit_s} ({_epochs(result)}, {_plural(result['global_step'], 'step')}"
         f"{fit_before}); whole run {wall_s}{wall_before}{again}"
     )
     lines.append(f"run folder  {result['run_dir']}")
@@ -87,6 +87,12 @@ def _before_resume(result: dict) -> tuple[str, str]:
     return f"; {result['fit_s_before_resume']:.0f} s {when}", f" ({result['wall_s_before_resume']:.0f} s {when})"
 
 
+def _epochs(result: dict) -> str:
+    """``3 epochs``, or with a stop's unfinished epoch ``3 epochs and 40 steps of the next``."""
+    part = result.get("partial_epoch_steps")  # (a record of before vitrel kept it: none)
+    return _plural(result["epochs"], "epoch") + (f" and {_plural(part, 'step')} of the next" if part else "")
+
+
 def _plural(n: int, word: str) -> str:
     return f"{n} {word}{'' if n == 1 else 's'}"
 
@@ -101,5 +107,6 @@ def resumed_finished(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     if earlier is None:
         rank_zero_info(f"resumed a finished run with no record of it in {run_dir}: its validation and times unknown")
         return {**result, "wall_s": None, "fit_s": None, "resumed_finished": True}
-    kept = {k: earlier[k] for k in ("epochs", "val_runs", "wall_s", "fit_s", *BEFORE_RESUME) if k in earlier}
+    figures = ("epochs", "partial_epoch_steps", "val_runs", "wall_s", "fit_s", *BEFORE_RESUME)
+    kept = {k: earlier[k] for k in figures if k in earlier}
     return {**result, **kept, "metrics": {**earlier.get("metrics", {}), **result["metrics"]}, "resumed_finished": True}

@@ -210,3 +210,47 @@ def test_a_monitor_mode_against_its_metric_is_refused_before_training(tmp_path, 
     with pytest.raises(ConfigError, match=rf"would keep the worst.*set .*{said}"):
         train(compose(run, [*QUICK, "trainer.max_epochs=1", "trainer.limit_train_batches=1", override]))
     assert not (run / "checkpoints").exists()
+
+
+class LogMyMetric(Callback):
+    """A callback of one's own that logs ``val/my_metric`` (1 - the validation loss) at each validation's end."""
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        pl_module.log("val/my_metric", 1.0 - trainer.callback_metrics["val/loss"])
+
+
+MY_MONITORS = [
+    "callbacks.model_checkpoint.monitor=val/my_metric",
+    "+callbacks.es={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/my_metric, mode: max}",
+]
+
+
+def test_a_monitored_metric_a_callback_of_ones_own_logs_is_let_through(tmp_path):
+    """``ModelCheckpoint`` / ``EarlyStopping`` monitoring ``val/my_metric``, which a callback of one's own logs with
+    ``pl_module.log``, was refused before training (only the module's metric names were read): it trains, and the best
+    file is chosen by it. Misspellings of the module's own names stay refused (above)."""
+    run = [*QUICK, "trainer.max_epochs=2", "trainer.limit_train_batches=1", *MY_MONITORS]
+    result = train(compose(tmp_path, run), callbacks=[LogMyMetric()])
+    record = json.loads((tmp_path / "metrics.json").read_text())
+    assert record["best_monitor"] == "val/my_metric" and record["best_ckpt"] is not None
+    assert result["val/my_metric"] == pytest.approx(1.0 - result["val/loss"])
+
+
+def test_a_monitored_metric_nobody_logs_is_lightnings_error_at_the_first_validation(tmp_path):
+    """A name the module cannot know and no callback logs: Lightning's own error, at the first validation's end."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    run = [*QUICK, "trainer.max_epochs=2", "trainer.limit_train_batches=1", MY_MONITORS[0]]
+    with pytest.raises(MisconfigurationException, match=r"monitor='val/my_metric'.*could not find the monitored key"):
+        train(compose(tmp_path, run))
+    assert not (tmp_path / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("monitor", ["val/acc1_epoch", "val/los", "test/acc1"])
+def test_a_monitor_near_the_modules_own_metric_is_refused_before_training(tmp_path, monitor):
+    """Still refused before training: Lightning's suffix on a metric logged once, a misspelling, a test metric."""
+    from vitrel.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"monitor={monitor}\b.*not a metric this run logs"):
+        train(compose(tmp_path, [*QUICK, "trainer.max_epochs=1", f"callbacks.model_checkpoint.monitor={monitor}"]))
+    assert not (tmp_path / "checkpoints").exists()

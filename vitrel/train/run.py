@@ -352,10 +352,13 @@ def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
 
 
 def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> None:
-    """The ``monitor`` of each ``EarlyStopping`` (``strict``) and ``ModelCheckpoint`` among ``callbacks`` is a metric
-    the fit logs (``module.metric_names(test=False)``), else a :class:`~vitrel.config.ConfigError` naming them, before
-    the run trains (Lightning's own error comes at the first epoch's end, after its training); an accuracy's ``mode``
-    is ``max``, a loss's ``min`` (EarlyStopping's default ``min`` for ``val/acc1`` stops a run that keeps improving).
+    """The ``monitor`` of each ``EarlyStopping`` (``strict``) and ``ModelCheckpoint`` among ``callbacks``, before the
+    run trains (Lightning's own error comes at the first validation's end, after its training): a name that is not one
+    of the metrics the module logs (``module.metric_names(test=False)``) but is close to one (``val/acc`` for
+    ``val/acc1``, ``val/loss_epoch``), or a ``test/`` one, is a :class:`~vitrel.config.ConfigError` naming them; any
+    other name may be logged by a callback of one's own and is left to Lightning's check. A known metric's ``mode``:
+    an accuracy's ``max``, a loss's ``min`` (EarlyStopping's default ``min`` for ``val/acc1`` stops a run that keeps
+    improving).
     """
     names = getattr(module, "metric_names", None)
     if names is None:
@@ -363,17 +366,33 @@ def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> 
     known = names(test=False)
     for cb in callbacks:
         ckpt = isinstance(cb, ModelCheckpoint)  # (which also offers the epoch and step counters)
+        if not ckpt and not isinstance(cb, EarlyStopping):
+            continue
         logged = [*known, "epoch", "step"] if ckpt else known
-        if (ckpt or (isinstance(cb, EarlyStopping) and cb.strict)) and cb.monitor not in (None, *logged):
+        if cb.monitor is None or cb.monitor in logged:
+            want = _better(cb.monitor)
+            if want is not None and cb.mode != want:
+                raise ConfigError(
+                    f"{type(cb).__name__}(monitor={cb.monitor}, mode={cb.mode}) would keep the worst value as the "
+                    f"best; set its mode={want}"
+                )
+        elif (ckpt or cb.strict) and _misnamed(str(cb.monitor), known):
             raise ConfigError(
                 f"{type(cb).__name__}(monitor={cb.monitor}) is not a metric this run logs: one of {', '.join(logged)}"
             )
-        want = _better(cb.monitor) if ckpt or isinstance(cb, EarlyStopping) else None
-        if want is not None and cb.mode != want:
-            raise ConfigError(
-                f"{type(cb).__name__}(monitor={cb.monitor}, mode={cb.mode}) would keep the worst value as the best; "
-                f"set its mode={want}"
-            )
+
+
+def _misnamed(name: str, known: Sequence[str]) -> bool:
+    """``name``, not among the ``known`` metric names of the module, is one of them misspelled (``difflib``'s ratio
+    0.85 or more: ``val/acc``, ``val/loss_``), with Lightning's ``_step`` / ``_epoch`` added to a metric logged once
+    (``val/loss_epoch``), or a ``test/`` metric, which no fit logs. A name a callback of one's own logs
+    (``val/my_metric``) is none of these: Lightning's check, at the first validation, is its."""
+    import difflib
+
+    base = name.removesuffix("_step").removesuffix("_epoch")
+    if name.startswith("test/") or (base != name and base in known):
+        return True
+    return bool(difflib.get_close_matches(name, known, n=1, cutoff=0.85))
 
 
 def _better(metric: str | None) -> str | None:

@@ -34,7 +34,7 @@ def test_progress_line_counts_optimizer_steps_and_shows_the_rate_each_used(tmp_p
     4), not a batch: the 8 batches make 4 lines, step N being the loggers' row N - 1."""
     train(compose(tmp_path, [*RUN, "progress_bar=lines"]))
     csv_lr = dict(_lr_rows(tmp_path))
-    lines = re.findall(r"^epoch 1 step (\d+)/(\S+) .* lr (\S+)$", capsys.readouterr().out, flags=re.M)
+    lines = re.findall(r"^epoch 1 step (\d+)/(\S+) .* lr (\S+)(?:  \d+ img/s.*)?$", capsys.readouterr().out, flags=re.M)
     assert [(int(n), total) for n, total, _ in lines] == [(1, "4"), (2, "4"), (3, "4"), (4, "4")], lines
     assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 4  # the last line's step
     for n, _, lr in lines:
@@ -49,7 +49,7 @@ def test_progress_line_shows_the_top_layers_rate_under_layer_decay(tmp_path, cap
         rows = [r for r in csv.DictReader(f) if r.get(LR)]
     top = {int(r["step"]): max(float(v) for k, v in r.items() if k.startswith("lr-") and v) for r in rows}
     assert all(top[int(r["step"])] >= 7.9 * float(r[LR]) for r in rows)  # 2 blocks: the stem at 0.5 ** 3 of the head
-    lines = re.findall(r"^epoch 1 step (\d+)/\S+ .* lr (\S+)$", capsys.readouterr().out, flags=re.M)
+    lines = re.findall(r"^epoch 1 step (\d+)/\S+ .* lr (\S+)(?:  \d+ img/s.*)?$", capsys.readouterr().out, flags=re.M)
     assert len(lines) == 4, lines
     for n, lr in lines:
         assert lr == f"{top[int(n) - 1]:.3g}", (n, lr, top)

@@ -23,10 +23,10 @@ class BestCheckpoint(ModelCheckpoint):
         """``ModelCheckpoint``'s key (``ModelCheckpoint{...}``), so checkpoints written with it resume with this."""
         return f"ModelCheckpoint{kwargs!r}"
 
-    # a validation Lightning runs as the fit stops mid-epoch (trainer.max_time) comes after last.ckpt, written at the
-    # stopping step: a resume, whose state is of before it, would keep its file beside the next best one
+    # a validation Lightning runs only because the fit stops mid-epoch (trainer.max_time) comes after last.ckpt, written
+    # at the stopping step: a resume, whose state is of before it, would keep its file beside the next best one
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not _stopped_mid_epoch(trainer):
+        if not _stop_validation(trainer):
             super().on_validation_end(trainer, pl_module)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -38,6 +38,15 @@ class BestCheckpoint(ModelCheckpoint):
         if old and new and old != new:
             state_dict = moved_state(state_dict, str(old), str(new))
         super().load_state_dict(state_dict)
+
+
+def _stop_validation(trainer: L.Trainer) -> bool:
+    """The validation that ends now is one Lightning runs only for a stop mid-epoch
+    (``LastCheckpoint.stop_validation``): one of ``trainer.val_check_interval`` at the stopping step is the fit's own
+    (``last.ckpt`` is written after it)."""
+    from vitrel.train.callbacks import LastCheckpoint
+
+    return any(isinstance(cb, LastCheckpoint) and cb.stop_validation for cb in trainer.callbacks)
 
 
 def _stopped_mid_epoch(trainer: L.Trainer) -> bool:

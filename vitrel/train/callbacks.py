@@ -113,6 +113,8 @@ class LastCheckpoint(Checkpoint):
         self._last_time = time.monotonic()
         self._flush_pending = False
         self._stopped = False  # a stop was asked for mid-epoch (its step saved)
+        self._stop_val = False  # the validation after the stop's step is one Lightning runs only for the stop
+        self._after_val = False  # this step's save waits for the validation Lightning runs after its batch
 
     def path(self, trainer: L.Trainer) -> Path:
         return self.path_in(trainer.default_root_dir)
@@ -125,6 +127,13 @@ class LastCheckpoint(Checkpoint):
     def stopped_mid_epoch(self) -> bool:
         """``last.ckpt`` was written at the step the fit stopped on mid-epoch (its epoch's end hooks come early)."""
         return self._stopped
+
+    @property
+    def stop_validation(self) -> bool:
+        """The validation after the stopping step is one Lightning runs only because the fit stops mid-epoch
+        (``trainer.max_time``, ``trainer.should_stop``), not one of ``trainer.val_check_interval``'s: ``last.ckpt`` is
+        of before it."""
+        return self._stop_val
 
     @property
     def last_saved_step(self) -> int | None:
@@ -165,12 +174,30 @@ class LastCheckpoint(Checkpoint):
         # this step's checkpoint, so that a resume trains the epoch's remaining batches (Lightning then runs the
         # epoch's end hooks early: a file written there would resume at the next epoch); the epoch's end keeps it
         steps_done = trainer.max_steps not in (-1, None) and trainer.global_step >= trainer.max_steps
-        self._stopped = (trainer.should_stop or steps_done) and batch_idx + 1 < trainer.num_training_batches
-        due = due or self._stopped
+        mid_epoch = batch_idx + 1 < trainer.num_training_batches
+        self._stopped = (trainer.should_stop or steps_done) and mid_epoch
+        due = (due or self._stopped) and mid_epoch  # (at the epoch's last batch, the epoch's end saves)
+        validates = due and validates_after(trainer)
+        self._stop_val = self._stopped and not validates
         if due and not mid_window(trainer, batch_idx):  # (a window's end is due as well: the time or step count holds)
+            if validates:  # (trainer.val_check_interval) a file of before it would resume past it, never run
+                self._after_val = True
+            else:
+                self.save(trainer)
+
+    def save_after_validation(self) -> None:
+        """Write ``last.ckpt`` (again, though this step is saved) at the end of the validation that follows this
+        training batch."""
+        self._after_val = True
+        self._last_step = -1
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._after_val and not trainer.sanity_checking:
+            self._after_val = False
             self.save(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._after_val = False  # (a validation that did not run: no batches)
         self.save(trainer)
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -206,6 +233,38 @@ def swa_averaged_at_end(cb: Callback, trainer: L.Trainer, pl_module: L.Lightning
     if not isinstance(cb, StochasticWeightAveraging) or cb.pl_module_contains_batch_norm(pl_module):
         return False
     return trainer.current_epoch - 1 == cb.swa_end or trainer.max_epochs == -1
+
+
+def validates_after(trainer: L.Trainer) -> bool:
+    """In ``on_train_batch_end``: Lightning validates after this batch, before the next, in a fit that goes on
+    (``trainer.val_check_interval``, ``check_val_every_n_epoch``, an epoch's last batch). A checkpoint of this step
+    written before that validation resumes past it (Lightning counts a step saved at its batch's end as validated), so
+    it is written at the validation's end. A stop (``trainer.should_stop``) does not count: Lightning validates then as
+    well, a validation the fit that goes on would not run.
+
+    Lightning's rule (``_TrainingEpochLoop._should_check_val_fx``) from the trainer's and the epoch loop's public
+    state. Not covered, read as no validation (the step saved before it, as before): a time-based
+    ``trainer.val_check_interval`` (``"00:00:10:00"``; its clock is Lightning's private state) and a ``training_step``
+    taking ``dataloader_iter`` (vitrel's modules take batches)."""
+    if not trainer.enable_validation:
+        return False
+    every = trainer.check_val_every_n_epoch
+    if every is not None and (trainer.current_epoch + 1) % every != 0:
+        return False
+    loop = trainer.fit_loop.epoch_loop
+    last = loop.batch_progress.is_last_batch
+    batches = trainer.val_check_batch  # (None: time-based)
+    if batches is None:
+        return False
+    infinite = batches == float("inf")  # (a training loader without a length, or val_check_interval=1.0)
+    if last and infinite:
+        return True
+    if isinstance(trainer.limit_train_batches, int) and infinite:
+        return (loop.batch_idx + 1) % trainer.limit_train_batches == 0
+    if not infinite:
+        at = loop.total_batch_idx if every is None else loop.batch_idx
+        return (at + 1) % int(batches) == 0
+    return last
 
 
 def mid_window(trainer: L.Trainer, batch_idx: int) -> bool:
@@ -281,6 +340,7 @@ class SignalCheckpoint(Callback):
         self._before_lightning: Any = None  # SIGTERM's handler before Lightning's, called on SIGTERM as Lightning does
         self._active = False  # the handlers are installed
         self._exit_signal: int | None = None  # saved; exit at the next hook
+        self._after_val: int | None = None  # saved; exit once the validation that follows the saved step has run
 
     # ---- handler management
     def _handler(self, signum: int, frame: Any) -> None:
@@ -326,6 +386,7 @@ class SignalCheckpoint(Callback):
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.received = None
         self._exit_signal = None
+        self._after_val = None
         self._before_lightning = signal.getsignal(signal.SIGTERM)  # (Lightning installs its handler after this hook)
 
     def on_sanity_check_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -335,7 +396,7 @@ class SignalCheckpoint(Callback):
         self._install()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self._exit_signal is not None:
+        if self._exit_signal is not None or self._after_val is not None:
             return
         pending = self._pending(trainer)
         if mid_window(trainer, batch_idx):  # (the same on every rank) saved at the window's end, after its step
@@ -345,16 +406,30 @@ class SignalCheckpoint(Callback):
         signum = int(pending or signal.SIGTERM)
         path = last_checkpoint_path(trainer) or Path(trainer.default_root_dir) / "checkpoints" / "last.ckpt"
         save_checkpoint(trainer, path)
-        self._exit_signal = signum
+        last = next((cb for cb in trainer.callbacks if isinstance(cb, LastCheckpoint)), None)
+        then = ""
+        if last is not None and validates_after(trainer):
+            # (trainer.val_check_interval, the epoch's end) a resume from this file would skip that validation: it runs,
+            # last.ckpt is written again after it (at the epoch's last batch, the epoch's end writes it), then the exit
+            if batch_idx + 1 < trainer.num_training_batches:
+                last.save_after_validation()
+            self._after_val = signum
+            then = "; validating, then saving again"
+        else:
+            self._exit_signal = signum
         rank_zero_info(
             f"{signal.Signals(signum).name}: saved {path} at epoch {trainer.current_epoch}, "
-            f"step {trainer.global_step}; resume with ckpt_path=last (same run folder)"
+            f"step {trainer.global_step}{then}; resume with ckpt_path=last (same run folder)"
         )
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._after_val is not None and not trainer.sanity_checking:
+            self._exit_signal, self._after_val = self._after_val, None  # (last.ckpt's save follows: checkpoints last)
 
     def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         # one process only: under DDP the ranks may run different numbers of validation batches (no collective per
         # batch), and a rank stopping alone would leave the others waiting; validation ends, the next stop saves
-        if not self._active or self._exit_signal is not None or trainer.world_size > 1:
+        if not self._active or self._exit_signal is not None or self._after_val is not None or trainer.world_size > 1:
             return
         batches = trainer.num_sanity_val_batches if trainer.sanity_checking else trainer.num_val_batches
         if self.received == signal.SIGTERM and batch_idx + 1 < batches[dataloader_idx]:  # (last: on to the next stop)
@@ -367,7 +442,9 @@ class SignalCheckpoint(Callback):
         if self._active and self._exit_signal is None and _any_rank(trainer, self.received == signal.SIGTERM):
             self._exit_signal = int(signal.SIGTERM)
 
-    def _exit(self) -> None:
+    def _exit(self, validating: bool = False) -> None:
+        if not validating and self._after_val is not None:  # (the validation did not run: no batches)
+            self._exit_signal, self._after_val = self._after_val, None
         signum = self._exit_signal
         if signum is None:
             return
@@ -383,7 +460,7 @@ class SignalCheckpoint(Callback):
         self._exit()
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        self._exit()
+        self._exit(validating=True)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._exit()

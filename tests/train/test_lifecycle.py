@@ -10,7 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from tests.train_helpers import FAST, TINY_VIT, SaveWeights, SendSignal, compose
-from vitrel.train.callbacks import mid_window
+from vitrel.train.loop_rules import mid_window
 from vitrel.train.run import train
 
 ACCUMULATE = [

@@ -1,6 +1,6 @@
 """A run stopped mid-epoch at a validation point (``trainer.val_check_interval``) and resumed against the same run
 unstopped: the same validations in ``metrics.csv``, the same ``metrics.json`` figures; and the rule that tells
-``last.ckpt`` to wait for a validation (:func:`vitrel.train.callbacks.validates_after`) against Lightning's own."""
+``last.ckpt`` to wait for a validation (:func:`vitrel.train.loop_rules.validates_after`) against Lightning's own."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from lightning.pytorch.callbacks import Callback
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from tests.train_helpers import FAST, TINY_VIT, SendSignal, compose
-from vitrel.train.callbacks import validates_after
+from vitrel.train.loop_rules import validates_after
 from vitrel.train.run import train
 
 # 4 batches an epoch, validated after the 2nd and the 4th

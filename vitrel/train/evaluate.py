@@ -50,7 +50,7 @@ from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
 from vitrel.train.data_contract import CheckOwnBatches, check_data_module
-from vitrel.train.flops import run_gflops
+from vitrel.train.flops import eval_gflops
 from vitrel.train.launch_paths import EVAL_PATHS, launch_path, launch_paths, recorded_launch_folder
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
@@ -444,19 +444,6 @@ def _naflex_where(dm: Any, size: list[int] | None, patch: Any) -> str:
     return f"with {how} ({rows}"
 
 
-def _eval_gflops(model: torch.nn.Module, dm: Any) -> float | None:
-    """``gflops`` of one forward of one sample at the size scored (:func:`~vitrel.train.flops.run_gflops`, as train.py's
-    ``metrics.json`` counts it at the size trained): ``data.img_size`` (a video's ``data.num_frames``); NaFlex
-    batches, whose images keep their own sizes: one image at the model's nominal size."""
-    example = None
-    if not getattr(dm, "packing", None) and getattr(dm, "img_size", None) is not None:
-        c, (h, w) = int(dm.in_chans), to_2tuple(dm.img_size)
-        example = torch.zeros(1, c, int(dm.num_frames), h, w) if is_video_data(dm) else torch.zeros(1, c, h, w)
-        p = next((p for p in model.parameters() if p.is_floating_point()), None)
-        example = example.to(device=p.device, dtype=p.dtype) if p is not None else example
-    return run_gflops(model, example, record="eval_metrics.json")
-
-
 def evaluate(cfg: DictConfig) -> dict[str, float]:
     """Load ``cfg.ckpt_path``, score it on ``cfg.split`` of ``cfg.data``; return the metrics."""
     import vitrel
@@ -581,7 +568,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "num_images": tested["test_images"],  # scored: fewer than the split's with trainer.limit_test_batches
         "split_images": tested["test_split_images"],  # the readable ones
         "unreadable": left_out,  # left out (data.on_bad_sample=skip), each named in the test's log line
-        "gflops": _eval_gflops(model, dm) if trainer.is_global_zero else None,  # one sample at the size scored
+        "gflops": eval_gflops(model, dm) if trainer.is_global_zero else None,  # one sample at the size scored
         "wall_s": round(time.time() - t0, 2),
     }
     if trainer.is_global_zero:

@@ -21,7 +21,7 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_fl
 
 from vitrel.models.data_config import example_input, model_data_config
 
-__all__ = ["UncountedError", "count_cpu_attention", "cpu_sdpa_flop", "forward_flops", "run_gflops"]
+__all__ = ["UncountedError", "count_cpu_attention", "cpu_sdpa_flop", "eval_gflops", "forward_flops", "run_gflops"]
 
 _CPU_SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -121,3 +121,20 @@ def run_gflops(model: nn.Module, example: Tensor | None = None, record: str = "m
     except Exception as e:  # noqa: BLE001 - a run that trained keeps its record; the count's failure is said
         rank_zero_warn(f"gflops not counted (null in {record}): the forward under FlopCounterMode raised {e!r}")
     return None
+
+
+def eval_gflops(model: torch.nn.Module, dm: Any) -> float | None:
+    """``gflops`` of one forward of one sample at the size scored (:func:`~vitrel.train.flops.run_gflops`, as train.py's
+    ``metrics.json`` counts it at the size trained): ``data.img_size`` (a video's ``data.num_frames``); NaFlex
+    batches, whose images keep their own sizes: one image at the model's nominal size."""
+    from timm.layers import to_2tuple
+
+    from vitrel.train.utils import is_video_data
+
+    example = None
+    if not getattr(dm, "packing", None) and getattr(dm, "img_size", None) is not None:
+        c, (h, w) = int(dm.in_chans), to_2tuple(dm.img_size)
+        example = torch.zeros(1, c, int(dm.num_frames), h, w) if is_video_data(dm) else torch.zeros(1, c, h, w)
+        p = next((p for p in model.parameters() if p.is_floating_point()), None)
+        example = example.to(device=p.device, dtype=p.dtype) if p is not None else example
+    return run_gflops(model, example, record="eval_metrics.json")

@@ -24,10 +24,12 @@ from torch.nn.modules.utils import _pair
 from vitrel.figures import new_figure
 from vitrel.layout.geometry import Grid
 
-__all__ = ["attention_distance", "plot_attention_distance"]
+__all__ = ["attention_distance", "check_global_vit", "plot_attention_distance"]
 
 
-def _check_vit(model: nn.Module) -> None:
+def check_global_vit(model: nn.Module) -> None:
+    """A TypeError unless ``model`` is a global ViT :func:`attention_distance` can read (its blocks, embedding and
+    position states)."""
     needed = ("blocks", "embed", "position_states", "num_prefix_tokens", "patch_embed")
     if not all(hasattr(model, k) for k in needed):
         raise TypeError(
@@ -48,7 +50,7 @@ def attention_distance(model: nn.Module, images: Tensor) -> Tensor:
     docstring), float64 on the CPU. The model runs in eval mode (its mode restored after) with gradients off; pass more
     images for a steadier mean, in batches of your own: the per-batch results weighted by their image counts average
     to the whole set's."""
-    _check_vit(model)
+    check_global_vit(model)
     was_training = model.training
     model.eval()
     try:

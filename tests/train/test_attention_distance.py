@@ -40,15 +40,18 @@ def test_a_swin_run_leaves_it_out_in_one_line(tmp_path, caplog):
 
 
 def test_csv_round_trip_and_the_sweep_groups_seeds_by_setting(tmp_path):
+    from tests.train.test_sweep_summary import _job
+    from vitrel.train.hydra_callbacks import SweepSummary, distance_groups, summary_rows
+
     d = torch.rand(3, 2, dtype=torch.float64) * 10
-    rows = []
     for job, (over, dist) in enumerate([("pos=none seed=0", d), ("pos=none seed=1", d + 1), ("pos=ape seed=0", d[:2])]):
-        (tmp_path / str(job)).mkdir()
+        _job(tmp_path, job, over.split(), {"test/acc1": 0.5})
         write_distances(tmp_path / str(job) / CSV, dist)
-        rows.append({"job": str(job), "overrides": over, "status": "finished"})
-    rows.append({"job": "3", "overrides": "pos=rope seed=0", "status": "failed (ValueError)"})
+    _job(tmp_path, 3, ["pos=rope", "seed=0"])  # failed: no metrics.json (its CSV, if any, not drawn)
+    write_distances(tmp_path / "3" / CSV, d)
     torch.testing.assert_close(read_distances(tmp_path / "0" / CSV), d, rtol=0, atol=0)
-    runs = sweep_distances(tmp_path, rows)
+    rows, means, *_ = summary_rows(tmp_path, SweepSummary().metrics)
+    runs = sweep_distances(tmp_path, distance_groups(rows, means))
     assert list(runs) == ["pos=none", "pos=ape"]
     torch.testing.assert_close(runs["pos=none"], torch.cat([d, d + 1], dim=1))
     assert runs["pos=ape"].equal(d[:2])  # (a shallower model: plot_attention_distance draws its blocks)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import csv
 import logging
-import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -41,17 +41,17 @@ def read_distances(path: str | Path) -> Tensor:
     return out
 
 
-def sweep_distances(sweep_dir: Path, rows: list[dict]) -> dict[str, Tensor]:
-    """The finished jobs' distances by setting: each row's ``overrides`` (the sweep summary's string of the
-    overrides not shared by every job) without its ``seed=``, the setting's seeds' heads side by side
-    ``[depth, heads x seeds]``."""
-    runs: dict[str, list[Tensor]] = {}
-    for r in rows:
-        f = Path(sweep_dir) / r["job"] / CSV
-        if r.get("status") == "finished" and f.exists():
-            label = re.sub(r"(^|\s)[+~]?seed=\S+", "", str(r["overrides"])).strip() or "(none)"
-            runs.setdefault(label, []).append(read_distances(f))
-    return {label: torch.cat(ds, dim=1) for label, ds in runs.items()}
+def sweep_distances(sweep_dir: str | Path, groups: Sequence[tuple[str, Sequence[str]]]) -> dict[str, Tensor]:
+    """Each setting's distances, ``groups`` of ``(label, job folders)`` (the sweep summary's
+    :func:`~vitrel.train.hydra_callbacks.distance_groups`): its jobs' heads side by side ``[depth, heads x jobs]``
+    (a seed sweep's setting: its seeds), from the jobs that wrote ``attention_distance.csv``; a setting with none left
+    out."""
+    out = {}
+    for label, jobs in groups:
+        found = [f for j in jobs if (f := Path(sweep_dir) / j / CSV).exists()]
+        if found:
+            out[label] = torch.cat([read_distances(f) for f in found], dim=1)
+    return out
 
 
 class AttentionDistance(Callback):
@@ -70,8 +70,12 @@ class AttentionDistance(Callback):
 
     def on_test_start(self, trainer, pl_module) -> None:
         self._kept, self._why_not = [], None
+        from vitrel.viz_distance import check_global_vit
+
         model = pl_module.eval_model
-        if not all(hasattr(model, k) for k in ("blocks", "embed", "position_states")):
+        try:
+            check_global_vit(model)
+        except TypeError:
             self._why_not = f"{type(model).__name__} is not a global ViT (a Swin attends within windows)"
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:

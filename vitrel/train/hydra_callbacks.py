@@ -486,10 +486,19 @@ def _draw(sweep_dir: Path, rows: list[dict[str, Any]], means: list[dict[str, Any
         log.warning("sweep summary: could not draw %s (%s: %s); summary.md and summary.csv are written", png,
                     type(e).__name__, e)  # fmt: skip
         png.unlink(missing_ok=True)
-    _draw_distances(sweep_dir, rows)
+    _draw_distances(sweep_dir, distance_groups(rows, means))
 
 
-def _draw_distances(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
+def distance_groups(rows: list[dict[str, Any]], means: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The settings the sweep's attention-distance picture draws, each ``(label, finished job folders)``: a seed
+    sweep's :func:`seed_means` settings (their seeds together), else one per job; the rows' and means' ``overrides``
+    are :func:`summary_rows`' strings."""
+    finished = {r["job"] for r in rows if r.get("status") == "finished"}
+    groups = [(m["overrides"], m["members"]) for m in means] if means else [(r["overrides"], [r["job"]]) for r in rows]
+    return [(label, [j for j in jobs if j in finished]) for label, jobs in groups]
+
+
+def _draw_distances(sweep_dir: Path, groups: list[tuple[str, list[str]]]) -> None:
     """``attention_distance.png``: the finished jobs' mean attention distances in one picture, a colour per setting
     (its seeds' heads together); none (an earlier one removed) when no job wrote ``attention_distance.csv``."""
     png = sweep_dir / "attention_distance.png"
@@ -498,7 +507,7 @@ def _draw_distances(sweep_dir: Path, rows: list[dict[str, Any]]) -> None:
         from vitrel.train.sweep_plot import save_png
         from vitrel.viz import plot_attention_distance
 
-        runs = sweep_distances(sweep_dir, rows)
+        runs = sweep_distances(sweep_dir, groups)
         if not runs:
             png.unlink(missing_ok=True)
             return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import signal
 
+import lightning as L
 import pytest
 import torch
 
@@ -170,3 +171,33 @@ def test_ddp_spawn_draws_the_test_with_the_fit(tmp_path):
     train(compose(tmp_path, [*args, "callbacks.curves=null"]), callbacks=[_RankCurves(tmp_path)])
     assert (tmp_path / "drawn-rank0").read_text().split("\n") == ["1 False", "2 False", "2 True", ""]
     assert not (tmp_path / "drawn-rank1").exists() and _png(tmp_path / "curves.png")
+
+
+class _Boom(L.Callback):
+    """Raises at the first batch of the third epoch."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if trainer.current_epoch == 2:
+            raise RuntimeError("boom")
+
+
+@pytest.mark.parametrize(("interval", "drawn"), [(0, ["1 False", "2 False", "3 False"]), (1e9, ["1 False", "3 False"])])
+def test_redraws_at_most_every_min_interval_s_and_the_fits_end_draws_the_rest(tmp_path, interval, drawn):
+    curves = _RankCurves(tmp_path, min_interval_s=interval)
+    args = [*ARGS, "trainer.max_epochs=3", "test=false", "logger=none", "callbacks.curves=null"]
+    train(compose(tmp_path, args), callbacks=[curves])
+    assert (tmp_path / "drawn-rank0").read_text().split("\n") == [*drawn, ""]
+    assert _png(tmp_path / "curves.png") and sum(r["stage"] == "train" for r in curves.records) == 3
+
+
+def test_an_error_draws_what_is_not_drawn_yet(tmp_path):
+    curves = _RankCurves(tmp_path, min_interval_s=1e9)
+    args = [*ARGS, "trainer.max_epochs=3", "test=false", "logger=none", "callbacks.curves=null"]
+    with pytest.raises(RuntimeError, match="boom"):
+        train(compose(tmp_path, args), callbacks=[curves, _Boom()])
+    assert (tmp_path / "drawn-rank0").read_text().split("\n") == ["1 False", "2 False", ""]
+
+
+def test_min_interval_s_is_seconds(tmp_path):
+    with pytest.raises(ValueError, match="min_interval_s=-1"):
+        TrainingCurves(tmp_path, min_interval_s=-1)

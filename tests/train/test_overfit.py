@@ -11,7 +11,7 @@ from vitrel.train.run import train
 
 @pytest.mark.slow
 def test_debug_overfit_drives_the_default_models_loss_to_about_zero(tmp_path):
-    # (curves.png off: its 100 redraws, one per 4-batch epoch, were half the test's 75 s)
+    # (the pictures off: not what this checks; before min_interval_s, 100 redraws of curves.png were half its 75 s)
     metrics = train(
         compose(
             tmp_path,

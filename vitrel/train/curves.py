@@ -6,6 +6,7 @@ epoch's end, and kept in the checkpoints, so a resumed run draws the whole run."
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,9 @@ class TrainingCurves(Callback):
     """Records the epoch values of the training loss and top-1 accuracy (``train/loss_epoch``, ``train/acc1``) as each
     training epoch ends, the validation's (``val/loss``, ``val/acc1``) as each validation ends and the test's
     (``test/loss``, ``test/acc1``) as the test ends, and draws them into ``<save_dir>/<filename>``: at each training
-    epoch's end, at a validation's end inside an epoch (``trainer.val_check_interval``), and after the test. Only the
-    global rank 0 draws (every rank records the same, synced values).
+    epoch's end and at a validation's end inside an epoch (``trainer.val_check_interval``), at most once every
+    ``min_interval_s`` seconds (the first chance draws), then whatever is not drawn yet when the fit ends (also by an
+    exception) and after the test. Only the global rank 0 draws (every rank records the same, synced values).
 
     A record's ``x`` is the epochs trained when it was logged: ``current_epoch`` plus the share of the epoch's
     batches done (1.0 at an epoch's end; less for a validation inside an epoch or a ``trainer.max_steps`` stop). The
@@ -52,8 +54,13 @@ class TrainingCurves(Callback):
     calling process has it (no records): the test's draw takes the fit's from ``last.ckpt``.
     """
 
-    def __init__(self, save_dir: str | Path, filename: str = "curves.png") -> None:
+    def __init__(self, save_dir: str | Path, filename: str = "curves.png", min_interval_s: float = 30.0) -> None:
+        if not min_interval_s >= 0:
+            raise ValueError(f"TrainingCurves: min_interval_s={min_interval_s!r}: seconds, 0 or more (0: every epoch)")
         self.path = Path(save_dir) / filename
+        self.min_interval_s = float(min_interval_s)
+        self._drawn_at = -math.inf  # (time.monotonic() of the last draw)
+        self._undrawn = False  # records not in the picture yet
         self.records: list[dict[str, Any]] = []  # {"stage", "epoch", "step", "x", <key>: value, ...}
         self.loaded = False  # records taken from a checkpoint
         self.unknown_before: int | None = None  # the step of a resumed checkpoint written without records
@@ -70,6 +77,7 @@ class TrainingCurves(Callback):
         at = (rec["epoch"], rec["step"])
         kept = [r for r in self.records if r["stage"] != stage or (stage != "test" and (r["epoch"], r["step"]) != at)]
         self.records = [*kept, rec]
+        self._undrawn = True
         return True
 
     @staticmethod
@@ -87,12 +95,20 @@ class TrainingCurves(Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._record(trainer, "train")
-        self._draw(trainer, pl_module)
+        self._draw(trainer, pl_module, due=True)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not self._record(trainer, "val"):
             return
         if self.records[-1]["x"] < trainer.current_epoch + 1:  # inside the epoch (its end draws with the train value)
+            self._draw(trainer, pl_module, due=True)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self._undrawn:
+            self._draw(trainer, pl_module)
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+        if self._undrawn:  # (a crash or Ctrl-C: the picture of what was recorded)
             self._draw(trainer, pl_module)
 
     def on_test_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -131,9 +147,13 @@ class TrainingCurves(Callback):
             parts.append(f"pos={pos}")
         return " ".join(parts) or type(getattr(pl_module, "model", pl_module)).__name__
 
-    def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.is_global_zero and self.records:
-            self.draw(pl_module)
+    def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule, due: bool = False) -> None:
+        """Draws on global rank 0; ``due``: a redraw during the fit, skipped within ``min_interval_s`` of the last."""
+        if not (trainer.is_global_zero and self.records):
+            return
+        if due and time.monotonic() - self._drawn_at < self.min_interval_s:
+            return
+        self.draw(pl_module)
 
     def draw(self, pl_module: L.LightningModule) -> None:
         """The records as ``self.path``, replaced whole (the hooks call it on global rank 0 only)."""
@@ -142,6 +162,7 @@ class TrainingCurves(Callback):
         if self.unknown_before is not None:
             title += f" (values before step {self.unknown_before} unknown: not in the checkpoint resumed)"
         save_png(plot_curves(self.records, title), self.path)
+        self._drawn_at, self._undrawn = time.monotonic(), False
 
 
 def plot_curves(records: list[dict[str, Any]], title: str):

@@ -119,8 +119,9 @@ def _naive_windows(model, x, patch, tubelet=1):
         a = _probs(blk, m.reshape(m.shape[0], n, m.shape[-1]), mask)
         out_px[l], out_t[l] = (a * dpx).sum(-1).mean((0, 2)), (a * dt).sum(-1).mean((0, 2))
     heads = max(len(v) for v in out_px.values())
-    pad = lambda d: torch.stack([torch.cat([v, v.new_full((heads - len(v),), float("nan"))]) for v in d.values()])
-    return pad(out_px), pad(out_t)
+    nan = float("nan")
+    return tuple(torch.stack([torch.cat([v, v.new_full((heads - len(v),), nan)]) for v in d.values()])
+                 for d in (out_px, out_t))  # fmt: skip
 
 
 def test_swin_attention_distance_is_its_equation_with_shifted_windows():

@@ -109,9 +109,14 @@ class _Sums:
         self.frames.append((torch.einsum("bwhij,wij->h", a, time) / count).cpu())
 
     def result(self) -> tuple[Tensor, Tensor]:
+        """``(pixels, frames)``, each ``[blocks, heads]``, NaN where a block has fewer heads than the widest."""
         heads = max(len(v) for v in self.px)
-        pad = lambda vs: torch.stack([torch.cat([v, v.new_full((heads - len(v),), float("nan"))]) for v in vs])  # noqa: E731
-        return pad(self.px), pad(self.frames)
+        nan = float("nan")
+        px, fr = (
+            torch.stack([torch.cat([v, v.new_full((heads - len(v),), nan)]) for v in vs])
+            for vs in (self.px, self.frames)
+        )
+        return px, fr
 
 
 def _global_vit(model: nn.Module, x: Tensor, sums: _Sums) -> None:

@@ -181,8 +181,8 @@ def attention_distance(model: nn.Module, images: Tensor, frames: bool = False) -
 
 def plot_attention_distance(distances: Tensor | Mapping[str, Tensor], title: str | None = None):
     """Mean attention distance against depth, one dot per head: ``distances [depth, heads]``
-    (:func:`attention_distance`), or a mapping of names to them (several models, e.g. one per position scheme, each
-    its own colour, side by side at every block). Returns a Figure."""
+    (:func:`attention_distance`; NaN, a Swin block's missing heads, not drawn), or a mapping of names to them (several
+    models, e.g. one per position scheme, each its own colour, side by side at every block). Returns a Figure."""
     runs = {"": distances} if isinstance(distances, Tensor) else dict(distances)
     if not runs or any(not isinstance(d, Tensor) or d.dim() != 2 for d in runs.values()):
         raise ValueError("expected [depth, heads] tensors (attention_distance's), or a mapping of names to them")

@@ -140,6 +140,30 @@ def test_swin_attention_distance_is_its_equation_with_shifted_windows():
     assert (got[~got.isnan()] < math.hypot(3, 3) * 4).all()
 
 
+def test_swin_with_padded_windows_and_a_bias_matches_its_dense_attention():
+    """Maps padded to the window (10 x 14 tokens, window 4) with a learned relative bias: the block's attention over
+    the image positions (``SwinBlock.dense_attention``, padding cut), times the distances between them."""
+    from vitrel.layout.geometry import Grid
+    from vitrel.viz_distance import patch_distances
+
+    torch.manual_seed(0)
+    small = dict(img_size=(20, 28), pos="rel2d_full", num_classes=3, embed_dim=8, depths=(2, 2), num_heads=(1, 2))
+    swin = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", **small).double().eval()
+    x = torch.randn(2, 3, 20, 28, dtype=torch.float64)
+    got = viz.attention_distance(swin, x)
+    want, stride = torch.full((4, 2), float("nan"), dtype=torch.float64), 2
+    with torch.no_grad():
+        h, l = swin.embed(x), 0
+        for stage in swin.layers:
+            if stage.merges:
+                h, stride = stage.downsample(h), stride * 2
+            for blk in stage.blocks:
+                dist = patch_distances(Grid(h.shape[1], h.shape[2]), (stride, stride))
+                v = (blk.dense_attention(h) * dist).sum(-1).mean((0, 2))
+                want[l, : len(v)], l, h = v, l + 1, blk(h)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
 def test_video_vit_attention_distance_in_pixels_and_frames():
     """A video ViT with a class token (left out) on 4 frames in tubelets of 2: distance in the frame plane in pixels,
     and frames apart (tubelet_size x |dt|), against the pairs written out."""

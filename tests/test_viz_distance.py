@@ -140,11 +140,15 @@ def test_swin_attention_distance_is_its_equation_with_shifted_windows():
     assert (got[~got.isnan()] < math.hypot(3, 3) * 4).all()
 
 
+def _distances(rows: int, cols: int, stride: int):
+    """``[N, N]`` pixel distances between the centres of a ``rows x cols`` raster of ``stride``-pixel tokens."""
+    c = [(r * stride, k * stride) for r in range(rows) for k in range(cols)]
+    return torch.tensor([[math.dist(a, b) for b in c] for a in c], dtype=torch.float64)
+
+
 def test_swin_with_padded_windows_and_a_bias_matches_its_dense_attention():
     """Maps padded to the window (10 x 14 tokens, window 4) with a learned relative bias: the block's attention over
     the image positions (``SwinBlock.dense_attention``, padding cut), times the distances between them."""
-    from vitrel.layout.geometry import Grid
-    from vitrel.viz_distance import patch_distances
 
     torch.manual_seed(0)
     small = dict(img_size=(20, 28), pos="rel2d_full", num_classes=3, embed_dim=8, depths=(2, 2), num_heads=(1, 2))
@@ -158,7 +162,7 @@ def test_swin_with_padded_windows_and_a_bias_matches_its_dense_attention():
             if stage.merges:
                 h, stride = stage.downsample(h), stride * 2
             for blk in stage.blocks:
-                dist = patch_distances(Grid(h.shape[1], h.shape[2]), (stride, stride))
+                dist = _distances(h.shape[1], h.shape[2], stride)
                 v = (blk.dense_attention(h) * dist).sum(-1).mean((0, 2))
                 want[l, : len(v)], l, h = v, l + 1, blk(h)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)

@@ -68,13 +68,6 @@ def check_distance_model(model: nn.Module) -> None:
             ) from None
 
 
-def patch_distances(grid: Grid, patch_size: tuple[int, int]) -> Tensor:
-    """``[N, N]`` distances in pixels between the centres of the patches of ``grid`` (raster order), float64."""
-    rows = torch.arange(grid.h, dtype=torch.float64).repeat_interleave(grid.w) * patch_size[0]
-    cols = torch.arange(grid.w, dtype=torch.float64).repeat(grid.h) * patch_size[1]
-    return torch.hypot(rows[:, None] - rows[None, :], cols[:, None] - cols[None, :])
-
-
 def coord_map(grid: Grid | Grid3, stride: tuple[int, int], tubelet: int = 1) -> Tensor:
     """``[1, (T,) H, W, 4]`` float64: each token's (frame, row pixel, column pixel, 1) on the map of ``grid``
     (``stride``: the token's size in pixels; ``tubelet``: in frames). Windowed as the tokens are, the last channel

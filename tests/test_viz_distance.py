@@ -1,6 +1,8 @@
 """Mean attention distance (``vitrel.viz.attention_distance``) against a float64 loop written from its equation:
-``D[l, h] = mean_{images, query patches i} sum_{key patches j} a_ij ||c_i - c_j||`` with patch centres in pixels."""
+``D[l, h] = mean_{images, windows, query patches i} sum_{key patches j} a_ij ||c_i - c_j||`` with patch centres in
+pixels (and ``|t_i - t_j|`` in frames for clips): a ViT, a Swin with shifted windows, a video ViT, a Video Swin."""
 
+import itertools
 import math
 
 import pytest
@@ -65,14 +67,152 @@ def test_a_local_scheme_looks_nearer_than_none():
     assert (near < far).all(), (near, far)
 
 
-def test_attention_distance_refuses_what_has_no_global_image_grid():
-    small = dict(pos="rel2d_full", num_classes=3, embed_dim=8, depths=(1, 1), num_heads=(1, 1))
-    swin = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", **small)
-    with pytest.raises(TypeError, match="global ViT"):
-        viz.attention_distance(swin, torch.randn(1, 3, 32, 32))
-    video = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", pos="rope3d_axial", embed_dim=24, depth=1)
-    with pytest.raises(ValueError, match="image grids"):
-        viz.attention_distance(video, torch.randn(1, 1, 2, 16, 16))
+def _inputs(model, x):
+    """Each block's input caught in a real forward (eval mode, no gradients), blocks in order."""
+    blocks = [b for s in model.layers for b in s.blocks] if hasattr(model, "layers") else list(model.blocks)
+    seen = []
+    hooks = [b.register_forward_pre_hook(lambda m, a: seen.append(a[0])) for b in blocks]
+    model.eval()
+    with torch.no_grad():
+        model(x)
+    for h in hooks:
+        h.remove()
+    return list(zip(blocks, seen))
+
+
+def _probs(blk, tokens, mask):
+    """softmax(q k^T / sqrt(d) + mask) of ``blk`` on ``tokens [B, N, C]`` (pos=none: no bias), float64."""
+    attn = blk.attn
+    h = blk.norm1(tokens).double()
+    b, n, _ = h.shape
+    q, k, _ = attn.qkv.double()(h).reshape(b, n, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    return (q @ k.transpose(-1, -2) / math.sqrt(attn.head_dim) + mask).softmax(-1)
+
+
+def _same_window(a, b, n, win, shifted):
+    """Whether places ``a`` and ``b`` of an axis of ``n`` tokens attend to each other: the window shrinks to an axis
+    it covers (no shift there); shifted windows are rolled by half a window, and the tokens that wrapped around stay
+    apart from the others (Liu et al. 2021's mask; no padding here)."""
+    win = min(win, n)
+    s = win // 2 if shifted and n > win else 0
+    ra, rb = (a - s) % n, (b - s) % n
+    return ra // win == rb // win and (ra >= n - s) == (rb >= n - s)
+
+
+def _naive_windows(model, x, patch, tubelet=1):
+    """A Swin (pos=none) written out on the whole map: the mask from :func:`_same_window` per axis, the distance
+    between the tokens' places on the map, pair by pair; a stage's stride doubles at each merge."""
+    out_px, out_t = {}, {}
+    for l, (blk, m) in enumerate(_inputs(model, x)):
+        grid = m.shape[1:-1] if m.dim() == 5 else (1, *m.shape[1:-1])
+        win = blk.window_size if len(blk.window_size) == 3 else (1, *blk.window_size)
+        stride = patch * (2 ** int(math.log2(round(x.shape[-1] / patch / grid[-1]))))
+        places = list(itertools.product(*map(range, grid)))
+        n = len(places)
+        mask, dpx, dt = (torch.zeros(n, n, dtype=torch.float64) for _ in range(3))
+        for i, pi in enumerate(places):
+            for j, pj in enumerate(places):
+                if not all(_same_window(a, b, g, w, blk.shifted) for a, b, g, w in zip(pi, pj, grid, win)):
+                    mask[i, j] = float("-inf")
+                dpx[i, j] = math.hypot((pi[1] - pj[1]) * stride, (pi[2] - pj[2]) * stride)
+                dt[i, j] = abs(pi[0] - pj[0]) * tubelet
+        a = _probs(blk, m.reshape(m.shape[0], n, m.shape[-1]), mask)
+        out_px[l], out_t[l] = (a * dpx).sum(-1).mean((0, 2)), (a * dt).sum(-1).mean((0, 2))
+    heads = max(len(v) for v in out_px.values())
+    nan = float("nan")
+    return tuple(torch.stack([torch.cat([v, v.new_full((heads - len(v),), nan)]) for v in d.values()])
+                 for d in (out_px, out_t))  # fmt: skip
+
+
+def test_swin_attention_distance_is_its_equation_with_shifted_windows():
+    """Two stages (1 and 2 heads), shifted windows in both (8 x 16 then 4 x 8 tokens, window 4: the second stage's
+    rows covered, unshifted), against the whole map written out with the mask from its rule."""
+    torch.manual_seed(0)
+    small = dict(img_size=(16, 32), in_chans=1, pos="none", num_classes=3, embed_dim=8, depths=(2, 2), num_heads=(1, 2))
+    swin = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", **small).double().train()
+    x = torch.randn(2, 1, 16, 32, dtype=torch.float64)
+    got = viz.attention_distance(swin, x)
+    assert swin.training and got.shape == (4, 2) and got[:2, 1].isnan().all()  # stage 0's blocks have one head
+    want, _ = _naive_windows(swin, x, patch=2)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    # a window's slots in the rolled map are at their places in the image for the pairs the mask allows, and a
+    # head spreading its weight over a 4 x 4 window of stride 2 (or 4) looks no further than its diagonal
+    assert (got[~got.isnan()] < math.hypot(3, 3) * 4).all()
+
+
+def _distances(rows: int, cols: int, stride: int):
+    """``[N, N]`` pixel distances between the centres of a ``rows x cols`` raster of ``stride``-pixel tokens."""
+    c = [(r * stride, k * stride) for r in range(rows) for k in range(cols)]
+    return torch.tensor([[math.dist(a, b) for b in c] for a in c], dtype=torch.float64)
+
+
+def test_swin_with_padded_windows_and_a_bias_matches_its_dense_attention():
+    """Maps padded to the window (10 x 14 tokens, window 4) with a learned relative bias: the block's attention over
+    the image positions (``SwinBlock.dense_attention``, padding cut), times the distances between them."""
+
+    torch.manual_seed(0)
+    small = dict(img_size=(20, 28), pos="rel2d_full", num_classes=3, embed_dim=8, depths=(2, 2), num_heads=(1, 2))
+    swin = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", **small).double().eval()
+    x = torch.randn(2, 3, 20, 28, dtype=torch.float64)
+    got = viz.attention_distance(swin, x)
+    want, stride = torch.full((4, 2), float("nan"), dtype=torch.float64), 2
+    with torch.no_grad():
+        h, l = swin.embed(x), 0
+        for stage in swin.layers:
+            if stage.merges:
+                h, stride = stage.downsample(h), stride * 2
+            for blk in stage.blocks:
+                dist = _distances(h.shape[1], h.shape[2], stride)
+                v = (blk.dense_attention(h) * dist).sum(-1).mean((0, 2))
+                want[l, : len(v)], l, h = v, l + 1, blk(h)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_video_vit_attention_distance_in_pixels_and_frames():
+    """A video ViT with a class token (left out) on 4 frames in tubelets of 2: distance in the frame plane in pixels,
+    and frames apart (tubelet_size x |dt|), against the pairs written out."""
+    torch.manual_seed(0)
+    kw = dict(pos="none", embed_dim=16, depth=2, num_heads=2, num_frames=4, tubelet_size=2, img_size=12)
+    video = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", class_token=True, global_pool="token", **kw)
+    video = video.double()
+    x = torch.randn(2, 1, 4, 12, 8, dtype=torch.float64)  # a 2 x 3 x 2 tubelet grid
+    px, frames = viz.attention_distance(video, x, frames=True)
+    assert px.shape == frames.shape == (2, 2)
+    torch.testing.assert_close(viz.attention_distance(video, x), px, rtol=0, atol=0)
+    places = list(itertools.product(range(2), range(3), range(2)))  # t-major
+    want_px, want_t = torch.zeros(2, 2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64)
+    for l, (blk, t) in enumerate(_inputs(video, x)):
+        a = _probs(blk, t, torch.zeros(()))
+        for hd, img in itertools.product(range(2), range(2)):
+            for i, pi in enumerate(places):
+                for j, pj in enumerate(places):
+                    w = a[img, hd, 1 + i, 1 + j].item()  # the class token: index 0
+                    want_px[l, hd] += w * math.hypot((pi[1] - pj[1]) * 4, (pi[2] - pj[2]) * 4) / (2 * len(places))
+                    want_t[l, hd] += w * abs(pi[0] - pj[0]) * 2 / (2 * len(places))
+    torch.testing.assert_close(px, want_px, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(frames, want_t, rtol=1e-12, atol=1e-12)
+
+
+def test_video_swin_attention_distance_is_its_equation():
+    """A Video Swin (windows 4 x 2 x 2 shifted by 2 frames and 1 token; a frame per tubelet, patch 2)."""
+    torch.manual_seed(0)
+    small = dict(img_size=8, pos="none", embed_dim=8, depths=(2, 1), num_heads=(1, 2), num_frames=8)
+    model = vitrel.create_model("vitrel_swin3d_tiny_patch122_window444_32", window_size=(4, 2, 2), **small).double()
+    x = torch.randn(1, 1, 8, 8, 8, dtype=torch.float64)  # 8 x 4 x 4 tokens, then 8 x 2 x 2
+    px, frames = viz.attention_distance(model, x, frames=True)
+    want_px, want_t = _naive_windows(model, x, patch=2)
+    torch.testing.assert_close(px, want_px, rtol=1e-12, atol=1e-12, equal_nan=True)
+    torch.testing.assert_close(frames, want_t, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_attention_distance_refuses_what_it_cannot_read():
+    with pytest.raises(TypeError, match="ViT, video ViT, Swin or Video Swin"):
+        viz.attention_distance(torch.nn.Linear(2, 2), torch.randn(1, 3, 32, 32))
+    vit = _vit("none")
+    with pytest.raises(ValueError, match="clips"):
+        viz.attention_distance(vit, torch.randn(1, 1, 12, 16), frames=True)
+    with pytest.raises(ValueError, match=r"images \[B, C, H, W\] or clips"):
+        viz.attention_distance(vit, torch.randn(1, 12, 16))
 
 
 def test_plot_attention_distance_one_series_per_model():

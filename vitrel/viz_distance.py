@@ -1,15 +1,24 @@
-"""How far each head looks: the mean attention distance of a ViT (:func:`attention_distance`, also
-``vitrel.viz.attention_distance``) and its picture, one dot per head against depth (:func:`plot_attention_distance`),
-the analysis of Dosovitskiy et al. 2021 (Fig. 7) and Raghu et al. 2021.
+"""How far each head looks: the mean attention distance of a ViT, a Swin or a video model (:func:`attention_distance`,
+also ``vitrel.viz.attention_distance``) and its picture, one dot per head against depth
+(:func:`plot_attention_distance`), the analysis of Dosovitskiy et al. 2021 (Fig. 7) and Raghu et al. 2021.
 
-For block ``l`` and head ``h``, with ``a_ij`` the attention probability of query patch ``i`` for key patch ``j`` and
-``c_i`` the centre of patch ``i`` in input pixels::
+For block ``l`` and head ``h``, with ``a_ij`` the attention probability of query token ``i`` for key token ``j`` and
+``c_i`` the centre of token ``i`` in input pixels (rows, columns; time left out)::
 
-    D[l, h] = mean over images and query patches i of  sum over key patches j of  a_ij * ||c_i - c_j||
+    D[l, h] = mean over images, windows and query tokens i of  sum over key tokens j of  a_ij * ||c_i - c_j||
 
-Prefix tokens (class, registers) are left out as queries and as keys, and the weights are not renormalised over the
-patches (the Keras example "Investigating Vision Transformer representations", ``compute_mean_attention_dist``): a
-head that attends to the class token contributes that mass at distance 0.
+* A global ViT: one window, all patches. Prefix tokens (class, registers) are left out as queries and as keys, and
+  the weights are not renormalised over the patches (the Keras example "Investigating Vision Transformer
+  representations", ``compute_mean_attention_dist``): a head that attends to the class token contributes that mass at
+  distance 0.
+* A Swin: ``j`` runs over the query's window; a stage's token stride is the patch size times ``2^merges`` so far.
+  Pairs the shifted-window mask forbids (and padding keys) have probability 0; padding queries are left out. The
+  distance is between the tokens' places in the image (the window slots un-rolled), which for the pairs the mask
+  allows equals the distance inside the rolled window. Blocks count across stages (``model.layers[s].blocks[i]`` in
+  order); a block with fewer heads than the widest has NaN in the others.
+* A video model (clips ``[B, C, T, H, W]``: the video ViT, the Video Swin): the same distance in pixels within the
+  frame plane, and with ``frames=True`` also the mean temporal distance ``sum_j a_ij * tubelet_size * |t_i - t_j|``
+  in frames.
 """
 
 from __future__ import annotations
@@ -22,58 +31,151 @@ from torch import Tensor, nn
 from torch.nn.modules.utils import _pair
 
 from vitrel.figures import new_figure
-from vitrel.layout.geometry import Grid
+from vitrel.layout.geometry import Grid, Grid3
+from vitrel.layout.windows3d import windows3
+from vitrel.models.swin3d import Swin3DBlock
+from vitrel.models.swin_blocks import SwinStage
 
-__all__ = ["attention_distance", "check_global_vit", "plot_attention_distance"]
+__all__ = ["attention_distance", "check_distance_model", "check_global_vit", "plot_attention_distance"]
 
 
 def check_global_vit(model: nn.Module) -> None:
-    """A TypeError unless ``model`` is a global ViT :func:`attention_distance` can read (its blocks, embedding and
-    position states)."""
+    """A TypeError unless ``model`` is a global ViT (image or video: its blocks, embedding and position states)."""
     needed = ("blocks", "embed", "position_states", "num_prefix_tokens", "patch_embed")
     if not all(hasattr(model, k) for k in needed):
-        raise TypeError(
-            f"attention_distance takes a global ViT (vitrel's VisionTransformer), got {type(model).__name__}: a Swin "
-            "attends within windows, whose distances its window size bounds"
+        raise TypeError(f"expected a global ViT (vitrel's VisionTransformer), got {type(model).__name__}")
+
+
+def _is_swin(model: nn.Module) -> bool:
+    """vitrel's Swin or Video Swin: stages ``layers`` of window blocks (``SwinStage``)."""
+    layers = getattr(model, "layers", None)
+    return (
+        isinstance(layers, nn.Sequential)
+        and hasattr(model, "patch_embed")
+        and all(isinstance(s, SwinStage) for s in layers)
+    )
+
+
+def check_distance_model(model: nn.Module) -> None:
+    """A TypeError unless :func:`attention_distance` can read ``model``: a global ViT (vitrel's image or video
+    VisionTransformer) or a Swin (vitrel's image or Video Swin)."""
+    if not _is_swin(model):
+        try:
+            check_global_vit(model)
+        except TypeError:
+            raise TypeError(
+                f"attention_distance takes vitrel's ViT, video ViT, Swin or Video Swin, got {type(model).__name__}"
+            ) from None
+
+
+def coord_map(grid: Grid | Grid3, stride: tuple[int, int], tubelet: int = 1) -> Tensor:
+    """``[1, (T,) H, W, 4]`` float64: each token's (frame, row pixel, column pixel, 1) on the map of ``grid``
+    (``stride``: the token's size in pixels; ``tubelet``: in frames). Windowed as the tokens are, the last channel
+    tells real tokens (1) from padding (0)."""
+    g = grid if isinstance(grid, Grid3) else Grid3(1, *grid)
+    axes = [torch.arange(n, dtype=torch.float64) * s for n, s in zip(g, (tubelet, *stride))]
+    t, r, c = torch.meshgrid(*axes, indexing="ij")
+    out = torch.stack([t, r, c, torch.ones_like(t)], -1)
+    return out[None] if isinstance(grid, Grid3) else out[0][None]
+
+
+class _Sums:
+    """Per block: the sums over images, windows and real queries of ``sum_j a_ij d_ij`` (pixels, frames)."""
+
+    def __init__(self) -> None:
+        self.px: list[Tensor] = []
+        self.frames: list[Tensor] = []
+
+    def add(self, probs: Tensor, coords: Tensor) -> None:
+        """``probs [B nW, heads, n, n]`` of windows whose tokens are at ``coords [nW, n, 4]`` (:func:`coord_map`,
+        windowed)."""
+        nw, n = coords.shape[:2]
+        coords = coords.to(probs.device)
+        a = probs.double().view(-1, nw, probs.shape[1], n, n)
+        real = coords[..., 3] > 0  # [nW, n]
+        pair = (real[:, :, None] & real[:, None, :]).double()
+        d = coords[:, :, None, :3] - coords[:, None, :, :3]  # [nW, n, n, 3]
+        space = torch.hypot(d[..., 1], d[..., 2]) * pair
+        time = d[..., 0].abs() * pair
+        count = a.shape[0] * real.sum()
+        self.px.append((torch.einsum("bwhij,wij->h", a, space) / count).cpu())
+        self.frames.append((torch.einsum("bwhij,wij->h", a, time) / count).cpu())
+
+    def result(self) -> tuple[Tensor, Tensor]:
+        """``(pixels, frames)``, each ``[blocks, heads]``, NaN where a block has fewer heads than the widest."""
+        heads = max(len(v) for v in self.px)
+        nan = float("nan")
+        px, fr = (
+            torch.stack([torch.cat([v, v.new_full((heads - len(v),), nan)]) for v in vs])
+            for vs in (self.px, self.frames)
         )
+        return px, fr
 
 
-def patch_distances(grid: Grid, patch_size: tuple[int, int]) -> Tensor:
-    """``[N, N]`` distances in pixels between the centres of the patches of ``grid`` (raster order), float64."""
-    rows = torch.arange(grid.h, dtype=torch.float64).repeat_interleave(grid.w) * patch_size[0]
-    cols = torch.arange(grid.w, dtype=torch.float64).repeat(grid.h) * patch_size[1]
-    return torch.hypot(rows[:, None] - rows[None, :], cols[:, None] - cols[None, :])
+def _global_vit(model: nn.Module, x: Tensor, sums: _Sums) -> None:
+    x, grid = model.embed(x)
+    if not isinstance(grid, Grid | Grid3):
+        raise ValueError(f"attention_distance takes a batch of images or clips of one size, got the layout {grid}")
+    pe = model.patch_embed
+    coords = coord_map(grid, _pair(pe.patch_size), getattr(pe, "tubelet_size", 1)).flatten(0, -2)  # [N, 4]
+    coords = torch.cat([coords.new_zeros(model.num_prefix_tokens, 4), coords])[None]  # prefix tokens: not real
+    for blk, state in zip(model.blocks, model.position_states(grid, x)):
+        sums.add(blk.attn.attention_map(blk.norm1(x), pos_state=state), coords)
+        x = blk(x, pos_state=state)
 
 
-def attention_distance(model: nn.Module, images: Tensor) -> Tensor:
-    """``[depth, heads]`` mean attention distance in input pixels of a ViT on ``images [B, C, H, W]`` (module
-    docstring), float64 on the CPU. The model runs in eval mode (its mode restored after) with gradients off; pass more
-    images for a steadier mean, in batches of your own: the per-batch results weighted by their image counts average
-    to the whole set's."""
-    check_global_vit(model)
+def _swin(model: nn.Module, x: Tensor, sums: _Sums) -> None:
+    pe = model.patch_embed
+    stride, tubelet = _pair(pe.patch_size), getattr(pe, "tubelet_size", 1)
+    x = model.embed(x)
+    for stage in model.layers:
+        if stage.merges:
+            x = stage.downsample(x)
+            stride = (2 * stride[0], 2 * stride[1])
+        video = x.dim() == 5
+        cmap = coord_map(Grid3(*x.shape[1:4]) if video else Grid(*x.shape[1:3]), stride, tubelet)
+        for blk, state in zip(stage.blocks, stage.position_states(x)):
+            if isinstance(blk, Swin3DBlock):
+                windows, *_, mask = windows3(blk.norm1(x), blk.window_size, blk.shifted)
+                coords = windows3(cmap, blk.window_size, blk.shifted)[0]
+            else:
+                windows, *_, mask = blk.windows(blk.norm1(x))
+                coords = blk.windows(cmap.to(x.device))[0]
+            sums.add(blk.attn.attention_map(windows, mask=mask, pos_state=state), coords)
+            x = blk(x, pos_state=state)
+
+
+def attention_distance(model: nn.Module, images: Tensor, frames: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """``[blocks, heads]`` mean attention distance in input pixels (module docstring), float64 on the CPU, of a ViT
+    or Swin on ``images [B, C, H, W]`` or of a video ViT or Video Swin on clips ``[B, C, T, H, W]``; with ``frames``
+    (clips only) the pair ``(pixels, frames)``, the second the mean temporal distance in frames. A Swin's blocks
+    count across stages, NaN padding the heads a block lacks. The model runs in eval mode (its mode restored after)
+    with gradients off; pass more images for a steadier mean, in batches of your own: the per-batch results
+    weighted by their image counts average to the whole set's."""
+    check_distance_model(model)
+    if not isinstance(images, Tensor) or images.dim() not in (4, 5):
+        raise ValueError(
+            "attention_distance takes a batch of images [B, C, H, W] or clips [B, C, T, H, W] of one size, got "
+            + (f"a tensor of shape {tuple(images.shape)}" if isinstance(images, Tensor) else type(images).__name__)
+        )
+    if frames and images.dim() != 5:
+        raise ValueError("frames=True: a temporal distance needs clips [B, C, T, H, W]")
     was_training = model.training
     model.eval()
+    sums = _Sums()
     try:
         with torch.no_grad():
-            x, grid = model.embed(images)
-            if not isinstance(grid, Grid):
-                raise ValueError(f"attention_distance takes image grids, got {grid}: a video model's grid has time")
-            dist = patch_distances(grid, _pair(model.patch_embed.patch_size)).to(x.device)
-            p = model.num_prefix_tokens
-            out = []
-            for blk, state in zip(model.blocks, model.position_states(grid, x)):
-                a = blk.attn.attention_map(blk.norm1(x), pos_state=state)[:, :, p:, p:]  # [B, heads, N, N]
-                out.append((a.double() * dist).sum(-1).mean((0, 2)))
-                x = blk(x, pos_state=state)
+            (_swin if _is_swin(model) else _global_vit)(model, images, sums)
     finally:
         model.train(was_training)
-    return torch.stack(out).cpu()
+    px, fr = sums.result()
+    return (px, fr) if frames else px
 
 
 def plot_attention_distance(distances: Tensor | Mapping[str, Tensor], title: str | None = None):
     """Mean attention distance against depth, one dot per head: ``distances [depth, heads]``
-    (:func:`attention_distance`), or a mapping of names to them (several models, e.g. one per position scheme, each
-    its own colour, side by side at every block). Returns a Figure."""
+    (:func:`attention_distance`; NaN, a Swin block's missing heads, not drawn), or a mapping of names to them (several
+    models, e.g. one per position scheme, each its own colour, side by side at every block). Returns a Figure."""
     runs = {"": distances} if isinstance(distances, Tensor) else dict(distances)
     if not runs or any(not isinstance(d, Tensor) or d.dim() != 2 for d in runs.values()):
         raise ValueError("expected [depth, heads] tensors (attention_distance's), or a mapping of names to them")

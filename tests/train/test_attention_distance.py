@@ -1,12 +1,14 @@
 """``attention_distance.csv`` / ``.png`` of a train.py run (:class:`vitrel.train.attention_distance.AttentionDistance`)
 and of a sweep (the summary's picture): the numbers of ``vitrel.viz.attention_distance`` on the weights the test
-scored and the test's first images."""
+scored and the test's first images (a ViT, a Swin, a video ViT)."""
+
+from types import SimpleNamespace
 
 import hydra
 import torch
 
 import vitrel
-from tests.train_helpers import FAST, TINY_SWIN, TINY_VIT, compose
+from tests.train_helpers import FAST, TINY_SWIN, TINY_VIDEO, TINY_VIT, compose
 from vitrel.train.attention_distance import CSV, PNG, read_distances, sweep_distances, write_distances
 from vitrel.viz import attention_distance
 
@@ -30,13 +32,65 @@ def test_a_run_writes_the_distances_of_the_weights_it_tested_on_the_first_test_i
     torch.testing.assert_close(got, attention_distance(model, images), rtol=1e-6, atol=1e-6)
 
 
-def test_a_swin_run_leaves_it_out_in_one_line(tmp_path, caplog):
+def _first_test_inputs(cfg, n):
+    dm = hydra.utils.instantiate(cfg.data)
+    dm.setup("test")
+    return next(iter(dm.test_dataloader()))[0][:n]
+
+
+def test_a_swin_run_writes_its_blocks_across_stages(tmp_path):
+    """A Swin of two stages (2 heads each, one block each): its two blocks, rows ``block,head,distance_px``."""
     from vitrel.train.run import train
 
+    over = [*TINY_SWIN, *DRAWN, *SHORT, "trainer.limit_test_batches=1", "callbacks.attention_distance.images=4"]
+    cfg = compose(tmp_path, over)
+    train(cfg)
+    got = read_distances(tmp_path / CSV)
+    assert got.shape == (2, 2) and (tmp_path / PNG).stat().st_size > 0
+    model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
+    want = attention_distance(model, _first_test_inputs(cfg, 4))
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_video_run_writes_pixels_and_frames(tmp_path):
+    from vitrel.train.run import train
+
+    keep = [o for o in TINY_VIDEO if not o.startswith("callbacks.attention_distance")]
+    over = [*keep, "pos=none", *SHORT, "trainer.limit_test_batches=1", "callbacks.attention_distance.images=4"]
+    cfg = compose(tmp_path, over)
+    train(cfg)
+    assert (tmp_path / PNG).stat().st_size > 0
+    px, frames = read_distances(tmp_path / CSV), read_distances(tmp_path / CSV, "distance_frames")
+    model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
+    want = attention_distance(model, _first_test_inputs(cfg, 4), frames=True)
+    torch.testing.assert_close((px, frames), want, rtol=1e-6, atol=1e-6)
+    assert (frames > 0).all()  # (8 frames, a tubelet each)
+
+
+def test_naflex_batches_are_left_out_in_one_line(caplog):
+    from vitrel.train.attention_distance import AttentionDistance
+
     caplog.set_level("INFO", logger="vitrel.train.attention_distance")
-    train(compose(tmp_path, [*TINY_SWIN, *DRAWN, *SHORT, "trainer.limit_test_batches=1"]))
-    assert not (tmp_path / CSV).exists()
-    assert "attention distance: left out (SwinTransformer is not a global ViT" in caplog.text
+    cb, trainer = AttentionDistance("unused"), SimpleNamespace(global_rank=0)
+    cb.on_test_start(trainer, SimpleNamespace(eval_model=vitrel.create_model("vitrel_vit_tiny_patch4_32", depth=1)))
+    cb.on_test_batch_end(trainer, None, None, ({"patches": torch.zeros(1)}, torch.zeros(1)), 0)
+    cb.on_test_end(trainer, None)
+    assert "attention distance: left out (the test batches are not images [B, C, H, W] or clips" in caplog.text
+
+
+def test_the_csv_of_a_swin_keeps_only_its_heads(tmp_path):
+    """NaN (a block's missing heads) gets no row, and reads back as NaN; plot and sweep take the NaN-padded tensor."""
+    from vitrel.viz import plot_attention_distance
+
+    d = torch.tensor([[1.0, float("nan")], [2.0, 3.0]], dtype=torch.float64)
+    write_distances(tmp_path / CSV, d, frames=d / 2)
+    assert (tmp_path / CSV).read_text().splitlines() == [
+        "block,head,distance_px,distance_frames", "0,0,1.0,0.5", "1,0,2.0,1.0", "1,1,3.0,1.5",
+    ]  # fmt: skip
+    torch.testing.assert_close(read_distances(tmp_path / CSV), d, equal_nan=True)
+    torch.testing.assert_close(read_distances(tmp_path / CSV, "distance_frames"), d / 2, equal_nan=True)
+    ax = plot_attention_distance({"a": d, "b": d + 1}).axes[0]
+    assert sum(len(c.get_offsets()) for c in ax.collections) == 8  # (the two NaN not drawn: masked)
 
 
 def test_csv_round_trip_and_the_sweep_groups_seeds_by_setting(tmp_path):

@@ -1,7 +1,8 @@
-"""How far each head of a trained ViT looks: :class:`AttentionDistance` writes ``attention_distance.csv`` and
-``attention_distance.png`` in the run folder after the test (:func:`vitrel.viz.attention_distance`, the mean
-attention distance per block and head in input pixels, on the test's first images), and :func:`read_distances`
-reads the CSV back (the sweep summary draws every job's in one picture)."""
+"""How far each head of a trained ViT or Swin (image or video) looks: :class:`AttentionDistance` writes
+``attention_distance.csv`` and ``attention_distance.png`` in the run folder after the test
+(:func:`vitrel.viz.attention_distance`, the mean attention distance per block and head in input pixels, and in frames
+for a video model, on the test's first images or clips), and :func:`read_distances` reads the CSV back (the sweep
+summary draws every job's in one picture)."""
 
 from __future__ import annotations
 
@@ -21,20 +22,31 @@ log = logging.getLogger(__name__)
 CSV, PNG = "attention_distance.csv", "attention_distance.png"
 
 
-def write_distances(path: str | Path, distances: Tensor) -> None:
-    """``distances [depth, heads]`` as rows ``block,head,distance_px`` (both from 0, as ``model.blocks[i]``)."""
+def write_distances(path: str | Path, distances: Tensor, frames: Tensor | None = None) -> None:
+    """``distances [blocks, heads]`` as rows ``block,head,distance_px`` (both from 0; a Swin's blocks counted across
+    stages), with a column ``distance_frames`` from ``frames [blocks, heads]`` (a video model's temporal distance)
+    when given. NaN entries (a Swin block's missing heads, :func:`~vitrel.viz.attention_distance`) get no row."""
+    if frames is not None and frames.shape != distances.shape:
+        raise ValueError(f"frames {tuple(frames.shape)} and distances {tuple(distances.shape)} differ in shape")
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["block", "head", "distance_px"])
-        for (block, head), v in zip(torch.cartesian_prod(*map(torch.arange, distances.shape)).tolist(),
-                                    distances.flatten().tolist()):  # fmt: skip
-            w.writerow([block, head, repr(float(v))])
+        w.writerow(["block", "head", "distance_px", *(["distance_frames"] if frames is not None else [])])
+        for block, head in torch.cartesian_prod(*map(torch.arange, distances.shape)).tolist():
+            v = float(distances[block, head])
+            if v != v:  # NaN: a head the block does not have
+                continue
+            extra = [repr(float(frames[block, head]))] if frames is not None else []
+            w.writerow([block, head, repr(v), *extra])
 
 
-def read_distances(path: str | Path) -> Tensor:
-    """The ``[depth, heads]`` tensor (float64) of a CSV :func:`write_distances` wrote."""
+def read_distances(path: str | Path, column: str = "distance_px") -> Tensor:
+    """The ``[blocks, heads]`` tensor (float64) of a CSV :func:`write_distances` wrote: its ``column``
+    (``distance_px``, or a video model's ``distance_frames``), NaN where a block has no such head."""
     with open(path, newline="") as f:
-        rows = [(int(r["block"]), int(r["head"]), float(r["distance_px"])) for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        if column not in (reader.fieldnames or []):
+            raise ValueError(f"{path} has no column {column!r} (its columns: {reader.fieldnames})")
+        rows = [(int(r["block"]), int(r["head"]), float(r[column])) for r in reader]
     out = torch.full((max(r[0] for r in rows) + 1, max(r[1] for r in rows) + 1), float("nan"), dtype=torch.float64)
     for block, head, v in rows:
         out[block, head] = v
@@ -56,10 +68,11 @@ def sweep_distances(sweep_dir: str | Path, groups: Sequence[tuple[str, Sequence[
 
 class AttentionDistance(Callback):
     """After the test: the mean attention distance of the weights the test scored (the EMA copy under
-    ``module.ema_eval``) on the test's first ``images`` images of process 0, written to ``save_dir`` as
-    ``attention_distance.csv`` (rows ``block,head,distance_px``) and ``attention_distance.png`` (one dot per head
-    against depth). A global ViT on image batches only: for a Swin (windowed attention), a video model or NaFlex
-    batches, one log line says it was left out."""
+    ``module.ema_eval``) on the test's first ``images`` images (or clips) of process 0, written to ``save_dir`` as
+    ``attention_distance.csv`` (rows ``block,head,distance_px``; a video model adds ``distance_frames``) and
+    ``attention_distance.png`` (one dot per head against depth, in pixels). A ViT, video ViT, Swin or Video Swin
+    (:func:`vitrel.viz.attention_distance`); for NaFlex batches or another model, one log line says it was left
+    out."""
 
     def __init__(self, save_dir: str | Path, images: int = 64) -> None:
         if images < 1:
@@ -70,21 +83,21 @@ class AttentionDistance(Callback):
 
     def on_test_start(self, trainer, pl_module) -> None:
         self._kept, self._why_not = [], None
-        from vitrel.viz_distance import check_global_vit
+        from vitrel.viz_distance import check_distance_model
 
         model = pl_module.eval_model
         try:
-            check_global_vit(model)
+            check_distance_model(model)
         except TypeError:
-            self._why_not = f"{type(model).__name__} is not a global ViT (a Swin attends within windows)"
+            self._why_not = f"{type(model).__name__} is not a ViT, video ViT, Swin or Video Swin"
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
         have = sum(len(x) for x in self._kept)
         if self._why_not is not None or have >= self.images or batch is None or trainer.global_rank != 0:
             return
         x = batch[0]
-        if not isinstance(x, Tensor) or x.dim() != 4:
-            self._why_not = "the test batches are not images [B, C, H, W] (NaFlex dicts or video clips)"
+        if not isinstance(x, Tensor) or x.dim() not in (4, 5):
+            self._why_not = "the test batches are not images [B, C, H, W] or clips [B, C, T, H, W] (NaFlex dicts)"
             return
         self._kept.append(x[: self.images - have].detach())
 
@@ -97,10 +110,16 @@ class AttentionDistance(Callback):
         from vitrel.train.sweep_plot import save_png
         from vitrel.viz import attention_distance, plot_attention_distance
 
-        d = attention_distance(pl_module.eval_model, torch.cat(self._kept))
+        x = torch.cat(self._kept)
         self._kept = []
+        video = x.dim() == 5
+        if video:  # pixels in the frame plane, and frames apart
+            d, frames = attention_distance(pl_module.eval_model, x, frames=True)
+        else:
+            d, frames = attention_distance(pl_module.eval_model, x), None
         self.save_dir.mkdir(parents=True, exist_ok=True)
-        write_distances(self.save_dir / CSV, d)
-        n = f"{d.shape[0]} blocks x {d.shape[1]} heads"
-        save_png(plot_attention_distance(d, f"mean attention distance ({n}, test images)"), self.save_dir / PNG)
+        write_distances(self.save_dir / CSV, d, frames)
+        n = f"{d.shape[0]} blocks x {d.shape[1]} heads" if not d.isnan().any() else f"{d.shape[0]} blocks"
+        what = "test clips" if video else "test images"
+        save_png(plot_attention_distance(d, f"mean attention distance ({n}, {what})"), self.save_dir / PNG)
         log.info("attention distance: %s and %s (%s)", CSV, PNG, n)

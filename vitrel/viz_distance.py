@@ -187,7 +187,7 @@ def plot_attention_distance(distances: Tensor | Mapping[str, Tensor], title: str
         depth, heads = d.shape
         x = np.arange(depth)[:, None] + (k - (len(runs) - 1) / 2) * width + np.zeros((1, heads))
         ax.scatter(x.ravel(), d.ravel(), s=10, color=f"C{k}", label=name or None, alpha=0.8)
-    ax.set_xlabel("block (from 0, as model.blocks[i])")
+    ax.set_xlabel("block (from 0, in forward order; a Swin's counted across its stages)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xticks(np.arange(max(d.shape[0] for d in runs.values())))
     ax.set_ylim(bottom=0)

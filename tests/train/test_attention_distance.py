@@ -5,6 +5,7 @@ scored and the test's first images (a ViT, a Swin, a video ViT)."""
 from types import SimpleNamespace
 
 import hydra
+import pytest
 import torch
 
 import vitrel
@@ -16,39 +17,34 @@ DRAWN = [o for o in FAST if not o.startswith("callbacks.attention_distance")]
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "logger=none"]
 
 
-def test_a_run_writes_the_distances_of_the_weights_it_tested_on_the_first_test_images(tmp_path):
-    from vitrel.train.run import train
-
-    over = [*TINY_VIT, *DRAWN, *SHORT, "trainer.limit_test_batches=2", "callbacks.attention_distance.images=20"]
-    cfg = compose(tmp_path, over)
-    train(cfg)
-    got = read_distances(tmp_path / CSV)
-    assert got.shape == (2, 2) and (tmp_path / PNG).stat().st_size > 0
-    dm = hydra.utils.instantiate(cfg.data)
-    dm.setup("test")
-    batches = iter(dm.test_dataloader())
-    images = torch.cat([next(batches)[0], next(batches)[0]])[:20]  # two batches of 16: the first 20 images
-    model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
-    torch.testing.assert_close(got, attention_distance(model, images), rtol=1e-6, atol=1e-6)
-
-
 def _first_test_inputs(cfg, n):
+    """The first ``n`` test images (or clips) of the run's data, across batches."""
     dm = hydra.utils.instantiate(cfg.data)
     dm.setup("test")
-    return next(iter(dm.test_dataloader()))[0][:n]
+    batches, have = iter(dm.test_dataloader()), []
+    while sum(len(x) for x in have) < n:
+        have.append(next(batches)[0])
+    return torch.cat(have)[:n]
 
 
-def test_a_swin_run_writes_its_blocks_across_stages(tmp_path):
-    """A Swin of two stages (2 heads each, one block each): its two blocks, rows ``block,head,distance_px``."""
+@pytest.mark.parametrize(
+    ("arch", "batches", "images"),
+    [
+        (TINY_VIT, 2, 20),  # two test batches of 16: the first 20 images
+        (TINY_SWIN, 1, 4),  # two stages of one block (2 heads each): its two blocks, counted across stages
+    ],
+    ids=["vit", "swin"],
+)
+def test_a_run_writes_the_distances_of_the_weights_it_tested_on_the_first_test_images(tmp_path, arch, batches, images):
     from vitrel.train.run import train
 
-    over = [*TINY_SWIN, *DRAWN, *SHORT, "trainer.limit_test_batches=1", "callbacks.attention_distance.images=4"]
-    cfg = compose(tmp_path, over)
+    over = [*arch, *DRAWN, *SHORT, f"trainer.limit_test_batches={batches}"]
+    cfg = compose(tmp_path, [*over, f"callbacks.attention_distance.images={images}"])
     train(cfg)
     got = read_distances(tmp_path / CSV)
     assert got.shape == (2, 2) and (tmp_path / PNG).stat().st_size > 0
     model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
-    want = attention_distance(model, _first_test_inputs(cfg, 4))
+    want = attention_distance(model, _first_test_inputs(cfg, images))
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 

@@ -39,6 +39,9 @@ FAST = [
     "callbacks.attention_distance=null",  # (tests/train/test_attention_distance.py writes them)
     "callbacks.per_class.max_png_classes=0",  # (its CSVs only: tests/train/test_per_class.py draws confusion.png)
 ]
+# eval.py's pictures off (as FAST's for train.py; eval.yaml's callbacks are top-level keys), for the tests of what
+# it scores: tests/train/test_attention_distance.py and tests/train/test_per_class.py draw them
+EVAL_PICTURES_OFF = ["attention_distance=null", "per_class.max_png_classes=0"]
 # Moving Fashion-MNIST, small: 64 training and 32 test clips
 TINY_CLIPS = ["data=moving_fmnist", "data.train_images=32", "data.test_images=16", "data.batch_size=8"]
 # experiment=video with a one-block model

@@ -126,15 +126,23 @@ def run_script(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, env=env, timeout=300)
 
 
-def test_help_runs_and_without_a_gpu_one_line_error():
-    help_ = run_script("--help")
-    assert help_.returncode == 0 and "--sizes" in help_.stdout and "dBias" in help_.stdout, help_.stderr
+def test_help_runs_and_without_a_gpu_one_line_error(capsys):
+    """The script run as a user runs it, without a GPU: one line on stderr, no traceback. --help and a size refused
+    are argument parsing: checked in-process (``main``), each a ``SystemExit`` (a process would print its message
+    alone), not two more processes importing torch."""
     out = run_script("--small")
     assert out.returncode != 0
     assert out.stderr.strip().splitlines() == [out.stderr.strip()] and "needs a CUDA GPU" in out.stderr, out.stderr
     assert "Traceback" not in out.stderr
-    bad = run_script("--sizes", "200")
-    assert bad.returncode != 0 and "square" in bad.stderr and "Traceback" not in bad.stderr
+    cb = load()
+    with pytest.raises(SystemExit) as help_:
+        cb.main(["--help"])
+    printed = capsys.readouterr().out
+    assert help_.value.code == 0 and "--sizes" in printed and "dBias" in printed, printed
+    with pytest.raises(SystemExit) as bad:
+        cb.main(["--sizes", "200"])
+    said = str(bad.value.code)
+    assert "square" in said and said.splitlines() == [said], said
 
 
 def test_frontend_graphs_validate_on_cpu():

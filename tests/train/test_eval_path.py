@@ -14,12 +14,13 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
+from tests.train_helpers import EVAL_PICTURES_OFF, FAST, TINY_VIT, compose, run_script_forked
 from vitrel.train.evaluate import evaluate
 from vitrel.train.run import train
 
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "logger=none"]
-EVAL = [*FAST[:1], *FAST[2:4], "data.eval_batch_size=500"]  # no workers, on the CPU, no progress bar
+# no workers, on the CPU, no progress bar, no pictures
+EVAL = [*FAST[:1], *FAST[2:4], *EVAL_PICTURES_OFF, "data.eval_batch_size=500"]
 
 
 def _eval(out, ckpt, over: list[str]) -> tuple[dict, dict, object]:

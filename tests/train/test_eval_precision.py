@@ -8,7 +8,7 @@ import torch
 from hydra.utils import instantiate
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose
+from tests.train_helpers import EVAL_PICTURES_OFF, FAST, TINY_VIT, compose
 from vitrel.train.evaluate import evaluate
 from vitrel.train.run import train
 
@@ -31,7 +31,7 @@ def test_eval_py_scores_in_the_trainers_precision(tmp_path, monkeypatch):
     ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
     log, load = [], vitrel.load_model
     monkeypatch.setattr(vitrel, "load_model", lambda *a, **k: _seen(load(*a, **k), log))
-    over = [f"ckpt_path={ckpt}", *FAST[:1], *FAST[2:4], "trainer.limit_test_batches=1"]
+    over = [f"ckpt_path={ckpt}", *FAST[:1], *FAST[2:4], *EVAL_PICTURES_OFF, "trainer.limit_test_batches=1"]
     default = evaluate(compose(tmp_path / "e32", over, config_name="eval"))
     assert log and set(log) == {None}
     log.clear()

@@ -14,11 +14,12 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIDEO, TINY_VIT, compose, run_script_forked
+from tests.train_helpers import EVAL_PICTURES_OFF, FAST, TINY_VIDEO, TINY_VIT, compose, run_script_forked
 from vitrel.data.datasets import seeded_split
 from vitrel.train.evaluate import evaluate
 
-EVAL = [*FAST[:1], *FAST[2:4], "data.eval_batch_size=500"]  # no workers, on the CPU, no progress bar, 4 batches
+# no workers, on the CPU, no progress bar, no pictures, 4 batches
+EVAL = [*FAST[:1], *FAST[2:4], *EVAL_PICTURES_OFF, "data.eval_batch_size=500"]
 # the run: a seeded 20 % of train held out (data.seed by interpolation), resized bicubic with a 0.95 centre crop
 RUN_DATA = ["seed=1", "data.seed=${seed}", "data.val_fraction=0.2", "data.interpolation=bicubic", "data.crop_pct=0.95"]
 

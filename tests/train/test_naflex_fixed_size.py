@@ -41,6 +41,9 @@ def test_eval_at_fixed_size_does_not_call_the_nominal_size_trained(naflex_run, t
 
     run, tree = naflex_run
     over = [f"ckpt_path={run}", "data=imagenet", "data.packing=false", "data.num_workers=0", "progress_bar=none"]
+    # (no attention-distance maps: at 3136 tokens they were half of this test's time; not what it checks, and
+    # tests/train/test_attention_distance.py writes them)
+    over += ["attention_distance=null"]
     with caplog.at_level(logging.INFO):
         evaluate(compose(tmp_path / "eval", [*over, "trainer.accelerator=cpu"], config_name="eval"))
     assert json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())["img_size"] == 224

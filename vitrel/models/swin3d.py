@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from vitrel.layers.validate import check_swin_args
 from vitrel.layout.geometry import Grid3
 from vitrel.layout.windows import floor_mod
-from vitrel.layout.windows3d import unwindow3, window_and_shift3, windows3
+from vitrel.layout.windows3d import Window3, unwindow3, window_and_shift3, windows3
 from vitrel.models.backbone import SwinBody
 from vitrel.models.blocks import (
     Block,
@@ -48,8 +48,6 @@ from vitrel.pos.base import PosState
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
 __all__ = ["SwinTransformer3D", "Swin3DBlock", "Swin3DStage", "SpacePatchMerging"]
-
-Window3 = tuple[int, int, int]
 
 
 def _triple(name: str, value: int | Sequence[int]) -> Window3:
@@ -161,8 +159,13 @@ class Swin3DBlock(Block):
         """The (shifted-)window attention on the normalised map ``x [B, T, H, W, C]`` -> ``[B, T, H, W, C]``."""
         if symbolic_map3(x):
             return any_size_window_attention3(self, x, pos_state)
-        windows, grid, win, shift, mask = windows3(x, self.window_size, self.shifted)
+        windows, grid, win, shift, mask = self.windows(x)
         return unwindow3(self.attn(windows, mask=mask, pos_state=pos_state), grid, win, shift)
+
+    def windows(self, x: Tensor) -> tuple[Tensor, Grid3, Window3, Window3, Tensor | None]:
+        """The map ``x [B, T, H, W, C]`` in this block's (shifted) windows, as ``SwinBlock.windows``:
+        :func:`~vitrel.layout.windows3d.windows3`'s windows, grid, window, shift and mask."""
+        return windows3(x, self.window_size, self.shifted)
 
     def forward(self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: Any = None) -> Tensor:
         """``Block.forward`` on the map ``x [B, T, H, W, C]`` (``grid``: None or its grid). ``pos_state``: the block's

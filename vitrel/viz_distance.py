@@ -32,18 +32,14 @@ from torch.nn.modules.utils import _pair
 
 from vitrel.figures import new_figure
 from vitrel.layout.geometry import Grid, Grid3
-from vitrel.layout.windows3d import windows3
-from vitrel.models.swin3d import Swin3DBlock
 from vitrel.models.swin_blocks import SwinStage
 
-__all__ = ["attention_distance", "check_distance_model", "check_global_vit", "plot_attention_distance"]
+__all__ = ["attention_distance", "check_distance_model", "plot_attention_distance"]
 
 
-def check_global_vit(model: nn.Module) -> None:
-    """A TypeError unless ``model`` is a global ViT (image or video: its blocks, embedding and position states)."""
-    needed = ("blocks", "embed", "position_states", "num_prefix_tokens", "patch_embed")
-    if not all(hasattr(model, k) for k in needed):
-        raise TypeError(f"expected a global ViT (vitrel's VisionTransformer), got {type(model).__name__}")
+def _is_global_vit(model: nn.Module) -> bool:
+    """vitrel's image or video VisionTransformer: its blocks, embedding and position states."""
+    return all(hasattr(model, k) for k in ("blocks", "embed", "position_states", "num_prefix_tokens", "patch_embed"))
 
 
 def _is_swin(model: nn.Module) -> bool:
@@ -59,13 +55,10 @@ def _is_swin(model: nn.Module) -> bool:
 def check_distance_model(model: nn.Module) -> None:
     """A TypeError unless :func:`attention_distance` can read ``model``: a global ViT (vitrel's image or video
     VisionTransformer) or a Swin (vitrel's image or Video Swin)."""
-    if not _is_swin(model):
-        try:
-            check_global_vit(model)
-        except TypeError:
-            raise TypeError(
-                f"attention_distance takes vitrel's ViT, video ViT, Swin or Video Swin, got {type(model).__name__}"
-            ) from None
+    if not (_is_swin(model) or _is_global_vit(model)):
+        raise TypeError(
+            f"attention_distance takes vitrel's ViT, video ViT, Swin or Video Swin, got {type(model).__name__}"
+        )
 
 
 def coord_map(grid: Grid | Grid3, stride: tuple[int, int], tubelet: int = 1) -> Tensor:
@@ -135,12 +128,8 @@ def _swin(model: nn.Module, x: Tensor, sums: _Sums) -> None:
         video = x.dim() == 5
         cmap = coord_map(Grid3(*x.shape[1:4]) if video else Grid(*x.shape[1:3]), stride, tubelet)
         for blk, state in zip(stage.blocks, stage.position_states(x)):
-            if isinstance(blk, Swin3DBlock):
-                windows, *_, mask = windows3(blk.norm1(x), blk.window_size, blk.shifted)
-                coords = windows3(cmap, blk.window_size, blk.shifted)[0]
-            else:
-                windows, *_, mask = blk.windows(blk.norm1(x))
-                coords = blk.windows(cmap.to(x.device))[0]
+            windows, *_, mask = blk.windows(blk.norm1(x))  # (SwinBlock's and Swin3DBlock's)
+            coords = blk.windows(cmap.to(x.device))[0]
             sums.add(blk.attn.attention_map(windows, mask=mask, pos_state=state), coords)
             x = blk(x, pos_state=state)
 

@@ -205,6 +205,67 @@ def test_video_swin_attention_distance_is_its_equation():
     torch.testing.assert_close(frames, want_t, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
+def _packed(images, rows):
+    """timm's NaFlex dict of ``images [C, H, W]`` packed into ``rows`` (lists of image indices), with segment_ids
+    and padding ending the shorter rows (4x4 patches)."""
+    from timm.data.naflex_transforms import patchify_image
+
+    parts = [patchify_image(img, (4, 4), pad=False) for img in images]
+    n = max(sum(len(parts[i][0]) for i in row) for row in rows)
+    out = {k: [] for k in ("patches", "patch_coord", "patch_valid", "segment_ids")}
+    for row in rows:
+        pieces = [(*parts[i], torch.full((len(parts[i][0]),), s)) for s, i in enumerate(row)]
+        for key, col in zip(out, zip(*pieces)):
+            t = torch.cat(col)
+            out[key].append(torch.cat([t, t.new_zeros(n - len(t), *t.shape[1:])]))
+    return {k: torch.stack(v) for k, v in out.items()}
+
+
+def test_packed_naflex_batches_give_each_image_its_own_attention():
+    """A packed NaFlex dict (two images to a row, padding, three sizes) through the model's packed path, each block's
+    tokens caught there, a key of another image given probability 0: the distance pair by pair over every patch query
+    of every image equals what ``attention_distance`` gives on the dict, on the images as a list, and on them batched
+    by size and weighted by their queries."""
+    model = _vit("ape", dynamic_img_size=True, reg_tokens=1)
+    images = [torch.randn(1, *hw, dtype=torch.float64) for hw in ((12, 16), (8, 8), (12, 16), (4, 12))]
+    batch = _packed(images, [[0, 1], [2, 3]])
+    _, layout, _, _ = model.eval().forward_layout(batch)
+    seg, rc = layout.segment, layout.coords
+    foreign = seg[:, :, None] != seg[:, None, :]
+    mask = torch.zeros(foreign.shape, dtype=torch.float64).masked_fill(foreign, -math.inf)
+    want = torch.zeros(2, 2, dtype=torch.float64)
+    queries = 0
+    for l, (blk, tokens) in enumerate(_inputs(model, batch)):
+        a = _probs(blk, tokens, mask[:, None])
+        for b, i in itertools.product(range(seg.shape[0]), range(seg.shape[1])):
+            if rc[b, i, 0] < 0:  # a prefix token or padding: not a query
+                continue
+            queries += l == 0
+            for j in range(seg.shape[1]):
+                if rc[b, j, 0] >= 0:
+                    d = 4 * math.hypot(rc[b, i, 0] - rc[b, j, 0], rc[b, i, 1] - rc[b, j, 1])
+                    want[l] += a[b, :, i, j] * d
+    want /= queries
+    assert queries == 12 + 4 + 12 + 3
+    for given in (batch, images):
+        torch.testing.assert_close(viz.attention_distance(model, given), want, rtol=1e-12, atol=1e-12)
+    by_size = [(torch.stack(images[0::2]), 24), (images[1][None], 4), (images[3][None], 3)]
+    mean = sum(viz.attention_distance(model, x) * n for x, n in by_size) / queries
+    torch.testing.assert_close(mean, want, rtol=1e-12, atol=1e-12)
+
+
+def test_naflex_images_are_the_images_it_was_made_of():
+    from vitrel.models.naflex import parse_naflex
+
+    images = [torch.randn(3, *hw) for hw in ((12, 16), (8, 8), (12, 16), (4, 12))]
+    back = parse_naflex(_packed(images, [[0, 1], [2], [3]]), (4, 3)).images(4)
+    assert len(back) == 4 and all(torch.equal(a, b) for a, b in zip(back, images))
+    dropped = _packed(images[:1], [[0]])
+    dropped["patch_valid"][0, 11:] = False  # its last patch dropped: the grid still 3x4
+    with pytest.raises(ValueError, match="image 0 of the NaFlex batch has 11 of the 12 patches of its 3x4 grid"):
+        parse_naflex(dropped, (4, 3)).images(4)
+
+
 def test_attention_distance_refuses_what_it_cannot_read():
     with pytest.raises(TypeError, match="ViT, video ViT, Swin or Video Swin"):
         viz.attention_distance(torch.nn.Linear(2, 2), torch.randn(1, 3, 32, 32))

@@ -24,6 +24,7 @@ For block ``l`` and head ``h``, with ``a_ij`` the attention probability of query
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -73,15 +74,18 @@ def coord_map(grid: Grid | Grid3, stride: tuple[int, int], tubelet: int = 1) -> 
 
 
 class _Sums:
-    """Per block: the sums over images, windows and real queries of ``sum_j a_ij d_ij`` (pixels, frames)."""
+    """Per block (in forward order, counted afresh for each batch): the sums over images, windows and real queries
+    of ``sum_j a_ij d_ij`` (pixels, frames), and how many queries."""
 
     def __init__(self) -> None:
         self.px: list[Tensor] = []
         self.frames: list[Tensor] = []
+        self.queries: list[Tensor] = []
+        self.block = 0
 
     def add(self, probs: Tensor, coords: Tensor) -> None:
-        """``probs [B nW, heads, n, n]`` of windows whose tokens are at ``coords [nW, n, 4]`` (:func:`coord_map`,
-        windowed)."""
+        """The next block's ``probs [B nW, heads, n, n]`` of windows whose tokens are at ``coords [nW, n, 4]``
+        (:func:`coord_map`, windowed)."""
         nw, n = coords.shape[:2]
         coords = coords.to(probs.device)
         a = probs.double().view(-1, nw, probs.shape[1], n, n)
@@ -90,16 +94,20 @@ class _Sums:
         d = coords[:, :, None, :3] - coords[:, None, :, :3]  # [nW, n, n, 3]
         space = torch.hypot(d[..., 1], d[..., 2]) * pair
         time = d[..., 0].abs() * pair
-        count = a.shape[0] * real.sum()
-        self.px.append((torch.einsum("bwhij,wij->h", a, space) / count).cpu())
-        self.frames.append((torch.einsum("bwhij,wij->h", a, time) / count).cpu())
+        sums = [torch.einsum("bwhij,wij->h", a, t).cpu() for t in (space, time)] + [a.shape[0] * real.sum().cpu()]
+        if self.block == len(self.px):
+            for store, v in zip((self.px, self.frames, self.queries), sums):
+                store.append(torch.zeros_like(v))
+        for store, v in zip((self.px, self.frames, self.queries), sums):
+            store[self.block] += v
+        self.block += 1
 
     def result(self) -> tuple[Tensor, Tensor]:
         """``(pixels, frames)``, each ``[blocks, heads]``, NaN where a block has fewer heads than the widest."""
         heads = max(len(v) for v in self.px)
         nan = float("nan")
         px, fr = (
-            torch.stack([torch.cat([v, v.new_full((heads - len(v),), nan)]) for v in vs])
+            torch.stack([torch.cat([v / q, v.new_full((heads - len(v),), nan)]) for v, q in zip(vs, self.queries)])
             for vs in (self.px, self.frames)
         )
         return px, fr
@@ -134,27 +142,45 @@ def _swin(model: nn.Module, x: Tensor, sums: _Sums) -> None:
             x = blk(x, pos_state=state)
 
 
-def attention_distance(model: nn.Module, images: Tensor, frames: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+def _one_size_batches(model: nn.Module, images: Any) -> list[Tensor]:
+    """``images`` as batches of one size each: a batch ``[B, C, H, W]`` or ``[B, C, T, H, W]`` as it is; a list of
+    images ``[C, H_i, W_i]`` or a NaFlex dict (read by the model's own entrance, its checks and errors) as its images,
+    put back together from their patches and grouped by size in order of first appearance."""
+    if isinstance(images, Tensor) and images.dim() in (4, 5):
+        return [images]
+    if not isinstance(images, Mapping | list | tuple) or not hasattr(model, "read_input"):
+        what = f"a tensor of shape {tuple(images.shape)}" if isinstance(images, Tensor) else type(images).__name__
+        more = ", a list of images [C, H, W] or a NaFlex dict" if hasattr(model, "read_input") else ""
+        raise ValueError(f"attention_distance takes images [B, C, H, W] or clips [B, C, T, H, W]{more}, got {what}")
+    inp = model.read_input(images)
+    found = [inp.images] if inp.batch is None else inp.batch.images(_pair(model.patch_embed.patch_size)[0])
+    sizes: dict[tuple[int, ...], list[Tensor]] = {}
+    for img in found:
+        sizes.setdefault(tuple(img.shape[-2:]), []).append(img)
+    return [torch.cat(v) if v[0].dim() == 4 else torch.stack(v) for v in sizes.values()]
+
+
+def attention_distance(model: nn.Module, images: Any, frames: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """``[blocks, heads]`` mean attention distance in input pixels (module docstring), float64 on the CPU, of a ViT
-    or Swin on ``images [B, C, H, W]`` or of a video ViT or Video Swin on clips ``[B, C, T, H, W]``; with ``frames``
-    (clips only) the pair ``(pixels, frames)``, the second the mean temporal distance in frames. A Swin's blocks
-    count across stages, NaN padding the heads a block lacks. The model runs in eval mode (its mode restored after)
-    with gradients off; pass more images for a steadier mean, in batches of your own: the per-batch results
-    weighted by their image counts average to the whole set's."""
+    or Swin on ``images`` or of a video ViT or Video Swin on clips ``[B, C, T, H, W]``; with ``frames`` (clips only)
+    the pair ``(pixels, frames)``, the second the mean temporal distance in frames. ``images``: a batch
+    ``[B, C, H, W]``, or images of any sizes as the models take them (a list of ``[C, H_i, W_i]``, or timm's NaFlex
+    dict, packed or not, with every patch of each image): the mean over all their query tokens, each image as it
+    runs alone (the packed path's rule). A Swin's blocks count across stages, NaN padding the heads a block lacks.
+    The model runs in eval mode (its mode restored after) with gradients off; pass more images for a steadier mean,
+    in batches of your own: the per-batch results weighted by their query counts average to the whole set's."""
     check_distance_model(model)
-    if not isinstance(images, Tensor) or images.dim() not in (4, 5):
-        raise ValueError(
-            "attention_distance takes a batch of images [B, C, H, W] or clips [B, C, T, H, W] of one size, got "
-            + (f"a tensor of shape {tuple(images.shape)}" if isinstance(images, Tensor) else type(images).__name__)
-        )
-    if frames and images.dim() != 5:
+    batches = _one_size_batches(model, images)
+    if frames and batches[0].dim() != 5:
         raise ValueError("frames=True: a temporal distance needs clips [B, C, T, H, W]")
     was_training = model.training
     model.eval()
     sums = _Sums()
     try:
         with torch.no_grad():
-            (_swin if _is_swin(model) else _global_vit)(model, images, sums)
+            for x in batches:
+                sums.block = 0
+                (_swin if _is_swin(model) else _global_vit)(model, x, sums)
     finally:
         model.train(was_training)
     px, fr = sums.result()

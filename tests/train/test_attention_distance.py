@@ -17,34 +17,35 @@ DRAWN = [o for o in FAST if not o.startswith("callbacks.attention_distance")]
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "logger=none"]
 
 
-def _first_test_inputs(cfg, n):
-    """The first ``n`` test images (or clips) of the run's data, across batches."""
+def _first_test_inputs(cfg, n, model):
+    """The first ``n`` test images (or clips) of the run's data, across batches (NaFlex dicts: their images)."""
     dm = hydra.utils.instantiate(cfg.data)
     dm.setup("test")
     batches, have = iter(dm.test_dataloader()), []
-    while sum(len(x) for x in have) < n:
-        have.append(next(batches)[0])
-    return torch.cat(have)[:n]
+    while len(have) < n:
+        x = next(batches)[0]
+        have.extend(model.read_input(x).batch.images(4) if isinstance(x, dict) else x)
+    return torch.stack(have[:n])
 
 
 @pytest.mark.parametrize(
-    ("arch", "batches", "images"),
+    ("over", "images"),
     [
-        (TINY_VIT, 2, 20),  # two test batches of 16: the first 20 images
-        (TINY_SWIN, 1, 4),  # two stages of one block (2 heads each): its two blocks, counted across stages
+        ([*TINY_VIT, "trainer.limit_test_batches=2"], 20),  # two test batches of 16: the first 20 images
+        ([*TINY_SWIN, "trainer.limit_test_batches=1"], 4),  # two stages of one block (2 heads each): across stages
+        ([*TINY_VIT, "data=fashion_mnist_naflex", "data.batch_size=8", "trainer.limit_test_batches=2"], 10),
     ],
-    ids=["vit", "swin"],
+    ids=["vit", "swin", "naflex"],
 )
-def test_a_run_writes_the_distances_of_the_weights_it_tested_on_the_first_test_images(tmp_path, arch, batches, images):
+def test_a_run_writes_the_distances_of_the_weights_it_tested_on_the_first_test_images(tmp_path, over, images):
     from vitrel.train.run import train
 
-    over = [*arch, *DRAWN, *SHORT, f"trainer.limit_test_batches={batches}"]
-    cfg = compose(tmp_path, [*over, f"callbacks.attention_distance.images={images}"])
+    cfg = compose(tmp_path, [*over, *DRAWN, *SHORT, f"callbacks.attention_distance.images={images}"])
     train(cfg)
     got = read_distances(tmp_path / CSV)
     assert got.shape == (2, 2) and (tmp_path / PNG).stat().st_size > 0
     model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
-    want = attention_distance(model, _first_test_inputs(cfg, images))
+    want = attention_distance(model, _first_test_inputs(cfg, images, model))
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
@@ -58,20 +59,24 @@ def test_a_video_run_writes_pixels_and_frames(tmp_path):
     assert (tmp_path / PNG).stat().st_size > 0
     px, frames = read_distances(tmp_path / CSV), read_distances(tmp_path / CSV, "distance_frames")
     model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")
-    want = attention_distance(model, _first_test_inputs(cfg, 4), frames=True)
+    want = attention_distance(model, _first_test_inputs(cfg, 4, model), frames=True)
     torch.testing.assert_close((px, frames), want, rtol=1e-6, atol=1e-6)
     assert (frames > 0).all()  # (8 frames, a tubelet each)
 
 
-def test_naflex_batches_are_left_out_in_one_line(caplog):
+def test_naflex_images_with_dropped_patches_are_left_out_in_one_line(caplog):
+    from tests.test_viz_distance import _packed
     from vitrel.train.attention_distance import AttentionDistance
 
     caplog.set_level("INFO", logger="vitrel.train.attention_distance")
+    batch = _packed([torch.randn(3, 8, 8)], [[0]])
+    batch["patch_valid"][0, 3:] = False  # 3 of its 4 patches
+    model = SimpleNamespace(eval_model=vitrel.create_model("vitrel_vit_tiny_patch4_32", depth=1))
     cb, trainer = AttentionDistance("unused"), SimpleNamespace(global_rank=0)
-    cb.on_test_start(trainer, SimpleNamespace(eval_model=vitrel.create_model("vitrel_vit_tiny_patch4_32", depth=1)))
-    cb.on_test_batch_end(trainer, None, None, ({"patches": torch.zeros(1)}, torch.zeros(1)), 0)
-    cb.on_test_end(trainer, None)
-    assert "attention distance: left out (the test batches are not images [B, C, H, W] or clips" in caplog.text
+    cb.on_test_start(trainer, model)
+    cb.on_test_batch_end(trainer, model, None, (batch, torch.zeros(1)), 0)
+    cb.on_test_end(trainer, model)
+    assert "attention distance: left out (image 0 of the NaFlex batch has 3 of the 4 patches" in caplog.text
 
 
 def test_the_csv_of_a_swin_keeps_only_its_heads(tmp_path):

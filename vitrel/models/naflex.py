@@ -73,6 +73,25 @@ class NaFlexBatch(NamedTuple):
     def num_images(self) -> int:
         return len(self.image_grids)
 
+    def images(self, patch_size: int) -> list[Tensor]:
+        """Each image ``[C, H_i, W_i]`` in the batch's order: its ``(P, P, C)`` patches put back at their coordinates
+        (the inverse of :func:`images_batch` and of timm's ``patchify_image``). Every patch of each image's grid must
+        be there: dropped tokens leave no whole image (an error naming the image)."""
+        p = patch_size
+        out = []
+        for i, (h, w) in enumerate(self.image_grids):
+            mine = self.image == i
+            coords, patches = self.coords[mine], self.patches[mine]
+            if len(coords) != h * w:
+                raise ValueError(
+                    f"image {i} of the NaFlex batch has {len(coords)} of the {h * w} patches of its {h}x{w} grid "
+                    "(dropped tokens): it cannot be put back together"
+                )
+            img = patches.new_zeros(h, w, p, p, patches.shape[-1] // (p * p))
+            img[coords[:, 0], coords[:, 1]] = patches.view(len(coords), p, p, -1)
+            out.append(img.permute(4, 0, 2, 1, 3).flatten(3).flatten(1, 2))
+        return out
+
     def layout(self, num_prefix_tokens: int = 0) -> TokenLayout:
         """The tokens' layout with no prefix tokens (``with_prefix`` inserts them per image)."""
         return TokenLayout.build(self.segment, self.coords, self.image, self.image_grids, num_prefix_tokens)

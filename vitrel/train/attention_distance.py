@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import csv
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
+from torch.nn.modules.utils import _pair
 
 __all__ = ["AttentionDistance", "CSV", "PNG", "read_distances", "sweep_distances", "write_distances"]
 
@@ -71,8 +72,8 @@ class AttentionDistance(Callback):
     ``module.ema_eval``) on the test's first ``images`` images (or clips) of process 0, written to ``save_dir`` as
     ``attention_distance.csv`` (rows ``block,head,distance_px``; a video model adds ``distance_frames``) and
     ``attention_distance.png`` (one dot per head against depth, in pixels). A ViT, video ViT, Swin or Video Swin
-    (:func:`vitrel.viz.attention_distance`); for NaFlex batches or another model, one log line says it was left
-    out."""
+    (:func:`vitrel.viz.attention_distance`); NaFlex batches give their images, each at its own size. For another
+    model, or NaFlex images with dropped patches, one log line says it was left out."""
 
     def __init__(self, save_dir: str | Path, images: int = 64) -> None:
         if images < 1:
@@ -92,14 +93,21 @@ class AttentionDistance(Callback):
             self._why_not = f"{type(model).__name__} is not a ViT, video ViT, Swin or Video Swin"
 
     def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
-        have = sum(len(x) for x in self._kept)
-        if self._why_not is not None or have >= self.images or batch is None or trainer.global_rank != 0:
+        need = self.images - len(self._kept)
+        if self._why_not is not None or need <= 0 or batch is None or trainer.global_rank != 0:
             return
         x = batch[0]
-        if not isinstance(x, Tensor) or x.dim() not in (4, 5):
-            self._why_not = "the test batches are not images [B, C, H, W] or clips [B, C, T, H, W] (NaFlex dicts)"
+        if isinstance(x, Mapping):  # a NaFlex dict: its images, each at its own size
+            model = pl_module.eval_model
+            try:
+                x = model.read_input(x).batch.images(_pair(model.patch_embed.patch_size)[0])
+            except ValueError as e:  # (patches dropped: no whole image)
+                self._why_not = str(e)
+                return
+        elif not isinstance(x, Tensor) or x.dim() not in (4, 5):
+            self._why_not = f"the test batches are not images, clips or NaFlex dicts ({type(x).__name__})"
             return
-        self._kept.append(x[: self.images - have].detach())
+        self._kept.extend(t.detach() for t in x[:need])
 
     def on_test_end(self, trainer, pl_module) -> None:
         if trainer.global_rank != 0:
@@ -110,9 +118,9 @@ class AttentionDistance(Callback):
         from vitrel.train.sweep_plot import save_png
         from vitrel.viz import attention_distance, plot_attention_distance
 
-        x = torch.cat(self._kept)
-        self._kept = []
-        video = x.dim() == 5
+        kept, self._kept = self._kept, []
+        x = torch.stack(kept) if len({t.shape for t in kept}) == 1 else kept  # (NaFlex: images of several sizes)
+        video = kept[0].dim() == 4
         if video:  # pixels in the frame plane, and frames apart
             d, frames = attention_distance(pl_module.eval_model, x, frames=True)
         else:

@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,8 @@ __all__ = [
     "split_common",
     "summary_rows",
     "optuna_best",
+    "picked_on_test",
+    "searched_seed",
 ]
 
 log = logging.getLogger(__name__)
@@ -161,6 +164,50 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
         values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
         choices[key] = [f"{key}={v}" for v in values]
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def _searching(config: DictConfig) -> bool:
+    """Whether the sweep's sweeper picks its jobs from their returned values (Optuna's, any but Hydra's basic one)."""
+    target = (config.hydra.get("sweeper") or {}).get("_target_")
+    return bool(target) and target != BASIC_SWEEPER
+
+
+def searched_seed(config: DictConfig) -> str | None:
+    """The ``seed`` sweep (as written: ``seed=0,1,2``) of a search sweeper's sweep (:func:`_searching`), from the
+    command line or ``hydra.sweeper.params``; None without one. Optuna's sweeper makes any such list a categorical
+    search dimension: its best trial would be the luckiest seed, not a setting's mean over seeds."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not _searching(config):
+        return None
+    args = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    args += [str(o) for o in config.hydra.overrides.task]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except Exception:  # noqa: BLE001  (Hydra refuses such an override itself, with its own message)
+        return None
+    return next((a for a, o in zip(args, parsed) if _is_seed(o.get_key_element()) and o.is_sweep_override()), None)
+
+
+def picked_on_test(config: DictConfig) -> str | None:
+    """Why a search sweeper's best trial (:func:`_searching`) is picked on the test split: ``optimized_metric`` is a
+    ``test/`` metric, or a ``val/`` one with ``data.val_fraction=0`` (the data modules then validate on the test
+    split); None otherwise."""
+    target = str(config.get("optimized_metric") or "")
+    if not _searching(config) or not target:
+        return None
+    if target.startswith("test/"):
+        return f"optimized_metric={target} is a test split score"
+    data = config.get("data") or {}
+    if target.startswith("val/") and "val_fraction" in data and not data.get("val_fraction"):
+        return f"optimized_metric={target} with data.val_fraction=0, which validates on the test split"
+    return None
+
+
+def _sweeper_name(config: DictConfig) -> str:
+    """The sweeper's class name, less ``Sweeper`` (``Optuna``)."""
+    target = str((config.hydra.get("sweeper") or {}).get("_target_", ""))
+    return target.rsplit(".", 1)[-1].removesuffix("Sweeper") or "sweep's"
 
 
 def sweep_folder(hydra_cfg: Any) -> Path:
@@ -304,6 +351,15 @@ class SweepSummary(Callback):
         """A new id for the sweep folder: job folders of an earlier sweep there (which this sweep has not run again)
         keep theirs and are left out of the summary. Until the sweep's end, the process prints the table so far
         when it exits (:meth:`_at_exit`)."""
+        if seed := searched_seed(config):  # (SystemExit: Hydra turns a callback's Exception into a warning)
+            raise SystemExit(
+                f"{Path(sys.argv[0]).name}: ConfigError: {seed}: the {_sweeper_name(config)} sweeper would search the "
+                "seed as a hyperparameter and report the luckiest one as its best trial; search with one seed, then "
+                "run the chosen values over seeds (-m ... seed=0,1,2) for their mean"
+            )
+        if why := picked_on_test(config):
+            log.warning("sweep: %s: the best trial is chosen on the test split, so its test/* overestimate new data; "
+                        "search on a held-out validation split (data.val_fraction=0.1)", why)  # fmt: skip
         sweep_dir = sweep_folder(config.hydra)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         sweep_id = uuid.uuid4().hex
@@ -442,10 +498,14 @@ def optuna_best(config: DictConfig, sweep_dir: Path, rows: list[dict[str, Any]],
     if job is None:
         return None
     direction = getattr(sweeper.get("direction"), "name", sweeper.get("direction"))
-    return (
+    line = (
         f"Optuna's best trial ({direction} {config.get('optimized_metric')}): job {job}, {result['best_value']:.4f}, "
         + (" ".join(params) or "(no parameters)")
     )
+    if why := picked_on_test(config):
+        line += (f"\nchosen on the test split ({why}): job {job}'s test/* overestimate new data; search on a "
+                 "held-out validation split (data.val_fraction=0.1)")  # fmt: skip
+    return line
 
 
 def summary_rows(

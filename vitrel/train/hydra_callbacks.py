@@ -63,6 +63,45 @@ SWEEP_ID, ERROR, PREVIOUS = ".sweep_id", "error.txt", "metrics.previous.json"
 PLANNED, STOPPED = ".sweep_jobs.json", "interrupted.txt"
 #: the status of a job a stopped sweep never started, and of one it stopped while it ran
 NOT_RUN, INTERRUPTED = "not run", "interrupted"
+#: the overrides of the run a job's folder held as the job started (its ``last.ckpt``'s sweep job, job folder)
+TRAINED_WITH = ".trained_with.json"
+
+
+def _record_trained_with(job_dir: Path) -> None:
+    """Keep the overrides of the sweep job that wrote ``job_dir``'s ``checkpoints/last.ckpt`` (a sweep run again in
+    its folder: the job resumes that run) in ``TRAINED_WITH``, read before this job writes its own checkpoints;
+    nothing without one, or from a checkpoint that records no sweep job or does not load."""
+    (job_dir / TRAINED_WITH).unlink(missing_ok=True)
+    ckpt = job_dir / "checkpoints" / "last.ckpt"
+    if not ckpt.exists():
+        return
+    try:
+        import torch
+
+        from vitrel.train.resume import SWEEP_JOB
+
+        job = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True).get(SWEEP_JOB)
+    except Exception:  # noqa: BLE001  (a damaged or foreign file: train() says so as it resumes)
+        return
+    if isinstance(job, dict) and job.get("overrides") is not None:
+        (job_dir / TRAINED_WITH).write_text(json.dumps({"overrides": [str(o) for o in job["overrides"]]}))
+
+
+def trained_with(job_dir: Path, data: dict[str, Any], overrides: Sequence[str]) -> str | None:
+    """For a job that resumed its folder's run (``data``: its ``metrics.json``), the settings that run was trained
+    with where they differ from the job's ``overrides`` (``module.optimizer.lr=0.002``, or ``module.optimizer.lr
+    (not set)``), less those a sweep run again may change (``trainer.max_epochs``, ``logger``, ...); None when the
+    job did not resume, or resumed a run of its own settings. The resumed run keeps the checkpoint's weights,
+    optimizer and rates: the row's figures are of those settings, not of the job's."""
+    if not (data.get("resumes") or data.get("resumed_finished")) or not (job_dir / TRAINED_WITH).exists():
+        return None
+    from vitrel.train.resume import MAY_DIFFER
+    from vitrel.train.utils import override_key
+
+    theirs = json.loads((job_dir / TRAINED_WITH).read_text()).get("overrides") or []
+    a, b = {override_key(o): o for o in theirs}, {override_key(o): o for o in overrides}
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in MAY_DIFFER)
+    return " ".join(a.get(k, f"{k} (not set)") for k in keys) or None
 
 
 def finished_record(run_dir: str | Path, global_step: int) -> dict[str, Any] | None:
@@ -129,6 +168,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             row["epochs"], row["val_runs"] = data.get("epochs"), data.get("val_runs")
             row["wall_s"] = data.get("wall_s")
             row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
+            row["trained_with"] = trained_with(d, data, row["overrides"])
         elif (d / STOPPED).exists() and not (d / ERROR).exists():
             row["status"], row["error"] = INTERRUPTED, _read(d / STOPPED)
         else:
@@ -299,6 +339,8 @@ def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     """Plain fixed-width table (readable in any log)."""
     cols = ["job", "overrides", *metrics, "params", "gflops", "epochs", "wall_s", "test_images", "status"]
     shown = [dict(r, test_images=_test_images(r)) for r in rows]
+    for r in shown:  # (a job that resumed a run of other settings: its figures are that run's, said below the table)
+        r["status"] = f"{r['status']} *" if r.get("trained_with") else r.get("status")
     for r in shown:  # (an empty val/* cell of a job that ran no validation: said, not left blank)
         r.update({m: NO_VAL for m in metrics if m.startswith("val/") and r.get(m) is None and r.get("val_runs") == 0})
     return _fixed_width(cols, [[_cell(c, r.get(c)) for c in cols] for r in shown])
@@ -390,6 +432,7 @@ class SweepSummary(Callback):
             (job_dir / SWEEP_ID).write_text(sweep_id + "\n")
         if (job_dir / "metrics.json").exists():
             os.replace(job_dir / "metrics.json", job_dir / PREVIOUS)
+        _record_trained_with(job_dir)
         (job_dir / ERROR).unlink(missing_ok=True)
         (job_dir / STOPPED).unlink(missing_ok=True)
 
@@ -455,6 +498,10 @@ class SweepSummary(Callback):
                     and r["status"].startswith(what)]  # fmt: skip
             if said:
                 text += f"\n{what}:\n" + "\n".join(said) + "\n"
+        if said := [f"job {r['job']} {r['overrides']}: {r['trained_with']}" for r in rows if r.get("trained_with")]:
+            text += ("\n*: the job resumed its folder's run (a sweep run again in its folder), which keeps its "
+                     "weights, optimizer and rates: the row's figures are of that run's settings\n"
+                     + "\n".join(said) + "\n")  # fmt: skip
         if means:
             text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, self.metrics)}\n"
         best = optuna_best(config, sweep_dir, rows, common) if config is not None else None
@@ -469,7 +516,7 @@ class SweepSummary(Callback):
             print(f"\n{text}", flush=True)
         fields = ["job", "overrides", *self.metrics, "params", "gflops", "epochs", "val_runs", "wall_s", "test_images"]
         fields.append("test_split_images")
-        files = {"summary.md": text, "summary.csv": _csv([*fields, "status", "error"], rows)}
+        files = {"summary.md": text, "summary.csv": _csv([*fields, "status", "error", "trained_with"], rows)}
         mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in self.metrics for s in ("mean", "std"))]
         files["summary_seeds.csv"] = _csv(mfields, means) if means else None
         for name, content in files.items():

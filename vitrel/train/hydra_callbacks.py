@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import os
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,8 @@ __all__ = [
     "split_common",
     "summary_rows",
     "optuna_best",
+    "picked_on_test",
+    "searched_seed",
 ]
 
 log = logging.getLogger(__name__)
@@ -60,6 +63,45 @@ SWEEP_ID, ERROR, PREVIOUS = ".sweep_id", "error.txt", "metrics.previous.json"
 PLANNED, STOPPED = ".sweep_jobs.json", "interrupted.txt"
 #: the status of a job a stopped sweep never started, and of one it stopped while it ran
 NOT_RUN, INTERRUPTED = "not run", "interrupted"
+#: the overrides of the run a job's folder held as the job started (its ``last.ckpt``'s sweep job, job folder)
+TRAINED_WITH = ".trained_with.json"
+
+
+def _record_trained_with(job_dir: Path) -> None:
+    """Keep the overrides of the sweep job that wrote ``job_dir``'s ``checkpoints/last.ckpt`` (a sweep run again in
+    its folder: the job resumes that run) in ``TRAINED_WITH``, read before this job writes its own checkpoints;
+    nothing without one, or from a checkpoint that records no sweep job or does not load."""
+    (job_dir / TRAINED_WITH).unlink(missing_ok=True)
+    ckpt = job_dir / "checkpoints" / "last.ckpt"
+    if not ckpt.exists():
+        return
+    try:
+        import torch
+
+        from vitrel.train.resume import SWEEP_JOB
+
+        job = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True).get(SWEEP_JOB)
+    except Exception:  # noqa: BLE001  (a damaged or foreign file: train() says so as it resumes)
+        return
+    if isinstance(job, dict) and job.get("overrides") is not None:
+        (job_dir / TRAINED_WITH).write_text(json.dumps({"overrides": [str(o) for o in job["overrides"]]}))
+
+
+def trained_with(job_dir: Path, data: dict[str, Any], overrides: Sequence[str]) -> str | None:
+    """For a job that resumed its folder's run (``data``: its ``metrics.json``), the settings that run was trained
+    with where they differ from the job's ``overrides`` (``module.optimizer.lr=0.002``, or ``module.optimizer.lr
+    (not set)``), less those a sweep run again may change (``trainer.max_epochs``, ``logger``, ...); None when the
+    job did not resume, or resumed a run of its own settings. The resumed run keeps the checkpoint's weights,
+    optimizer and rates: the row's figures are of those settings, not of the job's."""
+    if not (data.get("resumes") or data.get("resumed_finished")) or not (job_dir / TRAINED_WITH).exists():
+        return None
+    from vitrel.train.resume import MAY_DIFFER
+    from vitrel.train.utils import override_key
+
+    theirs = json.loads((job_dir / TRAINED_WITH).read_text()).get("overrides") or []
+    a, b = {override_key(o): o for o in theirs}, {override_key(o): o for o in overrides}
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in MAY_DIFFER)
+    return " ".join(a.get(k, f"{k} (not set)") for k in keys) or None
 
 
 def finished_record(run_dir: str | Path, global_step: int) -> dict[str, Any] | None:
@@ -126,6 +168,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             row["epochs"], row["val_runs"] = data.get("epochs"), data.get("val_runs")
             row["wall_s"] = data.get("wall_s")
             row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
+            row["trained_with"] = trained_with(d, data, row["overrides"])
         elif (d / STOPPED).exists() and not (d / ERROR).exists():
             row["status"], row["error"] = INTERRUPTED, _read(d / STOPPED)
         else:
@@ -161,6 +204,50 @@ def planned_jobs(config: DictConfig) -> list[list[str]] | None:
         values = o.sweep_string_iterator() if o.is_sweep_override() else [o.get_value_element_as_str()]
         choices[key] = [f"{key}={v}" for v in values]
     return [list(job) for job in itertools.product(*choices.values())]
+
+
+def _searching(config: DictConfig) -> bool:
+    """Whether the sweep's sweeper picks its jobs from their returned values (Optuna's, any but Hydra's basic one)."""
+    target = (config.hydra.get("sweeper") or {}).get("_target_")
+    return bool(target) and target != BASIC_SWEEPER
+
+
+def searched_seed(config: DictConfig) -> str | None:
+    """The ``seed`` sweep (as written: ``seed=0,1,2``) of a search sweeper's sweep (:func:`_searching`), from the
+    command line or ``hydra.sweeper.params``; None without one. Optuna's sweeper makes any such list a categorical
+    search dimension: its best trial would be the luckiest seed, not a setting's mean over seeds."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    if not _searching(config):
+        return None
+    args = [f"{k}={v}" for k, v in (config.hydra.sweeper.get("params") or {}).items()]
+    args += [str(o) for o in config.hydra.overrides.task]
+    try:
+        parsed = OverridesParser.create().parse_overrides(args)
+    except Exception:  # noqa: BLE001  (Hydra refuses such an override itself, with its own message)
+        return None
+    return next((a for a, o in zip(args, parsed) if _is_seed(o.get_key_element()) and o.is_sweep_override()), None)
+
+
+def picked_on_test(config: DictConfig) -> str | None:
+    """Why a search sweeper's best trial (:func:`_searching`) is picked on the test split: ``optimized_metric`` is a
+    ``test/`` metric, or a ``val/`` one with ``data.val_fraction=0`` (the data modules then validate on the test
+    split); None otherwise."""
+    target = str(config.get("optimized_metric") or "")
+    if not _searching(config) or not target:
+        return None
+    if target.startswith("test/"):
+        return f"optimized_metric={target} is a test split score"
+    data = config.get("data") or {}
+    if target.startswith("val/") and "val_fraction" in data and not data.get("val_fraction"):
+        return f"optimized_metric={target} with data.val_fraction=0, which validates on the test split"
+    return None
+
+
+def _sweeper_name(config: DictConfig) -> str:
+    """The sweeper's class name, less ``Sweeper`` (``Optuna``)."""
+    target = str((config.hydra.get("sweeper") or {}).get("_target_", ""))
+    return target.rsplit(".", 1)[-1].removesuffix("Sweeper") or "sweep's"
 
 
 def sweep_folder(hydra_cfg: Any) -> Path:
@@ -252,6 +339,8 @@ def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     """Plain fixed-width table (readable in any log)."""
     cols = ["job", "overrides", *metrics, "params", "gflops", "epochs", "wall_s", "test_images", "status"]
     shown = [dict(r, test_images=_test_images(r)) for r in rows]
+    for r in shown:  # (a job that resumed a run of other settings: its figures are that run's, said below the table)
+        r["status"] = f"{r['status']} *" if r.get("trained_with") else r.get("status")
     for r in shown:  # (an empty val/* cell of a job that ran no validation: said, not left blank)
         r.update({m: NO_VAL for m in metrics if m.startswith("val/") and r.get(m) is None and r.get("val_runs") == 0})
     return _fixed_width(cols, [[_cell(c, r.get(c)) for c in cols] for r in shown])
@@ -304,6 +393,15 @@ class SweepSummary(Callback):
         """A new id for the sweep folder: job folders of an earlier sweep there (which this sweep has not run again)
         keep theirs and are left out of the summary. Until the sweep's end, the process prints the table so far
         when it exits (:meth:`_at_exit`)."""
+        if seed := searched_seed(config):  # (SystemExit: Hydra turns a callback's Exception into a warning)
+            raise SystemExit(
+                f"{Path(sys.argv[0]).name}: ConfigError: {seed}: the {_sweeper_name(config)} sweeper would search the "
+                "seed as a hyperparameter and report the luckiest one as its best trial; search with one seed, then "
+                "run the chosen values over seeds (-m ... seed=0,1,2) for their mean"
+            )
+        if why := picked_on_test(config):
+            log.warning("sweep: %s: the best trial is chosen on the test split, so its test/* overestimate new data; "
+                        "search on a held-out validation split (data.val_fraction=0.1)", why)  # fmt: skip
         sweep_dir = sweep_folder(config.hydra)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         sweep_id = uuid.uuid4().hex
@@ -334,6 +432,7 @@ class SweepSummary(Callback):
             (job_dir / SWEEP_ID).write_text(sweep_id + "\n")
         if (job_dir / "metrics.json").exists():
             os.replace(job_dir / "metrics.json", job_dir / PREVIOUS)
+        _record_trained_with(job_dir)
         (job_dir / ERROR).unlink(missing_ok=True)
         (job_dir / STOPPED).unlink(missing_ok=True)
 
@@ -399,6 +498,10 @@ class SweepSummary(Callback):
                     and r["status"].startswith(what)]  # fmt: skip
             if said:
                 text += f"\n{what}:\n" + "\n".join(said) + "\n"
+        if said := [f"job {r['job']} {r['overrides']}: {r['trained_with']}" for r in rows if r.get("trained_with")]:
+            text += ("\n*: the job resumed its folder's run (a sweep run again in its folder), which keeps its "
+                     "weights, optimizer and rates: the row's figures are of that run's settings\n"
+                     + "\n".join(said) + "\n")  # fmt: skip
         if means:
             text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, self.metrics)}\n"
         best = optuna_best(config, sweep_dir, rows, common) if config is not None else None
@@ -413,7 +516,7 @@ class SweepSummary(Callback):
             print(f"\n{text}", flush=True)
         fields = ["job", "overrides", *self.metrics, "params", "gflops", "epochs", "val_runs", "wall_s", "test_images"]
         fields.append("test_split_images")
-        files = {"summary.md": text, "summary.csv": _csv([*fields, "status", "error"], rows)}
+        files = {"summary.md": text, "summary.csv": _csv([*fields, "status", "error", "trained_with"], rows)}
         mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in self.metrics for s in ("mean", "std"))]
         files["summary_seeds.csv"] = _csv(mfields, means) if means else None
         for name, content in files.items():
@@ -442,10 +545,14 @@ def optuna_best(config: DictConfig, sweep_dir: Path, rows: list[dict[str, Any]],
     if job is None:
         return None
     direction = getattr(sweeper.get("direction"), "name", sweeper.get("direction"))
-    return (
+    line = (
         f"Optuna's best trial ({direction} {config.get('optimized_metric')}): job {job}, {result['best_value']:.4f}, "
         + (" ".join(params) or "(no parameters)")
     )
+    if why := picked_on_test(config):
+        line += (f"\nchosen on the test split ({why}): job {job}'s test/* overestimate new data; search on a "
+                 "held-out validation split (data.val_fraction=0.1)")  # fmt: skip
+    return line
 
 
 def summary_rows(

@@ -1,0 +1,71 @@
+"""A sweep run again in its folder with another setting neither sweep varies (``module.optimizer.lr=1e-3`` added):
+each job resumes its folder's run, which keeps the checkpoint's weights, optimizer and rates, and a finished one is
+only tested again. The summary's figures are then those of the settings the runs were trained with: its table marks
+such a job and says below it what they were trained with (``summary.md``, ``summary.csv``'s ``trained_with``), so
+that the header's ``all jobs: module.optimizer.lr=0.001`` is not read as those figures' setting."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import torch
+from hydra.types import RunMode
+from omegaconf import OmegaConf
+
+from vitrel.train.hydra_callbacks import SweepSummary
+from vitrel.train.resume import SWEEP_JOB
+
+FIRST = ["pos=none", "seed=0", "trainer.max_epochs=1"]  # the jobs as the sweep first ran them
+
+
+def _job(sweep, num: int, overrides: list[str], ckpt_overrides: list[str] | None, record: dict) -> None:
+    """Job ``num`` of the sweep run again: its folder's checkpoint (of ``ckpt_overrides``), Hydra's record of its
+    overrides, :class:`SweepSummary`'s job start, then the ``metrics.json`` the job writes."""
+    job = sweep / str(num)
+    (job / ".hydra").mkdir(parents=True)
+    (job / ".hydra" / "overrides.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(overrides)))
+    if ckpt_overrides is not None:
+        (job / "checkpoints").mkdir()
+        torch.save({SWEEP_JOB: {"overrides": ckpt_overrides, "swept": ["seed"]}}, job / "checkpoints" / "last.ckpt")
+    hydra = {"mode": RunMode.MULTIRUN, "runtime": {"output_dir": str(job)}, "sweep": {"dir": str(sweep)}}
+    SweepSummary().on_job_start(OmegaConf.create({"hydra": hydra}))
+    metrics = {"test/acc1": 0.5, "val/acc1": 0.4}
+    (job / "metrics.json").write_text(json.dumps({"status": "finished", "metrics": metrics, "overrides": overrides,
+                                                  **record}))  # fmt: skip
+
+
+def test_a_job_that_resumed_a_run_of_other_settings_is_marked_with_them(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / ".sweep_id").write_text("again\n")
+    lr = ["module.optimizer.lr=0.001"]
+    _job(sweep, 0, [*FIRST, *lr], FIRST, {"resumed_finished": True, "resumes": 1})  # finished: tested again
+    more = [*FIRST[:2], "trainer.max_epochs=3", *lr]
+    _job(sweep, 1, more, [*FIRST[:2], "module.optimizer.lr=0.002"], {"resumes": 1})  # interrupted, trained on
+    _job(sweep, 2, [*FIRST[:2], "trainer.max_epochs=3"], FIRST, {"resumes": 1})  # another length only: its own run
+    _job(sweep, 3, [*FIRST, *lr], FIRST, {"resumes": 0})  # resume=false: trained anew with the job's settings
+    SweepSummary()._summarize(sweep, show=False)
+
+    text = (sweep / "summary.md").read_text()
+    status = {line.split()[0]: line.split("finished", 1)[1].strip() for line in text.splitlines() if "finished" in line
+              and line.split()[0].isdigit()}  # fmt: skip
+    assert status == {"0": "*", "1": "*", "2": "", "3": ""}, text
+    below = text[text.index("*: the job resumed its folder's run") :]
+    assert "job 0 trainer.max_epochs=1 module.optimizer.lr=0.001: module.optimizer.lr (not set)" in below, text
+    assert "job 1 trainer.max_epochs=3 module.optimizer.lr=0.001: module.optimizer.lr=0.002" in below, text
+    assert "job 2" not in below and "job 3" not in below, text
+    rows = {r["job"]: r["trained_with"] for r in csv.DictReader((sweep / "summary.csv").open())}
+    assert rows == {"0": "module.optimizer.lr (not set)", "1": "module.optimizer.lr=0.002", "2": "", "3": ""}, rows
+
+
+def test_a_sweep_run_again_with_its_own_settings_has_no_mark(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / ".sweep_id").write_text("again\n")
+    _job(sweep, 0, FIRST, FIRST, {"resumed_finished": True, "resumes": 1})
+    _job(sweep, 1, ["pos=none", "seed=1", "trainer.max_epochs=1"], None, {"resumes": 0})  # (no checkpoint: new)
+    SweepSummary()._summarize(sweep, show=False)
+    text = (sweep / "summary.md").read_text()
+    assert "*" not in text.split("accuracies as fractions", 1)[1], text
+    assert not (sweep / "1" / ".trained_with.json").exists()

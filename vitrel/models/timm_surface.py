@@ -19,6 +19,7 @@ A backbone says what differs in a few class attributes and hooks:
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,9 +27,10 @@ import torch
 from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
+from vitrel.caller import caller_stacklevel
 from vitrel.layers.validate import check_num_classes
 from vitrel.models.blocks import init_weights_, scheme_no_weight_decay
-from vitrel.models.ckpt_files import CheckpointError, clean_state_dict
+from vitrel.models.ckpt_files import _EMA_PREFIXES, CheckpointError, clean_state_dict
 from vitrel.models.input_size import resolve_strict_img_size
 
 __all__ = ["TimmSurface", "take_indices"]
@@ -160,6 +162,15 @@ class TimmSurface:
         from its stored arguments."""
         own = nn.Module.state_dict(self)  # type: ignore[arg-type]
         if any(k.startswith("model.") for k in state_dict) and not any(k.startswith("model.") for k in own):
+            if any(k.startswith(_EMA_PREFIXES) for k in state_dict):  # (not the weights eval.py and predict.py score)
+                warnings.warn(
+                    "loading the live weights (model.*) of a training checkpoint that also holds an EMA copy, which "
+                    "its run validated and tested (unless module.ema_eval=false) and eval.py and predict.py score: "
+                    "timm.create_model(name, checkpoint_path=...) hands over the state dict only; "
+                    "vitrel.load_model(<file>) or timm.create_model(name, pretrained=True, "
+                    "pretrained_cfg_overlay=dict(file=<file>)) load the tested weights",
+                    stacklevel=caller_stacklevel(),
+                )
             state_dict = clean_state_dict(state_dict, "model.")
         try:
             return nn.Module.load_state_dict(self, state_dict, strict=strict, assign=assign)  # type: ignore[arg-type]

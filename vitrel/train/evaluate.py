@@ -184,8 +184,10 @@ def _trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
 #: scored and how they are preprocessed, read from the run folder's record when the run's data is the data scored.
 #: ``img_size``, ``num_frames``, ``stride`` and ``clips_per_video`` come from the checkpoint itself (above; exports and
 #: moved checkpoints have them too). ``root`` is taken: the data the run read (its ``${paths.data_dir}`` default
-#: resolves to eval's own); a folder that is not there is an error naming it. Not taken: how the samples are loaded
-#: (batch_size, eval_batch_size, num_workers, pin_memory, loader, memory_budget_gb), training-only keys (augment,
+#: resolves to eval's own); a folder that is not there is an error naming it. ``loader`` is taken too (by
+#: :func:`_run_settings`: the memory loader resizes tensors with torch, the workers loader images with PIL, so a run's
+#: test is reproduced by its own). Not taken: how the samples are loaded
+#: (batch_size, eval_batch_size, num_workers, pin_memory, memory_budget_gb), training-only keys (augment,
 #: augment_kwargs, batch_augment, size_scale, size_choices, drop_last, num_samples), and the data's checks
 #: (download, verify, on_bad_sample: their errors name the key to set).
 RUN_DATA_KEYS = (
@@ -199,8 +201,8 @@ RUN_DATA_KEYS = (
     "packing", "seq_len", "patch_size", "max_tokens", "eval_max_ratio",
 )  # fmt: skip
 #: what a checkpoint without a run folder (moved, or an export) tells of its preprocessing: its stored data config's
-#: (timm's ``pretrained_cfg`` fields, which timm's ``validate.py`` takes unless given); null in a data config: the
-#: data set's default (``default_<key>`` of its module)
+#: (timm's ``pretrained_cfg`` fields, which timm's ``validate.py`` takes unless given; and ``in_chans``, its
+#: ``input_size``'s channels); null in a data config: the data set's default (``default_<key>`` of its module)
 STORED_PREPROCESSING = ("interpolation", "crop_pct")
 #: the keys that choose the val split of a data set whose val is a seeded hold-out of train
 VAL_SPLIT_KEYS = ("seed", "val_fraction")
@@ -264,9 +266,10 @@ def _run_settings(
             return {}, {}, ""
         keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
         raw = OmegaConf.to_container(node, resolve=False)
-    else:
-        node = stored_data
-        keys, where = [k for k in STORED_PREPROCESSING if k in node], "the data config stored with it"
+    else:  # (its channels: those of its input_size, as timm's validate.py takes the model's)
+        channels = {"in_chans": stored_data["input_size"][0]} if stored_data.get("input_size") else {}
+        node = {**stored_data, **channels}
+        keys, where = [k for k in (*STORED_PREPROCESSING, "in_chans") if k in node], "the data config stored with it"
     if split:
         keys = [*keys, *(k for k in split if k not in keys)]
         where += f"{' and ' if where else ''}the split stored in {ckpt.name}"
@@ -289,7 +292,19 @@ def _run_settings(
             (given if on_command_line else taken)[k] = value
     if taken.get("packing") and "loader" in data_cfg and not _given("data.loader"):
         taken["loader"] = "workers"  # (NaFlex batches are made per sample, by the workers loader only)
+    elif run is not None and "loader" in data_cfg and not _given("data.loader"):
+        loader = _loader_used(run.data.get("loader"), data_cfg)  # (its resize: torch's on tensors, or PIL's)
+        if loader is not None and loader != _loader_used(data_cfg.get("loader"), data_cfg):
+            taken["loader"] = loader
     return taken, given, where
+
+
+def _loader_used(value: Any, data_cfg: DictConfig) -> str | None:
+    """A ``data.loader`` value as the data module of ``data_cfg`` uses it (null: the data set's ``default_loader``);
+    None where that cannot be told."""
+    if value is None and data_cfg.get("_target_"):
+        value = getattr(get_class(str(data_cfg._target_)), "default_loader", None)
+    return None if value is None else str(value)
 
 
 def _warn_other_val_split(ckpt: Path, data_cfg: DictConfig, given: dict[str, Any]) -> None:

@@ -16,10 +16,12 @@ warning). With ``delta = max(N - span, 0)``:
   of the process that loads it: DataLoader workers are seeded per worker and per epoch by torch (and by
   Lightning's ``seed_everything(workers=True)``), as the image pipelines' random crops are.
 
-Decoding: PyAV (FFmpeg's libraries, bundled in its wheels: ``pip install av``, nothing else on the system). The
-frame count ``N`` is the container's (``stream.frames``), or, where the container states none (WebM, Matroska),
-the number of video packets; the frames are decoded from the start of the file up to the clip's last one (no
-seeking: fine for clips of seconds, as UCF-101's and Kinetics', slow for long videos). A stream that ends before
+Decoding: PyAV (FFmpeg's libraries, bundled in its wheels: ``pip install av``, nothing else on the system), of
+the video stream libavformat picks (``av_find_best_stream``, as ffplay: not a cover or preview still stored before
+the video, which a file's first video stream can be). The frame count ``N`` is the container's
+(``stream.frames``), or, where the container states none (WebM, Matroska), the number of video packets; the
+frames are decoded from the start of the file up to the clip's last one (no seeking: fine for clips of seconds, as
+UCF-101's and Kinetics', slow for long videos). A stream that ends before
 the stated count is sampled again from the frames that decoded, with a warning naming the file. Each frame is turned
 upright by its display matrix (phones' portrait video: :func:`upright`), as players show it. A file that cannot be
 opened or decoded, or that holds no video stream, raises :class:`VideoDecodeError` naming it.
@@ -176,13 +178,16 @@ def _open(path: str | Path):
         kinds = sorted({s.type for s in container.streams}) or ["none"]
         container.close()
         raise VideoDecodeError(path, f"it has no video stream (streams: {', '.join(kinds)})")
-    stream = container.streams.video[0]
+    # libavformat's choice (av_find_best_stream, as ffplay's), not the first: a file may hold a cover or preview
+    # still before its video (a Matroska track, an MP4 attached picture)
+    stream = container.streams.best("video")
     stream.thread_type = "AUTO"
     return container, stream
 
 
 def count_frames(path: str | Path) -> int:
-    """Frames of the first video stream: the container's count, else the number of its packets (see above)."""
+    """Frames of the video stream (the one ffmpeg picks): the container's count, else the number of its packets
+    (see above)."""
     import av
 
     container, stream = _open(path)

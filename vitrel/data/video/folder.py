@@ -23,7 +23,8 @@ naming it, a file that does not decode :class:`~vitrel.data.video.clips.VideoDec
 ``data.on_bad_sample=skip``; with ``on_bad_sample="skip"`` such a file is logged by name and, in training, the next
 video that decodes (with its own label) is read in its place; in evaluation it is left out (each video that decodes
 scored once); a count at the end of each pass, as for image folders (:mod:`vitrel.data.unreadable`).
-A class folder that is a link to nothing is named in a warning and passed over.
+A class folder that is a link to nothing is named in a warning and passed over. A train folder with one class folder
+raises ``DatasetNotFoundError`` (a classifier needs two classes).
 """
 
 from __future__ import annotations
@@ -119,10 +120,19 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
         ]
 
     def _locate(self) -> list[str]:
-        """Check the layout; return the sorted class folder names of train."""
-        return locate_class_folders(
+        """Check the layout; return the sorted class folder names of train (at least two)."""
+        classes = locate_class_folders(
             self.dataset_name, self.root, self.train_dir, self.val_dir, self._how_to_get(), self._given_num_classes
         )
+        if len(classes) < 2:  # (else torchmetrics' "num_classes ... larger than 1", through Hydra, at the module)
+            train = self.root.absolute() / self.train_dir  # type: ignore[union-attr]
+            raise DatasetNotFoundError(
+                self.dataset_name,
+                [train],
+                self._how_to_get(),
+                detail=f"{train} has one class folder ({classes[0]}): a classifier needs two or more, one per class.",
+            )
+        return classes
 
     def _load_raw(self, split: str) -> Dataset:
         folder = self.root.absolute() / (self.train_dir if split == "train" else self.val_dir)  # type: ignore[union-attr]

@@ -224,7 +224,11 @@ def epoch_samples_per_rank(num_samples: int, world_size: int, num_workers: int, 
 def eval_batches(reader: Any, batch_size: int | None, num_workers: int) -> int | None:
     """Batches one process's evaluation pass over timm's webdataset ``reader`` yields: worker ``w`` of ``W`` reads
     shards ``w, w + W, ...`` once, in order, and batches them itself, ``sum_w ceil(n_w / B)``; None where that is not
-    known (``batch_size`` None, several ranks, a reader without ``split_info.shard_lengths``)."""
+    known (not a webdataset reader, ``batch_size`` None, several ranks, no ``split_info.shard_lengths``)."""
+    from timm.data.readers.reader_wds import ReaderWds
+
+    if not isinstance(reader, ReaderWds):  # (tfds, hfids: their own split of the files over the workers)
+        return None
     info = getattr(reader, "split_info", None)
     lengths = list(getattr(info, "shard_lengths", None) or ())
     files = getattr(info, "filenames", None) or ()
@@ -252,7 +256,8 @@ class ShardLoader(DataLoader):
         """Batches of a pass. Training: torch's count (each worker yields whole batches). Evaluation: each worker
         batches its own shards, its last batch partial, so a pass holds more than ``ceil(N / B)`` batches, where
         Lightning would stop: the sum over the workers (:func:`eval_batches`); where that is not known (under DDP,
-        ``hfids``, shards without lengths) the loader is unsized (a ``TypeError``) and Lightning runs it to its end."""
+        ``hfids``, ``tfds``, shards without lengths) the loader is unsized (a ``TypeError``) and Lightning runs it
+        to its end."""
         reader = getattr(self.dataset, "reader", None)
         if reader is None or getattr(reader, "is_training", True):
             return super().__len__()

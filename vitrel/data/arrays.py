@@ -82,9 +82,17 @@ class ArrayDataModule(VisionDataModule):
                 f"{split} labels must be integer class indices 0..num_classes-1, got {labels.dtype}: map names to "
                 "indices (and give their names as class_names), or cast whole numbers with labels.astype(int)"
             )
+        if labels.ndim != 1:  # ([N, 1]: a batch of [N, 1] targets stops cross-entropy with torch's "multi-target")
+            hint = " (Keras's load_data gives [N, 1]): labels.ravel()" if labels.shape[1:] == (1,) else ""
+            raise ValueError(f"{split} labels must be [N] class indices, got shape {labels.shape}{hint}")
         labels = labels.astype(np.int64)
         if images.dtype != np.uint8 or images.ndim not in (3, 4):
             raise ValueError(f"{split} images must be uint8 [N, H, W(, C)], got {images.dtype} {images.shape}")
+        if images.ndim == 4 and images.shape[1] <= 4 < images.shape[3]:  # (else "not square" hides the cause)
+            raise ValueError(
+                f"{split} images must be channels-last [N, H, W, C], got {images.shape} (channels-first "
+                "[N, C, H, W]?): images.transpose(0, 2, 3, 1)"
+            )
         if len(images) != len(labels):
             raise ValueError(f"{split}: {len(images)} images but {len(labels)} labels")
         return images, labels

@@ -39,9 +39,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from PIL import Image, UnidentifiedImageError
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import DataLoader, Dataset
@@ -512,13 +514,26 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
             return create_dataset(name, root=self._root_str(), split=split_name, **kwargs)
         wnids = self.wnids
         folder = self.root.absolute() / (self.train_dir if split == "train" else self.val_dir)  # type: ignore[union-attr]
+        name = "train" if split == "train" else "val"
+        rank_zero_info(f"{name}: listing the image files of {folder} ...")
+        started = time.monotonic()
         try:
-            return FixedClassImageFolder(folder, wnids, self.on_bad_sample, allow_empty=split != "train")
+            ds = FixedClassImageFolder(folder, wnids, self.on_bad_sample, allow_empty=split != "train")
         except FileNotFoundError as e:  # a train class folder without images: a class the model could never learn
             raise ClassFoldersMismatchError(
                 f"{e}: every folder of {folder} is a class of the model; remove the empty one(s) or put their images "
                 "in (a val folder may lack classes)"
             ) from None
+        held = set(ds.targets)
+        missing = [w for i, w in enumerate(wnids) if i not in held]
+        which, none = f"the {len(wnids)}", ""
+        if missing:  # (a val folder may lack classes: say which, once)
+            which = f"{len(held)} of the {len(wnids)}"
+            more = " ..." if len(missing) > 10 else ""
+            none = f"; none of: {', '.join(missing[:10])}{more} (their per-class scores stay empty)"
+        took = time.monotonic() - started
+        rank_zero_info(f"{name}: {len(ds):,} image files in {which} classes of {folder} ({took:.1f} s){none}")
+        return ds
 
     def __repr__(self) -> str:
         try:

@@ -221,6 +221,23 @@ def epoch_samples_per_rank(num_samples: int, world_size: int, num_workers: int, 
     return workers * batch_size * math.ceil(per_worker / batch_size)
 
 
+def eval_batches(reader: Any, batch_size: int | None, num_workers: int) -> int | None:
+    """Batches one process's evaluation pass over timm's webdataset ``reader`` yields: worker ``w`` of ``W`` reads
+    shards ``w, w + W, ...`` once, in order, and batches them itself, ``sum_w ceil(n_w / B)``; None where that is not
+    known (not a webdataset reader, ``batch_size`` None, several ranks, no ``split_info.shard_lengths``)."""
+    from timm.data.readers.reader_wds import ReaderWds
+
+    if not isinstance(reader, ReaderWds):  # (tfds, hfids: their own split of the files over the workers)
+        return None
+    info = getattr(reader, "split_info", None)
+    lengths = list(getattr(info, "shard_lengths", None) or ())
+    files = getattr(info, "filenames", None) or ()
+    if not batch_size or getattr(reader, "dist_num_replicas", 1) != 1 or not lengths or len(lengths) != len(files):
+        return None
+    workers = max(1, num_workers)
+    return sum(math.ceil(sum(lengths[w::workers]) / batch_size) for w in range(workers))
+
+
 class ShardLoader(DataLoader):
     """A ``DataLoader`` over one of timm's ``IterableImageDataset`` s that sets the data set's epoch (timm's
     shard / sample shuffle is seeded by ``seed + epoch``, shared by every rank and worker) before each
@@ -234,6 +251,20 @@ class ShardLoader(DataLoader):
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = int(epoch)
+
+    def __len__(self) -> int:
+        """Batches of a pass. Training: torch's count (each worker yields whole batches). Evaluation: each worker
+        batches its own shards, its last batch partial, so a pass holds more than ``ceil(N / B)`` batches, where
+        Lightning would stop: the sum over the workers (:func:`eval_batches`); where that is not known (under DDP,
+        ``hfids``, ``tfds``, shards without lengths) the loader is unsized (a ``TypeError``) and Lightning runs it
+        to its end."""
+        reader = getattr(self.dataset, "reader", None)
+        if reader is None or getattr(reader, "is_training", True):
+            return super().__len__()
+        n = eval_batches(reader, self.batch_size, self.num_workers)
+        if n is None:
+            raise TypeError(f"{type(self).__name__} over {type(reader).__name__} in evaluation has no known length")
+        return n
 
     def __iter__(self) -> Iterator:
         epoch = self._epoch_of() if self._epoch_of is not None else None

@@ -170,9 +170,10 @@ def locate_class_folders(
     how_to_get: list[str],
     num_classes: int | None = None,
 ) -> list[str]:
-    """Check that ``root/train_dir`` and ``root/val_dir`` hold class folders, val's among train's (and as many as
-    ``num_classes`` when given); return train's sorted names. Raises ``DatasetNotFoundError`` with ``how_to_get``
-    (a folder missing or empty), :class:`ClassFoldersMismatchError` (classes that disagree)."""
+    """Check that ``root/train_dir`` holds two or more class folders (as many as ``num_classes`` when given) and
+    ``root/val_dir`` class folders among train's; return train's sorted names. Raises ``DatasetNotFoundError``
+    with ``how_to_get`` (a folder missing or empty, one class), :class:`ClassFoldersMismatchError` (classes that
+    disagree)."""
     if root is None:
         raise DatasetNotFoundError(name, [], how_to_get, detail="No root given.")
     root = root.absolute()
@@ -185,6 +186,9 @@ def locate_class_folders(
     classes, val_classes = class_folders(train), class_folders(val)
     if not classes:
         raise DatasetNotFoundError(name, searched, how_to_get, detail=f"{train} has no class folders.")
+    if len(classes) == 1:  # (else torchmetrics' "num_classes ... larger than 1", through Hydra, at the module)
+        detail = f"{train} has one class folder ({classes[0]}): a classifier needs two or more, one per class."
+        raise DatasetNotFoundError(name, searched, how_to_get, detail=detail)
     if not val_classes:
         raise DatasetNotFoundError(
             name,

@@ -121,18 +121,9 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
 
     def _locate(self) -> list[str]:
         """Check the layout; return the sorted class folder names of train (at least two)."""
-        classes = locate_class_folders(
+        return locate_class_folders(
             self.dataset_name, self.root, self.train_dir, self.val_dir, self._how_to_get(), self._given_num_classes
         )
-        if len(classes) < 2:  # (else torchmetrics' "num_classes ... larger than 1", through Hydra, at the module)
-            train = self.root.absolute() / self.train_dir  # type: ignore[union-attr]
-            raise DatasetNotFoundError(
-                self.dataset_name,
-                [train],
-                self._how_to_get(),
-                detail=f"{train} has one class folder ({classes[0]}): a classifier needs two or more, one per class.",
-            )
-        return classes
 
     def _load_raw(self, split: str) -> Dataset:
         folder = self.root.absolute() / (self.train_dir if split == "train" else self.val_dir)  # type: ignore[union-attr]

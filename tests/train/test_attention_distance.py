@@ -79,6 +79,23 @@ def test_naflex_images_with_dropped_patches_are_left_out_in_one_line(caplog):
     assert "attention distance: left out (image 0 of the NaFlex batch has 3 of the 4 patches" in caplog.text
 
 
+def test_several_clips_per_video_count_each_clip(tmp_path):
+    """``data.clips_per_video=K`` tests batches ``[B, K, C, T, H, W]``: each of the K clips is a clip."""
+    from vitrel.train.attention_distance import AttentionDistance
+
+    torch.manual_seed(0)
+    net = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", depth=1, img_size=16, num_frames=4, in_chans=1)
+    model, trainer = SimpleNamespace(eval_model=net), SimpleNamespace(global_rank=0)
+    clips = torch.randn(2, 3, 1, 4, 16, 16)
+    cb = AttentionDistance(tmp_path, images=5)
+    cb.on_test_start(trainer, model)
+    cb.on_test_batch_end(trainer, model, None, (clips, torch.zeros(2)), 0)
+    cb.on_test_end(trainer, model)
+    want = attention_distance(net, clips.flatten(0, 1)[:5], frames=True)
+    torch.testing.assert_close((read_distances(tmp_path / CSV), read_distances(tmp_path / CSV, "distance_frames")),
+                               want, rtol=1e-6, atol=1e-6)  # fmt: skip
+
+
 def test_the_csv_of_a_swin_keeps_only_its_heads(tmp_path):
     """NaN (a block's missing heads) gets no row, and reads back as NaN; plot and sweep take the NaN-padded tensor."""
     from vitrel.viz import plot_attention_distance

@@ -104,6 +104,8 @@ class AttentionDistance(Callback):
             except ValueError as e:  # (patches dropped: no whole image)
                 self._why_not = str(e)
                 return
+        elif isinstance(x, Tensor) and x.dim() == 6:  # data.clips_per_video > 1: [B, K, C, T, H, W], each clip
+            x = x.flatten(0, 1)
         elif not isinstance(x, Tensor) or x.dim() not in (4, 5):
             self._why_not = f"the test batches are not images, clips or NaFlex dicts ({type(x).__name__})"
             return

@@ -220,14 +220,17 @@ def test_bad_selection_is_refused(study, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "args, says",
-    [(["--jobs", "0"], "0"), (["--jobs", "-2"], "-2"), (["--threads", "0"], "0"), (["--cost-steps", "0"], "0")],
+    [(["--jobs", "0"], "1, got 0"), (["--jobs", "-2"], "1, got -2"), (["--threads", "0"], "1, got 0"),
+     (["--cost-steps", "0"], "1, got 0"), (["--seeds", "0"], "1, got 0"), (["--max-runs", "-1"], "0, got -1"),
+     (["--cost-rounds", "-1"], "0, got -1")],  # fmt: skip
 )
-def test_counts_below_one_are_refused(study, tmp_path, capsys, args, says):
-    """``--jobs 0`` / ``-2`` ran as one job without a word: argparse's error, naming the option, before any work."""
+def test_counts_below_their_least_are_refused(study, tmp_path, capsys, args, says):
+    """``--jobs 0`` / ``-2`` ran as one job without a word, ``--max-runs -1`` dropped the last run (a slice), and
+    ``--seeds 0`` ran nothing: argparse's error, naming the option, before any work."""
     with pytest.raises(SystemExit) as exit_:
         study.main(["--budget", "smoke", "--out", str(tmp_path / "out"), *args])
     assert exit_.value.code == 2
-    assert f"argument {args[0]}: must be an integer >= 1, got {says}" in capsys.readouterr().err
+    assert f"argument {args[0]}: must be an integer >= {says}" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

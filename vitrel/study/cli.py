@@ -46,15 +46,23 @@ from vitrel.study.runs import (
 )
 
 
-def positive_int(text: str) -> int:
-    """An ``argparse`` type: an integer >= 1 (``--jobs 0`` or ``-2`` is an error, not one job)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {n}")
-    return n
+def int_at_least(low: int):
+    """An ``argparse`` type: an integer >= ``low`` (``--jobs 0`` is an error, not one job; ``--max-runs -1`` one,
+    not a slice that drops the last run)."""
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {n}")
+        return n
+
+    return parse
+
+
+positive_int = int_at_least(1)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,16 +72,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget", choices=BUDGETS, default="cpu", help="conf/experiment/study_<budget>.yaml")
     ap.add_argument("--schemes", default=None, help="comma-separated (default: study.default_schemes, else all)")
     ap.add_argument("--archs", default=None, help="comma-separated (default: all of the recipe's study.archs)")
-    ap.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the recipe's study.seeds)")
+    seeds = "number of seeds (default: the recipe's study.seeds)"
+    ap.add_argument("--seeds", type=positive_int, default=None, help=seeds)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"), help="results folder (default bench/results)")
     ap.add_argument("--name", default=None, help="results file stem (default study_<budget>)")
     ap.add_argument("--data-root", default=None, help="Fashion-MNIST IDX folder (default: the usual places)")
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     ap.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: all cores)")
-    ap.add_argument("--max-runs", type=int, default=None, help="stop after this many new runs (resume later)")
+    runs = "stop after this many new runs (resume later)"
+    ap.add_argument("--max-runs", type=int_at_least(0), default=None, help=runs)
     ap.add_argument("--restart", action="store_true", help="discard earlier results of this study")
     ap.add_argument("--progress", choices=["auto", "rich", "lines", "none"], default="auto")
-    ap.add_argument("--cost-rounds", type=int, default=5, help="rounds of the alternating throughput timing")
+    ap.add_argument("--cost-rounds", type=int_at_least(0), default=5, help="rounds of the throughput timing")
     ap.add_argument("--cost-steps", type=positive_int, default=10, help="training steps per model and round")
     ap.add_argument(
         "--recost",

@@ -284,3 +284,20 @@ def test_plot_attention_distance_one_series_per_model():
     assert sorted(ax.collections[1].get_offsets()[:, 1].tolist()) == sorted((d + 1).ravel().tolist())
     with pytest.raises(ValueError, match="depth, heads"):
         viz.plot_attention_distance(torch.rand(3))
+
+
+def test_the_picture_keeps_its_labels_and_legend_clear_of_the_dots():
+    """A sweep's picture of a shallow model (2 blocks, three schemes): before, the x label ran off the figure and the
+    legend sat on the dots."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = viz.plot_attention_distance({f"pos={p}": torch.rand(2, 4) for p in ("rel2d_factored", "rope2d_axial", "x")})
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw(renderer)
+    (ax,) = panels(fig)
+    whole, drawn = fig.bbox, fig.get_window_extent(renderer)
+    for text in (ax.xaxis.label, ax.yaxis.label, ax.title, *ax.get_legend().get_texts()):
+        box = text.get_window_extent(renderer)
+        assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and drawn.y0 <= box.y0, text.get_text()
+    assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+

@@ -194,7 +194,8 @@ def plot_attention_distance(distances: Tensor | Mapping[str, Tensor], title: str
     runs = {"": distances} if isinstance(distances, Tensor) else dict(distances)
     if not runs or any(not isinstance(d, Tensor) or d.dim() != 2 for d in runs.values()):
         raise ValueError("expected [depth, heads] tensors (attention_distance's), or a mapping of names to them")
-    fig = new_figure(max(4.0, 0.5 * max(d.shape[0] for d in runs.values()) + 2.5), 3.2)
+    legend = 1.8 if len(runs) > 1 or next(iter(runs)) else 0.0  # (beside the axes, not over the dots)
+    fig = new_figure(max(4.0, 0.5 * max(d.shape[0] for d in runs.values()) + 2.5) + legend, 3.2)
     ax = fig.subplots()
     width = 0.6 / len(runs)
     for k, (name, d) in enumerate(runs.items()):
@@ -202,11 +203,11 @@ def plot_attention_distance(distances: Tensor | Mapping[str, Tensor], title: str
         depth, heads = d.shape
         x = np.arange(depth)[:, None] + (k - (len(runs) - 1) / 2) * width + np.zeros((1, heads))
         ax.scatter(x.ravel(), d.ravel(), s=10, color=f"C{k}", label=name or None, alpha=0.8)
-    ax.set_xlabel("block (from 0, in forward order; a Swin's counted across its stages)")
+    ax.set_xlabel("block (forward order; a Swin's across stages)")
     ax.set_ylabel("mean attention distance (pixels)")
     ax.set_xticks(np.arange(max(d.shape[0] for d in runs.values())))
     ax.set_ylim(bottom=0)
     if len(runs) > 1 or next(iter(runs)):
-        ax.legend(fontsize=7, frameon=False)
+        ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.set_title(title or "how far each head looks", fontsize=9)
     return fig

@@ -9,6 +9,7 @@ import re
 
 import pytest
 
+import vitrel
 from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
 from vitrel.train.run import train
 
@@ -45,6 +46,21 @@ def test_from_checkpoint_refuses_a_pos_override_before_any_work(rope_run, tmp_pa
     with pytest.raises(ValueError, match=rf"{override} has no effect with model=from_checkpoint.*\(rope2d_mixed\)"):
         train(cfg)
     assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
+
+
+@pytest.mark.parametrize("pos", ["rel2d_full", "alibi2d"])
+def test_loading_a_run_under_another_scheme_names_both(rope_run, pos):
+    """``vitrel.load_model(ckpt, pos=...)`` (and ``create_model(..., checkpoint_path=ckpt, pos=...)``) with a scheme
+    whose parameters the weights do not hold: the error named missing and unexpected keys only ("another
+    model?"); it now names the run's scheme and this one, and how to load the run's."""
+    from vitrel.models.checkpoint import CheckpointError
+
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    says = rf"trained with pos=rope2d_mixed, this model has pos={pos}, whose parameters .* leave pos out"
+    with pytest.raises(CheckpointError, match=says):
+        vitrel.load_model(ckpt, pos=pos)
+    with pytest.raises(CheckpointError, match=says):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", checkpoint_path=str(ckpt), pos=pos)
 
 
 def test_from_checkpoint_pos_refusal_is_one_line_from_train_py(rope_run, tmp_path):

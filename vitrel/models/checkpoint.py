@@ -372,7 +372,16 @@ def load_model(
         raise CheckpointError(f"cannot rebuild {arch} from the configuration stored in {path}: {e}") from None
     sd = _adapt_in_chans(sd, cfg.get("in_chans"), model.vitrel_cfg.get("in_chans"))
     sd = _stored_reference_grids(model, sd, cfg, overrides)
-    load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
+    try:
+        load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
+    except CheckpointError as e:  # (a scheme given in place of the stored one: its parameters are not the weights')
+        stored, built = _scheme_name(cfg.get("pos")), _scheme_name(model.vitrel_cfg.get("pos"))
+        if stored == built:
+            raise
+        raise CheckpointError(
+            f"{path} was trained with pos={stored}, this model has pos={built}, whose parameters the weights do not "
+            f"hold ({e}); leave pos out to load the run's scheme (a mapping without a name changes its options)"
+        ) from None
     if cfg.get("num_classes") is not None:  # timm's convention (and its overlay route's): the weights' classes
         model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, "num_classes": cfg["num_classes"]}
     data_config = stored_data_config(path)
@@ -381,6 +390,11 @@ def load_model(
     else:
         warn_no_data_config(path, model)
     return model
+
+
+def _scheme_name(spec: Any) -> str | None:
+    """A position scheme's name from its spec as ``vitrel_cfg`` stores it (a name or a mapping with ``name``)."""
+    return spec.get("name") if isinstance(spec, Mapping) else spec
 
 
 def _stored_reference_grids(model: nn.Module, sd: dict[str, Tensor], cfg: dict[str, Any], overrides: dict) -> dict:

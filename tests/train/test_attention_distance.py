@@ -49,13 +49,17 @@ def test_a_run_writes_the_distances_of_the_weights_it_tested_on_the_first_test_i
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-def test_a_video_run_writes_pixels_and_frames(tmp_path):
+def test_a_video_run_writes_pixels_and_frames(tmp_path, caplog):
+    """A video run's ``attention_distance.csv``: pixels and frames; its per-class report's line counts videos (it
+    said images)."""
     from vitrel.train.run import train
 
     keep = [o for o in TINY_VIDEO if not o.startswith("callbacks.attention_distance")]
     over = [*keep, "pos=none", *SHORT, "trainer.limit_test_batches=1", "callbacks.attention_distance.images=4"]
     cfg = compose(tmp_path, over)
-    train(cfg)
+    with caplog.at_level("INFO", logger="vitrel.train.per_class"):
+        train(cfg)
+    assert "per_class.csv (8 videos)" in caplog.text
     assert (tmp_path / PNG).stat().st_size > 0
     px, frames = read_distances(tmp_path / CSV), read_distances(tmp_path / CSV, "distance_frames")
     model = vitrel.load_model(tmp_path / "checkpoints" / "last.ckpt")

@@ -33,6 +33,7 @@ from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassPrecision
 
 from vitrel.train.sweep_plot import save_png
+from vitrel.train.utils import is_video_data
 
 __all__ = ["PerClassReport", "confused_pairs", "plot_confusion", "write_per_class"]
 log = logging.getLogger(__name__)
@@ -92,7 +93,8 @@ class PerClassReport(Callback):
         _write_rows(pairs, ("true", "true_name", "predicted", "predicted_name", "count", "share_of_true"),
                     confused_pairs(counts, names, self.top_pairs))  # fmt: skip
         png = self.save_dir / "confusion.png"
-        written = f"{path} ({int(counts.sum())} images), {matrix.name}, {pairs.name}"
+        noun = "videos" if is_video_data(trainer.datamodule) else "images"
+        written = f"{path} ({int(counts.sum())} {noun}), {matrix.name}, {pairs.name}"
         if counts.shape[0] <= self.max_png_classes:
             save_png(plot_confusion(counts, names), png)
             log.info("per-class report: %s, %s", written, png.name)

@@ -364,13 +364,16 @@ def test_eval_and_from_checkpoint_at_a_size_that_is_not_whole_patches_say_what_t
 def test_a_part_of_a_split_sorted_by_class_says_which_classes_it_holds(tmp_path, capsys):
     """An ImageFolder's test split is sorted by class: ``trainer.limit_test_batches=1`` scores the first class only.
     Lightning's convention (the first batches) is kept, and the predictions keep the split's order; the closing lines
-    of train.py and eval.py say how many classes the part holds when that is fewer than the model's."""
+    of train.py and eval.py say how many classes the part holds when that is fewer than the model's, and a warning
+    after the first validation says it of ``limit_val_batches`` (val/* and the best checkpoint)."""
     from vitrel.train.evaluate import evaluate
 
     tree = _class_folders(tmp_path / "tree")
     data = ["data=imagenet", f"data.root={tree}", "data.img_size=32", "data.batch_size=4", "data.num_workers=0"]
     run = tmp_path / "run"
-    train(compose(run, [*TINY_VIT, *FAST, *SHORT, *data]))  # (data.batch_size=4 after FAST's 16)
+    says = r"validation scored 1 of the 3 classes \(trainer.limit_val_batches=1 of a split sorted by class"
+    with pytest.warns(UserWarning, match=says):
+        train(compose(run, [*TINY_VIT, *FAST, *SHORT, *data]))  # (data.batch_size=4 after FAST's 16)
     lines = capsys.readouterr().out.splitlines()
     line = next(x for x in lines if x.startswith("test accuracy "))
     assert line.endswith(" on 4 of the 12 test images, 1 of the 3 classes (trainer.limit_test_batches)"), line
@@ -381,6 +384,13 @@ def test_a_part_of_a_split_sorted_by_class_says_which_classes_it_holds(tmp_path,
         evaluate(compose(tmp_path / f"eval{limit}", over, config_name="eval"))
         line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("last.ckpt on imagenet test "))
         assert says in line, line
+
+
+def test_one_val_batch_of_a_seeded_sample_is_not_warned_of(tmp_path, recwarn):
+    """Fashion-MNIST's val split is a seeded sample of train: one batch of 4 holds some of the 10 classes by chance,
+    not the first ones, and nothing is said."""
+    train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, "data.batch_size=4"]))
+    assert not [w for w in recwarn if "validation scored" in str(w.message)]
 
 
 def test_timm_weights_without_a_network_are_one_line_whose_advice_trains(tmp_path, monkeypatch):

@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
 
-__all__ = ["LineProgress", "StepLearningRateMonitor", "CountTestImages", "CountValidations"]
+__all__ = ["LineProgress", "StepLearningRateMonitor", "CountTestImages", "CountValidations", "WarnPartialValidation"]
 
 
 def _lr(trainer) -> float:
@@ -200,6 +200,50 @@ class CountTestImages(Callback):
         if self.classes is None or self.num_classes is None or self.classes >= self.num_classes:
             return ""
         return f", {self.classes} of the {self.num_classes} classes"
+
+
+class WarnPartialValidation(Callback):
+    """One warning after a fit's first validation (not the sanity check) under ``trainer.limit_val_batches`` when
+    the split is sorted by class (an ImageFolder's: the labels it scored never went down) and the part scored holds
+    fewer classes than the model classifies: ``val/*`` and the checkpoint chosen on them are then of its first
+    classes only (the test's closing line says the same of ``limit_test_batches``: :class:`CountTestImages`). A val
+    split that is a seeded sample of train is not sorted: no warning."""
+
+    def __init__(self) -> None:
+        self._seen: torch.Tensor | None = None
+        self._last, self._sorted = -1, True
+        self.said = False
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        n, lim = getattr(pl_module, "num_classes", None), trainer.limit_val_batches
+        limited = not (isinstance(lim, float) and lim == 1.0)  # (an int counts batches: 1 is one batch)
+        first = not (self.said or trainer.sanity_checking)
+        self._seen = torch.zeros(n, device=pl_module.device) if n and limited and first else None
+        self._last, self._sorted = -1, True
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        y = batch[1] if self._seen is not None and batch is not None else None
+        if y is None or y.ndim != 1 or y.is_floating_point() or not len(y):  # (class indices only)
+            return
+        self._seen[y.to(self._seen.device)] = 1.0
+        y = y.cpu()
+        self._sorted &= bool(y[0] >= self._last) and bool((y[1:] >= y[:-1]).all())
+        self._last = int(y[-1])
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._seen is None:
+            return
+        seen = int((trainer.strategy.reduce(self._seen, reduce_op="sum") > 0).sum())
+        unsorted = torch.tensor(float(not self._sorted), device=self._seen.device)
+        ordered = float(trainer.strategy.reduce(unsorted, reduce_op="sum")) == 0.0
+        n, self._seen, self.said = len(self._seen), None, True
+        if seen < n and ordered:
+            rank_zero_warn(
+                f"validation scored {seen} of the {n} classes (trainer.limit_val_batches={trainer.limit_val_batches}"
+                " of a split sorted by class: its first classes): val/* and the checkpoint chosen on them are of "
+                "those classes only; limit_val_batches=1.0, or a val split that is a seeded sample of train "
+                "(data.val_fraction), scores every class"
+            )
 
 
 class CountValidations(Callback):

@@ -52,7 +52,7 @@ from vitrel.train.hydra_callbacks import BASIC_SWEEPER, write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.module import MIXUP_NAFLEX
-from vitrel.train.progress import CountTestImages, CountValidations
+from vitrel.train.progress import CountTestImages, CountValidations, WarnPartialValidation
 from vitrel.train.rank_seed import SeedRanks
 from vitrel.train.resume import (
     StartRecord,
@@ -197,6 +197,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)
     validated = CountValidations()  # the validations run (kept in the checkpoints too)
     cbs += [clock, validated, SeedRanks(int(cfg.seed))]  # (each DDP rank's own draws in the training step)
+    cbs.append(WarnPartialValidation())  # (limit_val_batches on a split sorted by class: its first classes)
     cbs.append(KeepEarlyStop())  # (a resumed run that EarlyStopping stopped trains no further)
     cbs.append(StartRecord())  # the ckpt_path=<file> the folder's run started from (a requeued job continues it)
     cbs.append(CheckOwnBatches(dm))  # (a data module of one's own: its first images as its attributes say)

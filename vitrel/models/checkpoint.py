@@ -39,7 +39,6 @@ from torch import Tensor, nn
 
 from vitrel.caller import caller_stacklevel
 from vitrel.models.ckpt_files import (
-    _EMA_PREFIXES,
     CONFIG_NAME,
     WEIGHTS_NAME,
     CheckpointError,
@@ -53,6 +52,7 @@ from vitrel.models.ckpt_files import (
     clean_state_dict,
     extract_model_state,
     follow_umask,
+    has_ema_keys,
     run_checkpoint,
     stored_config,
 )
@@ -190,8 +190,7 @@ def _read_keys(path: str | os.PathLike) -> Any:
 
 
 def _holds_ema(obj: Any) -> bool:
-    sd = obj.get("state_dict", {}) if isinstance(obj, Mapping) else {}
-    return isinstance(sd, Mapping) and any(k.startswith(_EMA_PREFIXES) for k in sd)
+    return has_ema_keys(obj.get("state_dict", {}) if isinstance(obj, Mapping) else {})
 
 
 def checkpoint_has_ema(path: str | os.PathLike) -> bool:

@@ -33,6 +33,13 @@ __all__ = [
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 _EMA_PREFIXES = ("ema_model.", "model_ema.", "ema.")
+
+
+def has_ema_keys(state_dict: Any) -> bool:
+    """Whether a state dict holds an EMA copy (keys under Lightning's / timm's EMA prefixes)."""
+    return isinstance(state_dict, Mapping) and any(k.startswith(_EMA_PREFIXES) for k in state_dict)
+
+
 _STRIP = ("_orig_mod.", "module.")
 _LAST, _BEST = "last.ckpt", "best-epoch*.ckpt"  # what train.py's callbacks write in <run folder>/checkpoints/
 

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from vitrel.caller import caller_stacklevel
 from vitrel.layers.validate import check_num_classes
 from vitrel.models.blocks import init_weights_, scheme_no_weight_decay
-from vitrel.models.ckpt_files import _EMA_PREFIXES, CheckpointError, clean_state_dict
+from vitrel.models.ckpt_files import CheckpointError, clean_state_dict, has_ema_keys
 from vitrel.models.input_size import resolve_strict_img_size
 
 __all__ = ["TimmSurface", "take_indices"]
@@ -162,7 +162,7 @@ class TimmSurface:
         from its stored arguments."""
         own = nn.Module.state_dict(self)  # type: ignore[arg-type]
         if any(k.startswith("model.") for k in state_dict) and not any(k.startswith("model.") for k in own):
-            if any(k.startswith(_EMA_PREFIXES) for k in state_dict):  # (not the weights eval.py and predict.py score)
+            if has_ema_keys(state_dict):  # (not the weights eval.py and predict.py score)
                 warnings.warn(
                     "loading the live weights (model.*) of a training checkpoint that also holds an EMA copy, which "
                     "its run validated and tested (unless module.ema_eval=false) and eval.py and predict.py score: "

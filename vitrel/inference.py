@@ -197,7 +197,8 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
     ``size / crop_pct``, centre crop, normalise) after converting to the model's channels (a 16-bit image scaled to
     8 bits: :func:`~vitrel.data.datasets.to_8bit`); for a model trained on a canvas (``canvas_size`` in the data
     config), the image at ``canvas_image_size`` pasted in the middle of it first
-    (:func:`~vitrel.data.transforms.canvas_transform`)."""
+    (:func:`~vitrel.data.transforms.canvas_transform`). A memory-loader run's (``resize="tensor"``, no canvas): the
+    image normalised, then resized by torchvision as its evaluation did (:func:`~vitrel.data.memory.eval_images`)."""
     from timm.data import create_transform
 
     from vitrel.data.datasets import to_8bit
@@ -213,6 +214,8 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
         crop_mode=data_config.get("crop_mode", "center"),
     )
     mode = "L" if c == 1 else "RGB"
+    if data_config.get("resize") == "tensor" and not data_config.get("canvas_size"):
+        return _tensor_resize(data_config, mode)
     if data_config.get("canvas_size"):  # trained on images pasted into a black canvas: pasted the same way first
         from torchvision.transforms import Compose
 
@@ -223,6 +226,28 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
 
     def apply(img: Any) -> Tensor:
         return tf(to_8bit(img).convert(mode))  # (a 16-bit image scaled: PIL's convert clips it)
+
+    return apply
+
+
+def _tensor_resize(data_config: dict[str, Any], mode: str) -> Callable[[Any], Tensor]:
+    """PIL image -> normalised ``[C, H, W]`` tensor as a memory-loader run's evaluation made it
+    (:func:`~vitrel.data.memory.eval_images`: normalised, then resized by torchvision)."""
+    import numpy as np
+
+    from vitrel.data.datasets import to_8bit
+    from vitrel.data.memory import eval_images, to_uint8_nchw
+
+    kw = {
+        "mean": tuple(data_config["mean"]),
+        "std": tuple(data_config["std"]),
+        "img_size": int(data_config["input_size"][-1]),
+        "crop_pct": float(data_config.get("crop_pct", 1.0)),
+        "interpolation": str(data_config.get("interpolation", "bicubic")),
+    }
+
+    def apply(img: Any) -> Tensor:
+        return eval_images(to_uint8_nchw(np.array(to_8bit(img).convert(mode))[None]), **kw)[0]
 
     return apply
 

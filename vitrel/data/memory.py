@@ -38,6 +38,7 @@ __all__ = [
     "MemoryBudgetError",
     "memory_budget_bytes",
     "to_uint8_nchw",
+    "eval_images",
 ]
 
 
@@ -213,6 +214,24 @@ class TensorImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Tensor, int]:
         x, y = self.batch(torch.tensor([int(index)]))
         return x[0], int(y[0])
+
+
+def eval_images(
+    images: Tensor,
+    *,
+    mean: tuple[float, ...],
+    std: tuple[float, ...],
+    img_size: int,
+    crop_pct: float = 1.0,
+    interpolation: str = "bilinear",
+) -> Tensor:
+    """uint8 images ``[B, C, h, w]`` -> the model's float input ``[B, C, img_size, img_size]`` as the memory loader's
+    evaluation batches make them (:meth:`TensorImageDataset.batch`, no canvas): normalised, then the shorter side
+    resized to ``img_size / crop_pct`` by torchvision on the float tensor and the centre cropped. ``predict.py`` and the
+    exports prepare a memory-loader run's images with it (PIL's resize gives other pixels)."""
+    labels = torch.zeros(len(images), dtype=torch.int64, device=images.device)
+    kw = dict(mean=mean, std=std, img_size=img_size, crop_pct=crop_pct, interpolation=interpolation)
+    return TensorImageDataset(images, labels, **kw).batch(torch.arange(len(images)))[0]
 
 
 def _seed(*parts: int) -> int:

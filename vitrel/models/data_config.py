@@ -25,6 +25,7 @@ __all__ = [
     "NoDataConfigWarning",
     "CLIP_FIELDS",
     "DATA_FIELDS",
+    "RESIZE_FIELDS",
     "TRAIN_FIELDS",
     "TIMM_CFG_FIELDS",
     "data_config_for",
@@ -52,12 +53,16 @@ TRAIN_FIELDS = ("size_choices",)
 #: and the side of the images pasted into it, so that ``predict.py`` pastes an image as the data module did (not
 #: timm's fields either)
 CANVAS_FIELDS = ("canvas_size", "canvas_image_size")
+#: how evaluation images were resized: ``resize="tensor"`` for a run of the memory loader (``data.loader=memory``: the
+#: image normalised, then resized as a float tensor by torchvision, :func:`vitrel.data.memory.eval_images`), absent for
+#: PIL's resize (timm's eval transform); ``predict.py`` and the exports resize an image the same way (not timm's field)
+RESIZE_FIELDS = ("resize",)
 
 
 def data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
     """The data-config fields of ``src`` (a stored data config or a ``pretrained_cfg``: ``label_names`` are the class
     names; ``img_size``, the side or ``[H, W]``, as written by hand before ``input_size``)."""
-    keys = (*DATA_FIELDS, *CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS, "img_size")
+    keys = (*DATA_FIELDS, *CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS, *RESIZE_FIELDS, "img_size")
     out = {k: src[k] for k in keys if src.get(k) is not None}
     names = src.get("class_names") or src.get("label_names")
     if names:
@@ -130,6 +135,7 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
     if src.get("size_choices"):
         out["size_choices"] = [int(v) for v in src["size_choices"]]
     out.update({k: int(src[k]) for k in CANVAS_FIELDS if k in src})
+    out.update({k: str(src[k]) for k in RESIZE_FIELDS if k in src})
     if src.get("class_names"):
         out["class_names"] = list(src["class_names"])
     return out
@@ -174,7 +180,8 @@ def set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
     """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
     dc = model_data_config(model, data_config)
     pcfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), **pretrained_cfg_fields(dc)}
-    pcfg.update({k: dc[k] for k in (*CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS) if k in dc})  # (vitrel's, not timm's)
+    ours = (*CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS, *RESIZE_FIELDS)  # (vitrel's fields, not timm's)
+    pcfg.update({k: dc[k] for k in ours if k in dc})
     model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)
 
 

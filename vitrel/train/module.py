@@ -547,7 +547,8 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
     side to ``size / crop_pct``, centre crop), ``num_frames`` (``T``), ``frame_stride`` and ``clips_per_video`` (its
     uniform evaluation clips) of a video data module, ``size_choices`` (the sides it trained batches at, read by
     ``eval.py``) when set, ``canvas_size`` and ``canvas_image_size`` (the side of the images pasted into it) with a
-    translation canvas, and ``class_names`` when it has them; plain types (a checkpoint is read
+    translation canvas, ``resize="tensor"`` for the memory loader's (a normalised tensor resized by torchvision, not
+    a PIL image), and ``class_names`` when it has them; plain types (a checkpoint is read
     with ``weights_only=True``). None for an object without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
     if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
         return None
@@ -569,6 +570,8 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
         out["size_choices"] = [int(v) for v in dm.size_choices]
     if getattr(dm, "canvas_size", None) is not None:  # (images pasted into a black canvas: predict.py does the same)
         out["canvas_size"], out["canvas_image_size"] = int(dm.canvas_size), int(dm.native_size)
+    if getattr(dm, "loader", None) == "memory":  # (predict.py and the exports resize an image as it did)
+        out["resize"] = "tensor"
     names = getattr(dm, "class_names", None)
     if names:
         out["class_names"] = [str(n) for n in names]

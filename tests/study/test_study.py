@@ -587,6 +587,11 @@ def test_report_marks_claim_links_with_fewer_seeds_or_none(study):
     state.update(machine=machine_info(), summary=summarise(state))
     md = markdown(state)
     assert "rope2d_mixed - none +10.5 [" in md and "] (2 of 3 seeds); rope2d_mixed - rel2d_full no shared seeds |" in md
+    # the paired-difference table too (it showed the interval over 2 seeds as the others'), and whose runs are missing
+    (row,) = [line for line in md.splitlines() if line.startswith("| rope2d_mixed | +10.5 [")]
+    assert row.count("(2 of 3 seeds)") == len(rec["study"]["evals"]), row  # (every eval)
+    assert "no run of rope2d_mixed seed 2." in md
+    assert summarise(state)[1]["test_acc_vs_none_n"] == 2  # (the CSV / JSON column)
 
 
 def test_restart_discards_this_study_only(tmp_path, capsys):

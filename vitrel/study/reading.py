@@ -139,7 +139,7 @@ def summarise(state: dict) -> list[dict]:
             for m in accs:
                 d = paired_diff(_by_seed(runs, arch, scheme, m), _by_seed(runs, arch, base, m))
                 ok = base != scheme and d["n"] > 0
-                row.update({f"{m}_vs_{base}_{k}": d[k] if ok else None for k in ("mean", "lo", "hi")})
+                row.update({f"{m}_vs_{base}_{k}": d[k] if ok else None for k in ("mean", "lo", "hi", "n")})
         rows.append({**row, "bench_img_s": cost.get(f"{arch}/{scheme}", {}).get("img_s")})
     return rows
 
@@ -198,6 +198,25 @@ def _pp(mean, lo, hi) -> str:
     if mean is None:
         return "-"
     return f"{100 * mean:+.1f}" + ("" if lo is None else f" [{100 * lo:+.1f}, {100 * hi:+.1f}]")
+
+
+def _paired_cell(row: dict, column: str, seeds: int) -> str:
+    """A paired difference of the report (``<column>_{mean,lo,hi,n}``), ``(k of n seeds)`` when fewer seeds than the
+    study's were paired (as :func:`claim_links` says it)."""
+    n = row.get(f"{column}_n")
+    cell = _pp(*(row.get(f"{column}_{k}") for k in ("mean", "lo", "hi")))
+    return cell + (f" ({n} of {seeds} seeds)" if n is not None and 0 < n < seeds else "")
+
+
+def _missing_runs(runs: list[dict], arch: str, schemes: list[str], seeds: list[int]) -> str:
+    """The line under a paired-difference table with fewer pairs somewhere: each scheme's seeds without a run."""
+    have = {s: {r["seed"] for r in runs if (r["arch"], r["scheme"]) == (arch, s)} for s in schemes}
+    gone = [
+        f"{s} seed{'s' * (len(m) > 1)} {', '.join(map(str, m))}" for s in schemes if (m := sorted(set(seeds) - have[s]))
+    ]
+    if not gone:  # (every run there, some without a score of an evaluation)
+        return "Fewer seeds: a difference is over the seeds both schemes have a score of (some runs lack one)."
+    return f"Fewer seeds: a difference is over the seeds both schemes have runs of; no run of {'; '.join(gone)}."
 
 
 def claim_links(claim: dict, seeds: int) -> str:
@@ -267,7 +286,7 @@ def markdown(state: dict) -> str:
         )
         + ").",
         "- Paired differences (percentage points, same seeds) against `none` and `ape` are in the CSV/JSON "
-        "(`<eval>_acc_vs_<base>_{mean,lo,hi}`); the claims below are read from them.",
+        "(`<eval>_acc_vs_<base>_{mean,lo,hi,n}`, `n` the seeds paired); the claims below are read from them.",
         "- Cost: `img/s` = training images per second (forward, backward, AdamW step), "
         + (
             f"{cost}; `*`: not timed so, over the runs' own training steps after warm-up"
@@ -326,10 +345,14 @@ def markdown(state: dict) -> str:
                 continue
             lines += ["", f"Paired differences against `{base}` ({arch}, pp [95 % interval]):", ""]
             lines += ["| scheme | " + " | ".join(evals) + " |", "|---|" + "---:|" * len(evals)]
+            partial = False
             for r in sub:
                 if r["scheme"] != base:
-                    cells = [_pp(*(r.get(f"{key[e]}_vs_{base}_{k}") for k in ("mean", "lo", "hi"))) for e in evals]
+                    cells = [_paired_cell(r, f"{key[e]}_vs_{base}", len(seeds)) for e in evals]
+                    partial |= any(c.endswith(" seeds)") for c in cells)
                     lines.append(f"| {r['scheme']} | " + " | ".join(cells) + " |")
+            if partial:  # (an interval over fewer pairs looks like the others': say whose runs are missing)
+                lines += ["", _missing_runs(state["runs"], arch, [r["scheme"] for r in sub], seeds)]
         lines.append("")
     return "\n".join(lines)
 

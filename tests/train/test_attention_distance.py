@@ -117,7 +117,8 @@ def test_the_csv_of_a_swin_keeps_only_its_heads(tmp_path):
 
 def test_csv_round_trip_and_the_sweep_groups_seeds_by_setting(tmp_path):
     from tests.train.test_sweep_summary import _job
-    from vitrel.train.hydra_callbacks import SweepSummary, distance_groups, summary_rows
+    from vitrel.train.hydra_callbacks import SweepSummary
+    from vitrel.train.sweep_table import distance_groups, summary_rows
 
     d = torch.rand(3, 2, dtype=torch.float64) * 10
     for job, (over, dist) in enumerate([("pos=none seed=0", d), ("pos=none seed=1", d + 1), ("pos=ape seed=0", d[:2])]):

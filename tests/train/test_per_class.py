@@ -18,7 +18,8 @@ from omegaconf import OmegaConf
 
 from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
 from vitrel.train.attention_distance import CSV, read_distances
-from vitrel.train.evaluate import _run_settings, _trained_data, evaluate
+from vitrel.train.eval_data import run_settings, trained_data
+from vitrel.train.evaluate import evaluate
 
 RUN_FAST = [a for a in FAST if "per_class" not in a and "attention_distance" not in a]  # (FAST leaves them out)
 EVAL = [*FAST[:1], *FAST[2:4], "data.eval_batch_size=500"]  # no workers, on the CPU, no progress bar, 4 batches
@@ -154,7 +155,7 @@ def test_a_relative_root_of_a_run_without_its_hydra_yaml_is_evals_launch_folders
     run = OmegaConf.create({"data": {"name": "fashion_mnist", "root": "my_data", "verify": True}})
     OmegaConf.save(run, record)
     data_cfg = OmegaConf.create({"name": "fashion_mnist", "root": "/elsewhere"})
-    taken, given, _ = _run_settings(tmp_path / "run" / "last.ckpt", (record, run), {}, {}, data_cfg)
+    taken, given, _ = run_settings(tmp_path / "run" / "last.ckpt", (record, run), {}, {}, data_cfg)
     expected = str(tmp_path / "my_data")
     assert {**taken, **given} == {"root": expected}
-    assert f"data=fashion_mnist data.root={expected} " in _trained_data((record, run))
+    assert f"data=fashion_mnist data.root={expected} " in trained_data((record, run))

@@ -583,18 +583,18 @@ def odd_sizes(fmnist_test, tmp_path_factory) -> Path:
 
 def _eval_way(ckpt: Path, files: list[Path], tmp_path: Path) -> torch.Tensor:
     """Probabilities of ``files`` (in order) from the model ``eval.py`` scores, on the NaFlex batch its data module
-    makes with the settings eval.py takes from the run (``data=fashion_mnist_naflex``, vitrel.train.evaluate)."""
+    makes with the settings eval.py takes from the run (``data=fashion_mnist_naflex``, vitrel.train.eval_data)."""
     from hydra.utils import instantiate
     from omegaconf import open_dict
 
     from tests.train_helpers import compose
     from vitrel.models.checkpoint import checkpoint_scores_ema, stored_data_config
     from vitrel.models.run_record import run_record
-    from vitrel.train.evaluate import _run_settings, _stored_split
+    from vitrel.train.eval_data import run_settings, stored_split
 
     cfg = compose(tmp_path / "eval", [f"ckpt_path={ckpt}", "data=fashion_mnist_naflex"], config_name="eval")
-    held = _stored_split(ckpt, cfg.data)  # (as evaluate reads the checkpoint and its run folder)
-    taken, _, _ = _run_settings(ckpt, run_record(ckpt), stored_data_config(ckpt) or {}, held, cfg.data)
+    held = stored_split(ckpt, cfg.data)  # (as evaluate reads the checkpoint and its run folder)
+    taken, _, _ = run_settings(ckpt, run_record(ckpt), stored_data_config(ckpt) or {}, held, cfg.data)
     with open_dict(cfg):
         cfg.data.update(taken)
     dm = instantiate(cfg.data)

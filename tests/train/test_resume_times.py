@@ -13,9 +13,9 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from tests.train_helpers import FAST, TINY_VIT, SendSignal, compose
-from vitrel.train.hydra_callbacks import format_table, summary_rows
 from vitrel.train.run import train
 from vitrel.train.run_times import RunTimes
+from vitrel.train.sweep_table import format_table, summary_rows
 
 # 2 epochs of 4 steps; SIGTERM at step 5 saves last.ckpt after step 6 (epoch 2, after epoch 1's validation), exits
 ARGS = [*TINY_VIT, *FAST, "trainer.max_epochs=2", "trainer.limit_train_batches=4", "trainer.limit_val_batches=1"]

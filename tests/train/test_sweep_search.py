@@ -12,7 +12,8 @@ import logging
 import pytest
 from omegaconf import OmegaConf
 
-from vitrel.train.hydra_callbacks import BASIC_SWEEPER, SweepSummary, optuna_best
+from vitrel.train.hydra_callbacks import SweepSummary
+from vitrel.train.sweepers import BASIC_SWEEPER, optuna_best
 
 OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 SPACE = {"module.optimizer.lr": "tag(log, interval(1.0e-4, 1.0e-2))"}  # conf/hparams_search/fmnist_optuna.yaml's
@@ -76,14 +77,15 @@ def test_a_best_trial_chosen_on_the_test_split_says_so(tmp_path, caplog):
     assert "chosen on the test split (optimized_metric=test/acc1 is a test split score)" in _best_line(
         tmp_path, metric="test/acc1"
     )
-    with caplog.at_level(logging.WARNING, logger="vitrel.train.hydra_callbacks"):
+    with caplog.at_level(logging.WARNING, logger="vitrel.train.sweepers"):
         _start(_config(tmp_path, ["hparams_search=fmnist_optuna", "data.val_fraction=0"], val_fraction=0.0))
-    assert "the best trial is chosen on the test split" in caplog.text, caplog.text
+    said = [r.name for r in caplog.records if "the best trial is chosen on the test split" in r.getMessage()]
+    assert said == ["vitrel.train.sweepers"], caplog.text  # (the logger a filter on its name reaches)
 
 
 def test_a_best_trial_chosen_on_a_held_out_split_is_the_plain_line(tmp_path, caplog):
     line = _best_line(tmp_path, val_fraction=0.1)
     assert line == "Optuna's best trial (maximize val/acc1): job 1, 0.2500, module.optimizer.lr=0.003", line
-    with caplog.at_level(logging.WARNING, logger="vitrel.train.hydra_callbacks"):  # (the basic sweeper picks nothing)
+    with caplog.at_level(logging.WARNING, logger="vitrel.train.sweepers"):  # (the basic sweeper picks nothing)
         _start(_config(tmp_path, ["pos=none,ape", "data.val_fraction=0"], sweeper=BASIC_SWEEPER, val_fraction=0.0))
     assert "test split" not in caplog.text, caplog.text

@@ -17,9 +17,10 @@ from omegaconf import OmegaConf
 
 import vitrel
 from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked, wandb_contents
-from vitrel.train.hydra_callbacks import SweepSummary, summary_rows
+from vitrel.train.hydra_callbacks import SweepSummary
 from vitrel.train.run import train
 from vitrel.train.sweep_plot import plot_rows
+from vitrel.train.sweep_table import summary_rows
 
 TINY = [*TINY_VIT, *(a for a in FAST if a != "progress_bar=none"), "trainer.max_epochs=1"]
 TINY += ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=2"]
@@ -255,7 +256,7 @@ def test_a_job_stopped_before_its_first_validation_says_so_in_the_table(tmp_path
     """``trainer.max_steps`` within the first epoch: Lightning ends the fit before the epoch's validation (the sanity
     check is no validation), so the job has no ``val/acc1``; its ``metrics.json`` counts the validations that ran (0)
     and the table says why the cell is empty, where a job that validated shows its value."""
-    from vitrel.train.hydra_callbacks import collect_sweep, format_table
+    from vitrel.train.sweep_table import collect_sweep, format_table
 
     quick = [*TINY, "test=false", "logger=none", "progress_bar=none"]
     train(compose(tmp_path / "0", [*quick, "trainer.max_steps=1"]))

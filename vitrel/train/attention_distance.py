@@ -56,7 +56,7 @@ def read_distances(path: str | Path, column: str = "distance_px") -> Tensor:
 
 def sweep_distances(sweep_dir: str | Path, groups: Sequence[tuple[str, Sequence[str]]]) -> dict[str, Tensor]:
     """Each setting's distances, ``groups`` of ``(label, job folders)`` (the sweep summary's
-    :func:`~vitrel.train.hydra_callbacks.distance_groups`): its jobs' heads side by side ``[depth, heads x jobs]``
+    :func:`~vitrel.train.sweep_table.distance_groups`): its jobs' heads side by side ``[depth, heads x jobs]``
     (a seed sweep's setting: its seeds), from the jobs that wrote ``attention_distance.csv``; a setting with none left
     out."""
     out = {}

@@ -4,13 +4,13 @@ A video checkpoint takes video data and any clip length: ``python eval.py ckpt_p
 data.num_frames=16`` (the model rebuilt for 16 frames, as for another image size); without ``data.num_frames``, the
 clip length it was trained at, and without ``data.stride`` / ``data.clips_per_video`` the clips its run was tested on.
 
-It scores the samples the checkpoint's run was scored on: the data settings that say which samples and how they
-are preprocessed (the val split's ``data.seed`` and ``data.val_fraction``, the clips' motions, ``data.crop_pct``,
-... :data:`RUN_DATA_KEYS`) are the run's, read from its folder's ``.hydra/config.yaml`` when its data is the data
-scored, unless given on the command line; another ``data=`` keeps its group's defaults. A checkpoint without its
-run folder (moved, an export) gives its stored ``interpolation`` and ``crop_pct``, as timm's ``validate.py`` takes
-them from the model's ``pretrained_cfg``. What is taken is logged in one line and recorded in ``eval_metrics.json``
-(``data_from_run``).
+It scores the samples the checkpoint's run was scored on: the data settings that say which samples and how they are
+preprocessed (the val split's ``data.seed`` and ``data.val_fraction``, the clips' motions, ``data.crop_pct``, ...
+:data:`~vitrel.train.eval_data.RUN_DATA_KEYS`) are the run's, read from its folder's ``.hydra/config.yaml`` when its
+data is the data scored, unless given on the command line; another ``data=`` keeps its group's defaults. A checkpoint
+without its run folder (moved, an export) gives its stored ``interpolation`` and ``crop_pct``, as timm's ``validate.py``
+takes them from the model's ``pretrained_cfg``. What is taken is logged in one line and recorded in
+``eval_metrics.json`` (``data_from_run``). Which settings are taken, and how, is :mod:`vitrel.train.eval_data`'s.
 
 With NaFlex data (``data.packing``, e.g. ``data=fashion_mnist_naflex``) every image is scored at its own size and
 aspect ratio (within ``data.max_tokens`` patches, never enlarged with ``data.eval_max_ratio=1``), packed into rows
@@ -34,15 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
-from hydra.utils import get_class, instantiate
-from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
-from omegaconf import DictConfig, OmegaConf, open_dict
-from omegaconf.errors import OmegaConfBaseException
+from hydra.utils import instantiate
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from omegaconf import DictConfig
 from timm.layers import to_2tuple
 
 from vitrel.config import ConfigError, check_moved_keys
-from vitrel.data.normalisation import Normalisation
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import run_checkpoint, stored_config
@@ -50,8 +47,21 @@ from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
 from vitrel.train.data_contract import CheckOwnBatches, check_data_module
+from vitrel.train.eval_data import (
+    CLIP_KEYS,
+    VAL_SPLIT_KEYS,
+    is_given,
+    run_settings,
+    stored_split,
+    take_run_data,
+    trained_clips,
+    trained_data,
+    trained_frames,
+    trained_preprocessing,
+    trained_size,
+)
 from vitrel.train.flops import eval_gflops
-from vitrel.train.launch_paths import EVAL_PATHS, launch_path, launch_paths, recorded_launch_folder
+from vitrel.train.launch_paths import EVAL_PATHS, launch_paths
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
 from vitrel.train.run_figures import RunFigures
@@ -60,9 +70,7 @@ from vitrel.train.utils import (
     check_accelerator,
     check_data_fits_model,
     check_video_pairing,
-    hydra_config,
     is_video_data,
-    override_key,
     plain,
     progress_bar_kind,
     progress_callbacks,
@@ -100,26 +108,6 @@ def _non_square(saved: dict) -> bool:
     return saved.get("img_size") is not None and len(set(to_2tuple(saved["img_size"]))) > 1
 
 
-def _trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
-    """``img_size``, when ``data.img_size`` is not given (null) and the model takes image tensors (not NaFlex
-    batches, whose images keep their own sizes): the side the stored model was built at when square; for a model
-    built at a non-square ``(H, W)`` (kept as built), the side of the images it was trained on (its stored data
-    config's ``input_size``); else empty, and for a data module without an ``img_size`` argument (one of the user's
-    own, whose images are of its own size: the model is built at its ``img_size`` attribute)."""
-    if (
-        "img_size" not in data_cfg
-        or data_cfg.get("img_size") is not None
-        or data_cfg.get("packing")
-        or saved.get("img_size") is None
-    ):
-        return {}
-    h, w = to_2tuple(saved["img_size"])
-    if h == w:
-        return {"img_size": int(h)}
-    fed = list(stored_data.get("input_size") or [])[-2:]
-    return {"img_size": int(fed[0])} if len(fed) == 2 and fed[0] == fed[1] else {}
-
-
 def _nominal_size(
     ckpt: Path, saved: dict, trained: dict[str, int], record: tuple[Path, DictConfig | None]
 ) -> str | None:
@@ -152,161 +140,6 @@ def _size_choice_of_the_run(saved: dict, choices: list[int], dm: Any) -> bool:
     return h == w and int(h) in choices
 
 
-def _trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
-    """``num_frames``: the clip length a stored video model was trained at, when video data is scored without
-    ``data.num_frames`` on the command line (the data group's default would otherwise rebuild the model for its own
-    length); else empty."""
-    frames = saved.get("num_frames")
-    if frames is None or "num_frames" not in data_cfg or _given("data.num_frames"):
-        return {}
-    return {"num_frames": int(frames)}
-
-
-def _given(key: str) -> bool:
-    """Whether ``key`` is on the command line (outside Hydra, what was given cannot be told from a default: True)."""
-    hc = hydra_config()
-    return hc is None or key in [override_key(o) for o in hc.overrides.task]
-
-
-#: a video folder's evaluation clips: the data key -> its name in the data config train.py stores
-_CLIP_KEYS = {"stride": "frame_stride", "clips_per_video": "clips_per_video"}
-
-
-def _trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
-    """The evaluation clips of the run that wrote ``ckpt`` (``data.stride``, ``data.clips_per_video``), for those of
-    the data's keys not on the command line: the data group's defaults would score other clips than the run's own
-    test did. Empty for data without them (images, Moving Fashion-MNIST) or a checkpoint that does not store them."""
-    keys = [k for k in _CLIP_KEYS if k in data_cfg and not _given(f"data.{k}")]
-    return {k: int(stored_data[_CLIP_KEYS[k]]) for k in keys if stored_data.get(_CLIP_KEYS[k]) is not None}
-
-
-#: The data keys eval.py takes from the run that wrote the checkpoint, unless given: those that say which samples are
-#: scored and how they are preprocessed, read from the run folder's record when the run's data is the data scored.
-#: ``img_size``, ``num_frames``, ``stride`` and ``clips_per_video`` come from the checkpoint itself (above; exports and
-#: moved checkpoints have them too). ``root`` is taken: the data the run read (its ``${paths.data_dir}`` default
-#: resolves to eval's own); a folder that is not there is an error naming it. ``loader`` is taken too (by
-#: :func:`_run_settings`: the memory loader resizes tensors with torch, the workers loader images with PIL, so a run's
-#: test is reproduced by its own). Not taken: how the samples are loaded
-#: (batch_size, eval_batch_size, num_workers, pin_memory, memory_budget_gb), training-only keys (augment,
-#: augment_kwargs, batch_augment, size_scale, size_choices, drop_last, num_samples), and the data's checks
-#: (download, verify, on_bad_sample: their errors name the key to set).
-RUN_DATA_KEYS = (
-    # which samples: where they are, the split (val: a seeded hold-out of train), how many
-    "root", "path", "subset", "train_dir", "val_dir", "source", "train_split", "val_split", "dataset_kwargs",
-    "extensions", "num_classes", "seed", "val_fraction", "train_images", "test_images",
-    # Moving Fashion-MNIST's clips (with seed, the motions; train_images, the normalisation too)
-    "size", "object_size", "speeds", "orientations",
-    # preprocessing: channels, resize and crop, the translation canvas, NaFlex batches
-    "in_chans", "interpolation", "crop_pct", "canvas_size", "canvas_mode",
-    "packing", "seq_len", "patch_size", "max_tokens", "eval_max_ratio",
-)  # fmt: skip
-#: what a checkpoint without a run folder (moved, or an export) tells of its preprocessing: its stored data config's
-#: (timm's ``pretrained_cfg`` fields, which timm's ``validate.py`` takes unless given; and ``in_chans``, its
-#: ``input_size``'s channels); null in a data config: the data set's default (``default_<key>`` of its module)
-STORED_PREPROCESSING = ("interpolation", "crop_pct")
-#: the keys that choose the val split of a data set whose val is a seeded hold-out of train
-VAL_SPLIT_KEYS = ("seed", "val_fraction")
-
-
-def _stored_split(ckpt: Path, data_cfg: DictConfig) -> dict[str, Any]:
-    """``seed`` / ``val_fraction`` of the split the weights were trained with, as the checkpoint holds it (the data
-    module's state Lightning saves, ``VisionDataModule.state_dict``) when it was written by the data module of
-    ``data_cfg``: they win over the run folder's record, which a later command in that folder rewrites. Empty for
-    other files (exports, weights) and checkpoints written before vitrel kept the split."""
-    if ckpt.suffix != ".ckpt" or not ckpt.is_file() or not data_cfg.get("_target_"):
-        return {}
-    state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    record = (state.get(get_class(str(data_cfg._target_)).__qualname__) or {}).get("split") or {}
-    return {k: record[k] for k in VAL_SPLIT_KEYS if k in record}
-
-
-def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
-    """``value`` of ``data.<key>`` as the data module uses it (a null interpolation or crop_pct: its default)."""
-    if value is None and key in STORED_PREPROCESSING and data_cfg.get("_target_"):
-        return getattr(get_class(str(data_cfg._target_)), f"default_{key}", None)
-    return value
-
-
-def _literal_run_path(raw: Any, record: Path) -> str | None:
-    """A ``root`` / ``path`` of the run's record ``record`` (``<run>/.hydra/config.yaml``) as written there (``raw``,
-    unresolved) when it is a literal path, not an interpolation (``${paths.data_dir}`` is eval's own, resolved here):
-    a relative one made absolute against the folder the run was launched from
-    (:func:`~vitrel.train.launch_paths.recorded_launch_folder`), or, where the record has no ``hydra.yaml`` beside it
-    to say which, against eval's own launch folder; None for an interpolation or no string. One rule for the settings
-    taken from the run (:func:`_run_settings`) and the ``data.root`` the advice of :func:`_trained_data` names."""
-    if not isinstance(raw, str) or "${" in raw:
-        return None
-    return launch_path(raw, recorded_launch_folder(record))
-
-
-def _same_data(run: DictConfig, data_cfg: DictConfig) -> bool:
-    """Whether the run's record ``run`` is of the data scored: the same ``data.name``. Configs of one's own without a
-    name are not known as the same (two such files, of two data sets, would pass the run's ``root`` or ``seed`` to
-    the other)."""
-    name = run.data.get("name") if run.get("data") is not None else None
-    return name is not None and name == data_cfg.get("name")
-
-
-def _run_settings(
-    ckpt: Path, record: tuple[Path, DictConfig | None], stored_data: dict, split: dict[str, Any], data_cfg: DictConfig
-) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """``(taken, given, where)``: the data settings of the run that wrote ``ckpt`` (:data:`RUN_DATA_KEYS`) where they
-    differ from ``data_cfg``'s and are not on the command line; those on it whose run value differs (the run's value);
-    and where they come from. The run folder's record when there is one, for the same data (``data.name``; other
-    data keeps its group's defaults): its interpolations resolved against that record, here (``${paths.data_dir}`` is
-    eval's own data folder, as by default), a relative ``root`` / ``path`` the run was given against the folder it
-    was launched from (:func:`_literal_run_path`); a value that does not resolve is an error naming the key to give.
-    Without
-    a record, the preprocessing stored with the weights (``stored_data``). Either way the split the checkpoint holds
-    (``split``, :func:`_stored_split`) gives ``seed`` and ``val_fraction``. ``record``: :func:`run_record`."""
-    path, run = record
-    raw = {}
-    if run is not None:
-        if not _same_data(run, data_cfg):
-            return {}, {}, ""
-        keys, node, where = [k for k in RUN_DATA_KEYS if k in run.data], run.data, str(path)
-        raw = OmegaConf.to_container(node, resolve=False)
-    else:  # (its channels: those of its input_size, as timm's validate.py takes the model's)
-        channels = {"in_chans": stored_data["input_size"][0]} if stored_data.get("input_size") else {}
-        node = {**stored_data, **channels}
-        keys, where = [k for k in (*STORED_PREPROCESSING, "in_chans") if k in node], "the data config stored with it"
-    if split:
-        keys = [*keys, *(k for k in split if k not in keys)]
-        where += f"{' and ' if where else ''}the split stored in {ckpt.name}"
-    taken, given = {}, {}
-    for k in (k for k in keys if k in data_cfg):
-        on_command_line = _given(f"data.{k}")
-        try:
-            value = split[k] if k in split else plain(node[k])
-            if k in ("root", "path"):  # (not ${paths.data_dir}: eval's own, resolved here)
-                literal = _literal_run_path(raw.get(k), path)
-                value = literal if literal is not None else launch_path(value)
-        except OmegaConfBaseException as e:
-            if on_command_line:
-                continue
-            why = str(e).splitlines()[0]
-            raise ValueError(
-                f"data.{k}={raw.get(k)} of {path} does not resolve here ({why}): give data.{k}=<the run's>"
-            ) from e
-        if _as_used(data_cfg, k, value) != _as_used(data_cfg, k, plain(data_cfg[k])):
-            (given if on_command_line else taken)[k] = value
-    if taken.get("packing") and "loader" in data_cfg and not _given("data.loader"):
-        taken["loader"] = "workers"  # (NaFlex batches are made per sample, by the workers loader only)
-    elif run is not None and "loader" in data_cfg and not _given("data.loader"):
-        loader = _loader_used(run.data.get("loader"), data_cfg)  # (its resize: torch's on tensors, or PIL's)
-        if loader is not None and loader != _loader_used(data_cfg.get("loader"), data_cfg):
-            taken["loader"] = loader
-    return taken, given, where
-
-
-def _loader_used(value: Any, data_cfg: DictConfig) -> str | None:
-    """A ``data.loader`` value as the data module of ``data_cfg`` uses it (null: the data set's ``default_loader``);
-    None where that cannot be told."""
-    if value is None and data_cfg.get("_target_"):
-        value = getattr(get_class(str(data_cfg._target_)), "default_loader", None)
-    return None if value is None else str(value)
-
-
 def _warn_other_val_split(ckpt: Path, data_cfg: DictConfig, given: dict[str, Any]) -> None:
     """``split=val`` with ``data.seed`` / ``data.val_fraction`` given unlike the run's (``given``: the run's values
     of the keys on the command line that differ): that hold-out is not the run's and may hold images the run trained
@@ -324,7 +157,7 @@ def _warn_unknown_val_split(ckpt: Path, data_cfg: DictConfig, split: dict[str, A
     its run folder), on data whose val is a seeded hold-out of train: the group's hold-out is scored, which holds
     images the run trained on unless its ``data.seed`` / ``data.val_fraction`` were the run's: a warning naming them,
     unless both are on the command line. ``split``: the split stored in ``ckpt``; ``run``: its run's record."""
-    if not data_cfg.get("val_fraction") or all(_given(f"data.{k}") for k in VAL_SPLIT_KEYS):
+    if not data_cfg.get("val_fraction") or all(is_given(f"data.{k}") for k in VAL_SPLIT_KEYS):
         return
     if split or run is not None or rank_zero_only.rank != 0:
         return
@@ -336,43 +169,9 @@ def _warn_unknown_val_split(ckpt: Path, data_cfg: DictConfig, split: dict[str, A
     )
 
 
-def _override_text(value: Any) -> str:
-    """``value`` as a command-line override writes it (``null``, ``[1,2]``)."""
-    if isinstance(value, list):
-        return f"[{','.join(map(_override_text, value))}]"
-    return "null" if value is None else str(value)
-
-
-def _from_run(cfg: DictConfig, values: dict[str, Any], what: str) -> dict[str, Any]:
-    """Set the data keys of ``values`` (taken from the checkpoint or its run) and log them, ``what`` saying what they
-    are; return them."""
-    if values:
-        with open_dict(cfg):
-            cfg.data.update(values)
-        rank_zero_info(" ".join(f"data.{k}={_override_text(v)}" for k, v in values.items()) + f": {what}")
-    return values
-
-
-def _trained_preprocessing(
-    ckpt: Path, stored_data: dict, run: DictConfig | None, cfg: DictConfig, dm: L.LightningDataModule
-) -> dict[str, Any]:
-    """The preprocessing ``ckpt`` was trained with (its stored data config, what train.py used: a fine-tune takes
-    the pretrained weights', which its run record leaves null) where the config leaves it null and the data set's
-    own differs (:meth:`~vitrel.data.normalisation.Normalisation.adopt`: set on ``dm``, logged), put into
-    ``cfg.data``. Not for other data than the run's (which keeps its group's defaults, as :data:`RUN_DATA_KEYS`)."""
-    if run is not None and not _same_data(run, cfg.data):
-        return {}
-    if not isinstance(dm, Normalisation):
-        return {}
-    taken = dm.adopt(stored_data, f"those {ckpt.name} was trained with (its stored data config)", cfg.data)
-    with open_dict(cfg):
-        cfg.data.update(taken)
-    return taken
-
-
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig, fix: str) -> None:
     """The data gives the model's classes and channels; else a :class:`ConfigError` naming the data to give instead
-    (``fix``: :func:`_trained_data`)."""
+    (``fix``: :func:`~vitrel.train.eval_data.trained_data`)."""
     if stored.get("num_classes") != dm.num_classes:
         what = f"classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}"
     elif stored.get("in_chans") != dm.in_chans:
@@ -410,23 +209,6 @@ def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> N
         whose = f"{ckpt} ({stored.get('architecture')})"
         why = "the size it was trained at, what eval.py takes without data.img_size"
         check_patches_fit(int(sh), int(ph), type(dm).__name__, whose, int(th), why)
-
-
-def _trained_data(record: tuple[Path, DictConfig | None]) -> str:
-    """What to do about data that does not fit the checkpoint: score it on the ``data=`` of the train.py run that
-    wrote it (``record``, :func:`run_record`), as overrides: its ``data.root`` and, for a copy the run did not check
-    against the official md5s, ``data.verify=false`` (not taken from the run: :data:`RUN_DATA_KEYS`)."""
-    run_cfg, run = record
-    data = run.get("data") if run is not None else None
-    if not data or not data.get("name"):
-        what = "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
-    else:
-        root = _literal_run_path(OmegaConf.to_container(data, resolve=False).get("root"), run_cfg)
-        given = f" data.root={root}" if root is not None else ""
-        if data.get("verify") is False:  # a copy not checked against the official md5s: checked, it would stop here
-            given += " data.verify=false"
-        what = f"data={data.name}{given} (its run's {run_cfg})"
-    return f"score it on the data it was trained on, {what}"
 
 
 def _naflex_size(dm: Any, patch: Any) -> list[int] | None:
@@ -489,36 +271,36 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     saved = stored_config(ckpt) or {}
     # what the checkpoint and its run folder tell, read once: the run's record, the data config and split stored
     record, stored_data = run_record(ckpt), stored_data_config(ckpt) or {}
-    held = _stored_split(ckpt, cfg.data)
-    fix = _trained_data(record)
+    held = stored_split(ckpt, cfg.data)
+    fix = trained_data(record)
     # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged):
     # first which samples and how preprocessed (a canvas or NaFlex batches decide the size below)
-    settings, given, where = _run_settings(ckpt, record, stored_data, held, cfg.data)
+    settings, given, where = run_settings(ckpt, record, stored_data, held, cfg.data)
     if split == "val":
         _warn_other_val_split(ckpt, cfg.data, given)
         _warn_unknown_val_split(ckpt, cfg.data, held, record[1])
     what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
-    taken = _from_run(cfg, settings, what)
+    taken = take_run_data(cfg, settings, what)
     # a model built at a non-square (H, W) stays so unless data.img_size is given (the data's images are square)
     keep_shape = _non_square(saved) and cfg.data.get("img_size") is None and not cfg.data.get("packing")
     what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py
     if keep_shape:
         shape = "x".join(map(str, to_2tuple(saved["img_size"])))
         what = f"the size of the images {ckpt.name} was trained on, its model kept at {shape} (data.img_size=<n>)"
-    trained = _trained_size(saved, stored_data, cfg.data)
+    trained = trained_size(saved, stored_data, cfg.data)
     nominal = _nominal_size(ckpt, saved, trained, record)
     if nominal:  # a NaFlex run's model size, which its training never fed it
         what = f"the size {ckpt.name}'s model was built at (data.img_size=<n> for another)"
-    taken |= _from_run(cfg, trained, what)
+    taken |= take_run_data(cfg, trained, what)
     if nominal:
         log.warning(nominal)
     what = f"the clip length {ckpt.name} was trained at (data.num_frames=<n> for another)"
-    taken |= _from_run(cfg, _trained_frames(saved, cfg.data), what)
+    taken |= take_run_data(cfg, trained_frames(saved, cfg.data), what)
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
-    taken |= _from_run(cfg, _trained_clips(stored_data, cfg.data), what)
+    taken |= take_run_data(cfg, trained_clips(stored_data, cfg.data), what)
     dm = instantiate(cfg.data)
     check_data_module(dm)  # (one of the user's own without num_classes, in_chans, img_size: named)
-    taken |= _trained_preprocessing(ckpt, stored_data, record[1], cfg, dm)
+    taken |= trained_preprocessing(ckpt, stored_data, record[1], cfg, dm)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     arch = saved.get("architecture")
     if arch is not None:  # clips for a video model, images for an image model: before the weights are read
@@ -579,7 +361,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "ema": use_ema,
         "packing": packing,
         "metrics": metrics,
-        **({k: getattr(dm, k) for k in ("num_frames", *_CLIP_KEYS) if hasattr(dm, k)}),  # a video's clips
+        **({k: getattr(dm, k) for k in ("num_frames", *CLIP_KEYS) if hasattr(dm, k)}),  # a video's clips
         "num_images": tested["test_images"],  # scored: fewer than the split's with trainer.limit_test_batches
         "split_images": tested["test_split_images"],  # the readable ones
         "unreadable": left_out,  # left out (data.on_bad_sample=skip), each named in the test's log line

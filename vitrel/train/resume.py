@@ -22,9 +22,10 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
-from vitrel.train.hydra_callbacks import BASIC_SWEEPER, sweep_folder, sweep_plan
 from vitrel.train.progress import CountValidations
 from vitrel.train.run_times import RunTimes
+from vitrel.train.sweep_files import sweep_folder, sweep_plan
+from vitrel.train.sweepers import BASIC_SWEEPER
 from vitrel.train.utils import hydra_config, is_multirun, override_key, task_overrides
 
 __all__ = [

@@ -48,7 +48,7 @@ from vitrel.train.callbacks import KeepEarlyStop, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.data_contract import CheckOwnBatches, warn_no_preprocessing
 from vitrel.train.flops import run_gflops
-from vitrel.train.hydra_callbacks import BASIC_SWEEPER, write_held_back_record
+from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.module import MIXUP_NAFLEX
@@ -68,6 +68,7 @@ from vitrel.train.run_figures import RunFigures
 from vitrel.train.run_times import RunTimes
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, test_limit, tested_part
+from vitrel.train.sweepers import BASIC_SWEEPER
 from vitrel.train.utils import (
     apply_matmul_precision,
     check_accelerator,

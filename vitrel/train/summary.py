@@ -11,7 +11,7 @@ from typing import Any
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig
 
-from vitrel.train.hydra_callbacks import finished_record
+from vitrel.train.sweep_rerun import finished_record
 
 __all__ = ["report", "resumed_finished", "tested_part", "split_size", "test_limit", "BEFORE_RESUME"]
 
@@ -100,7 +100,7 @@ def _plural(n: int, word: str) -> str:
 def resumed_finished(result: dict[str, Any], run_dir: Path) -> dict[str, Any]:
     """The record of a run that resumed a checkpoint with nothing left to train (a finished run, or a finished job of
     a sweep, run again in its folder): the finished run's validation metrics, epochs and times
-    (:func:`~vitrel.train.hydra_callbacks.finished_record`), this pass's test metrics (the same weights), and
+    (:func:`~vitrel.train.sweep_rerun.finished_record`), this pass's test metrics (the same weights), and
     ``resumed_finished: true``. Without the finished run's record, its times are unknown (None), not this pass's."""
     earlier = finished_record(run_dir, result["global_step"])
     result = {k: v for k, v in result.items() if k not in BEFORE_RESUME}  # (this pass's: the finished run's, if kept)

@@ -56,7 +56,7 @@ def _pct(v: Any) -> float | None:
 
 
 def plot_rows(rows: list[dict[str, Any]], means: list[dict[str, Any]]) -> PlotRows:
-    """The picture's rows from the summary's: ``rows`` (:func:`~vitrel.train.hydra_callbacks.collect_sweep`'s, with
+    """The picture's rows from the summary's: ``rows`` (:func:`~vitrel.train.sweep_table.collect_sweep`'s, with
     ``overrides`` made strings by ``split_common``) and ``means`` (``seed_means``'s, empty unless a ``seed=`` sweep;
     then one row per setting, its seeds the jobs named in ``members``). A bar is ``test/acc1`` where the job (for a
     setting: any of its finished seeds) has it, else ``val/acc1``."""

@@ -1,0 +1,80 @@
+"""A sweep run again in its folder: each job's folder may hold the run of the earlier sweep. As the job starts,
+:func:`set_aside_earlier_run` moves that run's record aside and notes the settings its ``last.ckpt`` was trained
+with (the job resumes that run); :func:`trained_with` says, for the summary, where those differ from the job's;
+:func:`finished_record` finds the record of a finished run the job resumed (its figures)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from vitrel.train.sweep_files import ERROR, PREVIOUS, STOPPED, TRAINED_WITH
+
+__all__ = ["finished_record", "set_aside_earlier_run", "trained_with"]
+
+
+def set_aside_earlier_run(job_dir: Path) -> None:
+    """Make ``job_dir`` ready for a sweep job: an earlier run's ``metrics.json`` there is moved aside to
+    ``metrics.previous.json`` (its settings noted: :func:`_record_trained_with`), its error and what stopped it
+    removed, so that a job that fails now shows as failed, not with the earlier run's metrics."""
+    if (job_dir / "metrics.json").exists():
+        os.replace(job_dir / "metrics.json", job_dir / PREVIOUS)
+    _record_trained_with(job_dir)
+    (job_dir / ERROR).unlink(missing_ok=True)
+    (job_dir / STOPPED).unlink(missing_ok=True)
+
+
+def _record_trained_with(job_dir: Path) -> None:
+    """Keep the overrides of the sweep job that wrote ``job_dir``'s ``checkpoints/last.ckpt`` (a sweep run again in
+    its folder: the job resumes that run) in ``TRAINED_WITH``, read before this job writes its own checkpoints;
+    nothing without one, or from a checkpoint that records no sweep job or does not load."""
+    (job_dir / TRAINED_WITH).unlink(missing_ok=True)
+    ckpt = job_dir / "checkpoints" / "last.ckpt"
+    if not ckpt.exists():
+        return
+    try:
+        import torch
+
+        from vitrel.train.resume import SWEEP_JOB
+
+        job = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True).get(SWEEP_JOB)
+    except Exception:  # noqa: BLE001  (a damaged or foreign file: train() says so as it resumes)
+        return
+    if isinstance(job, dict) and job.get("overrides") is not None:
+        (job_dir / TRAINED_WITH).write_text(json.dumps({"overrides": [str(o) for o in job["overrides"]]}))
+
+
+def trained_with(job_dir: Path, data: dict[str, Any], overrides: Sequence[str]) -> str | None:
+    """For a job that resumed its folder's run (``data``: its ``metrics.json``), the settings that run was trained
+    with where they differ from the job's ``overrides`` (``module.optimizer.lr=0.002``, or ``module.optimizer.lr
+    (not set)``), less those a sweep run again may change (``trainer.max_epochs``, ``logger``, ...); None when the
+    job did not resume, or resumed a run of its own settings. The resumed run keeps the checkpoint's weights,
+    optimizer and rates: the row's figures are of those settings, not of the job's."""
+    if not (data.get("resumes") or data.get("resumed_finished")) or not (job_dir / TRAINED_WITH).exists():
+        return None
+    from vitrel.train.resume import MAY_DIFFER
+    from vitrel.train.utils import override_key
+
+    theirs = json.loads((job_dir / TRAINED_WITH).read_text()).get("overrides") or []
+    a, b = {override_key(o): o for o in theirs}, {override_key(o): o for o in overrides}
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in MAY_DIFFER)
+    return " ".join(a.get(k, f"{k} (not set)") for k in keys) or None
+
+
+def finished_record(run_dir: str | Path, global_step: int) -> dict[str, Any] | None:
+    """The ``metrics.json`` record of the finished run that wrote the checkpoint of ``global_step`` in ``run_dir``:
+    the folder's ``metrics.json`` (a single run run again in its folder), else its ``metrics.previous.json`` (a sweep
+    run again: :func:`set_aside_earlier_run` moved it aside as the job started); None when neither is that run's (a run
+    stopped before it wrote its record, or one of another step)."""
+    for name in ("metrics.json", PREVIOUS):
+        p = Path(run_dir) / name
+        try:
+            data = json.loads(p.read_text()) if p.exists() else None
+        except json.JSONDecodeError:
+            continue  # (a damaged record is no record of the run)
+        if isinstance(data, dict) and data.get("status") == "finished" and data.get("global_step") == global_step:
+            return data
+    return None

@@ -1,0 +1,217 @@
+"""The sweep summary's tables, from the job folders of a sweep: one row per job (:func:`collect_sweep`,
+:func:`summary_rows`), with a ``seed=`` sweep one row per setting of its seeds' mean ± standard deviation
+(:func:`seed_means`), and their text: fixed-width tables for the console and ``summary.md`` (:func:`format_table`,
+:func:`format_means`), CSV for ``summary.csv`` / ``summary_seeds.csv`` (:func:`csv_text`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from vitrel.train.sweep_files import ERROR, STOPPED, SWEEP_ID, job_order, read_note, sweep_plan
+from vitrel.train.sweep_plot import ACCURACY  # (the module imports matplotlib only when it draws)
+from vitrel.train.sweep_rerun import trained_with
+from vitrel.train.sweepers import is_seed
+
+__all__ = [
+    "ABOUT",
+    "INTERRUPTED",
+    "NOT_RUN",
+    "NO_VAL",
+    "collect_sweep",
+    "csv_text",
+    "distance_groups",
+    "format_means",
+    "format_table",
+    "seed_means",
+    "split_common",
+    "summary_rows",
+]
+
+#: the status of a job a stopped sweep never started, and of one it stopped while it ran
+NOT_RUN, INTERRUPTED = "not run", "interrupted"
+
+
+#: what a job's columns are: the heading of the summary
+ABOUT = (
+    "test/*: the last weights (the EMA copy with module/ema=default, unless module.ema_eval=false) on the test split "
+    "(test_images: scored / split size); params: the model's parameters; gflops: its forward on one image at its "
+    "img_size, 10^9 FLOPs (2 per multiply-add); "
+    "val/*: the last validation (the test split when data.val_fraction=0; 'no validation ran': the job ended before "
+    "its first, e.g. trainer.max_steps within the first epoch); accuracies as fractions"
+)
+
+
+def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """One row per job folder of ``sweep_dir`` (those with a ``.hydra`` folder or a ``metrics.json``).
+
+    A job folder whose ``.sweep_id`` is not the sweep folder's (:class:`~vitrel.train.hydra_callbacks.SweepSummary`
+    writes them as the sweep and each job start) is of an earlier sweep in the same folder, not yet run again by this
+    one: its row has ``earlier=True``. A ``metrics.json`` of other overrides than the job's ``.hydra/overrides.yaml``
+    is an earlier run's: the job shows as failed. A failed job's error (written as the job ends) is the row's
+    ``error``; a job the sweep stopped while it ran (Ctrl-C, SIGTERM: its ``interrupted.txt``) is ``interrupted``, that
+    text its ``error``.
+    """
+    sweep_dir = Path(sweep_dir)
+    sweep_id = read_note(sweep_dir / SWEEP_ID)
+    rows = []
+    for d in sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=job_order):
+        mfile, ofile = d / "metrics.json", d / ".hydra" / "overrides.yaml"
+        if not mfile.exists() and not (d / ".hydra").exists():
+            continue
+        row: dict[str, Any] = {"job": d.name, "earlier": sweep_id is not None and read_note(d / SWEEP_ID) != sweep_id}
+        data = json.loads(mfile.read_text()) if mfile.exists() else None
+        overrides = [str(o) for o in OmegaConf.load(ofile)] if ofile.exists() else None
+        if data is not None and overrides is not None and list(data.get("overrides", [])) != overrides:
+            data = None  # an earlier run's
+        row["overrides"] = overrides if overrides is not None else list((data or {}).get("overrides", []))
+        if data is not None:
+            row["status"] = data.get("status", "?")
+            for m in metrics:
+                row[m] = data.get("metrics", {}).get(m)
+            row["params"], row["gflops"] = data.get("params"), data.get("gflops")
+            row["epochs"], row["val_runs"] = data.get("epochs"), data.get("val_runs")
+            row["wall_s"] = data.get("wall_s")
+            row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
+            row["trained_with"] = trained_with(d, data, row["overrides"])
+        elif (d / STOPPED).exists() and not (d / ERROR).exists():
+            row["status"], row["error"] = INTERRUPTED, read_note(d / STOPPED)
+        else:
+            row["error"] = read_note(d / ERROR)
+            row["status"] = f"failed ({row['error'].split(':', 1)[0]})" if row["error"] else "failed (no metrics.json)"
+        rows.append(row)
+    return rows
+
+
+def summary_rows(
+    sweep_dir: Path, metrics: Sequence[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], list[str]] | None:
+    """The summary of ``sweep_dir``'s jobs: the rows of this sweep's jobs (:func:`collect_sweep`, each ``overrides``
+    the string of those not shared), the :func:`seed_means` rows, the shared overrides and the job folders of an
+    earlier sweep (left out); None when no job of this sweep has a folder. The rows and means also hold the
+    accuracies the picture shows (:data:`~vitrel.train.sweep_plot.ACCURACY`) when ``metrics`` does not name them."""
+    wanted = [*metrics, *(m for m in ACCURACY if m not in metrics)]
+    rows = collect_sweep(sweep_dir, wanted)
+    earlier = [r["job"] for r in rows if r["earlier"]]
+    rows = [r for r in rows if not r["earlier"]]
+    if not rows:
+        return None
+    planned = sweep_plan(sweep_dir)
+    if planned is not None:  # the jobs this sweep has not started (yet): rows saying so, with their overrides
+        have = {r["job"] for r in rows}
+        rows += [{"job": str(i), "earlier": False, "overrides": [str(o) for o in job], "status": NOT_RUN}
+                 for i, job in enumerate(planned) if str(i) not in have]  # fmt: skip
+        rows.sort(key=lambda r: job_order(Path(r["job"])))
+    means = seed_means(rows, wanted)
+    common = split_common(rows)
+    for r in means:
+        r["overrides"] = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
+    return rows, means, common, earlier
+
+
+def split_common(rows: list[dict[str, Any]]) -> list[str]:
+    """Overrides shared by every job; each row's ``overrides`` becomes the string of the others."""
+    lists = [r["overrides"] for r in rows]
+    common = [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
+    for r in rows:
+        r["overrides"] = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
+    return common
+
+
+def seed_means(rows: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
+    """Rows of jobs that differ only in ``seed=`` as one row each: ``n`` finished of ``jobs``, the mean and the
+    sample standard deviation of each metric over the finished ones (``rows`` with their override lists, before
+    :func:`split_common`; ``members``: the setting's job folders). Empty when the sweep does not vary the seed."""
+    if len({tuple(o for o in r["overrides"] if is_seed(o)) for r in rows}) < 2:
+        return []
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault(tuple(o for o in r["overrides"] if not is_seed(o)), []).append(r)
+    out = []
+    for key, members in groups.items():
+        done = [r for r in members if r["status"] == "finished"]
+        row: dict[str, Any] = {"overrides": list(key), "n": len(done), "jobs": len(members)}
+        row["members"] = [r["job"] for r in members]
+        for m in metrics:
+            vals = [float(r[m]) for r in done if r.get(m) is not None]
+            mean = sum(vals) / len(vals) if vals else None
+            std = (sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) ** 0.5 if len(vals) > 1 else None
+            row[f"{m} mean"], row[f"{m} std"] = mean, std
+        out.append(row)
+    return out
+
+
+def distance_groups(rows: list[dict[str, Any]], means: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The settings the sweep's attention-distance picture draws, each ``(label, finished job folders)``: a seed
+    sweep's :func:`seed_means` settings (their seeds together), else one per job; the rows' and means' ``overrides``
+    are :func:`summary_rows`' strings."""
+    finished = {r["job"] for r in rows if r.get("status") == "finished"}
+    groups = [(m["overrides"], m["members"]) for m in means] if means else [(r["overrides"], [r["job"]]) for r in rows]
+    return [(label, [j for j in jobs if j in finished]) for label, jobs in groups]
+
+
+def _cell(c: str, v: Any) -> str:
+    if v is None:
+        return "-"
+    if c == "params":  # (timm's param_count: millions, or thousands for the tiny models of tests and studies)
+        return f"{v / 1e6:.2f}M" if v >= 1e6 else f"{v / 1e3:.1f}k"
+    if c == "gflops":  # (4 digits: schemes that add work to the same network differ in the third or fourth)
+        return f"{v:.4g}"
+    if isinstance(v, float):
+        return f"{v:.0f}" if c == "wall_s" else f"{v:.4f}"
+    return str(v)
+
+
+def _fixed_width(cols: Sequence[str], table: list[list[str]]) -> str:
+    widths = [max(len(c), *(len(t[i]) for t in table)) if table else len(c) for i, c in enumerate(cols)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(cols, widths)), "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(t, widths)) for t in table]
+    return "\n".join(lines)
+
+
+def _test_images(r: dict[str, Any]) -> Any:
+    n, of = r.get("test_images"), r.get("test_split_images")
+    return f"{n}/{of}" if n is not None and of is not None and n != of else (of if of is not None else n)
+
+
+#: a ``val/*`` cell of a job whose fit ran no validation (its ``metrics.json``'s ``val_runs`` is 0)
+NO_VAL = "no validation ran"
+
+
+def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
+    """Plain fixed-width table (readable in any log)."""
+    cols = ["job", "overrides", *metrics, "params", "gflops", "epochs", "wall_s", "test_images", "status"]
+    shown = [dict(r, test_images=_test_images(r)) for r in rows]
+    for r in shown:  # (a job that resumed a run of other settings: its figures are that run's, said below the table)
+        r["status"] = f"{r['status']} *" if r.get("trained_with") else r.get("status")
+    for r in shown:  # (an empty val/* cell of a job that ran no validation: said, not left blank)
+        r.update({m: NO_VAL for m in metrics if m.startswith("val/") and r.get(m) is None and r.get("val_runs") == 0})
+    return _fixed_width(cols, [[_cell(c, r.get(c)) for c in cols] for r in shown])
+
+
+def format_means(means: list[dict[str, Any]], metrics: Sequence[str]) -> str:
+    """The :func:`seed_means` table: ``mean ± std`` per metric, ``n`` finished seeds (``of`` jobs)."""
+
+    def pm(r: dict[str, Any], m: str) -> str:
+        mean, std = r[f"{m} mean"], r[f"{m} std"]
+        return "-" if mean is None else f"{mean:.4f}" + (f" ± {std:.4f}" if std is not None else "")
+
+    cols = ["overrides", "seeds", *metrics]
+    table = [[r["overrides"], f"{r['n']}" + (f" of {r['jobs']}" if r["n"] != r["jobs"] else "")] for r in means]
+    for t, r in zip(table, means):
+        t += [pm(r, m) for m in metrics]
+    return _fixed_width(cols, table)
+
+
+def csv_text(fields: Sequence[str], rows: list[dict[str, Any]]) -> str:
+    with io.StringIO(newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        w.writerows({k: r.get(k) for k in fields} for r in rows)
+        return f.getvalue()

@@ -3,10 +3,10 @@
 ``ArrayDataModule(train=(images, labels), test=(images, labels), num_classes=...)`` or
 ``ArrayDataModule(path="set.npz")`` (keys ``x_train, y_train, x_test, y_test``, as the embedded
 Fashion-MNIST subset): images ``[N, H, W]`` (one channel) or ``[N, H, W, C]``, uint8; labels ``[N]``
-in ``0..num_classes-1``. Normalisation: the given ``mean``/``std``, else the training images' own
-per-channel statistics. Both loaders work (``loader="memory"`` by default); the default batch
-augmentation (with ``augment``) only shifts, by up to 2 pixels: no mirroring, which is wrong for digits
-or text (``batch_augment`` sets it).
+in ``0..num_classes-1``. Normalisation: the given ``mean``/``std``, else the per-channel statistics of
+the images trained on (``val_fraction``'s held-out part left out). Both loaders work (``loader="memory"``
+by default); the default batch augmentation (with ``augment``) only shifts, by up to 2 pixels: no
+mirroring, which is wrong for digits or text (``batch_augment`` sets it).
 """
 
 from __future__ import annotations
@@ -67,7 +67,9 @@ class ArrayDataModule(VisionDataModule):
                 f"classes 0..{labels.min() - 1} with no image; labels 1..C? subtract 1 (or give num_classes)"
             )
         self.in_chans = 1 if x.ndim == 3 else int(x.shape[3])
-        pixels = x.reshape(len(x), self.native_size**2, self.in_chans).astype(np.float64) / 255.0
+        _, fit = self._split_of("train")  # (the train part only: not the val_fraction held out of it)
+        fit_x = x if fit is None else x[fit]
+        pixels = fit_x.reshape(len(fit_x), self.native_size**2, self.in_chans).astype(np.float64) / 255.0
         self.mean = tuple(float(m) for m in (mean if mean is not None else pixels.mean((0, 1))))
         self.std = tuple(float(s) for s in (std if std is not None else pixels.std((0, 1))))
         if class_names is not None and len(class_names) != self.num_classes:  # (predict.py would label by index)

@@ -174,8 +174,10 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
         std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1 or (eval_batch_size is not None and eval_batch_size < 1):
-            raise ValueError(f"batch sizes must be >= 1, got {batch_size}, {eval_batch_size}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if eval_batch_size is not None and eval_batch_size < 1:
+            raise ValueError(f"eval_batch_size must be >= 1 (or null: batch_size's), got {eval_batch_size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not 0.0 <= val_fraction < 1.0:

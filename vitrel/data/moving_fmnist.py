@@ -27,10 +27,10 @@ direction is unambiguous on the torus. The guarantee is for models that see each
 embedding over several frames (VideoMAE's ``tubelet_size=2``) reads their order inside each tubelet.
 
 Sizes: 8 frames of 32 x 32 grey pixels by default, 20,000 training and 4,000 test clips rendered on access
-(microseconds each; no files). Normalisation: the exact mean and std of the training clips' pixels (every frame
-is a rolled canvas, so they follow from the resized garments). ``augment`` is refused (a flip reverses the
-direction of some orientations and not others). ``make_dataset(split, num_frames=2 * T)`` renders the same
-motions longer (time extrapolation).
+(microseconds each; no files). Normalisation: the exact mean and std of the training clips' pixels
+(``val_fraction``'s held-out pairs left out; every frame is a rolled canvas, so they follow from the resized
+garments). ``augment`` is refused (a flip reverses the direction of some orientations and not others).
+``make_dataset(split, num_frames=2 * T)`` renders the same motions longer (time extrapolation).
 """
 
 from __future__ import annotations
@@ -189,11 +189,15 @@ class MovingFMNISTDataModule(VideoDataModule):
         return render_objects(images[:n], self.object_size)
 
     def _pixel_stats(self) -> tuple[float, float]:
-        """Mean and std of the training clips' pixels in [0, 1]: each frame's pixels are the canvas's."""
-        obj = self._objects("train").astype(np.float64) / 255.0
+        """Mean and std of the training clips' pixels in [0, 1] (``val_fraction``'s held-out pairs left out): each
+        frame's pixels are the canvas's."""
+        _, fit = self._split_of("train")  # (clip indices 2i, 2i + 1: garment i)
+        obj = self._raw_split("train").objects  # type: ignore[attr-defined]
+        obj = (obj if fit is None else obj[fit[::2] // 2]).astype(np.float64) / 255.0
         pixels = len(obj) * self.size**2
         mean = obj.sum() / pixels
-        return float(mean), float(np.sqrt((obj**2).sum() / pixels - mean**2))
+        blank = pixels - obj.size  # (the canvas around each garment, 0)
+        return float(mean), float(np.sqrt((((obj - mean) ** 2).sum() + blank * mean**2) / pixels))
 
     def _load_raw(self, split: str) -> MovingFashionMNIST:
         objects = self._objects(split)

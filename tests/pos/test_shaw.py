@@ -23,7 +23,7 @@ from vitrel import Attention
 from vitrel.pos import build_pos
 from vitrel.pos.schemes.shaw import Shaw2dFactored, Shaw2dFull
 from vitrel.pos.schemes.shaw1d import Shaw1d, expand_table, offset_range, shaw_logits, shaw_values
-from vitrel.pos.shaw_base import skew, unskew
+from vitrel.pos.shaw_base import skew, skew_all_offsets, unskew, unskew_all_offsets
 
 SCHEMES = ["shaw2d_factored", "shaw2d_full", "shaw1d"]
 DIM, HEADS = 24, 3
@@ -408,6 +408,50 @@ def test_skew_is_gather_when_all_offsets_present():
     torch.testing.assert_close((skew(x, n_k, n_q - 1) * a).sum(), (x * unskew(a, length, n_q - 1)).sum())
 
 
+@pytest.mark.parametrize("n_q,n_k", list(itertools.product([1, 2, 5], [1, 3, 4])))
+def test_all_offsets_forms_equal_naive(n_q, n_k):
+    """``skew_all_offsets`` / ``unskew_all_offsets`` (every offset present) against naive loops, and bit for bit
+    against :func:`skew` / :func:`unskew` at the same arguments."""
+    length = n_q + n_k - 1
+    x, a = torch.randn(2, n_q, length, dtype=DT), torch.randn(2, n_q, n_k, dtype=DT)
+    s, p = skew_all_offsets(x, n_k), unskew_all_offsets(a)
+    ref_s, ref_p = torch.empty(2, n_q, n_k, dtype=DT), torch.zeros(2, n_q, length, dtype=DT)
+    for i, j in itertools.product(range(n_q), range(n_k)):
+        ref_s[:, i, j] = x[:, i, j - i + n_q - 1]
+        ref_p[:, i, j - i + n_q - 1] = a[:, i, j]
+    torch.testing.assert_close(s, ref_s, rtol=0, atol=0)
+    torch.testing.assert_close(p, ref_p, rtol=0, atol=0)
+    torch.testing.assert_close(s, skew(x, n_k, n_q - 1), rtol=0, atol=0)
+    torch.testing.assert_close(p, unskew(a, length, n_q - 1), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="n_q \\+ n_k - 1"):
+        skew_all_offsets(x[..., :-1], n_k)
+
+
+def test_shaw1d_exports_without_size_branches():
+    """At dynamic sizes (``torch.export``) Shaw's skews trace sizes without ``max`` / ``min`` (the export and ONNX
+    conversion of a shaw1d model reasoned about nested ``Max`` sizes for minutes: docs/export.md), and the program
+    equals eager at other sizes."""
+    import torch.fx.experimental._config as fx_config
+
+    tables = torch.randn(15, 8), torch.randn(15, 8)
+
+    class Terms(torch.nn.Module):
+        def forward(self, x):  # x [B, h, H, W, d]: the queries of an H x W grid
+            q = x.flatten(2, 3)
+            s = shaw_logits(q, tables[0], q.shape[-2], q_offset=0)
+            return shaw_values(s.softmax(-1), tables[1], q_offset=0)
+
+    dim = torch.export.Dim
+    shapes = ({0: dim("b", min=1, max=8), 2: dim("h", min=1, max=4), 3: dim("w", min=1, max=4)},)
+    with fx_config.patch(backed_size_oblivious=True), torch.no_grad():
+        ep = torch.export.export(Terms(), (torch.randn(2, 2, 3, 3, 8),), dynamic_shapes=shapes)
+    sizes = [str(s) for n in ep.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor) for s in n.meta["val"].shape]
+    assert not [s for s in sizes if "max" in s.lower() or "min" in s.lower()]
+    x = torch.randn(3, 2, 2, 4, 8, dtype=torch.float32)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x), Terms()(x), rtol=0, atol=0)
+
+
 def test_skew_causal_memory_efficient_huang():
     """Causal self attention needs only ``L = n`` offsets (-(n-1)..0): the lower triangle is exact."""
     n = 5
@@ -535,3 +579,21 @@ def test_errors():
         shaw_attention(q, q[:, :2], q[:, :2], torch.randn(5, 2), torch.randn(5, 2), causal=True)
     with pytest.raises(ValueError, match="match"):
         shaw_attention(q, q, q, torch.randn(5, 3), torch.randn(5, 2))
+
+
+@pytest.mark.parametrize("pos", ["shaw1d", "shaw2d_full"])
+def test_exported_program_has_one_query_block(pos):
+    """``torch.export`` at a concrete grid (a batch-size program) traces one block of queries, not the eager CPU
+    path's Python loop of blocks (11 copies of a block's graph on this 8 x 8 grid), and equals eager."""
+    import vitrel
+    from vitrel.export import export_program
+
+    torch.manual_seed(0)
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, embed_dim=32, depth=1, num_heads=2).eval()
+    x = torch.randn(2, 3, 32, 32)
+    ep = export_program(m, x, dynamic="batch")
+    softmaxes = [n for n in ep.graph.nodes if "softmax" in str(n.target)]
+    assert len(softmaxes) == 1, len(softmaxes)
+    x3 = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(ep.module()(x3), m(x3), rtol=1e-5, atol=1e-5)

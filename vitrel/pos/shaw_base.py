@@ -23,7 +23,17 @@ from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import concrete_grid
 from vitrel.pos.tables import ResizeOnLoad
 
-__all__ = ["ShawScheme", "attend_query_blocks", "query_block_size", "query_blocks", "query_spans", "skew", "unskew"]
+__all__ = [
+    "ShawScheme",
+    "attend_query_blocks",
+    "query_block_size",
+    "query_blocks",
+    "query_spans",
+    "skew",
+    "skew_all_offsets",
+    "unskew",
+    "unskew_all_offsets",
+]
 
 #: ``N``-wide temporaries per query row of a block (scores, content logits, softmax, their gradients; the cells of
 #: ``shaw2d_full``, up to ``4 N`` wide, count twice): what :func:`query_block_size` budgets
@@ -72,6 +82,40 @@ def unskew(a: Tensor, length: int, shift: int) -> Tensor:
     if end > n_q * m:
         z = F.pad(z, (0, end - n_q * m))
     return z[..., c:end].reshape(*batch, n_q, m + 1)[..., :length]
+
+
+def skew_all_offsets(x: Tensor, n_k: int) -> Tensor:
+    """:func:`skew` of every offset between ``n_q`` queries and ``n_k`` keys (``L = n_q + n_k - 1``, ``shift = n_q -
+    1``: every entry valid), ``x [..., n_q, L]`` -> ``[..., n_q, n_k]``, ``S[..., i, j] = x[..., i, j - i + n_q - 1]``.
+
+    At concrete sizes :func:`skew` itself; at symbolic ones (``torch.export`` at dynamic sizes) rows padded to ``L +
+    1`` (wide enough at any ``n_q``), cropped by a negative pad and read back with rows of ``L``: no ``max``, no
+    branch and no clamped slice on the sizes, whose nested ``Max`` expressions took torch minutes to reason about."""
+    *batch, n_q, length = x.shape
+    if _concrete(n_q, n_k, length):
+        if length != n_q + n_k - 1:
+            raise ValueError(f"skew_all_offsets needs L = n_q + n_k - 1 = {n_q + n_k - 1} offsets, got {length}")
+        return skew(x, n_k, n_q - 1)
+    z = F.pad(x, (0, 1)).reshape(*batch, n_q * (length + 1))
+    z = F.pad(z, (1 - n_q, -1))  # drops the first n_q - 1 and the last
+    return z.reshape(*batch, n_q, length)[..., :n_k]
+
+
+def unskew_all_offsets(a: Tensor) -> Tensor:
+    """Adjoint of :func:`skew_all_offsets` (:func:`unskew` with ``L = n_q + n_k - 1``, ``shift = n_q - 1``): ``a
+    [..., n_q, n_k]`` -> ``P [..., n_q, L]``, ``P[..., i, m] = a[..., i, m + i - n_q + 1]`` or 0. At concrete sizes
+    :func:`unskew` itself; at symbolic ones its steps with the sizes written out (no ``max``, no branch)."""
+    *batch, n_q, n_k = a.shape
+    length = n_q + n_k - 1
+    if _concrete(n_q, n_k):
+        return unskew(a, length, n_q - 1)
+    width = 2 * n_q + n_k - 2  # rows padded by n_q - 1 on each side
+    z = F.pad(F.pad(a, (n_q - 1, n_q - 1)).reshape(*batch, n_q * width), (0, n_q))
+    return z.reshape(*batch, n_q, width + 1)[..., :length]
+
+
+def _concrete(*sizes: int) -> bool:
+    return all(isinstance(s, int) for s in sizes)
 
 
 def _content_block(
@@ -173,9 +217,10 @@ def query_spans(
     grid row of ``W``): ``(spans, record)``, ``spans`` the ``[a, b)`` in units covering the grid's patch queries,
     blocks of ``block_queries // unit`` units (at least one; :func:`query_blocks`), ``record`` whether each block is
     checkpointed (gradients recorded and the blocks checkpointed). ``(None, False)``: one block of every query,
-    for a symbolic grid (``torch.export`` with dynamic sizes) or an ``fx`` trace."""
+    for a symbolic grid, under ``torch.export`` at any sizes (a Python loop of blocks would unroll into the program:
+    a batch-size program of a shaw1d ViT had 11 copies of a block's graph) or in an ``fx`` trace."""
     check_tokens(q.shape[-2], grid, num_prefix_tokens)
-    if not concrete_grid(grid) or isinstance(q, torch.fx.Proxy):
+    if not concrete_grid(grid) or isinstance(q, torch.fx.Proxy) or torch.compiler.is_exporting():
         return None, False
     c, checkpointed = query_blocks(q, q.shape[-2], block_queries)
     g, total = max(1, c // unit), grid.n // unit

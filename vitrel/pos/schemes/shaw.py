@@ -313,7 +313,7 @@ def shaw2d_full_attention(
     * skew: the skew trick along the columns (:func:`_skew_logits`, :func:`_skew_values`), no gather or
       scatter of scores (inductor compiles ``scatter_add`` into slow loops).
 
-    With a symbolic grid (``torch.export`` with dynamic sizes) or an ``fx`` trace there is one block of cells.
+    Under ``torch.export`` (any sizes) or in an ``fx`` trace there is one block of cells.
     """
     p = num_prefix_tokens
     rows, record = query_spans(q, grid, p, block_queries, unit=grid.w)  # blocks of grid rows [y0, y1)

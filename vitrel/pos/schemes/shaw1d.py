@@ -36,7 +36,15 @@ from torch import Tensor, nn
 from vitrel.layout.geometry import Grid, check_tokens, pad_prefix
 from vitrel.pos.base import PosState
 from vitrel.pos.registry import register_pos
-from vitrel.pos.shaw_base import ShawScheme, attend_query_blocks, query_spans, skew, unskew
+from vitrel.pos.shaw_base import (
+    ShawScheme,
+    attend_query_blocks,
+    query_spans,
+    skew,
+    skew_all_offsets,
+    unskew,
+    unskew_all_offsets,
+)
 from vitrel.pos.tables import check_init_std, take_renamed
 
 __all__ = [
@@ -109,7 +117,7 @@ def shaw_logits(
     """
     n_q = q.shape[-2]
     e, _ = _expand_offsets(rel_k, n_q, n_k, q_offset, causal, clip_distance)  # [L, d]
-    return skew(q @ e.t(), n_k, n_q - 1)
+    return skew(q @ e.t(), n_k, n_q - 1) if causal else skew_all_offsets(q @ e.t(), n_k)
 
 
 def shaw_values(
@@ -126,7 +134,7 @@ def shaw_values(
     """
     n_q, n_k = attn.shape[-2:]
     e, length = _expand_offsets(rel_v, n_q, n_k, q_offset, causal, clip_distance)  # [L, d]
-    return unskew(attn, length, n_q - 1) @ e
+    return (unskew(attn, length, n_q - 1) if causal else unskew_all_offsets(attn)) @ e
 
 
 def _block_logits(q: Tensor, rel_k: Tensor, rel_v: Tensor, t0: int, n: int) -> Tensor:
@@ -155,8 +163,8 @@ def shaw1d_attention(
     ``out_i = sum_j softmax_j(A)_ij (v_j + r^V[clip(p_j - p_i)])`` (no relative terms for prefix pairs), the
     patch queries in blocks of ``block_queries`` (None: sized for the device,
     :func:`~vitrel.pos.shaw_base.query_blocks`), each a skew with the block's query offset (see
-    :func:`~vitrel.pos.shaw_base.attend_query_blocks`). With a symbolic grid (export with dynamic sizes) or an
-    ``fx`` trace there is one block.
+    :func:`~vitrel.pos.shaw_base.attend_query_blocks`). Under ``torch.export`` (any sizes) or in an ``fx`` trace
+    there is one block.
     """
     p, n = num_prefix_tokens, grid.n
     blocks, record = query_spans(q, grid, p, block_queries)

@@ -21,7 +21,7 @@ TRAIN = ["trainer.accelerator=cpu", "data.num_workers=0"]
     "setting, line",
     [
         ("data.batch_size=0", "data: ValueError: batch_size must be >= 1, got 0"),
-        ("data.eval_batch_size=0", "data: ValueError: eval_batch_size must be >= 1 (or null: batch_size's), got 0"),
+        ("data.eval_batch_size=0", "data: ValueError: eval_batch_size must be >= 1, got 0"),
         ("data.val_fraction=1.5", "data: ValueError: val_fraction must be in [0, 1), got 1.5"),
         ("data.batch_augment.hflip=2", "data.batch_augment: ValueError: hflip must be a probability in [0, 1], got 2"),
     ],

@@ -174,10 +174,9 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
         std: Sequence[float] | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if eval_batch_size is not None and eval_batch_size < 1:
-            raise ValueError(f"eval_batch_size must be >= 1 (or null: batch_size's), got {eval_batch_size}")
+        for key, size in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
+            if size is not None and size < 1:
+                raise ValueError(f"{key} must be >= 1, got {size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
         if not 0.0 <= val_fraction < 1.0:
@@ -311,8 +310,7 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
     @property
     def device(self) -> torch.device:
         """The attached trainer's device (where the memory loader holds the data), else the CPU."""
-        trainer = self.trainer
-        return trainer.strategy.root_device if trainer is not None else torch.device("cpu")
+        return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")
 
     def raw_dataset(self, split: str) -> Dataset:
         """Untransformed ``(PIL image, label)`` pairs of ``split`` (``val`` honours ``val_fraction``)."""

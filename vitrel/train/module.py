@@ -543,13 +543,12 @@ def _rank() -> int:
 
 def data_config_of(dm: Any) -> dict[str, Any] | None:
     """The preprocessing a vitrel data module applies to evaluation images, in timm's data-config fields:
-    ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode`` (resize the shorter
-    side to ``size / crop_pct``, centre crop), ``num_frames`` (``T``), ``frame_stride`` and ``clips_per_video`` (its
-    uniform evaluation clips) of a video data module, ``size_choices`` (the sides it trained batches at, read by
-    ``eval.py``) when set, ``canvas_size`` and ``canvas_image_size`` (the side of the images pasted into it) with a
-    translation canvas, ``resize="tensor"`` for the memory loader's (a normalised tensor resized by torchvision, not
-    a PIL image), and ``class_names`` when it has them; plain types (a checkpoint is read
-    with ``weights_only=True``). None for an object without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
+    ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``; ``num_frames``,
+    ``frame_stride`` and ``clips_per_video`` (its uniform evaluation clips) of a video data module, ``size_choices``
+    (the sides it trained batches at, read by ``eval.py``) when set, ``canvas_size`` and ``canvas_image_size`` with a
+    translation canvas, ``resize="tensor"`` for the memory loader's (a normalised tensor resized by torchvision, not a
+    PIL image), ``class_names`` when it has them; plain types (``weights_only=True`` reads them). None for an object
+    without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
     if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
         return None
     size = dm.img_size
@@ -561,6 +560,7 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
         "interpolation": str(getattr(dm, "interpolation", "bilinear")),
         "crop_pct": float(getattr(dm, "crop_pct", 1.0)),
         "crop_mode": "center",
+        **({"resize": "tensor"} if getattr(dm, "loader", None) == "memory" else {}),  # (predict.py resizes alike)
     }
     if getattr(dm, "num_frames", None) is not None:  # clips: the frames per clip (T), the evaluation clips
         out["num_frames"] = int(dm.num_frames)  # (frames consecutive, one clip, where the module has no such option)
@@ -570,10 +570,7 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
         out["size_choices"] = [int(v) for v in dm.size_choices]
     if getattr(dm, "canvas_size", None) is not None:  # (images pasted into a black canvas: predict.py does the same)
         out["canvas_size"], out["canvas_image_size"] = int(dm.canvas_size), int(dm.native_size)
-    if getattr(dm, "loader", None) == "memory":  # (predict.py and the exports resize an image as it did)
-        out["resize"] = "tensor"
-    names = getattr(dm, "class_names", None)
-    if names:
+    if names := getattr(dm, "class_names", None):
         out["class_names"] = [str(n) for n in names]
     return out
 

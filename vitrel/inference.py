@@ -204,6 +204,9 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
     from vitrel.data.datasets import to_8bit
 
     c, h, w = data_config["input_size"]
+    mode = "L" if c == 1 else "RGB"
+    if data_config.get("resize") == "tensor" and not data_config.get("canvas_size"):
+        return _tensor_resize(data_config, mode)  # (timm's PIL transform not built)
     tf = create_transform(
         (c, h, w),
         is_training=False,
@@ -213,9 +216,6 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
         crop_pct=data_config.get("crop_pct", 1.0),
         crop_mode=data_config.get("crop_mode", "center"),
     )
-    mode = "L" if c == 1 else "RGB"
-    if data_config.get("resize") == "tensor" and not data_config.get("canvas_size"):
-        return _tensor_resize(data_config, mode)
     if data_config.get("canvas_size"):  # trained on images pasted into a black canvas: pasted the same way first
         from torchvision.transforms import Compose
 

@@ -239,6 +239,20 @@ def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
     assert not (tmp_path / "p.csv").exists()
 
 
+def test_a_missing_input_is_refused_before_the_model_loads(ckpt, tmp_path, monkeypatch):
+    """A mistyped ``input=`` was reported after the model had loaded (seconds, and the checkpoint's own warnings
+    printed first): it is the first thing checked, the model never loaded."""
+    import vitrel.train.predict as predict
+
+    monkeypatch.setattr(predict, "load_predictor", lambda *a, **k: pytest.fail("the model was loaded"))
+    cfg = OmegaConf.create(
+        dict(ckpt_path=str(ckpt), input=str(tmp_path / "gone"), results_file=str(tmp_path / "p.csv"))
+    )
+    with pytest.raises(FileNotFoundError, match=r"input .*gone does not exist: give a folder of images or videos"):
+        run_predict(cfg)
+    assert not (tmp_path / "p.csv").exists()
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_device_cuda_without_a_gpu_is_one_line_naming_device_cpu(ckpt, images, tmp_path):
     """``predict.py device=cuda`` on a machine without a GPU ended in torch's traceback ("Found no NVIDIA driver"),

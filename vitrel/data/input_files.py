@@ -16,6 +16,7 @@ __all__ = [
     "NoImagesError",
     "NoVideosError",
     "FoundFiles",
+    "check_input",
     "walk_input",
     "find_files",
     "find_images",
@@ -57,15 +58,20 @@ class FoundFiles(NamedTuple):
     others: int  #: the files of other kinds under the folder (0 when the input is one file)
 
 
+def check_input(root: Path, what: str) -> None:
+    """``FileNotFoundError`` naming ``root`` (and what to give: a folder of ``what``...) when nothing is there."""
+    if not root.exists():
+        raise FileNotFoundError(
+            f"input {root} does not exist: give a folder of {what}, a tree of class folders or a file"
+        )
+
+
 def find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]) -> FoundFiles:
     """Files under ``root`` with ``extensions`` (sorted; ``root`` alone when it is one such file; links to folders
     followed, links to nothing kept: :func:`walk_input`), the class folder names when ``root`` is a tree of class
     folders (files only in its sub-folders), else None, and the count of the other files; ``error`` (named ``what``)
     for none."""
-    if not root.exists():
-        raise FileNotFoundError(
-            f"input {root} does not exist: give a folder of {what}, a tree of class folders or a file"
-        )
+    check_input(root, what)
     if root.is_file():
         if root.suffix.lower() not in extensions:
             raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")

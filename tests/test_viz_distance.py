@@ -300,4 +300,3 @@ def test_the_picture_keeps_its_labels_and_legend_clear_of_the_dots():
         box = text.get_window_extent(renderer)
         assert whole.x0 <= box.x0 and box.x1 <= whole.x1 and drawn.y0 <= box.y0, text.get_text()
     assert ax.get_legend().get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
-

@@ -220,9 +220,15 @@ def test_bad_selection_is_refused(study, tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "args, says",
-    [(["--jobs", "0"], "1, got 0"), (["--jobs", "-2"], "1, got -2"), (["--threads", "0"], "1, got 0"),
-     (["--cost-steps", "0"], "1, got 0"), (["--seeds", "0"], "1, got 0"), (["--max-runs", "-1"], "0, got -1"),
-     (["--cost-rounds", "-1"], "0, got -1")],  # fmt: skip
+    [
+        (["--jobs", "0"], "1, got 0"),
+        (["--jobs", "-2"], "1, got -2"),
+        (["--threads", "0"], "1, got 0"),
+        (["--cost-steps", "0"], "1, got 0"),
+        (["--seeds", "0"], "1, got 0"),
+        (["--max-runs", "-1"], "0, got -1"),
+        (["--cost-rounds", "-1"], "0, got -1"),
+    ],
 )
 def test_counts_below_their_least_are_refused(study, tmp_path, capsys, args, says):
     """``--jobs 0`` / ``-2`` ran as one job without a word, ``--max-runs -1`` dropped the last run (a slice), and

@@ -525,6 +525,45 @@ def test_export_of_a_train_py_checkpoint_carries_its_data_config(trained, fmnist
         assert max(abs(a["prob"] - b["prob"]) for a, b in zip(rows, ref)) < 1e-5
 
 
+def test_a_checkpoint_from_before_resize_was_stored_is_resized_as_its_run_was(trained, fmnist_test, tmp_path):
+    """Checkpoints written before 2026-12-03 store no ``resize``: a memory-loader run's (the default recipe's) images
+    were resized by PIL in predict.py and its exports, not as its test resized them (13 of 500 top-1 classes
+    differed). Its run record says how (``.hydra/config.yaml``'s data.loader; null: the data set's default): the
+    same predictions as the checkpoint that stores it, from the file and from its export. A record of the workers
+    loader, of a run from before the memory loader (no data.loader), or none (the file moved out of its run
+    folder) leaves PIL's resize."""
+    import shutil
+
+    from vitrel.models.data_config import stored_data_config
+
+    run = tmp_path / "old_run"
+    shutil.copytree(trained.parent.parent / ".hydra", run / ".hydra")
+    (run / "checkpoints").mkdir()
+    old = run / "checkpoints" / "last.ckpt"
+    ckpt = torch.load(trained, weights_only=True)
+    del ckpt["hyper_parameters"]["data_config"]["resize"]  # (as written before 2026-12-03)
+    torch.save(ckpt, old)
+    root, _, _ = fmnist_test
+    ref = predict_folder(load_predictor(trained), root, topk=1, progress=False).rows
+    out = tmp_path / "export"
+    assert export_main([str(old), str(out)]) == 0
+    for src in (old, out):
+        predictor = load_predictor(src)
+        assert predictor.data_config["resize"] == "tensor"
+        rows = predict_folder(predictor, root, topk=1, progress=False).rows
+        assert [r["index"] for r in rows] == [r["index"] for r in ref]
+        assert max(abs(a["prob"] - b["prob"]) for a, b in zip(rows, ref)) < 1e-6
+
+    record = run / ".hydra" / "config.yaml"
+    text = record.read_text()
+    assert text.count("  loader: memory\n") == 1
+    for loader, resize in [("loader: null", "tensor"), ("loader: workers", None), ("", None)]:
+        record.write_text(text.replace("  loader: memory\n", f"  {loader}\n" if loader else ""))
+        assert stored_data_config(old).get("resize") == resize, loader
+    record.unlink()
+    assert "resize" not in stored_data_config(old)
+
+
 def test_timm_checkpoint_path_on_a_train_py_checkpoint_and_its_export(trained, tmp_path):
     """``timm.create_model(name, checkpoint_path=...)`` (timm's ``load_checkpoint``, strict) on a ``train.py``
     ``.ckpt`` (Lightning's ``model.*`` keys) and on an export's ``model.safetensors``: the model's weights when the

@@ -7,9 +7,12 @@ put into a model's ``pretrained_cfg``, where ``timm.data.resolve_data_config(mod
 from __future__ import annotations
 
 import dataclasses
+import functools
+import logging
 import os
 import warnings
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -18,6 +21,9 @@ from torch import nn
 
 from vitrel.caller import caller_stacklevel
 from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _resolve, _safetensors_metadata
+from vitrel.models.run_record import resize_of_run
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "example_input",
@@ -98,8 +104,29 @@ def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
     hp = hp if isinstance(hp, Mapping) else {}
     for cand in (hp.get("data_config"), hp.get("data"), ckpt.get("datamodule_hyper_parameters")):
         if isinstance(cand, Mapping) and any(k in cand for k in ("mean", "std", "input_size", "img_size")):
-            return data_fields(cand)
+            return {**data_fields(cand), **({} if "resize" in cand else _resize_of_run(p))}
     return None
+
+
+def _resize_of_run(p: Path) -> dict[str, str]:
+    """``{"resize": "tensor"}`` for a checkpoint written before checkpoints stored how its run resized images
+    (2026-12-03) by a run of the memory loader, as its run record says
+    (:func:`~vitrel.models.run_record.resize_of_run`): ``predict.py`` and the exports then resize an image as its
+    test did; else empty."""
+    resize, record = resize_of_run(p)
+    if resize is None:
+        return {}
+    _say_resized(p.name, record)
+    return {"resize": resize}
+
+
+@functools.cache
+def _say_resized(name: str, record: str) -> None:
+    """Said once a checkpoint (loading it reads its data config more than once)."""
+    log.info(
+        f"{name} does not store how its run resized images (written before 2026-12-03); its run record {record} "
+        "says data.loader=memory: images are resized as its test resized them (normalised tensors, torchvision)"
+    )
 
 
 def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:

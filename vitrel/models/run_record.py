@@ -1,10 +1,11 @@
 """What the ``train.py`` run that wrote a checkpoint recorded in its folder, as ``eval.py`` and ``predict.py`` read
 it: the record itself (:func:`run_record`, ``<run>/.hydra/config.yaml``), how a NaFlex run scored its images
-(:func:`naflex_of_run`), and the warning for scoring such a run at the fixed size its model was only built at
-(:func:`nominal_size_warning`)."""
+(:func:`naflex_of_run`), how its evaluation resized images (:func:`resize_of_run`), and the warning for scoring such
+a run at the fixed size its model was only built at (:func:`nominal_size_warning`)."""
 
 from __future__ import annotations
 
+import importlib
 import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,9 +18,11 @@ if TYPE_CHECKING:
 __all__ = [
     "NAFLEX_RUN_KEYS",
     "PredictSettingsError",
+    "loader_used",
     "naflex_of_run",
     "naflex_over_budget",
     "nominal_size_warning",
+    "resize_of_run",
     "run_record",
 ]
 
@@ -37,6 +40,39 @@ def run_record(ckpt: Path) -> tuple[Path, DictConfig | None]:
 
     path = ckpt.parent.parent / ".hydra" / "config.yaml"
     return path, OmegaConf.load(path) if path.is_file() else None
+
+
+def loader_used(value: Any, data_cfg: Any) -> str | None:
+    """A ``data.loader`` value as the data module of ``data_cfg`` uses it (null: the data set's ``default_loader``,
+    read from the class its ``_target_`` names); None where that cannot be told."""
+    if value is None and data_cfg.get("_target_"):
+        module, _, name = str(data_cfg.get("_target_")).rpartition(".")
+        try:
+            value = getattr(getattr(importlib.import_module(module), name, None), "default_loader", None)
+        except ImportError:  # (a data module of the user's own, not importable here: cannot be told)
+            return None
+    return None if value is None else str(value)
+
+
+def resize_of_run(ckpt_path: str | Path) -> tuple[str | None, str]:
+    """``("tensor", record)`` when the ``train.py`` run that wrote ``ckpt_path`` (a ``.ckpt`` in
+    ``<run>/checkpoints/``) loaded its data with the memory loader (its record's ``data.loader``; null: the data set's
+    default), whose evaluation resized normalised tensors with torchvision, as a checkpoint's data config says with
+    ``resize: tensor`` since 2026-12-03; ``(None, "")`` for another loader, a record that does not resolve here, or
+    no record (a checkpoint moved out of its run folder)."""
+    p = Path(ckpt_path)
+    if p.suffix != ".ckpt" or not (p.parent.parent / ".hydra" / "config.yaml").is_file():
+        return None, ""
+    from omegaconf.errors import OmegaConfBaseException
+
+    record, run = run_record(p)
+    try:
+        data = run.get("data") if run is not None else None
+        # (no data.loader at all: a run from before the memory loader, 2026-11-23, whose data came through workers)
+        loader = loader_used(data.get("loader"), data) if data and "loader" in data else None
+    except OmegaConfBaseException:
+        return None, ""
+    return ("tensor", str(record)) if loader == "memory" else (None, "")
 
 
 #: the data keys of a NaFlex run that decide how its images are scored, and their defaults (data.fashion_mnist's)

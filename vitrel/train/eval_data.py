@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
 from vitrel.data.normalisation import Normalisation
+from vitrel.models.run_record import loader_used
 from vitrel.train.launch_paths import launch_path, recorded_launch_folder
 from vitrel.train.utils import hydra_config, override_key, plain
 
@@ -185,14 +186,6 @@ def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
     if value is None and key in STORED_PREPROCESSING and data_cfg.get("_target_"):
         return getattr(get_class(str(data_cfg._target_)), f"default_{key}", None)
     return value
-
-
-def loader_used(value: Any, data_cfg: DictConfig) -> str | None:
-    """A ``data.loader`` value as the data module of ``data_cfg`` uses it (null: the data set's ``default_loader``);
-    None where that cannot be told."""
-    if value is None and data_cfg.get("_target_"):
-        value = getattr(get_class(str(data_cfg._target_)), "default_loader", None)
-    return None if value is None else str(value)
 
 
 def trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:

@@ -218,6 +218,7 @@ def test_predict_py_on_a_truncated_pt2_prints_one_line(tmp_path, pt2_bytes):
     root = Path(__file__).resolve().parents[1]
     (tmp_path / "model.pt2").write_bytes(pt2_bytes[:1000])
     (tmp_path / "images").mkdir()
+    (tmp_path / "images" / "a.png").write_bytes(b"")  # (an empty tree is refused before the model is read)
     cmd = [sys.executable, str(root / "predict.py"), f"ckpt_path={tmp_path / 'model.pt2'}",
            f"input={tmp_path / 'images'}", f"hydra.run.dir={tmp_path / 'run'}"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}

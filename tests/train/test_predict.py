@@ -239,18 +239,26 @@ def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
     assert not (tmp_path / "p.csv").exists()
 
 
-def test_a_missing_input_is_refused_before_the_model_loads(ckpt, tmp_path, monkeypatch):
-    """A mistyped ``input=`` was reported after the model had loaded (seconds, and the checkpoint's own warnings
-    printed first): it is the first thing checked, the model never loaded."""
+def test_a_missing_input_or_an_empty_tree_is_refused_before_the_model_loads(ckpt, images, tmp_path, monkeypatch):
+    """A mistyped ``input=``, or a folder whose tree holds no file at all, was reported after the model had loaded
+    (seconds, and the checkpoint's own warnings printed first): both are checked first, the model never loaded.
+    A tree holding only a link (to a folder of images) is not empty: it is read as before."""
     import vitrel.train.predict as predict
 
-    monkeypatch.setattr(predict, "load_predictor", lambda *a, **k: pytest.fail("the model was loaded"))
-    cfg = OmegaConf.create(
-        dict(ckpt_path=str(ckpt), input=str(tmp_path / "gone"), results_file=str(tmp_path / "p.csv"))
-    )
-    with pytest.raises(FileNotFoundError, match=r"input .*gone does not exist: give a folder of images or videos"):
-        run_predict(cfg)
+    def cfg(given: Path):
+        return OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(given), results_file=str(tmp_path / "p.csv")))
+
+    with monkeypatch.context() as m:
+        m.setattr(predict, "load_predictor", lambda *a, **k: pytest.fail("the model was loaded"))
+        with pytest.raises(FileNotFoundError, match=r"input .*gone does not exist: give a folder of images or videos"):
+            run_predict(cfg(tmp_path / "gone"))
+        (tmp_path / "tree" / "a" / "b").mkdir(parents=True)
+        (tmp_path / "tree" / "c").mkdir()
+        with pytest.raises(FileNotFoundError, match=r"no images or videos in .*tree: neither it nor its sub-folders"):
+            run_predict(cfg(tmp_path / "tree"))
     assert not (tmp_path / "p.csv").exists()
+    (tmp_path / "tree" / "c" / "linked").symlink_to(images, target_is_directory=True)
+    assert run_predict(cfg(tmp_path / "tree"))["images"] == 5  # (the fixture's, broken.jpg skipped)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

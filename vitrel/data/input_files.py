@@ -5,6 +5,7 @@ unless they lead back up, hidden and system folders and macOS's ``._<name>`` fil
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -58,12 +59,24 @@ class FoundFiles(NamedTuple):
     others: int  #: the files of other kinds under the folder (0 when the input is one file)
 
 
-def check_input(root: Path, what: str) -> None:
-    """``FileNotFoundError`` naming ``root`` (and what to give: a folder of ``what``...) when nothing is there."""
+def check_input(root: Path, what: str, error: type[FileNotFoundError] = FileNotFoundError) -> None:
+    """``FileNotFoundError`` naming ``root`` (and what to give: a folder of ``what``...) when nothing is there, and
+    ``error`` when ``root`` is a folder whose tree holds no file at all (only folders; a link counts as something:
+    :func:`walk_input` follows it). Cheap: the walk stops at the first file."""
     if not root.exists():
         raise FileNotFoundError(
             f"input {root} does not exist: give a folder of {what}, a tree of class folders or a file"
         )
+    if root.is_dir() and not _holds_something(root):
+        raise error(f"no {what} in {root}: neither it nor its sub-folders hold a file")
+
+
+def _holds_something(root: Path) -> bool:
+    """Whether the tree under the folder ``root`` holds a file or a link (walked top-down, stopping at the first)."""
+    for folder, subfolders, files in os.walk(root):
+        if files or any(os.path.islink(os.path.join(folder, d)) for d in subfolders):
+            return True
+    return False
 
 
 def find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]) -> FoundFiles:
@@ -71,7 +84,7 @@ def find_files(root: Path, extensions: Sequence[str], what: str, error: type[Fil
     followed, links to nothing kept: :func:`walk_input`), the class folder names when ``root`` is a tree of class
     folders (files only in its sub-folders), else None, and the count of the other files; ``error`` (named ``what``)
     for none."""
-    check_input(root, what)
+    check_input(root, what, error)
     if root.is_file():
         if root.suffix.lower() not in extensions:
             raise error(f"input {root} is not one of the {what} the model takes ({', '.join(extensions)})")

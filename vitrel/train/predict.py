@@ -176,7 +176,7 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     from vitrel.train.utils import plain  # (predict.py's configuration is Hydra's)
 
     overrides = dict(plain(cfg.get("model_overrides")) or {})
-    check_input(Path(str(cfg.input)), "images or videos")  # (a mistyped input: said before the model loads)
+    check_input(Path(str(cfg.input)), "images or videos")  # (a mistyped input, an empty folder: before the model)
     ckpt = run_checkpoint(str(cfg.ckpt_path))  # a train.py run folder: the checkpoint its test scored (logged)
     naflex, taken = _naflex_settings(cfg, ckpt)  # (a NaFlex run's checkpoint: its images scored as its test did)
     predictor = load_predictor(ckpt, device, cfg.get("ema", "auto"), overrides)

@@ -61,13 +61,13 @@ def resize_of_run(ckpt_path: str | Path) -> tuple[str | None, str]:
     ``resize: tensor`` since 2026-12-03; ``(None, "")`` for another loader, a record that does not resolve here, or
     no record (a checkpoint moved out of its run folder)."""
     p = Path(ckpt_path)
-    if p.suffix != ".ckpt" or not (p.parent.parent / ".hydra" / "config.yaml").is_file():
+    record, run = run_record(p) if p.suffix == ".ckpt" else (p, None)
+    if run is None:
         return None, ""
     from omegaconf.errors import OmegaConfBaseException
 
-    record, run = run_record(p)
     try:
-        data = run.get("data") if run is not None else None
+        data = run.get("data")
         # (no data.loader at all: a run from before the memory loader, 2026-11-23, whose data came through workers)
         loader = loader_used(data.get("loader"), data) if data and "loader" in data else None
     except OmegaConfBaseException:

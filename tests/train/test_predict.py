@@ -212,25 +212,27 @@ def test_max_tokens_without_seq_len_is_refused(ckpt, images):
         predict_folder(load_predictor(ckpt), images, max_tokens=64, progress=False)
 
 
-def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
-    """``run_predict`` raises :class:`NoImagesError`; ``predict.py`` prints its reason alone (as for a bad checkpoint),
-    as for an input that is a file, or a checkpoint that is not there (tracebacks before)."""
+def test_empty_folder_is_one_clear_error(ckpt, images, tmp_path):
+    """``predict_folder`` raises :class:`NoImagesError`; ``predict.py`` prints its reason alone (as for a bad
+    checkpoint), as for an input that is a file, or a checkpoint that is not there (tracebacks before)."""
     import importlib.util
 
     empty = tmp_path / "empty"
     (empty / "sub").mkdir(parents=True)
     (empty / "readme.txt").write_text("no images here")
     cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(empty), results_file=str(tmp_path / "p.csv")))
-    with pytest.raises(NoImagesError, match="no images in"):
+    with pytest.raises(NoImagesError, match=r"no images in .*empty \(looked for \.png"):
+        predict_folder(load_predictor(ckpt), empty, progress=False)
+    with pytest.raises(FileNotFoundError, match="no images or videos in"):
         run_predict(cfg)
     spec = importlib.util.spec_from_file_location("predict_script", ROOT / "predict.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     main = script.main.__wrapped__  # the script's body under hydra.main, given a config
     for given, said in [
-        (dict(input=str(empty)), f"predict.py: no images in {empty} (looked for .png"),
-        (dict(input=str(empty / "readme.txt")), f"predict.py: input {empty / 'readme.txt'} is not one of the images"),
-        (dict(ckpt_path=str(tmp_path / "gone.ckpt")), f"predict.py: no checkpoint at {tmp_path / 'gone.ckpt'}"),
+        (dict(input=str(empty)), f"predict.py: no images or videos in {empty} (looked for .png"),
+        (dict(input=str(empty / "readme.txt")), f"predict.py: input {empty / 'readme.txt'} is none of the images or"),
+        (dict(ckpt_path=str(tmp_path / "gone.ckpt"), input=str(images)), f"predict.py: no checkpoint at {tmp_path}"),
         (dict(topk=0), "predict.py: topk must be an integer >= 1, got 0"),  # (a setting: no traceback either)
     ]:
         with pytest.raises(SystemExit) as exit_:
@@ -240,9 +242,10 @@ def test_empty_folder_is_one_clear_error(ckpt, tmp_path):
 
 
 def test_a_missing_input_or_an_empty_tree_is_refused_before_the_model_loads(ckpt, images, tmp_path, monkeypatch):
-    """A mistyped ``input=``, or a folder whose tree holds no file at all, was reported after the model had loaded
-    (seconds, and the checkpoint's own warnings printed first): both are checked first, the model never loaded.
-    A tree holding only a link (to a folder of images) is not empty: it is read as before."""
+    """A mistyped ``input=``, a folder whose tree holds no file at all, or only files that are neither images nor
+    videos, or such a file, was reported after the model had loaded (seconds, and the checkpoint's own warnings
+    printed first): each is checked first, the model never loaded. A tree holding a link (to a folder of images) is
+    not judged: it is read as before."""
     import vitrel.train.predict as predict
 
     def cfg(given: Path):
@@ -256,6 +259,15 @@ def test_a_missing_input_or_an_empty_tree_is_refused_before_the_model_loads(ckpt
         (tmp_path / "tree" / "c").mkdir()
         with pytest.raises(FileNotFoundError, match=r"no images or videos in .*tree: neither it nor its sub-folders"):
             run_predict(cfg(tmp_path / "tree"))
+        # other files only (a macOS copy's metadata, images in a hidden folder alone): the files counted and one named
+        for name in ("a/notes.txt", "a/b/._x.png", "c/.ipynb_checkpoints/y.png"):
+            (tmp_path / "tree" / name).parent.mkdir(parents=True, exist_ok=True)
+            (tmp_path / "tree" / name).write_bytes(b"x")
+        said = r"no images or videos in .*tree \(looked for \.png, .*\.mp4.*\): its tree holds 2 other file\(s\)"
+        with pytest.raises(FileNotFoundError, match=said + r", e\.g\. a/b/\._x\.png"):
+            run_predict(cfg(tmp_path / "tree"))
+        with pytest.raises(FileNotFoundError, match=r"input .*notes.txt is none of the images or videos taken"):
+            run_predict(cfg(tmp_path / "tree" / "a" / "notes.txt"))
     assert not (tmp_path / "p.csv").exists()
     (tmp_path / "tree" / "c" / "linked").symlink_to(images, target_is_directory=True)
     assert run_predict(cfg(tmp_path / "tree"))["images"] == 5  # (the fixture's, broken.jpg skipped)

@@ -186,7 +186,9 @@ def test_wrong_kind_of_folder_is_one_error_before_anything_is_written(runs, vide
     with pytest.raises(ValueError, match=r"holds videos .* is an image model: it takes image files"):
         _predict(image_model, videos / "val", out)
     with pytest.raises(NoVideosError, match=r"no videos in .*\.mp4, \.avi"):
-        _predict(runs[1], empty, out)
+        predict_folder(load_predictor(runs[1]), empty, progress=False)
+    with pytest.raises(FileNotFoundError, match=r"no images or videos in .*\.png, .*\.mp4, \.avi"):
+        _predict(runs[1], empty, out)  # (predict.py: before the model loads)
     for images_only in ("seq_len=64", "apply_exif_orientation=true"):
         with pytest.raises(ValueError, match="seq_len / max_tokens / apply_exif_orientation are for images"):
             _predict(runs[1], videos / "val", out, images_only)

@@ -59,24 +59,46 @@ class FoundFiles(NamedTuple):
     others: int  #: the files of other kinds under the folder (0 when the input is one file)
 
 
-def check_input(root: Path, what: str, error: type[FileNotFoundError] = FileNotFoundError) -> None:
+def check_input(
+    root: Path, what: str, error: type[FileNotFoundError] = FileNotFoundError, extensions: Sequence[str] = ()
+) -> None:
     """``FileNotFoundError`` naming ``root`` (and what to give: a folder of ``what``...) when nothing is there, and
     ``error`` when ``root`` is a folder whose tree holds no file at all (only folders; a link counts as something:
-    :func:`walk_input` follows it). Cheap: the walk stops at the first file."""
+    :func:`walk_input` follows it) or, given ``extensions``, a file or a tree holding none of them (only other files;
+    the hidden and system folders :func:`walk_input` passes over not looked in). Cheap: the walk stops at the first
+    file (of ``extensions``, when given)."""
     if not root.exists():
         raise FileNotFoundError(
             f"input {root} does not exist: give a folder of {what}, a tree of class folders or a file"
         )
-    if root.is_dir() and not _holds_something(root):
+    kinds = f"looked for {', '.join(extensions)}"
+    if root.is_file():
+        if extensions and root.suffix.lower() not in extensions:
+            raise error(f"input {root} is none of the {what} taken ({kinds})")
+        return
+    found, others = _first_file(root, extensions)
+    if found:
+        return
+    if not others:
         raise error(f"no {what} in {root}: neither it nor its sub-folders hold a file")
+    raise error(f"no {what} in {root} ({kinds}): its tree holds {len(others)} other file(s), e.g. {others[0]}")
 
 
-def _holds_something(root: Path) -> bool:
-    """Whether the tree under the folder ``root`` holds a file or a link (walked top-down, stopping at the first)."""
+def _first_file(root: Path, extensions: Sequence[str]) -> tuple[bool, list[str]]:
+    """Whether the tree under the folder ``root`` holds a file (of ``extensions`` when given, not an AppleDouble
+    ``._<name>``) or a link to a folder, walked top-down and stopping at the first; and, when it holds none, the
+    other files' paths under ``root``, sorted."""
+    others = []
     for folder, subfolders, files in os.walk(root):
-        if files or any(os.path.islink(os.path.join(folder, d)) for d in subfolders):
-            return True
-    return False
+        if extensions:
+            subfolders[:] = sorted(d for d in subfolders if not is_system_folder(d))
+        if any(os.path.islink(os.path.join(folder, d)) for d in subfolders):
+            return True, []
+        taken = [f for f in files if f.lower().endswith(tuple(extensions)) and not is_apple_double(f)]
+        if taken if extensions else files:
+            return True, []
+        others += [str(Path(folder, f).relative_to(root)) for f in files]
+    return False, sorted(others)
 
 
 def find_files(root: Path, extensions: Sequence[str], what: str, error: type[FileNotFoundError]) -> FoundFiles:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from timm.layers import to_2tuple
 
-from vitrel.data.input_files import check_input
+from vitrel.data.input_files import IMG_EXTENSIONS, check_input
 from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder
 from vitrel.models.ckpt_files import run_checkpoint
 from vitrel.models.run_record import naflex_of_run, nominal_size_warning
@@ -176,7 +176,10 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     from vitrel.train.utils import plain  # (predict.py's configuration is Hydra's)
 
     overrides = dict(plain(cfg.get("model_overrides")) or {})
-    check_input(Path(str(cfg.input)), "images or videos")  # (a mistyped input, an empty folder: before the model)
+    from vitrel.data.video.folder import VIDEO_EXTENSIONS
+
+    # a mistyped input, an empty folder, one of other files: refused before the model loads
+    check_input(Path(str(cfg.input)), "images or videos", extensions=IMG_EXTENSIONS + VIDEO_EXTENSIONS)
     ckpt = run_checkpoint(str(cfg.ckpt_path))  # a train.py run folder: the checkpoint its test scored (logged)
     naflex, taken = _naflex_settings(cfg, ckpt)  # (a NaFlex run's checkpoint: its images scored as its test did)
     predictor = load_predictor(ckpt, device, cfg.get("ema", "auto"), overrides)

@@ -81,11 +81,19 @@ def test_every_float_precision_loads(tmp_path, dtype):
         (VIT, dict(num_classes=10.0), r"num_classes must be an integer >= 0 .*got 10.0 \(float\)"),  # torch's empty()
         (SWIN, dict(num_classes=-5), r"num_classes must be >= 0 \(0 for no head\), got -5"),
         (SWIN, dict(num_classes=True), "num_classes must be an integer >= 0 .*got True"),
+        # a rate out of [0, 1]: the first training step failed inside timm's drop_path (a negative keep probability)
+        (VIT, dict(drop_path_rate=2), r"drop_path_rate must be a number in \[0, 1\], got 2"),
+        (VIT, dict(attn_drop_rate=-0.1), r"attn_drop_rate must be a number in \[0, 1\], got -0.1"),
+        (VIT, dict(pos_drop_rate="0.1"), r"pos_drop_rate must be a number in \[0, 1\], got '0.1'"),
+        (SWIN, dict(drop_rate=1.5), r"drop_rate must be a number in \[0, 1\], got 1.5"),
+        (SWIN, dict(proj_drop_rate=True), r"proj_drop_rate must be a number in \[0, 1\], got True"),
+        ("vitrel_vit_video_tiny_patch4_32", dict(drop_path_rate=1.01), r"drop_path_rate must be a number in \[0, 1\]"),
+        ("vitrel_swin3d_tiny_patch122_window444_32", dict(drop_path_rate=-1), "drop_path_rate must be a number in"),
     ],
 )
 def test_impossible_sizes_name_the_argument(arch, kwargs, named):
-    base = dict(TINY) if arch == VIT else dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2], img_size=8)
-    base.pop("depth", None) if arch == SWIN else None
+    vit = "_vit_" in arch  # (the image or the video ViT)
+    base = dict(TINY) if vit else dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2], img_size=8)
     with pytest.raises((ValueError, TypeError), match=named):
         vitrel.create_model(arch, **{**base, **kwargs})
 
@@ -104,6 +112,10 @@ def test_num_classes_zero_is_no_head_and_reset_classifier_is_checked(arch):
 def test_attention_heads_are_checked():
     with pytest.raises(ValueError, match="num_heads must be >= 1"):
         Attention(16, num_heads=0)
+    for kw in ("attn_drop", "proj_drop"):  # (attn_drop=1.5 built a layer whose first forward failed in SDPA)
+        with pytest.raises(ValueError, match=rf"{kw} must be a number in \[0, 1\], got 1.5"):
+            Attention(16, num_heads=2, **{kw: 1.5})
+    Attention(16, num_heads=2, attn_drop=1, proj_drop=0)  # (the bounds are rates)
 
 
 # ------------------------------------------------------------------------------ item 9: unreadable files

@@ -67,6 +67,20 @@ def _mlp_ratio(value: Any) -> None:
         raise ValueError(f"mlp_ratio must be a number > 0, got {value!r}")
 
 
+#: the dropout and stochastic-depth rates of the models' constructors (a probability each; drop_path_rate the last
+#: block's, linear from 0 over the blocks as timm's)
+RATES = ("drop_rate", "pos_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
+
+
+def _rates(args: Mapping[str, Any], names: Sequence[str] = RATES) -> None:
+    """Each rate of ``names`` that ``args`` has: a number in [0, 1] (``drop_path_rate=2`` built a model whose first
+    training step failed inside timm's ``drop_path``, ``attn_drop=1.5`` one whose first forward failed in SDPA)."""
+    for name in names:
+        v = args.get(name)
+        if name in args and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1):
+            raise ValueError(f"{name} must be a number in [0, 1], got {v!r}")
+
+
 def _divisible(width_name: str, width: int, heads_name: str, heads: int) -> None:
     if width % heads:
         raise ValueError(f"{width_name} {width} is not divisible by {heads_name} {heads}")
@@ -82,14 +96,16 @@ def _image_fits(img_size: Any, patch_size: int) -> None:
 
 
 def check_attention_args(args: Mapping[str, Any]) -> None:
-    """``Attention(dim, num_heads, ...)`` (its ``locals()``): both >= 1, ``dim`` divisible by ``num_heads``."""
+    """``Attention(dim, num_heads, ...)`` (its ``locals()``): both >= 1, ``dim`` divisible by ``num_heads``, the
+    dropout rates in [0, 1]."""
     dim, heads = _positive_int("dim", args["dim"]), _positive_int("num_heads", args["num_heads"])
     _divisible("dim", dim, "num_heads", heads)
+    _rates(args, ("attn_drop", "proj_drop"))
 
 
 def check_vit_args(args: Mapping[str, Any]) -> None:
-    """``VisionTransformer``'s sizes (its ``locals()``): positive, ``embed_dim`` divisible by ``num_heads``,
-    the image a whole number of patches."""
+    """``VisionTransformer``'s sizes (its ``locals()``): positive, ``embed_dim`` divisible by ``num_heads``, the
+    rates in [0, 1], the image a whole number of patches."""
     patch = _positive_int("patch_size", args["patch_size"])
     _positive_int("in_chans", args["in_chans"])
     check_num_classes(args["num_classes"])
@@ -97,12 +113,14 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     _divisible("embed_dim", dim, "num_heads", heads)
     _positive_int("depth", args["depth"])
     _mlp_ratio(args["mlp_ratio"])
+    _rates(args)
     _image_fits(args["img_size"], patch)
 
 
 def check_swin_args(args: Mapping[str, Any]) -> None:
     """``SwinTransformer``'s sizes (its ``locals()``): positive, one head count per stage, each stage's
-    width (``embed_dim`` doubled per stage) divisible by its heads, the image a whole number of patches."""
+    width (``embed_dim`` doubled per stage) divisible by its heads, the rates in [0, 1], the image a whole number of
+    patches."""
     patch = _positive_int("patch_size", args["patch_size"])
     _positive_int("in_chans", args["in_chans"])
     check_num_classes(args["num_classes"])
@@ -114,4 +132,5 @@ def check_swin_args(args: Mapping[str, Any]) -> None:
         _divisible(f"embed_dim * 2**{i} (stage {i}'s width)", dim * 2**i, f"num_heads[{i}]", h)
     _pair("window_size", args["window_size"])
     _mlp_ratio(args["mlp_ratio"])
+    _rates(args)
     _image_fits(args["img_size"], patch)

@@ -284,10 +284,10 @@ def one_line_errors(script: str) -> Iterator[None]:
     with another validation split, or mid-epoch with another batch size or number of processes, a GPU trainer on a
     machine without one, a non-finite training loss) end a single run with their message alone,
     ``<script>: <message>`` (exit code 1), as ``predict.py`` does: the message says what to do, a traceback adds
-    nothing. Hydra's ``InstantiationException`` around one of them, or around a ``ValueError`` a data module raised
-    (a bad data setting: ``data.batch_size=0``), is unwrapped: ``<script>: data: ValueError: <message>`` (the config
-    key, then the error). Under ``-m`` they are raised, so that the job fails as Hydra's jobs fail and the sweep goes
-    on."""
+    nothing. Hydra's ``InstantiationException`` around one of them, or around a ``ValueError`` vitrel's own code
+    raised (a bad data, model or scheme setting: ``data.batch_size=0``, ``model.num_heads=5``, ``pos.fov=60``), is
+    unwrapped: ``<script>: data: ValueError: <message>`` (the config key, then the error). Under ``-m`` they are
+    raised, so that the job fails as Hydra's jobs fail and the sweep goes on."""
     from hydra.errors import InstantiationException
 
     from vitrel.config import ConfigError
@@ -322,23 +322,24 @@ def one_line_errors(script: str) -> Iterator[None]:
         cause = e.__cause__
         while isinstance(cause, InstantiationException):  # (one per nested _target_)
             cause = cause.__cause__
-        if is_multirun() or not (isinstance(cause, user_errors) or _raised_in_data(cause)):
+        if is_multirun() or not (isinstance(cause, user_errors) or _raised_by_vitrel(cause)):
             raise
         key = next((line[len("full_key: ") :] for line in str(e).splitlines() if line.startswith("full_key: ")), "")
         raise SystemExit(f"{script}: {key + ': ' if key else ''}{type(cause).__name__}: {cause}") from None
 
 
-def _raised_in_data(error: BaseException | None) -> bool:
-    """Whether ``error`` is a ``ValueError`` raised by vitrel's own data code (a data module refusing a setting),
-    not by a library it called (numpy on a damaged file: there the traceback says more)."""
-    import vitrel.data
+def _raised_by_vitrel(error: BaseException | None) -> bool:
+    """Whether ``error`` is a ``ValueError`` raised by vitrel's own code (a data module, a model or a position scheme
+    refusing a setting), not by a library it called (numpy on a damaged file, torch: there the traceback says
+    more)."""
+    import vitrel
 
     if not isinstance(error, ValueError) or error.__traceback__ is None:
         return False
     tb = error.__traceback__
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(Path(vitrel.data.__file__).resolve().parent)
+    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(Path(vitrel.__file__).resolve().parent)
 
 
 def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the model", training: bool = True) -> None:

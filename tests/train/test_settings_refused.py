@@ -1,7 +1,8 @@
-"""A data setting the data module refuses (``data.batch_size=0``, ``data.val_fraction=1.5``) ends ``train.py`` and
-``eval.py`` with one line, ``<script>: data: ValueError: <message>``, exit code 1: the ValueError came to the user
-inside Hydra's ``InstantiationException`` ("Error executing job with overrides", "Error in call to target", the
-message twice, ``full_key: data``), and the batch-size message said ``got 0, None`` without naming the setting."""
+"""A data, model or scheme setting vitrel refuses (``data.batch_size=0``, ``model.num_heads=5``, ``pos.fov=60``) ends
+``train.py`` and ``eval.py`` with one line, ``<script>: <key>: ValueError: <message>``, exit code 1: the ValueError
+came to the user inside Hydra's ``InstantiationException`` ("Error executing job with overrides", "Error in call to
+target", the message twice, ``full_key: data``), and the batch-size message said ``got 0, None`` without naming the
+setting."""
 
 from __future__ import annotations
 
@@ -24,10 +25,14 @@ TRAIN = ["trainer.accelerator=cpu", "data.num_workers=0"]
         ("data.eval_batch_size=0", "data: ValueError: eval_batch_size must be >= 1, got 0"),
         ("data.val_fraction=1.5", "data: ValueError: val_fraction must be in [0, 1), got 1.5"),
         ("data.batch_augment.hflip=2", "data.batch_augment: ValueError: hflip must be a probability in [0, 1], got 2"),
+        ("model.num_heads=5", "model: ValueError: embed_dim 64 is not divisible by num_heads 5"),
+        ("pos=lookhere pos.fov=60", "model: ValueError: lookhere: fov must be one of [45, 90, 180], got 60"),
+        ("model.drop_path_rate=2", "model: ValueError: drop_path_rate must be a number in [0, 1], got 2"),
     ],
 )
-def test_train_py_refuses_a_data_setting_in_one_line(tmp_path, setting, line):
-    r = run_script_forked("train.py", [setting, *TRAIN, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+def test_train_py_refuses_a_setting_in_one_line(tmp_path, setting, line):
+    args = [*setting.split(), *TRAIN, f"hydra.run.dir={tmp_path / 'run'}"]
+    r = run_script_forked("train.py", args, cwd=tmp_path)
     assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
     assert r.stderr.strip().splitlines() == [f"train.py: {line}"], r.stderr[-3000:]
     assert "Error in call to target" not in r.stdout + r.stderr

@@ -68,3 +68,25 @@ def test_predict_on_a_run_folder_uses_its_last_ckpt(run, tmp_path, caplog):
     assert rows["folder"] == rows["last"]
     said = [r.getMessage() for r in caplog.records if "train.py run folder" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"{folder} {SAID}")
+
+
+def test_a_run_folder_without_a_checkpoint_and_a_sweep_folder_say_what_to_give(tmp_path, video_sweep):
+    """The run folder of a ``train.py`` that stopped before saving (a refused setting), given as ``ckpt_path``, was
+    "has no model.safetensors (and no single .safetensors / .ckpt / .bin / .pth file)"; a ``-m`` sweep's folder the
+    same. Each now says what it is and what to give; a job's folder of the sweep loads."""
+    import vitrel
+    from vitrel.models.ckpt_files import CheckpointError
+
+    failed = tmp_path / "failed"
+    r = run_script_forked("train.py", [*RUN, "model.num_heads=3", f"hydra.run.dir={failed}"], cwd=tmp_path)
+    assert r.returncode == 1 and (failed / ".hydra").is_dir(), r.stdout[-2000:] + r.stderr[-4000:]
+    said = rf"{failed} is a run folder \(\.hydra/\) holding no checkpoint .* \(its log: train\.log\)"
+    with pytest.raises(CheckpointError, match=said):
+        vitrel.load_model(failed)
+    with pytest.raises(CheckpointError, match=said):
+        evaluate(compose(tmp_path / "eval", [f"ckpt_path={failed}", *EVAL], config_name="eval"))
+    sweep = video_sweep.parent
+    assert (sweep / "multirun.yaml").is_file()  # (Hydra's, as `python train.py -m` wrote it)
+    with pytest.raises(CheckpointError, match=rf"{sweep} is a -m sweep's folder: .* \(1 here, e\.g\. {video_sweep}\)"):
+        vitrel.load_model(sweep)
+    assert vitrel.load_model(video_sweep).vitrel_cfg["pos"] == {"name": "none"}

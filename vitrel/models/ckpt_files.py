@@ -275,6 +275,8 @@ def run_checkpoint(path: str | os.PathLike, say: bool = True) -> Path:
     folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
     last, best = folder / _LAST, sorted(folder.glob(_BEST))
     if folder is p and not (last.is_file() or best):
+        if not _weight_files(p):
+            _refuse_run_folder(p)
         return p  # no run's checkpoints: an export or weights folder
     if last.is_file():
         chosen = last
@@ -291,14 +293,39 @@ def run_checkpoint(path: str | os.PathLike, say: bool = True) -> Path:
     return chosen
 
 
+def _refuse_run_folder(p: Path) -> None:
+    """:class:`CheckpointError` for a folder of Hydra's that holds no checkpoint: a run's (``.hydra/``), saying where to
+    look, or a ``-m`` sweep's (``multirun.yaml``), naming its jobs' folders."""
+    if (p / "multirun.yaml").is_file():
+        jobs = sorted((d.name for d in p.iterdir() if (d / ".hydra").is_dir()), key=lambda n: (len(n), n))
+        which = f"{len(jobs)} here, e.g. {p / jobs[0]}" if jobs else f"{p}/<job number>"
+        raise CheckpointError(f"{p} is a -m sweep's folder: give the run folder of one of its jobs ({which})")
+    if (p / ".hydra").is_dir():
+        logs = ", ".join(f.name for f in sorted(p.glob("*.log"))) or "none"
+        raise CheckpointError(
+            f"{p} is a run folder (.hydra/) holding no checkpoint (no checkpoints/ folder, no weights file): its run "
+            f"stopped before its first save, saved elsewhere, or was not train.py's (its log: {logs}). Give a run "
+            "folder of train.py that saved checkpoints/, or a checkpoint file"
+        )
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    """The weights files of the first kind ``folder`` holds, in this order: ``.safetensors``, ``.ckpt``, ``.bin``,
+    ``.pth``, ``.pt`` (sorted)."""
+    for suffix in (".safetensors", ".ckpt", ".bin", ".pth", ".pt"):
+        found = sorted(folder.glob(f"*{suffix}"))
+        if found:
+            return found
+    return []
+
+
 def _resolve(path: str | os.PathLike) -> Path:
     p = run_checkpoint(path, say=False)
     if p.is_dir():
         w = p / WEIGHTS_NAME
         if w.is_file():
             return w
-        cands = sorted(p.glob("*.safetensors")) or sorted(p.glob("*.ckpt"))
-        cands = cands or sorted(p.glob("*.bin")) or sorted(p.glob("*.pth")) or sorted(p.glob("*.pt"))
+        cands = _weight_files(p)
         if len(cands) != 1:
             hint = f"; {len(cands)} candidates: {', '.join(f.name for f in cands)}: give one" if cands else ""
             raise CheckpointError(

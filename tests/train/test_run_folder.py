@@ -90,3 +90,32 @@ def test_a_run_folder_without_a_checkpoint_and_a_sweep_folder_say_what_to_give(t
     with pytest.raises(CheckpointError, match=rf"{sweep} is a -m sweep's folder: .* \(1 here, e\.g\. {video_sweep}\)"):
         vitrel.load_model(sweep)
     assert vitrel.load_model(video_sweep).vitrel_cfg["pos"] == {"name": "none"}
+
+
+def test_train_py_resumes_from_a_run_folder(run, tmp_path):
+    """``train.py ckpt_path=<run folder>`` ended in a traceback (``IsADirectoryError``) where ``eval.py`` and
+    ``predict.py`` take the folder: it resumes from the run's ``last.ckpt`` (its ``checkpoints/`` folder the same),
+    says so, and the same command run again in the new folder (a requeued job) continues that folder's own run. A
+    folder that is no run's is one line."""
+    import torch
+
+    folder = run[0]
+    args = [a for a in RUN if not a.startswith("trainer.max_epochs")] + ["trainer.max_epochs=3"]
+    for i, given in enumerate((folder, folder / "checkpoints")):
+        new = tmp_path / f"new{i}"
+        r = run_script_forked("train.py", [*args, f"ckpt_path={given}", f"hydra.run.dir={new}"], cwd=tmp_path)
+        out = r.stdout + r.stderr
+        assert r.returncode == 0, out[-4000:]
+        assert f"ckpt_path={given} is a train.py run folder: resuming from checkpoints/last.ckpt" in out
+        assert "(3 epochs, 6 steps; " in out and "before the resume)" in out  # (4 steps of them in the run given)
+    assert torch.load(new / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 6
+    again = [*args[:-1], "trainer.max_epochs=4", f"ckpt_path={given}", f"hydra.run.dir={new}"]
+    r = run_script_forked("train.py", again, cwd=tmp_path)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and f"continuing from {new / 'checkpoints' / 'last.ckpt'}" in out, out[-4000:]
+    assert "(4 epochs, 8 steps; " in out
+    (tmp_path / "other").mkdir()
+    r = run_script_forked("train.py", [*args, f"ckpt_path={tmp_path / 'other'}", f"hydra.run.dir={new}2"], cwd=tmp_path)
+    assert r.returncode == 1
+    said = f"train.py: CheckpointError: ckpt_path={tmp_path / 'other'} is a folder but not a train.py run folder"
+    assert r.stderr.strip().splitlines()[-1].startswith(said), r.stderr[-3000:]

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from vitrel.config import ConfigError, check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
+from vitrel.models.ckpt_files import run_checkpoint
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
@@ -90,7 +91,7 @@ def resolve_ckpt_path(
     ckpt = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     check_same_start(ckpt, started_from if started_from is not None else weights_source(cfg.model), path)
     given = cfg.get("ckpt_path")
-    own = given in (None, "", "last") or not _same_file(path, given)  # (a requeued job's: _continued)
+    own = given in (None, "", "last") or not _same_file(path, given_checkpoint(str(given)))  # (a requeue: _continued)
     if own:  # the folder's own: Hydra chose a sweep job's folder
         check_same_sweep_job(ckpt, sweep_job(), path)
     check_same_model(ckpt, model, path)
@@ -363,6 +364,7 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path, root: Path) ->
         p = Path(str(ck)).expanduser()
         if not p.exists():
             raise CheckpointError(f"ckpt_path={ck}: no such file or folder")
+        p = given_checkpoint(str(ck), say=True)
         if check_resume(cfg) == "auto":
             return str(_continued(p, last, run_dir, root))
         _drop_requeue_files(root, f"this run starts from ckpt_path={ck} (resume=false)", keep=p)
@@ -374,6 +376,26 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path, root: Path) ->
         return str(newest)
     _drop_requeue_files(root, "this run starts over (resume=false)")
     return None
+
+
+def given_checkpoint(ck: str, say: bool = False) -> Path:
+    """The file ``ckpt_path=<ck>`` names: ``ck`` itself, or for a ``train.py`` run folder (or its ``checkpoints/``) the
+    checkpoint its run would resume from (:func:`newest_checkpoint`: its ``last.ckpt``, or a newer requeue file),
+    else the one ``eval.py`` takes there (:func:`~vitrel.models.ckpt_files.run_checkpoint`: its one best-epoch file;
+    a folder without checkpoints refused, naming what it is). ``say``: log which file and why."""
+    p = Path(ck).expanduser()
+    if not p.is_dir():
+        return p
+    run = p.parent if p.name == "checkpoints" and not (p / "checkpoints").is_dir() else p
+    chosen = newest_checkpoint(run / "checkpoints" / "last.ckpt", run) or run_checkpoint(p, say=False)
+    if chosen.is_dir():
+        raise CheckpointError(
+            f"ckpt_path={ck} is a folder but not a train.py run folder (no checkpoints/ in it): give the checkpoint "
+            f"file to resume (the weights of an export folder start a new run: model=from_checkpoint model.path={ck})"
+        )
+    if say:
+        rank_zero_info(f"ckpt_path={ck} is a train.py run folder: resuming from {chosen.relative_to(run)}")
+    return chosen
 
 
 def _continued(given: Path, last: Path, run_dir: Path, root: Path) -> Path:

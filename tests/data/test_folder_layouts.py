@@ -6,6 +6,7 @@ shards writer and ``predict.py`` pass the hidden and system folders over with a 
 from __future__ import annotations
 
 import logging
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -145,9 +146,11 @@ def test_predict_finds_the_files_the_data_set_reads(tmp_path, caplog):
     assert f"{val / 'a' / 'up'} links back up to {val}, a folder it is in: not followed" in warnings(caplog)
 
 
-@pytest.mark.parametrize("layout", ["train.zip", "root/train/train", "root=train"])
+@pytest.mark.parametrize("layout", ["train.zip", "root/train/train", "root=train", "train+valid", "train only"])
 def test_a_root_one_level_off_or_an_archive_is_named_in_the_refusal(tmp_path, layout):
-    """Before: 'No folder <root>/train.' (or val) and the generic how-to; now the line says what is likely wrong."""
+    """Before: 'No folder <root>/train.' (or val) and the generic how-to; now the line says what is likely wrong: for
+    class folders of one's own without ``val/``, the folder of classes beside ``train/`` to name (a download's
+    ``valid/``; which then trains), or what ``val/`` is for and what to do."""
     from vitrel.data.datasets import DatasetNotFoundError
 
     if layout == "train.zip":
@@ -158,9 +161,21 @@ def test_a_root_one_level_off_or_an_archive_is_named_in_the_refusal(tmp_path, la
     elif layout == "root/train/train":
         make_imagenet_tree(tmp_path / "train")
         root, said = tmp_path, f"{tmp_path / 'train'} holds a train/ folder: data.root={tmp_path / 'train'}?"
-    else:
+    elif layout == "root=train":
         make_imagenet_tree(tmp_path)
         root, said = tmp_path / "train", "data.root is a train/ folder itself: give the folder holding train/ and val/"
+    else:
+        make_imagenet_tree(tmp_path)
+        (tmp_path / "notes").mkdir()  # (a folder of no classes: not named)
+        if layout == "train+valid":
+            (tmp_path / "val").rename(tmp_path / "valid")
+            root, said = tmp_path, f"{tmp_path} holds valid/ beside train/: data.val_dir=valid?"
+        else:
+            shutil.rmtree(tmp_path / "val")
+            said = "val/ is the test split (and validation, unless data.val_fraction holds out part of train/): move "
+            root, said = tmp_path, said + "some files of each class into val/<class>/, or set data.val_dir to another"
     with pytest.raises(DatasetNotFoundError, match="No folder") as e:
         ImageNetDataModule(root=root, img_size=16).classes  # noqa: B018
     assert said in str(e.value)
+    if layout == "train+valid":
+        assert len(ImageNetDataModule(root=root, img_size=16, val_dir="valid").classes) == 3

@@ -151,7 +151,8 @@ ARCHIVES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".7z")
 
 
 def _layout_hint(root: Path, missing: Path, train_dir: str, val_dir: str) -> str:
-    """What a missing split folder most likely means: an archive not extracted, or ``root`` one level off."""
+    """What a missing split folder most likely means: an archive not extracted, ``root`` one level off, or class folders
+    of one's own in another layout (a ``valid/`` or ``test/`` folder beside ``train/``, or none)."""
     archives = [missing.name + a for a in ARCHIVES if (root / (missing.name + a)).is_file()]
     if archives:
         return f" {root / archives[0]} is an archive: extract it (class folders are read, not archives)."
@@ -159,6 +160,14 @@ def _layout_hint(root: Path, missing: Path, train_dir: str, val_dir: str) -> str
         return f" {root / train_dir} holds a {train_dir}/ folder: data.root={root / train_dir}?"
     if root.name == train_dir:
         return f" data.root is a {train_dir}/ folder itself: give the folder holding {train_dir}/ and {val_dir}/."
+    if missing.name == val_dir and (root / train_dir).is_dir():  # (class folders of one's own: another layout)
+        others = [d.name for d in sorted(root.iterdir()) if d.is_dir() and d.name != train_dir and class_folders(d)]
+        if others:
+            return f" {root} holds {', '.join(f'{d}/' for d in others)} beside {train_dir}/: data.val_dir={others[0]}?"
+        return (
+            f" {val_dir}/ is the test split (and validation, unless data.val_fraction holds out part of {train_dir}/):"
+            f" move some files of each class into {val_dir}/<class>/, or set data.val_dir to another folder of {root}."
+        )
     return ""
 
 

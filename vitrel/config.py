@@ -174,7 +174,7 @@ class ModuleConfig:
     optimizer: AdamWConfig = field(default_factory=AdamWConfig)
     scheduler: WarmupCosineConfig | None = field(default_factory=WarmupCosineConfig)
     label_smoothing: float = 0.0
-    mixup: Any = None  # module/mixup=default: a timm.data.Mixup node
+    mixup: Any = None  # module/mixup=default: a timm.data.Mixup node; naflex: a timm NaFlexMixup node
     ema: Any = None  # module/ema=default: a timm.utils.ModelEmaV3 node
     ema_eval: bool = True
     layer_decay: float | None = None

@@ -277,7 +277,7 @@ def test_module_trains_and_tests_on_packed_batches():
 def test_module_mixup_with_naflex_is_a_clear_error():
     module = ClassifierModule(PoolPerImage(), mixup=functools.partial(Mixup, mixup_alpha=0.8))
     x, y = PackingCollator(64)(samples(random_images(4, 0, max_side=4)))
-    with pytest.raises(ValueError, match=r"turn it off with data.packing \(module.mixup=null\)"):
+    with pytest.raises(ValueError, match=r"use module/mixup=naflex \(timm NaFlexMixup\), or module.mixup=null"):
         module.training_step((x, y), 0)
 
 

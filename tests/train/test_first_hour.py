@@ -453,7 +453,7 @@ def test_mixup_with_naflex_batches_is_refused_before_any_batch(tmp_path):
 
     over = ["experiment=fmnist_naflex", "module/mixup=default", "model.embed_dim=32", "model.depth=1"]
     cfg = compose(tmp_path, [*over, "model.num_heads=2", *FAST, *SHORT])
-    with pytest.raises(ConfigError, match=r"^module.mixup \(timm Mixup\) .*data.packing \(module.mixup=null\)$"):
+    with pytest.raises(ConfigError, match=r"^module/mixup=default \(timm Mixup\) .*module/mixup=naflex .*=null$"):
         train(cfg)
     assert not (tmp_path / "checkpoints").exists()
 

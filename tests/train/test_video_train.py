@@ -20,7 +20,7 @@ from tests.train_helpers import FAST, TINY_CLIPS, TINY_VIDEO, TINY_VIT, compose
 from vitrel.data.moving_fmnist import MovingFMNISTDataModule
 from vitrel.inference import mean_softmax_log
 from vitrel.models.data_config import data_config_for
-from vitrel.train.module import mix_clips
+from vitrel.train.mixing import mix_clips
 from vitrel.train.run import train
 
 SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]

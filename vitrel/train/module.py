@@ -14,7 +14,8 @@ their sums over the ranks, and a resume gives them to rank 0 (the other ranks st
 Batches are ``(images [B, C, H, W], targets [B])`` or, with ``data.packing``, ``(NaFlex batch dict, targets
 [num_images])`` (:mod:`vitrel.data.packing`: rows packing several images; the model returns one row of logits per
 image, in the targets' order); losses and metrics count images, and a packed batch's ``padding_fraction`` is logged
-as ``train/padding``. timm's ``Mixup`` takes image tensors only: with NaFlex batches it is a clear error. Video
+as ``train/padding``. timm's ``Mixup`` mixes image tensors, timm's ``NaFlexMixup`` NaFlex batches
+(:mod:`vitrel.train.mixing`; each refuses the other's batches). Video
 batches are ``(clips [B, C, T, H, W], targets [B])``; mixup / CutMix mixes whole clips (:func:`mix_clips`). An
 evaluation batch ``(clips [B, K, C, T, H, W], targets [B])`` holds ``K`` clips (views) of each of ``B`` videos: the
 ``B * K`` clips go through the network as one batch, a video's probabilities are the mean of its clips' softmax (as
@@ -66,6 +67,7 @@ from vitrel.models.data_config import example_input
 from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets
 from vitrel.train.flops import count_cpu_attention
+from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
 from vitrel.train.optim import check_float16_eps, param_groups
 
 __all__ = ["ClassifierModule", "ImageMean", "data_config_of", "mix_clips"]
@@ -91,13 +93,6 @@ class ImageMean(MeanMetric):
         weight = torch.broadcast_to(weight, value.shape)
         self.mean_value += (value * weight).sum()
         self.weight += weight.sum()
-
-
-#: why timm's Mixup and NaFlex batches do not go together (``train()`` refuses the pair before training)
-MIXUP_NAFLEX = (
-    "module.mixup (timm Mixup) mixes batches of equal-size image tensors; NaFlex batches (data.packing) hold images "
-    "of many sizes as patches: turn it off with data.packing (module.mixup=null)"
-)
 
 
 #: why compile leaves NaFlex batches to the eager network (warned once per module)
@@ -305,14 +300,16 @@ class ClassifierModule(L.LightningModule):
         check_targets(y, self.num_classes, values=not self.sync_free)
         self._step_begins()
         if self.mixup_fn is not None:
-            if input_form(x) == "naflex":
-                raise ValueError(MIXUP_NAFLEX)
-            if x.shape[0] % 2:
+            check_mixup_fits(self.mixup_fn, input_form(x) == "naflex")
+            if input_form(x) == "naflex":  # (timm's NaFlexMixup: the images put back, mixed, cut again)
+                x, target = mix_naflex(self.mixup_fn, x, y, self.model.patch_embed.proj.kernel_size[0])
+            elif x.shape[0] % 2:
                 raise ValueError(
                     f"mixup/cutmix needs an even batch, got {x.shape[0]}: use an even data.batch_size "
                     "and data.drop_last=true"
                 )
-            x, target = mix_clips(self.mixup_fn, x, y)  # soft targets, smoothed by the Mixup
+            else:
+                x, target = mix_clips(self.mixup_fn, x, y)  # soft targets, smoothed by the Mixup
             logits = self._net_for(x)(x)
             loss = F.cross_entropy(logits.float(), target)  # = timm's SoftTargetCrossEntropy
         else:
@@ -339,6 +336,10 @@ class ClassifierModule(L.LightningModule):
                 self.train_padding(padding, weight=n)
                 self.log("train/padding", self.train_padding, on_step=True, on_epoch=True, batch_size=n)
         return loss
+
+    def on_train_epoch_start(self) -> None:
+        if hasattr(self.mixup_fn, "set_epoch"):  # timm's NaFlexMixup: off from its mixup_off_epoch (0: never)
+            self.mixup_fn.set_epoch(self.current_epoch)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # an epoch's first batch starts from zero; Lightning resets after each epoch, but a run resumed
@@ -573,17 +574,6 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
     if names := getattr(dm, "class_names", None):
         out["class_names"] = [str(n) for n in names]
     return out
-
-
-def mix_clips(mixup: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """timm's ``Mixup`` / CutMix on images ``[B, C, H, W]``, or per clip on clips ``[B, C, T, H, W]``: the frames are
-    folded into the channels for the call, so a clip is mixed with one other clip and CutMix pastes one box, the same
-    for every frame (timm's call on the 5-D tensor would cut its box across time and height)."""
-    if x.dim() != 5:
-        return mixup(x, y)
-    b, c, t, h, w = x.shape
-    mixed, target = mixup(x.reshape(b, c * t, h, w), y)
-    return mixed.reshape(b, c, t, h, w), target
 
 
 def _num_images(x: Tensor | Mapping, y: Tensor) -> int:

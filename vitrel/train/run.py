@@ -51,7 +51,7 @@ from vitrel.train.flops import run_gflops
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
-from vitrel.train.module import MIXUP_NAFLEX
+from vitrel.train.mixing import check_mixup_fits
 from vitrel.train.progress import CountTestImages, CountValidations, WarnPartialValidation
 from vitrel.train.rank_seed import SeedRanks
 from vitrel.train.resume import (
@@ -322,10 +322,12 @@ def check_tuner_callbacks(callbacks_cfg: DictConfig | None) -> None:
 
 
 def check_mixup_takes_batches(module: L.LightningModule, dm: L.LightningDataModule) -> None:
-    """timm's ``Mixup`` (``module.mixup``) mixes equal-size image tensors: with NaFlex batches (``data.packing``) a
-    :class:`~vitrel.config.ConfigError` before the run trains."""
-    if getattr(module, "mixup_fn", None) is not None and getattr(dm, "packing", None) is not None:
-        raise ConfigError(MIXUP_NAFLEX)
+    """``module.mixup`` takes the data's batches (timm's ``Mixup`` image tensors and clips, its ``NaFlexMixup`` NaFlex
+    batches: ``data.packing``), else a :class:`~vitrel.config.ConfigError` before the run trains."""
+    try:
+        check_mixup_fits(getattr(module, "mixup_fn", None), getattr(dm, "packing", None) is not None)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:

@@ -1,0 +1,80 @@
+"""Mixup / CutMix on the batches a run trains on, and which mixer goes with which batches.
+
+``module/mixup=default`` is timm's ``Mixup``: batches of equal-size image tensors, or clips (:func:`mix_clips`).
+``module/mixup=naflex`` is timm's ``NaFlexMixup``: NaFlex batches (``data.packing``), whose images have sizes of their
+own (:func:`mix_naflex`). Each refuses the other's batches (:func:`check_mixup_fits`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from torch import Tensor
+
+__all__ = ["MIXUP_NAFLEX", "NAFLEX_MIXUP_IMAGES", "is_naflex_mixup", "check_mixup_fits", "mix_clips", "mix_naflex"]
+
+#: why timm's Mixup and NaFlex batches do not go together (``train()`` refuses the pair before training)
+MIXUP_NAFLEX = (
+    "module/mixup=default (timm Mixup) mixes batches of equal-size image tensors; NaFlex batches (data.packing) hold "
+    "images of many sizes as patches: use module/mixup=naflex (timm NaFlexMixup), or module.mixup=null"
+)
+#: why timm's NaFlexMixup and batches of image tensors or clips do not go together
+NAFLEX_MIXUP_IMAGES = (
+    "module/mixup=naflex (timm NaFlexMixup) mixes NaFlex batches (data.packing); batches of image tensors or clips "
+    "take module/mixup=default (timm Mixup)"
+)
+
+
+def is_naflex_mixup(mixup: Any) -> bool:
+    """``mixup`` is timm's ``NaFlexMixup`` (takes lists of images of any sizes), not a mixer of tensors."""
+    from timm.data.naflex_mixup import NaFlexMixup
+
+    return isinstance(mixup, NaFlexMixup)
+
+
+def check_mixup_fits(mixup: Any, naflex: bool) -> None:
+    """A ``ValueError`` when the mixer ``mixup`` (None: no mixing) does not take the run's batches (``naflex``: NaFlex
+    dicts, else image tensors or clips)."""
+    if mixup is None or naflex == is_naflex_mixup(mixup):
+        return
+    raise ValueError(MIXUP_NAFLEX if naflex else NAFLEX_MIXUP_IMAGES)
+
+
+def mix_clips(mixup: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """timm's ``Mixup`` / CutMix on images ``[B, C, H, W]``, or per clip on clips ``[B, C, T, H, W]``: the frames are
+    folded into the channels for the call, so a clip is mixed with one other clip and CutMix pastes one box, the same
+    for every frame (timm's call on the 5-D tensor would cut its box across time and height)."""
+    if x.dim() != 5:
+        return mixup(x, y)
+    b, c, t, h, w = x.shape
+    mixed, target = mixup(x.reshape(b, c * t, h, w), y)
+    return mixed.reshape(b, c, t, h, w), target
+
+
+def mix_naflex(mixup: Callable, x: Mapping[str, Any], y: Tensor, patch_size: int) -> tuple[dict[str, Any], Tensor]:
+    """timm's ``NaFlexMixup`` on a NaFlex batch ``x`` with targets ``y`` (one per image, in the batch's image order):
+    the images are put back together from their patches, mixed as timm's NaFlex loader mixes them before patchifying
+    (pairs of near aspect ratio; Mixup over their central overlap, CutMix a box in it; each image keeps its size), and
+    cut into ``patch_size`` patches again at their tokens' places. Returns the batch (a copy of ``x`` with new
+    ``patches``: rows, segments, coordinates and padding as they were) and the soft targets ``[B, num_classes]``."""
+    import torch
+    from timm.data.naflex_mixup import NaFlexMixup
+    from timm.data.naflex_transforms import patchify_image
+
+    from vitrel.models.naflex import parse_naflex
+
+    if not isinstance(mixup, NaFlexMixup):
+        raise ValueError(MIXUP_NAFLEX)
+    batch = parse_naflex(x)
+    images = batch.images(patch_size)
+    if len(images) != len(y):
+        raise ValueError(f"the NaFlex batch holds {len(images)} images for {len(y)} targets")
+    mixed, targets = mixup(images, y)
+    patches = torch.as_tensor(x["patches"]).clone()
+    for i, (img, grid) in enumerate(zip(mixed, batch.image_grids, strict=True)):
+        mine = batch.image == i
+        coords = batch.coords[mine]
+        cut = patchify_image(img.contiguous(), (patch_size, patch_size), pad=False, include_info=False)
+        patches[mine] = cut[coords[:, 0] * grid.w + coords[:, 1]].to(patches.dtype)
+    return {**x, "patches": patches}, torch.stack(list(targets))

@@ -238,3 +238,36 @@ def test_pos_hint_for_an_option_the_conf_file_does_not_set():
         "+pos.max_distance=4"
     ), unset
     assert pos_option_hint(["-m", "pos=rel2d_full,ape", "pos.typo=1"]) is None  # a sweep: Hydra's message alone
+
+
+def test_group_option_hint_names_the_nearest_options():
+    from vitrel.train.cli import group_option_hint
+
+    hint = group_option_hint(["pos=rel2d_ful", "module/mixup=naflx", "trainer.max_epochs=1", "logger=[csv,wandbb]"])
+    assert hint.splitlines() == [
+        "pos=rel2d_ful: conf/pos has no rel2d_ful.yaml; did you mean pos=rel2d_full or pos=rel3d_full or "
+        "pos=rel2d_cpb?",
+        "module/mixup=naflx: conf/module/mixup has no naflx.yaml; did you mean module/mixup=naflex?",
+        "logger=wandbb: conf/logger has no wandbb.yaml; did you mean logger=wandb?",
+    ]
+    sweep = group_option_hint(["-m", "pos=rel2d_full,rope2d_mixd", "+experiment=fmnist_naflx"])
+    assert sweep.splitlines()[0].startswith("pos=rope2d_mixd: conf/pos has no rope2d_mixd.yaml; did you mean pos=")
+    assert sweep.splitlines()[1].startswith("experiment=fmnist_naflx: conf/experiment has no fmnist_naflx.yaml;")
+    assert group_option_hint(["pos=rel2d_full", "module/mixup=null", "logger=[csv,wandb]", "data=${oc.env:D}"]) is None
+    assert group_option_hint(["pos=zzz"]) is None  # nothing near: Hydra's list of options alone
+    assert group_option_hint(["pos=rel2d_ful", "hydra.searchpath=[file://x]"]) is None  # options elsewhere too
+
+
+def test_a_config_group_typo_ends_with_the_nearest_option(tmp_path):
+    """``pos=rel2d_ful``: Hydra's refusal (its list of the 30-odd options, the search path) ends with the near one."""
+    from tests.train_helpers import run_script_forked
+
+    r = run_script_forked("train.py", ["pos=rel2d_ful", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
+    assert r.returncode == 1
+    assert "Could not find 'pos/rel2d_ful'" in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (
+        "train.py: pos=rel2d_ful: conf/pos has no rel2d_ful.yaml; did you mean pos=rel2d_full or pos=rel3d_full or "
+        "pos=rel2d_cpb?"
+    ), r.stderr[-2000:]
+    assert not (tmp_path / "r").exists()  # refused before the run

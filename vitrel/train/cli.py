@@ -2,7 +2,8 @@
 ``predict.py`` with the repository conf/, also for a launcher that first imports a module of its own (a position
 scheme registered outside the package); and
 :func:`with_override_hints`, which adds to Hydra's refusal of an override what to set instead: the position scheme's
-options for an unknown ``pos.<key>=``, the new key for one of vitrel 0.1's (``optim.lr=``)."""
+options for an unknown ``pos.<key>=``, the new key for one of vitrel 0.1's (``optim.lr=``), the nearest option of a
+config group for one it lacks (``pos=rel2d_ful``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ __all__ = [
     "conf_dir",
     "pos_option_hint",
     "moved_key_hint",
+    "group_option_hint",
     "with_override_hints",
 ]
 
@@ -92,16 +94,45 @@ def moved_key_hint(args: Sequence[str]) -> str | None:
     return "\n".join(lines) or None
 
 
+def group_option_hint(args: Sequence[str], conf: str | Path | None = None) -> str | None:
+    """The nearest options of a config group for each ``<group>=<option>`` override (``pos=rel2d_ful``,
+    ``module/mixup=naflx``; each value of a sweep's list or of ``logger=[csv,wandb]``) naming an option
+    ``conf/<group>/`` lacks, which Hydra refuses ("Could not find 'pos/rel2d_ful'") above its list of every option.
+    None when each option is there or none is near, or ``args`` add a ``hydra.searchpath`` (options this folder does
+    not hold)."""
+    import difflib
+
+    root = Path(conf or conf_dir())
+    if any(a.lstrip("+").startswith("hydra.searchpath") for a in args):
+        return None
+    lines = []
+    for a in args:
+        m = re.fullmatch(r"\+?([A-Za-z_][\w/]*)=\[?([\w.,-]+)\]?", a)  # (an option, a sweep's or a group's list)
+        if not m or m.group(1).startswith("hydra") or not (root / m.group(1)).is_dir():
+            continue
+        group = m.group(1)
+        have = sorted(f.stem for f in (root / group).glob("*.yaml"))
+        for option in m.group(2).split(","):
+            if option in have or option == "null":
+                continue
+            near = difflib.get_close_matches(option, have, n=3, cutoff=0.6)
+            if near:
+                said = " or ".join(f"{group}={n}" for n in near)
+                lines.append(f"{group}={option}: conf/{group} has no {option}.yaml; did you mean {said}?")
+    return "\n".join(lines) or None
+
+
 def with_override_hints(main: Callable[[], Any], script: str, config_name: str = "train") -> Any:
     """``main()`` (a ``hydra.main`` function); when Hydra exits with an error, what to set instead after it, one
-    ``<script>: <hint>`` line each: :func:`moved_key_hint` and :func:`pos_option_hint` of the command line. Hydra's
-    strictness stays: the run is refused as before."""
+    ``<script>: <hint>`` line each: :func:`moved_key_hint`, :func:`pos_option_hint` and :func:`group_option_hint` of
+    the command line. Hydra's strictness stays: the run is refused as before."""
     try:
         return main()
     except SystemExit as e:
         if e.code == 1:
             args = sys.argv[1:]
-            hints = [h for h in (moved_key_hint(args), pos_option_hint(args, config_name)) if h]
+            hints = [moved_key_hint(args), pos_option_hint(args, config_name), group_option_hint(args)]
+            hints = [h for h in hints if h]
             if hints:
                 print("\n".join(f"{script}: {h}" for h in "\n".join(hints).splitlines()), file=sys.stderr, flush=True)
         raise

@@ -36,6 +36,7 @@ FAST = [
     "progress_bar=none",
     "callbacks.pos_images=null",
     "callbacks.curves=null",  # (tests/train/test_curves.py draws them; 0.2-0.3 s a draw, each epoch)
+    "callbacks.batch_preview=null",  # (tests/train/test_batch_preview.py draws it)
     "callbacks.attention_distance=null",  # (tests/train/test_attention_distance.py writes them)
     "callbacks.per_class.max_png_classes=0",  # (its CSVs only: tests/train/test_per_class.py draws confusion.png)
 ]

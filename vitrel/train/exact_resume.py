@@ -16,12 +16,13 @@ from lightning.pytorch.callbacks import Callback
 from vitrel.data.memory import ResumableLoader
 from vitrel.train.rank_seed import seed_rank
 
-__all__ = ["ExactResume", "ResumePositionError", "check_resume_position"]
+__all__ = ["ExactResume", "ResumePositionError", "check_resume_position", "rng_state", "set_rng_state"]
 
 log = logging.getLogger(__name__)
 
 
-def _rng_state() -> dict:
+def rng_state() -> dict:
+    """The global random states (torch, numpy, python; CUDA's once initialised), as :func:`set_rng_state` takes them."""
     np_state = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
@@ -33,7 +34,7 @@ def _rng_state() -> dict:
     return state
 
 
-def _set_rng_state(state: dict) -> None:
+def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     n = state["numpy"]
     np.random.set_state((n[0], n[1].numpy().astype(np.uint32), *n[2:]))
@@ -98,7 +99,7 @@ class ExactResume(Callback):
 
     def state_dict(self) -> dict[str, Any]:
         loader = self._loader.state_dict() if self._loader is not None else {}
-        return {"loader": loader, "epoch_batches": self._epoch_batches, "rng": _rng_state(), "seed": self.seed}
+        return {"loader": loader, "epoch_batches": self._epoch_batches, "rng": rng_state(), "seed": self.seed}
 
     def on_save_checkpoint(self, trainer: L.Trainer, pl_module: L.LightningModule, checkpoint: dict[str, Any]) -> None:
         """Under DDP, every rank's RNG states beside rank 0's (``rng_ranks``, by global rank): the ranks' streams part
@@ -142,7 +143,7 @@ class ExactResume(Callback):
         if self._pending_rng is not None:
             ranks = self._pending_rng_ranks  # (a checkpoint of another number of processes: at an epoch's end)
             own = ranks is not None and len(ranks) == trainer.world_size
-            _set_rng_state(ranks[trainer.global_rank] if own else self._pending_rng)
+            set_rng_state(ranks[trainer.global_rank] if own else self._pending_rng)
             if not own and trainer.global_rank > 0:  # rank 0's states only: each other rank its own stream
                 seed_rank(self.seed, trainer.global_rank, trainer.global_step)
             self._pending_rng = self._pending_rng_ranks = None

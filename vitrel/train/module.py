@@ -300,16 +300,7 @@ class ClassifierModule(L.LightningModule):
         check_targets(y, self.num_classes, values=not self.sync_free)
         self._step_begins()
         if self.mixup_fn is not None:
-            check_mixup_fits(self.mixup_fn, input_form(x) == "naflex")
-            if input_form(x) == "naflex":  # (timm's NaFlexMixup: the images put back, mixed, cut again)
-                x, target = mix_naflex(self.mixup_fn, x, y, self.model.patch_embed.proj.kernel_size[0])
-            elif x.shape[0] % 2:
-                raise ValueError(
-                    f"mixup/cutmix needs an even batch, got {x.shape[0]}: use an even data.batch_size "
-                    "and data.drop_last=true"
-                )
-            else:
-                x, target = mix_clips(self.mixup_fn, x, y)  # soft targets, smoothed by the Mixup
+            x, target = self.mix(x, y)  # soft targets, smoothed by the mixer
             logits = self._net_for(x)(x)
             loss = F.cross_entropy(logits.float(), target)  # = timm's SoftTargetCrossEntropy
         else:
@@ -336,6 +327,19 @@ class ClassifierModule(L.LightningModule):
                 self.train_padding(padding, weight=n)
                 self.log("train/padding", self.train_padding, on_step=True, on_epoch=True, batch_size=n)
         return loss
+
+    def mix(self, x: Tensor | dict, y: Tensor) -> tuple[Tensor | dict, Tensor]:
+        """The batch ``(x, y)`` mixed by ``mixup`` as the training step mixes it (:mod:`vitrel.train.mixing`): the
+        mixed input and the soft targets ``[B, num_classes]``. timm's ``Mixup`` mixes an image tensor in place."""
+        check_mixup_fits(self.mixup_fn, input_form(x) == "naflex")
+        if input_form(x) == "naflex":  # (timm's NaFlexMixup: the images put back, mixed, cut again)
+            return mix_naflex(self.mixup_fn, x, y, self.model.patch_embed.proj.kernel_size[0])
+        if x.shape[0] % 2:
+            raise ValueError(
+                f"mixup/cutmix needs an even batch, got {x.shape[0]}: use an even data.batch_size "
+                "and data.drop_last=true"
+            )
+        return mix_clips(self.mixup_fn, x, y)
 
     def on_train_epoch_start(self) -> None:
         if hasattr(self.mixup_fn, "set_epoch"):  # timm's NaFlexMixup: off from its mixup_off_epoch (0: never)

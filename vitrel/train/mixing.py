@@ -59,13 +59,11 @@ def mix_naflex(mixup: Callable, x: Mapping[str, Any], y: Tensor, patch_size: int
     cut into ``patch_size`` patches again at their tokens' places. Returns the batch (a copy of ``x`` with new
     ``patches``: rows, segments, coordinates and padding as they were) and the soft targets ``[B, num_classes]``."""
     import torch
-    from timm.data.naflex_mixup import NaFlexMixup
     from timm.data.naflex_transforms import patchify_image
 
     from vitrel.models.naflex import parse_naflex
 
-    if not isinstance(mixup, NaFlexMixup):
-        raise ValueError(MIXUP_NAFLEX)
+    check_mixup_fits(mixup, naflex=True)
     batch = parse_naflex(x)
     images = batch.images(patch_size)
     if len(images) != len(y):

@@ -93,6 +93,20 @@ def test_bad_clips_refused_before_any_work():
     assert_feature_refusals(CPU, **SMALL)
 
 
+@pytest.mark.parametrize("name", [CPU, "vitrel_swin3d_tiny_patch122_window444_32"])
+def test_lists_and_naflex_dicts_are_refused_by_video_models(name):
+    """The image models take a list of images or a NaFlex dict; a video model says it takes one clip tensor."""
+    m = vitrel.create_model(name, in_chans=1, num_classes=3)
+    naflex = {
+        "patches": torch.randn(1, 4, 16),
+        "patch_coord": torch.zeros(1, 4, 2, dtype=torch.long),
+        "patch_valid": torch.ones(1, 4, dtype=torch.bool),
+    }
+    for given, kind in [([torch.randn(1, 8, 32, 32)], "list"), (naflex, "dict")]:
+        with pytest.raises(ValueError, match=rf"takes clips \[B, 1, T, H, W\] as one tensor, got a {kind}"):
+            m(given)
+
+
 @pytest.mark.parametrize("class_token", [False, True])
 def test_forward_intermediates(class_token):
     m = make(class_token=class_token)

@@ -265,7 +265,13 @@ def patch_grid(x: Tensor, patch_size: int, in_chans: int) -> Grid:
 
 @register_notrace_function
 def clip_grid(x: Tensor, tubelet_size: int, patch_size: int, in_chans: int) -> Grid3:
-    """The tubelet grid of clips ``x [B, in_chans, T, H, W]`` (a clear error for another layout or size)."""
+    """The tubelet grid of clips ``x [B, in_chans, T, H, W]`` (a clear error for another layout or size, and for a
+    list of images or a NaFlex dict: token layouts are the image models')."""
+    if not isinstance(x, Tensor):
+        raise ValueError(
+            f"a video model takes clips [B, {in_chans}, T, H, W] as one tensor, got a {type(x).__name__}: lists of "
+            "images and NaFlex dicts are for the image models (docs/video.md)"
+        )
     if x.dim() != 5 or x.shape[1] != in_chans:
         raise ValueError(f"expected clips [B, {in_chans}, T, H, W] (VideoMAE's layout), got {tuple(x.shape)}")
     return _clip_grid_for(x.shape[2], (x.shape[-2], x.shape[-1]), tubelet_size, patch_size)

@@ -40,7 +40,7 @@ PLACEHOLDERS: dict[tuple[str, str], str] = {
     # a run of train.py: vitrel_vit_tiny_patch4_32 with rel2d_factored (docs/models.md's checkpoint_path= line names it)
     ("README.md", "outputs/train/runs/<run>"): RUN,
     ("docs/dense.md", "outputs/train/runs/<run>"): RUN,  # its trained weights as a features_only backbone
-    # video.md inflates its image run (vitrel_vit_tiny_patch4_32, rope2d_mixed) into a rope3d_mixed video ViT
+    # video.md inflates its image run (train.py's default ViT, rope2d_mixed) into a rope3d_mixed video ViT
     ("docs/video.md", "outputs/train/runs/<run>"): VIDEO_RUN,
     # downloads from the Hugging Face hub (no network here): the same architectures, timm's random weights
     ("docs/models.md", 'from_timm("swin_tiny_patch4_window7_224.ms_in1k")'): (
@@ -204,12 +204,12 @@ def run_block(file: str, line: int, code: str, namespace: dict) -> dict[int, obj
 
 
 # ------------------------------------------------------------------------------------------- the user's files
-def train_run(run: Path, pos: str) -> Path:
+def train_run(run: Path, pos: str, **kw) -> Path:
     """``run/checkpoints/last.ckpt`` in the format ``train.py`` writes (Lightning's checkpoint of a
     :class:`ClassifierModule`: weights, ``vitrel_cfg``, the data config), of vitrel_vit_tiny_patch4_32 at 3 x 32 x 32
     after one step of a plain ``Trainer.fit``: not a ``train.py`` run, whose data would be 1-channel Fashion-MNIST."""
     torch.manual_seed(0)
-    model = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, num_classes=10)
+    model = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, num_classes=10, **kw)
     data_config = dict(input_size=[3, 32, 32], mean=[0.5] * 3, std=[0.25] * 3, crop_pct=1.0, crop_mode="center")
     module = ClassifierModule(model, data_config=data_config)
     data = DataLoader(TensorDataset(torch.randn(4, 3, 32, 32), torch.arange(4)), batch_size=4)
@@ -242,7 +242,8 @@ def user_files(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("user")
     ckpt = train_run(root / RUN, "rel2d_factored")
-    train_run(root / VIDEO_RUN, "rope2d_mixed")
+    # built as conf/model/vit_tiny_fmnist.yaml (train.py's default model), not at the registered name's sizes
+    train_run(root / VIDEO_RUN, "rope2d_mixed", embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, global_pool="avg")
     shutil.copy(ckpt, root / "last.ckpt")
     assert export_main([str(ckpt), str(root / "export_dir")]) == 0
     save_pretrained(vitrel.create_model("vitrel_vit_video_tiny_patch4_32"), root / "export")

@@ -193,3 +193,29 @@ def test_refusals_before_any_weight_is_written():
     fresh = image_vit("rope2d_mixed", num_classes=7)
     inflate_image_model(fresh, vid, head=False)  # another label set: the video model keeps its head
     assert torch.equal(vid.head.weight, before["head.weight"])
+
+
+def test_a_video_model_built_unlike_the_image_model_is_refused_with_the_call_that_fits():
+    """The default run's model (conf/model/vit_tiny_fmnist.yaml: width 64, 4 blocks, 1 channel, 28 px) into a video
+    model at the registered name's defaults: one error naming what differs and the ``create_model`` arguments that
+    fit, before the scheme's own checks; the model those arguments build inflates."""
+    from pathlib import Path
+
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    conf = OmegaConf.load(Path(__file__).parents[2] / "conf/model/vit_tiny_fmnist.yaml")
+    img = instantiate(conf, pos="rope2d_mixed", img_size=28, in_chans=1, num_classes=10)
+    vid = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", pos="rope3d_mixed", num_classes=10, img_size=28)
+    with pytest.raises(ValueError) as e:
+        inflate_image_model(img, vid)
+    said = str(e.value)
+    for part in ["embed_dim image 64, video 192", "depth image 4, video 12", "num_heads image 4, video 3",
+                 "mlp_ratio image 2.0, video 4.0", "class_token image True, video False"]:  # fmt: skip
+        assert part in said, said
+    call = said.split("build it with vitrel.create_model(")[1].removesuffix(", ...)")
+    args = eval(f"dict({call.split(', ', 1)[1]})")  # the arguments it names, as a user would paste them
+    assert args == dict(pos="rope3d_mixed", embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, class_token=True)
+    fit = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", num_classes=10, img_size=28, **args)
+    inflate_image_model(img, fit)
+    torch.testing.assert_close(fit.blocks[0].attn.pos.freqs[1:], img.blocks[0].attn.pos.freqs.flip(0))

@@ -116,8 +116,40 @@ def _image_spec(video_pos: Any, video_model: nn.Module) -> Any:
     return name
 
 
+#: the build arguments an inflated model shares with its image model: each changes a weight's shape, or (pooling,
+#: layer norms' eps) the function the weights compute (a missing or extra weight, as of fc_norm, is named later)
+_SHARED_ARGS = (
+    "embed_dim", "depth", "depths", "num_heads", "mlp_ratio", "patch_size", "in_chans", "class_token", "qkv_bias",
+    "global_pool", "norm_eps",
+)  # fmt: skip
+
+
+def _check_architecture(video_model: nn.Module, image_cfg: dict[str, Any]) -> None:
+    """Refuse a video model not built with the image model's widths, depths, heads, patch, channels and pooling,
+    naming each that differs and the ``create_model`` call that builds it (before any scheme's own check)."""
+    vcfg = video_model.vitrel_cfg
+    differ = {
+        k: image_cfg[k]
+        for k in _SHARED_ARGS
+        if k in image_cfg and k in vcfg and _as_list(image_cfg[k]) != _as_list(vcfg[k])
+    }
+    if differ:
+        said = "; ".join(f"{k} image {image_cfg[k]!r}, video {vcfg[k]!r}" for k in differ)
+        args = ", ".join(f"{k}={v!r}" for k, v in {"pos": vcfg["pos"], **differ}.items())
+        raise ValueError(
+            f"the video model is not built like the image model ({said}): build it with "
+            f"vitrel.create_model({vcfg['architecture']!r}, {args}, ...)"
+        )
+
+
+def _as_list(value: Any) -> Any:
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
 def _check_pairing(video_model: nn.Module, image_cfg: dict[str, Any] | None, image_pos: Any) -> None:
     vcfg = video_model.vitrel_cfg
+    if image_cfg is not None:
+        _check_architecture(video_model, image_cfg)
     if vcfg.get("abs_pos") is not None or (image_cfg or {}).get("abs_pos") is not None:
         raise ValueError("absolute embeddings (abs_pos) are not inflated: build both models without one")
     vspec = parse_pos(vcfg["pos"])
@@ -216,7 +248,10 @@ def _inflate_scheme(scheme: PositionScheme, src: dict[str, Tensor], dst: dict[st
     if name == "rope3d_mixed":
         f2, f3 = src.get("freqs"), dst["freqs"]
         if f2 is None or f2.shape[0] != 2 or f2.shape[1:] != f3.shape[1:]:
-            raise ValueError(f"rope3d_mixed's freqs {tuple(f3.shape)} need rope2d_mixed's [2, heads, d/2] of that size")
+            got = None if f2 is None else tuple(f2.shape)
+            raise ValueError(
+                f"rope3d_mixed's freqs {tuple(f3.shape)} need rope2d_mixed's [2, heads, d/2] of that size, got {got}"
+            )
         return {"freqs": torch.stack([torch.zeros_like(f2[0]), f2[1], f2[0]])}
     if src or dst:
         raise ValueError(f"{name}: parameters {sorted(dst)} from {sorted(src)} are not inflated")

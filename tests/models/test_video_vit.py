@@ -20,6 +20,7 @@ from .test_contract import block_outputs
 VIDEO_VITS = sorted(n for n, (cls, _) in MODEL_ARGS.items() if cls is VideoVisionTransformer)
 SMALL = dict(depth=2, embed_dim=32, num_heads=2)
 CPU = "vitrel_vit_video_tiny_patch4_32"
+SWIN3D = "vitrel_swin3d_tiny_patch122_window444_32"
 
 
 def make(name: str = CPU, **kw) -> VideoVisionTransformer:
@@ -93,7 +94,7 @@ def test_bad_clips_refused_before_any_work():
     assert_feature_refusals(CPU, **SMALL)
 
 
-@pytest.mark.parametrize("name", [CPU, "vitrel_swin3d_tiny_patch122_window444_32"])
+@pytest.mark.parametrize("name", [CPU, SWIN3D])
 def test_lists_and_naflex_dicts_are_refused_by_video_models(name):
     """The image models take a list of images or a NaFlex dict; a video model says it takes one clip tensor."""
     m = vitrel.create_model(name, in_chans=1, num_classes=3)
@@ -261,7 +262,7 @@ VIDEO_SCHEMES = [n for n in vitrel.list_pos() if vitrel.pos.get_pos_class(n).gri
 
 
 @pytest.mark.parametrize("pos", VIDEO_SCHEMES)
-@pytest.mark.parametrize("name", [CPU, "vitrel_swin3d_tiny_patch122_window444_32"])
+@pytest.mark.parametrize("name", [CPU, SWIN3D])
 def test_every_video_scheme_forward_backward(name, pos):
     """Each scheme that takes video grids trains in both video models: finite outputs, a gradient for every
     parameter, at the native clip and a longer, larger one; a relative scheme sits in every attention layer, an
@@ -280,3 +281,55 @@ def test_every_video_scheme_forward_backward(name, pos):
         assert type(m.abs_pos).name == pos and inside == {"none"}
     else:
         assert m.abs_pos is None and inside == {pos}
+
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        (CPU, dict(pos="rel3d_full", abs_pos="ape", tubelet_size=2, **SMALL)),
+        (SWIN3D, dict(pos="rel3d_factored", tubelet_size=2, embed_dim=16, depths=(2,), num_heads=(2,))),
+    ],
+    ids=["vit", "swin3d"],
+)
+def test_set_input_size_equals_loading_at_that_size_and_frames(tmp_path, name, kw):
+    """timm's ``set_input_size`` on a video model (img_size and num_frames): learned tables and embeddings resized as
+    :func:`vitrel.load_model` at that size and clip length resizes the saved weights, ``vitrel_cfg`` and the data
+    config follow, the model saved afterwards reloads as it is; another patch (or Swin window) is refused."""
+    import warnings
+
+    from vitrel.models.checkpoint import save_pretrained
+    from vitrel.models.data_config import model_data_config
+
+    torch.manual_seed(0)
+    m = vitrel.create_model(name, **kw).eval()
+    with torch.no_grad():  # tables away from their zero init: a lost or unresized one shows
+        for n, p in m.named_parameters():
+            if "pos" in n:
+                p.add_(torch.randn_like(p))
+    save_pretrained(m, tmp_path / "before")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "resized relative-position table"
+        saved = vitrel.load_model(tmp_path / "before", img_size=48, num_frames=16).eval()
+        m.set_input_size(img_size=48, num_frames=16)
+    assert m.vitrel_cfg["img_size"] == [48, 48] and m.vitrel_cfg["num_frames"] == 16
+    assert model_data_config(m)["num_frames"] == 16 and model_data_config(m)["input_size"][1:] == [48, 48]
+    assert timm.models.get_model_input_config(m)["input_size"][-2:] == (48, 48)
+    assert {k: v.shape for k, v in m.state_dict().items()} == {k: v.shape for k, v in saved.state_dict().items()}
+    x = clip(1, 1, 16, 48, 48)
+    save_pretrained(m, tmp_path / "after")
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), saved(x), rtol=0, atol=0)
+        torch.testing.assert_close(vitrel.load_model(tmp_path / "after").eval()(x), m(x), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="patch size"):
+        m.set_input_size(img_size=64, patch_size=8)
+    with pytest.raises(ValueError, match="3 frames are not a positive multiple of the tubelet size 2"):
+        m.set_input_size(num_frames=3)
+    assert m.vitrel_cfg["num_frames"] == 16
+
+
+def test_video_swin_set_input_size_keeps_its_window():
+    s = vitrel.create_model(SWIN3D, embed_dim=16, depths=(2,), num_heads=(2,))
+    s.set_input_size(img_size=48, window_size=4)  # the window it has: nothing to refuse
+    with pytest.raises(ValueError, match=r"keeps the Video Swin's window \(4, 4, 4\)"):
+        s.set_input_size(window_size=(2, 4, 4))
+    assert s.vitrel_cfg["img_size"] == [48, 48]

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from timm.layers import register_notrace_function
+from timm.layers import register_notrace_function, to_2tuple
 from timm.models._input import update_model_input_size
 from torch import Tensor, nn
 
@@ -35,6 +35,7 @@ __all__ = [
     "check_grid_sizes",
     "check_patches_fit",
     "rebuild_position_schemes",
+    "set_clip_input_size",
 ]
 
 
@@ -119,3 +120,22 @@ def rebuild_position_schemes(model: nn.Module, **changes: Any) -> nn.Module:
     img = fresh.vitrel_cfg["img_size"]
     update_model_input_size(model, img, **{k: v for k, v in changes.items() if k != "img_size"})
     return fresh
+
+
+def set_clip_input_size(
+    model: nn.Module, img_size: Any = None, num_frames: int | None = None, patch_size: Any = None
+) -> None:
+    """A video model's ``set_input_size``: built from now on for frames of ``img_size`` and clips of ``num_frames``
+    (learned tables and absolute embeddings resized as :func:`vitrel.load_model` with ``img_size=`` /
+    ``num_frames=`` does; ``vitrel_cfg``, and so the model's data config, follow). The patch size stays (another is
+    a ``ValueError``)."""
+    if patch_size is not None and to_2tuple(patch_size) != to_2tuple(model.patch_embed.patch_size):
+        raise ValueError(f"set_input_size cannot change the patch size ({model.patch_embed.patch_size})")
+    changes: dict[str, Any] = {}
+    if img_size is not None:
+        changes["img_size"] = to_2tuple(img_size)
+    if num_frames is not None:
+        changes["num_frames"] = int(num_frames)
+    if changes:
+        fresh = rebuild_position_schemes(model, **changes)
+        model.img_size, model.num_frames, model.grid = fresh.img_size, fresh.num_frames, fresh.grid

@@ -41,6 +41,7 @@ from vitrel.models.blocks import (
     prepare_states,
     with_placement,
 )
+from vitrel.models.input_size import set_clip_input_size
 from vitrel.models.swin_blocks import PatchMerging, SwinStage
 from vitrel.models.timm_surface import TimmSurface
 from vitrel.models.video_features import CLIP_GETTER_ONLY, ClipFeatureGetterNet
@@ -320,6 +321,20 @@ class SwinTransformer3D(SwinBody, TimmSurface, nn.Module):
             b, c = x.shape[0], x.shape[-1]
             x = add_abs_pos(self.abs_pos, x.reshape(b, -1, c), grid, 0).view(x.shape)
         return self.pos_drop(x)
+
+    def set_input_size(
+        self, img_size: Any = None, num_frames: int | None = None, patch_size: Any = None, window_size: Any = None
+    ) -> None:
+        """timm's ``set_input_size`` with clips: built now for ``img_size`` frames and ``num_frames`` per clip
+        (:func:`~vitrel.models.input_size.set_clip_input_size`). The window stays, as loading at another size keeps
+        it (a window larger than a stage's grid shrinks to it at each call); another ``window_size`` is a
+        ``ValueError``: build the model with it."""
+        if window_size is not None and list(_triple("window_size", window_size)) != list(self.window_size):
+            raise ValueError(
+                f"set_input_size keeps the Video Swin's window {tuple(self.window_size)}: build the model with "
+                f"window_size={window_size} for another"
+            )
+        set_clip_input_size(self, img_size, num_frames, patch_size)
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Clips ``[B, C, T, H, W]`` -> normalised feature map ``[B, T', H'', W'', C]`` (NTHWC)."""

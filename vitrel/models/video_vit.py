@@ -28,6 +28,7 @@ from vitrel.layers.validate import check_vit_args
 from vitrel.layout.geometry import Grid3
 from vitrel.models.backbone import ViTBody
 from vitrel.models.blocks import TubeletEmbed, add_abs_pos, constructor_config, with_placement
+from vitrel.models.input_size import set_clip_input_size
 from vitrel.models.timm_surface import TimmSurface
 from vitrel.models.video_features import CLIP_GETTER_ONLY, ClipFeatureGetterNet
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
@@ -110,6 +111,11 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         for info in self.feature_info:  # timm's reduction: the stride in space (patch_size); in time beside it
             info["time_reduction"] = tubelet_size
         self.init_weights(needs_reset=False)  # the modules initialised themselves (timm's)
+
+    def set_input_size(self, img_size: Any = None, num_frames: int | None = None, patch_size: Any = None) -> None:
+        """timm's ``set_input_size`` with clips: built now for ``img_size`` frames and ``num_frames`` per clip
+        (:func:`~vitrel.models.input_size.set_clip_input_size`); the patch and tubelet stay."""
+        set_clip_input_size(self, img_size, num_frames, patch_size)
 
     # ---------------------------------------------------------------------------- forward
     def embed(self, x: Tensor) -> tuple[Tensor, Grid3]:

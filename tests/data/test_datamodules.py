@@ -187,7 +187,7 @@ def test_fashion_full_from_root(tmp_path, monkeypatch, layout):
     monkeypatch.setattr(fm, "DEBIAN_DIR", tmp_path / "no_debian")
     d = tmp_path if layout == "root_gz" else tmp_path / "FashionMNIST" / "raw"
     files = make_fmnist_files(d, gz=layout == "root_gz")
-    dm = FashionMNISTDataModule(root=str(tmp_path), subset="full", batch_size=8, num_workers=0)
+    dm = FashionMNISTDataModule(root=str(tmp_path), subset="full", batch_size=8, num_workers=0, val_fraction=0.0)
     assert dm.data_dir == d.absolute()
     assert (dm.num_classes, dm.in_chans, dm.img_size) == (10, 1, 28) and len(dm.class_names) == 10
     dm.prepare_data()
@@ -221,7 +221,7 @@ def test_fashion_in_chans3_and_img_size(tmp_path, monkeypatch):
 
 
 def test_embedded_subset_is_stratified():
-    dm = FashionMNISTDataModule(batch_size=32, num_workers=0)
+    dm = FashionMNISTDataModule(batch_size=32, num_workers=0, val_fraction=0.0)
     assert dm.subset == "embedded"
     with np.load(fm.SUBSET_PATH) as z:
         assert z["x_train"].shape == (10000, 28, 28) and z["x_test"].shape == (2000, 28, 28)
@@ -304,7 +304,8 @@ def test_cifar_pickle_writer_matches_official_format(tmp_path):
 @pytest.mark.parametrize("num_classes", [10, 100])
 def test_cifar(tmp_path, num_classes):
     data = make_cifar_files(tmp_path, num_classes)
-    dm = CIFARDataModule(root=str(tmp_path), num_classes=num_classes, verify=False, batch_size=6, num_workers=0)
+    dm = CIFARDataModule(root=str(tmp_path), num_classes=num_classes, verify=False, batch_size=6, num_workers=0,
+                         val_fraction=0.0)  # fmt: skip
     assert isinstance(dm, CIFARDataModule) and dm.num_classes == num_classes and dm.in_chans == 3
     stats = {
         10: ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
@@ -478,6 +479,32 @@ def test_val_fraction_split_is_seeded_and_disjoint():
         torch.testing.assert_close(dm.dataset("val")[0][0], normalise(z["x_train"][va[0]], dm.mean, dm.std))
 
 
+def test_python_data_modules_hold_out_val_as_their_configs_do():
+    """A data module built in Python without ``val_fraction`` validates as ``train.py data=<its config>`` does: the
+    class default is the config's (10 % of train held out for Fashion-MNIST, CIFAR, arrays; ImageNet's and the
+    videos' val is their test split), so a Lightning ``Trainer.fit`` in Python never picks its best checkpoint on
+    the test images unless asked."""
+    from hydra.utils import get_class
+    from omegaconf import OmegaConf
+
+    from vitrel.data.base import VisionDataModule
+
+    seen = {}
+    for path in sorted((Path(__file__).parents[2] / "conf/data").glob("*.yaml")):
+        conf = OmegaConf.load(path)
+        if "_target_" in conf and "val_fraction" in conf:
+            cls = get_class(conf._target_)
+            default = getattr(cls, "default_val_fraction", None)
+            seen[path.stem] = default
+            if issubclass(cls, VisionDataModule) or default is not None:
+                assert default == conf.val_fraction, (path.name, default, conf.val_fraction)
+    assert seen["fashion_mnist"] == seen["cifar10"] == seen["arrays"] == 0.1 and seen["imagenet"] == 0.0, seen
+    dm = FashionMNISTDataModule(num_workers=0)
+    dm.setup("fit")
+    assert dm.val_fraction == 0.1 and (len(dm.dataset("train")), len(dm.dataset("val"))) == (9000, 1000)
+    assert FashionMNISTDataModule(val_fraction=0.0).val_fraction == 0.0  # the test split, when asked
+
+
 def test_augment_uses_timm_and_eval_stays_plain():
     dm = FashionMNISTDataModule(augment=True, batch_size=16, num_workers=0, loader="workers")
     assert "RandomResizedCropAndInterpolation" in repr(dm.train_transform())
@@ -580,7 +607,7 @@ def test_translate_canvas_transform_random_and_center():
 
 
 def test_translated_dataset_offsets_and_normalisation():
-    dm = FashionMNISTDataModule(canvas_size=42, batch_size=4, num_workers=0)
+    dm = FashionMNISTDataModule(canvas_size=42, batch_size=4, num_workers=0, val_fraction=0.0)
     assert dm.img_size == 42
     ds = dm.make_dataset("test")
     assert isinstance(ds, TranslatedDataset)

@@ -392,7 +392,7 @@ def _sampler(ds, world, rank):
 
 
 def test_over_the_memory_budget_is_a_clear_error():
-    dm = FashionMNISTDataModule(memory_budget_gb=1e-4)  # 107 kB
+    dm = FashionMNISTDataModule(memory_budget_gb=1e-4, val_fraction=0.0)  # 107 kB
     with pytest.raises(MemoryBudgetError) as exc:
         dm.setup("fit")
     msg = str(exc.value)
@@ -432,7 +432,7 @@ def test_array_data_module(tmp_path):
     rng = np.random.default_rng(0)
     train = (rng.integers(0, 256, (50, 12, 12, 3), dtype=np.uint8), np.arange(50) % 4)
     test = (rng.integers(0, 256, (20, 12, 12, 3), dtype=np.uint8), np.arange(20) % 4)
-    dm = ArrayDataModule(train=train, test=test, batch_size=8)
+    dm = ArrayDataModule(train=train, test=test, batch_size=8, val_fraction=0.0)
     assert (dm.num_classes, dm.in_chans, dm.img_size, dm.loader) == (4, 3, 12, "memory")
     np.testing.assert_allclose(dm.mean, train[0].reshape(-1, 3).mean(0) / 255, rtol=1e-6)
     assert dm.batch_augment.hflip == 0.0  # no mirroring by default

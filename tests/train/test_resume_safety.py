@@ -426,7 +426,7 @@ def test_split_check_names_a_changed_training_set_and_passes_old_checkpoints(mon
     _arrays(40).load_state_dict(state)
     _arrays(44).check_split(None)  # a checkpoint from before the split record
     x = np.zeros((8, 8, 8), np.uint8)
-    unsplit = ArrayDataModule(train=(x, np.arange(8) % 2), test=(x, np.arange(8) % 2))  # val is the test split
+    unsplit = ArrayDataModule(train=(x, np.arange(8) % 2), test=(x, np.arange(8) % 2), val_fraction=0.0)  # val: test
     unsplit.check_split(unsplit.state_dict())
     unsplit.check_split({"split": {"val_fraction": 0.0, "note": "another record of no split"}})
 

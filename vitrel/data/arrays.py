@@ -29,6 +29,7 @@ class ArrayDataModule(VisionDataModule):
 
     dataset_name = "arrays"
     memory_capable = True
+    default_val_fraction = 0.1  # (conf/data: the same)
     default_loader = "memory"
     default_batch_augment = {"translate": 2}
 

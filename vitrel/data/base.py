@@ -5,11 +5,13 @@ re-exported here).
 Every DataModule here follows one contract (the trainer and the evaluation scripts code against it):
 
 * constructor kwargs ``root, batch_size=128, num_workers=2, img_size=None (native), augment,
-  pin_memory=False, seed=0, val_fraction=0.0, download=True`` (plus a few optional extras);
+  pin_memory=False, seed=0, val_fraction=None, download=True`` (plus a few optional extras);
 * public attributes ``num_classes, in_chans, img_size, mean, std, class_names``;
 * ``prepare_data()`` (downloads where allowed), ``setup(stage)``, ``train/val/test_dataloader()``;
-* val == test split unless ``val_fraction > 0`` (then a seeded split of train is held out as val; the configs of
-  Fashion-MNIST and CIFAR, ``conf/data``, hold out 10 %);
+* val == test split unless ``val_fraction > 0`` (then a seeded split of train is held out as val); None: the data
+  set's ``default_val_fraction``, 10 % for Fashion-MNIST, CIFAR and arrays (as their ``conf/data`` configs and
+  Lightning's example data modules: the best checkpoint is not chosen on the test split), 0 for ImageNet (its val
+  folder is its test split);
 * ``make_dataset(split, img_size=None, transform=None)`` for scoring at another image size;
 * ``loader``: ``"memory"`` (the data set held as uint8 tensors on the training device, batches by index,
   batched augmentation there: :mod:`vitrel.data.memory`) or ``"workers"`` (per-sample PIL pipeline in
@@ -89,7 +91,8 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
         pin_memory: DataLoader ``pin_memory`` (workers loader; only when training on a CUDA device).
         seed: seed for subsetting/splitting, the per-sample canvas offsets of eval splits, and the memory
             loader's order and augmentation when no ``train_order_seed`` is set.
-        val_fraction: > 0 holds out this (seeded) fraction of train as the val split.
+        val_fraction: > 0 holds out this (seeded) fraction of train as the val split; 0: val is the test split;
+            None: ``default_val_fraction``.
         download: let ``prepare_data`` download the data where that is possible.
         eval_batch_size: batch size of val/test loaders (default ``batch_size``).
         drop_last: drop the last incomplete training batch.
@@ -135,6 +138,8 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
     #: the data set comes as uint8 arrays (``_load_arrays``): the memory loader can hold it
     memory_capable: bool = False
     default_loader: str = "workers"
+    #: ``val_fraction=None``'s: the held-out part of train validated on (0: the test split)
+    default_val_fraction: float = 0.0
     default_batch_augment: dict[str, Any] = {}
     #: None: the workers loader shuffles with a ``RandomSampler`` (the memory loader seeds its order with
     #: ``seed``). A seed: the order of epoch ``e`` is seeded by ``train_order_seed + e``, split over the
@@ -150,7 +155,7 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
         augment: bool = False,
         pin_memory: bool = False,
         seed: int = 0,
-        val_fraction: float = 0.0,
+        val_fraction: float | None = None,
         download: bool = True,
         eval_batch_size: int | None = None,
         drop_last: bool = False,
@@ -179,6 +184,8 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
                 raise ValueError(f"{key} must be >= 1, got {size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
+        if val_fraction is None:
+            val_fraction = self.default_val_fraction
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         if canvas_mode not in CANVAS_MODES:

@@ -85,6 +85,7 @@ class CIFARDataModule(VisionDataModule):
     native_size = 32
     default_augment_kwargs = {"scale": (0.35, 1.0), "hflip": 0.5, "color_jitter": 0.0}
     memory_capable = True
+    default_val_fraction = 0.1  # (conf/data: the same)
     default_loader = "memory"
     default_batch_augment = {"translate": 4, "hflip": 0.5}
 

@@ -166,6 +166,7 @@ class FashionMNISTDataModule(VisionDataModule):
     native_size = 28
     default_augment_kwargs = {"scale": (0.5, 1.0), "hflip": 0.5, "color_jitter": 0.0}
     memory_capable = True
+    default_val_fraction = 0.1  # (conf/data: the same)
     default_loader = "memory"
     default_batch_augment = {"translate": 2, "hflip": 0.5}
 

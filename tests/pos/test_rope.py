@@ -451,9 +451,11 @@ def test_rope2d_axial_checkpoints_written_columns_first_load_as_they_were(tmp_pa
         torch.testing.assert_close(swap_rope_axial_halves(new)(ref["x"]), ref["vit"])
     with pytest.raises(ValueError, match="already rotates columns first"):
         swap_rope_axial_halves(vit)
+    # built as the image ViT (its channels, class token, pooling): what is refused is the rotary order
     video = vitrel.create_model(
         "vitrel_vit_video_tiny_patch4_32", pos={"name": "rope3d_axial", "sections": [0, 4, 4], "base": 100.0},
-        img_size=16, num_frames=2, tubelet_size=1, embed_dim=32, depth=2, num_heads=2,
+        img_size=16, num_frames=2, tubelet_size=1, embed_dim=32, depth=2, num_heads=2, in_chans=3, class_token=True,
+        global_pool="token",
     )  # fmt: skip
     with pytest.raises(ValueError, match="order.*columns_first.*swap_rope_axial_halves"):
         inflate_image_model(fix / "v4_vit_rope2d_axial.pt", video)

@@ -271,3 +271,34 @@ def test_a_config_group_typo_ends_with_the_nearest_option(tmp_path):
         "pos=rel2d_cpb?"
     ), r.stderr[-2000:]
     assert not (tmp_path / "r").exists()  # refused before the run
+
+
+def test_key_typo_hint_names_the_nearest_keys_of_the_schemas():
+    """A key the typed schemas lack (Hydra: ``Key 'max_epoch' not in 'TrainerConfig'``): the nearest keys of that
+    node, the script's own top level, ``trainer``, ``module`` and any data schema's; nothing for right keys, additions
+    (``+``), untyped nodes (``model.*``) or config groups."""
+    from vitrel.train.cli import key_typo_hint
+
+    hint = key_typo_hint(["trainer.max_epoch=1", "data.img_sze=48", "sed=1", "trainer.max_epochs=2", "pos=rel2d_ful"])
+    assert hint.splitlines() == [
+        "trainer.max_epoch=1: trainer has no max_epoch; did you mean trainer.max_epochs?",
+        "data.img_sze=48: data has no img_sze; did you mean data.img_size?",
+        "sed=1: train.py's config has no sed; did you mean seed?",
+    ]
+    assert (
+        key_typo_hint(["ckpt_pth=x"], "eval") == "ckpt_pth=x: eval.py's config has no ckpt_pth; did you mean ckpt_path?"
+    )
+    assert key_typo_hint(["data.packing=pack", "data.val_dir=v", "module.ema_eval=false", "seed=1"]) is None
+    assert key_typo_hint(["+trainer.max_epoch=1", "model.embed_dm=3", "hydra.run.dr=x", "trainer.zzz=1"]) is None
+
+
+def test_a_key_typo_ends_with_the_nearest_key(tmp_path):
+    """``trainer.max_epoch=1``: Hydra's refusal, then the key meant, before anything runs."""
+    from tests.train_helpers import run_script_forked
+
+    r = run_script_forked("train.py", ["trainer.max_epoch=1", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
+    assert r.returncode == 1
+    assert "Key 'max_epoch' not in 'TrainerConfig'" in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == "train.py: trainer.max_epoch=1: trainer has no max_epoch; did you mean trainer.max_epochs?", last
+    assert not (tmp_path / "r").exists()

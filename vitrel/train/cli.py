@@ -94,6 +94,47 @@ def moved_key_hint(args: Sequence[str]) -> str | None:
     return "\n".join(lines) or None
 
 
+def key_typo_hint(args: Sequence[str], config_name: str = "train", conf: str | Path | None = None) -> str | None:
+    """The nearest keys for each ``<key>=<value>`` / ``<node>.<key>=<value>`` override (no ``+``) naming a key the typed
+    schemas lack (``trainer.max_epoch=1``), which Hydra refuses (``Key 'max_epoch' not in 'TrainerConfig'``): the
+    script's top level, ``trainer`` (Lightning's ``Trainer`` arguments), ``module`` and ``data`` (the keys of every
+    data schema). None when each key is there or none is near; config groups (``pos=...``) are
+    :func:`group_option_hint`'s."""
+    import dataclasses
+    import difflib
+
+    from vitrel import config as c
+
+    top = {"train": c.TrainConfig, "eval": c.EvalConfig, "predict": c.PredictConfig}.get(config_name)
+    if top is None:
+        return None
+    root = Path(conf or conf_dir())
+
+    def names(cls: type) -> set[str]:
+        return {f.name for f in dataclasses.fields(cls)}
+
+    nodes = {"trainer": names(c.TrainerConfig), "module": names(c.ModuleConfig), "data": set()}
+    for cls in (c.DataConfig, *c.DataConfig.__subclasses__()):
+        nodes["data"] |= names(cls)
+    lines = []
+    for a in args:
+        m = re.match(r"([A-Za-z_][\w.]*)=", a)  # (not +key=, ++key=, ~key: those add, force or delete)
+        if not m or m.group(1).startswith("hydra") or (root / m.group(1)).is_dir():
+            continue
+        *node, key = m.group(1).split(".")
+        if not node:
+            have, prefix = names(top), ""
+        elif len(node) == 1 and node[0] in nodes and node[0] in names(top):
+            have, prefix = nodes[node[0]], node[0] + "."
+        else:
+            continue
+        near = difflib.get_close_matches(key, sorted(have), n=3, cutoff=0.75)
+        if key not in have and near:
+            where = prefix.rstrip(".") or f"{config_name}.py's config"
+            lines.append(f"{a}: {where} has no {key}; did you mean " + " or ".join(prefix + n for n in near) + "?")
+    return "\n".join(lines) or None
+
+
 def group_option_hint(args: Sequence[str], conf: str | Path | None = None) -> str | None:
     """The nearest options of a config group for each ``<group>=<option>`` override (``pos=rel2d_ful``,
     ``module/mixup=naflx``; each value of a sweep's list or of ``logger=[csv,wandb]``) naming an option
@@ -124,14 +165,15 @@ def group_option_hint(args: Sequence[str], conf: str | Path | None = None) -> st
 
 def with_override_hints(main: Callable[[], Any], script: str, config_name: str = "train") -> Any:
     """``main()`` (a ``hydra.main`` function); when Hydra exits with an error, what to set instead after it, one
-    ``<script>: <hint>`` line each: :func:`moved_key_hint`, :func:`pos_option_hint` and :func:`group_option_hint` of
-    the command line. Hydra's strictness stays: the run is refused as before."""
+    ``<script>: <hint>`` line each: :func:`moved_key_hint`, :func:`pos_option_hint`, :func:`group_option_hint` and
+    :func:`key_typo_hint` of the command line. Hydra's strictness stays: the run is refused as before."""
     try:
         return main()
     except SystemExit as e:
         if e.code == 1:
             args = sys.argv[1:]
             hints = [moved_key_hint(args), pos_option_hint(args, config_name), group_option_hint(args)]
+            hints.append(key_typo_hint(args, config_name))
             hints = [h for h in hints if h]
             if hints:
                 print("\n".join(f"{script}: {h}" for h in "\n".join(hints).splitlines()), file=sys.stderr, flush=True)

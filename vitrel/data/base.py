@@ -1,6 +1,5 @@
-"""Shared DataModule machinery: the contract, transforms, loaders (the errors, the in-memory image data set and the
-split are in :mod:`vitrel.data.datasets`, the resumable training order in :mod:`vitrel.data.sampling`; all
-re-exported here).
+"""Shared DataModule machinery: the contract, transforms, loaders (errors, the in-memory data set and the split:
+:mod:`vitrel.data.datasets`; the resumable training order: :mod:`vitrel.data.sampling`; all re-exported here).
 
 Every DataModule here follows one contract (the trainer and the evaluation scripts code against it):
 
@@ -8,10 +7,7 @@ Every DataModule here follows one contract (the trainer and the evaluation scrip
   pin_memory=False, seed=0, val_fraction=None, download=True`` (plus a few optional extras);
 * public attributes ``num_classes, in_chans, img_size, mean, std, class_names``;
 * ``prepare_data()`` (downloads where allowed), ``setup(stage)``, ``train/val/test_dataloader()``;
-* val == test split unless ``val_fraction > 0`` (then a seeded split of train is held out as val); None: the data
-  set's ``default_val_fraction``, 10 % for Fashion-MNIST, CIFAR and arrays (as their ``conf/data`` configs and
-  Lightning's example data modules: the best checkpoint is not chosen on the test split), 0 for ImageNet (its val
-  folder is its test split);
+* a seeded ``val_fraction`` of train as val (None: as ``conf/data``, 0.1; 0, val == test, for ImageNet, videos);
 * ``make_dataset(split, img_size=None, transform=None)`` for scoring at another image size;
 * ``loader``: ``"memory"`` (the data set held as uint8 tensors on the training device, batches by index,
   batched augmentation there: :mod:`vitrel.data.memory`) or ``"workers"`` (per-sample PIL pipeline in
@@ -91,8 +87,7 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
         pin_memory: DataLoader ``pin_memory`` (workers loader; only when training on a CUDA device).
         seed: seed for subsetting/splitting, the per-sample canvas offsets of eval splits, and the memory
             loader's order and augmentation when no ``train_order_seed`` is set.
-        val_fraction: > 0 holds out this (seeded) fraction of train as the val split; 0: val is the test split;
-            None: ``default_val_fraction``.
+        val_fraction: this (seeded) fraction of train held out as val (0: val is test; None: the data set's).
         download: let ``prepare_data`` download the data where that is possible.
         eval_batch_size: batch size of val/test loaders (default ``batch_size``).
         drop_last: drop the last incomplete training batch.
@@ -138,8 +133,7 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
     #: the data set comes as uint8 arrays (``_load_arrays``): the memory loader can hold it
     memory_capable: bool = False
     default_loader: str = "workers"
-    #: ``val_fraction=None``'s: the held-out part of train validated on (0: the test split)
-    default_val_fraction: float = 0.0
+    default_val_fraction: float = 0.0  # val_fraction=None's (0: val is the test split)
     default_batch_augment: dict[str, Any] = {}
     #: None: the workers loader shuffles with a ``RandomSampler`` (the memory loader seeds its order with
     #: ``seed``). A seed: the order of epoch ``e`` is seeded by ``train_order_seed + e``, split over the
@@ -184,8 +178,7 @@ class VisionDataModule(Normalisation, L.LightningDataModule):
                 raise ValueError(f"{key} must be >= 1, got {size}")
         if num_workers < 0:
             raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-        if val_fraction is None:
-            val_fraction = self.default_val_fraction
+        val_fraction = self.default_val_fraction if val_fraction is None else val_fraction
         if not 0.0 <= val_fraction < 1.0:
             raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
         if canvas_mode not in CANVAS_MODES:

@@ -122,6 +122,13 @@ def rebuild_position_schemes(model: nn.Module, **changes: Any) -> nn.Module:
     return fresh
 
 
+def check_same_patch(model: nn.Module, patch_size: Any) -> None:
+    """``set_input_size(patch_size=...)``: the model's own patch size, or none, is taken; another is a ``ValueError``
+    (the patch embedding's weights are learned for its size)."""
+    if patch_size is not None and to_2tuple(patch_size) != to_2tuple(model.patch_embed.patch_size):
+        raise ValueError(f"set_input_size cannot change the patch size ({model.patch_embed.patch_size})")
+
+
 def set_clip_input_size(
     model: nn.Module, img_size: Any = None, num_frames: int | None = None, patch_size: Any = None
 ) -> None:
@@ -129,8 +136,7 @@ def set_clip_input_size(
     (learned tables and absolute embeddings resized as :func:`vitrel.load_model` with ``img_size=`` /
     ``num_frames=`` does; ``vitrel_cfg``, and so the model's data config, follow). The patch size stays (another is
     a ``ValueError``)."""
-    if patch_size is not None and to_2tuple(patch_size) != to_2tuple(model.patch_embed.patch_size):
-        raise ValueError(f"set_input_size cannot change the patch size ({model.patch_embed.patch_size})")
+    check_same_patch(model, patch_size)
     changes: dict[str, Any] = {}
     if img_size is not None:
         changes["img_size"] = to_2tuple(img_size)

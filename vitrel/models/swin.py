@@ -32,7 +32,7 @@ from vitrel.layout.tokens import TokenLayout
 from vitrel.layout.windows import shifted_window_mask, window_and_shift, window_partition, window_reverse
 from vitrel.models.backbone import SwinBody, warn_video_scheme
 from vitrel.models.blocks import add_abs_pos, constructor_config, with_placement
-from vitrel.models.input_size import check_grid_sizes, rebuild_position_schemes
+from vitrel.models.input_size import check_grid_sizes, check_same_patch, rebuild_position_schemes
 from vitrel.models.naflex import ModelInput, NaFlexBatch, embed_patches, input_form, read_input
 from vitrel.models.swin_blocks import (
     MapPatchEmbed,
@@ -188,8 +188,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         vitrel's Swin has one window for all stages (a per-stage list is a ``ValueError``), cannot change the patch
         size and always shrinks the window to a smaller stage grid (``always_partition=True`` is a ``ValueError``).
         """
-        if patch_size is not None and to_2tuple(patch_size) != to_2tuple(self.patch_embed.patch_size):
-            raise ValueError(f"set_input_size cannot change the patch size ({self.patch_embed.patch_size})")
+        check_same_patch(self, patch_size)
         if always_partition:
             raise ValueError("vitrel's Swin always shrinks the window to a smaller grid (always_partition=False)")
         if window_size is not None and not (

@@ -34,7 +34,7 @@ from vitrel.models.blocks import (
     constructor_config,
     with_placement,
 )
-from vitrel.models.input_size import check_grid_sizes, check_img_size, rebuild_position_schemes
+from vitrel.models.input_size import check_grid_sizes, check_img_size, check_same_patch, rebuild_position_schemes
 from vitrel.models.naflex import (
     LayoutFeatures,
     ModelInput,
@@ -155,8 +155,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         """timm's ``set_input_size``: the model is now built for ``img_size`` (learned tables and absolute
         embeddings resized as loading at that size does; ``vitrel_cfg`` follows). Changing the patch size
         is not supported (a ``ValueError``)."""
-        if patch_size is not None and to_2tuple(patch_size) != to_2tuple(self.patch_embed.patch_size):
-            raise ValueError(f"set_input_size cannot change the patch size ({self.patch_embed.patch_size})")
+        check_same_patch(self, patch_size)
         if img_size is None:
             return
         fresh = rebuild_position_schemes(self, img_size=to_2tuple(img_size))

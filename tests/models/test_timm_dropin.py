@@ -100,6 +100,21 @@ def test_model_reset_classifier(spec):
     assert m.num_classes == 5 == m.vitrel_cfg["num_classes"]
 
 
+@pytest.mark.parametrize("pools", [("token", "avg"), ("avg", "token")])
+def test_a_model_reset_to_another_pool_reloads_as_it_was_saved(pools, tmp_path):
+    """``reset_classifier(n, global_pool=...)`` keeps the norms where they were built (timm's): the saved
+    ``vitrel_cfg`` says so (``fc_norm``), so ``save_for_hf`` / ``save_pretrained`` folders reload to the same function
+    (they were refused: ``fc_norm.*`` missing, ``norm.*`` unexpected)."""
+    m = make(VIT, global_pool=pools[0]).eval()
+    m.reset_classifier(5, global_pool=pools[1])
+    x = torch.randn(2, *input_size(m))
+    timm.models.save_for_hf(m, tmp_path / "hf", safe_serialization=True)
+    save_pretrained(m, tmp_path / "ours")
+    for back in (timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True), load_model(tmp_path / "ours")):
+        assert back.global_pool == pools[1]
+        torch.testing.assert_close(back.eval()(x), m(x), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(
     "name",
     [

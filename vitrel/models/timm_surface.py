@@ -141,6 +141,8 @@ class TimmSurface:
             self.check_global_pool(global_pool)
             self.global_pool = global_pool
             self.vitrel_cfg["global_pool"] = global_pool
+            if "fc_norm" in self.vitrel_cfg:  # the norms stay as built (timm's): recorded, not the new pool's default
+                self.vitrel_cfg["fc_norm"] = not isinstance(self.fc_norm, nn.Identity)
         self.num_classes = num_classes
         self.vitrel_cfg["num_classes"] = num_classes
         w = self.patch_embed.proj.weight  # the new head on the model's device and dtype (meta, float64 ...)

@@ -8,6 +8,7 @@ import contextlib
 import functools
 import os
 import stat
+import warnings
 from unittest import mock
 
 import pytest
@@ -20,6 +21,7 @@ import vitrel.models.blocks
 import vitrel.models.swin_blocks
 from tests.weights import lively
 from vitrel.models import CheckpointError, save_pretrained
+from vitrel.models.data_config import NoDataConfigWarning
 from vitrel.train.ckpt_io import atomic_write
 from vitrel.train.module import ClassifierModule
 
@@ -157,11 +159,11 @@ def test_written_weights_follow_the_umask(mask, tmp_path):
 @SPECS
 def test_timm_save_for_hf_records_every_argument(spec, tmp_path):
     """timm's ``save_for_hf`` (``push_to_hf_hub``'s writer) stores ``timm.models.get_model_args(model)`` as
-    ``config.json``'s ``model_args``. A model built by vitrel (not through ``timm.create_model``, which records the
-    keyword arguments it was given) and changed since (``reset_classifier``; a Swin's ``set_input_size`` with a new
-    window) gets every constructor argument as it is now, so ``local-dir:`` (and ``hf-hub:``) rebuild the same
-    function: here a scheme option that leaves the weights' shapes alone (``extend: interpolate``) and changes what
-    a larger grid computes."""
+    ``config.json``'s ``model_args`` (``vitrel.load_model`` reads the folder too). A model built by vitrel (not
+    through ``timm.create_model``, which records the keyword arguments it was given) and changed since
+    (``reset_classifier``; a Swin's ``set_input_size`` with a new window) gets every constructor argument as it is
+    now, so ``local-dir:`` (and ``hf-hub:``) rebuild the same function: here a scheme option that leaves the
+    weights' shapes alone (``extend: interpolate``) and changes what a larger grid computes."""
     from timm.models import save_for_hf
 
     spec = dict(spec)
@@ -171,12 +173,16 @@ def test_timm_save_for_hf_records_every_argument(spec, tmp_path):
     model.reset_classifier(3)
     if "depths" in spec:
         model.set_input_size(img_size=32, window_size=8)
-    save_for_hf(model, tmp_path / "hf")
-    back = timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True).eval()
-    assert back.vitrel_cfg == model.vitrel_cfg
+    save_for_hf(model, tmp_path / "hf")  # (timm's default: pytorch_model.bin, which vitrel.load_model also reads)
     x = torch.randn(2, 3, 64, 64)
-    with torch.no_grad():
-        torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoDataConfigWarning)  # the config.json's pretrained_cfg is read too
+        ours = vitrel.load_model(tmp_path / "hf").eval()
+    for back in (timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True).eval(), ours):
+        assert back.vitrel_cfg == model.vitrel_cfg
+        assert back.pretrained_cfg["mean"] == model.pretrained_cfg["mean"]
+        with torch.no_grad():
+            torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
 
 
 # ---------------------------------------------------------------------------- the stored preprocessing, every route

@@ -55,6 +55,7 @@ from vitrel.models.ckpt_files import (
     has_ema_keys,
     run_checkpoint,
     stored_config,
+    timm_bin_config,
 )
 from vitrel.models.data_config import (
     DATA_FIELDS,
@@ -126,7 +127,8 @@ def read_weights(
     path: str | os.PathLike, use_ema: bool = False, lazy: bool = False
 ) -> tuple[dict[str, Any] | None, dict[str, Tensor]]:
     """``(vitrel_cfg or None, state_dict)`` from a ``.ckpt``, a ``.safetensors`` file (configuration in its
-    metadata or a ``config.json`` beside it), a torch file (``.pth``, ``.bin``, ``.pt``) or an export
+    metadata or a ``config.json`` beside it), a torch file (``.pth``, ``.bin``, ``.pt``; timm's ``pytorch_model.bin``
+    with the ``config.json`` beside it) or an export
     directory. The configuration is None for a plain state dict (timm's ``checkpoint_path`` files). ``lazy``: the
     tensors of a zip torch file stay on disk (``mmap``), for reading the keys and shapes only."""
     p = _resolve(path)
@@ -149,7 +151,7 @@ def read_weights(
     sd = _plain_state(obj, p, use_ema)
     if not sd:
         raise CheckpointError(f"{p} holds no EMA weights" if use_ema else f"{p} holds no weights")
-    return None, sd
+    return timm_bin_config(p), sd
 
 
 def read_checkpoint(path: str | os.PathLike, use_ema: bool = False) -> tuple[dict[str, Any], dict[str, Tensor]]:

@@ -28,10 +28,13 @@ __all__ = [
     "follow_umask",
     "run_checkpoint",
     "stored_config",
+    "timm_bin_config",
 ]
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
+#: timm's ``save_for_hf`` weights without safetensors (its default), with its ``config.json`` beside them
+TIMM_BIN_NAME = "pytorch_model.bin"
 _EMA_PREFIXES = ("ema_model.", "model_ema.", "ema.")
 
 
@@ -357,7 +360,14 @@ def stored_config(path: str | os.PathLike) -> dict[str, Any] | None:
     try:
         return extract_model_state(ckpt)[0]
     except CheckpointError:
-        return None
+        return timm_bin_config(p)
+
+
+def timm_bin_config(p: Path) -> dict[str, Any] | None:
+    """The ``vitrel_cfg`` of the ``config.json`` beside timm's ``pytorch_model.bin`` (``save_for_hf``'s default
+    layout; None for another file, which holds a plain state dict)."""
+    cj = p.parent / CONFIG_NAME
+    return _cfg_from_config_json(_read_json(cj), cj) if p.name == TIMM_BIN_NAME and cj.is_file() else None
 
 
 def _parse_meta(text: str, where: Path, key: str = "vitrel_cfg") -> dict[str, Any]:

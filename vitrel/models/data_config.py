@@ -20,7 +20,14 @@ from timm.models import PretrainedCfg
 from torch import nn
 
 from vitrel.caller import caller_stacklevel
-from vitrel.models.ckpt_files import CONFIG_NAME, _parse_meta, _read_json, _resolve, _safetensors_metadata
+from vitrel.models.ckpt_files import (
+    CONFIG_NAME,
+    TIMM_BIN_NAME,
+    _parse_meta,
+    _read_json,
+    _resolve,
+    _safetensors_metadata,
+)
 from vitrel.models.run_record import resize_of_run
 
 log = logging.getLogger(__name__)
@@ -76,6 +83,15 @@ def data_fields(src: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _pretrained_cfg_beside(p: Path) -> dict[str, Any] | None:
+    """The data fields of the ``pretrained_cfg`` in the ``config.json`` beside the weights ``p`` (timm's layout)."""
+    cj = p.parent / CONFIG_NAME
+    if not cj.is_file():
+        return None
+    pcfg = _read_json(cj).get("pretrained_cfg")
+    return (data_fields(pcfg) or None) if isinstance(pcfg, Mapping) and "mean" in pcfg else None
+
+
 def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
     """The data config stored with the weights at ``path``, None when there is none.
 
@@ -89,11 +105,9 @@ def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
         meta = _safetensors_metadata(p)
         if "data_config" in meta:
             return data_fields(_parse_meta(meta["data_config"], p, "data_config")) or None
-        cj = p.parent / CONFIG_NAME
-        if not cj.is_file():
-            return None
-        pcfg = _read_json(cj).get("pretrained_cfg")
-        return (data_fields(pcfg) or None) if isinstance(pcfg, Mapping) and "mean" in pcfg else None
+        return _pretrained_cfg_beside(p)
+    if p.name == TIMM_BIN_NAME:  # timm's save_for_hf layout without safetensors
+        return _pretrained_cfg_beside(p)
     try:
         ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     except Exception:  # noqa: BLE001 - an unreadable file is reported by the weights' reader, with its reason

@@ -89,6 +89,20 @@ def test_predict_script_on_a_folder(ckpt, images, tmp_path):
         assert r["label_0"] == NAMES[int(r["index_0"])]  # the class names stored with the checkpoint
 
 
+def test_predict_script_fails_when_it_could_read_no_image(ckpt, images, tmp_path):
+    """A run that found image files and read none (here the one it was given) exits 1 with one line naming the
+    file and why, not 0 with a results file of its header only."""
+    from tests.train_helpers import run_script_forked
+
+    out = tmp_path / "pred.csv"
+    args = [f"ckpt_path={ckpt}", f"input={images / 'broken.jpg'}", f"results_file={out}"]
+    res = run_script_forked("predict.py", [*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT)
+    assert res.returncode == 1, res.stdout[-3000:] + res.stderr[-3000:]
+    said = res.stderr.strip().splitlines()[-1]
+    assert said.startswith("predict.py: none of the 1 images under ") and "broken.jpg: " in said, res.stderr[-3000:]
+    assert "Traceback" not in res.stderr and _rows(out) == []
+
+
 def test_same_predictions_from_ckpt_export_folder_and_pt2(ckpt, images, tmp_path):
     out = tmp_path / "export"
     assert export_main([str(ckpt), str(out), "--pt2"]) == 0

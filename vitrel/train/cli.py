@@ -220,13 +220,13 @@ def eval_main() -> None:
 def predict_task(script: str) -> Callable[[Any], Any]:
     """``run_predict`` with its refusals as one line ``<script>: <reason>`` (exit 1): a damaged, foreign or missing
     model file, an input that is no folder of images (or videos), a GPU this machine does not have, a setting it
-    cannot honour (``topk=0``, ``seq_len`` for a video model...)."""
+    cannot honour (``topk=0``, ``seq_len`` for a video model...), image files none of which could be read."""
     from vitrel.inference import PredictSettingsError
     from vitrel.models.checkpoint import CheckpointError
-    from vitrel.train.predict import run_predict
+    from vitrel.train.predict import NothingReadError, run_predict
     from vitrel.train.utils import AcceleratorUnavailableError
 
-    refusals = (CheckpointError, FileNotFoundError, NotADirectoryError, AcceleratorUnavailableError)
+    refusals = (CheckpointError, FileNotFoundError, NotADirectoryError, AcceleratorUnavailableError, NothingReadError)
 
     @functools.wraps(run_predict)
     def run(cfg: Any) -> Any:

@@ -165,6 +165,11 @@ def write_results(rows: list[dict[str, Any]], path: str | Path) -> Path:
     return out.path
 
 
+class NothingReadError(RuntimeError):
+    """``predict.py`` found image (or video) files under its input and could read none of them: the run fails (a
+    script must not take a results file of its header only for a success)."""
+
+
 def run_predict(cfg: Any) -> dict[str, Any]:
     """``predict.py``'s body: check the settings, load, predict, write the CSV, print a summary; returns the summary."""
     launch_paths(cfg, PREDICT_PATHS)  # input=images: the launch folder's, also under hydra.job.chdir=true
@@ -235,4 +240,10 @@ def run_predict(cfg: Any) -> dict[str, Any]:
         f"{predictor.device}; "
         f"wrote {out}"
     )
+    if res.found and not res.rows:
+        first, why = res.skipped[0]
+        raise NothingReadError(
+            f"none of the {res.found} {kind} under {cfg.input} could be read ({first}: {why}); {out} holds the "
+            "header only"
+        )
     return summary

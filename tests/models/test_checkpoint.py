@@ -17,7 +17,7 @@ import torch
 import vitrel
 import vitrel.pos.tables
 from vitrel import CheckpointError
-from vitrel.models.checkpoint import extract_model_state, read_checkpoint
+from vitrel.models.checkpoint import extract_model_state, read_checkpoint, save_pretrained
 
 VIT = "vitrel_vit_tiny_patch4_32"
 SWIN = "vitrel_swin_tiny_patch2_window4_32"
@@ -99,6 +99,31 @@ def test_save_load_every_route_identical(tmp_path, name, kw):
     _same(m, t)
     _same(m, timm.create_model(f"local-dir:{out}", pretrained=True))
     _same(m, timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=str(ckpt))))  # a .ckpt too
+
+
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        (dict(pos="rope2d_axial"), r"pos=rope2d_axial \(trained with alibi2d\)"),
+        (dict(num_heads=4), r"num_heads=4 \(trained with 2\)"),
+        (dict(pos_share=True), r"pos_share=True \(trained with False\)"),
+    ],
+)
+def test_an_override_the_weights_fit_but_that_changes_the_function_warns(tmp_path, kw, says):
+    """``load_model(path, pos=<another parameter-free scheme>)``, ``num_heads=``...: the weights load (their shapes
+    fit) into another function, which was silent (a wrong answer for whoever meant the trained model); one warning
+    now names each such argument with the trained value. An override that keeps the function (``attn_impl``, a
+    training setting) or the stored scheme's options (``pos={"name": "alibi2d"}``) does not warn."""
+    import warnings
+
+    m = _model(pos="alibi2d").eval()
+    save_pretrained(m, tmp_path)
+    with pytest.warns(UserWarning, match=f"{says}: the weights fit, but this model computes another function"):
+        vitrel.load_model(tmp_path, **kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for same in (dict(attn_impl="eager"), dict(drop_path_rate=0.1), dict(pos={"name": "alibi2d"}), {}):
+            vitrel.load_model(tmp_path, **same)
 
 
 def test_export_cli(tmp_path, capsys):

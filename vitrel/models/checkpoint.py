@@ -383,6 +383,7 @@ def load_model(
             f"{path} was trained with pos={stored}, this model has pos={built}, whose parameters the weights do not "
             f"hold ({e}); leave pos out to load the run's scheme (a mapping without a name changes its options)"
         ) from None
+    warn_other_function(path, cfg, model.vitrel_cfg, overrides)
     if cfg.get("num_classes") is not None:  # timm's convention (and its overlay route's): the weights' classes
         model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, "num_classes": cfg["num_classes"]}
     data_config = stored_data_config(path)
@@ -391,6 +392,37 @@ def load_model(
     else:
         warn_no_data_config(path, model)
     return model
+
+
+#: constructor arguments that, given to :func:`load_model` unlike the stored ones, make the weights compute another
+#: function (the position scheme by name too); most change shapes and fail to load, the others load silently
+_FUNCTION_ARGS = (
+    "abs_pos", "class_token", "depth", "depths", "embed_dim", "fc_norm", "global_pool", "init_values", "mlp_ratio",
+    "norm_eps", "num_heads", "patch_size", "pos_share", "qkv_bias", "reg_tokens",
+)  # fmt: skip
+
+
+def warn_other_function(path: Any, stored: Mapping[str, Any], built: Mapping[str, Any], overrides: Mapping) -> None:
+    """One warning when ``overrides`` built the loaded model unlike the stored configuration in a way the weights fit
+    (``num_heads``, ``global_pool``, another position scheme by name ...): it is not the model they were trained in."""
+
+    def norm(v: Any) -> Any:
+        return [norm(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    changed = [
+        f"{k}={built[k]!r} (trained with {stored[k]!r})"
+        for k in _FUNCTION_ARGS
+        if k in overrides and k in stored and k in built and norm(stored[k]) != norm(built[k])
+    ]
+    was, now = _scheme_name(stored.get("pos")), _scheme_name(built.get("pos"))
+    if "pos" in overrides and was != now:
+        changed.insert(0, f"pos={now} (trained with {was})")
+    if changed:
+        warnings.warn(
+            f"{path} loaded into a model built with {', '.join(changed)}: the weights fit, but this model computes "
+            "another function than the one they were trained in; leave these arguments out to rebuild that model",
+            stacklevel=caller_stacklevel(),
+        )
 
 
 def _scheme_name(spec: Any) -> str | None:

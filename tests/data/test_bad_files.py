@@ -199,17 +199,27 @@ def test_a_train_class_folder_without_images_is_one_line_naming_it(tmp_path):
     assert "n0004" in message and "remove the empty one(s) or put their images in" in message and "\n" not in message
 
 
-def test_files_that_are_not_images_and_a_linked_class_folder(tmp_path):
-    """.DS_Store, Thumbs.db, a .txt in class folders are not samples; a symlinked class folder is a class; a val
-    folder missing a class keeps train's class indices."""
+def test_files_that_are_not_images_and_a_linked_class_folder(tmp_path, caplog):
+    """.DS_Store, Thumbs.db, a .txt in class folders are not samples (the .txt and a .heic counted in one warning,
+    the system files not); a GIF is, as predict.py reads it (torchvision's list lacks it: GIFs were left out of
+    training without a word); a symlinked class folder is a class; a val folder missing a class keeps train's class
+    indices."""
     make_imagenet_tree(tmp_path, val_classes=("n0001", "n0003"))
-    for junk in (".DS_Store", "Thumbs.db", "notes.txt"):
+    for junk in (".DS_Store", "Thumbs.db", "notes.txt", "phone.HEIC"):
         (tmp_path / "train" / "n0002" / junk).write_bytes(b"junk")
+    Image.new("P", (8, 8), 3).save(tmp_path / "train" / "n0001" / "z.gif")
     (tmp_path / "train" / "n0003").rename(tmp_path / "n0003_elsewhere")
     (tmp_path / "train" / "n0003").symlink_to(tmp_path / "n0003_elsewhere", target_is_directory=True)
-    dm = module(tmp_path)
+    with caplog.at_level(logging.WARNING, logger="vitrel.data.datasets"):
+        dm = module(tmp_path)
+        train = dm.raw_dataset("train")
     assert dm.classes == ["n0001", "n0002", "n0003"]
-    assert [y for _, y in dm.raw_dataset("train").samples] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [y for _, y in train.samples] == [0, 0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert train.samples[3][0].endswith("z.gif") and train[3][0].size == (8, 8)
+    said = [r.getMessage() for r in caplog.records if "of other kinds" in r.getMessage()]
+    assert said == [
+        f"passed over 2 file(s) of other kinds in the class folders of {tmp_path / 'train'} (.heic 1, .txt 1): not read"
+    ]
     assert [y for _, y in dm.raw_dataset("val").samples] == [0, 0, 2, 2]
 
 

@@ -445,8 +445,9 @@ def test_imagenet_errors(tmp_path):
     assert "<wnid>/*.JPEG" in msg
     # a model can be built before the data is reachable when num_classes is given
     assert ImageNetDataModule(root=tmp_path, num_classes=1000).num_classes == 1000
-    make_imagenet_tree(tmp_path / "a", classes=("n0001",))
-    (tmp_path / "a" / "val" / "n0001").rename(tmp_path / "a" / "val_flat_tmp")
+    make_imagenet_tree(tmp_path / "a", classes=("n0001", "n0002"))
+    for c in ("n0001", "n0002"):  # val/ without class folders
+        (tmp_path / "a" / "val" / c).rename(tmp_path / "a" / f"val_flat_{c}")
     with pytest.raises(DatasetNotFoundError, match="flat"):
         _ = ImageNetDataModule(root=tmp_path / "a").num_classes
     make_imagenet_tree(tmp_path / "b", classes=("n0001", "n0002"))

@@ -95,7 +95,7 @@ def test_macos_metadata_files_are_passed_over_not_counted_as_images(tmp_path):
         (f.parent / f"._{f.name}").write_bytes(APPLE_DOUBLE)
     (tmp_path / "train" / "n0004").mkdir()  # (a class folder of metadata alone: no images, refused as empty)
     (tmp_path / "train" / "n0004" / "._x.jpg").write_bytes(APPLE_DOUBLE)
-    refused = r"no valid file for the classes n0004. Supported extensions are: .jpg"
+    refused = r"no valid file for the classes n0004. Supported extensions are: .png, .jpg"
     with pytest.raises(ClassFoldersMismatchError, match=refused):
         ImageNetDataModule(root=tmp_path, img_size=16, num_workers=0).raw_dataset("train")
     (tmp_path / "train" / "n0004" / "._x.jpg").unlink()

@@ -28,7 +28,7 @@ from tests.preloaded import preloaded
 from vitrel.data import ImageNetDataModule
 from vitrel.data.base import ResumableDataLoader
 from vitrel.data.imagenet import ClassFoldersMismatchError
-from vitrel.data.shards import ShardLoader, epoch_samples_per_rank, main, write_hf, write_wds
+from vitrel.data.shards import ShardCountError, ShardLoader, epoch_samples_per_rank, main, write_hf, write_wds
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSES = ("n0001", "n0002", "n0003")
@@ -199,8 +199,15 @@ def test_epoch_covers_whole_batches_per_worker_on_uneven_shards(data):
 
 
 def test_fewer_wds_shards_than_workers_is_refused(data):
-    with pytest.raises(ValueError, match="3 shards for 1 ranks x 4 loader workers"):
+    """In Python a ``ShardCountError`` (a ``ValueError``); in ``train.py`` one line, as the other data errors (it was
+    Hydra's traceback through Lightning's)."""
+    from vitrel.train.utils import one_line_errors
+
+    with pytest.raises(ShardCountError, match="3 shards for 1 ranks x 4 loader workers"):
         module(data / "wds20", "wds/imagenet", num_workers=4).train_dataloader()
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        module(data / "wds20", "wds/imagenet", num_workers=4).train_dataloader()
+    assert str(stop.value).startswith("train.py: ShardCountError: ") and "\n" not in str(stop.value)
 
 
 def test_bad_source_and_options_are_refused(data):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,14 @@ __all__ = [
     "walk_files",
     "class_folder_samples",
     "class_folders",
+    "IMG_EXTENSIONS",
 ]
+
+#: the image files every reader takes (class folders, the shards writers, ``predict.py``): torchvision's
+#: ``ImageFolder`` list and ``.gif`` (its first frame), any case
+IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
+#: files other tools leave beside images, passed over without a word
+_SYSTEM_FILES = {".ds_store", "thumbs.db", "desktop.ini"}
 
 #: PIL's modes of a 16-bit grey image (a 16-bit PNG or TIFF): ``convert("L" / "RGB")`` clips them at 255
 MODES_16BIT = ("I;16", "I;16L", "I;16B", "I;16N")
@@ -106,11 +114,12 @@ def class_folder_samples(
     """torchvision's ``make_dataset`` of class folders (``(path, class index)``, classes and files sorted) through
     :func:`walk_files`: macOS's AppleDouble files (``._<name>.jpg``, not images: :func:`is_apple_double`) passed over
     as ``.DS_Store`` is, hidden and system folders in the class folders (``.ipynb_checkpoints``, ``@eaDir``'s
-    thumbnails: one warning names them) and links back up to a folder the walk is in (a warning each)."""
+    thumbnails: one warning names them) and links back up to a folder the walk is in (a warning each). Files of
+    other kinds (``.txt``, ``.heic``) are counted by extension in one warning (``.DS_Store``, ``Thumbs.db`` aside)."""
     from torchvision.datasets.folder import has_file_allowed_extension
 
     valid = is_valid_file or (lambda p: has_file_allowed_extension(p, extensions))
-    samples, passed = [], []
+    samples, passed, others = [], [], []
     for c in sorted(class_to_idx):
         top = os.path.join(os.path.expanduser(directory), c)
         if not os.path.isdir(top):
@@ -119,14 +128,26 @@ def class_folder_samples(
         passed += skipped
         warn_loops(loops)
         for root, names in folders:
-            paths = (os.path.join(root, n) for n in names)
-            samples += [(p, class_to_idx[c]) for p in paths if valid(p) and not is_apple_double(p)]
+            for p in (os.path.join(root, n) for n in names):
+                if valid(p) and not is_apple_double(p):
+                    samples.append((p, class_to_idx[c]))
+                elif not is_apple_double(p) and os.path.basename(p).lower() not in _SYSTEM_FILES:
+                    others.append(p)
     if passed:
         more = " ..." if len(passed) > 5 else ""
         log.warning(
             "passed over %d hidden or system folder(s) in the class folders of %s (not images of the class): %s%s",
             len(passed), directory, ", ".join(os.path.relpath(p, directory) for p in passed[:5]), more,
         )  # fmt: skip
+    if others:  # (a kind of image the readers do not take would otherwise be lost without a word)
+        kinds = Counter(os.path.splitext(p)[1].lower() or os.path.basename(p) for p in others)
+        counts = ", ".join(f"{k} {n}" for k, n in sorted(kinds.items(), key=lambda kn: (-kn[1], kn[0])))
+        log.warning(
+            "passed over %d file(s) of other kinds in the class folders of %s (%s): not read",
+            len(others),
+            directory,
+            counts,
+        )
     found = {t for _, t in samples}
     empty = sorted(c for c, i in class_to_idx.items() if i not in found)
     if empty and not allow_empty:  # (torchvision's message; it names the extensions it looked for)

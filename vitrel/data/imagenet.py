@@ -51,6 +51,7 @@ from torchvision.datasets import ImageFolder
 
 from vitrel.data.base import DatasetNotFoundError, VisionDataModule
 from vitrel.data.datasets import (
+    IMG_EXTENSIONS,
     ON_BAD_SAMPLE,
     ClassFoldersMismatchError,
     check_val_classes,
@@ -115,6 +116,8 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
         thumbnails: one warning names them) and links back up to a folder the walk is in (a warning each)."""
         if (extensions is None) == (is_valid_file is None):  # (neither or both: torchvision's error)
             return ImageFolder.make_dataset(directory, class_to_idx, extensions, is_valid_file, allow_empty)
+        if is_valid_file is None:  # (ImageFolder hands over torchvision's list: vitrel's, predict.py's, with .gif)
+            extensions = IMG_EXTENSIONS
         return class_folder_samples(directory, class_to_idx, extensions, is_valid_file, allow_empty)
 
     def bad_reason(self, path: str, err: BaseException) -> str:
@@ -196,8 +199,9 @@ def locate_class_folders(
     if not classes:
         raise DatasetNotFoundError(name, searched, how_to_get, detail=f"{train} has no class folders.")
     if len(classes) == 1:  # (else torchmetrics' "num_classes ... larger than 1", through Hydra, at the module)
-        detail = f"{train} has one class folder ({classes[0]}): a classifier needs two or more, one per class."
-        raise DatasetNotFoundError(name, searched, how_to_get, detail=detail)
+        raise ClassFoldersMismatchError(  # (found, so not DatasetNotFoundError's "not found")
+            f"{train} has one class folder ({classes[0]}): a classifier needs two or more, one per class"
+        )
     if not val_classes:
         raise DatasetNotFoundError(
             name,
@@ -456,7 +460,8 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
     def _loader(self, split: str) -> DataLoader:
         if not self.iterable:
             return super()._loader(split)
-        from vitrel.data.shards import ShardLoader  # (here: `python -m vitrel.data.shards` runs that module alone)
+        # (imported here: `python -m vitrel.data.shards` runs that module alone)
+        from vitrel.data.shards import ShardCountError, ShardLoader
 
         train = split == "train"
         world, rank = self._ranks()
@@ -477,7 +482,7 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
                 f"{max(1, self.num_workers)} loader workers = {workers}: a worker without a shard yields nothing"
             )
             if train:
-                raise ValueError(
+                raise ShardCountError(
                     msg + " and its rank would run fewer batches than the others (a DDP hang). Use num_workers <= "
                     "shards / ranks, or write more shards (a multiple of ranks x workers, of equal size, is exact)"
                 )

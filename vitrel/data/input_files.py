@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
 
-from vitrel.data.datasets import is_apple_double, is_system_folder, walk_files, warn_loops
+from vitrel.data.datasets import IMG_EXTENSIONS, is_apple_double, is_system_folder, walk_files, warn_loops
 
 __all__ = [
     "IMG_EXTENSIONS",
@@ -25,8 +25,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-IMG_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm")
 
 
 class NoImagesError(FileNotFoundError):

@@ -46,6 +46,7 @@ import numpy as np
 from torch.utils.data import DataLoader
 
 from vitrel.data.datasets import (
+    IMG_EXTENSIONS,
     ON_BAD_SAMPLE,
     BadSampleError,
     ClassFoldersMismatchError,
@@ -64,8 +65,14 @@ __all__ = [
     "ON_BAD_SAMPLE",
     "BadSampleError",
     "guard_bad_samples",
+    "ShardCountError",
 ]
 log = logging.getLogger(__name__)
+
+
+class ShardCountError(ValueError):
+    """A webdataset train split of fewer shards than ranks x loader workers (``train.py`` prints it as one line)."""
+
 
 #: ImageFolder split folder -> split name in the shards
 SPLIT_NAMES = {"train": "train", "val": "validation"}
@@ -75,8 +82,6 @@ _KEEP_EXT = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
 def folder_samples(folder: str | Path, classes: Sequence[str]) -> list[tuple[Path, int]]:
     """``(file, class index)`` of every image under ``folder/<class>/`` (the scan of ``data=imagenet``'s
     :class:`~vitrel.data.imagenet.FixedClassImageFolder`: :func:`~vitrel.data.datasets.class_folder_samples`)."""
-    from torchvision.datasets.folder import IMG_EXTENSIONS
-
     index = {c: i for i, c in enumerate(classes)}
     found = class_folder_samples(str(folder), index, IMG_EXTENSIONS, allow_empty=True)
     return [(Path(p), int(t)) for p, t in found]

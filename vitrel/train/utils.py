@@ -293,6 +293,7 @@ def one_line_errors(script: str) -> Iterator[None]:
     from vitrel.config import ConfigError
     from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
     from vitrel.data.memory import MemoryBudgetError
+    from vitrel.data.shards import ShardCountError
     from vitrel.models.ckpt_files import CheckpointError
     from vitrel.models.input_size import InputSizeError
     from vitrel.train.callbacks import NonFiniteLossError, ResumePositionError
@@ -311,6 +312,7 @@ def one_line_errors(script: str) -> Iterator[None]:
         ConfigError,
         NonFiniteLossError,
         TargetError,
+        ShardCountError,
     )
     try:
         yield

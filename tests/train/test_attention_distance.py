@@ -34,8 +34,9 @@ def _first_test_inputs(cfg, n, model):
         ([*TINY_VIT, "trainer.limit_test_batches=2"], 20),  # two test batches of 16: the first 20 images
         ([*TINY_SWIN, "trainer.limit_test_batches=1"], 4),  # two stages of one block (2 heads each): across stages
         ([*TINY_VIT, "data=fashion_mnist_naflex", "data.batch_size=8", "trainer.limit_test_batches=2"], 10),
+        ([*TINY_VIT, "module/ema=default", "trainer.limit_test_batches=1"], 4),  # the EMA copy (it was left out)
     ],
-    ids=["vit", "swin", "naflex"],
+    ids=["vit", "swin", "naflex", "ema"],
 )
 def test_a_run_writes_the_distances_of_the_weights_it_tested_on_the_first_test_images(tmp_path, over, images):
     from vitrel.train.run import train

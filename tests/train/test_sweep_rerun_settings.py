@@ -69,3 +69,25 @@ def test_a_sweep_run_again_with_its_own_settings_has_no_mark(tmp_path):
     text = (sweep / "summary.md").read_text()
     assert "*" not in text.split("accuracies as fractions", 1)[1], text
     assert not (sweep / "1" / ".trained_with.json").exists()
+
+
+def test_a_single_run_resumed_with_another_optimizer_setting_says_it_does_not_apply(tmp_path):
+    """``python train.py ... module.optimizer.lr=0.05`` resuming a run trained with the default lr: Lightning's resume
+    restores the optimizer and schedule (the new lr does not apply) while ``.hydra/config.yaml`` records it; this was
+    silent (a sweep job warned). The run's checkpoints now record its command line, and the resume names the
+    difference; a longer run (``trainer.max_epochs``) is not one."""
+    from tests.train_helpers import FAST, TINY_VIT, run_script_forked
+
+    base = [*TINY_VIT, *FAST, "trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "test=false"]
+    base += ["logger=none", f"hydra.run.dir={tmp_path / 'run'}"]
+    first = run_script_forked("train.py", [*base, "trainer.max_epochs=1"], cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    job = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)[SWEEP_JOB]
+    assert job["swept"] == [] and "trainer.max_epochs=1" in job["overrides"], job
+    again = run_script_forked("train.py", [*base, "trainer.max_epochs=2", "module.optimizer.lr=0.05"], cwd=tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    said = again.stdout + again.stderr
+    assert "trained with other settings (module.optimizer.lr: checkpoint (not set), now module.optimizer.lr=0.05)" in (
+        said
+    ), said[-3000:]
+    assert "trainer.max_epochs" not in said.split("trained with other settings", 1)[1].split(")")[0]

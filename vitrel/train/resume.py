@@ -35,6 +35,7 @@ __all__ = [
     "check_same_model",
     "check_same_start",
     "check_same_sweep_job",
+    "run_job",
     "drop_requeue_checkpoints",
     "newest_checkpoint",
     "requeue_checkpoints",
@@ -92,8 +93,8 @@ def resolve_ckpt_path(
     check_same_start(ckpt, started_from if started_from is not None else weights_source(cfg.model), path)
     given = cfg.get("ckpt_path")
     own = given in (None, "", "last") or not _same_file(path, given_checkpoint(str(given)))  # (a requeue: _continued)
-    if own:  # the folder's own: Hydra chose a sweep job's folder
-        check_same_sweep_job(ckpt, sweep_job(), path)
+    if own:  # the folder's own: Hydra chose a sweep job's folder (or a single run's, given again)
+        check_same_sweep_job(ckpt, run_job(), path)
     check_same_model(ckpt, model, path)
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
@@ -166,6 +167,15 @@ def sweep_job() -> dict[str, list[str]] | None:
     return {"overrides": overrides, "swept": sorted(k for k, v in values.items() if len(v) > 1)}
 
 
+def run_job() -> dict[str, list[str]] | None:
+    """What the run's checkpoints record of its command line (:class:`SweepJobRecord`): a ``-m`` job's
+    :func:`sweep_job`, a single run's overrides (nothing swept); None outside Hydra (``train(cfg)`` in Python)."""
+    job = sweep_job()
+    if job is None and hydra_config() is not None:
+        job = {"overrides": task_overrides(), "swept": []}
+    return job
+
+
 def check_same_sweep_job(ckpt: Mapping[str, Any], job: Mapping[str, Any] | None, where: str | Path) -> None:
     """The checkpoint ``ckpt`` (loaded from ``where``, the job folder's own) was written by the sweep job ``job``
     (:func:`sweep_job`): the same value of every key that its sweep or this one varies. Hydra names a sweep's job
@@ -183,12 +193,20 @@ def check_same_sweep_job(ckpt: Mapping[str, Any], job: Mapping[str, Any] | None,
     none = "(not set)"
     differ = sorted(k for k in keys if a.get(k) != b.get(k))
     others = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in keys and k not in MAY_DIFFER)
-    if others and not differ:  # (a sweep run again with another setting than its lists: e.g. another lr)
+    if others and not differ and job["swept"]:  # (a sweep run again with another setting than its lists: an lr)
         what = "; ".join(f"{k}: checkpoint {a.get(k, none)}, this job {b.get(k, none)}" for k in others)
         rank_zero_warn(
             f"resuming {where}, which this job's folder holds from a sweep run with other settings ({what}): the "
             "resumed run keeps the checkpoint's weights, optimizer and rates, and a finished one is only tested "
             "again. resume=false starts this job over in this folder; a new sweep folder (the default) starts all."
+        )
+    elif others and not differ:  # a single run resumed with other settings than it was started with
+        what = "; ".join(f"{k}: checkpoint {a.get(k, none)}, now {b.get(k, none)}" for k in others)
+        rank_zero_warn(
+            f"resuming {where}, trained with other settings ({what}): the resumed run keeps the checkpoint's "
+            "weights, optimizer state and learning-rate schedule (Lightning's resume), so an optimizer or schedule "
+            "setting given now does not apply, while the run folder's .hydra/config.yaml records it. resume=false "
+            "starts over in this folder; model=from_checkpoint model.path=<it> starts a new run from its weights."
         )
     if not differ:
         return

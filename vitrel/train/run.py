@@ -61,7 +61,7 @@ from vitrel.train.resume import (
     drop_requeue_checkpoints,
     resolve_ckpt_path,
     resume_path,
-    sweep_job,
+    run_job,
     world_size,
 )
 from vitrel.train.run_figures import RunFigures
@@ -192,7 +192,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     bar = progress_display(cfg.get("progress_bar", "auto"), cfg.get("callbacks"), cbs)  # (own: a bar among cbs)
     check_tuner_callbacks(cfg.get("callbacks"))  # Lightning's LearningRateFinder, BatchSizeFinder: refused
-    job = sweep_job()  # (a -m job: kept in its checkpoints, so a sweep run again resumes its own jobs' folders only)
+    job = run_job()  # (kept in its checkpoints: a sweep run again resumes its own jobs' folders only; a resume with
+    # other settings than the checkpoint's run is said)
     if job is not None:
         cbs.append(SweepJobRecord(job))
     clock = RunTimes(t0)  # (kept in the checkpoints: a resumed run's times count those of the processes before it)

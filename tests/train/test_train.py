@@ -427,15 +427,19 @@ def test_exact_resume_makes_the_datamodule_loader_resumable(tmp_path, loader):
 
 
 # ------------------------------------------------------------------------------------------ pictures
-@pytest.mark.parametrize("video", [False, True], ids=["image", "video"])
-def test_pos_images_written_without_image_logger(tmp_path, video):
+@pytest.mark.parametrize("video", [False, True, "wandb_disabled"], ids=["image", "video", "wandb_disabled"])
+def test_pos_images_written_without_image_logger(tmp_path, video, monkeypatch):
     """Each block's position picture at every epoch's end, as PNGs in the run folder; for a video model's 3-D
-    scheme too (its picture failed the run at the end of training)."""
-    base = [*TINY_VIDEO, "pos=rel3d_factored"] if video else [*TINY_VIT, *FAST, "pos=rel2d_factored"]
+    scheme too (its picture failed the run at the end of training); under ``WANDB_MODE=disabled`` too (W&B's no-op
+    run took them, and the log said them logged)."""
+    base = [*TINY_VIDEO, "pos=rel3d_factored"] if video is True else [*TINY_VIT, *FAST, "pos=rel2d_factored"]
     over = [*base, *SHORT, "callbacks.pos_images.every_n_epochs=1"]
+    if video == "wandb_disabled":
+        monkeypatch.setenv("WANDB_MODE", "disabled")
+        over.append("logger=wandb")
     train(compose(tmp_path, [o for o in over if o != "callbacks.pos_images=null"]))
     pngs = sorted(p.name for p in (tmp_path / "pos_images").glob("*.png"))
-    assert pngs == [f"blocks_{i}_attn_pos_step0000004.png" for i in range(1 if video else 2)]
+    assert pngs == [f"blocks_{i}_attn_pos_step0000004.png" for i in range(1 if video is True else 2)]
 
 
 @pytest.mark.parametrize("data", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))

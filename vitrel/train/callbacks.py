@@ -27,12 +27,13 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback, Checkpoint, EarlyStopping, ModelCheckpoint, StochasticWeightAveraging
 from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
-from lightning.pytorch.loggers import TensorBoardLogger, WandbLogger
+from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from vitrel.pos.base import PositionScheme
 from vitrel.train.exact_resume import ExactResume, ResumePositionError, check_resume_position
+from vitrel.train.loggers import image_loggers
 from vitrel.train.loop_rules import mid_window, validates_after
 from vitrel.train.optim import FLOAT16_EPS
 
@@ -576,7 +577,7 @@ class PosImageLogger(Callback):
         ema = has_ema and model is pl_module.ema_model
         model = getattr(model, "module", model) if ema else model  # timm's ModelEmaV3 holds its copy as .module
         schemes = position_schemes(model)[: self.max_layers]
-        loggers = [lg for lg in trainer.loggers if isinstance(lg, (WandbLogger, TensorBoardLogger))]
+        loggers = image_loggers(trainer.loggers)  # (none: pictures to files, pos_images/)
         step, epoch = trainer.global_step, trainer.current_epoch
         images = {}
         for name, scheme in schemes:

@@ -49,6 +49,7 @@ __all__ = [
     "adopt_csv_columns",
     "wandb_where",
     "finish_wandb",
+    "image_loggers",
 ]
 
 
@@ -252,3 +253,10 @@ def finish_wandb(loggers: Sequence[Logger], exit_code: int) -> None:
 
         if wandb.run is not None:
             wandb.finish(exit_code=exit_code)
+
+
+def image_loggers(loggers: Sequence[Logger]) -> list[Logger]:
+    """The loggers that keep pictures: TensorBoard's, and W&B's unless its run is a no-op (``WANDB_MODE=disabled``,
+    whose pictures would be lost while the log said them logged: they go to files instead)."""
+    wandb = [lg for lg in loggers if isinstance(lg, WandbLogger) and not getattr(lg.experiment, "disabled", False)]
+    return [lg for lg in loggers if isinstance(lg, TensorBoardLogger) or lg in wandb]

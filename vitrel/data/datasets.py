@@ -129,9 +129,11 @@ def class_folder_samples(
         warn_loops(loops)
         for root, names in folders:
             for p in (os.path.join(root, n) for n in names):
-                if valid(p) and not is_apple_double(p):
+                if is_apple_double(p):
+                    continue
+                if valid(p):
                     samples.append((p, class_to_idx[c]))
-                elif not is_apple_double(p) and os.path.basename(p).lower() not in _SYSTEM_FILES:
+                elif os.path.basename(p).lower() not in _SYSTEM_FILES:
                     others.append(p)
     if passed:
         more = " ..." if len(passed) > 5 else ""

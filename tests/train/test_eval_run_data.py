@@ -55,6 +55,12 @@ def _split(data_cfg, split: str) -> np.ndarray:
     return np.asarray(instantiate(data_cfg).raw_dataset(split).indices)
 
 
+def test_the_run_log_says_what_it_trains_and_validates_on(fmnist_run):
+    run, _ = fmnist_run
+    line = "data: train 8,000 images, val 2,000 (held out of train: data.val_fraction=0.2, data.seed=1)"
+    assert line in (run / "train.log").read_text()
+
+
 def test_eval_on_val_scores_the_runs_held_out_images(fmnist_run, tmp_path, caplog):
     """After ``train.py data.val_fraction=0.2 data.seed=${seed} seed=1``, ``eval.py ckpt_path=... split=val`` held out
     the group's 10 % at seed 0: 814 of its 1,000 images were training images, scored without a word. Now: the run's

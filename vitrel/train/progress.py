@@ -1,7 +1,8 @@
 """Progress for logs: :class:`LineProgress`, plain lines when stdout is not a terminal (training steps and epochs,
 validation and test batches), :class:`StepLearningRateMonitor`, the rate of each optimizer step to the loggers, and
 :class:`CountTestImages`, the images a test loop scored (fewer than the split's under ``trainer.limit_test_batches``
-or ``fast_dev_run``), and :class:`CountValidations`, the validations a fit ran."""
+or ``fast_dev_run``), :class:`CountValidations`, the validations a fit ran, and :class:`DataSizes`, what a fit trains
+and validates on."""
 
 from __future__ import annotations
 
@@ -11,9 +12,17 @@ from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
-from lightning.pytorch.utilities.rank_zero import rank_zero_only, rank_zero_warn
+from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 
-__all__ = ["LineProgress", "StepLearningRateMonitor", "CountTestImages", "CountValidations", "WarnPartialValidation"]
+__all__ = [
+    "LineProgress",
+    "StepLearningRateMonitor",
+    "CountTestImages",
+    "CountValidations",
+    "WarnPartialValidation",
+    "DataSizes",
+    "data_sizes",
+]
 
 
 def _lr(trainer) -> float:
@@ -268,3 +277,34 @@ class CountValidations(Callback):
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and self.count is not None:
             self.count += 1
+
+
+def _count(dataset: Any) -> str:
+    try:
+        return f"{len(dataset):,}"
+    except TypeError:  # (a stream of shards without a length)
+        return "?"
+
+
+def data_sizes(dm: Any) -> str | None:
+    """``"train 9,000 images, val 1,000 (held out of train: data.val_fraction=0.1, data.seed=0)"``, or ``val ... (the
+    test split: data.val_fraction=0)``, for a vitrel data module set up for fitting; None for another (one without
+    ``dataset(split)`` / ``val_fraction``)."""
+    if not (hasattr(dm, "dataset") and hasattr(dm, "val_fraction")):
+        return None
+    unit = "clips" if hasattr(dm, "num_frames") else "images"
+    if dm.val_fraction > 0.0:
+        val = f"held out of train: data.val_fraction={dm.val_fraction:g}, data.seed={dm.seed}"
+    else:
+        val = "the test split: data.val_fraction=0"
+    return f"train {_count(dm.dataset('train'))} {unit}, val {_count(dm.dataset('val'))} ({val})"
+
+
+class DataSizes(Callback):
+    """One line as a fit starts (rank 0): how many images it trains and validates on, and what the validation split
+    is, a hold-out of train or the test split (whose ``val/*`` then score the images ``test/*`` score)."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        line = data_sizes(trainer.datamodule) if trainer.datamodule is not None else None
+        if line is not None:
+            rank_zero_info(f"data: {line}")

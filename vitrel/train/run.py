@@ -52,7 +52,7 @@ from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.mixing import check_mixup_fits
-from vitrel.train.progress import CountTestImages, CountValidations, WarnPartialValidation
+from vitrel.train.progress import CountTestImages, CountValidations, DataSizes, WarnPartialValidation
 from vitrel.train.rank_seed import SeedRanks
 from vitrel.train.resume import (
     StartRecord,
@@ -223,7 +223,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         logger=loggers or False,
-        callbacks=cbs + progress_callbacks(bar) + [counted, unreadable, figures],
+        callbacks=cbs + progress_callbacks(bar) + [counted, unreadable, figures, DataSizes()],
         enable_progress_bar=bar in ("rich", "tqdm", "own"),
         plugins=[*trainer_plugins(cfg.trainer), AtomicCheckpointIO()],
     )

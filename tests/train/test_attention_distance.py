@@ -76,7 +76,7 @@ def test_naflex_images_with_dropped_patches_are_left_out_in_one_line(caplog):
     caplog.set_level("INFO", logger="vitrel.train.attention_distance")
     batch = _packed([torch.randn(3, 8, 8)], [[0]])
     batch["patch_valid"][0, 3:] = False  # 3 of its 4 patches
-    model = SimpleNamespace(eval_model=vitrel.create_model("vitrel_vit_tiny_patch4_32", depth=1))
+    model = SimpleNamespace(scored_network=vitrel.create_model("vitrel_vit_tiny_patch4_32", depth=1))
     cb, trainer = AttentionDistance("unused"), SimpleNamespace(global_rank=0)
     cb.on_test_start(trainer, model)
     cb.on_test_batch_end(trainer, model, None, (batch, torch.zeros(1)), 0)
@@ -90,7 +90,7 @@ def test_several_clips_per_video_count_each_clip(tmp_path):
 
     torch.manual_seed(0)
     net = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", depth=1, img_size=16, num_frames=4, in_chans=1)
-    model, trainer = SimpleNamespace(eval_model=net), SimpleNamespace(global_rank=0)
+    model, trainer = SimpleNamespace(scored_network=net), SimpleNamespace(global_rank=0)
     clips = torch.randn(2, 3, 1, 4, 16, 16)
     cb = AttentionDistance(tmp_path, images=5)
     cb.on_test_start(trainer, model)

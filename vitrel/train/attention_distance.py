@@ -10,7 +10,6 @@ import csv
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -68,13 +67,6 @@ def sweep_distances(sweep_dir: str | Path, groups: Sequence[tuple[str, Sequence[
     return out
 
 
-def scored_network(pl_module: Any) -> Any:
-    """The network validation and test score: the EMA copy's under ``ema_eval`` (timm's ``ModelEmaV3`` holds it as
-    ``.module``; the wrapper is no ViT, and the callback left such runs out), else the trained one."""
-    model = pl_module.eval_model
-    return model.module if model is getattr(pl_module, "ema_model", None) else model
-
-
 class AttentionDistance(Callback):
     """After the test: the mean attention distance of the weights the test scored (the EMA copy under
     ``module.ema_eval``) on the test's first ``images`` images (or clips) of process 0, written to ``save_dir`` as
@@ -94,7 +86,7 @@ class AttentionDistance(Callback):
         self._kept, self._why_not = [], None
         from vitrel.viz_distance import check_distance_model
 
-        model = scored_network(pl_module)
+        model = pl_module.scored_network
         try:
             check_distance_model(model)
         except TypeError:
@@ -106,7 +98,7 @@ class AttentionDistance(Callback):
             return
         x = batch[0]
         if isinstance(x, Mapping):  # a NaFlex dict: its images, each at its own size
-            model = scored_network(pl_module)
+            model = pl_module.scored_network
             try:
                 x = model.read_input(x).batch.images(_pair(model.patch_embed.patch_size)[0])
             except ValueError as e:  # (patches dropped: no whole image)
@@ -132,9 +124,9 @@ class AttentionDistance(Callback):
         x = torch.stack(kept) if len({t.shape for t in kept}) == 1 else kept  # (NaFlex: images of several sizes)
         video = kept[0].dim() == 4
         if video:  # pixels in the frame plane, and frames apart
-            d, frames = attention_distance(scored_network(pl_module), x, frames=True)
+            d, frames = attention_distance(pl_module.scored_network, x, frames=True)
         else:
-            d, frames = attention_distance(scored_network(pl_module), x), None
+            d, frames = attention_distance(pl_module.scored_network, x), None
         self.save_dir.mkdir(parents=True, exist_ok=True)
         write_distances(self.save_dir / CSV, d, frames)
         n = f"{d.shape[0]} blocks x {d.shape[1]} heads" if not d.isnan().any() else f"{d.shape[0]} blocks"

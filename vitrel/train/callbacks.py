@@ -571,11 +571,11 @@ class PosImageLogger(Callback):
         if trainer.sanity_checking or trainer.fast_dev_run:
             return
         self._last_logged_step = trainer.global_step
-        model = getattr(pl_module, "eval_model", None)  # the weights val / test score and load_model loads
+        # the weights val / test score and load_model loads (another LightningModule: its .model, or itself)
+        model = getattr(pl_module, "scored_network", None)
         model = getattr(pl_module, "model", pl_module) if model is None else model
         has_ema = getattr(pl_module, "ema_model", None) is not None
-        ema = has_ema and model is pl_module.ema_model
-        model = getattr(model, "module", model) if ema else model  # timm's ModelEmaV3 holds its copy as .module
+        ema = has_ema and pl_module.eval_model is pl_module.ema_model
         schemes = position_schemes(model)[: self.max_layers]
         loggers = image_loggers(trainer.loggers)  # (none: pictures to files, pos_images/)
         step, epoch = trainer.global_step, trainer.current_epoch

@@ -246,6 +246,11 @@ class ClassifierModule(L.LightningModule):
         return self.ema_model if self.ema_model is not None and self.ema_eval else self.model
 
     @property
+    def scored_network(self) -> nn.Module:
+        """:attr:`eval_model`'s network: the EMA copy unwrapped (timm's ``ModelEmaV3`` holds it as ``.module``)."""
+        return self.ema_model.module if self.eval_model is self.ema_model else self.model
+
+    @property
     def step_model(self) -> nn.Module:
         """The network the training and evaluation steps call: ``torch.compile(self.model)`` with ``compile``,
         else ``self.model`` (the same parameters either way)."""

@@ -121,3 +121,20 @@ def test_a_video_model_at_more_frames_and_pixels_keeps_the_trained_function(tmp_
         x = torch.randn(2, 1, frames, size, size, generator=torch.Generator().manual_seed(size))
         with torch.no_grad():
             torch.testing.assert_close(big(x), m(x), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("resize", [dict(num_frames=16), dict(num_frames=32, img_size=48)], ids=["frames", "both"])
+def test_scaling_given_at_load_measures_time_from_the_trained_frames(tmp_path, resize):
+    """Weights trained without ``scaling``, loaded with it (``eval.py '+model_overrides.pos.scaling=...'
+    data.num_frames=16``): the reference is the trained clip length, as when loaded at the trained size; the new
+    length made it the reference (a factor of 1: no scaling)."""
+    torch.manual_seed(0)
+    m = vitrel.create_model(VIDEO, pos="rope3d_axial", embed_dim=32, depth=2, num_heads=2, num_classes=5, num_frames=8)
+    save_pretrained(m, tmp_path)
+    scaled = {"scaling": {"rope_type": "linear", "factor": "auto"}}
+    at_trained, resized = _load(tmp_path, pos=scaled), _load(tmp_path, pos=scaled, **resize)
+    assert resized.blocks[0].attn.pos.ref_grid.tolist() == list(m.blocks[0].attn.pos.grid)
+    size = resize.get("img_size", 32)
+    x = torch.randn(2, 1, resize["num_frames"], size, size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(resized(x), at_trained(x), rtol=0, atol=1e-5)

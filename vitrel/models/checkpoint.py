@@ -432,9 +432,10 @@ def _scheme_name(spec: Any) -> str | None:
 
 def _stored_reference_grids(model: nn.Module, sd: dict[str, Tensor], cfg: dict[str, Any], overrides: dict) -> dict:
     """Weights without the ``ref_grid`` of a scheme measured from its training grid (:mod:`vitrel.pos.reference`;
-    written before it was stored) loaded at another ``img_size`` / ``window_size``: the scheme's grid at the
-    stored size (the model rebuilt there, on the meta device), not the new one."""
-    resized = {k: v for k, v in overrides.items() if k in ("img_size", "window_size")}
+    written before it was stored, or a ``scaling`` given to :func:`load_model`) loaded at another ``img_size`` /
+    ``window_size`` / ``num_frames``: the scheme's grid at the stored size (the model rebuilt there, on the meta
+    device), not the new one."""
+    resized = {k: v for k, v in overrides.items() if k in ("img_size", "window_size", "num_frames")}
     needs = any(isinstance(m, ReferenceGrid) and m.keeps_reference for m in model.modules())
     if not resized or not needs:
         return sd

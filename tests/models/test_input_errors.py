@@ -107,6 +107,18 @@ def test_a_list_of_grey_images_for_an_rgb_model(vit):
         vit([torch.randn(1, 8, 8), torch.randn(1, 8, 12)])
 
 
+def test_integer_images_are_refused_not_scored_as_raw_pixels(vit, batch):
+    """``model([torchvision.io.read_image(p)])``: uint8 0..255 values went through the patch embedding as they were
+    (a batch tensor fails in the convolution); a list, a dict of the ViT or the Swin names the dtype."""
+    u8 = (torch.rand(3, 8, 8) * 255).to(torch.uint8)
+    with pytest.raises(ValueError, match="image 1 of the list is torch.uint8: the model takes float images normalised"):
+        vit([torch.randn(3, 8, 8), u8])
+    with pytest.raises(ValueError, match="'patches' is torch.int64: the model takes float images normalised"):
+        vit(_with(batch, patches=batch["patches"].long()))
+    with pytest.raises(ValueError, match="image 0 of the list is torch.uint8"):
+        swin_model()([u8])
+
+
 # 8 ------------------------------------------------------------------------------------------ token_drop typed
 @pytest.mark.parametrize("spec", ["0.5", ("0.1", "0.5"), True, {"low": 0.1}])
 def test_token_drop_takes_numbers_only(spec):

@@ -56,6 +56,11 @@ __all__ = [
 ]
 
 REQUIRED = ("patches", "patch_coord", "patch_valid")
+#: what an integer image (``torchvision.io.read_image``'s uint8) is told: its 0..255 values would be scored as given
+_FLOAT_IMAGES = (
+    "the model takes float images normalised as its data config says (timm.data.resolve_data_config(model=model) "
+    "and timm.data.create_transform, or vitrel.inference.eval_transform), not raw 0..255 pixel values"
+)
 
 
 class NaFlexBatch(NamedTuple):
@@ -150,6 +155,8 @@ def parse_naflex(
     valid = _as_tensor("patch_valid", batch["patch_valid"], device)
     if patches.dim() != 3:
         raise ValueError(f"'patches' must be [B, N, P*P*C], got {tuple(patches.shape)}")
+    if not patches.is_floating_point():
+        raise ValueError(f"'patches' is {patches.dtype}: {_FLOAT_IMAGES}")
     b, n, d = patches.shape
     if b == 0 or n == 0:
         raise ValueError(f"the NaFlex batch holds no image: 'patches' is {tuple(patches.shape)} (no rows or no tokens)")
@@ -300,6 +307,8 @@ def images_batch(images: Sequence[Tensor], patch_size: int, in_chans: int | None
     for i, img in enumerate(images):
         if not isinstance(img, Tensor):
             raise ValueError(f"image {i} of the list: expected a tensor [C, H, W], got {type(img).__name__}")
+        if not img.is_floating_point():
+            raise ValueError(f"image {i} of the list is {img.dtype}: {_FLOAT_IMAGES}")
         if img.dim() == 4 and img.shape[0] == 1:
             img = img[0]
         if img.dim() != 3:

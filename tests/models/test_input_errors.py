@@ -119,6 +119,25 @@ def test_integer_images_are_refused_not_scored_as_raw_pixels(vit, batch):
         swin_model()([u8])
 
 
+@pytest.mark.parametrize("arch", ["vit", "swin"])
+def test_one_grid_methods_name_the_list_or_dict_they_were_given(vit, batch, arch):
+    """``attention_maps`` (and the Swin's ``forward_intermediates``) take one grid: a list or a dict failed deep inside
+    (``'list' object has no attribute 'dim'``)."""
+    from vitrel.viz import attention_maps
+
+    m = vit if arch == "vit" else swin_model()
+    dtype = next(m.parameters()).dtype
+    given = {"a list of images": [torch.randn(3, 8, 8, dtype=dtype)], "a NaFlex dict": batch}
+    for got, x in given.items():
+        with pytest.raises(ValueError, match=f"attention_maps takes a batch of images .* got {got}: give it each"):
+            m.attention_maps(x)
+        with pytest.raises(ValueError, match=f"got {got}"):
+            attention_maps(m, x)
+    if arch == "swin":
+        with pytest.raises(ValueError, match="the Swin's forward_intermediates takes a batch of images"):
+            m.forward_intermediates(given["a list of images"])
+
+
 # 8 ------------------------------------------------------------------------------------------ token_drop typed
 @pytest.mark.parametrize("spec", ["0.5", ("0.1", "0.5"), True, {"low": 0.1}])
 def test_token_drop_takes_numbers_only(spec):

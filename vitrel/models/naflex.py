@@ -40,6 +40,7 @@ __all__ = [
     "NaFlexBatch",
     "ModelInput",
     "input_form",
+    "check_images",
     "read_input",
     "parse_naflex",
     "grid_batch",
@@ -112,6 +113,15 @@ def input_form(x: Any) -> str:
     if isinstance(x, (list, tuple)):
         return "list"
     return "images"
+
+
+def check_images(x: Any, what: str) -> None:
+    """A ``ValueError`` when ``x`` is no batch of images ``[B, C, H, W]`` (a list or a NaFlex dict), for a method
+    ``what`` that takes one grid only."""
+    form = input_form(x)
+    if form != "images":
+        got = "a list of images" if form == "list" else "a NaFlex dict"
+        raise ValueError(f"{what} takes a batch of images [B, C, H, W] (one size), got {got}: give it each image alone")
 
 
 class ModelInput(NamedTuple):

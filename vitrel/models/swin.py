@@ -33,7 +33,7 @@ from vitrel.layout.windows import shifted_window_mask, window_and_shift, window_
 from vitrel.models.backbone import SwinBody, warn_video_scheme
 from vitrel.models.blocks import add_abs_pos, constructor_config, with_placement
 from vitrel.models.input_size import check_grid_sizes, check_same_patch, rebuild_position_schemes
-from vitrel.models.naflex import ModelInput, NaFlexBatch, embed_patches, input_form, read_input
+from vitrel.models.naflex import ModelInput, NaFlexBatch, check_images, embed_patches, read_input
 from vitrel.models.swin_blocks import (
     MapPatchEmbed,
     PatchMerging,
@@ -306,8 +306,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         ``norm`` applies the final norm to the last stage's map (the only one it is sized for);
         ``stop_early`` skips the stages after the last one asked for.
         """
-        if input_form(x) != "images":
-            raise ValueError("forward_intermediates takes a batch of images [B, C, H, W] (one size)")
+        check_images(x, "the Swin's forward_intermediates")
         take, stages = self.intermediate_indices(indices, output_fmt, stop_early)
         return self.stage_intermediates(self.embed(x), take, stages, norm, output_fmt == "NCHW", intermediates_only)
 
@@ -319,6 +318,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         ``vitrel.viz.attention_maps`` draws (in eval mode) for any backbone with this method."""
         if not -len(self.layers) <= stage < len(self.layers):
             raise ValueError(f"stage {stage} out of range for {len(self.layers)} stages")
+        check_images(x, "attention_maps")
         x, stg = self.embed(x), self.layers[stage]
         for s in self.layers[: stage % len(self.layers)]:
             x = s(x)

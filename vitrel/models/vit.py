@@ -38,6 +38,7 @@ from vitrel.models.input_size import check_grid_sizes, check_img_size, check_sam
 from vitrel.models.naflex import (
     LayoutFeatures,
     ModelInput,
+    check_images,
     check_token_drop,
     drop_tokens,
     embed_patches,
@@ -383,6 +384,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         n = len(self.blocks)
         if stage not in (0, -1) or not -n <= block < n:
             raise ValueError(f"stage {stage} / block {block} out of range for 1 stage of {n} blocks")
+        check_images(x, "attention_maps")
         x, grid = self.embed(x)
         states = self.position_states(grid, x, block % n + 1)
         for y in self.run_blocks(x, states, block % n):

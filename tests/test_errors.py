@@ -423,6 +423,17 @@ def test_size_choices_of_a_strict_model_are_refused():
     check_data_fits_model(SimpleNamespace(packing=None, patch_size=None, size_choices=(32,)), m)
 
 
+def test_a_kernel_that_cannot_train_on_this_device_is_one_line(tmp_path):
+    """``train.py +model.attn_impl=flex`` on CPU ended with Hydra's 160-line traceback around the kernel's message."""
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.train.run import train
+    from vitrel.train.utils import one_line_errors
+
+    with pytest.raises(SystemExit) as exc, one_line_errors("train.py"):
+        train(compose(tmp_path, [*FAST, *SHORT, *TINY_VIT, "+model.attn_impl=flex"]))
+    assert str(exc.value).startswith("train.py: KernelDeviceError: attn_impl='flex' cannot train on CPU"), exc.value
+
+
 @pytest.mark.parametrize(
     ("data", "said"),
     [

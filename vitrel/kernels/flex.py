@@ -21,7 +21,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import and_masks, create_block_mask, flex_attention
 
 from vitrel.kernels.base import OffsetTableKernel
-from vitrel.kernels.registry import register_kernel
+from vitrel.kernels.registry import KernelDeviceError, register_kernel
 from vitrel.layout.geometry import Grid, Grid3
 from vitrel.layout.tokens import TokenLayout
 
@@ -101,7 +101,7 @@ def attend_flex(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
         raise ValueError("attn_impl='flex' has no attention dropout (FlexAttention has none): use attn_impl='sdpa'")
     needs_grad = q.requires_grad or k.requires_grad or v.requires_grad or (table is not None and table.requires_grad)
     if q.device.type == "cpu" and torch.is_grad_enabled() and needs_grad:
-        raise ValueError(
+        raise KernelDeviceError(
             "attn_impl='flex' cannot train on CPU (torch has no FlexAttention backward there): use attn_impl='sdpa' "
             "on CPU, or flex for inference (torch.no_grad / inference_mode)"
         )

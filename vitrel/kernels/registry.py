@@ -43,6 +43,7 @@ __all__ = [
     "AUTO",
     "AutoRule",
     "Kernel",
+    "KernelDeviceError",
     "attn_impls",
     "check_choice",
     "check_impl",
@@ -115,6 +116,11 @@ AUTO: dict[str, list[AutoRule]] = {
         AutoRule(frozenset({"rel1d_bucket", "rel2d_full", "rel2d_cpb", "fire2d"}), 1024, "triton", training=True),
     ],
 }
+
+
+class KernelDeviceError(ValueError):
+    """A kernel named by ``attn_impl`` that cannot run on the call's device or dtype (``flex``'s training on CPU,
+    ``triton`` off CUDA): a sentence naming what to use instead (``train.py`` prints it as one line)."""
 
 
 class Kernel:

@@ -282,18 +282,19 @@ def one_line_errors(script: str) -> Iterator[None]:
     """Errors about the user's files, sizes and machine (an unreadable or mismatched checkpoint, a missing or altered
     data set, a busy run folder, a data set over the memory budget, images the model cannot cut into patches, a resume
     with another validation split, or mid-epoch with another batch size or number of processes, a GPU trainer on a
-    machine without one, a non-finite training loss) end a single run with their message alone,
-    ``<script>: <message>`` (exit code 1), as ``predict.py`` does: the message says what to do, a traceback adds
-    nothing. Hydra's ``InstantiationException`` around one of them, or around a ``ValueError`` vitrel's own code
-    raised (a bad data, model or scheme setting: ``data.batch_size=0``, ``model.num_heads=5``, ``pos.fov=60``), is
-    unwrapped: ``<script>: data: ValueError: <message>`` (the config key, then the error). Under ``-m`` they are
-    raised, so that the job fails as Hydra's jobs fail and the sweep goes on."""
+    machine without one, an attention kernel that cannot run there, a non-finite training loss) end a single run
+    with their message alone, ``<script>: <message>`` (exit code 1), as ``predict.py`` does: the message says what to
+    do, a traceback adds nothing. Hydra's ``InstantiationException`` around one of them, or around a ``ValueError``
+    vitrel's own code raised (a bad data, model or scheme setting: ``data.batch_size=0``, ``model.num_heads=5``,
+    ``pos.fov=60``), is unwrapped: ``<script>: data: ValueError: <message>`` (the config key, then the error). Under
+    ``-m`` they are raised, so that the job fails as Hydra's jobs fail and the sweep goes on."""
     from hydra.errors import InstantiationException
 
     from vitrel.config import ConfigError
     from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
     from vitrel.data.memory import MemoryBudgetError
     from vitrel.data.shards import ShardCountError
+    from vitrel.kernels.registry import KernelDeviceError
     from vitrel.models.ckpt_files import CheckpointError
     from vitrel.models.input_size import InputSizeError
     from vitrel.train.callbacks import NonFiniteLossError, ResumePositionError
@@ -313,6 +314,7 @@ def one_line_errors(script: str) -> Iterator[None]:
         NonFiniteLossError,
         TargetError,
         ShardCountError,
+        KernelDeviceError,
     )
     try:
         yield

@@ -8,6 +8,8 @@ import os
 
 import torch
 
+from vitrel.kernels.registry import KernelDeviceError
+
 __all__ = ["check_device", "interpreter_on", "jit_module"]
 
 
@@ -20,7 +22,7 @@ def check_device(device: torch.device, dtype: torch.dtype | None = None) -> None
     (the inputs', for kernels with products) is not bfloat16, whose ``tl.dot`` the interpreter computes wrongly; never
     float64 ``dtype``, which the kernels would compute in float32."""
     if dtype == torch.float64:
-        raise ValueError(
+        raise KernelDeviceError(
             "attn_impl='triton' computes in float32 (its products and softmax), not float64: use attn_impl='sdpa' or "
             "'eager' for float64, or 'auto', which picks one of them"
         )
@@ -28,12 +30,12 @@ def check_device(device: torch.device, dtype: torch.dtype | None = None) -> None
         return
     if device.type == "cpu" and interpreter_on():
         if dtype == torch.bfloat16:
-            raise ValueError(
+            raise KernelDeviceError(
                 "attn_impl='triton' on CPU runs in Triton's interpreter, whose products of bfloat16 tensors are wrong: "
                 "use float32 or float16 on CPU (bfloat16 runs on CUDA), or attn_impl='sdpa'"
             )
         return
-    raise ValueError(
+    raise KernelDeviceError(
         f"attn_impl='triton' runs Triton kernels on CUDA; on {device.type} tensors it needs Triton's interpreter: "
         "set TRITON_INTERPRET=1 in the environment before starting Python (slow: for tests at small sizes), or use "
         "attn_impl='sdpa' on this device"

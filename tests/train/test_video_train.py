@@ -51,14 +51,16 @@ def test_video_run_writes_a_checkpoint_that_loads_as_the_video_model(video_sweep
         assert model(x).shape == (4, 2)
 
 
-def test_eval_scores_a_video_checkpoint_at_twice_the_frames(video_sweep, tmp_path, capsys):
+def test_eval_scores_a_video_checkpoint_at_twice_the_frames(video_sweep, tmp_path, capsys, caplog):
     from vitrel.train.evaluate import evaluate
 
     ckpt = video_sweep / "checkpoints" / "last.ckpt"
     over = [f"ckpt_path={ckpt}", *TINY_CLIPS, "data.num_frames=16", *FAST[:1], *FAST[2:4]]
+    caplog.set_level("INFO", logger="vitrel.train.per_class")
     metrics = evaluate(compose(tmp_path, over, config_name="eval"))
     res = json.loads((tmp_path / "eval_metrics.json").read_text())
     assert res["grid"] == [16, 2, 2] and res["num_images"] == 32
+    assert "per_class.csv (32 videos)" in caplog.text, caplog.text  # (eval.py's split wrapper: "images")
     said = capsys.readouterr().out
     assert "at 16 frames of img_size 32 (grid 16x2x2)" in said and "(32 videos)" in said, said  # (not "images")
     assert 0.0 <= metrics["test/acc1"] <= 1.0

@@ -102,6 +102,11 @@ class _SplitData(L.LightningDataModule):
         """The data module's (the per-class report names the classes by them)."""
         return getattr(self.dm, "class_names", None)
 
+    @property
+    def scored_data(self) -> L.LightningDataModule:
+        """The data module whose split is scored (what :func:`~vitrel.train.utils.is_video_data` asks of)."""
+        return self.dm
+
 
 def _non_square(saved: dict) -> bool:
     """Whether the stored model was built at a non-square ``img_size`` (``(H, W)``, H != W)."""

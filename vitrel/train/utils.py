@@ -411,10 +411,11 @@ def _check_schemes_take_layouts(dm: Any, model: torch.nn.Module, training: bool)
 
 # ------------------------------------------------------------------------------------------ video
 def is_video_data(dm: Any) -> bool:
-    """Whether the data module gives clips ``[B, C, T, H, W]`` (a :class:`vitrel.data.video.VideoDataModule`)."""
+    """Whether the data module gives clips ``[B, C, T, H, W]`` (a :class:`vitrel.data.video.VideoDataModule`, or
+    ``eval.py``'s test split of one, its ``scored_data``)."""
     from vitrel.data.video.base import VideoDataModule
 
-    return isinstance(dm, VideoDataModule)
+    return isinstance(getattr(dm, "scored_data", dm), VideoDataModule)
 
 
 def is_video_architecture(name: str) -> bool:

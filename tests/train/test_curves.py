@@ -58,10 +58,12 @@ def test_curves_are_the_logged_values_and_drawn(tmp_path):
     assert _png(tmp_path / "curves.png")
 
 
-def test_a_resumed_run_draws_the_whole_run(tmp_path):
+def test_a_resumed_run_draws_the_whole_run(tmp_path, caplog):
+    caplog.set_level("INFO")
     with pytest.raises(SystemExit) as stop:
         train(compose(tmp_path, [*ARGS, "test=false"]), callbacks=[SendSignal(at_step=5)])
     assert stop.value.code == 128 + signal.SIGTERM
+    assert "last.ckpt in epoch 2, step 6; resume with" in caplog.text  # (counted from 1, as the progress lines)
     ckpt = tmp_path / "checkpoints" / "last.ckpt"
     assert [(r["stage"], r["epoch"]) for r in _records(ckpt)] == [("val", 0), ("train", 0)]  # epoch 1, before the stop
     (tmp_path / "curves.png").unlink()  # (drawn at epoch 1's end: the resumed process draws it again)

@@ -157,7 +157,7 @@ def test_a_non_finite_loss_on_one_rank_stops_every_rank_naming_it(tmp_path):
     )
     for rank in (0, 1):
         message = (tmp_path / f"rank{rank}.txt").read_text()
-        assert message.startswith("non-finite training loss (nan on process 1 of 2) at epoch 0, global step 2:"), (
+        assert message.startswith("non-finite training loss (nan on process 1 of 2) in epoch 1, global step 2:"), (
             rank,
             message,
         )

@@ -249,7 +249,7 @@ def test_a_learning_rate_that_diverges_stops_train_py_with_one_line(tmp_path):
     with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
         train(compose(tmp_path, over))
     message = str(stop.value)
-    assert message.startswith("train.py: NonFiniteLossError: non-finite training loss (nan) at epoch 0"), message
+    assert message.startswith("train.py: NonFiniteLossError: non-finite training loss (nan) in epoch 1"), message
     assert "Try a lower module.optimizer.lr" in message and "\n" not in message
 
 

@@ -223,7 +223,7 @@ class KeepEarlyStop(Callback):
             if isinstance(cb, EarlyStopping) and cb.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
                 trainer.should_stop = True
                 rank_zero_info(
-                    f"EarlyStopping stopped this run at epoch {cb.stopped_epoch} ({cb.stopping_reason_message}): "
+                    f"EarlyStopping stopped this run in epoch {cb.stopped_epoch + 1} ({cb.stopping_reason_message}): "
                     "nothing left to train (to train on, resume without the EarlyStopping callback)"
                 )
                 return
@@ -373,7 +373,7 @@ class SignalCheckpoint(Callback):
         else:
             self._exit_signal = signum
         rank_zero_info(
-            f"{signal.Signals(signum).name}: saved {path} at epoch {trainer.current_epoch}, "
+            f"{signal.Signals(signum).name}: saved {path} in epoch {trainer.current_epoch + 1}, "
             f"step {trainer.global_step}{then}; resume with ckpt_path=last (same run folder)"
         )
 
@@ -464,7 +464,7 @@ class NaNGuard(Callback):
         if not _any_rank(trainer, bad):
             return
         raise NonFiniteLossError(
-            f"non-finite training loss ({self._bad_losses(trainer, loss)}) at epoch {trainer.current_epoch}, "
+            f"non-finite training loss ({self._bad_losses(trainer, loss)}) in epoch {trainer.current_epoch + 1}, "
             f"global step {trainer.global_step}: training stopped before this step updated the weights; "
             f"{self._kept(trainer)}. {self._hint(trainer)}"
         )
@@ -488,7 +488,7 @@ class NaNGuard(Callback):
         where = f"after global step {since}" if since is not None else "since the run (re)started"
         raise NonFiniteLossError(
             f"non-finite training loss {where} (checked every {self.every_n_steps or 'epoch'} steps, at epoch ends "
-            f"and before checkpoints; now at epoch {trainer.current_epoch}, global step {trainer.global_step}): "
+            f"and before checkpoints; now in epoch {trainer.current_epoch + 1}, global step {trainer.global_step}): "
             f"training stopped, the steps since it updated the weights; {self._kept(trainer)}. {self._hint(trainer)} "
             "callbacks.nan_guard.every_n_steps=1 stops before the step (a synchronisation per step)."
         )

@@ -119,6 +119,18 @@ def test_integer_images_are_refused_not_scored_as_raw_pixels(vit, batch):
         swin_model()([u8])
 
 
+def test_an_attn_mask_of_ones_own_is_refused_not_ignored(vit, batch):
+    """timm's NaFlexVit lets ``x['attn_mask']`` override its masks; vitrel ignored the key (and ``model(patches,
+    patch_coord=...)``, timm's keyword form, is a TypeError)."""
+    mask = torch.zeros(batch["patches"].shape[0], 1, batch["patches"].shape[1], batch["patches"].shape[1])
+    with pytest.raises(ValueError, match="the NaFlex batch holds an 'attn_mask': vitrel builds its attention masks"):
+        vit({**batch, "attn_mask": mask})
+    with torch.no_grad():
+        torch.testing.assert_close(vit({**batch, "attn_mask": None}), vit(batch))
+    with pytest.raises(TypeError):
+        vit(batch["patches"], patch_coord=batch["patch_coord"], patch_valid=batch["patch_valid"])
+
+
 @pytest.mark.parametrize("arch", ["vit", "swin"])
 def test_one_grid_methods_name_the_list_or_dict_they_were_given(vit, batch, arch):
     """``attention_maps`` (and the Swin's ``forward_intermediates``) take one grid: a list or a dict failed deep inside

@@ -10,8 +10,9 @@ A batch is the dict ``timm.models.naflexvit`` takes (timm's NaFlex data pipeline
                                    belongs to; ignored on padding}
 
 Without ``segment_ids`` every row holds one image. T5X / seqio number packed segments from 1 with 0 for padding;
-vitrel takes only the 0-based form (padding marked by ``patch_valid``). Other keys (timm's collator adds
-``seq_len``) are ignored. An image's grid is ``(max row + 1, max col + 1)`` of its tokens.
+vitrel takes only the 0-based form (padding marked by ``patch_valid``). An ``attn_mask`` (which timm's NaFlexVit
+lets override its masks) is refused; other keys (timm's collator adds ``seq_len``) are ignored. An image's grid is
+``(max row + 1, max col + 1)`` of its tokens.
 
 Rules, each checked with a clear error at the model's entrance (:func:`parse_naflex`, before any work): tensors or
 numpy arrays; at least one image in the batch; whole patch coordinates; ``patch_valid`` bool (or 0 / 1); valid
@@ -159,6 +160,11 @@ def parse_naflex(
     missing = [k for k in REQUIRED if k not in batch]
     if missing:
         raise ValueError(f"a NaFlex batch needs the keys {list(REQUIRED)} (+ 'segment_ids' to pack); missing {missing}")
+    if batch.get("attn_mask") is not None:  # (timm's NaFlexVit lets it override the mask of patch_valid)
+        raise ValueError(
+            "the NaFlex batch holds an 'attn_mask': vitrel builds its attention masks from 'patch_valid' and "
+            "'segment_ids' and takes no mask of one's own (leave the key out)"
+        )
     patches = _as_tensor("patches", batch["patches"], device)
     device = patches.device
     coord = _as_tensor("patch_coord", batch["patch_coord"], device)

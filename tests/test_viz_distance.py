@@ -286,6 +286,18 @@ def test_plot_attention_distance_one_series_per_model():
         viz.plot_attention_distance(torch.rand(3))
 
 
+def test_a_video_models_picture_draws_the_frames_beside_the_pixels():
+    """A video run's ``attention_distance.png`` showed the pixel distances only (the frames were in the CSV alone)."""
+    d, frames = torch.rand(3, 2) * 10, torch.rand(3, 2) * 4
+    fig = viz.plot_attention_distance(d, "clips", frames)
+    pixels_ax, frames_ax = panels(fig)
+    assert frames_ax.get_ylabel() == "mean attention distance (frames)"
+    assert sorted(frames_ax.collections[0].get_offsets()[:, 1].tolist()) == sorted(frames.ravel().tolist())
+    assert sorted(pixels_ax.collections[0].get_offsets()[:, 1].tolist()) == sorted(d.ravel().tolist())
+    with pytest.raises(ValueError, match="frames needs one model's distances"):
+        viz.plot_attention_distance({"a": d}, frames=frames)
+
+
 def test_the_picture_keeps_its_labels_and_legend_clear_of_the_dots():
     """A sweep's picture of a shallow model (2 blocks, three schemes): before, the x label ran off the figure and the
     legend sat on the dots."""

@@ -187,16 +187,36 @@ def attention_distance(model: nn.Module, images: Any, frames: bool = False) -> T
     return (px, fr) if frames else px
 
 
-def plot_attention_distance(distances: Tensor | Mapping[str, Tensor], title: str | None = None):
+def plot_attention_distance(
+    distances: Tensor | Mapping[str, Tensor], title: str | None = None, frames: Tensor | None = None
+):
     """Mean attention distance against depth, one dot per head: ``distances [depth, heads]``
     (:func:`attention_distance`; NaN, a Swin block's missing heads, not drawn), or a mapping of names to them (several
-    models, e.g. one per position scheme, each its own colour, side by side at every block). Returns a Figure."""
+    models, e.g. one per position scheme, each its own colour, side by side at every block). ``frames`` (a video
+    model's distances in frames, ``[depth, heads]``, with one model's ``distances``): a second panel beside the
+    pixels'. Returns a Figure."""
     runs = {"": distances} if isinstance(distances, Tensor) else dict(distances)
     if not runs or any(not isinstance(d, Tensor) or d.dim() != 2 for d in runs.values()):
         raise ValueError("expected [depth, heads] tensors (attention_distance's), or a mapping of names to them")
+    if frames is not None and (not isinstance(distances, Tensor) or frames.shape != distances.shape):
+        raise ValueError("frames needs one model's distances [depth, heads] of the same shape")
+    panels = [(runs, "pixels")] + ([({"": frames}, "frames")] if frames is not None else [])
     legend = 1.8 if len(runs) > 1 or next(iter(runs)) else 0.0  # (beside the axes, not over the dots)
-    fig = new_figure(max(4.0, 0.5 * max(d.shape[0] for d in runs.values()) + 2.5) + legend, 3.2)
-    ax = fig.subplots()
+    width = max(4.0, 0.5 * max(d.shape[0] for d in runs.values()) + 2.5)
+    fig = new_figure(width * len(panels) + legend, 3.2)
+    axes = np.atleast_1d(fig.subplots(1, len(panels)))
+    for ax, (drawn, unit) in zip(axes, panels):
+        _distance_panel(ax, drawn, unit)
+    title = title or "how far each head looks"
+    if len(axes) == 1:
+        axes[0].set_title(title, fontsize=9)
+    else:
+        fig.suptitle(title, fontsize=9)
+    return fig
+
+
+def _distance_panel(ax, runs: Mapping[str, Tensor], unit: str) -> None:
+    """One axes of :func:`plot_attention_distance`: each run's heads at every block, in ``unit``."""
     width = 0.6 / len(runs)
     for k, (name, d) in enumerate(runs.items()):
         d = d.detach().double().cpu().numpy()
@@ -204,10 +224,8 @@ def plot_attention_distance(distances: Tensor | Mapping[str, Tensor], title: str
         x = np.arange(depth)[:, None] + (k - (len(runs) - 1) / 2) * width + np.zeros((1, heads))
         ax.scatter(x.ravel(), d.ravel(), s=10, color=f"C{k}", label=name or None, alpha=0.8)
     ax.set_xlabel("block (forward order; a Swin's across stages)")
-    ax.set_ylabel("mean attention distance (pixels)")
+    ax.set_ylabel(f"mean attention distance ({unit})")
     ax.set_xticks(np.arange(max(d.shape[0] for d in runs.values())))
     ax.set_ylim(bottom=0)
     if len(runs) > 1 or next(iter(runs)):
         ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    ax.set_title(title or "how far each head looks", fontsize=9)
-    return fig

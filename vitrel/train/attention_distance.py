@@ -131,5 +131,5 @@ class AttentionDistance(Callback):
         write_distances(self.save_dir / CSV, d, frames)
         n = f"{d.shape[0]} blocks x {d.shape[1]} heads" if not d.isnan().any() else f"{d.shape[0]} blocks"
         what = "test clips" if video else "test images"
-        save_png(plot_attention_distance(d, f"mean attention distance ({n}, {what})"), self.save_dir / PNG)
+        save_png(plot_attention_distance(d, f"mean attention distance ({n}, {what})", frames), self.save_dir / PNG)
         log.info("attention distance: %s and %s (%s)", CSV, PNG, n)

@@ -131,6 +131,26 @@ def test_onnx_file_alone_reproduces_predict(ema_ckpt, tmp_path, capsys):
             sess.run(None, {"images": np.zeros((1, 1, h, w), np.float32)})
 
 
+@pytest.mark.usefixtures("one_torchlib_registry")
+@pytest.mark.parametrize("opset", [17, 18])
+def test_the_wrote_line_names_the_opset_the_onnx_file_has(ema_ckpt, tmp_path, capsys, opset):
+    """``--opset 17``: torch's exporter writes opset 18 and converts it down where it can; for this model the
+    conversion failed (no adapter for Pad), the file kept 18, and the command said ``(ONNX opset 17, ...)``. Now the
+    wrote line names the file's opset, and where it is not the one asked for a warning names both."""
+    onnx = pytest.importorskip("onnx")
+    from vitrel.export import main
+
+    out = tmp_path / "out"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([str(ema_ckpt), str(out), "--onnx", "--opset", str(opset)]) == 0
+    said = capsys.readouterr()
+    written = next(o.version for o in onnx.load(str(out / "model.onnx")).opset_import if o.domain in ("", "ai.onnx"))
+    assert f"wrote {out / 'model.onnx'} (ONNX opset {written}, dynamic=hw)" in said.out, said.out
+    warned = f"warning: --opset {opset} asked; torch's exporter could not convert to it: the file has opset {written}"
+    assert (warned in said.err) == (written != opset), said.err
+
+
 def test_a_one_size_pt2_run_by_vitrel_names_both_sizes(tmp_path):
     """A ``.pt2`` of one image size (``dynamic="batch"``, traced at 28 px) called at 32 px through
     ``vitrel.inference.load_predictor`` raised torch's bare ``Guard failed: x.size()[2] == 28``; it now names both

@@ -83,6 +83,7 @@ __all__ = [
     "load_program",
     "program_input_shape",
     "program_input_sizes",
+    "program_data_config",
     "SizeCheckedProgram",
     "describe_sizes",
     "main",
@@ -310,7 +311,8 @@ def onnx_program(
     ``pip install vitrel[export]`` (onnx, onnxscript). A model whose attention kernel ONNX has no operator for (a
     vitrel custom op, ``attn_impl="triton"``; FlexAttention) is refused: the same weights built with
     ``attn_impl="sdpa"`` compute the same function (``vitrel.load_model(path, attn_impl="sdpa")``). Its metadata
-    :data:`ONNX_DATA_CONFIG_KEY` is the preprocessing, ``data_config`` or :func:`model_data_config` of the model."""
+    :data:`ONNX_DATA_CONFIG_KEY` is the preprocessing, ``data_config`` or :func:`model_data_config` of the model, at
+    the program's size where it takes one (:func:`program_data_config`)."""
     check_exportable(model, dynamic, onnx=True)
     ep = program if program is not None else export_program(model, example, dynamic, max_side)
     with warnings.catch_warnings():
@@ -323,13 +325,14 @@ def onnx_program(
             ep, input_names=[name], output_names=outputs, opset_version=opset, dynamo=True, verbose=False
         )
     preprocessing = data_config if data_config is not None else model_data_config(_network(model))
-    onnx.model.metadata_props[ONNX_DATA_CONFIG_KEY] = json.dumps(preprocessing)
+    onnx.model.metadata_props[ONNX_DATA_CONFIG_KEY] = json.dumps(program_data_config(ep, preprocessing))
     return onnx
 
 
 def save_program(ep: torch.export.ExportedProgram, path: str | Path, data_config: dict[str, Any]) -> Path:
-    """``torch.export.save`` with the preprocessing as the extra file :data:`DATA_CONFIG_NAME` (serialised in
-    memory first: a program torch cannot serialise leaves no file)."""
+    """``torch.export.save`` with the preprocessing as the extra file :data:`DATA_CONFIG_NAME`, at the program's size
+    where it takes one (:func:`program_data_config`; serialised in memory first: a program torch cannot serialise
+    leaves no file)."""
     data = program_bytes(ep, data_config)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -340,7 +343,7 @@ def save_program(ep: torch.export.ExportedProgram, path: str | Path, data_config
 def program_bytes(ep: torch.export.ExportedProgram, data_config: dict[str, Any]) -> bytes:
     """The ``.pt2`` archive of ``ep`` with the preprocessing (:func:`save_program`'s bytes), made in memory."""
     buf = io.BytesIO()
-    torch.export.save(ep, buf, extra_files={DATA_CONFIG_NAME: json.dumps(data_config)})
+    torch.export.save(ep, buf, extra_files={DATA_CONFIG_NAME: json.dumps(program_data_config(ep, data_config))})
     return buf.getvalue()
 
 
@@ -381,6 +384,18 @@ def program_input_shape(ep: torch.export.ExportedProgram) -> tuple[int | None, .
     name = ep.graph_signature.user_inputs[0]
     node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == name)
     return tuple(s if isinstance(s, int) else None for s in node.meta["val"].shape)
+
+
+def program_data_config(ep: torch.export.ExportedProgram, data_config: dict[str, Any]) -> dict[str, Any]:
+    """``data_config`` with the sizes ``ep`` takes where it takes one: the height and width of a program of one image
+    size (``"batch"`` / ``"static"``: the traced one, ``--img-size 48``'s 48), a video program's ``num_frames`` of one
+    clip length. A program of every size (``"hw"``) keeps the stored size, the trained one, as the default."""
+    shape, out = program_input_shape(ep), dict(data_config)
+    if len(shape) in (4, 5) and "input_size" in out and None not in shape[-2:]:  # (images [B, C, H, W], or clips)
+        out["input_size"] = [*out["input_size"][:-2], *shape[-2:]]
+    if len(shape) == 5 and shape[2] is not None and "num_frames" in out:
+        out["num_frames"] = shape[2]
+    return out
 
 
 def program_input_sizes(ep: torch.export.ExportedProgram) -> tuple[int | range, ...]:

@@ -141,10 +141,10 @@ def load_predictor(
 
 
 def _program_size(path: Path, ep: Any, data_config: dict[str, Any]) -> dict[str, Any]:
-    """The data config of a ``.pt2`` with the image size its program fixes (``--dynamic batch --img-size 48``: 48,
-    whatever size the model was trained at); a program of a fixed batch (``--dynamic static``) is refused: images
-    come in batches of any size."""
-    from vitrel.export import program_input_shape
+    """The data config of a ``.pt2`` at the sizes its program takes (:func:`~vitrel.export.program_data_config`, which
+    the export stores; applied again for a ``.pt2`` written before it did); a program of a fixed batch (``--dynamic
+    static``) is refused: images come in batches of any size."""
+    from vitrel.export import program_data_config, program_input_shape
 
     shape = program_input_shape(ep)
     if shape[0] is not None:
@@ -152,9 +152,7 @@ def _program_size(path: Path, ep: Any, data_config: dict[str, Any]) -> dict[str,
             f"{path} takes a fixed batch of {shape[0]} (exported with --dynamic static), predict.py batches of any "
             "size: export with --dynamic hw or batch (python -m vitrel.export CKPT OUT --pt2 --dynamic batch)"
         )
-    if None in shape[-2:] or list(shape[-2:]) == list(data_config["input_size"][-2:]):
-        return data_config
-    return {**data_config, "input_size": [*data_config["input_size"][:-2], *shape[-2:]]}
+    return program_data_config(ep, data_config)
 
 
 def _program_frames(path: Path, sizes: tuple, data_config: dict[str, Any], frames: Any) -> dict[str, Any]:

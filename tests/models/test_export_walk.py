@@ -151,6 +151,42 @@ def test_the_wrote_line_names_the_opset_the_onnx_file_has(ema_ckpt, tmp_path, ca
     assert (warned in said.err) == (written != opset), said.err
 
 
+@pytest.mark.usefixtures("one_torchlib_registry")
+def test_a_program_of_one_size_records_that_size(ema_ckpt, tmp_path):
+    """``--dynamic batch --img-size 48``: a program of 48 px images only, whose ONNX metadata and ``.pt2`` data config
+    said the checkpoint's ``input_size`` [1, 28, 28]; images preprocessed by it (docs/export.md) were refused by ONNX
+    Runtime ("Got: 28 Expected: 48"). Now both record [1, 48, 48], and ONNX Runtime scores images preprocessed by it
+    as the ``.pt2`` does. A program of every size (``--dynamic hw``, traced at 48) keeps the trained 28 as the
+    default; a ``.pt2`` written before (its data config the trained size) is read at its program's size."""
+    ort = pytest.importorskip("onnxruntime")
+    from PIL import Image
+
+    from vitrel.export import DATA_CONFIG_NAME, ONNX_DATA_CONFIG_KEY, load_program, main
+    from vitrel.inference import eval_transform, load_predictor
+
+    out, hw = tmp_path / "b48", tmp_path / "hw48"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main([str(ema_ckpt), str(out), "--pt2", "--onnx", "--dynamic", "batch", "--img-size", "48"]) == 0
+        assert main([str(ema_ckpt), str(hw), "--pt2", "--onnx", "--dynamic", "hw", "--img-size", "48"]) == 0
+    sess = ort.InferenceSession(str(out / "model.onnx"))
+    cfg = json.loads(sess.get_modelmeta().custom_metadata_map[ONNX_DATA_CONFIG_KEY])
+    ep, stored = load_program(out / "model.pt2")
+    assert cfg["input_size"] == [1, 48, 48] and cfg == stored and cfg["class_names"] == NAMES
+    predictor = load_predictor(out / "model.pt2")
+    assert predictor.data_config == cfg
+    img = Image.fromarray(np.random.default_rng(0).integers(0, 255, (40, 56), dtype=np.uint8))
+    x = eval_transform(cfg)(img)[None]
+    assert x.shape == (1, 1, 48, 48)
+    with torch.no_grad():
+        np.testing.assert_allclose(sess.run(None, {"images": x.numpy()})[0], predictor.model(x).numpy(), atol=1e-5)
+    every = ort.InferenceSession(str(hw / "model.onnx")).get_modelmeta().custom_metadata_map[ONNX_DATA_CONFIG_KEY]
+    assert json.loads(every)["input_size"] == load_program(hw / "model.pt2")[1]["input_size"] == [1, 28, 28]
+    old = tmp_path / "old.pt2"
+    torch.export.save(ep, str(old), extra_files={DATA_CONFIG_NAME: json.dumps({**cfg, "input_size": [1, 28, 28]})})
+    assert load_predictor(old).data_config["input_size"] == [1, 48, 48]
+
+
 def test_a_one_size_pt2_run_by_vitrel_names_both_sizes(tmp_path):
     """A ``.pt2`` of one image size (``dynamic="batch"``, traced at 28 px) called at 32 px through
     ``vitrel.inference.load_predictor`` raised torch's bare ``Guard failed: x.size()[2] == 28``; it now names both

@@ -181,6 +181,26 @@ def test_a_program_of_one_clip_length_names_it(tmp_path, capsys):
         program(torch.randn(1, 3, 4, 48, 48))
 
 
+def test_a_program_of_one_clip_length_records_it(tmp_path):
+    """``--num-frames 8 --img-size 48`` for a model built for 4 frames of 32 px whose scheme compares the grid with the
+    built one: a program of 8-frame clips of 48 px only, whose data config said the model's 4 frames of 32 px, which
+    the program refused. Now it records 8 and 48 (predict.py samples those); a program of every clip (``"hw"``)
+    keeps the model's as the default."""
+    from vitrel.inference import load_predictor
+
+    one = _video_vit_weights(tmp_path / "one", pos={"name": "rel3d_full", "extend": "interpolate"})
+    assert main([str(one), str(tmp_path / "one_out"), "--pt2", "--num-frames", "8", "--img-size", "48"]) == 0
+    cfg = load_program(tmp_path / "one_out" / PT2_NAME)[1]
+    assert (cfg["num_frames"], cfg["input_size"]) == (8, [3, 48, 48])
+    p = load_predictor(tmp_path / "one_out" / PT2_NAME)
+    assert p.data_config == cfg
+    assert p.model(torch.randn(2, 3, cfg["num_frames"], *cfg["input_size"][1:])).shape == (2, 1000)
+    every = _video_vit_weights(tmp_path / "every")
+    assert main([str(every), str(tmp_path / "every_out"), "--pt2", "--num-frames", "8", "--img-size", "48"]) == 0
+    cfg = load_program(tmp_path / "every_out" / PT2_NAME)[1]
+    assert (cfg["num_frames"], cfg["input_size"]) == (4, [3, 32, 32])
+
+
 def test_a_program_of_every_clip_length_takes_a_num_frames_override(tmp_path):
     """``predict.py ckpt_path=<model.pt2> +model_overrides.num_frames=8`` was refused for every program ("fixed when
     it was exported"), though a program exported for every clip length takes 8 frames. Now the predictor samples

@@ -210,7 +210,10 @@ def test_a_damaged_pt2_is_one_clear_error(tmp_path, pt2_bytes, capfd, kind, says
 
 def test_an_onnx_file_is_refused_naming_onnx_runtime(tmp_path):
     """An ONNX model given where a PyTorch one is read (predict.py, eval.py, vitrel.load_model) is one error naming
-    ONNX Runtime, not the unpickler's complaint about foreign bytes."""
+    ONNX Runtime, not the unpickler's complaint about foreign bytes. It said the preprocessing was "in the config.json
+    beside it", which has no ``resize`` (a memory-loader run's ``tensor``) and is not there when the file is copied
+    alone; it names the file's own metadata key, which holds the whole data config (docs/export.md)."""
+    from vitrel.export import ONNX_DATA_CONFIG_KEY
     from vitrel.inference import load_predictor
     from vitrel.models.checkpoint import load_model
 
@@ -220,6 +223,8 @@ def test_an_onnx_file_is_refused_naming_onnx_runtime(tmp_path):
         with pytest.raises(CheckpointError, match="is an ONNX model, which runs in ONNX Runtime") as err:
             load(path)
         assert str(path) in str(err.value)
+        assert f"file's own metadata, key '{ONNX_DATA_CONFIG_KEY}'" in str(err.value)
+        assert "config.json" not in str(err.value)
 
 
 def test_predict_py_on_a_truncated_pt2_prints_one_line(tmp_path, pt2_bytes):

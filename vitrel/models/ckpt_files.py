@@ -339,9 +339,11 @@ def _resolve(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"no such checkpoint: {p}")
     if p.suffix.lower() == ".onnx":
         raise CheckpointError(
-            f"{p} is an ONNX model, which runs in ONNX Runtime (onnxruntime.InferenceSession: input 'images', output "
-            "'logits'; its preprocessing is in the config.json beside it), not in PyTorch: load the export folder or "
-            "the .ckpt it came from (predict.py also takes the folder's model.pt2)"
+            f"{p} is an ONNX model, which runs in ONNX Runtime (onnxruntime.InferenceSession: input 'images', a "
+            "video model's 'clips'; output 'logits'), not in PyTorch; its preprocessing (input_size, mean, std, resize "
+            "...) is JSON in the file's own metadata, key 'vitrel_data_config' (get_modelmeta().custom_metadata_map; "
+            "docs/export.md#onnx). Load the export folder or the .ckpt it came from (predict.py also takes the "
+            "folder's model.pt2)"
         )
     return p
 

@@ -31,9 +31,10 @@ one error naming what the model takes. The input may be one file (its row named 
 a folder (not images, or not videos) are passed over and counted (:attr:`PredictResult.passed_over`).
 
 Output rows, as timm's ``inference.py --results-separate-col``: ``filename`` (relative to the input
-folder), then for each of the top ``k`` classes ``index_i``, ``label_i`` (the class name when the
-checkpoint stores class names, or the ``ImageFolder`` tree has one folder per class; else the index)
-and ``prob_i`` (softmax probability); a ``topk`` above the number of classes gives all of them, with one logged line.
+folder), then for each of the top ``k`` classes, ranks ``i = 0 .. k-1``, ``index_i``, ``label_i`` (the class name when
+the checkpoint stores class names, or the ``ImageFolder`` tree has one folder per class; else the index) and ``prob_i``
+(softmax probability); with ``topk=1``, timm's unsuffixed ``index``, ``label``, ``prob``. A ``topk`` above the number
+of classes gives all of them, with one logged line.
 """
 
 from __future__ import annotations

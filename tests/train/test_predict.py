@@ -217,6 +217,8 @@ def test_imagefolder_tree_gives_class_names(tmp_path):
     res = predict_folder(load_predictor(folder), tree, topk=1, progress=False)
     assert [r["filename"] for r in res.rows] == ["c3/a.png", "c7/b.jpg"]
     assert all(r["label"] == f"c{r['index']}" for r in res.rows)
+    header = predict_module.write_results(res.rows, tmp_path / "p.csv").read_text().splitlines()[0]
+    assert header == "filename,index,label,prob"  # topk=1: timm's columns, unsuffixed (docs/export.md)
 
 
 def test_max_tokens_without_seq_len_is_refused(ckpt, images):

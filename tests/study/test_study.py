@@ -644,3 +644,23 @@ def test_start_line_tells_done_runs_from_deferred_ones(study, tmp_path, capsys):
         "study_smoke: 0 runs to do (4 of the selection left for a later run by --max-runs) on"
         in capsys.readouterr().out
     )
+
+
+@pytest.mark.parametrize("ema_eval", [True, False])
+def test_a_study_scores_the_weights_its_run_tests(ema_eval):
+    """Under ``module/ema=default`` the study scored the raw weights while ``train.py``'s test, ``eval.py`` and the
+    fine-tune's ``load_model`` took the EMA copy (26.5 % at res80 against eval.py's 25.7 % on one run)."""
+    import functools
+    from types import SimpleNamespace
+
+    from timm.utils import ModelEmaV3
+
+    from vitrel.study.runs import Probe
+    from vitrel.train.module import ClassifierModule
+
+    net = torch.nn.Sequential(torch.nn.Linear(4, 3))
+    ema = functools.partial(ModelEmaV3, decay=0.9)
+    module = ClassifierModule(net, num_classes=3, ema=ema, ema_eval=ema_eval)
+    probe = Probe()
+    probe.on_fit_end(SimpleNamespace(global_step=3, current_epoch=1), module)
+    assert probe.model is (module.ema_model.module if ema_eval else net) and probe.steps == 3

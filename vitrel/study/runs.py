@@ -120,10 +120,11 @@ def accuracy(model, x, y, device, batch: int, bf16: bool) -> float:
 
 
 class Probe(StepTimer):
-    """Times the training steps; keeps the trained network and the step count."""
+    """Times the training steps; keeps the network the run scores (its EMA copy under ``module.ema_eval``, as
+    ``train.py``'s test, ``eval.py`` and the fine-tune's ``load_model`` take) and the step count."""
 
     def on_fit_end(self, trainer, pl_module) -> None:
-        self.model, self.steps, self.epochs = pl_module.model, trainer.global_step, trainer.current_epoch
+        self.model, self.steps, self.epochs = pl_module.scored_network, trainer.global_step, trainer.current_epoch
 
 
 def run_one(

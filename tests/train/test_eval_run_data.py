@@ -61,6 +61,18 @@ def test_the_run_log_says_what_it_trains_and_validates_on(fmnist_run):
     assert line in (run / "train.log").read_text()
 
 
+def test_eval_records_the_model_overrides_it_scored_with(fmnist_run, tmp_path, capsys):
+    """``eval.py ... +model_overrides.pos.extend=interpolate`` scores another model than the stored one: the line and
+    ``eval_metrics.json`` said nothing of it (a RoPE scaling's 27.5 % looked like the plain 17.4 %)."""
+    run, _ = fmnist_run
+    over = ["+model_overrides.pos.extend=interpolate", "trainer.limit_test_batches=1", *EVAL]
+    _, res, _ = _eval(tmp_path, "over", run / "checkpoints" / "last.ckpt", over)
+    assert res["model_overrides"] == {"pos": {"extend": "interpolate"}}
+    assert 'model_overrides {"pos": {"extend": "interpolate"}}: test/acc1' in capsys.readouterr().out
+    _, plain, _ = _eval(tmp_path, "plain", run / "checkpoints" / "last.ckpt", ["trainer.limit_test_batches=1", *EVAL])
+    assert plain["model_overrides"] == {} and "model_overrides" not in capsys.readouterr().out
+
+
 def test_eval_on_val_scores_the_runs_held_out_images(fmnist_run, tmp_path, caplog):
     """After ``train.py data.val_fraction=0.2 data.seed=${seed} seed=1``, ``eval.py ckpt_path=... split=val`` held out
     the group's 10 % at seed 0: 814 of its 1,000 images were training images, scored without a word. Now: the run's

@@ -307,6 +307,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_data_module(dm)  # (one of the user's own without num_classes, in_chans, img_size: named)
     taken |= trained_preprocessing(ckpt, stored_data, record[1], cfg, dm)
     overrides = dict(plain(cfg.get("model_overrides")) or {})
+    given = dict(overrides)  # (recorded with the result: the model scored is not the stored one)
     arch = saved.get("architecture")
     if arch is not None:  # clips for a video model, images for an image model: before the weights are read
         check_video_pairing(str(arch), dm, str(ckpt), fix=fix)
@@ -364,6 +365,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "model_img_size": list(to_2tuple(stored["img_size"])) if stored.get("img_size") is not None else None,
         "naflex_size": naflex,  # NaFlex of images of one size: the size each was scored at
         "ema": use_ema,
+        "model_overrides": given,  # model_overrides given on the command line ({}: the model as stored)
         "packing": packing,
         "metrics": metrics,
         **({k: getattr(dm, k) for k in ("num_frames", *CLIP_KEYS) if hasattr(dm, k)}),  # a video's clips
@@ -392,6 +394,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         part = f"{n} of its {total} {noun}{tested['classes_note']}: trainer.limit_test_batches"
         images = f"{n} {noun}" if n == total else part
         images += f", {len(left_out)} unreadable files left out" if left_out else ""
-        print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}: {shown}", flush=True)
+        over = f", model_overrides {json.dumps(given)}" if given else ""
+        print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}{over}: {shown}", flush=True)
         print(f"wrote {out / 'eval_metrics.json'}", flush=True)  # (as predict.py names its CSV)
     return metrics

@@ -92,6 +92,17 @@ def test_plot_curves_one_panel_per_family_one_line_per_scheme():
     assert list(line.get_xdata()) == [1.0, 1.5, 2.0] and line.get_ydata()[0] == pytest.approx(82.0)
 
 
+def test_plot_curves_name_their_factor_and_keep_twelve_lines_apart():
+    """The video study's curves said "resolution factor" of its 8 -> 16 -> 32 frames, and a panel of 12 schemes
+    repeated matplotlib's 10 colours (comrope and rope2d_mixed_mixres both blue)."""
+    base = next(r for r in _summary() if r["arch"] == "vit" and r["family"] == "learned bias")
+    rows = [{**base, "scheme": f"s{i}", "test_acc_mean": i / 30, "res56_acc_mean": 0.5} for i in range(12)]
+    (ax,) = panels(plots.plot_curves(rows, {"test": 1.0, "res56": 2.0}, scale_label="time factor"))
+    assert ax.get_xlabel() == "time factor (zero-shot)"
+    styles = {(line.get_color(), line.get_linestyle()) for line in ax.get_lines()}
+    assert len(ax.get_lines()) == len(styles) == 12
+
+
 def test_plot_curves_put_every_point_on_the_same_images():
     """The 1x point is ``test`` on the larger sets' images (``test_on_ood_images_acc``), not ``test`` on its own
     images; the other pictures leave that accuracy out by default (it is ``test`` again)."""

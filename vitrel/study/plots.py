@@ -213,9 +213,16 @@ def plot_study_scatter(
     return _titled(fig, title)
 
 
-def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], title: str | None = None):
-    """Accuracy (mean, band = the 95 % interval over seeds) against the resolution factor per scheme, one panel
-    per family. ``scales``: eval name -> factor (``study.scales`` of the recipe; accuracies ``<eval>_acc_*``).
+def plot_curves(
+    rows: Sequence[Mapping[str, Any]],
+    scales: Mapping[str, float],
+    title: str | None = None,
+    scale_label: str = "resolution factor",
+):
+    """Accuracy (mean, band = the 95 % interval over seeds) against the factor of each eval per scheme, one panel
+    per family. ``scales``: eval name -> factor (``study.scales`` of the recipe; accuracies ``<eval>_acc_*``),
+    ``scale_label`` what the factor scales (``study.scale_label``: a video study's ``time factor``). A panel's first 10
+    lines are solid in matplotlib's ten colours, the next 10 dashed, then dotted.
     Every point on the same images: ``test`` is read from ``test_on_ood_images_acc_*`` where a row has it (the
     ``test`` set's own images are others than those of the larger sets)."""
     families = [f for f in FAMILIES if any(r["family"] == f for r in rows)]
@@ -223,7 +230,11 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], 
     xs = [scales[e] for e in evals]
     fig = new_figure(4.2 * len(families), 3.6)
     axes = fig.subplots(1, len(families), squeeze=False, sharey=True)
+    import matplotlib
+
+    colours = matplotlib.colormaps["tab10"].colors
     for ax, fam in zip(axes[0], families):
+        drawn = 0
         for r in (r for r in rows if r["family"] == fam):
             keys = [TEST_ON_OOD if e == "test" and r.get(f"{TEST_ON_OOD}_acc_mean") is not None else e for e in evals]
             ys = [r.get(f"{k}_acc_mean") for k in keys]
@@ -231,13 +242,15 @@ def plot_curves(rows: Sequence[Mapping[str, Any]], scales: Mapping[str, float], 
                 continue
             lo = [r.get(f"{k}_acc_lo") if r.get(f"{k}_acc_lo") is not None else y for k, y in zip(keys, ys)]
             hi = [r.get(f"{k}_acc_hi") if r.get(f"{k}_acc_hi") is not None else y for k, y in zip(keys, ys)]
-            (line,) = ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, label=r["scheme"])
+            style = dict(color=colours[drawn % 10], linestyle=("-", "--", ":")[min(drawn // 10, 2)])
+            drawn += 1
+            (line,) = ax.plot(xs, [100 * y for y in ys], marker="o", ms=3, label=r["scheme"], **style)
             # an accuracy lies in [0, 100]: a wide t-interval (few seeds) is drawn clipped to that range
             lo, hi = [100 * max(v, 0.0) for v in lo], [100 * min(v, 1.0) for v in hi]
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
         ax.set_title(fam, fontsize=9)
         ax.set_ylim(0, 100)
-        ax.set_xlabel("resolution factor (zero-shot)")
+        ax.set_xlabel(f"{scale_label} (zero-shot)")
         ax.set_xticks(xs)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=6)

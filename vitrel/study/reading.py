@@ -387,4 +387,5 @@ def write_results(state: dict, out: Path, name: str) -> None:
         if {r["scheme"] for r in state["summary"]} > {"none"}:  # what the claims read: paired differences
             _save_png(plot_study_diffs(state["summary"], base="none", title=title), out / f"{name}_diffs.png")
         if scales := state["recipe"]["study"].get("scales"):
-            _save_png(plot_curves(state["summary"], scales, title=title), out / f"{name}_curves.png")
+            label = state["recipe"]["study"].get("scale_label") or "resolution factor"
+            _save_png(plot_curves(state["summary"], scales, title, label), out / f"{name}_curves.png")

@@ -216,6 +216,18 @@ def test_summary_png_seed_sweep_mean_sample_std_and_each_seed(tmp_path):
     assert (sweep / "summary.png").stat().st_size > 0
 
 
+def test_a_seed_sweep_of_one_setting_names_it(tmp_path):
+    """``-m pos=rope2d_mixed seed=0,1``: the seed table and the picture called its setting "(none)", which in a tool of
+    position schemes reads as ``pos=none``."""
+    sweep = tmp_path / "sweep"
+    for seed in (0, 1):
+        _job(sweep, seed, ["pos=rope2d_mixed", f"seed={seed}"], {"test/acc1": 0.5 + seed / 10, "val/acc1": 0.1})
+    assert _plot(sweep).labels == ["pos=rope2d_mixed (2 seeds)"]
+    _summarize(sweep)
+    (row,) = csv.DictReader((sweep / "summary_seeds.csv").read_text().splitlines())
+    assert row["overrides"] == "pos=rope2d_mixed"
+
+
 def test_summary_png_failing_to_draw_is_a_warning(tmp_path, monkeypatch, caplog):
     from matplotlib.figure import Figure
 

@@ -111,8 +111,14 @@ def summary_rows(
     means = seed_means(rows, wanted)
     common = split_common(rows)
     for r in means:
-        r["overrides"] = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
+        r["overrides"] = _own_overrides(r["overrides"], common)
     return rows, means, common, earlier
+
+
+def _own_overrides(overrides: list[str], common: list[str]) -> str:
+    """A row's overrides not shared by every job; a sweep of one setting (``pos=rope2d_mixed seed=0,1``): the shared
+    ones, which are then that setting's (not "(none)", which read as ``pos=none``); none at all: ``(defaults)``."""
+    return " ".join(o for o in overrides if o not in common) or " ".join(common) or "(defaults)"
 
 
 def split_common(rows: list[dict[str, Any]]) -> list[str]:
@@ -120,7 +126,7 @@ def split_common(rows: list[dict[str, Any]]) -> list[str]:
     lists = [r["overrides"] for r in rows]
     common = [o for o in lists[0] if all(o in other for other in lists[1:])] if lists else []
     for r in rows:
-        r["overrides"] = " ".join(o for o in r["overrides"] if o not in common) or "(none)"
+        r["overrides"] = _own_overrides(r["overrides"], common)
     return common
 
 

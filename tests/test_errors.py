@@ -98,6 +98,21 @@ def test_impossible_sizes_name_the_argument(arch, kwargs, named):
         vitrel.create_model(arch, **{**base, **kwargs})
 
 
+def test_the_layer_refuses_a_negative_prefix_and_names_what_a_kernel_lacks():
+    """``Attention(..., num_prefix_tokens=-1)`` built, and its bias was the patches' with the first row and column
+    cropped; Shaw's refusals by flex / triton / fold said "has no such table" of nothing named."""
+    for build in (
+        lambda: Attention(32, 2, pos="rel2d_full", grid=(3, 4), num_prefix_tokens=-1),
+        lambda: vitrel.build_pos("rel2d_full", num_heads=2, head_dim=16, grid=(3, 4), num_prefix_tokens=-2),
+    ):
+        with pytest.raises(ValueError, match="num_prefix_tokens must be >= 0, got -"):
+            build()
+    with pytest.raises(ValueError, match="attn_impl='fold': shaw2d_full has no bias to fold .its content terms"):
+        Attention(32, 2, pos="shaw2d_full", grid=(2, 2), attn_impl="fold")
+    with pytest.raises(ValueError, match="attn_impl='flex': shaw2d_full has no offset table to read"):
+        Attention(32, 2, pos="shaw2d_full", grid=(2, 2), attn_impl="flex")
+
+
 @pytest.mark.parametrize("arch", [VIT, SWIN])
 def test_num_classes_zero_is_no_head_and_reset_classifier_is_checked(arch):
     base = dict(TINY) if arch == VIT else dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2], img_size=8)

@@ -212,6 +212,9 @@ def test_alibi_slopes_follow_the_reference_code(heads):
         assert abs((s.slopes - g.slopes).abs().max().item() - 0.69) < 0.01
     with pytest.raises(ValueError, match="'reference' or 'geometric'"):
         build_pos({"name": "alibi2d", "slopes": "linear"}, num_heads=heads, head_dim=8, grid=(3, 3))
+    for bad in (0, -8):  # (slopes of 1 and more: 4, 16, 64 ... at -8)
+        with pytest.raises(ValueError, match=f"max_exponent must be > 0 .*got {bad}"):
+            build_pos({"name": "alibi2d", "max_exponent": bad}, num_heads=heads, head_dim=8, grid=(3, 3))
 
 
 def test_checkpoints_written_before_keep_their_alibi_slopes(tmp_path):

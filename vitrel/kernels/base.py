@@ -37,7 +37,7 @@ def video_refusal(kernel: str, what: str, scheme) -> str:
 
 def content_refusal(kernel: str, scheme, lacks: str) -> str | None:
     """Why a kernel cannot run ``scheme`` when the scheme has content terms (Shaw's, which only ``shaw`` and ``eager``
-    compute), or None. ``lacks``: what such a scheme has none of, e.g. ``"no such table"``."""
+    compute), or None. ``lacks``: what such a scheme has none of, e.g. ``"no offset table to read"``."""
     if not scheme.has_content_terms:
         return None
     return (
@@ -48,7 +48,8 @@ def content_refusal(kernel: str, scheme, lacks: str) -> str | None:
 
 def table_refusal(kernel: str, scheme) -> str | None:
     """Why a kernel that reads the bias by offset cannot run ``scheme`` (flex, triton), or None."""
-    refusal = token_terms_refusal(kernel, scheme, "no offset table") or content_refusal(kernel, scheme, "no such table")
+    refusal = token_terms_refusal(kernel, scheme, "no offset table")
+    refusal = refusal or content_refusal(kernel, scheme, "no offset table to read")
     if refusal is None and scheme.has_bias and not scheme.has_offset_table:
         refusal = (
             f"attn_impl={kernel!r} reads the bias by offset from the scheme's table; {scheme.name} has no such "

@@ -34,7 +34,7 @@ class FoldKernel(Kernel):
     @classmethod
     def refuses(cls, scheme):
         refusal = token_terms_refusal(cls.name, scheme, "no fixed factors")
-        refusal = refusal or content_refusal(cls.name, scheme, "no such bias")
+        refusal = refusal or content_refusal(cls.name, scheme, "no bias to fold")
         if refusal is None and not scheme.has_bias_factors:
             from vitrel.pos import get_pos_class, list_pos
 

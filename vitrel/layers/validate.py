@@ -13,7 +13,7 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_attention_args", "check_num_classes", "check_swin_args", "check_vit_args"]
+__all__ = ["check_attention_args", "check_count", "check_num_classes", "check_swin_args", "check_vit_args"]
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -42,6 +42,19 @@ def check_num_classes(value: Any) -> int:
         ) from None
     if v < 0:
         raise ValueError(f"num_classes must be >= 0 (0 for no head), got {v}")
+    return v
+
+
+def check_count(name: str, value: Any) -> int:
+    """``value`` as an int >= 0 (``num_prefix_tokens``); else an error naming ``name``."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer >= 0, got {value!r}")
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer >= 0, got {value!r} ({type(value).__name__})") from None
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0, got {v}")
     return v
 
 
@@ -101,6 +114,7 @@ def check_attention_args(args: Mapping[str, Any]) -> None:
     dim, heads = _positive_int("dim", args["dim"]), _positive_int("num_heads", args["num_heads"])
     _divisible("dim", dim, "num_heads", heads)
     _rates(args, ("attn_drop", "proj_drop"))
+    check_count("num_prefix_tokens", args.get("num_prefix_tokens", 0))  # (negative: the patches' bias rows cropped)
 
 
 def check_vit_args(args: Mapping[str, Any]) -> None:

@@ -168,6 +168,8 @@ class PositionScheme(nn.Module):
         super().__init__()
         if num_heads < 1 or head_dim < 1:
             raise ValueError(f"num_heads and head_dim must be positive, got {num_heads}, {head_dim}")
+        if num_prefix_tokens < 0:  # (a negative count cropped the patches' bias rows instead)
+            raise ValueError(f"num_prefix_tokens must be >= 0, got {num_prefix_tokens}")
         self.num_heads = num_heads
         self.head_dim = head_dim
         self.grid = self.check_grid(grid)

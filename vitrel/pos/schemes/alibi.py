@@ -67,6 +67,10 @@ class _AlibiBase(GridBuffers, PositionScheme):
         rules = {"reference": reference_slopes, "geometric": geometric_slopes}
         if slopes not in rules:
             raise ValueError(f"{self.name}: slopes must be 'reference' or 'geometric', got {slopes!r}")
+        if not max_exponent > 0:  # (0 or less: slopes of 1 or more, growing with the head, the bias no longer ALiBi's)
+            raise ValueError(
+                f"{self.name}: max_exponent must be > 0 (slopes 2^-(max_exponent h / heads)), got {max_exponent}"
+            )
         self.slope_rule, self.max_exponent = slopes, float(max_exponent)
         self.init_non_persistent_buffers()
 

@@ -16,17 +16,22 @@ from typing import Any
 __all__ = ["check_attention_args", "check_count", "check_num_classes", "check_swin_args", "check_vit_args"]
 
 
-def _positive_int(name: str, value: Any) -> int:
-    """``value`` as an int >= 1 (an int-like, not a bool or a float); else an error naming ``name``."""
+def _int_at_least(name: str, value: Any, least: int) -> int:
+    """``value`` as an int >= ``least`` (an int-like, not a bool or a float); else an error naming ``name``."""
     if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer >= 1, got {value!r}")
+        raise TypeError(f"{name} must be an integer >= {least}, got {value!r}")
     try:
         v = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer >= 1, got {value!r} ({type(value).__name__})") from None
-    if v < 1:
-        raise ValueError(f"{name} must be >= 1, got {v}")
+        raise TypeError(f"{name} must be an integer >= {least}, got {value!r} ({type(value).__name__})") from None
+    if v < least:
+        raise ValueError(f"{name} must be >= {least}, got {v}")
     return v
+
+
+def _positive_int(name: str, value: Any) -> int:
+    """``value`` as an int >= 1 (an int-like, not a bool or a float); else an error naming ``name``."""
+    return _int_at_least(name, value, 1)
 
 
 def check_num_classes(value: Any) -> int:
@@ -47,15 +52,7 @@ def check_num_classes(value: Any) -> int:
 
 def check_count(name: str, value: Any) -> int:
     """``value`` as an int >= 0 (``num_prefix_tokens``); else an error naming ``name``."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer >= 0, got {value!r}")
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer >= 0, got {value!r} ({type(value).__name__})") from None
-    if v < 0:
-        raise ValueError(f"{name} must be >= 0, got {v}")
-    return v
+    return _int_at_least(name, value, 0)
 
 
 def _positive_ints(name: str, value: Any) -> list[int]:

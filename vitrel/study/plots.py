@@ -47,10 +47,16 @@ def _percent(rows: Sequence[Mapping[str, Any]], key: str, missing: Sequence[floa
     return np.array([100 * float(r[key]) if r.get(key) is not None else f for r, f in zip(rows, fill)])
 
 
-def _interval(rows: Sequence[Mapping[str, Any]], mean: str, lo: str, hi: str) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's ``mean`` and its error bars ``[2, n]`` to ``[lo, hi]`` (none where a row has no interval), in %."""
+def _interval(
+    rows: Sequence[Mapping[str, Any]], mean: str, lo: str, hi: str, clip: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``mean`` and its error bars ``[2, n]`` to ``[lo, hi]`` (none where a row has no interval), in %;
+    ``clip``: an accuracy's, drawn within [0, 100] (a wide t-interval of few seeds ran to 154 %)."""
     m = _percent(rows, mean)
-    return m, np.stack([m - _percent(rows, lo, m), _percent(rows, hi, m) - m])
+    low, high = _percent(rows, lo, m), _percent(rows, hi, m)
+    if clip:
+        low, high = np.clip(low, 0.0, 100.0), np.clip(high, 0.0, 100.0)
+    return m, np.stack([m - low, high - m])
 
 
 def _names(sub: Sequence[Mapping[str, Any]], rows: Sequence[Mapping[str, Any]]) -> list[str]:
@@ -109,7 +115,7 @@ def plot_study(
         for m in metrics:
             base = m.removesuffix("_mean")
             if with_ci:  # asymmetric bars [lo, hi]; none where a cell has a single seed
-                mean, err = _interval(sub, m, f"{base}_lo", f"{base}_hi")
+                mean, err = _interval(sub, m, f"{base}_lo", f"{base}_hi", clip=True)
             else:
                 mean, err = _percent(sub, m), _percent(sub, f"{base}_std", 0.0)
             series.append((_metric_label(m), mean, err))

@@ -30,11 +30,13 @@ TOY = [
 
 
 @pytest.mark.slow
-def test_extrapolation_runs_scores_every_scale_and_draws_curves(extrapolation, tmp_path):
+def test_extrapolation_runs_scores_every_scale_and_draws_curves(extrapolation, tmp_path, capsys):
     schemes = "rel2d_full,rel2d_full_interp,rope2d_axial_yarn"
     argv = ["--schemes", schemes, "--seeds", "2", "--out", str(tmp_path), "--progress", "none", "--threads", "1"]
     state = extrapolation.main([*argv, "--cost-rounds", "0", *TOY])
     assert len(state["runs"]) == 6
+    out = capsys.readouterr().out  # (it said "6 runs to do", then counted [1/4] ... [4/4])
+    assert "6 runs to do in 4 trainings (scored variants share theirs)" in out and "[4/4]" in out, out
     scales = state["recipe"]["study"]["scales"]
     assert sorted(scales.values()) == [1.0, 1.5, 2.0, 3.0, 4.0]
     for r in state["runs"]:

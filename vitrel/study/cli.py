@@ -361,17 +361,20 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     retried = len({_key(f) for f in state.get("failed", [])} & set(todo))
     if shard is not None:
         state_name, state["runs"], state["failed"] = f"{name}.shard{shard[0]}", [], []
-    print(
-        f"{name}: {len(todo)} runs to do" + f" ({retried} of them failed before: retried)" * bool(retried),
-        f"({', '.join(skipped)}) on",
-        state["machine"]["description"],
-    )
     work = out / f"{name}_work" / hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()[:10]
     common = [*args.overrides, f"trainer.accelerator={device.type}", f"progress_bar={args.progress}"]
     common += [f"data.root={args.data_root}"] * bool(args.data_root)
     common += ["trainer.precision=32-true"] * (device.type == "cpu")  # the recipes' bf16 is for GPUs
     variants = study.get("variants") or {}
     parts = {s: variant_parts(s, variants) for s in schemes}
+    trainings = len({(a, parts[s][0], seed) for a, s, seed in todo})  # (a scored variant shares its entry's)
+    print(
+        f"{name}: {len(todo)} runs to do"
+        + f" ({retried} of them failed before: retried)" * bool(retried)
+        + f" in {trainings} trainings (scored variants share theirs)" * (trainings != len(todo)),
+        f"({', '.join(skipped)}) on",
+        state["machine"]["description"],
+    )
     if study.get("finetune") and (scored := [s for s, p in parts.items() if p[2]]):
         raise SystemExit(f"scored variants {scored} (trained_as) have no fine-tune; this recipe sets study.finetune")
 

@@ -25,8 +25,9 @@ exactly.
 The Shaw schemes clip at ``clip_distance`` by their definition, so at call time they always clip;
 ``extend`` sets how their tables are resized when loaded at another size.
 
-A load that resizes tables warns once (a ``UserWarning`` naming the scheme, the shapes and the rule, attributed to
-the code that called into vitrel), not once per table.
+A load that resizes tables warns once per resize of shapes (a ``UserWarning`` naming the scheme, the shapes and the
+rule, attributed to the code that called into vitrel), not once per block: a factored table's rows and columns
+(``(5, 8) -> (9, 8)``, ``(7, 8) -> (11, 8)``) are two.
 """
 
 from __future__ import annotations
@@ -255,7 +256,7 @@ class ResizeOnLoad:
                 "clip": "new offsets take the edge values",
                 "interpolate": "bicubic resize of the whole table",
             }[self.extend]
-            # one text for every table of a load (no parameter name): Python's default filter shows it once
+            # one text per pair of shapes (no parameter name): Python's default filter shows each once
             warnings.warn(
                 f"{getattr(self, 'name', 'scheme')}: resized relative-position tables {tuple(src.shape)} -> "
                 f"{tuple(dst.shape)} by the rule extend={self.extend!r} ({how}); the scheme's option `extend` "

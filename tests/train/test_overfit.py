@@ -19,4 +19,5 @@ def test_debug_overfit_drives_the_default_models_loss_to_about_zero(tmp_path):
         )
     )
     assert metrics["train/loss_epoch"] < 0.05, metrics
-    assert metrics["train/acc1"] == 1.0, metrics
+    # (127 or 128 of the 128 images: which, depends on the CPU's float kernels and threads; at 50b3f7a too)
+    assert metrics["train/acc1"] >= 127 / 128, metrics

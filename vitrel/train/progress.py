@@ -14,6 +14,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from vitrel.train.utils import is_video_data
+
 __all__ = [
     "LineProgress",
     "StepLearningRateMonitor",
@@ -292,7 +294,7 @@ def data_sizes(dm: Any) -> str | None:
     ``dataset(split)`` / ``val_fraction``)."""
     if not (hasattr(dm, "dataset") and hasattr(dm, "val_fraction")):
         return None
-    unit = "clips" if hasattr(dm, "num_frames") else "images"
+    unit = "clips" if is_video_data(dm) else "images"
     if dm.val_fraction > 0.0:
         val = f"held out of train: data.val_fraction={dm.val_fraction:g}, data.seed={dm.seed}"
     else:

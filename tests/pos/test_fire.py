@@ -234,6 +234,15 @@ def test_the_listings_defaults_and_names(name):
     assert not s.init_L.requires_grad and "init_L" not in dict(s.named_parameters())
 
 
+@pytest.mark.parametrize("name", ["fire1d", "fire2d"])
+def test_init_c_zero_is_refused(name):
+    """At c = 0, |c x| has gradient 0 in c: psi stays 0 and the scheme would train as no position at all."""
+    with pytest.raises(ValueError, match="init_c must be non-zero"):
+        build_pos(name, num_heads=HEADS, head_dim=8, grid=(3, 4), init_c=0.0)
+    s = build_pos(name, num_heads=HEADS, head_dim=8, grid=(3, 4), init_c=-0.1)  # |c| is what counts
+    assert torch.all(s.psi(torch.tensor(7.0)) > 0)
+
+
 def test_c_and_L_get_no_weight_decay_the_mlp_weights_do():
     m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="fire2d", embed_dim=32, depth=1, num_heads=2)
     decay, no_decay = param_groups(m)

@@ -81,6 +81,9 @@ class _FireBase(PositionScheme):
             raise ValueError(f"mlp_width must be positive, got {mlp_width}")
         if init_L <= 0:
             raise ValueError(f"init_L must be positive, got {init_L}")
+        if init_c == 0:
+            # |c x| has gradient 0 at c = 0: c would stay 0 and every bias would be the MLP of 0 (no position)
+            raise ValueError("init_c must be non-zero: c = 0 gives psi = 0 everywhere and never moves from 0")
         shape = () if axes == 1 else (axes,)
         self.mlp = nn.Sequential(nn.Linear(axes, mlp_width), nn.ReLU(), nn.Linear(mlp_width, self.num_heads))
         self.c = nn.Parameter(torch.full(shape, float(init_c)))

@@ -203,3 +203,15 @@ def test_an_error_draws_what_is_not_drawn_yet(tmp_path):
 def test_min_interval_s_is_seconds(tmp_path):
     with pytest.raises(ValueError, match="min_interval_s=-1"):
         TrainingCurves(tmp_path, min_interval_s=-1)
+
+
+@pytest.mark.parametrize("ema", [[], ["module/ema=default"], ["module/ema=default", "module.ema_eval=false"]])
+def test_the_title_says_when_validation_scores_the_ema_weights(tmp_path, ema):
+    """The training values are the raw weights'; with ``module.ema_eval`` the validation and test score the EMA copy:
+    the picture says so, else two curves of different networks read as one."""
+    from hydra.utils import instantiate
+
+    cfg = compose(tmp_path, [*TINY_VIT, *ema])
+    module = instantiate(cfg.module, model=instantiate(cfg.model, num_classes=10), num_classes=10)
+    title = TrainingCurves(tmp_path).title(module)
+    assert title.startswith("vit") and ("EMA" in title) == (len(ema) == 1), title

@@ -138,14 +138,19 @@ class TrainingCurves(Callback):
 
     # ------------------------------------------------------------------------------ drawing
     def title(self, pl_module: L.LightningModule) -> str:
-        """The model's architecture and position scheme (its ``vitrel_cfg``), where it has them."""
+        """The model's architecture and position scheme (its ``vitrel_cfg``), where it has them, and whether the
+        validation and test score the EMA weights (the training values are always the raw weights')."""
         cfg = getattr(getattr(pl_module, "model", None), "vitrel_cfg", None) or {}
         pos = cfg.get("pos")
         pos = pos.get("name") if isinstance(pos, dict) else pos
         parts = [str(cfg["architecture"])] if cfg.get("architecture") else []
         if pos:
             parts.append(f"pos={pos}")
-        return " ".join(parts) or type(getattr(pl_module, "model", pl_module)).__name__
+        title = " ".join(parts) or type(getattr(pl_module, "model", pl_module)).__name__
+        scored = getattr(pl_module, "scored_network", None)
+        if scored is not None and scored is not getattr(pl_module, "model", None):  # (module.ema_eval)
+            title += " (validation and test: the EMA weights)"
+        return title
 
     def _draw(self, trainer: L.Trainer, pl_module: L.LightningModule, due: bool = False) -> None:
         """Draws on global rank 0; ``due``: a redraw during the fit, skipped within ``min_interval_s`` of the last."""

@@ -284,6 +284,7 @@ class PredictConfig:
     seq_len: int | None = None  # NaFlex: each image at its own size, packed into rows of seq_len tokens
     max_tokens: int | None = None  # NaFlex: most patches of one image (null: seq_len)
     apply_exif_orientation: bool = False  # phone photos turned upright by their EXIF orientation first
+    class_names: Any = None  # labels: a list, or a file of one name a line (else the stored names, else indices)
     paths: Any = MISSING
 
 

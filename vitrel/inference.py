@@ -186,7 +186,7 @@ def _check_head_kept(path: Path, model_overrides: dict[str, Any]) -> None:
         raise PredictSettingsError(
             f"model_overrides num_classes={n} would replace the trained head of {stored} classes of {path} by an "
             "untrained one: predict.py predicts with the trained head; drop the override (labels are the stored class "
-            "names, or the folder names of a tree of class folders)"
+            "names, else class_names=[...], else the indices)"
         )
 
 
@@ -416,7 +416,8 @@ def _score(
             if not rows and topk > probs.shape[-1]:
                 n = probs.shape[-1]
                 log.warning(f"topk={topk} is more than the model's {n} classes: each row has all {n}")
-            names = _label_names(names, folders, probs.shape[-1])
+            if not rows:
+                names = _label_names(names, folders, probs.shape[-1])
             new = _top_rows(probs, idx, [str(files[i].relative_to(root)) for i in idx], names, topk)
             rows += [row for _, row in sorted(new, key=lambda ir: ir[0])]  # file order (packing reorders a batch)
             if on_rows is not None:  # (the batch's rows as soon as they are predicted: batches come in file order)
@@ -426,8 +427,17 @@ def _score(
 
 
 def _label_names(names: list[str] | None, folders: list[str] | None, n: int) -> list[str] | None:
-    """The class names: the stored ones, else those of a tree with one class folder per class."""
-    return names if names is not None or folders is None or len(folders) != n else folders
+    """The class names (given, else stored with the model), one per class of the model's ``n``; else ``None`` (the
+    labels are the indices, as timm's ``inference.py`` without a class map). The input's class folders are never
+    taken as names: their sorted order need not be the order the model was trained in."""
+    if names is not None and len(names) != n:
+        raise PredictSettingsError(f"class_names has {len(names)} names; the model has {n} classes")
+    if names is None and folders is not None:
+        log.warning(
+            "the model stores no class names: the labels are the class indices (the input's class folders are not "
+            "taken as names: the model's class order is unknown); give class_names=[...] or a file of one name a line"
+        )
+    return names
 
 
 def _top_rows(

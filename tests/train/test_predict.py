@@ -204,21 +204,43 @@ def test_phone_photos_are_scored_as_stored_with_a_warning_or_upright_on_request(
     assert upright["phone.jpg"] == upright["phone_upright_ref.png"] and len(res.turned) == 8
 
 
-def test_imagefolder_tree_gives_class_names(tmp_path):
-    """Without stored names, an ImageFolder tree with one folder per class names the classes."""
+def test_a_class_folder_tree_never_names_the_classes(tmp_path, caplog):
+    """Without stored names, the labels are the indices (timm's ``inference.py`` without a class map), with one
+    warning: the input's sorted class folders need not be the trained order (``dark, mid, bright`` trained as 0, 1, 2
+    sort as ``bright, dark, mid``: every label was wrong before). ``class_names`` given: those, one per class."""
     m = _model()
     folder = tmp_path / "exported"
     save_pretrained(m, folder)
     tree = tmp_path / "tree"
     for i in range(10):
-        (tree / f"c{i}").mkdir(parents=True)
+        (tree / f"c{9 - i}").mkdir(parents=True)
     Image.new("RGB", (32, 32), (10, 200, 30)).save(tree / "c3" / "a.png")
     Image.new("L", (20, 20), 128).save(tree / "c7" / "b.jpg")
     res = predict_folder(load_predictor(folder), tree, topk=1, progress=False)
     assert [r["filename"] for r in res.rows] == ["c3/a.png", "c7/b.jpg"]
-    assert all(r["label"] == f"c{r['index']}" for r in res.rows)
+    assert all(r["label"] == str(r["index"]) for r in res.rows)
+    assert sum("stores no class names" in r.getMessage() for r in caplog.records) == 1
     header = predict_module.write_results(res.rows, tmp_path / "p.csv").read_text().splitlines()[0]
     assert header == "filename,index,label,prob"  # topk=1: timm's columns, unsuffixed (docs/export.md)
+    given = [f"n{i}" for i in range(10)]
+    res = predict_folder(load_predictor(folder), tree, topk=1, progress=False, class_names=given)
+    assert all(r["label"] == f"n{r['index']}" for r in res.rows)
+    with pytest.raises(PredictSettingsError, match="class_names has 3 names; the model has 10 classes"):
+        predict_folder(load_predictor(folder), tree, topk=1, progress=False, class_names=given[:3])
+
+
+def test_predict_py_takes_class_names_as_a_list_or_a_file(ckpt, images, tmp_path):
+    """``class_names=[...]`` or a file of one name a line (timm's class map) replaces the stored names."""
+    cfg = OmegaConf.create(dict(ckpt_path=str(ckpt), input=str(images), results_file=str(tmp_path / "p.csv")))
+    cfg.progress_bar, cfg.device, cfg.topk = False, "cpu", 1
+    names = tmp_path / "names.txt"
+    names.write_text("".join(f"file_{i}\n" for i in range(10)))
+    for given, prefix in ((None, "class_"), ([f"list_{i}" for i in range(10)], "list_"), (str(names), "file_")):
+        run_predict(OmegaConf.merge(cfg, dict(class_names=given)))
+        rows = _rows(tmp_path / "p.csv")
+        assert rows and all(r["label"] == f"{prefix}{r['index']}" for r in rows), rows
+    with pytest.raises(FileNotFoundError, match="class_names=.*: no such file"):
+        run_predict(OmegaConf.merge(cfg, dict(class_names=str(tmp_path / "missing.txt"))))
 
 
 def test_max_tokens_without_seq_len_is_refused(ckpt, images):

@@ -25,7 +25,7 @@ __all__ = ["launch_paths", "launch_path", "recorded_launch_folder", "TRAIN_PATHS
 TRAIN_PATHS = ("paths.*", "ckpt_path", "data.root", "data.path", "model.path", "model.init_file",
                "trainer.default_root_dir", "callbacks.*.dirpath", "logger.*.save_dir")  # fmt: skip
 EVAL_PATHS = ("paths.*", "ckpt_path", "data.root", "data.path", "trainer.default_root_dir")
-PREDICT_PATHS = ("paths.*", "ckpt_path", "input", "results_file")
+PREDICT_PATHS = ("paths.*", "ckpt_path", "input", "results_file", "class_names")
 #: values that name no file: ``ckpt_path=last``, URLs and ids (``s3://``, ``https://``, ``hf-hub:``, ``pipe:``)
 _NOT_A_PATH = re.compile(r"^(last|[A-Za-z][\w+.-]+:.*)$")
 

@@ -170,6 +170,18 @@ class NothingReadError(RuntimeError):
     script must not take a results file of its header only for a success)."""
 
 
+def given_class_names(value: Any) -> list[str] | None:
+    """``class_names``: a list, or a text file of one name a line (timm's class map: line ``i`` names class ``i``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        path = Path(value)
+        if not path.is_file():
+            raise FileNotFoundError(f"class_names={value}: no such file (give a list [a,b,...] or a file of names)")
+        return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    return [str(v) for v in value]
+
+
 def run_predict(cfg: Any) -> dict[str, Any]:
     """``predict.py``'s body: check the settings, load, predict, write the CSV, print a summary; returns the summary."""
     launch_paths(cfg, PREDICT_PATHS)  # input=images: the launch folder's, also under hydra.job.chdir=true
@@ -183,6 +195,7 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     overrides = dict(plain(cfg.get("model_overrides")) or {})
     from vitrel.data.video.folder import VIDEO_EXTENSIONS
 
+    names = given_class_names(cfg.get("class_names"))
     # a mistyped input, an empty folder, one of other files: refused before the model loads
     check_input(Path(str(cfg.input)), "images or videos", extensions=IMG_EXTENSIONS + VIDEO_EXTENSIONS)
     ckpt = run_checkpoint(str(cfg.ckpt_path))  # a train.py run folder: the checkpoint its test scored (logged)
@@ -209,6 +222,7 @@ def run_predict(cfg: Any) -> dict[str, Any]:
                     progress_bar_kind(cfg.get("progress_bar", "auto")), True
                 ),
                 apply_exif_orientation=bool(cfg.get("apply_exif_orientation", False)),
+                class_names=names,
                 on_rows=writer.write,
                 **naflex,
             )

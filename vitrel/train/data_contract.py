@@ -22,10 +22,13 @@ from vitrel.models.input_size import InputSizeError
 __all__ = [
     "SIZED_BY",
     "CheckOwnBatches",
+    "EveryEpochTrains",
+    "NoTrainingBatchError",
     "TargetError",
     "check_data_module",
     "check_targets",
     "is_vitrels",
+    "planned_steps",
     "warn_no_preprocessing",
 ]
 
@@ -145,3 +148,62 @@ class CheckOwnBatches(Callback):
 
     def on_test_batch_start(self, trainer: Any, pl_module: Any, batch: Any, *args: Any) -> None:
         self._check(batch, "test")
+
+
+class NoTrainingBatchError(ConfigError):
+    """The training data gives no batch: the run would end "finished" having trained nothing."""
+
+
+def _epoch_contents(trainer: Any) -> str:
+    """What one process's training epoch is made of: its images, the batch size and ``drop_last``, where known."""
+    dl = trainer.train_dataloader
+    sampler, bs = getattr(dl, "sampler", None), getattr(dl, "batch_size", None)
+    try:
+        n = len(sampler) if sampler is not None else len(dl.dataset)
+    except TypeError:  # (an iterable without a length)
+        n = None
+    parts = [f"{n:,} training images a process" if n is not None else "a training loader of unknown length"]
+    if bs is not None:
+        parts.append(f"data.batch_size={bs}" + (" with drop_last (whole batches only)" if dl.drop_last else ""))
+    limit = trainer.limit_train_batches
+    if limit is not None and float(limit) == 0:
+        parts.append(f"trainer.limit_train_batches={limit}")
+    hint = "lower data.batch_size or set data.drop_last=false" if bs is not None and dl.drop_last else "add images"
+    return f"{', '.join(parts)}: {hint}"
+
+
+def planned_steps(trainer: Any) -> int:
+    """``trainer.estimated_stepping_batches``, the optimizer steps a schedule is planned over: a finite run's, of at
+    least one step; else a ``ValueError`` (no ``max_epochs`` nor ``max_steps``) or :class:`NoTrainingBatchError`
+    naming the epoch's contents (36 images and ``data.batch_size=128`` with ``drop_last``: no batch)."""
+    total = trainer.estimated_stepping_batches
+    if not float(total).is_integer():
+        raise ValueError("the schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
+    if total < 1:
+        raise NoTrainingBatchError(f"the training epoch has no batch: {_epoch_contents(trainer)}")
+    return int(total)
+
+
+class EveryEpochTrains(Callback):
+    """A fit whose epochs hold no batch (:func:`planned_steps`), or a training epoch that ran none (a loader of
+    shards whose every sample failed to decode under ``data.on_bad_sample=skip``, an iterable data set that yields
+    nothing), stops the run with a :class:`NoTrainingBatchError`: else it ended "finished", having trained nothing."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        planned_steps(trainer)  # (no batch at all: Lightning's fit returns at once, "No training batches")
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.batches = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # (a resume inside the epoch)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
+        self.batches += 1
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        if self.batches == 0:
+            raise NoTrainingBatchError(
+                f"training epoch {trainer.current_epoch + 1} ran no batch: its loader gave nothing (the data's "
+                "warnings above say why: every sample skipped under data.on_bad_sample=skip?)"
+            )

@@ -65,7 +65,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from vitrel.inference import mean_softmax_log
 from vitrel.models.data_config import example_input
 from vitrel.models.naflex import input_form
-from vitrel.train.data_contract import check_targets
+from vitrel.train.data_contract import check_targets, planned_steps
 from vitrel.train.flops import count_cpu_attention
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
 from vitrel.train.optim import check_float16_eps, param_groups
@@ -459,9 +459,7 @@ class ClassifierModule(L.LightningModule):
         check_float16_eps(opt)  # 16-true: AdamW's eps=1e-8 is 0 in float16, refused before a NaN at step 1
         if self.make_scheduler is None:
             return opt
-        total = self.trainer.estimated_stepping_batches
-        if not float(total).is_integer():
-            raise ValueError("the schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
+        total = planned_steps(self.trainer)  # (no batch in an epoch: the data's sizes named)
         per_epoch = max(1, -(-self.trainer.num_training_batches // self.trainer.accumulate_grad_batches))
         run_length = {"total_steps": int(total), "steps_per_epoch": int(per_epoch)}
         make = self.make_scheduler

@@ -46,7 +46,7 @@ from vitrel.train.build import (
 )
 from vitrel.train.callbacks import KeepEarlyStop, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
-from vitrel.train.data_contract import CheckOwnBatches, warn_no_preprocessing
+from vitrel.train.data_contract import CheckOwnBatches, EveryEpochTrains, warn_no_preprocessing
 from vitrel.train.flops import run_gflops
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
@@ -202,6 +202,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     cbs.append(WarnPartialValidation())  # (limit_val_batches on a split sorted by class: its first classes)
     cbs.append(KeepEarlyStop())  # (a resumed run that EarlyStopping stopped trains no further)
     cbs.append(StartRecord())  # the ckpt_path=<file> the folder's run started from (a requeued job continues it)
+    cbs.append(EveryEpochTrains())  # (an epoch of no batch: an error, not a "finished" run that trained nothing)
     cbs.append(CheckOwnBatches(dm))  # (a data module of one's own: its first images as its attributes say)
     resume = resume_path(cfg, cbs, run_dir)  # a resumed fine-tune is built from it, not from its pretrained weights
     model = build_model(cfg.model, dm, resume)  # (a data module without num_classes, in_chans, img_size: refused)

@@ -358,6 +358,30 @@ def test_resume_with_more_epochs_follows_the_longer_schedule_and_keeps_the_best(
     assert list(best["best_k_models"]) == [str(ckpts / "best-epoch000.ckpt")]
 
 
+@pytest.mark.parametrize("before, after", [(2, 1), (1, 2)], ids=["fewer-steps-before", "more-steps-before"])
+def test_resume_with_other_steps_an_epoch_follows_the_epochs_done(tmp_path, caplog, before, after):
+    """2 epochs of 4 batches under ``accumulate_grad_batches=before``, resumed to 4 epochs under ``after`` (as a run
+    moved from 1 process to 2, or a batch size changed): every rate after the resume is that of an uninterrupted
+    4-epoch run of the new settings at the same epoch and batch (timm's ``num_updates = epoch * updates_per_epoch``).
+    By the optimizer steps taken (4 of 2-batch windows), the schedule of 16 one-batch steps restarted at 4 and ended
+    at step 11 without its cosine's end; the other way, the added epochs ran at ``min_lr``."""
+    caplog.set_level(logging.INFO, logger="lightning.pytorch.utilities.rank_zero")
+    run = tmp_path / "run"
+    base = [*TINY_VIT, *FAST, "trainer.limit_train_batches=4", "trainer.limit_val_batches=1", "test=false"]
+    base += ["logger=none", "callbacks.model_checkpoint=null", "module.scheduler.warmup_epochs=0.5"]
+    train(compose(run, [*base, "trainer.max_epochs=2", f"trainer.accumulate_grad_batches={before}"]))
+    resumed, straight = _LearningRates(), _LearningRates()
+    new = [*base, "trainer.max_epochs=4", f"trainer.accumulate_grad_batches={after}"]
+    train(compose(run, new), callbacks=[resumed])  # resume=auto
+    train(compose(tmp_path / "straight", new), callbacks=[straight])
+    # (the rate of each batch: an accumulation window's batches share their step's)
+    assert [lr for _, lr in resumed.seen] == pytest.approx([lr for _, lr in straight.seen[8:]], rel=1e-12)
+    assert straight.seen[-1][1] < 2e-3 * 0.2  # (the cosine near its end)
+    steps_done = 8 // before
+    said = f"the 2 epoch(s) done are step {8 // after} of this run's ({4 // after} an epoch), where the checkpoint "
+    assert said + f"took {steps_done} optimizer steps" in caplog.text
+
+
 def test_a_moved_run_folder_resumes_keeping_its_best_checkpoint_and_score(tmp_path):
     """A run folder moved (or copied) and resumed there: Lightning's ``ModelCheckpoint`` reloads no best score when
     its folder changed, so the next epoch became "best" whatever its score (a second best file beside the first, and

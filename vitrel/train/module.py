@@ -68,7 +68,7 @@ from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets, planned_steps
 from vitrel.train.flops import count_cpu_attention
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
-from vitrel.train.optim import check_float16_eps, param_groups
+from vitrel.train.optim import check_float16_eps, follow_epochs, param_groups
 
 __all__ = ["ClassifierModule", "ImageMean", "data_config_of", "mix_clips"]
 
@@ -345,6 +345,9 @@ class ClassifierModule(L.LightningModule):
                 "and data.drop_last=true"
             )
         return mix_clips(self.mixup_fn, x, y)
+
+    def on_train_start(self) -> None:
+        follow_epochs(self.trainer)  # (a resume with other steps an epoch: the schedule where the epochs done put it)
 
     def on_train_epoch_start(self) -> None:
         if hasattr(self.mixup_fn, "set_epoch"):  # timm's NaFlexMixup: off from its mixup_off_epoch (0: never)

@@ -14,7 +14,8 @@ A run resumed from a checkpoint continues the schedule at the checkpoint's step,
 resumed run: ``T`` and ``W`` are those the resumed run computes (``trainer.max_epochs`` raised from 10 to 20:
 the cosine of a 20-epoch run, from the step reached on), the rates (``lr``, ``min_lr``, ``warmup_lr``) the
 checkpoint's (:class:`WarmupCosineLR`). The learning rate from the resume on is then that of an uninterrupted
-run of the new length; a changed length is logged with the rate before and after.
+run of the new length; a changed length is logged with the rate before and after. Resumed at an epoch's end with
+another number of steps an epoch, the schedule goes on from the epochs done, not the steps (:func:`follow_epochs`).
 
 In the configs the optimizer and the scheduler are ``_partial_`` nodes (``conf/module/classifier.yaml``)
 that :class:`~vitrel.train.module.ClassifierModule` completes: ``optimizer(params=param_groups(model))``
@@ -36,7 +37,10 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from vitrel.config import ConfigError
 
-__all__ = ["param_groups", "WarmupCosine", "WarmupCosineLR", "warmup_cosine", "check_float16_eps", "FLOAT16_EPS"]
+__all__ = [
+    "param_groups", "WarmupCosine", "WarmupCosineLR", "warmup_cosine", "follow_epochs", "check_float16_eps",
+    "FLOAT16_EPS",
+]  # fmt: skip
 
 
 def param_groups(model: nn.Module, layer_decay: float | None = None, lr: float | None = None) -> list[dict]:
@@ -136,6 +140,7 @@ class WarmupCosine:
         self.lr = float(lr)
         self.min_lr = float(min_lr)
         self.warmup_lr = float(warmup_lr)
+        self.offset = 0  # this run's step minus the optimizer steps taken (:func:`follow_epochs`)
 
     def lr_at(self, step: int) -> float:
         if step < self.warmup_steps:
@@ -145,7 +150,7 @@ class WarmupCosine:
         return self.min_lr + (self.lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
 
     def __call__(self, step: int) -> float:
-        return self.lr_at(step) / self.lr
+        return self.lr_at(step + self.offset) / self.lr
 
 
 class WarmupCosineLR(LambdaLR):
@@ -202,3 +207,36 @@ def warmup_cosine(
             f"rises to {schedule.lr_at(int(total_steps) - 1):.4g} of lr={lr:.4g}, with no cosine decay"
         )
     return WarmupCosineLR(optimizer, schedule)
+
+
+def follow_epochs(trainer: Any) -> None:
+    """A run of ``trainer.max_epochs`` resumed with another number of optimizer steps an epoch (``trainer.devices``,
+    ``data.batch_size``, ``trainer.accumulate_grad_batches`` changed) continues its :class:`WarmupCosineLR` where an
+    uninterrupted run of the new settings is after the epochs done, ``epoch * steps_per_epoch`` (timm's ``train.py``:
+    ``num_updates = epoch * updates_per_epoch``), not at the optimizer steps taken: else 1 process resumed on 2 (half
+    the steps an epoch) spent the added epochs at ``min_lr``. A run of ``trainer.max_steps`` keeps its steps."""
+    if trainer.max_steps != -1:
+        return
+    batches, acc = trainer.num_training_batches, trainer.accumulate_grad_batches
+    if not isinstance(batches, int) or batches < 1:  # (an iterable of unknown length: no epoch to count in)
+        return
+    progress = trainer.fit_loop.epoch_loop.batch_progress  # (a checkpoint of an epoch's end: that epoch's, until reset)
+    if not progress.is_last_batch:  # a fresh run, or a resume inside an epoch (whose steps an epoch cannot change)
+        return
+    per_epoch = -(-batches // acc)
+    position = trainer.current_epoch * per_epoch
+    for config in trainer.lr_scheduler_configs:
+        sched = config.scheduler
+        if not isinstance(sched, WarmupCosineLR) or sched.lr_lambdas[0].offset == position - sched.last_epoch:
+            continue
+        before = [group["lr"] for group in sched.optimizer.param_groups]
+        for f in sched.lr_lambdas:
+            f.offset = position - sched.last_epoch
+        sched._last_lr = [base * f(sched.last_epoch) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
+        for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
+            group["lr"] = lr
+        rank_zero_info(
+            f"learning-rate schedule: the {trainer.current_epoch} epoch(s) done are step {position} of this run's "
+            f"({per_epoch} an epoch), where the checkpoint took {sched.last_epoch} optimizer steps: continuing at step "
+            f"{position}: lr {before[0]:.4g} -> {sched._last_lr[0]:.4g}"
+        )

@@ -233,3 +233,18 @@ def test_eval_on_another_file_of_ones_own_takes_none_of_the_runs_data_settings(c
     evaluate(compose(tmp_path / "eval", [f"ckpt_path={tmp_path / 'run'}", search, "data=b"], "eval"))
     saved = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
     assert saved["data_from_run"] == {}, saved["data_from_run"]
+
+
+def test_a_name_in_the_file_of_a_class_without_one_is_not_passed_to_it(tmp_path):
+    """docs/data.md's file sets ``name: mine`` (how ``eval.py`` knows the run's data) for a class whose ``__init__``
+    takes no ``name``: ``TypeError: ... unexpected keyword argument 'name'`` before; the name is vitrel's, not passed.
+    ``train.py`` records it; ``eval.py`` with the same file builds it too."""
+    folder = tmp_path / "conf"
+    (folder / "data").mkdir(parents=True)
+    (folder / "data" / "mine.yaml").write_text(f"_target_: {__name__}.GreyData\nname: mine\nseed: 3\n")
+    conf = [f"hydra.searchpath=[file://{folder}]", "data=mine"]
+    result = train(compose(tmp_path / "run", [*TINY_VIT, *FAST[2:4], *SHORT, *conf]))
+    assert "val/acc1" in result and json.loads((tmp_path / "run" / "metrics.json").read_text())["data"] == "mine"
+    evaluate(compose(tmp_path / "eval", [f"ckpt_path={tmp_path / 'run'}", *conf], "eval"))
+    saved = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
+    assert saved["num_images"] == 48

@@ -8,6 +8,7 @@ files to), and the targets of every batch (:func:`check_targets`: class indices 
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from vitrel.models.input_size import InputSizeError
 
 __all__ = [
     "SIZED_BY",
+    "build_data",
     "CheckOwnBatches",
     "EveryEpochTrains",
     "NoTrainingBatchError",
@@ -108,6 +110,28 @@ def check_targets(y: Any, num_classes: int, values: bool = True) -> None:
         f"the batch holds targets {lo}..{hi}, but the model has {num_classes} classes (the data module's "
         f"num_classes): targets must be class indices 0..{num_classes - 1}{hint} ({GUIDE})"
     )
+
+
+def build_data(data_cfg: Any) -> Any:
+    """``instantiate(data_cfg)``; its ``name:`` (the data's label, by which ``eval.py`` knows a run's data) is passed
+    only to a class that takes it: a data module of one's own with ``__init__(self, batch_size)`` failed on it."""
+    from hydra.utils import get_class, instantiate
+    from omegaconf import open_dict
+
+    try:
+        params = inspect.signature(get_class(str(data_cfg.get("_target_")))).parameters.values()
+    except Exception:  # noqa: BLE001 - (a target that does not import: instantiate's own error says so)
+        return instantiate(data_cfg)
+    takes = any(p.name == "name" or p.kind is p.VAR_KEYWORD for p in params)
+    if takes or "name" not in data_cfg:
+        return instantiate(data_cfg)
+    with open_dict(data_cfg):
+        name = data_cfg.pop("name")
+    try:
+        return instantiate(data_cfg)
+    finally:
+        with open_dict(data_cfg):
+            data_cfg.name = name
 
 
 class CheckOwnBatches(Callback):

@@ -46,7 +46,7 @@ from vitrel.models.ckpt_files import run_checkpoint, stored_config
 from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
-from vitrel.train.data_contract import CheckOwnBatches, check_data_module
+from vitrel.train.data_contract import CheckOwnBatches, build_data, check_data_module
 from vitrel.train.eval_data import (
     CLIP_KEYS,
     VAL_SPLIT_KEYS,
@@ -303,7 +303,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     taken |= take_run_data(cfg, trained_frames(saved, cfg.data), what)
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
     taken |= take_run_data(cfg, trained_clips(stored_data, cfg.data), what)
-    dm = instantiate(cfg.data)
+    dm = build_data(cfg.data)  # (its name: passed to a class that takes it)
     check_data_module(dm)  # (one of the user's own without num_classes, in_chans, img_size: named)
     taken |= trained_preprocessing(ckpt, stored_data, record[1], cfg, dm)
     overrides = dict(plain(cfg.get("model_overrides")) or {})

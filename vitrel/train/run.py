@@ -46,7 +46,7 @@ from vitrel.train.build import (
 )
 from vitrel.train.callbacks import KeepEarlyStop, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
-from vitrel.train.data_contract import CheckOwnBatches, EveryEpochTrains, warn_no_preprocessing
+from vitrel.train.data_contract import CheckOwnBatches, EveryEpochTrains, build_data, warn_no_preprocessing
 from vitrel.train.flops import run_gflops
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
@@ -188,7 +188,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     apply_matmul_precision(cfg)
 
     check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
-    dm = instantiate(cfg.data)
+    dm = build_data(cfg.data)  # (its name: passed to a class that takes it)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     bar = progress_display(cfg.get("progress_bar", "auto"), cfg.get("callbacks"), cbs)  # (own: a bar among cbs)
     check_tuner_callbacks(cfg.get("callbacks"))  # Lightning's LearningRateFinder, BatchSizeFinder: refused

@@ -176,6 +176,18 @@ def test_debug_overfit_trains_on_the_default_memory_loader_data(tmp_path):
     assert (tmp_path / "checkpoints" / "last.ckpt").exists()
 
 
+def test_overfit_batches_with_the_memory_loader_is_refused_naming_the_fix(tmp_path):
+    """``trainer.overfit_batches=4`` alone (Lightning's flag) on the default data: Lightning's traceback ("needs to
+    subclass torch.utils.data.DataLoader") before; a ``ConfigError`` naming ``data.loader=workers`` and
+    ``debug=overfit``, before anything is built."""
+    from vitrel.config import ConfigError
+
+    run = [*TINY_VIT, *FAST, "trainer.overfit_batches=4", "trainer.max_epochs=1", "logger=none"]
+    with pytest.raises(ConfigError, match=r"^trainer.overfit_batches=4 .* add data.loader=workers .* debug=overfit"):
+        train(compose(tmp_path, run))
+    assert not (tmp_path / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("value", ["true", "yes"])
 def test_a_resume_value_it_does_not_take_is_one_line_naming_the_choices(tmp_path, value):
     """``resume=true`` (a user who wants the run to resume) ended in a traceback, after the data and the model were

@@ -145,6 +145,19 @@ def check_spawn_ema(cfg: DictConfig) -> None:
     )
 
 
+def check_overfit_loader(cfg: DictConfig) -> None:
+    """Lightning's ``trainer.overfit_batches`` replaces a ``torch.utils.data.DataLoader``'s training sampler; the
+    memory loader (``data.loader=memory``, Fashion-MNIST's and CIFAR's default) is none, and Lightning stopped in a
+    traceback ("needs to subclass torch.utils.data.DataLoader"). Refused with the fix."""
+    if not cfg.trainer.get("overfit_batches") or cfg.data.get("loader") != "memory":
+        return
+    raise ConfigError(
+        f"trainer.overfit_batches={cfg.trainer.overfit_batches} replaces the training sampler of a torch DataLoader, "
+        "which data.loader=memory has not: add data.loader=workers (data.num_workers=0 for a few batches), or take "
+        "debug=overfit, which sets both"
+    )
+
+
 def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, float]:
     """Fit and test as ``cfg`` says; return the final metrics (also in ``<run dir>/metrics.json``).
 
@@ -155,6 +168,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     check_resume(cfg)  # resume=true: before anything is built
     check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     check_spawn_ema(cfg)  # trainer=ddp_spawn module/ema=default: every rank would die as it starts
+    check_overfit_loader(cfg)  # trainer.overfit_batches with the memory loader: Lightning's traceback
     launch_paths(cfg, TRAIN_PATHS)  # data.path=fm.npz: the launch folder's, also under hydra.job.chdir=true
     t0 = time.time()
     route_lightning_logs()

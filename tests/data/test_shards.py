@@ -502,3 +502,20 @@ def test_16_bit_images_in_shards_are_scaled_not_clipped(tmp_path, source):
     for img, label in zip(pixels, y.tolist()):
         assert (img - img.flatten()[0]).abs().max() < 0.01, "one value per image"
         assert any(abs(float(img.flatten()[0]) - w) < 0.01 for w in want[label]), (label, float(img.flatten()[0]))
+
+
+def test_a_brace_pattern_without_a_count_is_a_split_of_unknown_size(data):
+    """A val split given as a brace pattern of tars without ``|<n>``: timm's reader says 0 samples, which the fit's
+    ``data:`` line and ``eval.py`` gave as the split's size ("12 of its 0 images: trainer.limit_test_batches"); the
+    size is unknown (``?``, None), and every sample is still read."""
+    from vitrel.train.progress import data_sizes
+    from vitrel.train.summary import split_size
+
+    tars = sorted(p.name for p in (data / "wds15").glob("imagenet-validation-*.tar"))
+    pattern = f"imagenet-validation-{{000000..{len(tars) - 1:06d}}}.tar"
+    dm = module(data / "wds15", "wds/imagenet", num_workers=0, val_split=pattern)
+    dm.setup("fit")
+    assert "val ? (" in data_sizes(dm), data_sizes(dm)
+    loader = dm.val_dataloader()
+    assert split_size(loader) is None
+    assert sum(len(y) for _, y in loader) == len(CLASSES) * VAL_PER_CLASS

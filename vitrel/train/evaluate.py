@@ -392,7 +392,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         n, total = result["num_images"], result["split_images"]
         noun = "videos" if is_video_data(dm) else "images"
         part = f"{n} of its {total} {noun}{tested['classes_note']}: trainer.limit_test_batches"
-        images = f"{n} {noun}" if n == total else part
+        images = f"{n} {noun}" if total is None or n == total else part
         images += f", {len(left_out)} unreadable files left out" if left_out else ""
         over = f", model_overrides {json.dumps(given)}" if given else ""
         print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}{over}: {shown}", flush=True)

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from vitrel.train.summary import known_size
 from vitrel.train.utils import is_video_data
 
 __all__ = [
@@ -282,10 +283,8 @@ class CountValidations(Callback):
 
 
 def _count(dataset: Any) -> str:
-    try:
-        return f"{len(dataset):,}"
-    except TypeError:  # (a stream of shards without a length)
-        return "?"
+    n = known_size(dataset)
+    return "?" if n is None else f"{n:,}"  # (?: a stream of shards without a length)
 
 
 def data_sizes(dm: Any) -> str | None:

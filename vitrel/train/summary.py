@@ -8,12 +8,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 from omegaconf import DictConfig
 
 from vitrel.train.sweep_rerun import finished_record
 
-__all__ = ["report", "resumed_finished", "tested_part", "split_size", "test_limit", "BEFORE_RESUME"]
+__all__ = ["report", "resumed_finished", "tested_part", "split_size", "known_size", "test_limit", "BEFORE_RESUME"]
 
 #: the record's part of its times spent before the (last) resume (:meth:`~vitrel.train.run_times.RunTimes.times`)
 BEFORE_RESUME = ("fit_s_before_resume", "wall_s_before_resume", "resumes")
@@ -56,14 +57,22 @@ def tested_part(scored: int | None, split: int | None) -> bool:
     return scored is not None and split is not None and scored < split
 
 
+def known_size(dataset: Any) -> int | None:
+    """``len(dataset)``; None where it is unknown: no length, or a stream's 0 (timm's webdataset reader of a brace
+    pattern of shards without ``|<num_samples>`` says 0, and was reported as a split of 0 images)."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        return None
+    return None if n == 0 and isinstance(dataset, torch.utils.data.IterableDataset) else n
+
+
 def split_size(loaders: Any, left_out: Sequence[str] = ()) -> int | None:
     """The number of samples of the test loader's data set, less the unreadable files ``left_out`` of it
-    (:class:`~vitrel.data.unreadable.ReportUnreadable`); None when it has no length (a stream)."""
+    (:class:`~vitrel.data.unreadable.ReportUnreadable`); None when it is unknown (:func:`known_size`)."""
     loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-    try:
-        return len(loader.dataset) - len(left_out)
-    except (AttributeError, TypeError):
-        return None
+    n = known_size(getattr(loader, "dataset", None))
+    return None if n is None else n - len(left_out)
 
 
 def test_limit(trainer_cfg: DictConfig) -> str:

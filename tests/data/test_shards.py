@@ -519,3 +519,29 @@ def test_a_brace_pattern_without_a_count_is_a_split_of_unknown_size(data):
     loader = dm.val_dataloader()
     assert split_size(loader) is None
     assert sum(len(y) for _, y in loader) == len(CLASSES) * VAL_PER_CLASS
+
+
+def test_keys_with_dots_are_named_as_the_cause(bad_shards, tmp_path):
+    """Shards of one's own whose file names have dots before the extension (``photo.v2_0001.png``): webdataset reads
+    key ``photo``, extension ``v2_0001.png``, and the sample has no ``png`` nor ``cls``. The error said ``KeyError:
+    'cls'`` and advised ``data.on_bad_sample=skip``, which leaves out every sample; it names the dots and the fix."""
+    import io
+    import tarfile
+
+    from vitrel.data.shards import BadSampleError
+
+    base, _ = bad_shards
+    shutil.copytree(base / "wds", tmp_path / "wds")
+    for tar in (tmp_path / "wds").glob("*.tar"):
+        with tarfile.open(tar) as t:
+            members = [(m, t.extractfile(m).read()) for m in t.getmembers() if m.isfile()]
+        with tarfile.open(tar, "w") as t:
+            for m, payload in members:
+                key, ext = m.name.split(".", 1)
+                info = tarfile.TarInfo(f"photo.{key}.{ext}")
+                info.size = len(payload)
+                t.addfile(info, io.BytesIO(payload))
+    dm = module(tmp_path / "wds", "wds/imagenet", num_workers=0, batch_size=2)
+    with pytest.raises(BadSampleError, match=r"sample key 'photo': .*webdataset cuts a file name at its first") as e:
+        _one_epoch(dm)
+    assert "on_bad_sample=skip" not in str(e.value) and "keys without dots" in str(e.value)

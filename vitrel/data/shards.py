@@ -285,14 +285,13 @@ class _Skips:
     def __init__(self, mode: str) -> None:
         self.mode, self.items = mode, []
 
-    def bad(self, where: str, err: Exception) -> None:
-        """Raise (``raise``) or record and log (``skip``) the sample ``where`` that failed with ``err``."""
-        reason = f"{type(err).__name__}: {err}"
+    def bad(self, where: str, err: Exception, hint: str = "") -> None:
+        """Raise (``raise``) or record and log (``skip``) the sample ``where`` that failed with ``err`` (``hint``:
+        what the failure says of the shards)."""
+        reason = f"{type(err).__name__}: {err}{hint}"
         if self.mode == "raise":
-            raise BadSampleError(
-                f"{where}: cannot decode the sample ({reason}); data.on_bad_sample=skip leaves such samples out "
-                "(logged, and counted at the end of each epoch)"
-            ) from err
+            skip = "; data.on_bad_sample=skip leaves such samples out (logged, and counted at the end of each epoch)"
+            raise BadSampleError(f"{where}: cannot decode the sample ({reason}){'' if hint else skip}") from err
         self.items.append(where)
         log.warning("skipped %s: cannot decode it (%s)", where, reason)
 
@@ -317,8 +316,21 @@ class _NamedDecode:
         except (TypeError, WdsTargetKeyError):  # a code or configuration error, as timm's own handler treats them
             raise
         except Exception as e:  # noqa: BLE001 - any other failure is this sample's
-            self.skips.bad(f"shard {sample.get('__url__')}, sample key {sample.get('__key__')!r}", e)
+            self.skips.bad(f"shard {sample.get('__url__')}, sample key {sample.get('__key__')!r}", e, _dotted(sample))
             return None  # webdataset's map leaves out a None
+
+
+def _dotted(sample: dict) -> str:
+    """Why a sample of files named with more than one dot has no ``jpg`` / ``cls``: webdataset cuts a file's name at
+    its first dot into the key and the extension (``photo.v2_0001.jpg``: key ``photo``, extension ``v2_0001.jpg``)."""
+    exts = sorted(k for k in sample if not k.startswith("__"))
+    if not any("." in k for k in exts):
+        return ""
+    return (
+        f"; its files' extensions are {exts}: webdataset cuts a file name at its first dot, so a name with dots "
+        f"before the extension ('{sample.get('__key__')}.{exts[0]}') is read as key and extension; write the shards "
+        "with keys without dots (python -m vitrel.data.shards write-wds does)"
+    )
 
 
 @functools.cache

@@ -163,3 +163,28 @@ def test_a_video_scheme_on_an_image_model_is_one_warning_when_built(create, arch
     create(name, pos="rel2d_factored", **args)
     create("vitrel_vit_video_tiny_patch4_32", pos=pos, **SMALL)
     assert not [r for r in caplog.records if r.name == "vitrel.models.backbone"]
+
+
+def test_timm_overlay_route_names_the_arguments_given_unlike_the_files(tmp_path):
+    """``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=...), depth=3)`` for a file trained
+    at depth 2: "the weights do not fit this VisionTransformer (None)" and the advice to take the route already taken.
+    The error names each argument given unlike the stored one; the route's own load needs none left out."""
+    from vitrel.models import save_pretrained
+    from vitrel.models.checkpoint import CheckpointError
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rel2d_factored", embed_dim=32, depth=2, num_heads=2)
+    save_pretrained(m, tmp_path)
+    file = str(tmp_path / "model.safetensors")
+    for given, said in ((dict(depth=3), "depth=3 (stored: 2)"), (dict(pos="rope2d_axial"), "pos='rope2d_axial'")):
+        with pytest.raises(CheckpointError) as err:
+            timm.create_model(
+                "vitrel_vit_tiny_patch4_32", pretrained=True, pretrained_cfg_overlay=dict(file=file), **given
+            )
+        text = str(err.value)
+        assert f"does not load into a vitrel_vit_tiny_patch4_32 built with {said}" in text, text
+        assert "pretrained_cfg_overlay" not in text and "(None)" not in text and "  " in text  # (the keys)
+    same = timm.create_model(
+        "vitrel_vit_tiny_patch4_32", pretrained=True, pretrained_cfg_overlay=dict(file=file), depth=2
+    )
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(same.eval()(x), m.eval()(x))

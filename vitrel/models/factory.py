@@ -70,6 +70,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     given = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
     overlay = dict(given)
     stored_data = stored_classes = no_data = None
+    differ: list[str] = []  # the arguments given unlike the file's stored ones
     weights = _strip_prefixes
     if pretrained and overlay.get("file"):
         stored = stored_config(overlay["file"])
@@ -77,6 +78,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             arch = stored.get("architecture")
             if arch is not None and arch != name:
                 raise CheckpointError(f"{overlay['file']} holds a {arch} model, not {name}")
+            differ = [f"{k}={kwargs[k]!r} (stored: {v!r})" for k, v in stored.items() if _differs(k, kwargs, v)]
             for k, v in stored.items():
                 if k != "architecture":
                     kwargs.setdefault(k, v)
@@ -101,12 +103,34 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         # timm's local-dir: / hf-hub: route (a config.json's pretrained_cfg and model_args)
         stored_data = data_fields(kwargs["pretrained_cfg"]) or None
         stored_classes = kwargs["pretrained_model_args"].get("num_classes", kwargs["pretrained_cfg"].get("num_classes"))
-    model = build(name, pretrained, pretrained_filter_fn=weights, pretrained_cfg_overlay=overlay, **kwargs)
+    try:
+        model = build(name, pretrained, pretrained_filter_fn=weights, pretrained_cfg_overlay=overlay, **kwargs)
+    except CheckpointError as e:
+        if not differ:
+            raise
+        raise CheckpointError(
+            f"{overlay['file']} does not load into a {name} built with {', '.join(differ)}: the file stores the "
+            f"arguments its model was trained with, taken for those not given; leave these out:\n"
+            + "\n".join(line for line in str(e).splitlines()[1:] if line.startswith("  "))  # (the keys)
+        ) from None
     if stored_data is not None:
         fit_data_config(model, stored_data, stored_classes, given)
     if no_data is not None:
         warn_no_data_config(no_data, model)
     return model
+
+
+def _differs(key: str, given: dict, stored: Any) -> bool:
+    """``given[key]`` is not the stored value (a scheme by its name; tuples as lists)."""
+    if key == "architecture" or key not in given:
+        return False
+
+    def norm(v: Any) -> Any:
+        if isinstance(v, dict) and key == "pos":
+            return norm(v.get("name"))
+        return [norm(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return norm(given[key]) != norm(stored)
 
 
 def _make_entrypoint(name: str) -> Callable[..., nn.Module]:

@@ -182,7 +182,7 @@ class TimmSurface:
                 raise
             reasons = "\n".join(f"  {line.strip()[:300]}" for line in lines[1:5])
             raise CheckpointError(
-                f"the weights do not fit this {type(self).__name__} ({self.vitrel_cfg.get('architecture')}):\n"
+                f"the weights do not fit this {type(self).__name__} ({self._architecture()}):\n"
                 f"{reasons}\nvitrel's checkpoints and exports store the model's arguments (pos, depth, img_size, "
                 "num_classes ...); timm.create_model(name, checkpoint_path=...) builds the model from the arguments "
                 "given to it only: give the same ones, or load through a route that reads them: "
@@ -190,6 +190,11 @@ class TimmSurface:
                 "timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=<weights file>)) or "
                 "vitrel.load_model(<weights file or folder>)"
             ) from None
+
+    def _architecture(self) -> str:
+        """The registered name it was built as (``vitrel_cfg``'s, else timm's ``pretrained_cfg``'s), else its class."""
+        cfg = getattr(self, "pretrained_cfg", None) or {}
+        return self.vitrel_cfg.get("architecture") or cfg.get("architecture") or type(self).__name__
 
     def pool(self, x: Tensor) -> Tensor:  # pragma: no cover - overridden
         raise NotImplementedError

@@ -158,7 +158,7 @@ def test_closing_line_names_the_metric_the_best_checkpoint_is_chosen_by(tmp_path
     assert json.loads((tmp_path / "metrics.json").read_text())["best_monitor"] == "val/loss"
 
 
-def test_a_run_early_stopping_stopped_run_again_in_its_folder_trains_nothing(tmp_path):
+def test_a_run_early_stopping_stopped_run_again_in_its_folder_trains_nothing(tmp_path, capsys):
     """A run ``EarlyStopping`` stopped (epoch 3 of 10), run again in its folder (a requeued job, a sweep run again:
     ``resume=auto``), resumed ``last.ckpt`` and trained one more epoch each time (3 -> 4 epochs, the test score
     changed): Lightning keeps the callback's state, not the trainer's stop. It stops before training, as a run that
@@ -169,9 +169,13 @@ def test_a_run_early_stopping_stopped_run_again_in_its_folder_trains_nothing(tmp
     train(compose(tmp_path, run))
     first = json.loads((tmp_path / "metrics.json").read_text())
     assert (first["epochs"], first["global_step"]) == (3, 3)
+    # the record and the closing line say what stopped it (before: only "3 epochs" of max_epochs=10)
+    assert first["stopped_by"].startswith("EarlyStopping in epoch 3 (Monitored metric val/acc1 did not improve")
+    assert f"3 steps; stopped by {first['stopped_by']})" in capsys.readouterr().out
     train(compose(tmp_path, run))
     again = json.loads((tmp_path / "metrics.json").read_text())
     assert (again["epochs"], again["global_step"], again["resumed_finished"]) == (3, 3, True)
+    assert again["stopped_by"] == first["stopped_by"]
 
 
 @pytest.mark.parametrize(

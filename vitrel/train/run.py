@@ -288,6 +288,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         "partial_epoch_steps": fitted["partial_epoch_steps"],  # 0: the last epoch ran to its end
         "val_runs": fitted["val_runs"],  # 0: trainer.max_steps ended the fit before its first validation
         "global_step": fitted["global_step"],
+        "stopped_by": fitted["stopped_by"],  # "EarlyStopping in epoch 3 (...)", else None
         **clock.times(fit_s, time.time() - t0),  # the whole run's fit_s and wall_s, and their part before a resume
         "run_dir": str(run_dir),
         "last_ckpt": str(last) if last is not None and last.exists() else None,

@@ -6,13 +6,14 @@ from __future__ import annotations
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, EarlyStopping
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
 
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.progress import CountTestImages, CountValidations
 from vitrel.train.summary import split_size
 
-__all__ = ["RunFigures", "partial_epoch_steps"]
+__all__ = ["RunFigures", "early_stop", "partial_epoch_steps"]
 
 
 def partial_epoch_steps(trainer: L.Trainer) -> int:
@@ -26,8 +27,17 @@ def partial_epoch_steps(trainer: L.Trainer) -> int:
     return done // max(1, trainer.accumulate_grad_batches)
 
 
+def early_stop(trainer: L.Trainer) -> str | None:
+    """``"EarlyStopping in epoch 3 (<its reason>)"`` when an ``EarlyStopping`` callback stopped the fit, else None."""
+    for cb in trainer.callbacks:
+        if isinstance(cb, EarlyStopping) and cb.stopping_reason != EarlyStoppingReason.NOT_STOPPED:
+            return f"EarlyStopping in epoch {cb.stopped_epoch + 1} ({cb.stopping_reason_message})"
+    return None
+
+
 class RunFigures(Callback):
-    """At the end of a fit (``epochs``: completed; ``partial_epoch_steps``, ``global_step``, ``val_runs``) and of a test
+    """At the end of a fit (``epochs``: completed; ``partial_epoch_steps``, ``global_step``, ``val_runs``,
+    ``stopped_by``: :func:`early_stop`) and of a test
     (``test_images``, ``test_split_images``, ``classes_note``), puts those figures into ``trainer.callback_metrics``
     under one key; :meth:`take` removes them there, in the process that called ``trainer.fit`` / ``trainer.test``.
 
@@ -50,6 +60,7 @@ class RunFigures(Callback):
         steps = partial_epoch_steps(trainer)
         epochs = trainer.current_epoch - (1 if steps else 0)  # (Lightning counts an epoch a stop ended as done)
         figures = {"epochs": epochs, "partial_epoch_steps": steps, "global_step": trainer.global_step}
+        figures["stopped_by"] = early_stop(trainer)
         val_runs = self.validated.count if self.validated is not None else None
         trainer.callback_metrics[self.KEY] = {"stage": "fit", **figures, "val_runs": val_runs}
 

@@ -38,9 +38,10 @@ def report(result: dict, wandb_where: str | None, classes: str = "", noun: str =
     fit_s, wall_s = (f"{result[k]:.0f} s" if result[k] is not None else "(unknown)" for k in ("fit_s", "wall_s"))
     again = "; resumed finished: nothing left to train, tested again" if result.get("resumed_finished") else ""
     fit_before, wall_before = _before_resume(result)
+    stopped = f"; stopped by {result['stopped_by']}" if result.get("stopped_by") else ""
     lines.append(
         f"training {fit_s} ({_epochs(result)}, {_plural(result['global_step'], 'step')}"
-        f"{fit_before}); whole run {wall_s}{wall_before}{again}"
+        f"{fit_before}{stopped}); whole run {wall_s}{wall_before}{again}"
     )
     lines.append(f"run folder  {result['run_dir']}")
     if result["last_ckpt"] or result["best_ckpt"]:

@@ -19,6 +19,7 @@ from tests.train_helpers import CONF, FAST, TINY_SWIN, TINY_VIDEO, TINY_VIT, Poi
 from vitrel.config import ConfigError
 from vitrel.data.base import EpochSampler
 from vitrel.train.callbacks import NonFiniteLossError
+from vitrel.train.evaluate import evaluate
 from vitrel.train.module import ClassifierModule
 from vitrel.train.run import check_launch, check_spawn_ema, train
 
@@ -304,8 +305,14 @@ def test_ckpt_path_last_without_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(CheckpointError, match="ckpt_path=last: there is no .*last.ckpt"):
         train(cfg)
     cfg = compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, f"ckpt_path={tmp_path / 'gone.ckpt'}"])
-    with pytest.raises(CheckpointError, match="gone.ckpt: no such file or folder"):
+    with pytest.raises(CheckpointError, match=r"gone.ckpt: no such file or folder$"):
         train(cfg)
+    # Lightning's words other than last are paths here: said so, with what to give (train.py, eval.py)
+    said = r"best: no such file or folder \(Lightning's ckpt_path='best' is not taken: give a file, e.g. <run>/"
+    with pytest.raises(CheckpointError, match=said):
+        train(compose(tmp_path, [*TINY_VIT, *FAST, *SHORT, f"ckpt_path={tmp_path / 'best'}"]))
+    with pytest.raises(CheckpointError, match=said):
+        evaluate(compose(tmp_path / "eval", [f"ckpt_path={tmp_path / 'best'}"], "eval"))
 
 
 def test_truncated_last_checkpoint_is_a_clear_error(tmp_path):

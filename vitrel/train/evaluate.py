@@ -64,6 +64,7 @@ from vitrel.train.flops import eval_gflops
 from vitrel.train.launch_paths import EVAL_PATHS, launch_paths
 from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages
+from vitrel.train.resume import missing_checkpoint
 from vitrel.train.run_figures import RunFigures
 from vitrel.train.utils import (
     apply_matmul_precision,
@@ -259,7 +260,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     apply_matmul_precision(cfg)
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
     if not ckpt.exists():
-        raise CheckpointError(f"ckpt_path={cfg.ckpt_path}: no such file or folder")
+        raise CheckpointError(missing_checkpoint(str(cfg.ckpt_path)))
     ckpt = run_checkpoint(ckpt)  # a train.py run folder: the checkpoint its test scored (logged)
     if ckpt.is_file() and ckpt.suffix.lower() == ".pt2":  # (torch.load would call it a damaged checkpoint)
         weights = ckpt.parent if (ckpt.parent / "config.json").is_file() else "<the .ckpt it came from>"

@@ -368,6 +368,19 @@ def _plain(v: Any) -> Any:
     return v
 
 
+def missing_checkpoint(ck: str) -> str:
+    """The error of a ``ckpt_path`` that names nothing; Lightning's words ``best`` / ``hpc`` / ``registry`` (made a
+    path in the launch folder: only ``last`` is a word here) said to be none of vitrel's."""
+    said = f"ckpt_path={ck}: no such file or folder"
+    word = Path(ck).name
+    if word in ("best", "hpc", "registry") and not Path(ck).parent.joinpath(word).exists():
+        said += (
+            f" (Lightning's ckpt_path='{word}' is not taken: give a file, e.g. <run>/checkpoints/best-*.ckpt, a run "
+            "folder, or last)"
+        )
+    return said
+
+
 def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path, root: Path) -> str | None:
     last = last or run_dir / "checkpoints" / "last.ckpt"
     ck = cfg.get("ckpt_path")
@@ -382,7 +395,7 @@ def _ckpt_path(cfg: DictConfig, last: Path | None, run_dir: Path, root: Path) ->
     if ck:
         p = Path(str(ck)).expanduser()
         if not p.exists():
-            raise CheckpointError(f"ckpt_path={ck}: no such file or folder")
+            raise CheckpointError(missing_checkpoint(str(ck)))
         p = given_checkpoint(str(ck), say=True)
         if check_resume(cfg) == "auto":
             return str(_continued(p, last, run_dir, root))

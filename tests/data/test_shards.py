@@ -545,3 +545,18 @@ def test_keys_with_dots_are_named_as_the_cause(bad_shards, tmp_path):
     with pytest.raises(BadSampleError, match=r"sample key 'photo': .*webdataset cuts a file name at its first") as e:
         _one_epoch(dm)
     assert "on_bad_sample=skip" not in str(e.value) and "keys without dots" in str(e.value)
+
+
+def test_a_training_brace_pattern_without_a_count_names_the_fix(data):
+    """A training split given as a brace pattern without ``|<n>`` and no ``data.num_samples``: timm's reader stops
+    with "Invalid split definition, num_samples not specified in train mode" (a traceback from timm); one error
+    naming both fixes, which then work."""
+    tars = sorted(p.name for p in (data / "wds15").glob("imagenet-train-*.tar"))
+    pattern = f"imagenet-train-{{000000..{len(tars) - 1:06d}}}.tar"
+    dm = module(data / "wds15", "wds/imagenet", num_workers=0, train_split=pattern)
+    with pytest.raises(ValueError, match=r"states no number of samples .*\|<samples>'\", or give data.num_samples="):
+        dm.setup("fit")
+        dm.train_dataloader()
+    dm = module(data / "wds15", "wds/imagenet", num_workers=0, train_split=pattern, num_samples=N)
+    dm.setup("fit")
+    assert sum(len(y) for _, y in dm.train_dataloader()) == N

@@ -395,7 +395,7 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
         loaders do)."""
         from timm.data import create_dataset
 
-        from vitrel.data.shards import guard_bad_samples
+        from vitrel.data.shards import ShardSplitError, guard_bad_samples
 
         if not self.iterable:
             raise ValueError(f"{self.source} is map-style: use make_dataset / raw_dataset")
@@ -415,7 +415,16 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
             num_samples=self.num_samples if split == "train" else None,
             transform=transform,
         )
-        ds = create_dataset(self.source, root=self._root_str(), split=self._split_name(split), **kwargs)
+        try:
+            ds = create_dataset(self.source, root=self._root_str(), split=self._split_name(split), **kwargs)
+        except RuntimeError as e:  # (timm's reader: a training split of unknown length)
+            if "num_samples not specified" not in str(e):
+                raise
+            name = self._split_name(split)
+            raise ShardSplitError(
+                f"the training split {name!r} states no number of samples (an epoch's length): append it, "
+                f"\"data.train_split='{name}|<samples>'\", or give data.num_samples=<samples>"
+            ) from None
         ds.set_loader_cfg(num_workers=self.num_workers)
         return guard_bad_samples(ds, self.on_bad_sample)  # a sample that cannot be decoded: named, raised or skipped
 

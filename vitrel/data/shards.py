@@ -65,6 +65,7 @@ __all__ = [
     "ON_BAD_SAMPLE",
     "BadSampleError",
     "guard_bad_samples",
+    "ShardSplitError",
     "ShardCountError",
 ]
 log = logging.getLogger(__name__)
@@ -72,6 +73,10 @@ log = logging.getLogger(__name__)
 
 class ShardCountError(ValueError):
     """A webdataset train split of fewer shards than ranks x loader workers (``train.py`` prints it as one line)."""
+
+
+class ShardSplitError(ValueError):
+    """A shard split that cannot be read as given: a training brace pattern of no stated length (one line too)."""
 
 
 #: ImageFolder split folder -> split name in the shards

@@ -293,7 +293,7 @@ def one_line_errors(script: str) -> Iterator[None]:
     from vitrel.config import ConfigError
     from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
     from vitrel.data.memory import MemoryBudgetError
-    from vitrel.data.shards import ShardCountError
+    from vitrel.data.shards import ShardCountError, ShardSplitError
     from vitrel.kernels.registry import KernelDeviceError
     from vitrel.models.ckpt_files import CheckpointError
     from vitrel.models.input_size import InputSizeError
@@ -314,6 +314,7 @@ def one_line_errors(script: str) -> Iterator[None]:
         NonFiniteLossError,
         TargetError,
         ShardCountError,
+        ShardSplitError,
         KernelDeviceError,
     )
     try:

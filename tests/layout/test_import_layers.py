@@ -218,7 +218,7 @@ def test_moved_modules_keep_their_old_paths():
     code = "import importlib, sys\n" + "".join(
         f"assert importlib.import_module({old!r}) is importlib.import_module({new!r}), {old!r}\n" for old, new in pairs
     )
-    code += "from vitrel.pos.tokens import TokenLayout, content_logits\nfrom vitrel.pos.rope import Rope2dMixed\n"
+    code += "from vitrel.pos.tokens import TokenLayout, gather_pairs\nfrom vitrel.pos.rope import Rope2dMixed\n"
     # the fused kernels' modules, now the package vitrel.kernels.triton: their names re-exported
     code += (
         "import vitrel.kernels.triton as new\nfrom vitrel.kernels import triton_bias, triton_rope, triton_atomic\n"

@@ -1,4 +1,5 @@
-"""Pieces the kernels share: masks summed and shaped for SDPA, SDPA on widened queries and keys, eager logits."""
+"""Pieces the kernels share: masks summed and shaped for SDPA, SDPA on widened queries and keys, eager logits, and a
+scheme's content terms (Shaw's) on a token layout, computed per image on its own grid."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitrel.layout.tokens import content_logits
+from vitrel.layout.tokens import TokenLayout, valid_of
 
 if TYPE_CHECKING:
     from vitrel.pos.base import PosState
 
-__all__ = ["eager_logits", "full_mask", "merge_masks", "sdpa_padded"]
+__all__ = ["content_logits", "content_values", "eager_logits", "full_mask", "merge_masks", "sdpa_padded"]
 
 
 def full_mask(bias: Tensor | None, mask: Tensor | None, q: Tensor) -> Tensor | None:
@@ -65,3 +66,54 @@ def eager_logits(q: Tensor, k: Tensor, mask: Tensor | None, scale: float, state:
         logits = logits + c
     logits = logits * scale
     return logits if mask is None else logits + mask
+
+
+def _image_groups(layout: TokenLayout) -> list[tuple[int, Tensor]]:
+    """``(g, images)``: the images (ids, long) whose grid is ``layout.grids[g]``."""
+    gid = torch.tensor([layout.grids.index(g) for g in layout.image_grids], dtype=torch.long)
+    return [(g, (gid == g).nonzero().flatten()) for g in range(len(layout.grids))]
+
+
+def content_logits(q: Tensor, state: PosState) -> Tensor | None:
+    """The scheme's ``content_logits(q, state)``; on a token layout computed per image on its own grid: each image's
+    queries scattered into its full sequence (absent tokens zero), the scheme's terms for that grid, read back at the
+    tokens' pairs. Exact: a term ``f(q_i, p_i - p_j)`` depends on no other token."""
+    layout = state.layout
+    if layout is None or not state.scheme.has_content_terms:
+        return state.scheme.content_logits(q, state)
+    b, heads, n, d = q.shape
+    nmax = max(layout.num_prefix_tokens + g.n for g in layout.grids)
+    valid = layout.valid
+    full = q.new_zeros(layout.num_images, heads, nmax, d)
+    full[layout.image[valid], :, layout.index[valid]] = q.transpose(1, 2)[valid]
+    out = q.new_zeros(layout.num_images, heads, nmax, nmax)
+    for g, ids in _image_groups(layout):
+        ng = layout.num_prefix_tokens + layout.grids[g].n
+        c = state.scheme.content_logits(full[ids.to(q.device), :, :ng], state.grid_states[g])
+        out[ids.to(q.device), :, :ng, :ng] = c.to(out.dtype)
+    img, idx = layout.image.clamp(min=0), layout.index
+    return out[img[:, :, None], :, idx[:, :, None], idx[:, None, :]].permute(0, 3, 1, 2)  # [B, heads, N, N]
+
+
+def content_values(attn: Tensor, state: PosState) -> Tensor | None:
+    """The scheme's ``content_values(attn, state)``; on a token layout computed per image (see
+    :func:`content_logits`): each image's attention scattered into its full ``n x n`` (absent tokens zero, so
+    ``sum_j a_ij r_ij`` runs over the present keys), the scheme's values for that grid, read back per token."""
+    layout = state.layout
+    if layout is None or not state.scheme.has_content_terms:
+        return state.scheme.content_values(attn, state)
+    b, heads, n, _ = attn.shape
+    nmax = max(layout.num_prefix_tokens + g.n for g in layout.grids)
+    pair = (layout.image[:, :, None] == layout.image[:, None, :]) & layout.valid[:, :, None]  # [B, N, N]
+    bi, i, j = pair.nonzero(as_tuple=True)
+    full = attn.new_zeros(layout.num_images, heads, nmax, nmax)
+    full[layout.image[bi, i], :, layout.index[bi, i], layout.index[bi, j]] = attn[bi, :, i, j]
+    out = None
+    for g, ids in _image_groups(layout):
+        ng = layout.num_prefix_tokens + layout.grids[g].n
+        v = state.scheme.content_values(full[ids.to(attn.device), :, :ng, :ng], state.grid_states[g])
+        if out is None:
+            out = v.new_zeros(layout.num_images, heads, nmax, v.shape[-1])
+        out[ids.to(attn.device), :, :ng] = v
+    got = out[layout.image.clamp(min=0), :, layout.index]  # [B, N, heads, d]
+    return (got * valid_of(layout, got)).transpose(1, 2)

@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitrel.kernels.common import eager_logits, full_mask
+from vitrel.kernels.common import content_values, eager_logits, full_mask
 from vitrel.kernels.registry import Kernel, register_kernel
-from vitrel.layout.tokens import content_values
 
 if TYPE_CHECKING:
     from vitrel.pos.base import PosState

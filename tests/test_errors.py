@@ -434,7 +434,7 @@ def test_train_refuses_size_choices_that_are_not_multiples_of_the_patch(tmp_path
 def test_size_choices_of_a_strict_model_are_refused():
     from types import SimpleNamespace
 
-    from vitrel.train.utils import check_data_fits_model
+    from vitrel.train.data_contract import check_data_fits_model
 
     m = vitrel.create_model("vitrel_vit_tiny_patch4_32", strict_img_size=True, **TINY_VIT)
     dm = SimpleNamespace(packing=None, patch_size=None, size_choices=(32, 36))
@@ -466,7 +466,8 @@ def test_data_the_model_cannot_cut_is_one_line(data, said):
     traceback through run.py; it is an ``InputSizeError``, one line as ``data.img_size``'s, naming the key to set."""
     from types import SimpleNamespace
 
-    from vitrel.train.utils import check_data_fits_model, one_line_errors
+    from vitrel.train.data_contract import check_data_fits_model
+    from vitrel.train.utils import one_line_errors
 
     m = vitrel.create_model("vitrel_vit_tiny_patch4_32", **TINY_VIT)
     with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):

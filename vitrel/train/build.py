@@ -28,11 +28,8 @@ from vitrel.models.data_config import NoDataConfigWarning, data_fields, stored_d
 from vitrel.models.factory import TRANSFERABLE
 from vitrel.models.input_size import InputSizeError, check_patches_fit
 from vitrel.models.registry import MODEL_ARGS, build_from_cfg
-from vitrel.train.data_contract import check_data_module
+from vitrel.train.data_contract import check_channels_fit, check_data_module, check_video_pairing, is_video_data
 from vitrel.train.utils import (
-    check_channels_fit,
-    check_video_pairing,
-    is_video_data,
     override_key,
     plain,
     task_overrides,
@@ -55,7 +52,7 @@ __all__ = [
 def build_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str | None = None) -> torch.nn.Module:
     """``instantiate(cfg.model)``; ``num_classes``, ``in_chans`` and ``img_size`` (and a video data module's
     ``num_frames``) come from the datamodule unless the node sets them. Video data with an image model (or the
-    reverse) is refused before anything is built (:func:`~vitrel.train.utils.check_video_pairing`).
+    reverse) is refused before anything is built (:func:`~vitrel.train.data_contract.check_video_pairing`).
 
     ``resume``: the checkpoint the run resumes. A model of pretrained weights (``model.init_from``,
     ``model=from_checkpoint``) is then built from the configuration stored in it (:func:`_resumed_model`), without

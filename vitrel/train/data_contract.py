@@ -4,16 +4,21 @@
 (:func:`warn_no_preprocessing`), the images of the first batch of each stage (:class:`CheckOwnBatches`: of the
 channels and size those attributes say, which the model is built at and the checkpoints tell ``predict.py`` to resize
 files to), and the targets of every batch (:func:`check_targets`: class indices ``0..num_classes-1``, where
-``F.cross_entropy`` would stop with an index error deep in torch). docs/data.md, "Your own data"."""
+``F.cross_entropy`` would stop with an index error deep in torch). docs/data.md, "Your own data". And what any data
+module must fit in the model: its images cut into patches (:func:`check_data_fits_model`), clips for a video model
+and images for an image one (:func:`check_video_pairing`), the channels a ``model.in_chans`` gives
+(:func:`check_channels_fit`); a fit that gets no training batch (:class:`EveryEpochTrains`)."""
 
 from __future__ import annotations
 
 import inspect
+from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from omegaconf import DictConfig, OmegaConf
 from timm.layers import to_2tuple
 from torch import Tensor
 
@@ -23,6 +28,11 @@ from vitrel.models.input_size import InputSizeError
 __all__ = [
     "SIZED_BY",
     "build_data",
+    "check_channels_fit",
+    "check_data_fits_model",
+    "check_video_pairing",
+    "is_video_architecture",
+    "is_video_data",
     "CheckOwnBatches",
     "EveryEpochTrains",
     "NoTrainingBatchError",
@@ -231,3 +241,136 @@ class EveryEpochTrains(Callback):
                 f"training epoch {trainer.current_epoch + 1} ran no batch: its loader gave nothing (the data's "
                 "warnings above say why: every sample skipped under data.on_bad_sample=skip?)"
             )
+
+
+def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the model", training: bool = True) -> None:
+    """Refuse, before any batch is made, data settings that the model ``model`` cannot take, naming the key and its
+    value: ``data.patch_size`` (NaFlex batches, ``data.packing``) other than the model's patch size, and a side of
+    ``data.size_choices`` that is not a positive multiple of it (or, for a model built with a strict input size, not
+    its ``img_size``), as an :class:`~vitrel.models.input_size.InputSizeError` (one line from ``train.py``).
+    ``whose`` names the model in the message (``evaluate``: the checkpoint). Models without a ``vitrel_cfg`` patch
+    size are not checked. A video scheme fed token layouts (NaFlex batches; ``model.token_drop`` when ``training``) is
+    a :class:`~vitrel.config.ConfigError`."""
+    from timm.layers import to_2tuple
+
+    from vitrel.models.input_size import InputSizeError
+
+    _check_schemes_take_layouts(dm, model, training)
+    patch = (getattr(model, "vitrel_cfg", None) or {}).get("patch_size")
+    if patch is None:
+        return
+    ph, pw = (int(v) for v in to_2tuple(patch))
+    shown = ph if ph == pw else f"{ph}x{pw}"
+    if getattr(dm, "packing", None) is not None and dm.patch_size is not None and (dm.patch_size,) * 2 != (ph, pw):
+        raise InputSizeError(
+            f"data.patch_size={dm.patch_size} but {whose} has patches of {shown}: NaFlex batches (data.packing="
+            f"{dm.packing}) are cut into the model's patches; set data.patch_size={shown}"
+        )
+    choices = getattr(dm, "size_choices", None)
+    if choices:
+        bad = [s for s in choices if s < max(ph, pw) or s % ph or s % pw]
+        if bad:
+            raise InputSizeError(
+                f"data.size_choices={list(choices)}: {', '.join(map(str, bad))} "
+                f"{'is' if len(bad) == 1 else 'are'} not a positive multiple of the patch size {shown} of {whose}"
+            )
+        img = tuple(getattr(model, "img_size", ()) or ())
+        fixed = [s for s in choices if (s, s) != img] if getattr(model, "strict_img_size", False) else []
+        if fixed:
+            raise InputSizeError(
+                f"data.size_choices={list(choices)}: {whose} takes only its img_size {img} (strict_img_size); "
+                "build it with dynamic_img_size=True (model.dynamic_img_size=true) for batches of other sizes"
+            )
+
+
+def _check_schemes_take_layouts(dm: Any, model: torch.nn.Module, training: bool) -> None:
+    """NaFlex batches (``data.packing``) and token dropping (``model.token_drop``) give the attention token layouts,
+    which a video scheme inside it (``rel3d_full`` on an image model: one frame) does not take: a
+    :class:`~vitrel.config.ConfigError` naming its image form, before any batch (it came from the first forward, a
+    traceback through Lightning's sanity check)."""
+    from vitrel.config import ConfigError
+    from vitrel.pos.base import PositionScheme
+    from vitrel.pos.registry import image_scheme
+
+    packing, drop = getattr(dm, "packing", None), getattr(model, "token_drop", 0) if training else 0
+    if packing is None and not drop:
+        return
+    for m in model.modules():
+        if isinstance(m, PositionScheme) and m.kind != "absolute" and m.grid_dims == 3:
+            given = f"data.packing={packing} (NaFlex batches)" if packing is not None else f"model.token_drop={drop}"
+            image = image_scheme(type(m))
+            raise ConfigError(
+                f"pos={m.name} takes full video grids (T, H, W), and {given} gives the attention packed or "
+                "token-dropped images, which video schemes do not take"
+                + (f": use pos={image}, the same scheme on images" if image else "")
+            )
+
+
+# ------------------------------------------------------------------------------------------ video
+def is_video_data(dm: Any) -> bool:
+    """Whether the data module gives clips ``[B, C, T, H, W]`` (a :class:`vitrel.data.video.VideoDataModule`, or
+    ``eval.py``'s test split of one, its ``scored_data``)."""
+    from vitrel.data.video.base import VideoDataModule
+
+    return isinstance(getattr(dm, "scored_data", dm), VideoDataModule)
+
+
+def is_video_architecture(name: str) -> bool:
+    """Whether the vitrel architecture ``name`` takes clips: its class is built with ``num_frames``."""
+    from vitrel.models.registry import MODEL_ARGS, check_architecture
+
+    cls = MODEL_ARGS[check_architecture(name)][0]
+    return "num_frames" in inspect.signature(cls.__init__).parameters
+
+
+def _model_configs(video: bool) -> list[str]:
+    """The ``conf/model`` options whose architecture takes clips (``video``) or images."""
+    from vitrel.models.registry import MODEL_ARGS
+
+    out = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "conf" / "model").glob("*.yaml")):
+        name = OmegaConf.load(path).get("name")
+        if name in MODEL_ARGS and is_video_architecture(name) == video:
+            out.append(f"model={path.stem}")
+    return out
+
+
+def check_video_pairing(architecture: str, dm: Any, whose: str = "the model", fix: str | None = None) -> None:
+    """Refuse, before anything is built, a video data module with an image architecture or image data with a video
+    architecture (a :class:`~vitrel.config.ConfigError`), naming the ``conf/model`` options that fit the data
+    (``fix``: the advice instead, e.g. eval.py's data to score a checkpoint on)."""
+    video = is_video_data(dm)
+    if video == is_video_architecture(architecture):
+        return
+    from vitrel.config import ConfigError  # (a ValueError: train.py and eval.py print it as one line)
+
+    data = type(dm).__name__
+    if video:
+        fits = ", ".join(_model_configs(True)) or "a vitrel_vit_video_* or vitrel_swin3d_* architecture"
+        raise ConfigError(
+            f"{data} gives clips [B, C, T, H, W] but {whose} ({architecture}) is an image model "
+            f"(images [B, C, H, W]): {fix or 'use a video model: ' + fits}"
+        )
+    models = ", ".join(_model_configs(False))
+    raise ConfigError(
+        f"{data} gives images [B, C, H, W] but {whose} ({architecture}) is a video model (clips [B, C, T, H, W]): "
+        f"{fix or f'use an image model ({models}) or video data (data=moving_fmnist, data=video_folder)'}"
+    )
+
+
+def check_channels_fit(model_cfg: DictConfig, dm: Any) -> None:
+    """A ``model.in_chans`` set on the command line that the data's images do not have (``+model.in_chans=1`` on
+    RGB data) is refused before the model is built, naming the keys; the model's own error came at the first step,
+    under a traceback. Not checked: ``model=from_checkpoint`` (its first layer is adapted to the data's channels)."""
+    from vitrel.models.input_size import InputSizeError
+
+    want, have = model_cfg.get("in_chans"), getattr(dm, "in_chans", None)
+    if want is None or have is None or int(want) == int(have) or model_cfg.get("path") is not None:
+        return
+    # grey data that repeats its channel on request (Fashion-MNIST, Moving Fashion-MNIST: data.in_chans=3)
+    takes = int(want) == 3 and "in_chans" in inspect.signature(type(dm).__init__).parameters
+    data = "data.in_chans=3 or " if takes else ""
+    raise InputSizeError(
+        f"model.in_chans={want} but {type(dm).__name__} gives {have}-channel images: set {data}leave model.in_chans "
+        "unset (the data sets it)"
+    )

@@ -46,7 +46,14 @@ from vitrel.models.ckpt_files import run_checkpoint, stored_config
 from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
 from vitrel.models.run_record import nominal_size_warning, run_record
-from vitrel.train.data_contract import CheckOwnBatches, build_data, check_data_module
+from vitrel.train.data_contract import (
+    CheckOwnBatches,
+    build_data,
+    check_data_fits_model,
+    check_data_module,
+    check_video_pairing,
+    is_video_data,
+)
 from vitrel.train.eval_data import (
     CLIP_KEYS,
     VAL_SPLIT_KEYS,
@@ -69,9 +76,6 @@ from vitrel.train.run_figures import RunFigures
 from vitrel.train.utils import (
     apply_matmul_precision,
     check_accelerator,
-    check_data_fits_model,
-    check_video_pairing,
-    is_video_data,
     plain,
     progress_bar_kind,
     progress_callbacks,
@@ -105,7 +109,7 @@ class _SplitData(L.LightningDataModule):
 
     @property
     def scored_data(self) -> L.LightningDataModule:
-        """The data module whose split is scored (what :func:`~vitrel.train.utils.is_video_data` asks of)."""
+        """The data module whose split is scored (what :func:`~vitrel.train.data_contract.is_video_data` asks of)."""
         return self.dm
 
 

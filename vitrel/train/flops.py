@@ -129,7 +129,7 @@ def eval_gflops(model: torch.nn.Module, dm: Any) -> float | None:
     batches, whose images keep their own sizes: one image at the model's nominal size."""
     from timm.layers import to_2tuple
 
-    from vitrel.train.utils import is_video_data
+    from vitrel.train.data_contract import is_video_data
 
     example = None
     if not getattr(dm, "packing", None) and getattr(dm, "img_size", None) is not None:

@@ -32,8 +32,8 @@ from torch import Tensor
 from torchmetrics import MetricCollection
 from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix, MulticlassPrecision
 
+from vitrel.train.data_contract import is_video_data
 from vitrel.train.sweep_plot import save_png
-from vitrel.train.utils import is_video_data
 
 __all__ = ["PerClassReport", "confused_pairs", "plot_confusion", "write_per_class"]
 log = logging.getLogger(__name__)

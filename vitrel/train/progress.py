@@ -14,8 +14,8 @@ import torch
 from lightning.pytorch.callbacks import Callback, LearningRateMonitor
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from vitrel.train.data_contract import is_video_data
 from vitrel.train.summary import known_size
-from vitrel.train.utils import is_video_data
 
 __all__ = [
     "LineProgress",

@@ -46,7 +46,14 @@ from vitrel.train.build import (
 )
 from vitrel.train.callbacks import KeepEarlyStop, last_checkpoint_path
 from vitrel.train.ckpt_io import AtomicCheckpointIO
-from vitrel.train.data_contract import CheckOwnBatches, EveryEpochTrains, build_data, warn_no_preprocessing
+from vitrel.train.data_contract import (
+    CheckOwnBatches,
+    EveryEpochTrains,
+    build_data,
+    check_data_fits_model,
+    is_video_data,
+    warn_no_preprocessing,
+)
 from vitrel.train.flops import run_gflops
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
@@ -72,12 +79,10 @@ from vitrel.train.sweepers import BASIC_SWEEPER
 from vitrel.train.utils import (
     apply_matmul_precision,
     check_accelerator,
-    check_data_fits_model,
     hydra_config,
     instantiate_callbacks,
     instantiate_loggers,
     is_multirun,
-    is_video_data,
     progress_callbacks,
     progress_display,
     route_lightning_logs,

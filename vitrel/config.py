@@ -39,6 +39,7 @@ __all__ = [
     "check_moved_keys",
     "check_resume",
     "ConfigError",
+    "data_val_fraction",
     "register_configs",
 ]
 
@@ -65,7 +66,7 @@ class DataConfig:
     pin_memory: bool = False
     drop_last: bool = False
     seed: int = 0
-    val_fraction: float = 0.0
+    val_fraction: float | None = 0.0  # held out of train as val; null: the data set's (its default_val_fraction)
     download: bool = True
     canvas_size: int | None = None
     canvas_mode: str = "random"
@@ -137,6 +138,22 @@ class ArraysDataConfig(DataConfig):
     path: str | None = None
     num_classes: int | None = None
     class_names: list[str] | None = None
+
+
+def data_val_fraction(data: Any) -> float:
+    """The fraction of train a data config holds out as val: its ``val_fraction``, or when that is null the data
+    set's (its ``_target_`` class's ``default_val_fraction``, as ``VisionDataModule`` resolves it; else 0, val is the
+    test split)."""
+    value = data.get("val_fraction")
+    if value is not None:
+        return float(value)
+    from hydra.utils import get_class
+
+    try:
+        cls = get_class(str(data.get("_target_")))
+    except Exception:  # noqa: BLE001  (no class, or none importable here: as a module without a default)
+        return 0.0
+    return float(getattr(cls, "default_val_fraction", 0.0) or 0.0)
 
 
 # -------------------------------------------------------------------------------------------- module

@@ -506,6 +506,19 @@ def test_python_data_modules_hold_out_val_as_their_configs_do():
     assert FashionMNISTDataModule(val_fraction=0.0).val_fraction == 0.0  # the test split, when asked
 
 
+@pytest.mark.parametrize("data, fraction", [("fashion_mnist", 0.1), ("cifar10", 0.1), ("imagenet", 0.0)])
+def test_val_fraction_null_on_the_command_line_is_the_data_sets_default(tmp_path, data, fraction):
+    """``python train.py data.val_fraction=null``: the data set's default, as the data modules and docs/data.md say
+    (the schema's ``float`` refused ``null`` at composition); the config readers that decide whether val is the test
+    split (a search's best trial, eval's unrecorded hold-out) resolve it the same way."""
+    from tests.train_helpers import compose
+    from vitrel.config import data_val_fraction
+
+    cfg = compose(tmp_path, [f"data={data}", "data.val_fraction=null"])
+    assert cfg.data.val_fraction is None
+    assert instantiate(cfg.data).val_fraction == data_val_fraction(cfg.data) == fraction
+
+
 def test_augment_uses_timm_and_eval_stays_plain():
     dm = FashionMNISTDataModule(augment=True, batch_size=16, num_workers=0, loader="workers")
     assert "RandomResizedCropAndInterpolation" in repr(dm.train_transform())

@@ -282,3 +282,16 @@ def test_eval_at_one_of_the_runs_size_choices_scores_the_model_as_trained(tmp_pa
     assert metrics["test/loss"] == pytest.approx(torch.cat(loss).mean().item(), abs=1e-5)
     other, _, _ = _eval(tmp_path, "eval44", ckpt, [*EVAL, "data.img_size=44"])  # not trained at: rebuilt (runs)
     assert other["test/loss"] != metrics["test/loss"]
+
+
+def test_val_of_weights_that_record_no_split_warns_with_val_fraction_null(tmp_path, caplog):
+    """``data.val_fraction=null`` is Fashion-MNIST's 10 % hold-out, so ``split=val`` of weights that record no split
+    warns as with ``0.1`` (a null was read as 0, val is the test split: no warning)."""
+    from pathlib import Path
+
+    from vitrel.train.evaluate import _warn_unknown_val_split
+
+    cfg = compose(tmp_path, ["data=fashion_mnist", "data.val_fraction=null"])
+    with caplog.at_level("WARNING", logger="vitrel.train.evaluate"):
+        _warn_unknown_val_split(Path("export"), cfg.data, {}, None)
+    assert "split=val: export records no val split (a .ckpt does)" in caplog.text, caplog.text

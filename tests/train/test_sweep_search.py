@@ -19,10 +19,11 @@ OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 SPACE = {"module.optimizer.lr": "tag(log, interval(1.0e-4, 1.0e-2))"}  # conf/hparams_search/fmnist_optuna.yaml's
 
 
-def _config(tmp_path, task, sweeper=OPTUNA, params=SPACE, metric="val/acc1", val_fraction=0.1):
+def _config(tmp_path, task, sweeper=OPTUNA, params=SPACE, metric="val/acc1", val_fraction=0.1, data=None):
     hydra = {"sweeper": {"_target_": sweeper, "params": params, "direction": "maximize"}}
     hydra.update(overrides={"task": list(task)}, sweep={"dir": str(tmp_path / "sweep"), "subdir": "${hydra.job.num}"})
-    return OmegaConf.create({"hydra": hydra, "optimized_metric": metric, "data": {"val_fraction": val_fraction}})
+    data = {**(data or {}), "val_fraction": val_fraction}
+    return OmegaConf.create({"hydra": hydra, "optimized_metric": metric, "data": data})
 
 
 def _start(config) -> SweepSummary:
@@ -89,3 +90,13 @@ def test_a_best_trial_chosen_on_a_held_out_split_is_the_plain_line(tmp_path, cap
     with caplog.at_level(logging.WARNING, logger="vitrel.train.sweepers"):  # (the basic sweeper picks nothing)
         _start(_config(tmp_path, ["pos=none,ape", "data.val_fraction=0"], sweeper=BASIC_SWEEPER, val_fraction=0.0))
     assert "test split" not in caplog.text, caplog.text
+
+
+def test_a_null_val_fraction_is_the_data_sets_default_for_the_best_trial(tmp_path):
+    """``data.val_fraction=null``: Fashion-MNIST's default holds out 10 % of train (a plain line); ImageNet's is 0,
+    the test split (said). A null was read as 0 for both."""
+    fmnist = {"_target_": "vitrel.data.FashionMNISTDataModule"}
+    line = _best_line(tmp_path, val_fraction=None, data=fmnist)
+    assert line == "Optuna's best trial (maximize val/acc1): job 1, 0.2500, module.optimizer.lr=0.003", line
+    imagenet = {"_target_": "vitrel.data.ImageNetDataModule"}
+    assert "chosen on the test split" in _best_line(tmp_path, val_fraction=None, data=imagenet)

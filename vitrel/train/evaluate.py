@@ -39,7 +39,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 from timm.layers import to_2tuple
 
-from vitrel.config import ConfigError, check_moved_keys
+from vitrel.config import ConfigError, check_moved_keys, data_val_fraction
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
 from vitrel.models.ckpt_files import run_checkpoint, stored_config
@@ -167,7 +167,7 @@ def _warn_unknown_val_split(ckpt: Path, data_cfg: DictConfig, split: dict[str, A
     its run folder), on data whose val is a seeded hold-out of train: the group's hold-out is scored, which holds
     images the run trained on unless its ``data.seed`` / ``data.val_fraction`` were the run's: a warning naming them,
     unless both are on the command line. ``split``: the split stored in ``ckpt``; ``run``: its run's record."""
-    if not data_cfg.get("val_fraction") or all(is_given(f"data.{k}") for k in VAL_SPLIT_KEYS):
+    if not data_val_fraction(data_cfg) or all(is_given(f"data.{k}") for k in VAL_SPLIT_KEYS):
         return
     if split or run is not None or rank_zero_only.rank != 0:
         return

@@ -14,6 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from vitrel.config import data_val_fraction
+
 __all__ = [
     "BASIC_SWEEPER",
     "check_search",
@@ -87,7 +89,7 @@ def picked_on_test(config: DictConfig) -> str | None:
     if target.startswith("test/"):
         return f"optimized_metric={target} is a test split score"
     data = config.get("data") or {}
-    if target.startswith("val/") and "val_fraction" in data and not data.get("val_fraction"):
+    if target.startswith("val/") and "val_fraction" in data and not data_val_fraction(data):
         return f"optimized_metric={target} with data.val_fraction=0, which validates on the test split"
     return None
 

@@ -74,8 +74,8 @@ class AutoRule(NamedTuple):
 _TABLES = frozenset({"rel2d_full", "rel2d_factored", "rel2d_bucket", "rel2d_cpb", "fire2d", "rel1d_bucket"})
 
 #: ``attn_impl="auto"`` per device (a substring of ``torch.cuda.get_device_name``): :class:`AutoRule` s, first match
-#: wins, else ``sdpa``. Only measured wins go here (``bench/results/``, the attention layer of ``bench/attention.py``
-#: in bf16, 65,536 tokens a batch):
+#: wins, else the scheme's own kernel (``shaw`` for Shaw's content terms), else ``sdpa``. Only measured wins go here
+#: (``bench/results/``, the attention layer of ``bench/attention.py`` in bf16, 65,536 tokens a batch):
 #:
 #: * H200 (the first fused kernel, ``gpu_h200_first_kernel.md``): it beat SDPA's float mask only for T5's 1-D buckets at
 #:   N = 4096 (5.5x plain SDPA against 29x).

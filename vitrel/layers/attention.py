@@ -71,11 +71,12 @@ class Attention(nn.Module):
             config (per-layer schedules); a model builds its blocks' schemes itself and passes them as modules.
         attn_impl: ``auto`` or a registered kernel (:func:`vitrel.kernels.list_kernels`; what each does and when to
             pick it: docs/gpu.md). ``auto`` picks per device from measurements (:data:`vitrel.kernels.AUTO`),
-            else ``sdpa``. May be set on a built layer (``model.blocks[0].attn.attn_impl = "eager"``): checked at
-            the assignment (an unknown name, or a kernel that cannot run the layer's scheme, raises there), then
-            honoured: that layer runs the named kernel, also on the states its model prepares for all its blocks
-            (:meth:`~vitrel.pos.base.PositionScheme.bind`). Setting a model's or Swin stage's ``attn_impl`` sets it
-            on each of its layers.
+            else the scheme's own kernel where it has one (``shaw`` for Shaw's content terms), else ``sdpa``
+            (:func:`vitrel.kernels.registry.select_kernel`). May be set on a built layer
+            (``model.blocks[0].attn.attn_impl = "eager"``): checked at the assignment (an unknown name, or a kernel
+            that cannot run the layer's scheme, raises there), then honoured: that layer runs the named kernel, also
+            on the states its model prepares for all its blocks (:meth:`~vitrel.pos.base.PositionScheme.bind`).
+            Setting a model's or Swin stage's ``attn_impl`` sets it on each of its layers.
         pos_options: the scheme's options as keywords, when ``pos`` is a name or config.
     """
 

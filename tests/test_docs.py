@@ -293,6 +293,23 @@ def test_pos_configs_are_the_package_schemes():
     assert any(row[0] == "`pos`" and "vitrel.list_pos()" in row[1] for row in rows)
 
 
+def test_pos_configs_name_the_file_of_their_scheme():
+    """Each conf/pos file's heading comment names the module that registers its scheme (``none.yaml`` said
+    ``vitrel/pos/base.py``, ``spiral_rope.yaml`` ``rope.py``; two named none)."""
+    from vitrel.pos.registry import get_pos_class
+
+    wrong = {}
+    for path in sorted((ROOT / "conf" / "pos").glob("*.yaml")):
+        lines = path.read_text(encoding="utf-8").splitlines()
+        heading = " ".join(line for line in lines[: next(i for i, x in enumerate(lines) if not x.startswith("#"))])
+        named = re.findall(r"vitrel/[\w/]+\.py", heading)
+        module = get_pos_class(path.stem).__module__.replace(".", "/") + ".py"
+        registers = f'register_pos("{path.stem}")' in (ROOT / module).read_text(encoding="utf-8")
+        if named != [module] or not registers:
+            wrong[path.name] = (named, module)
+    assert not wrong, f"the heading names another file than the scheme's (named, registered in): {wrong}"
+
+
 def plain_signature(obj) -> str:
     """``obj``'s signature as the docs write it: no annotations, ``self`` left out, strings in double quotes."""
     import inspect

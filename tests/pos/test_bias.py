@@ -213,7 +213,8 @@ def test_alibi_slopes_follow_the_reference_code(heads):
     with pytest.raises(ValueError, match="'reference' or 'geometric'"):
         build_pos({"name": "alibi2d", "slopes": "linear"}, num_heads=heads, head_dim=8, grid=(3, 3))
     for bad in (0, -8):  # (slopes of 1 and more: 4, 16, 64 ... at -8)
-        with pytest.raises(ValueError, match=f"max_exponent must be > 0 .*got {bad}"):
+        said = r"max_exponent must be > 0 \(slopes 2\^-\(max_exponent \(h\+1\) / heads\), h = 0 \.\. heads-1\)"
+        with pytest.raises(ValueError, match=f"{said}, got {bad}"):  # (the slopes' exponent as the code has it)
             build_pos({"name": "alibi2d", "max_exponent": bad}, num_heads=heads, head_dim=8, grid=(3, 3))
 
 

@@ -69,7 +69,8 @@ class _AlibiBase(GridBuffers, PositionScheme):
             raise ValueError(f"{self.name}: slopes must be 'reference' or 'geometric', got {slopes!r}")
         if not max_exponent > 0:  # (0 or less: slopes of 1 or more, growing with the head, the bias no longer ALiBi's)
             raise ValueError(
-                f"{self.name}: max_exponent must be > 0 (slopes 2^-(max_exponent h / heads)), got {max_exponent}"
+                f"{self.name}: max_exponent must be > 0 (slopes 2^-(max_exponent (h+1) / heads), h = 0 .. heads-1), "
+                f"got {max_exponent}"
             )
         self.slope_rule, self.max_exponent = slopes, float(max_exponent)
         self.init_non_persistent_buffers()

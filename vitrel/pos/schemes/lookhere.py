@@ -71,7 +71,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vitrel.layout.geometry import Grid, as_grid, expand_offset_table, offset_grid, rel_offsets
+from vitrel.layout.geometry import Grid, as_grid, expand_offset_table, offset_grid
 from vitrel.layout.tokens import TokenLayout
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
@@ -82,7 +82,6 @@ __all__ = [
     "DIRECTION_SETS",
     "FOV_PRESETS",
     "head_layout",
-    "lookhere_views",
     "offset_views",
     "parse_directions",
 ]
@@ -167,13 +166,6 @@ def _elementary(dh: Tensor, dw: Tensor) -> dict[str, Tensor]:
         "diag_down_right": tri["tri_down"] | tri["tri_right"],
         "diag_down_left": tri["tri_down"] | tri["tri_left"],
     }
-
-
-def lookhere_views(
-    grid: Grid, directions: str | Sequence[str], num_heads: int, device: torch.device | None = None
-) -> Tensor:
-    """Boolean ``[heads, HW, HW]``: key ``j`` is in head ``h``'s view of query ``i``."""
-    return offset_views(*rel_offsets(grid, device), directions, num_heads)
 
 
 def offset_views(dh: Tensor, dw: Tensor, directions: str | Sequence[str], num_heads: int) -> Tensor:

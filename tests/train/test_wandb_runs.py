@@ -90,3 +90,45 @@ def test_offline_parts_of_one_second_are_all_found_in_order(tmp_path):
         (tmp_path / f"offline-run-{n}").mkdir()
     got = [p.name[len("offline-run-") :] for p in offline_parts(tmp_path, "abc")]
     assert got == ["20261201_112533-abc", "20261201_112534-abc", *(f"20261201_112534-abc-{k}" for k in (1, 2, 10))]
+
+
+def test_a_finished_run_resumed_keeps_its_position_pictures_in_tensorboard(tmp_path):
+    """A finished run run again in its folder (a requeued job, a sweep run again) trains nothing and tests again; its
+    TensorBoard file purges from the last step, which hid the ``pos/*`` pictures logged there (the fit's end, which
+    does not come again): none left. The pictures are logged again as the test starts."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    over = [*TINY_VIT, *SHORT, *(o for o in FAST if o != "callbacks.pos_images=null"), "logger=tensorboard"]
+    train(compose(tmp_path, over))
+    train(compose(tmp_path, over))  # resume=auto: resumed finished, tested again
+
+    ea = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0})
+    ea.Reload()
+    tags = [t for t in ea.Tags()["images"] if t.startswith("pos/")]
+    assert len(tags) == 2 and all([e.step for e in ea.Images(t)] == [2] for t in tags), tags
+
+
+def test_a_key_without_a_reachable_server_logs_offline_with_a_warning(monkeypatch):
+    """A compute node with ``WANDB_API_KEY`` and no network: ``logger.wandb.mode=auto`` chose online, and W&B waited
+    two minutes, then stopped the run with ``CommError``. Auto now asks the server first (a refused port here), and
+    logs offline, saying so; an explicit ``online`` is kept."""
+    import socket
+
+    import pytest
+
+    from vitrel.train.loggers import wandb_mode
+
+    with socket.socket() as s:  # a port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_API_KEY", "0" * 40)
+    monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{port}")
+    with pytest.warns(UserWarning, match="the server does not answer .*logging offline"):
+        assert wandb_mode("auto") == "offline"
+    assert wandb_mode("online") == "online"
+    with socket.socket() as server:  # a server that answers: online
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        monkeypatch.setenv("WANDB_BASE_URL", f"http://127.0.0.1:{server.getsockname()[1]}")
+        assert wandb_mode("auto") == "online"

@@ -1,7 +1,6 @@
 """Lightning callbacks of the training framework.
 
-* :class:`LastCheckpoint`: ``last.ckpt`` at the end of every epoch and, optionally, every N steps or
-  minutes.
+* :class:`LastCheckpoint`: ``last.ckpt`` at the end of every epoch and, optionally, every N steps or minutes.
 * :class:`SignalCheckpoint`: SIGTERM / SIGUSR1 / SIGUSR2 -> save ``last.ckpt`` at the next batch
   boundary, then exit (or hand over to the handler that was there before, e.g. submitit's requeue).
 * :class:`NaNGuard`: a non-finite loss stops the run before it reaches the weights, with a clear
@@ -560,9 +559,11 @@ class PosImageLogger(Callback):
         if self.every_n_epochs > 0 and (trainer.current_epoch + 1) % self.every_n_epochs == 0:
             self.log_images(trainer, pl_module)
 
-    def on_train_end(self, trainer, pl_module) -> None:
-        if self._last_logged_step != trainer.global_step:
-            self.log_images(trainer, pl_module)
+    def on_train_end(self, trainer, pl_module) -> None:  # also as a test starts: a finished run resumed has no
+        if self._last_logged_step != trainer.global_step and trainer.global_step > 0:  # train end, and TensorBoard's
+            self.log_images(trainer, pl_module)  # purge hid the pictures of its last step
+
+    on_test_start = on_train_end
 
     @rank_zero_only
     def log_images(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

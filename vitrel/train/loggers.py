@@ -28,6 +28,7 @@ import netrc
 import os
 import re
 import secrets
+import socket
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -122,8 +123,20 @@ def _wandb_key_available() -> bool:
         return False
 
 
+def _wandb_reachable(timeout: float = 3.0) -> bool:
+    """The W&B server (``$WANDB_BASE_URL``, else api.wandb.ai) takes a connection within ``timeout`` seconds."""
+    url = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai"))
+    port = url.port or (80 if url.scheme == "http" else 443)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
 def wandb_mode(requested: str = "auto") -> str:
-    """``auto``: ``$WANDB_MODE`` if set, else ``online`` with an API key (env or netrc), else ``offline``."""
+    """``auto``: ``$WANDB_MODE`` if set, else ``online`` with an API key (env or netrc) and a server that answers
+    (a compute node with a key and no network: W&B waited two minutes and stopped the run), else ``offline``."""
     if requested not in ("auto", "online", "offline", "disabled"):
         raise ValueError(f"logger.wandb.mode must be auto, online, offline or disabled, got {requested!r}")
     if requested != "auto":
@@ -131,7 +144,16 @@ def wandb_mode(requested: str = "auto") -> str:
     env = os.environ.get("WANDB_MODE")
     if env:
         return "offline" if env == "dryrun" else env
-    return "online" if _wandb_key_available() else "offline"
+    if not _wandb_key_available():
+        return "offline"
+    if not _wandb_reachable():
+        warnings.warn(
+            "W&B: an API key is set but the server does not answer (no network?): logging offline; upload later "
+            "with `wandb sync` (the closing line names the folders); logger.wandb.mode=online insists",
+            stacklevel=2,
+        )
+        return "offline"
+    return "online"
 
 
 def wandb_logger(

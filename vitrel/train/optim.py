@@ -173,15 +173,19 @@ class WarmupCosineLR(LambdaLR):
         before = [group["lr"] for group in self.optimizer.param_groups]
         for f, (total, warmup) in zip(self.lr_lambdas, length):
             f.total_steps, f.warmup_steps = total, warmup
-        self._last_lr = [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
-        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
-            group["lr"] = lr
+        self.set_rates()
         (old_total, old_warmup), (total, warmup) = stored[0], length[0]
         rank_zero_info(
             f"learning-rate schedule: {total} steps ({warmup} of warmup) for this run, the checkpoint's had "
             f"{old_total} ({old_warmup}); continuing at step {self.last_epoch} on the new one: lr "
             f"{before[0]:.4g} -> {self._last_lr[0]:.4g}"
         )
+
+    def set_rates(self) -> None:
+        """The optimizer's groups (and ``get_last_lr``) at the rates of the current step, after a schedule change."""
+        self._last_lr = [base * f(self.last_epoch) for base, f in zip(self.base_lrs, self.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, self._last_lr):
+            group["lr"] = lr
 
 
 def warmup_cosine(
@@ -232,11 +236,9 @@ def follow_epochs(trainer: Any) -> None:
         before = [group["lr"] for group in sched.optimizer.param_groups]
         for f in sched.lr_lambdas:
             f.offset = position - sched.last_epoch
-        sched._last_lr = [base * f(sched.last_epoch) for base, f in zip(sched.base_lrs, sched.lr_lambdas)]
-        for group, lr in zip(sched.optimizer.param_groups, sched._last_lr):
-            group["lr"] = lr
+        sched.set_rates()
         rank_zero_info(
             f"learning-rate schedule: the {trainer.current_epoch} epoch(s) done are step {position} of this run's "
             f"({per_epoch} an epoch), where the checkpoint took {sched.last_epoch} optimizer steps: continuing at step "
-            f"{position}: lr {before[0]:.4g} -> {sched._last_lr[0]:.4g}"
+            f"{position}: lr {before[0]:.4g} -> {sched.get_last_lr()[0]:.4g}"
         )

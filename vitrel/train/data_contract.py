@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from timm.layers import to_2tuple
 from torch import Tensor
 
@@ -126,7 +126,6 @@ def build_data(data_cfg: Any) -> Any:
     """``instantiate(data_cfg)``; its ``name:`` (the data's label, by which ``eval.py`` knows a run's data) is passed
     only to a class that takes it: a data module of one's own with ``__init__(self, batch_size)`` failed on it."""
     from hydra.utils import get_class, instantiate
-    from omegaconf import open_dict
 
     try:
         params = inspect.signature(get_class(str(data_cfg.get("_target_")))).parameters.values()
@@ -223,20 +222,11 @@ class EveryEpochTrains(Callback):
     shards whose every sample failed to decode under ``data.on_bad_sample=skip``, an iterable data set that yields
     nothing), stops the run with a :class:`NoTrainingBatchError`: else it ended "finished", having trained nothing."""
 
-    def __init__(self) -> None:
-        self.batches = 0
-
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         planned_steps(trainer)  # (no batch at all: Lightning's fit returns at once, "No training batches")
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self.batches = trainer.fit_loop.epoch_loop.batch_progress.current.completed  # (a resume inside the epoch)
-
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, *args: Any) -> None:
-        self.batches += 1
-
     def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
-        if self.batches == 0:
+        if trainer.fit_loop.epoch_loop.batch_progress.current.completed == 0:  # (the epoch's, a resumed part too)
             raise NoTrainingBatchError(
                 f"training epoch {trainer.current_epoch + 1} ran no batch: its loader gave nothing (the data's "
                 "warnings above say why: every sample skipped under data.on_bad_sample=skip?)"
@@ -251,9 +241,6 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
     ``whose`` names the model in the message (``evaluate``: the checkpoint). Models without a ``vitrel_cfg`` patch
     size are not checked. A video scheme fed token layouts (NaFlex batches; ``model.token_drop`` when ``training``) is
     a :class:`~vitrel.config.ConfigError`."""
-    from timm.layers import to_2tuple
-
-    from vitrel.models.input_size import InputSizeError
 
     _check_schemes_take_layouts(dm, model, training)
     patch = (getattr(model, "vitrel_cfg", None) or {}).get("patch_size")
@@ -288,7 +275,6 @@ def _check_schemes_take_layouts(dm: Any, model: torch.nn.Module, training: bool)
     which a video scheme inside it (``rel3d_full`` on an image model: one frame) does not take: a
     :class:`~vitrel.config.ConfigError` naming its image form, before any batch (it came from the first forward, a
     traceback through Lightning's sanity check)."""
-    from vitrel.config import ConfigError
     from vitrel.pos.base import PositionScheme
     from vitrel.pos.registry import image_scheme
 
@@ -342,7 +328,6 @@ def check_video_pairing(architecture: str, dm: Any, whose: str = "the model", fi
     video = is_video_data(dm)
     if video == is_video_architecture(architecture):
         return
-    from vitrel.config import ConfigError  # (a ValueError: train.py and eval.py print it as one line)
 
     data = type(dm).__name__
     if video:
@@ -362,7 +347,6 @@ def check_channels_fit(model_cfg: DictConfig, dm: Any) -> None:
     """A ``model.in_chans`` set on the command line that the data's images do not have (``+model.in_chans=1`` on
     RGB data) is refused before the model is built, naming the keys; the model's own error came at the first step,
     under a traceback. Not checked: ``model=from_checkpoint`` (its first layer is adapted to the data's channels)."""
-    from vitrel.models.input_size import InputSizeError
 
     want, have = model_cfg.get("in_chans"), getattr(dm, "in_chans", None)
     if want is None or have is None or int(want) == int(have) or model_cfg.get("path") is not None:

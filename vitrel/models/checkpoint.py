@@ -376,7 +376,7 @@ def load_model(
     try:
         load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
     except CheckpointError as e:  # (a scheme given in place of the stored one: its parameters are not the weights')
-        stored, built = _scheme_name(cfg.get("pos")), _scheme_name(model.vitrel_cfg.get("pos"))
+        stored, built = scheme_name(cfg.get("pos")), scheme_name(model.vitrel_cfg.get("pos"))
         if stored == built:
             raise
         raise CheckpointError(
@@ -414,7 +414,7 @@ def warn_other_function(path: Any, stored: Mapping[str, Any], built: Mapping[str
         for k in _FUNCTION_ARGS
         if k in overrides and k in stored and k in built and norm(stored[k]) != norm(built[k])
     ]
-    was, now = _scheme_name(stored.get("pos")), _scheme_name(built.get("pos"))
+    was, now = scheme_name(stored.get("pos")), scheme_name(built.get("pos"))
     if "pos" in overrides and was != now:
         changed.insert(0, f"pos={now} (trained with {was})")
     if changed:
@@ -425,7 +425,7 @@ def warn_other_function(path: Any, stored: Mapping[str, Any], built: Mapping[str
         )
 
 
-def _scheme_name(spec: Any) -> str | None:
+def scheme_name(spec: Any) -> str | None:
     """A position scheme's name from its spec as ``vitrel_cfg`` stores it (a name or a mapping with ``name``)."""
     return spec.get("name") if isinstance(spec, Mapping) else spec
 

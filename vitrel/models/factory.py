@@ -32,6 +32,7 @@ from vitrel.models.checkpoint import (
     clean_state_dict,
     load_model,
     read_weights,
+    scheme_name,
     stored_config,
 )
 from vitrel.models.ckpt_files import ema_state_dict
@@ -126,10 +127,10 @@ def _differs(key: str, given: dict, stored: Any) -> bool:
         return False
 
     def norm(v: Any) -> Any:
-        if isinstance(v, dict) and key == "pos":
-            return norm(v.get("name"))
         return [norm(x) for x in v] if isinstance(v, (list, tuple)) else v
 
+    if key == "pos":
+        return scheme_name(given[key]) != scheme_name(stored)
     return norm(given[key]) != norm(stored)
 
 

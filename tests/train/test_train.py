@@ -335,7 +335,7 @@ def test_eval_at_larger_image_size(tmp_path, capsys):
     over += ["trainer.limit_test_batches=4", "progress_bar=none"]
     metrics = evaluate(compose(out, over, config_name="eval"))
     res = json.loads((out / "eval_metrics.json").read_text())
-    assert res["img_size"] == 44 and res["grid"] == [11, 11]
+    assert res["img_size"] == 44 and res["grid"] == [11, 11] and res["precision"] == "32-true"
     assert (res["num_images"], res["split_images"]) == (4 * 64, 2000)  # scored: 4 batches of 64 (limit_test_batches)
     assert "test (256 of its 2000 images: trainer.limit_test_batches)" in capsys.readouterr().out
     assert 0.0 <= metrics["test/acc1"] <= 1.0 and math.isfinite(metrics["test/loss"])

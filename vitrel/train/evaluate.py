@@ -370,6 +370,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "model_img_size": list(to_2tuple(stored["img_size"])) if stored.get("img_size") is not None else None,
         "naflex_size": naflex,  # NaFlex of images of one size: the size each was scored at
         "ema": use_ema,
+        "precision": str(trainer.precision),  # Lightning's: bf16-mixed (trainer=ddp) scores other figures than 32-true
         "model_overrides": given,  # model_overrides given on the command line ({}: the model as stored)
         "packing": packing,
         "metrics": metrics,

@@ -14,7 +14,8 @@ import vitrel.config  # noqa: F401  (registers the config schemas conf/ names, b
 @hydra.main(version_base="1.3", config_path="conf", config_name="eval")
 def main(cfg: DictConfig):
     from vitrel.train.evaluate import evaluate
-    from vitrel.train.utils import one_line_errors, quiet_third_party
+    from vitrel.train.user_errors import one_line_errors
+    from vitrel.train.utils import quiet_third_party
 
     quiet_third_party()  # third-party notices that say nothing to a user
     with one_line_errors("eval.py"):  # a bad checkpoint or data folder: its message, no traceback

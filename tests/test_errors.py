@@ -447,7 +447,7 @@ def test_a_kernel_that_cannot_train_on_this_device_is_one_line(tmp_path):
     """``train.py +model.attn_impl=flex`` on CPU ended with Hydra's 160-line traceback around the kernel's message."""
     from tests.train_helpers import FAST, TINY_VIT, compose
     from vitrel.train.run import train
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     with pytest.raises(SystemExit) as exc, one_line_errors("train.py"):
         train(compose(tmp_path, [*FAST, *SHORT, *TINY_VIT, "+model.attn_impl=flex"]))
@@ -467,7 +467,7 @@ def test_data_the_model_cannot_cut_is_one_line(data, said):
     from types import SimpleNamespace
 
     from vitrel.train.data_contract import check_data_fits_model
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     m = vitrel.create_model("vitrel_vit_tiny_patch4_32", **TINY_VIT)
     with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):

@@ -20,7 +20,7 @@ from vitrel.data.datasets import load_rgb
 from vitrel.data.sampling import EvalSampler
 from vitrel.data.shards import BadSampleError
 from vitrel.data.unreadable import ReportUnreadable
-from vitrel.train.utils import one_line_errors
+from vitrel.train.user_errors import one_line_errors
 
 
 def spoil(root: Path) -> dict[str, Path]:

@@ -201,7 +201,7 @@ def test_epoch_covers_whole_batches_per_worker_on_uneven_shards(data):
 def test_fewer_wds_shards_than_workers_is_refused(data):
     """In Python a ``ShardCountError`` (a ``ValueError``); in ``train.py`` one line, as the other data errors (it was
     Hydra's traceback through Lightning's)."""
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     with pytest.raises(ShardCountError, match="3 shards for 1 ranks x 4 loader workers"):
         module(data / "wds20", "wds/imagenet", num_workers=4).train_dataloader()

@@ -254,7 +254,7 @@ def test_eval_of_a_missing_checkpoint_is_a_checkpoint_error(tmp_path):
 def test_one_line_errors_leave_a_sweep_job_failing_as_hydra_jobs_fail(tmp_path):
     """Under ``-m`` the error is raised (the job fails, the sweep goes on), not turned into an exit of the process."""
     from vitrel.models.checkpoint import CheckpointError
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     compose(tmp_path, [*TINY_VIT], multirun=True)
     with pytest.raises(CheckpointError, match="bad file"), one_line_errors("train.py"):
@@ -303,7 +303,7 @@ def test_data_the_model_cannot_cut_into_patches_is_one_line_saying_what_to_set(t
     failed inside Hydra's instantiation without advice: one line from train.py naming ``data.img_size`` (the
     architecture's size, or the nearest multiple of the patch), before anything is built or written; the nearest
     multiple then runs. (A Swin with patches of 4 takes 28 px as it is.)"""
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as said, one_line_errors("train.py"):
@@ -322,7 +322,7 @@ def test_a_model_in_chans_the_data_does_not_give_is_one_line_naming_the_keys(tmp
     """``+model.in_chans=3`` on grey Fashion-MNIST ended at the first step in the patch embedding's "expected images
     [B, 3, H, W], got (64, 1, 28, 28)" under a traceback: now one line before anything is written, naming
     ``data.in_chans=3`` where the data repeats its channel; that advice trains."""
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as said, one_line_errors("train.py"):
@@ -343,7 +343,7 @@ def test_eval_and_from_checkpoint_at_a_size_that_is_not_whole_patches_say_what_t
     blaming the file: now one line naming the size it was trained at (eval.py's default) and the nearest multiple;
     ``model=from_checkpoint`` at 30 px in train.py says the same, before any work."""
     from vitrel.train.evaluate import evaluate
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     ckpt = rope_run / "checkpoints" / "last.ckpt"
     with pytest.raises(SystemExit) as said, one_line_errors("eval.py"):
@@ -401,7 +401,7 @@ def test_timm_weights_without_a_network_are_one_line_whose_advice_trains(tmp_pat
     import timm
     from safetensors.torch import save_file
 
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # (as HF_HUB_OFFLINE=1: no retries)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))  # an empty cache

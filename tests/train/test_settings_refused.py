@@ -13,7 +13,7 @@ from hydra.utils import instantiate
 import vitrel
 from tests.train_helpers import run_script_forked
 from vitrel.models.checkpoint import save_pretrained
-from vitrel.train.utils import one_line_errors
+from vitrel.train.user_errors import one_line_errors
 
 TRAIN = ["trainer.accelerator=cpu", "data.num_workers=0"]
 

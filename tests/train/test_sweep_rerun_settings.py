@@ -14,7 +14,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from vitrel.train.hydra_callbacks import SweepSummary
-from vitrel.train.resume import SWEEP_JOB
+from vitrel.train.sweep_files import SWEEP_JOB
 
 FIRST = ["pos=none", "seed=0", "trainer.max_epochs=1"]  # the jobs as the sweep first ran them
 

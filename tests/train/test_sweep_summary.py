@@ -391,7 +391,8 @@ def test_a_sweep_run_again_with_another_setting_warns_naming_it():
     """A sweep run again in its folder with a setting neither sweep varies changed (``module.optimizer.lr``): each
     job resumed its folder's run without a word, a finished one only tested again, so the summary gave the first
     sweep's scores under the new setting. It warns, naming the key; a longer run (``trainer.max_epochs``) does not."""
-    from vitrel.train.resume import SWEEP_JOB, check_same_sweep_job
+    from vitrel.train.resume import check_same_sweep_job
+    from vitrel.train.sweep_files import SWEEP_JOB
 
     theirs = ["pos=rel2d_full", "seed=0", "module.optimizer.lr=0.001", "trainer.max_epochs=1"]
     ckpt = {SWEEP_JOB: {"overrides": theirs, "swept": ["seed"]}}

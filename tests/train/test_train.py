@@ -243,7 +243,7 @@ def test_nan_loss_stops_with_clear_message_and_keeps_good_checkpoint(tmp_path):
 def test_a_learning_rate_that_diverges_stops_train_py_with_one_line(tmp_path):
     """``module.optimizer.lr=1e3``: the loss turns NaN within a few steps and train.py stops there with the NaN
     guard's message alone (what happened, the advice to lower the rate), no traceback, no epoch logging nan."""
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     over = [*TINY_VIT, *FAST, *SHORT, "trainer.limit_train_batches=40", "module.optimizer.lr=1e3"]
     over += ["module.scheduler=null"]

@@ -38,7 +38,7 @@ def test_a_clip_that_does_not_decode_is_one_line_naming_it(video_tree, tmp_path,
     """A damaged file among the training clips stops ``python train.py data=video_folder ...`` with the message alone,
     ``train.py: VideoDecodeError: cannot read video <file>: ...`` (as a missing data folder), also when a DataLoader
     worker read it (data=video_folder's default: torch re-raises the worker's error from its text): no traceback."""
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     bad = video_tree / "train" / "a" / "2.mkv"
     bad.write_bytes(b"not a video" * 50)
@@ -55,7 +55,7 @@ def test_a_train_class_folder_without_videos_is_one_line_naming_it(video_tree, t
     """Clips not moved into one of the train class folders (or of another extension): ``train.py`` ends with the
     data set error alone, naming the folder and the extensions it reads, as for a missing folder; no traceback,
     nothing written."""
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     for f in (video_tree / "train" / "b").iterdir():
         f.rename(f.with_suffix(".mpg"))
@@ -90,7 +90,7 @@ def test_clips_that_are_not_whole_tubelets_are_one_line_naming_data_num_frames(t
     and the multiples either side, before anything is written; the advice runs."""
     import re
 
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     base = ["data=moving_fmnist", "data.train_images=8", "data.test_images=8", *VIDEO_MODEL, "model.tubelet_size=2"]
     base += ["pos=rel3d_factored", *FAST[2:], *SHORT]
@@ -113,7 +113,7 @@ def test_a_video_model_with_an_image_scheme_is_one_line_naming_the_video_schemes
     failed in Hydra's instantiation of the model, a stack of "Error executing job" / "Error in call to target"
     lines: one line from train.py naming the scheme, the model and the ``pos=`` that take clips, before anything is
     written (also for ``pos=rel2d_full`` given); the advice runs."""
-    from vitrel.train.utils import one_line_errors
+    from vitrel.train.user_errors import one_line_errors
 
     base = ["data=moving_fmnist", "data.train_images=8", "data.test_images=8", *VIDEO_MODEL, *FAST[2:], *SHORT]
     for i, pos in enumerate([[], ["pos=rel2d_full"]]):

@@ -181,8 +181,8 @@ def with_override_hints(main: Callable[[], Any], script: str, config_name: str =
 
 
 def _one_line(task: Callable[[Any], Any], script: str) -> Callable[[Any], Any]:
-    """``task`` under :func:`~vitrel.train.utils.one_line_errors` (``functools.wraps``: Hydra sees ``task``)."""
-    from vitrel.train.utils import one_line_errors
+    """``task`` under :func:`~vitrel.train.user_errors.one_line_errors` (``functools.wraps``: Hydra sees ``task``)."""
+    from vitrel.train.user_errors import one_line_errors
 
     @functools.wraps(task)
     def run(cfg: Any) -> Any:

@@ -70,15 +70,13 @@ from vitrel.train.eval_data import (
 from vitrel.train.flops import eval_gflops
 from vitrel.train.launch_paths import EVAL_PATHS, launch_paths
 from vitrel.train.module import ClassifierModule
-from vitrel.train.progress import CountTestImages
+from vitrel.train.progress import CountTestImages, progress_bar_kind, progress_callbacks
 from vitrel.train.resume import missing_checkpoint
 from vitrel.train.run_figures import RunFigures
 from vitrel.train.utils import (
     apply_matmul_precision,
     check_accelerator,
     plain,
-    progress_bar_kind,
-    progress_callbacks,
     route_lightning_logs,
     run_dir_of,
     scalars,

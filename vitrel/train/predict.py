@@ -23,7 +23,7 @@ from vitrel.inference import PredictSettingsError, check_predict_args, load_pred
 from vitrel.models.ckpt_files import run_checkpoint
 from vitrel.models.run_record import naflex_of_run, nominal_size_warning
 from vitrel.train.launch_paths import PREDICT_PATHS, launch_paths
-from vitrel.train.utils import progress_bar_kind
+from vitrel.train.progress import progress_bar_kind
 
 __all__ = [
     "run_predict",

@@ -6,16 +6,21 @@ and validates on."""
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ProgressBar, RichProgressBar
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only, rank_zero_warn
 
+from vitrel.config import ConfigError
 from vitrel.train.data_contract import is_video_data
 from vitrel.train.summary import known_size
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 __all__ = [
     "LineProgress",
@@ -309,3 +314,43 @@ class DataSizes(Callback):
         line = data_sizes(trainer.datamodule) if trainer.datamodule is not None else None
         if line is not None:
             rank_zero_info(f"data: {line}")
+
+
+def progress_bar_kind(requested: str | bool = "auto") -> str:
+    """``auto``: ``rich`` on a terminal, ``lines`` (plain lines) when stdout is not a TTY. ``false`` is ``none`` and
+    ``true`` is ``auto``, as Lightning's ``enable_progress_bar`` (``progress_bar=false`` reaches here as "False")."""
+    requested = {"false": "none", "true": "auto"}.get(str(requested).lower(), str(requested))
+    if requested not in ("auto", "rich", "tqdm", "lines", "none"):
+        raise ValueError(f"progress_bar must be auto, rich, tqdm, lines or none, got {requested!r}")
+    if requested == "auto":
+        return "rich" if sys.stdout.isatty() else "lines"
+    return requested
+
+
+def progress_display(requested: str | bool, callbacks_cfg: DictConfig | None, callbacks: list[Callback]) -> str:
+    """:func:`progress_bar_kind`, or ``own`` when ``callbacks`` hold a Lightning progress bar of one's own
+    (``+callbacks.bar={_target_: ...RichProgressBar, leave: true}``): that is the display, with ``progress_bar=auto``;
+    another ``progress_bar`` is a :class:`~vitrel.config.ConfigError` naming the callback."""
+    own = [type(cb).__name__ for cb in callbacks if isinstance(cb, ProgressBar)]
+    if not own:
+        return progress_bar_kind(requested)
+    requested = {"false": "none", "true": "auto"}.get(str(requested).lower(), str(requested))
+    if requested != "auto":
+        entries = (callbacks_cfg or {}).items()
+        names = [n for n, e in entries if e is not None and str(e.get("_target_", "")).endswith(f".{own[0]}")]
+        raise ConfigError(
+            f"progress_bar={requested} with a progress bar among the callbacks "
+            f"({f'callbacks.{names[0]}: ' if names else ''}{own[0]}), which is the display: leave progress_bar=auto, "
+            "or drop the callback"
+        )
+    return "own"
+
+
+def progress_callbacks(kind: str) -> list[Callback]:
+    """The progress display for ``progress_bar_kind(...)``: a rich bar, plain lines, or nothing
+    (``tqdm`` is Lightning's default bar, which needs no callback; ``own``: a callback of one's own)."""
+    if kind == "rich":
+        return [RichProgressBar()]
+    if kind == "lines":
+        return [LineProgress()]
+    return []

@@ -25,7 +25,7 @@ from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
 from vitrel.train.progress import CountValidations
 from vitrel.train.run_times import RunTimes
-from vitrel.train.sweep_files import sweep_folder, sweep_plan
+from vitrel.train.sweep_files import MAY_DIFFER, SWEEP_JOB, sweep_folder, sweep_plan
 from vitrel.train.sweepers import BASIC_SWEEPER
 from vitrel.train.utils import hydra_config, is_multirun, override_key, task_overrides
 
@@ -138,15 +138,6 @@ def _take_carried(ckpt: Mapping[str, Any], callbacks: Sequence[Callback], where:
             f"{where} holds no record of {' nor of '.join(unknown)}, written before vitrel kept it: those figures in "
             "metrics.json are unknown (null)"
         )
-
-
-#: the checkpoint key of the sweep job that wrote it (:class:`SweepJobRecord`)
-SWEEP_JOB = "vitrel_sweep_job"
-#: overrides a sweep run again in its folder may change without a word: how long, where and how it runs and logs
-MAY_DIFFER = frozenset({
-    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.devices", "trainer.accelerator",
-    "data.num_workers", "progress_bar", "logger", "test", "resume", "ckpt_path",
-})  # fmt: skip
 
 
 def sweep_job() -> dict[str, list[str]] | None:

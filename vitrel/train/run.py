@@ -59,7 +59,14 @@ from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
 from vitrel.train.mixing import check_mixup_fits
-from vitrel.train.progress import CountTestImages, CountValidations, DataSizes, WarnPartialValidation
+from vitrel.train.progress import (
+    CountTestImages,
+    CountValidations,
+    DataSizes,
+    WarnPartialValidation,
+    progress_callbacks,
+    progress_display,
+)
 from vitrel.train.rank_seed import SeedRanks
 from vitrel.train.resume import (
     StartRecord,
@@ -83,8 +90,6 @@ from vitrel.train.utils import (
     instantiate_callbacks,
     instantiate_loggers,
     is_multirun,
-    progress_callbacks,
-    progress_display,
     route_lightning_logs,
     run_dir_of,
     scalars,

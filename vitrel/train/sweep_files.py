@@ -14,10 +14,12 @@ from hydra.utils import to_absolute_path
 
 __all__ = [
     "ERROR",
+    "MAY_DIFFER",
     "PLANNED",
     "PREVIOUS",
     "STOPPED",
     "SWEEP_ID",
+    "SWEEP_JOB",
     "TRAINED_WITH",
     "job_order",
     "read_note",
@@ -25,6 +27,15 @@ __all__ = [
     "sweep_folder",
     "sweep_plan",
 ]
+
+#: the checkpoint key of the sweep job that wrote it (:class:`~vitrel.train.resume.SweepJobRecord`)
+SWEEP_JOB = "vitrel_sweep_job"
+#: overrides a sweep run again in its folder may change without a word: how long, where and how it runs and logs
+MAY_DIFFER = frozenset({
+    "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.devices", "trainer.accelerator",
+    "data.num_workers", "progress_bar", "logger", "test", "resume", "ckpt_path",
+})  # fmt: skip
+
 
 #: the files the sweep summary keeps: the sweep's id (in the sweep folder and in each of its jobs' folders), a
 #: failed job's error, and a job's ``metrics.json`` of an earlier run in its folder (moved aside as the job starts)

@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from vitrel.train.sweep_files import ERROR, PREVIOUS, STOPPED, TRAINED_WITH
+from vitrel.train.sweep_files import ERROR, MAY_DIFFER, PREVIOUS, STOPPED, SWEEP_JOB, TRAINED_WITH
+from vitrel.train.utils import override_key
 
 __all__ = ["finished_record", "set_aside_earlier_run", "trained_with"]
 
@@ -38,8 +39,6 @@ def _record_trained_with(job_dir: Path) -> None:
     try:
         import torch
 
-        from vitrel.train.resume import SWEEP_JOB
-
         job = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True).get(SWEEP_JOB)
     except Exception:  # noqa: BLE001  (a damaged or foreign file: train() says so as it resumes)
         return
@@ -55,9 +54,6 @@ def trained_with(job_dir: Path, data: dict[str, Any], overrides: Sequence[str]) 
     optimizer and rates: the row's figures are of those settings, not of the job's."""
     if not (data.get("resumes") or data.get("resumed_finished")) or not (job_dir / TRAINED_WITH).exists():
         return None
-    from vitrel.train.resume import MAY_DIFFER
-    from vitrel.train.utils import override_key
-
     theirs = json.loads((job_dir / TRAINED_WITH).read_text()).get("overrides") or []
     a, b = {override_key(o): o for o in theirs}, {override_key(o): o for o in overrides}
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in MAY_DIFFER)

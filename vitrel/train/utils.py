@@ -1,5 +1,5 @@
 """Helpers shared by ``train`` and ``evaluate``: building objects from their config nodes, the run
-folder, the progress display, Hydra's runtime state, the log file, the entry points' warning filters.
+folder, Hydra's runtime state, the log file, the entry points' warning filters.
 
 Every config node that builds an object has a ``_target_`` (``hydra.utils.instantiate``);
 ``instantiate_callbacks`` / ``instantiate_loggers`` build the named entries of ``cfg.callbacks`` /
@@ -9,15 +9,12 @@ Every config node that builds an object has a ``_target_`` (``hydra.utils.instan
 from __future__ import annotations
 
 import logging
-import sys
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.callbacks import Callback, RichProgressBar
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,13 +26,10 @@ __all__ = [
     "run_dir_of",
     "route_lightning_logs",
     "quiet_third_party",
-    "progress_bar_kind",
-    "progress_callbacks",
     "hydra_config",
     "override_key",
     "task_overrides",
     "is_multirun",
-    "one_line_errors",
     "AcceleratorUnavailableError",
     "check_accelerator",
 ]
@@ -167,52 +161,6 @@ def quiet_third_party() -> None:
         shown.add(f"{prefix} {_WANDB_ANONYMOUS}")
 
 
-def progress_bar_kind(requested: str | bool = "auto") -> str:
-    """``auto``: ``rich`` on a terminal, ``lines`` (plain lines) when stdout is not a TTY. ``false`` is ``none`` and
-    ``true`` is ``auto``, as Lightning's ``enable_progress_bar`` (``progress_bar=false`` reaches here as "False")."""
-    requested = {"false": "none", "true": "auto"}.get(str(requested).lower(), str(requested))
-    if requested not in ("auto", "rich", "tqdm", "lines", "none"):
-        raise ValueError(f"progress_bar must be auto, rich, tqdm, lines or none, got {requested!r}")
-    if requested == "auto":
-        return "rich" if sys.stdout.isatty() else "lines"
-    return requested
-
-
-def progress_display(requested: str | bool, callbacks_cfg: DictConfig | None, callbacks: list[Callback]) -> str:
-    """:func:`progress_bar_kind`, or ``own`` when ``callbacks`` hold a Lightning progress bar of one's own
-    (``+callbacks.bar={_target_: ...RichProgressBar, leave: true}``): that is the display, with ``progress_bar=auto``;
-    another ``progress_bar`` is a :class:`~vitrel.config.ConfigError` naming the callback."""
-    from lightning.pytorch.callbacks import ProgressBar
-
-    from vitrel.config import ConfigError
-
-    own = [type(cb).__name__ for cb in callbacks if isinstance(cb, ProgressBar)]
-    if not own:
-        return progress_bar_kind(requested)
-    requested = {"false": "none", "true": "auto"}.get(str(requested).lower(), str(requested))
-    if requested != "auto":
-        entries = (callbacks_cfg or {}).items()
-        names = [n for n, e in entries if e is not None and str(e.get("_target_", "")).endswith(f".{own[0]}")]
-        raise ConfigError(
-            f"progress_bar={requested} with a progress bar among the callbacks "
-            f"({f'callbacks.{names[0]}: ' if names else ''}{own[0]}), which is the display: leave progress_bar=auto, "
-            "or drop the callback"
-        )
-    return "own"
-
-
-def progress_callbacks(kind: str) -> list[Callback]:
-    """The progress display for ``progress_bar_kind(...)``: a rich bar, plain lines, or nothing
-    (``tqdm`` is Lightning's default bar, which needs no callback; ``own``: a callback of one's own)."""
-    from vitrel.train.progress import LineProgress
-
-    if kind == "rich":
-        return [RichProgressBar()]
-    if kind == "lines":
-        return [LineProgress()]
-    return []
-
-
 def hydra_config() -> Any | None:
     """Hydra's runtime config (``HydraConfig.get()``) when running under Hydra, else None."""
     from hydra.core.hydra_config import HydraConfig
@@ -270,73 +218,3 @@ def check_accelerator(trainer_cfg: DictConfig, task: str = "train") -> None:
     else:
         fix = f"{task} on the CPU with trainer.accelerator=cpu (or auto: a GPU where there is one), or trainer=cpu"
     raise AcceleratorUnavailableError(f"{asked} asks for {device}, and PyTorch sees none on this machine{built}: {fix}")
-
-
-@contextmanager
-def one_line_errors(script: str) -> Iterator[None]:
-    """Errors about the user's files, sizes and machine (an unreadable or mismatched checkpoint, a missing or altered
-    data set, a busy run folder, a data set over the memory budget, images the model cannot cut into patches, a resume
-    with another validation split, or mid-epoch with another batch size or number of processes, a GPU trainer on a
-    machine without one, an attention kernel that cannot run there, a non-finite training loss) end a single run
-    with their message alone, ``<script>: <message>`` (exit code 1), as ``predict.py`` does: the message says what to
-    do, a traceback adds nothing. Hydra's ``InstantiationException`` around one of them, or around a ``ValueError``
-    vitrel's own code raised (a bad data, model or scheme setting: ``data.batch_size=0``, ``model.num_heads=5``,
-    ``pos.fov=60``), is unwrapped: ``<script>: data: ValueError: <message>`` (the config key, then the error). Under
-    ``-m`` they are raised, so that the job fails as Hydra's jobs fail and the sweep goes on."""
-    from hydra.errors import InstantiationException
-
-    from vitrel.config import ConfigError
-    from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
-    from vitrel.data.memory import MemoryBudgetError
-    from vitrel.data.shards import ShardCountError, ShardSplitError
-    from vitrel.kernels.registry import KernelDeviceError
-    from vitrel.models.ckpt_files import CheckpointError
-    from vitrel.models.input_size import InputSizeError
-    from vitrel.train.callbacks import NonFiniteLossError, ResumePositionError
-    from vitrel.train.data_contract import TargetError
-    from vitrel.train.rundir import RunFolderBusy
-
-    user_errors = (
-        CheckpointError,
-        DatasetNotFoundError,
-        DatasetIntegrityError,
-        SplitMismatchError,
-        RunFolderBusy,
-        MemoryBudgetError,
-        ResumePositionError,
-        AcceleratorUnavailableError,
-        ConfigError,
-        NonFiniteLossError,
-        TargetError,
-        ShardCountError,
-        ShardSplitError,
-        KernelDeviceError,
-    )
-    try:
-        yield
-    except (*user_errors, InputSizeError) as e:
-        if is_multirun():
-            raise
-        raise SystemExit(f"{script}: {type(e).__name__}: {e}") from None
-    except InstantiationException as e:
-        cause = e.__cause__
-        while isinstance(cause, InstantiationException):  # (one per nested _target_)
-            cause = cause.__cause__
-        if is_multirun() or not (isinstance(cause, user_errors) or _raised_by_vitrel(cause)):
-            raise
-        key = next((line[len("full_key: ") :] for line in str(e).splitlines() if line.startswith("full_key: ")), "")
-        raise SystemExit(f"{script}: {key + ': ' if key else ''}{type(cause).__name__}: {cause}") from None
-
-
-def _raised_by_vitrel(error: BaseException | None) -> bool:
-    """Whether ``error`` is a ``ValueError`` raised by vitrel's own code (a data module, a model or a position scheme
-    refusing a setting), not by a library it called (numpy on a damaged file, torch: there the traceback says
-    more)."""
-    import vitrel
-
-    if not isinstance(error, ValueError) or error.__traceback__ is None:
-        return False
-    tb = error.__traceback__
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(Path(vitrel.__file__).resolve().parent)

@@ -39,7 +39,8 @@ def _lr(trainer) -> float:
 
 
 class StepLearningRateMonitor(LearningRateMonitor):
-    """Lightning's ``LearningRateMonitor`` logging once per optimizer step: the rate that step uses, read as its first
+    """Lightning's ``LearningRateMonitor`` logging at most once per optimizer step (every
+    ``trainer.log_every_n_steps``, as Lightning logs): the rate that step uses, read as its first
     batch starts (Lightning's logs it at every batch, so each step's row came ``accumulate_grad_batches`` times)."""
 
     def __init__(self, *args, **kwargs) -> None:

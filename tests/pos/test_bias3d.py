@@ -268,9 +268,9 @@ def test_a_call_grid_larger_than_the_table(name, extend, prefix):
 
 @pytest.mark.parametrize("extend", ["grow", "clip", "interpolate"])
 def test_a_checkpoint_loads_at_another_size(extend):
-    """A table trained at (2, 2, 3) loaded into a model built for (3, 4, 3): grow keeps every offset it had and
-    continues it (the 2-D rule per axis); clip gives new offsets the edge value (the same function at every grid);
-    interpolate resizes the whole table (tricubic), as at call time."""
+    """A table trained at (2, 2, 3) loaded into a model built for (3, 4, 3): grow / clip keep every offset it had
+    and give new offsets the edge value (the same function at every grid); interpolate resizes the whole table
+    (tricubic), as at call time."""
     small, big = (2, 2, 3), (3, 4, 3)
     a = _make("rel3d_full", small, 1, extend=extend)
     b = _make("rel3d_full", big, 1, seed=5, extend=extend)
@@ -286,7 +286,6 @@ def test_a_checkpoint_loads_at_another_size(extend):
     if extend in ("grow", "clip"):
         torch.testing.assert_close(new[1:4, 2:5, :], old)  # the offsets it had, exactly
         torch.testing.assert_close(b(x, small), a(x, small))
-    if extend == "clip":
         torch.testing.assert_close(b.bias(big), a.bias(big))
     if extend == "interpolate":
         t = old.double()
@@ -301,6 +300,7 @@ def test_a_checkpoint_loads_at_another_size(extend):
     assert g.pos.table_t.shape == (5, HEADS) and g.pos.table_h.shape == (7, HEADS)
     if extend != "interpolate":
         torch.testing.assert_close(g.bias(small), f.bias(small))
+        torch.testing.assert_close(g.bias(big), f.bias(big))
 
 
 def test_alibi3d_extends_to_any_grid_and_weighs_a_frame_as_a_patch():

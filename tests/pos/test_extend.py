@@ -1,4 +1,4 @@
-"""Table extension rules (option ``extend``: grow | clip | interpolate) of the learned relative tables
+"""Table extension rules (option ``extend``: grow = clip | interpolate) of the learned relative tables
 (vitrel/pos/tables.py): at call time on a larger grid and when a checkpoint loads at another size."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from vitrel import Attention
 from vitrel.layout.geometry import as_grid
 from vitrel.pos.registry import build_pos
-from vitrel.pos.tables import extend_table, resize_1d_table, resize_rel_table
+from vitrel.pos.tables import extend_table
 
 HEADS, D = 3, 8
 
@@ -49,34 +49,32 @@ def test_interpolate_is_swin_v1_and_timm():
 
 
 @pytest.mark.parametrize("new_hw", [(11, 9), (3, 5)])
-def test_stretch_is_timms_resize(new_hw):
-    """``resize_rel_table(mode="stretch")``, said to be timm's resize, was a bicubic resize with ``align_corners=True``:
-    0.83 off timm's ``resize_rel_pos_bias_table_simple`` on a unit-normal 7 x 5 table grown to 11 x 9, 2.03 shrunk to
-    3 x 5."""
+def test_interpolate_is_timms_simple_resize(new_hw):
+    """2-D and 1-D tables, growing and shrinking: timm's ``resize_rel_pos_bias_table_simple``."""
     from timm.layers import resize_rel_pos_bias_table_simple
 
     t = torch.randn(7, 5, HEADS, dtype=torch.float64)
     window = ((new_hw[0] + 1) // 2, (new_hw[1] + 1) // 2)
     want = resize_rel_pos_bias_table_simple(t.permute(2, 0, 1), window, (HEADS, *new_hw)).permute(1, 2, 0)
-    torch.testing.assert_close(resize_rel_table(t, new_hw, mode="stretch"), want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(extend_table(t, new_hw, "interpolate"), want, rtol=1e-12, atol=1e-12)
     want = resize_rel_pos_bias_table_simple(t[:, 0].T[:, :, None], (window[0], 1), (HEADS, new_hw[0], 1))[:, :, 0].T
-    torch.testing.assert_close(resize_1d_table(t[:, 0], new_hw[0], mode="stretch"), want, rtol=1e-12, atol=1e-12)
+    got = extend_table(t[:, 0, None], (new_hw[0], 1), "interpolate")[:, 0]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
-def test_clip_takes_edge_values_and_grow_keeps_offsets():
+@pytest.mark.parametrize("rule", ["grow", "clip"])
+def test_grow_and_clip_keep_offsets_and_take_edge_values(rule):
+    """Every offset the table had keeps its value, each new one takes the edge value (a loop over offsets). ``grow``
+    filled new offsets from a stretch of the whole table: growing 13 -> 23, offset 7 took about offset 3.8's value."""
     t = torch.randn(5, 5, HEADS, dtype=torch.float64)
-    clip = extend_table(t, (9, 7), "clip")
+    big = extend_table(t, (9, 7), rule)
     for a in range(9):
         for b in range(7):
             dh, dw = a - 4, b - 3
-            torch.testing.assert_close(clip[a, b], t[min(max(dh, -2), 2) + 2, min(max(dw, -2), 2) + 2])
-    grow = extend_table(t, (9, 7), "grow")
-    assert torch.equal(grow[2:7, 1:6], t)  # every offset the table had, exactly (float64: not through float32)
-    for rule in ("grow", "clip", "interpolate"):  # shrinking: grow and clip crop the centre
-        small = extend_table(t, (3, 3), rule)
-        assert small.shape == (3, 3, HEADS)
-        if rule != "interpolate":
-            assert torch.equal(small, t[1:4, 1:4])
+            assert torch.equal(big[a, b], t[min(max(dh, -2), 2) + 2, min(max(dw, -2), 2) + 2])
+    small = extend_table(t, (3, 3), rule)  # shrinking crops the centre
+    assert torch.equal(small, t[1:4, 1:4])
+    assert extend_table(t, (3, 3), "interpolate").shape == (3, 3, HEADS)
 
 
 # ---------------------------------------------------------------- call time on a larger grid
@@ -143,7 +141,7 @@ def loaded(name, small_grid, big_grid, rule):
 
 
 @pytest.mark.parametrize("name", ["rel2d_full", "rel2d_factored"])
-@pytest.mark.parametrize("rule", ["clip", "interpolate"])
+@pytest.mark.parametrize("rule", ["grow", "clip", "interpolate"])
 def test_loading_at_a_larger_size_equals_the_call_time_rule(name, rule):
     """A model loaded at a larger size computes on that grid what the original computes there."""
     small, big = loaded(name, (3, 4), (5, 6), rule)

@@ -6,20 +6,17 @@ A table indexed by a signed offset ``d`` in ``[-(L-1), L-1]`` stores it at row `
 schemes): what a table becomes at a grid it was not built for, both when a checkpoint is loaded at
 another image size and, for the bias tables, when a call's grid is larger than the table:
 
-* ``grow`` (default; vitrel's rule so far): loading at another size keeps every offset the table
-  already had and fills new ones from a bicubic continuation (:func:`resize_rel_table`,
-  ``mode="keep"``); a call on a larger grid clamps offsets to the table's edge (no parameters exist
-  yet for the new offsets).
-* ``clip``: an offset beyond the table takes the edge value (T5 / Shaw clipping), at load and at
-  call time alike: a model loaded at a larger size computes exactly what the original computes
-  on that grid.
+* ``grow`` (default) and ``clip`` (its name in T5 and Shaw et al.) are one rule: an offset beyond the table takes
+  the edge value. A call on a larger grid clamps its offsets to the table's edge; a checkpoint loaded at a larger size
+  grows its table, every offset it had keeping its value and each new one starting at the edge value (new parameters
+  that fine-tuning learns apart): the loaded model computes on that grid what the original computes there.
 * ``interpolate``: bicubic resize of the whole table to the new extent (Swin V1's fine-tuning rule,
   timm's ``resize_rel_pos_bias_table_simple``: ``align_corners=False``), at load and, for the bias
   tables, at call time (differentiable, every forward on a larger grid).
 
 The video tables (``rel3d_full``'s ``[2T-1, 2H-1, 2W-1, C]``, :func:`extend_table3`) follow the same rules one axis
 at a time: the ``(dh, dw)`` plane of every ``dt`` by the 2-D rule, then the ``dt`` axis by the 1-D rule (bicubic per
-axis, i.e. tricubic, under ``grow`` and ``interpolate``), so a table whose ``dt`` extent stays gets the 2-D rule
+axis, i.e. tricubic, under ``interpolate``), so a table whose ``dt`` extent stays gets the 2-D rule
 exactly.
 
 The Shaw schemes clip at ``clip_distance`` by their definition, so at call time they always clip;
@@ -35,7 +32,6 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from vitrel.caller import caller_stacklevel
@@ -48,8 +44,6 @@ __all__ = [
     "cover_grid3",
     "offset_index",
     "offset_rows",
-    "resize_rel_table",
-    "resize_1d_table",
     "warn_once",
     "take_renamed",
     "ResizeOnLoad",
@@ -110,8 +104,8 @@ EXTEND_RULES = ("grow", "clip", "interpolate")
 
 
 def _work_dtype(table: Tensor) -> torch.dtype:
-    """The dtype a table is resized in: float64 for a float64 table (exact to its precision: kept offsets keep their
-    values), else float32 (bicubic interpolation of half / bfloat16 tables)."""
+    """The dtype a table is interpolated in: float64 for a float64 table (exact to its precision), else float32
+    (bicubic interpolation of half / bfloat16 tables)."""
     return torch.float64 if table.dtype == torch.float64 else torch.float32
 
 
@@ -123,9 +117,7 @@ def extend_table(table: Tensor, new_size: tuple[int, int], rule: str = "grow") -
     new_h, new_w = new_size
     if (old_h, old_w) == (new_h, new_w):
         return table
-    if rule == "grow":
-        return resize_rel_table(table, new_size, mode="keep")
-    if rule == "clip":
+    if rule in ("grow", "clip"):
         ih = offset_rows((new_h + 1) // 2, (old_h - 1) // 2, table.device)
         iw = offset_rows((new_w + 1) // 2, (old_w - 1) // 2, table.device)
         return table[ih][:, iw]
@@ -168,42 +160,6 @@ def cover_grid(table: Tensor, grid: tuple[int, int], rule: str) -> Tensor:
     if rule != "interpolate" or (need_h, need_w) == (th, tw):
         return table
     return extend_table(table, (need_h, need_w), "interpolate")
-
-
-def resize_1d_table(table: Tensor, new_len: int, mode: str = "keep") -> Tensor:
-    """Resize ``[2L-1, C]`` (offset-major) to ``[new_len, C]`` (``new_len`` odd)."""
-    return resize_rel_table(table[:, None, :], (new_len, 1), mode=mode)[:, 0, :]
-
-
-def resize_rel_table(table: Tensor, new_size: tuple[int, int], mode: str = "keep") -> Tensor:
-    """Resize a 2-D offset table ``[2H-1, 2W-1, C]`` to ``[2H'-1, 2W'-1, C]``.
-
-    ``mode="keep"``: offsets present in the old table keep their values exactly; offsets that are
-    new are taken from a bicubic stretch of the old table (``align_corners=True``: the edges continue smoothly);
-    shrinking crops the centre (a smaller grid never sees the outer offsets).
-    ``mode="stretch"``: bicubic resize of the whole table, growing or shrinking: timm's
-    ``resize_rel_pos_bias_table_simple`` (:func:`extend_table`'s ``interpolate``).
-    """
-    if mode not in ("keep", "stretch"):
-        raise ValueError(f"mode must be 'keep' or 'stretch', got {mode!r}")
-    old_h, old_w, c = table.shape
-    new_h, new_w = new_size
-    if (old_h, old_w) == (new_h, new_w):
-        return table
-    if old_h % 2 == 0 or old_w % 2 == 0 or new_h % 2 == 0 or new_w % 2 == 0:
-        raise ValueError(f"offset tables have odd sides, got {(old_h, old_w)} -> {(new_h, new_w)}")
-    if mode == "stretch":
-        return extend_table(table, new_size, "interpolate")
-    work = _work_dtype(table)
-    src = table.permute(2, 0, 1)[None].to(work)  # [1, C, h, w]
-    out = F.interpolate(src, size=(new_h, new_w), mode="bicubic", align_corners=True)
-    out = out[0].permute(1, 2, 0).clone()
-    # copy every offset both tables have, exactly
-    ch, cw = min(old_h, new_h), min(old_w, new_w)
-    oh, ow = (old_h - ch) // 2, (old_w - cw) // 2
-    nh, nw = (new_h - ch) // 2, (new_w - cw) // 2
-    out[nh : nh + ch, nw : nw + cw] = table[oh : oh + ch, ow : ow + cw].to(work)
-    return out.to(table.dtype).contiguous()
 
 
 class ResizeOnLoad:
@@ -252,8 +208,8 @@ class ResizeOnLoad:
             else:
                 state_dict[key] = extend_table(src, (dst.shape[0], dst.shape[1]), self.extend)
             how = {
-                "grow": "offsets the tables already had keep their values, new ones continue them bicubically",
-                "clip": "new offsets take the edge values",
+                "grow": "offsets the tables had keep their values, new ones take the edge values",
+                "clip": "offsets the tables had keep their values, new ones take the edge values",
                 "interpolate": "bicubic resize of the whole table",
             }[self.extend]
             # one text per pair of shapes (no parameter name): Python's default filter shows each once

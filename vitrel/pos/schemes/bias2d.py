@@ -11,7 +11,8 @@
 Option ``extend`` (``grow`` | ``clip`` | ``interpolate``, see ``tables.py``): how a table meets a
 grid it was not built for. ``grow`` (default) and ``clip`` clamp the offsets of a larger call grid to
 the table's edge; ``interpolate`` resizes the table bicubically to the call grid's extent (Swin V1);
-loading a checkpoint at a new size applies the same rule (``grow`` keeps the offsets it had).
+loading a checkpoint at a new size applies the same rule (``grow`` / ``clip``: the offsets it had keep their
+values, new ones take the edge value).
 """
 
 from __future__ import annotations

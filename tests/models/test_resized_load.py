@@ -44,3 +44,26 @@ def test_a_video_model_loaded_at_more_frames_is_the_trained_one_there(tmp_path, 
     x = torch.randn(2, 3, 8, 24, 24)
     with torch.no_grad():
         torch.testing.assert_close(big(x), trained(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [(48, 32), 48, (16, 64)])
+def test_a_non_square_ape_table_resamples_from_its_stored_grid(tmp_path, size):
+    """An 8 x 12 table (96 entries) at 12 x 8 (as many entries: it was read as 12 x 8, unresampled), 12 x 12 (a
+    ``CheckpointError``: 96 is neither square nor 1:1) and 4 x 16: timm's ``resample_abs_pos_embed`` from the stored
+    grid, through ``load_model`` and ``set_input_size`` alike."""
+    from timm.layers import resample_abs_pos_embed
+
+    arch = "vitrel_vit_tiny_patch4_32"
+    src = vitrel.create_model(arch, pos="ape", img_size=(32, 48), embed_dim=32, depth=1, num_heads=2)
+    with torch.no_grad():
+        src.abs_pos.pos_embed.normal_()
+    save_pretrained(src, tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the resample warning
+        loaded = vitrel.load_model(tmp_path, img_size=size)
+        resized = vitrel.load_model(tmp_path)
+        resized.set_input_size(img_size=size)
+    h, w = loaded.abs_pos.space
+    want = resample_abs_pos_embed(src.abs_pos.pos_embed, [h, w], old_size=[8, 12], num_prefix_tokens=0)
+    torch.testing.assert_close(loaded.abs_pos.pos_embed, want, rtol=0, atol=1e-6)
+    torch.testing.assert_close(resized.abs_pos.pos_embed, want, rtol=0, atol=1e-6)

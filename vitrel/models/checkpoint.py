@@ -67,6 +67,7 @@ from vitrel.models.data_config import (
     warn_no_data_config,
 )
 from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
+from vitrel.pos.base import PositionScheme
 from vitrel.pos.reference import ReferenceGrid, fill_reference_grids
 
 __all__ = [
@@ -372,7 +373,7 @@ def load_model(
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"cannot rebuild {arch} from the configuration stored in {path}: {e}") from None
     sd = _adapt_in_chans(sd, cfg.get("in_chans"), model.vitrel_cfg.get("in_chans"))
-    sd = _stored_reference_grids(model, sd, cfg, overrides)
+    sd = _from_stored_size(model, sd, cfg, overrides)
     try:
         load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
     except CheckpointError as e:  # (a scheme given in place of the stored one: its parameters are not the weights')
@@ -430,16 +431,24 @@ def scheme_name(spec: Any) -> str | None:
     return spec.get("name") if isinstance(spec, Mapping) else spec
 
 
-def _stored_reference_grids(model: nn.Module, sd: dict[str, Tensor], cfg: dict[str, Any], overrides: dict) -> dict:
-    """Weights without the ``ref_grid`` of a scheme measured from its training grid (:mod:`vitrel.pos.reference`;
-    written before it was stored, or a ``scaling`` given to :func:`load_model`) loaded at another ``img_size`` /
-    ``window_size`` / ``num_frames``: the scheme's grid at the stored size (the model rebuilt there, on the meta
-    device), not the new one."""
+def _from_stored_size(model: nn.Module, sd: dict[str, Tensor], cfg: dict[str, Any], overrides: dict) -> dict:
+    """Weights loaded at another ``img_size`` / ``window_size`` / ``num_frames`` than stored, read against the
+    model rebuilt at the stored size (on the meta device): each scheme's :meth:`~PositionScheme.state_from` (an
+    ``ape`` table resampled from its stored grid), and the ``ref_grid`` of a scheme measured from its training grid
+    (:mod:`vitrel.pos.reference`) where the weights lack it (written before it was stored, or a ``scaling`` given to
+    :func:`load_model`): the scheme's grid at the stored size, not the new one."""
     resized = {k: v for k, v in overrides.items() if k in ("img_size", "window_size", "num_frames")}
-    needs = any(isinstance(m, ReferenceGrid) and m.keeps_reference for m in model.modules())
-    if not resized or not needs:
+    if not resized:
         return sd
     stored = build_from_cfg(cfg, **{k: v for k, v in overrides.items() if k not in resized}, device="meta")
+    sd = dict(sd)
+    for name, mod in model.named_modules():
+        if isinstance(mod, PositionScheme) and name:
+            pre = name + "."
+            own = {k[len(pre) :]: v for k, v in sd.items() if k.startswith(pre)}
+            sd.update({pre + k: v for k, v in mod.state_from(own, stored.get_submodule(name)).items()})
+    if not any(isinstance(m, ReferenceGrid) and m.keeps_reference for m in model.modules()):
+        return sd
     return fill_reference_grids(model, sd, lambda name: stored.get_submodule(name).ref)
 
 

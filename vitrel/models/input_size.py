@@ -109,7 +109,7 @@ def rebuild_position_schemes(model: nn.Module, **changes: Any) -> nn.Module:
         if not isinstance(old, PositionScheme) or any(name.startswith(d + ".") for d in done):
             continue
         new = fresh.get_submodule(name)
-        new.load_state_dict(old.state_dict())  # strict; the scheme's _load_from_state_dict resizes
+        new.load_state_dict(new.state_from(old.state_dict(), old))  # strict; the scheme's load hook resizes
         for pname, p in new.named_parameters():
             p.requires_grad_(old.get_parameter(pname).requires_grad)
         new.train(old.training)

@@ -443,6 +443,12 @@ class PositionScheme(nn.Module):
             )
         return state.kernel.attend(q, k, v, mask, scale, state, dropout_p)
 
+    def state_from(self, state: dict[str, Tensor], stored: PositionScheme) -> dict[str, Tensor]:
+        """``state``, the weights of ``stored`` (this scheme built at the size they were saved at), made ready for this
+        scheme's load at its own size: as it is by default (learned tables carry their extent in their shape and
+        resize as they load); a table whose shape does not tell its grid (``ape``'s flat one) is resampled here."""
+        return state
+
     @classmethod
     def legacy_options(cls, options: dict[str, Any], written_format: int = 1) -> dict[str, Any]:
         """The options that reproduce what a scheme config written under ``vitrel_format``

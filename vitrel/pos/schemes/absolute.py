@@ -175,8 +175,9 @@ class Ape(PositionScheme):
     ``(T, H, W)`` plus ``pos_embed_temporal [1, T, C]`` (separable, see the module docstring).
 
     On another grid at call time the tables are resampled (bicubic in space, linear in time); a checkpoint of
-    another grid is resampled to this module's grid when loaded (with a warning). A stored spatial table's grid is
-    inferred from its length (see :func:`infer_grid`).
+    another grid is resampled to this module's grid when loaded (with a warning): from the grid it was saved at where
+    the loader knows it (:meth:`state_from`: ``vitrel.load_model``, ``set_input_size``), else inferred from its
+    length (see :func:`infer_grid`).
     """
 
     kind = "absolute"
@@ -230,6 +231,17 @@ class Ape(PositionScheme):
 
     def add_to_tokens(self, x: Tensor, grid: Grid | Grid3, num_prefix_tokens: int = 0) -> Tensor:
         return add_patch_embed(x, self.embed(grid), self._call_grid(grid), num_prefix_tokens)
+
+    def state_from(self, state: dict[str, Tensor], stored: PositionScheme) -> dict[str, Tensor]:
+        """The stored spatial table resampled from ``stored``'s grid (timm's ``resample_abs_pos_embed`` with
+        ``old_size``): its length alone does not tell ``8 x 12`` from ``12 x 8`` (nor ``4 x 16`` from ``8 x 8``)."""
+        pe, old = state.get("pos_embed"), getattr(stored, "space", None)
+        if pe is None or old is None or tuple(old) == tuple(self.space) or pe.shape[1] != old.n:
+            return state
+        warn_once(
+            f"resampled absolute position embedding from grid {grid_str(old)} to {grid_str(self.space)} (bicubic)"
+        )
+        return {**state, "pos_embed": resample_pos_embed(pe, old, self.space)}
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
         key = prefix + "pos_embed"

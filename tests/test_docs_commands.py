@@ -27,7 +27,7 @@ from omegaconf import OmegaConf, open_dict
 
 from vitrel.config import check_moved_keys, register_configs
 from vitrel.inference import check_predict_args
-from vitrel.train.run import check_launch, check_pos_override
+from vitrel.train.run import check_from_checkpoint, check_launch
 from vitrel.train.utils import run_dir_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -265,7 +265,7 @@ def preflight(config_name: str, cfg) -> None:
         check_moved_keys(cfg)
         run_dir_of(cfg)
         check_launch(cfg.trainer)
-        check_pos_override(cfg)
+        check_from_checkpoint(cfg)
     elif config_name == "eval":
         check_moved_keys(cfg)
         assert cfg.split in ("test", "val"), f"split must be test or val, got {cfg.split!r}"  # as evaluate()

@@ -48,6 +48,16 @@ def test_from_checkpoint_refuses_a_pos_override_before_any_work(rope_run, tmp_pa
     assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
 
 
+def test_from_checkpoint_with_timm_weights_named_too_says_which_key_to_drop(rope_run, tmp_path):
+    """``experiment=finetune_cifar10 model=from_checkpoint``: the experiment's ``model.init_from`` stayed in the model
+    node and the build failed with ``unexpected argument(s) init_from=...``; refused first, naming the key to drop."""
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    over = ["model=from_checkpoint", f"model.path={ckpt}", "+model.init_from=timm:vit_tiny_patch16_224"]
+    with pytest.raises(ValueError, match=r"model.init_from=timm:vit_tiny_patch16_224 starts .* '~model.init_from'"):
+        train(compose(tmp_path / "run", [*over, *FAST, *SHORT]))
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("pos", ["rel2d_full", "alibi2d"])
 def test_loading_a_run_under_another_scheme_names_both(rope_run, pos):
     """``vitrel.load_model(ckpt, pos=...)`` (and ``create_model(..., checkpoint_path=ckpt, pos=...)``) with a scheme

@@ -38,7 +38,7 @@ from vitrel.train.utils import (
 __all__ = [
     "build_model",
     "adopt_preprocessing",
-    "check_pos_override",
+    "check_from_checkpoint",
     "trainer_plugins",
     "loads_checkpoint",
     "weights_source",
@@ -218,11 +218,19 @@ def _model_args(model_cfg: DictConfig, arch: str, *names: str) -> tuple[Any, ...
     return tuple(model_cfg.get(n) or args.get(n, params[n].default if n in params else None) for n in names)
 
 
-def check_pos_override(cfg: DictConfig) -> None:
-    """``model=from_checkpoint`` builds the position scheme stored in ``model.path``: a ``pos=`` / ``pos.<key>=``
-    override on the command line would have no effect, so it is refused (ConfigError), before anything is built."""
+def check_from_checkpoint(cfg: DictConfig) -> None:
+    """``model=from_checkpoint`` builds the model and position scheme stored in ``model.path``, before anything is
+    built: timm's weights named beside it (``model.init_from``, set by ``experiment=finetune_cifar10``), and a
+    ``pos=`` / ``pos.<key>=`` override on the command line (it would have no effect), are refused (ConfigError)."""
     if not loads_checkpoint(cfg.model):
         return
+    timm_keys = [k for k in ("init_from", "init_file") if cfg.model.get(k)]
+    if timm_keys:
+        drop = " ".join(f"'~model.{k}'" for k in timm_keys)
+        raise ConfigError(
+            f"model.{timm_keys[0]}={cfg.model.get(timm_keys[0])} starts from timm's weights and model=from_checkpoint "
+            f"from {cfg.model.path}'s: give one. To fine-tune the checkpoint add {drop} (an experiment= may set it)."
+        )
     given = [o for o in task_overrides() if override_key(o).split(".")[0] == "pos"]
     if given:
         stored = (stored_config(str(cfg.model.path)) or {}).get("pos")

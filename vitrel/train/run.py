@@ -36,7 +36,7 @@ from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.build import (
     adopt_preprocessing,
     build_model,
-    check_pos_override,
+    check_from_checkpoint,
     loads_checkpoint,
     model_name,
     pos_name,
@@ -101,7 +101,7 @@ __all__ = [
     "check_launch",
     # (re-exported from the modules that build and resume a run)
     "build_model",
-    "check_pos_override",
+    "check_from_checkpoint",
     "resolve_ckpt_path",
     "check_same_model",
     "world_size",
@@ -211,7 +211,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     L.seed_everything(int(cfg.seed), workers=True)
     apply_matmul_precision(cfg)
 
-    check_pos_override(cfg)  # model=from_checkpoint takes its scheme from the file: a pos= override is refused
+    check_from_checkpoint(cfg)  # model=from_checkpoint: its weights and scheme are the file's
     dm = build_data(cfg.data)  # (its name: passed to a class that takes it)
     cbs = instantiate_callbacks(cfg.get("callbacks")) + list(callbacks)
     bar = progress_display(cfg.get("progress_bar", "auto"), cfg.get("callbacks"), cbs)  # (own: a bar among cbs)

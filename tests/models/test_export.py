@@ -197,6 +197,28 @@ def test_swin_extent_schemes_refuse_dynamic_resolution():
         export_program(m, torch.randn(2, 3, 32, 32), dynamic="hw")
 
 
+@pytest.mark.parametrize(
+    ("name", "clip", "other"),
+    [
+        ("vitrel_swin_tiny_patch2_window4_32", (3, 16, 16), (3, 24, 16)),
+        ("vitrel_swin3d_tiny_patch122_window444_32", (1, 4, 16, 16), (1, 2, 16, 24)),
+    ],
+)
+def test_swin_program_with_a_stage_of_one_window_takes_batch_one(name, clip, other):
+    """A 2-stage Swin (image and video) traced at batch 2, its last stage one window (grid 4 x 4, frames 4): the
+    ``"hw"`` program runs at batch 1, at that size and another, as eager does (the mask check pinned the windows'
+    batch, ``B * nW != 1``, and the program refused a single image or clip)."""
+    torch.manual_seed(0)
+    extra = {"num_frames": 4} if len(clip) == 4 else {}
+    m = vitrel.create_model(name, embed_dim=16, depths=(2, 2), num_heads=(2, 2), img_size=16, **extra)
+    lively(m.eval())
+    program = export_program(m, torch.randn(2, *clip), dynamic="hw").module()
+    with torch.no_grad():
+        for shape in [(1, *clip), (1, *other), (2, *clip)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(program(x), m(x), rtol=1e-5, atol=1e-5)
+
+
 def test_shared_scheme_exports_at_any_size():
     """pos_share: the state is prepared once per forward (per stage in Swin) inside the program."""
     for arch in ARCHS:

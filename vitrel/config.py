@@ -117,6 +117,7 @@ class VideoFolderDataConfig(DataConfig):
     clips_per_video: int = 1
     extensions: list[str] = field(default_factory=lambda: [".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v"])
     on_bad_sample: str = "raise"  # raise | skip a video that does not decode (named; the next one in its place)
+    in_chans: int = 3  # 1: grey frames (PIL's convert("L"), as predict.py)
 
 
 @dataclass

@@ -136,6 +136,55 @@ def test_predict_scores_grey_video_files_with_the_moving_fmnist_checkpoint(video
         assert r["label_0"] == ["forward", "backward"][int(want.argmax())]
 
 
+@pytest.mark.parametrize("moved", [False, True])
+def test_eval_scores_a_1_channel_video_checkpoint_on_grey_video_files(video_sweep, tmp_path, moved):
+    """eval.py ``data=video_folder`` with the recipe's 1-channel model (in its run folder, and moved out of it): the
+    frames made grey as predict.py makes them, ``data.in_chans=1`` taken from the model. Was: ``ConfigError: ...
+    takes 1-channel images but VideoFolderDataModule gives 3``, after taking ``data.mean=[0.0718,0.0718,0.0718]``.
+    Moved (no run record), the statistics stored with it: the loss is the model's on the frames by hand."""
+    pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")
+    import shutil
+
+    from tests.data.test_video import frame_values, write_video
+    from vitrel.train.evaluate import evaluate
+
+    ckpt = video_sweep / "checkpoints" / "last.ckpt"
+    if moved:
+        ckpt = shutil.copy(ckpt, tmp_path / "last.ckpt")
+    lengths = {"forward": 12, "backward": 8}  # (class 0, class 1: the run's class order)
+    for split in ("train", "val"):
+        for i, (name, n) in enumerate(lengths.items()):
+            write_video(tmp_path / "videos" / split / f"{i}_{name}" / "a.mkv", n, hw=(32, 32))  # FFV1, grey
+    over = [f"ckpt_path={ckpt}", "data=video_folder", f"data.root={tmp_path / 'videos'}", "data.batch_size=2"]
+    metrics = evaluate(compose(tmp_path / "eval", [*over, *FAST[:1], *FAST[2:4]], config_name="eval"))
+    res = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
+    assert res["data_from_run"]["in_chans"] == 1 and res["num_images"] == 2
+    if not moved:  # (other data than the run's: its own statistics, ImageNet's averaged for one channel)
+        assert res["data_from_run"].get("mean") is None
+        return
+    with pytest.raises(ValueError, match=r"takes 1-channel clips but VideoFolderDataModule gives 3 "
+                       r"\(data=video_folder\): give data.in_chans=1 \(or leave it out"):  # fmt: skip
+        evaluate(compose(tmp_path / "rgb", [*over, "data.in_chans=3", *FAST[:1], *FAST[2:4]], config_name="eval"))
+    shutil.copytree(tmp_path / "videos", tmp_path / "three")
+    write_video(tmp_path / "three" / "train" / "2_other" / "a.mkv", 8, hw=(32, 32))
+    with pytest.raises(ValueError, match=r"classifies 2 classes but VideoFolderDataModule has 3 \(data=video_folder\): "
+                       r"score it on the data it was trained on, data=<that data set>$"):  # fmt: skip
+        three = [*over, f"data.root={tmp_path / 'three'}", *FAST[:1], *FAST[2:4]]  # (data= given: not the default's)
+        evaluate(compose(tmp_path / "three_eval", three, config_name="eval"))
+    dc = torch.load(ckpt, weights_only=True)["hyper_parameters"]["data_config"]
+    assert res["data_from_run"]["mean"] == pytest.approx(dc["mean"]) and len(dc["mean"]) == 1
+    model = vitrel.load_model(ckpt).double().eval()
+    clips = []
+    for n in lengths.values():
+        start = (n - 8) // 2  # (the centre clip of 8 consecutive frames: frame_stride 1, one clip)
+        frames = np.repeat(frame_values(n)[start : start + 8, None, None], 32, 1).repeat(32, 2).astype(np.float64)
+        frames[:, :3, :5] = 250  # (write_video's corner block)
+        clips.append((torch.from_numpy(frames) / 255 - dc["mean"][0]) / dc["std"][0])
+    with torch.no_grad():
+        want = F.cross_entropy(model(torch.stack(clips)[:, None]), torch.tensor([0, 1]))
+    assert metrics["test/loss"] == pytest.approx(float(want), abs=1e-5)
+
+
 def test_video_model_with_image_data_is_refused_before_anything_is_built(tmp_path):
     video = ["model=vit_video_tiny_fmnist", "model.embed_dim=16", "model.depth=1", "model.num_heads=2"]
     cfg = compose(tmp_path, [*video, *FAST, *SHORT])  # the default data: Fashion-MNIST images

@@ -15,7 +15,7 @@ from typing import Any
 
 from lightning.pytorch.utilities.rank_zero import rank_zero_info
 
-__all__ = ["ADOPTED", "Normalisation"]
+__all__ = ["ADOPTED", "Normalisation", "per_channel"]
 
 #: the data keys :meth:`Normalisation.adopt` takes from weights: the preprocessing they expect (timm's data config)
 ADOPTED = ("mean", "std", "interpolation", "crop_pct")
@@ -112,8 +112,14 @@ def _value(key: str, value: Any, chans: int | None) -> Any:
         return str(value)
     if key == "crop_pct":
         return float(value)
-    out = [float(v) for v in value]
-    return out if chans is None or len(out) == chans else [sum(out) / len(out)] * int(chans)
+    return [float(v) for v in value] if chans is None else list(per_channel(value, chans))
+
+
+def per_channel(values: Sequence[float], chans: int) -> tuple[float, ...]:
+    """``values`` (a mean or std) for ``chans`` channels: as they are when there are that many, else their average
+    for every channel (as timm adapts a patch embedding to another channel count: an RGB statistic for grey)."""
+    out = tuple(float(v) for v in values)
+    return out if len(out) == chans else (sum(out) / len(out),) * int(chans)
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -218,6 +218,16 @@ def trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
     return {"num_frames": int(frames)}
 
 
+def trained_channels(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
+    """``in_chans``: the channels the stored model takes, for data that makes either (``data.in_chans``: grey
+    Fashion-MNIST repeated to RGB, video files made grey) scored without ``data.in_chans`` on the command line, as
+    timm's ``validate.py`` takes the model's; else empty."""
+    chans = saved.get("in_chans")
+    if chans is None or "in_chans" not in data_cfg or is_given("data.in_chans") or data_cfg.in_chans == chans:
+        return {}
+    return {"in_chans": int(chans)}
+
+
 def trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
     """The evaluation clips of the run that wrote ``ckpt`` (``data.stride``, ``data.clips_per_video``), for those of
     the data's keys not on the command line: the data group's defaults would score other clips than the run's own
@@ -251,7 +261,7 @@ def trained_data(record: tuple[Path, DictConfig | None]) -> str:
     run_cfg, run = record
     data = run.get("data") if run is not None else None
     if not data or not data.get("name"):
-        what = "data=<that data set> (eval.py reads data=fashion_mnist unless told)"
+        what = "data=<that data set>" + ("" if is_given("data") else " (eval.py reads data=fashion_mnist unless told)")
     else:
         root = _literal_run_path(OmegaConf.to_container(data, resolve=False).get("root"), run_cfg)
         given = f" data.root={root}" if root is not None else ""

@@ -61,6 +61,7 @@ from vitrel.train.eval_data import (
     run_settings,
     stored_split,
     take_run_data,
+    trained_channels,
     trained_clips,
     trained_data,
     trained_frames,
@@ -179,11 +180,16 @@ def _warn_unknown_val_split(ckpt: Path, data_cfg: DictConfig, split: dict[str, A
 
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig, fix: str) -> None:
     """The data gives the model's classes and channels; else a :class:`ConfigError` naming the data to give instead
-    (``fix``: :func:`~vitrel.train.eval_data.trained_data`)."""
+    (``fix``: :func:`~vitrel.train.eval_data.trained_data`), or, for data that makes either channel count
+    (``data.in_chans`` given otherwise), the ``data.in_chans`` to give."""
+    samples = "clips" if is_video_data(dm) else "images"
+    chans = stored.get("in_chans")
     if stored.get("num_classes") != dm.num_classes:
         what = f"classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}"
-    elif stored.get("in_chans") != dm.in_chans:
-        what = f"takes {stored.get('in_chans')}-channel images but {type(dm).__name__} gives {dm.in_chans}"
+    elif chans != dm.in_chans:
+        what = f"takes {chans}-channel {samples} but {type(dm).__name__} gives {dm.in_chans}"
+        if "in_chans" in data_cfg:
+            fix = f"give data.in_chans={chans} (or leave it out: eval.py takes the model's)"
     else:
         return
     raise ConfigError(f"{ckpt} {what} (data={data_cfg.get('name')}): {fix}")
@@ -306,6 +312,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     taken |= take_run_data(cfg, trained_frames(saved, cfg.data), what)
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
     taken |= take_run_data(cfg, trained_clips(stored_data, cfg.data), what)
+    what = f"the channels {ckpt.name}'s model takes (data.in_chans=<n> for others)"
+    taken |= take_run_data(cfg, trained_channels(saved, cfg.data), what)
     dm = build_data(cfg.data)  # (its name: passed to a class that takes it)
     check_data_module(dm)  # (one of the user's own without num_classes, in_chans, img_size: named)
     taken |= trained_preprocessing(ckpt, stored_data, record[1], cfg, dm)

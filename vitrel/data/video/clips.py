@@ -346,9 +346,10 @@ class VideoClips(SkipUnreadable, Dataset):
     """The videos of ``videos`` (a data set of ``(path, label)``) -> ``(clips, label)``, one sample per video.
 
     ``sampling="uniform"``: the video's ``K = clips_per_video`` evenly spaced clips, each through ``transform``
-    (it receives the uint8 ``[T, 3, H, W]`` clip; None: kept as it is), stacked: ``[K, C, T, H, W]`` (uint8
-    ``[K, T, 3, H, W]`` without a transform), or the one clip ``[C, T, H, W]`` when ``K = 1``. The ``K`` clips are
-    decoded in one pass. ``sampling="random"``: one random clip, a fresh start each time the video is read.
+    (it receives the uint8 ``[T, 3, H, W]`` clip, ``[T, 1, H, W]`` with ``grey``: made grey as predict.py makes
+    them, PIL's ``convert("L")``; None: kept as it is), stacked: ``[K, C, T, H, W]`` (uint8 ``[K, T, C, H, W]``
+    without a transform), or the one clip ``[C, T, H, W]`` when ``K = 1``. The ``K`` clips are decoded in one pass.
+    ``sampling="random"``: one random clip, a fresh start each time the video is read.
 
     A video that does not decode raises :class:`VideoDecodeError` naming it and ``data.on_bad_sample=skip``
     (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the next video that decodes, with its
@@ -370,6 +371,7 @@ class VideoClips(SkipUnreadable, Dataset):
         transform: Callable[[Tensor], Any] | None = None,
         on_bad_sample: str = "raise",
         leave_out: bool = False,
+        grey: bool = False,
     ) -> None:
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -378,6 +380,7 @@ class VideoClips(SkipUnreadable, Dataset):
             raise ValueError(f"clips_per_video must be >= 1 (1 with random sampling), got {clips_per_video}")
         self.videos, self.num_frames, self.stride = videos, int(num_frames), int(stride)
         self.sampling, self.clips_per_video, self.transform = sampling, int(clips_per_video), transform
+        self.grey = bool(grey)
         self.init_skips(on_bad_sample, leave_out)
         self._named_short = torch.zeros(len(self), dtype=torch.bool).share_memory_()  # (shared with the workers)
 
@@ -400,7 +403,7 @@ class VideoClips(SkipUnreadable, Dataset):
         return str(self.videos[index][0])
 
     def _read(self, index: int) -> tuple[Tensor, int]:
-        """Video ``index``'s frames, uint8 ``[K * T, 3, H, W]``, and its label."""
+        """Video ``index``'s frames, uint8 ``[K * T, C, H, W]`` (``C`` 1 when ``grey``, else 3), and its label."""
         path, label = self.videos[index]
 
         def choose(n: int) -> list[int]:  # the clips' frames, one clip after the other
@@ -408,7 +411,8 @@ class VideoClips(SkipUnreadable, Dataset):
                 self._named_short[index] = True
             return [i for s in self.clip_starts(n) for i in clip_indices(n, self.num_frames, self.stride, s).tolist()]
 
-        return read_clip(path, choose), int(label)
+        frames = read_clip(path, choose)
+        return (_grey(frames) if self.grey else frames), int(label)
 
     def __getitem__(self, index: int) -> tuple[Any, int] | None:
         leave_inherited()

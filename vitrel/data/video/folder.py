@@ -38,6 +38,7 @@ from torch.utils.data import Dataset
 
 from vitrel.data.datasets import ON_BAD_SAMPLE, DatasetNotFoundError
 from vitrel.data.imagenet import FixedClassImageFolder, LazyClasses, locate_class_folders
+from vitrel.data.normalisation import per_channel
 from vitrel.data.unreadable import LeaveOutCollate
 from vitrel.data.video.base import VideoDataModule
 from vitrel.data.video.clips import VideoClips
@@ -70,7 +71,8 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
 
     ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video (one
     sample ``[K, C, T, H, W]`` when more than one); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a video that does
-    not decode (:class:`~vitrel.data.video.clips.VideoClips`).
+    not decode (:class:`~vitrel.data.video.clips.VideoClips`); ``in_chans``: 3 (RGB) or 1 (grey frames, made as
+    predict.py makes them: PIL's ``convert("L")``; ImageNet's statistics averaged).
     ``num_classes`` is inferred from the train folders; passing it checks it (and lets a model be built before the
     data is reachable). Other kwargs as :class:`~vitrel.data.video.base.VideoDataModule`.
     """
@@ -90,8 +92,11 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
         clips_per_video: int = 1,
         extensions: Sequence[str] = VIDEO_EXTENSIONS,
         on_bad_sample: str = "raise",
+        in_chans: int = 3,
         **kwargs: Any,
     ) -> None:
+        if in_chans not in (1, 3):
+            raise ValueError(f"in_chans must be 1 (grey frames) or 3 (RGB), got {in_chans}")
         if on_bad_sample not in ON_BAD_SAMPLE:
             raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
         if int(stride) < 1 or int(clips_per_video) < 1:
@@ -104,8 +109,9 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
         self.extensions = tuple(extensions)
         self.on_bad_sample = on_bad_sample
         self._given_num_classes = num_classes
-        self.in_chans = 3
-        self.mean, self.std = tuple(IMAGENET_DEFAULT_MEAN), tuple(IMAGENET_DEFAULT_STD)
+        self.in_chans = int(in_chans)
+        self.mean = per_channel(IMAGENET_DEFAULT_MEAN, self.in_chans)
+        self.std = per_channel(IMAGENET_DEFAULT_STD, self.in_chans)
 
     @property
     def class_names(self) -> list[str]:
@@ -142,6 +148,7 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
             transform=transform,
             on_bad_sample=self.on_bad_sample,
             leave_out=not training,  # (evaluation: each video that decodes scored once, the others left out)
+            grey=self.in_chans == 1,
         )
 
     @property

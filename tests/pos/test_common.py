@@ -12,7 +12,7 @@ from tests.reference import scheme_qkv
 from vitrel import Attention
 from vitrel.kernels.common import merge_masks
 from vitrel.kernels.eager import attend_eager
-from vitrel.layout.geometry import Grid
+from vitrel.layout.geometry import Grid, Grid3, expand_offset_table
 from vitrel.pos import build_pos, get_pos_class, list_pos
 from vitrel.pos.base import FAMILIES
 from vitrel.pos.registry import UnknownSchemeError
@@ -230,6 +230,11 @@ def test_declared_capabilities_match_behaviour(name):
     assert (factors is not None) == cls.has_bias_factors, name
     if factors is not None:  # a bias that factors: u w^T is the bias
         torch.testing.assert_close(factors[0] @ factors[1].transpose(-2, -1), b, rtol=1e-12, atol=1e-12)
+    table = s.offset_table(g)
+    assert (table is not None) == cls.has_offset_table, name
+    if table is not None:  # the bias by offset (flex, triton) is the bias (sdpa): a sign or axis slip is not
+        frames = Grid3(1, *g) if table.dim() == 4 else g  # (a video scheme's table on an image: one frame)
+        torch.testing.assert_close(expand_offset_table(table, frames, 1), b, rtol=1e-12, atol=1e-12)
     x = torch.randn(1, 13, DIM, dtype=torch.float64)
     assert (not torch.equal(s.add_to_tokens(x, g, 1), x)) == (cls.kind == "absolute"), name
     assert cls.family in FAMILIES

@@ -57,6 +57,59 @@ def test_a_declaration_without_its_hook_is_refused(flag, unregister):
         register_pos("mine")(cls)
 
 
+@pytest.mark.parametrize(("hook", "flag"), [("offset_table", "has_offset_table"), ("bias_factors", "has_bias_factors")])
+def test_a_form_of_the_bias_without_the_bias_is_refused(hook, flag, unregister):
+    """An ``offset_table()`` alone (the protocol calls it the bias by offset) was registered, and every kernel computed
+    ``pos=none``: they read it for a scheme with ``has_bias`` only."""
+    cls = type("Mine", (PositionScheme,), {hook: lambda self, *a, **k: None, flag: True})
+    with pytest.raises(TypeError, match=rf"Mine declares {flag} = True but has_bias = False: .* set has_bias = True"):
+        register_pos("mine")(cls)
+
+
+def test_a_name_registered_twice_says_by_whom(unregister):
+    with pytest.raises(
+        ValueError, match=r"'rel2d_full' is registered twice: vitrel.pos.schemes.bias2d.\w+ has it; choose"
+    ):
+        register_pos("rel2d_full")(type("Mine", (PositionScheme,), {}))
+    first = register_pos("mine")(type("Mine", (PositionScheme,), {}))
+    with pytest.raises(ValueError, match=r"defined again \(a notebook cell run twice\): restart the kernel"):
+        register_pos("mine")(type("Mine", (PositionScheme,), {"__module__": first.__module__}))
+
+
+@pytest.mark.parametrize(
+    ("hook", "wrong", "says"),
+    [
+        (
+            "bias",
+            lambda self, grid, p=0: torch.zeros(2, 12, 12),
+            r"bias\(\) returned \(2, 12, 12\), expected \[2, 13, 13\] .*pad_prefix",
+        ),
+        (
+            "offset_table",
+            lambda self, grid: torch.zeros(5, 7, 2),
+            r"offset_table\(\) returned \(5, 7, 2\), expected \[2, 5, 7\]",
+        ),
+    ],
+)
+def test_a_bias_of_another_shape_is_named_before_a_kernel_reads_it(hook, wrong, says, unregister):
+    """A bias without its prefix rows failed inside SDPA with a bare broadcasting error; a table in Swin's
+    ``[2H-1, 2W-1, heads]`` layout failed inside flex's compiled code (index out of bounds)."""
+    from vitrel.kernels import get_kernel
+
+    good = {"bias": _distance_bias(), "offset_table": lambda self, grid: torch.zeros(2, 5, 7)}
+    hooks = {**good, hook: wrong, "has_bias": True, "has_offset_table": True}
+
+    def init(self, **kw):
+        PositionScheme.__init__(self, **kw)
+        self.width = nn.Parameter(torch.ones(self.num_heads))
+
+    register_pos("mine")(type("Mine", (PositionScheme,), {"__init__": init, **hooks}))
+    s = registry.build_pos("mine", num_heads=2, head_dim=4, grid=(3, 4), num_prefix_tokens=1)
+    kernel = get_kernel("sdpa" if hook == "bias" else "flex")
+    with pytest.raises(ValueError, match=says):
+        s.prepare(Grid(3, 4), 1, torch.device("cpu"), torch.float32, kernel=kernel)
+
+
 def test_add_to_tokens_is_for_absolute_schemes(unregister):
     cls = type("Mine", (PositionScheme,), {"add_to_tokens": lambda self, x, grid, p=0: x})
     with pytest.raises(TypeError, match="kind = 'absolute'"):

@@ -302,8 +302,15 @@ class PositionScheme(nn.Module):
             raise ValueError(why)
 
     def kernel_inputs(self, kernel: KernelLike | None, grid: Grid, p: int) -> dict[str, Any]:
-        """The state's fields ``kernel`` reads on a full grid; the dense bias without a kernel."""
-        return {"bias": self.bias(grid, p)} if kernel is None else kernel.inputs(self, grid, p)
+        """The state's fields ``kernel`` reads on a full grid; the dense bias without a kernel. A bias or offset table
+        of another shape than the protocol's is a ``ValueError`` naming the hook (it would fail deep inside a kernel,
+        or broadcast)."""
+        fields = {"bias": self.bias(grid, p)} if kernel is None else kernel.inputs(self, grid, p)
+        n, why = p + grid.n, f"{p} prefix tokens + {grid.n} patches: pad_prefix adds the prefix rows and columns"
+        _check_shape(self, "bias", fields.get("bias"), (n, n), why)
+        axes = (1, *grid) if self.grid_dims == 3 and len(grid) == 2 else tuple(grid)  # (an image: one frame)
+        _check_shape(self, "offset_table", fields.get("table"), tuple(2 * s - 1 for s in axes), "2s-1 offsets an axis")
+        return fields
 
     def layout_bias(self, layout: TokenLayout, mask: Tensor) -> Tensor:
         """The dense bias ``[B, heads | 1, N, N]`` of tokens laid out by ``layout``: each image's bias gathered at its
@@ -463,6 +470,16 @@ class PositionScheme(nn.Module):
 
     def extra_repr(self) -> str:
         return f"name={self.name}, heads={self.num_heads}, grid={tuple(self.grid)}"
+
+
+def _check_shape(scheme: PositionScheme, hook: str, t: Any, tail: tuple, how: str) -> None:
+    """``t``, what ``scheme``'s ``hook`` returned, is ``[heads | 1, *tail]`` (not checked where a size is symbolic:
+    comparing would pin a ``torch.export`` program to the example's)."""
+    if not isinstance(t, Tensor) or not all(isinstance(s, int) for s in (*t.shape, *tail)):
+        return
+    if t.dim() != 1 + len(tail) or t.shape[0] not in (1, scheme.num_heads) or tuple(t.shape[1:]) != tail:
+        want = ", ".join(map(str, (scheme.num_heads, *tail)))
+        raise ValueError(f"{scheme.name}: {hook}() returned {tuple(t.shape)}, expected [{want}] (heads first; {how})")
 
 
 def _subclasses(cls: type) -> list[type]:

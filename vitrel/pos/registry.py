@@ -79,6 +79,14 @@ def check_declarations(cls: type[PositionScheme]) -> None:
         hooks = [h for h, f in HOOK_FLAGS.items() if f == flag]
         if getattr(cls, flag) and not defined & set(hooks):
             raise TypeError(f"{cls.__name__} declares {flag} = True but defines no {' / '.join(hooks)}()")
+    for flag in ("has_offset_table", "has_bias_factors"):  # forms of the bias: a kernel reads them for has_bias only
+        if getattr(cls, flag) and not cls.has_bias:
+            hook = next(h for h, f in HOOK_FLAGS.items() if f == flag)
+            raise TypeError(
+                f"{cls.__name__} declares {flag} = True but has_bias = False: {hook}() is a faster form of the bias, "
+                "which the kernels read only for a scheme with a bias: define bias() (the dense [heads, N, N] terms) "
+                "and set has_bias = True"
+            )
     if "add_to_tokens" in defined and cls.kind != "absolute":
         raise TypeError(
             f"{cls.__name__} defines add_to_tokens() (an embedding added to the tokens) but is kind = {cls.kind!r}: "
@@ -92,7 +100,14 @@ def register_pos(name: str) -> Callable[[type[PositionScheme]], type[PositionSch
 
     def deco(cls: type[PositionScheme]) -> type[PositionScheme]:
         if name in _REGISTRY and _REGISTRY[name] is not cls:
-            raise ValueError(f"position scheme {name!r} is registered twice")
+            had = _REGISTRY[name]
+            where = f"{had.__module__}.{had.__qualname__}"
+            why = (
+                "a class of that name defined again (a notebook cell run twice): restart the kernel, or name it anew"
+                if had.__module__ == cls.__module__ and had.__qualname__ == cls.__qualname__
+                else "choose another name"
+            )
+            raise ValueError(f"position scheme {name!r} is registered twice: {where} has it; {why}")
         check_declarations(cls)
         _REGISTRY[name] = cls
         cls.name = name

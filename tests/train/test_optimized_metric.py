@@ -66,3 +66,58 @@ def test_a_search_on_the_test_split_is_warned_of(tmp_path):
         warnings.simplefilter("always")
         train(compose(tmp_path / "basic", [*RUN, "optimized_metric=test/acc1"], multirun=True))
     assert not [w for w in caught if "the sweeper chooses" in str(w.message)]
+
+
+VAL = [*RUN, "trainer.limit_test_batches=1", "optimized_metric=val/acc1"]  # (trainer.max_steps=2)
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        ([], "trainer.max_steps=2 ends it, it would first validate after optimizer step 563 (an epoch: 563 training"),
+        (["trainer.limit_train_batches=2", "trainer.check_val_every_n_epoch=2"], "validate after optimizer step 4 "),
+        (
+            [
+                "trainer.max_steps=-1",
+                "trainer.max_epochs=1",
+                "trainer.limit_train_batches=2",
+                "trainer.check_val_every_n_epoch=2",
+            ],
+            "at most 1",
+        ),
+        (["trainer.limit_val_batches=0"], "this run validates never"),
+    ],
+)
+def test_a_validation_metric_of_a_fit_that_ends_before_it_validates_is_refused_before_it_trains(tmp_path, extra, said):
+    """``optimized_metric=val/acc1`` with a ``trainer.max_steps`` within the first epoch: the job trained and tested,
+    then failed with a KeyError naming neither the cause nor the fix. Refused as the fit starts, with both."""
+    with pytest.raises(ConfigError, match="optimized_metric=val/acc1 is a validation metric") as e:
+        train(compose(tmp_path, [*VAL, *extra]))
+    assert said in str(e.value), str(e.value)
+    assert not (tmp_path / "checkpoints").exists() and not (tmp_path / "metrics.json").exists()  # nothing trained
+    train(compose(tmp_path / "as_is", [*VAL[:-1], *extra]))  # (Lightning's own loop: it validates never)
+    assert json.loads((tmp_path / "as_is" / "metrics.json").read_text())["val_runs"] == 0
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["trainer.val_check_interval=2"],  # (batches, within the epoch)
+        ["trainer.limit_train_batches=2"],  # (the epoch's end at step 2)
+        ["trainer.val_check_interval=2", "trainer.check_val_every_n_epoch=null"],  # (batches counted over epochs)
+        ["trainer.limit_train_batches=3", "trainer.accumulate_grad_batches=2"],  # (an epoch's partial last window)
+        ["trainer.max_steps=4", "trainer.limit_train_batches=2", "trainer.check_val_every_n_epoch=2"],
+    ],
+)
+def test_a_fit_that_validates_before_its_end_is_not_refused(tmp_path, extra):
+    got = train(compose(tmp_path, [*VAL, *extra]))
+    ran = json.loads((tmp_path / "metrics.json").read_text())
+    assert ran["val_runs"] >= 1 and got == ran["metrics"]["val/acc1"], ran
+
+
+def test_a_run_that_ended_before_it_validated_says_so_after_it(tmp_path):
+    """A plan not known as the fit starts (a time-based ``trainer.val_check_interval``): the error after the run names
+    the cause and the fix, not only the missing metric."""
+    with pytest.raises(ConfigError, match=r"the run ended before its first validation \(val_runs=0 in metrics\.json"):
+        train(compose(tmp_path, [*VAL, "trainer.val_check_interval='00:01:00:00'"]))
+    assert json.loads((tmp_path / "metrics.json").read_text())["val_runs"] == 0

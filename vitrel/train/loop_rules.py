@@ -1,13 +1,16 @@
 """Lightning's rules for where its training loop steps and validates, read from the trainer's and the loops' public
-state: :func:`mid_window` (a batch that only accumulated its gradient) and :func:`validates_after` (Lightning
-validates after this batch). The checkpoint callbacks (:mod:`vitrel.train.callbacks`) save where a resume continues
+state: :func:`mid_window` (a batch that only accumulated its gradient), :func:`validates_after` (Lightning
+validates after this batch) and :func:`first_validation` (the optimizer step of a fit's first validation, and
+whether the fit reaches it). The checkpoint callbacks (:mod:`vitrel.train.callbacks`) save where a resume continues
 exactly."""
 
 from __future__ import annotations
 
+import math
+
 import lightning as L
 
-__all__ = ["mid_window", "validates_after"]
+__all__ = ["mid_window", "validates_after", "first_validation"]
 
 
 def validates_after(trainer: L.Trainer) -> bool:
@@ -55,3 +58,34 @@ def mid_window(trainer: L.Trainer, batch_idx: int) -> bool:
     if n <= 1 or (batch_idx + 1) % n == 0:
         return False
     return trainer.strategy.handles_gradient_accumulation or batch_idx + 1 < trainer.num_training_batches
+
+
+def first_validation(trainer: L.Trainer) -> tuple[float, bool] | None:
+    """Once the training loader is set up (``on_train_start``): the optimizer steps done when a fit from its start
+    first validates (``math.inf``: never, ``trainer.limit_val_batches=0`` or no validation loader), and whether the
+    fit reaches that validation before ``trainer.max_steps`` or ``trainer.max_epochs`` end it. The batch it validates
+    after is :func:`validates_after`'s first (``trainer.val_check_interval`` in batches or a fraction of the epoch,
+    ``check_val_every_n_epoch``, ``None`` for batches counted across epochs); an epoch takes
+    ``ceil(batches / accumulate_grad_batches)`` steps, its last batch stepping a partial window. None where the plan
+    is not known before the fit: a time-based ``val_check_interval``, a training loader without a length, a strategy
+    that accumulates gradients itself (DeepSpeed)."""
+    if not trainer.enable_validation:
+        return math.inf, False
+    batches, n = trainer.val_check_batch, trainer.num_training_batches
+    if batches is None or math.isinf(batches) or math.isinf(n) or trainer.strategy.handles_gradient_accumulation:
+        return None
+    every, k, batches, n = trainer.check_val_every_n_epoch, trainer.accumulate_grad_batches, int(batches), int(n)
+    if every is None:  # (the batches counted over the fit)
+        epoch, batch = divmod(batches - 1, n)
+    elif batches > n:  # (the batches counted in each epoch: never reaches it)
+        return math.inf, False
+    else:
+        epoch, batch = every - 1, batches - 1  # (0-based: the batch it validates after)
+    per_epoch = math.ceil(n / k)
+    before = epoch * per_epoch + batch // k  # the steps done as that batch starts
+    at = epoch * per_epoch + (per_epoch if batch + 1 == n else (batch + 1) // k)
+    max_steps, max_epochs = trainer.max_steps, trainer.max_epochs
+    reached = (max_steps is None or max_steps < 0 or before < max_steps) and (
+        max_epochs is None or max_epochs < 0 or epoch < max_epochs
+    )
+    return at, reached

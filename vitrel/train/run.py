@@ -58,6 +58,7 @@ from vitrel.train.flops import run_gflops
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
+from vitrel.train.loop_rules import first_validation
 from vitrel.train.mixing import check_mixup_fits
 from vitrel.train.progress import (
     CountTestImages,
@@ -236,6 +237,8 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
     check_optimized_metric(cfg, module)  # (a misspelled name: refused now, not after the run or the sweep's jobs)
+    if str(cfg.get("optimized_metric") or "").startswith("val/"):
+        cbs.append(ValidatesBeforeEnd(cfg.optimized_metric))  # (a fit that never validates: refused as it starts)
     check_monitors(cbs, module)  # (EarlyStopping(monitor=val/acc): refused now, not after the first epoch)
     check_mixup_takes_batches(module, dm)  # (else the module's own check, at the first step, in a traceback)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume, started)  # before the loggers open
@@ -324,6 +327,13 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         print(report(result, wandb_run, tested["classes_note"], noun), flush=True)
     target = cfg.get("optimized_metric")
     if target:
+        if target not in metrics and str(target).startswith("val/") and result["val_runs"] == 0:
+            raise ConfigError(  # (a plan ValidatesBeforeEnd could not read: a time-based val_check_interval ...)
+                f"optimized_metric={target}: the run ended before its first validation (val_runs=0 in metrics.json), "
+                "so it logged no val/ metric; validate within the fit (trainer.val_check_interval=<training "
+                "batches>), shorten its epochs (trainer.limit_train_batches=<batches>), raise trainer.max_steps, or "
+                "optimize a test/ metric"
+            )
         if target not in metrics:  # (a metric named by metric_names that this run did not log, e.g. acc1 with mixup)
             raise KeyError(f"optimized_metric={target!r} is not among the run's metrics: {sorted(metrics)}")
         return metrics[target]  # type: ignore[return-value]
@@ -379,6 +389,41 @@ def check_optimized_metric(cfg: DictConfig, module: L.LightningModule) -> None:
             f"optimized_metric={target}: the sweeper chooses its trials by the test split's score, so the best one's "
             "test score is no longer a fair estimate of new data (it was picked on it); search on a val/ metric "
             "(val/acc1) and report the chosen run's test score"
+        )
+
+
+class ValidatesBeforeEnd(Callback):
+    """``optimized_metric`` a ``val/`` metric in a fit that ends before its first validation
+    (:func:`~vitrel.train.loop_rules.first_validation`: ``trainer.max_steps`` within the first epoch, a
+    ``check_val_every_n_epoch`` past ``max_epochs``, ``limit_val_batches=0``): a :class:`~vitrel.config.ConfigError`
+    as the fit starts, naming the stop and the fix, not the missing metric after the run has trained and tested."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        plan = first_validation(trainer)
+        if plan is None or plan[1]:
+            return
+        said = f"optimized_metric={self.target} is a validation metric"
+        if plan[0] == float("inf"):
+            raise ConfigError(f"{said}, and this run validates never (trainer.limit_val_batches=0?)")
+        n, k = int(trainer.num_training_batches), trainer.accumulate_grad_batches
+        every, max_steps, max_epochs = trainer.check_val_every_n_epoch, trainer.max_steps, trainer.max_epochs
+        epoch = f"an epoch: {n} training batches, {-(-n // k)} optimizer steps"
+        if max_steps is None or max_steps < 0 or (max_epochs is not None and 0 <= max_epochs * -(-n // k) < max_steps):
+            raise ConfigError(  # (check_val_every_n_epoch past max_epochs)
+                f"{said}, and this fit ends before its first validation: trainer.max_epochs={max_epochs} ends it, "
+                f"trainer.check_val_every_n_epoch={every} validates after epoch {every} ({epoch}); set "
+                f"trainer.check_val_every_n_epoch to at most {max_epochs}"
+            )
+        each = " trainer.check_val_every_n_epoch=1" if every not in (None, 1) else ""
+        raise ConfigError(
+            f"{said}, and this fit ends before its first validation: trainer.max_steps={max_steps} ends it, it would "
+            f"first validate after optimizer step {int(plan[0])} ({epoch}); validate within its {max_steps} steps "
+            f"(trainer.val_check_interval={k * max_steps}{each}: every {k * max_steps} training batches), shorten its "
+            f"epochs (trainer.limit_train_batches={k * max_steps}{each}), raise trainer.max_steps, or optimize a test/ "
+            "metric"
         )
 
 

@@ -403,3 +403,47 @@ def test_a_sweep_run_again_with_another_setting_warns_naming_it():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         check_same_sweep_job(ckpt, {"overrides": longer, "swept": ["seed"]}, "sweep/0/checkpoints/last.ckpt")
+
+
+def test_a_job_that_raised_after_writing_its_metrics_json_shows_as_failed(tmp_path, capsys):
+    """A job that wrote its ``metrics.json``, then raised (``optimized_metric=val/acc1`` of a fit that never validated,
+    a plan Lightning only knows as it runs): the summary took the status from ``metrics.json`` and showed the job
+    ``finished``, its error (``error.txt``) nowhere, its figures in the seed means. It is failed, with its error, in
+    summary.md, summary.csv and summary.png's rows, and out of the means."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import JobReturn, JobStatus
+    from omegaconf import open_dict, read_write
+
+    from vitrel.config import ConfigError
+
+    sweep, task = tmp_path / "sweep", ["seed=0,1"]
+    hook = SweepSummary()
+    hook.on_multirun_start(_sweep_cfg(sweep, task))
+    sid = (sweep / ".sweep_id").read_text().strip()
+    quick = [*TINY, "logger=none", "progress_bar=none", "trainer.max_steps=2", "optimized_metric=val/acc1"]
+    for job, extra in ((0, ["trainer.val_check_interval='00:01:00:00'"]), (1, [])):  # (job 0: no validation)
+        d = sweep / str(job)
+        _job(sweep, job, [f"seed={job}"], sweep_id=sid)
+        hook.on_job_start(_sweep_cfg(sweep, task, job))
+        cfg = compose(d, [*quick, *extra, f"seed={job}"], multirun=True)
+        with read_write(HydraConfig.get()), open_dict(HydraConfig.get()):
+            HydraConfig.get().overrides.task = [f"seed={job}"]  # (the job's overrides, as -m seed=0,1 gives them)
+        ended = JobReturn(status=JobStatus.COMPLETED)
+        try:
+            ended.return_value = train(cfg)
+        except ConfigError as e:
+            ended.status, ended._return_value = JobStatus.FAILED, e
+        hook.on_job_end(_sweep_cfg(sweep, task, job), job_return=ended)
+    assert _metrics(sweep / "0")["status"] == "finished", "the error came after the record"
+    hook._at_exit()
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [r["status"] for r in rows] == ["failed (ConfigError)", "finished"], rows
+    assert "the run ended before its first validation" in rows[0]["error"] and rows[1]["error"] == "", rows
+    assert rows[0]["test/acc1"] != "", "its figures kept"
+    md = (sweep / "summary.md").read_text()
+    assert "failed:\njob 0 seed=0: ConfigError: optimized_metric=val/acc1: the run ended before" in md, md
+    (mean,) = csv.DictReader((sweep / "summary_seeds.csv").open())
+    assert (mean["n"], mean["jobs"], float(mean["test/acc1 mean"])) == ("1", "2", float(rows[1]["test/acc1"]))
+    data = _plot(sweep)
+    assert data.points == [[pytest.approx(100 * float(rows[1]["test/acc1"]))]] and data.finished == 1, data
+    assert "Sweep summary (2 jobs" in capsys.readouterr().out

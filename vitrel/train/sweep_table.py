@@ -55,8 +55,9 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
     writes them as the sweep and each job start) is of an earlier sweep in the same folder, not yet run again by this
     one: its row has ``earlier=True``. A ``metrics.json`` of other overrides than the job's ``.hydra/overrides.yaml``
     is an earlier run's: the job shows as failed. A failed job's error (written as the job ends) is the row's
-    ``error``; a job the sweep stopped while it ran (Ctrl-C, SIGTERM: its ``interrupted.txt``) is ``interrupted``, that
-    text its ``error``.
+    ``error``, and its status ``failed (...)`` also where it raised after writing its ``metrics.json`` (whose figures
+    the row keeps; it enters no mean); a job the sweep stopped while it ran (Ctrl-C, SIGTERM: its ``interrupted.txt``)
+    is ``interrupted``, that text its ``error``.
     """
     sweep_dir = Path(sweep_dir)
     sweep_id = read_note(sweep_dir / SWEEP_ID)
@@ -71,6 +72,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
         if data is not None and overrides is not None and list(data.get("overrides", [])) != overrides:
             data = None  # an earlier run's
         row["overrides"] = overrides if overrides is not None else list((data or {}).get("overrides", []))
+        error = read_note(d / ERROR)  # (the job's, also one raised after it wrote its metrics.json)
         if data is not None:
             row["status"] = data.get("status", "?")
             for m in metrics:
@@ -80,11 +82,12 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             row["wall_s"] = data.get("wall_s")
             row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
             row["trained_with"] = trained_with(d, data, row["overrides"])
-        elif (d / STOPPED).exists() and not (d / ERROR).exists():
+        if error:
+            row["status"], row["error"] = f"failed ({error.split(':', 1)[0]})", error
+        elif data is None and (d / STOPPED).exists():
             row["status"], row["error"] = INTERRUPTED, read_note(d / STOPPED)
-        else:
-            row["error"] = read_note(d / ERROR)
-            row["status"] = f"failed ({row['error'].split(':', 1)[0]})" if row["error"] else "failed (no metrics.json)"
+        elif data is None:
+            row["status"], row["error"] = "failed (no metrics.json)", error
         rows.append(row)
     return rows
 

@@ -91,3 +91,41 @@ def test_a_single_run_resumed_with_another_optimizer_setting_says_it_does_not_ap
         said
     ), said[-3000:]
     assert "trainer.max_epochs" not in said.split("trained with other settings", 1)[1].split(")")[0]
+
+
+def test_the_seed_means_and_the_picture_carry_the_mark(tmp_path):
+    """``-m seed=0,1,2`` run again in its folder with ``module.optimizer.lr=0.01``: summary.md marked each job, but
+    ``summary_seeds.csv``, the means table and ``summary.png`` gave the resumed runs' figures under the new setting
+    unmarked. The means of marked jobs (finished ones) carry the mark: a ``trained_with`` column, ``*`` after the
+    seeds, and in the picture's labels, its title saying what ``*`` means."""
+    from vitrel.train.sweep_plot import plot_rows
+    from vitrel.train.sweep_table import summary_rows
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / ".sweep_id").write_text("again\n")
+    lr = "module.optimizer.lr=0.01"
+    for seed in range(3):
+        first = ["pos=none", f"seed={seed}", "trainer.max_epochs=1"]
+        _job(sweep, seed, [*first, lr], first, {"resumed_finished": True, "resumes": 1})
+    summary = SweepSummary()
+    summary._summarize(sweep, show=False)
+    (mean,) = csv.DictReader((sweep / "summary_seeds.csv").open())
+    assert (mean["overrides"], mean["n"], mean["trained_with"]) == (
+        f"pos=none trainer.max_epochs=1 {lr}",
+        "3",
+        "module.optimizer.lr (not set)",
+    ), mean
+    text = (sweep / "summary.md").read_text()
+    means = text[text.index("mean ± standard deviation over seeds") :].splitlines()
+    assert means[4].split("  ")[1].strip() == "3 *", means
+    rows, seeds, *_ = summary_rows(sweep, summary.metrics)
+    data = plot_rows(rows, seeds)
+    assert data.labels == [f"pos=none trainer.max_epochs=1 {lr} (3 seeds) *"] and data.other_settings, data
+    data = plot_rows(rows, [])  # (one bar per job)
+    assert data.labels == [f"{j}: seed={j} *" for j in range(3)], data.labels
+
+    (sweep / "2" / ".trained_with.json").unlink()  # job 2 trained anew with the job's settings: means still marked
+    summary._summarize(sweep, show=False)
+    (mean,) = csv.DictReader((sweep / "summary_seeds.csv").open())
+    assert mean["trained_with"] == "module.optimizer.lr (not set)"

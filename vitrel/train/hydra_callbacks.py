@@ -177,6 +177,7 @@ class SweepSummary(Callback):
         fields.append("test_split_images")
         files = {"summary.md": text, "summary.csv": csv_text([*fields, "status", "error", "trained_with"], rows)}
         mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in self.metrics for s in ("mean", "std"))]
+        mfields.append("trained_with")  # (the marked rows': their figures of a resumed run of other settings)
         files["summary_seeds.csv"] = csv_text(mfields, means) if means else None
         for name, content in files.items():
             if content is None:

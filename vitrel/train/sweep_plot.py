@@ -2,7 +2,8 @@
 horizontal bar per job, its top-1 accuracy in %, in the table's order; with a ``seed=`` sweep one bar per setting
 at the mean over its finished seeds, an error bar of ± the sample standard deviation (``summary_seeds.csv``'s) and
 each seed's value as a dot. A job (a setting with no finished seed) that failed, was interrupted or was not run is
-an empty row saying which.
+an empty row saying which; a label marked ``*`` is of a job (a setting's seeds) that resumed its folder's run of
+other settings.
 
 :func:`plot_rows` is the data the picture shows; :func:`plot_sweep` draws it as a ``matplotlib.figure.Figure``
 built without pyplot, as ``vitrel.viz``'s are; :func:`save_png` writes it with the Agg canvas.
@@ -14,6 +15,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from vitrel.train.sweep_rerun import mark_other_settings
 
 __all__ = ["ACCURACY", "PlotRows", "plot_rows", "plot_sweep", "save_png"]
 
@@ -41,6 +44,8 @@ class PlotRows:
     jobs: int = 0
     finished: int = 0
     seeds: bool = False
+    #: a label marked `` *``: its figures are of a resumed run of other settings (summary.md names them)
+    other_settings: bool = False
 
     def xlabel(self) -> str:
         used = sorted({m for m in self.metrics if m is not None}, key=ACCURACY.index)
@@ -61,11 +66,12 @@ def plot_rows(rows: list[dict[str, Any]], means: list[dict[str, Any]]) -> PlotRo
     then one row per setting, its seeds the jobs named in ``members``). A bar is ``test/acc1`` where the job (for a
     setting: any of its finished seeds) has it, else ``val/acc1``."""
     out = PlotRows(jobs=len(rows), finished=sum(r["status"] == "finished" for r in rows), seeds=bool(means))
+    out.other_settings = any(mark_other_settings(r) for r in means or rows)
     if not means:
         for r in rows:
             done = r["status"] == "finished"
             metric = next((m for m in ACCURACY if done and r.get(m) is not None), None)
-            out.labels.append(f"{r['job']}: {r['overrides']}")
+            out.labels.append(f"{r['job']}: {r['overrides']}{mark_other_settings(r)}")
             out.values.append(_pct(r.get(metric)) if metric else None)
             out.errors.append(None)
             out.points.append([])
@@ -76,7 +82,7 @@ def plot_rows(rows: list[dict[str, Any]], means: list[dict[str, Any]]) -> PlotRo
     for s in means:
         metric = next((m for m in ACCURACY if s.get(f"{m} mean") is not None), None)
         seeds = f"{s['n']} seed{'s' if s['n'] != 1 else ''}" + (f" of {s['jobs']}" if s["n"] != s["jobs"] else "")
-        out.labels.append(f"{s['overrides']} ({seeds})")
+        out.labels.append(f"{s['overrides']} ({seeds}){mark_other_settings(s)}")
         out.values.append(_pct(s.get(f"{metric} mean")) if metric else None)
         out.errors.append(_pct(s.get(f"{metric} std")) if metric else None)
         members = [by_job[j] for j in s["members"]]
@@ -124,6 +130,8 @@ def plot_sweep(data: PlotRows, name: str):
     title = f"{name}: {data.jobs} jobs, {data.finished} finished (rows in the summary table's order)"
     if data.seeds:
         title += "\nbar: mean over a setting's finished seeds, ± sample std; dots: the seeds"
+    if data.other_settings:
+        title += "\n*: of the run the job resumed, trained with other settings (summary.md names them)"
     fig.suptitle(title, fontsize=9)
     return fig
 

@@ -1,7 +1,8 @@
 """A sweep run again in its folder: each job's folder may hold the run of the earlier sweep. As the job starts,
 :func:`set_aside_earlier_run` moves that run's record aside and notes the settings its ``last.ckpt`` was trained
-with (the job resumes that run); :func:`trained_with` says, for the summary, where those differ from the job's;
-:func:`finished_record` finds the record of a finished run the job resumed (its figures)."""
+with (the job resumes that run); :func:`trained_with` says, for the summary, where those differ from the job's
+(its rows marked: :func:`mark_other_settings`); :func:`finished_record` finds the record of a finished run the
+job resumed (its figures)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 from vitrel.train.sweep_files import ERROR, MAY_DIFFER, PREVIOUS, STOPPED, SWEEP_JOB, TRAINED_WITH
 from vitrel.train.utils import override_key
 
-__all__ = ["finished_record", "set_aside_earlier_run", "trained_with"]
+__all__ = ["finished_record", "mark_other_settings", "set_aside_earlier_run", "trained_with"]
 
 
 def set_aside_earlier_run(job_dir: Path) -> None:
@@ -58,6 +59,13 @@ def trained_with(job_dir: Path, data: dict[str, Any], overrides: Sequence[str]) 
     a, b = {override_key(o): o for o in theirs}, {override_key(o): o for o in overrides}
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in MAY_DIFFER)
     return " ".join(a.get(k, f"{k} (not set)") for k in keys) or None
+
+
+def mark_other_settings(row: dict[str, Any]) -> str:
+    """`` *`` after a summary row (a job, or a setting's seeds) that holds :func:`trained_with`'s settings: its
+    figures are of a resumed run of other settings (the tables, ``summary_seeds.csv``'s ``trained_with``, the
+    picture's label); "" otherwise."""
+    return " *" if row.get("trained_with") else ""
 
 
 def finished_record(run_dir: str | Path, global_step: int) -> dict[str, Any] | None:

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from vitrel.train.sweep_files import ERROR, STOPPED, SWEEP_ID, job_order, read_note, sweep_plan
 from vitrel.train.sweep_plot import ACCURACY  # (the module imports matplotlib only when it draws)
-from vitrel.train.sweep_rerun import trained_with
+from vitrel.train.sweep_rerun import mark_other_settings, trained_with
 from vitrel.train.sweepers import is_seed
 
 __all__ = [
@@ -136,7 +136,9 @@ def split_common(rows: list[dict[str, Any]]) -> list[str]:
 def seed_means(rows: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[str, Any]]:
     """Rows of jobs that differ only in ``seed=`` as one row each: ``n`` finished of ``jobs``, the mean and the
     sample standard deviation of each metric over the finished ones (``rows`` with their override lists, before
-    :func:`split_common`; ``members``: the setting's job folders). Empty when the sweep does not vary the seed."""
+    :func:`split_common`; ``members``: the setting's job folders; ``trained_with``: the finished ones' marks of a
+    resumed run of other settings, :func:`~vitrel.train.sweep_rerun.trained_with`, else None). Empty when the sweep
+    does not vary the seed."""
     if len({tuple(o for o in r["overrides"] if is_seed(o)) for r in rows}) < 2:
         return []
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
@@ -147,6 +149,7 @@ def seed_means(rows: list[dict[str, Any]], metrics: Sequence[str]) -> list[dict[
         done = [r for r in members if r["status"] == "finished"]
         row: dict[str, Any] = {"overrides": list(key), "n": len(done), "jobs": len(members)}
         row["members"] = [r["job"] for r in members]
+        row["trained_with"] = "; ".join(sorted({r["trained_with"] for r in done if r.get("trained_with")})) or None
         for m in metrics:
             vals = [float(r[m]) for r in done if r.get(m) is not None]
             mean = sum(vals) / len(vals) if vals else None
@@ -198,21 +201,23 @@ def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
     cols = ["job", "overrides", *metrics, "params", "gflops", "epochs", "wall_s", "test_images", "status"]
     shown = [dict(r, test_images=_test_images(r)) for r in rows]
     for r in shown:  # (a job that resumed a run of other settings: its figures are that run's, said below the table)
-        r["status"] = f"{r['status']} *" if r.get("trained_with") else r.get("status")
+        r["status"] = f"{r['status']}{mark_other_settings(r)}"
     for r in shown:  # (an empty val/* cell of a job that ran no validation: said, not left blank)
         r.update({m: NO_VAL for m in metrics if m.startswith("val/") and r.get(m) is None and r.get("val_runs") == 0})
     return _fixed_width(cols, [[_cell(c, r.get(c)) for c in cols] for r in shown])
 
 
 def format_means(means: list[dict[str, Any]], metrics: Sequence[str]) -> str:
-    """The :func:`seed_means` table: ``mean ± std`` per metric, ``n`` finished seeds (``of`` jobs)."""
+    """The :func:`seed_means` table: ``mean ± std`` per metric, ``n`` finished seeds (``of`` jobs; `` *``: of runs of
+    other settings, as :func:`format_table`'s status)."""
 
     def pm(r: dict[str, Any], m: str) -> str:
         mean, std = r[f"{m} mean"], r[f"{m} std"]
         return "-" if mean is None else f"{mean:.4f}" + (f" ± {std:.4f}" if std is not None else "")
 
     cols = ["overrides", "seeds", *metrics]
-    table = [[r["overrides"], f"{r['n']}" + (f" of {r['jobs']}" if r["n"] != r["jobs"] else "")] for r in means]
+    seeds = [f"{r['n']}" + (f" of {r['jobs']}" if r["n"] != r["jobs"] else "") + mark_other_settings(r) for r in means]
+    table = [[r["overrides"], n] for r, n in zip(means, seeds)]
     for t, r in zip(table, means):
         t += [pm(r, m) for m in metrics]
     return _fixed_width(cols, table)

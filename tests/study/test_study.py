@@ -201,6 +201,28 @@ def test_another_recipe_is_refused(study, tmp_path):
     assert len(state["runs"]) == 1
 
 
+def test_finished_runs_of_other_scheme_settings_are_refused(study, tmp_path):
+    """conf/pos/rel2d_full.yaml's ``init_std`` changed between two goes of a study: the recipe leaves ``pos`` out
+    (``NOT_RECIPE``) and only a variant's overrides were checked, so the second go was accepted and the scheme's row
+    averaged runs of two ``init_std``. Each run records its resolved position settings; a finished run whose entry
+    now composes other ones is refused, naming the key. Unchanged settings, and runs recorded before they were (no
+    ``pos_settings``), resume."""
+    state = run(study, tmp_path, "--max-runs", "1", "--archs", "vit", "--schemes", "rel2d_full", "--cost-rounds", "0")
+    (done,) = state["runs"]
+    assert done["pos_settings"] == {"name": "rel2d_full", "init_std": 0.02, "extend": "grow"}
+    path = tmp_path / "study_smoke.json"
+    data = json.loads(path.read_text())
+    again = ["--archs", "vit", "--schemes", "rel2d_full", "--max-runs", "0", "--cost-rounds", "0"]
+    assert len(run(study, tmp_path, *again)["runs"]) == 1  # the same settings: kept
+    data["runs"][0]["pos_settings"]["init_std"] = 2.0  # (as if the run was made with init_std: 2.0 in the file)
+    path.write_text(json.dumps(data))
+    with pytest.raises(SystemExit, match=r"another recipe \(differs in: pos\.init_std of rel2d_full\); rerun with"):
+        run(study, tmp_path, *again)
+    del data["runs"][0]["pos_settings"]  # (results of an older vitrel: nothing to compare, kept)
+    path.write_text(json.dumps(data))
+    assert len(run(study, tmp_path, *again)["runs"]) == 1
+
+
 def test_bad_selection_is_refused(study, tmp_path, capsys):
     """Refused with its reason; the logger levels and warning filters the study sets while it runs are restored (a
     study called in-process left Lightning's INFO lines off for the rest of the process)."""
@@ -603,7 +625,7 @@ def test_report_marks_claim_links_with_fewer_seeds_or_none(study):
 def test_restart_discards_this_study_only(tmp_path, capsys):
     """``--restart`` (``load_state(..., restart=True)``) removes the study's own files, not another study's whose name
     starts with this one's (``--budget extrapolation --restart`` beside ``study_extrapolation_trained.*``)."""
-    from vitrel.study.cli import load_state
+    from vitrel.study.cli import load_state, scheme_settings
 
     ours = ["s.json", "s.csv", "s.md", "s.png", "s_diffs.png", "s_curves.png", "s_pos.safetensors", "s.shard1.json"]
     ours += ["s_pos.shard0.safetensors", ".s.json.tmp"]
@@ -612,7 +634,7 @@ def test_restart_discards_this_study_only(tmp_path, capsys):
         (tmp_path / f).write_text("{}")
     for d in ("s_work", "s_failed", "s_trained_work", "s_trained_failed"):
         (tmp_path / d / "x").mkdir(parents=True)
-    load_state(tmp_path / "s.json", {}, restart=True)
+    load_state(tmp_path / "s.json", {}, restart=True, settings=scheme_settings)
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted(theirs + ["s_trained_work", "s_trained_failed"])
     assert capsys.readouterr().out.startswith(f"--restart: removed 12 file(s) of s in {tmp_path}: s.json, s.csv,")

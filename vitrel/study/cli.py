@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import glob
 import hashlib
 import json
@@ -20,12 +21,13 @@ import threading
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from hydra.errors import HydraException, InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from vitrel.bench import machine_info, source_commit
 from vitrel.pos import get_pos_class, list_pos
@@ -126,9 +128,33 @@ def _run_part(recipe: dict) -> dict:
     return {**recipe, "study": {k: v for k, v in (recipe.get("study") or {}).items() if k not in READING}}
 
 
-def check_recipe(path: Path, old: dict, recipe: dict) -> None:
+def scheme_settings(recipe: dict, arch: str, label: str) -> dict:
+    """The position settings of a run of study entry ``label`` on ``arch`` under ``recipe``: ``pos`` of its
+    composition (the scheme's ``conf/pos`` file, a variant's overrides and ``score_with``, the command's
+    ``++pos.<key>=``), resolved. Each run records them (``pos_settings``), and :func:`check_recipe` compares them:
+    the recipe (``NOT_RECIPE``) leaves ``pos`` out."""
+    _, train, score_with = variant_parts(label, recipe["study"].get("variants"))
+    cfg = compose(recipe["budget"], [*recipe["overrides"], *recipe["study"]["archs"][arch], *train, *score_with])
+    return OmegaConf.to_container(cfg.pos, resolve=True)
+
+
+def _changed_pos(run: dict, settings: Callable[[str, str], dict]) -> list[str]:
+    """The ``pos.<key>``s whose value in ``run``'s ``pos_settings`` is not ``settings``' now (a run recorded
+    without them, by an older vitrel: none)."""
+    if run.get("pos_settings") is None:
+        return []
+    try:
+        now = settings(run["arch"], run["scheme"])
+    except Exception as e:  # noqa: BLE001  (an entry or architecture that no longer composes)
+        return [f"pos ({type(e).__name__}: it no longer composes)"]
+    was = run["pos_settings"]
+    return [f"pos.{k}" for k in sorted(was.keys() | now.keys()) if was.get(k) != now.get(k)]
+
+
+def check_recipe(path: Path, old: dict, recipe: dict, settings: Callable[[str, str], dict]) -> None:
     """Refuse the runs of ``old`` (a results or ``--jobs`` shard file's state, read from ``path``) unless they were
-    made with ``recipe`` (less ``READING``; a variant's overrides checked per run)."""
+    made with ``recipe`` (less ``READING``; per run, a variant's overrides and the position settings it recorded,
+    against ``settings(arch, entry)``: :func:`scheme_settings`)."""
     new_part, old_part = _run_part(recipe), _run_part(old.get("recipe") or {})
     diff = [k for k in new_part if old_part.get(k) != new_part[k]]
     diff += [f"study.{k}" for k in new_part["study"] if old_part["study"].get(k) != new_part["study"][k]]
@@ -138,6 +164,8 @@ def check_recipe(path: Path, old: dict, recipe: dict) -> None:
         for r in old.get("runs", [])
         if r.get("pos_overrides") is not None and variants.get(r["scheme"]) != r["pos_overrides"]
     ]
+    if not diff:  # (the settings of an entry whose variant or recipe changed: said by those)
+        diff += [f"{k} of {r['scheme']}" for r in old.get("runs", []) for k in _changed_pos(r, settings)]
     if diff:
         made, given = (old.get("recipe") or {}).get("overrides"), recipe["overrides"]
         made = f"; it was made with the overrides {made}, this command gives {given}" if "overrides" in diff else ""
@@ -147,11 +175,12 @@ def check_recipe(path: Path, old: dict, recipe: dict) -> None:
         )
 
 
-def load_state(path: Path, state: dict, restart: bool) -> dict:
-    """The earlier runs of this study (its recipe must be the same), or none with ``restart``."""
+def load_state(path: Path, state: dict, restart: bool, settings: Callable[[str, str], dict]) -> dict:
+    """The earlier runs of this study (its recipe must be the same: :func:`check_recipe`), or none with
+    ``restart``."""
     if path.exists() and not restart:
         old = json.loads(path.read_text())
-        check_recipe(path, old, state["recipe"])
+        check_recipe(path, old, state["recipe"], settings)
         keep = ("runs", "failed", "wall_s", "cost", "cost_rounds", "cost_steps", "cost_load", "commands")
         state.update({k: old[k] for k in keep if k in old})
     elif restart:
@@ -174,7 +203,7 @@ def study_files(out: Path, name: str) -> list[Path]:
     return [p for p in paths if p.exists()]
 
 
-def merge_shards(out: Path, name: str, state: dict) -> None:
+def merge_shards(out: Path, name: str, state: dict, settings: Callable[[str, str], dict]) -> None:
     """Take the runs, failures and position tensors of ``--jobs`` workers' shard files into ``state`` (made with its
     recipe, else refused); remove each shard once ``<name>.json`` (and the position file) hold what it held. The wall
     time is the longest worker's (each counts from the results' own): an interrupted run's parent recorded none."""
@@ -186,7 +215,7 @@ def merge_shards(out: Path, name: str, state: dict) -> None:
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
     shards = {path: json.loads(path.read_text()) for path in sorted(out.glob(f"{name}.shard*.json"))}
     for path, shard in shards.items():  # (a worker of an interrupted --jobs run had its recipe: check all first)
-        check_recipe(path, shard, state["recipe"])
+        check_recipe(path, shard, state["recipe"], settings)
     for shard in shards.values():
         for r in shard.get("runs", []):
             if (r["arch"], r["scheme"], r["seed"]) not in done:
@@ -345,9 +374,10 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     study, (schemes, archs, seeds) = rec["study"], select(args, rec["study"])
     command = f"{prog} " + " ".join(a for a in argv if a != "--restart")
     state = dict(budget=args.budget, recipe=rec, command=command, wall_s=0.0, runs=[])
-    state = load_state(out / f"{name}.json", state, args.restart and shard is None)
+    settings = functools.cache(functools.partial(scheme_settings, rec))  # (arch, entry): its pos, composed once
+    state = load_state(out / f"{name}.json", state, args.restart and shard is None, settings)
     if shard is None:
-        merge_shards(out, name, state)  # what workers of an interrupted --jobs run finished
+        merge_shards(out, name, state, settings)  # what workers of an interrupted --jobs run finished
         state["commands"] = list(dict.fromkeys([*state.get("commands", []), command]))
     wall_before, state["machine"] = state["wall_s"], machine_info(device)
     done = {(r["arch"], r["scheme"], r["seed"]) for r in state["runs"]}
@@ -399,7 +429,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
             run_jobs(args, argv, min(args.jobs, len(units)), taken)
         finally:
             shutil.rmtree(taken, ignore_errors=True)
-        merge_shards(out, name, state)
+        merge_shards(out, name, state, settings)
         units = {}
     data: dict = {}
     commit = source_commit()  # the code this process runs (read once: a checkout changed meanwhile is not it)
@@ -457,6 +487,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
                     rec = {**record, **accs, "eval_s": eval_s, "trained_as": trained}
                 family = get_pos_class(cfg.pos.name).family
                 run = dict(arch=arch, scheme=scheme, seed=seed, family=family, pos_overrides=variants.get(scheme))
+                run["pos_settings"] = settings(arch, scheme)  # (checked when the study resumes)
                 run.update(commit=commit, machine=state["machine"]["description"])  # which code, where: per run
                 state["runs"].append({**run, **rec, "resumed": resumed})
                 state["failed"] = [f for f in state.get("failed", []) if _key(f) != _key(run)]  # (a retry)

@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the study's budgets: conf/experiment/study_<budget>.yaml (study_base*.yaml: the parts they share)
 BUDGETS = sorted(p.stem.removeprefix("study_") for p in (ROOT / "conf" / "experiment").glob("study_*.yaml"))
 BUDGETS = [b for b in BUDGETS if not b.startswith("base")]
-# a run's config minus these keys is its recipe (where things go, the display, which scheme and seed)
+# a run's config minus these keys is its recipe (where things go, the display, which scheme and seed; the scheme's
+# settings are checked per run: vitrel.study.cli.scheme_settings)
 NOT_RECIPE = ("paths", "seed", "pos", "progress_bar", "ckpt_path", "resume", "task_name", "study")
 
 

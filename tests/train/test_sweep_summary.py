@@ -447,3 +447,24 @@ def test_a_job_that_raised_after_writing_its_metrics_json_shows_as_failed(tmp_pa
     data = _plot(sweep)
     assert data.points == [[pytest.approx(100 * float(rows[1]["test/acc1"]))]] and data.finished == 1, data
     assert "Sweep summary (2 jobs" in capsys.readouterr().out
+
+
+def test_a_long_setting_label_wraps_and_keeps_the_picture_whole(tmp_path):
+    """A seed sweep of one setting of six overrides: its 150-character label took the 8-inch picture's width,
+    constrained_layout gave up (its warning) and cut the label and the x-axis name. Labels wrap."""
+    from vitrel.train.sweep_plot import PlotRows, plot_sweep, save_png
+
+    label = " ".join(f"module.optimizer.setting_{i}=0.002" for i in range(4)) + " trainer.accelerator=cpu (3 seeds)"
+    rows = PlotRows([label], [30.0], [2.0], [[28.0, 30.0, 32.0]], ["test/acc1"], [""], 3, 3, seeds=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (constrained_layout's "axes sizes collapsed to zero")
+        fig = plot_sweep(rows, "sweep")
+        save_png(fig, tmp_path / "summary.png")
+    ax = fig.axes[0]
+    shown = ax.get_yticklabels()[0].get_text()
+    assert shown.replace("\n", " ") == label and max(map(len, shown.splitlines())) <= 56
+    renderer = fig.canvas.get_renderer()
+    inside = fig.bbox
+    for text in (ax.xaxis.label, ax.get_yticklabels()[0]):
+        box = text.get_window_extent(renderer)
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0, (text.get_text(), box)

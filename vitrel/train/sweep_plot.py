@@ -12,6 +12,7 @@ built without pyplot, as ``vitrel.viz``'s are; :func:`save_png` writes it with t
 from __future__ import annotations
 
 import os
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ __all__ = ["ACCURACY", "PlotRows", "plot_rows", "plot_sweep", "save_png"]
 ACCURACY = ("test/acc1", "val/acc1")
 
 _NAMES = {"test/acc1": "test", "val/acc1": "validation"}
+#: a row's label wraps at this many characters (at 7 pt, under half the picture's 8 inches: the bars keep the rest)
+LABEL_WIDTH = 56
 
 
 @dataclass
@@ -100,7 +103,11 @@ def plot_sweep(data: PlotRows, name: str):
     from matplotlib.figure import Figure
 
     n = len(data.labels)
-    fig = Figure(figsize=(8.0, 0.32 * n + 1.5), layout="constrained")
+    val_too = "test/acc1" in data.metrics  # (rows of val/acc1 among test/acc1 ones say so)
+    labels = [textwrap.fill(lab + (" [val/acc1]" if m == "val/acc1" and val_too else ""), LABEL_WIDTH)
+              for lab, m in zip(data.labels, data.metrics)]  # fmt: skip
+    lines = max([lab.count("\n") + 1 for lab in labels], default=1)  # (rows as tall as the tallest label)
+    fig = Figure(figsize=(8.0, (0.2 + 0.12 * lines) * n + 1.5), layout="constrained")
     ax = fig.subplots()
     y = np.arange(n)
     vals = np.array([v if v is not None else np.nan for v in data.values])
@@ -119,8 +126,6 @@ def plot_sweep(data: PlotRows, name: str):
         else:
             text = f"{v:.2f}" + (f" ± {data.errors[i]:.2f}" if data.errors[i] is not None else "")
             ax.text(ends[i] + 0.01 * right, i, text, va="center", ha="left", fontsize=7)
-    labels = [lab + (" [val/acc1]" if m == "val/acc1" and "test/acc1" in data.metrics else "")
-              for lab, m in zip(data.labels, data.metrics)]  # fmt: skip
     ax.set_yticks(y, labels, fontsize=7)
     ax.set_ylim(n - 0.5, -0.5)  # (the first row at the top, as in the table)
     ax.grid(axis="x", color="0.9")

@@ -110,6 +110,20 @@ def test_a_bias_of_another_shape_is_named_before_a_kernel_reads_it(hook, wrong, 
         s.prepare(Grid(3, 4), 1, torch.device("cpu"), torch.float32, kernel=kernel)
 
 
+def test_a_tensor_kept_as_a_plain_attribute_is_refused(unregister):
+    """``self.w = torch.randn(...)`` was not in the state dict: a strict reload drew it anew (outputs off by 1.5e-2)."""
+
+    def init(self, **kw):
+        PositionScheme.__init__(self, **kw)
+        self.width = torch.rand(self.num_heads)
+
+    register_pos("mine")(
+        type("Mine", (PositionScheme,), {"__init__": init, "bias": _distance_bias(), "has_bias": True})
+    )
+    with pytest.raises(TypeError, match=r"Mine: self.width is a tensor kept as a plain attribute.*nn.Parameter"):
+        registry.build_pos("mine", num_heads=2, head_dim=4, grid=(3, 4))
+
+
 def test_add_to_tokens_is_for_absolute_schemes(unregister):
     cls = type("Mine", (PositionScheme,), {"add_to_tokens": lambda self, x, grid, p=0: x})
     with pytest.raises(TypeError, match="kind = 'absolute'"):

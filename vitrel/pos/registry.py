@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from torch import nn
+from torch import Tensor, nn
 
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.init_stream import own_stream
@@ -187,7 +187,22 @@ class PosSpec:
         # (an absolute and a relative scheme built in a row draw apart; one scheme's variants, and a video scheme and
         # its image one, draw alike)
         with own_stream(f"{self.kind} {sizes.get('layer')}"):
-            return self.cls(**sizes, **kwargs)
+            scheme = self.cls(**sizes, **kwargs)
+        _check_registered_tensors(scheme)
+        return scheme
+
+
+def _check_registered_tensors(scheme: PositionScheme) -> None:
+    """A tensor kept as a plain attribute of a scheme (``self.w = torch.randn(...)``) is neither saved with the
+    weights (a reload draws it anew: another model) nor moved by ``.to()``: a ``TypeError`` naming the fix."""
+    for name, mod in scheme.named_modules():
+        plain = [k for k, v in vars(mod).items() if isinstance(v, Tensor)]
+        if plain:
+            where = ", ".join(f"self.{k}" for k in plain) + (f" (in {name})" if name else "")
+            raise TypeError(
+                f"{type(scheme).__name__}: {where} is a tensor kept as a plain attribute, which is not saved with the "
+                "weights nor moved by .to(): make it an nn.Parameter (learned) or register_buffer(...) (fixed)"
+            )
 
 
 def parse_pos(pos: Any, **options: Any) -> PosSpec | None:

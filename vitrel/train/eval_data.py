@@ -219,11 +219,13 @@ def trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
 
 
 def trained_channels(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
-    """``in_chans``: the channels the stored model takes, for data that makes either (``data.in_chans``: grey
-    Fashion-MNIST repeated to RGB, video files made grey) scored without ``data.in_chans`` on the command line, as
-    timm's ``validate.py`` takes the model's; else empty."""
+    """``in_chans``: the channels the stored model takes, for data given on the command line (``data=``) that makes
+    either (``data.in_chans``: grey Fashion-MNIST repeated to RGB, video files made grey) without ``data.in_chans``, as
+    timm's ``validate.py`` takes the model's; else empty (the default data group, not chosen, scored with another
+    model's channels: refused, naming the run's data)."""
     chans = saved.get("in_chans")
-    if chans is None or "in_chans" not in data_cfg or is_given("data.in_chans") or data_cfg.in_chans == chans:
+    chosen = is_given("data") and not is_given("data.in_chans")
+    if chans is None or "in_chans" not in data_cfg or not chosen or data_cfg.in_chans == chans:
         return {}
     return {"in_chans": int(chans)}
 

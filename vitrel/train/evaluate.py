@@ -188,7 +188,7 @@ def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, dat
         what = f"classifies {stored.get('num_classes')} classes but {type(dm).__name__} has {dm.num_classes}"
     elif chans != dm.in_chans:
         what = f"takes {chans}-channel {samples} but {type(dm).__name__} gives {dm.in_chans}"
-        if "in_chans" in data_cfg:
+        if "in_chans" in data_cfg and is_given("data"):  # (data chosen: only its channels differ)
             fix = f"give data.in_chans={chans} (or leave it out: eval.py takes the model's)"
     else:
         return

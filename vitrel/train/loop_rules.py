@@ -10,7 +10,7 @@ import math
 
 import lightning as L
 
-__all__ = ["mid_window", "validates_after", "first_validation"]
+__all__ = ["mid_window", "validates_after", "first_validation", "resumed_epochs", "fit_steps"]
 
 
 def validates_after(trainer: L.Trainer) -> bool:
@@ -89,3 +89,28 @@ def first_validation(trainer: L.Trainer) -> tuple[float, bool] | None:
         max_epochs is None or max_epochs < 0 or epoch < max_epochs
     )
     return at, reached
+
+
+def resumed_epochs(trainer: L.Trainer) -> int | None:
+    """For a run of ``trainer.max_epochs`` resumed at an epoch's end (``on_train_start``), its optimizer steps an
+    epoch (``ceil(batches / accumulate_grad_batches)``, which ``trainer.devices``, ``data.batch_size`` or
+    ``accumulate_grad_batches`` changed since may make another count than the checkpoint's); None for a fresh fit,
+    a resume inside an epoch (whose steps an epoch cannot change), a run of ``trainer.max_steps`` or a training loader
+    without a length."""
+    if trainer.max_steps != -1:
+        return None
+    batches, acc = trainer.num_training_batches, trainer.accumulate_grad_batches
+    if not isinstance(batches, int) or batches < 1:
+        return None
+    progress = trainer.fit_loop.epoch_loop.batch_progress  # (a checkpoint of an epoch's end: that epoch's, until reset)
+    return -(-batches // acc) if progress.is_last_batch else None
+
+
+def fit_steps(trainer: L.Trainer) -> float:
+    """The optimizer step the fit ends at (``on_train_start``): Lightning's ``estimated_stepping_batches``, or for a
+    run resumed at an epoch's end (:func:`resumed_epochs`) the checkpoint's steps plus the epochs left at this run's
+    steps an epoch (Lightning's estimate counts every epoch at those)."""
+    per_epoch = resumed_epochs(trainer)
+    if per_epoch is None or trainer.max_epochs is None or trainer.max_epochs < 0:
+        return trainer.estimated_stepping_batches
+    return trainer.global_step + (trainer.max_epochs - trainer.current_epoch) * per_epoch

@@ -36,6 +36,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from vitrel.config import ConfigError
+from vitrel.train.loop_rules import resumed_epochs
 
 __all__ = [
     "param_groups", "WarmupCosine", "WarmupCosineLR", "warmup_cosine", "follow_epochs", "check_float16_eps",
@@ -219,15 +220,9 @@ def follow_epochs(trainer: Any) -> None:
     uninterrupted run of the new settings is after the epochs done, ``epoch * steps_per_epoch`` (timm's ``train.py``:
     ``num_updates = epoch * updates_per_epoch``), not at the optimizer steps taken: else 1 process resumed on 2 (half
     the steps an epoch) spent the added epochs at ``min_lr``. A run of ``trainer.max_steps`` keeps its steps."""
-    if trainer.max_steps != -1:
+    per_epoch = resumed_epochs(trainer)
+    if per_epoch is None:  # a fresh run, a resume inside an epoch, a run of max_steps
         return
-    batches, acc = trainer.num_training_batches, trainer.accumulate_grad_batches
-    if not isinstance(batches, int) or batches < 1:  # (an iterable of unknown length: no epoch to count in)
-        return
-    progress = trainer.fit_loop.epoch_loop.batch_progress  # (a checkpoint of an epoch's end: that epoch's, until reset)
-    if not progress.is_last_batch:  # a fresh run, or a resume inside an epoch (whose steps an epoch cannot change)
-        return
-    per_epoch = -(-batches // acc)
     position = trainer.current_epoch * per_epoch
     for config in trainer.lr_scheduler_configs:
         sched = config.scheduler

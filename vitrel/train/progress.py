@@ -17,6 +17,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_only
 
 from vitrel.config import ConfigError
 from vitrel.train.data_contract import is_video_data
+from vitrel.train.loop_rules import fit_steps
 from vitrel.train.summary import known_size
 
 if TYPE_CHECKING:
@@ -60,7 +61,8 @@ class LineProgress(Callback):
     every ``every_n_steps`` of their batches.
     Epochs count from 1 on every line. A step line ``step N/total`` is printed as optimizer step ``N`` ends:
     ``N`` is ``trainer.global_step`` then (under ``accumulate_grad_batches`` a step is several batches), ``total`` the
-    fit's ``trainer.estimated_stepping_batches``; the loggers index that step ``N - 1``. Its ``lr`` is the rate the
+    step the fit ends at (:func:`~vitrel.train.loop_rules.fit_steps`: also after a resume on another number of
+    processes); the loggers index that step ``N - 1``. Its ``lr`` is the rate the
     step used (read as its batches start: the scheduler moves it after the step), as the loggers' ``lr-*`` rows have
     it; under ``module.layer_decay`` the largest group's (the top layer's: the schedule's rate). Its ``img/s`` is the
     training images per second since the previous step line, over all processes (rank 0's count times the world
@@ -94,6 +96,7 @@ class LineProgress(Callback):
         self._t0 = time.monotonic()  # a run resumed mid-epoch starts without on_train_epoch_start
         self._validated = False
         self._window = _Window(step=trainer.global_step)
+        self._fit_steps = fit_steps(trainer)
 
     def on_train_epoch_start(self, trainer, pl_module) -> None:
         self._t0 = time.monotonic()
@@ -109,7 +112,7 @@ class LineProgress(Callback):
         if isinstance(batch, (list, tuple)) and len(batch) > 1 and hasattr(batch[1], "shape"):
             self._window.images += int(batch[1].shape[0])  # (the targets: one per image, NaFlex batches too)
         if every > 0 and step != self._step_before and step % every == 0:
-            total = trainer.estimated_stepping_batches
+            total = self._fit_steps
             m = trainer.callback_metrics
             pace = self._window.pace(step, total, trainer.world_size)
             self._window = _Window(step=step)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import csv
 import json
+import warnings
 
+import pytest
 import torch
 from hydra.types import RunMode
 from omegaconf import OmegaConf
@@ -129,3 +131,18 @@ def test_the_seed_means_and_the_picture_carry_the_mark(tmp_path):
     summary._summarize(sweep, show=False)
     (mean,) = csv.DictReader((sweep / "summary_seeds.csv").open())
     assert mean["trained_with"] == "module.optimizer.lr (not set)"
+
+
+def test_a_run_moved_between_one_and_several_processes_resumes_without_a_settings_warning():
+    """1 process resumed with ``trainer=ddp trainer.devices=2 trainer.precision=32-true`` (docs/training.md's CPU
+    recipe) warned that a rate given now does not apply, naming ``trainer=ddp`` and the precision: how a run runs,
+    as its devices. Another rate still warns."""
+    from vitrel.train.resume import check_same_sweep_job
+
+    ddp = ["trainer=ddp", "trainer.accelerator=cpu", "trainer.devices=2", "trainer.precision=32-true"]
+    ckpt = {SWEEP_JOB: {"overrides": ["trainer.max_epochs=1"], "swept": []}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_same_sweep_job(ckpt, {"overrides": [*ddp, "trainer.log_every_n_steps=6"], "swept": []}, "run")
+    with pytest.warns(UserWarning, match=r"trained with other settings \(module.optimizer.lr: checkpoint \(not set\)"):
+        check_same_sweep_job(ckpt, {"overrides": [*ddp, "module.optimizer.lr=0.05"], "swept": []}, "run")

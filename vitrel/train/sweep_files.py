@@ -30,9 +30,11 @@ __all__ = [
 
 #: the checkpoint key of the sweep job that wrote it (:class:`~vitrel.train.resume.SweepJobRecord`)
 SWEEP_JOB = "vitrel_sweep_job"
-#: overrides a sweep run again in its folder may change without a word: how long, where and how it runs and logs
+#: overrides a resume (a sweep run again in its folder) may change without a word: how long, where and how it runs
+#: and logs (``trainer=ddp`` and its strategy, nodes and precision: a run moved between 1 and several processes)
 MAY_DIFFER = frozenset({
     "trainer.max_epochs", "trainer.max_steps", "trainer.max_time", "trainer.devices", "trainer.accelerator",
+    "trainer", "trainer.strategy", "trainer.num_nodes", "trainer.precision", "trainer.log_every_n_steps",
     "data.num_workers", "progress_bar", "logger", "test", "resume", "ckpt_path",
 })  # fmt: skip
 

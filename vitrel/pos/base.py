@@ -306,8 +306,8 @@ class PositionScheme(nn.Module):
         of another shape than the protocol's is a ``ValueError`` naming the hook (it would fail deep inside a kernel,
         or broadcast)."""
         fields = {"bias": self.bias(grid, p)} if kernel is None else kernel.inputs(self, grid, p)
-        n, why = p + grid.n, f"{p} prefix tokens + {grid.n} patches: pad_prefix adds the prefix rows and columns"
-        _check_shape(self, "bias", fields.get("bias"), (n, n), why)
+        n = p + grid.n
+        _check_shape(self, "bias", fields.get("bias"), (n, n), "N = prefix + patches: pad_prefix adds the prefix's")
         axes = (1, *grid) if self.grid_dims == 3 and len(grid) == 2 else tuple(grid)  # (an image: one frame)
         _check_shape(self, "offset_table", fields.get("table"), tuple(2 * s - 1 for s in axes), "2s-1 offsets an axis")
         return fields

@@ -258,6 +258,22 @@ def test_group_option_hint_names_the_nearest_options():
     assert group_option_hint(["pos=rel2d_ful", "hydra.searchpath=[file://x]"]) is None  # options elsewhere too
 
 
+def test_a_registered_scheme_without_a_config_file_is_told_where_one_goes():
+    """A launcher imported the module registering ``pos=quad2d`` but no ``my_conf/pos/quad2d.yaml`` is on the search
+    path: Hydra's bare "Could not find 'pos/quad2d'" now ends with where the file goes."""
+    import vitrel.pos.registry as registry
+    from vitrel.pos import PositionScheme, register_pos
+    from vitrel.train.cli import group_option_hint
+
+    register_pos("quad2d")(type("Quad2d", (PositionScheme,), {"__module__": "my_schemes"}))
+    try:
+        hint = group_option_hint(["pos=quad2d"])
+    finally:
+        del registry._REGISTRY["quad2d"]
+    assert hint.startswith("pos=quad2d: the scheme is registered (by my_schemes) but conf/pos has no quad2d.yaml"), hint
+    assert "hydra.searchpath=[file://<that folder>]" in hint
+
+
 def test_a_config_group_typo_ends_with_the_nearest_option(tmp_path):
     """``pos=rel2d_ful``: Hydra's refusal (its list of the 30-odd options, the search path) ends with the near one."""
     from tests.train_helpers import run_script_forked

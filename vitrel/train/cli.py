@@ -143,6 +143,8 @@ def group_option_hint(args: Sequence[str], conf: str | Path | None = None) -> st
     not hold)."""
     import difflib
 
+    from vitrel.pos import get_pos_class, list_pos
+
     root = Path(conf or conf_dir())
     if any(a.lstrip("+").startswith("hydra.searchpath") for a in args):
         return None
@@ -155,6 +157,14 @@ def group_option_hint(args: Sequence[str], conf: str | Path | None = None) -> st
         have = sorted(f.stem for f in (root / group).glob("*.yaml"))
         for option in m.group(2).split(","):
             if option in have or option == "null":
+                continue
+            if group == "pos" and option in list_pos():  # (registered by the launcher's module: no config file)
+                where = get_pos_class(option).__module__
+                lines.append(
+                    f"pos={option}: the scheme is registered (by {where}) but conf/pos has no {option}.yaml: put one "
+                    f"(name: {option} and its options) in a folder of your own and add 'hydra.searchpath=[file://"
+                    "<that folder>]' (docs/schemes.md: Adding a position scheme)"
+                )
                 continue
             near = difflib.get_close_matches(option, have, n=3, cutoff=0.6)
             if near:

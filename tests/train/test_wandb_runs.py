@@ -3,6 +3,8 @@ line says of the W&B run: none when W&B is disabled, every offline part of a res
 
 from __future__ import annotations
 
+import time
+
 from tests.train_helpers import FAST, TINY_VIT, compose
 from vitrel.train.loggers import offline_parts
 from vitrel.train.run import train
@@ -100,6 +102,9 @@ def test_a_finished_run_resumed_keeps_its_position_pictures_in_tensorboard(tmp_p
 
     over = [*TINY_VIT, *SHORT, *(o for o in FAST if o != "callbacks.pos_images=null"), "logger=tensorboard"]
     train(compose(tmp_path, over))
+    # TensorBoard reads event files in name order, ``<seconds>.<host>.<pid>.<writer count>``: two runs of one process
+    # within a second, the count past 9, read the second run's ``.10`` before the first's ``.8`` (as in a full suite)
+    time.sleep(1.0)
     train(compose(tmp_path, over))  # resume=auto: resumed finished, tested again
 
     ea = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0})

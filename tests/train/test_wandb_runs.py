@@ -96,23 +96,23 @@ def test_offline_parts_of_one_second_are_all_found_in_order(tmp_path):
     assert got == ["20261201_112533-abc", "20261201_112534-abc", *(f"20261201_112534-abc-{k}" for k in (1, 2, 10))]
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="in a full suite a run's event files .9 and .10 share a second: TensorBoard "
-    "reads .10 first (name order) and the purge drops the pictures; not yet fixed",
-)
 def test_a_finished_run_resumed_keeps_its_position_pictures_in_tensorboard(tmp_path):
     """A finished run run again in its folder (a requeued job, a sweep run again) trains nothing and tests again; its
     TensorBoard file purges from the last step, which hid the ``pos/*`` pictures logged there (the fit's end, which
-    does not come again): none left. The pictures are logged again as the test starts."""
+    does not come again): none left. The pictures are logged again as the test starts, into the run's one event
+    file."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     over = [*TINY_VIT, *SHORT, *(o for o in FAST if o != "callbacks.pos_images=null"), "logger=tensorboard"]
     train(compose(tmp_path, over))
-    # TensorBoard reads event files in name order, ``<seconds>.<host>.<pid>.<writer count>``: two runs of one process
-    # within a second, the count past 9, read the second run's ``.10`` before the first's ``.8`` (as in a full suite)
+    # TensorBoard reads event files in name order, ``<seconds>.<host>.<pid>.<writer count>``: the runs' files a
+    # second apart, read in the runs' order (a second process of a real run has another pid and second)
     time.sleep(1.0)
     train(compose(tmp_path, over))  # resume=auto: resumed finished, tested again
+
+    # one file per run: a second one (the test's, as Lightning's logger opened) of the same second, its writer count
+    # past 9 (a full suite, a sweep's jobs in one process), sorted first and the run's purge hid its pictures
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
 
     ea = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"images": 0})
     ea.Reload()
@@ -129,8 +129,6 @@ def test_a_key_without_a_reachable_server_logs_offline_with_a_warning(monkeypatc
     two minutes, then stopped the run with ``CommError``. Auto now asks the server first (a refused port here), and
     logs offline, saying so; an explicit ``online`` is kept."""
     import socket
-
-    import pytest
 
     from vitrel.train.loggers import wandb_mode
 

@@ -10,7 +10,9 @@ to each logger node that has a ``resume_step`` entry (``conf/logger/*.yaml``):
 * :func:`tensorboard_logger` (``logger=tensorboard``): the event files of ``<run folder>/tensorboard``;
   a resumed run adds its own file with ``purge_step=resume_step`` (``SummaryWriter``), so TensorBoard
   hides the interrupted run's events from that step on instead of showing them twice (a run that starts over in
-  the folder: from step 0).
+  the folder: from step 0). A run writes one file, its fit's and test's events in order (:class:`RunTensorBoardLogger`):
+  TensorBoard reads a folder's files in name order, and a second file of the same second could sort first
+  (``.10`` before ``.9``), its test metrics and pictures then purged by the run's own ``purge_step``.
 * :func:`wandb_logger` (``logger=wandb``): Lightning's ``WandbLogger`` (:class:`RunFolderWandbLogger`) plus what a
   sweep on a cluster needs: the mode is picked from the environment (``auto``), a run folder keeps one W&B run across
   resumes and requeues (its id is kept in ``<run folder>/wandb_run_id``, resumed with ``resume="allow"``; a run that
@@ -18,7 +20,7 @@ to each logger node that has a ``resume_step`` entry (``conf/logger/*.yaml``):
   after the sweep.
 
 While the run goes on: :func:`adopt_csv_columns` before its test (``ddp_spawn``), :func:`wandb_where` and
-:func:`finish_wandb` at its end.
+:func:`close_loggers` at its end.
 """
 
 from __future__ import annotations
@@ -49,7 +51,8 @@ __all__ = [
     "wandb_mode",
     "adopt_csv_columns",
     "wandb_where",
-    "finish_wandb",
+    "close_loggers",
+    "RunTensorBoardLogger",
     "image_loggers",
 ]
 
@@ -107,7 +110,25 @@ def tensorboard_logger(
         kwargs["purge_step"] = int(resume_step)
     elif any(Path(save_dir, name).glob("events.out.tfevents.*")):
         kwargs["purge_step"] = 0
-    return TensorBoardLogger(save_dir, name=name, version="", **kwargs)
+    return RunTensorBoardLogger(save_dir, name=name, version="", **kwargs)
+
+
+class RunTensorBoardLogger(TensorBoardLogger):
+    """Lightning's ``TensorBoardLogger`` whose event file stays open from the fit to the test: Lightning's
+    ``finalize`` (at the end of each stage) flushes it here, and :func:`close_loggers` closes it as the run ends.
+    Lightning's closes it, so the test opened a second file, which TensorBoard may read before the first."""
+
+    @rank_zero_only
+    def finalize(self, status: str) -> None:
+        if self._experiment is not None:
+            self.experiment.flush()
+        if status == "success":
+            self.save()
+
+    @rank_zero_only
+    def close(self) -> None:
+        if self._experiment is not None:
+            self.experiment.close()
 
 
 # ------------------------------------------------------------------------------------------ W&B
@@ -269,7 +290,11 @@ def wandb_where(loggers: Sequence[Logger]) -> str | None:
     return None
 
 
-def finish_wandb(loggers: Sequence[Logger], exit_code: int) -> None:
+def close_loggers(loggers: Sequence[Logger], exit_code: int) -> None:
+    """As the run ends: its TensorBoard event file closed, its W&B run finished with ``exit_code``."""
+    for lg in loggers:
+        if isinstance(lg, RunTensorBoardLogger):
+            lg.close()
     if any(isinstance(lg, WandbLogger) for lg in loggers) and rank_zero_only.rank == 0:
         import wandb
 

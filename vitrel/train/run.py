@@ -57,7 +57,7 @@ from vitrel.train.data_contract import (
 from vitrel.train.flops import run_gflops
 from vitrel.train.hydra_callbacks import write_held_back_record
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
-from vitrel.train.loggers import adopt_csv_columns, finish_wandb, wandb_where
+from vitrel.train.loggers import adopt_csv_columns, close_loggers, wandb_where
 from vitrel.train.loop_rules import first_validation
 from vitrel.train.mixing import check_mixup_fits
 from vitrel.train.progress import (
@@ -288,7 +288,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         status = "finished"
         wandb_run = wandb_where(trainer.loggers)
     finally:
-        finish_wandb(trainer.loggers, 0 if status == "finished" else 1)
+        close_loggers(trainer.loggers, 0 if status == "finished" else 1)
 
     last = last_checkpoint_path(trainer)
     chosen = trainer.checkpoint_callback if isinstance(trainer.checkpoint_callback, ModelCheckpoint) else None

@@ -231,3 +231,24 @@ def test_an_unreadable_image_raises_bad_sample_error_in_python(tmp_path):
         ds[[p for p, _ in ds.samples].index(str(bad))]
     with pytest.raises(ValueError, match="on_bad_sample must be one of"):
         ImageNetDataModule(root=tmp_path, on_bad_sample="ignore")
+
+
+def test_skip_names_each_unreadable_image_once_a_run_over_workers_and_epochs(tmp_path):
+    """Each epoch's DataLoader workers are new processes (``persistent_workers`` off): a bad file was named again by
+    every worker of every epoch that met it. A flag a file, shared with the workers, names it once."""
+    make_imagenet_tree(tmp_path)
+    bad = spoil(tmp_path)
+    ds = module(tmp_path, on_bad_sample="skip").train_dataloader().dataset
+    handler = logging.FileHandler(tmp_path / "log.txt")  # (forked workers write to it too)
+    logger = logging.getLogger("vitrel.data.unreadable")
+    logger.addHandler(handler)
+    try:
+        for _ in range(2):  # two epochs, two workers each, each file met by both (batches of one, shuffled)
+            for _ in DataLoader(ds, batch_size=1, shuffle=True, num_workers=2, persistent_workers=False):
+                pass
+    finally:
+        logger.removeHandler(handler)
+        handler.close()
+    said = (tmp_path / "log.txt").read_text()
+    for path in bad.values():
+        assert said.count(f"skipped {path}: cannot read it") == 1, said

@@ -97,13 +97,15 @@ class FixedClassImageFolder(SkipUnreadable, ImageFolder):
     read_errors = READ_ERRORS
 
     def __init__(self, root: str | Path, classes: list[str], on_bad_sample: str = "raise", **kwargs) -> None:
-        self.init_skips(on_bad_sample)
+        if on_bad_sample not in ON_BAD_SAMPLE:  # (before the walk)
+            raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
         kwargs.setdefault("loader", load_rgb)
         self._fixed_classes = list(classes)
         try:
             super().__init__(str(root), **kwargs)
         except FileNotFoundError as e:  # (an empty class folder: torchvision names the class, not the folder)
             raise FileNotFoundError(f"{root}: {e}") from e
+        self.init_skips(on_bad_sample)  # (its flags: one a file)
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
         return self._fixed_classes, {c: i for i, c in enumerate(self._fixed_classes)}

@@ -1,7 +1,7 @@
 """What a class-folder data set (images or videos) does with a file it cannot read, ``data.on_bad_sample``.
 
 ``"raise"``: a :class:`~vitrel.data.datasets.BadSampleError` naming the file and ``data.on_bad_sample=skip``.
-``"skip"``, a training split: the file is logged by name (once a process) and the next readable file of the split,
+``"skip"``, a training split: the file is logged by name (once a run) and the next readable file of the split,
 with its own label, is read in its place, as timm's ``ImageDataset`` does. ``"skip"``, an evaluation split (val,
 test, ``eval.py``; the copy :meth:`SkipUnreadable.leaving_out` gives): the sample is ``None`` and
 :class:`LeaveOutCollate` drops it from its batch, so every readable file is scored once and the unreadable ones not
@@ -64,7 +64,7 @@ class SkipUnreadable:
         self.left_out: torch.Tensor | None = None
         if leave_out and on_bad_sample == "skip":
             self.left_out = torch.zeros(len(self), dtype=torch.int32).share_memory_()  # type: ignore[arg-type]
-        self._warned: set[str] = set()
+        self._named = torch.zeros(len(self), dtype=torch.bool).share_memory_()  # type: ignore[arg-type]
         self._in_a_row = 0  # (this process's unreadable files in a row, leaving out)
         self._taken: tuple[int, torch.Tensor | None] = (0, None)  # (take_pass: the counts at its last call)
 
@@ -98,7 +98,7 @@ class SkipUnreadable:
                 item = read(index)
             except self.read_errors as err:
                 self._in_a_row += 1
-                self._bad(self.sample_path(index), err, self._in_a_row)
+                self._bad(index, err, self._in_a_row)
                 self.left_out[index] += 1
                 return None
             self._in_a_row = 0
@@ -108,15 +108,17 @@ class SkipUnreadable:
             try:
                 return read(i)
             except self.read_errors as err:
-                self._bad(self.sample_path(i), err, skips)
+                self._bad(i, err, skips)
                 if skips == 1:  # (the files after it tried in its place are counted when they are asked for)
                     info = get_worker_info()
                     self.skipped[0 if info is None else 1 + info.id % 64] += 1
         raise AssertionError("unreachable")  # (_bad raises at MAX_CONSECUTIVE_SKIPS)
 
-    def _bad(self, path: str, err: BaseException, in_a_row: int) -> None:
-        """Raise (``raise``, or ``in_a_row`` reaching :data:`MAX_CONSECUTIVE_SKIPS`), or log ``path`` the first time
-        this process meets it (leaving out: at debug level, :class:`ReportUnreadable` names it)."""
+    def _bad(self, index: int, err: BaseException, in_a_row: int) -> None:
+        """Raise (``raise``, or ``in_a_row`` reaching :data:`MAX_CONSECUTIVE_SKIPS`), or log sample ``index``'s file
+        the first time any of the data set's processes meets it (leaving out: at debug level,
+        :class:`ReportUnreadable` names it)."""
+        path = self.sample_path(index)
         reason = self.bad_reason(path, err)
         if self.on_bad_sample == "raise":
             raise self.bad_sample_error(path, reason) from err
@@ -125,8 +127,8 @@ class SkipUnreadable:
                 f"{in_a_row} files in a row cannot be read, the last {path} ({reason}): is "
                 f"{Path(path).parent.parent} a folder of class folders of {self.noun}s?"
             ) from err
-        if path not in self._warned:
-            self._warned.add(path)
+        if not self._named[index]:  # (shared with the workers: a new worker each epoch names it no more)
+            self._named[index] = True
             if self.left_out is not None:
                 log.debug("left out %s: cannot read it (%s)", path, reason)
             else:

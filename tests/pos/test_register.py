@@ -220,3 +220,19 @@ def test_grid_hooks_take_a_plain_tuple(name):
         want, got = getattr(s, hook)(g, *args), getattr(s, hook)(sides, *args)
         for a, b in zip(*(x if isinstance(x, tuple) else (x,) for x in (want, got))):
             torch.testing.assert_close(a, b)
+
+
+def test_a_random_buffer_left_out_of_the_state_dict_is_refused(unregister):
+    """``register_buffer("w", torch.randn(...), persistent=False)``: not saved, so a reload in another process drew
+    another ``w`` (another model from the same weights). A fixed one (frequencies from the options) is fine."""
+
+    def init(self, random: bool = True, **kw):
+        PositionScheme.__init__(self, **kw)
+        made = torch.rand(self.num_heads) if random else torch.arange(float(self.num_heads))
+        self.register_buffer("width", made, persistent=False)
+
+    cls = type("Mine", (PositionScheme,), {"__init__": init, "bias": _distance_bias(), "has_bias": True})
+    register_pos("mine")(cls)
+    registry.build_pos({"name": "mine", "random": False}, num_heads=2, head_dim=4, grid=(3, 4))
+    with pytest.raises(TypeError, match=r"Mine: buffer width is drawn at random.*persistent=False.*persistent"):
+        registry.build_pos("mine", num_heads=2, head_dim=4, grid=(3, 4))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
 
 from vitrel.pos.base import PositionScheme
@@ -186,10 +187,21 @@ class PosSpec:
             kwargs.setdefault("causal", causal)
         # (an absolute and a relative scheme built in a row draw apart; one scheme's variants, and a video scheme and
         # its image one, draw alike)
-        with own_stream(f"{self.kind} {sizes.get('layer')}"):
+        salt = f"{self.kind} {sizes.get('layer')}"
+        with own_stream(salt):
             scheme = self.cls(**sizes, **kwargs)
         _check_registered_tensors(scheme)
+        key = (self.cls, repr(sorted(kwargs.items())))
+        if key not in _UNSAVED_CHECKED and _unsaved_buffers(scheme):  # (once a class and options: a second build)
+            with own_stream(salt + " drawn again"):
+                _check_unsaved_buffers(scheme, self.cls(**sizes, **kwargs))
+            _UNSAVED_CHECKED.add(key)
         return scheme
+
+
+#: the scheme classes (and options) whose non-persistent buffers :func:`_check_unsaved_buffers` found the same over
+#: two draws
+_UNSAVED_CHECKED: set[tuple[type[PositionScheme], str]] = set()
 
 
 def _check_registered_tensors(scheme: PositionScheme) -> None:
@@ -203,6 +215,26 @@ def _check_registered_tensors(scheme: PositionScheme) -> None:
                 f"{type(scheme).__name__}: {where} is a tensor kept as a plain attribute, which is not saved with the "
                 "weights nor moved by .to(): make it an nn.Parameter (learned) or register_buffer(...) (fixed)"
             )
+
+
+def _unsaved_buffers(scheme: nn.Module) -> dict[str, Tensor]:
+    """``scheme``'s buffers that its state dict leaves out (``persistent=False``), on a device with values."""
+    saved = scheme.state_dict(keep_vars=True)
+    return {k: b for k, b in scheme.named_buffers() if k not in saved and b.device.type != "meta"}
+
+
+def _check_unsaved_buffers(scheme: PositionScheme, again: PositionScheme) -> None:
+    """A buffer left out of the state dict is made anew at each load: one drawn at random (two builds from two
+    streams differ) makes another model from the same weights. A ``TypeError`` naming the fix."""
+    other = _unsaved_buffers(again)
+    drawn = [k for k, b in _unsaved_buffers(scheme).items() if not torch.equal(b, other[k]) and not b.isnan().any()]
+    if drawn:
+        where = ", ".join(drawn)
+        raise TypeError(
+            f"{type(scheme).__name__}: buffer {where} is drawn at random but registered with persistent=False: it is "
+            "not saved with the weights, so a reload draws it anew (another model); register it persistent (the "
+            "default) or make it an nn.Parameter"
+        )
 
 
 def parse_pos(pos: Any, **options: Any) -> PosSpec | None:

@@ -525,7 +525,11 @@ def main(argv: list[str] | None = None) -> int:
         "where possible), batch, static",
     )
     ap.add_argument(
-        "--img-size", type=int, nargs="+", default=None, help="example image (video: frame) size (default: the model's)"
+        "--img-size",
+        type=int,
+        nargs="+",
+        default=None,
+        help="example image (video: frame) size (default: the size of the images the model was trained on)",
     )
     ap.add_argument(
         "--num-frames", type=int, default=None, help="a video model's example clip length (default: the model's)"
@@ -557,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
                 if frames is not None:  # a video program of one clip length: say which, and how to get another
                     what = f"{what.replace('resolution', 'clip size')} (this one: {frames} frames; --num-frames)"
                 print(f"note: {what}; exporting dynamic={dynamic}")
-            size = None if args.img_size is None else (args.img_size * 2)[:2]
+            size = (args.img_size * 2)[:2] if args.img_size is not None else list(data_config["input_size"][-2:])
             example = example_input(model, img_size=size, num_frames=args.num_frames)
             print(f"tracing the model with torch.export (dynamic={dynamic}) ...", flush=True)
             ep = export_program(model, example, dynamic)
@@ -579,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if naflex:
         print(f"warning: {naflex}", file=sys.stderr)
-    save_pretrained(model, out)
+    save_pretrained(model, out, data_config)
     which = "the EMA weights" if use_ema else "the trained weights"
     print(f"wrote {out / WEIGHTS_NAME} ({which}) and {out / CONFIG_NAME}")
     if pt2 is not None:

@@ -96,18 +96,32 @@ def test_size_choices_travel_with_a_checkpoint_moved_out_of_its_run(tmp_path, ca
     assert metrics["test/loss"] == pytest.approx(_loss_by_hand(model, data_cfg, 1), abs=1e-5)
 
 
-def test_eval_keeps_the_non_square_size_a_model_was_trained_at(tmp_path):
-    """``train.py +model.img_size=[32,48]`` trains the 8x12-patch model on 28-px images; ``eval.py`` rebuilt it at
-    28x28 (its learned table resized to 7x7 patches): another function. Now the model stays 32x48 and is fed the
-    run's 28-px images, as trained (by hand); eval_metrics.json and the line say both sizes."""
+@pytest.mark.parametrize("built", [[32, 48], 32])
+def test_every_route_feeds_a_model_built_apart_the_images_it_was_trained_on(tmp_path, built):
+    """``train.py +model.img_size=[32,48]`` (or ``=32``) trains an 8x12- (8x8-) patch model on 28-px images.
+    ``eval.py`` rebuilt the non-square one at 28x28 (its learned table resized to 7x7 patches: another function) and
+    fed the square one 32-px images; ``predict.py``, the exports and ``load_model``'s ``pretrained_cfg`` (what timm's
+    ``resolve_data_config`` reads) resized images to the built size. Each now keeps the model as built and feeds it
+    the run's 28-px images, as trained (eval's loss by hand); eval_metrics.json and the line say both sizes."""
+    from vitrel.export import main as export_main
+    from vitrel.inference import load_predictor
+
     run = tmp_path / "run"
-    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "+model.img_size=[32,48]", "test=false"]))
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, f"+model.img_size={built}", "test=false"]))
     ckpt = run / "checkpoints" / "last.ckpt"
     metrics, res, data_cfg = _eval(tmp_path / "e", ckpt, [*EVAL, "trainer.limit_test_batches=1"])
-    assert (res["img_size"], res["model_img_size"]) == (28, [32, 48])
+    hw = [built, built] if isinstance(built, int) else built
+    assert (res["img_size"], res["model_img_size"]) == (28, hw)
     model = vitrel.load_model(ckpt).eval()
-    assert list(model.vitrel_cfg["img_size"]) == [32, 48]
+    assert list(vitrel.models.input_size.to_2tuple(model.vitrel_cfg["img_size"])) == hw
     assert metrics["test/loss"] == pytest.approx(_loss_by_hand(model, data_cfg, 1), abs=1e-5)
+    assert model.pretrained_cfg["input_size"] == (1, 28, 28)  # (timm.data.resolve_model_data_config's)
+    assert vitrel.load_model(ckpt, img_size=36).pretrained_cfg["input_size"] == (1, 36, 36)  # (asked: taken)
+    assert load_predictor(run).data_config["input_size"] == [1, 28, 28]  # predict.py's
+    assert export_main([str(ckpt), str(tmp_path / "x"), "--pt2"]) == 0
+    assert json.loads((tmp_path / "x" / "config.json").read_text())["pretrained_cfg"]["input_size"] == [1, 28, 28]
+    for exported in (tmp_path / "x", tmp_path / "x" / "model.pt2"):
+        assert load_predictor(exported).data_config["input_size"] == [1, 28, 28]
 
 
 def test_naflex_eval_filling_the_budget_says_the_size_it_ran(tmp_path, capsys):

@@ -389,7 +389,8 @@ def load_model(
         model.pretrained_cfg = model.default_cfg = {**model.pretrained_cfg, "num_classes": cfg["num_classes"]}
     data_config = stored_data_config(path)
     if data_config is not None:
-        fit_data_config(model, data_config, cfg.get("num_classes"), overrides.get("pretrained_cfg_overlay"))
+        overlay = overrides.get("pretrained_cfg_overlay")
+        fit_data_config(model, data_config, cfg.get("num_classes"), overlay, cfg.get("img_size"))
     else:
         warn_no_data_config(path, model)
     return model
@@ -453,7 +454,7 @@ def _from_stored_size(model: nn.Module, sd: dict[str, Tensor], cfg: dict[str, An
 
 
 # ---------------------------------------------------------------------------- export
-def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
+def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, data_config: Mapping[str, Any] | None = None) -> Path:
     """Write ``model.safetensors`` (configuration also in its metadata) and ``config.json``.
 
     ``config.json`` follows timm's layout (``architecture``, ``num_classes``, ``model_args``,
@@ -461,7 +462,8 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     ``vitrel.load_model(out_dir)`` both rebuild the model with its weights. The data config (the model's
     :func:`model_data_config`: the training data's when the model came from :func:`load_model` on a checkpoint that
     stores it) is in ``pretrained_cfg`` (timm's fields, the class names as ``label_names``: what
-    ``timm.data.resolve_data_config`` reads) and in the weights' metadata (``"data_config"``).
+    ``timm.data.resolve_data_config`` reads) and in the weights' metadata (``"data_config"``); ``data_config``: that
+    data config (:func:`data_config_for` of the checkpoint it was loaded from) instead.
     """
     cfg = getattr(model, "vitrel_cfg", None)
     if not isinstance(cfg, dict) or "architecture" not in cfg:
@@ -469,7 +471,7 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg_json = json.dumps(cfg)
-    data_config = model_data_config(model)
+    data_config = dict(data_config) if data_config is not None else model_data_config(model)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta = {"format": "pt", "vitrel_cfg": cfg_json, "data_config": json.dumps(data_config)}
     save_file(tensors, str(out / WEIGHTS_NAME), metadata=meta)

@@ -27,6 +27,7 @@ from vitrel.models.ckpt_files import (
     _read_json,
     _resolve,
     _safetensors_metadata,
+    stored_config,
 )
 from vitrel.models.run_record import resize_of_run
 
@@ -143,13 +144,17 @@ def _say_resized(name: str, record: str) -> None:
     )
 
 
-def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def model_data_config(
+    model: nn.Module, stored: Mapping[str, Any] | None = None, built_at: Any = None
+) -> dict[str, Any]:
     """The preprocessing of ``model``: ``input_size``, ``mean``, ``std``, ``interpolation``, ``crop_pct``,
     ``crop_mode`` (and ``num_frames`` for a video model, with :data:`CLIP_FIELDS` when stored; ``class_names`` when
     known), as timm's data config.
 
     ``stored`` (a data config stored with the weights) wins over the model's ``pretrained_cfg`` (where
-    :func:`load_model` put the stored one already); the input size and channels are the model's (``vitrel_cfg``).
+    :func:`load_model` put the stored one already); the input size and channels are the model's (``vitrel_cfg``),
+    but for a model at ``built_at``, the ``img_size`` stored with the weights, fed images of another size in training
+    (``train.py +model.img_size=[32,48]`` on 28-px data): the stored ``input_size``, the size it was trained on.
     Means and standard deviations of another channel count are averaged to the model's channels (a grey model
     with the RGB statistics of its architecture's defaults).
     """
@@ -157,7 +162,10 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
     cfg = getattr(model, "vitrel_cfg", None) or {}
     in_chans = int(cfg.get("in_chans", src.get("input_size", (3,))[0]))
     size = cfg.get("img_size", src.get("input_size", (3, 224, 224))[1:])
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    fed = list((stored or {}).get("input_size") or [])[-2:]
+    if built_at is not None and len(fed) == 2 and _hw(size) == _hw(built_at):  # (not rebuilt at another size)
+        size = fed
+    h, w = _hw(size)
     out = {
         "input_size": [in_chans, int(h), int(w)],
         "mean": [float(v) for v in src.get("mean", (0.5,) * in_chans)],
@@ -180,6 +188,11 @@ def model_data_config(model: nn.Module, stored: Mapping[str, Any] | None = None)
     if src.get("class_names"):
         out["class_names"] = list(src["class_names"])
     return out
+
+
+def _hw(size: Any) -> tuple[int, int]:
+    """An ``img_size`` (a side, or ``(H, W)``) as ``(H, W)``."""
+    return (int(size), int(size)) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
 class NoDataConfigWarning(UserWarning):
@@ -206,7 +219,7 @@ def warn_no_data_config(path: str | os.PathLike, model: nn.Module) -> None:
 def data_config_for(path: str | os.PathLike, model: nn.Module) -> dict[str, Any]:
     """:func:`model_data_config` of ``model`` loaded from ``path`` (by :func:`~vitrel.models.checkpoint.load_model`,
     which warned when ``path`` stores no data config)."""
-    return model_data_config(model, stored_data_config(path))
+    return model_data_config(model, stored_data_config(path), (stored_config(path) or {}).get("img_size"))
 
 
 def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -217,9 +230,10 @@ def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def set_data_config(model: nn.Module, data_config: Mapping[str, Any]) -> None:
-    """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`)."""
-    dc = model_data_config(model, data_config)
+def set_data_config(model: nn.Module, data_config: Mapping[str, Any], built_at: Any = None) -> None:
+    """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`; ``built_at``: as
+    :func:`model_data_config`)."""
+    dc = model_data_config(model, data_config, built_at)
     pcfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), **pretrained_cfg_fields(dc)}
     ours = (*CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS, *RESIZE_FIELDS)  # (vitrel's fields, not timm's)
     pcfg.update({k: dc[k] for k in ours if k in dc})
@@ -231,11 +245,13 @@ def fit_data_config(
     data_config: Mapping[str, Any],
     stored_num_classes: int | None,
     overlay: Mapping[str, Any] | None = None,
+    built_at: Any = None,
 ) -> None:
     """Put the data config stored with loaded weights into ``model.pretrained_cfg`` as every loading route does
     (``load_model``, timm's ``pretrained_cfg_overlay=dict(file=...)`` and ``local-dir:``): the input size and channels
     the model's (:func:`model_data_config`), no class names beside a head of another size than the stored one
-    (``stored_num_classes``), then the caller's ``pretrained_cfg_overlay`` entries over it all.
+    (``stored_num_classes``), then the caller's ``pretrained_cfg_overlay`` entries over it all. ``built_at``: the
+    ``img_size`` stored with the weights (:func:`model_data_config`).
 
     ``model`` may be timm's feature wrapper around the network (its ``pretrained_cfg`` then follows the network's,
     without the classifier's fields, as timm's builder writes it); one that rebuilt the network from its parts
@@ -247,7 +263,7 @@ def fit_data_config(
     if getattr(net, "num_classes", None) != stored_num_classes:  # a new head: the stored names are another head's
         data_config.pop("class_names", None)
         net.pretrained_cfg = {k: v for k, v in (net.pretrained_cfg or {}).items() if k != "label_names"}
-    set_data_config(net, data_config)
+    set_data_config(net, data_config, built_at)
     net.pretrained_cfg = net.default_cfg = {**net.pretrained_cfg, **(overlay or {})}
     if model is not net:
         from timm.models._builder import pretrained_cfg_for_features

@@ -70,7 +70,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     ``load_model`` puts it (:func:`~vitrel.models.data_config.fit_data_config`)."""
     given = dict(kwargs.pop("pretrained_cfg_overlay", None) or {})
     overlay = dict(given)
-    stored_data = stored_classes = no_data = None
+    stored_data = stored_classes = no_data = built_at = None
     differ: list[str] = []  # the arguments given unlike the file's stored ones
     weights = _strip_prefixes
     if pretrained and overlay.get("file"):
@@ -85,7 +85,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
                     kwargs.setdefault(k, v)
             if checkpoint_scores_ema(overlay["file"]):  # the weights load_model, eval.py and predict.py score
                 weights = _take_ema
-            stored_classes = stored.get("num_classes")
+            stored_classes, built_at = stored.get("num_classes"), stored.get("img_size")
             if stored_classes is not None:
                 overlay.setdefault("num_classes", stored_classes)
             stored_data = stored_data_config(overlay["file"])  # the training data's preprocessing: pretrained_cfg
@@ -104,6 +104,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
         # timm's local-dir: / hf-hub: route (a config.json's pretrained_cfg and model_args)
         stored_data = data_fields(kwargs["pretrained_cfg"]) or None
         stored_classes = kwargs["pretrained_model_args"].get("num_classes", kwargs["pretrained_cfg"].get("num_classes"))
+        built_at = kwargs["pretrained_model_args"].get("img_size")
     try:
         model = build(name, pretrained, pretrained_filter_fn=weights, pretrained_cfg_overlay=overlay, **kwargs)
     except CheckpointError as e:
@@ -115,7 +116,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             + "\n".join(line for line in str(e).splitlines()[1:] if line.startswith("  "))  # (the keys)
         ) from None
     if stored_data is not None:
-        fit_data_config(model, stored_data, stored_classes, given)
+        fit_data_config(model, stored_data, stored_classes, given, built_at)
     if no_data is not None:
         warn_no_data_config(no_data, model)
     return model

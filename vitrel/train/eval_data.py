@@ -190,10 +190,10 @@ def _as_used(data_cfg: DictConfig, key: str, value: Any) -> Any:
 
 def trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
     """``img_size``, when ``data.img_size`` is not given (null) and the model takes image tensors (not NaFlex
-    batches, whose images keep their own sizes): the side the stored model was built at when square; for a model
-    built at a non-square ``(H, W)`` (kept as built), the side of the images it was trained on (its stored data
-    config's ``input_size``); else empty, and for a data module without an ``img_size`` argument (one of the user's
-    own, whose images are of its own size: the model is built at its ``img_size`` attribute)."""
+    batches, whose images keep their own sizes): the side of the images the stored model was trained on (its stored
+    data config's ``input_size``; a model built at another size, ``+model.img_size``, is kept as built), else the
+    side it was built at when square; else empty, and for a data module without an ``img_size`` argument (one of
+    the user's own, whose images are of its own size: the model is built at its ``img_size`` attribute)."""
     if (
         "img_size" not in data_cfg
         or data_cfg.get("img_size") is not None
@@ -202,10 +202,10 @@ def trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[s
     ):
         return {}
     h, w = to_2tuple(saved["img_size"])
-    if h == w:
-        return {"img_size": int(h)}
     fed = list(stored_data.get("input_size") or [])[-2:]
-    return {"img_size": int(fed[0])} if len(fed) == 2 and fed[0] == fed[1] else {}
+    if len(fed) == 2 and fed[0] == fed[1]:
+        return {"img_size": int(fed[0])}
+    return {"img_size": int(h)} if h == w else {}
 
 
 def trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:

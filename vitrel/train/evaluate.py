@@ -112,9 +112,13 @@ class _SplitData(L.LightningDataModule):
         return self.dm
 
 
-def _non_square(saved: dict) -> bool:
-    """Whether the stored model was built at a non-square ``img_size`` (``(H, W)``, H != W)."""
-    return saved.get("img_size") is not None and len(set(to_2tuple(saved["img_size"]))) > 1
+def _built_apart(saved: dict, stored_data: dict) -> bool:
+    """Whether the stored model was built at a non-square ``img_size`` (``(H, W)``, H != W; the data's images are
+    square), or at another size than the images it was trained on (``+model.img_size``)."""
+    if saved.get("img_size") is None:
+        return False
+    built, fed = tuple(to_2tuple(saved["img_size"])), tuple(list(stored_data.get("input_size") or [])[-2:])
+    return len(set(built)) > 1 or (len(fed) == 2 and fed != built)
 
 
 def _nominal_size(
@@ -295,8 +299,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         _warn_unknown_val_split(ckpt, cfg.data, held, record[1])
     what = f"the data settings of {ckpt.name}'s run ({where}; data.<key>=<v> for others)"
     taken = take_run_data(cfg, settings, what)
-    # a model built at a non-square (H, W) stays so unless data.img_size is given (the data's images are square)
-    keep_shape = _non_square(saved) and cfg.data.get("img_size") is None and not cfg.data.get("packing")
+    # a model built at a non-square (H, W), or at another size than its images, stays so unless data.img_size is given
+    keep_shape = _built_apart(saved, stored_data) and cfg.data.get("img_size") is None and not cfg.data.get("packing")
     what = f"the size {ckpt.name} was trained at (data.img_size=<n> for another)"  # as timm's validate.py
     if keep_shape:
         shape = "x".join(map(str, to_2tuple(saved["img_size"])))

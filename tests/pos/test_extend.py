@@ -167,3 +167,13 @@ def test_shaw_tables_load_by_the_rule(name, rule):
 def test_bad_rule_names_the_option():
     with pytest.raises(ValueError, match="extend must be one of"):
         scheme("rel2d_full", (3, 3), extend="stretch")
+
+
+def test_the_resize_warning_says_what_a_smaller_grid_does():
+    """Loaded at a smaller grid, the warning said new offsets "take the edge values": none are new, the outer ones
+    are dropped. It now says so; at a larger grid it says the edge rule."""
+    small, big = scheme("rel2d_full", (3, 3)), scheme("rel2d_full", (5, 5))
+    with pytest.warns(UserWarning, match=r"offsets the smaller grid has keep their values, the others are dropped"):
+        small.load_state_dict(big.state_dict())
+    with pytest.warns(UserWarning, match=r"new ones take the edge values"):
+        big.load_state_dict(scheme("rel2d_full", (3, 3)).state_dict())

@@ -207,11 +207,12 @@ class ResizeOnLoad:
                 state_dict[key] = extend_table3(src, tuple(dst.shape[:3]), self.extend).flatten(2)
             else:
                 state_dict[key] = extend_table(src, (dst.shape[0], dst.shape[1]), self.extend)
-            how = (
-                "bicubic resize of the whole table"
-                if self.extend == "interpolate"
-                else "offsets the tables had keep their values, new ones take the edge values"  # (grow, clip: one rule)
-            )
+            if self.extend == "interpolate":
+                how = "bicubic resize of the whole table"
+            elif all(a <= b for a, b in zip(dst.shape, src.shape)):  # (grow, clip: one rule)
+                how = "offsets the smaller grid has keep their values, the others are dropped"
+            else:
+                how = "offsets the tables had keep their values, new ones take the edge values"
             # one text per pair of shapes (no parameter name): Python's default filter shows each once
             warnings.warn(
                 f"{getattr(self, 'name', 'scheme')}: resized relative-position tables {tuple(src.shape)} -> "

@@ -148,3 +148,13 @@ def test_the_sweep_summary_draws_the_jobs_distances_and_removes_a_stale_picture(
         (sweep / str(job) / CSV).unlink()
     _summarize(sweep)
     assert not (sweep / PNG).exists(), "no earlier picture left to be taken for this sweep's"
+
+
+def test_a_bf16_true_run_with_ema_writes_its_distances_and_its_summary(tmp_path):
+    """Under ``trainer.precision=bf16-true`` the kept test images are bf16, the scored EMA copy float32: the run
+    raised a dtype error after its test, with no ``metrics.json``. The images are cast to the scored weights'."""
+    from vitrel.train.run import train
+
+    over = [*TINY_VIT, "module/ema=default", "trainer.precision=bf16-true", "trainer.limit_test_batches=1"]
+    train(compose(tmp_path, [*over, *DRAWN, *SHORT, "callbacks.attention_distance.images=4"]))
+    assert read_distances(tmp_path / CSV).isfinite().all() and (tmp_path / "metrics.json").is_file()

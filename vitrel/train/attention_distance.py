@@ -121,6 +121,9 @@ class AttentionDistance(Callback):
         from vitrel.viz import attention_distance, plot_attention_distance
 
         kept, self._kept = self._kept, []
+        # in the scored network's dtype: under *-true precision the test's images are bf16 / fp16, its EMA float32
+        dtype = next(pl_module.scored_network.parameters()).dtype
+        kept = [t.to(dtype) for t in kept]
         x = torch.stack(kept) if len({t.shape for t in kept}) == 1 else kept  # (NaFlex: images of several sizes)
         video = kept[0].dim() == 4
         if video:  # pixels in the frame plane, and frames apart

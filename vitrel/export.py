@@ -525,11 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         "where possible), batch, static",
     )
     ap.add_argument(
-        "--img-size",
-        type=int,
-        nargs="+",
-        default=None,
-        help="example image (video: frame) size (default: the size of the images the model was trained on)",
+        "--img-size", type=int, nargs="+", default=None, help="example image (video: frame) size (default: as trained)"
     )
     ap.add_argument(
         "--num-frames", type=int, default=None, help="a video model's example clip length (default: the model's)"

@@ -34,8 +34,16 @@ def reference(layer: Attention, x: torch.Tensor, grid, mask: torch.Tensor | None
         logits = logits + layer.pos.bias(grid, layer.num_prefix_tokens)
     if mask is not None:
         logits = logits + mask
-    out = (logits.softmax(-1) @ v).transpose(1, 2).reshape(b, n, c)
+    out = (softmax_over_open_keys(logits) @ v).transpose(1, 2).reshape(b, n, c)
     return out @ layer.proj.weight.T + layer.proj.bias
+
+
+def softmax_over_open_keys(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's softmax over the keys it sees (finite logits), one row at a time; a row that sees no key is 0 (the
+    empty sum: SDPA's rule)."""
+    rows = logits.reshape(-1, logits.shape[-1])
+    out = [torch.zeros_like(r) if bool(torch.isinf(r).all()) else r.softmax(-1) for r in rows]
+    return torch.stack(out).reshape(logits.shape)
 
 
 def check_layer(impl, pos, grid, prefix, b, mask=None, d=8, heads=2):
@@ -95,6 +103,49 @@ def test_key_padding_mask_equals_the_equation(impl, as_bool, grid, prefix, b):
     keep[:, 0] = True
     mask = keep[:, None, None] if as_bool else torch.zeros(b, 1, 1, n).masked_fill(~keep[:, None, None], -torch.inf)
     check_layer(impl, "rel2d_full", grid, prefix, b, mask)
+
+
+def padding(pair: bool) -> torch.Tensor:
+    """Image 1 of 2 on a 3 x 5 grid ends in 6 padding tokens: a key padding mask ``[B, 1, 1, N]`` (padding keys
+    closed to every query) or a pair mask ``[B, 1, N, N]`` (also every key closed to a padding query)."""
+    keep = torch.ones(2, 15, dtype=torch.bool)
+    keep[1, 9:] = False
+    return keep[:, None, None] & keep[:, None, :, None] if pair else keep[:, None, None]
+
+
+@pytest.mark.parametrize(
+    ("impl", "pos", "pair"),
+    [(i, "rel2d_full", True) for i in ("eager", "sdpa")]
+    + [pytest.param(t.values[0], "rel2d_full", True, marks=t.marks) for t in TRITON]
+    + [(i, "lookhere", pair) for i in ("eager", "sdpa") for pair in (False, True)],
+)
+def test_a_query_the_mask_leaves_no_key_attends_to_nothing(impl, pos, pair):
+    """A padding query under a pair mask, or one whose LookHere head looks only at padding keys, sees no key: its
+    attention is 0 (SDPA's rule), its output ``proj``'s bias, and every gradient the equation's. The eager path gave
+    NaN outputs there, and NaN gradients to every weight (``0 * NaN``), though the loss never read those rows."""
+    mask = padding(pair)
+    check_layer(impl, pos, (3, 5), 0, 2, mask)
+    torch.manual_seed(0)
+    layer = Attention(16, 2, pos=pos, grid=(3, 5), attn_impl=impl)
+    assert (layer.attention_map(torch.randn(2, 15, 16), (3, 5), mask)[1, :, 9:].sum(-1) == 0).any()
+
+
+def test_shaw_kernel_gives_a_query_the_mask_leaves_no_key_nothing():
+    """Shaw's own kernel (``auto`` for its schemes) under a pair mask: the padding queries' output is ``proj``'s
+    bias; output and every gradient equal the eager path's (float64), which the test above holds to the equation."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 15, 16, dtype=torch.float64)
+    outs = []
+    for impl in ("shaw", "eager"):
+        torch.manual_seed(0)
+        layer = Attention(16, 2, pos="shaw2d_full", grid=(3, 5), attn_impl=impl).double()
+        xi = x.clone().requires_grad_()
+        y = layer(xi, (3, 5), padding(True))
+        y.square().sum().backward()
+        torch.testing.assert_close(y[1, 9:], layer.proj.bias.expand(6, 16))
+        outs.append([y, xi.grad, *(p.grad for p in layer.parameters())])
+    for got, want in zip(*outs):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("impl", TRITON)

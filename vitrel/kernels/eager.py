@@ -9,6 +9,7 @@ from torch import Tensor
 
 from vitrel.kernels.common import content_values, eager_logits, full_mask
 from vitrel.kernels.registry import Kernel, register_kernel
+from vitrel.layout.softmax import masked_softmax
 
 if TYPE_CHECKING:
     from vitrel.pos.base import PosState
@@ -17,10 +18,20 @@ __all__ = ["EagerKernel", "attend_eager"]
 
 
 def attend_eager(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, state: PosState, dropout_p: float = 0.0
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    scale: float,
+    state: PosState,
+    dropout_p: float = 0.0,
+    closes_rows: bool = True,
 ) -> Tensor:
-    """``a = dropout(softmax(eager_logits))``, ``a v + content_values(a)`` (``mask`` holds the bias already)."""
-    attn = eager_logits(q, k, mask, scale, state).softmax(dim=-1)
+    """``a = dropout(softmax(eager_logits))``, ``a v + content_values(a)`` (``mask`` holds the bias already).
+
+    A row ``mask`` closes is 0 (:func:`~vitrel.layout.softmax.masked_softmax`); ``closes_rows=False`` where ``mask``
+    is a bias alone, which closes none, skips the check."""
+    attn = masked_softmax(eager_logits(q, k, mask, scale, state), mask if closes_rows else None)
     if dropout_p > 0.0:
         attn = F.dropout(attn, dropout_p)
     out = attn @ v
@@ -36,4 +47,5 @@ class EagerKernel(Kernel):
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):
-        return attend_eager(q, k, v, full_mask(state.bias, mask, q), scale, state, dropout_p)
+        m = full_mask(state.bias, mask, q)
+        return attend_eager(q, k, v, m, scale, state, dropout_p, closes_rows=mask is not None)

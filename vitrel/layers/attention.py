@@ -40,6 +40,7 @@ from vitrel.kernels.triton.rope import rope_rotate
 from vitrel.layers.validate import check_attention_args
 from vitrel.layout.geometry import as_grid, grid_str
 from vitrel.layout.heads import widened_precision
+from vitrel.layout.softmax import masked_softmax
 from vitrel.layout.tokens import TokenLayout, isolate_images, poison, segment_mask
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.registry import parse_pos, scheme_options
@@ -366,8 +367,9 @@ class Attention(nn.Module):
     def attention_map(
         self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None
     ) -> Tensor:
-        """Attention probabilities ``[B, heads, N, N]``."""
-        return self.logits(x, grid, mask, pos_state).softmax(-1)
+        """Attention probabilities ``[B, heads, N, N]``; a row the mask closes is 0, as the kernels give it."""
+        logits = self.logits(x, grid, mask, pos_state)
+        return masked_softmax(logits, logits if mask is not None else None)
 
     def bias(self, grid: Any) -> Tensor | None:
         """The scheme's additive term ``[heads, N, N]`` for ``grid`` (None for non-bias schemes)."""

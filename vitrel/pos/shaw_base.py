@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
 from vitrel.layout.geometry import Grid, check_tokens
+from vitrel.layout.softmax import masked_softmax
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.cache import concrete_grid
 from vitrel.pos.tables import ResizeOnLoad
@@ -136,7 +137,7 @@ def _content_block(
     s = s * scale
     if mask is not None:
         s = s + mask
-    a = s.softmax(dim=-1)
+    a = masked_softmax(s, mask)
     if dropout_p > 0.0:
         a = F.dropout(a, dropout_p)
     return a @ v + rel_values(a[..., p:], *extra)

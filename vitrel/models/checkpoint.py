@@ -327,7 +327,7 @@ def load_model(
     path = run_checkpoint(path)  # a run folder: the checkpoint its test scored, said in one line
     if use_ema == "auto":  # (a checkpoint of timm's train script: its EMA copy, as timm's load_checkpoint takes)
         obj = _read_keys(path)  # (read once for both)
-        use_ema = _scores_ema(obj) or _timm_ema_key(obj) is not None
+        use_ema = _scores_ema(obj) if _holds_ema(obj) else _timm_ema_key(obj) is not None
     elif not isinstance(use_ema, bool):
         raise ValueError(f"use_ema must be 'auto', True or False, got {use_ema!r}")
     if overrides.get("features_only"):

@@ -156,9 +156,11 @@ class TimmSurface:
     # ---------------------------------------------------------------------------- weights
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:
         """``nn.Module.load_state_dict``, reading vitrel's files as timm's ``load_checkpoint`` hands them over
-        (``timm.create_model(name, checkpoint_path=...)``): a training checkpoint's state dict (the network under
-        ``model.*``, beside the EMA copy and the metrics) loads its ``model.*`` weights: the live ones, also of a run
-        that scored its EMA copy (timm hands over the state dict only, not the run's ``ema_eval``; ``vitrel.load_model``
+        (``timm.create_model(name, checkpoint_path=...)``): its ``use_ema=True`` (the default) hands over the EMA copy
+        train.py stores as ``state_dict_ema`` (the network's own keys); ``use_ema=False``, or a checkpoint written
+        before vitrel stored that, the training module's state dict (the network under ``model.*``, beside the EMA
+        copy and the metrics), of which the ``model.*`` weights load: the live ones, with a warning where the file
+        holds an EMA copy (timm hands over the state dict only, not the run's ``ema_eval``; ``vitrel.load_model``
         and the ``pretrained_cfg_overlay=dict(file=...)`` route read it); weights that do not fit this model (built
         from other arguments than the stored ones) are one ``CheckpointError`` naming the routes that rebuild the model
         from its stored arguments."""
@@ -168,9 +170,10 @@ class TimmSurface:
                 warnings.warn(
                     "loading the live weights (model.*) of a training checkpoint that also holds an EMA copy, which "
                     "its run validated and tested (unless module.ema_eval=false) and eval.py and predict.py score: "
-                    "timm.create_model(name, checkpoint_path=...) hands over the state dict only; "
-                    "vitrel.load_model(<file>) or timm.create_model(name, pretrained=True, "
-                    "pretrained_cfg_overlay=dict(file=<file>)) load the tested weights",
+                    "timm's load_checkpoint(model, <file>, use_ema=True) loads the copy of a checkpoint that stores "
+                    "it as state_dict_ema (train.py's, from this version on); vitrel.load_model(<file>) or "
+                    "timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=<file>)) load the "
+                    "weights the run tested",
                     stacklevel=caller_stacklevel(),
                 )
             state_dict = clean_state_dict(state_dict, "model.")

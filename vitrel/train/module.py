@@ -22,11 +22,12 @@ evaluation batch ``(clips [B, K, C, T, H, W], targets [B])`` holds ``K`` clips (
 ``predict.py``'s), accuracy is of those, and the loss is the negative log of the mean probability of the target
 (:func:`vitrel.inference.mean_softmax_log`); losses and metrics count videos.
 
-Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy), the
-config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so ``vitrel.load_model(path)`` works
-on them, and the preprocessing of the data it was trained on under ``hyper_parameters["data_config"]``
-(timm's data-config fields, :func:`data_config_of`), which ``predict.py``, ``python -m vitrel.export`` and
-``vitrel.load_model`` (the model's ``pretrained_cfg``) use.
+Checkpoints hold the network under ``model.*`` (``ema_model.module.*`` for the EMA copy, and the same tensors,
+stored once, under ``checkpoint["state_dict_ema"]`` with the network's own keys, where timm's ``load_checkpoint``
+looks for an EMA copy), the config that rebuilds it under ``checkpoint["vitrel_cfg"]``, so
+``vitrel.load_model(path)`` works on them, and the preprocessing of the data it was trained on under
+``hyper_parameters["data_config"]`` (timm's data-config fields, :func:`data_config_of`), which ``predict.py``,
+``python -m vitrel.export`` and ``vitrel.load_model`` (the model's ``pretrained_cfg``) use.
 
 ``compile=True`` (or a dict of ``torch.compile`` arguments) runs the training and evaluation steps
 through ``torch.compile(model)``, held outside the module tree: the state-dict keys stay ``model.*`` and
@@ -503,12 +504,18 @@ class ClassifierModule(L.LightningModule):
         self._example_input_array = example
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """The model's config; under DDP the training metrics' running totals summed over the ranks (each process
-        holds its own share; Lightning calls this on every rank and writes rank 0's dict)."""
+        """The model's config; the EMA copy as timm's train script keeps it (``state_dict_ema``: the network's keys,
+        the same tensors as ``ema_model.module.*``, so ``torch.save`` stores them once), so that timm's
+        ``load_checkpoint(model, path, use_ema=True)`` (and ``create_model(name, checkpoint_path=path)``) reads it;
+        under DDP the training metrics' running totals summed over the ranks (each process holds its own share;
+        Lightning calls this on every rank and writes rank 0's dict)."""
         cfg = getattr(self.model, "vitrel_cfg", None)
         if cfg is not None:
             checkpoint["vitrel_cfg"] = copy.deepcopy(cfg)
         sd = checkpoint.get("state_dict")
+        if isinstance(sd, dict) and self.ema_model is not None:
+            ema = f"{_EMA}module."
+            checkpoint["state_dict_ema"] = {k[len(ema) :]: v for k, v in sd.items() if k.startswith(ema)}
         if isinstance(sd, dict):  # (one process: sync_context leaves the totals as they are)
             for name, metric in self.train_metrics.items():
                 with metric.sync_context():  # the ranks' totals reduced as compute() would; the own ones after

@@ -814,7 +814,7 @@ def test_a_canvas_run_is_predicted_on_its_canvas_as_its_test_scored(tmp_path):
     11 % where its test scored 34 %). The data config now keeps the canvas, and each image is pasted in its middle, as
     the data module's ``canvas_mode=center`` evaluation pastes it."""
     from vitrel.data import FashionMNISTDataModule
-    from vitrel.train.module import data_config_of
+    from vitrel.models.data_config import data_config_of
 
     dm = FashionMNISTDataModule(canvas_size=40, canvas_mode="center", val_fraction=0.0)
     data = data_config_of(dm)

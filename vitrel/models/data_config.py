@@ -1,8 +1,8 @@
 """Data configs stored with weights: the preprocessing a model was trained with (timm's ``input_size``, ``mean``,
 ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``, a video model's ``num_frames`` and evaluation clip sampling
-(:data:`CLIP_FIELDS`), and the class names), read
-from a training checkpoint's ``hyper_parameters["data_config"]`` or an export's metadata / ``pretrained_cfg``, and
-put into a model's ``pretrained_cfg``, where ``timm.data.resolve_data_config(model=model)`` finds it."""
+(:data:`CLIP_FIELDS`), and the class names), read from a training checkpoint's ``hyper_parameters["data_config"]``
+(written by :func:`data_config_of` from the data module) or an export's metadata / ``pretrained_cfg``, and put into a
+model's ``pretrained_cfg``, where ``timm.data.resolve_data_config(model=model)`` finds it."""
 
 from __future__ import annotations
 
@@ -43,6 +43,7 @@ __all__ = [
     "TRAIN_FIELDS",
     "TIMM_CFG_FIELDS",
     "data_config_for",
+    "data_config_of",
     "data_fields",
     "fit_data_config",
     "model_data_config",
@@ -269,6 +270,40 @@ def fit_data_config(
         from timm.models._builder import pretrained_cfg_for_features
 
         model.pretrained_cfg = model.default_cfg = pretrained_cfg_for_features(net.pretrained_cfg)
+
+
+def data_config_of(dm: Any) -> dict[str, Any] | None:
+    """The preprocessing a vitrel data module applies to evaluation images, in timm's data-config fields:
+    ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``; ``num_frames``,
+    ``frame_stride`` and ``clips_per_video`` (its uniform evaluation clips) of a video data module, ``size_choices``
+    (the sides it trained batches at, read by ``eval.py``) when set, ``canvas_size`` and ``canvas_image_size`` with a
+    translation canvas, ``resize="tensor"`` for the memory loader's (a normalised tensor resized by torchvision, not a
+    PIL image), ``class_names`` when it has them; plain types (``weights_only=True`` reads them). None for an object
+    without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
+    if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
+        return None
+    size = dm.img_size
+    h, w = (size, size) if isinstance(size, int) else tuple(size)
+    out: dict[str, Any] = {
+        "input_size": [int(dm.in_chans), int(h), int(w)],
+        "mean": [float(v) for v in dm.mean],
+        "std": [float(v) for v in dm.std],
+        "interpolation": str(getattr(dm, "interpolation", "bilinear")),
+        "crop_pct": float(getattr(dm, "crop_pct", 1.0)),
+        "crop_mode": "center",
+        **({"resize": "tensor"} if getattr(dm, "loader", None) == "memory" else {}),  # (predict.py resizes alike)
+    }
+    if getattr(dm, "num_frames", None) is not None:  # clips: the frames per clip (T), the evaluation clips
+        out["num_frames"] = int(dm.num_frames)  # (frames consecutive, one clip, where the module has no such option)
+        out["frame_stride"] = int(getattr(dm, "stride", 1))
+        out["clips_per_video"] = int(getattr(dm, "clips_per_video", 1))
+    if getattr(dm, "size_choices", None):  # (eval.py runs the model as trained at one of these sides)
+        out["size_choices"] = [int(v) for v in dm.size_choices]
+    if getattr(dm, "canvas_size", None) is not None:  # (images pasted into a black canvas: predict.py does the same)
+        out["canvas_size"], out["canvas_image_size"] = int(dm.canvas_size), int(dm.native_size)
+    if names := getattr(dm, "class_names", None):
+        out["class_names"] = [str(n) for n in names]
+    return out
 
 
 def example_input(data_config: Mapping[str, Any] | None) -> torch.Tensor | None:

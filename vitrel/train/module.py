@@ -64,14 +64,14 @@ from torchmetrics import MeanMetric, Metric
 from torchmetrics.classification import MulticlassAccuracy
 
 from vitrel.inference import mean_softmax_log
-from vitrel.models.data_config import example_input
+from vitrel.models.data_config import data_config_of, example_input
 from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets, planned_steps
 from vitrel.train.flops import count_cpu_attention
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
 from vitrel.train.optim import check_float16_eps, follow_epochs, param_groups
 
-__all__ = ["ClassifierModule", "ImageMean", "data_config_of", "mix_clips"]
+__all__ = ["ClassifierModule", "ImageMean", "mix_clips"]
 
 _EMA = "ema_model."
 
@@ -557,40 +557,6 @@ def _rank() -> int:
     trainer is attached, and the hooks also run without one)."""
     dist = torch.distributed
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def data_config_of(dm: Any) -> dict[str, Any] | None:
-    """The preprocessing a vitrel data module applies to evaluation images, in timm's data-config fields:
-    ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``; ``num_frames``,
-    ``frame_stride`` and ``clips_per_video`` (its uniform evaluation clips) of a video data module, ``size_choices``
-    (the sides it trained batches at, read by ``eval.py``) when set, ``canvas_size`` and ``canvas_image_size`` with a
-    translation canvas, ``resize="tensor"`` for the memory loader's (a normalised tensor resized by torchvision, not a
-    PIL image), ``class_names`` when it has them; plain types (``weights_only=True`` reads them). None for an object
-    without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
-    if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
-        return None
-    size = dm.img_size
-    h, w = (size, size) if isinstance(size, int) else tuple(size)
-    out: dict[str, Any] = {
-        "input_size": [int(dm.in_chans), int(h), int(w)],
-        "mean": [float(v) for v in dm.mean],
-        "std": [float(v) for v in dm.std],
-        "interpolation": str(getattr(dm, "interpolation", "bilinear")),
-        "crop_pct": float(getattr(dm, "crop_pct", 1.0)),
-        "crop_mode": "center",
-        **({"resize": "tensor"} if getattr(dm, "loader", None) == "memory" else {}),  # (predict.py resizes alike)
-    }
-    if getattr(dm, "num_frames", None) is not None:  # clips: the frames per clip (T), the evaluation clips
-        out["num_frames"] = int(dm.num_frames)  # (frames consecutive, one clip, where the module has no such option)
-        out["frame_stride"] = int(getattr(dm, "stride", 1))
-        out["clips_per_video"] = int(getattr(dm, "clips_per_video", 1))
-    if getattr(dm, "size_choices", None):  # (eval.py runs the model as trained at one of these sides)
-        out["size_choices"] = [int(v) for v in dm.size_choices]
-    if getattr(dm, "canvas_size", None) is not None:  # (images pasted into a black canvas: predict.py does the same)
-        out["canvas_size"], out["canvas_image_size"] = int(dm.canvas_size), int(dm.native_size)
-    if names := getattr(dm, "class_names", None):
-        out["class_names"] = [str(n) for n in names]
-    return out
 
 
 def _num_images(x: Tensor | Mapping, y: Tensor) -> int:

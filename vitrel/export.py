@@ -1,8 +1,8 @@
 """Models that leave Python: exported weights, ``torch.export`` programs and ONNX.
 
 ``python -m vitrel.export CKPT OUTDIR [--pt2] [--onnx] [--dynamic hw|batch|static] [--ema auto|true|false]``: a training
-checkpoint (or exported weights) of an image or a video model -> ``OUTDIR/model.safetensors`` + ``config.json``, and
-optionally
+checkpoint (or exported weights) of an image or a video model -> ``OUTDIR/model.safetensors`` + ``config.json`` (its
+``"ema"``: whether the weights are the run's EMA copy or its trained ones, which ``eval.py`` reports), and optionally
 
 * ``model.pt2``: a ``torch.export`` program (``torch.export.load``), with the preprocessing in its
   extra file ``vitrel_data_config.json``;
@@ -53,12 +53,12 @@ from vitrel.models.checkpoint import (
     CONFIG_NAME,
     WEIGHTS_NAME,
     CheckpointError,
-    checkpoint_scores_ema,
     data_config_for,
     load_model,
     model_data_config,
     save_pretrained,
     stored_data_config,
+    weights_ema,
 )
 from vitrel.models.run_record import naflex_over_budget
 
@@ -527,9 +527,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--img-size", type=int, nargs="+", default=None, help="example image (video: frame) size (default: as trained)"
     )
-    ap.add_argument(
-        "--num-frames", type=int, default=None, help="a video model's example clip length (default: the model's)"
-    )
+    ap.add_argument("--num-frames", type=int, default=None, help="a video model's example clip length (default: its)")
     ap.add_argument("--opset", type=int, default=ONNX_OPSET, help="ONNX opset asked of torch (it writes >= 18)")
     ap.add_argument(
         "--attn-impl",
@@ -543,8 +541,9 @@ def main(argv: list[str] | None = None) -> int:
     dynamic = args.dynamic
     try:  # everything that can refuse, the traces included, before anything is written
         kernel = {} if args.attn_impl is None else {"attn_impl": args.attn_impl}
-        use_ema = checkpoint_scores_ema(args.ckpt) if args.ema == "auto" else args.ema == "true"
-        model = load_model(args.ckpt, use_ema=use_ema, **kernel).eval()
+        # the weights taken: an export's own (recorded; another --ema refused), else as eval.py and predict.py
+        use_ema = weights_ema(args.ckpt, {"auto": "auto", "true": True, "false": False}[args.ema])
+        model = load_model(args.ckpt, use_ema="auto" if use_ema is None else use_ema, **kernel).eval()
         data_config = data_config_for(args.ckpt, model)
         naflex = _naflex_note(args.ckpt, model, data_config)
         pt2 = onnx = None
@@ -565,7 +564,8 @@ def main(argv: list[str] | None = None) -> int:
             if args.onnx:
                 print(f"converting the program to ONNX (opset {args.opset}) ...", flush=True)
                 onnx = onnx_program(model, example, dynamic, args.opset, program=ep, data_config=data_config)
-                onnx.model.metadata_props[ONNX_WEIGHTS_KEY] = "ema" if use_ema else "trained"
+                if use_ema is not None:  # (weights that do not record it: not said)
+                    onnx.model.metadata_props[ONNX_WEIGHTS_KEY] = "ema" if use_ema else "trained"
     except (CheckpointError, ValueError, ImportError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -579,8 +579,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if naflex:
         print(f"warning: {naflex}", file=sys.stderr)
-    save_pretrained(model, out, data_config)
-    which = "the EMA weights" if use_ema else "the trained weights"
+    save_pretrained(model, out, data_config, ema=use_ema)
+    which = {True: "the EMA weights", False: "the trained weights", None: "the weights it holds"}[use_ema]
     print(f"wrote {out / WEIGHTS_NAME} ({which}) and {out / CONFIG_NAME}")
     if pt2 is not None:
         (out / PT2_NAME).write_bytes(pt2)

@@ -106,7 +106,7 @@ def load_predictor(
     with ``triton`` on a CPU), not for a ``.pt2`` program, which is fixed: of those, only a video program's
     ``num_frames`` (the clip length sampled), where the program takes it."""
     from vitrel.export import PT2_NAME, SizeCheckedProgram, load_program, program_input_sizes
-    from vitrel.models.checkpoint import WEIGHTS_NAME, checkpoint_scores_ema, data_config_for, load_model
+    from vitrel.models.checkpoint import WEIGHTS_NAME, data_config_for, load_model, weights_ema
     from vitrel.models.ckpt_files import run_checkpoint
 
     p = Path(path)
@@ -135,8 +135,8 @@ def load_predictor(
         module = SizeCheckedProgram(ep.module(), program_input_sizes(ep), str(p))  # torch's Guard failed, named
         return Predictor(module, data_config, str(p), data_config.get("class_names"), device)
     _check_head_kept(p, model_overrides or {})
-    ema = checkpoint_scores_ema(p) if use_ema == "auto" and p.suffix == ".ckpt" else bool(use_ema is True)
-    model = load_model(p, use_ema=ema, **(model_overrides or {})).eval().to(device)
+    ema = weights_ema(p, use_ema)  # (an export folder: the weights it records; the other ema= refused)
+    model = load_model(p, use_ema="auto" if ema is None else ema, **(model_overrides or {})).eval().to(device)
     data_config = data_config_for(p, model)
     return Predictor(model, data_config, str(p), data_config.get("class_names"), device)
 

@@ -171,3 +171,31 @@ def test_other_class_names_are_a_log_warning_of_eval(tmp_path, caplog):
         _warn_other_class_names(tmp_path / "last.ckpt", {"class_names": ["cat", "fox", "dog"]}, dm)
     said = [r.getMessage() for r in caplog.records if r.name == "vitrel.train.evaluate"]
     assert len(said) == 1 and said[0].startswith("class 1 is 'dog' here but 'fox' in last.ckpt; class 2 is"), said
+
+
+def test_eval_on_an_export_folder_reports_the_weights_it_holds_and_refuses_the_others(tmp_path):
+    """``python -m vitrel.export`` of a ``module/ema=default`` run takes the EMA copy; ``eval.py ckpt_path=<export>
+    ema=false`` then scored that copy and wrote ``"ema": false``. The export's config.json now records which weights
+    it holds; eval.py on it reports them, scores them under ema=auto or that choice, and refuses the other one."""
+    from vitrel.export import main as export_main
+    from vitrel.models.checkpoint import CheckpointError
+
+    run = tmp_path / "run"
+    ema = ["module/ema=default", "module.ema.decay=0.5", "module.ema.use_warmup=false"]
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, *ema, "test=false"]))
+    ckpt, one = run / "checkpoints" / "last.ckpt", [*EVAL, "trainer.limit_test_batches=1"]
+    losses = {}
+    for held, flag in ((True, []), (False, ["--ema", "false"])):
+        out = tmp_path / f"export_{held}"
+        assert export_main([str(ckpt), str(out), *flag]) == 0
+        assert json.loads((out / "config.json").read_text())["ema"] is held
+        scored, res, _ = _eval(tmp_path / f"e_{held}", out, one)
+        assert res["ema"] is held
+        same, res, _ = _eval(tmp_path / f"same_{held}", out, [*one, f"ema={str(held).lower()}"])
+        assert res["ema"] is held and same == scored
+        with pytest.raises(CheckpointError, match=f"holds the {'EMA' if held else 'trained'} weights only"):
+            _eval(tmp_path / f"other_{held}", out, [*one, f"ema={str(not held).lower()}"])
+        from_ckpt, res, _ = _eval(tmp_path / f"ckpt_{held}", ckpt, [*one, f"ema={str(held).lower()}"])
+        assert res["ema"] is held and from_ckpt["test/loss"] == pytest.approx(scored["test/loss"], abs=1e-6)
+        losses[held] = scored["test/loss"]
+    assert losses[True] != pytest.approx(losses[False], abs=1e-4)  # (the two sets score apart)

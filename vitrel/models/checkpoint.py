@@ -79,6 +79,8 @@ __all__ = [
     "check_checkpoint",
     "checkpoint_has_ema",
     "checkpoint_scores_ema",
+    "exported_ema",
+    "weights_ema",
     "stored_config",
     "stored_data_config",
     "model_data_config",
@@ -210,6 +212,44 @@ def checkpoint_scores_ema(path: str | os.PathLike) -> bool:
     return _scores_ema(_read_keys(path))
 
 
+def exported_ema(path: str | os.PathLike) -> bool | None:
+    """Which weights exported weights hold, as :func:`save_pretrained` recorded them (``"ema"`` in the weights'
+    metadata and in ``config.json``; ``python -m vitrel.export`` records it): True the EMA copy, False the trained
+    weights; None where none is recorded (an export from before vitrel recorded it, a model saved by hand) and for a
+    file that is not exported weights."""
+    p = _resolve(path)
+    said = _safetensors_metadata(p).get("ema") if p.suffix == ".safetensors" else None
+    return {"true": True, "false": False}.get(str(said)) if said is not None else None
+
+
+def weights_ema(path: str | os.PathLike, use_ema: bool | str = "auto", strict: bool = False) -> bool | None:
+    """Whether ``use_ema`` (``"auto"``, True, False) at ``path`` scores the EMA copy: of a training checkpoint,
+    ``"auto"``'s :func:`checkpoint_scores_ema` or the choice; exported weights hold one set, the one they record
+    (:func:`exported_ema`), which ``"auto"`` and that choice take; the other choice is a :class:`CheckpointError`
+    naming it, as is True (and, ``strict``, False) where they record none (None then: the weights they hold)."""
+    if use_ema not in ("auto", True, False):
+        raise ValueError(f"use_ema must be 'auto', True or False, got {use_ema!r}")
+    p = _resolve(path)
+    if p.suffix != ".safetensors":
+        return checkpoint_scores_ema(p) if use_ema == "auto" else bool(use_ema)
+    held = exported_ema(p)
+    if use_ema == "auto" or use_ema is held or (held is None and use_ema is False and not strict):
+        return held
+    asked = f"the {'EMA' if use_ema else 'trained'} weights (ema={str(use_ema).lower()})"
+    if held is None:
+        raise CheckpointError(
+            f"{p} does not record whether it holds a run's EMA or trained weights (exported before vitrel recorded "
+            f"it, or saved by hand), so it cannot give {asked}: give ema=auto (use_ema='auto') to score the weights "
+            "it holds, or export the .ckpt again (python -m vitrel.export CKPT OUT --ema true|false)"
+        )
+    which = "the EMA weights" if held else "the trained weights"
+    raise CheckpointError(
+        f"{p} holds {which} only (it records ema: {str(held).lower()}, as does config.json), not {asked}: give "
+        "ema=auto (use_ema='auto') to score them, or export the .ckpt again: python -m vitrel.export CKPT OUT --ema "
+        f"{str(use_ema).lower()}"
+    )
+
+
 def _scores_ema(obj: Any) -> bool:
     """:func:`checkpoint_scores_ema` of a checkpoint as :func:`_read_keys` read it."""
     hparams = (obj.get("hyper_parameters") if isinstance(obj, Mapping) else None) or {}
@@ -323,13 +363,18 @@ def load_model(
     ``module.ema_eval=false``) or the EMA copy beside the weights in a checkpoint of timm's train script
     (``state_dict_ema``, as timm's ``load_checkpoint`` takes it), else the trained weights
     (:func:`checkpoint_scores_ema`). ``True``: the EMA copy (an error when there is none); ``False``: the trained ones.
+    Exported weights hold one set: ``"auto"`` and the choice they record (:func:`exported_ema`) load it, the other
+    choice is refused (:func:`weights_ema`).
     """
     path = run_checkpoint(path)  # a run folder: the checkpoint its test scored, said in one line
-    if use_ema == "auto":  # (a checkpoint of timm's train script: its EMA copy, as timm's load_checkpoint takes)
+    if use_ema not in ("auto", True, False):
+        raise ValueError(f"use_ema must be 'auto', True or False, got {use_ema!r}")
+    if _resolve(path).suffix == ".safetensors":  # exported weights: one set, the one they record (else refused)
+        weights_ema(path, use_ema)
+        use_ema = False  # (read_weights reads their one set)
+    elif use_ema == "auto":  # (a checkpoint of timm's train script: its EMA copy, as timm's load_checkpoint takes)
         obj = _read_keys(path)  # (read once for both)
         use_ema = _scores_ema(obj) if _holds_ema(obj) else _timm_ema_key(obj) is not None
-    elif not isinstance(use_ema, bool):
-        raise ValueError(f"use_ema must be 'auto', True or False, got {use_ema!r}")
     if overrides.get("features_only"):
         raise CheckpointError(
             "load_model builds the whole classifier; timm wraps a features_only backbone around the weights it "
@@ -454,7 +499,9 @@ def _from_stored_size(model: nn.Module, sd: dict[str, Tensor], cfg: dict[str, An
 
 
 # ---------------------------------------------------------------------------- export
-def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, data_config: Mapping[str, Any] | None = None) -> Path:
+def save_pretrained(
+    model: nn.Module, out_dir: str | os.PathLike, data_config: Mapping[str, Any] | None = None, ema: bool | None = None
+) -> Path:
     """Write ``model.safetensors`` (configuration also in its metadata) and ``config.json``.
 
     ``config.json`` follows timm's layout (``architecture``, ``num_classes``, ``model_args``,
@@ -463,7 +510,9 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, data_config: M
     :func:`model_data_config`: the training data's when the model came from :func:`load_model` on a checkpoint that
     stores it) is in ``pretrained_cfg`` (timm's fields, the class names as ``label_names``: what
     ``timm.data.resolve_data_config`` reads) and in the weights' metadata (``"data_config"``); ``data_config``: that
-    data config (:func:`data_config_for` of the checkpoint it was loaded from) instead.
+    data config (:func:`data_config_for` of the checkpoint it was loaded from) instead. ``ema``: whether the weights
+    are a run's EMA copy (True) or its trained weights (False), recorded as ``"ema"`` in ``config.json`` and the
+    weights' metadata (:func:`exported_ema`; ``eval.py`` reports it and refuses the other ``ema=``); None: not recorded.
     """
     cfg = getattr(model, "vitrel_cfg", None)
     if not isinstance(cfg, dict) or "architecture" not in cfg:
@@ -474,6 +523,8 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, data_config: M
     data_config = dict(data_config) if data_config is not None else model_data_config(model)
     tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     meta = {"format": "pt", "vitrel_cfg": cfg_json, "data_config": json.dumps(data_config)}
+    if ema is not None:
+        meta["ema"] = "true" if ema else "false"
     save_file(tensors, str(out / WEIGHTS_NAME), metadata=meta)
     follow_umask(out / WEIGHTS_NAME)  # (safetensors writes 0600)
     pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
@@ -494,6 +545,7 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, data_config: M
         "model_args": {k: v for k, v in cfg.items() if k != "architecture"},
         "pretrained_cfg": pcfg,
         "vitrel_cfg": json.loads(cfg_json),
+        **({} if ema is None else {"ema": bool(ema)}),
     }
     with open(out / CONFIG_NAME, "w", encoding="utf-8") as f:
         json.dump(config, f, indent=2)
@@ -502,6 +554,7 @@ def save_pretrained(model: nn.Module, out_dir: str | os.PathLike, data_config: M
 
 def export_model(ckpt_path: str | os.PathLike, out_dir: str | os.PathLike, use_ema: bool | str = "auto") -> Path:
     """Training checkpoint -> ``out_dir/model.safetensors`` + ``out_dir/config.json`` (validated by
-    rebuilding the model and loading the weights strictly first)."""
-    model = load_model(ckpt_path, use_ema=use_ema)
-    return save_pretrained(model, out_dir)
+    rebuilding the model and loading the weights strictly first), recording which weights it took (``"ema"``)."""
+    ema = weights_ema(ckpt_path, use_ema)
+    model = load_model(ckpt_path, use_ema="auto" if ema is None else ema)
+    return save_pretrained(model, out_dir, ema=ema)

@@ -41,7 +41,7 @@ from timm.layers import to_2tuple
 
 from vitrel.config import ConfigError, check_moved_keys, data_val_fraction
 from vitrel.data.unreadable import ReportUnreadable
-from vitrel.models.checkpoint import CheckpointError, checkpoint_scores_ema
+from vitrel.models.checkpoint import CheckpointError, weights_ema
 from vitrel.models.ckpt_files import run_checkpoint, stored_config
 from vitrel.models.data_config import NoDataConfigWarning, stored_data_config
 from vitrel.models.input_size import check_patches_fit
@@ -283,8 +283,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     split = str(cfg.get("split", "test"))
     if split not in ("test", "val"):
         raise ValueError(f"split must be test or val, got {split!r}")
-    ema = cfg.get("ema", "auto")
-    use_ema = checkpoint_scores_ema(ckpt) if ema == "auto" else bool(ema)
+    # the weights scored: an export's own (recorded; None where it records none), a .ckpt's as ema= says
+    use_ema = weights_ema(ckpt, cfg.get("ema", "auto"), strict=True)
 
     saved = stored_config(ckpt) or {}
     # what the checkpoint and its run folder tell, read once: the run's record, the data config and split stored
@@ -338,7 +338,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     size = saved["img_size"] if as_trained or keep_shape else dm.img_size
     with warnings.catch_warnings():  # (the data config of the run normalises here, not the checkpoint's defaults)
         warnings.simplefilter("ignore", NoDataConfigWarning)
-        model = vitrel.load_model(ckpt, use_ema=use_ema, img_size=size, **overrides)
+        model = vitrel.load_model(ckpt, use_ema="auto" if use_ema is None else use_ema, img_size=size, **overrides)
     stored = getattr(model, "vitrel_cfg", {})
     _check_data_matches(ckpt, stored, dm, cfg.data, fix)
     _warn_other_class_names(ckpt, stored_data, dm)
@@ -379,7 +379,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "grid": grid,
         "model_img_size": list(to_2tuple(stored["img_size"])) if stored.get("img_size") is not None else None,
         "naflex_size": naflex,  # NaFlex of images of one size: the size each was scored at
-        "ema": use_ema,
+        "ema": use_ema,  # the weights scored: the EMA copy, the trained ones, null: an export that does not say
         "precision": str(trainer.precision),  # Lightning's: bf16-mixed (trainer=ddp) scores other figures than 32-true
         "model_overrides": given,  # model_overrides given on the command line ({}: the model as stored)
         "packing": packing,

@@ -60,7 +60,7 @@ from vitrel.models.checkpoint import (
     stored_data_config,
     weights_ema,
 )
-from vitrel.models.run_record import naflex_over_budget
+from vitrel.models.run_record import naflex_export_note
 
 __all__ = [
     "DYNAMIC",
@@ -478,29 +478,6 @@ _NOT_HW = {
 }
 
 
-def _naflex_note(ckpt: str, model: nn.Module, data_config: dict[str, Any]) -> str | None:
-    """The warning for exporting a ``.ckpt`` whose run trained and tested on NaFlex batches (``data.packing``, each
-    image at its own size within ``data.max_tokens`` patches) when the recorded fixed size holds more patches than
-    that: the export's preprocessing scores every image at a size its training never fed it. None otherwise."""
-    if Path(ckpt).suffix != ".ckpt":
-        return None
-    (h, w), patch = data_config["input_size"][-2:], _patch(model)
-    try:
-        over = naflex_over_budget(ckpt, (h // patch) * (w // patch))
-    except ValueError:  # (a packing setting that does not parse: predict.py says so when it reads it)
-        return None
-    if over is None:
-        return None
-    run, record = over
-    return (
-        f"{Path(ckpt).name}'s run trained and tested on NaFlex batches (data.packing={run['packing']}: each image at "
-        f"its own size, at most {run['max_tokens']} patches; {record}); the export records fixed {h}x{w} images "
-        f"({(h // patch) * (w // patch)} patches of {patch} px), its model's built size, which training never fed "
-        "it: predict.py on the .ckpt scores images as the run did; a dynamic=hw program takes each image at its own "
-        "size (docs/export.md)"
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vitrel.export", description=__doc__.splitlines()[0])
     ap.add_argument("ckpt", help="training checkpoint (.ckpt) or exported weights")
@@ -545,7 +522,7 @@ def main(argv: list[str] | None = None) -> int:
         use_ema = weights_ema(args.ckpt, {"auto": "auto", "true": True, "false": False}[args.ema])
         model = load_model(args.ckpt, use_ema="auto" if use_ema is None else use_ema, **kernel).eval()
         data_config = data_config_for(args.ckpt, model)
-        naflex = _naflex_note(args.ckpt, model, data_config)
+        naflex = naflex_export_note(args.ckpt, data_config["input_size"][-2:], _patch(model))
         pt2 = onnx = None
         if args.pt2 or args.onnx:
             dynamic = args.dynamic or best_dynamic(model)

@@ -19,6 +19,7 @@ __all__ = [
     "NAFLEX_RUN_KEYS",
     "PredictSettingsError",
     "loader_used",
+    "naflex_export_note",
     "naflex_of_run",
     "naflex_over_budget",
     "nominal_size_warning",
@@ -140,4 +141,27 @@ def nominal_size_warning(
         f"{run['max_tokens']} patches an image; {record}): the fixed size {side}x{side} ({n} patches of {patch} px) is "
         f"the size its model was built at, not one it trained at: {fix}, or give {key}=<n> (at most {fits} for a "
         "square within its budget)"
+    )
+
+
+def naflex_export_note(ckpt: str | Path, hw: Any, patch: int) -> str | None:
+    """The warning for exporting a ``.ckpt`` whose run trained and tested on NaFlex batches (``data.packing``, each
+    image at its own size within ``data.max_tokens`` patches) when the recorded fixed size ``hw`` (patches of
+    ``patch`` px) holds more patches than that: the export's preprocessing scores every image at a size its training
+    never fed it. None otherwise."""
+    if Path(ckpt).suffix != ".ckpt":
+        return None
+    (h, w), n = hw, (hw[0] // patch) * (hw[1] // patch)
+    try:
+        over = naflex_over_budget(ckpt, n)
+    except ValueError:  # (a packing setting that does not parse: predict.py says so when it reads it)
+        return None
+    if over is None:
+        return None
+    run, record = over
+    return (
+        f"{Path(ckpt).name}'s run trained and tested on NaFlex batches (data.packing={run['packing']}: each image at "
+        f"its own size, at most {run['max_tokens']} patches; {record}); the export records fixed {h}x{w} images "
+        f"({n} patches of {patch} px), its model's built size, which training never fed it: predict.py on the .ckpt "
+        "scores images as the run did; a dynamic=hw program takes each image at its own size (docs/export.md)"
     )

@@ -30,7 +30,8 @@ sdpa`` exports the same weights at every size.
 
 Programs are traced in eval mode without gradients (export is not training). Every refusal (an attention kernel
 ONNX has no operator for, sizes a model cannot serve, a missing ``onnx`` package, a trace that fails) comes before
-anything is written: the command traces first, then writes the weights, ``config.json`` and the programs.
+anything is written: the command traces first, then writes the weights, ``config.json`` and the programs; the
+programs an earlier export left in the folder that this one does not write are removed (and named).
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ ONNX_DATA_CONFIG_KEY = "vitrel_data_config"
 ONNX_WEIGHTS_KEY = "vitrel_weights"
 #: the ONNX opset written (ONNX Runtime 1.17+ runs it; Resize with antialias needs >= 18)
 ONNX_OPSET = 18
+#: the program files an export writes beside the weights (an earlier export's: removed; ONNX's external data too)
+_PROGRAMS = (PT2_NAME, ONNX_NAME, f"{ONNX_NAME}.data")
 MAX_SIDE = 4096
 MAX_FRAMES = 1024
 
@@ -333,8 +336,7 @@ def save_program(ep: torch.export.ExportedProgram, path: str | Path, data_config
     """``torch.export.save`` with the preprocessing as the extra file :data:`DATA_CONFIG_NAME`, at the program's size
     where it takes one (:func:`program_data_config`; serialised in memory first: a program torch cannot serialise
     leaves no file)."""
-    data = program_bytes(ep, data_config)
-    path = Path(path)
+    data, path = program_bytes(ep, data_config), Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(data)
     return path
@@ -556,6 +558,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if naflex:
         print(f"warning: {naflex}", file=sys.stderr)
+    # the programs an earlier export wrote here (other options, other weights): removed, not left beside these
+    old, written = (
+        [n for n in _PROGRAMS if (out / n).is_file()],
+        {PT2_NAME: pt2 is not None, ONNX_NAME: onnx is not None},
+    )
+    for n in old:
+        (out / n).unlink()
+    gone = [n for n in old if not written.get(n)]
+    if gone:
+        print(f"removed {', '.join(gone)} of an earlier export to {out}: the folder holds this export's files only")
     save_pretrained(model, out, data_config, ema=use_ema)
     which = {True: "the EMA weights", False: "the trained weights", None: "the weights it holds"}[use_ema]
     print(f"wrote {out / WEIGHTS_NAME} ({which}) and {out / CONFIG_NAME}")

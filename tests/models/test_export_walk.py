@@ -131,6 +131,24 @@ def test_onnx_file_alone_reproduces_predict(ema_ckpt, tmp_path, capsys):
             sess.run(None, {"images": np.zeros((1, 1, h, w), np.float32)})
 
 
+def test_an_export_into_an_earlier_exports_folder_leaves_only_its_own_files(ema_ckpt, tmp_path, capsys):
+    """``python -m vitrel.export CKPT OUT --pt2`` (the EMA weights), then ``... OUT --ema false`` into the same folder:
+    the first export's ``model.pt2`` stayed beside the trained weights, and ``predict.py ckpt_path=OUT/model.pt2``
+    scored the EMA copy. The second export now removes the programs it does not write, and says so."""
+    from vitrel.export import main
+
+    out = tmp_path / "export"
+    assert main([str(ema_ckpt), str(out), "--pt2"]) == 0
+    assert sorted(f.name for f in out.iterdir()) == ["config.json", "model.pt2", "model.safetensors"]
+    capsys.readouterr()
+    assert main([str(ema_ckpt), str(out), "--ema", "false"]) == 0
+    assert sorted(f.name for f in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert f"removed model.pt2 of an earlier export to {out}" in capsys.readouterr().out
+    assert main([str(ema_ckpt), str(out), "--ema", "false", "--pt2"]) == 0  # (a program written again: kept)
+    assert sorted(f.name for f in out.iterdir()) == ["config.json", "model.pt2", "model.safetensors"]
+    assert "removed" not in capsys.readouterr().out
+
+
 @pytest.mark.usefixtures("one_torchlib_registry")
 @pytest.mark.parametrize("opset", [17, 18])
 def test_the_wrote_line_names_the_opset_the_onnx_file_has(ema_ckpt, tmp_path, capsys, opset):

@@ -231,22 +231,30 @@ def eval_transform(data_config: dict[str, Any]) -> Callable[[Any], Tensor]:
 
 def _tensor_resize(data_config: dict[str, Any], mode: str) -> Callable[[Any], Tensor]:
     """PIL image -> normalised ``[C, H, W]`` tensor as a memory-loader run's evaluation made it
-    (:func:`~vitrel.data.memory.eval_images`: normalised, then resized by torchvision)."""
+    (:func:`~vitrel.data.memory.eval_images`: normalised, then resized by torchvision). An ``input_size`` of another
+    height than width (a program exported at ``--img-size 28 36``; the memory loader's are square): normalised, then
+    resized by torchvision to ``floor(H / crop_pct) x floor(W / crop_pct)`` and centre-cropped to ``H x W``, as timm's
+    eval transform does for an ``(H, W)`` size."""
     import numpy as np
+    import torchvision.transforms.functional as TF
 
+    from vitrel.data.augment import normalize
     from vitrel.data.datasets import to_8bit
     from vitrel.data.memory import eval_images, to_uint8_nchw
 
-    kw = {
-        "mean": tuple(data_config["mean"]),
-        "std": tuple(data_config["std"]),
-        "img_size": int(data_config["input_size"][-1]),
-        "crop_pct": float(data_config.get("crop_pct", 1.0)),
-        "interpolation": str(data_config.get("interpolation", "bicubic")),
-    }
+    (h, w), crop = data_config["input_size"][-2:], float(data_config.get("crop_pct", 1.0))
+    mean, std = tuple(data_config["mean"]), tuple(data_config["std"])
+    interpolation = str(data_config.get("interpolation", "bicubic"))
+    kw = {"mean": mean, "std": std, "img_size": int(w), "crop_pct": crop, "interpolation": interpolation}
 
     def apply(img: Any) -> Tensor:
-        return eval_images(to_uint8_nchw(np.array(to_8bit(img).convert(mode))[None]), **kw)[0]
+        x = to_uint8_nchw(np.array(to_8bit(img).convert(mode))[None])
+        if h == w:
+            return eval_images(x, **kw)[0]
+        x = normalize(x, torch.tensor(mean).view(-1, 1, 1), torch.tensor(std).view(-1, 1, 1))
+        scale = [int(math.floor(h / crop)), int(math.floor(w / crop))]
+        x = TF.resize(x, scale, interpolation=TF.InterpolationMode(interpolation), antialias=True)
+        return TF.center_crop(x, [int(h), int(w)])[0]
 
     return apply
 

@@ -583,6 +583,33 @@ def test_export_of_a_train_py_checkpoint_carries_its_data_config(trained, fmnist
         assert max(abs(a["prob"] - b["prob"]) for a, b in zip(rows, ref)) < 1e-5
 
 
+def test_a_non_square_program_of_a_memory_loader_run_is_fed_its_height_and_width(trained, fmnist_test, tmp_path):
+    """``python -m vitrel.export <run> --pt2 --dynamic batch --img-size 28 36`` of a memory-loader run (the default
+    data): ``predict.py`` on its ``model.pt2`` resized images to 36 x 36 (the width only) and stopped on the program's
+    size check; ``eval_transform`` of the data config (what ONNX Runtime is fed) made 36 x 36 too. Images are now
+    normalised, resized to 32 x 41 (the sides over crop_pct 0.875) by torchvision and centre-cropped to 28 x 36: the
+    probabilities of the checkpoint's model on those."""
+    import torchvision.transforms.functional as TF
+
+    from vitrel.inference import eval_transform
+
+    out = tmp_path / "export"
+    assert export_main([str(trained), str(out), "--pt2", "--dynamic", "batch", "--img-size", "28", "36"]) == 0
+    predictor = load_predictor(out / "model.pt2")
+    assert predictor.data_config["input_size"] == [1, 28, 36] and predictor.data_config["resize"] == "tensor"
+    root, arrays, _ = fmnist_test
+    rows = predict_folder(predictor, root, topk=3, progress=False).rows
+    assert eval_transform(predictor.data_config)(Image.open(root / "0000.png")).shape == (1, 28, 36)
+    x = (torch.from_numpy(arrays[:, None]).float() / 255 - FMNIST_MEAN) / FMNIST_STD
+    x = TF.center_crop(TF.resize(x, [32, 41], interpolation=TF.InterpolationMode.BICUBIC, antialias=True), [28, 36])
+    with torch.no_grad():
+        probs = vitrel.load_model(trained).eval()(x).softmax(-1)
+    top_p, top_i = probs.topk(3, dim=-1)
+    assert [int(r["index_0"]) for r in rows] == top_i[:, 0].tolist()
+    got = torch.tensor([[float(r[f"prob_{k}"]) for k in range(3)] for r in rows])
+    torch.testing.assert_close(got, top_p, rtol=0, atol=1e-5)
+
+
 def test_a_checkpoint_from_before_resize_was_stored_is_resized_as_its_run_was(trained, fmnist_test, tmp_path):
     """Checkpoints written before 2026-12-03 store no ``resize``: a memory-loader run's (the default recipe's) images
     were resized by PIL in predict.py and its exports, not as its test resized them (13 of 500 top-1 classes

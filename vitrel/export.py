@@ -264,14 +264,23 @@ def export_program(
     """``torch.export`` of ``model`` (in eval mode, without gradients) on images (a video model: clips) ``example``
     with the ``dynamic`` sizes (:func:`check_exportable` first).
 
+    ``"hw"`` needs an example of whole patches (a ``ValueError`` names the nearest sizes otherwise).
     Sizes that can be 1 (a single window, a grid of one patch) are traced size-obliviously, so the
     program does not assume a side of at least 2 (torch's default for symbolic sizes); the model is
     left as it was (a forward pass changes nothing on it).
     """
     check_exportable(model, dynamic)
+    x = example if example is not None else example_input(model)
+    (h, w), p = x.shape[-2:], _patch(model)
+    if dynamic == "hw" and (h % p or w % p):  # (torch.export's own error names a Dim, and no fix)
+        near = sorted({(max(p, h // p * p), max(p, w // p * p)), (-(-h // p) * p, -(-w // p) * p)})
+        sizes = " or ".join(f"{a}x{b} (--img-size {a if a == b else f'{a} {b}'})" for a, b in near)
+        raise ValueError(
+            f"image size {h}x{w} is not a multiple of the patch size {p}: a dynamic=hw program is traced on images of "
+            f"whole patches and then takes every size of whole patches; trace it at the nearest, {sizes}"
+        )
     was_training = model.training
     model.eval()
-    x = example if example is not None else example_input(model)
     import torch.fx.experimental._config as fx_config
 
     try:

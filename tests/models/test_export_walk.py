@@ -149,6 +149,25 @@ def test_an_export_into_an_earlier_exports_folder_leaves_only_its_own_files(ema_
     assert "removed" not in capsys.readouterr().out
 
 
+def test_an_example_size_of_no_whole_patches_under_dynamic_hw_names_the_nearest_sizes(ema_ckpt, tmp_path, capsys):
+    """``python -m vitrel.export CKPT OUT --pt2 --img-size 30`` (patches of 4 px, ``dynamic=hw``) failed in torch.export
+    ("Expected shape[2] = 30 ... of the form 4*grid_h") and advised ``--dynamic static``, which the model refuses at 30
+    px too. It now says the size must be whole patches and names the nearest, before anything is written; the advice
+    runs."""
+    from vitrel.export import main
+
+    out = tmp_path / "export"
+    for size, said in (
+        (["30"], "28x28 (--img-size 28) or 32x32 (--img-size 32)"),
+        (["30", "36"], "28x36 (--img-size 28 36) or 32x36"),
+    ):
+        assert main([str(ema_ckpt), str(out), "--pt2", "--img-size", *size]) == 2
+        err = capsys.readouterr().err
+        assert "is not a multiple of the patch size 4" in err and f"the nearest, {said}" in err, err
+        assert "static" not in err and not out.exists()
+    assert main([str(ema_ckpt), str(out), "--pt2", "--img-size", "32"]) == 0
+
+
 @pytest.mark.usefixtures("one_torchlib_registry")
 @pytest.mark.parametrize("opset", [17, 18])
 def test_the_wrote_line_names_the_opset_the_onnx_file_has(ema_ckpt, tmp_path, capsys, opset):

@@ -4,6 +4,7 @@ record. Small and quick; the scheme matrix is tests/models/test_export.py."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 
 import numpy as np
@@ -166,6 +167,26 @@ def test_an_example_size_of_no_whole_patches_under_dynamic_hw_names_the_nearest_
         assert "is not a multiple of the patch size 4" in err and f"the nearest, {said}" in err, err
         assert "static" not in err and not out.exists()
     assert main([str(ema_ckpt), str(out), "--pt2", "--img-size", "32"]) == 0
+
+
+def test_load_model_on_an_export_folders_program_or_config_says_what_loads_them(ema_ckpt, tmp_path):
+    """``vitrel.load_model("<export>/model.pt2")`` and ``load_model("<export>/config.json")`` said "truncated or not a
+    torch checkpoint" (torch.load read them). Each now says what the file is and what loads it; that advice runs."""
+    from vitrel.export import load_program, main
+    from vitrel.models.checkpoint import CheckpointError
+
+    out = tmp_path / "export"
+    assert main([str(ema_ckpt), str(out), "--pt2"]) == 0
+    for name, said in (
+        ("model.pt2", "is a torch.export program (python -m vitrel.export ... --pt2), not weights"),
+        ("config.json", "is an export folder's configuration, not its weights: load the folder, vitrel.load_model("),
+    ):
+        with pytest.raises(CheckpointError, match=re.escape(f"{out / name} {said}")) as err:
+            vitrel.load_model(out / name)
+        assert "truncated" not in str(err.value) and f"vitrel.load_model('{out}')" in str(err.value)
+    ep, data_config = load_program(out / "model.pt2")
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(ep.module()(x), vitrel.load_model(out).eval()(x), rtol=0, atol=1e-5)
 
 
 @pytest.mark.usefixtures("one_torchlib_registry")

@@ -337,6 +337,8 @@ def _resolve(path: str | os.PathLike) -> Path:
         return cands[0]
     if not p.is_file():
         raise CheckpointError(f"no such checkpoint: {p}")
+    if p.suffix.lower() in (".pt2", ".json"):
+        _refuse_export_file(p)
     if p.suffix.lower() == ".onnx":
         raise CheckpointError(
             f"{p} is an ONNX model, which runs in ONNX Runtime (onnxruntime.InferenceSession: input 'images', a "
@@ -346,6 +348,27 @@ def _resolve(path: str | os.PathLike) -> Path:
             "folder's model.pt2)"
         )
     return p
+
+
+def _refuse_export_file(p: Path) -> None:
+    """:class:`CheckpointError` for an export folder's ``model.pt2`` (a ``torch.export`` program, not weights) or its
+    ``config.json`` (no weights): what loads them instead (docs/export.md)."""
+    held = (p.parent / WEIGHTS_NAME).is_file() or (p.parent / TIMM_BIN_NAME).is_file()
+    folder = f"vitrel.load_model('{p.parent}')" if held else None
+    if p.suffix.lower() == ".pt2":
+        then = f"; the weights beside it load with {folder}" if folder else ""
+        raise CheckpointError(
+            f"{p} is a torch.export program (python -m vitrel.export ... --pt2), not weights to rebuild a model from: "
+            f"vitrel.export.load_program('{p}') gives the program and its preprocessing (torch.export.load(path) the "
+            f"program; .module() runs it), predict.py ckpt_path={p} runs it on images{then}"
+        )
+    if p.name == CONFIG_NAME and folder:
+        raise CheckpointError(
+            f"{p} is an export folder's configuration, not its weights: load the folder, {folder} (or "
+            f"timm.create_model('local-dir:{p.parent}', pretrained=True)), or give predict.py / eval.py "
+            f"ckpt_path={p.parent}"
+        )
+    raise CheckpointError(f"{p} is a JSON file, not weights: give the checkpoint (.ckpt) or the export folder")
 
 
 def stored_config(path: str | os.PathLike) -> dict[str, Any] | None:

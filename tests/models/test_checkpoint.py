@@ -562,3 +562,25 @@ def test_timm_train_checkpoint_loads_its_ema_as_timm_does(tmp_path, ema_key):
     _same(timm.create_model(VIT, checkpoint_path=str(path), **kw), ema)  # (timm's own route, the reference)
     _same(vitrel.load_model(path, architecture=VIT, use_ema=False, **kw), live)
     _same(vitrel.load_model(path, architecture=VIT, use_ema=True, **kw), ema)
+
+
+def test_asking_a_run_without_ema_for_its_ema_copy_names_the_callers_spelling(tmp_path):
+    """Was: ``python eval.py ckpt_path=<run without module/ema> ema=true`` said "use_ema=True but the checkpoint
+    holds no EMA weights", an argument of ``vitrel.load_model`` the user never gave; an export said "use_ema applies
+    to training checkpoints". Each names every entry point's spelling and what to do."""
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.train.evaluate import evaluate
+    from vitrel.train.run import train
+
+    run = [*TINY_VIT, *FAST, "trainer.max_steps=1", "trainer.limit_val_batches=1", "logger=none", "test=false"]
+    train(compose(tmp_path / "run", run))
+    ckpt = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    said = r"ema=true of eval\.py / predict\.py, --ema of python -m vitrel\.export, use_ema=True of vitrel\.load_model"
+    over = [f"ckpt_path={ckpt}", "ema=true", "data.num_workers=0", "trainer.accelerator=cpu", "progress_bar=none"]
+    with pytest.raises(CheckpointError, match=rf"holds no EMA copy \(its run had no module/ema\).*{said}.*auto"):
+        evaluate(compose(tmp_path / "eval", over, config_name="eval"))
+    with pytest.raises(CheckpointError, match=rf"holds no EMA copy.*{said}"):
+        vitrel.load_model(ckpt, use_ema=True)
+    out = save_pretrained(vitrel.load_model(ckpt), tmp_path / "export")
+    with pytest.raises(CheckpointError, match=rf"exported weights only, .*{said}.*training checkpoints \(\.ckpt\)"):
+        vitrel.load_model(out, use_ema=True)

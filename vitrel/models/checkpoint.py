@@ -101,6 +101,11 @@ def _load_safetensors(p: Path) -> dict[str, Tensor]:
         raise CheckpointError(f"cannot read {p}: truncated or not a safetensors file ({e})") from None
 
 
+#: the ways to ask for the EMA copy, in each entry point's spelling (said by the errors of a file that has none)
+_ASK_EMA = "ema=true of eval.py / predict.py, --ema of python -m vitrel.export, use_ema=True of vitrel.load_model"
+_LEAVE_AUTO = "leave it at auto (ema=auto, use_ema='auto'), which loads the weights the run scored"
+
+
 def _timm_ema_key(obj: Any) -> str | None:
     """The key of the EMA copy in a checkpoint of timm's train script (``state_dict_ema``) or DeiT's (``model_ema``),
     in the order timm's ``load_state_dict`` takes them; None when it has none."""
@@ -143,9 +148,16 @@ def read_weights(
         elif (p.parent / CONFIG_NAME).is_file():
             cfg = _cfg_from_config_json(_read_json(p.parent / CONFIG_NAME), p.parent / CONFIG_NAME)
         if use_ema:
-            raise CheckpointError(f"{p} holds exported weights only; use_ema applies to training checkpoints")
+            raise CheckpointError(
+                f"{p} holds exported weights only, but the EMA copy was asked for ({_ASK_EMA}), which only training "
+                f"checkpoints (.ckpt) keep beside the trained weights: {_LEAVE_AUTO}"
+            )
         return cfg, clean_state_dict(_load_safetensors(p), prefix="")
     obj = _torch_load(p, mmap=lazy and zipfile.is_zipfile(p))
+    if use_ema and isinstance(obj, Mapping) and "vitrel_cfg" in obj and not _holds_ema(obj):
+        raise CheckpointError(
+            f"{p} holds no EMA copy (its run had no module/ema), but it was asked for ({_ASK_EMA}): {_LEAVE_AUTO}"
+        )
     try:
         return extract_model_state(obj, use_ema=use_ema)
     except CheckpointError:
@@ -153,7 +165,9 @@ def read_weights(
             raise
     sd = _plain_state(obj, p, use_ema)
     if not sd:
-        raise CheckpointError(f"{p} holds no EMA weights" if use_ema else f"{p} holds no weights")
+        raise CheckpointError(
+            f"{p} holds no EMA weights (asked for: {_ASK_EMA})" if use_ema else f"{p} holds no weights"
+        )
     return timm_bin_config(p), sd
 
 

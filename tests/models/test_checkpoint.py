@@ -567,7 +567,7 @@ def test_timm_train_checkpoint_loads_its_ema_as_timm_does(tmp_path, ema_key):
 def test_asking_a_run_without_ema_for_its_ema_copy_names_the_callers_spelling(tmp_path):
     """Was: ``python eval.py ckpt_path=<run without module/ema> ema=true`` said "use_ema=True but the checkpoint
     holds no EMA weights", an argument of ``vitrel.load_model`` the user never gave; an export said "use_ema applies
-    to training checkpoints". Each names every entry point's spelling and what to do."""
+    to training checkpoints". Each names the spellings and what to do."""
     from tests.train_helpers import FAST, TINY_VIT, compose
     from vitrel.train.evaluate import evaluate
     from vitrel.train.run import train
@@ -581,6 +581,6 @@ def test_asking_a_run_without_ema_for_its_ema_copy_names_the_callers_spelling(tm
         evaluate(compose(tmp_path / "eval", over, config_name="eval"))
     with pytest.raises(CheckpointError, match=rf"holds no EMA copy.*{said}"):
         vitrel.load_model(ckpt, use_ema=True)
-    out = save_pretrained(vitrel.load_model(ckpt), tmp_path / "export")
-    with pytest.raises(CheckpointError, match=rf"exported weights only, .*{said}.*training checkpoints \(\.ckpt\)"):
+    out = save_pretrained(vitrel.load_model(ckpt), tmp_path / "export", ema=False)
+    with pytest.raises(CheckpointError, match=r"holds the trained weights only .*ema=true.*give ema=auto"):
         vitrel.load_model(out, use_ema=True)

@@ -185,6 +185,34 @@ def test_timm_save_for_hf_records_every_argument(spec, tmp_path):
             torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
 
 
+@SPECS
+def test_timm_save_for_hf_after_set_input_size_stores_the_new_input_size(spec, tmp_path):
+    """Was: ``set_input_size(48)`` on a model built at 32 left ``pretrained_cfg["input_size"]`` at 32, so
+    ``timm.data.resolve_data_config(model=m)`` fed it 32-px images and ``save_for_hf`` stored 32 beside
+    ``model_args`` ``img_size`` 48, which every route then read as a model of 48 trained on 32-px images. The model's
+    ``pretrained_cfg`` follows, as ``vitrel.load_model(..., img_size=48)`` builds it, and so does the Swin's
+    ``pool_size``; a call at the size it has leaves it alone (here the 28-px images a model of 32 was trained on).
+    """
+    from timm.models import save_for_hf
+
+    from vitrel.models.data_config import set_data_config
+
+    model = make(spec)
+    set_data_config(model, dict(input_size=[3, 28, 28]), built_at=32)  # (train.py on 28-px data, img_size 32)
+    model.set_input_size(img_size=32)
+    assert model.pretrained_cfg["input_size"] == (3, 28, 28)
+    save_for_hf(model, tmp_path / "hf32")
+    rebuilt = vitrel.load_model(tmp_path / "hf32", img_size=48)
+    model.set_input_size(img_size=48)
+    assert model.pretrained_cfg["input_size"] == rebuilt.pretrained_cfg["input_size"] == (3, 48, 48)
+    assert model.pretrained_cfg["pool_size"] == ((3, 3) if "depths" in spec else None)  # (48 / 2 / 2^3, as timm's)
+    assert timm.data.resolve_data_config(model=model)["input_size"] == (3, 48, 48)
+    save_for_hf(model, tmp_path / "hf")
+    back = (timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True), vitrel.load_model(tmp_path / "hf"))
+    for m in back:
+        assert m.pretrained_cfg["input_size"] == (3, 48, 48), type(m)
+
+
 # ---------------------------------------------------------------------------- the stored preprocessing, every route
 ROUTE_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "label_names")
 

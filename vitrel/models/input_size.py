@@ -11,7 +11,8 @@ vitrel's models read the patch grid from the input, so they run at any multiple 
 ``set_input_size`` changes the size a model is built for in place: every position scheme is rebuilt for
 the new grid (window) and takes the old scheme's weights through its own load hook (the same resize
 as loading a checkpoint with ``img_size=`` another size, ``vitrel.load_model``); ``vitrel_cfg`` follows,
-so a saved model reloads at the new size.
+so a saved model reloads at the new size, and so does ``pretrained_cfg``'s ``input_size`` (:func:`follow_input_size`:
+what ``timm.data.resolve_data_config`` feeds it and timm's ``save_for_hf`` stores).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ __all__ = [
     "check_patches_fit",
     "rebuild_position_schemes",
     "set_clip_input_size",
+    "follow_input_size",
 ]
 
 
@@ -115,11 +117,32 @@ def rebuild_position_schemes(model: nn.Module, **changes: Any) -> nn.Module:
         new.train(old.training)
         model.set_submodule(name, new)
         done.append(name)
+    before = {key: model.vitrel_cfg.get(key) for key in changes}
     for key in changes:
         model.vitrel_cfg[key] = fresh.vitrel_cfg[key]
+    follow_input_size(model, fresh, changed={k for k in changes if to_2tuple(before[k]) != to_2tuple(cfg[k])})
     img = fresh.vitrel_cfg["img_size"]
     update_model_input_size(model, img, **{k: v for k, v in changes.items() if k != "img_size"})
     return fresh
+
+
+def follow_input_size(model: nn.Module, fresh: nn.Module, changed: set[str]) -> None:
+    """``model.pretrained_cfg`` (what ``timm.data.resolve_data_config(model=m)`` and ``save_for_hf`` read) at the size
+    ``model`` is now built for, ``fresh``'s: ``input_size`` (its channels kept) when ``img_size`` is in ``changed``,
+    a video model's ``num_frames`` when that is, and timm's ``pool_size`` (the final map) with them; as a model built
+    (or loaded, ``img_size=``) at that size has it. A model left at its size keeps its own (the images it was fed)."""
+    pcfg = getattr(model, "pretrained_cfg", None)
+    if not isinstance(pcfg, dict) or not changed & {"img_size", "num_frames"}:
+        return
+    pcfg = dict(pcfg)
+    if "img_size" in changed:
+        chans = pcfg.get("input_size", (model.vitrel_cfg.get("in_chans", 3),))[0]
+        pcfg["input_size"] = (chans, *to_2tuple(fresh.vitrel_cfg["img_size"]))
+    if "num_frames" in changed and "num_frames" in pcfg:
+        pcfg["num_frames"] = int(fresh.vitrel_cfg["num_frames"])
+    if "pool_size" in pcfg:
+        pcfg["pool_size"] = type(model).feature_defaults(fresh.vitrel_cfg)["pool_size"]
+    model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)
 
 
 def check_same_patch(model: nn.Module, patch_size: Any) -> None:

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["README.md", "docs/*.md", "notebooks/README.md"]
 RUN = "outputs/train/runs/2026-01-01_12-00-00"  # a run folder of train.py, as the fixture writes it
 VIDEO_RUN = "outputs/train/runs/2026-01-01_13-00-00"  # an image run whose scheme has a 3-D counterpart
+FMNIST_RUN = "outputs/train/runs/2026-01-01_14-00-00"  # model=vitrel_vit_tiny_patch4_32 on Fashion-MNIST (1 x 28 x 28)
 
 # (file, text as the docs write it) -> what runs here. Paths the docs write literally (`export_dir`, `last.ckpt`,
 # `export/model.safetensors`, `weights.safetensors`) are made by user_files() in the working directory instead.
@@ -42,6 +43,10 @@ PLACEHOLDERS: dict[tuple[str, str], str] = {
     ("docs/dense.md", "outputs/train/runs/<run>"): RUN,  # its trained weights as a features_only backbone
     # video.md inflates its image run (train.py's default ViT, rope2d_mixed) into a rope3d_mixed video ViT
     ("docs/video.md", "outputs/train/runs/<run>"): VIDEO_RUN,
+    # the last.ckpt of a model=vitrel_vit_tiny_patch4_32 run on the default data, as that line says
+    ("docs/models.md", 'checkpoint_path="last.ckpt", pos="rel2d_factored"'): (
+        f'checkpoint_path="{FMNIST_RUN}/checkpoints/last.ckpt", pos="rel2d_factored"'
+    ),
     # downloads from the Hugging Face hub (no network here): the same architectures, timm's random weights
     ("docs/models.md", 'from_timm("swin_tiny_patch4_window7_224.ms_in1k")'): (
         'from_timm("swin_tiny_patch4_window7_224.ms_in1k", pretrained=False)'
@@ -204,15 +209,18 @@ def run_block(file: str, line: int, code: str, namespace: dict) -> dict[int, obj
 
 
 # ------------------------------------------------------------------------------------------- the user's files
-def train_run(run: Path, pos: str, **kw) -> Path:
+def train_run(run: Path, pos: str, in_chans: int = 3, img_size: int = 32, **kw) -> Path:
     """``run/checkpoints/last.ckpt`` in the format ``train.py`` writes (Lightning's checkpoint of a
     :class:`ClassifierModule`: weights, ``vitrel_cfg``, the data config), of vitrel_vit_tiny_patch4_32 at 3 x 32 x 32
-    after one step of a plain ``Trainer.fit``: not a ``train.py`` run, whose data would be 1-channel Fashion-MNIST."""
+    (``in_chans`` x ``img_size``: 1 x 28 as a ``train.py`` run on its default data, Fashion-MNIST) after one step of
+    a plain ``Trainer.fit``."""
     torch.manual_seed(0)
-    model = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, num_classes=10, **kw)
-    data_config = dict(input_size=[3, 32, 32], mean=[0.5] * 3, std=[0.25] * 3, crop_pct=1.0, crop_mode="center")
-    module = ClassifierModule(model, data_config=data_config)
-    data = DataLoader(TensorDataset(torch.randn(4, 3, 32, 32), torch.arange(4)), batch_size=4)
+    model = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", pos=pos, num_classes=10, in_chans=in_chans, img_size=img_size, **kw
+    )
+    data_config = dict(input_size=[in_chans, img_size, img_size], mean=[0.5] * in_chans, std=[0.25] * in_chans)
+    module = ClassifierModule(model, data_config={**data_config, "crop_pct": 1.0, "crop_mode": "center"})
+    data = DataLoader(TensorDataset(torch.randn(4, in_chans, img_size, img_size), torch.arange(4)), batch_size=4)
     trainer = L.Trainer(
         max_steps=1,
         accelerator="cpu",
@@ -245,6 +253,8 @@ def user_files(tmp_path_factory) -> Path:
     # built as conf/model/vit_tiny_fmnist.yaml (train.py's default model), not at the registered name's sizes
     train_run(root / VIDEO_RUN, "rope2d_mixed", embed_dim=64, depth=4, num_heads=4, mlp_ratio=2.0, global_pool="avg")
     shutil.copy(ckpt, root / "last.ckpt")
+    # a model=vitrel_vit_tiny_patch4_32 run on train.py's default data (docs/models.md's checkpoint_path= line)
+    train_run(root / FMNIST_RUN, "rel2d_factored", in_chans=1, img_size=28)
     assert export_main([str(ckpt), str(root / "export_dir")]) == 0
     save_pretrained(vitrel.create_model("vitrel_vit_video_tiny_patch4_32"), root / "export")
     timm_model = timm.create_model("vit_small_patch16_rope_mixed_224")  # a file from the hub, offline

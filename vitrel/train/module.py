@@ -513,13 +513,14 @@ class ClassifierModule(L.LightningModule):
         if cfg is not None:
             checkpoint["vitrel_cfg"] = copy.deepcopy(cfg)
         sd = checkpoint.get("state_dict")
-        if isinstance(sd, dict) and self.ema_model is not None:
+        if not isinstance(sd, dict):
+            return
+        if self.ema_model is not None:
             ema = f"{_EMA}module."
             checkpoint["state_dict_ema"] = {k[len(ema) :]: v for k, v in sd.items() if k.startswith(ema)}
-        if isinstance(sd, dict):  # (one process: sync_context leaves the totals as they are)
-            for name, metric in self.train_metrics.items():
-                with metric.sync_context():  # the ranks' totals reduced as compute() would; the own ones after
-                    sd.update({k: v.clone() for k, v in metric.state_dict(prefix=f"{name}.").items()})
+        for name, metric in self.train_metrics.items():  # (one process: sync_context leaves the totals as they are)
+            with metric.sync_context():  # the ranks' totals reduced as compute() would; the own ones after
+                sd.update({k: v.clone() for k, v in metric.state_dict(prefix=f"{name}.").items()})
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Resume from checkpoints of vitrel 0.1 (EMA weights under ``ema_model.*``, now

@@ -493,3 +493,24 @@ def test_a_swin_that_pads_its_own_grids_warns_that_the_logits_differ():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         vitrel.from_timm(t)
+
+
+@pytest.mark.parametrize("name", ["vit_small_patch16_224", "deit_tiny_patch16_224"])
+def test_get_intermediate_layers_equal_timms(name):
+    """timm's (DINO's) ``get_intermediate_layers`` on the imported model gives timm's tensors: the last ``n`` blocks or
+    the listed ones, token lists or maps (``reshape``), normed, with the prefix tokens apart."""
+    t = _timm(name)
+    m = vitrel.from_timm(t)
+    calls = [
+        dict(n=2),
+        dict(n=[0, 1], reshape=True),
+        dict(n=1, norm=True, return_prefix_tokens=True),
+        dict(n=(1,), reshape=True, norm=True, return_prefix_tokens=True),
+    ]
+    with torch.no_grad():
+        for kw in calls:
+            got, want = m.get_intermediate_layers(_x(), **kw), t.get_intermediate_layers(_x(), **kw)
+            assert len(got) == len(want) > 0, kw
+            for g, w in zip(got, want):
+                for gt, wt in zip(g, w) if kw.get("return_prefix_tokens") else [(g, w)]:
+                    torch.testing.assert_close(gt, wt, rtol=1e-8, atol=1e-8)

@@ -345,6 +345,24 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             res["image_features"] = out[0]
         return res
 
+    def get_intermediate_layers(
+        self,
+        x: Tensor,
+        n: int | Sequence[int] = 1,
+        reshape: bool = False,
+        return_prefix_tokens: bool = False,
+        norm: bool = False,
+    ) -> list[Tensor] | list[tuple[Tensor, Tensor]]:
+        """timm's (and DINO's) ``get_intermediate_layers``: the outputs of the last ``n`` blocks (or of the blocks
+        ``n`` lists), patch tokens ``[B, H'W', C]`` (``reshape``: maps ``[B, C, H', W']``); ``norm`` applies the final
+        norm; ``return_prefix_tokens``: pairs ``(patches, prefix [B, P, C])``. :meth:`forward_intermediates` with
+        ``intermediates_only=True``, as timm's."""
+        idx = list(n) if isinstance(n, Sequence) else n
+        fmt = "NCHW" if reshape else "NLC"
+        return self.forward_intermediates(
+            x, idx, return_prefix_tokens=return_prefix_tokens, norm=norm, output_fmt=fmt, intermediates_only=True
+        )
+
     def _intermediates_layout(
         self,
         x: Any,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import stat
 import warnings
@@ -259,6 +260,30 @@ def test_every_loading_route_puts_the_same_preprocessing_in_pretrained_cfg(kw, t
         got = {f: tuple(v) if isinstance(v, list) else v for f in ROUTE_FIELDS for v in [m.pretrained_cfg.get(f)]}
         assert got == want, (route, got)
         assert timm.data.resolve_data_config(model=m)["input_size"] == want["input_size"], route
+
+
+@pytest.mark.parametrize("kw", [{}, dict(img_size=48)], ids=["stored", "img_size"])
+def test_every_loading_route_gives_the_swins_pool_size_of_the_built_model(kw, tmp_path):
+    """timm's ``pool_size`` (the Swin's final map) on every loading route is the loaded model's own. Before,
+    ``vitrel.load_model(export, img_size=48)`` gave ``input_size`` 48 beside the architecture's ``pool_size`` (2, 2)
+    of 32-px images (and a run at another size than the architecture's kept the architecture's)."""
+    spec = dict(SWIN)
+    name = spec.pop("name")
+    out = save_pretrained(vitrel.create_model(name, pos="rel2d_full", **spec), tmp_path / "export")
+    assert json.loads((out / "config.json").read_text())["pretrained_cfg"]["pool_size"] == [2, 2]  # (it wrote None)
+    file = dict(file=str(out / "model.safetensors"))
+    routes = {
+        "load_model": vitrel.load_model(out, **kw),
+        "create_model": vitrel.create_model(name, checkpoint_path=str(out), **kw),
+        "file": timm.create_model(name, pretrained=True, pretrained_cfg_overlay=file, **spec, **kw),
+        "local-dir": timm.create_model(f"local-dir:{out}", pretrained=True, **kw),
+    }
+    side = kw.get("img_size", 32)
+    for route, m in routes.items():
+        with torch.no_grad():
+            final = m.forward_features(torch.randn(1, 3, side, side))  # [B, H'', W'', C]
+        assert m.pretrained_cfg["input_size"] == (3, side, side), route
+        assert tuple(m.pretrained_cfg["pool_size"]) == tuple(final.shape[1:3]) == (side // 16,) * 2, route
 
 
 # ---------------------------------------------------------------------------- the EMA copy of a training checkpoint

@@ -549,7 +549,8 @@ def save_pretrained(
     pcfg.update({k: data_config[k] for k in DATA_FIELDS if k in data_config and k in TIMM_CFG_FIELDS})
     if data_config.get("class_names"):
         pcfg["label_names"] = data_config["class_names"]
-    pcfg.update(num_classes=model.num_classes, fixed_input_size=False, custom_load=False, pool_size=None)
+    pool = type(model).feature_defaults(cfg)["pool_size"]  # (timm's: the final map of the model as built)
+    pcfg.update(num_classes=model.num_classes, fixed_input_size=False, custom_load=False, pool_size=pool)
     pcfg.pop("architecture", None)
     config = {
         "architecture": cfg["architecture"],

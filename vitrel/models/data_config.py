@@ -233,11 +233,12 @@ def pretrained_cfg_fields(data_config: Mapping[str, Any]) -> dict[str, Any]:
 
 def set_data_config(model: nn.Module, data_config: Mapping[str, Any], built_at: Any = None) -> None:
     """Put a data config into ``model.pretrained_cfg`` (:func:`pretrained_cfg_fields`; ``built_at``: as
-    :func:`model_data_config`)."""
+    :func:`model_data_config`), and timm's ``pool_size`` of the model as built (its final map; None for tokens)."""
     dc = model_data_config(model, data_config, built_at)
     pcfg = {**dict(getattr(model, "pretrained_cfg", None) or {}), **pretrained_cfg_fields(dc)}
     ours = (*CLIP_FIELDS, *TRAIN_FIELDS, *CANVAS_FIELDS, *RESIZE_FIELDS)  # (vitrel's fields, not timm's)
     pcfg.update({k: dc[k] for k in ours if k in dc})
+    pcfg["pool_size"] = type(model).feature_defaults(model.vitrel_cfg)["pool_size"]  # (timm's: the final map)
     model.pretrained_cfg = model.default_cfg = pcfg  # (timm keeps both names)
 
 

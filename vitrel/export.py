@@ -546,7 +546,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"note: {what}; exporting dynamic={dynamic}")
             size = (args.img_size * 2)[:2] if args.img_size is not None else list(data_config["input_size"][-2:])
             example = example_input(model, img_size=size, num_frames=args.num_frames)
-            print(f"tracing the model with torch.export (dynamic={dynamic}) ...", flush=True)
+            dyn = f"dynamic={dynamic}" + (", frames too" if dynamic == "hw" and _frames(model) else "")
+            print(f"tracing the model with torch.export ({dyn}) ...", flush=True)
             ep = export_program(model, example, dynamic)
             pt2 = program_bytes(ep, data_config) if args.pt2 else None
             if args.onnx:
@@ -582,14 +583,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {out / WEIGHTS_NAME} ({which}) and {out / CONFIG_NAME}")
     if pt2 is not None:
         (out / PT2_NAME).write_bytes(pt2)
-        print(f"wrote {out / PT2_NAME} (torch.export, dynamic={dynamic})")
+        print(f"wrote {out / PT2_NAME} (torch.export, {dyn})")
     if onnx is not None:
         onnx.save(str(out / ONNX_NAME))
         opset = int(onnx.model.opset_imports[""])  # (torch writes >= 18: converted down where it can, else 18 kept)
         if opset != args.opset:
             said = f"--opset {args.opset} asked; torch's exporter could not convert to it: the file has opset {opset}"
             print(f"warning: {said}", file=sys.stderr)
-        print(f"wrote {out / ONNX_NAME} (ONNX opset {opset}, dynamic={dynamic})")
+        print(f"wrote {out / ONNX_NAME} (ONNX opset {opset}, {dyn})")
     return 0
 
 

@@ -116,7 +116,10 @@ def test_video_swin_exports_one_program_for_every_clip(tmp_path, capsys):
     said = capsys.readouterr().out
     assert "note:" not in said
     # progress before the long steps (a ViT-B's trace and conversion take ~30 s), then what was written
-    steps = ["tracing the model with torch.export (dynamic=hw) ...", "converting the program to ONNX (opset 18) ..."]
+    steps = [
+        "tracing the model with torch.export (dynamic=hw, frames too) ...",  # (a clip program: frames are dynamic too)
+        "converting the program to ONNX (opset 18) ...",
+    ]
     lines = [ln.split(" ")[0] for ln in said.splitlines()]
     assert said.splitlines()[: 1 + ONNX] == steps[: 1 + ONNX] and lines[1 + ONNX :] == ["wrote"] * (2 + ONNX)
     assert_programs_match(m, out, [(2, 1, 4, 16, 16), (3, 1, 6, 12, 20), (1, 1, 2, 6, 10)])

@@ -41,6 +41,7 @@ PLACEHOLDERS: dict[tuple[str, str], str] = {
     # a run of train.py: vitrel_vit_tiny_patch4_32 with rel2d_factored (docs/models.md's checkpoint_path= line names it)
     ("README.md", "outputs/train/runs/<run>"): RUN,
     ("docs/dense.md", "outputs/train/runs/<run>"): RUN,  # its trained weights as a features_only backbone
+    ("docs/checkpoints.md", "outputs/train/runs/<run>"): FMNIST_RUN,  # Lightning's load_from_checkpoint of a run
     # video.md inflates its image run (train.py's default ViT, rope2d_mixed) into a rope3d_mixed video ViT
     ("docs/video.md", "outputs/train/runs/<run>"): VIDEO_RUN,
     # the last.ckpt of a model=vitrel_vit_tiny_patch4_32 run on the default data, as that line says
@@ -83,6 +84,7 @@ CLAIMS: dict[tuple[str, str], tuple[str, object]] = {
         [1, 134, 192],
     ),
     ("docs/packing.md", "logits = model(batch)"): ("[2, 10]", [2, 10]),
+    ("docs/checkpoints.md", "logits = torch.cat(trainer.predict(module, loader))"): ("[8, 10]", [8, 10]),
     ("docs/swin.md", "logits = m(images)"): ("[3, 10]", [3, 10]),
     ("docs/video.md", "m(torch.randn(2, 1, 8, 32, 32)).shape"): ("[2, 2]", [2, 2]),
     ("docs/video.md", "m.forward_intermediates(torch.randn(2, 1, 16, 32, 32), indices=1)[1][0].shape"): (

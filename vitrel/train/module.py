@@ -69,6 +69,7 @@ from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets, planned_steps
 from vitrel.train.flops import count_cpu_attention
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
+from vitrel.train.module_load import module_parts
 from vitrel.train.optim import check_float16_eps, follow_epochs, param_groups
 
 __all__ = ["ClassifierModule", "ImageMean", "mix_clips"]
@@ -291,6 +292,15 @@ class ClassifierModule(L.LightningModule):
             rank_zero_warn(COMPILE_LAYOUT)
         return self.model
 
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, *args: Any, **kwargs: Any) -> ClassifierModule:  # type: ignore[override]
+        """Lightning's ``load_from_checkpoint``; on a checkpoint ``train.py`` wrote it needs nothing more: the network
+        is rebuilt from the stored ``vitrel_cfg``, with its EMA copy when the checkpoint holds one
+        (:func:`~vitrel.train.module_load.module_parts`), unless ``model=`` / ``ema=`` are given. The optimizer,
+        schedule and mixup are not hyper-parameters: defaults unless given (``train.py``'s resume restores a run)."""
+        parts = module_parts(checkpoint_path, set(kwargs))
+        return super().load_from_checkpoint(checkpoint_path, *args, **parts, **kwargs)
+
     def forward(self, x: Tensor | dict) -> Tensor:
         return self.model(x)
 
@@ -368,12 +378,11 @@ class ClassifierModule(L.LightningModule):
         n = _num_images(x, y)
         check_targets(y, self.num_classes)
         self._step_begins()
-        net = self._net_for(x) if self.eval_model is self.model else (self._ema_cast or (self.eval_model,))[0]
-        if isinstance(x, Tensor) and x.dim() == 6:  # [B, K, C, T, H, W]: K clips of B videos, scored per video
-            logits = mean_softmax_log(net(x.flatten(0, 1)), x.shape[1])  # log of the mean of the clips' softmax
+        logits = self._scored_logits(x)
+        if isinstance(x, Tensor) and x.dim() == 6:  # (clips of videos: the log of the mean of each video's softmax)
             loss = F.nll_loss(logits, y)
         else:
-            logits = _check_logits(net(x), y)
+            logits = _check_logits(logits, y)
             loss = F.cross_entropy(logits.float(), y)
         acc1 = self.val_acc1 if stage == "val" else self.test_acc1
         acc1(logits, y)
@@ -386,6 +395,22 @@ class ClassifierModule(L.LightningModule):
             acc5(logits, y)
             self.log(f"{stage}/acc5", acc5, on_epoch=True, batch_size=n)
         return {"logits": logits.detach(), "target": y}  # (the test's: callbacks' on_test_batch_end, per_class)
+
+    def _scored_logits(self, x: Tensor | dict) -> Tensor:
+        """The logits of the weights validation and test score (the EMA copy unless ``ema_eval=False``); clips of
+        videos ``[B, K, C, T, H, W]`` (``K`` clips of each of ``B`` videos): each video's log mean softmax."""
+        net = self._net_for(x) if self.eval_model is self.model else (self._ema_cast or (self.eval_model,))[0]
+        if isinstance(x, Tensor) and x.dim() == 6:
+            return mean_softmax_log(net(x.flatten(0, 1)), x.shape[1])
+        return net(x)
+
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Tensor | None:
+        """Lightning's ``trainer.predict``: the logits test scores (:meth:`_scored_logits`) of a batch of inputs, or of
+        ``(inputs, targets)`` pairs as the data loaders give them (the targets unused)."""
+        if batch is None:  # (every file of the batch unreadable, data.on_bad_sample=skip)
+            return None
+        pair = isinstance(batch, (tuple, list)) and len(batch) == 2 and isinstance(batch[1], Tensor)
+        return self._scored_logits(batch[0] if pair and batch[1].dim() == 1 else batch)
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
         self._eval_step(batch, "val")
@@ -428,14 +453,11 @@ class ClassifierModule(L.LightningModule):
     def on_validation_epoch_start(self) -> None:
         self._ema_cast = self._cast_ema()
 
-    def on_test_epoch_start(self) -> None:
-        self._ema_cast = self._cast_ema()
-
     def on_validation_epoch_end(self) -> None:
         self._ema_cast = ()
 
-    def on_test_epoch_end(self) -> None:
-        self._ema_cast = ()
+    on_test_epoch_start = on_predict_epoch_start = on_validation_epoch_start
+    on_test_epoch_end = on_predict_epoch_end = on_validation_epoch_end
 
     def optimizer_step(self, *args: Any, **kwargs: Any) -> None:
         super().optimizer_step(*args, **kwargs)

@@ -141,6 +141,8 @@ def test_input_gradients_match_per_image() -> None:
         dict(pos="rel2d_factored", attn_impl="fold"),
         dict(window_size=3),
         dict(depths=(1, 2, 1), num_heads=(2, 2, 4)),
+        dict(global_pool="max"),
+        dict(global_pool="avgmax"),
     ],
     ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
 )
@@ -214,9 +216,9 @@ def test_list_of_non_images() -> None:
         m([torch.randn(2, 3, 32, 32, dtype=torch.float64)])  # a batch in the list (one image [1, C, H, W] is taken)
 
 
-def test_mixed_needs_avg_pool() -> None:
+def test_mixed_needs_a_pool() -> None:
     m = _model(global_pool="")
-    with pytest.raises(ValueError, match="global_pool='avg'"):
+    with pytest.raises(ValueError, match=r"need a global_pool \('avg', 'max' or 'avgmax'"):
         m(_images())
 
 

@@ -429,15 +429,36 @@ def test_swin_windows_vitrel_cannot_reproduce_are_refused(kw):
         vitrel.from_timm(t, pos="rel2d_factored")  # the windows are wrong whatever the scheme
 
 
-def test_a_swin_pooling_vitrel_has_not_is_refused_as_the_vit_s_is():
-    """A timm Swin with ``global_pool='max'`` was a bare ``ValueError`` from vitrel's Swin constructor, not the
-    :class:`UnsupportedTimmModel` naming the setting that a ViT's unknown pooling gives."""
-    t = timm.create_model(
+def _small_swin(**kw) -> torch.nn.Module:
+    return timm.create_model(
         "swin_tiny_patch4_window7_224", img_size=32, patch_size=2, window_size=4, embed_dim=16, depths=(1, 1),
-        num_heads=(1, 1), global_pool="max",
+        num_heads=(1, 1), num_classes=5, **kw,
     )  # fmt: skip
-    with pytest.raises(UnsupportedTimmModel, match="global_pool='max'; vitrel's backbones have no equivalent"):
-        vitrel.from_timm(t)
+
+
+def test_a_swin_pooling_vitrel_has_not_is_refused_as_the_vit_s_is():
+    """A timm Swin pooling as vitrel's cannot (``catavgmax``: the features doubled) is the
+    :class:`UnsupportedTimmModel` naming the setting that a ViT's unknown pooling gives, not a bare ``ValueError``."""
+    with pytest.raises(UnsupportedTimmModel, match="global_pool='catavgmax'; vitrel's backbones have no equivalent"):
+        vitrel.from_timm(_small_swin(global_pool="catavgmax"))
+
+
+@pytest.mark.parametrize("global_pool", ["max", "avgmax"])
+def test_a_swin_with_max_or_avgmax_pooling_is_timms_function(global_pool):
+    """timm's Swin pools ``max`` / ``avgmax`` (timm's ``SelectAdaptivePool2d``); vitrel's Swin refused them. Imported,
+    it computes timm's logits (float64), and ``reset_classifier`` switches its pooling as timm's does."""
+    t = _small_swin(global_pool=global_pool).double().eval()
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    m = vitrel.from_timm(t)
+    assert m.global_pool == m.vitrel_cfg["global_pool"] == global_pool
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), t(x), rtol=1e-10, atol=1e-10)
+        t.reset_classifier(5, "avg"), m.reset_classifier(5, "avg")
+        m.head.load_state_dict({k.removeprefix("fc."): v for k, v in t.head.state_dict().items()})
+        torch.testing.assert_close(m(x), t(x), rtol=1e-10, atol=1e-10)
 
 
 @pytest.mark.parametrize(

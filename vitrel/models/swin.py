@@ -86,7 +86,8 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         img_size: image size the model is built for (sizes window tables / absolute embeddings).
         patch_size, in_chans, num_classes, embed_dim, depths, num_heads, window_size, mlp_ratio,
             qkv_bias, drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: as timm's Swin.
-        global_pool: ``"avg"`` or ``""`` (features ``[B, H, W, C]`` straight to the head).
+        global_pool: ``"avg"``, ``"max"``, ``"avgmax"`` (half the sum of the two, timm's) over the final map, or ``""``
+            (features ``[B, H, W, C]`` straight to the head).
         pos: position scheme (name or config) of the window attention; an absolute scheme means that
             embedding (at the input, on the patch grid) and no relative scheme.
         abs_pos: an absolute scheme added to the relative one (Swin's ``ape``).
@@ -102,6 +103,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
 
     trunk = "layers"
     intermediate_fmts = ("NCHW", "NHWC")
+    global_pools = ("avg", "max", "avgmax", "")  # timm's Swin head's (less catavgmax, which doubles the features)
 
     @with_placement
     def __init__(
@@ -132,8 +134,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
     ) -> None:
         super().__init__()
         check_swin_args(locals())  # sizes checked first, errors name the argument
-        if global_pool not in ("", "avg"):
-            raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+        self.check_global_pool(global_pool)
         depths, num_heads = [int(d) for d in depths], [int(h) for h in num_heads]
         if len(depths) != len(num_heads) or not depths:
             raise ValueError(f"depths {depths} and num_heads {num_heads} must be non-empty and of equal length")
@@ -274,14 +275,19 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         return MixedMaps(self.norm(x)[0], layout)
 
     def pool(self, x: Tensor | MixedMaps) -> Tensor:
-        """Maps ``[B, H, W, C]`` -> ``[B, C]`` (``"avg"``); :class:`MixedMaps` -> one row per image, in image order."""
+        """Maps ``[B, H, W, C]`` -> ``[B, C]`` (``global_pool``); :class:`MixedMaps` -> one row per image, in image
+        order."""
         if isinstance(x, MixedMaps):  # the exit's packed form (forward_features), not the input's
-            if self.global_pool != "avg":
+            if not self.global_pool:
                 raise ValueError(
-                    "images of different sizes need global_pool='avg' (one row per image); for their feature maps "
-                    "call forward_features (MixedMaps.maps())"
+                    "images of different sizes need a global_pool ('avg', 'max' or 'avgmax': one row per image); for "
+                    "their feature maps call forward_features (MixedMaps.maps())"
                 )
             return torch.cat([self.pool(m) for m in x.maps()])
+        if self.global_pool == "max":
+            return x.amax(dim=(1, 2))
+        if self.global_pool == "avgmax":
+            return 0.5 * (x.mean(dim=(1, 2)) + x.amax(dim=(1, 2)))
         return x.mean(dim=(1, 2)) if self.global_pool == "avg" else x
 
     def forward(self, x: Tensor | Sequence[Tensor] | Mapping[str, Tensor]) -> Tensor:

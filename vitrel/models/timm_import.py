@@ -203,7 +203,7 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         _refuse(not hasattr(blk.attn, "relative_position_bias_table"), "a position bias other than Swin V1's", t)
         _refuse(_swin_windows(t) != _swin_windows(t, (int(ws[0]), int(ws[1]))), _SWIN_WINDOWS, t)
         gp = t.head.global_pool.pool_type if hasattr(t.head, "global_pool") else "avg"
-        _refuse(gp not in ("avg", ""), f"global_pool={gp!r}", t)
+        _refuse(gp not in ("avg", "max", "avgmax", ""), f"global_pool={gp!r}", t)
         args = dict(
             img_size=list(t.patch_embed.img_size),
             patch_size=int(t.patch_embed.patch_size[0]),

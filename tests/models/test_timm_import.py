@@ -535,3 +535,58 @@ def test_get_intermediate_layers_equal_timms(name):
             for g, w in zip(got, want):
                 for gt, wt in zip(g, w) if kw.get("return_prefix_tokens") else [(g, w)]:
                     torch.testing.assert_close(gt, wt, rtol=1e-8, atol=1e-8)
+
+
+def _jittered(name: str, **kw) -> torch.nn.Module:
+    """timm's ``name`` (2 blocks, 64 px) in float64 with its weights moved off their initialisation (tables by 1)."""
+    torch.manual_seed(1)
+    t = timm.create_model(name, pretrained=False, depth=2, img_size=64, **kw).eval().double()
+    with torch.no_grad():
+        for n, p in t.named_parameters():
+            p.add_(torch.randn_like(p) * (1.0 if "relative_position" in n else 0.05))
+    return t
+
+
+@pytest.mark.parametrize(
+    "name, kw, why",
+    [
+        ("vit_base_patch16_rpn_224", dict(embed_dim=64, num_heads=2), "ResPostBlock blocks"),
+        ("vit_relpos_base_patch16_rpn_224", dict(rel_pos_type="bias"), "ResPostRelPosBlock blocks"),
+        ("vit_small_patch16_18x2_224", {}, "ParallelThingsBlock blocks"),
+        ("vit_relpos_medium_patch16_cls_224", dict(rel_pos_type="bias"), "no scheme equal .* give pos="),
+    ],
+)
+def test_a_timm_vit_vitrel_cannot_compute_is_refused_not_converted(name, kw, why):
+    """Were converted without a word to another function (features off by 0.5 to 1.1): post-norm blocks loaded into
+    pre-norm ones, a class-token bias table (BEiT's 3 extra rows) replaced by a fresh one under the claimed
+    ``rel2d_full``; the parallel blocks an ``AttributeError``."""
+    with pytest.raises(UnsupportedTimmModel, match=why):
+        vitrel.from_timm(_jittered(name, **kw))
+
+
+def test_a_timm_vit_without_an_absolute_embedding_gets_none():
+    """``pos_embed='none'``: was given a random ``abs_pos='ape'`` embedding (features off by 0.06)."""
+    t = _jittered("vit_tiny_patch16_224", pos_embed="none")
+    m = vitrel.from_timm(t)
+    assert m.vitrel_cfg["pos"] == "none" and m.vitrel_cfg["abs_pos"] is None
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m.forward_features(x), t.forward_features(x), rtol=1e-10, atol=1e-10)
+
+
+def test_a_timm_train_checkpoint_gives_its_ema_copy_as_timm_does(tmp_path):
+    """A checkpoint of timm's train script with ``--model-ema`` (``state_dict`` and ``state_dict_ema``): timm's
+    ``create_model(checkpoint_path=)`` loads the EMA copy (``load_checkpoint``'s ``use_ema=True``); ``from_timm`` and
+    ``model.init_file=`` loaded the live weights. A file without one loads its weights."""
+    kw = dict(depth=2, img_size=32, patch_size=8, num_classes=5)
+    torch.manual_seed(0)
+    live, ema = (timm.create_model("vit_tiny_patch16_224", **kw).eval() for _ in range(2))
+    torch.save({"epoch": 9, "state_dict": live.state_dict(), "state_dict_ema": ema.state_dict()}, tmp_path / "c.pth")
+    torch.save(live.state_dict(), tmp_path / "plain.pth")
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        timms = timm.create_model("vit_tiny_patch16_224", checkpoint_path=str(tmp_path / "c.pth"), **kw).eval()
+        for file, want in (("c.pth", ema(x)), ("plain.pth", live(x))):
+            m = vitrel.from_timm("vit_tiny_patch16_224", checkpoint_path=tmp_path / file, timm_kwargs=kw).eval()
+            torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(timms(x), ema(x))

@@ -115,6 +115,11 @@ def _timm_ema_key(obj: Any) -> str | None:
     return None
 
 
+def holds_timm_ema(path: str | os.PathLike) -> bool:
+    """Whether a torch file holds an EMA copy where timm's train script (or DeiT's) stores one (keys only read)."""
+    return _timm_ema_key(_read_keys(path)) is not None
+
+
 def _plain_state(obj: Any, p: Path, use_ema: bool) -> dict[str, Tensor]:
     """The weights of a torch file without a vitrel configuration: a plain state dict, or a dict with
     ``state_dict`` (Lightning, timm's train script; ``state_dict_ema`` with ``use_ema``) or ``model`` (DeiT)."""

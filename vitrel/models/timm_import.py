@@ -49,7 +49,7 @@ from torch import Tensor, nn
 
 from vitrel.layout.geometry import Grid
 from vitrel.layout.windows import window_and_shift
-from vitrel.models.checkpoint import CheckpointError, load_weights, read_weights
+from vitrel.models.checkpoint import CheckpointError, holds_timm_ema, load_weights, read_weights
 from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import build
 from vitrel.models.rope_layout import permute_qk
@@ -123,6 +123,8 @@ def _refuse(cond: bool, what: str, t: nn.Module) -> None:
 
 def _vit_common(t: nn.Module) -> dict[str, Any]:
     blk = t.blocks[0]
+    kind = type(blk).__name__  # (ResPost*: post-norm; Parallel*: parallel branches)
+    _refuse(kind not in ("Block", "RelPosBlock", "EvaBlock"), f"{kind} blocks (vitrel's are pre-norm Blocks)", t)
     attn = blk.attn
     embed_dim = t.embed_dim
     _refuse(not isinstance(t.patch_embed.proj, nn.Conv2d), "the patch embedding is not one convolution", t)
@@ -224,7 +226,9 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         rp = t.blocks[0].attn.rel_pos
         _refuse(rp is None and getattr(t, "shared_rel_pos", None) is None, "no relative position module", t)
         rp = rp if rp is not None else t.shared_rel_pos
-        native = hasattr(rp, "relative_position_bias_table") and rp.relative_position_bias_table.dim() == 2
+        gh, gw = t.patch_embed.grid_size  # (a table with BEiT's 3 class-token rows is no rel2d_full table)
+        table = getattr(rp, "relative_position_bias_table", None)
+        native = table is not None and table.dim() == 2 and table.shape[0] == (2 * gh - 1) * (2 * gw - 1)
         args["pos_share"] = getattr(t, "shared_rel_pos", None) is not None
         return _vit_arch(args), args, "rel2d_full" if native else "__none__"
     if fam == "eva":
@@ -259,7 +263,7 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
             )
             native = {"name": "rope2d_axial", "base": float(rope.temperature)} if ok else "__none__"
         return _vit_arch(args), args, native
-    return _vit_arch(args), args, "__ape__"
+    return _vit_arch(args), args, "__ape__" if getattr(t, "pos_embed", None) is not None else "none"
 
 
 def rope_channel_order(t: nn.Module) -> Tensor | None:
@@ -349,7 +353,7 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             if target in own and target != key and own[target].numel() == v.numel():
                 put(target, k, v.reshape(own[target].shape))
             else:
-                rep.dropped[k] = "relative-position parameters of timm's (the target scheme is not rel2d_full)"
+                rep.dropped[k] = "relative-position parameters of timm's (not a rel2d_full table of this scheme)"
                 src.pop(k)
             continue
         if fam == "eva":
@@ -421,7 +425,7 @@ def load_timm_file(name: str, path: str | os.PathLike, **timm_kwargs: Any) -> nn
         if arch is not None and arch.split(".")[0] != name.split(".")[0]:
             raise CheckpointError(f"{p} holds a timm {arch} model, not {name}")
         timm_kwargs = {**dict(cfg.get("model_args") or {}), **timm_kwargs}
-    _, sd = read_weights(p)
+    _, sd = read_weights(p, use_ema=holds_timm_ema(p))  # (timm's load_checkpoint: the EMA copy when there is one)
     t = timm.create_model(name, pretrained=False, **timm_kwargs)
     filt = getattr(sys.modules[type(t).__module__], "checkpoint_filter_fn", None)
     try:  # timm's filter fails on some misfits (an embedding of another token count) before load_state_dict does

@@ -128,6 +128,25 @@ def test_train_refuses_a_rate_below_the_default_min_lr(tmp_path):
         train(compose(tmp_path, run))
 
 
+def test_a_run_at_lr_0_keeps_its_weights_and_a_negative_lr_is_one_config_error(tmp_path):
+    """``module.optimizer.lr=0`` (how one checks a run's starting point; Lightning and timm take it) ended in a
+    traceback, ``ValueError: lr must be > 0``. It now trains at rate 0 (with ``min_lr`` / ``warmup_lr`` at 0, which the
+    refusal above asks for): after 1 step and after 3 the weights are the same. A negative rate is a ConfigError."""
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.train.run import train
+
+    zero = ["module.optimizer.lr=0", "module.scheduler.min_lr=0", "module.scheduler.warmup_lr=0"]
+    weights = []
+    for steps in (1, 3):
+        run = [*TINY_VIT, *FAST, "logger=none", "test=false", f"trainer.max_steps={steps}", *zero]
+        run += ["trainer.limit_val_batches=1"]
+        train(compose(tmp_path / str(steps), run))
+        weights.append(torch.load(tmp_path / str(steps) / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"])
+    assert all(torch.equal(v, weights[1][k]) for k, v in weights[0].items() if k.startswith("model."))
+    with pytest.raises(ConfigError, match=r"lr=-0.1 is negative: set module\.optimizer\.lr >= 0"):
+        WarmupCosine(total_steps=10, warmup_steps=2, lr=-0.1)
+
+
 def test_warmup_cosine_scheduler_factory():
     opt = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))], lr=2e-3)
     sched = warmup_cosine(opt, total_steps=40, steps_per_epoch=8, warmup_epochs=0.5, min_lr=1e-5, warmup_lr=0.0)

@@ -122,8 +122,8 @@ class WarmupCosine:
             raise ValueError(f"the schedule needs at least one optimizer step, got total_steps={total_steps}")
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
-        if lr <= 0:
-            raise ValueError(f"lr must be > 0, got {lr}")
+        if lr < 0:
+            raise ConfigError(f"lr={lr:g} is negative: set module.optimizer.lr >= 0 (0: the weights stay)")
         # a cosine "decay" up to a min_lr above lr, or a warmup down from above it, is no one's intent: refused
         if min_lr > lr:
             raise ConfigError(
@@ -151,7 +151,7 @@ class WarmupCosine:
         return self.min_lr + (self.lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * t))
 
     def __call__(self, step: int) -> float:
-        return self.lr_at(step + self.offset) / self.lr
+        return self.lr_at(step + self.offset) / self.lr if self.lr else 0.0  # (lr 0: min_lr, warmup_lr 0 too)
 
 
 class WarmupCosineLR(LambdaLR):

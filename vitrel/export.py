@@ -119,7 +119,8 @@ def _embed(model: nn.Module) -> nn.Module:
 
 def _patch(model: nn.Module) -> int:
     embed = _embed(model)  # (timm's fx wrapper rebuilds it as a plain module: its convolution's stride)
-    return int(getattr(embed, "patch_size", None) or embed.proj.stride[-1])
+    patch = getattr(embed, "patch_size", None) or embed.proj.stride  # (timm's (p, p); a video model's int)
+    return int(patch if isinstance(patch, int) else patch[-1])
 
 
 def _frames(model: nn.Module) -> int | None:

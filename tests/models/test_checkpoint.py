@@ -253,7 +253,7 @@ def test_train_at_32_load_at_48(tmp_path, monkeypatch, name):
         dh, dw = (b.shape[0] - a.shape[0]) // 2, (b.shape[1] - a.shape[1]) // 2
         # every offset seen at 32 keeps its value exactly
         torch.testing.assert_close(b[dh : dh + a.shape[0], dw : dw + a.shape[1]], a, rtol=0, atol=0)
-    assert new["abs_pos.pos_embed"].shape[1] == (48 // m.patch_embed.patch_size) ** 2
+    assert new["abs_pos.pos_embed"].shape[1] == (48 // m.patch_embed.patch_size[0]) ** 2
     for k in old:  # everything else loads unchanged
         if k not in grown and "pos_embed" not in k:
             torch.testing.assert_close(new[k], old[k], rtol=0, atol=0)

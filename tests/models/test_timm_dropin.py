@@ -349,6 +349,23 @@ def test_set_input_size_noop_and_refusals():
     assert not any(p.requires_grad for p in frozen.blocks[0].attn.pos.parameters())
 
 
+# ---------------------------------------------------------------------------- timm's PatchEmbed
+@SPECS
+def test_patch_embed_patch_size_is_timms_pair(spec):
+    """timm's ``PatchEmbed.patch_size`` is ``(p, p)``, which DINO-style code and timm's ``resample_abs_pos_embed``
+    callers index (``patch_size[0]``: a ``TypeError`` on vitrel's int); ``feat_ratio`` and ``dynamic_feat_size`` as
+    timm's. A non-square pair is refused, not run with one side."""
+    m = make(spec).eval()
+    pe, p = m.patch_embed, m.vitrel_cfg["patch_size"]
+    assert pe.patch_size == (p, p) == pe.feat_ratio(as_scalar=False) and pe.feat_ratio() == p
+    x = torch.randn(1, 3, 32, 24)
+    grid = (x.shape[-2] // pe.patch_size[0], x.shape[-1] // pe.patch_size[1])  # DINO's interpolate_pos_encoding
+    assert pe.dynamic_feat_size((32, 24)) == grid
+    assert m.forward_intermediates(x, indices=[0], intermediates_only=True)[0].shape[-2:] == grid
+    with pytest.raises(ValueError, match="square patches only"):
+        type(pe)((4, 2), 3, 8)
+
+
 # ---------------------------------------------------------------------------- dense-task libraries
 def train_step(model, loss_fn):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

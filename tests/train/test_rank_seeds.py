@@ -59,7 +59,7 @@ class RecordDraws(L.Callback):
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         model, x = pl_module.model, batch[0]
         g = torch.Generator().set_state(torch.get_rng_state())
-        p = model.patch_embed.patch_size
+        p = model.patch_embed.patch_size[0]
         grid = Grid(x.shape[-2] // p, x.shape[-1] // p)
         tokens = grid_batch(x.new_zeros(x.shape[0], grid.h * grid.w, 1), grid)
         kept = drop_tokens(tokens, token_drop_rates(model.token_drop, x.shape[0]), generator=g).coords

@@ -25,7 +25,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function
+from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function, to_2tuple
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -38,6 +38,7 @@ from vitrel.pos.registry import PosSpec
 
 __all__ = [
     "PatchEmbed",
+    "square_patch",
     "TubeletEmbed",
     "clip_grid",
     "Block",
@@ -157,37 +158,56 @@ def _unknown_arguments(cls: str, unknown: list[str], kwargs: dict[str, Any], sig
 
 # ---------------------------------------------------------------------------- modules
 class PatchEmbed(nn.Module):
-    """Non-overlapping ``p x p`` patches -> ``C`` channels by a strided convolution.
+    """Non-overlapping ``p x p`` patches -> ``C`` channels by a strided convolution (timm's ``PatchEmbed``).
 
     The grid is read from the input at call time (``H // p, W // p``): ``img_size`` only documents the
-    size the model was built for. Returns ``[B, H', W', C]`` (``flatten=False``) or ``[B, H' W', C]``
+    size the model was built for. ``patch_size`` is timm's ``(p, p)`` pair (square patches only: vitrel's position
+    schemes and NaFlex patches are square). Returns ``[B, H', W', C]`` (``flatten=False``) or ``[B, H' W', C]``
     and the grid.
     """
 
     def __init__(
         self,
-        patch_size: int = 16,
+        patch_size: int | tuple[int, int] = 16,
         in_chans: int = 3,
         embed_dim: int = 768,
         norm_layer: type[nn.Module] | None = None,
         flatten: bool = True,
     ) -> None:
         super().__init__()
-        if patch_size < 1:
-            raise ValueError(f"patch_size must be positive, got {patch_size}")
-        self.patch_size = patch_size
+        self.patch_size = square_patch(patch_size)
         self.flatten = flatten
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
 
+    def feat_ratio(self, as_scalar: bool = True) -> int | tuple[int, int]:
+        """timm's: the feature map's stride (``as_scalar=False``: per side)."""
+        return max(self.patch_size) if as_scalar else self.patch_size
+
+    def dynamic_feat_size(self, img_size: tuple[int, int]) -> tuple[int, int]:
+        """timm's: the grid of images of ``img_size``."""
+        (h, w), (ph, pw) = img_size, self.patch_size
+        return h // ph, w // pw
+
     def grid_for(self, img_size: tuple[int, int]) -> Grid:
-        return _grid_for(img_size, self.patch_size)
+        return _grid_for(img_size, self.patch_size[0])
 
     def forward(self, x: Tensor) -> tuple[Tensor, Grid]:
-        grid = patch_grid(x, self.patch_size, self.proj.in_channels)
-        x = self.proj(whole_cells(x, grid, (self.patch_size,) * 2))  # [B, C, H', W']
+        grid = patch_grid(x, self.patch_size[0], self.proj.in_channels)
+        x = self.proj(whole_cells(x, grid, self.patch_size))  # [B, C, H', W']
         x = x.flatten(2).transpose(1, 2) if self.flatten else x.permute(0, 2, 3, 1)  # [B, H' W', C] or [B, H', W', C]
         return self.norm(x), grid
+
+
+def square_patch(patch_size: Any) -> tuple[int, int]:
+    """timm's ``(p, p)`` of an int or a pair; a non-square pair is refused (vitrel's position schemes, coordinates and
+    NaFlex patches take one side)."""
+    ph, pw = to_2tuple(patch_size)
+    if ph < 1 or pw < 1:
+        raise ValueError(f"patch_size must be positive, got {patch_size}")
+    if ph != pw:
+        raise ValueError(f"patch_size {(ph, pw)}: vitrel's patch embeddings take square patches only (one int)")
+    return int(ph), int(pw)
 
 
 class TubeletEmbed(nn.Module):

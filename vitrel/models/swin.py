@@ -233,7 +233,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         """Images of different sizes (:meth:`read_input`'s batch; every image a full grid) -> each image's patch map
         (with the absolute embedding, if any) packed ``[1, T, C]``, and that packed layout (its tokens in any order,
         put in their places)."""
-        pe, p = self.patch_embed, self.patch_embed.patch_size
+        pe, p = self.patch_embed, self.patch_embed.patch_size[0]
         valid = nb.image >= 0
         image, coords = nb.image[valid], nb.coords[valid]
         counts = torch.bincount(image, minlength=nb.num_images).tolist()

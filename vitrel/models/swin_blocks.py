@@ -338,8 +338,8 @@ class MapPatchEmbed(PatchEmbed):
         # written here, not via super(): torch.fx wraps the notrace functions a module's own forward calls
         if self.img_size is not None:
             check_img_size(x, self.img_size)
-        grid = patch_grid(x, self.patch_size, self.proj.in_channels)  # the layout / size checks
-        return self.norm(self.proj(whole_cells(x, grid, (self.patch_size,) * 2)).permute(0, 2, 3, 1))
+        grid = patch_grid(x, self.patch_size[0], self.proj.in_channels)  # the layout / size checks
+        return self.norm(self.proj(whole_cells(x, grid, self.patch_size)).permute(0, 2, 3, 1))
 
 
 @register_notrace_function

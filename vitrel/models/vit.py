@@ -202,7 +202,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             batch = grid_batch(tokens, grid)
         else:
             if self.strict_img_size:
-                check_grid_sizes(x.batch.image_grids, pe.patch_size, self.img_size)
+                check_grid_sizes(x.batch.image_grids, pe.patch_size[0], self.img_size)
             batch = x.batch._replace(patches=pe.norm(embed_patches(pe.proj, x.batch.patches)))
         if self.training and self.token_drop:
             rates = token_drop_rates(self.token_drop, batch.num_images, batch.patches.device)

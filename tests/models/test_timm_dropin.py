@@ -366,6 +366,47 @@ def test_patch_embed_patch_size_is_timms_pair(spec):
         type(pe)((4, 2), 3, 8)
 
 
+def test_dynamic_img_pad_pads_as_timms_patch_embed():
+    """``dynamic_img_pad=True`` (timm's ViT argument, a ``TypeError`` before): images of any size are zero-padded on
+    the right and bottom to whole patches as timm's ``PatchEmbed`` pads them (same weights, same tokens and grid), the
+    relative positions and ``forward_intermediates``' maps are the padded grid's, and each image of a list is padded as
+    a batch of it is. ``vitrel_cfg`` records it: the saved model reloads padding."""
+    m = make(VIT, dynamic_img_pad=True).eval()
+    ref = timm.layers.PatchEmbed(None, 4, 3, 32, dynamic_img_pad=True, strict_img_size=False)
+    ref.load_state_dict(m.patch_embed.state_dict())
+    with torch.no_grad():
+        for h, w in ((30, 27), (32, 32), (5, 3)):
+            x = torch.randn(2, 3, h, w)
+            tokens, grid = m.patch_embed(x)
+            torch.testing.assert_close(tokens, ref(x), rtol=0, atol=0)
+            assert tuple(grid) == ref.dynamic_feat_size((h, w)) == m.patch_embed.dynamic_feat_size((h, w))
+            maps = m.forward_intermediates(x, indices=[0, 2], intermediates_only=True)
+            assert [f.shape for f in maps] == [(2, 32, *grid)] * 2
+            torch.testing.assert_close(m([x[0], x[1]]), m(x))  # (the list path: a NaFlex batch of padded images)
+        x = torch.randn(2, 3, 30, 27)
+        assert load_model_back(m).vitrel_cfg["dynamic_img_pad"]
+        torch.testing.assert_close(load_model_back(m)(x), m(x), rtol=0, atol=0)
+        built = make(VIT, dynamic_img_pad=True, img_size=30, strict_img_size=True).eval()  # img_size off the patch
+        square = torch.randn(1, 3, 30, 30)
+        assert tuple(built.grid) == (8, 8) and built(square).shape == built([square[0]]).shape == (1, 10)
+        with pytest.raises(ValueError, match="strict_img_size"):  # (a list: the image as given, before padding)
+            built([square[0, :, :29, :29]])
+
+
+def test_sizes_of_no_whole_patches_name_dynamic_img_pad():
+    """Without ``dynamic_img_pad`` an image (or an ``img_size``) of no whole patches is refused naming the argument
+    that pads it; timm's Swin takes no ``dynamic_img_pad``, and vitrel's Swin and video ViT say whose it is."""
+    m = make(VIT).eval()
+    for bad in (torch.randn(1, 3, 30, 27), [torch.randn(3, 30, 27)]):
+        with pytest.raises(ValueError, match="not a positive multiple of the patch size 4.*dynamic_img_pad=True"):
+            m(bad)
+    with pytest.raises(ValueError, match=r"30x30 .*\(img_size, patch_size\).*dynamic_img_pad=True"):
+        make(VIT, img_size=30)
+    for spec in (SWIN, dict(VIT, name="vitrel_vit_video_tiny_patch4_32")):
+        with pytest.raises(TypeError, match=r"dynamic_img_pad=True \(timm's image ViT's \(vitrel_vit_\*\)"):
+            make(spec, dynamic_img_pad=True)
+
+
 # ---------------------------------------------------------------------------- dense-task libraries
 def train_step(model, loss_fn):
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -149,6 +149,32 @@ def test_new_head_size_and_channels():
     torch.testing.assert_close(m.layers[2].blocks[0].mlp.fc1.weight, t.layers[2].blocks[0].mlp.fc1.weight)
 
 
+PADDING_VITS = ["vit_small_patch16_224", "vit_small_patch16_rope_mixed_224", "vit_small_patch16_dinov3"]
+
+
+@pytest.mark.parametrize("name", PADDING_VITS)
+def test_a_vit_that_pads_images_imports_as_timms_function_at_sizes_off_the_patch(name):
+    """timm's ViT with ``dynamic_img_pad=True`` pads an image of no whole patches; imported, vitrel's refused it (the
+    argument was not carried). Now it pads as timm's: the same logits and ``forward_intermediates`` maps (of the
+    padded grid) on 57 x 70 images. A timm ViT of non-square patches is refused by name, not run with one side."""
+    torch.manual_seed(0)
+    t = timm.create_model(name, **SOURCES[name][0], dynamic_img_size=True, dynamic_img_pad=True).double().eval()
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    m = vitrel.from_timm(t)
+    assert m.vitrel_cfg["dynamic_img_pad"]
+    x = torch.randn(2, 3, 57, 70, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), t(x), rtol=1e-8, atol=1e-8)
+        got, want = (n.forward_intermediates(x, indices=[0, 1], intermediates_only=True) for n in (m, t))
+        assert [g.shape for g in got] == [w.shape for w in want] == [(2, 64, 4, 5)] * 2
+        for g, w in zip(got, want):  # (unnormalised block outputs: float64 rounding of a larger scale)
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+    with pytest.raises(UnsupportedTimmModel, match="non-square patches 16x8"):
+        vitrel.from_timm(timm.create_model("vit_small_patch16_224", img_size=32, depth=1, patch_size=(16, 8)))
+
+
 def test_unsupported_sources_are_clear_errors(tmp_path):
     with pytest.raises(UnsupportedTimmModel, match="takes timm VisionTransformer"):
         vitrel.from_timm(timm.create_model("resnet18"))

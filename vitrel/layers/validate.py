@@ -96,12 +96,13 @@ def _divisible(width_name: str, width: int, heads_name: str, heads: int) -> None
         raise ValueError(f"{width_name} {width} is not divisible by {heads_name} {heads}")
 
 
-def _image_fits(img_size: Any, patch_size: int) -> None:
+def _image_fits(img_size: Any, patch_size: int, hint: str = "") -> None:
     h, w = _pair("img_size", img_size)
     if h % patch_size or w % patch_size:
         # the wording of the grid's own check (vitrel.models.blocks), plus the arguments' names
         raise ValueError(
             f"image size {h}x{w} is not a positive multiple of the patch size {patch_size} (img_size, patch_size)"
+            + hint
         )
 
 
@@ -116,7 +117,7 @@ def check_attention_args(args: Mapping[str, Any]) -> None:
 
 def check_vit_args(args: Mapping[str, Any]) -> None:
     """``VisionTransformer``'s sizes (its ``locals()``): positive, ``embed_dim`` divisible by ``num_heads``, the
-    rates in [0, 1], the image a whole number of patches."""
+    rates in [0, 1], the image a whole number of patches (or padded to one: ``dynamic_img_pad``)."""
     patch = _positive_int("patch_size", args["patch_size"])
     _positive_int("in_chans", args["in_chans"])
     check_num_classes(args["num_classes"])
@@ -125,7 +126,10 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     _positive_int("depth", args["depth"])
     _mlp_ratio(args["mlp_ratio"])
     _rates(args)
-    _image_fits(args["img_size"], patch)
+    if args.get("dynamic_img_pad"):
+        _pair("img_size", args["img_size"])  # (padded to whole patches, as the images)
+    else:
+        _image_fits(args["img_size"], patch, "; give img_size in whole patches, or dynamic_img_pad=True to zero-pad")
 
 
 def check_swin_args(args: Mapping[str, Any]) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function, to_2tuple
 from torch import Tensor, nn
+from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from vitrel.kernels import check_choice, resolve
@@ -144,6 +145,7 @@ _OTHER_BACKBONE = {
     "depth": "the ViT's (the Swin takes depths per stage)",
     "depths": "the Swin's (the ViT takes depth)",
     "window_size": "the Swin's",
+    "dynamic_img_pad": "timm's image ViT's (vitrel_vit_*); timm's Swin takes none either",
 }
 
 
@@ -161,10 +163,15 @@ class PatchEmbed(nn.Module):
     """Non-overlapping ``p x p`` patches -> ``C`` channels by a strided convolution (timm's ``PatchEmbed``).
 
     The grid is read from the input at call time (``H // p, W // p``): ``img_size`` only documents the
-    size the model was built for. ``patch_size`` is timm's ``(p, p)`` pair (square patches only: vitrel's position
+    size the model was built for. ``dynamic_img_pad=True`` (timm's): an image whose sides are not multiples of ``p``
+    is zero-padded on the right and bottom to the next multiple first (grid ``ceil(H / p) x ceil(W / p)``); without
+    it such an image is refused. ``patch_size`` is timm's ``(p, p)`` pair (square patches only: vitrel's position
     schemes and NaFlex patches are square). Returns ``[B, H', W', C]`` (``flatten=False``) or ``[B, H' W', C]``
     and the grid.
     """
+
+    #: what the error for an image of no whole patches adds (the Swin's embedding, which cannot pad, says nothing)
+    pad_hint = ": build the model with dynamic_img_pad=True to zero-pad it to whole patches (timm's), or resize it"
 
     def __init__(
         self,
@@ -173,10 +180,12 @@ class PatchEmbed(nn.Module):
         embed_dim: int = 768,
         norm_layer: type[nn.Module] | None = None,
         flatten: bool = True,
+        dynamic_img_pad: bool = False,
     ) -> None:
         super().__init__()
         self.patch_size = square_patch(patch_size)
         self.flatten = flatten
+        self.dynamic_img_pad = bool(dynamic_img_pad)
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
 
@@ -185,15 +194,18 @@ class PatchEmbed(nn.Module):
         return max(self.patch_size) if as_scalar else self.patch_size
 
     def dynamic_feat_size(self, img_size: tuple[int, int]) -> tuple[int, int]:
-        """timm's: the grid of images of ``img_size``."""
+        """timm's: the grid of images of ``img_size`` (rounded up with ``dynamic_img_pad``, else down)."""
         (h, w), (ph, pw) = img_size, self.patch_size
-        return h // ph, w // pw
+        return (-(-h // ph), -(-w // pw)) if self.dynamic_img_pad else (h // ph, w // pw)
 
     def grid_for(self, img_size: tuple[int, int]) -> Grid:
-        return _grid_for(img_size, self.patch_size[0])
+        return _grid_for(img_size, self.patch_size[0], self.dynamic_img_pad, self.pad_hint)
 
     def forward(self, x: Tensor) -> tuple[Tensor, Grid]:
-        grid = patch_grid(x, self.patch_size[0], self.proj.in_channels)
+        p = self.patch_size[0]
+        grid = patch_grid(x, p, self.proj.in_channels, self.dynamic_img_pad, self.pad_hint)
+        if self.dynamic_img_pad:
+            x = pad_to_patches(x, grid, p)
         x = self.proj(whole_cells(x, grid, self.patch_size))  # [B, C, H', W']
         x = x.flatten(2).transpose(1, 2) if self.flatten else x.permute(0, 2, 3, 1)  # [B, H' W', C] or [B, H', W', C]
         return self.norm(x), grid
@@ -208,6 +220,12 @@ def square_patch(patch_size: Any) -> tuple[int, int]:
     if ph != pw:
         raise ValueError(f"patch_size {(ph, pw)}: vitrel's patch embeddings take square patches only (one int)")
     return int(ph), int(pw)
+
+
+def pad_to_patches(x: Tensor, grid: Grid, p: int) -> Tensor:
+    """Images ``x [B, C, H, W]`` zero-padded on the right and bottom to ``grid`` patches of ``p`` (timm's
+    ``dynamic_img_pad``)."""
+    return F.pad(x, (0, grid.w * p - x.shape[-1], 0, grid.h * p - x.shape[-2]))
 
 
 class TubeletEmbed(nn.Module):
@@ -265,10 +283,14 @@ def _clip_grid_for(num_frames: int, img_size: tuple[int, int], t: int, p: int) -
     return Grid3(num_frames // t, g.h, g.w)
 
 
-def _grid_for(img_size: tuple[int, int], p: int) -> Grid:
+def _grid_for(img_size: tuple[int, int], p: int, pad: bool = False, hint: str = "") -> Grid:
+    """The grid of images of ``img_size`` in patches of ``p``: rounded up with ``pad`` (timm's ``dynamic_img_pad``),
+    else the sides must be multiples of ``p`` (an error ending with ``hint``, what to do)."""
     h, w = img_size
+    if pad and h >= 1 and w >= 1:
+        return Grid(-(-h // p), -(-w // p))
     if h % p or w % p or h < p or w < p:
-        raise ValueError(f"image size {h}x{w} is not a positive multiple of the patch size {p}")
+        raise ValueError(f"image size {h}x{w} is not a positive multiple of the patch size {p}{hint}")
     return Grid(h // p, w // p)
 
 
@@ -276,11 +298,12 @@ def _grid_for(img_size: tuple[int, int], p: int) -> Grid:
 # (timm's ``register_notrace_function``): the grid of an image, an absolute embedding, a scheme's
 # state. torch.export / torch.compile trace through them with symbolic sizes.
 @register_notrace_function
-def patch_grid(x: Tensor, patch_size: int, in_chans: int) -> Grid:
-    """The patch grid of images ``x [B, in_chans, H, W]`` (a clear error for another layout or size)."""
+def patch_grid(x: Tensor, patch_size: int, in_chans: int, pad: bool = False, hint: str = "") -> Grid:
+    """The patch grid of images ``x [B, in_chans, H, W]`` (a clear error for another layout or size; ``pad``: sides
+    rounded up to whole patches, ``hint``: what the error for a size of no whole patches adds)."""
     if x.dim() != 4 or x.shape[1] != in_chans:
         raise ValueError(f"expected images [B, {in_chans}, H, W], got {tuple(x.shape)}")
-    return _grid_for((x.shape[-2], x.shape[-1]), patch_size)
+    return _grid_for((x.shape[-2], x.shape[-1]), patch_size, pad, hint)
 
 
 @register_notrace_function

@@ -69,9 +69,12 @@ def check_img_size(x: Tensor, img_size: tuple[int, int]) -> None:
         )
 
 
-def check_grid_sizes(grids: Sequence[Grid], patch_size: int, img_size: tuple[int, int]) -> None:
+def check_grid_sizes(grids: Sequence[Grid], patch_size: int, img_size: tuple[int, int], pad: bool = False) -> None:
     """:func:`check_img_size` for images given as patches (a NaFlex dict, a list of images): each image's ``grids``
-    (patches of ``patch_size``) must span ``img_size``."""
+    (patches of ``patch_size``) must span ``img_size`` (with ``pad``, timm's ``dynamic_img_pad``: that size padded to
+    whole patches)."""
+    if pad:
+        img_size = tuple(-(-s // patch_size) * patch_size for s in img_size)
     for g in grids:
         check_img_size(torch.empty(g.h * patch_size, g.w * patch_size, device="meta"), img_size)
 

@@ -134,16 +134,19 @@ class ModelInput(NamedTuple):
     batch: NaFlexBatch | None
 
 
-def read_input(x: Any, proj: nn.Conv2d) -> ModelInput:
+def read_input(x: Any, proj: nn.Conv2d, dynamic_img_pad: bool | None = None) -> ModelInput:
     """A model's input (a batch of images, a list of images of any sizes, or a NaFlex dict) -> :class:`ModelInput`:
     a list becomes the NaFlex dict of its images (:func:`images_batch`), a dict is checked (:func:`parse_naflex`) for
-    the patch embedding's convolution ``proj`` (its patch size and channels; the patches taken onto its device)."""
+    the patch embedding's convolution ``proj`` (its patch size and channels; the patches taken onto its device).
+    ``dynamic_img_pad``: the model's (timm's ViT argument): True pads each image of a list to whole patches, False
+    refuses one that is not, naming the argument; None (a model without it, the Swin) refuses it."""
     form = input_form(x)
     if form == "images":
         return ModelInput(x, None)
     (p, _), c = proj.kernel_size, proj.in_channels
     if form == "list":
-        x = images_batch(list(x), p, c)
+        hint = "" if dynamic_img_pad is None else "; or build the model with dynamic_img_pad=True to zero-pad it"
+        x = images_batch(list(x), p, c, pad=bool(dynamic_img_pad), hint=hint)
     return ModelInput(None, parse_naflex(x, (p, c), proj.weight.device))
 
 
@@ -313,10 +316,13 @@ def grid_batch(tokens: Tensor, grid: Grid) -> NaFlexBatch:
     return NaFlexBatch(tokens, coords, segment, image, (grid,) * b)
 
 
-def images_batch(images: Sequence[Tensor], patch_size: int, in_chans: int | None = None) -> dict[str, Tensor]:
-    """A list of images ``[C, H_i, W_i]`` (sides multiples of ``patch_size``; ``C = in_chans`` when given, else one
-    ``C`` for all) -> the NaFlex dict, one image per row, padded (timm's ``patchify_image``, as timm's NaFlex loader
-    makes it)."""
+def images_batch(
+    images: Sequence[Tensor], patch_size: int, in_chans: int | None = None, pad: bool = False, hint: str = ""
+) -> dict[str, Tensor]:
+    """A list of images ``[C, H_i, W_i]`` (sides multiples of ``patch_size``, or with ``pad`` zero-padded on the right
+    and bottom to the next multiple, as timm's ``dynamic_img_pad``; ``C = in_chans`` when given, else one ``C`` for
+    all) -> the NaFlex dict, one image per row, padded (timm's ``patchify_image``, as timm's NaFlex loader makes it).
+    ``hint``: what the error for an image of no whole patches adds."""
     if not images:
         raise ValueError("an empty list of images")
     rows = []
@@ -330,10 +336,10 @@ def images_batch(images: Sequence[Tensor], patch_size: int, in_chans: int | None
         if img.dim() != 3:
             raise ValueError(f"image {i} of the list: a list of images takes tensors [C, H, W], got {tuple(img.shape)}")
         h, w = img.shape[-2:]
-        if h % patch_size or w % patch_size or not (h and w):
+        if (h % patch_size or w % patch_size) and not pad or not (h and w):
             raise ValueError(
                 f"image {i} of the list: {h}x{w} is not a positive multiple of the patch size {patch_size} (both sides "
-                "must be multiples of the patch size: crop or pad the image)"
+                f"must be multiples of the patch size: crop or pad the image{hint})"
             )
         want, whose = (in_chans, "the model takes") if in_chans is not None else (images[0].shape[-3], "image 0 has")
         if img.shape[0] != want:
@@ -341,7 +347,7 @@ def images_batch(images: Sequence[Tensor], patch_size: int, in_chans: int | None
                 f"image {i} of the list has {img.shape[0]} channels, {whose} {want} (shape {tuple(img.shape)}): "
                 "every image [C, H, W] needs the model's C (repeat a grey image's channel, drop an alpha channel)"
             )
-        rows.append(patchify_image(img, (patch_size, patch_size), pad=False))
+        rows.append(patchify_image(img, (patch_size, patch_size), pad=pad))
     n = max(r[0].shape[0] for r in rows)
     return {
         "patches": torch.stack([F.pad(r[0], (0, 0, 0, n - r[0].shape[0])) for r in rows]),

@@ -325,6 +325,8 @@ class MapPatchEmbed(PatchEmbed):
     ``img_size``: the only input size accepted (a strict model, see :mod:`vitrel.models.input_size`), or None.
     """
 
+    pad_hint = ""  # (timm's Swin takes no dynamic_img_pad)
+
     def __init__(self, *args: Any, img_size: tuple[int, int] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, flatten=False, **kwargs)
         self.img_size = img_size

@@ -140,6 +140,8 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     _refuse(not isinstance(blk.mlp.act, nn.GELU), f"an MLP activation {type(blk.mlp.act).__name__} (vitrel: GELU)", t)
     gp = t.global_pool
     _refuse(gp not in ("token", "avg", ""), f"global_pool={gp!r}", t)
+    ph, pw = t.patch_embed.patch_size
+    _refuse(ph != pw, f"non-square patches {ph}x{pw}", t)
     has_ls = isinstance(getattr(blk, "ls1", None), LayerScale) or getattr(blk, "gamma_1", None) is not None
     fc_norm = getattr(t, "fc_norm", nn.Identity())
     return dict(
@@ -158,6 +160,7 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         init_values=1e-5 if has_ls else None,
         fc_norm=not isinstance(fc_norm, nn.Identity),
         norm_eps=float(blk.norm1.eps),
+        dynamic_img_pad=bool(getattr(t.patch_embed, "dynamic_img_pad", False)),
     )
 
 

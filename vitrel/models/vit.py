@@ -8,7 +8,8 @@ For an image cut into an ``H x W`` grid of patches, with ``P`` prefix tokens (cl
     y      = head(pool(LN(x_L)))                                pool: class token or mean of patches
 
 The grid is taken from the input image at forward time, so a model runs at any image size that is
-a multiple of the patch size; ``img_size`` only sizes learned tables and absolute embeddings.
+a multiple of the patch size (any size with ``dynamic_img_pad=True``, timm's: zero-padded on the right and bottom
+to whole patches); ``img_size`` only sizes learned tables and absolute embeddings.
 
 With ``pos_share=True`` one relative scheme (``model.rel_pos``) serves every block: its state (bias,
 RoPE cos/sin) is prepared once per forward and passed to every block; with ``pos_share=False``
@@ -43,6 +44,7 @@ from vitrel.models.naflex import (
     drop_tokens,
     embed_patches,
     grid_batch,
+    input_form,
     layout_features,
     pool_images,
     pool_valid,
@@ -82,6 +84,10 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             grid from the input, so by default any size runs; ``strict_img_size=True`` (or
             ``dynamic_img_size=False`` alone, timm's ViT default) refuses inputs other than ``img_size``
             (see :mod:`vitrel.models.input_size`).
+        dynamic_img_pad: timm's: images (and each image of a list) whose sides are not multiples of ``patch_size``
+            are zero-padded on the right and bottom to the next multiple, the grid ``ceil(H / p) x ceil(W / p)``
+            (the relative positions, and ``forward_intermediates``' maps, of the padded grid); without it they are
+            refused. A NaFlex dict holds patches already. ``img_size`` is then any size (its grid rounded up).
         device, dtype: where and in what dtype the parameters are made (keyword-only; ``device="meta"``
             allocates nothing: then ``to_empty(device=...)`` and load weights). Not part of ``vitrel_cfg``.
     """
@@ -118,6 +124,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         norm_eps: float = 1e-6,
         dynamic_img_size: bool | None = None,
         strict_img_size: bool | None = None,
+        dynamic_img_pad: bool = False,
     ) -> None:
         super().__init__()
         check_vit_args(locals())  # sizes checked first, errors name the argument
@@ -143,7 +150,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.grad_checkpointing = False
         self._attn_impl = attn_impl
 
-        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim)
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, dynamic_img_pad=dynamic_img_pad)
         self.patch_embed.strict_img_size = self.strict_img_size  # timm's: its builder reads it (fixed_input_size)
         self.grid = self.patch_embed.grid_for(img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
@@ -183,7 +190,11 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
 
     def read_input(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> ModelInput:
         """The entrance: the input's form decided once (:func:`~vitrel.models.naflex.read_input`)."""
-        return read_input(x, self.patch_embed.proj)
+        if self.strict_img_size and self.patch_embed.dynamic_img_pad and input_form(x) == "list":
+            for img in x:  # (each image as given: padded, its patches would span a larger one)
+                if isinstance(img, Tensor):
+                    check_img_size(img, self.img_size)
+        return read_input(x, self.patch_embed.proj, self.patch_embed.dynamic_img_pad)
 
     def _uses_layout(self, inp: ModelInput) -> bool:
         """The input takes the token-layout path (not one full grid per batch)."""
@@ -202,7 +213,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             batch = grid_batch(tokens, grid)
         else:
             if self.strict_img_size:
-                check_grid_sizes(x.batch.image_grids, pe.patch_size[0], self.img_size)
+                check_grid_sizes(x.batch.image_grids, pe.patch_size[0], self.img_size, pad=pe.dynamic_img_pad)
             batch = x.batch._replace(patches=pe.norm(embed_patches(pe.proj, x.batch.patches)))
         if self.training and self.token_drop:
             rates = token_drop_rates(self.token_drop, batch.num_images, batch.patches.device)

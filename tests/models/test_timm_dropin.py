@@ -366,6 +366,26 @@ def test_patch_embed_patch_size_is_timms_pair(spec):
         type(pe)((4, 2), 3, 8)
 
 
+@pytest.mark.parametrize("strict", [False, True])
+@SPECS
+def test_patch_embed_built_size_is_timms(spec, strict):
+    """timm's ``PatchEmbed.img_size`` / ``grid_size`` / ``num_patches`` (the built size, which DINO-style code and
+    position-embedding resamplers read: an ``AttributeError`` on vitrel's) equal those of timm's model of the same
+    sizes, before and after ``set_input_size``; ``strict_img_size`` as timm's (the Swin's ``img_size`` was None unless
+    strict)."""
+    if "depths" in spec:
+        ref = timm.create_model("swin_tiny_patch4_window7_224", img_size=32, patch_size=2, window_size=4, embed_dim=16)
+    else:
+        ref = timm.create_model("vit_tiny_patch16_224", img_size=32, patch_size=4, embed_dim=32, depth=1, num_heads=2)
+    m = make(spec, strict_img_size=strict)
+    for size in (None, 48):
+        if size is not None:
+            m.set_input_size(img_size=size), ref.set_input_size(img_size=size)
+        got, want = m.patch_embed, ref.patch_embed
+        assert (got.img_size, got.grid_size, got.num_patches) == (want.img_size, want.grid_size, want.num_patches)
+        assert got.strict_img_size == strict
+
+
 def test_dynamic_img_pad_pads_as_timms_patch_embed():
     """``dynamic_img_pad=True`` (timm's ViT argument, a ``TypeError`` before): images of any size are zero-padded on
     the right and bottom to whole patches as timm's ``PatchEmbed`` pads them (same weights, same tokens and grid), the

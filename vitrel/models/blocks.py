@@ -188,6 +188,17 @@ class PatchEmbed(nn.Module):
         self.dynamic_img_pad = bool(dynamic_img_pad)
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
+        self.img_size: tuple[int, int] | None = None  # timm's: the size the model is built for (the model sets it)
+
+    @property
+    def grid_size(self) -> tuple[int, int] | None:
+        """timm's: the patch grid of ``img_size`` (None before the model sets it)."""
+        return None if self.img_size is None else self.dynamic_feat_size(self.img_size)
+
+    @property
+    def num_patches(self) -> int | None:
+        """timm's: the patches of ``img_size``."""
+        return None if self.grid_size is None else self.grid_size[0] * self.grid_size[1]
 
     def feat_ratio(self, as_scalar: bool = True) -> int | tuple[int, int]:
         """timm's: the feature map's stride (``as_scalar=False``: per side)."""

@@ -162,7 +162,8 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
             in_chans,
             dims[0],
             norm_layer=lambda d: nn.LayerNorm(d, eps=norm_eps),
-            img_size=img_size if self.strict_img_size else None,
+            img_size=img_size,
+            strict_img_size=self.strict_img_size,
         )
         self.grid = self.patch_embed.grid_for(img_size)
         self._ref_window, self._ref_grid = window, self.grid  # set_input_size scales the window from these (timm's)
@@ -243,7 +244,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
                     f"Swin needs every image's full grid; token dropping is for the ViT: image {i} of the NaFlex "
                     f"batch has {n} of the {g.h} x {g.w} patches its coordinates span"
                 )
-        if pe.img_size is not None:
+        if pe.strict_img_size:
             check_grid_sizes(nb.image_grids, p, pe.img_size)
         sizes = torch.tensor([g.n for g in nb.image_grids], device=image.device)
         widths = torch.tensor([g.w for g in nb.image_grids], device=image.device)

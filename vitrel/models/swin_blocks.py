@@ -322,23 +322,20 @@ class MapPatchEmbed(PatchEmbed):
     """The Swin's patch embedding: images -> the map ``[B, H', W', C]`` alone (its grid is its shape), so
     the Swin's children run one after the other (timm's ``FeatureListNet`` / ``FeatureDictNet``).
 
-    ``img_size``: the only input size accepted (a strict model, see :mod:`vitrel.models.input_size`), or None.
+    ``img_size``: the size the model is built for (timm's); ``strict_img_size``: the only input size accepted (see
+    :mod:`vitrel.models.input_size`; timm's builder reads it for ``fixed_input_size``).
     """
 
     pad_hint = ""  # (timm's Swin takes no dynamic_img_pad)
 
-    def __init__(self, *args: Any, img_size: tuple[int, int] | None = None, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, img_size: Any = None, strict_img_size: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, flatten=False, **kwargs)
-        self.img_size = img_size
-
-    @property
-    def strict_img_size(self) -> bool:
-        """timm's ``PatchEmbed.strict_img_size`` (timm's builder reads it for ``fixed_input_size``)."""
-        return self.img_size is not None
+        self.img_size = None if img_size is None else tuple(img_size)
+        self.strict_img_size = bool(strict_img_size)
 
     def forward(self, x: Tensor) -> Tensor:  # type: ignore[override]
         # written here, not via super(): torch.fx wraps the notrace functions a module's own forward calls
-        if self.img_size is not None:
+        if self.strict_img_size:
             check_img_size(x, self.img_size)
         grid = patch_grid(x, self.patch_size[0], self.proj.in_channels)  # the layout / size checks
         return self.norm(self.proj(whole_cells(x, grid, self.patch_size)).permute(0, 2, 3, 1))

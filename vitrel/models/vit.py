@@ -152,6 +152,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
 
         self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, dynamic_img_pad=dynamic_img_pad)
         self.patch_embed.strict_img_size = self.strict_img_size  # timm's: its builder reads it (fixed_input_size)
+        self.patch_embed.img_size = img_size
         self.grid = self.patch_embed.grid_for(img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
@@ -168,6 +169,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             return
         fresh = rebuild_position_schemes(self, img_size=to_2tuple(img_size))
         self.img_size, self.grid = fresh.img_size, fresh.grid
+        self.patch_embed.img_size = fresh.patch_embed.img_size
 
     # ---------------------------------------------------------------------------- forward
     def _prefix(self, x: Tensor) -> Tensor:

@@ -128,6 +128,8 @@ def test_shallow_vit_features_only_default_out_indices():
         make(SWIN, features_only=True, out_indices=(0, 4))
     with pytest.raises(ValueError, match="2 blocks"):
         make(VIT, depth=2).forward_intermediates(x, indices=[2])
+    with pytest.raises(ValueError, match=r"list of indices from -2 to 1$"):  # (not timm's "index -1 ..." of its own)
+        make(VIT, depth=2, features_only=True, out_indices=(-3,))
 
 
 # ---------------------------------------------------------------------------- file permissions

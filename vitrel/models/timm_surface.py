@@ -47,9 +47,10 @@ def take_indices(n: int, indices: Any, what: str = "blocks") -> tuple[list[int],
     try:
         return feature_take_indices(n, indices)
     except (AssertionError, TypeError) as e:
+        said = f" ({e})" if isinstance(e, TypeError) and str(e) else ""  # (timm's range text is of its own indices)
         raise ValueError(
             f"indices {indices!r} do not fit a model of {n} {what}: give the last k (an int, 1 to {n}) or a list of "
-            f"indices from {-n} to {n - 1}{f' ({e})' if str(e) else ''}"
+            f"indices from {-n} to {n - 1}{said}"
         ) from None
 
 

@@ -167,3 +167,21 @@ def autocast_param_errors(attn, grid: tuple[int, int], dtype: torch.dtype = torc
     return {
         n: ((p.grad.double() - ref[n].grad).norm() / ref[n].grad.norm()).item() for n, p in attn.pos.named_parameters()
     }
+
+
+def naive_pool(m, tokens: Tensor) -> Tensor:
+    """One image's patch tokens ``[n, C]`` pooled as timm's ViT head with ``m.global_pool`` (``max``: the max,
+    ``avgmax``: half the sum of mean and max, ``map``: ``m.attn_pool``'s latent query attending to them, written out)
+    -> ``[C]``."""
+    if m.global_pool == "max":
+        return tokens.amax(0)
+    if m.global_pool == "avgmax":
+        return 0.5 * (tokens.mean(0) + tokens.amax(0))
+    assert m.global_pool == "map", m.global_pool
+    ap = m.attn_pool
+    heads, d = ap.num_heads, tokens.shape[1] // ap.num_heads
+    q = ap.q(ap.latent[0]).view(heads, 1, d)  # one latent query
+    k, v = ap.kv(tokens).view(-1, 2, heads, d).permute(1, 2, 0, 3)  # [heads, n, d] each
+    att = (q @ k.transpose(-1, -2) / math.sqrt(d)).softmax(-1)
+    y = ap.proj((att @ v).reshape(1, heads * d))
+    return (y + ap.mlp(ap.norm(y)))[0]

@@ -13,6 +13,7 @@ from timm.models.naflexvit import global_pool_naflex
 
 import vitrel
 from tests.naflex_inputs import packed
+from tests.reference import naive_pool
 from vitrel.models.naflex import images_batch
 
 SIZES = [(12, 16), (8, 8), (24, 20)]  # patch 4: grids 3x4, 2x2, 6x5
@@ -141,6 +142,92 @@ def test_global_pool_none_on_a_layout():
     x = images_batch(images(), 4)
     with torch.no_grad():
         torch.testing.assert_close(m.forward_head(m.forward_features(x)), m(x), rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------------- timm's max, avgmax, map
+POOLS = {
+    "max": dict(global_pool="max", reg_tokens=1),
+    "avgmax": dict(global_pool="avgmax", reg_tokens=1),
+    "map": dict(global_pool="map", class_token=False),  # SigLIP's
+    "map_registers": dict(global_pool="map", reg_tokens=1),
+}
+
+
+def pooling_model(cfg: str, **kw) -> torch.nn.Module:
+    m = model(**POOLS[cfg], **kw)
+    with torch.no_grad():  # away from init (zero biases, the latent's scale), so every part of the pool shows
+        for p in m.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return m
+
+
+def naive_logits(m, imgs) -> torch.Tensor:
+    """Each image alone (its own full grid), its patch tokens pooled by :func:`naive_pool`, then timm's head."""
+    p = m.num_prefix_tokens
+    return torch.stack([m.head(m.fc_norm(naive_pool(m, m.forward_features(img[None])[0, p:]))) for img in imgs])
+
+
+def grads(m, logits: torch.Tensor, w: torch.Tensor) -> list[torch.Tensor]:
+    return torch.autograd.grad((logits * w).sum(), list(m.parameters()), allow_unused=True)
+
+
+@pytest.mark.parametrize("cfg", list(POOLS))
+@pytest.mark.parametrize("form", ["images", "padded", "packed", "list", "patch_valid"])
+def test_max_avgmax_and_map_pool_each_images_own_patches_on_every_input(cfg, form):
+    """timm's ViT pools ``max``, ``avgmax`` and ``map`` (SigLIP's attention pool); vitrel's ViT refused them (a
+    ``ValueError``). On every input form each image's logits and every parameter's gradient are those of the image
+    alone pooled from the equations (float64): prefix tokens, padding and the other images of a packed row never
+    reach an image's pool."""
+    m = pooling_model(cfg)
+    imgs = images() if form != "images" else list(torch.randn(3, 3, 16, 12, dtype=torch.float64).unbind())
+    if form == "patch_valid":  # timm's NaFlexVit form: forward_head(f['patches'], patch_valid=f['patch_valid'])
+        f = m.forward_features(images_batch(imgs, 4))
+        got = m.forward_head(f["patches"], patch_valid=f["patch_valid"])
+    else:
+        x = {"padded": images_batch, "packed": lambda i, _: packed(i), "list": lambda i, _: i}.get(form)
+        got = m(torch.stack(imgs) if x is None else x(imgs, 4))
+    want = naive_logits(m, imgs)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    w = torch.randn(want.shape, dtype=torch.float64)
+    for a, b, (name, _) in zip(grads(m, got, w), grads(m, want, w), m.named_parameters()):
+        assert (a is None) == (b is None), name
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("cfg", list(POOLS))
+def test_padding_never_wins_a_max_or_takes_attention(cfg):
+    """Padding slots holding huge values (a kernel's leftovers) change no image's pool, on the layout and in timm's
+    ``patch_valid`` form."""
+    m, imgs = pooling_model(cfg), images()
+    with torch.no_grad():
+        f = m.forward_features(images_batch(imgs, 4))
+        want = m(imgs)
+        p, valid = m.num_prefix_tokens, f["patch_valid"]
+        f["patches"][:, p:][~valid] = 1e6
+        torch.testing.assert_close(m.forward_head(f), want, rtol=0, atol=1e-12)
+        torch.testing.assert_close(m.forward_head(f["patches"], patch_valid=valid), want, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("cfg", list(POOLS))
+@pytest.mark.parametrize("form", ["images", "packed"])
+def test_max_avgmax_and_map_pool_the_kept_tokens_under_token_drop(cfg, form):
+    """``token_drop`` in training: each image pools its kept patch tokens (forward, features + head)."""
+    m = pooling_model(cfg, token_drop=(0.2, 0.7)).train()
+    x = torch.randn(3, 3, 16, 12, dtype=torch.float64) if form == "images" else packed(images())
+    want, f, got, via_pre = split(m, x, seed=3)
+    torch.manual_seed(3)
+    tokens, layout, _, _ = m.forward_layout(x)
+    ref = torch.stack(
+        [
+            m.head(m.fc_norm(naive_pool(m, tokens[layout.is_patch & (layout.image == i)])))
+            for i in range(layout.num_images)
+        ]
+    )
+    assert int(layout.is_patch.sum()) < sum(g.h * g.w for g in layout.image_grids)  # (some dropped)
+    torch.testing.assert_close(want, ref, rtol=0, atol=1e-12)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(via_pre, want, rtol=0, atol=1e-12)
 
 
 # ----------------------------------------------------------------------------------- forward_intermediates

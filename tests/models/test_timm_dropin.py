@@ -100,7 +100,7 @@ def test_model_reset_classifier(spec):
     assert m.num_classes == 5 == m.vitrel_cfg["num_classes"]
 
 
-@pytest.mark.parametrize("pools", [("token", "avg"), ("avg", "token")])
+@pytest.mark.parametrize("pools", [("token", "avg"), ("avg", "token"), ("map", "max"), ("avgmax", "token")])
 def test_a_model_reset_to_another_pool_reloads_as_it_was_saved(pools, tmp_path):
     """``reset_classifier(n, global_pool=...)`` keeps the norms where they were built (timm's): the saved
     ``vitrel_cfg`` says so (``fc_norm``), so ``save_for_hf`` / ``save_pretrained`` folders reload to the same function
@@ -113,6 +113,26 @@ def test_a_model_reset_to_another_pool_reloads_as_it_was_saved(pools, tmp_path):
     for back in (timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True), load_model(tmp_path / "ours")):
         assert back.global_pool == pools[1]
         torch.testing.assert_close(back.eval()(x), m(x), rtol=0, atol=0)
+
+
+def test_reset_classifier_switches_among_timms_vit_pools_as_timm():
+    """timm's ViT ``reset_classifier(n, global_pool)``: any of its pools, the attention pool (``map``) kept for ``map``,
+    removed for another pool, and refused where the model was built without one (it cannot be added)."""
+    m = make(VIT, global_pool="map").eval()
+    assert isinstance(m.attn_pool, timm.layers.AttentionPoolLatent) and isinstance(m.fc_norm, torch.nn.Identity)
+    x = torch.randn(2, *input_size(m))
+    m.reset_classifier(4, "map")
+    assert m.attn_pool is not None and m(x).shape == (2, 4)
+    for pool in ("avgmax", "max", "avg", "token", ""):
+        m.reset_classifier(4, pool)
+        assert m.attn_pool is None and m.global_pool == m.vitrel_cfg["global_pool"] == pool
+        assert not any(k.startswith("attn_pool.") for k in m.state_dict())
+    with pytest.raises(ValueError, match="global_pool='map' needs the attention pool"):
+        m.reset_classifier(4, "map")
+    with pytest.raises(ValueError, match="global_pool must be 'token', 'avg', 'max', 'avgmax', 'map' or ''"):
+        m.reset_classifier(4, "catavgmax")
+    for pool in ("max", "avgmax"):  # timm's fc_norm default: after pooling for avg, max and avgmax
+        assert isinstance(make(VIT, global_pool=pool).fc_norm, torch.nn.LayerNorm)
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ import timm
 import torch
 
 import vitrel
+from tests.reference import naive_pool
 from vitrel.layout.geometry import Grid3
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.models.video_features import ClipFeatureGetterNet
@@ -147,6 +148,20 @@ def test_reset_classifier_and_token_pool():
     with pytest.raises(ValueError, match="class token"):
         make().reset_classifier(3, "token")
     assert "cls_token" in m.no_weight_decay()
+
+
+@pytest.mark.parametrize("global_pool", ["max", "avgmax", "map"])
+def test_max_avgmax_and_map_pool_the_tubelet_tokens_as_timms_vit(global_pool):
+    """The video ViT took ``avg`` / ``token`` / ``''`` only; timm's ViT pools (and its SigLIP-style ``map``) now pool
+    the tubelet tokens of each clip, from the equations (float64), with timm's norm placement."""
+    m = make(global_pool=global_pool, num_classes=5).double()
+    x = clip(2, 1, 4, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        feats = m.forward_features(x)
+        want = torch.stack([m.head(m.fc_norm(naive_pool(m, f))) for f in feats])
+        torch.testing.assert_close(m(x), want, rtol=0, atol=1e-12)
+    assert isinstance(m.fc_norm, torch.nn.LayerNorm) == (global_pool != "map")
+    assert (m.attn_pool is not None) == (global_pool == "map")
 
 
 def test_pos_share_runs_one_scheme_for_every_block():

@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from timm.layers import calculate_drop_path_rates
+from timm.layers import AttentionPoolLatent, calculate_drop_path_rates
 from torch import Tensor, nn
 
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.models.blocks import Block, BlockStack, check_shared
+from vitrel.models.naflex import pool_tokens
 from vitrel.pos.registry import PosSpec, image_scheme
 
 __all__ = ["ViTBody", "SwinBody", "channels_first", "warn_video_scheme"]
@@ -57,16 +58,19 @@ class ViTBody(BlockStack):
     and ``reg_token`` (None or absent: none), has ``embed(x) -> (tokens, grid)``, then calls :meth:`init_body`): the
     blocks, the final norms and head, the prefix tokens' init, pooling, the intermediates and pruning."""
 
-    global_pools = ("token", "avg", "")
+    global_pools = ("token", "avg", "max", "avgmax", "map", "")  # timm's ViT's
     no_weight_decay_params = ("cls_token", "reg_token")
     cls_token: nn.Parameter | None
+    attn_pool: nn.Module | None
     global_pool: str
     vitrel_cfg: dict[str, Any]
 
     def init_body(self, rel: PosSpec | None, absolute: PosSpec | None, args: Mapping[str, Any]) -> None:
         """From the constructor's arguments ``args`` (its ``locals()``), in this order: the absolute embedding (if any)
         and its dropout, ``rel_pos`` (the scheme the blocks share, ``pos_share``), the ``depth`` blocks, timm's
-        ``feature_info``, the norms (``fc_norm`` after pooling: None means for ``"avg"``, as timm) and the head.
+        ``feature_info``, the norms (``fc_norm`` after pooling: None means for ``"avg"``, ``"max"`` and ``"avgmax"``, as
+        timm), ``attn_pool`` (``global_pool="map"``: timm's ``AttentionPoolLatent``, built as timm's ViT builds it) and
+        the head.
         Schemes are built for the model's ``grid`` and prefix tokens; a block's own also gets its (index, depth)."""
         embed_dim, heads, depth, impl = args["embed_dim"], args["num_heads"], args["depth"], args["attn_impl"]
         make_pos = functools.partial(
@@ -107,8 +111,19 @@ class ViTBody(BlockStack):
         patch = args["patch_size"]
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch) for i in range(depth)]
         fc_norm, eps = args["fc_norm"], args["norm_eps"]
-        use_fc_norm = args["global_pool"] == "avg" if fc_norm is None else fc_norm
+        use_fc_norm = args["global_pool"] in ("avg", "max", "avgmax") if fc_norm is None else fc_norm
         self.norm = nn.LayerNorm(embed_dim, eps=eps) if not use_fc_norm else nn.Identity()
+        self.attn_pool = (
+            AttentionPoolLatent(
+                embed_dim,
+                num_heads=heads,
+                mlp_ratio=args["mlp_ratio"],
+                norm_layer=functools.partial(nn.LayerNorm, eps=eps),
+                act_layer=nn.GELU,
+            )
+            if args["global_pool"] == "map"
+            else None
+        )
         self.fc_norm = nn.LayerNorm(embed_dim, eps=eps) if use_fc_norm else nn.Identity()
         self.head_drop = nn.Dropout(args["drop_rate"])
         self.head = nn.Linear(embed_dim, args["num_classes"]) if args["num_classes"] > 0 else nn.Identity()
@@ -126,6 +141,18 @@ class ViTBody(BlockStack):
         super().check_global_pool(global_pool)  # type: ignore[misc]
         if global_pool == "token" and self.cls_token is None:
             raise ValueError("global_pool='token' needs a class token")
+        if global_pool == "map" and self.attn_pool is None:
+            raise ValueError(
+                "global_pool='map' needs the attention pool (attn_pool) built with the model: create the model with "
+                "global_pool='map' (timm's reset_classifier cannot add one either)"
+            )
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """timm's: a new head (:meth:`TimmSurface.reset_classifier`); another ``global_pool`` than ``"map"`` removes
+        the attention pool, which cannot be added (``global_pool="map"`` needs a model built with it)."""
+        super().reset_classifier(num_classes, global_pool)  # type: ignore[misc]
+        if global_pool not in (None, "map"):
+            self.attn_pool = None
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
@@ -139,10 +166,15 @@ class ViTBody(BlockStack):
         )
 
     def pool(self, x: Tensor) -> Tensor:
+        """Tokens ``[B, P + N, C]`` -> ``[B, C]`` as timm's ViT: the class token, or the patch tokens reduced
+        (``"avg"``, ``"max"``, ``"avgmax"``, ``"map"``: :func:`~vitrel.models.naflex.pool_tokens`); ``""``: as they
+        are."""
         if self.global_pool == "token":
             return x[:, 0]
         if self.global_pool == "avg":
             return x[:, self.num_prefix_tokens :].mean(dim=1)
+        if self.global_pool:
+            return pool_tokens(x[:, self.num_prefix_tokens :], self.global_pool, attn_pool=self.attn_pool)
         return x
 
     def pooled(self, x: Tensor) -> Tensor:

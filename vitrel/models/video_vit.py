@@ -45,15 +45,17 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
             tables and absolute embeddings only: any clip runs).
         patch_size, tubelet_size: the tubelet's side in pixels and its length in frames (VideoMAE: 16, 2).
         in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias, init_values: as the image ViT.
-        global_pool: ``"avg"`` (mean of the tubelet tokens, VideoMAE's), ``"token"`` (class token) or ``""``.
+        global_pool: ``"avg"`` (mean of the tubelet tokens, VideoMAE's), ``"token"`` (class token), ``"max"`` /
+            ``"avgmax"`` / ``"map"`` of the tubelet tokens (as the image ViT's) or ``""``.
         class_token: prepend a class token (VideoMAE has none).
-        fc_norm: norm after pooling instead of before (None: True for ``"avg"``, as timm and VideoMAE).
+        fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm and
+            VideoMAE).
         pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_eps: as the image ViT.
         device, dtype: placement (keyword-only, not part of ``vitrel_cfg``).
     """
 
-    global_pools = ("avg", "token", "")
+    global_pools = ("avg", "token", "max", "avgmax", "map", "")
     intermediate_fmts = ("NCTHW", "NTHWC", "NLC")
 
     @with_placement
@@ -87,8 +89,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
     ) -> None:
         super().__init__()
         check_vit_args(locals())  # sizes checked first, errors name the argument
-        if global_pool not in self.global_pools:
-            raise ValueError(f"global_pool must be 'avg', 'token' or '', got {global_pool!r}")
+        TimmSurface.check_global_pool(self, global_pool)  # (the pools; the class token's rule below)
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)

@@ -5,7 +5,7 @@ For an image cut into an ``H x W`` grid of patches, with ``P`` prefix tokens (cl
 
     x_0    = [cls, reg_1..reg_R, E(patch_1), ..., E(patch_HW)]  (+ absolute embedding of the patches)
     x_l    = Block_l(x_{l-1}, grid)                             pre-norm, attention with the scheme
-    y      = head(pool(LN(x_L)))                                pool: class token or mean of patches
+    y      = head(pool(LN(x_L)))                                pool: class token, or mean / max / attention of patches
 
 The grid is taken from the input image at forward time, so a model runs at any image size that is
 a multiple of the patch size (any size with ``dynamic_img_pad=True``, timm's: zero-padded on the right and bottom
@@ -65,11 +65,13 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
     Args:
         img_size: image size the model is built for (sizes learned tables / absolute embeddings).
         patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias: as timm.
-        global_pool: ``"token"`` (class token), ``"avg"`` (mean of the patch tokens) or ``""`` (none).
+        global_pool: timm's ViT's: ``"token"`` (class token), ``"avg"`` / ``"max"`` / ``"avgmax"`` (mean, max, half
+            their sum) of the patch tokens, ``"map"`` (timm's ``AttentionPoolLatent`` over the patch tokens, SigLIP's;
+            ``attn_pool``) or ``""`` (none). Every input form pools each image's own patch tokens.
         class_token: prepend a class token.
         reg_tokens: number of register tokens after the class token.
         init_values: layer-scale init (None: no layer scale).
-        fc_norm: norm after pooling instead of before (None: True for ``"avg"`` pooling, as timm).
+        fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm).
         pos: position scheme (name or config). An absolute scheme (``"ape"``, ``"sincos2d"``) means
             that embedding and no relative scheme.
         abs_pos: an absolute scheme added to the relative one.
@@ -128,8 +130,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
     ) -> None:
         super().__init__()
         check_vit_args(locals())  # sizes checked first, errors name the argument
-        if global_pool not in ("", "avg", "token"):
-            raise ValueError(f"global_pool must be 'token', 'avg' or '', got {global_pool!r}")
+        TimmSurface.check_global_pool(self, global_pool)  # (the pools; the class token's rule below)
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         if reg_tokens < 0:
@@ -281,9 +282,9 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
                 )
             patches, patch_valid, layout = patches["patches"], patches.get("patch_valid"), patches.get("layout")
         if layout is not None:
-            x = pool_images(patches, layout, self.global_pool) if self.global_pool else patches
+            x = pool_images(patches, layout, self.global_pool, self.attn_pool) if self.global_pool else patches
         elif patch_valid is not None:
-            x = pool_valid(patches, patch_valid.bool(), self.global_pool, self.num_prefix_tokens)
+            x = pool_valid(patches, patch_valid.bool(), self.global_pool, self.num_prefix_tokens, self.attn_pool)
         else:
             x = self.pool(patches)
         x = self.head_drop(self.fc_norm(x))

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from timm.layers import AttentionPoolLatent
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, register_flop_formula
@@ -45,6 +46,18 @@ UNCOUNTED_KERNELS = {
     "triton": "its fused Triton kernel is a custom operator torch has no FLOP formula for",
     "triton_atomic": "its fused Triton kernel is a custom operator torch has no FLOP formula for",
 }
+
+
+#: why a network with timm's attention pool (``global_pool="map"``) is not counted
+ATTN_POOL_UNCOUNTED = (
+    "global_pool='map': torch's FlopCounterMode fails without gradients on timm's AttentionPoolLatent (its module "
+    "tracker on the latent query, a view made under no_grad), timm's own ViT's too"
+)
+
+
+def attn_pool_uncounted(model: nn.Module) -> str | None:
+    """:data:`ATTN_POOL_UNCOUNTED` where ``model`` holds timm's ``AttentionPoolLatent``, else None."""
+    return ATTN_POOL_UNCOUNTED if any(isinstance(m, AttentionPoolLatent) for m in model.modules()) else None
 
 
 class UncountedError(ValueError):
@@ -84,11 +97,13 @@ def forward_flops(model: nn.Module, example: Tensor | None = None) -> int:
     model's ``num_frames``: :func:`~vitrel.models.data_config.model_data_config`), in the dtype and on the device of its
     weights. It runs in eval mode without gradients; the modules' train / eval modes and the CPU's and the device's
     random streams are left as they were. An :class:`UncountedError` where torch cannot count the forward: FlexAttention
-    or the Triton kernels named by ``attn_impl`` (checked before running), or a custom operator without a FLOP formula
-    (seen while counting)."""
+    or the Triton kernels named by ``attn_impl``, timm's attention pool (checked before running), or a custom operator
+    without a FLOP formula (seen while counting)."""
     kernels = _uncounted_kernels(model)
     if kernels:
         raise UncountedError("; ".join(f"attn_impl={k!r}: {UNCOUNTED_KERNELS[k]}" for k in kernels))
+    if attn_pool_uncounted(model):
+        raise UncountedError(ATTN_POOL_UNCOUNTED)
     p = next((p for p in model.parameters() if p.is_floating_point()), None)
     if example is None:
         example = example_input(model_data_config(model))

@@ -67,7 +67,7 @@ from vitrel.inference import mean_softmax_log
 from vitrel.models.data_config import data_config_of, example_input
 from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets, planned_steps
-from vitrel.train.flops import count_cpu_attention
+from vitrel.train.flops import attn_pool_uncounted, count_cpu_attention
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
 from vitrel.train.module_load import module_parts
 from vitrel.train.optim import check_float16_eps, follow_epochs, param_groups
@@ -502,13 +502,15 @@ class ClassifierModule(L.LightningModule):
         """The data module's preprocessing into the hyper-parameters (so into every checkpoint), unless given, and
         one sample of its shape (:func:`~vitrel.models.data_config.example_input`) as Lightning's
         ``example_input_array`` (the model summary's FLOPs and sizes), unless set; none with ``attn_impl="flex"``
-        (:data:`SUMMARY_FLEX`)."""
+        (:data:`SUMMARY_FLEX`) or ``global_pool="map"`` (:data:`~vitrel.train.flops.ATTN_POOL_UNCOUNTED`)."""
         if self.hparams.get("data_config") is None:
             self.hparams["data_config"] = data_config_of(getattr(self.trainer, "datamodule", None))
         if self._example_input_array is not None:
             return
-        if any(getattr(m, "attn_impl", None) == "flex" for m in self.model.modules()):
-            rank_zero_info(SUMMARY_FLEX)
+        flex = any(getattr(m, "attn_impl", None) == "flex" for m in self.model.modules())
+        why = SUMMARY_FLEX if flex else attn_pool_uncounted(self.model)
+        if why:  # (a forward torch's FlopCounterMode cannot run)
+            rank_zero_info(why if flex else f"model summary: no FLOPs counted: {why}")
             return
         count_cpu_attention()  # (torch counts sdpa's CUDA kernels only)
         self.example_input_array = example_input(self.hparams["data_config"])

@@ -488,6 +488,45 @@ def test_a_swin_with_max_or_avgmax_pooling_is_timms_function(global_pool):
 
 
 @pytest.mark.parametrize(
+    "kw",
+    [
+        dict(global_pool="max"),
+        dict(global_pool="avgmax", reg_tokens=2),
+        dict(global_pool="map", class_token=False),  # SigLIP's head
+        dict(global_pool="map"),
+    ],
+    ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()),
+)
+def test_a_vit_with_max_avgmax_or_map_pooling_is_timms_function(kw):
+    """timm's ViT pools ``max`` / ``avgmax`` / ``map`` (``AttentionPoolLatent``, SigLIP's); ``from_timm`` refused them
+    (vitrel's ViT had no such pool). Imported, the pool's weights keep timm's names (``attn_pool.*``, carried as
+    they are), the logits are timm's (float64), and ``reset_classifier`` switches the pool as timm's does."""
+    torch.manual_seed(0)
+    t = timm.create_model("vit_small_patch16_224", **SMALL_VIT, **kw).double().eval()
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    m = vitrel.from_timm(t)
+    assert m.global_pool == m.vitrel_cfg["global_pool"] == kw["global_pool"]
+    assert {k for k in t.state_dict() if k.startswith("attn_pool.")} == {
+        k for k in m.state_dict() if k.startswith("attn_pool.")
+    }
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), t(x), rtol=1e-10, atol=1e-10)
+        t.reset_classifier(5, "avg"), m.reset_classifier(5, "avg")
+        m.head.load_state_dict(t.head.state_dict())
+        torch.testing.assert_close(m(x), t(x), rtol=1e-10, atol=1e-10)
+
+
+def test_an_attention_pool_vitrel_does_not_build_is_refused():
+    t = timm.create_model("vit_small_patch16_224", **SMALL_VIT, global_pool="map", class_token=False)
+    t.attn_pool.latent_len = 2  # (several latents: a head vitrel's map does not build)
+    with pytest.raises(UnsupportedTimmModel, match="attention pooling other than timm's ViT's AttentionPoolLatent"):
+        vitrel.from_timm(t)
+
+
+@pytest.mark.parametrize(
     "name, kw",
     [("swinv2_tiny_window8_256", dict(depths=(1, 1), num_heads=(3, 6))), ("swinv2_cr_tiny_ns_224", {})],
 )

@@ -37,7 +37,7 @@ from typing import Any
 
 import timm
 import torch
-from timm.layers import LayerScale
+from timm.layers import AttentionPoolLatent, LayerScale
 from timm.models import adapt_input_conv
 from timm.models.eva import Eva
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
@@ -121,6 +121,19 @@ def _refuse(cond: bool, what: str, t: nn.Module) -> None:
         raise UnsupportedTimmModel(f"{name}: {what}; vitrel's backbones have no equivalent")
 
 
+def _vitrel_attn_pool(t: nn.Module) -> bool:
+    """No attention pool, or the ``AttentionPoolLatent`` vitrel's ``global_pool="map"`` builds (timm's ViT's: one
+    latent, the blocks' heads and MLP ratio, LayerNorm and GELU, no position embedding or q/k norm, patches only)."""
+    ap, blk = getattr(t, "attn_pool", None), t.blocks[0]
+    if ap is None or not isinstance(ap, AttentionPoolLatent) or ap.mlp is None:
+        return ap is None
+    ours = (ap.pos_embed, ap.latent_len, ap.pool, ap.num_heads, type(ap.q), type(ap.q_norm), type(ap.mlp.act))
+    return ours == (None, 1, "token", blk.attn.num_heads, nn.Linear, nn.Identity, nn.GELU) and (
+        isinstance(ap.norm, nn.LayerNorm) and ap.norm.eps == blk.norm1.eps and None not in (ap.q.bias, ap.kv.bias)
+        and ap.mlp.fc1.out_features == blk.mlp.fc1.out_features and not getattr(t, "pool_include_prefix", False)
+    )  # fmt: skip
+
+
 def _vit_common(t: nn.Module) -> dict[str, Any]:
     blk = t.blocks[0]
     kind = type(blk).__name__  # (ResPost*: post-norm; Parallel*: parallel branches)
@@ -135,11 +148,11 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     _refuse(getattr(attn, "qkv", None) is None, "separate q/k/v projections", t)
     _refuse(not hasattr(blk.mlp, "fc1") or hasattr(blk.mlp, "fc1_g"), "a gated (SwiGLU) MLP", t)
     _refuse(not isinstance(getattr(blk.mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP", t)
-    _refuse(getattr(t, "attn_pool", None) is not None, "attention pooling", t)
+    _refuse(not _vitrel_attn_pool(t), "attention pooling other than timm's ViT's AttentionPoolLatent ('map')", t)
     _refuse(not isinstance(blk.norm1, nn.LayerNorm), "norms other than LayerNorm", t)
     _refuse(not isinstance(blk.mlp.act, nn.GELU), f"an MLP activation {type(blk.mlp.act).__name__} (vitrel: GELU)", t)
     gp = t.global_pool
-    _refuse(gp not in ("token", "avg", ""), f"global_pool={gp!r}", t)
+    _refuse(gp not in ("token", "avg", "max", "avgmax", "map", ""), f"global_pool={gp!r}", t)
     ph, pw = t.patch_embed.patch_size
     _refuse(ph != pw, f"non-square patches {ph}x{pw}", t)
     has_ls = isinstance(getattr(blk, "ls1", None), LayerScale) or getattr(blk, "gamma_1", None) is not None

@@ -23,7 +23,7 @@ from torch import Tensor, nn
 from vitrel.layers.attention import Attention
 from vitrel.pos.base import PositionScheme
 
-__all__ = ["swap_rope_axial_halves", "half_swap_order", "permute_qk"]
+__all__ = ["swap_rope_axial_halves", "half_swap_order", "permute_qk", "rope_channel_order"]
 
 
 def half_swap_order(head_dim: int) -> Tensor:
@@ -36,7 +36,7 @@ def permute_qk(w: Tensor, order: Tensor, heads: int) -> Tensor:
     the ``d`` channels of each head's query and key taken in ``order`` (a permutation of ``0 .. d-1``: new channel
     ``i`` is old channel ``order[i]``); the values are unchanged. Permuting q and k alike leaves every ``q . k`` as
     it was, so a RoPE model's weights move from one channel layout to another: timm's to vitrel's
-    (:func:`~vitrel.models.timm_import.rope_channel_order`), ``rope2d_axial``'s columns-first to rows-first
+    (:func:`rope_channel_order`), ``rope2d_axial``'s columns-first to rows-first
     (:func:`half_swap_order`). Returns a new tensor."""
     d = order.numel()
     idx = torch.arange(w.shape[0])
@@ -87,3 +87,27 @@ def swap_rope_axial_halves(model: nn.Module) -> nn.Module:
                 order = half_swap_order(s.head_dim)
                 s.string.copy_(s.string[:, order][:, :, order])
     return model
+
+
+def rope_channel_order(t: nn.Module) -> Tensor | None:
+    """For a timm RoPE ViT, the channel of timm's head dimension behind each of vitrel's (None: the same).
+
+    vitrel rotates interleaved pairs ``(2u, 2u+1)``, the row angles first (``u < d/4``), then the
+    columns; timm lays its angles out by ``grid_indexing`` ('ij': rows first, 'xy': columns first) and
+    rotates pairs ``(t, t + d/2)`` when ``rotate_half``, else ``(2t, 2t+1)``. Permuting the channels
+    of q and k alike (per head) leaves every ``q . k`` unchanged, so the permuted weights compute the
+    same function under vitrel's layout.
+    """
+    rope = getattr(t, "rope", None)
+    if rope is None or getattr(t, "rope_mixed", False):
+        return None
+    d = t.blocks[0].attn.head_dim
+    q = d // 4
+    rows_first = rope.grid_indexing == "ij"
+    order = []
+    for u in range(d // 2):
+        row, f = u < q, u % q
+        pair = (0 if row == rows_first else q) + f  # timm's pair with the same axis and frequency
+        order += [pair, pair + d // 2] if rope.rotate_half else [2 * pair, 2 * pair + 1]
+    order_t = torch.tensor(order)
+    return None if torch.equal(order_t, torch.arange(d)) else order_t

@@ -17,7 +17,7 @@ and every tensor that fits is carried over. Supported sources:
 * timm DINOv3 (``vit_*_patch16_dinov3*``: normalised coordinates, register tokens, layer scale) ->
   ``rope2d_axial`` with ``coords="normalized"`` (same function); timm's rotate-half (and, for
   ``grid_indexing="xy"``, columns-first) RoPE layout becomes vitrel's by permuting q and k channels
-  alike (:func:`rope_channel_order`).
+  alike (:func:`~vitrel.models.rope_layout.rope_channel_order`).
 
 With any other target scheme the position parts are freshly initialised and everything else is
 carried. A transfer report (carried, converted, newly initialised, dropped) is logged and returned by
@@ -52,7 +52,7 @@ from vitrel.layout.windows import window_and_shift
 from vitrel.models.checkpoint import CheckpointError, holds_timm_ema, load_weights, read_weights
 from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import build
-from vitrel.models.rope_layout import permute_qk
+from vitrel.models.rope_layout import permute_qk, rope_channel_order
 
 __all__ = [
     "from_timm",
@@ -280,30 +280,6 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
             native = {"name": "rope2d_axial", "base": float(rope.temperature)} if ok else "__none__"
         return _vit_arch(args), args, native
     return _vit_arch(args), args, "__ape__" if getattr(t, "pos_embed", None) is not None else "none"
-
-
-def rope_channel_order(t: nn.Module) -> Tensor | None:
-    """For a timm RoPE ViT, the channel of timm's head dimension behind each of vitrel's (None: the same).
-
-    vitrel rotates interleaved pairs ``(2u, 2u+1)``, the row angles first (``u < d/4``), then the
-    columns; timm lays its angles out by ``grid_indexing`` ('ij': rows first, 'xy': columns first) and
-    rotates pairs ``(t, t + d/2)`` when ``rotate_half``, else ``(2t, 2t+1)``. Permuting the channels
-    of q and k alike (per head) leaves every ``q . k`` unchanged, so the permuted weights compute the
-    same function under vitrel's layout.
-    """
-    rope = getattr(t, "rope", None)
-    if rope is None or getattr(t, "rope_mixed", False):
-        return None
-    d = t.blocks[0].attn.head_dim
-    q = d // 4
-    rows_first = rope.grid_indexing == "ij"
-    order = []
-    for u in range(d // 2):
-        row, f = u < q, u % q
-        pair = (0 if row == rows_first else q) + f  # timm's pair with the same axis and frequency
-        order += [pair, pair + d // 2] if rope.rotate_half else [2 * pair, 2 * pair + 1]
-    order_t = torch.tensor(order)
-    return None if torch.equal(order_t, torch.arange(d)) else order_t
 
 
 def _vit_arch(args: dict[str, Any]) -> str:

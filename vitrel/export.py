@@ -266,9 +266,9 @@ def export_program(
     with the ``dynamic`` sizes (:func:`check_exportable` first).
 
     ``"hw"`` needs an example of whole patches (a ``ValueError`` names the nearest sizes otherwise).
-    Sizes that can be 1 (a single window, a grid of one patch) are traced size-obliviously, so the
-    program does not assume a side of at least 2 (torch's default for symbolic sizes); the model is
-    left as it was (a forward pass changes nothing on it).
+    Sizes that can be 1 (a single window, a grid of one patch) are traced size-obliviously (torch assumes 2 or more),
+    except through timm's ``AttentionPoolLatent`` (``global_pool="map"``), whose expanded latent then refuses batch 1:
+    such a program takes sides of 2 patches or more. The model is left as it was (a forward pass changes nothing).
     """
     check_exportable(model, dynamic)
     x = example if example is not None else example_input(model)
@@ -285,7 +285,8 @@ def export_program(
     import torch.fx.experimental._config as fx_config
 
     try:
-        with fx_config.patch(backed_size_oblivious=True), warnings.catch_warnings(), torch.no_grad():
+        oblivious = getattr(_network(model), "attn_pool", None) is None
+        with fx_config.patch(backed_size_oblivious=oblivious), warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore", FutureWarning)
             return torch.export.export(model, (x,), dynamic_shapes=dynamic_shapes(model, dynamic, max_side))
     finally:

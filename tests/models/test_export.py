@@ -219,6 +219,22 @@ def test_swin_program_with_a_stage_of_one_window_takes_batch_one(name, clip, oth
             torch.testing.assert_close(program(x), m(x), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("global_pool", ["max", "avgmax", "map"])
+def test_a_vit_with_timms_other_pools_exports_for_batch_one_and_any_size(global_pool):
+    """``max``, ``avgmax`` and ``map`` (timm's ``AttentionPoolLatent``, whose expanded latent guarded ``batch != 1``
+    under size-oblivious tracing: the export failed) give ``"hw"`` programs that equal eager at batch 1 and at other
+    sizes; a ``map`` program takes sides of 2 patches or more (a side of 1 patch: refused)."""
+    torch.manual_seed(0)
+    m = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", embed_dim=32, depth=1, num_heads=2, global_pool=global_pool, class_token=False
+    )
+    program = export_program(lively(m.eval()), torch.randn(2, 3, 32, 32), dynamic="hw").module()
+    with torch.no_grad():
+        for shape in [(1, 3, 32, 32), (1, 3, 8, 12), (3, 3, 48, 40)]:
+            x = torch.randn(*shape)
+            torch.testing.assert_close(program(x), m(x), rtol=1e-5, atol=1e-5)
+
+
 def test_shared_scheme_exports_at_any_size():
     """pos_share: the state is prepared once per forward (per stage in Swin) inside the program."""
     for arch in ARCHS:

@@ -290,6 +290,23 @@ def test_a_video_scheme_on_an_image_model_warns_once_naming_the_image_scheme(tmp
     assert len([r for r in caplog.records if r.name == "vitrel.models.backbone"]) == 1
 
 
+def test_a_vit_that_pads_to_whole_patches_trains_and_evaluates_at_any_size(tmp_path):
+    """``+model.dynamic_img_pad=true data.img_size=30`` (patches of 4: timm's ViT pads the images to 32): train.py and
+    eval.py refused the size before the model was built (the patch check knew no padding). The run trains on the
+    padded 8 x 8 grid, eval.py scores its checkpoint as its own test did, and the model reloads padding."""
+    from vitrel.train.evaluate import evaluate
+
+    run = tmp_path / "run"
+    over = [*TINY_VIT, *FAST, *SHORT, "+model.dynamic_img_pad=true", "data.img_size=30", "data.size_choices=[26,30]"]
+    trained = train(compose(run, [*over, "trainer.limit_test_batches=null", "data.eval_batch_size=500"]))
+    ckpt = run / "checkpoints" / "last.ckpt"
+    assert vitrel.load_model(ckpt).patch_embed.dynamic_img_pad
+    metrics = evaluate(compose(tmp_path / "eval", [f"ckpt_path={ckpt}", *FAST[:1], *FAST[2:4]], config_name="eval"))
+    res = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
+    assert (res["img_size"], res["grid"]) == (30, [8, 8])
+    assert abs(metrics["test/acc1"] - trained["test/acc1"]) <= 1 / 2000
+
+
 @pytest.mark.parametrize(
     "model, says",
     [

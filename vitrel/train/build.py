@@ -146,16 +146,17 @@ def adopt_preprocessing(
 def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:
     """The data's images are a whole number of the model's patches (a 224-px ViT-S/16 on Fashion-MNIST's 28 px is
     not): else an :class:`~vitrel.models.input_size.InputSizeError` naming the ``data.img_size`` to set, before the
-    model is built. Not checked: NaFlex batches (patches cut by the data), timm architectures (``init_from``)."""
+    model is built. Not checked: NaFlex batches (patches cut by the data), timm architectures (``init_from``), a model
+    that pads images to whole patches (``dynamic_img_pad``)."""
     size = getattr(dm, "img_size", None)
     if size is None or getattr(dm, "packing", None) or model_cfg.get("init_from"):
         return
-    patch, made_for = _model_args(model_cfg, arch, "patch_size", "img_size")
+    patch, made_for, pads = _model_args(model_cfg, arch, "patch_size", "img_size", "dynamic_img_pad")
     if loads_checkpoint(model_cfg):  # model=from_checkpoint: the file's patches, and the size it was trained at
         why = f"the size {arch} was trained at"
     else:
         why = "model.img_size" if model_cfg.get("img_size") else f"the size {arch} is made for"
-    if patch is None or made_for is None:
+    if patch is None or made_for is None or pads:  # (dynamic_img_pad: images of any size padded to whole patches)
         return
     (ph, pw), (mh, mw), (sh, sw) = to_2tuple(patch), to_2tuple(made_for), to_2tuple(size)
     if ph == pw and mh == mw and sh == sw:  # (square patches and size, as data.img_size)

@@ -255,7 +255,8 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
         )
     choices = getattr(dm, "size_choices", None)
     if choices:
-        bad = [s for s in choices if s < max(ph, pw) or s % ph or s % pw]
+        pads = bool(model.vitrel_cfg.get("dynamic_img_pad"))  # (images of any size padded to whole patches)
+        bad = [s for s in choices if s < 1 or (not pads and (s < max(ph, pw) or s % ph or s % pw))]
         if bad:
             raise InputSizeError(
                 f"data.size_choices={list(choices)}: {', '.join(map(str, bad))} "

@@ -222,6 +222,8 @@ def _check_patches_fit(ckpt: Path, stored: dict, dm: L.LightningDataModule) -> N
     patch, trained = stored.get("patch_size"), stored.get("img_size")
     if patch is None or trained is None or getattr(dm, "packing", None) or getattr(dm, "img_size", None) is None:
         return
+    if stored.get("dynamic_img_pad"):  # (the model pads images of any size to whole patches)
+        return
     (ph, pw), (th, tw), (sh, sw) = to_2tuple(patch), to_2tuple(trained), to_2tuple(dm.img_size)
     if ph == pw and th == tw and sh == sw:  # (square patches and size, as data.img_size; [H, W] of one's own data)
         whose = f"{ckpt} ({stored.get('architecture')})"
@@ -362,7 +364,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     tested = figures.take(trainer, "test")
     left_out = tested["unreadable"]
     metrics = {k.replace("test/", f"{split}/"): v for k, v in scalars(res[0]).items()}
-    grid = [s // p for s, p in zip(to_2tuple(dm.img_size), to_2tuple(stored.get("patch_size", 1)))]
+    up = bool(stored.get("dynamic_img_pad"))  # (a model that pads images to whole patches: the grid rounds up)
+    grid = [
+        -(-s // p) if up else s // p for s, p in zip(to_2tuple(dm.img_size), to_2tuple(stored.get("patch_size", 1)))
+    ]
     if is_video_data(dm):  # (T, H, W) of the tubelets
         grid.insert(0, dm.num_frames // stored.get("tubelet_size", 1))
     packing = getattr(dm, "packing", None)

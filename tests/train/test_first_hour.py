@@ -314,7 +314,8 @@ def test_a_vit_that_pads_to_whole_patches_trains_and_evaluates_at_any_size(tmp_p
             ["model=vitrel_vit_small_patch16_224"],
             "28x28 (data.img_size), are not a whole number of the 16x16 patches of vitrel_vit_small_patch16_224: set "
             "data.img_size=224 (the size vitrel_vit_small_patch16_224 is made for), or the nearest larger multiple of "
-            "16, data.img_size=32 (the images are resized to it)",
+            "16, data.img_size=32 (the images are resized to it); or keep the size and pad the images to whole patches "
+            "with +model.dynamic_img_pad=true (timm's)",
         ),
         (
             ["model=vitrel_swin_tiny_patch4_window7_224", "data.img_size=30"],
@@ -337,6 +338,7 @@ def test_data_the_model_cannot_cut_into_patches_is_one_line_saying_what_to_set(t
         train(compose(run, [*model, *FAST, *SHORT]))
     assert str(said.value).startswith("train.py: InputSizeError: FashionMNISTDataModule's images, "), said.value
     assert says in str(said.value)
+    assert ("dynamic_img_pad" in str(said.value)) == ("swin" not in model[0])  # (timm's Swin does not pad)
     assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
     if model[0] == "model=vitrel_vit_small_patch16_224":  # the advice runs (one block: the size is what is tested)
         advice = re.search(r"nearest larger multiple of 16, (data\.img_size=\d+)", str(said.value)).group(1)

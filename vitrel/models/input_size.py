@@ -79,19 +79,23 @@ def check_grid_sizes(grids: Sequence[Grid], patch_size: int, img_size: tuple[int
         check_img_size(torch.empty(g.h * patch_size, g.w * patch_size, device="meta"), img_size)
 
 
-def check_patches_fit(img_size: int, patch_size: int, data: str, whose: str, made_for: int, why: str) -> None:
+def check_patches_fit(
+    img_size: int, patch_size: int, data: str, whose: str, made_for: int, why: str, pad: str = ""
+) -> None:
     """Refuse images of side ``img_size`` (``data.img_size``; ``data``: the data module's name) that ``whose`` (its
     patches of side ``patch_size``) cannot cut into patches: an :class:`InputSizeError` saying what to set,
     ``data.img_size=<made_for>`` (``why``: what that size is, e.g. ``the size vitrel_vit_small_patch16_224 is made
-    for``) or the nearest larger multiple of the patch. Square sizes, as ``data.img_size``."""
+    for``) or the nearest larger multiple of the patch; ``pad``: the setting that pads such images instead (a ViT's
+    ``dynamic_img_pad``), named last. Square sizes, as ``data.img_size``."""
     if img_size >= patch_size and img_size % patch_size == 0:
         return
     above = max(-(-img_size // patch_size), 1) * patch_size
     near = f", or the nearest larger multiple of {patch_size}, data.img_size={above}" if above != made_for else ""
+    padded = f"; or keep the size and pad the images to whole patches with {pad} (timm's)" if pad else ""
     raise InputSizeError(
         f"{data}'s images, {img_size}x{img_size} (data.img_size), are not a whole number of the "
         f"{patch_size}x{patch_size} patches of {whose}: set data.img_size={made_for} ({why}){near} (the images are "
-        "resized to it)"
+        f"resized to it){padded}"
     )
 
 

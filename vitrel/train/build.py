@@ -160,7 +160,9 @@ def _check_patches_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModu
         return
     (ph, pw), (mh, mw), (sh, sw) = to_2tuple(patch), to_2tuple(made_for), to_2tuple(size)
     if ph == pw and mh == mw and sh == sw:  # (square patches and size, as data.img_size)
-        check_patches_fit(int(sh), int(ph), type(dm).__name__, arch, int(mh), why)
+        takes = "dynamic_img_pad" in inspect.signature(MODEL_ARGS[arch][0].__init__).parameters
+        pad = "+model.dynamic_img_pad=true" if takes and not loads_checkpoint(model_cfg) else ""
+        check_patches_fit(int(sh), int(ph), type(dm).__name__, arch, int(mh), why, pad)
     elif sh % ph or sw % pw or sh < ph or sw < pw:  # (a data module's [H, W] images: no data.img_size to name)
         raise InputSizeError(
             f"{type(dm).__name__}'s images, {sh}x{sw} (its img_size), are not a whole number of the {ph}x{pw} patches "

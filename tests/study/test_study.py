@@ -582,6 +582,18 @@ def test_best_leaves_out_its_own_variants_only(study):
     assert [x["b"] for x in claim["links"]] == ["none", "pape_ri"]
 
 
+def test_best_naming_a_variant_never_compares_it_with_itself(study):
+    """``best: pape_interp`` (a ``study.variants`` label): its links held ``pape_interp - pape_interp`` (+0.0, never
+    resolved), so the claim could never be reproduced. It is against every other scheme, its own scheme included."""
+    accs = {("vit", s): [0.5, 0.6, 0.7] for s in ("pape", "pape_interp", "none")}
+    accs[("vit", "pape_interp")] = [0.8, 0.9, 1.0]
+    state = _state(accs, {"best": dict(title="interp best", best="pape_interp", eval="test")})
+    state["recipe"]["study"]["variants"] = {"pape_interp": {"trained_as": "pape", "score_with": ["pos.x=1"]}}
+    (claim,) = study.claims(state)
+    assert sorted(x["b"] for x in claim["links"]) == ["none", "pape"]
+    assert claim["verdict"] == "reproduced"
+
+
 def test_best_is_not_reproduced_while_a_competitor_failed(study):
     """``best: A`` is A against every other scheme of the study: a scheme whose runs all failed is one of them (its
     link has no seeds: not resolved), not left out so that A is declared best without it."""

@@ -166,7 +166,9 @@ def claims(state: dict) -> list[dict]:
                 # whose runs all failed too (a link without seeds: not resolved, never a scheme left out)
                 lost = {f["scheme"] for f in state.get("failed") or [] if f["arch"] == arch}
                 others = sorted(have | lost, key=lambda x: scheme_key(x, study.get("variants")))
-                pairs = [(c["best"], x) for x in others if scheme_key(x, study.get("variants"))[1] != c["best"]]
+                own = {c["best"]}  # (a variant named best: against its scheme too, never itself)
+                own |= {x for x in others if scheme_key(x, study.get("variants"))[1] == c["best"]}
+                pairs = [(c["best"], x) for x in others if x not in own]
                 if c["best"] not in have:
                     continue
             if not pairs:

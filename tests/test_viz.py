@@ -230,6 +230,32 @@ def test_rope_similarity_of_rope2d_mixed_uses_its_learned_frequencies():
         viz.rope_similarity(build("rel2d_full"))
 
 
+@pytest.mark.parametrize("block_size", [2, 4, "head"])
+def test_rope_similarity_of_liere_is_the_trace_of_its_rotations(block_size):
+    # tr(R_i^T R_j) / d from the generators in float64 (dense d x d matrix exponentials), folded by offset with
+    # loops; a single probe (every pair (1, 0), as before) was off by up to 0.54 with 4 x 4 blocks
+    d, g = 8, Grid(3, 4)
+    s = build("liere", grid=g, heads=2, head_dim=d, block_size=block_size, coords="index")
+    a = s.generators().detach().double()  # [heads, axes, d/b, b, b]
+    dense = torch.zeros(2, 2, d, d, dtype=torch.float64)
+    for m in range(a.shape[2]):
+        b = a.shape[-1]
+        dense[:, :, m * b : (m + 1) * b, m * b : (m + 1) * b] = a[:, :, m]
+    pos = [(r, c) for r in range(g.h) for c in range(g.w)]
+    rot = [torch.linalg.matrix_exp(r * dense[:, 0] + c * dense[:, 1]) for r, c in pos]  # [heads, d, d] per patch
+    sim = viz.rope_similarity(s)
+    for h in range(2):
+        for dh in range(-g.h + 1, g.h):
+            for dw in range(-g.w + 1, g.w):
+                vals = [
+                    float(torch.trace(rot[i][h].T @ rot[j][h])) / d
+                    for i in range(g.n)
+                    for j in range(g.n)
+                    if (pos[i][0] - pos[j][0], pos[i][1] - pos[j][1]) == (dh, dw)
+                ]
+                assert sim[h, dh + g.h - 1, dw + g.w - 1] == pytest.approx(sum(vals) / len(vals), abs=1e-5)
+
+
 @pytest.mark.parametrize("name", ["rope2d_axial", "rope2d_mixed", "spiral_rope"])
 def test_pictures_of_a_scheme_in_training_mode_show_its_evaluation_positions(name):
     # build_pos and load_model return schemes in training mode, where DINOv3's coordinate augmentation moves the

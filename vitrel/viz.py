@@ -21,8 +21,11 @@ query patch sees) as an ``H x W`` map, and :func:`offset_profile` folds a matrix
 has the same value, so the fold loses nothing). On a video grid ``(T, H, W)`` (tokens t-major) the same numbers are
 ``[heads, T, H, W]`` per query, drawn as each head's ``T`` frames side by side.
 
-**RoPE's similarity.** :func:`rope_similarity` is the cosine similarity of the rotated probes,
-``R_i u . R_j u / |u|^2 = (2/d) sum_t cos(theta_t(i) - theta_t(j))``, as a function of ``(dh, dw)``.
+**RoPE's similarity.** :func:`rope_similarity` is ``tr(R_i^T R_j) / d``, the cosine similarity of ``R_i u`` and
+``R_j u`` averaged over every direction ``u`` (the mean over an orthonormal basis), as a function of ``(dh, dw)``. For
+plane rotations (RoPE, ComRoPE, LieRE with 2 x 2 blocks) it is ``(2/d) sum_t cos(theta_t(i) - theta_t(j))``, for any
+rotation the same sum over the angles of ``R_i^T R_j``. (One probe ``u`` would show ``u . R_i^T R_j u / |u|^2``, which
+for blocks larger than 2 x 2, LieRE's, depends on ``u``.)
 
 **Shaw's tables.** :func:`content_tables` returns the learned key/value tables of a scheme with content terms
 (``r^K``, ``r^V``); :func:`plot_content_tables` draws 1-D tables ``[2K+1, d]`` as channel x offset images and 2-D
@@ -119,6 +122,10 @@ def _evaluated(scheme: PositionScheme) -> Iterator[None]:
         scheme.train(was_training)
 
 
+#: basis vectors rotated at once by :func:`rope_similarity` (bounds its memory on large grids)
+_BASIS_CHUNK = 16
+
+
 def _probe(heads: int, n: int, d: int, device: torch.device) -> Tensor:
     """``[1, heads, n, d]`` with every rotation pair ``(1, 0)``."""
     u = torch.zeros(1, heads, n, d, device=device)
@@ -213,21 +220,27 @@ def offset_profile(matrix: Tensor, grid: Any) -> Tensor:
 
 @torch.no_grad()
 def rope_similarity(scheme: PositionScheme, grid: Any = None) -> Tensor:
-    """``[heads, 2H-1, 2W-1]``: ``(2/d) sum_t cos(theta_t(i) - theta_t(j))`` as a function of ``(dh, dw)``.
+    """``[heads, 2H-1, 2W-1]``: ``tr(R_i^T R_j) / d`` as a function of ``(dh, dw)`` (module docstring).
 
-    The cosine similarity of the rotated probes of two patches at offset ``(dh, dw)`` on ``grid``
-    (default: the scheme's grid; a larger grid shows the offsets a model never saw in training).
+    For plane rotations ``(2/d) sum_t cos(theta_t(i) - theta_t(j))``: the cosine similarity of two patches' rotated
+    queries and keys at offset ``(dh, dw)``, averaged over the content directions, on ``grid`` (default: the scheme's
+    grid; a larger grid shows the offsets a model never saw in training). A scheme that is relative only
+    approximately (LieRE with blocks over 2) shows the mean over the pairs at each offset.
     """
     _check_scheme(scheme, "rope_similarity")
     if not scheme.has_rotation:
         raise ValueError(f"{scheme.name} does not rotate queries and keys; rope_similarity needs a rotary scheme")
     grid = _image_grid(as_grid(grid if grid is not None else scheme.grid), "rope_similarity")
-    d = scheme.head_dim
-    u = _probe(scheme.num_heads, grid.n, d, _device(scheme))
+    d, heads, device = scheme.head_dim, scheme.num_heads, _device(scheme)
+    sim = torch.zeros(heads, grid.n, grid.n, device=device)
     with _evaluated(scheme):
-        q, k = scheme.rotate(u, u.clone(), scheme.prepare(grid, 0, u.device, u.dtype))
-    sim = (q.float() @ k.float().transpose(-2, -1))[0] / (d / 2)
-    return offset_profile(sim.cpu(), grid)
+        st = scheme.prepare(grid, 0, device, torch.float32)
+        for first in range(0, d, _BASIS_CHUNK):  # the basis vectors e_b as a batch: sum_b R_i e_b . R_j e_b
+            u = torch.eye(d, device=device)[first : first + _BASIS_CHUNK, None, None, :]
+            u = u.expand(-1, heads, grid.n, d).contiguous()
+            q, k = scheme.rotate(u, u.clone(), st)
+            sim += (q.float() @ k.float().transpose(-2, -1)).sum(0)
+    return offset_profile(sim.cpu() / d, grid)
 
 
 def rope_freqs(scheme: PositionScheme) -> Tensor | None:

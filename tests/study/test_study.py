@@ -201,6 +201,27 @@ def test_another_recipe_is_refused(study, tmp_path):
     assert len(state["runs"]) == 1
 
 
+def test_claims_added_by_an_override_keep_the_finished_runs(study, tmp_path):
+    """An override that only reads the runs (``study.claims``, ``study.derived``) was compared with the recorded
+    overrides whole, so adding a claim on the command line was refused as another recipe. It now reads the finished
+    runs; an override that trains differently is still refused."""
+    base = ["--archs", "vit", "--cost-rounds", "0"]
+    run(study, tmp_path, "--max-runs", "1", *base)
+    claim = "++study.claims.mine={better: [rel2d_full, none], eval: again}"
+    state = run(study, tmp_path, "--max-runs", "0", *base, claim, "++study.derived.again=[res60,test]")
+    assert len(state["runs"]) == 1 and "mine" in state["recipe"]["study"]["claims"]
+    assert "mine" in (tmp_path / "study_smoke.md").read_text()
+    for bad, why in [
+        ("++study.claims.mine={better: [rel2d_full, none]}", "study.claims.mine needs eval: one of"),
+        ("++study.claims.mine={best: [rel2d_full], eval: test}", "study.claims.mine needs one of better"),
+        ("++study.derived.again=[res60,nowhere]", r"study.derived.again must be \[a, b\] of the accuracies"),
+    ]:
+        with pytest.raises(SystemExit, match=why):  # (a KeyError once every run was done)
+            run(study, tmp_path, "--max-runs", "0", *base, bad)
+    with pytest.raises(SystemExit, match=r"another recipe \(differs in: overrides, runs"):
+        run(study, tmp_path, "--max-runs", "0", *base, "trainer.max_epochs=2")
+
+
 def test_finished_runs_of_other_scheme_settings_are_refused(study, tmp_path):
     """conf/pos/rel2d_full.yaml's ``init_std`` changed between two goes of a study: the recipe leaves ``pos`` out
     (``NOT_RECIPE``) and only a variant's overrides were checked, so the second go was accepted and the scheme's row

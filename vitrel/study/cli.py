@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitrel.bench import machine_info, source_commit
 from vitrel.pos import get_pos_class, list_pos
-from vitrel.study.reading import atomic_write, claims, scheme_key, variant_parts, write_results
+from vitrel.study.reading import atomic_write, check_reading, claims, scheme_key, variant_parts, write_results
 from vitrel.study.runs import (
     BUDGETS,
     ROOT,
@@ -109,6 +109,7 @@ def select(args: argparse.Namespace, study: dict) -> tuple[list[str], list[str],
     if bad := [s for s in schemes if s not in known]:
         raise SystemExit(f"unknown scheme(s) {bad}; known: {', '.join(known)}")
     try:
+        check_reading(study)
         trained = {s: variant_parts(s, study.get("variants"))[0] for s in schemes}
     except ValueError as e:
         raise SystemExit(str(e)) from None
@@ -123,9 +124,17 @@ def select(args: argparse.Namespace, study: dict) -> tuple[list[str], list[str],
 READING = ("claims", "default_schemes", "variants", "derived")
 
 
+#: a command-line override of a ``READING`` key (``++study.claims.mine.better=[a,b]``, ``~study.derived``)
+_READING_OVERRIDE = re.compile(rf"^(\+\+|\+|~)?study\.({'|'.join(READING)})([.=]|$)")
+
+
 def _run_part(recipe: dict) -> dict:
-    """What the finished runs depend on: the recipe less ``READING`` (variants are checked per run)."""
-    return {**recipe, "study": {k: v for k, v in (recipe.get("study") or {}).items() if k not in READING}}
+    """What the finished runs depend on: the recipe less ``READING``, in its keys and its command's overrides
+    (variants are checked per run)."""
+    study = {k: v for k, v in (recipe.get("study") or {}).items() if k not in READING}
+    if "overrides" not in recipe:
+        return {**recipe, "study": study}
+    return {**recipe, "study": study, "overrides": [o for o in recipe["overrides"] if not _READING_OVERRIDE.match(o)]}
 
 
 def scheme_settings(recipe: dict, arch: str, label: str) -> dict:
@@ -391,7 +400,8 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     retried = len({_key(f) for f in state.get("failed", [])} & set(todo))
     if shard is not None:
         state_name, state["runs"], state["failed"] = f"{name}.shard{shard[0]}", [], []
-    work = out / f"{name}_work" / hashlib.sha256(json.dumps(rec, sort_keys=True).encode()).hexdigest()[:10]
+    trains = {**_run_part(rec), "variants": study.get("variants")}  # (not the reading: a claim added keeps the folder)
+    work = out / f"{name}_work" / hashlib.sha256(json.dumps(trains, sort_keys=True).encode()).hexdigest()[:10]
     common = [*args.overrides, f"trainer.accelerator={device.type}", f"progress_bar={args.progress}"]
     common += [f"data.root={args.data_root}"] * bool(args.data_root)
     common += ["trainer.precision=32-true"] * (device.type == "cpu")  # the recipes' bf16 is for GPUs

@@ -10,7 +10,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +102,26 @@ def with_derived(runs: list[dict], study: dict) -> list[dict]:
     return out
 
 
+def check_reading(study: dict) -> None:
+    """Refuse ``study.derived`` / ``study.claims`` entries the reading cannot read, before any run (``ValueError``,
+    naming the entry): a difference ``name: [a, b]`` of two accuracies (``study.evals``, ``ft_<eval>``), a claim
+    with an ``eval`` (an accuracy or a difference) and one of ``better: [A, B, ...]`` or ``best: A``."""
+    accs = [*study["evals"], *(f"ft_{e}" for e in study["evals"]), TEST_ON_OOD]  # (ft_: none without a fine-tune)
+    for name, pair in (study.get("derived") or {}).items():
+        if not isinstance(pair, Sequence) or isinstance(pair, str) or len(pair) != 2 or not set(pair) <= set(accs):
+            raise ValueError(f"study.derived.{name} must be [a, b] of the accuracies {accs}, got {pair!r}")
+    known = accs + list(study.get("derived") or {})
+    for cid, c in (study.get("claims") or {}).items():
+        where = f"study.claims.{cid}"
+        if not isinstance(c, Mapping) or c.get("eval") not in known:
+            got = c.get("eval") if isinstance(c, Mapping) else c
+            raise ValueError(f"{where} needs eval: one of {known} (the accuracy the claim reads), got {got!r}")
+        better, best = c.get("better"), c.get("best")
+        chain = isinstance(better, Sequence) and not isinstance(better, str) and len(better) >= 2
+        if (better is None) == (best is None) or (better is not None and not chain) or not isinstance(best or "", str):
+            raise ValueError(f"{where} needs one of better: [A, B, ...] (A > B > ...) or best: A, got {dict(c)}")
+
+
 def metric_key(study: dict, name: str) -> str:
     """The run key of an evaluation (``<name>_acc``) or of a derived difference (``<name>``)."""
     return name if name in (study.get("derived") or {}) else f"{name}_acc"
@@ -177,7 +197,7 @@ def claims(state: dict) -> list[dict]:
             for a, b in pairs:
                 d = paired_diff(_by_seed(runs, arch, a, m), _by_seed(runs, arch, b, m))
                 links.append(dict(a=a, b=b, mean=d["mean"], lo=d["lo"], hi=d["hi"], n=d["n"], verdict=verdict(d)))
-            out.append(dict(claim=cid, title=c["title"], arch=arch, eval=c["eval"], links=links,
+            out.append(dict(claim=cid, title=c.get("title", cid), arch=arch, eval=c["eval"], links=links,
                             verdict=chain_verdict([x["verdict"] for x in links])))  # fmt: skip
     return out
 

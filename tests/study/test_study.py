@@ -222,6 +222,29 @@ def test_claims_added_by_an_override_keep_the_finished_runs(study, tmp_path):
         run(study, tmp_path, "--max-runs", "0", *base, "trainer.max_epochs=2")
 
 
+def test_reread_writes_the_report_of_old_results_again(study, tmp_path, capsys):
+    """Results made under another recipe (an older vitrel's) could not be read by this one's reading without training
+    again. ``--reread`` writes the report from the results file's runs and recipe, trains nothing; it refuses
+    overrides and a missing file."""
+    run(study, tmp_path, "--max-runs", "1", "--archs", "vit", "--cost-rounds", "0")
+    path = tmp_path / "study_smoke.json"
+    data = json.loads(path.read_text())
+    data["recipe"]["runs"]["vit"]["trainer"]["max_epochs"] = 7  # (another recipe: a plain rerun refuses it)
+    data["recipe"]["study"]["claims"] = {"c": {"best": "none", "eval": "test"}}
+    data.pop("summary")
+    path.write_text(json.dumps(data))
+    (tmp_path / "study_smoke.md").unlink()
+    state = run(study, tmp_path, "--reread")
+    assert len(state["runs"]) == 1 and state["summary"][0]["test_acc_mean"] == data["runs"][0]["test_acc"]
+    assert state["commands"][-1].endswith("--reread") and "1 runs read again" in capsys.readouterr().out
+    assert json.loads(path.read_text())["summary"] == state["summary"] and (tmp_path / "study_smoke.md").exists()
+    assert state["recipe"]["runs"]["vit"]["trainer"]["max_epochs"] == 7
+    with pytest.raises(SystemExit, match="--reread reads .* it takes no overrides"):
+        run(study, tmp_path, "--reread", "trainer.max_epochs=2")
+    with pytest.raises(SystemExit, match="--reread: no results file"):
+        run(study, tmp_path, "--reread", "--name", "other")
+
+
 def test_finished_runs_of_other_scheme_settings_are_refused(study, tmp_path):
     """conf/pos/rel2d_full.yaml's ``init_std`` changed between two goes of a study: the recipe leaves ``pos`` out
     (``NOT_RECIPE``) and only a variant's overrides were checked, so the second go was accepted and the scheme's row

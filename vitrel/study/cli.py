@@ -92,6 +92,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="train nothing; time every model of the results file again (one alternation; after busy cores)",
     )
+    reread = "train nothing; write the report of the results file again with this vitrel (its own recipe, not checked)"
+    ap.add_argument("--reread", action="store_true", help=reread)
     ap.add_argument("--jobs", type=positive_int, default=1, help="runs at once, one process each (pack a GPU)")
     ap.add_argument("--shard", default=None, help=argparse.SUPPRESS)  # i/N: a --jobs worker's share
     ap.add_argument("--memory-fraction", type=float, default=None, help=argparse.SUPPRESS)  # a worker's GPU share
@@ -364,11 +366,32 @@ def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> 
         return _run(argv, prog)
 
 
+def _reread(out: Path, name: str, command: str, overrides: list[str]) -> dict:
+    """``--reread``: the report files of ``<out>/<name>.json`` written again from its runs and its recipe (the
+    reading of this vitrel: new columns, claims read again), nothing trained or timed."""
+    path = out / f"{name}.json"
+    if overrides:
+        raise SystemExit(f"--reread reads {path} with its own recipe; it takes no overrides ({' '.join(overrides)})")
+    if not path.exists():
+        raise SystemExit(f"--reread: no results file {path}")
+    state = json.loads(path.read_text())
+    try:
+        check_reading(state["recipe"]["study"])
+    except ValueError as e:
+        raise SystemExit(f"--reread: {path}: {e}") from None
+    state["commands"] = list(dict.fromkeys([*state.get("commands", []), command]))
+    write_results(state, out, name)
+    print(f"{name}: {len(state['runs'])} runs read again: {out}/{name}.*")
+    return state
+
+
 def _run(argv: list[str] | None, prog: str) -> dict:
     args, t_start = parse_args(argv), time.perf_counter()
     argv = sys.argv[1:] if argv is None else list(argv)
     getattr(sys.stdout, "reconfigure", lambda **_: None)(line_buffering=True)  # progress lines in logs at once
     name, out = args.name or f"study_{args.budget}", Path(args.out)
+    if args.reread:
+        return _reread(out, name, f"{prog} " + " ".join(argv), args.overrides)
     shard = tuple(int(v) for v in args.shard.split("/")) if args.shard else None
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)

@@ -12,9 +12,10 @@ number), with the scheme in eval mode (its mode restored after: the positions th
               = ( R_i u . R_j u + u . r^K_ij - u . u ) / sqrt(d) + bias_h[i, j]
 
 so a bias scheme shows exactly its bias ``b_h[i, j]``, RoPE its sum-of-cosines pattern
-``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)``, and Shaw its key term ``u . r^K_ij``. PaPE's term depends on
-the layer's input token: it is drawn for the zero token (curvature ``softplus(0)``, slope 0). Absolute schemes act on
-the tokens, not on the logits; for them the matrix is the cosine similarity of the patches' embeddings
+``sum_t (cos(theta_t(j) - theta_t(i)) - 1) / sqrt(d)`` (LieRE with blocks over 2 x 2: the term of this probe, which
+another probe changes; :func:`rope_similarity` averages over probes), and Shaw its key term ``u . r^K_ij``. PaPE's
+term depends on the layer's input token: it is drawn for the zero token (curvature ``softplus(0)``, slope 0). Absolute
+schemes act on the tokens, not on the logits; for them the matrix is the cosine similarity of the patches' embeddings
 ``e_i . e_j / (|e_i| |e_j|)`` (the usual ViT picture, one "head"). :func:`position_kernel` is one row of it (what one
 query patch sees) as an ``H x W`` map, and :func:`offset_profile` folds a matrix into a function of the offset
 ``(dh, dw)`` with ``dh = row_i - row_j``, ``dw = col_i - col_j`` (for a relative scheme every pair with the same offset

@@ -16,7 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked, wandb_contents
+from tests.train_helpers import EVAL_PICTURES_OFF, FAST, TINY_VIT, compose, run_script_forked, wandb_contents
 from vitrel.train.hydra_callbacks import SweepSummary
 from vitrel.train.run import train
 from vitrel.train.sweep_plot import plot_rows
@@ -135,6 +135,46 @@ def test_a_sweep_run_again_with_other_lists_refuses_the_folder_of_another_job(tm
     assert [(x["status"], x["test/acc1"]) for x in rows] == [("failed (ConfigError)", "")], rows
     kept = json.loads((sweep / "0" / "metrics.previous.json").read_text())
     assert kept["metrics"]["test/acc1"] == first["metrics"]["test/acc1"] and kept["overrides"] == first["overrides"]
+
+
+def test_an_eval_sweep_summarises_each_jobs_scores(tmp_path):
+    """``python eval.py -m ckpt_path=<run> data.img_size=28,36 split=test,val`` (a resolution-transfer sweep): its
+    table read the training record ``metrics.json``, which eval.py does not write, and showed every finished job as
+    ``failed (no metrics.json)``, with training's columns. Each job's row now holds its ``eval_metrics.json``: its
+    split's scores, the images scored, finished."""
+    train(compose(tmp_path / "run", [*TINY, "logger=none"]))
+    sweep = tmp_path / "sweep"
+    args = ["-m", f"ckpt_path={tmp_path / 'run'}", "data.img_size=28,36", "split=test,val", *EVAL_PICTURES_OFF]
+    args += ["data.num_workers=0", "trainer.accelerator=cpu", "progress_bar=none", "trainer.limit_test_batches=1"]
+    r = run_script_forked("eval.py", [*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [x["status"] for x in rows] == ["finished"] * 4, rows
+    for job, row in enumerate(rows):
+        record = json.loads((sweep / str(job) / "eval_metrics.json").read_text())
+        split = record["split"]
+        assert row["overrides"] == f"data.img_size={record['img_size']} split={split}", row
+        assert float(row[f"{split}/acc1"]) == pytest.approx(record["metrics"][f"{split}/acc1"])
+        assert row[f"{split}/loss"] != "" and row[f"{'val' if split == 'test' else 'test'}/acc1"] == "", row
+        assert (row["images"], row["split_images"]) == (str(record["num_images"]), str(record["split_images"]))
+    out = r.stdout[r.stdout.index("Sweep summary (4 jobs") :]
+    assert "no metrics.json" not in out and "epochs" not in out and "64/2000" in out and "64/1000" in out, out
+
+
+def test_a_predict_sweep_writes_each_jobs_predictions_and_no_score_table(tmp_path):
+    """``python predict.py -m ... topk=1,2``: predictions have no scores to tabulate, yet the training sweep's table
+    was printed and saved with every job ``failed (no metrics.json)``. Each job writes its predictions; no table."""
+    from PIL import Image
+
+    train(compose(tmp_path / "run", [*TINY, "logger=none"]))
+    (tmp_path / "images").mkdir()
+    Image.new("L", (28, 28), 128).save(tmp_path / "images" / "grey.png")
+    sweep = tmp_path / "sweep"
+    args = ["-m", f"ckpt_path={tmp_path / 'run'}", f"input={tmp_path / 'images'}", "topk=1,2", "progress_bar=none"]
+    r = run_script_forked("predict.py", [*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    assert [len(next(csv.reader((sweep / j / "predictions.csv").open()))) for j in "01"] == [4, 7]
+    assert "Sweep summary" not in r.stdout and not (sweep / "summary.csv").exists(), r.stdout[-2000:]
 
 
 # ---------------------------------------------------------------------------------------- summary.png, fabricated jobs

@@ -81,6 +81,7 @@ from vitrel.train.utils import (
     route_lightning_logs,
     run_dir_of,
     scalars,
+    task_overrides,
 )
 
 __all__ = ["evaluate"]
@@ -395,6 +396,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "unreadable": left_out,  # left out (data.on_bad_sample=skip), each named in the test's log line
         "gflops": eval_gflops(model, dm) if trainer.is_global_zero else None,  # one sample at the size scored
         "wall_s": round(time.time() - t0, 2),
+        "status": "finished",  # (as metrics.json's: the sweep summary's row, eval.py -m)
+        "overrides": task_overrides(),  # the command line's, as metrics.json's (tells an earlier sweep's record)
     }
     if trainer.is_global_zero:
         out = run_dir_of(cfg)

@@ -1,7 +1,8 @@
 """Hydra callbacks: the run folder taken before Hydra writes there (``python train.py``), and the summary table
 printed at the end of a sweep (``python train.py -m ...``).
 
-Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.run.train``);
+Each job of a sweep writes ``<sweep dir>/<job>/metrics.json`` (``vitrel.train.run.train``; ``eval.py -m``:
+``eval_metrics.json``, conf/eval.yaml's ``record``);
 :class:`SweepSummary` reads them all when the sweep ends (in the launching process, whatever the
 launcher), prints one row per job and writes ``summary.csv`` / ``summary.md`` into the sweep folder (with a ``seed=``
 sweep, each setting's mean ± standard deviation over its seeds, also ``summary_seeds.csv``), and draws them as
@@ -35,9 +36,10 @@ from omegaconf import DictConfig
 from vitrel.train.sweep_files import ERROR, PLANNED, STOPPED, SWEEP_ID, read_note, stopped_jobs, sweep_folder
 from vitrel.train.sweep_rerun import set_aside_earlier_run
 from vitrel.train.sweep_table import (
-    ABOUT,
     INTERRUPTED,
     NOT_RUN,
+    about,
+    csv_fields,
     csv_text,
     distance_groups,
     format_means,
@@ -53,10 +55,18 @@ log = logging.getLogger(__name__)
 
 class SweepSummary(Callback):
     """Print (and save) a table of every job's final metrics when a multirun ends; with a ``seed=`` sweep, a second
-    table of each setting's mean ± standard deviation over its seeds."""
+    table of each setting's mean ± standard deviation over its seeds. ``record``: the file each job writes,
+    train.py's ``metrics.json`` or eval.py's ``eval_metrics.json`` (whose table shows the ``metrics`` some job
+    scored: a job scores one split)."""
 
-    def __init__(self, metrics: Sequence[str] = ("test/acc1", "test/acc5", "test/loss", "val/acc1")) -> None:
-        self.metrics = list(metrics)
+    def __init__(
+        self,
+        metrics: Sequence[str] = ("test/acc1", "test/acc5", "test/loss", "val/acc1"),
+        record: str = "metrics.json",
+    ) -> None:
+        if record not in ("metrics.json", "eval_metrics.json"):
+            raise ValueError(f"hydra.callbacks.sweep_summary.record: metrics.json or eval_metrics.json, got {record!r}")
+        self.metrics, self.record = list(metrics), record
         self._unended: Path | None = None  # the sweep folder from the sweep's start to its end
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
@@ -92,7 +102,7 @@ class SweepSummary(Callback):
         sweep_id = read_note(sweep_folder(config.hydra) / SWEEP_ID)
         if sweep_id is not None:
             (job_dir / SWEEP_ID).write_text(sweep_id + "\n")
-        set_aside_earlier_run(job_dir)
+        set_aside_earlier_run(job_dir, self.record)
 
     def on_job_end(self, config: DictConfig, job_return: Any = None, **kwargs: Any) -> None:
         """The summary so far, written as each job of a sweep ends: Hydra's sweeper raises when a job has failed
@@ -124,11 +134,12 @@ class SweepSummary(Callback):
         if sweep_dir is None:
             return
         try:
-            for job in stopped_jobs(sweep_dir):  # Ctrl-C, SIGTERM: no on_job_end
+            for job in stopped_jobs(sweep_dir, self.record):  # Ctrl-C, SIGTERM: no on_job_end
                 ckpt = job / "checkpoints" / "last.ckpt"
                 kept = f"{ckpt.relative_to(job)} kept" if ckpt.exists() else "no last.ckpt"
-                (job / STOPPED).write_text(f"the sweep stopped while the job ran (Ctrl-C, SIGTERM, exit); {kept}\n")
-            if summary_rows(sweep_dir, self.metrics) is None:  # (Hydra refused an override before the first job)
+                kept = f"; {kept}" if self.record == "metrics.json" else ""  # (eval.py writes no checkpoint)
+                (job / STOPPED).write_text(f"the sweep stopped while the job ran (Ctrl-C, SIGTERM, exit){kept}\n")
+            if summary_rows(sweep_dir, self.metrics, self.record) is None:  # (Hydra refused an override at once)
                 print("\nThe sweep stopped before any job ran (its error is above): no table", flush=True)
                 return
             print("\nThe sweep stopped before its end (a failed job or an interruption): its jobs so far", flush=True)
@@ -143,15 +154,18 @@ class SweepSummary(Callback):
         (:func:`~vitrel.train.sweepers.optuna_best`)."""
         if not sweep_dir.exists():
             return
-        summary = summary_rows(sweep_dir, self.metrics)
+        summary = summary_rows(sweep_dir, self.metrics, self.record)
         if summary is None:
             return
         rows, means, common, earlier = summary
+        metrics = self.metrics
+        if self.record != "metrics.json":  # (eval.py: each job scores one split, test/* or val/*)
+            metrics = [m for m in metrics if any(r.get(m) is not None for r in rows)] or metrics
         head = f"Sweep summary ({len(rows)} jobs, {sweep_dir})" + (f"; all jobs: {' '.join(common)}" if common else "")
-        head += f"\n{ABOUT}"
+        head += f"\n{about(self.record)}"
         if earlier:
             head += f"\njob folders {', '.join(earlier)}: of an earlier sweep in this folder, left out"
-        text = f"{head}\n\n{format_table(rows, self.metrics)}\n"
+        text = f"{head}\n\n{format_table(rows, metrics, self.record)}\n"
         for what in ("failed", INTERRUPTED):
             said = [f"job {r['job']} {r['overrides']}: {r['error']}" for r in rows if r.get("error")
                     and r["status"].startswith(what)]  # fmt: skip
@@ -162,21 +176,20 @@ class SweepSummary(Callback):
                      "weights, optimizer and rates: the row's figures are of that run's settings\n"
                      + "\n".join(said) + "\n")  # fmt: skip
         if means:
-            text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, self.metrics)}\n"
+            text += f"\nmean ± standard deviation over seeds (finished jobs):\n\n{format_means(means, metrics)}\n"
         best = optuna_best(config, sweep_dir, rows, common) if config is not None else None
         if best:
             text += f"\n{best}\n"
         if show:
             left = [r["job"] for r in rows if r["status"] in (INTERRUPTED, NOT_RUN)]
+            how = ("an interrupted job resumes from its last.ckpt, a finished one only tests again and keeps its row"
+                   if self.record == "metrics.json" else "every job scores its checkpoint again")  # fmt: skip
             if left and stopped:
                 text += (f"\njobs {', '.join(left)} not finished: run the same command again with "
-                         f"hydra.sweep.dir={sweep_dir} to finish them (an interrupted job resumes from its last.ckpt, "
-                         "a finished one only tests again and keeps its row)\n")  # fmt: skip
+                         f"hydra.sweep.dir={sweep_dir} to finish them ({how})\n")  # fmt: skip
             print(f"\n{text}", flush=True)
-        fields = ["job", "overrides", *self.metrics, "params", "gflops", "epochs", "val_runs", "wall_s", "test_images"]
-        fields.append("test_split_images")
-        files = {"summary.md": text, "summary.csv": csv_text([*fields, "status", "error", "trained_with"], rows)}
-        mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in self.metrics for s in ("mean", "std"))]
+        files = {"summary.md": text, "summary.csv": csv_text(csv_fields(metrics, self.record), rows)}
+        mfields = ["overrides", "n", "jobs", *(f"{m} {s}" for m in metrics for s in ("mean", "std"))]
         mfields.append("trained_with")  # (the marked rows': their figures of a resumed run of other settings)
         files["summary_seeds.csv"] = csv_text(mfields, means) if means else None
         for name, content in files.items():

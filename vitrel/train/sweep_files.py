@@ -80,8 +80,8 @@ def _planned(sweep_dir: Path, sweep_id: str | None) -> list[list[str]] | None:
     return data["jobs"] if isinstance(data, dict) and data.get("sweep_id") == sweep_id else None
 
 
-def stopped_jobs(sweep_dir: Path) -> list[Path]:
-    """The job folders this sweep started (its ``.sweep_id``) that neither ended (no ``metrics.json``, no error) nor
+def stopped_jobs(sweep_dir: Path, record: str = "metrics.json") -> list[Path]:
+    """The job folders this sweep started (its ``.sweep_id``) that neither ended (no ``record``, no error) nor
     still run: no run lock, or that of a process gone or of this one. Hydra's basic launcher runs the jobs in this
     process; joblib's and submitit's in others, whose job ends without a word when a signal stops it (Lightning
     leaves through ``SystemExit``, which Hydra does not catch) or the launcher kills it. A job whose lock is of a live
@@ -92,7 +92,7 @@ def stopped_jobs(sweep_dir: Path) -> list[Path]:
     for job in sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=job_order):
         if sweep_id is None or read_note(job / SWEEP_ID) != sweep_id:
             continue
-        if any((job / name).exists() for name in ("metrics.json", ERROR, STOPPED)):
+        if any((job / name).exists() for name in (record, ERROR, STOPPED)):
             continue
         owner = RunLock(job).read()
         alive = owner.alive() if owner is not None else False

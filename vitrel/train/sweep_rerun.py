@@ -18,12 +18,14 @@ from vitrel.train.utils import override_key
 __all__ = ["finished_record", "mark_other_settings", "set_aside_earlier_run", "trained_with"]
 
 
-def set_aside_earlier_run(job_dir: Path) -> None:
-    """Make ``job_dir`` ready for a sweep job: an earlier run's ``metrics.json`` there is moved aside to
-    ``metrics.previous.json`` (its settings noted: :func:`_record_trained_with`), its error and what stopped it
-    removed, so that a job that fails now shows as failed, not with the earlier run's metrics."""
-    if (job_dir / "metrics.json").exists():
-        os.replace(job_dir / "metrics.json", job_dir / PREVIOUS)
+def set_aside_earlier_run(job_dir: Path, record: str = "metrics.json") -> None:
+    """Make ``job_dir`` ready for a sweep job: an earlier run's ``record`` there (``metrics.json``; eval.py's
+    ``eval_metrics.json``) is moved aside to ``metrics.previous.json`` (``eval_metrics.previous.json``; its settings
+    noted: :func:`_record_trained_with`), its error and what stopped it removed, so that a job that fails now shows
+    as failed, not with the earlier run's metrics."""
+    if (job_dir / record).exists():
+        previous = PREVIOUS if record == "metrics.json" else f"{Path(record).stem}.previous.json"
+        os.replace(job_dir / record, job_dir / previous)
     _record_trained_with(job_dir)
     (job_dir / ERROR).unlink(missing_ok=True)
     (job_dir / STOPPED).unlink(missing_ok=True)

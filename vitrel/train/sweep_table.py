@@ -21,10 +21,13 @@ from vitrel.train.sweepers import is_seed
 
 __all__ = [
     "ABOUT",
+    "EVAL_ABOUT",
     "INTERRUPTED",
     "NOT_RUN",
     "NO_VAL",
+    "about",
     "collect_sweep",
+    "csv_fields",
     "csv_text",
     "distance_groups",
     "format_means",
@@ -46,10 +49,37 @@ ABOUT = (
     "val/*: the last validation (the test split when data.val_fraction=0; 'no validation ran': the job ended before "
     "its first, e.g. trainer.max_steps within the first epoch); accuracies as fractions"
 )
+#: the heading of an ``eval.py -m`` sweep's summary (each job's ``eval_metrics.json``)
+EVAL_ABOUT = (
+    "test/*, val/*: the checkpoint's scores on the split the job scored (split=), at its data.img_size (images: "
+    "scored / split size); gflops: its forward on one image at the size scored, 10^9 FLOPs (2 per multiply-add); "
+    "accuracies as fractions"
+)
+#: the columns after the metrics, of a training sweep (``metrics.json``) and of an ``eval.py`` one
+_TRAIN_COLUMNS, _EVAL_COLUMNS = ("params", "gflops", "epochs", "wall_s", "test_images"), ("gflops", "wall_s", "images")
 
 
-def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[str, Any]]:
-    """One row per job folder of ``sweep_dir`` (those with a ``.hydra`` folder or a ``metrics.json``).
+def _is_train(record: str) -> bool:
+    return record == "metrics.json"
+
+
+def about(record: str = "metrics.json") -> str:
+    """What a summary's columns are, for the jobs' ``record``: :data:`ABOUT` (train.py), :data:`EVAL_ABOUT`."""
+    return ABOUT if _is_train(record) else EVAL_ABOUT
+
+
+def csv_fields(metrics: Sequence[str], record: str = "metrics.json") -> list[str]:
+    """The columns of ``summary.csv`` for the jobs' ``record``."""
+    if _is_train(record):
+        fields = ["job", "overrides", *metrics, "params", "gflops", "epochs", "val_runs", "wall_s", "test_images"]
+        return [*fields, "test_split_images", "status", "error", "trained_with"]
+    return ["job", "overrides", *metrics, "gflops", "wall_s", "images", "split_images", "status", "error"]
+
+
+def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str], record: str = "metrics.json") -> list[dict[str, Any]]:
+    """One row per job folder of ``sweep_dir`` (those with a ``.hydra`` folder or a ``metrics.json``; ``record``:
+    the file each job writes, ``eval_metrics.json`` for ``eval.py -m``, whose rows hold ``images`` and
+    ``split_images``, the images it scored of its split's).
 
     A job folder whose ``.sweep_id`` is not the sweep folder's (:class:`~vitrel.train.hydra_callbacks.SweepSummary`
     writes them as the sweep and each job start) is of an earlier sweep in the same folder, not yet run again by this
@@ -63,7 +93,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
     sweep_id = read_note(sweep_dir / SWEEP_ID)
     rows = []
     for d in sorted((p for p in sweep_dir.iterdir() if p.is_dir()), key=job_order):
-        mfile, ofile = d / "metrics.json", d / ".hydra" / "overrides.yaml"
+        mfile, ofile = d / record, d / ".hydra" / "overrides.yaml"
         if not mfile.exists() and not (d / ".hydra").exists():
             continue
         row: dict[str, Any] = {"job": d.name, "earlier": sweep_id is not None and read_note(d / SWEEP_ID) != sweep_id}
@@ -77,30 +107,33 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str]) -> list[dict[st
             row["status"] = data.get("status", "?")
             for m in metrics:
                 row[m] = data.get("metrics", {}).get(m)
-            row["params"], row["gflops"] = data.get("params"), data.get("gflops")
-            row["epochs"], row["val_runs"] = data.get("epochs"), data.get("val_runs")
-            row["wall_s"] = data.get("wall_s")
-            row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
-            row["trained_with"] = trained_with(d, data, row["overrides"])
+            row["gflops"], row["wall_s"] = data.get("gflops"), data.get("wall_s")
+            if not _is_train(record):  # (eval.py's record: the images of its split= it scored)
+                row["images"], row["split_images"] = data.get("num_images"), data.get("split_images")
+            else:
+                row["params"], row["epochs"] = data.get("params"), data.get("epochs")
+                row["val_runs"] = data.get("val_runs")
+                row["test_images"], row["test_split_images"] = data.get("test_images"), data.get("test_split_images")
+                row["trained_with"] = trained_with(d, data, row["overrides"])
         if error:
             row["status"], row["error"] = f"failed ({error.split(':', 1)[0]})", error
         elif data is None and (d / STOPPED).exists():
             row["status"], row["error"] = INTERRUPTED, read_note(d / STOPPED)
         elif data is None:
-            row["status"], row["error"] = "failed (no metrics.json)", error
+            row["status"], row["error"] = f"failed (no {record})", error
         rows.append(row)
     return rows
 
 
 def summary_rows(
-    sweep_dir: Path, metrics: Sequence[str]
+    sweep_dir: Path, metrics: Sequence[str], record: str = "metrics.json"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str], list[str]] | None:
     """The summary of ``sweep_dir``'s jobs: the rows of this sweep's jobs (:func:`collect_sweep`, each ``overrides``
     the string of those not shared), the :func:`seed_means` rows, the shared overrides and the job folders of an
     earlier sweep (left out); None when no job of this sweep has a folder. The rows and means also hold the
     accuracies the picture shows (:data:`~vitrel.train.sweep_plot.ACCURACY`) when ``metrics`` does not name them."""
     wanted = [*metrics, *(m for m in ACCURACY if m not in metrics)]
-    rows = collect_sweep(sweep_dir, wanted)
+    rows = collect_sweep(sweep_dir, wanted, record)
     earlier = [r["job"] for r in rows if r["earlier"]]
     rows = [r for r in rows if not r["earlier"]]
     if not rows:
@@ -187,8 +220,7 @@ def _fixed_width(cols: Sequence[str], table: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def _test_images(r: dict[str, Any]) -> Any:
-    n, of = r.get("test_images"), r.get("test_split_images")
+def _scored_of(n: Any, of: Any) -> Any:
     return f"{n}/{of}" if n is not None and of is not None and n != of else (of if of is not None else n)
 
 
@@ -196,10 +228,12 @@ def _test_images(r: dict[str, Any]) -> Any:
 NO_VAL = "no validation ran"
 
 
-def format_table(rows: list[dict[str, Any]], metrics: Sequence[str]) -> str:
-    """Plain fixed-width table (readable in any log)."""
-    cols = ["job", "overrides", *metrics, "params", "gflops", "epochs", "wall_s", "test_images", "status"]
-    shown = [dict(r, test_images=_test_images(r)) for r in rows]
+def format_table(rows: list[dict[str, Any]], metrics: Sequence[str], record: str = "metrics.json") -> str:
+    """Plain fixed-width table (readable in any log), of the jobs' ``record``'s columns."""
+    cols = ["job", "overrides", *metrics, *(_TRAIN_COLUMNS if _is_train(record) else _EVAL_COLUMNS), "status"]
+    shown = [dict(r, test_images=_scored_of(r.get("test_images"), r.get("test_split_images"))) for r in rows]
+    for r in shown:
+        r["images"] = _scored_of(r.get("images"), r.get("split_images"))
     for r in shown:  # (a job that resumed a run of other settings: its figures are that run's, said below the table)
         r["status"] = f"{r['status']}{mark_other_settings(r)}"
     for r in shown:  # (an empty val/* cell of a job that ran no validation: said, not left blank)

@@ -318,3 +318,29 @@ def test_a_key_typo_ends_with_the_nearest_key(tmp_path):
     last = r.stderr.strip().splitlines()[-1]
     assert last == "train.py: trainer.max_epoch=1: trainer has no max_epoch; did you mean trainer.max_epochs?", last
     assert not (tmp_path / "r").exists()
+
+
+def test_an_experiment_chosen_with_plus_ends_with_the_override_that_runs(tmp_path):
+    """``+experiment=fmnist_quick`` (Hydra's docs choose experiments so): train.yaml already holds ``experiment:
+    null``, and Hydra's refusal advised ``override experiment: fmnist_quick``, a defaults-list line, not a command. It
+    ends with the override that runs; other groups the defaults hold (eval.py's ``data``) are told the same, a missing
+    option is :func:`group_option_hint`'s, and a group the defaults lack is no business of the hint."""
+    from tests.train_helpers import run_script_forked
+
+    r = run_script_forked("train.py", ["+experiment=fmnist_quick", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
+    assert r.returncode == 1 and "Multiple values for experiment" in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (
+        "train.py: +experiment=fmnist_quick: train.yaml's defaults already hold experiment (none chosen); choose it "
+        "without the +: experiment=fmnist_quick"
+    ), r.stderr[-2000:]
+    assert not (tmp_path / "r").exists()  # refused before the run
+    from vitrel.train.cli import added_group_hint
+
+    assert added_group_hint(["-m", "+pos=rope2d_mixed,alibi2d", "seed=0,1"]) == (
+        "+pos=rope2d_mixed,alibi2d: train.yaml's defaults already hold pos (rel2d_factored); choose it without the +: "
+        "pos=rope2d_mixed,alibi2d"
+    )
+    assert added_group_hint(["+data=cifar10", "ckpt_path=x"], "eval").endswith("choose it without the +: data=cifar10")
+    assert added_group_hint(["+experiment=fmnist_qick", "experiment=fmnist_quick", "pos=rope2d_mixed"]) is None
+    assert added_group_hint(["++experiment=fmnist_quick", "+pos.scaling=x", "+model.depth=2"]) is None

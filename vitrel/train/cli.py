@@ -3,7 +3,8 @@
 scheme registered outside the package); and
 :func:`with_override_hints`, which adds to Hydra's refusal of an override what to set instead: the position scheme's
 options for an unknown ``pos.<key>=``, the new key for one of vitrel 0.1's (``optim.lr=``), the nearest option of a
-config group for one it lacks (``pos=rel2d_ful``)."""
+config group for one it lacks (``pos=rel2d_ful``), the override without ``+`` of a group the defaults already hold
+(``+experiment=fmnist_quick``)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ __all__ = [
     "pos_option_hint",
     "moved_key_hint",
     "group_option_hint",
+    "added_group_hint",
     "with_override_hints",
 ]
 
@@ -173,16 +175,60 @@ def group_option_hint(args: Sequence[str], conf: str | Path | None = None) -> st
     return "\n".join(lines) or None
 
 
+def added_group_hint(args: Sequence[str], config_name: str = "train", conf: str | Path | None = None) -> str | None:
+    """The override without ``+`` for each ``+<group>=<option>`` (``+experiment=fmnist_quick``, Hydra's docs' way of
+    choosing an experiment) of a group the config's defaults list already holds (``conf/train.yaml``'s ``experiment:
+    null``), which Hydra refuses with advice for a defaults list, not for the command line ("Multiple values for
+    experiment. To override a value use 'override experiment: fmnist_quick'"). None when ``args`` add no such group of
+    options it has (a missing one is :func:`group_option_hint`'s) or the rest of them does not compose (another
+    error: Hydra's message stands alone)."""
+    root = Path(conf or conf_dir())
+    added = {}
+    for a in args:
+        m = re.fullmatch(r"\+([A-Za-z_][\w/]*)=([\w.,-]+)", a)  # (not ++: Hydra refuses to force-add a group itself)
+        if not m or m.group(1).startswith("hydra") or not (root / m.group(1)).is_dir():
+            continue
+        if all((root / m.group(1) / f"{o}.yaml").is_file() for o in m.group(2).split(",")):
+            added[a] = m.group(1)
+    if not added:
+        return None
+    try:
+        from hydra import compose, initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+
+        import vitrel.config  # noqa: F401  (the schemas conf/ names)
+
+        rest = []  # the groups the defaults hold follow the groups chosen (an experiment's); a sweep's first option
+        for a in args:
+            m = re.fullmatch(r"([A-Za-z_][\w/]*)=([\w.,-]+)", a)
+            if m and (root / m.group(1)).is_dir():
+                rest.append(a.split(",")[0])
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(str(root), version_base="1.3"):
+            choices = compose(config_name, overrides=rest, return_hydra_config=True).hydra.runtime.choices
+    except Exception:  # noqa: BLE001  (no hint: Hydra's own error is the answer)
+        return None
+    lines = []
+    for a, group in added.items():
+        if group in choices:
+            now = choices[group] if choices[group] is not None else "none chosen"
+            lines.append(f"{a}: {config_name}.yaml's defaults already hold {group} ({now}); choose it without the +: "
+                         f"{a[1:]}")  # fmt: skip
+    return "\n".join(lines) or None
+
+
 def with_override_hints(main: Callable[[], Any], script: str, config_name: str = "train") -> Any:
     """``main()`` (a ``hydra.main`` function); when Hydra exits with an error, what to set instead after it, one
-    ``<script>: <hint>`` line each: :func:`moved_key_hint`, :func:`pos_option_hint`, :func:`group_option_hint` and
-    :func:`key_typo_hint` of the command line. Hydra's strictness stays: the run is refused as before."""
+    ``<script>: <hint>`` line each: :func:`moved_key_hint`, :func:`pos_option_hint`, :func:`group_option_hint`,
+    :func:`added_group_hint` and :func:`key_typo_hint` of the command line. Hydra's strictness stays: the run is
+    refused as before."""
     try:
         return main()
     except SystemExit as e:
         if e.code == 1:
             args = sys.argv[1:]
             hints = [moved_key_hint(args), pos_option_hint(args, config_name), group_option_hint(args)]
+            hints.append(added_group_hint(args, config_name))
             hints.append(key_typo_hint(args, config_name))
             hints = [h for h in hints if h]
             if hints:

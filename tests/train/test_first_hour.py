@@ -171,6 +171,25 @@ def test_eval_names_the_file_it_wrote(rope_run, tmp_path, capsys):
     assert (out / "eval_metrics.json").is_file()
 
 
+def test_eval_split_val_where_val_is_the_test_split_says_so(tmp_path, capsys):
+    """``train.py data.val_fraction=0`` validates on the test split; ``eval.py split=val`` of that run scored the test
+    split as ``val/acc1`` and said ``fashion_mnist val (... of its 2000 images)``: a "validation" score that was the
+    test score. The line and ``eval_metrics.json`` now say the val split scored is the test split."""
+    from vitrel.train.evaluate import evaluate
+
+    run = tmp_path / "run"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT, "data.val_fraction=0"]))
+    out = tmp_path / "eval"
+    over = [f"ckpt_path={run}", *FAST[:1], *FAST[2:4], "trainer.limit_test_batches=1", "split=val"]
+    evaluate(compose(out, over, "eval"))
+    line = capsys.readouterr().out.strip().splitlines()[-2]
+    assert " on fashion_mnist val (the test split: the run's data.val_fraction=0; 64 of its 2000 images" in line, line
+    assert json.loads((out / "eval_metrics.json").read_text())["val_is_test"] is True
+    evaluate(compose(tmp_path / "eval2", [*over[:-1], "split=test"], "eval"))  # (a test split is just that)
+    assert "val_fraction" not in capsys.readouterr().out.strip().splitlines()[-2]
+    assert json.loads((tmp_path / "eval2" / "eval_metrics.json").read_text())["val_is_test"] is False
+
+
 def _class_folders(root, classes=3, per_class=4):
     """An ImageNet-layout tree (``train/<wnid>/``, ``val/<wnid>/``) of small random RGB JPEGs."""
     import numpy as np

@@ -379,6 +379,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "ckpt_path": str(ckpt),
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "split": split,
+        # split=val of data whose val is its test split (data.val_fraction=0: the run validated on test): the test split
+        "val_is_test": split == "val" and not data_val_fraction(cfg.data),
         "img_size": dm.img_size,
         "img_size_from": "checkpoint" if "img_size" in taken else "data",  # data.img_size null: the trained size
         "data_from_run": taken,  # the data settings taken from the checkpoint or its run (not on the command line)
@@ -417,6 +419,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         noun = "videos" if is_video_data(dm) else "images"
         part = f"{n} of its {total} {noun}{tested['classes_note']}: trainer.limit_test_batches"
         images = f"{n} {noun}" if total is None or n == total else part
+        if result["val_is_test"]:  # (val/* here are test scores: say so, as train.py's data line does)
+            whose = "the run's" if "val_fraction" in taken else "its"
+            images = f"the test split: {whose} data.val_fraction=0; {images}"
         images += f", {len(left_out)} unreadable files left out" if left_out else ""
         over = f", model_overrides {json.dumps(given)}" if given else ""
         print(f"{ckpt.name} on {result['data']} {split} ({images}) {where}{over}: {shown}", flush=True)

@@ -307,3 +307,32 @@ def test_timm_file_route_takes_the_weights_load_model_takes(ema_eval, tmp_path):
     with torch.no_grad():
         assert torch.equal(via_timm(x), ref(x))
         assert torch.equal(ref(x), net(x)) is (not ema_eval)  # (the EMA copy's weights are not the live ones)
+
+
+@pytest.mark.parametrize("ema_eval", [True, False])
+def test_timm_file_route_loads_the_weights_a_train_py_run_with_ema_scored(ema_eval, tmp_path):
+    """``pretrained_cfg_overlay=dict(file=<train.py .ckpt>)`` of a run with ``module/ema=default``, whole and
+    ``features_only``: the weights ``vitrel.load_model`` loads. train.py also stores the EMA copy as
+    ``state_dict_ema``, which timm's ``load_state_dict`` hands the route instead of the Lightning state dict: the route
+    failed ("holds no EMA weights"), and with ``module.ema_eval=false`` would have loaded that copy, not the live
+    weights the run scored."""
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.train.run import train
+
+    run = [*TINY_VIT, *FAST, "trainer.max_steps=3", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1"]
+    run += ["logger=none", "test=false", "module/ema=default", "module.ema.decay=0.5", f"module.ema_eval={ema_eval}"]
+    train(compose(tmp_path, run))
+    path = str(tmp_path / "checkpoints" / "last.ckpt")
+    assert "state_dict_ema" in torch.load(path, weights_only=True, mmap=True)
+    ref = vitrel.load_model(path).eval()
+    name = ref.vitrel_cfg["architecture"]
+    via_timm = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path)).eval()
+    features = timm.create_model(
+        name, pretrained=True, pretrained_cfg_overlay=dict(file=path), features_only=True, out_indices=(-1,)
+    ).eval()
+    live = vitrel.load_model(path, use_ema=False).eval()
+    x = torch.randn(2, *ref.pretrained_cfg["input_size"])
+    with torch.no_grad():
+        assert torch.equal(via_timm(x), ref(x))
+        assert torch.equal(features(x)[-1], ref.forward_intermediates(x, indices=1, intermediates_only=True)[-1])
+        assert torch.equal(ref(x), live(x)) is (not ema_eval)  # (the EMA copy's weights are not the live ones)

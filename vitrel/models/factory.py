@@ -35,7 +35,6 @@ from vitrel.models.checkpoint import (
     scheme_name,
     stored_config,
 )
-from vitrel.models.ckpt_files import ema_state_dict
 from vitrel.models.data_config import (
     TIMM_CFG_FIELDS,
     data_fields,
@@ -58,9 +57,16 @@ def _strip_prefixes(state_dict: dict, model: nn.Module) -> dict:
     return clean_state_dict(state_dict)
 
 
-def _take_ema(state_dict: dict, model: nn.Module) -> dict:
-    """:func:`_strip_prefixes` for a training checkpoint whose run scored its EMA copy: that copy's weights."""
-    return ema_state_dict(state_dict)
+def _stored_weights(path: str, use_ema: bool) -> Callable[[dict, nn.Module], dict]:
+    """timm ``pretrained_filter_fn`` of a file that stores its model's arguments: the weights ``load_model`` reads
+    from it (``use_ema``: the EMA copy, the weights the run scored), read by vitrel, whichever entry timm's
+    ``load_state_dict`` took. timm takes ``state_dict_ema`` when a checkpoint holds one (train.py's with
+    ``module/ema``): the EMA copy also where the run scored its live weights (``module.ema_eval=false``)."""
+
+    def weights(state_dict: dict, model: nn.Module) -> dict:
+        return read_weights(path, use_ema=use_ema)[1]
+
+    return weights
 
 
 def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
@@ -83,8 +89,8 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             for k, v in stored.items():
                 if k != "architecture":
                     kwargs.setdefault(k, v)
-            if checkpoint_scores_ema(overlay["file"]):  # the weights load_model, eval.py and predict.py score
-                weights = _take_ema
+            # the weights load_model, eval.py and predict.py score
+            weights = _stored_weights(overlay["file"], checkpoint_scores_ema(overlay["file"]))
             stored_classes, built_at = stored.get("num_classes"), stored.get("img_size")
             if stored_classes is not None:
                 overlay.setdefault("num_classes", stored_classes)

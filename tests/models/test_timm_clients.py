@@ -336,3 +336,30 @@ def test_timm_file_route_loads_the_weights_a_train_py_run_with_ema_scored(ema_ev
         assert torch.equal(via_timm(x), ref(x))
         assert torch.equal(features(x)[-1], ref.forward_intermediates(x, indices=1, intermediates_only=True)[-1])
         assert torch.equal(ref(x), live(x)) is (not ema_eval)  # (the EMA copy's weights are not the live ones)
+
+
+def test_timm_file_route_takes_a_run_folder_or_an_export_folder_as_load_model_does(tmp_path):
+    """``pretrained_cfg_overlay=dict(file=<folder>)`` with a ``train.py`` run folder or an export folder, which
+    ``vitrel.load_model`` takes: the route built the model from the folder's stored arguments, then timm's loader
+    failed on the folder with a bare ``FileNotFoundError`` (no message). It now loads the file ``load_model`` loads
+    there (the run's ``last.ckpt``, the export's ``model.safetensors``), whole and ``features_only``, with its
+    preprocessing."""
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.models import export_model
+    from vitrel.train.run import train
+
+    run = [*TINY_VIT, *FAST, "trainer.max_steps=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+    train(compose(tmp_path, [*run, "logger=none", "test=false"]))
+    exported = export_model(tmp_path / "checkpoints" / "last.ckpt", tmp_path / "export")
+    for folder in (tmp_path, tmp_path / "checkpoints", exported):
+        ref = vitrel.load_model(folder).eval()
+        name = ref.vitrel_cfg["architecture"]
+        overlay = dict(file=str(folder))
+        m = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay).eval()
+        features = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=overlay, features_only=True).eval()
+        x = torch.randn(2, *ref.pretrained_cfg["input_size"])
+        with torch.no_grad():
+            assert torch.equal(m(x), ref(x)), folder
+            want = ref.forward_intermediates(x, indices=features.feature_info.out_indices, intermediates_only=True)
+            assert all(torch.equal(a, b) for a, b in zip(features(x), want, strict=True)), folder
+        assert timm.data.resolve_data_config(model=m) == timm.data.resolve_data_config(model=ref), folder

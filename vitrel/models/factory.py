@@ -35,6 +35,7 @@ from vitrel.models.checkpoint import (
     scheme_name,
     stored_config,
 )
+from vitrel.models.ckpt_files import _resolve, run_checkpoint
 from vitrel.models.data_config import (
     TIMM_CFG_FIELDS,
     data_fields,
@@ -80,6 +81,9 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     differ: list[str] = []  # the arguments given unlike the file's stored ones
     weights = _strip_prefixes
     if pretrained and overlay.get("file"):
+        # a train.py run folder or an export folder, as load_model takes them: the file load_model reads there (the
+        # run's, logged; the export's weights). timm's loader reads a file, and the arguments below are that file's
+        overlay["file"] = str(_resolve(run_checkpoint(overlay["file"])))
         stored = stored_config(overlay["file"])
         if stored is not None:
             arch = stored.get("architecture")

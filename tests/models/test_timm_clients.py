@@ -363,3 +363,37 @@ def test_timm_file_route_takes_a_run_folder_or_an_export_folder_as_load_model_do
             want = ref.forward_intermediates(x, indices=features.feature_info.out_indices, intermediates_only=True)
             assert all(torch.equal(a, b) for a, b in zip(features(x), want, strict=True)), folder
         assert timm.data.resolve_data_config(model=m) == timm.data.resolve_data_config(model=ref), folder
+
+
+# a timm source of each family, and the backbone's arguments giving the model's forward_intermediates format
+TIMM_SOURCES = {
+    "vit": (dict(model_name="vit_tiny_patch16_224", img_size=32, patch_size=4, depth=2), {}),
+    "swin": (
+        dict(model_name="swin_tiny_patch4_window7_224", img_size=32, patch_size=2, window_size=4, embed_dim=16)
+        | dict(depths=(1, 1, 1, 1), num_heads=(1, 1, 1, 1)),
+        dict(output_fmt="NCHW"),
+    ),
+}
+
+
+@pytest.mark.parametrize("source", list(TIMM_SOURCES))
+def test_from_timm_features_only_is_refused_naming_the_route_that_builds_the_backbone(source, tmp_path):
+    """``vitrel.from_timm(timm_model, pos=..., features_only=True)`` failed after building, with an
+    ``UnsupportedTimmModel`` blaming the timm model ("gives no value for ['model.cls_token', ...]": the wrapper's
+    keys). It is refused before any weights are read, naming the route, which gives the backbone of the same
+    weights: ``save_pretrained`` then timm's ``local-dir:`` with ``features_only``."""
+    source_kw, backbone_kw = TIMM_SOURCES[source]
+    torch.manual_seed(0)
+    t = lively(timm.create_model(**source_kw)).eval()
+    with pytest.raises(ValueError, match=r"save_pretrained.*local-dir:<dir>.*features_only=True") as said:
+        vitrel.from_timm(t, pos="rel2d_factored", features_only=True)
+    assert "no value for" not in str(said.value)
+    m = vitrel.from_timm(t, pos="rel2d_factored", num_classes=5).eval()
+    save_pretrained(m, tmp_path / "backbone")
+    backbone = timm.create_model(
+        f"local-dir:{tmp_path / 'backbone'}", pretrained=True, features_only=True, **backbone_kw
+    )
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = m.forward_intermediates(x, indices=backbone.feature_info.out_indices, intermediates_only=True)
+        assert all(torch.equal(a, b) for a, b in zip(backbone.eval()(x), want, strict=True))

@@ -517,6 +517,12 @@ def from_timm(
     returns it.
     """
     timm_kwargs = dict(timm_kwargs or {})
+    if kwargs.get("features_only"):  # (before any weights are read)
+        raise ValueError(
+            "from_timm builds the whole classifier; timm wraps a features_only backbone around the weights it loads: "
+            "vitrel.models.save_pretrained(<from_timm's model>, '<dir>'), then timm.create_model('local-dir:<dir>', "
+            "pretrained=True, features_only=True, out_indices=...); or call the model's forward_intermediates"
+        )
     if isinstance(model_or_name, nn.Module):
         if checkpoint_path is not None:
             raise ValueError(

@@ -188,3 +188,33 @@ def test_timm_overlay_route_names_the_arguments_given_unlike_the_files(tmp_path)
     )
     x = torch.randn(2, 3, 32, 32)
     torch.testing.assert_close(same.eval()(x), m.eval()(x))
+
+
+def test_timm_overlay_route_warns_of_arguments_the_weights_fit_as_load_model_does(tmp_path):
+    """``timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=<train.py .ckpt>), pos=...)``
+    reads the file's stored arguments as ``load_model`` does, but loaded a file into a model built with another
+    parameter-free scheme, or other ``num_heads``, silently: not the trained model. It now gives ``load_model``'s
+    warning (on the user's line), whole and ``features_only``; ``img_size`` / ``num_classes`` and the stored values
+    stay quiet."""
+    import warnings
+
+    from tests.train_helpers import FAST, TINY_VIT, compose
+    from vitrel.train.run import train
+
+    run = [*TINY_VIT, *FAST, "trainer.max_steps=2", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+    train(compose(tmp_path, [*run, "logger=none", "test=false", "pos=rope2d_axial"]))
+    path = str(tmp_path / "checkpoints" / "last.ckpt")
+    name = vitrel.load_model(path).vitrel_cfg["architecture"]
+    for given, said in ((dict(pos="alibi2d"), r"pos=alibi2d \(trained with rope2d_axial\)"), (dict(num_heads=4), "")):
+        with pytest.warns(UserWarning, match=r"another function") as loaded:
+            vitrel.load_model(path, **given)
+        text = str(loaded[0].message).replace(path, "<file>")
+        for fo in ({}, dict(features_only=True)):
+            with pytest.warns(UserWarning, match=said + ".*another function") as via_timm:
+                timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), **given, **fo)
+            (warned,) = [w for w in via_timm if "another function" in str(w.message)]
+            assert str(warned.message).replace(path, "<file>") == text and warned.filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), pos="rope2d_axial", depth=2)
+        timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), img_size=36, num_classes=3)

@@ -34,6 +34,7 @@ from vitrel.models.checkpoint import (
     read_weights,
     scheme_name,
     stored_config,
+    warn_other_function,
 )
 from vitrel.models.ckpt_files import _resolve, run_checkpoint
 from vitrel.models.data_config import (
@@ -79,7 +80,7 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
     overlay = dict(given)
     stored_data = stored_classes = no_data = built_at = None
     differ: list[str] = []  # the arguments given unlike the file's stored ones
-    weights = _strip_prefixes
+    weights, stored, asked = _strip_prefixes, None, dict(kwargs)
     if pretrained and overlay.get("file"):
         # a train.py run folder or an export folder, as load_model takes them: the file load_model reads there (the
         # run's, logged; the export's weights). timm's loader reads a file, and the arguments below are that file's
@@ -125,6 +126,10 @@ def _build(name: str, pretrained: bool = False, **kwargs: Any) -> nn.Module:
             f"arguments its model was trained with, taken for those not given; leave these out:\n"
             + "\n".join(line for line in str(e).splitlines()[1:] if line.startswith("  "))  # (the keys)
         ) from None
+    if differ:  # weights that fit arguments given unlike the stored ones: load_model's warning (the network's own
+        # configuration; fx / list / dict wrappers rebuild it from its parts, without one)
+        net = next((m for m in model.modules() if hasattr(m, "vitrel_cfg")), None)
+        warn_other_function(overlay["file"], stored, net.vitrel_cfg if net is not None else kwargs, asked)
     if stored_data is not None:
         fit_data_config(model, stored_data, stored_classes, given, built_at)
     if no_data is not None:

@@ -7,8 +7,10 @@ broken class link are each named in one warning."""
 from __future__ import annotations
 
 import logging
+from fractions import Fraction
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.data.test_bad_files import batches, lightning_passes, stopping_line
@@ -16,6 +18,7 @@ from tests.data.test_datamodules import make_imagenet_tree
 from tests.data.test_video import needs_av, write_video
 from vitrel.data import ImageNetDataModule
 from vitrel.data.video import VideoClips, VideoFolderDataModule
+from vitrel.data.video.clips import VideoDecodeError, read_clip
 
 WIDTH = {0: 16, 1: 24}  # class a's videos are 16 pixels wide, class b's 24: a clip's class shows in its shape
 
@@ -124,3 +127,38 @@ def test_a_class_folder_that_is_a_broken_link_is_named(tmp_path, kind, caplog):
         assert dm.classes == classes and dm.num_classes == len(classes)
     for link in gone:
         assert caplog.text.count(f"{link} is a link to {tmp_path / 'elsewhere'}, which does not exist") == 1
+
+
+def write_resized_video(path: Path) -> Path:
+    """Six MJPEG frames in Matroska, 32 x 48 then 40 x 64 from frame 3 (a stream that changes size, as a WebM may):
+    the larger frames come from a second encoder, muxed into the one stream."""
+    import av
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("mjpeg", rate=25)
+        stream.height, stream.width, stream.pix_fmt = 32, 48, "yuvj420p"
+        larger = av.CodecContext.create("mjpeg", "w")
+        larger.height, larger.width, larger.pix_fmt, larger.time_base = 40, 64, "yuvj420p", Fraction(1, 25)
+        for i, (h, w) in enumerate([(32, 48)] * 3 + [(40, 64)] * 3):
+            frame = av.VideoFrame.from_ndarray(np.full((h, w, 3), 20 * i, np.uint8), format="rgb24")
+            frame = frame.reformat(format="yuvj420p")
+            for packet in (stream if w == 48 else larger).encode(frame):
+                packet.stream, packet.pts, packet.dts = stream, i, i
+                container.mux(packet)
+        container.mux(stream.encode())
+    return path
+
+
+@needs_av
+def test_a_video_whose_frames_change_size_is_one_line_naming_the_sizes_and_the_re_encode(tmp_path):
+    """Before, the frames met in ``np.stack``: "all input arrays must have the same shape", naming no file."""
+    path = write_resized_video(tmp_path / "resized.mkv")
+    with pytest.raises(VideoDecodeError) as e:
+        read_clip(path, lambda n: list(range(n)))
+    assert str(e.value) == (
+        f"cannot read video {path}: its frames change size (32x48 at frame 0, 40x64 at frame 3); re-encode it at "
+        f"one size, e.g. ffmpeg -i {path} -vf scale=48:32 out.mp4"
+    )
+    assert read_clip(path, lambda n: [3, 5]).shape == (2, 3, 40, 64)  # (a clip within one size reads)
+    assert read_clip(path, lambda n: [0, 0, 2]).shape == (3, 3, 32, 48)

@@ -41,3 +41,24 @@ def test_a_worker_forked_after_a_clip_was_read_in_the_main_process_does_not_hang
     finally:
         gc.enable()
     assert [lab for _, lab in items] == [0, 0] and items[0][0].shape == clip.shape
+
+
+def collect(_worker: int) -> None:
+    gc.collect()
+
+
+@needs_av
+def test_a_worker_that_collects_garbage_before_its_first_clip_does_not_hang(tmp_path):
+    """A worker whose first full collection comes before its first sample (here its ``worker_init_fn``; in a run,
+    whenever the worker's allocations call for one) frees the inherited frames before ``leave_inherited`` can freeze
+    them; with FFmpeg's automatic swscale threads it waited for them forever. Frames are converted on one thread."""
+    video_tree(tmp_path)
+    train = module(tmp_path).train_dataloader().dataset
+    gc.disable()
+    try:
+        clip, _ = train[0]
+        loader = DataLoader(train, batch_size=None, num_workers=1, timeout=30, worker_init_fn=collect)
+        first, label = next(iter(loader))
+    finally:
+        gc.enable()
+    assert label == 0 and first.shape == clip.shape

@@ -23,8 +23,11 @@ the video, which a file's first video stream can be). The frame count ``N`` is t
 frames are decoded from the start of the file up to the clip's last one (no seeking: fine for clips of seconds, as
 UCF-101's and Kinetics', slow for long videos). A stream that ends before
 the stated count is sampled again from the frames that decoded, with a warning naming the file. Each frame is turned
-upright by its display matrix (phones' portrait video: :func:`upright`), as players show it. A file that cannot be
-opened or decoded, or that holds no video stream, raises :class:`VideoDecodeError` naming it.
+upright by its display matrix (phones' portrait video: :func:`upright`), as players show it, and converted to RGB on
+one thread (FFmpeg's automatic count was 1.5 to 12 times slower here, bench/results/video_convert_cpu.md, and left
+threads that a forked DataLoader worker could hang freeing). A file that cannot be opened or decoded, that holds no
+video stream, or whose clip's frames differ in size (a WebM may change size mid-stream) raises
+:class:`VideoDecodeError` naming it.
 
 Transforms: a clip is a uint8 ``[T, C, H, W]`` tensor (torchvision's ``TCHW``); :class:`ClipTransform` gives the
 model's float ``[C, T, H, W]`` (VideoMAE's and PyTorchVideo's layout; a batch is ``[B, C, T, H, W]``), normalised.
@@ -249,7 +252,7 @@ def read_frames(path: str | Path, indices: Sequence[int]) -> tuple[Tensor | None
         for i, frame in enumerate(container.decode(stream)):
             decoded = i + 1
             if i in wanted:
-                got[i] = upright(frame, frame.to_ndarray(format="rgb24"), path)  # [H, W, 3]
+                got[i] = upright(frame, frame.to_ndarray(format="rgb24", threads=1), path)  # [H, W, 3]
             if i == last:
                 break
     except av.error.FFmpegError as e:
@@ -258,8 +261,24 @@ def read_frames(path: str | Path, indices: Sequence[int]) -> tuple[Tensor | None
         container.close()
     if last not in got:
         return None, decoded
+    _check_one_size(path, got)
     frames = torch.from_numpy(np.stack([got[int(i)] for i in indices]))  # [T, H, W, 3]
     return frames.permute(0, 3, 1, 2).contiguous(), decoded
+
+
+def _check_one_size(path: str | Path, images: dict[int, np.ndarray]) -> None:
+    """Raise :class:`VideoDecodeError` when the frames ``images`` (frame index -> ``[H, W, 3]``) differ in size."""
+    sizes = {i: image.shape[:2] for i, image in sorted(images.items())}
+    first, *_ = sizes.items()
+    other = next(((i, hw) for i, hw in sizes.items() if hw != first[1]), None)
+    if other is None:
+        return
+    (i, (h, w)), (j, (h2, w2)) = first, other
+    raise VideoDecodeError(
+        path,
+        f"its frames change size ({h}x{w} at frame {i}, {h2}x{w2} at frame {j}); re-encode it at one size, e.g. "
+        f"ffmpeg -i {path} -vf scale={w}:{h} out.mp4",
+    )
 
 
 def read_clip(path: str | Path, choose: Callable[[int], Sequence[int]]) -> Tensor:

@@ -37,6 +37,7 @@ __all__ = [
     "PredictConfig",
     "MOVED_KEYS",
     "check_moved_keys",
+    "check_trainer_keys",
     "check_resume",
     "ConfigError",
     "data_val_fraction",
@@ -204,6 +205,7 @@ class ModuleConfig:
 # ------------------------------------------------------------------------------------------- trainer
 #: Trainer arguments the config does not hold: ``train()`` sets them from ``logger``, ``callbacks`` and ``progress_bar``
 _TRAINER_SET_BY_TRAIN = ("logger", "callbacks", "enable_progress_bar")
+TRAINER_DOCS = "https://lightning.ai/docs/pytorch/stable/common/trainer.html#trainer-flags"
 #: Lightning's unions that OmegaConf cannot hold, as the one type a config spells them in (``32`` is read as ``"32"``)
 _TRAINER_SPELLED = {"accelerator": str, "precision": str | None, "gradient_clip_val": float | None,
                     "default_root_dir": str | None}  # fmt: skip
@@ -387,3 +389,23 @@ def check_moved_keys(cfg: DictConfig) -> None:
         raise ConfigError(
             "keys of vitrel 0.1 that moved (docs/training.md lists them): " + "; ".join(found) + ". Use the new keys."
         )
+
+
+def check_trainer_keys(trainer: DictConfig) -> None:
+    """A :class:`ConfigError` naming the nearest arguments when ``trainer`` holds a key Lightning's ``Trainer`` does
+    not take: Hydra lets ``+trainer.max_epoch=1`` (and an experiment's file) add any key to the typed node, and
+    Lightning then refuses it after the run has started, inside Hydra's error (``unexpected keyword argument``)."""
+    import difflib
+
+    from lightning.pytorch import Trainer
+
+    takes = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
+    wrong = [k for k in trainer if not (k in takes or (k.startswith("_") and k.endswith("_")))]  # (_target_ ...)
+    said = []
+    for key in wrong:
+        near = difflib.get_close_matches(key, sorted(takes - set(_TRAINER_SET_BY_TRAIN)), n=3, cutoff=0.75)
+        meant = " or ".join(f"trainer.{n}" for n in near)
+        hint = f"did you mean {meant}?" if near else f"its arguments: {TRAINER_DOCS}"
+        said.append(f"trainer.{key}: Lightning's Trainer takes no {key}; {hint}")
+    if said:
+        raise ConfigError("; ".join(said))

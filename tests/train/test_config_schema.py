@@ -344,3 +344,27 @@ def test_an_experiment_chosen_with_plus_ends_with_the_override_that_runs(tmp_pat
     assert added_group_hint(["+data=cifar10", "ckpt_path=x"], "eval").endswith("choose it without the +: data=cifar10")
     assert added_group_hint(["+experiment=fmnist_qick", "experiment=fmnist_quick", "pos=rope2d_mixed"]) is None
     assert added_group_hint(["++experiment=fmnist_quick", "+pos.scaling=x", "+model.depth=2"]) is None
+
+
+def test_an_added_trainer_key_lightning_lacks_is_refused_naming_the_nearest(tmp_path):
+    """``+trainer.max_epoch=1``: Hydra adds any key with ``+``; Lightning then refused it inside Hydra's error
+    (``Trainer.__init__() got an unexpected keyword argument 'max_epoch'``) after the run had begun. Refused first,
+    in one line naming the argument meant; one with no near argument gets Lightning's list of them."""
+    from omegaconf import OmegaConf
+
+    from tests.train_helpers import run_script_forked
+    from vitrel.config import ConfigError, check_trainer_keys
+
+    r = run_script_forked("train.py", ["+trainer.max_epoch=1", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
+    assert r.returncode == 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert last == (
+        "train.py: ConfigError: trainer.max_epoch: Lightning's Trainer takes no max_epoch; did you mean "
+        "trainer.max_epochs?"
+    ), r.stderr[-2000:]
+    assert not (tmp_path / "r" / "metrics.json").exists()
+    trainer = OmegaConf.create({"_target_": "lightning.pytorch.Trainer", "_convert_": "all", "max_epochs": 1})
+    check_trainer_keys(trainer)  # (Hydra's own keys and Lightning's arguments pass)
+    trainer.zzz = 1
+    with pytest.raises(ConfigError, match=r"trainer.zzz: Lightning's Trainer takes no zzz; its arguments: https://"):
+        check_trainer_keys(trainer)

@@ -18,12 +18,13 @@ another attention kernel than the checkpoint's (it is recorded in ``config.json`
 with ``triton`` that is to run on any device, or go to ONNX.
 
 Dynamic sizes (``dynamic=``): ``"hw"`` (default) makes one program for every batch size and every
-image height and width that is a multiple of the patch size (a video model: every clip, its frames a multiple of
-the tubelet size too); ``"batch"`` only the batch; ``"static"`` the example's shape. A video model's programs take
-clips ``[B, C, T, H, W]`` (the ONNX input is named ``clips``; ``--num-frames`` sets the example clip's length). A
-Swin model with a scheme that depends on the window's extent (1-D raster schemes; see
-``PositionScheme.depends_on_extent`` and ``docs/export.md``), and a ViT whose scheme compares the grid with the built
-one (``PositionScheme.size_branches``), have no ``"hw"`` program: :func:`best_dynamic` picks ``"batch"`` for them.
+image height and width that is a multiple of the patch size (a ViT with ``dynamic_img_pad=True``: of any size, padded
+in the program; a video model: every clip, its frames a multiple of the tubelet size too); ``"batch"`` only the
+batch; ``"static"`` the example's shape. A video model's programs take clips ``[B, C, T, H, W]`` (the ONNX input is
+named ``clips``; ``--num-frames`` sets the example clip's length). A Swin model with a scheme that depends on the
+window's extent (1-D raster schemes; see ``PositionScheme.depends_on_extent`` and ``docs/export.md``), and a ViT
+whose scheme compares the grid with the built one (``PositionScheme.size_branches``), have no ``"hw"`` program:
+:func:`best_dynamic` picks ``"batch"`` for them.
 A model with ``attn_impl="flex"`` exports with static shapes only (torch.export cannot trace FlexAttention's block
 masks at symbolic sizes), and not to ONNX (no operator): :func:`best_dynamic` picks ``"static"``; ``--attn-impl
 sdpa`` exports the same weights at every size.
@@ -122,6 +123,15 @@ def _patch(model: nn.Module) -> int:
     embed = _embed(model)  # (timm's fx wrapper rebuilds it as a plain module: its convolution's stride)
     patch = getattr(embed, "patch_size", None) or embed.proj.stride  # (timm's (p, p); a video model's int)
     return int(patch if isinstance(patch, int) else patch[-1])
+
+
+def _pads(model: nn.Module) -> bool:
+    """A ViT built with timm's ``dynamic_img_pad=True`` (it zero-pads images of any side to whole patches) whose
+    ``"hw"`` program takes every side, padding in the program. Not with timm's ``AttentionPoolLatent``
+    (``global_pool="map"``): at sides in pixels its padded grid leaves a guard torch cannot prove (``g % (4 g) != 0``),
+    and traced size-obliviously its latent refuses batch 1; its program takes whole patches, as without padding."""
+    network = _network(model)
+    return bool(getattr(_embed(model), "dynamic_img_pad", False)) and getattr(network, "attn_pool", None) is None
 
 
 def _frames(model: nn.Module) -> int | None:
@@ -242,7 +252,8 @@ def dynamic_shapes(
     model: nn.Module, dynamic: str = "hw", max_side: int = MAX_SIDE, max_frames: int = MAX_FRAMES
 ) -> tuple | None:
     """``torch.export`` dynamic shapes of a model's input: batch and/or height/width in patches (images ``[B, C, H,
-    W]``); for a video model's clips ``[B, C, T, H, W]``, ``"hw"`` makes the frames symbolic too, in tubelets."""
+    W]``; in pixels for a ViT with ``dynamic_img_pad=True``, which pads any side); for a video model's clips ``[B, C,
+    T, H, W]``, ``"hw"`` makes the frames symbolic too, in tubelets."""
     if dynamic not in DYNAMIC:
         raise ValueError(f"dynamic must be one of {DYNAMIC}, got {dynamic!r}")
     if dynamic == "static":
@@ -254,6 +265,9 @@ def dynamic_shapes(
             t = int(_embed(model).tubelet_size)
             dims[2] = t * torch.export.Dim("grid_t", min=1, max=max(1, max_frames // t))
             h = 3
+        if _pads(model):  # (dynamic_img_pad: any side up to max_side, padded to whole patches in the program)
+            dims[h], dims[h + 1] = (torch.export.Dim(s, min=1, max=max_side) for s in ("height", "width"))
+            return (dims,)
         n = max(1, max_side // p)
         dims[h] = p * torch.export.Dim("grid_h", min=1, max=n)
         dims[h + 1] = p * torch.export.Dim("grid_w", min=1, max=n)
@@ -266,7 +280,10 @@ def export_program(
     """``torch.export`` of ``model`` (in eval mode, without gradients) on images (a video model: clips) ``example``
     with the ``dynamic`` sizes (:func:`check_exportable` first).
 
-    ``"hw"`` needs an example of whole patches (a ``ValueError`` names the nearest sizes otherwise).
+    ``"hw"`` needs an example of whole patches (a ``ValueError`` names the nearest sizes otherwise), and takes every
+    size of whole patches; a ViT built with ``dynamic_img_pad=True`` takes an example and every side of any size
+    (1 to ``max_side`` px), padded to whole patches inside the program as eagerly; with ``global_pool="map"`` its
+    program takes whole patches only, as without padding.
     Sizes that can be 1 (a single window, a grid of one patch) are traced size-obliviously (torch assumes 2 or more),
     except through timm's ``AttentionPoolLatent`` (``global_pool="map"``), whose expanded latent then refuses batch 1:
     such a program takes sides of 2 patches or more. The model is left as it was (a forward pass changes nothing).
@@ -274,12 +291,14 @@ def export_program(
     check_exportable(model, dynamic)
     x = example if example is not None else example_input(model)
     (h, w), p = x.shape[-2:], _patch(model)
-    if dynamic == "hw" and (h % p or w % p):  # (torch.export's own error names a Dim, and no fix)
+    if dynamic == "hw" and (h % p or w % p) and not _pads(model):  # (torch.export's own error names a Dim, and no fix)
         near = sorted({(max(p, h // p * p), max(p, w // p * p)), (-(-h // p) * p, -(-w // p) * p)})
         sizes = " or ".join(f"{a}x{b} (--img-size {a if a == b else f'{a} {b}'})" for a, b in near)
+        pads = " (dynamic_img_pad pads every side in the program, but not into global_pool='map')"
+        pads = pads if getattr(_embed(model), "dynamic_img_pad", False) else ""
         raise ValueError(
             f"image size {h}x{w} is not a multiple of the patch size {p}: a dynamic=hw program is traced on images of "
-            f"whole patches and then takes every size of whole patches; trace it at the nearest, {sizes}"
+            f"whole patches and then takes every size of whole patches{pads}; trace it at the nearest, {sizes}"
         )
     was_training = model.training
     model.eval()

@@ -57,8 +57,8 @@ class SizeCheckedProgram(nn.Module):
     (:func:`program_input_sizes`; ``None``: any) before running it, in one ``ValueError`` instead of torch's ``Guard
     failed``: a ``"batch"`` / ``"static"`` program's other image size (``x.size()[2] == 28``) names both sizes and the
     fix; a ``"hw"`` program's side that is not whole patches (``x.size()[2] % 4 == 0``) names the size, the patch and
-    the sizes the program takes. What :func:`vitrel.inference.load_predictor` returns for a ``.pt2``; torch's own
-    module is left as it is."""
+    the sizes the program takes (a ``dynamic_img_pad`` ViT's program, of any side: the largest). What
+    :func:`vitrel.inference.load_predictor` returns for a ``.pt2``; torch's own module is left as it is."""
 
     def __init__(self, module: nn.Module, shape: tuple[int | range | None, ...], source: str) -> None:
         super().__init__()
@@ -84,6 +84,11 @@ class SizeCheckedProgram(nn.Module):
                 f"{self.source} takes {h}x{w} {kind} (a program of one {kind[:-1]} size), got {gh}x{gw}: resize them "
                 f"to {h}x{w} (the predictor's data_config does), or export again with --dynamic hw where the model "
                 "allows it (vitrel.export.best_dynamic)"
+            )
+        if same_rank and all(ok[:-2]) and isinstance(h, range) and isinstance(w, range) and h.step == w.step == 1:
+            raise ValueError(  # (a dynamic_img_pad ViT's "hw" program: any side up to its largest)
+                f"{self.source} takes images of any side from {h.start} to {max(h[-1], w[-1])} px (padded to whole "
+                f"patches in the program), got {gh}x{gw}: resize them to at most {max(h[-1], w[-1])} px a side"
             )
         if same_rank and all(ok[:-2]) and isinstance(h, range) and isinstance(w, range):
             near = "x".join(str(min(max(g // r.step * r.step, r.start), r[-1])) for g, r in ((gh, h), (gw, w)))

@@ -299,7 +299,7 @@ def _grid_for(img_size: tuple[int, int], p: int, pad: bool = False, hint: str = 
     else the sides must be multiples of ``p`` (an error ending with ``hint``, what to do)."""
     h, w = img_size
     if pad and h >= 1 and w >= 1:
-        return Grid(-(-h // p), -(-w // p))
+        return Grid((h + p - 1) // p, (w + p - 1) // p)  # (not -(-h // p): ONNX's Div truncates negatives)
     if h % p or w % p or h < p or w < p:
         raise ValueError(f"image size {h}x{w} is not a positive multiple of the patch size {p}{hint}")
     return Grid(h // p, w // p)

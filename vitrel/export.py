@@ -269,8 +269,9 @@ def dynamic_shapes(
             dims[h], dims[h + 1] = (torch.export.Dim(s, min=1, max=max_side) for s in ("height", "width"))
             return (dims,)
         n = max(1, max_side // p)
-        dims[h] = p * torch.export.Dim("grid_h", min=1, max=n)
-        dims[h + 1] = p * torch.export.Dim("grid_w", min=1, max=n)
+        lo = 1 if getattr(_network(model), "attn_pool", None) is None else 2  # (map's program: 2 patches or more)
+        dims[h] = p * torch.export.Dim("grid_h", min=lo, max=n)
+        dims[h + 1] = p * torch.export.Dim("grid_w", min=lo, max=n)
     return (dims,)
 
 

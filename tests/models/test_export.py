@@ -22,7 +22,7 @@ import torch
 
 import vitrel
 from tests.weights import lively
-from vitrel.export import best_dynamic, export_program, onnx_program
+from vitrel.export import best_dynamic, export_program, onnx_program, program_input_sizes
 
 SCHEMES = vitrel.list_pos()
 ARCHS = ("vit", "swin")
@@ -228,7 +228,10 @@ def test_a_vit_with_timms_other_pools_exports_for_batch_one_and_any_size(global_
     m = vitrel.create_model(
         "vitrel_vit_tiny_patch4_32", embed_dim=32, depth=1, num_heads=2, global_pool=global_pool, class_token=False
     )
-    program = export_program(lively(m.eval()), torch.randn(2, 3, 32, 32), dynamic="hw").module()
+    ep = export_program(lively(m.eval()), torch.randn(2, 3, 32, 32), dynamic="hw")
+    smallest = 8 if global_pool == "map" else 4  # (the sizes it states are those it takes: before, map's said 4 px)
+    assert [r.start for r in program_input_sizes(ep)[2:]] == [smallest, smallest]
+    program = ep.module()
     with torch.no_grad():
         for shape in [(1, 3, 32, 32), (1, 3, 8, 12), (3, 3, 48, 40)]:
             x = torch.randn(*shape)

@@ -312,6 +312,11 @@ class SwinBody:
             stage.attn_impl = impl
         self._attn_impl = impl
 
+    @property
+    def num_layers(self) -> int:
+        """timm's Swin's ``num_layers``: the number of stages (after pruning, those kept)."""
+        return len(self.layers)
+
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         for stage in self.layers:

@@ -148,6 +148,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
         self.num_reg_tokens = reg_tokens
         self.has_class_token = class_token
+        self.no_embed_class = True  # timm's: an absolute embedding covers the patch tokens only (pos_embed [1, N, C])
+        self.pool_include_prefix = False  # timm's: the pools reduce the patch tokens only
         self.grad_checkpointing = False
         self._attn_impl = attn_impl
 
@@ -161,6 +163,23 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.init_weights(needs_reset=False)  # the modules initialised themselves (timm's)
 
     # ---------------------------------------------------------------------------- timm surface
+    @property
+    def pos_embed(self) -> nn.Parameter | None:
+        """timm's ``pos_embed``: the learned absolute embedding ``[1, H'W', C]`` of ``pos="ape"`` or ``abs_pos="ape"``,
+        the same Parameter as ``abs_pos.pos_embed`` (its state-dict key). It covers the patch tokens only, as timm's
+        with ``no_embed_class=True``. None without one (relative schemes; ``sincos2d``, computed from the grid), as
+        timm's ``pos_embed="none"``. Edit it in place; :meth:`set_input_size` resamples it to another size."""
+        return getattr(self.abs_pos, "pos_embed", None) if self.abs_pos is not None else None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "pos_embed":  # (nn.Module would register a second Parameter, or say the property has no setter)
+            raise AttributeError(
+                "pos_embed is the model's abs_pos.pos_embed and cannot be replaced: edit it in place "
+                "(with torch.no_grad(): model.pos_embed.copy_(new)), or change the image size with "
+                "model.set_input_size(img_size=...), which resamples it"
+            )
+        super().__setattr__(name, value)
+
     def set_input_size(self, img_size: int | tuple[int, int] | None = None, patch_size: Any = None) -> None:
         """timm's ``set_input_size``: the model is now built for ``img_size`` (learned tables and absolute
         embeddings resized as loading at that size does; ``vitrel_cfg`` follows). Changing the patch size

@@ -23,11 +23,13 @@ from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.models.blocks import Block, BlockStack, check_shared
 from vitrel.models.naflex import pool_tokens
+from vitrel.models.timm_surface import timm_attn_mask
 from vitrel.pos.registry import PosSpec, image_scheme
 
 __all__ = ["ViTBody", "SwinBody", "channels_first", "warn_video_scheme"]
 
 _logger = logging.getLogger(__name__)
+torch.fx.wrap("timm_attn_mask")  # one call in a torch.fx graph (timm's attn_mask / is_causal are placeholders there)
 
 
 def warn_video_scheme(model: str, **specs: PosSpec | None) -> None:
@@ -181,11 +183,13 @@ class ViTBody(BlockStack):
         return self.fc_norm(self.pool(x))
 
     # ---------------------------------------------------------------------------- forward
-    def grid_features(self, x: Tensor) -> Tensor:
+    def grid_features(self, x: Tensor, attn_mask: Tensor | None = None, is_causal: bool = False) -> Tensor:
         """Inputs of one grid -> normalised tokens ``[B, P + N, C]``: the embedding, the blocks (their states
-        prepared once per forward), the final norm."""
+        prepared once per forward; timm's ``attn_mask`` / ``is_causal``:
+        :func:`~vitrel.models.timm_surface.timm_attn_mask`), the final norm."""
         x, grid = self.embed(x)  # type: ignore[attr-defined]
-        for y in self.run_blocks(x, self.position_states(grid, x)):
+        mask = timm_attn_mask(attn_mask, is_causal, x, self.vitrel_cfg["num_heads"])
+        for y in self.run_blocks(x, self.position_states(grid, x), mask=mask):
             x = y
         return self.norm(x)
 
@@ -198,14 +202,17 @@ class ViTBody(BlockStack):
         output_fmt: str,
         return_prefix_tokens: bool,
         intermediates_only: bool,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
     ) -> list[Any] | tuple[Tensor, list[Any]]:
         """``forward_intermediates`` on inputs of one grid: the outputs of blocks ``take`` of the first ``depth``
         (normalised with ``norm``), patch tokens as maps ``[B, C, *grid]`` (``NCHW`` / ``NCTHW``), ``[B, *grid, C]``
         (``NHWC`` / ``NTHWC``) or tokens (``NLC``), paired with the prefix tokens if asked; and the final normalised
-        tokens."""
+        tokens. ``attn_mask`` / ``is_causal``: as :meth:`grid_features`'."""
         x, grid = self.embed(x)  # type: ignore[attr-defined]
+        mask = timm_attn_mask(attn_mask, is_causal, x, self.vitrel_cfg["num_heads"])
         feats = []
-        for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, depth), depth)):
+        for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, depth), depth, mask)):
             x = y
             if i in take:
                 feats.append(self.norm(x) if norm else x)

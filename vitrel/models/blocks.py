@@ -414,14 +414,16 @@ class BlockStack(BlockImpls):
     num_prefix_tokens: int
     grad_checkpointing: bool
 
-    def run_blocks(self, x: Tensor, states: Any, depth: int | None = None) -> Iterator[Tensor]:
+    def run_blocks(
+        self, x: Tensor, states: Any, depth: int | None = None, mask: Tensor | None = None
+    ) -> Iterator[Tensor]:
         """The first ``depth`` blocks (all for None) on ``x`` in turn, block ``i`` with ``states[i]`` (indexed: under a
-        torch.fx trace ``states`` is one recorded call), each checkpointed in training with ``grad_checkpointing``;
-        yields every block's output. The one block loop of the ViTs."""
+        torch.fx trace ``states`` is one recorded call) and ``mask`` (timm's ``attn_mask``), each checkpointed in
+        training with ``grad_checkpointing``; yields every block's output. The one block loop of the ViTs."""
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
         for i, blk in enumerate(self.blocks[:depth] if depth is not None else self.blocks):
             st = states[i]
-            x = checkpoint(blk, x, None, None, st, use_reentrant=False) if ckpt else blk(x, pos_state=st)
+            x = checkpoint(blk, x, None, mask, st, use_reentrant=False) if ckpt else blk(x, None, mask, st)
             yield x
 
     def position_state(self, grid: Any, like: Tensor) -> PosState | None:

@@ -33,7 +33,7 @@ from vitrel.models.blocks import init_weights_, scheme_no_weight_decay
 from vitrel.models.ckpt_files import CheckpointError, clean_state_dict, has_ema_keys
 from vitrel.models.input_size import resolve_strict_img_size
 
-__all__ = ["TimmSurface", "take_indices"]
+__all__ = ["TimmSurface", "take_indices", "timm_attn_mask", "refuse_layout_mask"]
 
 
 def _alternatives(values: tuple[str, ...]) -> str:
@@ -52,6 +52,47 @@ def take_indices(n: int, indices: Any, what: str = "blocks") -> tuple[list[int],
             f"indices {indices!r} do not fit a model of {n} {what}: give the last k (an int, 1 to {n}) or a list of "
             f"indices from {-n} to {n - 1}{said}"
         ) from None
+
+
+def timm_attn_mask(attn_mask: Tensor | None, is_causal: bool, tokens: Tensor, num_heads: int) -> Tensor | None:
+    """timm's ``attn_mask`` / ``is_causal`` of a ViT's ``forward`` for the embedded ``tokens [B, N, C]`` (``N``: the
+    prefix and patch tokens) as the mask every block adds to its logits with the position bias, SDPA's semantics: a
+    bool mask (True: attend) or an additive float one, broadcast from the right to ``[B, heads, N, N]`` (made 4-D
+    here, so a 3-D one is ``[heads, N, N]`` as in SDPA, not a Swin window mask); ``is_causal``: each token attends to
+    itself and the tokens before it. None for neither. Both together, a mask of another dtype or one that does not
+    broadcast, are a ``ValueError`` naming the fix."""
+    if attn_mask is None and not is_causal:
+        return None
+    b, n = tokens.shape[:2]
+    if is_causal:
+        if attn_mask is not None:
+            raise ValueError(
+                "attn_mask and is_causal=True together (SDPA refuses them, timm's eager path drops the mask): "
+                f"pass one, e.g. attn_mask & torch.ones({n}, {n}, dtype=torch.bool).tril() for both"
+            )
+        return torch.ones(n, n, dtype=torch.bool, device=tokens.device).tril()[None, None]
+    if not isinstance(attn_mask, Tensor) or not (attn_mask.dtype == torch.bool or attn_mask.is_floating_point()):
+        what = attn_mask.dtype if isinstance(attn_mask, Tensor) else type(attn_mask).__name__
+        raise ValueError(f"attn_mask must be a bool (True: attend) or float (added to the logits) tensor, got {what}")
+    want = (b, num_heads, n, n)
+    shape = tuple(attn_mask.shape)
+    if not 2 <= len(shape) <= 4 or any(s not in (1, w) for s, w in zip(reversed(shape), reversed(want))):
+        raise ValueError(
+            f"attn_mask of shape {list(shape)} does not broadcast to [B, heads, N, N] = {list(want)} (N: the "
+            f"{n} tokens, prefix tokens first, then the patches in raster order): give [N, N], [B | 1, heads | 1, "
+            "N, N], or a key padding mask [B, N] as mask[:, None, None, :]"
+        )
+    return attn_mask.reshape((1,) * (4 - len(shape)) + shape).to(tokens.device)
+
+
+def refuse_layout_mask(attn_mask: Tensor | None, is_causal: bool) -> None:
+    """``attn_mask`` / ``is_causal`` with an input on a token layout: one ``ValueError`` saying what takes them."""
+    if attn_mask is not None or is_causal:
+        raise ValueError(
+            "attn_mask and is_causal take a batch of images [B, C, H, W] (one grid, N = prefix + patch tokens): a "
+            "NaFlex dict or a list of images is masked by its own layout, and token_drop (in training) changes N; "
+            "call model.eval() (token_drop), or give the images as one batch"
+        )
 
 
 class TimmSurface:

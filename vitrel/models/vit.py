@@ -53,7 +53,7 @@ from vitrel.models.naflex import (
     token_drop_rates,
     with_prefix,
 )
-from vitrel.models.timm_surface import TimmSurface
+from vitrel.models.timm_surface import TimmSurface, refuse_layout_mask
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
 __all__ = ["VisionTransformer"]
@@ -263,16 +263,23 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         outs = list(self.run_blocks(x, self.position_states(layout, x, depth), depth))
         return self.norm(outs[-1] if outs else x), layout, dest, outs
 
-    def forward_features(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor | LayoutFeatures:
+    def forward_features(
+        self,
+        x: Tensor | Mapping[str, Tensor] | Sequence[Tensor],
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor | LayoutFeatures:
         """Images -> normalised tokens ``[B, P + H'W', C]`` (a tensor, as timm's ViT). A token layout -- a NaFlex dict,
         a list of images, or images whose tokens are dropped (``token_drop``, training) by a range of rates -> timm's
         NaFlexVit dict (:class:`~vitrel.models.naflex.LayoutFeatures`): ``patches [B, N', C]`` (each image's prefix
         tokens ahead of its patches, :meth:`embed_tokens`), ``patch_valid`` (not for a packed dict) and ``layout``;
         :meth:`forward_head` takes it whole and pools each image's own tokens. Images with one ``token_drop`` rate
-        keep a tensor (every image keeps as many tokens: no padding)."""
+        keep a tensor (every image keeps as many tokens: no padding). ``attn_mask`` / ``is_causal``: timm's, for images
+        (:func:`~vitrel.models.timm_surface.timm_attn_mask`: added to every block's logits with the position bias)."""
         inp = self.read_input(x)
         if not self._uses_layout(inp):
-            return self.grid_features(inp.images)
+            return self.grid_features(inp.images, attn_mask, is_causal)
+        refuse_layout_mask(attn_mask, is_causal)
         feats, layout, _, _ = self._forward_layout(inp)
         return self._layout_features(x, inp, feats, layout)
 
@@ -309,12 +316,19 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> Tensor:
+    def forward(
+        self,
+        x: Tensor | Mapping[str, Tensor] | Sequence[Tensor],
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
+    ) -> Tensor:
         """Images ``[B, C, H, W]`` -> logits ``[B, classes]``; a NaFlex dict (packed or padded) or a list of images of
-        any sizes -> one row of logits per image, ``[num_images, classes]`` (row-major over rows and segments)."""
+        any sizes -> one row of logits per image, ``[num_images, classes]`` (row-major over rows and segments).
+        ``attn_mask`` / ``is_causal``: timm's (:meth:`forward_features`)."""
         inp = self.read_input(x)
         if not self._uses_layout(inp):
-            return self.forward_head(self.grid_features(inp.images))
+            return self.forward_head(self.grid_features(inp.images, attn_mask, is_causal))
+        refuse_layout_mask(attn_mask, is_causal)
         feats, layout, _, _ = self._forward_layout(inp)
         return self.forward_head(feats, layout=layout)  # (each image's own tokens pooled)
 
@@ -329,6 +343,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         output_fmt: str = "NCHW",
         intermediates_only: bool = False,
         output_dict: bool = False,
+        attn_mask: Tensor | None = None,
+        is_causal: bool = False,
     ) -> list[Tensor] | tuple[Any, list[Tensor]] | dict[str, Any]:
         """timm's ``forward_intermediates``: the outputs of the blocks in ``indices`` (the last ``n`` for an
         int, all for None, negative indices from the end) and the final features (:meth:`forward_features`').
@@ -343,7 +359,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         A token layout (a NaFlex dict, a list of images) gives ``"NLC"`` at the input's patch positions. ``token_drop``
         (in training) drops tokens for ``"NLC"`` only, which are then the kept tokens, not the input's positions:
         that takes ``output_dict=True`` (their coordinates), as timm's NaFlexVit with patch dropout. ``"NCHW"`` maps of
-        an image batch (a ``features_only`` backbone's output) are always the full grid.
+        an image batch (a ``features_only`` backbone's output) are always the full grid. ``attn_mask`` / ``is_causal``:
+        timm's, for images (:meth:`forward_features`).
         """
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
         # token dropping (training) applies to tokens (NLC); a map of an image batch (NCHW, what a features_only
@@ -364,10 +381,12 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
                     "positions: pass output_dict=True for them with their 'patch_coord', 'patch_valid' and "
                     "'segment_ids' (or call model.eval() for every token)"
                 )
+            refuse_layout_mask(attn_mask, is_causal)
             return self._intermediates_layout(x, inp, take, len(blocks), norm, intermediates_only, output_dict)
         out = self.grid_intermediates(
-            inp.images, take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only
-        )
+            inp.images, take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only,
+            attn_mask, is_causal,
+        )  # fmt: skip
         if not output_dict:
             return out
         feats = out if intermediates_only else out[1]

@@ -90,6 +90,13 @@ class SizeCheckedProgram(nn.Module):
                 f"{self.source} takes images of any side from {h.start} to {max(h[-1], w[-1])} px (padded to whole "
                 f"patches in the program), got {gh}x{gw}: resize them to at most {max(h[-1], w[-1])} px a side"
             )
+        whole = isinstance(h, range) and isinstance(w, range) and gh % h.step == 0 and gw % w.step == 0
+        if same_rank and all(ok[:-2]) and whole:  # (whole patches, but a side beyond the program's range)
+            near = "x".join(str(min(max(g, r.start), r[-1])) for g, r in ((gh, h), (gw, w)))
+            raise ValueError(
+                f"{self.source} takes images of whole {h.step} px patches from {h.start} to {h[-1]} px high and "
+                f"{w.start} to {w[-1]} px wide, got {gh}x{gw}: resize them into that range, e.g. {near}"
+            )
         if same_rank and all(ok[:-2]) and isinstance(h, range) and isinstance(w, range):
             near = "x".join(str(min(max(g // r.step * r.step, r.start), r[-1])) for g, r in ((gh, h), (gw, w)))
             raise ValueError(

@@ -298,6 +298,11 @@ def test_a_dynamic_pt2_run_by_vitrel_names_the_patch_and_the_sizes_it_takes(tmp_
     )
     with pytest.raises(ValueError, match=fix):
         model(torch.randn(1, 1, 29, 8 * patch))
+    big = 4096 + 2 * patch  # (whole patches, beyond the program's largest side: before, told to make whole patches)
+    beyond = rf"m\.pt2 takes images of whole {patch} px patches from {patch} to 4096 px high and {patch} to 4096 px "
+    beyond += "wide, "
+    with pytest.raises(ValueError, match=beyond + rf"got {big}x{8 * patch}: resize them into that range, e.g. 4096x"):
+        model(torch.zeros(1, 1, big, 8 * patch))
     with pytest.raises(ValueError, match=r"takes input of shape \[1\.\.65536, 1, .*\], got \[1, 3, 28, 28\]"):
         model(torch.randn(1, 3, 28, 28))
     with pytest.raises(AssertionError, match="Guard failed"):  # torch's module, called directly: unchanged

@@ -125,13 +125,18 @@ def _patch(model: nn.Module) -> int:
     return int(patch if isinstance(patch, int) else patch[-1])
 
 
+def _map_pooled(model: nn.Module) -> bool:
+    """Whether the model pools through timm's ``AttentionPoolLatent`` (``global_pool="map"``): traced without
+    size-oblivious sizes (its expanded latent refuses batch 1 otherwise), so its program takes 2 patches or more."""
+    return getattr(_network(model), "attn_pool", None) is not None
+
+
 def _pads(model: nn.Module) -> bool:
     """A ViT built with timm's ``dynamic_img_pad=True`` (it zero-pads images of any side to whole patches) whose
     ``"hw"`` program takes every side, padding in the program. Not with timm's ``AttentionPoolLatent``
     (``global_pool="map"``): at sides in pixels its padded grid leaves a guard torch cannot prove (``g % (4 g) != 0``),
     and traced size-obliviously its latent refuses batch 1; its program takes whole patches, as without padding."""
-    network = _network(model)
-    return bool(getattr(_embed(model), "dynamic_img_pad", False)) and getattr(network, "attn_pool", None) is None
+    return bool(getattr(_embed(model), "dynamic_img_pad", False)) and not _map_pooled(model)
 
 
 def _frames(model: nn.Module) -> int | None:
@@ -269,7 +274,7 @@ def dynamic_shapes(
             dims[h], dims[h + 1] = (torch.export.Dim(s, min=1, max=max_side) for s in ("height", "width"))
             return (dims,)
         n = max(1, max_side // p)
-        lo = 1 if getattr(_network(model), "attn_pool", None) is None else 2  # (map's program: 2 patches or more)
+        lo = 2 if _map_pooled(model) else 1
         dims[h] = p * torch.export.Dim("grid_h", min=lo, max=n)
         dims[h + 1] = p * torch.export.Dim("grid_w", min=lo, max=n)
     return (dims,)
@@ -306,7 +311,7 @@ def export_program(
     import torch.fx.experimental._config as fx_config
 
     try:
-        oblivious = getattr(_network(model), "attn_pool", None) is None
+        oblivious = not _map_pooled(model)
         with fx_config.patch(backed_size_oblivious=oblivious), warnings.catch_warnings(), torch.no_grad():
             warnings.simplefilter("ignore", FutureWarning)
             return torch.export.export(model, (x,), dynamic_shapes=dynamic_shapes(model, dynamic, max_side))

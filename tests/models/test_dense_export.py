@@ -77,9 +77,11 @@ def test_features_only_onnx_names_the_maps(tmp_path, kw):
             torch.testing.assert_close(torch.from_numpy(b), a, rtol=1e-4, atol=1e-4)
 
 
-def test_load_model_features_only_names_the_route(tmp_path):
-    """``vitrel.load_model(path, features_only=True)`` is one ``CheckpointError`` naming timm's route, and that route
-    gives the stored model's intermediates."""
+def test_load_model_features_only_gives_the_backbone_timm_builds_from_the_same_weights(tmp_path):
+    """``vitrel.load_model(path, features_only=True, ...)`` and ``vitrel.create_model(name, checkpoint_path=path,
+    features_only=True)`` (once refused, naming timm's route) give the backbone timm's route builds: the stored
+    model's intermediates exactly, in training mode as timm's, at a resized ``img_size`` too; only timm's getter
+    takes weights (``hook`` is refused naming it)."""
     import vitrel
     from vitrel.models import save_pretrained
 
@@ -87,17 +89,30 @@ def test_load_model_features_only_names_the_route(tmp_path):
     spec = dict(VIT)
     model = vitrel.create_model(spec.pop("name"), **spec).eval()
     save_pretrained(model, tmp_path / "export")
-    with pytest.raises(vitrel.CheckpointError, match="pretrained_cfg_overlay") as err:
-        vitrel.load_model(tmp_path / "export", features_only=True)
-    assert "\n" not in str(err.value)
-    f = timm.create_model(
+    timm_route = timm.create_model(
         VIT["name"],
         pretrained=True,
         pretrained_cfg_overlay=dict(file=str(tmp_path / "export" / "model.safetensors")),
         features_only=True,
         out_indices=(0, 2),
-    ).eval()
+    )
+    ours = vitrel.load_model(tmp_path / "export", features_only=True, out_indices=(0, 2))
+    also = vitrel.create_model(
+        VIT["name"], checkpoint_path=str(tmp_path / "export"), features_only=True, out_indices=(0, 2)
+    )
+    assert type(ours) is type(timm_route) and ours.training and timm_route.training
+    assert also.feature_info.out_indices == ours.feature_info.out_indices == timm_route.feature_info.out_indices
+    assert ours.pretrained_cfg == {
+        k: v for k, v in timm_route.pretrained_cfg.items() if k != "file"
+    }  # (timm's: the file)
     x = torch.randn(2, 3, 24, 32)
     with torch.no_grad():
-        for a, b in zip(f(x), model.forward_intermediates(x, indices=[0, 2], intermediates_only=True)):
-            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        want = model.forward_intermediates(x, indices=[0, 2], intermediates_only=True)
+        for got in (timm_route.eval()(x), ours.eval()(x), also.eval()(x)):
+            assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        bigger = vitrel.load_model(tmp_path / "export", img_size=64, features_only=True).eval()
+        x = torch.randn(1, 3, 64, 64)
+        want = vitrel.load_model(tmp_path / "export", img_size=64).eval()
+        assert all(torch.equal(a, b) for a, b in zip(bigger(x), want.forward_intermediates(x, indices=3)[1]))
+    with pytest.raises(ValueError, match="feature_cls='getter'"):
+        vitrel.load_model(tmp_path / "export", features_only=True, feature_cls="hook")

@@ -377,23 +377,33 @@ TIMM_SOURCES = {
 
 
 @pytest.mark.parametrize("source", list(TIMM_SOURCES))
-def test_from_timm_features_only_is_refused_naming_the_route_that_builds_the_backbone(source, tmp_path):
+def test_from_timm_features_only_gives_the_backbone_of_the_converted_weights(source, tmp_path):
     """``vitrel.from_timm(timm_model, pos=..., features_only=True)`` failed after building, with an
     ``UnsupportedTimmModel`` blaming the timm model ("gives no value for ['model.cls_token', ...]": the wrapper's
-    keys). It is refused before any weights are read, naming the route, which gives the backbone of the same
-    weights: ``save_pretrained`` then timm's ``local-dir:`` with ``features_only``."""
+    keys), then was refused naming a two-step route. It is the backbone of the converted weights: what that route
+    (``save_pretrained`` then timm's ``local-dir:`` with ``features_only``) builds, and ``create_model``'s
+    ``init_from`` / ``init_file`` the same from a timm file."""
     source_kw, backbone_kw = TIMM_SOURCES[source]
     torch.manual_seed(0)
     t = lively(timm.create_model(**source_kw)).eval()
-    with pytest.raises(ValueError, match=r"save_pretrained.*local-dir:<dir>.*features_only=True") as said:
-        vitrel.from_timm(t, pos="rel2d_factored", features_only=True)
-    assert "no value for" not in str(said.value)
-    m = vitrel.from_timm(t, pos="rel2d_factored", num_classes=5).eval()
+    m = vitrel.from_timm(t, num_classes=5).eval()  # (pos: the source's own, every weight from the source)
     save_pretrained(m, tmp_path / "backbone")
-    backbone = timm.create_model(
-        f"local-dir:{tmp_path / 'backbone'}", pretrained=True, features_only=True, **backbone_kw
+    route = timm.create_model(f"local-dir:{tmp_path / 'backbone'}", pretrained=True, features_only=True, **backbone_kw)
+    ours = vitrel.from_timm(t, features_only=True, **backbone_kw)
+    assert "no value for" not in repr(ours)
+    torch.save(t.state_dict(), tmp_path / "timm.pth")
+    timm_name, timm_kwargs = source_kw["model_name"], {k: v for k, v in source_kw.items() if k != "model_name"}
+    from_file = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32",  # (the architecture is the timm file's)
+        init_from=f"timm:{timm_name}",
+        init_file=str(tmp_path / "timm.pth"),
+        timm_kwargs=timm_kwargs,
+        features_only=True,
+        **backbone_kw,
     )
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
-        want = m.forward_intermediates(x, indices=backbone.feature_info.out_indices, intermediates_only=True)
-        assert all(torch.equal(a, b) for a, b in zip(backbone.eval()(x), want, strict=True))
+        want = m.forward_intermediates(x, indices=route.feature_info.out_indices, intermediates_only=True)
+        for got in (route, ours, from_file):
+            assert got.feature_info.out_indices == route.feature_info.out_indices
+            assert all(torch.equal(a, b) for a, b in zip(got.eval()(x), want, strict=True))

@@ -686,6 +686,29 @@ def test_timm_checkpoint_path_on_a_train_py_checkpoint_and_its_export(trained, t
         assert tuple(resolved["input_size"]) == (1, 32, 32)
 
 
+def test_a_backbone_from_a_train_py_checkpoint_with_its_data_config(trained):
+    """``vitrel.load_model(ckpt, features_only=True)`` on what ``train.py`` wrote: the run's network's
+    intermediates exactly, and timm's data config of the backbone is the training data's (Fashion-MNIST's grey mean
+    and std at 32 px), as the whole model's is."""
+    from timm.data import resolve_data_config
+
+    ref = vitrel.load_model(trained).eval()
+    backbone = vitrel.load_model(trained, features_only=True, out_indices=(-1,)).eval()
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        (got,) = backbone(x)
+        torch.testing.assert_close(
+            got, ref.forward_intermediates(x, indices=1, intermediates_only=True)[0], rtol=0, atol=0
+        )
+    resolved = resolve_data_config(model=backbone)
+    assert resolved == resolve_data_config(model=ref)
+    assert resolved["mean"] == pytest.approx((FMNIST_MEAN,)) and tuple(resolved["input_size"]) == (1, 32, 32)
+    assert (
+        "num_classes" not in backbone.pretrained_cfg
+        and backbone.pretrained_cfg["resize"] == ref.pretrained_cfg["resize"]
+    )
+
+
 # ---------------------------------------------------------------------------- a checkpoint of a NaFlex run
 NAFLEX = ["experiment=fmnist_naflex", *(o for o in TRAIN if "limit_train" not in o), "trainer.limit_train_batches=2"]
 NAFLEX_RUN = {"packing": "pack", "seq_len": 128, "max_tokens": 64, "eval_max_ratio": 1.0}

@@ -66,7 +66,7 @@ from vitrel.models.data_config import (
     stored_data_config,
     warn_no_data_config,
 )
-from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg
+from vitrel.models.registry import MODEL_ARGS, build, build_from_cfg, split_feature_args, with_features
 from vitrel.pos.base import PositionScheme
 from vitrel.pos.reference import ReferenceGrid, fill_reference_grids
 
@@ -375,7 +375,9 @@ def load_model(
     be loaded safely and exactly. The model comes back in training mode, as from ``create_model``; call ``.eval()``
     for inference. The data config stored with the weights (the preprocessing of the training data, see the module
     docstring) is in the model's ``pretrained_cfg``; without one it holds the architecture's defaults, with a
-    :class:`~vitrel.models.data_config.NoDataConfigWarning`.
+    :class:`~vitrel.models.data_config.NoDataConfigWarning`. ``features_only=True`` (with ``out_indices``,
+    ``output_fmt``): the loaded network as timm's ``features_only`` backbone
+    (:func:`~vitrel.models.registry.with_features`).
 
     ``use_ema``: ``"auto"`` (default) loads the weights the run validated and tested with, as ``eval.py`` and
     ``predict.py`` do: the EMA copy of a training checkpoint of a run with ``module/ema`` (unless it ran with
@@ -386,6 +388,9 @@ def load_model(
     choice is refused (:func:`weights_ema`).
     """
     path = run_checkpoint(path)  # a run folder: the checkpoint its test scored, said in one line
+    overrides, feature_args = split_feature_args(overrides)
+    if feature_args.get("features_only"):  # the whole network loaded, then its backbone (timm's wrapper)
+        return with_features(load_model(path, architecture, use_ema, **overrides), feature_args)
     if use_ema not in ("auto", True, False):
         raise ValueError(f"use_ema must be 'auto', True or False, got {use_ema!r}")
     if _resolve(path).suffix == ".safetensors":  # exported weights: one set, the one they record (else refused)
@@ -394,13 +399,6 @@ def load_model(
     elif use_ema == "auto":  # (a checkpoint of timm's train script: its EMA copy, as timm's load_checkpoint takes)
         obj = _read_keys(path)  # (read once for both)
         use_ema = _scores_ema(obj) if _holds_ema(obj) else _timm_ema_key(obj) is not None
-    if overrides.get("features_only"):
-        raise CheckpointError(
-            "load_model builds the whole classifier; timm wraps a features_only backbone around the weights it "
-            f"loads: timm.create_model('<architecture>', pretrained=True, pretrained_cfg_overlay=dict(file='{path}' "
-            "(an export folder: its model.safetensors)), features_only=True, out_indices=...), or call "
-            "forward_intermediates on the loaded model (docs/dense.md)"
-        )
     cfg, sd = read_weights(path, use_ema=use_ema)
     if cfg is None:  # a plain state dict: the model is what the arguments say (timm's checkpoint_path)
         if architecture is None:

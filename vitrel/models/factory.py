@@ -45,7 +45,7 @@ from vitrel.models.data_config import (
     stored_data_config,
     warn_no_data_config,
 )
-from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models
+from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models, split_feature_args
 from vitrel.models.timm_import import from_timm
 
 # timm's register_model reads the pretrained configs from the entry point's module as `default_cfgs`
@@ -190,7 +190,8 @@ def create_model(
             (position scheme, sizes...) and the arguments given here override them; a different
             ``num_classes`` resets the head. A plain state dict is loaded strictly into the model the
             arguments describe (:class:`CheckpointError` naming the missing / unexpected keys when it
-            does not fit). Tables and absolute embeddings are resized to ``img_size``.
+            does not fit). Tables and absolute embeddings are resized to ``img_size``. With
+            ``features_only=True`` (``out_indices``...): the loaded network as timm's backbone.
         pos: position scheme name or config dict (``{"name": ..., **options}``).
         num_classes, img_size, in_chans: as timm; None keeps the architecture's default.
         init_from: ``"timm:<name>[.<tag>]"``: start from that timm model's weights (:func:`vitrel.from_timm`;
@@ -248,6 +249,7 @@ def _from_timm_route(
     if not str(init_from).startswith("timm:") or len(str(init_from)) <= 5:
         raise ValueError(f"init_from must be 'timm:<model name>[.<tag>]', got {init_from!r}")
     timm_name = str(init_from)[5:]
+    kwargs, feature_args = split_feature_args(kwargs)  # (a features_only backbone: from_timm's)
     ignored = sorted(k for k, v in kwargs.items() if k not in (*TRANSFERABLE, "timm_kwargs") and v is not None)
     if ignored:
         warnings.warn(
@@ -259,4 +261,4 @@ def _from_timm_route(
     for k, v in (("num_classes", num_classes), ("img_size", img_size), ("in_chans", in_chans)):
         if v is not None:
             extra[k] = v
-    return from_timm(timm_name, pos=pos, checkpoint_path=init_file, **extra)
+    return from_timm(timm_name, pos=pos, checkpoint_path=init_file, **extra, **feature_args)

@@ -22,6 +22,7 @@ from timm.models import (
     FeatureListNet,
     build_model_with_cfg,
     generate_default_cfgs,
+    get_pretrained_cfg,
 )
 from timm.models._features import FeatureGetterNet
 from torch import nn
@@ -44,7 +45,10 @@ from vitrel.pos.registry import get_pos_class
 #: 8: ``rel2d_cpb``'s MLP gets no weight decay (before: ``mlp_weight_decay: true``).
 FORMAT = 8
 
-__all__ = ["MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg", "upgraded_cfg"]
+__all__ = [
+    "MODEL_ARGS", "default_cfgs", "list_models", "check_architecture", "build", "build_from_cfg", "upgraded_cfg",
+    "split_feature_args", "with_features",
+]  # fmt: skip
 
 CIFAR_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR_STD = (0.2470, 0.2435, 0.2616)
@@ -305,6 +309,40 @@ def _feature_cfg(cls: type[nn.Module], kwargs: dict[str, Any], defaults: dict[st
             )
         cfg.setdefault("flatten_sequential", True)  # as timm's Swin: the stages of a Sequential in turn
     return cfg
+
+
+#: the keyword arguments of timm's ``features_only`` backbones (``timm.create_model(..., features_only=True, ...)``)
+FEATURE_ARGS = ("features_only", "out_indices", "feature_cls", "output_fmt", "feature_cfg")
+
+
+def split_feature_args(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``kwargs`` as (the whole network's arguments, the ``features_only`` backbone's :data:`FEATURE_ARGS`)."""
+    return {k: v for k, v in kwargs.items() if k not in FEATURE_ARGS}, {
+        k: v for k, v in kwargs.items() if k in FEATURE_ARGS
+    }
+
+
+def with_features(model: nn.Module, feature_args: Mapping[str, Any]) -> nn.Module:
+    """``model`` (a vitrel network holding its weights) as the ``features_only`` backbone ``feature_args`` ask for
+    (:data:`FEATURE_ARGS`; ``model`` itself without ``features_only``): the backbone
+    ``timm.create_model(<architecture>, features_only=True, ...)`` builds from the network's ``vitrel_cfg``, holding
+    the network's weights (those the backbone keeps), in the network's training mode, with its ``pretrained_cfg``
+    (the data config a checkpoint stored) less the keys timm drops for a backbone (the classifier's). Weights go into
+    the default ``feature_cls='getter'`` only (its ``load_state_dict`` takes the whole network's): another is
+    refused."""
+    if not feature_args.get("features_only"):
+        return model
+    kind = feature_args.get("feature_cls", (feature_args.get("feature_cfg") or {}).get("feature_cls", "getter"))
+    if _feature_kind(kind) != "getter":
+        raise ValueError(
+            f"feature_cls={kind!r}: weights load into the default feature_cls='getter' backbone only (the same "
+            "stage maps, from the model's forward_intermediates); leave feature_cls out"
+        )
+    backbone = build_from_cfg(model.vitrel_cfg, **feature_args)
+    backbone.load_state_dict(model.state_dict())
+    dropped = set(get_pretrained_cfg(model.vitrel_cfg["architecture"]).to_dict()) - set(backbone.pretrained_cfg)
+    backbone.pretrained_cfg = backbone.default_cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in dropped}
+    return backbone.train(model.training)
 
 
 def _legacy_pos(spec: Any, written_format: int) -> Any:

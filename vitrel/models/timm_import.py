@@ -51,7 +51,7 @@ from vitrel.layout.geometry import Grid
 from vitrel.layout.windows import window_and_shift
 from vitrel.models.checkpoint import CheckpointError, holds_timm_ema, load_weights, read_weights
 from vitrel.models.data_config import data_fields, set_data_config
-from vitrel.models.registry import build
+from vitrel.models.registry import build, split_feature_args, with_features
 from vitrel.models.rope_layout import permute_qk, rope_channel_order
 
 __all__ = [
@@ -511,18 +511,24 @@ def from_timm(
         timm_kwargs: arguments for ``timm.create_model`` (the source's architecture, e.g. ``img_size``).
         **kwargs: vitrel constructor arguments (``num_classes`` resets the head, ``img_size`` resizes
             tables and the absolute embedding, ``in_chans`` adapts the patch embedding as timm does,
-            ``abs_pos="ape"`` keeps a ViT's embedding, ``drop_path_rate`` ...).
+            ``abs_pos="ape"`` keeps a ViT's embedding, ``drop_path_rate`` ...); ``features_only=True`` (with
+            ``out_indices``, ``output_fmt``): the model as timm's ``features_only`` backbone (:func:`with_features`).
 
     Logs the transfer report (logger ``vitrel.models.timm_import``); :func:`transfer_timm_weights`
     returns it.
     """
     timm_kwargs = dict(timm_kwargs or {})
-    if kwargs.get("features_only"):  # (before any weights are read)
-        raise ValueError(
-            "from_timm builds the whole classifier; timm wraps a features_only backbone around the weights it loads: "
-            "vitrel.models.save_pretrained(<from_timm's model>, '<dir>'), then timm.create_model('local-dir:<dir>', "
-            "pretrained=True, features_only=True, out_indices=...); or call the model's forward_intermediates"
+    kwargs, feature_args = split_feature_args(kwargs)
+    if feature_args.get("features_only"):  # the whole network with the weights, then its backbone (timm's wrapper)
+        whole = from_timm(
+            model_or_name,
+            pos,
+            pretrained=pretrained,
+            checkpoint_path=checkpoint_path,
+            timm_kwargs=timm_kwargs,
+            **kwargs,
         )
+        return with_features(whole, feature_args)
     if isinstance(model_or_name, nn.Module):
         if checkpoint_path is not None:
             raise ValueError(

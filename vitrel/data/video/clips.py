@@ -18,8 +18,8 @@ warning). With ``delta = max(N - span, 0)``:
 
 Decoding: PyAV (FFmpeg's libraries, bundled in its wheels: ``pip install av``, nothing else on the system), of
 the video stream libavformat picks (``av_find_best_stream``, as ffplay: not a cover or preview still stored before
-the video, which a file's first video stream can be;
-an audio file whose only video stream is its cover art is refused). The frame count ``N`` is the container's
+the video, which a file's first video stream can be; an audio file whose only video stream is its cover art is
+refused). The frame count ``N`` is the container's
 (``stream.frames``), or, where the container states none (WebM, Matroska), the number of video packets; the
 frames are decoded from the start of the file up to the clip's last one (no seeking: fine for clips of seconds, as
 UCF-101's and Kinetics', slow for long videos). A stream that ends before

@@ -16,12 +16,16 @@ does it). Groups that are open-ended by design stay ``Any``: ``model`` (checked 
 ``trainer.limit_train_batches``: a count or a fraction), which OmegaConf cannot express as a union.
 
 :func:`check_moved_keys` refuses the keys of vitrel 0.1 that ``docs/training.md`` lists as moved
-(``+optim.lr=1e9`` would otherwise be composed and ignored); ``train()`` and ``evaluate()`` call it first.
+(``+optim.lr=1e9`` would otherwise be composed and ignored); ``train()`` and ``evaluate()`` call it first, and
+:func:`check_top_keys` a top-level key the script does not read (``+epochs=3``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -38,6 +42,9 @@ __all__ = [
     "MOVED_KEYS",
     "check_moved_keys",
     "check_trainer_keys",
+    "check_top_keys",
+    "nearest_keys",
+    "schema_keys",
     "check_resume",
     "ConfigError",
     "data_val_fraction",
@@ -409,3 +416,61 @@ def check_trainer_keys(trainer: DictConfig) -> None:
         said.append(f"trainer.{key}: Lightning's Trainer takes no {key}; {hint}")
     if said:
         raise ConfigError("; ".join(said))
+
+
+def check_top_keys(cfg: DictConfig, schema: type, script: str) -> None:
+    """A :class:`ConfigError` naming the nearest keys when ``cfg`` holds a top-level key that ``schema`` (the script's
+    config class) lacks and no interpolation reads: Hydra lets ``+epochs=3`` (or an experiment's file) add any key
+    at the top, and the run would go on without it. A key an interpolation reads (``${my_lr}``) is the user's own."""
+    known = {f.name for f in dataclasses.fields(schema)} | {"hydra"}
+    text = OmegaConf.to_yaml(cfg, resolve=False)
+    read = set(re.findall(r"\$\{\s*([A-Za-z_]\w*)", text))  # (the top-level names interpolations start from)
+    extra = [k for k in cfg if k not in known and k not in read]
+    if not extra:
+        return
+    own, nested = [k for k in cfg if k in known and k != "hydra"], _dotted_keys(cfg)
+    said = []
+    for key in extra:
+        near = nearest_keys(key, own) or nearest_keys(key, nested)  # (the top level's keys first)
+        hint = f"; did you mean {' or '.join(near)}?" if near else ""
+        why = "added with + or by a config file: the run would ignore it"
+        said.append(f"{key}: {script} reads no top-level {key} ({why}){hint}")
+    raise ConfigError("; ".join(said))
+
+
+def nearest_keys(key: str, paths: Iterable[str], n: int = 3) -> list[str]:
+    """Up to ``n`` dotted keys of ``paths`` (``trainer.max_epochs``) whose last name is ``key``, else whose last name
+    is nearest to it (``difflib``, cutoff 0.75): what a misplaced or misspelled key meant."""
+    import difflib
+
+    leaves: dict[str, list[str]] = {}
+    for path in paths:
+        leaves.setdefault(path.rsplit(".", 1)[-1], []).append(path)
+    near = leaves.get(key) or [
+        p for m in difflib.get_close_matches(key, list(leaves), n=n, cutoff=0.75) for p in leaves[m]
+    ]
+    return near[:n]
+
+
+def schema_keys(schema: type, prefix: str = "") -> list[str]:
+    """The dotted keys of a schema dataclass, nested schemas walked (``ModuleConfig``: ``optimizer.lr`` ...)."""
+    out = []
+    for name, hint in get_type_hints(schema).items():
+        inner = [t for t in (hint, *get_args(hint)) if dataclasses.is_dataclass(t)]
+        out += schema_keys(inner[0], f"{prefix}{name}.") if inner else [f"{prefix}{name}"]
+    return out
+
+
+def _dotted_keys(node: DictConfig, prefix: str = "") -> list[str]:
+    """The dotted keys of ``node``'s settings below its top level, mappings walked (``trainer.max_epochs``,
+    ``module.optimizer.lr``; not ``hydra``'s), interpolations left unresolved."""
+    out = []
+    for k in node:
+        if k == "hydra" or str(k).startswith("_"):
+            continue
+        path, plain = f"{prefix}{k}", not (OmegaConf.is_missing(node, k) or OmegaConf.is_interpolation(node, k))
+        if plain and isinstance(node[k], DictConfig):
+            out += _dotted_keys(node[k], path + ".")
+        elif prefix:
+            out.append(path)
+    return out

@@ -368,3 +368,52 @@ def test_an_added_trainer_key_lightning_lacks_is_refused_naming_the_nearest(tmp_
     trainer.zzz = 1
     with pytest.raises(ConfigError, match=r"trainer.zzz: Lightning's Trainer takes no zzz; its arguments: https://"):
         check_trainer_keys(trainer)
+
+
+def test_an_added_top_level_key_nothing_reads_is_refused_naming_the_nearest(tmp_path):
+    """``+epochs=3`` (timm's train.py's name) was composed and ignored: the run trained its configured epochs and
+    said nothing. ``train.py``, ``eval.py`` and ``predict.py`` now refuse a top-level key their config does not have
+    and no interpolation reads, before anything runs, naming the key meant (the top level's own first, then
+    ``trainer``, ``module``, ``data`` ... by last name); a key of the user's own that an interpolation reads passes,
+    and so does every configuration conf/ composes."""
+    from tests.train_helpers import run_script_forked
+    from vitrel.config import ConfigError, EvalConfig, PredictConfig, TrainConfig, check_top_keys
+
+    r = run_script_forked("train.py", ["+epochs=3", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines()[-1] == (
+        "train.py: ConfigError: epochs: train.py reads no top-level epochs (added with + or by a config file: the run "
+        "would ignore it); did you mean trainer.min_epochs or trainer.max_epochs?"
+    ), r.stderr[-2000:]
+    assert not (tmp_path / "r" / "metrics.json").exists()
+    for added, meant in [("+lr=0.1", "module.optimizer.lr"), ("+workers=2", "data.num_workers"), ("+sed=1", "seed")]:
+        with pytest.raises(
+            ConfigError, match=rf"reads no top-level {added[1:].split('=')[0]}\b.*did you mean {meant}\b"
+        ):
+            check_top_keys(_compose([added]), TrainConfig, "train.py")
+    check_top_keys(_compose(["+my_lr=0.01", "module.optimizer.lr=${my_lr}"]), TrainConfig, "train.py")
+    with pytest.raises(
+        ConfigError, match=r"reads no top-level zzz \(added with \+ or by a config file: the run would "
+    ):
+        check_top_keys(_compose(["+zzz=1"]), TrainConfig, "train.py")
+    with pytest.raises(ConfigError, match=r"predict.py reads no top-level top_k .*did you mean topk\?$"):
+        check_top_keys(_compose(["ckpt_path=x", "input=y", "+top_k=3"], "predict"), PredictConfig, "predict.py")
+    with pytest.raises(ConfigError, match=r"eval.py reads no top-level split_name"):
+        check_top_keys(_compose(["ckpt_path=x", "+split_name=val"], "eval"), EvalConfig, "eval.py")
+    for group in ("experiment", "debug", "hparams_search"):
+        for option in _options(group):
+            check_top_keys(_compose([f"{group}={option}"]), TrainConfig, "train.py")
+    check_top_keys(_compose(["ckpt_path=x"], "eval"), EvalConfig, "eval.py")
+
+
+def test_a_top_level_key_the_schemas_lack_is_looked_for_in_every_node():
+    """``epochs=3`` / ``lr=0.1`` (no ``+``): Hydra refuses them, and the hint names the key meant in ``trainer``,
+    ``module`` (its optimizer's too) or ``data``; ``module.lr`` names the optimizer's."""
+    from vitrel.train.cli import key_typo_hint
+
+    assert key_typo_hint(["epochs=3", "lr=0.1", "batch_size=8", "module.lr=0.1"]).splitlines() == [
+        "epochs=3: train.py's config has no epochs; did you mean trainer.min_epochs or trainer.max_epochs?",
+        "lr=0.1: train.py's config has no lr; did you mean module.optimizer.lr?",
+        "batch_size=8: train.py's config has no batch_size; did you mean data.batch_size?",
+        "module.lr=0.1: module has no lr; did you mean module.optimizer.lr?",
+    ]

@@ -98,42 +98,36 @@ def moved_key_hint(args: Sequence[str]) -> str | None:
 
 def key_typo_hint(args: Sequence[str], config_name: str = "train", conf: str | Path | None = None) -> str | None:
     """The nearest keys for each ``<key>=<value>`` / ``<node>.<key>=<value>`` override (no ``+``) naming a key the typed
-    schemas lack (``trainer.max_epoch=1``), which Hydra refuses (``Key 'max_epoch' not in 'TrainerConfig'``): the
-    script's top level, ``trainer`` (Lightning's ``Trainer`` arguments), ``module`` and ``data`` (the keys of every
-    data schema). None when each key is there or none is near; config groups (``pos=...``) are
-    :func:`group_option_hint`'s."""
-    import dataclasses
-    import difflib
-
+    schemas lack (``trainer.max_epoch=1``, ``epochs=3``), which Hydra refuses (``Key 'max_epoch' not in
+    'TrainerConfig'``): among the script's top level, ``trainer`` (Lightning's ``Trainer`` arguments), ``module``
+    (its optimizer's and scheduler's too) and ``data`` (the keys of every data schema); a top-level key is looked for
+    in all of them (``lr`` -> ``module.optimizer.lr``). None when each key is there or none is near; config groups
+    (``pos=...``) are :func:`group_option_hint`'s."""
     from vitrel import config as c
 
     top = {"train": c.TrainConfig, "eval": c.EvalConfig, "predict": c.PredictConfig}.get(config_name)
     if top is None:
         return None
     root = Path(conf or conf_dir())
-
-    def names(cls: type) -> set[str]:
-        return {f.name for f in dataclasses.fields(cls)}
-
-    nodes = {"trainer": names(c.TrainerConfig), "module": names(c.ModuleConfig), "data": set()}
-    for cls in (c.DataConfig, *c.DataConfig.__subclasses__()):
-        nodes["data"] |= names(cls)
+    data = {k for cls in (c.DataConfig, *c.DataConfig.__subclasses__()) for k in c.schema_keys(cls, "data.")}
+    nodes = {"trainer": c.schema_keys(c.TrainerConfig, "trainer."), "module": c.schema_keys(c.ModuleConfig, "module.")}
+    nodes = {n: [k for k in keys if "._" not in k] for n, keys in {**nodes, "data": sorted(data)}.items()}
+    own = c.schema_keys(top)
     lines = []
     for a in args:
         m = re.match(r"([A-Za-z_][\w.]*)=", a)  # (not +key=, ++key=, ~key: those add, force or delete)
         if not m or m.group(1).startswith("hydra") or (root / m.group(1)).is_dir():
             continue
         *node, key = m.group(1).split(".")
-        if not node:
-            have, prefix = names(top), ""
-        elif len(node) == 1 and node[0] in nodes and node[0] in names(top):
-            have, prefix = nodes[node[0]], node[0] + "."
+        if not node:  # (the top level's own keys first, then the nodes')
+            nested = [k for n in nodes if n in own for k in nodes[n]]
+            near, where = c.nearest_keys(key, own) or c.nearest_keys(key, nested), f"{config_name}.py's config"
+        elif len(node) == 1 and node[0] in nodes and node[0] in own:
+            near, where = c.nearest_keys(key, nodes[node[0]]), node[0]
         else:
             continue
-        near = difflib.get_close_matches(key, sorted(have), n=3, cutoff=0.75)
-        if key not in have and near:
-            where = prefix.rstrip(".") or f"{config_name}.py's config"
-            lines.append(f"{a}: {where} has no {key}; did you mean " + " or ".join(prefix + n for n in near) + "?")
+        if near and m.group(1) not in near:  # (a key that is there is its own nearest)
+            lines.append(f"{a}: {where} has no {key}; did you mean " + " or ".join(near) + "?")
     return "\n".join(lines) or None
 
 
@@ -276,13 +270,16 @@ def eval_main() -> None:
 def predict_task(script: str) -> Callable[[Any], Any]:
     """``run_predict`` with its refusals as one line ``<script>: <reason>`` (exit 1): a damaged, foreign or missing
     model file, an input that is no folder of images (or videos), a GPU this machine does not have, a setting it
-    cannot honour (``topk=0``, ``seq_len`` for a video model...), image files none of which could be read."""
+    cannot honour (``topk=0``, ``seq_len`` for a video model...), image files none of which could be read, a key it
+    does not read (``+top_k=3``)."""
+    from vitrel.config import ConfigError
     from vitrel.inference import PredictSettingsError
     from vitrel.models.checkpoint import CheckpointError
     from vitrel.train.predict import NothingReadError, run_predict
     from vitrel.train.utils import AcceleratorUnavailableError
 
     refusals = (CheckpointError, FileNotFoundError, NotADirectoryError, AcceleratorUnavailableError, NothingReadError)
+    refusals += (ConfigError,)
 
     @functools.wraps(run_predict)
     def run(cfg: Any) -> Any:

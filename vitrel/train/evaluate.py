@@ -39,7 +39,14 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig
 from timm.layers import to_2tuple
 
-from vitrel.config import ConfigError, check_moved_keys, check_trainer_keys, data_val_fraction
+from vitrel.config import (
+    ConfigError,
+    EvalConfig,
+    check_moved_keys,
+    check_top_keys,
+    check_trainer_keys,
+    data_val_fraction,
+)
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.models.checkpoint import CheckpointError, weights_ema
 from vitrel.models.ckpt_files import run_checkpoint, stored_config
@@ -267,6 +274,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     import vitrel
 
     check_moved_keys(cfg)
+    check_top_keys(cfg, EvalConfig, "eval.py")  # +split_name=val: composed and ignored
     launch_paths(cfg, EVAL_PATHS)  # ckpt_path=runs/a: the launch folder's, also under hydra.job.chdir=true
     check_trainer_keys(cfg.trainer)
     check_accelerator(cfg.trainer, "evaluate")  # trainer=gpu on a machine without one: what to run instead

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from timm.layers import to_2tuple
 
+from vitrel.config import PredictConfig, check_top_keys
 from vitrel.data.input_files import IMG_EXTENSIONS, check_input
 from vitrel.inference import PredictSettingsError, check_predict_args, load_predictor, predict_folder
 from vitrel.models.ckpt_files import run_checkpoint
@@ -184,6 +185,7 @@ def given_class_names(value: Any) -> list[str] | None:
 
 def run_predict(cfg: Any) -> dict[str, Any]:
     """``predict.py``'s body: check the settings, load, predict, write the CSV, print a summary; returns the summary."""
+    check_top_keys(cfg, PredictConfig, "predict.py")  # +top_k=3: composed and ignored
     launch_paths(cfg, PREDICT_PATHS)  # input=images: the launch folder's, also under hydra.job.chdir=true
     check_predict_args(**{k: cfg.get(k, d) for k, d in (("topk", 5), ("batch_size", 64), ("num_workers", 0))})
     check_predict_args(seq_len=cfg.get("seq_len"), max_tokens=cfg.get("max_tokens"))

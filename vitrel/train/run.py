@@ -31,7 +31,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from vitrel.config import ConfigError, check_moved_keys, check_resume, check_trainer_keys
+from vitrel.config import ConfigError, TrainConfig, check_moved_keys, check_resume, check_top_keys, check_trainer_keys
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.build import (
     adopt_preprocessing,
@@ -176,6 +176,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     (:class:`~vitrel.train.rundir.RunLock`, by the process of global rank 0).
     """
     check_moved_keys(cfg)  # +optim.lr=... (vitrel 0.1) would be composed and ignored
+    check_top_keys(cfg, TrainConfig, "train.py")  # +epochs=3: composed and ignored
     check_resume(cfg)  # resume=true: before anything is built
     check_trainer_keys(cfg.trainer)  # +trainer.max_epoch=1: Lightning's TypeError after the run has begun
     check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead

@@ -44,14 +44,14 @@ def _stop_validation(trainer: L.Trainer) -> bool:
     """The validation that ends now is one Lightning runs only for a stop mid-epoch
     (``LastCheckpoint.stop_validation``): one of ``trainer.val_check_interval`` at the stopping step is the fit's own
     (``last.ckpt`` is written after it)."""
-    from vitrel.train.callbacks import LastCheckpoint
+    from vitrel.train.last_checkpoint import LastCheckpoint
 
     return any(isinstance(cb, LastCheckpoint) and cb.stop_validation for cb in trainer.callbacks)
 
 
 def _stopped_mid_epoch(trainer: L.Trainer) -> bool:
     """The run's ``last.ckpt`` is of the step the fit stopped on mid-epoch (``LastCheckpoint.stopped_mid_epoch``)."""
-    from vitrel.train.callbacks import LastCheckpoint
+    from vitrel.train.last_checkpoint import LastCheckpoint
 
     return any(isinstance(cb, LastCheckpoint) and cb.stopped_mid_epoch for cb in trainer.callbacks)
 

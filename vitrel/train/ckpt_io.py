@@ -12,7 +12,7 @@ folder. Any failure before the rename (no space left, a signal, SIGKILL) leaves 
 was; the temporary file is removed on an exception (after SIGKILL it stays behind as
 ``.<name>.*.tmp``, never under the checkpoint's own name). ``train()`` hands it to the trainer
 (``Trainer(plugins=[AtomicCheckpointIO()])``), so every checkpoint the trainer writes goes through it:
-``last.ckpt`` (:class:`~vitrel.train.callbacks.LastCheckpoint`,
+``last.ckpt`` (:class:`~vitrel.train.last_checkpoint.LastCheckpoint`,
 :class:`~vitrel.train.callbacks.SignalCheckpoint`) and ``ModelCheckpoint``'s best files alike.
 """
 

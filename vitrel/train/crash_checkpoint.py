@@ -11,7 +11,8 @@ from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torchmetrics import Metric
 
-from vitrel.train.callbacks import ExactResume, LastCheckpoint, NonFiniteLossError
+from vitrel.train.callbacks import ExactResume, NonFiniteLossError
+from vitrel.train.last_checkpoint import LastCheckpoint
 
 __all__ = ["ExceptionCheckpoint"]
 
@@ -30,7 +31,7 @@ class _Snapshot:
 
 class ExceptionCheckpoint(Checkpoint):
     """When fitting stops on an exception (a corrupt image raising in the loader, an out-of-memory in a batch's
-    forward, a bug in a callback, Ctrl-C), write ``last.ckpt`` as :class:`~vitrel.train.callbacks.LastCheckpoint`
+    forward, a bug in a callback, Ctrl-C), write ``last.ckpt`` as :class:`~vitrel.train.last_checkpoint.LastCheckpoint`
     would have written it at the end of the last completed optimizer step, so that ``resume=auto`` continues exactly
     from there; then the exception goes on.
 

@@ -14,7 +14,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from vitrel.train.callbacks import last_checkpoint_path
+from vitrel.train.last_checkpoint import last_checkpoint_path
 from vitrel.train.sweep_plot import save_png
 
 __all__ = ["TrainingCurves", "plot_curves"]

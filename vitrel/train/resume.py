@@ -22,7 +22,8 @@ from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_
 from vitrel.models.ckpt_files import run_checkpoint
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
-from vitrel.train.callbacks import ExactResume, check_resume_position, last_checkpoint_file
+from vitrel.train.callbacks import ExactResume, check_resume_position
+from vitrel.train.last_checkpoint import last_checkpoint_file
 from vitrel.train.progress import CountValidations
 from vitrel.train.run_times import RunTimes
 from vitrel.train.sweep_files import MAY_DIFFER, SWEEP_JOB, sweep_folder, sweep_plan

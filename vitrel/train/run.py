@@ -44,7 +44,7 @@ from vitrel.train.build import (
     trainer_plugins,
     weights_source,
 )
-from vitrel.train.callbacks import KeepEarlyStop, last_checkpoint_path
+from vitrel.train.callbacks import KeepEarlyStop
 from vitrel.train.ckpt_io import AtomicCheckpointIO
 from vitrel.train.data_contract import (
     CheckOwnBatches,
@@ -56,6 +56,7 @@ from vitrel.train.data_contract import (
 )
 from vitrel.train.flops import run_gflops
 from vitrel.train.hydra_callbacks import write_held_back_record
+from vitrel.train.last_checkpoint import last_checkpoint_path
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, close_loggers, wandb_where
 from vitrel.train.loop_rules import first_validation

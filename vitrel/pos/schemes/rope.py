@@ -50,7 +50,8 @@ so a prefix<->patch logit sees the patch's absolute rotation; patch<->patch logi
 relative. Every scheme runs on any grid. ``prepare`` computes ``cos/sin`` once per
 forward (a model whose blocks share the scheme hands them to every block); the fixed schemes keep
 those of the grid they are built for as non-persistent buffers (:class:`~vitrel.pos.cache.GridBuffers`),
-the mixed scheme recomputes them from its learned frequencies.
+the mixed scheme recomputes them from its learned frequencies. The angle maths, without modules, is in
+:mod:`vitrel.pos.rope_angles` (re-exported here).
 """
 
 from __future__ import annotations
@@ -63,11 +64,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from vitrel.layout.geometry import Grid, as_grid, patch_coords
+from vitrel.layout.geometry import Grid, as_grid
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.cache import GridBuffers
 from vitrel.pos.reference import ReferenceGrid
 from vitrel.pos.registry import register_pos
+from vitrel.pos.rope_angles import (
+    AXIAL_ORDERS,
+    COORDS,
+    augment_coords,
+    geometric_freqs,
+    init_mixed_freqs,
+    rope1d_angles,
+    rope2d_axial_angles,
+    rope2d_mixed_angles,
+    rope_coords,
+    string_basis,
+)
 from vitrel.pos.rope_scaling import RopeScaling, parse_scaling, scale_geometric, scale_learned
 from vitrel.pos.rotation import apply_rope, apply_rope_complex, apply_rope_real
 
@@ -93,122 +106,7 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------- functional core
-def geometric_freqs(base: float, head_dim: int, step: int, device: torch.device | None, dtype: torch.dtype) -> Tensor:
-    """``base^(-step * t / head_dim)`` for ``t = 0 .. head_dim / step - 1``."""
-    t = torch.arange(0, head_dim, step, device=device, dtype=dtype)
-    return base ** (-t / head_dim)
-
-
-def rope1d_angles(grid: Grid, head_dim: int, base: float, dtype: torch.dtype = torch.float64) -> Tensor:
-    """``theta[p, t] = p * base^(-2t/d)`` for the raster index ``p`` of each patch, ``[H*W, d/2]``."""
-    p = torch.arange(grid.n, dtype=dtype)
-    return p[:, None] * geometric_freqs(base, head_dim, 2, None, dtype)[None, :]
-
-
-COORDS = ("index", "normalized")
-#: ``rope2d_axial``'s pair layouts: rows first (timm, DINOv3, V-JEPA 2; vitrel_format >= 5), columns first (RoPE-ViT)
-AXIAL_ORDERS = ("rows_first", "columns_first")
-
-
-def rope_coords(
-    grid: Grid, coords: str = "index", device: torch.device | None = None, dtype: torch.dtype = torch.float64
-) -> tuple[Tensor, Tensor]:
-    """Row and column coordinates ``(r, c)`` of the patches, each ``[H*W]``, in the angle's units.
-
-    ``"index"``: the integers; ``"normalized"``: DINOv3's ``2 pi (2 (i + 0.5) / S - 1)`` per axis (the
-    ``2 pi`` of its angles ``2 pi coord / period`` folded in).
-    """
-    if coords not in COORDS:
-        raise ValueError(f"coords must be one of {COORDS}, got {coords!r}")
-    r, c = patch_coords(grid, device)
-    r, c = r.to(dtype), c.to(dtype)
-    if coords == "normalized":
-        r = 2 * math.pi * (2 * (r + 0.5) / grid.h - 1)
-        c = 2 * math.pi * (2 * (c + 0.5) / grid.w - 1)
-    return r, c
-
-
-def augment_coords(
-    r: Tensor, c: Tensor, shift: float | None = None, jitter: float | None = None, rescale: float | None = None
-) -> tuple[Tensor, Tensor]:
-    """DINOv3's training-time coordinate augmentation (same draws, same order: shift, jitter, rescale;
-    row axis first), on coordinates in DINOv3's units (``rope_coords`` without the ``2 pi``)."""
-    rc = torch.stack((r, c), dim=-1)
-    if shift:
-        rc = rc + torch.empty(2, dtype=rc.dtype, device=rc.device).uniform_(-shift, shift)
-    if jitter:
-        rc = rc * torch.empty(2, dtype=rc.dtype, device=rc.device).uniform_(-math.log(jitter), math.log(jitter)).exp()
-    if rescale:
-        m = math.log(rescale)
-        rc = rc * torch.empty(1, dtype=rc.dtype, device=rc.device).uniform_(-m, m).exp()
-    return rc[..., 0], rc[..., 1]
-
-
-def rope2d_axial_angles(
-    grid: Grid,
-    head_dim: int,
-    base: float,
-    dtype: torch.dtype = torch.float64,
-    coords: str = "index",
-    rc: tuple[Tensor, Tensor] | None = None,
-) -> Tensor:
-    """``[r * omega, c * omega]`` (rows first) with ``omega_t = base^(-4t/d)``, ``t < d/4``: ``[H*W, d/2]``
-    (``r, c`` from :func:`rope_coords`, or given as ``rc``)."""
-    r, c = rc if rc is not None else rope_coords(grid, coords, None, dtype)
-    omega = geometric_freqs(base, head_dim, 4, None, dtype)
-    return torch.cat((r.to(dtype)[:, None] * omega, c.to(dtype)[:, None] * omega), dim=-1)
-
-
-def rope2d_mixed_angles(freqs: Tensor, grid: Grid, rc: tuple[Tensor, Tensor] | None = None) -> Tensor:
-    """``theta[h, p, t] = freqs[0, h, t] * col_p + freqs[1, h, t] * row_p``: ``[heads, H*W, d/2]``
-    (integer coordinates, or ``rc`` from :func:`rope_coords`).
-
-    Computed in at least float32 (the frequencies' dtype if wider), differentiable in ``freqs``.
-    """
-    dtype = torch.promote_types(freqs.dtype, torch.float32)
-    r, c = rc if rc is not None else patch_coords(grid, freqs.device)
-    f = freqs.to(dtype)
-    # elementwise outer products (autocast would downcast a matmul)
-    return c.to(dtype)[None, :, None] * f[0][:, None, :] + r.to(dtype)[None, :, None] * f[1][:, None, :]
-
-
-def init_mixed_freqs(
-    num_heads: int, head_dim: int, base: float = 10.0, rotate: bool = True, generator: torch.Generator | None = None
-) -> Tensor:
-    """RoPE-Mixed initial frequencies ``[2, heads, d/2]`` (RoPE-ViT's ``init_random_2d_freqs``).
-
-    ``m_t = base^(-4t/d)`` (``t < d/4``), ``phi_h ~ U[0, 2 pi)`` per head (0 if not ``rotate``)::
-
-        f^x_h = [m cos(phi_h), m cos(phi_h + pi/2)],   f^y_h = [m sin(phi_h), m sin(phi_h + pi/2)]
-    """
-    mag = geometric_freqs(base, head_dim, 4, None, torch.float64)[None, :]  # [1, d/4]
-    if rotate:
-        phi = torch.rand(num_heads, 1, generator=generator, dtype=torch.float64) * (2 * math.pi)
-    else:
-        phi = torch.zeros(num_heads, 1, dtype=torch.float64)
-    fx = torch.cat((mag * torch.cos(phi), mag * torch.cos(phi + math.pi / 2)), dim=-1)
-    fy = torch.cat((mag * torch.sin(phi), mag * torch.sin(phi + math.pi / 2)), dim=-1)
-    return torch.stack((fx, fy), dim=0).float()
-
-
-def string_basis(param: Tensor, kind: str) -> Tensor:
-    """STRING's orthogonal ``P [heads, d, d]``: the Cayley map ``(I + A)^-1 (I - A)`` of the skew-symmetric
-    ``A`` built from ``param`` (``cayley``: ``[heads, d, d]``, ``A = S - S^T``; ``circulant``:
-    ``[heads, d]``, ``A = C - C^T`` with ``C_ab = s[(b - a) mod d]``). Computed in at least float32."""
-    work = torch.promote_types(param.dtype, torch.float32)
-    s = param.to(work)
-    if kind == "circulant":
-        d = s.shape[-1]
-        idx = (torch.arange(d, device=s.device)[None, :] - torch.arange(d, device=s.device)[:, None]) % d
-        s = s[..., idx]  # [heads, d, d] circulant
-    elif kind != "cayley":
-        raise ValueError(f"basis must be 'identity', 'cayley' or 'circulant', got {kind!r}")
-    a = s - s.transpose(-1, -2)
-    eye = torch.eye(a.shape[-1], dtype=work, device=a.device).expand_as(a)
-    return torch.linalg.solve(eye + a, eye - a)
-
-
+# ---------------------------------------------------------------------------- helpers (the angles: rope_angles)
 def _rotate_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
     return apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 

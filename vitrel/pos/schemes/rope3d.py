@@ -66,8 +66,9 @@ from torch import Tensor, nn
 
 from vitrel.layout.geometry import Grid3, as_grid3, patch_coords3
 from vitrel.pos.registry import register_pos
+from vitrel.pos.rope_angles import geometric_freqs, init_mixed_freqs
 from vitrel.pos.rope_scaling import scale_learned
-from vitrel.pos.schemes.rope import FixedRope, _Rope, _scaling_repr, geometric_freqs, init_mixed_freqs
+from vitrel.pos.schemes.rope import FixedRope, _Rope, _scaling_repr
 
 __all__ = [
     "LAYOUTS",
@@ -206,7 +207,7 @@ def init_mixed3_freqs(
     num_heads: int, head_dim: int, base: float = 10.0, rotate: bool = True, generator: torch.Generator | None = None
 ) -> Tensor:
     """RoPE-Mixed's initial frequencies over ``(t, h, w)``: ``[3, heads, d/2]``, ``f^h`` and ``f^w``
-    :func:`~vitrel.pos.schemes.rope.init_mixed_freqs`'s rows and columns (the same draws), ``f^t`` their magnitudes
+    :func:`~vitrel.pos.rope_angles.init_mixed_freqs`'s rows and columns (the same draws), ``f^t`` their magnitudes
     ``base^(-4k/d)`` (``k < d/4``, twice) for every head."""
     fx, fy = init_mixed_freqs(num_heads, head_dim, base, rotate, generator)
     mag = geometric_freqs(base, head_dim, 4, None, torch.float64).repeat(2)

@@ -9,7 +9,8 @@ from torch import Tensor
 
 from vitrel.layout.geometry import Grid
 from vitrel.pos.registry import register_pos
-from vitrel.pos.schemes.rope import FixedRope, Rope2dOptions, geometric_freqs
+from vitrel.pos.rope_angles import geometric_freqs
+from vitrel.pos.schemes.rope import FixedRope, Rope2dOptions
 
 __all__ = ["SpiralRope"]
 

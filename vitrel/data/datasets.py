@@ -293,6 +293,10 @@ class ArrayImageDataset(Dataset):
         return img, int(self.labels[index])
 
 
+#: the splits a data module serves
+SPLITS = ("train", "val", "test")
+
+
 def seeded_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Seeded random split of ``range(n)`` into ``(train_idx, val_idx)``, ``len(val) = round(fraction n)``."""
     if not 0.0 < fraction < 1.0:

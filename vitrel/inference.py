@@ -505,10 +505,10 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
     ``data=video_folder``'s defaults, with one warning naming them."""
     import inspect
 
-    from vitrel.data.video.folder import VideoFolderDataModule
+    from vitrel.data.video.base import VideoFilesDataModule
     from vitrel.models.data_config import CLIP_FIELDS
 
-    params = inspect.signature(VideoFolderDataModule.__init__).parameters
+    params = inspect.signature(VideoFilesDataModule.__init__).parameters
     defaults = {"frame_stride": params["stride"].default, "clips_per_video": params["clips_per_video"].default}
     missing = [k for k in CLIP_FIELDS if k not in data_config]
     if missing:

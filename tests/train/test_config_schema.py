@@ -55,7 +55,8 @@ def test_every_config_composes(overrides):
     assert OmegaConf.get_type(cfg.module.optimizer) is schema.AdamWConfig
     assert issubclass(OmegaConf.get_type(cfg.data), schema.DataConfig)
     cls = get_class(cfg.data._target_)
-    accepted = set(inspect.signature(cls.__init__).parameters) | set(inspect.signature(VisionDataModule).parameters)
+    inits = [c.__init__ for c in cls.__mro__ if "__init__" in vars(c) and issubclass(c, VisionDataModule)]
+    accepted = set().union(*(inspect.signature(init).parameters for init in inits))  # (each class's, kwargs passed on)
     assert not {k for k in cfg.data if not k.startswith("_")} - accepted
 
 

@@ -18,18 +18,25 @@ What changes from images:
 The rest is the image modules' (``batch_size``, ``num_workers``, ``seed``, ``val_fraction``, ``train_order_seed``,
 the loaders). Subclasses implement ``_locate()``, ``_load_raw(split)`` (the split's videos) and ``_clips(videos,
 transform, num_frames, training)`` (the data set of transformed clips over them).
+:class:`VideoFilesDataModule` is that part for encoded files, a split's videos a list of ``(path, class index)``
+decoded with PyAV (:class:`~vitrel.data.video.clips.VideoClips`): class folders
+(:mod:`~vitrel.data.video.folder`) and list files (:mod:`~vitrel.data.video.lists`) build on it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset, Subset
 
 from vitrel.data.base import VisionDataModule
-from vitrel.data.video.clips import ClipTransform
+from vitrel.data.datasets import ON_BAD_SAMPLE
+from vitrel.data.normalisation import per_channel
+from vitrel.data.unreadable import LeaveOutCollate
+from vitrel.data.video.clips import ClipTransform, VideoClips
 
-__all__ = ["VideoDataModule", "AUGMENT_KEYS"]
+__all__ = ["VideoDataModule", "VideoFilesDataModule", "AUGMENT_KEYS"]
 
 #: the ``augment_kwargs`` a video module takes (the random resized crop's and the flip's)
 AUGMENT_KEYS = ("scale", "ratio", "hflip")
@@ -139,3 +146,63 @@ class VideoDataModule(VisionDataModule):
         )
 
     __str__ = __repr__
+
+
+class VideoFilesDataModule(VideoDataModule):
+    """The video modules over encoded files: ``_load_raw(split)`` gives the split's ``(path, class index)`` pairs,
+    decoded by :class:`~vitrel.data.video.clips.VideoClips` (training one random clip per video, evaluation
+    ``clips_per_video`` evenly spaced ones).
+
+    ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video (one
+    sample ``[K, C, T, H, W]`` when more than one); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a video that does
+    not decode; ``in_chans``: 3 (RGB) or 1 (grey frames, made as predict.py makes them: PIL's ``convert("L")``;
+    ImageNet's statistics averaged); ``num_classes``: kept as ``_given_num_classes`` (the subclass checks it against
+    its data). Normalisation: timm's ImageNet mean and std (as VideoMAE's). Other kwargs as :class:`VideoDataModule`.
+    """
+
+    native_size = 224
+    fixed_size = False
+
+    def __init__(
+        self,
+        root: Any = None,
+        num_classes: int | None = None,
+        num_frames: int = 16,
+        stride: int = 4,
+        clips_per_video: int = 1,
+        on_bad_sample: str = "raise",
+        in_chans: int = 3,
+        **kwargs: Any,
+    ) -> None:
+        if in_chans not in (1, 3):
+            raise ValueError(f"in_chans must be 1 (grey frames) or 3 (RGB), got {in_chans}")
+        if on_bad_sample not in ON_BAD_SAMPLE:
+            raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
+        if int(stride) < 1 or int(clips_per_video) < 1:
+            raise ValueError(f"stride and clips_per_video must be >= 1, got {stride}, {clips_per_video}")
+        super().__init__(root=root, num_frames=num_frames, **kwargs)
+        self.stride, self.clips_per_video = int(stride), int(clips_per_video)
+        self.on_bad_sample = on_bad_sample
+        self._given_num_classes = num_classes
+        self.in_chans = int(in_chans)
+        self.mean = per_channel(IMAGENET_DEFAULT_MEAN, self.in_chans)
+        self.std = per_channel(IMAGENET_DEFAULT_STD, self.in_chans)
+
+    def _clips(self, videos: Dataset, transform: Any, num_frames: int, training: bool) -> Dataset:
+        return VideoClips(
+            videos,
+            num_frames,
+            stride=self.stride,
+            sampling="random" if training else "uniform",
+            clips_per_video=1 if training else self.clips_per_video,
+            transform=transform,
+            on_bad_sample=self.on_bad_sample,
+            leave_out=not training,  # (evaluation: each video that decodes scored once, the others left out)
+            grey=self.in_chans == 1,
+        )
+
+    @property
+    def collate_fn(self) -> Any:
+        """The base collate, dropping the videos an evaluation split left out (``on_bad_sample="skip"``)."""
+        collate = super().collate_fn
+        return LeaveOutCollate(collate) if self.on_bad_sample == "skip" else collate

@@ -33,15 +33,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset
 
-from vitrel.data.datasets import ON_BAD_SAMPLE, DatasetNotFoundError
+from vitrel.data.datasets import DatasetNotFoundError
 from vitrel.data.imagenet import FixedClassImageFolder, LazyClasses, locate_class_folders
-from vitrel.data.normalisation import per_channel
-from vitrel.data.unreadable import LeaveOutCollate
-from vitrel.data.video.base import VideoDataModule
-from vitrel.data.video.clips import VideoClips
+from vitrel.data.video.base import VideoFilesDataModule
 
 __all__ = ["VideoFolderDataModule", "VIDEO_EXTENSIONS", "video_files"]
 
@@ -66,20 +62,15 @@ def video_files(
     return ds
 
 
-class VideoFolderDataModule(LazyClasses, VideoDataModule):
+class VideoFolderDataModule(LazyClasses, VideoFilesDataModule):
     """Class folders of videos under ``root/train`` and ``root/val`` (see the module docstring).
 
-    ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video (one
-    sample ``[K, C, T, H, W]`` when more than one); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a video that does
-    not decode (:class:`~vitrel.data.video.clips.VideoClips`); ``in_chans``: 3 (RGB) or 1 (grey frames, made as
-    predict.py makes them: PIL's ``convert("L")``; ImageNet's statistics averaged).
     ``num_classes`` is inferred from the train folders; passing it checks it (and lets a model be built before the
-    data is reachable). Other kwargs as :class:`~vitrel.data.video.base.VideoDataModule`.
+    data is reachable). The clips' options (``num_frames``, ``stride``, ``clips_per_video``, ``on_bad_sample``,
+    ``in_chans``) and other kwargs as :class:`~vitrel.data.video.base.VideoFilesDataModule`.
     """
 
     dataset_name = "video folders"
-    native_size = 224
-    fixed_size = False
 
     def __init__(
         self,
@@ -87,31 +78,14 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
         num_classes: int | None = None,
         train_dir: str = "train",
         val_dir: str = "val",
-        num_frames: int = 16,
-        stride: int = 4,
-        clips_per_video: int = 1,
         extensions: Sequence[str] = VIDEO_EXTENSIONS,
-        on_bad_sample: str = "raise",
-        in_chans: int = 3,
         **kwargs: Any,
     ) -> None:
-        if in_chans not in (1, 3):
-            raise ValueError(f"in_chans must be 1 (grey frames) or 3 (RGB), got {in_chans}")
-        if on_bad_sample not in ON_BAD_SAMPLE:
-            raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
-        if int(stride) < 1 or int(clips_per_video) < 1:
-            raise ValueError(f"stride and clips_per_video must be >= 1, got {stride}, {clips_per_video}")
         if not extensions:
             raise ValueError("extensions must list at least one file extension, e.g. ['.mp4']")
-        super().__init__(root=root, num_frames=num_frames, **kwargs)
+        super().__init__(root=root, num_classes=num_classes, **kwargs)
         self.train_dir, self.val_dir = train_dir, val_dir
-        self.stride, self.clips_per_video = int(stride), int(clips_per_video)
         self.extensions = tuple(extensions)
-        self.on_bad_sample = on_bad_sample
-        self._given_num_classes = num_classes
-        self.in_chans = int(in_chans)
-        self.mean = per_channel(IMAGENET_DEFAULT_MEAN, self.in_chans)
-        self.std = per_channel(IMAGENET_DEFAULT_STD, self.in_chans)
 
     @property
     def class_names(self) -> list[str]:
@@ -137,22 +111,3 @@ class VideoFolderDataModule(LazyClasses, VideoDataModule):
             return video_files(folder, self.classes, self.extensions, allow_empty=split != "train")
         except FileNotFoundError as e:  # no videos in a class folder: a data set error (one line from train.py)
             raise DatasetNotFoundError(self.dataset_name, [folder], self._how_to_get(), detail=str(e)) from None
-
-    def _clips(self, videos: Dataset, transform: Any, num_frames: int, training: bool) -> Dataset:
-        return VideoClips(
-            videos,
-            num_frames,
-            stride=self.stride,
-            sampling="random" if training else "uniform",
-            clips_per_video=1 if training else self.clips_per_video,
-            transform=transform,
-            on_bad_sample=self.on_bad_sample,
-            leave_out=not training,  # (evaluation: each video that decodes scored once, the others left out)
-            grey=self.in_chans == 1,
-        )
-
-    @property
-    def collate_fn(self) -> Any:
-        """The base collate, dropping the videos an evaluation split left out (``on_bad_sample="skip"``)."""
-        collate = super().collate_fn
-        return LeaveOutCollate(collate) if self.on_bad_sample == "skip" else collate

@@ -116,16 +116,34 @@ class ImageNetDataConfig(DataConfig):
 
 
 @dataclass
-class VideoFolderDataConfig(DataConfig):
+class VideoFilesDataConfig(DataConfig):
+    """The options of the data over video files (``data=video_folder``, ``data=video_list``): the clips."""
+
     num_classes: int | None = None
-    train_dir: str = "train"
-    val_dir: str = "val"
     num_frames: int = 16
     stride: int = 4
     clips_per_video: int = 1
-    extensions: list[str] = field(default_factory=lambda: [".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v"])
     on_bad_sample: str = "raise"  # raise | skip a video that does not decode (named; the next one in its place)
     in_chans: int = 3  # 1: grey frames (PIL's convert("L"), as predict.py)
+
+
+@dataclass
+class VideoFolderDataConfig(VideoFilesDataConfig):
+    train_dir: str = "train"
+    val_dir: str = "val"
+    extensions: list[str] = field(default_factory=lambda: [".mp4", ".avi", ".webm", ".mkv", ".mov", ".m4v"])
+
+
+@dataclass
+class VideoListDataConfig(VideoFilesDataConfig):
+    """``data=video_list``: "path label" lists or Something-Something v2's JSON (``vitrel.data.video.lists``)."""
+
+    train_list: str | None = None  # relative: under root
+    val_list: str | None = None
+    labels_file: str | None = None  # SSv2's something-something-v2-labels.json (with JSON lists)
+    video_dir: str | None = None  # relative video paths and SSv2 ids are under root/video_dir (null: root)
+    video_ext: str = ".webm"  # an SSv2 id's file: <video_dir>/<id><video_ext>
+    class_names: Any = None  # a list, or a file of one name a line (SSv2: the labels file's)
 
 
 @dataclass
@@ -325,6 +343,7 @@ def register_configs() -> None:
     cs.store(group="data", name="cifar_schema", node=CIFARDataConfig)
     cs.store(group="data", name="imagenet_schema", node=ImageNetDataConfig)
     cs.store(group="data", name="video_folder_schema", node=VideoFolderDataConfig)
+    cs.store(group="data", name="video_list_schema", node=VideoListDataConfig)
     cs.store(group="data", name="moving_fmnist_schema", node=MovingFMNISTDataConfig)
     cs.store(group="data", name="arrays_schema", node=ArraysDataConfig)
     cs.store(group="module", name="classifier_schema", node=ModuleConfig)

@@ -340,7 +340,7 @@ def check_video_pairing(architecture: str, dm: Any, whose: str = "the model", fi
     models = ", ".join(_model_configs(False))
     raise ConfigError(
         f"{data} gives images [B, C, H, W] but {whose} ({architecture}) is a video model (clips [B, C, T, H, W]): "
-        f"{fix or f'use an image model ({models}) or video data (data=moving_fmnist, data=video_folder)'}"
+        f"{fix or f'use an image model ({models}) or video data (data=moving_fmnist, video_folder, video_list)'}"
     )
 
 

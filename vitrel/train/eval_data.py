@@ -57,6 +57,8 @@ RUN_DATA_KEYS = (
     # which samples: where they are, the split (val: a seeded hold-out of train), how many
     "root", "path", "subset", "train_dir", "val_dir", "source", "train_split", "val_split", "dataset_kwargs",
     "extensions", "num_classes", "seed", "val_fraction", "train_images", "test_images",
+    # video lists: the list files, the SSv2 labels file, where their relative video paths are
+    "train_list", "val_list", "labels_file", "video_dir", "video_ext",
     # the classes' names where the data's config gives them (arrays: not in the file), per_class.csv's and predict's
     "class_names",
     # Moving Fashion-MNIST's clips (with seed, the motions; train_images, the normalisation too)

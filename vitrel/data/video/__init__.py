@@ -1,4 +1,5 @@
-"""Video data: class folders of encoded clips decoded with PyAV (:mod:`~vitrel.data.video.folder`), the clip
+"""Video data: class folders of encoded clips decoded with PyAV (:mod:`~vitrel.data.video.folder`), list files
+naming them ("path label" lists, Something-Something v2's annotations: :mod:`~vitrel.data.video.lists`), the clip
 sampling, decoding and per-clip transforms (:mod:`~vitrel.data.video.clips`), and the DataModule contract the
 video modules share (:mod:`~vitrel.data.video.base`). Moving Fashion-MNIST is :mod:`vitrel.data.moving_fmnist`.
 """
@@ -16,6 +17,7 @@ from vitrel.data.video.clips import (
     uniform_starts,
 )
 from vitrel.data.video.folder import VIDEO_EXTENSIONS, VideoFolderDataModule, video_files
+from vitrel.data.video.lists import VideoListDataModule, VideoListError
 
 __all__ = [
     "VIDEO_EXTENSIONS",
@@ -24,6 +26,8 @@ __all__ = [
     "VideoDataModule",
     "VideoDecodeError",
     "VideoFolderDataModule",
+    "VideoListDataModule",
+    "VideoListError",
     "clip_indices",
     "random_start",
     "read_clip",

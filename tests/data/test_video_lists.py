@@ -1,10 +1,11 @@
 """data=video_list (vitrel/data/video/lists.py): "path label" lists (V-JEPA 2's, VideoMAE's) and Something-Something
 v2's annotation files, written here in their formats over tiny real videos: the samples and labels are the files',
 the clips those video_folder gives for the same files, each refusal one line naming what to fix, and train.py then
-eval.py on a list run."""
+eval.py and predict.py on a list run."""
 
 from __future__ import annotations
 
+import csv
 import json
 from pathlib import Path
 
@@ -199,10 +200,10 @@ def test_ssv2_mistakes_name_the_entry_or_the_missing_labels_file(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ train.py, eval.py
 @needs_av
-def test_train_py_then_eval_py_on_a_list_run(clips, tmp_path):
+def test_train_py_then_eval_py_and_predict_py_on_a_list_run(clips, tmp_path):
     """``python train.py data=video_list ...`` (a tiny video ViT, CPU) stores the names file's class names; ``python
     eval.py ckpt_path=<its last.ckpt> data=video_list`` takes the lists from the run and scores the val list's
-    videos. A mistake in a list ends train.py with its line alone."""
+    videos; ``predict.py`` labels videos with the names. A mistake in a list ends train.py with its line alone."""
     from tests.train_helpers import FAST, run_script_forked
 
     root = tmp_path / "data"
@@ -229,6 +230,13 @@ def test_train_py_then_eval_py_on_a_list_run(clips, tmp_path):
     taken = res["data_from_run"]
     assert (taken["root"], taken["train_list"], taken["val_list"]) == (str(root), "train.csv", "val.csv")
     assert res["num_images"] == 2 and 0.0 <= res["metrics"]["test/acc1"] <= 1.0
+    out = tmp_path / "pred.csv"
+    args = [f"ckpt_path={ckpt}", f"input={root / 'clips'}", f"results_file={out}", "topk=2", "progress_bar=false"]
+    r = run_script_forked("predict.py", [*args, f"hydra.run.dir={tmp_path}/pred"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    with open(out, newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6 and all({r["label_0"], r["label_1"]} == {"left", "right"} for r in rows)  # the names file's
     (root / "train.csv").write_text("clips/c0.mkv 0\nclips/c1.mkv\n")
     r = run_script_forked("train.py", [*data, *model, *short, f"hydra.run.dir={tmp_path}/bad"], cwd=tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]

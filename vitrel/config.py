@@ -40,6 +40,8 @@ __all__ = [
     "EvalConfig",
     "PredictConfig",
     "MOVED_KEYS",
+    "TEMPLATE_KEYS",
+    "template_key",
     "check_moved_keys",
     "check_trainer_keys",
     "check_top_keys",
@@ -374,7 +376,26 @@ MOVED_KEYS: dict[str, str] = {
     "compile": "module.compile",
     "log_every_n_steps": "trainer.log_every_n_steps",
 }
+#: lightning-hydra-template's keys (its configs/model/mnist.yaml, configs/data/mnist.yaml) that vitrel names
+#: otherwise, each with vitrel's (a key under a prefix: the same key under the new one)
+TEMPLATE_KEYS: dict[str, str] = {
+    "model.optimizer": "module.optimizer",
+    "model.scheduler": "module.scheduler",
+    "model.compile": "module.compile",
+    "model.net": "model",
+    "data.data_dir": "data.root (this data set's folder; paths.data_dir: the folder of every data set)",
+    "data.train_val_test_split": "data.val_fraction (the test split is the data set's own)",
+}
 _ABSENT = object()
+
+
+def template_key(key: str) -> str | None:
+    """vitrel's key for one of lightning-hydra-template's (:data:`TEMPLATE_KEYS`; ``model.optimizer.lr`` ->
+    ``module.optimizer.lr``), None for any other."""
+    for old, new in TEMPLATE_KEYS.items():
+        if key == old or key.startswith(old + "."):
+            return new + key[len(old) :] if " " not in new else new
+    return None
 
 
 class ConfigError(ValueError):
@@ -406,15 +427,19 @@ def check_moved_keys(cfg: DictConfig) -> None:
         ]
     elif "optim" in cfg:
         found.append("optim moved to module.optimizer / module.scheduler")
+    theirs = [
+        f"{old} (lightning-hydra-template's) is {template_key(old)} in vitrel"
+        for old in TEMPLATE_KEYS
+        if OmegaConf.select(cfg, old, default=_ABSENT, throw_on_missing=False) is not _ABSENT
+    ]
     logger = cfg.get("logger")
     if isinstance(logger, DictConfig):
         empty = [n for n, e in logger.items() if isinstance(e, DictConfig) and len(e) == 0]
         kept = [n for n in logger if n not in empty]
         found += [f"logger.{n}={{}} (adding a logger) moved to logger='[{','.join([*kept, n])}]'" for n in empty]
-    if found:
-        raise ConfigError(
-            "keys of vitrel 0.1 that moved (docs/training.md lists them): " + "; ".join(found) + ". Use the new keys."
-        )
+    said = ["keys of vitrel 0.1 that moved (docs/training.md lists them): " + "; ".join(found) + "."] if found else []
+    if said or theirs:
+        raise ConfigError(" ".join([*said, *(f"{t}." for t in theirs), "Use the new keys."]))
 
 
 def check_trainer_keys(trainer: DictConfig) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import inspect
+import re
 from pathlib import Path
 
 import pytest
@@ -418,3 +419,29 @@ def test_a_top_level_key_the_schemas_lack_is_looked_for_in_every_node():
         "batch_size=8: train.py's config has no batch_size; did you mean data.batch_size?",
         "module.lr=0.1: module has no lr; did you mean module.optimizer.lr?",
     ]
+
+
+def test_lightning_hydra_templates_keys_name_vitrels():
+    """A lightning-hydra-template user's keys (``model.optimizer.lr``, ``data.data_dir``, ``model.net.*``): Hydra
+    refuses them without ``+`` and the hint names vitrel's key; with ``+`` they composed and reached the model's
+    constructor (a ``TypeError`` listing its arguments) or were ignored (``data.data_dir`` by the data module's
+    ``TypeError``): ``check_moved_keys`` now names vitrel's first."""
+    from vitrel.config import ConfigError, template_key
+    from vitrel.train.cli import moved_key_hint
+
+    assert moved_key_hint(["model.optimizer.lr=0.1", "model.net.embed_dim=64", "seed=1"]).splitlines() == [
+        "model.optimizer.lr=0.1: model.optimizer.lr (lightning-hydra-template's) is module.optimizer.lr in vitrel",
+        "model.net.embed_dim=64: model.net.embed_dim (lightning-hydra-template's) is model.embed_dim in vitrel",
+    ]
+    assert template_key("data.data_dir").startswith("data.root (this data set's folder; paths.data_dir")
+    assert template_key("model.optimizers") is None and template_key("module.optimizer.lr") is None
+    for added, said in [
+        ("+model.optimizer.lr=0.1", "model.optimizer (lightning-hydra-template's) is module.optimizer in vitrel"),
+        ("+data.data_dir=/x", "data.data_dir (lightning-hydra-template's) is data.root (this data set's folder"),
+        ("+model.compile=true", "model.compile (lightning-hydra-template's) is module.compile in vitrel"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(said)):
+            check_moved_keys(_compose([added]))
+    for group in ("experiment", "debug"):
+        for option in _options(group):
+            check_moved_keys(_compose([f"{group}={option}"]))

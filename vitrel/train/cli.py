@@ -77,11 +77,12 @@ def pos_option_hint(args: Sequence[str], config_name: str = "train") -> str | No
 
 
 def moved_key_hint(args: Sequence[str]) -> str | None:
-    """The new key of each of vitrel 0.1's keys set without ``+`` in ``args`` (``optim.lr=1e-3``, ``compile=true``):
+    """The new key of each of vitrel 0.1's keys set without ``+`` in ``args`` (``optim.lr=1e-3``, ``compile=true``),
+    and vitrel's key for each of lightning-hydra-template's (``model.optimizer.lr=1e-3``, ``data.data_dir=...``):
     Hydra refuses those at composition (``Key 'optim' not in 'TrainConfig'``), before
     :func:`~vitrel.config.check_moved_keys` can name the new key. With ``+`` they compose and that check names it.
     None when ``args`` sets none."""
-    from vitrel.config import MOVED_KEYS
+    from vitrel.config import MOVED_KEYS, template_key
 
     lines = []
     for a in args:
@@ -91,6 +92,8 @@ def moved_key_hint(args: Sequence[str]) -> str | None:
         key = m.group(1)
         if key in MOVED_KEYS:
             lines.append(f"{a}: {key} moved to {MOVED_KEYS[key]}")
+        elif template_key(key):
+            lines.append(f"{a}: {key} (lightning-hydra-template's) is {template_key(key)} in vitrel")
         elif key == "optim" or key.startswith("optim."):
             lines.append(f"{a}: {key} moved to module.optimizer / module.scheduler")
     return "\n".join(lines) or None

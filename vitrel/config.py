@@ -16,8 +16,9 @@ does it). Groups that are open-ended by design stay ``Any``: ``model`` (checked 
 ``trainer.limit_train_batches``: a count or a fraction), which OmegaConf cannot express as a union.
 
 :func:`check_moved_keys` refuses the keys of vitrel 0.1 that ``docs/training.md`` lists as moved
-(``+optim.lr=1e9`` would otherwise be composed and ignored); ``train()`` and ``evaluate()`` call it first, and
-:func:`check_top_keys` a top-level key the script does not read (``+epochs=3``).
+(``+optim.lr=1e9`` would otherwise be composed and ignored) and lightning-hydra-template's (:data:`TEMPLATE_KEYS`:
+``+model.optimizer.lr``); ``train()`` and ``evaluate()`` call it first, and :func:`check_top_keys` a top-level key
+the script does not read (``+epochs=3``).
 """
 
 from __future__ import annotations

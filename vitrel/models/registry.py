@@ -316,10 +316,22 @@ FEATURE_ARGS = ("features_only", "out_indices", "feature_cls", "output_fmt", "fe
 
 
 def split_feature_args(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """``kwargs`` as (the whole network's arguments, the ``features_only`` backbone's :data:`FEATURE_ARGS`)."""
-    return {k: v for k, v in kwargs.items() if k not in FEATURE_ARGS}, {
-        k: v for k, v in kwargs.items() if k in FEATURE_ARGS
-    }
+    """``kwargs`` as (the whole network's arguments, the ``features_only`` backbone's :data:`FEATURE_ARGS`), a
+    backbone :func:`with_features` cannot build refused here, before any weights are read."""
+    features = {k: v for k, v in kwargs.items() if k in FEATURE_ARGS}
+    _check_getter(features)
+    return {k: v for k, v in kwargs.items() if k not in FEATURE_ARGS}, features
+
+
+def _check_getter(feature_args: Mapping[str, Any]) -> None:
+    """A ``ValueError`` when ``feature_args`` ask for a backbone other than timm's getter (its ``load_state_dict``
+    takes the whole network's weights; the other wrappers' do not)."""
+    kind = feature_args.get("feature_cls", (feature_args.get("feature_cfg") or {}).get("feature_cls", "getter"))
+    if feature_args.get("features_only") and _feature_kind(kind) != "getter":
+        raise ValueError(
+            f"feature_cls={kind!r}: weights load into the default feature_cls='getter' backbone only (the same "
+            "stage maps, from the model's forward_intermediates); leave feature_cls out"
+        )
 
 
 def with_features(model: nn.Module, feature_args: Mapping[str, Any]) -> nn.Module:
@@ -332,12 +344,7 @@ def with_features(model: nn.Module, feature_args: Mapping[str, Any]) -> nn.Modul
     refused."""
     if not feature_args.get("features_only"):
         return model
-    kind = feature_args.get("feature_cls", (feature_args.get("feature_cfg") or {}).get("feature_cls", "getter"))
-    if _feature_kind(kind) != "getter":
-        raise ValueError(
-            f"feature_cls={kind!r}: weights load into the default feature_cls='getter' backbone only (the same "
-            "stage maps, from the model's forward_intermediates); leave feature_cls out"
-        )
+    _check_getter(feature_args)
     backbone = build_from_cfg(model.vitrel_cfg, **feature_args)
     backbone.load_state_dict(model.state_dict())
     dropped = set(get_pretrained_cfg(model.vitrel_cfg["architecture"]).to_dict()) - set(backbone.pretrained_cfg)

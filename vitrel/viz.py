@@ -175,10 +175,11 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
         if scheme.has_token_terms:  # PaPE: the term of a zero input token (module docstring)
             x = torch.zeros(1, n, scheme.embed_dim, device=device, dtype=next(scheme.parameters()).dtype)
             q, k = scheme.augment(x, q, k, st)
-        extra = scheme.content_logits(q, st)
+        extras = (scheme.content_logits(q, st), scheme.content_key_logits(k, st))
     logit = q.float() @ k.float().transpose(-2, -1)  # [1, heads, n, n]
-    if extra is not None:
-        logit = logit + extra.float()
+    for extra in extras:
+        if extra is not None:
+            logit = logit + extra.float()
     out = (logit - d / 2) * d**-0.5  # u . u = d / 2: the logit without position
     bias = st.bias  # prepared above with the rotation
     if bias is not None:

@@ -23,17 +23,20 @@ from vitrel.layout.heads import FLASH_MAX_HEAD_DIM, sdpa_width
 from vitrel.pos import PositionScheme, build_pos, list_pos
 
 SHAW = ["shaw1d", "shaw2d_factored", "shaw2d_full"]
+#: the schemes with content terms: Shaw's and iRPE's contextual mode
+CONTENT = [*SHAW, "irpe"]
 BLOCKED = ["shaw1d", "shaw2d_full"]
 
 
-def test_shaw_is_a_kernel_and_auto_picks_it_for_shaw_only():
+def test_shaw_is_a_kernel_and_auto_picks_it_for_content_schemes_only():
     """The schemes no longer override ``attend``: ``attn_impl="shaw"`` runs their fast path and is what ``auto`` picks
-    for them, on the CPU and on any GPU; every other scheme is refused by it, and ``sdpa`` refuses Shaw."""
+    for them (Shaw's and iRPE's), on the CPU and on any GPU; every other scheme is refused by it, and ``sdpa``
+    refuses them."""
     for name in list_pos("relative"):
         s = build_pos(name, num_heads=2, head_dim=8, grid=(3, 4))
         for device in (None, "NVIDIA H200", "NVIDIA H100 80GB HBM3"):
-            assert (select_kernel(s, 4096, device) == "shaw") == (name in SHAW), (name, device)
-        if name in SHAW:
+            assert (select_kernel(s, 4096, device) == "shaw") == (name in CONTENT), (name, device)
+        if name in CONTENT:
             assert type(s).attend is PositionScheme.attend, name
             assert resolve("auto", s, 13, None).name == "shaw"
             with pytest.raises(ValueError, match=f"no SDPA computes {name}'s content terms.*attn_impl='shaw'"):

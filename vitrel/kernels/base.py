@@ -36,13 +36,13 @@ def video_refusal(kernel: str, what: str, scheme) -> str:
 
 
 def content_refusal(kernel: str, scheme, lacks: str) -> str | None:
-    """Why a kernel cannot run ``scheme`` when the scheme has content terms (Shaw's, which only ``shaw`` and ``eager``
+    """Why a kernel cannot run ``scheme`` when the scheme has content terms (Shaw's, iRPE's: only ``shaw`` and ``eager``
     compute), or None. ``lacks``: what such a scheme has none of, e.g. ``"no offset table to read"``."""
     if not scheme.has_content_terms:
         return None
     return (
         f"attn_impl={kernel!r}: {scheme.name} has {lacks} (its content terms q_i . r_ij, sum_j a_ij r_ij are "
-        "computed by Shaw's own kernel): use attn_impl='shaw' (what 'auto' picks) or 'eager'"
+        "computed by the content schemes' own kernel): use attn_impl='shaw' (what 'auto' picks) or 'eager'"
     )
 
 

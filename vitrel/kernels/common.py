@@ -56,14 +56,14 @@ def sdpa_padded(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: flo
 
 
 def eager_logits(q: Tensor, k: Tensor, mask: Tensor | None, scale: float, state: PosState) -> Tensor:
-    """Pre-softmax logits ``(q k^T + content_logits(q)) * scale + mask``, ``[B, heads, N, N]``.
+    """Pre-softmax logits ``(q k^T + content_logits(q) + content_key_logits(k)) * scale + mask``, ``[B, heads, N, N]``.
 
     ``mask`` already holds the bias (see :func:`merge_masks`).
     """
     logits = q @ k.transpose(-2, -1)
-    c = content_logits(q, state)
-    if c is not None:
-        logits = logits + c
+    for c in (content_logits(q, state), content_logits(k, state, keys=True)):
+        if c is not None:
+            logits = logits + c
     logits = logits * scale
     return logits if mask is None else logits + mask
 
@@ -74,13 +74,15 @@ def _image_groups(layout: TokenLayout) -> list[tuple[int, Tensor]]:
     return [(g, (gid == g).nonzero().flatten()) for g in range(len(layout.grids))]
 
 
-def content_logits(q: Tensor, state: PosState) -> Tensor | None:
-    """The scheme's ``content_logits(q, state)``; on a token layout computed per image on its own grid: each image's
-    queries scattered into its full sequence (absent tokens zero), the scheme's terms for that grid, read back at the
-    tokens' pairs. Exact: a term ``f(q_i, p_i - p_j)`` depends on no other token."""
+def content_logits(q: Tensor, state: PosState, keys: bool = False) -> Tensor | None:
+    """The scheme's ``content_logits(q, state)`` (``keys``: its ``content_key_logits(k, state)`` of keys ``q``); on a
+    token layout computed per image on its own grid: each image's queries scattered into its full sequence (absent
+    tokens zero), the scheme's terms for that grid, read back at the tokens' pairs. Exact: a term ``f(q_i, p_i - p_j)``
+    (``f(k_j, p_j - p_i)``) depends on no other token."""
+    hook = state.scheme.content_key_logits if keys else state.scheme.content_logits
     layout = state.layout
     if layout is None or not state.scheme.has_content_terms:
-        return state.scheme.content_logits(q, state)
+        return hook(q, state)
     b, heads, n, d = q.shape
     nmax = max(layout.num_prefix_tokens + g.n for g in layout.grids)
     valid = layout.valid
@@ -89,7 +91,9 @@ def content_logits(q: Tensor, state: PosState) -> Tensor | None:
     out = q.new_zeros(layout.num_images, heads, nmax, nmax)
     for g, ids in _image_groups(layout):
         ng = layout.num_prefix_tokens + layout.grids[g].n
-        c = state.scheme.content_logits(full[ids.to(q.device), :, :ng], state.grid_states[g])
+        c = hook(full[ids.to(q.device), :, :ng], state.grid_states[g])
+        if c is None:
+            return None
         out[ids.to(q.device), :, :ng, :ng] = c.to(out.dtype)
     img, idx = layout.image.clamp(min=0), layout.index
     return out[img[:, :, None], :, idx[:, :, None], idx[:, None, :]].permute(0, 3, 1, 2)  # [B, heads, N, N]
@@ -112,6 +116,8 @@ def content_values(attn: Tensor, state: PosState) -> Tensor | None:
     for g, ids in _image_groups(layout):
         ng = layout.num_prefix_tokens + layout.grids[g].n
         v = state.scheme.content_values(full[ids.to(attn.device), :, :ng, :ng], state.grid_states[g])
+        if v is None:
+            return None
         if out is None:
             out = v.new_zeros(layout.num_images, heads, nmax, v.shape[-1])
         out[ids.to(attn.device), :, :ng] = v

@@ -5,7 +5,7 @@ For ``x`` of ``[B, N, C]`` on a grid ``H x W`` with ``P`` prefix tokens (``N = P
     q, k, v = split(x W_qkv)                    per head, [B, heads, N, d]
     q, k    = pos.rotate(q, k)                  (RoPE; identity otherwise; fused for a kernel with fused_rotation)
     q, k    = pos.augment(x, q, k)              (PaPE: channels appended; identity otherwise)
-    A       = (q k^T + pos.content_logits(q)) / sqrt(d) + pos.bias() + mask
+    A       = (q k^T + pos.content_logits(q) + pos.content_key_logits(k)) / sqrt(d) + pos.bias() + mask
     out     = softmax(A) v + pos.content_values(softmax(A))
 
 ``forward`` runs the scheme's fused path (``PositionScheme.attend``: SDPA with the bias as a

@@ -10,7 +10,8 @@ a no-op by default, so the attention module never knows a scheme by name:
   interleaved pairs by ``rotation``'s ``(cos, sin)``.
 * ``content_logits(q, state) -> [B, heads, N, N] | None`` and
   ``content_values(attn, state) -> [B, heads, N, head_dim] | None``: the content-aware terms of Shaw
-  et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``.
+  et al., ``q_i . r^K_{ij}`` and ``sum_j a_ij r^V_{ij}``; ``content_key_logits(k, state)``, a term of the keys'
+  content, ``k_j . r^Q_{ji}`` (iRPE on queries).
 * ``attend(q, k, v, mask, scale, state, dropout_p=0.0) -> out``: the fused forward. The default runs
   the state's ``kernel`` (:mod:`vitrel.kernels`: the bias in SDPA's float mask, folded,
   FlexAttention, or the one eager path for schemes with content terms); a scheme may override it with
@@ -122,7 +123,7 @@ class PositionScheme(nn.Module):
     #: read it (``(cos, sin)`` of interleaved pairs; also ``(cos, sin, P)``, ``(R,)``: ``vitrel.kernels.triton.rope``),
     #: so such a kernel may apply it in its place; a scheme that keeps the default ``rotate`` needs not declare it
     standard_rotation: ClassVar[bool] = False
-    #: ``content_logits`` / ``content_values`` return tensors (Shaw)
+    #: ``content_logits`` / ``content_values`` / ``content_key_logits`` return tensors (Shaw, iRPE)
     has_content_terms: ClassVar[bool] = False
     #: ``augment`` appends channels computed from the layer's input tokens to q and k (PaPE)
     has_token_terms: ClassVar[bool] = False
@@ -258,6 +259,11 @@ class PositionScheme(nn.Module):
 
     def content_values(self, attn: Tensor, state: PosState) -> Tensor | None:
         """Extra output ``[B, heads, N, head_dim]`` from attention probabilities, or None."""
+        return None
+
+    def content_key_logits(self, k: Tensor, state: PosState) -> Tensor | None:
+        """Unscaled logits ``[B, heads, N, N]`` from the keys' content (added to ``q k^T``; entry ``(i, j)`` a function
+        of ``k_j`` and the pair's positions), or None."""
         return None
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:

@@ -62,6 +62,7 @@ HOOK_FLAGS = {
     "rotate": "has_rotation",
     "content_logits": "has_content_terms",
     "content_values": "has_content_terms",
+    "content_key_logits": "has_content_terms",
     "augment": "has_token_terms",
 }
 

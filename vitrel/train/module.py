@@ -69,12 +69,11 @@ from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets, planned_steps
 from vitrel.train.flops import attn_pool_uncounted, count_cpu_attention
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
+from vitrel.train.module_checkpoint import load_extras, save_extras
 from vitrel.train.module_load import module_parts
 from vitrel.train.optim import check_float16_eps, follow_epochs, param_groups
 
 __all__ = ["ClassifierModule", "ImageMean", "mix_clips"]
-
-_EMA = "ema_model."
 
 
 class ImageMean(MeanMetric):
@@ -528,60 +527,10 @@ class ClassifierModule(L.LightningModule):
         self._example_input_array = example
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """The model's config; the EMA copy as timm's train script keeps it (``state_dict_ema``: the network's keys,
-        the same tensors as ``ema_model.module.*``, so ``torch.save`` stores them once), so that timm's
-        ``load_checkpoint(model, path, use_ema=True)`` (and ``create_model(name, checkpoint_path=path)``) reads it;
-        under DDP the training metrics' running totals summed over the ranks (each process holds its own share;
-        Lightning calls this on every rank and writes rank 0's dict)."""
-        cfg = getattr(self.model, "vitrel_cfg", None)
-        if cfg is not None:
-            checkpoint["vitrel_cfg"] = copy.deepcopy(cfg)
-        sd = checkpoint.get("state_dict")
-        if not isinstance(sd, dict):
-            return
-        if self.ema_model is not None:
-            ema = f"{_EMA}module."
-            checkpoint["state_dict_ema"] = {k[len(ema) :]: v for k, v in sd.items() if k.startswith(ema)}
-        for name, metric in self.train_metrics.items():  # (one process: sync_context leaves the totals as they are)
-            with metric.sync_context():  # the ranks' totals reduced as compute() would; the own ones after
-                sd.update({k: v.clone() for k, v in metric.state_dict(prefix=f"{name}.").items()})
+        save_extras(self, checkpoint)  # the model's config, timm's state_dict_ema, the ranks' metric totals
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Resume from checkpoints of vitrel 0.1 (EMA weights under ``ema_model.*``, now
-        ``ema_model.module.*``); a checkpoint without EMA weights starts the EMA from its weights; one
-        without the training metrics' totals (vitrel <= 0.2) starts them from zero. The totals are the whole run's
-        (summed over its ranks): under DDP rank 0 takes them and the other ranks start from zero, so that the epoch's
-        sum over the ranks counts each batch once, whatever the number of ranks before."""
-        sd = checkpoint.get("state_dict")
-        if not isinstance(sd, dict):
-            return
-        for name, metric in self.train_metrics.items():
-            metric.reset()
-            zero = metric.state_dict(prefix=f"{name}.")
-            if _rank() > 0 or not any(k in sd for k in zero):
-                sd.update({k: v.clone() for k, v in zero.items()})
-        ema_keys = [k for k in sd if k.startswith(_EMA)]
-        if ema_keys and self.ema_model is None:
-            raise ValueError(
-                "the checkpoint holds EMA weights (ema_model.*) but this run keeps none: resume with the EMA on "
-                "(module/ema=default), or load the weights only (vitrel.load_model) to start a new run"
-            )
-        if self.ema_model is None:
-            return
-        if not ema_keys:
-            rank_zero_warn("the checkpoint has no EMA weights: the EMA starts from its weights")
-            for k in [k for k in sd if k.startswith("model.")]:
-                sd[f"{_EMA}module.{k[len('model.') :]}"] = sd[k].clone()
-        elif not any(k.startswith(f"{_EMA}module.") for k in ema_keys):  # vitrel 0.1 layout
-            for k in ema_keys:
-                sd[f"{_EMA}module.{k[len(_EMA) :]}"] = sd.pop(k)
-
-
-def _rank() -> int:
-    """This process's rank in the default process group (0 without one; ``LightningModule.global_rank`` is 0 until a
-    trainer is attached, and the hooks also run without one)."""
-    dist = torch.distributed
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+        load_extras(self, checkpoint)  # older layouts, the metric totals to rank 0, the EMA copy
 
 
 def _num_images(x: Tensor | Mapping, y: Tensor) -> int:

@@ -19,7 +19,7 @@ from tests.train_helpers import FAST, ROOT, TINY_VIT, compose
 from vitrel.kernels import attn_impls, get_kernel, list_kernels, register_kernel
 from vitrel.kernels.base import content_refusal
 from vitrel.kernels.common import full_mask
-from vitrel.pos import list_pos
+from vitrel.pos import get_pos_class, list_pos
 
 
 @pytest.fixture
@@ -50,8 +50,8 @@ def test_the_howto_kernel_passes_the_shared_kernel_tests(tmp_path, unregister_ke
     assert kernel.name == "chunked" and "chunked" in list_kernels() and "chunked" in attn_impls()
     assert kernel.reads == {"bias"}
     taken = check_schemes("chunked")  # the float64 equation, every scheme it takes, image and video grids
-    shaw = [n for n in list_pos("relative") if n.startswith("shaw")]
-    assert shaw and not set(shaw) & set(taken) and len(taken) == len(list_pos("relative")) - len(shaw)
+    content = [n for n in list_pos("relative") if get_pos_class(n).has_content_terms]  # Shaw's, iRPE's
+    assert content and not set(content) & set(taken) and len(taken) == len(list_pos("relative")) - len(content)
     auto_cases.check_calls("chunked", auto_cases.run_scheme("chunked"))  # masks, windows, layouts, causal, dropout
     auto_cases.test_a_named_kernels_refusal_is_one_line_naming_kernels_that_take_the_call("chunked")
     with pytest.raises(ValueError, match="attn_impl='chunked': shaw2d_full has terms no block"):
@@ -132,8 +132,9 @@ WRONG = {
         "calls",
         "'windows', False",
     ),
-    # Shaw's schemes not refused (the default refuses nothing), their content terms never added: 0.97 off (of 4.7)
-    "no_content_terms": ({}, _howto, "schemes", "pos='shaw1d', out: "),
+    # the content schemes not refused (the default refuses nothing), their terms never added: iRPE's (the first in
+    # the registry's order) 1.27 off (of 4.4)
+    "no_content_terms": ({}, _howto, "schemes", "pos='irpe', out: "),
     # native_causal declared, state.causal never read: every key seen
     "causal_ignored": ({"native_causal": True}, _howto, "calls", "', True)"),
     # a mask per head read as the first head's (refuses_inputs declares none refused)

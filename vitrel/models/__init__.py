@@ -7,6 +7,7 @@ weights) <- ``factory`` (``create_model``, timm entry points).
 from vitrel.models.checkpoint import CheckpointError, export_model, extract_model_state, load_model, save_pretrained
 from vitrel.models.factory import create_model
 from vitrel.models.inflate import inflate_image_model
+from vitrel.models.irpe_import import from_irpe
 from vitrel.models.registry import build_from_cfg, list_models
 from vitrel.models.rope_layout import swap_rope_axial_halves
 from vitrel.models.swin import SwinTransformer
@@ -22,6 +23,7 @@ __all__ = [
     "VideoVisionTransformer",
     "VisionTransformer",
     "build_from_cfg",
+    "from_irpe",
     "from_timm",
     "transfer_timm_weights",
     "TransferReport",

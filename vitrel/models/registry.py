@@ -338,7 +338,8 @@ def with_features(model: nn.Module, feature_args: Mapping[str, Any]) -> nn.Modul
     """``model`` (a vitrel network holding its weights) as the ``features_only`` backbone ``feature_args`` ask for
     (:data:`FEATURE_ARGS`; ``model`` itself without ``features_only``): the backbone
     ``timm.create_model(<architecture>, features_only=True, ...)`` builds from the network's ``vitrel_cfg``, holding
-    the network's weights (those the backbone keeps), in the network's training mode, with its ``pretrained_cfg``
+    the network's weights (those the backbone keeps), in their dtype and on their device, in the network's training
+    mode, with its ``pretrained_cfg``
     (the data config a checkpoint stored) less the keys timm drops for a backbone (the classifier's). Weights go into
     the default ``feature_cls='getter'`` only (its ``load_state_dict`` takes the whole network's): another is
     refused."""
@@ -346,6 +347,9 @@ def with_features(model: nn.Module, feature_args: Mapping[str, Any]) -> nn.Modul
         return model
     _check_getter(feature_args)
     backbone = build_from_cfg(model.vitrel_cfg, **feature_args)
+    ref = next(model.parameters(), None)
+    if ref is not None:  # (built in float32 on the CPU: a float64 or bf16 network's weights kept as they are)
+        backbone = backbone.to(device=ref.device, dtype=ref.dtype)
     backbone.load_state_dict(model.state_dict())
     dropped = set(get_pretrained_cfg(model.vitrel_cfg["architecture"]).to_dict()) - set(backbone.pretrained_cfg)
     backbone.pretrained_cfg = backbone.default_cfg = {k: v for k, v in model.pretrained_cfg.items() if k not in dropped}

@@ -77,6 +77,23 @@ def test_packed_gradients_equal_the_sum_of_each_image_alone(pos):
             torch.testing.assert_close(got[n], p.grad, rtol=0, atol=1e-10, msg=n)
 
 
+@pytest.mark.parametrize(
+    "pos,terms", [("shaw2d_factored", 2), ({"name": "irpe", "rpe_on": "qkv"}, 3), ({"name": "irpe", "rpe_on": "k"}, 1)]
+)
+def test_packed_content_terms_scatter_only_for_the_terms_a_scheme_has(pos, terms, monkeypatch):
+    """A packed batch scatters its tokens (or attention) per image once per content term the scheme has: Shaw's keys
+    and iRPE's unused terms are not scattered for nothing."""
+    import vitrel.kernels.common as common
+
+    scattered = []
+    groups = common._image_groups
+    monkeypatch.setattr(common, "_image_groups", lambda layout: scattered.append(1) or groups(layout))
+    m, imgs = model(pos), images()
+    with torch.no_grad():
+        m(packed(imgs))
+    assert len(scattered) == 2 * terms  # the model's two blocks
+
+
 @pytest.mark.parametrize("impl", ["fold", "eager"])
 def test_packed_through_other_kernels(impl):
     m, imgs = model("rel2d_factored", attn_impl=impl), images()

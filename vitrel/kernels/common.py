@@ -79,9 +79,12 @@ def content_logits(q: Tensor, state: PosState, keys: bool = False) -> Tensor | N
     token layout computed per image on its own grid: each image's queries scattered into its full sequence (absent
     tokens zero), the scheme's terms for that grid, read back at the tokens' pairs. Exact: a term ``f(q_i, p_i - p_j)``
     (``f(k_j, p_j - p_i)``) depends on no other token."""
-    hook = state.scheme.content_key_logits if keys else state.scheme.content_logits
+    name = "content_key_logits" if keys else "content_logits"
+    if name not in state.scheme.content_terms:
+        return None
+    hook = getattr(state.scheme, name)
     layout = state.layout
-    if layout is None or not state.scheme.has_content_terms:
+    if layout is None:
         return hook(q, state)
     b, heads, n, d = q.shape
     nmax = max(layout.num_prefix_tokens + g.n for g in layout.grids)
@@ -103,8 +106,10 @@ def content_values(attn: Tensor, state: PosState) -> Tensor | None:
     """The scheme's ``content_values(attn, state)``; on a token layout computed per image (see
     :func:`content_logits`): each image's attention scattered into its full ``n x n`` (absent tokens zero, so
     ``sum_j a_ij r_ij`` runs over the present keys), the scheme's values for that grid, read back per token."""
+    if "content_values" not in state.scheme.content_terms:
+        return None
     layout = state.layout
-    if layout is None or not state.scheme.has_content_terms:
+    if layout is None:
         return state.scheme.content_values(attn, state)
     b, heads, n, _ = attn.shape
     nmax = max(layout.num_prefix_tokens + g.n for g in layout.grids)

@@ -253,6 +253,17 @@ class PositionScheme(nn.Module):
         the default ``rotate``, or one declared ``standard_rotation``."""
         return cls.has_rotation and (cls.standard_rotation or cls.rotate is PositionScheme.rotate)
 
+    @classmethod
+    def defines(cls, hook: str) -> bool:
+        """Whether the class overrides ``hook`` (a method of :class:`PositionScheme`: ``"content_key_logits"``, ...)."""
+        return getattr(cls, hook) is not getattr(PositionScheme, hook)
+
+    @property
+    def content_terms(self) -> frozenset[str]:
+        """Which of ``content_logits`` / ``content_key_logits`` / ``content_values`` return tensors: by default those
+        the class defines; a scheme whose options turn a term off names fewer (packed batches skip the others)."""
+        return frozenset(h for h in ("content_logits", "content_key_logits", "content_values") if self.defines(h))
+
     def content_logits(self, q: Tensor, state: PosState) -> Tensor | None:
         """Unscaled content-position logits ``[B, heads, N, N]`` (added to ``q k^T``), or None."""
         return None

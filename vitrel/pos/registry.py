@@ -70,7 +70,7 @@ HOOK_FLAGS = {
 def check_declarations(cls: type[PositionScheme]) -> None:
     """Refuse a scheme class whose hooks and declared capabilities disagree (:data:`HOOK_FLAGS`; ``add_to_tokens`` is
     for ``kind = 'absolute'``), naming the line to add."""
-    defined = {h for h in (*HOOK_FLAGS, "add_to_tokens") if getattr(cls, h) is not getattr(PositionScheme, h)}
+    defined = {h for h in (*HOOK_FLAGS, "add_to_tokens") if cls.defines(h)}
     for hook, flag in HOOK_FLAGS.items():
         if hook in defined and not getattr(cls, flag):
             raise TypeError(

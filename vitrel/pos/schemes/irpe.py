@@ -113,12 +113,11 @@ class Lookup(nn.Module):
         return bucket_ids(self.method, self.ratio, grid.h, grid.w, p, device)
 
     def _table(self, table: Tensor, p: int, axis: int) -> Tensor:
-        """``table``, with a zero bucket on ``axis`` for the prefix pairs where it has none (built without prefix
-        tokens, called with them: zero terms for their pairs, as every vitrel scheme's)."""
+        """``table``, with a zero bucket on ``axis`` (-1 or -2) for the prefix pairs where it has none (built without
+        prefix tokens, called with them: zero terms for their pairs, as every vitrel scheme's)."""
         if not p or self.prefix:
             return table
-        pad = [0, 0] * (table.dim() - 1 - axis % table.dim()) + [0, 1]
-        return F.pad(table, pad)
+        return F.pad(table, (0, 1) if axis == -1 else (0, 0, 0, 1))
 
     def logits(self, x: Tensor, grid: Grid, p: int) -> Tensor:
         """``[B, heads, N, N]``: ``x_i . r[b(i, j)]`` (``x`` the queries, or the keys for the term on queries)."""
@@ -203,6 +202,11 @@ class IRPE(_IRPEBase):
 
     family = "content"
     has_content_terms = True
+
+    @property
+    def content_terms(self) -> frozenset[str]:
+        hooks = {"k": "content_logits", "q": "content_key_logits", "v": "content_values"}
+        return frozenset(hooks[t] for t in self.rpe_on)
 
     def content_logits(self, q: Tensor, state: PosState) -> Tensor | None:
         """Unscaled ``q_i . r^K[b(i, j)]`` (``rpe_on`` with ``k``)."""

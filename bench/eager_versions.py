@@ -12,6 +12,7 @@ both versions see the same machine load; the table has the medians and after / b
 
 Models: the default recipe's ViT (``vit_tiny_fmnist``: width 64, depth 4, 28x28, patch 4) and the
 study's Swin (width 32, depths 2-2, 4x4 windows), with each ``--schemes`` entry; batch ``--batch-size``.
+``--archs packed``: the ViT on NaFlex rows of two images of different sizes each (a token layout, ``segment_ids``).
 ``--archs attn``: one ``vitrel.Attention`` layer (width 64, 4 heads, a 4 x 4 grid and a class token, batch 1),
 where the host's work per forward (choosing the kernel, preparing the scheme's state) is most of its time:
 
@@ -36,6 +37,9 @@ MODELS = {
     "swin": dict(name="vitrel_swin_tiny_patch2_window4_32", img_size=28, in_chans=1, num_classes=10, patch_size=4,
                  window_size=4, embed_dim=32, depths=[2, 2], num_heads=[2, 4], mlp_ratio=2.0),
     "attn": dict(layer=True, dim=64, num_heads=4, grid=[4, 4], num_prefix_tokens=1, batch=1),
+    # the ViT on a NaFlex batch: two images a row (segment_ids), their sizes in turn from `packed`
+    "packed": dict(name="vitrel_vit_tiny_patch4_32", img_size=28, in_chans=1, num_classes=10, embed_dim=64, depth=4,
+                   num_heads=4, mlp_ratio=2.0, global_pool="avg", packed=[[28, 28], [16, 24], [24, 12], [20, 28]]),
 }  # fmt: skip
 
 SCHEMES = ["none", "ape", "rel2d_full", "rel2d_factored", "rel2d_cpb", "alibi2d", "rope2d_mixed", "shaw2d_factored"]
@@ -48,6 +52,20 @@ import vitrel
 
 cfg = json.loads(sys.argv[1])
 torch.set_num_threads(cfg["threads"])
+
+def naflex(n, sizes, chans, g):  # timm's NaFlex dict: n images of `sizes` in turn, two a row, 4 px patches
+    from timm.data.naflex_transforms import patchify_image
+    rows = []
+    for r in range(n // 2):
+        parts = [patchify_image(torch.randn(chans, *sizes[(2 * r + i) % len(sizes)], generator=g), (4, 4))
+                 for i in range(2)]
+        seg = torch.cat([torch.full((q[0].shape[0],), s) for s, q in enumerate(parts)])
+        rows.append([torch.cat([q[k] for q in parts]) for k in range(3)] + [seg])
+    m = max(r[0].shape[0] for r in rows)
+    pad = lambda t: torch.nn.functional.pad(t, (0, 0, 0, m - len(t)) if t.dim() == 2 else (0, m - len(t)))
+    keys = ["patches", "patch_coord", "patch_valid", "segment_ids"]
+    return {k: torch.stack([pad(r[i]) for r in rows]) for i, k in enumerate(keys)}
+
 cases = {}
 for key, (arch, scheme) in cfg["cases"].items():
     torch.manual_seed(0)
@@ -59,8 +77,11 @@ for key, (arch, scheme) in cfg["cases"].items():
         n = kw["num_prefix_tokens"] + kw["grid"][0] * kw["grid"][1]
         cases[key] = (model, None, torch.randn(kw["batch"], n, kw["dim"], generator=g), tuple(kw["grid"]))
         continue
+    sizes = kw.pop("packed", None)
     model = vitrel.create_model(kw.pop("name"), pos=scheme, **kw)
     x = torch.randn(cfg["batch"], kw["in_chans"], kw["img_size"], kw["img_size"], generator=g)
+    if sizes:
+        x = naflex(cfg["batch"], sizes, kw["in_chans"], g)
     y = torch.randint(0, kw["num_classes"], (cfg["batch"],), generator=g)
     cases[key] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4), x, y)
 

@@ -1,4 +1,4 @@
-"""``vitrel.from_irpe``: the iRPE authors' released DeiT models (microsoft/Cream ``iRPE/DeiT-with-iRPE``, commit
+"""``vitrel.from_irpe``: the iRPE authors' DeiT models (microsoft/Cream ``iRPE/DeiT-with-iRPE``, commit
 12aed81: ``rpe_models.py``, ``rpe_vision_transformer.py``) as vitrel ViTs computing the same function. A checkpoint in
 their layout is made here (timm's DeiT weights and the blocks' ``attn.rpe_*`` tables, random), and the reference is
 timm's DeiT with each block's attention replaced by the authors' ``RPEAttention.forward``, rewritten in
@@ -12,7 +12,7 @@ import torch
 
 import vitrel
 from tests.pos.test_irpe import authors_buckets, authors_term, authors_values
-from vitrel.models.irpe_import import RELEASED
+from vitrel.models.irpe_import import MODEL_ZOO, RELEASED
 
 CASES = [
     "deit_tiny_patch16_224_ctx_product_50_shared_k",
@@ -105,8 +105,17 @@ def test_a_released_model_is_the_same_function(name, tmp_path):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_the_model_zoo_is_the_six_product_models_of_the_authors_readme():
+    """The authors release weights for six of the nine models they define (their README's table): DeiT-Ti k, DeiT-S
+    k / qk / qkv, DeiT-B k / qkv, all contextual product with 50 buckets."""
+    zoo = {(RELEASED[n][0], RELEASED[n][1].get("rpe_on", "k")) for n in MODEL_ZOO}
+    want = {("deit_tiny_patch16_224", "k"), ("deit_base_patch16_224", "k"), ("deit_base_patch16_224", "qkv")}
+    assert zoo == want | {("deit_small_patch16_224", on) for on in ("k", "qk", "qkv")}
+    assert all(RELEASED[n][1].get("method", "product") == "product" for n in MODEL_ZOO) and len(RELEASED) == 9
+
+
 def test_refusals_name_what_is_wrong(tmp_path):
-    with pytest.raises(ValueError, match="not one of the iRPE authors' released models"):
+    with pytest.raises(ValueError, match="not one of the iRPE authors' models"):
         vitrel.from_irpe(tmp_path / "deit_small.pth")
     name = CASES[0]
     with pytest.raises(vitrel.CheckpointError, match="no such file"):

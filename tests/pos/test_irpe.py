@@ -301,7 +301,7 @@ def test_equals_the_authors_attention(name, opts):
         torch.testing.assert_close(u, w, rtol=1e-9, atol=1e-10)
 
 
-#: rpe_models.py's released models: (ratio, method, rpe_on) and the buckets of each table (their skip=1: +1)
+#: DeiT-S models of rpe_models.py: (ratio, method, rpe_on) and the buckets of each table (their skip=1: +1)
 RELEASED = {
     "deit_small_patch16_224_ctx_product_50_shared_k": (1.9, "product", "k", 50),
     "deit_small_patch16_224_ctx_product_50_shared_qk": (1.9, "product", "qk", 50),
@@ -313,7 +313,7 @@ RELEASED = {
 
 
 @pytest.mark.parametrize("model", list(RELEASED))
-def test_the_released_configurations_build_the_authors_tables(model):
+def test_the_authors_configurations_build_the_authors_tables(model):
     """DeiT-S (6 heads of 64, a class token) with each released configuration: one table per block, shared by the
     heads, of the authors' shape, starting at zero. The default options are the first (their DeiT-Ti/S/B ``_k``)."""
     ratio, method, on, nb = RELEASED[model]

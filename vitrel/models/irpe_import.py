@@ -25,10 +25,11 @@ from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import split_feature_args, with_features
 from vitrel.models.timm_import import from_timm
 
-__all__ = ["RELEASED", "from_irpe"]
+__all__ = ["MODEL_ZOO", "RELEASED", "from_irpe"]
 
-#: the authors' released models (``rpe_models.py``): their timm DeiT and the ``irpe`` options of their
-#: ``get_rpe_config`` (contextual, shared heads, one extra bucket for the class token)
+#: the models the authors define (``rpe_models.py``): their timm DeiT and the ``irpe`` options of their
+#: ``get_rpe_config`` (contextual, shared heads, one extra bucket for the class token); weights are released for
+#: those in :data:`MODEL_ZOO`, the others load from a file trained with their code
 RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
     "deit_tiny_patch16_224_ctx_product_50_shared_k": ("deit_tiny_patch16_224", {"method": "product", "rpe_on": "k"}),
     "deit_small_patch16_224_ctx_euc_20_shared_k": ("deit_small_patch16_224", {"method": "euc", "ratio": 20}),
@@ -40,6 +41,8 @@ RELEASED: dict[str, tuple[str, dict[str, Any]]] = {
     "deit_base_patch16_224_ctx_product_50_shared_k": ("deit_base_patch16_224", {"rpe_on": "k"}),
     "deit_base_patch16_224_ctx_product_50_shared_qkv": ("deit_base_patch16_224", {"rpe_on": "qkv"}),
 }
+#: the models whose weights the authors release (their README's model zoo, ``_provided_checkpoints``)
+MODEL_ZOO = frozenset(n for n in RELEASED if "_ctx_product_50_" in n)
 #: a block's iRPE table in the authors' state dict
 _TABLE = re.compile(r"blocks\.(\d+)\.attn\.(rpe_[qkv]\..+)")
 
@@ -55,11 +58,12 @@ def _state_dict(path: Path) -> dict[str, Tensor]:
 
 
 def from_irpe(path: str | os.PathLike, name: str | None = None, **kwargs: Any) -> nn.Module:
-    """A vitrel ViT with the weights of the iRPE authors' released model at ``path`` (the same function).
+    """A vitrel ViT with the weights of the iRPE authors' model at ``path`` (the same function): one of their model
+    zoo (:data:`MODEL_ZOO`) or another model of their ``rpe_models.py`` (:data:`RELEASED`), trained with their code.
 
     Args:
         path: the model's ``.pth`` (``{"model": state_dict}``, or the state dict itself).
-        name: the released model's name (a key of :data:`RELEASED`); default the file's name without ``.pth``.
+        name: the model's name (a key of :data:`RELEASED`); default the file's name without ``.pth``.
         **kwargs: as :func:`~vitrel.models.timm_import.from_timm`'s (``num_classes`` resets the head, ``img_size``
             resizes the absolute embedding; iRPE's tables take any grid as they are; ``features_only=True``: timm's
             backbone of the network, :func:`~vitrel.models.registry.with_features`).
@@ -68,7 +72,7 @@ def from_irpe(path: str | os.PathLike, name: str | None = None, **kwargs: Any) -
     p = Path(path)
     name = name or p.stem
     if name not in RELEASED:
-        raise ValueError(f"{name!r} is not one of the iRPE authors' released models: {', '.join(RELEASED)}")
+        raise ValueError(f"{name!r} is not one of the iRPE authors' models (rpe_models.py): {', '.join(RELEASED)}")
     deit, options = RELEASED[name]
     sd = _state_dict(p)
     tables = {k: v for k, v in sd.items() if _TABLE.fullmatch(k)}

@@ -1,25 +1,24 @@
 """What ``ClassifierModule``'s checkpoints hold beyond Lightning's own, and what a resume makes of it: the network's
 config (``vitrel_cfg``), the EMA copy under timm's ``state_dict_ema``, the training metrics' running totals summed over
 the ranks; older checkpoints' layouts read (:func:`save_extras` and :func:`load_extras`, the module's
-``on_save_checkpoint`` and ``on_load_checkpoint``)."""
+``on_save_checkpoint`` and ``on_load_checkpoint``). ``module`` is the ``ClassifierModule``: these read its ``model``,
+``ema_model`` and ``train_metrics``."""
 
 from __future__ import annotations
 
 import copy
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
+from lightning.pytorch import LightningModule
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
-
-if TYPE_CHECKING:
-    from vitrel.train.module import ClassifierModule
 
 __all__ = ["load_extras", "save_extras"]
 
 _EMA = "ema_model."
 
 
-def save_extras(module: ClassifierModule, checkpoint: dict[str, Any]) -> None:
+def save_extras(module: LightningModule, checkpoint: dict[str, Any]) -> None:
     """The model's config; the EMA copy as timm's train script keeps it (``state_dict_ema``: the network's keys,
     the same tensors as ``ema_model.module.*``, so ``torch.save`` stores them once), so that timm's
     ``load_checkpoint(model, path, use_ema=True)`` (and ``create_model(name, checkpoint_path=path)``) reads it;
@@ -39,7 +38,7 @@ def save_extras(module: ClassifierModule, checkpoint: dict[str, Any]) -> None:
             sd.update({k: v.clone() for k, v in metric.state_dict(prefix=f"{name}.").items()})
 
 
-def load_extras(module: ClassifierModule, checkpoint: dict[str, Any]) -> None:
+def load_extras(module: LightningModule, checkpoint: dict[str, Any]) -> None:
     """Resume from checkpoints of vitrel 0.1 (EMA weights under ``ema_model.*``, now
     ``ema_model.module.*``); a checkpoint without EMA weights starts the EMA from its weights; one
     without the training metrics' totals (vitrel <= 0.2) starts them from zero. The totals are the whole run's

@@ -136,6 +136,7 @@ CASES = [
     ("irpe", {"method": "euc", "rpe_on": "qv", "shared_head": False}),
     ("irpe", {"method": "quant", "rpe_on": "kv"}),
     ("irpe", {"method": "cross", "rpe_on": "qkv", "shared_head": False}),
+    ("irpe", {"method": "cross", "rpe_on": "qk", "shared_head": False}),
     ("irpe_bias", {"method": "product", "rpe_on": "qk", "shared_head": False}),
     ("irpe_bias", {"method": "cross", "rpe_on": "q"}),
 ]

@@ -161,6 +161,11 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
     the grid the scheme was built for. Float32, on the CPU.
     """
     _check_scheme(scheme, "position_matrix")
+    if scheme.embeds_content:
+        raise ValueError(
+            f"{scheme.name}'s encoding is computed from the tokens (a convolution of them): it has no position term of "
+            "its own to draw; draw a trained model's attention instead (vitrel.viz.attention_maps)"
+        )
     grid = as_grid(grid if grid is not None else scheme.grid)
     n, device = grid.n, _device(scheme)
     if scheme.kind == "absolute":

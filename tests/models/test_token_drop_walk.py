@@ -2,7 +2,8 @@
 
 The kept tokens are read from the model's own draw (same seed). A naive float64 forward written from the equations
 (``rel2d_full`` + ``ape``) checks the layout path itself; every other scheme (with the DINOv3 coordinate augmentation
-and STRING) is checked against the full grid with the dropped tokens removed from attention, forward and gradients
+and STRING) is checked against the full grid with the dropped tokens removed from attention (and zero to CPE's
+convolution), forward and gradients
 of every parameter; padded slots of unequal counts must reach neither pooling nor the logits; every kernel agrees."""
 
 from __future__ import annotations
@@ -58,8 +59,12 @@ def masked_reference(m, x: torch.Tensor, kept: torch.Tensor, seed: int) -> torch
         token_drop_rates(m.token_drop, x.shape[0])
     torch.rand(kept.shape)  # the drop's scores
     y, grid = m.embed(x)
-    for blk, st in zip(m.blocks, m.position_states(grid, y)):
+    after = None if m.abs_pos is None else m.abs_pos.after_block
+    for i, (blk, st) in enumerate(zip(m.blocks, m.position_states(grid, y))):
         y = blk(y, mask=mask, pos_state=st)
+        if i == after:  # (CPE after a block: the dropped patches are absent, zeros to its convolution)
+            z = y * keep[..., None]
+            y = y + m.abs_pos.add_to_tokens(z, grid, p) - z
     y = m.norm(y)
     if m.global_pool == "avg":
         pooled = torch.stack([y[b, p:][kept[b]].mean(0) for b in range(x.shape[0])])

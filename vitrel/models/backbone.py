@@ -84,6 +84,12 @@ class ViTBody(BlockStack):
             embed_dim=embed_dim,
         )
         self.abs_pos = make_pos(absolute) if absolute is not None else None
+        after = None if self.abs_pos is None else self.abs_pos.after_block
+        if after is not None and after >= depth:
+            raise ValueError(
+                f"{self.abs_pos.name} goes after block {after} (after_block={after}), but the model has {depth} blocks "
+                f"(0 to {depth - 1})"
+            )
         self.pos_drop = nn.Dropout(args["pos_drop_rate"])
         self.rel_pos = make_pos(rel) if args["pos_share"] else None
         check_shared(self.rel_pos)
@@ -189,7 +195,7 @@ class ViTBody(BlockStack):
         :func:`~vitrel.models.timm_surface.timm_attn_mask`), the final norm."""
         x, grid = self.embed(x)  # type: ignore[attr-defined]
         mask = timm_attn_mask(attn_mask, is_causal, x, self.vitrel_cfg["num_heads"])
-        for y in self.run_blocks(x, self.position_states(grid, x), mask=mask):
+        for y in self.run_blocks(x, grid, self.position_states(grid, x), mask=mask):
             x = y
         return self.norm(x)
 
@@ -212,7 +218,7 @@ class ViTBody(BlockStack):
         x, grid = self.embed(x)  # type: ignore[attr-defined]
         mask = timm_attn_mask(attn_mask, is_causal, x, self.vitrel_cfg["num_heads"])
         feats = []
-        for i, y in enumerate(self.run_blocks(x, self.position_states(grid, x, depth), depth, mask)):
+        for i, y in enumerate(self.run_blocks(x, grid, self.position_states(grid, x, depth), depth, mask)):
             x = y
             if i in take:
                 feats.append(self.norm(x) if norm else x)
@@ -269,6 +275,11 @@ class SwinBody:
             if absolute is not None
             else None
         )
+        if self.abs_pos is not None and self.abs_pos.after_block is not None:
+            raise ValueError(
+                f"abs_pos {self.abs_pos.name} with after_block={self.abs_pos.after_block}: the Swin adds an absolute "
+                "scheme at its input only: give it after_block=None (train.py: pos.after_block=null)"
+            )
         self.pos_drop = nn.Dropout(args["pos_drop_rate"])
         dpr = calculate_drop_path_rates(args["drop_path_rate"], sum(depths))
         stages, g = [], self.grid

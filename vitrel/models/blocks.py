@@ -8,7 +8,8 @@ and stochastic depth ``DropPath`` (Huang et al., 2016)::
     x <- x + DropPath(gamma_2 * MLP(LN(x)))
 
 Position schemes come in two kinds (``PositionScheme.kind``): ``"absolute"`` ones are applied once
-to the tokens after the patch embedding (``scheme.add_to_tokens``), ``"relative"`` ones live inside
+to the tokens after the patch embedding (``scheme.add_to_tokens``; with ``after_block = k``, to block ``k``'s output:
+CPE's place), ``"relative"`` ones live inside
 the attention layers, either one per block or one module owned by the model and shared by all
 blocks (``pos_share``). The model parses its ``pos=`` / ``abs_pos=`` once
 (:func:`~vitrel.pos.registry.parse_pos`), builds the schemes and prepares every block's state once per
@@ -33,7 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from vitrel.kernels import check_choice, resolve
 from vitrel.layers.attention import Attention
 from vitrel.layout.geometry import Grid, Grid3, as_grid
-from vitrel.layout.tokens import TokenLayout, gather_tokens
+from vitrel.layout.tokens import TokenLayout
 from vitrel.pos.base import PositionScheme, PosState
 from vitrel.pos.registry import PosSpec
 
@@ -337,9 +338,7 @@ def add_abs_pos(scheme: PositionScheme, x: Tensor, grid: Grid | TokenLayout, num
     out by a :class:`~vitrel.layout.tokens.TokenLayout`, each token gets its own image's embedding (resampled to that
     image's grid, as NaFlex does)."""
     if isinstance(grid, TokenLayout):
-        p = grid.num_prefix_tokens
-        embs = [scheme.add_to_tokens(x.new_zeros(1, p + g.n, x.shape[-1]), g, p)[0] for g in grid.grids]
-        return x + gather_tokens(embs, grid.to(x.device), axis=0)[:, 0]
+        return scheme.add_to_layout(x, grid)
     if x.dim() == 4:
         b, h, w, c = x.shape
         return scheme.add_to_tokens(x.reshape(b, h * w, c), grid, 0).view(b, h, w, c)
@@ -407,24 +406,37 @@ class BlockStack(BlockImpls):
     """The block loop of a model whose ``blocks`` all attend over one token grid (the ViT, the video ViT): each
     block's scheme state prepared once per forward (the shared ``rel_pos``'s, or the blocks' own together) and the
     blocks run in turn, checkpointed in training with ``grad_checkpointing``. The model sets ``blocks``, ``rel_pos``,
-    ``num_prefix_tokens`` and ``grad_checkpointing``."""
+    ``abs_pos``, ``num_prefix_tokens`` and ``grad_checkpointing``."""
 
     blocks: nn.ModuleList
     rel_pos: PositionScheme | None
+    abs_pos: PositionScheme | None
     num_prefix_tokens: int
     grad_checkpointing: bool
 
     def run_blocks(
-        self, x: Tensor, states: Any, depth: int | None = None, mask: Tensor | None = None
+        self, x: Tensor, grid: Any, states: Any, depth: int | None = None, mask: Tensor | None = None
     ) -> Iterator[Tensor]:
-        """The first ``depth`` blocks (all for None) on ``x`` in turn, block ``i`` with ``states[i]`` (indexed: under a
-        torch.fx trace ``states`` is one recorded call) and ``mask`` (timm's ``attn_mask``), each checkpointed in
-        training with ``grad_checkpointing``; yields every block's output. The one block loop of the ViTs."""
+        """The first ``depth`` blocks (all for None) on ``x`` (on ``grid``: a grid or a token layout) in turn, block
+        ``i`` with ``states[i]`` (indexed: under a torch.fx trace ``states`` is one recorded call) and ``mask`` (timm's
+        ``attn_mask``), each checkpointed in training with ``grad_checkpointing``; an absolute scheme placed after a
+        block (``abs_pos.after_block``, CPE's) added to that block's output. Yields every block's output (with it).
+        The one block loop of the ViTs."""
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        after = None if self.abs_pos is None else self.abs_pos.after_block
         for i, blk in enumerate(self.blocks[:depth] if depth is not None else self.blocks):
             st = states[i]
             x = checkpoint(blk, x, None, mask, st, use_reentrant=False) if ckpt else blk(x, None, mask, st)
+            if i == after:
+                x = add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
             yield x
+
+    def input_abs_pos(self, x: Tensor, grid: Any) -> Tensor:
+        """Tokens ``x`` on ``grid`` (a grid or a token layout) with the absolute scheme added if its place is the input
+        (``after_block`` None; else :meth:`run_blocks` adds it)."""
+        if self.abs_pos is None or self.abs_pos.after_block is not None:
+            return x
+        return add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
 
     def position_state(self, grid: Any, like: Tensor) -> PosState | None:
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from vitrel.layers.validate import check_vit_args
 from vitrel.layout.geometry import Grid3
 from vitrel.models.backbone import ViTBody
-from vitrel.models.blocks import TubeletEmbed, add_abs_pos, constructor_config, with_placement
+from vitrel.models.blocks import TubeletEmbed, constructor_config, with_placement
 from vitrel.models.input_size import set_clip_input_size
 from vitrel.models.timm_surface import TimmSurface
 from vitrel.models.video_features import CLIP_GETTER_ONLY, ClipFeatureGetterNet
@@ -124,9 +124,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         x, grid = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        if self.abs_pos is not None:
-            x = add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
-        return self.pos_drop(x), grid
+        return self.pos_drop(self.input_abs_pos(x, grid)), grid
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Clips ``[B, C, T, H, W]`` -> normalised tokens ``[B, P + T'H'W', C]`` (t-major)."""

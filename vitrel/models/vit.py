@@ -31,7 +31,6 @@ from vitrel.layout.tokens import TokenLayout
 from vitrel.models.backbone import ViTBody, warn_video_scheme
 from vitrel.models.blocks import (
     PatchEmbed,
-    add_abs_pos,
     constructor_config,
     with_placement,
 )
@@ -205,9 +204,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         if self.strict_img_size:
             check_img_size(x, self.img_size)
         x, grid = self.patch_embed(x)
-        x = self._prefix(x)
-        if self.abs_pos is not None:
-            x = add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
+        x = self.input_abs_pos(self._prefix(x), grid)
         return self.pos_drop(x), grid
 
     def read_input(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> ModelInput:
@@ -246,9 +243,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             batch = drop_tokens(batch, rates, length=length)
         prefix = [t[0] for t in (self.cls_token, self.reg_token) if t is not None]
         x, layout, dest = with_prefix(batch.patches, batch, torch.cat(prefix) if prefix else None)
-        if self.abs_pos is not None:
-            x = add_abs_pos(self.abs_pos, x, layout, self.num_prefix_tokens)
-        return self.pos_drop(x), layout, dest
+        return self.pos_drop(self.input_abs_pos(x, layout)), layout, dest
 
     def forward_layout(self, x: Any, depth: int | None = None) -> tuple[Tensor, TokenLayout, Tensor, list[Tensor]]:
         """The input (any form, :meth:`read_input`) on the token-layout path: :meth:`embed_tokens`, then the blocks (the
@@ -260,7 +255,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         self, inp: ModelInput, depth: int | None = None
     ) -> tuple[Tensor, TokenLayout, Tensor, list[Tensor]]:
         x, layout, dest = self.embed_tokens(inp)
-        outs = list(self.run_blocks(x, self.position_states(layout, x, depth), depth))
+        outs = list(self.run_blocks(x, layout, self.position_states(layout, x, depth), depth))
         return self.norm(outs[-1] if outs else x), layout, dest, outs
 
     def forward_features(
@@ -457,7 +452,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         check_images(x, "attention_maps")
         x, grid = self.embed(x)
         states = self.position_states(grid, x, block % n + 1)
-        for y in self.run_blocks(x, states, block % n):
+        for y in self.run_blocks(x, grid, states, block % n):
             x = y
         blk = self.blocks[block % n]
         a = blk.attn.attention_map(blk.norm1(x), pos_state=states[-1])  # [B, heads, N, N]

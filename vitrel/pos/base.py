@@ -17,7 +17,8 @@ a no-op by default, so the attention module never knows a scheme by name:
   FlexAttention, or the one eager path for schemes with content terms); a scheme may override it with
   its own fast path.
 * ``add_to_tokens(x, grid, num_prefix_tokens) -> x``: absolute schemes add their embedding to the
-  tokens once, at the input of the network (``kind == "absolute"``).
+  tokens once (``kind == "absolute"``), at the input of the network or, with ``after_block = k``, after block
+  ``k`` (CPE); ``add_to_layout(x, layout)`` the same on packed or dropped tokens.
 * ``augment(x, q, k, state) -> (q', k')``: for a term computed from the layer's input
   tokens ``x`` (PaPE's parabolas), channels appended to the (rotated) queries and keys, so that
   ``q'_i . k'_j = q_i . k_j + term_ij`` (``has_token_terms``; the attention layer calls it after
@@ -152,6 +153,12 @@ class PositionScheme(nn.Module):
     #: the grids the scheme reads: 2 (images, ``(H, W)``), 3 (video, ``(T, H, W)``; an image grid is one frame) or
     #: None (any, as given: ``none`` reads no position, ``ape`` builds a table for either)
     grid_dims: ClassVar[int | None] = 2
+    #: ``add_to_tokens`` reads the tokens (CPE's convolution), not their positions alone: the scheme has no
+    #: embedding of its own to draw, and ``add_to_layout`` must see the tokens
+    embeds_content: ClassVar[bool] = False
+    #: an absolute scheme's place in a ViT: None adds it at the input, ``k`` to block ``k``'s output (an instance
+    #: attribute for a scheme with the option, CPE's)
+    after_block: int | None = None
     #: Parameter-name fragments that must get no weight decay.
     no_weight_decay_keys: ClassVar[tuple[str, ...]] = ()
     #: Old option names still read from older configs (``old -> new``; ``tables.take_renamed``).
@@ -278,7 +285,18 @@ class PositionScheme(nn.Module):
         return None
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
+        """``x [B, P + N, C]`` with the embedding added to its patch tokens (``kind == "absolute"``); ``x`` as it is
+        by default."""
         return x
+
+    def add_to_layout(self, x: Tensor, layout: TokenLayout) -> Tensor:
+        """:meth:`add_to_tokens` on tokens ``[B, N, C]`` laid out by ``layout``: each token gets its own image's
+        embedding at that image's grid (resampled as NaFlex does). The default computes ``add_to_tokens`` of zeros on
+        each distinct grid, which holds for an embedding of the positions alone; a scheme that reads the tokens
+        (``embeds_content``) overrides it."""
+        p = layout.num_prefix_tokens
+        embs = [self.add_to_tokens(x.new_zeros(1, p + g.n, x.shape[-1]), g, p)[0] for g in layout.grids]
+        return x + gather_tokens(embs, layout.to(x.device), axis=0)[:, 0]
 
     def augment(self, x: Tensor, q: Tensor, k: Tensor, state: PosState) -> tuple[Tensor, Tensor]:
         """``x [B, N, C]`` (the attention layer's input), ``q, k [B, heads, N, d]`` -> ``(q', k')`` with channels

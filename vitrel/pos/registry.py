@@ -70,7 +70,7 @@ HOOK_FLAGS = {
 def check_declarations(cls: type[PositionScheme]) -> None:
     """Refuse a scheme class whose hooks and declared capabilities disagree (:data:`HOOK_FLAGS`; ``add_to_tokens`` is
     for ``kind = 'absolute'``), naming the line to add."""
-    defined = {h for h in (*HOOK_FLAGS, "add_to_tokens") if cls.defines(h)}
+    defined = {h for h in (*HOOK_FLAGS, "add_to_tokens", "add_to_layout") if cls.defines(h)}
     for hook, flag in HOOK_FLAGS.items():
         if hook in defined and not getattr(cls, flag):
             raise TypeError(
@@ -89,10 +89,16 @@ def check_declarations(cls: type[PositionScheme]) -> None:
                 "which the kernels read only for a scheme with a bias: define bias() (the dense [heads, N, N] terms) "
                 "and set has_bias = True"
             )
-    if "add_to_tokens" in defined and cls.kind != "absolute":
+    for hook in ("add_to_tokens", "add_to_layout"):
+        if hook in defined and cls.kind != "absolute":
+            raise TypeError(
+                f"{cls.__name__} defines {hook}() (an embedding added to the tokens) but is kind = {cls.kind!r}: "
+                "set kind = 'absolute'"
+            )
+    if cls.embeds_content and "add_to_layout" not in defined:
         raise TypeError(
-            f"{cls.__name__} defines add_to_tokens() (an embedding added to the tokens) but is kind = {cls.kind!r}: "
-            "set kind = 'absolute'"
+            f"{cls.__name__} declares embeds_content = True (its embedding reads the tokens) but keeps the default "
+            "add_to_layout(), which adds the embedding of zeros: define add_to_layout() for packed and dropped tokens"
         )
 
 

@@ -15,7 +15,6 @@ import torch
 import vitrel
 from vitrel.pos import get_pos_class, list_pos
 
-from ..specs import for_swin
 from ..weights import lively
 
 #: (architecture, reduced sizes, input, memory format)
@@ -38,8 +37,7 @@ def build(arch: str, pos, **kw) -> tuple[torch.nn.Module, torch.Tensor, torch.me
     video = arch in VIDEO
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # (a video scheme on an image model says so)
-        spec = for_swin(pos) if "swin" in arch else pos
-        m = vitrel.create_model(arch, pos=spec, **{**(VIDEO if video else IMAGE)[arch], **kw})
+        m = vitrel.create_model(arch, pos=pos, **{**(VIDEO if video else IMAGE)[arch], **kw})
     lively(m.eval())
     g = torch.Generator().manual_seed(3)
     x = torch.randn((1, 1, 8, 32, 32) if video else (2, 3, 32, 32), generator=g)

@@ -21,7 +21,6 @@ import pytest
 import torch
 
 import vitrel
-from tests.specs import for_swin
 from tests.weights import lively
 from vitrel.export import best_dynamic, export_program, onnx_program, program_input_sizes
 
@@ -41,8 +40,8 @@ def small_model(arch: str, pos: str, stages: int = 2, **kw) -> torch.nn.Module:
         m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, embed_dim=64, depth=stages, num_heads=4, **kw)
     else:
         m = vitrel.create_model(
-            "vitrel_swin_tiny_patch2_window4_32", pos=for_swin(pos), embed_dim=32, depths=(2,) * stages,
-            num_heads=(2,) * stages, **kw,
+            "vitrel_swin_tiny_patch2_window4_32", pos=pos, embed_dim=32, depths=(2,) * stages, num_heads=(2,) * stages,
+            **kw,
         )  # fmt: skip
     return m.eval()
 

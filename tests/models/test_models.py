@@ -11,7 +11,6 @@ import timm
 import torch
 
 import vitrel
-from tests.specs import for_swin
 from vitrel.models.registry import MODEL_ARGS
 from vitrel.models.swin import SwinBlock, SwinTransformer, shifted_window_mask, window_and_shift
 from vitrel.pos import Grid, PositionScheme, list_pos
@@ -45,12 +44,8 @@ def _reduced(name: str) -> tuple[dict, int, int]:
 def test_every_model_every_scheme_forward_backward(name, pos):
     overrides, size, bigger = _reduced(name)
     torch.manual_seed(0)
-    spec = for_swin(pos) if "swin" in name else pos
-    if spec != pos:  # (CPE after block 0 by default: the Swin refuses it, naming its input, the one place it takes)
-        with pytest.raises(ValueError, match="input only"):
-            vitrel.create_model(name, pos=pos, **overrides)
-    m = vitrel.create_model(name, pos=spec, **overrides)
-    assert m.vitrel_cfg["architecture"] == name and m.vitrel_cfg["pos"] == spec
+    m = vitrel.create_model(name, pos=pos, **overrides)
+    assert m.vitrel_cfg["architecture"] == name and m.vitrel_cfg["pos"] == pos
     for s in (size, bigger):  # the grid follows the image: a larger image runs without rebuilding
         x = torch.randn(1, 3, s, s)
         y = m(x)
@@ -64,8 +59,9 @@ def test_every_model_every_scheme_forward_backward(name, pos):
     # the scheme is where it should be: absolute at the input, relative in every attention layer
     kind = vitrel.pos.get_pos_class(pos).kind
     attn_schemes = {type(mod.pos).name for mod in m.modules() if isinstance(mod, vitrel.Attention)}
-    if kind == "absolute":
-        assert type(m.abs_pos).name == pos and attn_schemes == {"none"}
+    if kind == "absolute":  # (the model's abs_pos; CPE in a Swin: every stage's own)
+        where = [m.abs_pos] if m.abs_pos is not None else [s.abs_pos for s in m.layers]
+        assert {type(s).name for s in where} == {pos} and attn_schemes == {"none"}
     else:
         assert m.abs_pos is None and attn_schemes == {pos}
 

@@ -158,6 +158,51 @@ def test_dropped_tokens_are_zeros_to_the_convolution():
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
 
 
+# ------------------------------------------------------------------------------ in the Swin
+def swin(after_block=0):
+    torch.manual_seed(0)
+    m = vitrel.create_model(
+        "vitrel_swin_tiny_patch2_window4_32", pos={"name": "cpe", "after_block": after_block}, num_classes=5,
+        embed_dim=8, depths=(2, 2), num_heads=(2, 2),
+    )  # fmt: skip
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, Cpe):
+                mod.proj.bias.normal_()
+    return m.double().eval()
+
+
+def peg_map(x: torch.Tensor, conv: torch.nn.Conv2d) -> torch.Tensor:
+    b, h, w, c = x.shape
+    return naive_peg(x.reshape(b, h * w, c), conv.weight, conv.bias, Grid(h, w), 0).reshape(b, h, w, c)
+
+
+def test_swin_adds_one_in_every_stage_after_its_block():
+    """Twins' placement in a hierarchy: each stage its own PEG at its width, after its first block."""
+    m = swin(0)
+    assert m.abs_pos is None and [st.abs_pos.embed_dim for st in m.layers] == [8, 16]
+    x = torch.randn(2, 3, 32, 24, dtype=torch.float64)
+    t = m.patch_embed(x)
+    for stage in m.layers:
+        t = stage.downsample(t) if stage.merges else t
+        for i, blk in enumerate(stage.blocks):
+            t = blk(t)
+            t = peg_map(t, stage.abs_pos.proj) if i == 0 else t
+    torch.testing.assert_close(m(x), m.forward_head(m.norm(t)), rtol=0, atol=1e-12)
+    imgs = [torch.randn(3, 32, 24, dtype=torch.float64), torch.randn(3, 16, 40, dtype=torch.float64)]
+    torch.testing.assert_close(m(imgs), torch.cat([m(img[None]) for img in imgs]), rtol=0, atol=1e-12)
+
+
+def test_swin_at_the_input():
+    m = swin(None)
+    assert isinstance(m.abs_pos, Cpe) and all(st.abs_pos is None for st in m.layers)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    t = peg_map(m.patch_embed(x), m.abs_pos.proj)
+    for stage in m.layers:
+        t = stage(t)
+    torch.testing.assert_close(m(x), m.forward_head(m.norm(t)), rtol=0, atol=1e-12)
+
+
 def test_no_weight_decay_names_its_parameters():
     """As Twins' ``no_weight_decay`` (every parameter of its ``pos_block``)."""
     assert {"abs_pos.proj.weight", "abs_pos.proj.bias"} <= model().no_weight_decay()
@@ -171,10 +216,10 @@ def test_refusals_name_the_fix():
         make(after_block=-1)
     with pytest.raises(ValueError, match="odd"):
         make(kernel_size=4)
-    with pytest.raises(ValueError, match="input only.*after_block=None"):
-        vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos="cpe")
-    swin = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos={"name": "cpe", "after_block": None})
-    assert swin(torch.randn(1, 3, 32, 32)).shape == (1, swin.num_classes)
+    with pytest.raises(ValueError, match="below its 1 blocks"):
+        vitrel.create_model(
+            "vitrel_swin_tiny_patch2_window4_32", pos={"name": "cpe", "after_block": 1}, depths=(2, 1), num_heads=(2, 2)
+        )
     with pytest.raises(ValueError, match="takes image grids"):
         vitrel.create_model("vitrel_vit_video_tiny_patch4_32", pos="cpe")
     with pytest.raises(ValueError, match="computed from the tokens"):

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 import vitrel
-from tests.specs import for_swin
 from vitrel.config import ConfigError
 from vitrel.train.module import ClassifierModule
 from vitrel.train.optim import (
@@ -52,7 +51,7 @@ def test_param_groups_are_the_vitrel_rule(arch, pos):
         m = vitrel.create_model("vitrel_vit_tiny_patch4_32", pos=pos, depth=1, embed_dim=32, num_heads=2)
     else:
         kw = dict(embed_dim=16, depths=[1, 1], num_heads=[2, 2])
-        m = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos=for_swin(pos), **kw)
+        m = vitrel.create_model("vitrel_swin_tiny_patch2_window4_32", pos=pos, **kw)
     nwd = m.no_weight_decay()
     names = [n for n, p in m.named_parameters() if p.requires_grad]
     assert set(nwd) <= set(names), "no_weight_decay() names parameters exactly"

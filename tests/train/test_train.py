@@ -15,7 +15,6 @@ import torch
 from omegaconf import OmegaConf
 
 import vitrel
-from tests.specs import for_swin
 from tests.train_helpers import CONF, FAST, TINY_SWIN, TINY_VIDEO, TINY_VIT, PoisonWeights, SendSignal, compose
 from vitrel.config import ConfigError
 from vitrel.data.base import EpochSampler
@@ -71,8 +70,7 @@ def test_top5_counted_from_the_logits_and_absent_with_five_classes_or_fewer(num_
 @pytest.mark.parametrize("pos", POS_CONFIGS)
 def test_fast_dev_run(tmp_path, arch, pos):
     model = TINY_VIT if arch == "vit" else TINY_SWIN
-    placed = ["pos.after_block=null"] if arch == "swin" and for_swin(pos) != pos else []  # (CPE: its input)
-    cfg = compose(tmp_path, [*model, *FAST, f"pos={pos}", *placed, "debug=fdr"])
+    cfg = compose(tmp_path, [*model, *FAST, f"pos={pos}", "debug=fdr"])
     metrics = train(cfg)
     assert {"test/acc1", "test/acc5", "test/loss", "val/acc1"} <= set(metrics)
     assert all(math.isfinite(v) for v in metrics.values())

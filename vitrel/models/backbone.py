@@ -266,7 +266,8 @@ class SwinBody:
         dims: list[int], args: Mapping[str, Any],
     ) -> None:  # fmt: skip
         """From the constructor's arguments ``args`` (its ``locals()``), in this order: the absolute embedding (if any,
-        on the patch grid ``grid``) and its dropout, the stages (``stage_cls``: each but the first merging 2 x 2
+        on the patch grid ``grid``; one placed after a block, CPE's, goes to every stage instead) and its dropout, the
+        stages (``stage_cls``: each but the first merging 2 x 2
         patches in space, widths ``dims``), timm's ``feature_info``, the final norm and the head."""
         depths, heads, eps = args["depths"], args["num_heads"], args["norm_eps"]
         self._attn_impl = args["attn_impl"]
@@ -275,11 +276,9 @@ class SwinBody:
             if absolute is not None
             else None
         )
+        placed = None  # an absolute scheme placed after a block (CPE): one in every stage, at its width (Twins')
         if self.abs_pos is not None and self.abs_pos.after_block is not None:
-            raise ValueError(
-                f"abs_pos {self.abs_pos.name} with after_block={self.abs_pos.after_block}: the Swin adds an absolute "
-                "scheme at its input only: give it after_block=None (train.py: pos.after_block=null)"
-            )
+            placed, self.abs_pos = absolute, None
         self.pos_drop = nn.Dropout(args["pos_drop_rate"])
         dpr = calculate_drop_path_rates(args["drop_path_rate"], sum(depths))
         stages, g = [], self.grid
@@ -296,6 +295,7 @@ class SwinBody:
                     build_grid=g,
                     downsample=i > 0,
                     pos=rel,
+                    abs_pos=placed,
                     pos_share=args["pos_share"],
                     mlp_ratio=args["mlp_ratio"],
                     qkv_bias=args["qkv_bias"],
@@ -351,7 +351,7 @@ class SwinBody:
             blocks=r"^layers\.(\d+)"
             if coarse
             else [
-                (r"^layers\.(\d+)\.(?:downsample|rel_pos)", (0,)),  # (a stage's shared scheme: with its first block)
+                (r"^layers\.(\d+)\.(?:downsample|rel_pos|abs_pos)", (0,)),  # (a stage's own schemes: its first group)
                 (r"^layers\.(\d+)\.\w+\.(\d+)", None),
                 (r"^norm", (99999,)),
             ],

@@ -40,6 +40,7 @@ from vitrel.models.blocks import (
     Block,
     BlockImpls,
     PatchEmbed,
+    add_abs_pos,
     check_shared,
     drops_weights,
     patch_grid,
@@ -380,7 +381,9 @@ def merge_2x2(x: Tensor) -> Tensor:
 
 
 class SwinStage(BlockImpls, nn.Module):
-    """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows.
+    """Optional patch merging, then ``depth`` blocks alternating plain and shifted windows; ``abs_pos``: an absolute
+    scheme placed after a block (CPE's ``after_block``), the stage's own at its width, added to that block's output
+    (Twins' PEG after the first block of every stage).
 
     ``block_cls``, ``merge_cls`` and ``window_and_shift`` are the window geometry's (the Video Swin's stage sets its
     3-D ones)."""
@@ -399,6 +402,7 @@ class SwinStage(BlockImpls, nn.Module):
         build_grid: Grid,
         downsample: bool,
         pos: PosArg = "rel2d_full",
+        abs_pos: PosArg = None,
         pos_share: bool = False,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
@@ -410,6 +414,18 @@ class SwinStage(BlockImpls, nn.Module):
         attn_impl: str = "auto",
     ) -> None:
         super().__init__()
+        absolute = parse_pos(abs_pos)
+        self.abs_pos = (
+            absolute.build(num_heads=num_heads, head_dim=out_dim // num_heads, grid=build_grid, embed_dim=out_dim)
+            if absolute is not None
+            else None
+        )
+        after = None if self.abs_pos is None else self.abs_pos.after_block
+        if self.abs_pos is not None and (after is None or after >= depth):
+            raise ValueError(
+                f"a Swin stage adds {self.abs_pos.name} after one of its blocks (after_block={after}): give an index "
+                f"below its {depth} blocks (every stage's depth), or None for the model's input"
+            )
         self.grad_checkpointing = False
         self._attn_impl = attn_impl
         self.merges = downsample
@@ -479,7 +495,10 @@ class SwinStage(BlockImpls, nn.Module):
         layout = self.output_layout(layout)
         states = self.position_states(x, layout)  # once per forward, handed to the blocks
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
+        after = None if self.abs_pos is None else self.abs_pos.after_block
         for i, blk in enumerate(self.blocks):
             st = states[i]
             x = checkpoint(blk, x, layout, None, st, use_reentrant=False) if ckpt else blk(x, layout, pos_state=st)
+            if i == after:
+                x = add_abs_pos(self.abs_pos, x, map_grid(x) if layout is None else layout, 0)
         return x

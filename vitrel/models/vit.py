@@ -5,6 +5,7 @@ For an image cut into an ``H x W`` grid of patches, with ``P`` prefix tokens (cl
 
     x_0    = [cls, reg_1..reg_R, E(patch_1), ..., E(patch_HW)]  (+ absolute embedding of the patches)
     x_l    = Block_l(x_{l-1}, grid)                             pre-norm, attention with the scheme
+                                                                (+ CPE's convolution after its block, ``after_block``)
     y      = head(pool(LN(x_L)))                                pool: class token, or mean / max / attention of patches
 
 The grid is taken from the input image at forward time, so a model runs at any image size that is

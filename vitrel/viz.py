@@ -166,6 +166,11 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
             f"{scheme.name}'s encoding is computed from the tokens (a convolution of them): it has no position term of "
             "its own to draw; draw a trained model's attention instead (vitrel.viz.attention_maps)"
         )
+    if scheme.mixes_weights:
+        raise ValueError(
+            f"{scheme.name} adds no term to the logits: it mixes the attention weights with a positional attention of "
+            "its own after the softmax; draw a model's attention instead (vitrel.viz.attention_maps)"
+        )
     grid = as_grid(grid if grid is not None else scheme.grid)
     n, device = grid.n, _device(scheme)
     if scheme.kind == "absolute":

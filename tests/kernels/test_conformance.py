@@ -1,11 +1,12 @@
 """Every registered kernel against the float64 equation, for every scheme it does not refuse: a layer with one prefix
 token on a non-square grid (video schemes on a video grid), its output and the gradients of its input and of every
 parameter, against ``softmax((q k^T + content_logits) * scale + bias) v + content_values`` written here from the
-scheme's hooks in float64. A kernel that computes in float64 (``Kernel.float64``) is held to 1e-10 in float64, the
-others to 1e-4 in float32. A new kernel is checked unasked (the cases are read from :func:`list_kernels`);
-tests/kernels/test_add_kernel.py runs :func:`check_schemes` on kernels registered inside a test, wrong ones included.
-A kernel that declares ``onnx`` exports a ViT through ONNX Runtime (:func:`check_onnx`). The calls a kernel takes
-(masks, windows, layouts, causal attention, dropout) are checked by tests/kernels/test_auto_cases.py."""
+scheme's hooks in float64 (the softmax's weights mixed by the scheme's ``mix`` where it ``mixes_weights``). A kernel
+that computes in float64 (``Kernel.float64``) is held to 1e-10 in float64, the others to 1e-4 in float32. A new
+kernel is checked unasked (the cases are read from :func:`list_kernels`); tests/kernels/test_add_kernel.py runs
+:func:`check_schemes` on kernels registered inside a test, wrong ones included. A kernel that declares ``onnx``
+exports a ViT through ONNX Runtime (:func:`check_onnx`). The calls a kernel takes (masks, windows, layouts, causal
+attention, dropout) are checked by tests/kernels/test_auto_cases.py."""
 
 from __future__ import annotations
 
@@ -47,6 +48,8 @@ def reference(layer: Attention, x: torch.Tensor, grid) -> torch.Tensor:
     if st.scheme.has_bias:
         logits = logits + st.scheme.bias(st.grid, layer.num_prefix_tokens)
     a = logits.softmax(-1)
+    if st.scheme.mixes_weights:  # (GPSA's mixture, after the softmax: its equation is tests/pos/test_gpsa.py's)
+        a = st.scheme.mix(a, None, st)
     out = a @ v
     values = st.scheme.content_values(a, st)
     out = (out if values is None else out + values).transpose(1, 2).reshape(b, n, c)

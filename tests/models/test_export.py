@@ -139,7 +139,7 @@ def _own_path(name: str) -> bool:
 #: views), and every scheme with its own attention or token path. The rest of a Swin's graph (windows, shifts,
 #: masks, merging) does not depend on the scheme; every scheme goes through ONNX on the ViT, and through
 #: torch.export on both models at dynamic resolution (EXPORT_CASES).
-FAMILY_CASES = {"none", "ape", "rel2d_full", "alibi2d", "lookhere", "rope2d_mixed"}
+FAMILY_CASES = {"none", "ape", "rel2d_full", "alibi2d", "lookhere", "rope2d_mixed", "gpsa"}
 SWIN_ONNX = FAMILY_CASES | {n for n in SCHEMES if _own_path(n)}
 
 

@@ -27,11 +27,14 @@ def attend_eager(
     dropout_p: float = 0.0,
     closes_rows: bool = True,
 ) -> Tensor:
-    """``a = dropout(softmax(eager_logits))``, ``a v + content_values(a)`` (``mask`` holds the bias already).
+    """``a = dropout(mix(softmax(eager_logits)))``, ``a v + content_values(a)`` (``mask`` holds the bias already;
+    ``mix``: the scheme's, GPSA's gated positional attention, where it ``mixes_weights``).
 
     A row ``mask`` closes is 0 (:func:`~vitrel.layout.softmax.masked_softmax`); ``closes_rows=False`` where ``mask``
     is a bias alone, which closes none, skips the check."""
     attn = masked_softmax(eager_logits(q, k, mask, scale, state), mask if closes_rows else None)
+    if state.scheme.mixes_weights:
+        attn = state.scheme.mix(attn, mask, state)
     if dropout_p > 0.0:
         attn = F.dropout(attn, dropout_p)
     out = attn @ v
@@ -41,9 +44,14 @@ def attend_eager(
 
 @register_kernel("eager")
 class EagerKernel(Kernel):
-    """Every scheme, every case; reads the dense bias."""
+    """Every scheme, every case; reads the dense bias. The one kernel of the schemes that mix the attention weights
+    (``mixes_weights``: GPSA), hence ``auto``'s for them."""
 
     reads = frozenset({"bias"})
+
+    @classmethod
+    def default_for(cls, scheme):
+        return scheme.mixes_weights
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):

@@ -33,10 +33,11 @@ class ShawKernel(Kernel):
     @classmethod
     def refuses(cls, scheme):
         if not scheme.has_content_terms:
+            other = "eager" if scheme.mixes_weights else "sdpa"  # (GPSA's mixture: the eager path alone)
             return (
                 f"attn_impl='shaw' runs the content-aware relative keys and values of Shaw et al. (shaw1d, "
-                f"shaw2d_factored, shaw2d_full) and iRPE (irpe); {scheme.name} has no such terms: use attn_impl='sdpa' "
-                "or 'auto'"
+                f"shaw2d_factored, shaw2d_full) and iRPE (irpe); {scheme.name} has no such terms: use "
+                f"attn_impl='{other}' or 'auto'"
             )
         return None
 

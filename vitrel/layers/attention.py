@@ -357,19 +357,28 @@ class Attention(nn.Module):
     def logits(
         self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None
     ) -> Tensor:
-        """Pre-softmax logits ``[B, heads, N, N]``, computed eagerly (for inspection)."""
+        """Pre-softmax logits ``[B, heads, N, N]``, computed eagerly (for inspection). For a scheme that mixes the
+        weights after the softmax (GPSA), the logits of its content softmax."""
+        return self._logits(x, grid, mask, pos_state)[0]
+
+    def _logits(
+        self, x: Tensor, grid: Any, mask: Tensor | TokenLayout | None, pos_state: PosState | None
+    ) -> tuple[Tensor, Tensor | None, PosState]:
+        """The logits, the additive mask in them (bias included) and the state they were computed with."""
         st = self._state(x, grid, pos_state)
         q, k, v = self._qkv(x, st)
         m = merge_masks(st.full_bias(), self._mask(mask, x.shape[0], x.shape[1], q.dtype, q.device), q.dtype)
         with widened_precision(q, v):  # in float32 where the scheme widened q, k in it (PaPE under autocast)
-            return eager_logits(q, k, m, self.scale, st)
+            return eager_logits(q, k, m, self.scale, st), m, st
 
     def attention_map(
         self, x: Tensor, grid: Any = None, mask: Tensor | TokenLayout | None = None, pos_state: PosState | None = None
     ) -> Tensor:
-        """Attention probabilities ``[B, heads, N, N]``; a row the mask closes is 0, as the kernels give it."""
-        logits = self.logits(x, grid, mask, pos_state)
-        return masked_softmax(logits, logits if mask is not None else None)
+        """Attention probabilities ``[B, heads, N, N]``, the weights of the values (mixed by the scheme where it
+        ``mixes_weights``); a row the mask closes is 0, as the kernels give it."""
+        logits, m, st = self._logits(x, grid, mask, pos_state)
+        attn = masked_softmax(logits, logits if mask is not None else None)
+        return st.scheme.mix(attn, m, st) if st.scheme.mixes_weights else attn
 
     def bias(self, grid: Any) -> Tensor | None:
         """The scheme's additive term ``[heads, N, N]`` for ``grid`` (None for non-bias schemes)."""

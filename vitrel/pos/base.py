@@ -16,6 +16,9 @@ a no-op by default, so the attention module never knows a scheme by name:
   the state's ``kernel`` (:mod:`vitrel.kernels`: the bias in SDPA's float mask, folded,
   FlexAttention, or the one eager path for schemes with content terms); a scheme may override it with
   its own fast path.
+* ``mix(attn, mask, state) -> attn``: the attention weights ``[B, heads, N, N]`` after the softmax, mixed with a
+  distribution of the scheme's own before they weigh the values (GPSA's gated positional attention;
+  ``mixes_weights``: the eager kernel's). ``mask`` is the additive mask the softmax had (a layout's images included).
 * ``add_to_tokens(x, grid, num_prefix_tokens) -> x``: absolute schemes add their embedding to the
   tokens once (``kind == "absolute"``), at the input of the network or, with ``after_block = k``, after block
   ``k`` (CPE); ``add_to_layout(x, layout)`` the same on packed or dropped tokens.
@@ -34,8 +37,8 @@ once per forward and passes the state to every block (``blk(x, grid, pos_state=s
 itself. Nothing is stored on the modules during a forward.
 
 **Capabilities** are declared, not inferred: ``kind`` (``"relative"`` / ``"absolute"``),
-``family`` (see :data:`FAMILIES`), ``has_bias``, ``has_rotation``, ``has_content_terms`` and
-``has_token_terms``.
+``family`` (see :data:`FAMILIES`), ``has_bias``, ``has_rotation``, ``has_content_terms``,
+``has_token_terms`` and ``mixes_weights``.
 
 **Offsets.** One sign convention everywhere: the offset of query ``i`` to key ``j`` is
 ``d_ij = p_i - p_j`` (``dh_ij = row_i - row_j``, ``dw_ij = col_i - col_j``; ``p = row * W + col``
@@ -69,7 +72,7 @@ __all__ = ["FAMILIES", "KernelLike", "PositionScheme", "PosState"]
 
 
 #: The families of :attr:`PositionScheme.family`, in display order.
-FAMILIES = ("none", "absolute", "learned bias", "fixed bias", "rotary", "content", "content bias")
+FAMILIES = ("none", "absolute", "learned bias", "fixed bias", "rotary", "content", "content bias", "gated")
 
 
 class KernelLike(Protocol):
@@ -128,6 +131,9 @@ class PositionScheme(nn.Module):
     has_content_terms: ClassVar[bool] = False
     #: ``augment`` appends channels computed from the layer's input tokens to q and k (PaPE)
     has_token_terms: ClassVar[bool] = False
+    #: ``mix`` mixes the attention weights with a distribution of the scheme's own (GPSA's gated positional
+    #: attention): no single softmax computes it, so only the eager kernel runs the scheme
+    mixes_weights: ClassVar[bool] = False
     #: prefix tokens have a position of their own (PaPE's class token at the origin): pairs with a prefix
     #: token get a position term, so they are not translation invariant
     prefix_positioned: ClassVar[bool] = False
@@ -283,6 +289,11 @@ class PositionScheme(nn.Module):
         """Unscaled logits ``[B, heads, N, N]`` from the keys' content (added to ``q k^T``; entry ``(i, j)`` a function
         of ``k_j`` and the pair's positions), or None."""
         return None
+
+    def mix(self, attn: Tensor, mask: Tensor | None, state: PosState) -> Tensor:
+        """``attn [B, heads, N, N]`` (the softmax's weights under ``mask``) mixed with the scheme's own weights
+        (``mixes_weights``), or as it is."""
+        return attn
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         """``x [B, P + N, C]`` with the embedding added to its patch tokens (``kind == "absolute"``); ``x`` as it is

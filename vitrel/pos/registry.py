@@ -64,6 +64,7 @@ HOOK_FLAGS = {
     "content_values": "has_content_terms",
     "content_key_logits": "has_content_terms",
     "augment": "has_token_terms",
+    "mix": "mixes_weights",
 }
 
 

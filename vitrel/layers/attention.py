@@ -6,7 +6,8 @@ For ``x`` of ``[B, N, C]`` on a grid ``H x W`` with ``P`` prefix tokens (``N = P
     q, k    = pos.rotate(q, k)                  (RoPE; identity otherwise; fused for a kernel with fused_rotation)
     q, k    = pos.augment(x, q, k)              (PaPE: channels appended; identity otherwise)
     A       = (q k^T + pos.content_logits(q) + pos.content_key_logits(k)) / sqrt(d) + pos.bias() + mask
-    out     = softmax(A) v + pos.content_values(softmax(A))
+    a       = pos.mix(softmax(A))               (GPSA: its positional attention mixed in; identity otherwise)
+    out     = a v + pos.content_values(a)
 
 ``forward`` runs the scheme's fused path (``PositionScheme.attend``: SDPA with the bias as a
 float mask, or the scheme's own kernel; attention dropout goes into the same call); ``logits``

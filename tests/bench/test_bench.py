@@ -500,3 +500,19 @@ def test_no_rounds_is_refused_before_anything_runs(monkeypatch):
     monkeypatch.setattr(sys, "argv", ["bench/attention.py", "--rounds", "0", "--tokens", "16", "--schemes", "none"])
     with pytest.raises(SystemExit, match="--rounds must be at least 1, got 0"):
         runpy.run_path("bench/attention.py", run_name="__main__")
+
+
+def test_gpsa_paths_times_both_forms_of_the_same_layer(tmp_path):
+    """bench/gpsa_paths.py: the split form it times equals the layer (checked in the script before timing) and the
+    table has a row per case."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "gpsa_paths.py"
+    spec = importlib.util.spec_from_file_location("vitrel_bench_gpsa_paths", path)
+    gp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gp)
+    out = tmp_path / "paths.md"
+    lines = gp.main(["--cases", "3:2,2:3", "--rounds", "1", "--width", "16", "--heads", "2", "--out", str(out)])
+    assert out.read_text() == "\n".join(lines) + "\n"
+    assert [r.split("|")[1:3] for r in lines[-2:]] == [[" 10 ", " 2 "], [" 5 ", " 3 "]]

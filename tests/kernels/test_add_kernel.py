@@ -51,7 +51,11 @@ def test_the_howto_kernel_passes_the_shared_kernel_tests(tmp_path, unregister_ke
     assert kernel.reads == {"bias"}
     taken = check_schemes("chunked")  # the float64 equation, every scheme it takes, image and video grids
     content = [n for n in list_pos("relative") if get_pos_class(n).has_content_terms]  # Shaw's, iRPE's
-    assert content and not set(content) & set(taken) and len(taken) == len(list_pos("relative")) - len(content)
+    mixing = [n for n in list_pos("relative") if get_pos_class(n).mixes_weights]  # GPSA's (the base refuses them)
+    assert content and mixing and not set(content + mixing) & set(taken)
+    assert len(taken) == len(list_pos("relative")) - len(content) - len(mixing)
+    with pytest.raises(ValueError, match="attn_impl='chunked' computes one softmax; gpsa mixes"):
+        vitrel.Attention(16, 2, pos="gpsa", grid=(3, 4), attn_impl="chunked")
     auto_cases.check_calls("chunked", auto_cases.run_scheme("chunked"))  # masks, windows, layouts, causal, dropout
     auto_cases.test_a_named_kernels_refusal_is_one_line_naming_kernels_that_take_the_call("chunked")
     with pytest.raises(ValueError, match="attn_impl='chunked': shaw2d_full has terms no block"):
@@ -103,7 +107,7 @@ def _attend(fn):
 
 
 def _refuses_content(cls, scheme):
-    return content_refusal(cls.name, scheme, "terms no block of queries computes")
+    return content_refusal(cls.name, scheme, "terms no block of queries computes") or super(cls, cls).refuses(scheme)
 
 
 def _howto(q, k, v, mask, scale, st, p):

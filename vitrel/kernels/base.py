@@ -10,14 +10,7 @@ from vitrel.kernels.registry import Kernel
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout, stack_tables
 
-__all__ = [
-    "OffsetTableKernel",
-    "content_refusal",
-    "mixing_refusal",
-    "table_refusal",
-    "token_terms_refusal",
-    "video_refusal",
-]
+__all__ = ["OffsetTableKernel", "content_refusal", "table_refusal", "token_terms_refusal", "video_refusal"]
 
 
 def token_terms_refusal(kernel: str, scheme, lacks: str) -> str | None:
@@ -53,21 +46,10 @@ def content_refusal(kernel: str, scheme, lacks: str) -> str | None:
     )
 
 
-def mixing_refusal(kernel: str, scheme) -> str | None:
-    """Why a kernel of one softmax cannot run ``scheme`` when the scheme mixes the attention weights with its own
-    (``mixes_weights``: GPSA; only ``eager`` computes the mixture), or None."""
-    if not scheme.mixes_weights:
-        return None
-    return (
-        f"attn_impl={kernel!r} computes one softmax; {scheme.name} mixes the attention weights with a positional "
-        "attention of its own, which the eager path computes: use attn_impl='eager' (what 'auto' picks)"
-    )
-
-
 def table_refusal(kernel: str, scheme) -> str | None:
     """Why a kernel that reads the bias by offset cannot run ``scheme`` (flex, triton), or None."""
     refusal = token_terms_refusal(kernel, scheme, "no offset table")
-    refusal = refusal or content_refusal(kernel, scheme, "no offset table to read") or mixing_refusal(kernel, scheme)
+    refusal = refusal or content_refusal(kernel, scheme, "no offset table to read")
     if refusal is None and scheme.has_bias and not scheme.has_offset_table:
         refusal = (
             f"attn_impl={kernel!r} reads the bias by offset from the scheme's table; {scheme.name} has no such "
@@ -88,7 +70,7 @@ class OffsetTableKernel(Kernel):
 
     @classmethod
     def refuses(cls, scheme):
-        return table_refusal(cls.name, scheme)
+        return table_refusal(cls.name, scheme) or super().refuses(scheme)
 
     @classmethod
     def skip_blocks(cls, table: Tensor, grid: Grid, num_prefix_tokens: int) -> Any:

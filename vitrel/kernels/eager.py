@@ -48,6 +48,7 @@ class EagerKernel(Kernel):
     (``mixes_weights``: GPSA), hence ``auto``'s for them."""
 
     reads = frozenset({"bias"})
+    mixes_weights = True
 
     @classmethod
     def default_for(cls, scheme):

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitrel.kernels.base import content_refusal, mixing_refusal, token_terms_refusal
+from vitrel.kernels.base import content_refusal, token_terms_refusal
 from vitrel.kernels.common import merge_masks, sdpa_padded
 from vitrel.kernels.registry import Kernel, register_kernel
 from vitrel.layout.tokens import gather_tokens
@@ -34,7 +34,7 @@ class FoldKernel(Kernel):
     @classmethod
     def refuses(cls, scheme):
         refusal = token_terms_refusal(cls.name, scheme, "no fixed factors")
-        refusal = refusal or content_refusal(cls.name, scheme, "no bias to fold") or mixing_refusal(cls.name, scheme)
+        refusal = refusal or content_refusal(cls.name, scheme, "no bias to fold") or super().refuses(scheme)
         if refusal is None and not scheme.has_bias_factors:
             from vitrel.pos import get_pos_class, list_pos
 

@@ -138,10 +138,20 @@ class Kernel:
     float64: ClassVar[bool] = True
     #: rotary schemes' ``state.rope`` applied by :func:`vitrel.kernels.triton.rope.rope_rotate` (one launch for q and k)
     fused_rotation: ClassVar[bool] = False
+    #: ``attend`` mixes the weights of a scheme that ``mixes_weights`` (GPSA) by its ``mix`` (else refused them)
+    mixes_weights: ClassVar[bool] = False
 
     @classmethod
     def refuses(cls, scheme: PositionScheme) -> str | None:
-        """Why this kernel cannot run ``scheme`` (a sentence naming both, and what to use instead), or None."""
+        """Why this kernel cannot run ``scheme`` (a sentence naming both, and what to use instead), or None. By default
+        the schemes that mix the attention weights after the softmax (GPSA), unless the kernel declares
+        ``mixes_weights``: a kernel that refuses more returns its own reason ``or super().refuses(scheme)``."""
+        if scheme.mixes_weights and not cls.mixes_weights:
+            return (
+                f"attn_impl={cls.name!r} computes one softmax; {scheme.name} mixes the attention weights with a "
+                "positional attention of its own, which the eager path computes: use attn_impl='eager' (what 'auto' "
+                "picks)"
+            )
         return None
 
     @classmethod

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor
 
-from vitrel.kernels.base import mixing_refusal
 from vitrel.kernels.common import full_mask, sdpa_padded
 from vitrel.kernels.registry import Kernel, register_kernel
 
@@ -36,7 +35,7 @@ class SdpaKernel(Kernel):
                 f"attn_impl='sdpa': no SDPA computes {scheme.name}'s content terms (q_i . r_ij, sum_j a_ij r_ij): use "
                 "attn_impl='shaw' (its fast path, what 'auto' picks) or 'eager'"
             )
-        return mixing_refusal(cls.name, scheme)
+        return super().refuses(scheme)
 
     @classmethod
     def attend(cls, q, k, v, mask, scale, state, dropout_p=0.0):

@@ -39,7 +39,7 @@ class ShawKernel(Kernel):
                 f"shaw2d_factored, shaw2d_full) and iRPE (irpe); {scheme.name} has no such terms: use "
                 f"attn_impl='{other}' or 'auto'"
             )
-        return None
+        return super().refuses(scheme)
 
     @classmethod
     def default_for(cls, scheme):

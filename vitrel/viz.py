@@ -161,15 +161,11 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
     the grid the scheme was built for. Float32, on the CPU.
     """
     _check_scheme(scheme, "position_matrix")
-    if scheme.embeds_content:
+    if scheme.embeds_content or scheme.mixes_weights:  # (cpe: a convolution of the tokens; gpsa: a second softmax)
+        what = "is computed from the tokens" if scheme.embeds_content else "mixes its own attention in after softmax"
         raise ValueError(
-            f"{scheme.name}'s encoding is computed from the tokens (a convolution of them): it has no position term of "
-            "its own to draw; draw a trained model's attention instead (vitrel.viz.attention_maps)"
-        )
-    if scheme.mixes_weights:
-        raise ValueError(
-            f"{scheme.name} adds no term to the logits: it mixes the attention weights with a positional attention of "
-            "its own after the softmax; draw a model's attention instead (vitrel.viz.attention_maps)"
+            f"{scheme.name}'s position encoding {what}: it adds no term of its own to the logits to draw; draw a "
+            "trained model's attention instead (vitrel.viz.attention_maps)"
         )
     grid = as_grid(grid if grid is not None else scheme.grid)
     n, device = grid.n, _device(scheme)

@@ -10,6 +10,7 @@ import torch
 from timm.models.convit import GPSA
 
 import vitrel
+import vitrel.viz
 from tests.reference import scheme_qkv
 from vitrel import Attention
 from vitrel.kernels import get_kernel
@@ -155,6 +156,12 @@ def test_only_the_eager_kernel_runs_it_and_auto_picks_it():
     assert a.choose_kernel(a.pos, 9, torch.device("cpu"), torch.float32).name == "eager"
     with pytest.raises(ValueError, match="mixes the attention weights"):
         Attention(8, 2, pos="gpsa", grid=(3, 3), attn_impl="sdpa")
+
+
+def test_position_matrix_refuses_it_in_one_line():
+    """No term of its own in the logits (its positional attention is a second softmax): a picture of one is refused."""
+    with pytest.raises(ValueError, match="gpsa's position encoding mixes its own attention in after softmax"):
+        vitrel.viz.position_matrix(build_pos("gpsa", num_heads=2, head_dim=4, grid=(3, 3)))
 
 
 @pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), True])

@@ -29,10 +29,11 @@ def _naive(model, x):
         model(x)
     for h in hooks:
         h.remove()
-    p, ps = model.num_prefix_tokens, 4
+    ps = 4
     gh, gw = x.shape[-2] // ps, x.shape[-1] // ps
     out = torch.zeros(len(model.blocks), model.blocks[0].attn.num_heads, dtype=torch.float64)
     for l, (blk, t) in enumerate(zip(model.blocks, seen)):
+        p = t.shape[1] - gh * gw  # (the prefix tokens in this block's input)
         attn = blk.attn
         h = blk.norm1(t)
         b, n, _ = h.shape
@@ -49,9 +50,14 @@ def _naive(model, x):
     return out
 
 
-@pytest.mark.parametrize("class_token", [True, False])
-def test_attention_distance_is_its_equation(class_token):
-    kw = {} if class_token else dict(class_token=False, global_pool="avg")
+@pytest.mark.parametrize(
+    "kw",
+    [{}, dict(class_token=False, global_pool="avg"), dict(abs_pos="cpe"), dict(prefix_at=1, reg_tokens=1)],
+    ids=["class_token", "no_prefix", "cpe_after_block_0", "prefix_joins_at_block_1"],
+)
+def test_attention_distance_is_its_equation(kw):
+    """The blocks' inputs as the model's forward makes them: CPE's convolution after block 0 (it was left out) and
+    prefix tokens joining late (``prefix_at``) included."""
     model = _vit("none", **kw).train()
     x = torch.randn(2, 1, 12, 16, dtype=torch.float64)
     got = viz.attention_distance(model, x)

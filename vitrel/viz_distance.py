@@ -119,10 +119,12 @@ def _global_vit(model: nn.Module, x: Tensor, sums: _Sums) -> None:
         raise ValueError(f"attention_distance takes a batch of images or clips of one size, got the layout {grid}")
     pe = model.patch_embed
     coords = coord_map(grid, _pair(pe.patch_size), getattr(pe, "tubelet_size", 1)).flatten(0, -2)  # [N, 4]
-    coords = torch.cat([coords.new_zeros(model.num_prefix_tokens, 4), coords])[None]  # prefix tokens: not real
-    for blk, state in zip(model.blocks, model.position_states(grid, x)):
-        sums.add(blk.attn.attention_map(blk.norm1(x), pos_state=state), coords)
-        x = blk(x, pos_state=state)
+    states = model.position_states(grid, x)
+    outs = [x, *model.run_blocks(x, grid, states)]  # (the model's loop: CPE's convolution, a late prefix)
+    for i, (blk, state) in enumerate(zip(model.blocks, states)):
+        x = model.block_input(outs[i], i)
+        at = torch.cat([coords.new_zeros(model.prefix_in(i), 4), coords])[None]  # prefix tokens: not real
+        sums.add(blk.attn.attention_map(blk.norm1(x), pos_state=state), at)
 
 
 def _swin(model: nn.Module, x: Tensor, sums: _Sums) -> None:

@@ -13,7 +13,14 @@ import operator
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["check_attention_args", "check_count", "check_num_classes", "check_swin_args", "check_vit_args"]
+__all__ = [
+    "check_attention_args",
+    "check_count",
+    "check_late_prefix",
+    "check_num_classes",
+    "check_swin_args",
+    "check_vit_args",
+]
 
 
 def _int_at_least(name: str, value: Any, least: int) -> int:
@@ -149,3 +156,23 @@ def check_swin_args(args: Mapping[str, Any]) -> None:
     _mlp_ratio(args["mlp_ratio"])
     _rates(args)
     _image_fits(args["img_size"], patch)
+
+
+def check_late_prefix(prefix_at: Any, pos_depth: Any, depth: int, num_prefix_tokens: int, rel: str) -> None:
+    """A ViT's ``pos_depth`` (its first ``pos_depth`` blocks carry the relative scheme ``rel``) and ``prefix_at`` (its
+    ``num_prefix_tokens`` prefix tokens join before block ``prefix_at``; 0: at the input), for ``depth`` blocks: the
+    prefix joins before some block, and only blocks before it carry a relative scheme (ConViT's layout)."""
+    pos_depth = _int_at_least("pos_depth", pos_depth, 0)
+    if pos_depth > depth:
+        raise ValueError(f"pos_depth must be at most depth ({depth}), got {pos_depth}")
+    if not _int_at_least("prefix_at", prefix_at, 0):
+        return
+    if not num_prefix_tokens:
+        raise ValueError(f"prefix_at={prefix_at} places the prefix tokens, but the model has none (class_token=False)")
+    if prefix_at >= depth:
+        raise ValueError(f"prefix_at must be below depth ({depth}): the prefix tokens join before block prefix_at")
+    if pos_depth > prefix_at and rel != "none":
+        raise ValueError(
+            f"prefix_at={prefix_at} with pos_depth={pos_depth}: only the blocks before the prefix tokens join carry "
+            f"the relative scheme ({rel}); give pos_depth <= prefix_at (ConViT's convit_* models: both 10)"
+        )

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
+from vitrel.layers.validate import check_late_prefix
 from vitrel.models.blocks import Block, BlockStack, check_shared
 from vitrel.models.naflex import pool_tokens
 from vitrel.models.timm_surface import timm_attn_mask
@@ -75,12 +76,15 @@ class ViTBody(BlockStack):
         the head.
         Schemes are built for the model's ``grid`` and prefix tokens; a block's own also gets its (index, depth)."""
         embed_dim, heads, depth, impl = args["embed_dim"], args["num_heads"], args["depth"], args["attn_impl"]
+        pos_depth = depth if args.get("pos_depth") is None else args["pos_depth"]
+        check_late_prefix(args.get("prefix_at", 0), pos_depth, depth, self.num_prefix_tokens, rel.name)
+        self.prefix_at = args.get("prefix_at", 0)  # (0: the prefix tokens from the input)
         make_pos = functools.partial(
             PosSpec.build,
             num_heads=heads,
             head_dim=embed_dim // heads,
             grid=self.grid,
-            num_prefix_tokens=self.num_prefix_tokens,
+            num_prefix_tokens=self.prefix_in(0),
             embed_dim=embed_dim,
         )
         self.abs_pos = make_pos(absolute) if absolute is not None else None
@@ -100,9 +104,9 @@ class ViTBody(BlockStack):
                 Block(
                     embed_dim,
                     heads,
-                    pos=SHARED if args["pos_share"] else make_pos(rel, layer=(i, depth)),
+                    pos=(SHARED if args["pos_share"] else make_pos(rel, layer=(i, depth))) if i < pos_depth else "none",
                     grid=self.grid,
-                    num_prefix_tokens=self.num_prefix_tokens,
+                    num_prefix_tokens=self.prefix_in(i),
                     mlp_ratio=args["mlp_ratio"],
                     qkv_bias=args["qkv_bias"],
                     init_values=args["init_values"],
@@ -217,21 +221,20 @@ class ViTBody(BlockStack):
         tokens. ``attn_mask`` / ``is_causal``: as :meth:`grid_features`'."""
         x, grid = self.embed(x)  # type: ignore[attr-defined]
         mask = timm_attn_mask(attn_mask, is_causal, x, self.vitrel_cfg["num_heads"])
-        feats = []
+        feats, prefix = [], []  # (before prefix_at the prefix tokens have not joined: [B, 0, C])
         for i, y in enumerate(self.run_blocks(x, grid, self.position_states(grid, x, depth), depth, mask)):
             x = y
             if i in take:
-                feats.append(self.norm(x) if norm else x)
-        p = self.num_prefix_tokens
-        prefix = [y[:, :p] for y in feats]
-        feats = [y[:, p:] for y in feats]
+                y, p = self.norm(x) if norm else x, self.prefix_in(i)
+                feats.append(y[:, p:])
+                prefix.append(y[:, :p])
         # channels first by transposing the tokens before the reshape: a reshape of the sliced tokens to the grid
         # makes torch.export assume a batch (and sides) of at least 2, so a program would refuse a single image
         if output_fmt.startswith("NC"):
             feats = [y.transpose(1, 2).reshape(y.shape[0], y.shape[-1], *grid) for y in feats]
         elif output_fmt != "NLC":
             feats = [y.reshape(y.shape[0], *grid, y.shape[-1]) for y in feats]
-        if return_prefix_tokens and p:
+        if return_prefix_tokens and self.num_prefix_tokens:
             feats = list(zip(feats, prefix))
         if intermediates_only:
             return feats
@@ -244,6 +247,11 @@ class ViTBody(BlockStack):
         norm / the head if asked); returns the absolute indices kept."""
         take, _ = self.prune_trunk(indices)  # type: ignore[attr-defined]
         self.vitrel_cfg["depth"] = len(self.blocks)
+        if self.prefix_at and self.prefix_at >= len(self.blocks):  # no block left to join: no prefix (timm's ConViT)
+            self.cls_token = self.reg_token = None
+            self.num_prefix_tokens, self.num_reg_tokens, self.has_class_token, self.prefix_at = 0, 0, False, 0
+            self.vitrel_cfg.update(class_token=False, reg_tokens=0, prefix_at=0)
+            prune_head = prune_head or self.global_pool == "token"
         if prune_norm:
             self.norm = nn.Identity()
         if prune_head:

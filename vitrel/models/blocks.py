@@ -406,57 +406,106 @@ class BlockStack(BlockImpls):
     """The block loop of a model whose ``blocks`` all attend over one token grid (the ViT, the video ViT): each
     block's scheme state prepared once per forward (the shared ``rel_pos``'s, or the blocks' own together) and the
     blocks run in turn, checkpointed in training with ``grad_checkpointing``. The model sets ``blocks``, ``rel_pos``,
-    ``abs_pos``, ``num_prefix_tokens`` and ``grad_checkpointing``."""
+    ``abs_pos``, ``num_prefix_tokens`` and ``grad_checkpointing``; ``prefix_at > 0`` (ConViT's class token, which
+    joins after its GPSA blocks) makes the prefix tokens join before block ``prefix_at``, the blocks before it
+    attending over the patch tokens alone."""
 
     blocks: nn.ModuleList
     rel_pos: PositionScheme | None
     abs_pos: PositionScheme | None
     num_prefix_tokens: int
     grad_checkpointing: bool
+    cls_token: nn.Parameter | None  # (and ``reg_token``, the registers, where the model has them)
+    prefix_at: int = 0
+
+    def prefix_in(self, i: int) -> int:
+        """The number of prefix tokens ahead of the patch tokens in block ``i``'s input and output (0 before
+        ``prefix_at``); ``i = 0`` for the embedded input."""
+        return self.num_prefix_tokens if i >= self.prefix_at else 0
 
     def run_blocks(
-        self, x: Tensor, grid: Any, states: Any, depth: int | None = None, mask: Tensor | None = None
+        self,
+        x: Tensor,
+        grid: Any,
+        states: Any,
+        depth: int | None = None,
+        mask: Tensor | None = None,
+        join: Callable[[Tensor], tuple[Tensor, Any]] | None = None,
     ) -> Iterator[Tensor]:
         """The first ``depth`` blocks (all for None) on ``x`` (on ``grid``: a grid or a token layout) in turn, block
         ``i`` with ``states[i]`` (indexed: under a torch.fx trace ``states`` is one recorded call) and ``mask`` (timm's
         ``attn_mask``), each checkpointed in training with ``grad_checkpointing``; an absolute scheme placed after a
-        block (``abs_pos.after_block``, CPE's) added to that block's output. Yields every block's output (with it).
-        The one block loop of the ViTs."""
+        block (``abs_pos.after_block``, CPE's) added to that block's output; before block ``prefix_at`` (if not 0),
+        ``join(x) -> (tokens with the prefix, their grid or layout)`` (default: the prefix tokens put ahead,
+        ``add_prefix``). Yields every block's output (with it). The one block loop of the ViTs."""
         ckpt = self.grad_checkpointing and torch.is_grad_enabled() and not torch.jit.is_scripting()
         after = None if self.abs_pos is None else self.abs_pos.after_block
+        if self.prefix_at and mask is not None:
+            raise ValueError(
+                f"timm's attn_mask / is_causal cover one token count, but the prefix tokens join before block "
+                f"{self.prefix_at} (prefix_at): give no attn_mask to a model built with prefix_at"
+            )
         for i, blk in enumerate(self.blocks[:depth] if depth is not None else self.blocks):
+            if i and i == self.prefix_at:
+                x, grid = join(x) if join is not None else (self.block_input(x, i), grid)
             st = states[i]
             x = checkpoint(blk, x, None, mask, st, use_reentrant=False) if ckpt else blk(x, None, mask, st)
             if i == after:
-                x = add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
+                x = add_abs_pos(self.abs_pos, x, grid, self.prefix_in(i))
             yield x
+
+    def block_input(self, x: Tensor, i: int) -> Tensor:
+        """Block ``i``'s input on a grid from block ``i - 1``'s output ``x`` (for ``i = 0``: the embedded tokens): the
+        prefix tokens put ahead before block ``prefix_at``, as :meth:`run_blocks` does."""
+        return self.add_prefix(x) if i and i == self.prefix_at else x
+
+    def add_prefix(self, x: Tensor) -> Tensor:
+        """Patch tokens ``[B, N, C]`` -> ``[B, P + N, C]``, the model's prefix tokens (class token, registers) ahead."""
+        toks = [t for t in (self.cls_token, getattr(self, "reg_token", None)) if t is not None]
+        toks = [t.expand(x.shape[0], -1, -1) for t in toks]
+        return torch.cat([*toks, x], dim=1) if toks else x
 
     def input_abs_pos(self, x: Tensor, grid: Any) -> Tensor:
         """Tokens ``x`` on ``grid`` (a grid or a token layout) with the absolute scheme added if its place is the input
         (``after_block`` None; else :meth:`run_blocks` adds it)."""
         if self.abs_pos is None or self.abs_pos.after_block is not None:
             return x
-        return add_abs_pos(self.abs_pos, x, grid, self.num_prefix_tokens)
+        return add_abs_pos(self.abs_pos, x, grid, self.prefix_in(0))
 
     def position_state(self, grid: Any, like: Tensor) -> PosState | None:
         """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
         if self.rel_pos is None:
             return None
-        return prepare_state(
-            self.rel_pos, grid, self.num_prefix_tokens, like, self.attn_impl, drops_weights(self.blocks)
-        )
+        return prepare_state(self.rel_pos, grid, self.prefix_in(0), like, self.attn_impl, drops_weights(self.blocks))
 
-    def position_states(self, grid: Any, like: Tensor, depth: int | None = None) -> list[PosState]:
-        """The state of each of the first ``depth`` blocks (all for None) for one forward: the shared
-        scheme's state for every block, or the blocks' own schemes prepared together (``prepare_states``).
-        ``grid``: an image or video grid, or a :class:`~vitrel.layout.tokens.TokenLayout`."""
-        blocks = self.blocks[:depth] if depth is not None else self.blocks
-        st = self.position_state(grid, like)
-        if st is not None:
-            return [st] * len(blocks)
-        schemes = [blk.attn.pos for blk in blocks]
-        impls = [blk.attn.attn_impl for blk in blocks]  # (one set on a built layer honoured)
-        return prepare_states(schemes, grid, self.num_prefix_tokens, like, impls, drops_weights(self.blocks))
+    def position_states(
+        self, grid: Any, like: Tensor, depth: int | None = None, joined: Any = None
+    ) -> list[PosState | None]:
+        """The state of each of the first ``depth`` blocks (all for None) for one forward: the shared scheme's state for
+        the blocks that share it, the blocks' own schemes prepared together (``prepare_states``). ``grid``: an image or
+        video grid, or a :class:`~vitrel.layout.tokens.TokenLayout`; ``joined``: the layout once the prefix tokens
+        joined (``prefix_at``; default ``grid``)."""
+        blocks = list(self.blocks[:depth] if depth is not None else self.blocks)
+        k = self.prefix_at or len(blocks)
+        early = self._states(blocks[:k], grid, self.prefix_in(0), like)
+        if k >= len(blocks):
+            return early
+        late = self._states(blocks[k:], grid if joined is None else joined, self.num_prefix_tokens, like)
+        return [early[i] for i in range(k)] + [late[i] for i in range(len(blocks) - k)]  # (indexed: torch.fx's too)
+
+    def _states(self, blocks: list[nn.Module], grid: Any, p: int, like: Tensor) -> list[PosState | None]:
+        own = [blk.attn for blk in blocks if blk.attn.pos is not None]
+        dropout = drops_weights(self.blocks)
+        # (an attn_impl set on a built layer honoured)
+        states = prepare_states([a.pos for a in own], grid, p, like, [a.attn_impl for a in own], dropout) if own else []
+        if len(own) == len(blocks):
+            return states  # (one call: one node of a torch.fx trace)
+        shared = prepare_state(self.rel_pos, grid, p, like, self.attn_impl, dropout)  # (pos_share's blocks)
+        out, j = [], 0
+        for blk in blocks:
+            out.append(shared if blk.attn.pos is None else states[j])
+            j += blk.attn.pos is not None
+        return out
 
 
 class Block(nn.Module):

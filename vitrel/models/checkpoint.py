@@ -462,7 +462,7 @@ def load_model(
 #: function (the position scheme by name too); most change shapes and fail to load, the others load silently
 _FUNCTION_ARGS = (
     "abs_pos", "class_token", "depth", "depths", "embed_dim", "fc_norm", "global_pool", "init_values", "mlp_ratio",
-    "norm_eps", "num_heads", "patch_size", "pos_share", "qkv_bias", "reg_tokens",
+    "norm_eps", "num_heads", "patch_size", "pos_depth", "pos_share", "prefix_at", "qkv_bias", "reg_tokens",
 )  # fmt: skip
 
 

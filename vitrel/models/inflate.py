@@ -176,6 +176,8 @@ def _check_pairing(video_model: nn.Module, image_cfg: dict[str, Any] | None, ima
                 raise ValueError(f"{key} differs: image {image_cfg.get(key)}, video {vcfg.get(key)}")
         if image_cfg.get("reg_tokens"):
             raise ValueError("the image model has register tokens; the video ViT has none")
+        if image_cfg.get("prefix_at") or image_cfg.get("pos_depth") is not None:
+            raise ValueError("the image model's layout (pos_depth, prefix_at) is not the video ViT's (every block)")
 
 
 def _check_rope_axial(video_model: nn.Module, image_spec: Any) -> None:

@@ -38,6 +38,7 @@ from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout
 
 __all__ = [
+    "LatePrefix",
     "NaFlexBatch",
     "ModelInput",
     "input_form",
@@ -441,6 +442,21 @@ def with_prefix(x: Tensor, batch: NaFlexBatch, prefix: Tensor | None) -> tuple[T
         segment[rb, at] = seg[rb, rt]
         image[rb, at] = batch.image[rb, rt]
     return out, TokenLayout.build(segment, coords, image, batch.image_grids, p), dest
+
+
+class LatePrefix(NamedTuple):
+    """Where the prefix tokens join a token layout late (a ViT's ``prefix_at``), :func:`with_prefix`'s answer: the
+    ``tokens`` with every image's prefix tokens in place, their ``layout`` and ``dest``, where each patch token goes."""
+
+    tokens: Tensor
+    layout: TokenLayout
+    dest: Tensor
+
+    def __call__(self, x: Tensor) -> tuple[Tensor, TokenLayout]:
+        """Patch tokens ``x [B, N, C]`` (on :func:`with_prefix`'s layout without prefix) -> with the prefix tokens
+        ahead of each image's, and their layout."""
+        idx = self.dest[..., None].expand(-1, -1, x.shape[-1])
+        return self.tokens.to(x.dtype).scatter(1, idx, x), self.layout
 
 
 def pool_tokens(x: Tensor, how: str, valid: Tensor | None = None, attn_pool: nn.Module | None = None) -> Tensor:

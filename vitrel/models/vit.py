@@ -37,6 +37,7 @@ from vitrel.models.blocks import (
 )
 from vitrel.models.input_size import check_grid_sizes, check_img_size, check_same_patch, rebuild_position_schemes
 from vitrel.models.naflex import (
+    LatePrefix,
     LayoutFeatures,
     ModelInput,
     check_images,
@@ -76,6 +77,12 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             that embedding and no relative scheme.
         abs_pos: an absolute scheme added to the relative one.
         pos_share: one relative scheme shared by all blocks (True) or one per block (False).
+        pos_depth: the relative scheme in the first ``pos_depth`` blocks only, the others attending by content alone
+            (None: every block). ConViT's models: GPSA in the first 10 of 12 blocks.
+        prefix_at: the prefix tokens (class token, registers) join the patch tokens before block ``prefix_at``, the
+            blocks before it attending over the patch tokens alone (0: from the input). ConViT's class token joins
+            after its GPSA blocks (``prefix_at=10``); only blocks before it may carry a relative scheme
+            (``pos_depth <= prefix_at``). Intermediates of those blocks have no prefix tokens.
         token_drop: NaViT's token dropping in training: the fraction of each image's patch tokens dropped (the kept
             ones keep their coordinates), or ``(low, high)`` to draw each image's fraction uniformly; 0: none.
         attn_impl: attention kernel, ``auto`` or a registered one (:func:`vitrel.kernels.list_kernels`; what each
@@ -116,6 +123,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         pos: PosArg = "rel2d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,
+        pos_depth: int | None = None,
+        prefix_at: int = 0,
         token_drop: float | tuple[float, float] = 0.0,
         attn_impl: str = "auto",
         drop_rate: float = 0.0,
@@ -192,20 +201,13 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.patch_embed.img_size = fresh.patch_embed.img_size
 
     # ---------------------------------------------------------------------------- forward
-    def _prefix(self, x: Tensor) -> Tensor:
-        toks = []
-        if self.cls_token is not None:
-            toks.append(self.cls_token.expand(x.shape[0], -1, -1))
-        if self.reg_token is not None:
-            toks.append(self.reg_token.expand(x.shape[0], -1, -1))
-        return torch.cat([*toks, x], dim=1) if toks else x
-
     def embed(self, x: Tensor) -> tuple[Tensor, Grid]:
-        """Images ``[B, C, H, W]`` -> input tokens ``[B, P + H'W', C]`` (with absolute position) and grid."""
+        """Images ``[B, C, H, W]`` -> input tokens ``[B, P + H'W', C]`` (with absolute position; no prefix tokens with
+        ``prefix_at``: they join later) and grid."""
         if self.strict_img_size:
             check_img_size(x, self.img_size)
         x, grid = self.patch_embed(x)
-        x = self.input_abs_pos(self._prefix(x), grid)
+        x = self.input_abs_pos(x if self.prefix_at else self.add_prefix(x), grid)
         return self.pos_drop(x), grid
 
     def read_input(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> ModelInput:
@@ -220,11 +222,12 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         """The input takes the token-layout path (not one full grid per batch)."""
         return inp.batch is not None or (self.training and bool(self.token_drop))
 
-    def embed_tokens(self, x: ModelInput) -> tuple[Tensor, TokenLayout, Tensor]:
+    def embed_tokens(self, x: ModelInput) -> tuple[Tensor, TokenLayout, Tensor, LatePrefix | None]:
         """The general input (:meth:`read_input`'s): timm's NaFlex dict (packed with ``segment_ids``), a list of images
         of any sizes, or images whose tokens are dropped (``token_drop`` in training) -> tokens ``[B, N', C]`` with each
-        image's prefix tokens ahead of its patches (:func:`~vitrel.models.naflex.with_prefix`), their layout, and where
-        each input patch token went (``[B, N]``)."""
+        image's prefix tokens ahead of its patches (:func:`~vitrel.models.naflex.with_prefix`), their layout, where
+        each input patch token went (``[B, N]``), and with ``prefix_at`` (the tokens then have no prefix) where the
+        prefix tokens join (:class:`~vitrel.models.naflex.LatePrefix`)."""
         pe = self.patch_embed
         if x.batch is None:
             if self.strict_img_size:
@@ -244,7 +247,11 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             batch = drop_tokens(batch, rates, length=length)
         prefix = [t[0] for t in (self.cls_token, self.reg_token) if t is not None]
         x, layout, dest = with_prefix(batch.patches, batch, torch.cat(prefix) if prefix else None)
-        return self.pos_drop(self.input_abs_pos(x, layout)), layout, dest
+        late = None
+        if self.prefix_at:  # (the patch tokens alone until then)
+            late = LatePrefix(x, layout, dest)
+            x, layout, dest = with_prefix(batch.patches, batch, None)
+        return self.pos_drop(self.input_abs_pos(x, layout)), layout, dest, late
 
     def forward_layout(self, x: Any, depth: int | None = None) -> tuple[Tensor, TokenLayout, Tensor, list[Tensor]]:
         """The input (any form, :meth:`read_input`) on the token-layout path: :meth:`embed_tokens`, then the blocks (the
@@ -255,8 +262,11 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
     def _forward_layout(
         self, inp: ModelInput, depth: int | None = None
     ) -> tuple[Tensor, TokenLayout, Tensor, list[Tensor]]:
-        x, layout, dest = self.embed_tokens(inp)
-        outs = list(self.run_blocks(x, layout, self.position_states(layout, x, depth), depth))
+        x, layout, dest, late = self.embed_tokens(inp)
+        joined = None if late is None else late.layout
+        outs = list(self.run_blocks(x, layout, self.position_states(layout, x, depth, joined), depth, join=late))
+        if late is not None and len(outs) > self.prefix_at:
+            layout, dest = late.layout, late.dest
         return self.norm(outs[-1] if outs else x), layout, dest, outs
 
     def forward_features(
@@ -425,7 +435,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         input (after token dropping: of the kept tokens; padding positions hold padding tokens)."""
         final, layout, dest, outs = self._forward_layout(inp, depth)
         idx = dest[..., None].expand(-1, -1, final.shape[-1])
-        feats = [(self.norm(outs[i]) if norm else outs[i]).gather(1, idx) for i in take]
+        feats = [self.norm(outs[i]) if norm else outs[i] for i in take]
+        feats = [y if i < self.prefix_at else y.gather(1, idx) for i, y in zip(take, feats)]  # (before: in place)
         fin = self._layout_features(x, inp, final, layout)
         if not output_dict:
             return feats if intermediates_only else (fin, feats)
@@ -444,9 +455,9 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
     @torch.no_grad()
     def attention_maps(self, x: Tensor, block: int = -1, stage: int = 0) -> Tensor:
         """``[B, heads, H', W']``: attention over the patch grid in block ``block`` (``stage``: 0, the only
-        one): the class token's row, or without a class token the attention each patch receives averaged
-        over the patch queries. What ``vitrel.viz.attention_maps`` draws (in eval mode) for any backbone
-        with this method."""
+        one): the class token's row, or without a class token (so in the blocks before ``prefix_at``) the attention
+        each patch receives averaged over the patch queries. What ``vitrel.viz.attention_maps`` draws (in eval mode)
+        for any backbone with this method."""
         n = len(self.blocks)
         if stage not in (0, -1) or not -n <= block < n:
             raise ValueError(f"stage {stage} / block {block} out of range for 1 stage of {n} blocks")
@@ -455,10 +466,10 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         states = self.position_states(grid, x, block % n + 1)
         for y in self.run_blocks(x, grid, states, block % n):
             x = y
-        blk = self.blocks[block % n]
+        blk, x = self.blocks[block % n], self.block_input(x, block % n)
         a = blk.attn.attention_map(blk.norm1(x), pos_state=states[-1])  # [B, heads, N, N]
-        p = self.num_prefix_tokens
-        m = a[:, :, 0, p:] if self.has_class_token else a[:, :, p:, p:].mean(2)
+        p = self.prefix_in(block % n)
+        m = a[:, :, 0, p:] if self.has_class_token and p else a[:, :, p:, p:].mean(2)
         return m.reshape(a.shape[0], a.shape[1], grid.h, grid.w)
 
     @classmethod

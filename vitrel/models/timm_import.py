@@ -12,6 +12,8 @@ and every tensor that fits is carried over. Supported sources:
 * timm ``SwinTransformer`` (``swin_*``) -> vitrel Swin with ``rel2d_full`` (same function at sizes
   that are a multiple of the window; vitrel masks the padding timm attends to otherwise). One window for all
   stages only: a window per stage (``swin_s3_*``) or ``always_partition=True`` is refused.
+* timm ``ConVit`` (``convit_*``) -> ``gpsa`` in its GPSA blocks (``pos_depth``), its class token joining after them
+  (``prefix_at``), its embedding kept as ``abs_pos="ape"`` (same function; :mod:`~vitrel.models.convit_import`).
 * timm ``Eva`` RoPE ViTs (``vit_*_patch16_rope_224`` = axial, ``..._rope_mixed_224``) ->
   ``rope2d_axial`` / ``rope2d_mixed`` (same function).
 * timm DINOv3 (``vit_*_patch16_dinov3*``: normalised coordinates, register tokens, layer scale) ->
@@ -47,6 +49,7 @@ from torch import Tensor, nn
 from vitrel.layout.geometry import Grid
 from vitrel.layout.windows import window_and_shift
 from vitrel.models.checkpoint import CheckpointError, load_weights
+from vitrel.models.convit_import import ConVit, convit_args, convit_tensors
 from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import build, split_feature_args, with_features
 from vitrel.models.rope_layout import permute_qk, rope_channel_order
@@ -100,6 +103,8 @@ def _family(t: nn.Module) -> str:
         return "eva"
     if isinstance(t, TimmSwin):
         return "swin"
+    if isinstance(t, ConVit):
+        return "convit"
     if isinstance(t, (TimmSwinV2, TimmSwinV2Cr)):
         name = (getattr(t, "pretrained_cfg", None) or {}).get("architecture", type(t).__name__)
         raise UnsupportedTimmModel(
@@ -109,7 +114,7 @@ def _family(t: nn.Module) -> str:
         )
     raise UnsupportedTimmModel(
         f"from_timm takes timm VisionTransformer (vit_*, deit_*), VisionTransformerRelPos (vit_relpos_*), "
-        f"Eva RoPE ViTs (vit_*_rope_*) and SwinTransformer (swin_*) models, got {type(t).__name__}"
+        f"Eva RoPE ViTs (vit_*_rope_*), ConVit (convit_*) and SwinTransformer (swin_*) models, got {type(t).__name__}"
     )
 
 
@@ -235,6 +240,10 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
             norm_eps=float(blk.norm1.eps),
         )
         return "vitrel_swin_tiny_patch4_window7_224", args, "rel2d_full"
+    if fam == "convit":
+        _refuse(t.local_up_to_layer >= len(t.blocks), "a class token that never joins (local_up_to_layer >= depth)", t)
+        args, native = convit_args(t)
+        return _vit_arch(args), args, native
     args = _vit_common(t)
     if fam == "relpos":
         rp = t.blocks[0].attn.rel_pos
@@ -304,6 +313,11 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         src.pop(theirs_key, None)
 
     has_ape = getattr(ours, "abs_pos", None) is not None and ours.abs_pos.name == "ape"
+    if fam == "convit":  # (GPSA's tensors, ConViT's embedding)
+        converted, why = convit_tensors(src, own)
+        out.update((k, v) for k, (v, _) in converted.items())
+        rep.converted.update((k, how) for k, (_, how) in converted.items())
+        rep.dropped.update(why)
     order = rope_channel_order(t) if fam == "eva" else None
     for k in list(src):
         if k not in src:  # taken with another tensor (EVA's v_bias with its q_bias)

@@ -65,7 +65,7 @@ __all__ = [
     "plot_packed_batch",  # noqa: F822 (vitrel.viz_packing, through __getattr__)
     "attention_distance",  # noqa: F822 (vitrel.viz_distance, through __getattr__)
     "plot_attention_distance",  # noqa: F822 (vitrel.viz_distance, through __getattr__)
-    "plot_swin_windows",
+    "plot_swin_windows",  # noqa: F822 (vitrel.viz_packing, through __getattr__)
     "figure_to_array",  # vitrel.figures
 ]
 
@@ -551,47 +551,11 @@ def plot_attention_maps(
     return fig
 
 
-def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
-    """Swin's windows on an ``H x W`` map of patches, plain and shifted (Swin paper, figure 2): each patch coloured by
-    its group, the patches it attends to in that block (:func:`~vitrel.layout.windows.window_groups`: the
-    windows' regions, read back from their :class:`~vitrel.layout.tokens.TokenLayout`), the window edges drawn. With a
-    shift, the windows at the map's edges hold parts of several windows of the rolled map, which do not see each
-    other; a map that is not a multiple of the window is padded at the bottom and right."""
-    from vitrel.layout.windows import window_and_shift, window_groups
+def __getattr__(name: str) -> Any:  # the NaFlex batch, Swin's windows: viz_packing; attention distance: viz_distance
+    if name in ("plot_packed_batch", "plot_swin_windows"):
+        from vitrel import viz_packing
 
-    if isinstance(grid, nn.Module):  # (not its repr in as_grid's message)
-        raise TypeError(f"plot_swin_windows takes a map size (H, W) and a window, got a {type(grid).__name__}")
-    grid = as_grid(grid)
-    window = (window, window) if isinstance(window, int) else tuple(window)
-    if isinstance(grid, Grid3) or len(window) != 2:  # a Video Swin's (T, H, W) map or (Wt, Wh, Ww) window
-        h, w = grid[-2:]
-        wh, ww = window[-2:]
-        raise ValueError(
-            f"plot_swin_windows draws an image map (H, W) and window (Wh, Ww), got {tuple(grid)} and {window}: a Video "
-            f"Swin's windows cut every frame alike in space: draw one frame's, plot_swin_windows(({h}, {w}), "
-            f"({wh}, {ww}))"
-        )
-    fig = new_figure(7.0, 3.4 * grid.h / max(grid.w, 1) + 0.6)
-    for ax, shifted in zip(fig.subplots(1, 2), (False, True)):
-        groups = window_groups(grid, window, shifted)
-        win, shift = window_and_shift(grid, window, shifted)
-        ax.imshow(groups.numpy() % 20, cmap="tab20", vmin=0, vmax=19, interpolation="nearest")
-        for r in range(shift[0] % win[0] or win[0], grid.h, win[0]):
-            ax.axhline(r - 0.5, color="k", lw=1.5)
-        for c in range(shift[1] % win[1] or win[1], grid.w, win[1]):
-            ax.axvline(c - 0.5, color="k", lw=1.5)
-        hide_ticks(ax)
-        kind = f"shifted by {shift}" if shifted else "plain"
-        ax.set_title(f"{kind}: {int(groups.max()) + 1} groups", fontsize=8)
-    fig.suptitle(title or f"Swin windows {window[0]}x{window[1]} on a {grid.h}x{grid.w} map", fontsize=9)
-    return fig
-
-
-def __getattr__(name: str) -> Any:  # the NaFlex batch picture: vitrel.viz_packing; attention distance: viz_distance
-    if name == "plot_packed_batch":
-        from vitrel.viz_packing import plot_packed_batch
-
-        return plot_packed_batch
+        return getattr(viz_packing, name)
     if name in ("attention_distance", "plot_attention_distance"):
         from vitrel import viz_distance
 

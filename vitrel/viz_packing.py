@@ -1,18 +1,21 @@
-"""The picture of a packed NaFlex batch (:func:`plot_packed_batch`, also ``vitrel.viz.plot_packed_batch``): its rows'
-tokens by image, the images put back together and the attention mask or a scheme's bias inside it."""
+"""The pictures of token layouts: a packed NaFlex batch (:func:`plot_packed_batch`, also
+``vitrel.viz.plot_packed_batch``: its rows' tokens by image, the images put back together and the attention mask or a
+scheme's bias inside it) and Swin's windows (:func:`plot_swin_windows`, also ``vitrel.viz.plot_swin_windows``)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from vitrel.figures import as_image, hide_ticks, new_figure
+from vitrel.layout.geometry import Grid3, as_grid
 from vitrel.pos.base import PositionScheme
 
-__all__ = ["plot_packed_batch"]
+__all__ = ["plot_packed_batch", "plot_swin_windows"]
 
 
 def plot_packed_batch(
@@ -85,4 +88,40 @@ def plot_packed_batch(
     ax.set_title(f"row {row}: {what}", fontsize=8)
     hide_ticks(ax)
     fig.suptitle(title or "a packed batch: tokens carry their image and coordinates", fontsize=9)
+    return fig
+
+
+def plot_swin_windows(grid: Any, window: Any = 7, title: str | None = None):
+    """Swin's windows on an ``H x W`` map of patches, plain and shifted (Swin paper, figure 2): each patch coloured by
+    its group, the patches it attends to in that block (:func:`~vitrel.layout.windows.window_groups`: the
+    windows' regions, read back from their :class:`~vitrel.layout.tokens.TokenLayout`), the window edges drawn. With a
+    shift, the windows at the map's edges hold parts of several windows of the rolled map, which do not see each
+    other; a map that is not a multiple of the window is padded at the bottom and right."""
+    from vitrel.layout.windows import window_and_shift, window_groups
+
+    if isinstance(grid, nn.Module):  # (not its repr in as_grid's message)
+        raise TypeError(f"plot_swin_windows takes a map size (H, W) and a window, got a {type(grid).__name__}")
+    grid = as_grid(grid)
+    window = (window, window) if isinstance(window, int) else tuple(window)
+    if isinstance(grid, Grid3) or len(window) != 2:  # a Video Swin's (T, H, W) map or (Wt, Wh, Ww) window
+        h, w = grid[-2:]
+        wh, ww = window[-2:]
+        raise ValueError(
+            f"plot_swin_windows draws an image map (H, W) and window (Wh, Ww), got {tuple(grid)} and {window}: a Video "
+            f"Swin's windows cut every frame alike in space: draw one frame's, plot_swin_windows(({h}, {w}), "
+            f"({wh}, {ww}))"
+        )
+    fig = new_figure(7.0, 3.4 * grid.h / max(grid.w, 1) + 0.6)
+    for ax, shifted in zip(fig.subplots(1, 2), (False, True)):
+        groups = window_groups(grid, window, shifted)
+        win, shift = window_and_shift(grid, window, shifted)
+        ax.imshow(groups.numpy() % 20, cmap="tab20", vmin=0, vmax=19, interpolation="nearest")
+        for r in range(shift[0] % win[0] or win[0], grid.h, win[0]):
+            ax.axhline(r - 0.5, color="k", lw=1.5)
+        for c in range(shift[1] % win[1] or win[1], grid.w, win[1]):
+            ax.axvline(c - 0.5, color="k", lw=1.5)
+        hide_ticks(ax)
+        kind = f"shifted by {shift}" if shifted else "plain"
+        ax.set_title(f"{kind}: {int(groups.max()) + 1} groups", fontsize=8)
+    fig.suptitle(title or f"Swin windows {window[0]}x{window[1]} on a {grid.h}x{grid.w} map", fontsize=9)
     return fig

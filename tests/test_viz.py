@@ -450,3 +450,43 @@ def test_plot_packed_batch_draws_rows_images_and_the_block_diagonal_mask():
     assert mask.shape == (35, 35) and mask[0, 0] == 1 and mask[0, 13] == 0  # image 0 does not see image 1
     scheme = build_pos("rel2d_full", num_heads=2, head_dim=8, grid=(4, 4), num_prefix_tokens=1)
     assert len(plot_packed_batch(d, scheme).axes) == 2
+
+
+def test_position_kernel_of_gpsa_is_the_weights_it_mixes_in():
+    """GPSA adds no logit term; its picture is the attention it gives the query by position, ``sigmoid(g_h) P_h``,
+    ``P_h`` the softmax over the keys of ``w_h . (dc, dr, dr^2 + dc^2)`` (key minus query), from the equation."""
+    s = build("gpsa", heads=4).double()
+    with torch.no_grad():
+        s.pos_proj.normal_()
+        s.gating.normal_()
+    for query in [None, (0, 4)]:
+        k = viz.position_kernel(s, Grid(4, 5), query)
+        qr, qc = (2, 2) if query is None else query
+        w = s.pos_proj.detach()
+        for h in range(4):
+            logits = torch.zeros(4, 5, dtype=torch.float64)
+            for r in range(4):
+                for c in range(5):
+                    logits[r, c] = w[h, 0] * (c - qc) + w[h, 1] * (r - qr) + w[h, 2] * ((r - qr) ** 2 + (c - qc) ** 2)
+            p = logits.flatten().softmax(0).reshape(4, 5) * torch.sigmoid(s.gating[h].detach())
+            torch.testing.assert_close(k[h], p.float(), rtol=1e-5, atol=1e-7)
+    fig = viz.plot_pos_scheme(s)
+    assert [a.get_title() for a in panels(fig)] == [f"head {h}: {k[h].sum():.2f}" for h in range(4)]
+    with pytest.raises(ValueError, match="position_kernel"):
+        viz.position_matrix(s)
+
+
+def test_the_training_pictures_draw_every_scheme_they_take():
+    """``train.py``'s position pictures (``PosImageLogger``) ended a run with ``pos=gpsa`` or ``cpe`` at training's end
+    (their schemes refused the picture): every registered scheme it takes now draws, and ``cpe`` is not taken."""
+    from vitrel.pos.registry import get_pos_class
+    from vitrel.train.callbacks import position_schemes
+
+    schemes = torch.nn.ModuleDict()
+    for name in list_pos():
+        grid = (3, 4) if get_pos_class(name).grid_dims != 3 else (2, 3, 4)
+        schemes[name] = vitrel.build_pos(name, num_heads=2, head_dim=8, grid=grid, embed_dim=16)
+    taken = dict(position_schemes(schemes))
+    assert set(taken) == set(list_pos()) - {"none", "cpe"}
+    for name, s in taken.items():
+        assert viz.figure_to_array(viz.plot_pos_scheme(s, title=name)).std() > 0, name

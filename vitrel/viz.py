@@ -163,9 +163,10 @@ def position_matrix(scheme: PositionScheme, grid: Any = None) -> Tensor:
     _check_scheme(scheme, "position_matrix")
     if scheme.embeds_content or scheme.mixes_weights:  # (cpe: a convolution of the tokens; gpsa: a second softmax)
         what = "is computed from the tokens" if scheme.embeds_content else "mixes its own attention in after softmax"
+        instead = "" if scheme.embeds_content else "position_kernel (the weights it mixes in) or "
         raise ValueError(
-            f"{scheme.name}'s position encoding {what}: it adds no term of its own to the logits to draw; draw a "
-            "trained model's attention instead (vitrel.viz.attention_maps)"
+            f"{scheme.name}'s position encoding {what}: it adds no term of its own to the logits to draw; draw "
+            f"{instead}a trained model's attention instead (vitrel.viz.attention_maps)"
         )
     grid = as_grid(grid if grid is not None else scheme.grid)
     n, device = grid.n, _device(scheme)
@@ -198,10 +199,18 @@ def position_kernel(scheme: PositionScheme, grid: Any = None, query: int | tuple
     (default: the centre).
 
     ``query`` is ``(row, col)`` (a video grid: ``(frame, row, col)``) or a raster index. Absolute schemes: one
-    "head", the cosine similarity of that patch's embedding with every patch's.
+    "head", the cosine similarity of that patch's embedding with every patch's. A scheme that mixes attention weights
+    of its own in (``mixes_weights``: ``gpsa``): the weights it gives the query's row, ``mix`` of zero content weights
+    (GPSA's ``sigmoid(g_h) P_h``: each map sums to the head's positional share).
     """
     _check_scheme(scheme, "position_kernel")
     grid = as_grid(grid if grid is not None else scheme.grid)
+    if scheme.mixes_weights:
+        device, dtype = _device(scheme), next(scheme.parameters()).dtype
+        with _evaluated(scheme), torch.no_grad():
+            st = scheme.prepare(grid, 0, device, dtype)
+            m = scheme.mix(torch.zeros(1, scheme.num_heads, grid.n, grid.n, device=device, dtype=dtype), None, st)[0]
+        return m[:, _query_index(grid, query)].reshape(m.shape[0], *grid).float().cpu()
     m = position_matrix(scheme, grid)
     return m[:, _query_index(grid, query)].reshape(m.shape[0], *grid)
 
@@ -333,8 +342,8 @@ def plot_pos_scheme(
     rows = 2 if freqs is not None else 1
     fig = new_figure(1.9 * panels + 0.8, 2.0 * rows + 0.4)
     axes = np.atleast_2d(fig.subplots(rows, panels, squeeze=False))
-    absolute = scheme.kind == "absolute"
-    cmap, vmin, vmax = _scale(kernel, absolute)
+    absolute, mixed = scheme.kind == "absolute", scheme.mixes_weights
+    cmap, vmin, vmax = ("viridis", 0.0, float(kernel.max()) or 1.0) if mixed else _scale(kernel, absolute)
     qy, qx = _query_at(grid, query)
     im = None
     for h in range(panels):
@@ -342,7 +351,9 @@ def plot_pos_scheme(
         im = ax.imshow(kernel[h], cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
         ax.plot([qx], [qy], marker="x", color="k", markersize=5)
         hide_ticks(ax)
-        ax.set_title("cos sim to query" if absolute else f"head {h}", fontsize=8)
+        ax.set_title(
+            "cos sim to query" if absolute else f"head {h}" + (f": {kernel[h].sum():.2f}" if mixed else ""), fontsize=8
+        )
     if im is not None:
         fig.colorbar(im, ax=list(axes[0]), shrink=0.8)
     if freqs is not None:
@@ -360,6 +371,7 @@ def plot_pos_scheme(
             ax.set_title(f"freqs (f_x, f_y), head {h}", fontsize=7)
     where = "the centre query" if query is None else f"query {(qy, qx)}"
     what = "embedding similarity" if absolute else f"position term of {where}'s logits"
+    what = f"attention weights {where} gets by position (share per head)" if mixed else what
     fig.suptitle(title or f"{scheme.name} on {grid.h}x{grid.w}: {what}", fontsize=9)
     return fig
 

@@ -449,6 +449,15 @@ def test_pos_images_written_without_image_logger(tmp_path, video, monkeypatch):
     assert pngs == [f"blocks_{i}_attn_pos_step0000004.png" for i in range(1 if video is True else 2)]
 
 
+def test_pos_images_of_gpsa_and_cpe_do_not_end_the_run(tmp_path):
+    """A run with ``pos=gpsa`` (or ``cpe``) failed at training's end: their schemes refused the picture. GPSA's shows
+    the attention each head gives the centre query by position; CPE's convolution has none and is left out."""
+    over = [*TINY_VIT, *FAST, *SHORT, "pos=gpsa", "+model.abs_pos=cpe", "callbacks.pos_images.every_n_epochs=1"]
+    train(compose(tmp_path, [o for o in over if o != "callbacks.pos_images=null"]))
+    pngs = sorted(p.name for p in (tmp_path / "pos_images").glob("*.png"))
+    assert pngs == [f"blocks_{i}_attn_pos_step0000004.png" for i in range(2)]
+
+
 @pytest.mark.parametrize("data", sorted(p.stem for p in (CONF / "data").glob("*.yaml")))
 def test_each_data_group_trains_at_its_own_batch_size(tmp_path, data):
     """``data=<group>`` trains at the group's ``batch_size`` (eval.py's too): the default recipe's 64 is

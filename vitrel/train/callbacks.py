@@ -362,10 +362,11 @@ class NaNGuard(Callback):
 
 # ------------------------------------------------------------------------------------------ position pictures
 def position_schemes(model: torch.nn.Module) -> list[tuple[str, PositionScheme]]:
-    """``(name, scheme)`` of every distinct position scheme in ``model`` that has something to show."""
+    """``(name, scheme)`` of every distinct position scheme in ``model`` that has something to show: not ``none``, and
+    not a scheme computed from the tokens (``embeds_content``: ``cpe``'s convolution has no picture of its own)."""
     seen, out = set(), []
     for name, m in model.named_modules():
-        if isinstance(m, PositionScheme) and id(m) not in seen and m.name != "none":
+        if isinstance(m, PositionScheme) and id(m) not in seen and m.name != "none" and not m.embeds_content:
             seen.add(id(m))
             out.append((name or "pos", m))
     return out

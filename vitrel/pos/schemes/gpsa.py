@@ -19,7 +19,8 @@ init are ConViT's ``GPSA`` (facebookresearch/convit, ``convit.py``; timm's ``con
 square one. Their ``pos_proj`` also has a bias, constant over the keys, which the softmax cancels: not kept.
 ConViT also sets the value projection to the identity in its GPSA blocks: not done here (the scheme owns no
 projection; vitrel's ViT init keeps timm's). ConViT adds its class token after its GPSA blocks, so their GPSA never
-sees one; here a prefix token (class, registers) attends by content alone (its gate is 0) and is never a key of
+sees one (the ViT's ``pos_depth`` and ``prefix_at`` give that layout; ``vitrel.from_timm("convit_tiny")`` reads
+their models); here a prefix token (class, registers) attends by content alone (its gate is 0) and is never a key of
 the positional attention. The mixture runs on the eager path (``attn_impl="eager"``, what ``auto`` picks): SDPA,
 FlexAttention and the fused kernels compute one softmax.
 """

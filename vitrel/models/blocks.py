@@ -472,12 +472,6 @@ class BlockStack(BlockImpls):
             return x
         return add_abs_pos(self.abs_pos, x, grid, self.prefix_in(0))
 
-    def position_state(self, grid: Any, like: Tensor) -> PosState | None:
-        """The shared scheme's state for ``grid`` (``pos_share=True``), None when each block has its own."""
-        if self.rel_pos is None:
-            return None
-        return prepare_state(self.rel_pos, grid, self.prefix_in(0), like, self.attn_impl, drops_weights(self.blocks))
-
     def position_states(
         self, grid: Any, like: Tensor, depth: int | None = None, joined: Any = None
     ) -> list[PosState | None]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import timm
 import torch
 from timm.models.convit import GPSA
 
@@ -186,3 +187,29 @@ def test_vit_with_convit_options_trains_and_dropout_goes_after_the_mixture():
     a.train()
     out = a(torch.randn(1, 9, DIM, dtype=torch.float64), (3, 3))
     torch.testing.assert_close(out, a.proj.bias.expand_as(out), rtol=0, atol=0)
+
+
+def test_local_init_makes_the_value_projection_the_identity_as_convits():
+    """ConViT's ``local_init`` also sets each GPSA layer's value projection to the identity (timm's ``ConVit`` as
+    built); vitrel's models do it over timm's ViT init, for a layer's own scheme, a shared one and a Swin's, and keep it
+    through ``init_weights()``; ``local_init=False`` leaves timm's values, and the other blocks are untouched."""
+    t = timm.create_model("convit_tiny", img_size=64, embed_dim=16, num_heads=4, depth=3, local_up_to_layer=2)
+    assert all(torch.equal(blk.attn.v.weight, torch.eye(64)) for blk in t.blocks[:2])
+    eye = torch.eye(64)
+    args = dict(img_size=64, embed_dim=64, num_heads=4, depth=3, pos_depth=2)
+    for kw in ({}, {"pos_share": True}):
+        m = vitrel.create_model("vitrel_vit_tiny_patch16_224", pos="gpsa", **args, **kw)
+        for again in (False, True):
+            if again:
+                m.init_weights()
+            assert [torch.equal(blk.attn.qkv.weight[128:], eye) for blk in m.blocks] == [True, True, False]
+            assert not torch.equal(m.blocks[0].attn.qkv.weight[:64], eye)
+            assert not m.blocks[0].attn.qkv.bias[128:].any()
+    plain = vitrel.create_model("vitrel_vit_tiny_patch16_224", pos={"name": "gpsa", "local_init": False}, **args)
+    assert not torch.equal(plain.blocks[0].attn.qkv.weight[128:], eye)
+    assert torch.equal(vitrel.Attention(64, 4, pos="gpsa", grid=(4, 4)).qkv.weight[128:], eye)
+    swin = vitrel.create_model(
+        "vitrel_swin_tiny_patch2_window4_32", pos="gpsa", embed_dim=16, depths=[1, 1], num_heads=[2, 2]
+    )
+    layers = [a for a in swin.modules() if isinstance(a, Attention)]
+    assert len(layers) == 2 and all(torch.equal(a.qkv.weight[2 * a.dim :], torch.eye(a.dim)) for a in layers)

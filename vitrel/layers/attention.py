@@ -148,6 +148,7 @@ class Attention(nn.Module):
         if getattr(pos, "causal", causal) != causal:
             raise ValueError(f"the {pos.name} scheme was built with causal={pos.causal}, the attention has {causal}")
         self.pos = pos
+        pos.init_layer(self.qkv)
 
     @property
     def attn_impl(self) -> str:

@@ -93,7 +93,8 @@ def scheme_no_weight_decay(model: nn.Module) -> set[str]:
 def init_weights_(model: nn.Module) -> None:
     """timm's ViT init: trunc-normal(0.02) Linear weights, zero biases; LayerNorm to (1, 0).
 
-    Modules inside a position scheme keep the scheme's own initialisation.
+    Modules inside a position scheme keep the scheme's own initialisation; then each scheme initialises the
+    projections of the layers it serves (:meth:`~vitrel.pos.base.PositionScheme.init_layer`).
     """
     skip: set[int] = set()
     for m in model.modules():
@@ -110,6 +111,14 @@ def init_weights_(model: nn.Module) -> None:
             nn.init.ones_(m.weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
+    for m in model.modules():  # then each scheme's own init of its layers' projections (GPSA's value identity)
+        if isinstance(m, Attention) and m.pos is not None:
+            m.pos.init_layer(m.qkv)
+        shared = getattr(m, "rel_pos", None)  # (a model's or a stage's scheme, for its blocks with pos=SHARED)
+        if isinstance(shared, PositionScheme):
+            for blk in getattr(m, "blocks", ()):
+                if blk.attn.pos is None:
+                    shared.init_layer(blk.attn.qkv)
 
 
 def with_placement(init: Callable[..., None]) -> Callable[..., None]:

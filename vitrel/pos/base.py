@@ -295,6 +295,10 @@ class PositionScheme(nn.Module):
         (``mixes_weights``), or as it is."""
         return attn
 
+    def init_layer(self, qkv: nn.Linear) -> None:
+        """Initialise the ``qkv`` projection (rows q, k, v) of a layer the scheme serves, over timm's ViT init (the
+        layer calls it when built, the models' init after theirs): by default nothing; GPSA's makes v the identity."""
+
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         """``x [B, P + N, C]`` with the embedding added to its patch tokens (``kind == "absolute"``); ``x`` as it is
         by default."""

@@ -14,15 +14,14 @@ initialisation (``local_init``, ``locality_strength`` ``a``), head ``h1 + k h2``
 floor(sqrt(heads))``) starts as ``w_h = -a (2 (c - h2), 2 (c - h1), 1)``, ``c = (k - 1) / 2``: ``P`` a Gaussian of
 the distance to the offset ``(h1 - c, h2 - c)`` (rows, columns), a soft ``k x k`` convolution; ``g_h = 1``.
 
-As the authors' code: the mixture, the offsets, the local init (over trunc-normal(0.02) weights) and the gate's
-init are ConViT's ``GPSA`` (facebookresearch/convit, ``convit.py``; timm's ``convit.py``), on any grid rather than a
-square one. Their ``pos_proj`` also has a bias, constant over the keys, which the softmax cancels: not kept.
-ConViT also sets the value projection to the identity in its GPSA blocks: not done here (the scheme owns no
-projection; vitrel's ViT init keeps timm's). ConViT adds its class token after its GPSA blocks, so their GPSA never
-sees one (the ViT's ``pos_depth`` and ``prefix_at`` give that layout; ``vitrel.from_timm("convit_tiny")`` reads
-their models); here a prefix token (class, registers) attends by content alone (its gate is 0) and is never a key of
-the positional attention. The mixture runs on the eager path (``attn_impl="eager"``, what ``auto`` picks): SDPA,
-FlexAttention and the fused kernels compute one softmax.
+As the authors' code: the mixture, the offsets, the local init (over trunc-normal(0.02) weights, the value
+projection of the layer set to the identity, :meth:`Gpsa.init_layer`) and the gate's init are ConViT's ``GPSA``
+(facebookresearch/convit, ``convit.py``; timm's ``convit.py``), on any grid rather than a square one. Their
+``pos_proj`` also has a bias, constant over the keys, which the softmax cancels: not kept. ConViT adds its class
+token after its GPSA blocks, so their GPSA never sees one (the ViT's ``pos_depth`` and ``prefix_at`` give that
+layout; ``vitrel.from_timm("convit_tiny")`` reads their models); here a prefix token (class, registers) attends by
+content alone (its gate is 0) and is never a key of the positional attention. The mixture runs on the eager path
+(``attn_impl="eager"``, what ``auto`` picks): SDPA, FlexAttention and the fused kernels compute one softmax.
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ class Gpsa(PositionScheme):
     softmax over ``pos_proj`` of the offsets.
 
     Options: ``locality_strength`` (> 0; 1 as the authors), ``local_init`` (the authors' local initialisation of
-    ``pos_proj``; False: trunc-normal(0.02) alone).
+    ``pos_proj`` and of the layer's value projection, the identity; False: trunc-normal(0.02) alone, timm's values).
     """
 
     family = "gated"
@@ -92,6 +91,16 @@ class Gpsa(PositionScheme):
         if self.local_init:
             local_init_weights(self.pos_proj, self.locality_strength)
         nn.init.ones_(self.gating)
+
+    def init_layer(self, qkv: nn.Linear) -> None:
+        """ConViT's local init also sets the value projection to the identity (``v = x``, bias 0): with
+        ``local_init``."""
+        if self.local_init:
+            c = qkv.in_features
+            with torch.no_grad():
+                qkv.weight[2 * c :].copy_(torch.eye(c, dtype=qkv.weight.dtype, device=qkv.weight.device))
+                if qkv.bias is not None:
+                    qkv.bias[2 * c :].zero_()
 
     def _coords(self, state: PosState, device: torch.device) -> tuple[Tensor, Tensor]:
         """The tokens' ``(row, col) [..., N, 2]`` and which are patches ``[..., N]``: the layout's, or the grid's in

@@ -52,16 +52,11 @@ def convit_args(t: ConVit) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def convit_tensors(src: dict[str, Tensor], own: Mapping[str, Tensor]) -> tuple[dict[str, tuple[Tensor, str]], dict]:
-    """Take ConViT's tensors that vitrel names otherwise out of ``src`` (timm's state dict): ``{ours: (value, how it
-    was made)}`` for the keys of ``own`` (the vitrel model's state dict), and ``{theirs: why}`` for those dropped."""
+    """Take GPSA's tensors, which vitrel names otherwise, out of ``src`` (timm's state dict): ``{ours: (value, how it
+    was made)}`` for the keys of ``own`` (the vitrel model's state dict), and ``{theirs: why}`` for those dropped
+    (ConViT's ``pos_embed`` goes as a timm ViT's does)."""
     out: dict[str, tuple[Tensor, str]] = {}
     dropped: dict[str, str] = {}
-    if "pos_embed" in src:
-        if "abs_pos.pos_embed" in own:
-            out["abs_pos.pos_embed"] = (src.pop("pos_embed"), "pos_embed")
-        else:
-            dropped["pos_embed"] = "absolute embedding (the model was asked for abs_pos=None)"
-            src.pop("pos_embed")
     for k in [k for k in src if _GPSA.fullmatch(k)]:
         if k not in src:  # (taken with its qk)
             continue

@@ -313,7 +313,7 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         src.pop(theirs_key, None)
 
     has_ape = getattr(ours, "abs_pos", None) is not None and ours.abs_pos.name == "ape"
-    if fam == "convit":  # (GPSA's tensors, ConViT's embedding)
+    if fam == "convit":  # (GPSA's tensors)
         converted, why = convit_tensors(src, own)
         out.update((k, v) for k, (v, _) in converted.items())
         rep.converted.update((k, how) for k, (_, how) in converted.items())
@@ -327,8 +327,8 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             rep.dropped[k] = "index / mask buffer (vitrel computes it for any grid)"
             src.pop(k)
             continue
-        if fam == "vit" and k == "pos_embed":
-            npt = 0 if t.no_embed_class else t.num_prefix_tokens
+        if fam in ("vit", "convit") and k == "pos_embed":  # (ConViT's covers the patch tokens only)
+            npt = 0 if fam == "convit" or t.no_embed_class else t.num_prefix_tokens
             if has_ape:
                 put("abs_pos.pos_embed", k, v[:, npt:])
                 if npt:

@@ -30,9 +30,9 @@ CASES = [(n, {}) for n in TABLE_SCHEMES] + [
 
 
 #: bias schemes whose bias is not a function of the offset alone: FIRE's normaliser psi(max(L, p_i)) reads the
-#: query's position (tests/pos/test_fire.py shows it); iRPE's pairs with a prefix token take a learned bucket, where an
-#: offset table's are zero
-NOT_BY_OFFSET = {"fire1d", "irpe_bias"}
+#: query's position (tests/pos/test_fire.py shows it); iRPE's pairs with a prefix token take a learned bucket, BEiT's
+#: three learned terms, where an offset table's are zero
+NOT_BY_OFFSET = {"fire1d", "irpe_bias", "rel2d_beit"}
 
 
 def test_every_bias_scheme_has_an_offset_table():

@@ -25,7 +25,7 @@ from vitrel.pos.base import PositionScheme
 from vitrel.pos.registry import register_pos
 from vitrel.pos.tables import ResizeOnLoad, check_init_std, cover_grid, offset_index, take_offsets
 
-__all__ = ["Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
+__all__ = ["FullTable", "Rel2dFull", "Rel2dFactored", "full_bias", "full_bias_flat", "factored_bias"]
 
 
 def full_bias(table: Tensor, grid: Grid) -> Tensor:
@@ -53,9 +53,9 @@ def factored_bias(table_h: Tensor, table_w: Tensor, grid: Grid) -> Tensor:
     return b.reshape(heads, grid.n, grid.n)
 
 
-@register_pos("rel2d_full")
-class Rel2dFull(ResizeOnLoad, PositionScheme):
-    """Swin's learned ``(2H-1) x (2W-1)`` bias table per head."""
+class FullTable(ResizeOnLoad, PositionScheme):
+    """A learned ``(2H-1) x (2W-1)`` bias table per head, ``table [2H-1, 2W-1, heads]``, read at a call's grid by the
+    option ``extend``: what ``rel2d_full`` and ``rel2d_beit`` share."""
 
     family = "learned bias"
     has_bias = True
@@ -65,16 +65,21 @@ class Rel2dFull(ResizeOnLoad, PositionScheme):
 
     def __init__(self, *, init_std: float = 0.02, **kw) -> None:
         super().__init__(**kw)
-        check_init_std(self.name, init_std)
+        self.init_std = check_init_std(self.name, init_std)
         g = self.grid
         self.table = nn.Parameter(torch.zeros(2 * g.h - 1, 2 * g.w - 1, self.num_heads))
         nn.init.trunc_normal_(self.table, std=init_std)
 
-    has_offset_table = True
-
     def table_for(self, grid: Grid) -> Tensor:
         """The table a call on ``grid`` reads (resized by ``extend: interpolate`` when the grid outgrows it)."""
         return cover_grid(self.table, grid, self.extend)
+
+
+@register_pos("rel2d_full")
+class Rel2dFull(FullTable):
+    """Swin's learned ``(2H-1) x (2W-1)`` bias table per head."""
+
+    has_offset_table = True
 
     def bias(self, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return pad_prefix(full_bias(self.table_for(grid), grid), num_prefix_tokens)

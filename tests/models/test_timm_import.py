@@ -32,6 +32,14 @@ SOURCES = {
     "vit_small_patch16_rope_224": (SMALL_VIT, "rope2d_axial", None),
     "vit_small_patch16_dinov3": ({**SMALL_VIT, "global_pool": "token"}, "rope2d_axial", None),
     "vit_small_patch16_dinov3_qkvb": (SMALL_VIT, "rope2d_axial", None),  # avg pooling, EVA's q / v biases
+    # BEiT: a table and class-token terms in every block, layer scale, q / v biases, mean pooling under fc_norm; the
+    # second as BEiT's pre-training: one table shared by all blocks (tests/models/test_beit_import.py)
+    "beit_base_patch16_224": ({**SMALL_VIT, "init_values": 0.1}, "rel2d_beit", None),
+    "beitv2_base_patch16_224": (
+        {**SMALL_VIT, "use_shared_rel_pos_bias": True, "use_rel_pos_bias": False},
+        "rel2d_beit",
+        None,
+    ),
     # GPSA in 2 of 3 blocks, the class token after them (tests/models/test_convit_import.py); width 16 per head
     "convit_tiny": (
         dict(img_size=64, embed_dim=16, num_heads=4, depth=3, local_up_to_layer=2, num_classes=5),
@@ -100,7 +108,9 @@ def test_dinov3_same_function_at_another_size_and_the_channel_order_matters():
 
 @pytest.mark.parametrize("fmt", ["safetensors", "pth", "bin", "hf_folder"])
 @pytest.mark.parametrize(
-    "name", ["vit_small_patch16_224", "swin_tiny_patch4_window7_224", "vit_small_patch16_rope_mixed_224", "convit_tiny"]
+    "name",
+    ["vit_small_patch16_224", "swin_tiny_patch4_window7_224", "vit_small_patch16_rope_mixed_224", "convit_tiny"]
+    + ["beit_base_patch16_224"],
 )
 def test_from_local_files_in_timm_formats(tmp_path, name, fmt):
     t = _timm(name).float()

@@ -12,6 +12,8 @@ and every tensor that fits is carried over. Supported sources:
 * timm ``SwinTransformer`` (``swin_*``) -> vitrel Swin with ``rel2d_full`` (same function at sizes
   that are a multiple of the window; vitrel masks the padding timm attends to otherwise). One window for all
   stages only: a window per stage (``swin_s3_*``) or ``always_partition=True`` is refused.
+* timm ``Beit`` (``beit_*``, ``beitv2_*``) -> ``rel2d_beit``: its table and class-token terms, layer scale, q / v
+  biases, mean pooling (same function; :mod:`~vitrel.models.beit_import`).
 * timm ``ConVit`` (``convit_*``) -> ``gpsa`` in its GPSA blocks (``pos_depth``), its class token joining after them
   (``prefix_at``), its embedding kept as ``abs_pos="ape"`` (same function; :mod:`~vitrel.models.convit_import`).
 * timm ``Eva`` RoPE ViTs (``vit_*_patch16_rope_224`` = axial, ``..._rope_mixed_224``) ->
@@ -48,6 +50,7 @@ from torch import Tensor, nn
 
 from vitrel.layout.geometry import Grid
 from vitrel.layout.windows import window_and_shift
+from vitrel.models.beit_import import Beit, beit_scheme, beit_tensors
 from vitrel.models.checkpoint import CheckpointError, load_weights
 from vitrel.models.convit_import import ConVit, convit_args, convit_tensors
 from vitrel.models.data_config import data_fields, set_data_config
@@ -105,6 +108,8 @@ def _family(t: nn.Module) -> str:
         return "swin"
     if isinstance(t, ConVit):
         return "convit"
+    if isinstance(t, Beit):
+        return "beit"
     if isinstance(t, (TimmSwinV2, TimmSwinV2Cr)):
         name = (getattr(t, "pretrained_cfg", None) or {}).get("architecture", type(t).__name__)
         raise UnsupportedTimmModel(
@@ -114,7 +119,8 @@ def _family(t: nn.Module) -> str:
         )
     raise UnsupportedTimmModel(
         f"from_timm takes timm VisionTransformer (vit_*, deit_*), VisionTransformerRelPos (vit_relpos_*), "
-        f"Eva RoPE ViTs (vit_*_rope_*), ConVit (convit_*) and SwinTransformer (swin_*) models, got {type(t).__name__}"
+        f"Eva RoPE ViTs (vit_*_rope_*), ConVit (convit_*), Beit (beit_*, beitv2_*) and SwinTransformer (swin_*) "
+        f"models, got {type(t).__name__}"
     )
 
 
@@ -245,6 +251,9 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         args, native = convit_args(t)
         return _vit_arch(args), args, native
     args = _vit_common(t)
+    if fam == "beit":
+        more, native = beit_scheme(t, lambda cond, what: _refuse(cond, what, t))
+        return _vit_arch(args), {**args, **more}, native
     if fam == "relpos":
         rp = t.blocks[0].attn.rel_pos
         _refuse(rp is None and getattr(t, "shared_rel_pos", None) is None, "no relative position module", t)
@@ -313,8 +322,9 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         src.pop(theirs_key, None)
 
     has_ape = getattr(ours, "abs_pos", None) is not None and ours.abs_pos.name == "ape"
-    if fam == "convit":  # (GPSA's tensors)
-        converted, why = convit_tensors(src, own)
+    take = {"convit": convit_tensors, "beit": beit_tensors}.get(fam)  # (GPSA's tensors; BEiT's bias tables)
+    if take is not None:
+        converted, why = take(src, own)
         out.update((k, v) for k, (v, _) in converted.items())
         rep.converted.update((k, how) for k, (_, how) in converted.items())
         rep.dropped.update(why)
@@ -327,8 +337,8 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             rep.dropped[k] = "index / mask buffer (vitrel computes it for any grid)"
             src.pop(k)
             continue
-        if fam in ("vit", "convit") and k == "pos_embed":  # (ConViT's covers the patch tokens only)
-            npt = 0 if fam == "convit" or t.no_embed_class else t.num_prefix_tokens
+        if fam in ("vit", "convit", "beit") and k == "pos_embed":  # (ConViT's covers the patch tokens only)
+            npt = 0 if fam == "convit" or getattr(t, "no_embed_class", False) else t.num_prefix_tokens
             if has_ape:
                 put("abs_pos.pos_embed", k, v[:, npt:])
                 if npt:
@@ -360,7 +370,7 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                 rep.dropped[k] = "relative-position parameters of timm's (not a rel2d_full table of this scheme)"
                 src.pop(k)
             continue
-        if fam == "eva":
+        if fam in ("eva", "beit"):
             key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
             if key.endswith(".attn.q_bias"):  # EVA's separate q / v biases (k's is a zero buffer): one qkv bias
                 blk = key[: -len(".attn.q_bias")]

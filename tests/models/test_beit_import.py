@@ -1,0 +1,91 @@
+"""``vitrel.from_timm("beit_*")``: timm's BEiT (the authors' microsoft/unilm code ported) as a vitrel ViT with
+``pos="rel2d_beit"``: the same function and gradients in float64, each table layout BEiT has, and its refusals."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import timm
+import torch
+
+import vitrel
+from tests.weights import lively
+from vitrel.models.timm_import import UnsupportedTimmModel
+
+SMALL = dict(img_size=48, patch_size=16, embed_dim=24, depth=2, num_heads=3, num_classes=4, init_values=0.1)
+
+
+def _pair(**kw) -> tuple[torch.nn.Module, torch.nn.Module]:
+    torch.manual_seed(0)
+    t = lively(timm.create_model("beit_base_patch16_224", **{**SMALL, **kw})).double().eval()
+    return t, vitrel.from_timm(t)
+
+
+def _x() -> torch.Tensor:
+    return torch.randn(2, 3, 48, 48, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"use_shared_rel_pos_bias": True, "use_rel_pos_bias": False}, {"use_abs_pos_emb": True}],
+    ids=["per_block", "shared", "with_abs_pos"],
+)
+def test_same_function_and_gradients(layout):
+    """Output and the gradients of the bias table, its class-token rows, layer scale, the q / v biases and the class
+    token equal timm's BEiT: a table per block (fine-tuned BEiT, BEiT v2), one shared (BEiT's pre-training), and a
+    table with an absolute embedding (carried as ``abs_pos="ape"``)."""
+    t, m = _pair(**layout)
+    assert m.vitrel_cfg["pos"] == "rel2d_beit" and m.vitrel_cfg["pos_share"] == ("use_shared_rel_pos_bias" in layout)
+    assert m.vitrel_cfg["abs_pos"] == ("ape" if layout.get("use_abs_pos_emb") else None)
+    out_t, out_m = t(_x()), m(_x())
+    torch.testing.assert_close(out_m, out_t, rtol=1e-10, atol=1e-10)
+    g = torch.randn_like(out_t)
+    src = "rel_pos_bias" if layout.get("use_shared_rel_pos_bias") else "blocks.0.attn"
+    ours = "rel_pos" if layout.get("use_shared_rel_pos_bias") else "blocks.0.attn.pos"
+    theirs = [f"{src}.relative_position_bias_table", "blocks.1.gamma_1", "blocks.0.attn.q_bias", "cls_token"]
+    gt = dict(zip(theirs, torch.autograd.grad(out_t, [t.get_parameter(k) for k in theirs], g)))
+    mine = [f"{ours}.table", f"{ours}.prefix_terms", "blocks.1.ls1.gamma", "blocks.0.attn.qkv.bias", "cls_token"]
+    gm = dict(zip(mine, torch.autograd.grad(out_m, [m.get_parameter(k) for k in mine], g)))
+    table = torch.cat([gm[f"{ours}.table"].reshape(-1, 3), gm[f"{ours}.prefix_terms"]])
+    torch.testing.assert_close(table, gt[theirs[0]], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(gm["blocks.1.ls1.gamma"], gt["blocks.1.gamma_1"], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(gm["blocks.0.attn.qkv.bias"][:24], gt["blocks.0.attn.q_bias"], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(gm["cls_token"], gt["cls_token"], rtol=1e-8, atol=1e-10)
+    assert gt[theirs[0]][-3:].abs().min() > 0  # (the class-token rows reached: block 0, read by block 1)
+
+
+def test_intermediates_equal_timms():
+    t, m = _pair()
+    with torch.no_grad():
+        want = t.forward_intermediates(_x(), indices=[0, 1], intermediates_only=True)
+        got = m.forward_intermediates(_x(), indices=[0, 1], intermediates_only=True)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_into_rel2d_full_the_offsets_carry_and_the_class_rows_are_reported_dropped(caplog):
+    t, _ = _pair()
+    with caplog.at_level(logging.INFO, logger="vitrel.models.timm_import"):
+        m = vitrel.from_timm(t, pos="rel2d_full")
+    assert "blocks.0.attn.relative_position_bias_table[-3:]: BEiT's class-token terms" in caplog.text
+    flat = t.blocks[0].attn.relative_position_bias_table
+    torch.testing.assert_close(m.blocks[0].attn.pos.table.reshape(-1, 3), flat[:-3], rtol=0, atol=0)
+    with torch.no_grad():  # the class-token rows at zero: then rel2d_full is the same function
+        for blk in t.blocks:
+            blk.attn.relative_position_bias_table[-3:] = 0
+        torch.testing.assert_close(m(_x()), t(_x()), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "kw, said",
+    [
+        ({"use_shared_rel_pos_bias": True}, "a relative bias in every block and a shared one"),
+        ({"swiglu_mlp": True}, "a gated"),
+        ({"scale_mlp": True}, "a norm inside the MLP"),
+    ],
+)
+def test_what_vitrel_has_no_equivalent_of_is_refused(kw, said):
+    t = timm.create_model("beit_base_patch16_224", **{**SMALL, **kw})
+    with pytest.raises(UnsupportedTimmModel, match=said):
+        vitrel.from_timm(t)

@@ -36,7 +36,8 @@ def test_same_function_and_gradients(layout):
     token equal timm's BEiT: a table per block (fine-tuned BEiT, BEiT v2), one shared (BEiT's pre-training), and a
     table with an absolute embedding (carried as ``abs_pos="ape"``)."""
     t, m = _pair(**layout)
-    assert m.vitrel_cfg["pos"] == "rel2d_beit" and m.vitrel_cfg["pos_share"] == ("use_shared_rel_pos_bias" in layout)
+    assert m.vitrel_cfg["pos"] == {"name": "rel2d_beit", "extend": "geometric"}
+    assert m.vitrel_cfg["pos_share"] == ("use_shared_rel_pos_bias" in layout)
     assert m.vitrel_cfg["abs_pos"] == ("ape" if layout.get("use_abs_pos_emb") else None)
     out_t, out_m = t(_x()), m(_x())
     torch.testing.assert_close(out_m, out_t, rtol=1e-10, atol=1e-10)
@@ -53,6 +54,24 @@ def test_same_function_and_gradients(layout):
     torch.testing.assert_close(gm["blocks.0.attn.qkv.bias"][:24], gt["blocks.0.attn.q_bias"], rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(gm["cls_token"], gt["cls_token"], rtol=1e-8, atol=1e-10)
     assert gt[theirs[0]][-3:].abs().min() > 0  # (the class-token rows reached: block 0, read by block 1)
+
+
+def test_at_another_size_the_tables_resize_as_timms_beit_loader():
+    """``from_timm(..., img_size=96)`` of a 48 px BEiT equals timm's BEiT built at 96 px with the weights through its
+    ``checkpoint_filter_fn`` (BEiT's geometric resize of each table, ``extend="geometric"``); the default ``grow``
+    would differ."""
+    from timm.models.beit import checkpoint_filter_fn
+
+    t, _ = _pair()
+    big = timm.create_model("beit_base_patch16_224", **{**SMALL, "img_size": 96}).double().eval()
+    with pytest.warns(UserWarning):  # (timm's interpolator, and vitrel's note on the resized tables)
+        big.load_state_dict(checkpoint_filter_fn(t.state_dict(), big))
+        m = vitrel.from_timm(t, img_size=96)
+        grown = vitrel.from_timm(t, img_size=96, pos="rel2d_beit")
+    x = torch.randn(2, 3, 96, 96, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), big(x), rtol=1e-10, atol=1e-10)
+        assert (grown(x) - big(x)).abs().max() > 1e-3
 
 
 def test_intermediates_equal_timms():

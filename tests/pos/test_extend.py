@@ -77,6 +77,30 @@ def test_grow_and_clip_keep_offsets_and_take_edge_values(rule):
     assert extend_table(t, (3, 3), "interpolate").shape == (3, 3, HEADS)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_geometric_is_beits_resize_as_timm_and_clamps_at_call_time(dtype):
+    """``geometric``: timm's ``resize_rel_pos_bias_table`` (BEiT's, per head in float32) on a table loaded at a larger
+    or smaller grid, 2-D and 1-D; the offsets at the centre keep their values growing; a call on a larger grid than
+    the table clamps to its edge as ``grow`` does."""
+    from timm.layers import resize_rel_pos_bias_table
+
+    t = torch.randn(7, 5, HEADS, dtype=dtype)
+    for new_hw in [(11, 9), (5, 3)]:
+        window = ((new_hw[0] + 1) // 2, (new_hw[1] + 1) // 2)
+        want = resize_rel_pos_bias_table(t.permute(2, 0, 1).contiguous(), window, (HEADS, *new_hw)).permute(1, 2, 0)
+        got = extend_table(t, new_hw, "geometric")
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(extend_table(t, (11, 9), "geometric")[5, 4], t[3, 2])  # (float32 in between)
+    assert extend_table(t[:, :1], (13, 1), "geometric").shape == (13, 1, HEADS)
+    small, big = loaded("rel2d_factored", (3, 4), (5, 6), "geometric")  # (the ends map to the ends, the rest spreads)
+    grown = extend_table(small.table_h.detach()[:, None], (9, 1), "grow")[:, 0]
+    torch.testing.assert_close(big.table_h[0], small.table_h[0])
+    assert big.table_h.shape[0] == 9 and (big.table_h[2] - grown[2]).abs().max() > 1e-3
+    s, g = scheme("rel2d_full", (3, 4), extend="geometric"), scheme("rel2d_full", (3, 4), extend="grow")
+    torch.testing.assert_close(s.bias(as_grid((5, 6))), g.bias(as_grid((5, 6))), rtol=0, atol=0)
+
+
 # ---------------------------------------------------------------- call time on a larger grid
 @pytest.mark.parametrize("rule", ["grow", "clip", "interpolate"])
 def test_rel2d_full_call_time(rule):

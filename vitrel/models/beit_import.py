@@ -5,8 +5,9 @@ timm's ``Beit`` (``timm/models/beit.py``, the authors' microsoft/unilm ``beit`` 
 scale, separate q / v biases (k has none), mean pooling under ``fc_norm`` and, in every block (or one shared by all,
 ``use_shared_rel_pos_bias``), a relative bias: a flat table of ``(2H-1)(2W-1)`` offsets and three class-token rows.
 vitrel's ``pos="rel2d_beit"`` computes it: the first rows become the scheme's ``table [2H-1, 2W-1, heads]``, the last
-three its ``prefix_terms``. Into another scheme with a ``table`` of that shape (``rel2d_full``) the offsets carry and
-the class-token rows are dropped (another function, reported).
+three its ``prefix_terms``, with ``extend="geometric"``: at another ``img_size`` the table resizes as timm's loader
+and the authors' fine-tuning resize it. Into another scheme with a ``table`` of that shape (``rel2d_full``) the
+offsets carry and the class-token rows are dropped (another function, reported).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = ["Beit", "beit_scheme", "beit_tensors"]
 _TABLE = re.compile(r"(blocks\.\d+\.attn|rel_pos_bias)\.relative_position_bias_table")
 
 
-def beit_scheme(t: Beit, refuse) -> tuple[dict[str, Any], str]:
+def beit_scheme(t: Beit, refuse) -> tuple[dict[str, Any], dict[str, Any] | str]:
     """The vitrel ViT's arguments BEiT ``t`` adds to a timm ViT's (``pos_share``, ``abs_pos``) and the scheme that
     computes its function. ``refuse(condition, what)`` raises for what vitrel has no equivalent of."""
     own = t.blocks[0].attn.relative_position_bias_table is not None
@@ -33,8 +34,8 @@ def beit_scheme(t: Beit, refuse) -> tuple[dict[str, Any], str]:
     attn = t.blocks[0].attn
     refuse(attn.qkv.out_features != 3 * t.embed_dim, "a head width other than embed_dim / num_heads (attn_head_dim)")
     args = {"pos_share": shared, "abs_pos": "ape" if t.pos_embed is not None else None}
-    if own or shared:
-        return args, "rel2d_beit"
+    if own or shared:  # (at another img_size its table resizes as timm's BEiT loader and the authors resize it)
+        return args, {"name": "rel2d_beit", "extend": "geometric"}
     return args, "none"
 
 

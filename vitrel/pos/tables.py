@@ -13,6 +13,10 @@ another image size and, for the bias tables, when a call's grid is larger than t
 * ``interpolate``: bicubic resize of the whole table to the new extent (Swin V1's fine-tuning rule,
   timm's ``resize_rel_pos_bias_table_simple``: ``align_corners=False``), at load and, for the bias
   tables, at call time (differentiable, every forward on a larger grid).
+* ``geometric``: at load, BEiT's resize (the authors' microsoft/unilm ``run_class_finetuning.py``, timm's
+  ``resize_rel_pos_bias_table``, which timm's BEiT and Swin loaders apply): the old offsets placed on a geometric
+  progression that spans the new extent, interpolated there per head in float32 (linear without scipy, cubic with
+  it, as timm). A call on a larger grid clamps as ``grow`` does.
 
 The video tables (``rel3d_full``'s ``[2T-1, 2H-1, 2W-1, C]``, :func:`extend_table3`) follow the same rules one axis
 at a time: the ``(dh, dw)`` plane of every ``dt`` by the 2-D rule, then the ``dt`` axis by the 1-D rule (bicubic per
@@ -100,7 +104,7 @@ def take_offsets(table: Tensor, dim: int, n: int, half: int) -> Tensor:
     return table.index_select(dim, offset_rows(n, half, table.device))
 
 
-EXTEND_RULES = ("grow", "clip", "interpolate")
+EXTEND_RULES = ("grow", "clip", "interpolate", "geometric")
 
 
 def _work_dtype(table: Tensor) -> torch.dtype:
@@ -121,11 +125,16 @@ def extend_table(table: Tensor, new_size: tuple[int, int], rule: str = "grow") -
         ih = offset_rows((new_h + 1) // 2, (old_h - 1) // 2, table.device)
         iw = offset_rows((new_w + 1) // 2, (old_w - 1) // 2, table.device)
         return table[ih][:, iw]
-    from timm.layers import resize_rel_pos_bias_table_simple
+    from timm.layers import resize_rel_pos_bias_table, resize_rel_pos_bias_table_simple
 
     chw = table.permute(2, 0, 1)
     window = ((new_h + 1) // 2, (new_w + 1) // 2)
-    out = resize_rel_pos_bias_table_simple(chw.to(_work_dtype(table)), window, (c, new_h, new_w))
+    if rule == "geometric":
+        with warnings.catch_warnings():  # (torch's notes on timm's interpolator: non-contiguous input, indexing)
+            warnings.simplefilter("ignore", UserWarning)
+            out = resize_rel_pos_bias_table(chw.contiguous(), window, (c, new_h, new_w))
+    else:
+        out = resize_rel_pos_bias_table_simple(chw.to(_work_dtype(table)), window, (c, new_h, new_w))
     return out.permute(1, 2, 0).to(table.dtype)
 
 
@@ -207,8 +216,8 @@ class ResizeOnLoad:
                 state_dict[key] = extend_table3(src, tuple(dst.shape[:3]), self.extend).flatten(2)
             else:
                 state_dict[key] = extend_table(src, (dst.shape[0], dst.shape[1]), self.extend)
-            if self.extend == "interpolate":
-                how = "bicubic resize of the whole table"
+            if self.extend in ("interpolate", "geometric"):
+                how = "bicubic resize of the whole table" if self.extend == "interpolate" else "BEiT's geometric resize"
             elif all(a <= b for a, b in zip(dst.shape, src.shape)):  # (grow, clip: one rule)
                 how = "offsets the smaller grid has keep their values, the others are dropped"
             else:

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitrel.pos.tables import EXTEND_RULES
+
 pytestmark = pytest.mark.slow
 
-#: a study variant that always fails at build for any recipe (rel2d_full takes extend grow / clip / interpolate)
+#: a study variant that always fails at build for any recipe (rel2d_full takes the rules of EXTEND_RULES)
 BROKEN = "+study.variants.broken=['pos=rel2d_full','pos.extend=bogus']"
-WHY = "ValueError: rel2d_full: extend must be one of ('grow', 'clip', 'interpolate'), got 'bogus'"
+WHY = f"ValueError: rel2d_full: extend must be one of {EXTEND_RULES}, got 'bogus'"
 
 
 def study_main(out: Path, schemes: str, *extra: str) -> dict:

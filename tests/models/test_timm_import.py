@@ -32,6 +32,7 @@ SOURCES = {
     "vit_small_patch16_rope_224": (SMALL_VIT, "rope2d_axial", None),
     "vit_small_patch16_dinov3": ({**SMALL_VIT, "global_pool": "token"}, "rope2d_axial", None),
     "vit_small_patch16_dinov3_qkvb": (SMALL_VIT, "rope2d_axial", None),  # avg pooling, EVA's q / v biases
+    "vit_small_plus_patch16_dinov3": (SMALL_VIT, "rope2d_axial", None),  # SwiGLU MLPs (mlp_layer="swiglu")
     # BEiT: a table and class-token terms in every block, layer scale, q / v biases, mean pooling under fc_norm; the
     # second as BEiT's pre-training: one table shared by all blocks (tests/models/test_beit_import.py)
     "beit_base_patch16_224": ({**SMALL_VIT, "init_values": 0.1}, "rel2d_beit", None),

@@ -16,11 +16,16 @@ from typing import Any
 __all__ = [
     "check_attention_args",
     "check_count",
+    "MLP_LAYERS",
     "check_late_prefix",
     "check_num_classes",
     "check_swin_args",
     "check_vit_args",
 ]
+
+
+#: the MLPs a ViT block takes (``mlp_layer``: :func:`vitrel.models.blocks.make_mlp`)
+MLP_LAYERS = ("mlp", "swiglu")
 
 
 def _int_at_least(name: str, value: Any, least: int) -> int:
@@ -132,6 +137,10 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     _divisible("embed_dim", dim, "num_heads", heads)
     _positive_int("depth", args["depth"])
     _mlp_ratio(args["mlp_ratio"])
+    if args["mlp_layer"] not in MLP_LAYERS:
+        raise ValueError(
+            f"mlp_layer must be 'mlp' (timm's Mlp, GELU) or 'swiglu' (timm's SwiGLU), got {args['mlp_layer']!r}"
+        )
     _rates(args)
     if args.get("dynamic_img_pad"):
         _pair("img_size", args["img_size"])  # (padded to whole patches, as the images)

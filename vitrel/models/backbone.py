@@ -115,6 +115,7 @@ class ViTBody(BlockStack):
                     drop_path=dpr[i],
                     norm_eps=args["norm_eps"],
                     attn_impl=impl,
+                    mlp_layer=args["mlp_layer"],
                 )
                 for i in range(depth)
             ]

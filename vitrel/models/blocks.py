@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-from timm.layers import DropPath, LayerScale, Mlp, register_notrace_function, to_2tuple
+from timm.layers import DropPath, LayerScale, Mlp, SwiGLU, register_notrace_function, to_2tuple
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
@@ -90,6 +90,14 @@ def scheme_no_weight_decay(model: nn.Module) -> set[str]:
     return out
 
 
+def make_mlp(kind: str, dim: int, hidden: int, drop: float) -> nn.Module:
+    """A block's MLP: timm's ``Mlp`` with GELU (``"mlp"``, ViT's), or timm's ``SwiGLU``, ``fc2(SiLU(fc1_g x) *
+    fc1_x x)`` (``"swiglu"``: DINOv3's ViT-H+ and 7B, LLaMA's), both with ``hidden`` features."""
+    if kind == "swiglu":
+        return SwiGLU(dim, hidden, act_layer=nn.SiLU, drop=drop)
+    return Mlp(dim, hidden, act_layer=nn.GELU, drop=drop)
+
+
 def init_weights_(model: nn.Module) -> None:
     """timm's ViT init: trunc-normal(0.02) Linear weights, zero biases; LayerNorm to (1, 0).
 
@@ -111,6 +119,9 @@ def init_weights_(model: nn.Module) -> None:
             nn.init.ones_(m.weight)
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
+    for m in model.modules():  # timm's: a SwiGLU's gate starts near zero, its bias at one (after its Linear's init)
+        if isinstance(m, SwiGLU):
+            m.init_weights()
     for m in model.modules():  # then each scheme's own init of its layers' projections (GPSA's value identity)
         if isinstance(m, Attention) and m.pos is not None:
             m.pos.init_layer(m.qkv)
@@ -534,6 +545,7 @@ class Block(nn.Module):
         norm_eps: float = 1e-6,
         layer: tuple[int, int] | None = None,
         attn_impl: str = "auto",
+        mlp_layer: str = "mlp",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -552,7 +564,7 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=nn.GELU, drop=proj_drop)
+        self.mlp = make_mlp(mlp_layer, dim, int(dim * mlp_ratio), proj_drop)
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import timm
 import torch
-from timm.layers import AttentionPoolLatent, LayerScale
+from timm.layers import AttentionPoolLatent, GluMlp, LayerScale, SwiGLU
 from timm.models import adapt_input_conv
 from timm.models.eva import Eva
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
@@ -139,7 +139,8 @@ def _vitrel_attn_pool(t: nn.Module) -> bool:
     ours = (ap.pos_embed, ap.latent_len, ap.pool, ap.num_heads, type(ap.q), type(ap.q_norm), type(ap.mlp.act))
     return ours == (None, 1, "token", blk.attn.num_heads, nn.Linear, nn.Identity, nn.GELU) and (
         isinstance(ap.norm, nn.LayerNorm) and ap.norm.eps == blk.norm1.eps and None not in (ap.q.bias, ap.kv.bias)
-        and ap.mlp.fc1.out_features == blk.mlp.fc1.out_features and not getattr(t, "pool_include_prefix", False)
+        and not isinstance(blk.mlp, SwiGLU) and ap.mlp.fc1.out_features == blk.mlp.fc1.out_features
+        and not getattr(t, "pool_include_prefix", False)
     )  # fmt: skip
 
 
@@ -155,11 +156,18 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     _refuse(not isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity), "q/k norms", t)
     _refuse(not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity), "a norm inside attention", t)
     _refuse(getattr(attn, "qkv", None) is None, "separate q/k/v projections", t)
-    _refuse(not hasattr(blk.mlp, "fc1") or hasattr(blk.mlp, "fc1_g"), "a gated (SwiGLU) MLP", t)
+    swiglu = isinstance(blk.mlp, SwiGLU)  # (timm's split SwiGLU: vitrel's mlp_layer="swiglu")
+    gated = hasattr(blk.mlp, "fc1_g") or isinstance(blk.mlp, GluMlp)  # (GluMlp: SwiGLUPacked's fc1 holds both)
+    _refuse(not swiglu and (gated or not hasattr(blk.mlp, "fc1")), "a gated MLP other than timm's SwiGLU", t)
     _refuse(not isinstance(getattr(blk.mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP", t)
     _refuse(not _vitrel_attn_pool(t), "attention pooling other than timm's ViT's AttentionPoolLatent ('map')", t)
     _refuse(not isinstance(blk.norm1, nn.LayerNorm), "norms other than LayerNorm", t)
-    _refuse(not isinstance(blk.mlp.act, nn.GELU), f"an MLP activation {type(blk.mlp.act).__name__} (vitrel: GELU)", t)
+    act = (nn.SiLU, "SiLU in a SwiGLU") if swiglu else (nn.GELU, "GELU")
+    _refuse(
+        not isinstance(blk.mlp.act, act[0]), f"an MLP activation {type(blk.mlp.act).__name__} (vitrel: {act[1]})", t
+    )
+    fc1 = blk.mlp.fc1_g if swiglu else blk.mlp.fc1
+    _refuse(swiglu and None in (fc1.bias, blk.mlp.fc1_x.bias, blk.mlp.fc2.bias), "a SwiGLU without biases", t)
     gp = t.global_pool
     _refuse(gp not in ("token", "avg", "max", "avgmax", "map", ""), f"global_pool={gp!r}", t)
     ph, pw = t.patch_embed.patch_size
@@ -175,7 +183,8 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         embed_dim=int(embed_dim),
         depth=len(t.blocks),
         num_heads=int(attn.num_heads),
-        mlp_ratio=blk.mlp.fc1.out_features / embed_dim,
+        mlp_ratio=fc1.out_features / embed_dim,
+        mlp_layer="swiglu" if swiglu else "mlp",
         qkv_bias=attn.qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
         class_token=getattr(t, "cls_token", None) is not None,
         reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,

@@ -69,6 +69,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         global_pool: timm's ViT's: ``"token"`` (class token), ``"avg"`` / ``"max"`` / ``"avgmax"`` (mean, max, half
             their sum) of the patch tokens, ``"map"`` (timm's ``AttentionPoolLatent`` over the patch tokens, SigLIP's;
             ``attn_pool``) or ``""`` (none). Every input form pools each image's own patch tokens.
+        mlp_layer: the blocks' MLP, ``"mlp"`` (timm's ``Mlp``, GELU) or ``"swiglu"`` (timm's ``SwiGLU``,
+            ``fc2(SiLU(fc1_g x) * fc1_x x)``: DINOv3's ViT-H+ and 7B), ``int(embed_dim * mlp_ratio)`` hidden features.
         class_token: prepend a class token.
         reg_tokens: number of register tokens after the class token.
         init_values: layer-scale init (None: no layer scale).
@@ -115,6 +117,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         depth: int = 12,
         num_heads: int = 12,
         mlp_ratio: float = 4.0,
+        mlp_layer: str = "mlp",
         qkv_bias: bool = True,
         class_token: bool = True,
         reg_tokens: int = 0,

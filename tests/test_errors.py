@@ -320,7 +320,7 @@ TINY_VIT = TINY_MODELS["vitrel_vit_tiny_patch4_32"]
         ("beta_fast", "fast", "scaling.beta_fast must be a finite number, got 'fast'"),
         ("beta_slow", "1", "scaling.beta_slow must be a finite number, got '1'"),
         ("beta_fast", True, "scaling.beta_fast must be a finite number, got True"),
-        ("factor", "2", "scaling.factor must be a number >= 1, a list of them, or auto; got '2'"),
+        ("factor", "2", "scaling.factor must be a number >= 1, a list of them, auto or grid; got '2'"),
         ("attention_factor", True, "scaling.attention_factor must be a positive number or null, got True"),
     ],
 )

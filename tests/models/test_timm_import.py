@@ -15,6 +15,7 @@ from safetensors.torch import save_file
 from timm.models import adapt_input_conv, save_for_hf
 
 import vitrel
+from tests.weights import lively
 from vitrel import CheckpointError
 from vitrel.models.timm_import import UnsupportedTimmModel, load_timm_file, transfer_timm_weights
 
@@ -33,6 +34,8 @@ SOURCES = {
     "vit_small_patch16_dinov3": ({**SMALL_VIT, "global_pool": "token"}, "rope2d_axial", None),
     "vit_small_patch16_dinov3_qkvb": (SMALL_VIT, "rope2d_axial", None),  # avg pooling, EVA's q / v biases
     "vit_small_plus_patch16_dinov3": (SMALL_VIT, "rope2d_axial", None),  # SwiGLU MLPs (mlp_layer="swiglu")
+    # timm's own RoPE ViT: EVA's positions i * ref / feat (ref_feat_shape 16 x 16, the grid here 4 x 4)
+    "vit_base_patch16_rope_reg1_gap_256": (SMALL_VIT, "rope2d_axial", None),
     # BEiT: a table and class-token terms in every block, layer scale, q / v biases, mean pooling under fc_norm; the
     # second as BEiT's pre-training: one table shared by all blocks (tests/models/test_beit_import.py)
     "beit_base_patch16_224": ({**SMALL_VIT, "init_values": 0.1}, "rel2d_beit", None),
@@ -75,6 +78,23 @@ def test_same_function(name):
     assert not m.training and next(m.parameters()).dtype == torch.float64
     with torch.no_grad():
         torch.testing.assert_close(m(_x()), t(_x()), rtol=1e-8, atol=1e-8)
+
+
+def test_timms_rope_vits_with_a_reference_grid_are_equal_at_every_size():
+    """timm's ``vit_*_rope_reg*_gap_256`` place RoPE positions at ``i * ref / feat`` (``ref_feat_shape``, EVA's rule):
+    ``rope2d_axial`` with ``scaling: {rope_type: linear, factor: grid}`` and the reference grid carried as each scheme's
+    ``ref_grid`` equal them at the built size, larger and smaller (timm's ``dynamic_img_size``); plain RoPE does not."""
+    torch.manual_seed(0)
+    t = lively(timm.create_model("vit_base_patch16_rope_reg1_gap_256", **SMALL_VIT, dynamic_img_size=True))
+    t = t.double().eval()
+    m = vitrel.from_timm(t)
+    assert m.vitrel_cfg["pos"]["scaling"] == {"rope_type": "linear", "factor": "grid"}
+    assert tuple(m.blocks[1].attn.pos.ref) == (16, 16)
+    with torch.no_grad():
+        for side in (64, 96, 32):
+            x = torch.randn(2, 3, side, side, dtype=torch.float64)
+            torch.testing.assert_close(m(x), t(x), rtol=1e-7, atol=1e-7)
+        assert (vitrel.from_timm(t, pos="rope2d_axial")(x) - t(x)).abs().max() > 1e-3
 
 
 def test_dinov3_same_function_at_another_size_and_the_channel_order_matters():

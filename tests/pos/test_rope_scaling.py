@@ -148,6 +148,24 @@ def test_factor_auto_follows_the_call_grid():
     torch.testing.assert_close(auto.built_cos, plain.built_cos)
 
 
+def test_factor_grid_spans_the_reference_at_every_grid():
+    """``factor: grid`` (EVA's rule, timm's ``ref_feat_shape``): the angle of row ``r`` is ``r * L / L' * omega``
+    on a larger and on a smaller grid than the reference ``L`` (``auto`` leaves a smaller one unscaled)."""
+    base = 100.0
+    grid = scheme("rope2d_axial", grid=(4, 6), base=base, scaling={"rope_type": "linear", "factor": "grid"})
+    plain = scheme("rope2d_axial", grid=(4, 6), base=base)
+    half = D // 2
+    for call in [(8, 9), (2, 3), (4, 6)]:
+        g = vitrel.pos.as_grid(call)
+        theta, want = grid.angles(g), plain.angles(g)
+        rows, cols = 4 / call[0], 6 / call[1]  # (L / L' per axis)
+        torch.testing.assert_close(theta[:, : half // 2], want[:, : half // 2] * rows, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(theta[:, half // 2 :], want[:, half // 2 :] * cols, rtol=1e-12, atol=1e-12)
+    assert grid.size_branches and grid.attention_factor(vitrel.pos.as_grid((2, 3))) == 1.0
+    with pytest.raises(ValueError, match="factor=grid .* give rope_type=linear, got 'yarn'"):
+        scheme("rope2d_axial", scaling={"rope_type": "yarn", "factor": "grid"})
+
+
 @pytest.mark.parametrize("kind", ["linear", "ntk", "dynamic", "yarn"])
 def test_rope2d_mixed_at_init_equals_axial_with_halves_swapped(kind):
     """Unrotated RoPE-Mixed starts as axial RoPE in RoPE-ViT's columns-first layout (f^x = [m, 0], f^y = [0, m]),

@@ -17,7 +17,9 @@ and every tensor that fits is carried over. Supported sources:
 * timm ``ConVit`` (``convit_*``) -> ``gpsa`` in its GPSA blocks (``pos_depth``), its class token joining after them
   (``prefix_at``), its embedding kept as ``abs_pos="ape"`` (same function; :mod:`~vitrel.models.convit_import`).
 * timm ``Eva`` RoPE ViTs (``vit_*_patch16_rope_224`` = axial, ``..._rope_mixed_224``) ->
-  ``rope2d_axial`` / ``rope2d_mixed`` (same function).
+  ``rope2d_axial`` / ``rope2d_mixed`` (same function); with a reference grid (``ref_feat_shape``: timm's
+  ``vit_*_rope_reg*_gap_256``) -> ``rope2d_axial`` scaled by ``factor: grid`` from that grid (same function at
+  every size).
 * timm DINOv3 (``vit_*_patch16_dinov3*``: normalised coordinates, register tokens, layer scale) ->
   ``rope2d_axial`` with ``coords="normalized"`` (same function); timm's rotate-half (and, for
   ``grid_indexing="xy"``, columns-first) RoPE layout becomes vitrel's by permuting q and k channels
@@ -299,10 +301,11 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
                 type(rope).__name__ == "RotaryEmbeddingCat"
                 and not rope.in_pixels
                 and not rope.linear_bands
-                and rope.ref_feat_shape is None
                 and not rope.grid_offset
             )
             native = {"name": "rope2d_axial", "base": float(rope.temperature)} if ok else "__none__"
+            if ok and rope.ref_feat_shape is not None:  # EVA's rule, i * ref / feat at any grid (_eva_reference)
+                native["scaling"] = {"rope_type": "linear", "factor": "grid"}
         return _vit_arch(args), args, native
     return _vit_arch(args), args, "__ape__" if getattr(t, "pos_embed", None) is not None else "none"
 
@@ -412,6 +415,8 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             raise UnsupportedTimmModel(f"{k}: shape {tuple(v.shape)} does not fit {key} {tuple(own[key].shape)}")
     for k in list(src):
         rep.dropped[k] = "no counterpart in the vitrel model"
+    if fam == "eva":
+        _eva_reference(t, ours, out, rep)
     pos_parts = (".abs_pos.", ".rel_pos.", ".attn.pos.")
     missing = [k for k in own if k not in out]
     bad = [k for k in missing if not (any(p in "." + k for p in pos_parts) or k.startswith("head."))]
@@ -425,6 +430,18 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         res = ours.load_state_dict(out, strict=False)
     assert not res.unexpected_keys, res.unexpected_keys
     return rep
+
+
+def _eva_reference(t: nn.Module, ours: nn.Module, out: dict[str, Tensor], rep: TransferReport) -> None:
+    """timm's ``ref_feat_shape`` (EVA's RoPE positions ``i * ref / feat``) as the ``ref_grid`` of each RoPE scheme of
+    ``ours`` scaled by ``factor: grid``, the grid that rule measures from."""
+    ref = getattr(getattr(t, "rope", None), "ref_feat_shape", None)
+    if ref is None:
+        return
+    for name, mod in ours.named_modules():
+        if getattr(getattr(mod, "scaling", None), "factor", None) == "grid" and mod.keeps_reference:
+            out[f"{name}.ref_grid"] = torch.tensor([int(v) for v in ref])
+            rep.converted[f"{name}.ref_grid"] = "rope.ref_feat_shape"
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -12,7 +12,7 @@ With ``omega_t = base^(-2t/D)`` the frequencies of one axis (``D`` its rotary wi
 ``rope1d``, ``d/2`` per axis for the 2-D schemes), ``s`` the axis's factor, ``L`` its original extent
 and ``L'`` the call's:
 
-* ``linear`` (position interpolation; EVA / timm's ``rope_ref_feat_shape``): ``omega' = omega / s``.
+* ``linear`` (position interpolation): ``omega' = omega / s``.
 * ``ntk`` (static NTK-aware scaling, FiT's VisionNTK): ``base' = base * s^(D / (D - 2))``.
 * ``dynamic`` (dynamic NTK, HF's ``dynamic``): ``base' = base * (s L'/L - (s - 1))^(D / (D - 2))`` when
   ``L' > L``, else ``base``: recomputed for every call's extent.
@@ -26,9 +26,10 @@ and ``L'`` the call's:
 
 ``factor`` is a number (every axis), a pair ``[rows, cols]`` for the 2-D schemes (FiT's decoupled
 form), or ``auto``: ``max(1, L' / L)`` per axis, from the call's grid (``linear``, ``ntk``,
-``yarn``). ``dynamic`` takes a number (it scales with ``L'`` by itself). For the 2-D schemes YaRN's
-default attention factor uses the token-count ratio ``s = s_rows * s_cols`` (what ``s`` is for
-``rope1d``'s raster index, whose extent is the number of patches).
+``yarn``), or ``grid`` (``linear`` only): ``L' / L`` at every call, smaller grids too, so the positions of any grid
+span the reference's extent (EVA's rule, timm's ``ref_feat_shape``: ``i L / L'``). ``dynamic`` takes a number (it
+scales with ``L'`` by itself). For the 2-D schemes YaRN's default attention factor uses the token-count ratio
+``s = s_rows * s_cols`` (what ``s`` is for ``rope1d``'s raster index, whose extent is the number of patches).
 
 ``rope2d_mixed`` has learned frequencies, not a geometric sequence, so its scaling acts per
 component of ``f = (f^x, f^y)`` (columns, rows): ``linear`` divides it by the axis factor; ``ntk`` /
@@ -71,7 +72,7 @@ class RopeScaling:
     """A parsed ``scaling`` option (see the module docstring)."""
 
     rope_type: str
-    factor: tuple[float, ...] | str  # one per axis, or "auto"
+    factor: tuple[float, ...] | str  # one per axis, or "auto" / "grid"
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     attention_factor: float | None = None
@@ -81,6 +82,8 @@ class RopeScaling:
         """The factor of each axis for a call of extents ``call`` on a scheme built for ``built``."""
         if self.factor == "auto":
             return tuple(max(1.0, float(c) / float(b)) for b, c in zip(built, call))
+        if self.factor == "grid":
+            return tuple(float(c) / float(b) for b, c in zip(built, call))
         return tuple(self.factor)  # type: ignore[arg-type]
 
     def mscale(self, factors: Sequence[float]) -> float:
@@ -112,6 +115,13 @@ def parse_scaling(scaling: Mapping[str, Any] | None, axes: int, scheme: str) -> 
                 "extent by itself: give its factor as a number (e.g. 2.0)"
             )
         factor: tuple[float, ...] | str = "auto"
+    elif raw == "grid":
+        if rope_type != "linear":
+            raise ValueError(
+                f"{scheme}: scaling.factor=grid (L' / L at every grid, EVA's rule) is position interpolation: "
+                f"give rope_type=linear, got {rope_type!r}"
+            )
+        factor = "grid"
     else:
         vals = list(raw) if isinstance(raw, (list, tuple)) else [raw]
         if len(vals) == 1:
@@ -119,7 +129,9 @@ def parse_scaling(scaling: Mapping[str, Any] | None, axes: int, scheme: str) -> 
         if len(vals) != axes:
             raise ValueError(f"{scheme}: scaling.factor takes 1 or {axes} numbers, got {raw!r}")
         if not all(_is_number(v) for v in vals):
-            raise ValueError(f"{scheme}: scaling.factor must be a number >= 1, a list of them, or auto; got {raw!r}")
+            raise ValueError(
+                f"{scheme}: scaling.factor must be a number >= 1, a list of them, auto or grid; got {raw!r}"
+            )
         factor = tuple(float(v) for v in vals)
         if not all(math.isfinite(f) and f >= 1.0 for f in factor):
             raise ValueError(f"{scheme}: scaling.factor must be >= 1 (a factor below 1 shrinks nothing), got {raw!r}")

@@ -157,8 +157,8 @@ class _Rope(ReferenceGrid, PositionScheme):
 
     @property
     def size_branches(self) -> bool:  # type: ignore[override]
-        """``scaling.factor: auto``: ``max(1, L' / L)`` of the call's grid, a comparison of sizes."""
-        return self.scaling is not None and self.scaling.factor == "auto"
+        """``scaling.factor: auto`` / ``grid``: ``max(1, L' / L)`` / ``L' / L`` of the call's grid, from its sizes."""
+        return self.scaling is not None and self.scaling.factor in ("auto", "grid")
 
     def scaling_factors(self, grid: Grid) -> tuple[float, ...]:
         """The ``scaling`` factor of each axis (rows, columns; or the raster index) for a call on ``grid``."""

@@ -28,19 +28,25 @@ def _x() -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "layout",
-    [{}, {"use_shared_rel_pos_bias": True, "use_rel_pos_bias": False}, {"use_abs_pos_emb": True}, {"swiglu_mlp": True}],
-    ids=["per_block", "shared", "with_abs_pos", "swiglu"],
+    [
+        {},
+        {"use_shared_rel_pos_bias": True, "use_rel_pos_bias": False},
+        {"use_abs_pos_emb": True},
+        {"swiglu_mlp": True, "scale_mlp": True},
+    ],
+    ids=["per_block", "shared", "with_abs_pos", "swiglu_scale_mlp"],
 )
 def test_same_function_and_gradients(layout):
     """Output and the gradients of the bias table, its class-token rows, layer scale, the q / v biases and the class
     token equal timm's BEiT: a table per block (fine-tuned BEiT, BEiT v2), one shared (BEiT's pre-training), and a
-    table with an absolute embedding (carried as ``abs_pos="ape"``), and BEiT's SwiGLU option (``mlp_layer="swiglu"``).
-    """
+    table with an absolute embedding (carried as ``abs_pos="ape"``), and BEiT's SwiGLU and sub-LN options
+    (``mlp_layer="swiglu"``, ``mlp_norm=True``)."""
     t, m = _pair(**layout)
     assert m.vitrel_cfg["pos"] == {"name": "rel2d_beit", "extend": "geometric"}
     assert m.vitrel_cfg["pos_share"] == ("use_shared_rel_pos_bias" in layout)
     assert m.vitrel_cfg["abs_pos"] == ("ape" if layout.get("use_abs_pos_emb") else None)
     assert m.vitrel_cfg["mlp_layer"] == ("swiglu" if layout.get("swiglu_mlp") else "mlp")
+    assert m.vitrel_cfg["mlp_norm"] == bool(layout.get("scale_mlp"))
     out_t, out_m = t(_x()), m(_x())
     torch.testing.assert_close(out_m, out_t, rtol=1e-10, atol=1e-10)
     g = torch.randn_like(out_t)
@@ -102,7 +108,6 @@ def test_into_rel2d_full_the_offsets_carry_and_the_class_rows_are_reported_dropp
     "kw, said",
     [
         ({"use_shared_rel_pos_bias": True}, "a relative bias in every block and a shared one"),
-        ({"scale_mlp": True}, "a norm inside the MLP"),
     ],
 )
 def test_what_vitrel_has_no_equivalent_of_is_refused(kw, said):

@@ -42,22 +42,39 @@ def test_init_is_timms():
     assert 0.01 < mlp.fc1_x.weight.std() < 0.03 and torch.equal(mlp.fc1_x.bias, torch.zeros(60))
 
 
-def test_equals_timms_vit_with_the_same_mlp_and_refuses_another_activation():
+@pytest.mark.parametrize("layer", ["SwiGLU", "SwiGLUPacked"])
+def test_equals_timms_vit_with_the_same_mlp_and_refuses_another_activation(layer):
+    """timm's ViT with ``mlp_layer=SwiGLU`` (SiLU), or its packed form (one ``fc1``, the value rows first: split into
+    ``fc1_x`` and ``fc1_g``), equals vitrel's; a SwiGLU with timm's default GELU and a GEGLU are refused by name."""
     torch.manual_seed(0)
     args = dict(img_size=32, patch_size=4, embed_dim=24, depth=2, num_heads=3, num_classes=5, mlp_ratio=2.5)
-    t = lively(timm.create_model("vit_tiny_patch16_224", mlp_layer=timm.layers.SwiGLU, act_layer=nn.SiLU, **args))
-    t = t.double().eval()
+    mlp = getattr(timm.layers, layer)
+    t = lively(timm.create_model("vit_tiny_patch16_224", mlp_layer=mlp, act_layer=nn.SiLU, **args)).double().eval()
     m = vitrel.from_timm(t)
-    assert (m.vitrel_cfg["mlp_layer"], m.vitrel_cfg["mlp_ratio"]) == ("swiglu", 2.5)
+    hidden = m.blocks[0].mlp.fc1_g.out_features
+    assert m.vitrel_cfg["mlp_layer"] == "swiglu" and hidden == t.blocks[0].mlp.fc2.in_features
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(m(x), t(x), rtol=1e-10, atol=1e-10)
-    gelu = timm.create_model("vit_tiny_patch16_224", mlp_layer=timm.layers.SwiGLU, **args)  # (timm's default GELU)
-    with pytest.raises(UnsupportedTimmModel, match=r"an MLP activation GELU \(vitrel: SiLU in a SwiGLU\)"):
+    gelu = timm.create_model("vit_tiny_patch16_224", mlp_layer=mlp, **args)  # (timm's default GELU)
+    with pytest.raises(UnsupportedTimmModel, match=r"an MLP activation GELU \(vitrel: SiLU in a SwiGLU\)|a gated MLP"):
         vitrel.from_timm(gelu)
-    packed = timm.create_model("vit_tiny_patch16_224", mlp_layer=timm.layers.SwiGLUPacked, act_layer=nn.SiLU, **args)
-    with pytest.raises(UnsupportedTimmModel, match="a gated MLP other than timm's SwiGLU"):
-        vitrel.from_timm(packed)
+
+
+def test_mlp_norm_is_a_layernorm_of_the_hidden_features():
+    """``mlp_norm=True`` (timm's ``scale_mlp``, EVA-02's sub-LN): ``fc2(LN(SiLU(fc1_g x) * fc1_x x))`` with the
+    blocks' eps, for either MLP; the option is a bool."""
+    torch.manual_seed(0)
+    m = lively(vitrel.create_model("vitrel_vit_tiny_patch4_32", mlp_layer="swiglu", mlp_norm=True, **SMALL)).double()
+    mlp = m.blocks[0].mlp
+    x = torch.randn(2, 5, 24, dtype=torch.float64)
+    gate, value = mlp.fc1_g(x), mlp.fc1_x(x)
+    h = torch.nn.functional.layer_norm(gate * torch.sigmoid(gate) * value, (60,), mlp.norm.weight, mlp.norm.bias, 1e-6)
+    torch.testing.assert_close(mlp(x), mlp.fc2(h), rtol=1e-12, atol=1e-12)
+    plain = vitrel.create_model("vitrel_vit_tiny_patch4_32", mlp_norm=True, **SMALL)
+    assert isinstance(plain.blocks[0].mlp.norm, nn.LayerNorm) and plain.blocks[0].mlp.norm.eps == 1e-6
+    with pytest.raises(ValueError, match="mlp_norm must be true or false, got 'yes'"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", mlp_norm="yes")
 
 
 def test_checkpoint_and_inflation_keep_it(tmp_path):

@@ -36,6 +36,10 @@ SOURCES = {
     "vit_small_plus_patch16_dinov3": (SMALL_VIT, "rope2d_axial", None),  # SwiGLU MLPs (mlp_layer="swiglu")
     # timm's own RoPE ViT: EVA's positions i * ref / feat (ref_feat_shape 16 x 16, the grid here 4 x 4)
     "vit_base_patch16_rope_reg1_gap_256": (SMALL_VIT, "rope2d_axial", None),
+    # EVA-02 (reference grid too, and an absolute embedding): tiny's packed SwiGLU with its gate first, base's
+    # separate q / k / v projections and SwiGLU with a LayerNorm inside (mlp_norm)
+    "eva02_tiny_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
+    "eva02_base_patch14_448": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
     # BEiT: a table and class-token terms in every block, layer scale, q / v biases, mean pooling under fc_norm; the
     # second as BEiT's pre-training: one table shared by all blocks (tests/models/test_beit_import.py)
     "beit_base_patch16_224": ({**SMALL_VIT, "init_values": 0.1}, "rel2d_beit", None),
@@ -80,12 +84,16 @@ def test_same_function(name):
         torch.testing.assert_close(m(_x()), t(_x()), rtol=1e-8, atol=1e-8)
 
 
-def test_timms_rope_vits_with_a_reference_grid_are_equal_at_every_size():
-    """timm's ``vit_*_rope_reg*_gap_256`` place RoPE positions at ``i * ref / feat`` (``ref_feat_shape``, EVA's rule):
-    ``rope2d_axial`` with ``scaling: {rope_type: linear, factor: grid}`` and the reference grid carried as each scheme's
-    ``ref_grid`` equal them at the built size, larger and smaller (timm's ``dynamic_img_size``); plain RoPE does not."""
+@pytest.mark.parametrize(
+    "name", ["vit_base_patch16_rope_reg1_gap_256", "eva02_tiny_patch14_224", "eva02_base_patch14_448"]
+)
+def test_timms_rope_vits_with_a_reference_grid_are_equal_at_every_size(name):
+    """timm's ``vit_*_rope_reg*_gap_256`` and EVA-02 place RoPE positions at ``i * ref / feat`` (``ref_feat_shape``,
+    EVA's rule): ``rope2d_axial`` with ``scaling: {rope_type: linear, factor: grid}`` and the reference grid carried as
+    each scheme's ``ref_grid`` equal them at the built size, larger and smaller (timm's ``dynamic_img_size``; EVA-02's
+    absolute embedding resampled as timm's); plain RoPE does not."""
     torch.manual_seed(0)
-    t = lively(timm.create_model("vit_base_patch16_rope_reg1_gap_256", **SMALL_VIT, dynamic_img_size=True))
+    t = lively(timm.create_model(name, **SOURCES[name][0], dynamic_img_size=True))
     t = t.double().eval()
     m = vitrel.from_timm(t)
     assert m.vitrel_cfg["pos"]["scaling"] == {"rope_type": "linear", "factor": "grid"}

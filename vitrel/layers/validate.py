@@ -141,6 +141,8 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         raise ValueError(
             f"mlp_layer must be 'mlp' (timm's Mlp, GELU) or 'swiglu' (timm's SwiGLU), got {args['mlp_layer']!r}"
         )
+    if not isinstance(args["mlp_norm"], bool):
+        raise ValueError(f"mlp_norm must be true or false, got {args['mlp_norm']!r}")
     _rates(args)
     if args.get("dynamic_img_pad"):
         _pair("img_size", args["img_size"])  # (padded to whole patches, as the images)

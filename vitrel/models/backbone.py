@@ -116,6 +116,7 @@ class ViTBody(BlockStack):
                     norm_eps=args["norm_eps"],
                     attn_impl=impl,
                     mlp_layer=args["mlp_layer"],
+                    mlp_norm=args["mlp_norm"],
                 )
                 for i in range(depth)
             ]

@@ -90,12 +90,15 @@ def scheme_no_weight_decay(model: nn.Module) -> set[str]:
     return out
 
 
-def make_mlp(kind: str, dim: int, hidden: int, drop: float) -> nn.Module:
+def make_mlp(
+    kind: str, dim: int, hidden: int, drop: float, norm: Callable[[int], nn.Module] | None = None
+) -> nn.Module:
     """A block's MLP: timm's ``Mlp`` with GELU (``"mlp"``, ViT's), or timm's ``SwiGLU``, ``fc2(SiLU(fc1_g x) *
-    fc1_x x)`` (``"swiglu"``: DINOv3's ViT-H+ and 7B, LLaMA's), both with ``hidden`` features."""
+    fc1_x x)`` (``"swiglu"``: DINOv3's ViT-H+ and 7B, EVA-02's), both with ``hidden`` features; ``norm``: a norm of
+    the hidden features before ``fc2`` (timm's ``scale_mlp``, EVA-02's sub-LN)."""
     if kind == "swiglu":
-        return SwiGLU(dim, hidden, act_layer=nn.SiLU, drop=drop)
-    return Mlp(dim, hidden, act_layer=nn.GELU, drop=drop)
+        return SwiGLU(dim, hidden, act_layer=nn.SiLU, norm_layer=norm, drop=drop)
+    return Mlp(dim, hidden, act_layer=nn.GELU, norm_layer=norm, drop=drop)
 
 
 def init_weights_(model: nn.Module) -> None:
@@ -546,6 +549,7 @@ class Block(nn.Module):
         layer: tuple[int, int] | None = None,
         attn_impl: str = "auto",
         mlp_layer: str = "mlp",
+        mlp_norm: bool = False,
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -564,7 +568,8 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = make_mlp(mlp_layer, dim, int(dim * mlp_ratio), proj_drop)
+        norm = functools.partial(nn.LayerNorm, eps=norm_eps) if mlp_norm else None
+        self.mlp = make_mlp(mlp_layer, dim, int(dim * mlp_ratio), proj_drop, norm)
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 

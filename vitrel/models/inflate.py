@@ -119,8 +119,8 @@ def _image_spec(video_pos: Any, video_model: nn.Module) -> Any:
 #: the build arguments an inflated model shares with its image model: each changes a weight's shape, or (pooling,
 #: layer norms' eps) the function the weights compute (a missing or extra weight, as of fc_norm, is named later)
 _SHARED_ARGS = (
-    "embed_dim", "depth", "depths", "num_heads", "mlp_ratio", "mlp_layer", "patch_size", "in_chans", "class_token",
-    "qkv_bias", "global_pool", "norm_eps",
+    "embed_dim", "depth", "depths", "num_heads", "mlp_ratio", "mlp_layer", "mlp_norm", "patch_size", "in_chans",
+    "class_token", "qkv_bias", "global_pool", "norm_eps",
 )  # fmt: skip
 
 

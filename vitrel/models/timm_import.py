@@ -40,7 +40,7 @@ from typing import Any
 
 import timm
 import torch
-from timm.layers import AttentionPoolLatent, GluMlp, LayerScale, SwiGLU
+from timm.layers import AttentionPoolLatent, LayerScale, SwiGLU
 from timm.models import adapt_input_conv
 from timm.models.eva import Eva
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
@@ -59,6 +59,7 @@ from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import build, split_feature_args, with_features
 from vitrel.models.rope_layout import permute_qk, rope_channel_order
 from vitrel.models.timm_files import load_timm_file
+from vitrel.models.timm_mlp import mlp_args, split_packed
 
 __all__ = [
     "from_timm",
@@ -157,19 +158,10 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     _refuse(not isinstance(getattr(t, "norm_pre", nn.Identity()), nn.Identity), "a pre-norm (CLIP style)", t)
     _refuse(not isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity), "q/k norms", t)
     _refuse(not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity), "a norm inside attention", t)
-    _refuse(getattr(attn, "qkv", None) is None, "separate q/k/v projections", t)
-    swiglu = isinstance(blk.mlp, SwiGLU)  # (timm's split SwiGLU: vitrel's mlp_layer="swiglu")
-    gated = hasattr(blk.mlp, "fc1_g") or isinstance(blk.mlp, GluMlp)  # (GluMlp: SwiGLUPacked's fc1 holds both)
-    _refuse(not swiglu and (gated or not hasattr(blk.mlp, "fc1")), "a gated MLP other than timm's SwiGLU", t)
-    _refuse(not isinstance(getattr(blk.mlp, "norm", nn.Identity()), nn.Identity), "a norm inside the MLP", t)
+    qkv = getattr(attn, "qkv", None) or getattr(attn, "q_proj", None)  # (EVA-02's separate q / k / v: joined)
+    _refuse(qkv is None, "no q / k / v projections vitrel reads", t)
     _refuse(not _vitrel_attn_pool(t), "attention pooling other than timm's ViT's AttentionPoolLatent ('map')", t)
     _refuse(not isinstance(blk.norm1, nn.LayerNorm), "norms other than LayerNorm", t)
-    act = (nn.SiLU, "SiLU in a SwiGLU") if swiglu else (nn.GELU, "GELU")
-    _refuse(
-        not isinstance(blk.mlp.act, act[0]), f"an MLP activation {type(blk.mlp.act).__name__} (vitrel: {act[1]})", t
-    )
-    fc1 = blk.mlp.fc1_g if swiglu else blk.mlp.fc1
-    _refuse(swiglu and None in (fc1.bias, blk.mlp.fc1_x.bias, blk.mlp.fc2.bias), "a SwiGLU without biases", t)
     gp = t.global_pool
     _refuse(gp not in ("token", "avg", "max", "avgmax", "map", ""), f"global_pool={gp!r}", t)
     ph, pw = t.patch_embed.patch_size
@@ -185,9 +177,8 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         embed_dim=int(embed_dim),
         depth=len(t.blocks),
         num_heads=int(attn.num_heads),
-        mlp_ratio=fc1.out_features / embed_dim,
-        mlp_layer="swiglu" if swiglu else "mlp",
-        qkv_bias=attn.qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
+        **mlp_args(t, blk, lambda cond, what: _refuse(cond, what, t)),
+        qkv_bias=qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
         class_token=getattr(t, "cls_token", None) is not None,
         reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,
         init_values=1e-5 if has_ls else None,
@@ -275,7 +266,7 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         args["pos_share"] = getattr(t, "shared_rel_pos", None) is not None
         return _vit_arch(args), args, "rel2d_full" if native else "__none__"
     if fam == "eva":
-        _refuse(getattr(t, "pos_embed", None) is not None, "an absolute embedding together with RoPE", t)
+        args["abs_pos"] = "ape" if getattr(t, "pos_embed", None) is not None else None  # (EVA-02: both)
         rope = getattr(t, "rope", None)
         _refuse(rope is None, "no RoPE", t)
         mixed = bool(getattr(t, "rope_mixed", False))
@@ -349,7 +340,7 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             rep.dropped[k] = "index / mask buffer (vitrel computes it for any grid)"
             src.pop(k)
             continue
-        if fam in ("vit", "convit", "beit") and k == "pos_embed":  # (ConViT's covers the patch tokens only)
+        if fam in ("vit", "convit", "beit", "eva") and k == "pos_embed":  # (ConViT's covers the patch tokens only)
             npt = 0 if fam == "convit" or getattr(t, "no_embed_class", False) else t.num_prefix_tokens
             if has_ape:
                 put("abs_pos.pos_embed", k, v[:, npt:])
@@ -384,14 +375,20 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             continue
         if fam in ("eva", "beit"):
             key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
-            if key.endswith(".attn.q_bias"):  # EVA's separate q / v biases (k's is a zero buffer): one qkv bias
-                blk = key[: -len(".attn.q_bias")]
-                k_bias = t.get_submodule(blk + ".attn").k_bias
-                v = torch.cat((v, k_bias.to(v), src.pop(blk + ".attn.v_bias")))
+            if key.endswith((".attn.q_bias", ".attn.q_proj.weight", ".attn.q_proj.bias")):
+                # EVA's separate q / v biases (k's a zero buffer) or q / k / v projections (EVA-02's; k without bias)
+                blk, _, name = key.rpartition(".attn.")
+                theirs = {"q_bias": ("k_bias", "v_bias")}.get(name) or tuple(name.replace("q_", f"{x}_") for x in "kv")
+                k_part = src.pop(f"{blk}.attn.{theirs[0]}", None)
+                if k_part is None:  # (a buffer, or no k bias at all)
+                    k_part = getattr(t.get_submodule(blk + ".attn"), "k_bias", None)
+                    k_part = torch.zeros_like(v) if k_part is None else k_part.to(v)
+                v = torch.cat((v, k_part, src.pop(f"{blk}.attn.{theirs[1]}")))
                 if order is not None:
                     v = permute_qk(v, order, t.blocks[0].attn.num_heads)
-                out[blk + ".attn.qkv.bias"] = v
-                rep.converted[blk + ".attn.qkv.bias"] = f"cat({k}, k_bias, {blk}.attn.v_bias)"
+                ours_key = f"{blk}.attn.qkv.{'bias' if name.endswith('bias') else 'weight'}"
+                out[ours_key] = v
+                rep.converted[ours_key] = f"cat({k}, {blk}.attn.{theirs[0]}, {blk}.attn.{theirs[1]})"
                 src.pop(k)
                 continue
             if order is not None and key.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
@@ -409,6 +406,13 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                     rep.dropped[k] = "RoPE-Mixed frequencies (the target scheme is not per-block rope2d_mixed)"
                     src.pop(k)
                 continue
+        halves = split_packed(key, v, own, t)  # (a packed SwiGLU's fc1: the value rows, then the gate's)
+        if halves is not None:
+            for part, (ours_key, value) in zip(("[:h]", "[h:]"), halves.items()):
+                out[ours_key] = value
+                rep.converted[ours_key] = f"{k}{part}"
+            src.pop(k)
+            continue
         if key in own and own[key].shape == v.shape:
             put(key, k, v)
         elif key in own:

@@ -22,6 +22,7 @@ from vitrel.models.timm_import import UnsupportedTimmModel, load_timm_file, tran
 SMALL_VIT = dict(img_size=64, depth=2, embed_dim=64, num_heads=2, num_classes=5)
 SOURCES = {
     "vit_small_patch16_224": (SMALL_VIT, "none", "ape"),
+    "vit_base_patch16_clip_224": (SMALL_VIT, "none", "ape"),  # CLIP: a pre-norm, no patch-embedding bias
     "deit_tiny_patch16_224": (dict(img_size=64, depth=2, num_classes=5), "none", "ape"),
     "vit_relpos_small_patch16_224": ({**SMALL_VIT, "rel_pos_type": "bias"}, "rel2d_full", None),
     "swin_tiny_patch4_window7_224": (

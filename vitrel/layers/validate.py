@@ -141,8 +141,9 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         raise ValueError(
             f"mlp_layer must be 'mlp' (timm's Mlp, GELU) or 'swiglu' (timm's SwiGLU), got {args['mlp_layer']!r}"
         )
-    if not isinstance(args["mlp_norm"], bool):
-        raise ValueError(f"mlp_norm must be true or false, got {args['mlp_norm']!r}")
+    for flag in ("mlp_norm", "pre_norm"):
+        if not isinstance(args[flag], bool):
+            raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")
     _rates(args)
     if args.get("dynamic_img_pad"):
         _pair("img_size", args["img_size"])  # (padded to whole patches, as the images)

@@ -95,6 +95,12 @@ class ViTBody(BlockStack):
                 f"(0 to {depth - 1})"
             )
         self.pos_drop = nn.Dropout(args["pos_drop_rate"])
+        if args["pre_norm"] and self.prefix_at:
+            raise ValueError(
+                "pre_norm normalises the tokens before block 0, prefix_at lets the prefix join later: give one"
+            )
+        # timm's pre_norm (CLIP's ln_pre): a LayerNorm of the input tokens, after the absolute embedding
+        self.norm_pre = nn.LayerNorm(embed_dim, eps=args["norm_eps"]) if args["pre_norm"] else nn.Identity()
         self.rel_pos = make_pos(rel) if args["pos_share"] else None
         check_shared(self.rel_pos)
         check_choice(impl, self.rel_pos)  # (the blocks check their own schemes)

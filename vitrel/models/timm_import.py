@@ -155,7 +155,10 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     embed_dim = t.embed_dim
     _refuse(not isinstance(t.patch_embed.proj, nn.Conv2d), "the patch embedding is not one convolution", t)
     _refuse(not isinstance(t.patch_embed.norm, nn.Identity), "the patch embedding has a norm", t)
-    _refuse(not isinstance(getattr(t, "norm_pre", nn.Identity()), nn.Identity), "a pre-norm (CLIP style)", t)
+    pre = getattr(t, "norm_pre", nn.Identity())  # (CLIP's ln_pre: vitrel's pre_norm)
+    plain_pre = isinstance(pre, nn.Identity)
+    same = isinstance(pre, nn.LayerNorm) and pre.eps == blk.norm1.eps
+    _refuse(not plain_pre and not same, "a pre-norm other than a LayerNorm as the blocks'", t)
     _refuse(not isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity), "q/k norms", t)
     _refuse(not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity), "a norm inside attention", t)
     qkv = getattr(attn, "qkv", None) or getattr(attn, "q_proj", None)  # (EVA-02's separate q / k / v: joined)
@@ -183,6 +186,7 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,
         init_values=1e-5 if has_ls else None,
         fc_norm=not isinstance(fc_norm, nn.Identity),
+        pre_norm=not plain_pre,
         norm_eps=float(blk.norm1.eps),
         dynamic_img_pad=bool(getattr(t.patch_embed, "dynamic_img_pad", False)),
     )
@@ -421,6 +425,9 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         rep.dropped[k] = "no counterpart in the vitrel model"
     if fam == "eva":
         _eva_reference(t, ours, out, rep)
+    if "patch_embed.proj.bias" in own and "patch_embed.proj.bias" not in out:  # (CLIP's has none: zero is the same)
+        out["patch_embed.proj.bias"] = torch.zeros_like(own["patch_embed.proj.bias"])
+        rep.converted["patch_embed.proj.bias"] = "zeros (timm's patch embedding has no bias)"
     pos_parts = (".abs_pos.", ".rel_pos.", ".attn.pos.")
     missing = [k for k in own if k not in out]
     bad = [k for k in missing if not (any(p in "." + k for p in pos_parts) or k.startswith("head."))]

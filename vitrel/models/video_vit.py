@@ -51,6 +51,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         class_token: prepend a class token (VideoMAE has none).
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm and
             VideoMAE).
+        pre_norm: as the image ViT's.
         pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_eps: as the image ViT.
         device, dtype: placement (keyword-only, not part of ``vitrel_cfg``).
@@ -79,6 +80,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         class_token: bool = False,
         init_values: float | None = None,
         fc_norm: bool | None = None,
+        pre_norm: bool = False,
         pos: PosArg = "rel3d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,
@@ -127,7 +129,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         x, grid = self.patch_embed(x)
         if self.cls_token is not None:
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(self.input_abs_pos(x, grid)), grid
+        return self.norm_pre(self.pos_drop(self.input_abs_pos(x, grid))), grid
 
     def forward_features(self, x: Tensor) -> Tensor:
         """Clips ``[B, C, T, H, W]`` -> normalised tokens ``[B, P + T'H'W', C]`` (t-major)."""

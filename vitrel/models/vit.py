@@ -76,6 +76,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         reg_tokens: number of register tokens after the class token.
         init_values: layer-scale init (None: no layer scale).
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm).
+        pre_norm: a LayerNorm of the input tokens before block 0, after the absolute embedding (timm's ``norm_pre``,
+            CLIP's ``ln_pre``).
         pos: position scheme (name or config). An absolute scheme (``"ape"``, ``"sincos2d"``) means
             that embedding and no relative scheme.
         abs_pos: an absolute scheme added to the relative one.
@@ -125,6 +127,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         reg_tokens: int = 0,
         init_values: float | None = None,
         fc_norm: bool | None = None,
+        pre_norm: bool = False,
         pos: PosArg = "rel2d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,
@@ -213,7 +216,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             check_img_size(x, self.img_size)
         x, grid = self.patch_embed(x)
         x = self.input_abs_pos(x if self.prefix_at else self.add_prefix(x), grid)
-        return self.pos_drop(x), grid
+        return self.norm_pre(self.pos_drop(x)), grid
 
     def read_input(self, x: Tensor | Mapping[str, Tensor] | Sequence[Tensor]) -> ModelInput:
         """The entrance: the input's form decided once (:func:`~vitrel.models.naflex.read_input`)."""
@@ -256,7 +259,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         if self.prefix_at:  # (the patch tokens alone until then)
             late = LatePrefix(x, layout, dest)
             x, layout, dest = with_prefix(batch.patches, batch, None)
-        return self.pos_drop(self.input_abs_pos(x, layout)), layout, dest, late
+        return self.norm_pre(self.pos_drop(self.input_abs_pos(x, layout))), layout, dest, late
 
     def forward_layout(self, x: Any, depth: int | None = None) -> tuple[Tensor, TokenLayout, Tensor, list[Tensor]]:
         """The input (any form, :meth:`read_input`) on the token-layout path: :meth:`embed_tokens`, then the blocks (the

@@ -1,5 +1,6 @@
-"""``mlp_layer="swiglu"``: a ViT whose blocks' MLP is timm's ``SwiGLU`` (DINOv3's ViT-S+, H+ and 7B): the block against
-its equation, timm's init, timm's ViT with the same MLP, checkpoints, inflation and the refusals."""
+"""The ViT options timm's families need: ``mlp_layer="swiglu"`` (timm's ``SwiGLU``: DINOv3's S+, H+, 7B, EVA-02),
+``mlp_norm`` (a LayerNorm in the MLP: EVA-02's) and ``pre_norm`` (a LayerNorm of the input tokens: CLIP's): each
+against its equation, timm's init and timm's models, checkpoints, inflation and the refusals."""
 
 from __future__ import annotations
 
@@ -94,3 +95,28 @@ def test_checkpoint_and_inflation_keep_it(tmp_path):
 def test_an_unknown_mlp_layer_is_refused():
     with pytest.raises(ValueError, match="mlp_layer must be 'mlp' .* or 'swiglu' .*, got 'geglu'"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", mlp_layer="geglu")
+
+
+def test_pre_norm_normalises_the_input_tokens_on_every_input_form():
+    """``pre_norm=True`` (timm's ``norm_pre``, CLIP's ``ln_pre``): the tokens after the absolute embedding, class token
+    included, go through a LayerNorm before block 0; a list of images of two sizes equals each image alone (the
+    token-layout path normalises as well); with ``prefix_at`` it is refused."""
+    torch.manual_seed(0)
+    kw = dict(pos="rope2d_axial", abs_pos="ape", **SMALL)
+    m = lively(vitrel.create_model("vitrel_vit_tiny_patch4_32", pre_norm=True, **kw)).double().eval()
+    plain = vitrel.create_model("vitrel_vit_tiny_patch4_32", **kw).double().eval()
+    plain.load_state_dict({k: v for k, v in m.state_dict().items() if not k.startswith("norm_pre.")})
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        want, _ = plain.embed(x)
+        got, _ = m.embed(x)
+        ln = m.norm_pre
+        torch.testing.assert_close(got, torch.nn.functional.layer_norm(want, (24,), ln.weight, ln.bias, 1e-6))
+        images = [torch.randn(3, 32, 32, dtype=torch.float64), torch.randn(3, 16, 24, dtype=torch.float64)]
+        together = m(images)
+        for i, img in enumerate(images):
+            torch.testing.assert_close(together[i], m(img[None])[0], rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="pre_norm normalises the tokens before block 0"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", pre_norm=True, pos="none", prefix_at=1, **SMALL)
+    with pytest.raises(ValueError, match="pre_norm must be true or false"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", pre_norm=1)

@@ -41,6 +41,7 @@ SOURCES = {
     # separate q / k / v projections and SwiGLU with a LayerNorm inside (mlp_norm)
     "eva02_tiny_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
     "eva02_base_patch14_448": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
+    "eva_giant_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "none", "ape"),  # EVA-01: the embedding alone
     # BEiT: a table and class-token terms in every block, layer scale, q / v biases, mean pooling under fc_norm; the
     # second as BEiT's pre-training: one table shared by all blocks (tests/models/test_beit_import.py)
     "beit_base_patch16_224": ({**SMALL_VIT, "init_values": 0.1}, "rel2d_beit", None),
@@ -701,3 +702,15 @@ def test_a_timm_train_checkpoint_gives_its_ema_copy_as_timm_does(tmp_path):
             m = vitrel.from_timm("vit_tiny_patch16_224", checkpoint_path=tmp_path / file, timm_kwargs=kw).eval()
             torch.testing.assert_close(m(x), want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(timms(x), ema(x))
+
+
+def test_eva_keeps_its_embedding_under_another_scheme_unless_told(caplog):
+    """EVA's absolute embedding is part of its architecture beside RoPE: with another ``pos=`` it stays as
+    ``abs_pos="ape"``; ``abs_pos=None`` drops it, and the report says so."""
+    t = _timm("eva02_tiny_patch14_224")
+    kept = vitrel.from_timm(t, pos="rel2d_full")
+    assert kept.vitrel_cfg["abs_pos"] == "ape"
+    torch.testing.assert_close(kept.abs_pos.pos_embed, t.pos_embed[:, 1:], rtol=0, atol=0)
+    with caplog.at_level(logging.INFO, logger="vitrel.models.timm_import"):
+        dropped = vitrel.from_timm(t, pos="rel2d_full", abs_pos=None)
+    assert dropped.abs_pos is None and "dropped    pos_embed: absolute embedding" in caplog.text

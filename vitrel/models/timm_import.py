@@ -272,7 +272,8 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
     if fam == "eva":
         args["abs_pos"] = "ape" if getattr(t, "pos_embed", None) is not None else None  # (EVA-02: both)
         rope = getattr(t, "rope", None)
-        _refuse(rope is None, "no RoPE", t)
+        if rope is None:  # (EVA-01: the absolute embedding alone, kept as abs_pos="ape")
+            return _vit_arch(args), args, "none"
         mixed = bool(getattr(t, "rope_mixed", False))
         native: dict[str, Any] | str
         if mixed:

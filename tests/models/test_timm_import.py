@@ -227,6 +227,8 @@ def test_unsupported_sources_are_clear_errors(tmp_path):
         vitrel.from_timm(timm.create_model("resnet18"))
     with pytest.raises(UnsupportedTimmModel, match="q/k norms"):
         vitrel.from_timm(timm.create_model("vit_small_patch16_224", img_size=32, depth=1, qk_norm=True))
+    with pytest.raises(UnsupportedTimmModel, match=r"a CNN stem before the patch embedding \(HybridEmbed"):
+        vitrel.from_timm(timm.create_model("vit_small_r26_s32_224", img_size=64, depth=1))  # (crashed on its .norm)
     with pytest.raises(UnsupportedTimmModel, match="give pos="):
         vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", img_size=32, depth=1))  # MLP bias
     m = vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", img_size=32, depth=1), pos="rel2d_cpb")

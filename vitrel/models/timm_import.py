@@ -153,8 +153,10 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     _refuse(kind not in ("Block", "RelPosBlock", "EvaBlock"), f"{kind} blocks (vitrel's are pre-norm Blocks)", t)
     attn = blk.attn
     embed_dim = t.embed_dim
-    _refuse(not isinstance(t.patch_embed.proj, nn.Conv2d), "the patch embedding is not one convolution", t)
-    _refuse(not isinstance(t.patch_embed.norm, nn.Identity), "the patch embedding has a norm", t)
+    pe = t.patch_embed
+    _refuse(hasattr(pe, "backbone"), f"a CNN stem before the patch embedding ({type(pe).__name__}, hybrid ViTs)", t)
+    _refuse(not isinstance(getattr(pe, "proj", None), nn.Conv2d), "the patch embedding is not one convolution", t)
+    _refuse(not isinstance(getattr(pe, "norm", nn.Identity()), nn.Identity), "the patch embedding has a norm", t)
     pre = getattr(t, "norm_pre", nn.Identity())  # (CLIP's ln_pre: vitrel's pre_norm)
     plain_pre = isinstance(pre, nn.Identity)
     same = isinstance(pre, nn.LayerNorm) and pre.eps == blk.norm1.eps

@@ -23,6 +23,9 @@ SMALL_VIT = dict(img_size=64, depth=2, embed_dim=64, num_heads=2, num_classes=5)
 SOURCES = {
     "vit_small_patch16_224": (SMALL_VIT, "none", "ape"),
     "vit_base_patch16_clip_224": (SMALL_VIT, "none", "ape"),  # CLIP: a pre-norm, no patch-embedding bias
+    "vit_base_patch16_clip_quickgelu_224": (SMALL_VIT, "none", "ape"),  # OpenAI CLIP's QuickGELU
+    "vit_base_patch32_siglip_gap_256": ({**SMALL_VIT, "patch_size": 16}, "none", "ape"),  # GELU, tanh form
+    "vit_base_patch16_siglip_256": (SMALL_VIT, "none", "ape"),  # SigLIP's attention pool ("map")
     "deit_tiny_patch16_224": (dict(img_size=64, depth=2, num_classes=5), "none", "ape"),
     "vit_relpos_small_patch16_224": ({**SMALL_VIT, "rel_pos_type": "bias"}, "rel2d_full", None),
     "swin_tiny_patch4_window7_224": (

@@ -120,3 +120,17 @@ def test_pre_norm_normalises_the_input_tokens_on_every_input_form():
         vitrel.create_model("vitrel_vit_tiny_patch4_32", pre_norm=True, pos="none", prefix_at=1, **SMALL)
     with pytest.raises(ValueError, match="pre_norm must be true or false"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", pre_norm=1)
+
+
+@pytest.mark.parametrize("act, cls", [("gelu_tanh", timm.layers.GELUTanh), ("quick_gelu", timm.layers.QuickGELU)])
+def test_act_layer_is_the_mlps_and_the_attention_pools(act, cls):
+    """``act_layer`` (timm's names): SigLIP's tanh GELU, OpenAI CLIP's QuickGELU, in the blocks' MLP and the
+    ``"map"`` pool's; refused with a SwiGLU (which gates with SiLU) and by an unknown name."""
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", act_layer=act, global_pool="map", class_token=False, **SMALL)
+    assert isinstance(m.blocks[1].mlp.act, cls) and isinstance(m.attn_pool.mlp.act, cls)
+    x = torch.randn(3, 7)
+    torch.testing.assert_close(m.blocks[0].mlp.act(x), cls()(x))
+    with pytest.raises(ValueError, match="mlp_layer='swiglu' gates with SiLU"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", act_layer=act, mlp_layer="swiglu")
+    with pytest.raises(ValueError, match="act_layer must be one of .*got 'relu'"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", act_layer="relu")

@@ -16,6 +16,7 @@ from typing import Any
 __all__ = [
     "check_attention_args",
     "check_count",
+    "ACT_LAYERS",
     "MLP_LAYERS",
     "check_late_prefix",
     "check_num_classes",
@@ -24,8 +25,9 @@ __all__ = [
 ]
 
 
-#: the MLPs a ViT block takes (``mlp_layer``: :func:`vitrel.models.blocks.make_mlp`)
+#: the MLPs a ViT block takes (``mlp_layer``: :func:`vitrel.models.blocks.make_mlp`) and their activations
 MLP_LAYERS = ("mlp", "swiglu")
+ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")
 
 
 def _int_at_least(name: str, value: Any, least: int) -> int:
@@ -141,6 +143,10 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         raise ValueError(
             f"mlp_layer must be 'mlp' (timm's Mlp, GELU) or 'swiglu' (timm's SwiGLU), got {args['mlp_layer']!r}"
         )
+    if args["act_layer"] not in ACT_LAYERS:
+        raise ValueError(f"act_layer must be one of {ACT_LAYERS} (timm's names), got {args['act_layer']!r}")
+    if args["act_layer"] != "gelu" and args["mlp_layer"] == "swiglu":
+        raise ValueError(f"act_layer={args['act_layer']!r} is an Mlp's; mlp_layer='swiglu' gates with SiLU")
     for flag in ("mlp_norm", "pre_norm"):
         if not isinstance(args[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")

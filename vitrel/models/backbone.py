@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_late_prefix
-from vitrel.models.blocks import Block, BlockStack, check_shared
+from vitrel.models.blocks import ACTIVATIONS, Block, BlockStack, check_shared
 from vitrel.models.naflex import pool_tokens
 from vitrel.models.timm_surface import timm_attn_mask
 from vitrel.pos.registry import PosSpec, image_scheme
@@ -123,6 +123,7 @@ class ViTBody(BlockStack):
                     attn_impl=impl,
                     mlp_layer=args["mlp_layer"],
                     mlp_norm=args["mlp_norm"],
+                    act_layer=args["act_layer"],
                 )
                 for i in range(depth)
             ]
@@ -139,7 +140,7 @@ class ViTBody(BlockStack):
                 num_heads=heads,
                 mlp_ratio=args["mlp_ratio"],
                 norm_layer=functools.partial(nn.LayerNorm, eps=eps),
-                act_layer=nn.GELU,
+                act_layer=ACTIVATIONS[args["act_layer"]],
             )
             if args["global_pool"] == "map"
             else None

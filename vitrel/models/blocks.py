@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-from timm.layers import DropPath, LayerScale, Mlp, SwiGLU, register_notrace_function, to_2tuple
+from timm.layers import DropPath, GELUTanh, LayerScale, Mlp, QuickGELU, SwiGLU, register_notrace_function, to_2tuple
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
@@ -90,15 +90,21 @@ def scheme_no_weight_decay(model: nn.Module) -> set[str]:
     return out
 
 
+#: ``act_layer`` of a ViT's MLP (names as timm's ``get_act_layer``): GELU, its tanh form (SigLIP's), QuickGELU (OpenAI
+#: CLIP's ``x sigmoid(1.702 x)``)
+ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "gelu_tanh": GELUTanh, "quick_gelu": QuickGELU}
+
+
 def make_mlp(
-    kind: str, dim: int, hidden: int, drop: float, norm: Callable[[int], nn.Module] | None = None
+    kind: str, dim: int, hidden: int, drop: float, norm: Callable[[int], nn.Module] | None = None, act: str = "gelu"
 ) -> nn.Module:
     """A block's MLP: timm's ``Mlp`` with GELU (``"mlp"``, ViT's), or timm's ``SwiGLU``, ``fc2(SiLU(fc1_g x) *
     fc1_x x)`` (``"swiglu"``: DINOv3's ViT-H+ and 7B, EVA-02's), both with ``hidden`` features; ``norm``: a norm of
-    the hidden features before ``fc2`` (timm's ``scale_mlp``, EVA-02's sub-LN)."""
+    the hidden features before ``fc2`` (timm's ``scale_mlp``, EVA-02's sub-LN); ``act``: the ``Mlp``'s activation
+    (:data:`ACTIVATIONS`; the SwiGLU's is SiLU)."""
     if kind == "swiglu":
         return SwiGLU(dim, hidden, act_layer=nn.SiLU, norm_layer=norm, drop=drop)
-    return Mlp(dim, hidden, act_layer=nn.GELU, norm_layer=norm, drop=drop)
+    return Mlp(dim, hidden, act_layer=ACTIVATIONS[act], norm_layer=norm, drop=drop)
 
 
 def init_weights_(model: nn.Module) -> None:
@@ -550,6 +556,7 @@ class Block(nn.Module):
         attn_impl: str = "auto",
         mlp_layer: str = "mlp",
         mlp_norm: bool = False,
+        act_layer: str = "gelu",
     ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
@@ -569,7 +576,7 @@ class Block(nn.Module):
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         norm = functools.partial(nn.LayerNorm, eps=norm_eps) if mlp_norm else None
-        self.mlp = make_mlp(mlp_layer, dim, int(dim * mlp_ratio), proj_drop, norm)
+        self.mlp = make_mlp(mlp_layer, dim, int(dim * mlp_ratio), proj_drop, norm, act_layer)
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 

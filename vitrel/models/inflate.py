@@ -120,7 +120,7 @@ def _image_spec(video_pos: Any, video_model: nn.Module) -> Any:
 #: layer norms' eps) the function the weights compute (a missing or extra weight, as of fc_norm, is named later)
 _SHARED_ARGS = (
     "embed_dim", "depth", "depths", "num_heads", "mlp_ratio", "mlp_layer", "mlp_norm", "patch_size", "in_chans",
-    "class_token", "qkv_bias", "global_pool", "norm_eps", "pre_norm",
+    "class_token", "qkv_bias", "global_pool", "norm_eps", "pre_norm", "act_layer",
 )  # fmt: skip
 
 

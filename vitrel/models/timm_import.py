@@ -140,7 +140,7 @@ def _vitrel_attn_pool(t: nn.Module) -> bool:
     if ap is None or not isinstance(ap, AttentionPoolLatent) or ap.mlp is None:
         return ap is None
     ours = (ap.pos_embed, ap.latent_len, ap.pool, ap.num_heads, type(ap.q), type(ap.q_norm), type(ap.mlp.act))
-    return ours == (None, 1, "token", blk.attn.num_heads, nn.Linear, nn.Identity, nn.GELU) and (
+    return ours == (None, 1, "token", blk.attn.num_heads, nn.Linear, nn.Identity, type(blk.mlp.act)) and (
         isinstance(ap.norm, nn.LayerNorm) and ap.norm.eps == blk.norm1.eps and None not in (ap.q.bias, ap.kv.bias)
         and not isinstance(blk.mlp, SwiGLU) and ap.mlp.fc1.out_features == blk.mlp.fc1.out_features
         and not getattr(t, "pool_include_prefix", False)

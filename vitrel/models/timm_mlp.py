@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from timm.layers import GluMlp, SwiGLU
+from timm.layers import GELUTanh, GluMlp, QuickGELU, SwiGLU
 from torch import Tensor, nn
 
 __all__ = ["mlp_args", "split_packed"]
@@ -28,8 +28,12 @@ def mlp_args(t: nn.Module, blk: nn.Module, refuse: Callable[[bool, str], None]) 
     swiglu = isinstance(mlp, SwiGLU) or _packed_swiglu(mlp)
     gated = hasattr(mlp, "fc1_g") or isinstance(mlp, GluMlp)
     refuse(not swiglu and (gated or not hasattr(mlp, "fc1")), "a gated MLP other than timm's SwiGLU")
-    act = (nn.SiLU, "SiLU in a SwiGLU") if swiglu else (nn.GELU, "GELU")
-    refuse(not isinstance(mlp.act, act[0]), f"an MLP activation {type(mlp.act).__name__} (vitrel: {act[1]})")
+    name = "silu" if swiglu else _act_name(mlp.act)
+    said = "SiLU in a SwiGLU" if swiglu else "GELU, GELUTanh or QuickGELU"
+    refuse(
+        name is None or (swiglu and not isinstance(mlp.act, nn.SiLU)),
+        f"an MLP activation {type(mlp.act).__name__} (vitrel: {said})",
+    )
     refuse(swiglu and any(m.bias is None for m in mlp.modules() if isinstance(m, nn.Linear)), "a SwiGLU without biases")
     norm = getattr(mlp, "norm", nn.Identity())
     plain = isinstance(norm, nn.Identity)
@@ -39,7 +43,18 @@ def mlp_args(t: nn.Module, blk: nn.Module, refuse: Callable[[bool, str], None]) 
     ratio = hidden / t.embed_dim
     if int(t.embed_dim * ratio) != hidden:  # (vitrel builds int(embed_dim * mlp_ratio) features, as timm)
         ratio = math.nextafter(ratio, math.inf)
-    return dict(mlp_ratio=ratio, mlp_layer="swiglu" if swiglu else "mlp", mlp_norm=not plain)
+    act = "gelu" if swiglu else name
+    return dict(mlp_ratio=ratio, mlp_layer="swiglu" if swiglu else "mlp", mlp_norm=not plain, act_layer=act)
+
+
+def _act_name(act: nn.Module) -> str | None:
+    """vitrel's ``act_layer`` name of a timm MLP's activation, or None (another one)."""
+    if isinstance(act, GELUTanh) or (isinstance(act, nn.GELU) and act.approximate == "tanh"):
+        return "gelu_tanh"
+    if isinstance(act, QuickGELU):
+        return "quick_gelu"
+    exact = type(act).__name__ == "GELU" and getattr(act, "approximate", "none") == "none"  # (torch's or timm's)
+    return "gelu" if exact else None
 
 
 def split_packed(key: str, v: Tensor, own: Mapping[str, Tensor], t: nn.Module) -> dict[str, Tensor] | None:

@@ -44,8 +44,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         img_size: frame size the model is built for; num_frames: clip length it is built for (both size learned
             tables and absolute embeddings only: any clip runs).
         patch_size, tubelet_size: the tubelet's side in pixels and its length in frames (VideoMAE: 16, 2).
-        in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, mlp_layer, mlp_norm, qkv_bias, init_values: as
-            the image ViT.
+        in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, mlp_layer, mlp_norm, act_layer, qkv_bias,
+            init_values: as the image ViT.
         global_pool: ``"avg"`` (mean of the tubelet tokens, VideoMAE's), ``"token"`` (class token), ``"max"`` /
             ``"avgmax"`` / ``"map"`` of the tubelet tokens (as the image ViT's) or ``""``.
         class_token: prepend a class token (VideoMAE has none).
@@ -76,6 +76,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         mlp_ratio: float = 4.0,
         mlp_layer: str = "mlp",
         mlp_norm: bool = False,
+        act_layer: str = "gelu",
         qkv_bias: bool = True,
         class_token: bool = False,
         init_values: float | None = None,

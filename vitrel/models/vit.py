@@ -72,6 +72,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         mlp_layer: the blocks' MLP, ``"mlp"`` (timm's ``Mlp``, GELU) or ``"swiglu"`` (timm's ``SwiGLU``,
             ``fc2(SiLU(fc1_g x) * fc1_x x)``: DINOv3's ViT-H+ and 7B), ``int(embed_dim * mlp_ratio)`` hidden features.
         mlp_norm: a LayerNorm of the MLP's hidden features before ``fc2`` (timm's ``scale_mlp``, EVA-02's sub-LN).
+        act_layer: the MLP's activation (and the attention pool's), as timm names it: ``"gelu"``, ``"gelu_tanh"``
+            (SigLIP's) or ``"quick_gelu"`` (OpenAI CLIP's); a SwiGLU's is SiLU.
         class_token: prepend a class token.
         reg_tokens: number of register tokens after the class token.
         init_values: layer-scale init (None: no layer scale).
@@ -122,6 +124,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         mlp_ratio: float = 4.0,
         mlp_layer: str = "mlp",
         mlp_norm: bool = False,
+        act_layer: str = "gelu",
         qkv_bias: bool = True,
         class_token: bool = True,
         reg_tokens: int = 0,

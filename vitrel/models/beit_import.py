@@ -28,10 +28,10 @@ _TABLE = re.compile(r"(blocks\.\d+\.attn|rel_pos_bias)\.relative_position_bias_t
 def beit_scheme(t: Beit, refuse) -> tuple[dict[str, Any], dict[str, Any] | str]:
     """The vitrel ViT's arguments BEiT ``t`` adds to a timm ViT's (``pos_share``, ``abs_pos``) and the scheme that
     computes its function. ``refuse(condition, what)`` raises for what vitrel has no equivalent of."""
-    own = t.blocks[0].attn.relative_position_bias_table is not None
+    attn = t.blocks[0].attn
+    own = attn.relative_position_bias_table is not None
     shared = t.rel_pos_bias is not None
     refuse(own and shared, "a relative bias in every block and a shared one added to it")
-    attn = t.blocks[0].attn
     refuse(attn.qkv.out_features != 3 * t.embed_dim, "a head width other than embed_dim / num_heads (attn_head_dim)")
     args = {"pos_share": shared, "abs_pos": "ape" if t.pos_embed is not None else None}
     if own or shared:  # (at another img_size its table resizes as timm's BEiT loader and the authors resize it)

@@ -33,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitrel.kernels import check_choice, resolve
 from vitrel.layers.attention import Attention
+from vitrel.layers.validate import ACT_LAYERS
 from vitrel.layout.geometry import Grid, Grid3, as_grid
 from vitrel.layout.tokens import TokenLayout
 from vitrel.pos.base import PositionScheme, PosState
@@ -92,7 +93,7 @@ def scheme_no_weight_decay(model: nn.Module) -> set[str]:
 
 #: ``act_layer`` of a ViT's MLP (names as timm's ``get_act_layer``): GELU, its tanh form (SigLIP's), QuickGELU (OpenAI
 #: CLIP's ``x sigmoid(1.702 x)``)
-ACTIVATIONS: dict[str, type[nn.Module]] = {"gelu": nn.GELU, "gelu_tanh": GELUTanh, "quick_gelu": QuickGELU}
+ACTIVATIONS: dict[str, type[nn.Module]] = dict(zip(ACT_LAYERS, (nn.GELU, GELUTanh, QuickGELU), strict=True))
 
 
 def make_mlp(

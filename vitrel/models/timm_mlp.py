@@ -22,18 +22,16 @@ def _packed_swiglu(mlp: nn.Module) -> bool:
 
 
 def mlp_args(t: nn.Module, blk: nn.Module, refuse: Callable[[bool, str], None]) -> dict[str, Any]:
-    """``mlp_ratio``, ``mlp_layer`` and ``mlp_norm`` of the timm block ``blk``'s MLP (of model ``t``);
+    """``mlp_ratio``, ``mlp_layer``, ``mlp_norm`` and ``act_layer`` of the timm block ``blk``'s MLP (of model ``t``);
     ``refuse(condition, what)`` raises for what vitrel has no equivalent of."""
     mlp = blk.mlp
     swiglu = isinstance(mlp, SwiGLU) or _packed_swiglu(mlp)
     gated = hasattr(mlp, "fc1_g") or isinstance(mlp, GluMlp)
     refuse(not swiglu and (gated or not hasattr(mlp, "fc1")), "a gated MLP other than timm's SwiGLU")
-    name = "silu" if swiglu else _act_name(mlp.act)
+    act = None if swiglu else _act_name(mlp.act)  # (a SwiGLU's is SiLU, not an act_layer)
+    wrong = not isinstance(mlp.act, nn.SiLU) if swiglu else act is None
     said = "SiLU in a SwiGLU" if swiglu else "GELU, GELUTanh or QuickGELU"
-    refuse(
-        name is None or (swiglu and not isinstance(mlp.act, nn.SiLU)),
-        f"an MLP activation {type(mlp.act).__name__} (vitrel: {said})",
-    )
+    refuse(wrong, f"an MLP activation {type(mlp.act).__name__} (vitrel: {said})")
     refuse(swiglu and any(m.bias is None for m in mlp.modules() if isinstance(m, nn.Linear)), "a SwiGLU without biases")
     norm = getattr(mlp, "norm", nn.Identity())
     plain = isinstance(norm, nn.Identity)
@@ -43,8 +41,7 @@ def mlp_args(t: nn.Module, blk: nn.Module, refuse: Callable[[bool, str], None]) 
     ratio = hidden / t.embed_dim
     if int(t.embed_dim * ratio) != hidden:  # (vitrel builds int(embed_dim * mlp_ratio) features, as timm)
         ratio = math.nextafter(ratio, math.inf)
-    act = "gelu" if swiglu else name
-    return dict(mlp_ratio=ratio, mlp_layer="swiglu" if swiglu else "mlp", mlp_norm=not plain, act_layer=act)
+    return dict(mlp_ratio=ratio, mlp_layer="swiglu" if swiglu else "mlp", mlp_norm=not plain, act_layer=act or "gelu")
 
 
 def _act_name(act: nn.Module) -> str | None:

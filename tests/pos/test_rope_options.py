@@ -1,5 +1,5 @@
-"""Options of the 2-D RoPE schemes: DINOv3 coordinates (normalised, training-time augmentation) and
-STRING's learned orthogonal basis, against float64 loops written from the equations."""
+"""Options of the 2-D RoPE schemes: DINOv3 coordinates (normalised, training-time augmentation), STRING's learned
+orthogonal basis and the Perception Encoder's ``grid_offset``, against float64 loops written from the equations."""
 
 from __future__ import annotations
 
@@ -26,17 +26,18 @@ def _scheme(name: str, **opts):
     return s
 
 
-def _coord(i: int, n: int, mode: str) -> float:
-    return float(i) if mode == "index" else 2 * math.pi * (2 * (i + 0.5) / n - 1)
+def _coord(i: int, n: int, mode: str, offset: float = 0.0) -> float:
+    return float(i) + offset if mode == "index" else 2 * math.pi * (2 * (i + 0.5) / n - 1)
 
 
-def _naive_angles(s, grid: Grid, mode: str) -> torch.Tensor:
-    """``[heads, P + HW, d/2]`` angles: 0 for the prefix token, then the scheme's equation per patch."""
+def _naive_angles(s, grid: Grid, mode: str, offset: float = 0.0) -> torch.Tensor:
+    """``[heads, P + HW, d/2]`` angles: 0 for the prefix token, then the scheme's equation per patch (its row and
+    column from ``offset``)."""
     out = torch.zeros(HEADS, 1 + grid.n, D // 2, dtype=torch.float64)
     for h in range(HEADS):
         for r in range(grid.h):
             for c in range(grid.w):
-                y, x = _coord(r, grid.h, mode), _coord(c, grid.w, mode)
+                y, x = _coord(r, grid.h, mode, offset), _coord(c, grid.w, mode, offset)
                 for t in range(D // 2):
                     if s.name == "rope2d_axial":
                         q = D // 4
@@ -80,6 +81,8 @@ CASES = [
     ("rope2d_mixed", dict(basis="circulant")),
     ("rope2d_axial", dict(coords="normalized", basis="circulant")),
     ("rope2d_mixed", dict(coords="normalized", basis="cayley")),
+    ("rope2d_axial", dict(grid_offset=1.0)),  # the Perception Encoder's: the class token at (-1, -1) of the grid
+    ("rope2d_mixed", dict(grid_offset=0.5, basis="circulant")),
 ]
 
 
@@ -90,7 +93,7 @@ def test_rotation_matches_the_equations(name, opts, grid):
     g = Grid(*grid)
     q = torch.randn(2, HEADS, 1 + g.n, D, dtype=torch.float64, requires_grad=True)
     k = torch.randn(2, HEADS, 1 + g.n, D, dtype=torch.float64)
-    theta = _naive_angles(s, g, opts.get("coords", "index"))
+    theta = _naive_angles(s, g, opts.get("coords", "index"), opts.get("grid_offset", 0.0))
     basis = _naive_basis(s)
     rq, rk = s.rotate(q, k, s.prepare(g, 1, q.device, q.dtype))
     torch.testing.assert_close(rq, _naive_rotate(q, theta, basis))
@@ -182,6 +185,11 @@ def test_bad_options_are_clear_errors():
         build_pos({"name": "rope2d_mixed", "coords": "normalized", "jitter": 0.5}, num_heads=2, head_dim=8, grid=(3, 3))
     with pytest.raises(ValueError, match="basis must be"):
         build_pos({"name": "rope2d_mixed", "basis": "householder"}, num_heads=2, head_dim=8, grid=(3, 3))
+    with pytest.raises(ValueError, match=r"grid_offset shifts integer coordinates \(coords='index'\)"):
+        spec = {"name": "rope2d_axial", "coords": "normalized", "grid_offset": 1}
+        build_pos(spec, num_heads=2, head_dim=8, grid=(3, 3))
+    with pytest.raises(ValueError, match="grid_offset must be a finite number, got inf"):
+        build_pos({"name": "rope2d_axial", "grid_offset": math.inf}, num_heads=2, head_dim=8, grid=(3, 3))
 
 
 class _CountOps(TorchDispatchMode):

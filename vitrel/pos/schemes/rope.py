@@ -36,6 +36,10 @@ Options of the 2-D schemes (``rope2d_axial``, ``rope2d_mixed``):
   in ``[-shift, shift]`` per axis; ``jitter``: one log-uniform factor in ``[1/jitter, jitter]`` per
   axis; ``rescale``: one log-uniform factor shared by both axes; drawn once per forward, in
   training only; ``None`` = off).
+* ``grid_offset`` (``coords="index"``; default 0): the patches' coordinates start at it, ``r + grid_offset``. The
+  unrotated prefix tokens sit at 0, so ``grid_offset=1`` places the class token one row and one column before the
+  first patch, as the Perception Encoder's RoPE (timm's ``vit_pe_*``, ``rope_grid_offset=1``); patch<->patch
+  logits do not change.
 * ``basis="identity"`` (default), ``"cayley"`` or ``"circulant"``: STRING (Schenck et al. 2025), a
   learned orthogonal change of basis ``P_h`` per head applied to queries and keys before the
   rotation, ``q~_i = R(theta_i) P_h q_i``: ``q~_i . k~_j = q_i . P_h^T R(theta_j - theta_i) P_h k_j``
@@ -289,9 +293,15 @@ class Rope2dOptions(_Rope):
         jitter: float | None = None,
         rescale: float | None = None,
         basis: str = "identity",
+        grid_offset: float = 0.0,
         **kw,
     ) -> None:
         super().__init__(**kw)
+        if not math.isfinite(grid_offset):
+            raise ValueError(f"{self.name}: grid_offset must be a finite number, got {grid_offset!r}")
+        if grid_offset and coords != "index":
+            raise ValueError(f"{self.name}: grid_offset shifts integer coordinates (coords='index')")
+        self.grid_offset = float(grid_offset)
         if coords not in COORDS:
             raise ValueError(f"{self.name}: coords must be one of {COORDS}, got {coords!r}")
         for name, v, lo in (("shift", shift, 0.0), ("jitter", jitter, 1.0), ("rescale", rescale, 1.0)):
@@ -330,6 +340,8 @@ class Rope2dOptions(_Rope):
     def patch_rc(self, grid: Grid, device: torch.device | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """Coordinates of the patches for the angles, augmented in training (see the module docstring)."""
         r, c = rope_coords(grid, self.coords, device, dtype)
+        if self.grid_offset:
+            r, c = r + self.grid_offset, c + self.grid_offset
         if self.augmenting:
             two_pi = 2 * math.pi  # augment in DINOv3's units
             r, c = augment_coords(r / two_pi, c / two_pi, self.shift, self.jitter, self.rescale)
@@ -341,6 +353,7 @@ class Rope2dOptions(_Rope):
 
     def extra_repr(self) -> str:
         out = f"{super().extra_repr()}, coords={self.coords}, basis={self.basis_kind}"
+        out += f", grid_offset={self.grid_offset:g}" if self.grid_offset else ""
         aug = {k: v for k, v in (("shift", self.shift), ("jitter", self.jitter), ("rescale", self.rescale)) if v}
         return out + "".join(f", {k}={v}" for k, v in aug.items())
 

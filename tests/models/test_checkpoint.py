@@ -107,6 +107,7 @@ def test_save_load_every_route_identical(tmp_path, name, kw):
         (dict(pos="rope2d_axial"), r"pos=rope2d_axial \(trained with alibi2d\)"),
         (dict(num_heads=4), r"num_heads=4 \(trained with 2\)"),
         (dict(pos_share=True), r"pos_share=True \(trained with False\)"),
+        (dict(act_layer="quick_gelu"), r"act_layer='quick_gelu' \(trained with 'gelu'\)"),
     ],
 )
 def test_an_override_the_weights_fit_but_that_changes_the_function_warns(tmp_path, kw, says):

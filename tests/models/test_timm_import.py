@@ -26,6 +26,7 @@ SOURCES = {
     "vit_base_patch16_clip_quickgelu_224": (SMALL_VIT, "none", "ape"),  # OpenAI CLIP's QuickGELU
     "vit_base_patch32_siglip_gap_256": ({**SMALL_VIT, "patch_size": 16}, "none", "ape"),  # GELU, tanh form
     "vit_base_patch16_siglip_256": (SMALL_VIT, "none", "ape"),  # SigLIP's attention pool ("map")
+    "vit_base_patch16_radio_v3": (SMALL_VIT, "none", "ape"),  # C-RADIO: 7 registers, no final norm (final_norm=False)
     "deit_tiny_patch16_224": (dict(img_size=64, depth=2, num_classes=5), "none", "ape"),
     "vit_relpos_small_patch16_224": ({**SMALL_VIT, "rel_pos_type": "bias"}, "rel2d_full", None),
     "swin_tiny_patch4_window7_224": (
@@ -45,6 +46,14 @@ SOURCES = {
     "eva02_tiny_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
     "eva02_base_patch14_448": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
     "eva_giant_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "none", "ape"),  # EVA-01: the embedding alone
+    # the Perception Encoder's spatial and language towers: RoPE with the class token before the grid (grid_offset),
+    # no final norm (final_norm=False); the language tower with layer scale
+    "vit_pe_spatial_small_patch16_512": (SMALL_VIT, "rope2d_axial", "ape"),
+    "vit_pe_lang_large_patch14_448": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
+    # ... and its CLIP tower: an attention pool of 8 heads over every token, class token included
+    "vit_pe_core_small_patch16_384": (SMALL_VIT, "rope2d_axial", "ape"),
+    # ... its ViT-G: no class token, the pool's MLP ratio 4 under blocks of another (attn_pool_mlp_ratio)
+    "vit_pe_core_gigantic_patch14_448": ({**SMALL_VIT, "patch_size": 16, "mlp_ratio": 5.8125}, "rope2d_axial", "ape"),
     # BEiT: a table and class-token terms in every block, layer scale, q / v biases, mean pooling under fc_norm; the
     # second as BEiT's pre-training: one table shared by all blocks (tests/models/test_beit_import.py)
     "beit_base_patch16_224": ({**SMALL_VIT, "init_values": 0.1}, "rel2d_beit", None),
@@ -90,24 +99,35 @@ def test_same_function(name):
 
 
 @pytest.mark.parametrize(
-    "name", ["vit_base_patch16_rope_reg1_gap_256", "eva02_tiny_patch14_224", "eva02_base_patch14_448"]
+    "name",
+    [
+        "vit_base_patch16_rope_reg1_gap_256",
+        "eva02_tiny_patch14_224",
+        "eva02_base_patch14_448",
+        "vit_pe_spatial_small_patch16_512",
+    ],
 )
 def test_timms_rope_vits_with_a_reference_grid_are_equal_at_every_size(name):
-    """timm's ``vit_*_rope_reg*_gap_256`` and EVA-02 place RoPE positions at ``i * ref / feat`` (``ref_feat_shape``,
-    EVA's rule): ``rope2d_axial`` with ``scaling: {rope_type: linear, factor: grid}`` and the reference grid carried as
-    each scheme's ``ref_grid`` equal them at the built size, larger and smaller (timm's ``dynamic_img_size``; EVA-02's
-    absolute embedding resampled as timm's); plain RoPE does not."""
+    """timm's ``vit_*_rope_reg*_gap_256``, EVA-02 and the Perception Encoder place RoPE positions at ``i * ref / feat``
+    (``ref_feat_shape``, EVA's rule): ``rope2d_axial`` with ``scaling: {rope_type: linear, factor: grid}`` and the
+    reference grid carried as each scheme's ``ref_grid`` equal them at the built size, larger and smaller (timm's
+    ``dynamic_img_size``; the absolute embeddings resampled as timm's); plain RoPE does not. The Perception Encoder's
+    ``i + 1`` (its class token at 0, ``grid_offset``) matters too."""
     torch.manual_seed(0)
     t = lively(timm.create_model(name, **SOURCES[name][0], dynamic_img_size=True))
     t = t.double().eval()
     m = vitrel.from_timm(t)
     assert m.vitrel_cfg["pos"]["scaling"] == {"rope_type": "linear", "factor": "grid"}
-    assert tuple(m.blocks[1].attn.pos.ref) == (16, 16)
+    assert tuple(m.blocks[1].attn.pos.ref) == tuple(t.rope.ref_feat_shape)
     with torch.no_grad():
         for side in (64, 96, 32):
             x = torch.randn(2, 3, side, side, dtype=torch.float64)
             torch.testing.assert_close(m(x), t(x), rtol=1e-7, atol=1e-7)
         assert (vitrel.from_timm(t, pos="rope2d_axial")(x) - t(x)).abs().max() > 1e-3
+        if t.rope.grid_offset:
+            assert m.vitrel_cfg["pos"]["grid_offset"] == 1.0
+            at_zero = {**m.vitrel_cfg["pos"], "grid_offset": 0.0}
+            assert (vitrel.from_timm(t, pos=at_zero)(x) - t(x)).abs().max() > 1e-3
 
 
 def test_dinov3_same_function_at_another_size_and_the_channel_order_matters():
@@ -671,6 +691,8 @@ def _jittered(name: str, **kw) -> torch.nn.Module:
         ("vit_relpos_base_patch16_rpn_224", dict(rel_pos_type="bias"), "ResPostRelPosBlock blocks"),
         ("vit_small_patch16_18x2_224", {}, "ParallelThingsBlock blocks"),
         ("vit_relpos_medium_patch16_cls_224", dict(rel_pos_type="bias"), "no scheme equal .* give pos="),
+        ("deit_tiny_distilled_patch16_224", {}, r"a distillation token and head \(DeiT's distilled models\)"),
+        ("vit_dwee_patch16_reg1_gap_256", {}, r"differential attention \(DiffAttention\)"),
     ],
 )
 def test_a_timm_vit_vitrel_cannot_compute_is_refused_not_converted(name, kw, why):
@@ -679,6 +701,22 @@ def test_a_timm_vit_vitrel_cannot_compute_is_refused_not_converted(name, kw, why
     ``rel2d_full``; the parallel blocks an ``AttributeError``."""
     with pytest.raises(UnsupportedTimmModel, match=why):
         vitrel.from_timm(_jittered(name, **kw))
+
+
+def test_images_not_whole_patches_are_refused_with_the_size_that_gives_timms_function():
+    """SigLIP's so400m at 384 px has 14-px patches: timm's convolution drops the last 6 pixels; the import crashed on
+    vitrel's own size check. It is refused with the size to build timm's model at, whose weights (the same) give, on
+    that top-left crop, timm's function at 384."""
+    kw = dict(depth=1, embed_dim=48, num_heads=2, mlp_ratio=2.0, num_classes=3)
+    torch.manual_seed(0)
+    t384 = lively(timm.create_model("vit_so400m_patch14_siglip_384", **kw)).double().eval()
+    with pytest.raises(UnsupportedTimmModel, match=r"384x384 images are not whole 14-px patches.*'img_size': 378"):
+        vitrel.from_timm(t384)
+    t378 = timm.create_model("vit_so400m_patch14_siglip_384", img_size=378, **kw).double().eval()
+    t378.load_state_dict(t384.state_dict())
+    x = torch.randn(1, 3, 384, 384, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(vitrel.from_timm(t378)(x[..., :378, :378]), t384(x), rtol=1e-10, atol=1e-10)
 
 
 def test_a_timm_vit_without_an_absolute_embedding_gets_none():

@@ -14,7 +14,8 @@ import vitrel
 import vitrel.models.vit as vit_module
 from vitrel.layout.geometry import Grid
 from vitrel.layout.tokens import TokenLayout
-from vitrel.models.naflex import pool_images, token_drop_keep_max
+from vitrel.models.naflex import token_drop_keep_max
+from vitrel.models.pooling import pool_images
 
 
 def tiny(dtype=torch.float32, **kw) -> torch.nn.Module:

@@ -1,5 +1,6 @@
 """The ViT options timm's families need: ``mlp_layer="swiglu"`` (timm's ``SwiGLU``: DINOv3's S+, H+, 7B, EVA-02),
-``mlp_norm`` (a LayerNorm in the MLP: EVA-02's) and ``pre_norm`` (a LayerNorm of the input tokens: CLIP's): each
+``mlp_norm`` (a LayerNorm in the MLP: EVA-02's), ``pre_norm`` (a LayerNorm of the input tokens: CLIP's),
+``act_layer``, ``final_norm``, ``attn_pool_num_heads`` and ``pool_include_prefix`` (the Perception Encoder's): each
 against its equation, timm's init and timm's models, checkpoints, inflation and the refusals."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import torch
 from torch import nn
 
 import vitrel
+from tests.naflex_inputs import packed
 from tests.weights import lively
 from vitrel.models import save_pretrained
 from vitrel.models.inflate import inflate_image_model
@@ -134,3 +136,75 @@ def test_act_layer_is_the_mlps_and_the_attention_pools(act, cls):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", act_layer=act, mlp_layer="swiglu")
     with pytest.raises(ValueError, match="act_layer must be one of .*got 'relu'"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", act_layer="relu")
+
+
+@pytest.mark.parametrize("pool", ["token", "avg"])
+def test_final_norm_false_leaves_the_tokens_of_the_last_block(pool):
+    """``final_norm=False`` (timm's): neither ``norm`` nor ``fc_norm``, whichever the pool would use; the features are
+    the last block's output, and timm's ViT built so equals vitrel's through ``from_timm``."""
+    torch.manual_seed(0)
+    args = dict(img_size=32, patch_size=4, embed_dim=24, depth=2, num_heads=3, num_classes=5, global_pool=pool)
+    t = lively(timm.create_model("vit_tiny_patch16_224", final_norm=False, **args)).double().eval()
+    m = vitrel.from_timm(t)
+    assert m.vitrel_cfg["final_norm"] is False
+    assert isinstance(m.norm, nn.Identity) and isinstance(m.fc_norm, nn.Identity)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), t(x), rtol=1e-10, atol=1e-10)
+        last = []
+        m.blocks[-1].register_forward_hook(lambda _m, _a, out: last.append(out))
+        torch.testing.assert_close(m.forward_features(x), last[0])
+    with pytest.raises(ValueError, match="final_norm must be true or false, got 0"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", final_norm=0)
+
+
+def test_attn_pool_num_heads_sizes_the_pool_alone(tmp_path):
+    """``attn_pool_num_heads`` (timm's EVA name; the Perception Encoder's pool has 8 heads, its blocks 12 or 16):
+    the ``"map"`` pool's heads, the blocks' unchanged, kept by a checkpoint; a count that does not divide
+    ``embed_dim`` is refused, and loading with another count warns (the weights fit, the function differs)."""
+    kw = dict(global_pool="map", class_token=False, **SMALL)
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", attn_pool_num_heads=4, **kw)
+    assert m.attn_pool.num_heads == 4 and m.blocks[0].attn.num_heads == 3
+    assert vitrel.create_model("vitrel_vit_tiny_patch4_32", **kw).attn_pool.num_heads == 3
+    save_pretrained(m, tmp_path / "m")
+    assert vitrel.load_model(tmp_path / "m").attn_pool.num_heads == 4
+    with pytest.warns(UserWarning, match=r"attn_pool_num_heads=2 \(trained with 4\)"):
+        vitrel.load_model(tmp_path / "m", attn_pool_num_heads=2)
+    with pytest.raises(ValueError, match="attn_pool_num_heads"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", attn_pool_num_heads=5, **kw)
+
+
+@pytest.mark.parametrize("pool", ["avg", "max", "avgmax", "map"])
+def test_pool_include_prefix_pools_the_prefix_tokens_on_every_input_form(pool):
+    """``pool_include_prefix=True`` (timm's; timm's EVA attention pool, the Perception Encoder's): the pool reduces
+    the class and register tokens with the patches: against the pool written out over every token, timm's ViT built
+    so (through ``from_timm``), and on a list of sizes, a packed NaFlex dict and a padded one (``forward_head`` with
+    ``patch_valid`` too) each image as it is alone."""
+    torch.manual_seed(0)
+    args = dict(img_size=32, patch_size=4, embed_dim=24, depth=2, num_heads=3, num_classes=5, reg_tokens=2)
+    t = timm.create_model("vit_tiny_patch16_224", global_pool=pool, pool_include_prefix=True, fc_norm=False, **args)
+    t = lively(t).double().eval()
+    m = vitrel.from_timm(t)
+    assert m.vitrel_cfg["pool_include_prefix"] is True and m.pool_include_prefix
+    imgs = [torch.randn(3, *hw, dtype=torch.float64) for hw in ((32, 32), (16, 24), (24, 16))]
+    with torch.no_grad():
+        torch.testing.assert_close(m(imgs[0][None]), t(imgs[0][None]), rtol=1e-10, atol=1e-10)
+        f = m.forward_features(imgs[0][None])
+        mean, top = f.mean(1), f.amax(1)
+        want = {"avg": mean, "max": top, "avgmax": 0.5 * (mean + top), "map": m.attn_pool(f) if m.attn_pool else None}
+        torch.testing.assert_close(m.forward_head(f, pre_logits=True), m.fc_norm(want[pool]))
+        patches_only = vitrel.from_timm(t, pool_include_prefix=False)
+        assert (patches_only(imgs[0][None]) - t(imgs[0][None])).abs().max() > 1e-4
+        alone = torch.cat([m(i[None]) for i in imgs])
+        padded = {k: v for k, v in packed(imgs, rows=((0,), (1,), (2,))).items() if k != "segment_ids"}
+        feats = m.forward_features(padded)
+        forms = {
+            "list": m(imgs),
+            "packed": m(packed(imgs)),
+            "padded": m(padded),
+            "patch_valid": m.forward_head(feats["patches"], patch_valid=feats["patch_valid"]),
+        }
+        for form, got in forms.items():
+            torch.testing.assert_close(got, alone, rtol=1e-9, atol=1e-9, msg=form)
+    with pytest.raises(ValueError, match="pool_include_prefix must be true or false"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", pool_include_prefix="yes")

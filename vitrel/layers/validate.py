@@ -86,9 +86,9 @@ def _pair(name: str, value: Any) -> tuple[int, int]:
     return v, v
 
 
-def _mlp_ratio(value: Any) -> None:
+def _mlp_ratio(value: Any, name: str = "mlp_ratio") -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"mlp_ratio must be a number > 0, got {value!r}")
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
 
 
 #: the dropout and stochastic-depth rates of the models' constructors (a probability each; drop_path_rate the last
@@ -147,9 +147,14 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         raise ValueError(f"act_layer must be one of {ACT_LAYERS} (timm's names), got {args['act_layer']!r}")
     if args["act_layer"] != "gelu" and args["mlp_layer"] == "swiglu":
         raise ValueError(f"act_layer={args['act_layer']!r} is an Mlp's; mlp_layer='swiglu' gates with SiLU")
-    for flag in ("mlp_norm", "pre_norm"):
+    for flag in ("mlp_norm", "pre_norm", "final_norm", "pool_include_prefix"):
         if not isinstance(args[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")
+    if args["attn_pool_num_heads"] is not None:
+        pool = _positive_int("attn_pool_num_heads", args["attn_pool_num_heads"])
+        _divisible("embed_dim", dim, "attn_pool_num_heads", pool)
+    if args["attn_pool_mlp_ratio"] is not None:
+        _mlp_ratio(args["attn_pool_mlp_ratio"], "attn_pool_mlp_ratio")
     _rates(args)
     if args.get("dynamic_img_pad"):
         _pair("img_size", args["img_size"])  # (padded to whole patches, as the images)

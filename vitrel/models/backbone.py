@@ -23,7 +23,7 @@ from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
 from vitrel.layers.validate import check_late_prefix
 from vitrel.models.blocks import ACTIVATIONS, Block, BlockStack, check_shared
-from vitrel.models.naflex import pool_tokens
+from vitrel.models.pooling import pool_tokens
 from vitrel.models.timm_surface import timm_attn_mask
 from vitrel.pos.registry import PosSpec, image_scheme
 
@@ -133,19 +133,21 @@ class ViTBody(BlockStack):
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch) for i in range(depth)]
         fc_norm, eps = args["fc_norm"], args["norm_eps"]
         use_fc_norm = args["global_pool"] in ("avg", "max", "avgmax") if fc_norm is None else fc_norm
-        self.norm = nn.LayerNorm(embed_dim, eps=eps) if not use_fc_norm else nn.Identity()
+        final = args["final_norm"]  # (timm's final_norm=False: neither norm)
+        self.norm = nn.LayerNorm(embed_dim, eps=eps) if final and not use_fc_norm else nn.Identity()
         self.attn_pool = (
             AttentionPoolLatent(
                 embed_dim,
-                num_heads=heads,
-                mlp_ratio=args["mlp_ratio"],
+                num_heads=args["attn_pool_num_heads"] or heads,
+                mlp_ratio=args["attn_pool_mlp_ratio"] or args["mlp_ratio"],
                 norm_layer=functools.partial(nn.LayerNorm, eps=eps),
                 act_layer=ACTIVATIONS[args["act_layer"]],
             )
             if args["global_pool"] == "map"
             else None
         )
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=eps) if use_fc_norm else nn.Identity()
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=eps) if final and use_fc_norm else nn.Identity()
+        self.pool_include_prefix = args["pool_include_prefix"]  # timm's (False: the pools reduce the patch tokens)
         self.head_drop = nn.Dropout(args["drop_rate"])
         self.head = nn.Linear(embed_dim, args["num_classes"]) if args["num_classes"] > 0 else nn.Identity()
 
@@ -188,14 +190,15 @@ class ViTBody(BlockStack):
 
     def pool(self, x: Tensor) -> Tensor:
         """Tokens ``[B, P + N, C]`` -> ``[B, C]`` as timm's ViT: the class token, or the patch tokens reduced
-        (``"avg"``, ``"max"``, ``"avgmax"``, ``"map"``: :func:`~vitrel.models.naflex.pool_tokens`); ``""``: as they
-        are."""
+        (``"avg"``, ``"max"``, ``"avgmax"``, ``"map"``: :func:`~vitrel.models.pooling.pool_tokens`; the prefix tokens
+        too with ``pool_include_prefix``); ``""``: as they are."""
         if self.global_pool == "token":
             return x[:, 0]
+        p = 0 if self.pool_include_prefix else self.num_prefix_tokens
         if self.global_pool == "avg":
-            return x[:, self.num_prefix_tokens :].mean(dim=1)
+            return x[:, p:].mean(dim=1)
         if self.global_pool:
-            return pool_tokens(x[:, self.num_prefix_tokens :], self.global_pool, attn_pool=self.attn_pool)
+            return pool_tokens(x[:, p:], self.global_pool, attn_pool=self.attn_pool)
         return x
 
     def pooled(self, x: Tensor) -> Tensor:

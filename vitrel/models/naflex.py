@@ -49,9 +49,6 @@ __all__ = [
     "images_batch",
     "embed_patches",
     "with_prefix",
-    "pool_tokens",
-    "image_rows",
-    "pool_images",
     "LayoutFeatures",
     "layout_features",
     "drop_tokens",
@@ -459,66 +456,6 @@ class LatePrefix(NamedTuple):
         return self.tokens.to(x.dtype).scatter(1, idx, x), self.layout
 
 
-def pool_tokens(x: Tensor, how: str, valid: Tensor | None = None, attn_pool: nn.Module | None = None) -> Tensor:
-    """timm's reductions of patch tokens ``x [B, N, C]`` (``valid [B, N]``: the tokens to pool, as timm's
-    ``global_pool_naflex``; None: all) -> ``[B, C]``: ``"avg"`` their mean, ``"max"`` their max (a token not valid
-    never wins), ``"avgmax"`` half the sum of the two, ``"map"`` ``attn_pool`` (timm's ``AttentionPoolLatent``) with
-    its latent query attending to the valid tokens only (timm's NaFlexVit mask)."""
-    if how == "map":
-        if attn_pool is None:
-            raise ValueError("global_pool='map' pools with the model's attn_pool, which it has not")
-        if valid is None:
-            return attn_pool(x)
-        mask = torch.zeros(valid.shape, dtype=x.dtype, device=x.device).masked_fill(~valid, torch.finfo(x.dtype).min)
-        return attn_pool(x, attn_mask=mask[:, None, None, :])  # [B, 1 head, 1 query, N keys]
-    if how not in ("avg", "max", "avgmax"):
-        raise ValueError(f"pooling tokens is 'avg', 'max', 'avgmax' or 'map', got {how!r}")
-    if valid is None:
-        avg, top = x.mean(dim=1), x.amax(dim=1)
-    else:
-        w = valid.to(x.dtype)[..., None]
-        avg = (x * w).sum(1) / w.sum(1).clamp(min=1)
-        top = torch.where(valid[..., None], x, torch.finfo(x.dtype).min).amax(dim=1)
-    return avg if how == "avg" else top if how == "max" else 0.5 * (avg + top)
-
-
-def image_rows(x: Tensor, layout: TokenLayout) -> tuple[Tensor, Tensor]:
-    """Each image's own patch tokens of ``x [B, N, C]`` on ``layout``, one row per image: ``[num_images, L, C]`` at
-    their place in the image's grid (``L``: the most patches of any image's grid) and ``[num_images, L]`` (bool,
-    a slot holds a patch). Shapes of the layout's grids alone (one graph under compile); exact (each slot receives
-    one token, or none: zeros)."""
-    n = max(g.h * g.w for g in layout.image_grids)
-    patch = layout.is_patch.flatten()
-    spare = layout.num_images * n  # where the other tokens go (exact zeros, dropped)
-    slot = torch.where(patch, layout.image.flatten() * n + layout.index.flatten() - layout.num_prefix_tokens, spare)
-    feats = torch.where(patch[:, None], x.flatten(0, 1), 0)
-    rows = x.new_zeros(spare + 1, x.shape[-1]).index_add_(0, slot, feats)[:-1]
-    valid = x.new_zeros(spare + 1).index_add_(0, slot, patch.to(x.dtype))[:-1] > 0
-    return rows.view(layout.num_images, n, -1), valid.view(layout.num_images, n)
-
-
-def pool_images(x: Tensor, layout: TokenLayout, how: str, attn_pool: nn.Module | None = None) -> Tensor:
-    """One row per image (``[num_images, C]``, row-major over rows and segments) from tokens ``x [B, N, C]``:
-    ``"token"`` its class token (prefix slot 0), ``"avg"`` the mean of its patch tokens, ``"max"`` / ``"avgmax"`` /
-    ``"map"`` (:func:`pool_tokens`) of its own patch tokens only (:func:`image_rows`)."""
-    # shapes of the layout's sizes alone (no boolean indexing, whose size is the data's): one graph under compile
-    if how == "token":
-        cls = (layout.valid & ~layout.is_patch & (layout.index == 0)).flatten()
-        at = torch.argsort((~cls).to(torch.int8), stable=True)[: layout.num_images]  # row-major order = image order
-        return x.flatten(0, 1)[at]
-    if how == "avg":
-        patch = layout.is_patch.flatten()
-        image = torch.where(patch, layout.image.flatten(), 0)
-        feats = torch.where(patch[:, None], x.flatten(0, 1), 0)  # other tokens add exact zeros
-        out = x.new_zeros(layout.num_images, x.shape[-1]).index_add_(0, image, feats)
-        count = x.new_zeros(layout.num_images).index_add_(0, image, patch.to(x.dtype)).clamp(min=1)
-        return out / count[:, None]
-    if how in ("max", "avgmax", "map"):
-        rows, valid = image_rows(x, layout)
-        return pool_tokens(rows, how, valid, attn_pool)
-    raise ValueError(f"pooling per image is 'token', 'avg', 'max', 'avgmax' or 'map', got {how!r}")
-
-
 class LayoutFeatures(dict):
     """``forward_features``' output for a token layout, timm's NaFlexVit dict: ``patches [B, N', C]`` (the normalised
     tokens), ``patch_valid [B, N' - P]`` (bool, the patch slots after the first ``P`` prefix tokens that hold a
@@ -541,25 +478,6 @@ def layout_features(x: Tensor, layout: TokenLayout, packed: bool) -> LayoutFeatu
     if not packed:  # one image per row: its prefix tokens first, then its patches, then padding (with_prefix)
         out["patch_valid"] = layout.valid[:, layout.num_prefix_tokens :]
     return out
-
-
-def pool_valid(
-    x: Tensor, patch_valid: Tensor, how: str, num_prefix_tokens: int, attn_pool: nn.Module | None = None
-) -> Tensor:
-    """timm's NaFlexVit pooling (``global_pool_naflex``, ``attn_pool`` with its mask) for vitrel's pools: tokens
-    ``x [B, P + N, C]`` with ``patch_valid [B, N]`` (the patch slots holding a patch) -> ``[B, C]``: ``"token"`` the
-    class token, ``"avg"`` / ``"max"`` / ``"avgmax"`` / ``"map"`` of the valid patches (:func:`pool_tokens`); ``""``
-    the tokens as they are."""
-    p = num_prefix_tokens
-    b, n = x.shape[0], x.shape[1] - p
-    if tuple(patch_valid.shape) != (b, n):
-        raise ValueError(
-            f"patch_valid must be [B, N - P] = [{b}, {n}] for tokens {tuple(x.shape)} with {p} prefix token(s) (the "
-            f"patch slots, as forward_features returns it), got {tuple(patch_valid.shape)}"
-        )
-    if how in ("avg", "max", "avgmax", "map"):
-        return pool_tokens(x[:, p:], how, patch_valid, attn_pool)
-    return x[:, 0] if how == "token" else x
 
 
 def drop_tokens(

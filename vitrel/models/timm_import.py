@@ -40,7 +40,7 @@ from typing import Any
 
 import timm
 import torch
-from timm.layers import AttentionPoolLatent, LayerScale, SwiGLU
+from timm.layers import LayerScale
 from timm.models import adapt_input_conv
 from timm.models.eva import Eva
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
@@ -59,6 +59,7 @@ from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import build, split_feature_args, with_features
 from vitrel.models.rope_layout import permute_qk, rope_channel_order
 from vitrel.models.timm_files import load_timm_file
+from vitrel.models.timm_head import head_args
 from vitrel.models.timm_mlp import mlp_args, split_packed
 
 __all__ = [
@@ -133,20 +134,6 @@ def _refuse(cond: bool, what: str, t: nn.Module) -> None:
         raise UnsupportedTimmModel(f"{name}: {what}; vitrel's backbones have no equivalent")
 
 
-def _vitrel_attn_pool(t: nn.Module) -> bool:
-    """No attention pool, or the ``AttentionPoolLatent`` vitrel's ``global_pool="map"`` builds (timm's ViT's: one
-    latent, the blocks' heads and MLP ratio, LayerNorm and GELU, no position embedding or q/k norm, patches only)."""
-    ap, blk = getattr(t, "attn_pool", None), t.blocks[0]
-    if ap is None or not isinstance(ap, AttentionPoolLatent) or ap.mlp is None:
-        return ap is None
-    ours = (ap.pos_embed, ap.latent_len, ap.pool, ap.num_heads, type(ap.q), type(ap.q_norm), type(ap.mlp.act))
-    return ours == (None, 1, "token", blk.attn.num_heads, nn.Linear, nn.Identity, type(blk.mlp.act)) and (
-        isinstance(ap.norm, nn.LayerNorm) and ap.norm.eps == blk.norm1.eps and None not in (ap.q.bias, ap.kv.bias)
-        and not isinstance(blk.mlp, SwiGLU) and ap.mlp.fc1.out_features == blk.mlp.fc1.out_features
-        and not getattr(t, "pool_include_prefix", False)
-    )  # fmt: skip
-
-
 def _vit_common(t: nn.Module) -> dict[str, Any]:
     blk = t.blocks[0]
     kind = type(blk).__name__  # (ResPost*: post-norm; Parallel*: parallel branches)
@@ -165,14 +152,22 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     _refuse(not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity), "a norm inside attention", t)
     qkv = getattr(attn, "qkv", None) or getattr(attn, "q_proj", None)  # (EVA-02's separate q / k / v: joined)
     _refuse(qkv is None, "no q / k / v projections vitrel reads", t)
-    _refuse(not _vitrel_attn_pool(t), "attention pooling other than timm's ViT's AttentionPoolLatent ('map')", t)
     _refuse(not isinstance(blk.norm1, nn.LayerNorm), "norms other than LayerNorm", t)
     gp = t.global_pool
     _refuse(gp not in ("token", "avg", "max", "avgmax", "map", ""), f"global_pool={gp!r}", t)
+    _refuse(type(attn).__name__ == "DiffAttention", "differential attention (DiffAttention)", t)
+    _refuse(getattr(t, "dist_token", None) is not None, "a distillation token and head (DeiT's distilled models)", t)
     ph, pw = t.patch_embed.patch_size
     _refuse(ph != pw, f"non-square patches {ph}x{pw}", t)
+    h, w = t.patch_embed.img_size
+    if (h % ph or w % pw) and not getattr(t.patch_embed, "dynamic_img_pad", False):
+        whole = h - h % ph if h == w else [h - h % ph, w - w % pw]
+        _refuse(True, f"{h}x{w} images are not whole {ph}-px patches, timm's convolution drops the last pixels and "
+                f"vitrel refuses such images (build it at timm_kwargs={{'img_size': {whole}}}: the same weights, "
+                f"the function on that crop)", t)  # fmt: skip
     has_ls = isinstance(getattr(blk, "ls1", None), LayerScale) or getattr(blk, "gamma_1", None) is not None
-    fc_norm = getattr(t, "fc_norm", nn.Identity())
+    mlp = mlp_args(t, blk, lambda cond, what: _refuse(cond, what, t))
+    head = head_args(t, mlp["mlp_ratio"], lambda cond, what: _refuse(cond, what, t))
     return dict(
         img_size=list(t.patch_embed.img_size),
         patch_size=int(t.patch_embed.patch_size[0]),
@@ -182,13 +177,13 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         embed_dim=int(embed_dim),
         depth=len(t.blocks),
         num_heads=int(attn.num_heads),
-        **mlp_args(t, blk, lambda cond, what: _refuse(cond, what, t)),
+        **mlp,
         qkv_bias=qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
         class_token=getattr(t, "cls_token", None) is not None,
         reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,
         init_values=1e-5 if has_ls else None,
-        fc_norm=not isinstance(fc_norm, nn.Identity),
         pre_norm=not plain_pre,
+        **head,
         norm_eps=float(blk.norm1.eps),
         dynamic_img_pad=bool(getattr(t.patch_embed, "dynamic_img_pad", False)),
     )
@@ -299,9 +294,11 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
                 type(rope).__name__ == "RotaryEmbeddingCat"
                 and not rope.in_pixels
                 and not rope.linear_bands
-                and not rope.grid_offset
+                and getattr(rope, "grid_type", "index") == "index"
             )
             native = {"name": "rope2d_axial", "base": float(rope.temperature)} if ok else "__none__"
+            if ok and rope.grid_offset:  # (the Perception Encoder's: the class token before the grid)
+                native["grid_offset"] = float(rope.grid_offset)
             if ok and rope.ref_feat_shape is not None:  # EVA's rule, i * ref / feat at any grid (_eva_reference)
                 native["scaling"] = {"rope_type": "linear", "factor": "grid"}
         return _vit_arch(args), args, native

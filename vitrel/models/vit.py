@@ -47,13 +47,12 @@ from vitrel.models.naflex import (
     grid_batch,
     input_form,
     layout_features,
-    pool_images,
-    pool_valid,
     read_input,
     token_drop_keep_max,
     token_drop_rates,
     with_prefix,
 )
+from vitrel.models.pooling import pool_images, pool_valid
 from vitrel.models.timm_surface import TimmSurface, refuse_layout_mask
 from vitrel.pos.registry import PosArg, parse_pos, split_pos
 
@@ -80,6 +79,13 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm).
         pre_norm: a LayerNorm of the input tokens before block 0, after the absolute embedding (timm's ``norm_pre``,
             CLIP's ``ln_pre``).
+        final_norm: the LayerNorm after the blocks (``norm``, or ``fc_norm`` after pooling); False: none (timm's
+            ``final_norm``; the Perception Encoder's spatial and language towers).
+        attn_pool_num_heads, attn_pool_mlp_ratio: the attention pool's heads and MLP ratio (``global_pool="map"``;
+            None: ``num_heads``, ``mlp_ratio``, as timm's ViT; timm's EVA names: the Perception Encoder's pool has 8
+            heads, its ViT-G's MLP ratio 4 under blocks of 5.83).
+        pool_include_prefix: the pools (``"avg"``, ``"max"``, ``"avgmax"``, ``"map"``) take the prefix tokens with the
+            patches (timm's; timm's EVA attention pool, the Perception Encoder's), on every input form.
         pos: position scheme (name or config). An absolute scheme (``"ape"``, ``"sincos2d"``) means
             that embedding and no relative scheme.
         abs_pos: an absolute scheme added to the relative one.
@@ -131,6 +137,10 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         init_values: float | None = None,
         fc_norm: bool | None = None,
         pre_norm: bool = False,
+        final_norm: bool = True,
+        attn_pool_num_heads: int | None = None,
+        attn_pool_mlp_ratio: float | None = None,
+        pool_include_prefix: bool = False,
         pos: PosArg = "rel2d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,
@@ -169,7 +179,6 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.num_reg_tokens = reg_tokens
         self.has_class_token = class_token
         self.no_embed_class = True  # timm's: an absolute embedding covers the patch tokens only (pos_embed [1, N, C])
-        self.pool_include_prefix = False  # timm's: the pools reduce the patch tokens only
         self.grad_checkpointing = False
         self._attn_impl = attn_impl
 
@@ -325,9 +334,11 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
                 )
             patches, patch_valid, layout = patches["patches"], patches.get("patch_valid"), patches.get("layout")
         if layout is not None:
-            x = pool_images(patches, layout, self.global_pool, self.attn_pool) if self.global_pool else patches
+            pool = (self.global_pool, self.attn_pool, self.pool_include_prefix)
+            x = pool_images(patches, layout, *pool) if self.global_pool else patches
         elif patch_valid is not None:
-            x = pool_valid(patches, patch_valid.bool(), self.global_pool, self.num_prefix_tokens, self.attn_pool)
+            p = self.num_prefix_tokens
+            x = pool_valid(patches, patch_valid.bool(), self.global_pool, p, self.attn_pool, self.pool_include_prefix)
         else:
             x = self.pool(patches)
         x = self.head_drop(self.fc_norm(x))

@@ -4,9 +4,11 @@
 
 Every architecture with pretrained weights in timm's registry whose name starts with one of ``--families`` is built on
 the meta device (no weights, no memory, no network) and read as ``from_timm`` reads it
-(:func:`vitrel.models.timm_import.timm_to_vitrel_args`): *read* (a vitrel scheme computes its position encoding, so
-``pos=None`` gives the same function), *give pos=* (the architecture is read, its position encoding has no vitrel
-equal: ``from_timm(..., pos=...)`` carries everything else), or refused with the reason ``from_timm`` gives.
+(:func:`vitrel.models.timm_import.timm_to_vitrel_args`, then the vitrel model built on the meta device and every
+timm tensor placed, :func:`~vitrel.models.timm_import.transfer_timm_weights`): *read* (a vitrel scheme computes its
+position encoding, so ``pos=None`` gives the same function), *give pos=* (the architecture is read, its position
+encoding has no vitrel equal: ``from_timm(..., pos=...)`` carries everything else), or refused with the reason
+``from_timm`` gives.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import collections
 import platform
 import sys
+import warnings
 from pathlib import Path
 
 import timm
@@ -22,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vitrel.models.timm_import import UnsupportedTimmModel, timm_to_vitrel_args  # noqa: E402
+from vitrel.models.registry import build  # noqa: E402
+from vitrel.models.timm_import import UnsupportedTimmModel, timm_to_vitrel_args, transfer_timm_weights  # noqa: E402
 
 FAMILIES = "vit,deit,eva,beit,convit,swin,cait,flexivit,samvit,mvitv2,naflex"
 
@@ -32,7 +36,13 @@ def classify(name: str) -> str:
     with torch.device("meta"):
         t = timm.create_model(name, pretrained=False)
     try:
-        _, _, native = timm_to_vitrel_args(t)
+        arch, args, native = timm_to_vitrel_args(t)
+        if native == "__ape__":
+            args.setdefault("abs_pos", "ape")
+        ours = build(arch, pos="none" if native in ("__none__", "__ape__") else native, device="meta", **args)
+        with warnings.catch_warnings():  # (copies into meta tensors are no-ops, and say so)
+            warnings.simplefilter("ignore")
+            transfer_timm_weights(t, ours)
     except UnsupportedTimmModel as e:
         said = str(e)
         if said.startswith("from_timm takes"):

@@ -29,9 +29,11 @@ others the float mask it lowers to, repeated to the batch.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from timm.layers import register_notrace_module
 from torch import Tensor, nn
 
@@ -69,6 +71,8 @@ class Attention(nn.Module):
         num_prefix_tokens: class/register tokens ahead of the patch tokens.
         qkv_bias, attn_drop, proj_drop: as in timm.
         causal: add a causal mask (1-D sequences).
+        cosine: Swin V2's scaled cosine attention: logits ``cos(q_i, k_j) exp(min(s_h, log 100))`` with a learned
+            ``s_h`` per head (``logit_scale``, ``log 10`` at first, not weight-decayed) for ``q . k / sqrt(d)``.
         layer: ``(index, number of layers)`` of the block, handed to a scheme built here from a name or
             config (per-layer schedules); a model builds its blocks' schemes itself and passes them as modules.
         attn_impl: ``auto`` or a registered kernel (:func:`vitrel.kernels.list_kernels`; what each does and when to
@@ -95,6 +99,7 @@ class Attention(nn.Module):
         causal: bool = False,
         layer: tuple[int, int] | None = None,
         attn_impl: str = "auto",
+        cosine: bool = False,
         **pos_options: Any,
     ) -> None:
         super().__init__()
@@ -102,7 +107,8 @@ class Attention(nn.Module):
         self.dim = dim
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
+        self.scale = 1.0 if cosine else self.head_dim**-0.5  # (cosine: the logit scale is on q)
+        self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), math.log(10.0))) if cosine else None
         self.num_prefix_tokens = num_prefix_tokens
         self.causal = causal
         self._attn_impl = check_choice(attn_impl, attn_drop=attn_drop)
@@ -251,6 +257,9 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
+        if self.logit_scale is not None:  # Swin V2's scaled cosine attention (timm's, its clamp at 100)
+            q = F.normalize(q, dim=-1) * self.logit_scale.clamp(max=math.log(100.0)).exp().to(q.dtype)
+            k = F.normalize(k, dim=-1)
         if st.kernel.fused_rotation and st.scheme.fusable_rotation():  # state.rope as rotate() applies it, fused
             q, k = rope_rotate(q, k, st.rope)
         else:

@@ -177,6 +177,9 @@ def check_swin_args(args: Mapping[str, Any]) -> None:
         _divisible(f"embed_dim * 2**{i} (stage {i}'s width)", dim * 2**i, f"num_heads[{i}]", h)
     _pair("window_size", args["window_size"])
     _mlp_ratio(args["mlp_ratio"])
+    for flag in ("post_norm", "cosine_attn"):
+        if not isinstance(args[flag], bool):
+            raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")
     _rates(args)
     _image_fits(args["img_size"], patch)
 

@@ -325,6 +325,8 @@ class SwinBody:
                     layers=(sum(depths[:i]), sum(depths)),
                     norm_eps=eps,
                     attn_impl=args["attn_impl"],
+                    post_norm=args.get("post_norm", False),  # (Swin V2's blocks; the Video Swin has neither)
+                    cosine_attn=args.get("cosine_attn", False),
                 )
             )
         self.layers = nn.Sequential(*stages)  # as timm's Swin (its FeatureDictNet flattens a Sequential)

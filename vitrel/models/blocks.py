@@ -558,8 +558,11 @@ class Block(nn.Module):
         mlp_layer: str = "mlp",
         mlp_norm: bool = False,
         act_layer: str = "gelu",
+        post_norm: bool = False,
+        cosine_attn: bool = False,
     ) -> None:
         super().__init__()
+        self.post_norm = post_norm  # each branch normalised after it (Swin V2's res-post-norm, timm's ResPostBlock)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = Attention(
             dim,
@@ -572,6 +575,7 @@ class Block(nn.Module):
             proj_drop=proj_drop,
             layer=layer,
             attn_impl=attn_impl,
+            cosine=cosine_attn,
         )
         self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
@@ -585,6 +589,9 @@ class Block(nn.Module):
         self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: PosState | None = None
     ) -> Tensor:
         """``x [B, N, C]`` on ``grid``, or on the grid ``pos_state`` was prepared for (what a model passes)."""
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), grid, mask, pos_state)))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return x
+        x = x + self.drop_path1(self.ls1(self.branch(self.norm1, lambda y: self.attn(y, grid, mask, pos_state), x)))
+        return x + self.drop_path2(self.ls2(self.branch(self.norm2, self.mlp, x)))
+
+    def branch(self, norm: nn.Module, f: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        """A residual branch: ``f(norm(x))``, or ``norm(f(x))`` with ``post_norm``."""
+        return norm(f(x)) if self.post_norm else f(norm(x))

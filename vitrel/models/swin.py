@@ -88,6 +88,9 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
             qkv_bias, drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: as timm's Swin.
         global_pool: ``"avg"``, ``"max"``, ``"avgmax"`` (half the sum of the two, timm's) over the final map, or ``""``
             (features ``[B, H, W, C]`` straight to the head).
+        post_norm, cosine_attn: Swin V2's blocks (Liu et al. 2022; timm's ``SwinTransformerV2``): each residual branch
+            normalised after it and patch merging after its reduction (res-post-norm); scaled cosine attention
+            (:class:`~vitrel.layers.attention.Attention`'s ``cosine``). With ``pos="rel2d_cpb"``, Swin V2.
         pos: position scheme (name or config) of the window attention; an absolute scheme means that
             embedding (at the input, on the patch grid) and no relative scheme.
         abs_pos: an absolute scheme added to the relative one (Swin's ``ape``).
@@ -119,6 +122,8 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         window_size: int | tuple[int, int] = 7,
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
+        post_norm: bool = False,
+        cosine_attn: bool = False,
         pos: PosArg = "rel2d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,

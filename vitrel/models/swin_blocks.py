@@ -276,7 +276,8 @@ class SwinBlock(NonPersistentBuffers, Block):
         return stage_state(self.attn.pos, x, self.window_size, self.attn.attn_impl, self.attn.drops_weights)
 
     def forward(self, x: Tensor, grid: Any = None, mask: Tensor | None = None, pos_state: Any = None) -> Tensor:
-        """``Block.forward``: ``x + DP(ls1(W-MSA(LN x))) ; x + DP(ls2(MLP(LN x)))``.
+        """``Block.forward``: ``x + DP(ls1(W-MSA(LN x))) ; x + DP(ls2(MLP(LN x)))`` (``post_norm``: ``LN(W-MSA x)``,
+        ``LN(MLP x)``).
 
         ``x``: maps ``[B, H, W, C]`` (``grid`` None, or their grid), or packed maps ``[1, T, C]`` with ``grid`` their
         :class:`~vitrel.layout.tokens.TokenLayout` (:meth:`~vitrel.layout.tokens.TokenLayout.packed`). ``pos_state``:
@@ -289,14 +290,14 @@ class SwinBlock(NonPersistentBuffers, Block):
         if grid is not None and layout is None and Grid(*grid) != map_grid(x):
             raise ValueError(f"the map {tuple(x.shape)} is not on the grid {tuple(grid)} given")
         st = self._state(x, layout, pos_state)
-        xn = self.norm1(x)
+        xn = x if self.post_norm else self.norm1(x)
         attn = (
             window_attention(self, xn, st)
             if layout is None
             else mixed_window_attention(self, image_maps(xn, layout), st)
         )
-        x = x + per_image(self.drop_path1, self.ls1(attn), layout)
-        x = x + per_image(self.drop_path2, self.ls2(self.mlp(self.norm2(x))), layout)
+        x = x + per_image(self.drop_path1, self.ls1(self.norm1(attn) if self.post_norm else attn), layout)
+        x = x + per_image(self.drop_path2, self.ls2(self.branch(self.norm2, self.mlp, x)), layout)
         return x
 
     @torch.no_grad()
@@ -304,7 +305,7 @@ class SwinBlock(NonPersistentBuffers, Block):
         """Attention probabilities of this block as a dense ``[B, heads, H W, H W]`` map over the
         (un-rolled, un-padded) image positions; pairs in different windows get 0."""
         b, h, w, _ = x.shape
-        windows, grid, win, shift, layout = self.windows(self.norm1(x))
+        windows, grid, win, shift, layout = self.windows(x if self.post_norm else self.norm1(x))
         probs = self.attn.attention_map(windows, mask=layout, pos_state=self._state(x, None, pos_state))
         pos = window_positions(h, w, win, shift)  # [nW, n]
         nw, n = pos.shape
@@ -349,20 +350,22 @@ def map_grid(x: Tensor) -> Grid:
 
 
 class PatchMerging(nn.Module):
-    """2x2 neighbouring patches -> one: ``[B, H, W, C] -> LN -> Linear(4C, out)`` (odd sides padded)."""
+    """2x2 neighbouring patches -> one: ``[B, H, W, C] -> LN -> Linear(4C, out)`` (odd sides padded); ``post_norm``:
+    ``Linear(4C, out) -> LN`` (Swin V2's)."""
 
-    def __init__(self, dim: int, out_dim: int | None = None, norm_eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, out_dim: int | None = None, norm_eps: float = 1e-5, post_norm: bool = False) -> None:
         super().__init__()
         self.dim = dim
         self.out_dim = out_dim or 2 * dim
-        self.norm = nn.LayerNorm(4 * dim, eps=norm_eps)
+        self.post_norm = post_norm
+        self.norm = nn.LayerNorm(self.out_dim if post_norm else 4 * dim, eps=norm_eps)
         self.reduction = nn.Linear(4 * dim, self.out_dim, bias=False)
 
     def forward(self, x: Tensor, layout: TokenLayout | None = None) -> Tensor:
         """Maps ``[B, H, W, C]`` -> ``[B, ceil(H/2), ceil(W/2), out]``; packed maps ``[1, T, C]`` on ``layout`` -> the
         merged maps packed on :meth:`merged_layout` (each image merged on its own grid, one LN + Linear on all)."""
         merged = merge_2x2(x) if layout is None else pack_maps([merge_2x2(m) for m in image_maps(x, layout)])[0]
-        return self.reduction(self.norm(merged))
+        return self.norm(self.reduction(merged)) if self.post_norm else self.reduction(self.norm(merged))
 
     @staticmethod
     def merged_layout(layout: TokenLayout) -> TokenLayout:
@@ -412,6 +415,8 @@ class SwinStage(BlockImpls, nn.Module):
         norm_eps: float = 1e-5,
         layers: tuple[int, int] | None = None,
         attn_impl: str = "auto",
+        post_norm: bool = False,
+        cosine_attn: bool = False,
     ) -> None:
         super().__init__()
         absolute = parse_pos(abs_pos)
@@ -429,7 +434,7 @@ class SwinStage(BlockImpls, nn.Module):
         self.grad_checkpointing = False
         self._attn_impl = attn_impl
         self.merges = downsample
-        self.downsample = self.merge_cls(dim, out_dim, norm_eps) if downsample else nn.Identity()
+        self.downsample = self.merge_cls(dim, out_dim, norm_eps, post_norm) if downsample else nn.Identity()
         if not downsample and dim != out_dim:
             raise ValueError(f"a stage without downsampling keeps its width, got {dim} -> {out_dim}")
         self.build_grid = build_grid
@@ -456,6 +461,8 @@ class SwinStage(BlockImpls, nn.Module):
                     drop_path=drop_path[i] if len(drop_path) else 0.0,
                     norm_eps=norm_eps,
                     attn_impl=attn_impl,
+                    post_norm=post_norm,
+                    cosine_attn=cosine_attn,
                 )
                 for i in range(depth)
             ]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,14 +49,13 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer_relpos import VisionTransformerRelPos as TimmRelPos
 from torch import Tensor, nn
 
-from vitrel.layout.geometry import Grid
-from vitrel.layout.windows import window_and_shift
 from vitrel.models.beit_import import Beit, beit_scheme, beit_tensors
 from vitrel.models.checkpoint import CheckpointError, load_weights
 from vitrel.models.convit_import import ConVit, convit_args, convit_tensors
 from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.registry import build, split_feature_args, with_features
 from vitrel.models.rope_layout import permute_qk, rope_channel_order
+from vitrel.models.swin_import import swin_args, swinv2_reference, warn_swin_padding
 from vitrel.models.timm_files import load_timm_file
 from vitrel.models.timm_head import head_args
 from vitrel.models.timm_mlp import mlp_args, split_packed
@@ -114,12 +112,13 @@ def _family(t: nn.Module) -> str:
         return "convit"
     if isinstance(t, Beit):
         return "beit"
-    if isinstance(t, (TimmSwinV2, TimmSwinV2Cr)):
+    if isinstance(t, TimmSwinV2):
+        return "swinv2"
+    if isinstance(t, TimmSwinV2Cr):
         name = (getattr(t, "pretrained_cfg", None) or {}).get("architecture", type(t).__name__)
         raise UnsupportedTimmModel(
-            f"{name} is a Swin V2 (scaled cosine attention, post-norm blocks), which vitrel's Swin is not, so its "
-            f"weights do not carry; for Swin V2's continuous position bias take a Swin V1 with pos='rel2d_cpb', "
-            f"e.g. vitrel.from_timm('swin_tiny_patch4_window7_224.ms_in1k', pos='rel2d_cpb')"
+            f"{name} is timm's own Swin V2 (swinv2_cr_*: scaled cosine attention with a post-norm every 6 blocks), "
+            f"which vitrel's Swin is not; the authors' Swin V2 (swinv2_*) reads"
         )
     raise UnsupportedTimmModel(
         f"from_timm takes timm VisionTransformer (vit_*, deit_*), VisionTransformerRelPos (vit_relpos_*), "
@@ -189,66 +188,12 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     )
 
 
-_SWIN_WINDOWS = (
-    "its blocks' windows and shifts are not one window for all stages shrunk to a smaller stage grid (a window per "
-    "stage, as swin_s3_*, or always_partition=True)"
-)
-
-
-def _swin_windows(t: nn.Module, window: tuple[int, int] | None = None) -> list[tuple[tuple[int, ...], ...]]:
-    """Each block's ``(window, shift)`` in a timm Swin; with ``window``: those vitrel's Swin gives its grids with that
-    one window for all stages (:func:`~vitrel.layout.windows.window_and_shift`)."""
-    out = []
-    for stage in t.layers:
-        for j, blk in enumerate(stage.blocks):
-            if window is None:
-                out.append((tuple(blk.window_size), tuple(blk.shift_size)))
-            else:
-                win, shift = window_and_shift(Grid(*blk.input_resolution), window, j % 2 == 1)
-                out.append((tuple(win), tuple(shift)))
-    return out
-
-
-def _warn_swin_padding(t: nn.Module, name: str) -> None:
-    """Warn when a timm Swin pads a stage grid to its window at its own size: timm lets tokens attend to the zero
-    padding there, vitrel masks it, so the two give other logits (equal where every grid is a window multiple)."""
-    pads = {(tuple(b.input_resolution), tuple(b.window_size)) for s in t.layers for b in s.blocks
-            if any(int(r) % int(w) for r, w in zip(b.input_resolution, b.window_size))}  # fmt: skip
-    if pads:
-        grids = ", ".join(f"{g[0]}x{g[1]} (window {w[0]}x{w[1]})" for g, w in sorted(pads))
-        warnings.warn(
-            f"from_timm({name}): timm's Swin pads the stage grids {grids} of its img_size "
-            f"{tuple(t.patch_embed.img_size)} to whole windows and attends to the zero padding; vitrel masks the "
-            "padding, so the logits differ (they are equal at sizes whose stage grids are multiples of the window)",
-            stacklevel=3,
-        )
-
-
 def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, Any] | str]:
     """``(vitrel architecture, constructor arguments, the scheme that computes the source's function)``."""
     fam = _family(t)
-    if fam == "swin":
-        blk = t.layers[0].blocks[0]
-        ws = blk.window_size
-        _refuse(not hasattr(blk.attn, "relative_position_bias_table"), "a position bias other than Swin V1's", t)
-        _refuse(_swin_windows(t) != _swin_windows(t, (int(ws[0]), int(ws[1]))), _SWIN_WINDOWS, t)
-        gp = t.head.global_pool.pool_type if hasattr(t.head, "global_pool") else "avg"
-        _refuse(gp not in ("avg", "max", "avgmax", ""), f"global_pool={gp!r}", t)
-        args = dict(
-            img_size=list(t.patch_embed.img_size),
-            patch_size=int(t.patch_embed.patch_size[0]),
-            in_chans=int(t.patch_embed.proj.in_channels),
-            num_classes=int(t.num_classes),
-            global_pool=gp,
-            embed_dim=int(t.embed_dim),
-            depths=[len(s.blocks) for s in t.layers],
-            num_heads=[int(s.blocks[0].attn.num_heads) for s in t.layers],
-            window_size=[int(ws[0]), int(ws[1])],
-            mlp_ratio=blk.mlp.fc1.out_features / blk.mlp.fc1.in_features,
-            qkv_bias=blk.attn.qkv.bias is not None,
-            norm_eps=float(blk.norm1.eps),
-        )
-        return "vitrel_swin_tiny_patch4_window7_224", args, "rel2d_full"
+    if fam in ("swin", "swinv2"):
+        args, native = swin_args(t, fam == "swinv2", lambda cond, what: _refuse(cond, what, t))
+        return "vitrel_swin_tiny_patch4_window7_224", args, native
     if fam == "convit":
         _refuse(t.local_up_to_layer >= len(t.blocks), "a class token that never joins (local_up_to_layer >= depth)", t)
         args, native = convit_args(t)
@@ -363,10 +308,17 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             continue
         key = k
         target = None
-        if fam == "swin":
+        if fam in ("swin", "swinv2"):
             key = key.replace("head.fc.", "head.")
             if key.endswith("attn.relative_position_bias_table"):
                 target = key.replace("attn.relative_position_bias_table", "attn.pos.table")
+            if ".attn.cpb_mlp." in key:  # Swin V2's CPB: rel2d_cpb's MLP, the same layers
+                if key.replace(".attn.cpb_mlp.", ".attn.pos.mlp.") in own:
+                    put(key.replace(".attn.cpb_mlp.", ".attn.pos.mlp."), k, v)
+                else:
+                    rep.dropped[k] = "Swin V2's continuous position bias (the target scheme is not rel2d_cpb)"
+                    src.pop(k)
+                continue
         if fam == "relpos" and (".attn.rel_pos." in key or key.startswith("shared_rel_pos.")):
             target = key.replace(".attn.rel_pos.relative_position_bias_table", ".attn.pos.table")
             target = target.replace("shared_rel_pos.relative_position_bias_table", "rel_pos.table")
@@ -377,7 +329,7 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                 rep.dropped[k] = "relative-position parameters of timm's (not a rel2d_full table of this scheme)"
                 src.pop(k)
             continue
-        if fam in ("eva", "beit"):
+        if fam in ("eva", "beit", "swinv2"):
             key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
             if key.endswith((".attn.q_bias", ".attn.q_proj.weight", ".attn.q_proj.bias")):
                 # EVA's separate q / v biases (k's a zero buffer) or q / k / v projections (EVA-02's; k without bias)
@@ -425,6 +377,8 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         rep.dropped[k] = "no counterpart in the vitrel model"
     if fam == "eva":
         _eva_reference(t, ours, out, rep)
+    if fam == "swinv2":
+        rep.converted.update(swinv2_reference(t, own, out))
     if "patch_embed.proj.bias" in own and "patch_embed.proj.bias" not in out:  # (CLIP's has none: zero is the same)
         out["patch_embed.proj.bias"] = torch.zeros_like(own["patch_embed.proj.bias"])
         rep.converted["patch_embed.proj.bias"] = "zeros (timm's patch embedding has no bias)"
@@ -568,8 +522,8 @@ def from_timm(
         src_cfg.pop("label_names", None)
     set_data_config(ours, data_fields(src_cfg))  # the source's preprocessing, at the model's input size
     name = src_cfg.get("architecture", type(t).__name__)
-    if isinstance(t, TimmSwin):
-        _warn_swin_padding(t, name)
+    if isinstance(t, (TimmSwin, TimmSwinV2)):
+        warn_swin_padding(t, name)
     log.info(f"from_timm({name}) -> {arch} pos={pos}: {rep.summary()}")
     return ours
 

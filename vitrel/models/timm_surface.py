@@ -164,10 +164,12 @@ class TimmSurface:
     # ---------------------------------------------------------------------------- classifier
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
-        """Position tables / frequencies (each scheme's ``no_weight_decay_keys``), absolute embeddings and the
-        backbone's ``no_weight_decay_params`` (the ViT's class and register tokens)."""
+        """Position tables / frequencies (each scheme's ``no_weight_decay_keys``), absolute embeddings, the
+        backbone's ``no_weight_decay_params`` (the ViT's class and register tokens) and the cosine attention's logit
+        scales (as timm's Swin V2)."""
         out = scheme_no_weight_decay(self)  # type: ignore[arg-type]
         out.update(n for n in self.no_weight_decay_params if getattr(self, n, None) is not None)
+        out.update(n for n, _ in self.named_parameters() if n.endswith(".attn.logit_scale"))
         return out
 
     @torch.jit.ignore

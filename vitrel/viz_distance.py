@@ -124,7 +124,7 @@ def _global_vit(model: nn.Module, x: Tensor, sums: _Sums) -> None:
     for i, (blk, state) in enumerate(zip(model.blocks, states)):
         x = model.block_input(outs[i], i)
         at = torch.cat([coords.new_zeros(model.prefix_in(i), 4), coords])[None]  # prefix tokens: not real
-        sums.add(blk.attn.attention_map(blk.norm1(x), pos_state=state), at)
+        sums.add(blk.attn.attention_map(blk.attn_input(x), pos_state=state), at)
 
 
 def _swin(model: nn.Module, x: Tensor, sums: _Sums) -> None:
@@ -138,7 +138,7 @@ def _swin(model: nn.Module, x: Tensor, sums: _Sums) -> None:
         video = x.dim() == 5
         cmap = coord_map(Grid3(*x.shape[1:4]) if video else Grid(*x.shape[1:3]), stride, tubelet)
         for blk, state in zip(stage.blocks, stage.position_states(x)):
-            windows, *_, mask = blk.windows(blk.norm1(x))  # (SwinBlock's and Swin3DBlock's)
+            windows, *_, mask = blk.windows(blk.attn_input(x))  # (SwinBlock's and Swin3DBlock's)
             coords = blk.windows(cmap.to(x.device))[0]
             sums.add(blk.attn.attention_map(windows, mask=mask, pos_state=state), coords)
             x = blk(x, pos_state=state)

@@ -684,8 +684,7 @@ def _jittered(name: str, **kw) -> torch.nn.Module:
 @pytest.mark.parametrize(
     "name, kw, why",
     [
-        ("vit_base_patch16_rpn_224", dict(embed_dim=64, num_heads=2), "ResPostBlock blocks"),
-        ("vit_relpos_base_patch16_rpn_224", dict(rel_pos_type="bias"), "ResPostRelPosBlock blocks"),
+        ("vit_pwee_patch16_reg1_gap_256", {}, "ParallelScalingBlock blocks"),
         ("vit_small_patch16_18x2_224", {}, "ParallelThingsBlock blocks"),
         ("vit_relpos_medium_patch16_cls_224", dict(rel_pos_type="bias"), "no scheme equal .* give pos="),
         ("deit_tiny_distilled_patch16_224", {}, r"a distillation token and head \(DeiT's distilled models\)"),
@@ -693,9 +692,9 @@ def _jittered(name: str, **kw) -> torch.nn.Module:
     ],
 )
 def test_a_timm_vit_vitrel_cannot_compute_is_refused_not_converted(name, kw, why):
-    """Were converted without a word to another function (features off by 0.5 to 1.1): post-norm blocks loaded into
-    pre-norm ones, a class-token bias table (BEiT's 3 extra rows) replaced by a fresh one under the claimed
-    ``rel2d_full``; the parallel blocks an ``AttributeError``."""
+    """Were converted without a word to another function (features off by 0.5 to 1.1): a class-token bias table (BEiT's
+    3 extra rows) replaced by a fresh one under the claimed ``rel2d_full`` (and post-norm blocks loaded into pre-norm
+    ones: they now read, below); the parallel blocks an ``AttributeError``."""
     with pytest.raises(UnsupportedTimmModel, match=why):
         vitrel.from_timm(_jittered(name, **kw))
 
@@ -714,6 +713,24 @@ def test_images_not_whole_patches_are_refused_with_the_size_that_gives_timms_fun
     x = torch.randn(1, 3, 384, 384, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(vitrel.from_timm(t378)(x[..., :378, :378]), t384(x), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize(
+    "name, kw",
+    [
+        ("vit_base_patch16_rpn_224", dict(embed_dim=64, num_heads=2)),
+        ("vit_relpos_base_patch16_rpn_224", dict(rel_pos_type="bias")),
+    ],
+)
+def test_timms_res_post_norm_vits_read_with_post_norm(name, kw):
+    """timm's ``ResPostBlock`` / ``ResPostRelPosBlock`` ViTs (``x + LN(Attn x)``) were refused (before that, loaded into
+    pre-norm blocks: another function); they read with ``post_norm=True``, equal in float64."""
+    t = _jittered(name, **kw)
+    m = vitrel.from_timm(t)
+    assert m.vitrel_cfg["post_norm"] is True
+    x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), t(x), rtol=1e-10, atol=1e-10)
 
 
 def test_a_timm_vit_without_an_absolute_embedding_gets_none():

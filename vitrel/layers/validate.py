@@ -147,7 +147,7 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         raise ValueError(f"act_layer must be one of {ACT_LAYERS} (timm's names), got {args['act_layer']!r}")
     if args["act_layer"] != "gelu" and args["mlp_layer"] == "swiglu":
         raise ValueError(f"act_layer={args['act_layer']!r} is an Mlp's; mlp_layer='swiglu' gates with SiLU")
-    for flag in ("mlp_norm", "pre_norm", "final_norm", "pool_include_prefix"):
+    for flag in ("mlp_norm", "pre_norm", "post_norm", "final_norm", "pool_include_prefix"):
         if not isinstance(args[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")
     if args["attn_pool_num_heads"] is not None:
@@ -177,8 +177,8 @@ def check_swin_args(args: Mapping[str, Any]) -> None:
         _divisible(f"embed_dim * 2**{i} (stage {i}'s width)", dim * 2**i, f"num_heads[{i}]", h)
     _pair("window_size", args["window_size"])
     _mlp_ratio(args["mlp_ratio"])
-    for flag in ("post_norm", "cosine_attn"):
-        if not isinstance(args[flag], bool):
+    for flag in ("post_norm", "cosine_attn"):  # (the 2-D Swin's: the Video Swin has neither)
+        if not isinstance(args.get(flag, False), bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")
     _rates(args)
     _image_fits(args["img_size"], patch)

@@ -124,6 +124,7 @@ class ViTBody(BlockStack):
                     mlp_layer=args["mlp_layer"],
                     mlp_norm=args["mlp_norm"],
                     act_layer=args["act_layer"],
+                    post_norm=args["post_norm"],
                 )
                 for i in range(depth)
             ]

@@ -167,9 +167,7 @@ def with_placement(init: Callable[..., None]) -> Callable[..., None]:
 
 #: why an argument of one backbone is not one of another (or not a constructor's)
 _OTHER_BACKBONE = {
-    "grad_checkpointing": (
-        "not built in: model.set_grad_checkpointing() as timm's; train.py: module.grad_checkpointing=true"
-    ),
+    "grad_checkpointing": "not built in: model.set_grad_checkpointing(); train.py: module.grad_checkpointing=true",
     "token_drop": "NaViT token dropping is the image ViT's (vitrel_vit_*): this model attends over every token",
     "class_token": "the ViT's",
     "reg_tokens": "the ViT's",
@@ -533,11 +531,9 @@ class BlockStack(BlockImpls):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: ``x + DP(ls1(Attn(LN x))) ; x + DP(ls2(MLP(LN x)))``.
-
-    ``pos``: the block's own scheme (a module its model built, or a name or config), or ``"shared"``
-    (:data:`~vitrel.layers.SHARED`) when the model owns the scheme and passes its state to ``forward``.
-    """
+    """Pre-norm transformer block: ``x + DP(ls1(Attn(LN x))) ; x + DP(ls2(MLP(LN x)))``; ``post_norm``: ``LN(Attn x)``,
+    ``LN(MLP x)``. ``pos``: the block's own scheme (a module its model built, or a name or config), or ``"shared"``
+    (:data:`~vitrel.layers.SHARED`) when the model owns the scheme and passes its state to ``forward``."""
 
     def __init__(
         self,
@@ -595,3 +591,7 @@ class Block(nn.Module):
     def branch(self, norm: nn.Module, f: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
         """A residual branch: ``f(norm(x))``, or ``norm(f(x))`` with ``post_norm``."""
         return norm(f(x)) if self.post_norm else f(norm(x))
+
+    def attn_input(self, x: Tensor) -> Tensor:
+        """What the attention reads of the block's input ``x``: ``norm1(x)``, or ``x`` with ``post_norm``."""
+        return x if self.post_norm else self.norm1(x)

@@ -181,7 +181,7 @@ class Swin3DBlock(Block):
                 raise ValueError("this block uses its stage's shared scheme: pass pos_state=stage.position_state(x)")
             win = window_grid3(x, self.window_size)
             pos_state = prepare_state(self.attn.pos, win, 0, x, self.attn.attn_impl, self.attn.drops_weights)
-        x = x + self.drop_path1(self.ls1(self.window_attention(self.norm1(x), pos_state)))
+        x = x + self.drop_path1(self.ls1(self.window_attention(self.attn_input(x), pos_state)))
         x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
         return x
 

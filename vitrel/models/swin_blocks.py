@@ -290,7 +290,7 @@ class SwinBlock(NonPersistentBuffers, Block):
         if grid is not None and layout is None and Grid(*grid) != map_grid(x):
             raise ValueError(f"the map {tuple(x.shape)} is not on the grid {tuple(grid)} given")
         st = self._state(x, layout, pos_state)
-        xn = x if self.post_norm else self.norm1(x)
+        xn = self.attn_input(x)
         attn = (
             window_attention(self, xn, st)
             if layout is None
@@ -305,7 +305,7 @@ class SwinBlock(NonPersistentBuffers, Block):
         """Attention probabilities of this block as a dense ``[B, heads, H W, H W]`` map over the
         (un-rolled, un-padded) image positions; pairs in different windows get 0."""
         b, h, w, _ = x.shape
-        windows, grid, win, shift, layout = self.windows(x if self.post_norm else self.norm1(x))
+        windows, grid, win, shift, layout = self.windows(self.attn_input(x))
         probs = self.attn.attention_map(windows, mask=layout, pos_state=self._state(x, None, pos_state))
         pos = window_positions(h, w, win, shift)  # [nW, n]
         nw, n = pos.shape

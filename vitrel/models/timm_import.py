@@ -136,7 +136,8 @@ def _refuse(cond: bool, what: str, t: nn.Module) -> None:
 def _vit_common(t: nn.Module) -> dict[str, Any]:
     blk = t.blocks[0]
     kind = type(blk).__name__  # (ResPost*: post-norm; Parallel*: parallel branches)
-    _refuse(kind not in ("Block", "RelPosBlock", "EvaBlock"), f"{kind} blocks (vitrel's are pre-norm Blocks)", t)
+    blocks = ("Block", "RelPosBlock", "EvaBlock", "ResPostBlock", "ResPostRelPosBlock")  # (ResPost*: post_norm)
+    _refuse(kind not in blocks, f"{kind} blocks (vitrel's are pre-norm or res-post-norm Blocks)", t)
     attn = blk.attn
     embed_dim = t.embed_dim
     pe = t.patch_embed
@@ -182,6 +183,7 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,
         init_values=1e-5 if has_ls else None,
         pre_norm=not plain_pre,
+        **({"post_norm": True} if kind.startswith("ResPost") else {}),
         **head,
         norm_eps=float(blk.norm1.eps),
         dynamic_img_pad=bool(getattr(t.patch_embed, "dynamic_img_pad", False)),

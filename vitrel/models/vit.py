@@ -79,6 +79,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm).
         pre_norm: a LayerNorm of the input tokens before block 0, after the absolute embedding (timm's ``norm_pre``,
             CLIP's ``ln_pre``).
+        post_norm: the blocks normalise each residual branch after it, ``x + LN(Attn x)`` (timm's ``ResPostBlock``,
+            Swin V2's res-post-norm).
         final_norm: the LayerNorm after the blocks (``norm``, or ``fc_norm`` after pooling); False: none (timm's
             ``final_norm``; the Perception Encoder's spatial and language towers).
         attn_pool_num_heads, attn_pool_mlp_ratio: the attention pool's heads and MLP ratio (``global_pool="map"``;
@@ -137,6 +139,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         init_values: float | None = None,
         fc_norm: bool | None = None,
         pre_norm: bool = False,
+        post_norm: bool = False,
         final_norm: bool = True,
         attn_pool_num_heads: int | None = None,
         attn_pool_mlp_ratio: float | None = None,
@@ -489,7 +492,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         for y in self.run_blocks(x, grid, states, block % n):
             x = y
         blk, x = self.blocks[block % n], self.block_input(x, block % n)
-        a = blk.attn.attention_map(blk.norm1(x), pos_state=states[-1])  # [B, heads, N, N]
+        a = blk.attn.attention_map(blk.attn_input(x), pos_state=states[-1])  # [B, heads, N, N]
         p = self.prefix_in(block % n)
         m = a[:, :, 0, p:] if self.has_class_token and p else a[:, :, p:, p:].mean(2)
         return m.reshape(a.shape[0], a.shape[1], grid.h, grid.w)

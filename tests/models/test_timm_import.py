@@ -46,6 +46,9 @@ SOURCES = {
     "eva02_tiny_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
     "eva02_base_patch14_448": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
     "eva_giant_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "none", "ape"),  # EVA-01: the embedding alone
+    # a LayerNorm of the attention's output (attn_norm): EVA-02's CLIP tower, BEiT-3
+    "eva02_base_patch16_clip_224": (SMALL_VIT, "rope2d_axial", "ape"),
+    "beit3_base_patch16_224": (SMALL_VIT, "none", "ape"),
     # the Perception Encoder's spatial and language towers: RoPE with the class token before the grid (grid_offset),
     # no final norm (final_norm=False); the language tower with layer scale
     "vit_pe_spatial_small_patch16_512": (SMALL_VIT, "rope2d_axial", "ape"),

@@ -5,6 +5,8 @@ against its equation, timm's init and timm's models, checkpoints, inflation and 
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import timm
 import torch
@@ -208,3 +210,58 @@ def test_pool_include_prefix_pools_the_prefix_tokens_on_every_input_form(pool):
             torch.testing.assert_close(got, alone, rtol=1e-9, atol=1e-9, msg=form)
     with pytest.raises(ValueError, match="pool_include_prefix must be true or false"):
         vitrel.create_model("vitrel_vit_tiny_patch4_32", pool_include_prefix="yes")
+
+
+@pytest.mark.parametrize(
+    "name, kw, tol",
+    [
+        ("vit_tiny_patch16_224", dict(qk_norm=True, scale_attn_norm=True), 1e-10),
+        ("vit_small_patch16_rope_224", dict(qk_norm=True), 1e-7),  # (q / k channels in vitrel's RoPE layout)
+        ("vit_small_patch16_rope_mixed_224", dict(qk_norm=True), 1e-7),
+    ],
+)
+def test_qk_norm_and_attn_norm_are_timms(name, kw, tol, tmp_path):
+    """``qk_norm`` (a LayerNorm of each head's q and k, before the rotation) and ``attn_norm`` (of the attention's
+    output, timm's ``scale_attn_norm``) equal timm's models built so, their norms moved off their init; under RoPE
+    the norms' channels follow q's and k's into vitrel's layout (timm's 1e-8: its float32 angles). A checkpoint keeps
+    them; the options are bools."""
+    torch.manual_seed(0)
+    args = dict(img_size=32, patch_size=4, embed_dim=24, depth=2, num_heads=2, num_classes=5)
+    t = lively(timm.create_model(name, **args, **kw)).double().eval()
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for n, p in t.named_parameters():
+            if "_norm." in n or "attn.norm." in n:
+                p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    m = vitrel.from_timm(t)
+    assert m.vitrel_cfg["qk_norm"] and m.vitrel_cfg["attn_norm"] == ("scale_attn_norm" in kw)
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(m(x), t(x), rtol=tol, atol=tol)
+        save_pretrained(m, tmp_path / "m")
+        back = vitrel.load_model(tmp_path / "m")  # (float32 on disk)
+        assert back.vitrel_cfg["qk_norm"] and back.vitrel_cfg["attn_norm"] == m.vitrel_cfg["attn_norm"]
+        torch.testing.assert_close(back.double()(x), m(x), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="qk_norm must be true or false"):
+        vitrel.create_model("vitrel_vit_tiny_patch4_32", qk_norm="yes")
+
+
+def test_qk_norm_follows_a_rope_layout_swap():
+    """``swap_rope_axial_halves`` moves each head's q / k channels; a ``qk_norm``'s weights move with them, so the
+    swapped model under ``order: columns_first`` computes what the original did."""
+    from vitrel.models.rope_layout import swap_rope_axial_halves
+
+    torch.manual_seed(0)
+    kw = dict(embed_dim=32, depth=2, num_heads=2, qk_norm=True)
+    m = lively(vitrel.create_model("vitrel_vit_tiny_patch4_32", pos="rope2d_axial", **kw)).double().eval()
+    with torch.no_grad():
+        for blk in m.blocks:
+            blk.attn.q_norm.weight.normal_(1.0, 0.3)
+    cols = vitrel.create_model(
+        "vitrel_vit_tiny_patch4_32", pos={"name": "rope2d_axial", "order": "columns_first"}, **kw
+    )
+    cols = cols.double().eval()
+    cols.load_state_dict(swap_rope_axial_halves(copy.deepcopy(m)).state_dict())
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    with torch.no_grad():
+        torch.testing.assert_close(cols(x), m(x), rtol=1e-10, atol=1e-10)

@@ -73,6 +73,11 @@ class Attention(nn.Module):
         causal: add a causal mask (1-D sequences).
         cosine: Swin V2's scaled cosine attention: logits ``cos(q_i, k_j) exp(min(s_h, log 100))`` with a learned
             ``s_h`` per head (``logit_scale``, ``log 10`` at first, not weight-decayed) for ``q . k / sqrt(d)``.
+        qk_norm: a LayerNorm of each head's ``q`` and ``k`` (``q_norm``, ``k_norm``, shared by the heads; before any
+            rotation), timm's ``qk_norm``.
+        attn_norm: a LayerNorm of the attention's output before ``proj`` (``norm``; timm's ``scale_norm``, EVA-02
+            CLIP's and BEiT-3's sub-LN).
+        norm_eps: those LayerNorms' epsilon.
         layer: ``(index, number of layers)`` of the block, handed to a scheme built here from a name or
             config (per-layer schedules); a model builds its blocks' schemes itself and passes them as modules.
         attn_impl: ``auto`` or a registered kernel (:func:`vitrel.kernels.list_kernels`; what each does and when to
@@ -100,6 +105,9 @@ class Attention(nn.Module):
         layer: tuple[int, int] | None = None,
         attn_impl: str = "auto",
         cosine: bool = False,
+        qk_norm: bool = False,
+        attn_norm: bool = False,
+        norm_eps: float = 1e-6,
         **pos_options: Any,
     ) -> None:
         super().__init__()
@@ -114,6 +122,9 @@ class Attention(nn.Module):
         self._attn_impl = check_choice(attn_impl, attn_drop=attn_drop)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
+        self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else None
+        self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else None
+        self.norm = nn.LayerNorm(dim, eps=norm_eps) if attn_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.pos: PositionScheme | None = None
@@ -257,6 +268,8 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
         q, k, v = qkv.unbind(0)
+        if self.q_norm is not None and self.k_norm is not None:  # (in the values' dtype: autocast's norms give fp32)
+            q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
         if self.logit_scale is not None:  # Swin V2's scaled cosine attention (timm's, its clamp at 100)
             q = F.normalize(q, dim=-1) * self.logit_scale.clamp(max=math.log(100.0)).exp().to(q.dtype)
             k = F.normalize(k, dim=-1)
@@ -352,7 +365,7 @@ class Attention(nn.Module):
         out = out.transpose(1, 2)  # [B, N, heads, d]
         if torch.compiler.is_exporting():  # a real copy: ONNX's decomposed attention has other output strides
             out = out.clone(memory_format=torch.contiguous_format)
-        out = out.reshape(b, n, c)
+        out = self.norm(out.reshape(b, n, c))
         return self.proj_drop(self.proj(out))
 
     def _timm_args(self, mask: Any, attn_mask: Tensor | None, is_causal: bool) -> Any:

@@ -147,7 +147,7 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         raise ValueError(f"act_layer must be one of {ACT_LAYERS} (timm's names), got {args['act_layer']!r}")
     if args["act_layer"] != "gelu" and args["mlp_layer"] == "swiglu":
         raise ValueError(f"act_layer={args['act_layer']!r} is an Mlp's; mlp_layer='swiglu' gates with SiLU")
-    for flag in ("mlp_norm", "pre_norm", "post_norm", "final_norm", "pool_include_prefix"):
+    for flag in ("mlp_norm", "pre_norm", "post_norm", "qk_norm", "attn_norm", "final_norm", "pool_include_prefix"):
         if not isinstance(args[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")
     if args["attn_pool_num_heads"] is not None:

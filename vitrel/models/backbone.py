@@ -125,6 +125,8 @@ class ViTBody(BlockStack):
                     mlp_norm=args["mlp_norm"],
                     act_layer=args["act_layer"],
                     post_norm=args["post_norm"],
+                    qk_norm=args["qk_norm"],
+                    attn_norm=args["attn_norm"],
                 )
                 for i in range(depth)
             ]

@@ -556,10 +556,13 @@ class Block(nn.Module):
         act_layer: str = "gelu",
         post_norm: bool = False,
         cosine_attn: bool = False,
+        qk_norm: bool = False,
+        attn_norm: bool = False,
     ) -> None:
         super().__init__()
         self.post_norm = post_norm  # each branch normalised after it (Swin V2's res-post-norm, timm's ResPostBlock)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        options = dict(cosine=cosine_attn, qk_norm=qk_norm, attn_norm=attn_norm, norm_eps=norm_eps)  # (attention's)
         self.attn = Attention(
             dim,
             num_heads,
@@ -571,7 +574,7 @@ class Block(nn.Module):
             proj_drop=proj_drop,
             layer=layer,
             attn_impl=attn_impl,
-            cosine=cosine_attn,
+            **options,
         )
         self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()

@@ -63,7 +63,8 @@ def _axial_attentions(model: nn.Module) -> list[tuple[Attention, PositionScheme]
 def swap_rope_axial_halves(model: nn.Module) -> nn.Module:
     """Convert, in place, a model (or one :class:`~vitrel.layers.Attention`) holding weights trained with
     ``rope2d_axial`` in its columns-first layout: the two halves of each head's query and key channels are swapped in
-    every ``qkv`` rotating with ``rope2d_axial``, and a ``cayley`` STRING basis with them (module docstring).
+    every ``qkv`` rotating with ``rope2d_axial`` (and its ``qk_norm``), and a ``cayley`` STRING basis with them (module
+    docstring).
     Returns ``model``. Raises if no layer of ``model`` rotates with ``rope2d_axial``. Applied twice it undoes itself.
     """
     found = _axial_attentions(model)
@@ -82,6 +83,9 @@ def swap_rope_axial_halves(model: nn.Module) -> nn.Module:
             for p in (attn.qkv.weight, attn.qkv.bias):
                 if p is not None:
                     p.copy_(permute_qk(p, order, attn.num_heads))
+            for norm in (attn.q_norm, attn.k_norm):  # (qk_norm's channels move with q's and k's)
+                for p in (norm.weight, norm.bias) if norm is not None else ():
+                    p.copy_(p[order])
         for s in schemes.values():
             if getattr(s, "basis_kind", "identity") == "cayley":
                 order = half_swap_order(s.head_dim)

@@ -148,8 +148,10 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     plain_pre = isinstance(pre, nn.Identity)
     same = isinstance(pre, nn.LayerNorm) and pre.eps == blk.norm1.eps
     _refuse(not plain_pre and not same, "a pre-norm other than a LayerNorm as the blocks'", t)
-    _refuse(not isinstance(getattr(attn, "q_norm", nn.Identity()), nn.Identity), "q/k norms", t)
-    _refuse(not isinstance(getattr(attn, "norm", nn.Identity()), nn.Identity), "a norm inside attention", t)
+    qk_norm, attn_norm = (getattr(attn, n, nn.Identity()) for n in ("q_norm", "norm"))  # (vitrel's: the blocks' LN)
+    for what, m in (("q/k norms", qk_norm), ("a norm inside attention", attn_norm)):
+        ln = isinstance(m, nn.LayerNorm) and m.eps == blk.norm1.eps and m.bias is not None
+        _refuse(not isinstance(m, nn.Identity) and not ln, f"{what} other than a LayerNorm as the blocks'", t)
     qkv = getattr(attn, "qkv", None) or getattr(attn, "q_proj", None)  # (EVA-02's separate q / k / v: joined)
     _refuse(qkv is None, "no q / k / v projections vitrel reads", t)
     _refuse(not isinstance(blk.norm1, nn.LayerNorm), "norms other than LayerNorm", t)
@@ -184,6 +186,8 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         init_values=1e-5 if has_ls else None,
         pre_norm=not plain_pre,
         **({"post_norm": True} if kind.startswith("ResPost") else {}),
+        **({} if isinstance(qk_norm, nn.Identity) else {"qk_norm": True}),
+        **({} if isinstance(attn_norm, nn.Identity) else {"attn_norm": True}),
         **head,
         norm_eps=float(blk.norm1.eps),
         dynamic_img_pad=bool(getattr(t.patch_embed, "dynamic_img_pad", False)),
@@ -351,6 +355,9 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                 continue
             if order is not None and key.endswith((".attn.qkv.weight", ".attn.qkv.bias")):
                 put(key, k, permute_qk(v, order, t.blocks[0].attn.num_heads))  # timm's RoPE layout -> ours
+                continue
+            if ".attn.q_norm." in key or ".attn.k_norm." in key:  # (qk_norm's channels move with q's and k's)
+                put(key, k, v if order is None else v[order])
                 continue
             if key == "rope.freqs":
                 if all(f"blocks.{i}.attn.pos.freqs" in own for i in range(len(t.blocks))) and v.shape[1] == len(

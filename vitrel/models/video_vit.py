@@ -51,8 +51,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         class_token: prepend a class token (VideoMAE has none).
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm and
             VideoMAE).
-        pre_norm, post_norm, final_norm, attn_pool_num_heads, attn_pool_mlp_ratio, pool_include_prefix: as the image
-            ViT's.
+        pre_norm, post_norm, qk_norm, attn_norm, final_norm, attn_pool_num_heads, attn_pool_mlp_ratio,
+            pool_include_prefix: as the image ViT's.
         pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_eps: as the image ViT.
         device, dtype: placement (keyword-only, not part of ``vitrel_cfg``).
@@ -84,6 +84,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         fc_norm: bool | None = None,
         pre_norm: bool = False,
         post_norm: bool = False,
+        qk_norm: bool = False,
+        attn_norm: bool = False,
         final_norm: bool = True,
         attn_pool_num_heads: int | None = None,
         attn_pool_mlp_ratio: float | None = None,

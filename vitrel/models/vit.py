@@ -81,6 +81,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             CLIP's ``ln_pre``).
         post_norm: the blocks normalise each residual branch after it, ``x + LN(Attn x)`` (timm's ``ResPostBlock``,
             Swin V2's res-post-norm).
+        qk_norm, attn_norm: the attention's LayerNorms of ``q`` and ``k`` per head (timm's ``qk_norm``) and of its
+            output (timm's ``scale_attn_norm``, EVA-02 CLIP's and BEiT-3's); :class:`~vitrel.layers.Attention`.
         final_norm: the LayerNorm after the blocks (``norm``, or ``fc_norm`` after pooling); False: none (timm's
             ``final_norm``; the Perception Encoder's spatial and language towers).
         attn_pool_num_heads, attn_pool_mlp_ratio: the attention pool's heads and MLP ratio (``global_pool="map"``;
@@ -140,6 +142,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         fc_norm: bool | None = None,
         pre_norm: bool = False,
         post_norm: bool = False,
+        qk_norm: bool = False,
+        attn_norm: bool = False,
         final_norm: bool = True,
         attn_pool_num_heads: int | None = None,
         attn_pool_mlp_ratio: float | None = None,

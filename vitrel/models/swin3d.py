@@ -181,9 +181,8 @@ class Swin3DBlock(Block):
                 raise ValueError("this block uses its stage's shared scheme: pass pos_state=stage.position_state(x)")
             win = window_grid3(x, self.window_size)
             pos_state = prepare_state(self.attn.pos, win, 0, x, self.attn.attn_impl, self.attn.drops_weights)
-        x = x + self.drop_path1(self.ls1(self.window_attention(self.attn_input(x), pos_state)))
-        x = x + self.drop_path2(self.ls2(self.mlp(self.norm2(x))))
-        return x
+        x = x + self.drop_path1(self.ls1(self.branch(self.norm1, lambda y: self.window_attention(y, pos_state), x)))
+        return x + self.drop_path2(self.ls2(self.branch(self.norm2, self.mlp, x)))
 
 
 class SpacePatchMerging(PatchMerging):

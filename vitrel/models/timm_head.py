@@ -37,15 +37,15 @@ def head_args(t: nn.Module, mlp_ratio: float, refuse: Callable[[bool, str], None
     if isinstance(fc_norm, nn.Identity) and isinstance(t.norm, nn.Identity):  # (the Perception Encoder's towers)
         out["final_norm"] = False
     pool = getattr(t, "attn_pool", None)
+    # timm's ViT says pool_include_prefix; timm's EVA has none: its attention pool takes every token, its others not
+    if getattr(t, "pool_include_prefix", pool is not None and type(t).__name__ == "Eva"):
+        out["pool_include_prefix"] = True
     if pool is None:
-        return {**out, **({"pool_include_prefix": True} if getattr(t, "pool_include_prefix", False) else {})}
+        return out
     if pool.num_heads != t.blocks[0].attn.num_heads:
         out["attn_pool_num_heads"] = int(pool.num_heads)
     ratio = pool.mlp.fc1.out_features / t.embed_dim
     refuse(int(t.embed_dim * ratio) != pool.mlp.fc1.out_features, "an attention pool MLP width")  # (as vitrel builds)
     if ratio != mlp_ratio:
         out["attn_pool_mlp_ratio"] = ratio
-    # timm's ViT says pool_include_prefix; timm's EVA has none: its attention pool takes every token
-    if getattr(t, "pool_include_prefix", type(t).__name__ == "Eva"):
-        out["pool_include_prefix"] = True
     return out

@@ -156,6 +156,62 @@ def test_ape_resample_non_square_and_constant():
         resample_pos_embed(pe, Grid(4, 4), Grid(5, 7))
 
 
+NAFLEX_OPTIONS = [  # timm NaFlexVit's pretrained settings: the default, par_gap, siglip, C-RADIO v3 base, C-RADIO v4
+    {},
+    {"ar_preserving": True},
+    {"interp_mode": "bilinear"},
+    {"interp_mode": "bilinear", "ar_preserving": True, "antialias": False, "align_corners": True},
+    {"interp_mode": "bilinear", "ar_preserving": True, "antialias": False},
+]
+
+
+@pytest.mark.parametrize("opts", NAFLEX_OPTIONS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()) or "default")
+def test_ape_options_equal_timm_naflexvit(opts):
+    """The resampling options against timm's own code (NaFlexEmbeds' learned embedding, pos_embed_* of the same
+    names): on image grids larger, smaller, of other aspect ratios and its own, and on a NaFlex batch."""
+    from timm.models.naflexvit import NaFlexEmbeds
+
+    torch.manual_seed(7)
+    s = make("ape", grid=(9, 9), table_grid=(6, 6), **opts).float()
+    theirs = {f"pos_embed_{k}": v for k, v in opts.items()}
+    t = NaFlexEmbeds(patch_size=2, embed_dim=16, class_token=False, pos_embed_grid_size=(6, 6), proj_type="linear",
+                     **theirs)  # fmt: skip
+    with torch.no_grad():
+        t.pos_embed.copy_(s.pos_embed.view(1, 6, 6, 16))
+        t.proj.weight.zero_()
+        t.proj.bias.zero_()
+    for grid in (Grid(6, 6), Grid(9, 9), Grid(3, 8), Grid(10, 4), Grid(2, 2), Grid(6, 11)):
+        out, _ = t(torch.zeros(1, 3, 2 * grid.h, 2 * grid.w))
+        torch.testing.assert_close(s.embed(grid), out, rtol=0, atol=1e-6, msg=str(grid))
+    rc = torch.tensor([(r, c) for r in range(3) for c in range(8)])
+    out, _ = t(torch.zeros(1, 24, 12), patch_coord=rc[None])
+    torch.testing.assert_close(s.embed(Grid(3, 8)), out, rtol=0, atol=1e-6)
+
+
+def test_ape_ar_preserving_is_the_square_cut():
+    """With ar_preserving the table on an H x W grid is the top-left of its resample to the square of the longer side
+    (each row and column on one scale): equal to the plain resample to that square, cut; not to the plain H x W one."""
+    torch.manual_seed(8)
+    s = make("ape", grid=(4, 4), ar_preserving=True)
+    square = resample_pos_embed(s.pos_embed.detach(), Grid(4, 4), Grid(7, 7)).view(7, 7, -1)
+    torch.testing.assert_close(s.embed(Grid(3, 7)).detach().view(3, 7, -1), square[:3], rtol=0, atol=0)
+    torch.testing.assert_close(s.embed(Grid(7, 2)).detach().view(7, 2, -1), square[:, :2], rtol=0, atol=0)
+    plain = resample_pos_embed(s.pos_embed.detach(), Grid(4, 4), Grid(3, 7))
+    assert (s.embed(Grid(3, 7)) - plain).abs().max() > 1e-3
+
+
+def test_ape_table_grid_options_and_errors():
+    s = build_pos("ape", num_heads=2, head_dim=8, grid=(24, 24), table_grid=(16, 16), interp_mode="bilinear")
+    assert s.pos_embed.shape == (1, 256, 16) and s.embed(Grid(24, 24)).shape == (1, 576, 16)
+    assert "table_grid=16x16" in repr(s) and "interp_mode='bilinear'" in repr(s) and "antialias" not in repr(s)
+    assert not s.size_branches
+    assert build_pos("ape", num_heads=2, head_dim=8, grid=(4, 6), ar_preserving=True).size_branches
+    with pytest.raises(ValueError, match="interp_mode='nearest' is not one of"):
+        build_pos("ape", num_heads=2, head_dim=8, grid=(4, 4), interp_mode="nearest")
+    with pytest.raises(ValueError, match="table_grid is for image grids"):
+        build_pos("ape", num_heads=2, head_dim=8, grid=(2, 4, 4), table_grid=(4, 4))
+
+
 def test_ape_state_dict_load_at_another_grid_resizes_and_warns():
     torch.manual_seed(4)
     src = make("ape", grid=(4, 4))

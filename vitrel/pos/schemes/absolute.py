@@ -4,9 +4,11 @@
 left untouched. Inside attention these schemes do nothing (``kind == "absolute"``).
 
 * ``ape``: learned table ``pos_embed [1, H*W, C]`` (ViT, Dosovitskiy et al. 2021), trunc-normal
-  init with std 0.02. On another grid the table is bicubic-resampled (as timm's
-  ``resample_abs_pos_embed``: ``align_corners=False``, antialiased); a checkpoint of another grid
-  is resampled to the module's grid when it loads.
+  init with std 0.02, on the model's grid or on ``table_grid``. On another grid the table is resampled, by default
+  as timm's ``resample_abs_pos_embed`` (bicubic, ``align_corners=False``, antialiased); ``interp_mode``
+  (``"bilinear"``), ``antialias``, ``align_corners`` and ``ar_preserving`` (resample to the square of the longer side,
+  keep the top-left ``H x W``) are timm NaFlexVit's ``pos_embed_*`` options of those names. A checkpoint of another
+  grid is resampled to the module's grid when it loads.
 * ``sincos2d``: fixed 2-D sin-cos embedding (MAE / MoCo v3), rows first, ``C % 4 == 0``::
 
       omega_t = T^(-t / (C/4)),  t < C/4,   T = temperature (10000)
@@ -36,6 +38,7 @@ Video grids ``(T, H, W)`` (tokens t-major, ``index = (t * H + h) * W + w``):
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +55,7 @@ __all__ = [
     "Sincos2d",
     "Sincos3d",
     "add_patch_embed",
+    "INTERP_MODES",
     "resample_pos_embed",
     "resample_time_embed",
     "sincos2d_embed",
@@ -77,32 +81,61 @@ def add_patch_embed(x: Tensor, pe: Tensor, grid: Grid, num_prefix_tokens: int = 
     return torch.cat((x[:, :num_prefix_tokens], x[:, num_prefix_tokens:] + pe), dim=1)
 
 
-def resample_pos_embed(pe: Tensor, old_grid: Grid, new_grid: Grid) -> Tensor:
-    """Bicubic resample ``[1, h*w, C]`` (raster order) to ``[1, H*W, C]`` (timm's resample_abs_pos_embed).
+#: the modes the learned tables resample with (``F.interpolate``'s), timm's ``pos_embed_interp_mode``
+INTERP_MODES = ("bicubic", "bilinear")
 
-    ``align_corners=False``, antialiased (matters when shrinking); computed in float32 (float64 for
-    float64 input) and returned in ``pe``'s dtype. Differentiable.
+
+def resample_pos_embed(
+    pe: Tensor,
+    old_grid: Grid,
+    new_grid: Grid,
+    *,
+    mode: str = "bicubic",
+    antialias: bool = True,
+    align_corners: bool = False,
+    ar_preserving: bool = False,
+) -> Tensor:
+    """Resample ``[1, h*w, C]`` (raster order) to ``[1, H*W, C]``: timm's ``resample_abs_pos_embed`` by default
+    (bicubic, ``align_corners=False``, antialiased: matters when shrinking).
+
+    ``mode``, ``antialias``, ``align_corners``: ``F.interpolate``'s. ``ar_preserving``: resample to the square
+    ``L x L``, ``L = max(H, W)``, and keep its top-left ``H x W`` (timm NaFlexVit's ``pos_embed_ar_preserving``: rows
+    and columns on one scale whatever the aspect ratio). Computed in float32 (float64 for float64 input) and returned in
+    ``pe``'s dtype; the table itself on its own grid. Differentiable.
     """
     old_grid, new_grid = as_grid(old_grid), as_grid(new_grid)
     if pe.dim() != 3 or pe.shape[1] != old_grid.n:
         raise ValueError(f"pos_embed {tuple(pe.shape)} does not match grid {tuple(old_grid)} ([1, {old_grid.n}, C])")
+    if mode not in INTERP_MODES:
+        raise ValueError(f"resample mode {mode!r} is not one of {INTERP_MODES}")
     if isinstance(new_grid.h, int) and isinstance(new_grid.w, int) and old_grid == new_grid:
-        return pe  # (with symbolic sizes the resampling always runs: at the same size it is the identity)
+        return pe  # (with symbolic sizes the resampling runs: the identity there, but for ar_preserving off a square)
     c = pe.shape[-1]
     work = torch.float64 if pe.dtype == torch.float64 else torch.float32
     img = pe.to(work).reshape(pe.shape[0], old_grid.h, old_grid.w, c).permute(0, 3, 1, 2)
-    img = F.interpolate(img, size=tuple(new_grid), mode="bicubic", align_corners=False, antialias=True)
+    side = torch.sym_max(new_grid.h, new_grid.w)
+    size = (side, side) if ar_preserving else tuple(new_grid)
+    img = F.interpolate(img, size=size, mode=mode, align_corners=align_corners, antialias=antialias)
+    img = img[:, :, : new_grid.h, : new_grid.w]
     return img.permute(0, 2, 3, 1).reshape(pe.shape[0], new_grid.n, c).to(pe.dtype)
 
 
 def resample_time_embed(pe: Tensor, frames: int) -> Tensor:
-    """Linear resample of a temporal table ``[1, T, C]`` to ``[1, frames, C]`` (``align_corners=False``), computed in
-    float32 (float64 for float64 input), returned in ``pe``'s dtype. Differentiable."""
+    """Linear resample of a 1-D table ``[1, T, C]`` (a temporal table, ``ape_factored``'s rows or columns) to
+    ``[1, frames, C]`` (``align_corners=False``, no antialias), computed in float32 (float64 for float64 input),
+    returned in ``pe``'s dtype; the table itself at its own length. Differentiable."""
     if isinstance(frames, int) and pe.shape[1] == frames:
         return pe
     work = torch.float64 if pe.dtype == torch.float64 else torch.float32
     out = F.interpolate(pe.to(work).transpose(1, 2), size=frames, mode="linear", align_corners=False)
     return out.transpose(1, 2).to(pe.dtype)
+
+
+def resample_repr(options: dict) -> str:
+    """The options that differ from timm's ``resample_abs_pos_embed`` (``extra_repr``'s tail)."""
+    default = {"mode": "bicubic", "antialias": True, "align_corners": False, "ar_preserving": False}
+    changed = [f"{'interp_mode' if k == 'mode' else k}={v!r}" for k, v in options.items() if default[k] != v]
+    return "".join(", " + c for c in changed)
 
 
 def infer_grid(n: int, like: Grid) -> Grid:
@@ -186,9 +219,26 @@ class Ape(PositionScheme):
     grid_dims = None
     no_weight_decay_keys = ("pos_embed",)
 
-    def __init__(self, *, init_std: float = 0.02, **kw) -> None:
+    def __init__(
+        self,
+        *,
+        init_std: float = 0.02,
+        table_grid: Any = None,
+        interp_mode: str = "bicubic",
+        antialias: bool = True,
+        align_corners: bool = False,
+        ar_preserving: bool = False,
+        **kw,
+    ) -> None:
         super().__init__(**kw)
         self.init_std = check_init_std(self.name, init_std)
+        if interp_mode not in INTERP_MODES:
+            raise ValueError(f"{self.name}: interp_mode={interp_mode!r} is not one of {INTERP_MODES}")
+        self.interp_mode, self.antialias, self.align_corners = interp_mode, antialias, align_corners
+        self.ar_preserving = ar_preserving
+        if table_grid is not None and self.video:
+            raise ValueError(f"{self.name}: table_grid is for image grids; a video table is built on the model's grid")
+        self.table_grid = None if table_grid is None else as_grid(table_grid)
         self.pos_embed = nn.Parameter(torch.zeros(1, self.space.n, self.embed_dim))
         if self.video:
             self.pos_embed_temporal = nn.Parameter(torch.zeros(1, self.grid.t, self.embed_dim))
@@ -200,8 +250,26 @@ class Ape(PositionScheme):
         return isinstance(self.grid, Grid3)
 
     @property
+    def resample(self) -> dict[str, Any]:
+        """The table's resampling options, :func:`resample_pos_embed`'s keywords."""
+        return {
+            "mode": self.interp_mode,
+            "antialias": self.antialias,
+            "align_corners": self.align_corners,
+            "ar_preserving": self.ar_preserving,
+        }
+
+    @property
+    def size_branches(self) -> bool:  # type: ignore[override]
+        """``ar_preserving`` on a non-square table: the table is used as stored on its own grid (timm's NaFlexVit), a
+        traced program resamples it there."""
+        return self.ar_preserving and self.space.h != self.space.w
+
+    @property
     def space(self) -> Grid:
-        """The spatial table's grid."""
+        """The spatial table's grid: ``table_grid``, else the built grid's (its space on a video grid)."""
+        if self.table_grid is not None:
+            return self.table_grid
         return self.grid.space if self.video else self.grid
 
     def reset_parameters(self) -> None:
@@ -224,8 +292,8 @@ class Ape(PositionScheme):
         """The table for ``grid`` ``[1, H*W, C]`` or ``[1, T*H*W, C]`` (the parameter itself on a built image grid)."""
         g = self._call_grid(grid)
         if not self.video:
-            return resample_pos_embed(self.pos_embed, self.grid, g)
-        space = resample_pos_embed(self.pos_embed, self.space, g.space)
+            return resample_pos_embed(self.pos_embed, self.space, g, **self.resample)
+        space = resample_pos_embed(self.pos_embed, self.space, g.space, **self.resample)
         time = resample_time_embed(self.pos_embed_temporal, g.t)
         return (time[:, :, None, :] + space[:, None, :, :]).flatten(1, 2)
 
@@ -239,9 +307,10 @@ class Ape(PositionScheme):
         if pe is None or old is None or tuple(old) == tuple(self.space) or pe.shape[1] != old.n:
             return state
         warn_once(
-            f"resampled absolute position embedding from grid {grid_str(old)} to {grid_str(self.space)} (bicubic)"
+            f"resampled absolute position embedding from grid {grid_str(old)} to {grid_str(self.space)} "
+            f"({self.resample['mode']})"
         )
-        return {**state, "pos_embed": resample_pos_embed(pe, old, self.space)}
+        return {**state, "pos_embed": resample_pos_embed(pe, old, self.space, **self.resample)}
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):  # type: ignore[override]
         key = prefix + "pos_embed"
@@ -255,10 +324,10 @@ class Ape(PositionScheme):
             and src.shape[-1] == dst.shape[-1]
         ):
             old = infer_grid(src.shape[1], self.space)
-            state_dict[key] = resample_pos_embed(src, old, self.space)
+            state_dict[key] = resample_pos_embed(src, old, self.space, **self.resample)
             warn_once(
                 f"resampled absolute position embedding {key} from grid {old.h}x{old.w} to "
-                f"{self.space.h}x{self.space.w} (bicubic)"
+                f"{self.space.h}x{self.space.w} ({self.resample['mode']})"
             )
         key = prefix + "pos_embed_temporal"
         src = state_dict.get(key)
@@ -268,7 +337,8 @@ class Ape(PositionScheme):
         return super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, embed_dim={self.embed_dim}"
+        table = "" if self.table_grid is None else f", table_grid={grid_str(self.table_grid)}"
+        return f"{super().extra_repr()}, embed_dim={self.embed_dim}{table}{resample_repr(self.resample)}"
 
 
 class _SincosEmbed(GridBuffers, PositionScheme):

@@ -24,7 +24,8 @@ def _fresh_warnings(monkeypatch):
 
 
 def make(grid=(4, 4), embed_dim: int = 8, **kw) -> ApeFactored:
-    return build_pos("ape_factored", num_heads=2, head_dim=embed_dim // 2, grid=grid, embed_dim=embed_dim, **kw).double()
+    s = build_pos("ape_factored", num_heads=2, head_dim=embed_dim // 2, grid=grid, embed_dim=embed_dim, **kw)
+    return s.double()
 
 
 def ref_linear(table: torch.Tensor, n: int) -> torch.Tensor:

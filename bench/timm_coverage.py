@@ -26,7 +26,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from vitrel.models.registry import build  # noqa: E402
-from vitrel.models.timm_import import UnsupportedTimmModel, timm_to_vitrel_args, transfer_timm_weights  # noqa: E402
+from vitrel.models.timm_import import (  # noqa: E402
+    UnsupportedTimmModel,
+    source_abs_pos,
+    timm_to_vitrel_args,
+    transfer_timm_weights,
+)
 
 FAMILIES = "vit,deit,eva,beit,convit,swin,cait,flexivit,samvit,mvitv2,naflex"
 
@@ -38,7 +43,7 @@ def classify(name: str) -> str:
     try:
         arch, args, native = timm_to_vitrel_args(t)
         if native == "__ape__":
-            args.setdefault("abs_pos", "ape")
+            args.setdefault("abs_pos", source_abs_pos(t))
         ours = build(arch, pos="none" if native in ("__none__", "__ape__") else native, device="meta", **args)
         with warnings.catch_warnings():  # (copies into meta tensors are no-ops, and say so)
             warnings.simplefilter("ignore")

@@ -53,6 +53,7 @@ from vitrel.models.beit_import import Beit, beit_scheme, beit_tensors
 from vitrel.models.checkpoint import CheckpointError, load_weights
 from vitrel.models.convit_import import ConVit, convit_args, convit_tensors
 from vitrel.models.data_config import data_fields, set_data_config
+from vitrel.models.naflex_import import NaFlexVit, naflex_abs_pos, naflex_embedding, naflex_tensors
 from vitrel.models.registry import build, split_feature_args, with_features
 from vitrel.models.rope_layout import permute_qk, rope_channel_order
 from vitrel.models.swin_import import swin_args, swinv2_reference, warn_swin_padding
@@ -65,6 +66,7 @@ __all__ = [
     "load_timm_file",
     "transfer_timm_weights",
     "timm_to_vitrel_args",
+    "source_abs_pos",
     "TransferReport",
     "UnsupportedTimmModel",
 ]
@@ -102,6 +104,8 @@ class TransferReport:
 def _family(t: nn.Module) -> str:
     if isinstance(t, TimmRelPos):
         return "relpos"
+    if isinstance(t, NaFlexVit):
+        return "naflex"
     if isinstance(t, TimmViT):
         return "vit"
     if isinstance(t, Eva):
@@ -122,8 +126,8 @@ def _family(t: nn.Module) -> str:
         )
     raise UnsupportedTimmModel(
         f"from_timm takes timm VisionTransformer (vit_*, deit_*), VisionTransformerRelPos (vit_relpos_*), "
-        f"Eva RoPE ViTs (vit_*_rope_*), ConVit (convit_*), Beit (beit_*, beitv2_*) and SwinTransformer (swin_*) "
-        f"models, got {type(t).__name__}"
+        f"NaFlexVit (naflexvit_*), Eva RoPE ViTs (vit_*_rope_*), ConVit (convit_*), Beit (beit_*, beitv2_*) and "
+        f"SwinTransformer (swin_*, swinv2_*) models, got {type(t).__name__}"
     )
 
 
@@ -133,17 +137,38 @@ def _refuse(cond: bool, what: str, t: nn.Module) -> None:
         raise UnsupportedTimmModel(f"{name}: {what}; vitrel's backbones have no equivalent")
 
 
-def _vit_common(t: nn.Module) -> dict[str, Any]:
+def _patch_args(t: nn.Module) -> dict[str, Any]:
+    """The patch embedding's and tokens' arguments of the vitrel ViT for the timm ViT ``t``."""
+    pe = t.patch_embed
+    _refuse(hasattr(pe, "backbone"), f"a CNN stem before the patch embedding ({type(pe).__name__}, hybrid ViTs)", t)
+    _refuse(not isinstance(getattr(pe, "proj", None), nn.Conv2d), "the patch embedding is not one convolution", t)
+    _refuse(not isinstance(getattr(pe, "norm", nn.Identity()), nn.Identity), "the patch embedding has a norm", t)
+    _refuse(getattr(t, "dist_token", None) is not None, "a distillation token and head (DeiT's distilled models)", t)
+    ph, pw = pe.patch_size
+    _refuse(ph != pw, f"non-square patches {ph}x{pw}", t)
+    h, w = pe.img_size
+    if (h % ph or w % pw) and not getattr(pe, "dynamic_img_pad", False):
+        whole = h - h % ph if h == w else [h - h % ph, w - w % pw]
+        _refuse(True, f"{h}x{w} images are not whole {ph}-px patches, timm's convolution drops the last pixels and "
+                f"vitrel refuses such images (build it at timm_kwargs={{'img_size': {whole}}}: the same weights, "
+                f"the function on that crop)", t)  # fmt: skip
+    return dict(
+        img_size=list(pe.img_size),
+        patch_size=int(ph),
+        in_chans=int(pe.proj.in_channels),
+        class_token=getattr(t, "cls_token", None) is not None,
+        reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,
+        dynamic_img_pad=bool(getattr(pe, "dynamic_img_pad", False)),
+    )
+
+
+def _vit_common(t: nn.Module, embedding: dict[str, Any]) -> dict[str, Any]:
+    """The vitrel ViT's arguments for the timm ViT ``t`` whose patch embedding and tokens ``embedding`` gives."""
     blk = t.blocks[0]
     kind = type(blk).__name__  # (ResPost*: post-norm; Parallel*: parallel branches)
     blocks = ("Block", "RelPosBlock", "EvaBlock", "ResPostBlock", "ResPostRelPosBlock")  # (ResPost*: post_norm)
     _refuse(kind not in blocks, f"{kind} blocks (vitrel's are pre-norm or res-post-norm Blocks)", t)
     attn = blk.attn
-    embed_dim = t.embed_dim
-    pe = t.patch_embed
-    _refuse(hasattr(pe, "backbone"), f"a CNN stem before the patch embedding ({type(pe).__name__}, hybrid ViTs)", t)
-    _refuse(not isinstance(getattr(pe, "proj", None), nn.Conv2d), "the patch embedding is not one convolution", t)
-    _refuse(not isinstance(getattr(pe, "norm", nn.Identity()), nn.Identity), "the patch embedding has a norm", t)
     pre = getattr(t, "norm_pre", nn.Identity())  # (CLIP's ln_pre: vitrel's pre_norm)
     plain_pre = isinstance(pre, nn.Identity)
     same = isinstance(pre, nn.LayerNorm) and pre.eps == blk.norm1.eps
@@ -158,31 +183,18 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
     gp = t.global_pool
     _refuse(gp not in ("token", "avg", "max", "avgmax", "map", ""), f"global_pool={gp!r}", t)
     _refuse(type(attn).__name__ == "DiffAttention", "differential attention (DiffAttention)", t)
-    _refuse(getattr(t, "dist_token", None) is not None, "a distillation token and head (DeiT's distilled models)", t)
-    ph, pw = t.patch_embed.patch_size
-    _refuse(ph != pw, f"non-square patches {ph}x{pw}", t)
-    h, w = t.patch_embed.img_size
-    if (h % ph or w % pw) and not getattr(t.patch_embed, "dynamic_img_pad", False):
-        whole = h - h % ph if h == w else [h - h % ph, w - w % pw]
-        _refuse(True, f"{h}x{w} images are not whole {ph}-px patches, timm's convolution drops the last pixels and "
-                f"vitrel refuses such images (build it at timm_kwargs={{'img_size': {whole}}}: the same weights, "
-                f"the function on that crop)", t)  # fmt: skip
     has_ls = isinstance(getattr(blk, "ls1", None), LayerScale) or getattr(blk, "gamma_1", None) is not None
     mlp = mlp_args(t, blk, lambda cond, what: _refuse(cond, what, t))
     head = head_args(t, mlp["mlp_ratio"], lambda cond, what: _refuse(cond, what, t))
     return dict(
-        img_size=list(t.patch_embed.img_size),
-        patch_size=int(t.patch_embed.patch_size[0]),
-        in_chans=int(t.patch_embed.proj.in_channels),
+        **embedding,
         num_classes=int(t.num_classes),
         global_pool=gp,
-        embed_dim=int(embed_dim),
+        embed_dim=int(t.embed_dim),
         depth=len(t.blocks),
         num_heads=int(attn.num_heads),
         **mlp,
         qkv_bias=qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
-        class_token=getattr(t, "cls_token", None) is not None,
-        reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,
         init_values=1e-5 if has_ls else None,
         pre_norm=not plain_pre,
         **({"post_norm": True} if kind.startswith("ResPost") else {}),
@@ -190,7 +202,6 @@ def _vit_common(t: nn.Module) -> dict[str, Any]:
         **({} if isinstance(attn_norm, nn.Identity) else {"attn_norm": True}),
         **head,
         norm_eps=float(blk.norm1.eps),
-        dynamic_img_pad=bool(getattr(t.patch_embed, "dynamic_img_pad", False)),
     )
 
 
@@ -204,7 +215,10 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         _refuse(t.local_up_to_layer >= len(t.blocks), "a class token that never joins (local_up_to_layer >= depth)", t)
         args, native = convit_args(t)
         return _vit_arch(args), args, native
-    args = _vit_common(t)
+    if fam == "naflex":
+        args = _vit_common(t, naflex_embedding(t, lambda cond, what: _refuse(cond, what, t)))
+        return _vit_arch(args), args, "__ape__" if naflex_abs_pos(t) is not None else "none"
+    args = _vit_common(t, _patch_args(t))
     if fam == "beit":
         more, native = beit_scheme(t, lambda cond, what: _refuse(cond, what, t))
         return _vit_arch(args), {**args, **more}, native
@@ -256,6 +270,13 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
     return _vit_arch(args), args, "__ape__" if getattr(t, "pos_embed", None) is not None else "none"
 
 
+def source_abs_pos(t: nn.Module) -> str | dict[str, Any]:
+    """The absolute scheme computing the learned embedding of the timm model ``t`` (what ``pos=None`` keeps as
+    ``abs_pos``): ``"ape"``, or for a NaFlexVit ``ape`` / ``ape_factored`` with its table's grid and options."""
+    spec = naflex_abs_pos(t) if isinstance(t, NaFlexVit) else None
+    return spec if spec is not None else "ape"
+
+
 def _vit_arch(args: dict[str, Any]) -> str:
     size = {192: "tiny", 384: "small", 768: "base"}.get(args["embed_dim"], "base")
     return f"vitrel_vit_{size}_patch16_224"
@@ -280,7 +301,7 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         src.pop(theirs_key, None)
 
     has_ape = getattr(ours, "abs_pos", None) is not None and ours.abs_pos.name == "ape"
-    take = {"convit": convit_tensors, "beit": beit_tensors}.get(fam)  # (GPSA's tensors; BEiT's bias tables)
+    take = {"convit": convit_tensors, "beit": beit_tensors, "naflex": lambda s, o: naflex_tensors(s, o, t)}.get(fam)
     if take is not None:
         converted, why = take(src, own)
         out.update((k, v) for k, (v, _) in converted.items())
@@ -513,7 +534,7 @@ def from_timm(
             )
         if native == "__ape__":
             pos = "none"
-            kwargs.setdefault("abs_pos", "ape")
+            kwargs.setdefault("abs_pos", source_abs_pos(t))
         else:
             pos = native
     later = {k: kwargs.pop(k) for k in ("img_size", "num_classes", "in_chans") if kwargs.get(k) is not None}

@@ -1,0 +1,86 @@
+"""timm's NaFlexVit (``naflexvit_*``) read by ``vitrel.from_timm``: the same function on image tensors of any size and
+on NaFlex batches, against timm's model with the same (perturbed) weights, for each of its pretrained settings."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from timm.data.naflex_transforms import patchify_image
+
+import vitrel
+from vitrel.models.timm_import import UnsupportedTimmModel
+
+SMALL = dict(embed_dim=64, depth=2, num_heads=2, num_classes=5, pos_embed_grid_size=(6, 6))
+SOURCES = {  # name: (the vitrel scheme's options besides its table grid)
+    "naflexvit_base_patch16_gap": {"name": "ape"},  # bicubic, 4 registers, no class token, avg pool under fc_norm
+    "naflexvit_base_patch16_par_gap": {"name": "ape", "ar_preserving": True},
+    "naflexvit_base_patch16_parfac_gap": {"name": "ape_factored", "ar_preserving": True},
+    "naflexvit_base_patch16_siglip": {"name": "ape", "interp_mode": "bilinear"},  # SigLIP 2's attention pool
+    "naflexvit_base_patch16_radio_v3": {  # C-RADIO v3: no final norm, 7 registers
+        "name": "ape",
+        "interp_mode": "bilinear",
+        "antialias": False,
+        "align_corners": True,
+        "ar_preserving": True,
+    },
+}
+
+
+def _timm(name: str, **kw) -> torch.nn.Module:
+    torch.manual_seed(0)
+    t = timm.create_model(name, **{**SMALL, **kw}).double().eval()
+    with torch.no_grad():
+        for p in t.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return t
+
+
+def _naflex(sizes: list[tuple[int, int]], pad: int = 5) -> dict[str, torch.Tensor]:
+    """timm's NaFlex dict of random images of ``sizes`` (16 px patches), each row padded to the longest plus ``pad``."""
+    g = torch.Generator().manual_seed(3)
+    rows = [patchify_image(torch.randn(3, h, w, dtype=torch.float64, generator=g), (16, 16)) for h, w in sizes]
+    n = max(r[0].shape[0] for r in rows) + pad
+
+    def stack(k: int) -> torch.Tensor:
+        return torch.stack(
+            [F.pad(r[k], (0, 0, 0, n - len(r[k])) if r[k].dim() == 2 else (0, n - len(r[k]))) for r in rows]
+        )
+
+    return {"patches": stack(0), "patch_coord": stack(1), "patch_valid": stack(2)}
+
+
+@pytest.mark.parametrize("name", list(SOURCES))
+def test_same_function_on_images_and_naflex_batches(name):
+    t = _timm(name)
+    m = vitrel.from_timm(t)
+    assert m.vitrel_cfg["pos"] == "none"
+    assert m.vitrel_cfg["abs_pos"] == {**SOURCES[name], "table_grid": [6, 6]}
+    assert m.vitrel_cfg["img_size"] == [384, 384] if "radio" not in name else [512, 512]  # (the pretrained input)
+    # timm resamples its table in float32: equal to that
+    with torch.no_grad():
+        for h, w in ((96, 96), (64, 64), (48, 112), (128, 32), (160, 160)):
+            x = torch.randn(2, 3, h, w, dtype=torch.float64, generator=torch.Generator().manual_seed(h + w))
+            torch.testing.assert_close(m(x), t(x), rtol=1e-6, atol=1e-6, msg=f"{h}x{w}")
+        batch = _naflex([(64, 96), (112, 48), (96, 96)])
+        torch.testing.assert_close(m(batch), t(batch), rtol=1e-6, atol=1e-6)
+
+
+def test_another_scheme_drops_the_embedding_and_says_so(caplog):
+    t = _timm("naflexvit_base_patch16_gap")
+    with caplog.at_level("INFO", logger="vitrel.models.timm_import"):
+        m = vitrel.from_timm(t, pos="rope2d_axial")
+    assert m.abs_pos is None and "dropped    embeds.pos_embed: absolute embedding" in caplog.text
+    x = torch.randn(1, 3, 64, 64, dtype=torch.float64)
+    assert (m(x) - t(x)).abs().max() > 1e-3  # (another function: RoPE in place of the embedding)
+    with torch.no_grad():
+        m.blocks[0].attn.qkv.weight.zero_()  # every block's tensors carried, not re-drawn
+    assert torch.equal(m.blocks[1].attn.qkv.weight, t.blocks[1].attn.qkv.weight)
+
+
+def test_refused_settings_are_named():
+    with pytest.raises(UnsupportedTimmModel, match="grid_sample"):
+        vitrel.from_timm(_timm("naflexvit_base_patch16_gap", pos_embed_use_grid_sample=True))
+    with pytest.raises(UnsupportedTimmModel, match="RoPE"):
+        vitrel.from_timm(_timm("naflexvit_base_patch16_gap", rope_type="axial"))

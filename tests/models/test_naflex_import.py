@@ -79,8 +79,61 @@ def test_another_scheme_drops_the_embedding_and_says_so(caplog):
     assert torch.equal(m.blocks[1].attn.qkv.weight, t.blocks[1].attn.qkv.weight)
 
 
+def test_abs_pos_naming_the_source_scheme_keeps_it_as_the_source_computes_it():
+    """``abs_pos="ape"`` beside another scheme keeps a ViT's embedding; a NaFlexVit's keeps its table grid and
+    resampling options too (the embedding equal to timm's on every grid), not a plain ape of the model's grid."""
+    for name, spec in (
+        ("naflexvit_base_patch16_radio_v3", "ape"),
+        ("naflexvit_base_patch16_parfac_gap", "ape_factored"),
+    ):
+        t = _timm(name)
+        m = vitrel.from_timm(t, pos="rope2d_axial", abs_pos=spec)
+        assert m.vitrel_cfg["abs_pos"] == {**SOURCES[name], "table_grid": [6, 6]}
+        with torch.no_grad():
+            for g in ((5, 9), (12, 4)):
+                ours = m.abs_pos.embed(g)
+                theirs, _ = t.embeds(torch.zeros(1, 3, 16 * g[0], 16 * g[1], dtype=torch.float64))
+                theirs = theirs[:, t.num_prefix_tokens :] - t.embeds.proj.bias
+                torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=1e-6)
+
+
 def test_refused_settings_are_named():
     with pytest.raises(UnsupportedTimmModel, match="grid_sample"):
         vitrel.from_timm(_timm("naflexvit_base_patch16_gap", pos_embed_use_grid_sample=True))
     with pytest.raises(UnsupportedTimmModel, match="RoPE"):
         vitrel.from_timm(_timm("naflexvit_base_patch16_gap", rope_type="axial"))
+
+
+def test_fine_tune_a_local_naflexvit_export_on_naflex_batches(tmp_path):
+    """``train.py experiment=fmnist_naflex model.init_from=timm:<naflexvit> model.init_file=<folder>``: timm's files
+    as written, packed batches of mixed sizes and aspect ratios; the checkpoint the run writes keeps the embedding's
+    options."""
+    from timm.models import save_for_hf
+
+    from tests.train_helpers import FAST, compose
+    from vitrel.train.run import train
+
+    src = timm.create_model("naflexvit_base_patch16_par_gap", patch_size=4, in_chans=1, **{**SMALL, "depth": 1})
+    save_for_hf(src, str(tmp_path / "timm_export"), safe_serialization=True)
+    over = [
+        "experiment=fmnist_naflex",
+        "model.init_from=timm:naflexvit_base_patch16_par_gap",
+        f"model.init_file={tmp_path / 'timm_export'}",
+        "pos=rel2d_factored",
+        "+model.abs_pos=ape",  # (the source's embedding kept, as it computes it)
+        "trainer.max_epochs=1",
+        "trainer.limit_train_batches=2",
+        "trainer.limit_val_batches=1",
+        "trainer.limit_test_batches=1",
+        "logger=none",
+        *FAST,
+    ]
+    with pytest.warns(UserWarning, match="the architecture is naflexvit_base_patch16_par_gap's"):
+        metrics = train(compose(tmp_path / "run", over))
+    assert "test/acc1" in metrics
+    m = vitrel.load_model(next((tmp_path / "run").rglob("last.ckpt")))
+    assert (
+        m.abs_pos.ar_preserving
+        and tuple(m.abs_pos.table_grid) == (6, 6)
+        and m.blocks[0].attn.pos.name == "rel2d_factored"
+    )

@@ -493,7 +493,8 @@ def from_timm(
         timm_kwargs: arguments for ``timm.create_model`` (the source's architecture, e.g. ``img_size``).
         **kwargs: vitrel constructor arguments (``num_classes`` resets the head, ``img_size`` resizes
             tables and the absolute embedding, ``in_chans`` adapts the patch embedding as timm does,
-            ``abs_pos="ape"`` keeps a ViT's embedding, ``drop_path_rate`` ...); ``features_only=True`` (with
+            ``abs_pos="ape"`` keeps a ViT's embedding (a NaFlexVit's with its table grid and options),
+            ``drop_path_rate`` ...); ``features_only=True`` (with
             ``out_indices``, ``output_fmt``): the model as timm's ``features_only`` backbone (:func:`with_features`).
 
     Logs the transfer report (logger ``vitrel.models.timm_import``); :func:`transfer_timm_weights`
@@ -537,6 +538,9 @@ def from_timm(
             kwargs.setdefault("abs_pos", source_abs_pos(t))
         else:
             pos = native
+    src_abs = source_abs_pos(t)  # (abs_pos="ape" keeps a NaFlexVit's embedding as it computes it, as a ViT's)
+    if isinstance(src_abs, dict) and kwargs.get("abs_pos") == src_abs["name"]:
+        kwargs["abs_pos"] = src_abs
     later = {k: kwargs.pop(k) for k in ("img_size", "num_classes", "in_chans") if kwargs.get(k) is not None}
     args.update(kwargs)
     ours = build(arch, pos=pos, **args)

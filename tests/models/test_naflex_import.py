@@ -137,3 +137,18 @@ def test_fine_tune_a_local_naflexvit_export_on_naflex_batches(tmp_path):
         and tuple(m.abs_pos.table_grid) == (6, 6)
         and m.blocks[0].attn.pos.name == "rel2d_factored"
     )
+
+
+@pytest.mark.parametrize("name", ["naflexvit_base_patch16_radio_v3", "naflexvit_base_patch16_parfac_gap"])
+def test_exported_program_takes_every_aspect_ratio(name):
+    """A ``torch.export`` program (``dynamic="hw"``) traced on a wide image equals timm on tall, wide and the table's
+    own grid: the aspect-preserving resample has no branch on which side is longer."""
+    from vitrel.export import export_program
+
+    t = _timm(name, depth=1).float()
+    m = vitrel.from_timm(t).eval()
+    ep = export_program(m, torch.randn(2, 3, 64, 96))
+    for h, w in ((64, 96), (128, 32), (96, 96), (48, 112)):
+        x = torch.randn(2, 3, h, w)
+        with torch.no_grad():
+            torch.testing.assert_close(ep.module()(x), t(x), rtol=1e-5, atol=1e-5, msg=f"{h}x{w}")

@@ -116,7 +116,8 @@ def resample_pos_embed(
     side = torch.sym_max(new_grid.h, new_grid.w)
     size = (side, side) if ar_preserving else tuple(new_grid)
     img = F.interpolate(img, size=size, mode=mode, align_corners=align_corners, antialias=antialias)
-    img = img[:, :, : new_grid.h, : new_grid.w]
+    if ar_preserving:  # (a copy: a traced reshape of the cut would guard on whether it is a view, side == W)
+        img = img[:, :, : new_grid.h, : new_grid.w].clone(memory_format=torch.contiguous_format)
     return img.permute(0, 2, 3, 1).reshape(pe.shape[0], new_grid.n, c).to(pe.dtype)
 
 

@@ -71,7 +71,7 @@ class ApeFactored(PositionScheme):
     def embed(self, grid: Grid) -> Tensor:
         """The embedding ``[1, H*W, C]`` on ``grid``."""
         g = self.check_grid(grid)
-        if tuple(g) == tuple(self.space) and all(isinstance(v, int) for v in g):
+        if all(isinstance(v, int) for v in g) and tuple(g) == tuple(self.space):
             return factored_embed(self.pos_embed_y, self.pos_embed_x, g)  # (timm's: the tables as stored)
         return factored_embed(self.pos_embed_y, self.pos_embed_x, g, self.ar_preserving)
 

@@ -65,6 +65,9 @@ def test_same_function_on_images_and_naflex_batches(name):
             torch.testing.assert_close(m(x), t(x), rtol=1e-6, atol=1e-6, msg=f"{h}x{w}")
         batch = _naflex([(64, 96), (112, 48), (96, 96)])
         torch.testing.assert_close(m(batch), t(batch), rtol=1e-6, atol=1e-6)
+        # built at another input size the table stays on its own grid: the same function
+        x = torch.randn(1, 3, 48, 80, dtype=torch.float64)
+        torch.testing.assert_close(vitrel.from_timm(t, img_size=128)(x), t(x), rtol=1e-6, atol=1e-6)
 
 
 def test_another_scheme_drops_the_embedding_and_says_so(caplog):

@@ -99,14 +99,17 @@ def test_a_key_padding_mask_of_the_wrong_rank_is_one_line():
 
 @pytest.mark.parametrize("pos", ["none", "rel2d_full", "built"])
 def test_timm_only_keywords_are_refused_as_the_layers(pos):
-    """timm's ``Attention(dim, num_heads, scale_norm=..., norm_layer=...)``: refused as the layer's unexpected keywords,
-    not reported as options a scheme the user never named lacks (vitrel's names: ``attn_norm``, ``norm_eps``)."""
+    """timm's ``Attention(dim, num_heads, scale_norm=..., fused_attn=...)``: refused as the layer's unexpected keywords,
+    not reported as options a scheme the user never named lacks (vitrel's names: ``attn_norm``, ``norm_eps``); timm's
+    ``norm_layer=`` class is refused naming vitrel's names for it."""
     if pos == "built":
         pos = build_pos("rel2d_full", num_heads=3, head_dim=8, grid=GRID)
     with pytest.raises(
-        TypeError, match=r"Attention\(\) got unexpected keyword argument\(s\) \['norm_layer', 'scale_norm'\]"
+        TypeError, match=r"Attention\(\) got unexpected keyword argument\(s\) \['fused_attn', 'scale_norm'\]"
     ):
-        Attention(24, 3, pos=pos, grid=GRID, scale_norm=False, norm_layer=torch.nn.LayerNorm)
+        Attention(24, 3, pos=pos, grid=GRID, scale_norm=False, fused_attn=True)
+    with pytest.raises(ValueError, match=r"norm_layer must be one of \('layernorm', 'rmsnorm'\)"):
+        Attention(24, 3, pos=pos, grid=GRID, norm_layer=torch.nn.LayerNorm)
     with pytest.raises(TypeError, match=r"'extnd'.*rel2d_full.*\['extend', 'init_std'\]"):  # a typo names the options
         Attention(24, 3, pos="rel2d_full", grid=GRID, extnd="clip")
 

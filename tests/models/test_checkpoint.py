@@ -108,6 +108,7 @@ def test_save_load_every_route_identical(tmp_path, name, kw):
         (dict(num_heads=4), r"num_heads=4 \(trained with 2\)"),
         (dict(pos_share=True), r"pos_share=True \(trained with False\)"),
         (dict(act_layer="quick_gelu"), r"act_layer='quick_gelu' \(trained with 'gelu'\)"),
+        (dict(post_norm=True), r"post_norm=True \(trained with False\)"),
     ],
 )
 def test_an_override_the_weights_fit_but_that_changes_the_function_warns(tmp_path, kw, says):

@@ -265,3 +265,32 @@ def test_qk_norm_follows_a_rope_layout_swap():
     x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
     with torch.no_grad():
         torch.testing.assert_close(cols(x), m(x), rtol=1e-10, atol=1e-10)
+
+
+def _rms_reference(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * w`` over the last axis, written out in float64."""
+    x = x.double()
+    return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w.double()
+
+
+@pytest.mark.parametrize("arch", ["vitrel_vit_tiny_patch4_32", "vitrel_vit_video_tiny_patch4_32"])
+def test_norm_layer_rmsnorm_is_every_norm_of_the_model(arch):
+    """``norm_layer="rmsnorm"``: every norm the model builds (the blocks', q / k and the attention's, the MLP's, the
+    input's, the final and the pool's) is timm's ``RmsNorm``, no LayerNorm left, each the equation; an unknown name and
+    timm's class are refused with the names."""
+    flags = dict(qk_norm=True, attn_norm=True, mlp_norm=True, pre_norm=True, global_pool="map", class_token=False)
+    if "video" in arch:
+        flags = dict(flags, pos="rel3d_full")
+    m = vitrel.create_model(arch, norm_layer="rmsnorm", norm_eps=1e-5, **flags, **SMALL)
+    norms = [n for n, mod in m.named_modules() if isinstance(mod, (nn.LayerNorm, timm.layers.RmsNorm))]
+    assert all(isinstance(m.get_submodule(n), timm.layers.RmsNorm) for n in norms)
+    for part in ("norm_pre", "blocks.0.norm1", "blocks.1.norm2", "blocks.0.attn.q_norm", "blocks.0.attn.norm",
+                 "blocks.1.mlp.norm", "norm", "attn_pool.norm"):  # fmt: skip
+        assert part in norms, part
+    nn.init.normal_(m.blocks[0].norm1.weight)
+    x = torch.randn(2, 5, 24)
+    torch.testing.assert_close(m.blocks[0].norm1(x).double(), _rms_reference(x, m.blocks[0].norm1.weight, 1e-5))
+    with pytest.raises(ValueError, match=r"norm_layer must be one of \('layernorm', 'rmsnorm'\)"):
+        vitrel.create_model(arch, norm_layer="batchnorm")
+    with pytest.raises(ValueError, match="norm_layer must be one of"):
+        vitrel.create_model(arch, norm_layer=nn.LayerNorm)

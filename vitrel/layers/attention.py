@@ -40,6 +40,7 @@ from torch import Tensor, nn
 from vitrel.kernels import Kernel, check_choice, resolve
 from vitrel.kernels.common import eager_logits, merge_masks
 from vitrel.kernels.triton.rope import rope_rotate
+from vitrel.layers.norms import make_norm
 from vitrel.layers.validate import check_attention_args
 from vitrel.layout.geometry import as_grid, grid_str
 from vitrel.layout.heads import widened_precision
@@ -73,11 +74,12 @@ class Attention(nn.Module):
         causal: add a causal mask (1-D sequences).
         cosine: Swin V2's scaled cosine attention: logits ``cos(q_i, k_j) exp(min(s_h, log 100))`` with a learned
             ``s_h`` per head (``logit_scale``, ``log 10`` at first, not weight-decayed) for ``q . k / sqrt(d)``.
-        qk_norm: a LayerNorm of each head's ``q`` and ``k`` (``q_norm``, ``k_norm``, shared by the heads; before any
+        qk_norm: a norm of each head's ``q`` and ``k`` (``q_norm``, ``k_norm``, shared by the heads; before any
             rotation), timm's ``qk_norm``.
-        attn_norm: a LayerNorm of the attention's output before ``proj`` (``norm``; timm's ``scale_norm``, EVA-02
+        attn_norm: a norm of the attention's output before ``proj`` (``norm``; timm's ``scale_norm``, EVA-02
             CLIP's and BEiT-3's sub-LN).
-        norm_eps: those LayerNorms' epsilon.
+        norm_layer, norm_eps: those norms, ``"layernorm"`` or ``"rmsnorm"`` (:mod:`vitrel.layers.norms`), and their
+            epsilon.
         layer: ``(index, number of layers)`` of the block, handed to a scheme built here from a name or
             config (per-layer schedules); a model builds its blocks' schemes itself and passes them as modules.
         attn_impl: ``auto`` or a registered kernel (:func:`vitrel.kernels.list_kernels`; what each does and when to
@@ -107,6 +109,7 @@ class Attention(nn.Module):
         cosine: bool = False,
         qk_norm: bool = False,
         attn_norm: bool = False,
+        norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
         **pos_options: Any,
     ) -> None:
@@ -122,9 +125,10 @@ class Attention(nn.Module):
         self._attn_impl = check_choice(attn_impl, attn_drop=attn_drop)
         self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
         self.attn_drop = attn_drop
-        self.q_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else None
-        self.k_norm = nn.LayerNorm(self.head_dim, eps=norm_eps) if qk_norm else None
-        self.norm = nn.LayerNorm(dim, eps=norm_eps) if attn_norm else nn.Identity()
+        norm = make_norm(norm_layer, norm_eps)
+        self.q_norm = norm(self.head_dim) if qk_norm else None
+        self.k_norm = norm(self.head_dim) if qk_norm else None
+        self.norm = norm(dim) if attn_norm else nn.Identity()
         self.proj = nn.Linear(dim, dim)
         self.proj_drop = nn.Dropout(proj_drop)
         self.pos: PositionScheme | None = None
@@ -195,7 +199,7 @@ class Attention(nn.Module):
     @staticmethod
     def _check_keywords(cls: type[PositionScheme], pos_options: dict[str, Any]) -> None:
         """Keywords that are not the scheme's options are refused as the layer's own, as Python refuses them (timm's
-        ``qk_norm=``, ``norm_layer=`` were reported as options the scheme lacks)."""
+        ``rope=``, ``fused_attn=`` were reported as options the scheme lacks)."""
         unknown = sorted(set(pos_options) - scheme_options(cls))
         if unknown:
             raise TypeError(

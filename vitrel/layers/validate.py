@@ -18,6 +18,7 @@ __all__ = [
     "check_count",
     "ACT_LAYERS",
     "MLP_LAYERS",
+    "NORM_LAYERS",
     "check_late_prefix",
     "check_num_classes",
     "check_swin_args",
@@ -28,6 +29,13 @@ __all__ = [
 #: the MLPs a ViT block takes (``mlp_layer``: :func:`vitrel.models.blocks.make_mlp`) and their activations
 MLP_LAYERS = ("mlp", "swiglu")
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")
+#: the norms of a ViT's layers (``norm_layer``: :func:`vitrel.layers.norms.make_norm`), timm's names
+NORM_LAYERS = ("layernorm", "rmsnorm")
+
+
+def _norm_layer(value: Any) -> None:
+    if value not in NORM_LAYERS:
+        raise ValueError(f"norm_layer must be one of {NORM_LAYERS} (timm's names), got {value!r}")
 
 
 def _int_at_least(name: str, value: Any, least: int) -> int:
@@ -126,6 +134,7 @@ def check_attention_args(args: Mapping[str, Any]) -> None:
     dim, heads = _positive_int("dim", args["dim"]), _positive_int("num_heads", args["num_heads"])
     _divisible("dim", dim, "num_heads", heads)
     _rates(args, ("attn_drop", "proj_drop"))
+    _norm_layer(args["norm_layer"])
     check_count("num_prefix_tokens", args.get("num_prefix_tokens", 0))  # (negative: the patches' bias rows cropped)
 
 
@@ -147,6 +156,7 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         raise ValueError(f"act_layer must be one of {ACT_LAYERS} (timm's names), got {args['act_layer']!r}")
     if args["act_layer"] != "gelu" and args["mlp_layer"] == "swiglu":
         raise ValueError(f"act_layer={args['act_layer']!r} is an Mlp's; mlp_layer='swiglu' gates with SiLU")
+    _norm_layer(args["norm_layer"])
     for flag in ("mlp_norm", "pre_norm", "post_norm", "qk_norm", "attn_norm", "final_norm", "pool_include_prefix"):
         if not isinstance(args[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
+from vitrel.layers.norms import make_norm
 from vitrel.layers.validate import check_late_prefix
 from vitrel.models.blocks import ACTIVATIONS, Block, BlockStack, check_shared
 from vitrel.models.pooling import pool_tokens
@@ -99,8 +100,9 @@ class ViTBody(BlockStack):
             raise ValueError(
                 "pre_norm normalises the tokens before block 0, prefix_at lets the prefix join later: give one"
             )
-        # timm's pre_norm (CLIP's ln_pre): a LayerNorm of the input tokens, after the absolute embedding
-        self.norm_pre = nn.LayerNorm(embed_dim, eps=args["norm_eps"]) if args["pre_norm"] else nn.Identity()
+        norm = make_norm(args["norm_layer"], args["norm_eps"])  # (every norm of the model's: LayerNorm or RmsNorm)
+        # timm's pre_norm (CLIP's ln_pre): a norm of the input tokens, after the absolute embedding
+        self.norm_pre = norm(embed_dim) if args["pre_norm"] else nn.Identity()
         self.rel_pos = make_pos(rel) if args["pos_share"] else None
         check_shared(self.rel_pos)
         check_choice(impl, self.rel_pos)  # (the blocks check their own schemes)
@@ -127,6 +129,7 @@ class ViTBody(BlockStack):
                     post_norm=args["post_norm"],
                     qk_norm=args["qk_norm"],
                     attn_norm=args["attn_norm"],
+                    norm_layer=args["norm_layer"],
                 )
                 for i in range(depth)
             ]
@@ -134,22 +137,22 @@ class ViTBody(BlockStack):
         # timm's feature metadata: one feature per block, at the patch stride
         patch = args["patch_size"]
         self.feature_info = [dict(module=f"blocks.{i}", num_chs=embed_dim, reduction=patch) for i in range(depth)]
-        fc_norm, eps = args["fc_norm"], args["norm_eps"]
+        fc_norm = args["fc_norm"]
         use_fc_norm = args["global_pool"] in ("avg", "max", "avgmax") if fc_norm is None else fc_norm
         final = args["final_norm"]  # (timm's final_norm=False: neither norm)
-        self.norm = nn.LayerNorm(embed_dim, eps=eps) if final and not use_fc_norm else nn.Identity()
+        self.norm = norm(embed_dim) if final and not use_fc_norm else nn.Identity()
         self.attn_pool = (
             AttentionPoolLatent(
                 embed_dim,
                 num_heads=args["attn_pool_num_heads"] or heads,
                 mlp_ratio=args["attn_pool_mlp_ratio"] or args["mlp_ratio"],
-                norm_layer=functools.partial(nn.LayerNorm, eps=eps),
+                norm_layer=norm,
                 act_layer=ACTIVATIONS[args["act_layer"]],
             )
             if args["global_pool"] == "map"
             else None
         )
-        self.fc_norm = nn.LayerNorm(embed_dim, eps=eps) if final and use_fc_norm else nn.Identity()
+        self.fc_norm = norm(embed_dim) if final and use_fc_norm else nn.Identity()
         self.pool_include_prefix = args["pool_include_prefix"]  # timm's (False: the pools reduce the patch tokens)
         self.head_drop = nn.Dropout(args["drop_rate"])
         self.head = nn.Linear(embed_dim, args["num_classes"]) if args["num_classes"] > 0 else nn.Identity()

@@ -1,19 +1,16 @@
 """Building blocks shared by the backbones: patch embedding, the pre-norm transformer block, and the
 helpers around a model's position schemes (their states, absolute embeddings, weight decay).
 
-Pre-norm block (Dosovitskiy et al., 2021), with optional layer scale ``gamma`` (Touvron et al., 2021)
-and stochastic depth ``DropPath`` (Huang et al., 2016)::
+Pre-norm block (Dosovitskiy et al. 2021), layer scale ``gamma`` (Touvron et al. 2021), ``DropPath`` (Huang 2016)::
 
     x <- x + DropPath(gamma_1 * Attention(LN(x), grid, mask))
     x <- x + DropPath(gamma_2 * MLP(LN(x)))
 
-Position schemes come in two kinds (``PositionScheme.kind``): ``"absolute"`` ones are applied once
-to the tokens after the patch embedding (``scheme.add_to_tokens``; with ``after_block = k``, to block ``k``'s output:
-CPE's place), ``"relative"`` ones live inside
-the attention layers, either one per block or one module owned by the model and shared by all
-blocks (``pos_share``). The model parses its ``pos=`` / ``abs_pos=`` once
-(:func:`~vitrel.pos.registry.parse_pos`), builds the schemes and prepares every block's state once per
-forward, passing it to the block (``blk(x, pos_state=state)``): the state carries its grid.
+Position schemes come in two kinds (``PositionScheme.kind``): ``"absolute"`` ones are applied once to the tokens after
+the patch embedding (``scheme.add_to_tokens``; with ``after_block = k``, to block ``k``'s output: CPE's place),
+``"relative"`` ones live inside the attention layers, either one per block or one module owned by the model and shared
+by all blocks (``pos_share``). The model parses ``pos=`` / ``abs_pos=`` once (:func:`~vitrel.pos.registry.parse_pos`),
+builds the schemes and prepares every block's state once per forward, for ``blk(x, pos_state=state)``.
 """
 
 from __future__ import annotations
@@ -33,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 
 from vitrel.kernels import check_choice, resolve
 from vitrel.layers.attention import Attention
+from vitrel.layers.norms import make_norm
 from vitrel.layers.validate import ACT_LAYERS
 from vitrel.layout.geometry import Grid, Grid3, as_grid
 from vitrel.layout.tokens import TokenLayout
@@ -558,11 +556,13 @@ class Block(nn.Module):
         cosine_attn: bool = False,
         qk_norm: bool = False,
         attn_norm: bool = False,
+        norm_layer: str = "layernorm",
     ) -> None:
         super().__init__()
         self.post_norm = post_norm  # each branch normalised after it (Swin V2's res-post-norm, timm's ResPostBlock)
-        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        options = dict(cosine=cosine_attn, qk_norm=qk_norm, attn_norm=attn_norm, norm_eps=norm_eps)  # (attention's)
+        norm = make_norm(norm_layer, norm_eps)
+        self.norm1 = norm(dim)
+        options = dict(cosine=cosine_attn, qk_norm=qk_norm, attn_norm=attn_norm, norm_layer=norm_layer)
         self.attn = Attention(
             dim,
             num_heads,
@@ -574,13 +574,13 @@ class Block(nn.Module):
             proj_drop=proj_drop,
             layer=layer,
             attn_impl=attn_impl,
+            norm_eps=norm_eps,
             **options,
         )
         self.ls1 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
-        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        norm = functools.partial(nn.LayerNorm, eps=norm_eps) if mlp_norm else None
-        self.mlp = make_mlp(mlp_layer, dim, int(dim * mlp_ratio), proj_drop, norm, act_layer)
+        self.norm2 = norm(dim)
+        self.mlp = make_mlp(mlp_layer, dim, int(dim * mlp_ratio), proj_drop, norm if mlp_norm else None, act_layer)
         self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 

@@ -10,6 +10,8 @@ from typing import Any
 from timm.layers import AttentionPoolLatent, SwiGLU
 from torch import nn
 
+from vitrel.layers.norms import same_norm
+
 __all__ = ["head_args"]
 
 
@@ -22,7 +24,7 @@ def _vitrel_attn_pool(t: nn.Module) -> bool:
         return ap is None
     ours = (ap.pos_embed, ap.latent_len, ap.pool, type(ap.q), type(ap.q_norm), type(ap.mlp.act))
     return ours == (None, 1, "token", nn.Linear, nn.Identity, type(blk.mlp.act)) and (
-        isinstance(ap.norm, nn.LayerNorm) and ap.norm.eps == blk.norm1.eps and None not in (ap.q.bias, ap.kv.bias)
+        same_norm(ap.norm, blk.norm1) and None not in (ap.q.bias, ap.kv.bias)
         and not isinstance(blk.mlp, SwiGLU)
     )  # fmt: skip
 
@@ -33,6 +35,10 @@ def head_args(t: nn.Module, mlp_ratio: float, refuse: Callable[[bool, str], None
     ``refuse(condition, what)`` raises for what vitrel has no equivalent of."""
     refuse(not _vitrel_attn_pool(t), "attention pooling other than timm's ViT's AttentionPoolLatent ('map')")
     fc_norm = getattr(t, "fc_norm", nn.Identity())
+    for m in (t.norm, fc_norm):
+        refuse(
+            not isinstance(m, nn.Identity) and not same_norm(m, t.blocks[0].norm1), "a final norm unlike the blocks'"
+        )
     out: dict[str, Any] = {"fc_norm": not isinstance(fc_norm, nn.Identity)}
     if isinstance(fc_norm, nn.Identity) and isinstance(t.norm, nn.Identity):  # (the Perception Encoder's towers)
         out["final_norm"] = False

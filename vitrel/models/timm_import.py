@@ -39,7 +39,7 @@ from typing import Any
 
 import timm
 import torch
-from timm.layers import LayerScale
+from timm.layers import LayerScale, RmsNorm
 from timm.models import adapt_input_conv
 from timm.models.eva import Eva
 from timm.models.swin_transformer import SwinTransformer as TimmSwin
@@ -49,6 +49,7 @@ from timm.models.vision_transformer import VisionTransformer as TimmViT
 from timm.models.vision_transformer_relpos import VisionTransformerRelPos as TimmRelPos
 from torch import Tensor, nn
 
+from vitrel.layers.norms import same_norm
 from vitrel.models.beit_import import Beit, beit_scheme, beit_tensors
 from vitrel.models.checkpoint import CheckpointError, load_weights
 from vitrel.models.convit_import import ConVit, convit_args, convit_tensors
@@ -171,15 +172,15 @@ def _vit_common(t: nn.Module, embedding: dict[str, Any]) -> dict[str, Any]:
     attn = blk.attn
     pre = getattr(t, "norm_pre", nn.Identity())  # (CLIP's ln_pre: vitrel's pre_norm)
     plain_pre = isinstance(pre, nn.Identity)
-    same = isinstance(pre, nn.LayerNorm) and pre.eps == blk.norm1.eps
-    _refuse(not plain_pre and not same, "a pre-norm other than a LayerNorm as the blocks'", t)
+    _refuse(not plain_pre and not same_norm(pre, blk.norm1), "a pre-norm other than the blocks'", t)
     qk_norm, attn_norm = (getattr(attn, n, nn.Identity()) for n in ("q_norm", "norm"))  # (vitrel's: the blocks' LN)
     for what, m in (("q/k norms", qk_norm), ("a norm inside attention", attn_norm)):
-        ln = isinstance(m, nn.LayerNorm) and m.eps == blk.norm1.eps and m.bias is not None
-        _refuse(not isinstance(m, nn.Identity) and not ln, f"{what} other than a LayerNorm as the blocks'", t)
+        _refuse(not isinstance(m, nn.Identity) and not same_norm(m, blk.norm1), f"{what} other than the blocks'", t)
     qkv = getattr(attn, "qkv", None) or getattr(attn, "q_proj", None)  # (EVA-02's separate q / k / v: joined)
     _refuse(qkv is None, "no q / k / v projections vitrel reads", t)
-    _refuse(not isinstance(blk.norm1, nn.LayerNorm), "norms other than LayerNorm", t)
+    rms = type(blk.norm1) is RmsNorm  # (sapiens2's: every norm an RmsNorm)
+    _refuse(not same_norm(blk.norm1, blk.norm1), "norms other than LayerNorm or timm's RmsNorm", t)
+    _refuse(not same_norm(blk.norm2, blk.norm1), "the blocks' two norms of different kinds", t)
     gp = t.global_pool
     _refuse(gp not in ("token", "avg", "max", "avgmax", "map", ""), f"global_pool={gp!r}", t)
     _refuse(type(attn).__name__ == "DiffAttention", "differential attention (DiffAttention)", t)
@@ -202,6 +203,7 @@ def _vit_common(t: nn.Module, embedding: dict[str, Any]) -> dict[str, Any]:
         **({} if isinstance(attn_norm, nn.Identity) else {"attn_norm": True}),
         **head,
         norm_eps=float(blk.norm1.eps),
+        **({"norm_layer": "rmsnorm"} if rms else {}),
     )
 
 

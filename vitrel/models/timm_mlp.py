@@ -12,6 +12,8 @@ from typing import Any
 from timm.layers import GELUTanh, GluMlp, QuickGELU, SwiGLU
 from torch import Tensor, nn
 
+from vitrel.layers.norms import same_norm
+
 __all__ = ["mlp_args", "split_packed"]
 
 
@@ -35,8 +37,7 @@ def mlp_args(t: nn.Module, blk: nn.Module, refuse: Callable[[bool, str], None]) 
     refuse(swiglu and any(m.bias is None for m in mlp.modules() if isinstance(m, nn.Linear)), "a SwiGLU without biases")
     norm = getattr(mlp, "norm", nn.Identity())
     plain = isinstance(norm, nn.Identity)
-    same = isinstance(norm, nn.LayerNorm) and norm.eps == blk.norm1.eps
-    refuse(not plain and not same, "a norm inside the MLP other than a LayerNorm as the block's")
+    refuse(not plain and not same_norm(norm, blk.norm1), "a norm inside the MLP other than the block's")
     hidden = mlp.fc2.in_features
     ratio = hidden / t.embed_dim
     if int(t.embed_dim * ratio) != hidden:  # (vitrel builds int(embed_dim * mlp_ratio) features, as timm)

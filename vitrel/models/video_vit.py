@@ -54,7 +54,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         pre_norm, post_norm, qk_norm, attn_norm, final_norm, attn_pool_num_heads, attn_pool_mlp_ratio,
             pool_include_prefix: as the image ViT's.
         pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
-        drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_eps: as the image ViT.
+        drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_layer, norm_eps: as the image
+            ViT.
         device, dtype: placement (keyword-only, not part of ``vitrel_cfg``).
     """
 
@@ -99,6 +100,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
     ) -> None:
         super().__init__()

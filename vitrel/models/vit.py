@@ -105,7 +105,9 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         attn_impl: attention kernel, ``auto`` or a registered one (:func:`vitrel.kernels.list_kernels`; what each
             does and when to pick it: docs/gpu.md).
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate: dropouts / stochastic depth.
-        norm_eps: LayerNorm epsilon.
+        norm_layer: every norm of the model, ``"layernorm"`` or ``"rmsnorm"`` (timm's ``RmsNorm``, no mean removed and
+            no bias: sapiens2's); :mod:`vitrel.layers.norms`.
+        norm_eps: the norms' epsilon.
         dynamic_img_size, strict_img_size: timm's input-size arguments (None: not given). The model reads the
             grid from the input, so by default any size runs; ``strict_img_size=True`` (or
             ``dynamic_img_size=False`` alone, timm's ViT default) refuses inputs other than ``img_size``
@@ -160,6 +162,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         proj_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
         dynamic_img_size: bool | None = None,
         strict_img_size: bool | None = None,

@@ -776,3 +776,28 @@ def test_eva_keeps_its_embedding_under_another_scheme_unless_told(caplog):
     with caplog.at_level(logging.INFO, logger="vitrel.models.timm_import"):
         dropped = vitrel.from_timm(t, pos="rel2d_full", abs_pos=None)
     assert dropped.abs_pos is None and "dropped    pos_embed: absolute embedding" in caplog.text
+
+
+def test_sapiens2_reads_with_grouped_query_rmsnorm_and_attention_only_layer_scale(tmp_path):
+    """sapiens2 (timm's ``vit_*_sapiens2``): DINOv3's RoPE, every norm an RmsNorm (``norm_layer="rmsnorm"``),
+    grouped-query attention in some blocks (``num_kv_heads`` one per block), layer scale on the attention branch only
+    (``attn_only_layer_scale``), 8 registers; equal to timm's at the built size (portrait), larger and square (timm
+    computes its RoPE tables in float32: 1e-6). A checkpoint keeps it."""
+    args = dict(img_size=(64, 48), embed_dim=64, depth=4, num_heads=4, num_kv_heads=(4, 2, 1, 4), num_classes=5)
+    torch.manual_seed(0)
+    t = lively(timm.create_model("vit_base_patch16_sapiens2", **args)).double().eval()
+    with torch.no_grad():
+        for n, p in t.named_parameters():
+            if "norm" in n:  # (off their init: an RmsNorm read as a LayerNorm, or its channels unpermuted, shows)
+                p.add_(0.3 * torch.randn_like(p))
+    m = vitrel.from_timm(t)
+    cfg = m.vitrel_cfg
+    assert (cfg["norm_layer"], cfg["num_kv_heads"], cfg["attn_only_layer_scale"]) == ("rmsnorm", [4, 2, 1, 4], True)
+    assert cfg["pos"]["coords"] == "normalized" and cfg["reg_tokens"] == 8
+    with torch.no_grad():
+        for hw in ((64, 48), (96, 64), (32, 32)):
+            x = torch.randn(2, 3, *hw, dtype=torch.float64, generator=torch.Generator().manual_seed(sum(hw)))
+            torch.testing.assert_close(m(x), t(x), rtol=1e-6, atol=1e-6, msg=str(hw))
+        vitrel.models.save_pretrained(m, tmp_path / "m")
+        back = vitrel.load_model(tmp_path / "m").double().eval()
+        torch.testing.assert_close(back(x), m(x), rtol=1e-6, atol=1e-6)

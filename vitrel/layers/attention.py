@@ -62,6 +62,10 @@ class Attention(nn.Module):
     Args:
         dim: embedding dimension ``C``.
         num_heads: number of heads; ``dim`` must be divisible by it.
+        num_kv_heads: grouped-query attention (timm's ``num_kv_heads``): ``k`` and ``v`` projected to this many heads,
+            each shared by ``num_heads / num_kv_heads`` query heads in turn (query head ``h`` reads key head
+            ``h // groups``, as timm's ``repeat_interleave``), ``qkv`` then ``[q | k | v]`` of ``C + 2 C_kv`` rows.
+            None: ``num_heads``.
         pos: the relative position scheme (a registered name, a config dict with ``name``, or a
             module), or ``"shared"`` for a layer that takes the state of a scheme its model owns
             (``forward(..., pos_state=...)``). Absolute schemes (``ape``, ``sincos2d``) act at the
@@ -98,6 +102,7 @@ class Attention(nn.Module):
         dim: int,
         num_heads: int = 8,
         pos: str | dict | PositionScheme | None = "none",
+        num_kv_heads: int | None = None,
         grid: Any = (14, 14),
         num_prefix_tokens: int = 0,
         qkv_bias: bool = True,
@@ -117,13 +122,14 @@ class Attention(nn.Module):
         check_attention_args(locals())  # sizes checked first, errors name the argument
         self.dim = dim
         self.num_heads = num_heads
+        self.num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
         self.head_dim = dim // num_heads
         self.scale = 1.0 if cosine else self.head_dim**-0.5  # (cosine: the logit scale is on q)
         self.logit_scale = nn.Parameter(torch.full((num_heads, 1, 1), math.log(10.0))) if cosine else None
         self.num_prefix_tokens = num_prefix_tokens
         self.causal = causal
         self._attn_impl = check_choice(attn_impl, attn_drop=attn_drop)
-        self.qkv = nn.Linear(dim, dim * 3, bias=qkv_bias)
+        self.qkv = nn.Linear(dim, dim + 2 * self.num_kv_heads * self.head_dim, bias=qkv_bias)
         self.attn_drop = attn_drop
         norm = make_norm(norm_layer, norm_eps)
         self.q_norm = norm(self.head_dim) if qk_norm else None
@@ -270,8 +276,13 @@ class Attention(nn.Module):
             raise ValueError(f"expected x of shape [B, N, {self.dim}], got {tuple(x.shape)}")
         st.check_tokens(x.shape[1])
         b, n, _ = x.shape
-        qkv = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv.unbind(0)
+        if self.num_kv_heads == self.num_heads:
+            q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        else:  # (grouped-query: each key / value head repeated for its query heads, before norms and rotation)
+            groups, kv = self.num_heads // self.num_kv_heads, self.num_kv_heads * self.head_dim
+            q, k, v = self.qkv(x).split((self.dim, kv, kv), dim=-1)
+            q = q.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+            k, v = (t.reshape(b, n, -1, self.head_dim).transpose(1, 2).repeat_interleave(groups, 1) for t in (k, v))
         if self.q_norm is not None and self.k_norm is not None:  # (in the values' dtype: autocast's norms give fp32)
             q, k = self.q_norm(q).to(v.dtype), self.k_norm(k).to(v.dtype)
         if self.logit_scale is not None:  # Swin V2's scaled cosine attention (timm's, its clamp at 100)

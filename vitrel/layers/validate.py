@@ -26,11 +26,23 @@ __all__ = [
 ]
 
 
-#: the MLPs a ViT block takes (``mlp_layer``: :func:`vitrel.models.blocks.make_mlp`) and their activations
+#: the MLPs a ViT block takes (``mlp_layer``: :func:`vitrel.layers.mlp.make_mlp`) and their activations
 MLP_LAYERS = ("mlp", "swiglu")
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")
 #: the norms of a ViT's layers (``norm_layer``: :func:`vitrel.layers.norms.make_norm`), timm's names
 NORM_LAYERS = ("layernorm", "rmsnorm")
+
+
+def _kv_heads(args: Mapping[str, Any], heads: int) -> None:
+    """``num_kv_heads`` None, or a divisor of ``num_heads`` (each key / value head serves as many query heads); for a
+    model also one per block, a list of ``depth``."""
+    kv = args.get("num_kv_heads")
+    if isinstance(kv, Sequence) and "depth" in args:
+        if len(kv) != args["depth"]:
+            raise ValueError(f"num_kv_heads lists {len(kv)} values, one per block of depth {args['depth']}")
+    for v in kv if isinstance(kv, Sequence) and "depth" in args else [kv]:
+        if v is not None:
+            _divisible("num_heads", heads, "num_kv_heads", _positive_int("num_kv_heads", v))
 
 
 def _norm_layer(value: Any) -> None:
@@ -133,6 +145,7 @@ def check_attention_args(args: Mapping[str, Any]) -> None:
     dropout rates in [0, 1]."""
     dim, heads = _positive_int("dim", args["dim"]), _positive_int("num_heads", args["num_heads"])
     _divisible("dim", dim, "num_heads", heads)
+    _kv_heads(args, heads)
     _rates(args, ("attn_drop", "proj_drop"))
     _norm_layer(args["norm_layer"])
     check_count("num_prefix_tokens", args.get("num_prefix_tokens", 0))  # (negative: the patches' bias rows cropped)
@@ -146,6 +159,7 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     check_num_classes(args["num_classes"])
     dim, heads = _positive_int("embed_dim", args["embed_dim"]), _positive_int("num_heads", args["num_heads"])
     _divisible("embed_dim", dim, "num_heads", heads)
+    _kv_heads(args, heads)
     _positive_int("depth", args["depth"])
     _mlp_ratio(args["mlp_ratio"])
     if args["mlp_layer"] not in MLP_LAYERS:
@@ -157,7 +171,8 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     if args["act_layer"] != "gelu" and args["mlp_layer"] == "swiglu":
         raise ValueError(f"act_layer={args['act_layer']!r} is an Mlp's; mlp_layer='swiglu' gates with SiLU")
     _norm_layer(args["norm_layer"])
-    for flag in ("mlp_norm", "pre_norm", "post_norm", "qk_norm", "attn_norm", "final_norm", "pool_include_prefix"):
+    flags = ("mlp_norm", "pre_norm", "post_norm", "qk_norm", "attn_norm", "final_norm", "pool_include_prefix")
+    for flag in (*flags, "attn_only_layer_scale"):
         if not isinstance(args[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")
     if args["attn_pool_num_heads"] is not None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -21,9 +21,10 @@ from torch import Tensor, nn
 
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
+from vitrel.layers.mlp import ACTIVATIONS
 from vitrel.layers.norms import make_norm
 from vitrel.layers.validate import check_late_prefix
-from vitrel.models.blocks import ACTIVATIONS, Block, BlockStack, check_shared
+from vitrel.models.blocks import Block, BlockStack, check_shared
 from vitrel.models.pooling import pool_tokens
 from vitrel.models.timm_surface import timm_attn_mask
 from vitrel.pos.registry import PosSpec, image_scheme
@@ -107,6 +108,7 @@ class ViTBody(BlockStack):
         check_shared(self.rel_pos)
         check_choice(impl, self.rel_pos)  # (the blocks check their own schemes)
         dpr = calculate_drop_path_rates(args["drop_path_rate"], depth)
+        kv_heads = args["num_kv_heads"]  # (one for every block, or one each)
         self.blocks = nn.ModuleList(
             [
                 Block(
@@ -130,6 +132,8 @@ class ViTBody(BlockStack):
                     qk_norm=args["qk_norm"],
                     attn_norm=args["attn_norm"],
                     norm_layer=args["norm_layer"],
+                    num_kv_heads=kv_heads[i] if isinstance(kv_heads, Sequence) else kv_heads,
+                    attn_only_layer_scale=args["attn_only_layer_scale"],
                 )
                 for i in range(depth)
             ]

@@ -23,15 +23,15 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-from timm.layers import DropPath, GELUTanh, LayerScale, Mlp, QuickGELU, SwiGLU, register_notrace_function, to_2tuple
+from timm.layers import DropPath, LayerScale, SwiGLU, register_notrace_function, to_2tuple
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
 from vitrel.kernels import check_choice, resolve
 from vitrel.layers.attention import Attention
+from vitrel.layers.mlp import make_mlp
 from vitrel.layers.norms import make_norm
-from vitrel.layers.validate import ACT_LAYERS
 from vitrel.layout.geometry import Grid, Grid3, as_grid
 from vitrel.layout.tokens import TokenLayout
 from vitrel.pos.base import PositionScheme, PosState
@@ -87,23 +87,6 @@ def scheme_no_weight_decay(model: nn.Module) -> set[str]:
             if any(key in pname for key in m.no_weight_decay_keys):
                 out.add(f"{mname}.{pname}" if mname else pname)
     return out
-
-
-#: ``act_layer`` of a ViT's MLP (names as timm's ``get_act_layer``): GELU, its tanh form (SigLIP's), QuickGELU (OpenAI
-#: CLIP's ``x sigmoid(1.702 x)``)
-ACTIVATIONS: dict[str, type[nn.Module]] = dict(zip(ACT_LAYERS, (nn.GELU, GELUTanh, QuickGELU), strict=True))
-
-
-def make_mlp(
-    kind: str, dim: int, hidden: int, drop: float, norm: Callable[[int], nn.Module] | None = None, act: str = "gelu"
-) -> nn.Module:
-    """A block's MLP: timm's ``Mlp`` with GELU (``"mlp"``, ViT's), or timm's ``SwiGLU``, ``fc2(SiLU(fc1_g x) *
-    fc1_x x)`` (``"swiglu"``: DINOv3's ViT-H+ and 7B, EVA-02's), both with ``hidden`` features; ``norm``: a norm of
-    the hidden features before ``fc2`` (timm's ``scale_mlp``, EVA-02's sub-LN); ``act``: the ``Mlp``'s activation
-    (:data:`ACTIVATIONS`; the SwiGLU's is SiLU)."""
-    if kind == "swiglu":
-        return SwiGLU(dim, hidden, act_layer=nn.SiLU, norm_layer=norm, drop=drop)
-    return Mlp(dim, hidden, act_layer=ACTIVATIONS[act], norm_layer=norm, drop=drop)
 
 
 def init_weights_(model: nn.Module) -> None:
@@ -557,6 +540,8 @@ class Block(nn.Module):
         qk_norm: bool = False,
         attn_norm: bool = False,
         norm_layer: str = "layernorm",
+        num_kv_heads: int | None = None,
+        attn_only_layer_scale: bool = False,
     ) -> None:
         super().__init__()
         self.post_norm = post_norm  # each branch normalised after it (Swin V2's res-post-norm, timm's ResPostBlock)
@@ -569,6 +554,7 @@ class Block(nn.Module):
             pos=pos,
             grid=as_grid(grid),
             num_prefix_tokens=num_prefix_tokens,
+            num_kv_heads=num_kv_heads,
             qkv_bias=qkv_bias,
             attn_drop=attn_drop,
             proj_drop=proj_drop,
@@ -581,7 +567,8 @@ class Block(nn.Module):
         self.drop_path1 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
         self.norm2 = norm(dim)
         self.mlp = make_mlp(mlp_layer, dim, int(dim * mlp_ratio), proj_drop, norm if mlp_norm else None, act_layer)
-        self.ls2 = LayerScale(dim, init_values=init_values) if init_values else nn.Identity()
+        both = init_values and not attn_only_layer_scale  # (timm's EVA: layer scale on the attention branch only)
+        self.ls2 = LayerScale(dim, init_values=init_values) if both else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0.0 else nn.Identity()
 
     def forward(

@@ -31,19 +31,19 @@ def half_swap_order(head_dim: int) -> Tensor:
     return torch.cat((torch.arange(head_dim // 2, head_dim), torch.arange(head_dim // 2)))
 
 
-def permute_qk(w: Tensor, order: Tensor, heads: int) -> Tensor:
-    """A ``qkv`` weight or bias ``[3 C, ...]`` (``C = heads * d``; q, k, v one after the other, heads in turn) with
-    the ``d`` channels of each head's query and key taken in ``order`` (a permutation of ``0 .. d-1``: new channel
+def permute_qk(w: Tensor, order: Tensor, heads: int, kv_heads: int | None = None) -> Tensor:
+    """A ``qkv`` weight or bias ``[C + 2 C_kv, ...]`` (``C = heads * d``, ``C_kv = kv_heads * d``, ``kv_heads``
+    None: ``heads``; q, k, v one after the other, heads in turn) with the ``d`` channels of each head's query and
+    key taken in ``order`` (a permutation of ``0 .. d-1``: new channel
     ``i`` is old channel ``order[i]``); the values are unchanged. Permuting q and k alike leaves every ``q . k`` as
     it was, so a RoPE model's weights move from one channel layout to another: timm's to vitrel's
     (:func:`rope_channel_order`), ``rope2d_axial``'s columns-first to rows-first
     (:func:`half_swap_order`). Returns a new tensor."""
     d = order.numel()
     idx = torch.arange(w.shape[0])
-    for part in (0, 1):
-        for h in range(heads):
-            base = part * heads * d + h * d
-            idx[base : base + d] = base + order
+    starts = [h * d for h in range(heads + (heads if kv_heads is None else kv_heads))]  # (q's heads, then k's)
+    for base in starts:
+        idx[base : base + d] = base + order
     return w[idx]
 
 
@@ -82,7 +82,7 @@ def swap_rope_axial_halves(model: nn.Module) -> nn.Module:
             order = half_swap_order(attn.head_dim)
             for p in (attn.qkv.weight, attn.qkv.bias):
                 if p is not None:
-                    p.copy_(permute_qk(p, order, attn.num_heads))
+                    p.copy_(permute_qk(p, order, attn.num_heads, attn.num_kv_heads))
             for norm in (attn.q_norm, attn.k_norm):  # (qk_norm's channels move with q's and k's)
                 for p in (norm.weight, norm.bias) if norm is not None else ():
                     p.copy_(p[order])

@@ -185,6 +185,9 @@ def _vit_common(t: nn.Module, embedding: dict[str, Any]) -> dict[str, Any]:
     _refuse(gp not in ("token", "avg", "max", "avgmax", "map", ""), f"global_pool={gp!r}", t)
     _refuse(type(attn).__name__ == "DiffAttention", "differential attention (DiffAttention)", t)
     has_ls = isinstance(getattr(blk, "ls1", None), LayerScale) or getattr(blk, "gamma_1", None) is not None
+    ls2 = isinstance(getattr(blk, "ls2", None), LayerScale) or getattr(blk, "gamma_2", None) is not None
+    kv = [int(getattr(b.attn, "num_kv_heads", b.attn.num_heads)) for b in t.blocks]  # (grouped-query: sapiens2's)
+    kv_heads = None if set(kv) == {attn.num_heads} else kv[0] if len(set(kv)) == 1 else kv
     mlp = mlp_args(t, blk, lambda cond, what: _refuse(cond, what, t))
     head = head_args(t, mlp["mlp_ratio"], lambda cond, what: _refuse(cond, what, t))
     return dict(
@@ -197,6 +200,8 @@ def _vit_common(t: nn.Module, embedding: dict[str, Any]) -> dict[str, Any]:
         **mlp,
         qkv_bias=qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
         init_values=1e-5 if has_ls else None,
+        **({"attn_only_layer_scale": True} if has_ls and not ls2 else {}),
+        **({"num_kv_heads": kv_heads} if kv_heads is not None else {}),
         pre_norm=not plain_pre,
         **({"post_norm": True} if kind.startswith("ResPost") else {}),
         **({} if isinstance(qk_norm, nn.Identity) else {"qk_norm": True}),
@@ -370,7 +375,8 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                     k_part = torch.zeros_like(v) if k_part is None else k_part.to(v)
                 v = torch.cat((v, k_part, src.pop(f"{blk}.attn.{theirs[1]}")))
                 if order is not None:
-                    v = permute_qk(v, order, t.blocks[0].attn.num_heads)
+                    a = t.get_submodule(blk + ".attn")
+                    v = permute_qk(v, order, a.num_heads, getattr(a, "num_kv_heads", None))
                 ours_key = f"{blk}.attn.qkv.{'bias' if name.endswith('bias') else 'weight'}"
                 out[ours_key] = v
                 rep.converted[ours_key] = f"cat({k}, {blk}.attn.{theirs[0]}, {blk}.attn.{theirs[1]})"

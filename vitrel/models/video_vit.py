@@ -44,8 +44,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         img_size: frame size the model is built for; num_frames: clip length it is built for (both size learned
             tables and absolute embeddings only: any clip runs).
         patch_size, tubelet_size: the tubelet's side in pixels and its length in frames (VideoMAE: 16, 2).
-        in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, mlp_layer, mlp_norm, act_layer, qkv_bias,
-            init_values: as the image ViT.
+        in_chans, num_classes, embed_dim, depth, num_heads, num_kv_heads, mlp_ratio, mlp_layer, mlp_norm, act_layer,
+            qkv_bias, init_values, attn_only_layer_scale: as the image ViT.
         global_pool: ``"avg"`` (mean of the tubelet tokens, VideoMAE's), ``"token"`` (class token), ``"max"`` /
             ``"avgmax"`` / ``"map"`` of the tubelet tokens (as the image ViT's) or ``""``.
         class_token: prepend a class token (VideoMAE has none).
@@ -75,6 +75,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         embed_dim: int = 768,
         depth: int = 12,
         num_heads: int = 12,
+        num_kv_heads: int | list[int] | None = None,
         mlp_ratio: float = 4.0,
         mlp_layer: str = "mlp",
         mlp_norm: bool = False,
@@ -82,6 +83,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         qkv_bias: bool = True,
         class_token: bool = False,
         init_values: float | None = None,
+        attn_only_layer_scale: bool = False,
         fc_norm: bool | None = None,
         pre_norm: bool = False,
         post_norm: bool = False,

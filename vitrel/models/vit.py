@@ -65,6 +65,9 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
     Args:
         img_size: image size the model is built for (sizes learned tables / absolute embeddings).
         patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias: as timm.
+        num_kv_heads: grouped-query attention, ``k`` and ``v`` of this many heads each serving ``num_heads /
+            num_kv_heads`` query heads (timm's EVA's, sapiens2's; :class:`~vitrel.layers.Attention`); None: all. A list:
+            each block's.
         global_pool: timm's ViT's: ``"token"`` (class token), ``"avg"`` / ``"max"`` / ``"avgmax"`` (mean, max, half
             their sum) of the patch tokens, ``"map"`` (timm's ``AttentionPoolLatent`` over the patch tokens, SigLIP's;
             ``attn_pool``) or ``""`` (none). Every input form pools each image's own patch tokens.
@@ -75,7 +78,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             (SigLIP's) or ``"quick_gelu"`` (OpenAI CLIP's); a SwiGLU's is SiLU.
         class_token: prepend a class token.
         reg_tokens: number of register tokens after the class token.
-        init_values: layer-scale init (None: no layer scale).
+        init_values: layer-scale init (None: no layer scale); ``attn_only_layer_scale``: on the attention branch only
+            (timm's EVA's, sapiens2's).
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm).
         pre_norm: a LayerNorm of the input tokens before block 0, after the absolute embedding (timm's ``norm_pre``,
             CLIP's ``ln_pre``).
@@ -133,6 +137,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         embed_dim: int = 768,
         depth: int = 12,
         num_heads: int = 12,
+        num_kv_heads: int | list[int] | None = None,
         mlp_ratio: float = 4.0,
         mlp_layer: str = "mlp",
         mlp_norm: bool = False,
@@ -141,6 +146,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         class_token: bool = True,
         reg_tokens: int = 0,
         init_values: float | None = None,
+        attn_only_layer_scale: bool = False,
         fc_norm: bool | None = None,
         pre_norm: bool = False,
         post_norm: bool = False,

@@ -97,6 +97,11 @@ class Gpsa(PositionScheme):
         ``local_init``."""
         if self.local_init:
             c = qkv.in_features
+            if qkv.out_features != 3 * c:
+                raise ValueError(
+                    "gpsa's local init makes v the identity, which grouped-query attention (num_kv_heads, fewer value "
+                    "channels) has no room for: give local_init=False"
+                )
             with torch.no_grad():
                 qkv.weight[2 * c :].copy_(torch.eye(c, dtype=qkv.weight.dtype, device=qkv.weight.device))
                 if qkv.bias is not None:

@@ -1,14 +1,16 @@
 """Score a sweep's Fashion-MNIST checkpoints on test images resized to other aspect ratios.
 
-    python bench/naflex_aspect.py --sweep <hydra sweep folder> [--sizes 28x28 20x36 36x20 16x44] [--out FILE]
+    python bench/naflex_aspect.py --sweep <hydra sweep folder> [--sizes 28x28 20x36 36x20 16x44] [--view crop]
 
 Every job of the sweep (``<sweep>/<n>/checkpoints/last.ckpt``, its overrides from ``.hydra/overrides.yaml``) scores
-the 2,000 embedded test images, each resized from 28 x 28 to every ``HxW`` of ``--sizes`` (multiples of the patch)
-after the run's normalisation, as the memory loader prepares images (torchvision, on the float tensor, antialiased;
-``data.interpolation`` of the run). Prints, and writes with ``--out``, a table of test accuracy per job and size, then
-the mean and standard deviation over seeds of every other override. Written for the ``experiment=fmnist_naflex``
-sweep of ``bench/results/naflex_abs_pos_fmnist_cpu.md``: its training images have mixed aspect ratios, where an
-embedding's ``ar_preserving`` matters, and its test images are square.
+the 2,000 embedded test images, each brought from 28 x 28 to every ``HxW`` of ``--sizes`` (multiples of the patch)
+after the run's normalisation (torchvision, on the float tensor, antialiased; ``data.interpolation`` of the run):
+``--view squash`` resizes the whole image (its content squashed to that aspect ratio), ``--view crop`` resizes its
+largest centred crop of that aspect ratio (the content's aspect kept, as the training crops of the NaFlex recipe).
+Prints, and writes with ``--out``, a table of test accuracy per job and size, then the mean and standard deviation
+over seeds of every other override. Written for the ``experiment=fmnist_naflex`` sweep of
+``bench/results/naflex_abs_pos_fmnist_cpu.md``: its training images have mixed aspect ratios, where an embedding's
+``ar_preserving`` matters, and its test images are square.
 """
 
 from __future__ import annotations
@@ -42,8 +44,19 @@ def accuracy(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
     return right / len(images)
 
 
-def score(ckpt: Path, sizes: list[tuple[int, int]], limit: int | None = None) -> dict[str, float]:
-    """Test accuracy of the checkpoint ``ckpt`` at each of ``sizes`` (``limit``: the first test images only)."""
+def view(x: torch.Tensor, h: int, w: int, how: str, mode: InterpolationMode) -> torch.Tensor:
+    """Images ``x [B, C, s, s]`` at ``h x w``: resized whole (``"squash"``) or their largest centred crop of aspect
+    ``w / h`` resized (``"crop"``)."""
+    if how == "crop":
+        s = x.shape[-1]
+        ch, cw = (s, round(s * w / h)) if w <= h else (round(s * h / w), s)
+        x = TF.center_crop(x, [ch, cw])
+    return x if (h, w) == tuple(x.shape[-2:]) else TF.resize(x, [h, w], interpolation=mode, antialias=True)
+
+
+def score(ckpt: Path, sizes: list[tuple[int, int]], how: str = "squash", limit: int | None = None) -> dict[str, float]:
+    """Test accuracy of the checkpoint ``ckpt`` at each of ``sizes`` (``how``: :func:`view`'s; ``limit``: the first
+    test images only)."""
     model = vitrel.load_model(ckpt).eval()
     cfg = data_config_for(ckpt, model)
     x, y = load_embedded_subset("test")
@@ -52,8 +65,7 @@ def score(ckpt: Path, sizes: list[tuple[int, int]], limit: int | None = None) ->
     mode = InterpolationMode(cfg.get("interpolation", "bilinear"))
     out = {}
     for h, w in sizes:
-        xs = x if (h, w) == tuple(x.shape[-2:]) else TF.resize(x, [h, w], interpolation=mode, antialias=True)
-        out[f"{h}x{w}"] = accuracy(model, xs, y)
+        out[f"{h}x{w}"] = accuracy(model, view(x, h, w, how, mode), y)
     return out
 
 
@@ -69,6 +81,7 @@ def main(argv: list[str] | None = None) -> str:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sweep", type=Path, required=True)
     ap.add_argument("--sizes", nargs="+", type=size, default=[(28, 28), (20, 36), (36, 20), (16, 44)])
+    ap.add_argument("--view", choices=("squash", "crop"), default="squash", help="the whole image, or a centred crop")
     ap.add_argument("--limit", type=int, default=None, help="score the first N test images only")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args(argv)
@@ -78,7 +91,7 @@ def main(argv: list[str] | None = None) -> str:
     names = [f"{h}x{w}" for h, w in args.sizes]
     rows, groups = [], {}
     for job in jobs:
-        acc = score(job / "checkpoints" / "last.ckpt", args.sizes, args.limit)
+        acc = score(job / "checkpoints" / "last.ckpt", args.sizes, args.view, args.limit)
         over, seed = overrides(job)
         rows.append(f"| {job.name} | `{over}` | {seed} | " + " | ".join(f"{acc[n]:.4f}" for n in names) + " |")
         groups.setdefault(over, []).append(acc)

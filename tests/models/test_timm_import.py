@@ -46,6 +46,7 @@ SOURCES = {
     "eva02_tiny_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
     "eva02_base_patch14_448": ({**SMALL_VIT, "patch_size": 16}, "rope2d_axial", "ape"),
     "eva_giant_patch14_224": ({**SMALL_VIT, "patch_size": 16}, "none", "ape"),  # EVA-01: the embedding alone
+    "eva02_enormous_patch14_clip_224": ({**SMALL_VIT, "patch_size": 16}, "none", "ape"),  # post-norm EVA blocks
     # a LayerNorm of the attention's output (attn_norm): EVA-02's CLIP tower, BEiT-3
     "eva02_base_patch16_clip_224": (SMALL_VIT, "rope2d_axial", "ape"),
     "beit3_base_patch16_224": (SMALL_VIT, "none", "ape"),

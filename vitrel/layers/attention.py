@@ -62,10 +62,6 @@ class Attention(nn.Module):
     Args:
         dim: embedding dimension ``C``.
         num_heads: number of heads; ``dim`` must be divisible by it.
-        num_kv_heads: grouped-query attention (timm's ``num_kv_heads``): ``k`` and ``v`` projected to this many heads,
-            each shared by ``num_heads / num_kv_heads`` query heads in turn (query head ``h`` reads key head
-            ``h // groups``, as timm's ``repeat_interleave``), ``qkv`` then ``[q | k | v]`` of ``C + 2 C_kv`` rows.
-            None: ``num_heads``.
         pos: the relative position scheme (a registered name, a config dict with ``name``, or a
             module), or ``"shared"`` for a layer that takes the state of a scheme its model owns
             (``forward(..., pos_state=...)``). Absolute schemes (``ape``, ``sincos2d``) act at the
@@ -84,6 +80,10 @@ class Attention(nn.Module):
             CLIP's and BEiT-3's sub-LN).
         norm_layer, norm_eps: those norms, ``"layernorm"`` or ``"rmsnorm"`` (:mod:`vitrel.layers.norms`), and their
             epsilon.
+        num_kv_heads: grouped-query attention (timm's ``num_kv_heads``): ``k`` and ``v`` projected to this many heads,
+            each shared by ``num_heads / num_kv_heads`` query heads in turn (query head ``h`` reads key head
+            ``h // groups``, as timm's ``repeat_interleave``), ``qkv`` then ``[q | k | v]`` of ``C + 2 C_kv`` rows.
+            None: ``num_heads``.
         layer: ``(index, number of layers)`` of the block, handed to a scheme built here from a name or
             config (per-layer schedules); a model builds its blocks' schemes itself and passes them as modules.
         attn_impl: ``auto`` or a registered kernel (:func:`vitrel.kernels.list_kernels`; what each does and when to
@@ -102,7 +102,6 @@ class Attention(nn.Module):
         dim: int,
         num_heads: int = 8,
         pos: str | dict | PositionScheme | None = "none",
-        num_kv_heads: int | None = None,
         grid: Any = (14, 14),
         num_prefix_tokens: int = 0,
         qkv_bias: bool = True,
@@ -116,6 +115,7 @@ class Attention(nn.Module):
         attn_norm: bool = False,
         norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
+        num_kv_heads: int | None = None,
         **pos_options: Any,
     ) -> None:
         super().__init__()

@@ -37,10 +37,10 @@ def _kv_heads(args: Mapping[str, Any], heads: int) -> None:
     """``num_kv_heads`` None, or a divisor of ``num_heads`` (each key / value head serves as many query heads); for a
     model also one per block, a list of ``depth``."""
     kv = args.get("num_kv_heads")
-    if isinstance(kv, Sequence) and "depth" in args:
-        if len(kv) != args["depth"]:
-            raise ValueError(f"num_kv_heads lists {len(kv)} values, one per block of depth {args['depth']}")
-    for v in kv if isinstance(kv, Sequence) and "depth" in args else [kv]:
+    per_block = isinstance(kv, Sequence) and "depth" in args
+    if per_block and len(kv) != args["depth"]:
+        raise ValueError(f"num_kv_heads lists {len(kv)} values, one per block of depth {args['depth']}")
+    for v in kv if per_block else [kv]:
         if v is not None:
             _divisible("num_heads", heads, "num_kv_heads", _positive_int("num_kv_heads", v))
 
@@ -171,8 +171,9 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     if args["act_layer"] != "gelu" and args["mlp_layer"] == "swiglu":
         raise ValueError(f"act_layer={args['act_layer']!r} is an Mlp's; mlp_layer='swiglu' gates with SiLU")
     _norm_layer(args["norm_layer"])
-    flags = ("mlp_norm", "pre_norm", "post_norm", "qk_norm", "attn_norm", "final_norm", "pool_include_prefix")
-    for flag in (*flags, "attn_only_layer_scale"):
+    flags = ("mlp_norm", "pre_norm", "post_norm", "qk_norm", "attn_norm", "final_norm", "pool_include_prefix",
+             "attn_only_layer_scale")  # fmt: skip
+    for flag in flags:
         if not isinstance(args[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")
     if args["attn_pool_num_heads"] is not None:

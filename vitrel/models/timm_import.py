@@ -167,13 +167,14 @@ def _vit_common(t: nn.Module, embedding: dict[str, Any]) -> dict[str, Any]:
     """The vitrel ViT's arguments for the timm ViT ``t`` whose patch embedding and tokens ``embedding`` gives."""
     blk = t.blocks[0]
     kind = type(blk).__name__  # (ResPost*: post-norm; Parallel*: parallel branches)
-    blocks = ("Block", "RelPosBlock", "EvaBlock", "ResPostBlock", "ResPostRelPosBlock")  # (ResPost*: post_norm)
+    post = ("ResPostBlock", "ResPostRelPosBlock", "EvaBlockPostNorm")  # (vitrel's post_norm)
+    blocks = ("Block", "RelPosBlock", "EvaBlock", *post)
     _refuse(kind not in blocks, f"{kind} blocks (vitrel's are pre-norm or res-post-norm Blocks)", t)
     attn = blk.attn
     pre = getattr(t, "norm_pre", nn.Identity())  # (CLIP's ln_pre: vitrel's pre_norm)
     plain_pre = isinstance(pre, nn.Identity)
     _refuse(not plain_pre and not same_norm(pre, blk.norm1), "a pre-norm other than the blocks'", t)
-    qk_norm, attn_norm = (getattr(attn, n, nn.Identity()) for n in ("q_norm", "norm"))  # (vitrel's: the blocks' LN)
+    qk_norm, attn_norm = (getattr(attn, n, nn.Identity()) for n in ("q_norm", "norm"))  # (vitrel's: the blocks' norm)
     for what, m in (("q/k norms", qk_norm), ("a norm inside attention", attn_norm)):
         _refuse(not isinstance(m, nn.Identity) and not same_norm(m, blk.norm1), f"{what} other than the blocks'", t)
     qkv = getattr(attn, "qkv", None) or getattr(attn, "q_proj", None)  # (EVA-02's separate q / k / v: joined)
@@ -203,7 +204,7 @@ def _vit_common(t: nn.Module, embedding: dict[str, Any]) -> dict[str, Any]:
         **({"attn_only_layer_scale": True} if has_ls and not ls2 else {}),
         **({"num_kv_heads": kv_heads} if kv_heads is not None else {}),
         pre_norm=not plain_pre,
-        **({"post_norm": True} if kind.startswith("ResPost") else {}),
+        **({"post_norm": True} if kind in post else {}),
         **({} if isinstance(qk_norm, nn.Identity) else {"qk_norm": True}),
         **({} if isinstance(attn_norm, nn.Identity) else {"attn_norm": True}),
         **head,

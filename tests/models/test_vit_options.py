@@ -287,9 +287,10 @@ def test_norm_layer_rmsnorm_is_every_norm_of_the_model(arch):
     for part in ("norm_pre", "blocks.0.norm1", "blocks.1.norm2", "blocks.0.attn.q_norm", "blocks.0.attn.norm",
                  "blocks.1.mlp.norm", "norm", "attn_pool.norm"):  # fmt: skip
         assert part in norms, part
-    nn.init.normal_(m.blocks[0].norm1.weight)
-    x = torch.randn(2, 5, 24)
-    torch.testing.assert_close(m.blocks[0].norm1(x).double(), _rms_reference(x, m.blocks[0].norm1.weight, 1e-5))
+    norm1 = m.blocks[0].norm1.double()
+    nn.init.normal_(norm1.weight)
+    x = torch.randn(2, 5, 24, dtype=torch.float64)
+    torch.testing.assert_close(norm1(x), _rms_reference(x, norm1.weight, 1e-5), rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError, match=r"norm_layer must be one of \('layernorm', 'rmsnorm'\)"):
         vitrel.create_model(arch, norm_layer="batchnorm")
     with pytest.raises(ValueError, match="norm_layer must be one of"):

@@ -18,9 +18,9 @@ from typing import Any
 from timm.models.naflexvit import NaFlexVit
 from torch import Tensor, nn
 
-__all__ = ["NaFlexVit", "naflex_abs_pos", "naflex_embedding", "naflex_tensors"]
+from vitrel.pos.schemes.absolute import INTERP_MODES, RESAMPLE_DEFAULTS
 
-_DEFAULTS = {"interp_mode": "bicubic", "antialias": True, "align_corners": False, "ar_preserving": False}
+__all__ = ["NaFlexVit", "naflex_abs_pos", "naflex_embedding", "naflex_tensors"]
 
 
 def naflex_abs_pos(t: NaFlexVit) -> dict[str, Any] | None:
@@ -37,7 +37,7 @@ def naflex_abs_pos(t: NaFlexVit) -> dict[str, Any] | None:
         "align_corners": bool(e.pos_embed_align_corners),
         "ar_preserving": bool(e.pos_embed_ar_preserving),
     }
-    return {"name": "ape", "table_grid": grid, **{k: v for k, v in opts.items() if _DEFAULTS[k] != v}}
+    return {"name": "ape", "table_grid": grid, **{k: v for k, v in opts.items() if RESAMPLE_DEFAULTS[k] != v}}
 
 
 def naflex_embedding(t: NaFlexVit, refuse: Callable[[bool, str], None]) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def naflex_embedding(t: NaFlexVit, refuse: Callable[[bool, str], None]) -> dict[
     refuse(e.norm_input is not None, "a norm of the patches before their projection")
     refuse(not isinstance(e.norm, nn.Identity), "the patch embedding has a norm")
     refuse(e.pos_embed_use_grid_sample, "the position embedding read by grid_sample (pos_embed_use_grid_sample)")
-    refuse(e.pos_embed_interp_mode not in ("bicubic", "bilinear"), f"{e.pos_embed_interp_mode} resampling")
+    refuse(e.pos_embed_interp_mode not in INTERP_MODES, f"{e.pos_embed_interp_mode} resampling")
     ph, pw = e.patch_size
     refuse(ph != pw, f"non-square patches {ph}x{pw}")
     size = (getattr(t, "pretrained_cfg", None) or {}).get("input_size")

@@ -56,6 +56,7 @@ __all__ = [
     "Sincos3d",
     "add_patch_embed",
     "INTERP_MODES",
+    "RESAMPLE_DEFAULTS",
     "resample_pos_embed",
     "resample_time_embed",
     "sincos2d_embed",
@@ -83,6 +84,8 @@ def add_patch_embed(x: Tensor, pe: Tensor, grid: Grid, num_prefix_tokens: int = 
 
 #: the modes the learned tables resample with (``F.interpolate``'s), timm's ``pos_embed_interp_mode``
 INTERP_MODES = ("bicubic", "bilinear")
+#: ``ape``'s resampling options as timm's ``resample_abs_pos_embed`` resamples (its defaults)
+RESAMPLE_DEFAULTS = {"interp_mode": "bicubic", "antialias": True, "align_corners": False, "ar_preserving": False}
 
 
 def resample_pos_embed(
@@ -130,13 +133,6 @@ def resample_time_embed(pe: Tensor, frames: int) -> Tensor:
     work = torch.float64 if pe.dtype == torch.float64 else torch.float32
     out = F.interpolate(pe.to(work).transpose(1, 2), size=frames, mode="linear", align_corners=False)
     return out.transpose(1, 2).to(pe.dtype)
-
-
-def resample_repr(options: dict) -> str:
-    """The options that differ from timm's ``resample_abs_pos_embed`` (``extra_repr``'s tail)."""
-    default = {"mode": "bicubic", "antialias": True, "align_corners": False, "ar_preserving": False}
-    changed = [f"{'interp_mode' if k == 'mode' else k}={v!r}" for k, v in options.items() if default[k] != v]
-    return "".join(", " + c for c in changed)
 
 
 def infer_grid(n: int, like: Grid) -> Grid:
@@ -339,7 +335,8 @@ class Ape(PositionScheme):
 
     def extra_repr(self) -> str:
         table = "" if self.table_grid is None else f", table_grid={grid_str(self.table_grid)}"
-        return f"{super().extra_repr()}, embed_dim={self.embed_dim}{table}{resample_repr(self.resample)}"
+        changed = "".join(f", {k}={getattr(self, k)!r}" for k, v in RESAMPLE_DEFAULTS.items() if getattr(self, k) != v)
+        return f"{super().extra_repr()}, embed_dim={self.embed_dim}{table}{changed}"
 
 
 class _SincosEmbed(GridBuffers, PositionScheme):

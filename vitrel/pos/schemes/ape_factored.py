@@ -71,9 +71,8 @@ class ApeFactored(PositionScheme):
     def embed(self, grid: Grid) -> Tensor:
         """The embedding ``[1, H*W, C]`` on ``grid``."""
         g = self.check_grid(grid)
-        if all(isinstance(v, int) for v in g) and tuple(g) == tuple(self.space):
-            return factored_embed(self.pos_embed_y, self.pos_embed_x, g)  # (timm's: the tables as stored)
-        return factored_embed(self.pos_embed_y, self.pos_embed_x, g, self.ar_preserving)
+        stored = all(isinstance(v, int) for v in g) and tuple(g) == tuple(self.space)  # (timm's: the tables as kept)
+        return factored_embed(self.pos_embed_y, self.pos_embed_x, g, self.ar_preserving and not stored)
 
     def add_to_tokens(self, x: Tensor, grid: Grid, num_prefix_tokens: int = 0) -> Tensor:
         return add_patch_embed(x, self.embed(grid), self.check_grid(grid), num_prefix_tokens)

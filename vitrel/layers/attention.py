@@ -70,7 +70,12 @@ class Attention(nn.Module):
         grid: the grid (or window) the scheme is built for (sizes learned tables), and the forward's grid when it is
             given none.
         num_prefix_tokens: class/register tokens ahead of the patch tokens.
-        qkv_bias, attn_drop, proj_drop: as in timm.
+        qkv_bias: biases of the q, k and v projections: ``True``, ``False``, or ``"qv"``: q's and v's alone, the key's
+            none (timm's BEiT, EVA and Swin V2; parameters ``q_bias`` and ``v_bias``, ``k_bias`` a
+            zero buffer, as timm's). A key bias adds ``q_i . b`` to all of row ``i``'s logits, which the softmax
+            ignores, unless ``k`` is rotated or normalised (RoPE, ``cosine``, ``qk_norm``): there it is a term
+            of its own, which those models never learn.
+        attn_drop, proj_drop: as in timm.
         causal: add a causal mask (1-D sequences).
         cosine: Swin V2's scaled cosine attention: logits ``cos(q_i, k_j) exp(min(s_h, log 100))`` with a learned
             ``s_h`` per head (``logit_scale``, ``log 10`` at first, not weight-decayed) for ``q . k / sqrt(d)``.
@@ -104,7 +109,7 @@ class Attention(nn.Module):
         pos: str | dict | PositionScheme | None = "none",
         grid: Any = (14, 14),
         num_prefix_tokens: int = 0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         attn_drop: float = 0.0,
         proj_drop: float = 0.0,
         causal: bool = False,
@@ -129,7 +134,13 @@ class Attention(nn.Module):
         self.num_prefix_tokens = num_prefix_tokens
         self.causal = causal
         self._attn_impl = check_choice(attn_impl, attn_drop=attn_drop)
-        self.qkv = nn.Linear(dim, dim + 2 * self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        kv_dim = self.num_kv_heads * self.head_dim
+        self.qkv = nn.Linear(dim, dim + 2 * kv_dim, bias=qkv_bias is True)
+        if qkv_bias == "qv":  # (timm's EVA / BEiT layout: no key bias to learn)
+            self.q_bias, self.v_bias = nn.Parameter(torch.zeros(dim)), nn.Parameter(torch.zeros(kv_dim))
+            self.register_buffer("k_bias", torch.zeros(kv_dim), persistent=False)
+        else:
+            self.q_bias = self.k_bias = self.v_bias = None
         self.attn_drop = attn_drop
         norm = make_norm(norm_layer, norm_eps)
         self.q_norm = norm(self.head_dim) if qk_norm else None
@@ -276,11 +287,15 @@ class Attention(nn.Module):
             raise ValueError(f"expected x of shape [B, N, {self.dim}], got {tuple(x.shape)}")
         st.check_tokens(x.shape[1])
         b, n, _ = x.shape
+        if self.q_bias is None:
+            qkv = self.qkv(x)
+        else:
+            qkv = F.linear(x, self.qkv.weight, torch.cat((self.q_bias, self.k_bias, self.v_bias)))
         if self.num_kv_heads == self.num_heads:
-            q, k, v = self.qkv(x).reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            q, k, v = qkv.reshape(b, n, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
         else:  # (grouped-query: each key / value head repeated for its query heads, before norms and rotation)
             groups, kv = self.num_heads // self.num_kv_heads, self.num_kv_heads * self.head_dim
-            q, k, v = self.qkv(x).split((self.dim, kv, kv), dim=-1)
+            q, k, v = qkv.split((self.dim, kv, kv), dim=-1)
             q = q.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
             k, v = (t.reshape(b, n, -1, self.head_dim).transpose(1, 2).repeat_interleave(groups, 1) for t in (k, v))
         if self.q_norm is not None and self.k_norm is not None:  # (in the values' dtype: autocast's norms give fp32)

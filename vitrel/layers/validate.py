@@ -148,6 +148,8 @@ def check_attention_args(args: Mapping[str, Any]) -> None:
     _kv_heads(args, heads)
     _rates(args, ("attn_drop", "proj_drop"))
     _norm_layer(args["norm_layer"])
+    if args["qkv_bias"] not in (True, False, "qv") or not isinstance(args["qkv_bias"], (bool, str)):
+        raise ValueError(f"qkv_bias must be true, false or 'qv' (no key bias), got {args['qkv_bias']!r}")
     check_count("num_prefix_tokens", args.get("num_prefix_tokens", 0))  # (negative: the patches' bias rows cropped)
 
 

@@ -524,7 +524,7 @@ class Block(nn.Module):
         grid: Any = (14, 14),
         num_prefix_tokens: int = 0,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         init_values: float | None = None,
         proj_drop: float = 0.0,
         attn_drop: float = 0.0,

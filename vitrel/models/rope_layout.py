@@ -83,6 +83,8 @@ def swap_rope_axial_halves(model: nn.Module) -> nn.Module:
             for p in (attn.qkv.weight, attn.qkv.bias):
                 if p is not None:
                     p.copy_(permute_qk(p, order, attn.num_heads, attn.num_kv_heads))
+            if attn.q_bias is not None:  # (qkv_bias="qv": q's bias moves, the key's is zero)
+                attn.q_bias.copy_(attn.q_bias.view(attn.num_heads, -1)[:, order].flatten())
             for norm in (attn.q_norm, attn.k_norm):  # (qk_norm's channels move with q's and k's)
                 for p in (norm.weight, norm.bias) if norm is not None else ():
                     p.copy_(p[order])

@@ -121,7 +121,7 @@ class SwinTransformer(SwinBody, TimmSurface, nn.Module):
         num_heads: Sequence[int] = (3, 6, 12, 24),
         window_size: int | tuple[int, int] = 7,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         post_norm: bool = False,
         cosine_attn: bool = False,
         pos: PosArg = "rel2d_full",

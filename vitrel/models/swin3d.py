@@ -261,7 +261,7 @@ class SwinTransformer3D(SwinBody, TimmSurface, nn.Module):
         num_heads: Sequence[int] = (3, 6, 12, 24),
         window_size: int | Sequence[int] = (8, 7, 7),
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         pos: PosArg = "rel3d_full",
         abs_pos: PosArg = None,
         pos_share: bool = False,

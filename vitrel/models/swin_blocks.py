@@ -408,7 +408,7 @@ class SwinStage(BlockImpls, nn.Module):
         abs_pos: PosArg = None,
         pos_share: bool = False,
         mlp_ratio: float = 4.0,
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         proj_drop: float = 0.0,
         attn_drop: float = 0.0,
         drop_path: Sequence[float] = (),

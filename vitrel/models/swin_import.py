@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from vitrel.layout.geometry import Grid
 from vitrel.layout.windows import window_and_shift
+from vitrel.models.timm_qkv import qkv_bias_of
 
 __all__ = ["swin_args", "swinv2_reference", "warn_swin_padding"]
 
@@ -56,7 +57,7 @@ def swin_args(t: nn.Module, v2: bool, refuse: Callable[[bool, str], None]) -> tu
         num_heads=[int(s.blocks[0].attn.num_heads) for s in t.layers],
         window_size=[int(ws[0]), int(ws[1])],
         mlp_ratio=blk.mlp.fc1.out_features / blk.mlp.fc1.in_features,
-        qkv_bias=blk.attn.qkv.bias is not None or getattr(blk.attn, "q_bias", None) is not None,
+        qkv_bias=qkv_bias_of(blk.attn),
         norm_eps=float(blk.norm1.eps),
         **({"post_norm": True, "cosine_attn": True} if v2 else {}),
     )

@@ -61,6 +61,7 @@ from vitrel.models.swin_import import swin_args, swinv2_reference, warn_swin_pad
 from vitrel.models.timm_files import load_timm_file
 from vitrel.models.timm_head import head_args
 from vitrel.models.timm_mlp import mlp_args, split_packed
+from vitrel.models.timm_qkv import qkv_bias_of
 
 __all__ = [
     "from_timm",
@@ -199,7 +200,7 @@ def _vit_common(t: nn.Module, embedding: dict[str, Any]) -> dict[str, Any]:
         depth=len(t.blocks),
         num_heads=int(attn.num_heads),
         **mlp,
-        qkv_bias=qkv.bias is not None or getattr(attn, "q_bias", None) is not None,
+        qkv_bias=qkv_bias_of(attn),
         init_values=1e-5 if has_ls else None,
         **({"attn_only_layer_scale": True} if has_ls and not ls2 else {}),
         **({"num_kv_heads": kv_heads} if kv_heads is not None else {}),
@@ -366,6 +367,15 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
             continue
         if fam in ("eva", "beit", "swinv2"):
             key = key.replace(".gamma_1", ".ls1.gamma").replace(".gamma_2", ".ls2.gamma")
+            blk = key.rpartition(".attn.")[0]
+            if key.endswith((".attn.q_bias", ".attn.q_proj.bias")) and f"{blk}.attn.q_bias" in own:
+                # qkv_bias="qv": q's and v's biases as they are, no key bias
+                v_key = f"{blk}.attn.{'v_bias' if key.endswith('q_bias') else 'v_proj.bias'}"
+                if order is not None:
+                    v = v.view(t.get_submodule(blk + ".attn").num_heads, -1)[:, order].flatten()
+                put(f"{blk}.attn.q_bias", k, v)
+                put(f"{blk}.attn.v_bias", v_key, src[v_key])
+                continue
             if key.endswith((".attn.q_bias", ".attn.q_proj.weight", ".attn.q_proj.bias")):
                 # EVA's separate q / v biases (k's a zero buffer) or q / k / v projections (EVA-02's; k without bias)
                 blk, _, name = key.rpartition(".attn.")

@@ -80,7 +80,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         mlp_layer: str = "mlp",
         mlp_norm: bool = False,
         act_layer: str = "gelu",
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         class_token: bool = False,
         init_values: float | None = None,
         attn_only_layer_scale: bool = False,

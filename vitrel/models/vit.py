@@ -64,7 +64,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
 
     Args:
         img_size: image size the model is built for (sizes learned tables / absolute embeddings).
-        patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias: as timm.
+        patch_size, in_chans, num_classes, embed_dim, depth, num_heads, mlp_ratio, qkv_bias: as timm (``qkv_bias``
+            also ``"qv"``: no key bias, :class:`~vitrel.Attention`).
         num_kv_heads: grouped-query attention, ``k`` and ``v`` of this many heads each serving ``num_heads /
             num_kv_heads`` query heads (timm's EVA's, sapiens2's; :class:`~vitrel.layers.Attention`); None: all. A list:
             each block's.
@@ -142,7 +143,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         mlp_layer: str = "mlp",
         mlp_norm: bool = False,
         act_layer: str = "gelu",
-        qkv_bias: bool = True,
+        qkv_bias: bool | str = True,
         class_token: bool = True,
         reg_tokens: int = 0,
         init_values: float | None = None,

@@ -174,7 +174,7 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         raise ValueError(f"act_layer={args['act_layer']!r} is an Mlp's; mlp_layer='swiglu' gates with SiLU")
     _norm_layer(args["norm_layer"])
     flags = ("mlp_norm", "pre_norm", "post_norm", "qk_norm", "attn_norm", "final_norm", "pool_include_prefix",
-             "attn_only_layer_scale")  # fmt: skip
+             "attn_only_layer_scale", "patch_bias")  # fmt: skip
     for flag in flags:
         if not isinstance(args[flag], bool):
             raise ValueError(f"{flag} must be true or false, got {args[flag]!r}")

@@ -177,7 +177,8 @@ class PatchEmbed(nn.Module):
     is zero-padded on the right and bottom to the next multiple first (grid ``ceil(H / p) x ceil(W / p)``); without
     it such an image is refused. ``patch_size`` is timm's ``(p, p)`` pair (square patches only: vitrel's position
     schemes and NaFlex patches are square). Returns ``[B, H', W', C]`` (``flatten=False``) or ``[B, H' W', C]``
-    and the grid.
+    and the grid. ``bias=False``: a projection without a bias (timm's with ``pre_norm``: CLIP's, the Perception
+    Encoder's).
     """
 
     #: what the error for an image of no whole patches adds (the Swin's embedding, which cannot pad, says nothing)
@@ -191,12 +192,13 @@ class PatchEmbed(nn.Module):
         norm_layer: type[nn.Module] | None = None,
         flatten: bool = True,
         dynamic_img_pad: bool = False,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         self.patch_size = square_patch(patch_size)
         self.flatten = flatten
         self.dynamic_img_pad = bool(dynamic_img_pad)
-        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size)
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=self.patch_size, stride=self.patch_size, bias=bias)
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
         self.img_size: tuple[int, int] | None = None  # timm's: the size the model is built for (the model sets it)
 
@@ -255,7 +257,7 @@ class TubeletEmbed(nn.Module):
 
     Clips ``[B, C, T, H, W]`` (VideoMAE's layout). The grid is read from the clip at call time
     (``Grid3(T // t, H // p, W // p)``). Returns tokens ``[B, T' H' W', C]`` t-major (``index = (t H' + h) W' + w``,
-    ``flatten=True``) or the map ``[B, T', H', W', C]``, and the grid.
+    ``flatten=True``) or the map ``[B, T', H', W', C]``, and the grid. ``bias``: as :class:`PatchEmbed`'s.
     """
 
     def __init__(
@@ -266,6 +268,7 @@ class TubeletEmbed(nn.Module):
         embed_dim: int = 768,
         norm_layer: type[nn.Module] | Callable[[int], nn.Module] | None = None,
         flatten: bool = True,
+        bias: bool = True,
     ) -> None:
         super().__init__()
         if patch_size < 1 or tubelet_size < 1:
@@ -274,7 +277,7 @@ class TubeletEmbed(nn.Module):
         self.flatten = flatten
         self.strict_img_size = False  # timm's builder reads it (fixed_input_size): any clip size runs
         k = (tubelet_size, patch_size, patch_size)
-        self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=k, stride=k)
+        self.proj = nn.Conv3d(in_chans, embed_dim, kernel_size=k, stride=k, bias=bias)
         self.norm = norm_layer(embed_dim) if norm_layer is not None else nn.Identity()
 
     def grid_for(self, num_frames: int, img_size: tuple[int, int]) -> Grid3:

@@ -122,7 +122,7 @@ _SHARED_ARGS = (
     "embed_dim", "depth", "depths", "num_heads", "mlp_ratio", "mlp_layer", "mlp_norm", "patch_size", "in_chans",
     "class_token", "qkv_bias", "global_pool", "norm_eps", "pre_norm", "act_layer",
     "final_norm", "attn_pool_num_heads", "attn_pool_mlp_ratio", "pool_include_prefix", "post_norm",
-    "qk_norm", "attn_norm", "norm_layer", "num_kv_heads", "attn_only_layer_scale",
+    "qk_norm", "attn_norm", "norm_layer", "num_kv_heads", "attn_only_layer_scale", "patch_bias",
 )  # fmt: skip
 
 

@@ -66,6 +66,7 @@ def naflex_embedding(t: NaFlexVit, refuse: Callable[[bool, str], None]) -> dict[
         "class_token": e.cls_token is not None,
         "reg_tokens": int(e.num_reg_tokens),
         "dynamic_img_pad": bool(e.dynamic_img_pad),
+        "patch_bias": e.proj.bias is not None,
     }
     return args
 

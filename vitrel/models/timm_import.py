@@ -161,6 +161,7 @@ def _patch_args(t: nn.Module) -> dict[str, Any]:
         class_token=getattr(t, "cls_token", None) is not None,
         reg_tokens=int(t.reg_token.shape[1]) if getattr(t, "reg_token", None) is not None else 0,
         dynamic_img_pad=bool(getattr(pe, "dynamic_img_pad", False)),
+        patch_bias=pe.proj.bias is not None,  # (CLIP's and the Perception Encoder's have none)
     )
 
 
@@ -428,9 +429,6 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
         _eva_reference(t, ours, out, rep)
     if fam == "swinv2":
         rep.converted.update(swinv2_reference(t, own, out))
-    if "patch_embed.proj.bias" in own and "patch_embed.proj.bias" not in out:  # (CLIP's has none: zero is the same)
-        out["patch_embed.proj.bias"] = torch.zeros_like(own["patch_embed.proj.bias"])
-        rep.converted["patch_embed.proj.bias"] = "zeros (timm's patch embedding has no bias)"
     pos_parts = (".abs_pos.", ".rel_pos.", ".attn.pos.")
     missing = [k for k in own if k not in out]
     bad = [k for k in missing if not (any(p in "." + k for p in pos_parts) or k.startswith("head."))]

@@ -52,7 +52,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm and
             VideoMAE).
         pre_norm, post_norm, qk_norm, attn_norm, final_norm, attn_pool_num_heads, attn_pool_mlp_ratio,
-            pool_include_prefix: as the image ViT's.
+            pool_include_prefix, patch_bias: as the image ViT's.
         pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_layer, norm_eps: as the image
             ViT.
@@ -104,6 +104,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         drop_path_rate: float = 0.0,
         norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
+        patch_bias: bool = True,
     ) -> None:
         super().__init__()
         check_vit_args(locals())  # sizes checked first, errors name the argument
@@ -123,7 +124,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.grad_checkpointing = False
         self._attn_impl = attn_impl
 
-        self.patch_embed = TubeletEmbed(patch_size, tubelet_size, in_chans, embed_dim)
+        self.patch_embed = TubeletEmbed(patch_size, tubelet_size, in_chans, embed_dim, bias=patch_bias)
         self.grid = self.patch_embed.grid_for(num_frames, img_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.init_body(rel, absolute, locals())

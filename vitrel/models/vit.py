@@ -84,6 +84,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm).
         pre_norm: a LayerNorm of the input tokens before block 0, after the absolute embedding (timm's ``norm_pre``,
             CLIP's ``ln_pre``).
+        patch_bias: a bias in the patch projection (False: CLIP's and the Perception Encoder's, timm's with
+            ``pre_norm``).
         post_norm: the blocks normalise each residual branch after it, ``x + LN(Attn x)`` (timm's ``ResPostBlock``,
             Swin V2's res-post-norm).
         qk_norm, attn_norm: the attention's LayerNorms of ``q`` and ``k`` per head (timm's ``qk_norm``) and of its
@@ -174,6 +176,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         dynamic_img_size: bool | None = None,
         strict_img_size: bool | None = None,
         dynamic_img_pad: bool = False,
+        patch_bias: bool = True,
     ) -> None:
         super().__init__()
         check_vit_args(locals())  # sizes checked first, errors name the argument
@@ -199,7 +202,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         self.grad_checkpointing = False
         self._attn_impl = attn_impl
 
-        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, dynamic_img_pad=dynamic_img_pad)
+        self.patch_embed = PatchEmbed(patch_size, in_chans, embed_dim, dynamic_img_pad=dynamic_img_pad, bias=patch_bias)
         self.patch_embed.strict_img_size = self.strict_img_size  # timm's: its builder reads it (fixed_input_size)
         self.patch_embed.img_size = img_size
         self.grid = self.patch_embed.grid_for(img_size)

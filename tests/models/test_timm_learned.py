@@ -1,6 +1,7 @@
-"""``qkv_bias="qv"``: a query and a value bias, none on the key, as timm builds BEiT, EVA (EVA-02, DINOv3's ``qkvb``)
-and Swin V2 (``q_bias`` and ``v_bias`` learned, ``k_bias`` a zero buffer). Checked against the equation in float64,
-and through ``from_timm``: fine-tuning the imported model learns what timm's learns."""
+"""``from_timm``'s models learn what timm's learn, not only compute the same function: fine-tuning one moves it as
+timm's moves. Two layouts make that so: ``qkv_bias="qv"`` (a query and a value bias, none on the key: timm's BEiT, EVA
+and Swin V2, ``q_bias`` and ``v_bias`` learned, ``k_bias`` a zero buffer) and ``patch_bias=False`` (CLIP's and the
+Perception Encoder's patch projections). Checked against the equation in float64 and against timm."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import timm
 import torch
 
 import vitrel
+from tests.models.test_swin_v2 import _timm_v2  # (its post-norms redrawn: timm starts them at 0)
+from tests.models.test_timm_import import SOURCES as IMPORTED
+from tests.models.test_timm_import import _timm
 from tests.weights import lively
 from vitrel import Attention
 from vitrel.models import save_pretrained
@@ -69,38 +73,50 @@ def test_a_key_bias_is_a_term_of_its_own_only_under_rotation_or_normalisation(po
     assert k_grad > 1e-3 if matters else k_grad < 1e-12
 
 
-SOURCES = {  # timm's attention layouts with q / v biases: fused qkv, separate projections, Swin V2's cosine windows
-    "vit_small_patch16_dinov3_qkvb": dict(img_size=64, depth=2, embed_dim=64, num_heads=2, num_classes=5),
-    "eva02_base_patch14_448": dict(img_size=64, depth=2, embed_dim=64, num_heads=2, num_classes=5, patch_size=16),
-    "swinv2_tiny_window8_256": dict(
-        img_size=64, embed_dim=16, depths=(2, 2), num_heads=(1, 2), window_size=4, num_classes=5
-    ),
+VIT = dict(img_size=64, depth=2, embed_dim=64, num_heads=2, num_classes=5)
+SOURCES = {  # q / v biases (fused qkv, separate projections, Swin V2's cosine windows); patch projections without bias
+    "vit_small_patch16_dinov3_qkvb": (VIT, {"qkv_bias": "qv"}),
+    "eva02_base_patch14_448": ({**VIT, "patch_size": 16}, {"qkv_bias": "qv"}),
+    "swinv2_tiny_window8_256": (dict(depths=(2, 2), num_heads=(1, 2), num_classes=5), {"qkv_bias": "qv"}),
+    "vit_base_patch16_clip_224": (VIT, {"patch_bias": False}),
+    "vit_pe_core_small_patch16_384": (VIT, {"patch_bias": False}),
 }
 
 
 @pytest.mark.parametrize("name", list(SOURCES))
 def test_fine_tuning_an_import_learns_what_timm_learns(name):
-    """One SGD step on every attention parameter of timm's model and of its import, the same batch and loss: the two
-    still compute the same function (a learned key bias would have moved the import alone: RoPE, cosine attention).
-    """
+    """One SGD step on every attention and patch-embedding parameter of timm's model and of its import, the same batch
+    and loss: the two still compute the same function. A learned key bias (under RoPE, cosine attention) or patch
+    bias would have moved the import alone."""
+    kw, read = SOURCES[name]
     torch.manual_seed(0)
-    t = lively(timm.create_model(name, **SOURCES[name])).double()
-    m = vitrel.from_timm(t).train()
-    t.train()
-    attn = next(mod for n, mod in m.named_modules() if n.endswith("blocks.0.attn"))
-    assert attn.q_bias is not None and attn.qkv.bias is None and m.vitrel_cfg["qkv_bias"] == "qv"
+    t = _timm_v2(name, **kw) if "swinv2" in name else lively(timm.create_model(name, **kw)).double()
+    m = vitrel.from_timm(t).eval()  # (no stochastic depth: Swin V2's drop_path_rate 0.1 draws in training mode)
+    t.eval()
+    assert {k: m.vitrel_cfg[k] for k in read} == read
     x, w = _x(2, (2, 3, 64, 64)), _x(3, (2, 5))
     for model in (t, m):
-        params = [p for n, p in model.named_parameters() if ".attn." in n]
+        params = [p for n, p in model.named_parameters() if ".attn." in n or n.startswith("patch_embed.")]
         opt = torch.optim.SGD(params, lr=0.5)
         (model(x) * w).sum().backward()
         opt.step()
-    t.eval(), m.eval()
     with torch.no_grad():
-        torch.testing.assert_close(m(x), t(x), rtol=1e-6, atol=1e-6)  # (EVA-02: timm's float32 RoPE table)
-        assert sum(p.numel() for n, p in m.named_parameters() if ".attn." in n) == sum(
-            p.numel() for n, p in t.named_parameters() if ".attn." in n
-        )
+        torch.testing.assert_close(m(x), t(x), rtol=1e-7, atol=1e-7)  # (EVA-02: timm's float32 RoPE table, 2e-8)
+
+
+@pytest.mark.parametrize("name", list(IMPORTED))
+def test_an_import_learns_as_many_numbers_as_timms_model(name):
+    """Every source ``from_timm`` reads: the import's parameters hold as many numbers as timm's model, less what is
+    folded on purpose: the absolute embedding's class / register slots (added to those tokens: the same sums,
+    learned once) and ConViT's positional-logit bias (the softmax cancels it)."""
+    t = _timm(name)
+    m = vitrel.from_timm(t)
+    folded = 0
+    if getattr(t, "pos_embed", None) is not None and not getattr(t, "no_embed_class", True) and name != "convit_tiny":
+        folded = t.num_prefix_tokens * t.pos_embed.shape[-1]
+    if name == "convit_tiny":
+        folded = sum(b.attn.pos_proj.bias.numel() for b in t.blocks if hasattr(b.attn, "pos_proj"))
+    assert sum(p.numel() for p in m.parameters()) == sum(p.numel() for p in t.parameters()) - folded
 
 
 def test_qv_models_save_load_and_refuse_other_values(tmp_path):

@@ -36,8 +36,21 @@ from vitrel.models.timm_import import (  # noqa: E402
 FAMILIES = "vit,deit,eva,beit,convit,swin,cait,flexivit,samvit,mvitv2,naflex"
 
 
+def learned_gap(t: torch.nn.Module, ours: torch.nn.Module) -> int:
+    """How many more numbers the vitrel model learns than timm's ``t``, less what the import folds on purpose: the
+    absolute embedding's prefix slots (added to the class and register tokens) and ConViT's positional-logit biases
+    (the softmax cancels them). 0: fine-tuning the import learns what timm's model learns."""
+    folded = 0
+    if type(t).__name__ == "ConVit":
+        folded = sum(b.attn.pos_proj.bias.numel() for b in t.blocks if hasattr(b.attn, "pos_proj"))
+    elif getattr(t, "pos_embed", None) is not None and not getattr(t, "no_embed_class", True):
+        folded = t.num_prefix_tokens * t.pos_embed.shape[-1]
+    return sum(p.numel() for p in ours.parameters()) - sum(p.numel() for p in t.parameters()) + folded
+
+
 def classify(name: str) -> str:
-    """``"read"``, ``"give pos="`` or the reason ``from_timm`` refuses timm's ``name``."""
+    """``"read"``, ``"give pos="`` or the reason ``from_timm`` refuses timm's ``name``; a model read as the same
+    function that learns other numbers than timm's is ``"read, learns N more numbers"``."""
     with torch.device("meta"):
         t = timm.create_model(name, pretrained=False)
     try:
@@ -55,7 +68,10 @@ def classify(name: str) -> str:
         return said.split(": ", 1)[-1].split(";")[0].replace(name, "<name>")
     except Exception as e:  # noqa: BLE001 - a crash is a finding too
         return f"error: {type(e).__name__}: {e}"
-    return "give pos=" if native == "__none__" else "read"
+    if native == "__none__":
+        return "give pos="
+    gap = learned_gap(t, ours)
+    return "read" if gap == 0 else f"read, learns {gap:+d} numbers more than timm's"
 
 
 def main() -> None:
@@ -69,14 +85,16 @@ def main() -> None:
     for i, name in enumerate(names):
         groups[classify(name)].append(name)
         print(f"[{i + 1}/{len(names)}] {name}", file=sys.stderr)
-    order = sorted(groups, key=lambda k: (k != "read", k != "give pos=", -len(groups[k]), k))
+    order = sorted(groups, key=lambda k: (k != "read", not k.startswith("read,"), k != "give pos=", -len(groups[k]), k))
     lines = [
         "# timm's pretrained ViT-family architectures through `vitrel.from_timm`",
         "",
         f"- Command: `python bench/timm_coverage.py{' --out ' + args.out if args.out else ''}`",
         f"- timm {timm.__version__}, torch {torch.__version__}, {platform.machine()}; name prefixes: {args.families}",
-        f"- {len(names)} architectures: {len(groups['read'])} read as the same function, {len(groups['give pos='])} "
-        "read with another position scheme only (`pos=` needed), the rest refused for the reason given.",
+        f"- {len(names)} architectures: {len(groups['read'])} read as the same function, learning the numbers timm's"
+        f" model learns (`read`), {sum(len(v) for k, v in groups.items() if k.startswith('read,'))} as the same "
+        f"function learning others, {len(groups['give pos='])} read with another position scheme only (`pos=` "
+        "needed), the rest refused for the reason given.",
         "",
         "| outcome | architectures | examples |",
         "|---|---:|---|",

@@ -29,6 +29,9 @@ SOURCES = {
     "vit_base_patch16_radio_v3": (SMALL_VIT, "none", "ape"),  # C-RADIO: 7 registers, no final norm (final_norm=False)
     "deit_tiny_patch16_224": (dict(img_size=64, depth=2, num_classes=5), "none", "ape"),
     "vit_relpos_small_patch16_224": ({**SMALL_VIT, "rel_pos_type": "bias"}, "rel2d_full", None),
+    # timm's relpos ViTs' own bias (RelPosMlp, mode cr): rel2d_cpb's mode cr; a class token; one shared by the blocks
+    "vit_relpos_medium_patch16_cls_224": (SMALL_VIT, "rel2d_cpb", None),
+    "vit_srelpos_small_patch16_224": (SMALL_VIT, "rel2d_cpb", None),
     "swin_tiny_patch4_window7_224": (
         dict(img_size=64, embed_dim=16, depths=(2, 2, 2, 2), num_heads=(1, 2, 2, 4), window_size=4, num_classes=7),
         "rel2d_full",
@@ -258,9 +261,10 @@ def test_unsupported_sources_are_clear_errors(tmp_path):
         vitrel.from_timm(rms)
     with pytest.raises(UnsupportedTimmModel, match=r"a CNN stem before the patch embedding \(HybridEmbed"):
         vitrel.from_timm(timm.create_model("vit_small_r26_s32_224", img_size=64, depth=1))  # (crashed on its .norm)
+    swin_mlp = dict(img_size=32, depth=1, rel_pos_type="mlp_swin")  # (timm's RelPosMlp in its swin mode: no scheme)
     with pytest.raises(UnsupportedTimmModel, match="give pos="):
-        vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", img_size=32, depth=1))  # MLP bias
-    m = vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", img_size=32, depth=1), pos="rel2d_cpb")
+        vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", **swin_mlp))
+    m = vitrel.from_timm(timm.create_model("vit_relpos_small_patch16_224", **swin_mlp), pos="rel2d_cpb")
     assert m.vitrel_cfg["pos"] == "rel2d_cpb"
     torch.save(_timm("vit_small_patch16_224").state_dict(), tmp_path / "vit.pth")
     with pytest.raises(CheckpointError, match="holds the weights of another architecture than timm's swin"):

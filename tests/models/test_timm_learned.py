@@ -80,6 +80,7 @@ SOURCES = {  # q / v biases (fused qkv, separate projections, Swin V2's cosine w
     "swinv2_tiny_window8_256": (dict(depths=(2, 2), num_heads=(1, 2), num_classes=5), {"qkv_bias": "qv"}),
     "vit_base_patch16_clip_224": (VIT, {"patch_bias": False}),
     "vit_pe_core_small_patch16_384": (VIT, {"patch_bias": False}),
+    "vit_relpos_medium_patch16_cls_224": (VIT, {"qkv_bias": False}),  # (its bias MLP, rel2d_cpb's mode cr)
 }
 
 

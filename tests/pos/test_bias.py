@@ -57,6 +57,18 @@ def ref_cpb(pos, grid):
     return f
 
 
+def ref_cpb_cr(pos, grid):
+    """timm's ``RelPosMlp(mode="cr")``: ``MLP(sign(d) ln(1 + |d|))``, both layers with a bias, no gate."""
+    w1, b1, w2, b2 = (p.detach().double() for p in (pos.mlp[0].weight, pos.mlp[0].bias, pos.mlp[3].weight,
+                                                     pos.mlp[3].bias))  # fmt: skip
+
+    def f(h, pi, pj):
+        x = torch.tensor([pi[0] - pj[0], pi[1] - pj[1]], dtype=torch.float64)
+        return (w2 @ torch.relu(w1 @ (torch.sign(x) * torch.log(1 + x.abs())) + b1) + b2)[h]
+
+    return f
+
+
 def ref_bucket2d(pos, grid):
     th, tw = pos.table_h.detach().double(), pos.table_w.detach().double()
     nb, md = pos.num_buckets, pos.max_distance
@@ -90,6 +102,7 @@ REFS = {
     "rel2d_full": (ref_full, {}),
     "rel2d_factored": (ref_factored, {}),
     "rel2d_cpb": (ref_cpb, {"hidden_dim": 16}),
+    "rel2d_cpb:cr": (ref_cpb_cr, {"hidden_dim": 16, "mode": "cr", "mlp_drop": 0.0}),
     "rel2d_bucket": (ref_bucket2d, {"num_buckets": 8, "max_distance": 6}),
     "rel1d_bucket": (ref_bucket1d, {"num_buckets": 8, "max_distance": 12}),
     "alibi1d": (ref_alibi1d, {}),
@@ -99,7 +112,9 @@ REFS = {
 
 def _make(name, grid, prefix, build_grid=None, **kw):
     torch.manual_seed(1)
-    a = Attention(24, 3, pos=name, grid=build_grid or grid, num_prefix_tokens=prefix, **REFS[name][1], **kw).double()
+    pos = name.split(":")[0]  # (a key "<scheme>:<variant>": the scheme with that entry's options)
+    a = Attention(24, 3, pos=pos, grid=build_grid or grid, num_prefix_tokens=prefix, **{**REFS[name][1], **kw})
+    a = a.double()
     # non-trivial tables (zero-init MLPs/tables would hide index bugs)
     with torch.no_grad():
         for n, p in a.pos.named_parameters():
@@ -324,3 +339,16 @@ def test_rel1d_bucket_under_causal_attention_uses_t5_one_directional_buckets(n):
     # the bidirectional scheme in a causal layer would differ: a clear error instead of a silent mix
     with pytest.raises(ValueError, match="built with causal=False"):
         Attention(16, 2, pos=build_pos("rel1d_bucket", num_heads=2, head_dim=8, grid=(1, n)), grid=(1, n), causal=True)
+
+
+def test_cpb_cr_drops_hidden_features_in_training_only():
+    """``mode: cr``'s dropout on the MLP's hidden features (timm's 0.125): a new table each training forward, the
+    reference's in evaluation."""
+    a = _make("rel2d_cpb:cr", (4, 4), 1, mlp_drop=0.5)
+    ref = dense_bias(REFS["rel2d_cpb:cr"][0](a.pos, (4, 4)), 3, 4, 4, 1)
+    torch.testing.assert_close(a.eval().bias((4, 4)), ref, rtol=1e-10, atol=1e-10)
+    a.train()
+    assert (a.bias((4, 4)) - a.bias((4, 4))).abs().max() > 1e-3
+    assert build_pos("rel2d_cpb", num_heads=2, head_dim=8, grid=(3, 3), mode="cr").mlp_drop == 0.125
+    with pytest.raises(ValueError, match="mode must be 'swin'"):
+        build_pos("rel2d_cpb", num_heads=2, head_dim=8, grid=(3, 3), mode="CR")

@@ -8,7 +8,8 @@ and every tensor that fits is carried over. Supported sources:
   dropped, or kept with ``abs_pos="ape"`` (its class-token slot folded into the class token, so the
   function is unchanged; resampled when the grid differs). ``pos=None`` means ``abs_pos="ape"`` and
   no relative scheme: the same function as the source.
-* timm ``VisionTransformerRelPos`` with ``rel_pos_type="bias"`` -> ``rel2d_full`` (same function).
+* timm ``VisionTransformerRelPos`` (``vit_relpos_*``, ``vit_srelpos_*``) -> ``rel2d_cpb`` with ``mode: cr`` (its
+  ``RelPosMlp``), or ``rel2d_full`` with ``rel_pos_type="bias"`` (same function; :mod:`~vitrel.models.relpos_import`).
 * timm ``SwinTransformer`` (``swin_*``) -> vitrel Swin with ``rel2d_full`` (same function at sizes
   that are a multiple of the window; vitrel masks the padding timm attends to otherwise). One window for all
   stages only: a window per stage (``swin_s3_*``) or ``always_partition=True`` is refused.
@@ -46,7 +47,6 @@ from timm.models.swin_transformer import SwinTransformer as TimmSwin
 from timm.models.swin_transformer_v2 import SwinTransformerV2 as TimmSwinV2
 from timm.models.swin_transformer_v2_cr import SwinTransformerV2Cr as TimmSwinV2Cr
 from timm.models.vision_transformer import VisionTransformer as TimmViT
-from timm.models.vision_transformer_relpos import VisionTransformerRelPos as TimmRelPos
 from torch import Tensor, nn
 
 from vitrel.layers.norms import same_norm
@@ -56,6 +56,7 @@ from vitrel.models.convit_import import ConVit, convit_args, convit_tensors
 from vitrel.models.data_config import data_fields, set_data_config
 from vitrel.models.naflex_import import NaFlexVit, naflex_abs_pos, naflex_embedding, naflex_tensors
 from vitrel.models.registry import build, split_feature_args, with_features
+from vitrel.models.relpos_import import VisionTransformerRelPos, relpos_scheme, relpos_tensor
 from vitrel.models.rope_layout import permute_qk, rope_channel_order
 from vitrel.models.swin_import import swin_args, swinv2_reference, warn_swin_padding
 from vitrel.models.timm_files import load_timm_file
@@ -104,7 +105,7 @@ class TransferReport:
 
 # ---------------------------------------------------------------------------- architecture
 def _family(t: nn.Module) -> str:
-    if isinstance(t, TimmRelPos):
+    if isinstance(t, VisionTransformerRelPos):
         return "relpos"
     if isinstance(t, NaFlexVit):
         return "naflex"
@@ -233,14 +234,8 @@ def timm_to_vitrel_args(t: nn.Module) -> tuple[str, dict[str, Any], dict[str, An
         more, native = beit_scheme(t, lambda cond, what: _refuse(cond, what, t))
         return _vit_arch(args), {**args, **more}, native
     if fam == "relpos":
-        rp = t.blocks[0].attn.rel_pos
-        _refuse(rp is None and getattr(t, "shared_rel_pos", None) is None, "no relative position module", t)
-        rp = rp if rp is not None else t.shared_rel_pos
-        gh, gw = t.patch_embed.grid_size  # (a table with BEiT's 3 class-token rows is no rel2d_full table)
-        table = getattr(rp, "relative_position_bias_table", None)
-        native = table is not None and table.dim() == 2 and table.shape[0] == (2 * gh - 1) * (2 * gw - 1)
-        args["pos_share"] = getattr(t, "shared_rel_pos", None) is not None
-        return _vit_arch(args), args, "rel2d_full" if native else "__none__"
+        args["pos_share"], native = relpos_scheme(t, lambda cond, what: _refuse(cond, what, t))
+        return _vit_arch(args), args, native
     if fam == "eva":
         args["abs_pos"] = "ape" if getattr(t, "pos_embed", None) is not None else None  # (EVA-02: both)
         rope = getattr(t, "rope", None)
@@ -357,8 +352,13 @@ def transfer_timm_weights(t: nn.Module, ours: nn.Module) -> TransferReport:
                     src.pop(k)
                 continue
         if fam == "relpos" and (".attn.rel_pos." in key or key.startswith("shared_rel_pos.")):
-            target = key.replace(".attn.rel_pos.relative_position_bias_table", ".attn.pos.table")
-            target = target.replace("shared_rel_pos.relative_position_bias_table", "rel_pos.table")
+            placed = relpos_tensor(key, v, own)
+            if placed is not None:
+                put(placed[0], k, placed[1])
+            else:
+                rep.dropped[k] = "relative-position parameters of timm's (the target scheme is another)"
+                src.pop(k)
+            continue
         if target is not None:  # a flat [(2H-1)(2W-1), heads] bias table -> rel2d_full's [2H-1, 2W-1, heads]
             if target in own and target != key and own[target].numel() == v.numel():
                 put(target, k, v.reshape(own[target].shape))

@@ -8,6 +8,12 @@ window", kept in the state dict as ``ref_grid``), log-spaced, and mapped to one 
 
 Being a function of the offset, it extends to any grid with no resizing.
 
+``mode: cr`` is timm's other log-coordinate MLP (``timm.layers.RelPosMlp(mode="cr")``, the bias of its
+``vit_relpos_*`` models): offsets not normalised, natural log, both layers with a bias, no gate, and dropout 0.125 on
+the hidden features in training (timm's ``Mlp(drop=(0.125, 0.))``)::
+
+    x' = sign(d) * ln(1 + |d|),   A_ij = q_i . k_j / sqrt(d) + MLP(x'_ij)_h
+
 Mixed precision: the MLP, its sigmoid and the table run in the weights' dtype with autocast off. Under autocast (as
 the Swin V2 authors' code and timm's run it) its inputs, the log-spaced offsets, and the gradient of every table
 entry are rounded to bfloat16 / float16 before the first layer's weight gradient sums them over the offsets, a sum
@@ -61,6 +67,16 @@ def _log_coords(gh: int, gw: int, rh: int, rw: int, dtype: torch.dtype, device) 
     return torch.sign(c) * torch.log2(c.abs() + 1.0) / math.log2(8.0)
 
 
+@per_device(maxsize=32)
+def _ln_coords(gh: int, gw: int, dtype: torch.dtype, device) -> Tensor:
+    """``mode: cr``'s offsets ``sign(d) ln(1 + |d|)``, flat ``[(2H-1) (2W-1), 2]`` row-major, not normalised."""
+    tw = 2 * gw - 1
+    a = torch.arange((2 * gh - 1) * tw, device=device)
+    ih = a // tw
+    c = torch.stack((ih - (gh - 1), a - ih * tw - (gw - 1)), dim=-1).to(dtype)
+    return torch.sign(c) * torch.log1p(c.abs())
+
+
 @register_pos("rel2d_cpb")
 class Rel2dCpb(PositionScheme):
     """Swin V2 continuous position bias: an MLP over log-spaced offsets, ``16 * sigmoid`` output."""
@@ -68,19 +84,35 @@ class Rel2dCpb(PositionScheme):
     family = "learned bias"
     has_bias = True
 
-    def __init__(self, *, hidden_dim: int = 512, mlp_weight_decay: bool = False, **kw) -> None:
+    def __init__(
+        self,
+        *,
+        hidden_dim: int = 512,
+        mode: str = "swin",
+        mlp_drop: float | None = None,
+        mlp_weight_decay: bool = False,
+        **kw,
+    ) -> None:
         if hidden_dim < 1:  # no hidden unit: the same bias for every offset
             raise ValueError(f"rel2d_cpb: hidden_dim must be a positive integer, got {hidden_dim}")
+        if mode not in ("swin", "cr"):
+            raise ValueError(f"rel2d_cpb: mode must be 'swin' (Swin V2's) or 'cr' (timm's relpos ViTs'), got {mode!r}")
+        mlp_drop = (0.125 if mode == "cr" else 0.0) if mlp_drop is None else mlp_drop
+        if not 0.0 <= mlp_drop < 1.0:
+            raise ValueError(f"rel2d_cpb: mlp_drop must be in [0, 1), got {mlp_drop!r}")
         if not isinstance(mlp_weight_decay, bool):
             raise ValueError(f"rel2d_cpb: mlp_weight_decay must be true or false, got {mlp_weight_decay!r}")
         super().__init__(**kw)
+        self.mode, self.mlp_drop = mode, float(mlp_drop)
         self.mlp_weight_decay = mlp_weight_decay
         # (an instance's: the class's () is the option's true)
         self.no_weight_decay_keys = () if mlp_weight_decay else ("mlp",)  # type: ignore[misc]
+        drop = [nn.Dropout(self.mlp_drop)] if mode == "cr" else []  # (Swin V2's keeps its layers' indices)
         self.mlp = nn.Sequential(
             nn.Linear(2, hidden_dim, bias=True),
             nn.ReLU(inplace=True),
-            nn.Linear(hidden_dim, self.num_heads, bias=False),
+            *drop,
+            nn.Linear(hidden_dim, self.num_heads, bias=mode == "cr"),
         )
         # The normalising grid travels with the weights: a checkpoint loaded at another size keeps
         # the function it learned (Swin V2's "pretrained window size").
@@ -100,13 +132,16 @@ class Rel2dCpb(PositionScheme):
         return options if written_format >= 8 else {"mlp_weight_decay": True, **options}
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, mlp_weight_decay={self.mlp_weight_decay}"
+        mode = f", mode=cr, mlp_drop={self.mlp_drop}" if self.mode == "cr" else ""
+        return f"{super().extra_repr()}{mode}, mlp_weight_decay={self.mlp_weight_decay}"
 
     def _flat_table(self, grid: Grid) -> Tensor:
-        """``16 * sigmoid(MLP(x'))``, ``[(2H-1) (2W-1), heads]``, in the MLP's dtype with autocast off (see the module
-        docstring)."""
+        """``16 * sigmoid(MLP(x'))`` (``mode: cr``: ``MLP(x')``), ``[(2H-1) (2W-1), heads]``, in the MLP's dtype with
+        autocast off (see the module docstring)."""
         w = self.mlp[0].weight
         with torch.autocast(w.device.type, enabled=False):
+            if self.mode == "cr":
+                return self.mlp(_ln_coords(grid.h, grid.w, w.dtype, w.device))
             return 16.0 * torch.sigmoid(self.mlp(_flat_coords(grid, self._ref, w.device, w.dtype)))
 
     def table(self, grid: Grid) -> Tensor:

@@ -122,6 +122,21 @@ def test_tables_and_kernels_as_documented():
     assert torch.equal(ctr[:, :, 1], k) and not ctr[:, :, 0].any() and not ctr[:, :, 2].any()
 
 
+def test_vit_without_key_and_patch_biases():
+    """EVA's and CLIP's layouts (``qkv_bias="qv"``, ``patch_bias=False``) inflate, their q / v biases carried."""
+    kw = dict(qkv_bias="qv", patch_bias=False)
+    img = image_vit("rope2d_axial", **kw)
+    with torch.no_grad():
+        for b in img.blocks:
+            b.attn.q_bias.normal_(), b.attn.v_bias.normal_()
+    vid = inflate_image_model(img, video_vit(ROPE_AXIAL, **kw))
+    frame = torch.randn(2, 3, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        torch.testing.assert_close(vid(static_clip(frame, 4)), img(frame), rtol=1e-10, atol=1e-10)
+    with pytest.raises(ValueError, match="patch_bias image False, video True"):
+        inflate_image_model(img, video_vit(ROPE_AXIAL, qkv_bias="qv"))
+
+
 def test_timm_vit_and_its_state_dict():
     """A timm ViT (without its absolute embedding, dropped on purpose) inflates as the vitrel ViT made of it."""
     torch.manual_seed(0)

@@ -45,7 +45,6 @@ def test_qv_attention_is_the_equation_forward_and_gradients():
     w = a.qkv.weight.detach().clone().requires_grad_()
     bq, bv = (p.detach().clone().requires_grad_() for p in (a.q_bias, a.v_bias))
     d = D // HEADS
-    ref = torch.zeros(2, N, D, dtype=torch.float64)
     heads = []
     for h in range(HEADS):
         rows = slice(h * d, (h + 1) * d)

@@ -230,3 +230,47 @@ def test_moved_modules_keep_their_old_paths():
     )
     first = f"import {pairs[0][0]}\n"  # an old path imported first, before anything else of vitrel
     subprocess.run([sys.executable, "-c", first + code], check=True, cwd=ROOT.parent)
+
+
+#: the training stack: ``import vitrel`` (models, layers, schemes, kernels) must not run it
+TRAINING_STACK = ("lightning", "torchmetrics", "hydra", "omegaconf", "wandb")
+
+
+def training_stack_imports(root: Path = ROOT, start: str = "vitrel") -> list[str]:
+    """``"module -> package"`` for every module-level import of :data:`TRAINING_STACK` by a module that importing
+    ``start`` runs (its runtime import graph)."""
+    graph, mods = import_graph(root), module_names(root)
+    seen, todo = set(), [start]
+    while todo:
+        u = todo.pop()
+        if u not in seen:
+            seen.add(u)
+            todo += graph.get(u, ())
+    bad = []
+    for name in sorted(seen):
+        for node in _top_level_imports(ast.parse(mods[name].read_text()).body):
+            found = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if not getattr(node, "level", 0):  # (a relative import stays in the package)
+                bad += [f"{name} -> {t}" for t in found if t.split(".")[0] in TRAINING_STACK]
+    return bad
+
+
+def test_import_vitrel_leaves_the_training_stack_out():
+    """A model user (``vitrel.create_model``, ``timm.create_model("vitrel_...")``, an export) does not pay for
+    Lightning's, Hydra's or W&B's import (Lightning's alone ~2.8 s): only ``vitrel.train`` / ``vitrel.data`` and
+    functions run them."""
+    assert training_stack_imports() == []
+
+
+def test_training_stack_import_is_found(tmp_path):
+    files = {
+        "vitrel/__init__.py": "from vitrel.models import m\n",
+        "vitrel/models/__init__.py": "",
+        "vitrel/models/m.py": "from vitrel.data.p import f\ndef g():\n    import hydra\n",
+        "vitrel/data/__init__.py": "import lightning.pytorch as L\n",
+        "vitrel/data/p.py": "",
+    }  # fmt: skip
+    for rel, text in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text)
+    assert training_stack_imports(tmp_path / "vitrel") == ["vitrel.data -> lightning.pytorch"]

@@ -10,8 +10,6 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from vitrel.data.packing import parse_packing
-
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
@@ -93,6 +91,8 @@ def naflex_of_run(ckpt_path: str | Path, run_rec: tuple[Path, Any] | None = None
     if not data:
         return {}, ""
     from omegaconf.errors import OmegaConfBaseException
+
+    from vitrel.data.packing import parse_packing  # here: vitrel.data imports Lightning, `import vitrel` need not
 
     out = {}
     for key, default in NAFLEX_RUN_KEYS.items():

@@ -15,6 +15,7 @@ from vitrel.models.swin3d import SwinTransformer3D
 from vitrel.models.timm_import import TransferReport, UnsupportedTimmModel, from_timm, transfer_timm_weights
 from vitrel.models.video_vit import VideoVisionTransformer
 from vitrel.models.vit import VisionTransformer
+from vitrel.models.vjepa2_import import from_vjepa2
 
 __all__ = [
     "CheckpointError",
@@ -25,6 +26,7 @@ __all__ = [
     "build_from_cfg",
     "from_irpe",
     "from_timm",
+    "from_vjepa2",
     "transfer_timm_weights",
     "TransferReport",
     "UnsupportedTimmModel",

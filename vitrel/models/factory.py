@@ -47,6 +47,8 @@ from vitrel.models.data_config import (
 )
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models, split_feature_args
 from vitrel.models.timm_import import from_timm
+from vitrel.models.vjepa2_import import RELEASED as VJEPA2
+from vitrel.models.vjepa2_import import from_vjepa2
 
 # timm's register_model reads the pretrained configs from the entry point's module as `default_cfgs`
 __all__ = ["create_model", "list_models", "default_cfgs", "TRANSFERABLE"]
@@ -198,9 +200,12 @@ def create_model(
             downloaded through timm unless ``init_file`` is given). The architecture is then the timm
             model's: ``name`` and architecture arguments here are not used (a warning lists them);
             ``pos``, ``num_classes``, ``img_size``, ``in_chans``, ``abs_pos``, ``pos_share`` and the
-            dropout / drop-path rates apply.
+            dropout / drop-path rates apply. ``"vjepa2:<encoder>"`` (``vit_large``, ``vit_huge``, ``vit_giant``,
+            ``vit_giant_384``, ``vit_ac_giant``): that V-JEPA 2 encoder (:func:`vitrel.from_vjepa2`; ``pos`` None:
+            ``rope3d_vjepa2``, their function; ``num_frames`` applies too), downloaded unless ``init_file`` is given.
         init_file: a local file or folder in timm's on-disk formats holding ``init_from``'s weights
-            (``.safetensors``, ``.pth``, ``.bin``, a timm / Hugging Face export folder). With ``init_from``, a
+            (``.safetensors``, ``.pth``, ``.bin``, a timm / Hugging Face export folder; for ``vjepa2:``, the authors'
+            checkpoint, e.g. ``vitl.pt``). With ``init_from``, a
             ``timm_kwargs`` dict in ``**kwargs`` is passed to ``timm.create_model`` (the file's architecture
             arguments, e.g. ``depth``, ``img_size``: ``+model.timm_kwargs={depth: 2}`` in ``train.py``).
         **kwargs: any other constructor argument (``depth``, ``pos_share``, ``abs_pos``...).
@@ -243,22 +248,31 @@ def _from_timm_route(
 ) -> nn.Module:
     if init_from is None:
         raise ValueError(
-            "init_file needs init_from=timm:<name>: the timm architecture the file was saved from "
-            "(e.g. init_from=timm:swin_tiny_patch4_window7_224)"
+            "init_file needs init_from=timm:<name> (the timm architecture the file was saved from, e.g. "
+            "init_from=timm:swin_tiny_patch4_window7_224) or init_from=vjepa2:<encoder> (e.g. vjepa2:vit_large)"
         )
-    if not str(init_from).startswith("timm:") or len(str(init_from)) <= 5:
-        raise ValueError(f"init_from must be 'timm:<model name>[.<tag>]', got {init_from!r}")
-    timm_name = str(init_from)[5:]
-    kwargs, feature_args = split_feature_args(kwargs)  # (a features_only backbone: from_timm's)
-    ignored = sorted(k for k, v in kwargs.items() if k not in (*TRANSFERABLE, "timm_kwargs") and v is not None)
+    route, _, source = str(init_from).partition(":")
+    if route not in ("timm", "vjepa2") or not source:
+        raise ValueError(
+            f"init_from must be 'timm:<model name>[.<tag>]' or 'vjepa2:<encoder>' ({', '.join(VJEPA2)}), "
+            f"got {init_from!r}"
+        )
+    kwargs, feature_args = split_feature_args(kwargs)  # (a features_only backbone: the import's)
+    own = ("timm_kwargs",) if route == "timm" else ("num_frames",)  # (a video model's clip length: the data's)
+    ignored = sorted(k for k, v in kwargs.items() if k not in (*TRANSFERABLE, *own) and v is not None)
     if ignored:
         warnings.warn(
-            f"init_from={init_from}: the architecture is {timm_name}'s, so {name} and "
+            f"init_from={init_from}: the architecture is {source}'s, so {name} and "
             f"{', '.join(f'{k}={kwargs[k]!r}' for k in ignored)} are not used",
             stacklevel=3,
         )
-    extra = {k: kwargs[k] for k in (*TRANSFERABLE, "timm_kwargs") if kwargs.get(k) is not None}
+    extra = {k: kwargs[k] for k in (*TRANSFERABLE, *own) if kwargs.get(k) is not None}
+    if route == "vjepa2":  # (a video model: no in_chans but the weights' three)
+        if in_chans not in (None, 3):
+            raise ValueError(f"init_from={init_from}: V-JEPA 2's encoders take 3 channels, not in_chans={in_chans}")
+        return from_vjepa2(init_file, name=source, pos=pos or "rope3d_vjepa2", num_classes=num_classes or 0,
+                           img_size=img_size, **extra, **feature_args)  # fmt: skip
     for k, v in (("num_classes", num_classes), ("img_size", img_size), ("in_chans", in_chans)):
         if v is not None:
             extra[k] = v
-    return from_timm(timm_name, pos=pos, checkpoint_path=init_file, **extra, **feature_args)
+    return from_timm(source, pos=pos, checkpoint_path=init_file, **extra, **feature_args)

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.data_config import set_data_config
-from vitrel.models.registry import build
+from vitrel.models.registry import build, split_feature_args, with_features
 
 __all__ = ["RELEASED", "VJEPA2_URL", "from_vjepa2", "vjepa2_state_dict"]
 
@@ -127,8 +127,10 @@ def from_vjepa2(
         img_size, num_frames: the frame size and clip length the model is built for (default ``name``'s size, or 256,
             and 16 frames, their evaluations' clips); any clip runs.
         **kwargs: other :class:`~vitrel.models.video_vit.VideoVisionTransformer` arguments (``global_pool``,
-            ``drop_path_rate``, ``attn_impl``, ...).
+            ``drop_path_rate``, ``attn_impl``, ...); ``features_only=True`` (``out_indices``, ...): timm's backbone of
+            the network (:func:`~vitrel.models.registry.with_features`).
     """
+    kwargs, feature_args = split_feature_args(kwargs)
     if name is not None and name not in RELEASED:
         raise ValueError(f"{name!r} is not one of V-JEPA 2's released encoders: {', '.join(RELEASED)}")
     if src is None:
@@ -168,4 +170,4 @@ def from_vjepa2(
             num_frames=num_frames,
         ),
     )
-    return model
+    return with_features(model, feature_args)

@@ -30,7 +30,9 @@ from vitrel.pos import list_pos  # noqa: E402
 from vitrel.pos.registry import get_pos_class, parse_pos  # noqa: E402
 
 GRID = Grid(3, 4)
-ROTARY = [n for n in list_pos("relative") if get_pos_class(n).has_rotation]
+#: the rotary schemes the fused rotation computes (a scheme with its own rotate(), as rope3d_vjepa2, is rotated before
+#: the kernel: tests/pos/test_add_scheme.py)
+ROTARY = [n for n in list_pos("relative") if get_pos_class(n).has_rotation and get_pos_class(n).fusable_rotation()]
 
 #: every rotary scheme and option: (scheme, options, head dim, prefix tokens); prefix 5 = a class token and 4 registers
 CASES = [

@@ -7,7 +7,8 @@ with their sizes) that computes their encoder's function: tubelets of 2 x 16 x 1
 no class token, the final LayerNorm on every token, and with the default ``pos="rope3d_vjepa2"`` the rotation the
 checkpoints were trained with (their ``rotate_queries_or_keys``, which the authors keep unfixed for these weights;
 :mod:`vitrel.pos.schemes.rope3d_vjepa2`). Their parameter names are vitrel's; the stored ``pos_embed`` (a fixed
-sin-cos table the RoPE encoders never add) is left out.
+sin-cos table the RoPE encoders never add) is left out. The weights do not say whether an encoder was trained
+with RoPE (their ``use_rope``; every released V-JEPA 2 encoder was): this reads RoPE encoders.
 
 Another ``pos`` starts a model of that scheme from their weights (``rope3d_axial``: the rotation they document as
 the fix; ``rel3d_factored``, ...): a different function, to fine-tune. The head is new (``num_classes``; 0 by

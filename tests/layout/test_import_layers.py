@@ -100,6 +100,13 @@ def import_graph(root: Path = ROOT, type_checking: bool = False) -> dict[str, se
     return graph
 
 
+def write_package(root: Path, files: dict[str, str]) -> None:
+    """A toy package under ``root``: ``{relative path: source}``."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+
+
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     """One cycle of ``graph`` as ``[a, b, ..., a]``, or None."""
     state: dict[str, int] = {}  # 1: on the stack, 2: done
@@ -160,9 +167,7 @@ def test_upward_import_for_types_alone_is_found(tmp_path):
         "vitrel/pos/base.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from vitrel.kernels import k\n",
         "vitrel/kernels/k.py": "import vitrel.pos.base\n",
     }  # fmt: skip
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    write_package(tmp_path, files)
     assert upward_imports(import_graph(tmp_path / "vitrel")) == []
     assert find_cycle(import_graph(tmp_path / "vitrel")) is None
     found = upward_imports(import_graph(tmp_path / "vitrel", type_checking=True))
@@ -198,9 +203,7 @@ def test_upward_import_for_types_alone_is_found(tmp_path):
     ],
 )
 def test_finds_cycles_on_a_toy_package(tmp_path, files, expect):
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    write_package(tmp_path, files)
     cycle = find_cycle(import_graph(tmp_path / "a"))
     assert (cycle is not None) == (expect == "cycle"), cycle
 
@@ -270,7 +273,5 @@ def test_training_stack_import_is_found(tmp_path):
         "vitrel/data/__init__.py": "import lightning.pytorch as L\n",
         "vitrel/data/p.py": "",
     }  # fmt: skip
-    for rel, text in files.items():
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / rel).write_text(text)
+    write_package(tmp_path, files)
     assert training_stack_imports(tmp_path / "vitrel") == ["vitrel.data -> lightning.pytorch"]

@@ -8,41 +8,17 @@ import math
 import pytest
 import torch
 
+from tests.pos.test_rope3d import vjepa2_qk
 from tests.reference import coords3
 from vitrel import Attention
 from vitrel.layout.geometry import Grid3
 from vitrel.pos import build_pos
 
 
-def released_rotate(x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-    """V-JEPA 2's ``rotate_queries_or_keys`` (facebookresearch/vjepa2, src/models/utils/modules.py) as released:
-    the ``repeat`` expansion its checkpoints were trained with."""
-    B, num_heads, N, D = x.size()
-    omega = torch.arange(D // 2, dtype=x.dtype, device=x.device)
-    omega /= D / 2.0
-    omega = 1.0 / 10000**omega
-    freq = torch.einsum("..., f -> ... f", pos.to(x.dtype), omega)
-    emb_sin = freq.sin().squeeze(-1).repeat(1, 1, 1, 2)
-    emb_cos = freq.cos().squeeze(-1).repeat(1, 1, 1, 2)
-    y = x.unflatten(-1, (-1, 2))
-    y1, y2 = y.unbind(dim=-1)
-    y = torch.stack((-y2, y1), dim=-1).flatten(-2)
-    return (x * emb_cos) + (y * emb_sin)
-
-
 def released_qk(q: torch.Tensor, grid: Grid3) -> torch.Tensor:
-    """``RoPEAttention.forward``'s rotation of ``q [B, heads, N, d]`` (their ``separate_positions``, no mask)."""
-    d = q.shape[-1]
-    dim = int(2 * ((d // 3) // 2))
-    ids = torch.arange(grid.n)
-    frame = ids // (grid.h * grid.w)
-    height = (ids - grid.h * grid.w * frame) // grid.w
-    width = ids - grid.h * grid.w * frame - grid.w * height
-    parts, s = [], 0
-    for pos in (frame, height, width):
-        parts.append(released_rotate(q[..., s : s + dim], pos))
-        s += dim
-    return torch.cat(parts + [q[..., s:]], dim=-1)
+    """V-JEPA 2's ``RoPEAttention`` rotation as released (their ``repeat`` expansion, which its checkpoints were trained
+    with): tests/pos/test_rope3d.py's rewrite of their code."""
+    return vjepa2_qk(q, grid, fixed=False)
 
 
 def equation_qk(q: torch.Tensor, grid: Grid3, prefix: int = 0) -> torch.Tensor:

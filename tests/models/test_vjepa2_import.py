@@ -154,3 +154,16 @@ def test_saves_and_loads_as_a_vitrel_model(checkpoint, tmp_path):
     torch.testing.assert_close(back.forward_features(x), m.forward_features(x), rtol=0, atol=0)
     assert back.vitrel_cfg["pos"] == "rope3d_vjepa2" and back(x).shape == (1, 5)
     assert back.pretrained_cfg["crop_pct"] == 224 / 256 and back.pretrained_cfg["num_frames"] == 16
+
+
+def test_features_only_gives_the_blocks_maps(checkpoint):
+    """``features_only=True``: timm's backbone of the import, the blocks' tubelet maps ``[B, C, T', H', W']`` as
+    the import's ``forward_intermediates``."""
+    path, _, _ = checkpoint
+    m = vitrel.from_vjepa2(path, num_heads=HEADS).eval()
+    f = vitrel.from_vjepa2(path, num_heads=HEADS, features_only=True, out_indices=(0, 1)).eval()
+    x = torch.randn(2, 3, 4, 8, 12, dtype=torch.float64)
+    maps = f(x)
+    assert [tuple(t.shape) for t in maps] == [(2, DIM, 2, 2, 3)] * 2
+    for got, want in zip(maps, m.forward_intermediates(x, indices=[0, 1], intermediates_only=True)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -28,7 +28,8 @@ How this compares with the authors' code (the tests check the equalities on a vi
   ``sectioned``, ``per_axis``, integer positions, no prefix tokens. Its released code expands ``cos/sin`` with
   ``repeat(..., 2)``, which gives the two channels of a pair different frequencies (not a rotation); the authors
   document the fix, ``repeat_interleave(2)``, kept off for their checkpoints. vitrel is the fixed form, and its
-  pairs are V-JEPA 2's (``stack((-y2, y1))`` on ``(2k, 2k+1)``): equal, no conversion.
+  pairs are V-JEPA 2's (``stack((-y2, y1))`` on ``(2k, 2k+1)``): equal, no conversion. The released form, which their
+  checkpoints need, is ``rope3d_vjepa2`` (:mod:`vitrel.pos.schemes.rope3d_vjepa2`).
 * Qwen2-VL / Qwen2.5-VL (``apply_multimodal_rotary_pos_emb``, ``mrope_section``; Hugging Face transformers
   ``modeling_qwen2_vl.py``): ``sectioned``, ``shared``, ``sections`` summing to ``head_dim / 2``. Qwen3-VL
   (``modeling_qwen3_vl.py``): ``interleaved``, ``shared``. Qwen pairs channel ``j`` with ``j + head_dim/2``

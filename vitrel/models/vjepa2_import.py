@@ -149,17 +149,12 @@ def from_vjepa2(
         "vitrel_vit_video_base_patch16_224",
         img_size=side, num_frames=num_frames, num_classes=num_classes, pos=pos, **arch, **args, dtype=dtype,
     )  # fmt: skip
-    ours = model.state_dict()
-    theirs = {k: v for k, v in sd.items() if k != "pos_embed"}
-    missing = sorted(k for k in ours if k not in theirs and not k.startswith(("head.", "fc_norm.", "attn_pool.")))
-    missing = [k for k in missing if ".attn.pos." not in k and not k.startswith(("rel_pos.", "abs_pos."))]
-    unexpected = sorted(k for k in theirs if k not in ours)
+    got = model.load_state_dict({k: v for k, v in sd.items() if k != "pos_embed"}, strict=False)
+    fresh = ("head.", "fc_norm.", "attn_pool.", "rel_pos.", "abs_pos.")  # (a new head; another scheme's parameters)
+    missing = sorted(k for k in got.missing_keys if not k.startswith(fresh) and ".attn.pos." not in k)
+    unexpected = sorted(got.unexpected_keys)
     if missing or unexpected:
-        raise CheckpointError(
-            f"the V-JEPA 2 encoder does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}"
-            + (" (their weights have no position scheme's parameters)" if missing else "")
-        )
-    model.load_state_dict(theirs, strict=False)
+        raise CheckpointError(f"the V-JEPA 2 encoder does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
     set_data_config(
         model,
         dict(

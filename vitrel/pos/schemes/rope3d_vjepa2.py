@@ -30,6 +30,7 @@ from torch import Tensor
 from vitrel.layout.geometry import as_grid3
 from vitrel.pos.base import PosState
 from vitrel.pos.registry import register_pos
+from vitrel.pos.rope_angles import geometric_freqs
 from vitrel.pos.schemes.rope import FixedRope, check_qk
 from vitrel.pos.schemes.rope3d import _check_sections, _coords
 
@@ -73,7 +74,7 @@ class Rope3dVjepa2(FixedRope):
         x = _coords(grid, None, torch.float64)  # [3, N]
         parts = []
         for a, s in enumerate(self.sections):  # (V-JEPA 2's sections: s pairs, D = 2s channels, each axis)
-            omega = self.base ** -(torch.arange(s, dtype=torch.float64) / s)
+            omega = geometric_freqs(self.base, 2 * s, 2, None, torch.float64)  # base^(-k/s), k < s
             parts.append(x[a][:, None] * omega.repeat(2)[None, :])  # their repeat(..., 2)
         theta = torch.cat(parts, dim=-1)
         return torch.nn.functional.pad(theta, (0, self.head_dim - theta.shape[-1]))

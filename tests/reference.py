@@ -151,6 +151,31 @@ def shaw_attention(
     return attn @ v + shaw_values(attn, rel_v, q_offset=q_offset, causal=causal, clip_distance=clip_distance)
 
 
+def _heads_attend(q: Tensor, k: Tensor, v: Tensor, heads: int) -> Tensor:
+    """Softmax attention per head of ``q [m, C]`` to ``k, v [n, C]`` (heads of ``C / heads`` channels), concatenated."""
+    out = []
+    for h in range(heads):
+        s = slice(h * q.shape[1] // heads, (h + 1) * q.shape[1] // heads)
+        a = (q[:, s] @ k[:, s].T / math.sqrt(s.stop - s.start)).softmax(-1)
+        out.append(a @ v[:, s])
+    return torch.cat(out, dim=1)
+
+
+def naive_attentive_pool(ap, x: Tensor) -> Tensor:
+    """V-JEPA 2's attentive pool (``ap``: :class:`~vitrel.layers.AttentivePool`) of one image's tokens ``x [n, C]``,
+    from their equations: each self-attention block ``x + proj(attn(LN1 x))``, ``x + mlp(LN2 x)``; then the query
+    ``q + attn(q, LN1 x)`` (no output projection) and ``q + mlp(LN2 q)`` -> ``[C]``."""
+    heads = ap.num_heads
+    for b in ap.blocks:
+        q, k, v = b.attn.qkv(b.norm1(x)).chunk(3, dim=-1)
+        x = x + b.attn.proj(_heads_attend(q, k, v, heads))
+        x = x + b.mlp(b.norm2(x))
+    c, q = ap.cross_attention_block, ap.query_tokens[0]
+    k, v = c.xattn.kv(c.norm1(x)).chunk(2, dim=-1)
+    q = q + _heads_attend(c.xattn.q(q), k, v, heads)
+    return (q + c.mlp(c.norm2(q)))[0]
+
+
 def autocast_param_errors(attn, grid: tuple[int, int], dtype: torch.dtype = torch.float16) -> dict[str, float]:
     """Each scheme parameter's gradient of ``<attn(x), g>`` under CPU autocast in ``dtype``, against the same layer in
     float64: ``|grad - grad64| / |grad64|`` by name (one random ``x`` with a prefix token; the caller seeds)."""
@@ -179,6 +204,8 @@ def naive_pool(m, tokens: Tensor) -> Tensor:
         return 0.5 * (tokens.mean(0) + tokens.amax(0))
     assert m.global_pool == "map", m.global_pool
     ap = m.attn_pool
+    if hasattr(ap, "cross_attention_block"):
+        return naive_attentive_pool(ap, tokens)
     heads, d = ap.num_heads, tokens.shape[1] // ap.num_heads
     q = ap.q(ap.latent[0]).view(heads, 1, d)  # one latent query
     k, v = ap.kv(tokens).view(-1, 2, heads, d).permute(1, 2, 0, 3)  # [heads, n, d] each

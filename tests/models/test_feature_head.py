@@ -150,6 +150,7 @@ POOLS = {
     "avgmax": dict(global_pool="avgmax", reg_tokens=1),
     "map": dict(global_pool="map", class_token=False),  # SigLIP's
     "map_registers": dict(global_pool="map", reg_tokens=1),
+    "attentive": dict(global_pool="map", class_token=False, attn_pool_type="attentive", attn_pool_depth=2),
 }
 
 

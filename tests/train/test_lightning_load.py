@@ -66,17 +66,23 @@ def test_load_from_checkpoint_takes_the_network_given_and_says_when_one_is_neede
         ClassifierModule.load_from_checkpoint(tmp_path / "bare.ckpt")
 
 
-@pytest.mark.parametrize("pool", ["max", "avgmax", "map"])
+@pytest.mark.parametrize("pool", ["max", "avgmax", "map", "attentive"])
 def test_a_run_with_timms_max_or_map_pooling_loads_back_with_its_pool(tmp_path, pool):
     """``python train.py model.global_pool=max`` (``avgmax``; ``map`` without a class token, SigLIP's head) was a
     ``ValueError`` at the model's build. The run's checkpoint now loads back with its pool, through
     ``vitrel.load_model`` and Lightning's ``load_from_checkpoint``, to the network the run trained (``attn_pool.*``
-    with it for ``map``; the model summary counts no FLOPs for it: torch's counter fails on timm's pool)."""
-    over = [f"model.global_pool={pool}"] + (["+model.class_token=false"] if pool == "map" else [])
+    with it for ``map``; the model summary counts no FLOPs for it: torch's counter fails on timm's pool). So does
+    ``map`` with V-JEPA 2's attentive pool (``+model.attn_pool_type=attentive``)."""
+    attentive = ["+model.attn_pool_type=attentive", "+model.attn_pool_depth=2"] if pool == "attentive" else []
+    pool = "map" if attentive else pool
+    over = [f"model.global_pool={pool}"] + (["+model.class_token=false"] if pool == "map" else []) + attentive
     train(compose(tmp_path, RUN + over))
     path = tmp_path / "checkpoints" / "last.ckpt"
     net = vitrel.load_model(path).eval()
     assert net.global_pool == net.vitrel_cfg["global_pool"] == pool
+    assert type(net.attn_pool).__name__ == (
+        "AttentivePool" if attentive else "AttentionPoolLatent" if net.attn_pool else "NoneType"
+    )
     assert (net.attn_pool is not None) == isinstance(net.fc_norm, torch.nn.Identity) == (pool == "map")
     module = ClassifierModule.load_from_checkpoint(path)
     x = torch.randn(4, 1, 28, 28, generator=torch.Generator().manual_seed(0))

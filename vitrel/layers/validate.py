@@ -17,6 +17,7 @@ __all__ = [
     "check_attention_args",
     "check_count",
     "ACT_LAYERS",
+    "ATTN_POOL_TYPES",
     "MLP_LAYERS",
     "NORM_LAYERS",
     "check_late_prefix",
@@ -31,6 +32,8 @@ MLP_LAYERS = ("mlp", "swiglu")
 ACT_LAYERS = ("gelu", "gelu_tanh", "quick_gelu")
 #: the norms of a ViT's layers (``norm_layer``: :func:`vitrel.layers.norms.make_norm`), timm's names
 NORM_LAYERS = ("layernorm", "rmsnorm")
+#: ``global_pool="map"``'s pools (``attn_pool_type``): timm's ``AttentionPoolLatent``, V-JEPA 2's attentive pool
+ATTN_POOL_TYPES = ("latent", "attentive")
 
 
 def _kv_heads(args: Mapping[str, Any], heads: int) -> None:
@@ -183,6 +186,11 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
         _divisible("embed_dim", dim, "attn_pool_num_heads", pool)
     if args["attn_pool_mlp_ratio"] is not None:
         _mlp_ratio(args["attn_pool_mlp_ratio"], "attn_pool_mlp_ratio")
+    if args["attn_pool_type"] not in ATTN_POOL_TYPES:
+        raise ValueError(f"attn_pool_type must be one of {ATTN_POOL_TYPES}, got {args['attn_pool_type']!r}")
+    depth = _positive_int("attn_pool_depth", args["attn_pool_depth"])
+    if depth != 1 and args["attn_pool_type"] != "attentive":
+        raise ValueError(f"attn_pool_depth={depth} is the attentive pool's (attn_pool_type='attentive')")
     _rates(args)
     if args.get("dynamic_img_pad"):
         _pair("img_size", args["img_size"])  # (padded to whole patches, as the images)

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from vitrel.kernels import check_choice
 from vitrel.layers.attention import SHARED
+from vitrel.layers.attentive_pool import AttentivePool
 from vitrel.layers.mlp import ACTIVATIONS
 from vitrel.layers.norms import make_norm
 from vitrel.layers.validate import check_late_prefix
@@ -51,6 +52,17 @@ def warn_video_scheme(model: str, **specs: PosSpec | None) -> None:
             f"(T = 1) and what it gives the time axis is never used. For images use {instead}; keep {spec.name} "
             "for image and video co-training, or to start a video model from this one."
         )
+
+
+def make_attn_pool(args: Mapping[str, Any], dim: int, heads: int, norm: Any) -> nn.Module:
+    """``global_pool="map"``'s pool: timm's ``AttentionPoolLatent`` (``attn_pool_type="latent"``, with the model's
+    norm and activation) or V-JEPA 2's attentive pool (``"attentive"``: :class:`~vitrel.layers.AttentivePool`, its
+    ``attn_pool_depth`` blocks); ``attn_pool_num_heads`` and ``attn_pool_mlp_ratio`` (None: the blocks') either's."""
+    num_heads, mlp_ratio = args["attn_pool_num_heads"] or heads, args["attn_pool_mlp_ratio"] or args["mlp_ratio"]
+    if args["attn_pool_type"] == "attentive":
+        return AttentivePool(dim, num_heads, mlp_ratio, depth=args["attn_pool_depth"])
+    act = ACTIVATIONS[args["act_layer"]]
+    return AttentionPoolLatent(dim, num_heads=num_heads, mlp_ratio=mlp_ratio, norm_layer=norm, act_layer=act)
 
 
 def channels_first(x: Tensor) -> Tensor:
@@ -145,17 +157,7 @@ class ViTBody(BlockStack):
         use_fc_norm = args["global_pool"] in ("avg", "max", "avgmax") if fc_norm is None else fc_norm
         final = args["final_norm"]  # (timm's final_norm=False: neither norm)
         self.norm = norm(embed_dim) if final and not use_fc_norm else nn.Identity()
-        self.attn_pool = (
-            AttentionPoolLatent(
-                embed_dim,
-                num_heads=args["attn_pool_num_heads"] or heads,
-                mlp_ratio=args["attn_pool_mlp_ratio"] or args["mlp_ratio"],
-                norm_layer=norm,
-                act_layer=ACTIVATIONS[args["act_layer"]],
-            )
-            if args["global_pool"] == "map"
-            else None
-        )
+        self.attn_pool = make_attn_pool(args, embed_dim, heads, norm) if args["global_pool"] == "map" else None
         self.fc_norm = norm(embed_dim) if final and use_fc_norm else nn.Identity()
         self.pool_include_prefix = args["pool_include_prefix"]  # timm's (False: the pools reduce the patch tokens)
         self.head_drop = nn.Dropout(args["drop_rate"])

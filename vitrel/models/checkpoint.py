@@ -461,7 +461,8 @@ def load_model(
 #: constructor arguments that, given to :func:`load_model` unlike the stored ones, make the weights compute another
 #: function (the position scheme by name too); most change shapes and fail to load, the others load silently
 _FUNCTION_ARGS = (
-    "abs_pos", "act_layer", "attn_pool_num_heads", "class_token", "depth", "depths", "embed_dim", "fc_norm",
+    "abs_pos", "act_layer", "attn_pool_depth", "attn_pool_num_heads", "attn_pool_type", "class_token", "depth",
+    "depths", "embed_dim", "fc_norm",
     "global_pool", "init_values", "mlp_ratio", "norm_eps", "norm_layer", "num_heads", "patch_bias", "patch_size",
     "pool_include_prefix", "pos_depth", "pos_share", "post_norm", "prefix_at", "qkv_bias", "reg_tokens",
 )  # fmt: skip

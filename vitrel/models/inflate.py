@@ -121,7 +121,8 @@ def _image_spec(video_pos: Any, video_model: nn.Module) -> Any:
 _SHARED_ARGS = (
     "embed_dim", "depth", "depths", "num_heads", "mlp_ratio", "mlp_layer", "mlp_norm", "patch_size", "in_chans",
     "class_token", "qkv_bias", "global_pool", "norm_eps", "pre_norm", "act_layer",
-    "final_norm", "attn_pool_num_heads", "attn_pool_mlp_ratio", "pool_include_prefix", "post_norm",
+    "final_norm", "attn_pool_num_heads", "attn_pool_mlp_ratio", "attn_pool_type", "attn_pool_depth",
+    "pool_include_prefix", "post_norm",
     "qk_norm", "attn_norm", "norm_layer", "num_kv_heads", "attn_only_layer_scale", "patch_bias",
 )  # fmt: skip
 

@@ -52,7 +52,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm and
             VideoMAE).
         pre_norm, post_norm, qk_norm, attn_norm, final_norm, attn_pool_num_heads, attn_pool_mlp_ratio,
-            pool_include_prefix, patch_bias: as the image ViT's.
+            attn_pool_type, attn_pool_depth, pool_include_prefix, patch_bias: as the image ViT's.
         pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_layer, norm_eps: as the image
             ViT.
@@ -92,6 +92,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         final_norm: bool = True,
         attn_pool_num_heads: int | None = None,
         attn_pool_mlp_ratio: float | None = None,
+        attn_pool_type: str = "latent",
+        attn_pool_depth: int = 1,
         pool_include_prefix: bool = False,
         pos: PosArg = "rel3d_full",
         abs_pos: PosArg = None,

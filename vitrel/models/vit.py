@@ -95,6 +95,10 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         attn_pool_num_heads, attn_pool_mlp_ratio: the attention pool's heads and MLP ratio (``global_pool="map"``;
             None: ``num_heads``, ``mlp_ratio``, as timm's ViT; timm's EVA names: the Perception Encoder's pool has 8
             heads, its ViT-G's MLP ratio 4 under blocks of 5.83).
+        attn_pool_type: ``"latent"`` (timm's ``AttentionPoolLatent``) or ``"attentive"`` (V-JEPA 2's attentive probe's
+            pool, :class:`~vitrel.layers.AttentivePool`: ``attn_pool_depth - 1`` self-attention blocks, then a query
+            that keeps its residual; its own LayerNorms, epsilon 1e-5), for ``global_pool="map"``.
+        attn_pool_depth: the attentive pool's blocks, its cross-attention block included (their ``num_probe_blocks``).
         pool_include_prefix: the pools (``"avg"``, ``"max"``, ``"avgmax"``, ``"map"``) take the prefix tokens with the
             patches (timm's; timm's EVA attention pool, the Perception Encoder's), on every input form.
         pos: position scheme (name or config). An absolute scheme (``"ape"``, ``"sincos2d"``) means
@@ -158,6 +162,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         final_norm: bool = True,
         attn_pool_num_heads: int | None = None,
         attn_pool_mlp_ratio: float | None = None,
+        attn_pool_type: str = "latent",
+        attn_pool_depth: int = 1,
         pool_include_prefix: bool = False,
         pos: PosArg = "rel2d_full",
         abs_pos: PosArg = None,

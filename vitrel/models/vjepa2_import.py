@@ -12,9 +12,11 @@ with RoPE (their ``use_rope``; every released V-JEPA 2 encoder was): this reads 
 
 Another ``pos`` starts a model of that scheme from their weights (``rope3d_axial``: the rotation they document as
 the fix; ``rel3d_factored``, ...): a different function, to fine-tune. The head is new (``num_classes``; 0 by
-default: the pooled features), on the mean of the normalised tokens (``global_pool="avg"``, ``fc_norm=False``);
-``global_pool="map"`` pools with timm's attention pool, which comes close to V-JEPA 2's attentive probe. The model
-saves and loads as any vitrel model (``vitrel.models.save_pretrained``, ``vitrel.load_model``).
+default: the pooled features), on the mean of the normalised tokens (``global_pool="avg"``, ``fc_norm=False``).
+``probe=`` reads one of their attentive probes (``ssv2-vitl-16x2x3.pt``, ...: ``{"classifiers": [...]}``, their
+``AttentiveClassifier``) into the head: V-JEPA 2's attentive pool (``global_pool="map"``,
+``attn_pool_type="attentive"``) and its linear layer, so the model is their classifier of a clip. The model saves and
+loads as any vitrel model (``vitrel.models.save_pretrained``, ``vitrel.load_model``).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.data_config import set_data_config
 from vitrel.models.registry import build, split_feature_args, with_features
 
-__all__ = ["RELEASED", "VJEPA2_URL", "from_vjepa2", "vjepa2_state_dict"]
+__all__ = ["RELEASED", "RELEASED_PROBES", "VJEPA2_URL", "from_vjepa2", "vjepa2_probe_state_dict", "vjepa2_state_dict"]
 
 #: where the authors host their checkpoints (their ``src/hub/backbones.py``)
 VJEPA2_URL = "https://dl.fbaipublicfiles.com/vjepa2"
@@ -46,18 +48,71 @@ RELEASED = {
     "vit_ac_giant": ("vjepa2-ac-vitg", 1408, 22, 256),
 }
 
+#: their released attentive probes (README, "Evaluation Attentive Probes"): ``name -> (file under evals/, encoder,
+#: num_frames)``; the frames per clip are their inference configs' ``frames_per_clip`` (``configs/inference``), whose
+#: probes all have 16 heads (``classifier.num_heads``) and 4 blocks
+RELEASED_PROBES = {
+    "ssv2_vit_large": ("ssv2-vitl-16x2x3", "vit_large", 16),
+    "diving48_vit_large": ("diving48-vitl-256", "vit_large", 32),
+    "ssv2_vit_giant_384": ("ssv2-vitg-384-64x2x3", "vit_giant_384", 64),
+    "diving48_vit_giant_384": ("diving48-vitg-384-32x4x3", "vit_giant_384", 32),
+}
+#: their probes' heads (every inference config's ``classifier.num_heads``; the weights do not say)
+PROBE_HEADS = 16
+
+
+def _load(src: str | os.PathLike | dict[str, Any], what: str) -> Any:
+    if isinstance(src, (str, os.PathLike)):
+        p = Path(src)
+        if not p.is_file():
+            raise CheckpointError(f"no such file: {p} ({what} from {VJEPA2_URL})")
+        src = torch.load(p, map_location="cpu", weights_only=True)
+    if not isinstance(src, dict):
+        raise CheckpointError(f"a V-JEPA 2 checkpoint is a dict, got {type(src).__name__}")
+    return src
+
+
+def vjepa2_probe_state_dict(src: str | os.PathLike | dict[str, Any], index: int = 0) -> dict[str, Tensor]:
+    """An attentive probe's state dict (their ``AttentiveClassifier``: ``pooler.*``, ``linear.*``) from a V-JEPA 2
+    probe checkpoint (a path or the loaded dict): entry ``index`` of its ``"classifiers"`` (their evaluation saves one
+    per optimisation setting; the released files one), or the state dict itself; ``module.`` prefixes removed."""
+    src = _load(src, "a V-JEPA 2 probe, e.g. evals/ssv2-vitl-16x2x3.pt")
+    if "classifiers" in src:
+        heads = src["classifiers"]
+        if not 0 <= index < len(heads):
+            raise CheckpointError(f"the checkpoint holds {len(heads)} classifiers, no index {index}")
+        src = heads[index]
+    sd = {k.replace("module.", ""): v for k, v in src.items()}
+    need = ("pooler.query_tokens", "pooler.cross_attention_block.norm1.weight", "linear.weight")
+    if not all(k in sd for k in need):
+        raise CheckpointError(
+            f"not a V-JEPA 2 attentive probe with a complete cross-attention block: it lacks "
+            f"{[k for k in need if k not in sd]} (their AttentiveClassifier's keys)"
+        )
+    return sd
+
+
+def _probe_args(sd: dict[str, Tensor], embed_dim: int, heads: int) -> dict[str, Any]:
+    """The head's model arguments read from a probe's weights (``heads``: theirs are not in the weights)."""
+    width = sd["pooler.query_tokens"].shape[-1]
+    if width != embed_dim:
+        raise CheckpointError(f"the probe is {width} wide, the encoder {embed_dim}")
+    blocks = {int(k.split(".")[2]) for k in sd if k.startswith("pooler.blocks.")}
+    return dict(
+        global_pool="map",
+        attn_pool_type="attentive",
+        attn_pool_depth=1 + len(blocks),
+        attn_pool_num_heads=heads,
+        attn_pool_mlp_ratio=sd["pooler.cross_attention_block.mlp.fc1.weight"].shape[0] / embed_dim,
+        num_classes=sd["linear.weight"].shape[0],
+    )
+
 
 def vjepa2_state_dict(src: str | os.PathLike | dict[str, Any], key: str | None = None) -> dict[str, Tensor]:
     """The encoder's state dict from a V-JEPA 2 checkpoint (a path, or the loaded dict): the entry ``key``
     (default ``"target_encoder"``, the EMA encoder their evaluations read, else ``"encoder"``), or the state dict
     itself, with their ``module.`` and ``backbone.`` prefixes removed."""
-    if isinstance(src, (str, os.PathLike)):
-        p = Path(src)
-        if not p.is_file():
-            raise CheckpointError(f"no such file: {p} (a V-JEPA 2 checkpoint, e.g. vitl.pt from {VJEPA2_URL})")
-        src = torch.load(p, map_location="cpu", weights_only=True)
-    if not isinstance(src, dict):
-        raise CheckpointError(f"a V-JEPA 2 checkpoint is a dict, got {type(src).__name__}")
+    src = _load(src, "a V-JEPA 2 checkpoint, e.g. vitl.pt")
     if key is None:
         key = next((k for k in ("target_encoder", "encoder") if k in src), None)
     if key is not None:
@@ -111,7 +166,10 @@ def from_vjepa2(
     num_classes: int = 0,
     num_heads: int | None = None,
     img_size: int | None = None,
-    num_frames: int = 16,
+    num_frames: int | None = None,
+    probe: str | os.PathLike | dict[str, Any] | None = None,
+    probe_index: int = 0,
+    probe_heads: int = PROBE_HEADS,
     **kwargs: Any,
 ) -> nn.Module:
     """A vitrel video ViT holding a V-JEPA 2 encoder's weights (the module docstring).
@@ -126,12 +184,24 @@ def from_vjepa2(
         num_classes: a new head's classes (0: none, the pooled features).
         num_heads: the heads, for an encoder not among :data:`RELEASED`.
         img_size, num_frames: the frame size and clip length the model is built for (default ``name``'s size, or 256,
-            and 16 frames, their evaluations' clips); any clip runs.
+            and 16 frames, their evaluations' clips, or a released probe's); any clip runs.
+        probe: an attentive probe (a path or its loaded dict; or one of :data:`RELEASED_PROBES`, downloaded, which
+            also names the encoder): the head, V-JEPA 2's attentive pool and linear layer (the module docstring);
+            ``num_classes`` and ``global_pool`` come from it.
+        probe_index: the entry of the probe file's ``"classifiers"`` to read.
+        probe_heads: the probe's heads, which its weights do not hold (16 in every released probe).
         **kwargs: other :class:`~vitrel.models.video_vit.VideoVisionTransformer` arguments (``global_pool``,
             ``drop_path_rate``, ``attn_impl``, ...); ``features_only=True`` (``out_indices``, ...): timm's backbone of
             the network (:func:`~vitrel.models.registry.with_features`).
     """
     kwargs, feature_args = split_feature_args(kwargs)
+    if isinstance(probe, str) and probe in RELEASED_PROBES:
+        file, encoder, frames = RELEASED_PROBES[probe]
+        name, num_frames = name or encoder, num_frames or frames
+        probe = torch.hub.load_state_dict_from_url(f"{VJEPA2_URL}/evals/{file}.pt", map_location="cpu")
+    head = vjepa2_probe_state_dict(probe, probe_index) if probe is not None else {}
+    if head and (num_classes or "global_pool" in kwargs):
+        raise ValueError("probe= gives the head (its classes and pool): leave num_classes and global_pool out")
     if name is not None and name not in RELEASED:
         raise ValueError(f"{name!r} is not one of V-JEPA 2's released encoders: {', '.join(RELEASED)}")
     if src is None:
@@ -142,15 +212,19 @@ def from_vjepa2(
     arch = _architecture(sd, num_heads if num_heads is not None else RELEASED[name][2] if name else None)
     if name is not None and arch["embed_dim"] != RELEASED[name][1]:
         raise CheckpointError(f"the weights are {arch['embed_dim']} wide, {name}'s are {RELEASED[name][1]}")
-    side = img_size or (RELEASED[name][3] if name else 256)
-    args = dict(global_pool="avg", fc_norm=False, class_token=False, norm_eps=1e-6, **kwargs)
+    side, num_frames = img_size or (RELEASED[name][3] if name else 256), num_frames or 16
+    if head:
+        kwargs.update(_probe_args(head, arch["embed_dim"], probe_heads))
+        num_classes = kwargs.pop("num_classes")
+        sd = sd | {k.replace("pooler.", "attn_pool.", 1).replace("linear.", "head.", 1): v for k, v in head.items()}
+    args = dict(global_pool="avg", fc_norm=False, class_token=False, norm_eps=1e-6) | kwargs
     dtype = next((v.dtype for v in sd.values() if v.is_floating_point()), torch.float32)  # (the file's precision)
     model = build(  # (a registered architecture: save_pretrained and load_model rebuild it from its vitrel_cfg)
         "vitrel_vit_video_base_patch16_224",
         img_size=side, num_frames=num_frames, num_classes=num_classes, pos=pos, **arch, **args, dtype=dtype,
     )  # fmt: skip
     got = model.load_state_dict({k: v for k, v in sd.items() if k != "pos_embed"}, strict=False)
-    fresh = ("head.", "fc_norm.", "attn_pool.", "rel_pos.", "abs_pos.")  # (a new head; another scheme's parameters)
+    fresh = ("rel_pos.", "abs_pos.") + (() if head else ("head.", "fc_norm.", "attn_pool."))  # (a new head; ...)
     missing = sorted(k for k in got.missing_keys if not k.startswith(fresh) and ".attn.pos." not in k)
     unexpected = sorted(got.unexpected_keys)
     if missing or unexpected:

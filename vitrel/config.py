@@ -126,6 +126,7 @@ class VideoFilesDataConfig(DataConfig):
     num_frames: int = 16
     stride: int = 4
     clips_per_video: int = 1
+    spatial_crops: int = 1  # evaluation crops along each clip's longer side (3: VideoMAE's and V-JEPA 2's views)
     on_bad_sample: str = "raise"  # raise | skip a video that does not decode (named; the next one in its place)
     in_chans: int = 3  # 1: grey frames (PIL's convert("L"), as predict.py)
 

@@ -510,7 +510,7 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
 
     params = inspect.signature(VideoFilesDataModule.__init__).parameters
     defaults = {"frame_stride": params["stride"].default, "clips_per_video": params["clips_per_video"].default}
-    missing = [k for k in CLIP_FIELDS if k not in data_config]
+    missing = [k for k in CLIP_FIELDS if k not in data_config and k != "spatial_crops"]  # (before it: 1 crop)
     if missing:
         warnings.warn(
             f"{source} stores no clip sampling ({', '.join(missing)}; checkpoints of vitrel.train store it in "
@@ -537,8 +537,9 @@ def _predict_videos(
     """:func:`predict_folder` for a video model (``counts``: its ``topk``, ``batch_size``, ``num_workers``; ``names``:
     its ``class_names``, ``on_rows``): every video under ``root`` (a folder or class folders), from its evaluation clips
     (:func:`clip_sampling`: ``clips_per_video`` clips of ``num_frames`` frames ``frame_stride`` apart, evenly spaced),
-    each resized, centre-cropped, normalised as in evaluation (``ClipTransform(train=False)``, the stored statistics);
-    a video's probabilities are the mean of its clips' softmax."""
+    each resized, centre-cropped (or in its ``spatial_crops`` crops), normalised as in evaluation
+    (``ClipTransform(train=False)``, the stored statistics); a video's probabilities are the mean of its views'
+    softmax."""
     from vitrel.data.image_files import collate_files
     from vitrel.data.video.clips import ClipTransform, VideoFileClips
 
@@ -558,8 +559,9 @@ def _predict_videos(
     found = _input_files(root, predictor)
     sampling = clip_sampling(dc, predictor.source)
     tf = ClipTransform(
-        h, dc["mean"], dc["std"], train=False, interpolation=dc["interpolation"], crop_pct=dc["crop_pct"]
-    )
+        h, dc["mean"], dc["std"], interpolation=dc["interpolation"], crop_pct=dc["crop_pct"],
+        crops=int(dc.get("spatial_crops", 1)),
+    )  # fmt: skip
     loader = torch.utils.data.DataLoader(
         VideoFileClips(found.files, sampling, tf, grey=c == 1),
         batch_size=batch_size,

@@ -239,6 +239,29 @@ def test_evaluation_transform_is_resize_centre_crop_normalise():
     assert torch.equal(exact, ((same.float() / 255 - 0.25) / 0.5).permute(1, 0, 2, 3))
 
 
+def test_spatial_crops_are_pytorchvideos_uniform_crops():
+    """3 crops start as PyTorchVideo's ``uniform_crop`` (spatial_idx 0, 1, 2: offset 0, ``ceil((L - size) / 2)``,
+    ``L - size``) along the longer side, centred on the shorter (``round((S - size) / 2)``); each view is its pixels
+    exactly (a clip already at the scaled size, crop_pct 1: no resampling along the width the crops cut)."""
+    import math
+
+    from vitrel.data.video.clips import crop_starts
+
+    for length in (16, 17, 27, 40):
+        offsets = [0, math.ceil((length - 16) / 2), length - 16]
+        assert crop_starts(length, 16, 3) == offsets, length
+    assert crop_starts(27, 16, 1) == [round(11 / 2)] and crop_starts(26, 16, 5) == [0, 3, 5, 8, 10]
+    clip = torch.randint(0, 256, (2, 1, 16, 27), dtype=torch.uint8)  # [T, C, H, W], landscape
+    views = ClipTransform(16, (0.0,), (1.0,), crops=3)(clip)
+    assert views.shape == (3, 1, 2, 16, 16)
+    for v, left in zip(views, (0, 6, 11), strict=True):
+        torch.testing.assert_close(v, (clip[..., left : left + 16].float() / 255).permute(1, 0, 2, 3))
+    tall = ClipTransform(16, (0.0,), (1.0,), crops=3)(clip.transpose(-1, -2))  # portrait: crops down its height
+    torch.testing.assert_close(tall[2], (clip.transpose(-1, -2)[..., 11:27, :].float() / 255).permute(1, 0, 2, 3))
+    with pytest.raises(ValueError, match="spatial_crops must be an integer >= 1"):
+        ClipTransform(16, (0.0,), (1.0,), crops=0)
+
+
 # ------------------------------------------------------------------------------------------------ errors
 @needs_av
 def test_a_damaged_file_or_one_without_video_is_named(tmp_path):
@@ -323,15 +346,18 @@ def test_video_folder_config_gives_clip_batches(video_root):
 
 
 @needs_av
-def test_a_videos_sample_is_its_clips_decoded_and_transformed_by_hand(video_root):
+@pytest.mark.parametrize("crops", [1, 3])
+def test_a_videos_sample_is_its_clips_decoded_and_transformed_by_hand(video_root, crops):
     """data=video_folder with 2 clips per video: sample i of val is video i's 2 uniform clips, each frame decoded
     with PyAV, picked by the sampling equations (module docstring of vitrel/data/video/clips.py), resized (shorter
-    side to floor(16 / 0.8) = 20, bicubic), centre-cropped to 16 x 16 and normalised in float64, by hand."""
+    side to floor(16 / 0.8) = 20, bicubic), centre-cropped to 16 x 16 and normalised in float64, by hand. With
+    ``spatial_crops=3`` each clip gives 3 views: of the 20 x 26 frames, the columns 0, 5 and 10 onwards
+    (``ceil(i (26 - 16) / 2)``), the rows 2 onwards (centred), clip 0's views first."""
     import torchvision.transforms.functional as TF
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
     cfg = data_config("video_folder", root=video_root, num_frames=4, stride=2, clips_per_video=2, img_size=16)
-    cfg.crop_pct, cfg.interpolation = 0.8, "bicubic"
+    cfg.crop_pct, cfg.interpolation, cfg.spatial_crops = 0.8, "bicubic", crops
     val = instantiate(cfg).make_dataset("val")
     mean = torch.tensor(IMAGENET_DEFAULT_MEAN, dtype=torch.float64)[:, None, None]
     std = torch.tensor(IMAGENET_DEFAULT_STD, dtype=torch.float64)[:, None, None]
@@ -347,13 +373,13 @@ def test_a_videos_sample_is_its_clips_decoded_and_transformed_by_hand(video_root
         want = []
         for s in (0, delta):  # K = 2: the first clip at the start, the last at the end
             frames = [decoded[min(s + 2 * t, n - 1)] for t in range(4)]
-            frames = [
-                TF.center_crop(TF.resize(f, [20], TF.InterpolationMode.BICUBIC, antialias=True), [16, 16])
-                for f in frames
-            ]
-            want.append(torch.stack([(f.double() / 255 - mean) / std for f in frames], 1))  # [C, T, H, W]
+            frames = [TF.resize(f, [20], TF.InterpolationMode.BICUBIC, antialias=True) for f in frames]
+            assert frames[0].shape[-2:] == (20, 26)
+            for left in [5] if crops == 1 else [0, 5, 10]:  # (one: the centre crop, round((26 - 16) / 2))
+                view = [f[:, 2:18, left : left + 16] for f in frames]
+                want.append(torch.stack([(f.double() / 255 - mean) / std for f in view], 1))  # [C, T, H, W]
         clips, label = val[i]
-        assert clips.shape == (2, 3, 4, 16, 16) and clips.dtype == torch.float32
+        assert clips.shape == (2 * crops, 3, 4, 16, 16) and clips.dtype == torch.float32
         assert label == int(path.parent.name == "bowling")
         torch.testing.assert_close(clips.double(), torch.stack(want), rtol=0, atol=1e-6)
 

@@ -68,12 +68,20 @@ def _predict(ckpt: Path, input_dir: Path, out: Path, *extra: str) -> dict:
 
 
 def reference_probs(
-    ckpt: Path, path: Path, frames: int, stride: int, clips: int, use_ema: bool | None = None, **overrides
+    ckpt: Path,
+    path: Path,
+    frames: int,
+    stride: int,
+    clips: int,
+    use_ema: bool | None = None,
+    crops: int = 1,
+    **overrides,
 ) -> torch.Tensor:
     """softmax(model(clip)) averaged over the clips, by hand in float64: every frame decoded with PyAV, the clips'
     frames picked by vitrel/data/video/clips.py's equations, each frame resized (shorter side to floor(16 / 0.875)),
-    centre-cropped to 16 x 16 and normalised with the training data's ImageNet statistics; the model's EMA weights
-    when the checkpoint has them (``use_ema``), rebuilt with ``overrides``."""
+    centre-cropped to 16 x 16 (``crops=3``: the 18 x 24 frames' columns 0, 4 and 8 onwards, rows 1 onwards) and
+    normalised with the training data's ImageNet statistics; the model's EMA weights when the checkpoint has them
+    (``use_ema``), rebuilt with ``overrides``."""
     import torchvision.transforms.functional as TF
     from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
@@ -90,9 +98,12 @@ def reference_probs(
     for s in starts:
         picked = [decoded[min(s + t * stride, n - 1)] for t in range(frames)]
         resized = [TF.resize(f, [math.floor(16 / 0.875)], TF.InterpolationMode.BICUBIC, antialias=True) for f in picked]
-        clip = torch.stack([(TF.center_crop(f, [16, 16]).double() / 255 - mean) / std for f in resized], 1)
-        with torch.no_grad():
-            probs.append(model(clip[None]).softmax(-1)[0])
+        for view in [[TF.center_crop(f, [16, 16]) for f in resized]] if crops == 1 else [
+            [f[:, 1:17, left : left + 16] for f in resized] for left in (0, 4, 8)
+        ]:  # fmt: skip
+            clip = torch.stack([(f.double() / 255 - mean) / std for f in view], 1)
+            with torch.no_grad():
+                probs.append(model(clip[None]).softmax(-1)[0])
     return torch.stack(probs).mean(0)
 
 
@@ -126,6 +137,22 @@ def test_predict_py_equals_softmax_of_clips_decoded_by_hand(runs, videos, tmp_pa
         got = torch.tensor([float(r["prob_0"]), float(r["prob_1"])], dtype=torch.float64)
         torch.testing.assert_close(got, top_p, rtol=0, atol=1e-5)
         assert [r["label_0"], r["label_1"]] == [CLASSES[i] for i in top_i]  # the stored class names
+
+
+def test_predict_py_scores_the_spatial_crops_the_run_stored(runs, videos, tmp_path):
+    """A run tested with ``data.spatial_crops=3`` (its stored data config): predict.py's probabilities are the mean of
+    softmax over each video's 2 clips x 3 crops, by hand; without the crops (the centre one) they differ."""
+    ckpt = torch.load(runs[2], weights_only=True)
+    ckpt["hyper_parameters"]["data_config"]["spatial_crops"] = 3
+    torch.save(ckpt, path := tmp_path / "crops.ckpt")
+    res = predict_folder(load_predictor(path), videos / "val", topk=2, progress=False)
+    for r in res.rows[::2]:  # (2 of the 4 videos)
+        want = reference_probs(path, videos / "val" / r["filename"], 4, 2, 2, crops=3)
+        assert [r["index_0"], r["index_1"]] == want.topk(2).indices.tolist()
+        got = torch.tensor([r["prob_0"], r["prob_1"]], dtype=torch.float64)
+        torch.testing.assert_close(got, want.topk(2).values, rtol=0, atol=1e-5)
+        centre = reference_probs(path, videos / "val" / r["filename"], 4, 2, 2)
+        assert (want - centre).abs().max() > 3e-5  # (3x the tolerance above: the crops are what is compared)
 
 
 def test_old_checkpoint_warns_once_and_labels_with_indices(runs, videos, tmp_path):

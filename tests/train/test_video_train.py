@@ -379,11 +379,17 @@ def test_eval_py_scores_a_folder_run_with_the_clips_its_run_was_tested_on(folder
     want_loss = -probs.mean(1)[torch.arange(7), labels].log().mean().item()
     assert metrics["val/loss"] == pytest.approx(want_loss, rel=1e-5)
     res = json.loads((tmp_path / "a" / "eval_metrics.json").read_text())
-    assert (res["num_frames"], res["stride"], res["clips_per_video"]) == (4, 1, 2)
-    assert "data.stride=1 data.clips_per_video=2: the evaluation clips of last.ckpt's run" in caplog.text
+    assert (res["num_frames"], res["stride"], res["clips_per_video"], res["spatial_crops"]) == (4, 1, 2, 1)
+    assert "data.stride=1 data.clips_per_video=2 data.spatial_crops=1: the evaluation clips of last.ckpt's run" in (
+        caplog.text
+    )
     evaluate(compose(tmp_path / "b", [*base, "split=val", "data.clips_per_video=1"], config_name="eval"))
     res = json.loads((tmp_path / "b" / "eval_metrics.json").read_text())
     assert (res["stride"], res["clips_per_video"]) == (1, 1)
+    # 3 spatial crops of each clip: 6 views a video, here the same 3 times (16 x 16 frames at img_size 16)
+    over = [*base, "split=val", "data.spatial_crops=3"]
+    assert evaluate(compose(tmp_path / "c", over, config_name="eval"))["val/loss"] == pytest.approx(want_loss, rel=1e-5)
+    assert json.loads((tmp_path / "c" / "eval_metrics.json").read_text())["spatial_crops"] == 3
 
 
 def test_eval_warns_when_the_folders_classes_are_not_the_checkpoints(folder_run, tmp_path, caplog):

@@ -58,9 +58,10 @@ __all__ = [
 TIMM_CFG_FIELDS = frozenset(f.name for f in dataclasses.fields(PretrainedCfg))
 #: timm's ``pretrained_cfg`` fields of the preprocessing (a data config also holds ``class_names``)
 DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_mode", "num_frames")
-#: a video model's evaluation clips beside ``num_frames``: ``frame_stride`` (frames between a clip's frames) and
-#: ``clips_per_video`` (evenly spaced clips per video); not timm fields, so never in a timm ``pretrained_cfg`` overlay
-CLIP_FIELDS = ("frame_stride", "clips_per_video")
+#: a video model's evaluation clips beside ``num_frames``: ``frame_stride`` (frames between a clip's frames),
+#: ``clips_per_video`` (evenly spaced clips per video) and ``spatial_crops`` (crops of each clip, along its longer side;
+#: absent from checkpoints before it: 1); not timm fields, so never in a timm ``pretrained_cfg`` overlay
+CLIP_FIELDS = ("frame_stride", "clips_per_video", "spatial_crops")
 #: the sides training batches were drawn at (``data.size_choices``): ``eval.py`` runs the stored model as trained at
 #: one of them; not a timm field either
 TRAIN_FIELDS = ("size_choices",)
@@ -298,6 +299,7 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
         out["num_frames"] = int(dm.num_frames)  # (frames consecutive, one clip, where the module has no such option)
         out["frame_stride"] = int(getattr(dm, "stride", 1))
         out["clips_per_video"] = int(getattr(dm, "clips_per_video", 1))
+        out["spatial_crops"] = int(getattr(dm, "spatial_crops", 1))
     if getattr(dm, "size_choices", None):  # (eval.py runs the model as trained at one of these sides)
         out["size_choices"] = [int(v) for v in dm.size_choices]
     if getattr(dm, "canvas_size", None) is not None:  # (images pasted into a black canvas: predict.py does the same)

@@ -74,7 +74,7 @@ STORED_PREPROCESSING = ("interpolation", "crop_pct")
 #: the keys that choose the val split of a data set whose val is a seeded hold-out of train
 VAL_SPLIT_KEYS = ("seed", "val_fraction")
 #: a video folder's evaluation clips: the data key -> its name in the data config train.py stores
-CLIP_KEYS = {"stride": "frame_stride", "clips_per_video": "clips_per_video"}
+CLIP_KEYS = {"stride": "frame_stride", "clips_per_video": "clips_per_video", "spatial_crops": "spatial_crops"}
 
 
 def is_given(key: str) -> bool:

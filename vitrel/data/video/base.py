@@ -81,6 +81,7 @@ class VideoDataModule(VisionDataModule):
             hflip=kw["hflip"],
             interpolation=self.interpolation,
             crop_pct=self.crop_pct,
+            crops=1 if train else getattr(self, "spatial_crops", 1),
         )
 
     def train_transform(self, img_size: int | None = None) -> ClipTransform:
@@ -88,7 +89,7 @@ class VideoDataModule(VisionDataModule):
         return self._clip_transform(self.augment, img_size)
 
     def eval_transform(self, img_size: int | None = None) -> ClipTransform:
-        """The evaluation clips' pipeline (resize, centre crop, normalise)."""
+        """The evaluation clips' pipeline (resize, centre crop or ``spatial_crops`` crops, normalise)."""
         return self._clip_transform(False, img_size)
 
     def make_dataset(
@@ -153,11 +154,13 @@ class VideoFilesDataModule(VideoDataModule):
     decoded by :class:`~vitrel.data.video.clips.VideoClips` (training one random clip per video, evaluation
     ``clips_per_video`` evenly spaced ones).
 
-    ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video (one
-    sample ``[K, C, T, H, W]`` when more than one); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a video that does
-    not decode; ``in_chans``: 3 (RGB) or 1 (grey frames, made as predict.py makes them: PIL's ``convert("L")``;
-    ImageNet's statistics averaged); ``num_classes``: kept as ``_given_num_classes`` (the subclass checks it against
-    its data). Normalisation: timm's ImageNet mean and std (as VideoMAE's). Other kwargs as :class:`VideoDataModule`.
+    ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video, each in
+    ``spatial_crops`` crops along the longer side of its frames (one sample ``[K * S, C, T, H, W]`` of its views when
+    more than one, :class:`~vitrel.data.video.clips.ClipTransform`); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a
+    video that does not decode; ``in_chans``: 3 (RGB) or 1 (grey frames, made as predict.py makes them: PIL's
+    ``convert("L")``; ImageNet's statistics averaged); ``num_classes``: kept as ``_given_num_classes`` (the subclass
+    checks it against its data). Normalisation: timm's ImageNet mean and std (as VideoMAE's). Other kwargs as
+    :class:`VideoDataModule`.
     """
 
     native_size = 224
@@ -172,16 +175,21 @@ class VideoFilesDataModule(VideoDataModule):
         clips_per_video: int = 1,
         on_bad_sample: str = "raise",
         in_chans: int = 3,
+        spatial_crops: int = 1,
         **kwargs: Any,
     ) -> None:
         if in_chans not in (1, 3):
             raise ValueError(f"in_chans must be 1 (grey frames) or 3 (RGB), got {in_chans}")
         if on_bad_sample not in ON_BAD_SAMPLE:
             raise ValueError(f"on_bad_sample must be one of {ON_BAD_SAMPLE}, got {on_bad_sample!r}")
-        if int(stride) < 1 or int(clips_per_video) < 1:
-            raise ValueError(f"stride and clips_per_video must be >= 1, got {stride}, {clips_per_video}")
+        if int(stride) < 1 or int(clips_per_video) < 1 or int(spatial_crops) < 1:
+            raise ValueError(
+                f"stride, clips_per_video and spatial_crops must be >= 1, got {stride}, {clips_per_video}, "
+                f"{spatial_crops}"
+            )
         super().__init__(root=root, num_frames=num_frames, **kwargs)
         self.stride, self.clips_per_video = int(stride), int(clips_per_video)
+        self.spatial_crops = int(spatial_crops)
         self.on_bad_sample = on_bad_sample
         self._given_num_classes = num_classes
         self.in_chans = int(in_chans)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -58,6 +59,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 from torchvision.transforms import InterpolationMode
+from torchvision.transforms import functional as TF
 
 from vitrel.data.augment import normalize, resize_crop
 from vitrel.data.datasets import BadSampleError
@@ -71,6 +73,9 @@ __all__ = [
     "VideoFileClips",
     "clip_indices",
     "uniform_starts",
+    "crop_starts",
+    "spatial_views",
+    "stack_views",
     "random_start",
     "count_frames",
     "read_frames",
@@ -312,7 +317,9 @@ class ClipTransform:
     ``train=True``: a random resized crop (``scale``, ``ratio``: timm's parameters) and a horizontal flip with
     probability ``hflip``, both drawn once per clip. ``train=False``: the shorter side resized to
     ``floor(size / crop_pct)`` and the centre ``size x size`` (nothing when the clip already is ``size x size``
-    and ``crop_pct == 1``), as the image evaluation pipeline.
+    and ``crop_pct == 1``), as the image evaluation pipeline; with ``crops`` above 1, that many ``size x size``
+    crops evenly spaced along the longer side (:func:`crop_starts`; centred on the shorter), stacked
+    ``[crops, C, T, size, size]``: the spatial views of multi-view testing (3: VideoMAE's, Video Swin's, V-JEPA 2's).
     """
 
     def __init__(
@@ -327,11 +334,15 @@ class ClipTransform:
         hflip: float = 0.5,
         interpolation: str = "bilinear",
         crop_pct: float = 1.0,
+        crops: int = 1,
     ) -> None:
         from torchvision.transforms import v2
 
         if not 0.0 < crop_pct <= 1.0:
             raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
+        if isinstance(crops, bool) or not isinstance(crops, int) or crops < 1:
+            raise ValueError(f"spatial_crops must be an integer >= 1, got {crops!r}")
+        self.crops = crops
         if len(mean) != len(std):
             raise ValueError(f"mean and std must have one value per channel, got {list(mean)} / {list(std)}")
         self.size, self.train, self.crop_pct = int(size), bool(train), float(crop_pct)
@@ -356,13 +367,54 @@ class ClipTransform:
             raise ValueError(f"a clip must be uint8 [T, {len(self.mean)}, H, W], got {clip.dtype} {tuple(clip.shape)}")
         if self.augment is not None:  # one draw for the whole clip: v2 treats a Video as one input
             x = self.augment(tv_tensors.Video(clip)).as_subclass(Tensor)
+        elif self.crops > 1:
+            return torch.stack([self._view(v) for v in spatial_views(clip, self.size, self.crops, self._scaled(clip))])
         else:
             x = resize_crop(clip, self.size, self.crop_pct, self.interpolation)
+        return self._view(x)
+
+    def _view(self, x: Tensor) -> Tensor:
         return normalize(x, self.mean, self.std).permute(1, 0, 2, 3)  # [T, C, H, W] -> [C, T, H, W]
+
+    def _scaled(self, clip: Tensor) -> Tensor:
+        """The clip with its shorter side ``floor(size / crop_pct)`` (as :func:`resize_crop`, before its crop)."""
+        side = int(math.floor(self.size / self.crop_pct))
+        return TF.resize(clip, [side], interpolation=self.interpolation, antialias=True)
 
     def __repr__(self) -> str:
         kind = f"augment={self.augment}" if self.augment is not None else f"crop_pct={self.crop_pct}"
-        return f"ClipTransform(size={self.size}, {kind})"
+        return f"ClipTransform(size={self.size}, {kind}" + (f", crops={self.crops})" if self.crops > 1 else ")")
+
+
+def crop_starts(length: int, size: int, crops: int) -> list[int]:
+    """Where ``crops`` windows of ``size`` start along a side of ``length``: evenly spaced from one end to the other,
+    ``ceil(i (length - size) / (crops - 1))`` (for 3: the start, the centre rounded up and the end, PyTorchVideo's
+    ``uniform_crop`` and SlowFast's); the centre, ``round((length - size) / 2)`` as torchvision's, for one."""
+    if crops == 1:
+        return [int(round((length - size) / 2.0))]
+    return [-((-i * (length - size)) // (crops - 1)) for i in range(crops)]
+
+
+def spatial_views(clip: Tensor, size: int, crops: int, scaled: Tensor) -> list[Tensor]:
+    """The ``crops`` spatial views ``[T, C, size, size]`` of ``scaled`` (``clip`` resized: its shorter side at least
+    ``size``): along its longer side :func:`crop_starts`, centred on the shorter (a square clip: along the width)."""
+    h, w = scaled.shape[-2:]
+    if min(h, w) < size:
+        raise ValueError(f"a clip resized to {h} x {w} is smaller than its {size} x {size} crops")
+    along_h = h > w
+    views = []
+    for start in crop_starts(h if along_h else w, size, crops):
+        top, left = (start, crop_starts(w, size, 1)[0]) if along_h else (crop_starts(h, size, 1)[0], start)
+        views.append(scaled[..., top : top + size, left : left + size])
+    return views
+
+
+def stack_views(clips: list[Tensor]) -> Tensor:
+    """A video's clips (each ``[C, T, H, W]``, or its spatial views ``[S, C, T, H, W]``) as one sample: the clip
+    itself for one view, else every view ``[K * S, C, T, H, W]`` (clip-major: clip 0's views, then clip 1's)."""
+    x = torch.stack(clips)
+    x = x.flatten(0, 1) if clips[0].dim() == 5 else x
+    return x[0] if x.shape[0] == 1 else x
 
 
 class VideoClips(SkipUnreadable, Dataset):
@@ -444,7 +496,7 @@ class VideoClips(SkipUnreadable, Dataset):
             return None
         frames, label = item
         clips = [self.transform(c) if self.transform is not None else c for c in frames.split(self.num_frames)]
-        return (clips[0] if len(clips) == 1 else torch.stack(clips)), label
+        return stack_views(clips), label
 
 
 def _grey(frames: Tensor) -> Tensor:
@@ -482,4 +534,5 @@ class VideoFileClips(Dataset):
             return i, None, str(e)
         if self.grey:
             frames = _grey(frames)
-        return i, torch.stack([self.transform(clip) for clip in frames.split(t)]), None
+        views = stack_views([self.transform(clip) for clip in frames.split(t)])
+        return i, (views if views.dim() == 5 else views[None]), None

@@ -368,7 +368,7 @@ class ClipTransform:
         if self.augment is not None:  # one draw for the whole clip: v2 treats a Video as one input
             x = self.augment(tv_tensors.Video(clip)).as_subclass(Tensor)
         elif self.crops > 1:
-            return torch.stack([self._view(v) for v in spatial_views(clip, self.size, self.crops, self._scaled(clip))])
+            return torch.stack([self._view(v) for v in spatial_views(self._scaled(clip), self.size, self.crops)])
         else:
             x = resize_crop(clip, self.size, self.crop_pct, self.interpolation)
         return self._view(x)
@@ -395,8 +395,8 @@ def crop_starts(length: int, size: int, crops: int) -> list[int]:
     return [-((-i * (length - size)) // (crops - 1)) for i in range(crops)]
 
 
-def spatial_views(clip: Tensor, size: int, crops: int, scaled: Tensor) -> list[Tensor]:
-    """The ``crops`` spatial views ``[T, C, size, size]`` of ``scaled`` (``clip`` resized: its shorter side at least
+def spatial_views(scaled: Tensor, size: int, crops: int) -> list[Tensor]:
+    """The ``crops`` spatial views ``[T, C, size, size]`` of a resized clip ``scaled`` (its shorter side at least
     ``size``): along its longer side :func:`crop_starts`, centred on the shorter (a square clip: along the width)."""
     h, w = scaled.shape[-2:]
     if min(h, w) < size:

@@ -219,15 +219,19 @@ def test_swin_program_with_a_stage_of_one_window_takes_batch_one(name, clip, oth
             torch.testing.assert_close(program(x), m(x), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("global_pool", ["max", "avgmax", "map"])
+@pytest.mark.parametrize("global_pool", ["max", "avgmax", "map", "attentive"])
 def test_a_vit_with_timms_other_pools_exports_for_batch_one_and_any_size(global_pool):
     """``max``, ``avgmax`` and ``map`` (timm's ``AttentionPoolLatent``, whose expanded latent guarded ``batch != 1``
     under size-oblivious tracing: the export failed) give ``"hw"`` programs that equal eager at batch 1 and at other
-    sizes; a ``map`` program takes sides of 2 patches or more (a side of 1 patch: refused)."""
+    sizes; a ``map`` program takes sides of 2 patches or more (a side of 1 patch: refused). So does ``map`` with
+    V-JEPA 2's attentive pool (``attn_pool_type="attentive"``, 2 blocks)."""
     torch.manual_seed(0)
+    kw = dict(attn_pool_type="attentive", attn_pool_depth=2) if global_pool == "attentive" else {}
+    global_pool = "map" if kw else global_pool
     m = vitrel.create_model(
-        "vitrel_vit_tiny_patch4_32", embed_dim=32, depth=1, num_heads=2, global_pool=global_pool, class_token=False
-    )
+        "vitrel_vit_tiny_patch4_32", embed_dim=32, depth=1, num_heads=2, global_pool=global_pool, class_token=False,
+        **kw,
+    )  # fmt: skip
     ep = export_program(lively(m.eval()), torch.randn(2, 3, 32, 32), dynamic="hw")
     smallest = 8 if global_pool == "map" else 4  # (the sizes it states are those it takes: before, map's said 4 px)
     assert [r.start for r in program_input_sizes(ep)[2:]] == [smallest, smallest]

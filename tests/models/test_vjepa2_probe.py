@@ -186,3 +186,50 @@ def test_a_released_probe_by_name_fetches_it_and_its_encoder(monkeypatch):
     assert asked == [f"{vitrel.models.vjepa2_import.VJEPA2_URL}/{f}.pt" for f in ("evals/diving48-vitl-256", "vitl")]
     assert (m.vitrel_cfg["num_frames"], m.pretrained_cfg["input_size"][1:]) == (32, (256, 256))
     assert (m.vitrel_cfg["num_heads"], m.attn_pool.num_heads, m.num_classes) == (16, 16, CLASSES)
+
+
+def test_eval_py_scores_a_saved_probe_over_clips_and_crops_as_their_classifier(files, tmp_path):
+    """The user's path: the probe model saved (``save_pretrained``), then ``python eval.py ckpt_path=<folder>
+    data=video_list ... data.clips_per_video=2 data.spatial_crops=3 data.crop_pct=1.0`` (in-process) on a list of
+    videos. Its loss is, by hand in float64, the mean over videos of -log of the mean over the 6 views of softmax of
+    their classifier over their encoder: each view's frames decoded with PyAV, the clip starts by
+    vitrel/data/video/clips.py's rule, the 16 x 20 frames' columns 0, 2 and 4 onwards, ImageNet's statistics."""
+    import av
+    from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+
+    from tests.data.test_video import write_video
+    from tests.train_helpers import compose
+    from vitrel.models.checkpoint import save_pretrained
+    from vitrel.train.evaluate import evaluate
+
+    enc, target, path, probes = files
+    m = vitrel.from_vjepa2(enc, num_heads=HEADS, probe=path, probe_heads=PROBE_HEADS, img_size=16, num_frames=2)
+    folder = save_pretrained(m.float(), tmp_path / "probe")
+    root = tmp_path / "data"
+    labels = [0, 3, 1, 4]
+    for i in range(4):
+        write_video(root / f"v{i}.mkv", 5 + 2 * i, hw=(16, 20))
+    (root / "train.csv").write_text("".join(f"v{i}.mkv {c}\n" for i, c in enumerate(labels)))
+    (root / "val.csv").write_text("".join(f"v{i}.mkv {c}\n" for i, c in enumerate(labels)))
+    data = ["data=video_list", f"data.root={root}", "data.train_list=train.csv", "data.val_list=val.csv"]
+    data += ["data.num_frames=2", "data.stride=2", "data.img_size=16", "data.crop_pct=1.0", "data.num_workers=0"]
+    data += ["data.clips_per_video=2", "data.spatial_crops=3", "data.pin_memory=false", f"data.num_classes={CLASSES}"]
+    over = [f"ckpt_path={folder}", *data, "split=val", "progress_bar=none", "trainer.accelerator=cpu"]
+    metrics = evaluate(compose(tmp_path / "eval", over, config_name="eval"))
+    mean = torch.tensor(IMAGENET_DEFAULT_MEAN, dtype=torch.float64)[:, None, None]
+    std = torch.tensor(IMAGENET_DEFAULT_STD, dtype=torch.float64)[:, None, None]
+    losses = []
+    for i, label in enumerate(labels):
+        with av.open(str(root / f"v{i}.mkv")) as container:
+            frames = [
+                torch.from_numpy(f.to_ndarray(format="rgb24")).permute(2, 0, 1) for f in container.decode(video=0)
+            ]
+        delta = len(frames) - 3  # (a clip spans (2 - 1) * 2 + 1 frames)
+        views = []
+        for start in (0, delta):  # 2 clips: the first at the start, the last at the end
+            clip = torch.stack([(frames[start + 2 * t].double() / 255 - mean) / std for t in range(2)], 1)
+            views += [clip[..., left : left + 16] for left in (0, 2, 4)]  # [C, T, 16, 16] each
+        x = torch.stack(views)  # [6, C, T, H, W]
+        probs = authors_classifier(probes[0], authors_encoder(target, x, HEADS), PROBE_HEADS).softmax(-1)
+        losses.append(-probs.mean(0)[label].log())
+    assert metrics["val/loss"] == pytest.approx(torch.stack(losses).mean().item(), rel=1e-4)

@@ -41,7 +41,10 @@ from torch import Tensor
 from torchvision.transforms import InterpolationMode
 from torchvision.transforms import functional as TF
 
-__all__ = ["BatchAugment", "place", "hflip", "normalize", "resize_crop", "resized_crop", "erase", "batch_pipeline"]
+__all__ = [
+    "BatchAugment", "place", "hflip", "normalize", "resize_shorter", "resize_crop", "resized_crop", "erase",
+    "batch_pipeline",
+]  # fmt: skip
 
 
 def place(x: Tensor, out_hw: tuple[int, int], top: Tensor, left: Tensor) -> Tensor:
@@ -69,16 +72,22 @@ def normalize(x: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     return x.float().div_(255).sub_(mean).div_(std)
 
 
+def resize_shorter(
+    x: Tensor, size: int, crop_pct: float = 1.0, interpolation: InterpolationMode = InterpolationMode.BILINEAR
+) -> Tensor:
+    """The shorter side of ``x`` resized to ``floor(size / crop_pct)`` (antialiased): the evaluation pipeline's
+    resize, before its crop or crops."""
+    return TF.resize(x, [int(math.floor(size / crop_pct))], interpolation=interpolation, antialias=True)
+
+
 def resize_crop(
     x: Tensor, size: int, crop_pct: float = 1.0, interpolation: InterpolationMode = InterpolationMode.BILINEAR
 ) -> Tensor:
     """Shorter side to ``floor(size / crop_pct)`` then the centre ``size x size`` (the evaluation
     pipeline); nothing when ``x`` already is ``size x size`` and ``crop_pct == 1``."""
-    scale = int(math.floor(size / crop_pct))
-    if tuple(x.shape[-2:]) == (size, size) and scale == size:
+    if tuple(x.shape[-2:]) == (size, size) and int(math.floor(size / crop_pct)) == size:
         return x
-    x = TF.resize(x, [scale], interpolation=interpolation, antialias=True)
-    return TF.center_crop(x, [size, size])
+    return TF.center_crop(resize_shorter(x, size, crop_pct, interpolation), [size, size])
 
 
 def resized_crop(x: Tensor, boxes: Tensor, size: int) -> Tensor:

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -59,9 +58,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 from torchvision.transforms import InterpolationMode
-from torchvision.transforms import functional as TF
 
-from vitrel.data.augment import normalize, resize_crop
+from vitrel.data.augment import normalize, resize_crop, resize_shorter
 from vitrel.data.datasets import BadSampleError
 from vitrel.data.unreadable import SKIP_HINT, SkipUnreadable
 
@@ -368,18 +366,14 @@ class ClipTransform:
         if self.augment is not None:  # one draw for the whole clip: v2 treats a Video as one input
             x = self.augment(tv_tensors.Video(clip)).as_subclass(Tensor)
         elif self.crops > 1:
-            return torch.stack([self._view(v) for v in spatial_views(self._scaled(clip), self.size, self.crops)])
+            scaled = resize_shorter(clip, self.size, self.crop_pct, self.interpolation)
+            return torch.stack([self._view(v) for v in spatial_views(scaled, self.size, self.crops)])
         else:
             x = resize_crop(clip, self.size, self.crop_pct, self.interpolation)
         return self._view(x)
 
     def _view(self, x: Tensor) -> Tensor:
         return normalize(x, self.mean, self.std).permute(1, 0, 2, 3)  # [T, C, H, W] -> [C, T, H, W]
-
-    def _scaled(self, clip: Tensor) -> Tensor:
-        """The clip with its shorter side ``floor(size / crop_pct)`` (as :func:`resize_crop`, before its crop)."""
-        side = int(math.floor(self.size / self.crop_pct))
-        return TF.resize(clip, [side], interpolation=self.interpolation, antialias=True)
 
     def __repr__(self) -> str:
         kind = f"augment={self.augment}" if self.augment is not None else f"crop_pct={self.crop_pct}"

@@ -145,6 +145,11 @@ def _frames(model: nn.Module) -> int | None:
     return None if frames is None else int(frames)
 
 
+def _segments(model: nn.Module) -> int:
+    """The clips a video model's input joins along time (``num_segments``; 1 for others)."""
+    return int((getattr(_network(model), "vitrel_cfg", None) or {}).get("num_segments", 1))
+
+
 def _kernels(model: nn.Module) -> set[str]:
     """The attention kernels a model names: its own ``attn_impl`` and its stages' and layers' (``vitrel_cfg``'s
     when none is set on a module)."""
@@ -236,7 +241,7 @@ def check_exportable(model: nn.Module, dynamic: str = "hw", onnx: bool = False, 
 def example_input(model: nn.Module, batch: int = 2, img_size: Any = None, num_frames: int | None = None) -> Tensor:
     """Random images ``[batch, in_chans, H, W]`` at the model's built size (or ``img_size``); for a video model, clips
     ``[batch, in_chans, T, H, W]`` of its ``num_frames`` (or ``num_frames``: a positive multiple of the tubelet
-    size)."""
+    size), ``K T`` frames for a model joining ``K = num_segments`` clips."""
     cfg = getattr(_network(model), "vitrel_cfg", None) or {}
     size = img_size if img_size is not None else cfg.get("img_size", 224)
     h, w = (size, size) if isinstance(size, int) else tuple(size)
@@ -249,7 +254,7 @@ def example_input(model: nn.Module, batch: int = 2, img_size: Any = None, num_fr
         t, tubelet = int(num_frames if num_frames is not None else frames), int(_embed(model).tubelet_size)
         if t < tubelet or t % tubelet:
             raise ValueError(f"num_frames={t} is not a positive multiple of the tubelet size {tubelet}")
-        shape = (*shape[:2], t, *shape[2:])
+        shape = (*shape[:2], t * _segments(model), *shape[2:])
     return torch.randn(*shape, device=p.device, dtype=p.dtype)
 
 
@@ -268,6 +273,7 @@ def dynamic_shapes(
         p, h = _patch(model), 2
         if _frames(model) is not None:
             t = int(_embed(model).tubelet_size)
+            t *= _segments(model)  # (K clips a sample: a whole number of tubelets each)
             dims[2] = t * torch.export.Dim("grid_t", min=1, max=max(1, max_frames // t))
             h = 3
         if _pads(model):  # (dynamic_img_pad: any side up to max_side, padded to whole patches in the program)
@@ -425,7 +431,7 @@ def program_data_config(ep: torch.export.ExportedProgram, data_config: dict[str,
     if len(shape) in (4, 5) and "input_size" in out and None not in shape[-2:]:  # (images [B, C, H, W], or clips)
         out["input_size"] = [*out["input_size"][:-2], *shape[-2:]]
     if len(shape) == 5 and shape[2] is not None and "num_frames" in out:
-        out["num_frames"] = shape[2]
+        out["num_frames"] = shape[2] // int(out.get("num_segments", 1))  # (of one clip)
     return out
 
 

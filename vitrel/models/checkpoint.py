@@ -462,9 +462,9 @@ def load_model(
 #: function (the position scheme by name too); most change shapes and fail to load, the others load silently
 _FUNCTION_ARGS = (
     "abs_pos", "act_layer", "attn_pool_depth", "attn_pool_num_heads", "attn_pool_type", "class_token", "depth",
-    "depths", "embed_dim", "fc_norm",
-    "global_pool", "init_values", "mlp_ratio", "norm_eps", "norm_layer", "num_heads", "patch_bias", "patch_size",
-    "pool_include_prefix", "pos_depth", "pos_share", "post_norm", "prefix_at", "qkv_bias", "reg_tokens",
+    "depths", "embed_dim", "fc_norm", "global_pool", "init_values", "mlp_ratio", "norm_eps", "norm_layer",
+    "num_heads", "num_segments", "patch_bias", "patch_size", "pool_include_prefix", "pos_depth", "pos_share",
+    "post_norm", "prefix_at", "qkv_bias", "reg_tokens",
 )  # fmt: skip
 
 

@@ -258,7 +258,7 @@ def _from_timm_route(
             f"got {init_from!r}"
         )
     kwargs, feature_args = split_feature_args(kwargs)  # (a features_only backbone: the import's)
-    own = ("timm_kwargs",) if route == "timm" else ("num_frames",)  # (a video model's clip length: the data's)
+    own = ("timm_kwargs",) if route == "timm" else ("num_frames", "num_segments")  # (a video model's clips: the data's)
     ignored = sorted(k for k, v in kwargs.items() if k not in (*TRANSFERABLE, *own) and v is not None)
     if ignored:
         warnings.warn(

@@ -7,6 +7,13 @@ A clip ``[B, C, T, H, W]`` is cut into ``tubelet_size x patch_size x patch_size`
     x_l = Block_l(x_{l-1}, grid)                         pre-norm, attention with the scheme on the video grid
     y   = head(fc_norm(mean of the tubelet tokens))      (or the class token, global_pool="token")
 
+With ``num_segments = K > 1`` (V-JEPA 2's ``ClipAggregation``, their evaluations' protocol) an input holds ``K``
+clips of ``T`` frames joined along time, ``[B, C, K T, H, W]``: each clip is encoded alone (no attention, no
+position, between them), and their tokens are joined, segment 0's first, before the pool::
+
+    z_k = norm(x_L(clip_k)),   k = 0 .. K-1          each [B, T'H'W', C]
+    y   = head(pool([z_0, ..., z_{K-1}]))            the pool sees K T'H'W' tokens (a (K T', H', W') grid)
+
 The defaults are VideoMAE's: no class token, mean pooling, ``fc_norm`` after pooling. The grid is taken from the
 clip at forward time, so a model runs at any number of frames (a multiple of ``tubelet_size``) and any frame size (a
 multiple of ``patch_size``); ``num_frames`` and ``img_size`` only size learned tables and absolute embeddings.
@@ -54,6 +61,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         pre_norm, post_norm, qk_norm, attn_norm, final_norm, attn_pool_num_heads, attn_pool_mlp_ratio,
             attn_pool_type, attn_pool_depth, pool_include_prefix, patch_bias: as the image ViT's.
         pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
+        num_segments: clips per input, encoded alone and pooled together (module docstring; ``num_frames``: the
+            frames of one); no class token.
         drop_rate, pos_drop_rate, proj_drop_rate, attn_drop_rate, drop_path_rate, norm_layer, norm_eps: as the image
             ViT.
         device, dtype: placement (keyword-only, not part of ``vitrel_cfg``).
@@ -107,19 +116,24 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         norm_layer: str = "layernorm",
         norm_eps: float = 1e-6,
         patch_bias: bool = True,
+        num_segments: int = 1,
     ) -> None:
         super().__init__()
         check_vit_args(locals())  # sizes checked first, errors name the argument
         TimmSurface.check_global_pool(self, global_pool)  # (the pools; the class token's rule below)
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
+        if isinstance(num_segments, bool) or not isinstance(num_segments, int) or num_segments < 1:
+            raise ValueError(f"num_segments must be an integer >= 1, got {num_segments!r}")
+        if num_segments > 1 and class_token:
+            raise ValueError(f"num_segments={num_segments} pools the segments' tubelet tokens: class_token=False")
         pos, abs_pos = parse_pos(pos), parse_pos(abs_pos)
         img_size = to_2tuple(img_size)
         self.vitrel_cfg = constructor_config(VideoVisionTransformer, locals(), img_size=list(img_size))
         rel, absolute = split_pos(pos, abs_pos)
         self.num_classes = num_classes
         self.init_surface(in_chans, img_size, global_pool, None, None)
-        self.num_frames = num_frames
+        self.num_frames, self.num_segments = num_frames, num_segments
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_prefix_tokens = 1 if class_token else 0
         self.has_class_token = class_token
@@ -148,8 +162,30 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         return self.norm_pre(self.pos_drop(self.input_abs_pos(x, grid))), grid
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Clips ``[B, C, T, H, W]`` -> normalised tokens ``[B, P + T'H'W', C]`` (t-major)."""
-        return self.grid_features(x)
+        """Clips ``[B, C, T, H, W]`` -> normalised tokens ``[B, P + T'H'W', C]`` (t-major; ``[B, K T'H'W', C]``, the
+        segments' one after the other, with ``num_segments = K``)."""
+        return self._join(self.grid_features(self._split(x)))
+
+    def _split(self, x: Tensor) -> Tensor:
+        """``[B, C, K T, H, W]`` -> the ``K`` segments as a batch ``[B K, C, T, H, W]`` (video b's k-th at b K + k)."""
+        k = self.num_segments
+        if k == 1:
+            return x
+        if x.dim() != 5 or x.shape[2] % k:
+            raise ValueError(
+                f"a model of num_segments={k} takes [B, C, {k} * T, H, W] ({k} clips joined along time), got "
+                f"{tuple(x.shape)}"
+            )
+        return x.unflatten(2, (k, x.shape[2] // k)).transpose(1, 2).flatten(0, 1)
+
+    def _join(self, y: Tensor, time_dim: int = 1) -> Tensor:
+        """The segments' outputs ``[B K, ...]`` as one per video, joined along ``time_dim`` (of the output without
+        its batch: 1 for tokens ``[B, N, C]`` and ``[B, T', H', W', C]``, 2 for ``[B, C, T', H', W']``)."""
+        k = self.num_segments
+        if k == 1:
+            return y
+        y = y.unflatten(0, (-1, k))  # [B, K, ...]
+        return y.movedim(1, time_dim).flatten(time_dim, time_dim + 1)
 
     def forward(self, x: Tensor) -> Tensor:
         """Clips ``[B, C, T, H, W]`` -> logits ``[B, classes]``."""
@@ -174,7 +210,14 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         ``(tokens, prefix [B, P, C])``). ``norm`` applies the final norm to each; ``stop_early`` skips the blocks
         after the last one asked for."""
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
-        return self.grid_intermediates(x, take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only)
+        out = self.grid_intermediates(
+            self._split(x), take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only
+        )
+        if self.num_segments == 1:
+            return out
+        dim = 2 if output_fmt == "NCTHW" else 1  # (the segments one after the other in time, as forward_features)
+        feats = [self._join(y, dim) for y in (out if intermediates_only else out[1])]
+        return feats if intermediates_only else (self._join(out[0]), feats)
 
     @classmethod
     def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:

@@ -49,14 +49,18 @@ RELEASED = {
 }
 
 #: their released attentive probes (README, "Evaluation Attentive Probes"): ``name -> (file under evals/, encoder,
-#: num_frames)``; the frames per clip are their inference configs' ``frames_per_clip`` (``configs/inference``), whose
-#: probes all have 16 heads (``classifier.num_heads``) and 4 blocks
+#: num_frames, num_segments, frame_stride)``, their inference configs' (``configs/inference``: ``frames_per_clip``,
+#: ``num_segments``, ``frame_step``; every one with 3 views a segment, ``num_views_per_segment``, and probes of 16
+#: heads, ``classifier.num_heads``, and 4 blocks)
 RELEASED_PROBES = {
-    "ssv2_vit_large": ("ssv2-vitl-16x2x3", "vit_large", 16),
-    "diving48_vit_large": ("diving48-vitl-256", "vit_large", 32),
-    "ssv2_vit_giant_384": ("ssv2-vitg-384-64x2x3", "vit_giant_384", 64),
-    "diving48_vit_giant_384": ("diving48-vitg-384-32x4x3", "vit_giant_384", 32),
+    "ssv2_vit_large": ("ssv2-vitl-16x2x3", "vit_large", 16, 2, 4),
+    "diving48_vit_large": ("diving48-vitl-256", "vit_large", 32, 4, 2),
+    "ssv2_vit_giant_384": ("ssv2-vitg-384-64x2x3", "vit_giant_384", 64, 2, 2),
+    "diving48_vit_giant_384": ("diving48-vitg-384-32x4x3", "vit_giant_384", 32, 4, 2),
 }
+#: their evaluation's spatial views of a segment (``num_views_per_segment``; ``EvalVideoTransform``: the shorter side
+#: resized to the crop, 3 crops along the longer)
+PROBE_VIEWS = 3
 #: their probes' heads (every inference config's ``classifier.num_heads``; the weights do not say)
 PROBE_HEADS = 16
 
@@ -170,6 +174,7 @@ def from_vjepa2(
     probe: str | os.PathLike | dict[str, Any] | None = None,
     probe_index: int = 0,
     probe_heads: int = PROBE_HEADS,
+    num_segments: int | None = None,
     **kwargs: Any,
 ) -> nn.Module:
     """A vitrel video ViT holding a V-JEPA 2 encoder's weights (the module docstring).
@@ -190,14 +195,21 @@ def from_vjepa2(
             ``num_classes`` and ``global_pool`` come from it.
         probe_index: the entry of the probe file's ``"classifiers"`` to read.
         probe_heads: the probe's heads, which its weights do not hold (16 in every released probe).
+        num_segments: clips joined into an input, encoded alone and pooled together (their ``ClipAggregation``;
+            default 1, or a released probe's: 2 for SSv2, 4 for Diving-48). A released probe also stores its
+            evaluation's clips in the model's data config (``frame_stride``, ``num_segments``, 3 ``spatial_crops``,
+            ``crop_pct`` 1.0), which ``eval.py`` and ``predict.py`` take.
         **kwargs: other :class:`~vitrel.models.video_vit.VideoVisionTransformer` arguments (``global_pool``,
             ``drop_path_rate``, ``attn_impl``, ...); ``features_only=True`` (``out_indices``, ...): timm's backbone of
             the network (:func:`~vitrel.models.registry.with_features`).
     """
     kwargs, feature_args = split_feature_args(kwargs)
+    protocol: dict[str, Any] = {}  # (a released probe's evaluation clips)
     if isinstance(probe, str) and probe in RELEASED_PROBES:
-        file, encoder, frames = RELEASED_PROBES[probe]
+        file, encoder, frames, segments, stride = RELEASED_PROBES[probe]
         name, num_frames = name or encoder, num_frames or frames
+        num_segments = num_segments or segments
+        protocol = dict(frame_stride=stride, clips_per_video=1, spatial_crops=PROBE_VIEWS, crop_pct=1.0)
         probe = torch.hub.load_state_dict_from_url(f"{VJEPA2_URL}/evals/{file}.pt", map_location="cpu")
     head = vjepa2_probe_state_dict(probe, probe_index) if probe is not None else {}
     if head and (num_classes or "global_pool" in kwargs):
@@ -217,7 +229,8 @@ def from_vjepa2(
         kwargs.update(_probe_args(head, arch["embed_dim"], probe_heads))
         num_classes = kwargs.pop("num_classes")
         sd = sd | {k.replace("pooler.", "attn_pool.", 1).replace("linear.", "head.", 1): v for k, v in head.items()}
-    args = dict(global_pool="avg", fc_norm=False, class_token=False, norm_eps=1e-6) | kwargs
+    args = dict(global_pool="avg", fc_norm=False, class_token=False, norm_eps=1e-6, num_segments=num_segments or 1)
+    args |= kwargs
     dtype = next((v.dtype for v in sd.values() if v.is_floating_point()), torch.float32)  # (the file's precision)
     model = build(  # (a registered architecture: save_pretrained and load_model rebuild it from its vitrel_cfg)
         "vitrel_vit_video_base_patch16_224",
@@ -238,6 +251,8 @@ def from_vjepa2(
             interpolation="bilinear",
             crop_pct=224 / 256,  # their single-view evaluation: short side to 256/224 of the crop, centre crop
             num_frames=num_frames,
-        ),
+            num_segments=args["num_segments"],
+        )
+        | protocol,
     )
     return with_features(model, feature_args)

@@ -14,6 +14,7 @@ from vitrel.data.video.clips import (
     clip_indices,
     random_start,
     read_clip,
+    segment_starts,
     uniform_starts,
 )
 from vitrel.data.video.folder import VIDEO_EXTENSIONS, VideoFolderDataModule, video_files
@@ -31,6 +32,7 @@ __all__ = [
     "clip_indices",
     "random_start",
     "read_clip",
+    "segment_starts",
     "uniform_starts",
     "video_files",
 ]

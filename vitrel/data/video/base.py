@@ -6,7 +6,9 @@ What changes from images:
 * samples are float ``[C, T, H, W]`` clips (batches ``[B, C, T, H, W]``, VideoMAE's layout); ``num_frames``
   (``T``) joins ``img_size`` as a public attribute, and ``input_size`` is ``(C, T, H, W)``; an evaluation sample
   of a module taking ``K > 1`` clips per video is the video's clips ``[K, C, T, H, W]`` (batches
-  ``[B, K, C, T, H, W]``, scored per video by :class:`~vitrel.train.module.ClassifierModule`);
+  ``[B, K, C, T, H, W]``, scored per video by :class:`~vitrel.train.module.ClassifierModule`); a module reading
+  ``num_segments = G > 1`` clips a sample (one from each of ``G`` parts of the video, V-JEPA 2's protocol) joins
+  them along time, ``[C, G * T, H, W]``, and its ``input_size`` is ``(C, G * T, H, W)`` (``num_frames`` stays ``T``);
 * the per-clip pipeline is :class:`vitrel.data.video.clips.ClipTransform`: training with ``augment`` a random
   resized crop and flip drawn once per clip (``augment_kwargs``: ``scale``, ``ratio``, ``hflip``), evaluation a
   resize of the shorter side to ``floor(img_size / crop_pct)`` and the centre crop, both normalised;
@@ -34,7 +36,7 @@ from vitrel.data.base import VisionDataModule
 from vitrel.data.datasets import ON_BAD_SAMPLE
 from vitrel.data.normalisation import per_channel
 from vitrel.data.unreadable import LeaveOutCollate
-from vitrel.data.video.clips import ClipTransform, VideoClips
+from vitrel.data.video.clips import ClipTransform, VideoClips, _check_segments
 
 __all__ = ["VideoDataModule", "VideoFilesDataModule", "AUGMENT_KEYS"]
 
@@ -46,6 +48,8 @@ _IMAGE_ONLY = ("canvas_size", "packing", "size_choices")
 class VideoDataModule(VisionDataModule):
     """Base class of the video DataModules (see the module docstring); ``num_frames``: frames per clip."""
 
+    #: clips a sample joins along time (:class:`VideoFilesDataModule`'s ``num_segments``; 1: one clip a sample)
+    num_segments = 1
     default_augment_kwargs = {"scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3), "hflip": 0.5}
 
     def __init__(self, num_frames: int = 16, **kwargs: Any) -> None:
@@ -66,8 +70,8 @@ class VideoDataModule(VisionDataModule):
 
     @property
     def input_size(self) -> tuple[int, int, int, int]:  # type: ignore[override]
-        """``(in_chans, num_frames, img_size, img_size)``."""
-        return (self.in_chans, self.num_frames, self.img_size, self.img_size)
+        """``(in_chans, num_segments * num_frames, img_size, img_size)``: the frames one model input holds."""
+        return (self.in_chans, self.num_segments * self.num_frames, self.img_size, self.img_size)
 
     def _clip_transform(self, train: bool, img_size: int | None) -> ClipTransform:
         kw = self.augment_kwargs
@@ -143,7 +147,8 @@ class VideoDataModule(VisionDataModule):
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(root={self.root}, num_classes={self.num_classes}, input_size={self.input_size}, "
-            f"augment={self.augment}, batch_size={self.batch_size}, val_fraction={self.val_fraction})"
+            + (f"num_segments={self.num_segments}, " if self.num_segments > 1 else "")
+            + f"augment={self.augment}, batch_size={self.batch_size}, val_fraction={self.val_fraction})"
         )
 
     __str__ = __repr__
@@ -156,7 +161,10 @@ class VideoFilesDataModule(VideoDataModule):
 
     ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video, each in
     ``spatial_crops`` crops along the longer side of its frames (one sample ``[K * S, C, T, H, W]`` of its views when
-    more than one, :class:`~vitrel.data.video.clips.ClipTransform`); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a
+    more than one, :class:`~vitrel.data.video.clips.ClipTransform`); ``num_segments = G > 1`` (``clips_per_video``
+    1): every sample, training's and evaluation's, is ``G`` clips, one from each of ``G`` equal parts of the video,
+    each transformed alone, joined along time, ``[C, G * T, H, W]`` (``[S, C, G * T, H, W]`` with ``S`` spatial
+    crops; :func:`~vitrel.data.video.clips.segment_starts`); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a
     video that does not decode; ``in_chans``: 3 (RGB) or 1 (grey frames, made as predict.py makes them: PIL's
     ``convert("L")``; ImageNet's statistics averaged); ``num_classes``: kept as ``_given_num_classes`` (the subclass
     checks it against its data). Normalisation: timm's ImageNet mean and std (as VideoMAE's). Other kwargs as
@@ -176,6 +184,7 @@ class VideoFilesDataModule(VideoDataModule):
         on_bad_sample: str = "raise",
         in_chans: int = 3,
         spatial_crops: int = 1,
+        num_segments: int = 1,
         **kwargs: Any,
     ) -> None:
         if in_chans not in (1, 3):
@@ -187,9 +196,10 @@ class VideoFilesDataModule(VideoDataModule):
                 f"stride, clips_per_video and spatial_crops must be >= 1, got {stride}, {clips_per_video}, "
                 f"{spatial_crops}"
             )
+        num_segments = _check_segments(num_segments, int(clips_per_video))  # (an int >= 1; > 1 with one clip a video)
         super().__init__(root=root, num_frames=num_frames, **kwargs)
         self.stride, self.clips_per_video = int(stride), int(clips_per_video)
-        self.spatial_crops = int(spatial_crops)
+        self.spatial_crops, self.num_segments = int(spatial_crops), num_segments
         self.on_bad_sample = on_bad_sample
         self._given_num_classes = num_classes
         self.in_chans = int(in_chans)
@@ -207,6 +217,7 @@ class VideoFilesDataModule(VideoDataModule):
             on_bad_sample=self.on_bad_sample,
             leave_out=not training,  # (evaluation: each video that decodes scored once, the others left out)
             grey=self.in_chans == 1,
+            segments=self.num_segments,
         )
 
     @property

@@ -16,6 +16,13 @@ warning). With ``delta = max(N - span, 0)``:
   of the process that loads it: DataLoader workers are seeded per worker and per epoch by torch (and by
   Lightning's ``seed_everything(workers=True)``), as the image pipelines' random crops are.
 
+Segments (``num_segments = K > 1``, V-JEPA 2's evaluation protocol, TSN's segments): a sample is ``K`` clips, one
+from each of ``K`` equal parts of the video (:func:`segment_starts`: a random place in its part in training, the
+part's centre in evaluation; overlapping, evenly spread clips when a part is shorter than a clip), each through the
+transform on its own (its own crop and flip in training), joined along time: ``[C, K * T, H, W]``, segment 0 first
+(``[S, C, K * T, h, w]`` with ``S`` spatial crops). The model encodes each ``T`` frames alone and pools the ``K``
+clips' tokens together (V-JEPA 2's ``ClipAggregation``); ``clips_per_video`` is then 1.
+
 Decoding: PyAV (FFmpeg's libraries, bundled in its wheels: ``pip install av``, nothing else on the system), of
 the video stream libavformat picks (``av_find_best_stream``, as ffplay: not a cover or preview still stored before
 the video, which a file's first video stream can be; an audio file whose only video stream is its cover art is
@@ -40,7 +47,8 @@ do not exist in the fork, so collecting one there waits forever. The data sets h
 their first sample in each worker, which freezes what the worker inherited (``gc.freeze()``, Python's advice for
 forked children).
 :class:`VideoClips` gives one sample per video: with ``K > 1`` uniform clips, the ``K`` transformed clips stacked,
-``[K, C, T, H, W]`` (a batch ``[B, K, C, T, H, W]``, scored per video by averaging its clips' softmax).
+``[K, C, T, H, W]`` (a batch ``[B, K, C, T, H, W]``, scored per video by averaging its clips' softmax); with
+``segments``, its segments' clips joined along time (above).
 """
 
 from __future__ import annotations
@@ -55,7 +63,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Tensor
+from torch import Generator, Tensor
 from torch.utils.data import Dataset, get_worker_info
 from torchvision.transforms import InterpolationMode
 
@@ -75,6 +83,7 @@ __all__ = [
     "spatial_views",
     "stack_views",
     "random_start",
+    "segment_starts",
     "count_frames",
     "read_frames",
     "read_clip",
@@ -141,6 +150,34 @@ def random_start(video_frames: int, num_frames: int, stride: int, generator: tor
     """A start drawn uniformly from ``0 .. max(video_frames - span, 0)`` (torch's generator, or ``generator``)."""
     delta = max(video_frames - clip_span(num_frames, stride), 0)
     return int(torch.randint(delta + 1, (), generator=generator))
+
+
+def segment_starts(
+    video_frames: int, num_frames: int, stride: int, segments: int, train: bool, generator: Generator | None = None
+) -> list[int]:
+    """The starts of ``K = segments`` clips, one from each of ``K`` equal parts of a video of ``N = video_frames``
+    frames: part ``i`` is the frames ``i P .. (i + 1) P - 1``, ``P = N // K`` (the last ``N - K P`` in none, as
+    V-JEPA 2's ``loadvideo_decord``). With ``span = (num_frames - 1) * stride + 1`` (:func:`clip_span`):
+
+    * ``P >= span``: ``s_i = i P + o_i``, ``o_i`` drawn uniformly from ``0 .. P - span`` for each clip when ``train``
+      (torch's generator, or ``generator``, as :func:`random_start`), else the centre ``o_i = floor((P - span) / 2)``
+      (a deterministic evaluation; V-JEPA 2 draws ``o_i`` at evaluation too);
+    * ``P < span`` (V-JEPA 2's ``allow_clip_overlap=True``, as its evaluation): overlapping clips evenly spread over
+      the video, ``uniform_starts(N, num_frames, stride, K)`` (the first at 0, the last at the end), train or not.
+
+    ``K = 1``: :func:`random_start` when ``train``, else ``uniform_starts(N, num_frames, stride, 1)``, as without
+    segments. ``K`` below 1 raises ``ValueError`` naming ``num_segments``.
+    """
+    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1:
+        raise ValueError(f"num_segments must be an integer >= 1, got {segments!r}")
+    if segments == 1 and train:  # (evaluation's K = 1 is the equation's: the centre, or 0 for a short video)
+        return [random_start(video_frames, num_frames, stride, generator)]
+    span, part = clip_span(num_frames, stride), video_frames // segments
+    if part < span:
+        return uniform_starts(video_frames, num_frames, stride, segments)
+    if not train:
+        return [i * part + (part - span) // 2 for i in range(segments)]
+    return [i * part + int(torch.randint(part - span + 1, (), generator=generator)) for i in range(segments)]
 
 
 def warn_short_video(path: str | Path, video_frames: int, num_frames: int, stride: int) -> bool:
@@ -419,6 +456,10 @@ class VideoClips(SkipUnreadable, Dataset):
     them, PIL's ``convert("L")``; None: kept as it is), stacked: ``[K, C, T, H, W]`` (uint8 ``[K, T, C, H, W]``
     without a transform), or the one clip ``[C, T, H, W]`` when ``K = 1``. The ``K`` clips are decoded in one pass.
     ``sampling="random"``: one random clip, a fresh start each time the video is read.
+    ``segments = K > 1`` (``clips_per_video`` 1): every sample is the video's ``K`` segment clips
+    (:func:`segment_starts`, drawn when ``sampling="random"``), each through ``transform`` on its own, joined along
+    time: ``[C, K * T, H, W]``, ``[S, C, K * T, h, w]`` with ``S`` spatial crops (uint8 ``[K * T, C, H, W]``
+    without a transform).
 
     A video that does not decode raises :class:`VideoDecodeError` naming it and ``data.on_bad_sample=skip``
     (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the next video that decodes, with its
@@ -441,12 +482,14 @@ class VideoClips(SkipUnreadable, Dataset):
         on_bad_sample: str = "raise",
         leave_out: bool = False,
         grey: bool = False,
+        segments: int = 1,
     ) -> None:
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
         _check_clip(num_frames, stride)
         if clips_per_video < 1 or (sampling == "random" and clips_per_video != 1):
             raise ValueError(f"clips_per_video must be >= 1 (1 with random sampling), got {clips_per_video}")
+        self.segments = _check_segments(segments, clips_per_video)
         self.videos, self.num_frames, self.stride = videos, int(num_frames), int(stride)
         self.sampling, self.clips_per_video, self.transform = sampling, int(clips_per_video), transform
         self.grey = bool(grey)
@@ -464,8 +507,8 @@ class VideoClips(SkipUnreadable, Dataset):
 
     def clip_starts(self, video_frames: int) -> list[int]:
         """The starts of the clips of a video of ``video_frames`` frames (a fresh draw when random)."""
-        if self.sampling == "random":
-            return [random_start(video_frames, self.num_frames, self.stride)]
+        if self.clips_per_video == 1:  # (one clip, or the segments' clips: segment_starts for K = 1 is the one clip's)
+            return segment_starts(video_frames, self.num_frames, self.stride, self.segments, self.sampling == "random")
         return uniform_starts(video_frames, self.num_frames, self.stride, self.clips_per_video)
 
     def sample_path(self, index: int) -> str:
@@ -489,8 +532,23 @@ class VideoClips(SkipUnreadable, Dataset):
         if item is None:  # (left out: evaluation)
             return None
         frames, label = item
+        if self.transform is None and self.segments > 1:  # (the K * T frames as read)
+            return frames, label
         clips = [self.transform(c) if self.transform is not None else c for c in frames.split(self.num_frames)]
-        return stack_views(clips), label
+        return (torch.cat(clips, dim=-3) if self.segments > 1 else stack_views(clips)), label  # (-3: time)
+
+
+def _check_segments(segments: int, clips_per_video: int) -> int:
+    """``segments`` (an integer >= 1; above 1 only with one clip per video), else ``ValueError`` naming the keys."""
+    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1:
+        raise ValueError(f"data.num_segments must be an integer >= 1, got {segments!r}")
+    if segments > 1 and clips_per_video != 1:
+        raise ValueError(
+            f"data.num_segments={segments} makes each video one sample of its {segments} segments' clips: give "
+            f"data.clips_per_video=1 (got {clips_per_video}), or data.num_segments=1 for {clips_per_video} clips a "
+            "video"
+        )
+    return int(segments)
 
 
 def _grey(frames: Tensor) -> Tensor:
@@ -506,10 +564,15 @@ class VideoFileClips(Dataset):
     (``sampling``: ``(num_frames, stride, K)``, :func:`uniform_starts`), decoded in one pass, each through
     ``transform`` (``grey``: converted to one channel first); a file that does not decode gives ``(i, None, reason)``
     (skipped and counted by predict's loop). A video far shorter than a clip is named in one warning
-    (:func:`warn_short_video`, as in training and evaluation)."""
+    (:func:`warn_short_video`, as in training and evaluation). ``segments`` above 1 (``K`` then 1): the video's
+    segment clips (:func:`segment_starts`, evaluation's), joined along time, ``[V, C, segments * T, H, W]`` (``V``:
+    the transform's spatial views, or 1)."""
 
-    def __init__(self, files: Sequence[Path], sampling: tuple[int, int, int], transform: Any, grey: bool) -> None:
+    def __init__(
+        self, files: Sequence[Path], sampling: tuple[int, int, int], transform: Any, grey: bool, *, segments: int = 1
+    ) -> None:
         self.files, self.sampling, self.transform, self.grey = list(files), sampling, transform, grey
+        self.segments = _check_segments(segments, sampling[2])
 
     def __len__(self) -> int:
         return len(self.files)
@@ -518,9 +581,10 @@ class VideoFileClips(Dataset):
         leave_inherited()
         t, stride, k = self.sampling
 
-        def choose(n: int) -> list[int]:  # the K clips' frames, one after the other
+        def choose(n: int) -> list[int]:  # the K clips' (or segments') frames, one after the other
             warn_short_video(self.files[i], n, t, stride)
-            return [j for s in uniform_starts(n, t, stride, k) for j in clip_indices(n, t, stride, s).tolist()]
+            starts = segment_starts(n, t, stride, self.segments, False) if k == 1 else uniform_starts(n, t, stride, k)
+            return [j for s in starts for j in clip_indices(n, t, stride, s).tolist()]
 
         try:
             frames = read_clip(self.files[i], choose)  # [K * T, 3, H, W]
@@ -528,5 +592,6 @@ class VideoFileClips(Dataset):
             return i, None, str(e)
         if self.grey:
             frames = _grey(frames)
-        views = stack_views([self.transform(clip) for clip in frames.split(t)])
+        clips = [self.transform(clip) for clip in frames.split(t)]
+        views = torch.cat(clips, dim=-4 + 1) if self.segments > 1 else stack_views(clips)  # (dim -3: T)
         return i, (views if views.dim() == 5 else views[None]), None

@@ -25,6 +25,10 @@ video that decodes (with its own label) is read in its place; in evaluation it i
 scored once); a count at the end of each pass, as for image folders (:mod:`vitrel.data.unreadable`).
 A class folder that is a link to nothing is named in a warning and passed over. A train folder with one class folder
 raises ``DatasetNotFoundError`` (a classifier needs two classes).
+
+With ``num_segments = G > 1`` (``clips_per_video`` 1) every sample, training's and evaluation's, is ``G`` clips, one
+from each of ``G`` equal parts of the video, joined along time, ``[C, G * T, H, W]`` (V-JEPA 2's protocol:
+:func:`~vitrel.data.video.clips.segment_starts`).
 """
 
 from __future__ import annotations
@@ -66,8 +70,8 @@ class VideoFolderDataModule(LazyClasses, VideoFilesDataModule):
     """Class folders of videos under ``root/train`` and ``root/val`` (see the module docstring).
 
     ``num_classes`` is inferred from the train folders; passing it checks it (and lets a model be built before the
-    data is reachable). The clips' options (``num_frames``, ``stride``, ``clips_per_video``, ``on_bad_sample``,
-    ``in_chans``) and other kwargs as :class:`~vitrel.data.video.base.VideoFilesDataModule`.
+    data is reachable). The clips' options (``num_frames``, ``stride``, ``clips_per_video``, ``num_segments``,
+    ``on_bad_sample``, ``in_chans``) and other kwargs as :class:`~vitrel.data.video.base.VideoFilesDataModule`.
     """
 
     dataset_name = "video folders"

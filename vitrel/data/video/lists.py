@@ -20,7 +20,7 @@ Paths: a relative ``train_list``, ``val_list``, ``labels_file``, ``class_names``
 label + 1.
 
 The clips are read as class folders' are (:class:`~vitrel.data.video.base.VideoFilesDataModule`: the same
-sampling, ``clips_per_video``, ``on_bad_sample``). A missing list file or video folder raises
+sampling, ``clips_per_video``, ``num_segments``, ``on_bad_sample``). A missing list file or video folder raises
 :class:`~vitrel.data.datasets.DatasetNotFoundError`; a line that is not ``<path> <integer>`` (its file, number and
 text), a label outside ``0..num_classes-1``, an SSv2 template the labels file lacks, a train list of fewer than two
 classes and listed videos that do not exist (checked at setup: the first few named, and how many) raise

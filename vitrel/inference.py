@@ -167,10 +167,13 @@ def _program_frames(path: Path, sizes: tuple, data_config: dict[str, Any], frame
             f"{path} is an image model's program: model_overrides num_frames is for video models"
         )
     takes = sizes[2] if isinstance(sizes[2], range) else range(sizes[2], sizes[2] + 1)
-    if type(frames) is not int or frames not in takes:
+    k = int(data_config.get("num_segments", 1))  # (an input joins k clips)
+    if type(frames) is not int or frames * k not in takes:
         fix = "give one of those" if len(takes) > 1 else f"export again with --num-frames {frames} (one per length)"
+        joined = f" ({k} clips joined)" if k > 1 else ""
         raise PredictSettingsError(
-            f"{path} takes clips of {describe_sizes(sizes[2])} frames, not num_frames={frames} (model_overrides): {fix}"
+            f"{path} takes clips of {describe_sizes(sizes[2])} frames{joined}, not num_frames={frames} "
+            f"(model_overrides): {fix}"
         )
     return {**data_config, "num_frames": frames}
 
@@ -510,7 +513,8 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
 
     params = inspect.signature(VideoFilesDataModule.__init__).parameters
     defaults = {"frame_stride": params["stride"].default, "clips_per_video": params["clips_per_video"].default}
-    missing = [k for k in CLIP_FIELDS if k not in data_config and k != "spatial_crops"]  # (before it: 1 crop)
+    later = ("spatial_crops", "num_segments")  # (before them: 1 crop, 1 clip an input)
+    missing = [k for k in CLIP_FIELDS if k not in data_config and k not in later]
     if missing:
         warnings.warn(
             f"{source} stores no clip sampling ({', '.join(missing)}; checkpoints of vitrel.train store it in "
@@ -537,7 +541,8 @@ def _predict_videos(
     """:func:`predict_folder` for a video model (``counts``: its ``topk``, ``batch_size``, ``num_workers``; ``names``:
     its ``class_names``, ``on_rows``): every video under ``root`` (a folder or class folders), from its evaluation clips
     (:func:`clip_sampling`: ``clips_per_video`` clips of ``num_frames`` frames ``frame_stride`` apart, evenly spaced),
-    each resized, centre-cropped (or in its ``spatial_crops`` crops), normalised as in evaluation
+    or with ``num_segments`` one clip from each of that many parts of the video, joined into each view), each resized,
+    centre-cropped (or in its ``spatial_crops`` crops), normalised as in evaluation
     (``ClipTransform(train=False)``, the stored statistics); a video's probabilities are the mean of its views'
     softmax."""
     from vitrel.data.image_files import collate_files
@@ -563,7 +568,7 @@ def _predict_videos(
         crops=int(dc.get("spatial_crops", 1)),
     )  # fmt: skip
     loader = torch.utils.data.DataLoader(
-        VideoFileClips(found.files, sampling, tf, grey=c == 1),
+        VideoFileClips(found.files, sampling, tf, grey=c == 1, segments=int(dc.get("num_segments", 1))),
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=collate_files,

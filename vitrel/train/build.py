@@ -77,6 +77,7 @@ def build_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str | 
     sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
     if is_video_data(dm):
         sized["num_frames"] = dm.num_frames
+        sized.update(_segments(model_cfg, arch, dm))
     try:
         with warnings.catch_warnings():  # (the data's own statistics normalise: the checkpoint's defaults do not)
             warnings.simplefilter("ignore", NoDataConfigWarning)
@@ -110,6 +111,7 @@ def _resumed_model(model_cfg: DictConfig, dm: L.LightningDataModule, resume: str
     sized = {"num_classes": dm.num_classes, "in_chans": dm.in_chans, "img_size": dm.img_size}
     if is_video_data(dm):
         sized["num_frames"] = dm.num_frames
+        sized.update(_segments(model_cfg, arch, dm))
     over.update({k: v for k, v in sized.items() if over.get(k) is None})
     rank_zero_info(
         f"resuming {resume}: the model ({arch}) is built from the configuration stored in it; the weights of "
@@ -186,6 +188,22 @@ def _check_frames_fit(model_cfg: DictConfig, arch: str, dm: L.LightningDataModul
         f"{type(dm).__name__}'s clips, {frames} frames (data.num_frames), are not a whole number of the "
         f"{tubelet}-frame tubelets of {arch} (model.tubelet_size): set {sizes}"
     )
+
+
+def _segments(model_cfg: DictConfig, arch: str | None, dm: L.LightningDataModule) -> dict[str, int]:
+    """``num_segments`` of a video data module that joins several clips into an input (``data.num_segments``), for
+    the model to split them: a :class:`~vitrel.config.ConfigError` for an architecture that takes one clip (the video
+    Swin). Empty for one clip a sample."""
+    k = int(getattr(dm, "num_segments", 1))
+    if k == 1 or model_cfg.get("num_segments") is not None:
+        return {}
+    if arch is not None and arch in MODEL_ARGS:
+        if "num_segments" not in inspect.signature(MODEL_ARGS[arch][0].__init__).parameters:
+            raise ConfigError(
+                f"data.num_segments={k} joins {k} clips into each input, which {arch} does not take (one clip): use "
+                f"a video ViT (vitrel_vit_video_*) or data.num_segments=1"
+            )
+    return {"num_segments": k}
 
 
 def _check_schemes_take_clips(model_cfg: DictConfig, arch: str, dm: L.LightningDataModule) -> None:

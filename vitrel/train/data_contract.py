@@ -240,9 +240,11 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
     its ``img_size``), as an :class:`~vitrel.models.input_size.InputSizeError` (one line from ``train.py``).
     ``whose`` names the model in the message (``evaluate``: the checkpoint). Models without a ``vitrel_cfg`` patch
     size are not checked. A video scheme fed token layouts (NaFlex batches; ``model.token_drop`` when ``training``) is
-    a :class:`~vitrel.config.ConfigError`."""
+    a :class:`~vitrel.config.ConfigError`, and so are clips joined into inputs (``data.num_segments``) other than the
+    model's ``num_segments``."""
 
     _check_schemes_take_layouts(dm, model, training)
+    _check_segments(dm, model, whose)
     patch = (getattr(model, "vitrel_cfg", None) or {}).get("patch_size")
     if patch is None:
         return
@@ -269,6 +271,18 @@ def check_data_fits_model(dm: Any, model: torch.nn.Module, whose: str = "the mod
                 f"data.size_choices={list(choices)}: {whose} takes only its img_size {img} (strict_img_size); "
                 "build it with dynamic_img_size=True (model.dynamic_img_size=true) for batches of other sizes"
             )
+
+
+def _check_segments(dm: Any, model: torch.nn.Module, whose: str) -> None:
+    """The data joins as many clips into an input as the model splits it into (else each clip would be cut in
+    two, or two encoded as one, without an error)."""
+    k = int((getattr(model, "vitrel_cfg", None) or {}).get("num_segments", 1))
+    got = int(getattr(dm, "num_segments", 1))
+    if is_video_data(dm) and k != got:
+        raise ConfigError(
+            f"data.num_segments={got} but {whose} encodes {k} clip(s) per input (its num_segments): set "
+            f"data.num_segments={k}"
+        )
 
 
 def _check_schemes_take_layouts(dm: Any, model: torch.nn.Module, training: bool) -> None:

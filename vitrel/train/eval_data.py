@@ -215,11 +215,13 @@ def trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[s
 def trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
     """``num_frames``: the clip length a stored video model was trained at, when video data is scored without
     ``data.num_frames`` on the command line (the data group's default would otherwise rebuild the model for its own
-    length); else empty."""
-    frames = saved.get("num_frames")
-    if frames is None or "num_frames" not in data_cfg or is_given("data.num_frames"):
-        return {}
-    return {"num_frames": int(frames)}
+    length); and ``num_segments``, the clips one of its inputs joins (its own: the data must give as many), without
+    ``data.num_segments``. Else empty."""
+    out = {}
+    for key in ("num_frames", "num_segments"):
+        if saved.get(key) is not None and key in data_cfg and not is_given(f"data.{key}"):
+            out[key] = int(saved[key])
+    return out
 
 
 def trained_channels(saved: dict, data_cfg: DictConfig) -> dict[str, int]:

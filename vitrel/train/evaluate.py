@@ -325,7 +325,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if nominal:
         log.warning(nominal)
     what = f"the clip length {ckpt.name} was trained at (data.num_frames=<n> for another)"
-    taken |= take_run_data(cfg, trained_frames(saved, cfg.data), what)
+    frames = trained_frames(saved, cfg.data)
+    segments = {"num_segments": frames.pop("num_segments")} if "num_segments" in frames else {}
+    taken |= take_run_data(cfg, frames, what)
+    taken |= take_run_data(cfg, segments, f"the clips {ckpt.name}'s model joins into an input (its num_segments)")
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
     taken |= take_run_data(cfg, trained_clips(stored_data, cfg.data), what)
     what = f"the channels {ckpt.name}'s model takes (data.in_chans=<n> for others)"
@@ -401,7 +404,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         "model_overrides": given,  # model_overrides given on the command line ({}: the model as stored)
         "packing": packing,
         "metrics": metrics,
-        **({k: getattr(dm, k) for k in ("num_frames", *CLIP_KEYS) if hasattr(dm, k)}),  # a video's clips
+        **({k: getattr(dm, k) for k in ("num_frames", *CLIP_KEYS, "num_segments") if hasattr(dm, k)}),  # its clips
         "num_images": tested["test_images"],  # scored: fewer than the split's with trainer.limit_test_batches
         "split_images": tested["test_split_images"],  # the readable ones
         "unreadable": left_out,  # left out (data.on_bad_sample=skip), each named in the test's log line

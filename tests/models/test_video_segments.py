@@ -122,3 +122,33 @@ def test_an_export_traces_all_segments_and_keeps_one_clips_frames():
         ep.module()(torch.randn(1, 3, 7, 8, 8))
     static = export_program(m, x, "batch")
     assert program_data_config(static, model_data_config(m))["num_frames"] == T
+
+
+def test_eval_py_takes_a_saved_released_probes_clips_from_the_model(monkeypatch, tmp_path):
+    """``eval.py ckpt_path=<saved probe="ssv2_vit_large" model> data=video_list ...`` without any clip key scores
+    with the probe's own: 2 segments, frames 4 apart, 3 crops (``eval_metrics.json``; crop_pct 1.0 is the video data's
+    own default)."""
+    import json
+
+    from tests.data.test_video import write_video
+    from tests.train_helpers import compose
+    from vitrel.models.checkpoint import save_pretrained
+    from vitrel.train.evaluate import evaluate
+
+    enc = released_layout(encoder_weights(5, dim=1024, depth=1, hidden=16), encoder_weights(6, 1024, 1, 16))
+    probe = {"classifiers": [probe_weights(7, depth=1, dim=1024, hidden=16)]}
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", lambda url, **_: probe if "/evals/" in url else enc)
+    m = vitrel.from_vjepa2(probe="ssv2_vit_large", img_size=32, num_frames=2)
+    folder = save_pretrained(m, tmp_path / "probe")
+    root = tmp_path / "data"
+    for i in range(2):
+        write_video(root / f"v{i}.mkv", 12 + 3 * i, hw=(32, 40))
+    (root / "val.csv").write_text("v0.mkv 0\nv1.mkv 3\n")
+    data = ["data=video_list", f"data.root={root}", "data.train_list=val.csv", "data.val_list=val.csv"]
+    data += ["data.num_workers=0", "data.pin_memory=false", f"data.num_classes={CLASSES}", "data.batch_size=2"]
+    over = [f"ckpt_path={folder}", *data, "split=val", "progress_bar=none", "trainer.accelerator=cpu"]
+    evaluate(compose(tmp_path / "eval", over, config_name="eval"))
+    got = json.loads((tmp_path / "eval" / "eval_metrics.json").read_text())
+    want = dict(num_frames=2, num_segments=2, stride=4, clips_per_video=1, spatial_crops=3, img_size=32)
+    assert {k: got[k] for k in want} == want
+    assert {"num_segments", "stride", "spatial_crops"} <= set(got["data_from_run"])  # (taken, not the defaults)

@@ -114,6 +114,8 @@ class _Sums:
 
 
 def _global_vit(model: nn.Module, x: Tensor, sums: _Sums) -> None:
+    if hasattr(model, "split_segments"):  # (a video ViT's input of K clips: each is encoded, and attends, alone)
+        x = model.split_segments(x)
     x, grid = model.embed(x)
     if not isinstance(grid, Grid | Grid3):
         raise ValueError(f"attention_distance takes a batch of images or clips of one size, got the layout {grid}")

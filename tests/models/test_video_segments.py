@@ -152,3 +152,21 @@ def test_eval_py_takes_a_saved_released_probes_clips_from_the_model(monkeypatch,
     want = dict(num_frames=2, num_segments=2, stride=4, clips_per_video=1, spatial_crops=3, img_size=32)
     assert {k: got[k] for k in want} == want
     assert {"num_segments", "stride", "spatial_crops"} <= set(got["data_from_run"])  # (taken, not the defaults)
+
+
+def test_attention_distance_measures_each_segment_as_the_model_attends():
+    """``vitrel.viz.attention_distance`` of a 2-segment model equals the 1-segment model's (same weights) on the clips
+    apart, where the model attends; on the clips joined (attention across both) it is another figure."""
+    from vitrel.viz import attention_distance
+
+    kw = dict(num_classes=3, num_frames=T, img_size=8, in_chans=3, pos="rel3d_factored", depth=2)
+    torch.manual_seed(0)
+    m = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", num_segments=K, **kw).double()
+    one = vitrel.create_model("vitrel_vit_video_tiny_patch4_32", **kw).double()
+    one.load_state_dict(m.state_dict())
+    x = torch.randn(2, 3, K * T, 8, 8, dtype=torch.float64)
+    px, fr = attention_distance(m, x, frames=True)
+    apart = attention_distance(one, m.split_segments(x), frames=True)
+    torch.testing.assert_close(px, apart[0], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(fr, apart[1], rtol=1e-12, atol=1e-12)
+    assert fr.max() < T and (attention_distance(one, x, frames=True)[1] - fr).abs().max() > 1e-3

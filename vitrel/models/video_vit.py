@@ -164,9 +164,9 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
     def forward_features(self, x: Tensor) -> Tensor:
         """Clips ``[B, C, T, H, W]`` -> normalised tokens ``[B, P + T'H'W', C]`` (t-major; ``[B, K T'H'W', C]``, the
         segments' one after the other, with ``num_segments = K``)."""
-        return self._join(self.grid_features(self._split(x)))
+        return self.join_segments(self.grid_features(self.split_segments(x)))
 
-    def _split(self, x: Tensor) -> Tensor:
+    def split_segments(self, x: Tensor) -> Tensor:
         """``[B, C, K T, H, W]`` -> the ``K`` segments as a batch ``[B K, C, T, H, W]`` (video b's k-th at b K + k)."""
         k = self.num_segments
         if k == 1:
@@ -178,7 +178,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
             )
         return x.unflatten(2, (k, x.shape[2] // k)).transpose(1, 2).flatten(0, 1)
 
-    def _join(self, y: Tensor, time_dim: int = 1) -> Tensor:
+    def join_segments(self, y: Tensor, time_dim: int = 1) -> Tensor:
         """The segments' outputs ``[B K, ...]`` as one per video, joined along ``time_dim`` (of the output without
         its batch: 1 for tokens ``[B, N, C]`` and ``[B, T', H', W', C]``, 2 for ``[B, C, T', H', W']``)."""
         k = self.num_segments
@@ -211,13 +211,13 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         after the last one asked for."""
         take, blocks = self.intermediate_indices(indices, output_fmt, stop_early)
         out = self.grid_intermediates(
-            self._split(x), take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only
+            self.split_segments(x), take, len(blocks), norm, output_fmt, return_prefix_tokens, intermediates_only
         )
         if self.num_segments == 1:
             return out
         dim = 2 if output_fmt == "NCTHW" else 1  # (the segments one after the other in time, as forward_features)
-        feats = [self._join(y, dim) for y in (out if intermediates_only else out[1])]
-        return feats if intermediates_only else (self._join(out[0]), feats)
+        feats = [self.join_segments(y, dim) for y in (out if intermediates_only else out[1])]
+        return feats if intermediates_only else (self.join_segments(out[0]), feats)
 
     @classmethod
     def feature_defaults(cls, args: dict[str, Any]) -> dict[str, Any]:

@@ -105,3 +105,20 @@ def test_a_video_swin_is_refused_segments_before_anything_is_built(segments_run,
     over += ["model=vitrel_swin3d_tiny_patch122_window444_32"]
     with pytest.raises(ConfigError, match=r"data.num_segments=2 joins 2 clips .*\(vitrel_vit_video_\*\)"):
         train(compose(tmp_path, over))
+
+
+def test_a_program_exported_from_the_run_predicts_as_the_checkpoint(segments_run, tmp_path):
+    """``python -m vitrel.export last.ckpt OUT --pt2``: the program traces 2 joined clips and keeps one clip's
+    frames in its data config; predict.py on the ``.pt2`` gives the checkpoint's probabilities by hand."""
+    from vitrel.export import load_program
+    from vitrel.export import main as export_main
+
+    root, ckpt = segments_run
+    assert export_main([str(ckpt), str(tmp_path / "export"), "--pt2"]) == 0
+    prog = tmp_path / "export" / "model.pt2"
+    assert load_program(prog)[1]["num_frames"] == FRAMES and load_program(prog)[1]["num_segments"] == K
+    res = predict_folder(load_predictor(prog), root / "val", topk=2, progress=False)
+    for r in res.rows[1::2]:
+        want = probs_by_hand(ckpt, root / "val" / r["filename"])
+        got = torch.tensor([r["prob_0"], r["prob_1"]], dtype=torch.float64)
+        torch.testing.assert_close(got, want.topk(2).values, rtol=0, atol=1e-5)

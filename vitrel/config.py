@@ -230,6 +230,7 @@ class ModuleConfig:
     compile: Any = False  # false | true | {torch.compile kwargs}
     sync_free: bool = False  # no host synchronisation in the training step (training metrics at epoch end)
     grad_checkpointing: bool = False  # model.set_grad_checkpointing(): recompute activations in backward (memory)
+    freeze_backbone: bool = False  # train the head alone (linear / attentive probing): the rest frozen, in eval mode
 
 
 # ------------------------------------------------------------------------------------------- trainer

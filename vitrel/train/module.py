@@ -68,6 +68,7 @@ from vitrel.models.data_config import data_config_of, example_input
 from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets, planned_steps
 from vitrel.train.flops import attn_pool_uncounted, count_cpu_attention
+from vitrel.train.freeze import freeze_backbone as freeze_backbone_of
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
 from vitrel.train.module_checkpoint import load_extras, save_extras
 from vitrel.train.module_load import module_parts
@@ -142,6 +143,8 @@ class ClassifierModule(L.LightningModule):
             (timm's ``model.set_grad_checkpointing()``, as timm's ``train.py --grad-checkpointing``): less memory.
         layer_decay: None, or timm's layer-wise learning-rate decay for fine-tuning (e.g. 0.65): the
             layers of ``model.group_matcher()`` get ``lr * layer_decay ** depth_from_top``.
+        freeze_backbone: train the head alone (linear / attentive probing, :mod:`vitrel.train.freeze`): every
+            other parameter frozen, the backbone kept in eval mode.
         data_config: the preprocessing of the data (:func:`data_config_of`), stored in the checkpoints'
             ``hyper_parameters``; None: taken from the trainer's data module at ``setup`` (a vitrel data module).
         started_from: the pretrained weights the run started from, as its config names them
@@ -165,6 +168,7 @@ class ClassifierModule(L.LightningModule):
         layer_decay: float | None = None,
         sync_free: bool = False,
         grad_checkpointing: bool = False,
+        freeze_backbone: bool = False,
         data_config: Mapping[str, Any] | None = None,
         started_from: Mapping[str, str] | None = None,
     ) -> None:
@@ -182,6 +186,7 @@ class ClassifierModule(L.LightningModule):
         if grad_checkpointing:
             model.set_grad_checkpointing(True)  # (an nn.Module without it: AttributeError naming the method)
         self.model = model
+        self._frozen = freeze_backbone_of(model) if freeze_backbone else ()  # (a tuple: not registered twice)
         self.num_classes = num_classes
         self.label_smoothing = float(label_smoothing)
         self.make_optimizer = optimizer or functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
@@ -225,6 +230,13 @@ class ClassifierModule(L.LightningModule):
         if self.top_k is not None:
             self.val_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro")
             self.test_acc5 = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+
+    def train(self, mode: bool = True) -> ClassifierModule:
+        """``nn.Module.train``; a frozen backbone (``freeze_backbone``) stays in eval mode."""
+        super().train(mode)
+        for m in self._frozen:
+            m.eval()
+        return self
 
     @property
     def train_metrics(self) -> dict[str, Metric]:

@@ -1,0 +1,75 @@
+"""``module.freeze_backbone=true`` (vitrel/train/freeze.py): the probe alone trains. On what users run, a probe of
+a train.py checkpoint (``model=from_checkpoint``) keeps every backbone tensor bit for bit, trains the head, and its
+optimizer holds the head alone; in training mode the frozen backbone computes its eval-mode features (no drop
+path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import vitrel
+from tests.train_helpers import FAST, TINY_VIT, compose
+from vitrel.train.freeze import PROBE_MODULES, freeze_backbone
+from vitrel.train.module import ClassifierModule
+from vitrel.train.run import train
+
+SHORT = ["trainer.max_epochs=1", "trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "test=false"]
+SHORT += ["logger=none", "data.val_fraction=0.0"]
+
+
+def _probe(name: str) -> bool:
+    return name.split(".")[0] in PROBE_MODULES
+
+
+def test_a_probe_of_a_checkpoint_trains_its_head_alone(tmp_path):
+    run = tmp_path / "source"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT]))
+    source = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    probe = tmp_path / "probe"
+    over = ["model=from_checkpoint", f"model.path={run / 'checkpoints' / 'last.ckpt'}", "+model.drop_path_rate=0.3"]
+    train(compose(probe, [*over, "module.freeze_backbone=true", "module.optimizer.lr=0.05", *FAST, *SHORT]))
+    ckpt = torch.load(probe / "checkpoints" / "last.ckpt", weights_only=True)
+    after = ckpt["state_dict"]
+    backbone = [k for k in source if k.startswith("model.") and not _probe(k.removeprefix("model."))]
+    head = [k for k in source if k.startswith("model.") and _probe(k.removeprefix("model."))]
+    assert len(backbone) > 20 and {k.split(".")[1] for k in head} == {"head", "fc_norm"}
+    for k in backbone:
+        assert torch.equal(after[k], source[k]), k
+    assert all(not torch.equal(after[k], source[k]) for k in head if k.endswith("weight"))
+    held = [p for g in ckpt["optimizer_states"][0]["param_groups"] for p in g["params"]]
+    assert len(held) == len(head)  # (AdamW's state: the head's tensors alone)
+
+
+def test_the_frozen_backbone_stays_in_eval_mode():
+    """Train mode reaches the head only: with drop path 0.5 in every block, the training-mode logits are the
+    eval-mode ones (a backbone in train mode drops paths: another output)."""
+    torch.manual_seed(0)
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", num_classes=3, drop_path_rate=0.5, depth=2)
+    x = torch.randn(4, 3, 32, 32)
+    module = ClassifierModule(m, freeze_backbone=True).train()
+    assert not m.blocks.training and not m.patch_embed.training and m.head.training and m.fc_norm.training
+    trained_mode = m(x)
+    module.eval()
+    torch.testing.assert_close(trained_mode, m(x), rtol=0, atol=0)
+    trainable = [n for n, p in m.named_parameters() if p.requires_grad]
+    assert trainable == [n for n, _ in m.named_parameters() if _probe(n)] and "head.weight" in trainable
+    free = vitrel.create_model("vitrel_vit_tiny_patch4_32", num_classes=3, drop_path_rate=0.5, depth=2)
+    free.load_state_dict(m.state_dict())
+    ClassifierModule(free).train()
+    assert (free(x) - trained_mode).abs().max() > 1e-3
+
+
+def test_a_model_without_a_head_is_one_error():
+    class Net(nn.Module):
+        def __init__(self, head: nn.Module | None = None) -> None:
+            super().__init__()
+            self.body = nn.Linear(4, 4)
+            if head is not None:
+                self.head = head
+
+    with pytest.raises(ValueError, match="does not name .*attn_pool, fc_norm, head_drop, head; it has body"):
+        freeze_backbone(Net())
+    with pytest.raises(ValueError, match="leaves nothing to train"):
+        freeze_backbone(Net(nn.Identity()))

@@ -316,10 +316,13 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
 def example_input(data_config: Mapping[str, Any] | None) -> torch.Tensor | None:
     """One sample, zeros, of the shape of the data ``data_config`` describes (a checkpoint's
     ``hyper_parameters["data_config"]``): an image ``[1, C, H, W]`` at its ``input_size`` (with NaFlex batches,
-    ``data.packing``, too: one image at the evaluation size), or a clip ``[1, C, T, H, W]`` of ``num_frames``. None
-    without a data config. Lightning's model summary runs it (``ClassifierModule.example_input_array``)."""
+    ``data.packing``, too: one image at the evaluation size), or a clip ``[1, C, T, H, W]`` of ``num_frames`` (``K T``
+    frames: ``num_segments`` clips joined). None without a data config. Lightning's model summary runs it
+    (``ClassifierModule.example_input_array``)."""
     if not data_config:
         return None
     c, h, w = (int(v) for v in data_config["input_size"])
     t = data_config.get("num_frames")
-    return torch.zeros(1, c, h, w) if t is None else torch.zeros(1, c, int(t), h, w)
+    if t is None:
+        return torch.zeros(1, c, h, w)
+    return torch.zeros(1, c, int(t) * int(data_config.get("num_segments", 1)), h, w)

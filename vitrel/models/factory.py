@@ -202,7 +202,8 @@ def create_model(
             ``pos``, ``num_classes``, ``img_size``, ``in_chans``, ``abs_pos``, ``pos_share`` and the
             dropout / drop-path rates apply. ``"vjepa2:<encoder>"`` (``vit_large``, ``vit_huge``, ``vit_giant``,
             ``vit_giant_384``, ``vit_ac_giant``): that V-JEPA 2 encoder (:func:`vitrel.from_vjepa2`; ``pos`` None:
-            ``rope3d_vjepa2``, their function; ``num_frames`` applies too), downloaded unless ``init_file`` is given.
+            ``rope3d_vjepa2``, their function; ``num_frames``, ``num_segments`` and the head's pool arguments,
+            ``global_pool`` and ``attn_pool_*``, apply too), downloaded unless ``init_file`` is given.
         init_file: a local file or folder in timm's on-disk formats holding ``init_from``'s weights
             (``.safetensors``, ``.pth``, ``.bin``, a timm / Hugging Face export folder; for ``vjepa2:``, the authors'
             checkpoint, e.g. ``vitl.pt``). With ``init_from``, a
@@ -225,6 +226,8 @@ def create_model(
 
 
 #: the settings ``create_model(init_from=...)`` passes over the pretrained architecture (``vitrel.from_timm``'s)
+#: the head arguments ``init_from="vjepa2:..."`` passes on (a V-JEPA 2 encoder has no head: the node's choice)
+VJEPA2_HEAD_ARGS = ("global_pool", "attn_pool_type", "attn_pool_depth", "attn_pool_num_heads", "attn_pool_mlp_ratio")
 TRANSFERABLE = (
     "abs_pos",
     "pos_share",
@@ -258,7 +261,8 @@ def _from_timm_route(
             f"got {init_from!r}"
         )
     kwargs, feature_args = split_feature_args(kwargs)  # (a features_only backbone: the import's)
-    own = ("timm_kwargs",) if route == "timm" else ("num_frames", "num_segments")  # (a video model's clips: the data's)
+    # timm's: its arguments; V-JEPA 2's: the clips (the data's) and the head, which its encoders do not have
+    own = ("timm_kwargs",) if route == "timm" else ("num_frames", "num_segments", *VJEPA2_HEAD_ARGS)
     ignored = sorted(k for k, v in kwargs.items() if k not in (*TRANSFERABLE, *own) and v is not None)
     if ignored:
         warnings.warn(

@@ -5,6 +5,7 @@ setting that differs, and a model that takes one clip, are one error each."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -88,6 +89,10 @@ def test_the_run_stores_its_segments_and_eval_py_scores_them_as_by_hand(segments
     assert metrics["val/loss"] == pytest.approx(torch.stack(losses).mean().item(), rel=1e-4)
     with pytest.raises(ConfigError, match=f"data.num_segments=1 but .* encodes {K} clip.*set data.num_segments={K}"):
         evaluate(compose(tmp_path / "one", [*over, "data.num_segments=1"], config_name="eval"))
+    three = ["data.num_segments=3", "+model_overrides.num_segments=3"]  # (the pool takes any number of tokens)
+    with pytest.warns(UserWarning, match="num_segments=3"):
+        evaluate(compose(tmp_path / "three", [*over, *three], config_name="eval"))
+    assert json.loads((tmp_path / "three" / "eval_metrics.json").read_text())["num_segments"] == 3
 
 
 def test_predict_py_joins_the_segments_the_model_takes(segments_run):

@@ -281,7 +281,8 @@ def _check_segments(dm: Any, model: torch.nn.Module, whose: str) -> None:
     if is_video_data(dm) and k != got:
         raise ConfigError(
             f"data.num_segments={got} but {whose} encodes {k} clip(s) per input (its num_segments): set "
-            f"data.num_segments={k}"
+            f"data.num_segments={k} (eval.py: +model_overrides.num_segments=<n> with data.num_segments=<n> scores it "
+            "with another count)"
         )
 
 

@@ -103,9 +103,9 @@ def test_a_released_probe_by_name_brings_its_segments_and_views(monkeypatch):
         assert back.num_segments == 2 and {k: model_data_config(back)[k] for k in want} == want
 
 
-def test_an_export_traces_all_segments_and_keeps_one_clips_frames():
+def test_an_export_traces_all_segments_and_keeps_one_clips_frames(tmp_path):
     """The example input holds ``K T`` frames; a program of every clip length (``dynamic="hw"``) takes whole tubelets
-    of every segment and equals the model; its data config keeps the frames of one clip."""
+    of every segment and equals the model, and so does its ONNX model; its data config keeps one clip's frames."""
     from vitrel.export import example_input, export_program, program_data_config
     from vitrel.models.data_config import model_data_config
 
@@ -122,6 +122,13 @@ def test_an_export_traces_all_segments_and_keeps_one_clips_frames():
         ep.module()(torch.randn(1, 3, 7, 8, 8))
     static = export_program(m, x, "batch")
     assert program_data_config(static, model_data_config(m))["num_frames"] == T
+    ort = pytest.importorskip("onnxruntime")
+    from vitrel.export import onnx_program
+
+    onnx_program(m, x, "hw", program=ep).save(path := tmp_path / "m.onnx")
+    session = ort.InferenceSession(str(path))
+    got = session.run(None, {session.get_inputs()[0].name: y.numpy()})[0]
+    torch.testing.assert_close(torch.from_numpy(got), m(y), rtol=1e-5, atol=1e-5)
 
 
 def test_eval_py_takes_a_saved_released_probes_clips_from_the_model(monkeypatch, tmp_path):

@@ -231,6 +231,7 @@ class ModuleConfig:
     sync_free: bool = False  # no host synchronisation in the training step (training metrics at epoch end)
     grad_checkpointing: bool = False  # model.set_grad_checkpointing(): recompute activations in backward (memory)
     freeze_backbone: bool = False  # train the head alone (linear / attentive probing): the rest frozen, in eval mode
+    unfreeze_backbone_at_epoch: int | None = None  # with freeze_backbone: all trains from this epoch on (LP-FT)
 
 
 # ------------------------------------------------------------------------------------------- trainer

@@ -42,6 +42,29 @@ def test_a_probe_of_a_checkpoint_trains_its_head_alone(tmp_path):
     assert len(held) == len(head)  # (AdamW's state: the head's tensors alone)
 
 
+def test_lp_ft_probes_then_trains_the_whole_model_from_its_epoch(tmp_path):
+    """``module.unfreeze_backbone_at_epoch=1``: epoch 0 trains the head alone (the backbone bit for bit the
+    source's, though the optimizer holds every parameter); the run continued to 2 epochs (``resume=auto``) trains
+    the backbone from epoch 1 on."""
+    run = tmp_path / "source"
+    train(compose(run, [*TINY_VIT, *FAST, *SHORT]))
+    source = torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    backbone = [k for k in source if k.startswith("model.") and not _probe(k.removeprefix("model."))]
+    over = ["model=from_checkpoint", f"model.path={run / 'checkpoints' / 'last.ckpt'}", "module.freeze_backbone=true"]
+    over += ["module.unfreeze_backbone_at_epoch=1", *FAST, *SHORT]
+    probe = tmp_path / "lpft"
+    train(compose(probe, over))
+    first = torch.load(probe / "checkpoints" / "last.ckpt", weights_only=True)
+    assert all(torch.equal(first["state_dict"][k], source[k]) for k in backbone)
+    held = sum(len(g["params"]) for g in first["optimizer_states"][0]["param_groups"])
+    assert held == sum(1 for k in source if k.startswith("model.") and source[k].is_floating_point())
+    train(compose(probe, [*over, "trainer.max_epochs=2"]))
+    after = torch.load(probe / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+    assert after["model.blocks.0.attn.qkv.weight"].ne(source["model.blocks.0.attn.qkv.weight"]).any()
+    with pytest.raises(ValueError, match="unfreeze_backbone_at_epoch=2 needs freeze_backbone=true"):
+        ClassifierModule(vitrel.create_model("vitrel_vit_tiny_patch4_32", num_classes=3), unfreeze_backbone_at_epoch=2)
+
+
 def test_the_frozen_backbone_stays_in_eval_mode():
     """Train mode reaches the head only: with drop path 0.5 in every block, the training-mode logits are the
     eval-mode ones (a backbone in train mode drops paths: another output)."""

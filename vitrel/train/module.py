@@ -46,6 +46,7 @@ nor its input checks) and logged at epoch end only (no ``train/loss_step``), so 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import inspect
@@ -145,6 +146,8 @@ class ClassifierModule(L.LightningModule):
             layers of ``model.group_matcher()`` get ``lr * layer_decay ** depth_from_top``.
         freeze_backbone: train the head alone (linear / attentive probing, :mod:`vitrel.train.freeze`): every
             other parameter frozen, the backbone kept in eval mode.
+        unfreeze_backbone_at_epoch: with ``freeze_backbone``, the epoch (from 0) from which the whole model trains
+            (LP-FT); the optimizer holds every parameter from the start (none steps before it has a gradient).
         data_config: the preprocessing of the data (:func:`data_config_of`), stored in the checkpoints'
             ``hyper_parameters``; None: taken from the trainer's data module at ``setup`` (a vitrel data module).
         started_from: the pretrained weights the run started from, as its config names them
@@ -169,6 +172,7 @@ class ClassifierModule(L.LightningModule):
         sync_free: bool = False,
         grad_checkpointing: bool = False,
         freeze_backbone: bool = False,
+        unfreeze_backbone_at_epoch: int | None = None,
         data_config: Mapping[str, Any] | None = None,
         started_from: Mapping[str, str] | None = None,
     ) -> None:
@@ -186,7 +190,12 @@ class ClassifierModule(L.LightningModule):
         if grad_checkpointing:
             model.set_grad_checkpointing(True)  # (an nn.Module without it: AttributeError naming the method)
         self.model = model
-        self._frozen = freeze_backbone_of(model) if freeze_backbone else ()  # (a tuple: not registered twice)
+        if unfreeze_backbone_at_epoch is not None and (not freeze_backbone or unfreeze_backbone_at_epoch < 1):
+            raise ValueError(
+                f"unfreeze_backbone_at_epoch={unfreeze_backbone_at_epoch} needs freeze_backbone=true and an epoch >= 1"
+            )
+        self._frozen = freeze_backbone_of(model) if freeze_backbone else None  # (not modules: not registered twice)
+        self.unfreeze_at = unfreeze_backbone_at_epoch
         self.num_classes = num_classes
         self.label_smoothing = float(label_smoothing)
         self.make_optimizer = optimizer or functools.partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.05)
@@ -234,7 +243,7 @@ class ClassifierModule(L.LightningModule):
     def train(self, mode: bool = True) -> ClassifierModule:
         """``nn.Module.train``; a frozen backbone (``freeze_backbone``) stays in eval mode."""
         super().train(mode)
-        for m in self._frozen:
+        for m in self._frozen.modules if self._frozen is not None else ():
             m.eval()
         return self
 
@@ -372,6 +381,10 @@ class ClassifierModule(L.LightningModule):
         follow_epochs(self.trainer)  # (a resume with other steps an epoch: the schedule where the epochs done put it)
 
     def on_train_epoch_start(self) -> None:
+        if self._frozen is not None and self.unfreeze_at is not None and self.current_epoch >= self.unfreeze_at:
+            self._frozen.unfreeze(self.training)  # LP-FT: the whole model from here on (a resume past it too)
+            self._frozen = None
+            rank_zero_info(f"epoch {self.current_epoch}: the backbone is unfrozen (module.unfreeze_backbone_at_epoch)")
         if hasattr(self.mixup_fn, "set_epoch"):  # timm's NaFlexMixup: off from its mixup_off_epoch (0: never)
             self.mixup_fn.set_epoch(self.current_epoch)
 
@@ -492,7 +505,11 @@ class ClassifierModule(L.LightningModule):
 
     def configure_optimizers(self) -> Optimizer | dict:
         base_lr = getattr(self.make_optimizer, "keywords", {}).get("lr")
-        opt = self.make_optimizer(params=param_groups(self.model, self.layer_decay, base_lr))
+        with contextlib.ExitStack() as stack:  # (LP-FT: the frozen parameters too, to train after unfreezing)
+            if self._frozen is not None and self.unfreeze_at is not None:
+                stack.enter_context(_requiring_grad(self._frozen.params))
+            groups = param_groups(self.model, self.layer_decay, base_lr)
+        opt = self.make_optimizer(params=groups)
         check_float16_eps(opt)  # 16-true: AdamW's eps=1e-8 is 0 in float16, refused before a NaN at step 1
         if self.make_scheduler is None:
             return opt
@@ -557,3 +574,15 @@ def _check_logits(logits: Tensor, y: Tensor) -> Tensor:
             "(data.packing) needs a model that returns one row per image (row-major over rows, then segments)"
         )
     return logits
+
+
+@contextlib.contextmanager
+def _requiring_grad(params: tuple[nn.Parameter, ...]):
+    """``params`` with ``requires_grad`` on inside the block (timm's parameter groups leave frozen ones out)."""
+    for p in params:
+        p.requires_grad_(True)
+    try:
+        yield
+    finally:
+        for p in params:
+            p.requires_grad_(False)

@@ -96,3 +96,17 @@ def test_a_model_without_a_head_is_one_error():
         freeze_backbone(Net())
     with pytest.raises(ValueError, match="leaves nothing to train"):
         freeze_backbone(Net(nn.Identity()))
+
+
+def test_lp_ft_in_one_run_is_refused_over_several_processes():
+    """DDP leaves out what is frozen when it wraps the model: a backbone unfrozen later would train apart on each
+    rank (Lightning-AI/pytorch-lightning#20340). ``setup("fit")`` refuses it, naming the two-run way."""
+    from types import SimpleNamespace
+
+    from vitrel.config import ConfigError
+
+    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", num_classes=3, depth=1)
+    module = ClassifierModule(m, freeze_backbone=True, unfreeze_backbone_at_epoch=1, data_config={"input_size": [3]})
+    module._trainer = SimpleNamespace(world_size=2)
+    with pytest.raises(ConfigError, match="over 2 processes .* two runs: the probe .*model=from_checkpoint"):
+        module.setup("fit")

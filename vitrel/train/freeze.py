@@ -16,7 +16,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-__all__ = ["PROBE_MODULES", "Frozen", "freeze_backbone"]
+from vitrel.config import ConfigError
+
+__all__ = ["PROBE_MODULES", "Frozen", "check_unfreeze_ranks", "freeze_backbone"]
 
 #: the children of a timm / vitrel classifier that make its head (timm's ``VisionTransformer`` names)
 PROBE_MODULES = ("attn_pool", "fc_norm", "head_drop", "head")
@@ -54,3 +56,15 @@ def freeze_backbone(model: nn.Module) -> Frozen:
     for p in params:
         p.requires_grad_(False)
     return Frozen(tuple(m for name, m in children.items() if name not in PROBE_MODULES), params)
+
+
+def check_unfreeze_ranks(world_size: int) -> None:
+    """LP-FT in one run needs one process: DDP wraps the model once and leaves out the parameters frozen then, so a
+    backbone unfrozen later would train apart on each rank, never synchronised (Lightning's ``BackboneFinetuning``
+    alike: Lightning-AI/pytorch-lightning#20340). A :class:`~vitrel.config.ConfigError` naming the two-run way."""
+    if world_size > 1:
+        raise ConfigError(
+            f"module.unfreeze_backbone_at_epoch trains a backbone DDP left out when it wrapped the model: over "
+            f"{world_size} processes its ranks would drift apart. Run LP-FT as two runs: the probe "
+            "(module.freeze_backbone=true), then model=from_checkpoint model.path=<its last.ckpt>"
+        )

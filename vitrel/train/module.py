@@ -69,6 +69,7 @@ from vitrel.models.data_config import data_config_of, example_input
 from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets, planned_steps
 from vitrel.train.flops import attn_pool_uncounted, count_cpu_attention
+from vitrel.train.freeze import check_unfreeze_ranks
 from vitrel.train.freeze import freeze_backbone as freeze_backbone_of
 from vitrel.train.mixing import check_mixup_fits, mix_clips, mix_naflex
 from vitrel.train.module_checkpoint import load_extras, save_extras
@@ -530,7 +531,10 @@ class ClassifierModule(L.LightningModule):
         """The data module's preprocessing into the hyper-parameters (so into every checkpoint), unless given, and
         one sample of its shape (:func:`~vitrel.models.data_config.example_input`) as Lightning's
         ``example_input_array`` (the model summary's FLOPs and sizes), unless set; none with ``attn_impl="flex"``
-        (:data:`SUMMARY_FLEX`) or ``global_pool="map"`` (:data:`~vitrel.train.flops.ATTN_POOL_UNCOUNTED`)."""
+        (:data:`SUMMARY_FLEX`) or ``global_pool="map"`` (:data:`~vitrel.train.flops.ATTN_POOL_UNCOUNTED`). LP-FT in
+        one run is refused over several processes (:func:`~vitrel.train.freeze.check_unfreeze_ranks`)."""
+        if stage == "fit" and self.unfreeze_at is not None:
+            check_unfreeze_ranks(self.trainer.world_size)
         if self.hparams.get("data_config") is None:
             self.hparams["data_config"] = data_config_of(getattr(self.trainer, "datamodule", None))
         if self._example_input_array is not None:

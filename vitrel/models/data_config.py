@@ -184,7 +184,7 @@ def model_data_config(
     if frames is not None:  # a video model: frames per clip (``input_size`` stays timm's ``[C, H, W]``)
         out["num_frames"] = int(frames)
         out.update({k: int(src[k]) for k in CLIP_FIELDS if k in src})
-        if cfg.get("num_segments", 1) != 1:  # (the model's: an input holds that many clips)
+        if "num_segments" in cfg:  # (the model's own: an input holds that many clips)
             out["num_segments"] = int(cfg["num_segments"])
     if src.get("size_choices"):
         out["size_choices"] = [int(v) for v in src["size_choices"]]

@@ -212,16 +212,13 @@ def trained_size(saved: dict, stored_data: dict, data_cfg: DictConfig) -> dict[s
     return {"img_size": int(h)} if h == w else {}
 
 
-def trained_frames(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
+def trained_frames(saved: dict, data_cfg: DictConfig, key: str = "num_frames") -> dict[str, int]:
     """``num_frames``: the clip length a stored video model was trained at, when video data is scored without
     ``data.num_frames`` on the command line (the data group's default would otherwise rebuild the model for its own
-    length); and ``num_segments``, the clips one of its inputs joins (its own: the data must give as many), without
-    ``data.num_segments``. Else empty."""
-    out = {}
-    for key in ("num_frames", "num_segments"):
-        if saved.get(key) is not None and key in data_cfg and not is_given(f"data.{key}"):
-            out[key] = int(saved[key])
-    return out
+    length); else empty. ``key="num_segments"``: the clips one of its inputs joins (the data must give as many)."""
+    if saved.get(key) is None or key not in data_cfg or is_given(f"data.{key}"):
+        return {}
+    return {key: int(saved[key])}
 
 
 def trained_channels(saved: dict, data_cfg: DictConfig) -> dict[str, int]:

@@ -325,10 +325,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     if nominal:
         log.warning(nominal)
     what = f"the clip length {ckpt.name} was trained at (data.num_frames=<n> for another)"
-    frames = trained_frames(saved, cfg.data)
-    segments = {"num_segments": frames.pop("num_segments")} if "num_segments" in frames else {}
-    taken |= take_run_data(cfg, frames, what)
-    taken |= take_run_data(cfg, segments, f"the clips {ckpt.name}'s model joins into an input (its num_segments)")
+    taken |= take_run_data(cfg, trained_frames(saved, cfg.data), what)
+    what = f"the clips {ckpt.name}'s model joins into an input (its num_segments)"
+    taken |= take_run_data(cfg, trained_frames(saved, cfg.data, "num_segments"), what)
     what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
     taken |= take_run_data(cfg, trained_clips(stored_data, cfg.data), what)
     what = f"the channels {ckpt.name}'s model takes (data.in_chans=<n> for others)"

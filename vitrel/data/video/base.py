@@ -36,7 +36,7 @@ from vitrel.data.base import VisionDataModule
 from vitrel.data.datasets import ON_BAD_SAMPLE
 from vitrel.data.normalisation import per_channel
 from vitrel.data.unreadable import LeaveOutCollate
-from vitrel.data.video.clips import ClipTransform, VideoClips, _check_segments
+from vitrel.data.video.clips import ClipTransform, VideoClips, check_segments
 
 __all__ = ["VideoDataModule", "VideoFilesDataModule", "AUGMENT_KEYS"]
 
@@ -196,7 +196,7 @@ class VideoFilesDataModule(VideoDataModule):
                 f"stride, clips_per_video and spatial_crops must be >= 1, got {stride}, {clips_per_video}, "
                 f"{spatial_crops}"
             )
-        num_segments = _check_segments(num_segments, int(clips_per_video))  # (an int >= 1; > 1 with one clip a video)
+        num_segments = check_segments(num_segments, int(clips_per_video))  # (an int >= 1; > 1 with one clip a video)
         super().__init__(root=root, num_frames=num_frames, **kwargs)
         self.stride, self.clips_per_video = int(stride), int(clips_per_video)
         self.spatial_crops, self.num_segments = int(spatial_crops), num_segments

@@ -84,6 +84,7 @@ __all__ = [
     "stack_views",
     "random_start",
     "segment_starts",
+    "check_segments",
     "count_frames",
     "read_frames",
     "read_clip",
@@ -489,7 +490,7 @@ class VideoClips(SkipUnreadable, Dataset):
         _check_clip(num_frames, stride)
         if clips_per_video < 1 or (sampling == "random" and clips_per_video != 1):
             raise ValueError(f"clips_per_video must be >= 1 (1 with random sampling), got {clips_per_video}")
-        self.segments = _check_segments(segments, clips_per_video)
+        self.segments = check_segments(segments, clips_per_video)
         self.videos, self.num_frames, self.stride = videos, int(num_frames), int(stride)
         self.sampling, self.clips_per_video, self.transform = sampling, int(clips_per_video), transform
         self.grey = bool(grey)
@@ -538,7 +539,7 @@ class VideoClips(SkipUnreadable, Dataset):
         return (torch.cat(clips, dim=-3) if self.segments > 1 else stack_views(clips)), label  # (-3: time)
 
 
-def _check_segments(segments: int, clips_per_video: int) -> int:
+def check_segments(segments: int, clips_per_video: int) -> int:
     """``segments`` (an integer >= 1; above 1 only with one clip per video), else ``ValueError`` naming the keys."""
     if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1:
         raise ValueError(f"data.num_segments must be an integer >= 1, got {segments!r}")
@@ -572,7 +573,7 @@ class VideoFileClips(Dataset):
         self, files: Sequence[Path], sampling: tuple[int, int, int], transform: Any, grey: bool, *, segments: int = 1
     ) -> None:
         self.files, self.sampling, self.transform, self.grey = list(files), sampling, transform, grey
-        self.segments = _check_segments(segments, sampling[2])
+        self.segments = check_segments(segments, sampling[2])
 
     def __len__(self) -> int:
         return len(self.files)

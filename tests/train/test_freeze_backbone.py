@@ -65,20 +65,28 @@ def test_lp_ft_probes_then_trains_the_whole_model_from_its_epoch(tmp_path):
         ClassifierModule(vitrel.create_model("vitrel_vit_tiny_patch4_32", num_classes=3), unfreeze_backbone_at_epoch=2)
 
 
-def test_the_frozen_backbone_stays_in_eval_mode():
+ARCHS = {  # (the ViT and the Swin: their heads are named alike, timm's names)
+    "vit": ("vitrel_vit_tiny_patch4_32", dict(depth=2)),
+    "swin": ("vitrel_swin_tiny_patch2_window4_32", dict(embed_dim=16, depths=(1, 1), num_heads=(2, 2))),
+}
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_the_frozen_backbone_stays_in_eval_mode(arch):
     """Train mode reaches the head only: with drop path 0.5 in every block, the training-mode logits are the
     eval-mode ones (a backbone in train mode drops paths: another output)."""
+    name, kw = ARCHS[arch]
     torch.manual_seed(0)
-    m = vitrel.create_model("vitrel_vit_tiny_patch4_32", num_classes=3, drop_path_rate=0.5, depth=2)
+    m = vitrel.create_model(name, num_classes=3, drop_path_rate=0.5, **kw)
     x = torch.randn(4, 3, 32, 32)
     module = ClassifierModule(m, freeze_backbone=True).train()
-    assert not m.blocks.training and not m.patch_embed.training and m.head.training and m.fc_norm.training
+    assert not m.patch_embed.training and not m.norm.training and m.head.training
     trained_mode = m(x)
     module.eval()
     torch.testing.assert_close(trained_mode, m(x), rtol=0, atol=0)
     trainable = [n for n, p in m.named_parameters() if p.requires_grad]
     assert trainable == [n for n, _ in m.named_parameters() if _probe(n)] and "head.weight" in trainable
-    free = vitrel.create_model("vitrel_vit_tiny_patch4_32", num_classes=3, drop_path_rate=0.5, depth=2)
+    free = vitrel.create_model(name, num_classes=3, drop_path_rate=0.5, **kw)
     free.load_state_dict(m.state_dict())
     ClassifierModule(free).train()
     assert (free(x) - trained_mode).abs().max() > 1e-3

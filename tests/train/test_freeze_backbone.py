@@ -5,12 +5,14 @@ path)."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 import torch
 from torch import nn
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose
+from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
 from vitrel.train.freeze import PROBE_MODULES, freeze_backbone
 from vitrel.train.module import ClassifierModule
 from vitrel.train.run import train
@@ -104,6 +106,27 @@ def test_a_model_without_a_head_is_one_error():
         freeze_backbone(Net())
     with pytest.raises(ValueError, match="leaves nothing to train"):
         freeze_backbone(Net(nn.Identity()))
+
+
+def test_lp_ft_killed_mid_epoch_after_the_unfreeze_resumes_bit_for_bit(tmp_path):
+    """SIGTERM at step 5 (epoch 1's second of 3 batches, the backbone unfrozen at epoch 1), then ``resume=auto``: the
+    weights equal an uninterrupted run's bit for bit (Lightning starts no epoch on a mid-epoch resume, so the unfreeze
+    is due at the fit's start too; drop path 0.2, a constant rate: nothing else differs)."""
+    src = tmp_path / "src"
+    train(compose(src, [*TINY_VIT, *FAST, *SHORT]))
+    over = ["model=from_checkpoint", f"model.path={src / 'checkpoints' / 'last.ckpt'}", "+model.drop_path_rate=0.2"]
+    over += ["module.freeze_backbone=true", "module.unfreeze_backbone_at_epoch=1", "module.scheduler=null", *FAST]
+    over += [*SHORT, "trainer.max_epochs=2", "callbacks.model_checkpoint=null"]
+    kill = ["+callbacks.sig={_target_: train_helpers.SendSignal, at_step: 4}"]  # (saves after step 5, then exits)
+    runs = {}
+    for name, extra in (("straight", []), ("killed", kill), ("killed", [])):
+        runs[name] = tmp_path / name
+        proc = run_script_forked("train.py", [*over, *extra, f"hydra.run.dir={runs[name]}"], tmp_path)
+        assert proc.returncode == (128 + signal.SIGTERM if extra else 0), proc.stderr[-3000:]
+        if extra:
+            assert torch.load(runs[name] / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
+    a, b = (torch.load(runs[n] / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for n in runs)
+    assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("model."))
 
 
 def test_lp_ft_in_one_run_is_refused_over_several_processes():

@@ -380,14 +380,19 @@ class ClassifierModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         follow_epochs(self.trainer)  # (a resume with other steps an epoch: the schedule where the epochs done put it)
+        self._unfreeze_when_due()  # (a resume mid-epoch, past the epoch: Lightning starts no epoch there)
 
     def on_train_epoch_start(self) -> None:
-        if self._frozen is not None and self.unfreeze_at is not None and self.current_epoch >= self.unfreeze_at:
-            self._frozen.unfreeze(self.training)  # LP-FT: the whole model from here on (a resume past it too)
-            self._frozen = None
-            rank_zero_info(f"epoch {self.current_epoch}: the backbone is unfrozen (module.unfreeze_backbone_at_epoch)")
+        self._unfreeze_when_due()
         if hasattr(self.mixup_fn, "set_epoch"):  # timm's NaFlexMixup: off from its mixup_off_epoch (0: never)
             self.mixup_fn.set_epoch(self.current_epoch)
+
+    def _unfreeze_when_due(self) -> None:
+        """LP-FT (``unfreeze_backbone_at_epoch``): the whole model trains from that epoch on."""
+        if self._frozen is not None and self.unfreeze_at is not None and self.current_epoch >= self.unfreeze_at:
+            self._frozen.unfreeze(self.training)
+            self._frozen = None
+            rank_zero_info(f"epoch {self.current_epoch}: the backbone is unfrozen (module.unfreeze_backbone_at_epoch)")
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         # an epoch's first batch starts from zero; Lightning resets after each epoch, but a run resumed

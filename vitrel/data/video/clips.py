@@ -17,11 +17,8 @@ warning). With ``delta = max(N - span, 0)``:
   Lightning's ``seed_everything(workers=True)``), as the image pipelines' random crops are.
 
 Segments (``num_segments = K > 1``, V-JEPA 2's evaluation protocol, TSN's segments): a sample is ``K`` clips, one
-from each of ``K`` equal parts of the video (:func:`segment_starts`: a random place in its part in training, the
-part's centre in evaluation; overlapping, evenly spread clips when a part is shorter than a clip), each through the
-transform on its own (its own crop and flip in training), joined along time: ``[C, K * T, H, W]``, segment 0 first
-(``[S, C, K * T, h, w]`` with ``S`` spatial crops). The model encodes each ``T`` frames alone and pools the ``K``
-clips' tokens together (V-JEPA 2's ``ClipAggregation``); ``clips_per_video`` is then 1.
+from each of ``K`` equal parts of the video (:func:`segment_starts`), each transformed on its own, joined along time
+(:func:`stack_views`); the model encodes each alone and pools their tokens together; ``clips_per_video`` is then 1.
 
 Decoding: PyAV (FFmpeg's libraries, bundled in its wheels: ``pip install av``, nothing else on the system), of
 the video stream libavformat picks (``av_find_best_stream``, as ffplay: not a cover or preview still stored before
@@ -47,8 +44,7 @@ do not exist in the fork, so collecting one there waits forever. The data sets h
 their first sample in each worker, which freezes what the worker inherited (``gc.freeze()``, Python's advice for
 forked children).
 :class:`VideoClips` gives one sample per video: with ``K > 1`` uniform clips, the ``K`` transformed clips stacked,
-``[K, C, T, H, W]`` (a batch ``[B, K, C, T, H, W]``, scored per video by averaging its clips' softmax); with
-``segments``, its segments' clips joined along time (above).
+``[K, C, T, H, W]`` (a batch ``[B, K, C, T, H, W]``, scored per video by averaging its clips' softmax).
 """
 
 from __future__ import annotations
@@ -84,6 +80,7 @@ __all__ = [
     "stack_views",
     "random_start",
     "segment_starts",
+    "sample_starts",
     "check_segments",
     "count_frames",
     "read_frames",
@@ -179,6 +176,14 @@ def segment_starts(
     if not train:
         return [i * part + (part - span) // 2 for i in range(segments)]
     return [i * part + int(torch.randint(part - span + 1, (), generator=generator)) for i in range(segments)]
+
+
+def sample_starts(video_frames: int, num_frames: int, stride: int, clips: int, segments: int, train: bool) -> list[int]:
+    """A sample's clip starts: ``clips > 1`` evenly spaced ones (:func:`uniform_starts`), else one from each of the
+    ``segments`` parts (:func:`segment_starts`; one segment: the one clip, drawn when ``train``)."""
+    if clips > 1:
+        return uniform_starts(video_frames, num_frames, stride, clips)
+    return segment_starts(video_frames, num_frames, stride, segments, train)
 
 
 def warn_short_video(path: str | Path, video_frames: int, num_frames: int, stride: int) -> bool:
@@ -441,9 +446,12 @@ def spatial_views(scaled: Tensor, size: int, crops: int) -> list[Tensor]:
     return views
 
 
-def stack_views(clips: list[Tensor]) -> Tensor:
+def stack_views(clips: list[Tensor], segments: int = 1) -> Tensor:
     """A video's clips (each ``[C, T, H, W]``, or its spatial views ``[S, C, T, H, W]``) as one sample: the clip
-    itself for one view, else every view ``[K * S, C, T, H, W]`` (clip-major: clip 0's views, then clip 1's)."""
+    itself for one view, else every view ``[K * S, C, T, H, W]`` (clip-major: clip 0's views, then clip 1's); with
+    ``segments > 1``, the segments' clips joined along time, ``[C, K * T, H, W]`` (``[S, C, K * T, H, W]``)."""
+    if segments > 1:
+        return torch.cat(clips, dim=-3)
     x = torch.stack(clips)
     x = x.flatten(0, 1) if clips[0].dim() == 5 else x
     return x[0] if x.shape[0] == 1 else x
@@ -457,10 +465,8 @@ class VideoClips(SkipUnreadable, Dataset):
     them, PIL's ``convert("L")``; None: kept as it is), stacked: ``[K, C, T, H, W]`` (uint8 ``[K, T, C, H, W]``
     without a transform), or the one clip ``[C, T, H, W]`` when ``K = 1``. The ``K`` clips are decoded in one pass.
     ``sampling="random"``: one random clip, a fresh start each time the video is read.
-    ``segments = K > 1`` (``clips_per_video`` 1): every sample is the video's ``K`` segment clips
-    (:func:`segment_starts`, drawn when ``sampling="random"``), each through ``transform`` on its own, joined along
-    time: ``[C, K * T, H, W]``, ``[S, C, K * T, h, w]`` with ``S`` spatial crops (uint8 ``[K * T, C, H, W]``
-    without a transform).
+    ``segments = K > 1`` (``clips_per_video`` 1): the video's ``K`` segment clips (:func:`sample_starts`), each
+    through ``transform``, joined along time (:func:`stack_views`; uint8 ``[K * T, C, H, W]`` without a transform).
 
     A video that does not decode raises :class:`VideoDecodeError` naming it and ``data.on_bad_sample=skip``
     (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the next video that decodes, with its
@@ -508,9 +514,8 @@ class VideoClips(SkipUnreadable, Dataset):
 
     def clip_starts(self, video_frames: int) -> list[int]:
         """The starts of the clips of a video of ``video_frames`` frames (a fresh draw when random)."""
-        if self.clips_per_video == 1:  # (one clip, or the segments' clips: segment_starts for K = 1 is the one clip's)
-            return segment_starts(video_frames, self.num_frames, self.stride, self.segments, self.sampling == "random")
-        return uniform_starts(video_frames, self.num_frames, self.stride, self.clips_per_video)
+        train = self.sampling == "random"
+        return sample_starts(video_frames, self.num_frames, self.stride, self.clips_per_video, self.segments, train)
 
     def sample_path(self, index: int) -> str:
         return str(self.videos[index][0])
@@ -536,7 +541,7 @@ class VideoClips(SkipUnreadable, Dataset):
         if self.transform is None and self.segments > 1:  # (the K * T frames as read)
             return frames, label
         clips = [self.transform(c) if self.transform is not None else c for c in frames.split(self.num_frames)]
-        return (torch.cat(clips, dim=-3) if self.segments > 1 else stack_views(clips)), label  # (-3: time)
+        return stack_views(clips, self.segments), label
 
 
 def check_segments(segments: int, clips_per_video: int) -> int:
@@ -545,9 +550,8 @@ def check_segments(segments: int, clips_per_video: int) -> int:
         raise ValueError(f"data.num_segments must be an integer >= 1, got {segments!r}")
     if segments > 1 and clips_per_video != 1:
         raise ValueError(
-            f"data.num_segments={segments} makes each video one sample of its {segments} segments' clips: give "
-            f"data.clips_per_video=1 (got {clips_per_video}), or data.num_segments=1 for {clips_per_video} clips a "
-            "video"
+            f"data.num_segments={segments} makes each video one sample of its {segments} segments' clips: give data."
+            f"clips_per_video=1 (got {clips_per_video}), or data.num_segments=1 for {clips_per_video} clips a video"
         )
     return int(segments)
 
@@ -566,8 +570,7 @@ class VideoFileClips(Dataset):
     ``transform`` (``grey``: converted to one channel first); a file that does not decode gives ``(i, None, reason)``
     (skipped and counted by predict's loop). A video far shorter than a clip is named in one warning
     (:func:`warn_short_video`, as in training and evaluation). ``segments`` above 1 (``K`` then 1): the video's
-    segment clips (:func:`segment_starts`, evaluation's), joined along time, ``[V, C, segments * T, H, W]`` (``V``:
-    the transform's spatial views, or 1)."""
+    segment clips joined along time (:func:`sample_starts`, :func:`stack_views`), ``[V, C, segments * T, H, W]``."""
 
     def __init__(
         self, files: Sequence[Path], sampling: tuple[int, int, int], transform: Any, grey: bool, *, segments: int = 1
@@ -584,7 +587,7 @@ class VideoFileClips(Dataset):
 
         def choose(n: int) -> list[int]:  # the K clips' (or segments') frames, one after the other
             warn_short_video(self.files[i], n, t, stride)
-            starts = segment_starts(n, t, stride, self.segments, False) if k == 1 else uniform_starts(n, t, stride, k)
+            starts = sample_starts(n, t, stride, k, self.segments, train=False)
             return [j for s in starts for j in clip_indices(n, t, stride, s).tolist()]
 
         try:
@@ -593,6 +596,5 @@ class VideoFileClips(Dataset):
             return i, None, str(e)
         if self.grey:
             frames = _grey(frames)
-        clips = [self.transform(clip) for clip in frames.split(t)]
-        views = torch.cat(clips, dim=-4 + 1) if self.segments > 1 else stack_views(clips)  # (dim -3: T)
+        views = stack_views([self.transform(clip) for clip in frames.split(t)], self.segments)
         return i, (views if views.dim() == 5 else views[None]), None

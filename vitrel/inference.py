@@ -546,7 +546,8 @@ def _predict_videos(
     (``ClipTransform(train=False)``, the stored statistics); a video's probabilities are the mean of its views'
     softmax."""
     from vitrel.data.image_files import collate_files
-    from vitrel.data.video.clips import ClipTransform, VideoFileClips
+    from vitrel.data.video.clips import VideoFileClips
+    from vitrel.data.video.transforms import ClipTransform
 
     (topk, batch_size, num_workers), (names, on_rows) = counts, names
     dc = predictor.data_config

@@ -245,7 +245,7 @@ def test_spatial_crops_are_pytorchvideos_uniform_crops():
     exactly (a clip already at the scaled size, crop_pct 1: no resampling along the width the crops cut)."""
     import math
 
-    from vitrel.data.video.clips import crop_starts
+    from vitrel.data.video.transforms import crop_starts
 
     for length in (16, 17, 27, 40):
         offsets = [0, math.ceil((length - 16) / 2), length - 16]

@@ -9,8 +9,9 @@ What changes from images:
   ``[B, K, C, T, H, W]``, scored per video by :class:`~vitrel.train.module.ClassifierModule`); a module reading
   ``num_segments = G > 1`` clips a sample (one from each of ``G`` parts of the video, V-JEPA 2's protocol) joins
   them along time, ``[C, G * T, H, W]``, and its ``input_size`` is ``(C, G * T, H, W)`` (``num_frames`` stays ``T``);
-* the per-clip pipeline is :class:`vitrel.data.video.clips.ClipTransform`: training with ``augment`` a random
-  resized crop and flip drawn once per clip (``augment_kwargs``: ``scale``, ``ratio``, ``hflip``), evaluation a
+* the per-clip pipeline is :class:`vitrel.data.video.transforms.ClipTransform`: training with ``augment`` a random
+  resized crop and flip drawn once per clip (``augment_kwargs``: ``scale``, ``ratio``, ``hflip``; RandAugment and
+  random erasing with ``auto_augment``, ``re_prob``, ``re_mode``, ``re_count``), evaluation a
   resize of the shorter side to ``floor(img_size / crop_pct)`` and the centre crop, both normalised;
 * clips stream through ``DataLoader`` workers (``loader="workers"``); the image-only options (``canvas_size``,
   ``packing``, ``size_choices``, the memory loader) are refused;
@@ -36,12 +37,14 @@ from vitrel.data.base import VisionDataModule
 from vitrel.data.datasets import ON_BAD_SAMPLE
 from vitrel.data.normalisation import per_channel
 from vitrel.data.unreadable import LeaveOutCollate
-from vitrel.data.video.clips import ClipTransform, VideoClips, check_segments
+from vitrel.data.video.clips import VideoClips, check_segments
+from vitrel.data.video.transforms import ClipTransform
 
 __all__ = ["VideoDataModule", "VideoFilesDataModule", "AUGMENT_KEYS"]
 
-#: the ``augment_kwargs`` a video module takes (the random resized crop's and the flip's)
-AUGMENT_KEYS = ("scale", "ratio", "hflip")
+#: the ``augment_kwargs`` a video module takes: the random resized crop's and the flip's, RandAugment's config
+#: (``auto_augment``), random erasing's (``re_prob``, ``re_mode``, ``re_count``: :mod:`vitrel.data.video.augment`)
+AUGMENT_KEYS = ("scale", "ratio", "hflip", "auto_augment", "re_prob", "re_mode", "re_count")
 _IMAGE_ONLY = ("canvas_size", "packing", "size_choices")
 
 
@@ -50,7 +53,10 @@ class VideoDataModule(VisionDataModule):
 
     #: clips a sample joins along time (:class:`VideoFilesDataModule`'s ``num_segments``; 1: one clip a sample)
     num_segments = 1
-    default_augment_kwargs = {"scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3), "hflip": 0.5}
+    default_augment_kwargs = {
+        "scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3), "hflip": 0.5, "auto_augment": None, "re_prob": 0.0,
+        "re_mode": "const", "re_count": 1,
+    }  # fmt: skip
 
     def __init__(self, num_frames: int = 16, **kwargs: Any) -> None:
         given = [k for k in _IMAGE_ONLY if kwargs.get(k) not in (None, False)]
@@ -83,6 +89,10 @@ class VideoDataModule(VisionDataModule):
             scale=kw["scale"],
             ratio=kw["ratio"],
             hflip=kw["hflip"],
+            auto_augment=kw["auto_augment"],
+            re_prob=kw["re_prob"],
+            re_mode=kw["re_mode"],
+            re_count=kw["re_count"],
             interpolation=self.interpolation,
             crop_pct=self.crop_pct,
             crops=1 if train else getattr(self, "spatial_crops", 1),
@@ -161,7 +171,7 @@ class VideoFilesDataModule(VideoDataModule):
 
     ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video, each in
     ``spatial_crops`` crops along the longer side of its frames (one sample ``[K * S, C, T, H, W]`` of its views when
-    more than one, :class:`~vitrel.data.video.clips.ClipTransform`); ``num_segments = G > 1`` (``clips_per_video``
+    more than one, :class:`~vitrel.data.video.transforms.ClipTransform`); ``num_segments = G > 1`` (``clips_per_video``
     1): every sample, training's and evaluation's, is ``G`` clips, one from each of ``G`` equal parts of the video,
     each transformed alone, joined along time, ``[C, G * T, H, W]`` (``[S, C, G * T, H, W]`` with ``S`` spatial
     crops; :func:`~vitrel.data.video.clips.segment_starts`); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a

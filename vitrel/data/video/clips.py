@@ -1,4 +1,4 @@
-"""Clips of encoded videos: which frames a clip takes (sampling), reading them with PyAV, the per-clip transforms.
+"""Clips of encoded videos: which frames a clip takes (sampling), reading them with PyAV, a video's clips as a sample.
 
 Sampling. A video of ``N`` decoded frames gives clips of ``T = num_frames`` frames ``stride`` frames apart,
 spanning ``span = (T - 1) * stride + 1`` frames. A clip starting at frame ``s`` takes the frames::
@@ -34,10 +34,8 @@ threads that a forked DataLoader worker could hang freeing). A file that cannot 
 video stream, or whose clip's frames differ in size (a WebM may change size mid-stream) raises
 :class:`VideoDecodeError` naming it.
 
-Transforms: a clip is a uint8 ``[T, C, H, W]`` tensor (torchvision's ``TCHW``); :class:`ClipTransform` gives the
-model's float ``[C, T, H, W]`` (VideoMAE's and PyTorchVideo's layout; a batch is ``[B, C, T, H, W]``), normalised.
-Its random resized crop and flip are drawn once per clip (torchvision ``transforms.v2`` over a ``tv_tensors.Video``),
-so every frame of a clip gets the same crop and flip.
+Transforms: a clip is read as a uint8 ``[T, C, H, W]`` tensor (torchvision's ``TCHW``); the per-clip transforms
+(:mod:`vitrel.data.video.transforms`) give the model's float ``[C, T, H, W]``.
 DataLoader workers: a worker forked from a process that had decoded video (a clip looked at before training, an
 error kept with its traceback) inherits PyAV objects waiting for the garbage collector; they own FFmpeg threads that
 do not exist in the fork, so collecting one there waits forever. The data sets here call :func:`leave_inherited` on
@@ -61,9 +59,7 @@ import numpy as np
 import torch
 from torch import Generator, Tensor
 from torch.utils.data import Dataset, get_worker_info
-from torchvision.transforms import InterpolationMode
 
-from vitrel.data.augment import normalize, resize_crop, resize_shorter
 from vitrel.data.datasets import BadSampleError
 from vitrel.data.unreadable import SKIP_HINT, SkipUnreadable
 
@@ -75,8 +71,6 @@ __all__ = [
     "VideoFileClips",
     "clip_indices",
     "uniform_starts",
-    "crop_starts",
-    "spatial_views",
     "stack_views",
     "random_start",
     "segment_starts",
@@ -86,7 +80,6 @@ __all__ = [
     "read_frames",
     "read_clip",
     "leave_inherited",
-    "ClipTransform",
     "VideoClips",
 ]
 
@@ -349,101 +342,6 @@ def read_clip(path: str | Path, choose: Callable[[int], Sequence[int]]) -> Tenso
         if frames is None:  # (the file changed between the two reads)
             raise VideoDecodeError(path, f"{decoded} frames decoded once, fewer the second time")
     return frames
-
-
-# ---------------------------------------------------------------------------------------------- transforms
-class ClipTransform:
-    """uint8 clip ``[T, C, H, W]`` -> float ``[C, T, size, size]``, ``(x / 255 - mean) / std``.
-
-    ``train=True``: a random resized crop (``scale``, ``ratio``: timm's parameters) and a horizontal flip with
-    probability ``hflip``, both drawn once per clip. ``train=False``: the shorter side resized to
-    ``floor(size / crop_pct)`` and the centre ``size x size`` (nothing when the clip already is ``size x size``
-    and ``crop_pct == 1``), as the image evaluation pipeline; with ``crops`` above 1, that many ``size x size``
-    crops evenly spaced along the longer side (:func:`crop_starts`; centred on the shorter), stacked
-    ``[crops, C, T, size, size]``: the spatial views of multi-view testing (3: VideoMAE's, Video Swin's, V-JEPA 2's).
-    """
-
-    def __init__(
-        self,
-        size: int,
-        mean: Sequence[float],
-        std: Sequence[float],
-        *,
-        train: bool = False,
-        scale: Sequence[float] = (0.08, 1.0),
-        ratio: Sequence[float] = (3 / 4, 4 / 3),
-        hflip: float = 0.5,
-        interpolation: str = "bilinear",
-        crop_pct: float = 1.0,
-        crops: int = 1,
-    ) -> None:
-        from torchvision.transforms import v2
-
-        if not 0.0 < crop_pct <= 1.0:
-            raise ValueError(f"crop_pct must be in (0, 1], got {crop_pct}")
-        if isinstance(crops, bool) or not isinstance(crops, int) or crops < 1:
-            raise ValueError(f"spatial_crops must be an integer >= 1, got {crops!r}")
-        self.crops = crops
-        if len(mean) != len(std):
-            raise ValueError(f"mean and std must have one value per channel, got {list(mean)} / {list(std)}")
-        self.size, self.train, self.crop_pct = int(size), bool(train), float(crop_pct)
-        self.interpolation = InterpolationMode(interpolation)
-        self.mean = torch.tensor(mean, dtype=torch.float32)[:, None, None]  # [C, 1, 1]
-        self.std = torch.tensor(std, dtype=torch.float32)[:, None, None]
-        self.augment = None
-        if train:
-            self.augment = v2.Compose(
-                [
-                    v2.RandomResizedCrop(
-                        self.size, scale=tuple(scale), ratio=tuple(ratio), interpolation=self.interpolation
-                    ),
-                    v2.RandomHorizontalFlip(float(hflip)),
-                ]
-            )
-
-    def __call__(self, clip: Tensor) -> Tensor:
-        from torchvision import tv_tensors
-
-        if clip.dtype != torch.uint8 or clip.ndim != 4 or clip.shape[1] != len(self.mean):
-            raise ValueError(f"a clip must be uint8 [T, {len(self.mean)}, H, W], got {clip.dtype} {tuple(clip.shape)}")
-        if self.augment is not None:  # one draw for the whole clip: v2 treats a Video as one input
-            x = self.augment(tv_tensors.Video(clip)).as_subclass(Tensor)
-        elif self.crops > 1:
-            scaled = resize_shorter(clip, self.size, self.crop_pct, self.interpolation)
-            return torch.stack([self._view(v) for v in spatial_views(scaled, self.size, self.crops)])
-        else:
-            x = resize_crop(clip, self.size, self.crop_pct, self.interpolation)
-        return self._view(x)
-
-    def _view(self, x: Tensor) -> Tensor:
-        return normalize(x, self.mean, self.std).permute(1, 0, 2, 3)  # [T, C, H, W] -> [C, T, H, W]
-
-    def __repr__(self) -> str:
-        kind = f"augment={self.augment}" if self.augment is not None else f"crop_pct={self.crop_pct}"
-        return f"ClipTransform(size={self.size}, {kind}" + (f", crops={self.crops})" if self.crops > 1 else ")")
-
-
-def crop_starts(length: int, size: int, crops: int) -> list[int]:
-    """Where ``crops`` windows of ``size`` start along a side of ``length``: evenly spaced from one end to the other,
-    ``ceil(i (length - size) / (crops - 1))`` (for 3: the start, the centre rounded up and the end, PyTorchVideo's
-    ``uniform_crop`` and SlowFast's); the centre, ``round((length - size) / 2)`` as torchvision's, for one."""
-    if crops == 1:
-        return [int(round((length - size) / 2.0))]
-    return [-((-i * (length - size)) // (crops - 1)) for i in range(crops)]
-
-
-def spatial_views(scaled: Tensor, size: int, crops: int) -> list[Tensor]:
-    """The ``crops`` spatial views ``[T, C, size, size]`` of a resized clip ``scaled`` (its shorter side at least
-    ``size``): along its longer side :func:`crop_starts`, centred on the shorter (a square clip: along the width)."""
-    h, w = scaled.shape[-2:]
-    if min(h, w) < size:
-        raise ValueError(f"a clip resized to {h} x {w} is smaller than its {size} x {size} crops")
-    along_h = h > w
-    views = []
-    for start in crop_starts(h if along_h else w, size, crops):
-        top, left = (start, crop_starts(w, size, 1)[0]) if along_h else (crop_starts(h, size, 1)[0], start)
-        views.append(scaled[..., top : top + size, left : left + size])
-    return views
 
 
 def stack_views(clips: list[Tensor], segments: int = 1) -> Tensor:

@@ -211,7 +211,7 @@ def test_train_py_then_eval_py_and_predict_py_on_a_list_run(clips, tmp_path):
     for i in range(6):
         (root / "clips" / f"c{i}.mkv").symlink_to(clips / "clips" / f"c{i}.mkv")
     lists(root, "".join(f"clips/c{i}.mkv {i % 2}\n" for i in range(4)), "clips/c4.mkv 0\nclips/c5.mkv 1\n")
-    (root / "names.txt").write_text("left\nright\n")
+    (root / "names.txt").write_text("archery\nbowling\n")
     data = ["data=video_list", f"data.root={root}", "data.train_list=train.csv", "data.val_list=val.csv"]
     data += ["data.class_names=names.txt", "data.num_frames=2", "data.stride=1", "data.img_size=16"]
     data += ["data.pin_memory=false", "data.batch_size=2", "data.num_workers=0"]
@@ -222,7 +222,7 @@ def test_train_py_then_eval_py_and_predict_py_on_a_list_run(clips, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     ckpt = run / "checkpoints" / "last.ckpt"
     stored = torch.load(ckpt, map_location="cpu", weights_only=True)["hyper_parameters"]["data_config"]
-    assert stored["class_names"] == ["left", "right"] and stored["num_frames"] == 2
+    assert stored["class_names"] == ["archery", "bowling"] and stored["num_frames"] == 2
     args = [f"ckpt_path={ckpt}", "data=video_list", "data.num_workers=0", "trainer.accelerator=cpu"]
     r = run_script_forked("eval.py", [*args, "progress_bar=none", f"hydra.run.dir={tmp_path}/eval"], cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
@@ -236,7 +236,7 @@ def test_train_py_then_eval_py_and_predict_py_on_a_list_run(clips, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     with open(out, newline="") as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and all({r["label_0"], r["label_1"]} == {"left", "right"} for r in rows)  # the names file's
+    assert len(rows) == 6 and all({r["label_0"], r["label_1"]} == {"archery", "bowling"} for r in rows)  # (names.txt)
     (root / "train.csv").write_text("clips/c0.mkv 0\nclips/c1.mkv\n")
     r = run_script_forked("train.py", [*data, *model, *short, f"hydra.run.dir={tmp_path}/bad"], cwd=tmp_path)
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]

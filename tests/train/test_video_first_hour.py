@@ -150,3 +150,44 @@ def test_the_video_recipe_takes_a_video_folder(video_tree, tmp_path):
 
 if __name__ == "__main__":
     raise SystemExit(pytest.main([__file__, "-q", "-n", "0"]))
+
+
+def test_a_flip_over_classes_that_tell_left_from_right_is_refused_naming_hflip(tmp_path):
+    """Something-Something v2 (its official files) with data=video_list's default flip, 0.5: a flipped "Pushing
+    something from left to right" clip shows "... from right to left" under its own label. ``train.py`` stops with
+    one line naming the pair and ``data.augment_kwargs.hflip=0``, before a batch is made; with it, the run trains."""
+    pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")
+    from tests.data.test_video_lists import ssv2
+    from vitrel.train.user_errors import one_line_errors
+
+    pushing = ["Pushing [something] from left to right", "Pushing [something] from right to left"]
+    holding = "Holding [something] next to [something]"
+    ssv2(tmp_path / "ssv2", [("1", pushing[0]), ("2", pushing[1]), ("3", holding)], [("4", holding)])
+    data = ["data=video_list", f"data.root={tmp_path / 'ssv2'}", "data.video_dir=videos"]
+    data += ["data.train_list=something-something-v2-train.json"]
+    data += ["data.val_list=something-something-v2-validation.json"]
+    data += ["data.labels_file=something-something-v2-labels.json", "data.num_frames=2", "data.stride=1"]
+    data += ["data.img_size=16", "data.batch_size=3", "data.pin_memory=false", "data.num_workers=0"]
+    over = [*data, *VIDEO_MODEL, "pos=rel3d_factored", *FAST[2:], *SHORT]
+    with pytest.raises(SystemExit) as stop, one_line_errors("train.py"):
+        train(compose(tmp_path / "a", over))
+    message = str(stop.value)
+    assert message.startswith("train.py: ConfigError: data.augment_kwargs.hflip=0.5 flips training samples"), message
+    assert "('Pushing something from left to right' / 'Pushing something from right to left')" in message, message
+    assert message.endswith("Set data.augment_kwargs.hflip=0 (as V-JEPA 2 and VideoMAE train Something-Something v2)")
+    assert not (tmp_path / "a" / "checkpoints").exists()
+    train(compose(tmp_path / "b", [*over, "data.augment_kwargs.hflip=0"]))
+    assert json.loads((tmp_path / "b" / "metrics.json").read_text())["global_step"] == 1
+
+
+def test_mirrored_classes_and_which_flip_a_data_module_trains_with():
+    from vitrel.data.fashion_mnist import FashionMNISTDataModule as Fmnist
+    from vitrel.train.data_contract import mirrored_classes
+
+    names = ["Turn left ahead", "Turn RIGHT ahead", "Keep right", "Keep left", "Stop", "leftover right", "left"]
+    assert mirrored_classes(names) == [("Turn left ahead", "Turn RIGHT ahead"), ("Keep right", "Keep left")]
+    assert mirrored_classes(["Pushing something from left to right"]) == []  # (its pair absent: nothing to confuse)
+    assert Fmnist(loader="memory", augment=True).train_flip == ("data.batch_augment.hflip", 0.5)
+    assert Fmnist(loader="workers", augment=True).train_flip == ("data.augment_kwargs.hflip", 0.5)
+    assert Fmnist(loader="workers", augment=True, augment_kwargs={"hflip": 0.2}).train_flip[1] == 0.2
+    assert Fmnist(loader="memory", augment=False).train_flip[1] == 0.0

@@ -310,6 +310,14 @@ class VisionDataModule(Normalisation, Loaders, L.LightningDataModule):
         return (self.in_chans, self.img_size, self.img_size)
 
     @property
+    def train_flip(self) -> tuple[str, float]:
+        """The key and probability of the training samples' left-right flip: the memory loader's
+        ``data.batch_augment.hflip``, else ``data.augment_kwargs.hflip`` (timm's default 0.5); 0 without augment."""
+        if self.loader == "memory":
+            return "data.batch_augment.hflip", float(self.batch_augment.hflip) if self.augment else 0.0
+        return "data.augment_kwargs.hflip", float(self.augment_kwargs.get("hflip", 0.5)) if self.augment else 0.0
+
+    @property
     def device(self) -> torch.device:
         """The attached trainer's device (where the memory loader holds the data), else the CPU."""
         return self.trainer.strategy.root_device if self.trainer is not None else torch.device("cpu")

@@ -12,6 +12,8 @@ and images for an image one (:func:`check_video_pairing`), the channels a ``mode
 from __future__ import annotations
 
 import inspect
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +40,9 @@ __all__ = [
     "NoTrainingBatchError",
     "TargetError",
     "check_data_module",
+    "check_flip_keeps_labels",
     "check_targets",
+    "mirrored_classes",
     "is_vitrels",
     "planned_steps",
     "warn_no_preprocessing",
@@ -79,6 +83,42 @@ def check_data_module(dm: Any) -> None:
         "(an int), in_chans (1 for grey images) and img_size (the side of its square images, or [H, W]); set them "
         f"as attributes in its __init__ ({GUIDE})"
     )
+
+
+_SIDES = re.compile(r"\b(left|right)\b", re.IGNORECASE)
+
+
+def mirrored_classes(names: Sequence[str]) -> list[tuple[str, str]]:
+    """The pairs of class names each of which is the other with the words "left" and "right" swapped
+    (Something-Something v2's "Pushing something from left to right" and "... from right to left", a traffic sign's
+    "turn left" and "turn right"): a left-right flip of a sample of one shows the other. Case is ignored; each pair
+    is listed once."""
+    index = {n.lower(): n for n in names}
+    pairs = []
+    for n in names:
+        other = index.get(_SIDES.sub(lambda m: "right" if m.group(0).lower() == "left" else "left", n).lower())
+        if other is not None and other.lower() != n.lower() and (other, n) not in pairs:
+            pairs.append((n, other))
+    return pairs
+
+
+def check_flip_keeps_labels(dm: Any) -> None:
+    """Refuse training with left-right flips (one of vitrel's data modules: its ``train_flip``) over classes that tell
+    left from right (:func:`mirrored_classes` of its ``class_names``): a flipped sample shows the other class of its
+    pair under its own label, and vitrel's flips swap no labels. A :class:`~vitrel.config.ConfigError` naming the
+    key to set to 0."""
+    if not is_vitrels(dm) or not hasattr(dm, "train_flip"):
+        return
+    key, p = dm.train_flip
+    pairs = mirrored_classes(getattr(dm, "class_names", None) or []) if p > 0 else []
+    if pairs:
+        shown = "; ".join(f"{a!r} / {b!r}" for a, b in pairs[:2])
+        shown += f"; ... ({len(pairs)} pairs)" if len(pairs) > 2 else ""
+        raise ConfigError(
+            f"{key}={p:g} flips training samples left to right, but classes tell left from right ({shown}): a flipped "
+            f"sample shows the other class of its pair under its own label. Set {key}=0 (as V-JEPA 2 and VideoMAE "
+            "train Something-Something v2)"
+        )
 
 
 def warn_no_preprocessing(dm: Any) -> None:

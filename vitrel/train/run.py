@@ -51,6 +51,7 @@ from vitrel.train.data_contract import (
     EveryEpochTrains,
     build_data,
     check_data_fits_model,
+    check_flip_keeps_labels,
     is_video_data,
     warn_no_preprocessing,
 )
@@ -237,6 +238,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
     warn_no_preprocessing(dm)  # (no mean, std: the checkpoints could not tell predict.py how to normalise)
     normalised = adopt_preprocessing(cfg.data, cfg.model, dm, model, resume)  # pretrained weights' mean, std
     check_data_fits_model(dm, model, f"the model ({model_name(cfg, model)})")  # before a batch is made
+    check_flip_keeps_labels(dm)  # (a flip over classes that tell left from right: SSv2's)
     started = weights_source(cfg.model)  # (kept in the checkpoints: a resume from other weights is refused)
     module = instantiate(cfg.module, model=model, num_classes=dm.num_classes, started_from=started)
     check_optimized_metric(cfg, module)  # (a misspelled name: refused now, not after the run or the sweep's jobs)

@@ -27,9 +27,14 @@ from vitrel.export import best_dynamic, export_program, onnx_program, program_in
 SCHEMES = vitrel.list_pos()
 ARCHS = ("vit", "swin")
 MODES = ("static", "batch", "hw")
-#: the schemes whose terms depend on the grid's extent (1-D raster order, normalised coordinates): in a Swin,
-#: their window's extent changes with the stage grid (docs/export.md)
-EXTENT = {n for n in SCHEMES if vitrel.pos.build_pos(n, num_heads=2, head_dim=16, grid=(4, 4)).depends_on_extent}
+#: the schemes inside attention whose terms depend on the grid's extent (1-D raster order, normalised coordinates): in
+#: a Swin, their window's extent changes with the stage grid (docs/export.md); an absolute scheme's (sincos1d) is the
+#: image's grid at the input, not a window's
+EXTENT = {
+    n
+    for n in SCHEMES
+    if (s := vitrel.pos.build_pos(n, num_heads=2, head_dim=16, grid=(4, 4))).depends_on_extent and s.kind != "absolute"
+}
 
 
 def small_model(arch: str, pos: str, stages: int = 2, **kw) -> torch.nn.Module:

@@ -124,7 +124,7 @@ def test_a_video_model_with_an_image_scheme_is_one_line_naming_the_video_schemes
         assert str(said.value) == (
             f"train.py: ConfigError: pos={name} takes image grids (H, W), but vitrel_vit_video_tiny_patch4_32 "
             "attends over a clip's (T, H, W): set pos= one that takes clips: alibi3d, ape, none, rel3d_factored, "
-            "rel3d_full, rope3d_axial, rope3d_mixed, rope3d_vjepa2, sincos3d"
+            "rel3d_full, rope3d_axial, rope3d_mixed, rope3d_vjepa2, sincos1d, sincos3d"
         )
         assert not run.exists() or not any(run.iterdir())
     train(compose(tmp_path / "ok", [*base, "pos=rope3d_axial"]))

@@ -16,6 +16,14 @@ left untouched. Inside attention these schemes do nothing (``kind == "absolute"`
 
   (per-axis ``[sin, cos]`` blocks as in MAE/MoCo v3; timm's ``build_sincos2d_pos_embed`` with
   ``interleave_sin_cos=True``), computed for any grid at call time.
+* ``sincos1d``: fixed 1-D sinusoid of the original Transformer (Vaswani et al. 2017) over the patches' raster index
+  ``p = r * W + c`` (``(t * H + h) * W + w`` on a video grid), as VideoMAE's ``get_sinusoid_encoding_table``
+  (MCG-NJU/VideoMAE, ``modeling_finetune.py``), ``C`` even, sin and cos interleaved::
+
+      e(p)[2i] = sin(p T^(-2i/C)),  e(p)[2i+1] = cos(p T^(-2i/C)),   T = temperature (10000)
+
+  Any grid is its own raster, image or video (on another grid, the table of its token count, as VideoMAE's
+  fine-tuning builds it); a token's index depends on the grid's width (and height), ``depends_on_extent``.
 
 Video grids ``(T, H, W)`` (tokens t-major, ``index = (t * H + h) * W + w``):
 
@@ -52,6 +60,7 @@ from vitrel.pos.tables import check_init_std, warn_once
 
 __all__ = [
     "Ape",
+    "Sincos1d",
     "Sincos2d",
     "Sincos3d",
     "add_patch_embed",
@@ -59,6 +68,7 @@ __all__ = [
     "RESAMPLE_DEFAULTS",
     "resample_pos_embed",
     "resample_time_embed",
+    "sincos1d_embed",
     "sincos2d_embed",
     "sincos3d_embed",
     "sincos3d_space_channels",
@@ -168,6 +178,19 @@ def sincos2d_embed(
     r = rows.to(dtype)[:, None] * omega
     c = cols.to(dtype)[:, None] * omega
     return torch.cat((r.sin(), r.cos(), c.sin(), c.cos()), dim=-1)[None]
+
+
+def sincos1d_embed(
+    grid: Grid | Grid3, embed_dim: int, temperature: float = 10000.0, dtype: torch.dtype = torch.float64
+) -> Tensor:
+    """``[1, N, C]`` over the raster index ``p`` of the grid's ``N`` patches (``p = r * W + c``; t-major on a video
+    grid): ``e(p)[2i] = sin(p w_i)``, ``e(p)[2i+1] = cos(p w_i)``, ``w_i = T^(-2i/C)`` (VideoMAE's table)."""
+    if embed_dim % 2 or embed_dim < 2:
+        raise ValueError(f"sincos1d needs an even embed_dim, got embed_dim={embed_dim}")
+    p = torch.arange(as_grid(grid).n, dtype=dtype)  # tokens are in raster order: token k is at index k
+    omega = temperature ** (-torch.arange(0, embed_dim, 2, dtype=dtype) / embed_dim)
+    a = p[:, None] * omega
+    return torch.stack((a.sin(), a.cos()), dim=-1).flatten(1)[None]
 
 
 def _sincos1d(x: Tensor, dim: int, temperature: float) -> Tensor:
@@ -400,6 +423,25 @@ class Sincos3d(_SincosEmbed):
 
     def _table(self, grid: Grid3) -> Tensor:
         return sincos3d_embed(grid, self.embed_dim, self.temperature)
+
+    def add_to_tokens(self, x: Tensor, grid: Grid | Grid3, num_prefix_tokens: int = 0) -> Tensor:
+        return super().add_to_tokens(x, self.check_grid(grid), num_prefix_tokens)
+
+
+@register_pos("sincos1d")
+class Sincos1d(_SincosEmbed):
+    """Fixed 1-D sinusoid over the raster index of the patches (VideoMAE's ``get_sinusoid_encoding_table``), sin and
+    cos interleaved; image grids ``(H, W)`` and video grids ``(T, H, W)`` alike, each its own raster. ``embed_dim``
+    even."""
+
+    #: image or video grids, as given: either is a raster of ``N`` tokens
+    grid_dims = None
+    #: a token's raster index ``r * W + c`` depends on the grid's width
+    depends_on_extent = True
+    _divisor = 2
+
+    def _table(self, grid: Grid | Grid3) -> Tensor:
+        return sincos1d_embed(grid, self.embed_dim, self.temperature)
 
     def add_to_tokens(self, x: Tensor, grid: Grid | Grid3, num_prefix_tokens: int = 0) -> Tensor:
         return super().add_to_tokens(x, self.check_grid(grid), num_prefix_tokens)

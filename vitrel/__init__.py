@@ -7,6 +7,7 @@ from vitrel.models import (
     export_model,
     from_irpe,
     from_timm,
+    from_videomae,
     from_vjepa2,
     list_models,
     load_model,
@@ -17,4 +18,4 @@ __version__ = "0.1.0"
 
 __all__ = ["Attention", "Grid", "PosState", "PositionScheme", "build_pos", "list_pos", "register_pos"]
 __all__ += ["CheckpointError", "create_model", "export_model", "from_irpe", "from_timm", "from_vjepa2", "list_models"]
-__all__ += ["load_model"]
+__all__ += ["from_videomae", "load_model"]

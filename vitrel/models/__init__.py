@@ -14,6 +14,7 @@ from vitrel.models.swin import SwinTransformer
 from vitrel.models.swin3d import SwinTransformer3D
 from vitrel.models.timm_import import TransferReport, UnsupportedTimmModel, from_timm, transfer_timm_weights
 from vitrel.models.video_vit import VideoVisionTransformer
+from vitrel.models.videomae_import import from_videomae
 from vitrel.models.vit import VisionTransformer
 from vitrel.models.vjepa2_import import from_vjepa2
 
@@ -26,6 +27,7 @@ __all__ = [
     "build_from_cfg",
     "from_irpe",
     "from_timm",
+    "from_videomae",
     "from_vjepa2",
     "transfer_timm_weights",
     "TransferReport",

@@ -47,6 +47,7 @@ from vitrel.models.data_config import (
 )
 from vitrel.models.registry import MODEL_ARGS, build, check_architecture, default_cfgs, list_models, split_feature_args
 from vitrel.models.timm_import import from_timm
+from vitrel.models.videomae_import import VIDEOMAE_SIZES, from_videomae
 from vitrel.models.vjepa2_import import RELEASED as VJEPA2
 from vitrel.models.vjepa2_import import from_vjepa2
 
@@ -204,6 +205,8 @@ def create_model(
             ``vit_giant_384``, ``vit_ac_giant``): that V-JEPA 2 encoder (:func:`vitrel.from_vjepa2`; ``pos`` None:
             ``rope3d_vjepa2``, their function; ``num_frames``, ``num_segments`` and the head's pool arguments,
             ``global_pool`` and ``attn_pool_*``, apply too), downloaded unless ``init_file`` is given.
+            ``"videomae:<size>"`` (``vit_small`` ... ``vit_huge``): the VideoMAE network in ``init_file``
+            (:func:`vitrel.from_videomae`; ``pos`` None: ``sincos1d``, their function; ``num_frames`` applies).
         init_file: a local file or folder in timm's on-disk formats holding ``init_from``'s weights
             (``.safetensors``, ``.pth``, ``.bin``, a timm / Hugging Face export folder; for ``vjepa2:``, the authors'
             checkpoint, e.g. ``vitl.pt``). With ``init_from``, a
@@ -255,14 +258,16 @@ def _from_timm_route(
             "init_from=timm:swin_tiny_patch4_window7_224) or init_from=vjepa2:<encoder> (e.g. vjepa2:vit_large)"
         )
     route, _, source = str(init_from).partition(":")
-    if route not in ("timm", "vjepa2") or not source:
+    if route not in ("timm", "vjepa2", "videomae") or not source:
         raise ValueError(
-            f"init_from must be 'timm:<model name>[.<tag>]' or 'vjepa2:<encoder>' ({', '.join(VJEPA2)}), "
-            f"got {init_from!r}"
+            f"init_from must be 'timm:<model name>[.<tag>]', 'vjepa2:<encoder>' ({', '.join(VJEPA2)}) or "
+            f"'videomae:<size>' ({', '.join(VIDEOMAE_SIZES)}), got {init_from!r}"
         )
     kwargs, feature_args = split_feature_args(kwargs)  # (a features_only backbone: the import's)
     # timm's: its arguments; V-JEPA 2's: the clips (the data's) and the head, which its encoders do not have
-    own = ("timm_kwargs",) if route == "timm" else ("num_frames", "num_segments", *VJEPA2_HEAD_ARGS)
+    own = {"timm": ("timm_kwargs",), "vjepa2": ("num_frames", "num_segments", *VJEPA2_HEAD_ARGS)}.get(
+        route, ("num_frames",)
+    )
     ignored = sorted(k for k, v in kwargs.items() if k not in (*TRANSFERABLE, *own) and v is not None)
     if ignored:
         warnings.warn(
@@ -271,9 +276,17 @@ def _from_timm_route(
             stacklevel=3,
         )
     extra = {k: kwargs[k] for k in (*TRANSFERABLE, *own) if kwargs.get(k) is not None}
-    if route == "vjepa2":  # (a video model: no in_chans but the weights' three)
-        if in_chans not in (None, 3):
-            raise ValueError(f"init_from={init_from}: V-JEPA 2's encoders take 3 channels, not in_chans={in_chans}")
+    if route in ("vjepa2", "videomae") and in_chans not in (None, 3):  # (a video model: the weights' channels)
+        raise ValueError(f"init_from={init_from}: its networks take 3 channels, not in_chans={in_chans}")
+    if route == "videomae":
+        if init_file is None:
+            raise ValueError(
+                f"init_from={init_from}: VideoMAE's checkpoints are on cloud drives, not downloadable here: give "
+                "init_file=<their checkpoint.pth> (model.init_file=... in train.py)"
+            )
+        return from_videomae(init_file, name=source, pos=pos or "sincos1d", num_classes=num_classes,
+                             img_size=img_size or 224, **extra, **feature_args)  # fmt: skip
+    if route == "vjepa2":
         return from_vjepa2(init_file, name=source, pos=pos or "rope3d_vjepa2", num_classes=num_classes or 0,
                            img_size=img_size, **extra, **feature_args)  # fmt: skip
     for k, v in (("num_classes", num_classes), ("img_size", img_size), ("in_chans", in_chans)):

@@ -22,16 +22,14 @@ loads as any vitrel model (``vitrel.models.save_pretrained``, ``vitrel.load_mode
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
-from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch import Tensor, nn
 
 from vitrel.models.checkpoint import CheckpointError
-from vitrel.models.data_config import set_data_config
 from vitrel.models.registry import build, split_feature_args, with_features
+from vitrel.models.video_weights import read_checkpoint, set_clip_preprocessing, video_vit_sizes
 
 __all__ = ["RELEASED", "RELEASED_PROBES", "VJEPA2_URL", "from_vjepa2", "vjepa2_probe_state_dict", "vjepa2_state_dict"]
 
@@ -65,22 +63,11 @@ PROBE_VIEWS = 3
 PROBE_HEADS = 16
 
 
-def _load(src: str | os.PathLike | dict[str, Any], what: str) -> Any:
-    if isinstance(src, (str, os.PathLike)):
-        p = Path(src)
-        if not p.is_file():
-            raise CheckpointError(f"no such file: {p} ({what} from {VJEPA2_URL})")
-        src = torch.load(p, map_location="cpu", weights_only=True)
-    if not isinstance(src, dict):
-        raise CheckpointError(f"a V-JEPA 2 checkpoint is a dict, got {type(src).__name__}")
-    return src
-
-
 def vjepa2_probe_state_dict(src: str | os.PathLike | dict[str, Any], index: int = 0) -> dict[str, Tensor]:
     """An attentive probe's state dict (their ``AttentiveClassifier``: ``pooler.*``, ``linear.*``) from a V-JEPA 2
     probe checkpoint (a path or the loaded dict): entry ``index`` of its ``"classifiers"`` (their evaluation saves one
     per optimisation setting; the released files one), or the state dict itself; ``module.`` prefixes removed."""
-    src = _load(src, "a V-JEPA 2 probe, e.g. evals/ssv2-vitl-16x2x3.pt")
+    src = read_checkpoint(src, "V-JEPA 2", f"a V-JEPA 2 probe, e.g. evals/ssv2-vitl-16x2x3.pt from {VJEPA2_URL}")
     if "classifiers" in src:
         heads = src["classifiers"]
         if not 0 <= index < len(heads):
@@ -116,7 +103,7 @@ def vjepa2_state_dict(src: str | os.PathLike | dict[str, Any], key: str | None =
     """The encoder's state dict from a V-JEPA 2 checkpoint (a path, or the loaded dict): the entry ``key``
     (default ``"target_encoder"``, the EMA encoder their evaluations read, else ``"encoder"``), or the state dict
     itself, with their ``module.`` and ``backbone.`` prefixes removed."""
-    src = _load(src, "a V-JEPA 2 checkpoint, e.g. vitl.pt")
+    src = read_checkpoint(src, "V-JEPA 2", f"a V-JEPA 2 checkpoint, e.g. vitl.pt from {VJEPA2_URL}")
     if key is None:
         key = next((k for k in ("target_encoder", "encoder") if k in src), None)
     if key is not None:
@@ -134,31 +121,11 @@ def vjepa2_state_dict(src: str | os.PathLike | dict[str, Any], key: str | None =
 
 def _architecture(sd: dict[str, Tensor], num_heads: int | None) -> dict[str, Any]:
     """The encoder's constructor arguments read from its weights (``num_heads`` from :data:`RELEASED` by width)."""
-    w = sd["patch_embed.proj.weight"]
-    if w.dim() != 5:
-        raise CheckpointError(f"a V-JEPA 2 video encoder has a 3-D patch embedding, got weight {tuple(w.shape)}")
-    embed_dim, in_chans, tubelet, patch = w.shape[0], w.shape[1], w.shape[2], w.shape[3]
-    depth = 1 + max(int(k.split(".")[1]) for k in sd if k.startswith("blocks."))
     if "blocks.0.mlp.fc3.weight" in sd:
         raise CheckpointError("this encoder has SwiGLU MLPs (their use_silu=True), which from_vjepa2 does not read")
-    hidden = sd["blocks.0.mlp.fc1.weight"].shape[0]
-    if num_heads is None:
-        widths = {dim: heads for _, dim, heads, _ in RELEASED.values()}
-        if embed_dim not in widths:
-            raise CheckpointError(
-                f"width {embed_dim} is none of the released encoders' ({sorted(widths)}): give num_heads="
-            )
-        num_heads = widths[embed_dim]
-    return dict(
-        embed_dim=embed_dim,
-        in_chans=in_chans,
-        tubelet_size=tubelet,
-        patch_size=patch,
-        depth=depth,
-        num_heads=num_heads,
-        mlp_ratio=hidden / embed_dim,
-        qkv_bias="blocks.0.attn.qkv.bias" in sd,
-    )
+    heads = {dim: h for _, dim, h, _ in RELEASED.values()}
+    sizes = video_vit_sizes(sd, heads, num_heads, "V-JEPA 2's released encoders")
+    return sizes | dict(qkv_bias="blocks.0.attn.qkv.bias" in sd)
 
 
 def from_vjepa2(
@@ -242,17 +209,7 @@ def from_vjepa2(
     unexpected = sorted(got.unexpected_keys)
     if missing or unexpected:
         raise CheckpointError(f"the V-JEPA 2 encoder does not fit: missing {missing[:5]}, unexpected {unexpected[:5]}")
-    set_data_config(
-        model,
-        dict(
-            mean=IMAGENET_DEFAULT_MEAN,
-            std=IMAGENET_DEFAULT_STD,
-            input_size=(arch["in_chans"], side, side),
-            interpolation="bilinear",
-            crop_pct=224 / 256,  # their single-view evaluation: short side to 256/224 of the crop, centre crop
-            num_frames=num_frames,
-            num_segments=args["num_segments"],
-        )
-        | protocol,
-    )
+    # (their single-view evaluation: the short side to 256/224 of the crop, the centre crop)
+    config = {"crop_pct": 224 / 256, "num_segments": args["num_segments"]} | protocol  # (a probe's: its clips)
+    set_clip_preprocessing(model, side, num_frames, **config)
     return with_features(model, feature_args)

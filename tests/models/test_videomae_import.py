@@ -155,3 +155,54 @@ def test_init_from_route_reads_their_file_at_their_width(tmp_path):
     again = vitrel.load_model(tmp_path / "export").eval()
     x = torch.randn(1, 3, 4, 16, 16)
     torch.testing.assert_close(again(x), m(x))
+
+
+def _hf_model(cls_name: str, **config):
+    """Hugging Face transformers' VideoMAE port at a small size (its default layer_norm_eps, 1e-12), every weight
+    random (float64)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.VideoMAEConfig(
+        image_size=16, patch_size=4, num_frames=4, tubelet_size=2, hidden_size=DIM, num_hidden_layers=DEPTH,
+        num_attention_heads=HEADS, intermediate_size=HIDDEN, qkv_bias=True, use_mean_pooling=True, **config,
+    )  # fmt: skip
+    torch.manual_seed(7)
+    m = getattr(transformers, cls_name)(cfg).double().eval()
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return m
+
+
+def test_hugging_faces_port_reads_as_the_same_function(tmp_path, monkeypatch):
+    """A ``VideoMAEForVideoClassification`` saved with ``save_pretrained``: its folder (heads and sizes from
+    ``config.json``) gives its logits in float64 (at its one clip size: its patch embedding takes no other), read
+    with the authors' eps; a ``VideoMAEForPreTraining`` folder gives its encoder's tokens; ``"hf-hub:<repo>"``
+    reads the folder the hub download gives. The port is compared with the authors' eps (1e-6; its own are 1e-12
+    and 1e-5) and their table in float64 (the port stores it in float32): each alone moves these logits by 1e-7 to
+    1e-6."""
+    hf = _hf_model("VideoMAEForVideoClassification", num_labels=CLASSES)
+    hf.save_pretrained(tmp_path / "hf")
+    m = vitrel.from_videomae(tmp_path / "hf").eval()
+    assert (m.vitrel_cfg["num_heads"], m.vitrel_cfg["norm_eps"], m.num_classes) == (HEADS, 1e-6, CLASSES)
+    hf.videomae.embeddings.position_embeddings = sinusoid_table(32, DIM)
+    for norm in (mod for mod in hf.modules() if isinstance(mod, torch.nn.LayerNorm)):
+        norm.eps = 1e-6
+    x = torch.randn(2, 3, 4, 16, 16, dtype=torch.float64)
+    with torch.no_grad():
+        want = hf(pixel_values=x.permute(0, 2, 1, 3, 4)).logits  # (theirs takes [B, T, C, H, W])
+        torch.testing.assert_close(m(x), want, rtol=1e-10, atol=1e-10)
+    pre = _hf_model("VideoMAEForPreTraining", decoder_hidden_size=16, decoder_num_hidden_layers=1,
+                    decoder_num_attention_heads=2, decoder_intermediate_size=32)  # fmt: skip
+    pre.save_pretrained(tmp_path / "pre")
+    pre.videomae.embeddings.position_embeddings = sinusoid_table(32, DIM)
+    for norm in (mod for mod in pre.modules() if isinstance(mod, torch.nn.LayerNorm)):
+        norm.eps = 1e-6
+    enc = vitrel.from_videomae(tmp_path / "pre" / "model.safetensors", num_heads=HEADS, num_classes=3)
+    with torch.no_grad():
+        tokens = pre.videomae(pixel_values=x.permute(0, 2, 1, 3, 4)).last_hidden_state
+        torch.testing.assert_close(enc.eval().forward_features(x), tokens, rtol=1e-10, atol=1e-10)
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: str(tmp_path / "hf"))
+    hub = vitrel.from_videomae("hf-hub:MCG-NJU/videomae-base-finetuned-kinetics").eval()
+    torch.testing.assert_close(hub(x), m(x), rtol=0, atol=0)

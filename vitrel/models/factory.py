@@ -285,7 +285,7 @@ def _from_timm_route(
                 "init_file=<their checkpoint.pth> (model.init_file=... in train.py)"
             )
         return from_videomae(init_file, name=source, pos=pos or "sincos1d", num_classes=num_classes,
-                             img_size=img_size or 224, **extra, **feature_args)  # fmt: skip
+                             img_size=img_size, **extra, **feature_args)  # fmt: skip
     if route == "vjepa2":
         return from_vjepa2(init_file, name=source, pos=pos or "rope3d_vjepa2", num_classes=num_classes or 0,
                            img_size=img_size, **extra, **feature_args)  # fmt: skip

@@ -21,7 +21,9 @@ the file.
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,9 +42,23 @@ _PRETRAINING = ("decoder.", "encoder_to_decoder.", "mask_token")
 
 
 def videomae_state_dict(src: str | os.PathLike | dict[str, Any], key: str | None = None) -> dict[str, Tensor]:
-    """The network's state dict from a VideoMAE checkpoint (a path, or the loaded dict): the entry ``key`` (default
-    ``"model"``, else ``"module"``: their ``--model_key model|module``), or the state dict itself; their
-    ``backbone.`` and ``encoder.`` prefixes removed and a pre-training checkpoint's decoder left out."""
+    """The network's state dict in the authors' names from a VideoMAE checkpoint (a path, or the loaded dict): the
+    entry ``key`` (default ``"model"``, else ``"module"``: their ``--model_key model|module``), or the state dict
+    itself; their ``backbone.`` and ``encoder.`` prefixes removed and a pre-training checkpoint's decoder left out.
+    Hugging Face's port (a ``save_pretrained`` folder, its ``.safetensors`` / ``.bin``, ``"hf-hub:<repo>"``) is
+    read too (:func:`_from_hf_names`)."""
+    return _read(src, key)[0]
+
+
+def _read(src: str | os.PathLike | dict[str, Any], key: str | None) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """:func:`videomae_state_dict` and the Hugging Face ``config.json`` beside the weights (``{}`` without one)."""
+    config: dict[str, Any] = {}
+    if isinstance(src, str) and src.startswith("hf-hub:"):  # (a download: timm's prefix)
+        from huggingface_hub import snapshot_download
+
+        src = snapshot_download(src[len("hf-hub:") :], allow_patterns=["*.json", "*.safetensors", "*.bin"])
+    if isinstance(src, (str, os.PathLike)) and (Path(src).is_dir() or Path(src).suffix in (".safetensors", ".bin")):
+        src, config = _hf_files(Path(src))
     src = read_checkpoint(src, "VideoMAE", "a VideoMAE checkpoint, e.g. checkpoint.pth")
     if key is None:
         key = next((k for k in ("model", "module") if k in src), None)
@@ -57,6 +73,7 @@ def videomae_state_dict(src: str | os.PathLike | dict[str, Any], key: str | None
         for prefix in ("backbone.", "encoder."):  # (their run_class_finetuning.py's)
             k = k[len(prefix) :] if k.startswith(prefix) else k
         sd[k] = v
+    sd = _from_hf_names(sd)
     if "patch_embed.proj.weight" not in sd or not all(isinstance(v, Tensor) for v in sd.values()):
         raise CheckpointError("not a VideoMAE network: no patch_embed.proj.weight among its tensors")
     if "pos_embed" in sd:
@@ -64,7 +81,54 @@ def videomae_state_dict(src: str | os.PathLike | dict[str, Any], key: str | None
             "the checkpoint holds a learned pos_embed (their use_learnable_pos_emb=True), which from_videomae does not "
             "read: their released models add the fixed sinusoid (pos='sincos1d')"
         )
-    return sd
+    return sd, config
+
+
+def _hf_files(path: Path) -> tuple[dict[str, Tensor], dict[str, Any]]:
+    """A Hugging Face ``save_pretrained`` folder (or its weights file): the weights, and ``config.json``."""
+    folder = path if path.is_dir() else path.parent
+    files = [path] if path.is_file() else [folder / n for n in ("model.safetensors", "pytorch_model.bin")]
+    found = next((f for f in files if f.is_file()), None)
+    if found is None:
+        raise CheckpointError(f"no model.safetensors or pytorch_model.bin in {folder} (a Hugging Face VideoMAE folder)")
+    if found.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        sd = load_file(found)
+    else:
+        sd = torch.load(found, map_location="cpu", weights_only=True)
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    return sd, config
+
+
+def _from_hf_names(sd: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Hugging Face transformers' VideoMAE names (``VideoMAEModel``, ``...ForVideoClassification``,
+    ``...ForPreTraining``: ``videomae.encoder.layer.<i>.attention.attention.query`` ...) as the authors' (the inverse
+    of their ``convert_videomae_to_pytorch.py``): the separate query, key and value weights joined into ``qkv``, the
+    query and value biases (``query.bias`` / ``q_bias``) as ``q_bias`` / ``v_bias``; the decoder left out. Other
+    state dicts are returned as they are."""
+    if not any(k.startswith(("videomae.", "embeddings.patch_embeddings.")) for k in sd):
+        return sd
+    renames = [
+        ("embeddings.patch_embeddings.projection.", "patch_embed.proj."), ("encoder.layer.", "blocks."),
+        ("attention.attention.query.bias", "attn.q_bias"), ("attention.attention.q_bias", "attn.q_bias"),
+        ("attention.attention.value.bias", "attn.v_bias"), ("attention.attention.v_bias", "attn.v_bias"),
+        ("attention.output.dense.", "attn.proj."), ("intermediate.dense.", "mlp.fc1."), ("output.dense.", "mlp.fc2."),
+        ("layernorm_before.", "norm1."), ("layernorm_after.", "norm2."), ("classifier.", "head."),
+    ]  # fmt: skip
+    out: dict[str, Tensor] = {}
+    for k, v in sd.items():
+        k = k.removeprefix("videomae.")
+        if k.startswith(_PRETRAINING):
+            continue
+        for old, new in renames:
+            k = k.replace(old, new)
+        out["norm." + k[len("layernorm.") :] if k.startswith("layernorm.") else k] = v
+    for qk in [k for k in out if k.endswith(".attention.attention.query.weight")]:
+        block = qk[: -len("attention.attention.query.weight")]
+        parts = [out.pop(f"{block}attention.attention.{n}.weight") for n in ("query", "key", "value")]
+        out[f"{block}attn.qkv.weight"] = torch.cat(parts)
+    return out
 
 
 def _architecture(sd: dict[str, Tensor], num_heads: int | None) -> dict[str, Any]:
@@ -89,14 +153,17 @@ def from_videomae(
     pos: Any = "sincos1d",
     num_classes: int | None = None,
     num_heads: int | None = None,
-    img_size: int = 224,
-    num_frames: int = 16,
+    img_size: int | None = None,
+    num_frames: int | None = None,
     **kwargs: Any,
 ) -> nn.Module:
     """A vitrel video ViT holding a VideoMAE network's weights (the module docstring).
 
     Args:
-        src: the checkpoint (a path or the loaded dict).
+        src: the checkpoint (a path or the loaded dict), or Hugging Face's port of it (a ``save_pretrained`` folder,
+            its weights file, or ``"hf-hub:<repo>"``, e.g. ``"hf-hub:MCG-NJU/videomae-base-finetuned-kinetics"``,
+            downloaded: needs a network), whose ``config.json`` gives the heads and the sizes. Its norms are read
+            with the authors' eps (1e-6; the port's are 1e-12 in the blocks and 1e-5 in ``fc_norm``).
         name: one of :data:`VIDEOMAE_SIZES` (``vit_small`` ... ``vit_huge``), checked against the weights' width;
             without it the heads come from the width.
         key: the checkpoint's entry holding the network (default ``"model"``, else ``"module"``).
@@ -104,8 +171,8 @@ def from_videomae(
         num_classes: the head's classes (default: a fine-tuned checkpoint's; 0 for a pre-training checkpoint, the
             pooled features); another count than the checkpoint's starts a new head.
         num_heads: the heads, for a width not among :data:`VIDEOMAE_SIZES`.
-        img_size, num_frames: the frame size and clip length the model is built for (their 224 and 16); any clip
-            of whole tubelets runs.
+        img_size, num_frames: the frame size and clip length the model is built for (default a Hugging Face
+            config's, else their 224 and 16); any clip of whole tubelets runs.
         **kwargs: other :class:`~vitrel.models.video_vit.VideoVisionTransformer` arguments (``drop_path_rate``,
             ``abs_pos``, ``attn_impl``, ...); ``features_only=True`` (``out_indices``, ...): timm's backbone of the
             network (:func:`~vitrel.models.registry.with_features`).
@@ -113,8 +180,10 @@ def from_videomae(
     kwargs, feature_args = split_feature_args(kwargs)
     if name is not None and name not in VIDEOMAE_SIZES:
         raise ValueError(f"{name!r} is not one of VideoMAE's sizes: {', '.join(VIDEOMAE_SIZES)}")
-    sd = _vitrel_names(videomae_state_dict(src, key))
-    arch = _architecture(sd, num_heads if num_heads is not None else VIDEOMAE_SIZES[name][1] if name else None)
+    sd, config = _read(src, key)  # (config: Hugging Face's config.json, or {})
+    sd = _vitrel_names(sd)
+    heads = num_heads or (VIDEOMAE_SIZES[name][1] if name else config.get("num_attention_heads"))
+    arch = _architecture(sd, heads)
     if name is not None and arch["embed_dim"] != VIDEOMAE_SIZES[name][0]:
         raise CheckpointError(f"the weights are {arch['embed_dim']} wide, VideoMAE's {name} {VIDEOMAE_SIZES[name][0]}")
     stored = sd["head.weight"].shape[0] if "head.weight" in sd else 0
@@ -126,7 +195,10 @@ def from_videomae(
     num_classes = stored if num_classes is None else int(num_classes)
     drop = ("norm.",) + (("head.",) if num_classes != stored else ())  # (a pre-training encoder's norm; a new head)
     sd = {k: v for k, v in sd.items() if not k.startswith(drop)}
+    # (the authors' eps, 1e-6, also for Hugging Face's port of their weights, whose norms take 1e-12 in the blocks
+    # and 1e-5 in fc_norm: the function the weights were trained as)
     args = dict(global_pool="avg", fc_norm=True, final_norm=True, class_token=False, norm_eps=1e-6) | kwargs
+    img_size, num_frames = img_size or config.get("image_size", 224), num_frames or config.get("num_frames", 16)
     dtype = next((v.dtype for v in sd.values() if v.is_floating_point()), torch.float32)  # (the file's precision)
     model = build(  # (a registered architecture: save_pretrained and load_model rebuild it from its vitrel_cfg)
         "vitrel_vit_video_base_patch16_224",

@@ -1,8 +1,10 @@
 """What a training clip's augmentation costs: ``ClipTransform(train=True)`` on one uint8 clip (16 frames of 256 x 340,
 Kinetics' and SSv2's sizes after the usual resize, to 224) with the crop and flip alone, with RandAugment
 (``rand-m7-n4-mstd0.5-inc1``, V-JEPA 2's), with cube random erasing (0.25, ``pixel``), and with both; beside reading
-the clip (PyAV, an H.264 file of 64 frames, 16 frames 4 apart). Alternated rounds in one process, medians of each
-round's mean over ``--clips`` clips (the draws differ clip to clip: RandAugment applies 0 to 4 ops).
+the clip (PyAV, an H.264 file of 64 frames, 16 frames 4 apart); and a training view with reading, alone and with
+``data.clip_repeats=2`` (the clip read once, transformed twice: the time per view). Alternated rounds in one
+process, medians of each round's mean over ``--clips`` clips (the draws differ clip to clip: RandAugment applies 0
+to 4 ops).
 
     PYTHONPATH=$PWD python bench/video_augment.py [--clips 20] [--rounds 7] [--out FILE]
 """
@@ -62,10 +64,22 @@ def main() -> None:
         path = video(Path(tmp) / "clip.mp4")
         clip = read_clip(path, lambda n: clip_indices(n, FRAMES, 4, 0))
         assert clip.shape == (FRAMES, 3, HEIGHT, WIDTH), clip.shape
-        steps = {"read (PyAV)": lambda: read_clip(path, lambda n: clip_indices(n, FRAMES, 4, 0))}
+
+        def read():
+            return read_clip(path, lambda n: clip_indices(n, FRAMES, 4, 0))
+
+        steps = {"read (PyAV)": read}
         for label, kw in VARIANTS.items():
             tf = ClipTransform(SIZE, MEAN, STD, train=True, scale=(0.08, 1.0), hflip=0.0, **kw)
             steps[label] = lambda tf=tf: tf(clip)
+        both = ClipTransform(SIZE, MEAN, STD, train=True, hflip=0.0, **VARIANTS["+ both (vjepa2_probe)"])
+
+        def views(repeats: int) -> list:  # (read once, transformed `repeats` times: the time per view is printed)
+            clip = read()
+            return [both(clip) for _ in range(repeats)]
+
+        for r in (1, 2):
+            steps[f"read + both, a view of {r}"] = lambda r=r: views(r)
         times: dict[str, list[float]] = {k: [] for k in steps}
         torch.manual_seed(0)
         for _ in range(args.rounds):
@@ -86,7 +100,7 @@ def main() -> None:
         "|---|---|---|",
     ]
     for label, ts in times.items():
-        ms = statistics.median(ts) * 1e3
+        ms = statistics.median(ts) * 1e3 / (2 if label.endswith("of 2") else 1)
         lines.append(f"| {label} | {ms:.1f} | {ms / (base * 1e3):.2f} |")
     text = "\n".join(lines)
     print(text)

@@ -86,6 +86,16 @@ class Loaders:
             self._hold_on(self.device)  # set up before a trainer (and its device) was attached
         return self._datasets[split]
 
+    @property
+    def train_batch_size(self) -> int:
+        """The samples a training batch is collated from (``batch_size``; fewer where a sample is several views)."""
+        return self.batch_size
+
+    @property
+    def train_collate_fn(self) -> Any:
+        """The training batches' collate (``collate_fn``)."""
+        return self.collate_fn
+
     def _ranks(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
@@ -110,8 +120,8 @@ class Loaders:
                 rank=rank,
             )
         kwargs: dict[str, Any] = dict(
-            collate_fn=self.collate_fn,
-            batch_size=self.batch_size if train else self.eval_batch_size,
+            collate_fn=self.train_collate_fn if train else self.collate_fn,
+            batch_size=self.train_batch_size if train else self.eval_batch_size,
             drop_last=self.drop_last and train,
             num_workers=self.num_workers,
             pin_memory=self.pin_memory and self.device.type == "cuda",

@@ -37,7 +37,7 @@ from vitrel.data.base import VisionDataModule
 from vitrel.data.datasets import ON_BAD_SAMPLE
 from vitrel.data.normalisation import per_channel
 from vitrel.data.unreadable import LeaveOutCollate
-from vitrel.data.video.clips import VideoClips, check_segments
+from vitrel.data.video.clips import RepeatsCollate, VideoClips, check_segments
 from vitrel.data.video.transforms import ClipTransform
 
 __all__ = ["VideoDataModule", "VideoFilesDataModule", "AUGMENT_KEYS"]
@@ -53,6 +53,8 @@ class VideoDataModule(VisionDataModule):
 
     #: clips a sample joins along time (:class:`VideoFilesDataModule`'s ``num_segments``; 1: one clip a sample)
     num_segments = 1
+    #: training views of each decoded clip (:class:`VideoFilesDataModule`'s ``clip_repeats``)
+    clip_repeats = 1
     default_augment_kwargs = {
         "scale": (0.08, 1.0), "ratio": (3 / 4, 4 / 3), "hflip": 0.5, "auto_augment": None, "re_prob": 0.0,
         "re_mode": "const", "re_count": 1,
@@ -143,15 +145,17 @@ class VideoDataModule(VisionDataModule):
 
     def _check_train_batches(self) -> None:
         """Refuse a training split that ``drop_last`` leaves without a batch (fewer clips a rank than
-        ``batch_size``), before a step is counted: a tiny folder with data=video_folder's ``batch_size`` 8."""
+        ``batch_size``, or videos than ``batch_size / clip_repeats``), before a step is counted: a tiny folder with
+        data=video_folder's ``batch_size`` 8."""
         n, world = len(self._datasets["train"]), self._ranks()[0]  # type: ignore[arg-type]
-        per_rank = -(-n // world)
-        if self.drop_last and per_rank < self.batch_size:
+        per_rank, r = -(-n // world), self.clip_repeats
+        if self.drop_last and per_rank < self.train_batch_size:
             ranks = f" over {world} ranks ({per_rank} a rank)" if world > 1 else ""
+            views = f" ({self.train_batch_size} videos x data.clip_repeats={r})" if r > 1 else ""
             raise ValueError(
-                f"data.batch_size={self.batch_size} but the training split has {n} clips{ranks}, and data.drop_last="
-                f"true drops the incomplete batch: no training step is left. Set data.batch_size to at most "
-                f"{per_rank}, or data.drop_last=false"
+                f"data.batch_size={self.batch_size}{views} but the training split has {n} clips{ranks}, and "
+                f"data.drop_last=true drops the incomplete batch: no training step is left. Set data.batch_size to "
+                f"at most {per_rank * r}, or data.drop_last=false"
             )
 
     def __repr__(self) -> str:
@@ -195,6 +199,7 @@ class VideoFilesDataModule(VideoDataModule):
         in_chans: int = 3,
         spatial_crops: int = 1,
         num_segments: int = 1,
+        clip_repeats: int = 1,
         **kwargs: Any,
     ) -> None:
         if in_chans not in (1, 3):
@@ -208,6 +213,12 @@ class VideoFilesDataModule(VideoDataModule):
             )
         num_segments = check_segments(num_segments, int(clips_per_video))  # (an int >= 1; > 1 with one clip a video)
         super().__init__(root=root, num_frames=num_frames, **kwargs)
+        if isinstance(clip_repeats, bool) or int(clip_repeats) < 1 or self.batch_size % int(clip_repeats):
+            raise ValueError(
+                f"data.clip_repeats={clip_repeats} must be an integer >= 1 that divides data.batch_size="
+                f"{self.batch_size}: a training batch is batch_size / clip_repeats videos, each in clip_repeats views"
+            )
+        self.clip_repeats = int(clip_repeats)
         self.stride, self.clips_per_video = int(stride), int(clips_per_video)
         self.spatial_crops, self.num_segments = int(spatial_crops), num_segments
         self.on_bad_sample = on_bad_sample
@@ -228,7 +239,20 @@ class VideoFilesDataModule(VideoDataModule):
             leave_out=not training,  # (evaluation: each video that decodes scored once, the others left out)
             grey=self.in_chans == 1,
             segments=self.num_segments,
+            repeats=self.clip_repeats if training else 1,
         )
+
+    @property
+    def train_batch_size(self) -> int:
+        """The videos of a training batch: ``batch_size / clip_repeats``."""
+        return self.batch_size // self.clip_repeats
+
+    @property
+    def train_collate_fn(self) -> Any:
+        """The training collate, each video's ``clip_repeats`` views as that many samples
+        (:class:`~vitrel.data.video.clips.RepeatsCollate`)."""
+        collate = self.collate_fn
+        return RepeatsCollate(self.clip_repeats, collate) if self.clip_repeats > 1 else collate
 
     @property
     def collate_fn(self) -> Any:

@@ -81,6 +81,7 @@ __all__ = [
     "read_clip",
     "leave_inherited",
     "VideoClips",
+    "RepeatsCollate",
 ]
 
 SAMPLINGS = ("uniform", "random")
@@ -365,6 +366,9 @@ class VideoClips(SkipUnreadable, Dataset):
     ``sampling="random"``: one random clip, a fresh start each time the video is read.
     ``segments = K > 1`` (``clips_per_video`` 1): the video's ``K`` segment clips (:func:`sample_starts`), each
     through ``transform``, joined along time (:func:`stack_views`; uint8 ``[K * T, C, H, W]`` without a transform).
+    ``repeats = R > 1`` (random sampling): the frames read once and the sample ``R`` times through ``transform``,
+    stacked ``[R, ...]`` (VideoMAE's ``num_sample``: R augmented views of one decoded clip;
+    :class:`RepeatsCollate` makes them ``R`` samples of a batch).
 
     A video that does not decode raises :class:`VideoDecodeError` naming it and ``data.on_bad_sample=skip``
     (``on_bad_sample="raise"``), or, with ``"skip"``, is logged by name and the next video that decodes, with its
@@ -388,6 +392,7 @@ class VideoClips(SkipUnreadable, Dataset):
         leave_out: bool = False,
         grey: bool = False,
         segments: int = 1,
+        repeats: int = 1,
     ) -> None:
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
@@ -395,6 +400,9 @@ class VideoClips(SkipUnreadable, Dataset):
         if clips_per_video < 1 or (sampling == "random" and clips_per_video != 1):
             raise ValueError(f"clips_per_video must be >= 1 (1 with random sampling), got {clips_per_video}")
         self.segments = check_segments(segments, clips_per_video)
+        if repeats < 1 or (repeats > 1 and (sampling != "random" or transform is None)):
+            raise ValueError(f"repeats must be >= 1 (above 1: random sampling through a transform), got {repeats}")
+        self.repeats = int(repeats)
         self.videos, self.num_frames, self.stride = videos, int(num_frames), int(stride)
         self.sampling, self.clips_per_video, self.transform = sampling, int(clips_per_video), transform
         self.grey = bool(grey)
@@ -438,8 +446,25 @@ class VideoClips(SkipUnreadable, Dataset):
         frames, label = item
         if self.transform is None and self.segments > 1:  # (the K * T frames as read)
             return frames, label
-        clips = [self.transform(c) if self.transform is not None else c for c in frames.split(self.num_frames)]
-        return stack_views(clips, self.segments), label
+        views = []
+        for _ in range(self.repeats):  # (the frames decoded once, each view augmented on its own)
+            clips = [self.transform(c) if self.transform is not None else c for c in frames.split(self.num_frames)]
+            views.append(stack_views(clips, self.segments))
+        return (views[0] if self.repeats == 1 else torch.stack(views)), label
+
+
+class RepeatsCollate:
+    """``collate`` (default: torch's ``default_collate``) of samples of ``R`` views each (:class:`VideoClips`'
+    ``repeats``): the batch ``[B, R, ...]`` as ``B * R`` samples, each label repeated ``R`` times."""
+
+    def __init__(self, repeats: int, collate: Callable[[list], Any] | None = None) -> None:
+        from torch.utils.data import default_collate
+
+        self.repeats, self.collate = int(repeats), collate if collate is not None else default_collate
+
+    def __call__(self, samples: list) -> Any:
+        x, y = self.collate(samples)
+        return x.flatten(0, 1), y.repeat_interleave(self.repeats)
 
 
 def check_segments(segments: int, clips_per_video: int) -> int:

@@ -72,14 +72,18 @@ def main() -> None:
         for label, kw in VARIANTS.items():
             tf = ClipTransform(SIZE, MEAN, STD, train=True, scale=(0.08, 1.0), hflip=0.0, **kw)
             steps[label] = lambda tf=tf: tf(clip)
-        both = ClipTransform(SIZE, MEAN, STD, train=True, hflip=0.0, **VARIANTS["+ both (vjepa2_probe)"])
+        tfs = {
+            "crop + flip": ClipTransform(SIZE, MEAN, STD, train=True, hflip=0.0),
+            "both": ClipTransform(SIZE, MEAN, STD, train=True, hflip=0.0, **VARIANTS["+ both (vjepa2_probe)"]),
+        }
 
-        def views(repeats: int) -> list:  # (read once, transformed `repeats` times: the time per view is printed)
+        def views(tf: ClipTransform, repeats: int) -> list:  # (read once, transformed `repeats` times)
             clip = read()
-            return [both(clip) for _ in range(repeats)]
+            return [tf(clip) for _ in range(repeats)]
 
-        for r in (1, 2):
-            steps[f"read + both, a view of {r}"] = lambda r=r: views(r)
+        for name, tf in tfs.items():  # (the time per view is printed)
+            for r in (1, 2):
+                steps[f"read + {name}, a view of {r}"] = lambda tf=tf, r=r: views(tf, r)
         times: dict[str, list[float]] = {k: [] for k in steps}
         torch.manual_seed(0)
         for _ in range(args.rounds):

@@ -206,3 +206,17 @@ def test_hugging_faces_port_reads_as_the_same_function(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: str(tmp_path / "hf"))
     hub = vitrel.from_videomae("hf-hub:MCG-NJU/videomae-base-finetuned-kinetics").eval()
     torch.testing.assert_close(hub(x), m(x), rtol=0, atol=0)
+
+
+def test_an_imported_network_exports_for_every_clip_size(tmp_path, one_torchlib_registry):
+    """``python -m vitrel.export <saved from_videomae model> out --pt2 --onnx``: the program (and ONNX Runtime's
+    model) equal the model at the traced clip and at another length and frame size (their table made for each
+    token count)."""
+    from tests.models.test_video_export import assert_programs_match, exported
+    from vitrel.export import best_dynamic
+
+    m = vitrel.from_videomae({"model": network_weights(8)}, num_heads=HEADS, img_size=16, num_frames=4).float().eval()
+    assert best_dynamic(m) == "hw"
+    vitrel.models.save_pretrained(m, tmp_path / "videomae")
+    out = exported(tmp_path / "videomae", tmp_path / "out")
+    assert_programs_match(m, out, [(2, 3, 4, 16, 16), (1, 3, 6, 12, 20)])

@@ -220,3 +220,21 @@ def test_an_imported_network_exports_for_every_clip_size(tmp_path, one_torchlib_
     vitrel.models.save_pretrained(m, tmp_path / "videomae")
     out = exported(tmp_path / "videomae", tmp_path / "out")
     assert_programs_match(m, out, [(2, 3, 4, 16, 16), (1, 3, 6, 12, 20)])
+
+
+def test_videomae_v2s_giant_reads_as_their_function():
+    """VideoMAE V2's ViT-g/14 (OpenGVLab/VideoMAEv2 ``vit_giant_patch14_224``: width 1408, 16 heads, MLP 48/11,
+    14-px patches; their ``modeling_finetune.py`` has v1's modules), one block, in DeepSpeed's ``{"module": ...}``:
+    their function (written above from v1's code); their cosine attention is refused by name."""
+    g = torch.Generator().manual_seed(9)
+    sd = network_weights(9, dim=1408, depth=1)
+    sd["patch_embed.proj.weight"] = torch.randn(1408, 3, 2, 14, 14, generator=g, dtype=torch.float64) * 0.02
+    sd["blocks.0.mlp.fc1.weight"] = torch.randn(6144, 1408, generator=g, dtype=torch.float64) * 0.02
+    sd["blocks.0.mlp.fc1.bias"] = torch.randn(6144, generator=g, dtype=torch.float64) * 0.02
+    sd["blocks.0.mlp.fc2.weight"] = torch.randn(1408, 6144, generator=g, dtype=torch.float64) * 0.02
+    m = vitrel.from_videomae({"module": sd}, "vit_giant", img_size=28, num_frames=2).eval()
+    assert (m.vitrel_cfg["patch_size"], m.blocks[0].mlp.fc1.out_features) == (14, 6144)
+    x = torch.randn(1, 3, 2, 28, 28, dtype=torch.float64)
+    torch.testing.assert_close(m(x), authors_network(sd, x, 16), rtol=1e-10, atol=1e-10)
+    with pytest.raises(CheckpointError, match="cosine attention"):
+        vitrel.from_videomae({"module": sd | {"blocks.0.attn.scale": torch.zeros(16, 1, 1)}}, "vit_giant")

@@ -16,7 +16,8 @@ the encoder's final norm left out (their fine-tuning model has none: it pools wi
 starts a model of that scheme from their weights (``rel3d_full``, ``rope3d_axial``, ...: a different function, to
 fine-tune; ``abs_pos="sincos1d"`` keeps their table beside it). Their released models (MODEL_ZOO.md: ViT-S, -B,
 -L, -H on Kinetics-400 and Something-Something v2) are on cloud drives, not at a URL this can download from: give
-the file.
+the file. VideoMAE V2's (OpenGVLab/VideoMAEv2: ViT-g/14 and the ViT-S / -B distilled from it, the same modules)
+read the same way; their cosine attention (``cos_attn``, off in their released models) is refused.
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ from vitrel.models.video_weights import read_checkpoint, set_clip_preprocessing,
 
 __all__ = ["VIDEOMAE_SIZES", "from_videomae", "videomae_state_dict"]
 
-#: their architectures (``modeling_finetune.py``): ``name -> (embed_dim, num_heads)``; ViT-H has 16 heads of 80
-VIDEOMAE_SIZES = {"vit_small": (384, 6), "vit_base": (768, 12), "vit_large": (1024, 16), "vit_huge": (1280, 16)}
+#: their architectures (``modeling_finetune.py``): ``name -> (embed_dim, num_heads)``; ViT-H has 16 heads of 80,
+#: VideoMAE V2's ViT-g (OpenGVLab/VideoMAEv2, ``vit_giant_patch14_224``) 16 of 88
+VIDEOMAE_SIZES = {
+    "vit_small": (384, 6), "vit_base": (768, 12), "vit_large": (1024, 16), "vit_huge": (1280, 16),
+    "vit_giant": (1408, 16),
+}  # fmt: skip
 #: what a pre-training checkpoint holds besides the encoder (their ``PretrainVisionTransformer``)
 _PRETRAINING = ("decoder.", "encoder_to_decoder.", "mask_token")
 
@@ -76,6 +81,11 @@ def _read(src: str | os.PathLike | dict[str, Any], key: str | None) -> tuple[dic
     sd = _from_hf_names(sd)
     if "patch_embed.proj.weight" not in sd or not all(isinstance(v, Tensor) for v in sd.values()):
         raise CheckpointError("not a VideoMAE network: no patch_embed.proj.weight among its tensors")
+    if "blocks.0.attn.scale" in sd:
+        raise CheckpointError(
+            "the network has cosine attention (VideoMAE V2's cos_attn=True: a learned blocks.<i>.attn.scale), which "
+            "from_videomae does not read"
+        )
     if "pos_embed" in sd:
         raise CheckpointError(
             "the checkpoint holds a learned pos_embed (their use_learnable_pos_emb=True), which from_videomae does not "

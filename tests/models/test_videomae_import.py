@@ -176,7 +176,8 @@ def _hf_model(cls_name: str, **config):
 def test_hugging_faces_port_reads_as_the_same_function(tmp_path, monkeypatch):
     """A ``VideoMAEForVideoClassification`` saved with ``save_pretrained``: its folder (heads and sizes from
     ``config.json``) gives its logits in float64 (at its one clip size: its patch embedding takes no other), read
-    with the authors' eps; a ``VideoMAEForPreTraining`` folder gives its encoder's tokens; ``"hf-hub:<repo>"``
+    with the authors' eps; a ``VideoMAEForPreTraining`` folder and a bare ``VideoMAEModel``'s give its encoder's
+    tokens; ``"hf-hub:<repo>"``
     reads the folder the hub download gives. The port is compared with the authors' eps (1e-6; its own are 1e-12
     and 1e-5) and their table in float64 (the port stores it in float32): each alone moves these logits by 1e-7 to
     1e-6."""
@@ -198,9 +199,12 @@ def test_hugging_faces_port_reads_as_the_same_function(tmp_path, monkeypatch):
     for norm in (mod for mod in pre.modules() if isinstance(mod, torch.nn.LayerNorm)):
         norm.eps = 1e-6
     enc = vitrel.from_videomae(tmp_path / "pre" / "model.safetensors", num_heads=HEADS, num_classes=3)
+    pre.videomae.save_pretrained(tmp_path / "bare")  # (a VideoMAEModel: its blocks under encoder.layer.)
+    bare = vitrel.from_videomae(tmp_path / "bare", num_classes=3)
     with torch.no_grad():
         tokens = pre.videomae(pixel_values=x.permute(0, 2, 1, 3, 4)).last_hidden_state
         torch.testing.assert_close(enc.eval().forward_features(x), tokens, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(bare.eval().forward_features(x), tokens, rtol=1e-10, atol=1e-10)
     import huggingface_hub
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo, **kw: str(tmp_path / "hf"))

@@ -72,13 +72,12 @@ def _read(src: str | os.PathLike | dict[str, Any], key: str | None) -> tuple[dic
             raise CheckpointError(f"the checkpoint has no {key!r} (it holds {sorted(src)[:6]})")
         src = src[key]
     sd = {}
-    for k, v in src.items():
+    for k, v in _from_hf_names(src).items():  # (Hugging Face's names first: its blocks are under "encoder.layer.")
         if k.startswith(_PRETRAINING):
             continue
         for prefix in ("backbone.", "encoder."):  # (their run_class_finetuning.py's)
             k = k[len(prefix) :] if k.startswith(prefix) else k
         sd[k] = v
-    sd = _from_hf_names(sd)
     if "patch_embed.proj.weight" not in sd or not all(isinstance(v, Tensor) for v in sd.values()):
         raise CheckpointError("not a VideoMAE network: no patch_embed.proj.weight among its tensors")
     if "blocks.0.attn.scale" in sd:
@@ -115,8 +114,8 @@ def _from_hf_names(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     """Hugging Face transformers' VideoMAE names (``VideoMAEModel``, ``...ForVideoClassification``,
     ``...ForPreTraining``: ``videomae.encoder.layer.<i>.attention.attention.query`` ...) as the authors' (the inverse
     of their ``convert_videomae_to_pytorch.py``): the separate query, key and value weights joined into ``qkv``, the
-    query and value biases (``query.bias`` / ``q_bias``) as ``q_bias`` / ``v_bias``; the decoder left out. Other
-    state dicts are returned as they are."""
+    query and value biases (``query.bias`` / ``q_bias``) as ``q_bias`` / ``v_bias`` (a pre-training model's decoder
+    keeps its ``decoder.`` prefix, left out by the caller). Other state dicts are returned as they are."""
     if not any(k.startswith(("videomae.", "embeddings.patch_embeddings.")) for k in sd):
         return sd
     renames = [
@@ -129,8 +128,6 @@ def _from_hf_names(sd: dict[str, Tensor]) -> dict[str, Tensor]:
     out: dict[str, Tensor] = {}
     for k, v in sd.items():
         k = k.removeprefix("videomae.")
-        if k.startswith(_PRETRAINING):
-            continue
         for old, new in renames:
             k = k.replace(old, new)
         out["norm." + k[len("layernorm.") :] if k.startswith("layernorm.") else k] = v

@@ -47,6 +47,10 @@ __all__ = [
 ]  # fmt: skip
 
 
+#: the random erasing fills (timm's ``re_mode``)
+ERASE_MODES = ("const", "rand", "pixel")
+
+
 def place(x: Tensor, out_hw: tuple[int, int], top: Tensor, left: Tensor) -> Tensor:
     """Paste each image of ``x`` ``[B, C, h, w]`` at its ``(top[b], left[b])`` into a zero canvas
     ``[B, C, H, W]`` (offsets may be negative or push part of the image out: that part is cut)."""
@@ -148,7 +152,7 @@ class BatchAugment:
             raise ValueError(f"scale must be (min, max) with 0 < min <= max <= 1, got {self.scale}")
         if not (len(self.ratio) == 2 and 0.0 < self.ratio[0] <= self.ratio[1]):
             raise ValueError(f"ratio must be (min, max) with 0 < min <= max, got {self.ratio}")
-        if self.re_mode not in ("const", "rand", "pixel"):
+        if self.re_mode not in ERASE_MODES:
             raise ValueError(f"re_mode must be const, rand or pixel, got {self.re_mode!r}")
         if self.re_count < 1:
             raise ValueError(f"re_count must be >= 1, got {self.re_count}")

@@ -29,12 +29,10 @@ import torch
 from PIL import Image
 from torch import Tensor
 
+from vitrel.data.augment import ERASE_MODES
 from vitrel.data.timm_compat import black_posterize
 
 __all__ = ["ClipRandAugment", "CubeErasing"]
-
-#: the erasing fills (timm's ``re_mode``)
-ERASE_MODES = ("const", "rand", "pixel")
 
 
 class ClipRandAugment:

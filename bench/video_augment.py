@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from vitrel import bench
-from vitrel.data.video.clips import clip_indices, read_clip
+from vitrel.data.video.clips import read_clip
+from vitrel.data.video.sampling import clip_indices
 from vitrel.data.video.transforms import ClipTransform
 
 FRAMES, HEIGHT, WIDTH, SIZE = 16, 256, 340, 224

@@ -129,6 +129,7 @@ class VideoFilesDataConfig(DataConfig):
     spatial_crops: int = 1  # evaluation crops along each clip's longer side (3: VideoMAE's and V-JEPA 2's views)
     num_segments: int = 1  # clips a sample, one from each of this many equal parts of the video, joined along time
     clip_repeats: int = 1  # training: each video decoded once, in this many augmented views (batch_size counts views)
+    frame_sampling: str = "stride"  # stride | spread: a clip's frames one from each of num_frames parts of the video
     on_bad_sample: str = "raise"  # raise | skip a video that does not decode (named; the next one in its place)
     in_chans: int = 3  # 1: grey frames (PIL's convert("L"), as predict.py)
 

@@ -513,7 +513,7 @@ def clip_sampling(data_config: dict[str, Any], source: str) -> tuple[int, int, i
 
     params = inspect.signature(VideoFilesDataModule.__init__).parameters
     defaults = {"frame_stride": params["stride"].default, "clips_per_video": params["clips_per_video"].default}
-    later = ("spatial_crops", "num_segments")  # (before them: 1 crop, 1 clip an input)
+    later = ("spatial_crops", "num_segments", "frame_sampling")  # (before them: 1 crop, 1 clip an input, stride)
     missing = [k for k in CLIP_FIELDS if k not in data_config and k not in later]
     if missing:
         warnings.warn(
@@ -541,7 +541,8 @@ def _predict_videos(
     """:func:`predict_folder` for a video model (``counts``: its ``topk``, ``batch_size``, ``num_workers``; ``names``:
     its ``class_names``, ``on_rows``): every video under ``root`` (a folder or class folders), from its evaluation clips
     (:func:`clip_sampling`: ``clips_per_video`` clips of ``num_frames`` frames ``frame_stride`` apart, evenly spaced),
-    or with ``num_segments`` one clip from each of that many parts of the video, joined into each view), each resized,
+    or with ``num_segments`` one clip from each of that many parts of the video, joined into each view; with
+    ``frame_sampling="spread"`` the frames spread over the video, its ``clips_per_video`` views), each resized,
     centre-cropped (or in its ``spatial_crops`` crops), normalised as in evaluation
     (``ClipTransform(train=False)``, the stored statistics); a video's probabilities are the mean of its views'
     softmax."""
@@ -568,8 +569,9 @@ def _predict_videos(
         h, dc["mean"], dc["std"], interpolation=dc["interpolation"], crop_pct=dc["crop_pct"],
         crops=int(dc.get("spatial_crops", 1)),
     )  # fmt: skip
+    segments, spread = int(dc.get("num_segments", 1)), str(dc.get("frame_sampling", "stride"))
     loader = torch.utils.data.DataLoader(
-        VideoFileClips(found.files, sampling, tf, grey=c == 1, segments=int(dc.get("num_segments", 1))),
+        VideoFileClips(found.files, sampling, tf, grey=c == 1, segments=segments, frame_sampling=spread),
         batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=collate_files,

@@ -99,7 +99,7 @@ def test_a_video_far_shorter_than_a_clip_is_named_once(tmp_path, caplog):
     mostly of its last frame, named in one warning however often it is read; 4 frames pass in silence."""
     videos = [(str(write_video(tmp_path / f"{n}.mkv", n)), 0) for n in (1, 3, 4)]
     ds = VideoClips(videos, num_frames=4, stride=2, sampling="random")
-    with caplog.at_level(logging.WARNING, logger="vitrel.data.video.clips"):
+    with caplog.at_level(logging.WARNING, logger="vitrel.data.video.sampling"):
         for _ in range(2):
             for i in range(3):
                 assert ds[i][0].shape[0] == 4

@@ -1,6 +1,6 @@
 """``num_segments``: a sample of K clips, one from each of K equal parts of the video, joined along time (V-JEPA 2's
 evaluation protocol, ``loadvideo_decord``). The starts against a naive reference written from the equation of
-:func:`vitrel.data.video.clips.segment_starts`; a sample of a real video file against its frames decoded, picked and
+:func:`vitrel.data.video.sampling.segment_starts`; a sample of a real video file against its frames decoded, picked and
 transformed by hand; the DataModule's ``input_size``, its refusal of ``clips_per_video > 1``, and
 ``data=video_folder`` composed by Hydra with ``data.num_segments=2``."""
 

@@ -380,9 +380,8 @@ def test_eval_py_scores_a_folder_run_with_the_clips_its_run_was_tested_on(folder
     assert metrics["val/loss"] == pytest.approx(want_loss, rel=1e-5)
     res = json.loads((tmp_path / "a" / "eval_metrics.json").read_text())
     assert (res["num_frames"], res["stride"], res["clips_per_video"], res["spatial_crops"]) == (4, 1, 2, 1)
-    assert "data.stride=1 data.clips_per_video=2 data.spatial_crops=1: the evaluation clips of last.ckpt's run" in (
-        caplog.text
-    )
+    taken = "data.stride=1 data.clips_per_video=2 data.spatial_crops=1 data.frame_sampling=stride"
+    assert f"{taken}: the evaluation clips of last.ckpt's run" in caplog.text
     evaluate(compose(tmp_path / "b", [*base, "split=val", "data.clips_per_video=1"], config_name="eval"))
     res = json.loads((tmp_path / "b" / "eval_metrics.json").read_text())
     assert (res["stride"], res["clips_per_video"]) == (1, 1)

@@ -38,6 +38,7 @@ __all__ = [
     "CANVAS_FIELDS",
     "NoDataConfigWarning",
     "CLIP_FIELDS",
+    "clip_field",
     "DATA_FIELDS",
     "RESIZE_FIELDS",
     "TRAIN_FIELDS",
@@ -61,8 +62,9 @@ DATA_FIELDS = ("input_size", "mean", "std", "interpolation", "crop_pct", "crop_m
 #: a video model's evaluation clips beside ``num_frames``: ``frame_stride`` (frames between a clip's frames),
 #: ``clips_per_video`` (evenly spaced clips per video), ``spatial_crops`` (crops of each clip, along its longer side)
 #: and ``num_segments`` (clips joined into one input, one from each part of the video; the last two absent from
-#: checkpoints before them: 1); not timm fields, so never in a timm ``pretrained_cfg`` overlay
-CLIP_FIELDS = ("frame_stride", "clips_per_video", "spatial_crops", "num_segments")
+#: checkpoints before them: 1), ``frame_sampling`` (``"stride"``, or ``"spread"``: a clip's frames one from each part
+#: of the video; absent before it: ``"stride"``); not timm fields, so never in a timm ``pretrained_cfg`` overlay
+CLIP_FIELDS = ("frame_stride", "clips_per_video", "spatial_crops", "num_segments", "frame_sampling")
 #: the sides training batches were drawn at (``data.size_choices``): ``eval.py`` runs the stored model as trained at
 #: one of them; not a timm field either
 TRAIN_FIELDS = ("size_choices",)
@@ -183,7 +185,7 @@ def model_data_config(
     frames = cfg.get("num_frames", src.get("num_frames"))
     if frames is not None:  # a video model: frames per clip (``input_size`` stays timm's ``[C, H, W]``)
         out["num_frames"] = int(frames)
-        out.update({k: int(src[k]) for k in CLIP_FIELDS if k in src})
+        out.update({k: clip_field(k, src[k]) for k in CLIP_FIELDS if k in src})
         if "num_segments" in cfg:  # (the model's own: an input holds that many clips)
             out["num_segments"] = int(cfg["num_segments"])
     if src.get("size_choices"):
@@ -193,6 +195,11 @@ def model_data_config(
     if src.get("class_names"):
         out["class_names"] = list(src["class_names"])
     return out
+
+
+def clip_field(key: str, value: Any) -> int | str:
+    """A :data:`CLIP_FIELDS` value as stored: ``frame_sampling`` a string, the others integers."""
+    return str(value) if key == "frame_sampling" else int(value)
 
 
 def _hw(size: Any) -> tuple[int, int]:
@@ -279,12 +286,12 @@ def fit_data_config(
 
 def data_config_of(dm: Any) -> dict[str, Any] | None:
     """The preprocessing a vitrel data module applies to evaluation images, in timm's data-config fields:
-    ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``; ``num_frames``,
-    ``frame_stride``, ``clips_per_video``, ``spatial_crops`` and ``num_segments`` (its evaluation clips) of a video
-    data module, ``size_choices`` (the sides it trained batches at, read by ``eval.py``) when set, ``canvas_size``
-    and ``canvas_image_size`` with a translation canvas, ``resize="tensor"`` for the memory loader's (a normalised
-    tensor resized by torchvision, not a PIL image), ``class_names`` when it has them; plain types
-    (``weights_only=True`` reads them). None for an object without ``img_size``, ``in_chans``, ``mean`` and ``std``."""
+    ``input_size`` ``[C, H, W]``, ``mean``, ``std``, ``interpolation``, ``crop_pct``, ``crop_mode``; ``num_frames``
+    and :data:`CLIP_FIELDS` (its evaluation clips) of a video data module, ``size_choices`` (the sides it trained
+    batches at, read by ``eval.py``) when set, ``canvas_size`` and ``canvas_image_size`` with a translation canvas,
+    ``resize="tensor"`` for the memory loader's (a normalised tensor resized by torchvision, not a PIL image),
+    ``class_names`` when it has them; plain types (``weights_only=True`` reads them). None for an object without
+    ``img_size``, ``in_chans``, ``mean`` and ``std``."""
     if dm is None or not all(hasattr(dm, k) for k in ("img_size", "in_chans", "mean", "std")):
         return None
     size = dm.img_size
@@ -304,6 +311,7 @@ def data_config_of(dm: Any) -> dict[str, Any] | None:
         out["clips_per_video"] = int(getattr(dm, "clips_per_video", 1))
         out["spatial_crops"] = int(getattr(dm, "spatial_crops", 1))
         out["num_segments"] = int(getattr(dm, "num_segments", 1))
+        out["frame_sampling"] = str(getattr(dm, "frame_sampling", "stride"))
     if getattr(dm, "size_choices", None):  # (eval.py runs the model as trained at one of these sides)
         out["size_choices"] = [int(v) for v in dm.size_choices]
     if getattr(dm, "canvas_size", None) is not None:  # (images pasted into a black canvas: predict.py does the same)

@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
 from vitrel.data.normalisation import Normalisation
+from vitrel.models.data_config import clip_field
 from vitrel.models.run_record import loader_used
 from vitrel.train.launch_paths import launch_path, recorded_launch_folder
 from vitrel.train.utils import hydra_config, override_key, plain
@@ -74,7 +75,10 @@ STORED_PREPROCESSING = ("interpolation", "crop_pct")
 #: the keys that choose the val split of a data set whose val is a seeded hold-out of train
 VAL_SPLIT_KEYS = ("seed", "val_fraction")
 #: a video folder's evaluation clips: the data key -> its name in the data config train.py stores
-CLIP_KEYS = {"stride": "frame_stride", "clips_per_video": "clips_per_video", "spatial_crops": "spatial_crops"}
+CLIP_KEYS = {
+    "stride": "frame_stride", "clips_per_video": "clips_per_video", "spatial_crops": "spatial_crops",
+    "frame_sampling": "frame_sampling",
+}  # fmt: skip
 
 
 def is_given(key: str) -> bool:
@@ -233,12 +237,13 @@ def trained_channels(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
     return {"in_chans": int(chans)}
 
 
-def trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int]:
-    """The evaluation clips of the run that wrote ``ckpt`` (``data.stride``, ``data.clips_per_video``), for those of
+def trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int | str]:
+    """The evaluation clips of the run that wrote ``ckpt`` (``data.stride``, ``data.clips_per_video``,
+    ``data.spatial_crops``, ``data.frame_sampling``), for those of
     the data's keys not on the command line: the data group's defaults would score other clips than the run's own
     test did. Empty for data without them (images, Moving Fashion-MNIST) or a checkpoint that does not store them."""
     keys = [k for k in CLIP_KEYS if k in data_cfg and not is_given(f"data.{k}")]
-    return {k: int(stored_data[CLIP_KEYS[k]]) for k in keys if stored_data.get(CLIP_KEYS[k]) is not None}
+    return {k: clip_field(CLIP_KEYS[k], stored_data[CLIP_KEYS[k]]) for k in keys if stored_data.get(CLIP_KEYS[k])}
 
 
 def trained_preprocessing(

@@ -328,7 +328,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     taken |= take_run_data(cfg, trained_frames(saved, cfg.data), what)
     what = f"the clips {ckpt.name}'s model joins into an input (its num_segments)"
     taken |= take_run_data(cfg, trained_frames(saved, cfg.data, "num_segments"), what)
-    what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<n> for others)"
+    what = f"the evaluation clips of {ckpt.name}'s run (data.<key>=<v> for others)"
     taken |= take_run_data(cfg, trained_clips(stored_data, cfg.data), what)
     what = f"the channels {ckpt.name}'s model takes (data.in_chans=<n> for others)"
     taken |= take_run_data(cfg, trained_channels(saved, cfg.data), what)

@@ -37,7 +37,8 @@ from vitrel.data.base import VisionDataModule
 from vitrel.data.datasets import ON_BAD_SAMPLE
 from vitrel.data.normalisation import per_channel
 from vitrel.data.unreadable import LeaveOutCollate
-from vitrel.data.video.clips import RepeatsCollate, VideoClips, check_segments
+from vitrel.data.video.clips import RepeatsCollate, VideoClips
+from vitrel.data.video.sampling import check_frame_sampling, check_segments
 from vitrel.data.video.transforms import ClipTransform
 
 __all__ = ["VideoDataModule", "VideoFilesDataModule", "AUGMENT_KEYS"]
@@ -174,15 +175,17 @@ class VideoFilesDataModule(VideoDataModule):
     ``clips_per_video`` evenly spaced ones).
 
     ``num_frames`` frames per clip, ``stride`` frames apart; ``clips_per_video`` evaluation clips per video, each in
-    ``spatial_crops`` crops along the longer side of its frames (one sample ``[K * S, C, T, H, W]`` of its views when
-    more than one, :class:`~vitrel.data.video.transforms.ClipTransform`); ``num_segments = G > 1`` (``clips_per_video``
-    1): every sample, training's and evaluation's, is ``G`` clips, one from each of ``G`` equal parts of the video,
-    each transformed alone, joined along time, ``[C, G * T, H, W]`` (``[S, C, G * T, H, W]`` with ``S`` spatial
-    crops; :func:`~vitrel.data.video.clips.segment_starts`); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a
-    video that does not decode; ``in_chans``: 3 (RGB) or 1 (grey frames, made as predict.py makes them: PIL's
-    ``convert("L")``; ImageNet's statistics averaged); ``num_classes``: kept as ``_given_num_classes`` (the subclass
-    checks it against its data). Normalisation: timm's ImageNet mean and std (as VideoMAE's). Other kwargs as
-    :class:`VideoDataModule`.
+    ``spatial_crops`` crops along the longer side of its frames (one sample ``[K * S, C, T, H, W]`` of its views
+    when more than one, :class:`~vitrel.data.video.transforms.ClipTransform`); ``num_segments = G > 1``
+    (``clips_per_video`` 1): every sample, training's and evaluation's, is ``G`` clips, one from each of ``G`` equal
+    parts of the video, each transformed alone, joined along time, ``[C, G * T, H, W]`` (``[S, C, G * T, H, W]``
+    with ``S`` spatial crops; :func:`~vitrel.data.video.sampling.segment_starts`); ``frame_sampling="spread"``
+    (``stride`` 1): each clip's frames one from each of ``num_frames`` parts of the video instead,
+    ``clips_per_video`` views of them in evaluation (:func:`~vitrel.data.video.sampling.spread_indices`, VideoMAE's
+    SSv2 sampling); ``on_bad_sample``: ``"raise"`` or ``"skip"`` a video that does not decode; ``in_chans``: 3 (RGB)
+    or 1 (grey frames, made as predict.py makes them: PIL's ``convert("L")``; ImageNet's statistics averaged);
+    ``num_classes``: kept as ``_given_num_classes`` (the subclass checks it against its data). Normalisation: timm's
+    ImageNet mean and std (as VideoMAE's). Other kwargs as :class:`VideoDataModule`.
     """
 
     native_size = 224
@@ -200,6 +203,7 @@ class VideoFilesDataModule(VideoDataModule):
         spatial_crops: int = 1,
         num_segments: int = 1,
         clip_repeats: int = 1,
+        frame_sampling: str = "stride",
         **kwargs: Any,
     ) -> None:
         if in_chans not in (1, 3):
@@ -212,6 +216,7 @@ class VideoFilesDataModule(VideoDataModule):
                 f"{spatial_crops}"
             )
         num_segments = check_segments(num_segments, int(clips_per_video))  # (an int >= 1; > 1 with one clip a video)
+        check_frame_sampling(frame_sampling, int(stride), num_segments)
         super().__init__(root=root, num_frames=num_frames, **kwargs)
         if isinstance(clip_repeats, bool) or int(clip_repeats) < 1 or self.batch_size % int(clip_repeats):
             raise ValueError(
@@ -221,6 +226,7 @@ class VideoFilesDataModule(VideoDataModule):
         self.clip_repeats = int(clip_repeats)
         self.stride, self.clips_per_video = int(stride), int(clips_per_video)
         self.spatial_crops, self.num_segments = int(spatial_crops), num_segments
+        self.frame_sampling = frame_sampling
         self.on_bad_sample = on_bad_sample
         self._given_num_classes = num_classes
         self.in_chans = int(in_chans)
@@ -240,6 +246,7 @@ class VideoFilesDataModule(VideoDataModule):
             grey=self.in_chans == 1,
             segments=self.num_segments,
             repeats=self.clip_repeats if training else 1,
+            frame_sampling=self.frame_sampling,
         )
 
     @property

@@ -1,24 +1,7 @@
-"""Clips of encoded videos: which frames a clip takes (sampling), reading them with PyAV, a video's clips as a sample.
+"""Clips of encoded videos: reading the frames a clip takes with PyAV, a video's clips as a sample.
 
-Sampling. A video of ``N`` decoded frames gives clips of ``T = num_frames`` frames ``stride`` frames apart,
-spanning ``span = (T - 1) * stride + 1`` frames. A clip starting at frame ``s`` takes the frames::
-
-    index_t = min(s + t * stride, N - 1),   t = 0 .. T-1
-
-so a video shorter than the span is padded by repeating its last frame (as V-JEPA 2's loader does; torchvision's
-``VideoClips`` drops such videos instead; :class:`VideoClips` names one of fewer than ``span / 2`` frames in a
-warning). With ``delta = max(N - span, 0)``:
-
-* ``uniform`` (evaluation): ``K = clips_per_video`` clips with evenly spaced starts ``s_k = floor(k * delta / (K - 1))``
-  (the first clip at the start, the last at the end), or the centre ``s = floor(delta / 2)`` when ``K = 1``
-  (SlowFast's and PyTorchVideo's constant-clips-per-video sampling);
-* ``random`` (training): one start per sample drawn uniformly from ``0 .. delta`` with torch's random generator
-  of the process that loads it: DataLoader workers are seeded per worker and per epoch by torch (and by
-  Lightning's ``seed_everything(workers=True)``), as the image pipelines' random crops are.
-
-Segments (``num_segments = K > 1``, V-JEPA 2's evaluation protocol, TSN's segments): a sample is ``K`` clips, one
-from each of ``K`` equal parts of the video (:func:`segment_starts`), each transformed on its own, joined along time
-(:func:`stack_views`); the model encodes each alone and pools their tokens together; ``clips_per_video`` is then 1.
+Which frames a clip takes is :mod:`vitrel.data.video.sampling`'s (clips ``stride`` frames apart, spread over the
+video, or one from each segment).
 
 Decoding: PyAV (FFmpeg's libraries, bundled in its wheels: ``pip install av``, nothing else on the system), of
 the video stream libavformat picks (``av_find_best_stream``, as ffplay: not a cover or preview still stored before
@@ -48,7 +31,6 @@ forked children).
 from __future__ import annotations
 
 import gc
-import logging
 import os
 import warnings
 from collections.abc import Callable, Sequence
@@ -57,25 +39,26 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import Generator, Tensor
+from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 
 from vitrel.data.datasets import BadSampleError
 from vitrel.data.unreadable import SKIP_HINT, SkipUnreadable
+from vitrel.data.video.sampling import (
+    SAMPLINGS,
+    check_frame_sampling,
+    check_segments,
+    clip_indices,
+    clip_span,
+    sample_starts,
+    spread_indices,
+    warn_short_video,
+)
 
 __all__ = [
-    "SAMPLINGS",
     "VideoDecodeError",
-    "clip_span",
-    "warn_short_video",
     "VideoFileClips",
-    "clip_indices",
-    "uniform_starts",
     "stack_views",
-    "random_start",
-    "segment_starts",
-    "sample_starts",
-    "check_segments",
     "count_frames",
     "read_frames",
     "read_clip",
@@ -83,10 +66,6 @@ __all__ = [
     "VideoClips",
     "RepeatsCollate",
 ]
-
-SAMPLINGS = ("uniform", "random")
-
-log = logging.getLogger(__name__)
 
 
 class VideoDecodeError(BadSampleError):
@@ -106,96 +85,6 @@ class VideoDecodeError(BadSampleError):
             return
         self.path = str(path)
         super().__init__(f"cannot read video {self.path}: {reason}")
-
-
-# ---------------------------------------------------------------------------------------------- sampling
-def _check_clip(num_frames: int, stride: int) -> None:
-    if num_frames < 1 or stride < 1:
-        raise ValueError(f"num_frames and stride must be >= 1, got num_frames={num_frames}, stride={stride}")
-
-
-def clip_span(num_frames: int, stride: int) -> int:
-    """Frames a clip spans: ``(num_frames - 1) * stride + 1``."""
-    _check_clip(num_frames, stride)
-    return (num_frames - 1) * stride + 1
-
-
-def clip_indices(video_frames: int, num_frames: int, stride: int, start: int) -> np.ndarray:
-    """The frame indices of the clip starting at ``start``: ``min(start + t * stride, video_frames - 1)``."""
-    _check_clip(num_frames, stride)
-    if video_frames < 1 or not 0 <= start < video_frames:
-        raise ValueError(f"start={start} is not a frame of a video of {video_frames} frames")
-    return np.minimum(start + stride * np.arange(num_frames), video_frames - 1)
-
-
-def uniform_starts(video_frames: int, num_frames: int, stride: int, clips: int) -> list[int]:
-    """Starts of ``clips`` evenly spaced clips (see the module docstring)."""
-    if clips < 1:
-        raise ValueError(f"clips_per_video must be >= 1, got {clips}")
-    delta = max(video_frames - clip_span(num_frames, stride), 0)
-    if clips == 1:
-        return [delta // 2]
-    return [k * delta // (clips - 1) for k in range(clips)]
-
-
-def random_start(video_frames: int, num_frames: int, stride: int, generator: torch.Generator | None = None) -> int:
-    """A start drawn uniformly from ``0 .. max(video_frames - span, 0)`` (torch's generator, or ``generator``)."""
-    delta = max(video_frames - clip_span(num_frames, stride), 0)
-    return int(torch.randint(delta + 1, (), generator=generator))
-
-
-def segment_starts(
-    video_frames: int, num_frames: int, stride: int, segments: int, train: bool, generator: Generator | None = None
-) -> list[int]:
-    """The starts of ``K = segments`` clips, one from each of ``K`` equal parts of a video of ``N = video_frames``
-    frames: part ``i`` is the frames ``i P .. (i + 1) P - 1``, ``P = N // K`` (the last ``N - K P`` in none, as
-    V-JEPA 2's ``loadvideo_decord``). With ``span = (num_frames - 1) * stride + 1`` (:func:`clip_span`):
-
-    * ``P >= span``: ``s_i = i P + o_i``, ``o_i`` drawn uniformly from ``0 .. P - span`` for each clip when ``train``
-      (torch's generator, or ``generator``, as :func:`random_start`), else the centre ``o_i = floor((P - span) / 2)``
-      (a deterministic evaluation; V-JEPA 2 draws ``o_i`` at evaluation too);
-    * ``P < span`` (V-JEPA 2's ``allow_clip_overlap=True``, as its evaluation): overlapping clips evenly spread over
-      the video, ``uniform_starts(N, num_frames, stride, K)`` (the first at 0, the last at the end), train or not.
-
-    ``K = 1``: :func:`random_start` when ``train``, else ``uniform_starts(N, num_frames, stride, 1)``, as without
-    segments. ``K`` below 1 raises ``ValueError`` naming ``num_segments``.
-    """
-    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1:
-        raise ValueError(f"num_segments must be an integer >= 1, got {segments!r}")
-    if segments == 1 and train:  # (evaluation's K = 1 is the equation's: the centre, or 0 for a short video)
-        return [random_start(video_frames, num_frames, stride, generator)]
-    span, part = clip_span(num_frames, stride), video_frames // segments
-    if part < span:
-        return uniform_starts(video_frames, num_frames, stride, segments)
-    if not train:
-        return [i * part + (part - span) // 2 for i in range(segments)]
-    return [i * part + int(torch.randint(part - span + 1, (), generator=generator)) for i in range(segments)]
-
-
-def sample_starts(video_frames: int, num_frames: int, stride: int, clips: int, segments: int, train: bool) -> list[int]:
-    """A sample's clip starts: ``clips > 1`` evenly spaced ones (:func:`uniform_starts`), else one from each of the
-    ``segments`` parts (:func:`segment_starts`; one segment: the one clip, drawn when ``train``)."""
-    if clips > 1:
-        return uniform_starts(video_frames, num_frames, stride, clips)
-    return segment_starts(video_frames, num_frames, stride, segments, train)
-
-
-def warn_short_video(path: str | Path, video_frames: int, num_frames: int, stride: int) -> bool:
-    """Whether video ``path`` of ``video_frames`` frames has fewer than half the frames a clip spans
-    (:func:`clip_span`); if so, one warning names it: its clips are mostly its last frame repeated."""
-    span = clip_span(num_frames, stride)
-    if 2 * video_frames >= span:
-        return False
-    log.warning(
-        "%s has %d frame(s), fewer than half the %d a clip of %d frames %d apart spans: its clips repeat its last "
-        "frame (data.num_frames, data.stride)",
-        path,
-        video_frames,
-        span,
-        num_frames,
-        stride,
-    )
-    return True
 
 
 # ---------------------------------------------------------------------------------------------- decoding
@@ -366,6 +255,8 @@ class VideoClips(SkipUnreadable, Dataset):
     ``sampling="random"``: one random clip, a fresh start each time the video is read.
     ``segments = K > 1`` (``clips_per_video`` 1): the video's ``K`` segment clips (:func:`sample_starts`), each
     through ``transform``, joined along time (:func:`stack_views`; uint8 ``[K * T, C, H, W]`` without a transform).
+    ``frame_sampling="spread"`` (``stride`` 1, one segment): each clip's frames one from each of ``num_frames`` parts
+    of the video (:func:`spread_indices`; ``clips_per_video`` views at their places in evaluation).
     ``repeats = R > 1`` (random sampling): the frames read once and the sample ``R`` times through ``transform``,
     stacked ``[R, ...]`` (VideoMAE's ``num_sample``: R augmented views of one decoded clip;
     :class:`RepeatsCollate` makes them ``R`` samples of a batch).
@@ -393,13 +284,15 @@ class VideoClips(SkipUnreadable, Dataset):
         grey: bool = False,
         segments: int = 1,
         repeats: int = 1,
+        frame_sampling: str = "stride",
     ) -> None:
         if sampling not in SAMPLINGS:
             raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
-        _check_clip(num_frames, stride)
+        clip_span(num_frames, stride)  # (checks both)
         if clips_per_video < 1 or (sampling == "random" and clips_per_video != 1):
             raise ValueError(f"clips_per_video must be >= 1 (1 with random sampling), got {clips_per_video}")
         self.segments = check_segments(segments, clips_per_video)
+        self.spread = check_frame_sampling(frame_sampling, stride, self.segments)
         if repeats < 1 or (repeats > 1 and (sampling != "random" or transform is None)):
             raise ValueError(f"repeats must be >= 1 (above 1: random sampling through a transform), got {repeats}")
         self.repeats = int(repeats)
@@ -433,6 +326,9 @@ class VideoClips(SkipUnreadable, Dataset):
         def choose(n: int) -> list[int]:  # the clips' frames, one clip after the other
             if not self._named_short[index] and warn_short_video(path, n, self.num_frames, self.stride):
                 self._named_short[index] = True
+            if self.spread:
+                train = self.sampling == "random"
+                return [i for v in spread_indices(n, self.num_frames, self.clips_per_video, train) for i in v.tolist()]
             return [i for s in self.clip_starts(n) for i in clip_indices(n, self.num_frames, self.stride, s).tolist()]
 
         frames = read_clip(path, choose)
@@ -467,18 +363,6 @@ class RepeatsCollate:
         return x.flatten(0, 1), y.repeat_interleave(self.repeats)
 
 
-def check_segments(segments: int, clips_per_video: int) -> int:
-    """``segments`` (an integer >= 1; above 1 only with one clip per video), else ``ValueError`` naming the keys."""
-    if isinstance(segments, bool) or not isinstance(segments, (int, np.integer)) or segments < 1:
-        raise ValueError(f"data.num_segments must be an integer >= 1, got {segments!r}")
-    if segments > 1 and clips_per_video != 1:
-        raise ValueError(
-            f"data.num_segments={segments} makes each video one sample of its {segments} segments' clips: give data."
-            f"clips_per_video=1 (got {clips_per_video}), or data.num_segments=1 for {clips_per_video} clips a video"
-        )
-    return int(segments)
-
-
 def _grey(frames: Tensor) -> Tensor:
     """uint8 RGB ``[T, 3, H, W]`` -> ``[T, 1, H, W]`` by PIL's ``convert("L")``, as the image path converts."""
     from PIL import Image
@@ -493,13 +377,22 @@ class VideoFileClips(Dataset):
     ``transform`` (``grey``: converted to one channel first); a file that does not decode gives ``(i, None, reason)``
     (skipped and counted by predict's loop). A video far shorter than a clip is named in one warning
     (:func:`warn_short_video`, as in training and evaluation). ``segments`` above 1 (``K`` then 1): the video's
-    segment clips joined along time (:func:`sample_starts`, :func:`stack_views`), ``[V, C, segments * T, H, W]``."""
+    segment clips joined along time (:func:`sample_starts`, :func:`stack_views`), ``[V, C, segments * T, H, W]``.
+    ``frame_sampling="spread"``: the ``K`` views of :func:`spread_indices` (evaluation's)."""
 
     def __init__(
-        self, files: Sequence[Path], sampling: tuple[int, int, int], transform: Any, grey: bool, *, segments: int = 1
+        self,
+        files: Sequence[Path],
+        sampling: tuple[int, int, int],
+        transform: Any,
+        grey: bool,
+        *,
+        segments: int = 1,
+        frame_sampling: str = "stride",
     ) -> None:
         self.files, self.sampling, self.transform, self.grey = list(files), sampling, transform, grey
         self.segments = check_segments(segments, sampling[2])
+        self.spread = check_frame_sampling(frame_sampling, sampling[1], self.segments)
 
     def __len__(self) -> int:
         return len(self.files)
@@ -510,6 +403,8 @@ class VideoFileClips(Dataset):
 
         def choose(n: int) -> list[int]:  # the K clips' (or segments') frames, one after the other
             warn_short_video(self.files[i], n, t, stride)
+            if self.spread:
+                return [j for v in spread_indices(n, t, k, train=False) for j in v.tolist()]
             starts = sample_starts(n, t, stride, k, self.segments, train=False)
             return [j for s in starts for j in clip_indices(n, t, stride, s).tolist()]
 

@@ -28,7 +28,7 @@ raises ``DatasetNotFoundError`` (a classifier needs two classes).
 
 With ``num_segments = G > 1`` (``clips_per_video`` 1) every sample, training's and evaluation's, is ``G`` clips, one
 from each of ``G`` equal parts of the video, joined along time, ``[C, G * T, H, W]`` (V-JEPA 2's protocol:
-:func:`~vitrel.data.video.clips.segment_starts`).
+:func:`~vitrel.data.video.sampling.segment_starts`).
 """
 
 from __future__ import annotations

@@ -192,6 +192,9 @@ def check_vit_args(args: Mapping[str, Any]) -> None:
     if depth != 1 and args["attn_pool_type"] != "attentive":
         raise ValueError(f"attn_pool_depth={depth} is the attentive pool's (attn_pool_type='attentive')")
     _rates(args)
+    scale = args.get("head_init_scale", 1.0)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0.0 <= scale < float("inf"):
+        raise ValueError(f"head_init_scale must be a finite number >= 0, got {scale!r}")
     if args.get("dynamic_img_pad"):
         _pair("img_size", args["img_size"])  # (padded to whole patches, as the images)
     else:

@@ -153,6 +153,7 @@ class TimmSurface:
             raise ValueError(f"init_weights takes timm's default mode '' only, got {mode!r}")
         if not needs_reset:
             init_weights_(self)  # type: ignore[arg-type]
+            self._scale_head()
             return
         ref = next(self.parameters())  # type: ignore[attr-defined]
         args = {k: v for k, v in self.vitrel_cfg.items() if k not in ("architecture", "vitrel_format")}  # type: ignore[attr-defined]
@@ -195,7 +196,17 @@ class TimmSurface:
         if isinstance(self.head, nn.Linear):
             nn.init.trunc_normal_(self.head.weight, std=0.02)
             nn.init.zeros_(self.head.bias)
+            self._scale_head()
         self.head.train(self.training)
+
+    def _scale_head(self) -> None:
+        """A new head's weight times ``vitrel_cfg["head_init_scale"]`` (timm's EVA's ``head_init_scale``; its bias
+        starts at zero)."""
+        scale = float(self.vitrel_cfg.get("head_init_scale", 1.0))  # type: ignore[attr-defined]
+        head = getattr(self, "head", None)
+        if scale != 1.0 and isinstance(head, nn.Linear):
+            with torch.no_grad():
+                head.weight.mul_(scale)
 
     # ---------------------------------------------------------------------------- weights
     def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False) -> Any:

@@ -59,7 +59,8 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         fc_norm: norm after pooling instead of before (None: True for ``"avg"``, ``"max"``, ``"avgmax"``, as timm and
             VideoMAE).
         pre_norm, post_norm, qk_norm, attn_norm, final_norm, attn_pool_num_heads, attn_pool_mlp_ratio,
-            attn_pool_type, attn_pool_depth, pool_include_prefix, patch_bias: as the image ViT's.
+            attn_pool_type, attn_pool_depth, pool_include_prefix, patch_bias, head_init_scale: as the image ViT's
+            (``head_init_scale`` 0.001: VideoMAE's fine-tuning ``init_scale``).
         pos, abs_pos, pos_share, attn_impl: as the image ViT; the scheme sees the video grid ``(T', H', W')``.
         num_segments: clips per input, encoded alone and pooled together (module docstring; ``num_frames``: the
             frames of one); no class token.
@@ -117,6 +118,7 @@ class VideoVisionTransformer(ViTBody, TimmSurface, nn.Module):
         norm_eps: float = 1e-6,
         patch_bias: bool = True,
         num_segments: int = 1,
+        head_init_scale: float = 1.0,
     ) -> None:
         super().__init__()
         check_vit_args(locals())  # sizes checked first, errors name the argument

@@ -86,6 +86,8 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
             CLIP's ``ln_pre``).
         patch_bias: a bias in the patch projection (False: CLIP's and the Perception Encoder's, timm's with
             ``pre_norm``).
+        head_init_scale: the new head's initial weight times this, its bias zero (timm's EVA's and ConvNeXt's
+            ``head_init_scale``; VideoMAE's ``init_scale`` 0.001); 1: timm's ViT init.
         post_norm: the blocks normalise each residual branch after it, ``x + LN(Attn x)`` (timm's ``ResPostBlock``,
             Swin V2's res-post-norm).
         qk_norm, attn_norm: the attention's LayerNorms of ``q`` and ``k`` per head (timm's ``qk_norm``) and of its
@@ -183,6 +185,7 @@ class VisionTransformer(ViTBody, TimmSurface, nn.Module):
         strict_img_size: bool | None = None,
         dynamic_img_pad: bool = False,
         patch_bias: bool = True,
+        head_init_scale: float = 1.0,
     ) -> None:
         super().__init__()
         check_vit_args(locals())  # sizes checked first, errors name the argument

@@ -45,3 +45,4 @@ def test_the_recipe_fine_tunes_their_pretrained_encoder(video_tree, tmp_path):  
     assert len(lrs) == 3 and lrs[0] / lrs[-1] == pytest.approx(0.75**2)  # (layer decay: stem, the block, the head)
     m = vitrel.load_model(ckpt)
     assert (m.vitrel_cfg["embed_dim"], m.abs_pos.name, m.num_classes) == (768, "sincos1d", 2)
+    assert m.vitrel_cfg["head_init_scale"] == 0.001  # (their init_scale)

@@ -84,14 +84,22 @@ def test_eval_py_scores_the_runs_spread_views_as_by_hand(spread_run, tmp_path, c
     assert metrics["val/loss"] == pytest.approx(torch.stack(losses).mean().item(), rel=1e-4)
 
 
-def test_predict_py_scores_the_spread_views(spread_run):
+def test_predict_py_scores_the_spread_views_from_the_checkpoint_and_its_export(spread_run, tmp_path):
+    """``predict.py`` on the checkpoint and on its export folder (``python -m vitrel.export``: the sampling travels
+    in the folder's data config): each video's probabilities by hand."""
+    from vitrel.export import main as export_main
+
     root, ckpt = spread_run
-    res = predict_folder(load_predictor(ckpt), root / "val", topk=2, progress=False)
-    assert len(res.rows) == 4
-    for r in res.rows:
-        want = probs_by_hand(ckpt, root / "val" / r["filename"])
-        got = torch.tensor([r["prob_0"], r["prob_1"]], dtype=torch.float64)
-        torch.testing.assert_close(got, want.topk(2).values, rtol=0, atol=1e-5)
+    assert export_main([str(ckpt), str(tmp_path / "export")]) == 0
+    for src in (ckpt, tmp_path / "export"):
+        p = load_predictor(src)
+        assert p.data_config["frame_sampling"] == "spread", src
+        res = predict_folder(p, root / "val", topk=2, progress=False)
+        assert len(res.rows) == 4
+        for r in res.rows:
+            want = probs_by_hand(ckpt, root / "val" / r["filename"])
+            got = torch.tensor([r["prob_0"], r["prob_1"]], dtype=torch.float64)
+            torch.testing.assert_close(got, want.topk(2).values, rtol=0, atol=1e-5)
 
 
 def test_the_ssv2_recipe_composes_their_clips(tmp_path):

@@ -8,6 +8,7 @@ import math
 import shutil
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -32,15 +33,20 @@ TINY += ["data.batch_size=2", "trainer.max_epochs=2", "trainer.limit_train_batch
 TINY += ["module.optimizer.lr=0.01", "module.scheduler.warmup_epochs=0", "logger=none", "test=false"]
 
 
-@pytest.fixture(scope="module")
-def videos(tmp_path_factory) -> Path:
-    """root/{train,val}/<class>/*.avi: lossless 30 x 40 clips of 6 to 16 frames, each frame its own brightness."""
-    root = tmp_path_factory.mktemp("videos")
+def class_videos(root: Path, frames: Callable[[int, int], int]) -> Path:
+    """``root/{train,val}/<class>/<class>_<k>.avi``, ``k`` 0 and 1: lossless 30 x 40 clips of ``frames(c, k)`` frames
+    (``c``: the class index), each frame its own brightness."""
     for split in ("train", "val"):
         for c, cls in enumerate(CLASSES):
             for k in range(2):
-                write_video(root / split / cls / f"{cls}_{k}.avi", 6 + 8 * k + 2 * c, "ffv1", "yuv420p", hw=(30, 40))
+                write_video(root / split / cls / f"{cls}_{k}.avi", frames(c, k), "ffv1", "yuv420p", hw=(30, 40))
     return root
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory) -> Path:
+    """Class folders of clips of 6 to 16 frames (:func:`class_videos`)."""
+    return class_videos(tmp_path_factory.mktemp("videos"), lambda c, k: 6 + 8 * k + 2 * c)
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ import pytest
 import torch
 
 import vitrel
-from tests.data.test_video import write_video
-from tests.train.test_video_predict import CLASSES, TINY
+from tests.train.test_video_predict import CLASSES, TINY, class_videos
 from tests.train_helpers import FAST, compose
 from vitrel.config import ConfigError
 from vitrel.inference import load_predictor, predict_folder
@@ -30,11 +29,7 @@ FRAMES, STRIDE, K = 4, 2, 2  # a clip: 4 frames 2 apart (7 frames); 2 segments a
 def segments_run(tmp_path_factory) -> tuple[Path, Path]:
     """``(videos root, last.ckpt)`` of ``train.py data=video_folder data.num_segments=2`` (in-process) on 30 x 40
     videos of 9 to 30 frames: parts of 4 to 15 frames, shorter and longer than a clip."""
-    root = tmp_path_factory.mktemp("videos")
-    for split in ("train", "val"):
-        for c, cls in enumerate(CLASSES):
-            for k in range(2):
-                write_video(root / split / cls / f"{cls}_{k}.avi", 9 + 19 * k + 2 * c, "ffv1", "yuv420p", hw=(30, 40))
+    root = class_videos(tmp_path_factory.mktemp("videos"), lambda c, k: 9 + 19 * k + 2 * c)
     run = tmp_path_factory.mktemp("segments_run")
     over = [*TINY, f"data.root={root}", f"data.stride={STRIDE}", f"data.num_segments={K}"]
     train(compose(run, over))

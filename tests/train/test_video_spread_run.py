@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 
 import vitrel
 from tests.data.test_video import write_video
-from tests.train.test_video_predict import CLASSES, TINY
+from tests.train.test_video_predict import CLASSES, TINY, class_videos
 from tests.train_helpers import compose
 from vitrel.inference import load_predictor, predict_folder
 from vitrel.train.evaluate import evaluate
@@ -29,11 +29,7 @@ FRAMES, VIEWS = 4, 2  # a clip: 4 frames, one from each quarter of the video; 2 
 def spread_run(tmp_path_factory) -> tuple[Path, Path]:
     """``(videos root, last.ckpt)`` of ``train.py data=video_folder data.frame_sampling=spread`` (in-process) on
     30 x 40 videos of 3 to 19 frames (a video shorter than a clip among them)."""
-    root = tmp_path_factory.mktemp("videos")
-    for split in ("train", "val"):
-        for c, cls in enumerate(CLASSES):
-            for k in range(2):
-                write_video(root / split / cls / f"{cls}_{k}.avi", 3 + 14 * k + 2 * c, "ffv1", "yuv420p", hw=(30, 40))
+    root = class_videos(tmp_path_factory.mktemp("videos"), lambda c, k: 3 + 14 * k + 2 * c)
     run = tmp_path_factory.mktemp("spread_run")
     over = [*TINY, f"data.root={root}", "data.stride=1", "data.frame_sampling=spread", f"data.clips_per_video={VIEWS}"]
     train(compose(run, over))

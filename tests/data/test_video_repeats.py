@@ -70,3 +70,35 @@ def test_a_run_with_repeats_takes_a_step_per_half_batch_of_videos(tmp_path):
         run = tmp_path / f"r{repeats}"
         train(compose(run, [*over, f"data.clip_repeats={repeats}"]))
         assert json.loads((run / "metrics.json").read_text())["global_step"] == steps, repeats
+
+
+@needs_av
+@pytest.mark.parametrize("repeats", [2, 1])
+def test_a_video_run_killed_mid_epoch_resumes_as_the_uninterrupted_one(tmp_path, repeats):
+    """``train.py`` on 6 training videos, 2 a step (``data.batch_size`` 4 with ``data.clip_repeats=2``: each read
+    in 2 views), RandAugment and erasing drawn per view, SIGTERM at step 2 of 3, then the same command: it resumes
+    mid-epoch and its weights equal the uninterrupted run's bit for bit (each clip's draws keyed by its index and
+    epoch; the loader's position counted in videos, not views)."""
+    import signal
+
+    from tests.train_helpers import run_script_forked
+
+    for split, n in (("train", 3), ("val", 1)):
+        for cls in ("a", "b"):
+            for k in range(n):
+                write_video(tmp_path / "videos" / split / cls / f"{k}.mkv", 6, hw=(16, 16))
+    over = [*FOLDER, f"data.root={tmp_path / 'videos'}", "data.num_workers=0", f"data.clip_repeats={repeats}"]
+    over += [f"data.batch_size={2 * repeats}", "data.drop_last=true", "trainer.max_epochs=2", "logger=none"]
+    over += ["data.augment_kwargs.auto_augment=rand-m7-n2", "data.augment_kwargs.re_prob=0.5", "test=false"]
+    over += ["trainer.limit_val_batches=1", "callbacks.model_checkpoint=null", "module.scheduler=null"]
+    kill = ["+callbacks.sig={_target_: train_helpers.SendSignal, at_step: 1}"]  # (saves after step 2, then exits)
+    runs = {}
+    for name, extra in (("straight", []), ("killed", kill), ("killed", [])):
+        runs[name] = tmp_path / name
+        proc = run_script_forked("train.py", [*over, *extra, f"hydra.run.dir={runs[name]}"], tmp_path)
+        assert proc.returncode == (128 + signal.SIGTERM if extra else 0), proc.stderr[-3000:]
+        if extra:
+            assert torch.load(runs[name] / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
+    a, b = (torch.load(runs[n] / "checkpoints" / "last.ckpt", weights_only=True) for n in runs)
+    assert a["global_step"] == b["global_step"] == 6
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"] if k.startswith("model."))

@@ -68,7 +68,7 @@ def test_the_trainer_refuses_what_train_could_not_see(killed_mid_epoch, tmp_path
     run = tmp_path / "copy"
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes((killed_mid_epoch / "checkpoints" / "last.ckpt").read_bytes())
-    monkeypatch.setattr(resume_module, "check_resume_position", lambda *a: None)  # train()'s check, before the trainer
+    monkeypatch.setattr(resume_module, "check_resume_position", lambda *a, **k: None)  # (train()'s, before the trainer)
     with pytest.raises(ResumePositionError, match=r"data.batch_size=8 \(checkpoint: 16\)"):
         train(compose(run, [*SHORT, "logger=none", "data.batch_size=8"]))
 

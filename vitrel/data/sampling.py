@@ -11,7 +11,7 @@ from typing import Any
 from torch.utils.data import DataLoader, DistributedSampler
 
 from vitrel.data.memory import ResumableLoader
-from vitrel.data.transforms import MappedDataset, SampleKey
+from vitrel.data.transforms import SampleKey
 
 __all__ = ["EpochSampler", "EvalSampler", "ResumableDataLoader"]
 
@@ -70,14 +70,15 @@ class ResumableDataLoader(ResumableLoader, DataLoader):
     after ``load_state_dict(state)`` the iteration of that epoch starts after those batches (an
     iteration of another epoch starts at its beginning). Lightning keeps the state of such stateful
     loaders in its checkpoints and restores it on resume. Under DDP Lightning leaves the sampler (a
-    ``DistributedSampler``) as it is. Over a :class:`~vitrel.data.transforms.MappedDataset` the sampler is made
+    ``DistributedSampler``) as it is. Over a data set with ``keyed_draws`` (a
+    :class:`~vitrel.data.transforms.MappedDataset`, video clips) the sampler is made
     ``keyed``: each sample's random transform is drawn from ``(seed, epoch, index)``, the same after a resume and
     with any number of workers.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if isinstance(self.sampler, EpochSampler) and isinstance(self.dataset, MappedDataset):
+        if isinstance(self.sampler, EpochSampler) and getattr(self.dataset, "keyed_draws", False):
             self.sampler.keyed = True
         self.batches_yielded = 0
         self._resume_at: tuple[int, int] | None = None  # (epoch, batches done)

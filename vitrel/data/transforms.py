@@ -264,6 +264,9 @@ class MappedDataset(Dataset):
     loader's), the read and the transform draw from :func:`seeded_draws` of the key: a sample's augmentation depends
     on ``(seed, epoch, index)`` only."""
 
+    #: it takes :class:`SampleKey` indices (a keyed :class:`~vitrel.data.sampling.EpochSampler`'s)
+    keyed_draws = True
+
     def __init__(self, dataset: Dataset, transform: Callable | None = None) -> None:
         self.dataset = dataset
         self.transform = transform

@@ -161,12 +161,15 @@ def check_resume_position(
     world_size: int | None,
     where: Any = "the checkpoint",
     seed: int | None = None,
+    batch_key: str = "data.batch_size",
 ) -> None:
     """Refuse to resume :class:`ExactResume`'s ``state`` (as a checkpoint keeps it) mid-epoch with a ``batch_size``,
     ``world_size`` (processes: devices x nodes) or order ``seed`` (``seed=``) other than the ones it was saved with: a
     :class:`ResumePositionError` naming the checkpoint ``where``, both values and the fixes. Allowed: a checkpoint at
     an epoch's end (its epoch done: the next one starts from its beginning at any size), or one written before the
-    loaders kept their batch size (not checked). ``None``: not known, not compared."""
+    loaders kept their batch size (not checked). ``None``: not known, not compared. ``batch_size`` is the samples a
+    batch is collated from, which ``batch_key`` sets (``data.batch_size / data.clip_repeats`` for videos read in
+    several views)."""
     state = state or {}
     loader, total = state.get("loader") or {}, state.get("epoch_batches")
     done = int(loader.get("batches", 0))
@@ -175,7 +178,7 @@ def check_resume_position(
     old_bs, old_world = int(loader["batch_size"]), int(loader["num_replicas"])
     changed = []
     if batch_size is not None and int(batch_size) != old_bs:
-        changed.append(f"data.batch_size={batch_size} (checkpoint: {old_bs})")
+        changed.append(f"{batch_key}={batch_size} (checkpoint: {old_bs})")
     if world_size is not None and int(world_size) != old_world:
         changed.append(f"{_processes(world_size)} (trainer.devices x trainer.num_nodes; checkpoint: {old_world})")
     old_seed = state.get("seed")  # (None: a checkpoint of vitrel before it kept the order's seed)
@@ -188,7 +191,7 @@ def check_resume_position(
     raise ResumePositionError(
         f"{where} was saved mid-epoch (epoch {loader.get('epoch')}, {done}{of} batches of {old_bs} samples on each "
         f"of {_processes(old_world)}): resuming it with {' and '.join(changed)} would train on some of that epoch's "
-        f"samples twice and skip others. Resume with data.batch_size={old_bs} on {_processes(old_world)}"
+        f"samples twice and skip others. Resume with {batch_key}={old_bs} on {_processes(old_world)}"
         f"{f' with seed={old_seed}' if reseeded else ''}, or from a "
         f"checkpoint written at an epoch's end, or start a new run from its weights: model=from_checkpoint "
         f"model.path={where}"

@@ -101,7 +101,8 @@ def resolve_ckpt_path(
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
     position = (ckpt.get("callbacks") or {}).get(ExactResume.__qualname__)
     seed = next((cb.seed for cb in callbacks if isinstance(cb, ExactResume)), None)  # the epoch order's
-    check_resume_position(position, getattr(dm, "batch_size", None), world_size(cfg.trainer), path, seed)
+    per_batch, key = _train_batch(dm)
+    check_resume_position(position, per_batch, world_size(cfg.trainer), path, seed, batch_key=key)
     if "global_step" not in ckpt:
         raise CheckpointError(
             f"{path} is not a training checkpoint (no training state to resume, only weights): to start a new run "
@@ -119,6 +120,14 @@ CARRIED: dict[type[Callback], str] = {
     RunTimes: "the time the run took before it (fit_s and wall_s)",
     CountValidations: "the validations run before it (val_runs)",
 }
+
+
+def _train_batch(dm: Any) -> tuple[int | None, str]:
+    """The samples a training batch of ``dm`` is collated from (what the loader's position counts: videos, where
+    each is read in ``clip_repeats`` views) and the data keys that set them."""
+    repeats = int(getattr(dm, "clip_repeats", 1))
+    key = "data.batch_size" if repeats == 1 else "data.batch_size / data.clip_repeats"
+    return getattr(dm, "train_batch_size", getattr(dm, "batch_size", None)), key
 
 
 def _take_carried(ckpt: Mapping[str, Any], callbacks: Sequence[Callback], where: str | Path) -> None:

@@ -43,6 +43,7 @@ from torch import Tensor
 from torch.utils.data import Dataset, get_worker_info
 
 from vitrel.data.datasets import BadSampleError
+from vitrel.data.transforms import SampleKey, seeded_draws
 from vitrel.data.unreadable import SKIP_HINT, SkipUnreadable
 from vitrel.data.video.sampling import (
     SAMPLINGS,
@@ -270,6 +271,7 @@ class VideoClips(SkipUnreadable, Dataset):
 
     noun = "video file"
     read_errors = (VideoDecodeError,)
+    keyed_draws = True  # (a keyed EpochSampler's SampleKey: the draws of :func:`~vitrel.data.transforms.seeded_draws`)
 
     def __init__(
         self,
@@ -334,7 +336,13 @@ class VideoClips(SkipUnreadable, Dataset):
         frames = read_clip(path, choose)
         return (_grey(frames) if self.grey else frames), int(label)
 
-    def __getitem__(self, index: int) -> tuple[Any, int] | None:
+    def __getitem__(self, index: int | SampleKey) -> tuple[Any, int] | None:
+        if isinstance(index, SampleKey):  # (training: the clip's draws from its key, the same after a resume)
+            with seeded_draws(index.seed, index.epoch, index.index):
+                return self._sample(index.index)
+        return self._sample(index)
+
+    def _sample(self, index: int) -> tuple[Any, int] | None:
         leave_inherited()
         item = self.read_or_skip(index, self._read)
         if item is None:  # (left out: evaluation)

@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from vitrel import bench
@@ -36,24 +35,6 @@ VARIANTS = {
 }
 
 
-def video(path: Path, n: int = 64) -> Path:
-    """An H.264 file of ``n`` frames of moving gradients and noise (something for the encoder to keep)."""
-    import av
-
-    rng = np.random.default_rng(0)
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream("libx264", rate=25)
-        stream.width, stream.height, stream.pix_fmt = WIDTH, HEIGHT, "yuv420p"
-        ramp = np.linspace(0, 200, WIDTH)[None, :, None] * np.ones((HEIGHT, 1, 3))
-        for i in range(n):
-            img = np.roll(ramp, 4 * i, axis=1) + rng.integers(0, 40, (HEIGHT, WIDTH, 3))
-            for packet in stream.encode(av.VideoFrame.from_ndarray(img.astype(np.uint8), format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--clips", type=int, default=20)
@@ -62,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)  # (a DataLoader worker's)
     with tempfile.TemporaryDirectory() as tmp:
-        path = video(Path(tmp) / "clip.mp4")
+        path = bench.h264_video(Path(tmp) / "clip.mp4", 64, HEIGHT, WIDTH)
         clip = read_clip(path, lambda n: clip_indices(n, FRAMES, 4, 0))
         assert clip.shape == (FRAMES, 3, HEIGHT, WIDTH), clip.shape
 

@@ -26,6 +26,7 @@ __all__ = [
     "StepTimer",
     "alternate",
     "cpu_peak_bytes",
+    "h264_video",
     "machine_info",
     "medians",
     "peak_bytes",
@@ -84,6 +85,26 @@ def alternate(
         if on_round is not None:
             on_round(r)
     return times
+
+
+def h264_video(path: str | Path, frames: int, height: int = 256, width: int = 340) -> Path:
+    """An H.264 file (PyAV) of ``frames`` frames of ``height x width`` moving gradients and noise (something for the
+    encoder to keep, so that decoding costs what a real video's does), at 25 frames a second."""
+    import av
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream("libx264", rate=25)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        ramp = np.linspace(0, 200, width)[None, :, None] * np.ones((height, 1, 3))
+        for i in range(frames):
+            img = np.roll(ramp, 4 * i, axis=1) + rng.integers(0, 40, (height, width, 3))
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img.astype(np.uint8), format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return Path(path)
 
 
 def kernel_times(prof: torch.profiler.profile, device: torch.device, steps: int) -> dict[str, tuple[float, float]]:

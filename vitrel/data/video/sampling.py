@@ -13,8 +13,9 @@ With ``delta = max(N - span, 0)``:
   (the first clip at the start, the last at the end), or the centre ``s = floor(delta / 2)`` when ``K = 1``
   (SlowFast's and PyTorchVideo's constant-clips-per-video sampling);
 * ``random`` (training): one start per sample drawn uniformly from ``0 .. delta`` with torch's random generator
-  of the process that loads it: DataLoader workers are seeded per worker and per epoch by torch (and by
-  Lightning's ``seed_everything(workers=True)``), as the image pipelines' random crops are.
+  of the process that loads it, as the image pipelines' random crops are: seeded from ``(seed, epoch, video index)``
+  under ``train.py``'s exact resume (:class:`~vitrel.data.video.clips.VideoClips` takes the keyed sampler's
+  ``SampleKey``), else per worker and per epoch by torch (and Lightning's ``seed_everything(workers=True)``).
 
 Spread frames (``frame_sampling="spread"``, TSN's sampling; VideoMAE's Something-Something v2 clips, their
 ``ssv2.py``): a clip's ``T`` frames are one from each of ``T`` equal parts of the whole video instead of ``stride``

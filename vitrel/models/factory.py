@@ -239,6 +239,7 @@ TRANSFERABLE = (
     "proj_drop_rate",
     "attn_drop_rate",
     "drop_path_rate",
+    "head_init_scale",
 )
 
 

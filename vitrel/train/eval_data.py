@@ -239,9 +239,9 @@ def trained_channels(saved: dict, data_cfg: DictConfig) -> dict[str, int]:
 
 def trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int | str]:
     """The evaluation clips of the run that wrote ``ckpt`` (``data.stride``, ``data.clips_per_video``,
-    ``data.spatial_crops``, ``data.frame_sampling``), for those of
-    the data's keys not on the command line: the data group's defaults would score other clips than the run's own
-    test did. Empty for data without them (images, Moving Fashion-MNIST) or a checkpoint that does not store them."""
+    ``data.spatial_crops``, ``data.frame_sampling``), for those of the data's keys not on the command line: the data
+    group's defaults would score other clips than the run's own test did. Empty for data without them (images, Moving
+    Fashion-MNIST) or a checkpoint that does not store them."""
     keys = [k for k in CLIP_KEYS if k in data_cfg and not is_given(f"data.{k}")]
     return {k: clip_field(CLIP_KEYS[k], stored_data[CLIP_KEYS[k]]) for k in keys if stored_data.get(CLIP_KEYS[k])}
 

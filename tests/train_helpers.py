@@ -164,6 +164,25 @@ def run_script_forked(script: str, args: list[str], cwd: Path, timeout: float = 
     return subprocess.CompletedProcess([script, *args], proc.exitcode, stdout=texts[0], stderr=texts[1])
 
 
+def straight_and_resumed(over: list[str], tmp_path: Path, at_step: int) -> tuple[dict, dict]:
+    """``python train.py <over>`` (:func:`run_script_forked`) run straight in one folder, and in another with SIGTERM
+    at the start of step ``at_step`` (:class:`SendSignal`: it saves after step ``at_step + 1`` and exits), then the
+    same command again there (it resumes): the two runs' ``last.ckpt``, loaded."""
+    import signal
+
+    kill = [f"+callbacks.sig={{_target_: train_helpers.SendSignal, at_step: {at_step}}}"]
+    runs = {}
+    for name, extra in (("straight", []), ("killed", kill), ("killed", [])):
+        runs[name] = tmp_path / name
+        proc = run_script_forked("train.py", [*over, *extra, f"hydra.run.dir={runs[name]}"], tmp_path)
+        assert proc.returncode == (128 + signal.SIGTERM if extra else 0), proc.stderr[-3000:]
+        if extra:
+            saved = torch.load(runs[name] / "checkpoints" / "last.ckpt", weights_only=True)["global_step"]
+            assert saved == at_step + 1, saved
+    a, b = (torch.load(runs[n] / "checkpoints" / "last.ckpt", weights_only=True) for n in runs)
+    return a, b
+
+
 class ForkedScript:
     """``python <script> <args>`` started as :func:`run_script_forked` runs it (its stdout and stderr together in the
     file ``out``), not waited for: the methods of ``subprocess.Popen`` the tests use (``pid``, ``poll``, ``wait``,

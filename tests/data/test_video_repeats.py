@@ -12,7 +12,7 @@ from hydra.utils import instantiate
 
 from tests.data.test_video import data_config, needs_av, video_root, write_video  # noqa: F401 (the fixture)
 from tests.train.test_video_first_hour import FOLDER, SHORT
-from tests.train_helpers import compose
+from tests.train_helpers import compose, straight_and_resumed
 from vitrel.data.video import ClipTransform, VideoClips
 from vitrel.data.video.clips import RepeatsCollate
 from vitrel.train.run import train
@@ -78,27 +78,14 @@ def test_a_video_run_killed_mid_epoch_resumes_as_the_uninterrupted_one(tmp_path)
     in 2 views), RandAugment and erasing drawn per view, SIGTERM at step 2 of 3, then the same command: it resumes
     mid-epoch and its weights equal the uninterrupted run's bit for bit (each clip's draws keyed by its index and
     epoch; the loader's position counted in videos, not views). Red with either fault alone (2026-12-07)."""
-    repeats = 2
-    import signal
-
-    from tests.train_helpers import run_script_forked
-
     for split, n in (("train", 3), ("val", 1)):
         for cls in ("a", "b"):
             for k in range(n):
                 write_video(tmp_path / "videos" / split / cls / f"{k}.mkv", 6, hw=(16, 16))
-    over = [*FOLDER, f"data.root={tmp_path / 'videos'}", "data.num_workers=0", f"data.clip_repeats={repeats}"]
-    over += [f"data.batch_size={2 * repeats}", "data.drop_last=true", "trainer.max_epochs=2", "logger=none"]
+    over = [*FOLDER, f"data.root={tmp_path / 'videos'}", "data.num_workers=0", "data.clip_repeats=2"]
+    over += ["data.batch_size=4", "data.drop_last=true", "trainer.max_epochs=2", "logger=none"]
     over += ["data.augment_kwargs.auto_augment=rand-m7-n2", "data.augment_kwargs.re_prob=0.5", "test=false"]
     over += ["trainer.limit_val_batches=1", "callbacks.model_checkpoint=null", "module.scheduler=null"]
-    kill = ["+callbacks.sig={_target_: train_helpers.SendSignal, at_step: 1}"]  # (saves after step 2, then exits)
-    runs = {}
-    for name, extra in (("straight", []), ("killed", kill), ("killed", [])):
-        runs[name] = tmp_path / name
-        proc = run_script_forked("train.py", [*over, *extra, f"hydra.run.dir={runs[name]}"], tmp_path)
-        assert proc.returncode == (128 + signal.SIGTERM if extra else 0), proc.stderr[-3000:]
-        if extra:
-            assert torch.load(runs[name] / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 2
-    a, b = (torch.load(runs[n] / "checkpoints" / "last.ckpt", weights_only=True) for n in runs)
+    a, b = straight_and_resumed(over, tmp_path, at_step=1)  # (SIGTERM in step 2: saved after it)
     assert a["global_step"] == b["global_step"] == 6
     assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"] if k.startswith("model."))

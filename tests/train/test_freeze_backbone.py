@@ -5,14 +5,12 @@ path)."""
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 import torch
 from torch import nn
 
 import vitrel
-from tests.train_helpers import FAST, TINY_VIT, compose, run_script_forked
+from tests.train_helpers import FAST, TINY_VIT, compose, straight_and_resumed
 from vitrel.train.freeze import PROBE_MODULES, freeze_backbone
 from vitrel.train.module import ClassifierModule
 from vitrel.train.run import train
@@ -117,15 +115,7 @@ def test_lp_ft_killed_mid_epoch_after_the_unfreeze_resumes_bit_for_bit(tmp_path)
     over = ["model=from_checkpoint", f"model.path={src / 'checkpoints' / 'last.ckpt'}", "+model.drop_path_rate=0.2"]
     over += ["module.freeze_backbone=true", "module.unfreeze_backbone_at_epoch=1", "module.scheduler=null", *FAST]
     over += [*SHORT, "trainer.max_epochs=2", "callbacks.model_checkpoint=null"]
-    kill = ["+callbacks.sig={_target_: train_helpers.SendSignal, at_step: 4}"]  # (saves after step 5, then exits)
-    runs = {}
-    for name, extra in (("straight", []), ("killed", kill), ("killed", [])):
-        runs[name] = tmp_path / name
-        proc = run_script_forked("train.py", [*over, *extra, f"hydra.run.dir={runs[name]}"], tmp_path)
-        assert proc.returncode == (128 + signal.SIGTERM if extra else 0), proc.stderr[-3000:]
-        if extra:
-            assert torch.load(runs[name] / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 5
-    a, b = (torch.load(runs[n] / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"] for n in runs)
+    a, b = (c["state_dict"] for c in straight_and_resumed(over, tmp_path, at_step=4))  # (saved after step 5)
     assert all(torch.equal(a[k], b[k]) for k in a if k.startswith("model."))
 
 

@@ -236,6 +236,15 @@ class ModuleConfig:
     unfreeze_backbone_at_epoch: int | None = None  # with freeze_backbone: all trains from this epoch on (LP-FT)
 
 
+@dataclass
+class ProbeGridModuleConfig(ModuleConfig):
+    """``vitrel.train.probe_grid.ProbeGridModule`` (``conf/module/probe_grid.yaml``): probes on a frozen backbone."""
+
+    _target_: str = "vitrel.train.probe_grid.ProbeGridModule"
+    freeze_backbone: bool = True
+    probes: list[Any] = field(default_factory=list)  # [{lr, weight_decay}, ...]: one probe each
+
+
 # ------------------------------------------------------------------------------------------- trainer
 #: Trainer arguments the config does not hold: ``train()`` sets them from ``logger``, ``callbacks`` and ``progress_bar``
 _TRAINER_SET_BY_TRAIN = ("logger", "callbacks", "enable_progress_bar")
@@ -356,6 +365,7 @@ def register_configs() -> None:
     cs.store(group="data", name="moving_fmnist_schema", node=MovingFMNISTDataConfig)
     cs.store(group="data", name="arrays_schema", node=ArraysDataConfig)
     cs.store(group="module", name="classifier_schema", node=ModuleConfig)
+    cs.store(group="module", name="probe_grid_schema", node=ProbeGridModuleConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["ClassifierModule", "train", "evaluate", "SweepSummary"]
+__all__ = ["ClassifierModule", "ProbeGridModule", "train", "evaluate", "SweepSummary"]
 
 _WHERE = {
     "ClassifierModule": "vitrel.train.module",
+    "ProbeGridModule": "vitrel.train.probe_grid",
     "train": "vitrel.train.run",
     "evaluate": "vitrel.train.evaluate",
     "SweepSummary": "vitrel.train.hydra_callbacks",

@@ -515,7 +515,10 @@ class ClassifierModule(L.LightningModule):
             if self._frozen is not None and self.unfreeze_at is not None:
                 stack.enter_context(_requiring_grad(self._frozen.params))
             groups = param_groups(self.model, self.layer_decay, base_lr)
-        opt = self.make_optimizer(params=groups)
+        return self.with_schedule(self.make_optimizer(params=groups))
+
+    def with_schedule(self, opt: Optimizer) -> Optimizer | dict:
+        """Lightning's answer for ``opt``: with ``scheduler``, stepped every optimizer step over the run's length."""
         check_float16_eps(opt)  # 16-true: AdamW's eps=1e-8 is 0 in float16, refused before a NaN at step 1
         if self.make_scheduler is None:
             return opt

@@ -6,6 +6,7 @@ the checkpoint's model holds it: ``load_model``'s head is that probe's, ``eval.p
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 
 import lightning as L
 import pytest
@@ -15,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import vitrel
 from tests.train.test_video_predict import TINY, class_videos
 from tests.train_helpers import compose
+from vitrel.config import ConfigError
 from vitrel.train.evaluate import evaluate
 from vitrel.train.module import ClassifierModule
 from vitrel.train.probe_grid import ProbeGridModule, check_probes
@@ -36,16 +38,16 @@ def _fit(module: L.LightningModule, steps: int = 4) -> None:
     data = TensorDataset(torch.randn(16, 3, 32, 32, generator=g), torch.randint(3, (16,), generator=g))
     trainer = L.Trainer(
         max_steps=steps, accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, limit_val_batches=0, num_sanity_val_steps=0,
+        enable_model_summary=False, limit_val_batches=1, num_sanity_val_steps=0,
     )  # fmt: skip
-    trainer.fit(module, DataLoader(data, batch_size=4))
+    trainer.fit(module, DataLoader(data, batch_size=4), DataLoader(data, batch_size=4))  # (val: at the end)
 
 
 @pytest.mark.parametrize("pool", ["map", "token"])
 def test_each_probe_trains_as_a_probe_trained_alone(pool):
     """Probe ``i`` of a grid, after 4 AdamW steps, equals bit for bit the head of the same model probed alone at
     probe ``i``'s learning rate (``freeze_backbone``); the backbone does not move; at the start a probe's logits are
-    the model's."""
+    the model's. (A validation at the end: a fit of the grid must validate.)"""
     grid = ProbeGridModule(_vit(pool), functools.partial(torch.optim.AdamW, lr=1.0), probes=TWO,
                            data_config={"input_size": [3, 32, 32]})  # fmt: skip
     x = torch.randn(2, 3, 32, 32)
@@ -63,7 +65,8 @@ def test_each_probe_trains_as_a_probe_trained_alone(pool):
         assert head and set(head) == set(grid.probes[i].by_name())
         for name, p in grid.probes[i].by_name().items():
             assert torch.equal(p, head[name]), (i, name)
-    assert all(torch.equal(v, backbone[k]) for k, v in grid.model.state_dict().items())  # (the head too: no val)
+    in_head = grid.probes[0].by_name()  # (val copied the best probe there)
+    assert all(torch.equal(v, backbone[k]) for k, v in grid.model.state_dict().items() if k not in in_head)
 
 
 def test_validation_copies_the_best_probe_into_the_models_head():
@@ -89,6 +92,11 @@ def test_refusals_name_the_setting():
         ProbeGridModule(_vit("map"), probes=TWO, ema=lambda m: m, compile=True)
     with pytest.raises(ValueError, match="does not take module.freeze_backbone=false"):
         ProbeGridModule(_vit("map"), probes=TWO, freeze_backbone=False)
+    grid = ProbeGridModule(_vit("map"), probes=TWO, data_config={"input_size": [3, 32, 32]})
+    for val, every in ((0, 1), (1.0, 5)):  # (no batch of val; a validation after the last epoch only)
+        grid._trainer = SimpleNamespace(limit_val_batches=val, check_val_every_n_epoch=every, max_epochs=3)
+        with pytest.raises(ConfigError, match="chooses its probe on val, which this fit never runs"):
+            grid.setup("fit")
     with pytest.raises(ValueError, match="module.probes must be a non-empty list"):
         check_probes([])
     with pytest.raises(ValueError, match=r"module.probes\[1\] must be \{lr: <rate>, weight_decay: <decay>\}"):

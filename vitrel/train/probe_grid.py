@@ -32,6 +32,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torchmetrics.classification import MulticlassAccuracy
 
+from vitrel.config import ConfigError
 from vitrel.inference import mean_softmax_log
 from vitrel.models.naflex import input_form
 from vitrel.train.data_contract import check_targets
@@ -125,6 +126,19 @@ class ProbeGridModule(ClassifierModule):
             MulticlassAccuracy(self.num_classes, top_k=1, average="micro") for _ in settings
         )
         self.probe_loss = nn.ModuleList(ImageMean() for _ in settings)
+
+    def setup(self, stage: str) -> None:
+        """The parent's, after refusing a fit that never validates: the probe is chosen on val, and without a
+        validation the model's head would stay as built (a :class:`~vitrel.config.ConfigError`)."""
+        t = self.trainer
+        every, epochs = t.check_val_every_n_epoch, t.max_epochs
+        if stage == "fit" and (t.limit_val_batches == 0 or (every and epochs not in (None, -1) and every > epochs)):
+            raise ConfigError(
+                f"module=probe_grid chooses its probe on val, which this fit never runs (trainer.limit_val_batches="
+                f"{t.limit_val_batches}, trainer.check_val_every_n_epoch={every}, trainer.max_epochs={epochs}): "
+                "validate at least once, or train one probe with module=classifier module.freeze_backbone=true"
+            )
+        super().setup(stage)
 
     def metric_names(self, test: bool = True) -> list[str]:
         names = [f"train/loss{end}" for end in ("", "_step", "_epoch")] + ["val/loss", "val/acc1", "val/best_probe"]

@@ -108,19 +108,19 @@ class ProbeGridModule(ClassifierModule):
         **kwargs: Any,
     ) -> None:
         refused = [f"module.{k} ({_REFUSED[k]})" for k in _REFUSED if kwargs.get(k) not in (None, False)]
-        if refused or kwargs.get("freeze_backbone") is False:
-            refused += ["module.freeze_backbone=false"] if kwargs.get("freeze_backbone") is False else []
+        if kwargs.get("freeze_backbone") is False:
+            refused.append("module.freeze_backbone=false")
+        if refused:
             raise ValueError(
                 f"module=probe_grid trains probes on a frozen backbone; it does not take {', '.join(refused)}"
             )
         settings = check_probes(probes)
         super().__init__(model, optimizer, scheduler, **{**kwargs, "freeze_backbone": True})
         self.hparams["probes"] = settings  # (in every checkpoint)
-        names = [n for n, _ in model.named_parameters() if n.split(".")[0] in PROBE_MODULES]
-        for n, p in model.named_parameters():
-            if n in names:  # (the model's head holds the chosen probe: copied, never stepped)
-                p.requires_grad_(False)
-        self.probes = nn.ModuleList(_Probe(model, names) for _ in settings)
+        head = {n: p for n, p in model.named_parameters() if n.split(".")[0] in PROBE_MODULES}
+        for p in head.values():  # (the model's head holds the chosen probe: copied, never stepped)
+            p.requires_grad_(False)
+        self.probes = nn.ModuleList(_Probe(model, list(head)) for _ in settings)
         self._head = (_ForwardHead(model),)
         self.probe_acc1 = nn.ModuleList(
             MulticlassAccuracy(self.num_classes, top_k=1, average="micro") for _ in settings

@@ -5,6 +5,7 @@ the checkpoint's model holds it: ``load_model``'s head is that probe's, ``eval.p
 
 from __future__ import annotations
 
+import csv
 import functools
 from types import SimpleNamespace
 
@@ -133,3 +134,7 @@ def test_train_py_keeps_the_best_probe_in_the_checkpoints_model(tmp_path):
     scored = evaluate(compose(tmp_path / "eval", over, config_name="eval"))
     assert scored["val/acc1"] == pytest.approx(metrics["val/acc1"], abs=1e-6)
     assert scored["val/loss"] == pytest.approx(metrics["val/loss"], rel=1e-5)
+    with open(tmp_path / "run" / "probes.csv", newline="") as f:  # (callbacks.probe_table: the run folder's table)
+        rows = list(csv.DictReader(f))
+    assert [(r["lr"], r["chosen"]) for r in rows] == [("0.05", str(best == 0)), ("1e-09", str(best == 1))]
+    assert [float(r["val_acc1"]) for r in rows] == pytest.approx(accs) and (tmp_path / "run" / "probes.png").is_file()

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from vitrel.models.ckpt_files import CheckpointError
 from vitrel.models.data_config import set_data_config
 
-__all__ = ["read_checkpoint", "set_clip_preprocessing", "video_vit_sizes"]
+__all__ = ["read_checkpoint", "set_clip_preprocessing", "video_vit_sizes", "weights_under"]
 
 
 def read_checkpoint(src: str | os.PathLike | dict[str, Any], kind: str, what: str) -> dict[str, Any]:
@@ -29,6 +29,18 @@ def read_checkpoint(src: str | os.PathLike | dict[str, Any], kind: str, what: st
     if not isinstance(src, dict):
         raise CheckpointError(f"a {kind} checkpoint is a dict, got {type(src).__name__}")
     return src
+
+
+def weights_under(src: dict[str, Any], key: str | None, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The weights of checkpoint ``src``: ``src[key]``, or without ``key`` those under the first of ``keys`` it has
+    (``src`` itself when it has none); a ``key`` it lacks is a :class:`CheckpointError` naming what it holds."""
+    if key is None:
+        key = next((k for k in keys if k in src), None)
+    if key is None:
+        return src
+    if key not in src:
+        raise CheckpointError(f"the checkpoint has no {key!r} (it holds {sorted(src)[:6]})")
+    return src[key]
 
 
 def video_vit_sizes(sd: dict[str, Tensor], heads: dict[int, int], num_heads: int | None, what: str) -> dict[str, Any]:

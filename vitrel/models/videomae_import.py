@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.registry import build, split_feature_args, with_features
-from vitrel.models.video_weights import read_checkpoint, set_clip_preprocessing, video_vit_sizes
+from vitrel.models.video_weights import read_checkpoint, set_clip_preprocessing, video_vit_sizes, weights_under
 
 __all__ = ["VIDEOMAE_SIZES", "from_videomae", "videomae_state_dict"]
 
@@ -65,12 +65,7 @@ def _read(src: str | os.PathLike | dict[str, Any], key: str | None) -> tuple[dic
     if isinstance(src, (str, os.PathLike)) and (Path(src).is_dir() or Path(src).suffix in (".safetensors", ".bin")):
         src, config = _hf_files(Path(src))
     src = read_checkpoint(src, "VideoMAE", "a VideoMAE checkpoint, e.g. checkpoint.pth")
-    if key is None:
-        key = next((k for k in ("model", "module") if k in src), None)
-    if key is not None:
-        if key not in src:
-            raise CheckpointError(f"the checkpoint has no {key!r} (it holds {sorted(src)[:6]})")
-        src = src[key]
+    src = weights_under(src, key, ("model", "module"))
     sd = {}
     for k, v in _from_hf_names(src).items():  # (Hugging Face's names first: its blocks are under "encoder.layer.")
         if k.startswith(_PRETRAINING):

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.models.registry import build, split_feature_args, with_features
-from vitrel.models.video_weights import read_checkpoint, set_clip_preprocessing, video_vit_sizes
+from vitrel.models.video_weights import read_checkpoint, set_clip_preprocessing, video_vit_sizes, weights_under
 
 __all__ = ["RELEASED", "RELEASED_PROBES", "VJEPA2_URL", "from_vjepa2", "vjepa2_probe_state_dict", "vjepa2_state_dict"]
 
@@ -104,12 +104,7 @@ def vjepa2_state_dict(src: str | os.PathLike | dict[str, Any], key: str | None =
     (default ``"target_encoder"``, the EMA encoder their evaluations read, else ``"encoder"``), or the state dict
     itself, with their ``module.`` and ``backbone.`` prefixes removed."""
     src = read_checkpoint(src, "V-JEPA 2", f"a V-JEPA 2 checkpoint, e.g. vitl.pt from {VJEPA2_URL}")
-    if key is None:
-        key = next((k for k in ("target_encoder", "encoder") if k in src), None)
-    if key is not None:
-        if key not in src:
-            raise CheckpointError(f"the checkpoint has no {key!r} (it holds {sorted(src)[:6]})")
-        src = src[key]
+    src = weights_under(src, key, ("target_encoder", "encoder"))
     sd = {k.replace("module.", "").replace("backbone.", ""): v for k, v in src.items()}
     if "patch_embed.proj.weight" not in sd or not all(isinstance(v, Tensor) for v in sd.values()):
         raise CheckpointError(

@@ -135,6 +135,8 @@ def test_refusals_name_what_does_not_fit(tmp_path):
         vitrel.from_videomae({"model": sd | {"norm.weight": torch.ones(DIM)}}, num_heads=HEADS)
     with pytest.raises(CheckpointError, match="no such file"):
         vitrel.from_videomae(tmp_path / "missing.pth")
+    with pytest.raises(CheckpointError, match=r"the checkpoint has no 'ema' \(it holds \['model'\]\)"):
+        vitrel.from_videomae({"model": sd}, key="ema", num_heads=HEADS)
     with pytest.raises(ValueError, match="VideoMAE's checkpoints are on cloud drives"):
         vitrel.create_model("vitrel_vit_video_tiny_patch4_32", init_from="videomae:vit_small")
 

@@ -295,3 +295,29 @@ def test_val_of_weights_that_record_no_split_warns_with_val_fraction_null(tmp_pa
     with caplog.at_level("WARNING", logger="vitrel.train.evaluate"):
         _warn_unknown_val_split(Path("export"), cfg.data, {}, None)
     assert "split=val: export records no val split (a .ckpt does)" in caplog.text, caplog.text
+
+
+def test_a_full_fashion_mnist_run_is_not_scored_on_the_shipped_subset(tmp_path):
+    """``train.py data=fashion_mnist_full``, then ``eval.py ckpt_path=<run>`` without ``data=``: the default group's
+    images (the shipped 2k-test subset, 10 classes, 1 channel, as the run's) were scored in their place, silently,
+    and with ``split=val`` a hold-out of which 914 of 1,000 images the run trained on. Refused, naming the run's
+    data, which then scores the run's test; the checkpoint moved out of its run folder, ``split=val`` is refused on
+    the subset's hold-out (its split record says 60,000 training samples, not 10,000)."""
+    run = tmp_path / "run"
+    limits = ["trainer.limit_train_batches=2", "trainer.limit_val_batches=1", "trainer.limit_test_batches=2"]
+    trained = _train_py(run, [*TINY_VIT, *FAST, "data=fashion_mnist_full", *limits])
+    ckpt = run / "checkpoints" / "last.ckpt"
+    ev = [*EVAL, "data.eval_batch_size=16", "trainer.limit_test_batches=2"]  # (the run's 2 test batches)
+    with pytest.raises(ValueError, match=r"last.ckpt was trained on data=fashion_mnist_full, but eval.py scores "
+                       r"data=fashion_mnist unless told: .* data=fashion_mnist_full \(its run's "):  # fmt: skip
+        _eval(tmp_path, "default", ckpt, ev)
+    assert not (tmp_path / "default" / "eval_metrics.json").exists()
+    metrics, res, _ = _eval(tmp_path, "full", ckpt, ["data=fashion_mnist_full", *ev])
+    assert res["split_images"] == 10_000 and metrics["test/loss"] == pytest.approx(trained["test/loss"], rel=1e-5)
+    moved = tmp_path / "moved.ckpt"
+    shutil.copy(ckpt, moved)
+    with pytest.raises(ValueError, match=r"split=val: moved.ckpt's run held out 0.1 of 60000 training samples \(seed "
+                       r"0\), this data 0.1 of 10000 training samples \(seed 0\): another hold-out"):  # fmt: skip
+        _eval(tmp_path, "moved", moved, ["split=val", *ev])
+    _, res, _ = _eval(tmp_path, "moved_full", moved, ["data=fashion_mnist_full", "split=val", *ev])
+    assert res["split_images"] == 6_000

@@ -221,6 +221,9 @@ def test_eval_on_other_data_names_the_data_the_run_trained_on(tmp_path):
     ckpt = run / "checkpoints" / "last.ckpt"
     with pytest.raises(ValueError) as refused:  # (eval.py's evaluate(), in-process)
         evaluate(compose(tmp_path / "eval", [f"ckpt_path={ckpt}"], config_name="eval"))
+    assert "was trained on data=imagenet, but eval.py scores data=fashion_mnist unless told" in str(refused.value)
+    with pytest.raises(ValueError) as refused:  # (data= given: its classes)
+        evaluate(compose(tmp_path / "eval", [f"ckpt_path={ckpt}", "data=fashion_mnist"], config_name="eval"))
     assert "classifies 3 classes but FashionMNISTDataModule has 10 (data=fashion_mnist)" in str(refused.value)
     hint = re.search(r"trained on, (data=imagenet data\.root=\S+) \(its run's ", str(refused.value))
     assert hint is not None, str(refused.value)

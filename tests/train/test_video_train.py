@@ -87,11 +87,14 @@ def test_eval_refuses_images_for_a_video_checkpoint(video_sweep, tmp_path):
     from vitrel.train.evaluate import evaluate
 
     ckpt = video_sweep / "checkpoints" / "last.ckpt"
-    cfg = compose(tmp_path, [f"ckpt_path={ckpt}", *FAST[:1], *FAST[2:4]], config_name="eval")
-    # (the data to give eval.py, not train.py's advice to pick another model: eval.py has no model=)
-    with pytest.raises(ValueError, match=r"gives images .* is a video model .*: score it on the data it was trained "
-                       r"on, data=moving_fmnist \(its run's .*config.yaml\)$"):  # fmt: skip
-        evaluate(cfg)
+    # (the data to give eval.py, not train.py's advice to pick another model: eval.py has no model=); without
+    # data=, the run's data is named first; with data=fashion_mnist given, the images themselves are refused
+    said = r"score it on the data it was trained on, data=moving_fmnist \(its run's .*config.yaml\)$"
+    for given, why in (([], r"trained on data=moving_fmnist, but eval.py scores data=fashion_mnist unless told: "),
+                       (["data=fashion_mnist"], r"gives images .* is a video model .*: ")):  # fmt: skip
+        cfg = compose(tmp_path, [f"ckpt_path={ckpt}", *given, *FAST[:1], *FAST[2:4]], config_name="eval")
+        with pytest.raises(ValueError, match=why + said):
+            evaluate(cfg)
     assert not (tmp_path / "eval_metrics.json").exists()
 
 

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 from timm.layers import to_2tuple
 
+from vitrel.config import ConfigError
 from vitrel.data.normalisation import Normalisation
 from vitrel.models.data_config import clip_field
 from vitrel.models.run_record import loader_used
@@ -32,10 +33,12 @@ __all__ = [
     "RUN_DATA_KEYS",
     "STORED_PREPROCESSING",
     "VAL_SPLIT_KEYS",
+    "check_run_data",
     "is_given",
     "loader_used",
     "run_settings",
     "stored_split",
+    "stored_split_record",
     "take_run_data",
     "trained_clips",
     "trained_data",
@@ -109,11 +112,18 @@ def stored_split(ckpt: Path, data_cfg: DictConfig) -> dict[str, Any]:
     module's state Lightning saves, ``VisionDataModule.state_dict``) when it was written by the data module of
     ``data_cfg``: they win over the run folder's record, which a later command in that folder rewrites. Empty for
     other files (exports, weights) and checkpoints written before vitrel kept the split."""
+    record = stored_split_record(ckpt, data_cfg)
+    return {k: record[k] for k in VAL_SPLIT_KEYS if k in record}
+
+
+def stored_split_record(ckpt: Path, data_cfg: DictConfig) -> dict[str, Any]:
+    """The whole split record :func:`stored_split` reads (:func:`~vitrel.data.datasets.split_record`: with the
+    ``pool`` of training samples it was drawn from and the ``val_digest`` of the held-out indices); empty where
+    there is none."""
     if ckpt.suffix != ".ckpt" or not ckpt.is_file() or not data_cfg.get("_target_"):
         return {}
     state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-    record = (state.get(get_class(str(data_cfg._target_)).__qualname__) or {}).get("split") or {}
-    return {k: record[k] for k in VAL_SPLIT_KEYS if k in record}
+    return dict((state.get(get_class(str(data_cfg._target_)).__qualname__) or {}).get("split") or {})
 
 
 def run_settings(
@@ -175,6 +185,26 @@ def _same_data(run: DictConfig, data_cfg: DictConfig) -> bool:
     the other)."""
     name = run.data.get("name") if run.get("data") is not None else None
     return name is not None and name == data_cfg.get("name")
+
+
+def check_run_data(ckpt: Path, run: DictConfig | None, data_cfg: DictConfig, fix: str) -> str:
+    """Whether the data scored is the data of the run that wrote ``ckpt`` (``data.name`` of its record ``run``).
+    Without ``data=`` on the command line, another data set is a :class:`~vitrel.config.ConfigError` naming the
+    run's (``fix``: :func:`trained_data`): eval.py's default group would be scored in its place, silently when
+    classes and channels agree (a ``fashion_mnist_full`` run scored on the shipped subset, whose val split holds
+    images that run trained on). With ``data=`` given, the warning to log (none of the run's data settings are
+    taken); empty when the data is the run's, or the run's record names none."""
+    name = run.data.get("name") if run is not None and run.get("data") is not None else None
+    if name is None or name == data_cfg.get("name"):
+        return ""
+    if not is_given("data"):
+        raise ConfigError(
+            f"{ckpt} was trained on data={name}, but eval.py scores data={data_cfg.get('name')} unless told: {fix}"
+        )
+    return (
+        f"scoring data={data_cfg.get('name')}, not the data {ckpt.name}'s run trained on (data={name}): none of "
+        "the run's data settings are taken, and a val split held out of train may hold images the run trained on"
+    )
 
 
 def _literal_run_path(raw: Any, record: Path) -> str | None:

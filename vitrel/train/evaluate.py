@@ -64,9 +64,10 @@ from vitrel.train.data_contract import (
 from vitrel.train.eval_data import (
     CLIP_KEYS,
     VAL_SPLIT_KEYS,
+    check_run_data,
     is_given,
     run_settings,
-    stored_split,
+    stored_split_record,
     take_run_data,
     trained_channels,
     trained_clips,
@@ -190,6 +191,25 @@ def _warn_unknown_val_split(ckpt: Path, data_cfg: DictConfig, split: dict[str, A
     )
 
 
+def _check_val_split_is_the_runs(ckpt: Path, dm: L.LightningDataModule, theirs: dict[str, Any], fix: str) -> None:
+    """``split=val`` of the run's data: the hold-out scored is the one the run held out of train, as ``ckpt`` records
+    it (``theirs``: :func:`~vitrel.train.eval_data.stored_split_record`), unless ``data.seed`` / ``data.val_fraction``
+    are given (warned by :func:`_warn_other_val_split`). Else a :class:`ConfigError`: the hold-out of other data (a
+    ``fashion_mnist_full`` checkpoint out of its run folder scored on the default ``fashion_mnist``, whose hold-out
+    is mostly images that run trained on)."""
+    if "pool" not in theirs or not hasattr(dm, "split_record") or any(is_given(f"data.{k}") for k in VAL_SPLIT_KEYS):
+        return
+    mine = dm.split_record()
+    if mine == theirs:
+        return
+    then, now = (f"{r.get('val_fraction')} of {r.get('pool')} training samples" for r in (theirs, mine))
+    raise ConfigError(
+        f"split=val: {ckpt.name}'s run held out {then} (seed {theirs.get('seed')}), this data {now} (seed "
+        f"{mine.get('seed')}): another hold-out than the run's, which may hold images it trained on; {fix}, or score "
+        "split=test"
+    )
+
+
 def _check_data_matches(ckpt: Path, stored: dict, dm: L.LightningDataModule, data_cfg: DictConfig, fix: str) -> None:
     """The data gives the model's classes and channels; else a :class:`ConfigError` naming the data to give instead
     (``fix``: :func:`~vitrel.train.eval_data.trained_data`), or, for data that makes either channel count
@@ -301,8 +321,12 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     saved = stored_config(ckpt) or {}
     # what the checkpoint and its run folder tell, read once: the run's record, the data config and split stored
     record, stored_data = run_record(ckpt), stored_data_config(ckpt) or {}
-    held = stored_split(ckpt, cfg.data)
+    held_record = stored_split_record(ckpt, cfg.data)
+    held = {k: held_record[k] for k in VAL_SPLIT_KEYS if k in held_record}
     fix = trained_data(record)
+    other_data = check_run_data(ckpt, record[1], cfg.data, fix)  # (another data set than the run's: given, or refused)
+    if other_data and rank_zero_only.rank == 0:
+        log.warning(other_data)
     # what the command line leaves to the data group's defaults, taken from the checkpoint's run instead (logged):
     # first which samples and how preprocessed (a canvas or NaFlex batches decide the size below)
     settings, given, where = run_settings(ckpt, record, stored_data, held, cfg.data)
@@ -371,6 +395,8 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         enable_checkpointing=False,
     )
     dm.setup("test" if split == "test" else "validate")
+    if split == "val" and not other_data:
+        _check_val_split_is_the_runs(ckpt, dm, held_record, fix)
     scored = _SplitData(dm, split)
     res = trainer.test(module, datamodule=scored, verbose=False)
     tested = figures.take(trainer, "test")

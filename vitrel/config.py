@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, make_dataclass
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
@@ -44,6 +44,8 @@ __all__ = [
     "TEMPLATE_KEYS",
     "template_key",
     "check_moved_keys",
+    "check_partial_keys",
+    "check_seed",
     "check_trainer_keys",
     "check_top_keys",
     "nearest_keys",
@@ -205,6 +207,20 @@ class AdamWConfig:
 
 
 @dataclass
+class SGDConfig:
+    """``module/optimizer=sgd``: ``torch.optim.SGD``, completed by the module with the parameter groups."""
+
+    _target_: str = "torch.optim.SGD"
+    _partial_: bool = True
+    lr: float = 0.1
+    weight_decay: float = 1.0e-4
+    momentum: float = 0.9
+    nesterov: bool = True
+    dampening: float = 0.0
+    fused: bool | None = None
+
+
+@dataclass
 class WarmupCosineConfig:
     """``module.scheduler``: ``vitrel.train.optim.warmup_cosine`` (null: a constant rate)."""
 
@@ -222,7 +238,10 @@ class ModuleConfig:
 
     _target_: str = "vitrel.train.module.ClassifierModule"
     _convert_: str = "all"
-    optimizer: AdamWConfig = field(default_factory=AdamWConfig)
+    # conf/module/optimizer/<name>.yaml, typed by its own schema (adamw_schema, sgd_schema); the default's keys are
+    # those the hints for a misspelled key look through (schema_keys). MISSING: merged after the group (the probe
+    # grid's schema, after the classifier's file), it leaves the group's node as it is
+    optimizer: Any = field(default=MISSING, metadata={"schema": AdamWConfig})
     scheduler: WarmupCosineConfig | None = field(default_factory=WarmupCosineConfig)
     label_smoothing: float = 0.0
     mixup: Any = None  # module/mixup=default: a timm.data.Mixup node; naflex: a timm NaFlexMixup node
@@ -366,6 +385,8 @@ def register_configs() -> None:
     cs.store(group="data", name="arrays_schema", node=ArraysDataConfig)
     cs.store(group="module", name="classifier_schema", node=ModuleConfig)
     cs.store(group="module", name="probe_grid_schema", node=ProbeGridModuleConfig)
+    cs.store(group="module/optimizer", name="adamw_schema", node=AdamWConfig)
+    cs.store(group="module/optimizer", name="sgd_schema", node=SGDConfig)
     cs.store(group="trainer", name="trainer_schema", node=TrainerConfig)
 
 
@@ -479,6 +500,42 @@ def check_trainer_keys(trainer: DictConfig) -> None:
         raise ConfigError("; ".join(said))
 
 
+def check_partial_keys(node: Any, key: str, given: Sequence[str] = ("params",)) -> None:
+    """A :class:`ConfigError` naming the nearest arguments when the ``_partial_`` node at ``key``
+    (``module.optimizer``, ``module.scheduler``) holds a key its ``_target_`` does not take (``given``: those its
+    caller passes): ``+module.optimizer.momentum=0.9`` on AdamW, or ``module.optimizer._target_=torch.optim.SGD``
+    with AdamW's ``betas``, were a ``TypeError`` inside Hydra's error once the fit began, its run folder made."""
+    import difflib
+
+    from hydra.utils import get_method
+
+    if not isinstance(node, DictConfig) or not node.get("_target_"):
+        return
+    target = str(node._target_)
+    try:
+        takes = inspect.signature(get_method(target)).parameters
+    except Exception:  # noqa: BLE001  (not importable, no signature: Hydra's own error, at the build)
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values()):
+        return
+    names = sorted(set(takes) - {"self", *given})
+    wrong = [k for k in node if k not in takes and not (k.startswith("_") and k.endswith("_"))]
+    said = []
+    for k in wrong:
+        near = difflib.get_close_matches(k, names, n=2, cutoff=0.75)
+        hint = f"did you mean {' or '.join(f'{key}.{n}' for n in near)}?" if near else f"it takes {', '.join(names)}"
+        said.append(f"{key}.{k}: {target} takes no {k}; {hint}")
+    if said:
+        raise ConfigError("; ".join(said))
+
+
+def check_seed(seed: Any) -> None:
+    """``seed`` a whole number numpy and Lightning take (0 to 2**32 - 1); else a :class:`ConfigError` (Lightning's
+    ``seed_everything`` refused it in a traceback)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:
+        raise ConfigError(f"seed={seed}: a seed is a whole number from 0 to {2**32 - 1} (numpy's and Lightning's)")
+
+
 def check_top_keys(cfg: DictConfig, schema: type, script: str) -> None:
     """A :class:`ConfigError` naming the nearest keys when ``cfg`` holds a top-level key that ``schema`` (the script's
     config class) lacks and no interpolation reads: Hydra lets ``+epochs=3`` (or an experiment's file) add any key
@@ -514,10 +571,11 @@ def nearest_keys(key: str, paths: Iterable[str], n: int = 3) -> list[str]:
 
 
 def schema_keys(schema: type, prefix: str = "") -> list[str]:
-    """The dotted keys of a schema dataclass, nested schemas walked (``ModuleConfig``: ``optimizer.lr`` ...)."""
-    out = []
+    """The dotted keys of a schema dataclass, nested schemas walked (``ModuleConfig``: ``optimizer.lr`` ...; a field
+    of a config group, typed ``Any``, by the schema its ``metadata`` names)."""
+    out, named = [], {f.name: f.metadata["schema"] for f in dataclasses.fields(schema) if "schema" in f.metadata}
     for name, hint in get_type_hints(schema).items():
-        inner = [t for t in (hint, *get_args(hint)) if dataclasses.is_dataclass(t)]
+        inner = [named[name]] if name in named else [t for t in (hint, *get_args(hint)) if dataclasses.is_dataclass(t)]
         out += schema_keys(inner[0], f"{prefix}{name}.") if inner else [f"{prefix}{name}"]
     return out
 

@@ -43,6 +43,7 @@ from vitrel.config import (
     ConfigError,
     EvalConfig,
     check_moved_keys,
+    check_seed,
     check_top_keys,
     check_trainer_keys,
     data_val_fraction,
@@ -300,6 +301,10 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_accelerator(cfg.trainer, "evaluate")  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()
+    check_seed(cfg.seed)  # (seed=-1: Lightning's traceback)
+    split = str(cfg.get("split", "test"))
+    if split not in ("test", "val"):
+        raise ConfigError(f"split={split}: eval.py scores split=test (the default) or split=val")
     L.seed_everything(int(cfg.seed), workers=True)
     apply_matmul_precision(cfg)
     ckpt = Path(str(cfg.ckpt_path)).expanduser()
@@ -312,9 +317,6 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
             f"{ckpt} is a torch.export program: eval.py rebuilds the model from its weights and does not read "
             f"programs (predict.py does): give ckpt_path={weights}"
         )
-    split = str(cfg.get("split", "test"))
-    if split not in ("test", "val"):
-        raise ValueError(f"split must be test or val, got {split!r}")
     # the weights scored: an export's own (recorded; None where it records none), a .ckpt's as ema= says
     use_ema = weights_ema(ckpt, cfg.get("ema", "auto"), strict=True)
 

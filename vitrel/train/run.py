@@ -31,7 +31,16 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from vitrel.config import ConfigError, TrainConfig, check_moved_keys, check_resume, check_top_keys, check_trainer_keys
+from vitrel.config import (
+    ConfigError,
+    TrainConfig,
+    check_moved_keys,
+    check_partial_keys,
+    check_resume,
+    check_seed,
+    check_top_keys,
+    check_trainer_keys,
+)
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.build import (
     adopt_preprocessing,
@@ -181,6 +190,13 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     check_top_keys(cfg, TrainConfig, "train.py")  # +epochs=3: composed and ignored
     check_resume(cfg)  # resume=true: before anything is built
     check_trainer_keys(cfg.trainer)  # +trainer.max_epoch=1: Lightning's TypeError after the run has begun
+    for key in ("optimizer", "scheduler"):  # +module.optimizer.momentum=0.9 on AdamW: a TypeError at the fit
+        check_partial_keys(
+            cfg.module.get(key),
+            f"module.{key}",
+            ("params",) if key == "optimizer" else ("optimizer", "total_steps", "steps_per_epoch"),
+        )
+    check_seed(cfg.seed)  # seed=-1: Lightning's traceback
     check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     check_spawn_ema(cfg)  # trainer=ddp_spawn module/ema=default: every rank would die as it starts
     check_overfit_loader(cfg)  # trainer.overfit_batches with the memory loader: Lightning's traceback

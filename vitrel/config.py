@@ -44,7 +44,7 @@ __all__ = [
     "TEMPLATE_KEYS",
     "template_key",
     "check_moved_keys",
-    "check_partial_keys",
+    "check_target_keys",
     "check_seed",
     "check_trainer_keys",
     "check_top_keys",
@@ -500,11 +500,27 @@ def check_trainer_keys(trainer: DictConfig) -> None:
         raise ConfigError("; ".join(said))
 
 
-def check_partial_keys(node: Any, key: str, given: Sequence[str] = ("params",)) -> None:
-    """A :class:`ConfigError` naming the nearest arguments when the ``_partial_`` node at ``key``
-    (``module.optimizer``, ``module.scheduler``) holds a key its ``_target_`` does not take (``given``: those its
-    caller passes): ``+module.optimizer.momentum=0.9`` on AdamW, or ``module.optimizer._target_=torch.optim.SGD``
-    with AdamW's ``betas``, were a ``TypeError`` inside Hydra's error once the fit began, its run folder made."""
+def _arguments(target: Any) -> dict[str, inspect.Parameter] | None:
+    """The keyword arguments ``target`` takes; None where it takes any (``**kwargs``), except for vitrel's own
+    classes, whose ``**kwargs`` go to their base class's ``__init__`` (the data modules'): theirs are added, up the
+    MRO, to the first without ``**kwargs``."""
+    owner = target if inspect.isclass(target) and target.__module__.startswith("vitrel.") else None
+    chain = [c.__init__ for c in owner.__mro__ if "__init__" in vars(c)] if owner is not None else [target]
+    out: dict[str, inspect.Parameter] = {}
+    for fn in chain:
+        params = inspect.signature(fn).parameters
+        out |= {k: p for k, p in params.items() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+        if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return out
+    return None
+
+
+def check_target_keys(node: Any, key: str, given: Sequence[str] = (), ignore: Sequence[str] = ()) -> None:
+    """A :class:`ConfigError` naming the nearest arguments when the node at ``key`` holds a key its ``_target_`` does
+    not take (``given``: the arguments its caller passes, left out of the hint; ``ignore``: keys the caller takes
+    away, as ``data.name``). ``+module.optimizer.momentum=0.9`` on AdamW, ``module.optimizer._target_=torch.optim.SGD``
+    with AdamW's ``betas`` or ``+data.batchsize=32`` were a ``TypeError`` inside Hydra's error, the first two once
+    the fit began, its run folder made. A target taking ``**kwargs`` (``vitrel.create_model``) is not checked."""
     import difflib
 
     from hydra.utils import get_method
@@ -513,13 +529,14 @@ def check_partial_keys(node: Any, key: str, given: Sequence[str] = ("params",)) 
         return
     target = str(node._target_)
     try:
-        takes = inspect.signature(get_method(target)).parameters
+        takes = _arguments(get_method(target))
     except Exception:  # noqa: BLE001  (not importable, no signature: Hydra's own error, at the build)
         return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values()):
+    if takes is None:
         return
     names = sorted(set(takes) - {"self", *given})
-    wrong = [k for k in node if k not in takes and not (k.startswith("_") and k.endswith("_"))]
+    skip = set(ignore)
+    wrong = [k for k in node if k not in takes and k not in skip and not (k.startswith("_") and k.endswith("_"))]
     said = []
     for k in wrong:
         near = difflib.get_close_matches(k, names, n=2, cutoff=0.75)

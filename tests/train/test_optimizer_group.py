@@ -1,6 +1,6 @@
 """``module/optimizer``: AdamW (the default) or SGD with Nesterov momentum (timm's ``sgd``), each typed by its own
-schema; keys an optimizer or the schedule does not take, and a seed numpy does not, are one-line refusals before
-the run starts (they were a ``TypeError`` inside Hydra's error once the fit began, a Lightning traceback)."""
+schema; keys an optimizer, the schedule or the data module does not take, and a seed numpy does not, are one-line
+refusals before the run starts (they were a ``TypeError`` inside Hydra's error, a Lightning traceback)."""
 
 from __future__ import annotations
 
@@ -35,6 +35,8 @@ def test_sgd_trains_with_nesterov_momentum_and_the_decay_groups(tmp_path):
         ("+module.scheduler.warmup_epoch=2", r"^module.scheduler.warmup_epoch: vitrel.train.optim.warmup_cosine takes "
          r"no warmup_epoch; did you mean module.scheduler.warmup_epochs or module.scheduler.warmup_steps\?$"),
         ("seed=-1", r"^seed=-1: a seed is a whole number from 0 to 4294967295"),
+        ("+data.batchsize=32", r"^data.batchsize: vitrel.data.FashionMNISTDataModule takes no batchsize; did you "
+         r"mean data.batch_size or data.patch_size\?$"),
     ],
 )  # fmt: skip
 def test_settings_the_run_cannot_take_are_refused_before_it_starts(tmp_path, override, said):

@@ -44,6 +44,7 @@ from vitrel.config import (
     EvalConfig,
     check_moved_keys,
     check_seed,
+    check_target_keys,
     check_top_keys,
     check_trainer_keys,
     data_val_fraction,
@@ -298,6 +299,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_top_keys(cfg, EvalConfig, "eval.py")  # +split_name=val: composed and ignored
     launch_paths(cfg, EVAL_PATHS)  # ckpt_path=runs/a: the launch folder's, also under hydra.job.chdir=true
     check_trainer_keys(cfg.trainer)
+    check_target_keys(cfg.data, "data", ignore=("name",))  # +data.batchsize=32: the data module's TypeError
     check_accelerator(cfg.trainer, "evaluate")  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()

@@ -35,9 +35,9 @@ from vitrel.config import (
     ConfigError,
     TrainConfig,
     check_moved_keys,
-    check_partial_keys,
     check_resume,
     check_seed,
+    check_target_keys,
     check_top_keys,
     check_trainer_keys,
 )
@@ -191,11 +191,12 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     check_resume(cfg)  # resume=true: before anything is built
     check_trainer_keys(cfg.trainer)  # +trainer.max_epoch=1: Lightning's TypeError after the run has begun
     for key in ("optimizer", "scheduler"):  # +module.optimizer.momentum=0.9 on AdamW: a TypeError at the fit
-        check_partial_keys(
+        check_target_keys(
             cfg.module.get(key),
             f"module.{key}",
             ("params",) if key == "optimizer" else ("optimizer", "total_steps", "steps_per_epoch"),
         )
+    check_target_keys(cfg.data, "data", ignore=("name",))  # +data.batchsize=32: the data module's TypeError
     check_seed(cfg.seed)  # seed=-1: Lightning's traceback
     check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     check_spawn_ema(cfg)  # trainer=ddp_spawn module/ema=default: every rank would die as it starts

@@ -43,8 +43,6 @@ from vitrel.config import (
     ConfigError,
     EvalConfig,
     check_moved_keys,
-    check_seed,
-    check_target_keys,
     check_top_keys,
     check_trainer_keys,
     data_val_fraction,
@@ -84,6 +82,7 @@ from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages, progress_bar_kind, progress_callbacks
 from vitrel.train.resume import missing_checkpoint
 from vitrel.train.run_figures import RunFigures
+from vitrel.train.target_keys import check_seed, check_target_keys
 from vitrel.train.utils import (
     apply_matmul_precision,
     check_accelerator,

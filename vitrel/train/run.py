@@ -36,8 +36,6 @@ from vitrel.config import (
     TrainConfig,
     check_moved_keys,
     check_resume,
-    check_seed,
-    check_target_keys,
     check_top_keys,
     check_trainer_keys,
 )
@@ -95,6 +93,7 @@ from vitrel.train.run_times import RunTimes
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, test_limit, tested_part
 from vitrel.train.sweepers import BASIC_SWEEPER
+from vitrel.train.target_keys import check_seed, check_target_keys
 from vitrel.train.utils import (
     apply_matmul_precision,
     check_accelerator,

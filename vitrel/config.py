@@ -44,7 +44,6 @@ __all__ = [
     "TEMPLATE_KEYS",
     "template_key",
     "check_moved_keys",
-    "check_trainer_keys",
     "check_top_keys",
     "nearest_keys",
     "schema_keys",
@@ -264,7 +263,7 @@ class ProbeGridModuleConfig(ModuleConfig):
 
 # ------------------------------------------------------------------------------------------- trainer
 #: Trainer arguments the config does not hold: ``train()`` sets them from ``logger``, ``callbacks`` and ``progress_bar``
-_TRAINER_SET_BY_TRAIN = ("logger", "callbacks", "enable_progress_bar")
+TRAINER_SET_BY_TRAIN = ("logger", "callbacks", "enable_progress_bar")
 TRAINER_DOCS = "https://lightning.ai/docs/pytorch/stable/common/trainer.html#trainer-flags"
 #: Lightning's unions that OmegaConf cannot hold, as the one type a config spells them in (``32`` is read as ``"32"``)
 _TRAINER_SPELLED = {"accelerator": str, "precision": str | None, "gradient_clip_val": float | None,
@@ -285,14 +284,14 @@ def _schema_type(hint: Any) -> Any:
 
 def _trainer_config() -> type:
     """``lightning.pytorch.Trainer``'s arguments with Lightning's defaults and types, read from its signature (so the
-    schema follows the installed Lightning), but :data:`_TRAINER_SET_BY_TRAIN`."""
+    schema follows the installed Lightning), but :data:`TRAINER_SET_BY_TRAIN`."""
     from lightning.pytorch import Trainer
 
     hints = get_type_hints(Trainer.__init__)
     # (_convert_: plain dicts and lists, as Lightning takes them: max_time={hours: 1} is timedelta(**dict))
     fields = [("_target_", str, "lightning.pytorch.Trainer"), ("_convert_", str, field(default="all"))]
     for name, p in inspect.signature(Trainer.__init__).parameters.items():
-        if name != "self" and name not in _TRAINER_SET_BY_TRAIN:
+        if name != "self" and name not in TRAINER_SET_BY_TRAIN:
             fields.append((name, _TRAINER_SPELLED.get(name) or _schema_type(hints[name]), field(default=p.default)))
     cls = make_dataclass("TrainerConfig", fields)
     cls.__module__, cls.__doc__ = __name__, _trainer_config.__doc__
@@ -476,26 +475,6 @@ def check_moved_keys(cfg: DictConfig) -> None:
     said = ["keys of vitrel 0.1 that moved (docs/training.md lists them): " + "; ".join(found) + "."] if found else []
     if said or theirs:
         raise ConfigError(" ".join([*said, *(f"{t}." for t in theirs), "Use the new keys."]))
-
-
-def check_trainer_keys(trainer: DictConfig) -> None:
-    """A :class:`ConfigError` naming the nearest arguments when ``trainer`` holds a key Lightning's ``Trainer`` does
-    not take: Hydra lets ``+trainer.max_epoch=1`` (and an experiment's file) add any key to the typed node, and
-    Lightning then refuses it after the run has started, inside Hydra's error (``unexpected keyword argument``)."""
-    import difflib
-
-    from lightning.pytorch import Trainer
-
-    takes = set(inspect.signature(Trainer.__init__).parameters) - {"self"}
-    wrong = [k for k in trainer if not (k in takes or (k.startswith("_") and k.endswith("_")))]  # (_target_ ...)
-    said = []
-    for key in wrong:
-        near = difflib.get_close_matches(key, sorted(takes - set(_TRAINER_SET_BY_TRAIN)), n=3, cutoff=0.75)
-        meant = " or ".join(f"trainer.{n}" for n in near)
-        hint = f"did you mean {meant}?" if near else f"its arguments: {TRAINER_DOCS}"
-        said.append(f"trainer.{key}: Lightning's Trainer takes no {key}; {hint}")
-    if said:
-        raise ConfigError("; ".join(said))
 
 
 def check_top_keys(cfg: DictConfig, schema: type, script: str) -> None:

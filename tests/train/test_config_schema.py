@@ -360,7 +360,8 @@ def test_an_added_trainer_key_lightning_lacks_is_refused_naming_the_nearest(tmp_
     from omegaconf import OmegaConf
 
     from tests.train_helpers import run_script_forked
-    from vitrel.config import ConfigError, check_trainer_keys
+    from vitrel.config import ConfigError
+    from vitrel.train.target_keys import check_trainer_keys
 
     r = run_script_forked("train.py", ["+trainer.max_epoch=1", f"hydra.run.dir={tmp_path}/r"], cwd=tmp_path)
     assert r.returncode == 1

@@ -44,7 +44,6 @@ from vitrel.config import (
     EvalConfig,
     check_moved_keys,
     check_top_keys,
-    check_trainer_keys,
     data_val_fraction,
 )
 from vitrel.data.unreadable import ReportUnreadable
@@ -82,7 +81,7 @@ from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages, progress_bar_kind, progress_callbacks
 from vitrel.train.resume import missing_checkpoint
 from vitrel.train.run_figures import RunFigures
-from vitrel.train.target_keys import check_seed, check_target_keys
+from vitrel.train.target_keys import check_keys_taken, check_seed
 from vitrel.train.utils import (
     apply_matmul_precision,
     check_accelerator,
@@ -297,8 +296,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     check_moved_keys(cfg)
     check_top_keys(cfg, EvalConfig, "eval.py")  # +split_name=val: composed and ignored
     launch_paths(cfg, EVAL_PATHS)  # ckpt_path=runs/a: the launch folder's, also under hydra.job.chdir=true
-    check_trainer_keys(cfg.trainer)
-    check_target_keys(cfg.data, "data", ignore=("name",))  # +data.batchsize=32: the data module's TypeError
+    check_keys_taken(cfg)  # +trainer.max_epoch=1, +data.batchsize=32: a TypeError once the run has begun
     check_accelerator(cfg.trainer, "evaluate")  # trainer=gpu on a machine without one: what to run instead
     t0 = time.time()
     route_lightning_logs()

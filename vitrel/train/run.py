@@ -37,7 +37,6 @@ from vitrel.config import (
     check_moved_keys,
     check_resume,
     check_top_keys,
-    check_trainer_keys,
 )
 from vitrel.data.unreadable import ReportUnreadable
 from vitrel.train.build import (
@@ -93,7 +92,7 @@ from vitrel.train.run_times import RunTimes
 from vitrel.train.rundir import RunLock, is_launching_process
 from vitrel.train.summary import report, resumed_finished, test_limit, tested_part
 from vitrel.train.sweepers import BASIC_SWEEPER
-from vitrel.train.target_keys import check_seed, check_target_keys
+from vitrel.train.target_keys import check_keys_taken, check_seed
 from vitrel.train.utils import (
     apply_matmul_precision,
     check_accelerator,
@@ -188,14 +187,7 @@ def train(cfg: DictConfig, callbacks: Sequence[Callback] = ()) -> dict[str, floa
     check_moved_keys(cfg)  # +optim.lr=... (vitrel 0.1) would be composed and ignored
     check_top_keys(cfg, TrainConfig, "train.py")  # +epochs=3: composed and ignored
     check_resume(cfg)  # resume=true: before anything is built
-    check_trainer_keys(cfg.trainer)  # +trainer.max_epoch=1: Lightning's TypeError after the run has begun
-    for key in ("optimizer", "scheduler"):  # +module.optimizer.momentum=0.9 on AdamW: a TypeError at the fit
-        check_target_keys(
-            cfg.module.get(key),
-            f"module.{key}",
-            ("params",) if key == "optimizer" else ("optimizer", "total_steps", "steps_per_epoch"),
-        )
-    check_target_keys(cfg.data, "data", ignore=("name",))  # +data.batchsize=32: the data module's TypeError
+    check_keys_taken(cfg)  # +trainer.max_epoch=1, +data.batchsize=32: a TypeError once the run has begun
     check_seed(cfg.seed)  # seed=-1: Lightning's traceback
     check_accelerator(cfg.trainer)  # trainer=gpu on a machine without one: what to run instead
     check_spawn_ema(cfg)  # trainer=ddp_spawn module/ema=default: every rank would die as it starts

@@ -58,11 +58,16 @@ class SizeCheckedProgram(nn.Module):
     failed``: a ``"batch"`` / ``"static"`` program's other image size (``x.size()[2] == 28``) names both sizes and the
     fix; a ``"hw"`` program's side that is not whole patches (``x.size()[2] % 4 == 0``) names the size, the patch and
     the sizes the program takes (a ``dynamic_img_pad`` ViT's program, of any side: the largest). What
-    :func:`vitrel.inference.load_predictor` returns for a ``.pt2``; torch's own module is left as it is."""
+    :func:`vitrel.inference.load_predictor` returns for a ``.pt2``; torch's own module is left as it is.
+    ``num_classes``: the last size of the program's first output where it is a number (a classifier's, as timm's
+    models have it), else None."""
 
     def __init__(self, module: nn.Module, shape: tuple[int | range | None, ...], source: str) -> None:
         super().__init__()
         self.program, self.shape, self.source = module, tuple(shape), source
+        out = next(n for n in module.graph.nodes if n.op == "output").args[0]
+        last = out[0].meta.get("val").shape[-1] if out and hasattr(out[0], "meta") and "val" in out[0].meta else None
+        self.num_classes = last if isinstance(last, int) else None
 
     def forward(self, x: Tensor) -> Tensor:
         want, got = self.shape, tuple(x.shape)

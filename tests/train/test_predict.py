@@ -243,6 +243,19 @@ def test_predict_py_takes_class_names_as_a_list_or_a_file(ckpt, images, tmp_path
         run_predict(OmegaConf.merge(cfg, dict(class_names=str(tmp_path / "missing.txt"))))
 
 
+def test_class_names_of_another_length_are_refused_before_an_image_is_read(ckpt, images, tmp_path, monkeypatch):
+    """``class_names`` of 3 names for a 10-class model, from a ``.ckpt`` and from a ``.pt2`` (whose classes are its
+    output's size): refused in one line before the model reads a file (after the first batch's forward before)."""
+    out = tmp_path / "export"
+    assert export_main([str(ckpt), str(out), "--pt2"]) == 0
+    monkeypatch.setattr(predict_module, "predict_folder", lambda *a, **k: pytest.fail("an image was read"))
+    for src in (ckpt, out / "model.pt2"):
+        cfg = dict(ckpt_path=str(src), input=str(images), results_file=str(tmp_path / "p.csv"), device="cpu")
+        with pytest.raises(PredictSettingsError, match=r"^class_names has 3 names; the model has 10 classes$"):
+            run_predict(OmegaConf.create({**cfg, "progress_bar": False, "class_names": ["a", "b", "c"]}))
+    assert not (tmp_path / "p.csv").exists()
+
+
 def test_max_tokens_without_seq_len_is_refused(ckpt, images):
     """``max_tokens`` bounds the patches of an image scored at its own size, which only ``seq_len`` asks for: alone (a
     run without packing) it was ignored without a word."""

@@ -203,6 +203,9 @@ def run_predict(cfg: Any) -> dict[str, Any]:
     ckpt = run_checkpoint(str(cfg.ckpt_path))  # a train.py run folder: the checkpoint its test scored (logged)
     naflex, taken = _naflex_settings(cfg, ckpt)  # (a NaFlex run's checkpoint: its images scored as its test did)
     predictor = load_predictor(ckpt, device, cfg.get("ema", "auto"), overrides)
+    classes = getattr(predictor.model, "num_classes", None)  # (timm's models and a .pt2's: before any image is read)
+    if names is not None and isinstance(classes, int) and len(names) != classes:
+        raise PredictSettingsError(f"class_names has {len(names)} names; the model has {classes} classes")
     patch = (getattr(predictor.model, "vitrel_cfg", None) or {}).get("patch_size")
     h, w = predictor.data_config["input_size"][-2:]
     if naflex.get("seq_len") is None and patch is not None and h == w and "num_frames" not in predictor.data_config:

@@ -138,3 +138,25 @@ def test_train_py_keeps_the_best_probe_in_the_checkpoints_model(tmp_path):
         rows = list(csv.DictReader(f))
     assert [(r["lr"], r["chosen"]) for r in rows] == [("0.05", str(best == 0)), ("1e-09", str(best == 1))]
     assert [float(r["val_acc1"]) for r in rows] == pytest.approx(accs) and (tmp_path / "run" / "probes.png").is_file()
+
+
+def test_a_grid_killed_mid_epoch_resumes_bit_for_bit(tmp_path):
+    """A probe grid on a train.py checkpoint, SIGTERM in epoch 1's second step (after epoch 0's validation chose a
+    probe), then the same command again (it resumes): every tensor of the checkpoint (the model with the chosen
+    probe's head, each probe's weights) and each probe's optimizer state equal an uninterrupted run's bit for bit."""
+    from tests.train_helpers import FAST, TINY_VIT, straight_and_resumed
+
+    src = tmp_path / "src"
+    short = ["trainer.limit_train_batches=3", "trainer.limit_val_batches=1", "test=false", "logger=none"]
+    train(compose(src, [*TINY_VIT, *FAST, *short, "trainer.max_epochs=1"]))
+    probes = "[{lr:0.05,weight_decay:0.1},{lr:0.001,weight_decay:0.0}]"
+    over = ["model=from_checkpoint", f"model.path={src / 'checkpoints' / 'last.ckpt'}", "+model.drop_path_rate=0.2"]
+    over += ["module=probe_grid", f"module.probes={probes}", "step=eager", *FAST, *short, "trainer.max_epochs=2"]
+    a, b = straight_and_resumed([*over, "callbacks.model_checkpoint=null"], tmp_path, at_step=4)
+    assert a["state_dict"].keys() == b["state_dict"].keys() and any(k.startswith("probes.1.") for k in a["state_dict"])
+    assert all(torch.equal(a["state_dict"][k], b["state_dict"][k]) for k in a["state_dict"])
+    (oa,), (ob,) = a["optimizer_states"], b["optimizer_states"]
+    assert len(oa["param_groups"]) == len(ob["param_groups"]) >= 2
+    assert [g["lr"] for g in oa["param_groups"]] == [g["lr"] for g in ob["param_groups"]]
+    for i, s in oa["state"].items():
+        assert all(torch.equal(v, ob["state"][i][k]) for k, v in s.items())

@@ -75,6 +75,25 @@ def test_trained_video_model_exports_one_program_for_every_clip(video_sweep, tra
         torch.testing.assert_close(via_timm(x), loaded(x), rtol=0, atol=0)
 
 
+def test_timms_save_for_hf_of_a_trained_video_model_reloads_through_timm(video_sweep, tmp_path):
+    """``timm.models.save_for_hf`` of the run's model writes its clip sampling (``num_frames``, ``frame_stride``,
+    ``clips_per_video`` ...: not timm's fields) into ``config.json``'s ``pretrained_cfg``; timm's ``local-dir:`` route
+    raised ``TypeError`` on them. It now loads the same function with the same clip sampling."""
+    from timm.models import save_for_hf
+
+    from vitrel.models.data_config import CLIP_FIELDS
+
+    model = vitrel.load_model(video_sweep / "checkpoints" / "last.ckpt").eval()
+    keys = ("num_frames", *CLIP_FIELDS, "input_size", "mean")
+    assert {"num_frames", "frame_stride", "clips_per_video"} <= set(model.pretrained_cfg)
+    save_for_hf(model, tmp_path / "hf", safe_serialization=True)
+    back = timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True).eval()
+    assert {k: back.pretrained_cfg.get(k) for k in keys} == {k: model.pretrained_cfg.get(k) for k in keys}
+    x = torch.randn(2, 1, 8, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+
+
 def test_predict_on_images_refuses_a_video_program(trained_export, tmp_path):
     """A video model's ``.pt2`` carries its clip length: predict.py given a folder of images for it is one error naming
     what the model takes, before anything is written (videos: tests/train/test_video_predict.py)."""

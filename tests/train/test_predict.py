@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import timm
 import torch
 from omegaconf import OmegaConf
 from PIL import Image, ImageOps
@@ -482,6 +483,28 @@ def trained(tmp_path_factory) -> Path:
     res = run_script_forked("train.py", [*TRAIN, *RESIZED, f"hydra.run.dir={run}"], cwd=run)
     assert res.returncode == 0, res.stderr[-3000:]
     return run / "checkpoints" / "last.ckpt"
+
+
+def test_timms_save_for_hf_of_a_trained_model_reloads_through_timm(trained, fmnist_test, tmp_path):
+    """``timm.models.save_for_hf`` of a train.py model (docs/models.md, timm's writers) writes the model's
+    ``pretrained_cfg`` with vitrel's own data fields (here ``resize``: the memory loader's run), which timm's
+    ``PretrainedCfg`` does not take: ``timm.create_model("local-dir:...", pretrained=True)`` raised ``TypeError``.
+    Now it gives the same function and preprocessing, and predict.py the same rows from the folder as from the
+    checkpoint."""
+    from timm.models import save_for_hf
+
+    model = vitrel.load_model(trained).eval()
+    assert model.pretrained_cfg["resize"] == "tensor"
+    save_for_hf(model, tmp_path / "hf", safe_serialization=True)
+    back = timm.create_model(f"local-dir:{tmp_path / 'hf'}", pretrained=True).eval()
+    keys = ("input_size", "mean", "std", "interpolation", "crop_pct", "resize", "label_names")
+    assert {k: back.pretrained_cfg.get(k) for k in keys} == {k: model.pretrained_cfg.get(k) for k in keys}
+    x = torch.randn(2, 1, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(back(x), model(x), rtol=0, atol=0)
+    folder = fmnist_test[0]
+    rows = [predict_folder(load_predictor(p), folder, topk=2, progress=False).rows for p in (trained, tmp_path / "hf")]
+    assert rows[0] == rows[1] and len(rows[0]) == 200
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from timm.models import (
 from timm.models._features import FeatureGetterNet
 from torch import nn
 
+from vitrel.models.data_config import TIMM_CFG_FIELDS
 from vitrel.models.features import FeatureGetter
 from vitrel.models.swin import SwinTransformer
 from vitrel.models.swin3d import SwinTransformer3D
@@ -216,6 +217,10 @@ def build(
         kwargs = _upgrade(kwargs, int(written))
     overlay = kwargs.pop("pretrained_cfg_overlay", None)
     pretrained_cfg = kwargs.pop("pretrained_cfg", None)
+    if isinstance(pretrained_cfg, Mapping):  # (timm's local-dir: / hf-hub: route, a config.json's: save_for_hf wrote
+        # the model's own with vitrel's data fields, which timm's PretrainedCfg does not take; the loaded weights'
+        # data config puts them back, read from that config.json: vitrel.models.data_config.stored_data_config)
+        pretrained_cfg = {k: v for k, v in pretrained_cfg.items() if k in TIMM_CFG_FIELDS}
     pretrained_model_args = kwargs.pop("pretrained_model_args", None)
     cache_dir = kwargs.pop("cache_dir", None)
     features_only = bool(kwargs.get("features_only"))

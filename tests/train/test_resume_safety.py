@@ -23,6 +23,7 @@ import torch
 
 from tests import preloaded
 from tests.train_helpers import FAST, TINY_VIT, ForkedScript, compose, run_script_forked
+from vitrel.config import ConfigError
 from vitrel.data import ArrayDataModule, SplitMismatchError
 from vitrel.models.checkpoint import CheckpointError
 from vitrel.train.ckpt_io import AtomicCheckpointIO, atomic_write
@@ -459,3 +460,29 @@ def test_split_check_names_a_changed_training_set_and_passes_old_checkpoints(mon
     monkeypatch.setattr(base, "seeded_split", lambda n, f, s: (np.arange(10, n), np.arange(10)))
     with pytest.raises(SplitMismatchError, match="the same settings hold out other samples here"):
         _arrays(40).check_split(state, "x.ckpt")
+
+
+# ------------------------------------------------------------------------------------ the resumed preprocessing
+def test_resume_with_other_preprocessing_is_refused(tmp_path):
+    """A finished run run again in its folder with another ``data.std`` had nothing to train and was tested again
+    under it: its ``metrics.json`` (and a sweep's table, its row marked as of the run's settings) held a test of the
+    run's weights on other inputs, 30 points under ``eval.py``'s of the same checkpoint in the audit's run. Refused in
+    one line naming the checkpoint's and the new values, before the run folder's files change; the same settings
+    resume; the memory loader's tensor resize against the workers loader's PIL resize is named too."""
+    short = [*TINY_VIT, *FAST, "trainer.max_epochs=1", "trainer.limit_train_batches=2", "trainer.limit_val_batches=1"]
+    short += ["trainer.limit_test_batches=1", "logger=none", "callbacks.model_checkpoint=null"]
+    run = tmp_path / "run"
+    first = train(compose(run, short))
+    ckpt, record = run / "checkpoints" / "last.ckpt", (run / "metrics.json").read_text()
+    proc = run_script_forked("train.py", [*short, "data.std=[0.1]", f"hydra.run.dir={run}"], tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    assert last.startswith(
+        f"train.py: ConfigError: {ckpt} was trained on data preprocessed otherwise than this run's (std: checkpoint "
+        "[0.353], now [0.1]): resumed, it would train on and be tested under preprocessing"
+    ), last
+    assert (run / "metrics.json").read_text() == record
+    with pytest.raises(ConfigError, match=r"\(resize: checkpoint tensor, now None\)"):
+        train(compose(run, [*short, "data.loader=workers"]))
+    again = train(compose(run, short))  # the same settings: resumed, finished, tested again
+    assert again["test/acc1"] == first["test/acc1"]

@@ -34,6 +34,7 @@ __all__ = [
     "resume_path",
     "resolve_ckpt_path",
     "check_same_model",
+    "check_same_preprocessing",
     "check_same_start",
     "check_same_sweep_job",
     "run_job",
@@ -81,7 +82,8 @@ def resolve_ckpt_path(
     ``CheckpointError``), then the weights it started from against ``cfg.model``'s (:func:`check_same_start`), its
     model configuration against ``model``'s (:func:`check_same_model`), then its
     validation split against ``dm``'s (``VisionDataModule.check_split``: a resume with another ``data.seed`` or
-    ``data.val_fraction`` would validate on images it trained on), and a position mid-epoch against ``dm``'s batch
+    ``data.val_fraction`` would validate on images it trained on) and its preprocessing
+    (:func:`check_same_preprocessing`), and a position mid-epoch against ``dm``'s batch
     size and the trainer's processes (:func:`~vitrel.train.callbacks.check_resume_position`: another would train on
     some of the epoch's images twice and skip others). ``path``: :func:`resume_path`'s answer, when it was asked first.
     The figures the checkpoint carries for the record go to the run's callbacks that keep them (:func:`_take_carried`).
@@ -99,6 +101,7 @@ def resolve_ckpt_path(
     check_same_model(ckpt, model, path)
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
+    check_same_preprocessing(path, dm)
     position = (ckpt.get("callbacks") or {}).get(ExactResume.__qualname__)
     seed = next((cb.seed for cb in callbacks if isinstance(cb, ExactResume)), None)  # the epoch order's
     per_batch, key = _train_batch(dm)
@@ -113,6 +116,38 @@ def resolve_ckpt_path(
         if isinstance(cb, StartRecord):  # the start the folder's checkpoint carries, or the file given
             cb.start = ckpt.get(START_CKPT, _UNRESOLVED) if own else str(Path(path).resolve())
     return path, int(ckpt["global_step"])
+
+
+#: data-config fields absent from checkpoints written before them, and what their absence meant
+_BEFORE_FIELDS = {"crop_mode": "center", "spatial_crops": 1, "num_segments": 1, "frame_sampling": "stride"}
+
+
+def check_same_preprocessing(path: str | Path, dm: Any) -> None:
+    """The checkpoint at ``path`` was trained on images (clips) preprocessed as ``dm`` preprocesses them (its stored
+    data config against :func:`~vitrel.models.data_config.data_config_of` ``dm``, the class names aside): else a
+    :class:`~vitrel.config.ConfigError` naming the fields. A run resumed with another ``data.std`` trained on under
+    it and a finished one was tested again under it, its ``metrics.json`` (and a sweep's table) recording a test of
+    the run's weights on other inputs than the run's, where ``eval.py`` of the same checkpoint scores its own."""
+    from vitrel.models.data_config import data_config_of, stored_data_config
+
+    stored, now = stored_data_config(path), data_config_of(dm)
+    if not stored or now is None:  # (a checkpoint without one, a data module of one's own)
+        return
+
+    def value(dc: Mapping[str, Any], k: str) -> Any:
+        v = dc.get(k, _BEFORE_FIELDS.get(k))
+        return list(v) if isinstance(v, tuple) else v
+
+    differ = [k for k in sorted((set(stored) | set(now)) - {"class_names"}) if value(stored, k) != value(now, k)]
+    if differ:
+        what = "; ".join(f"{k}: checkpoint {value(stored, k)}, now {value(now, k)}" for k in differ)
+        raise ConfigError(
+            f"{path} was trained on data preprocessed otherwise than this run's ({what}): resumed, it would train on "
+            "and be tested under preprocessing its weights did not learn, recorded as the run's. Give the data "
+            "settings of its run (its folder's .hydra/config.yaml); resume=false starts over in this folder; "
+            f"model=from_checkpoint model.path={path} trains on from its weights; eval.py ckpt_path={path} with the "
+            "data settings given scores it under them."
+        )
 
 
 #: the callbacks that carry figures of the run's record in its checkpoints, and what one without them leaves unknown

@@ -5,6 +5,7 @@ the study at once. In one process and with ``--jobs`` workers (smoke budget)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -148,3 +149,17 @@ def test_overrides_that_do_not_compose_are_one_line_with_the_form_that_does(tmp_
     with pytest.raises(SystemExit, match=r"lrr=1 does not compose .*: Could not override 'module.optimizer.lrr'; To"):
         study_main(out, "none", "module.optimizer.lrr=1")
     assert not any(out.iterdir())
+
+
+def test_seed_and_pos_among_the_overrides_are_refused_and_every_entry_composes_first(tmp_path):
+    """``seed=5`` and ``pos=ape`` were taken, recorded in the recipe, and lost to each run's own ``seed=<k>`` and
+    ``pos=<entry>``: the study trained seed 0 and ``none`` under a report naming seed 5 and ape. Refused, naming
+    ``--seeds`` / ``--schemes``. A ``pos.<key>=`` one selected entry lacks (``none`` has no ``init_std``) failed as
+    that entry's run after the others had trained: refused before any run, naming the entry; nothing is written."""
+    out = tmp_path / "o"
+    for given in ("seed=5", "pos=ape", "+seed=1"):
+        with pytest.raises(SystemExit, match=rf"^python bench/study.py: {re.escape(given)}: the study sets each run"):
+            study_main(out, "none", given)
+    with pytest.raises(SystemExit, match=r"Could not override 'pos.init_std'.* \(entry none, vit\)$"):
+        study_main(out, "rel2d_full,none", "pos.init_std=0.5")
+    assert not out.exists() or not any(out.iterdir())

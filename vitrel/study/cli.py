@@ -31,6 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vitrel.bench import machine_info, source_commit
 from vitrel.pos import get_pos_class, list_pos
+from vitrel.study.overrides import check_entries_compose, override_error, refuse_run_keys
 from vitrel.study.reading import atomic_write, check_reading, claims, scheme_key, variant_parts, write_results
 from vitrel.study.runs import (
     BUDGETS,
@@ -341,24 +342,6 @@ def _quiet_training_logs():
                 logging.getLogger(n).setLevel(level)
 
 
-def _override_error(prog: str, budget: str, overrides: list[str], e: Exception) -> str:
-    """One message for overrides that do not compose with the recipe: Hydra's reason, and for a ``pos.<key>=`` the
-    ``++`` form (every run takes the overrides, over each scheme's ``conf/pos`` file, with or without the key)."""
-    pos = [o.split("=", 1) for o in overrides if re.match(r"\+?pos\.\w+=", o)]
-    drop = ("hydra.cc", "To append") if pos else ("hydra.cc",)
-    reason = [line.strip().rstrip(".") for line in str(e).splitlines() if line.strip()]
-    msg = f"{prog}: {' '.join(overrides)} does not compose with experiment=study_{budget}: " + "; ".join(
-        line for line in reason if not any(d in line for d in drop)
-    )
-    if pos:
-        msg += (
-            "; every run takes the overrides, so set a scheme option with "
-            + ", ".join(f"++pos.{k.lstrip('+').split('.', 1)[1]}={v}" for k, v in pos)
-            + " (its value whether or not a scheme's conf/pos file has the key; --schemes those that take it)"
-        )
-    return msg
-
-
 def main(argv: list[str] | None = None, prog: str = "python bench/study.py") -> dict:
     """Run the study ``argv`` selects (``parse_args``); ``prog``: how the command is recorded. Returns its state
     (what the results JSON holds)."""
@@ -392,6 +375,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     name, out = args.name or f"study_{args.budget}", Path(args.out)
     if args.reread:
         return _reread(out, name, f"{prog} " + " ".join(argv), args.overrides)
+    refuse_run_keys(prog, args.overrides)
     shard = tuple(int(v) for v in args.shard.split("/")) if args.shard else None
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
@@ -402,7 +386,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     try:
         rec = recipe(args.budget, args.overrides)
     except HydraException as e:  # (a Hydra traceback otherwise)
-        raise SystemExit(_override_error(prog, args.budget, args.overrides, e)) from None
+        raise SystemExit(override_error(prog, args.budget, args.overrides, e)) from None
     study, (schemes, archs, seeds) = rec["study"], select(args, rec["study"])
     command = f"{prog} " + " ".join(a for a in argv if a != "--restart")
     state = dict(budget=args.budget, recipe=rec, command=command, wall_s=0.0, runs=[])
@@ -430,6 +414,7 @@ def _run(argv: list[str] | None, prog: str) -> dict:
     common += ["trainer.precision=32-true"] * (device.type == "cpu")  # the recipes' bf16 is for GPUs
     variants = study.get("variants") or {}
     parts = {s: variant_parts(s, variants) for s in schemes}
+    check_entries_compose(prog, args.budget, args.overrides, [(a, s) for a, s, _ in todo], settings)
     trainings = len({(a, parts[s][0], seed) for a, s, seed in todo})  # (a scored variant shares its entry's)
     print(
         f"{name}: {len(todo)} runs to do"

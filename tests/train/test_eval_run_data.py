@@ -15,6 +15,7 @@ from omegaconf import OmegaConf
 
 import vitrel
 from tests.train_helpers import EVAL_PICTURES_OFF, FAST, TINY_VIDEO, TINY_VIT, compose, run_script_forked
+from vitrel.config import ConfigError
 from vitrel.data.datasets import seeded_split
 from vitrel.train.evaluate import evaluate
 
@@ -71,6 +72,17 @@ def test_eval_records_the_model_overrides_it_scored_with(fmnist_run, tmp_path, c
     assert 'model_overrides {"pos": {"extend": "interpolate"}}: test/acc1' in capsys.readouterr().out
     _, plain, _ = _eval(tmp_path, "plain", run / "checkpoints" / "last.ckpt", ["trainer.limit_test_batches=1", *EVAL])
     assert plain["model_overrides"] == {} and "model_overrides" not in capsys.readouterr().out
+
+
+def test_model_overrides_of_what_eval_sets_itself_are_one_line(fmnist_run, tmp_path):
+    """``+model_overrides.img_size=48`` (predict.py's way to another size) and ``+model_overrides.use_ema=false`` met
+    eval.py's own ``img_size=`` and ``use_ema=`` in ``vitrel.load_model``'s call: a ``TypeError`` traceback (got
+    multiple values). Refused first, naming eval.py's setting."""
+    run, _ = fmnist_run
+    for over, instead in (("img_size=48", r"data.img_size=<n>"), ("use_ema=false", "ema=true or ema=false")):
+        key = over.split("=")[0]
+        with pytest.raises(ConfigError, match=rf"^model_overrides.{key}: eval.py sets it itself, from {instead}: "):
+            _eval(tmp_path, key, run / "checkpoints" / "last.ckpt", [f"+model_overrides.{over}", *EVAL])
 
 
 def test_eval_on_val_scores_the_runs_held_out_images(fmnist_run, tmp_path, caplog):

@@ -301,6 +301,9 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
     t0 = time.time()
     route_lightning_logs()
     check_seed(cfg.seed)  # (seed=-1: Lightning's traceback)
+    for key, instead in (("img_size", "data.img_size=<n>"), ("use_ema", "ema=true or ema=false")):
+        if key in (cfg.get("model_overrides") or {}):  # (a TypeError in vitrel.load_model's call otherwise)
+            raise ConfigError(f"model_overrides.{key}: eval.py sets it itself, from {instead}: give that instead")
     split = str(cfg.get("split", "test"))
     if split not in ("test", "val"):
         raise ConfigError(f"split={split}: eval.py scores split=test (the default) or split=val")

@@ -31,6 +31,20 @@ def test_fewer_images_than_a_whole_batch_is_named(tmp_path, scheduler):
     assert not (tmp_path / "run" / "metrics.json").exists()  # (no record of a finished run)
 
 
+@pytest.mark.parametrize("key", ["max_steps", "limit_train_batches"])
+def test_lightnings_ways_to_train_nothing_are_named(tmp_path, key):
+    """``trainer.max_steps=0`` was blamed on the data (9,000 images: "add images"); ``trainer.limit_train_batches=0``
+    ended in an ``AttributeError`` inside that message's helper (no training loader). Each is named, with the way to
+    score a model without training."""
+    with pytest.raises(NoTrainingBatchError) as err:
+        train(compose(tmp_path / "run", [*RUN, f"trainer.{key}=0", "trainer.limit_val_batches=1"]))
+    assert str(err.value) == (
+        f"trainer.{key}=0 trains nothing: trainer.max_epochs=0 tests the model as built or loaded, and eval.py "
+        "ckpt_path=<checkpoint> scores a trained one"
+    )
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
 def test_shards_of_undecodable_samples_skipped_stop_the_run(tmp_path):
     """Every training sample of the shards is not an image: under ``skip`` each is left out, the epoch ran no batch;
     the run fails, as it would have at the first sample under ``raise`` (it wrote a finished record before)."""

@@ -238,9 +238,6 @@ def _epoch_contents(trainer: Any) -> str:
     parts = [f"{n:,} training images a process" if n is not None else "a training loader of unknown length"]
     if bs is not None:
         parts.append(f"data.batch_size={bs}" + (" with drop_last (whole batches only)" if dl.drop_last else ""))
-    limit = trainer.limit_train_batches
-    if limit is not None and float(limit) == 0:
-        parts.append(f"trainer.limit_train_batches={limit}")
     hint = "lower data.batch_size or set data.drop_last=false" if bs is not None and dl.drop_last else "add images"
     return f"{', '.join(parts)}: {hint}"
 
@@ -248,10 +245,17 @@ def _epoch_contents(trainer: Any) -> str:
 def planned_steps(trainer: Any) -> int:
     """``trainer.estimated_stepping_batches``, the optimizer steps a schedule is planned over: a finite run's, of at
     least one step; else a ``ValueError`` (no ``max_epochs`` nor ``max_steps``) or :class:`NoTrainingBatchError`
-    naming the epoch's contents (36 images and ``data.batch_size=128`` with ``drop_last``: no batch)."""
+    naming ``trainer.max_steps=0`` or ``trainer.limit_train_batches=0``, else the epoch's contents (36 images and
+    ``data.batch_size=128`` with ``drop_last``: no batch)."""
     total = trainer.estimated_stepping_batches
     if not float(total).is_integer():
         raise ValueError("the schedule needs a finite run: set trainer.max_epochs or trainer.max_steps")
+    for key in ("max_steps", "limit_train_batches") if total < 1 else ():  # (Lightning's ways to train nothing)
+        if float(getattr(trainer, key)) == 0:
+            raise NoTrainingBatchError(
+                f"trainer.{key}=0 trains nothing: trainer.max_epochs=0 tests the model as built or loaded, and "
+                "eval.py ckpt_path=<checkpoint> scores a trained one"
+            )
     if total < 1:
         raise NoTrainingBatchError(f"the training epoch has no batch: {_epoch_contents(trainer)}")
     return int(total)

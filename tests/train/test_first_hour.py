@@ -43,9 +43,28 @@ def test_from_checkpoint_refuses_a_pos_override_before_any_work(rope_run, tmp_pa
     ckpt = rope_run / "checkpoints" / "last.ckpt"
     run = tmp_path / "run"
     cfg = compose(run, ["model=from_checkpoint", f"model.path={ckpt}", *FAST, *SHORT, override])
-    with pytest.raises(ValueError, match=rf"{override} has no effect with model=from_checkpoint.*\(rope2d_mixed\)"):
+    with pytest.raises(
+        ValueError, match=rf"{override} has no effect with model=from_checkpoint.*\(rope2d_mixed\)"
+    ) as e:
         train(cfg)
     assert not (run / "checkpoints").exists() and not (run / "metrics.json").exists()
+    assert "with +model.pos.<key>=<value> (+model.pos.extend=interpolate)" in str(e.value)
+
+
+def test_from_checkpoint_takes_one_scheme_option_as_the_refusal_says(rope_run, tmp_path):
+    """``+model.pos.<key>=``, the route the refusal above names: that option changed, the others as trained."""
+    ckpt = rope_run / "checkpoints" / "last.ckpt"
+    over = [
+        "model=from_checkpoint",
+        f"model.path={ckpt}",
+        "+model.pos.scaling={rope_type:linear,factor:2.0}",
+        *FAST,
+        *SHORT,
+    ]
+    train(compose(tmp_path / "run", over))
+    pos = vitrel.load_model(tmp_path / "run" / "checkpoints" / "last.ckpt").vitrel_cfg["pos"]
+    stored = vitrel.load_model(ckpt).vitrel_cfg["pos"]
+    assert pos == {**stored, "scaling": {"rope_type": "linear", "factor": 2.0}} and stored.get("scaling") is None
 
 
 def test_from_checkpoint_with_timm_weights_named_too_says_which_key_to_drop(rope_run, tmp_path):

@@ -258,8 +258,9 @@ def check_from_checkpoint(cfg: DictConfig) -> None:
         name = stored.get("name") if isinstance(stored, Mapping) else stored
         raise ConfigError(
             f"{' '.join(given)} has no effect with model=from_checkpoint: the model is {cfg.model.path}'s, with its "
-            f"position scheme ({name}). Drop {'it' if len(given) == 1 else 'them'} to fine-tune that model, or train "
-            "a new one with model=<architecture> pos=<scheme>."
+            f"position scheme ({name}). Drop {'it' if len(given) == 1 else 'them'} to fine-tune that model; change "
+            "one option of its scheme, the others as trained, with +model.pos.<key>=<value> (+model.pos.extend="
+            "interpolate); or train a new one with model=<architecture> pos=<scheme>."
         )
 
 

@@ -163,3 +163,11 @@ def test_seed_and_pos_among_the_overrides_are_refused_and_every_entry_composes_f
     with pytest.raises(SystemExit, match=r"Could not override 'pos.init_std'.* \(entry none, vit\)$"):
         study_main(out, "rel2d_full,none", "pos.init_std=0.5")
     assert not out.exists() or not any(out.iterdir())
+
+
+def test_a_scored_variant_under_a_fine_tune_is_refused_naming_the_override_that_runs_it(tmp_path):
+    """A scored variant (``trained_as``) has no fine-tune: under a recipe with ``study.finetune`` it is refused, and
+    the message names ``~study.finetune``, which runs it (the audit checked it)."""
+    variant = "++study.variants.myv={trained_as:rel2d_full,score_with:['pos.extend=interpolate']}"
+    with pytest.raises(SystemExit, match=r"have no fine-tune; .*add the override ~study.finetune \(no fine-tune\)$"):
+        study_main(tmp_path / "o", "myv", variant)

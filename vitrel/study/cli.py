@@ -424,7 +424,10 @@ def _run(argv: list[str] | None, prog: str) -> dict:
         state["machine"]["description"],
     )
     if study.get("finetune") and (scored := [s for s, p in parts.items() if p[2]]):
-        raise SystemExit(f"scored variants {scored} (trained_as) have no fine-tune; this recipe sets study.finetune")
+        raise SystemExit(
+            f"scored variants {scored} (trained_as) have no fine-tune; this recipe sets study.finetune: leave them "
+            "out of --schemes, or add the override ~study.finetune (no fine-tune)"
+        )
 
     def run_overrides(arch: str, scheme: str, seed: int) -> list[str]:
         _, train, score_with = variant_parts(scheme, variants)

@@ -128,6 +128,24 @@ def test_an_override_the_weights_fit_but_that_changes_the_function_warns(tmp_pat
             vitrel.load_model(tmp_path, **same)
 
 
+@pytest.mark.parametrize(
+    ("kw", "says"),
+    [
+        (dict(global_pool="token"), r"global_pool='token' \(trained with 'avg'\)"),
+        (dict(embed_dim=64), r"embed_dim=64 \(trained with 32\)"),
+    ],
+)
+def test_an_override_the_weights_do_not_fit_names_the_trained_value(tmp_path, kw, says):
+    """``load_model(path, global_pool="token")`` of a model trained with ``avg``: the weights do not fit (``fc_norm``
+    against ``norm``), and the error listed the missing and unexpected keys alone; it now names the argument with
+    the trained value, as a scheme given in place of the trained one is named."""
+    m = _model(global_pool="avg").eval()
+    assert m.vitrel_cfg["embed_dim"] == 32
+    save_pretrained(m, tmp_path)
+    with pytest.raises(CheckpointError, match=rf"do not fit the model built with {says} \(the weights"):
+        vitrel.load_model(tmp_path, **kw)
+
+
 def test_export_cli(tmp_path, capsys):
     m = _model(SWIN, pos="rel2d_full")
     ckpt = _lightning_ckpt(m, tmp_path / "a.ckpt")

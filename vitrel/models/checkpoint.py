@@ -438,13 +438,19 @@ def load_model(
     sd = _from_stored_size(model, sd, cfg, overrides)
     try:
         load_weights(model, sd, num_classes_stored=cfg.get("num_classes"))
-    except CheckpointError as e:  # (a scheme given in place of the stored one: its parameters are not the weights')
+    except CheckpointError as e:  # (arguments given unlike the stored ones: their parameters are not the weights')
         stored, built = scheme_name(cfg.get("pos")), scheme_name(model.vitrel_cfg.get("pos"))
-        if stored == built:
+        if stored != built:
+            raise CheckpointError(
+                f"{path} was trained with pos={stored}, this model has pos={built}, whose parameters the weights do "
+                f"not hold ({e}); leave pos out to load the run's scheme (a mapping without a name changes its options)"
+            ) from None
+        changed = _changed_args(cfg, model.vitrel_cfg, overrides)
+        if not changed:
             raise
         raise CheckpointError(
-            f"{path} was trained with pos={stored}, this model has pos={built}, whose parameters the weights do not "
-            f"hold ({e}); leave pos out to load the run's scheme (a mapping without a name changes its options)"
+            f"{path}'s weights do not fit the model built with {', '.join(changed)} ({e}); leave these arguments out "
+            "to load the model they were trained in"
         ) from None
     warn_other_function(path, cfg, model.vitrel_cfg, overrides)
     if cfg.get("num_classes") is not None:  # timm's convention (and its overlay route's): the weights' classes
@@ -471,6 +477,18 @@ _FUNCTION_ARGS = (
 def warn_other_function(path: Any, stored: Mapping[str, Any], built: Mapping[str, Any], overrides: Mapping) -> None:
     """One warning when ``overrides`` built the loaded model unlike the stored configuration in a way the weights fit
     (``num_heads``, ``global_pool``, another position scheme by name ...): it is not the model they were trained in."""
+    changed = _changed_args(stored, built, overrides)
+    if changed:
+        warnings.warn(
+            f"{path} loaded into a model built with {', '.join(changed)}: the weights fit, but this model computes "
+            "another function than the one they were trained in; leave these arguments out to rebuild that model",
+            stacklevel=caller_stacklevel(),
+        )
+
+
+def _changed_args(stored: Mapping[str, Any], built: Mapping[str, Any], overrides: Mapping) -> list[str]:
+    """The :data:`_FUNCTION_ARGS` (and the scheme's name) ``overrides`` built unlike ``stored``: ``"global_pool='token'
+    (trained with 'avg')"`` each."""
 
     def norm(v: Any) -> Any:
         return [norm(x) for x in v] if isinstance(v, (list, tuple)) else v
@@ -483,12 +501,7 @@ def warn_other_function(path: Any, stored: Mapping[str, Any], built: Mapping[str
     was, now = scheme_name(stored.get("pos")), scheme_name(built.get("pos"))
     if "pos" in overrides and was != now:
         changed.insert(0, f"pos={now} (trained with {was})")
-    if changed:
-        warnings.warn(
-            f"{path} loaded into a model built with {', '.join(changed)}: the weights fit, but this model computes "
-            "another function than the one they were trained in; leave these arguments out to rebuild that model",
-            stacklevel=caller_stacklevel(),
-        )
+    return changed
 
 
 def scheme_name(spec: Any) -> str | None:

@@ -20,6 +20,7 @@ from omegaconf import DictConfig
 from vitrel.config import ConfigError, check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import run_checkpoint
+from vitrel.models.data_config import data_config_of, stored_data_config
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position
@@ -128,8 +129,6 @@ def check_same_preprocessing(path: str | Path, dm: Any) -> None:
     :class:`~vitrel.config.ConfigError` naming the fields. A run resumed with another ``data.std`` trained on under
     it and a finished one was tested again under it, its ``metrics.json`` (and a sweep's table) recording a test of
     the run's weights on other inputs than the run's, where ``eval.py`` of the same checkpoint scores its own."""
-    from vitrel.models.data_config import data_config_of, stored_data_config
-
     stored, now = stored_data_config(path), data_config_of(dm)
     if not stored or now is None:  # (a checkpoint without one, a data module of one's own)
         return

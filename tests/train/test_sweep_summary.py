@@ -161,6 +161,26 @@ def test_an_eval_sweep_summarises_each_jobs_scores(tmp_path):
     assert "no metrics.json" not in out and "epochs" not in out and "64/2000" in out and "64/1000" in out, out
 
 
+def test_an_eval_sweep_over_a_sweeps_checkpoints_names_what_each_was_trained_with(tmp_path):
+    """``python eval.py -m ckpt_path=<sweep>/0,<sweep>/1 data.img_size=36``: the rows were labelled by checkpoint path
+    alone (which scheme is job 0?). Each row now holds the settings its training sweep varied (``trained``), read
+    from the checkpoint, in ``summary.csv``, the printed table and ``eval_metrics.json``."""
+    train_sweep = tmp_path / "train"
+    args = ["-m", "pos=rel2d_full,none", *TINY, "logger=none", "test=false", f"hydra.sweep.dir={train_sweep}"]
+    r = run_script_forked("train.py", args, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    sweep = tmp_path / "eval"
+    args = ["-m", f"ckpt_path={train_sweep / '0'},{train_sweep / '1'}", "data.img_size=36", *EVAL_PICTURES_OFF]
+    args += ["data.num_workers=0", "trainer.accelerator=cpu", "progress_bar=none", "trainer.limit_test_batches=1"]
+    r = run_script_forked("eval.py", [*args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert [(x["trained"], x["status"]) for x in rows] == [("pos=rel2d_full", "finished"), ("pos=none", "finished")]
+    assert json.loads((sweep / "1" / "eval_metrics.json").read_text())["trained"] == "pos=none"
+    table = r.stdout[r.stdout.index("Sweep summary (2 jobs") :]
+    assert "trained" in table and "pos=rel2d_full" in table, table
+
+
 def test_a_predict_sweep_writes_each_jobs_predictions_and_no_score_table(tmp_path):
     """``python predict.py -m ... topk=1,2``: predictions have no scores to tabulate, yet the training sweep's table
     was printed and saved with every job ``failed (no metrics.json)``. Each job writes its predictions; no table."""

@@ -81,6 +81,7 @@ from vitrel.train.module import ClassifierModule
 from vitrel.train.progress import CountTestImages, progress_bar_kind, progress_callbacks
 from vitrel.train.resume import missing_checkpoint
 from vitrel.train.run_figures import RunFigures
+from vitrel.train.sweep_rerun import swept_settings
 from vitrel.train.target_keys import check_keys_taken, check_seed
 from vitrel.train.utils import (
     apply_matmul_precision,
@@ -418,6 +419,7 @@ def evaluate(cfg: DictConfig) -> dict[str, float]:
         grid = None if naflex is None else [s // p for s, p in zip(naflex, to_2tuple(stored["patch_size"]))]
     result = {
         "ckpt_path": str(ckpt),
+        "trained": swept_settings(ckpt),  # a sweep job's checkpoint: the settings its sweep varied (pos=, seed=)
         "data": cfg.data.get("name", cfg.data.get("_target_")),
         "split": split,
         # split=val of data whose val is its test split (data.val_fraction=0: the run validated on test): the test split

@@ -15,7 +15,7 @@ from typing import Any
 from vitrel.train.sweep_files import ERROR, MAY_DIFFER, PREVIOUS, STOPPED, SWEEP_JOB, TRAINED_WITH
 from vitrel.train.utils import override_key
 
-__all__ = ["finished_record", "mark_other_settings", "set_aside_earlier_run", "trained_with"]
+__all__ = ["finished_record", "mark_other_settings", "set_aside_earlier_run", "swept_settings", "trained_with"]
 
 
 def set_aside_earlier_run(job_dir: Path, record: str = "metrics.json") -> None:
@@ -47,6 +47,24 @@ def _record_trained_with(job_dir: Path) -> None:
         return
     if isinstance(job, dict) and job.get("overrides") is not None:
         (job_dir / TRAINED_WITH).write_text(json.dumps({"overrides": [str(o) for o in job["overrides"]]}))
+
+
+def swept_settings(ckpt: str | Path) -> str | None:
+    """The overrides of the keys its sweep varied, of the sweep job that wrote the checkpoint ``ckpt``
+    (``pos=rel2d_full seed=1``): what tells its run from the sweep's others (``eval.py -m`` over a sweep's jobs labels
+    its rows with them). None for a single run, an export, or a checkpoint that records no sweep job."""
+    if Path(ckpt).suffix != ".ckpt":
+        return None
+    try:
+        import torch
+
+        job = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True).get(SWEEP_JOB)
+    except Exception:  # noqa: BLE001  (a damaged or foreign file: the loader has said so already)
+        return None
+    if not isinstance(job, dict):
+        return None
+    swept = set(job.get("swept") or ())
+    return " ".join(str(o) for o in job.get("overrides") or () if override_key(str(o)) in swept) or None
 
 
 def trained_with(job_dir: Path, data: dict[str, Any], overrides: Sequence[str]) -> str | None:

@@ -73,13 +73,14 @@ def csv_fields(metrics: Sequence[str], record: str = "metrics.json") -> list[str
     if _is_train(record):
         fields = ["job", "overrides", *metrics, "params", "gflops", "epochs", "val_runs", "wall_s", "test_images"]
         return [*fields, "test_split_images", "status", "error", "trained_with"]
-    return ["job", "overrides", *metrics, "gflops", "wall_s", "images", "split_images", "status", "error"]
+    return ["job", "overrides", "trained", *metrics, "gflops", "wall_s", "images", "split_images", "status", "error"]
 
 
 def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str], record: str = "metrics.json") -> list[dict[str, Any]]:
     """One row per job folder of ``sweep_dir`` (those with a ``.hydra`` folder or a ``metrics.json``; ``record``:
     the file each job writes, ``eval_metrics.json`` for ``eval.py -m``, whose rows hold ``images`` and
-    ``split_images``, the images it scored of its split's).
+    ``split_images``, the images it scored of its split's, and ``trained``, the settings a training sweep varied for
+    the checkpoint scored).
 
     A job folder whose ``.sweep_id`` is not the sweep folder's (:class:`~vitrel.train.hydra_callbacks.SweepSummary`
     writes them as the sweep and each job start) is of an earlier sweep in the same folder, not yet run again by this
@@ -110,6 +111,7 @@ def collect_sweep(sweep_dir: str | Path, metrics: Sequence[str], record: str = "
             row["gflops"], row["wall_s"] = data.get("gflops"), data.get("wall_s")
             if not _is_train(record):  # (eval.py's record: the images of its split= it scored)
                 row["images"], row["split_images"] = data.get("num_images"), data.get("split_images")
+                row["trained"] = data.get("trained")  # (a sweep job's checkpoint: the settings its sweep varied)
             else:
                 row["params"], row["epochs"] = data.get("params"), data.get("epochs")
                 row["val_runs"] = data.get("val_runs")
@@ -230,7 +232,9 @@ NO_VAL = "no validation ran"
 
 def format_table(rows: list[dict[str, Any]], metrics: Sequence[str], record: str = "metrics.json") -> str:
     """Plain fixed-width table (readable in any log), of the jobs' ``record``'s columns."""
-    cols = ["job", "overrides", *metrics, *(_TRAIN_COLUMNS if _is_train(record) else _EVAL_COLUMNS), "status"]
+    trained = ["trained"] * any(r.get("trained") for r in rows)  # (eval.py -m over a sweep's checkpoints)
+    cols = ["job", "overrides", *trained, *metrics, *(_TRAIN_COLUMNS if _is_train(record) else _EVAL_COLUMNS)]
+    cols.append("status")
     shown = [dict(r, test_images=_scored_of(r.get("test_images"), r.get("test_split_images"))) for r in rows]
     for r in shown:
         r["images"] = _scored_of(r.get("images"), r.get("split_images"))

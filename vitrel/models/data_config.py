@@ -49,6 +49,7 @@ __all__ = [
     "fit_data_config",
     "model_data_config",
     "pretrained_cfg_fields",
+    "checkpoint_data_config",
     "set_data_config",
     "stored_data_config",
     "warn_no_data_config",
@@ -118,6 +119,11 @@ def stored_data_config(path: str | os.PathLike) -> dict[str, Any] | None:
         ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=True)  # tensors stay on disk
     except Exception:  # noqa: BLE001 - an unreadable file is reported by the weights' reader, with its reason
         return None
+    return checkpoint_data_config(ckpt, p)
+
+
+def checkpoint_data_config(ckpt: Any, p: Path) -> dict[str, Any] | None:
+    """:func:`stored_data_config` of a training checkpoint already loaded (``ckpt``, read from ``p``)."""
     if not isinstance(ckpt, Mapping):
         return None
     hp = ckpt.get("hyper_parameters")

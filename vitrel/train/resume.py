@@ -20,7 +20,7 @@ from omegaconf import DictConfig
 from vitrel.config import ConfigError, check_resume
 from vitrel.models.checkpoint import CheckpointError, check_checkpoint, extract_model_state
 from vitrel.models.ckpt_files import run_checkpoint
-from vitrel.models.data_config import data_config_of, stored_data_config
+from vitrel.models.data_config import checkpoint_data_config, data_config_of
 from vitrel.models.registry import upgraded_cfg
 from vitrel.train.build import WEIGHT_FILES, weights_source
 from vitrel.train.callbacks import ExactResume, check_resume_position
@@ -102,7 +102,7 @@ def resolve_ckpt_path(
     check_same_model(ckpt, model, path)
     if hasattr(dm, "check_split"):  # vitrel's data modules (a _target_ of one's own may have no split record)
         dm.check_split(ckpt.get(type(dm).__qualname__), path)
-    check_same_preprocessing(path, dm)
+    check_same_preprocessing(ckpt, path, dm)
     position = (ckpt.get("callbacks") or {}).get(ExactResume.__qualname__)
     seed = next((cb.seed for cb in callbacks if isinstance(cb, ExactResume)), None)  # the epoch order's
     per_batch, key = _train_batch(dm)
@@ -123,13 +123,14 @@ def resolve_ckpt_path(
 _BEFORE_FIELDS = {"crop_mode": "center", "spatial_crops": 1, "num_segments": 1, "frame_sampling": "stride"}
 
 
-def check_same_preprocessing(path: str | Path, dm: Any) -> None:
-    """The checkpoint at ``path`` was trained on images (clips) preprocessed as ``dm`` preprocesses them (its stored
-    data config against :func:`~vitrel.models.data_config.data_config_of` ``dm``, the class names aside): else a
-    :class:`~vitrel.config.ConfigError` naming the fields. A run resumed with another ``data.std`` trained on under
-    it and a finished one was tested again under it, its ``metrics.json`` (and a sweep's table) recording a test of
-    the run's weights on other inputs than the run's, where ``eval.py`` of the same checkpoint scores its own."""
-    stored, now = stored_data_config(path), data_config_of(dm)
+def check_same_preprocessing(ckpt: Mapping[str, Any], path: str | Path, dm: Any) -> None:
+    """The checkpoint ``ckpt`` (loaded from ``path``) was trained on images (clips) preprocessed as ``dm``
+    preprocesses them (its stored data config against :func:`~vitrel.models.data_config.data_config_of` ``dm``, the
+    class names aside): else a :class:`~vitrel.config.ConfigError` naming the fields. A run resumed with another
+    ``data.std`` trained on under it and a finished one was tested again under it, its ``metrics.json`` (and a
+    sweep's table) recording a test of the run's weights on other inputs than the run's, where ``eval.py`` of the
+    same checkpoint scores its own."""
+    stored, now = checkpoint_data_config(ckpt, Path(path)), data_config_of(dm)
     if not stored or now is None:  # (a checkpoint without one, a data module of one's own)
         return
 

@@ -37,31 +37,29 @@ def _record_trained_with(job_dir: Path) -> None:
     nothing without one, or from a checkpoint that records no sweep job or does not load."""
     (job_dir / TRAINED_WITH).unlink(missing_ok=True)
     ckpt = job_dir / "checkpoints" / "last.ckpt"
-    if not ckpt.exists():
-        return
+    job = _sweep_job(ckpt) if ckpt.exists() else None
+    if job is not None and job.get("overrides") is not None:
+        (job_dir / TRAINED_WITH).write_text(json.dumps({"overrides": [str(o) for o in job["overrides"]]}))
+
+
+def _sweep_job(ckpt: str | Path) -> dict[str, Any] | None:
+    """The sweep-job record (:data:`SWEEP_JOB`) of the checkpoint ``ckpt``; None without one, or for a file that does
+    not load (a damaged or foreign file: whoever loads its weights says so)."""
     try:
         import torch
 
         job = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True).get(SWEEP_JOB)
-    except Exception:  # noqa: BLE001  (a damaged or foreign file: train() says so as it resumes)
-        return
-    if isinstance(job, dict) and job.get("overrides") is not None:
-        (job_dir / TRAINED_WITH).write_text(json.dumps({"overrides": [str(o) for o in job["overrides"]]}))
+    except Exception:  # noqa: BLE001
+        return None
+    return job if isinstance(job, dict) else None
 
 
 def swept_settings(ckpt: str | Path) -> str | None:
     """The overrides of the keys its sweep varied, of the sweep job that wrote the checkpoint ``ckpt``
     (``pos=rel2d_full seed=1``): what tells its run from the sweep's others (``eval.py -m`` over a sweep's jobs labels
     its rows with them). None for a single run, an export, or a checkpoint that records no sweep job."""
-    if Path(ckpt).suffix != ".ckpt":
-        return None
-    try:
-        import torch
-
-        job = torch.load(ckpt, map_location="cpu", mmap=True, weights_only=True).get(SWEEP_JOB)
-    except Exception:  # noqa: BLE001  (a damaged or foreign file: the loader has said so already)
-        return None
-    if not isinstance(job, dict):
+    job = _sweep_job(ckpt) if Path(ckpt).suffix == ".ckpt" else None
+    if job is None:
         return None
     swept = set(job.get("swept") or ())
     return " ".join(str(o) for o in job.get("overrides") or () if override_key(str(o)) in swept) or None

@@ -258,3 +258,33 @@ def test_a_monitor_near_the_modules_own_metric_is_refused_before_training(tmp_pa
     with pytest.raises(ConfigError, match=rf"monitor={monitor}\b.*not a metric this run logs"):
         train(compose(tmp_path, [*QUICK, "trainer.max_epochs=1", f"callbacks.model_checkpoint.monitor={monitor}"]))
     assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("+callbacks.model_checkpoint.every_n_train_steps=5", "last_checkpoint.every_n_train_steps=5"),
+        ("+callbacks.model_checkpoint.train_time_interval={_target_: datetime.timedelta, minutes: 30}",
+         "last_checkpoint.every_n_minutes=30"),
+    ],
+)  # fmt: skip
+def test_a_best_checkpoint_saved_between_validations_is_refused_before_training(tmp_path, override, said):
+    """``callbacks.model_checkpoint.every_n_train_steps`` (``experiment=imagenet_vit_small`` set 2000) saved the best
+    file mid-epoch, weights no validation had scored, under the previous validation's ``val/acc1``: eval.py of that
+    file scored less than the score it was kept for. Refused before training, naming last.ckpt's own trigger."""
+    from vitrel.config import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"between validations.*{said}"):
+        train(compose(tmp_path, [*QUICK, "trainer.max_epochs=1", override]))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_imagenet_recipe_saves_last_ckpt_mid_epoch_and_the_best_file_at_validations(tmp_path):
+    """The recipe's 2,000-step saves are last.ckpt's; its best-checkpoint callback passes the check above."""
+    from hydra.utils import instantiate
+
+    from vitrel.train.run import _check_saved_when_scored
+
+    cfg = compose(tmp_path, ["experiment=imagenet_vit_small"])
+    assert cfg.callbacks.last_checkpoint.every_n_train_steps == 2000
+    _check_saved_when_scored(instantiate(cfg.callbacks.model_checkpoint))

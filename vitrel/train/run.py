@@ -458,6 +458,8 @@ def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> 
         if not ckpt and not isinstance(cb, EarlyStopping):
             continue
         logged = [*known, "epoch", "step"] if ckpt else known
+        if ckpt:
+            _check_saved_when_scored(cb)
         if cb.monitor is None or cb.monitor in logged:
             want = _better(cb.monitor)
             if want is not None and cb.mode != want:
@@ -469,6 +471,26 @@ def check_monitors(callbacks: Sequence[Callback], module: L.LightningModule) -> 
             raise ConfigError(
                 f"{type(cb).__name__}(monitor={cb.monitor}) is not a metric this run logs: one of {', '.join(logged)}"
             )
+
+
+def _check_saved_when_scored(cb: ModelCheckpoint) -> None:
+    """A ``ModelCheckpoint`` monitoring a validation metric that also saves every N training steps or minutes saves
+    between validations: its "best" file then holds weights no validation scored, kept for the previous validation's
+    score. A :class:`~vitrel.config.ConfigError` naming
+    ``last.ckpt``'s own triggers, which save mid-epoch without a score."""
+    steps, interval = cb._every_n_train_steps, cb._train_time_interval
+    if not str(cb.monitor).startswith("val/") or not (steps or interval):
+        return
+    given = f"every_n_train_steps={steps}" if steps else f"train_time_interval={interval}"
+    mid = (
+        f"callbacks.last_checkpoint.every_n_train_steps={steps}" if steps
+        else f"callbacks.last_checkpoint.every_n_minutes={max(1, round(interval.total_seconds() / 60))}"
+    )  # fmt: skip
+    raise ConfigError(
+        f"{type(cb).__name__}(monitor={cb.monitor}, {given}) would save its best file between validations, weights "
+        f"no validation scored kept under the last validation's {cb.monitor}; for mid-epoch saves use {mid} "
+        "(last.ckpt) and leave the best file to the validations"
+    )
 
 
 def _misnamed(name: str, known: Sequence[str]) -> bool:

@@ -71,6 +71,7 @@ def data(tmp_path_factory):
     main(["write-wds", str(base / "tree"), str(base / "wds15"), "--shard-size", "15"])  # 4 train shards of 15
     write_wds(base / "tree", base / "wds13", shard_size=13)  # 5 shards: 13, 13, 13, 13, 8
     write_wds(base / "tree", base / "wds20", shard_size=20)  # 3 shards
+    write_wds(base / "tree", base / "wds5", shard_size=5)  # val: 3 shards (5, 5, 2)
     write_hf(base / "tree", base / "hf13", shard_size=13)  # 5 parquet files
     return base
 
@@ -333,6 +334,21 @@ def test_ddp_uneven_shards_equal_batches_disjoint_workers(ddp_runs):
         assert sum(len(s) for s in distinct) == len(set().union(*distinct)), name  # disjoint
 
 
+@pytest.mark.slow
+def test_ddp_evaluation_of_uneven_shards_is_warned_with_what_it_scores(ddp_runs):
+    """2 ranks x 2 workers over a validation split of 12 samples in shards of 5, 5, 2: timm's reader gives each
+    worker with a shard 3 samples, so the pass scores one sample twice and leaves 4 out (the last shard's worker
+    repeats one, the others stop early). The data module says so with those figures, and the run's split size is
+    the split's 12, not a rank's 6 (the closing line compared the images scored with one rank's share)."""
+    ranks = json.loads((ddp_runs[1] / "eval.json").read_text())
+    ids = [i for r in ranks for i in r["ids"]]
+    val = range(len(CLASSES) * VAL_PER_CLASS)
+    assert len(ids) == 9 and len(set(ids)) == 8 and len(set(val) - set(ids)) == 4
+    assert [r["split_size"] for r in ranks] == [12, 12]
+    said = [m for r in ranks for m in r["warned"] if "not the split's" in m]
+    assert len(said) == 2 and "scores 3, so the pass scores 1 samples again and leaves 4 out" in said[0]
+
+
 # ---------------------------------------------------------------------------------------------------
 # the forked bodies
 
@@ -404,7 +420,27 @@ def _iterate_rank(rank: int, base: str, out: str, port: int) -> None:
         dist.all_gather_object(both, streams)
         if rank == 0:
             Path(out, f"{name}.json").write_text(json.dumps(both))
+    _evaluate_rank(rank, f"{base}/wds5", out)
     dist.destroy_process_group()
+
+
+def _evaluate_rank(rank: int, root: str, out: str) -> None:
+    """The validation loader of 12 samples in shards of 5, 5, 2 on this rank: the samples it scores, the split size
+    the run reports, and the data module's warnings."""
+    import torch.distributed as dist
+
+    from vitrel.train.summary import split_size
+
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("vitrel.data.imagenet").addHandler(handler)
+    loader = module(root, "wds/imagenet").val_dataloader()
+    ids = [i for x, _ in loader for i in ids_of(x)[0]]
+    both: list = [None, None]
+    dist.all_gather_object(both, {"ids": ids, "split_size": split_size(loader), "warned": warned})
+    if rank == 0:
+        Path(out, "eval.json").write_text(json.dumps(both))
 
 
 # ---------------------------------------------------------------------------------------------------

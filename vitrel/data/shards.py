@@ -231,6 +231,26 @@ def epoch_samples_per_rank(num_samples: int, world_size: int, num_workers: int, 
     return workers * batch_size * math.ceil(per_worker / batch_size)
 
 
+def ddp_eval_coverage(reader: Any, num_workers: int) -> tuple[int, int] | None:
+    """``(repeated, missed)``: the samples of a split that timm's webdataset ``reader`` scores twice and not at all in
+    an evaluation under DDP. There each of the ``ranks * W`` workers (``W = max(1, num_workers)``) yields exactly
+    ``ceil(N / (ranks * W))`` samples of its shards ``g, g + ranks * W, ...`` (``with_epoch``): it repeats them when
+    they hold fewer, stops early when they hold more, and yields nothing without a shard. ``repeated`` counts the
+    extra scores, ``missed`` the samples never scored; ``(0, 0)`` when the shards divide evenly; None on one process
+    (every shard read once: exact) or where the shard lengths are unknown."""
+    from timm.data.readers.reader_wds import ReaderWds
+
+    ranks = getattr(reader, "dist_num_replicas", 1)
+    info = getattr(reader, "split_info", None)
+    lengths = list(getattr(info, "shard_lengths", None) or ())
+    if not isinstance(reader, ReaderWds) or ranks == 1 or not lengths or len(lengths) != len(info.filenames):
+        return None
+    workers = ranks * max(1, num_workers)
+    each = math.ceil(sum(lengths) / workers)
+    held = [sum(lengths[g::workers]) for g in range(workers)]
+    return sum(each - h for h in held if 0 < h < each), sum(max(0, h - each) for h in held)
+
+
 def eval_batches(reader: Any, batch_size: int | None, num_workers: int) -> int | None:
     """Batches one process's evaluation pass over timm's webdataset ``reader`` yields: worker ``w`` of ``W`` reads
     shards ``w, w + W, ...`` once, in order, and batches them itself, ``sum_w ceil(n_w / B)``; None where that is not

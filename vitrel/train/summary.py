@@ -69,10 +69,13 @@ def known_size(dataset: Any) -> int | None:
 
 
 def split_size(loaders: Any, left_out: Sequence[str] = ()) -> int | None:
-    """The number of samples of the test loader's data set, less the unreadable files ``left_out`` of it
+    """The number of samples of the test loader's data set (a stream's: its reader's ``num_samples``, the whole
+    split, not one rank's share), less the unreadable files ``left_out`` of it
     (:class:`~vitrel.data.unreadable.ReportUnreadable`); None when it is unknown (:func:`known_size`)."""
     loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-    n = known_size(getattr(loader, "dataset", None))
+    dataset = getattr(loader, "dataset", None)
+    # a stream's reader knows the whole split; its len() is one rank's share (timm's readers under DDP)
+    n = getattr(getattr(dataset, "reader", None), "num_samples", None) or known_size(dataset)
     return None if n is None else n - len(left_out)
 
 

@@ -339,12 +339,14 @@ def test_ddp_evaluation_of_uneven_shards_is_warned_with_what_it_scores(ddp_runs)
     """2 ranks x 2 workers over a validation split of 12 samples in shards of 5, 5, 2: timm's reader gives each
     worker with a shard 3 samples, so the pass scores one sample twice and leaves 4 out (the last shard's worker
     repeats one, the others stop early). The data module says so with those figures, and the run's split size is
-    the split's 12, not a rank's 6 (the closing line compared the images scored with one rank's share)."""
+    the split's 12, not a rank's 6 (the closing line compared the images scored with one rank's share, and the fit's
+    opening line counted one rank's share of each split)."""
     ranks = json.loads((ddp_runs[1] / "eval.json").read_text())
     ids = [i for r in ranks for i in r["ids"]]
     val = range(len(CLASSES) * VAL_PER_CLASS)
     assert len(ids) == 9 and len(set(ids)) == 8 and len(set(val) - set(ids)) == 4
     assert [r["split_size"] for r in ranks] == [12, 12]
+    assert ranks[0]["sizes"].startswith(f"train {N} images, val 12 (")  # the fit's opening line
     said = [m for r in ranks for m in r["warned"] if "not the split's" in m]
     assert len(said) == 2 and "scores 3, so the pass scores 1 samples again and leaves 4 out" in said[0]
 
@@ -429,16 +431,20 @@ def _evaluate_rank(rank: int, root: str, out: str) -> None:
     the run reports, and the data module's warnings."""
     import torch.distributed as dist
 
+    from vitrel.train.progress import data_sizes
     from vitrel.train.summary import split_size
 
     warned: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
     logging.getLogger("vitrel.data.imagenet").addHandler(handler)
-    loader = module(root, "wds/imagenet").val_dataloader()
+    dm = module(root, "wds/imagenet")
+    dm.setup("fit")
+    loader = dm.val_dataloader()
     ids = [i for x, _ in loader for i in ids_of(x)[0]]
     both: list = [None, None]
-    dist.all_gather_object(both, {"ids": ids, "split_size": split_size(loader), "warned": warned})
+    said = {"ids": ids, "split_size": split_size(loader), "warned": warned, "sizes": data_sizes(dm)}
+    dist.all_gather_object(both, said)
     if rank == 0:
         Path(out, "eval.json").write_text(json.dumps(both))
 

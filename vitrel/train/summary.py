@@ -59,8 +59,12 @@ def tested_part(scored: int | None, split: int | None) -> bool:
 
 
 def known_size(dataset: Any) -> int | None:
-    """``len(dataset)``; None where it is unknown: no length, or a stream's 0 (timm's webdataset reader of a brace
+    """``len(dataset)``, a timm stream's its reader's ``num_samples`` (the whole split: its ``len`` is one rank's
+    share under DDP); None where it is unknown: no length, or a stream's 0 (timm's webdataset reader of a brace
     pattern of shards without ``|<num_samples>`` says 0, and was reported as a split of 0 images)."""
+    whole = getattr(getattr(dataset, "reader", None), "num_samples", None)
+    if whole:
+        return int(whole)
     try:
         n = len(dataset)
     except TypeError:
@@ -69,13 +73,10 @@ def known_size(dataset: Any) -> int | None:
 
 
 def split_size(loaders: Any, left_out: Sequence[str] = ()) -> int | None:
-    """The number of samples of the test loader's data set (a stream's: its reader's ``num_samples``, the whole
-    split, not one rank's share), less the unreadable files ``left_out`` of it
+    """The number of samples of the test loader's data set, less the unreadable files ``left_out`` of it
     (:class:`~vitrel.data.unreadable.ReportUnreadable`); None when it is unknown (:func:`known_size`)."""
     loader = loaders[0] if isinstance(loaders, (list, tuple)) else loaders
-    dataset = getattr(loader, "dataset", None)
-    # a stream's reader knows the whole split; its len() is one rank's share (timm's readers under DDP)
-    n = getattr(getattr(dataset, "reader", None), "num_samples", None) or known_size(dataset)
+    n = known_size(getattr(loader, "dataset", None))
     return None if n is None else n - len(left_out)
 
 

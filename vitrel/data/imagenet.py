@@ -152,34 +152,16 @@ def _reader_ranks(ds: Dataset) -> tuple[int, int]:
     return getattr(reader, "dist_num_replicas", 1), getattr(reader, "dist_rank", 0)
 
 
-def _warn_inexact_ddp_eval(reader: Any, num_workers: int, what: str) -> None:
-    """A warning with the figures when an evaluation under DDP would score some of the split's samples twice and
-    others not at all (:func:`~vitrel.data.shards.ddp_eval_coverage`: timm's webdataset reader gives every worker the
-    same number of samples)."""
-    from vitrel.data.shards import ddp_eval_coverage
+def _eval_wds(root: str | None, source: str, split: str, transform=None, **kwargs: Any) -> Dataset:
+    """``timm.data.create_dataset(source, ...)`` of a webdataset evaluation split, through
+    :class:`~vitrel.data.shards.EvalReaderWds` (``kwargs``: the reader's, as timm's ``create_reader`` takes them)."""
+    from timm.data import IterableImageDataset
 
-    coverage = ddp_eval_coverage(reader, num_workers)
-    if coverage is None or coverage == (0, 0):
-        return
-    repeated, missed = coverage
-    workers = reader.dist_num_replicas * max(1, num_workers)
-    lengths = reader.split_info.shard_lengths
-    log.warning(
-        "%s: its %d samples in %d shards of %s images over %d ranks x %d loader workers: each worker with a shard "
-        "scores %d, so the pass scores %d samples again and leaves %d out: this evaluation's metrics are not the "
-        "split's. Evaluate on one device (eval.py trainer.devices=1), or write the split as a multiple of %d shards of "
-        "equal size",
-        what,
-        sum(lengths),
-        len(lengths),
-        "/".join(map(str, sorted(set(lengths)))),
-        reader.dist_num_replicas,
-        max(1, num_workers),
-        -(-sum(lengths) // workers),
-        repeated,
-        missed,
-        workers,
-    )
+    from vitrel.data.shards import EvalReaderWds
+
+    kwargs = {k: v for k, v in kwargs.items() if v is not None and k != "download"}
+    reader = EvalReaderWds(root=root, name=source.partition("/")[2], split=split, **kwargs)
+    return IterableImageDataset(root, reader=reader, transform=transform)
 
 
 ARCHIVES = (".zip", ".tar", ".tar.gz", ".tgz", ".tar.xz", ".tar.bz2", ".7z")
@@ -448,7 +430,10 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
             transform=transform,
         )
         try:
-            ds = create_dataset(self.source, root=self._root_str(), split=self._split_name(split), **kwargs)
+            if self.prefix == "wds" and not train:  # each sample once, also under DDP
+                ds = _eval_wds(self._root_str(), self.source, self._split_name(split), **kwargs)
+            else:
+                ds = create_dataset(self.source, root=self._root_str(), split=self._split_name(split), **kwargs)
         except RuntimeError as e:  # (timm's reader: a training split of unknown length)
             if "num_samples not specified" not in str(e):
                 raise
@@ -527,10 +512,7 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
                     msg + " and its rank would run fewer batches than the others (a DDP hang). Use num_workers <= "
                     "shards / ranks, or write more shards (a multiple of ranks x workers, of equal size, is exact)"
                 )
-            if world == 1:
-                log.warning(msg + " (here in evaluation: those workers stay idle)")
-        if not train and self.prefix == "wds":
-            _warn_inexact_ddp_eval(reader, self.num_workers, f"{self.source} split {self._split_name(split)!r}")
+            log.warning(msg + " (here in evaluation: those workers stay idle)")
         if train and self.train_order_seed is not None:
             log.warning(
                 "%s is an iterable (streamed) data set: train_order_seed (ExactResume) does not apply and a run "

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from timm.data.readers.reader_wds import ReaderWds
 from torch.utils.data import DataLoader
 
 from vitrel.data.datasets import (
@@ -231,41 +232,52 @@ def epoch_samples_per_rank(num_samples: int, world_size: int, num_workers: int, 
     return workers * batch_size * math.ceil(per_worker / batch_size)
 
 
-def ddp_eval_coverage(reader: Any, num_workers: int) -> tuple[int, int] | None:
-    """``(repeated, missed)``: the samples of a split that timm's webdataset ``reader`` scores twice and not at all in
-    an evaluation under DDP. There each of the ``ranks * W`` workers (``W = max(1, num_workers)``) yields exactly
-    ``ceil(N / (ranks * W))`` samples of its shards ``g, g + ranks * W, ...`` (``with_epoch``): it repeats them when
-    they hold fewer, stops early when they hold more, and yields nothing without a shard. ``repeated`` counts the
-    extra scores, ``missed`` the samples never scored; ``(0, 0)`` when the shards divide evenly; None on one process
-    (every shard read once: exact) or where the shard lengths are unknown."""
-    from timm.data.readers.reader_wds import ReaderWds
-
-    ranks = getattr(reader, "dist_num_replicas", 1)
-    info = getattr(reader, "split_info", None)
-    lengths = list(getattr(info, "shard_lengths", None) or ())
-    if not isinstance(reader, ReaderWds) or ranks == 1 or not lengths or len(lengths) != len(info.filenames):
-        return None
-    workers = ranks * max(1, num_workers)
-    each = math.ceil(sum(lengths) / workers)
-    held = [sum(lengths[g::workers]) for g in range(workers)]
-    return sum(each - h for h in held if 0 < h < each), sum(max(0, h - each) for h in held)
-
-
 def eval_batches(reader: Any, batch_size: int | None, num_workers: int) -> int | None:
-    """Batches one process's evaluation pass over timm's webdataset ``reader`` yields: worker ``w`` of ``W`` reads
-    shards ``w, w + W, ...`` once, in order, and batches them itself, ``sum_w ceil(n_w / B)``; None where that is not
-    known (not a webdataset reader, ``batch_size`` None, several ranks, no ``split_info.shard_lengths``)."""
-    from timm.data.readers.reader_wds import ReaderWds
-
+    """Batches one process's evaluation pass over timm's webdataset ``reader`` yields: its worker ``w`` of ``W`` reads
+    the shards of global worker ``g = rank * W + w`` of ``ranks * W`` once (``g, g + ranks * W, ...``, in order) and
+    batches them itself, ``sum_w ceil(n_w / B)``; None where that is not known (not a webdataset reader, ``batch_size``
+    None, no ``split_info.shard_lengths``, several ranks with timm's own reader, which evens the workers out).
+    """
     if not isinstance(reader, ReaderWds):  # (tfds, hfids: their own split of the files over the workers)
         return None
-    info = getattr(reader, "split_info", None)
-    lengths = list(getattr(info, "shard_lengths", None) or ())
-    files = getattr(info, "filenames", None) or ()
-    if not batch_size or getattr(reader, "dist_num_replicas", 1) != 1 or not lengths or len(lengths) != len(files):
+    lengths = shard_lengths(reader)
+    ranks = getattr(reader, "dist_num_replicas", 1)
+    if not batch_size or lengths is None or (ranks != 1 and not isinstance(reader, EvalReaderWds)):
         return None
     workers = max(1, num_workers)
-    return sum(math.ceil(sum(lengths[w::workers]) / batch_size) for w in range(workers))
+    first = getattr(reader, "dist_rank", 0) * workers
+    return sum(math.ceil(sum(lengths[first + w :: ranks * workers]) / batch_size) for w in range(workers))
+
+
+def shard_lengths(reader: Any) -> list[int] | None:
+    """The samples of each shard of a webdataset ``reader``'s split (timm's ``_info.json``), None where not stated."""
+    info = getattr(reader, "split_info", None)
+    lengths = list(getattr(info, "shard_lengths", None) or ())
+    return lengths if lengths and len(lengths) == len(getattr(info, "filenames", None) or ()) else None
+
+
+class EvalReaderWds(ReaderWds):
+    """timm's webdataset reader for an evaluation split, each sample read once also under DDP.
+
+    timm's own makes each of the ``ranks * workers`` loader workers yield ``ceil(N / (ranks * workers))`` samples
+    there (``with_epoch``): it repeats a worker's shards when they hold fewer and cuts them when they hold more
+    (ImageNet's val in 50 shards of 1,000 on 8 GPUs x 10 workers: 31,250 of the 50,000 scored). Here each worker
+    yields its own shards once; the ranks run different numbers of batches, as the map-style data sets'
+    :class:`~vitrel.data.sampling.EvalSampler` does. Shards of unstated lengths: timm's behaviour."""
+
+    def _num_samples_per_worker(self) -> int:
+        lengths = shard_lengths(self)
+        if lengths is None:
+            return super()._num_samples_per_worker()
+        return sum(lengths[self.global_worker_id :: self.global_num_workers])
+
+    def __len__(self) -> int:
+        """This rank's samples (its workers' shards)."""
+        lengths = shard_lengths(self)
+        if lengths is None:
+            return super().__len__()
+        first, every = self.dist_rank * self.num_workers, self.dist_num_replicas * self.num_workers
+        return sum(sum(lengths[first + w :: every]) for w in range(self.num_workers))
 
 
 class ShardLoader(DataLoader):

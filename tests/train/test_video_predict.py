@@ -318,3 +318,41 @@ def test_the_clip_sampling_warning_names_the_caller_not_vitrel(videos, tmp_path)
         predict_folder(p, videos / "val", topk=1, progress=False)
     said = [w for w in caught if "stores no clip sampling" in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__, [(w.filename, w.lineno) for w in said]
+
+
+def test_an_export_through_timms_local_dir_and_saved_again_keeps_the_clip_sampling(runs, videos, tmp_path):
+    """``vitrel.export``'s folder through ``timm.create_model("local-dir:...")`` lost the clip sampling (it was in the
+    weights' metadata only, which that route does not read): the model saved again held none, and eval.py scored it
+    on data=video_folder's default clips (stride 4, 1 clip) without a word. ``config.json``'s ``pretrained_cfg``
+    carries it now; the folder saved again gives the checkpoint's predictions with no warning."""
+    import timm
+
+    from vitrel.export import main as export_main
+
+    assert export_main([str(runs[2]), str(tmp_path / "export")]) == 0
+    model = timm.create_model(f"local-dir:{tmp_path / 'export'}", pretrained=True)
+    assert (model.pretrained_cfg["frame_stride"], model.pretrained_cfg["clips_per_video"]) == (2, 2)
+    vitrel.models.save_pretrained(model, tmp_path / "again")
+    ref = predict_folder(load_predictor(runs[2]), videos / "val", topk=1, progress=False).rows
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rows = predict_folder(load_predictor(tmp_path / "again"), videos / "val", topk=1, progress=False).rows
+    assert not [w for w in caught if "stores no" in str(w.message)]
+    assert max(abs(a["prob"] - b["prob"]) for a, b in zip(rows, ref, strict=True)) < 1e-5
+
+
+def test_eval_py_names_the_clips_it_takes_for_a_checkpoint_without_them(runs, videos, tmp_path, caplog):
+    """eval.py of a video checkpoint that stores no clip sampling (written before vitrel stored it, or a model saved
+    by other means) sampled data=video_folder's default clips silently, as predict.py warns: it says so now, naming
+    the settings to give."""
+    from vitrel.train.evaluate import evaluate
+
+    old = torch.load(runs[2], weights_only=True)
+    for key in ("frame_stride", "clips_per_video"):
+        del old["hyper_parameters"]["data_config"][key]
+    torch.save(old, tmp_path / "old.ckpt")
+    args = [f"ckpt_path={tmp_path / 'old.ckpt'}", "data=video_folder", f"data.root={videos}", "data.num_workers=0"]
+    with caplog.at_level("WARNING"):
+        evaluate(compose(tmp_path / "eval", [*args, "progress_bar=false"], config_name="eval"))
+    said = [r.getMessage() for r in caplog.records if "stores no clip sampling" in r.getMessage()]
+    assert len(said) == 1 and "data.stride=4, data.clips_per_video=1" in said[0], said

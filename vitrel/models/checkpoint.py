@@ -58,9 +58,9 @@ from vitrel.models.ckpt_files import (
     timm_bin_config,
 )
 from vitrel.models.data_config import (
-    DATA_FIELDS,
     TIMM_CFG_FIELDS,
     data_config_for,
+    data_fields,
     fit_data_config,
     model_data_config,
     stored_data_config,
@@ -561,10 +561,10 @@ def save_pretrained(
     follow_umask(out / WEIGHTS_NAME)  # (safetensors writes 0600)
     pcfg = dict(getattr(model, "pretrained_cfg", None) or {})
     pcfg = filter_pretrained_cfg({k: v for k, v in pcfg.items() if k != "state_dict"}, remove_source=True)
-    # timm's fields only (timm.create_model("local-dir:...") builds a PretrainedCfg of them): a video model's
-    # num_frames and clip sampling stay in the weights' data_config
+    # timm's fields, then vitrel's data fields (a video model's num_frames and clip sampling ...: not timm's, which
+    # the registry hands timm's local-dir: route without, and that route's data config reads back)
     pcfg = {k: v for k, v in pcfg.items() if k in TIMM_CFG_FIELDS}
-    pcfg.update({k: data_config[k] for k in DATA_FIELDS if k in data_config and k in TIMM_CFG_FIELDS})
+    pcfg.update({k: v for k, v in data_fields(data_config).items() if k != "class_names"})
     if data_config.get("class_names"):
         pcfg["label_names"] = data_config["class_names"]
     pool = type(model).feature_defaults(cfg)["pool_size"]  # (timm's: the final map of the model as built)

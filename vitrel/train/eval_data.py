@@ -8,6 +8,7 @@ for data that does not fit it (:func:`trained_data`). :func:`take_run_data` sets
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,9 @@ CLIP_KEYS = {
     "stride": "frame_stride", "clips_per_video": "clips_per_video", "spatial_crops": "spatial_crops",
     "frame_sampling": "frame_sampling",
 }  # fmt: skip
+
+
+log = logging.getLogger(__name__)
 
 
 def is_given(key: str) -> bool:
@@ -273,6 +277,14 @@ def trained_clips(stored_data: dict, data_cfg: DictConfig) -> dict[str, int | st
     group's defaults would score other clips than the run's own test did. Empty for data without them (images, Moving
     Fashion-MNIST) or a checkpoint that does not store them."""
     keys = [k for k in CLIP_KEYS if k in data_cfg and not is_given(f"data.{k}")]
+    unknown = [k for k in keys if k in ("stride", "clips_per_video") and not stored_data.get(CLIP_KEYS[k])]
+    if unknown:  # (spatial_crops, frame_sampling: stored later; absent, they were 1 crop and strided frames)
+        log.warning(
+            "the checkpoint stores no clip sampling (%s): clips are sampled with data=%s's %s, which need not be the "
+            "model's evaluation clips; give them on the command line",
+            ", ".join(CLIP_KEYS[k] for k in unknown), data_cfg.get("name", "?"),
+            ", ".join(f"data.{k}={data_cfg[k]}" for k in unknown),
+        )  # fmt: skip
     return {k: clip_field(CLIP_KEYS[k], stored_data[CLIP_KEYS[k]]) for k in keys if stored_data.get(CLIP_KEYS[k])}
 
 

@@ -346,6 +346,19 @@ def test_video_folder_config_gives_clip_batches(video_root):
 
 
 @needs_av
+def test_training_without_augmentation_takes_one_view_whatever_the_evaluations_crops(video_root):
+    """``data.augment=false`` with ``data.spatial_crops=3`` (the V-JEPA 2 / VideoMAE recipes' crops) made every training
+    sample the 3 evaluation views stacked, ``[3, C, T, H, W]``, and the first step failed with a traceback: training
+    takes one clip, resized and centre-cropped; evaluation keeps its 3 crops."""
+    cfg = data_config("video_folder", root=video_root, num_frames=4, stride=2, img_size=16, batch_size=2)
+    cfg.num_workers, cfg.pin_memory, cfg.augment, cfg.spatial_crops = 0, False, False, 3
+    dm = instantiate(cfg)
+    assert dm.make_dataset("train", training=True)[0][0].shape == (3, 4, 16, 16)
+    assert next(iter(dm.train_dataloader()))[0].shape == (2, 3, 4, 16, 16)
+    assert dm.make_dataset("val")[0][0].shape == (3, 3, 4, 16, 16)  # [crops, C, T, H, W]
+
+
+@needs_av
 @pytest.mark.parametrize("crops", [1, 3])
 def test_a_videos_sample_is_its_clips_decoded_and_transformed_by_hand(video_root, crops):
     """data=video_folder with 2 clips per video: sample i of val is video i's 2 uniform clips, each frame decoded

@@ -82,13 +82,13 @@ class VideoDataModule(VisionDataModule):
         """``(in_chans, num_segments * num_frames, img_size, img_size)``: the frames one model input holds."""
         return (self.in_chans, self.num_segments * self.num_frames, self.img_size, self.img_size)
 
-    def _clip_transform(self, train: bool, img_size: int | None) -> ClipTransform:
+    def _clip_transform(self, augment: bool, img_size: int | None, crops: int = 1) -> ClipTransform:
         kw = self.augment_kwargs
         return ClipTransform(
             img_size or self.img_size,
             self.mean,
             self.std,
-            train=train,
+            train=augment,
             scale=kw["scale"],
             ratio=kw["ratio"],
             hflip=kw["hflip"],
@@ -98,16 +98,17 @@ class VideoDataModule(VisionDataModule):
             re_count=kw["re_count"],
             interpolation=self.interpolation,
             crop_pct=self.crop_pct,
-            crops=1 if train else getattr(self, "spatial_crops", 1),
+            crops=crops,
         )
 
     def train_transform(self, img_size: int | None = None) -> ClipTransform:
-        """The training clips' pipeline (augmented when ``augment``)."""
+        """The training clips' pipeline (augmented when ``augment``; else resize and centre crop: one view, whatever
+        ``spatial_crops`` the evaluation takes)."""
         return self._clip_transform(self.augment, img_size)
 
     def eval_transform(self, img_size: int | None = None) -> ClipTransform:
         """The evaluation clips' pipeline (resize, centre crop or ``spatial_crops`` crops, normalise)."""
-        return self._clip_transform(False, img_size)
+        return self._clip_transform(False, img_size, crops=getattr(self, "spatial_crops", 1))
 
     def make_dataset(
         self,

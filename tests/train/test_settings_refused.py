@@ -52,3 +52,24 @@ def test_a_library_value_error_keeps_its_traceback():
     """A ValueError that a library raises (numpy here; a damaged file's) is not a data setting: Hydra's error stays."""
     with pytest.raises(InstantiationException, match="negative dimensions"), one_line_errors("train.py"):
         instantiate({"_target_": "numpy.zeros", "shape": -1})
+
+
+def test_a_video_folder_too_small_for_the_batch_is_one_line(tmp_path):
+    """docs/video.md's ``experiment=video data=video_folder data.root=<videos>`` on a folder of 4 training clips ended
+    in a Lightning traceback around the message, with the recipe's batch of 64 (Moving Fashion-MNIST's): the folder
+    keeps its own batch_size 8, and a split too small for it is one line."""
+    pytest.importorskip("av", reason="PyAV not installed: pip install -e '.[video]'")
+    from tests.data.test_video import write_video
+
+    for split in ("train", "val"):
+        for cls in ("archery", "bowling"):
+            for k in range(2):
+                write_video(tmp_path / "v" / split / cls / f"{k}.avi", 8, "ffv1", "yuv420p", hw=(16, 16))
+    args = ["experiment=video", "data=video_folder", f"data.root={tmp_path / 'v'}", *TRAIN]
+    r = run_script_forked("train.py", [*args, f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path)
+    assert r.returncode == 1, r.stdout[-2000:] + r.stderr[-3000:]
+    assert r.stderr.strip().splitlines() == [
+        "train.py: SplitTooSmallError: data.batch_size=8 but the training split has 4 clips, and data.drop_last=true "
+        "drops the incomplete batch: no training step is left. Set data.batch_size to at most 4, or "
+        "data.drop_last=false"
+    ], r.stderr[-3000:]

@@ -21,6 +21,7 @@ __all__ = [
     "DatasetNotFoundError",
     "DatasetIntegrityError",
     "SplitMismatchError",
+    "SplitTooSmallError",
     "BadSampleError",
     "ClassFoldersMismatchError",
     "check_val_classes",
@@ -266,6 +267,11 @@ def check_val_classes(train: Path, val: Path, classes: list[str], val_classes: l
 
 class SplitMismatchError(ValueError):
     """A resumed run would hold out another validation split than the one it trained with."""
+
+
+class SplitTooSmallError(ValueError):
+    """A training split too small for the batch size (``drop_last`` leaves no batch): a data setting error
+    (``train.py`` prints its message alone)."""
 
 
 class ArrayImageDataset(Dataset):

@@ -11,7 +11,7 @@ from hydra.errors import InstantiationException
 
 import vitrel
 from vitrel.config import ConfigError
-from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError
+from vitrel.data.datasets import DatasetIntegrityError, DatasetNotFoundError, SplitMismatchError, SplitTooSmallError
 from vitrel.data.memory import MemoryBudgetError
 from vitrel.data.shards import ShardCountError, ShardSplitError
 from vitrel.kernels.registry import KernelDeviceError
@@ -28,9 +28,10 @@ __all__ = ["one_line_errors"]
 @contextmanager
 def one_line_errors(script: str) -> Iterator[None]:
     """Errors about the user's files, sizes and machine (an unreadable or mismatched checkpoint, a missing or altered
-    data set, a busy run folder, a data set over the memory budget, images the model cannot cut into patches, a resume
-    with another validation split, or mid-epoch with another batch size or number of processes, a GPU trainer on a
-    machine without one, an attention kernel that cannot run there, a non-finite training loss) end a single run
+    data set, a busy run folder, a data set over the memory budget or too small for its batch, images the model cannot
+    cut into patches, a resume with another validation split, or mid-epoch with another batch size or number of
+    processes, a GPU trainer on a machine without one, an attention kernel that cannot run there, a non-finite
+    training loss) end a single run
     with their message alone, ``<script>: <message>`` (exit code 1), as ``predict.py`` does: the message says what to
     do, a traceback adds nothing. Hydra's ``InstantiationException`` around one of them, or around a ``ValueError``
     vitrel's own code raised (a bad data, model or scheme setting: ``data.batch_size=0``, ``model.num_heads=5``,
@@ -41,6 +42,7 @@ def one_line_errors(script: str) -> Iterator[None]:
         DatasetNotFoundError,
         DatasetIntegrityError,
         SplitMismatchError,
+        SplitTooSmallError,
         RunFolderBusy,
         MemoryBudgetError,
         ResumePositionError,

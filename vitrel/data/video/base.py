@@ -34,7 +34,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from torch.utils.data import Dataset, Subset
 
 from vitrel.data.base import VisionDataModule
-from vitrel.data.datasets import ON_BAD_SAMPLE
+from vitrel.data.datasets import ON_BAD_SAMPLE, SplitTooSmallError
 from vitrel.data.normalisation import per_channel
 from vitrel.data.unreadable import LeaveOutCollate
 from vitrel.data.video.clips import RepeatsCollate, VideoClips
@@ -154,7 +154,7 @@ class VideoDataModule(VisionDataModule):
         if self.drop_last and per_rank < self.train_batch_size:
             ranks = f" over {world} ranks ({per_rank} a rank)" if world > 1 else ""
             views = f" ({self.train_batch_size} videos x data.clip_repeats={r})" if r > 1 else ""
-            raise ValueError(
+            raise SplitTooSmallError(
                 f"data.batch_size={self.batch_size}{views} but the training split has {n} clips{ranks}, and "
                 f"data.drop_last=true drops the incomplete batch: no training step is left. Set data.batch_size to "
                 f"at most {per_rank * r}, or data.drop_last=false"

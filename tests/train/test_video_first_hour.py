@@ -187,6 +187,9 @@ def test_mirrored_classes_and_which_flip_a_data_module_trains_with():
     names = ["Turn left ahead", "Turn RIGHT ahead", "Keep right", "Keep left", "Stop", "leftover right", "left"]
     assert mirrored_classes(names) == [("Turn left ahead", "Turn RIGHT ahead"), ("Keep right", "Keep left")]
     assert mirrored_classes(["Pushing something from left to right"]) == []  # (its pair absent: nothing to confuse)
+    # folder names (an audit's: flips were let through for them): snake_case and CamelCase words, not inside a word
+    folders = ["swipe_left", "swipe_right", "TurnLeft", "TurnRight", "bright", "upright", "copyleft", "copyright"]
+    assert mirrored_classes(folders) == [("swipe_left", "swipe_right"), ("TurnLeft", "TurnRight")]
     assert Fmnist(loader="memory", augment=True).train_flip == ("data.batch_augment.hflip", 0.5)
     assert Fmnist(loader="workers", augment=True).train_flip == ("data.augment_kwargs.hflip", 0.5)
     assert Fmnist(loader="workers", augment=True, augment_kwargs={"hflip": 0.2}).train_flip[1] == 0.2

@@ -85,14 +85,15 @@ def check_data_module(dm: Any) -> None:
     )
 
 
-_SIDES = re.compile(r"\b(left|right)\b", re.IGNORECASE)
+#: "left" / "right" as a word: between non-letters (``swipe_left``, "turn left") or a CamelCase part (``TurnLeft``)
+_SIDES = re.compile(r"(?:(?<![A-Za-z])|(?<=[a-z])(?=[LR]))(left|right|Left|Right|LEFT|RIGHT)(?![a-z])")
 
 
 def mirrored_classes(names: Sequence[str]) -> list[tuple[str, str]]:
     """The pairs of class names each of which is the other with the words "left" and "right" swapped
     (Something-Something v2's "Pushing something from left to right" and "... from right to left", a traffic sign's
-    "turn left" and "turn right"): a left-right flip of a sample of one shows the other. Case is ignored; each pair
-    is listed once."""
+    "turn left" and "turn right", a folder's ``swipe_left`` and ``swipe_right`` or ``TurnLeft`` and ``TurnRight``): a
+    left-right flip of a sample of one shows the other. Case is ignored; each pair is listed once."""
     index = {n.lower(): n for n in names}
     pairs = []
     for n in names:

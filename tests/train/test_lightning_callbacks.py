@@ -288,3 +288,30 @@ def test_the_imagenet_recipe_saves_last_ckpt_mid_epoch_and_the_best_file_at_vali
     cfg = compose(tmp_path, ["experiment=imagenet_vit_small"])
     assert cfg.callbacks.last_checkpoint.every_n_train_steps == 2000
     _check_saved_when_scored(instantiate(cfg.callbacks.model_checkpoint))
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("data.batch_size=7", r"data.batch_size=7 is odd: module/mixup .* use an even data.batch_size"),
+        ("data.val_fraction=0.1001", r"ends in a batch of 7 \(of 8,999 images a process, data.batch_size=16, "
+         r"data.drop_last=false\): .*set data.drop_last=true"),
+    ],
+)  # fmt: skip
+def test_mixup_with_an_odd_batch_is_refused_as_the_fit_starts(tmp_path, override, said):
+    """timm's Mixup takes even batches; an odd ``data.batch_size`` failed at the first step, an epoch ending in an odd
+    batch (``data.drop_last=false``, the default) only at that epoch's last step, each in a traceback (an audit: after
+    a whole epoch). Refused as the fit starts, before a step, naming what to set."""
+    from vitrel.config import ConfigError
+
+    run = [*QUICK, "trainer.max_epochs=1", "module/mixup=default", override]
+    with pytest.raises(ConfigError, match=said):
+        train(compose(tmp_path, run))
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_mixup_epochs_that_stop_before_their_odd_batch_train(tmp_path):
+    """An epoch cut before its odd last batch (``trainer.limit_train_batches``) never meets it: the run trains."""
+    run = [*QUICK, "trainer.max_epochs=1", "module/mixup=default", "data.val_fraction=0.1001"]
+    train(compose(tmp_path, [*run, "trainer.limit_train_batches=2"]))
+    assert json.loads((tmp_path / "metrics.json").read_text())["global_step"] == 2

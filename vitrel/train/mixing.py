@@ -10,9 +10,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
-__all__ = ["MIXUP_NAFLEX", "NAFLEX_MIXUP_IMAGES", "is_naflex_mixup", "check_mixup_fits", "mix_clips", "mix_naflex"]
+__all__ = [
+    "MIXUP_NAFLEX", "NAFLEX_MIXUP_IMAGES", "is_naflex_mixup", "check_mixup_fits", "EvenMixBatches", "mix_clips",
+    "mix_naflex",
+]  # fmt: skip
 
 #: why timm's Mixup and NaFlex batches do not go together (``train()`` refuses the pair before training)
 MIXUP_NAFLEX = (
@@ -39,6 +43,40 @@ def check_mixup_fits(mixup: Any, naflex: bool) -> None:
     if mixup is None or naflex == is_naflex_mixup(mixup):
         return
     raise ValueError(MIXUP_NAFLEX if naflex else NAFLEX_MIXUP_IMAGES)
+
+
+class EvenMixBatches(Callback):
+    """timm's ``Mixup`` mixes each image with another of its batch, so it takes even batches only; an odd
+    ``data.batch_size``, or epochs that end in an odd batch (``data.drop_last=false``), failed at the first such step,
+    the last of an epoch, in a traceback. Checked as the fit starts, from the training loader (its batch size, its
+    sampler's images a process; a video data module's ``clip_repeats`` views of each clip), unless the epochs stop
+    before their last batch (``trainer.limit_train_batches``, ``trainer.max_steps``): a
+    :class:`~vitrel.config.ConfigError` naming what to set."""
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        from vitrel.config import ConfigError
+
+        mixup = getattr(pl_module, "mixup_fn", None)
+        dl = trainer.train_dataloader
+        bs = getattr(dl, "batch_size", None)
+        if mixup is None or is_naflex_mixup(mixup) or bs is None:
+            return
+        r = getattr(trainer.datamodule, "clip_repeats", 1)
+        need = "module/mixup mixes pairs of images in a batch and needs even batches"
+        if bs * r % 2:
+            raise ConfigError(f"data.batch_size={bs * r} is odd: {need}; use an even data.batch_size")
+        try:
+            n = len(dl.sampler)
+        except TypeError:  # (an iterable data set: its workers yield whole batches)
+            return
+        batches, steps = -(-n // bs), trainer.max_steps * trainer.accumulate_grad_batches
+        if trainer.num_training_batches < batches or 0 <= steps < batches:  # (limited: the odd batch never comes)
+            return
+        if not dl.drop_last and n % bs * r % 2:
+            raise ConfigError(
+                f"each training epoch ends in a batch of {n % bs * r} (of {n:,} images a process, "
+                f"data.batch_size={bs * r}, data.drop_last=false): {need}; set data.drop_last=true"
+            )
 
 
 def mix_clips(mixup: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]], x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:

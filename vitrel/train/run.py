@@ -67,7 +67,7 @@ from vitrel.train.last_checkpoint import last_checkpoint_path
 from vitrel.train.launch_paths import TRAIN_PATHS, launch_paths
 from vitrel.train.loggers import adopt_csv_columns, close_loggers, wandb_where
 from vitrel.train.loop_rules import first_validation
-from vitrel.train.mixing import check_mixup_fits
+from vitrel.train.mixing import EvenMixBatches, check_mixup_fits
 from vitrel.train.progress import (
     CountTestImages,
     CountValidations,
@@ -254,6 +254,7 @@ def _train(cfg: DictConfig, callbacks: Sequence[Callback], run_dir: Path, t0: fl
         cbs.append(ValidatesBeforeEnd(cfg.optimized_metric))  # (a fit that never validates: refused as it starts)
     check_monitors(cbs, module)  # (EarlyStopping(monitor=val/acc): refused now, not after the first epoch)
     check_mixup_takes_batches(module, dm)  # (else the module's own check, at the first step, in a traceback)
+    cbs.append(EvenMixBatches())  # (an odd batch: refused as the fit starts, not at the epoch's last step)
     ckpt, resume_step = resolve_ckpt_path(cfg, cbs, run_dir, model, dm, resume, started)  # before the loggers open
     loggers = instantiate_loggers(cfg.get("logger"), resume_step=resume_step)
     if not loggers:  # LearningRateMonitor needs a logger

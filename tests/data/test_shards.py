@@ -293,15 +293,20 @@ def _in_turn(calls) -> None:
 
 @pytest.fixture(scope="module")
 def ddp_runs(data, tmp_path_factory):
-    """The two multi-process bodies (``_fit``, then ``_iterate``) in one fresh process (:func:`run_isolated`, one for
-    both), each writing to its own folder; the tests below read them (none writes there)."""
-    fit, iterate = tmp_path_factory.mktemp("ddp_fit"), tmp_path_factory.mktemp("ddp_iterate")
+    """The three multi-process bodies (``_fit``, ``_iterate``, then ``_validate``) in one fresh process
+    (:func:`run_isolated`, one for all), each writing to its own folder; the tests below read them (none writes
+    there)."""
+    fit, iterate, val = (tmp_path_factory.mktemp(f"ddp_{name}") for name in ("fit", "iterate", "validate"))
     run_isolated(
         _in_turn,
-        [(_fit, (str(data / "wds15"), "wds/imagenet", str(fit), 2)), (_iterate, (str(data), str(iterate)))],
+        [
+            (_fit, (str(data / "wds15"), "wds/imagenet", str(fit), 2)),
+            (_iterate, (str(data), str(iterate))),
+            (_validate, (str(data / "wds5"), str(val))),
+        ],
         timeout=480,
     )
-    return fit, iterate
+    return fit, iterate, val
 
 
 @pytest.mark.slow
@@ -336,18 +341,30 @@ def test_ddp_uneven_shards_equal_batches_disjoint_workers(ddp_runs):
 
 @pytest.mark.slow
 def test_ddp_evaluation_of_uneven_shards_scores_each_sample_once(ddp_runs):
-    """2 ranks x 2 workers over a validation split of 12 samples in shards of 5, 5, 2: every sample scored once, 10
-    on rank 0 (global workers 0 and 1: shards 0 and 1) and 2 on rank 1 (shard 2), in the batches its loader's length
-    says. timm's own reader gives each worker with a shard ceil(12 / 4) = 3 samples there: one sample scored twice,
-    4 left out (an audit's 8-image split on 2 ranks: a class of 4 scored 5 times, the other 3). The run's split size
-    is the split's 12, not a rank's share (the closing line compared the images scored with it, and the fit's
-    opening line counted one rank's share of each split)."""
+    """2 ranks x 2 workers over a validation split of 12 samples in shards of 5, 5, 2: every sample scored once, 7
+    on rank 0 (shards 0 and 2, one a worker) and 5 on rank 1 (shard 1; its second worker idle), in the batches its
+    loader's length says. timm's own reader gives each worker with a shard ceil(12 / 4) = 3 samples there: one sample
+    scored twice, 4 left out (an audit's 8-image split on 2 ranks: a class of 4 scored 5 times, the other 3); with 2
+    shards its rank 1 had none, ran no validation and the run hung. A split of fewer shards than ranks is refused
+    (one line). The run's split size is the split's 12, not a rank's share (the closing line compared the images
+    scored with it, and the fit's opening line counted one rank's share of each split)."""
     ranks = json.loads((ddp_runs[1] / "eval.json").read_text())
     ids = [i for r in ranks for i in r["ids"]]
     assert sorted(ids) == list(range(len(CLASSES) * VAL_PER_CLASS))
-    assert [len(r["ids"]) for r in ranks] == [10, 2] and [r["batches"] for r in ranks] == [[2, 2], [1, 1]]
+    assert [len(r["ids"]) for r in ranks] == [7, 5] and [r["batches"] for r in ranks] == [[2, 2], [1, 1]]
+    assert ranks[0]["one_shard"].startswith("ShardCountError: wds/imagenet split 'validation' has 1 shards for 2 ranks")
     assert [r["split_size"] for r in ranks] == [12, 12]
     assert ranks[0]["sizes"].startswith(f"train {N} images, val 12 (")  # the fit's opening line
+
+
+@pytest.mark.slow
+def test_lightning_validates_uneven_ranks_of_shards_under_ddp(ddp_runs):
+    """``trainer.validate`` on 2 ranks (gloo) x 2 workers over the validation split of shards 5, 5, 2: the ranks run
+    2 and 1 batches (7 and 5 samples) and end the pass together, each sample once, and a metric synced over the
+    ranks counts all 12 (a rank without a batch hung such a run: test above)."""
+    ranks = [json.loads((ddp_runs[2] / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert [len(r["ids"]) for r in ranks] == [7, 5] and sorted(i for r in ranks for i in r["ids"]) == list(range(12))
+    assert [r["counted"] for r in ranks] == [12, 12]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -396,6 +413,43 @@ def _fit_rank(rank: int, root: str, source: str, out: str, epochs: int, port: in
     trainer.fit(Probe(out), datamodule=module(root, source))
 
 
+class ValProbe(L.LightningModule):
+    """Records the sample indices of every validation batch and counts them over the ranks (torchmetrics, synced
+    at the epoch's end); writes both at the end."""
+
+    def __init__(self, out: str) -> None:
+        super().__init__()
+        import torchmetrics
+
+        self.out, self.ids, self.count = out, [], torchmetrics.SumMetric()
+
+    def validation_step(self, batch, batch_idx):
+        x, _ = batch
+        self.ids += ids_of(x)[0]
+        self.count.update(torch.tensor(float(len(x))))
+
+    def on_validation_epoch_end(self) -> None:
+        counted = int(self.count.compute())
+        Path(self.out, f"rank{self.global_rank}.json").write_text(json.dumps({"ids": self.ids, "counted": counted}))
+
+
+def _validate(root: str, out: str, port: int) -> None:
+    torch.multiprocessing.start_processes(_validate_rank, args=(root, out, port), nprocs=2, start_method="fork")
+
+
+def _validate_rank(rank: int, root: str, out: str, port: int) -> None:
+    from datetime import timedelta
+
+    from lightning.pytorch.strategies import DDPStrategy
+
+    env = dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE="2", NODE_RANK="0", LOCAL_RANK=str(rank))
+    os.environ.update(env, RANK=str(rank))
+    ddp = DDPStrategy(process_group_backend="gloo", timeout=timedelta(seconds=60))
+    quiet = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, default_root_dir=out)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy=ddp, **quiet)
+    trainer.validate(ValProbe(out), datamodule=module(root, "wds/imagenet"))
+
+
 def _iterate(base: str, out: str, port: int) -> None:
     torch.multiprocessing.start_processes(_iterate_rank, args=(base, out, port), nprocs=2, start_method="fork")
 
@@ -441,6 +495,10 @@ def _evaluate_rank(rank: int, root: str, out: str) -> None:
     both: list = [None, None]
     said = {"ids": ids, "batches": [len(loader), len(batches)], "split_size": split_size(loader)}
     said["sizes"] = data_sizes(dm)
+    try:  # (wds13: the 12 validation samples in one shard)
+        module(str(Path(root).parent / "wds13"), "wds/imagenet").val_dataloader()
+    except ShardCountError as e:
+        said["one_shard"] = f"{type(e).__name__}: {e}"
     dist.all_gather_object(both, said)
     if rank == 0:
         Path(out, "eval.json").write_text(json.dumps(both))

@@ -512,6 +512,13 @@ class ImageNetDataModule(LazyClasses, VisionDataModule):
                     msg + " and its rank would run fewer batches than the others (a DDP hang). Use num_workers <= "
                     "shards / ranks, or write more shards (a multiple of ranks x workers, of equal size, is exact)"
                 )
+            if len(shards) < world:  # (evaluation: the shards go to the ranks first, vitrel.data.shards.eval_shards)
+                raise ShardCountError(
+                    f"{self.source} split {self._split_name(split)!r} has {len(shards)} shards for {world} ranks: a "
+                    "rank without one would run no evaluation while the others wait for it (a DDP hang). Write the "
+                    "split in at least as many shards as ranks, or evaluate on fewer devices (eval.py "
+                    "trainer.devices=1)"
+                )
             log.warning(msg + " (here in evaluation: those workers stay idle)")
         if train and self.train_order_seed is not None:
             log.warning(

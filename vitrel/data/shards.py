@@ -233,20 +233,21 @@ def epoch_samples_per_rank(num_samples: int, world_size: int, num_workers: int, 
 
 
 def eval_batches(reader: Any, batch_size: int | None, num_workers: int) -> int | None:
-    """Batches one process's evaluation pass over timm's webdataset ``reader`` yields: its worker ``w`` of ``W`` reads
-    the shards of global worker ``g = rank * W + w`` of ``ranks * W`` once (``g, g + ranks * W, ...``, in order) and
+    """Batches one process's evaluation pass over timm's webdataset ``reader`` yields: each of its ``W`` workers reads
+    its shards once (:func:`eval_shards`; on one process worker ``w`` reads ``w, w + W, ...``, as timm's reader) and
     batches them itself, ``sum_w ceil(n_w / B)``; None where that is not known (not a webdataset reader, ``batch_size``
-    None, no ``split_info.shard_lengths``, several ranks with timm's own reader, which evens the workers out).
-    """
+    None, no ``split_info.shard_lengths``, several ranks with timm's own reader, which evens the workers out)."""
     if not isinstance(reader, ReaderWds):  # (tfds, hfids: their own split of the files over the workers)
         return None
     lengths = shard_lengths(reader)
     ranks = getattr(reader, "dist_num_replicas", 1)
     if not batch_size or lengths is None or (ranks != 1 and not isinstance(reader, EvalReaderWds)):
         return None
-    workers = max(1, num_workers)
-    first = getattr(reader, "dist_rank", 0) * workers
-    return sum(math.ceil(sum(lengths[first + w :: ranks * workers]) / batch_size) for w in range(workers))
+    workers, rank = max(1, num_workers), getattr(reader, "dist_rank", 0)
+    return sum(
+        math.ceil(sum(lengths[i] for i in eval_shards(len(lengths), ranks, rank, workers, w)) / batch_size)
+        for w in range(workers)
+    )
 
 
 def shard_lengths(reader: Any) -> list[int] | None:
@@ -256,28 +257,43 @@ def shard_lengths(reader: Any) -> list[int] | None:
     return lengths if lengths and len(lengths) == len(getattr(info, "filenames", None) or ()) else None
 
 
+def eval_shards(num_shards: int, ranks: int, rank: int, workers: int, worker: int) -> list[int]:
+    """The shards loader worker ``worker`` of ``workers`` on rank ``rank`` of ``ranks`` reads in an evaluation pass
+    (:class:`EvalReaderWds`): the ranks take every ``ranks``-th shard, so each rank has one when there are as many
+    shards as ranks, and a rank's workers every ``workers``-th of those."""
+    return list(range(rank, num_shards, ranks))[worker::workers]
+
+
 class EvalReaderWds(ReaderWds):
     """timm's webdataset reader for an evaluation split, each sample read once also under DDP.
 
     timm's own makes each of the ``ranks * workers`` loader workers yield ``ceil(N / (ranks * workers))`` samples
     there (``with_epoch``): it repeats a worker's shards when they hold fewer and cuts them when they hold more
-    (ImageNet's val in 50 shards of 1,000 on 8 GPUs x 10 workers: 31,250 of the 50,000 scored). Here each worker
-    yields its own shards once; the ranks run different numbers of batches, as the map-style data sets'
+    (ImageNet's val in 50 shards of 1,000 on 8 GPUs x 10 workers: 31,250 of the 50,000 scored), and a rank whose
+    workers have no shard runs no validation while the others wait for it. Here each worker yields its
+    :func:`eval_shards` once, every rank has shards when the split has as many as ranks (the data module refuses
+    fewer), and the ranks run different numbers of batches, as the map-style data sets'
     :class:`~vitrel.data.sampling.EvalSampler` does. Shards of unstated lengths: timm's behaviour."""
+
+    def _split_by_node_and_worker(self, src: Iterator) -> Iterator:
+        mine = set(eval_shards(len(self.split_info.filenames), *self._place()))
+        return (s for i, s in enumerate(src) if i in mine)
+
+    def _place(self) -> tuple[int, int, int, int]:
+        return self.dist_num_replicas, self.dist_rank, max(1, self.num_workers), self.worker_id
 
     def _num_samples_per_worker(self) -> int:
         lengths = shard_lengths(self)
         if lengths is None:
             return super()._num_samples_per_worker()
-        return sum(lengths[self.global_worker_id :: self.global_num_workers])
+        return sum(lengths[i] for i in eval_shards(len(lengths), *self._place()))
 
     def __len__(self) -> int:
         """This rank's samples (its workers' shards)."""
         lengths = shard_lengths(self)
         if lengths is None:
             return super().__len__()
-        first, every = self.dist_rank * self.num_workers, self.dist_num_replicas * self.num_workers
-        return sum(sum(lengths[first + w :: every]) for w in range(self.num_workers))
+        return sum(lengths[self.dist_rank :: self.dist_num_replicas])
 
 
 class ShardLoader(DataLoader):

@@ -99,3 +99,24 @@ def test_train_writes_batch_png_in_the_run_folder(tmp_path, over):
     train(compose(tmp_path, [a for a in [*over, *FAST, *SHORT] if "batch_preview" not in a]))  # (FAST: it off)
     with Image.open(tmp_path / "batch.png") as png:
         assert png.format == "PNG" and min(png.size) > 200
+
+
+def test_titles_fit_the_figure_and_do_not_run_into_each_other(monkeypatch, tmp_path):
+    """A batch of 4 with long class names under Mixup (two lines an image) and a long title: the figure's title was cut
+    at both edges and neighbouring images' titles overlapped (an audit's batch.png). Every title lies inside the
+    figure, and no two intersect."""
+    figures = []
+    monkeypatch.setattr(batch_preview, "save_png", lambda fig, path: figures.append(fig))
+    names = ["Pushing something from left to right", "n01440764 tench", "goldfish", "great white shark"]
+    target = torch.tensor([[0.62, 0.38, 0, 0], [0, 0.7, 0.3, 0], [0.5, 0, 0.5, 0], [0, 0, 0.2, 0.8]])
+    title = "the first training batch as the step gets it: 4 of its 4 images, mixed (the target's shares)"
+    images = [torch.rand(3, 32, 32) for _ in range(4)]
+    batch_preview.draw_batch(images, torch.arange(4), tmp_path / "b.png", target=target, class_names=names, title=title)
+    (fig,) = figures
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    boxes = [fig._suptitle.get_window_extent(renderer)] + [ax.title.get_window_extent(renderer) for ax in fig.axes]
+    whole = fig.bbox
+    assert all(b.x0 >= whole.x0 and b.x1 <= whole.x1 and b.y1 <= whole.y1 for b in boxes)
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

@@ -71,7 +71,11 @@ def draw_batch(
     wide = max(img.shape[-1] / img.shape[-2] for img in images)
     cols = max(1, min(n, round(math.sqrt(n / wide)) or 1))
     rows = math.ceil(n / cols)
-    fig = new_figure(1.8 * cols * min(wide, 4), 2.0 * rows + 0.4)
+    titles = [_title(i, y, target, class_names) for i in range(n)]
+    lines = [line for t in titles for line in t.splitlines()] or [""]
+    col = max(1.8 * min(wide, 4), 0.065 * max(map(len, lines)))  # (inches: an image, or its longest title line)
+    tall = 0.15 * max(t.count("\n") + 1 for t in titles)  # (two lines under Mixup)
+    fig = new_figure(max(col * cols, 0.075 * len(title)), (1.85 + tall) * rows + 0.4)  # (the title whole too)
     for i, img in enumerate(images):
         a = img.detach().float().cpu()
         if mean is not None and std is not None:
@@ -85,7 +89,7 @@ def draw_batch(
             ax.imshow(a[0].numpy(), cmap="gray", vmin=0, vmax=1)
         else:
             ax.imshow(a[:3].permute(1, 2, 0).numpy())
-        ax.set_title(_title(i, y, target, class_names), fontsize=8)
+        ax.set_title(titles[i], fontsize=8)
         hide_ticks(ax)
     if title:
         fig.suptitle(title, fontsize=9)

@@ -754,3 +754,27 @@ def test_size_choices_resize_each_training_batch_on_its_device(loader):
     assert all(tuple(s) == (28, 28) for s in seen["val"])
     with pytest.raises(ValueError, match="size_choices"):
         FashionMNISTDataModule(size_choices=[])
+
+
+@pytest.mark.parametrize("loader", ["memory", "workers"])
+def test_an_evaluation_split_smaller_than_the_ranks_is_refused_in_one_line(loader):
+    """Each evaluation sample is scored once over the ranks (no padding), so a split of 1 image on 2 ranks left a rank
+    with none: Lightning stopped that rank with "zero length" and the other with a broken connection, two tracebacks
+    (an audit's run of 2 gloo ranks). One line now, naming what to change; 2 images on 2 ranks load."""
+    from types import SimpleNamespace
+
+    from vitrel.data import ArrayDataModule
+    from vitrel.data.datasets import SplitTooSmallError
+
+    x = np.zeros((9, 8, 8), np.uint8)
+    y = np.arange(9) % 3
+    for n in (1, 2):
+        dm = ArrayDataModule(train=(x, y), test=(x[:n], y[:n]), val_fraction=0.0, batch_size=2, loader=loader)
+        cpu = SimpleNamespace(root_device=torch.device("cpu"))
+        dm.trainer = SimpleNamespace(world_size=2, global_rank=1, strategy=cpu)  # (rank 1 of 2, as Lightning's)
+        dm.setup("fit")
+        if n == 1:
+            with pytest.raises(SplitTooSmallError, match="the val split has 1 samples for 2 ranks"):
+                dm.val_dataloader()
+        else:
+            assert len(dm.val_dataloader()) == 1

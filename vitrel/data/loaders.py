@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from vitrel.data.datasets import SPLITS
+from vitrel.data.datasets import SPLITS, SplitTooSmallError
 from vitrel.data.memory import MemoryLoader, TensorImageDataset, check_budget
 from vitrel.data.sampling import EpochSampler, EvalSampler, ResumableDataLoader
 from vitrel.data.transforms import MappedDataset
@@ -104,6 +104,12 @@ class Loaders:
         train = split == "train"
         ds = self.dataset(split)
         world, rank = self._ranks()
+        if not train and len(ds) < world:  # (each sample once: a rank without one would stop the run in Lightning)
+            raise SplitTooSmallError(
+                f"the {split} split has {len(ds)} samples for {world} ranks, which evaluate each sample once: a rank "
+                "would have none. Evaluate on fewer devices (trainer.devices)"
+                + (", or hold out more of train (data.val_fraction)" if split == "val" and self.val_fraction else "")
+            )
         if isinstance(ds, TensorImageDataset):
             if not train:
                 return MemoryLoader(ds, self.eval_batch_size, num_replicas=world, rank=rank)

@@ -226,7 +226,7 @@ def check_same_sweep_job(ckpt: Mapping[str, Any], job: Mapping[str, Any] | None,
     keys = set(theirs.get("swept") or ()) | set(job["swept"])
     a = {override_key(o): o for o in theirs.get("overrides") or ()}
     b = {override_key(o): o for o in job["overrides"]}
-    none = "(not set)"
+    none = "(not on the command line)"
     differ = sorted(k for k in keys if a.get(k) != b.get(k))
     others = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k) and k not in keys and k not in MAY_DIFFER)
     if others and not differ and job["swept"]:  # (a sweep run again with another setting than its lists: an lr)

@@ -270,8 +270,8 @@ class SplitMismatchError(ValueError):
 
 
 class SplitTooSmallError(ValueError):
-    """A training split too small for the batch size (``drop_last`` leaves no batch): a data setting error
-    (``train.py`` prints its message alone)."""
+    """A split too small for the run: a training split that ``drop_last`` leaves without a batch, an evaluation split
+    with fewer samples than ranks. A data setting error (``train.py`` and ``eval.py`` print its message alone)."""
 
 
 class ArrayImageDataset(Dataset):

@@ -13,6 +13,8 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 
+from vitrel.config import ConfigError
+
 __all__ = [
     "MIXUP_NAFLEX", "NAFLEX_MIXUP_IMAGES", "is_naflex_mixup", "check_mixup_fits", "EvenMixBatches", "mix_clips",
     "mix_naflex",
@@ -54,12 +56,13 @@ class EvenMixBatches(Callback):
     :class:`~vitrel.config.ConfigError` naming what to set."""
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        from vitrel.config import ConfigError
-
         mixup = getattr(pl_module, "mixup_fn", None)
+        if mixup is None or is_naflex_mixup(mixup):
+            return
+        trainer.estimated_stepping_batches  # noqa: B018 (builds the training loader, whatever the callbacks' order)
         dl = trainer.train_dataloader
         bs = getattr(dl, "batch_size", None)
-        if mixup is None or is_naflex_mixup(mixup) or bs is None:
+        if bs is None:  # (a loader of its own batch sampler: its batches are checked at the step)
             return
         r = getattr(trainer.datamodule, "clip_repeats", 1)
         need = "module/mixup mixes pairs of images in a batch and needs even batches"
